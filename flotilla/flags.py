@@ -1,0 +1,139 @@
+"""The engine's command-line contract, declared once.
+
+Both the engine's CLI (which builds its argument parser from this table) and the operator (which
+turns an InferenceService spec into engine arguments, and refuses spec fields whose flag is not
+implemented yet) read this module. It imports nothing but the standard library, so the operator's
+image stays free of torch.
+
+Flag names and meanings mirror `vllm serve`, so users' muscle memory carries over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FlagType = Literal["str", "int", "float", "bool", "json", "list"]
+Component = Literal["model", "cache", "scheduler", "parallel", "speculative", "lora", "server", "device"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine flag: its CLI name, type, default and which InferenceService field sets it.
+
+    `implemented` is False for flags that are declared (so the contract is complete) but not yet
+    honoured by the engine; the engine refuses them with a clear error and so does the operator's
+    webhook. `supported_values`, when set, restricts an implemented flag to the values that work
+    today (e.g. tensor parallel size 1 until tensor parallelism lands).
+    """
+
+    name: str
+    type: FlagType
+    default: Any
+    help: str
+    component: Component
+    crd_field: str | None = None
+    implemented: bool = True
+    choices: tuple[Any, ...] | None = None
+    supported_values: tuple[Any, ...] | None = None
+    env: str | None = None
+    negatable: bool = False
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def dest(self) -> str:
+        """The Python attribute name argparse gives this flag (`--max-model-len` -> `max_model_len`)."""
+        return self.name.lstrip("-").replace("-", "_")
+
+    def check_value(self, value: Any) -> str | None:
+        """Return an error message if `value` cannot be used today, else None."""
+        if value is None or value == self.default:
+            return None
+        if not self.implemented:
+            return f"{self.name} is not implemented yet in this Flotilla version"
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(str(c) for c in self.choices)
+            return f"{self.name}={value!r} is not one of: {allowed}"
+        if self.supported_values is not None and value not in self.supported_values:
+            allowed = ", ".join(str(c) for c in self.supported_values)
+            return f"{self.name}={value!r} is not supported yet (supported: {allowed})"
+        return None
+
+
+FLAGS: tuple[Flag, ...] = (
+    # --- model -----------------------------------------------------------------------------------
+    Flag("--served-model-name", "list", None, "Model name(s) the API answers to (default: the model path).",
+         "model", crd_field="model.servedName"),
+    Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model"),
+    Flag("--dtype", "str", "auto", "Weight and activation dtype; auto takes the checkpoint's "
+         "(float16 checkpoints stay float16; float32 stays float32).", "model", crd_field="dtype",
+         choices=("auto", "bfloat16", "float16", "float32", "half", "float", "bf16")),
+    Flag("--max-model-len", "int", None, "Maximum tokens per sequence, prompt plus output "
+         "(default: the model's max_position_embeddings).", "model", crd_field="scheduling.maxModelLen"),
+    Flag("--seed", "int", 0, "Seed for random sampling of requests that give no seed of their own.", "model"),
+    Flag("--quantization", "str", None, "Weight quantization method.", "model", crd_field="quantization",
+         implemented=False, choices=("fp8", "int8", "awq", "gptq")),
+    Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
+    # --- KV cache ----------------------------------------------------------------------------------
+    Flag("--block-size", "int", 16, "Tokens per KV-cache block.", "cache", crd_field="kvCache.blockSize",
+         choices=(8, 16, 32, 64, 128)),
+    Flag("--gpu-memory-utilization", "float", 0.9, "Fraction of GPU memory the engine may use "
+         "(weights + activations + KV cache).", "cache", crd_field="kvCache.gpuMemoryUtilization"),
+    Flag("--kv-cache-dtype", "str", "auto", "KV-cache dtype (auto = the model dtype).", "cache",
+         crd_field="kvCache.dtype", choices=("auto", "fp8", "fp8_e4m3"), supported_values=("auto",)),
+    Flag("--num-gpu-blocks-override", "int", None, "Fix the number of KV blocks (tests, benchmarks).",
+         "cache"),
+    Flag("--enable-prefix-caching", "bool", True, "Automatic prefix caching over full KV blocks.",
+         "cache", crd_field="kvCache.prefixCaching", negatable=True, implemented=False),
+    # --- scheduler ---------------------------------------------------------------------------------
+    Flag("--max-num-seqs", "int", 256, "Maximum sequences in one step.", "scheduler",
+         crd_field="scheduling.maxNumSeqs"),
+    Flag("--max-num-batched-tokens", "int", None, "Token budget of one step (default: 8192, "
+         "or max-model-len when larger and chunked prefill is off).", "scheduler",
+         crd_field="scheduling.maxNumBatchedTokens"),
+    Flag("--enable-chunked-prefill", "bool", False, "Split long prompts over several steps.",
+         "scheduler", crd_field="scheduling.chunkedPrefill", negatable=True, implemented=False),
+    # --- parallelism -------------------------------------------------------------------------------
+    Flag("--tensor-parallel-size", "int", 1, "GPUs per tensor-parallel group.", "parallel",
+         crd_field="parallelism.tensor", aliases=("-tp",), supported_values=(1,)),
+    Flag("--pipeline-parallel-size", "int", 1, "Pipeline stages.", "parallel",
+         crd_field="parallelism.pipeline", aliases=("-pp",), supported_values=(1,)),
+    # --- speculative decoding, LoRA --------------------------------------------------------------
+    Flag("--speculative-config", "json", None, "Speculative decoding, as JSON "
+         '(e.g. {"method": "ngram", "num_speculative_tokens": 4}).', "speculative",
+         crd_field="speculative", implemented=False),
+    Flag("--enable-lora", "bool", False, "Serve LoRA adapters.", "lora", crd_field="lora", implemented=False),
+    # --- device ------------------------------------------------------------------------------------
+    Flag("--device", "str", "auto", "Where to run: auto picks CUDA when present, else the CPU.", "device",
+         choices=("auto", "cuda", "cpu")),
+    # --- server ------------------------------------------------------------------------------------
+    Flag("--host", "str", None, "Address to listen on (default: all).", "server", implemented=False),
+    Flag("--port", "int", 8000, "Port to listen on.", "server", implemented=False),
+    Flag("--api-key", "str", None, "Require this key on every /v1 route.", "server",
+         crd_field="apiKeySecretRef", env="VLLM_API_KEY", implemented=False),
+    Flag("--shutdown-timeout", "int", 30, "Seconds to finish in-flight requests after SIGTERM.", "server",
+         implemented=False),
+    Flag("--uvicorn-log-level", "str", "info", "uvicorn's log level.", "server", implemented=False,
+         choices=("critical", "error", "warning", "info", "debug", "trace")),
+)
+
+_BY_NAME = {f.name: f for f in FLAGS}
+_BY_CRD_FIELD = {f.crd_field: f for f in FLAGS if f.crd_field}
+
+
+def flag(name: str) -> Flag:
+    """Look a flag up by its CLI name (`--max-model-len`)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown engine flag {name}") from None
+
+
+def flag_for_crd_field(path: str) -> Flag | None:
+    """The flag an InferenceService spec field (dotted path under `spec`) sets, if any."""
+    return _BY_CRD_FIELD.get(path)
+
+
+def implemented_flags() -> list[Flag]:
+    """Flags the engine honours today."""
+    return [f for f in FLAGS if f.implemented]
