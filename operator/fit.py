@@ -1,0 +1,195 @@
+"""The fit check: will the engine start on these GPUs, and how many full-length sequences fit?
+
+A pure function of the spec (and the checkpoint's architecture numbers), applying vLLM's start-up
+rule: after the weights and the activation peak of a profiling step, the KV cache left within
+`gpusPerReplica x GPU memory x gpuMemoryUtilization` must hold at least one `maxModelLen` sequence.
+The figures are estimates from the architecture, not a measurement; they land in status.
+
+What is counted, per replica:
+- Weights: linear layers (attention q/k/v/o and the gated MLP of every layer) at the quantized
+  width, embeddings and an untied LM head at the model dtype (vLLM keeps them unquantized); norms
+  and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
+  Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
+  int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195.
+- KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
+  1 for fp8). With tensor parallelism wider than the KV heads, vLLM replicates heads so every GPU
+  holds one: max(KV heads, tensor) heads in all. One sequence takes maxModelLen rounded up to a
+  whole KV block.
+- Activation allowance (documented estimate of vLLM's profiling peak plus what lives outside
+  torch): 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and CUDA-graph pools, plus per
+  GPU a step of `maxNumBatchedTokens` tokens through the MLP (gate and up outputs,
+  2 x intermediate / tensor) and four residual-sized buffers (4 x hidden) at the activation dtype,
+  plus fp32 logits for maxNumSeqs sampled rows (vocab / tensor each).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from flotilla.operator.gpus import lookup
+from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
+
+GIB = 1 << 30
+FIXED_OVERHEAD_PER_GPU = 1 * GIB
+# Engine default of --max-num-batched-tokens (flags.py): 8192, or maxModelLen when larger and
+# chunked prefill is off.
+DEFAULT_BATCHED_TOKENS = 8192
+INT4_GROUP_BYTES_PER_WEIGHT = 0.5 + (2 + 0.5) / 128
+
+Verdict = Literal["Fits", "FitsWithWarning", "DoesNotFit", "Unknown"]
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The outcome of the fit check; byte figures are per replica (all its GPUs together)."""
+
+    verdict: Verdict
+    reason: str
+    message: str
+    weight_bytes: int | None = None
+    kv_bytes_per_token: int | None = None
+    activation_bytes: int | None = None
+    budget_bytes: int | None = None
+    kv_budget_bytes: int | None = None
+    max_model_len: int | None = None
+    max_concurrency: float | None = None
+
+    @property
+    def condition_status(self) -> str:
+        """The `FitChecked` condition's status: True (fits, maybe with a warning), False or Unknown."""
+        return {"Fits": "True", "FitsWithWarning": "True", "DoesNotFit": "False"}.get(self.verdict, "Unknown")
+
+    def to_status(self) -> dict[str, Any]:
+        """The report as the camelCase `status.fit` object (absent figures left out)."""
+        out = {}
+        for key, value in asdict(self).items():
+            if value is None:
+                continue
+            head, *rest = key.split("_")
+            if key == "max_concurrency":
+                value = round(value, 2)
+            out[head + "".join(w.title() for w in rest)] = value
+        return out
+
+
+def _dtype_bytes(dtype: str) -> int:
+    # `auto` takes the checkpoint's dtype; current checkpoints are bf16, so assume 2 bytes.
+    return 4 if dtype == "float32" else 2
+
+
+def parameter_counts(arch: ModelArchitecture) -> tuple[int, int]:
+    """(linear-layer parameters, embedding + LM-head parameters) of a dense decoder."""
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    kv_heads = arch.num_key_value_heads or arch.num_attention_heads
+    q_width, kv_width = arch.num_attention_heads * head_dim, kv_heads * head_dim
+    attention = arch.hidden_size * (2 * q_width + 2 * kv_width)  # q and o, k and v
+    mlp = 3 * arch.hidden_size * arch.intermediate_size  # gate, up, down
+    embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    if arch.num_parameters is not None:
+        return max(arch.num_parameters - embeddings, 0), embeddings
+    return arch.num_hidden_layers * (attention + mlp), embeddings
+
+
+def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto") -> int:
+    """Bytes of the weights of one replica for a quantization method (see the module docstring)."""
+    linear, embeddings = parameter_counts(arch)
+    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1,
+                  "awq": INT4_GROUP_BYTES_PER_WEIGHT, "gptq": INT4_GROUP_BYTES_PER_WEIGHT}[quantization]
+    return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
+
+
+def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str, dtype: str = "auto", tensor: int = 1) -> int:
+    """KV-cache bytes of one token over all of a replica's GPUs."""
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    kv_heads = max(arch.num_key_value_heads or arch.num_attention_heads, tensor)
+    element = 1 if kv_dtype.startswith("fp8") else _dtype_bytes(dtype)
+    return 2 * arch.num_hidden_layers * kv_heads * head_dim * element
+
+
+def activation_bytes(arch: ModelArchitecture, spec: InferenceServiceSpec, max_model_len: int) -> int:
+    """The activation allowance of one replica (see the module docstring)."""
+    sched, tensor = spec.scheduling, spec.parallelism.tensor
+    tokens = sched.max_num_batched_tokens or (
+        DEFAULT_BATCHED_TOKENS if sched.chunked_prefill else max(DEFAULT_BATCHED_TOKENS, max_model_len))
+    per_token = (2 * arch.intermediate_size // tensor + 4 * arch.hidden_size) * _dtype_bytes(spec.dtype)
+    logits = sched.max_num_seqs * (arch.vocab_size // tensor) * 4
+    return spec.gpus_per_replica * (FIXED_OVERHEAD_PER_GPU + tokens * per_token + logits)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None) -> FitReport:
+    """Apply vLLM's start-up rule to a spec; `arch` defaults to spec.model.config."""
+    arch = arch or spec.model.config
+    if arch is None:
+        return FitReport(
+            "Unknown", "ArchitectureUnknown",
+            "no architecture numbers: set spec.model.config or let the operator read config.json")
+    gpu = lookup(spec.resources.gpu_product)
+    if gpu is None:
+        product = spec.resources.gpu_product
+        return FitReport("Unknown", "GPUUnknown",
+                         f"GPU product {product!r} has no known memory size" if product
+                         else "spec.resources.gpuProduct is not set, so the GPU memory is unknown")
+    max_model_len = spec.scheduling.max_model_len or arch.max_position_embeddings
+    if max_model_len is None:
+        return FitReport("Unknown", "MaxModelLenUnknown",
+                         "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
+
+    gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
+    weights = weight_bytes(arch, spec.quantization, spec.dtype)
+    per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
+    activations = activation_bytes(arch, spec, max_model_len)
+    budget = int(gpus * gpu.memory_bytes * util)
+    kv_budget = budget - weights - activations
+    block = spec.kv_cache.block_size
+    sequence = math.ceil(max_model_len / block) * block * per_token
+    figures = dict(weight_bytes=weights, kv_bytes_per_token=per_token, activation_bytes=activations,
+                   budget_bytes=budget, kv_budget_bytes=kv_budget, max_model_len=max_model_len)
+    where = f"{gpus} x {gpu.product} at gpuMemoryUtilization {util:g} ({_gib(budget)})"
+
+    if kv_budget < sequence:
+        if kv_budget <= 0:
+            message = (f"weights ({_gib(weights)}) and activations ({_gib(activations)}) do not fit {where}; "
+                       "add GPUs (parallelism), quantize, or use a larger GPU")
+        else:
+            fitting = kv_budget // per_token // block * block
+            message = (f"one {max_model_len}-token sequence needs {_gib(sequence)} of KV cache but only "
+                       f"{_gib(kv_budget)} is left after weights ({_gib(weights)}) and activations "
+                       f"on {where}; "
+                       f"lower scheduling.maxModelLen to {fitting} or less, add GPUs, or quantize")
+        return FitReport("DoesNotFit", "InsufficientGPUMemory", message,
+                         max_concurrency=max(kv_budget, 0) / sequence, **figures)
+
+    concurrency = kv_budget / sequence
+    if concurrency < spec.scheduling.max_num_seqs:
+        return FitReport(
+            "FitsWithWarning", "LowConcurrency",
+            f"only {concurrency:.2f} sequences of {max_model_len} tokens fit in the KV cache on {where}, "
+            f"below scheduling.maxNumSeqs ({spec.scheduling.max_num_seqs}); long requests will queue or be "
+            "preempted", max_concurrency=concurrency, **figures)
+    return FitReport("Fits", "Fits",
+                     f"{concurrency:.2f} sequences of {max_model_len} tokens fit in the KV cache on {where}",
+                     max_concurrency=concurrency, **figures)
+
+
+def architecture_from_hf_config(config: dict[str, Any]) -> ModelArchitecture | None:
+    """Architecture numbers from a checkpoint's config.json, or None when a needed number is missing.
+
+    Multimodal checkpoints nest the language model under `text_config`; that is what is served.
+    """
+    config = config.get("text_config", config)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    if any(not isinstance(config.get(k), int) for k in keys):
+        return None
+    return ModelArchitecture(
+        hidden_size=config["hidden_size"], num_hidden_layers=config["num_hidden_layers"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config.get("num_key_value_heads"), head_dim=config.get("head_dim"),
+        intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=config.get("max_position_embeddings"))
