@@ -52,7 +52,8 @@ class ModelArchitecture(_Model):
         default=None, ge=1,
         description="KV heads per layer (num_key_value_heads); defaults to numAttentionHeads (no GQA).")
     head_dim: int | None = Field(
-        default=None, ge=1, description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads.")
+        default=None, ge=1,
+        description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads.")
     intermediate_size: int = Field(ge=1, description="Width of the gated MLP (intermediate_size).")
     vocab_size: int = Field(ge=1, description="Vocabulary size (vocab_size).")
     tie_word_embeddings: bool = Field(
@@ -71,6 +72,7 @@ class ModelSpec(_Model):
 
     source: str = Field(
         pattern=SOURCE_PATTERN,
+
         description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name.")
     served_name: str | None = Field(
         default=None, min_length=1, max_length=253,
@@ -106,7 +108,8 @@ class ResourcesSpec(_Model):
         description="GPU product as labelled by GPU feature discovery (nvidia.com/gpu.product, e.g. "
                     "NVIDIA-H200); pods are pinned to it and the fit check uses its memory.")
     cpu: int | str | None = Field(default=None, description="CPU request and limit per pod (a quantity).")
-    memory: int | str | None = Field(default=None, description="Memory request and limit per pod (a quantity).")
+    memory: int | str | None = Field(
+        default=None, description="Memory request and limit per pod (a quantity).")
     shm_size: str = Field(
         default="8Gi", pattern=QUANTITY_PATTERN,
         description="Size of the in-memory /dev/shm (NCCL and tensor-parallel workers use it).")
@@ -168,7 +171,8 @@ class LoraAdapter(_Model):
     """One LoRA adapter served beside the base model."""
 
     name: str = Field(min_length=1, description="Model name clients ask for to get this adapter.")
-    source: str = Field(pattern=SOURCE_PATTERN, description="Where the adapter lives (same forms as model.source).")
+    source: str = Field(
+        pattern=SOURCE_PATTERN, description="Where the adapter lives (same forms as model.source).")
 
 
 class LoraSpec(_Model):
@@ -197,7 +201,8 @@ class AutoscalingSpec(_Model):
         default="num_requests_waiting",
         description="Engine gauge to scale on, per pod (vllm:<metric>).")
     target: float = Field(
-        default=10, gt=0, description="Per-pod average of the metric to hold (a fraction for kv_cache_usage_perc).")
+        default=10, gt=0,
+        description="Per-pod average of the metric to hold (a fraction for kv_cache_usage_perc).")
     prometheus_address: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",
         description="Prometheus that KEDA queries (used only with KEDA).")
@@ -210,19 +215,23 @@ class MonitoringSpec(_Model):
         default=True, description="Create a ServiceMonitor when the Prometheus Operator is installed.")
     interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels on the ServiceMonitor (to match a Prometheus's selector).")
+        default_factory=dict,
+        description="Extra labels on the ServiceMonitor (to match a Prometheus's selector).")
 
 
 class InferenceServiceSpec(_Model):
     """Desired state of an InferenceService: one model served by a set of engine replicas."""
 
     model: ModelSpec = Field(description="The checkpoint and its served name.")
-    replicas: int = Field(default=1, ge=0, le=1000, description="Engine pods (ignored while autoscaling is set).")
+    replicas: int = Field(
+        default=1, ge=0, le=1000, description="Engine pods (ignored while autoscaling is set).")
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Engine container image.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="Weight and activation dtype (--dtype); auto takes the checkpoint's.")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs and host resources per replica.")
-    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Model parallelism per replica.")
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="GPUs and host resources per replica.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Model parallelism per replica.")
     quantization: Literal["none", "fp8", "int8", "awq", "gptq"] = Field(
         default="none", description="Weight quantization (--quantization).")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")

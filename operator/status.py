@@ -33,7 +33,8 @@ class FitStatus(_Model):
     budget_bytes: int | None = Field(default=None, description="GPUs x memory x gpuMemoryUtilization.")
     kv_budget_bytes: int | None = Field(default=None, description="What is left for the KV cache.")
     max_model_len: int | None = Field(default=None, description="Sequence length the check used.")
-    max_concurrency: float | None = Field(default=None, description="Sequences of maxModelLen that fit at once.")
+    max_concurrency: float | None = Field(
+        default=None, description="Sequences of maxModelLen that fit at once.")
 
 
 class InferenceServiceStatus(_Model):
@@ -43,10 +44,12 @@ class InferenceServiceStatus(_Model):
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     replicas: int | None = Field(default=None, description="Engine pods that exist (from the Deployment).")
     ready_replicas: int | None = Field(default=None, description="Engine pods that are ready.")
-    selector: str | None = Field(default=None, description="Label selector of the pods (for the scale subresource).")
+    selector: str | None = Field(
+        default=None, description="Label selector of the pods (for the scale subresource).")
     gpus: int | None = Field(default=None, description="GPUs requested by all replicas.")
     url: str | None = Field(default=None, description="In-cluster base URL of the OpenAI API.")
     autoscaler: str | None = Field(default=None, description="Which autoscaler is in use: HPA, KEDA or none.")
     monitoring: str | None = Field(default=None, description="ServiceMonitor created, or why not.")
     fit: FitStatus | None = Field(default=None, description="The fit check's outcome and figures.")
-    conditions: list[Condition] = Field(default_factory=list, description="Valid, FitChecked, Progressing, Ready, Degraded.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Valid, FitChecked, Progressing, Ready, Degraded.")
