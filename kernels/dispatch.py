@@ -1,0 +1,94 @@
+"""The one place where the CPU and GPU paths differ.
+
+The engine calls these functions and nothing else of `flotilla.kernels`. Each picks the Triton kernel
+when the tensors live on a CUDA device, and otherwise the PyTorch reference (the CPU path CI runs).
+The Triton modules are imported inside the CUDA branches, so the CPU path never imports Triton (nor
+defines a kernel before a test has set TRITON_INTERPRET).
+"""
+
+from __future__ import annotations
+
+import torch
+from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.layernorm import rms_norm_ref
+from flotilla.kernels.paged_attention import paged_attention_ref, write_kv_cache_ref
+from flotilla.kernels.rotary import apply_rotary_ref
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store new tokens' K/V at their slots in the block pool."""
+    if key.is_cuda:
+        from flotilla.kernels.triton_kv_write import write_kv_cache as write_kv_cache_triton
+
+        write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+        return
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention for a flattened batch (see `paged_attention.py` for the layout).
+
+    `max_query_len` is the caller's host-side knowledge of the longest new-token run in the batch.
+    On CUDA, `1` (a pure decode step) selects the split-KV decode kernel; anything else, or `None`,
+    the general prefill/extend kernel, which is correct for every batch, decode included. The hint
+    exists because deriving it from `query_start_loc` would sync with the host.
+    """
+    if query.is_cuda:
+        if max_query_len == 1:
+            from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+            return paged_decode_attention(
+                query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
+            )
+        from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+        return paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
+        )
+    return paged_attention_ref(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm, fused with the residual add when `residual` is given."""
+    if x.is_cuda:
+        from flotilla.kernels.triton_rmsnorm import rms_norm as rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def apply_rotary(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding of query and key by token position."""
+    if query.is_cuda:
+        from flotilla.kernels.triton_rotary import apply_rotary as apply_rotary_triton
+
+        return apply_rotary_triton(positions, query, key, cos_sin_cache)
+    return apply_rotary_ref(positions, query, key, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SiLU-gated MLP activation on the merged gate/up projection."""
+    if x.is_cuda:
+        from flotilla.kernels.triton_activation import silu_and_mul as silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return silu_and_mul_ref(x)

@@ -1,0 +1,258 @@
+"""Paged decode attention in Triton: one new token per sequence, split-KV (flash-decoding).
+
+Same contract as `paged_attention_ref` for the case `q_len == 1` (layout in `paged_attention.py`).
+One program handles one (sequence, KV head, split): it loads the KV head's whole group of query
+heads as the rows of one `tl.dot` (GQA: each K/V tile is read once for the group) and walks its
+slice of the context through the block table, page by page, with an online softmax. When a
+sequence's context is split, each split writes a partial output and its log-sum-exp, and a second
+small kernel merges them. Splitting is what lets one long sequence fill the GPU: batch 1 with 8 KV
+heads is only 8 programs without it.
+
+The number of splits is picked from tensor shapes alone (batch, heads, block-table width), never
+from `seq_lens` values, so a call never syncs with the host and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    split_len,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_row
+    if q_len == 0:  # a sequence with no new token this step (padding): nothing to write
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + g
+    head_ok = g < GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=head_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    ).to(DOT_DTYPE)
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + tl.arange(0, BLOCK_N)
+        tok_ok = tok < end
+        page = tl.load(table + tok // PAGE, mask=tok_ok, other=0).to(tl.int64)
+        in_page = tok % PAGE
+        kv_mask = tok_ok[:, None] & d_ok[None, :]
+        k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
+        k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+        s = tl.where(tok_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
+        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m = m_new
+
+    # An empty context (or an empty split) leaves l == 0: write zeros, and lse = -inf so the
+    # merge gives that split no weight.
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & d_ok[None, :])
+    else:
+        row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [batch, heads, splits] flattened
+        tl.store(part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], out, mask=head_ok[:, None])
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=head_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_row:
+        return
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
+    lse = tl.load(part_lse_ptr + row, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
+    parts = tl.load(
+        part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None]
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
+
+
+def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
+    """Splits per sequence so that about four programs run per SM, each over at least two tiles."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(4 * num_sms, programs)
+    most = max(1, triton.cdiv(max_context, 2 * block_n))
+    return int(max(1, min(want, most, 64)))
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Decode attention (at most one new token per sequence) over the paged KV pool.
+
+    Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
+    query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
+    sync); the tile and launch knobs are exposed for tests and the benchmark.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, page, num_kv_heads, _ = k_cache.shape
+    batch = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    assert num_heads == group * num_kv_heads, "query heads must be a multiple of KV heads"
+    assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    out = torch.empty_like(query)
+    if batch == 0 or num_tokens == 0:
+        return out
+    max_context = block_tables.shape[1] * page
+    if num_splits is None:
+        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
+    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
+    block_d = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_out = torch.empty(
+            batch * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device
+        )
+        part_lse = torch.empty(batch * num_heads * num_splits, dtype=torch.float32, device=query.device)
+    else:
+        part_out = part_lse = out  # unused: the split kernel writes `out` directly
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * _LOG2E,
+        query.stride(0),
+        query.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        split_len,
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PAGE=page,
+        BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype(query.dtype),
+        DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, num_heads)](
+            part_out,
+            part_lse,
+            query_start_loc,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
+
+
+__all__ = ["default_num_splits", "paged_decode_attention"]

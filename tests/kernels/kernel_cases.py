@@ -1,0 +1,69 @@
+"""Shared builders for the kernel tests: the device the kernels run on, paged pools, error checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Under the interpreter, kernels run on CPU tensors; compiled, on the GPU.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "") == "1"
+DEVICE = torch.device("cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in fp64; NaN anywhere fails every bound."""
+    out, ref = out.double(), ref.double()
+    if torch.isnan(out).any():
+        return float("inf")
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative-error bound: fp32 stays exact to rounding, bf16 pays its 8-bit mantissa."""
+    return 1e-5 if dtype == torch.float32 else 1.5e-2
+
+
+def paged_pool(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    *,
+    page: int = 16,
+    share_prefix_blocks: int = 0,
+    spare_blocks: int = 5,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A KV pool and block tables with shuffled physical blocks.
+
+    Sequence 1 reuses sequence 0's first `share_prefix_blocks` blocks (a prefix-cache hit), unused
+    table entries are -1, and spare blocks that no sequence owns hold random data too.
+    """
+    needed = [(n + page - 1) // page for n in seq_lens]
+    width = max(max(needed), 1)
+    own = sum(needed) - (share_prefix_blocks if len(seq_lens) > 1 else 0)
+    num_blocks = own + spare_blocks
+    perm = torch.randperm(num_blocks, generator=generator).tolist()
+    tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
+    for i, n in enumerate(needed):
+        for j in range(n):
+            if i == 1 and j < share_prefix_blocks:
+                tables[i, j] = tables[0, j]
+            else:
+                tables[i, j] = perm.pop()
+    shape = (num_blocks, page, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    return k_cache.to(DEVICE), v_cache.to(DEVICE), tables.to(DEVICE)
+
+
+def batch_meta(q_lens: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`query_start_loc` and `seq_lens` tensors (int32) for a flattened batch."""
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    return (
+        torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+    )
