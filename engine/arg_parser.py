@@ -1,0 +1,59 @@
+"""Command-line flags for the engine, built from the one flag declaration (`flotilla.flags`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from flotilla.flags import FLAGS, Flag
+
+_TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
+
+
+def add_flags(parser: argparse.ArgumentParser, components: Iterable[str]) -> None:
+    """Add every declared flag of `components`; unset flags stay absent from the parsed namespace."""
+    wanted = set(components)
+    group = parser.add_argument_group("engine")
+    for f in FLAGS:
+        if f.component in wanted:
+            group.add_argument(*f.aliases, f.name, dest=f.dest, default=argparse.SUPPRESS, help=_help(f), **_kind(f))
+
+
+def _kind(f: Flag) -> dict[str, Any]:
+    if f.type == "bool":
+        return {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
+    if f.type == "list":
+        return {"nargs": "+"}
+    kind: dict[str, Any] = {"type": _TYPES[f.type]}
+    if f.choices is not None:
+        kind["choices"] = f.choices
+    return kind
+
+
+def _help(f: Flag) -> str:
+    text = f"{f.help} (default: {f.default})"
+    if f.env:
+        text += f" [env {f.env}]"
+    if not f.implemented:
+        text += " [not implemented yet]"
+    return text
+
+
+def flag_values(args: argparse.Namespace, components: Iterable[str]) -> dict[str, Any]:
+    """The flags the user set (on the command line or through their environment variable)."""
+    wanted = set(components)
+    values: dict[str, Any] = {}
+    for f in FLAGS:
+        if f.component not in wanted:
+            continue
+        if hasattr(args, f.dest):
+            values[f.dest] = getattr(args, f.dest)
+        elif f.env and os.environ.get(f.env):
+            values[f.dest] = os.environ[f.env]
+    return values
+
+
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")

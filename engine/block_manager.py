@@ -1,0 +1,166 @@
+"""The KV block pool: allocation, reference counts and automatic prefix caching.
+
+Plain Python (no torch): it hands out block ids; the model runner owns the tensors they index.
+
+Prefix caching works on full blocks. A full block's hash chains its parent's hash, its token ids
+and extra keys (e.g. a LoRA id), so equal hashes mean equal whole prefixes. A block whose last user
+finished keeps its hash and sits in the free queue; a later request with the same prefix takes it
+back ("hit") instead of recomputing it. When a fresh block is needed, the least recently freed one is
+evicted first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from flotilla.engine.request import Request
+
+
+@dataclass(eq=False)
+class Block:
+    """One KV block: `block_size` token slots in every layer's cache."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_keys: tuple[Hashable, ...] = ()) -> int:
+    """The prefix-cache key of a full block: parent hash + its tokens + extra keys."""
+    return hash((parent_hash, tuple(token_ids), extra_keys))
+
+
+class BlockManager:
+    """Owns every block: which are free, who references which, and the prefix-cache index."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks <= 0:
+            raise ValueError("the KV cache needs at least one block")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks in eviction order (least recently freed first); cached ones keep their hash.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
+        self._num_indexed: dict[str, int] = {}  # request id -> how many of its blocks are indexed
+        self.prefix_cache_queries = 0  # tokens looked up (vllm:prefix_cache_queries)
+        self.prefix_cache_hits = 0  # tokens found (vllm:prefix_cache_hits)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request references (cached or not)."""
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by requests (vllm:kv_cache_usage_perc)."""
+        return 1.0 - len(self._free) / len(self.blocks)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids holding the longest cached prefix of a request that has nothing computed yet.
+
+        At least one token is always left to compute, since the step that computes it yields the
+        next token's logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in self._block_hashes(request)[:max_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return hits
+
+    def allocate(self, request: Request, num_new_tokens: int, cached_prefix: Sequence[int] = ()) -> bool:
+        """Give `request` the blocks for `num_new_tokens` more tokens, after its cached prefix.
+
+        Returns False, changing nothing, when the pool cannot supply them.
+        """
+        num_after = request.num_computed_tokens + len(cached_prefix) * self.block_size + num_new_tokens
+        num_fresh = self.blocks_needed(num_after) - len(request.block_ids) - len(cached_prefix)
+        revived = sum(1 for b in cached_prefix if self.blocks[b].ref_count == 0)
+        if num_fresh + revived > len(self._free):
+            return False
+        for block_id in cached_prefix:
+            self._take(block_id)
+        request.block_ids.extend(cached_prefix)
+        for _ in range(max(num_fresh, 0)):
+            request.block_ids.append(self._take_fresh())
+        self._cache_full_blocks(request, num_after)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; its blocks stay cached until evicted."""
+        # Tail blocks are freed first so they are evicted first: prefixes are the valuable part.
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        request.block_ids.clear()
+        self._hashes.pop(request.request_id, None)
+        self._num_indexed.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (blocks in use keep their contents)."""
+        for block in self.blocks:
+            block.block_hash = None
+        self._cached.clear()
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def _take_fresh(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _block_hashes(self, request: Request) -> list[int]:
+        """Hashes of the request's full blocks (prompt and output), extended as tokens arrive."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        tokens = request.all_token_ids
+        num_full = len(tokens) // self.block_size
+        for i in range(len(hashes), num_full):
+            parent = hashes[i - 1] if i else None
+            hashes.append(hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size]))
+        return hashes
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Index the blocks that will be full once this step's tokens are computed."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._block_hashes(request)
+        start = self._num_indexed.get(request.request_id, 0)
+        end = min(num_tokens // self.block_size, len(hashes))
+        for i in range(start, end):
+            block = self.blocks[request.block_ids[i]]
+            if block.block_hash is None:
+                block.block_hash = hashes[i]
+                self._cached.setdefault(hashes[i], block.block_id)
+        self._num_indexed[request.request_id] = max(start, end)

@@ -1,0 +1,50 @@
+"""Paged attention as a layer: writes the step's K/V into this layer's blocks, then attends.
+
+This is the engine's single attention dispatch point; which kernel runs is decided in
+`flotilla.kernels.dispatch`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from flotilla.engine.forward_context import current_attention_metadata
+from flotilla.kernels.dispatch import paged_attention, write_kv_cache
+from torch import nn
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads over the paged KV cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        # Bound by the model runner once the pool is allocated: `[num_blocks, block_size, kv_heads, head_dim]`.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q `[T, H*D]`, k/v `[T, Hkv*D]` -> `[T, H*D]`."""
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        meta = current_attention_metadata()
+        if meta is None:
+            # No cache yet (memory profiling): plain causal attention over the batch as one sequence.
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                is_causal=True,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            ).transpose(0, 1)
+            return out.reshape(-1, self.num_heads * self.head_dim)
+        write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        out = paged_attention(
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale
+        )
+        return out.view(-1, self.num_heads * self.head_dim)

@@ -1,0 +1,106 @@
+"""Linear layers shaped for tensor parallelism.
+
+Column-parallel layers split their output features over ranks, row-parallel ones their input
+features (and sum the partial results). Merged layers (QKV, gate/up) load several checkpoint tensors
+into one weight, each into its own slice, through `weight_loader(param, tensor, shard_id)`. Quantized
+weights will be a different layer class with the same loaders, not a change to model code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from torch import nn
+
+
+class _Linear(nn.Module):
+    """A linear layer whose weight is `[out, in]` already sharded for this rank."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Copy a checkpoint tensor into the parameter (overridden by sharded layers)."""
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T + b`."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(_Linear):
+    """Output features split over tensor-parallel ranks; no communication."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        if out_features % tp_size():
+            raise ValueError(f"output size {out_features} is not divisible by tensor parallel size {tp_size()}")
+        super().__init__(in_features, out_features // tp_size(), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Take this rank's rows of the full checkpoint tensor."""
+        size = param.shape[0]
+        param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input stored as one weight (e.g. gate and up)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False) -> None:
+        self.out_sizes = out_sizes
+        super().__init__(in_features, sum(out_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Put checkpoint tensor number `shard_id` into its slice."""
+        assert isinstance(shard_id, int)
+        n = tp_size()
+        offset = sum(self.out_sizes[:shard_id]) // n
+        size = self.out_sizes[shard_id] // n
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The query, key and value projections as one weight, split by heads over ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+        n = tp_size()
+        if num_heads % n or num_kv_heads % n:
+            raise ValueError(f"{num_heads} query / {num_kv_heads} KV heads do not split over {n} ranks")
+        self.head_dim = head_dim
+        self.num_heads = num_heads // n
+        self.num_kv_heads = num_kv_heads // n
+        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Put the q, k or v checkpoint tensor into its slice."""
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[str(shard_id)]
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
+
+
+class RowParallelLinear(_Linear):
+    """Input features split over ranks; partial outputs summed across the group."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        if in_features % tp_size():
+            raise ValueError(f"input size {in_features} is not divisible by tensor parallel size {tp_size()}")
+        super().__init__(in_features // tp_size(), out_features, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Take this rank's columns (the bias is whole, added once after the reduction)."""
+        if param.dim() == 1:
+            param.data.copy_(loaded)
+            return
+        size = param.shape[1]
+        param.data.copy_(loaded.narrow(1, tp_rank() * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Partial product on this rank, summed over ranks, then the bias."""
+        y = all_reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y

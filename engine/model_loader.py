@@ -1,0 +1,77 @@
+"""Load an HF model directory's safetensors (possibly sharded) into a Flotilla model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from flotilla.engine.config import ModelConfig
+from flotilla.engine.models.registry import build_model
+from safetensors import safe_open
+from torch import nn
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a config dtype name."""
+    return _DTYPES[name]
+
+
+def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
+    """Build the model in the configured dtype on `device` and fill it from the checkpoint."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype(config.dtype))
+    try:
+        with device:
+            model = build_model(config.hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    load_weights(model, Path(config.model))
+    return model.eval()
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model {model_dir}: no *.safetensors files")
+    return files
+
+
+def load_weights(model: nn.Module, model_dir: Path) -> None:
+    """Copy every checkpoint tensor into its parameter; a missing or unexpected tensor is an error."""
+    params = dict(model.named_parameters())
+    packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules", {})
+    loaded: set[str] = set()
+    tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
+    for path in _checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if tied and hf_name == "lm_head.weight":
+                    continue
+                name = model.checkpoint_name(hf_name)
+                if "rotary_emb.inv_freq" in name:
+                    continue
+                name, shard_id = _packed_target(name, packed)
+                if name not in params:
+                    raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
+                param = params[name]
+                weight_loader = getattr(param, "weight_loader", _copy_weight)
+                weight_loader(param, f.get_tensor(hf_name).to(param.dtype), shard_id)
+                loaded.add(name)
+    missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir} lacks tensors for: {', '.join(sorted(missing))}")
+
+
+def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+def _packed_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:
+    for fragment, (merged, shard_id) in packed.items():
+        if f".{fragment}." in name:
+            return name.replace(f".{fragment}.", f".{merged}."), shard_id
+    return name, None

@@ -1,0 +1,175 @@
+"""The Llama family as one decoder: Llama 2/3, Mistral, Qwen2/2.5 (QKV bias) and Qwen3 (q/k norm).
+
+Read top to bottom: an embedding, N decoder layers (attention then gated MLP, each behind an RMSNorm
+fused with the residual add), a final norm and the LM head. Attention metadata comes from the forward
+context, so every module keeps a plain `forward(positions, hidden)` signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from flotilla.engine.layers.activation import SiluAndMul
+from flotilla.engine.layers.attention import Attention
+from flotilla.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from flotilla.engine.layers.norm import RMSNorm
+from flotilla.engine.layers.rotary import RotaryEmbedding
+from flotilla.engine.parallel_state import tp_size
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaArch:
+    """The architecture numbers and variant switches the decoder needs, read from config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, c: dict[str, Any], *, qkv_bias: bool | None = None, qk_norm: bool = False) -> LlamaArch:
+        """Read config.json; `rope_parameters` (transformers 5) and `rope_theta`/`rope_scaling` both work."""
+        rope = dict(c.get("rope_parameters") or {})
+        scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        num_heads = c["num_attention_heads"]
+        attention_bias = bool(c.get("attention_bias", False))
+        return cls(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=c.get("num_key_value_heads") or num_heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // num_heads,
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_scaling=scaling,
+            max_position=c.get("max_position_embeddings", 2048),
+            qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
+            o_bias=attention_bias if qkv_bias is None else False,
+            mlp_bias=bool(c.get("mlp_bias", False)),
+            qk_norm=qk_norm,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        )
+
+
+class LlamaAttention(nn.Module):
+    """Fused QKV projection, optional per-head q/k RMSNorm, rotary, paged attention, output projection."""
+
+    def __init__(self, a: LlamaArch) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(a.hidden_size, a.head_dim, a.num_heads, a.num_kv_heads, a.qkv_bias)
+        self.o_proj = RowParallelLinear(a.num_heads * a.head_dim, a.hidden_size, a.o_bias)
+        self.num_heads = a.num_heads // tp_size()
+        self.num_kv_heads = a.num_kv_heads // tp_size()
+        self.head_dim = a.head_dim
+        self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        self.rotary = RotaryEmbedding(a.head_dim, a.max_position, a.rope_theta, a.rope_scaling)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, a.head_dim, a.head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """`[T, hidden]` -> `[T, hidden]`."""
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    """Gated MLP: merged gate/up projection, SiLU-and-mul, down projection."""
+
+    def __init__(self, a: LlamaArch) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(a.hidden_size, [a.intermediate_size] * 2, a.mlp_bias)
+        self.act = SiluAndMul()
+        self.down_proj = RowParallelLinear(a.intermediate_size, a.hidden_size, a.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`[T, hidden]` -> `[T, hidden]`."""
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP; the residual stream is carried beside the hidden states."""
+
+    def __init__(self, a: LlamaArch) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = LlamaAttention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = LlamaMLP(a)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the layer's output and the residual stream, not yet added together."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """The whole model: token ids and positions in, last hidden states out; `compute_logits` for the head."""
+
+    # checkpoint name fragment -> (our merged parameter, shard id)
+    packed_modules: ClassVar[dict[str, tuple[str, str | int]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, arch: LlamaArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`[T]` token ids at `[T]` positions -> final hidden states `[T, hidden]`."""
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits for the selected hidden states."""
+        return self.lm_head(hidden)
+
+    @staticmethod
+    def checkpoint_name(hf_name: str) -> str:
+        """Our parameter name for an HF checkpoint tensor name (`model.` prefix dropped)."""
+        return hf_name.removeprefix("model.")

@@ -1,0 +1,34 @@
+"""Which HF architectures Flotilla runs, and how each maps onto a model class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
+from torch import nn
+
+# HF `architectures[0]` -> builder from config.json
+_REGISTRY: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "LlamaForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
+    "MistralForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
+    "Qwen2ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True)),
+    "Qwen3ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qk_norm=True)),
+}
+
+
+def supported_architectures() -> list[str]:
+    """Names accepted in config.json's `architectures`."""
+    return sorted(_REGISTRY)
+
+
+def build_model(hf_config: dict[str, Any]) -> nn.Module:
+    """Instantiate (uninitialised) the model class for `hf_config`; unknown architectures are an error."""
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
+        if arch in _REGISTRY:
+            return _REGISTRY[arch](hf_config)
+    raise ValueError(
+        f"unsupported model architecture {archs or '(none in config.json)'}; "
+        f"supported: {', '.join(supported_architectures())}"
+    )

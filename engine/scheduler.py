@@ -1,0 +1,182 @@
+"""Continuous batching: which requests run in the next step, and how many tokens each feeds.
+
+Plain Python (no torch). Every step: running requests first (decodes, and the next chunk of prompts
+being prefilled in chunks), then waiting requests in FIFO order, all under a token budget
+(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`). When the KV pool runs dry, the newest
+running request is preempted: its blocks are freed and it will be recomputed later (its prefix is
+likely still cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from flotilla.engine.block_manager import BlockManager
+from flotilla.engine.config import SchedulerConfig
+from flotilla.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """A request in this step, feeding `num_new_tokens` tokens from `num_computed_tokens` on."""
+
+    request: Request
+    num_new_tokens: int
+    num_computed_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the request's tokens, so it yields a new token."""
+        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan, consumed by the model runner."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens fed to the model in this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to run."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Holds the waiting and running queues and decides each step."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (FIFO)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.block_manager.allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                budget -= num_new
+                i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            num_computed = request.num_computed_tokens + len(cached) * self.block_manager.block_size
+            num_new = request.num_tokens - num_computed
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.allocate(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new, num_computed))
+            budget -= num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Record a finished step: advance progress, append sampled tokens, retire finished requests.
+
+        Returns the requests that received a token in this step (finished ones included).
+        """
+        touched = []
+        for s in out.scheduled:
+            request = s.request
+            if request.status.finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.output_token_ids.append(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                self.finish(request, status)
+            touched.append(request)
+        return touched
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Retire a request (stopped, length or aborted) and return its blocks to the pool."""
+        if request.status.finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.block_manager.free(request)
+        del self.requests[request.request_id]
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        """Abort requests by id at any time; unknown or finished ids are ignored."""
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                aborted.append(request)
+        return aborted

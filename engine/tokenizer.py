@@ -1,0 +1,28 @@
+"""Loading the tokenizer and the model's end-of-sequence ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer(path: str) -> Any:
+    """The HF tokenizer in `path` (fast when available), with its chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def eos_token_ids(model_dir: str, tokenizer: Any, hf_config: dict[str, Any]) -> frozenset[int]:
+    """Every id that ends a sequence: generation_config.json's, config.json's and the tokenizer's."""
+    ids: set[int] = set()
+    gen_path = Path(model_dir) / "generation_config.json"
+    sources = [json.loads(gen_path.read_text()).get("eos_token_id")] if gen_path.is_file() else []
+    sources += [hf_config.get("eos_token_id"), tokenizer.eos_token_id]
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
