@@ -34,7 +34,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
-    limits: dict[str, Any] = {GPU_RESOURCE: spec.gpus_per_replica}
+    limits: dict[str, Any] = {GPU_RESOURCE: str(spec.gpus_per_replica)}
     requests: dict[str, Any] = {}
     for key, value in (("cpu", spec.resources.cpu), ("memory", spec.resources.memory)):
         if value is not None:

@@ -1,0 +1,69 @@
+"""Autoscalers: HPA autoscaling/v2 (v2beta2 applied to a real 1.20 apiserver) and KEDA's ScaledObject."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.operator.autoscaling import build_hpa, build_scaled_object, keda_query
+from flotilla.operator.spec import InferenceServiceSpec
+
+
+def make(**autoscaling) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"},
+                                                "autoscaling": {"maxReplicas": 8, **autoscaling}})
+
+
+def test_no_autoscaler_without_autoscaling():
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://m"}})
+    assert build_hpa(spec, "llama", "ns") is None
+    assert build_scaled_object(spec, "llama", "ns") is None
+
+
+@pytest.mark.parametrize(("fields", "metric", "average"), [
+    ({}, "vllm:num_requests_waiting", "10"),
+    ({"metric": "num_requests_running", "target": 32}, "vllm:num_requests_running", "32"),
+    ({"metric": "kv_cache_usage_perc", "target": 0.8}, "vllm:kv_cache_usage_perc", "800m"),
+])
+def test_hpa_follows_the_per_pod_average_of_the_engine_metric(fields, metric, average, validate_manifest):
+    hpa = build_hpa(make(minReplicas=2, **fields), "llama", "serving")
+    validate_manifest(hpa)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": metric}, "target": {"type": "AverageValue", "averageValue": average}}}]
+
+
+def test_v2beta2_has_the_same_spec():
+    v2 = build_hpa(make(), "llama", "ns")
+    beta = build_hpa(make(), "llama", "ns", api_version="autoscaling/v2beta2")
+    assert beta["apiVersion"] == "autoscaling/v2beta2" and beta["spec"] == v2["spec"]
+
+
+def test_v2beta2_is_accepted_by_the_1_20_control_plane(kube_api, namespace):
+    import kubernetes
+
+    dyn = kubernetes.dynamic.DynamicClient(kube_api)
+    hpa = build_hpa(make(metric="kv_cache_usage_perc", target=0.75), "llama", namespace,
+                    api_version="autoscaling/v2beta2")
+    stored = dyn.resources.get(api_version="autoscaling/v2beta2", kind="HorizontalPodAutoscaler").create(
+        body=hpa, namespace=namespace)
+    assert stored.spec.metrics[0].pods.target.averageValue == "750m"
+    assert stored.spec.behavior.scaleDown.stabilizationWindowSeconds == 300
+
+
+def test_keda_scaled_object_queries_prometheus_for_this_inferenceservice():
+    so = build_scaled_object(make(minReplicas=1, target=5), "llama", "serving")
+    assert so["apiVersion"] == "keda.sh/v1alpha1" and so["kind"] == "ScaledObject"
+    assert so["spec"]["scaleTargetRef"]["name"] == "llama"
+    assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (1, 8)
+    trigger = so["spec"]["triggers"][0]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"] == {
+        "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
+        "query": 'sum(vllm:num_requests_waiting{namespace="serving",serving_flotilla_dev_inferenceservice="llama"})',
+        "threshold": "5",
+    }
+
+
+def test_keda_query_uses_the_label_the_service_monitor_copies():
+    assert "serving_flotilla_dev_inferenceservice=" in keda_query(make(), "x", "ns")
