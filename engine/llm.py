@@ -35,9 +35,13 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompt_list))
         ids = []
-        for prompt, p in zip(prompt_list, params, strict=True):
-            text = prompt.get("prompt") if isinstance(prompt, dict) else None
-            ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text).request_id)
+        try:
+            for prompt, p in zip(prompt_list, params, strict=True):
+                text = prompt.get("prompt") if isinstance(prompt, dict) else None
+                ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text).request_id)
+        except BaseException:
+            self.engine.abort(ids)  # one bad prompt queues none of the batch
+            raise
         return self._run(ids, use_tqdm)
 
     def chat(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from flotilla.engine.config import ModelConfig
-from flotilla.engine.models.registry import build_model
 from safetensors import safe_open
 from torch import nn
+
+from flotilla.engine.config import ModelConfig
+from flotilla.engine.models.registry import build_model
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

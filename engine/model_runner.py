@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.layers.attention import Attention

@@ -138,7 +138,6 @@ FLAGS: tuple[Flag, ...] = (
         "cache",
         crd_field="kvCache.prefixCaching",
         negatable=True,
-        implemented=False,
     ),
     # --- scheduler ---------------------------------------------------------------------------------
     Flag(

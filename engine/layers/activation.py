@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from flotilla.kernels.dispatch import silu_and_mul
 from torch import nn
+
+from flotilla.kernels.dispatch import silu_and_mul
 
 
 class SiluAndMul(nn.Module):

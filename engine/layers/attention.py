@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from flotilla.engine.forward_context import current_attention_metadata
 from flotilla.kernels.dispatch import paged_attention, write_kv_cache
-from torch import nn
 
 
 class Attention(nn.Module):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
 from torch import nn
+
+from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
 
 
 class _Linear(nn.Module):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from flotilla.kernels.dispatch import rms_norm
 from torch import nn
+
+from flotilla.kernels.dispatch import rms_norm
 
 
 class RMSNorm(nn.Module):

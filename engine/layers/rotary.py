@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 import torch
-from flotilla.kernels.dispatch import apply_rotary
 from torch import nn
+
+from flotilla.kernels.dispatch import apply_rotary
 
 
 def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+
 from flotilla.engine.layers.activation import SiluAndMul
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -18,7 +20,6 @@ from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParalle
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.parallel_state import tp_size
-from torch import nn
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
 from torch import nn
+
+from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
 
 # HF `architectures[0]` -> builder from config.json
 _REGISTRY: dict[str, Callable[[dict[str, Any]], nn.Module]] = {

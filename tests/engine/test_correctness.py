@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
