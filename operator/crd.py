@@ -16,9 +16,10 @@ import sys
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
+
 from flotilla.operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec
 from flotilla.operator.status import InferenceServiceStatus
-from pydantic import BaseModel
 
 SHORT_NAMES = ["fis"]
 CATEGORIES = ["flotilla", "all"]

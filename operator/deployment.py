@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from flotilla.flags import flag
 from flotilla.operator import names
 from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args
 from flotilla.operator.model_volume import model_volume
 from flotilla.operator.spec import InferenceServiceSpec
-
-from flotilla.flags import flag
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -12,10 +12,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from flotilla.flags import FLAGS, Flag, flag_for_crd_field
 from flotilla.operator.names import MODEL_PATH
 from flotilla.operator.spec import InferenceServiceSpec
-
-from flotilla.flags import FLAGS, Flag, flag_for_crd_field
 
 ENGINE_COMMAND = ["flotilla", "serve"]
 

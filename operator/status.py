@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from flotilla.operator.spec import _Model
 from pydantic import Field
+
+from flotilla.operator.spec import _Model
 
 CONDITION_TYPES = ("Valid", "FitChecked", "Progressing", "Ready", "Degraded")
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel, ValidationError
+
+from flotilla.flags import FLAGS
 from flotilla.operator.crd import build_crd, crd_yaml
 from flotilla.operator.engine_args import FIELD_VALUES
 from flotilla.operator.spec import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from flotilla.operator.status import InferenceServiceStatus
-from pydantic import BaseModel, ValidationError
-
-from flotilla.flags import FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / f"{PLURAL}.{GROUP}.yaml"

@@ -1,0 +1,190 @@
+"""The fit check against hand computations for Llama-3.1-8B/70B and Qwen3-8B on H100/H200/L4."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.operator.fit import architecture_from_hf_config, check_fit, weight_bytes
+from flotilla.operator.gpus import lookup
+from flotilla.operator.spec import InferenceServiceSpec
+
+# Architecture numbers from each checkpoint's config.json.
+LLAMA_8B = {"hiddenSize": 4096, "numHiddenLayers": 32, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+            "headDim": 128, "intermediateSize": 14336, "vocabSize": 128256, "maxPositionEmbeddings": 131072}
+LLAMA_70B = {"hiddenSize": 8192, "numHiddenLayers": 80, "numAttentionHeads": 64, "numKeyValueHeads": 8,
+             "headDim": 128, "intermediateSize": 28672, "vocabSize": 128256, "maxPositionEmbeddings": 131072}
+QWEN3_8B = {"hiddenSize": 4096, "numHiddenLayers": 36, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+            "headDim": 128, "intermediateSize": 12288, "vocabSize": 151936, "maxPositionEmbeddings": 40960}
+GPUS = {"H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200", "L4": "NVIDIA-L4"}
+
+# --- the hand computation -------------------------------------------------------------------------
+# Device memory as nvidia-smi reports it (MiB): H100 81,559; H200 143,771; L4 23,034.
+MEMORY = {"H100": 81_559 * 2**20, "H200": 143_771 * 2**20, "L4": 23_034 * 2**20}
+# Weight bytes. bf16: the published safetensors totals (Llama-3.1-8B-Instruct 16.06 GB, 70B 141.1 GB,
+# Qwen3-8B 16.38 GB). fp8: linear layers at 1 byte, embeddings + LM head (vocab x hidden x 2) at 2:
+#   8B:  6.98e9 + 2 x 0.525e9 x 2 = 9.08 GB;  70B: 68.45e9 + 2 x 1.051e9 x 2 = 72.65 GB;
+#   Qwen3-8B: 6.945e9 + 2 x 0.622e9 x 2 = 9.43 GB.
+WEIGHTS = {("llama8b", "bf16"): 16.06e9, ("llama8b", "fp8"): 9.08e9, ("llama70b", "bf16"): 141.1e9,
+           ("llama70b", "fp8"): 72.65e9, ("qwen8b", "bf16"): 16.38e9, ("qwen8b", "fp8"): 9.43e9}
+# KV bytes per token = 2 (K, V) x layers x KV heads (8 for all three) x head dim (128) x bytes.
+LAYERS = {"llama8b": 32, "llama70b": 80, "qwen8b": 36}
+# Shape numbers used by the activation allowance: (hidden, intermediate, vocab).
+SHAPE = {"llama8b": (4096, 14336, 128256), "llama70b": (8192, 28672, 128256), "qwen8b": (4096, 12288, 151936)}
+ARCH = {"llama8b": LLAMA_8B, "llama70b": LLAMA_70B, "qwen8b": QWEN3_8B}
+
+
+def hand_concurrency(model: str, gpu: str, gpus: int, precision: str, max_model_len: int = 8192,
+                     max_num_seqs: int = 256, util: float = 0.9) -> float:
+    budget = gpus * MEMORY[gpu] * util
+    hidden, intermediate, vocab = SHAPE[model]
+    # Per GPU: 1 GiB runtime + a step of 8,192 tokens through the MLP and 4 residual buffers in bf16
+    # + fp32 logits of max_num_seqs rows; the tensor-parallel GPUs split the MLP and the vocabulary.
+    activation = gpus * (2**30 + 8192 * (2 * intermediate / gpus + 4 * hidden) * 2 + max_num_seqs * vocab / gpus * 4)
+    kv_per_token = 2 * LAYERS[model] * 8 * 128 * (1 if precision == "fp8" else 2)
+    return (budget - WEIGHTS[model, precision] - activation) / (max_model_len * kv_per_token)
+
+
+def spec(model: str, gpu: str, gpus: int, precision: str, max_model_len: int = 8192, max_num_seqs: int = 256,
+         **extra) -> InferenceServiceSpec:
+    fp8 = precision == "fp8"
+    return InferenceServiceSpec.model_validate({
+        "model": {"source": "pvc://models/m", "config": ARCH[model]},
+        "resources": {"gpuProduct": GPUS[gpu]},
+        "parallelism": {"tensor": gpus},
+        "quantization": "fp8" if fp8 else "none",
+        "kvCache": {"dtype": "fp8" if fp8 else "auto"},
+        "scheduling": {"maxModelLen": max_model_len, "maxNumSeqs": max_num_seqs},
+        **extra})
+
+
+# (model, GPU, GPUs per replica, precision, verdict); concurrency checked against hand_concurrency.
+TABLE = [
+    ("llama8b", "H100", 1, "bf16", "FitsWithWarning"),   # ~54.9 sequences of 8k < 256
+    ("llama8b", "H100", 1, "fp8", "FitsWithWarning"),    # ~122.8
+    ("llama8b", "H200", 1, "bf16", "FitsWithWarning"),   # ~109.6
+    ("llama8b", "H200", 1, "fp8", "FitsWithWarning"),    # ~232.2
+    ("llama8b", "L4", 1, "bf16", "FitsWithWarning"),     # ~3.5: fits, barely
+    ("llama8b", "L4", 1, "fp8", "FitsWithWarning"),      # ~20
+    ("llama70b", "H100", 1, "bf16", "DoesNotFit"),       # 141 GB of weights on 77 GB
+    ("llama70b", "H100", 1, "fp8", "FitsWithWarning"),   # borderline: 72.7 GB + 2.7 GB activations, ~1.2 seqs
+    ("llama70b", "H100", 4, "bf16", "FitsWithWarning"),  # ~59.3
+    ("llama70b", "H200", 1, "fp8", "FitsWithWarning"),   # ~45.0
+    ("llama70b", "H200", 2, "fp8", "FitsWithWarning"),   # ~144.9
+    ("llama70b", "L4", 4, "bf16", "DoesNotFit"),
+    ("llama70b", "L4", 8, "fp8", "FitsWithWarning"),     # ~65
+    ("qwen8b", "H100", 1, "bf16", "FitsWithWarning"),    # ~48.6
+    ("qwen8b", "H100", 1, "fp8", "FitsWithWarning"),     # ~108.7
+    ("qwen8b", "H200", 1, "bf16", "FitsWithWarning"),    # ~97.2
+    ("qwen8b", "H200", 1, "fp8", "FitsWithWarning"),     # ~205.9
+    ("qwen8b", "L4", 1, "bf16", "FitsWithWarning"),      # ~2.9
+    ("qwen8b", "L4", 1, "fp8", "FitsWithWarning"),       # ~17.2
+]
+
+
+@pytest.mark.parametrize(("model", "gpu", "gpus", "precision", "verdict"), TABLE,
+                         ids=["-".join(map(str, row[:4])) for row in TABLE])
+def test_fit_matches_the_hand_computation(model, gpu, gpus, precision, verdict):
+    report = check_fit(spec(model, gpu, gpus, precision))
+    assert report.verdict == verdict, report.message
+    assert report.weight_bytes == pytest.approx(WEIGHTS[model, precision], rel=0.05)
+    assert report.kv_bytes_per_token == 2 * LAYERS[model] * 8 * 128 * (1 if precision == "fp8" else 2)
+    assert report.budget_bytes == pytest.approx(gpus * MEMORY[gpu] * 0.9, rel=1e-6)
+    hand = hand_concurrency(model, gpu, gpus, precision)
+    if hand > 0:
+        assert report.max_concurrency == pytest.approx(hand, rel=0.05)
+    else:
+        assert report.max_concurrency == 0
+
+
+def test_weights_alone_too_big_is_refused_with_what_to_do():
+    report = check_fit(spec("llama70b", "L4", 1, "bf16"))
+    assert report.verdict == "DoesNotFit" and report.condition_status == "False"
+    assert "do not fit 1 x NVIDIA-L4" in report.message and "add GPUs" in report.message
+
+
+def test_a_context_too_long_for_the_kv_cache_is_refused_with_the_length_that_fits():
+    long = spec("llama8b", "L4", 1, "bf16", max_model_len=131072)
+    long.scheduling.max_num_batched_tokens = 8192  # else the profiling step itself is 131,072 tokens
+    report = check_fit(long)
+    assert report.verdict == "DoesNotFit"
+    fitting = int(report.message.split("lower scheduling.maxModelLen to ")[1].split()[0])
+    assert 16384 < fitting < 131072 and fitting % 16 == 0
+    long.scheduling.max_model_len = fitting
+    assert check_fit(long).verdict == "FitsWithWarning"
+
+
+def test_enough_room_for_max_num_seqs_fits_without_warning():
+    report = check_fit(spec("llama8b", "H200", 1, "fp8", max_num_seqs=128))
+    assert report.verdict == "Fits" and report.condition_status == "True"
+    assert report.max_concurrency >= 128
+
+
+def test_borderline_is_warned_with_the_concurrency():
+    report = check_fit(spec("llama8b", "L4", 1, "bf16", max_num_seqs=16))
+    assert report.verdict == "FitsWithWarning"
+    assert f"only {report.max_concurrency:.2f} sequences of 8192 tokens" in report.message
+    assert "below scheduling.maxNumSeqs (16)" in report.message
+
+
+def test_max_model_len_defaults_to_the_models_context():
+    s = InferenceServiceSpec.model_validate({"model": {"source": "pvc://m", "config": QWEN3_8B},
+                                             "resources": {"gpuProduct": "H200"}})
+    assert check_fit(s).max_model_len == 40960
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"model": {"source": "pvc://m"}, "resources": {"gpuProduct": "H100"}}, "ArchitectureUnknown"),
+    ({"model": {"source": "pvc://m", "config": LLAMA_8B}, "resources": {"gpuProduct": "NVIDIA-Z9000"}}, "GPUUnknown"),
+    ({"model": {"source": "pvc://m", "config": LLAMA_8B}}, "GPUUnknown"),
+    ({"model": {"source": "pvc://m", "config": {**LLAMA_8B, "maxPositionEmbeddings": None}},
+      "resources": {"gpuProduct": "H100"}}, "MaxModelLenUnknown"),
+])
+def test_unknown_when_numbers_are_missing(fields, reason):
+    report = check_fit(InferenceServiceSpec.model_validate(fields))
+    assert (report.verdict, report.reason, report.condition_status) == ("Unknown", reason, "Unknown")
+
+
+def test_status_form_is_camel_case_and_rounded():
+    status = check_fit(spec("llama8b", "H100", 1, "bf16")).to_status()
+    assert {"verdict", "weightBytes", "kvBytesPerToken", "maxConcurrency", "budgetBytes"} <= status.keys()
+    assert status["maxConcurrency"] == round(status["maxConcurrency"], 2)
+
+
+def test_int4_and_int8_weights():
+    from flotilla.operator.spec import ModelArchitecture
+
+    arch = ModelArchitecture.model_validate(LLAMA_8B)
+    # AWQ/GPTQ int4 (group 128): 6.98e9 x 0.5195 + 1.05e9 x 2 = 5.73 GB (published AWQ 8B: ~5.73 GB).
+    assert weight_bytes(arch, "awq") == pytest.approx(5.73e9, rel=0.02)
+    assert weight_bytes(arch, "int8") == weight_bytes(arch, "fp8")
+
+
+def test_num_parameters_overrides_the_derived_count():
+    from flotilla.operator.spec import ModelArchitecture
+
+    arch = ModelArchitecture.model_validate({**LLAMA_8B, "numParameters": 46_700_000_000})  # e.g. Mixtral 8x7B
+    assert weight_bytes(arch, "none") == pytest.approx(93.4e9, rel=0.01)
+
+
+def test_architecture_from_config_json():
+    config = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    arch = architecture_from_hf_config(config)
+    assert arch.model_dump(by_alias=True, exclude_none=True) == {**QWEN3_8B, "tieWordEmbeddings": False}
+    assert architecture_from_hf_config({"text_config": config}) == arch
+    assert architecture_from_hf_config({"hidden_size": 4096}) is None
+
+
+@pytest.mark.parametrize(("label", "product"), [
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3"), ("h100", "NVIDIA-H100-80GB-HBM3"),
+    ("NVIDIA-H200", "NVIDIA-H200"), ("NVIDIA-L4", "NVIDIA-L4"),
+    ("NVIDIA-A100-SXM4-80GB-SHARED", "NVIDIA-A100-SXM4-80GB"),
+    ("Tesla-T4", "Tesla-T4"), ("NVIDIA-B200", "NVIDIA-B200"), ("NVIDIA-L40S", "NVIDIA-L40S"), ("A10G", "NVIDIA-A10G"),
+])
+def test_gpu_lookup_by_feature_discovery_label_or_alias(label, product):
+    assert lookup(label).product == product
+
+
+def test_unknown_gpu_has_no_entry():
+    assert lookup("NVIDIA-Z9000") is None and lookup(None) is None
