@@ -9,6 +9,7 @@ defines a kernel before a test has set TRITON_INTERPRET).
 from __future__ import annotations
 
 import torch
+
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.paged_attention import paged_attention_ref, write_kv_cache_ref
@@ -52,14 +53,10 @@ def paged_attention(
         if max_query_len == 1:
             from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
-            return paged_decode_attention(
-                query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
-            )
+            return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
         from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-        return paged_prefill_attention(
-            query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
-        )
+        return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     return paged_attention_ref(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
 
 

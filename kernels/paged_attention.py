@@ -42,9 +42,7 @@ def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) 
     return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q `[H, Tq, D]`, k/v `[Hkv, Tk, D]` (grouped heads broadcast), mask `[Tq, Tk]` or batched, in fp32."""
     group = q.shape[-3] // k.shape[-3]
     if group > 1:

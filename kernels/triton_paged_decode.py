@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -140,9 +141,7 @@ def _decode_merge_kernel(
     lse = tl.load(part_lse_ptr + row, mask=sp < NUM_SPLITS, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
-    parts = tl.load(
-        part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None]
-    )
+    parts = tl.load(part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None])
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(
@@ -195,9 +194,7 @@ def paged_decode_attention(
     split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
-        part_out = torch.empty(
-            batch * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device
-        )
+        part_out = torch.empty(batch * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(batch * num_heads * num_splits, dtype=torch.float32, device=query.device)
     else:
         part_out = part_lse = out  # unused: the split kernel writes `out` directly

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from flotilla.kernels.triton_utils import dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634

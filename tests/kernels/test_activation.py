@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flotilla.kernels.activation import silu_and_mul_ref
 from kernel_cases import DEVICE, rel_err
+
+from flotilla.kernels.activation import silu_and_mul_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,10 +7,11 @@ import sys
 
 import pytest
 import torch
+from kernel_cases import batch_meta, paged_pool, rel_err
+
 from flotilla.kernels import dispatch
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.paged_attention import paged_attention_ref
-from kernel_cases import batch_meta, paged_pool, rel_err
 
 
 def test_cpu_path_never_imports_triton_kernels():
@@ -46,10 +47,7 @@ def _llama_step(q_lens, seq_lens, dtype=torch.bfloat16):
 def test_cuda_decode_and_extend_match_reference_at_model_shapes():
     """Decode (hint 1) over contexts up to 3000 tokens; extend (no hint) with cached prefixes."""
     args = _llama_step([1] * 5, [1, 17, 513, 2048, 3000])
-    assert (
-        rel_err(dispatch.paged_attention(*args, 0.088, max_query_len=1), paged_attention_ref(*args, 0.088))
-        < 1e-2
-    )
+    assert rel_err(dispatch.paged_attention(*args, 0.088, max_query_len=1), paged_attention_ref(*args, 0.088)) < 1e-2
     args = _llama_step([300, 1, 77], [300, 900, 1100])
     assert rel_err(dispatch.paged_attention(*args, 0.088), paged_attention_ref(*args, 0.088)) < 1e-2
 
@@ -82,8 +80,5 @@ def test_cuda_fused_layers_match_reference():
     assert rel_err(out, ref) < 1e-2 and torch.equal(res, ref_res)
     gate_up = torch.randn(64, 2 * 4096, generator=g).bfloat16().cuda()
     assert (
-        rel_err(
-            dispatch.silu_and_mul(gate_up), torch.nn.functional.silu(gate_up[:, :4096]) * gate_up[:, 4096:]
-        )
-        < 1e-2
+        rel_err(dispatch.silu_and_mul(gate_up), torch.nn.functional.silu(gate_up[:, :4096]) * gate_up[:, 4096:]) < 1e-2
     )

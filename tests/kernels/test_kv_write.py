@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flotilla.kernels.paged_attention import write_kv_cache_ref
 from kernel_cases import DEVICE
+
+from flotilla.kernels.paged_attention import write_kv_cache_ref
 
 
 @pytest.mark.parametrize(

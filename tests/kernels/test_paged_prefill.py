@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flotilla.kernels.paged_attention import paged_attention_ref
 from kernel_cases import DEVICE, batch_meta, paged_pool, rel_err, tolerance
+
+from flotilla.kernels.paged_attention import paged_attention_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flotilla.kernels.rotary import apply_rotary_ref
 from kernel_cases import DEVICE, rel_err
+
+from flotilla.kernels.rotary import apply_rotary_ref
 
 
 def _cos_sin_cache(max_pos: int, dim: int) -> torch.Tensor:

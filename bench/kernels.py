@@ -1,0 +1,418 @@
+"""Microbenchmarks of the Triton kernels against their anchors, on one CUDA GPU, in one run.
+
+    python3 bench/kernels.py --out results.json [--sweep]
+
+- Copy bandwidth (the ceiling for the memory-bound kernels): a 1 GiB device-to-device copy,
+  bytes read + written over time.
+- Paged decode, Llama-3-8B heads (32 q / 8 kv / 128), bf16, 16-token pages, shuffled block tables,
+  batch 1/16/64/256 x 4,096 context: GB/s = K+V bytes read / time, against torch SDPA on the same
+  K/V gathered into contiguous tensors, measured the same way in the same run. Batch 1 and 16
+  are timed by replaying many calls captured in one CUDA graph, rotating over several K/V sets so
+  that no call finds its K/V in L2; batch 64 and 256 with `triton.testing.do_bench` (median).
+- Paged prefill 8 x 2,048 causal: TFLOP/s (4 * B * H * D * N^2 / 2) against SDPA (is_causal); and an
+  extend case (1,536 cached + 512 new tokens per sequence) for information.
+- RMSNorm + residual, rotary, SiLU-and-mul, KV write at 8,192 tokens x 4,096: GB/s of the bytes they
+  must move, against the copy bandwidth (and torch eager for information).
+`--sweep` also times other tile/launch configurations of the attention kernels. Every Triton
+output is checked against its baseline before it is timed; the JSON records the errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.layernorm import rms_norm_ref
+from flotilla.kernels.paged_attention import write_kv_cache_ref
+from flotilla.kernels.rotary import apply_rotary_ref
+from flotilla.kernels.triton_activation import silu_and_mul
+from flotilla.kernels.triton_kv_write import write_kv_cache
+from flotilla.kernels.triton_paged_decode import (
+    _decode_merge_kernel,
+    default_num_splits,
+    paged_decode_attention,
+)
+from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+from flotilla.kernels.triton_rmsnorm import rms_norm
+from flotilla.kernels.triton_rotary import apply_rotary
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+DEV = torch.device("cuda")
+L2_ROTATION_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+DECODE_BATCHES, DECODE_CTX = (1, 16, 64, 256), 4096
+PREFILL = (8, 2048)  # batch, tokens
+EXTEND = (8, 512, 1536)  # batch, new tokens, cached tokens
+ELEMENTWISE = (8192, 4096)  # tokens, hidden
+COPY_ELEMENTS = 2**29  # 1 GiB of bf16
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in fp64."""
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def bench_ms(fn: Callable[[], object]) -> float:
+    """Median ms of `fn` with do_bench (it flushes L2 between calls)."""
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def graph_ms(fn: Callable[[int], object], calls: int, replays: int = 15) -> float:
+    """Median ms per call of `calls` invocations `fn(0..calls-1)` captured in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> dict:
+    """GB/s of a 1 GiB copy, read + write counted."""
+    src = torch.randn(COPY_ELEMENTS, device=DEV, dtype=DTYPE)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return {"bytes": 2 * src.nbytes, "ms": ms, "gbps": 2 * src.nbytes / ms / 1e6}
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+
+
+def decode_case(batch: int, ctx: int, sets: int) -> dict:
+    """`sets` independent K/V sets for one decode shape: the paged pool with shuffled block tables,
+    and the same K/V gathered contiguous `[B, Hkv, ctx, D]` for SDPA."""
+    blocks_per_seq = ctx // PAGE
+    num_blocks = sets * batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(num_blocks, device=DEV, dtype=torch.int32)
+    tables = perm.view(sets, batch, blocks_per_seq)
+    query = torch.randn(sets, batch, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    qsl = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
+
+    def contiguous(cache: torch.Tensor, s: int) -> torch.Tensor:
+        return cache[tables[s].long()].reshape(batch, ctx, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+
+    k_flat = [contiguous(k_cache, s) for s in range(sets)]
+    v_flat = [contiguous(v_cache, s) for s in range(sets)]
+    return {
+        "k_cache": k_cache, "v_cache": v_cache, "tables": tables, "query": query, "qsl": qsl,
+        "lens": lens, "k_flat": k_flat, "v_flat": v_flat, "batch": batch, "ctx": ctx, "sets": sets,
+    }  # fmt: skip
+
+
+def expand_kv(kv: torch.Tensor) -> torch.Tensor:
+    """`[B, Hkv, N, D]` -> `[B, H, N, D]`: each KV head repeated for its query heads (no GQA needed)."""
+    return kv.repeat_interleave(HEADS // KV_HEADS, dim=1)
+
+
+def merge_only(batch: int, splits: int) -> Callable[[int], object]:
+    """Launches of the split-merge kernel alone, on fixed partial results (a time breakdown)."""
+    part_out = torch.randn(batch * HEADS * splits, HEAD_DIM, device=DEV)
+    part_lse = torch.randn(batch * HEADS * splits, device=DEV)
+    qsl = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    out = torch.empty(batch, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    return lambda i: _decode_merge_kernel[(batch, HEADS)](
+        part_out, part_lse, qsl, out, out.stride(0), out.stride(1), NUM_HEADS=HEADS, NUM_SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=HEAD_DIM, BLOCK_D=HEAD_DIM, num_warps=4,
+    )  # fmt: skip
+
+
+def bench_decode(batch: int, ctx: int, sweep: bool) -> dict:
+    """Paged Triton decode vs SDPA on contiguous K/V, GB/s of K+V read."""
+    kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2
+    sets = max(1, -(-L2_ROTATION_BYTES // kv_bytes)) if batch <= 16 else 1
+    c = decode_case(batch, ctx, sets)
+    scale = HEAD_DIM**-0.5
+    graphed = batch <= 16
+    calls = 200 if batch == 1 else 40
+
+    def triton_fn(**cfg) -> Callable[[int], torch.Tensor]:
+        return lambda i: paged_decode_attention(
+            c["query"][i % sets], c["k_cache"], c["v_cache"], c["tables"][i % sets], c["qsl"], c["lens"],
+            scale, **cfg,
+        )  # fmt: skip
+
+    def sdpa_fn(i: int) -> torch.Tensor:  # GQA inside SDPA, K/V read once per KV head
+        q = c["query"][i % sets].unsqueeze(2)  # [B, H, 1, D]
+        return F.scaled_dot_product_attention(
+            q, c["k_flat"][i % sets], c["v_flat"][i % sets], scale=scale, enable_gqa=True
+        )
+
+    def time_it(fn: Callable[[int], object]) -> float:
+        return graph_ms(fn, calls) if graphed else bench_ms(lambda: fn(0))
+
+    ref = sdpa_fn(0).squeeze(2)
+    result = {"batch": batch, "ctx": ctx, "kv_bytes": kv_bytes, "kv_sets": sets}
+    result["timing"] = f"cuda graph of {calls} calls" if graphed else "do_bench median"
+    err = rel_err(triton_fn()(0), ref)
+    ms = time_it(triton_fn())
+    sdpa = {"gqa": time_it(sdpa_fn)}
+    # SDPA's fastest kernels may not take GQA: also time it on K/V expanded to every query head
+    # (it then reads 4x the bytes; GB/s still counts the 8-head K/V). The faster is the baseline.
+    k_rep = [expand_kv(t) for t in c["k_flat"]]
+    v_rep = [expand_kv(t) for t in c["v_flat"]]
+    sdpa_rep = lambda i: F.scaled_dot_product_attention(  # noqa: E731
+        c["query"][i % sets].unsqueeze(2), k_rep[i % sets], v_rep[i % sets], scale=scale
+    )
+    result["rel_err_sdpa_expanded"] = rel_err(sdpa_rep(0).squeeze(2), ref)
+    sdpa["expanded"] = time_it(sdpa_rep)
+    sdpa_ms = min(sdpa.values())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = default_num_splits(batch, KV_HEADS, ctx, sms, 64)
+    result.update(
+        triton_ms=ms, triton_gbps=kv_bytes / ms / 1e6, rel_err_vs_sdpa=err, default_num_splits=splits,
+        sdpa_ms_by_variant=sdpa, sdpa_ms=sdpa_ms, sdpa_gbps=kv_bytes / sdpa_ms / 1e6, ratio=sdpa_ms / ms,
+    )  # fmt: skip
+    if graphed and splits > 1:  # where the time goes: the merge kernel alone, on ready partials
+        result["merge_kernel_ms"] = time_it(merge_only(batch, splits))
+    if sweep:
+        # Tiles and warps at the default split count, then split counts at the default tiles (up to
+        # 16 programs per SM: beyond that the partials cost more than the parallelism gives).
+        configs = [{"block_n": bn, "num_warps": w, "num_stages": 2} for bn in (32, 64, 128) for w in (4, 8)]
+        configs += [{"block_n": 64, "num_warps": 4, "num_stages": st} for st in (3, 4)]
+        configs += [
+            {"num_splits": n}
+            for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+            if n != splits and batch * KV_HEADS * n <= 16 * sms and n * 64 <= ctx
+        ]
+        result["sweep"] = []
+        for cfg in configs:
+            try:
+                e = rel_err(triton_fn(**cfg)(0), ref)
+                t = time_it(triton_fn(**cfg))
+                result["sweep"].append({**cfg, "ms": t, "gbps": kv_bytes / t / 1e6, "rel_err": e})
+            except Exception as exc:  # a config that does not compile (resources) is recorded, not fatal
+                result["sweep"].append({**cfg, "error": repr(exc)[:200]})
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill / extend
+
+
+def bench_prefill(batch: int, new: int, cached: int, sweep: bool) -> dict:
+    """Paged Triton prefill/extend vs SDPA on contiguous K/V (causal; `cached` prefix tokens)."""
+    ctx = cached + new
+    blocks_per_seq = ctx // PAGE
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(num_blocks, device=DEV, dtype=torch.int32).view(batch, blocks_per_seq)
+    query = torch.randn(batch * new, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    qsl = torch.arange(0, batch * new + 1, new, device=DEV, dtype=torch.int32)
+    lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
+    scale = HEAD_DIM**-0.5
+    k_flat = k_cache[tables.long()].reshape(batch, ctx, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    v_flat = v_cache[tables.long()].reshape(batch, ctx, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    q_flat = query.view(batch, new, HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    # Useful work: each new token attends to `cached + its index + 1` keys.
+    pairs = batch * HEADS * (new * cached + new * (new + 1) / 2)
+    flops = 4 * HEAD_DIM * pairs
+
+    def run(**cfg) -> torch.Tensor:
+        return paged_prefill_attention(query, k_cache, v_cache, tables, qsl, lens, scale, **cfg)
+
+    k_rep, v_rep = expand_kv(k_flat), expand_kv(v_flat)
+    if cached == 0:
+        kw = {"is_causal": True}
+    else:  # bottom-right-aligned causal mask: new token j sees keys 0 ..= cached + j
+        kw = {"attn_mask": torch.ones(new, ctx, device=DEV, dtype=torch.bool).tril(diagonal=cached)}
+    variants = {  # GQA inside SDPA, or K/V expanded to every query head; the faster is the baseline
+        "gqa": lambda: F.scaled_dot_product_attention(q_flat, k_flat, v_flat, scale=scale, enable_gqa=True, **kw),
+        "expanded": lambda: F.scaled_dot_product_attention(q_flat, k_rep, v_rep, scale=scale, **kw),
+    }  # fmt: skip
+    ref = variants["gqa"]().transpose(1, 2).reshape(batch * new, HEADS, HEAD_DIM)
+    result = {"batch": batch, "new_tokens": new, "cached_tokens": cached, "flops": flops}
+    result["rel_err_vs_sdpa"] = rel_err(run(), ref)
+    ms = bench_ms(run)
+    sdpa = {name: bench_ms(fn) for name, fn in variants.items()}
+    sdpa_ms = min(sdpa.values())
+    result.update(
+        triton_ms=ms, triton_tflops=flops / ms / 1e9, sdpa_ms_by_variant=sdpa, sdpa_ms=sdpa_ms,
+        sdpa_tflops=flops / sdpa_ms / 1e9, ratio=sdpa_ms / ms,
+    )  # fmt: skip
+    if sweep:
+        configs = [
+            (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3),
+            (64, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3), (256, 64, 8, 2),
+        ]  # fmt: skip
+        result["sweep"] = []
+        for bm, bn, w, st in configs:
+            cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st}
+            try:
+                e = rel_err(run(**cfg), ref)
+                t = bench_ms(lambda cfg=cfg: run(**cfg))
+                result["sweep"].append({**cfg, "ms": t, "tflops": flops / t / 1e9, "rel_err": e})
+            except Exception as exc:
+                result["sweep"].append({**cfg, "error": repr(exc)[:200]})
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# fused element-wise kernels
+
+
+def _elementwise_case(name: str, nbytes: int, fn, eager, err: float) -> dict:
+    """Time one fused kernel and its eager torch equivalent; GB/s of the bytes it must move."""
+    ms, eager_ms = bench_ms(fn), bench_ms(eager)
+    return {
+        "name": name, "bytes": nbytes, "triton_ms": ms, "triton_gbps": nbytes / ms / 1e6, "eager_ms": eager_ms,
+        "eager_gbps": nbytes / eager_ms / 1e6, "rel_err": err,
+    }  # fmt: skip
+
+
+def bench_rmsnorm(tokens: int, hidden: int) -> dict:
+    """RMSNorm + residual: reads x, residual, weight; writes out and the new residual."""
+    x = torch.randn(tokens, hidden, device=DEV, dtype=DTYPE)
+    res = torch.randn_like(x)
+    w = torch.randn(hidden, device=DEV, dtype=DTYPE)
+    err = rel_err(rms_norm(x, w, 1e-5, res)[0], rms_norm_ref(x, w, 1e-5, res)[0])
+    return _elementwise_case(
+        "rmsnorm_residual", 4 * x.nbytes + w.nbytes, lambda: rms_norm(x, w, 1e-5, res),
+        lambda: rms_norm_ref(x, w, 1e-5, res), err,
+    )  # fmt: skip
+
+
+def bench_rotary(tokens: int, hidden: int) -> dict:
+    """Rotary on `hidden`-wide queries (32 heads) and 8 KV heads: reads and writes both, plus cos/sin rows."""
+    q = torch.randn(tokens, hidden // HEAD_DIM, HEAD_DIM, device=DEV, dtype=DTYPE)
+    k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    positions = torch.randint(0, 8192, (tokens,), device=DEV)
+    inv = 1.0 / (500000 ** (torch.arange(0, HEAD_DIM, 2, device=DEV).float() / HEAD_DIM))
+    freqs = torch.arange(8192, device=DEV).float()[:, None] * inv[None, :]
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    err = rel_err(apply_rotary(positions, q, k, cache)[0], apply_rotary_ref(positions, q, k, cache)[0])
+    nbytes = 2 * (q.nbytes + k.nbytes) + tokens * HEAD_DIM * 4 + positions.nbytes
+    return _elementwise_case(
+        "rotary", nbytes, lambda: apply_rotary(positions, q, k, cache),
+        lambda: apply_rotary_ref(positions, q, k, cache), err,
+    )  # fmt: skip
+
+
+def bench_silu_and_mul(tokens: int, hidden: int) -> dict:
+    """SiLU-and-mul `[T, 2 * hidden] -> [T, hidden]`."""
+    gate_up = torch.randn(tokens, 2 * hidden, device=DEV, dtype=DTYPE)
+    err = rel_err(silu_and_mul(gate_up), silu_and_mul_ref(gate_up))
+    return _elementwise_case(
+        "silu_and_mul", gate_up.nbytes * 3 // 2, lambda: silu_and_mul(gate_up), lambda: silu_and_mul_ref(gate_up), err
+    )
+
+
+def bench_kv_write(tokens: int, hidden: int) -> dict:
+    """K and V `hidden` wide each (32 KV heads x 128, an MHA model) into a pool of shuffled blocks."""
+    heads = hidden // HEAD_DIM
+    key = torch.randn(tokens, heads, HEAD_DIM, device=DEV, dtype=DTYPE)
+    value = torch.randn_like(key)
+    num_blocks = tokens // PAGE
+    k_cache = torch.empty(num_blocks, PAGE, heads, HEAD_DIM, device=DEV, dtype=DTYPE)
+    v_cache = torch.empty_like(k_cache)
+    blocks = torch.randperm(num_blocks, device=DEV)
+    slots = (blocks[:, None] * PAGE + torch.arange(PAGE, device=DEV)[None, :]).reshape(-1)
+    write_kv_cache(key, value, k_cache, v_cache, slots)
+    exact = torch.equal(k_cache.view(-1, heads, HEAD_DIM)[slots], key)
+    exact &= torch.equal(v_cache.view(-1, heads, HEAD_DIM)[slots], value)
+    return _elementwise_case(
+        "kv_write", 4 * key.nbytes + slots.nbytes, lambda: write_kv_cache(key, value, k_cache, v_cache, slots),
+        lambda: write_kv_cache_ref(key, value, k_cache, v_cache, slots), 0.0 if exact else 1.0,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--sweep", action="store_true", help="also time other kernel configurations")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(sys.argv),
+        "device": props.name, "sms": props.multi_processor_count,
+        "torch": torch.__version__, "triton": triton.__version__,
+        "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "page": PAGE, "dtype": "bf16"},
+    }  # fmt: skip
+    results["copy"] = copy_bandwidth()
+    print(f"copy {results['copy']['gbps']:.0f} GB/s", flush=True)
+    results["decode"] = []
+    for batch in DECODE_BATCHES:
+        r = bench_decode(batch, DECODE_CTX, args.sweep)
+        results["decode"].append(r)
+        gbps, sdpa, err = r["triton_gbps"], r["sdpa_gbps"], r["rel_err_vs_sdpa"]
+        print(f"decode b{batch}: triton {gbps:.0f} GB/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+        torch.cuda.empty_cache()
+    results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, args.sweep)
+    results["extend"] = bench_prefill(*EXTEND, False)
+    for key in ("prefill", "extend"):
+        r = results[key]
+        tf, sdpa, err = r["triton_tflops"], r["sdpa_tflops"], r["rel_err_vs_sdpa"]
+        print(f"{key}: triton {tf:.0f} TFLOP/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+    results["elementwise"] = {}
+    for case_fn in (bench_rmsnorm, bench_rotary, bench_silu_and_mul, bench_kv_write):
+        r = case_fn(*ELEMENTWISE)
+        results["elementwise"][r.pop("name")] = r
+        torch.cuda.empty_cache()
+    copy = results["copy"]["gbps"]
+    floors = {}
+    for r in results["decode"]:
+        if r["batch"] == 1:
+            floors["decode_b1_gbps>=2000"] = r["triton_gbps"] >= 2000
+        else:
+            floors[f"decode_b{r['batch']}_ratio>=0.8"] = r["ratio"] >= 0.8
+    floors["prefill_ratio>=0.6"] = results["prefill"]["ratio"] >= 0.6
+    for name, r in results["elementwise"].items():
+        r["fraction_of_copy"] = r["triton_gbps"] / copy
+        floors[f"{name}>=0.7copy"] = r["fraction_of_copy"] >= 0.7
+    results["floors_met"] = floors
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print("\n| case | Triton | baseline | ratio | floor met |")
+    for r in results["decode"]:
+        key = "decode_b1_gbps>=2000" if r["batch"] == 1 else f"decode_b{r['batch']}_ratio>=0.8"
+        case = f"decode b{r['batch']}x{r['ctx']} GB/s"
+        print(f"| {case} | {r['triton_gbps']:.0f} | SDPA {r['sdpa_gbps']:.0f} | {r['ratio']:.2f} | {floors[key]} |")
+    for key in ("prefill", "extend"):
+        r = results[key]
+        met = floors.get("prefill_ratio>=0.6", "") if key == "prefill" else "-"
+        print(f"| {key} TFLOP/s | {r['triton_tflops']:.0f} | SDPA {r['sdpa_tflops']:.0f} | {r['ratio']:.2f} | {met} |")
+    for name, r in results["elementwise"].items():
+        met = floors[name + ">=0.7copy"]
+        print(f"| {name} GB/s | {r['triton_gbps']:.0f} | copy {copy:.0f} | {r['fraction_of_copy']:.2f} | {met} |")
+    if args.sweep:
+        for r in results["decode"]:
+            best = max((s for s in r["sweep"] if "gbps" in s), key=lambda s: s["gbps"])
+            print(f"sweep decode b{r['batch']}: best {best}")
+        best = max((s for s in results["prefill"]["sweep"] if "tflops" in s), key=lambda s: s["tflops"])
+        print(f"sweep prefill: best {best}")
+
+
+if __name__ == "__main__":
+    main()
