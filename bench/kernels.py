@@ -360,6 +360,11 @@ def main() -> None:
         "torch": torch.__version__, "triton": triton.__version__,
         "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "page": PAGE, "dtype": "bf16"},
     }  # fmt: skip
+
+    def save() -> None:  # after every section, so a run cut short still leaves its numbers
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
     results["copy"] = copy_bandwidth()
     print(f"copy {results['copy']['gbps']:.0f} GB/s", flush=True)
     results["decode"] = []
@@ -368,6 +373,7 @@ def main() -> None:
         results["decode"].append(r)
         gbps, sdpa, err = r["triton_gbps"], r["sdpa_gbps"], r["rel_err_vs_sdpa"]
         print(f"decode b{batch}: triton {gbps:.0f} GB/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+        save()
         torch.cuda.empty_cache()
     results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, args.sweep)
     results["extend"] = bench_prefill(*EXTEND, False)
@@ -375,6 +381,7 @@ def main() -> None:
         r = results[key]
         tf, sdpa, err = r["triton_tflops"], r["sdpa_tflops"], r["rel_err_vs_sdpa"]
         print(f"{key}: triton {tf:.0f} TFLOP/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+    save()
     results["elementwise"] = {}
     for case_fn in (bench_rmsnorm, bench_rotary, bench_silu_and_mul, bench_kv_write):
         r = case_fn(*ELEMENTWISE)
@@ -392,8 +399,7 @@ def main() -> None:
         r["fraction_of_copy"] = r["triton_gbps"] / copy
         floors[f"{name}>=0.7copy"] = r["fraction_of_copy"] >= 0.7
     results["floors_met"] = floors
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    save()
     print("\n| case | Triton | baseline | ratio | floor met |")
     for r in results["decode"]:
         key = "decode_b1_gbps>=2000" if r["batch"] == 1 else f"decode_b{r['batch']}_ratio>=0.8"
