@@ -194,11 +194,14 @@ def bench_decode(batch: int, ctx: int, sweep: bool) -> dict:
     )  # fmt: skip
     if graphed and splits > 1:  # where the time goes: the merge kernel alone, on ready partials
         result["merge_kernel_ms"] = time_it(merge_only(batch, splits))
+    if graphed and sets > 1:  # for comparison with anchors timed on one K/V set: L2-warm replays
+        warm = {"triton": graph_ms(lambda i: triton_fn()(0), calls), "sdpa_gqa": graph_ms(lambda i: sdpa_fn(0), calls)}
+        result["l2_warm_one_set_gbps"] = {name: kv_bytes / t / 1e6 for name, t in warm.items()}
     if sweep:
         # Tiles and warps at the default split count, then split counts at the default tiles (up to
         # 16 programs per SM: beyond that the partials cost more than the parallelism gives).
-        configs = [{"block_n": bn, "num_warps": w, "num_stages": 2} for bn in (32, 64, 128) for w in (4, 8)]
-        configs += [{"block_n": 64, "num_warps": 4, "num_stages": st} for st in (3, 4)]
+        configs = [{"block_n": bn, "num_warps": 4, "num_stages": 2} for bn in (32, 128)]
+        configs += [{"block_n": 64, "num_warps": w, "num_stages": st} for w, st in ((8, 2), (4, 3))]
         configs += [
             {"num_splits": n}
             for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -261,13 +264,14 @@ def bench_prefill(batch: int, new: int, cached: int, sweep: bool) -> dict:
         sdpa_tflops=flops / sdpa_ms / 1e9, ratio=sdpa_ms / ms,
     )  # fmt: skip
     if sweep:
-        configs = [
-            (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3),
-            (64, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3), (256, 64, 8, 2),
+        configs = [  # block_m, block_n, num_warps, num_stages, pack_heads
+            (128, 64, 8, 3, True), (128, 128, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 3, True),
+            (128, 32, 4, 3, True), (64, 64, 4, 3, True), (256, 64, 8, 2, True), (64, 32, 4, 3, True),
+            (128, 128, 8, 3, False), (64, 64, 4, 3, False),
         ]  # fmt: skip
         result["sweep"] = []
-        for bm, bn, w, st in configs:
-            cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st}
+        for bm, bn, w, st, pack in configs:
+            cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st, "pack_heads": pack}
             try:
                 e = rel_err(run(**cfg), ref)
                 t = bench_ms(lambda cfg=cfg: run(**cfg))

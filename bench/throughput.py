@@ -86,16 +86,24 @@ def main() -> None:
     prompts = make_prompts(a.num_prompts, a.input_len, probe.hf_config["vocab_size"], a.seed, a.mixed)
     result = {
         "command": "python bench/throughput.py " + " ".join(__import__("sys").argv[1:]),
-        "workload": {"num_prompts": a.num_prompts, "input_len": a.input_len, "output_len": a.output_len,
-                     "mixed": a.mixed},
-        "machine": {"cpu_count": torch.get_num_threads(), "platform": platform.platform(),
-                    "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available()
-                    else None},
+        "workload": {
+            "num_prompts": a.num_prompts,
+            "input_len": a.input_len,
+            "output_len": a.output_len,
+            "mixed": a.mixed,
+        },
+        "machine": {
+            "cpu_count": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
         "flotilla": run_flotilla(a.model, prompts, a.output_len, engine_args),
     }
     if a.hf:
-        result["hf_generate"] = run_hf(result["flotilla"]["model_dir"], result["flotilla"]["dtype"], prompts,
-                                       a.output_len)
+        result["hf_generate"] = run_hf(
+            result["flotilla"]["model_dir"], result["flotilla"]["dtype"], prompts, a.output_len
+        )
         result["speedup"] = result["flotilla"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"]
     print(json.dumps(result, indent=2))
     if a.json:

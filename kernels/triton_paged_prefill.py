@@ -6,8 +6,9 @@ attend to the cached prefix and causally to each other, all read straight from t
 gather into a contiguous copy). This covers a fresh prompt, a prompt with a prefix-cache hit, a
 chunk of a long prompt, and decode (q_len == 1, though `triton_paged_decode` is faster there).
 
-One program computes a tile of `BLOCK_M` new tokens of one sequence for one query head
-(FlashAttention-2 style). The flattened batch is cut into tiles per sequence; a small
+One program computes a tile of `BLOCK_M` rows, FlashAttention-2 style: new tokens of one sequence
+times the query heads that share one KV head (GQA packing: each K/V tile is loaded once for the
+whole group). The flattened batch is cut into tiles per sequence; a small
 `searchsorted` on the device maps program ids to (sequence, tile), so the grid is an upper bound
 computed from shapes and nothing syncs with the host. Keys left of the tile's first query are
 visible to every row and need no mask; only the tiles on the diagonal pay for the causal mask.
@@ -102,6 +103,8 @@ def _prefill_kernel(
     stride_ot,
     stride_oh,
     GROUP: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    TOKENS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
@@ -114,7 +117,7 @@ def _prefill_kernel(
     # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
     # too, and exit at once).
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
+    head_block = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + pid)
     if seq >= num_seqs:
         return
@@ -122,16 +125,20 @@ def _prefill_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    kv_head = head // GROUP
 
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < q_len
-    q_pos = seq_len - q_len + rows
+    # Row r of the tile is token `r // HEADS_PER_TILE` and query head `r % HEADS_PER_TILE` of this
+    # program's heads, which all share one KV head: each K/V tile loaded serves all of them (GQA).
+    r = tl.arange(0, BLOCK_M)
+    tokens = tile * TOKENS_PER_TILE + r // HEADS_PER_TILE
+    heads = head_block * HEADS_PER_TILE + r % HEADS_PER_TILE
+    kv_head = (head_block * HEADS_PER_TILE) // GROUP
+    row_ok = tokens < q_len
+    q_pos = seq_len - q_len + tokens
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q_rows = (q_start + rows).to(tl.int64)
+    q_rows = (q_start + tokens).to(tl.int64)
     q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
     ).to(DOT_DTYPE)
@@ -140,7 +147,7 @@ def _prefill_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    first_q = seq_len - q_len + tile * BLOCK_M
+    first_q = seq_len - q_len + tile * TOKENS_PER_TILE
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
     for n0 in range(0, visible_end, BLOCK_N):
         m, l, acc = _attend_tile(
@@ -148,7 +155,7 @@ def _prefill_kernel(
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
             PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
-    diag_end = tl.minimum(first_q + BLOCK_M, seq_len)
+    diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
     for n0 in range(visible_end, diag_end, BLOCK_N):
         m, l, acc = _attend_tile(
             q, m, l, acc, n0, q_pos, seq_len, table, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
@@ -157,8 +164,17 @@ def _prefill_kernel(
         )  # fmt: skip
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def heads_per_tile(group: int, block_m: int) -> int:
+    """Query heads packed into one tile's rows: the largest power of two dividing the GQA group
+    (so a tile never straddles two KV heads), leaving at least 16 tokens per tile."""
+    heads = 1
+    while group % (2 * heads) == 0 and block_m // (2 * heads) >= 16:
+        heads *= 2
+    return heads
 
 
 def paged_prefill_attention(
@@ -172,13 +188,16 @@ def paged_prefill_attention(
     *,
     block_m: int = 128,
     block_n: int = 64,
+    pack_heads: bool = True,
     num_warps: int = 8,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
-    Arguments as `paged_attention_ref`. The tile and launch knobs are exposed for tests and the
-    benchmark; defaults suit an H200 at head_dim 128.
+    Arguments as `paged_attention_ref`. A tile holds `block_m` rows: with `pack_heads`, the query
+    heads of one KV head times `block_m / heads` tokens, so each K/V tile loaded serves the whole
+    group; without, one head's `block_m` tokens. The tile and launch knobs are exposed for tests
+    and the benchmark; defaults suit an H200 at head_dim 128.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -189,15 +208,17 @@ def paged_prefill_attention(
     out = torch.empty_like(query)
     if batch == 0 or num_tokens == 0:
         return out
+    packed = heads_per_tile(group, block_m) if pack_heads else 1
+    tokens_per_tile = block_m // packed
     # Tiles per sequence, their prefix sum, and each program's sequence, all on the device. The
     # grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    tiles = (q_lens + block_m - 1) // block_m
+    tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
     tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
-    grid_tiles = triton.cdiv(num_tokens, block_m) + batch
+    grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
     tile_ids = torch.arange(grid_tiles, device=query.device, dtype=tile_start.dtype)
     tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
-    _prefill_kernel[(grid_tiles, num_heads)](
+    _prefill_kernel[(grid_tiles, num_heads // packed)](
         query,
         k_cache,
         v_cache,
@@ -221,6 +242,8 @@ def paged_prefill_attention(
         out.stride(0),
         out.stride(1),
         GROUP=group,
+        HEADS_PER_TILE=packed,
+        TOKENS_PER_TILE=tokens_per_tile,
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE=page,
@@ -234,4 +257,4 @@ def paged_prefill_attention(
     return out
 
 
-__all__ = ["paged_prefill_attention"]
+__all__ = ["heads_per_tile", "paged_prefill_attention"]

@@ -24,11 +24,12 @@ def _case(q_lens, seq_lens, num_heads, num_kv_heads, dtype, *, head_dim=32, shar
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (4, 1), (8, 1)])  # GQA ratio 1, 4, 8
 def test_prefill_without_cached_prefix(dtype, num_heads, num_kv_heads):
-    """Fresh prompts: every context token is a new token; tiles end mid-page and mid-tile."""
+    """Fresh prompts: every context token is a new token; tiles end mid-page and mid-tile. 64-row
+    tiles pack up to 4 query heads of a KV head (ratio 8: two tiles per KV head)."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
     args = _case([21, 40], [21, 40], num_heads, num_kv_heads, dtype)
-    out = paged_prefill_attention(*args, 0.2, block_m=16, block_n=16)
+    out = paged_prefill_attention(*args, 0.2, block_m=64, block_n=16)
     assert out.dtype == dtype
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
 
@@ -40,7 +41,7 @@ def test_extend_over_cached_prefix_with_shared_blocks(dtype):
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
     args = _case([19, 9], [83, 45], 4, 1, dtype, share=2, seed=3)
-    out = paged_prefill_attention(*args, 0.2, block_m=16, block_n=16)
+    out = paged_prefill_attention(*args, 0.2, block_m=64, block_n=16)
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
 
 
@@ -49,6 +50,15 @@ def test_mixed_batch_of_decode_extend_and_empty_sequences():
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
     args = _case([1, 0, 17], [50, 0, 30], 4, 2, torch.float32, seed=4)
-    out = paged_prefill_attention(*args, 0.3, block_m=16, block_n=32)
     ref = paged_attention_ref(*args, 0.3)
-    assert rel_err(out, ref) < 1e-5
+    for pack_heads in (True, False):  # one head per tile, or both heads of a KV head
+        out = paged_prefill_attention(*args, 0.3, block_m=32, block_n=32, pack_heads=pack_heads)
+        assert rel_err(out, ref) < 1e-5
+
+
+def test_head_packing_keeps_tiles_within_one_kv_head():
+    """Packed heads divide the GQA group (a power of two) and leave >= 16 tokens per tile."""
+    from flotilla.kernels.triton_paged_prefill import heads_per_tile
+
+    assert [heads_per_tile(g, 128) for g in (1, 2, 4, 6, 7, 8, 16)] == [1, 2, 4, 2, 1, 8, 8]
+    assert heads_per_tile(8, 64) == 4
