@@ -46,6 +46,8 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
         self._num_indexed: dict[str, int] = {}  # request id -> how many of its blocks are indexed
+        # Copy-on-write copies (source block, destination block) the runner must do before the next step.
+        self.pending_copies: list[tuple[int, int]] = []
         self.prefix_cache_queries = 0  # tokens looked up (vllm:prefix_cache_queries)
         self.prefix_cache_hits = 0  # tokens found (vllm:prefix_cache_hits)
 
@@ -74,7 +76,8 @@ class BlockManager:
         At least one token is always left to compute, since the step that computes it yields the
         next token's logits.
         """
-        if not self.enable_prefix_caching:
+        # Prompt logprobs need every prompt position's logits, so such requests compute the whole prompt.
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
@@ -95,8 +98,11 @@ class BlockManager:
         num_after = request.num_computed_tokens + len(cached_prefix) * self.block_size + num_new_tokens
         num_fresh = self.blocks_needed(num_after) - len(request.block_ids) - len(cached_prefix)
         revived = sum(1 for b in cached_prefix if self.blocks[b].ref_count == 0)
-        if num_fresh + revived > len(self._free):
+        copy = self._needs_copy_on_write(request)
+        if num_fresh + revived + copy > len(self._free):
             return False
+        if copy:
+            self._copy_last_block(request)
         for block_id in cached_prefix:
             self._take(block_id)
         request.block_ids.extend(cached_prefix)
@@ -104,6 +110,18 @@ class BlockManager:
             request.block_ids.append(self._take_fresh())
         self._cache_full_blocks(request, num_after)
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Let `child` share every block of `parent` (after its prompt); writes will copy on demand."""
+        for block_id in parent.block_ids:
+            self.blocks[block_id].ref_count += 1
+        child.block_ids = list(parent.block_ids)
+        self._num_indexed[child.request_id] = self._num_indexed.get(parent.request_id, 0)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write copies decided since the last call (for the model runner)."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, request: Request) -> None:
         """Drop the request's references; its blocks stay cached until evicted."""
@@ -124,6 +142,20 @@ class BlockManager:
         self._cached.clear()
 
     # --- internals ---------------------------------------------------------------------------------
+
+    def _needs_copy_on_write(self, request: Request) -> bool:
+        """True when the next token lands in a partly filled block that another request shares."""
+        if request.num_computed_tokens % self.block_size == 0 or not request.block_ids:
+            return False
+        last = request.num_computed_tokens // self.block_size
+        return last < len(request.block_ids) and self.blocks[request.block_ids[last]].ref_count > 1
+
+    def _copy_last_block(self, request: Request) -> None:
+        last = request.num_computed_tokens // self.block_size
+        source = request.block_ids[last]
+        self.blocks[source].ref_count -= 1
+        request.block_ids[last] = self._take_fresh()
+        self.pending_copies.append((source, request.block_ids[last]))
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -1,20 +1,22 @@
 """The engine core: requests in, one scheduled step at a time, outputs out.
 
 Front ends (the offline `LLM` class, the HTTP server) add requests and call `step()`; the engine
-tokenizes, validates, schedules, runs the model and detokenizes. It never imports a front end.
+tokenizes, validates, schedules, runs the model, detokenizes and applies stop strings. It never
+imports a front end.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
-from flotilla.engine.model_runner import ModelRunner
+from flotilla.engine.model_runner import ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
-from flotilla.engine.request import Request
+from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.stats import EngineStats
@@ -34,13 +36,16 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.stats = EngineStats()
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
         self._ids = itertools.count()
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
         """Build from `vllm serve`-style keyword arguments."""
         return cls(EngineConfig.from_kwargs(model, **kwargs))
+
+    # --- requests in --------------------------------------------------------------------------------
 
     def add_request(
         self,
@@ -49,7 +54,7 @@ class LLMEngine:
         request_id: str | None = None,
         prompt_text: str | None = None,
     ) -> Request:
-        """Tokenize (if text), validate and queue a request.
+        """Tokenize (if text), validate and queue a request; returns its first completion.
 
         `prompt_text` is the text behind pre-tokenized prompts (e.g. a rendered chat template),
         reported back in the output.
@@ -59,18 +64,31 @@ class LLMEngine:
         else:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
-        request = Request(
-            request_id=request_id if request_id is not None else str(next(self._ids)),
-            prompt_token_ids=token_ids,
-            sampling_params=params,
-            eos_token_ids=self.eos_token_ids,
-            prompt=text,
-        )
-        self.scheduler.add(request)
-        self._detokenizers[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer, token_ids, params.skip_special_tokens
-        )
-        return request
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._groups:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        now = time.monotonic()
+        group = [
+            Request(
+                request_id=request_id if i == 0 else f"{request_id}#{i}",
+                prompt_token_ids=token_ids,
+                sampling_params=params,
+                eos_token_ids=self.eos_token_ids,
+                prompt=text,
+                arrival_time=now,
+                parent_id=request_id,
+                index=i,
+            )
+            for i in range(params.n)
+        ]
+        group[0].fork_children = group[1:]
+        self.scheduler.add(group[0])
+        self._groups[request_id] = group
+        for child in group:
+            self._detokenizers[child.request_id] = IncrementalDetokenizer(
+                self.tokenizer, token_ids, params.skip_special_tokens
+            )
+        return group[0]
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         max_len = self.config.model.max_model_len
@@ -87,44 +105,113 @@ class LLMEngine:
             raise ValueError(f"prompt token id(s) {bad[:5]} are outside the vocabulary (size {vocab})")
 
     def abort(self, request_ids: list[str]) -> None:
-        """Abort requests at any time; their blocks return to the pool at once."""
-        for request in self.scheduler.abort(request_ids):
-            self._detokenizers.pop(request.request_id, None)
+        """Abort requests (all their completions) at any time; their blocks return to the pool at once."""
+        for request_id in request_ids:
+            group = self._groups.pop(request_id, [])
+            self.scheduler.abort(child.request_id for child in group)
+            for child in group:
+                child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
+                self._detokenizers.pop(child.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
         return self.scheduler.has_unfinished()
+
+    # --- one step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run and post-process one step; returns outputs of requests that got a token."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        sampled = self.runner.execute(plan)
-        touched = self.scheduler.update(plan, sampled)
-        self._record(plan, len(sampled))
-        return [self._output(request) for request in touched]
+        result = self.runner.execute(plan)
+        self._attach_prompt_logprobs(result)
+        touched = self.scheduler.update(plan, result.tokens)
+        for child in touched:
+            self._process_token(child, result)
+        self._record(plan, len(result.tokens))
+        parents = dict.fromkeys(child.parent_id for child in touched)
+        return [self._output(parent) for parent in parents if parent in self._groups]
 
-    def _output(self, request: Request) -> RequestOutput:
-        detok = self._detokenizers[request.request_id]
-        detok.add(request.output_token_ids[-1:])
-        finished = request.status.finished
-        if finished:
+    def _attach_prompt_logprobs(self, result: StepOutput) -> None:
+        for request_id, (first, entries) in result.prompt_logprobs.items():
+            request = self.scheduler.requests[request_id]
+            if not request.prompt_logprobs:  # the first prompt token has no predecessor: stays None
+                request.prompt_logprobs.extend([None] * request.num_prompt_tokens)
+            # By position, so recomputing a preempted prompt overwrites rather than appends.
+            request.prompt_logprobs[first : first + len(entries)] = entries
+
+    def _process_token(self, child: Request, result: StepOutput) -> None:
+        """Logprobs, detokenization and stop strings for a completion's new token."""
+        entry = result.logprobs.get(child.request_id)
+        if entry is not None:
+            child.logprobs.append(entry)
+            child.cumulative_logprob += entry[child.output_token_ids[-1]][0]
+        detok = self._detokenizers[child.request_id]
+        searched_from = len(detok.text)
+        detok.add(child.output_token_ids[-1:])
+        if child.status.finished:
             detok.flush()
-            del self._detokenizers[request.request_id]
-        completion = CompletionOutput(
-            index=0,
-            text=detok.text,
-            token_ids=list(request.output_token_ids),
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-        )
+        stop = self._find_stop_string(child, detok, searched_from)
+        if stop is not None:
+            self._stop_on_string(child, detok, *stop)
+
+    def _find_stop_string(
+        self, child: Request, detok: IncrementalDetokenizer, searched_from: int
+    ) -> tuple[str, int] | None:
+        """The earliest stop string in the new text (a stop may straddle the old text's end)."""
+        stops = child.sampling_params.stop
+        if not stops or child.num_output_tokens < child.sampling_params.min_tokens:
+            return None
+        begin = max(0, searched_from - max(map(len, stops)) + 1)
+        found = [(detok.text.find(s, begin), s) for s in stops]
+        found = [(i, s) for i, s in found if i >= 0]
+        if not found:
+            return None
+        index, stop = min(found)
+        return stop, index
+
+    def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
+        keep = index + len(stop) if child.sampling_params.include_stop_str_in_output else index
+        detok.text = detok.text[:keep]
+        child.stop_reason = stop
+        if child.status.finished:  # the same token also hit a length limit: the stop string wins
+            child.status = RequestStatus.FINISHED_STOPPED
+        else:
+            self.scheduler.finish(child, RequestStatus.FINISHED_STOPPED)
+
+    def _output(self, parent_id: str) -> RequestOutput:
+        group = self._groups[parent_id]
+        finished = all(child.status.finished for child in group)
+        completions = [self._completion(child) for child in group]
+        if finished:
+            del self._groups[parent_id]
+            for child in group:
+                self._detokenizers.pop(child.request_id, None)
+        first = group[0]
         return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
+            request_id=parent_id,
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            prompt_logprobs=first.prompt_logprobs or None,
+            outputs=completions,
             finished=finished,
+        )
+
+    def _completion(self, child: Request) -> CompletionOutput:
+        text = self._detokenizers[child.request_id].text
+        stops = child.sampling_params.stop
+        if stops and not child.status.finished:
+            # Hold back what could be the start of a stop string, so a stream never shows it.
+            text = text[: max(0, len(text) - max(map(len, stops)) + 1)]
+        return CompletionOutput(
+            index=child.index,
+            text=text,
+            token_ids=list(child.output_token_ids),
+            finish_reason=child.finish_reason,
+            stop_reason=child.stop_reason,
+            cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
+            logprobs=list(child.logprobs) if child.sampling_params.logprobs is not None else None,
         )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:

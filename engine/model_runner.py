@@ -8,7 +8,7 @@ with positions, slots in the pool and a row of the block table.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,7 +16,9 @@ from flotilla.engine.config import EngineConfig
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.model_loader import load_model, torch_dtype
-from flotilla.engine.sampler import sample
+from flotilla.engine.request import Request
+from flotilla.engine.sampler import SamplerOutput, sample
+from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -24,14 +26,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ModelInputs:
-    """One step's tensors, plus which rows produce a token and for which request."""
+    """One step's tensors, plus which rows produce a token (or prompt logprobs) for which request."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     metadata: AttentionMetadata
-    logits_indices: torch.Tensor
-    temperatures: torch.Tensor
-    sampling_request_ids: list[str]
+    sampling_rows: list[SamplingRow]
+    # (request, flattened index of its first prompt position this step, number of positions)
+    prompt_logprob_spans: list[tuple[Request, int, int]]
+
+
+@dataclass
+class StepOutput:
+    """What one step produced, keyed by request id."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    # {token id: (logprob, rank)} for the drawn token and the top-N, per request that asked
+    logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
+    # prompt logprobs computed this step: (position of the first prompt token covered, entries)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -43,6 +56,8 @@ class ModelRunner:
         self.dtype = torch_dtype(config.model.dtype)
         self.block_size = config.cache.block_size
         torch.manual_seed(config.model.seed)
+        # Streams for requests without a seed of their own (CPU: drawing seeds must not sync the GPU).
+        self.generator = torch.Generator().manual_seed(config.model.seed)
         self.model = load_model(config.model, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()
@@ -117,9 +132,8 @@ class ModelRunner:
         slots: list[int] = []
         query_start_loc = [0]
         seq_lens: list[int] = []
-        logits_indices: list[int] = []
-        temperatures: list[float] = []
-        sampling_ids: list[str] = []
+        rows: list[SamplingRow] = []
+        prompt_spans: list[tuple[Request, int, int]] = []
         max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
         block_tables: list[list[int]] = []
         for s in out.scheduled:
@@ -132,9 +146,10 @@ class ModelRunner:
             seq_lens.append(end)
             block_tables.append(blocks + [0] * (max_blocks - len(blocks)))
             if s.samples:
-                logits_indices.append(len(input_ids) - 1)
-                temperatures.append(req.sampling_params.temperature)
-                sampling_ids.append(req.request_id)
+                rows += [SamplingRow(r, len(input_ids) - 1) for r in (req, *req.fork_children)]
+            if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                count = min(end, req.num_prompt_tokens - 1) - start
+                prompt_spans.append((req, len(input_ids) - (end - start), count))
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
@@ -151,23 +166,77 @@ class ModelRunner:
             input_ids=tensor(input_ids, torch.long),
             positions=tensor(positions, torch.long),
             metadata=metadata,
-            logits_indices=tensor(logits_indices, torch.long),
-            temperatures=tensor(temperatures, torch.float32),
-            sampling_request_ids=sampling_ids,
+            sampling_rows=rows,
+            prompt_logprob_spans=prompt_spans,
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run the model on the step and sample; returns request id -> next token."""
+    def execute(self, out: SchedulerOutput) -> StepOutput:
+        """Run the model on the step and draw the next tokens."""
+        self._copy_blocks(out.block_copies)
         inputs = self.prepare_inputs(out)
         with forward_context(inputs.metadata):
             hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += int(inputs.input_ids.numel())
-        if not inputs.sampling_request_ids:
-            return {}
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
-        tokens = sample(logits, inputs.temperatures).tolist()  # the step's one host sync
-        return dict(zip(inputs.sampling_request_ids, tokens, strict=True))
+        result = StepOutput()
+        if inputs.prompt_logprob_spans:
+            self._prompt_logprobs(hidden, inputs, result)
+        if not inputs.sampling_rows:
+            return result
+        indices = torch.tensor([r.logits_index for r in inputs.sampling_rows], device=self.device)
+        logits = self.model.compute_logits(hidden[indices]).float()
+        batch = build_sampling_batch(inputs.sampling_rows, logits.shape[1], self.device, self.generator)
+        drawn = sample(logits, batch)
+        ids = [r.request.request_id for r in inputs.sampling_rows]
+        result.tokens = dict(zip(ids, drawn.token_ids.tolist(), strict=True))  # the step's one host sync
+        if drawn.logprobs is not None:
+            self._token_logprobs(drawn, inputs.sampling_rows, result)
+        return result
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give a request its own copy of a shared, partly filled block."""
+        if copies:
+            src = torch.tensor([c[0] for c in copies], device=self.device)
+            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    def _token_logprobs(self, drawn: SamplerOutput, rows: list[SamplingRow], result: StepOutput) -> None:
+        chosen, ranks = drawn.logprobs.tolist(), drawn.ranks.tolist()
+        top_ids, top_values = drawn.top_ids.tolist(), drawn.top_logprobs.tolist()
+        for i, row in enumerate(rows):
+            n = row.request.sampling_params.logprobs
+            if n is None:
+                continue
+            token = result.tokens[row.request.request_id]
+            result.logprobs[row.request.request_id] = logprob_entry(
+                token, chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n]
+            )
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: ModelInputs, result: StepOutput) -> None:
+        """Log-probabilities of each next prompt token under the raw model distribution."""
+        for req, first, count in inputs.prompt_logprob_spans:
+            start = int(inputs.positions[first])
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[first : first + count]).float(), dim=-1)
+            targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + count], device=self.device)
+            chosen = logprobs.gather(1, targets.unsqueeze(1))
+            ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+            n = req.sampling_params.prompt_logprobs
+            top_values, top_ids = logprobs.topk(n, dim=-1)
+            chosen_values, top_ids, top_values = chosen.squeeze(1).tolist(), top_ids.tolist(), top_values.tolist()
+            entries = [
+                logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
+                for j, target in enumerate(targets.tolist())
+            ]
+            result.prompt_logprobs[req.request_id] = (start + 1, entries)
+
+
+def logprob_entry(
+    token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]
+) -> dict[int, tuple[float, int]]:
+    """vLLM's per-position logprobs: the top-N tokens by rank, plus the actual token with its rank."""
+    entry = {t: (v, r + 1) for r, (t, v) in enumerate(zip(top_ids, top_values, strict=True))}
+    entry[token] = (logprob, rank)
+    return entry
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

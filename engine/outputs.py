@@ -15,6 +15,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
+    # Per generated token: {token id: (logprob, rank)} for the drawn token and the top-N.
+    logprobs: list[dict[int, tuple[float, int]]] | None = None
 
 
 @dataclass
@@ -24,5 +26,7 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    # Per prompt token (None for the first), as CompletionOutput.logprobs; when asked for.
+    prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False

@@ -33,6 +33,10 @@ class Request:
     decode and recompute after preemption are all the same thing: feed the tokens from
     `num_computed_tokens` up to (at most) the end of `all_token_ids`; when the end is reached, the
     step produces the next token.
+
+    A request with `n > 1` is `n` of these, one per completion (`index`), sharing `parent_id`. Only
+    the first is scheduled at first; it carries the others in `fork_children`, and the step that
+    finishes its prompt draws every child's first token and forks its block table to them.
     """
 
     request_id: str
@@ -46,6 +50,24 @@ class Request:
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
+    parent_id: str = ""
+    index: int = 0
+    fork_children: list[Request] = field(default_factory=list)
+    # Per generated token: {token id: (logprob, rank)} for the drawn token and the top-N.
+    logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    # Per prompt token (None for the first): as `logprobs`, filled while the prompt is computed.
+    prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.parent_id:
+            self.parent_id = self.request_id
+
+    @property
+    def sample_seed(self) -> int | None:
+        """This completion's own random stream: the request's seed, distinct per completion index."""
+        seed = self.sampling_params.seed
+        return None if seed is None else seed * 1_000_003 + self.index
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -1,21 +1,164 @@
-"""Turn the last position's logits into next tokens, batched on tensors."""
+"""Turn logits into next tokens, batched on tensors: the same code on CPU and GPU.
+
+The pipeline per step, each stage a pure function over the whole batch:
+logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
+whose log-softmax is what `logprobs` reports) -> temperature -> min-p -> top-k and top-p -> draw.
+
+Draws use the exponential race (argmax of p / E with E ~ Exp(1)), where E comes from a counter-based
+hash of (request seed, output position, token id). A seeded request therefore draws the same
+token at the same position whatever else shares the batch, with no per-request generator loop.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+_NEG_INF = float("-inf")
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """Next token per row: argmax where temperature is 0, else a draw from softmax(logits / T).
 
-    The draw uses the exponential-race form of sampling (argmax of p / E, E ~ Exp(1)), which needs
-    no cumulative sums and stays on the device.
-    """
-    greedy = logits.argmax(dim=-1)
-    is_greedy = temperatures == 0
-    if bool(is_greedy.all()):
-        return greedy
-    scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(-1)
-    probs = torch.softmax(scaled.float(), dim=-1)
-    race = probs / torch.empty_like(probs).exponential_()
-    return torch.where(is_greedy, greedy, race.argmax(dim=-1))
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters as tensors (one row per token to draw)."""
+
+    temperature: torch.Tensor  # [B] float32; 0 = greedy
+    top_k: torch.Tensor  # [B] int64; 0 = off
+    top_p: torch.Tensor  # [B] float32; 1 = off
+    min_p: torch.Tensor  # [B] float32; 0 = off
+    seeds: torch.Tensor  # [B] int64: the stream of random numbers for this row
+    positions: torch.Tensor  # [B] int64: output index of the token being drawn
+    presence_penalty: torch.Tensor  # [B] float32
+    frequency_penalty: torch.Tensor  # [B] float32
+    repetition_penalty: torch.Tensor  # [B] float32
+    output_tokens: torch.Tensor  # [B, L] int64, padded with vocab_size
+    prompt_tokens: torch.Tensor  # [B, P] int64, padded with vocab_size
+    bias_rows: torch.Tensor  # [nnz] int64
+    bias_tokens: torch.Tensor  # [nnz] int64
+    bias_values: torch.Tensor  # [nnz] float32
+    banned_rows: torch.Tensor  # [m] int64: (row, token) pairs that may not be drawn (min_tokens)
+    banned_tokens: torch.Tensor  # [m] int64
+    all_greedy: bool
+    any_penalties: bool
+    any_truncation: bool
+    max_logprobs: int | None  # largest top-N any row asked for; None = no logprobs this step
+
+
+@dataclass
+class SamplerOutput:
+    """Drawn tokens and, when asked for, their log-probabilities (still on the device)."""
+
+    token_ids: torch.Tensor  # [B]
+    logprobs: torch.Tensor | None = None  # [B] log-probability of the drawn token
+    ranks: torch.Tensor | None = None  # [B] 1 = the most likely token
+    top_ids: torch.Tensor | None = None  # [B, N]
+    top_logprobs: torch.Tensor | None = None  # [B, N]
+
+
+def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Add each row's logit_bias to its tokens."""
+    if b.bias_rows.numel():
+        logits.index_put_((b.bias_rows, b.bias_tokens), b.bias_values, accumulate=True)
+    return logits
+
+
+def apply_bans(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Forbid stop tokens until a row has its min_tokens."""
+    if b.banned_rows.numel():
+        logits[b.banned_rows, b.banned_tokens] = _NEG_INF
+    return logits
+
+
+def token_counts(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`[B, V]` occurrences of each token in each row of a padded (pad = vocab_size) token matrix."""
+    counts = torch.zeros(tokens.shape[0], vocab_size + 1, dtype=torch.float32, device=tokens.device)
+    counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """vLLM's penalties: repetition over prompt and output tokens, then frequency and presence over output."""
+    vocab = logits.shape[1]
+    out_counts = token_counts(b.output_tokens, vocab)
+    seen = (token_counts(b.prompt_tokens, vocab) > 0) | (out_counts > 0)
+    rep = b.repetition_penalty.unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    logits = logits - b.frequency_penalty.unsqueeze(1) * out_counts
+    return logits - b.presence_penalty.unsqueeze(1) * (out_counts > 0).float()
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, _NEG_INF)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's k most likely tokens (ties at the boundary kept), then its smallest set whose
+    probability reaches top_p (the most likely token always stays)."""
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    drop = cumulative <= (1 - top_p).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9 as a signed 64-bit integer
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser: a bijective scramble of 64-bit integers (wrapping arithmetic)."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`[B, V]` Exp(1) draws that depend only on (seed, position, token id)."""
+    row = _mix64(seeds * _GOLDEN + positions)
+    tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _mix64(row.unsqueeze(1) + (tokens.unsqueeze(0) + 1) * _GOLDEN)
+    uniform = (_shr(bits, 40) + 1).float() * 2.0**-24  # (0, 1], exact in float32
+    return (-torch.log(uniform)).clamp_min(1e-10)
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+    """Run the whole pipeline on fp32 logits `[B, V]`."""
+    logits = apply_bans(apply_logit_bias(logits, b), b)
+    if b.any_penalties:
+        logits = apply_penalties(logits, b)
+    token_ids = logits.argmax(dim=-1)
+    if not b.all_greedy:
+        is_greedy = b.temperature == 0
+        scaled = logits / torch.where(is_greedy, 1.0, b.temperature).unsqueeze(1)
+        if b.any_truncation:
+            scaled = apply_top_k_top_p(apply_min_p(scaled, b.min_p), b.top_k, b.top_p)
+        probs = torch.softmax(scaled, dim=-1)
+        drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
+        token_ids = torch.where(is_greedy, token_ids, drawn)
+    out = SamplerOutput(token_ids=token_ids)
+    if b.max_logprobs is not None:
+        _add_logprobs(out, torch.log_softmax(logits, dim=-1), b.max_logprobs)
+    return out
+
+
+def _add_logprobs(out: SamplerOutput, logprobs: torch.Tensor, n: int) -> None:
+    """The drawn token's log-probability and rank, and the top-n of each row."""
+    chosen = logprobs.gather(1, out.token_ids.unsqueeze(1))
+    out.logprobs = chosen.squeeze(1)
+    out.ranks = (logprobs > chosen).sum(dim=1) + 1
+    out.top_logprobs, out.top_ids = logprobs.topk(n, dim=-1)

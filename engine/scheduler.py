@@ -38,6 +38,7 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the step
 
     @property
     def num_batched_tokens(self) -> int:
@@ -79,6 +80,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_pending_copies()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -99,8 +101,11 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0:
             request = self.waiting[0]
+            # A request with n completions will run as n sequences once its prompt is done.
+            if len(self.running) + 1 + len(request.fork_children) > self.config.max_num_seqs and self.running:
+                break
             cached = self.block_manager.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_computed = request.num_computed_tokens + len(cached) * self.block_manager.block_size
             num_new = request.num_tokens - num_computed
@@ -135,15 +140,27 @@ class Scheduler:
             if request.status.finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
+            if request.request_id not in sampled:
                 continue
-            request.output_token_ids.append(token)
-            status = self._stop_status(request, token)
-            if status is not None:
-                self.finish(request, status)
-            touched.append(request)
+            children, request.fork_children = request.fork_children, []
+            for child in [request, *children]:
+                if child is not request:
+                    self._fork(request, child)
+                child.output_token_ids.append(sampled[child.request_id])
+                status = self._stop_status(child, child.output_token_ids[-1])
+                if status is not None:
+                    self.finish(child, status)
+                touched.append(child)
         return touched
+
+    def _fork(self, leader: Request, child: Request) -> None:
+        """Start a sibling completion on the leader's computed prompt, sharing its blocks."""
+        self.block_manager.fork(leader, child)
+        child.num_computed_tokens = leader.num_computed_tokens
+        child.prompt_logprobs = leader.prompt_logprobs
+        child.status = RequestStatus.RUNNING
+        self.requests[child.request_id] = child
+        self.running.append(child)
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -168,6 +185,8 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
+        for child in request.fork_children:  # completions that never started end with their leader
+            child.status = status
         self.block_manager.free(request)
         del self.requests[request.request_id]
 

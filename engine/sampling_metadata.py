@@ -1,0 +1,75 @@
+"""Build the sampler's per-row tensors from the requests that draw a token this step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flotilla.engine.request import Request
+from flotilla.engine.sampler import SamplingBatch
+
+
+@dataclass
+class SamplingRow:
+    """One token to draw: for `request`, from the logits at flattened index `logits_index`."""
+
+    request: Request
+    logits_index: int
+
+
+def build_sampling_batch(
+    rows: list[SamplingRow], vocab_size: int, device: torch.device, generator: torch.Generator
+) -> SamplingBatch:
+    """Per-row parameters as tensors; requests without a seed get a fresh stream from `generator`."""
+    params = [r.request.sampling_params for r in rows]
+    n = len(rows)
+    fresh = torch.randint(0, 2**62, (n,), generator=generator).tolist()
+    seeds = [r.request.sample_seed if r.request.sample_seed is not None else fresh[i] for i, r in enumerate(rows)]
+    positions = [r.request.num_output_tokens if r.request.sample_seed is not None else 0 for r in rows]
+    any_penalties = any(p.has_penalties for p in params)
+    bias_rows, bias_tokens, bias_values = [], [], []
+    banned_rows, banned_tokens = [], []
+    for i, r in enumerate(rows):
+        p = r.request.sampling_params
+        for token, value in (p.logit_bias or {}).items():
+            if 0 <= token < vocab_size:
+                bias_rows.append(i)
+                bias_tokens.append(token)
+                bias_values.append(value)
+        if r.request.num_output_tokens < p.min_tokens:
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.request.eos_token_ids))
+            banned_rows += [i] * len(stops)
+            banned_tokens += sorted(stops)
+
+    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    def padded(lists: list[list[int]]) -> torch.Tensor:
+        width = max((len(x) for x in lists), default=0)
+        return tensor([x + [vocab_size] * (width - len(x)) for x in lists], torch.long).reshape(n, width)
+
+    empty = [[] for _ in rows]
+    logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    return SamplingBatch(
+        temperature=tensor([p.temperature for p in params], torch.float32),
+        top_k=tensor([max(p.top_k, 0) for p in params], torch.long),
+        top_p=tensor([p.top_p for p in params], torch.float32),
+        min_p=tensor([p.min_p for p in params], torch.float32),
+        seeds=tensor(seeds, torch.long),
+        positions=tensor(positions, torch.long),
+        presence_penalty=tensor([p.presence_penalty for p in params], torch.float32),
+        frequency_penalty=tensor([p.frequency_penalty for p in params], torch.float32),
+        repetition_penalty=tensor([p.repetition_penalty for p in params], torch.float32),
+        output_tokens=padded([r.request.output_token_ids for r in rows] if any_penalties else empty),
+        prompt_tokens=padded([r.request.prompt_token_ids for r in rows] if any_penalties else empty),
+        bias_rows=tensor(bias_rows, torch.long),
+        bias_tokens=tensor(bias_tokens, torch.long),
+        bias_values=tensor(bias_values, torch.float32),
+        banned_rows=tensor(banned_rows, torch.long),
+        banned_tokens=tensor(banned_tokens, torch.long),
+        all_greedy=all(p.temperature == 0 for p in params),
+        any_penalties=any_penalties,
+        any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
+        max_logprobs=max(logprobs) if logprobs else None,
+    )
