@@ -1,0 +1,137 @@
+"""The sampler's math against independent NumPy definitions, on crafted logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from flotilla.engine.request import Request
+from flotilla.engine.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, exponential_noise, sample
+from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
+from flotilla.engine.sampling_params import SamplingParams
+
+V = 50
+
+
+def _batch(params: list[SamplingParams], outputs: list[list[int]] | None = None, prompts=None, seed=0):
+    rows = []
+    for i, p in enumerate(params):
+        r = Request(str(i), (prompts or [[1, 2, 3]] * len(params))[i], p, eos_token_ids=frozenset({2}))
+        r.output_token_ids = list((outputs or [[]] * len(params))[i])
+        rows.append(SamplingRow(r, i))
+    return build_sampling_batch(rows, V, torch.device("cpu"), torch.Generator().manual_seed(seed))
+
+
+def _np_top_k_top_p(logits: np.ndarray, k: int, p: float) -> np.ndarray:
+    """From the definitions, in float64: keep logits >= the k-th largest; then drop the least likely
+    tokens while their total probability stays within 1 - p (the nucleus keeps mass >= p)."""
+    out = logits.astype(np.float64)
+    if k > 0:
+        kth = np.sort(out)[::-1][k - 1]
+        out[out < kth] = -np.inf
+    probs = np.exp(out - out.max())
+    probs /= probs.sum()
+    order = np.argsort(probs, kind="stable")
+    drop = np.cumsum(probs[order]) <= 1 - p
+    drop[-1] = False
+    out[order[drop]] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize(("k", "p"), [(0, 1.0), (5, 1.0), (0, 0.5), (7, 0.8), (1, 0.3), (0, 0.05), (50, 0.99)])
+def test_top_k_top_p_mask_matches_numpy(k, p):
+    rng = np.random.default_rng(k * 100 + int(p * 100))
+    logits = rng.normal(size=(4, V)).astype(np.float32) * 3
+    got = apply_top_k_top_p(torch.tensor(logits), torch.full((4,), k), torch.full((4,), p)).numpy()
+    for row in range(4):
+        assert np.array_equal(np.isinf(got[row]), np.isinf(_np_top_k_top_p(logits[row], k, p)))
+        kept = ~np.isinf(got[row])
+        assert np.array_equal(got[row][kept], logits[row][kept])
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3, 0.9])
+def test_min_p_mask_matches_numpy(min_p):
+    logits = np.random.default_rng(3).normal(size=(3, V)).astype(np.float32) * 2
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    expected = probs < min_p * probs.max(1, keepdims=True)
+    got = apply_min_p(torch.tensor(logits), torch.full((3,), min_p)).numpy()
+    assert np.array_equal(np.isinf(got), expected)
+
+
+def test_penalties_match_their_definitions():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.0] + [0.0] * (V - 5)])
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0)
+    b = _batch([params], outputs=[[0, 0, 1, 4]], prompts=[[3, 7]])
+    got = apply_penalties(logits.clone(), b)[0]
+    # token 0: seen (output x2) -> 2/2 - 0.25*2 - 0.5; token 1: -1*2 - 0.25 - 0.5
+    # token 3: prompt only -> -3*2 (no frequency/presence); token 4: 1/2 - 0.25 - 0.5; token 2 untouched
+    expected = {0: 1.0 - 0.5 - 0.5, 1: -2.0 - 0.25 - 0.5, 2: 0.5, 3: -6.0, 4: 0.5 - 0.25 - 0.5, 7: 0.0}
+    for token, value in expected.items():
+        assert got[token].item() == pytest.approx(value), token
+
+
+def test_logit_bias_and_min_tokens_ban():
+    logits = torch.zeros(2, V)
+    b = _batch(
+        [
+            SamplingParams(temperature=0, logit_bias={9: 5.0}),
+            SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[4]),
+        ]
+    )
+    logits[1, 2] = logits[1, 4] = 10.0  # EOS and a stop token would win, but min_tokens forbids them
+    out = sample(logits, b)
+    assert out.token_ids.tolist()[0] == 9
+    assert out.token_ids.tolist()[1] not in (2, 4)
+
+
+def test_logprobs_are_log_softmax_of_the_processed_logits():
+    logits = torch.randn(2, V)
+    params = [
+        SamplingParams(temperature=0.7, logprobs=5, repetition_penalty=1.3, logit_bias={3: 2.0}),
+        SamplingParams(temperature=0, logprobs=3),
+    ]
+    b = _batch(params, outputs=[[1, 3], [5]])
+    out = sample(logits.clone(), b)
+    processed = logits.clone()
+    processed[0, 3] += 2.0
+    processed = apply_penalties(processed, b)
+    expected = torch.log_softmax(processed, dim=-1)
+    chosen = out.token_ids
+    assert torch.allclose(out.logprobs, expected.gather(1, chosen[:, None]).squeeze(1))
+    assert torch.allclose(out.top_logprobs, expected.topk(5, dim=-1).values)
+    assert out.ranks.tolist() == [int((expected[i] > expected[i, chosen[i]]).sum()) + 1 for i in range(2)]
+
+
+def test_seeded_noise_depends_only_on_seed_position_and_token():
+    a = exponential_noise(torch.tensor([7, 8, 7]), torch.tensor([3, 3, 4]), V)
+    b = exponential_noise(torch.tensor([9, 7]), torch.tensor([0, 3]), V)
+    assert torch.equal(a[0], b[1])
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
+
+
+def test_sampling_at_temperature_one_follows_softmax():
+    """Chi-square goodness of fit of 20,000 draws (distinct seeds) against softmax(logits)."""
+    torch.manual_seed(0)
+    logits = torch.randn(1, V) * 1.5
+    n = 20_000
+    b = _batch([SamplingParams(temperature=1.0)] * n)
+    b.seeds = torch.arange(n, dtype=torch.long) * 7919 + 17
+    counts = np.bincount(sample(logits.expand(n, V).clone(), b).token_ids.numpy(), minlength=V)
+    probs = torch.softmax(logits[0], -1).numpy().astype(np.float64)
+    big = probs * n >= 5  # chi-square needs expected counts >= 5; pool the rest
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(probs[big] * n, probs[~big].sum() * n)
+    assert stats.chisquare(observed, expected).pvalue > 0.001
+
+
+def test_temperature_sharpens_and_top_k_one_is_greedy():
+    logits = torch.randn(1, V)
+    n = 4000
+    for temperature, top_k in [(0.05, 0), (1.0, 1)]:
+        b = _batch([SamplingParams(temperature=temperature, top_k=top_k)] * n)
+        b.seeds = torch.arange(n, dtype=torch.long)
+        tokens = sample(logits.expand(n, V).clone(), b).token_ids
+        assert (tokens == logits.argmax()).float().mean() > 0.99

@@ -1,0 +1,157 @@
+"""Sampling parameters end to end on a real (tiny) model: seeds, n > 1, stops, logprobs, text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flotilla.engine.detokenizer import IncrementalDetokenizer
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+
+PROMPT = [101, 2034, 887, 41, 9000, 77, 5, 16000, 123, 4567, 88, 12]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dirs):
+    return LLM(str(tiny_model_dirs["llama"]), max_model_len=256, block_size=8)
+
+
+def _text(llm, prompt, params):
+    return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+
+
+def test_same_seed_same_text_alone_and_inside_a_batch(llm):
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = _text(llm, PROMPT, seeded)
+    noise = [SamplingParams(temperature=1.3, top_p=0.9, max_tokens=20, ignore_eos=True)] * 5
+    others = [[7 + i, 900 + i, 33] for i in range(5)]
+    batched = llm.generate(others[:2] + [PROMPT] + others[2:], noise[:2] + [seeded] + noise[2:], use_tqdm=False)
+    assert batched[2].outputs[0].token_ids == alone.token_ids
+    different = _text(llm, PROMPT, SamplingParams(temperature=1.0, seed=4321, max_tokens=16, ignore_eos=True))
+    assert different.token_ids != alone.token_ids
+
+
+def test_n_completions_share_the_prompt_computation(llm):
+    runner, manager = llm.engine.runner, llm.engine.block_manager
+    before = runner.num_tokens_fed
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+    fresh = [t + 1 for t in PROMPT]  # not in the prefix cache from other tests
+    out = llm.generate([fresh], params, use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2, 3]
+    assert all(len(c.token_ids) == 6 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "completions should be independent draws"
+    # The 12-token prompt is fed once; then each of 4 completions feeds its 5 later tokens.
+    assert runner.num_tokens_fed - before == len(PROMPT) + 4 * 5
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_forked_completions_share_blocks_and_copy_the_partial_one(tiny_model_dirs):
+    engine = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, block_size=8, enable_prefix_caching=False).engine
+    leader = engine.add_request(PROMPT, SamplingParams(n=3, temperature=0, max_tokens=4, ignore_eos=True))
+    engine.step()  # the prompt, once; three first tokens drawn
+    group = engine._groups[leader.request_id]
+    full, partial = leader.block_ids  # 12 tokens in blocks of 8
+    assert all(c.block_ids == [full, partial] for c in group)
+    assert engine.block_manager.blocks[full].ref_count == 3
+    plan = engine.scheduler.schedule()
+    assert len(plan.block_copies) == 2  # two of three completions copy the shared partial block
+    assert engine.block_manager.blocks[partial].ref_count == 1
+    engine.scheduler.update(plan, engine.runner.execute(plan).tokens)
+    outputs = None
+    while engine.has_unfinished_requests():
+        outputs = engine.step() or outputs
+    texts = {tuple(c.token_ids) for c in outputs[0].outputs}
+    assert len(texts) == 1  # greedy: forked completions continue identically from the shared prompt
+
+
+def test_stop_strings_cut_exactly_even_across_token_boundaries(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    full = _text(llm, PROMPT, greedy)
+    tok = llm.get_tokenizer()
+    pieces = [tok.decode(full.token_ids[: i + 1]) for i in range(len(full.token_ids))]
+    boundary = len(pieces[5])  # the end of token 6's text
+    stop = full.text[boundary - 2 : boundary + 2]  # straddles tokens 6 and 7
+    assert len(stop) == 4 and full.text.find(stop) == boundary - 2
+    cut = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop]))
+    assert cut.text == full.text[: boundary - 2]
+    assert (cut.finish_reason, cut.stop_reason) == ("stop", stop)
+    kept = _text(
+        llm,
+        PROMPT,
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True),
+    )
+    assert kept.text == full.text[: boundary + 2]
+
+
+def test_stop_token_ids_and_length(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    full = _text(llm, PROMPT, greedy)
+    stop_id = full.token_ids[3]
+    stopped = _text(
+        llm, PROMPT, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=[stop_id])
+    )
+    assert stopped.token_ids == full.token_ids[: full.token_ids.index(stop_id) + 1]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop_id)
+    assert (full.finish_reason, full.stop_reason) == ("length", None)
+    late = _text(
+        llm,
+        PROMPT,
+        SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True, stop_token_ids=[stop_id]),
+    )
+    assert len(late.token_ids) == 10 and stop_id not in late.token_ids[:9]
+
+
+def test_prompt_logprobs_match_hf(tiny_model_dirs, llm):
+    from transformers import AutoModelForCausalLM
+
+    out = llm.generate([PROMPT], SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32)
+    with torch.inference_mode():
+        expected = torch.log_softmax(hf(torch.tensor([PROMPT])).logits[0].float(), dim=-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(PROMPT)
+    for pos in range(1, len(PROMPT)):
+        entry = out.prompt_logprobs[pos]
+        token = PROMPT[pos]
+        assert entry[token][0] == pytest.approx(expected[pos - 1, token].item(), abs=1e-4)
+        top2 = expected[pos - 1].topk(2).indices.tolist()
+        assert set(top2) <= set(entry)
+
+
+def test_generated_logprobs_are_consistent(llm):
+    out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True))
+    assert len(out.logprobs) == 5
+    for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+        assert entry[token][1] == 1  # greedy: the drawn token is the most likely
+        assert len(entry) == 3
+    assert out.cumulative_logprob == pytest.approx(
+        sum(e[t][0] for t, e in zip(out.token_ids, out.logprobs, strict=True))
+    )
+
+
+def test_multibyte_characters_stream_intact(embedded_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir)
+    text = "Ships 🚢 sail: 日本語のテキスト, café, 🏳️‍🌈 done"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, tok.encode("Say:"))
+    deltas = [detok.add([i]) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) + detok.flush() == tok.decode(ids)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"top_k": 5},
+        {"top_p": 0.5},
+        {"min_p": 0.2},
+        {"presence_penalty": 1.5, "frequency_penalty": 0.5},
+        {"repetition_penalty": 1.5},
+        {"logit_bias": {5: 10.0}},
+    ],
+)
+def test_every_knob_runs_end_to_end(llm, kwargs):
+    out = _text(llm, PROMPT, SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, **kwargs))
+    assert len(out.token_ids) == 8
