@@ -1,0 +1,72 @@
+"""Which child objects an InferenceService should have on this cluster (a pure function).
+
+The builders say what each object looks like; this module says which of them to apply, at which
+API version, and which kinds must not exist (so a child is removed when the spec stops asking for
+it: autoscaling dropped, replicas down to one, ServiceMonitor switched off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flotilla.operator.autoscaling import build_hpa, build_scaled_object
+from flotilla.operator.capabilities import SERVICE_MONITOR_GROUP_VERSION, Capabilities
+from flotilla.operator.deployment import build_deployment
+from flotilla.operator.pdb import build_pdb
+from flotilla.operator.service import build_service
+from flotilla.operator.servicemonitor import build_service_monitor
+from flotilla.operator.spec import InferenceServiceSpec
+
+
+@dataclass
+class Plan:
+    """The children to apply, the (apiVersion, kind) pairs to remove, and what status should say."""
+
+    apply: list[dict[str, Any]] = field(default_factory=list)
+    remove: list[tuple[str, str]] = field(default_factory=list)
+    autoscaler: str = "none"
+    monitoring: str = ""
+
+
+def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: Capabilities) -> Plan:
+    """Decide the children for a valid spec on a cluster with `caps`."""
+    plan = Plan(apply=[build_deployment(spec, name, namespace), build_service(name, namespace)])
+
+    def want(obj: dict[str, Any] | None, api_version: str | None, kind: str) -> None:
+        if api_version is None:
+            return  # the cluster does not serve the kind: nothing to apply and nothing to remove
+        if obj is None:
+            plan.remove.append((api_version, kind))
+        else:
+            plan.apply.append(obj)
+
+    # KEDA, when installed, makes its own HPA from the ScaledObject; two autoscalers would fight.
+    scaled_object = build_scaled_object(spec, name, namespace) if caps.keda else None
+    hpa = None
+    if not caps.keda and caps.hpa_version:
+        hpa = build_hpa(spec, name, namespace, api_version=caps.hpa_version)  # type: ignore[arg-type]
+    want(scaled_object, "keda.sh/v1alpha1" if caps.keda else None, "ScaledObject")
+    want(hpa, caps.hpa_version, "HorizontalPodAutoscaler")
+    if spec.autoscaling is None:
+        plan.autoscaler = "none"
+    elif scaled_object:
+        plan.autoscaler = "KEDA ScaledObject (keda.sh/v1alpha1)"
+    elif hpa:
+        plan.autoscaler = f"HPA ({caps.hpa_version})"
+    else:
+        plan.autoscaler = "none: the cluster serves no autoscaling/v2 or v2beta2"
+
+    monitor = build_service_monitor(spec, name, namespace) if caps.service_monitor else None
+    want(monitor, SERVICE_MONITOR_GROUP_VERSION if caps.service_monitor else None, "ServiceMonitor")
+    if not spec.monitoring.service_monitor:
+        plan.monitoring = "ServiceMonitor disabled by spec.monitoring.serviceMonitor"
+    elif caps.service_monitor:
+        plan.monitoring = "ServiceMonitor"
+    else:
+        plan.monitoring = f"no ServiceMonitor: {SERVICE_MONITOR_GROUP_VERSION} is not installed"
+
+    if caps.pdb_version:
+        want(build_pdb(spec, name, namespace, api_version=caps.pdb_version),  # type: ignore[arg-type]
+             caps.pdb_version, "PodDisruptionBudget")
+    return plan

@@ -1,0 +1,133 @@
+"""The kopf handlers: every trigger runs the same reconcile (reconciler.py).
+
+- create / update / resume of an InferenceService: reconcile; API errors are retried by kopf with
+  backoff (TemporaryError); a refused spec is reported in status and then fails the handler for
+  good (PermanentError), so kopf does not retry it until the spec changes.
+- a change to any child (labelled managed-by flotilla-operator): reconcile its owner, so a
+  hand-edited or hand-deleted child is put back within seconds. Echoes of the operator's own writes
+  are skipped.
+- delete: nothing to do but forget; the owner references let the garbage collector remove the
+  children, and no finalizer is used, so deleting never waits for the operator.
+- a periodic resync (started at operator start-up, not a kopf timer: timers would add a finalizer)
+  catches what no event announces: a ServiceMonitor or KEDA CRD installed later, events lost while
+  the apiserver was away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from typing import Any
+
+import kopf
+
+from flotilla.operator.kube import KubeError
+from flotilla.operator.names import common_labels
+from flotilla.operator.reconciler import Reconciler
+from flotilla.operator.spec import GROUP, KIND, PLURAL, VERSION
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": common_labels("x")["app.kubernetes.io/managed-by"]}
+# Children watched for drift, as kopf resource selectors.
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("autoscaling", None, "horizontalpodautoscalers"),
+    ("policy", None, "poddisruptionbudgets"),
+    ("monitoring.coreos.com", "v1", "servicemonitors"),
+    ("keda.sh", "v1alpha1", "scaledobjects"),
+)
+MAX_BACKOFF_S = 60.0
+
+log = logging.getLogger(__name__)
+
+
+def backoff(retry: int) -> float:
+    """Seconds before retry number `retry`: 1, 2, 4, ... up to a minute."""
+    return min(2.0 ** retry, MAX_BACKOFF_S)
+
+
+def owner_name(child: Any) -> str | None:
+    """The name of the InferenceService that controls a child, if one does."""
+    for ref in child.get("metadata", {}).get("ownerReferences", []):
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/") and ref.get("controller"):
+            return ref.get("name")
+    return None
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces: list[str],
+             resync_seconds: float) -> None:
+    """Add the lifecycle, child-watch and resync handlers to `registry`."""
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    def reconcile(name: str, namespace: str, retry: int, **_: Any) -> None:
+        """Converge the InferenceService and its children on its spec."""
+        try:
+            result = reconciler.reconcile(namespace, name)
+        except KubeError as e:
+            raise kopf.TemporaryError(f"Kubernetes API error, retrying: {e}", delay=backoff(retry)) from e
+        if result is not None and result.errors:
+            raise kopf.PermanentError(f"spec refused (see status.conditions Valid): {result.message}")
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
+    def forget(name: str, namespace: str, **_: Any) -> None:
+        """Drop in-memory state; the garbage collector deletes the children."""
+        reconciler.forget(namespace, name)
+
+    def child_changed(type: str | None, body: kopf.Body, namespace: str, logger: logging.Logger, **_: Any) -> None:
+        """Put a drifted or deleted child back by reconciling its owner."""
+        owner = owner_name(body)
+        if owner is None or type is None:
+            return  # not ours, or the initial listing (resume and the resync cover it)
+        if type != "DELETED" and reconciler.is_own_write(dict(body)):
+            return  # the echo of our own apply
+        try:
+            reconciler.reconcile(namespace, owner)
+        except KubeError as e:
+            # Event handlers are not retried by kopf; the next event or the resync tries again.
+            logger.warning(f"reconcile of {namespace}/{owner} after a {body.get('kind')} change failed: {e}")
+
+    for group, version, plural in CHILD_RESOURCES:
+        selector = (group, version, plural) if version else (f"{plural}.{group}",)
+        kopf.on.event(*selector, id=f"child-{plural}", labels=MANAGED_BY, registry=registry)(child_changed)
+
+    tasks: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(id="start-resync", registry=registry)
+    async def start_resync(**_: Any) -> None:
+        """Start the periodic resync loop."""
+        if resync_seconds > 0:
+            tasks.append(asyncio.create_task(_resync_forever(reconciler, namespaces, resync_seconds)))
+
+    @kopf.on.cleanup(id="stop-resync", registry=registry)
+    async def stop_resync(**_: Any) -> None:
+        """Stop the resync loop."""
+        for task in tasks:
+            task.cancel()
+
+
+def _resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
+    paths = ([f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+             or [f"/apis/{GROUP}/{VERSION}/{PLURAL}"])
+    for path in paths:
+        for item in reconciler.kube.request("GET", path).get("items", []):
+            meta = item["metadata"]
+            try:
+                reconciler.reconcile(meta["namespace"], meta["name"])
+            except KubeError as e:
+                log.warning(f"resync of {meta['namespace']}/{meta['name']} failed: {e}")
+
+
+async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            # In a thread (the client is synchronous), with kopf's context so events can be posted.
+            await loop.run_in_executor(None, contextvars.copy_context().run, _resync_once, reconciler, namespaces)
+        except KubeError as e:
+            log.warning(f"resync failed, next in {interval:g} s: {e}")
+        except Exception:
+            log.exception("resync failed")

@@ -1,0 +1,99 @@
+"""`flotilla operator`: run the InferenceService operator (kopf) with its admission webhooks.
+
+    flotilla operator                      # every namespace, webhook on :9443, liveness on :8080
+    flotilla operator -n team-a -n team-b  # only these namespaces
+    flotilla operator --webhook-host 127.0.0.1 --webhook-port 9443 --webhook-cert-dir /tmp/certs
+
+Credentials: in-cluster when run in a pod, else the kubeconfig ($KUBECONFIG). Run one replica
+(kopf runs standalone, without peering).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from flotilla.operator import handlers, webhook
+from flotilla.operator.certificates import ensure_certificate
+from flotilla.operator.kube import Kube
+from flotilla.operator.reconciler import Reconciler
+from flotilla.operator.spec import GROUP
+
+WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The operator's command line."""
+    p = argparse.ArgumentParser(prog="flotilla operator", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--namespace", action="append", default=[], dest="namespaces",
+                   help="watch this namespace (repeatable; glob patterns allowed); default: all namespaces")
+    p.add_argument("--webhook-port", type=int, default=9443, help="port the admission webhooks listen on")
+    p.add_argument("--webhook-listen", default="0.0.0.0", help="address the webhook server binds")
+    p.add_argument("--webhook-host", default=None,
+                   help="host or IP the apiserver dials for the webhooks, and the certificate's SAN "
+                        "(in a cluster: the operator Service's DNS name); default 127.0.0.1")
+    p.add_argument("--webhook-cert-dir", type=Path, default=None,
+                   help="directory with tls.crt and tls.key; a self-signed pair is made there when absent "
+                        "(default: a fresh temporary directory)")
+    p.add_argument("--webhook-configuration", default=WEBHOOK_CONFIGURATION,
+                   help="name of the Validating/MutatingWebhookConfiguration the operator manages")
+    p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                   help="liveness endpoint URL (empty: none)")
+    p.add_argument("--resync-seconds", type=float, default=60.0,
+                   help="reconcile every InferenceService this often, whatever the events (0: never)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every handler call")
+    p.add_argument("--debug", action="store_true", help="log kopf's internals too")
+    return p.parse_args(argv)
+
+
+def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
+    """kopf settings: our own annotation prefix, quiet event posting, the webhook server."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # The reconciler posts one Event per decision itself; kopf's own "handler succeeded" chatter
+    # would bury them, so only its warnings and errors become Events.
+    settings.posting.level = logging.WARNING
+    # Reconnect fast after an apiserver restart.
+    settings.watching.connect_timeout = 5
+    settings.watching.server_timeout = 300
+    settings.watching.reconnect_backoff = 0.5
+    settings.networking.connect_timeout = 5
+    settings.networking.request_timeout = 30
+    if not args.no_webhook:
+        host = args.webhook_host or "127.0.0.1"
+        cert_dir = args.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="flotilla-webhook-"))
+        cert, key = ensure_certificate(cert_dir, [host, "127.0.0.1", "localhost"])
+        settings.admission.server = kopf.WebhookServer(
+            addr=args.webhook_listen, port=args.webhook_port, host=host, certfile=str(cert), pkeyfile=str(key))
+        settings.admission.managed = args.webhook_configuration
+    return settings
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's credentials: the pod's service account in a cluster, else the kubeconfig."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def main(argv: list[str]) -> int:
+    """Run until SIGINT/SIGTERM (kopf then withdraws its webhook configurations)."""
+    args = parse_args(argv)
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(id="login", registry=registry)(login)
+    reconciler = Reconciler(Kube.from_environment())
+    handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
+    if not args.no_webhook:
+        webhook.register(registry)
+    kopf.run(registry=registry, settings=settings_for(args), standalone=True,
+             clusterwide=not args.namespaces, namespaces=args.namespaces,
+             liveness_endpoint=args.liveness or None)
+    return 0

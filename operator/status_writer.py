@@ -1,0 +1,147 @@
+"""The InferenceService's status from what the reconciler saw (a pure function).
+
+Conditions follow metav1.Condition: `lastTransitionTime` moves only when a condition's status
+changes, so `kubectl describe` shows how long something has been true. The phase is a one-word
+summary of the conditions, for `kubectl get`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flotilla.operator import names
+from flotilla.operator.admission import Review
+from flotilla.operator.children import Plan
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the status is computed from, gathered by one reconcile."""
+
+    name: str
+    namespace: str
+    generation: int
+    review: Review
+    plan: Plan | None  # None when the spec was refused and nothing was applied
+    deployment: dict[str, Any] | None  # the live Deployment, if any
+    now: str  # RFC 3339, for lastTransitionTime
+
+
+def _condition(old: dict[str, dict[str, Any]], generation: int, now: str, type_: str, status: str,
+               reason: str, message: str) -> dict[str, Any]:
+    previous = old.get(type_)
+    moved = previous is None or previous.get("status") != status
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now if moved else previous.get("lastTransitionTime", now),
+            "observedGeneration": generation}
+
+
+def _replica_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, int, bool]:
+    """(desired, existing, ready, updated, rollout observed) from a Deployment."""
+    if deployment is None:
+        return 0, 0, 0, 0, False
+    spec, status = deployment.get("spec", {}), deployment.get("status", {})
+    observed = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+    return (spec.get("replicas", 1), status.get("replicas", 0), status.get("readyReplicas", 0),
+            status.get("updatedReplicas", 0), observed)
+
+
+def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
+    """The new status, given the old one (for transition times and the Degraded memory)."""
+    old_conditions = {c["type"]: c for c in old.get("conditions", []) if "type" in c}
+    cond = lambda *a: _condition(old_conditions, seen.generation, seen.now, *a)  # noqa: E731
+    review, fit = seen.review, seen.review.fit
+    desired, existing, ready, updated, observed = _replica_counts(seen.deployment)
+    conditions = []
+
+    if review.errors:
+        conditions.append(cond("Valid", "False", "InvalidSpec", review.message))
+    else:
+        conditions.append(cond("Valid", "True", "SpecAccepted",
+                               "; ".join(review.warnings) or "all cross-field and engine-flag rules pass"))
+    if fit is None:
+        conditions.append(cond("FitChecked", "Unknown", "SpecUnparsable", "the spec did not parse"))
+    else:
+        conditions.append(cond("FitChecked", fit.condition_status, fit.reason, fit.message))
+
+    kept = " (the last valid configuration keeps running)" if seen.deployment is not None else ""
+    rolled_out = observed and updated >= desired and ready >= desired
+    if review.errors:
+        conditions.append(cond("Progressing", "False", "SpecRejected", f"nothing applied: the spec is invalid{kept}"))
+    elif seen.deployment is None:
+        conditions.append(cond("Progressing", "True", "Creating", "creating the Deployment"))
+    elif not rolled_out:
+        conditions.append(cond("Progressing", "True", "RollingOut",
+                               f"{updated} of {desired} replicas updated, {ready} ready"))
+    else:
+        conditions.append(cond("Progressing", "False", "RolloutComplete", f"{desired} replicas updated and ready"))
+
+    if desired == 0 and seen.deployment is not None:
+        conditions.append(cond("Ready", "False", "ScaledToZero", "no replicas requested"))
+    elif seen.deployment is not None and ready >= desired:
+        conditions.append(cond("Ready", "True", "AllReplicasReady", f"{ready} of {desired} replicas ready"))
+    else:
+        conditions.append(cond("Ready", "False", "ReplicasNotReady", f"{ready} of {desired} replicas ready"))
+
+    # Degraded: something that worked is no longer working. Readiness lost with no new rollout
+    # under way is remembered until the replicas are back, so it does not flicker between reconciles.
+    was_serving = (old_conditions.get("Ready", {}).get("status") == "True"
+                   or old_conditions.get("Degraded", {}).get("reason") == "ReplicasUnavailable")
+    same_generation = old.get("observedGeneration") == seen.generation
+    if review.errors:
+        conditions.append(cond("Degraded", "True", "InvalidSpec", f"{review.message}{kept}"))
+    elif seen.deployment is not None and ready < desired and was_serving and same_generation:
+        conditions.append(cond("Degraded", "True", "ReplicasUnavailable",
+                               f"{desired - ready} of {desired} replicas are not ready"))
+    else:
+        conditions.append(cond("Degraded", "False", "AsExpected", "no known problem"))
+
+    status_of = {c["type"]: c["status"] for c in conditions}
+    if status_of["Valid"] == "False":
+        phase = "Failed"
+    elif status_of["Degraded"] == "True":
+        phase = "Degraded"
+    elif status_of["Ready"] == "True":
+        phase = "Ready"
+    elif seen.deployment is None:
+        phase = "Pending"
+    else:
+        phase = "Progressing"
+
+    spec = review.spec
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": seen.generation,
+        "replicas": existing,
+        "readyReplicas": ready,
+        "selector": ",".join(f"{k}={v}" for k, v in names.selector_labels(seen.name).items()),
+        "url": names.service_url(seen.name, seen.namespace),
+        "conditions": conditions,
+    }
+    if spec is not None:
+        status["gpus"] = spec.gpus_per_replica * (desired if seen.deployment is not None else spec.replicas)
+    if fit is not None:
+        status["fit"] = fit.to_status()
+    if seen.plan is not None:
+        status["autoscaler"] = seen.plan.autoscaler
+        status["monitoring"] = seen.plan.monitoring
+    return status
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON merge patch (RFC 7386) taking `old` to `new`, or None when they are equal."""
+    if old == new:
+        return None
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            inner = merge_patch(old[key], value)
+            if inner is not None:
+                patch[key] = inner
+        elif old.get(key) != value or key not in old:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None  # a key that no longer applies (e.g. fit after a parse error)
+    return patch

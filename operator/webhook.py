@@ -1,0 +1,56 @@
+"""The admission webhooks, served by kopf: validation (admission.review) and two useful defaults.
+
+Failure policy: **Ignore**, for both webhooks. When the operator is down (upgrading, crashed,
+SIGKILLed before kopf could withdraw its webhook configurations), InferenceServices can still be
+created, edited and deleted; nothing unsafe follows, because the reconciler applies the same
+review before it applies anything and reports a refused spec in status (Valid=False, reason
+InvalidSpec) instead of rolling it out. With Fail, an operator outage would block every change to
+every InferenceService, deletes included, for as long as it lasts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from flotilla.operator.admission import review
+from flotilla.operator.spec import GROUP, PLURAL, VERSION
+
+OPERATIONS = ["CREATE", "UPDATE"]  # never DELETE: deleting must always work
+
+
+def _name(body: Any) -> str:
+    meta = body.get("metadata", {})
+    return meta.get("name") or meta.get("generateName") or ""
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Add the webhook handlers to `registry`."""
+
+    @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate", operations=OPERATIONS, ignore_failures=True,
+                      registry=registry)
+    def validate(body: kopf.Body, warnings: list[str], **_: Any) -> None:
+        """Refuse a spec that breaks a cross-field rule, an engine-flag rule or the fit check."""
+        name = _name(body)
+        result = review(dict(body.get("spec") or {}), name)
+        warnings.extend(result.warnings)
+        if result.errors:
+            raise kopf.AdmissionError(f"InferenceService {name} is invalid: {result.message}", code=422)
+
+    @kopf.on.mutate(GROUP, VERSION, PLURAL, id="default", operations=OPERATIONS, ignore_failures=True,
+                    registry=registry)
+    def default(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        """Write two implicit defaults into the spec, so `kubectl get fis` shows MODEL and GPUS.
+
+        model.servedName defaults to the object's name; resources.gpusPerReplica to
+        tensor x pipeline. (The apiserver has already filled the schema's own defaults.)
+        """
+        spec = body.get("spec") or {}
+        name = body.get("metadata", {}).get("name")
+        if name and isinstance(spec.get("model"), dict) and not spec["model"].get("servedName"):
+            patch.setdefault("spec", {}).setdefault("model", {})["servedName"] = name
+        resources, parallelism = spec.get("resources") or {}, spec.get("parallelism") or {}
+        if resources.get("gpusPerReplica") is None:
+            gpus = int(parallelism.get("tensor", 1)) * int(parallelism.get("pipeline", 1))
+            patch.setdefault("spec", {}).setdefault("resources", {})["gpusPerReplica"] = gpus
