@@ -265,9 +265,8 @@ def bench_prefill(batch: int, new: int, cached: int, sweep: bool) -> dict:
     )  # fmt: skip
     if sweep:
         configs = [  # block_m, block_n, num_warps, num_stages, pack_heads
-            (128, 64, 8, 3, True), (128, 128, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 3, True),
-            (128, 32, 4, 3, True), (64, 64, 4, 3, True), (256, 64, 8, 2, True), (64, 32, 4, 3, True),
-            (128, 128, 8, 3, False), (64, 64, 4, 3, False),
+            (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 32, 4, 2, True), (128, 32, 4, 4, True),
+            (128, 32, 8, 3, True), (64, 32, 4, 3, True), (128, 32, 4, 3, False),
         ]  # fmt: skip
         result["sweep"] = []
         for bm, bn, w, st, pack in configs:
@@ -285,28 +284,37 @@ def bench_prefill(batch: int, new: int, cached: int, sweep: bool) -> dict:
 # fused element-wise kernels
 
 
-def _elementwise_case(name: str, nbytes: int, fn, eager, err: float) -> dict:
-    """Time one fused kernel and its eager torch equivalent; GB/s of the bytes it must move."""
+SWEEP_WARPS = (4, 8, 16)
+
+
+def _elementwise_case(name: str, nbytes: int, fn, eager, err: float, sweep: bool) -> dict:
+    """Time one fused kernel (and, sweeping, with each warp count) and its eager torch equivalent;
+    GB/s of the bytes it must move. `fn(**launch_kwargs)` runs the kernel."""
     ms, eager_ms = bench_ms(fn), bench_ms(eager)
-    return {
+    result = {
         "name": name, "bytes": nbytes, "triton_ms": ms, "triton_gbps": nbytes / ms / 1e6, "eager_ms": eager_ms,
         "eager_gbps": nbytes / eager_ms / 1e6, "rel_err": err,
     }  # fmt: skip
+    if sweep:
+        result["sweep"] = [
+            {"num_warps": w, "gbps": nbytes / bench_ms(lambda w=w: fn(num_warps=w)) / 1e6} for w in SWEEP_WARPS
+        ]
+    return result
 
 
-def bench_rmsnorm(tokens: int, hidden: int) -> dict:
+def bench_rmsnorm(tokens: int, hidden: int, sweep: bool) -> dict:
     """RMSNorm + residual: reads x, residual, weight; writes out and the new residual."""
     x = torch.randn(tokens, hidden, device=DEV, dtype=DTYPE)
     res = torch.randn_like(x)
     w = torch.randn(hidden, device=DEV, dtype=DTYPE)
     err = rel_err(rms_norm(x, w, 1e-5, res)[0], rms_norm_ref(x, w, 1e-5, res)[0])
     return _elementwise_case(
-        "rmsnorm_residual", 4 * x.nbytes + w.nbytes, lambda: rms_norm(x, w, 1e-5, res),
-        lambda: rms_norm_ref(x, w, 1e-5, res), err,
+        "rmsnorm_residual", 4 * x.nbytes + w.nbytes, lambda **kw: rms_norm(x, w, 1e-5, res, **kw),
+        lambda: rms_norm_ref(x, w, 1e-5, res), err, sweep,
     )  # fmt: skip
 
 
-def bench_rotary(tokens: int, hidden: int) -> dict:
+def bench_rotary(tokens: int, hidden: int, sweep: bool) -> dict:
     """Rotary on `hidden`-wide queries (32 heads) and 8 KV heads: reads and writes both, plus cos/sin rows."""
     q = torch.randn(tokens, hidden // HEAD_DIM, HEAD_DIM, device=DEV, dtype=DTYPE)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
@@ -317,21 +325,22 @@ def bench_rotary(tokens: int, hidden: int) -> dict:
     err = rel_err(apply_rotary(positions, q, k, cache)[0], apply_rotary_ref(positions, q, k, cache)[0])
     nbytes = 2 * (q.nbytes + k.nbytes) + tokens * HEAD_DIM * 4 + positions.nbytes
     return _elementwise_case(
-        "rotary", nbytes, lambda: apply_rotary(positions, q, k, cache),
-        lambda: apply_rotary_ref(positions, q, k, cache), err,
+        "rotary", nbytes, lambda **kw: apply_rotary(positions, q, k, cache, **kw),
+        lambda: apply_rotary_ref(positions, q, k, cache), err, sweep,
     )  # fmt: skip
 
 
-def bench_silu_and_mul(tokens: int, hidden: int) -> dict:
+def bench_silu_and_mul(tokens: int, hidden: int, sweep: bool) -> dict:
     """SiLU-and-mul `[T, 2 * hidden] -> [T, hidden]`."""
     gate_up = torch.randn(tokens, 2 * hidden, device=DEV, dtype=DTYPE)
     err = rel_err(silu_and_mul(gate_up), silu_and_mul_ref(gate_up))
     return _elementwise_case(
-        "silu_and_mul", gate_up.nbytes * 3 // 2, lambda: silu_and_mul(gate_up), lambda: silu_and_mul_ref(gate_up), err
-    )
+        "silu_and_mul", gate_up.nbytes * 3 // 2, lambda **kw: silu_and_mul(gate_up, **kw),
+        lambda: silu_and_mul_ref(gate_up), err, sweep,
+    )  # fmt: skip
 
 
-def bench_kv_write(tokens: int, hidden: int) -> dict:
+def bench_kv_write(tokens: int, hidden: int, sweep: bool) -> dict:
     """K and V `hidden` wide each (32 KV heads x 128, an MHA model) into a pool of shuffled blocks."""
     heads = hidden // HEAD_DIM
     key = torch.randn(tokens, heads, HEAD_DIM, device=DEV, dtype=DTYPE)
@@ -344,17 +353,23 @@ def bench_kv_write(tokens: int, hidden: int) -> dict:
     write_kv_cache(key, value, k_cache, v_cache, slots)
     exact = torch.equal(k_cache.view(-1, heads, HEAD_DIM)[slots], key)
     exact &= torch.equal(v_cache.view(-1, heads, HEAD_DIM)[slots], value)
+    nbytes = 4 * key.nbytes + slots.nbytes
     return _elementwise_case(
-        "kv_write", 4 * key.nbytes + slots.nbytes, lambda: write_kv_cache(key, value, k_cache, v_cache, slots),
-        lambda: write_kv_cache_ref(key, value, k_cache, v_cache, slots), 0.0 if exact else 1.0,
+        "kv_write", nbytes, lambda **kw: write_kv_cache(key, value, k_cache, v_cache, slots, **kw),
+        lambda: write_kv_cache_ref(key, value, k_cache, v_cache, slots), 0.0 if exact else 1.0, sweep,
     )  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--sweep", action="store_true", help="also time other kernel configurations")
+    parser.add_argument(
+        "--sweep",
+        default="",
+        help="comma list of sections (decode,prefill,elementwise) to time other configurations of",
+    )
     args = parser.parse_args()
+    sweep = set(filter(None, args.sweep.split(",")))
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     results: dict = {
@@ -373,13 +388,13 @@ def main() -> None:
     print(f"copy {results['copy']['gbps']:.0f} GB/s", flush=True)
     results["decode"] = []
     for batch in DECODE_BATCHES:
-        r = bench_decode(batch, DECODE_CTX, args.sweep)
+        r = bench_decode(batch, DECODE_CTX, "decode" in sweep)
         results["decode"].append(r)
         gbps, sdpa, err = r["triton_gbps"], r["sdpa_gbps"], r["rel_err_vs_sdpa"]
         print(f"decode b{batch}: triton {gbps:.0f} GB/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
         save()
         torch.cuda.empty_cache()
-    results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, args.sweep)
+    results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, "prefill" in sweep)
     results["extend"] = bench_prefill(*EXTEND, False)
     for key in ("prefill", "extend"):
         r = results[key]
@@ -388,7 +403,7 @@ def main() -> None:
     save()
     results["elementwise"] = {}
     for case_fn in (bench_rmsnorm, bench_rotary, bench_silu_and_mul, bench_kv_write):
-        r = case_fn(*ELEMENTWISE)
+        r = case_fn(*ELEMENTWISE, "elementwise" in sweep)
         results["elementwise"][r.pop("name")] = r
         torch.cuda.empty_cache()
     copy = results["copy"]["gbps"]
@@ -416,12 +431,16 @@ def main() -> None:
     for name, r in results["elementwise"].items():
         met = floors[name + ">=0.7copy"]
         print(f"| {name} GB/s | {r['triton_gbps']:.0f} | copy {copy:.0f} | {r['fraction_of_copy']:.2f} | {met} |")
-    if args.sweep:
-        for r in results["decode"]:
+    for r in results["decode"]:
+        if "sweep" in r:
             best = max((s for s in r["sweep"] if "gbps" in s), key=lambda s: s["gbps"])
             print(f"sweep decode b{r['batch']}: best {best}")
-        best = max((s for s in results["prefill"]["sweep"] if "tflops" in s), key=lambda s: s["tflops"])
-        print(f"sweep prefill: best {best}")
+    if "sweep" in results["prefill"]:
+        for s in results["prefill"]["sweep"]:
+            print(f"sweep prefill: {s}")
+    for name, r in results["elementwise"].items():
+        if "sweep" in r:
+            print(f"sweep {name}: " + ", ".join(f"{s['num_warps']} warps {s['gbps']:.0f}" for s in r["sweep"]))
 
 
 if __name__ == "__main__":

@@ -26,15 +26,22 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Page numbers of tokens `n0 .. n0 + BLOCK_N` (0 past `limit`, where nothing is read)."""
+    tok = n0 + tl.arange(0, BLOCK_N)
+    return tl.load(table + tok // PAGE, mask=tok < limit, other=0)
+
+
+@triton.jit
 def _attend_tile(
     q,
     m,
     l,
     acc,
     n0,
+    page,
     q_pos,
     seq_len,
-    table,
     k_cache_ptr,
     v_cache_ptr,
     kv_head,
@@ -53,15 +60,15 @@ def _attend_tile(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One K/V tile of the online softmax; `MASKED` tiles apply causality and the context end."""
+    """One K/V tile (tokens `n0 ..`, on pages `page`) of the online softmax; `MASKED` tiles apply
+    causality and the context end."""
     tok = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         tok_ok = tok < seq_len
-        page = tl.load(table + tok // PAGE, mask=tok_ok, other=0).to(tl.int64)
         kv_mask = tok_ok[:, None] & d_ok[None, :]
     else:
-        page = tl.load(table + tok // PAGE).to(tl.int64)
         kv_mask = d_ok[None, :]
+    page = page.to(tl.int64)
     in_page = tok % PAGE
     k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
     k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
@@ -149,19 +156,27 @@ def _prefill_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     first_q = seq_len - q_len + tile * TOKENS_PER_TILE
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
+    # Each loop fetches the next tile's page numbers before attending to the current tile, so the
+    # K/V addresses never wait on a table read.
+    page = _pages(table, 0, visible_end, PAGE, BLOCK_N)
     for n0 in range(0, visible_end, BLOCK_N):
+        next_page = _pages(table, n0 + BLOCK_N, visible_end, PAGE, BLOCK_N)
         m, l, acc = _attend_tile(
-            q, m, l, acc, n0, q_pos, seq_len, table, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
+            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
             PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
+        page = next_page
     diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
+    page = _pages(table, visible_end, diag_end, PAGE, BLOCK_N)
     for n0 in range(visible_end, diag_end, BLOCK_N):
+        next_page = _pages(table, n0 + BLOCK_N, diag_end, PAGE, BLOCK_N)
         m, l, acc = _attend_tile(
-            q, m, l, acc, n0, q_pos, seq_len, table, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
+            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
             PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
+        page = next_page
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -187,9 +202,9 @@ def paged_prefill_attention(
     scale: float,
     *,
     block_m: int = 128,
-    block_n: int = 64,
+    block_n: int = 32,
     pack_heads: bool = True,
-    num_warps: int = 8,
+    num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).

@@ -71,8 +71,8 @@ def rms_norm(
     if rows == 0:
         return out, res_out
     block = triton.next_power_of_2(hidden)
-    if num_warps is None:  # ~8 elements per thread keeps the row in registers with wide loads
-        num_warps = max(1, min(16, block // 256))
+    if num_warps is None:  # 8-16 elements per thread: wide loads, the row held in registers
+        num_warps = max(1, min(16, block // 512))
     out2 = out.view(-1, hidden)
     res_out2 = res_out.view(-1, hidden) if res_out is not None else out2
     _rms_norm_kernel[(rows,)](

@@ -15,20 +15,26 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(
-    src_ptr, dst_ptr, t, stride_t, stride_h, stride_dt, stride_dh, cos, sin, num_heads,
-    HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-):  # fmt: skip
-    """Rotate `num_heads` heads of token `t`: `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`."""
+def _load_halves(ptr, t, stride_t, stride_h, num_heads, HEADS_PAD: tl.constexpr, HALF: tl.constexpr,
+                 HALF_PAD: tl.constexpr):  # fmt: skip
+    """Both halves `[x1, x2]` of `num_heads` heads of token `t`, in fp32."""
     h = tl.arange(0, HEADS_PAD)[:, None]
     i = tl.arange(0, HALF_PAD)[None, :]
     mask = (h < num_heads) & (i < HALF)
-    src = src_ptr + t * stride_t + h * stride_h + i
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    dst = dst_ptr + t * stride_dt + h * stride_dh + i
-    tl.store(dst, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+    src = ptr + t * stride_t + h * stride_h + i
+    return tl.load(src, mask=mask, other=0.0).to(tl.float32), tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rotated(ptr, t, stride_t, stride_h, num_heads, x1, x2, cos, sin, HEADS_PAD: tl.constexpr,
+                   HALF: tl.constexpr, HALF_PAD: tl.constexpr):  # fmt: skip
+    """`[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`, stored in the output's dtype."""
+    h = tl.arange(0, HEADS_PAD)[:, None]
+    i = tl.arange(0, HALF_PAD)[None, :]
+    mask = (h < num_heads) & (i < HALF)
+    dst = ptr + t * stride_t + h * stride_h + i
+    tl.store(dst, (x1 * cos - x2 * sin).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -56,16 +62,18 @@ def _rotary_kernel(
     HALF_PAD: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    # Issue the activations' loads before the cos/sin row's, which waits on the position: the two
+    # memory round trips then overlap instead of adding up.
     pos = tl.load(positions_ptr + t).to(tl.int64)
+    q1, q2 = _load_halves(q_ptr, t, stride_qt, stride_qh, num_q_heads, Q_HEADS_PAD, HALF, HALF_PAD)
+    k1, k2 = _load_halves(k_ptr, t, stride_kt, stride_kh, num_k_heads, K_HEADS_PAD, HALF, HALF_PAD)
     i = tl.arange(0, HALF_PAD)[None, :]
     row = cos_sin_ptr + pos * stride_cs + i
     # cos/sin rounded to the activation dtype first, as the reference does
     cos = tl.load(row, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
     sin = tl.load(row + HALF, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
-    _rotate_heads(q_ptr, q_out_ptr, t, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, num_q_heads,
-                  Q_HEADS_PAD, HALF, HALF_PAD)  # fmt: skip
-    _rotate_heads(k_ptr, k_out_ptr, t, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, num_k_heads,
-                  K_HEADS_PAD, HALF, HALF_PAD)  # fmt: skip
+    _store_rotated(q_out_ptr, t, stride_qot, stride_qoh, num_q_heads, q1, q2, cos, sin, Q_HEADS_PAD, HALF, HALF_PAD)
+    _store_rotated(k_out_ptr, t, stride_kot, stride_koh, num_k_heads, k1, k2, cos, sin, K_HEADS_PAD, HALF, HALF_PAD)
 
 
 def apply_rotary(
@@ -86,8 +94,8 @@ def apply_rotary(
     if num_tokens == 0:
         return q_out, k_out
     half = head_dim // 2
-    if num_warps is None:  # scale with the token's elements: ~16 per thread
-        num_warps = max(1, min(16, triton.next_power_of_2((num_q_heads + num_k_heads) * head_dim) // 512))
+    if num_warps is None:  # scale with the token's elements: ~16 per thread, at most 8 warps
+        num_warps = max(1, min(8, triton.next_power_of_2((num_q_heads + num_k_heads) * head_dim) // 512))
     _rotary_kernel[(num_tokens,)](
         positions,
         query,
