@@ -8,7 +8,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from flotilla.engine.config import ENGINE_COMPONENTS
 from flotilla.flags import FLAGS, Flag
+
+__all__ = ["ENGINE_COMPONENTS", "add_flags", "flag_values"]
 
 _TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
 
@@ -55,5 +58,3 @@ def flag_values(args: argparse.Namespace, components: Iterable[str]) -> dict[str
             values[f.dest] = os.environ[f.env]
     return values
 
-
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")

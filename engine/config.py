@@ -90,6 +90,25 @@ class DeviceConfig(_Component):
     device: Literal["cuda", "cpu"]
 
 
+class ServerConfig(_Component):
+    """The HTTP front end (not part of the engine core)."""
+
+    host: str | None = None
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+    shutdown_timeout: float = Field(30, ge=0)
+    uvicorn_log_level: str = "info"
+    disable_log_stats: bool = False
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerConfig:
+        """Build from the server flags' values (`--api-key` -> `api_key`)."""
+        try:
+            return cls(**kwargs)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation_error(exc)) from None
+
+
 class EngineConfig(_Component):
     """Every component's configuration, built once from user-facing arguments."""
 
@@ -106,13 +125,13 @@ class EngineConfig(_Component):
         model_dir = Path(model) if model is not None else _embedded_model_dir()
         hf_config = _read_hf_config(model_dir)
         try:
-            return _build(model_dir, hf_config, values)
+            return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-_ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")
-_ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in _ENGINE_COMPONENTS}
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")
+_ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
 def _check_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -143,13 +162,20 @@ def _read_hf_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
-def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any]) -> EngineConfig:
+def _embedded_model_name() -> str:
+    from flotilla.engine.embedded_model import EMBEDDED_MODEL_NAME
+
+    return EMBEDDED_MODEL_NAME
+
+
+def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explicit_model: bool) -> EngineConfig:
     max_model_len = _max_model_len(hf_config, v["max_model_len"])
     chunked = bool(v["enable_chunked_prefill"])
     budget = v["max_num_batched_tokens"]
     if budget is None:
         budget = 8192 if chunked else max(max_model_len, 8192)
-    served = v["served_model_name"] or [str(model_dir)]
+    default_name = str(model_dir) if explicit_model else _embedded_model_name()
+    served = v["served_model_name"] or [default_name]
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),

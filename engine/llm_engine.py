@@ -19,7 +19,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
-from flotilla.engine.stats import EngineStats
+from flotilla.engine.stats import EngineStats, FinishedRequest
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 
@@ -127,8 +127,10 @@ class LLMEngine:
         result = self.runner.execute(plan)
         self._attach_prompt_logprobs(result)
         touched = self.scheduler.update(plan, result.tokens)
+        now = time.monotonic()
         for child in touched:
             self._process_token(child, result)
+            self._record_timing(child, now)
         self._record(plan, len(result.tokens))
         parents = dict.fromkeys(child.parent_id for child in touched)
         return [self._output(parent) for parent in parents if parent in self._groups]
@@ -213,6 +215,30 @@ class LLMEngine:
             cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
             logprobs=list(child.logprobs) if child.sampling_params.logprobs is not None else None,
         )
+
+    def _record_timing(self, child: Request, now: float) -> None:
+        """Latency samples, from each request's first completion (as vLLM reports per request)."""
+        if child.index != 0:
+            return
+        if child.first_token_time is None:
+            child.first_token_time = now
+            self.stats.ttft.append(now - child.arrival_time)
+        else:
+            self.stats.inter_token.append(now - child.last_token_time)
+        child.last_token_time = now
+        if child.status.finished:
+            scheduled = child.first_scheduled_time or child.arrival_time
+            self.stats.finished.append(
+                FinishedRequest(
+                    finish_reason=child.finish_reason or "abort",
+                    prompt_tokens=child.num_prompt_tokens,
+                    generation_tokens=child.num_output_tokens,
+                    e2e_seconds=now - child.arrival_time,
+                    queue_seconds=scheduled - child.arrival_time,
+                    prefill_seconds=child.first_token_time - scheduled,
+                    decode_seconds=now - child.first_token_time,
+                )
+            )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:
         s = self.stats

@@ -59,6 +59,11 @@ class Request:
     # Per prompt token (None for the first): as `logprobs`, filled while the prompt is computed.
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
 
+    # Timings (time.monotonic()) for the latency metrics.
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
     def __post_init__(self) -> None:
         if not self.parent_id:
             self.parent_id = self.request_id

@@ -9,6 +9,7 @@ likely still cached).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -116,6 +117,8 @@ class Scheduler:
             if not self.block_manager.allocate(request, num_new, cached):
                 break
             self.waiting.popleft()
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             request.num_computed_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)

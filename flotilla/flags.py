@@ -202,8 +202,9 @@ FLAGS: tuple[Flag, ...] = (
         choices=("auto", "cuda", "cpu"),
     ),
     # --- server ------------------------------------------------------------------------------------
-    Flag("--host", "str", None, "Address to listen on (default: all).", "server", implemented=False),
-    Flag("--port", "int", 8000, "Port to listen on.", "server", implemented=False),
+    Flag("--host", "str", None, "Address to listen on (default: all).", "server"),
+    Flag("--disable-log-stats", "bool", False, "Do not log the periodic stats line.", "server"),
+    Flag("--port", "int", 8000, "Port to listen on.", "server"),
     Flag(
         "--api-key",
         "str",
@@ -212,7 +213,6 @@ FLAGS: tuple[Flag, ...] = (
         "server",
         crd_field="apiKeySecretRef",
         env="VLLM_API_KEY",
-        implemented=False,
     ),
     Flag(
         "--shutdown-timeout",
@@ -220,7 +220,6 @@ FLAGS: tuple[Flag, ...] = (
         30,
         "Seconds to finish in-flight requests after SIGTERM.",
         "server",
-        implemented=False,
     ),
     Flag(
         "--uvicorn-log-level",
@@ -228,7 +227,6 @@ FLAGS: tuple[Flag, ...] = (
         "info",
         "uvicorn's log level.",
         "server",
-        implemented=False,
         choices=("critical", "error", "warning", "info", "debug", "trace"),
     ),
 )

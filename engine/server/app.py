@@ -1,0 +1,204 @@
+"""The FastAPI application: routes, API-key check, OpenAI error mapping, drain state."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from flotilla import __version__
+from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
+from flotilla.engine.server.errors import APIError, error_response
+from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
+from flotilla.engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from flotilla.engine.server.serving import OpenAIServing
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the engine, names, key, metrics and whether we are draining."""
+
+    engine: AsyncEngine
+    serving: OpenAIServing
+    model_names: list[str]
+    metrics: EngineMetrics
+    api_key: str | None = None
+    max_model_len: int = 0
+    draining: bool = False
+    created: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """Create the app for one engine."""
+    app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None)
+    app.state.flotilla = state
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if state.draining and path.startswith("/v1"):
+            return error_response(503, "the server is shutting down; retry on another replica")
+        if path.startswith("/v1") and state.api_key is not None and not _authorised(request, state.api_key):
+            return error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
+                                  code="invalid_api_key")
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, _describe_validation(exc), param=_first_param(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, str(exc))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.draining or not state.engine.is_alive:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [{"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
+                 "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
+                for name in state.model_names]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        result = await _cancel_on_disconnect(state.serving.completions(body, _model(state, body.model)), request)
+        return await _respond(result, request)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        result = await _cancel_on_disconnect(state.serving.chat(body, _model(state, body.model)), request)
+        return await _respond(result, request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        _model(state, body.model)
+        serving = state.serving
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+        if body.prompt is not None:
+            tokens = serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
+            tokens = serving.chat_prompt(req).token_ids
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        _model(state, body.model)
+        vocab = len(state.serving.tokenizer)
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
+        return {"prompt": state.serving.tokenizer.decode(body.tokens)}
+
+    return app
+
+
+def _authorised(request: Request, key: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    # Constant-time comparison: response timing must not reveal how much of a guessed key matched.
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+
+
+def _model(state: ServerState, requested: str | None) -> str:
+    """The served name a request addresses; 404 for names this server does not serve."""
+    if requested is None or requested == "":
+        return state.model_names[0]
+    if requested not in state.model_names:
+        raise APIError(404, f"The model `{requested}` does not exist. Served: {', '.join(state.model_names)}",
+                       param="model", code="model_not_found")
+    return requested
+
+
+async def _cancel_on_disconnect(work: Awaitable[Any], request: Request) -> Any:
+    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    listener = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listener.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return error_response(499, "client disconnected")
+    return task.result()
+
+
+async def _respond(result: dict[str, Any] | AsyncIterator[str] | Response, request: Request) -> Response:
+    if isinstance(result, Response):
+        return result
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return StreamingResponse(_until_disconnect(result, request), media_type="text/event-stream")
+
+
+async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
+    """Relay SSE chunks; an engine failure mid-stream becomes a final error event, not a dropped socket."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except (APIError, EngineDeadError, ValueError) as exc:
+        status = exc.status if isinstance(exc, APIError) else (503 if isinstance(exc, EngineDeadError) else 400)
+        body = error_response(status, str(exc)).body.decode()
+        yield f"data: {body}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+def _describe_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        msg = err.get("msg", "invalid value")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid request: " + "; ".join(parts)
+
+
+def _first_param(exc: RequestValidationError) -> str | None:
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if loc:
+            return loc[0]
+    return None

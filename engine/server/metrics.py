@@ -1,0 +1,163 @@
+"""Prometheus metrics with vLLM V1's names, types, labels and buckets.
+
+Existing vLLM dashboards, KEDA scalers and routers read these unchanged. Served in the classic text
+format (0.0.4) whatever the scraper asks for: with OpenMetrics, recent prometheus_client versions
+rewrite the `vllm:` colons.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from flotilla.engine.config import EngineConfig
+from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.stats import EngineStats
+
+logger = logging.getLogger("flotilla.stats")
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+disable_created_metrics()  # vLLM exposes no `_created` series
+
+
+def one_two_five_buckets(limit: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
+class EngineMetrics:
+    """Owns the registry; `update(engine)` runs after every step, on the engine thread."""
+
+    def __init__(self, config: EngineConfig, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, labels, name = self.registry, ["model_name"], model_name
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", labels, registry=r)
+        cache = config.cache
+        info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
+                     ["block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                      "num_gpu_blocks"], registry=r)
+        self._cache_info = (info, cache)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix-cache tokens queried.", labels, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix-cache tokens hit.", labels, registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
+        max_len = config.model.max_model_len
+        h = {
+            "ttft": ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
+            "itl": ("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS),
+            "e2e": ("vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_LATENCY_BUCKETS),
+            "queue": ("vllm:request_queue_time_seconds", "Time waiting before first scheduled.",
+                      REQUEST_LATENCY_BUCKETS),
+            "prefill": ("vllm:request_prefill_time_seconds", "Time in prefill.", REQUEST_LATENCY_BUCKETS),
+            "decode": ("vllm:request_decode_time_seconds", "Time in decode.", REQUEST_LATENCY_BUCKETS),
+            "prompt_len": ("vllm:request_prompt_tokens", "Prompt tokens per request.", one_two_five_buckets(max_len)),
+            "gen_len": ("vllm:request_generation_tokens", "Generated tokens per request.",
+                        one_two_five_buckets(max_len)),
+            "iteration": ("vllm:iteration_tokens_total", "Tokens per engine step.",
+                          [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]),
+        }
+        self.hist = {k: Histogram(n, d, labels, buckets=b, registry=r) for k, (n, d, b) in h.items()}
+        self._name = name
+        self._last = EngineStats()
+        self._num_blocks = 0
+
+    def set_num_blocks(self, num_blocks: int) -> None:
+        """Publish vllm:cache_config_info once the pool size is known."""
+        info, cache = self._cache_info
+        info.labels(block_size=str(cache.block_size), cache_dtype=cache.kv_cache_dtype,
+                    enable_prefix_caching=str(cache.enable_prefix_caching),
+                    gpu_memory_utilization=str(cache.gpu_memory_utilization),
+                    num_gpu_blocks=str(num_blocks)).set(1)
+
+    def update(self, engine: LLMEngine) -> None:
+        """Copy the engine's latest counters and samples into the registry."""
+        s, last, n = engine.stats, self._last, self._name
+        self.running.labels(n).set(s.num_running)
+        self.waiting.labels(n).set(s.num_waiting)
+        self.kv_usage.labels(n).set(s.kv_cache_usage)
+        for counter, now, before in (
+            (self.prompt_tokens, s.prompt_tokens, last.prompt_tokens),
+            (self.generation_tokens, s.generation_tokens, last.generation_tokens),
+            (self.prefix_queries, s.prefix_cache_queries, last.prefix_cache_queries),
+            (self.prefix_hits, s.prefix_cache_hits, last.prefix_cache_hits),
+            (self.preemptions, s.num_preemptions, last.num_preemptions),
+        ):
+            if now > before:
+                counter.labels(n).inc(now - before)
+        self._last = EngineStats(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
+                                 prefix_cache_queries=s.prefix_cache_queries,
+                                 prefix_cache_hits=s.prefix_cache_hits, num_preemptions=s.num_preemptions)
+        events = s.drain_events()
+        for value in events.ttft:
+            self.hist["ttft"].labels(n).observe(value)
+        for value in events.inter_token:
+            self.hist["itl"].labels(n).observe(value)
+        for value in events.iteration_tokens:
+            self.hist["iteration"].labels(n).observe(value)
+        for f in events.finished:
+            self.success.labels(n, f.finish_reason).inc()
+            for key, value in (("e2e", f.e2e_seconds), ("queue", f.queue_seconds), ("prefill", f.prefill_seconds),
+                               ("decode", f.decode_seconds), ("prompt_len", f.prompt_tokens),
+                               ("gen_len", f.generation_tokens)):
+                self.hist[key].labels(n).observe(value)
+
+    def idle_update(self, engine: LLMEngine) -> None:
+        """Gauges when no step runs (e.g. everything finished): running/waiting/usage drop to now."""
+        self.running.labels(self._name).set(len(engine.scheduler.running))
+        self.waiting.labels(self._name).set(len(engine.scheduler.waiting))
+        self.kv_usage.labels(self._name).set(engine.block_manager.usage)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus' classic text format."""
+        return generate_latest(self.registry)
+
+
+class StatsLogger:
+    """Logs running, waiting, KV use, prefix hit rate and token rates every `interval` seconds."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self._last_time = time.monotonic()
+        self._last = EngineStats()
+
+    def maybe_log(self, engine: LLMEngine) -> None:
+        """Emit the line if the interval has passed."""
+        now = time.monotonic()
+        elapsed = now - self._last_time
+        if elapsed < self.interval:
+            return
+        s, last = engine.stats, self._last
+        idle = not engine.scheduler.running and not engine.scheduler.waiting
+        if idle and s.generation_tokens == last.generation_tokens and s.prompt_tokens == last.prompt_tokens:
+            return  # nothing happened: no line
+        queries = s.prefix_cache_queries - last.prefix_cache_queries
+        hits = s.prefix_cache_hits - last.prefix_cache_hits
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+            "Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+            (s.prompt_tokens - last.prompt_tokens) / elapsed, (s.generation_tokens - last.generation_tokens) / elapsed,
+            len(engine.scheduler.running), len(engine.scheduler.waiting), 100 * engine.block_manager.usage,
+            100 * hits / queries if queries else 0.0,
+        )
+        self._last_time = now
+        self._last = EngineStats(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
+                                 prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits)
