@@ -6,6 +6,7 @@
 #   scripts/k8s-control-plane.sh build   # ~5 min cold on 2 cores; a no-op when the binaries exist
 #   scripts/k8s-control-plane.sh start   # ready in ~7 s; writes $K8S_RUN/kubeconfig
 #   scripts/k8s-control-plane.sh stop    # stops what `start` started (by recorded PIDs)
+#   scripts/k8s-control-plane.sh restart-apiserver  # kube-apiserver down and up again (same etcd)
 #
 # Environment: K8S_WORK (cache, default ~/.cache/k8s-control-plane), K8S_BIN (default
 # $K8S_WORK/bin), K8S_RUN (state, default $K8S_WORK/run), API_PORT (16443), ETCD_PORT (23790),
@@ -65,6 +66,24 @@ build() {
   "$BIN/kube-apiserver" --version
 }
 
+start_apiserver() {
+  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" --insecure-port=0 \
+    --cert-dir="$RUN/certs" --token-auth-file="$RUN/tokens.csv" --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$RUN/sa.pub" --service-account-signing-key-file="$RUN/sa.key" \
+    --service-cluster-ip-range=10.0.0.0/24 --disable-admission-plugins=ServiceAccount \
+    --enable-priority-and-fairness=false >> "$RUN/apiserver.log" 2>&1 &
+  echo $! > "$RUN/apiserver.pid"
+  local ready="curl -skf -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
+  for _ in $(seq 1 300); do
+    eval "$ready" >/dev/null && break
+    kill -0 "$(cat "$RUN/apiserver.pid")" 2>/dev/null || { tail -20 "$RUN/apiserver.log" >&2; exit 1; }
+    sleep 0.2
+  done
+  eval "$ready" >/dev/null || { echo "apiserver not ready after 60 s (see $RUN/apiserver.log)" >&2; exit 1; }
+}
+
 start() {
   for b in etcd kube-apiserver kube-controller-manager; do
     [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: run '$0 build' first" >&2; exit 1; }
@@ -80,14 +99,6 @@ start() {
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "flotilla-test=http://127.0.0.1:$ETCD_PEER_PORT" > "$RUN/etcd.log" 2>&1 &
   echo $! > "$RUN/etcd.pid"
-  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" --insecure-port=0 \
-    --cert-dir="$RUN/certs" --token-auth-file="$RUN/tokens.csv" --authorization-mode=RBAC \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$RUN/sa.pub" --service-account-signing-key-file="$RUN/sa.key" \
-    --service-cluster-ip-range=10.0.0.0/24 --disable-admission-plugins=ServiceAccount \
-    --enable-priority-and-fairness=false > "$RUN/apiserver.log" 2>&1 &
-  echo $! > "$RUN/apiserver.pid"
   cat > "$RUN/kubeconfig" <<KUBECONFIG
 apiVersion: v1
 kind: Config
@@ -102,13 +113,7 @@ contexts:
   context: {cluster: local, user: admin, namespace: default}
 current-context: local
 KUBECONFIG
-  local ready="curl -skf -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
-  for _ in $(seq 1 300); do
-    eval "$ready" >/dev/null && break
-    kill -0 "$(cat "$RUN/apiserver.pid")" 2>/dev/null || { tail -20 "$RUN/apiserver.log" >&2; exit 1; }
-    sleep 0.2
-  done
-  eval "$ready" >/dev/null || { echo "apiserver not ready after 60 s (see $RUN/apiserver.log)" >&2; exit 1; }
+  start_apiserver
   # Garbage collection of owned objects and Deployment -> ReplicaSet -> Pod need the controllers.
   if [ "${K8S_CONTROLLERS:-1}" = 1 ]; then
     "$BIN/kube-controller-manager" --kubeconfig="$RUN/kubeconfig" --bind-address=127.0.0.1 --secure-port=0 --port=0 \
@@ -133,9 +138,21 @@ stop() {
   done
 }
 
+# Kill the apiserver (SIGKILL: a crash, and no 60 s drain of open watches) and start it again on
+# the same port and etcd; clients must reconnect.
+restart_apiserver() {
+  local pid
+  pid=$(cat "$RUN/apiserver.pid")
+  kill -9 "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  start_apiserver
+  echo "apiserver restarted"
+}
+
 case "${1:-}" in
   build) build ;;
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 build|start|stop" >&2; exit 2 ;;
+  restart-apiserver) restart_apiserver ;;
+  *) echo "usage: $0 build|start|stop|restart-apiserver" >&2; exit 2 ;;
 esac

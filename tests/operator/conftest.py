@@ -9,8 +9,12 @@ skipped, unless FLOTILLA_K8S_REQUIRED is set (as in CI), when they fail instead.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import urllib3
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-control-plane.sh"
@@ -54,11 +59,23 @@ def validate_manifest() -> Callable[[dict[str, Any]], None]:
     return validate
 
 
-@pytest.fixture(scope="session")
-def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A `kubernetes.client.ApiClient` connected to a fresh control plane for this test session."""
-    import kubernetes
+class ControlPlane:
+    """The running control plane: its kubeconfig, and the script's environment for restarts."""
 
+    def __init__(self, run: Path, env: dict[str, str]):
+        self.run, self.env = run, env
+        self.kubeconfig = run / "kubeconfig"
+
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver and start it again (same port, same etcd); returns once it is ready."""
+        done = subprocess.run(["bash", str(SCRIPT), "restart-apiserver"], env=self.env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"apiserver did not restart:\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A fresh control plane for this test session, stopped at the end."""
     binaries = _binaries_dir()
     if not all((binaries / b).exists() for b in ("etcd", "kube-apiserver", "kube-controller-manager")):
         reason = f"control plane binaries not found in {binaries}: run `scripts/k8s-control-plane.sh build`"
@@ -71,12 +88,20 @@ def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     started = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=120)
     try:
         assert started.returncode == 0, f"control plane did not start:\n{started.stdout}\n{started.stderr}"
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        client = kubernetes.config.new_client_from_config(config_file=str(run / "kubeconfig"))
-        yield client
-        client.close()
+        yield ControlPlane(run, env)
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
+    """A `kubernetes.client.ApiClient` connected to the session's control plane."""
+    import kubernetes
+
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    client = kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -94,3 +119,157 @@ def namespace(kube_api: Any) -> Iterator[str]:
 def pytest_configure(config: pytest.Config) -> None:
     # The test apiserver has a self-signed certificate on 127.0.0.1; its warning is noise here.
     config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
+# --- the operator on the control plane ------------------------------------------------------------
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "a condition",
+             interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something truthy (returned) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+CRD_FILE = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
+WEBHOOK_CONFIGURATION = "flotilla.serving.flotilla.dev"
+FIS_PATH = "/apis/serving.flotilla.dev/v1alpha1"
+# Minimal, schema-less stand-ins for the Prometheus Operator's and KEDA's CRDs: enough for the
+# apiserver to serve the kinds (unknown fields preserved), so "present" and "absent" are testable.
+OPTIONAL_CRDS = {
+    "servicemonitors.monitoring.coreos.com": ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+    "scaledobjects.keda.sh": ("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects"),
+}
+
+
+def _schemaless_crd(name: str) -> dict[str, Any]:
+    group, version, kind, plural = OPTIONAL_CRDS[name]
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                     "versions": [{"name": version, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+class Cluster:
+    """Test-side calls on the control plane, through the operator's own small JSON client."""
+
+    def __init__(self, kube: Any):
+        self.kube = kube
+
+    def apply(self, obj: dict[str, Any], manager: str = "tests") -> dict[str, Any]:
+        """Server-side apply, like `kubectl apply --server-side`."""
+        from flotilla.operator.kube import path_of
+
+        return self.kube.request("PATCH", path_of(obj), obj, {"fieldManager": manager, "force": "true"},
+                                 "application/apply-patch+yaml")
+
+    def apply_crd(self, crd: dict[str, Any]) -> None:
+        """Install a CRD and wait until its group/version is served."""
+        self.kube.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
+                          crd, {"fieldManager": "tests", "force": "true"}, "application/apply-patch+yaml")
+        group_version = f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
+        wait_for(lambda: self.served(group_version), 30, f"{group_version} to be served")
+
+    def served(self, group_version: str) -> bool:
+        return any(v["groupVersion"] == group_version for g in self.kube.request("GET", "/apis")["groups"]
+                   for v in g["versions"])
+
+    def set_optional_crds(self, present: bool) -> None:
+        """Install or remove the ServiceMonitor and ScaledObject CRDs."""
+        for name, (group, version, _, _) in OPTIONAL_CRDS.items():
+            if present:
+                self.apply_crd(_schemaless_crd(name))
+            else:
+                self.kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                wait_for(lambda g=f"{group}/{version}": not self.served(g), 60, f"{group}/{version} to go away")
+
+
+@pytest.fixture(scope="session")
+def cluster(kube_api: Any) -> Cluster:
+    """The control plane with the InferenceService CRD installed."""
+    from flotilla.operator.kube import Kube
+
+    c = Cluster(Kube(kube_api))
+    c.apply_crd(yaml.safe_load(CRD_FILE.read_text()))
+    return c
+
+
+class OperatorProcess:
+    """`python -m flotilla.cli operator` as a real subprocess, so it can be SIGKILLed and restarted."""
+
+    def __init__(self, control_plane: ControlPlane, cluster: Cluster, workdir: Path):
+        self.control_plane, self.cluster, self.workdir = control_plane, cluster, workdir
+        self.webhook_port, self.liveness_port = _free_port(), _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"operator-{self.starts}.log"
+
+    def start(self) -> None:
+        """Start it and return once it serves: liveness answers and the webhook refuses a bad spec."""
+        self.starts += 1
+        command = [sys.executable, "-m", "flotilla.cli", "operator", "--webhook-host", "127.0.0.1",
+                   "--webhook-listen", "127.0.0.1", "--webhook-port", str(self.webhook_port),
+                   "--webhook-cert-dir", str(self.workdir / "certs"),
+                   "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", "--resync-seconds", "5"]
+        env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        wait_for(self._serving, 60, f"the operator to serve (log: {self.log_path})", interval=0.2)
+
+    def _serving(self) -> bool:
+        from flotilla.operator.kube import KubeError
+
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).close()
+        except OSError:
+            return False
+        probe = {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
+                 "metadata": {"name": "webhook-probe", "namespace": "default"},
+                 "spec": {"model": {"source": "pvc://m"}, "parallelism": {"tensor": 2},
+                          "resources": {"gpusPerReplica": 3}}}
+        try:
+            self.cluster.kube.request("POST", f"{FIS_PATH}/namespaces/default/inferenceservices", probe,
+                                      {"dryRun": "All"})
+        except KubeError as e:
+            return "denied the request" in e.message
+        return False  # admitted: the webhook is not answering yet (failure policy Ignore)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all (its webhook configurations stay behind)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        """SIGTERM, as Kubernetes stops a pod."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def operator_process(control_plane: ControlPlane, cluster: Cluster,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator, running against the session's control plane for every test that asks for it."""
+    op = OperatorProcess(control_plane, cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()

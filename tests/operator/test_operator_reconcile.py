@@ -1,0 +1,255 @@
+"""The operator on a real control plane: children, owner references, status, drift, garbage collection.
+
+The operator runs as a subprocess (`python -m flotilla.cli operator`, conftest.py). Pods never run
+here (no scheduler, no kubelet): readiness is simulated by patching the engine pods' status
+subresource (Ready condition), from which the real ReplicaSet and Deployment controllers compute
+`readyReplicas`, as they would for pods a kubelet reports ready. (Patching the Deployment's own
+status would be overwritten by the Deployment controller within milliseconds.)
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flotilla.operator.deployment import build_deployment
+from flotilla.operator.kube import object_path
+from flotilla.operator.spec import InferenceServiceSpec
+
+from .conftest import FIS_PATH, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA = yaml.safe_load((REPO / "crds" / "samples" / "llama-3.1-8b-h200.yaml").read_text())
+KINDS = {  # on this 1.20 apiserver: HPA v2beta2 and PDB v1beta1
+    "Deployment": "apps/v1", "Service": "v1", "HorizontalPodAutoscaler": "autoscaling/v2beta2",
+    "PodDisruptionBudget": "policy/v1beta1", "ServiceMonitor": "monitoring.coreos.com/v1",
+    "ScaledObject": "keda.sh/v1alpha1",
+}
+
+
+def fis(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """The Llama sample under another name, with spec fields replaced."""
+    doc = copy.deepcopy(LLAMA)
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"].update(spec)
+    doc["spec"] = {k: v for k, v in doc["spec"].items() if v is not None}
+    return doc
+
+
+def fixed(name: str, namespace: str, replicas: int = 2) -> dict[str, Any]:
+    """A non-autoscaled InferenceService with `replicas` replicas."""
+    return fis(name, namespace, autoscaling=None, replicas=replicas)
+
+
+def child_path(kind: str, namespace: str, name: str) -> str:
+    return object_path(KINDS[kind], kind, namespace, name)
+
+
+def fis_path(namespace: str, name: str) -> str:
+    return f"{FIS_PATH}/namespaces/{namespace}/inferenceservices/{name}"
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def wait_children(cluster, namespace: str, name: str, kinds: list[str], timeout: float = 20) -> dict[str, Any]:
+    def present():
+        objs = {kind: cluster.kube.get(child_path(kind, namespace, name)) for kind in kinds}
+        return objs if all(objs.values()) else None
+
+    return wait_for(present, timeout, f"{kinds} of {namespace}/{name}")
+
+
+def set_pods_ready(cluster, namespace: str, name: str, ready: bool, count: int) -> None:
+    """Mark the engine pods Ready (or not) through the pods' status subresource."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    selector = {"labelSelector": f"serving.flotilla.dev/inferenceservice={name}"}
+    pods = wait_for(lambda: (items := cluster.kube.request("GET", path, query=selector)["items"])
+                    and len(items) >= count and items, 30, f"{count} pods of {name}")
+    value = "True" if ready else "False"
+    for pod in pods:
+        status = {"phase": "Running", "conditions": [
+            {"type": t, "status": value, "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            for t in ("Initialized", "ContainersReady", "Ready", "PodScheduled")]}
+        cluster.kube.patch_status(f"{path}/{pod['metadata']['name']}", status)
+
+
+@pytest.fixture
+def op(operator_process, cluster):
+    return cluster
+
+
+def test_children_and_owner_references_without_prometheus_operator_or_keda(op, namespace):
+    op.set_optional_crds(False)
+    op.apply(fis("llama", namespace))
+    objs = wait_children(op, namespace, "llama", ["Deployment", "Service", "HorizontalPodAutoscaler",
+                                                  "PodDisruptionBudget"])
+    owner = op.kube.get(fis_path(namespace, "llama"))
+    for kind, obj in objs.items():
+        assert obj["metadata"]["ownerReferences"] == [{
+            "apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService", "name": "llama",
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}], kind
+        assert obj["metadata"]["labels"]["serving.flotilla.dev/inferenceservice"] == "llama"
+    built = build_deployment(InferenceServiceSpec.model_validate(owner["spec"]), "llama", namespace)
+    live = objs["Deployment"]["spec"]
+    container = built["spec"]["template"]["spec"]["containers"][0]
+    assert live["template"]["spec"]["containers"][0]["args"] == container["args"]
+    assert live["template"]["spec"]["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "64Gi"}, "requests": {"cpu": "8", "memory": "64Gi"}}
+    assert "replicas" not in built["spec"]  # the HPA owns the replica count
+    assert objs["Service"]["spec"]["ports"][0]["port"] == 8000
+    hpa = objs["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 8)
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+    assert objs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    status = wait_for(lambda: (op.kube.get(fis_path(namespace, "llama")).get("status") or {}).get("autoscaler")
+                      and op.kube.get(fis_path(namespace, "llama"))["status"], 10, "status")
+    assert status["autoscaler"] == "HPA (autoscaling/v2beta2)"
+    assert status["monitoring"] == "no ServiceMonitor: monitoring.coreos.com/v1 is not installed"
+
+
+def test_servicemonitor_and_keda_scaledobject_when_their_crds_exist(op, namespace):
+    op.set_optional_crds(True)
+    op.apply(fis("llama", namespace))
+    objs = wait_children(op, namespace, "llama", ["Deployment", "Service", "ServiceMonitor", "ScaledObject",
+                                                  "PodDisruptionBudget"])
+    assert objs["ServiceMonitor"]["spec"]["targetLabels"] == ["serving.flotilla.dev/inferenceservice"]
+    assert objs["ServiceMonitor"]["metadata"]["labels"]["release"] == "prometheus"
+    assert objs["ScaledObject"]["spec"]["triggers"][0]["metadata"]["query"] == \
+        f'sum(vllm:num_requests_waiting{{namespace="{namespace}",serving_flotilla_dev_inferenceservice="llama"}})'
+    assert all(o["metadata"]["ownerReferences"][0]["name"] == "llama" for o in objs.values())
+    status = wait_for(lambda: (op.kube.get(fis_path(namespace, "llama")).get("status") or {}).get("autoscaler"),
+                      10, "status")
+    assert status == "KEDA ScaledObject (keda.sh/v1alpha1)"
+    # KEDA makes its own HPA from the ScaledObject: the operator makes none.
+    assert op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "llama")) is None
+    assert op.kube.get(fis_path(namespace, "llama"))["status"]["monitoring"] == "ServiceMonitor"
+
+
+def test_status_conditions_and_printer_columns(op, namespace):
+    op.apply(fixed("llama", namespace))
+    wait_children(op, namespace, "llama", ["Deployment", "Service", "PodDisruptionBudget"])
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "llama"))).get("status", {}).get("replicas") == 2
+                    and b, 20, "status.replicas 2")
+    status = body["status"]
+    assert status["phase"] == "Progressing"
+    assert status["observedGeneration"] == body["metadata"]["generation"]
+    assert status["url"] == f"http://llama.{namespace}.svc.cluster.local:8000"
+    assert status["selector"] == "serving.flotilla.dev/inferenceservice=llama"
+    assert status["fit"]["verdict"] == "Fits" and status["fit"]["weightBytes"] > 15e9
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
+        "Valid": ("True", "SpecAccepted"), "FitChecked": ("True", "Fits"), "Progressing": ("True", "RollingOut"),
+        "Ready": ("False", "ReplicasNotReady"), "Degraded": ("False", "AsExpected")}
+    assert all(c["observedGeneration"] == body["metadata"]["generation"] for c in status["conditions"])
+    table = op.kube.request("GET", fis_path(namespace, "llama"), None, None)  # plain JSON first
+    assert table["kind"] == "InferenceService"
+    table = op.kube.api.call_api(*op.kube.api.param_serialize(
+        "GET", fis_path(namespace, "llama"), header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"]))
+    table.read()
+    import json
+
+    doc = json.loads(table.data)
+    columns = [c["name"] for c in doc["columnDefinitions"]]
+    assert columns == ["Name", "Ready", "Replicas", "Model", "GPUs", "URL", "Age"]
+    assert doc["rows"][0]["cells"][:6] == ["llama", "False", 0, "llama-8b", 2,
+                                           f"http://llama.{namespace}.svc.cluster.local:8000"]
+    events = op.kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "llama"}
+    assert {"Created", "SpecAccepted", "Fits"} <= reasons
+
+
+def test_simulated_readiness_turns_ready_true_and_back(op, namespace):
+    op.apply(fixed("llama", namespace))
+    wait_children(op, namespace, "llama", ["Deployment"])
+
+    def fis_status():
+        return op.kube.get(fis_path(namespace, "llama")).get("status") or {}
+
+    set_pods_ready(op, namespace, "llama", True, 2)
+    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "True", 20, "Ready=True")
+    status = fis_status()
+    assert (status["phase"], status["readyReplicas"]) == ("Ready", 2)
+    assert condition({"status": status}, "Progressing")["reason"] == "RolloutComplete"
+
+    set_pods_ready(op, namespace, "llama", False, 2)
+    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "False", 20, "Ready=False")
+    wait_for(lambda: fis_status()["phase"] == "Degraded", 10, "phase Degraded")
+    assert condition({"status": fis_status()}, "Degraded")["reason"] == "ReplicasUnavailable"
+
+
+def test_spec_update_rolls_the_deployment_under_the_same_name(op, namespace):
+    op.apply(fixed("llama", namespace))
+    before = wait_children(op, namespace, "llama", ["Deployment"])["Deployment"]
+    assert "--max-num-seqs" in (args := before["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args[args.index("--max-num-seqs") + 1] == "64"
+    changed = fixed("llama", namespace)
+    changed["spec"]["scheduling"] = {**changed["spec"]["scheduling"], "maxNumSeqs": 32}
+    op.apply(changed)
+
+    def rolled():
+        d = op.kube.get(child_path("Deployment", namespace, "llama"))
+        a = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        return d if a[a.index("--max-num-seqs") + 1] == "32" else None
+
+    after = wait_for(rolled, 20, "the new args")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    body = op.kube.get(fis_path(namespace, "llama"))
+    wait_for(lambda: op.kube.get(fis_path(namespace, "llama"))["status"]["observedGeneration"]
+             == body["metadata"]["generation"], 10, "observedGeneration")
+    # The Deployment controller starts a new ReplicaSet for the new pod template (a rollout).
+    wait_for(lambda: len(op.kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/replicasets")["items"]) == 2,
+             20, "a second ReplicaSet")
+
+
+def test_children_no_longer_wanted_are_removed(op, namespace):
+    op.apply(fixed("llama", namespace, replicas=2))
+    wait_children(op, namespace, "llama", ["PodDisruptionBudget"])
+    op.apply(fixed("llama", namespace, replicas=1))  # one replica: a PDB would block drains
+    wait_for(lambda: op.kube.get(child_path("PodDisruptionBudget", namespace, "llama")) is None, 20, "PDB removed")
+
+
+def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
+    op.apply(fixed("llama", namespace))
+    objs = wait_children(op, namespace, "llama", ["Deployment", "Service", "PodDisruptionBudget"])
+    for kind in ("Service", "PodDisruptionBudget", "Deployment"):
+        op.kube.delete(child_path(kind, namespace, "llama"))
+        back = wait_for(lambda k=kind: (o := op.kube.get(child_path(k, namespace, "llama")))
+                        and o["metadata"]["uid"] != objs[k]["metadata"]["uid"] and o, 10, f"{kind} back")
+        assert back["metadata"]["ownerReferences"][0]["name"] == "llama"
+    # Hand edits, as `kubectl edit`/`kubectl scale` would make them.
+    path = child_path("Deployment", namespace, "llama")
+    op.kube.request("PATCH", path, {"spec": {"replicas": 5, "template": {"spec": {"containers": [
+        {"name": "engine", "image": "evil:latest"}]}}}}, content_type="application/strategic-merge-patch+json")
+    wait_for(lambda: (d := op.kube.get(path))["spec"]["replicas"] == 2
+             and d["spec"]["template"]["spec"]["containers"][0]["image"] == LLAMA["spec"].get(
+                 "image", "ghcr.io/flotilla-dev/flotilla-engine:0.1.0"), 10, "the Deployment restored")
+    # Server-side apply takes back every field the operator sets; fields it does not set (an extra
+    # port added by hand under another key) are left to whoever added them.
+    svc = child_path("Service", namespace, "llama")
+    op.kube.request("PATCH", svc, {"spec": {"selector": {"serving.flotilla.dev/inferenceservice": "other"}}},
+                    content_type="application/merge-patch+json")
+    wait_for(lambda: op.kube.get(svc)["spec"]["selector"] == {"serving.flotilla.dev/inferenceservice": "llama"},
+             10, "the Service restored")
+
+
+def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespace):
+    op.set_optional_crds(True)
+    op.apply(fis("llama", namespace))
+    kinds = ["Deployment", "Service", "ServiceMonitor", "ScaledObject", "PodDisruptionBudget"]
+    wait_children(op, namespace, "llama", kinds)
+    op.kube.delete(fis_path(namespace, "llama"))
+    # The controller manager's garbage collector follows the owner references (it discovers new
+    # CRD kinds every 30 s, hence the generous timeout).
+    wait_for(lambda: all(op.kube.get(child_path(k, namespace, "llama")) is None for k in kinds), 90,
+             "every child to be garbage-collected", interval=0.5)
+    pods = op.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+    wait_for(lambda: not [p for p in op.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+                          if not p["metadata"].get("deletionTimestamp")], 60, "pods gone", interval=0.5)
+    del pods
