@@ -62,9 +62,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def bench_ms(fn: Callable[[], object]) -> float:
-    """Median ms of `fn` with do_bench (it flushes L2 between calls)."""
-    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+def bench_ms(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median ms of `fn` with do_bench (it flushes L2 between calls); the median of `repeats` such
+    medians, since one do_bench of a ~60 us kernel was seen to vary by up to 20% between calls."""
+    return statistics.median(float(do_bench(fn, warmup=25, rep=200, return_mode="median")) for _ in range(repeats))
 
 
 def graph_ms(fn: Callable[[int], object], calls: int, replays: int = 15) -> float:

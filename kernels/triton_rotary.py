@@ -94,8 +94,8 @@ def apply_rotary(
     if num_tokens == 0:
         return q_out, k_out
     half = head_dim // 2
-    if num_warps is None:  # scale with the token's elements: ~16 per thread, at most 8 warps
-        num_warps = max(1, min(8, triton.next_power_of_2((num_q_heads + num_k_heads) * head_dim) // 512))
+    if num_warps is None:  # ~16 elements per thread (H200, 40 heads x 128: 16 warps 3.3 TB/s, 4 warps 2.9)
+        num_warps = max(1, min(16, triton.next_power_of_2((num_q_heads + num_k_heads) * head_dim) // 512))
     _rotary_kernel[(num_tokens,)](
         positions,
         query,
