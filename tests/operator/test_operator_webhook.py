@@ -1,0 +1,86 @@
+"""The admission webhooks on a real apiserver: invalid specs refused with the exact message, defaults
+written, failure policy Ignore (the reconciler still refuses what slipped through: see
+test_operator_resilience.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flotilla.operator.kube import KubeError
+
+from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION
+from .test_operator_reconcile import fis, fis_path, fixed
+
+DENIED = f'admission webhook "validate.{WEBHOOK_CONFIGURATION}" denied the request: InferenceService bad is invalid: '
+INVALID = {
+    "gpus-vs-parallelism": (
+        {"resources": {"gpusPerReplica": 2, "gpuProduct": "NVIDIA-H200"}},
+        "resources.gpusPerReplica (2) must equal parallelism.tensor x parallelism.pipeline (1 x 1 = 1)"),
+    "autoscaling-min-over-max": (
+        {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        "autoscaling.minReplicas (5) must not exceed autoscaling.maxReplicas (2)"),
+    "fp8-kv-cache-with-float32": (
+        {"dtype": "float32", "kvCache": {"dtype": "fp8"}},
+        "spec.kvCache.dtype: fp8 needs 16-bit activations; set spec.dtype to bfloat16, float16 or auto, or "
+        "spec.kvCache.dtype to auto; spec.kvCache.dtype: --kv-cache-dtype='fp8' is not supported yet "
+        "(supported: auto)"),
+    "unimplemented-field": (
+        {"quantization": "fp8"},
+        "spec.quantization: --quantization is not implemented yet in this Flotilla version"),
+    "unimplemented-parallelism": (
+        {"parallelism": {"tensor": 2}, "resources": {"gpusPerReplica": 2, "gpuProduct": "NVIDIA-H200"}},
+        "spec.parallelism.tensor: --tensor-parallel-size=2 is not supported yet (supported: 1)"),
+    "unknown-engine-arg": (
+        {"engineArgs": ["--swap-space", "4"]},
+        "spec.engineArgs: --swap-space is not an engine flag"),
+    "flag-set-by-a-field": (
+        {"engineArgs": ["--max-model-len=4096"]},
+        "spec.engineArgs: --max-model-len is set by spec.scheduling.maxModelLen; set that field instead"),
+    "does-not-fit": (
+        {"scheduling": {"maxModelLen": 1000000, "maxNumSeqs": 64, "maxNumBatchedTokens": 8192}},
+        "fit check: one 1000000-token sequence needs 122.1 GiB of KV cache but only 109.7 GiB is left after "
+        "weights (15.0 GiB) and activations on 1 x NVIDIA-H200 at gpuMemoryUtilization 0.9 (126.4 GiB); "
+        "lower scheduling.maxModelLen to 898544 or less, add GPUs, or quantize"),
+}
+
+
+def _create(cluster, doc: dict[str, Any]) -> dict[str, Any]:
+    ns = doc["metadata"]["namespace"]
+    return cluster.kube.request("POST", f"{FIS_PATH}/namespaces/{ns}/inferenceservices", doc)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=list(INVALID))
+def test_invalid_spec_is_refused_with_the_exact_message(operator_process, cluster, namespace, case):
+    change, message = INVALID[case]
+    doc = fis("bad", namespace, **{"autoscaling": None, **change})
+    with pytest.raises(KubeError) as refused:
+        _create(cluster, doc)
+    assert refused.value.status == 422
+    assert refused.value.message == DENIED + message
+    assert cluster.kube.get(fis_path(namespace, "bad")) is None
+
+
+def test_an_update_to_an_invalid_spec_is_refused_and_nothing_changes(operator_process, cluster, namespace):
+    cluster.apply(fixed("bad", namespace))
+    with pytest.raises(KubeError) as refused:
+        cluster.apply(fis("bad", namespace, autoscaling={"minReplicas": 3, "maxReplicas": 1}))
+    assert refused.value.message == DENIED + "autoscaling.minReplicas (3) must not exceed autoscaling.maxReplicas (1)"
+    assert "autoscaling" not in cluster.kube.get(fis_path(namespace, "bad"))["spec"]
+
+
+def test_defaulting_webhook_fills_served_name_and_gpus(operator_process, cluster, namespace):
+    created = _create(cluster, {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
+                                "metadata": {"name": "smollm2", "namespace": namespace},
+                                "spec": {"model": {"source": "pvc://models/smollm2"}}})
+    assert created["spec"]["model"]["servedName"] == "smollm2"
+    assert created["spec"]["resources"]["gpusPerReplica"] == 1
+
+
+def test_webhook_configurations_state_failure_policy_ignore(operator_process, cluster):
+    for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+        config = cluster.kube.get(f"/apis/admissionregistration.k8s.io/v1/{kind}/{WEBHOOK_CONFIGURATION}")
+        assert [w["failurePolicy"] for w in config["webhooks"]] == ["Ignore"]
+        assert config["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+        assert config["webhooks"][0]["clientConfig"]["url"].startswith("https://127.0.0.1:")
