@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 
-.PHONY: setup generate test lint k8s clean
+.PHONY: setup generate serve test lint k8s system-deps clean
 
 setup: $(VENV)/.installed
 
@@ -19,13 +19,21 @@ $(VENV)/.installed: pyproject.toml
 generate: setup
 	$(VENV)/bin/flotilla generate --chat -p "What is the capital of France?"
 
+serve: setup
+	$(VENV)/bin/flotilla serve
+
 k8s:
 	bash scripts/k8s-control-plane.sh build
+
+# Debian's Prometheus: the server tests scrape the engine with a real one.
+system-deps:
+	command -v prometheus >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup k8s lint
+test: setup system-deps k8s lint
 	FLOTILLA_K8S_REQUIRED=1 $(VENV)/bin/pytest
 
 clean:

@@ -1,0 +1,128 @@
+"""A real `flotilla serve` process on a free loopback port, shared by the server tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key-0123456789"
+
+
+@dataclass
+class Server:
+    """A running server: where it listens and how to reach it."""
+
+    process: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> dict[str, float]:
+        """Unlabelled view of /metrics: `name{labels}` -> value."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                values[key] = float(value)
+        return values
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric over its label sets."""
+        return sum(v for k, v in self.metrics().items() if k == name or k.startswith(name + "{"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
+    """Start `python -m flotilla.engine.server` and wait until /health answers 200."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "flotilla.engine.server",
+        str(model),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--uvicorn-log-level",
+        "warning",
+        *flags,
+    ]
+    handle = log.open("w")
+    process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = Server(process, port, log)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server did not become healthy:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    s = start_server(
+        tiny_model_dirs["llama"],
+        log,
+        "--served-model-name",
+        "tiny",
+        "tiny-alias",
+        "--max-model-len",
+        "256",
+        "--block-size",
+        "8",
+        "--disable-log-stats",
+        env={"VLLM_API_KEY": API_KEY},
+    )
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def async_client(server):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)

@@ -1,0 +1,108 @@
+"""Concurrency, client disconnects and SIGTERM drain on the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+
+from .conftest import API_KEY, start_server, stop_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _wait_until(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_64_concurrent_streams_match_their_solo_runs(client, async_client):
+    prompts = [f"Voyage number {i}: the ship" for i in range(64)]
+    solo = {
+        p: client.completions.create(model="tiny", prompt=p, max_tokens=10, temperature=0).choices[0].text
+        for p in prompts[:8]
+    }
+
+    async def one(prompt: str) -> str:
+        stream = await async_client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=10, temperature=0, stream=True
+        )
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def all_of_them() -> list[str]:
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    texts = asyncio.run(all_of_them())
+    assert all(texts)
+    assert {p: t for p, t in zip(prompts, texts, strict=True) if p in solo} == solo
+    assert len(set(texts)) > 1
+
+
+def test_a_client_disconnect_mid_stream_frees_its_blocks(server):
+    body = {
+        "model": "tiny",
+        "prompt": "A long story",
+        "max_tokens": 200,
+        "min_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as response:
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in received)
+        assert server.metric("vllm:num_requests_running") >= 1 or server.metric("vllm:kv_cache_usage_perc") > 0
+    # Closing the stream aborts the request: the running gauge and KV usage return to zero quickly,
+    # long before 200 tokens could have been generated.
+    assert _wait_until(
+        lambda: server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:kv_cache_usage_perc") == 0,
+        timeout=10,
+    )
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_zero(tiny_model_dirs, tmp_path):
+    server = start_server(
+        tiny_model_dirs["llama"],
+        tmp_path / "drain.log",
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "512",
+        "--shutdown-timeout",
+        "60",
+    )
+    try:
+        body = {
+            "model": "tiny",
+            "prompt": "Drain me",
+            "max_tokens": 150,
+            "min_tokens": 150,
+            "temperature": 0,
+            "stream": True,
+        }
+        chunks: list[str] = []
+
+        def consume() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+                chunks.extend(line for line in response.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        assert _wait_until(lambda: len(chunks) >= 3)
+        server.process.send_signal(signal.SIGTERM)
+        assert _wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 503, timeout=5)
+        refused = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "x"})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        reader.join(timeout=120)
+        assert chunks[-1] == "data: [DONE]"
+        assert '"finish_reason": "length"' in chunks[-2]
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        stop_server(server)

@@ -1,0 +1,160 @@
+"""The real `openai` client against the real server: the API surface behaves as vLLM's."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY
+
+PROMPT = "Once upon a time in a harbour far away"
+
+
+def test_models_lists_every_served_name(client):
+    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+
+
+def test_completion_and_its_stream_agree(client):
+    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    full = client.completions.create(**kwargs)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12 and full.usage.prompt_tokens > 5
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 12
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 12 and not chunks[-1].choices
+
+
+def test_chat_applies_the_template_and_streams(client, server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a ship."}]
+    full = client.chat.completions.create(model="tiny-alias", messages=messages, max_tokens=10, temperature=0)
+    templated = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()
+    assert full.usage.prompt_tokens == templated["count"]
+    assert full.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_template_matches_the_tokenizer(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    messages = [{"role": "user", "content": "Hello"}]
+    expected = tok.encode(
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
+    assert httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["tokens"] == expected
+
+
+def test_n_choices_stop_and_seed(client):
+    many = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=11)
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+    again = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=11)
+    assert [c.text for c in many.choices] == [c.text for c in again.choices]
+    other = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=12)
+    assert [c.text for c in many.choices] != [c.text for c in other.choices]
+    base = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text
+    stop = base[len(base) // 2 : len(base) // 2 + 3]
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].text == base[: base.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_in_both_apis(client):
+    comp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(
+        len(top) >= 3 and max(top.values()) == pytest.approx(t)
+        for top, t in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)
+
+
+def test_vllm_extra_sampling_fields(client):
+    out = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=5,
+        temperature=0.7,
+        seed=1,
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "ignore_eos": True},
+    )
+    assert out.usage.completion_tokens == 5
+
+
+def test_tokenize_and_detokenize_round_trip(server):
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}).json()["prompt"].endswith(PROMPT)
+
+
+def test_health_and_version(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/version").json()["version"]
+
+
+def _error(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body["error"]) >= {"message", "type", "code"}
+    return body["error"]
+
+
+def test_api_key_is_required_on_v1_routes(server):
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+    assert _error(httpx.post(f"{server.url}/v1/completions", json=body))["type"] == "AuthenticationError"
+    wrong = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    ok = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert ok.status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="bad", max_retries=0).models.list()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"model": "nope", "prompt": "x"}, 404, "The model `nope` does not exist"),
+        ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "tiny", "prompt": "x", "n": "many"}, 400, "n:"),
+        ({"model": "tiny", "prompt": "word " * 400}, 400, "maximum context length is 256 tokens"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 1000}, 400, "max_tokens=1000 is too large"),
+        ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate: Extra inputs are not permitted"),
+        ({"model": "tiny"}, 400, "prompt: Field required"),
+        ({"model": "tiny", "prompt": [10**9]}, 400, "prompt token ids must lie in"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, body, status, fragment):
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == status
+    assert fragment in _error(response)["message"]
+
+
+def test_malformed_json_and_unsupported_features_are_400(server):
+    headers = {"Authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    bad = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers=headers)
+    assert bad.status_code == 400 and "JSON" in _error(bad)["message"]
+    tools = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers=headers,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+    )
+    assert tools.status_code == 400 and "tools are not supported" in _error(tools)["message"]
