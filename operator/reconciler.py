@@ -147,7 +147,8 @@ class Reconciler:
             prior = before.get(c["type"], {})
             if (prior.get("status"), prior.get("reason")) == (c["status"], c["reason"]):
                 continue
-            bad = (c["type"] in _WARN_WHEN_FALSE and c["status"] == "False") or \
+            # A first Ready=False (replicas still starting) is expected, not a warning.
+            bad = (c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready")) or \
                   (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency"
             if not prior and not bad and c["type"] not in _ALWAYS_ANNOUNCED:
                 continue  # a first "Progressing" or "not Degraded" is no news
