@@ -60,3 +60,13 @@ def test_default_split_choice_fills_the_gpu_and_stays_in_bounds():
     assert default_num_splits(1, 8, 4096, 132, 64) == 32
     assert default_num_splits(256, 8, 4096, 132, 64) == 1
     assert default_num_splits(1, 8, 16, 132, 64) == 1
+
+
+@pytest.mark.parametrize("head_dim", [48, 128])
+def test_decode_head_dims_padded_and_full(head_dim):
+    """A head size below its power-of-two tile (masked lanes) and Llama's 128, GQA 4, bf16."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    args = _decode_case([70, 129], 8, 2, torch.bfloat16, head_dim=head_dim, seed=5)
+    out = paged_decode_attention(*args, head_dim**-0.5, num_splits=2, block_n=32)
+    assert rel_err(out, paged_attention_ref(*args, head_dim**-0.5)) < tolerance(torch.bfloat16)

@@ -62,3 +62,13 @@ def test_head_packing_keeps_tiles_within_one_kv_head():
 
     assert [heads_per_tile(g, 128) for g in (1, 2, 4, 6, 7, 8, 16)] == [1, 2, 4, 2, 1, 8, 8]
     assert heads_per_tile(8, 64) == 4
+
+
+@pytest.mark.parametrize("head_dim", [48, 128])
+def test_extend_head_dims_padded_and_full(head_dim):
+    """A head size below its power-of-two tile (masked lanes) and Llama's 128, GQA 4, bf16."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = _case([20, 7], [52, 7], 8, 2, torch.bfloat16, head_dim=head_dim, seed=6)
+    out = paged_prefill_attention(*args, head_dim**-0.5, block_m=64, block_n=32)
+    assert rel_err(out, paged_attention_ref(*args, head_dim**-0.5)) < tolerance(torch.bfloat16)
