@@ -1,0 +1,48 @@
+"""children.plan_children and capabilities.from_group_list: which children, at which versions (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.operator.capabilities import Capabilities, from_group_list
+from flotilla.operator.children import plan_children
+from flotilla.operator.spec import InferenceServiceSpec
+
+AUTOSCALED = {"model": {"source": "pvc://m"}, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}
+
+
+def _groups(*group_versions: str) -> dict:
+    return {"groups": [{"name": gv.split("/")[0], "versions": [{"groupVersion": gv}]} for gv in group_versions]}
+
+
+def test_capabilities_of_a_1_20_cluster_and_a_current_one():
+    old = from_group_list(_groups("autoscaling/v1", "autoscaling/v2beta2", "policy/v1beta1"))
+    assert old == Capabilities("autoscaling/v2beta2", "policy/v1beta1", service_monitor=False, keda=False)
+    new = from_group_list(_groups("autoscaling/v2", "autoscaling/v2beta2", "policy/v1", "monitoring.coreos.com/v1",
+                                  "keda.sh/v1alpha1"))
+    assert new == Capabilities("autoscaling/v2", "policy/v1", service_monitor=True, keda=True)
+
+
+@pytest.mark.parametrize(("caps", "kinds", "autoscaler"), [
+    (Capabilities("autoscaling/v2beta2", "policy/v1beta1", False, False),
+     [("apps/v1", "Deployment"), ("v1", "Service"), ("autoscaling/v2beta2", "HorizontalPodAutoscaler"),
+      ("policy/v1beta1", "PodDisruptionBudget")], "HPA (autoscaling/v2beta2)"),
+    (Capabilities("autoscaling/v2", "policy/v1", True, True),
+     [("apps/v1", "Deployment"), ("v1", "Service"), ("keda.sh/v1alpha1", "ScaledObject"),
+      ("monitoring.coreos.com/v1", "ServiceMonitor"), ("policy/v1", "PodDisruptionBudget")],
+     "KEDA ScaledObject (keda.sh/v1alpha1)"),
+])
+def test_children_follow_what_the_cluster_serves(caps, kinds, autoscaler):
+    plan = plan_children(InferenceServiceSpec.model_validate(AUTOSCALED), "x", "ns", caps)
+    assert [(o["apiVersion"], o["kind"]) for o in plan.apply] == kinds
+    assert plan.autoscaler == autoscaler
+
+
+def test_unwanted_children_are_listed_for_removal():
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://m"},
+                                                "monitoring": {"serviceMonitor": False}})
+    plan = plan_children(spec, "x", "ns", Capabilities("autoscaling/v2", "policy/v1", True, False))
+    assert [o["kind"] for o in plan.apply] == ["Deployment", "Service"]
+    assert sorted(plan.remove) == [("autoscaling/v2", "HorizontalPodAutoscaler"),
+                                   ("monitoring.coreos.com/v1", "ServiceMonitor"), ("policy/v1", "PodDisruptionBudget")]
+    assert plan.monitoring == "ServiceMonitor disabled by spec.monitoring.serviceMonitor"

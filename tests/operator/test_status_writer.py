@@ -1,0 +1,73 @@
+"""status_writer: conditions, phase and transition times from an observation (no cluster)."""
+
+from __future__ import annotations
+
+from flotilla.operator.admission import review
+from flotilla.operator.capabilities import Capabilities
+from flotilla.operator.children import plan_children
+from flotilla.operator.status_writer import Observation, build_status, merge_patch
+
+SPEC = {"model": {"source": "pvc://m"}, "replicas": 2}
+CAPS = Capabilities(hpa_version="autoscaling/v2", pdb_version="policy/v1", service_monitor=False, keda=False)
+
+
+def _deployment(ready: int, desired: int = 2, updated: int = 2) -> dict:
+    return {"metadata": {"generation": 1}, "spec": {"replicas": desired},
+            "status": {"observedGeneration": 1, "replicas": desired, "readyReplicas": ready,
+                       "updatedReplicas": updated}}
+
+
+def _status(old: dict, deployment: dict | None, spec: dict = SPEC, now: str = "t1", generation: int = 1) -> dict:
+    r = review(spec, "x")
+    plan = plan_children(r.spec, "x", "ns", CAPS) if r.spec and not r.errors else None
+    return build_status(old, Observation("x", "ns", generation, r, plan, deployment, now))
+
+
+def _conditions(status: dict) -> dict:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_ready_when_every_replica_is_ready():
+    status = _status({}, _deployment(ready=2))
+    assert status["phase"] == "Ready" and _conditions(status)["Ready"] == ("True", "AllReplicasReady")
+    assert (status["replicas"], status["readyReplicas"], status["gpus"]) == (2, 2, 2)
+
+
+def test_losing_readiness_is_degraded_until_it_comes_back():
+    ready = _status({}, _deployment(ready=2))
+    lost = _status(ready, _deployment(ready=1), now="t2")
+    assert lost["phase"] == "Degraded" and _conditions(lost)["Degraded"] == ("True", "ReplicasUnavailable")
+    still = _status(lost, _deployment(ready=1), now="t3")
+    assert _conditions(still)["Degraded"] == ("True", "ReplicasUnavailable")  # no flicker
+    back = _status(still, _deployment(ready=2), now="t4")
+    assert back["phase"] == "Ready" and _conditions(back)["Degraded"][0] == "False"
+
+
+def test_a_new_rollout_is_progressing_not_degraded():
+    status = _status({}, _deployment(ready=0, updated=0))
+    assert status["phase"] == "Progressing" and _conditions(status)["Progressing"] == ("True", "RollingOut")
+    assert _conditions(status)["Degraded"] == ("False", "AsExpected")
+
+
+def test_transition_time_moves_only_when_the_status_changes():
+    first = _status({}, _deployment(ready=0), now="t1")
+    same = _status(first, _deployment(ready=0), now="t2")
+    assert {c["lastTransitionTime"] for c in same["conditions"]} == {"t1"}
+    ready = _status(same, _deployment(ready=2), now="t3")
+    times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
+    assert times["Ready"] == "t3" and times["Valid"] == "t1"
+
+
+def test_invalid_spec_fails_and_keeps_the_running_deployment():
+    bad = {**SPEC, "autoscaling": {"minReplicas": 3, "maxReplicas": 1}}
+    status = _status({}, _deployment(ready=2), spec=bad)
+    assert status["phase"] == "Failed"
+    assert _conditions(status)["Valid"] == ("False", "InvalidSpec")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"].endswith("(the last valid configuration keeps running)")
+
+
+def test_merge_patch_removes_keys_that_no_longer_apply():
+    assert merge_patch({"a": 1, "fit": {"x": 1, "y": 2}}, {"a": 1, "fit": {"x": 1}}) == {"fit": {"y": None}}
+    assert merge_patch({"a": 1}, {"a": 1}) is None
+    assert merge_patch({"a": 1, "b": 2}, {"a": 2}) == {"a": 2, "b": None}
