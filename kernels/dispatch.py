@@ -1,7 +1,8 @@
 """The one place where the CPU and GPU paths differ.
 
 The engine calls these functions and nothing else of `flotilla.kernels`. Each picks the Triton kernel
-when the tensors live on a CUDA device, and otherwise the PyTorch reference (the CPU path CI runs).
+when the tensors live on a CUDA device, and otherwise the PyTorch reference (the CPU path CI runs);
+attention on the CPU takes a faster arrangement of the reference (`cpu_attention.py`).
 The Triton modules are imported inside the CUDA branches, so the CPU path never imports Triton (nor
 defines a kernel before a test has set TRITON_INTERPRET).
 """
@@ -11,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.layernorm import rms_norm_ref
-from flotilla.kernels.paged_attention import paged_attention_ref, write_kv_cache_ref
+from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 
 
@@ -57,7 +59,7 @@ def paged_attention(
         from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
         return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
-    return paged_attention_ref(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return paged_attention_cpu(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len)
 
 
 def rms_norm(

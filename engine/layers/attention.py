@@ -46,6 +46,7 @@ class Attention(nn.Module):
             return out.reshape(-1, self.num_heads * self.head_dim)
         write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(
-            q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
+            max_query_len=meta.max_query_len,
         )
         return out.view(-1, self.num_heads * self.head_dim)

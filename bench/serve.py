@@ -1,0 +1,211 @@
+"""Online serving benchmark, like `vllm bench serve`: streaming requests against an OpenAI server.
+
+    python bench/serve.py --launch --num-prompts 8 --max-concurrency 8 --input-len 210 --output-len 128
+
+`--launch` starts `flotilla serve` (the embedded model unless --model, plus --serve-args) on a free
+loopback port and stops it afterwards; without it, `--base-url` names a running server. Prompts are
+random token ids (`--dataset random`), sent to /v1/completions with ignore_eos so every request
+generates exactly --output-len tokens. Arrivals: all at once (--request-rate inf) or Poisson at the
+given rate; --max-concurrency caps requests in flight. Reports request throughput, output and total
+tokens/s, TTFT/TPOT/ITL mean, median and p99 in ms, and goodput under --goodput SLOs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class Result:
+    """One request's measurements."""
+
+    ok: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank on the sorted values); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int,
+                      api_key: str | None) -> Result:
+    """Stream one completion and time its tokens."""
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "min_tokens": output_len,
+            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    start = time.perf_counter()
+    last = start
+    result = Result(ok=False, prompt_len=len(prompt))
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode()[:200]
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if chunk.get("choices"):
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+        result.latency = time.perf_counter() - start
+        result.ok = True
+    except httpx.HTTPError as exc:
+        result.error = repr(exc)
+    return result
+
+
+async def run(args: argparse.Namespace, url: str) -> tuple[list[Result], float]:
+    """Send every request with the arrival process and concurrency cap; returns results and wall time."""
+    rng = random.Random(args.seed)
+    low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
+    prompts = [[rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
+               for _ in range(args.num_prompts)]
+    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600), limits=limits) as client:
+        model = args.model_name or (await client.get(f"{url}/v1/models", headers=_auth(args))).json()["data"][0]["id"]
+
+        async def limited(prompt: list[int]) -> Result:
+            async with limit:
+                return await one_request(client, url, model, prompt, args.output_len, args.api_key)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(limited(prompt)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def _auth(args: argparse.Namespace) -> dict[str, str]:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+def summarize(results: list[Result], wall: float, args: argparse.Namespace) -> dict:
+    """vllm-bench-serve-style summary."""
+    ok = [r for r in results if r.ok]
+    ms = 1000.0
+    ttft = [r.ttft * ms for r in ok]
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) * ms for r in ok if r.output_tokens > 1]
+    itl = [x * ms for r in ok for x in r.itl]
+    output = sum(r.output_tokens for r in ok)
+    summary = {
+        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": wall,
+        "request_throughput": len(ok) / wall, "output_throughput": output / wall,
+        "total_token_throughput": (output + sum(r.prompt_len for r in ok)) / wall,
+        "total_output_tokens": output,
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        summary[f"mean_{name}_ms"] = statistics.fmean(values) if values else 0.0
+        summary[f"median_{name}_ms"] = percentile(values, 50)
+        summary[f"p99_{name}_ms"] = percentile(values, 99)
+        summary[f"max_{name}_ms"] = max(values) if values else 0.0
+    if args.goodput:
+        slo = dict(item.split(":") for item in args.goodput)
+        good = [r for r in ok if r.ttft * ms <= float(slo.get("ttft", "inf"))
+                and (r.output_tokens <= 1 or (r.latency - r.ttft) / (r.output_tokens - 1) * ms
+                     <= float(slo.get("tpot", "inf")))]
+        summary["goodput_req_s"] = len(good) / wall
+    if len(ok) < len(results):
+        summary["first_error"] = next(r.error for r in results if not r.ok)
+    return summary
+
+
+def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """Start `flotilla serve` on a free loopback port and wait for /health."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "flotilla.engine.server", *([args.model] if args.model else []), "--host",
+           "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning", *shlex.split(args.serve_args)]
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"server exited with {process.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    process.kill()
+    raise SystemExit("server did not become healthy")
+
+
+def main() -> None:
+    """Parse arguments, run the load, print a table and write JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--launch", action="store_true", help="start flotilla serve for the run")
+    p.add_argument("--model", default=None, help="model directory for --launch (default: embedded)")
+    p.add_argument("--serve-args", default="", help="extra flotilla serve flags for --launch")
+    p.add_argument("--model-name", default=None, help="served model name (default: the first listed)")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    p.add_argument("--dataset", choices=["random"], default="random")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--input-len", type=int, default=210)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="input lengths uniform in len*(1±ratio)")
+    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--goodput", nargs="*", default=None, help="SLOs like ttft:3000 tpot:100 (ms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    process = None
+    url = args.base_url
+    if args.launch:
+        process, url = launch(args)
+    try:
+        results, wall = asyncio.run(run(args, url))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=60)
+    summary = summarize(results, wall, args)
+    summary["command"] = "python bench/serve.py " + shlex.join(sys.argv[1:])
+    for key in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
+                "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "max_ttft_ms", "median_tpot_ms",
+                "p99_itl_ms"):
+        value = summary[key]
+        print(f"{key:<24} {value:.2f}" if isinstance(value, float) else f"{key:<24} {value}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
