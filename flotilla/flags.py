@@ -251,3 +251,21 @@ def flag_for_crd_field(path: str) -> Flag | None:
 def implemented_flags() -> list[Flag]:
     """Flags the engine honours today."""
     return [f for f in FLAGS if f.implemented]
+
+
+def markdown_table() -> str:
+    """The flag reference as a Markdown table (the README embeds it; a test keeps them equal)."""
+    rows = ["| flag | type | default | InferenceService field | status |", "|---|---|---|---|---|"]
+    for f in FLAGS:
+        names = ", ".join((*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
+        status = "yes" if f.implemented else "not yet"
+        if f.implemented and f.supported_values is not None:
+            status = "only " + ", ".join(str(v) for v in f.supported_values)
+        env = f" (env `{f.env}`)" if f.env else ""
+        field = f"`spec.{f.crd_field}`" if f.crd_field else ""
+        rows.append(f"| `{names}`{env} | {f.type} | `{f.default}` | {field} | {status} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
