@@ -3,6 +3,7 @@
     flotilla operator                      # every namespace, webhook on :9443, liveness on :8080
     flotilla operator -n team-a -n team-b  # only these namespaces
     flotilla operator --webhook-host 127.0.0.1 --webhook-port 9443 --webhook-cert-dir /tmp/certs
+    flotilla operator --webhook-configuration '' --webhook-cert-dir /certs  # webhook configurations made by Helm
 
 Credentials: in-cluster when run in a pod, else the kubeconfig ($KUBECONFIG). Run one replica
 (kopf runs standalone, without peering).
@@ -22,7 +23,7 @@ from flotilla.operator import handlers, webhook
 from flotilla.operator.certificates import ensure_certificate
 from flotilla.operator.kube import Kube
 from flotilla.operator.reconciler import Reconciler
-from flotilla.operator.spec import GROUP
+from flotilla.operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
 WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
 
@@ -41,7 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="directory with tls.crt and tls.key; a self-signed pair is made there when absent "
                         "(default: a fresh temporary directory)")
     p.add_argument("--webhook-configuration", default=WEBHOOK_CONFIGURATION,
-                   help="name of the Validating/MutatingWebhookConfiguration the operator manages")
+                   help="name of the Validating/MutatingWebhookConfiguration the operator manages; empty: "
+                        "serve the webhooks but leave their configurations to someone else (the Helm chart)")
+    p.add_argument("--engine-image", default=None,
+                   help=f"engine image for InferenceServices that leave spec.image at its default ({DEFAULT_IMAGE}): "
+                        "the mutating webhook writes it into their spec (e.g. a mirror in a private registry)")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -49,7 +54,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="reconcile every InferenceService this often, whatever the events (0: never)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every handler call")
     p.add_argument("--debug", action="store_true", help="log kopf's internals too")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.engine_image and args.no_webhook:
+        p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
+    return args
 
 
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
@@ -74,8 +82,25 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
         cert, key = ensure_certificate(cert_dir, [host, "127.0.0.1", "localhost"])
         settings.admission.server = kopf.WebhookServer(
             addr=args.webhook_listen, port=args.webhook_port, host=host, certfile=str(cert), pkeyfile=str(key))
-        settings.admission.managed = args.webhook_configuration
+        if args.webhook_configuration:
+            settings.admission.managed = args.webhook_configuration
     return settings
+
+
+def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
+    """A mutating webhook that puts `image` in place of the CRD's default engine image.
+
+    The CRD's schema default fills spec.image before any webhook runs, so the stock image stands
+    for "the operator's default". With failure policy Ignore, an InferenceService created while
+    the operator is down keeps the stock image until its next update.
+    """
+
+    @kopf.on.mutate(GROUP, VERSION, PLURAL, id="engine-image", operations=webhook.OPERATIONS,
+                    ignore_failures=True, registry=registry)
+    def engine_image(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        spec = body.get("spec") or {}
+        if spec.get("image", DEFAULT_IMAGE) == DEFAULT_IMAGE and image != DEFAULT_IMAGE:
+            patch.setdefault("spec", {})["image"] = image
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -93,6 +118,8 @@ def main(argv: list[str]) -> int:
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
     if not args.no_webhook:
         webhook.register(registry)
+        if args.engine_image:
+            register_engine_image(registry, args.engine_image)
     kopf.run(registry=registry, settings=settings_for(args), standalone=True,
              clusterwide=not args.namespaces, namespaces=args.namespaces,
              liveness_endpoint=args.liveness or None)

@@ -12,6 +12,11 @@
 # $K8S_WORK/bin), K8S_RUN (state, default $K8S_WORK/run), API_PORT (16443), ETCD_PORT (23790),
 # ETCD_PEER_PORT (ETCD_PORT+10), K8S_CONTROLLERS (1: also run the controller manager).
 # There is no scheduler and no kubelet: pods are created but never run.
+# Requests made with service-account tokens are written to $K8S_RUN/audit.log (JSON lines, Metadata
+# level), so a test can see exactly which (group, resource, verb) an operator uses; the owner-reference
+# admission check (blockOwnerDeletion needs `update` on the owner's finalizers) is on, as in most
+# clusters; webhooks behind a Service are dialled at the Service's Endpoints (aggregator routing), so
+# an Endpoints object written by hand can point a Service at a process on this machine.
 set -euo pipefail
 W=${K8S_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/k8s-control-plane}
 BIN=${K8S_BIN:-$W/bin}
@@ -73,6 +78,8 @@ start_apiserver() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$RUN/sa.pub" --service-account-signing-key-file="$RUN/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 --disable-admission-plugins=ServiceAccount \
+    --enable-admission-plugins=OwnerReferencesPermissionEnforcement --enable-aggregator-routing=true \
+    --audit-policy-file="$RUN/audit-policy.yaml" --audit-log-path="$RUN/audit.log" --audit-log-format=json \
     --enable-priority-and-fairness=false >> "$RUN/apiserver.log" 2>&1 &
   echo $! > "$RUN/apiserver.pid"
   local ready="curl -skf -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
@@ -94,6 +101,15 @@ start() {
     openssl rsa -in "$RUN/sa.key" -pubout -out "$RUN/sa.pub" 2>/dev/null
   fi
   echo "$TOKEN,admin,admin,system:masters" > "$RUN/tokens.csv"
+  cat > "$RUN/audit-policy.yaml" <<POLICY
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+- level: None
+POLICY
   "$BIN/etcd" --name flotilla-test --data-dir "$RUN/etcd-data" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \

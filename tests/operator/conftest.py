@@ -1,193 +1,36 @@
-"""Fixtures for the operator's tests: schema validation and a real control plane.
-
-The control plane (kube-apiserver 1.20 + etcd + controller manager) is started once per test run by
-`scripts/k8s-control-plane.sh start` on free ports in a temporary directory, and stopped at the end.
-Its binaries come from `scripts/k8s-control-plane.sh build`. Without them the cluster tests are
-skipped, unless FLOTILLA_K8S_REQUIRED is set (as in CI), when they fail instead.
+"""Fixtures for the operator's tests: the InferenceService CRD on the control plane and the operator
+as a subprocess. The control plane itself and the generic helpers live in tests/k8s_fixtures.py.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
-import urllib3
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "k8s-control-plane.sh"
-# Schemas the built v1 objects must satisfy: the oldest and newest that kubernetes-validate ships
-# from 1.25 on, and one in between.
-SCHEMA_VERSIONS = ("1.25.0", "1.30.0", "1.37.0")
+from .. import k8s_fixtures
+from ..k8s_fixtures import REPO, SCHEMA_VERSIONS, Cluster, ControlPlane, free_port, wait_for  # noqa: F401
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _binaries_dir() -> Path:
-    work = Path(os.environ.get("K8S_WORK") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                / "k8s-control-plane")
-    return Path(os.environ.get("K8S_BIN") or work / "bin")
-
-
-@pytest.fixture(scope="session")
-def validate_manifest() -> Callable[[dict[str, Any]], None]:
-    """Validate an object against the Kubernetes schemas of SCHEMA_VERSIONS (strict: no unknown fields)."""
-
-    def validate(obj: dict[str, Any]) -> None:
-        for version in SCHEMA_VERSIONS:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                first = str(e).splitlines()[0]
-                raise AssertionError(f"{obj['kind']} invalid for Kubernetes {version}: {first}") from None
-
-    return validate
-
-
-class ControlPlane:
-    """The running control plane: its kubeconfig, and the script's environment for restarts."""
-
-    def __init__(self, run: Path, env: dict[str, str]):
-        self.run, self.env = run, env
-        self.kubeconfig = run / "kubeconfig"
-
-    def restart_apiserver(self) -> None:
-        """Kill kube-apiserver and start it again (same port, same etcd); returns once it is ready."""
-        done = subprocess.run(["bash", str(SCRIPT), "restart-apiserver"], env=self.env, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, f"apiserver did not restart:\n{done.stdout}\n{done.stderr}"
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A fresh control plane for this test session, stopped at the end."""
-    binaries = _binaries_dir()
-    if not all((binaries / b).exists() for b in ("etcd", "kube-apiserver", "kube-controller-manager")):
-        reason = f"control plane binaries not found in {binaries}: run `scripts/k8s-control-plane.sh build`"
-        if os.environ.get("FLOTILLA_K8S_REQUIRED"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    run = tmp_path_factory.mktemp("k8s-run")
-    env = {**os.environ, "K8S_BIN": str(binaries), "K8S_RUN": str(run), "API_PORT": str(_free_port()),
-           "ETCD_PORT": str(_free_port()), "ETCD_PEER_PORT": str(_free_port())}
-    started = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=120)
-    try:
-        assert started.returncode == 0, f"control plane did not start:\n{started.stdout}\n{started.stderr}"
-        yield ControlPlane(run, env)
-    finally:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
-
-
-@pytest.fixture(scope="session")
-def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
-    """A `kubernetes.client.ApiClient` connected to the session's control plane."""
-    import kubernetes
-
-    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    client = kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def namespace(kube_api: Any) -> Iterator[str]:
-    """A fresh namespace on the test control plane, deleted afterwards."""
-    import kubernetes
-
-    core = kubernetes.client.CoreV1Api(kube_api)
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # The test apiserver has a self-signed certificate on 127.0.0.1; its warning is noise here.
-    config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
-
+# The shared fixtures, instantiated for this directory (its own control plane).
+control_plane = k8s_fixtures.control_plane
+kube_api = k8s_fixtures.kube_api
+namespace = k8s_fixtures.namespace
+validate_manifest = k8s_fixtures.validate_manifest
+pytest_configure = k8s_fixtures.pytest_configure
 
 # --- the operator on the control plane ------------------------------------------------------------
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "a condition",
-             interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy (returned) or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
 
 CRD_FILE = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
 WEBHOOK_CONFIGURATION = "flotilla.serving.flotilla.dev"
 FIS_PATH = "/apis/serving.flotilla.dev/v1alpha1"
-# Minimal, schema-less stand-ins for the Prometheus Operator's and KEDA's CRDs: enough for the
-# apiserver to serve the kinds (unknown fields preserved), so "present" and "absent" are testable.
-OPTIONAL_CRDS = {
-    "servicemonitors.monitoring.coreos.com": ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
-    "scaledobjects.keda.sh": ("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects"),
-}
-
-
-def _schemaless_crd(name: str) -> dict[str, Any]:
-    group, version, kind, plural = OPTIONAL_CRDS[name]
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name},
-            "spec": {"group": group, "scope": "Namespaced",
-                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-                     "versions": [{"name": version, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
-
-
-class Cluster:
-    """Test-side calls on the control plane, through the operator's own small JSON client."""
-
-    def __init__(self, kube: Any):
-        self.kube = kube
-
-    def apply(self, obj: dict[str, Any], manager: str = "tests") -> dict[str, Any]:
-        """Server-side apply, like `kubectl apply --server-side`."""
-        from flotilla.operator.kube import path_of
-
-        return self.kube.request("PATCH", path_of(obj), obj, {"fieldManager": manager, "force": "true"},
-                                 "application/apply-patch+yaml")
-
-    def apply_crd(self, crd: dict[str, Any]) -> None:
-        """Install a CRD and wait until its group/version is served."""
-        self.kube.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
-                          crd, {"fieldManager": "tests", "force": "true"}, "application/apply-patch+yaml")
-        group_version = f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
-        wait_for(lambda: self.served(group_version), 30, f"{group_version} to be served")
-
-    def served(self, group_version: str) -> bool:
-        return any(v["groupVersion"] == group_version for g in self.kube.request("GET", "/apis")["groups"]
-                   for v in g["versions"])
-
-    def set_optional_crds(self, present: bool) -> None:
-        """Install or remove the ServiceMonitor and ScaledObject CRDs."""
-        for name, (group, version, _, _) in OPTIONAL_CRDS.items():
-            if present:
-                self.apply_crd(_schemaless_crd(name))
-            else:
-                self.kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                wait_for(lambda g=f"{group}/{version}": not self.served(g), 60, f"{group}/{version} to go away")
 
 
 @pytest.fixture(scope="session")
@@ -205,7 +48,7 @@ class OperatorProcess:
 
     def __init__(self, control_plane: ControlPlane, cluster: Cluster, workdir: Path):
         self.control_plane, self.cluster, self.workdir = control_plane, cluster, workdir
-        self.webhook_port, self.liveness_port = _free_port(), _free_port()
+        self.webhook_port, self.liveness_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
