@@ -1,0 +1,74 @@
+"""What it costs to run the engine loop beside an HTTP event loop (the server's thread design).
+
+    python bench/loop_overhead.py --num-prompts 8 --input-len 210 --output-len 128
+
+Three runs of the same greedy workload on the same weights, in one call: (1) the offline engine
+alone (`LLM.generate`), (2) the engine loop on its thread (`AsyncEngine`) with asyncio consumers and
+no HTTP, (3) the real server with streaming HTTP clients (`bench/serve.py --launch`). Output tokens/s
+of (2) and (3) against (1) is the price of the thread and of HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flotilla.engine.async_engine import AsyncEngine
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+
+
+def main() -> None:
+    """Run the three configurations and print their output tokens/s."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=210)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 49000) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
+    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+    llm = LLM()
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    offline = a.num_prompts * a.output_len / (time.perf_counter() - start)
+
+    engine = AsyncEngine(llm.engine)
+    engine.start()
+
+    async def consume(i: int, prompt: list[int]) -> None:
+        async for _ in engine.generate(prompt, params, f"loop-{i}"):
+            pass
+
+    async def all_requests() -> float:
+        t = time.perf_counter()
+        await asyncio.gather(*(consume(i, x) for i, x in enumerate(prompts)))
+        return a.num_prompts * a.output_len / (time.perf_counter() - t)
+
+    threaded = asyncio.run(all_requests())
+    engine.shutdown()
+    llm = engine = None  # free the weights before the server loads its own copy
+    out = Path("/tmp/loop_overhead_serve.json")
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serve.py")), "--launch", "--num-prompts",
+                    str(a.num_prompts), "--input-len", str(a.input_len), "--output-len", str(a.output_len),
+                    "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+    http = json.loads(out.read_text())["output_throughput"]
+    result = {"command": "python bench/loop_overhead.py " + " ".join(sys.argv[1:]),
+              "offline_output_tokens_per_s": offline, "engine_thread_output_tokens_per_s": threaded,
+              "http_streaming_output_tokens_per_s": http,
+              "thread_vs_offline": threaded / offline, "http_vs_offline": http / offline}
+    print(json.dumps(result, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
