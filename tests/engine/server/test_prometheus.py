@@ -96,11 +96,13 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
                 return
 
     before = server.metric("vllm:request_success_total")
+    ttft_before = server.metric("vllm:time_to_first_token_seconds_count")
     threads = [threading.Thread(target=client_loop) for _ in range(8)]
     for t in threads:
         t.start()
     try:
         running = _poll(lambda: scalar(prometheus, "sum(vllm:num_requests_running)"), timeout=60)
+        time.sleep(3)  # a few more scrapes under load, so rates over the window have something to see
     finally:
         stop.set()
         for t in threads:
@@ -115,9 +117,14 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
     assert stored, (scalar(prometheus, "sum(vllm:request_success_total)"), expected)
     generated = scalar(prometheus, 'sum(vllm:generation_tokens_total{model_name="tiny"})')
     assert generated >= len(done) * 120
-    p99 = "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"
-    ttft = _poll(lambda: (v := scalar(prometheus, p99)) is not None and math.isfinite(v) and v)
-    assert ttft and 0 < ttft < 60
+    ttft_expected = ttft_before + len(done)
+    count = _poll(lambda: scalar(prometheus, "sum(vllm:time_to_first_token_seconds_count)") == ttft_expected)
+    assert count, "TTFT must be observed once per request"
+    p99 = "histogram_quantile(0.99, sum by (le) (vllm:time_to_first_token_seconds_bucket))"
+    ttft = scalar(prometheus, p99)
+    assert ttft is not None and math.isfinite(ttft) and 0 < ttft < 60
+    rate = "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"
+    assert _poll(lambda: (v := scalar(prometheus, rate)) is not None and math.isfinite(v))
     assert _poll(lambda: scalar(prometheus, "sum(vllm:num_requests_running)") == 0.0, timeout=15)
     labels = query(prometheus, "vllm:cache_config_info")[0]["metric"]
     assert labels["block_size"] == "8" and labels["enable_prefix_caching"] == "True"
