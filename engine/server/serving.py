@@ -34,6 +34,10 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
         raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
                             f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
     try:
+        bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    try:
         return SamplingParams(
             n=req.n,
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -44,7 +48,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-            logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()} or None,
+            logit_bias=bias,
             stop=req.stop,
             stop_token_ids=req.stop_token_ids or [],
             include_stop_str_in_output=req.include_stop_str_in_output,
