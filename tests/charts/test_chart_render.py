@@ -1,0 +1,263 @@
+"""charts/flotilla rendered offline (helm-python-sdk): lint, schemas, values, and the contracts with the
+operator (its CLI flags, its webhook handler ids, its CRD)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from flotilla.operator import main as operator_main
+from flotilla.operator import webhook
+
+from ..k8s_fixtures import REPO
+from .conftest import CHART, NAMESPACE, find, render_chart
+
+# Values that change every branch of the templates.
+NON_DEFAULT = {
+    "fullnameOverride": "llm-serving",
+    "operator": {
+        "image": {"repository": "registry.local/flotilla-operator", "tag": "dev", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "watchNamespaces": ["team-a", "team-*"],
+        "logLevel": "debug",
+        "resyncSeconds": 30,
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "podLabels": {"team": "ml"},
+        "podAnnotations": {"example.com/owner": "ml-platform"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+        "priorityClassName": "system-cluster-critical",
+        "healthPort": 8081,
+    },
+    "serviceAccount": {"name": "flotilla-sa", "annotations": {"example.com/role": "operator"}},
+    "engine": {"image": {"repository": "registry.local/flotilla-engine", "tag": "0.1.0-mirror"}},
+    "webhook": {"failurePolicy": "Fail", "timeoutSeconds": 5, "port": 8443, "servicePort": 8443,
+                "tls": {"mode": "secret", "secretName": "flotilla-webhook-cert",
+                        "certManagerCertificate": "serving/flotilla-webhook"}},
+    "prometheusAdapter": {"rules": {"enabled": True, "metrics": ["num_requests_waiting"]}},
+}
+VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT}
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("which", VALUE_SETS)
+def test_lint_strict_is_clean(which: str) -> None:
+    import helm_python
+
+    for kube_version in ("v1.20.0", "v1.30.0"):
+        report = helm_python.lint(CHART, VALUE_SETS[which], strict=True, namespace=NAMESPACE,
+                                  kube_version=kube_version)
+        problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        assert not problems, problems
+
+
+@pytest.mark.parametrize("which", VALUE_SETS)
+def test_every_rendered_object_is_valid_kubernetes(which: str, validate_manifest: Any) -> None:
+    objects, _ = render_chart(VALUE_SETS[which])
+    assert objects
+    for obj in objects:
+        validate_manifest(obj)
+
+
+def test_crd_in_chart_is_the_repository_crd() -> None:
+    chart_crd = CHART / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
+    assert chart_crd.read_bytes() == (REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml").read_bytes(), \
+        "charts/flotilla/crds/ must be a copy of crds/: cp crds/inferenceservices.serving.flotilla.dev.yaml " \
+        "charts/flotilla/crds/"
+    assert [p.name for p in (CHART / "crds").iterdir()] == [chart_crd.name]
+
+
+def test_default_render_has_the_operator_and_its_webhooks() -> None:
+    objects, notes = render_chart()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
+                            "Secret", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"])
+    deployment = find(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == find(objects, "ServiceAccount")["metadata"]["name"]
+    binding = find(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == find(objects, "ClusterRole")["metadata"]["name"]
+    container = operator_container(objects)
+    assert container["image"] == "ghcr.io/flotilla-dev/flotilla-operator:0.1.0"
+    assert "--engine-image=ghcr.io/flotilla-dev/flotilla-engine:0.1.0" in container["args"]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        for hook in find(objects, kind)["webhooks"]:
+            assert hook["failurePolicy"] == "Ignore"
+            assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert "kubectl get fis" in notes and "rollout status deployment/flotilla-operator" in notes
+
+
+def test_image_tags_default_to_the_app_version() -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    objects, _ = render_chart({"operator": {"image": {"repository": "r/op"}},
+                               "engine": {"image": {"repository": "r/en"}}})
+    container = operator_container(objects)
+    assert container["image"] == f"r/op:{app_version}"
+    assert f"--engine-image=r/en:{app_version}" in container["args"]
+
+
+def test_non_default_values_reach_the_objects() -> None:
+    objects, notes = render_chart(NON_DEFAULT)
+    deployment = find(objects, "Deployment", "llm-serving-operator")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.local/flotilla-operator:dev" and container["imagePullPolicy"] == "Always"
+    assert pod["serviceAccountName"] == "flotilla-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"][0]["key"] == "dedicated" and "nodeAffinity" in pod["affinity"]
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+    args = container["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-*"]
+    assert "--debug" in args and "--resync-seconds=30" in args and "--webhook-port=8443" in args
+    assert "--engine-image=registry.local/flotilla-engine:0.1.0-mirror" in args
+    assert "--liveness=http://0.0.0.0:8081/healthz" in args
+    assert pod["volumes"][0]["secret"]["secretName"] == "flotilla-webhook-cert"
+    assert not [o for o in objects if o["kind"] == "Secret"], "mode secret must not make a certificate"
+    rules = find(objects, "ClusterRole")["rules"]
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        config = find(objects, kind)
+        assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "serving/flotilla-webhook"}
+        for hook in config["webhooks"]:
+            assert hook["failurePolicy"] == "Fail" and hook["timeoutSeconds"] == 5
+            assert hook["clientConfig"]["service"]["port"] == 8443 and "caBundle" not in hook["clientConfig"]
+    adapter = yaml.safe_load(find(objects, "ConfigMap")["data"]["config.yaml"])
+    assert [r["name"]["as"] for r in adapter["rules"]] == ["vllm:num_requests_waiting"]
+    assert "team-a, team-*" in notes and "failure policy Fail" in notes
+
+
+def test_without_watched_namespaces_the_role_has_no_namespace_access() -> None:
+    rules = find(render_chart()[0], "ClusterRole")["rules"]
+    assert not [r for r in rules if "namespaces" in r["resources"]]
+
+
+def test_rbac_has_no_wildcards() -> None:
+    for values in VALUE_SETS.values():
+        for rule in find(render_chart(values)[0], "ClusterRole")["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], rule
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+
+
+def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
+    for values in VALUE_SETS.values():
+        container = operator_container(render_chart(values)[0])
+        assert container["command"] == ["flotilla", "operator"]
+        args = operator_main.parse_args(container["args"])
+        assert args.webhook_configuration == "", "the chart owns the webhook configurations"
+        assert not args.no_webhook and args.engine_image
+
+
+def test_webhook_paths_are_the_operators_handler_ids() -> None:
+    """Every webhook the chart configures is a kopf handler the operator serves, and vice versa."""
+    registry = kopf.OperatorRegistry()
+    webhook.register(registry)
+    operator_main.register_engine_image(registry, "x")
+    served = {h.id for h in registry._webhooks.get_all_handlers()}
+    objects, _ = render_chart()
+    configured = {hook["clientConfig"]["service"]["path"].lstrip("/")
+                  for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+                  for hook in find(objects, kind)["webhooks"]}
+    assert configured == served
+    kinds = {h.id: "Mutating" if h.reason.value == "mutating" else "Validating"
+             for h in registry._webhooks.get_all_handlers()}
+    for kind in ("Validating", "Mutating"):
+        paths = {h["clientConfig"]["service"]["path"].lstrip("/")
+                 for h in find(objects, f"{kind}WebhookConfiguration")["webhooks"]}
+        assert paths == {i for i, k in kinds.items() if k == kind}
+
+
+def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(tmp_path: Path) -> None:
+    objects, _ = render_chart()
+    secret = find(objects, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+    bundles = {h["clientConfig"]["caBundle"] for kind in ("ValidatingWebhookConfiguration",
+                                                           "MutatingWebhookConfiguration")
+               for h in find(objects, kind)["webhooks"]}
+    assert bundles == {secret["data"]["ca.crt"]}
+    verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "tls.crt"],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
+    san = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", tmp_path / "tls.crt"],
+                         capture_output=True, text=True, check=True).stdout
+    service = find(objects, "Service")["metadata"]["name"]
+    assert f"DNS:{service}.{NAMESPACE}.svc" in san and f"DNS:{service}.{NAMESPACE}.svc.cluster.local" in san
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "webhook.failurePolicy must be Ignore or Fail"),
+    ({"webhook": {"tls": {"mode": "acme"}}}, "webhook.tls.mode must be helm or secret"),
+    ({"webhook": {"tls": {"mode": "secret"}}}, "webhook.tls.secretName is required"),
+    ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
+    ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
+    ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
+])
+def test_bad_values_are_refused_with_a_message(values: dict[str, Any], message: str) -> None:
+    import helm_python
+
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render_chart(values)
+
+
+def _leaf_paths(values: Any, prefix: str = "") -> list[str]:
+    if isinstance(values, dict) and values and prefix.count(".") < 3 and not prefix.endswith(
+            ("resources", "podSecurityContext", "securityContext")):
+        return [p for k, v in values.items() for p in _leaf_paths(v, f"{prefix}.{k}" if prefix else k)]
+    return [prefix]
+
+
+def test_every_value_is_documented_in_values_yaml_and_docs() -> None:
+    text = (CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    assert lines[-1] == "# --- observability (dashboard, alert rules) ---", \
+        "the end of values.yaml is kept for the observability block"
+    values = yaml.safe_load(text)
+    # Each leaf key is preceded by a "# --" comment (helm-docs style).
+    for path in _leaf_paths(values):
+        key = path.rsplit(".", 1)[-1]
+        index = next(i for i, line in enumerate(lines) if re.match(rf"\s*{re.escape(key)}:", line)
+                     and _indent_path(lines, i) == path)
+        above = index - 1
+        while above >= 0 and lines[above].strip().startswith("#") and not lines[above].strip().startswith("# --"):
+            above -= 1
+        assert above >= 0 and lines[above].strip().startswith("# --"), f"{path} has no '# --' comment"
+    table = (REPO / "docs" / "helm.md").read_text()
+    for path in _leaf_paths(values):
+        assert f"`{path}`" in table, f"docs/helm.md's values table lacks {path}"
+
+
+def _indent_path(lines: list[str], index: int) -> str:
+    """The dotted path of the key on line `index`, from the indentation of the keys above it."""
+    path: list[str] = []
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    path.append(lines[index].strip().split(":")[0])
+    for line in reversed(lines[:index]):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        level = len(line) - len(line.lstrip())
+        if level < indent:
+            path.append(stripped.split(":")[0])
+            indent = level
+    return ".".join(reversed(path))
