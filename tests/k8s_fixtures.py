@@ -74,9 +74,8 @@ class ControlPlane:
         assert done.returncode == 0, f"apiserver did not restart:\n{done.stdout}\n{done.stderr}"
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A fresh control plane for this test session, stopped at the end."""
+def run_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Start a fresh control plane, yield it, stop it (the body of a fixture of any scope)."""
     binaries = _binaries_dir()
     if not all((binaries / b).exists() for b in ("etcd", "kube-apiserver", "kube-controller-manager")):
         reason = f"control plane binaries not found in {binaries}: run `scripts/k8s-control-plane.sh build`"
@@ -92,6 +91,12 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield ControlPlane(run, env)
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A fresh control plane for this test session, stopped at the end."""
+    yield from run_control_plane(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ the one tests/operator keeps running."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,10 +16,14 @@ from ..k8s_fixtures import REPO
 CHART = REPO / "charts" / "flotilla"
 RELEASE, NAMESPACE = "flotilla", "flotilla"
 
-control_plane = k8s_fixtures.control_plane
-kube_api = k8s_fixtures.kube_api
 validate_manifest = k8s_fixtures.validate_manifest
 pytest_configure = k8s_fixtures.pytest_configure
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[k8s_fixtures.ControlPlane]:
+    """A control plane for one test module, stopped when the module is done (not at the session's end)."""
+    yield from k8s_fixtures.run_control_plane(tmp_path_factory)
 
 
 def render_chart(values: dict[str, Any] | None = None, name: str = RELEASE,

@@ -222,6 +222,7 @@ def test_helm_install_creates_the_release(installed: Installed) -> None:
         kind, meta = obj["kind"], obj["metadata"]
         paths = {"ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{meta['name']}",
                  "Secret": f"/api/v1/namespaces/{NAMESPACE}/secrets/{meta['name']}",
+                 "ConfigMap": f"/api/v1/namespaces/{NAMESPACE}/configmaps/{meta['name']}",
                  "Service": f"/api/v1/namespaces/{NAMESPACE}/services/{meta['name']}",
                  "Deployment": f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{meta['name']}",
                  "ClusterRole": f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{meta['name']}",
@@ -275,6 +276,10 @@ def test_sample_is_reconciled_under_the_chart_service_account(installed: Install
         # The mutating webhooks: servedName defaulted, and the chart's engine image in place of the stock one.
         assert created["spec"]["model"]["servedName"] == "smollm2"
         assert created["spec"]["image"] == ENGINE_IMAGE
+        # An image named in the spec is kept.
+        custom = fis("custom", image="registry.local/custom:1")
+        kept = admin.request("POST", f"{FIS}/namespaces/{DEMO}/inferenceservices", custom, {"dryRun": "All"})
+        assert kept["spec"]["image"] == "registry.local/custom:1"
     deployment = installed.wait(lambda: child(admin, "apps/v1", "deployments", "smollm2"), 30, "the engine Deployment")
     assert deployment["metadata"]["ownerReferences"][0]["name"] == "smollm2"
     assert deployment["metadata"]["managedFields"][0]["manager"] == "flotilla-operator"
