@@ -93,13 +93,21 @@ def test_recording_rule_has_series_by_inferenceservice(observed: Observed, rule:
 
 def test_recorded_values_match_the_raw_series(observed: Observed) -> None:
     p = observed.prometheus
-    at = time.time() - 2
-    kv_max = {s["metric"][ISVC_LABEL]: float(s["value"][1])
-              for s in p.query("inferenceservice:vllm_kv_cache_usage_perc:max", at)}
-    raw = {s["metric"]["pod"]: float(s["value"][1]) for s in p.query("vllm:kv_cache_usage_perc", at)}
-    assert kv_max[SERVICE] == max(raw[pod] for pod in SERVICE_PODS)
-    assert 0 <= kv_max[SERVICE] <= 1
-    up = {s["metric"][ISVC_LABEL]: float(s["value"][1]) for s in p.query("inferenceservice:up:sum", at)}
+    # The recorded sample and the raw series at the rule's own evaluation time: the same figure (a
+    # scrape landing between the evaluation and our query can differ, so retry a few times).
+    for _ in range(20):
+        recorded = p.query(f'timestamp(inferenceservice:vllm_kv_cache_usage_perc:max{{{ISVC_LABEL}="{SERVICE}"}})')
+        at = float(recorded[0]["value"][1])
+        kv_max = float(p.query(f'inferenceservice:vllm_kv_cache_usage_perc:max{{{ISVC_LABEL}="{SERVICE}"}}', at)[0]
+                       ["value"][1])
+        raw = {s["metric"]["pod"]: float(s["value"][1]) for s in p.query("vllm:kv_cache_usage_perc", at)}
+        if kv_max == max(raw[pod] for pod in SERVICE_PODS):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"recorded KV max {kv_max} never matched the raw series {raw}")
+    assert 0 <= kv_max <= 1
+    up = {s["metric"][ISVC_LABEL]: float(s["value"][1]) for s in p.query("inferenceservice:up:sum")}
     assert up == {SERVICE: 2.0, OTHER: 1.0}
 
 

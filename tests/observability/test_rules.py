@@ -45,11 +45,13 @@ def ttft(svc: str, fast_per_min: int, total_per_min: int, minutes: int) -> list[
 # series of a healthy InferenceService that must not.
 CASES: dict[str, dict[str, Any]] = {
     "FlotillaQueueGrowing": {
-        "input_series": [series("vllm:num_requests_waiting", "llama", "0+1x60", pod="llama-a"),
+        # Grows 2 a minute to 50 at 25m, then holds: the alert (on a recorded series, which promtool may
+        # evaluate before or after the recording group) reads 50 either way at 30m.
+        "input_series": [series("vllm:num_requests_waiting", "llama", "0+2x25 50x35", pod="llama-a"),
                          series("vllm:num_requests_waiting", "steady", "20x60", pod="steady-a")],
         "alert_rule_test": [
             {"eval_time": "30m", "alertname": "FlotillaQueueGrowing", "exp_alerts": [fired(
-                "FlotillaQueueGrowing", "demo/llama: 30 requests waiting and the queue keeps growing",
+                "FlotillaQueueGrowing", "demo/llama: 50 requests waiting and the queue keeps growing",
                 serving_flotilla_dev_inferenceservice="llama", model_name="llama")]},
             {"eval_time": "12m", "alertname": "FlotillaQueueGrowing", "exp_alerts": []},  # growing, not for 10m yet
         ]},
