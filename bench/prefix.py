@@ -6,13 +6,19 @@ Runs, in one process, on the same weights: (a) unique prompts of the same length
 share a `--prefix-len`-token prefix with prefix caching on, (c) the same with it off; and (d) one
 request whose prefix is already cached vs (e) the same request on an empty cache. All requests of a
 scenario are added at once (offline engine, greedy, ignore_eos). TTFT is the time from adding a
-request to its first token. Without --model it runs the embedded SmolLM2-135M-Instruct.
+request to its first token. Without --model it runs the embedded SmolLM2-135M-Instruct;
+`--shape llama-3.1-8b --load-format dummy` runs random weights of that shape (bench/model_dirs.py).
+`single_cold_vs_warm` is the single-request TTFT on one engine (prefix caching on): a request with a
+never-seen prefix (a miss, computed in full) vs the same prefix with a new suffix (a hit), after one
+warm-up pair, median of `--repeats` pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
 import random
 import statistics
 import sys
@@ -52,6 +58,34 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> d
     }
 
 
+def _profile_warm_step(engine: LLMEngine, prefix: list[int], tokens) -> dict:
+    """Where a cached-prefix request's first step spends its time: runner host vs total, and the
+    host-side operators of that step (torch.profiler, CPU self time)."""
+    import torch
+
+    run_batch(engine, [prefix + tokens(20)], 1)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine.add_request(prefix + tokens(20), params)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        engine.step()
+        step_s = time.perf_counter() - t
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    return {
+        "step_s_profiled": step_s,
+        "runner_host_s": engine.runner.last_step.host_s,
+        "runner_total_s": engine.runner.last_step.total_s,
+        "top_host_ops": [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in ops],  # (name, calls, ms)
+    }
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     """Parse arguments, run the scenarios, print and save JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,12 +96,28 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--shape", default=None, help="random weights of a known shape (bench/model_dirs.py)")
+    p.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--single-engine", action="store_true", help="skip the second (cache-off) engine")
     p.add_argument("--skip-batch", action="store_true", help="only the single-request cached/uncached TTFT")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     rng = random.Random(a.seed)
     args = {"dtype": a.dtype, "max_model_len": a.max_model_len or (a.prefix_len + a.suffix_len + a.output_len + 16)}
+    if a.shape:
+        import tempfile
+
+        from model_dirs import make_model_dir
+
+        a.model = a.model or str(make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape)))
+    if a.load_format != "auto":
+        args["load_format"] = a.load_format
+    if a.max_num_batched_tokens:
+        args["max_num_batched_tokens"] = a.max_num_batched_tokens
     cached = LLMEngine.from_kwargs(a.model, **args, enable_prefix_caching=True)
     vocab = cached.config.model.hf_config["vocab_size"]
 
@@ -86,14 +136,30 @@ def main() -> None:
         result["shared_prefix_cache_on"] = run_batch(cached, shared, a.output_len)
     one = [prefix + tokens(a.suffix_len)]
     result["single_cached_prefix"] = run_batch(cached, one, 1)  # the prefix blocks are in the cache now
+    pairs = []
+    for _ in range(a.repeats + 1):
+        fresh = tokens(a.prefix_len)
+        cold = run_batch(cached, [fresh + tokens(a.suffix_len)], 1)["ttft_mean_s"]
+        warm = run_batch(cached, [fresh + tokens(a.suffix_len)], 1)["ttft_mean_s"]
+        pairs.append((cold, warm))
+    pairs = pairs[1:]  # the first pair warms up kernels for these shapes
+    cold_s = statistics.median(c for c, _ in pairs)
+    warm_s = statistics.median(w for _, w in pairs)
+    result["single_cold_vs_warm"] = {"pairs_s": pairs, "uncached_ttft_s": cold_s, "cached_ttft_s": warm_s,
+                                     "speedup": cold_s / warm_s}
+    result["warm_step_profile"] = _profile_warm_step(cached, tokens(a.prefix_len), tokens)
     del cached
-    uncached = LLMEngine.from_kwargs(a.model, **args, enable_prefix_caching=False)
-    run_batch(uncached, [tokens(16)], 2)
-    if not a.skip_batch:
-        result["shared_prefix_cache_off"] = run_batch(uncached, shared, a.output_len)
-    result["single_uncached"] = run_batch(uncached, one, 1)
-    result["single_ttft_speedup"] = result["single_uncached"]["ttft_mean_s"] / result["single_cached_prefix"][
-        "ttft_mean_s"]
+    gc.collect()
+    _empty_device_cache()
+    if not a.single_engine:  # a second engine with prefix caching off
+        uncached = LLMEngine.from_kwargs(a.model, **args, enable_prefix_caching=False)
+        run_batch(uncached, [tokens(16)], 2)
+        if not a.skip_batch:
+            result["shared_prefix_cache_off"] = run_batch(uncached, shared, a.output_len)
+        result["single_uncached"] = run_batch(uncached, one, 1)
+        result["single_ttft_speedup"] = (
+            result["single_uncached"]["ttft_mean_s"] / result["single_cached_prefix"]["ttft_mean_s"]
+        )
     print(json.dumps(result, indent=2))
     if a.json:
         with open(a.json, "w") as f:

@@ -2,18 +2,27 @@
 
     python bench/throughput.py --num-prompts 16 --input-len 128 --output-len 64 --hf --json out.json
 
-Without --model it runs the embedded SmolLM2-135M-Instruct. Prompts are random token ids, as
+Without --model it runs the embedded SmolLM2-135M-Instruct; `--shape llama-3.1-8b --load-format dummy`
+runs random weights of that shape (bench/model_dirs.py). Prompts are random token ids, as
 `vllm bench throughput --dataset-name random`. The HF baseline runs the same prompts as one static
-batch through `generate` (greedy, exactly output-len new tokens), on the same weights and dtype.
+batch through `generate` (greedy, exactly output-len new tokens), on the same weights and dtype;
+`--hf-cb` runs HF continuous batching (`generate_batch`) on the first `--hf-num-prompts` prompts, in
+a subprocess with HF's own random init of the shape. `bound_s` is the workload's lower bound on the
+H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K/V written and read).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import random
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,7 +39,9 @@ def make_prompts(n: int, input_len: int, vocab: int, seed: int, mixed: bool) -> 
 
 def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict) -> dict:
     """Generate with Flotilla; returns wall time and output tokens/s (load and warm-up excluded)."""
+    t0 = time.perf_counter()
     llm = LLM(model, **engine_args)
+    startup = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     start = time.perf_counter()
@@ -45,7 +56,53 @@ def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, e
         "requests_per_s": len(prompts) / elapsed,
         "model_dir": llm.engine.config.model.model,
         "dtype": llm.engine.config.model.dtype,
+        "startup_s": startup,
+        "num_steps": llm.engine.stats.num_steps,
     }
+
+
+def run_hf_cb(model_dir: str, prompts: list[list[int]], output_len: int) -> dict:
+    """HF continuous batching (`generate_batch`, paged attention) on HF's random init of the shape."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    errors = []
+    for attn in ("paged|sdpa", "sdpa_paged", "sdpa"):
+        try:
+            with torch.device("cuda"):
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn).eval()
+            gen = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
+            model.generate_batch(inputs=[p[:16] for p in prompts[:4]], generation_config=gen)  # warm-up
+            start = time.perf_counter()
+            outs = model.generate_batch(inputs=prompts, generation_config=gen)
+            elapsed = time.perf_counter() - start
+            generated = sum(len(o.generated_tokens) for o in outs.values())
+            return {"attn_implementation": attn, "num_prompts": len(prompts), "seconds": elapsed,
+                    "output_tokens": generated, "output_tokens_per_s": generated / elapsed}
+        except Exception as exc:
+            errors.append(f"{attn}: {type(exc).__name__}: {exc}"[:500])
+            model = None
+            torch.cuda.empty_cache()
+    return {"error": errors}
+
+
+def bound_seconds(cfg: dict, prompts: list[list[int]], output_len: int, max_num_seqs: int) -> dict:
+    """max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) for the workload (bf16 weights and KV)."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // heads
+    params = layers * (h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * cfg["intermediate_size"])
+    params += cfg["vocab_size"] * h
+    tokens = sum(len(p) + output_len for p in prompts)
+    attn_flops = sum(4 * layers * heads * d * sum(range(len(p) + output_len)) for p in prompts)
+    flops = 2 * params * tokens + attn_flops
+    waves = -(-len(prompts) // max_num_seqs)
+    kv_token = layers * 2 * kv * d * 2
+    kv_read = sum(kv_token * sum(range(len(p), len(p) + output_len)) for p in prompts)
+    bytes_moved = 2 * params * waves * output_len + kv_read + kv_token * tokens
+    return {"flops": flops, "bytes": bytes_moved, "compute_s": flops / 790e12, "memory_s": bytes_moved / 4.28e12,
+            "bound_s": max(flops / 790e12, bytes_moved / 4.28e12)}
 
 
 def run_hf(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int) -> dict:
@@ -70,6 +127,12 @@ def main() -> None:
     """Parse arguments, run both engines, print and save the figures."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
+    p.add_argument("--shape", default=None, help="random weights of a known shape (bench/model_dirs.py)")
+    p.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--hf-cb", action="store_true", help="HF continuous batching baseline (GPU)")
+    p.add_argument("--hf-num-prompts", type=int, default=256)
+    p.add_argument("--hf-cb-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
@@ -80,10 +143,27 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(a.seed)
+    if a.shape:
+        from model_dirs import make_model_dir
+
+        a.model = a.model or str(make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape)))
     engine_args = {"dtype": a.dtype, "max_num_seqs": a.max_num_seqs}
-    probe = LLM(a.model, **engine_args, max_model_len=64).engine.config.model
-    prompts = make_prompts(a.num_prompts, a.input_len, probe.hf_config["vocab_size"], a.seed, a.mixed)
+    if a.load_format != "auto":
+        engine_args["load_format"] = a.load_format
+    if a.max_num_batched_tokens:
+        engine_args["max_num_batched_tokens"] = a.max_num_batched_tokens
+    if a.model is not None:
+        hf_config = json.loads(Path(a.model, "config.json").read_text())
+    else:
+        hf_config = LLM(None, **engine_args, max_model_len=64).engine.config.model.hf_config
+    prompts = make_prompts(a.num_prompts, a.input_len, hf_config["vocab_size"], a.seed, a.mixed)
+    if a.hf_cb_only:
+        print("HF_JSON " + json.dumps(run_hf_cb(a.model, prompts[: a.hf_num_prompts], a.output_len)))
+        return
+    longest = max(map(len, prompts)) + a.output_len
+    engine_args["max_model_len"] = -(-longest // 16) * 16 + 16
     result = {
         "command": "python bench/throughput.py " + " ".join(__import__("sys").argv[1:]),
         "workload": {
@@ -98,8 +178,20 @@ def main() -> None:
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
-        "flotilla": run_flotilla(a.model, prompts, a.output_len, engine_args),
     }
+    if a.hf_cb:  # first, in its own process, so its memory is gone before the engine sizes its KV cache
+        cmd = [sys.executable, __file__, "--hf-cb-only", "--model", a.model, "--num-prompts", str(a.num_prompts),
+               "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed),
+               "--hf-num-prompts", str(a.hf_num_prompts)] + (["--mixed"] if a.mixed else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("HF_JSON ")]
+        result["hf_continuous_batching"] = json.loads(lines[-1][8:]) if lines else {"error": proc.stderr[-3000:]}
+    result["flotilla"] = run_flotilla(a.model, prompts, a.output_len, engine_args)
+    result["bound"] = bound_seconds(hf_config, prompts, a.output_len, a.max_num_seqs)
+    result["fraction_of_bound"] = result["bound"]["bound_s"] / result["flotilla"]["seconds"]
+    cb = result.get("hf_continuous_batching", {})
+    if "output_tokens_per_s" in cb:
+        result["speedup_vs_hf_cb"] = result["flotilla"]["output_tokens_per_s"] / cb["output_tokens_per_s"]
     if a.hf:
         result["hf_generate"] = run_hf(
             result["flotilla"]["model_dir"], result["flotilla"]["dtype"], prompts, a.output_len

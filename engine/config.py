@@ -39,6 +39,7 @@ class ModelConfig(_Component):
     max_model_len: int = Field(gt=0)
     seed: int = 0
     enforce_eager: bool = False
+    load_format: Literal["auto", "dummy"] = "auto"
     hf_config: dict[str, Any]
 
     @property
@@ -185,6 +186,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             max_model_len=max_model_len,
             seed=v["seed"],
             enforce_eager=v["enforce_eager"],
+            load_format=v["load_format"],
             hf_config=hf_config,
         ),
         cache=CacheConfig(

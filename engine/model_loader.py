@@ -1,7 +1,13 @@
-"""Load an HF model directory's safetensors (possibly sharded) into a Flotilla model."""
+"""Load an HF model directory's safetensors (possibly sharded) into a Flotilla model.
+
+`load_format="dummy"` (vLLM's `--load-format dummy`) skips the checkpoint and fills the weights
+with random values on the device, as HF initialises a fresh model (normal, std
+`initializer_range`; norms one, biases zero): benchmarks of a model's shape need only its config.json.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,8 +34,23 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
             model = build_model(config.hf_config)
     finally:
         torch.set_default_dtype(previous)
-    load_weights(model, Path(config.model))
+    if config.load_format == "dummy":
+        fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
+    else:
+        load_weights(model, Path(config.model))
     return model.eval()
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
+    """Random weights in place: matrices ~ N(0, std), biases 0, norm weights left at 1."""
+    params = list(model.named_parameters())
+    generator = torch.Generator(device=params[0][1].device).manual_seed(seed)
+    for name, param in params:
+        if param.dim() >= 2:
+            param.normal_(0.0, std, generator=generator)
+        elif name.endswith("bias"):
+            param.zero_()
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
@@ -41,28 +62,38 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy every checkpoint tensor into its parameter; a missing or unexpected tensor is an error."""
+    load_state(model, _checkpoint_tensors(model_dir), where=str(model_dir))
+
+
+def _checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in _checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield hf_name, f.get_tensor(hf_name)
+
+
+def load_state(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], where: str = "state dict") -> None:
+    """Copy HF-named tensors (a checkpoint's, or a live HF model's `state_dict().items()`) into `model`."""
     params = dict(model.named_parameters())
     packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules", {})
     loaded: set[str] = set()
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
-    for path in _checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if tied and hf_name == "lm_head.weight":
-                    continue
-                name = model.checkpoint_name(hf_name)
-                if "rotary_emb.inv_freq" in name:
-                    continue
-                name, shard_id = _packed_target(name, packed)
-                if name not in params:
-                    raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
-                param = params[name]
-                weight_loader = getattr(param, "weight_loader", _copy_weight)
-                weight_loader(param, f.get_tensor(hf_name).to(param.dtype), shard_id)
-                loaded.add(name)
+    for hf_name, tensor in tensors:
+        if tied and hf_name == "lm_head.weight":
+            continue
+        name = model.checkpoint_name(hf_name)
+        if "rotary_emb.inv_freq" in name:
+            continue
+        name, shard_id = _packed_target(name, packed)
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
+        param = params[name]
+        weight_loader = getattr(param, "weight_loader", _copy_weight)
+        weight_loader(param, tensor.to(param.dtype), shard_id)
+        loaded.add(name)
     missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
     if missing:
-        raise ValueError(f"checkpoint in {model_dir} lacks tensors for: {', '.join(sorted(missing))}")
+        raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
 
 
 def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:

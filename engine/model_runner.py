@@ -8,11 +8,13 @@ with positions, slots in the pool and a row of the block table.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from flotilla.engine.config import EngineConfig
+from flotilla.engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.model_loader import load_model, torch_dtype
@@ -47,6 +49,16 @@ class StepOutput:
     prompt_logprobs: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] = field(default_factory=dict)
 
 
+@dataclass
+class StepTiming:
+    """Where the last step's wall time went, for benchmarks: the host's part before the one sync
+    (input preparation and launches) and the whole `execute` call."""
+
+    host_s: float = 0.0
+    total_s: float = 0.0
+    graphed: bool = False
+
+
 class ModelRunner:
     """Loads the model, allocates the KV pool and executes steps."""
 
@@ -63,6 +75,15 @@ class ModelRunner:
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_kv_cache()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
+        self.last_step = StepTiming()
+        # Decode from CUDA graphs on the GPU. (The CPU path stays eager; tests attach an uncaptured
+        # DecodeGraphs there to check the padded inputs against the eager path.)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.model.enforce_eager:
+            self.decode_graphs = DecodeGraphs(
+                self.model, config.scheduler.max_num_seqs, config.model.max_model_len, self.block_size, self.device
+            )
+            self.decode_graphs.capture()
 
     # --- KV pool --------------------------------------------------------------------------------
 
@@ -79,7 +100,7 @@ class ModelRunner:
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
         elif self.device.type == "cuda":
-            num_blocks = self._profile_gpu_blocks()
+            num_blocks = self._profile_gpu_blocks(per_seq)
         else:
             wanted = self.config.scheduler.max_num_seqs * per_seq
             num_blocks = min(cache.cpu_kv_cache_bytes // self.bytes_per_block, wanted)
@@ -90,29 +111,53 @@ class ModelRunner:
                 "lower --max-model-len or give the cache more memory"
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.2f GiB)",
+            "KV cache: %d blocks x %d tokens (%.2f GiB); max concurrency at %d tokens per request: %.1f",
             num_blocks,
             self.block_size,
             num_blocks * self.bytes_per_block / 2**30,
+            self.config.model.max_model_len,
+            num_blocks * self.block_size / self.config.model.max_model_len,
         )
         return num_blocks
 
-    def _profile_gpu_blocks(self) -> int:
-        """vLLM's start-up rule: what is left of `gpu_memory_utilization` after weights and a peak step."""
+    def _profile_gpu_blocks(self, per_seq: int) -> int:
+        """vLLM's start-up rule: the KV pool gets what is left of `gpu_memory_utilization` of the GPU
+        after the weights, the peak of a dummy step at the full token budget, and memory outside torch."""
         torch.cuda.synchronize()
+        weights = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         n = self.config.scheduler.max_num_batched_tokens
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
             hidden = self.model(ids, torch.arange(n, device=self.device))
-            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
+            logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :]).float()
+            logits.softmax(dim=-1).sort(dim=-1)  # the sampler's largest intermediates
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-        free, total = torch.cuda.mem_get_info()
-        non_torch = total - free - torch.cuda.memory_reserved()
-        budget = total * self.config.cache.gpu_memory_utilization - peak - max(non_torch, 0)
+        del hidden, logits
         torch.cuda.empty_cache()
-        return max(int(budget // self.bytes_per_block), 0)
+        free, total = torch.cuda.mem_get_info()
+        non_torch = max(total - free - torch.cuda.memory_reserved(), 0)
+        usable = total * self.config.cache.gpu_memory_utilization
+        budget = usable - peak - non_torch
+        gib = 2**30
+        logger.info(
+            "memory profile: GPU %.2f GiB x %.2f = %.2f GiB usable; weights %.2f GiB, activation peak %.2f GiB "
+            "(dummy step of %d tokens), outside torch %.2f GiB -> KV cache %.2f GiB",
+            total / gib, self.config.cache.gpu_memory_utilization, usable / gib, weights / gib,
+            (peak - weights) / gib, n, non_torch / gib, max(budget, 0) / gib,
+        )
+        num_blocks = max(int(budget // self.bytes_per_block), 0)
+        if num_blocks < per_seq:
+            raise ValueError(
+                f"one sequence of --max-model-len {self.config.model.max_model_len} needs "
+                f"{per_seq * self.bytes_per_block / gib:.2f} GiB of KV cache, but only {max(budget, 0) / gib:.2f} GiB "
+                f"is left of --gpu-memory-utilization {self.config.cache.gpu_memory_utilization} x "
+                f"{total / gib:.1f} GiB after weights ({weights / gib:.2f} GiB), activations "
+                f"({(peak - weights) / gib:.2f} GiB) and memory outside torch ({non_torch / gib:.2f} GiB); "
+                "lower --max-model-len or --max-num-batched-tokens, or raise --gpu-memory-utilization"
+            )
+        return num_blocks
 
     def _allocate_kv_cache(self) -> torch.Tensor:
         layer = self.attention_layers[0]
@@ -126,72 +171,73 @@ class ModelRunner:
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
         """Flatten the scheduled requests into the step's tensors."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
-        rows: list[SamplingRow] = []
-        prompt_spans: list[tuple[Request, int, int]] = []
-        max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
-        block_tables: list[list[int]] = []
-        for s in out.scheduled:
-            req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            input_ids += req.token_ids(start, end)
-            positions += range(start, end)
-            blocks = req.block_ids
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start_loc.append(len(input_ids))
-            seq_lens.append(end)
-            block_tables.append(blocks + [0] * (max_blocks - len(blocks)))
-            if s.samples:
-                rows += [SamplingRow(r, len(input_ids) - 1) for r in (req, *req.fork_children)]
-            if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-                count = min(end, req.num_prompt_tokens - 1) - start
-                prompt_spans.append((req, len(input_ids) - (end - start), count))
+        flat = flatten(out, self.block_size)
+        max_blocks = max(len(t) for t in flat.block_tables)
+        block_tables = [t + [0] * (max_blocks - len(t)) for t in flat.block_tables]
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
         metadata = AttentionMetadata(
-            slot_mapping=tensor(slots, torch.long),
+            slot_mapping=tensor(flat.slots, torch.long),
             block_tables=tensor(block_tables, torch.int32),
-            query_start_loc=tensor(query_start_loc, torch.int32),
-            seq_lens=tensor(seq_lens, torch.int32),
-            max_query_len=max(s.num_new_tokens for s in out.scheduled),
-            max_seq_len=max(seq_lens),
+            query_start_loc=tensor(flat.query_start_loc, torch.int32),
+            seq_lens=tensor(flat.seq_lens, torch.int32),
+            max_query_len=flat.max_query_len,
+            max_seq_len=max(flat.seq_lens),
         )
         return ModelInputs(
-            input_ids=tensor(input_ids, torch.long),
-            positions=tensor(positions, torch.long),
+            input_ids=tensor(flat.input_ids, torch.long),
+            positions=tensor(flat.positions, torch.long),
             metadata=metadata,
-            sampling_rows=rows,
-            prompt_logprob_spans=prompt_spans,
+            sampling_rows=flat.rows,
+            prompt_logprob_spans=flat.prompt_spans,
         )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepOutput:
-        """Run the model on the step and draw the next tokens."""
+        """Run the model on the step (from a CUDA graph when it is a pure decode) and draw the next tokens."""
+        start = time.perf_counter()
         self._copy_blocks(out.block_copies)
-        inputs = self.prepare_inputs(out)
-        with forward_context(inputs.metadata):
-            hidden = self.model(inputs.input_ids, inputs.positions)
-        self.num_tokens_fed += int(inputs.input_ids.numel())
+        flat = flatten(out, self.block_size)
+        hidden = None
+        if self.decode_graphs is not None and flat.max_query_len == 1 and not flat.prompt_spans:
+            hidden = self.decode_graphs.run(
+                DecodeBatch(flat.input_ids, flat.positions, flat.slots, flat.seq_lens, flat.block_tables)
+            )
+        graphed = hidden is not None
+        if hidden is None:
+            inputs = self.prepare_inputs(out)
+            with forward_context(inputs.metadata):
+                hidden = self.model(inputs.input_ids, inputs.positions)
+        self.num_tokens_fed += len(flat.input_ids)
         result = StepOutput()
-        if inputs.prompt_logprob_spans:
-            self._prompt_logprobs(hidden, inputs, result)
-        if not inputs.sampling_rows:
-            return result
-        indices = torch.tensor([r.logits_index for r in inputs.sampling_rows], device=self.device)
-        logits = self.model.compute_logits(hidden[indices]).float()
-        batch = build_sampling_batch(inputs.sampling_rows, logits.shape[1], self.device, self.generator)
-        drawn = sample(logits, batch)
-        ids = [r.request.request_id for r in inputs.sampling_rows]
+        if flat.prompt_spans:
+            self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, result)
+        host_done = self._sample(hidden, flat.rows, result) if flat.rows else time.perf_counter()
+        self.last_step = StepTiming(host_done - start, time.perf_counter() - start, graphed)
+        return result
+
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow], result: StepOutput) -> float:
+        """Draw the rows' tokens into `result`; returns the time just before the step's one host sync."""
+        indices = [r.logits_index for r in rows]
+        if indices == list(range(len(rows))):
+            selected = hidden[: len(rows)]
+        else:
+            selected = hidden[torch.tensor(indices, device=self.device)]
+        logits = self.model.compute_logits(selected)
+        if all(_plain_greedy(r) for r in rows):
+            drawn = SamplerOutput(token_ids=logits.argmax(dim=-1))  # bf16 argmax = fp32 argmax, ties too
+        else:
+            logits = logits.float()
+            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
+            drawn = sample(logits, batch)
+        host_done = time.perf_counter()
+        ids = [r.request.request_id for r in rows]
         result.tokens = dict(zip(ids, drawn.token_ids.tolist(), strict=True))  # the step's one host sync
         if drawn.logprobs is not None:
-            self._token_logprobs(drawn, inputs.sampling_rows, result)
-        return result
+            self._token_logprobs(drawn, rows, result)
+        return host_done
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give a request its own copy of a shared, partly filled block."""
@@ -212,10 +258,16 @@ class ModelRunner:
                 token, chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n]
             )
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: ModelInputs, result: StepOutput) -> None:
+    def _prompt_logprobs(
+        self,
+        hidden: torch.Tensor,
+        positions: list[int],
+        spans: list[tuple[Request, int, int]],
+        result: StepOutput,
+    ) -> None:
         """Log-probabilities of each next prompt token under the raw model distribution."""
-        for req, first, count in inputs.prompt_logprob_spans:
-            start = int(inputs.positions[first])
+        for req, first, count in spans:
+            start = positions[first]
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[first : first + count]).float(), dim=-1)
             targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + count], device=self.device)
             chosen = logprobs.gather(1, targets.unsqueeze(1))
@@ -228,6 +280,56 @@ class ModelRunner:
                 for j, target in enumerate(targets.tolist())
             ]
             result.prompt_logprobs[req.request_id] = (start + 1, entries)
+
+
+@dataclass
+class FlatBatch:
+    """A step's inputs as host lists: tokens flattened in scheduling order, one table per sequence."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    query_start_loc: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # unpadded; every id a real block
+    rows: list[SamplingRow] = field(default_factory=list)
+    # (request, flattened index of its first prompt position this step, number of positions)
+    prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
+    max_query_len: int = 0
+
+
+def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
+    """Every scheduled request's new tokens, with positions, KV slots and sampling rows."""
+    f = FlatBatch()
+    for s in out.scheduled:
+        req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+        blocks = req.block_ids
+        f.input_ids += req.token_ids(start, end)
+        f.positions += range(start, end)
+        f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        f.query_start_loc.append(len(f.input_ids))
+        f.seq_lens.append(end)
+        f.block_tables.append(blocks)
+        f.max_query_len = max(f.max_query_len, s.num_new_tokens)
+        if s.samples:
+            f.rows += [SamplingRow(r, len(f.input_ids) - 1) for r in (req, *req.fork_children)]
+        if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+            count = min(end, req.num_prompt_tokens - 1) - start
+            f.prompt_spans.append((req, len(f.input_ids) - (end - start), count))
+    return f
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs."""
+    req = row.request
+    p = req.sampling_params
+    return (
+        p.temperature == 0
+        and not p.has_penalties
+        and not p.logit_bias
+        and p.logprobs is None
+        and req.num_output_tokens >= p.min_tokens
+    )
 
 
 def logprob_entry(

@@ -101,6 +101,15 @@ FLAGS: tuple[Flag, ...] = (
         choices=("fp8", "int8", "awq", "gptq"),
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
+    Flag(
+        "--load-format",
+        "str",
+        "auto",
+        "How to get the weights: auto reads the safetensors; dummy fills random weights on the device "
+        "(benchmarks of a model's shape without its checkpoint, as vLLM's --load-format dummy).",
+        "model",
+        choices=("auto", "dummy"),
+    ),
     # --- KV cache ----------------------------------------------------------------------------------
     Flag(
         "--block-size",

@@ -7,7 +7,6 @@ This is the engine's single attention dispatch point; which kernel runs is decid
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flotilla.engine.forward_context import current_attention_metadata
@@ -34,16 +33,9 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         meta = current_attention_metadata()
         if meta is None:
-            # No cache yet (memory profiling): plain causal attention over the batch as one sequence.
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1),
-                k.transpose(0, 1),
-                v.transpose(0, 1),
-                is_causal=True,
-                scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            ).transpose(0, 1)
-            return out.reshape(-1, self.num_heads * self.head_dim)
+            # No cache yet (memory profiling): the paged kernels need O(tokens) memory, their output,
+            # so stand in with that instead of materialising a whole-batch attention matrix.
+            return torch.zeros_like(q).view(-1, self.num_heads * self.head_dim)
         write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,

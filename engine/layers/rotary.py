@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from typing import Any
 
@@ -37,14 +39,23 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+@functools.cache
+def _cos_sin_table(head_dim: int, max_position: int, base: float, scaling: str, device: torch.device) -> torch.Tensor:
+    """`[max_position, D]` fp32 cos|sin rows, one tensor shared by every layer (Llama 3.1: 64 MiB, not 2 GiB)."""
+    with torch.device("cpu"):  # frequencies on the CPU, as HF computes them at init
+        inv_freq = inverse_frequencies(head_dim, base, json.loads(scaling)).to(device)
+    freqs = torch.arange(max_position, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
     """Applies rotary embedding to query and key by position, from a precomputed cos/sin table."""
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, base, scaling)
-        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        scaling_key = json.dumps(scaling, sort_keys=True)
+        table = _cos_sin_table(head_dim, max_position, base, scaling_key, torch.get_default_device())
+        self.register_buffer("cos_sin_cache", table, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, H, D]`, k `[T, Hkv, D]` rotated by `positions` `[T]`."""

@@ -1,0 +1,63 @@
+"""The GPU path gives the CPU reference path's greedy tokens, CUDA graphs or not; the padded
+decode inputs that the graphs replay give the eager path's tokens (checked on the CPU too)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flotilla.engine.cuda_graphs import DecodeGraphs, capture_sizes, table_widths
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from model_dirs import make_model_dir
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir("tiny-llama", tmp_path_factory.mktemp("tiny-llama"), weights_seed=0)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1024) for _ in range(rng.randint(3, 70))] for _ in range(n)]
+
+
+def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+def test_capture_ladder_and_widths_cover_the_limits():
+    assert capture_sizes(256)[:4] == [1, 2, 4, 8] and capture_sizes(256)[-1] == 256
+    assert capture_sizes(100)[-1] == 100 and all(s <= 100 for s in capture_sizes(100))
+    assert table_widths(4352, 16) == [64, 256, 272]
+    assert table_widths(512, 16) == [32]
+
+
+def test_padded_decode_inputs_match_the_eager_path_on_cpu(tiny_dir):
+    prompts = _prompts(5)
+    eager = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8), prompts)
+    llm = LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8)
+    runner = llm.engine.runner
+    # 5 running sequences pad to 8 rows; widths 256 tokens (32 blocks) for every context here
+    runner.decode_graphs = DecodeGraphs(runner.model, 8, 256, 8, runner.device)
+    assert _greedy(llm, prompts) == eager
+    assert runner.last_step.graphed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["cuda-graphs", "eager"])
+def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager):
+    prompts = _prompts(8, seed=1)
+    cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256), prompts)
+    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, enforce_eager=enforce_eager, gpu_memory_utilization=0.3)
+    assert _greedy(llm, prompts) == cpu
+    assert llm.engine.runner.last_step.graphed is not enforce_eager
