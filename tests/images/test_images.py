@@ -98,7 +98,7 @@ def test_operator_image_reconciles_a_sample(images: Images, container_of: Any, c
     kube_dir = tmp_path / "kube"
     kube_dir.mkdir(mode=0o755)
     shutil.copy(control_plane.kubeconfig, kube_dir / "config")
-    (kube_dir / "config").chmod(0o644)  # the image's user (65532) reads it
+    (kube_dir / "config").chmod(0o644)  # the image's user (1000) reads it
     webhook_port, liveness_port = free_port(), free_port()
     config = config_of(images, images.operator)
     command = [*config["Entrypoint"], "--webhook-host", "127.0.0.1", "--webhook-listen", "127.0.0.1",
