@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 
-.PHONY: setup generate serve test lint k8s system-deps clean
+.PHONY: setup generate serve test lint k8s system-deps clean images
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,10 @@ lint: setup
 
 test: setup system-deps k8s lint
 	FLOTILLA_K8S_REQUIRED=1 $(VENV)/bin/pytest
+
+# Container images (engine CPU flavour + operator) with buildah, exported as OCI archives (docs/images.md).
+images:
+	bash scripts/build-images.sh
 
 clean:
 	rm -rf $(VENV)

@@ -66,4 +66,5 @@ def _convert(gguf: Path, target: Path) -> None:
     tokenizer.save_pretrained(staging)
     if target.exists():
         shutil.rmtree(target)
+    staging.chmod(0o755)  # mkdtemp makes it owner-only; a shared cache must be readable by all
     staging.rename(target)  # atomic: a half-written directory is never mistaken for the model

@@ -33,7 +33,9 @@ class LLM:
         A prompt is text, a list of token ids, or `{"prompt": ...}` / `{"prompt_token_ids": [...]}`.
         """
         prompt_list = _as_prompt_list(prompts)
-        params = _as_params_list(sampling_params, len(prompt_list))
+        # Offline callers see only final outputs, so the engine need not build one per step.
+        params = [p.model_copy(update={"output_kind": "final_only"})
+                  for p in _as_params_list(sampling_params, len(prompt_list))]
         ids = []
         try:
             for prompt, p in zip(prompt_list, params, strict=True):

@@ -133,7 +133,14 @@ class LLMEngine:
             self._record_timing(child, now)
         self._record(plan, len(result.tokens))
         parents = dict.fromkeys(child.parent_id for child in touched)
-        return [self._output(parent) for parent in parents if parent in self._groups]
+        return [self._output(parent) for parent in parents if self._reports(parent)]
+
+    def _reports(self, parent_id: str) -> bool:
+        """Whether a request's output is due this step (every step, or only at the end)."""
+        group = self._groups.get(parent_id)
+        if group is None:
+            return False
+        return group[0].sampling_params.output_kind == "cumulative" or all(c.status.finished for c in group)
 
     def _attach_prompt_logprobs(self, result: StepOutput) -> None:
         for request_id, (first, entries) in result.prompt_logprobs.items():
@@ -150,6 +157,12 @@ class LLMEngine:
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[-1]][0]
         detok = self._detokenizers[child.request_id]
+        params = child.sampling_params
+        if params.output_kind == "final_only" and not params.stop:
+            if child.status.finished:  # nothing reads the text before the end: decode it once
+                detok.add(child.output_token_ids)
+                detok.flush()
+            return
         searched_from = len(detok.text)
         detok.add(child.output_token_ids[-1:])
         if child.status.finished:

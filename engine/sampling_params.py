@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
@@ -20,6 +22,7 @@ class SamplingParams(BaseModel):
       `include_stop_str_in_output`), `max_tokens`; none before `min_tokens` tokens.
     - `n` completions share the prompt's KV blocks; `logprobs` returns the top-N log-probabilities
       per generated token, `prompt_logprobs` per prompt token.
+    - `output_kind` as vLLM's: every step, or only the final output.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -43,6 +46,9 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     skip_special_tokens: bool = True
+    # "cumulative": an output every step (streaming); "final_only": one output when the request ends,
+    # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
+    output_kind: Literal["cumulative", "final_only"] = "cumulative"
 
     def __init__(self, **data: object) -> None:
         try:

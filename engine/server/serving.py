@@ -288,6 +288,7 @@ class OpenAIServing:
 
     async def _final(self, prompt: Prompt, sp: SamplingParams, request_id: str) -> RequestOutput:
         final = None
+        sp = sp.model_copy(update={"output_kind": "final_only"})  # a non-streaming reply needs only the end
         async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text):
             final = output
         assert final is not None and final.finished
