@@ -33,12 +33,15 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     rng = random.Random(0)
-    prompts = [[rng.randrange(100, 49000) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
+
+    def fresh_prompts() -> list[list[int]]:  # new tokens each run: no run may hit another's prefix cache
+        return [[rng.randrange(100, 49000) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
+
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     llm = LLM()
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up: CPU GEMM kernels are built per shape
+    llm.generate(fresh_prompts(), params, use_tqdm=False)  # warm-up: CPU GEMM kernels are built per shape
     start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
+    llm.generate(fresh_prompts(), params, use_tqdm=False)
     offline = a.num_prompts * a.output_len / (time.perf_counter() - start)
 
     engine = AsyncEngine(llm.engine)
@@ -50,7 +53,7 @@ def main() -> None:
 
     async def all_requests() -> float:
         t = time.perf_counter()
-        await asyncio.gather(*(consume(i, x) for i, x in enumerate(prompts)))
+        await asyncio.gather(*(consume(i, x) for i, x in enumerate(fresh_prompts())))
         return a.num_prompts * a.output_len / (time.perf_counter() - t)
 
     threaded = asyncio.run(all_requests())

@@ -84,9 +84,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return result
 
 
-async def run(args: argparse.Namespace, url: str) -> tuple[list[Result], float]:
-    """Send every request with the arrival process and concurrency cap; returns results and wall time."""
-    rng = random.Random(args.seed)
+async def run(args: argparse.Namespace, url: str, seed: int) -> tuple[list[Result], float]:
+    """Send every request with the arrival process and concurrency cap; returns results and wall time.
+
+    Each run draws its own prompts from `seed`, so a warm-up never leaves the measured prompts in the
+    prefix cache.
+    """
+    rng = random.Random(seed)
     low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
     prompts = [[rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
                for _ in range(args.num_prompts)]
@@ -193,9 +197,9 @@ def main() -> None:
     if args.launch:
         process, url = launch(args)
     try:
-        for _ in range(args.warmups):
-            asyncio.run(run(args, url))
-        results, wall = asyncio.run(run(args, url))
+        for i in range(args.warmups):
+            asyncio.run(run(args, url, seed=args.seed + 1000 + i))
+        results, wall = asyncio.run(run(args, url, seed=args.seed))
     finally:
         if process is not None:
             process.terminate()

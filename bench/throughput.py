@@ -43,8 +43,10 @@ def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, e
     llm = LLM(model, **engine_args)
     startup = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    # Warm-up on the workload's own shapes (CPU GEMM kernels are built per shape), 8 tokens each.
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=min(8, output_len), ignore_eos=True),
+    # Warm-up on the workload's own shapes (CPU GEMM kernels are built per shape), 8 tokens each, with
+    # other tokens of the same lengths so the measured prompts are not already in the prefix cache.
+    shuffled = [[(t * 7919 + 17) % (max(p) + 1) or 1 for t in p] for p in prompts]
+    llm.generate(shuffled, SamplingParams(temperature=0.0, max_tokens=min(8, output_len), ignore_eos=True),
                  use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
