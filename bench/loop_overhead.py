@@ -2,9 +2,10 @@
 
     python bench/loop_overhead.py --num-prompts 8 --input-len 210 --output-len 128
 
-Three runs of the same greedy workload on the same weights, in one call: (1) the offline engine
-alone (`LLM.generate`), (2) the engine loop on its thread (`AsyncEngine`) with asyncio consumers and
-no HTTP, (3) the real server with streaming HTTP clients (`bench/serve.py --launch`). Output tokens/s
+Three runs of the same greedy workload on the same weights, in one call, each in a fresh process
+after a warm-up: (1) the offline engine alone (`LLM.generate`), (2) the engine built and stepped on
+its own thread (`AsyncEngine.build`) with asyncio consumers and no HTTP, (3) the real server with
+streaming HTTP clients (`bench/serve.py --launch`). Output tokens/s
 of (2) and (3) against (1) is the price of the thread and of HTTP.
 """
 
@@ -24,44 +25,59 @@ from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
 
-def main() -> None:
-    """Run the three configurations and print their output tokens/s."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--input-len", type=int, default=210)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
+async def _drive(engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams) -> None:
+    """Run every prompt through the engine thread at once."""
+
+    async def consume(prompt: list[int]) -> None:
+        async for _ in engine.generate(prompt, params, f"loop-{id(prompt)}"):
+            pass
+
+    await asyncio.gather(*(consume(p) for p in prompts))
+
+
+def measure(mode: str, a: argparse.Namespace) -> float:
+    """Output tokens/s of one configuration, after a warm-up run on fresh prompts."""
     rng = random.Random(0)
 
     def fresh_prompts() -> list[list[int]]:  # new tokens each run: no run may hit another's prefix cache
         return [[rng.randrange(100, 49000) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
 
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
-    llm = LLM()
-    llm.generate(fresh_prompts(), params, use_tqdm=False)  # warm-up: CPU GEMM kernels are built per shape
+    if mode == "offline":
+        llm = LLM()
+        run = lambda: llm.generate(fresh_prompts(), params, use_tqdm=False)  # noqa: E731
+    else:  # the server's arrangement: the engine is built and stepped on its own thread
+        engine = AsyncEngine.build(lambda: LLM().engine)
+        run = lambda: asyncio.run(_drive(engine, fresh_prompts(), params))  # noqa: E731
+    run()  # warm-up: CPU GEMM kernels are built per shape
     start = time.perf_counter()
-    llm.generate(fresh_prompts(), params, use_tqdm=False)
-    offline = a.num_prompts * a.output_len / (time.perf_counter() - start)
+    run()
+    return a.num_prompts * a.output_len / (time.perf_counter() - start)
 
-    engine = AsyncEngine(llm.engine)
-    engine.start()
 
-    async def consume(i: int, prompt: list[int]) -> None:
-        async for _ in engine.generate(prompt, params, f"loop-{i}"):
-            pass
+def main() -> None:
+    """Run the three configurations, each in its own process, and print their output tokens/s."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=210)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--only", choices=["offline", "thread"], help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    if a.only:
+        print(measure(a.only, a))
+        return
+    workload = ["--num-prompts", str(a.num_prompts), "--input-len", str(a.input_len), "--output-len",
+                str(a.output_len)]
 
-    async def all_requests() -> float:
-        t = time.perf_counter()
-        await asyncio.gather(*(consume(i, x) for i, x in enumerate(fresh_prompts())))
-        return a.num_prompts * a.output_len / (time.perf_counter() - t)
+    def child(mode: str) -> float:
+        out = subprocess.run([sys.executable, __file__, "--only", mode, *workload], check=True,
+                             capture_output=True, text=True).stdout
+        return float(out.strip().splitlines()[-1])
 
-    threaded = asyncio.run(all_requests())
-    engine.shutdown()
-    llm = engine = None  # free the weights before the server loads its own copy
+    offline, threaded = child("offline"), child("thread")
     out = Path("/tmp/loop_overhead_serve.json")
-    subprocess.run([sys.executable, str(Path(__file__).with_name("serve.py")), "--launch", "--num-prompts",
-                    str(a.num_prompts), "--input-len", str(a.input_len), "--output-len", str(a.output_len),
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serve.py")), "--launch", *workload,
                     "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
     http = json.loads(out.read_text())["output_throughput"]
     result = {"command": "python bench/loop_overhead.py " + " ".join(sys.argv[1:]),

@@ -1,8 +1,13 @@
 """The engine's step loop on its own thread, fed and drained by an asyncio front end.
 
 Why a thread and not a process: the model runs in torch ops that release the GIL, so HTTP work on
-the event loop overlaps them; a thread shares the tokenizer and needs no serialisation of requests
-and outputs. `bench/serve.py` records the measurement behind this choice (see the README).
+the event loop overlaps them; a thread needs no serialisation of requests and outputs.
+`bench/loop_overhead.py` measures what the thread costs against the offline engine.
+
+The engine is *built* on the loop thread too (`AsyncEngine.build`): on the CPU, torch ops run ~1.6x
+slower on a thread other than the one that first ran torch ops (each thread gets its own OpenMP
+team, and the first one's idle workers still compete for the cores; measured on the 2-core CI
+machine), so every torch op of the server must happen on one thread.
 
 All engine calls happen on the loop thread. Front ends talk to it through a command queue
 (add, abort) and receive outputs on per-request asyncio queues.
@@ -42,8 +47,14 @@ class _Add:
 class AsyncEngine:
     """Runs `LLMEngine.step()` in a background thread; `generate()` streams a request's outputs."""
 
-    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        engine: LLMEngine | Callable[[], LLMEngine],
+        on_step: Callable[[LLMEngine], None] | None = None,
+    ) -> None:
+        self._build = engine if callable(engine) and not isinstance(engine, LLMEngine) else None
+        self.engine: LLMEngine = None if self._build is not None else engine  # type: ignore[assignment]
+        self._built = threading.Event()
         self._on_step = on_step
         self._commands: queue.Queue[_Add | tuple[str, str]] = queue.Queue()
         self._sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
@@ -53,9 +64,19 @@ class AsyncEngine:
         self.dead: BaseException | None = None
         self.last_step_time = time.monotonic()
 
+    @classmethod
+    def build(cls, factory: Callable[[], LLMEngine], on_step: Callable[[LLMEngine], None] | None = None) -> AsyncEngine:
+        """Start a loop thread that first builds its engine with `factory`; returns once it is built."""
+        engine = cls(factory, on_step)
+        engine.start()
+        return engine
+
     def start(self) -> None:
-        """Start the step loop."""
+        """Start the step loop (building the engine first when given a factory); raises if the build fails."""
         self._thread.start()
+        self._built.wait()
+        if self.engine is None:
+            raise RuntimeError("the engine failed to start") from self.dead
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the step loop (in-flight requests are aborted)."""
@@ -116,6 +137,14 @@ class AsyncEngine:
     # --- the loop thread ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            if self._build is not None:
+                self.engine = self._build()
+        except BaseException as exc:
+            self.dead = exc
+            return
+        finally:
+            self._built.set()
         try:
             while not self._stop.is_set():
                 self._drain_commands()

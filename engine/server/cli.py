@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
-    engine = LLMEngine(config)
     metrics = EngineMetrics(config, config.model.served_model_name[0])
-    metrics.set_num_blocks(engine.runner.num_blocks)
     stats_log = StatsLogger()
 
     def on_step(e: LLMEngine) -> None:
@@ -86,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if not server.disable_log_stats:
             stats_log.maybe_log(e)
 
-    async_engine = AsyncEngine(engine, on_step)
-    async_engine.start()
+    async_engine = AsyncEngine.build(lambda: LLMEngine(config), on_step)
+    metrics.set_num_blocks(async_engine.engine.runner.num_blocks)
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, load_tokenizer(config.model.tokenizer), config.model.max_model_len),
