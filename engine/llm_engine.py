@@ -262,9 +262,6 @@ class LLMEngine:
             for x in plan.scheduled
         )
         s.generation_tokens += num_sampled
-        s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting)
-        s.kv_cache_usage = self.block_manager.usage
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
         s.prefix_cache_hits = self.block_manager.prefix_cache_hits

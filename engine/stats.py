@@ -37,11 +37,8 @@ class EngineEvents:
 
 @dataclass
 class EngineStats:
-    """Cumulative counters and the latest step's gauges (names follow vLLM's metrics)."""
+    """Cumulative counters (names follow vLLM's metrics); gauges are read live from the scheduler."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0

@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_step(e: LLMEngine) -> None:
         metrics.update(e)
-        metrics.idle_update(e)
         if not server.disable_log_stats:
             stats_log.maybe_log(e)
 

@@ -89,11 +89,9 @@ class EngineMetrics:
                     num_gpu_blocks=str(num_blocks)).set(1)
 
     def update(self, engine: LLMEngine) -> None:
-        """Copy the engine's latest counters and samples into the registry."""
+        """Copy the engine's gauges, latest counters and samples into the registry (after a step, or idle)."""
         s, last, n = engine.stats, self._last, self._name
-        self.running.labels(n).set(s.num_running)
-        self.waiting.labels(n).set(s.num_waiting)
-        self.kv_usage.labels(n).set(s.kv_cache_usage)
+        self._set_gauges(engine)
         for counter, now, before in (
             (self.prompt_tokens, s.prompt_tokens, last.prompt_tokens),
             (self.generation_tokens, s.generation_tokens, last.generation_tokens),
@@ -120,8 +118,8 @@ class EngineMetrics:
                                ("gen_len", f.generation_tokens)):
                 self.hist[key].labels(n).observe(value)
 
-    def idle_update(self, engine: LLMEngine) -> None:
-        """Gauges when no step runs (e.g. everything finished): running/waiting/usage drop to now."""
+    def _set_gauges(self, engine: LLMEngine) -> None:
+        """Running, waiting and KV use as the scheduler holds them now (also between steps, after aborts)."""
         self.running.labels(self._name).set(len(engine.scheduler.running))
         self.waiting.labels(self._name).set(len(engine.scheduler.waiting))
         self.kv_usage.labels(self._name).set(engine.block_manager.usage)
