@@ -98,7 +98,7 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
     runner = engine.runner
     return results, {
         "startup_s": start_s,
-        "graph_capture_s": runner.decode_graphs.capture_seconds if runner.decode_graphs else None,
+        "graph_capture_s": runner.graphs.capture_seconds if runner.graphs else None,
         "num_blocks": runner.num_blocks,
     }
 

@@ -1,19 +1,29 @@
-"""Decode steps replayed from CUDA graphs, over persistent input buffers.
+"""Steps replayed from CUDA graphs, over persistent input buffers.
 
-A pure decode step (one new token per sequence) launches ~15 kernels per layer; replaying a captured
-graph launches them all at once, so the step costs GPU time, not Python time. One graph is captured
-per (batch size, block-table width): batch sizes from a ladder, padded up to the next captured size;
-widths from a few context buckets, because the split-KV decode kernel picks its split count and
-split length from the table's width, and a short context in a table sized for the longest one would
-run on a single split.
+An eager step launches ~15 kernels a layer from Python (~680 launches for an 8B Llama), so a step of
+few tokens costs host time, not GPU time: on an H200 a 20-token extend after a prefix-cache hit took
+~30 ms of Python for ~5 ms of GPU work. Replaying a captured graph launches them all at once.
 
-Padding rows write nothing and read nothing harmful: slot -1 (the KV write skips it), context
-length 0 (the decode kernel attends to nothing and writes zeros), token 0 at position 0. Their
-outputs are dropped. Block-table entries inside a real sequence's length are its real block ids;
-entries beyond it are never dereferenced.
+Two families of graphs, each captured per (padded token count, block-table width):
 
-The same input staging runs on the CPU without capture, so CI exercises the padding and buffer
-layout with the reference attention.
+- decode: one new token per sequence. Batch sizes come from a ladder and steps are padded up to the
+  next captured size. Attention is the split-KV decode kernel, which picks its split count from the
+  table's width; a short context in a table sized for the longest one would run on a single split,
+  hence a few widths.
+- mixed: small steps that hold a prefill or an extend (a prompt after a prefix-cache hit, short
+  prompts beside decodes), up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens, max_num_seqs)
+  and attention is the prefill kernel, which derives its tiles on the device. Bigger steps are
+  compute-bound, so they run eagerly.
+
+Padding writes nothing and reads nothing harmful. Padding token rows are token 0 at position 0 with
+slot -1 (the KV write skips it). In a decode graph each padding row is a sequence of one query token
+and context length 0 (the decode kernel attends to nothing). In a mixed graph padding sequences have
+no query tokens and context 0, and padding token rows belong to no sequence, so the prefill kernel
+never touches them. Padding outputs are dropped. Block-table entries inside a real sequence's length
+are its real block ids; entries beyond it are never dereferenced.
+
+The same staging runs on the CPU without capture, so CI checks the padding and buffer layout against
+the eager path with the reference attention.
 """
 
 from __future__ import annotations
@@ -27,17 +37,26 @@ import torch
 from torch import nn
 
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
+from flotilla.engine.input_batch import FlatBatch
 
 logger = logging.getLogger(__name__)
 
 # vLLM-style ladder: fine steps at small batches, where padding costs most in relative terms.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# Token counts of mixed (prefill/extend) graphs; past the last one a step is GPU-bound anyway.
+MIXED_SIZES = (16, 32, 64, 128, 256, 512)
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536)  # tokens of block table per graph, plus max_model_len
 
 
 def capture_sizes(max_batch: int) -> list[int]:
-    """The ladder up to `max_batch`, which is always included."""
+    """The decode ladder up to `max_batch`, which is always included."""
     return sorted({s for s in CAPTURE_SIZES if s < max_batch} | {max_batch})
+
+
+def mixed_sizes(max_tokens: int) -> list[int]:
+    """Token counts of the mixed graphs, within a step's token budget."""
+    top = min(max_tokens, MIXED_SIZES[-1])
+    return sorted({s for s in MIXED_SIZES if s < top} | {top})
 
 
 def table_widths(max_model_len: int, block_size: int) -> list[int]:
@@ -46,132 +65,157 @@ def table_widths(max_model_len: int, block_size: int) -> list[int]:
     return sorted({min(-(-t // block_size), most) for t in CONTEXT_BUCKETS} | {most})
 
 
-@dataclass
-class DecodeBatch:
-    """One decode step's host-side inputs, one entry per sequence."""
+@dataclass(frozen=True)
+class GraphKey:
+    """One captured graph's shape: padded token rows, padded sequence slots, block-table width."""
 
-    input_ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    seq_lens: list[int]
-    block_tables: list[list[int]]
+    decode: bool
+    tokens: int
+    seqs: int
+    width: int
 
 
-class DecodeGraphs:
+class StepGraphs:
     """Persistent input buffers, the captured graphs, and their replay."""
 
-    def __init__(self, model: nn.Module, max_batch: int, max_model_len: int, block_size: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
-        self.sizes = capture_sizes(max_batch)
+        self.decode_sizes = capture_sizes(max_num_seqs)
+        self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
         self.widths = table_widths(max_model_len, block_size)
-        self.max_batch = self.sizes[-1]
-        b, w = self.max_batch, self.widths[-1]
-        # Device buffers every graph reads; int64: input ids, positions, slots; int32: query start
-        # locations, context lengths, then the block table (row-major with the graph's width).
-        self._i64 = torch.zeros(3, b, dtype=torch.long, device=device)
-        self._i32 = torch.zeros(2 * b + 1 + b * w, dtype=torch.int32, device=device)
+        self.max_seqs = self.decode_sizes[-1]
+        t, s, w = max(self.decode_sizes[-1], self.mixed_sizes[-1]), self.max_seqs, self.widths[-1]
+        # Offsets in the int32 buffer: query start locations, context lengths, then the block table
+        # (row-major with the graph's width). The int64 buffer holds input ids, positions and slots.
+        self._lens, self._table = s + 1, 2 * s + 1
+        self._i64 = torch.zeros(3, t, dtype=torch.long, device=device)
+        self._i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
-        self._host_i64 = torch.zeros(3, b, dtype=torch.long, pin_memory=pin)
-        self._host_i32 = torch.zeros(2 * b + 1 + b * w, dtype=torch.int32, pin_memory=pin)
+        self._host_i64 = torch.zeros(3, t, dtype=torch.long, pin_memory=pin)
+        self._host_i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, pin_memory=pin)
         self._h64, self._h32 = self._host_i64.numpy(), self._host_i32.numpy()
-        self._h32[: b + 1] = np.arange(b + 1)  # every row, padding included, has one query token
-        self._h64[2] = -1
-        self._i32.copy_(self._host_i32)
-        self._i64.copy_(self._host_i64)
         # Marks the last staging copy: the host buffers are rewritten only once it has landed.
         self._copied = torch.cuda.Event() if pin else None
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
-    # --- buffers --------------------------------------------------------------------------------
+    # --- shapes ---------------------------------------------------------------------------------
 
-    def _metadata(self, bs: int, width: int) -> AttentionMetadata:
-        b = self.max_batch
-        tables = self._i32[2 * b + 1 : 2 * b + 1 + bs * width].view(bs, width)
+    def keys(self) -> list[GraphKey]:
+        """Every graph to capture, the most tokens first (smaller graphs reuse the largest's memory)."""
+        decode = [GraphKey(True, b, b, w) for b in self.decode_sizes for w in self.widths]
+        mixed = [GraphKey(False, t, min(t, self.max_seqs), w) for t in self.mixed_sizes for w in self.widths]
+        return sorted(decode + mixed, key=lambda k: (k.tokens, k.width), reverse=True)
+
+    def pick(self, flat: FlatBatch) -> GraphKey | None:
+        """The smallest graph that holds the step, or None (it runs eagerly)."""
+        blocks = -(-max(flat.seq_lens) // self.block_size)
+        width = next((w for w in self.widths if w >= blocks), None)
+        if width is None:
+            return None
+        n = flat.num_tokens
+        if flat.max_query_len == 1:
+            size = next((b for b in self.decode_sizes if b >= n), None)
+            return None if size is None else GraphKey(True, size, size, width)
+        size = next((t for t in self.mixed_sizes if t >= n), None)
+        if size is None or flat.num_seqs > min(size, self.max_seqs):
+            return None
+        return GraphKey(False, size, min(size, self.max_seqs), width)
+
+    def _metadata(self, key: GraphKey) -> AttentionMetadata:
+        s, table = key.seqs, self._table
         return AttentionMetadata(
-            slot_mapping=self._i64[2, :bs],
-            block_tables=tables,
-            query_start_loc=self._i32[: bs + 1],
-            seq_lens=self._i32[b + 1 : b + 1 + bs],
-            max_query_len=1,
-            max_seq_len=width * self.block_size,
+            slot_mapping=self._i64[2, : key.tokens],
+            block_tables=self._i32[table : table + s * key.width].view(s, key.width),
+            query_start_loc=self._i32[: s + 1],
+            seq_lens=self._i32[self._lens : self._lens + s],
+            max_query_len=1 if key.decode else key.tokens,
+            max_seq_len=key.width * self.block_size,
         )
 
-    def pick(self, batch: int, max_seq_len: int) -> tuple[int, int] | None:
-        """The smallest captured (batch size, width) that holds the step, or None."""
-        blocks = -(-max_seq_len // self.block_size)
-        bs = next((s for s in self.sizes if s >= batch), None)
-        width = next((w for w in self.widths if w >= blocks), None)
-        return None if bs is None or width is None else (bs, width)
+    # --- staging --------------------------------------------------------------------------------
 
-    def _stage(self, d: DecodeBatch, bs: int, width: int) -> None:
-        """Write the step into the pinned host buffers (padding rows included), then copy them over.
+    def _stage(self, flat: FlatBatch, key: GraphKey) -> None:
+        """Write the step into the pinned host buffers (padding included), then copy them over.
 
-        No host sync: the copies are asynchronous; the event wait below returns at once whenever
-        the previous step synced on its sampled ids, and guards the host buffers when it did not.
+        No host sync: the copies are asynchronous; the event wait returns at once whenever the
+        previous step synced on its sampled ids, and guards the host buffers when it did not.
         """
-        n, b = len(d.input_ids), self.max_batch
         if self._copied is not None:
             self._copied.synchronize()
-        h64, h32 = self._h64, self._h32
-        h64[0, :n], h64[0, n:bs] = d.input_ids, 0
-        h64[1, :n], h64[1, n:bs] = d.positions, 0
-        h64[2, :n], h64[2, n:bs] = d.slots, -1
-        h32[b + 1 : b + 1 + n], h32[b + 1 + n : b + 1 + bs] = d.seq_lens, 0
-        table = h32[2 * b + 1 : 2 * b + 1 + bs * width].reshape(bs, width)
-        for i, blocks in enumerate(d.block_tables):
+        n, s, t = flat.num_tokens, flat.num_seqs, key.tokens
+        h64, h32, lens = self._h64, self._h32, self._lens
+        h64[0, :n], h64[0, n:t] = flat.input_ids, 0
+        h64[1, :n], h64[1, n:t] = flat.positions, 0
+        h64[2, :n], h64[2, n:t] = flat.slots, -1
+        h32[: s + 1] = flat.query_start_loc
+        # Padding sequences: one query token each in a decode graph, none in a mixed one.
+        h32[s + 1 : key.seqs + 1] = np.arange(s + 1, key.seqs + 1) if key.decode else n
+        h32[lens : lens + s], h32[lens + s : lens + key.seqs] = flat.seq_lens, 0
+        table = h32[self._table : self._table + s * key.width].reshape(s, key.width)
+        for i, blocks in enumerate(flat.block_tables):
             table[i, : len(blocks)] = blocks
-        used = 2 * b + 1 + n * width
-        self._i64.copy_(self._host_i64, non_blocking=True)
+        used = self._table + s * key.width
+        self._i64[:, :t].copy_(self._host_i64[:, :t], non_blocking=True)
         self._i32[:used].copy_(self._host_i32[:used], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+
+    def _stage_empty(self, key: GraphKey) -> None:
+        """A step with no real tokens, for warm-up and capture: every row and sequence is padding."""
+        self._stage(FlatBatch(), key)
 
     # --- capture and replay ---------------------------------------------------------------------
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every (batch size, width) graph, largest first so smaller ones reuse its memory."""
+        """Capture every graph, sharing one memory pool."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         before = torch.cuda.memory_allocated()
-        for bs in reversed(self.sizes):
-            for width in reversed(self.widths):
-                meta = self._metadata(bs, width)
-                ids, pos = self._i64[0, :bs], self._i64[1, :bs]
-                with forward_context(meta):
-                    self.model(ids, pos)  # compile Triton kernels for these shapes outside the capture
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        out = self.model(ids, pos)
-                self._graphs[(bs, width)] = (graph, out)
+        for key in self.keys():
+            ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
+            self._stage_empty(key)
+            with forward_context(self._metadata(key)):
+                self.model(ids, pos)  # compile Triton kernels for these shapes outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(ids, pos)
+            self._graphs[key] = (graph, out)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         logger.info(
-            "captured %d CUDA graphs (batch sizes %s x table widths %s tokens) in %.1f s, %.2f GiB",
+            "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, x table widths %s tokens) "
+            "in %.1f s, %.2f GiB",
             len(self._graphs),
-            self.sizes,
+            self.decode_sizes,
+            self.mixed_sizes,
             [w * self.block_size for w in self.widths],
             self.capture_seconds,
             (torch.cuda.memory_allocated() - before) / 2**30,
         )
 
-    def run(self, d: DecodeBatch) -> torch.Tensor | None:
-        """Final hidden states `[n, hidden]` of the step, or None when no graph holds it."""
-        n = len(d.input_ids)
-        choice = self.pick(n, max(d.seq_lens))
-        if choice is None:
+    def run(self, flat: FlatBatch) -> torch.Tensor | None:
+        """Final hidden states `[num_tokens, hidden]` of the step, or None when no graph holds it."""
+        key = self.pick(flat)
+        if key is None:
             return None
-        bs, width = choice
-        self._stage(d, bs, width)
+        self._stage(flat, key)
         if self._graphs:
-            graph, out = self._graphs[(bs, width)]
+            graph, out = self._graphs[key]
             graph.replay()
         else:  # CPU (or before capture): the same padded buffers, run eagerly
-            with forward_context(self._metadata(bs, width)):
-                out = self.model(self._i64[0, :bs], self._i64[1, :bs])
-        return out[:n]
+            with forward_context(self._metadata(key)):
+                out = self.model(self._i64[0, : key.tokens], self._i64[1, : key.tokens])
+        return out[: flat.num_tokens]

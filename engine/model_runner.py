@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from flotilla.engine.config import EngineConfig
-from flotilla.engine.cuda_graphs import DecodeBatch, DecodeGraphs
+from flotilla.engine.cuda_graphs import StepGraphs
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
+from flotilla.engine.input_batch import FlatBatch, flatten
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.request import Request
@@ -76,14 +77,16 @@ class ModelRunner:
         self.kv_cache = self._allocate_kv_cache()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
         self.last_step = StepTiming()
-        # Decode from CUDA graphs on the GPU. (The CPU path stays eager; tests attach an uncaptured
-        # DecodeGraphs there to check the padded inputs against the eager path.)
-        self.decode_graphs: DecodeGraphs | None = None
+        # Decode and small prefill/extend steps from CUDA graphs on the GPU. (The CPU path stays eager;
+        # tests attach an uncaptured StepGraphs there to check the padded inputs against the eager path.)
+        self.graphs: StepGraphs | None = None
         if self.device.type == "cuda" and not config.model.enforce_eager:
-            self.decode_graphs = DecodeGraphs(
-                self.model, config.scheduler.max_num_seqs, config.model.max_model_len, self.block_size, self.device
+            sched = config.scheduler
+            self.graphs = StepGraphs(
+                self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
+                self.block_size, self.device,
             )
-            self.decode_graphs.capture()
+            self.graphs.capture()
 
     # --- KV pool --------------------------------------------------------------------------------
 
@@ -169,9 +172,8 @@ class ModelRunner:
 
     # --- one step ---------------------------------------------------------------------------------
 
-    def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
-        """Flatten the scheduled requests into the step's tensors."""
-        flat = flatten(out, self.block_size)
+    def prepare_inputs(self, flat: FlatBatch) -> ModelInputs:
+        """The flattened step as tensors, unpadded."""
         max_blocks = max(len(t) for t in flat.block_tables)
         block_tables = [t + [0] * (max_blocks - len(t)) for t in flat.block_tables]
 
@@ -196,18 +198,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepOutput:
-        """Run the model on the step (from a CUDA graph when it is a pure decode) and draw the next tokens."""
+        """Run the model on the step (from a CUDA graph when one holds it) and draw the next tokens."""
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
         flat = flatten(out, self.block_size)
-        hidden = None
-        if self.decode_graphs is not None and flat.max_query_len == 1 and not flat.prompt_spans:
-            hidden = self.decode_graphs.run(
-                DecodeBatch(flat.input_ids, flat.positions, flat.slots, flat.seq_lens, flat.block_tables)
-            )
+        hidden = self.graphs.run(flat) if self.graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
-            inputs = self.prepare_inputs(out)
+            inputs = self.prepare_inputs(flat)
             with forward_context(inputs.metadata):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
@@ -280,43 +278,6 @@ class ModelRunner:
                 for j, target in enumerate(targets.tolist())
             ]
             result.prompt_logprobs[req.request_id] = (start + 1, entries)
-
-
-@dataclass
-class FlatBatch:
-    """A step's inputs as host lists: tokens flattened in scheduling order, one table per sequence."""
-
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    query_start_loc: list[int] = field(default_factory=lambda: [0])
-    seq_lens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)  # unpadded; every id a real block
-    rows: list[SamplingRow] = field(default_factory=list)
-    # (request, flattened index of its first prompt position this step, number of positions)
-    prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
-    max_query_len: int = 0
-
-
-def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
-    """Every scheduled request's new tokens, with positions, KV slots and sampling rows."""
-    f = FlatBatch()
-    for s in out.scheduled:
-        req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-        blocks = req.block_ids
-        f.input_ids += req.token_ids(start, end)
-        f.positions += range(start, end)
-        f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
-        f.query_start_loc.append(len(f.input_ids))
-        f.seq_lens.append(end)
-        f.block_tables.append(blocks)
-        f.max_query_len = max(f.max_query_len, s.num_new_tokens)
-        if s.samples:
-            f.rows += [SamplingRow(r, len(f.input_ids) - 1) for r in (req, *req.fork_children)]
-        if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-            count = min(end, req.num_prompt_tokens - 1) - start
-            f.prompt_spans.append((req, len(f.input_ids) - (end - start), count))
-    return f
 
 
 def _plain_greedy(row: SamplingRow) -> bool:

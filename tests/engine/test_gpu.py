@@ -1,5 +1,5 @@
 """The GPU path gives the CPU reference path's greedy tokens, CUDA graphs or not; the padded
-decode inputs that the graphs replay give the eager path's tokens (checked on the CPU too)."""
+inputs that the graphs replay give the eager path's tokens (checked on the CPU too)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flotilla.engine.cuda_graphs import DecodeGraphs, capture_sizes, table_widths
+from flotilla.engine.cuda_graphs import StepGraphs, capture_sizes, mixed_sizes, table_widths
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -39,17 +39,52 @@ def test_capture_ladder_and_widths_cover_the_limits():
     assert capture_sizes(100)[-1] == 100 and all(s <= 100 for s in capture_sizes(100))
     assert table_widths(4352, 16) == [64, 256, 272]
     assert table_widths(512, 16) == [32]
+    assert mixed_sizes(8192) == [16, 32, 64, 128, 256, 512]
+    assert mixed_sizes(100) == [16, 32, 64, 100]
 
 
-def test_padded_decode_inputs_match_the_eager_path_on_cpu(tiny_dir):
+def _graphed_steps(llm: LLM) -> list[tuple[bool, int]]:
+    """Run the engine's steps through the runner, recording (graphed, max query length) for each."""
+    runner, seen = llm.engine.runner, []
+    execute = runner.execute
+
+    def recording(out):
+        result = execute(out)
+        seen.append((runner.last_step.graphed, max(s.num_new_tokens for s in out.scheduled)))
+        return result
+
+    runner.execute = recording
+    return seen
+
+
+def test_padded_inputs_match_the_eager_path_on_cpu(tiny_dir):
     prompts = _prompts(5)
+    eager = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8), prompts)
+    llm = LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8, max_num_batched_tokens=256)
+    runner = llm.engine.runner
+    # 5 running sequences pad to 8 decode rows; the prefill (<= 5 x 70 tokens, chunked to the 256
+    # budget) pads to a mixed graph of 256 tokens and 8 sequence slots; one width of 256 tokens.
+    runner.graphs = StepGraphs(runner.model, 8, 256, 256, 8, runner.device)
+    steps = _graphed_steps(llm)
+    assert _greedy(llm, prompts) == eager
+    assert all(graphed for graphed, _ in steps)
+    assert any(q > 1 for _, q in steps) and any(q == 1 for _, q in steps)
+
+
+def test_extend_after_a_prefix_hit_runs_from_a_mixed_graph_on_cpu(tiny_dir):
+    prefix = list(range(200, 260))
+    prompts = [prefix + [7, 8, 9], prefix + [10, 11]]
     eager = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8), prompts)
     llm = LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8)
     runner = llm.engine.runner
-    # 5 running sequences pad to 8 rows; widths 256 tokens (32 blocks) for every context here
-    runner.decode_graphs = DecodeGraphs(runner.model, 8, 256, 8, runner.device)
-    assert _greedy(llm, prompts) == eager
-    assert runner.last_step.graphed
+    runner.graphs = StepGraphs(
+        runner.model, 8, llm.engine.config.scheduler.max_num_batched_tokens, 256, 8, runner.device
+    )
+    steps = _graphed_steps(llm)
+    assert _greedy(llm, prompts[:1]) == eager[:1]
+    assert _greedy(llm, prompts[1:]) == eager[1:]
+    assert llm.engine.block_manager.prefix_cache_hits == 56  # 7 full blocks of the prefix came from the cache
+    assert all(graphed for graphed, _ in steps)
 
 
 @pytest.mark.gpu

@@ -20,9 +20,9 @@ def test_decode_steps_feed_exactly_one_token_per_sequence(tiny_model_dirs):
         plan_sizes = []
         original = engine.runner.prepare_inputs
 
-        def spy(out, original=original, sizes=plan_sizes):
-            inputs = original(out)
-            sizes.append((len(out.scheduled), int(inputs.input_ids.numel())))
+        def spy(flat, original=original, sizes=plan_sizes):
+            inputs = original(flat)
+            sizes.append((flat.num_seqs, int(inputs.input_ids.numel())))
             return inputs
 
         engine.runner.prepare_inputs = spy

@@ -1,0 +1,61 @@
+"""A scheduled step flattened into host lists: the new tokens of every request in scheduling order,
+with their positions, KV slots, one block table per sequence and the rows that draw a token.
+
+Both the eager path (which turns these lists into tensors) and the CUDA-graph path (which writes
+them into the captured graphs' persistent buffers) start from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_metadata import SamplingRow
+from flotilla.engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class FlatBatch:
+    """A step's inputs as host lists: tokens flattened in scheduling order, one table per sequence."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    query_start_loc: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # unpadded; every id a real block
+    rows: list[SamplingRow] = field(default_factory=list)
+    # (request, flattened index of its first prompt position this step, number of positions)
+    prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
+    max_query_len: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed to the model this step."""
+        return len(self.input_ids)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in the step."""
+        return len(self.seq_lens)
+
+
+def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
+    """Every scheduled request's new tokens, with positions, KV slots and sampling rows."""
+    f = FlatBatch()
+    for s in out.scheduled:
+        req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+        blocks = req.block_ids
+        f.input_ids += req.token_ids(start, end)
+        f.positions += range(start, end)
+        f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        f.query_start_loc.append(len(f.input_ids))
+        f.seq_lens.append(end)
+        f.block_tables.append(blocks)
+        f.max_query_len = max(f.max_query_len, s.num_new_tokens)
+        if s.samples:
+            f.rows += [SamplingRow(r, len(f.input_ids) - 1) for r in (req, *req.fork_children)]
+        if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+            count = min(end, req.num_prompt_tokens - 1) - start
+            f.prompt_spans.append((req, len(f.input_ids) - (end - start), count))
+    return f
