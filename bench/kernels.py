@@ -37,14 +37,11 @@ from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_activation import silu_and_mul
 from flotilla.kernels.triton_kv_write import write_kv_cache
-from flotilla.kernels.triton_paged_decode import (
-    _decode_merge_kernel,
-    default_num_splits,
-    paged_decode_attention,
-)
+from flotilla.kernels.triton_paged_decode import default_num_splits, paged_decode_attention
 from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 from flotilla.kernels.triton_rmsnorm import rms_norm
 from flotilla.kernels.triton_rotary import apply_rotary
+from flotilla.kernels.triton_split_merge import merge_splits
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -141,10 +138,7 @@ def merge_only(batch: int, splits: int) -> Callable[[int], object]:
     part_lse = torch.randn(batch * HEADS * splits, device=DEV)
     qsl = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
     out = torch.empty(batch, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
-    return lambda i: _decode_merge_kernel[(batch, HEADS)](
-        part_out, part_lse, qsl, out, out.stride(0), out.stride(1), NUM_HEADS=HEADS, NUM_SPLITS=splits,
-        SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=HEAD_DIM, BLOCK_D=HEAD_DIM, num_warps=4,
-    )  # fmt: skip
+    return lambda i: merge_splits(part_out, part_lse, qsl, out, batch, splits, rows_are_seqs=True)
 
 
 def bench_decode(batch: int, ctx: int, sweep: bool) -> dict:

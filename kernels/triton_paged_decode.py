@@ -5,8 +5,8 @@ One program handles one (sequence, KV head, split): it loads the KV head's whole
 heads as the rows of one `tl.dot` (GQA: each K/V tile is read once for the group) and walks its
 slice of the context through the block table, page by page, with an online softmax. When a
 sequence's context is split, each split writes a partial output and its log-sum-exp, and a second
-small kernel merges them. Splitting is what lets one long sequence fill the GPU: batch 1 with 8 KV
-heads is only 8 programs without it.
+small kernel merges them (`triton_split_merge.py`). Splitting is what lets one long sequence fill
+the GPU: batch 1 with 8 KV heads is only 8 programs without it.
 
 The number of splits is picked from tensor shapes alone (batch, heads, block-table width), never
 from `seq_lens` values, so a call never syncs with the host and can be captured in a CUDA graph.
@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.triton_split_merge import merge_splits
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -121,41 +122,6 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + row, lse, mask=head_ok)
 
 
-@triton.jit
-def _decode_merge_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    query_start_loc_ptr,
-    out_ptr,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_row:
-        return
-    sp = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-    lse = tl.load(part_lse_ptr + row, mask=sp < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
-    parts = tl.load(part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None])
-    total = tl.sum(w, 0)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(
-        out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
-    )
-
-
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
     """Splits per sequence: as many as fit one wave of ~4 programs per SM, each over >= 2 tiles.
 
@@ -246,20 +212,7 @@ def paged_decode_attention(
         num_stages=num_stages,
     )
     if num_splits > 1:
-        _decode_merge_kernel[(batch, num_heads)](
-            part_out,
-            part_lse,
-            query_start_loc,
-            out,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            num_warps=4,
-        )
+        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True)
     return out
 
 

@@ -12,6 +12,12 @@ whole group). The flattened batch is cut into tiles per sequence; a small
 `searchsorted` on the device maps program ids to (sequence, tile), so the grid is an upper bound
 computed from shapes and nothing syncs with the host. Keys left of the tile's first query are
 visible to every row and need no mask; only the tiles on the diagonal pay for the causal mask.
+
+A few new tokens over a long context (an extend after a prefix-cache hit: 20 tokens over 2,000) make
+one tile per KV head, 8 programs for a GPU of 132 SMs, each walking the whole context. Such calls
+split the keys as the decode kernel does: a third grid axis gives each program one key range, the
+programs write partial outputs and log-sum-exps, and `triton_split_merge` combines them. The split
+count comes from shapes alone, so the call stays capturable.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_utils import dot_dtype, dot_precision
+from flotilla.kernels.triton_split_merge import merge_splits
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634
 
@@ -96,8 +103,11 @@ def _prefill_kernel(
     tile_seq_ptr,
     tile_start_ptr,
     out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
     qk_scale,
     num_seqs,
+    split_len,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -117,6 +127,8 @@ def _prefill_kernel(
     PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -155,22 +167,28 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     first_q = seq_len - q_len + tile * TOKENS_PER_TILE
+    # This program's key range: all keys the tile sees, or one split of them (split_len is a
+    # multiple of BLOCK_N, so both loops below start on tile boundaries).
+    diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
+    key_lo = tl.program_id(2) * split_len
+    key_hi = tl.minimum(key_lo + split_len, diag_end)
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
+    unmasked_end = tl.minimum(visible_end, key_hi)
     # Each loop fetches the next tile's page numbers before attending to the current tile, so the
     # K/V addresses never wait on a table read.
-    page = _pages(table, 0, visible_end, PAGE, BLOCK_N)
-    for n0 in range(0, visible_end, BLOCK_N):
-        next_page = _pages(table, n0 + BLOCK_N, visible_end, PAGE, BLOCK_N)
+    page = _pages(table, key_lo, unmasked_end, PAGE, BLOCK_N)
+    for n0 in range(key_lo, unmasked_end, BLOCK_N):
+        next_page = _pages(table, n0 + BLOCK_N, unmasked_end, PAGE, BLOCK_N)
         m, l, acc = _attend_tile(
             q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
             PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
         page = next_page
-    diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
-    page = _pages(table, visible_end, diag_end, PAGE, BLOCK_N)
-    for n0 in range(visible_end, diag_end, BLOCK_N):
-        next_page = _pages(table, n0 + BLOCK_N, diag_end, PAGE, BLOCK_N)
+    masked_lo = tl.maximum(visible_end, key_lo)
+    page = _pages(table, masked_lo, key_hi, PAGE, BLOCK_N)
+    for n0 in range(masked_lo, key_hi, BLOCK_N):
+        next_page = _pages(table, n0 + BLOCK_N, key_hi, PAGE, BLOCK_N)
         m, l, acc = _attend_tile(
             q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
@@ -179,8 +197,14 @@ def _prefill_kernel(
         page = next_page
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:  # partials `[tokens, heads, splits]`; an empty range writes lse = -inf (no weight)
+        part = (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2)
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
 
 
 def heads_per_tile(group: int, block_m: int) -> int:
@@ -190,6 +214,20 @@ def heads_per_tile(group: int, block_m: int) -> int:
     while group % (2 * heads) == 0 and block_m // (2 * heads) >= 16:
         heads *= 2
     return heads
+
+
+def default_num_splits(
+    num_tokens: int, head_blocks: int, tokens_per_tile: int, max_context: int, num_sms: int, block_n: int
+) -> int:
+    """Key splits per tile: only when the query tiles fill less than a quarter of the SMs (a short
+    extend over a long context), then ~2 programs per SM, each split over >= 4 key tiles. A whole
+    prompt's tiles fill the GPU alone, and partials would cost memory traffic: no split."""
+    programs = triton.cdiv(num_tokens, tokens_per_tile) * head_blocks
+    if 4 * programs > num_sms:
+        return 1
+    want = (2 * num_sms) // programs
+    most = max(1, max_context // (4 * block_n))
+    return int(max(1, min(want, most, 32)))
 
 
 def paged_prefill_attention(
@@ -204,6 +242,7 @@ def paged_prefill_attention(
     block_m: int = 128,
     block_n: int = 32,
     pack_heads: bool = True,
+    num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
@@ -211,8 +250,9 @@ def paged_prefill_attention(
 
     Arguments as `paged_attention_ref`. A tile holds `block_m` rows: with `pack_heads`, the query
     heads of one KV head times `block_m / heads` tokens, so each K/V tile loaded serves the whole
-    group; without, one head's `block_m` tokens. The tile and launch knobs are exposed for tests
-    and the benchmark; defaults suit an H200 at head_dim 128.
+    group; without, one head's `block_m` tokens. `num_splits` defaults to a choice from shapes
+    (`default_num_splits`). The tile and launch knobs are exposed for tests and the benchmark;
+    defaults suit an H200 at head_dim 128.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -233,7 +273,20 @@ def paged_prefill_attention(
     grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
     tile_ids = torch.arange(grid_tiles, device=query.device, dtype=tile_start.dtype)
     tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
-    _prefill_kernel[(grid_tiles, num_heads // packed)](
+    head_blocks = num_heads // packed
+    max_context = block_tables.shape[1] * page
+    if num_splits is None:
+        num_splits = default_num_splits(
+            num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
+        )
+    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
+    block_d = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_out = torch.empty(num_tokens * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(num_tokens * num_heads * num_splits, dtype=torch.float32, device=query.device)
+    else:
+        part_out = part_lse = out  # unused: the kernel writes `out` directly
+    _prefill_kernel[(grid_tiles, head_blocks, num_splits)](
         query,
         k_cache,
         v_cache,
@@ -243,8 +296,11 @@ def paged_prefill_attention(
         tile_seq,
         tile_start,
         out,
+        part_out,
+        part_lse,
         scale * _LOG2E,
         batch,
+        split_len,
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),
@@ -260,16 +316,20 @@ def paged_prefill_attention(
         HEADS_PER_TILE=packed,
         TOKENS_PER_TILE=tokens_per_tile,
         HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=block_d,
         PAGE=page,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
         DOT_DTYPE=dot_dtype(query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if num_splits > 1:
+        merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False)
     return out
 
 
-__all__ = ["heads_per_tile", "paged_prefill_attention"]
+__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention"]

@@ -72,3 +72,24 @@ def test_extend_head_dims_padded_and_full(head_dim):
     args = _case([20, 7], [52, 7], 8, 2, torch.bfloat16, head_dim=head_dim, seed=6)
     out = paged_prefill_attention(*args, head_dim**-0.5, block_m=64, block_n=32)
     assert rel_err(out, paged_attention_ref(*args, head_dim**-0.5)) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_few_new_tokens_over_a_long_context_with_split_keys(dtype, num_splits):
+    """An extend after a long cached prefix, keys cut into ranges (the shorter sequence leaves some
+    ranges empty) and merged; a padding sequence in between has no tokens."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = _case([3, 0, 5], [150, 0, 77], 4, 1, dtype, seed=7)
+    out = paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, num_splits=num_splits)
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
+
+
+def test_splits_only_when_the_query_tiles_leave_the_gpu_idle():
+    """A 20-token extend over 2,064 keys (one tile per KV head) splits; a 2,048-token prompt does not."""
+    from flotilla.kernels.triton_paged_prefill import default_num_splits
+
+    assert default_num_splits(32, 8, 32, 2064, 132, 32) == 16
+    assert default_num_splits(2048, 8, 32, 2064, 132, 32) == 1
+    assert default_num_splits(32, 8, 32, 64, 132, 32) == 1  # a short context: nothing to split

@@ -1,0 +1,76 @@
+"""Merging split-KV partial attention results (flash-decoding's second pass), in Triton.
+
+When a query's context is cut into `NUM_SPLITS` key ranges, each range's program writes its
+normalised partial output and its log-sum-exp (base 2); this kernel weighs the partials by
+`exp2(lse - max lse)` and writes the final row. An empty range has `lse = -inf` and no weight; a
+query with no keys at all gets zeros. Partials are laid out `[rows, heads, splits]` (then
+`head_dim`, padded to `BLOCK_D`): in the decode kernel a row is a sequence (its one query token's
+output row comes from `query_start_loc`), in the prefill kernel a row is a query token.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROWS_ARE_SEQS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    if ROWS_ARE_SEQS:
+        q_row = tl.load(query_start_loc_ptr + row)
+        if tl.load(query_start_loc_ptr + row + 1) == q_row:  # a padding sequence: no query
+            return
+    else:
+        q_row = row
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    part = (row * NUM_HEADS + head) * NUM_SPLITS + sp
+    lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
+    parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None])
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
+
+
+def merge_splits(part_out, part_lse, query_start_loc, out, num_rows: int, num_splits: int, rows_are_seqs: bool):
+    """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`)."""
+    num_heads, head_dim = out.shape[1], out.shape[2]
+    split_merge_kernel[(num_rows, num_heads)](
+        part_out,
+        part_lse,
+        query_start_loc,
+        out,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        ROWS_ARE_SEQS=rows_are_seqs,
+        num_warps=4,
+    )
+
+
+__all__ = ["merge_splits", "split_merge_kernel"]
