@@ -23,6 +23,7 @@ from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
+from flotilla.engine.staging import device_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class ModelRunner:
         block_tables = [t + [0] * (max_blocks - len(t)) for t in flat.block_tables]
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=self.device)
+            return device_tensor(values, dtype, self.device)
 
         metadata = AttentionMetadata(
             slot_mapping=tensor(flat.slots, torch.long),
@@ -222,7 +223,7 @@ class ModelRunner:
         if indices == list(range(len(rows))):
             selected = hidden[: len(rows)]
         else:
-            selected = hidden[torch.tensor(indices, device=self.device)]
+            selected = hidden[device_tensor(indices, torch.long, self.device)]
         logits = self.model.compute_logits(selected)
         if all(_plain_greedy(r) for r in rows):
             drawn = SamplerOutput(token_ids=logits.argmax(dim=-1))  # bf16 argmax = fp32 argmax, ties too
@@ -240,8 +241,8 @@ class ModelRunner:
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give a request its own copy of a shared, partly filled block."""
         if copies:
-            src = torch.tensor([c[0] for c in copies], device=self.device)
-            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            src = device_tensor([c[0] for c in copies], torch.long, self.device)
+            dst = device_tensor([c[1] for c in copies], torch.long, self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     def _token_logprobs(self, drawn: SamplerOutput, rows: list[SamplingRow], result: StepOutput) -> None:

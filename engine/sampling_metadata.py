@@ -8,6 +8,7 @@ import torch
 
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
+from flotilla.engine.staging import device_tensor
 
 
 @dataclass
@@ -43,7 +44,7 @@ def build_sampling_batch(
             banned_tokens += sorted(stops)
 
     def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
+        return device_tensor(values, dtype, device)
 
     def padded(lists: list[list[int]]) -> torch.Tensor:
         width = max((len(x) for x in lists), default=0)

@@ -17,6 +17,7 @@ for s in $STAGES; do
     throughput) timeout 180 python3 bench/throughput.py --shape llama-3.1-8b --load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 ${HF_CB:-} --json $OUT/gpu-throughput-llama8b.json 2>&1 | tee -a $OUT/sweep.log | grep -E "INFO|Error|error|output_tokens_per_s|fraction|speedup|bound_s" | tail -14 ;;
     qwen) timeout 70 python3 bench/latency.py --shape qwen3-8b --batch-sizes 1,64 --contexts 512 --steps 32 --json $OUT/gpu-latency-qwen3-8b.json 2>&1 | tee -a $OUT/sweep.log | grep -v "^{" | tail -8 ;;
     prefix) timeout 75 python3 bench/prefix.py --shape llama-3.1-8b --load-format dummy --num-requests 32 --prefix-len 2000 --suffix-len 20 --output-len 16 --single-engine --max-num-batched-tokens 8192 --json $OUT/gpu-prefix-llama8b.json 2>&1 | tee -a $OUT/sweep.log | grep -E "INFO|Error|error|speedup|ttft_mean|_ttft_s" | tail -14 ;;
+    profile) timeout 150 python3 bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1,64 --context 512 --steps 20 ${PROFILE_ARGS:-} --json $OUT/gpu-decode-profile-llama8b${PROFILE_TAG:-}.json 2>&1 | tee -a $OUT/sweep.log | grep -v "INFO" | tail -30 ;;
   esac
 done
 echo "=== done $(date +%T)"

@@ -1,0 +1,120 @@
+"""Where a decode step's GPU time goes: kernel time per step by kernel, and the idle gaps between.
+
+    python bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1,64 --context 512 --json out.json
+
+For each batch size: `batch` requests of `--context` random tokens are prefilled, then `--steps`
+engine steps are run under torch.profiler (CUDA activity). Reports per step: wall time, the summed
+duration of every GPU kernel (the GPU's busy time), and the kernels grouped by name (µs per step,
+launches per step), largest first. Wall minus busy is time the GPU sat idle: launch gaps inside
+the graph and host work between steps. Run with and without --enforce-eager to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+from model_dirs import SHAPES, make_model_dir
+
+from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.sampling_params import SamplingParams
+
+GROUPS = (  # kernel name fragment -> group, first match wins
+    ("_decode_split", "attention"), ("split_merge", "attention"), ("_prefill_kernel", "attention"),
+    ("_kv_write", "kv write"), ("rotary", "rotary"), ("rms", "rmsnorm"), ("silu", "silu_and_mul"),
+    ("gemv", "gemm"), ("gemm", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"), ("xmma", "gemm"),
+)  # fmt: skip
+
+
+def group_of(name: str) -> str:
+    """The kernel's group by name fragment; 'other' for the rest (copies, argmax, indexing)."""
+    lowered = name.lower()
+    return next((g for fragment, g in GROUPS if fragment.lower() in lowered), "other")
+
+
+def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: random.Random) -> dict:
+    """Prefill `batch` requests, then profile `steps` decode steps."""
+    vocab = engine.config.model.hf_config["vocab_size"]
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
+    reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
+    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    engine.abort([r.request_id for r in reqs])
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels[event.name]
+            entry[0] += event.device_time_total
+            entry[1] += 1
+    busy = sum(v[0] for v in kernels.values()) / steps
+    by_group: dict[str, float] = defaultdict(float)
+    for name, (us, _) in kernels.items():
+        by_group[group_of(name)] += us / steps
+    top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:25]
+    return {
+        "batch": batch,
+        "context": context,
+        "steps": steps,
+        "wall_us_per_step": 1e6 * wall / steps,
+        "gpu_busy_us_per_step": busy,
+        "launches_per_step": sum(v[1] for v in kernels.values()) / steps,
+        "groups_us_per_step": dict(sorted(by_group.items(), key=lambda kv: -kv[1])),
+        "kernels": [
+            {"name": name[:120], "us_per_step": us / steps, "launches_per_step": n / steps} for name, (us, n) in top
+        ],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    p.add_argument("--batch-sizes", default="1,64")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    model_dir = str(make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape)))
+    sizes = [int(x) for x in a.batch_sizes.split(",")]
+    engine = LLMEngine.from_kwargs(
+        model_dir, load_format="dummy", max_model_len=a.context + a.steps + 64, max_num_seqs=max(sizes),
+        enable_prefix_caching=False, enforce_eager=a.enforce_eager,
+    )  # fmt: skip
+    rng = random.Random(0)
+    result = {"command": "python bench/decode_profile.py " + " ".join(sys.argv[1:]),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "profiles": []}  # fmt: skip
+    for batch in sizes:
+        r = profile_batch(engine, batch, a.context, a.steps, rng)
+        result["profiles"].append(r)
+        print(
+            f"batch {batch}: wall {r['wall_us_per_step']:.0f} us/step, GPU busy {r['gpu_busy_us_per_step']:.0f}, "
+            f"{r['launches_per_step']:.0f} kernels/step; "
+            + ", ".join(f"{g} {us:.0f}" for g, us in r["groups_us_per_step"].items()),
+            flush=True,
+        )
+        for k in r["kernels"][:12]:
+            print(f"    {k['us_per_step']:8.1f} us x{k['launches_per_step']:.0f}  {k['name']}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
