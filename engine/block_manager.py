@@ -81,7 +81,7 @@ class BlockManager:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
-        for block_hash in self._block_hashes(request)[:max_blocks]:
+        for block_hash in self._block_hashes(request, max_blocks)[:max_blocks]:
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
@@ -97,8 +97,11 @@ class BlockManager:
         """
         num_after = request.num_computed_tokens + len(cached_prefix) * self.block_size + num_new_tokens
         num_fresh = self.blocks_needed(num_after) - len(request.block_ids) - len(cached_prefix)
-        revived = sum(1 for b in cached_prefix if self.blocks[b].ref_count == 0)
         copy = self._needs_copy_on_write(request)
+        if num_fresh <= 0 and not copy and not cached_prefix:  # most decode steps: the last block has room
+            self._cache_full_blocks(request, num_after)
+            return True
+        revived = sum(1 for b in cached_prefix if self.blocks[b].ref_count == 0)
         if num_fresh + revived + copy > len(self._free):
             return False
         if copy:
@@ -173,26 +176,29 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
-    def _block_hashes(self, request: Request) -> list[int]:
-        """Hashes of the request's full blocks (prompt and output), extended as tokens arrive."""
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """Hashes of the request's full blocks (prompt and output), computed at least up to block
+        `num_blocks` (or every full one, if fewer); each block is hashed once, as tokens arrive."""
         hashes = self._hashes.setdefault(request.request_id, [])
-        tokens = request.all_token_ids
-        num_full = len(tokens) // self.block_size
-        for i in range(len(hashes), num_full):
+        size = self.block_size
+        # Slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
+        for i in range(len(hashes), min(num_blocks, request.num_tokens // size)):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size]))
+            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size)))
         return hashes
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Index the blocks that will be full once this step's tokens are computed."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._block_hashes(request)
         start = self._num_indexed.get(request.request_id, 0)
-        end = min(num_tokens // self.block_size, len(hashes))
+        end = min(num_tokens, request.num_tokens) // self.block_size
+        if end <= start:  # no block fills up in this step (most decode steps)
+            return
+        hashes = self._block_hashes(request, end)
         for i in range(start, end):
             block = self.blocks[request.block_ids[i]]
             if block.block_hash is None:
                 block.block_hash = hashes[i]
                 self._cached.setdefault(hashes[i], block.block_id)
-        self._num_indexed[request.request_id] = max(start, end)
+        self._num_indexed[request.request_id] = end
