@@ -137,24 +137,30 @@ class Scheduler:
 
         Returns the requests that received a token in this step (finished ones included).
         """
-        touched = []
+        touched: list[Request] = []
         for s in out.scheduled:
             request = s.request
             if request.status.finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
-            if request.request_id not in sampled:
+            token = sampled.get(request.request_id)
+            if token is None:  # a prompt chunk that does not reach the end yet
                 continue
-            children, request.fork_children = request.fork_children, []
-            for child in [request, *children]:
-                if child is not request:
-                    self._fork(request, child)
-                child.output_token_ids.append(sampled[child.request_id])
-                status = self._stop_status(child, child.output_token_ids[-1])
-                if status is not None:
-                    self.finish(child, status)
-                touched.append(child)
+            children = request.fork_children
+            if children:  # detached first: finishing the leader must not finish them
+                request.fork_children = []
+            self._append_token(request, token, touched)
+            for child in children:
+                self._fork(request, child)
+                self._append_token(child, sampled[child.request_id], touched)
         return touched
+
+    def _append_token(self, request: Request, token: int, touched: list[Request]) -> None:
+        request.output_token_ids.append(token)
+        status = self._stop_status(request, token)
+        if status is not None:
+            self.finish(request, status)
+        touched.append(request)
 
     def _fork(self, leader: Request, child: Request) -> None:
         """Start a sibling completion on the leader's computed prompt, sharing its blocks."""
