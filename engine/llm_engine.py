@@ -132,15 +132,16 @@ class LLMEngine:
             self._process_token(child, result)
             self._record_timing(child, now)
         self._record(plan, len(result.tokens))
-        parents = dict.fromkeys(child.parent_id for child in touched)
-        return [self._output(parent) for parent in parents if self._reports(parent)]
-
-    def _reports(self, parent_id: str) -> bool:
-        """Whether a request's output is due this step (every step, or only at the end)."""
-        group = self._groups.get(parent_id)
-        if group is None:
-            return False
-        return group[0].sampling_params.output_kind == "cumulative" or all(c.status.finished for c in group)
+        outputs = []
+        for parent_id in dict.fromkeys(child.parent_id for child in touched):
+            group = self._groups.get(parent_id)
+            if group is None:
+                continue
+            finished = all(c.status.finished for c in group)
+            # Due every step (streaming), or only at the end.
+            if finished or group[0].sampling_params.output_kind == "cumulative":
+                outputs.append(self._output(parent_id, group, finished))
+        return outputs
 
     def _attach_prompt_logprobs(self, result: StepOutput) -> None:
         for request_id, (first, entries) in result.prompt_logprobs.items():
@@ -195,9 +196,7 @@ class LLMEngine:
         else:
             self.scheduler.finish(child, RequestStatus.FINISHED_STOPPED)
 
-    def _output(self, parent_id: str) -> RequestOutput:
-        group = self._groups[parent_id]
-        finished = all(child.status.finished for child in group)
+    def _output(self, parent_id: str, group: list[Request], finished: bool) -> RequestOutput:
         completions = [self._completion(child) for child in group]
         if finished:
             del self._groups[parent_id]
@@ -254,13 +253,16 @@ class LLMEngine:
             )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:
+        num_tokens = num_prompt = 0
+        for x in plan.scheduled:
+            num_tokens += x.num_new_tokens
+            if x.num_computed_tokens < x.request.num_prompt_tokens:  # the part of the chunk inside the prompt
+                num_prompt += min(x.request.num_prompt_tokens, x.num_computed_tokens + x.num_new_tokens)
+                num_prompt -= x.num_computed_tokens
         s = self.stats
         s.num_steps += 1
-        s.step_tokens.append(plan.num_batched_tokens)
-        s.prompt_tokens += sum(
-            max(0, min(x.request.num_prompt_tokens, x.num_computed_tokens + x.num_new_tokens) - x.num_computed_tokens)
-            for x in plan.scheduled
-        )
+        s.step_tokens.append(num_tokens)
+        s.prompt_tokens += num_prompt
         s.generation_tokens += num_sampled
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
