@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,12 +207,17 @@ class StepGraphs:
             (torch.cuda.memory_allocated() - before) / 2**30,
         )
 
-    def run(self, flat: FlatBatch) -> torch.Tensor | None:
-        """Final hidden states `[num_tokens, hidden]` of the step, or None when no graph holds it."""
+    def run(self, flat: FlatBatch, fill_pending: Callable[[torch.Tensor, FlatBatch], None]) -> torch.Tensor | None:
+        """Final hidden states `[num_tokens, hidden]` of the step, or None when no graph holds it.
+
+        `fill_pending(input_ids, flat)` writes, on the device, the inputs whose tokens the host
+        does not know yet (`flat.pending`) into the staged input ids.
+        """
         key = self.pick(flat)
         if key is None:
             return None
         self._stage(flat, key)
+        fill_pending(self._i64[0, : key.tokens], flat)
         if self._graphs:
             graph, out = self._graphs[key]
             graph.replay()

@@ -28,6 +28,9 @@ class FlatBatch:
     # (request, flattened index of its first prompt position this step, number of positions)
     prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
     max_query_len: int = 0
+    # (flattened index, request id) of inputs whose token the step in flight is still drawing: the
+    # runner fills them in on the device from that step's sampled ids (asynchronous scheduling).
+    pending: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -46,7 +49,13 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
     for s in out.scheduled:
         req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
         blocks = req.block_ids
-        f.input_ids += req.token_ids(start, end)
+        known = req.num_tokens
+        if end > known:  # the last input is the token the step in flight draws for this request
+            f.input_ids += req.token_ids(start, known)
+            f.pending.append((len(f.input_ids), req.request_id))
+            f.input_ids.append(0)
+        else:
+            f.input_ids += req.token_ids(start, end)
         f.positions += range(start, end)
         f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
         f.query_start_loc.append(len(f.input_ids))
@@ -54,7 +63,8 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
         f.block_tables.append(blocks)
         f.max_query_len = max(f.max_query_len, s.num_new_tokens)
         if s.samples:
-            f.rows += [SamplingRow(r, len(f.input_ids) - 1) for r in (req, *req.fork_children)]
+            drawn = end - req.num_prompt_tokens
+            f.rows += [SamplingRow(r, len(f.input_ids) - 1, drawn) for r in (req, *req.fork_children)]
         if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
             count = min(end, req.num_prompt_tokens - 1) - start
             f.prompt_spans.append((req, len(f.input_ids) - (end - start), count))

@@ -52,9 +52,23 @@ class StepOutput:
 
 
 @dataclass
+class LaunchedStep:
+    """A step whose work is queued on the device; `ModelRunner.collect` turns it into a StepOutput."""
+
+    start: float
+    graphed: bool
+    rows: list[SamplingRow]
+    result: StepOutput = field(default_factory=StepOutput)
+    drawn: SamplerOutput | None = None  # host tensors, valid once `copied` has completed
+    copied: torch.cuda.Event | None = None
+    host_s: float = 0.0
+
+
+@dataclass
 class StepTiming:
-    """Where the last step's wall time went, for benchmarks: the host's part before the one sync
-    (input preparation and launches) and the whole `execute` call."""
+    """Where the last step's wall time went, for benchmarks: the host's part of `launch` (input
+    preparation and launches) and the time from `launch` to the end of `collect` (with
+    asynchronous scheduling, that span includes the next step's launch)."""
 
     host_s: float = 0.0
     total_s: float = 0.0
@@ -78,6 +92,9 @@ class ModelRunner:
         self.kv_cache = self._allocate_kv_cache()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
         self.last_step = StepTiming()
+        # The last launch's drawn ids on the device, and each drawing request's row in them.
+        self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
+        self._last_rows: dict[str, int] = {}
         # Decode and small prefill/extend steps from CUDA graphs on the GPU. (The CPU path stays eager;
         # tests attach an uncaptured StepGraphs there to check the padded inputs against the eager path.)
         self.graphs: StepGraphs | None = None
@@ -197,28 +214,50 @@ class ModelRunner:
             prompt_logprob_spans=flat.prompt_spans,
         )
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepOutput:
-        """Run the model on the step (from a CUDA graph when one holds it) and draw the next tokens."""
+        """Run one step to the end: launch it, then wait for its tokens."""
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Queue the step's work on the device (from a CUDA graph when one holds it) up to the drawn
+        ids' copy to the host, without waiting for it: the host may schedule and launch the next
+        step meanwhile. Inputs still being drawn by the previous launch come from its device ids."""
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
         flat = flatten(out, self.block_size)
-        hidden = self.graphs.run(flat) if self.graphs is not None else None
+        hidden = self.graphs.run(flat, self._fill_pending) if self.graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
             inputs = self.prepare_inputs(flat)
+            self._fill_pending(inputs.input_ids, flat)
             with forward_context(inputs.metadata):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
-        result = StepOutput()
-        if flat.prompt_spans:
-            self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, result)
-        host_done = self._sample(hidden, flat.rows, result) if flat.rows else time.perf_counter()
-        self.last_step = StepTiming(host_done - start, time.perf_counter() - start, graphed)
+        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows)
+        if flat.prompt_spans:  # rare (prompt_logprobs): synchronous
+            self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
+        if flat.rows:
+            self._draw(hidden, step)
+        step.host_s = time.perf_counter() - start
+        return step
+
+    def collect(self, step: LaunchedStep) -> StepOutput:
+        """Wait for a launched step's drawn ids (the step's one host sync) and return its output."""
+        result = step.result
+        if step.drawn is not None:
+            if step.copied is not None:
+                step.copied.synchronize()
+            ids = [r.request.request_id for r in step.rows]
+            result.tokens = dict(zip(ids, step.drawn.token_ids.tolist(), strict=True))
+            if step.drawn.logprobs is not None:
+                self._token_logprobs(step.drawn, step.rows, result)
+        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
         return result
 
-    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow], result: StepOutput) -> float:
-        """Draw the rows' tokens into `result`; returns the time just before the step's one host sync."""
+    def _draw(self, hidden: torch.Tensor, step: LaunchedStep) -> None:
+        """Queue the rows' draws and the copy of their ids (and logprobs) to pinned host memory."""
+        rows = step.rows
         indices = [r.logits_index for r in rows]
         if indices == list(range(len(rows))):
             selected = hidden[: len(rows)]
@@ -231,12 +270,21 @@ class ModelRunner:
             logits = logits.float()
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
             drawn = sample(logits, batch)
-        host_done = time.perf_counter()
-        ids = [r.request.request_id for r in rows]
-        result.tokens = dict(zip(ids, drawn.token_ids.tolist(), strict=True))  # the step's one host sync
-        if drawn.logprobs is not None:
-            self._token_logprobs(drawn, rows, result)
-        return host_done
+        # The next launch reads these ids on the device for inputs it does not know yet.
+        self._last_drawn = drawn.token_ids
+        self._last_rows = {r.request.request_id: i for i, r in enumerate(rows)}
+        step.drawn = _to_host(drawn)
+        if self.device.type == "cuda":
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+
+    def _fill_pending(self, input_ids: torch.Tensor, flat: FlatBatch) -> None:
+        """Put the previous launch's drawn ids, still on the device, into this step's inputs."""
+        if not flat.pending:
+            return
+        dst = device_tensor([i for i, _ in flat.pending], torch.long, self.device)
+        src = device_tensor([self._last_rows[rid] for _, rid in flat.pending], torch.long, self.device)
+        input_ids[dst] = self._last_drawn[src]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give a request its own copy of a shared, partly filled block."""
@@ -281,6 +329,27 @@ class ModelRunner:
             result.prompt_logprobs[req.request_id] = (start + 1, entries)
 
 
+def _to_host(drawn: SamplerOutput) -> SamplerOutput:
+    """The same tensors, copied asynchronously into pinned host memory when they live on a GPU.
+
+    (A plain `.tolist()` later would wait for everything queued by then, the next step included.)
+    """
+
+    def host(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or not t.is_cuda:
+            return t
+        pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return pinned.copy_(t, non_blocking=True)
+
+    return SamplerOutput(
+        token_ids=host(drawn.token_ids),
+        logprobs=host(drawn.logprobs),
+        ranks=host(drawn.ranks),
+        top_ids=host(drawn.top_ids),
+        top_logprobs=host(drawn.top_logprobs),
+    )
+
+
 def _plain_greedy(row: SamplingRow) -> bool:
     """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs."""
     req = row.request
@@ -290,7 +359,7 @@ def _plain_greedy(row: SamplingRow) -> bool:
         and not p.has_penalties
         and not p.logit_bias
         and p.logprobs is None
-        and req.num_output_tokens >= p.min_tokens
+        and row.output_index >= p.min_tokens
     )
 
 

@@ -13,10 +13,13 @@ from flotilla.engine.staging import device_tensor
 
 @dataclass
 class SamplingRow:
-    """One token to draw: for `request`, from the logits at flattened index `logits_index`."""
+    """One token to draw: for `request`, from the logits at flattened index `logits_index`; it will be
+    the request's output token number `output_index` (counted on the step's inputs, not on the
+    request's known outputs, which may still lack the token of a step in flight)."""
 
     request: Request
     logits_index: int
+    output_index: int
 
 
 def build_sampling_batch(
@@ -27,7 +30,7 @@ def build_sampling_batch(
     n = len(rows)
     fresh = torch.randint(0, 2**62, (n,), generator=generator).tolist()
     seeds = [r.request.sample_seed if r.request.sample_seed is not None else fresh[i] for i, r in enumerate(rows)]
-    positions = [r.request.num_output_tokens if r.request.sample_seed is not None else 0 for r in rows]
+    positions = [r.output_index if r.request.sample_seed is not None else 0 for r in rows]
     any_penalties = any(p.has_penalties for p in params)
     bias_rows, bias_tokens, bias_values = [], [], []
     banned_rows, banned_tokens = [], []
@@ -38,7 +41,7 @@ def build_sampling_batch(
                 bias_rows.append(i)
                 bias_tokens.append(token)
                 bias_values.append(value)
-        if r.request.num_output_tokens < p.min_tokens:
+        if r.output_index < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.request.eos_token_ids))
             banned_rows += [i] * len(stops)
             banned_tokens += sorted(stops)

@@ -20,7 +20,7 @@ def _batch(params: list[SamplingParams], outputs: list[list[int]] | None = None,
     for i, p in enumerate(params):
         r = Request(str(i), (prompts or [[1, 2, 3]] * len(params))[i], p, eos_token_ids=frozenset({2}))
         r.output_token_ids = list((outputs or [[]] * len(params))[i])
-        rows.append(SamplingRow(r, i))
+        rows.append(SamplingRow(r, i, r.num_output_tokens))
     return build_sampling_batch(rows, V, torch.device("cpu"), torch.Generator().manual_seed(seed))
 
 
