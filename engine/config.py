@@ -66,6 +66,7 @@ class SchedulerConfig(_Component):
     max_num_batched_tokens: int = Field(gt=0)
     enable_chunked_prefill: bool = False
     max_model_len: int = Field(gt=0)
+    async_scheduling: bool = False
 
     @model_validator(mode="after")
     def _budget_fits_a_prompt(self) -> SchedulerConfig:
@@ -175,6 +176,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     budget = v["max_num_batched_tokens"]
     if budget is None:
         budget = 8192 if chunked else max(max_model_len, 8192)
+    device = _resolve_device(v["device"])
+    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else device == "cuda"
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
     served = v["served_model_name"] or [default_name]
     return EngineConfig(
@@ -201,12 +204,13 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             max_num_batched_tokens=budget,
             enable_chunked_prefill=chunked,
             max_model_len=max_model_len,
+            async_scheduling=async_scheduling,
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=v["tensor_parallel_size"],
             pipeline_parallel_size=v["pipeline_parallel_size"],
         ),
-        device=DeviceConfig(device=_resolve_device(v["device"])),
+        device=DeviceConfig(device=device),
     )
 
 

@@ -169,6 +169,16 @@ FLAGS: tuple[Flag, ...] = (
         crd_field="scheduling.chunkedPrefill",
         negatable=True,
     ),
+    Flag(
+        "--async-scheduling",
+        "bool",
+        None,
+        "Schedule and launch the next step while the GPU still runs the current one (its drawn tokens "
+        "feed the next step on the device). Default: on with CUDA, off on the CPU, where there is "
+        "nothing to overlap.",
+        "scheduler",
+        negatable=True,
+    ),
     # --- parallelism -------------------------------------------------------------------------------
     Flag(
         "--tensor-parallel-size",
@@ -266,13 +276,13 @@ def markdown_table() -> str:
     """The flag reference as a Markdown table (the README embeds it; a test keeps them equal)."""
     rows = ["| flag | type | default | InferenceService field | status |", "|---|---|---|---|---|"]
     for f in FLAGS:
-        names = ", ".join((*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
+        names = ", ".join(f"`{n}`" for n in (*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
         status = "yes" if f.implemented else "not yet"
         if f.implemented and f.supported_values is not None:
             status = "only " + ", ".join(str(v) for v in f.supported_values)
         env = f" (env `{f.env}`)" if f.env else ""
         field = f"`spec.{f.crd_field}`" if f.crd_field else ""
-        rows.append(f"| `{names}`{env} | {f.type} | `{f.default}` | {field} | {status} |")
+        rows.append(f"| {names}{env} | {f.type} | `{f.default}` | {field} | {status} |")
     return "\n".join(rows)
 
 
