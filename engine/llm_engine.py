@@ -132,13 +132,15 @@ class LLMEngine:
             self._process_token(child, result)
             self._record_timing(child, now)
         self._record(plan, len(result.tokens))
+        # An output is due every step (streaming), or once every completion has finished; a final-only
+        # request can have finished only if a completion that got a token this step did.
+        due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind == "cumulative")
         outputs = []
-        for parent_id in dict.fromkeys(child.parent_id for child in touched):
+        for parent_id in dict.fromkeys(due):
             group = self._groups.get(parent_id)
             if group is None:
                 continue
             finished = all(c.status.finished for c in group)
-            # Due every step (streaming), or only at the end.
             if finished or group[0].sampling_params.output_kind == "cumulative":
                 outputs.append(self._output(parent_id, group, finished))
         return outputs
@@ -153,7 +155,7 @@ class LLMEngine:
 
     def _process_token(self, child: Request, result: StepOutput) -> None:
         """Logprobs, detokenization and stop strings for a completion's new token."""
-        entry = result.logprobs.get(child.request_id)
+        entry = result.logprobs.get(child.request_id) if result.logprobs else None
         if entry is not None:
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[-1]][0]
@@ -168,7 +170,7 @@ class LLMEngine:
         detok.add(child.output_token_ids[-1:])
         if child.status.finished:
             detok.flush()
-        stop = self._find_stop_string(child, detok, searched_from)
+        stop = self._find_stop_string(child, detok, searched_from) if params.stop else None
         if stop is not None:
             self._stop_on_string(child, detok, *stop)
 
