@@ -192,13 +192,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         start = self._num_indexed.get(request.request_id, 0)
-        end = min(num_tokens, request.num_tokens) // self.block_size
+        end = num_tokens // self.block_size
         if end <= start:  # no block fills up in this step (most decode steps)
             return
+        end = min(end, request.num_tokens // self.block_size)  # only blocks whose tokens all exist
         hashes = self._block_hashes(request, end)
         for i in range(start, end):
             block = self.blocks[request.block_ids[i]]
             if block.block_hash is None:
                 block.block_hash = hashes[i]
                 self._cached.setdefault(hashes[i], block.block_id)
-        self._num_indexed[request.request_id] = end
+        self._num_indexed[request.request_id] = max(start, end)

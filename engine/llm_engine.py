@@ -216,18 +216,21 @@ class LLMEngine:
 
     def _completion(self, child: Request) -> CompletionOutput:
         text = self._detokenizers[child.request_id].text
-        stops = child.sampling_params.stop
-        if stops and not child.status.finished:
+        params = child.sampling_params
+        if params.stop and not child.status.finished:
             # Hold back what could be the start of a stop string, so a stream never shows it.
-            text = text[: max(0, len(text) - max(map(len, stops)) + 1)]
+            text = text[: max(0, len(text) - max(map(len, params.stop)) + 1)]
+        wants_logprobs = params.logprobs is not None
         return CompletionOutput(
             index=child.index,
             text=text,
+            # A copy: the output is a snapshot, read (on the server, on another thread) while the
+            # request keeps growing. It makes streaming O(output length) per request per step.
             token_ids=list(child.output_token_ids),
             finish_reason=child.finish_reason,
             stop_reason=child.stop_reason,
-            cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
-            logprobs=list(child.logprobs) if child.sampling_params.logprobs is not None else None,
+            cumulative_logprob=child.cumulative_logprob if wants_logprobs else None,
+            logprobs=list(child.logprobs) if wants_logprobs else None,
         )
 
     def _record_timing(self, child: Request, now: float) -> None:
