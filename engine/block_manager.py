@@ -114,12 +114,15 @@ class BlockManager:
         self._cache_full_blocks(request, num_after)
         return True
 
-    def fork(self, parent: Request, child: Request) -> None:
-        """Let `child` share every block of `parent` (after its prompt); writes will copy on demand."""
-        for block_id in parent.block_ids:
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
+        """Let `child` share the blocks holding `parent`'s first `num_tokens` tokens (its prompt);
+        writes will copy on demand. Blocks the parent took since, for a step already planned, stay its own."""
+        shared = parent.block_ids[: self.blocks_needed(num_tokens)]
+        for block_id in shared:
             self.blocks[block_id].ref_count += 1
-        child.block_ids = list(parent.block_ids)
-        self._num_indexed[child.request_id] = self._num_indexed.get(parent.request_id, 0)
+        child.block_ids = list(shared)
+        indexed = self._num_indexed.get(parent.request_id, 0)
+        self._num_indexed[child.request_id] = min(indexed, num_tokens // self.block_size)
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies decided since the last call (for the model runner)."""

@@ -14,7 +14,7 @@ from typing import Any
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
-from flotilla.engine.model_runner import ModelRunner, StepOutput
+from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
@@ -39,6 +39,8 @@ class LLMEngine:
         self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
         self._ids = itertools.count()
+        # The step launched but not yet collected (asynchronous scheduling).
+        self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -114,17 +116,43 @@ class LLMEngine:
                 self._detokenizers.pop(child.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs."""
-        return self.scheduler.has_unfinished()
+        """True while any request waits or runs, or a step's outputs are still to come."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # --- one step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run and post-process one step; returns outputs of requests that got a token."""
+        """Schedule, run and post-process one step; returns outputs of requests that got a token.
+
+        With asynchronous scheduling a call plans and launches the next step before it waits for
+        the one in flight, so the host's work overlaps the GPU's; the outputs it returns are those
+        of the step launched by the call before.
+        """
+        if self.config.scheduler.async_scheduling:
+            return self._step_overlapped()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        result = self.runner.execute(plan)
+        return self._finish_step(plan, self.runner.execute(plan))
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None and self._needs_known_outputs():
+            return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            self._in_flight = (plan, self.runner.launch(plan))
+        if in_flight is None:
+            return []
+        return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+
+    def _needs_known_outputs(self) -> bool:
+        """Penalties read a request's whole output on the host, so the next step of a running request
+        that has them cannot be planned before the step in flight has delivered its token."""
+        return any(r.sampling_params.has_penalties for r in self.scheduler.running)
+
+    def _finish_step(self, plan: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
+        """Post-process a step that has run: tokens in, stop checks, detokenization, outputs."""
         self._attach_prompt_logprobs(result)
         touched = self.scheduler.update(plan, result.tokens)
         now = time.monotonic()

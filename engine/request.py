@@ -31,7 +31,10 @@ class RequestStatus(enum.Enum):
 class Request:
     """One generation request.
 
-    `num_computed_tokens` counts the tokens whose K/V are in the cache. Prefill, chunked prefill,
+    `num_computed_tokens` counts the tokens whose K/V are in the cache or being computed by a step
+    already scheduled (it advances when a step is planned). `num_pending` counts output tokens drawn by
+    a step in flight whose ids the host does not know yet (asynchronous scheduling: 0 or 1; always 0
+    between synchronous steps). Prefill, chunked prefill,
     decode and recompute after preemption are all the same thing: feed the tokens from
     `num_computed_tokens` up to (at most) the end of `all_token_ids`; when the end is reached, the
     step produces the next token.
@@ -50,6 +53,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    num_pending: int = 0
     block_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
     parent_id: str = ""

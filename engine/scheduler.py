@@ -26,11 +26,7 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     num_computed_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the request's tokens, so it yields a new token."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    samples: bool  # the step reaches the end of the request's tokens, so it draws the next one
 
 
 @dataclass
@@ -88,7 +84,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_pending and self._finishes_by_length(request):
+                i += 1  # its token in flight is its last: a step for it would be wasted
+                continue
+            num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
             while not self.block_manager.allocate(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -96,7 +95,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                self._plan(out, request, num_new, request.num_computed_tokens)
                 budget -= num_new
                 i += 1
         return budget
@@ -119,11 +118,29 @@ class Scheduler:
             self.waiting.popleft()
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
-            request.num_computed_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            out.scheduled.append(ScheduledRequest(request, num_new, num_computed))
+            self._plan(out, request, num_new, num_computed)
             budget -= num_new
+
+    @staticmethod
+    def _plan(out: SchedulerOutput, request: Request, num_new: int, num_computed: int) -> None:
+        """Put the request in the step and advance its progress now, so the next step can be planned
+        before this one's tokens are known; a token it draws is pending until `update`."""
+        end = num_computed + num_new
+        samples = end == request.num_tokens + request.num_pending
+        out.scheduled.append(ScheduledRequest(request, num_new, num_computed, samples))
+        request.num_computed_tokens = end
+        if samples:
+            request.num_pending += 1
+
+    def _finishes_by_length(self, request: Request) -> bool:
+        """Whether the request's pending token will end it by max_tokens or the context length."""
+        num_output = len(request.output_token_ids) + request.num_pending
+        max_tokens = request.sampling_params.max_tokens
+        return (max_tokens is not None and num_output >= max_tokens) or (
+            len(request.prompt_token_ids) + num_output >= self.config.max_model_len
+        )
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
@@ -133,25 +150,26 @@ class Scheduler:
         self.num_preemptions += 1
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Record a finished step: advance progress, append sampled tokens, retire finished requests.
+        """Record a finished step: append the drawn tokens, retire finished requests.
 
-        Returns the requests that received a token in this step (finished ones included).
+        Returns the requests that received a token in this step (finished ones included). With
+        asynchronous scheduling the next step is already planned: a request that finishes here
+        may be in it, and its token there is discarded.
         """
         touched: list[Request] = []
         for s in out.scheduled:
-            request = s.request
-            if request.status.finished:  # aborted while the step ran
+            if not s.samples:  # a prompt chunk that does not reach the end yet
                 continue
-            request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:  # a prompt chunk that does not reach the end yet
+            request = s.request
+            request.num_pending -= 1
+            if request.status.finished:  # aborted (or stopped) while the step ran
                 continue
             children = request.fork_children
             if children:  # detached first: finishing the leader must not finish them
                 request.fork_children = []
-            self._append_token(request, token, touched)
+            self._append_token(request, sampled[request.request_id], touched)
             for child in children:
-                self._fork(request, child)
+                self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
                 self._append_token(child, sampled[child.request_id], touched)
         return touched
 
@@ -162,10 +180,11 @@ class Scheduler:
             self.finish(request, status)
         touched.append(request)
 
-    def _fork(self, leader: Request, child: Request) -> None:
-        """Start a sibling completion on the leader's computed prompt, sharing its blocks."""
-        self.block_manager.fork(leader, child)
-        child.num_computed_tokens = leader.num_computed_tokens
+    def _fork(self, leader: Request, child: Request, num_prompt_computed: int) -> None:
+        """Start a sibling completion on the leader's computed prompt, sharing its blocks. (The
+        leader may already be planned a token further; the child starts at the prompt's end.)"""
+        self.block_manager.fork(leader, child, num_prompt_computed)
+        child.num_computed_tokens = num_prompt_computed
         child.prompt_logprobs = leader.prompt_logprobs
         child.status = RequestStatus.RUNNING
         self.requests[child.request_id] = child

@@ -1,4 +1,5 @@
-"""Continuous batching, chunked prefill, prefix caching and preemption never change greedy outputs."""
+"""Continuous batching, chunked prefill, prefix caching and preemption never change greedy outputs,
+with steps run one after another or planned while the previous one is in flight (async scheduling)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def _prompts(seed: int, n: int = 6, shared_prefix: list[int] | None = None) -> l
     rng = random.Random(seed)
     prefix = shared_prefix or []
     return [prefix + [rng.randrange(3, 49152) for _ in range(rng.randint(5, 45))] for _ in range(n)]
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request) -> bool:
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -49,35 +55,43 @@ def _generate(model, prompts, **engine_args):
     return [o.outputs[0].token_ids for o in outs], llm
 
 
-def test_chunked_prefill_with_a_tiny_token_budget(model, expected):
+def test_chunked_prefill_with_a_tiny_token_budget(model, expected, async_scheduling):
     prompts = _prompts(1)
-    tokens, llm = _generate(model, prompts, enable_chunked_prefill=True, max_num_batched_tokens=16, block_size=8)
+    tokens, llm = _generate(
+        model,
+        prompts,
+        async_scheduling=async_scheduling,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+        block_size=8,
+    )
     assert tokens == expected(prompts)
     assert max(llm.engine.stats.step_tokens) <= 16
 
 
-def test_prefix_hits_on_a_shared_prefix_batch(model, expected):
+def test_prefix_hits_on_a_shared_prefix_batch(model, expected, async_scheduling):
     prompts = _prompts(2, shared_prefix=SYSTEM)
-    llm = LLM(str(model), max_model_len=128, block_size=8)
+    llm = LLM(str(model), max_model_len=128, async_scheduling=async_scheduling, block_size=8)
     first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
     rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in first + rest] == expected(prompts)
     assert llm.engine.block_manager.prefix_cache_hits >= (len(prompts) - 1) * 24
 
 
-def test_preemption_with_a_tiny_block_pool(model, expected):
+def test_preemption_with_a_tiny_block_pool(model, expected, async_scheduling):
     prompts = _prompts(3)
     # 16 blocks of 8 tokens: not enough for six sequences of up to 55 tokens at once.
-    tokens, llm = _generate(model, prompts, block_size=8, num_gpu_blocks_override=16)
+    tokens, llm = _generate(model, prompts, async_scheduling=async_scheduling, block_size=8, num_gpu_blocks_override=16)
     assert tokens == expected(prompts)
     assert llm.engine.scheduler.num_preemptions > 0
 
 
-def test_all_three_at_once(model, expected):
+def test_all_three_at_once(model, expected, async_scheduling):
     prompts = _prompts(4, n=8, shared_prefix=SYSTEM)
     tokens, llm = _generate(
         model,
         prompts,
+        async_scheduling=async_scheduling,
         block_size=8,
         num_gpu_blocks_override=16,
         enable_chunked_prefill=True,
@@ -90,16 +104,21 @@ def test_all_three_at_once(model, expected):
     assert max(llm.engine.stats.step_tokens) <= 24
 
 
-def test_features_off_gives_the_same_tokens(model, expected):
+def test_features_off_gives_the_same_tokens(model, expected, async_scheduling):
     prompts = _prompts(5, shared_prefix=SYSTEM)
-    tokens, _ = _generate(model, prompts, enable_prefix_caching=False)
+    tokens, _ = _generate(model, prompts, async_scheduling=async_scheduling, enable_prefix_caching=False)
     assert tokens == expected(prompts)
 
 
-def test_requests_arriving_while_others_decode(model, expected):
+def test_requests_arriving_while_others_decode(model, expected, async_scheduling):
     prompts = _prompts(6, n=6, shared_prefix=SYSTEM[:16])
     engine = LLMEngine.from_kwargs(
-        str(model), max_model_len=128, block_size=8, enable_chunked_prefill=True, max_num_batched_tokens=32
+        str(model),
+        max_model_len=128,
+        block_size=8,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=32,
+        async_scheduling=async_scheduling,
     )
     requests = []
     pending = list(prompts)
@@ -112,9 +131,9 @@ def test_requests_arriving_while_others_decode(model, expected):
     assert [r.output_token_ids for r in requests] == expected(prompts)
 
 
-def test_a_prefix_hit_saves_exactly_the_hit_length(model):
+def test_a_prefix_hit_saves_exactly_the_hit_length(model, async_scheduling):
     prompt = SYSTEM + [500, 600, 700, 800, 900]  # 29 tokens = 3 full blocks of 8 + 5
-    llm = LLM(str(model), max_model_len=128, block_size=8)
+    llm = LLM(str(model), max_model_len=128, async_scheduling=async_scheduling, block_size=8)
     runner, manager = llm.engine.runner, llm.engine.block_manager
     params = SamplingParams(temperature=0.0, max_tokens=1)
     llm.generate([prompt], params, use_tqdm=False)
