@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -95,11 +96,12 @@ def main() -> None:
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     engine = LLMEngine.from_kwargs(
         model_dir, load_format="dummy", max_model_len=a.context + a.steps + 64, max_num_seqs=max(sizes),
-        enable_prefix_caching=False, enforce_eager=a.enforce_eager,
+        enable_prefix_caching=False, enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling,
     )  # fmt: skip
     rng = random.Random(0)
     result = {"command": "python bench/decode_profile.py " + " ".join(sys.argv[1:]),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "profiles": []}  # fmt: skip
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "async_scheduling": engine.config.scheduler.async_scheduling, "profiles": []}  # fmt: skip
     for batch in sizes:
         r = profile_batch(engine, batch, a.context, a.steps, rng)
         result["profiles"].append(r)

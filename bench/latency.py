@@ -5,7 +5,10 @@
 
 Flotilla: `batch` requests of `context` random prompt tokens are prefilled, then `--steps` whole
 engine steps (scheduler, input staging, CUDA-graph replay, sampling, detokenization) are timed once
-every request decodes; ms/step is their mean, host ms the runner's time before its one sync.
+every request decodes; ms/step is their mean, host ms the runner's launch time (input preparation
+and launches). With asynchronous scheduling (the default on CUDA; `--no-async-scheduling` turns it
+off) a step call plans and launches the next step before it waits for the current one, so in steady
+state a call lasts one GPU step whenever the host work is shorter.
 HF: transformers `generate` with a static cache, compiled (torch.compile, "reduce-overhead"), in a
 subprocess with its own random init of the same shape (speed does not depend on the values); ms/step
 is the mean gap between streamed tokens after the first 8. Roofline: the bytes one decode step must
@@ -56,6 +59,7 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
         max_num_batched_tokens=a.max_num_batched_tokens,
         enable_prefix_caching=False,
         enforce_eager=a.enforce_eager,
+        async_scheduling=a.async_scheduling,
         gpu_memory_utilization=a.gpu_memory_utilization,
     )
     start_s = time.perf_counter() - t0
@@ -100,6 +104,7 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
         "startup_s": start_s,
         "graph_capture_s": runner.graphs.capture_seconds if runner.graphs else None,
         "num_blocks": runner.num_blocks,
+        "async_scheduling": engine.config.scheduler.async_scheduling,
     }
 
 
@@ -153,6 +158,7 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--hf-batch-sizes", default="", help="HF static+compile baseline at these batch sizes")
     p.add_argument("--hf-context", type=int, default=512)
     p.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)

@@ -130,7 +130,8 @@ def main() -> None:
     run_batch(cached, [tokens(16)], 2)  # warm-up
     result: dict = {"command": "python bench/prefix.py " + " ".join(sys.argv[1:]),
                     "workload": vars(a), "device": cached.config.device.device,
-                    "dtype": cached.config.model.dtype}
+                    "dtype": cached.config.model.dtype,
+                    "async_scheduling": cached.config.scheduler.async_scheduling}
     if not a.skip_batch:
         result["unique_prompts"] = run_batch(cached, unique, a.output_len)
         result["shared_prefix_cache_on"] = run_batch(cached, shared, a.output_len)

@@ -60,6 +60,7 @@ def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, e
         "requests_per_s": len(prompts) / elapsed,
         "model_dir": llm.engine.config.model.model,
         "dtype": llm.engine.config.model.dtype,
+        "async_scheduling": llm.engine.config.scheduler.async_scheduling,
         "startup_s": startup,
         "num_steps": llm.engine.stats.num_steps,
     }
@@ -146,6 +147,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--hf", action="store_true", help="also run the HF transformers baseline")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -154,7 +156,7 @@ def main() -> None:
         from model_dirs import make_model_dir
 
         a.model = a.model or str(make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape)))
-    engine_args = {"dtype": a.dtype, "max_num_seqs": a.max_num_seqs}
+    engine_args = {"dtype": a.dtype, "max_num_seqs": a.max_num_seqs, "async_scheduling": a.async_scheduling}
     if a.load_format != "auto":
         engine_args["load_format"] = a.load_format
     if a.max_num_batched_tokens:

@@ -89,10 +89,21 @@ def test_extend_after_a_prefix_hit_runs_from_a_mixed_graph_on_cpu(tiny_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("enforce_eager", [False, True], ids=["cuda-graphs", "eager"])
-def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager):
+@pytest.mark.parametrize(
+    "enforce_eager,async_scheduling",
+    [(False, True), (False, False), (True, True)],
+    ids=["cuda-graphs-async", "cuda-graphs-sync", "eager-async"],
+)
+def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager, async_scheduling):
     prompts = _prompts(8, seed=1)
     cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256), prompts)
-    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, enforce_eager=enforce_eager, gpu_memory_utilization=0.3)
+    llm = LLM(
+        str(tiny_dir),
+        device="cuda",
+        max_model_len=256,
+        enforce_eager=enforce_eager,
+        async_scheduling=async_scheduling,
+        gpu_memory_utilization=0.3,
+    )
     assert _greedy(llm, prompts) == cpu
     assert llm.engine.runner.last_step.graphed is not enforce_eager
