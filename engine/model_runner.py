@@ -24,6 +24,7 @@ from flotilla.engine.sampler import SamplerOutput, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
 from flotilla.engine.staging import device_tensor
+from flotilla.kernels.dispatch import greedy_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class ModelRunner:
             selected = hidden[device_tensor(indices, torch.long, self.device)]
         logits = self.model.compute_logits(selected)
         if all(_plain_greedy(r) for r in rows):
-            drawn = SamplerOutput(token_ids=logits.argmax(dim=-1))  # bf16 argmax = fp32 argmax, ties too
+            drawn = SamplerOutput(token_ids=greedy_tokens(logits))  # bf16 argmax = fp32 argmax, ties too
         else:
             logits = logits.float()
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)

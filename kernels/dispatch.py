@@ -91,3 +91,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's highest logit (lowest index on ties), as `logits.argmax(dim=-1)`."""
+    if logits.is_cuda:
+        from flotilla.kernels.triton_argmax import argmax_rows
+
+        return argmax_rows(logits)
+    return logits.argmax(dim=-1)
