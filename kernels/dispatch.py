@@ -62,6 +62,27 @@ def paged_attention(
     return paged_attention_cpu(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len)
 
 
+def rotary_and_write_kv(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Rotate query and key by position and store the rotated key and the value at their slots;
+    returns the rotated query. One fused kernel on CUDA."""
+    if query.is_cuda:
+        from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv as fused
+
+        return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    query, key = apply_rotary_ref(positions, query, key, cos_sin_cache)
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    return query
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

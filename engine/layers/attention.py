@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from flotilla.engine.forward_context import current_attention_metadata
-from flotilla.kernels.dispatch import paged_attention, write_kv_cache
+from flotilla.kernels.dispatch import paged_attention, rotary_and_write_kv, write_kv_cache
 
 
 class Attention(nn.Module):
@@ -26,8 +26,19 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q `[T, H*D]`, k/v `[T, Hkv*D]` -> `[T, H*D]`."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cos_sin_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q `[T, H*D]`, k/v `[T, Hkv*D]` -> `[T, H*D]`.
+
+        With `positions` and a rotary `cos_sin_cache`, q and k are rotated here, fused with the KV
+        write (the rotated key goes straight into the cache).
+        """
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -36,7 +47,10 @@ class Attention(nn.Module):
             # No cache yet (memory profiling): the paged kernels need O(tokens) memory, their output,
             # so stand in with that instead of materialising a whole-batch attention matrix.
             return torch.zeros_like(q).view(-1, self.num_heads * self.head_dim)
-        write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if cos_sin_cache is not None:
+            q = rotary_and_write_kv(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, meta.slot_mapping)
+        else:
+            write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
             max_query_len=meta.max_query_len,

@@ -10,8 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from flotilla.kernels.dispatch import apply_rotary
-
 
 def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """The D/2 rotary frequencies, computed exactly as HF transformers does (fp32)."""
@@ -49,14 +47,11 @@ def _cos_sin_table(head_dim: int, max_position: int, base: float, scaling: str, 
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies rotary embedding to query and key by position, from a precomputed cos/sin table."""
+    """The precomputed cos/sin table of a rotary embedding. Attention applies it (fused with the
+    KV-cache write, `flotilla.kernels.dispatch.rotary_and_write_kv`)."""
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         scaling_key = json.dumps(scaling, sort_keys=True)
         table = _cos_sin_table(head_dim, max_position, base, scaling_key, torch.get_default_device())
         self.register_buffer("cos_sin_cache", table, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[T, H, D]`, k `[T, Hkv, D]` rotated by `positions` `[T]`."""
-        return apply_rotary(positions, q, k, self.cos_sin_cache)

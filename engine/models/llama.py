@@ -71,7 +71,7 @@ class LlamaArch:
 
 
 class LlamaAttention(nn.Module):
-    """Fused QKV projection, optional per-head q/k RMSNorm, rotary, paged attention, output projection."""
+    """Fused QKV projection, optional per-head q/k RMSNorm, rotary + paged attention, output projection."""
 
     def __init__(self, a: LlamaArch) -> None:
         super().__init__()
@@ -94,8 +94,8 @@ class LlamaAttention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        # Rotary is applied inside attention, fused with the KV-cache write.
+        return self.o_proj(self.attn(q, k, v, positions, self.rotary.cos_sin_cache))
 
 
 class LlamaMLP(nn.Module):
