@@ -1,6 +1,6 @@
 """Microbenchmarks of the Triton kernels against their anchors, on one CUDA GPU, in one run.
 
-    python3 bench/kernels.py --out results.json [--sweep]
+    python3 bench/kernels.py --out results.json [--sections decode,prefill,elementwise] [--sweep decode,...]
 
 - Copy bandwidth (the ceiling for the memory-bound kernels): a 1 GiB device-to-device copy,
   bytes read + written over time.
@@ -13,13 +13,19 @@
   extend case (1,536 cached + 512 new tokens per sequence) for information.
 - RMSNorm + residual, rotary, SiLU-and-mul, KV write at 8,192 tokens x 4,096: GB/s of the bytes they
   must move, against the copy bandwidth (and torch eager for information).
-`--sweep` also times other tile/launch configurations of the attention kernels. Every Triton
-output is checked against its baseline before it is timed; the JSON records the errors.
+- GEMV (`--sections gemv`, not in the default run): decode-time linear layers of Llama-3.1-8B
+  (qkv, o, gate_up, down; bf16 weight `[N, K]`) at M = 1 and 4 rows: GB/s of weight read, against
+  F.linear (cuBLAS), both timed in one CUDA graph of many calls rotating over >= 3 weight copies so
+  that no call finds its weight in L2.
+`--sections` picks the sections to run (the copy bandwidth always runs: the others are read against
+it). `--sweep` also times other tile/launch configurations of the named sections' kernels. Every
+Triton output is checked against its baseline before it is timed; the JSON records the errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -33,9 +39,11 @@ from triton.testing import do_bench
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.layernorm import rms_norm_ref
+from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_activation import silu_and_mul
+from flotilla.kernels.triton_gemv import default_config, gemv
 from flotilla.kernels.triton_kv_write import write_kv_cache
 from flotilla.kernels.triton_paged_decode import default_num_splits, paged_decode_attention
 from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
@@ -52,6 +60,14 @@ PREFILL = (8, 2048)  # batch, tokens
 EXTEND = (8, 512, 1536)  # batch, new tokens, cached tokens
 ELEMENTWISE = (8192, 4096)  # tokens, hidden
 COPY_ELEMENTS = 2**29  # 1 GiB of bf16
+# Llama-3.1-8B's projections (N, K), one layer's weight each; decode at M rows.
+GEMV_SHAPES = {
+    "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336),
+}  # fmt: skip
+GEMV_ROWS = (1, 4)
+GEMV_GRAPH_BYTES = 4 * 2**30  # weight bytes streamed per graph replay (~1 ms at copy rate)
+SECTIONS = ("decode", "prefill", "elementwise", "gemv")
+DEFAULT_SECTIONS = "decode,prefill,elementwise"
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -355,15 +371,124 @@ def bench_kv_write(tokens: int, hidden: int, sweep: bool) -> dict:
     )  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# small-batch GEMV (decode-time linear layers)
+
+
+def gemv_sweep_configs(m: int, n: int, k: int, sms: int) -> list[dict]:
+    """At most ~45 configurations around the default: FMA tiles, warps x stages, split-K, and a few
+    `tl.dot` (swap-AB) tiles. FMA tiles whose accumulator needs more than 128 fp32 registers a
+    thread are left out (they spill)."""
+    default = default_config(m, n, k, sms)
+    block_m = triton.next_power_of_2(m)
+
+    def fits(bn: int, bk: int, warps: int = 4) -> bool:
+        return block_m * bn * bk <= 128 * 32 * warps
+
+    configs = [
+        {"use_dot": False, "block_n": bn, "block_k": bk}
+        for bn in (8, 16, 32, 64)
+        for bk in (128, 256, 512)
+        if fits(bn, bk) and (bn, bk) != (default.block_n, default.block_k)
+    ]
+    tiles = {"use_dot": False, "block_n": default.block_n, "block_k": default.block_k}
+    configs += [
+        {**tiles, "num_warps": w, "num_stages": st}
+        for w in (2, 4, 8)
+        for st in (1, 2, 3, 4)
+        if (w, st) != (default.num_warps, default.num_stages) and fits(default.block_n, default.block_k, w)
+    ]
+    configs += [{**tiles, "split_k": sk} for sk in (1, 2, 4, 8) if sk != default.split_k]
+    configs += [
+        {"use_dot": False, "block_n": bn, "block_k": 256, "split_k": sk}
+        for bn in (16, 32)
+        for sk in (2, 4)
+        if fits(bn, 256)
+    ]
+    configs += [  # block_n, block_k, num_stages, split_k (None: the heuristic's), num_warps
+        {"use_dot": True, "block_n": bn, "block_k": bk, "num_stages": st, "split_k": sk, "num_warps": w}
+        for bn, bk, st, sk, w in (
+            (64, 128, 4, None, 4), (64, 128, 3, None, 4), (64, 256, 3, None, 4), (32, 128, 4, None, 4),
+            (16, 128, 4, None, 4), (16, 256, 4, None, 4), (64, 128, 4, 2, 4), (64, 128, 4, 4, 4),
+            (128, 64, 4, None, 4), (64, 64, 4, None, 4), (64, 128, 4, None, 8),
+        )
+    ]  # fmt: skip
+    return configs
+
+
+def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float, sweep: bool) -> dict:
+    """Triton GEMV vs F.linear (cuBLAS) for a bf16 weight `[n, k]` and `m` rows: GB/s of weight read.
+
+    Both are timed in one CUDA graph of many calls (decode runs under graphs), rotating over
+    `sets` weight copies that together exceed the L2 several times, so every call streams its weight
+    from HBM; the x and output bytes (a few KB) are not counted.
+    """
+    w_bytes = n * k * DTYPE.itemsize
+    sets = max(3, -(-L2_ROTATION_BYTES // w_bytes))
+    weights = [torch.randn(n, k, device=DEV, dtype=DTYPE).div_(k**0.5) for _ in range(sets)]
+    xs = torch.randn(sets, m, k, device=DEV, dtype=DTYPE)
+    calls = sets * max(1, round(GEMV_GRAPH_BYTES / (sets * w_bytes)))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def triton_fn(**cfg) -> Callable[[int], torch.Tensor]:
+        return lambda i: gemv(xs[i % sets], weights[i % sets], **cfg)
+
+    def cublas_fn(i: int) -> torch.Tensor:
+        return F.linear(xs[i % sets], weights[i % sets])
+
+    ref = gemv_ref(xs[0], weights[0])
+
+    def errors(out: torch.Tensor) -> dict:
+        return {"rel_err": rel_err(out, ref), "max_abs_err": float((out.float() - ref.float()).abs().max())}
+
+    def gbps(ms: float) -> float:
+        return w_bytes / ms / 1e6
+
+    result = {"name": name, "n": n, "k": k, "m": m, "weight_bytes": w_bytes, "weight_sets": sets}
+    result["timing"] = f"cuda graph of {calls} calls"
+    result["default_config"] = dataclasses.asdict(default_config(m, n, k, sms))
+    result["cublas_errors"] = errors(cublas_fn(0))
+    cublas_ms = graph_ms(cublas_fn, calls)
+    result.update(cublas_ms=cublas_ms, cublas_gbps=gbps(cublas_ms), cublas_fraction_of_copy=gbps(cublas_ms) / copy_gbps)
+    try:  # the kernel is new to the GPU: a default that fails to compile must not cost the sweep
+        result["triton_errors"] = errors(triton_fn()(0))
+        ms = graph_ms(triton_fn(), calls)
+    except Exception as exc:
+        result["triton_error"] = repr(exc)[:500]
+        ms = float("inf")
+    result.update(triton_ms=ms, triton_gbps=gbps(ms), ratio=cublas_ms / ms, fraction_of_copy=gbps(ms) / copy_gbps)
+    if sweep:
+        result["sweep"] = []
+        for cfg in gemv_sweep_configs(m, n, k, sms):
+            try:
+                e = errors(triton_fn(**cfg)(0))
+                t = graph_ms(triton_fn(**cfg), calls)
+                result["sweep"].append({**cfg, "ms": t, "gbps": gbps(t), "ratio": cublas_ms / t, **e})
+            except Exception as exc:  # a config that does not compile (resources) is recorded, not fatal
+                result["sweep"].append({**cfg, "error": repr(exc)[:200]})
+        timed = [s for s in result["sweep"] if "gbps" in s and s["rel_err"] < 2e-2]
+        if timed:
+            result["best"] = max(timed, key=lambda s: s["gbps"])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument(
+        "--sections",
+        default=DEFAULT_SECTIONS,
+        help=f"comma list of sections to run, of {','.join(SECTIONS)} or 'all' (default: {DEFAULT_SECTIONS})",
+    )
+    parser.add_argument(
         "--sweep",
         default="",
-        help="comma list of sections (decode,prefill,elementwise) to time other configurations of",
+        help="comma list of sections (decode,prefill,elementwise,gemv) to time other configurations of",
     )
     args = parser.parse_args()
+    sections = set(SECTIONS) if args.sections == "all" else set(filter(None, args.sections.split(",")))
+    if sections - set(SECTIONS):
+        parser.error(f"unknown sections: {', '.join(sorted(sections - set(SECTIONS)))}")
     sweep = set(filter(None, args.sweep.split(",")))
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -381,61 +506,90 @@ def main() -> None:
 
     results["copy"] = copy_bandwidth()
     print(f"copy {results['copy']['gbps']:.0f} GB/s", flush=True)
-    results["decode"] = []
-    for batch in DECODE_BATCHES:
-        r = bench_decode(batch, DECODE_CTX, "decode" in sweep)
-        results["decode"].append(r)
-        gbps, sdpa, err = r["triton_gbps"], r["sdpa_gbps"], r["rel_err_vs_sdpa"]
-        print(f"decode b{batch}: triton {gbps:.0f} GB/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
-        save()
-        torch.cuda.empty_cache()
-    results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, "prefill" in sweep)
-    results["extend"] = bench_prefill(*EXTEND, False)
-    for key in ("prefill", "extend"):
-        r = results[key]
-        tf, sdpa, err = r["triton_tflops"], r["sdpa_tflops"], r["rel_err_vs_sdpa"]
-        print(f"{key}: triton {tf:.0f} TFLOP/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
-    save()
-    results["elementwise"] = {}
-    for case_fn in (bench_rmsnorm, bench_rotary, bench_silu_and_mul, bench_kv_write):
-        r = case_fn(*ELEMENTWISE, "elementwise" in sweep)
-        results["elementwise"][r.pop("name")] = r
-        torch.cuda.empty_cache()
     copy = results["copy"]["gbps"]
+    if "decode" in sections:
+        results["decode"] = []
+        for batch in DECODE_BATCHES:
+            r = bench_decode(batch, DECODE_CTX, "decode" in sweep)
+            results["decode"].append(r)
+            gbps, sdpa, err = r["triton_gbps"], r["sdpa_gbps"], r["rel_err_vs_sdpa"]
+            print(f"decode b{batch}: triton {gbps:.0f} GB/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+            save()
+            torch.cuda.empty_cache()
+    if "prefill" in sections:
+        results["prefill"] = bench_prefill(PREFILL[0], PREFILL[1], 0, "prefill" in sweep)
+        results["extend"] = bench_prefill(*EXTEND, False)
+        for key in ("prefill", "extend"):
+            r = results[key]
+            tf, sdpa, err = r["triton_tflops"], r["sdpa_tflops"], r["rel_err_vs_sdpa"]
+            print(f"{key}: triton {tf:.0f} TFLOP/s, sdpa {sdpa:.0f}, err {err:.1e}", flush=True)
+        save()
+    if "elementwise" in sections:
+        results["elementwise"] = {}
+        for case_fn in (bench_rmsnorm, bench_rotary, bench_silu_and_mul, bench_kv_write):
+            r = case_fn(*ELEMENTWISE, "elementwise" in sweep)
+            results["elementwise"][r.pop("name")] = r
+            torch.cuda.empty_cache()
+    if "gemv" in sections:
+        results["gemv"] = []
+        for m in GEMV_ROWS:
+            for name, (n, k) in GEMV_SHAPES.items():
+                r = bench_gemv(name, n, k, m, copy, "gemv" in sweep)
+                results["gemv"].append(r)
+                err = f"{r['triton_errors']['rel_err']:.1e}" if "triton_errors" in r else r["triton_error"]
+                print(
+                    f"gemv {name} m{m}: triton {r['triton_gbps']:.0f} GB/s, cublas {r['cublas_gbps']:.0f}, err {err}",
+                    flush=True,
+                )
+                save()
+                torch.cuda.empty_cache()
     floors = {}
-    for r in results["decode"]:
+    for r in results.get("decode", []):
         if r["batch"] == 1:
             floors["decode_b1_gbps>=2000"] = r["triton_gbps"] >= 2000
         else:
             floors[f"decode_b{r['batch']}_ratio>=0.8"] = r["ratio"] >= 0.8
-    floors["prefill_ratio>=0.6"] = results["prefill"]["ratio"] >= 0.6
-    for name, r in results["elementwise"].items():
+    if "prefill" in results:
+        floors["prefill_ratio>=0.6"] = results["prefill"]["ratio"] >= 0.6
+    for name, r in results.get("elementwise", {}).items():
         r["fraction_of_copy"] = r["triton_gbps"] / copy
         floors[f"{name}>=0.7copy"] = r["fraction_of_copy"] >= 0.7
+    for r in results.get("gemv", []):
+        floors[f"gemv_{r['name']}_m{r['m']}>=0.9copy"] = r["fraction_of_copy"] >= 0.9
     results["floors_met"] = floors
     save()
     print("\n| case | Triton | baseline | ratio | floor met |")
-    for r in results["decode"]:
+    for r in results.get("decode", []):
         key = "decode_b1_gbps>=2000" if r["batch"] == 1 else f"decode_b{r['batch']}_ratio>=0.8"
         case = f"decode b{r['batch']}x{r['ctx']} GB/s"
         print(f"| {case} | {r['triton_gbps']:.0f} | SDPA {r['sdpa_gbps']:.0f} | {r['ratio']:.2f} | {floors[key]} |")
-    for key in ("prefill", "extend"):
+    for key in ("prefill", "extend") if "prefill" in results else ():
         r = results[key]
         met = floors.get("prefill_ratio>=0.6", "") if key == "prefill" else "-"
         print(f"| {key} TFLOP/s | {r['triton_tflops']:.0f} | SDPA {r['sdpa_tflops']:.0f} | {r['ratio']:.2f} | {met} |")
-    for name, r in results["elementwise"].items():
+    for name, r in results.get("elementwise", {}).items():
         met = floors[name + ">=0.7copy"]
         print(f"| {name} GB/s | {r['triton_gbps']:.0f} | copy {copy:.0f} | {r['fraction_of_copy']:.2f} | {met} |")
-    for r in results["decode"]:
+    for r in results.get("gemv", []):  # ratio: cuBLAS time / Triton time; the floor: >= 0.9 of copy
+        met = floors[f"gemv_{r['name']}_m{r['m']}>=0.9copy"]
+        case = f"gemv {r['name']} m{r['m']} GB/s ({r['fraction_of_copy']:.2f} copy)"
+        print(f"| {case} | {r['triton_gbps']:.0f} | cuBLAS {r['cublas_gbps']:.0f} | {r['ratio']:.2f} | {met} |")
+    for r in results.get("decode", []):
         if "sweep" in r:
             best = max((s for s in r["sweep"] if "gbps" in s), key=lambda s: s["gbps"])
             print(f"sweep decode b{r['batch']}: best {best}")
-    if "sweep" in results["prefill"]:
+    if "sweep" in results.get("prefill", {}):
         for s in results["prefill"]["sweep"]:
             print(f"sweep prefill: {s}")
-    for name, r in results["elementwise"].items():
+    for name, r in results.get("elementwise", {}).items():
         if "sweep" in r:
             print(f"sweep {name}: " + ", ".join(f"{s['num_warps']} warps {s['gbps']:.0f}" for s in r["sweep"]))
+    for r in results.get("gemv", []):
+        if "best" in r:
+            b = r["best"]
+            knobs = ("use_dot", "block_n", "block_k", "split_k", "num_warps", "num_stages")
+            cfg = {key: b[key] for key in knobs if key in b}
+            print(f"sweep gemv {r['name']} m{r['m']}: best {b['gbps']:.0f} GB/s, x{b['ratio']:.2f} cuBLAS, {cfg}")
 
 
 if __name__ == "__main__":

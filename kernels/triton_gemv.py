@@ -1,0 +1,278 @@
+"""GEMV for decode at very small batch in Triton: `out = x @ weight.T (+ bias)` with `x` `[M, K]`, M ~1..8.
+
+Same contract as `gemv_ref`. At M = 1..8 a linear layer is a pure weight stream: every weight byte is
+read once and used for M multiply-adds, so the only figure of merit is the weight's read bandwidth.
+cuBLAS's small-M kernels reach ~75% of copy bandwidth on an H200 for Llama-3.1-8B's qkv and o_proj
+shapes (and add a split-K reduce kernel); this kernel is built to stream the weight at ~copy rate.
+
+Layout: `weight` is `[N, K]` row-major (nn.Linear's), so a weight row is contiguous along K. One
+program owns BLOCK_N output features (weight rows) and walks its K range in BLOCK_K chunks: each
+chunk is a `[BLOCK_N, BLOCK_K]` tile loaded along K (coalesced, 16-byte vector loads), and the few
+rows of `x` are reloaded per chunk (they stay in L1/L2). Two ways to do the arithmetic (`use_dot`):
+
+- FMA (default for M <= 4): a `[BLOCK_M, BLOCK_N, BLOCK_K]` fp32 accumulator of element-wise
+  products, summed over K once after the loop. Reducing per chunk instead would cost warp shuffles
+  for every chunk, which at M = 4 compete with the loads; the price is registers, so the default
+  tiles keep the accumulator at 64 fp32 registers a thread.
+- Dot (default for M > 4): `tl.dot(w_tile, x_tile.T)` with the weight tile as the MMA's M side and
+  the batch padded to 16 as its N side ("swap AB", as cuBLAS's 64x8 small-M tiles do); the tile goes
+  through shared memory, which the software pipeline (`num_stages`) keeps several tiles deep.
+
+Split-K: when `N / BLOCK_N` programs are too few to keep every SM streaming, a second grid axis cuts
+K into `split_k` ranges (whole BLOCK_K tiles each). Each range writes fp32 partials `[split, M, N]`
+and a small kernel sums them, adds the bias and casts. Partials, not `tl.atomic_add` into an fp32
+buffer: atomics need the buffer zeroed (a memset launch) and a cast pass anyway, so they save no
+launch, and their summation order varies run to run, so the output would not be bit-reproducible
+(greedy decoding compares outputs token for token). The partials are tiny next to the weight
+(split * M * N * 4 bytes, e.g. 128 KB against o_proj's 32 MB).
+
+Every choice is made from shapes alone (M, N, K, the SM count), never from tensor values: a call
+never syncs with the host and can be captured in a CUDA graph. `default_config` is a lead to be
+tuned on the H200 with `bench/kernels.py --sections gemv --sweep gemv`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
+
+# FMA path: accumulator elements a thread may hold (64 fp32 registers) before it spills or drops to
+# one program per SM; the default tiles are sized to this budget.
+_ACC_PER_THREAD = 64
+_REDUCE_BLOCK = 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GemvConfig:
+    """Tile and launch knobs of one GEMV launch."""
+
+    block_n: int  # output features (weight rows) per program
+    block_k: int  # K elements per loop step
+    split_k: int  # K ranges (second grid axis); 1 = no partials, no reduce kernel
+    num_warps: int
+    num_stages: int  # software-pipeline depth of the K loop
+    use_dot: bool  # tl.dot (batch padded to 16) instead of FMA + one final reduction
+
+
+def default_config(
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_dot: bool | None = None,
+) -> GemvConfig:
+    """The launch configuration for an `[m, k] x [n, k]^T` GEMV; given knobs are kept, the rest chosen.
+
+    A lead from first principles, to be tuned on the H200 (not yet measured):
+    - FMA up to M = 4, dot above, where the FMA accumulator would not fit the register budget.
+    - FMA tiles: BLOCK_K as wide as 512 (each thread then issues several 16-byte loads per step,
+      enough bytes in flight without pipelining), BLOCK_N filling the 64-register accumulator
+      budget, at least 8 rows; M = 1 gives 16 x 512, M = 2 8 x 512, M = 4 8 x 256.
+    - Then fewer rows per program (down to 8) while there are fewer than 2 programs per SM: more,
+      smaller programs balance the SMs better and need no second kernel.
+    - Split-K (powers of two) only while there are still fewer than 2 programs per SM, and only as
+      far as each K range keeps >= 4 tiles: the reduce kernel is a second launch (~1-2 us, like
+      cuBLAS's), a large share of an ~8-12 us call. For Llama-3.1-8B on 132 SMs this leaves
+      split_k = 1 for all four projections; smaller N (tensor-parallel shards, small models) split.
+    """
+    block_m = triton.next_power_of_2(max(m, 1))
+    k_pow2 = max(16, triton.next_power_of_2(k))
+    if use_dot is None:
+        use_dot = block_m > 4
+    tiles_given = block_n is not None
+    if use_dot:
+        num_warps = num_warps or 4
+        num_stages = num_stages or 4
+        block_k = block_k or min(128, k_pow2)
+        block_n = block_n or 64
+    else:
+        num_warps = num_warps or 4
+        num_stages = num_stages or 2
+        budget = _ACC_PER_THREAD * 32 * num_warps
+        block_k = block_k or min(512, k_pow2, max(16, budget // (block_m * 8)))
+        block_n = block_n or max(8, budget // (block_m * block_k))
+    if not tiles_given:
+        block_n = min(block_n, max(8, triton.next_power_of_2(n)))
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > (16 if use_dot else 8):
+            block_n //= 2
+    if split_k is None:
+        tiles = triton.cdiv(n, block_n)
+        split_k = 1
+        while tiles * split_k < 2 * num_sms and k >= 2 * split_k * 4 * block_k and split_k < 16:
+            split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, use_dot)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if USE_DOT else [BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    # A range ends either at the next range's start (a whole number of tiles away) or at K, so
+    # `< K` is the only K mask needed; K's divisibility by 16 (Triton specialises on it) keeps the
+    # masked loads vectorised.
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        k_ok = (k0 + ks) < K
+        w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_DOT:
+            acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+        else:  # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    res = tl.trans(acc) if USE_DOT else tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
+    ok = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        p_rows = (split * M + rows).to(tl.int64)  # partials [SPLIT_K, M, N]
+        tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the sum is the same every run
+        acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_dot: bool | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` for `x` `[..., K]` (few rows) and `weight` `[N, K]`; fp32 accumulation.
+
+    The output has `x`'s dtype and shape `[..., N]`. The knobs default to `default_config` (shapes
+    only, so the call is CUDA-graph capturable); they are exposed for tests and the benchmark.
+    """
+    k = x.shape[-1]
+    n = weight.shape[0]
+    assert weight.shape[1] == k, f"weight {tuple(weight.shape)} does not match x's K = {k}"
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    assert weight.stride(-1) == 1, "weight rows must be contiguous along K"
+    assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
+    m = x2.shape[0]
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    cfg = default_config(
+        m, n, k, device_sms(x), block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
+        num_stages=num_stages, use_dot=use_dot,
+    )  # fmt: skip
+    block_m = triton.next_power_of_2(m)
+    if cfg.use_dot:
+        assert cfg.block_n >= 16 and cfg.block_k >= 16, "tl.dot needs tiles of at least 16"
+        block_m = max(16, block_m)
+    # Whole tiles per K range, so only the last range is ragged; ranges that would be empty are
+    # not launched (the count follows from the shapes alone).
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(k, k_per_split)
+    out2 = out.view(-1, n)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
+    bias_arg = bias if bias is not None else out2  # unused without a bias
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        x2,
+        weight,
+        bias_arg,
+        out2,
+        part,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        weight.stride(0),
+        out2.stride(0),
+        k_per_split,
+        HAS_BIAS=bias is not None,
+        SPLIT_K=splits,
+        USE_DOT=cfg.use_dot,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        NUM_STAGES=cfg.num_stages,
+        DOT_DTYPE=dot_dtype(x.dtype),
+        DOT_PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
+        )
+    return out
+
+
+__all__ = ["GemvConfig", "default_config", "gemv"]
