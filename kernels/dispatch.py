@@ -9,7 +9,10 @@ defines a kernel before a test has set TRITON_INTERPRET).
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
@@ -121,3 +124,17 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
         return argmax_rows(logits)
     return logits.argmax(dim=-1)
+
+
+# Decode-time linear layers of at most this many rows use the Triton GEMV instead of cuBLAS.
+# Experimental until measured against cuBLAS in the engine on the H200: 0 (the default) keeps cuBLAS.
+TRITON_GEMV_MAX_ROWS = int(os.environ.get("FLOTILLA_TRITON_GEMV_MAX_ROWS", "0"))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV for a few rows when enabled."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= TRITON_GEMV_MAX_ROWS:
+        from flotilla.kernels.triton_gemv import gemv
+
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)

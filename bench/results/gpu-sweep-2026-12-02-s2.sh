@@ -21,6 +21,10 @@ for s in ${STAGES:-tests latency latency-sync profile qwen}; do
     throughput-mixed) timeout 120 python3 bench/throughput.py --shape llama-3.1-8b --load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --mixed --max-num-seqs 512 --max-num-batched-tokens 16384 --json $OUT/gpu-throughput-mixed-llama8b-s2.json 2>&1 | tee -a $L | grep -E "Error|error|output_tokens_per_s|fraction" | tail -6 ;;
     prefix) timeout 90 python3 bench/prefix.py --shape llama-3.1-8b --load-format dummy --num-requests 32 --prefix-len 2000 --suffix-len 20 --output-len 16 --single-engine --max-num-batched-tokens 8192 --json $OUT/gpu-prefix-llama8b-s2.json 2>&1 | tee -a $L | grep -E "Error|error|speedup|ttft_mean|_ttft_s" | tail -10 ;;
     greedy) timeout 150 python3 bench/greedy_match.py --shape llama-3.1-8b --num-prompts 8 --tokens 32 --json $OUT/gpu-greedy-match-llama8b-s2.json 2>&1 | tee -a $L | grep -v "^ " | grep -v INFO | tail -6 ;;
+    gemv-kernels) timeout 120 python3 bench/kernels.py --sections gemv --out $OUT/kernels-gemv-s2.json 2>&1 | tee -a $L | grep -iv "info" | tail -12 ;;
+    latency-fused) timeout 100 python3 bench/latency.py --shape llama-3.1-8b --batch-sizes 1,16,64 --contexts 512 --steps 32 --json $OUT/gpu-latency-llama8b-s2-fused.json 2>&1 | tee -a $L | grep -v "^{" | grep -v INFO | tail -5 ;;
+    latency-gemv) FLOTILLA_TRITON_GEMV_MAX_ROWS=4 timeout 100 python3 bench/latency.py --shape llama-3.1-8b --batch-sizes 1,16,64 --contexts 512 --steps 32 --json $OUT/gpu-latency-llama8b-s2-gemv.json 2>&1 | tee -a $L | grep -v "^{" | grep -v INFO | tail -5 ;;
+    profile-gemv) FLOTILLA_TRITON_GEMV_MAX_ROWS=4 timeout 90 python3 bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1 --context 512 --steps 20 --json $OUT/gpu-decode-profile-llama8b-s2-gemv.json 2>&1 | tee -a $L | grep -v INFO | tail -12 ;;
   esac
 done
 echo "=== done $(date +%T)"

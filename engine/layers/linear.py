@@ -9,10 +9,10 @@ weights will be a different layer class with the same loaders, not a change to m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from flotilla.kernels.dispatch import linear
 
 
 class _Linear(nn.Module):
@@ -32,7 +32,7 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T + b`."""
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(_Linear):
@@ -103,5 +103,5 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial product on this rank, summed over ranks, then the bias."""
-        y = all_reduce(F.linear(x, self.weight))
+        y = all_reduce(linear(x, self.weight))
         return y + self.bias if self.bias is not None else y
