@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_split_merge import merge_splits
+from flotilla.kernels.triton_split_merge import merge_splits, split_buffers
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -169,11 +169,7 @@ def paged_decode_attention(
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
     block_d = triton.next_power_of_2(head_dim)
-    if num_splits > 1:
-        part_out = torch.empty(batch * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(batch * num_heads * num_splits, dtype=torch.float32, device=query.device)
-    else:
-        part_out = part_lse = out  # unused: the split kernel writes `out` directly
+    part_out, part_lse = split_buffers(out, batch, num_splits)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
         k_cache,

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_split_merge import merge_splits
+from flotilla.kernels.triton_split_merge import merge_splits, split_buffers
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -281,11 +281,7 @@ def paged_prefill_attention(
         )
     split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
     block_d = triton.next_power_of_2(head_dim)
-    if num_splits > 1:
-        part_out = torch.empty(num_tokens * num_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(num_tokens * num_heads * num_splits, dtype=torch.float32, device=query.device)
-    else:
-        part_out = part_lse = out  # unused: the kernel writes `out` directly
+    part_out, part_lse = split_buffers(out, num_tokens, num_splits)
     _prefill_kernel[(grid_tiles, head_blocks, num_splits)](
         query,
         k_cache,

@@ -38,6 +38,17 @@ def _store_rotated(ptr, t, stride_t, stride_h, num_heads, x1, x2, cos, sin, HEAD
 
 
 @triton.jit
+def _cos_sin(cos_sin_ptr, pos, stride_cs, dtype: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """Position `pos`'s cos and sin rows `[1, HALF_PAD]`, rounded to the activation `dtype` first
+    (as the reference does), in fp32."""
+    i = tl.arange(0, HALF_PAD)[None, :]
+    row = cos_sin_ptr + pos * stride_cs + i
+    cos = tl.load(row, mask=i < HALF, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(row + HALF, mask=i < HALF, other=0.0).to(dtype).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_kernel(
     positions_ptr,
     q_ptr,
@@ -67,11 +78,7 @@ def _rotary_kernel(
     pos = tl.load(positions_ptr + t).to(tl.int64)
     q1, q2 = _load_halves(q_ptr, t, stride_qt, stride_qh, num_q_heads, Q_HEADS_PAD, HALF, HALF_PAD)
     k1, k2 = _load_halves(k_ptr, t, stride_kt, stride_kh, num_k_heads, K_HEADS_PAD, HALF, HALF_PAD)
-    i = tl.arange(0, HALF_PAD)[None, :]
-    row = cos_sin_ptr + pos * stride_cs + i
-    # cos/sin rounded to the activation dtype first, as the reference does
-    cos = tl.load(row, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
-    sin = tl.load(row + HALF, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
+    cos, sin = _cos_sin(cos_sin_ptr, pos, stride_cs, q_ptr.dtype.element_ty, HALF, HALF_PAD)
     _store_rotated(q_out_ptr, t, stride_qot, stride_qoh, num_q_heads, q1, q2, cos, sin, Q_HEADS_PAD, HALF, HALF_PAD)
     _store_rotated(k_out_ptr, t, stride_kot, stride_koh, num_k_heads, k1, k2, cos, sin, K_HEADS_PAD, HALF, HALF_PAD)
 

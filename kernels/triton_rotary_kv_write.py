@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_rotary import _load_halves, _store_rotated
+from flotilla.kernels.triton_rotary import _cos_sin, _load_halves, _store_rotated
 
 
 @triton.jit
@@ -57,10 +57,7 @@ def _rotary_kv_write_kernel(
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     q1, q2 = _load_halves(q_ptr, t, stride_qt, stride_qh, num_q_heads, Q_HEADS_PAD, HALF, HALF_PAD)
     k1, k2 = _load_halves(k_ptr, t, stride_kt, stride_kh, num_kv_heads, K_HEADS_PAD, HALF, HALF_PAD)
-    i = tl.arange(0, HALF_PAD)[None, :]
-    row = cos_sin_ptr + pos * stride_cs + i
-    cos = tl.load(row, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
-    sin = tl.load(row + HALF, mask=i < HALF, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)
+    cos, sin = _cos_sin(cos_sin_ptr, pos, stride_cs, q_ptr.dtype.element_ty, HALF, HALF_PAD)
     _store_rotated(q_out_ptr, t, stride_qot, stride_qoh, num_q_heads, q1, q2, cos, sin, Q_HEADS_PAD, HALF, HALF_PAD)
     if slot >= 0:
         block, offset = slot // PAGE, slot % PAGE
@@ -68,6 +65,7 @@ def _rotary_kv_write_kernel(
         _store_rotated(k_row, 0, 0, stride_kch, num_kv_heads, k1, k2, cos, sin, K_HEADS_PAD, HALF, HALF_PAD)
         v1, v2 = _load_halves(v_ptr, t, stride_vt, stride_vh, num_kv_heads, K_HEADS_PAD, HALF, HALF_PAD)
         h = tl.arange(0, K_HEADS_PAD)[:, None]
+        i = tl.arange(0, HALF_PAD)[None, :]
         mask = (h < num_kv_heads) & (i < HALF)
         v_row = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + i
         tl.store(v_row, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)

@@ -10,6 +10,7 @@ output row comes from `query_start_loc`), in the prefill kernel a row is a query
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -53,6 +54,17 @@ def split_merge_kernel(
     )
 
 
+def split_buffers(out: torch.Tensor, num_rows: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs `[rows * heads * splits, BLOCK_D]` and log-sum-exps (fp32) for a split launch;
+    with one split there are no partials (the kernel writes `out`), and `out` stands in for both."""
+    if num_splits == 1:
+        return out, out
+    rows = num_rows * out.shape[1] * num_splits
+    block_d = triton.next_power_of_2(out.shape[2])
+    part_out = torch.empty(rows, block_d, dtype=torch.float32, device=out.device)
+    return part_out, torch.empty(rows, dtype=torch.float32, device=out.device)
+
+
 def merge_splits(part_out, part_lse, query_start_loc, out, num_rows: int, num_splits: int, rows_are_seqs: bool):
     """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`)."""
     num_heads, head_dim = out.shape[1], out.shape[2]
@@ -73,4 +85,4 @@ def merge_splits(part_out, part_lse, query_start_loc, out, num_rows: int, num_sp
     )
 
 
-__all__ = ["merge_splits", "split_merge_kernel"]
+__all__ = ["merge_splits", "split_buffers", "split_merge_kernel"]
