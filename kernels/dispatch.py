@@ -126,14 +126,19 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-# Decode-time linear layers of at most this many rows use the Triton GEMV instead of cuBLAS.
-# Experimental until measured against cuBLAS in the engine on the H200: 0 (the default) keeps cuBLAS.
-TRITON_GEMV_MAX_ROWS = int(os.environ.get("FLOTILLA_TRITON_GEMV_MAX_ROWS", "0"))
+# Decode-time linear layers of at most this many rows and at most TRITON_GEMV_MAX_OUT output
+# features use the Triton GEMV instead of cuBLAS. On the H200 at one row (bench/kernels.py gemv
+# section), cuBLAS streams Llama-3.1-8B's qkv / o_proj / down weights at 76 / 59 / 86 % of copy
+# bandwidth, the last two with a split-K reduce kernel each, and the GEMV at 77 / 68 / 85 % with no
+# second kernel (inside a CUDA graph every kernel boundary costs time too); on gate_up (28,672 outputs) cuBLAS is ahead (98 % vs 93 %), and at four rows it is
+# ahead everywhere. FLOTILLA_TRITON_GEMV_MAX_ROWS=0 keeps cuBLAS throughout.
+TRITON_GEMV_MAX_ROWS = int(os.environ.get("FLOTILLA_TRITON_GEMV_MAX_ROWS", "1"))
+TRITON_GEMV_MAX_OUT = 8192
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV for a few rows when enabled."""
-    if x.is_cuda and x.dim() == 2 and x.shape[0] <= TRITON_GEMV_MAX_ROWS:
+    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV where it measured faster (see above)."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= TRITON_GEMV_MAX_ROWS and weight.shape[0] <= TRITON_GEMV_MAX_OUT:
         from flotilla.kernels.triton_gemv import gemv
 
         return gemv(x, weight, bias)

@@ -25,6 +25,7 @@ for s in ${STAGES:-tests latency latency-sync profile qwen}; do
     latency-fused) timeout 100 python3 bench/latency.py --shape llama-3.1-8b --batch-sizes 1,16,64 --contexts 512 --steps 32 --json $OUT/gpu-latency-llama8b-s2-fused.json 2>&1 | tee -a $L | grep -v "^{" | grep -v INFO | tail -5 ;;
     latency-gemv) FLOTILLA_TRITON_GEMV_MAX_ROWS=4 timeout 100 python3 bench/latency.py --shape llama-3.1-8b --batch-sizes 1,16,64 --contexts 512 --steps 32 --json $OUT/gpu-latency-llama8b-s2-gemv.json 2>&1 | tee -a $L | grep -v "^{" | grep -v INFO | tail -5 ;;
     profile-gemv) FLOTILLA_TRITON_GEMV_MAX_ROWS=4 timeout 90 python3 bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1 --context 512 --steps 20 --json $OUT/gpu-decode-profile-llama8b-s2-gemv.json 2>&1 | tee -a $L | grep -v INFO | tail -12 ;;
+    tests-graphs) (cd /tmp && timeout 90 python3 -m pytest "$R/tests/engine/test_gpu.py" -k "cuda-graphs-async" -q -x -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -3) ;;
   esac
 done
 echo "=== done $(date +%T)"
