@@ -130,8 +130,9 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 # features use the Triton GEMV instead of cuBLAS. On the H200 at one row (bench/kernels.py gemv
 # section), cuBLAS streams Llama-3.1-8B's qkv / o_proj / down weights at 76 / 59 / 86 % of copy
 # bandwidth, the last two with a split-K reduce kernel each, and the GEMV at 77 / 68 / 85 % with no
-# second kernel (inside a CUDA graph every kernel boundary costs time too); on gate_up (28,672 outputs) cuBLAS is ahead (98 % vs 93 %), and at four rows it is
-# ahead everywhere. FLOTILLA_TRITON_GEMV_MAX_ROWS=0 keeps cuBLAS throughout.
+# second kernel (inside a CUDA graph every kernel boundary costs time too). On gate_up (28,672
+# outputs) cuBLAS is ahead (98 % vs 93 %), and at four rows it is ahead everywhere.
+# FLOTILLA_TRITON_GEMV_MAX_ROWS=0 keeps cuBLAS throughout.
 TRITON_GEMV_MAX_ROWS = int(os.environ.get("FLOTILLA_TRITON_GEMV_MAX_ROWS", "1"))
 TRITON_GEMV_MAX_OUT = 8192
 
