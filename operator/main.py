@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,12 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.watching.reconnect_backoff = 0.5
     settings.networking.connect_timeout = 5
     settings.networking.request_timeout = 30
+    # After a fatal watch error kopf stops, waiting for its tasks: with its defaults (a request
+    # retried for ~54 s, an exit allowed 10 minutes) one retrying request held a stopping operator
+    # for minutes with no watch and no webhook. Stop within seconds instead, so `run_resiliently`
+    # can start it again.
+    settings.networking.error_backoffs = [0.5, 1, 2, 4, 8]
+    settings.process.ultimate_exiting_timeout = 15
     if not args.no_webhook:
         host = args.webhook_host or "127.0.0.1"
         cert_dir = args.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="flotilla-webhook-"))
@@ -108,6 +116,36 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+logger = logging.getLogger(__name__)
+
+# A run that lasted this long was healthy: its failure starts a fresh count of quick failures.
+HEALTHY_RUN_S = 60.0
+
+
+def run_resiliently(run: Callable[[], None], *, quick_failures: int = 5, backoff_s: float = 2.0) -> None:
+    """Call `run` (kopf's whole operator) again when it dies of an error, until it returns.
+
+    kopf's watch streams treat an unexpected API answer as fatal, and the operator ends with them:
+    seen here as a `404 page not found` for our CRD's endpoint from an apiserver that had just
+    restarted and had not installed the CRD's handlers yet. A pod would be restarted by its
+    Deployment, but until then the webhook would not answer (its failure policy lets everything
+    through). Starting kopf again in-process rides out such a moment; `quick_failures` failures in
+    a row, none lasting `HEALTHY_RUN_S`, still end the process, so a lasting fault stays visible.
+    """
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            run()
+            return  # stopped by a signal: kopf has withdrawn its webhook configurations
+        except Exception:
+            failures = 1 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
+            if failures >= quick_failures:
+                raise
+            logger.exception("the operator stopped on an error (%d in a row); starting it again", failures)
+            time.sleep(backoff_s)
+
+
 def main(argv: list[str]) -> int:
     """Run until SIGINT/SIGTERM (kopf then withdraws its webhook configurations)."""
     args = parse_args(argv)
@@ -120,7 +158,8 @@ def main(argv: list[str]) -> int:
         webhook.register(registry)
         if args.engine_image:
             register_engine_image(registry, args.engine_image)
-    kopf.run(registry=registry, settings=settings_for(args), standalone=True,
-             clusterwide=not args.namespaces, namespaces=args.namespaces,
-             liveness_endpoint=args.liveness or None)
+    settings = settings_for(args)
+    run_resiliently(lambda: kopf.run(registry=registry, settings=settings, standalone=True,
+                                     clusterwide=not args.namespaces, namespaces=args.namespaces,
+                                     liveness_endpoint=args.liveness or None))
     return 0

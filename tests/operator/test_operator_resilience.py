@@ -56,3 +56,4 @@ def test_apiserver_restart_under_the_operator_then_it_converges(operator_process
     wait_for(lambda: cluster.kube.get(child_path("Service", namespace, "before")), 60, "the Service back")
     wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "before"))["spec"]["replicas"] == 3,
              60, "replicas 3")
+    assert operator_process.proc.poll() is None, "the operator exited after the apiserver came back"
