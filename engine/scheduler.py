@@ -84,7 +84,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.num_pending and self._finishes_by_length(request):
+            if request.num_pending and self._length_reached(request, request.num_output_tokens + request.num_pending):
                 i += 1  # its token in flight is its last: a step for it would be wasted
                 continue
             num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
@@ -134,9 +134,8 @@ class Scheduler:
         if samples:
             request.num_pending += 1
 
-    def _finishes_by_length(self, request: Request) -> bool:
-        """Whether the request's pending token will end it by max_tokens or the context length."""
-        num_output = len(request.output_token_ids) + request.num_pending
+    def _length_reached(self, request: Request, num_output: int) -> bool:
+        """Whether `num_output` generated tokens end the request by max_tokens or the context length."""
         max_tokens = request.sampling_params.max_tokens
         return (max_tokens is not None and num_output >= max_tokens) or (
             len(request.prompt_token_ids) + num_output >= self.config.max_model_len
@@ -199,9 +198,7 @@ class Scheduler:
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and num_output >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if len(request.prompt_token_ids) + num_output >= self.config.max_model_len:
+        if self._length_reached(request, num_output):
             return RequestStatus.FINISHED_LENGTH
         return None
 
