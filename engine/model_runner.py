@@ -31,14 +31,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ModelInputs:
-    """One step's tensors, plus which rows produce a token (or prompt logprobs) for which request."""
+    """One step's model inputs as device tensors (the eager path; rows to draw stay in the FlatBatch)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     metadata: AttentionMetadata
-    sampling_rows: list[SamplingRow]
-    # (request, flattened index of its first prompt position this step, number of positions)
-    prompt_logprob_spans: list[tuple[Request, int, int]]
 
 
 @dataclass
@@ -211,8 +208,6 @@ class ModelRunner:
             input_ids=tensor(flat.input_ids, torch.long),
             positions=tensor(flat.positions, torch.long),
             metadata=metadata,
-            sampling_rows=flat.rows,
-            prompt_logprob_spans=flat.prompt_spans,
         )
 
     def execute(self, out: SchedulerOutput) -> StepOutput:
