@@ -93,12 +93,10 @@ def stop_server(server: Server) -> None:
             server.process.kill()
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
-    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context."""
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    s = start_server(
-        tiny_model_dirs["llama"],
+def start_tiny_server(model: Path, log: Path, *flags: str) -> Server:
+    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`."""
+    return start_server(
+        model,
         log,
         "--served-model-name",
         "tiny",
@@ -108,8 +106,15 @@ def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
         "--block-size",
         "8",
         "--disable-log-stats",
+        *flags,
         env={"VLLM_API_KEY": API_KEY},
     )
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The shared server (`start_tiny_server`, no extra flags)."""
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("server") / "server.log")
     yield s
     stop_server(s)
 

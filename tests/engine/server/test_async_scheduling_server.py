@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import API_KEY, Server, start_server, stop_server
+from .conftest import API_KEY, Server, start_tiny_server, stop_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -18,19 +18,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 @pytest.fixture(scope="module")
 def async_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("async-server") / "server.log"
-    s = start_server(
-        tiny_model_dirs["llama"],
-        log,
-        "--served-model-name",
-        "tiny",
-        "--max-model-len",
-        "256",
-        "--block-size",
-        "8",
-        "--disable-log-stats",
-        "--async-scheduling",
-        env={"VLLM_API_KEY": API_KEY},
-    )
+    s = start_tiny_server(tiny_model_dirs["llama"], log, "--async-scheduling")
     yield s
     stop_server(s)
 
