@@ -12,7 +12,6 @@ the graph and host work between steps. Run with and without --enforce-eager to c
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import sys
@@ -22,9 +21,11 @@ from collections import defaultdict
 
 import torch
 from model_dirs import SHAPES, make_model_dir
+from report import report
 
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.flags import flag
 
 GROUPS = (  # kernel name fragment -> group, first match wins
     ("_decode_split", "attention"), ("split_merge", "attention"), ("_prefill_kernel", "attention"),
@@ -89,6 +90,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--triton-gemv-max-rows", type=int, default=flag("--triton-gemv-max-rows").default)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -97,6 +99,7 @@ def main() -> None:
     engine = LLMEngine.from_kwargs(
         model_dir, load_format="dummy", max_model_len=a.context + a.steps + 64, max_num_seqs=max(sizes),
         enable_prefix_caching=False, enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling,
+        triton_gemv_max_rows=a.triton_gemv_max_rows,
     )  # fmt: skip
     rng = random.Random(0)
     result = {"command": "python bench/decode_profile.py " + " ".join(sys.argv[1:]),
@@ -113,9 +116,7 @@ def main() -> None:
         )
         for k in r["kernels"][:12]:
             print(f"    {k['us_per_step']:8.1f} us x{k['launches_per_step']:.0f}  {k['name']}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, a.json, echo=False)
 
 
 if __name__ == "__main__":

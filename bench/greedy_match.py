@@ -11,7 +11,6 @@ its top two logits (a near-tie in bf16 is a gap of a few bf16 steps: 1/32 at |lo
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import sys
@@ -19,6 +18,7 @@ import tempfile
 
 import torch
 from model_dirs import SHAPES, make_model_dir
+from report import report
 
 from flotilla.engine.llm import LLM
 from flotilla.engine.model_loader import load_state
@@ -83,10 +83,7 @@ def main() -> None:
         "graphed_last_step": llm.engine.runner.last_step.graphed,
         "prompts": rows,
     }
-    print(json.dumps(result, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, a.json)
 
 
 if __name__ == "__main__":

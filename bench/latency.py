@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 from model_dirs import SHAPES, make_model_dir
+from report import report
+
+from flotilla.flags import flag
 
 COPY_BW = 4.28e12
 BF16_FLOPS = 790e12
@@ -61,6 +64,7 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
         enforce_eager=a.enforce_eager,
         async_scheduling=a.async_scheduling,
         gpu_memory_utilization=a.gpu_memory_utilization,
+        triton_gemv_max_rows=a.triton_gemv_max_rows,
     )
     start_s = time.perf_counter() - t0
     vocab = engine.config.model.hf_config["vocab_size"]
@@ -159,6 +163,7 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--triton-gemv-max-rows", type=int, default=flag("--triton-gemv-max-rows").default)
     p.add_argument("--hf-batch-sizes", default="", help="HF static+compile baseline at these batch sizes")
     p.add_argument("--hf-context", type=int, default=512)
     p.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
@@ -200,9 +205,7 @@ def main() -> None:
             print(f"{r['batch']:>5} {r['context']:>5} {r['ms_per_step']:>8.2f} {r['runner_host_ms']:>8.2f} "
                   f"{r['roofline_ms']:>8.2f} {r['x_roofline']:>6.2f} {r.get('hf_ms_per_step', float('nan')):>7.2f}"
                   f" {r['runner_total_ms']:>7.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, a.json, echo=False)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import random
 import statistics
 import sys
 import time
+
+from report import report
 
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.sampling_params import SamplingParams
@@ -161,10 +162,7 @@ def main() -> None:
         result["single_ttft_speedup"] = (
             result["single_uncached"]["ttft_mean_s"] / result["single_cached_prefix"]["ttft_mean_s"]
         )
-    print(json.dumps(result, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, a.json)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import shlex
@@ -84,33 +85,62 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return result
 
 
-async def run(args: argparse.Namespace, url: str, seed: int) -> tuple[list[Result], float]:
-    """Send every request with the arrival process and concurrency cap; returns results and wall time.
+def make_prompts(args: argparse.Namespace, seed: int) -> list[list[int]]:
+    """The run's random token-id prompts, drawn from `seed`."""
+    rng = random.Random(seed)
+    low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
+    return [[rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
+            for _ in range(args.num_prompts)]
+
+
+async def run(args: argparse.Namespace, url: str, seed: int, client: int = 0,
+              clients: int = 1) -> tuple[list[Result], float, float]:
+    """Send this client's share of the requests (every `clients`-th prompt from `client` on) with the
+    arrival process and its share of the concurrency cap; returns results, start and end (wall clock).
 
     Each run draws its own prompts from `seed`, so a warm-up never leaves the measured prompts in the
     prefix cache.
     """
-    rng = random.Random(seed)
-    low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
-    prompts = [[rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
-               for _ in range(args.num_prompts)]
-    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
+    rng = random.Random(seed + 7 * client)
+    prompts = make_prompts(args, seed)[client::clients]
+    limit = asyncio.Semaphore(-(-(args.max_concurrency or args.num_prompts) // clients) or 1)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600), limits=limits) as client:
-        model = args.model_name or (await client.get(f"{url}/v1/models", headers=_auth(args))).json()["data"][0]["id"]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600), limits=limits) as http:
+        model = args.model_name or (await http.get(f"{url}/v1/models", headers=_auth(args))).json()["data"][0]["id"]
 
         async def limited(prompt: list[int]) -> Result:
             async with limit:
-                return await one_request(client, url, model, prompt, args.output_len, args.api_key)
+                return await one_request(http, url, model, prompt, args.output_len, args.api_key)
 
-        start = time.perf_counter()
+        start = time.time()
         tasks = []
         for prompt in prompts:
             tasks.append(asyncio.create_task(limited(prompt)))
             if args.request_rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(args.request_rate))
+                await asyncio.sleep(rng.expovariate(args.request_rate / clients))
         results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+        return list(results), start, time.time()
+
+
+def client_process(args: argparse.Namespace, url: str, seed: int, client: int,
+                   clients: int) -> tuple[list[Result], float, float, float]:
+    """One client process's run, with the CPU seconds it used (to show the client is not the bottleneck)."""
+    cpu = time.process_time()
+    results, start, end = asyncio.run(run(args, url, seed, client, clients))
+    return results, start, end, time.process_time() - cpu
+
+
+def run_clients(args: argparse.Namespace, url: str, seed: int) -> tuple[list[Result], float, list[float]]:
+    """The whole load from --clients processes at once; returns results, wall seconds and each client's
+    CPU seconds. One client runs in this process."""
+    if args.clients == 1:
+        results, start, end, cpu = client_process(args, url, seed, 0, 1)
+        return results, end - start, [cpu]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.clients) as pool:
+        parts = pool.starmap(client_process, [(args, url, seed, k, args.clients) for k in range(args.clients)])
+    results = [r for part in parts for r in part[0]]
+    return results, max(p[2] for p in parts) - min(p[1] for p in parts), [p[3] for p in parts]
 
 
 def _auth(args: argparse.Namespace) -> dict[str, str]:
@@ -152,8 +182,9 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "flotilla.engine.server", *([args.model] if args.model else []), "--host",
-           "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning", *shlex.split(args.serve_args)]
+    cmd = [sys.executable, *shlex.split(args.server_python_args), "-m", "flotilla.engine.server",
+           *([args.model] if args.model else []), "--host", "127.0.0.1", "--port", str(port),
+           "--uvicorn-log-level", "warning", *shlex.split(args.serve_args)]
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -169,6 +200,23 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server did not become healthy")
 
 
+def _cpu_seconds(process: subprocess.Popen | None) -> tuple[float, float]:
+    """CPU seconds (user plus system) of a launched server so far: its main thread (the event loop)
+    and the whole process (Linux /proc); zeros without one."""
+    if process is None:
+        return 0.0, 0.0
+
+    def read(path: str) -> float:
+        try:
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    return read(f"/proc/{process.pid}/task/{process.pid}/stat"), read(f"/proc/{process.pid}/stat")
+
+
 def main() -> None:
     """Parse arguments, run the load, print a table and write JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +224,8 @@ def main() -> None:
     p.add_argument("--launch", action="store_true", help="start flotilla serve for the run")
     p.add_argument("--model", default=None, help="model directory for --launch (default: embedded)")
     p.add_argument("--serve-args", default="", help="extra flotilla serve flags for --launch")
+    p.add_argument("--server-python-args", default="",
+                   help="interpreter flags for --launch, e.g. '-m cProfile -o server.prof'")
     p.add_argument("--model-name", default=None, help="served model name (default: the first listed)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     p.add_argument("--dataset", choices=["random"], default="random")
@@ -190,6 +240,7 @@ def main() -> None:
     p.add_argument("--warmups", type=int, default=1,
                    help="unmeasured runs of the same workload first (CPU GEMM kernels are built per shape)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients", type=int, default=1, help="client processes sharing the load")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     process = None
@@ -198,17 +249,32 @@ def main() -> None:
         process, url = launch(args)
     try:
         for i in range(args.warmups):
-            asyncio.run(run(args, url, seed=args.seed + 1000 + i))
-        results, wall = asyncio.run(run(args, url, seed=args.seed))
+            run_clients(args, url, seed=args.seed + 1000 + i)
+        cpu_before = _cpu_seconds(process)
+        results, wall, client_cpu = run_clients(args, url, seed=args.seed)
+        main_cpu, server_cpu = (after - before for after, before in zip(_cpu_seconds(process), cpu_before,
+                                                                         strict=True))
     finally:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
     summary = summarize(results, wall, args)
     summary["command"] = "python bench/serve.py " + shlex.join(sys.argv[1:])
+    # Busy fraction of one core over the measured run: a client near 1.0 is the bottleneck itself.
+    summary["client_cpu_busy"] = [c / wall for c in client_cpu]
+    if process is not None:
+        # CPU per output token is what a loaded machine changes least: the event loop's (main thread)
+        # share is the server's per-token host path; the rest is the engine thread (and torch's workers).
+        tokens = max(summary["total_output_tokens"], 1)
+        summary["server_cpu_busy"] = server_cpu / wall
+        summary["server_main_thread_cpu_ms_per_token"] = main_cpu / tokens * 1000
+        summary["server_other_threads_cpu_ms_per_token"] = (server_cpu - main_cpu) / tokens * 1000
     for key in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "max_ttft_ms", "median_tpot_ms",
-                "p99_itl_ms"):
+                "median_itl_ms", "p99_itl_ms", "client_cpu_busy", "server_cpu_busy",
+                "server_main_thread_cpu_ms_per_token", "server_other_threads_cpu_ms_per_token"):
+        if key not in summary:
+            continue
         value = summary[key]
         print(f"{key:<24} {value:.2f}" if isinstance(value, float) else f"{key:<24} {value}")
     if args.json:

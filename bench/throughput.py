@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import report
 
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
@@ -204,10 +205,7 @@ def main() -> None:
             result["flotilla"]["model_dir"], result["flotilla"]["dtype"], prompts, a.output_len
         )
         result["speedup"] = result["flotilla"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"]
-    print(json.dumps(result, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, a.json)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ def flag_values(args: argparse.Namespace, components: Iterable[str]) -> dict[str
             continue
         if hasattr(args, f.dest):
             values[f.dest] = getattr(args, f.dest)
-        elif f.env and os.environ.get(f.env):
+        elif f.env and f.env in os.environ:
+            # Set-but-empty counts as set: an empty VLLM_API_KEY must reach validation (and be
+            # refused) rather than silently mean "no key".
             values[f.dest] = os.environ[f.env]
     return values
 

@@ -10,7 +10,12 @@ team, and the first one's idle workers still compete for the cores; measured on 
 machine), so every torch op of the server must happen on one thread.
 
 All engine calls happen on the loop thread. Front ends talk to it through a command queue
-(add, abort) and receive outputs on per-request asyncio queues.
+(add, abort) and receive outputs through one hand-off per step: the loop thread gathers every
+request's output of a step and schedules a single callback on each waiting event loop, which
+stores each output in its request's `_Stream` (a per-token `call_soon_threadsafe` per request cost
+the GIL-shared event loop more than the step itself at hundreds of streams). Outputs are cumulative
+snapshots, so a stream whose reader falls behind keeps only the latest one: a slow reader then sends
+fewer, larger deltas instead of queueing work.
 """
 
 from __future__ import annotations
@@ -18,15 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
+from flotilla.engine.errors import RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.stats import StatsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +44,56 @@ class EngineDeadError(RuntimeError):
     """The step loop stopped after an unexpected error; the server must be restarted."""
 
 
+def exit_process(exc: BaseException) -> None:
+    """`on_dead` for a server: a dead loop cannot recover, so exit non-zero now and let the supervisor
+    (Kubernetes) restart the pod, instead of lingering with /health 503 and every request refused.
+
+    Waiters have already been sent their error; a moment lets the event loop relay it to open streams.
+    """
+    logger.critical("the engine loop died (%r): exiting with status 1", exc)
+    time.sleep(0.5)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
+
+
+class _Stream:
+    """One request's outputs on its event loop: the latest cumulative output and any error.
+
+    Written only on its event loop (by `_hand_over`), read by `generate`; the engine thread holds it
+    only to name where an output goes.
+    """
+
+    __slots__ = ("error", "latest", "loop", "ready")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.latest: RequestOutput | None = None
+        self.error: BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Store an output (superseding an unread one: outputs are cumulative) or an error."""
+        if isinstance(item, BaseException):
+            self.error = item
+        else:
+            self.latest = item
+        self.ready.set()
+
+
+def _hand_over(batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
+    """On an event loop: a step's outputs for that loop's streams, in one callback."""
+    for stream, item in batch:
+        stream.put(item)
+
+
 @dataclass
 class _Add:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
     prompt_text: str | None
-    sink: Callable[[RequestOutput | BaseException], None]
+    stream: _Stream
 
 
 class AsyncEngine:
@@ -50,24 +102,36 @@ class AsyncEngine:
     def __init__(
         self,
         engine: LLMEngine | Callable[[], LLMEngine],
-        on_step: Callable[[LLMEngine], None] | None = None,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """`on_step` gets the engine's stats snapshot after every step (and every half second when idle), on
+        the loop thread, and once before `start` returns; `on_dead` runs there once
+        if the loop dies of an error no single request accounts for (e.g. `exit_process`)."""
         self._build = engine if callable(engine) and not isinstance(engine, LLMEngine) else None
-        self.engine: LLMEngine = None if self._build is not None else engine  # type: ignore[assignment]
+        # None only until the loop thread has built it; start() returns after that (or raises).
+        self.engine: LLMEngine = None if self._build is not None else engine  # type: ignore[assignment]  # see above
         self._built = threading.Event()
         self._on_step = on_step
+        self._on_dead = on_dead
         self._commands: queue.Queue[_Add | tuple[str, str]] = queue.Queue()
-        self._sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
+        self._streams: dict[str, _Stream] = {}
+        # What the current step has for each event loop, handed over at once by `_flush`.
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="flotilla-engine", daemon=True)
         self.dead: BaseException | None = None
-        self.last_step_time = time.monotonic()
 
     @classmethod
-    def build(cls, factory: Callable[[], LLMEngine], on_step: Callable[[LLMEngine], None] | None = None) -> AsyncEngine:
+    def build(
+        cls,
+        factory: Callable[[], LLMEngine],
+        on_step: Callable[[StatsSnapshot], None] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ) -> AsyncEngine:
         """Start a loop thread that first builds its engine with `factory`; returns once it is built."""
-        engine = cls(factory, on_step)
+        engine = cls(factory, on_step, on_dead)
         engine.start()
         return engine
 
@@ -92,7 +156,7 @@ class AsyncEngine:
     @property
     def num_unfinished(self) -> int:
         """Requests added and not yet finished or aborted."""
-        return len(self._sinks)
+        return len(self._streams)
 
     async def generate(
         self,
@@ -100,31 +164,31 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         prompt_text: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
 
         Closing the iterator early (e.g. the client went away) aborts the request and frees its blocks.
         """
         if self.dead is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-        def sink(item: RequestOutput | BaseException) -> None:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
-
-        self._commands.put(_Add(request_id, prompt, params, prompt_text, sink))
+        if self._stop.is_set():  # after shutdown() no loop would ever answer this request
+            raise EngineDeadError("the engine is shutting down")
+        stream = _Stream(asyncio.get_running_loop())
+        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream))
         self._wake.set()
         finished = False
         try:
             while True:
-                item = await outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+                await stream.ready.wait()
+                stream.ready.clear()
+                item, stream.latest = stream.latest, None
+                if item is not None:
+                    finished = item.finished
+                    yield item
+                    if finished:
+                        return
+                if stream.error is not None:
+                    raise stream.error
         finally:
             if not finished:
                 self.abort(request_id)
@@ -140,8 +204,10 @@ class AsyncEngine:
         try:
             if self._build is not None:
                 self.engine = self._build()
+            self._report()  # the first snapshot (e.g. the pool size) is published before serving starts
         except BaseException as exc:
             self.dead = exc
+            self.engine = None  # type: ignore[assignment]  # start() sees None and raises
             return
         finally:
             self._built.set()
@@ -149,28 +215,37 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_commands()
                 if not self.engine.has_unfinished_requests():
+                    self._flush()
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
-                    self.last_step_time = time.monotonic()
-                    if self._on_step is not None:
-                        self._on_step(self.engine)
+                    self._report()
                     continue
                 outputs = self.engine.step()
-                self.last_step_time = time.monotonic()
                 for output in outputs:
                     self._deliver(output)
-                if self._on_step is not None:
-                    self._on_step(self.engine)
+                for failure in self.engine.take_failures():
+                    self._fail(failure)
+                self._flush()
+                self._report()
         except BaseException as exc:  # a bug or a device error: fail every waiter, loudly
             logger.exception("engine loop died")
             self.dead = exc
-            for sink in list(self._sinks.values()):
-                sink(EngineDeadError(f"the engine loop died: {exc!r}"))
-            self._sinks.clear()
+            self._pending.clear()
+            for stream in list(self._streams.values()):
+                self._send(stream, EngineDeadError(f"the engine loop died: {exc!r}"))
+            self._streams.clear()
+            self._flush()
+            if self._on_dead is not None:
+                self._on_dead(exc)
             return
-        self.engine.abort(list(self._sinks))
-        for sink in self._sinks.values():
-            sink(EngineDeadError("the engine is shutting down"))
+        self.engine.abort(list(self._streams))
+        for stream in self._streams.values():
+            self._send(stream, EngineDeadError("the engine is shutting down"))
+        self._flush()
+
+    def _report(self) -> None:
+        if self._on_step is not None:
+            self._on_step(self.engine.stats_snapshot())
 
     def _drain_commands(self) -> None:
         while True:
@@ -181,22 +256,47 @@ class AsyncEngine:
             if isinstance(command, _Add):
                 self._add(command)
             else:
-                self._sinks.pop(command[1], None)
+                self._streams.pop(command[1], None)
                 self.engine.abort([command[1]])
 
     def _add(self, command: _Add) -> None:
         try:
             self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text)
-        except ValueError as exc:  # invalid prompt: the caller turns it into a 400
-            command.sink(exc)
+        except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
+            self._send(command.stream, exc)
             return
-        self._sinks[command.request_id] = command.sink
+        except Exception as exc:  # e.g. the tokenizer failed on this prompt: this request fails alone
+            logger.exception("adding request %s failed", command.request_id)
+            self.engine.abort([command.request_id])
+            self._send(command.stream, RequestFailedError(command.request_id, exc))
+            return
+        self._streams[command.request_id] = command.stream
+
+    def _fail(self, failure: RequestFailedError) -> None:
+        """Hand a request's failure to its waiter (the engine has already aborted it)."""
+        stream = self._streams.pop(failure.request_id, None)
+        if stream is not None:
+            self._send(stream, failure)
 
     def _deliver(self, output: RequestOutput) -> None:
-        sink = self._sinks.get(output.request_id)
-        if sink is None:
+        stream = self._streams.get(output.request_id)
+        if stream is None:
             return
-        sink(output)
+        self._send(stream, output)
         if output.finished:
             with contextlib.suppress(KeyError):
-                del self._sinks[output.request_id]
+                del self._streams[output.request_id]
+
+    def _send(self, stream: _Stream, item: RequestOutput | BaseException) -> None:
+        """Queue an item for the next `_flush` (still on the loop thread)."""
+        batch = self._pending.get(stream.loop)
+        if batch is None:
+            batch = self._pending[stream.loop] = []
+        batch.append((stream, item))
+
+    def _flush(self) -> None:
+        """Hand this step's items to each event loop in a single callback."""
+        pending, self._pending = self._pending, {}
+        for loop, batch in pending.items():
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_hand_over, batch)

@@ -141,12 +141,6 @@ class BlockManager:
         self._hashes.pop(request.request_id, None)
         self._num_indexed.pop(request.request_id, None)
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (blocks in use keep their contents)."""
-        for block in self.blocks:
-            block.block_hash = None
-        self._cached.clear()
-
     # --- internals ---------------------------------------------------------------------------------
 
     def _needs_copy_on_write(self, request: Request) -> bool:

@@ -11,9 +11,18 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine_rules import (
+    RuleError,
+    batch_budget_problem,
+    default_max_num_batched_tokens,
+    flag_name,
+    resolve_max_model_len,
+    served_name_problem,
+)
 from flotilla.flags import FLAGS, Flag
+from flotilla.validation_messages import describe
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 # On the CPU there is no GPU memory to profile; like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)
@@ -42,11 +51,6 @@ class ModelConfig(_Component):
     load_format: Literal["auto", "dummy"] = "auto"
     hf_config: dict[str, Any]
 
-    @property
-    def architecture(self) -> str:
-        """The HF architecture name (first entry of config.json's `architectures`)."""
-        return self.hf_config["architectures"][0]
-
 
 class CacheConfig(_Component):
     """The KV block pool."""
@@ -70,12 +74,9 @@ class SchedulerConfig(_Component):
 
     @model_validator(mode="after")
     def _budget_fits_a_prompt(self) -> SchedulerConfig:
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than --max-model-len "
-                f"({self.max_model_len}): without --enable-chunked-prefill a whole prompt must fit one step. "
-                "Raise --max-num-batched-tokens, lower --max-model-len, or enable chunked prefill."
-            )
+        problem = batch_budget_problem(self.max_num_batched_tokens, self.max_model_len, self.enable_chunked_prefill)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -87,20 +88,46 @@ class ParallelConfig(_Component):
 
 
 class DeviceConfig(_Component):
-    """Which device runs the model."""
+    """Which device runs the model, and which of its kernels a step may choose."""
 
     device: Literal["cuda", "cpu"]
+    triton_gemv_max_rows: int = Field(1, ge=0)
 
 
 class ServerConfig(_Component):
-    """The HTTP front end (not part of the engine core)."""
+    """The HTTP front end (not part of the engine core): address, API key and the limits that keep one
+    client from freezing or bloating the server."""
 
     host: str | None = None
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
-    shutdown_timeout: float = Field(30, ge=0)
+    shutdown_timeout: float = Field(30.0, ge=0)
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
+    trust_request_chat_template: bool = False
+    max_request_body_size: int = Field(8 * 1024 * 1024, gt=0)
+    limit_concurrency: int = Field(1024, gt=0)
+    timeout_keep_alive: float = Field(5.0, gt=0)
+    header_read_timeout: float = Field(10.0, gt=0)
+    body_read_timeout: float = Field(30.0, gt=0)
+    h11_max_incomplete_event_size: int = Field(16 * 1024, gt=0)
+    h11_max_header_count: int = Field(256, gt=0)
+
+    @field_validator("api_key")
+    @classmethod
+    def _trimmed_non_empty_key(cls, key: str | None) -> str | None:
+        # A Secret made with `kubectl create secret --from-file` ends in a newline that clients never
+        # send, so the key is trimmed here exactly as the Authorization header is. An empty key (an
+        # empty Secret, `--api-key ""`) must not quietly mean "no authentication": refuse it.
+        if key is None:
+            return None
+        key = key.strip()
+        if not key:
+            raise ValueError(
+                "the API key is empty (from --api-key or VLLM_API_KEY); give a non-empty key, or unset "
+                "both to serve without authentication"
+            )
+        return key
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerConfig:
@@ -171,15 +198,21 @@ def _embedded_model_name() -> str:
 
 
 def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explicit_model: bool) -> EngineConfig:
-    max_model_len = _max_model_len(hf_config, v["max_model_len"])
+    try:
+        max_model_len = resolve_max_model_len(hf_config, v["max_model_len"])
+    except RuleError as e:
+        raise ConfigError(str(e)) from None
     chunked = bool(v["enable_chunked_prefill"])
     budget = v["max_num_batched_tokens"]
     if budget is None:
-        budget = 8192 if chunked else max(max_model_len, 8192)
+        budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
     async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else device == "cuda"
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
     served = v["served_model_name"] or [default_name]
+    for name in served if isinstance(served, list | tuple) else [served]:
+        if problem := served_name_problem(name):
+            raise ConfigError(problem)
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),
@@ -210,25 +243,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             tensor_parallel_size=v["tensor_parallel_size"],
             pipeline_parallel_size=v["pipeline_parallel_size"],
         ),
-        device=DeviceConfig(device=device),
+        device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
     )
-
-
-def _max_model_len(hf_config: dict[str, Any], requested: int | None) -> int:
-    """The model's usable length: max_position_embeddings, or the sliding window when one applies.
-
-    Within its window, sliding-window attention equals full attention, so capping the length at the
-    window keeps outputs exact without a sliding-window kernel.
-    """
-    limit = int(hf_config.get("max_position_embeddings", 2048))
-    window = hf_config.get("sliding_window")
-    if window and hf_config.get("use_sliding_window", True):
-        limit = min(limit, int(window))
-    if requested is None:
-        return limit
-    if requested > limit:
-        raise ConfigError(f"--max-model-len={requested} exceeds the model's limit of {limit} tokens")
-    return requested
 
 
 def _resolve_dtype(dtype: str, hf_config: dict[str, Any]) -> str:
@@ -249,9 +265,4 @@ def _resolve_device(device: str) -> str:
 
 def _format_validation_error(exc: ValidationError) -> str:
     """pydantic's errors in the user's words: `--flag-name: message`."""
-    parts = []
-    for err in exc.errors():
-        loc = err["loc"][-1] if err["loc"] else ""
-        name = "--" + str(loc).replace("_", "-") if loc else "configuration"
-        parts.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
+    return "; ".join(describe(exc.errors(), lambda loc: flag_name(str(loc[-1])) if loc else "configuration"))

@@ -9,12 +9,16 @@ from typing import Any
 class IncrementalDetokenizer:
     """Turns a growing list of output tokens into text, one delta at a time.
 
-    Each step decodes only a short window (a few tokens before the new ones give the tokenizer its
-    spacing context) and holds text back while it ends in U+FFFD, i.e. while a multi-byte
-    character is still incomplete.
+    For a plain HF fast tokenizer, the Rust `DecodeStream` decodes each token once, keeping its own
+    state (it holds bytes back while a multi-byte character is incomplete): one call per token per
+    request, on the engine thread, instead of two decodes of a window. Otherwise each step decodes
+    only a short window (a few tokens before the new ones give the tokenizer its spacing context) and
+    holds text back while it ends in U+FFFD, i.e. while a multi-byte character is still incomplete.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 decode_stream: bool = True) -> None:
+        """`decode_stream=False` forces the window decoding (the reference the streamed one must match)."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._decode = decoder(tokenizer, skip_special_tokens)
@@ -22,9 +26,18 @@ class IncrementalDetokenizer:
         self.prefix_offset = max(len(self.token_ids) - 5, 0)
         self.read_offset = len(self.token_ids)
         self.text = ""
+        self._rust = _plain_rust_tokenizer(tokenizer) if decode_stream else None
+        self._stream: Any = None
+        if self._rust is not None:
+            from tokenizers.decoders import DecodeStream
+
+            # The prompt's tail gives the first output token its spacing context, as the window does.
+            self._stream = DecodeStream(ids=list(self.token_ids), skip_special_tokens=skip_special_tokens)
 
     def add(self, new_token_ids: list[int]) -> str:
         """Append tokens; return the newly complete text (possibly empty)."""
+        if self._stream is not None:
+            return self._add_streamed(new_token_ids)
         self.token_ids.extend(new_token_ids)
         prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.token_ids[self.prefix_offset :])
@@ -33,6 +46,19 @@ class IncrementalDetokenizer:
         delta = full[len(prefix) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
+        self.text += delta
+        return delta
+
+    def _add_streamed(self, new_token_ids: list[int]) -> str:
+        pieces = []
+        for token in new_token_ids:
+            self.token_ids.append(token)
+            piece = self._stream.step(self._rust, token)
+            if piece is not None:  # every token so far is in the text: the window restarts here
+                pieces.append(piece)
+                self.prefix_offset = self.read_offset
+                self.read_offset = len(self.token_ids)
+        delta = "".join(pieces)
         self.text += delta
         return delta
 
@@ -54,6 +80,14 @@ def decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], 
     tokenizer's, after ~2 us of argument checks; the detokenizer calls it twice per token per request
     every step, so it calls the Rust one directly. Any other tokenizer goes through its own `decode`.
     """
+    rust = _plain_rust_tokenizer(tokenizer)
+    if rust is not None:
+        return lambda ids: rust.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _plain_rust_tokenizer(tokenizer: Any) -> Any:
+    """The Rust tokenizer behind a plain HF fast tokenizer (HF's `decode` adds nothing to it), or None."""
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
     cls = type(tokenizer)
@@ -63,7 +97,4 @@ def decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], 
         and cls._decode is PreTrainedTokenizerFast._decode
         and not tokenizer.clean_up_tokenization_spaces
     )
-    if plain:
-        rust = tokenizer._tokenizer
-        return lambda ids: rust.decode(ids, skip_special_tokens=skip_special_tokens)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer._tokenizer if plain else None

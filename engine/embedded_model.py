@@ -49,17 +49,19 @@ def _gguf_path() -> Path:
 def _convert(gguf: Path, target: Path) -> None:
     """Dequantize the GGUF through transformers and save it as bf16 safetensors."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     logger.info("converting the embedded model %s into %s", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers refuses to save a GGUF-loaded model, so rebuild a plain one from its weights.
     config = loaded.config
+    if not isinstance(config, LlamaConfig):
+        raise RuntimeError(f"{gguf.name}: expected a Llama architecture, got {type(config).__name__}")
     config.dtype = torch.bfloat16
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(loaded.state_dict())
-    plain = plain.to(torch.bfloat16)
+    plain = plain.bfloat16()  # not .to(): transformers' wrapper of it hides the signature from mypy
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent))
     plain.save_pretrained(staging)

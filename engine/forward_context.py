@@ -1,10 +1,17 @@
 """Per-step attention metadata, visible to every attention layer without threading it through
-the model's call signatures (so model code keeps `forward(positions, hidden)`)."""
+the model's call signatures (so model code keeps `forward(positions, hidden)`).
+
+The metadata lives in a context variable, not a plain module global: each thread sees only what it
+set itself. One engine runs every forward pass on its own step thread, but nothing stops a process
+from holding several engines (tests, an offline `LLM` beside a server), and with a module global one
+engine's step would read another's slots and block tables.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -22,20 +29,19 @@ class AttentionMetadata:
     max_seq_len: int
 
 
-_current: AttentionMetadata | None = None
+_current: ContextVar[AttentionMetadata | None] = ContextVar("flotilla_attention_metadata", default=None)
 
 
 @contextmanager
 def forward_context(metadata: AttentionMetadata | None) -> Iterator[None]:
-    """Make `metadata` the current step's attention metadata while the model runs."""
-    global _current
-    previous, _current = _current, metadata
+    """Make `metadata` the calling thread's attention metadata while the model runs."""
+    token = _current.set(metadata)
     try:
         yield
     finally:
-        _current = previous
+        _current.reset(token)
 
 
 def current_attention_metadata() -> AttentionMetadata | None:
     """The running step's metadata; None outside a step (e.g. the memory-profiling dummy pass)."""
-    return _current
+    return _current.get()

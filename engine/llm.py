@@ -78,6 +78,9 @@ class LLM:
                         finals[output.request_id] = output
                         if bar is not None:
                             bar.update(1)
+                failures = self.engine.take_failures()
+                if failures:
+                    raise failures[0]
         except BaseException:
             self.engine.abort(request_ids)  # leave no request (and no KV block) behind
             raise

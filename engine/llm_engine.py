@@ -8,19 +8,23 @@ imports a front end.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
+from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
-from flotilla.engine.stats import EngineStats, FinishedRequest
+from flotilla.engine.stats import EngineStats, FinishedRequest, StatsSnapshot
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -41,6 +45,8 @@ class LLMEngine:
         self._ids = itertools.count()
         # The step launched but not yet collected (asynchronous scheduling).
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
+        # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
+        self._failures: list[RequestFailedError] = []
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -61,11 +67,13 @@ class LLMEngine:
         `prompt_text` is the text behind pre-tokenized prompts (e.g. a rendered chat template),
         reported back in the output.
         """
+        text: str | None
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
+        params.check_vocab(self.vocab_size)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._groups:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -84,27 +92,34 @@ class LLMEngine:
             for i in range(params.n)
         ]
         group[0].fork_children = group[1:]
-        self.scheduler.add(group[0])
-        self._groups[request_id] = group
         for child in group:
             self._detokenizers[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.skip_special_tokens
             )
+        # Queued last: a request is either fully known to the engine or not at all.
+        self._groups[request_id] = group
+        self.scheduler.add(group[0])
         return group[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the model's logits: every token id a request names must lie below it."""
+        return self.config.model.hf_config["vocab_size"]
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         max_len = self.config.model.max_model_len
         if not token_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidParamError("the prompt is empty", "prompt")
         if len(token_ids) >= max_len:
-            raise ValueError(
+            raise InvalidParamError(
                 f"the prompt is {len(token_ids)} tokens long; this model's maximum context length is "
-                f"{max_len} tokens (prompt plus at least one generated token)"
+                f"{max_len} tokens (prompt plus at least one generated token)",
+                "prompt",
             )
-        vocab = self.config.model.hf_config["vocab_size"]
+        vocab = self.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"prompt token id(s) {bad[:5]} are outside the vocabulary (size {vocab})")
+            raise InvalidParamError(f"prompt token id(s) {bad[:5]} are outside the vocabulary (size {vocab})", "prompt")
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (all their completions) at any time; their blocks return to the pool at once."""
@@ -114,6 +129,34 @@ class LLMEngine:
             for child in group:
                 child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
                 self._detokenizers.pop(child.request_id, None)
+
+    def take_failures(self) -> list[RequestFailedError]:
+        """Requests that failed (and were aborted) since the last call; the others went on."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _fail(self, request_id: str, exc: Exception) -> None:
+        """One request's error fails that request alone: abort it (its blocks return) and report it."""
+        logger.exception("request %s failed; aborting it", request_id)
+        self.abort([request_id])
+        self._failures.append(RequestFailedError(request_id, exc))
+
+    def stats_snapshot(self) -> StatsSnapshot:
+        """A frozen copy of the gauges and counters, with the samples since the previous call (which it
+        drains): the only view of the engine's state that front ends read. Call it on the engine thread."""
+        s = self.stats
+        return StatsSnapshot(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            num_gpu_blocks=self.block_manager.num_blocks,
+            prompt_tokens=s.prompt_tokens,
+            generation_tokens=s.generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.block_manager.prefix_cache_queries,
+            prefix_cache_hits=self.block_manager.prefix_cache_hits,
+            events=s.drain_events(),
+        )
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
@@ -157,7 +200,13 @@ class LLMEngine:
         touched = self.scheduler.update(plan, result.tokens)
         now = time.monotonic()
         for child in touched:
-            self._process_token(child, result)
+            if child.parent_id not in self._groups:  # its request failed on an earlier completion
+                continue
+            try:
+                self._process_token(child, result)
+            except Exception as exc:  # e.g. the tokenizer cannot decode a drawn id: this request's problem
+                self._fail(child.parent_id, exc)
+                continue
             self._record_timing(child, now)
         self._record(plan, len(result.tokens))
         # An output is due every step (streaming), or once every completion has finished; a final-only
@@ -170,7 +219,10 @@ class LLMEngine:
                 continue
             finished = all(c.status.finished for c in group)
             if finished or group[0].sampling_params.output_kind == "cumulative":
-                outputs.append(self._output(parent_id, group, finished))
+                try:
+                    outputs.append(self._output(parent_id, group, finished))
+                except Exception as exc:
+                    self._fail(parent_id, exc)
         return outputs
 
     def _attach_prompt_logprobs(self, result: StepOutput) -> None:
@@ -265,7 +317,7 @@ class LLMEngine:
         """Latency samples, from each request's first completion (as vLLM reports per request)."""
         if child.index != 0:
             return
-        if child.first_token_time is None:
+        if child.first_token_time is None or child.last_token_time is None:
             child.first_token_time = now
             self.stats.ttft.append(now - child.arrival_time)
         else:

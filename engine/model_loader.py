@@ -7,7 +7,7 @@ with random values on the device, as HF initialises a fresh model (normal, std
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -15,7 +15,11 @@ from safetensors import safe_open
 from torch import nn
 
 from flotilla.engine.config import ModelConfig
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.registry import build_model
+
+# A layer's `weight_loader(param, checkpoint tensor, shard id)`: puts the tensor into its place in `param`.
+WeightLoader = Callable[[nn.Parameter, torch.Tensor, str | int | None], None]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -25,8 +29,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
+def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     """Build the model in the configured dtype on `device` and fill it from the checkpoint."""
+    # Layers create their parameters with torch's default dtype, so the loader sets it for the
+    # construction only and restores it: nothing after this call sees the change. While it lasts it
+    # is process state: two models built at the same moment on two threads would share it, which
+    # no caller does (a server builds one engine; `AsyncEngine.build` returns only once it is built).
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype(config.dtype))
     try:
@@ -60,7 +68,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: nn.Module, model_dir: Path) -> None:
+def load_weights(model: CausalLM, model_dir: Path) -> None:
     """Copy every checkpoint tensor into its parameter; a missing or unexpected tensor is an error."""
     load_state(model, _checkpoint_tensors(model_dir), where=str(model_dir))
 
@@ -72,31 +80,42 @@ def _checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield hf_name, f.get_tensor(hf_name)
 
 
-def load_state(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], where: str = "state dict") -> None:
+def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], where: str = "state dict") -> None:
     """Copy HF-named tensors (a checkpoint's, or a live HF model's `state_dict().items()`) into `model`."""
     params = dict(model.named_parameters())
-    packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules", {})
+    loaders = _weight_loaders(model)
     loaded: set[str] = set()
-    tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
+    tied = model.ties_lm_head
     for hf_name, tensor in tensors:
         if tied and hf_name == "lm_head.weight":
             continue
         name = model.checkpoint_name(hf_name)
         if "rotary_emb.inv_freq" in name:
             continue
-        name, shard_id = _packed_target(name, packed)
+        name, shard_id = _packed_target(name, model.packed_modules)
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
         param = params[name]
-        weight_loader = getattr(param, "weight_loader", _copy_weight)
-        weight_loader(param, tensor.to(param.dtype), shard_id)
+        loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
         loaded.add(name)
     missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
     if missing:
         raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
 
 
-def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+def _weight_loaders(model: nn.Module) -> dict[str, WeightLoader]:
+    """Each parameter's loader, by parameter name: the `weight_loader` of the layer that owns it
+    (sharded and merged layers place a checkpoint tensor in their slice); others take a plain copy."""
+    loaders: dict[str, WeightLoader] = {}
+    for prefix, module in model.named_modules():
+        loader = getattr(module, "weight_loader", None)
+        if loader is not None:
+            for name, _ in module.named_parameters(prefix=prefix, recurse=False):
+                loaders[name] = loader
+    return loaders
+
+
+def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)

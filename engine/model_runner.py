@@ -18,6 +18,7 @@ from flotilla.engine.cuda_graphs import StepGraphs
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch, flatten
 from flotilla.engine.layers.attention import Attention
+from flotilla.engine.layers.linear import use_triton_gemv
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, sample
@@ -81,10 +82,12 @@ class ModelRunner:
         self.device = torch.device(config.device.device)
         self.dtype = torch_dtype(config.model.dtype)
         self.block_size = config.cache.block_size
-        torch.manual_seed(config.model.seed)
         # Streams for requests without a seed of their own (CPU: drawing seeds must not sync the GPU).
+        # The runner's only randomness; dummy weights draw from their own seeded generator, so the
+        # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.model = load_model(config.model, self.device)
+        use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_kv_cache()
@@ -246,8 +249,7 @@ class ModelRunner:
                 step.copied.synchronize()
             ids = [r.request.request_id for r in step.rows]
             result.tokens = dict(zip(ids, step.drawn.token_ids.tolist(), strict=True))
-            if step.drawn.logprobs is not None:
-                self._token_logprobs(step.drawn, step.rows, result)
+            self._token_logprobs(step.drawn, step.rows, result)
         self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
         return result
 
@@ -290,6 +292,9 @@ class ModelRunner:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     def _token_logprobs(self, drawn: SamplerOutput, rows: list[SamplingRow], result: StepOutput) -> None:
+        """The asking rows' logprob entries, when the sampler computed logprobs (all four tensors)."""
+        if drawn.logprobs is None or drawn.ranks is None or drawn.top_ids is None or drawn.top_logprobs is None:
+            return
         chosen, ranks = drawn.logprobs.tolist(), drawn.ranks.tolist()
         top_ids, top_values = drawn.top_ids.tolist(), drawn.top_logprobs.tolist()
         for i, row in enumerate(rows):
@@ -316,8 +321,9 @@ class ModelRunner:
             chosen = logprobs.gather(1, targets.unsqueeze(1))
             ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
             n = req.sampling_params.prompt_logprobs
-            top_values, top_ids = logprobs.topk(n, dim=-1)
-            chosen_values, top_ids, top_values = chosen.squeeze(1).tolist(), top_ids.tolist(), top_values.tolist()
+            assert n is not None, "flatten() spans only requests that ask for prompt logprobs"
+            top = logprobs.topk(n, dim=-1)
+            chosen_values, top_ids, top_values = chosen.squeeze(1).tolist(), top.indices.tolist(), top.values.tolist()
             entries = [
                 logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
                 for j, target in enumerate(targets.tolist())
@@ -331,18 +337,21 @@ def _to_host(drawn: SamplerOutput) -> SamplerOutput:
     (A plain `.tolist()` later would wait for everything queued by then, the next step included.)
     """
 
-    def host(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None or not t.is_cuda:
+    def host(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_cuda:
             return t
         pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         return pinned.copy_(t, non_blocking=True)
 
+    def maybe_host(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else host(t)
+
     return SamplerOutput(
         token_ids=host(drawn.token_ids),
-        logprobs=host(drawn.logprobs),
-        ranks=host(drawn.ranks),
-        top_ids=host(drawn.top_ids),
-        top_logprobs=host(drawn.top_logprobs),
+        logprobs=maybe_host(drawn.logprobs),
+        ranks=maybe_host(drawn.ranks),
+        top_ids=maybe_host(drawn.top_ids),
+        top_logprobs=maybe_host(drawn.top_logprobs),
     )
 
 

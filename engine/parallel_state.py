@@ -7,6 +7,11 @@ model code.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # layers pass tensors through; this module itself needs no torch
+    import torch
+
 _TP_RANK = 0
 _TP_SIZE = 1
 
@@ -21,7 +26,7 @@ def tp_size() -> int:
     return _TP_SIZE
 
 
-def all_reduce(x):
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum a row-parallel layer's partial outputs over the group (a no-op at size 1)."""
     if _TP_SIZE == 1:
         return x

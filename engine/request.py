@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from flotilla.engine.sampling_params import SamplingParams
 
+_U64 = (1 << 64) - 1
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life cycle."""
@@ -36,7 +38,7 @@ class Request:
     a step in flight whose ids the host does not know yet (asynchronous scheduling: 0 or 1; always 0
     between synchronous steps). Prefill, chunked prefill,
     decode and recompute after preemption are all the same thing: feed the tokens from
-    `num_computed_tokens` up to (at most) the end of `all_token_ids`; when the end is reached, the
+    `num_computed_tokens` up to (at most) the end of prompt-then-output; when the end is reached, the
     step produces the next token.
 
     A request with `n > 1` is `n` of these, one per completion (`index`), sharing `parent_id`. Only
@@ -78,12 +80,12 @@ class Request:
     def sample_seed(self) -> int | None:
         """This completion's own random stream: the request's seed, distinct per completion index."""
         seed = self.sampling_params.seed
-        return None if seed is None else seed * 1_000_003 + self.index
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        """Prompt then generated tokens."""
-        return self.prompt_token_ids + self.output_token_ids
+        if seed is None:
+            return None
+        # Wrapped to a signed 64-bit integer: the sampler carries it in an int64 tensor, and any
+        # seed the API accepts must fit (the hash mixes it with wrapping arithmetic anyway).
+        mixed = (seed * 1_000_003 + self.index) & _U64
+        return mixed - (1 << 64) if mixed >> 63 else mixed
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens `start:end` of prompt-then-output, without concatenating the whole sequence."""

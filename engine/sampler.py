@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 _NEG_INF = float("-inf")
+# The lowest log-probability reported (vLLM's server clamps to the same): a banned token's -inf, or a
+# NaN from a pathological row, must never reach a response, where JSON has no spelling for either.
+LOGPROB_FLOOR = -9999.0
 
 
 @dataclass
@@ -157,7 +160,9 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
 
 
 def _add_logprobs(out: SamplerOutput, logprobs: torch.Tensor, n: int) -> None:
-    """The drawn token's log-probability and rank, and the top-n of each row."""
+    """The drawn token's log-probability and rank, and the top-n of each row (finite: at least
+    LOGPROB_FLOOR)."""
+    logprobs = logprobs.nan_to_num(nan=LOGPROB_FLOOR, posinf=0.0, neginf=LOGPROB_FLOOR).clamp_(LOGPROB_FLOOR, 0.0)
     chosen = logprobs.gather(1, out.token_ids.unsqueeze(1))
     out.logprobs = chosen.squeeze(1)
     out.ranks = (logprobs > chosen).sum(dim=1) + 1

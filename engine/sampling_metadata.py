@@ -8,6 +8,7 @@ import torch
 
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
+from flotilla.engine.sampling_params import GREEDY_TEMPERATURE
 from flotilla.engine.staging import device_tensor
 
 
@@ -32,8 +33,11 @@ def build_sampling_batch(
     seeds = [r.request.sample_seed if r.request.sample_seed is not None else fresh[i] for i, r in enumerate(rows)]
     positions = [r.output_index if r.request.sample_seed is not None else 0 for r in rows]
     any_penalties = any(p.has_penalties for p in params)
-    bias_rows, bias_tokens, bias_values = [], [], []
-    banned_rows, banned_tokens = [], []
+    bias_rows: list[int] = []
+    bias_tokens: list[int] = []
+    bias_values: list[float] = []
+    banned_rows: list[int] = []
+    banned_tokens: list[int] = []
     for i, r in enumerate(rows):
         p = r.request.sampling_params
         for token, value in (p.logit_bias or {}).items():
@@ -43,8 +47,10 @@ def build_sampling_batch(
                 bias_values.append(value)
         if r.output_index < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.request.eos_token_ids))
-            banned_rows += [i] * len(stops)
-            banned_tokens += sorted(stops)
+            # The engine refuses ids outside the vocabulary; an EOS id of a padded config may still be.
+            banned = sorted(t for t in stops if 0 <= t < vocab_size)
+            banned_rows += [i] * len(banned)
+            banned_tokens += banned
 
     def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
         return device_tensor(values, dtype, device)
@@ -53,11 +59,13 @@ def build_sampling_batch(
         width = max((len(x) for x in lists), default=0)
         return tensor([x + [vocab_size] * (width - len(x)) for x in lists], torch.long).reshape(n, width)
 
-    empty = [[] for _ in rows]
+    empty: list[list[int]] = [[] for _ in rows]
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
     return SamplingBatch(
-        temperature=tensor([p.temperature for p in params], torch.float32),
-        top_k=tensor([max(p.top_k, 0) for p in params], torch.long),
+        temperature=tensor(temperatures, torch.float32),
+        # Beyond the vocabulary top_k keeps every token: clamped so it always fits an int64 tensor.
+        top_k=tensor([min(max(p.top_k, 0), vocab_size) for p in params], torch.long),
         top_p=tensor([p.top_p for p in params], torch.float32),
         min_p=tensor([p.min_p for p in params], torch.float32),
         seeds=tensor(seeds, torch.long),
@@ -72,7 +80,7 @@ def build_sampling_batch(
         bias_values=tensor(bias_values, torch.float32),
         banned_rows=tensor(banned_rows, torch.long),
         banned_tokens=tensor(banned_tokens, torch.long),
-        all_greedy=all(p.temperature == 0 for p in params),
+        all_greedy=all(t == 0 for t in temperatures),
         any_penalties=any_penalties,
         any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         max_logprobs=max(logprobs) if logprobs else None,

@@ -6,8 +6,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine.errors import InvalidParamError
+from flotilla.validation_messages import describe
+
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
 MAX_LOGPROBS = 20
+# Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Below this temperature a draw is greedy (vLLM's _SAMPLING_EPS): dividing logits by a subnormal
+# temperature overflows float32 and would turn the distribution into NaN.
+GREEDY_TEMPERATURE = 1e-5
+# repetition_penalty divides (or multiplies) fp32 logits: outside this range a logit overflows to inf,
+# and the logprobs of the row become NaN. HF and vLLM users stay within ~[0.5, 2].
+REPETITION_PENALTY_MIN, REPETITION_PENALTY_MAX = 0.01, 100.0
 
 
 class SamplingParams(BaseModel):
@@ -25,17 +36,18 @@ class SamplingParams(BaseModel):
     - `output_kind` as vLLM's: every step, or only the final output.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are refused in every float field: no comparison bounds them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n: int = Field(1, ge=1, le=128)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1)  # the upper bound is the vocabulary: `check_vocab`
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
     logit_bias: dict[int, float] | None = None
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -54,7 +66,7 @@ class SamplingParams(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise ValueError(_readable(exc)) from None
+            raise InvalidParamError(_readable(exc), _first_field(exc)) from None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -79,10 +91,17 @@ class SamplingParams(BaseModel):
             raise ValueError("stop strings must not be empty")
         return self
 
-    @property
-    def greedy(self) -> bool:
-        """True when the most likely token is always taken."""
-        return self.temperature == 0.0 or self.top_k == 1
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse token ids and a top_k that the model's vocabulary cannot hold (vLLM's engine-side
+        checks); the sampler indexes its `[B, vocab]` logits with them."""
+        if self.top_k > vocab_size:
+            raise InvalidParamError(f"top_k ({self.top_k}) must be at most the vocabulary size ({vocab_size}); "
+                                    "-1 or 0 turns it off", "top_k")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or ()))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidParamError(f"{name}: token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+                                        name)
 
     @property
     def has_penalties(self) -> bool:
@@ -90,9 +109,14 @@ class SamplingParams(BaseModel):
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
-def _readable(exc: ValidationError) -> str:
-    parts = []
+def _first_field(exc: ValidationError) -> str | None:
+    """The top-level field of the first error (None for a cross-field rule)."""
     for err in exc.errors():
-        name = ".".join(str(x) for x in err["loc"]) or "SamplingParams"
-        parts.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
-    return "invalid sampling parameters: " + "; ".join(parts)
+        if err["loc"]:
+            return str(err["loc"][0])
+    return None
+
+
+def _readable(exc: ValidationError) -> str:
+    where = lambda loc: ".".join(str(x) for x in loc) or "SamplingParams"  # noqa: E731
+    return "invalid sampling parameters: " + "; ".join(describe(exc.errors(), where))

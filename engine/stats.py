@@ -1,13 +1,16 @@
 """What the engine measures: cumulative counters, the latest gauges, and per-event samples.
 
-The server's Prometheus exporter drains the events after every step (`drain_events`); without a
-consumer (offline use) the event buffers are bounded so they never grow without limit.
+Front ends read them only through `StatsSnapshot` (`LLMEngine.stats_snapshot()`), a frozen copy taken
+on the engine thread: the server's metrics and stats log never touch the scheduler or the block manager.
+Taking a snapshot drains the per-event samples; without a consumer (offline use) the event buffers are
+bounded so they never grow without limit.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 _MAX_EVENTS = 100_000
 
@@ -25,14 +28,31 @@ class FinishedRequest:
     decode_seconds: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineEvents:
     """Samples since the last drain."""
 
-    ttft: list[float] = field(default_factory=list)
-    inter_token: list[float] = field(default_factory=list)
-    iteration_tokens: list[int] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
+    ttft: tuple[float, ...] = ()
+    inter_token: tuple[float, ...] = ()
+    iteration_tokens: tuple[int, ...] = ()
+    finished: tuple[FinishedRequest, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """The engine as the server reports it, at one instant: gauges, cumulative counters (vLLM's metric
+    meanings) and the samples recorded since the previous snapshot."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # 0..1
+    num_gpu_blocks: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    events: EngineEvents = EngineEvents()
 
 
 @dataclass
@@ -55,10 +75,12 @@ class EngineStats:
         """Return and forget the samples recorded since the last call."""
         new_steps = min(self.num_steps - self._drained_steps, len(self.step_tokens))
         events = EngineEvents(
-            ttft=list(self.ttft),
-            inter_token=list(self.inter_token),
-            iteration_tokens=list(self.step_tokens)[len(self.step_tokens) - new_steps :],
-            finished=list(self.finished),
+            ttft=tuple(self.ttft),
+            inter_token=tuple(self.inter_token),
+            # Only the newest steps, read from the right: a snapshot is taken every step, and copying
+            # the whole (bounded, never cleared) deque would cost O(100k) per step once it is full.
+            iteration_tokens=tuple(reversed(tuple(islice(reversed(self.step_tokens), new_steps)))),
+            finished=tuple(self.finished),
         )
         self._drained_steps = self.num_steps
         self.ttft.clear()

@@ -26,3 +26,14 @@ def eos_token_ids(model_dir: str, tokenizer: Any, hf_config: dict[str, Any]) -> 
         elif isinstance(value, list):
             ids.update(v for v in value if isinstance(v, int))
     return frozenset(ids)
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token of `tokenizer` stands for.
+
+    The length of the longest vocabulary entry: byte-level BPE spells each byte as one character and
+    SentencePiece spells each character as one, so an entry is at least as long as the text it
+    decodes to. A text of more than `max_model_len * longest_token_chars` characters therefore
+    tokenizes to more than `max_model_len` tokens, and can be refused without tokenizing it.
+    """
+    return max((len(piece) for piece in tokenizer.get_vocab()), default=1)

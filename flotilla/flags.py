@@ -10,6 +10,7 @@ Flag names and meanings mirror `vllm serve`, so users' muscle memory carries ove
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,6 +40,10 @@ class Flag:
     env: str | None = None
     negatable: bool = False
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    # Inclusive range bounds of int/float flags (gt: exclusive lower bound), as pydantic's Field.
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
 
     @property
     def dest(self) -> str:
@@ -57,7 +62,30 @@ class Flag:
         if self.supported_values is not None and value not in self.supported_values:
             allowed = ", ".join(str(c) for c in self.supported_values)
             return f"{self.name}={value!r} is not supported yet (supported: {allowed})"
+        return self._type_problem(value) or self._range_problem(value)
+
+    def _type_problem(self, value: Any) -> str | None:
+        numeric = {"int": (int,), "float": (int, float)}.get(self.type)
+        if numeric and (isinstance(value, bool) or not isinstance(value, numeric)):
+            return f"{self.name}={value!r} is not a{'n' if self.type == 'int' else ''} {self.type}"
+        if numeric and not math.isfinite(value):
+            return f"{self.name}={value!r} is not a finite number"
         return None
+
+    def _range_problem(self, value: Any) -> str | None:
+        if self.type not in ("int", "float"):
+            return None
+        if (self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt) or \
+                (self.le is not None and value > self.le):
+            return f"{self.name}={value!r} is out of range ({self.range_text})"
+        return None
+
+    @property
+    def range_text(self) -> str:
+        """The declared range in words (`>= 1`, `> 0 and <= 1`), empty when none."""
+        bounds = [f"{op} {bound:g}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le))
+                  if bound is not None]
+        return " and ".join(bounds)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -88,6 +116,7 @@ FLAGS: tuple[Flag, ...] = (
         "Maximum tokens per sequence, prompt plus output (default: the model's max_position_embeddings).",
         "model",
         crd_field="scheduling.maxModelLen",
+        ge=1,
     ),
     Flag("--seed", "int", 0, "Seed for random sampling of requests that give no seed of their own.", "model"),
     Flag(
@@ -127,6 +156,8 @@ FLAGS: tuple[Flag, ...] = (
         "Fraction of GPU memory the engine may use (weights + activations + KV cache).",
         "cache",
         crd_field="kvCache.gpuMemoryUtilization",
+        gt=0,
+        le=1,
     ),
     Flag(
         "--kv-cache-dtype",
@@ -138,7 +169,7 @@ FLAGS: tuple[Flag, ...] = (
         choices=("auto", "fp8", "fp8_e4m3"),
         supported_values=("auto",),
     ),
-    Flag("--num-gpu-blocks-override", "int", None, "Fix the number of KV blocks (tests, benchmarks).", "cache"),
+    Flag("--num-gpu-blocks-override", "int", None, "Fix the number of KV blocks (tests, benchmarks).", "cache", ge=1),
     Flag(
         "--enable-prefix-caching",
         "bool",
@@ -150,7 +181,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     # --- scheduler ---------------------------------------------------------------------------------
     Flag(
-        "--max-num-seqs", "int", 256, "Maximum sequences in one step.", "scheduler", crd_field="scheduling.maxNumSeqs"
+        "--max-num-seqs", "int", 256, "Maximum sequences in one step.", "scheduler", crd_field="scheduling.maxNumSeqs",
+        ge=1,
     ),
     Flag(
         "--max-num-batched-tokens",
@@ -159,6 +191,7 @@ FLAGS: tuple[Flag, ...] = (
         "Token budget of one step (default: 8192, or max-model-len when larger and chunked prefill is off).",
         "scheduler",
         crd_field="scheduling.maxNumBatchedTokens",
+        ge=1,
     ),
     Flag(
         "--enable-chunked-prefill",
@@ -188,6 +221,7 @@ FLAGS: tuple[Flag, ...] = (
         "parallel",
         crd_field="parallelism.tensor",
         aliases=("-tp",),
+        ge=1,
         supported_values=(1,),
     ),
     Flag(
@@ -198,6 +232,7 @@ FLAGS: tuple[Flag, ...] = (
         "parallel",
         crd_field="parallelism.pipeline",
         aliases=("-pp",),
+        ge=1,
         supported_values=(1,),
     ),
     # --- speculative decoding, LoRA --------------------------------------------------------------
@@ -220,25 +255,107 @@ FLAGS: tuple[Flag, ...] = (
         "device",
         choices=("auto", "cuda", "cpu"),
     ),
+    Flag(
+        "--triton-gemv-max-rows",
+        "int",
+        1,
+        "Flotilla's own (not a vllm serve flag): on CUDA, linear layers of at most this many rows (and at "
+        "most 8192 output features) use the Triton GEMV instead of cuBLAS, where it measured faster "
+        "(decode at batch 1); 0 keeps cuBLAS throughout.",
+        "device",
+        ge=0,
+        le=8,  # the kernel is built and measured for 1-8 rows
+    ),
     # --- server ------------------------------------------------------------------------------------
     Flag("--host", "str", None, "Address to listen on (default: all).", "server"),
     Flag("--disable-log-stats", "bool", False, "Do not log the periodic stats line.", "server"),
-    Flag("--port", "int", 8000, "Port to listen on.", "server"),
+    Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(
         "--api-key",
         "str",
         None,
-        "Require this key on every /v1 route.",
+        "Require this key (Authorization: Bearer <key>) on every /v1 route; surrounding whitespace is "
+        "trimmed; an empty key is refused at start.",
         "server",
         crd_field="apiKeySecretRef",
         env="VLLM_API_KEY",
     ),
     Flag(
         "--shutdown-timeout",
-        "int",
+        "float",
         30,
-        "Seconds to finish in-flight requests after SIGTERM.",
+        "Seconds that in-flight requests get to finish after SIGTERM; then they are aborted "
+        "(streams end with an error event and [DONE], others get 503) and the server exits 0.",
         "server",
+        ge=0,
+        le=3600,
+    ),
+    Flag(
+        "--trust-request-chat-template",
+        "bool",
+        False,
+        "Accept a chat template sent in a request (chat_template, or chat_template_kwargs.chat_template); "
+        "refused with 400 unless set, as vLLM.",
+        "server",
+    ),
+    Flag(
+        "--max-request-body-size",
+        "int",
+        8 * 1024 * 1024,
+        "Largest request body in bytes; larger bodies get 413 before they are read.",
+        "server",
+        ge=1,
+    ),
+    Flag(
+        "--limit-concurrency",
+        "int",
+        1024,
+        "Most connections and requests in progress at once; beyond it new requests get 503 (uvicorn's "
+        "limit_concurrency).",
+        "server",
+        ge=1,
+    ),
+    Flag(
+        "--timeout-keep-alive",
+        "float",
+        5.0,
+        "Seconds an idle keep-alive connection stays open (uvicorn's timeout_keep_alive).",
+        "server",
+        env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
+        gt=0,
+    ),
+    Flag(
+        "--header-read-timeout",
+        "float",
+        10.0,
+        "Seconds a client has to send a request's line and headers, from connecting or from the previous "
+        "response; slower connections are closed.",
+        "server",
+        gt=0,
+    ),
+    Flag(
+        "--body-read-timeout",
+        "float",
+        30.0,
+        "Seconds a client has to send a whole request body; slower ones get 408 and are closed.",
+        "server",
+        gt=0,
+    ),
+    Flag(
+        "--h11-max-incomplete-event-size",
+        "int",
+        16 * 1024,
+        "Most bytes buffered of an unfinished request head (h11's max_incomplete_event_size); more get 400.",
+        "server",
+        ge=1,
+    ),
+    Flag(
+        "--h11-max-header-count",
+        "int",
+        256,
+        "Most headers in one request; more get 431.",
+        "server",
+        ge=1,
     ),
     Flag(
         "--uvicorn-log-level",
@@ -265,11 +382,6 @@ def flag(name: str) -> Flag:
 def flag_for_crd_field(path: str) -> Flag | None:
     """The flag an InferenceService spec field (dotted path under `spec`) sets, if any."""
     return _BY_CRD_FIELD.get(path)
-
-
-def implemented_flags() -> list[Flag]:
-    """Flags the engine honours today."""
-    return [f for f in FLAGS if f.implemented]
 
 
 def markdown_table() -> str:

@@ -9,8 +9,6 @@ defines a kernel before a test has set TRITON_INTERPRET).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -126,20 +124,22 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-# Decode-time linear layers of at most this many rows and at most TRITON_GEMV_MAX_OUT output
-# features use the Triton GEMV instead of cuBLAS. On the H200 at one row (bench/kernels.py gemv
-# section), cuBLAS streams Llama-3.1-8B's qkv / o_proj / down weights at 76 / 59 / 86 % of copy
-# bandwidth, the last two with a split-K reduce kernel each, and the GEMV at 77 / 68 / 85 % with no
-# second kernel (inside a CUDA graph every kernel boundary costs time too). On gate_up (28,672
-# outputs) cuBLAS is ahead (98 % vs 93 %), and at four rows it is ahead everywhere.
-# FLOTILLA_TRITON_GEMV_MAX_ROWS=0 keeps cuBLAS throughout.
-TRITON_GEMV_MAX_ROWS = int(os.environ.get("FLOTILLA_TRITON_GEMV_MAX_ROWS", "1"))
+# Decode-time linear layers of at most `gemv_max_rows` rows (the engine's --triton-gemv-max-rows,
+# default 1) and at most TRITON_GEMV_MAX_OUT output features use the Triton GEMV instead of cuBLAS.
+# On the H200 at one row (bench/kernels.py gemv section), cuBLAS streams Llama-3.1-8B's qkv / o_proj /
+# down weights at 76 / 59 / 86 % of copy bandwidth, the last two with a split-K reduce kernel each,
+# and the GEMV at 77 / 68 / 85 % with no second kernel (inside a CUDA graph every kernel boundary
+# costs time too). On gate_up (28,672 outputs) cuBLAS is ahead (98 % vs 93 %), and at four rows it is
+# ahead everywhere.
 TRITON_GEMV_MAX_OUT = 8192
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV where it measured faster (see above)."""
-    if x.is_cuda and x.dim() == 2 and x.shape[0] <= TRITON_GEMV_MAX_ROWS and weight.shape[0] <= TRITON_GEMV_MAX_OUT:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gemv_max_rows: int = 0
+) -> torch.Tensor:
+    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV for inputs of at most `gemv_max_rows` rows
+    where it measured faster (see above; 0, the default, keeps cuBLAS)."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= gemv_max_rows and weight.shape[0] <= TRITON_GEMV_MAX_OUT:
         from flotilla.kernels.triton_gemv import gemv
 
         return gemv(x, weight, bias)

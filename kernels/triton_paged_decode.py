@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_split_merge import merge_splits, split_buffers
-from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
+from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
 
@@ -109,17 +109,11 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    # An empty context (or an empty split) leaves l == 0: write zeros, and lse = -inf so the
-    # merge gives that split no weight.
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    if NUM_SPLITS == 1:
-        o_ptrs = out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & d_ok[None, :])
-    else:
-        row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [batch, heads, splits] flattened
-        tl.store(part_out_ptr + row.to(tl.int64)[:, None] * BLOCK_D + d[None, :], out, mask=head_ok[:, None])
-        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + row, lse, mask=head_ok)
+    # Partials are `[batch, heads, splits]`.
+    store_attention_rows(
+        acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+        (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
+    )  # fmt: skip
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
@@ -155,19 +149,15 @@ def paged_decode_attention(
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark.
     """
-    num_tokens, num_heads, head_dim = query.shape
-    _, page, num_kv_heads, _ = k_cache.shape
-    batch = seq_lens.shape[0]
-    group = num_heads // num_kv_heads
-    assert num_heads == group * num_kv_heads, "query heads must be a multiple of KV heads"
-    assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
+    batch, group = seq_lens.shape[0], num_heads // num_kv_heads
     out = torch.empty_like(query)
     if batch == 0 or num_tokens == 0:
         return out
     max_context = block_tables.shape[1] * page
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
-    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
+    split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](

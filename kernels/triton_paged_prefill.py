@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_split_merge import merge_splits, split_buffers
-from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
+from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
 
@@ -90,6 +90,50 @@ def _attend_tile(
     v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l, acc
+
+
+@triton.jit
+def _attend_range(
+    q,
+    m,
+    l,
+    acc,
+    table,
+    lo,
+    hi,
+    q_pos,
+    seq_len,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_head,
+    qk_scale,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    d,
+    d_ok,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Keys `lo .. hi` (`lo` on a tile boundary) through the online softmax, tile by tile. Each step
+    fetches the next tile's page numbers before attending to the current tile, so the K/V addresses
+    never wait on a table read."""
+    page = _pages(table, lo, hi, PAGE, BLOCK_N)
+    for n0 in range(lo, hi, BLOCK_N):
+        next_page = _pages(table, n0 + BLOCK_N, hi, PAGE, BLOCK_N)
+        m, l, acc = _attend_tile(
+            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
+            PAGE, BLOCK_N, MASKED, DOT_DTYPE, DOT_PRECISION,
+        )  # fmt: skip
+        page = next_page
+    return m, l, acc
 
 
 @triton.jit
@@ -173,38 +217,21 @@ def _prefill_kernel(
     key_lo = tl.program_id(2) * split_len
     key_hi = tl.minimum(key_lo + split_len, diag_end)
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
-    unmasked_end = tl.minimum(visible_end, key_hi)
-    # Each loop fetches the next tile's page numbers before attending to the current tile, so the
-    # K/V addresses never wait on a table read.
-    page = _pages(table, key_lo, unmasked_end, PAGE, BLOCK_N)
-    for n0 in range(key_lo, unmasked_end, BLOCK_N):
-        next_page = _pages(table, n0 + BLOCK_N, unmasked_end, PAGE, BLOCK_N)
-        m, l, acc = _attend_tile(
-            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-            PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
-        )  # fmt: skip
-        page = next_page
-    masked_lo = tl.maximum(visible_end, key_lo)
-    page = _pages(table, masked_lo, key_hi, PAGE, BLOCK_N)
-    for n0 in range(masked_lo, key_hi, BLOCK_N):
-        next_page = _pages(table, n0 + BLOCK_N, key_hi, PAGE, BLOCK_N)
-        m, l, acc = _attend_tile(
-            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-            PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION,
-        )  # fmt: skip
-        page = next_page
-
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    if NUM_SPLITS == 1:
-        o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    else:  # partials `[tokens, heads, splits]`; an empty range writes lse = -inf (no weight)
-        part = (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2)
-        tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=row_ok[:, None])
-        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+    m, l, acc = _attend_range(
+        q, m, l, acc, table, key_lo, tl.minimum(visible_end, key_hi), q_pos, seq_len, k_cache_ptr, v_cache_ptr,
+        kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
+        PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
+    )  # fmt: skip
+    m, l, acc = _attend_range(
+        q, m, l, acc, table, tl.maximum(visible_end, key_lo), key_hi, q_pos, seq_len, k_cache_ptr, v_cache_ptr,
+        kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
+        PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION,
+    )  # fmt: skip
+    # Partials are `[tokens, heads, splits]`.
+    store_attention_rows(
+        acc, m, l, out_ptr, q_rows * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+        (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D,
+    )  # fmt: skip
 
 
 def heads_per_tile(group: int, block_m: int) -> int:
@@ -254,12 +281,8 @@ def paged_prefill_attention(
     (`default_num_splits`). The tile and launch knobs are exposed for tests and the benchmark;
     defaults suit an H200 at head_dim 128.
     """
-    num_tokens, num_heads, head_dim = query.shape
-    _, page, num_kv_heads, _ = k_cache.shape
-    batch = seq_lens.shape[0]
-    group = num_heads // num_kv_heads
-    assert num_heads == group * num_kv_heads, "query heads must be a multiple of KV heads"
-    assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
+    batch, group = seq_lens.shape[0], num_heads // num_kv_heads
     out = torch.empty_like(query)
     if batch == 0 or num_tokens == 0:
         return out
@@ -279,7 +302,7 @@ def paged_prefill_attention(
         num_splits = default_num_splits(
             num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
         )
-    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
+    split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
     _prefill_kernel[(grid_tiles, head_blocks, num_splits)](

@@ -16,6 +16,40 @@ import triton.language as tl
 
 
 @triton.jit
+def store_attention_rows(
+    acc,
+    m,
+    l,
+    out_ptr,
+    out_offsets,
+    part_out_ptr,
+    part_lse_ptr,
+    part_rows,
+    d,
+    rows_ok,
+    d_ok,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The end of an attention program: its rows' online-softmax state (`acc`, max `m`, sum `l`,
+    base 2) normalised into `out` at `out_offsets` (element offsets of each row's head) when there is
+    one split, else into the partials at `part_rows` with their log-sum-exps, for the merge.
+
+    An empty context (or an empty split) leaves l == 0: that writes zeros, and lse = -inf so the
+    merge gives that split no weight.
+    """
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + out_offsets[:, None] + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None] & d_ok[None, :])
+    else:
+        rows = part_rows.to(tl.int64)
+        tl.store(part_out_ptr + rows[:, None] * BLOCK_D + d[None, :], out, mask=rows_ok[:, None])
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + rows, lse, mask=rows_ok)
+
+
+@triton.jit
 def split_merge_kernel(
     part_out_ptr,
     part_lse_ptr,
@@ -54,6 +88,11 @@ def split_merge_kernel(
     )
 
 
+def split_length(context: int, num_splits: int, block_n: int) -> int:
+    """Keys per split: `context` keys cut into `num_splits` ranges of whole `block_n`-key tiles."""
+    return triton.cdiv(triton.cdiv(context, num_splits), block_n) * block_n
+
+
 def split_buffers(out: torch.Tensor, num_rows: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial outputs `[rows * heads * splits, BLOCK_D]` and log-sum-exps (fp32) for a split launch;
     with one split there are no partials (the kernel writes `out`), and `out` stands in for both."""
@@ -65,7 +104,15 @@ def split_buffers(out: torch.Tensor, num_rows: int, num_splits: int) -> tuple[to
     return part_out, torch.empty(rows, dtype=torch.float32, device=out.device)
 
 
-def merge_splits(part_out, part_lse, query_start_loc, out, num_rows: int, num_splits: int, rows_are_seqs: bool):
+def merge_splits(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor,
+    num_rows: int,
+    num_splits: int,
+    rows_are_seqs: bool,
+) -> None:
     """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`)."""
     num_heads, head_dim = out.shape[1], out.shape[2]
     split_merge_kernel[(num_rows, num_heads)](
@@ -85,4 +132,4 @@ def merge_splits(part_out, part_lse, query_start_loc, out, num_rows: int, num_sp
     )
 
 
-__all__ = ["merge_splits", "split_buffers", "split_merge_kernel"]
+__all__ = ["merge_splits", "split_buffers", "split_length", "split_merge_kernel", "store_attention_rows"]

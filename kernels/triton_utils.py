@@ -46,3 +46,16 @@ def device_sms(tensor: torch.Tensor) -> int:
     if tensor.is_cuda:
         return num_sms(tensor.device.index if tensor.device.index is not None else 0)
     return 132
+
+
+def paged_attention_shapes(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[int, int, int, int, int]:
+    """`(num_tokens, num_heads, head_dim, page, num_kv_heads)` of a paged attention call (layout in
+    `paged_attention.py`), after checking what the kernels rely on: query heads split evenly over the
+    KV heads, and every last dimension is contiguous."""
+    num_tokens, num_heads, head_dim = query.shape
+    _, page, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
+    assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    return num_tokens, num_heads, head_dim, page, num_kv_heads

@@ -17,9 +17,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import FitReport, check_fit
+from flotilla.operator.model_volume import parse_source
+from flotilla.operator.names import common_labels, name_problem
+from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.validation_messages import Location, describe, dotted
 
 
 @dataclass
@@ -37,13 +42,15 @@ class Review:
         return "; ".join(self.errors)
 
 
-def _pydantic_errors(error: ValidationError) -> list[str]:
-    out = []
-    for e in error.errors():
-        message = e["msg"].removeprefix("Value error, ")
-        loc = ".".join(str(part) for part in e["loc"])
-        out.append(f"spec.{loc}: {message}" if loc else message)
-    return out
+def _spec_path(loc: Location) -> str:
+    return f"spec.{dotted(loc)}" if loc else ""
+
+
+def _pod_rules(spec: InferenceServiceSpec) -> list[str]:
+    errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
+    own = set(common_labels("x"))
+    errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
+    return errors
 
 
 def _dtype_rules(spec: InferenceServiceSpec) -> list[str]:
@@ -53,13 +60,29 @@ def _dtype_rules(spec: InferenceServiceSpec) -> list[str]:
     return []
 
 
-def review(spec: dict[str, Any], name: str) -> Review:
-    """Check a spec (as on the wire, camelCase) of the InferenceService `name`."""
+def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    sources = [("spec.model.source", spec.model.source)]
+    if spec.lora is not None:
+        sources += [(f"spec.lora.adapters[{i}].source", a.source) for i, a in enumerate(spec.lora.adapters)]
+    errors = []
+    for where, source in sources:
+        scheme, location, _ = parse_source(source)
+        problem = policy.host_path_problem(location) if scheme == "hostPath" else None
+        if problem:
+            errors.append(f"{where}: {problem}")
+    return errors
+
+
+def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_POLICY) -> Review:
+    """Check a spec (as on the wire, camelCase) of the InferenceService `name` under the admin's `policy`."""
+    named = name_problem(name)
+    name_errors = [named] if named else []
     try:
         parsed = InferenceServiceSpec.model_validate(spec)
     except ValidationError as e:
-        return Review(errors=_pydantic_errors(e))
-    result = Review(spec=parsed, errors=_dtype_rules(parsed) + unsupported(parsed, name))
+        return Review(errors=name_errors + describe(e.errors(), _spec_path))
+    result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
+                    + _dtype_rules(parsed) + unsupported(parsed, name))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":
         result.errors.append(f"fit check: {result.fit.message}")

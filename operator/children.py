@@ -45,7 +45,8 @@ def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: C
     scaled_object = build_scaled_object(spec, name, namespace) if caps.keda else None
     hpa = None
     if not caps.keda and caps.hpa_version:
-        hpa = build_hpa(spec, name, namespace, api_version=caps.hpa_version)  # type: ignore[arg-type]
+        # Ignored below: caps.hpa_version is a str that from_group_list picked from HPA_API_VERSIONS.
+        hpa = build_hpa(spec, name, namespace, api_version=caps.hpa_version)  # type: ignore[arg-type]  # see above
     want(scaled_object, "keda.sh/v1alpha1" if caps.keda else None, "ScaledObject")
     want(hpa, caps.hpa_version, "HorizontalPodAutoscaler")
     if spec.autoscaling is None:
@@ -67,6 +68,7 @@ def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: C
         plan.monitoring = f"no ServiceMonitor: {SERVICE_MONITOR_GROUP_VERSION} is not installed"
 
     if caps.pdb_version:
-        want(build_pdb(spec, name, namespace, api_version=caps.pdb_version),  # type: ignore[arg-type]
+        # Ignored below: caps.pdb_version is a str that from_group_list picked from policy/v1, v1beta1.
+        want(build_pdb(spec, name, namespace, api_version=caps.pdb_version),  # type: ignore[arg-type]  # see above
              caps.pdb_version, "PodDisruptionBudget")
     return plan

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flotilla.flags import flag
 from flotilla.operator import names
-from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args
+from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args, shutdown_timeout
+from flotilla.operator.fit import weight_bytes
+from flotilla.operator.gpus import node_label_value
 from flotilla.operator.model_volume import model_volume
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -20,11 +23,16 @@ PRESTOP_DELAY_S = 10
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 360
 RUN_AS_USER = 1000
+GIB = 1 << 30
+DEFAULT_LOADING_BYTES = 8 * GIB
+DEFAULT_DOWNLOAD_SIZE = "500Gi"
+# Environment variables the operator sets on the engine: refused in spec.pod.env (admission.py).
+OPERATOR_ENV = ("HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE", str(flag("--api-key").env))
 
 
-def termination_grace_seconds() -> int:
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
     """Grace period covering the preStop delay plus the engine's drain (--shutdown-timeout) and slack."""
-    return PRESTOP_DELAY_S + int(flag("--shutdown-timeout").default) + 15
+    return PRESTOP_DELAY_S + math.ceil(shutdown_timeout(spec)) + 15
 
 
 def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
@@ -32,14 +40,41 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
             "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
+def _weights(spec: InferenceServiceSpec) -> int | None:
+    arch = spec.model.config
+    return None if arch is None else weight_bytes(arch, spec.quantization, spec.dtype)
+
+
+def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:
+    """CPU and memory requests when the spec sets none, so the pod is never BestEffort.
+
+    CPU: 2 cores for the front end and scheduler plus 2 per GPU (tokenizing, detokenizing and the
+    launch loop of each worker). Memory: 4 GiB per GPU (CUDA context, pinned buffers, tokenizer) plus a
+    quarter of the weights for loading (safetensors shards are read through the page cache one at a
+    time), or 8 GiB more when the weights are unknown. Estimates; set resources.cpu/memory to override.
+    """
+    gpus = spec.gpus_per_replica
+    weights = _weights(spec)
+    loading = DEFAULT_LOADING_BYTES if weights is None else weights // 4
+    return {"cpu": str(2 + 2 * gpus), "memory": f"{math.ceil((gpus * 4 * GIB + loading) / GIB)}Gi"}
+
+
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {GPU_RESOURCE: str(spec.gpus_per_replica)}
-    requests: dict[str, Any] = {}
+    requests: dict[str, Any] = default_requests(spec)
     for key, value in (("cpu", spec.resources.cpu), ("memory", spec.resources.memory)):
         if value is not None:
             # Request = limit: guaranteed QoS keeps a serving pod from being evicted under pressure.
             limits[key] = requests[key] = str(value)
-    return {"limits": limits, "requests": requests} if requests else {"limits": limits}
+    return {"limits": limits, "requests": requests}
+
+
+def download_cache_size(spec: InferenceServiceSpec) -> str:
+    """sizeLimit of the emptyDir an hf:// checkpoint downloads into (see ModelCacheSpec.size)."""
+    if spec.model.cache and spec.model.cache.size:
+        return spec.model.cache.size
+    weights = _weights(spec)
+    return DEFAULT_DOWNLOAD_SIZE if weights is None else f"{math.ceil(weights * 1.2 / GIB) + 1}Gi"
 
 
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
@@ -53,13 +88,25 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     if ref is not None:
         env.append({"name": str(flag("--api-key").env),
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    return env
+    return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env]
+
+
+def _pod_extras(spec: InferenceServiceSpec) -> dict[str, Any]:
+    pod = spec.pod
+    out: dict[str, Any] = {
+        "imagePullSecrets": [{"name": n} for n in pod.image_pull_secrets],
+        "affinity": pod.affinity,
+        "topologySpreadConstraints": pod.topology_spread_constraints,
+        "priorityClassName": pod.priority_class_name,
+        "serviceAccountName": pod.service_account_name,
+    }
+    return {k: v for k, v in out.items() if v}
 
 
 def _scheduling(spec: InferenceServiceSpec) -> dict[str, Any]:
     node_selector = dict(spec.resources.node_selector)
     if spec.resources.gpu_product:
-        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+        node_selector[GPU_PRODUCT_LABEL] = node_label_value(spec.resources.gpu_product)
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.resources.tolerations]
     out: dict[str, Any] = {"tolerations": tolerations}
@@ -68,13 +115,21 @@ def _scheduling(spec: InferenceServiceSpec) -> dict[str, Any]:
     return out
 
 
+def _pod_metadata(spec: InferenceServiceSpec, name: str) -> dict[str, Any]:
+    # The operator's own labels win; admission refuses pod labels that would override them.
+    meta: dict[str, Any] = {"labels": {**spec.pod.labels, **names.common_labels(name)}}
+    if spec.pod.annotations:
+        meta["annotations"] = dict(spec.pod.annotations)
+    return meta
+
+
 def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> dict[str, Any]:
     """The engine Deployment: `flotilla serve /model <flags>` with GPUs, probes and a graceful drain.
 
     `replicas` is left out while autoscaling is set, so the autoscaler owns it and re-applying the
     Deployment does not fight the HPA.
     """
-    volume, mount, init_containers = model_volume(spec)
+    volume, mount, init_containers = model_volume(spec, download_cache_size(spec))
     container: dict[str, Any] = {
         "name": names.ENGINE_CONTAINER,
         "image": spec.image,
@@ -82,6 +137,8 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
         "args": engine_args(spec, name),
         "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
         "env": _env(spec),
+        **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}
+           if spec.pod.env_from else {}),
         "resources": _resources(spec),
         "volumeMounts": [mount, {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "tmp", "mountPath": "/tmp"}],
@@ -100,23 +157,28 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
         "volumes": [
             volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
-            {"name": "tmp", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": spec.resources.tmp_size}},
         ],
-        "terminationGracePeriodSeconds": termination_grace_seconds(),
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
+        # The engine never calls the Kubernetes API: no token in the pod.
+        "automountServiceAccountToken": False,
         **_scheduling(spec),
+        **_pod_extras(spec),
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": names.selector_labels(name)},
-        # A new pod must be ready before an old one goes: serving capacity never drops in a rollout.
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-        "template": {"metadata": {"labels": names.common_labels(name)}, "spec": pod_spec},
+        # By default a new pod must be ready before an old one goes, so serving capacity never drops;
+        # on a full GPU pool (no spare GPUs) spec.rollout takes one down first instead.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": spec.rollout.max_unavailable,
+                                                                "maxSurge": spec.rollout.max_surge}},
+        "template": {"metadata": _pod_metadata(spec, name), "spec": pod_spec},
     }
     if spec.autoscaling is None:
         deployment_spec = {"replicas": spec.replicas, **deployment_spec}

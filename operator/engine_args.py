@@ -4,6 +4,12 @@ The engine's command line is the whole contract between the operator and the eng
 field that sets a flag is listed in `FIELD_VALUES` under the flag's `crd_field`; a test checks that
 this table and flags.py name the same fields, so a flag can't gain a CRD field without the operator
 knowing how to render it.
+
+spec.engineArgs carries the flags that have no field. They are parsed by the grammar the engine's
+parser accepts (flotilla/engine_rules.py), refused when the operator owns them (OPERATOR_OWNED, with
+the reason) or has not classified them (ENGINE_ARGS_ALLOWED is an allow-list), and their values are
+checked by the contract's types and ranges. `unsupported` then applies the engine's own cross-flag
+rules to everything the spec renders.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from flotilla.flags import FLAGS, Flag, flag_for_crd_field
+from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, parse_argv
+from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
 from flotilla.operator.names import MODEL_PATH
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -86,49 +93,99 @@ def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
     return args + list(spec.engine_args)
 
 
-def _flag_named(token: str) -> Flag | None:
-    name = token.split("=", 1)[0]
-    for f in FLAGS:
-        if name == f.name or name in f.aliases or (f.negatable and name == f.name.replace("--", "--no-", 1)):
-            return f
-    return None
+# Flags that the operator sets itself, or that would undo what it guarantees: refused in
+# spec.engineArgs, with the reason shown to the user.
+OPERATOR_OWNED: dict[str, str] = {
+    "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
+    "--host": "the probes and the Service reach the engine on every pod address",
+    "--load-format": "the weights come from spec.model.source (dummy would serve random weights)",
+    "--device": "engine pods run on the GPUs they request",
+    "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
+                                 "check reads",
+    "--tokenizer": "the tokenizer is read from the model directory the operator mounts",
+}
+# Flags spec.engineArgs may carry: settings with no field of their own that change neither where
+# the engine listens nor what it loads. A flag in neither table (e.g. one added to the contract
+# after this operator version) is refused until it is classified here.
+ENGINE_ARGS_ALLOWED = frozenset({
+    "--seed", "--enforce-eager", "--async-scheduling", "--disable-log-stats", "--shutdown-timeout",
+    "--uvicorn-log-level", "--triton-gemv-max-rows",
+    # The server's request limits and timeouts: they bound what clients may send, within the
+    # contract's ranges, and act on this InferenceService's pods alone.
+    "--max-request-body-size", "--limit-concurrency", "--timeout-keep-alive", "--header-read-timeout",
+    "--body-read-timeout", "--h11-max-incomplete-event-size", "--h11-max-header-count",
+    # Lets this service's own clients send chat templates, still rendered in the bounded sandbox
+    # (docs/server.md): the owner's choice for their endpoint, no access beyond the pod.
+    "--trust-request-chat-template",
+})
+
+
+def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
+    """spec.engineArgs parsed by the engine's grammar and checked by the contract, and why any of
+    them cannot be used (grammar, ownership, type, range, implemented)."""
+    parsed, problems = parse_argv(extra)
+    errors = [f"spec.engineArgs: {p}" for p in problems]
+    usable, seen = [], set()
+    for p in parsed:
+        f = p.flag
+        if f.crd_field:
+            errors.append(f"spec.engineArgs: {f.name} is set by spec.{f.crd_field}; set that field instead")
+        elif f.name in OPERATOR_OWNED:
+            errors.append(f"spec.engineArgs: {f.name} is set by the operator: {OPERATOR_OWNED[f.name]}")
+        elif f.name not in ENGINE_ARGS_ALLOWED:
+            errors.append(f"spec.engineArgs: {f.name} cannot be set through engineArgs by this operator version")
+        elif f.name in seen:
+            errors.append(f"spec.engineArgs: {f.name} is given more than once")
+        elif problem := f.check_value(p.value):
+            errors.append(f"spec.engineArgs: {problem}")
+        else:
+            seen.add(f.name)
+            usable.append(p)
+    return usable, errors
 
 
 def engine_args_errors(extra: list[str]) -> list[str]:
-    """Why each flag in spec.engineArgs cannot be used (unknown, set by a field, or not implemented)."""
-    errors = []
-    for token in extra:
-        if not token.startswith("-") or _is_number(token):
-            continue  # a flag's value
-        f = _flag_named(token)
-        if f is None:
-            errors.append(f"spec.engineArgs: {token.split('=', 1)[0]} is not an engine flag")
-        elif f.crd_field:
-            errors.append(f"spec.engineArgs: {f.name} is set by spec.{f.crd_field}; set that field instead")
-        elif not f.implemented:
-            errors.append(f"spec.engineArgs: {f.name} is not implemented yet in this Flotilla version")
-    return errors
+    """Why the flags in spec.engineArgs cannot be used, one message each (empty when they can)."""
+    return _extra_flags(extra)[1]
 
 
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
+def shutdown_timeout(spec: InferenceServiceSpec) -> float:
+    """The engine's drain time after SIGTERM: --shutdown-timeout from engineArgs, else its default."""
+    usable, errors = _extra_flags(spec.engine_args)
+    given = [p.value for p in usable if p.flag.name == "--shutdown-timeout"]
+    return float(given[0]) if given and not errors else float(flag("--shutdown-timeout").default)
+
+
+def _spec_name(dest: str) -> str:
+    f = next((f for f in FLAGS if f.dest == dest), None)
+    return f"spec.{f.crd_field}" if f is not None and f.crd_field else flag_name(dest)
+
+
+def _hf_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    # The model's length limit, when the spec states it; the engine reads the rest from config.json.
+    arch = spec.model.config
+    if arch is None or arch.max_position_embeddings is None:
+        return None
+    return {"max_position_embeddings": arch.max_position_embeddings}
 
 
 def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
-    """Every reason the engine could not start with this spec today, one user-facing message each.
+    """Every reason the engine could not start with this spec, one user-facing message each.
 
-    Empty when the spec only uses implemented flags with supported values. The admission webhook
-    refuses a spec with any message here, so no pod crash-loops on an unknown flag.
+    The rules are the engine's own (the flag contract's types, choices and ranges, and
+    flotilla/engine_rules.py across flags), applied to the values this spec renders, so what the
+    admission webhook admits, the engine accepts.
     """
-    errors = []
+    errors, values = [], {}
     for crd_field, value_of in FIELD_VALUES.items():
-        flag = flag_for_crd_field(crd_field)
-        assert flag is not None, crd_field
-        message = flag.check_value(value_of(spec, name))
+        flag_ = flag_for_crd_field(crd_field)
+        assert flag_ is not None, crd_field
+        value = value_of(spec, name)
+        message = flag_.check_value(value)
         if message:
             errors.append(f"spec.{crd_field}: {message}")
-    return errors + engine_args_errors(spec.engine_args)
+        values[flag_.dest] = value
+    usable, extra_errors = _extra_flags(spec.engine_args)
+    errors += extra_errors
+    values.update({p.flag.dest: p.value for p in usable})
+    return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)

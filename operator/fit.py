@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from flotilla.engine_rules import default_max_num_batched_tokens
 from flotilla.operator.gpus import lookup
 from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
+from flotilla.operator.status import FitStatus
 
 GIB = 1 << 30
 FIXED_OVERHEAD_PER_GPU = 1 * GIB
-# Engine default of --max-num-batched-tokens (flags.py): 8192, or maxModelLen when larger and
-# chunked prefill is off.
-DEFAULT_BATCHED_TOKENS = 8192
 INT4_GROUP_BYTES_PER_WEIGHT = 0.5 + (2 + 0.5) / 128
 
 Verdict = Literal["Fits", "FitsWithWarning", "DoesNotFit", "Unknown"]
@@ -61,17 +60,12 @@ class FitReport:
         """The `FitChecked` condition's status: True (fits, maybe with a warning), False or Unknown."""
         return {"Fits": "True", "FitsWithWarning": "True", "DoesNotFit": "False"}.get(self.verdict, "Unknown")
 
-    def to_status(self) -> dict[str, Any]:
-        """The report as the camelCase `status.fit` object (absent figures left out)."""
-        out = {}
-        for key, value in asdict(self).items():
-            if value is None:
-                continue
-            head, *rest = key.split("_")
-            if key == "max_concurrency":
-                value = round(value, 2)
-            out[head + "".join(w.title() for w in rest)] = value
-        return out
+    def to_status(self) -> FitStatus:
+        """The report as the `status.fit` model (concurrency to two decimals)."""
+        figures = asdict(self)
+        if self.max_concurrency is not None:
+            figures["max_concurrency"] = round(self.max_concurrency, 2)
+        return FitStatus.model_validate(figures)
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -111,8 +105,7 @@ def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str, dtype: str = "aut
 def activation_bytes(arch: ModelArchitecture, spec: InferenceServiceSpec, max_model_len: int) -> int:
     """The activation allowance of one replica (see the module docstring)."""
     sched, tensor = spec.scheduling, spec.parallelism.tensor
-    tokens = sched.max_num_batched_tokens or (
-        DEFAULT_BATCHED_TOKENS if sched.chunked_prefill else max(DEFAULT_BATCHED_TOKENS, max_model_len))
+    tokens = sched.max_num_batched_tokens or default_max_num_batched_tokens(max_model_len, sched.chunked_prefill)
     per_token = (2 * arch.intermediate_size // tensor + 4 * arch.hidden_size) * _dtype_bytes(spec.dtype)
     logits = sched.max_num_seqs * (arch.vocab_size // tensor) * 4
     return spec.gpus_per_replica * (FIXED_OVERHEAD_PER_GPU + tokens * per_token + logits)
@@ -128,7 +121,8 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
     if arch is None:
         return FitReport(
             "Unknown", "ArchitectureUnknown",
-            "no architecture numbers: set spec.model.config or let the operator read config.json")
+            "no architecture numbers: set spec.model.config (from the checkpoint's config.json) for the "
+            "operator to check the fit; the operator does not read the checkpoint itself")
     gpu = lookup(spec.resources.gpu_product)
     if gpu is None:
         product = spec.resources.gpu_product
@@ -175,21 +169,3 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
     return FitReport("Fits", "Fits",
                      f"{concurrency:.2f} sequences of {max_model_len} tokens fit in the KV cache on {where}",
                      max_concurrency=concurrency, **figures)
-
-
-def architecture_from_hf_config(config: dict[str, Any]) -> ModelArchitecture | None:
-    """Architecture numbers from a checkpoint's config.json, or None when a needed number is missing.
-
-    Multimodal checkpoints nest the language model under `text_config`; that is what is served.
-    """
-    config = config.get("text_config", config)
-    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-    if any(not isinstance(config.get(k), int) for k in keys):
-        return None
-    return ModelArchitecture(
-        hidden_size=config["hidden_size"], num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=config["num_attention_heads"],
-        num_key_value_heads=config.get("num_key_value_heads"), head_dim=config.get("head_dim"),
-        intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        max_position_embeddings=config.get("max_position_embeddings"))

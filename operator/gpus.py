@@ -51,6 +51,9 @@ GPUS: tuple[GPU, ...] = (
 _INDEX = {key.upper(): gpu for gpu in GPUS for key in (gpu.product, *gpu.aliases)}
 
 
+SHARED_SUFFIX = "-SHARED"
+
+
 def lookup(product: str | None) -> GPU | None:
     """The GPU for a product label or a short alias (case-insensitive), or None when unknown.
 
@@ -58,5 +61,18 @@ def lookup(product: str | None) -> GPU | None:
     """
     if not product:
         return None
-    key = product.strip().upper().removesuffix("-SHARED")
+    key = product.strip().upper().removesuffix(SHARED_SUFFIX)
     return _INDEX.get(key)
+
+
+def node_label_value(product: str) -> str:
+    """The `nvidia.com/gpu.product` value nodes with this GPU carry: `H200` -> `NVIDIA-H200`.
+
+    A known product or alias becomes the name GPU feature discovery writes (keeping a `-SHARED`
+    suffix, which GFD adds for time-sliced GPUs); an unknown product is taken as the label value.
+    """
+    gpu = lookup(product)
+    if gpu is None:
+        return product
+    shared = product.strip().upper().endswith(SHARED_SUFFIX)
+    return gpu.product + (SHARED_SUFFIX if shared else "")

@@ -2,7 +2,9 @@
 
 - create / update / resume of an InferenceService: reconcile; API errors are retried by kopf with
   backoff (TemporaryError); a refused spec is reported in status and then fails the handler for
-  good (PermanentError), so kopf does not retry it until the spec changes.
+  good (PermanentError), so kopf does not retry it until the spec changes. A child that belongs to
+  someone else or that the apiserver refuses (ChildrenBlocked: nothing applied, status and an Event
+  say why) is retried with backoff too, since the obstacle may go away.
 - a change to any child (labelled managed-by flotilla-operator): reconcile its owner, so a
   hand-edited or hand-deleted child is put back within seconds. Echoes of the operator's own writes
   are skipped.
@@ -17,17 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import fnmatch
 import logging
 from typing import Any
 
 import kopf
 
 from flotilla.operator.kube import KubeError
-from flotilla.operator.names import common_labels
-from flotilla.operator.reconciler import Reconciler
+from flotilla.operator.names import MANAGED_BY, MANAGED_BY_LABEL
+from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
 from flotilla.operator.spec import GROUP, KIND, PLURAL, VERSION
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": common_labels("x")["app.kubernetes.io/managed-by"]}
+CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 # Children watched for drift, as kopf resource selectors.
 CHILD_RESOURCES = (
     ("apps", "v1", "deployments"),
@@ -62,36 +65,42 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-    def reconcile(name: str, namespace: str, retry: int, **_: Any) -> None:
+    def reconcile(name: str, namespace: str | None, retry: int, **_: Any) -> None:
         """Converge the InferenceService and its children on its spec."""
+        if namespace is None:
+            raise kopf.PermanentError("an InferenceService is namespaced; this one has no namespace")
         try:
             result = reconciler.reconcile(namespace, name)
         except KubeError as e:
             raise kopf.TemporaryError(f"Kubernetes API error, retrying: {e}", delay=backoff(retry)) from e
+        except ChildrenBlocked as e:
+            raise kopf.TemporaryError(f"{e.reason}, retrying: {e.message}", delay=backoff(retry)) from e
         if result is not None and result.errors:
             raise kopf.PermanentError(f"spec refused (see status.conditions Valid): {result.message}")
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
-    def forget(name: str, namespace: str, **_: Any) -> None:
+    def forget(name: str, namespace: str | None, **_: Any) -> None:
         """Drop in-memory state; the garbage collector deletes the children."""
-        reconciler.forget(namespace, name)
+        if namespace is not None:
+            reconciler.forget(namespace, name)
 
-    def child_changed(type: str | None, body: kopf.Body, namespace: str, logger: logging.Logger, **_: Any) -> None:
+    def child_changed(type: str | None, body: kopf.Body, namespace: str | None,
+                      logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
         """Put a drifted or deleted child back by reconciling its owner."""
         owner = owner_name(body)
-        if owner is None or type is None:
+        if owner is None or type is None or namespace is None:
             return  # not ours, or the initial listing (resume and the resync cover it)
         if type != "DELETED" and reconciler.is_own_write(dict(body)):
             return  # the echo of our own apply
         try:
             reconciler.reconcile(namespace, owner)
-        except KubeError as e:
+        except (KubeError, ChildrenBlocked) as e:
             # Event handlers are not retried by kopf; the next event or the resync tries again.
             logger.warning(f"reconcile of {namespace}/{owner} after a {body.get('kind')} change failed: {e}")
 
     for group, version, plural in CHILD_RESOURCES:
         selector = (group, version, plural) if version else (f"{plural}.{group}",)
-        kopf.on.event(*selector, id=f"child-{plural}", labels=MANAGED_BY, registry=registry)(child_changed)
+        kopf.on.event(*selector, id=f"child-{plural}", labels=CHILD_LABELS, registry=registry)(child_changed)
 
     tasks: list[asyncio.Task[None]] = []
 
@@ -108,15 +117,23 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces
             task.cancel()
 
 
+def _resync_paths(namespaces: list[str]) -> list[str]:
+    # A glob matches namespaces only a cluster-wide list can find; plain names are listed one by one,
+    # which a Role in each namespace allows.
+    if not namespaces or any(set(ns) & set("*?[") for ns in namespaces):
+        return [f"/apis/{GROUP}/{VERSION}/{PLURAL}"]
+    return [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+
+
 def _resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
-    paths = ([f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
-             or [f"/apis/{GROUP}/{VERSION}/{PLURAL}"])
-    for path in paths:
-        for item in reconciler.kube.request("GET", path).get("items", []):
+    for path in _resync_paths(namespaces):
+        for item in reconciler.kube.list(path):
             meta = item["metadata"]
+            if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
+                continue
             try:
                 reconciler.reconcile(meta["namespace"], meta["name"])
-            except KubeError as e:
+            except (KubeError, ChildrenBlocked) as e:
                 log.warning(f"resync of {meta['namespace']}/{meta['name']} failed: {e}")
 
 

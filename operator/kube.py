@@ -107,14 +107,20 @@ class Kube:
                 return None
             raise
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply as the operator's field manager, forcing conflicts.
+    def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply as the operator's field manager, forcing conflicts (`dry_run`: validate only).
 
         Forcing takes back every field the operator sets from whoever edited it by hand, which is
         what "converged back" means; fields the operator does not set stay as others left them.
+        Callers apply only objects they own (reconciler.py checks the owner references first).
         """
-        return self.request("PATCH", path_of(obj), obj, {"fieldManager": FIELD_MANAGER, "force": "true"},
-                            "application/apply-patch+yaml")
+        query = {"fieldManager": FIELD_MANAGER, "force": "true", **({"dryRun": "All"} if dry_run else {})}
+        return self.request("PATCH", path_of(obj), obj, query, "application/apply-patch+yaml")
+
+    def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        """The items of a collection (`/api/v1/namespaces/ns/pods`), optionally by label selector."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        return self.request("GET", path, query=query).get("items", [])
 
     def delete(self, path: str) -> None:
         """Delete with background propagation (the garbage collector removes what the object owns)."""

@@ -12,8 +12,10 @@ Credentials: in-cluster when run in a pod, else the kubeconfig ($KUBECONFIG). Ru
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +24,9 @@ from typing import Any
 import kopf
 
 from flotilla.operator import handlers, webhook
-from flotilla.operator.certificates import ensure_certificate
+from flotilla.operator.certificates import ensure_certificate, needs_restart
 from flotilla.operator.kube import Kube
+from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
@@ -49,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine-image", default=None,
                    help=f"engine image for InferenceServices that leave spec.image at its default ({DEFAULT_IMAGE}): "
                         "the mutating webhook writes it into their spec (e.g. a mirror in a private registry)")
+    p.add_argument("--host-path-prefix", action="append", default=[], dest="host_path_prefixes",
+                   help="allow hostPath:// model sources under this node directory (repeatable); default: "
+                        "hostPath sources are refused")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -59,6 +65,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.engine_image and args.no_webhook:
         p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
+    try:
+        args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes))
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -118,6 +128,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 logger = logging.getLogger(__name__)
 
+# How often the webhook certificate is checked for rotation or renewal.
+CERTIFICATE_CHECK_S = 300.0
 # A run that lasted this long was healthy: its failure starts a fresh count of quick failures.
 HEALTHY_RUN_S = 60.0
 
@@ -152,14 +164,33 @@ def main(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose, debug=args.debug)
     registry = kopf.OperatorRegistry()
     kopf.on.login(id="login", registry=registry)(login)
-    reconciler = Reconciler(Kube.from_environment())
+    reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
     if not args.no_webhook:
-        webhook.register(registry)
+        webhook.register(registry, args.policy)
         if args.engine_image:
             register_engine_image(registry, args.engine_image)
-    settings = settings_for(args)
-    run_resiliently(lambda: kopf.run(registry=registry, settings=settings, standalone=True,
-                                     clusterwide=not args.namespaces, namespaces=args.namespaces,
-                                     liveness_endpoint=args.liveness or None))
-    return 0
+    while True:
+        settings = settings_for(args)  # makes or renews the webhook certificate
+        restart = threading.Event()
+        server = settings.admission.server
+        if isinstance(server, kopf.WebhookServer) and server.certfile is not None:
+            _restart_on_new_certificate(Path(server.certfile), restart, CERTIFICATE_CHECK_S)
+        run_resiliently(functools.partial(kopf.run, registry=registry, settings=settings, standalone=True,
+                                          clusterwide=not args.namespaces, namespaces=args.namespaces,
+                                          liveness_endpoint=args.liveness or None, stop_flag=restart))
+        if not restart.is_set():
+            return 0  # stopped by a signal
+        logger.info("the webhook certificate changed or is due for renewal: restarting the operator on it")
+
+
+def _restart_on_new_certificate(cert: Path, restart: threading.Event, interval: float) -> None:
+    """Set `restart` (kopf's stop flag) once the served certificate must be replaced (certificates.py)."""
+    served = cert.read_bytes()
+
+    def watch() -> None:
+        while not restart.wait(interval):
+            if needs_restart(cert, served):
+                restart.set()
+
+    threading.Thread(target=watch, name="certificate-watch", daemon=True).start()

@@ -6,12 +6,24 @@ Kept in one place so the Deployment's selector, the Service's selector, the Serv
 
 from __future__ import annotations
 
+import re
+
 from flotilla.operator.spec import GROUP
 
 # Pods and the Service carry it; the ServiceMonitor copies it onto every series (DESIGN.md §1).
 INFERENCESERVICE_LABEL = f"{GROUP}/inferenceservice"
 # The same label once Prometheus has sanitised it into a series label.
 INFERENCESERVICE_SERIES_LABEL = "serving_flotilla_dev_inferenceservice"
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "flotilla-operator"
+
+# Child objects carry the InferenceService's own name, which is also a Service name (a DNS-1035
+# label) and a label value: both at most 63 characters. Suffixes appended to it for other objects
+# are listed here, so the name limit leaves room for the longest.
+NAME_SUFFIXES: tuple[str, ...] = ()
+MAX_NAME_LENGTH = 63 - max((len(s) for s in NAME_SUFFIXES), default=0)
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 ENGINE_CONTAINER = "engine"
 HTTP_PORT = 8000
@@ -31,9 +43,20 @@ def common_labels(name: str) -> dict[str, str]:
         "app.kubernetes.io/name": "flotilla-engine",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "inference",
-        "app.kubernetes.io/managed-by": "flotilla-operator",
+        MANAGED_BY_LABEL: MANAGED_BY,
         **selector_labels(name),
     }
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name an InferenceService (its Service and labels), or None when it can."""
+    if len(name) > MAX_NAME_LENGTH:
+        return (f"metadata.name {name!r} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH} "
+                "(it names the Service and is a label value)")
+    if not _DNS_1035_LABEL.fullmatch(name):
+        return (f"metadata.name {name!r} must be a DNS-1035 label, as a Service name: lower-case letters, "
+                "digits and '-', starting with a letter and ending with a letter or digit")
+    return None
 
 
 def metadata(name: str, namespace: str) -> dict:

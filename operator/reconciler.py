@@ -12,7 +12,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -20,22 +20,23 @@ from flotilla.operator import kube as k
 from flotilla.operator.admission import Review, review
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
+from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.spec import GROUP, KIND, VERSION
-from flotilla.operator.status_writer import Observation, build_status, merge_patch
+from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
 
 # (body, type, reason, message) -> posts a Kubernetes Event about the InferenceService.
 EventPoster = Callable[[dict[str, Any], str, str, str], None]
-# Conditions whose False is bad news (Degraded is bad news when True).
-_WARN_WHEN_FALSE = {"Valid", "FitChecked", "Ready"}
-# Decisions announced even on first sight.
-_ALWAYS_ANNOUNCED = {"Valid", "FitChecked"}
+# Answers to an apply that say the object itself is refused (invalid, forbidden), as opposed to the
+# API server being away or busy: retrying unchanged will not help, so status must say it.
+REFUSALS = {400, 403, 404, 422}
 
 log = logging.getLogger(__name__)
 
 
 def kopf_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
     """Post through kopf's event queue (works from any handler, sync or async)."""
-    kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    # kopf reads only the body's apiVersion, kind and metadata, which a plain dict from the API carries.
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1024])
 
 
 def _now() -> str:
@@ -56,12 +57,35 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
 
 
+def _conflict_message(child: dict[str, Any], found: dict[str, Any]) -> str:
+    owners = [f"{r.get('kind')} {r.get('name')}" for r in found["metadata"].get("ownerReferences", [])]
+    whose = f"owned by {', '.join(owners)}" if owners else "not owned by any object"
+    return (f"{child['kind']} {child['metadata']['name']} already exists and is {whose}, not by this "
+            "InferenceService; the operator leaves it untouched and applies nothing: rename the "
+            "InferenceService, or delete that object if it is no longer needed")
+
+
+class ChildrenBlocked(Exception):
+    """Nothing was applied: a child exists but belongs to someone else, or the API server refused one.
+
+    The status already says so (Progressing=False and Degraded=True with this reason, and an Event);
+    the caller retries with backoff, since the obstacle may go away.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
 class Reconciler:
     """Converges InferenceServices; remembers the resourceVersions it wrote so its own writes,
     echoed back by the child watches, do not trigger another reconcile."""
 
-    def __init__(self, kube: k.Kube, post_event: EventPoster = kopf_event, now: Callable[[], str] = _now):
+    def __init__(self, kube: k.Kube, post_event: EventPoster = kopf_event, now: Callable[[], str] = _now,
+                 policy: AdmissionPolicy = DEFAULT_POLICY):
         self.kube = kube
+        self.policy = policy
         self.post_event = post_event
         self.now = now
         self._guard = threading.Lock()
@@ -86,71 +110,92 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str) -> Review | None:
         """Converge one InferenceService; returns its review, or None when it is gone.
 
-        Raises KubeError when the apiserver fails; the caller retries with backoff.
+        Raises KubeError when the apiserver fails, and ChildrenBlocked (after writing the status) when
+        a child belongs to someone else or is refused; the caller retries with backoff.
         """
         with self._lock(namespace, name):
             body = self.kube.get(inferenceservice_path(namespace, name))
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return None
-            result = review(body.get("spec") or {}, name)
-            plan, deployment = None, None
+            result = review(body.get("spec") or {}, name, self.policy)
+            plan, deployment, blocked = None, None, None
             if result.errors:
                 # Keep the children as they are: rolling out a spec the engine refuses would take
                 # serving replicas down. Status says so.
-                deployment = self.kube.get(k.object_path("apps/v1", "Deployment", namespace, name))
+                deployment = self._own_deployment(body)
             else:
                 assert result.spec is not None
                 plan = plan_children(result.spec, name, namespace, discover(self.kube))
-                deployment = self._apply(body, plan)
-            self._write_status(body, result, plan, deployment)
+                try:
+                    deployment = self._apply(body, plan)
+                except ChildrenBlocked as e:
+                    blocked, deployment = e, self._own_deployment(body)
+            self._write_status(body, result, plan, deployment, blocked)
+            if blocked is not None:
+                raise blocked
             return result
 
+    def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
+        meta = owner["metadata"]
+        found = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
+        return found if found is not None and _owned_by(found, meta["uid"]) else None
+
     def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
-        """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment."""
+        """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
+
+        All or nothing: every child is first checked to be absent or owned by this InferenceService,
+        then applied as a dry run, and only when all of them pass is anything written. Raises
+        ChildrenBlocked otherwise, with nothing created or modified.
+        """
+        meta = owner["metadata"]
+        live: dict[str, dict[str, Any] | None] = {}
+        for child in plan.apply:
+            kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
+            path = k.path_of(child)
+            live[path] = self.kube.get(path)
+            found = live[path]
+            if found is not None and not _owned_by(found, meta["uid"]):
+                raise ChildrenBlocked("OwnershipConflict", _conflict_message(child, found))
+        for child in plan.apply:
+            try:
+                self.kube.apply(child, dry_run=True)
+            except k.KubeError as e:
+                if e.status not in REFUSALS:
+                    raise
+                what = f"{child['kind']} {child['metadata']['name']}"
+                raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
         deployment = None
         for child in plan.apply:
-            kopf.adopt(child, owner=owner)
-            path = k.path_of(child)
-            live = self.kube.get(path)
+            before = live[k.path_of(child)]
             applied = self.kube.apply(child)
             self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
             what = f"{child['kind']} {child['metadata']['name']}"
-            if live is None:
+            if before is None:
                 self.post_event(owner, "Normal", "Created", f"created {what}")
-            elif live["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
+            elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
                 self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
             if child["kind"] == "Deployment":
                 deployment = applied
-        meta = owner["metadata"]
         for api_version, kind in plan.remove:
             path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
-            live = self.kube.get(path)
-            if live is not None and _owned_by(live, meta["uid"]):
+            found = self.kube.get(path)
+            if found is not None and _owned_by(found, meta["uid"]):
                 self.kube.delete(path)
                 self.post_event(owner, "Normal", "Deleted",
                                 f"deleted {kind} {meta['name']}: the spec no longer asks for it")
         return deployment
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
-                      deployment: dict[str, Any] | None) -> None:
+                      deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:
         meta = body["metadata"]
         old = body.get("status") or {}
         seen = Observation(name=meta["name"], namespace=meta["namespace"], generation=meta.get("generation", 1),
-                           review=result, plan=plan, deployment=deployment, now=self.now())
+                           review=result, plan=plan, deployment=deployment, now=self.now(),
+                           blocked=(blocked.reason, blocked.message) if blocked else None)
         new = build_status(old, seen)
         patch = merge_patch(old, new)
         if patch is None:
             return
         self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
-        before = {c.get("type"): c for c in old.get("conditions", [])}
-        for c in new["conditions"]:
-            prior = before.get(c["type"], {})
-            if (prior.get("status"), prior.get("reason")) == (c["status"], c["reason"]):
-                continue
-            # A first Ready=False (replicas still starting) is expected, not a warning.
-            bad = (c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready")) or \
-                  (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency"
-            if not prior and not bad and c["type"] not in _ALWAYS_ANNOUNCED:
-                continue  # a first "Progressing" or "not Degraded" is no news
-            self.post_event(body, "Warning" if bad else "Normal", c["reason"],
-                            f"{c['type']}={c['status']}: {c['message']}")
+        for event in condition_events(old, new):
+            self.post_event(body, event.type, event.reason, event.message)

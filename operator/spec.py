@@ -14,10 +14,12 @@ this model).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from flotilla.engine_rules import world_size
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -32,6 +34,12 @@ SOURCE_PATTERN = (
     r"|hostPath:///[^\s]*"
     r"|hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
 )
+# A Kubernetes label value (at most 63 characters, checked by the field's max_length).
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Where KEDA finds Prometheus: a plain http(s) URL to a host name or IPv4 address, optional port
+# and path; no credentials (user@), query or fragment that could smuggle anything into KEDA's request.
+PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[-A-Za-z0-9._~/]*)?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 
@@ -67,6 +75,19 @@ class ModelArchitecture(_Model):
                     "(set it for mixture-of-experts or unusual architectures).")
 
 
+class ModelCacheSpec(_Model):
+    """Where an hf:// checkpoint is downloaded to: a PersistentVolumeClaim kept across pods, or the pod's own disk."""
+
+    claim_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim to download into once, under hf/<org>/<name>, reused by every pod and "
+                    "restart (ReadWriteMany for more than one replica). Absent: an emptyDir per pod.")
+    size: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN,
+        description="sizeLimit of the per-pod emptyDir; default: 1.2 x the estimated weights when "
+                    "model.config is set, else 500Gi.")
+
+
 class ModelSpec(_Model):
     """Which checkpoint to serve and under which name."""
 
@@ -80,8 +101,11 @@ class ModelSpec(_Model):
                     "InferenceService's name.")
     config: ModelArchitecture | None = Field(
         default=None,
-        description="Architecture numbers for the fit check; when absent the operator reads config.json "
-                    "if it can reach it, else reports the fit as Unknown.")
+        description="Architecture numbers for the fit check, copied from the checkpoint's config.json (the "
+                    "operator does not read the checkpoint); when absent the fit is reported as Unknown and "
+                    "scheduling.maxModelLen cannot be checked against the model's limit.")
+    cache: ModelCacheSpec | None = Field(
+        default=None, description="Download cache of an hf:// source (ignored for others).")
 
 
 class Toleration(_Model):
@@ -104,15 +128,21 @@ class ResourcesSpec(_Model):
         description="nvidia.com/gpu per pod; must equal parallelism.tensor x parallelism.pipeline "
                     "(the default).")
     gpu_product: str | None = Field(
-        default=None, max_length=128,
+        default=None, max_length=63, pattern=LABEL_VALUE_PATTERN,
         description="GPU product as labelled by GPU feature discovery (nvidia.com/gpu.product, e.g. "
-                    "NVIDIA-H200); pods are pinned to it and the fit check uses its memory.")
-    cpu: int | str | None = Field(default=None, description="CPU request and limit per pod (a quantity).")
+                    "NVIDIA-H200); pods are pinned to it and the fit check uses its memory. A known short "
+                    "name (H200) is written as the label value (NVIDIA-H200).")
+    cpu: int | str | None = Field(
+        default=None, description="CPU request and limit per pod (a quantity); default: a request of 2 + 2 per GPU.")
     memory: int | str | None = Field(
-        default=None, description="Memory request and limit per pod (a quantity).")
+        default=None, description="Memory request and limit per pod (a quantity); default: a request of 4Gi per "
+                                  "GPU plus a quarter of the estimated weights (8Gi when model.config is absent).")
     shm_size: str = Field(
         default="8Gi", pattern=QUANTITY_PATTERN,
         description="Size of the in-memory /dev/shm (NCCL and tensor-parallel workers use it).")
+    tmp_size: str = Field(
+        default="20Gi", pattern=QUANTITY_PATTERN,
+        description="sizeLimit of the /tmp emptyDir (the engine's caches: Triton, torch, Hugging Face).")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Extra node labels the pods must match.")
     tolerations: list[Toleration] = Field(
@@ -201,11 +231,13 @@ class AutoscalingSpec(_Model):
         default="num_requests_waiting",
         description="Engine gauge to scale on, per pod (vllm:<metric>).")
     target: float = Field(
-        default=10, gt=0,
-        description="Per-pod average of the metric to hold (a fraction for kv_cache_usage_perc).")
+        default=10, ge=0.001, le=1_000_000,
+        description="Per-pod average of the metric to hold (a fraction for kv_cache_usage_perc, at most 1); "
+                    "at least 0.001, the finest a Kubernetes quantity (1m) can state.")
     prometheus_address: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090",
-        description="Prometheus that KEDA queries (used only with KEDA).")
+        default="http://prometheus-operated.monitoring.svc:9090", max_length=253, pattern=PROMETHEUS_URL_PATTERN,
+        description="Prometheus that KEDA queries (used only with KEDA): http(s)://host[:port][/path], no "
+                    "credentials, query or fragment.")
 
 
 class MonitoringSpec(_Model):
@@ -217,6 +249,108 @@ class MonitoringSpec(_Model):
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="Extra labels on the ServiceMonitor (to match a Prometheus's selector).")
+
+
+# Free-form Kubernetes objects (affinity, topology spread constraints) are kept as given; the apiserver
+# validates them when the Deployment is applied, and a refusal reaches status (reconciler.py).
+_PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class KeyRef(_Model):
+    """A key of a Secret or ConfigMap in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Object name.")
+    key: str = Field(min_length=1, max_length=253, description="Key within it.")
+
+
+class EnvVarSource(_Model):
+    """Where an environment variable's value comes from: a Secret key or a ConfigMap key."""
+
+    secret_key_ref: KeyRef | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(default=None, description="A key of a ConfigMap.")
+
+
+class EnvVar(_Model):
+    """An environment variable of the engine container (e.g. HF_TOKEN from a Secret for gated models)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME_PATTERN, description="Variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(default=None, description="Value from a Secret or ConfigMap key.")
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        source = self.value_from
+        refs = 0 if source is None else (source.secret_key_ref is not None) + (source.config_map_key_ref is not None)
+        if (self.value is not None) + refs != 1:
+            raise ValueError(f"env {self.name}: set exactly one of value, valueFrom.secretKeyRef, "
+                             "valueFrom.configMapKeyRef")
+        return self
+
+
+class NameRef(_Model):
+    """A Secret or ConfigMap by name."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Object name.")
+
+
+class EnvFromSource(_Model):
+    """Every key of a Secret or ConfigMap as environment variables."""
+
+    prefix: str | None = Field(default=None, max_length=253, description="Prepended to every variable name.")
+    secret_ref: NameRef | None = Field(default=None, description="A Secret.")
+    config_map_ref: NameRef | None = Field(default=None, description="A ConfigMap.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvFromSource:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("envFrom: set exactly one of secretRef and configMapRef")
+        return self
+
+
+class PodSpec(_Model):
+    """What the engine pods carry beyond the engine itself, passed through to the pod template."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod labels (the operator's own label keys are refused).")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment variables of the engine (names the operator sets are refused).")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables.")
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
+    affinity: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=_PRESERVE, description="Pod affinity, as in the core/v1 Affinity.")
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra={"items": {"type": "object", **_PRESERVE}},
+        description="Topology spread constraints, as in the core/v1 pod spec.")
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="PriorityClass of the pods.")
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="ServiceAccount the pods run as (its token is not mounted; for workload identity). "
+                    "Default: the namespace's default ServiceAccount.")
+
+
+class RolloutSpec(_Model):
+    """How a spec change replaces the engine pods."""
+
+    max_surge: int = Field(
+        default=1, ge=0, le=1000,
+        description="Extra pods a rollout may start (needs spare GPUs); 0 on a full GPU pool.")
+    max_unavailable: int = Field(
+        default=0, ge=0, le=1000,
+        description="Pods a rollout may take down before their replacements are ready; set 1 with maxSurge 0 "
+                    "when no spare GPUs exist.")
+
+    @model_validator(mode="after")
+    def _can_progress(self) -> RolloutSpec:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("rollout.maxSurge and rollout.maxUnavailable cannot both be 0: the rollout could "
+                             "not start a single new pod")
+        return self
 
 
 class InferenceServiceSpec(_Model):
@@ -248,11 +382,13 @@ class InferenceServiceSpec(_Model):
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="Horizontal autoscaling; replicas is fixed when absent.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus scraping.")
+    pod: PodSpec = Field(default_factory=PodSpec, description="Pod template extras: env, scheduling, identity.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout strategy of the engine pods.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> InferenceServiceSpec:
         # The 1.20 apiserver cannot express these (no CEL), so they live here and the webhook calls them.
-        per_replica = self.parallelism.tensor * self.parallelism.pipeline
+        per_replica = self.gpus_per_replica
         gpus = self.resources.gpus_per_replica
         if gpus is not None and gpus != per_replica:
             raise ValueError(
@@ -262,6 +398,13 @@ class InferenceServiceSpec(_Model):
             raise ValueError(
                 f"autoscaling.minReplicas ({self.autoscaling.min_replicas}) must not exceed "
                 f"autoscaling.maxReplicas ({self.autoscaling.max_replicas})")
+        a = self.autoscaling
+        if a and a.metric == "kv_cache_usage_perc" and a.target > 1:
+            raise ValueError(f"autoscaling.target ({a.target:g}) must be at most 1 for kv_cache_usage_perc, a "
+                             "fraction of the KV cache")
+        if a and abs(a.target * 1000 - round(a.target * 1000)) > 1e-6:
+            raise ValueError(f"autoscaling.target ({a.target:g}) must be a multiple of 0.001: the autoscaler "
+                             "states it as a Kubernetes quantity in milli-units")
         if self.speculative and self.speculative.method == "draft_model" and not self.speculative.draft_model:
             raise ValueError("speculative.draftModel is required when speculative.method is draft_model")
         for quantity, where in ((self.resources.cpu, "cpu"), (self.resources.memory, "memory")):
@@ -272,7 +415,7 @@ class InferenceServiceSpec(_Model):
     @property
     def gpus_per_replica(self) -> int:
         """GPUs each pod requests: tensor x pipeline (equal to resources.gpusPerReplica when set)."""
-        return self.parallelism.tensor * self.parallelism.pipeline
+        return world_size(self.parallelism.tensor, self.parallelism.pipeline)
 
     def served_name(self, name: str) -> str:
         """The model name the API answers to, given the InferenceService's metadata.name."""

@@ -8,8 +8,6 @@ from pydantic import Field
 
 from flotilla.operator.spec import _Model
 
-CONDITION_TYPES = ("Valid", "FitChecked", "Progressing", "Ready", "Degraded")
-
 
 class Condition(_Model):
     """One status condition, as in metav1.Condition."""

@@ -13,6 +13,7 @@ from typing import Any
 from flotilla.operator import names
 from flotilla.operator.admission import Review
 from flotilla.operator.children import Plan
+from flotilla.operator.status import Condition, InferenceServiceStatus
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,18 @@ class Observation:
     plan: Plan | None  # None when the spec was refused and nothing was applied
     deployment: dict[str, Any] | None  # the live Deployment, if any
     now: str  # RFC 3339, for lastTransitionTime
+    # (reason, message) when nothing could be applied: a child belongs to someone else
+    # (OwnershipConflict) or the API server refused one (ApplyRefused).
+    blocked: tuple[str, str] | None = None
 
 
 def _condition(old: dict[str, dict[str, Any]], generation: int, now: str, type_: str, status: str,
-               reason: str, message: str) -> dict[str, Any]:
+               reason: str, message: str) -> Condition:
     previous = old.get(type_)
     moved = previous is None or previous.get("status") != status
-    return {"type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": now if moved else previous.get("lastTransitionTime", now),
-            "observedGeneration": generation}
+    since = now if moved or previous is None else previous.get("lastTransitionTime", now)
+    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
+                     observed_generation=generation)
 
 
 def _replica_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, int, bool]:
@@ -69,6 +73,8 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     rolled_out = observed and updated >= desired and ready >= desired
     if review.errors:
         conditions.append(cond("Progressing", "False", "SpecRejected", f"nothing applied: the spec is invalid{kept}"))
+    elif seen.blocked is not None:
+        conditions.append(cond("Progressing", "False", seen.blocked[0], f"nothing applied: {seen.blocked[1]}"))
     elif seen.deployment is None:
         conditions.append(cond("Progressing", "True", "Creating", "creating the Deployment"))
     elif not rolled_out:
@@ -91,14 +97,16 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     same_generation = old.get("observedGeneration") == seen.generation
     if review.errors:
         conditions.append(cond("Degraded", "True", "InvalidSpec", f"{review.message}{kept}"))
+    elif seen.blocked is not None:
+        conditions.append(cond("Degraded", "True", seen.blocked[0], f"{seen.blocked[1]}{kept}"))
     elif seen.deployment is not None and ready < desired and was_serving and same_generation:
         conditions.append(cond("Degraded", "True", "ReplicasUnavailable",
                                f"{desired - ready} of {desired} replicas are not ready"))
     else:
         conditions.append(cond("Degraded", "False", "AsExpected", "no known problem"))
 
-    status_of = {c["type"]: c["status"] for c in conditions}
-    if status_of["Valid"] == "False":
+    status_of = {c.type: c.status for c in conditions}
+    if status_of["Valid"] == "False" or seen.blocked is not None:
         phase = "Failed"
     elif status_of["Degraded"] == "True":
         phase = "Degraded"
@@ -110,23 +118,59 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         phase = "Progressing"
 
     spec = review.spec
-    status: dict[str, Any] = {
-        "phase": phase,
-        "observedGeneration": seen.generation,
-        "replicas": existing,
-        "readyReplicas": ready,
-        "selector": ",".join(f"{k}={v}" for k, v in names.selector_labels(seen.name).items()),
-        "url": names.service_url(seen.name, seen.namespace),
-        "conditions": conditions,
-    }
-    if spec is not None:
-        status["gpus"] = spec.gpus_per_replica * (desired if seen.deployment is not None else spec.replicas)
-    if fit is not None:
-        status["fit"] = fit.to_status()
-    if seen.plan is not None:
-        status["autoscaler"] = seen.plan.autoscaler
-        status["monitoring"] = seen.plan.monitoring
-    return status
+    status = InferenceServiceStatus(
+        phase=phase,
+        observed_generation=seen.generation,
+        replicas=existing,
+        ready_replicas=ready,
+        selector=",".join(f"{k}={v}" for k, v in names.selector_labels(seen.name).items()),
+        url=names.service_url(seen.name, seen.namespace),
+        conditions=conditions,
+        gpus=None if spec is None else
+        spec.gpus_per_replica * (desired if seen.deployment is not None else spec.replicas),
+        fit=None if fit is None else fit.to_status(),
+        autoscaler=None if seen.plan is None else seen.plan.autoscaler,
+        monitoring=None if seen.plan is None else seen.plan.monitoring,
+    )
+    return status.model_dump(by_alias=True, exclude_none=True)
+
+
+# Conditions whose False is bad news (Degraded is bad news when True).
+_WARN_WHEN_FALSE = {"Valid", "FitChecked", "Ready"}
+# Decisions announced even on first sight.
+_ALWAYS_ANNOUNCED = {"Valid", "FitChecked"}
+
+
+@dataclass(frozen=True)
+class ConditionEvent:
+    """A Kubernetes Event to post about a condition that changed."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def condition_events(old: dict[str, Any], new: dict[str, Any]) -> list[ConditionEvent]:
+    """The Events announcing the condition changes from status `old` to `new` (a pure function).
+
+    A condition whose status and reason are unchanged is no news. Bad news (Valid, FitChecked or
+    Ready turning False, Degraded turning True, a low-concurrency fit) is a Warning. On first sight,
+    only the admission decisions (Valid, FitChecked) and bad news are announced, and a first
+    Ready=False (replicas still starting) is expected, not a warning.
+    """
+    before = {c.get("type"): c for c in old.get("conditions", [])}
+    events = []
+    for c in new.get("conditions", []):
+        prior = before.get(c["type"], {})
+        if (prior.get("status"), prior.get("reason")) == (c["status"], c["reason"]):
+            continue
+        bad = ((c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready"))
+               or (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency")
+        if not prior and not bad and c["type"] not in _ALWAYS_ANNOUNCED:
+            continue
+        events.append(ConditionEvent("Warning" if bad else "Normal", c["reason"],
+                                     f"{c['type']}={c['status']}: {c['message']}"))
+    return events
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,14 +10,18 @@ every InferenceService, deletes included, for as long as it lasts.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import kopf
+from pydantic import ValidationError
 
+from flotilla.engine_rules import world_size
 from flotilla.operator.admission import review
-from flotilla.operator.spec import GROUP, PLURAL, VERSION
+from flotilla.operator.policy import AdmissionPolicy
+from flotilla.operator.spec import GROUP, PLURAL, VERSION, ParallelismSpec
 
-OPERATIONS = ["CREATE", "UPDATE"]  # never DELETE: deleting must always work
+OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]  # never DELETE: deleting must always work
 
 
 def _name(body: Any) -> str:
@@ -25,15 +29,15 @@ def _name(body: Any) -> str:
     return meta.get("name") or meta.get("generateName") or ""
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Add the webhook handlers to `registry`."""
+def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
+    """Add the webhook handlers to `registry`; `policy` is the admin's (the reconciler holds the same)."""
 
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate", operations=OPERATIONS, ignore_failures=True,
                       registry=registry)
     def validate(body: kopf.Body, warnings: list[str], **_: Any) -> None:
         """Refuse a spec that breaks a cross-field rule, an engine-flag rule or the fit check."""
         name = _name(body)
-        result = review(dict(body.get("spec") or {}), name)
+        result = review(dict(body.get("spec") or {}), name, policy)
         warnings.extend(result.warnings)
         if result.errors:
             raise kopf.AdmissionError(f"InferenceService {name} is invalid: {result.message}", code=422)
@@ -47,10 +51,16 @@ def register(registry: kopf.OperatorRegistry) -> None:
         tensor x pipeline. (The apiserver has already filled the schema's own defaults.)
         """
         spec = body.get("spec") or {}
+        if not isinstance(spec, Mapping):
+            return
         name = body.get("metadata", {}).get("name")
         if name and isinstance(spec.get("model"), dict) and not spec["model"].get("servedName"):
             patch.setdefault("spec", {}).setdefault("model", {})["servedName"] = name
-        resources, parallelism = spec.get("resources") or {}, spec.get("parallelism") or {}
-        if resources.get("gpusPerReplica") is None:
-            gpus = int(parallelism.get("tensor", 1)) * int(parallelism.get("pipeline", 1))
+        resources = spec.get("resources")
+        if isinstance(resources, Mapping | None) and (resources or {}).get("gpusPerReplica") is None:
+            try:
+                parallelism = ParallelismSpec.model_validate(spec.get("parallelism") or {})
+            except ValidationError:
+                return  # mutating webhooks run before schema validation: leave the refusal to the validator
+            gpus = world_size(parallelism.tensor, parallelism.pipeline)
             patch.setdefault("spec", {}).setdefault("resources", {})["gpusPerReplica"] = gpus

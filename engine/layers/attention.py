@@ -48,6 +48,8 @@ class Attention(nn.Module):
             # so stand in with that instead of materialising a whole-batch attention matrix.
             return torch.zeros_like(q).view(-1, self.num_heads * self.head_dim)
         if cos_sin_cache is not None:
+            if positions is None:
+                raise ValueError("rotary attention needs the tokens' positions")
             q = rotary_and_write_kv(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, meta.slot_mapping)
         else:
             write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)

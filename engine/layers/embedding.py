@@ -18,9 +18,8 @@ class VocabParallelEmbedding(nn.Module):
             raise NotImplementedError("vocabulary-parallel embedding needs tensor parallelism")
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(vocab_size // tp_size(), hidden_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Take this rank's rows of the vocabulary."""
         size = param.shape[0]
         param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
@@ -33,6 +32,6 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (weights possibly tied to the embedding)."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[tokens, vocab]`."""
         return F.linear(hidden, self.weight)

@@ -2,8 +2,9 @@
 
 Column-parallel layers split their output features over ranks, row-parallel ones their input
 features (and sum the partial results). Merged layers (QKV, gate/up) load several checkpoint tensors
-into one weight, each into its own slice, through `weight_loader(param, tensor, shard_id)`. Quantized
-weights will be a different layer class with the same loaders, not a change to model code.
+into one weight, each into its own slice, through the layer's `weight_loader(param, tensor, shard_id)`
+(the model loader calls it for every parameter the layer owns). Quantized weights will be a
+different layer class with the same loaders, not a change to model code.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ class _Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        # Inputs of at most this many rows may take the Triton GEMV on CUDA (kernels/dispatch.py);
+        # cuBLAS until the model runner applies --triton-gemv-max-rows (`use_triton_gemv`).
+        self.gemv_max_rows = 0
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Copy a checkpoint tensor into the parameter (overridden by sharded layers)."""
@@ -32,7 +33,7 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T + b`."""
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.gemv_max_rows)
 
 
 class ColumnParallelLinear(_Linear):
@@ -103,5 +104,12 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial product on this rank, summed over ranks, then the bias."""
-        y = all_reduce(linear(x, self.weight))
+        y = all_reduce(linear(x, self.weight, gemv_max_rows=self.gemv_max_rows))
         return y + self.bias if self.bias is not None else y
+
+
+def use_triton_gemv(model: nn.Module, max_rows: int) -> None:
+    """Let every linear layer of `model` take the Triton GEMV for inputs of at most `max_rows` rows."""
+    for module in model.modules():
+        if isinstance(module, _Linear):
+            module.gemv_max_rows = max_rows

@@ -21,4 +21,4 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Normalised `x`, or `(normalised x + residual, x + residual)` when a residual is given."""
         out, new_residual = rms_norm(x, self.weight, self.eps, residual)
-        return out if residual is None else (out, new_residual)
+        return out if new_residual is None else (out, new_residual)

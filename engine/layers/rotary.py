@@ -15,7 +15,8 @@ def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | No
     """The D/2 rotary frequencies, computed exactly as HF transformers does (fp32)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (base**exponents)
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    scaling = scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":

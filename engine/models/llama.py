@@ -19,6 +19,7 @@ from flotilla.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.parallel_state import tp_size
 
 
@@ -92,7 +93,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # Rotary is applied inside attention, fused with the KV-cache write.
         return self.o_proj(self.attn(q, k, v, positions, self.rotary.cos_sin_cache))
@@ -135,10 +136,9 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """The whole model: token ids and positions in, last hidden states out; `compute_logits` for the head."""
 
-    # checkpoint name fragment -> (our merged parameter, shard id)
     packed_modules: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -169,6 +169,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits for the selected hidden states."""
         return self.lm_head(hidden)
+
+    @property
+    def ties_lm_head(self) -> bool:
+        """True when config.json ties the LM head to the embedding."""
+        return self.arch.tie_word_embeddings
 
     @staticmethod
     def checkpoint_name(hf_name: str) -> str:

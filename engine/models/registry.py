@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
-
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
 
 # HF `architectures[0]` -> builder from config.json
-_REGISTRY: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+_REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     "LlamaForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
     "MistralForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
     "Qwen2ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True)),
@@ -23,7 +22,7 @@ def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(hf_config: dict[str, Any]) -> nn.Module:
+def build_model(hf_config: dict[str, Any]) -> CausalLM:
     """Instantiate (uninitialised) the model class for `hf_config`; unknown architectures are an error."""
     archs = hf_config.get("architectures") or []
     for arch in archs:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flotilla import __version__
 from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
-from flotilla.engine.server.errors import APIError, error_response
+from flotilla.engine.config import ServerConfig
+from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.server.errors import APIError, error_body, error_response
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
@@ -24,7 +28,9 @@ from flotilla.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)
 
@@ -39,25 +45,16 @@ class ServerState:
     metrics: EngineMetrics
     api_key: str | None = None
     max_model_len: int = 0
+    vocab_size: int = 0
     draining: bool = False
     created: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_app(state: ServerState) -> FastAPI:
-    """Create the app for one engine."""
+def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI:
+    """Create the app for one engine, with the request limits of `config` (defaults when None)."""
+    config = config or ServerConfig()
     app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None)
     app.state.flotilla = state
-
-    @app.middleware("http")
-    async def gate(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if state.draining and path.startswith("/v1"):
-            return error_response(503, "the server is shutting down; retry on another replica")
-        if path.startswith("/v1") and state.api_key is not None and not _authorised(request, state.api_key):
-            return error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
-                                  code="invalid_api_key")
-        return await call_next(request)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -69,11 +66,21 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        response = error_response(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return error_response(503, str(exc))
+
+    @app.exception_handler(InvalidParamError)
+    async def invalid_param(_: Request, exc: InvalidParamError) -> JSONResponse:
+        return error_response(400, str(exc), exc.param)
+
+    @app.exception_handler(RequestFailedError)
+    async def request_failed(_: Request, exc: RequestFailedError) -> JSONResponse:
+        return error_response(500, str(exc))
 
     @app.get("/health")
     async def health() -> Response:
@@ -113,25 +120,55 @@ def build_app(state: ServerState) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            tokens = serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
-            tokens = serving.chat_prompt(req).token_ids
+            tokens = (await serving.chat_prompt(req)).token_ids
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
         _model(state, body.model)
-        vocab = len(state.serving.tokenizer)
+        vocab = state.vocab_size  # the model's (maybe padded) vocabulary, as the engine checks prompts
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
+    app.add_middleware(Gate, state=state)
+    # Outermost: a request over a limit is refused before any route or middleware works on it.
+    app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
+                       body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count)
     return app
 
 
-def _authorised(request: Request, key: str) -> bool:
-    header = request.headers.get("authorization", "")
+class Gate:
+    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware reads the body
+    through a task group, which would wrap a body-limit error (413/408) into a generic 400.
+    """
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Refuse /v1 requests while draining or without the key; pass everything else on."""
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            refusal = None
+            if self.state.draining:
+                refusal = error_response(503, "the server is shutting down; retry on another replica")
+            elif self.state.api_key is not None and not _authorised(Headers(scope=scope), self.state.api_key):
+                refusal = error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
+                                         code="invalid_api_key")
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _authorised(headers: Headers, key: str) -> bool:
+    header = headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     # Constant-time comparison: response timing must not reveal how much of a guessed key matched.
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
@@ -180,20 +217,17 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
     try:
         async for chunk in stream:
             yield chunk
-    except (APIError, EngineDeadError, ValueError) as exc:
+    except (APIError, EngineDeadError, RequestFailedError, ValueError) as exc:
         status = exc.status if isinstance(exc, APIError) else (503 if isinstance(exc, EngineDeadError) else 400)
-        body = error_response(status, str(exc)).body.decode()
+        status = 500 if isinstance(exc, RequestFailedError) else status
+        body = json.dumps(error_body(status, str(exc), getattr(exc, "param", None)), separators=(",", ":"))
         yield f"data: {body}\n\n"
         yield "data: [DONE]\n\n"
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        msg = err.get("msg", "invalid value")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid request: " + "; ".join(parts)
+    where = lambda loc: ".".join(str(x) for x in loc if x != "body")  # noqa: E731
+    return "invalid request: " + "; ".join(describe(exc.errors(), where))
 
 
 def _first_param(exc: RequestValidationError) -> str | None:

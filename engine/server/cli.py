@@ -6,22 +6,29 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 import time
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
-from flotilla.engine.async_engine import AsyncEngine
+from flotilla.engine.async_engine import AsyncEngine, exit_process
 from flotilla.engine.config import EngineConfig, ServerConfig
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.server.app import ServerState, build_app
+from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("flotilla.serve")
+# uvicorn's own graceful-shutdown wait, after the drain: only connections that are not engine
+# requests (a /metrics scrape, a request still being tokenized) can still be open by then.
+UVICORN_GRACE_S = 5
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, except that SIGTERM first drains: 503 to new requests, in-flight ones finish, exit 0."""
+    """uvicorn, except that SIGTERM first drains: 503 to new requests, in-flight ones get `timeout`
+    seconds to finish, then the rest are aborted (each answered with an error) and the process exits 0.
+    """
 
     def __init__(self, config: uvicorn.Config, state: ServerState, timeout: float) -> None:
         super().__init__(config)
@@ -41,7 +50,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout = timeout
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         """Remember the loop so the signal handler can schedule the drain on it."""
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
@@ -50,7 +59,7 @@ class DrainingServer(uvicorn.Server):
         """First SIGTERM: drain. Anything else: uvicorn's usual shutdown."""
         if sig == signal.SIGTERM and not self.state.draining and self.loop is not None:
             self.state.draining = True
-            logger.info("SIGTERM: draining %d in-flight requests (up to %.0f s)", self.state.engine.num_unfinished,
+            logger.info("SIGTERM: draining %d in-flight requests (up to %g s)", self.state.engine.num_unfinished,
                         self.drain_timeout)
             self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
             return
@@ -58,11 +67,32 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout
-        while self.state.engine.num_unfinished and time.monotonic() < deadline:
+        engine = self.state.engine
+        while engine.num_unfinished and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self.state.engine.num_unfinished:
-            logger.warning("drain timeout: aborting %d requests", self.state.engine.num_unfinished)
+        if engine.num_unfinished:
+            logger.warning("drain timeout (%g s): aborting %d requests", self.drain_timeout, engine.num_unfinished)
+            # Stopping the loop aborts every request and hands each waiter an EngineDeadError, which
+            # the routes answer with a final error event and [DONE] (streams) or a 503 (the rest).
+            await asyncio.to_thread(engine.shutdown)
         self.should_exit = True
+
+
+def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
+    """uvicorn with the connection limits of `server`, on the h11 protocol that times request heads."""
+    return uvicorn.Config(
+        app,
+        host=server.host or "0.0.0.0",
+        port=server.port,
+        log_level=server.uvicorn_log_level,
+        access_log=False,
+        http=head_deadline_protocol(server.header_read_timeout),
+        limit_concurrency=server.limit_concurrency,
+        timeout_keep_alive=server.timeout_keep_alive,  # type: ignore[arg-type]  # a float works: call_later
+        h11_max_incomplete_event_size=server.h11_max_incomplete_event_size,
+        # Only a backstop: by the time uvicorn stops, the drain has answered every engine request.
+        timeout_graceful_shutdown=UVICORN_GRACE_S,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,29 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     metrics = EngineMetrics(config, config.model.served_model_name[0])
     stats_log = StatsLogger()
 
-    def on_step(e: LLMEngine) -> None:
-        metrics.update(e)
+    def on_step(snapshot: StatsSnapshot) -> None:
+        metrics.update(snapshot)
         if not server.disable_log_stats:
-            stats_log.maybe_log(e)
+            stats_log.maybe_log(snapshot)
 
-    async_engine = AsyncEngine.build(lambda: LLMEngine(config), on_step)
-    metrics.set_num_blocks(async_engine.engine.runner.num_blocks)
+    async_engine = AsyncEngine.build(lambda: LLMEngine(config), on_step, on_dead=exit_process)
+    tokenizer = load_tokenizer(config.model.tokenizer)
     state = ServerState(
         engine=async_engine,
-        serving=OpenAIServing(async_engine, load_tokenizer(config.model.tokenizer), config.model.max_model_len),
+        serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,
         max_model_len=config.model.max_model_len,
+        vocab_size=int(config.model.hf_config["vocab_size"]),
         created=int(time.time()),
     )
-    uv_config = uvicorn.Config(
-        build_app(state), host=server.host or "0.0.0.0", port=server.port, log_level=server.uvicorn_log_level,
-        timeout_graceful_shutdown=max(1, int(server.shutdown_timeout)), access_log=False,
-    )
-    http = DrainingServer(uv_config, state, server.shutdown_timeout)
+    http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
+    logger.info("API key: required on /v1/*" if server.api_key is not None else "no API key: /v1/* is open")
     try:
         http.run()
     finally:

@@ -14,8 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flotilla.engine.config import EngineConfig
-from flotilla.engine.llm_engine import LLMEngine
-from flotilla.engine.stats import EngineStats
+from flotilla.engine.stats import StatsSnapshot
 
 logger = logging.getLogger("flotilla.stats")
 
@@ -26,12 +25,12 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-disable_created_metrics()  # vLLM exposes no `_created` series
 
 
 def one_two_five_buckets(limit: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
-    buckets, scale = [], 1
+    buckets: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > limit:
@@ -41,9 +40,12 @@ def one_two_five_buckets(limit: int) -> list[int]:
 
 
 class EngineMetrics:
-    """Owns the registry; `update(engine)` runs after every step, on the engine thread."""
+    """Owns the registry; `update(snapshot)` runs after every step, on the engine thread."""
 
     def __init__(self, config: EngineConfig, model_name: str) -> None:
+        # vLLM exposes no `_created` series. prometheus_client's switch is process-wide; the metrics'
+        # owner flips it, before its first metric exists, rather than an import doing so.
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         r, labels, name = self.registry, ["model_name"], model_name
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
@@ -61,7 +63,7 @@ class EngineMetrics:
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
         max_len = config.model.max_model_len
-        h = {
+        h: dict[str, tuple[str, str, list[float] | list[int]]] = {
             "ttft": ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
             "itl": ("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS),
             "e2e": ("vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_LATENCY_BUCKETS),
@@ -77,21 +79,25 @@ class EngineMetrics:
         }
         self.hist = {k: Histogram(n, d, labels, buckets=b, registry=r) for k, (n, d, b) in h.items()}
         self._name = name
-        self._last = EngineStats()
-        self._num_blocks = 0
+        self._last = StatsSnapshot()
 
-    def set_num_blocks(self, num_blocks: int) -> None:
-        """Publish vllm:cache_config_info once the pool size is known."""
+    def _publish_cache_info(self, num_blocks: int) -> None:
+        """vllm:cache_config_info, once the pool size is known (the first snapshot, before serving)."""
         info, cache = self._cache_info
         info.labels(block_size=str(cache.block_size), cache_dtype=cache.kv_cache_dtype,
                     enable_prefix_caching=str(cache.enable_prefix_caching),
                     gpu_memory_utilization=str(cache.gpu_memory_utilization),
                     num_gpu_blocks=str(num_blocks)).set(1)
 
-    def update(self, engine: LLMEngine) -> None:
-        """Copy the engine's gauges, latest counters and samples into the registry (after a step, or idle)."""
-        s, last, n = engine.stats, self._last, self._name
-        self._set_gauges(engine)
+    def update(self, s: StatsSnapshot) -> None:
+        """Copy a snapshot's gauges, counters and samples into the registry (after a step, or idle)."""
+        last, n = self._last, self._name
+        if s.num_gpu_blocks != last.num_gpu_blocks:
+            self._publish_cache_info(s.num_gpu_blocks)
+        # Running, waiting and KV use as the scheduler held them (also between steps, after aborts).
+        self.running.labels(n).set(s.num_running)
+        self.waiting.labels(n).set(s.num_waiting)
+        self.kv_usage.labels(n).set(s.kv_cache_usage)
         for counter, now, before in (
             (self.prompt_tokens, s.prompt_tokens, last.prompt_tokens),
             (self.generation_tokens, s.generation_tokens, last.generation_tokens),
@@ -101,10 +107,8 @@ class EngineMetrics:
         ):
             if now > before:
                 counter.labels(n).inc(now - before)
-        self._last = EngineStats(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
-                                 prefix_cache_queries=s.prefix_cache_queries,
-                                 prefix_cache_hits=s.prefix_cache_hits, num_preemptions=s.num_preemptions)
-        events = s.drain_events()
+        self._last = s
+        events = s.events
         for value in events.ttft:
             self.hist["ttft"].labels(n).observe(value)
         for value in events.inter_token:
@@ -118,12 +122,6 @@ class EngineMetrics:
                                ("gen_len", f.generation_tokens)):
                 self.hist[key].labels(n).observe(value)
 
-    def _set_gauges(self, engine: LLMEngine) -> None:
-        """Running, waiting and KV use as the scheduler holds them now (also between steps, after aborts)."""
-        self.running.labels(self._name).set(len(engine.scheduler.running))
-        self.waiting.labels(self._name).set(len(engine.scheduler.waiting))
-        self.kv_usage.labels(self._name).set(engine.block_manager.usage)
-
     def render(self) -> bytes:
         """The registry in Prometheus' classic text format."""
         return generate_latest(self.registry)
@@ -135,16 +133,16 @@ class StatsLogger:
     def __init__(self, interval: float = 5.0) -> None:
         self.interval = interval
         self._last_time = time.monotonic()
-        self._last = EngineStats()
+        self._last = StatsSnapshot()
 
-    def maybe_log(self, engine: LLMEngine) -> None:
+    def maybe_log(self, s: StatsSnapshot) -> None:
         """Emit the line if the interval has passed."""
         now = time.monotonic()
         elapsed = now - self._last_time
         if elapsed < self.interval:
             return
-        s, last = engine.stats, self._last
-        idle = not engine.scheduler.running and not engine.scheduler.waiting
+        last = self._last
+        idle = not s.num_running and not s.num_waiting
         if idle and s.generation_tokens == last.generation_tokens and s.prompt_tokens == last.prompt_tokens:
             return  # nothing happened: no line
         queries = s.prefix_cache_queries - last.prefix_cache_queries
@@ -153,9 +151,7 @@ class StatsLogger:
             "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
             "Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
             (s.prompt_tokens - last.prompt_tokens) / elapsed, (s.generation_tokens - last.generation_tokens) / elapsed,
-            len(engine.scheduler.running), len(engine.scheduler.waiting), 100 * engine.block_manager.usage,
-            100 * hits / queries if queries else 0.0,
+            s.num_running, s.num_waiting, 100 * s.kv_cache_usage, 100 * hits / queries if queries else 0.0,
         )
         self._last_time = now
-        self._last = EngineStats(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
-                                 prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits)
+        self._last = s

@@ -8,7 +8,39 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """True if any string in a parsed JSON value holds a lone UTF-16 surrogate (JSON's "\\ud800"
+    escape parses into one): no tokenizer or UTF-8 response can carry it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+class _RequestBody(BaseModel):
+    """A whole request body: refuses text that is not valid Unicode before any field is read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if _has_lone_surrogate(data):
+            raise ValueError("the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                             "which is not valid Unicode text")
+        return data
 
 
 class StreamOptions(BaseModel):
@@ -19,10 +51,12 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(BaseModel):
-    """Sampling fields shared by completions and chat completions."""
+class _SamplingFields(_RequestBody):
+    """Sampling fields shared by completions and chat completions (token ids and top_k are bounded by the
+    vocabulary in the engine, which knows it)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Python's JSON parser accepts NaN and Infinity; no sampling field means anything by them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -32,7 +66,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -40,7 +74,7 @@ class _SamplingFields(BaseModel):
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
@@ -59,12 +93,21 @@ class CompletionRequest(_SamplingFields):
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content list: `{"type": "text", "text": ...}` (other types are refused
+    when the conversation is rendered, with a message that names them)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
     """One message of a conversation (text content, or OpenAI's list of text parts)."""
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
@@ -79,23 +122,22 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_RequestBody):
     """POST /tokenize: a prompt or a conversation."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_RequestBody):
     """POST /detokenize."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: list[int]

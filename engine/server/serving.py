@@ -7,15 +7,17 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.tokenizer import longest_token_chars
 
 
 @dataclass
@@ -30,7 +32,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                     logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
     """OpenAI/vLLM request fields -> SamplingParams; defaults as vLLM's server (temperature 1)."""
     room = max_model_len - prompt_len
-    if max_tokens is not None and max_tokens > room:
+    # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
+    if max_tokens is not None and 0 < room < max_tokens:
         raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
                             f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
     try:
@@ -53,14 +56,14 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             stop_token_ids=req.stop_token_ids or [],
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
-            max_tokens=max_tokens if max_tokens is not None else room,
+            max_tokens=max_tokens if max_tokens is not None else max(room, 1),
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
         )
     except ValueError as exc:
-        raise APIError(400, str(exc)) from None
+        raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
 
 
 def usage(output: RequestOutput) -> dict[str, int]:
@@ -99,50 +102,78 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-class OpenAIServing:
-    """The two generation endpoints; the app supplies tokenization and the chosen model name."""
+def _js(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int) -> None:
+
+class ChunkFormat:
+    """SSE chunks of one streamed response, serialised cheaply: the fields every chunk repeats (id,
+    object, created, model) are encoded once, and each chunk encodes only its choice's own values.
+    The text is the same JSON that `sse` writes for the equivalent dict."""
+
+    def __init__(self, request_id: str, obj: str, created: int, model: str) -> None:
+        self.head = (f'data: {{"id": {_js(request_id)}, "object": {_js(obj)}, "created": {created}, '
+                     f'"model": {_js(model)}, "choices": [')
+
+    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None) -> str:
+        """A /v1/completions chunk with one choice."""
+        return (f'{self.head}{{"index": {index}, "text": {_js(text)}, "finish_reason": {_js(c.finish_reason)}, '
+                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}}}]}}\n\n')
+
+    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None) -> str:
+        """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty)."""
+        delta = f'{{"content": {_js(text)}}}' if text else "{}"
+        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {_js(logprobs)}, '
+                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}}}]}}\n\n')
+
+
+class OpenAIServing:
+    """The two generation endpoints; the app supplies tokenization and the chosen model name.
+
+    Prompt rules live in the engine (`LLMEngine._validate_prompt`); what the server adds is cheap and
+    happens before any expensive work: a bound on characters (a text longer than `max_prompt_chars`
+    cannot fit `max_model_len` tokens), then template rendering and tokenization on worker threads,
+    so that a large prompt or a slow template never holds the event loop (and /health) up.
+    """
+
+    def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.trust_request_chat_template = trust_request_chat_template
+        self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
 
     # --- prompts ------------------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Tokenize on the front end's own tokenizer (the engine thread has its own)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """Tokenize on the front end's own tokenizer (the engine thread has its own), off the event loop."""
+        self.check_chars(len(text), param)
+        # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
+        # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
-    def check_length(self, token_ids: list[int]) -> None:
-        """400 for prompts the model cannot take."""
-        if not token_ids:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        if len(token_ids) >= self.max_model_len:
-            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                f"your prompt has {len(token_ids)} tokens (plus at least 1 for the completion). "
-                                "Please reduce the length of the prompt.",
-                           param="prompt", code="context_length_exceeded")
-        vocab = len(self.tokenizer)
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise APIError(400, f"prompt token ids must lie in [0, {vocab})", param="prompt")
+    def check_chars(self, chars: int, param: str = "prompt") -> None:
+        """400 for a text too long to fit the context whatever it tokenizes to (no tokenization needed)."""
+        if chars > self.max_prompt_chars:
+            raise APIError(400, f"the prompt has {chars} characters: more than this model's maximum context length "
+                                f"of {self.max_model_len} tokens can hold (at most {self.max_prompt_chars} characters "
+                                "with this tokenizer). Please reduce the length of the prompt.", param=param)
 
-    def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
-        """The `prompt` field in any of its four shapes."""
+    async def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
+        """The `prompt` field in any of its four shapes (the engine validates the token ids)."""
         p = req.prompt
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
         elif p and isinstance(p[0], int):
             items = [p]
-        else:
-            items = list(p)
+        else:  # a list of texts or of token-id lists (p[0] is not an int)
+            items = list(cast("list[str] | list[list[int]]", p))
         if not items:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        prompts = [Prompt(self.encode(x), x) if isinstance(x, str) else Prompt(list(x), None) for x in items]
-        for prompt in prompts:
-            self.check_length(prompt.token_ids)
-        return prompts
+        return [Prompt(await self.encode(x), x) if isinstance(x, str) else Prompt(list(x), None) for x in items]
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
+    async def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
         """Render the chat template, then tokenize (the template already holds special tokens)."""
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         for m in messages:
@@ -151,15 +182,30 @@ class OpenAIServing:
                 if any(part.get("type") != "text" for part in parts):
                     raise APIError(400, "only text content parts are supported", param="messages")
                 m["content"] = "".join(part.get("text", "") for part in parts)
+        self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=req.add_generation_prompt,
-                                                      **(req.chat_template_kwargs or {}))
+            template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
+            variables = template_variables(req.chat_template_kwargs)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="chat_template") from None
+        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables)
+        return Prompt(await self.encode(text, add_special_tokens=False, param="messages"), text)
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
+                variables: dict[str, Any]) -> str:
+        """The prompt text: the model's template, or the request's in the bounded sandbox (blocking)."""
+        if template is not None:
+            context = {**self.tokenizer.special_tokens_map, **variables, "messages": messages,
+                       "add_generation_prompt": add_generation_prompt}
+            try:
+                return render_untrusted(template, context, self.max_prompt_chars)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="chat_template") from None
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **variables)
         except Exception as exc:  # a template error is the conversation's fault (e.g. bad role order)
             raise APIError(400, f"the chat template rejected the conversation: {exc}", param="messages") from None
-        prompt = Prompt(self.encode(text, add_special_tokens=False), text)
-        self.check_length(prompt.token_ids)
-        return prompt
 
     # --- completions ---------------------------------------------------------------------------------
 
@@ -167,13 +213,15 @@ class OpenAIServing:
         """POST /v1/completions."""
         if req.echo or req.suffix is not None or (req.best_of not in (None, req.n)):
             raise APIError(400, "echo, suffix and best_of are not supported", param="echo")
-        prompts = self.completion_prompts(req)
+        prompts = await self.completion_prompts(req)
         params = [sampling_params(req, req.max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
                                   req.prompt_logprobs) for p in prompts]
         request_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
-            return self._stream_completions(req, prompts, params, request_id, created, model)
+            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{request_id}-{i}", p.text))
+                       for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+            return self._stream_completions(req, streams, request_id, created, model)
         outputs = await asyncio.gather(
             *(self._final(p, sp, f"{request_id}-{i}") for i, (p, sp) in enumerate(zip(prompts, params, strict=True)))
         )
@@ -191,19 +239,18 @@ class OpenAIServing:
         return {"id": request_id, "object": "text_completion", "created": created, "model": model,
                 "choices": choices, "usage": total}
 
-    async def _stream_completions(self, req: CompletionRequest, prompts: list[Prompt], params: list[SamplingParams],
+    async def _stream_completions(self, req: CompletionRequest, streams: list[AsyncGenerator[RequestOutput]],
                                   request_id: str, created: int, model: str) -> AsyncIterator[str]:
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        states = [StreamState(req.n) for _ in prompts]
-        streams = [self.engine.generate(p.token_ids, sp, f"{request_id}-{i}", p.text)
-                   for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-        async for i, output in merge(streams):
+        states = [StreamState(req.n) for _ in streams]
+        fmt = ChunkFormat(request_id, "text_completion", created, model)
+        wants_logprobs = req.logprobs is not None
+        # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
+        outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
+        async for i, output in outputs:
             for c, text, first in states[i].deltas(output):
-                choice = {"index": i * req.n + c.index, "text": text, "finish_reason": c.finish_reason,
-                          "stop_reason": c.stop_reason,
-                          "logprobs": self._completion_logprobs(c, first) if req.logprobs is not None else None}
-                yield sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                           "choices": [choice]})
+                yield fmt.completion(i * req.n + c.index, text, c,
+                                     self._completion_logprobs(c, first) if wants_logprobs else None)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -231,7 +278,7 @@ class OpenAIServing:
         if req.response_format and req.response_format.get("type") not in (None, "text"):
             raise APIError(400, f"response_format {req.response_format.get('type')!r} is not supported yet",
                            param="response_format")
-        prompt = self.chat_prompt(req)
+        prompt = await self.chat_prompt(req)
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
@@ -241,7 +288,8 @@ class OpenAIServing:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
-            return self._stream_chat(req, prompt, sp, request_id, created, model)
+            stream = await admitted(self.engine.generate(prompt.token_ids, sp, request_id, prompt.text))
+            return self._stream_chat(req, stream, request_id, created, model)
         output = await self._final(prompt, sp, request_id)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": self._chat_logprobs(c, 0, top or 0) if req.logprobs else None,
@@ -249,7 +297,7 @@ class OpenAIServing:
         return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
                 "choices": choices, "usage": usage(output)}
 
-    async def _stream_chat(self, req: ChatCompletionRequest, prompt: Prompt, sp: SamplingParams, request_id: str,
+    async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
                            created: int, model: str) -> AsyncIterator[str]:
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -261,12 +309,11 @@ class OpenAIServing:
         state = StreamState(req.n)
         last = None
         top = req.top_logprobs or 0
-        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text):
+        fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
+        async for output in stream:
             last = output
             for c, text, first in state.deltas(output):
-                yield chunk([{"index": c.index, "delta": {"content": text} if text else {},
-                              "logprobs": self._chat_logprobs(c, first, top) if req.logprobs else None,
-                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}])
+                yield fmt.chat(text, c, self._chat_logprobs(c, first, top) if req.logprobs else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=usage(last))
         yield "data: [DONE]\n\n"
@@ -295,11 +342,39 @@ class OpenAIServing:
         return final
 
 
-async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _indexed(stream: AsyncGenerator[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """A single request's outputs in `merge`'s shape; closing it closes (aborts) the request."""
+    try:
+        async for output in stream:
+            yield 0, output
+    finally:
+        await stream.aclose()
+
+
+async def admitted(stream: AsyncGenerator[RequestOutput]) -> AsyncGenerator[RequestOutput]:
+    """`stream` once the engine has accepted its request (its first output is in).
+
+    The engine validates prompts when it queues them; waiting for the first output turns a refusal
+    into an error before the response starts (a 400, not an error event inside a 200 stream).
+    """
+    first = await anext(stream)
+
+    async def from_first() -> AsyncGenerator[RequestOutput]:
+        try:
+            yield first
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()  # aborts the request when the client leaves early
+
+    return from_first()
+
+
+async def merge(streams: list[AsyncGenerator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several requests' outputs as they come; closing the merge closes (aborts) them all."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def pump(i: int, stream: AsyncGenerator[RequestOutput]) -> None:
         try:
             async for item in stream:
                 await queue.put((i, item))

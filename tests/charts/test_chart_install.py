@@ -86,10 +86,11 @@ def _service_account_token(kube: Any, namespace: str, name: str) -> str | None:
 class Installed:
     """The release on the control plane, and the operator process running as its ServiceAccount."""
 
-    def __init__(self, control_plane: ControlPlane, workdir: Path):
+    def __init__(self, control_plane: ControlPlane, workdir: Path, values: dict[str, Any] | None = None):
         self.control_plane, self.workdir = control_plane, workdir
+        self.values = VALUES if values is None else values
         self.admin = _kube(control_plane.kubeconfig)
-        self.objects, _ = render_chart(VALUES)
+        self.objects, _ = render_chart(self.values)
         self.service_account = find(self.objects, "ServiceAccount")["metadata"]["name"]
         self.user = f"system:serviceaccount:{NAMESPACE}:{self.service_account}"
         self.release: dict[str, Any] = {}
@@ -100,7 +101,7 @@ class Installed:
         import helm_python
 
         with helm_python.Config(kubeconfig_path=self.control_plane.kubeconfig, namespace=NAMESPACE) as helm:
-            release = helm.install(str(CHART), RELEASE, VALUES, namespace=NAMESPACE, create_namespace=True,
+            release = helm.install(str(CHART), RELEASE, self.values, namespace=NAMESPACE, create_namespace=True,
                                    timeout=120)
         self.release = release if isinstance(release, dict) else dict(release)
 
@@ -401,3 +402,32 @@ def test_block_owner_deletion_needs_update_on_finalizers(installed: Installed) -
         except KubeError as e:
             refusal = e.message
         time.sleep(0.2)
+
+
+def test_helm_upgrade_renews_a_webhook_certificate_near_expiry(installed: Installed) -> None:
+    """Last in this file: the running test operator keeps the old certificate, as a pod would until restarted."""
+    import helm_python
+
+    secret_path = f"/api/v1/namespaces/{NAMESPACE}/secrets/{RELEASE}-operator-webhook-tls"
+    deployment_path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-operator"
+    before = installed.admin.get(secret_path)
+    assert before["metadata"]["annotations"]["serving.flotilla.dev/not-after"] > time.strftime("%Y-%m-%d")
+    # As if the certificate were near its expiry: a renewal window longer than its whole validity.
+    values = copy.deepcopy(VALUES)
+    values["webhook"] = {"tls": {"renewBeforeDays": 3651, "validityDays": 3000}}
+    pod_before = installed.admin.get(deployment_path)["spec"]["template"]["metadata"]["annotations"]
+    with helm_python.Config(kubeconfig_path=installed.control_plane.kubeconfig, namespace=NAMESPACE) as helm:
+        helm.upgrade(str(CHART), RELEASE, values, namespace=NAMESPACE, timeout=120)
+    after = installed.admin.get(secret_path)
+    assert after["data"]["tls.crt"] != before["data"]["tls.crt"] and after["data"]["ca.crt"] != before["data"]["ca.crt"]
+    not_after = after["metadata"]["annotations"]["serving.flotilla.dev/not-after"]
+    assert not_after == time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3000 * 86400))
+    pod = installed.admin.get(deployment_path)["spec"]["template"]["metadata"]
+    # The pod template changes with the certificate, so the Deployment rolls the operator onto it.
+    assert pod_before["serving.flotilla.dev/webhook-certificate"] == before["metadata"]["annotations"][
+        "serving.flotilla.dev/not-after"]
+    assert pod["annotations"]["serving.flotilla.dev/webhook-certificate"] == not_after
+    bundles = {h["clientConfig"]["caBundle"] for h in installed.admin.get(
+        f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{RELEASE}.serving.flotilla.dev")[
+        "webhooks"]}
+    assert bundles == {after["data"]["ca.crt"]}

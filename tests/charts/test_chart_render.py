@@ -15,6 +15,7 @@ import yaml
 
 from flotilla.operator import main as operator_main
 from flotilla.operator import webhook
+from flotilla.operator.policy import AdmissionPolicy
 
 from ..k8s_fixtures import REPO
 from .conftest import CHART, NAMESPACE, find, render_chart
@@ -28,6 +29,7 @@ NON_DEFAULT = {
         "watchNamespaces": ["team-a", "team-*"],
         "logLevel": "debug",
         "resyncSeconds": 30,
+        "hostPath": {"allowedPrefixes": ["/models", "/mnt/checkpoints"]},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "podLabels": {"team": "ml"},
         "podAnnotations": {"example.com/owner": "ml-platform"},
@@ -164,12 +166,14 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
         args = operator_main.parse_args(container["args"])
         assert args.webhook_configuration == "", "the chart owns the webhook configurations"
         assert not args.no_webhook and args.engine_image
+        allowed = values.get("operator", {}).get("hostPath", {}).get("allowedPrefixes", [])
+        assert args.policy == AdmissionPolicy(host_path_prefixes=tuple(allowed))
 
 
 def test_webhook_paths_are_the_operators_handler_ids() -> None:
     """Every webhook the chart configures is a kopf handler the operator serves, and vice versa."""
     registry = kopf.OperatorRegistry()
-    webhook.register(registry)
+    webhook.register(registry, AdmissionPolicy())
     operator_main.register_engine_image(registry, "x")
     served = {h.id for h in registry._webhooks.get_all_handlers()}
     objects, _ = render_chart()
@@ -265,3 +269,25 @@ def _indent_path(lines: list[str], index: int) -> str:
             path.append(stripped.split(":")[0])
             indent = level
     return ".".join(reversed(path))
+
+
+@pytest.mark.parametrize(("namespaces", "per_namespace"), [(["team-a", "team-b"], True), (["team-a", "team-*"], False)])
+def test_watched_namespaces_get_roles_instead_of_cluster_wide_rights(namespaces: list[str],
+                                                                    per_namespace: bool) -> None:
+    objects, _ = render_chart({"operator": {"watchNamespaces": namespaces}})
+    cluster = {r for rule in find(objects, "ClusterRole")["rules"] for r in rule["resources"]}
+    default = {r for rule in find(render_chart()[0], "ClusterRole")["rules"] for r in rule["resources"]}
+    namespaced = default - {"customresourcedefinitions"}
+    roles = [o for o in objects if o["kind"] == "Role"]
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    if per_namespace:
+        assert cluster == {"customresourcedefinitions", "namespaces"}
+        assert [r["metadata"]["namespace"] for r in roles] == namespaces
+        for role in roles:
+            assert {r for rule in role["rules"] for r in rule["resources"]} == namespaced
+            assert role["rules"] == [rule for rule in find(render_chart()[0], "ClusterRole")["rules"]
+                                     if rule["resources"] != ["customresourcedefinitions"]]
+        assert [(b["metadata"]["namespace"], b["roleRef"]["kind"], b["subjects"][0]["name"]) for b in bindings] == \
+            [(ns, "Role", find(objects, "ServiceAccount")["metadata"]["name"]) for ns in namespaces]
+    else:
+        assert namespaced <= cluster and not roles and not bindings

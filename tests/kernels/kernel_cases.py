@@ -67,3 +67,25 @@ def batch_meta(q_lens: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, to
         torch.tensor(starts, dtype=torch.int32, device=DEVICE),
         torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
     )
+
+
+def attention_case(
+    q_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype,
+    *,
+    head_dim: int = 32,
+    share: int = 0,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """A paged attention call's arguments (query, k_cache, v_cache, block_tables, query_start_loc,
+    seq_lens): random queries for `q_lens` new tokens over contexts of `seq_lens` in a shuffled pool."""
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = paged_pool(
+        seq_lens, num_kv_heads, head_dim, dtype, share_prefix_blocks=share, generator=g
+    )
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
+    qsl, lens = batch_meta(q_lens, seq_lens)
+    return query, k_cache, v_cache, tables, qsl, lens

@@ -82,3 +82,17 @@ def test_cuda_fused_layers_match_reference():
     assert (
         rel_err(dispatch.silu_and_mul(gate_up), torch.nn.functional.silu(gate_up[:, :4096]) * gate_up[:, 4096:]) < 1e-2
     )
+
+
+@pytest.mark.gpu
+def test_cuda_linear_takes_the_gemv_only_up_to_the_given_rows():
+    """One decode row: cuBLAS's result at gemv_max_rows=0 (the default), the Triton GEMV's at 1."""
+    from flotilla.kernels.triton_gemv import gemv
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 4096, generator=g).bfloat16().cuda()
+    w = torch.randn(1024, 4096, generator=g).bfloat16().cuda()
+    assert torch.equal(dispatch.linear(x, w), torch.nn.functional.linear(x, w))
+    assert torch.equal(dispatch.linear(x, w, gemv_max_rows=1), gemv(x, w, None))
+    two = torch.randn(2, 4096, generator=g).bfloat16().cuda()
+    assert torch.equal(dispatch.linear(two, w, gemv_max_rows=1), torch.nn.functional.linear(two, w))

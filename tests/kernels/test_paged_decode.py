@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, batch_meta, paged_pool, rel_err, tolerance
+from kernel_cases import attention_case, rel_err, tolerance
 
 from flotilla.kernels.paged_attention import paged_attention_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def _decode_case(seq_lens, num_heads, num_kv_heads, dtype, *, head_dim=32, share=0, q_lens=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q_lens = q_lens or [1] * len(seq_lens)
-    k_cache, v_cache, tables = paged_pool(
-        seq_lens, num_kv_heads, head_dim, dtype, share_prefix_blocks=share, generator=g
-    )
-    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
-    qsl, lens = batch_meta(q_lens, seq_lens)
-    return query, k_cache, v_cache, tables, qsl, lens
+def _decode_case(seq_lens, num_heads, num_kv_heads, dtype, *, q_lens=None, **kwargs):
+    """One new token per sequence unless `q_lens` says otherwise (0 for a padding sequence)."""
+    return attention_case(q_lens or [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, dtype, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, batch_meta, paged_pool, rel_err, tolerance
+from kernel_cases import attention_case, rel_err, tolerance
 
 from flotilla.kernels.paged_attention import paged_attention_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def _case(q_lens, seq_lens, num_heads, num_kv_heads, dtype, *, head_dim=32, share=0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, tables = paged_pool(
-        seq_lens, num_kv_heads, head_dim, dtype, share_prefix_blocks=share, generator=g
-    )
-    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
-    qsl, lens = batch_meta(q_lens, seq_lens)
-    return query, k_cache, v_cache, tables, qsl, lens
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -28,7 +18,7 @@ def test_prefill_without_cached_prefix(dtype, num_heads, num_kv_heads):
     tiles pack up to 4 query heads of a KV head (ratio 8: two tiles per KV head)."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    args = _case([21, 40], [21, 40], num_heads, num_kv_heads, dtype)
+    args = attention_case([21, 40], [21, 40], num_heads, num_kv_heads, dtype)
     out = paged_prefill_attention(*args, 0.2, block_m=64, block_n=16)
     assert out.dtype == dtype
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
@@ -40,7 +30,7 @@ def test_extend_over_cached_prefix_with_shared_blocks(dtype):
     their first two pages; the unmasked prefix loop and the diagonal tiles both run."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    args = _case([19, 9], [83, 45], 4, 1, dtype, share=2, seed=3)
+    args = attention_case([19, 9], [83, 45], 4, 1, dtype, share=2, seed=3)
     out = paged_prefill_attention(*args, 0.2, block_m=64, block_n=16)
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
 
@@ -49,7 +39,7 @@ def test_mixed_batch_of_decode_extend_and_empty_sequences():
     """One flattened batch: a decode token, an empty (padding) sequence, an extend chunk."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    args = _case([1, 0, 17], [50, 0, 30], 4, 2, torch.float32, seed=4)
+    args = attention_case([1, 0, 17], [50, 0, 30], 4, 2, torch.float32, seed=4)
     ref = paged_attention_ref(*args, 0.3)
     for pack_heads in (True, False):  # one head per tile, or both heads of a KV head
         out = paged_prefill_attention(*args, 0.3, block_m=32, block_n=32, pack_heads=pack_heads)
@@ -69,7 +59,7 @@ def test_extend_head_dims_padded_and_full(head_dim):
     """A head size below its power-of-two tile (masked lanes) and Llama's 128, GQA 4, bf16."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    args = _case([20, 7], [52, 7], 8, 2, torch.bfloat16, head_dim=head_dim, seed=6)
+    args = attention_case([20, 7], [52, 7], 8, 2, torch.bfloat16, head_dim=head_dim, seed=6)
     out = paged_prefill_attention(*args, head_dim**-0.5, block_m=64, block_n=32)
     assert rel_err(out, paged_attention_ref(*args, head_dim**-0.5)) < tolerance(torch.bfloat16)
 
@@ -81,7 +71,7 @@ def test_few_new_tokens_over_a_long_context_with_split_keys(dtype, num_splits):
     ranges empty) and merged; a padding sequence in between has no tokens."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    args = _case([3, 0, 5], [150, 0, 77], 4, 1, dtype, seed=7)
+    args = attention_case([3, 0, 5], [150, 0, 77], 4, 1, dtype, seed=7)
     out = paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, num_splits=num_splits)
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
 

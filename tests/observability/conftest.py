@@ -33,9 +33,6 @@ MODEL = "tiny"
 ISVC_LABEL = "serving_flotilla_dev_inferenceservice"
 MAX_NUM_SEQS, CLIENTS = 4, 8
 
-needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                                      reason="Debian's prometheus (and promtool) is not installed")
-
 
 def _server_helpers() -> Any:
     """tests/engine/server/conftest.py (start_server, stop_server, free_port), loaded by path."""

@@ -31,6 +31,7 @@ pytest_configure = k8s_fixtures.pytest_configure
 CRD_FILE = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
 WEBHOOK_CONFIGURATION = "flotilla.serving.flotilla.dev"
 FIS_PATH = "/apis/serving.flotilla.dev/v1alpha1"
+HOST_PATH_PREFIX = "/models"
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +63,9 @@ class OperatorProcess:
         command = [sys.executable, "-m", "flotilla.cli", "operator", "--webhook-host", "127.0.0.1",
                    "--webhook-listen", "127.0.0.1", "--webhook-port", str(self.webhook_port),
                    "--webhook-cert-dir", str(self.workdir / "certs"),
-                   "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", "--resync-seconds", "5"]
+                   "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", "--resync-seconds", "5",
+                   # The admin allows one node directory, so the corpus can try to escape it.
+                   "--host-path-prefix", HOST_PATH_PREFIX]
         env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flotilla.operator.admission import review
 
 BASE = {"model": {"source": "pvc://m"}}
@@ -29,3 +31,46 @@ def test_low_concurrency_is_a_warning_not_an_error():
                 "headDim": 128, "intermediateSize": 12288, "vocabSize": 151936}}}
     result = review(spec, "x")
     assert result.errors == [] and result.warnings[0].startswith("fit check: only ")
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("1llama", "must be a DNS-1035 label"),
+    ("llama.3", "must be a DNS-1035 label"),
+    ("Llama", "must be a DNS-1035 label"),
+    ("llama-", "must be a DNS-1035 label"),
+    ("a" * 64, "is 64 characters long; the limit is 63 (it names the Service and is a label value)"),
+])
+def test_names_that_cannot_name_a_service_are_refused_with_the_rule(name, problem):
+    errors = review(BASE, name).errors
+    assert len(errors) == 1 and errors[0].startswith(f"metadata.name {name!r} ") and problem in errors[0]
+
+
+def test_the_longest_valid_name_is_admitted():
+    assert review(BASE, "a" * 63).errors == []
+
+
+@pytest.mark.parametrize("product", ["NVIDIA H200", "x" * 64, "-H200", "H200/"])
+def test_a_gpu_product_that_is_no_label_value_is_refused(product):
+    errors = review({**BASE, "resources": {"gpuProduct": product}}, "x").errors
+    assert errors and errors[0].startswith("spec.resources.gpuProduct: ")
+
+
+@pytest.mark.parametrize(("pod", "error"), [
+    ({"env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}, "spec.pod.env: HF_HUB_OFFLINE is set by the operator"),
+    ({"env": [{"name": "VLLM_API_KEY", "value": ""}]}, "spec.pod.env: VLLM_API_KEY is set by the operator"),
+    ({"env": [{"name": "X"}]}, "env X: set exactly one of value, valueFrom.secretKeyRef, valueFrom.configMapKeyRef"),
+    ({"env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+     "env X: set exactly one of"),
+    ({"envFrom": [{"prefix": "A"}]}, "envFrom: set exactly one of secretRef and configMapRef"),
+    ({"labels": {"serving.flotilla.dev/inferenceservice": "other"}},
+     "spec.pod.labels: serving.flotilla.dev/inferenceservice is set by the operator"),
+    ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "spec.pod.labels: app.kubernetes.io/managed-by is set by"),
+    ({"serviceAccountName": "Not_A_Name"}, "spec.pod.serviceAccountName: String should match pattern"),
+])
+def test_pod_extras_that_would_override_the_operator_are_refused(pod, error):
+    assert error in review({**BASE, "pod": pod}, "x").message
+
+
+def test_a_rollout_that_cannot_start_a_pod_is_refused():
+    assert "rollout.maxSurge and rollout.maxUnavailable cannot both be 0" in review(
+        {**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "x").message

@@ -154,15 +154,17 @@ def test_apiserver_accepts_samples_and_fills_the_same_defaults_as_the_model(crd_
     doc = yaml.safe_load(sample.read_text())
     stored = _create(crd_installed, namespace, doc)
     # The apiserver's defaulting and the pydantic model's defaults must agree field by field.
-    assert stored["spec"] == _without_empty(InferenceServiceSpec.model_validate(doc["spec"]).model_dump(
+    assert _without_empty(stored["spec"]) == _without_empty(InferenceServiceSpec.model_validate(doc["spec"]).model_dump(
         by_alias=True, exclude_none=True, mode="json"))
     assert InferenceServiceSpec.model_validate(stored["spec"]) == InferenceServiceSpec.model_validate(doc["spec"])
 
 
 def _without_empty(node: Any) -> Any:
-    # The model fills empty lists and maps (engineArgs, tolerations, ...); the apiserver leaves them out.
+    # The model fills empty lists and maps (engineArgs, tolerations, ...); the apiserver leaves them out,
+    # and defaults an object whose fields have no defaults (spec.pod) to {}.
     if isinstance(node, dict):
-        return {k: _without_empty(v) for k, v in node.items() if v not in ([], {})}
+        inner = {k: _without_empty(v) for k, v in node.items()}
+        return {k: v for k, v in inner.items() if v not in ([], {})}
     return node
 
 
@@ -176,7 +178,8 @@ def test_apiserver_fills_defaults_of_a_minimal_spec(crd_installed, namespace):
     assert spec["kvCache"] == {"dtype": "auto", "blockSize": 16, "gpuMemoryUtilization": 0.9, "prefixCaching": True}
     assert spec["scheduling"] == {"maxNumSeqs": 256, "chunkedPrefill": False}
     assert spec["parallelism"] == {"tensor": 1, "pipeline": 1}
-    assert spec["resources"] == {"shmSize": "8Gi"}
+    assert spec["resources"] == {"shmSize": "8Gi", "tmpSize": "20Gi"}
+    assert spec["rollout"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert spec["monitoring"] == {"serviceMonitor": True, "interval": "15s"}
     assert "autoscaling" not in spec and "speculative" not in spec and "lora" not in spec
 

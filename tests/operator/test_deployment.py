@@ -9,6 +9,9 @@ from flotilla.operator.deployment import build_deployment, termination_grace_sec
 from flotilla.operator.names import INFERENCESERVICE_LABEL
 from flotilla.operator.spec import InferenceServiceSpec
 
+LLAMA_8B = {"hiddenSize": 4096, "numHiddenLayers": 32, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+            "headDim": 128, "intermediateSize": 14336, "vocabSize": 128256}
+
 
 def make(**spec) -> InferenceServiceSpec:
     return InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/llama-8b"}, **spec})
@@ -36,8 +39,59 @@ CASES = [
     ({"parallelism": {"tensor": 2, "pipeline": 2}}, lambda d: engine(d)["resources"]["limits"]["nvidia.com/gpu"], "4"),
     ({"resources": {"cpu": 8, "memory": "64Gi"}}, lambda d: engine(d)["resources"],
      {"limits": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "64Gi"}, "requests": {"cpu": "8", "memory": "64Gi"}}),
+    # Never BestEffort: requests sized from the GPUs and (when known) the weights.
+    ({}, lambda d: engine(d)["resources"], {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "4",
+                                                                                           "memory": "12Gi"}}),
+    ({"parallelism": {"tensor": 2}, "model": {"source": "pvc://m", "config": LLAMA_8B}},
+     lambda d: engine(d)["resources"]["requests"], {"cpu": "6", "memory": "12Gi"}),
+    ({}, lambda d: pod(d)["automountServiceAccountToken"], False),
+    ({}, lambda d: pod(d)["volumes"][2], {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}}),
+    ({"resources": {"tmpSize": "50Gi"}}, lambda d: pod(d)["volumes"][2]["emptyDir"]["sizeLimit"], "50Gi"),
+    ({"pod": {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                      {"name": "LOG", "value": "1"}]}}, lambda d: engine(d)["env"][-2:],
+     [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+      {"name": "LOG", "value": "1"}]),
+    ({"pod": {"envFrom": [{"secretRef": {"name": "creds"}, "prefix": "S3_"}]}}, lambda d: engine(d)["envFrom"],
+     [{"prefix": "S3_", "secretRef": {"name": "creds"}}]),
+    ({}, lambda d: "envFrom" in engine(d), False),
+    ({"pod": {"imagePullSecrets": ["regcred"]}}, lambda d: pod(d)["imagePullSecrets"], [{"name": "regcred"}]),
+    ({"pod": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}},
+     lambda d: pod(d)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+         "nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "zone"),
+    ({"pod": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                                             "labelSelector": {"matchLabels": {"a": "b"}}}]}},
+     lambda d: pod(d)["topologySpreadConstraints"][0]["topologyKey"], "zone"),
+    ({"pod": {"priorityClassName": "inference-high"}}, lambda d: pod(d)["priorityClassName"], "inference-high"),
+    ({"pod": {"serviceAccountName": "model-reader"}}, lambda d: pod(d)["serviceAccountName"], "model-reader"),
+    ({}, lambda d: [k for k in ("imagePullSecrets", "affinity", "topologySpreadConstraints", "priorityClassName",
+                                "serviceAccountName") if k in pod(d)], []),
+    ({"pod": {"labels": {"team": "ml"}, "annotations": {"a": "b"}}},
+     lambda d: (d["spec"]["template"]["metadata"]["labels"]["team"], d["spec"]["template"]["metadata"]["annotations"]),
+     ("ml", {"a": "b"})),
+    ({"rollout": {"maxSurge": 0, "maxUnavailable": 1}}, lambda d: d["spec"]["strategy"]["rollingUpdate"],
+     {"maxUnavailable": 1, "maxSurge": 0}),
+    ({"model": {"source": "hf://org/model", "cache": {"claimName": "hf-cache"}}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0], pod(d)["initContainers"][0]["command"][-1],
+                pod(d)["initContainers"][0]["volumeMounts"][0]),
+     ({"name": "model", "persistentVolumeClaim": {"claimName": "hf-cache"}},
+      {"name": "model", "mountPath": "/model", "readOnly": True, "subPath": "hf/org/model"},
+      "/cache/hf/org/model", {"name": "model", "mountPath": "/cache"})),
+    ({"model": {"source": "hf://org/model", "config": LLAMA_8B}}, lambda d: pod(d)["volumes"][0]["emptyDir"],
+     {"sizeLimit": "19Gi"}),
+    ({"model": {"source": "hf://org/model", "cache": {"size": "40Gi"}}},
+     lambda d: pod(d)["volumes"][0]["emptyDir"], {"sizeLimit": "40Gi"}),
     ({"resources": {"gpuProduct": "NVIDIA-H200"}}, lambda d: pod(d)["nodeSelector"],
      {"nvidia.com/gpu.product": "NVIDIA-H200"}),
+    # A short name passes the fit check through its alias; nodes carry GPU feature discovery's name.
+    ({"resources": {"gpuProduct": "H200"}}, lambda d: pod(d)["nodeSelector"],
+     {"nvidia.com/gpu.product": "NVIDIA-H200"}),
+    ({"resources": {"gpuProduct": "h100-sxm"}}, lambda d: pod(d)["nodeSelector"],
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+    ({"resources": {"gpuProduct": "A100-SHARED"}}, lambda d: pod(d)["nodeSelector"],
+     {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED"}),
+    ({"resources": {"gpuProduct": "Acme-X1"}}, lambda d: pod(d)["nodeSelector"],
+     {"nvidia.com/gpu.product": "Acme-X1"}),
     ({"resources": {"nodeSelector": {"pool": "gpu"}}}, lambda d: pod(d)["nodeSelector"], {"pool": "gpu"}),
     ({}, lambda d: "nodeSelector" in pod(d), False),
     ({"resources": {"tolerations": [{"key": "spot", "operator": "Exists"}]}}, lambda d: pod(d)["tolerations"],
@@ -58,7 +112,7 @@ CASES = [
      {"name": "model", "hostPath": {"path": "/mnt/models/llama", "type": "Directory"}}),
     ({"model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"}},
      lambda d: (pod(d)["volumes"][0], pod(d)["initContainers"][0]["command"][-2:]),
-     ({"name": "model", "emptyDir": {}}, ["meta-llama/Llama-3.1-8B-Instruct", "/model"])),
+     ({"name": "model", "emptyDir": {"sizeLimit": "500Gi"}}, ["meta-llama/Llama-3.1-8B-Instruct", "/model"])),
     ({}, lambda d: "initContainers" in pod(d), False),
 ]
 
@@ -98,7 +152,7 @@ def test_grace_period_covers_prestop_and_engine_drain():
     d = build()
     prestop = int(engine(d)["lifecycle"]["preStop"]["exec"]["command"][1])
     grace = pod(d)["terminationGracePeriodSeconds"]
-    assert grace == termination_grace_seconds()
+    assert grace == termination_grace_seconds(make())
     assert grace > prestop + flag("--shutdown-timeout").default
 
 

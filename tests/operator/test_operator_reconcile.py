@@ -253,3 +253,32 @@ def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespac
     wait_for(lambda: not [p for p in op.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
                           if not p["metadata"].get("deletionTimestamp")], 60, "pods gone", interval=0.5)
     del pods
+
+
+def test_pod_extras_reach_the_live_deployment(op, namespace):
+    doc = fixed("extras", namespace, replicas=1)
+    doc["spec"]["pod"] = {
+        "labels": {"team": "ml"}, "annotations": {"example.com/owner": "ml"},
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "envFrom": [{"configMapRef": {"name": "engine-env"}}], "imagePullSecrets": ["regcred"],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                             "labelSelector": {"matchLabels": {"team": "ml"}}}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"team": "ml"}}}],
+        "priorityClassName": "system-cluster-critical", "serviceAccountName": "default"}
+    doc["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
+    op.apply(doc)
+    live = wait_children(op, namespace, "extras", ["Deployment"])["Deployment"]
+    built = build_deployment(InferenceServiceSpec.model_validate(op.kube.get(fis_path(namespace, "extras"))["spec"]),
+                             "extras", namespace)
+    template = live["spec"]["template"]
+    for key in ("imagePullSecrets", "affinity", "topologySpreadConstraints", "priorityClassName",
+                "serviceAccountName", "automountServiceAccountToken"):
+        assert template["spec"][key] == built["spec"]["template"]["spec"][key], key
+    assert template["metadata"]["labels"]["team"] == "ml"
+    assert template["metadata"]["annotations"] == {"example.com/owner": "ml"}
+    engine = template["spec"]["containers"][0]
+    assert engine["env"][-1]["name"] == "HF_TOKEN" and engine["envFrom"] == [{"configMapRef": {"name": "engine-env"}}]
+    assert engine["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}  # the sample sets them
+    assert live["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}

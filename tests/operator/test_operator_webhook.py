@@ -39,10 +39,11 @@ INVALID = {
         {"engineArgs": ["--max-model-len=4096"]},
         "spec.engineArgs: --max-model-len is set by spec.scheduling.maxModelLen; set that field instead"),
     "does-not-fit": (
-        {"scheduling": {"maxModelLen": 1000000, "maxNumSeqs": 64, "maxNumBatchedTokens": 8192}},
-        "fit check: one 1000000-token sequence needs 122.1 GiB of KV cache but only 109.7 GiB is left after "
-        "weights (15.0 GiB) and activations on 1 x NVIDIA-H200 at gpuMemoryUtilization 0.9 (126.4 GiB); "
-        "lower scheduling.maxModelLen to 898544 or less, add GPUs, or quantize"),
+        {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
+         "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.2}},
+        "fit check: one 131072-token sequence needs 16.0 GiB of KV cache but only 1.1 GiB is left after weights "
+        "(15.0 GiB) and activations on 1 x NVIDIA-H200 at gpuMemoryUtilization 0.2 (28.1 GiB); lower "
+        "scheduling.maxModelLen to 8944 or less, add GPUs, or quantize"),
 }
 
 

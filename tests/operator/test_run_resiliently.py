@@ -42,3 +42,13 @@ def test_a_healthy_run_resets_the_count(monkeypatch):
 
     main.run_resiliently(run, quick_failures=2, backoff_s=0)
     assert len(calls) == 6
+
+
+def test_resync_lists_watched_namespaces_one_by_one_unless_a_glob_needs_the_whole_cluster():
+    from flotilla.operator.handlers import _resync_paths
+
+    base = "/apis/serving.flotilla.dev/v1alpha1"
+    assert _resync_paths([]) == [f"{base}/inferenceservices"]
+    assert _resync_paths(["a", "b"]) == [f"{base}/namespaces/a/inferenceservices",
+                                         f"{base}/namespaces/b/inferenceservices"]
+    assert _resync_paths(["a", "team-*"]) == [f"{base}/inferenceservices"]

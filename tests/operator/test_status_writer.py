@@ -5,7 +5,7 @@ from __future__ import annotations
 from flotilla.operator.admission import review
 from flotilla.operator.capabilities import Capabilities
 from flotilla.operator.children import plan_children
-from flotilla.operator.status_writer import Observation, build_status, merge_patch
+from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
 
 SPEC = {"model": {"source": "pvc://m"}, "replicas": 2}
 CAPS = Capabilities(hpa_version="autoscaling/v2", pdb_version="policy/v1", service_monitor=False, keda=False)
@@ -71,3 +71,36 @@ def test_merge_patch_removes_keys_that_no_longer_apply():
     assert merge_patch({"a": 1, "fit": {"x": 1, "y": 2}}, {"a": 1, "fit": {"x": 1}}) == {"fit": {"y": None}}
     assert merge_patch({"a": 1}, {"a": 1}) is None
     assert merge_patch({"a": 1, "b": 2}, {"a": 2}) == {"a": 2, "b": None}
+
+
+def test_blocked_apply_fails_the_phase_and_says_why_in_progressing_and_degraded():
+    r = review(SPEC, "x")
+    plan = plan_children(r.spec, "x", "ns", CAPS)
+    status = build_status({}, Observation("x", "ns", 1, r, plan, None, "t1",
+                                          blocked=("OwnershipConflict", "Service x already exists")))
+    assert status["phase"] == "Failed"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == ("False", "OwnershipConflict")
+    assert conditions["Progressing"]["message"] == "nothing applied: Service x already exists"
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["message"]) == ("True", "Service x already exists")
+    assert conditions["Valid"]["status"] == "True"  # the spec itself is fine
+
+
+def test_condition_events_announce_decisions_and_bad_news_once():
+    first = _status({}, None)
+    events = condition_events({}, first)
+    # First sight: the admission decisions only; "still starting" and "not degraded" are no news.
+    assert [(e.type, e.reason) for e in events] == [("Normal", "SpecAccepted"), ("Normal", "ArchitectureUnknown")]
+    assert condition_events(first, first) == []  # nothing changed: no news
+    ready = _status(first, _deployment(ready=2), now="t2")
+    assert ("Normal", "AllReplicasReady") in [(e.type, e.reason) for e in condition_events(first, ready)]
+    lost = _status(ready, _deployment(ready=1), now="t3")
+    news = {(e.type, e.reason): e.message for e in condition_events(ready, lost)}
+    assert news[("Warning", "ReplicasUnavailable")] == "Degraded=True: 1 of 2 replicas are not ready"
+    assert ("Warning", "ReplicasNotReady") in news
+
+
+def test_an_invalid_spec_is_a_warning_on_first_sight():
+    refused = _status({}, None, spec={**SPEC, "replicas": -1})
+    kinds = {(e.type, e.reason) for e in condition_events({}, refused)}
+    assert ("Warning", "InvalidSpec") in kinds

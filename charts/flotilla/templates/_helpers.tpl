@@ -68,3 +68,70 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "flotilla.webhookHost" -}}
 {{- printf "%s.%s.svc" (include "flotilla.webhookServiceName" .) .Release.Namespace }}
 {{- end }}
+
+{{/* The operator's rules on namespaced objects: a ClusterRole's, or each watched namespace's Role's. */}}
+{{- define "flotilla.namespacedRules" -}}
+# InferenceServices: watched by kopf (list, watch), read and annotated per reconcile (get, patch).
+- apiGroups: [serving.flotilla.dev]
+  resources: [inferenceservices]
+  verbs: [get, list, watch, patch]
+# Status is written with a merge patch of the status subresource.
+- apiGroups: [serving.flotilla.dev]
+  resources: [inferenceservices/status]
+  verbs: [patch]
+# Children carry an owner reference with blockOwnerDeletion, which the OwnerReferencesPermission-
+# Enforcement admission plugin allows only to those who may update the owner's finalizers.
+- apiGroups: [serving.flotilla.dev]
+  resources: [inferenceservices/finalizers]
+  verbs: [update]
+# Children applied with server-side apply (patch; an apply that makes the object is also checked
+# as create), read before (get), watched for drift (list, watch). Deployments and Services are
+# never removed by the operator (the garbage collector does it through the owner references).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch]
+# Children the spec may stop asking for are also deleted.
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [servicemonitors]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, list, watch, create, patch, delete]
+# One Event per decision, posted on the InferenceService.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/*
+The chart-made webhook certificate's expiry date (YYYY-MM-DD), prefixed "keep:" while the existing
+Secret's certificate is kept or "new:" when one is made: on install, when the Secret is missing, or
+when its recorded expiry falls within webhook.tls.renewBeforeDays. Included by webhook.yaml (which
+makes the certificate) and deployment.yaml (whose pod annotation then changes, so the operator
+restarts on the new certificate); both compute it from the same lookup, so they agree.
+*/}}
+{{- define "flotilla.webhookCertificate" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "flotilla.webhookSecretName" .) }}
+{{- $renewBy := now | dateModify (printf "%dh" (mul 24 (int .Values.webhook.tls.renewBeforeDays))) | date "2006-01-02" }}
+{{- $recorded := "" }}
+{{- $complete := false }}
+{{- if $existing }}
+{{- $complete = index ($existing.data | default dict) "ca.crt" }}
+{{- $recorded = index (($existing.metadata).annotations | default dict) "serving.flotilla.dev/not-after" | default "" }}
+{{- end }}
+{{- /* A Secret from a chart version that recorded no expiry is kept (it was made for 10 years). */}}
+{{- if and $complete (or (not $recorded) (ge $recorded $renewBy)) }}
+{{- printf "keep:%s" $recorded }}
+{{- else }}
+{{- printf "new:%s" (now | dateModify (printf "%dh" (mul 24 (int .Values.webhook.tls.validityDays))) | date "2006-01-02") }}
+{{- end }}
+{{- end }}

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,13 +51,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
-    """Start `python -m flotilla.engine.server` and wait until /health answers 200."""
+def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
+                 launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server")) -> Server:
+    """Start the server (`python -m flotilla.engine.server`, or `launcher` taking the same arguments)
+    and wait until /health answers 200."""
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "flotilla.engine.server",
+        *launcher,
         str(model),
         "--port",
         str(port),

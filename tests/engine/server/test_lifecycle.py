@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -104,5 +105,48 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(tiny_model_dirs, tmp_p
         assert chunks[-1] == "data: [DONE]"
         assert '"finish_reason": "length"' in chunks[-2]
         assert server.process.wait(timeout=30) == 0
+    finally:
+        stop_server(server)
+
+
+def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_zero(tiny_model_dirs, tmp_path):
+    log = tmp_path / "abort.log"
+    server = start_server(tiny_model_dirs["llama"], log, "--served-model-name", "tiny", "--max-model-len", "512",
+                          "--shutdown-timeout", "0.5")
+    try:
+        body = {"model": "tiny", "prompt": "Never ending", "max_tokens": 500, "min_tokens": 500, "temperature": 0}
+        streamed: list[str] = []
+        answers: list[httpx.Response] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
+                              timeout=120) as response:
+                streamed.extend(line for line in response.iter_lines() if line.startswith("data: "))
+
+        def whole() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=120))
+
+        clients = [threading.Thread(target=stream), threading.Thread(target=whole)]
+        for c in clients:
+            c.start()
+        assert _wait_until(lambda: len(streamed) >= 3 and server.metric("vllm:num_requests_running") == 2)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        for c in clients:
+            c.join(timeout=60)
+        assert server.process.wait(timeout=30) == 0
+        # The drain waited its 0.5 s once, aborted, and the process left well before a second timeout.
+        assert time.monotonic() - signalled < 0.5 + 8
+        # The stream ends with an OpenAI error event and [DONE], not a cut connection.
+        assert streamed[-1] == "data: [DONE]"
+        error = json.loads(streamed[-2].removeprefix("data: "))["error"]
+        assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
+        assert len(streamed) < 400  # cut short: 500 tokens were asked for
+        # The non-streaming request gets a 503 with OpenAI's error JSON.
+        assert answers[0].status_code == 503 and "shutting down" in answers[0].json()["error"]["message"]
+        text = log.read_text()
+        assert "drain timeout (0.5 s): aborting 2 requests" in text
+        assert "Traceback" not in text
+        assert "no API key" in text
     finally:
         stop_server(server)

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Issue 19, "Serving through HTTP": offline vs `flotilla serve` on the H200 in one device call, same engine
+# settings, Llama-3.1-8B shape with random bf16 weights (bench/model_dirs.py; word-level tokenizer).
+# Run from the repository root on the H200 machine, carrying .whl with the pydantic wheels of
+# gpu-sweep-2026-12-02-s2.sh plus the HTTP stack (py3-none-any unless said):
+#   fastapi 0.165.0, starlette 1.10.0, annotated-doc 0.0.7, anyio 4.16.0, idna 3.20, uvicorn 0.55.0,
+#   click 8.5.1, h11 0.16.0, httpx 0.29.0, httpcore 1.0.9, certifi 2026.10.19.post1, opentelemetry-api 1.45.2,
+#   importlib-metadata, zipp (FACTS: fastapi imports opentelemetry there), and optionally py-spy 0.4.3
+#   (py2.py3-none-manylinux x86_64) for the profile stage.
+# Stages are independent; each has its own time limit. Outputs land in $OUT.
+set -u; export OUT=${OUT:-/tmp/out}
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
+export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
+ENGINE="--max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384 --load-format dummy"
+LOAD="--num-prompts 1000 --input-len 512 --output-len 128 --vocab-size 128256"
+L=$OUT/http-speed.log
+# Servers start from /tmp: from the repository root `python -m flotilla...` would import the source
+# flotilla/ folder (no engine/ inside) instead of /tmp/p/flotilla (FACTS, 2026-12-03).
+cd /tmp
+# Fail fast on a missing wheel (jinja2 and MarkupSafe come with the machine's transformers, else carry them).
+python3 -c "import fastapi, uvicorn, httpx, jinja2, flotilla.engine.server.cli" 2>&1 | tail -2 | tee -a $L
+for s in ${STAGES:-offline serve serve-1client profile}; do
+  echo "=== $s $(date +%T)" | tee -a $L
+  case $s in
+    offline) timeout 240 python3 $R/bench/throughput.py --model /tmp/llama8b --load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 --json $OUT/gpu-http-speed-offline.json 2>&1 | tee -a $L | grep -E "Error|error|output_tokens_per_s" | tail -4 ;;
+    # Two client processes, so the client is not the bottleneck (client_cpu_busy says how busy each was).
+    serve) timeout 420 python3 $R/bench/serve.py --launch --model /tmp/llama8b --serve-args "$ENGINE" $LOAD --max-concurrency 512 --clients 2 --warmups 1 --json $OUT/gpu-http-speed-serve.json 2>&1 | tee -a $L | tail -16 ;;
+    serve-1client) timeout 420 python3 $R/bench/serve.py --launch --model /tmp/llama8b --serve-args "$ENGINE" $LOAD --max-concurrency 512 --clients 1 --warmups 1 --json $OUT/gpu-http-speed-serve-1client.json 2>&1 | tee -a $L | tail -16 ;;
+    # Where the server's host time goes: py-spy over both threads for 40 s of the same load (raw stacks).
+    profile) if command -v py-spy > /dev/null; then
+        python3 -m flotilla.engine.server /tmp/llama8b --host 127.0.0.1 --port 18777 --uvicorn-log-level warning $ENGINE --disable-log-stats > $OUT/profile-server.log 2>&1 &
+        SP=$!
+        for i in $(seq 300); do python3 -c "import httpx; httpx.get('http://127.0.0.1:18777/health').raise_for_status()" 2>/dev/null && break; sleep 1; done
+        (timeout 300 python3 $R/bench/serve.py --base-url http://127.0.0.1:18777 $LOAD --max-concurrency 512 --clients 2 --warmups 1 > $OUT/profile-load.log 2>&1 &)
+        sleep 75  # past the warm-up run, into the measured one
+        timeout 60 py-spy record --pid $SP --threads -f raw -d 40 -o $OUT/gpu-http-speed-serve-pyspy.txt 2>&1 | tail -2
+        sleep 5; kill $SP; wait $SP 2>/dev/null
+      else echo "no py-spy: skipped"; fi ;;
+  esac
+done
+python3 - <<'EOF' | tee -a $L
+import json, os
+out = os.environ.get("OUT", "/tmp/out")
+try:
+    offline = json.load(open(f"{out}/gpu-http-speed-offline.json"))["flotilla"]["output_tokens_per_s"]
+    for name in ("serve", "serve-1client"):
+        s = json.load(open(f"{out}/gpu-http-speed-{name}.json"))
+        print(f"{name}: {s['output_throughput']:.0f} output tok/s = {s['output_throughput'] / offline:.1%} of offline "
+              f"{offline:.0f}; TTFT p50/p99 {s['median_ttft_ms']:.0f}/{s['p99_ttft_ms']:.0f} ms, ITL p50/p99 "
+              f"{s['median_itl_ms']:.1f}/{s['p99_itl_ms']:.1f} ms, event loop {s['server_main_thread_cpu_ms_per_token']:.3f} "
+              f"ms CPU/token, client busy {s['client_cpu_busy']}")
+except (OSError, KeyError) as exc:
+    print("summary incomplete:", exc)
+EOF
+echo "=== done $(date +%T)"

@@ -1,0 +1,193 @@
+"""Which chat template a request may use, and a bounded sandbox for templates sent by clients.
+
+A chat template is a program. The model's own template (from its tokenizer) is trusted and rendered
+by transformers. A template sent in a request is refused unless the operator passed
+`--trust-request-chat-template` (vLLM's flag, same meaning; vLLM treated running request templates
+as a vulnerability). Even then it runs in jinja2's immutable sandbox with limits that a sandbox alone
+does not give: a wall-clock deadline (checked on every line the template executes), a cap on the
+rendered size, and caps on the strings and lists that `*`, `+` and `**` can build, so that a nested
+loop or `'ab' * 10**9` fails that one request with a 400 instead of freezing or bloating the server.
+The caller renders on a worker thread, so /health keeps answering while a template runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# A chat template renders a few kilobytes in microseconds; one that needs seconds is a loop.
+RENDER_TIMEOUT_S = 5.0
+# Names that `apply_chat_template` takes as its own arguments: a client must not set them through
+# chat_template_kwargs (e.g. tokenize=True would change the return type, chat_template the program).
+RESERVED_KWARGS = frozenset({
+    "chat_template", "conversation", "messages", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+class TemplateLimitError(Exception):
+    """A request's template exceeded a render limit (time or size)."""
+
+
+def request_template(chat_template: str | None, kwargs: dict[str, Any] | None, trusted: bool) -> str | None:
+    """The template a request carries (`chat_template`, or `chat_template_kwargs.chat_template`), if any.
+
+    Raises ValueError when the request carries one and the server does not trust request templates.
+    """
+    template = chat_template if chat_template is not None else (kwargs or {}).get("chat_template")
+    if template is None:
+        return None
+    if not trusted:
+        raise ValueError("a chat template in the request is refused: this server renders only the model's "
+                         "own template (start it with --trust-request-chat-template to allow request templates)")
+    if not isinstance(template, str):
+        raise ValueError("chat_template must be a string")
+    return template
+
+
+def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as extra template variables; names of the renderer's own arguments are refused."""
+    variables = dict(kwargs or {})
+    variables.pop("chat_template", None)  # decided by request_template
+    reserved = sorted(RESERVED_KWARGS & variables.keys())
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}: these are the renderer's own "
+                         "arguments, not template variables")
+    return variables
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """jinja2's immutable sandbox, plus caps on what `*`, `+` and `**` may build."""
+
+    intercepted_binops = frozenset({"*", "+", "**"})
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        self.max_chars = max_chars
+        # transformers gives templates these; templates written for it expect them.
+        self.filters["tojson"] = _tojson
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        # Filters such as center(width) or indent(width) build strings as long as an argument says.
+        self.filters = {name: self._bounded(f) for name, f in self.filters.items()}
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """A sandboxed call (e.g. `'x'.ljust(n)`), refused when a size argument or its result is too large."""
+        __self._check_sizes(args, kwargs)
+        return __self._check_result(super().call(__context, __obj, *args, **kwargs))
+
+    def _bounded(self, f: Any) -> Any:
+        @functools.wraps(f)  # keeps jinja2's pass_context/pass_environment markers
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            self._check_sizes(args, kwargs)
+            return self._check_result(f(*args, **kwargs))
+
+        return bounded
+
+    def _check_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if any(isinstance(a, int) and a > self.max_chars for a in (*args, *kwargs.values())):
+            raise TemplateLimitError(f"the template passes a size above {self.max_chars}")
+
+    def _check_result(self, value: Any) -> Any:
+        if isinstance(value, str | list | tuple) and len(value) > self.max_chars:
+            raise TemplateLimitError(f"the template builds a value longer than {self.max_chars}")
+        return value
+
+    def call_binop(self, context: Any, op: str, left: Any, right: Any) -> Any:
+        """Refuse to build a string or list longer than the output may be, or a huge power."""
+        if op == "**" and isinstance(right, int) and abs(right) > 64:
+            raise TemplateLimitError("the template raises to a power above 64")
+        if _result_length(op, left, right) > self.max_chars:
+            raise TemplateLimitError(f"the template builds a value longer than {self.max_chars}")
+        return {"*": operator.mul, "+": operator.add, "**": operator.pow}[op](left, right)
+
+
+def _result_length(op: str, left: Any, right: Any) -> int:
+    """The length of `left op right` when it is a sequence (0 otherwise), computed without building it."""
+    sequence = str | list | tuple
+    if op == "*" and isinstance(left, int) and isinstance(right, sequence):
+        left, right = right, left
+    if op == "*" and isinstance(left, sequence) and isinstance(right, int):
+        return len(left) * right
+    if op == "+" and isinstance(left, sequence) and isinstance(right, sequence):
+        return len(left) + len(right)
+    return 0
+
+
+def render_untrusted(source: str, variables: dict[str, Any], max_chars: int,
+                     timeout_s: float = RENDER_TIMEOUT_S) -> str:
+    """Render a request's template in the bounded sandbox; blocking (call it on a worker thread).
+
+    Raises ValueError for a template that does not compile, fails, or exceeds a limit.
+    """
+    env = _BoundedSandbox(max_chars)
+    deadline = time.monotonic() + timeout_s
+    try:
+        template = env.from_string(source)
+        with _deadline(deadline, timeout_s):
+            return _collect(template.generate(**variables), max_chars, deadline, timeout_s)
+    except TemplateLimitError as exc:
+        raise ValueError(f"the request's chat template exceeded a limit: {exc}") from None
+    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError,
+            MemoryError) as exc:
+        raise ValueError(f"the request's chat template failed: {exc}") from None
+
+
+def _collect(chunks: Iterator[str], max_chars: int, deadline: float, timeout_s: float) -> str:
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > max_chars:
+            raise TemplateLimitError(f"the rendered prompt is longer than {max_chars} characters")
+        if time.monotonic() > deadline:
+            raise TemplateLimitError(f"rendering took longer than {timeout_s:g} s")
+        parts.append(chunk)
+    return "".join(parts)
+
+
+class _deadline:
+    """Trace the template's own frames on this thread and stop it once the deadline passes.
+
+    jinja2 has no hook per loop iteration; a line trace of the compiled template's frames (their file
+    name is "<template>") is one, and it costs nothing outside those frames.
+    """
+
+    def __init__(self, deadline: float, timeout_s: float) -> None:
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.previous: Any = None
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        return self._local if frame.f_code.co_filename == "<template>" else None
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and time.monotonic() > self.deadline:
+            raise TemplateLimitError(f"rendering took longer than {self.timeout_s:g} s")
+        return self._local
+
+    def __enter__(self) -> None:
+        self.previous = sys.gettrace()
+        sys.settrace(self._global)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(self.previous)
+
+
+def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)

@@ -1,0 +1,219 @@
+"""The engine's configuration rules, in one stdlib-only place that the engine and the operator share.
+
+The engine (engine/config.py) applies them when it builds its configuration; the operator's
+admission (operator/admission.py) applies them to the exact command line it would give the engine,
+so a spec that is admitted cannot fail at engine start-up on a rule written here. Per-flag types,
+choices and ranges are declared in the flag contract (flotilla/flags.py, `Flag.check_value`); this
+module adds the command-line grammar both sides accept and the rules across flags.
+
+Messages name settings through a `name_of(dest)` function, so the engine says `--max-model-len` and
+the operator says `spec.scheduling.maxModelLen`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flotilla.flags import FLAGS, Flag
+
+# Engine default of --max-num-batched-tokens with chunked prefill (and its floor without).
+DEFAULT_BATCHED_TOKENS = 8192
+# Model length when config.json states none (as transformers' default).
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+
+NameOf = Callable[[str], str]
+
+
+def flag_name(dest: str) -> str:
+    """The engine's own name for a setting: `max_model_len` -> `--max-model-len`."""
+    return "--" + dest.replace("_", "-")
+
+
+class RuleError(ValueError):
+    """A configuration that breaks a rule; the message names the settings involved."""
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParsedFlag:
+    """One flag as given on a command line: the declaration, its value, and the token(s) it came from."""
+
+    flag: Flag
+    value: Any
+    text: str
+
+
+def find_flag(name: str) -> Flag | None:
+    """The declared flag a command-line name means (its name, an alias, or `--no-` of a negatable one)."""
+    for f in FLAGS:
+        if name == f.name or name in f.aliases or (f.negatable and name == f.name.replace("--", "--no-", 1)):
+            return f
+    return None
+
+
+def parse_value(f: Flag, text: str) -> Any:
+    """A flag's value from its text, by the flag's declared type; RuleError when it is not one."""
+    try:
+        if f.type == "int":
+            return int(text)
+        if f.type == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        if f.type == "json":
+            return json.loads(text)
+    except ValueError:
+        raise RuleError(f"{f.name}: {text!r} is not a valid {f.type}") from None
+    return text
+
+
+def _is_value(token: str) -> bool:
+    # As argparse decides: a token starting with '-' is a flag unless it reads as a negative number.
+    if not token.startswith("-"):
+        return True
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
+    """Parse engine flags (`--flag value`, `--flag=value`, bare booleans) into (flags, problems).
+
+    Stricter than argparse on purpose: no abbreviations, no positional arguments, one value per
+    flag, so whatever parses here means the same to the engine's parser.
+    """
+    parsed: list[ParsedFlag] = []
+    problems: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        name, has_inline, inline = token.partition("=")
+        f = find_flag(name) if token.startswith("-") else None
+        if f is None:
+            if not token.startswith("-"):
+                problems.append(f"{token!r} is not a flag (a value must follow its flag)")
+                continue
+            problems.append(f"{name} is not an engine flag")
+            if not has_inline and i < len(argv) and not argv[i].startswith("-"):
+                i += 1  # its value: one problem, not two
+            continue
+        if f.type == "bool":
+            if has_inline:
+                problems.append(f"{f.name} takes no value (use {f.name} or --no-{f.name[2:]})")
+                continue
+            parsed.append(ParsedFlag(f, not name.startswith("--no-"), token))
+            continue
+        if has_inline:
+            text = inline
+        elif i < len(argv) and _is_value(argv[i]):
+            text = argv[i]
+            i += 1
+        else:
+            problems.append(f"{f.name} needs a value")
+            continue
+        try:
+            value = parse_value(f, text)
+        except RuleError as e:
+            problems.append(str(e))
+            continue
+        parsed.append(ParsedFlag(f, [value] if f.type == "list" else value, token))
+    return parsed, problems
+
+
+# --- rules across flags ----------------------------------------------------------------------------
+
+def model_len_limit(hf_config: dict[str, Any]) -> int:
+    """The model's usable length: max_position_embeddings, or the sliding window when one applies.
+
+    Within its window, sliding-window attention equals full attention, so capping the length at the
+    window keeps outputs exact without a sliding-window kernel.
+    """
+    limit = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
+    window = hf_config.get("sliding_window")
+    if window and hf_config.get("use_sliding_window", True):
+        limit = min(limit, int(window))
+    return limit
+
+
+def resolve_max_model_len(hf_config: dict[str, Any], requested: int | None,
+                          name_of: NameOf = flag_name) -> int:
+    """--max-model-len, or the model's limit when unset; RuleError when it exceeds that limit."""
+    limit = model_len_limit(hf_config)
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise RuleError(f"{name_of('max_model_len')}={requested} exceeds the model's limit of {limit} tokens")
+    return requested
+
+
+def default_max_num_batched_tokens(max_model_len: int, chunked_prefill: bool) -> int:
+    """The step's token budget when unset: 8192, or max-model-len when larger and prefill is not chunked."""
+    return DEFAULT_BATCHED_TOKENS if chunked_prefill else max(max_model_len, DEFAULT_BATCHED_TOKENS)
+
+
+def batch_budget_problem(budget: int, max_model_len: int, chunked_prefill: bool,
+                         name_of: NameOf = flag_name) -> str | None:
+    """Without chunked prefill a whole prompt must fit one step's token budget."""
+    if chunked_prefill or budget >= max_model_len:
+        return None
+    return (f"{name_of('max_num_batched_tokens')} ({budget}) is smaller than {name_of('max_model_len')} "
+            f"({max_model_len}): without {name_of('enable_chunked_prefill')} a whole prompt must fit one step. "
+            f"Raise {name_of('max_num_batched_tokens')}, lower {name_of('max_model_len')}, or enable chunked "
+            "prefill.")
+
+
+def served_name_problem(name: str, name_of: NameOf = flag_name) -> str | None:
+    """A served model name must be one printable word that cannot be read as a flag."""
+    if not name or name.startswith("-") or not name.isprintable() or any(c.isspace() for c in name):
+        return (f"{name_of('served_model_name')} {name!r} must be a non-empty name without spaces or control "
+                "characters that does not start with '-'")
+    return None
+
+
+def world_size(tensor_parallel_size: int, pipeline_parallel_size: int) -> int:
+    """GPUs one engine replica uses: tensor x pipeline."""
+    return tensor_parallel_size * pipeline_parallel_size
+
+
+def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
+                        name_of: NameOf = flag_name) -> list[str]:
+    """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
+
+    `hf_config` is the model's config.json when known. Without it the model's length limit is
+    unknown, so a token budget set without chunked prefill cannot be checked against the length the
+    engine would pick: that is refused too, asking for the length to be set.
+    """
+    problems = []
+    for name in values.get("served_model_name") or []:
+        problem = served_name_problem(name, name_of)
+        if problem:
+            problems.append(problem)
+    requested = values.get("max_model_len")
+    chunked = bool(values.get("enable_chunked_prefill"))
+    budget = values.get("max_num_batched_tokens")
+    if hf_config is not None:
+        try:
+            max_model_len: int | None = resolve_max_model_len(hf_config, requested, name_of)
+        except RuleError as e:
+            return [*problems, str(e)]
+    else:
+        max_model_len = requested
+    if budget is not None and not chunked:
+        if max_model_len is None:
+            problems.append(f"{name_of('max_num_batched_tokens')} is set without "
+                            f"{name_of('enable_chunked_prefill')}, so it must hold the longest prompt: set "
+                            f"{name_of('max_model_len')} so that can be checked, or enable chunked prefill")
+        else:
+            problem = batch_budget_problem(budget, max_model_len, chunked, name_of)
+            if problem:
+                problems.append(problem)
+    return problems

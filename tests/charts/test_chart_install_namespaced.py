@@ -1,0 +1,70 @@
+"""The chart with operator.watchNamespaces: the operator works under Roles in the watched namespace
+alone, and has no rights on Deployments or Services anywhere else (its own control plane, as every
+module here)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flotilla.operator.kube import KubeError, path_of
+
+from ..k8s_fixtures import ControlPlane
+from .conftest import NAMESPACE, RELEASE
+from .test_chart_install import DEMO, FIS, VALUES, Installed, apply, child, fis
+
+pytestmark = pytest.mark.slow
+
+SCOPED = copy.deepcopy(VALUES)
+SCOPED["operator"]["watchNamespaces"] = [DEMO]
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    chart = Installed(control_plane, tmp_path_factory.mktemp("chart-install-scoped"), SCOPED)
+    chart.admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": DEMO}})  # the Role lives there
+    chart.install()
+    chart.start_operator()
+    yield chart
+    chart.stop()
+
+
+def test_roles_in_the_watched_namespace_only(installed: Installed) -> None:
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role = installed.admin.get(f"{rbac}/namespaces/{DEMO}/roles/{RELEASE}-operator")
+    assert role is not None and any("deployments" in r["resources"] for r in role["rules"])
+    cluster_role = installed.admin.get(f"{rbac}/clusterroles/{RELEASE}-operator")
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
+                                                                                  "namespaces"}
+
+
+def test_the_operator_reconciles_under_the_roles_with_nothing_refused(installed: Installed) -> None:
+    admin = installed.admin
+    apply(admin, fis("smollm2"))
+    installed.wait(lambda: child(admin, "apps/v1", "deployments", "smollm2"), 30, "the engine Deployment")
+    installed.wait(lambda: child(admin, "v1", "services", "smollm2"), 30, "the engine Service")
+
+    def valid() -> dict[str, Any] | None:
+        status = (admin.get(f"{FIS}/namespaces/{DEMO}/inferenceservices/smollm2") or {}).get("status", {})
+        return status if any(c["type"] == "Valid" and c["status"] == "True"
+                             for c in status.get("conditions", [])) else None
+
+    installed.wait(valid, 30, "status Valid=True")
+    refused = sorted({f"{a['verb']} {a['requestURI']}" for a in installed.audited()
+                      if a.get("responseStatus", {}).get("code") == 403})
+    assert refused == [], f"the Roles are missing permissions for: {refused}"
+
+
+def test_the_service_account_cannot_write_deployments_elsewhere(installed: Installed) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "probe", "namespace": NAMESPACE},
+                  "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                      "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    with pytest.raises(KubeError) as refused:
+        installed.operator.request("PATCH", path_of(deployment), deployment,
+                                   {"fieldManager": "flotilla-operator", "force": "true", "dryRun": "All"},
+                                   "application/apply-patch+yaml")
+    assert refused.value.status == 403

@@ -1,0 +1,57 @@
+"""The API key: an empty one never means "no authentication", and a Secret's trailing newline is trimmed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from .conftest import start_server, stop_server
+
+KEY = "s3cret-key"
+
+
+def _start_refused(model, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "flotilla.engine.server", str(model), "--port", "0", *flags]
+    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"} | env
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=environment)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [
+        (("--api-key", ""), {}),  # explicitly empty on the command line
+        ((), {"VLLM_API_KEY": ""}),  # a Secret with token: ""
+        ((), {"VLLM_API_KEY": " \n"}),  # whitespace only: empty once trimmed
+        (("--api-key", "\t"), {}),
+    ],
+)
+def test_an_empty_api_key_refuses_to_start(tiny_model_dirs, flags, env):
+    result = _start_refused(tiny_model_dirs["llama"], *flags, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "API key is empty" in result.stderr
+
+
+@pytest.mark.parametrize("source", ["env", "flag"])
+def test_a_key_with_a_trailing_newline_works_with_the_trimmed_key(tiny_model_dirs, tmp_path, source):
+    # `kubectl create secret generic k --from-file=token=key.txt` keeps the file's final newline.
+    secret = KEY + "\n"
+    flags = ("--api-key", secret) if source == "flag" else ()
+    env = {"VLLM_API_KEY": secret} if source == "env" else {}
+    log = tmp_path / "server.log"
+    server = start_server(tiny_model_dirs["llama"], log, "--served-model-name", "tiny", *flags, env=env)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        out = client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert out.usage.completion_tokens == 2
+        for bad in ("Bearer", "Bearer s3cret", f"Bearer {KEY}x", KEY):
+            response = httpx.get(f"{server.url}/v1/models", headers={"Authorization": bad})
+            assert response.status_code == 401, bad
+        assert "API key: required on /v1/*" in log.read_text()
+    finally:
+        stop_server(server)

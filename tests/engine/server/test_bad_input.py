@@ -1,0 +1,78 @@
+"""Issue 17 item 5: bad input is a 4xx with OpenAI's error JSON, never a 500 or a plain-text body."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import API_KEY
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+LONE = "\\ud800"  # a JSON escape for an unpaired UTF-16 surrogate
+
+
+def raw_post(server, path: str, raw: str) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", content=raw.encode(), headers=HEADERS, timeout=120)
+
+
+def assert_openai_400(response: httpx.Response, param: str | None = None) -> None:
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["message"] and error["type"] == "BadRequestError"
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/completions", '{"prompt": "Hello ' + LONE + ' there", "max_tokens": 2}'),
+        ("/v1/completions", '{"prompt": ["ok", "' + LONE + '"], "max_tokens": 2}'),
+        ("/v1/completions", '{"prompt": "Hello", "max_tokens": 2, "model": "tiny' + LONE + '"}'),
+        ("/v1/completions", '{"prompt": "Hello", "max_tokens": 2, "stop": ["' + LONE + '"]}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi ' + LONE + '"}], "max_tokens": 2}'),
+        ("/v1/chat/completions",
+         '{"messages": [{"role": "user", "content": [{"type": "text", "text": "' + LONE + '"}]}], "max_tokens": 2}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "model": "' + LONE + '"}'),
+        ("/tokenize", '{"prompt": "' + LONE + '"}'),
+        ("/tokenize", '{"messages": [{"role": "user", "content": "' + LONE + '"}]}'),
+    ],
+)
+def test_lone_surrogates_are_a_400(server, path, raw):
+    assert_openai_400(raw_post(server, path, raw))
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("text", [5, None, ["a"], {"t": 1}])
+def test_a_text_part_whose_text_is_not_a_string_is_a_400(server, text):
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}], "max_tokens": 2}
+    if text is None:
+        body["messages"][0]["content"][0]["text"] = None
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+    if text is None:  # an absent/null text is an empty part, as before
+        assert response.status_code == 200, response.text
+        return
+    assert_openai_400(response, "messages")
+
+
+def test_text_parts_are_still_joined(server):
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "two plus two?"}]
+    joined = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": parts}]},
+                        headers=HEADERS, timeout=60)
+    plain = httpx.post(f"{server.url}/tokenize",
+                       json={"messages": [{"role": "user", "content": "What is two plus two?"}]},
+                       headers=HEADERS, timeout=60)
+    assert joined.status_code == 200 and joined.json()["tokens"] == plain.json()["tokens"]
+
+
+def test_tokenize_with_empty_messages_is_a_400(server):
+    response = httpx.post(f"{server.url}/tokenize", json={"messages": []}, headers=HEADERS, timeout=60)
+    assert_openai_400(response, "messages")
+
+
+def test_invalid_utf8_body_is_a_400(server):
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "\xff\xfe", "max_tokens": 2}',
+                          headers=HEADERS, timeout=60)
+    assert 400 <= response.status_code < 500, response.text
+    assert "error" in response.json()

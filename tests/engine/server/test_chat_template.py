@@ -1,0 +1,150 @@
+"""Chat templates sent by clients: refused by default; with --trust-request-chat-template, rendered in a
+bounded sandbox on a worker thread, so that a hostile template fails its own request and nothing else."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, Server, start_tiny_server, stop_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+NESTED_LOOP = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+
+
+def _chat(server: Server, timeout: float = 60, **fields) -> httpx.Response:
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, **fields}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trusting_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("trusting") / "server.log",
+                          "--trust-request-chat-template")
+    yield s
+    stop_server(s)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"chat_template": "{{ messages[0].content }}"},
+        {"chat_template_kwargs": {"chat_template": "{{ messages[0].content }}"}},
+        {"chat_template": NESTED_LOOP},
+    ],
+)
+def test_a_request_template_is_refused_by_default(server, fields):
+    started = time.monotonic()
+    response = _chat(server, **fields)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert "--trust-request-chat-template" in error["message"] and error["type"] == "BadRequestError"
+    assert time.monotonic() - started < 5  # refused, not rendered
+
+
+def test_template_kwargs_are_variables_never_renderer_arguments(server):
+    # tokenize=True would make the renderer return token ids instead of text.
+    refused = _chat(server, chat_template_kwargs={"tokenize": True})
+    assert refused.status_code == 400 and "tokenize" in refused.json()["error"]["message"]
+    # A plain variable (e.g. Qwen3's enable_thinking) is fine.
+    assert _chat(server, chat_template_kwargs={"enable_thinking": False}).status_code == 200
+
+
+def test_a_trusted_request_template_is_rendered(trusting_server):
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}{{ suffix }}"
+    response = _chat(trusting_server, chat_template=template, chat_template_kwargs={"suffix": " ::"})
+    assert response.status_code == 200, response.text
+    rendered = "[user] Hello there ::"
+    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": rendered, "add_special_tokens": False})
+    assert response.json()["usage"]["prompt_tokens"] == count.json()["count"]
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        ("{{ 'ab' * 50000000 }}", "exceeded a limit"),  # memory amplification
+        ("{{ 'ab'|center(10**9) }}", "exceeded a limit"),
+        ("{% for m in messages %}{{ m.content * 99999 }}{% endfor %}", "exceeded a limit"),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "failed"),  # the sandbox refuses internals
+        ("{% for x in y %}", "failed"),  # does not compile
+    ],
+)
+def test_a_hostile_trusted_template_fails_its_own_request_fast(trusting_server, template, fragment):
+    started = time.monotonic()
+    response = _chat(trusting_server, chat_template=template)
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]["message"]
+    assert time.monotonic() - started < 3
+    assert _chat(trusting_server).status_code == 200
+
+
+def test_a_looping_template_stops_at_the_deadline_while_health_answers(trusting_server):
+    # Nested loops that print nothing and call nothing: 10^8 iterations over an 11,000-character
+    # string. Rendering runs on a worker thread and is stopped at the render deadline (5 s);
+    # meanwhile the event loop keeps answering.
+    template = "{% set s = messages[0].content * 1000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"
+    result: dict[str, httpx.Response] = {}
+    worker = threading.Thread(target=lambda: result.update(r=_chat(trusting_server, chat_template=template)))
+    started = time.monotonic()
+    worker.start()
+    health_latencies = []
+    while worker.is_alive():
+        t0 = time.monotonic()
+        assert httpx.get(f"{trusting_server.url}/health", timeout=5).status_code == 200
+        health_latencies.append(time.monotonic() - t0)
+        time.sleep(0.1)
+    elapsed = time.monotonic() - started
+    assert result["r"].status_code == 400 and "took longer than" in result["r"].json()["error"]["message"]
+    assert 4 < elapsed < 20
+    # On the event loop the render would hold /health for the whole 5 s (and, without the deadline, for
+    # good); on a worker thread /health only competes for the (2, shared) cores.
+    assert len(health_latencies) >= 3 and max(health_latencies) < 2.5, health_latencies
+
+
+# --- the renderer alone (no server) ----------------------------------------------------------------
+
+
+def test_request_template_policy_follows_the_flag():
+    from flotilla.engine.server.chat_template import request_template
+
+    assert request_template(None, {"enable_thinking": True}, trusted=False) is None
+    for args in (("{{ x }}", None), (None, {"chat_template": "{{ x }}"})):
+        with pytest.raises(ValueError, match="--trust-request-chat-template"):
+            request_template(*args, trusted=False)
+        assert request_template(*args, trusted=True) == "{{ x }}"
+
+
+def test_untrusted_rendering_matches_a_plain_render_within_its_limits():
+    from flotilla.engine.server.chat_template import render_untrusted
+
+    template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}{{ {'a': 'é'} | tojson }}")
+    context = {"messages": [{"role": "user", "content": " hi "}], "add_generation_prompt": True}
+    assert render_untrusted(template, context, max_chars=1000) == '<|user|>hi<|assistant|>{"a": "é"}'
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'x' * 2000 }}",
+        "{{ 'x' + 'y' * 999 + 'z' * 999 }}",
+        "{{ 'x'.ljust(5000) }}",
+        "{{ 'x' | center(5000) }}",
+        "{{ 9 ** 99 }}",
+        "{% for i in range(1000) %}{{ i }}{% endfor %}",  # output past the cap
+        "{% for i in range(999) %}{% for j in range(999) %}{% for k in range(999) %}{% endfor %}{% endfor %}"
+        "{% endfor %}",  # 10^9 silent iterations: the deadline
+    ],
+)
+def test_untrusted_rendering_stops_at_its_limits(template):
+    from flotilla.engine.server.chat_template import render_untrusted
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="exceeded a limit"):
+        render_untrusted(template, {}, max_chars=1000, timeout_s=0.5)
+    assert time.monotonic() - started < 3

@@ -1,0 +1,207 @@
+"""Request-size and slow-client limits on the real server, with raw sockets where a client must misbehave."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, Server, start_tiny_server, stop_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_MODEL_LEN = 32768
+BODY_LIMIT = 4_000_000
+TIMEOUT_S = 2.0
+CONNECTION_CAP = 64
+LONGEST_TOKEN_CHARS = 81  # the SmolLM2 tokenizer's longest vocabulary entry (a run of spaces)
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny Llama with a 32k context (so that large prompts are allowed) and tight limits."""
+    root = tmp_path_factory.mktemp("long-context")
+    model = shutil.copytree(tiny_model_dirs["llama"], root / "llama")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": MAX_MODEL_LEN}))
+    s = start_tiny_server(model, root / "server.log", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
+                          "--enable-chunked-prefill", "--max-request-body-size", str(BODY_LIMIT),
+                          "--header-read-timeout", str(TIMEOUT_S), "--body-read-timeout", str(TIMEOUT_S),
+                          "--h11-max-header-count", "40", "--limit-concurrency", str(CONNECTION_CAP))
+    yield s
+    stop_server(s)
+
+
+def _connect(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=15)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError):  # a reset after the answer ends the read too
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def _head(path: str, length: int | None = None, extra: str = "") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: localhost", f"Authorization: Bearer {API_KEY}",
+             "Content-Type: application/json"]
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode()
+
+
+def _status_and_error(response: bytes) -> tuple[int, dict]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def test_a_declared_body_over_the_limit_gets_413_before_it_is_read(limited):
+    with _connect(limited) as sock:
+        started = time.monotonic()
+        sock.sendall(_head("/v1/completions", length=50_000_000) + b'{"prompt": "')  # 50 MB announced, 12 B sent
+        status, error = _status_and_error(_read_until_closed(sock))
+    assert status == 413 and "--max-request-body-size" in error["message"]
+    assert error["type"] == "RequestTooLargeError"
+    assert time.monotonic() - started < 2
+
+
+def test_a_chunked_body_over_the_limit_gets_413(limited):
+    with _connect(limited) as sock:
+        sock.sendall(_head("/v1/completions", extra="Transfer-Encoding: chunked\r\n") + b"1\r\n{\r\n")
+        chunk = b"x" * 500_000
+
+        def send_6_mb() -> None:  # in 0.5 MB chunks, past the 4 MB limit
+            with contextlib.suppress(OSError):  # the server answers and closes before the end
+                for _ in range(12):
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+
+        # Read while sending: data sent after the server closed makes the kernel reset the
+        # connection, and a reset drops an answer not yet read.
+        sender = threading.Thread(target=send_6_mb)
+        sender.start()
+        response = _read_until_closed(sock)
+        sender.join()
+    status, error = _status_and_error(response)
+    assert status == 413 and "limit is 4000000 bytes" in error["message"]
+
+
+def test_a_trickling_body_gets_408_and_is_closed(limited):
+    with _connect(limited) as sock:
+        started = time.monotonic()
+        sock.sendall(_head("/v1/completions", length=1000) + b'{"prompt": "')
+        status, error = _status_and_error(_read_until_closed(sock))
+        elapsed = time.monotonic() - started
+    assert status == 408 and "--body-read-timeout" in error["message"]
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3
+
+
+def test_too_many_headers_get_431(limited):
+    headers = {f"x-h{i}": "1" for i in range(60)}
+    response = httpx.get(f"{limited.url}/health", headers=headers)
+    assert response.status_code == 431 and "--h11-max-header-count" in response.json()["error"]["message"]
+
+
+def test_slow_loris_connections_are_closed_while_other_clients_are_served(limited):
+    # 40 clients that send a request head one byte at a time, and 10 that connect and say nothing.
+    slow = [_connect(limited) for _ in range(40)]
+    silent = [_connect(limited) for _ in range(10)]
+    head = _head("/v1/completions", length=10)
+    closed_at: dict[int, float] = {}
+    started = time.monotonic()
+
+    def trickle() -> None:
+        for i in range(len(head)):
+            for n, sock in enumerate(slow):
+                if n in closed_at:
+                    continue
+                try:
+                    sock.sendall(head[i : i + 1])
+                except OSError:
+                    closed_at[n] = time.monotonic() - started
+            if len(closed_at) == len(slow) or time.monotonic() - started > 30:
+                return
+            time.sleep(0.2)
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    # Meanwhile a well-behaved client is served normally.
+    ok = httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3},
+                    headers=AUTH, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    sender.join()
+    for sock in silent:
+        sock.settimeout(TIMEOUT_S + 5)
+        assert sock.recv(1) == b""  # closed by the server
+    for sock in slow + silent:
+        sock.close()
+    assert len(closed_at) == len(slow)
+    assert max(closed_at.values()) < TIMEOUT_S + 5  # the head deadline, plus a write or two to notice
+
+
+def test_a_prompt_too_long_in_characters_is_refused_without_tokenizing(limited):
+    started = time.monotonic()
+    too_long = "a" * (MAX_MODEL_LEN * LONGEST_TOKEN_CHARS + 1)
+    response = httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": too_long}, headers=AUTH,
+                          timeout=30)
+    assert response.status_code == 400 and "characters" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 2  # tokenizing 2.6 M characters takes seconds here
+
+
+def test_health_answers_while_large_prompts_tokenize(limited):
+    # Allowed by the body limit and the character bound, so they are tokenized (on worker threads)
+    # before the engine refuses them as longer than 32,768 tokens.
+    prompt = "hello world " * (MAX_MODEL_LEN * LONGEST_TOKEN_CHARS // 12)
+    results: list[httpx.Response] = []
+
+    def send() -> None:
+        results.append(httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": prompt},
+                                  headers=AUTH, timeout=120))
+
+    senders = [threading.Thread(target=send) for _ in range(2)]
+    started = time.monotonic()
+    for t in senders:
+        t.start()
+    latencies = []
+    while any(t.is_alive() for t in senders):
+        t0 = time.monotonic()
+        assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
+        latencies.append(time.monotonic() - t0)
+        time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    assert [r.status_code for r in results] == [400] * 2
+    assert all("maximum context length is 32768 tokens" in r.json()["error"]["message"] for r in results)
+    # Each prompt takes seconds to tokenize here; on the event loop, that would be the time /health
+    # waits. On worker threads /health only competes for the (2, shared) cores.
+    # ~6 s on a loaded 2-core machine; the bound only checks that tokenizing took long enough to matter.
+    assert elapsed > 1.5 and len(latencies) > 5, (elapsed, len(latencies))
+    assert max(latencies) < min(2.0, elapsed / 4), (max(latencies), elapsed)
+
+
+def test_an_unfinished_request_head_over_the_h11_limit_is_refused(limited):
+    # --h11-max-incomplete-event-size (default 16 KiB) caps what is buffered of a head still incomplete.
+    with _connect(limited) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)  # no end of head
+        response = _read_until_closed(sock)
+    assert response.startswith(b"HTTP/1.1 400"), response[:200]
+    assert time.monotonic() - started < TIMEOUT_S  # refused at once, not at the head deadline
+
+
+def test_past_the_connection_cap_requests_get_503_until_connections_close(limited):
+    idle = [_connect(limited) for _ in range(CONNECTION_CAP)]
+    time.sleep(0.5)  # let the server accept them all
+    refused = httpx.get(f"{limited.url}/health", timeout=10)
+    assert refused.status_code == 503  # uvicorn's own answer, before any route
+    for sock in idle:  # the head deadline closes the idle ones, which frees the slots
+        sock.settimeout(TIMEOUT_S + 5)
+        assert sock.recv(1) == b""
+        sock.close()
+    assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200

@@ -1,0 +1,134 @@
+"""Issue 17 item 1: no sampling field, however extreme, kills the engine; each is bounded at the API edge
+with OpenAI's error JSON naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from .conftest import API_KEY
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(server, body: dict, path: str = "/v1/completions") -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+
+
+def strict_json(text: str) -> object:
+    """Parse JSON as a standard parser would: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> object:
+        raise AssertionError(f"response carries {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def assert_still_serving(server) -> None:
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    response = post(server, {"prompt": "Hello", "max_tokens": 2})
+    assert response.status_code == 200, response.text
+
+
+def test_seed_whose_mix_overflows_int64_is_served_and_reproducible(server):
+    body = {"prompt": "Hello", "max_tokens": 4, "seed": 4611686018427387904}
+    first, second = post(server, body), post(server, body)
+    assert first.status_code == 200, first.text
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
+def test_seed_beyond_64_bits_is_a_400_naming_seed(server, seed):
+    response = post(server, {"prompt": "Hello", "max_tokens": 2, "seed": seed})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "seed"
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_top_k_beyond_the_vocabulary_is_a_400_naming_top_k(server, path):
+    body = {"prompt": "Hello", "max_tokens": 2, "top_k": 2**70, "stream": path.endswith("chat/completions")}
+    if path.endswith("chat/completions"):
+        body = {**body, "messages": [{"role": "user", "content": "Hi"}]}
+        del body["prompt"]
+    response = post(server, body, path)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "top_k" and "vocabulary" in error["message"]
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("top_k", [-1, 0, 1, 49152])
+def test_top_k_off_one_and_the_whole_vocabulary_are_served(server, top_k):
+    response = post(server, {"prompt": "Hello", "max_tokens": 2, "top_k": top_k})
+    assert response.status_code == 200, response.text
+
+
+def test_stop_token_outside_the_vocabulary_with_min_tokens_is_a_400(server):
+    response = post(server, {"prompt": "Hello", "max_tokens": 4, "min_tokens": 2, "stop_token_ids": [1000000000]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stop_token_ids"
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("ids", [[-1], [49152]])
+def test_negative_or_out_of_vocabulary_stop_token_is_a_400(server, ids):
+    response = post(server, {"prompt": "Hello", "max_tokens": 2, "stop_token_ids": ids})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stop_token_ids"
+
+
+@pytest.mark.parametrize("key", ["1000000000", "-3", str(2**70)])
+def test_logit_bias_key_outside_the_vocabulary_is_a_400(server, key):
+    response = post(server, {"prompt": "Hello", "max_tokens": 2, "logit_bias": {key: 5}})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "logit_bias"
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("repetition_penalty", 1e-50), ("repetition_penalty", 1e50), ("temperature", 1e300), ("n", 10**6),
+     ("logprobs", 21), ("presence_penalty", 3.0), ("frequency_penalty", -1e9), ("min_p", 1.5), ("top_p", 0.0),
+     ("max_tokens", 10**30), ("min_tokens", -1)],
+)
+def test_out_of_range_field_is_a_400_naming_it(server, field, value):
+    response = post(server, {"prompt": "Hello", "max_tokens": 2, field: value})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
+
+
+def test_nan_and_infinity_in_a_body_are_a_400(server):
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        raw = '{"prompt": "Hello", "max_tokens": 2, "temperature": ' + literal + '}'
+        response = httpx.post(f"{server.url}/v1/completions", content=raw,
+                              headers={**HEADERS, "Content-Type": "application/json"}, timeout=60)
+        assert response.status_code == 400, (literal, response.text)
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("penalty", [0.01, 100.0])
+def test_extreme_allowed_repetition_penalty_gives_finite_logprobs(server, penalty):
+    body = {"prompt": "Hello Hello Hello", "max_tokens": 4, "repetition_penalty": penalty, "logprobs": 5,
+            "temperature": 1.5}
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    logprobs = strict_json(response.text)["choices"][0]["logprobs"]
+    assert all(-9999.0 <= lp <= 0.0 for lp in logprobs["token_logprobs"])
+    stream = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": True}, headers=HEADERS, timeout=120)
+    events = [line[len("data: "):] for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    for event in events[:-1]:
+        strict_json(event)
+
+
+def test_chat_repetition_penalty_1e_50_with_logprobs_is_a_400(server):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "repetition_penalty": 1e-50,
+            "logprobs": True, "top_logprobs": 3}
+    for stream in (False, True):
+        response = post(server, {**body, "stream": stream}, "/v1/chat/completions")
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "repetition_penalty"

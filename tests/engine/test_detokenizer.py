@@ -1,0 +1,50 @@
+"""The streamed detokenizer (Rust `DecodeStream`, one decode per token) gives exactly the deltas of the
+window decoding it replaced, and the whole text `tokenizer.decode` gives."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flotilla.engine.detokenizer import IncrementalDetokenizer
+
+TEXT = "Ships 🚢 sail: 日本語のテキスト, café, 🏳️‍🌈 done. Über naïve façades — 你好，世界。"
+
+
+@pytest.fixture(scope="module")
+def tok(embedded_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded_model_dir)
+
+
+def _deltas(tok, prompt: list[int], ids: list[int], chunk: int, skip: bool, stream: bool) -> list[str]:
+    detok = IncrementalDetokenizer(tok, prompt, skip, decode_stream=stream)
+    deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    deltas.append(detok.flush())
+    assert "".join(deltas) == detok.text
+    return deltas
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("source", ["text", "random-ids", "special-tokens"])
+def test_streamed_deltas_equal_the_window_decoding(tok, source, chunk, skip):
+    rng = random.Random(7)
+    if source == "text":
+        ids = tok.encode(TEXT, add_special_tokens=False)
+    elif source == "random-ids":  # byte tokens in any order: incomplete characters held back and flushed
+        ids = [rng.randrange(len(tok)) for _ in range(300)]
+    else:
+        ids = tok.encode("Hi", add_special_tokens=False) + [tok.eos_token_id] + tok.encode(" there")
+    prompt = tok.encode("Answer: ")
+    streamed = _deltas(tok, prompt, ids, chunk, skip, stream=True)
+    window = _deltas(tok, prompt, ids, chunk, skip, stream=False)
+    if chunk == 1:  # the engine streams one token per step: the same deltas, call for call
+        assert streamed == window
+    else:  # several tokens at once: the window holds a whole chunk back for its last incomplete
+        # character, the stream only that character; the text is the same
+        assert "".join(streamed) == "".join(window)
+    if source != "random-ids":  # random bytes decode to U+FFFD differently when split; text does not
+        assert "".join(streamed) == tok.decode(ids, skip_special_tokens=skip)

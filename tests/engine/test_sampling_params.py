@@ -1,0 +1,100 @@
+"""SamplingParams refuses what the sampler cannot serve, with a ValueError naming the field, and the
+engine's own arithmetic stays within int64 for every value it accepts (the offline `LLM` path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.llm import LLM
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
+from flotilla.engine.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"repetition_penalty": 1e-50}, "repetition_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e9}, "repetition_penalty"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logit_bias": {3: float("nan")}}, "logit_bias"),
+        ({"presence_penalty": float("-inf")}, "presence_penalty"),
+    ],
+)
+def test_out_of_range_values_name_their_field(kwargs, param):
+    with pytest.raises(ValueError, match=param) as caught:
+        SamplingParams(**kwargs)
+    assert isinstance(caught.value, InvalidParamError) and caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [({"top_k": 2**70}, "top_k"), ({"top_k": 101}, "top_k"), ({"stop_token_ids": [100]}, "stop_token_ids"),
+     ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"logit_bias": {100: 1.0}}, "logit_bias"),
+     ({"logit_bias": {-1: 1.0}}, "logit_bias")],
+)
+def test_vocabulary_check_names_the_field(kwargs, param):
+    with pytest.raises(InvalidParamError, match="vocabulary") as caught:
+        SamplingParams(**kwargs).check_vocab(100)
+    assert caught.value.param == param
+
+
+def test_values_at_the_vocabulary_edge_pass():
+    SamplingParams(top_k=100, stop_token_ids=[0, 99], logit_bias={99: 1.0}).check_vocab(100)
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63), 4611686018427387904, 0, 12345])
+def test_per_completion_seed_fits_int64_and_differs_by_index(seed):
+    params = SamplingParams(seed=seed, n=2)
+    seeds = [Request(f"r{i}", [1], params, index=i).sample_seed for i in range(2)]
+    assert all(-(2**63) <= s < 2**63 for s in seeds)
+    assert seeds[0] != seeds[1]
+    torch.tensor(seeds, dtype=torch.long)  # what the sampler builds from them
+
+
+def test_small_seeds_keep_their_stream():
+    # Wrapping changes nothing where nothing overflowed: seeded outputs stay as they were.
+    assert Request("r", [1], SamplingParams(seed=42), index=3).sample_seed == 42 * 1_000_003 + 3
+
+
+def test_sampling_batch_clamps_top_k_and_skips_ids_beyond_the_vocabulary():
+    # What a caller that skips `check_vocab` hands the sampler must still index inside [B, V].
+    params = SamplingParams(top_k=2**70, min_tokens=2, stop_token_ids=[10**9], temperature=1e-30)
+    request = Request("r", [1, 2], params, eos_token_ids=frozenset({7, 10**6}))
+    batch = build_sampling_batch([SamplingRow(request, 0, 0)], 50, torch.device("cpu"), torch.Generator())
+    assert batch.top_k.tolist() == [50]
+    assert batch.banned_tokens.tolist() == [7]
+    assert batch.all_greedy  # a temperature below 1e-5 is greedy, as vLLM's
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dirs):
+    return LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
+
+
+def test_offline_llm_serves_a_seed_whose_mix_overflows(llm):
+    params = SamplingParams(max_tokens=4, seed=4611686018427387904)
+    first, second = (llm.generate(["Hello"], params, use_tqdm=False)[0].outputs[0].token_ids for _ in range(2))
+    assert first == second and len(first) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [({"top_k": 2**70}, "top_k"), ({"min_tokens": 2, "stop_token_ids": [1000000000]}, "stop_token_ids"),
+     ({"logit_bias": {10**9: 1.0}}, "logit_bias")],
+)
+def test_offline_llm_refuses_ids_beyond_the_vocabulary_and_keeps_working(llm, kwargs, param):
+    with pytest.raises(InvalidParamError, match=param):
+        llm.generate(["Hello"], SamplingParams(max_tokens=4, **kwargs), use_tqdm=False)
+    manager = llm.engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
+    assert len(llm.generate(["Hello"], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids) == 2

@@ -1,0 +1,53 @@
+"""The engine's one read-only view for front ends: a frozen stats snapshot, and the Prometheus exporter
+built from snapshots alone (issue 16.3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.metrics import EngineMetrics
+from flotilla.engine.stats import EngineEvents, FinishedRequest, StatsSnapshot
+
+
+def test_snapshot_reports_the_run_and_drains_its_samples(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True, temperature=0), use_tqdm=False)
+    snapshot = llm.engine.stats_snapshot()
+    assert (snapshot.prompt_tokens, snapshot.generation_tokens) == (7, 6)
+    assert (snapshot.num_running, snapshot.num_waiting, snapshot.kv_cache_usage) == (0, 0, 0.0)
+    assert snapshot.num_gpu_blocks == llm.engine.block_manager.num_blocks > 0
+    assert sorted(f.generation_tokens for f in snapshot.events.finished) == [3, 3]
+    assert len(snapshot.events.ttft) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.num_running = 1  # type: ignore[misc]
+    again = llm.engine.stats_snapshot()
+    assert again.events == EngineEvents()  # samples are reported once
+    assert again.generation_tokens == 6  # counters stay cumulative
+
+
+def _metrics(tiny_model_dirs) -> EngineMetrics:
+    from flotilla.engine.config import EngineConfig
+
+    return EngineMetrics(EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64), "tiny")
+
+
+def test_metrics_come_from_snapshots_alone(tiny_model_dirs):
+    metrics = _metrics(tiny_model_dirs)
+    finished = FinishedRequest("length", 4, 3, 1.0, 0.1, 0.2, 0.7)
+    metrics.update(StatsSnapshot(num_running=2, num_waiting=1, kv_cache_usage=0.25, num_gpu_blocks=40,
+                                 prompt_tokens=10, generation_tokens=5,
+                                 events=EngineEvents(ttft=(0.01,), finished=(finished,))))
+    metrics.update(StatsSnapshot(num_gpu_blocks=40, prompt_tokens=12, generation_tokens=9))
+    text = metrics.render().decode()
+    assert 'vllm:num_requests_running{model_name="tiny"} 0.0' in text
+    assert 'vllm:prompt_tokens_total{model_name="tiny"} 12.0' in text
+    assert 'vllm:generation_tokens_total{model_name="tiny"} 9.0' in text
+    assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
+    assert 'vllm:time_to_first_token_seconds_count{model_name="tiny"} 1.0' in text
+    assert 'num_gpu_blocks="40"' in text
+    assert "_created" not in text

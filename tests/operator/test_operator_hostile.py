@@ -1,0 +1,224 @@
+"""Hostile InferenceServices on a real control plane: each is refused by the webhook (or the apiserver's
+schema) or marked in status, nothing is created or modified, and no pre-existing object changes.
+
+The corpus is what a platform security reviewer tries (issue 18) and the variants they would try
+next. The operator runs with one allowed hostPath directory (conftest.HOST_PATH_PREFIX), so escapes
+from it are tried too; hostPath being off by default is tested without a cluster (test_policy.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from flotilla.operator.kube import KubeError
+
+from .conftest import FIS_PATH, wait_for
+from .test_operator_reconcile import KINDS, child_path, condition, fis, fis_path
+
+WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
+SCHEMA = "is invalid: "  # the apiserver's own schema validation
+
+# name -> (InferenceService name, spec changes, who refuses, a fragment of the message)
+CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    # 18.1: the node's files
+    "hostpath-root": ("bad", {"model": {"source": "hostPath:///"}}, WEBHOOK,
+                      "/ is outside the host directories this cluster allows (/models)"),
+    "hostpath-etc": ("bad", {"model": {"source": "hostPath:///etc"}}, WEBHOOK, "/etc is outside the host"),
+    "hostpath-proc": ("bad", {"model": {"source": "hostPath:///proc/1/root"}}, WEBHOOK, "outside the host"),
+    "hostpath-docker-sock": ("bad", {"model": {"source": "hostPath:///var/run/docker.sock"}}, WEBHOOK,
+                             "outside the host"),
+    "hostpath-dotdot": ("bad", {"model": {"source": "hostPath:///models/../etc"}}, WEBHOOK,
+                        "/models/../etc has a '.' or '..' segment"),
+    "hostpath-trailing-dotdot": ("bad", {"model": {"source": "hostPath:///models/.."}}, WEBHOOK,
+                                 "has a '.' or '..' segment"),
+    "hostpath-prefix-lookalike": ("bad", {"model": {"source": "hostPath:///models-evil"}}, WEBHOOK,
+                                  "/models-evil is outside the host"),
+    "hostpath-double-slash": ("bad", {"model": {"source": "hostPath:////etc"}}, WEBHOOK, "not in normal form"),
+    "hostpath-lora-adapter": ("bad", {"lora": {"adapters": [{"name": "a", "source": "hostPath:///etc"}]}}, WEBHOOK,
+                              "spec.lora.adapters[0].source: /etc is outside the host"),
+    # 18.4: flags the operator owns, and values outside the contract
+    "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
+    "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),
+    "engine-port-abbreviated": ("bad", {"engineArgs": ["--por", "9000"]}, WEBHOOK, "--por is not an engine flag"),
+    "engine-host": ("bad", {"engineArgs": ["--host", "0.0.0.0"]}, WEBHOOK, "--host is set by the operator"),
+    "engine-dummy-weights": ("bad", {"engineArgs": ["--load-format", "dummy"]}, WEBHOOK,
+                             "--load-format is set by the operator"),
+    "engine-cpu": ("bad", {"engineArgs": ["--device", "cpu"]}, WEBHOOK, "--device is set by the operator"),
+    "engine-block-override": ("bad", {"engineArgs": ["--num-gpu-blocks-override", "100000"]}, WEBHOOK,
+                              "--num-gpu-blocks-override is set by the operator"),
+    "engine-tokenizer": ("bad", {"engineArgs": ["--tokenizer", "/etc"]}, WEBHOOK, "--tokenizer is set by the operator"),
+    "engine-api-key": ("bad", {"engineArgs": ["--api-key", "k"]}, WEBHOOK, "--api-key is set by spec.apiKeySecretRef"),
+    "engine-served-name": ("bad", {"engineArgs": ["--served-model-name", "gpt-4"]}, WEBHOOK,
+                           "--served-model-name is set by spec.model.servedName"),
+    "engine-shutdown-negative": ("bad", {"engineArgs": ["--shutdown-timeout", "-5"]}, WEBHOOK,
+                                 "--shutdown-timeout=-5.0 is out of range (>= 0 and <= 3600)"),
+    "engine-shutdown-inf": ("bad", {"engineArgs": ["--shutdown-timeout", "inf"]}, WEBHOOK,
+                            "--shutdown-timeout: 'inf' is not a valid float"),
+    "engine-shutdown-huge": ("bad", {"engineArgs": ["--shutdown-timeout", "1e18"]}, WEBHOOK, "is out of range"),
+    "engine-seed-text": ("bad", {"engineArgs": ["--seed", "abc"]}, WEBHOOK, "--seed: 'abc' is not a valid int"),
+    "engine-stray-value": ("bad", {"engineArgs": ["--enforce-eager", "yes"]}, WEBHOOK, "'yes' is not a flag"),
+    "engine-separator": ("bad", {"engineArgs": ["--", "--port", "1"]}, WEBHOOK, "-- is not an engine flag"),
+    "engine-help": ("bad", {"engineArgs": ["--help"]}, WEBHOOK, "--help is not an engine flag"),
+    # 18.6: names that make invalid Service names or label values
+    "name-leading-digit": ("1llama", {}, WEBHOOK, "metadata.name '1llama' must be a DNS-1035 label"),
+    "name-dot": ("llama.3", {}, WEBHOOK, "metadata.name 'llama.3' must be a DNS-1035 label"),
+    "name-64": ("a" * 64, {}, WEBHOOK, "is 64 characters long; the limit is 63"),
+    "name-200": ("a" * 200, {}, WEBHOOK, "is 200 characters long; the limit is 63"),
+    # 18.7: a product that is no label value
+    "gpu-product-space": ("bad", {"resources": {"gpuProduct": "NVIDIA H200"}}, SCHEMA, "spec.resources.gpuProduct"),
+    # 18.8: engine rules across fields, decided as the engine decides them
+    "budget-below-length": ("bad", {"scheduling": {"maxModelLen": 8192, "maxNumBatchedTokens": 4096}}, WEBHOOK,
+                            "spec.scheduling.maxNumBatchedTokens (4096) is smaller than spec.scheduling.maxModelLen "
+                            "(8192): without spec.scheduling.chunkedPrefill a whole prompt must fit one step"),
+    "budget-below-model-limit": ("bad", {"scheduling": {"maxNumBatchedTokens": 8192}}, WEBHOOK,
+                                 "spec.scheduling.maxNumBatchedTokens (8192) is smaller than "
+                                 "spec.scheduling.maxModelLen (131072)"),
+    "length-over-model-limit": ("bad", {"scheduling": {"maxModelLen": 200000, "chunkedPrefill": True}}, WEBHOOK,
+                                "spec.scheduling.maxModelLen=200000 exceeds the model's limit of 131072 tokens"),
+    "served-name-help": ("bad", {"model": {"source": "pvc://m", "servedName": "--help"}}, WEBHOOK,
+                         "spec.model.servedName '--help' must be a non-empty name without spaces"),
+    "served-name-dash": ("bad", {"model": {"source": "pvc://m", "servedName": "-h"}}, WEBHOOK,
+                         "spec.model.servedName '-h'"),
+    "served-name-space": ("bad", {"model": {"source": "pvc://m", "servedName": "a b"}}, WEBHOOK,
+                          "spec.model.servedName 'a b'"),
+    "autoscaling-tiny-target": ("bad", {"autoscaling": {"maxReplicas": 2, "target": 0.0001}}, SCHEMA,
+                                "spec.autoscaling.target"),
+    "autoscaling-sub-milli": ("bad", {"autoscaling": {"maxReplicas": 2, "target": 1.0005}}, WEBHOOK,
+                              "autoscaling.target (1.0005) must be a multiple of 0.001"),
+    "autoscaling-kv-over-one": ("bad", {"autoscaling": {"maxReplicas": 2, "metric": "kv_cache_usage_perc",
+                                                        "target": 80}}, WEBHOOK,
+                                "autoscaling.target (80) must be at most 1 for kv_cache_usage_perc"),
+    "tensor-text": ("bad", {"parallelism": {"tensor": "abc"}}, SCHEMA, "spec.parallelism.tensor"),
+    "prometheus-file-url": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "file:///etc/passwd"}},
+                            SCHEMA, "spec.autoscaling.prometheusAddress"),
+    "prometheus-credentials": ("bad", {"autoscaling": {"maxReplicas": 2,
+                                                       "prometheusAddress": "http://user:pw@evil.example:9090"}},
+                               SCHEMA, "spec.autoscaling.prometheusAddress"),
+    "prometheus-query": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "http://p:9090/?x=1"}},
+                         SCHEMA, "spec.autoscaling.prometheusAddress"),
+}
+
+
+def _bystanders(cluster, namespace: str) -> dict[str, Any]:
+    """Objects that exist before the corpus, by path: what anyone but their controllers could change."""
+    objs = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bad", "namespace": namespace},
+         "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 80, "protocol": "TCP"}]}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama", "namespace": namespace},
+         "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+             "metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}},
+    ]
+    for o in objs:
+        cluster.apply(o)
+    return {path: _observable(cluster.kube.get(path)) for path in
+            (child_path(o["kind"], namespace, o["metadata"]["name"]) for o in objs)}
+
+
+def _observable(obj: dict[str, Any]) -> dict[str, Any]:
+    # The Deployment controller writes status (and bumps resourceVersion) on its own: compare the rest.
+    meta = obj["metadata"]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if not k.startswith("deployment.kubernetes.io/")}
+    return {"spec": obj["spec"], "labels": meta.get("labels"), "annotations": annotations,
+            "ownerReferences": meta.get("ownerReferences"), "uid": meta["uid"],
+            "managers": sorted({f["manager"] for f in meta.get("managedFields", []) if f.get("operation") == "Apply"
+                                or f.get("manager") == "flotilla-operator"})}
+
+
+def _no_children(cluster, namespace: str, name: str) -> None:
+    for kind in ("Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+        assert cluster.kube.get(child_path(kind, namespace, name)) is None, f"{kind} {name} was created"
+
+
+def _unchanged(cluster, before: dict[str, Any]) -> None:
+    for path, seen in before.items():
+        assert _observable(cluster.kube.get(path)) == seen, f"{path} was modified"
+        assert "flotilla-operator" not in seen["managers"]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=list(CORPUS))
+def test_hostile_spec_is_refused_and_nothing_changes(operator_process, cluster, namespace, case):
+    name, change, refuser, fragment = CORPUS[case]
+    before = _bystanders(cluster, namespace)
+    doc = fis(name, namespace, **{"autoscaling": None, **copy.deepcopy(change)})
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices", doc)
+    assert refused.value.status == 422, refused.value.message
+    assert refuser in refused.value.message and fragment in refused.value.message, refused.value.message
+    assert "Traceback" not in refused.value.message and "Error(" not in refused.value.message
+    assert cluster.kube.get(fis_path(namespace, name)) is None
+    _no_children(cluster, namespace, name)
+    _unchanged(cluster, before)
+
+
+def _blocked(cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
+    def seen():
+        body = cluster.kube.get(fis_path(namespace, name))
+        return body if condition(body, "Progressing").get("reason") == reason else None
+
+    body = wait_for(seen, 20, f"Progressing reason {reason} on {name}")
+    assert body["status"]["phase"] == "Failed"
+    assert condition(body, "Degraded")["status"] == "True"
+    # Events are posted through kopf's queue, a moment after the status.
+    warnings = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                                 if e["involvedObject"]["name"] == name and e["reason"] == reason], 10,
+                        f"a {reason} Event")
+    assert warnings[0]["type"] == "Warning"
+    assert warnings[0]["message"] == f"Degraded=True: {condition(body, 'Degraded')['message']}"
+    return body
+
+
+@pytest.mark.parametrize("kind", ["Service", "Deployment"])
+def test_a_name_taken_by_someone_elses_object_is_a_conflict_and_nothing_is_applied(operator_process, cluster,
+                                                                                    namespace, kind):
+    before = _bystanders(cluster, namespace)
+    name = "bad" if kind == "Service" else "llama"
+    cluster.apply(fis(name, namespace, autoscaling=None))
+    body = _blocked(cluster, namespace, name, "OwnershipConflict")
+    assert condition(body, "Progressing")["message"] == (
+        f"nothing applied: {kind} {name} already exists and is not owned by any object, not by this "
+        "InferenceService; the operator leaves it untouched and applies nothing: rename the InferenceService, "
+        "or delete that object if it is no longer needed")
+    _unchanged(cluster, before)
+    if kind == "Service":
+        _no_children(cluster, namespace, name)  # all or nothing: not even the Deployment
+    assert cluster.kube.get(child_path("Service" if kind == "Deployment" else "Deployment", namespace, name)) is None
+
+
+def test_an_object_owned_by_another_owner_is_named_in_the_conflict(operator_process, cluster, namespace):
+    owner = cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps",
+                                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "owned", "namespace": namespace, "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "app", "uid": owner["metadata"]["uid"]}]},
+        "spec": {"ports": [{"port": 80, "protocol": "TCP"}]}}
+    version = cluster.apply(svc)["metadata"]["resourceVersion"]  # a Service has no controller writing it
+    cluster.apply(fis("owned", namespace, autoscaling=None))
+    body = _blocked(cluster, namespace, "owned", "OwnershipConflict")
+    assert "Service owned already exists and is owned by ConfigMap app" in condition(body, "Degraded")["message"]
+    assert cluster.kube.get(child_path("Service", namespace, "owned"))["metadata"]["resourceVersion"] == version
+
+
+def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothing_is_half_built(
+        operator_process, cluster, namespace):
+    # Admitted (a node selector is free-form in the CRD), but no valid label key: the Deployment is refused.
+    doc = fis("picky", namespace, autoscaling=None)
+    doc["spec"]["resources"] = {**doc["spec"]["resources"], "nodeSelector": {"bad key!": "x"}}
+    cluster.apply(doc)
+    body = _blocked(cluster, namespace, "picky", "ApplyRefused")
+    message = condition(body, "Progressing")["message"]
+    assert message.startswith("nothing applied: the API server refused Deployment picky: ")
+    assert "spec.template.spec.nodeSelector" in message
+    for kind in KINDS:
+        if kind in ("ServiceMonitor", "ScaledObject"):
+            continue
+        assert cluster.kube.get(child_path(kind, namespace, "picky")) is None, kind
+    # Fixing the spec converges: the backoff retries, and the update triggers a reconcile at once.
+    doc["spec"]["resources"]["nodeSelector"] = {"pool": "gpu"}
+    cluster.apply(doc)
+    wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 20, "the Deployment")
+    wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "picky")), "Degraded").get("status") == "False",
+             20, "Degraded=False")

@@ -1,0 +1,59 @@
+"""The admin's admission policy: hostPath model sources are off unless allowed, then limited to prefixes."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.operator.admission import review
+from flotilla.operator.main import parse_args
+from flotilla.operator.policy import AdmissionPolicy
+
+ALLOWED = AdmissionPolicy(host_path_prefixes=("/models", "/mnt/ckpt"))
+
+
+def source(path: str) -> dict:
+    return {"model": {"source": f"hostPath://{path}"}}
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "/proc", "/var/run/docker.sock", "/models/llama"])
+def test_host_path_is_refused_by_default_whatever_the_path(path):
+    errors = review(source(path), "x").errors
+    assert errors == ["spec.model.source: hostPath model sources are turned off on this cluster; use pvc:// or "
+                      "hf://, or ask the cluster admin to allow a directory (operator flag --host-path-prefix, "
+                      "chart value operator.hostPath.allowedPrefixes)"]
+
+
+@pytest.mark.parametrize("path", ["/models", "/models/llama-3", "/mnt/ckpt/a/b"])
+def test_paths_under_an_allowed_prefix_are_admitted(path):
+    assert review(source(path), "x", ALLOWED).errors == []
+
+
+@pytest.mark.parametrize(("path", "problem"), [
+    ("/etc", "/etc is outside the host directories this cluster allows (/models, /mnt/ckpt)"),
+    ("/modelsx", "/modelsx is outside the host directories this cluster allows (/models, /mnt/ckpt)"),
+    ("/models/../etc", "/models/../etc has a '.' or '..' segment"),
+    ("/models/..", "/models/.. has a '.' or '..' segment"),
+    ("/models/./x", "/models/./x has a '.' or '..' segment"),
+    ("/models//x", "/models//x is not in normal form (no repeated or trailing slashes)"),
+    ("/models/x/", "/models/x/ is not in normal form (no repeated or trailing slashes)"),
+    ("//models", "//models is not in normal form (no repeated or trailing slashes)"),
+])
+def test_escapes_from_an_allowed_prefix_are_refused(path, problem):
+    assert review(source(path), "x", ALLOWED).errors == [f"spec.model.source: {problem}"]
+
+
+def test_lora_adapter_sources_follow_the_same_policy():
+    spec = {"model": {"source": "pvc://m"}, "lora": {"adapters": [{"name": "a", "source": "hostPath:///etc"}]}}
+    assert "spec.lora.adapters[0].source: hostPath model sources are turned off" in review(spec, "x").message
+
+
+@pytest.mark.parametrize("prefix", ["models", "/models/../etc", "/models/"])
+def test_the_operator_refuses_a_bad_prefix_at_start_up(prefix, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--host-path-prefix", prefix])
+    assert "host path prefix" in capsys.readouterr().err
+
+
+def test_the_operator_flag_sets_the_policy():
+    assert parse_args(["--host-path-prefix", "/models", "--host-path-prefix", "/mnt/ckpt"]).policy == ALLOWED
+    assert parse_args([]).policy == AdmissionPolicy()

@@ -1,0 +1,80 @@
+"""flotilla/engine_rules.py: the command-line grammar and cross-flag rules the engine and operator share."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.engine_rules import (
+    RuleError,
+    batch_budget_problem,
+    cross_flag_problems,
+    default_max_num_batched_tokens,
+    parse_argv,
+    resolve_max_model_len,
+    served_name_problem,
+)
+from flotilla.flags import flag
+from flotilla.validation_messages import describe, dotted
+
+
+def test_argv_forms_the_engine_parser_reads_alike():
+    parsed, problems = parse_argv(["--seed", "-3", "--shutdown-timeout=2.5", "--no-enable-prefix-caching",
+                                   "--served-model-name", "a", "-tp", "1"])
+    assert problems == []
+    assert [(p.flag.name, p.value) for p in parsed] == [
+        ("--seed", -3), ("--shutdown-timeout", 2.5), ("--enable-prefix-caching", False),
+        ("--served-model-name", ["a"]), ("--tensor-parallel-size", 1)]
+
+
+def test_default_batch_budget():
+    assert default_max_num_batched_tokens(4096, chunked_prefill=False) == 8192
+    assert default_max_num_batched_tokens(32768, chunked_prefill=False) == 32768
+    assert default_max_num_batched_tokens(32768, chunked_prefill=True) == 8192
+
+
+def test_budget_below_the_length_needs_chunked_prefill():
+    assert batch_budget_problem(4096, 8192, chunked_prefill=True) is None
+    assert batch_budget_problem(8192, 8192, chunked_prefill=False) is None
+    assert batch_budget_problem(4096, 8192, chunked_prefill=False).startswith(
+        "--max-num-batched-tokens (4096) is smaller than --max-model-len (8192)")
+
+
+def test_model_length_limit_with_sliding_window():
+    assert resolve_max_model_len({"max_position_embeddings": 32768, "sliding_window": 4096}, None) == 4096
+    assert resolve_max_model_len({"max_position_embeddings": 32768, "sliding_window": 4096,
+                                  "use_sliding_window": False}, None) == 32768
+    with pytest.raises(RuleError, match="--max-model-len=9000 exceeds the model's limit of 8192 tokens"):
+        resolve_max_model_len({"max_position_embeddings": 8192}, 9000)
+
+
+@pytest.mark.parametrize("name", ["--help", "-h", "", "two words", "tab\there", "new\nline"])
+def test_served_names_that_break_the_command_line_are_refused(name):
+    assert served_name_problem(name) is not None
+
+
+def test_cross_flag_rules_name_settings_through_the_callers_names():
+    names = {"max_num_batched_tokens": "spec.budget", "max_model_len": "spec.len",
+             "enable_chunked_prefill": "spec.chunked"}
+    problems = cross_flag_problems({"max_num_batched_tokens": 100, "max_model_len": 200}, None, names.__getitem__)
+    assert problems[0].startswith("spec.budget (100) is smaller than spec.len (200): without spec.chunked")
+    # Without the model's limit and without a length, a budget can't be checked: refused, asking for one.
+    assert "set spec.len so that can be checked" in cross_flag_problems(
+        {"max_num_batched_tokens": 100}, None, names.__getitem__)[0]
+    assert cross_flag_problems({"max_num_batched_tokens": 100, "enable_chunked_prefill": True}, None) == []
+
+
+def test_contract_ranges_are_stated_in_the_message():
+    assert flag("--gpu-memory-utilization").check_value(0.0) == \
+        "--gpu-memory-utilization=0.0 is out of range (> 0 and <= 1)"
+    assert flag("--max-num-seqs").check_value(True) == "--max-num-seqs=True is not an int"
+    assert flag("--gpu-memory-utilization").check_value(float("nan")) == \
+        "--gpu-memory-utilization=nan is not a finite number"
+
+
+def test_validation_messages_name_the_location_the_caller_chooses():
+    errors = [{"loc": ("scheduling", "maxModelLen"), "msg": "Input should be a valid integer"},
+              {"loc": ("tolerations", 0, "key"), "msg": "Value error, bad"}, {"loc": (), "msg": "whole"}]
+    assert describe(errors) == ["scheduling.maxModelLen: Input should be a valid integer", "tolerations[0].key: bad",
+                                "whole"]
+    assert describe(errors[:1], lambda loc: "spec." + dotted(loc)) == [
+        "spec.scheduling.maxModelLen: Input should be a valid integer"]
