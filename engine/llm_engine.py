@@ -16,6 +16,7 @@ from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
@@ -38,7 +39,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        max_loras = config.lora.max_loras if config.lora.enable_lora else None
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, max_loras)
         self.stats = EngineStats()
         self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
@@ -61,6 +63,7 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Request:
         """Tokenize (if text), validate and queue a request; returns its first completion.
 
@@ -74,6 +77,8 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
+        if lora_request is not None:
+            self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._groups:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -88,6 +93,7 @@ class LLMEngine:
                 arrival_time=now,
                 parent_id=request_id,
                 index=i,
+                lora_request=lora_request,
             )
             for i in range(params.n)
         ]
@@ -100,6 +106,18 @@ class LLMEngine:
         self._groups[request_id] = group
         self.scheduler.add(group[0])
         return group[0]
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot
+        be served; InvalidParamError when LoRA is off)."""
+        if self.runner.lora is None:
+            raise InvalidParamError("LoRA adapters are not enabled on this server (--enable-lora)", "model")
+        self.runner.lora.add(lora)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Drop an adapter's cached copies; running requests that use it reload it from its directory."""
+        if self.runner.lora is not None:
+            self.runner.lora.remove(lora_int_id)
 
     @property
     def vocab_size(self) -> int:
