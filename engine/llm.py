@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from flotilla.engine.block_manager import BlockManager
@@ -174,6 +175,8 @@ class LLMEngine:
             prefix_cache_queries=self.block_manager.prefix_cache_queries,
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             events=s.drain_events(),
+            running_lora_adapters=_lora_names(self.scheduler.running),
+            waiting_lora_adapters=_lora_names(self.scheduler.waiting),
         )
 
     def has_unfinished_requests(self) -> bool:
@@ -370,3 +373,8 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
         s.prefix_cache_hits = self.block_manager.prefix_cache_hits
+
+
+def _lora_names(requests: Iterable[Request]) -> tuple[str, ...]:
+    """The distinct adapter names among `requests`, in order of first appearance."""
+    return tuple(dict.fromkeys(r.lora_request.lora_name for r in requests if r.lora_request is not None))

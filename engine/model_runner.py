@@ -89,9 +89,9 @@ class ModelRunner:
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.model = load_model(config.model, self.device)
-        lc = config.lora
-        # Before profiling, so the adapter slots count against the memory budget.
-        self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora else None
+        lc = config.lora  # wrapped before profiling, so the adapter slots count against the memory budget
+        self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora \
+            else None
         use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()

@@ -15,7 +15,7 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import ADAPTERS, peft_greedy  # noqa: E402
+from conftest import ADAPTERS, peft_greedy
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -27,7 +27,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [SHARED + [rng.randrange(3, 49152) for _ in range(rng.randint(3, 30))] for _ in range(n)]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen3"])
 def case(request, tiny_model_dirs, lora_adapters):
     """The model, its adapters as LoRARequests, and the oracle's tokens for every (prompt, adapter)."""
     arch = request.param
