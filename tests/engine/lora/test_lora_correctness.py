@@ -5,7 +5,6 @@ hits and preemption."""
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from flotilla.engine.llm import LLM
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import ADAPTERS, peft_greedy
+from .peft_reference import ADAPTERS, peft_greedy
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
