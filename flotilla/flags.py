@@ -278,6 +278,7 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "Adapters kept loaded in CPU memory (default and minimum: --max-loras).",
         "lora",
+        crd_field="lora.maxCpuLoras",
         ge=1,
     ),
     # --- device ------------------------------------------------------------------------------------
