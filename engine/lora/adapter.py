@@ -46,10 +46,6 @@ class LoRAAdapter:
     rank: int
     weights: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]  # (A [r, in], B [out, r] * scaling)
 
-    @property
-    def num_bytes(self) -> int:
-        """Bytes the matrices take."""
-        return sum(t.numel() * t.element_size() for per in self.weights.values() for ab in per.values() for t in ab)
 
 
 def read_adapter_config(path: Path, max_rank: int) -> dict[str, Any]:

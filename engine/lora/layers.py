@@ -8,6 +8,8 @@ expand per slice; a step without adapters runs the base layer alone (the model c
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -24,12 +26,13 @@ class LoRALinear(nn.Module):
         self.base = base
         self.layout = layout
         self.max_rank = max_rank
-        weight = base.weight
+        weight: torch.Tensor = base.weight  # type: ignore[assignment]  # every wrapped layer has one
         n = len(layout.slice_sizes)
         out = sum(layout.slice_sizes)
-        kw = {"dtype": weight.dtype, "device": weight.device}
-        self.register_buffer("lora_a", torch.zeros(max_loras, n * max_rank, layout.in_features, **kw), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(max_loras, out, max_rank, **kw), persistent=False)
+        # Plain attributes, not buffers: they are runtime state (never in a state dict), and the model
+        # runner's memory profile sees them all the same.
+        self.lora_a = torch.zeros(max_loras, n * max_rank, layout.in_features, dtype=weight.dtype, device=weight.device)
+        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
         offsets = [sum(layout.slice_sizes[:i]) for i in range(n)]
         self.slices = list(zip(offsets, layout.slice_sizes, strict=True))
 
@@ -61,13 +64,14 @@ class LoRALinear(nn.Module):
 
 def _layout(base: nn.Module, shards: list[str | int | None]) -> ModuleLayout:
     """A projection's slices: QKV by heads, merged layers by `out_sizes`, anything else whole."""
-    out, in_features = base.weight.shape
+    layer: Any = base  # QKVParallelLinear, MergedColumnParallelLinear or a plain linear layer
+    out, in_features = layer.weight.shape
     if shards == ["q", "k", "v"]:
-        q = base.num_heads * base.head_dim
-        kv = base.num_kv_heads * base.head_dim
-        sizes: tuple[int, ...] = (q, kv, kv)
+        q = layer.num_heads * layer.head_dim
+        kv = layer.num_kv_heads * layer.head_dim
+        sizes: tuple[int, ...] = (int(q), int(kv), int(kv))
     elif len(shards) > 1:
-        sizes = tuple(int(s) for s in base.out_sizes)
+        sizes = tuple(int(s) for s in layer.out_sizes)
     else:
         sizes = (int(out),)
     return ModuleLayout(int(in_features), {s: i for i, s in enumerate(shards)}, sizes)

@@ -43,12 +43,6 @@ class LoRAManager:
         self._cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # adapter id -> matrices, least recent first
         self.num_slot_loads = 0  # adapters copied into a device slot, for tests and logs
 
-    @property
-    def slot_bytes(self) -> int:
-        """Device bytes of all slots' matrices (what `--max-loras` x `--max-lora-rank` costs)."""
-        return sum(layer.lora_a.numel() + layer.lora_b.numel() for layer in self.layers.values()) * \
-            self.layers[next(iter(self.layers))].lora_a.element_size()
-
     def add(self, lora: LoRARequest) -> LoRAAdapter:
         """Read an adapter into the CPU cache (checking it against the model); raises LoRAAdapterError."""
         cached = self._cpu.get(lora.lora_int_id)
