@@ -72,10 +72,12 @@ def test_mixed_batch_matches_peft(case):
 
 def test_more_adapters_than_slots_with_chunked_prefill_and_preemption(case):
     """Two slots for three adapters (the scheduler holds back the third, slots are reused LRU), a
-    token budget that chunks every prompt, and a KV pool so small that requests are preempted."""
+    token budget that chunks every prompt, a KV pool so small that requests are preempted, and the
+    next step planned while the current one runs (asynchronous scheduling, the GPU default)."""
     model, prompts, loras, want = case
     got, llm = _run(model, prompts, loras, max_loras=2, max_cpu_loras=2, enable_chunked_prefill=True,
-                    max_num_batched_tokens=16, num_gpu_blocks_override=12, block_size=8, max_model_len=64)
+                    max_num_batched_tokens=16, num_gpu_blocks_override=12, block_size=8, max_model_len=64,
+                    async_scheduling=True)
     assert got == want
     assert llm.engine.runner.lora.num_slot_loads > 3  # an adapter left its slot and came back
     assert llm.engine.scheduler.num_preemptions > 0
