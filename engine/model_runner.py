@@ -232,8 +232,8 @@ class ModelRunner:
         flat = flatten(out, self.block_size)
         # A step that uses adapters runs eagerly; the graphs hold the base model's steps.
         token_slots = self.lora.token_slots(out) if self.lora is not None else None
-        use_graphs = self.graphs is not None and token_slots is None
-        hidden = self.graphs.run(flat, self._fill_pending) if use_graphs and self.graphs is not None else None
+        graphs = self.graphs if token_slots is None else None
+        hidden = graphs.run(flat, self._fill_pending) if graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
             inputs = self.prepare_inputs(flat)
