@@ -113,3 +113,22 @@ def test_slot_manager_reuses_slots_lru(tiny_model_dirs, lora_adapters):
     assert manager.num_slot_loads == 4
     with pytest.raises(RuntimeError, match="--max-loras"):
         manager.token_slots(step(*loras))
+
+
+def test_a_bad_startup_adapter_is_a_config_error_naming_it(tiny_model_dirs, lora_adapters, tmp_path):
+    """`--lora-modules` adapters load before serving; one that cannot be served stops the start with a
+    message naming it (the CLI prints it and exits 2), and good ones are served with their parent."""
+    from flotilla.engine.llm_engine import LLMEngine
+    from flotilla.engine.server.lora_routes import load_startup_adapters
+
+    good = str(lora_adapters["qwen3"]["attn"])
+    engine = LLMEngine.from_kwargs(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=8,
+                                   lora_modules=[f"attn={good}", json.dumps({"name": "mlp", "path": str(tmp_path)})])
+    loras = LoRARegistry(["tiny"])
+    with pytest.raises(ConfigError, match=f"--lora-modules mlp={tmp_path}: .*no adapter_config.json"):
+        load_startup_adapters(engine, engine.config.lora, loras)
+    assert [(lora.lora_name, parent) for lora, parent in loras.entries()] == [("attn", "tiny")]
+    rank16 = str(lora_adapters["qwen3"]["mlp"])
+    with pytest.raises(ConfigError, match="rank 16 above --max-lora-rank 8"):
+        load_startup_adapters(engine, engine.config.lora.model_copy(update={"lora_modules": (("m", rank16, None),)}),
+                              LoRARegistry(["tiny"]))
