@@ -81,7 +81,7 @@ class SchedulerConfig(_Component):
 
 
 class ParallelConfig(_Component):
-    """Tensor and pipeline parallel sizes (1 and 1 until parallelism lands)."""
+    """Tensor and pipeline parallel sizes: `tp x pp` worker processes when above 1."""
 
     tensor_parallel_size: int = Field(1, gt=0)
     pipeline_parallel_size: int = Field(1, gt=0)
@@ -207,7 +207,12 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if budget is None:
         budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
-    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else device == "cuda"
+    pipeline = v["pipeline_parallel_size"]
+    if pipeline > 1 and v["async_scheduling"]:
+        # An earlier stage never holds the tokens the last stage drew, so the next step cannot read them.
+        raise ConfigError("--async-scheduling does not work with --pipeline-parallel-size > 1 yet")
+    default_async = device == "cuda" and pipeline == 1
+    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
     served = v["served_model_name"] or [default_name]
     for name in served if isinstance(served, list | tuple) else [served]:

@@ -16,7 +16,8 @@ from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
-from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
+from flotilla.engine.executor import build_executor
+from flotilla.engine.model_runner import LaunchedStep, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
-        self.runner = ModelRunner(config)
+        self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
