@@ -109,9 +109,12 @@ class MultiprocExecutor:
 
     def _monitor(self) -> None:
         """Wait for any worker to exit; then stop the rest, so no one stays blocked on it."""
-        wait([w.sentinel for w in self.workers])
+        ready = wait([w.sentinel for w in self.workers])
         if self._finalizer.alive:  # not a shutdown we asked for
-            self._failure = self._dead_worker()
+            for w in self.workers:
+                if w.sentinel in ready:
+                    w.join(1)  # the sentinel fires as it exits; reap it so the exit code is known
+            self._failure = self._dead_worker() or "a worker exited"
             logger.error("%s; stopping the other workers", self._failure)
             _stop(self.workers)
 
@@ -135,10 +138,14 @@ class MultiprocExecutor:
         """Run one step on every worker and return the driver's tokens."""
         return self.collect(self.launch(out))
 
-    def launch(self, out: SchedulerOutput) -> LaunchedStep:
-        """Run the step to its end (the workers' steps do not overlap the engine's planning yet)."""
+    def check_health(self) -> None:
+        """Raise `WorkerDiedError` once any worker has exited."""
         if self._failure is not None:
             raise WorkerDiedError(f"tensor/pipeline-parallel {self._failure}; the engine cannot continue")
+
+    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Run the step to its end (the workers' steps do not overlap the engine's planning yet)."""
+        self.check_health()
         start = time.perf_counter()
         try:
             self.channel.broadcast(out)
