@@ -18,6 +18,7 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
+    parallel_split_problem,
     resolve_max_model_len,
     served_name_problem,
 )
@@ -208,6 +209,13 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
     pipeline = v["pipeline_parallel_size"]
+    heads = hf_config["num_attention_heads"]
+    problem = parallel_split_problem(
+        heads, hf_config.get("num_key_value_heads") or heads, hf_config["intermediate_size"],
+        hf_config["num_hidden_layers"], v["tensor_parallel_size"], pipeline,
+    )
+    if problem:
+        raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if pipeline > 1 and v["async_scheduling"]:
         # An earlier stage never holds the tokens the last stage drew, so the next step cannot read them.
         raise ConfigError("--async-scheduling does not work with --pipeline-parallel-size > 1 yet")

@@ -13,6 +13,7 @@ code. A step that takes longer than `STEP_TIMEOUT` (a hung worker) fails the sam
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -77,7 +78,9 @@ class MultiprocExecutor:
         logger.info("started %d workers (tensor parallel %d x pipeline parallel %d)", self.num_workers, tp, pp)
         self.channel = self._connect()
         threading.Thread(target=self._monitor, name="flotilla-worker-monitor", daemon=True).start()
-        self.num_blocks: int = self._receive(STARTUP_TIMEOUT)
+        num_blocks = self._receive(STARTUP_TIMEOUT)  # the driver's first message: the KV pool all ranks fit
+        assert isinstance(num_blocks, int)
+        self.num_blocks = num_blocks
 
     def _connect(self) -> StepChannel:
         """Build the step channel; its rendezvous waits for every worker, so watch them meanwhile."""
@@ -166,10 +169,8 @@ class MultiprocExecutor:
             return
         self._finalizer.detach()
         if self._failure is None:
-            try:
+            with contextlib.suppress(RuntimeError):  # a worker is already gone: all are stopped below
                 self.channel.broadcast(None)
-            except RuntimeError:
-                pass  # a worker is already gone: stop them all below
         deadline = time.monotonic() + timeout
         for w in self.workers:
             w.join(max(deadline - time.monotonic(), 0))

@@ -29,7 +29,8 @@ class StepChannel:
     def __init__(self, store: dist.Store, rank: int, num_workers: int) -> None:
         self.rank = rank
         self.engine_rank = num_workers
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore("steps", store), rank, num_workers + 1, _IDLE_TIMEOUT)
+        # Typed Any: torch's stubs omit the collectives the gloo backend object has (broadcast, send, recv).
+        self.group: Any = dist.ProcessGroupGloo(dist.PrefixStore("steps", store), rank, num_workers + 1, _IDLE_TIMEOUT)
 
     def broadcast(self, obj: Any = None) -> Any:
         """The engine sends `obj` to every worker; a worker gets it back."""
