@@ -23,6 +23,7 @@ import weakref
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
+import torch
 import torch.distributed as dist
 
 from flotilla.engine.config import EngineConfig
@@ -58,6 +59,11 @@ class MultiprocExecutor:
         parallel = config.parallel
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
         self.num_workers = tp * pp
+        if config.device.device == "cuda" and torch.cuda.device_count() < self.num_workers:
+            raise ValueError(
+                f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} needs {self.num_workers} GPUs; "
+                f"this machine has {torch.cuda.device_count()}"
+            )
         self.driver = driver_rank(tp, pp)
         self.last_step = StepTiming()
         self._failure: str | None = None

@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from flotilla.engine.executor import WorkerDiedError
 from flotilla.engine.llm import LLM
@@ -21,6 +22,13 @@ from flotilla.engine.sampling_params import SamplingParams
 
 from .hf_reference import hf_greedy
 
+
+def _gpus_short(n: int) -> bool:
+    """On a CUDA machine the workers take one GPU each (on the CPU any number of gloo ranks run)."""
+    return torch.cuda.is_available() and torch.cuda.device_count() < n
+
+
+pytestmark = pytest.mark.skipif(_gpus_short(2), reason="needs 2 GPUs")
 MAX_TOKENS = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 SYSTEM = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103]
@@ -85,7 +93,7 @@ def test_pipeline_parallel_qwen2_matches_hf(tiny_model_dirs):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) < 4, reason="four worker processes want four cores")
+@pytest.mark.skipif((os.cpu_count() or 1) < 4 or _gpus_short(4), reason="four workers want four cores (and GPUs)")
 def test_tensor_times_pipeline_parallel_matches_hf(tiny_model_dirs):
     """tp 2 x pp 2: four workers."""
     for llm in _engine(tiny_model_dirs["mistral"], tensor_parallel_size=2, pipeline_parallel_size=2):
