@@ -54,6 +54,9 @@ def init_model_parallel(rank: ParallelRank, store: dist.Store, backend: str) -> 
         if stage == rank.pp_rank:
             _TP_GROUP = group
     _RANK = rank
+    if backend == "nccl":
+        # NCCL builds a communicator on its first collective; do that now, not inside a CUDA graph capture.
+        dist.all_reduce(torch.zeros(1, device="cuda"), group=_TP_GROUP)
 
 
 def tp_rank() -> int:
