@@ -86,6 +86,21 @@ def test_tensor_parallel_replicates_a_single_kv_head(qwen3_tp2, tiny_model_dirs)
     _check_matches_hf(qwen3_tp2, tiny_model_dirs["qwen3"], seed=2)
 
 
+def test_seeded_sampling_n_and_logprobs_match_a_single_rank(qwen3_tp2, tiny_model_dirs):
+    """Every rank sees the whole vocabulary's logits, so seeded draws, forks and logprobs are the same."""
+    prompts = [SYSTEM[:10], [11, 12, 13]]
+    params = [SamplingParams(n=3, temperature=0.8, seed=7, max_tokens=6, ignore_eos=True, logprobs=2),
+              SamplingParams(n=2, temperature=0.0, max_tokens=6, ignore_eos=True)]
+    single = LLM(str(tiny_model_dirs["qwen3"]), **STRESS).generate(prompts, params, use_tqdm=False)
+    parallel = qwen3_tp2.generate(prompts, params, use_tqdm=False)
+    for one, two in zip(single, parallel, strict=True):
+        assert [o.token_ids for o in one.outputs] == [o.token_ids for o in two.outputs]
+    ours = parallel[0].outputs[0].logprobs[0]
+    theirs = single[0].outputs[0].logprobs[0]
+    assert ours.keys() == theirs.keys()
+    assert all(abs(ours[t][0] - theirs[t][0]) < 1e-4 for t in ours)
+
+
 def test_pipeline_parallel_qwen2_matches_hf(tiny_model_dirs):
     """Qwen2 (QKV biases), its two layers on two stages."""
     for llm in _engine(tiny_model_dirs["qwen2"], pipeline_parallel_size=2):
