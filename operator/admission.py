@@ -61,15 +61,25 @@ def _dtype_rules(spec: InferenceServiceSpec) -> list[str]:
     return []
 
 
+# One pod holds every rank of a replica, so a replica must fit one node; H200/H100 nodes hold 8 GPUs.
+MAX_GPUS_PER_NODE = 8
+
+
 def _parallel_rules(spec: InferenceServiceSpec) -> list[str]:
-    """The model's heads, MLP and layers must split over the ranks (when its numbers are given)."""
+    """A replica fits one node; the model's heads, MLP and layers split over the ranks (when its
+    numbers are given)."""
+    errors = []
+    if spec.gpus_per_replica > MAX_GPUS_PER_NODE:
+        errors.append(f"spec.parallelism: tensor x pipeline = {spec.gpus_per_replica} GPUs, but a replica runs in "
+                      f"one pod on one node (at most {MAX_GPUS_PER_NODE} GPUs); multi-node serving is not "
+                      "supported yet")
     arch = spec.model.config
     if arch is None:
-        return []
+        return errors
     heads = arch.num_attention_heads
     problem = parallel_split_problem(heads, arch.num_key_value_heads or heads, arch.intermediate_size,
                                      arch.num_hidden_layers, spec.parallelism.tensor, spec.parallelism.pipeline)
-    return [f"spec.parallelism: {problem}"] if problem else []
+    return errors + ([f"spec.parallelism: {problem}"] if problem else [])
 
 
 def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:

@@ -104,3 +104,10 @@ def test_more_stages_than_layers_are_refused():
     spec = {"model": {"source": "pvc://m", "config": config}, "parallelism": {"pipeline": 4},
             "resources": {"gpusPerReplica": 4, "gpuProduct": "NVIDIA-H200"}}
     assert "spec.parallelism: pipeline parallel size 4 exceeds the model's 2 layers" in review(spec, "x").errors
+
+
+def test_a_replica_wider_than_one_node_is_refused():
+    spec = {**BASE, "parallelism": {"tensor": 8, "pipeline": 2}, "resources": {"gpusPerReplica": 16}}
+    assert review(spec, "x").errors == [
+        "spec.parallelism: tensor x pipeline = 16 GPUs, but a replica runs in one pod on one node (at most 8 "
+        "GPUs); multi-node serving is not supported yet"]
