@@ -17,6 +17,8 @@ from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.executor import MultiprocExecutor, build_executor
+from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
@@ -36,7 +38,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
-        self.runner = ModelRunner(config)
+        self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
@@ -111,14 +113,20 @@ class LLMEngine:
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot
         be served; InvalidParamError when LoRA is off)."""
-        if self.runner.lora is None:
+        manager = self._lora_manager()
+        if manager is None:
             raise InvalidParamError("LoRA adapters are not enabled on this server (--enable-lora)", "model")
-        self.runner.lora.add(lora)
+        manager.add(lora)
 
     def remove_lora(self, lora_int_id: int) -> None:
         """Drop an adapter's cached copies; running requests that use it reload it from its directory."""
-        if self.runner.lora is not None:
-            self.runner.lora.remove(lora_int_id)
+        manager = self._lora_manager()
+        if manager is not None:
+            manager.remove(lora_int_id)
+
+    def _lora_manager(self) -> LoRAManager | None:
+        # LoRA runs in this process only (the config refuses it with tensor or pipeline parallelism).
+        return self.runner.lora if isinstance(self.runner, ModelRunner) else None
 
     @property
     def vocab_size(self) -> int:
@@ -178,6 +186,16 @@ class LLMEngine:
             running_lora_adapters=_lora_names(self.scheduler.running),
             waiting_lora_adapters=_lora_names(self.scheduler.waiting),
         )
+
+    def check_health(self) -> None:
+        """Raise if the model can no longer run steps (a tensor/pipeline-parallel worker has died)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (the engine cannot step afterwards)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
