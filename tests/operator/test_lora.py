@@ -68,3 +68,9 @@ def test_fit_check_adds_the_adapter_slots():
     lora = InferenceServiceSpec.model_validate(make({"adapters": ADAPTERS, "maxLoras": 8, "maxLoraRank": 16}))
     assert lora_slot_bytes(lora.model.config, lora) == 81_920 * 32 * 8 * 16 * 2 == 640 * 2**20
     assert check_fit(lora).weight_bytes - check_fit(plain).weight_bytes == 640 * 2**20
+
+
+def test_lora_with_parallelism_is_refused_until_supported():
+    refused = review(make({"adapters": ADAPTERS}, parallelism={"tensor": 2},
+                          resources={"gpuProduct": "NVIDIA-H200", "gpusPerReplica": 2}), "x")
+    assert any("spec.lora: LoRA with tensor or pipeline parallelism" in e for e in refused.errors)
