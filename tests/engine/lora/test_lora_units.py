@@ -35,6 +35,8 @@ def test_lora_flags_need_enable_lora(tiny_model_dirs):
         EngineConfig.from_kwargs(model, enable_lora=True, max_loras=4, max_cpu_loras=2)
     with pytest.raises(ConfigError, match="--max-lora-rank"):
         EngineConfig.from_kwargs(model, enable_lora=True, max_lora_rank=12)
+    with pytest.raises(ConfigError, match="not supported yet"):
+        EngineConfig.from_kwargs(model, enable_lora=True, tensor_parallel_size=2)
     lora = EngineConfig.from_kwargs(model, enable_lora=True, max_loras=3, lora_modules=["a=/x"]).lora
     assert (lora.max_loras, lora.max_cpu_loras, lora.lora_modules) == (3, 3, (("a", "/x", None),))
 
