@@ -94,6 +94,8 @@ class _Add:
     params: SamplingParams
     prompt_text: str | None
     stream: _Stream
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 class AsyncEngine:
@@ -164,6 +166,8 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         prompt_text: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
 
@@ -174,7 +178,7 @@ class AsyncEngine:
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
             raise EngineDeadError("the engine is shutting down")
         stream = _Stream(asyncio.get_running_loop())
-        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream))
+        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, priority, cache_salt))
         self._wake.set()
         finished = False
         try:
@@ -261,7 +265,8 @@ class AsyncEngine:
 
     def _add(self, command: _Add) -> None:
         try:
-            self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text)
+            self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text,
+                                    command.priority, command.cache_salt)
         except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
             self._send(command.stream, exc)
             return

@@ -21,7 +21,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
-from flotilla.engine.stats import EngineStats, FinishedRequest, StatsSnapshot
+from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -61,11 +61,14 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         prompt_text: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Request:
         """Tokenize (if text), validate and queue a request; returns its first completion.
 
         `prompt_text` is the text behind pre-tokenized prompts (e.g. a rendered chat template),
-        reported back in the output.
+        reported back in the output. `priority` orders the waiting queue under the priority policy
+        (lower first); `cache_salt` keeps its prefix-cache blocks apart from other salts'.
         """
         text: str | None
         if isinstance(prompt, str):
@@ -74,6 +77,9 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
+        if priority != 0 and self.config.scheduler.policy != "priority":
+            raise InvalidParamError("priority scheduling is not enabled: start the server with "
+                                    "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._groups:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -88,6 +94,8 @@ class LLMEngine:
                 arrival_time=now,
                 parent_id=request_id,
                 index=i,
+                priority=priority,
+                cache_salt=cache_salt,
             )
             for i in range(params.n)
         ]
@@ -281,6 +289,9 @@ class LLMEngine:
     def _output(self, parent_id: str, group: list[Request], finished: bool) -> RequestOutput:
         completions = [self._completion(child) for child in group]
         if finished:
+            params = group[0].sampling_params
+            longest = max(child.num_output_tokens for child in group)
+            self.stats.finished_groups.append(FinishedGroup(params.n, params.max_tokens, longest))
             del self._groups[parent_id]
             for child in group:
                 self._detokenizers.pop(child.request_id, None)
@@ -320,6 +331,9 @@ class LLMEngine:
         if child.first_token_time is None or child.last_token_time is None:
             child.first_token_time = now
             self.stats.ttft.append(now - child.arrival_time)
+            # vLLM counts a request's whole prompt once it is prefilled, cached tokens included, so the
+            # counter agrees with `usage.prompt_tokens` and vllm:request_prompt_tokens.
+            self.stats.prompt_tokens += child.num_prompt_tokens
         else:
             self.stats.inter_token.append(now - child.last_token_time)
         child.last_token_time = now
@@ -338,16 +352,10 @@ class LLMEngine:
             )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:
-        num_tokens = num_prompt = 0
-        for x in plan.scheduled:
-            num_tokens += x.num_new_tokens
-            if x.num_computed_tokens < x.request.num_prompt_tokens:  # the part of the chunk inside the prompt
-                num_prompt += min(x.request.num_prompt_tokens, x.num_computed_tokens + x.num_new_tokens)
-                num_prompt -= x.num_computed_tokens
+        num_tokens = sum(x.num_new_tokens for x in plan.scheduled)
         s = self.stats
         s.num_steps += 1
         s.step_tokens.append(num_tokens)
-        s.prompt_tokens += num_prompt
         s.generation_tokens += num_sampled
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
