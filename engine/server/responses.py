@@ -104,7 +104,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise APIError(400, f"input items of type {kind!r} are not supported yet (only messages)", param="input")
         content = item.get("content")
         if isinstance(content, list):
-            if any(part.get("type") not in ("input_text", "output_text", "text") for part in content):
+            if any(not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text")
+                   for part in content):
                 raise APIError(400, "only text content parts are supported", param="input")
             content = "".join(str(part.get("text", "")) for part in content)
         if not isinstance(content, str) or item.get("role") not in ("user", "assistant", "system", "developer"):
@@ -125,7 +126,8 @@ class ResponsesServing:
         """POST /v1/responses: the finished response, or its event stream."""
         if req.tools and req.tool_choice != "none":
             raise APIError(400, "function tools in the Responses API are not supported yet", param="tools")
-        fmt = (req.text or {}).get("format", {}).get("type", "text")
+        text_format = (req.text or {}).get("format") or {}
+        fmt = text_format.get("type", "text") if isinstance(text_format, dict) else text_format
         if fmt != "text":
             raise APIError(400, f"text.format {fmt!r} is not supported yet", param="text")
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
