@@ -77,7 +77,7 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
-        if priority != 0 and self.config.scheduler.policy != "priority":
+        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
             raise InvalidParamError("priority scheduling is not enabled: start the server with "
                                     "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))

@@ -74,7 +74,7 @@ class Scheduler:
     def _enqueue(self, request: Request, front: bool) -> None:
         """Put a request in the waiting queue: at the back (new) or the front (preempted) under FCFS,
         at its (priority, arrival) place under the priority policy."""
-        if self.config.policy == "priority":
+        if self.config.scheduling_policy == "priority":
             bisect.insort(self.waiting, request, key=_priority_key)
         elif front:
             self.waiting.appendleft(request)
@@ -84,7 +84,7 @@ class Scheduler:
     def _pop_victim(self, start: int) -> Request:
         """Remove and return the running request to preempt, among those not yet planned this step
         (`running[start:]`): the newest, or the one with the largest (priority, arrival)."""
-        if self.config.policy != "priority":
+        if self.config.scheduling_policy != "priority":
             return self.running.pop()
         victim = max(self.running[start:], key=_priority_key)
         self.running.remove(victim)

@@ -14,7 +14,7 @@ from flotilla.engine.scheduler import Scheduler
 
 def _scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=True,
-                             max_model_len=128, policy=policy)
+                             max_model_len=128, scheduling_policy=policy)
     return Scheduler(config, BlockManager(num_blocks, 4))
 
 
