@@ -97,6 +97,8 @@ class _Add:
     prompt_text: str | None
     stream: _Stream
     lora_request: LoRARequest | None = None
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -198,6 +200,8 @@ class AsyncEngine:
         request_id: str,
         prompt_text: str | None = None,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
 
@@ -208,7 +212,8 @@ class AsyncEngine:
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
             raise EngineDeadError("the engine is shutting down")
         stream = _Stream(asyncio.get_running_loop())
-        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, lora_request))
+        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, lora_request, priority,
+                                cache_salt))
         self._wake.set()
         finished = False
         try:
@@ -321,7 +326,7 @@ class AsyncEngine:
     def _add(self, command: _Add) -> None:
         try:
             self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text,
-                                   command.lora_request)
+                                   command.lora_request, command.priority, command.cache_salt)
         except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
             self._send(command.stream, exc)
             return

@@ -183,7 +183,9 @@ class BlockManager:
         # Slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
         for i in range(len(hashes), min(num_blocks, request.num_tokens // size)):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra))
+            # The salt keys the first block only: every later hash chains it through its parent.
+            salt = (request.cache_salt,) if i == 0 and request.cache_salt is not None else ()
+            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra + salt))
         return hashes
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:

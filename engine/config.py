@@ -72,6 +72,7 @@ class SchedulerConfig(_Component):
     enable_chunked_prefill: bool = False
     max_model_len: int = Field(gt=0)
     async_scheduling: bool = False
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
     @model_validator(mode="after")
     def _budget_fits_a_prompt(self) -> SchedulerConfig:
@@ -262,6 +263,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             enable_chunked_prefill=chunked,
             max_model_len=max_model_len,
             async_scheduling=async_scheduling,
+            scheduling_policy=v["scheduling_policy"],
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=v["tensor_parallel_size"],

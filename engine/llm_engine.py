@@ -25,7 +25,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
-from flotilla.engine.stats import EngineStats, FinishedRequest, StatsSnapshot
+from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -67,11 +67,14 @@ class LLMEngine:
         request_id: str | None = None,
         prompt_text: str | None = None,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Request:
         """Tokenize (if text), validate and queue a request; returns its first completion.
 
         `prompt_text` is the text behind pre-tokenized prompts (e.g. a rendered chat template),
-        reported back in the output.
+        reported back in the output. `priority` orders the waiting queue under the priority policy
+        (lower first); `cache_salt` keeps its prefix-cache blocks apart from other salts'.
         """
         text: str | None
         if isinstance(prompt, str):
@@ -82,6 +85,9 @@ class LLMEngine:
         params.check_vocab(self.vocab_size)
         if lora_request is not None:
             self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
+        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
+            raise InvalidParamError("priority scheduling is not enabled: start the server with "
+                                    "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._groups:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -97,6 +103,8 @@ class LLMEngine:
                 parent_id=request_id,
                 index=i,
                 lora_request=lora_request,
+                priority=priority,
+                cache_salt=cache_salt,
             )
             for i in range(params.n)
         ]
@@ -320,6 +328,9 @@ class LLMEngine:
     def _output(self, parent_id: str, group: list[Request], finished: bool) -> RequestOutput:
         completions = [self._completion(child) for child in group]
         if finished:
+            params = group[0].sampling_params
+            longest = max(child.num_output_tokens for child in group)
+            self.stats.finished_groups.append(FinishedGroup(params.n, params.max_tokens, longest))
             del self._groups[parent_id]
             for child in group:
                 self._detokenizers.pop(child.request_id, None)
@@ -359,6 +370,9 @@ class LLMEngine:
         if child.first_token_time is None or child.last_token_time is None:
             child.first_token_time = now
             self.stats.ttft.append(now - child.arrival_time)
+            # vLLM counts a request's whole prompt once it is prefilled, cached tokens included, so the
+            # counter agrees with `usage.prompt_tokens` and vllm:request_prompt_tokens.
+            self.stats.prompt_tokens += child.num_prompt_tokens
         else:
             self.stats.inter_token.append(now - child.last_token_time)
         child.last_token_time = now
@@ -377,16 +391,10 @@ class LLMEngine:
             )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:
-        num_tokens = num_prompt = 0
-        for x in plan.scheduled:
-            num_tokens += x.num_new_tokens
-            if x.num_computed_tokens < x.request.num_prompt_tokens:  # the part of the chunk inside the prompt
-                num_prompt += min(x.request.num_prompt_tokens, x.num_computed_tokens + x.num_new_tokens)
-                num_prompt -= x.num_computed_tokens
+        num_tokens = sum(x.num_new_tokens for x in plan.scheduled)
         s = self.stats
         s.num_steps += 1
         s.step_tokens.append(num_tokens)
-        s.prompt_tokens += num_prompt
         s.generation_tokens += num_sampled
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries

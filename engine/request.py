@@ -52,6 +52,10 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
+    # Lower values are scheduled first under `--scheduling-policy priority` (vLLM's meaning).
+    priority: int = 0
+    # Mixed into the first KV block's prefix-cache hash: only requests with the same salt share blocks.
+    cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

@@ -5,10 +5,15 @@ being prefilled in chunks), then waiting requests in FIFO order, all under a tok
 (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`). When the KV pool runs dry, the newest
 running request is preempted: its blocks are freed and it will be recomputed later (its prefix is
 likely still cached).
+
+With `--scheduling-policy priority` (vLLM's policy) the waiting queue is kept in (priority, arrival)
+order, lower values first, and the running request with the largest (priority, arrival) is the one
+preempted.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -61,11 +66,30 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
-        """Queue a new request (FIFO)."""
+        """Queue a new request (FIFO, or by priority under the priority policy)."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request, front=False)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        """Put a request in the waiting queue: at the back (new) or the front (preempted) under FCFS,
+        at its (priority, arrival) place under the priority policy."""
+        if self.config.scheduling_policy == "priority":
+            bisect.insort(self.waiting, request, key=_priority_key)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    def _pop_victim(self, start: int) -> Request:
+        """Remove and return the running request to preempt, among those not yet planned this step
+        (`running[start:]`): the newest, or the one with the largest (priority, arrival)."""
+        if self.config.scheduling_policy != "priority":
+            return self.running.pop()
+        victim = max(self.running[start:], key=_priority_key)
+        self.running.remove(victim)
+        return victim
 
     def has_unfinished(self) -> bool:
         """True while any request waits or runs."""
@@ -90,7 +114,7 @@ class Scheduler:
                 continue
             num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
             while not self.block_manager.allocate(request, num_new):
-                victim = self.running.pop()
+                victim = self._pop_victim(i)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
@@ -161,7 +185,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(request)
+        self._enqueue(request, front=True)
         self.num_preemptions += 1
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
@@ -241,3 +265,8 @@ class Scheduler:
                 self.finish(request, RequestStatus.FINISHED_ABORTED)
                 aborted.append(request)
         return aborted
+
+
+def _priority_key(request: Request) -> tuple[int, float]:
+    """The priority policy's order: lower priority value first, then earlier arrival."""
+    return request.priority, request.arrival_time

@@ -29,6 +29,15 @@ class FinishedRequest:
 
 
 @dataclass(frozen=True)
+class FinishedGroup:
+    """A request whose every completion has finished: what it asked for and the longest it got."""
+
+    n: int
+    max_tokens: int | None
+    max_generation_tokens: int  # the longest of its n completions (vllm:request_max_num_generation_tokens)
+
+
+@dataclass(frozen=True)
 class EngineEvents:
     """Samples since the last drain."""
 
@@ -36,6 +45,7 @@ class EngineEvents:
     inter_token: tuple[float, ...] = ()
     iteration_tokens: tuple[int, ...] = ()
     finished: tuple[FinishedRequest, ...] = ()
+    finished_groups: tuple[FinishedGroup, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,7 @@ class EngineStats:
     ttft: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_EVENTS))
     inter_token: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_EVENTS))
     finished: deque[FinishedRequest] = field(default_factory=lambda: deque(maxlen=_MAX_EVENTS))
+    finished_groups: deque[FinishedGroup] = field(default_factory=lambda: deque(maxlen=_MAX_EVENTS))
     _drained_steps: int = 0
 
     def drain_events(self) -> EngineEvents:
@@ -84,9 +95,11 @@ class EngineStats:
             # the whole (bounded, never cleared) deque would cost O(100k) per step once it is full.
             iteration_tokens=tuple(reversed(tuple(islice(reversed(self.step_tokens), new_steps)))),
             finished=tuple(self.finished),
+            finished_groups=tuple(self.finished_groups),
         )
         self._drained_steps = self.num_steps
         self.ttft.clear()
         self.inter_token.clear()
         self.finished.clear()
+        self.finished_groups.clear()
         return events

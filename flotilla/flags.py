@@ -212,6 +212,15 @@ FLAGS: tuple[Flag, ...] = (
         "scheduler",
         negatable=True,
     ),
+    Flag(
+        "--scheduling-policy",
+        "str",
+        "fcfs",
+        "Order of waiting requests: fcfs (arrival), or priority (a request's `priority` field, lower "
+        "first, then arrival; the running request with the largest is preempted first).",
+        "scheduler",
+        choices=("fcfs", "priority"),
+    ),
     # --- parallelism -------------------------------------------------------------------------------
     Flag(
         "--tensor-parallel-size",

@@ -30,6 +30,7 @@ from flotilla.engine.server.protocol import (
     TokenizeRequest,
 )
 from flotilla.engine.server.request_limits import RequestLimits
+from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
 from flotilla.validation_messages import describe
 
@@ -97,12 +98,29 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
+                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-                 "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
-                for name in state.model_names]
+        data = [model_card(name) for name in state.model_names]
         return {"object": "list", "data": data + adapter_models(state.serving.loras, state.created)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        return model_card(_model(state, model_id))
+
+    responses = ResponsesServing(state.serving)
+
+    @app.post("/v1/responses", response_model=None)
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        result = await _cancel_on_disconnect(responses.create(body, _model(state, body.model)), request)
+        return await _respond(result, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.get(response_id)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:

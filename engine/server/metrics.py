@@ -1,6 +1,11 @@
 """Prometheus metrics with vLLM V1's names, types, labels and buckets.
 
-Existing vLLM dashboards, KEDA scalers and routers read these unchanged. Served in the classic text
+Existing vLLM dashboards, KEDA scalers and routers read these unchanged. The names they still query
+that vLLM has deprecated or kept from V0 (what `--show-hidden-metrics-for-version` brings back:
+`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_{hits,queries}_total`,
+`vllm:time_per_output_token_seconds`; and V0's `vllm:gpu_prefix_cache_hit_rate`,
+`vllm:num_requests_swapped`) are served too, with the same values as their current names. Every
+labelled series exists from the start, at zero. Served in the classic text
 format (0.0.4) whatever the scraper asks for: with OpenMetrics, recent prometheus_client versions
 rewrite the `vllm:` colons.
 """
@@ -78,10 +83,50 @@ class EngineMetrics:
                         one_two_five_buckets(max_len)),
             "iteration": ("vllm:iteration_tokens_total", "Tokens per engine step.",
                           [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]),
+            "tpot": ("vllm:request_time_per_output_token_seconds", "Mean time per output token of each request.",
+                     ITL_BUCKETS),
+            "max_gen": ("vllm:request_max_num_generation_tokens",
+                        "Longest generation among a request's n completions.", one_two_five_buckets(max_len)),
+            "param_n": ("vllm:request_params_n", "The n request parameter.", [1, 2, 5, 10, 20]),
+            "param_max_tokens": ("vllm:request_params_max_tokens", "The max_tokens request parameter.",
+                                 one_two_five_buckets(max_len)),
+            # Deprecated name of inter_token_latency_seconds (vLLM 0.11), still on its own dashboard.
+            "itl_alias": ("vllm:time_per_output_token_seconds", "Time between output tokens (deprecated name).",
+                          ITL_BUCKETS),
         }
         self.hist = {k: Histogram(n, d, labels, buckets=b, registry=r) for k, (n, d, b) in h.items()}
+        self._aliases(labels)
         self._name = name
         self._last = StatsSnapshot()
+        self._zero_series()
+
+    def _aliases(self, labels: list[str]) -> None:
+        """vLLM's deprecated and V0 names that dashboards and routers still query."""
+        r = self.registry
+        self.kv_usage_alias = Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (1 = full; deprecated name).",
+                                    labels, registry=r)
+        self.prefix_queries_alias = Counter("vllm:gpu_prefix_cache_queries",
+                                            "Prefix-cache tokens queried (deprecated name).", labels, registry=r)
+        self.prefix_hits_alias = Counter("vllm:gpu_prefix_cache_hits", "Prefix-cache tokens hit (deprecated name).",
+                                         labels, registry=r)
+        self.prefix_hit_rate = Gauge("vllm:gpu_prefix_cache_hit_rate",
+                                     "Prefix-cache hit rate since start, hits over queried tokens (V0 name).",
+                                     labels, registry=r)
+        # Preemption recomputes; nothing is ever swapped. Kept at 0 for V0 dashboards and routers.
+        self.swapped = Gauge("vllm:num_requests_swapped", "Requests swapped to CPU (always 0: no swapping).",
+                             labels, registry=r)
+
+    def _zero_series(self) -> None:
+        """Every series with its labels at zero from the start, as vLLM does: a rate() over a counter
+        that appears only at its first event misses that event."""
+        n = self._name
+        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens,
+                       self.prefix_queries, self.prefix_hits, self.preemptions, self.kv_usage_alias,
+                       self.prefix_queries_alias, self.prefix_hits_alias, self.prefix_hit_rate, self.swapped,
+                       *self.hist.values()):
+            metric.labels(n)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(n, reason)
 
     def _publish_cache_info(self, num_blocks: int) -> None:
         """vllm:cache_config_info, once the pool size is known (the first snapshot, before serving)."""
@@ -102,21 +147,31 @@ class EngineMetrics:
         self.running.labels(n).set(s.num_running)
         self.waiting.labels(n).set(s.num_waiting)
         self.kv_usage.labels(n).set(s.kv_cache_usage)
-        for counter, now, before in (
-            (self.prompt_tokens, s.prompt_tokens, last.prompt_tokens),
-            (self.generation_tokens, s.generation_tokens, last.generation_tokens),
-            (self.prefix_queries, s.prefix_cache_queries, last.prefix_cache_queries),
-            (self.prefix_hits, s.prefix_cache_hits, last.prefix_cache_hits),
-            (self.preemptions, s.num_preemptions, last.num_preemptions),
+        self.kv_usage_alias.labels(n).set(s.kv_cache_usage)
+        if s.prefix_cache_queries:
+            self.prefix_hit_rate.labels(n).set(s.prefix_cache_hits / s.prefix_cache_queries)
+        for counters, now, before in (
+            ((self.prompt_tokens,), s.prompt_tokens, last.prompt_tokens),
+            ((self.generation_tokens,), s.generation_tokens, last.generation_tokens),
+            ((self.prefix_queries, self.prefix_queries_alias), s.prefix_cache_queries, last.prefix_cache_queries),
+            ((self.prefix_hits, self.prefix_hits_alias), s.prefix_cache_hits, last.prefix_cache_hits),
+            ((self.preemptions,), s.num_preemptions, last.num_preemptions),
         ):
             if now > before:
-                counter.labels(n).inc(now - before)
+                for counter in counters:
+                    counter.labels(n).inc(now - before)
         self._last = s
         events = s.events
         for value in events.ttft:
             self.hist["ttft"].labels(n).observe(value)
         for value in events.inter_token:
             self.hist["itl"].labels(n).observe(value)
+            self.hist["itl_alias"].labels(n).observe(value)
+        for g in events.finished_groups:
+            self.hist["max_gen"].labels(n).observe(g.max_generation_tokens)
+            self.hist["param_n"].labels(n).observe(g.n)
+            if g.max_tokens is not None:
+                self.hist["param_max_tokens"].labels(n).observe(g.max_tokens)
         for value in events.iteration_tokens:
             self.hist["iteration"].labels(n).observe(value)
         for f in events.finished:
@@ -125,6 +180,9 @@ class EngineMetrics:
                                ("decode", f.decode_seconds), ("prompt_len", f.prompt_tokens),
                                ("gen_len", f.generation_tokens)):
                 self.hist[key].labels(n).observe(value)
+            # vLLM's per-request mean: decode time over the tokens after the first (0 for one token).
+            tpot = f.decode_seconds / (f.generation_tokens - 1) if f.generation_tokens > 1 else 0.0
+            self.hist["tpot"].labels(n).observe(tpot)
 
     def render(self) -> bytes:
         """The registry in Prometheus' classic text format."""

@@ -1,16 +1,20 @@
 """OpenAI request bodies as pydantic models, with vLLM's extra sampling fields.
 
-Fields OpenAI defines that Flotilla accepts without acting on (e.g. `user`) are listed; any other
-unknown field is a 400 that names it, so nothing a client asks for is silently dropped.
+As vLLM does, a field the server does not know (OpenAI's `store`, `metadata`, `parallel_tool_calls`,
+...) is accepted and ignored with a log line that names it: SDKs and frameworks send such fields by
+default. A known field with a bad value is still a 400 that names it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+
+logger = logging.getLogger(__name__)
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -30,9 +34,10 @@ def _has_lone_surrogate(value: Any) -> bool:
 
 
 class _RequestBody(BaseModel):
-    """A whole request body: refuses text that is not valid Unicode before any field is read."""
+    """A whole request body: refuses text that is not valid Unicode before any field is read; keeps
+    unknown fields aside (`model_extra`) and logs their names, as vLLM does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="before")
     @classmethod
@@ -42,11 +47,18 @@ class _RequestBody(BaseModel):
                              "which is not valid Unicode text")
         return data
 
+    @model_validator(mode="after")
+    def _log_ignored(self) -> Any:
+        if self.model_extra:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           sorted(self.model_extra))
+        return self
+
 
 class StreamOptions(BaseModel):
-    """`stream_options`: whether the last chunk carries token usage."""
+    """`stream_options`: whether the last chunk carries token usage, and whether every chunk does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -56,7 +68,7 @@ class _SamplingFields(_RequestBody):
     vocabulary in the engine, which knows it)."""
 
     # Python's JSON parser accepts NaN and Infinity; no sampling field means anything by them.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -80,6 +92,12 @@ class _SamplingFields(_RequestBody):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's request extras (engine/server/request_extras.py applies them)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
+    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
+    priority: int = 0  # lower first, with --scheduling-policy priority
+    cache_salt: str | None = Field(None, min_length=1)  # prefix-cache blocks are shared within one salt only
+    request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
 
 
 class CompletionRequest(_SamplingFields):
@@ -91,6 +109,7 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc.
 
 
 class ContentPart(BaseModel):
@@ -124,6 +143,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
 
 
 class TokenizeRequest(_RequestBody):

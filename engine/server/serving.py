@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,6 +18,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
 from flotilla.engine.tokenizer import longest_token_chars
 
 
@@ -117,16 +117,27 @@ class ChunkFormat:
         self.head = (f'data: {{"id": {_js(request_id)}, "object": {_js(obj)}, "created": {created}, '
                      f'"model": {_js(model)}, "choices": [')
 
-    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None) -> str:
-        """A /v1/completions chunk with one choice."""
+    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
+                   usage: dict[str, int] | None = None) -> str:
+        """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats)."""
         return (f'{self.head}{{"index": {index}, "text": {_js(text)}, "finish_reason": {_js(c.finish_reason)}, '
-                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}}}]}}\n\n')
+                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}}}]{_usage(usage)}}}\n\n')
 
-    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None) -> str:
+    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
+             usage: dict[str, int] | None = None) -> str:
         """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty)."""
         delta = f'{{"content": {_js(text)}}}' if text else "{}"
         return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {_js(logprobs)}, '
-                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}}}]}}\n\n')
+                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}}}]'
+                f'{_usage(usage)}}}\n\n')
+
+
+def _usage(usage: dict[str, int] | None) -> str:
+    return "" if usage is None else f', "usage": {_js(usage)}'
+
+
+def _continuous_usage(req: _SamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
 
 class OpenAIServing:
@@ -164,7 +175,8 @@ class OpenAIServing:
                                 "with this tokenizer). Please reduce the length of the prompt.", param=param)
 
     async def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
-        """The `prompt` field in any of its four shapes (the engine validates the token ids)."""
+        """The `prompt` field in any of its four shapes (the engine validates the token ids), cut to
+        `truncate_prompt_tokens` when asked."""
         p = req.prompt
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
@@ -174,7 +186,13 @@ class OpenAIServing:
             items = list(cast("list[str] | list[list[int]]", p))
         if not items:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        return [Prompt(await self.encode(x), x) if isinstance(x, str) else Prompt(list(x), None) for x in items]
+        prompts = [Prompt(await self.encode(x, req.add_special_tokens), x) if isinstance(x, str) else
+                   Prompt(list(x), None) for x in items]
+        return [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
+
+    def _truncated(self, prompt: Prompt, keep: int | None) -> Prompt:
+        ids = truncate_prompt(prompt.token_ids, keep, self.max_model_len)
+        return prompt if len(ids) == len(prompt.token_ids) else Prompt(ids, None)
 
     async def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
         """Render the chat template, then tokenize (the template already holds special tokens)."""
@@ -192,7 +210,8 @@ class OpenAIServing:
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
         text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables)
-        return Prompt(await self.encode(text, add_special_tokens=False, param="messages"), text)
+        prompt = Prompt(await self.encode(text, add_special_tokens=req.add_special_tokens, param="messages"), text)
+        return self._truncated(prompt, req.truncate_prompt_tokens)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
                 variables: dict[str, Any]) -> str:
@@ -213,30 +232,34 @@ class OpenAIServing:
     # --- completions ---------------------------------------------------------------------------------
 
     async def completions(self, req: CompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
-        """POST /v1/completions."""
-        if req.echo or req.suffix is not None or (req.best_of not in (None, req.n)):
-            raise APIError(400, "echo, suffix and best_of are not supported", param="echo")
+        """POST /v1/completions (with `echo`: the prompt's text, and its logprobs, before the completion)."""
+        if req.suffix is not None or (req.best_of not in (None, req.n)):
+            raise APIError(400, "suffix and best_of are not supported", param="suffix")
         prompts = await self.completion_prompts(req)
+        prompt_logprobs = req.prompt_logprobs
+        if req.echo and req.logprobs is not None:  # the echoed prompt's logprobs are the engine's prompt logprobs
+            prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
         params = [sampling_params(req, req.max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
-                                  req.prompt_logprobs) for p in prompts]
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+                                  prompt_logprobs) for p in prompts]
+        request_id, engine_id = response_ids("cmpl", req.request_id)
+        extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
         if req.stream:
-            lora = self._lora(model)
-            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{request_id}-{i}", p.text, lora))
+            lora = self.lora_for(model)
+            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{engine_id}-{i}", p.text, lora, **extras))
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-            return self._stream_completions(req, streams, request_id, created, model)
-        outputs = await asyncio.gather(
-            *(self._final(p, sp, f"{request_id}-{i}", model)
-              for i, (p, sp) in enumerate(zip(prompts, params, strict=True)))
-        )
+            return self._stream_completions(req, prompts, streams, request_id, created, model)
+        outputs = await asyncio.gather(*(self._final(p, sp, f"{engine_id}-{i}", model, extras)
+                                         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))))
         choices = []
-        for i, output in enumerate(outputs):
+        for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             for c in output.outputs:
-                choices.append({"index": i * req.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                                "stop_reason": c.stop_reason,
-                                "logprobs": self._completion_logprobs(c, 0) if req.logprobs is not None else None,
-                                "prompt_logprobs": _jsonable_prompt_logprobs(output) if req.prompt_logprobs else None})
+                text, token_ids, entries = self._echoed(req, prompt, output, c, c.text, 0)
+                logprobs = self._completion_logprobs(req, token_ids, entries, 0) if req.logprobs is not None else None
+                choices.append({"index": i * req.n + c.index, "text": text, "finish_reason": c.finish_reason,
+                                "stop_reason": c.stop_reason, "logprobs": logprobs,
+                                "prompt_logprobs": self._prompt_logprobs_json(output)
+                                if req.prompt_logprobs is not None else None})
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         for output in outputs:
             for k, v in usage(output).items():
@@ -244,18 +267,25 @@ class OpenAIServing:
         return {"id": request_id, "object": "text_completion", "created": created, "model": model,
                 "choices": choices, "usage": total}
 
-    async def _stream_completions(self, req: CompletionRequest, streams: list[AsyncGenerator[RequestOutput]],
-                                  request_id: str, created: int, model: str) -> AsyncIterator[str]:
+    async def _stream_completions(self, req: CompletionRequest, prompts: list[Prompt],
+                                  streams: list[AsyncGenerator[RequestOutput]], request_id: str, created: int,
+                                  model: str) -> AsyncIterator[str]:
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         states = [StreamState(req.n) for _ in streams]
         fmt = ChunkFormat(request_id, "text_completion", created, model)
         wants_logprobs = req.logprobs is not None
+        continuous = _continuous_usage(req)
+        sent_chars: dict[int, int] = {}  # per choice: text sent so far, where the next text_offset starts
         # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
-            for c, text, first in states[i].deltas(output):
-                yield fmt.completion(i * req.n + c.index, text, c,
-                                     self._completion_logprobs(c, first) if wants_logprobs else None)
+            for c, new_text, first in states[i].deltas(output):
+                index = i * req.n + c.index
+                text, token_ids, entries = self._echoed(req, prompts[i], output, c, new_text, first)
+                logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
+                            if wants_logprobs else None)
+                sent_chars[index] = sent_chars.get(index, 0) + len(text)
+                yield fmt.completion(index, text, c, logprobs, usage(output) if continuous else None)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -264,15 +294,50 @@ class OpenAIServing:
                        "choices": [], "usage": total})
         yield "data: [DONE]\n\n"
 
-    def _completion_logprobs(self, c: CompletionOutput, first: int) -> dict[str, Any]:
-        """The legacy completions logprobs block, for tokens from index `first` on."""
-        tokens, token_logprobs, top, offsets = [], [], [], []
-        for token, entry in zip(c.token_ids[first:], (c.logprobs or [])[first:], strict=False):
-            tokens.append(self._piece(token))
-            token_logprobs.append(entry[token][0])
-            top.append({self._piece(t): lp for t, (lp, _) in entry.items()})
-            offsets.append(0)
+    def _echoed(self, req: CompletionRequest, prompt: Prompt, output: RequestOutput, c: CompletionOutput,
+                text: str, first: int) -> tuple[str, list[int], list[dict[int, tuple[float, int]] | None]]:
+        """A choice's new `text`, tokens and logprob entries from token `first` on; from the start with
+        `echo`, the prompt comes first (its first token has no logprob: nothing precedes it)."""
+        token_ids: list[int] = list(c.token_ids[first:])
+        entries: list[dict[int, tuple[float, int]] | None] = list((c.logprobs or [])[first:])
+        if req.echo and first == 0:
+            prompt_text = prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+            text = prompt_text + text
+            token_ids = prompt.token_ids + token_ids
+            entries = list(output.prompt_logprobs or [None] * len(prompt.token_ids)) + entries
+        return text, token_ids, entries
+
+    def _completion_logprobs(self, req: CompletionRequest, token_ids: list[int],
+                             entries: list[dict[int, tuple[float, int]] | None], offset: int) -> dict[str, Any]:
+        """The legacy completions logprobs block; `text_offset` counts characters from `offset` (the
+        text already sent), each token's text after the previous one's, as vLLM counts."""
+        n = req.logprobs or 0
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for token, entry in zip(token_ids, entries, strict=False):
+            piece = token_label(self.tokenizer, token, req.return_tokens_as_token_ids)
+            tokens.append(piece)
+            offsets.append(offset)
+            offset += len(self.tokenizer.decode([token])) if req.return_tokens_as_token_ids else len(piece)
+            if entry is None:
+                token_logprobs.append(None)
+                top.append(None)
+                continue
+            token_logprobs.append(max(entry[token][0], -9999.0))
+            # The prompt's entries may hold more than `n` (prompt_logprobs asked for more): keep the top n.
+            top.append({token_label(self.tokenizer, t, req.return_tokens_as_token_ids): max(lp, -9999.0)
+                        for t, (lp, rank) in entry.items() if rank <= n or t == token})
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _prompt_logprobs_json(self, output: RequestOutput) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's `prompt_logprobs`: per prompt token (None for the first), token id -> logprob, rank, text."""
+        if output.prompt_logprobs is None:
+            return None
+        return [None if e is None else
+                {str(t): {"logprob": max(lp, -9999.0), "rank": r, "decoded_token": self.tokenizer.decode([t])}
+                 for t, (lp, r) in e.items()} for e in output.prompt_logprobs]
 
     # --- chat ----------------------------------------------------------------------------------------
 
@@ -290,15 +355,17 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
                              (top or 0) if req.logprobs else None)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id, engine_id = response_ids("chatcmpl", req.request_id)
+        extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
         if req.stream:
-            lora = self._lora(model)
-            stream = await admitted(self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, lora))
+            lora = self.lora_for(model)
+            stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             return self._stream_chat(req, stream, request_id, created, model)
-        output = await self._final(prompt, sp, request_id, model)
+        output = await self._final(prompt, sp, engine_id, model, extras)
+        as_ids = req.return_tokens_as_token_ids
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._chat_logprobs(c, 0, top or 0) if req.logprobs else None,
+                    "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
                 "choices": choices, "usage": usage(output)}
@@ -316,37 +383,38 @@ class OpenAIServing:
         last = None
         top = req.top_logprobs or 0
         fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
+        as_ids, continuous = req.return_tokens_as_token_ids, _continuous_usage(req)
         async for output in stream:
             last = output
             for c, text, first in state.deltas(output):
-                yield fmt.chat(text, c, self._chat_logprobs(c, first, top) if req.logprobs else None)
+                yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
+                               usage(output) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=usage(last))
         yield "data: [DONE]\n\n"
 
-    def _chat_logprobs(self, c: CompletionOutput, first: int, top: int) -> dict[str, Any]:
+    def _chat_logprobs(self, c: CompletionOutput, first: int, top: int, as_ids: bool = False) -> dict[str, Any]:
         content = []
         for token, entry in zip(c.token_ids[first:], (c.logprobs or [])[first:], strict=False):
             best = sorted(entry.items(), key=lambda kv: kv[1][1])[:top]
-            content.append({**self._token_info(token, entry[token][0]),
-                            "top_logprobs": [self._token_info(t, lp) for t, (lp, _) in best]})
+            content.append({**self._token_info(token, entry[token][0], as_ids),
+                            "top_logprobs": [self._token_info(t, lp, as_ids) for t, (lp, _) in best]})
         return {"content": content}
 
-    def _token_info(self, token: int, logprob: float) -> dict[str, Any]:
-        piece = self._piece(token)
+    def _token_info(self, token: int, logprob: float, as_ids: bool = False) -> dict[str, Any]:
+        piece = token_label(self.tokenizer, token, as_ids)
         return {"token": piece, "logprob": max(logprob, -9999.0), "bytes": list(piece.encode("utf-8"))}
 
-    def _piece(self, token: int) -> str:
-        return self.tokenizer.decode([token])
-
-    def _lora(self, model: str) -> LoRARequest | None:
+    def lora_for(self, model: str) -> LoRARequest | None:
         """The adapter a served name stands for (None: the base model)."""
         return self.loras.get(model) if self.loras is not None else None
 
-    async def _final(self, prompt: Prompt, sp: SamplingParams, request_id: str, model: str) -> RequestOutput:
+    async def _final(self, prompt: Prompt, sp: SamplingParams, request_id: str, model: str,
+                     extras: dict[str, Any] | None = None) -> RequestOutput:
         final = None
         sp = sp.model_copy(update={"output_kind": "final_only"})  # a non-streaming reply needs only the end
-        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, self._lora(model)):
+        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, self.lora_for(model),
+                                                 **(extras or {})):
             final = output
         assert final is not None and final.finished
         return final
@@ -408,9 +476,3 @@ async def merge(streams: list[AsyncGenerator[RequestOutput]]) -> AsyncIterator[t
             task.cancel()  # a generator cancelled mid-iteration aborts its request on the way out
         await asyncio.gather(*tasks, return_exceptions=True)
 
-
-def _jsonable_prompt_logprobs(output: RequestOutput) -> list[dict[str, dict[str, float]] | None] | None:
-    if output.prompt_logprobs is None:
-        return None
-    return [None if e is None else {str(t): {"logprob": lp, "rank": r} for t, (lp, r) in e.items()}
-            for e in output.prompt_logprobs]

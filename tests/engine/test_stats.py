@@ -51,3 +51,13 @@ def test_metrics_come_from_snapshots_alone(tiny_model_dirs):
     assert 'vllm:time_to_first_token_seconds_count{model_name="tiny"} 1.0' in text
     assert 'num_gpu_blocks="40"' in text
     assert "_created" not in text
+
+
+def test_every_series_exists_at_zero_before_any_event(tiny_model_dirs):
+    text = _metrics(tiny_model_dirs).render().decode()
+    for series in ('vllm:num_preemptions_total{model_name="tiny"} 0.0',
+                   'vllm:request_success_total{finished_reason="abort",model_name="tiny"} 0.0',
+                   'vllm:gpu_prefix_cache_hits_total{model_name="tiny"} 0.0',
+                   'vllm:num_requests_swapped{model_name="tiny"} 0.0',
+                   'vllm:request_max_num_generation_tokens_count{model_name="tiny"} 0.0'):
+        assert series in text, series

@@ -1,0 +1,188 @@
+"""Requests as vLLM users' clients send them (issue 24, items 1 and 3): unknown fields are accepted and
+logged, vLLM's extras change what they say, `echo` returns the prompt with its logprobs, and the
+small endpoints and fields that lm-eval and SDKs read are there."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from .conftest import API_KEY
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "The harbour at dawn was quiet, and the boats"
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+
+
+def events(response: httpx.Response) -> list[dict]:
+    lines = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+# --- 1. lenient requests and vLLM's extras ---------------------------------------------------------------
+
+SDK_DEFAULTS = {"store": False, "metadata": {"k": "v"}, "parallel_tool_calls": True, "reasoning_effort": None,
+                "prompt_cache_key": None, "safety_identifier": None, "service_tier": "auto", "frobnicate": None,
+                "add_special_tokens": True}
+
+
+def test_unknown_fields_are_accepted_and_logged(server):
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 3, **SDK_DEFAULTS})
+    assert chat.status_code == 200, chat.text
+    completion = post(server, "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 3,
+                                                  "stream_options": None, "frobnicate": {"x": 1}})
+    assert completion.status_code == 200, completion.text
+    log = server.log.read_text()
+    assert "were present in the request but ignored" in log and "frobnicate" in log
+
+
+def test_a_known_field_with_a_bad_value_is_still_a_400(server):
+    response = post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "priority": "high"})
+    assert response.status_code == 400 and "priority" in response.json()["error"]["message"]
+
+
+def test_request_id_is_echoed_in_the_response_id(server):
+    completion = post(server, "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2,
+                                                  "request_id": "trace-42"})
+    assert completion.json()["id"] == "cmpl-trace-42"
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2, "request_id": "trace-43", "stream": True})
+    assert {e["id"] for e in events(chat)} == {"chatcmpl-trace-43"}
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(server, client):
+    long = "one two three four five six seven eight nine ten " * 4
+    full = client.completions.create(model="tiny", prompt=long, max_tokens=1, temperature=0)
+    assert full.usage.prompt_tokens > 12
+    cut = client.completions.create(model="tiny", prompt=long, max_tokens=1, temperature=0,
+                                    extra_body={"truncate_prompt_tokens": 12})
+    assert cut.usage.prompt_tokens == 12
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": long}, headers=HEADERS).json()["tokens"]
+    same = client.completions.create(model="tiny", prompt=ids[-12:], max_tokens=1, temperature=0)
+    assert cut.choices[0].text == same.choices[0].text
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": long}],
+                                                 "max_tokens": 1, "truncate_prompt_tokens": 7})
+    assert chat.json()["usage"]["prompt_tokens"] == 7
+    too_long = post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "truncate_prompt_tokens": 1000})
+    assert too_long.status_code == 400 and "truncate_prompt_tokens" in too_long.json()["error"]["message"]
+
+
+def test_add_special_tokens_is_passed_to_the_tokenizer(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    for flag in (True, False):
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "add_special_tokens": flag}
+        usage = post(server, "/v1/completions", body).json()["usage"]
+        assert usage["prompt_tokens"] == len(tokenizer.encode(PROMPT, add_special_tokens=flag))
+
+
+def test_return_tokens_as_token_ids(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "min_tokens": 4, "logprobs": 2, "temperature": 0,
+            "return_tokens_as_token_ids": True}
+    logprobs = post(server, "/v1/completions", body).json()["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == 4
+    assert all(t.startswith("token_id:") and t[len("token_id:"):].isdigit() for t in logprobs["tokens"])
+    assert all(k.startswith("token_id:") for top in logprobs["top_logprobs"] for k in top)
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 3, "logprobs": True, "top_logprobs": 1,
+                                                 "return_tokens_as_token_ids": True}).json()
+    assert all(c["token"].startswith("token_id:") for c in chat["choices"][0]["logprobs"]["content"])
+
+
+def test_priority_needs_the_priority_policy(server):
+    response = post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "priority": 3})
+    assert response.status_code == 400 and "--scheduling-policy priority" in response.json()["error"]["message"]
+    assert post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2,
+                                            "priority": 0}).status_code == 200
+
+
+def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(server):
+    prompt = "salted prefix " * 12  # several full 8-token blocks
+
+    def hits_after(salt: str | None) -> float:
+        before = server.metric("vllm:prefix_cache_hits_total")
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, **({"cache_salt": salt} if salt else {})}
+        assert post(server, "/v1/completions", body).status_code == 200
+        return server.metric("vllm:prefix_cache_hits_total") - before
+
+    hits_after("tenant-a")
+    assert hits_after("tenant-a") > 0
+    assert hits_after("tenant-b") == 0
+    assert post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "cache_salt": ""}).status_code == 400
+
+
+# --- 3. echo, prompt logprobs, text offsets, continuous usage, GET /v1/models/{id} -------------------------
+
+
+def test_echo_returns_the_prompt_and_its_logprobs_as_the_offline_engine_computes_them(server, tiny_model_dirs):
+    from flotilla.engine.llm import LLM
+    from flotilla.engine.sampling_params import SamplingParams
+
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    choice = post(server, "/v1/completions", body).json()["choices"][0]
+    assert choice["text"].startswith(PROMPT) and len(choice["text"]) > len(PROMPT)
+    lp = choice["logprobs"]
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, block_size=8)
+    offline = llm.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1),
+                           use_tqdm=False)[0]
+    ids = offline.prompt_token_ids
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    expected = [entry[token][0] for token, entry in zip(ids[1:], offline.prompt_logprobs[1:], strict=True)]
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(expected, abs=1e-4)
+    assert lp["tokens"][-1] == llm.get_tokenizer().decode(offline.outputs[0].token_ids)
+    # Character offsets: each token starts where the previous one's text ends.
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+
+
+def test_streamed_echo_equals_the_whole_answer(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "min_tokens": 5, "logprobs": 1, "echo": True,
+            "temperature": 0}
+    whole = post(server, "/v1/completions", body).json()["choices"][0]
+    chunks = events(post(server, "/v1/completions", {**body, "stream": True}))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    offsets = [o for c in chunks for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == whole["logprobs"]["text_offset"]
+    assert [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]] == whole["logprobs"]["tokens"]
+
+
+def test_text_offset_counts_characters_without_echo(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "min_tokens": 6, "logprobs": 0, "temperature": 0}
+    lp = post(server, "/v1/completions", body).json()["choices"][0]["logprobs"]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(6)]
+    assert lp["text_offset"][-1] > 0
+
+
+def test_prompt_logprobs_zero_is_returned_not_null(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0}
+    prompt_logprobs = post(server, "/v1/completions", body).json()["choices"][0]["prompt_logprobs"]
+    assert prompt_logprobs[0] is None and len(prompt_logprobs) > 5
+    first = prompt_logprobs[1]
+    assert len(first) == 1 and {"logprob", "rank", "decoded_token"} <= set(next(iter(first.values())))
+
+
+def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "min_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = events(post(server, "/v1/completions", body))
+    with_choices = [c for c in chunks if c["choices"]]
+    assert all("usage" in c for c in with_choices)
+    assert with_choices[-1]["usage"]["completion_tokens"] == 4
+    chat = events(post(server, "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+        "stream_options": {"continuous_usage_stats": True}}))
+    assert any("usage" in c for c in chat if c["choices"])
+
+
+def test_models_by_id(server):
+    one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
+    assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
+    missing = httpx.get(f"{server.url}/v1/models/nope", headers=HEADERS)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -1,0 +1,92 @@
+"""POST /v1/responses through the openai SDK's `responses.create`, streaming and not (issue 24, item 2)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+QUESTION = "Name a colour of the sea."
+
+
+def _chat_answer(client, messages: list[dict], max_tokens: int = 8) -> str:
+    answer = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, temperature=0)
+    return answer.choices[0].message.content
+
+
+def test_text_input_answers_as_the_chat_completion_of_the_same_conversation(client):
+    response = client.responses.create(model="tiny", input=QUESTION, instructions="Answer briefly.",
+                                       max_output_tokens=8, temperature=0)
+    expected = _chat_answer(client, [{"role": "system", "content": "Answer briefly."},
+                                     {"role": "user", "content": QUESTION}])
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.output_text == expected
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    usage = response.usage
+    assert usage.output_tokens == 8 and usage.input_tokens > 5
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    # max_output_tokens reached: vLLM and OpenAI call the response incomplete
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_message_input_with_content_parts(client):
+    messages = [{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}]
+    response = client.responses.create(model="tiny", input=messages, max_output_tokens=6, temperature=0)
+    assert response.output_text == _chat_answer(client, [{"role": "user", "content": QUESTION}], 6)
+
+
+def test_streaming_events_build_the_same_text(client):
+    whole = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=10, temperature=0)
+    stream = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=10, temperature=0,
+                                     stream=True)
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == events[-4].text
+    assert events[-1].response.output_text == whole.output_text
+
+
+def test_sdk_stream_helper_reads_the_events(client):
+    with client.responses.stream(model="tiny", input=QUESTION, max_output_tokens=5, temperature=0) as stream:
+        events = list(stream)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1]
+    assert last.type == "response.incomplete" and last.response.usage.output_tokens == 5
+    assert last.response.output_text == text
+
+
+def test_previous_response_id_continues_the_stored_conversation(client, server):
+    first = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=4, temperature=0)
+    follow = client.responses.create(model="tiny", input="And another?", previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0)
+    expected = _chat_answer(client, [{"role": "user", "content": QUESTION},
+                                     {"role": "assistant", "content": first.output_text},
+                                     {"role": "user", "content": "And another?"}], 4)
+    assert follow.output_text == expected and follow.previous_response_id == first.id
+    stored = httpx.get(f"{server.url}/v1/responses/{first.id}", headers=HEADERS).json()
+    assert stored["id"] == first.id and stored["output"][0]["content"][0]["text"] == first.output_text
+
+
+def test_store_false_keeps_a_response_out_of_the_store(client):
+    unstored = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny", input="more", previous_response_id=unstored.id, max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_unsupported_input_is_a_400_that_names_it(client):
+    with pytest.raises(openai.BadRequestError, match="function tools"):
+        client.responses.create(model="tiny", input="x", tools=[{"type": "function", "name": "f", "parameters": {}}])
+    with pytest.raises(openai.BadRequestError, match="input items of type"):
+        client.responses.create(model="tiny", input=[{"type": "function_call_output", "call_id": "c", "output": "1"}])
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="nope", input="x")

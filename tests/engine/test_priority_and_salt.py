@@ -1,0 +1,88 @@
+"""`--scheduling-policy priority` in the scheduler, and `cache_salt` in the prefix-cache key (plain
+Python: scheduler and block manager alone)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.engine.block_manager import BlockManager
+from flotilla.engine.config import SchedulerConfig
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.scheduler import Scheduler
+
+
+def _scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=True,
+                             max_model_len=128, scheduling_policy=policy)
+    return Scheduler(config, BlockManager(num_blocks, 4))
+
+
+def _request(name: str, prompt_len: int, priority: int = 0, arrival: float = 0.0, salt: str | None = None,
+             first_token: int = 1) -> Request:
+    prompt = list(range(first_token, first_token + prompt_len))
+    return Request(name, prompt, SamplingParams(max_tokens=8, ignore_eos=True), priority=priority, cache_salt=salt,
+                   arrival_time=arrival)
+
+
+def _run_step(s: Scheduler) -> list[str]:
+    out = s.schedule()
+    s.update(out, {x.request.request_id: 7 for x in out.scheduled if x.samples})
+    return [x.request.request_id for x in out.scheduled]
+
+
+def test_priority_policy_admits_lower_values_first_then_by_arrival():
+    s = _scheduler("priority", max_num_seqs=2)
+    for name, priority, arrival in [("late-low", 5, 1.0), ("urgent", -1, 3.0), ("early-low", 5, 0.5), ("mid", 0, 2.0)]:
+        s.add(_request(name, 4, priority, arrival))
+    assert [r.request_id for r in s.waiting] == ["urgent", "mid", "early-low", "late-low"]
+    assert _run_step(s) == ["urgent", "mid"]
+
+
+def test_fcfs_policy_keeps_arrival_order_whatever_the_priority():
+    s = _scheduler("fcfs", max_num_seqs=2)
+    for name, priority in [("a", 5), ("b", -1), ("c", 0)]:
+        s.add(_request(name, 4, priority))
+    assert _run_step(s) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("policy", "victim"), [("priority", "background"), ("fcfs", "newest")])
+def test_out_of_blocks_preempts_the_largest_priority_value_or_the_newest(policy, victim):
+    # 6 blocks of 4 tokens: three 8-token prompts take all six, so the first decode step needs a victim.
+    s = _scheduler(policy, num_blocks=6)
+    # Distinct prompts, so no prefix-cache sharing frees a block.
+    s.add(_request("background", 8, priority=9, arrival=0.0, first_token=100))
+    s.add(_request("urgent", 8, priority=0, arrival=1.0, first_token=200))
+    s.add(_request("newest", 8, priority=1, arrival=2.0, first_token=300))
+    _run_step(s)
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == [victim]
+    assert victim in [r.request_id for r in s.waiting]
+
+
+def test_cache_salt_separates_prefix_cache_hits():
+    manager = BlockManager(32, 4)
+    first = _request("first", 13, salt="tenant-a")
+    manager.allocate(first, 13)
+    manager.free(first)  # its 3 full blocks stay cached
+    assert len(manager.find_cached_prefix(_request("same-salt", 13, salt="tenant-a"))) == 3
+    assert manager.find_cached_prefix(_request("other-salt", 13, salt="tenant-b")) == []
+    assert manager.find_cached_prefix(_request("no-salt", 13)) == []
+
+
+def test_engine_runs_lower_priority_values_first_and_refuses_priority_under_fcfs(tiny_model_dirs):
+    from flotilla.engine.errors import InvalidParamError
+    from flotilla.engine.llm import LLM
+
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, max_num_seqs=1, scheduling_policy="priority")
+    params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+    for name, priority in [("later", 2), ("first", -5), ("second", 0)]:
+        llm.engine.add_request([5, 6, 7], params, name, priority=priority)
+    finished = []
+    while llm.engine.has_unfinished_requests():
+        finished += [o.request_id for o in llm.engine.step() if o.finished]
+    assert finished == ["first", "second", "later"]
+
+    fcfs = LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
+    with pytest.raises(InvalidParamError, match="--scheduling-policy priority"):
+        fcfs.engine.add_request([5, 6, 7], params, "x", priority=1)
