@@ -25,8 +25,10 @@ RECORDS = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["ru
 SERVICE_PODS = sorted(p for p, s in PODS.items() if s == SERVICE)
 # Values a user picks in the dashboard's variables: everything, or one InferenceService / pod.
 SELECTIONS = {
-    "all": {"namespace": ".*", "inferenceservice": ".*", "model": ".*", "pod": ".*"},
-    "one": {"namespace": NAMESPACE, "inferenceservice": SERVICE, "model": MODEL, "pod": SERVICE_PODS[0]},
+    "all": {"namespace": ".*", "inferenceservice": ".*", "model": ".*", "pod": ".*", "ttft_slo": "0.5",
+            "itl_slo": "0.1"},
+    "one": {"namespace": NAMESPACE, "inferenceservice": SERVICE, "model": MODEL, "pod": SERVICE_PODS[0],
+            "ttft_slo": "0.5", "itl_slo": "0.1"},
 }
 
 
