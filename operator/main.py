@@ -174,9 +174,9 @@ def main(argv: list[str]) -> int:
     reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
     if args.serving_period > 0:
-        settings = ReaderSettings(period_s=args.serving_period, window_s=args.serving_window,
-                                  concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
-        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, settings))
+        reading = ReaderSettings(period_s=args.serving_period, window_s=args.serving_window,
+                                 concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
+        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, reading))
     if not args.no_webhook:
         webhook.register(registry, args.policy)
         if args.engine_image:

@@ -56,7 +56,6 @@ class Target:
     """One engine pod to scrape."""
 
     namespace: str
-    inferenceservice: str
     pod: str
     url: str
 
@@ -85,7 +84,7 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
             continue
         host = f"[{ip}]" if ":" in ip else ip
         out.setdefault((meta["namespace"], owner), []).append(
-            Target(meta["namespace"], owner, meta["name"], f"http://{host}:{_metrics_port(pod)}/metrics"))
+            Target(meta["namespace"], meta["name"], f"http://{host}:{_metrics_port(pod)}/metrics"))
     return out
 
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from flotilla.operator.autoscaling import desired_replicas, keda_query
 from flotilla.operator.spec import InferenceServiceSpec
 
-from .conftest import FIS_PATH, SERVING_WINDOW_S, REPO, Cluster, OperatorProcess, wait_for
+from .conftest import FIS_PATH, REPO, SERVING_WINDOW_S, Cluster, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
