@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
 from flotilla.operator.kube import Kube, KubeError
-from flotilla.operator.serving_status import Thresholds, build_serving, worth_writing
+from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 from flotilla.operator.spec import GROUP, VERSION
 
 # Read no more of a /metrics body than this: an engine's is ~20 kB; a broken endpoint must not
@@ -182,7 +182,7 @@ class ServingReader:
     def _patch(self, namespace: str, name: str, block: dict[str, Any] | None) -> bool:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/{name}"
         try:
-            self.kube.patch_status(path, {"serving": block})
+            self.kube.patch_status(path, {"serving": None if block is None else as_merge_patch(block)})
         except KubeError as e:
             if e.status != 404:  # pods whose InferenceService is gone (or not made by us): nothing to write
                 log.warning(f"writing status.serving of {namespace}/{name} failed: {e}")

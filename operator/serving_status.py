@@ -53,6 +53,17 @@ def build_serving(total: Figures, per_pod: dict[str, Figures], window_s: float, 
     return block.model_dump(by_alias=True, exclude_none=True)
 
 
+# Figures that are left out when unknown: a merge patch must name them (null) to remove a stale value.
+_OPTIONAL = tuple(f.alias or name for name, f in ServingStatus.model_fields.items() if not f.is_required()
+                  and name != "replicas")
+
+
+def as_merge_patch(block: dict[str, Any]) -> dict[str, Any]:
+    """`block` as a JSON merge patch of status.serving: unknown figures set to null, so a value
+    written earlier (a p95 before the traffic stopped) is removed rather than kept."""
+    return {**dict.fromkeys(_OPTIONAL), **block}
+
+
 def _moved(old: dict[str, Any], new: dict[str, Any], t: Thresholds) -> bool:
     for key in ("running", "waiting"):
         if abs(new.get(key, 0) - old.get(key, 0)) >= max(t.requests, 1e-9):

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from flotilla.operator import serving_metrics as sm
 from flotilla.operator.serving_reader import targets_of, wanted_lines
-from flotilla.operator.serving_status import Thresholds, build_serving, worth_writing
+from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
@@ -190,3 +190,23 @@ def test_targets_are_running_engine_pods_with_an_address():
     targets = targets_of(pods, ["a"])
     assert list(targets) == [("a", "svc")]
     assert [t.url for t in targets[("a", "svc")]] == ["http://10.0.0.1:8000/metrics", "http://[fd00::1]:9000/metrics"]
+
+
+def _apply_merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386, as the API server applies a merge patch."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _apply_merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_written_patch_removes_figures_that_became_unknown():
+    busy = _block(ttft=0.9)
+    idle = build_serving(sm.Figures(0, 0, 0.0, None, 0.0, None, None, None), {}, 60.0, "2026-12-03T10:01:00Z")
+    stored = _apply_merge_patch({"serving": busy}, {"serving": as_merge_patch(idle)})["serving"]
+    assert stored == idle  # no stale p95 left behind, and the per-pod list replaced
