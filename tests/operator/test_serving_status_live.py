@@ -148,7 +148,9 @@ def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live) -> N
         assert now["replicas"][0]["pod"] == POD and now["scraped"] == 1 and now["unreachable"] == 0
         engine_rate = (tokens_1 - tokens_0) / (t1 - t0)
         assert 0.5 * engine_rate <= now["generationTokensPerSecond"] <= 2 * engine_rate, (now, engine_rate)
-        assert 0 <= now["kvCacheUsagePercent"] <= 100 and now["ttftP50Seconds"] <= now["ttftP95Seconds"]
+        assert 0 <= now["kvCacheUsagePercent"] <= 100
+        # (A 5 s window under this load may hold no first token at all: then both are left out.)
+        assert now.get("ttftP50Seconds", 0) <= now.get("ttftP95Seconds", math.inf)
 
         # The autoscaler's query (KEDA's, over the histogram buckets) reads above target, so the HPA
         # that KEDA drives wants more replicas; the HPA path's recorded series agrees.
@@ -174,8 +176,8 @@ def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live) -> N
     assert idle["running"] == idle["waiting"] == 0
     kv = live.engine_metric("vllm:kv_cache_usage_perc")
     assert idle["kvCacheUsagePercent"] == round(100 * kv, 1)
-    idle_p95 = wait_for(lambda: (v := live.promql(query)) == 0 and v == 0, 30, f"{query} to read 0 idle")
-    assert desired_replicas(4, idle_p95, TARGET_S, 1, 4) == 1
+    wait_for(lambda: live.promql(query) == 0, 30, f"{query} to read 0 idle")
+    assert desired_replicas(4, 0.0, TARGET_S, 1, 4) == 1
 
     # Nothing moves: the status is not written again (its observedAt stays).
     time.sleep(3 * 1.0)
