@@ -50,8 +50,6 @@ _.kv_cache_usage_percent  # status.serving figures (operator/status.py), written
 _.prefix_cache_hit_rate_percent
 _.window_seconds
 _.scraped
-# ParallelConfig (engine/config.py) records the validated --tensor/--pipeline-parallel-size (only 1
-# and 1 run today); the parallel layers will read them when tensor parallelism lands.
-_.parallel
-_.tensor_parallel_size
-_.pipeline_parallel_size
+# pickle's hooks, called by name (engine/step_channel.py)
+_.persistent_id
+_.persistent_load

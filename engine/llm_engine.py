@@ -16,7 +16,8 @@ from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
-from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
+from flotilla.engine.executor import MultiprocExecutor, build_executor
+from flotilla.engine.model_runner import LaunchedStep, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
-        self.runner = ModelRunner(config)
+        self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
@@ -157,6 +158,16 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             events=s.drain_events(),
         )
+
+    def check_health(self) -> None:
+        """Raise if the model can no longer run steps (a tensor/pipeline-parallel worker has died)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (the engine cannot step afterwards)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
