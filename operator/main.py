@@ -74,8 +74,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
     try:
         args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes))
-    except ValueError as e:
+        args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
+                                      concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
+    except ValueError as e:  # pydantic's ValidationError is one
         p.error(str(e))
+    if args.serving_period < 0:
+        p.error("--serving-period must be 0 (off) or a positive number of seconds")
     return args
 
 
@@ -174,9 +178,7 @@ def main(argv: list[str]) -> int:
     reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
     if args.serving_period > 0:
-        reading = ReaderSettings(period_s=args.serving_period, window_s=args.serving_window,
-                                 concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
-        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, reading))
+        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
     if not args.no_webhook:
         webhook.register(registry, args.policy)
         if args.engine_image:

@@ -210,3 +210,14 @@ def test_the_written_patch_removes_figures_that_became_unknown():
     idle = build_serving(sm.Figures(0, 0, 0.0, None, 0.0, None, None, None), {}, 60.0, "2026-12-03T10:01:00Z")
     stored = _apply_merge_patch({"serving": busy}, {"serving": as_merge_patch(idle)})["serving"]
     assert stored == idle  # no stale p95 left behind, and the per-pod list replaced
+
+
+def test_operator_refuses_bad_serving_flags():
+    from flotilla.operator.main import parse_args
+
+    args = parse_args(["--serving-period", "3", "--serving-window", "30"])
+    assert (args.reading.period_s, args.reading.window_s) == (3.0, 30.0)
+    assert parse_args(["--serving-period", "0"]).serving_period == 0  # off
+    for bad in (["--serving-window", "0"], ["--serving-concurrency", "0"], ["--serving-period", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
