@@ -88,7 +88,7 @@ def _engine_pod(namespace: str, port: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cluster: Cluster,
-         operator_process: OperatorProcess) -> Iterator[Live]:
+         _session_operator: OperatorProcess) -> Iterator[Live]:
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus is not installed")
     work = tmp_path_factory.mktemp("serving-live")
@@ -125,7 +125,8 @@ def _reported(live: Live) -> dict[str, Any]:
     return wait_for(lambda: (s := live.serving()).get("scraped") == 1 and s, 60, "status.serving to appear")
 
 
-def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live) -> None:
+def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, operator_process: OperatorProcess,
+                                                                ) -> None:
     before = _reported(live)
     assert [r["pod"] for r in before["replicas"]] == [POD]
     assert before["running"] == before["waiting"] == 0 and before["windowSeconds"] == SERVING_WINDOW_S
@@ -184,7 +185,7 @@ def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live) -> N
     assert live.serving()["observedAt"] == idle["observedAt"]
 
 
-def test_operator_renders_an_hpa_on_the_external_slo_metric(live: Live) -> None:
+def test_operator_renders_an_hpa_on_the_external_slo_metric(live: Live, operator_process: OperatorProcess) -> None:
     hpa = wait_for(lambda: live.cluster.kube.get(
         f"/apis/autoscaling/v2beta2/namespaces/{live.namespace}/horizontalpodautoscalers/{NAME}"), 30, "the HPA")
     metric = hpa["spec"]["metrics"][0]
