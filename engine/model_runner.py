@@ -19,6 +19,8 @@ from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch, flatten
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
+from flotilla.engine.lora.manager import LoRAManager
+from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.request import Request
@@ -88,6 +90,9 @@ class ModelRunner:
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.model = load_model(config.model, self.device)
+        lc = config.lora  # wrapped before profiling, so the adapter slots count against the memory budget
+        self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora \
+            else None
         use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()
@@ -227,12 +232,15 @@ class ModelRunner:
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
         flat = flatten(out, self.block_size)
-        hidden = self.graphs.run(flat, self._fill_pending) if self.graphs is not None else None
+        # A step that uses adapters runs eagerly; the graphs hold the base model's steps.
+        token_slots = self.lora.token_slots(out) if self.lora is not None else None
+        graphs = self.graphs if token_slots is None else None
+        hidden = graphs.run(flat, self._fill_pending) if graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
             inputs = self.prepare_inputs(flat)
             self._fill_pending(inputs.input_ids, flat)
-            with forward_context(inputs.metadata):
+            with forward_context(inputs.metadata), lora_slots(token_slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
         step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows)

@@ -243,7 +243,42 @@ FLAGS: tuple[Flag, ...] = (
         crd_field="speculative",
         implemented=False,
     ),
-    Flag("--enable-lora", "bool", False, "Serve LoRA adapters.", "lora", crd_field="lora", implemented=False),
+    Flag(
+        "--enable-lora",
+        "bool",
+        False,
+        "Serve LoRA adapters (PEFT format, on q/k/v/o/gate/up/down): a request picks one by its `model`; "
+        "base-model requests and several adapters run in one batch.",
+        "lora",
+        crd_field="lora",
+    ),
+    Flag(
+        "--lora-modules",
+        "list",
+        None,
+        'Adapters served from the start: name=path, or JSON {"name": ..., "path": ..., "base_model_name": ...}.',
+        "lora",
+        crd_field="lora.adapters",
+    ),
+    Flag("--max-loras", "int", 1, "Adapters in one batch (device slots).", "lora", crd_field="lora.maxLoras", ge=1),
+    Flag(
+        "--max-lora-rank",
+        "int",
+        16,
+        "Largest adapter rank served (sizes the device slots).",
+        "lora",
+        crd_field="lora.maxLoraRank",
+        choices=(1, 8, 16, 32, 64, 128, 256, 320, 512),
+    ),
+    Flag(
+        "--max-cpu-loras",
+        "int",
+        None,
+        "Adapters kept loaded in CPU memory (default and minimum: --max-loras).",
+        "lora",
+        crd_field="lora.maxCpuLoras",
+        ge=1,
+    ),
     # --- device ------------------------------------------------------------------------------------
     Flag(
         "--device",
