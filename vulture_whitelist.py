@@ -46,6 +46,10 @@ _.last_transition_time  # status conditions and figures (operator/status.py), wr
 _.observed_generation
 _.ready_replicas
 _.kv_budget_bytes  # operator/fit.py FitReport -> status.fit through asdict
+_.kv_cache_usage_percent  # status.serving figures (operator/status.py), written by serving_status.py
+_.prefix_cache_hit_rate_percent
+_.window_seconds
+_.scraped
 # pickle's hooks, called by name (engine/step_channel.py)
 _.persistent_id
 _.persistent_load

@@ -1,28 +1,56 @@
-"""Autoscalers on the engine's per-pod metrics (pure builders): an HPA, or a KEDA ScaledObject.
+"""Autoscalers on the engine's metrics (pure builders): an HPA, or a KEDA ScaledObject.
 
-The HPA reads `vllm:<metric>` as a Pods metric through the custom metrics API, which the
-Prometheus Adapter serves with a rule such as
-`{seriesQuery: 'vllm:num_requests_waiting{namespace!="",pod!=""}', name: {as: "vllm:num_requests_waiting"},
-metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'}`.
+Two kinds of metric:
+- an engine gauge per pod (num_requests_waiting, ...): the HPA reads `vllm:<metric>` as a Pods
+  metric through the custom metrics API, which the Prometheus Adapter serves with a rule such as
+  `{seriesQuery: 'vllm:num_requests_waiting{namespace!="",pod!=""}', name: {as: "vllm:num_requests_waiting"},
+  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'}`; KEDA sums it over the pods
+  and divides by the replicas (AverageValue).
+- a latency SLO (ttft_p95_seconds, inter_token_latency_p95_seconds): the p95 over all replicas from
+  vLLM's histogram buckets, compared with the target as a Value, so the HPA wants
+  ceil(replicas x p95 / target) replicas (`desired_replicas`). KEDA runs the PromQL itself
+  (`keda_query`); the HPA reads the External metric `flotilla_<metric>`, which the chart's adapter
+  rules serve from its recording rules (`inferenceservice:vllm_..._seconds:p95_1m`). With no
+  traffic the p95 reads 0, so replicas fall back to minReplicas.
 KEDA, when installed, queries Prometheus itself, so no adapter is needed.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from flotilla.operator import names
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import SLO_METRICS, InferenceServiceSpec
 
 HPA_API_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
 # Wait before scaling in: a replica takes minutes to load, so don't give one up on a short lull.
 SCALE_DOWN_STABILIZATION_S = 300
 
 
+# SLO metric -> vLLM histogram whose buckets give its p95.
+SLO_HISTOGRAMS = {"ttft_p95_seconds": "vllm:time_to_first_token_seconds",
+                  "inter_token_latency_p95_seconds": "vllm:inter_token_latency_seconds"}
+
+
+def is_slo(spec: InferenceServiceSpec) -> bool:
+    """Whether the autoscaler follows a latency SLO (a Value over all replicas), not a per-pod gauge."""
+    return spec.autoscaling is not None and spec.autoscaling.metric in SLO_METRICS
+
+
 def metric_name(spec: InferenceServiceSpec) -> str:
-    """The engine gauge the autoscaler follows, with vLLM's name (`vllm:num_requests_waiting`)."""
+    """The metric the HPA asks for: the engine gauge with vLLM's name (`vllm:num_requests_waiting`), or
+    the External SLO metric the chart's adapter rules serve (`flotilla_ttft_p95_seconds`)."""
     assert spec.autoscaling is not None
-    return f"vllm:{spec.autoscaling.metric}"
+    return f"flotilla_{spec.autoscaling.metric}" if is_slo(spec) else f"vllm:{spec.autoscaling.metric}"
+
+
+def desired_replicas(current: int, value: float, target: float, min_replicas: int, max_replicas: int) -> int:
+    """What the HPA controller (and so KEDA) asks for with a Value target: ceil(current x value / target),
+    within [min, max]; it leaves replicas alone within its 10% tolerance."""
+    ratio = value / target
+    wanted = current if abs(ratio - 1) <= 0.1 else math.ceil(current * ratio)
+    return max(min_replicas, min(max_replicas, wanted))
 
 
 def _quantity(value: float) -> str:
@@ -42,6 +70,15 @@ def build_hpa(spec: InferenceServiceSpec, name: str, namespace: str,
     if api_version not in HPA_API_VERSIONS:
         raise ValueError(f"unsupported HorizontalPodAutoscaler apiVersion {api_version}")
     a = spec.autoscaling
+    if is_slo(spec):
+        metric = {"type": "External", "external": {
+            "metric": {"name": metric_name(spec),
+                       "selector": {"matchLabels": {names.INFERENCESERVICE_SERIES_LABEL: name}}},
+            "target": {"type": "Value", "value": _quantity(a.target)}}}
+    else:
+        metric = {"type": "Pods", "pods": {
+            "metric": {"name": metric_name(spec)},
+            "target": {"type": "AverageValue", "averageValue": _quantity(a.target)}}}
     return {
         "apiVersion": api_version,
         "kind": "HorizontalPodAutoscaler",
@@ -50,26 +87,30 @@ def build_hpa(spec: InferenceServiceSpec, name: str, namespace: str,
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
-            "metrics": [{"type": "Pods", "pods": {
-                "metric": {"name": metric_name(spec)},
-                "target": {"type": "AverageValue", "averageValue": _quantity(a.target)},
-            }}],
+            "metrics": [metric],
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_STABILIZATION_S}},
         },
     }
 
 
 def keda_query(spec: InferenceServiceSpec, name: str, namespace: str) -> str:
-    """PromQL summing the metric over this InferenceService's pods (label copied by the ServiceMonitor)."""
-    return (f'sum({metric_name(spec)}{{namespace="{namespace}",'
-            f'{names.INFERENCESERVICE_SERIES_LABEL}="{name}"}})')
+    """PromQL over this InferenceService's pods (label copied by the ServiceMonitor): the gauge summed,
+    or the SLO's p95 from the histogram buckets over `autoscaling.window` (0 with no traffic)."""
+    assert spec.autoscaling is not None
+    selector = f'{{namespace="{namespace}",{names.INFERENCESERVICE_SERIES_LABEL}="{name}"}}'
+    if is_slo(spec):
+        histogram = SLO_HISTOGRAMS[spec.autoscaling.metric]
+        # No request in the window gives NaN (0/0): `> 0` drops it and `or vector(0)` reads it as 0.
+        return (f"(histogram_quantile(0.95, sum by (le) (rate({histogram}_bucket{selector}"
+                f"[{spec.autoscaling.window}]))) > 0) or vector(0)")
+    return f"sum({metric_name(spec)}{selector})"
 
 
 def build_scaled_object(spec: InferenceServiceSpec, name: str, namespace: str) -> dict[str, Any] | None:
     """KEDA ScaledObject with a Prometheus trigger, or None when autoscaling is not set.
 
     KEDA divides the summed query by the replica count (metricType AverageValue), so `target` keeps
-    the same per-pod meaning as with the HPA.
+    the same per-pod meaning as with the HPA; an SLO's p95 is compared as it is (metricType Value).
     """
     if spec.autoscaling is None:
         return None
@@ -86,7 +127,7 @@ def build_scaled_object(spec: InferenceServiceSpec, name: str, namespace: str) -
                 "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_STABILIZATION_S}}}},
             "triggers": [{
                 "type": "prometheus",
-                "metricType": "AverageValue",
+                "metricType": "Value" if is_slo(spec) else "AverageValue",
                 "metadata": {"serverAddress": a.prometheus_address,
                              "query": keda_query(spec, name, namespace),
                              "threshold": f"{a.target:g}"},

@@ -33,6 +33,15 @@ PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.servedName",
      "description": "Served model name (empty: the InferenceService's name)."},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus", "description": "GPUs of all replicas."},
+    # Live figures (status.serving, written by the serving reader): is it keeping up?
+    {"name": "Queue", "type": "integer", "jsonPath": ".status.serving.waiting",
+     "description": "Requests waiting for admission, all replicas."},
+    {"name": "KV %", "type": "number", "jsonPath": ".status.serving.kvCacheUsagePercent",
+     "description": "KV-cache use, replicas' mean."},
+    {"name": "Tok/s", "type": "number", "jsonPath": ".status.serving.generationTokensPerSecond",
+     "description": "Generation tokens per second over the window, all replicas."},
+    {"name": "TTFT-P95", "type": "number", "jsonPath": ".status.serving.ttftP95Seconds",
+     "description": "Time to first token p95 over the window, seconds."},
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "In-cluster URL."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

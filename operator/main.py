@@ -23,11 +23,12 @@ from typing import Any
 
 import kopf
 
-from flotilla.operator import handlers, webhook
+from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
 from flotilla.operator.kube import Kube
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
+from flotilla.operator.serving_reader import ReaderSettings, ServingReader
 from flotilla.operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
 WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
@@ -60,6 +61,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="liveness endpoint URL (empty: none)")
     p.add_argument("--resync-seconds", type=float, default=60.0,
                    help="reconcile every InferenceService this often, whatever the events (0: never)")
+    p.add_argument("--serving-period", type=float, default=10.0,
+                   help="read every engine pod's /metrics this often, in seconds, for status.serving (0: never)")
+    p.add_argument("--serving-window", type=float, default=60.0,
+                   help="window of status.serving's rates and latency percentiles, in seconds")
+    p.add_argument("--serving-concurrency", type=int, default=32, help="engine scrapes in flight at once")
+    p.add_argument("--serving-timeout", type=float, default=2.0, help="seconds one engine scrape may take")
     p.add_argument("-v", "--verbose", action="store_true", help="log every handler call")
     p.add_argument("--debug", action="store_true", help="log kopf's internals too")
     args = p.parse_args(argv)
@@ -67,8 +74,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
     try:
         args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes))
-    except ValueError as e:
+        args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
+                                      concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
+    except ValueError as e:  # pydantic's ValidationError is one
         p.error(str(e))
+    if args.serving_period < 0:
+        p.error("--serving-period must be 0 (off) or a positive number of seconds")
     return args
 
 
@@ -166,6 +177,8 @@ def main(argv: list[str]) -> int:
     kopf.on.login(id="login", registry=registry)(login)
     reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
+    if args.serving_period > 0:
+        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
     if not args.no_webhook:
         webhook.register(registry, args.policy)
         if args.engine_image:

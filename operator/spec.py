@@ -235,7 +235,10 @@ class SecretKeyRef(_Model):
     key: str = Field(default="token", min_length=1, description="Key within the Secret.")
 
 
-AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"]
+AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
+                            "ttft_p95_seconds", "inter_token_latency_p95_seconds"]
+# Latency SLOs: a p95 over the whole InferenceService, from the engines' histograms (autoscaling.py).
+SLO_METRICS = ("ttft_p95_seconds", "inter_token_latency_p95_seconds")
 
 
 class AutoscalingSpec(_Model):
@@ -245,11 +248,16 @@ class AutoscalingSpec(_Model):
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
     metric: AutoscalingMetric = Field(
         default="num_requests_waiting",
-        description="Engine gauge to scale on, per pod (vllm:<metric>).")
+        description="What to scale on: an engine gauge, per pod (vllm:<metric>), or a latency SLO over all "
+                    "replicas (ttft_p95_seconds, inter_token_latency_p95_seconds).")
     target: float = Field(
         default=10, ge=0.001, le=1_000_000,
-        description="Per-pod average of the metric to hold (a fraction for kv_cache_usage_perc, at most 1); "
-                    "at least 0.001, the finest a Kubernetes quantity (1m) can state.")
+        description="Per-pod average of the gauge to hold (a fraction for kv_cache_usage_perc, at most 1), or "
+                    "the SLO's p95 in seconds; at least 0.001, the finest a Kubernetes quantity (1m) can state.")
+    window: str = Field(
+        default="1m", pattern=r"^[1-9][0-9]*(s|m)$",
+        description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m); the HPA reads the chart's "
+                    "recorded 1m series.")
     prometheus_address: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090", max_length=253, pattern=PROMETHEUS_URL_PATTERN,
         description="Prometheus that KEDA queries (used only with KEDA): http(s)://host[:port][/path], no "

@@ -36,6 +36,40 @@ class FitStatus(_Model):
         default=None, description="Sequences of maxModelLen that fit at once.")
 
 
+class ServingFigures(_Model):
+    """How replicas are serving, from their /metrics (operator/serving_status.py); latencies and
+    rates over the last window."""
+
+    running: int = Field(description="Requests in the running batch (vllm:num_requests_running).")
+    waiting: int = Field(description="Requests queued for admission (vllm:num_requests_waiting).")
+    kv_cache_usage_percent: float | None = Field(
+        default=None, description="KV-cache blocks in use, % (vllm:kv_cache_usage_perc; replicas' mean).")
+    prefix_cache_hit_rate_percent: float | None = Field(
+        default=None, description="Prompt tokens found in the prefix cache over the window, %.")
+    generation_tokens_per_second: float | None = Field(
+        default=None, description="Output tokens per second over the window.")
+    ttft_p50_seconds: float | None = Field(default=None, description="Time to first token, median, over the window.")
+    ttft_p95_seconds: float | None = Field(default=None, description="Time to first token, p95, over the window.")
+    inter_token_latency_p95_seconds: float | None = Field(
+        default=None, description="Inter-token latency, p95, over the window.")
+
+
+class ReplicaServing(ServingFigures):
+    """One engine pod's figures."""
+
+    pod: str = Field(description="Pod name.")
+
+
+class ServingStatus(ServingFigures):
+    """Live serving figures of all replicas together, and of each."""
+
+    window_seconds: float = Field(description="Window of the rates and latency percentiles.")
+    observed_at: str = Field(description="When the figures were read (RFC 3339).")
+    scraped: int = Field(description="Engine pods whose /metrics answered.")
+    unreachable: int = Field(default=0, description="Engine pods with an address whose /metrics did not answer.")
+    replicas: list[ReplicaServing] = Field(default_factory=list, description="Per-pod figures.")
+
+
 class InferenceServiceStatus(_Model):
     """Observed state, written by the operator."""
 
@@ -50,5 +84,7 @@ class InferenceServiceStatus(_Model):
     autoscaler: str | None = Field(default=None, description="Which autoscaler is in use: HPA, KEDA or none.")
     monitoring: str | None = Field(default=None, description="ServiceMonitor created, or why not.")
     fit: FitStatus | None = Field(default=None, description="The fit check's outcome and figures.")
+    serving: ServingStatus | None = Field(
+        default=None, description="Live serving figures from the engines' /metrics, written on a period.")
     conditions: list[Condition] = Field(
         default_factory=list, description="Valid, FitChecked, Progressing, Ready, Degraded.")

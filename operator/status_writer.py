@@ -132,7 +132,10 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         autoscaler=None if seen.plan is None else seen.plan.autoscaler,
         monitoring=None if seen.plan is None else seen.plan.monitoring,
     )
-    return status.model_dump(by_alias=True, exclude_none=True)
+    out = status.model_dump(by_alias=True, exclude_none=True)
+    if old.get("serving") is not None:
+        out["serving"] = old["serving"]  # the serving reader's block (serving_reader.py): not ours to drop
+    return out
 
 
 # Conditions whose False is bad news (Degraded is bad news when True).

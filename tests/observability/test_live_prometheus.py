@@ -25,8 +25,10 @@ RECORDS = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["ru
 SERVICE_PODS = sorted(p for p, s in PODS.items() if s == SERVICE)
 # Values a user picks in the dashboard's variables: everything, or one InferenceService / pod.
 SELECTIONS = {
-    "all": {"namespace": ".*", "inferenceservice": ".*", "model": ".*", "pod": ".*"},
-    "one": {"namespace": NAMESPACE, "inferenceservice": SERVICE, "model": MODEL, "pod": SERVICE_PODS[0]},
+    "all": {"namespace": ".*", "inferenceservice": ".*", "model": ".*", "pod": ".*", "ttft_slo": "0.5",
+            "itl_slo": "0.1"},
+    "one": {"namespace": NAMESPACE, "inferenceservice": SERVICE, "model": MODEL, "pod": SERVICE_PODS[0],
+            "ttft_slo": "0.5", "itl_slo": "0.1"},
 }
 
 
@@ -188,3 +190,39 @@ def test_prometheus_adapter_rule_gives_the_hpa_its_per_pod_values(observed: Obse
     average = sum(per_pod.values()) / len(per_pod)
     target = float(hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"])
     assert math.ceil(len(per_pod) * average / target) == math.ceil(sum(raw[p] for p in SERVICE_PODS) / target)
+
+
+def _adapter_external_rules() -> list[dict[str, Any]]:
+    helm_python = pytest.importorskip("helm_python")
+    with helm_python.Chart.load(REPO / "charts" / "flotilla") as c:
+        rendered = c.render({"prometheusAdapter": {"rules": {"enabled": True}}}, name="flotilla",
+                            namespace="flotilla", is_install=True)
+    for path, text in rendered.items():
+        for doc in yaml.safe_load_all(text) if path.endswith(".yaml") else []:
+            if doc and doc.get("kind") == "ConfigMap" and "config.yaml" in doc.get("data", {}):
+                return yaml.safe_load(doc["data"]["config.yaml"])["externalRules"]
+    raise AssertionError("the chart rendered no adapter ConfigMap")
+
+
+@pytest.mark.parametrize("metric", ["ttft_p95_seconds", "inter_token_latency_p95_seconds"])
+def test_adapter_external_rule_gives_the_slo_hpa_the_services_p95(observed: Observed, metric: str) -> None:
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": "pvc://models/smollm2"},
+        "autoscaling": {"maxReplicas": 8, "metric": metric, "target": 0.5}})
+    hpa = build_hpa(spec, SERVICE, NAMESPACE)
+    assert hpa is not None
+    external = hpa["spec"]["metrics"][0]["external"]["metric"]
+    rules = [r for r in _adapter_external_rules() if r["name"]["as"] == external["name"]]
+    assert len(rules) == 1, f"no adapter external rule serves {external['name']}"
+    series = rules[0]["seriesQuery"].split("{")[0]
+    # What the adapter sends for the HPA's External metric in namespace demo with its selector.
+    matchers = ",".join([f'namespace="{NAMESPACE}"',
+                         *(f'{k}="{v}"' for k, v in external["selector"]["matchLabels"].items())])
+    query = (rules[0]["metricsQuery"].replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
+             .replace("<<.GroupBy>>", ""))
+    result = observed.prometheus.query(query)
+    assert len(result) == 1, (query, result)
+    value = float(result[0]["value"][1])
+    recorded = {s["metric"][ISVC_LABEL]: float(s["value"][1]) for s in observed.prometheus.query(series)}
+    assert recorded.keys() == {SERVICE, OTHER}  # the other InferenceService is there, and left out above
+    assert math.isfinite(value) and value > 0

@@ -137,6 +137,17 @@ def test_promtool_unit_tests_for_every_alert(tmp_path: Path) -> None:
              "exp_samples": [{"labels": "inferenceservice:vllm_time_to_first_token_seconds:p95_5m{"
                               + SVC.format(svc="llama") + "}", "value": 2.375}]},
         ]})
+    # The SLO autoscaling series: p95 over 1m, and 0 (not NaN) for an InferenceService with no traffic.
+    tests["tests"].append({
+        "name": "slo", "interval": "15s",
+        "input_series": [*ttft("llama", 25, 25, 80), *ttft("idle", 0, 0, 80)],
+        "promql_expr_test": [
+            {"expr": "inferenceservice:vllm_time_to_first_token_seconds:p95_1m", "eval_time": "10m",
+             "exp_samples": [{"labels": "inferenceservice:vllm_time_to_first_token_seconds:p95_1m{"
+                              + SVC.format(svc="llama") + "}", "value": 2.375},
+                             {"labels": "inferenceservice:vllm_time_to_first_token_seconds:p95_1m{"
+                              + SVC.format(svc="idle") + "}", "value": 0}]},
+        ]})
     path = tmp_path / "rules_test.yaml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
@@ -155,9 +166,11 @@ def test_dashboard_json_is_what_the_generator_makes() -> None:
                    "KV-cache usage", "Prefix-cache hit rate", "Preemptions", "by pod"):
         assert needed in titles, needed
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "namespace", "inferenceservice",
-                                                                    "model", "pod"}
+                                                                    "model", "pod", "ttft_slo", "itl_slo"}
     for p in panels:
         for t in p["targets"]:
+            if t["expr"].startswith("vector($"):
+                continue  # an SLO target line, from a dashboard variable
             up = t["expr"].startswith("sum by (namespace, serving_flotilla_dev_inferenceservice) (up{")
             assert 'model_name=~"$model"' in t["expr"] or up
             assert 'namespace=~"$namespace"' in t["expr"] and 'inferenceservice=~"$inferenceservice"' in t["expr"]

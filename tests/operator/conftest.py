@@ -32,6 +32,7 @@ CRD_FILE = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
 WEBHOOK_CONFIGURATION = "flotilla.serving.flotilla.dev"
 FIS_PATH = "/apis/serving.flotilla.dev/v1alpha1"
 HOST_PATH_PREFIX = "/models"
+SERVING_PERIOD_S, SERVING_WINDOW_S = 1.0, 5.0
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +65,8 @@ class OperatorProcess:
                    "--webhook-listen", "127.0.0.1", "--webhook-port", str(self.webhook_port),
                    "--webhook-cert-dir", str(self.workdir / "certs"),
                    "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", "--resync-seconds", "5",
+                   # status.serving read every second over a 5 s window (test_serving_status_live.py).
+                   "--serving-period", str(SERVING_PERIOD_S), "--serving-window", str(SERVING_WINDOW_S),
                    # The admin allows one node directory, so the corpus can try to escape it.
                    "--host-path-prefix", HOST_PATH_PREFIX]
         env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flotilla.operator.autoscaling import build_hpa, build_scaled_object, keda_query
+from flotilla.operator.autoscaling import build_hpa, build_scaled_object, desired_replicas, keda_query
 from flotilla.operator.spec import InferenceServiceSpec
 
 
@@ -67,3 +67,42 @@ def test_keda_scaled_object_queries_prometheus_for_this_inferenceservice():
 
 def test_keda_query_uses_the_label_the_service_monitor_copies():
     assert "serving_flotilla_dev_inferenceservice=" in keda_query(make(), "x", "ns")
+
+
+@pytest.mark.parametrize(("metric", "external"), [("ttft_p95_seconds", "flotilla_ttft_p95_seconds"),
+                                                  ("inter_token_latency_p95_seconds",
+                                                   "flotilla_inter_token_latency_p95_seconds")])
+def test_hpa_on_a_latency_slo_reads_one_external_value_for_the_inferenceservice(metric, external,
+                                                                                validate_manifest):
+    hpa = build_hpa(make(metric=metric, target=0.5), "llama", "serving")
+    validate_manifest(hpa)
+    assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
+        "metric": {"name": external, "selector": {"matchLabels": {"serving_flotilla_dev_inferenceservice": "llama"}}},
+        "target": {"type": "Value", "value": "500m"}}}]
+
+
+def test_keda_on_a_latency_slo_takes_the_p95_of_the_histogram_buckets_as_a_value():
+    so = build_scaled_object(make(metric="ttft_p95_seconds", target=0.5, window="2m"), "llama", "serving")
+    trigger = so["spec"]["triggers"][0]
+    assert trigger["metricType"] == "Value" and trigger["metadata"]["threshold"] == "0.5"
+    assert trigger["metadata"]["query"] == (
+        '(histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{namespace="serving",'
+        'serving_flotilla_dev_inferenceservice="llama"}[2m]))) > 0) or vector(0)')
+    itl = keda_query(make(metric="inter_token_latency_p95_seconds", target=0.05), "llama", "serving")
+    assert "vllm:inter_token_latency_seconds_bucket" in itl and "[1m]" in itl
+
+
+@pytest.mark.parametrize(("current", "value", "expected"), [
+    (1, 2.0, 4),    # p95 four times the 0.5 s target: four times the replicas
+    (2, 0.52, 2),   # within the HPA's 10 % tolerance: unchanged
+    (3, 0.0, 1),    # no traffic reads 0: down to minReplicas
+    (4, 50.0, 8),   # never above maxReplicas
+])
+def test_desired_replicas_is_the_hpa_value_rule(current, value, expected):
+    assert desired_replicas(current, value, 0.5, 1, 8) == expected
+
+
+@pytest.mark.parametrize("window", ["0m", "1h", "5", "1m; drop"])
+def test_slo_window_is_a_plain_prometheus_duration(window):
+    with pytest.raises(ValueError):
+        make(metric="ttft_p95_seconds", target=0.5, window=window)

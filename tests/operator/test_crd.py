@@ -105,7 +105,7 @@ def test_enums_are_within_the_flag_choices():
 def test_printer_columns_and_subresources():
     version = build_crd()["spec"]["versions"][0]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
-        ["Ready", "Replicas", "Model", "GPUs", "URL", "Age"]
+        ["Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert build_crd()["spec"]["names"]["shortNames"] == ["fis"]
 
@@ -237,7 +237,10 @@ def test_status_shows_in_printer_columns_and_scale_subresource(crd_installed, na
     crd_installed.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "shown", {"status": {
         "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}],
         "replicas": 2, "readyReplicas": 2, "gpus": 2, "selector": "serving.flotilla.dev/inferenceservice=shown",
-        "url": "http://shown.ns.svc.cluster.local:8000"}})
+        "url": "http://shown.ns.svc.cluster.local:8000",
+        "serving": {"running": 4, "waiting": 3, "kvCacheUsagePercent": 41.5, "generationTokensPerSecond": 120.5,
+                    "ttftP95Seconds": 0.25, "windowSeconds": 60, "observedAt": "2026-12-03T10:00:00Z",
+                    "scraped": 2, "replicas": [{"pod": "shown-a", "running": 2, "waiting": 1}]}}})
     # What `kubectl get fis` asks for: the server-side table built from additionalPrinterColumns.
     method, url, headers, body, _ = kube_api.param_serialize(
         "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
@@ -246,8 +249,9 @@ def test_status_shows_in_printer_columns_and_scale_subresource(crd_installed, na
     response.read()
     table = json.loads(response.data)
     assert [c["name"] for c in table["columnDefinitions"]] == \
-        ["Name", "Ready", "Replicas", "Model", "GPUs", "URL", "Age"]
-    assert table["rows"][0]["cells"][:6] == ["shown", "True", 2, "llama", 2, "http://shown.ns.svc.cluster.local:8000"]
+        ["Name", "Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
+    assert table["rows"][0]["cells"][:10] == ["shown", "True", 2, "llama", 2, 3, 41.5, 120.5, 0.25,
+                                              "http://shown.ns.svc.cluster.local:8000"]
     scale = crd_installed.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "shown")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"]["selector"] == "serving.flotilla.dev/inferenceservice=shown"

@@ -64,6 +64,18 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]], str]]]] =
          [(gauge("vllm:num_requests_running", BY_SVC), f"running {SVC_LEGEND}"),
           (gauge("vllm:num_requests_waiting", BY_SVC), f"waiting {SVC_LEGEND}")], "timeseries"),
     ]),
+    ("Latency SLO (per InferenceService)", [
+        ("TTFT p95 against the SLO", "Time-to-first-token p95 over all replicas (what spec.autoscaling metric "
+         "ttft_p95_seconds scales on) and the SLO target ($ttft_slo s, a dashboard variable).", "s",
+         [(quantile(0.95, "vllm:time_to_first_token_seconds", BY_SVC), f"p95 {SVC_LEGEND}"),
+          ("vector($ttft_slo)", "SLO target")], "timeseries"),
+        ("Inter-token latency p95 against the SLO", "Inter-token latency p95 over all replicas (autoscaling "
+         "metric inter_token_latency_p95_seconds) and the SLO target ($itl_slo s).", "s",
+         [(quantile(0.95, "vllm:inter_token_latency_seconds", BY_SVC), f"p95 {SVC_LEGEND}"),
+          ("vector($itl_slo)", "SLO target")], "timeseries"),
+        ("Replicas serving", "Engine pods answering scrapes: watch them follow the p95 when autoscaling is on "
+         "an SLO.", "none", [(f"sum by ({BY_SVC}) (up{{{TARGET}}})", SVC_LEGEND)], "timeseries"),
+    ]),
     ("Latency (per InferenceService)", [
         ("Time to first token", "TTFT percentiles: arrival to the first output token.", "s",
          percentiles("vllm:time_to_first_token_seconds"), "timeseries"),
@@ -109,6 +121,12 @@ def variable(name: str, label: str, query: str) -> dict:
             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0}
 
 
+def textbox(name: str, label: str, value: str) -> dict:
+    """A free-text variable with a default (an SLO target, in seconds)."""
+    return {"type": "textbox", "name": name, "label": label, "query": value,
+            "current": {"text": value, "value": value}, "hide": 0}
+
+
 def variables() -> list[dict]:
     m = "vllm:num_requests_running"
     return [
@@ -121,6 +139,8 @@ def variables() -> list[dict]:
                                    "model_name)"),
         variable("pod", "Pod", f'label_values({m}{{namespace=~"$namespace", {ISVC}=~"$inferenceservice", '
                                'model_name=~"$model"}, pod)'),
+        textbox("ttft_slo", "TTFT p95 SLO (s)", "0.5"),
+        textbox("itl_slo", "Inter-token p95 SLO (s)", "0.1"),
     ]
 
 

@@ -110,6 +110,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The serving reader lists the engine pods (by label) to read their /metrics for status.serving.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 {{- end }}
 
 {{/*

@@ -1,0 +1,233 @@
+"""The periodic reader of engine `/metrics` that writes each InferenceService's `status.serving`.
+
+Every `period_s` it lists the engine pods (one call per watched namespace, or one cluster-wide, by
+the InferenceService label), fetches every running pod's `/metrics` with at most `concurrency`
+requests in flight and `timeout_s` each, keeps each pod's scrapes over the last `window_s`, and
+writes the figures (serving_metrics.py) into status when they moved enough (serving_status.py).
+A pod that does not answer is counted as unreachable, never waited for; a failing API server is
+logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime
+import fnmatch
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+from pydantic import BaseModel, Field
+
+from flotilla.operator import names
+from flotilla.operator import serving_metrics as sm
+from flotilla.operator.kube import Kube, KubeError
+from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
+from flotilla.operator.spec import GROUP, VERSION
+
+# Read no more of a /metrics body than this: an engine's is ~20 kB; a broken endpoint must not
+# fill the operator's memory.
+MAX_BODY_BYTES = 4 << 20
+# Only these lines are parsed; the rest of the body (other histograms) is skipped cheaply.
+_WANTED = (sm.RUNNING, sm.WAITING, sm.KV_USAGE, sm.PREFIX_QUERIES, sm.PREFIX_HITS, sm.GENERATION_TOKENS,
+           f"{sm.TTFT}_bucket", f"{sm.ITL}_bucket")
+
+log = logging.getLogger(__name__)
+
+
+class ReaderSettings(BaseModel):
+    """How often and how hard the operator reads the engines."""
+
+    period_s: float = Field(default=10.0, gt=0, description="Seconds between reads.")
+    window_s: float = Field(default=60.0, gt=0, description="Window of the rates and latency percentiles.")
+    concurrency: int = Field(default=32, ge=1, description="Scrapes in flight at once.")
+    timeout_s: float = Field(default=2.0, gt=0, description="Seconds one scrape may take.")
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine pod to scrape."""
+
+    namespace: str
+    pod: str
+    url: str
+
+
+def _metrics_port(pod: dict[str, Any]) -> int:
+    for container in pod.get("spec", {}).get("containers", []):
+        if container.get("name") == names.ENGINE_CONTAINER:
+            for port in container.get("ports", []):
+                if port.get("name") == names.HTTP_PORT_NAME:
+                    return int(port["containerPort"])
+    return names.HTTP_PORT
+
+
+def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], list[Target]]:
+    """Running engine pods with an address, by (namespace, InferenceService) (a pure function)."""
+    out: dict[tuple[str, str], list[Target]] = {}
+    for pod in pods:
+        meta, status = pod["metadata"], pod.get("status", {})
+        owner = meta.get("labels", {}).get(names.INFERENCESERVICE_LABEL)
+        if not owner or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
+            continue
+        ip = status.get("podIP")
+        if not ip:
+            continue
+        host = f"[{ip}]" if ":" in ip else ip
+        out.setdefault((meta["namespace"], owner), []).append(
+            Target(meta["namespace"], meta["name"], f"http://{host}:{_metrics_port(pod)}/metrics"))
+    return out
+
+
+def wanted_lines(text: str) -> str:
+    """The sample lines the figures need (comments and other series dropped before parsing)."""
+    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Written:
+    block: dict[str, Any]
+    at: float
+
+
+@dataclass
+class ServingReader:
+    """Reads the engines and writes status.serving; `read_once` is one period's work."""
+
+    kube: Kube
+    namespaces: list[str]
+    settings: ReaderSettings = field(default_factory=ReaderSettings)
+    now: Callable[[], str] = _now
+    clock: Callable[[], float] = time.monotonic
+    history: dict[tuple[str, str], deque[sm.Scrape]] = field(default_factory=dict)  # (namespace, pod)
+    written: dict[tuple[str, str], _Written] = field(default_factory=dict)  # (namespace, InferenceService)
+    writes: int = 0
+
+    def _pod_paths(self) -> list[str]:
+        if not self.namespaces or any(set(ns) & set("*?[") for ns in self.namespaces):
+            return ["/api/v1/pods"]
+        return [f"/api/v1/namespaces/{ns}/pods" for ns in self.namespaces]
+
+    def list_pods(self) -> list[dict[str, Any]]:
+        """The engine pods of every watched namespace (synchronous: call it in a thread)."""
+        return [pod for path in self._pod_paths() for pod in self.kube.list(path, names.INFERENCESERVICE_LABEL)]
+
+    async def _scrape(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target,
+                      ) -> sm.Scrape | None:
+        async with gate:
+            try:
+                async with session.get(target.url) as response:
+                    if response.status != 200:
+                        return None
+                    body = await response.content.read(MAX_BODY_BYTES)
+                at = self.clock()
+                return sm.parse(wanted_lines(body.decode("utf-8", "replace")), at)
+            except (aiohttp.ClientError, TimeoutError, sm.MetricsFormatError, UnicodeError) as e:
+                log.debug(f"scrape of {target.namespace}/{target.pod} ({target.url}) failed: {e}")
+                return None
+
+    def _remember(self, target: Target, scrape: sm.Scrape) -> list[sm.Scrape]:
+        history = self.history.setdefault((target.namespace, target.pod), deque())
+        history.append(scrape)
+        # Keep one scrape older than the window, so a window always has a start once it is full.
+        while len(history) > 2 and scrape.at - history[1].at > self.settings.window_s:
+            history.popleft()
+        return list(history)
+
+    def blocks(self, targets: dict[tuple[str, str], list[Target]],
+               scrapes: dict[Target, sm.Scrape | None]) -> dict[tuple[str, str], dict[str, Any]]:
+        """Each InferenceService's status.serving from this period's scrapes (updates the history)."""
+        out = {}
+        for key, pods in targets.items():
+            windows = {}
+            for target in pods:
+                scrape = scrapes.get(target)
+                if scrape is not None:
+                    windows[target.pod] = sm.window_of(self._remember(target, scrape), self.settings.window_s)
+            per_pod = {pod: sm.figures([w]) for pod, w in windows.items()}
+            out[key] = build_serving(sm.figures(list(windows.values())), per_pod, self.settings.window_s,
+                                     self.now(), unreachable=len(pods) - len(windows))
+        live = {(t.namespace, t.pod) for pods in targets.values() for t in pods}
+        for gone in self.history.keys() - live:
+            del self.history[gone]
+        return out
+
+    def write(self, blocks: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """Patch status.serving where it moved enough; remove it where the pods are gone (synchronous)."""
+        now = self.clock()
+        for (namespace, name), block in blocks.items():
+            old = self.written.get((namespace, name))
+            if not worth_writing(old.block if old else None, block, now - old.at if old else 0.0,
+                                 self.settings.thresholds):
+                continue
+            if self._patch(namespace, name, block):
+                self.written[(namespace, name)] = _Written(block, now)
+        for namespace, name in list(self.written.keys() - blocks.keys()):
+            self._patch(namespace, name, None)
+            del self.written[(namespace, name)]
+
+    def _patch(self, namespace: str, name: str, block: dict[str, Any] | None) -> bool:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/{name}"
+        try:
+            self.kube.patch_status(path, {"serving": None if block is None else as_merge_patch(block)})
+        except KubeError as e:
+            if e.status != 404:  # pods whose InferenceService is gone (or not made by us): nothing to write
+                log.warning(f"writing status.serving of {namespace}/{name} failed: {e}")
+            return False
+        self.writes += 1
+        return True
+
+    async def read_once(self, session: aiohttp.ClientSession) -> dict[tuple[str, str], dict[str, Any]]:
+        """One period: list, scrape, compute, write. Returns the blocks computed."""
+        loop = asyncio.get_running_loop()
+        run = contextvars.copy_context().run
+        pods = await loop.run_in_executor(None, run, self.list_pods)
+        targets = targets_of(pods, self.namespaces)
+        gate = asyncio.Semaphore(self.settings.concurrency)
+        flat = [t for pods_ in targets.values() for t in pods_]
+        results = await asyncio.gather(*(self._scrape(session, gate, t) for t in flat))
+        blocks = self.blocks(targets, dict(zip(flat, results, strict=True)))
+        await loop.run_in_executor(None, run, self.write, blocks)
+        return blocks
+
+    async def run_forever(self) -> None:
+        """Read every period until cancelled; errors are logged and the next period tries again."""
+        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.settings.concurrency)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            while True:
+                started = self.clock()
+                try:
+                    await self.read_once(session)
+                except KubeError as e:
+                    log.warning(f"reading the engines' metrics failed, next in {self.settings.period_s:g} s: {e}")
+                except Exception:
+                    log.exception("reading the engines' metrics failed")
+                await asyncio.sleep(max(0.0, self.settings.period_s - (self.clock() - started)))
+
+
+def register(registry: kopf.OperatorRegistry, reader: ServingReader) -> None:
+    """Start the reader with the operator and stop it on exit."""
+    tasks: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(id="start-serving-reader", registry=registry)
+    async def start(**_: Any) -> None:
+        tasks.append(asyncio.create_task(reader.run_forever()))
+
+    @kopf.on.cleanup(id="stop-serving-reader", registry=registry)
+    async def stop(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,197 @@
+"""Live serving figures and SLO autoscaling, end to end: the operator (a real process, conftest.py)
+reads a real engine (the tiny random Llama on CPU) through a Pod on the test control plane, and a
+real Prometheus (Debian's) scrapes the same engine with the chart's rules loaded.
+
+Pods never run on the test control plane: the engine's Pod is created by hand and its status
+patched to Running with podIP 127.0.0.1 and the engine's port, which is what a kubelet would
+report. The operator reads every second over a 5 s window (conftest.py's flags).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flotilla.operator.autoscaling import desired_replicas, keda_query
+from flotilla.operator.spec import InferenceServiceSpec
+
+from .conftest import FIS_PATH, REPO, SERVING_WINDOW_S, Cluster, OperatorProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+NAME, POD, MODEL = "live", "live-engine-0", "tiny"
+MAX_NUM_SEQS, CLIENTS = 2, 6
+TARGET_S = 0.2  # TTFT p95 SLO: queueing behind 2 running requests breaks it, an idle engine keeps it
+SPEC = {"model": {"source": "pvc://models/tiny", "servedName": MODEL},
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": "ttft_p95_seconds", "target": TARGET_S,
+                        "window": "5s"}}
+
+
+def _load_observability_helpers() -> Any:
+    """tests/observability/conftest.py (start_prometheus, fast_rules, Load, the server helpers), by path."""
+    path = REPO / "tests" / "observability" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("flotilla_tests_observability_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+obs = _load_observability_helpers()
+
+
+@dataclass
+class Live:
+    cluster: Cluster
+    namespace: str
+    engine: Any
+    prometheus: Any
+
+    def serving(self) -> dict[str, Any]:
+        body = self.cluster.kube.get(f"{FIS_PATH}/namespaces/{self.namespace}/inferenceservices/{NAME}")
+        return (body or {}).get("status", {}).get("serving") or {}
+
+    def engine_metric(self, name: str) -> float:
+        return self.engine.metric(name)
+
+    def promql(self, query: str) -> float | None:
+        result = self.prometheus.query(query)
+        return float(result[0]["value"][1]) if result else None
+
+
+def _scrape_config(engine_port: int, namespace: str) -> dict[str, Any]:
+    # The labels the Prometheus Operator's relabeling gives an engine pod of InferenceService `live`.
+    labels = {"namespace": namespace, "pod": POD, "serving_flotilla_dev_inferenceservice": NAME}
+    return {"job_name": f"serviceMonitor/{namespace}/{NAME}/0", "scrape_interval": "1s",
+            "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"], "labels": labels}]}
+
+
+def _engine_pod(namespace: str, port: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": POD, "namespace": namespace,
+                         "labels": {"serving.flotilla.dev/inferenceservice": NAME}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{
+                "name": "engine", "image": "flotilla-engine:test",
+                "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}}
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cluster: Cluster,
+         _session_operator: OperatorProcess) -> Iterator[Live]:
+    if shutil.which("prometheus") is None:
+        pytest.skip("Debian's prometheus is not installed")
+    work = tmp_path_factory.mktemp("serving-live")
+    namespace = f"serving-live-{uuid.uuid4().hex[:6]}"
+    cluster.kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    engine = obs.helpers.start_server(
+        tiny_model_dirs["llama"], work / "engine.log", "--served-model-name", MODEL, "--max-model-len", "256",
+        "--block-size", "8", "--num-gpu-blocks-override", "48", "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--disable-log-stats")
+    prometheus = None
+    try:
+        kube = cluster.kube
+        kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices",
+                     {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
+                      "metadata": {"name": NAME}, "spec": SPEC})
+        # The namespace's default ServiceAccount (which Pod admission wants) comes a moment after it.
+        wait_for(lambda: kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+                 "the default ServiceAccount")
+        kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", _engine_pod(namespace, engine.port))
+        kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{POD}",
+                          {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+        prometheus = obs.start_prometheus(work, _scrape_config(engine.port, namespace), [obs.fast_rules(work)])
+        yield Live(cluster, namespace, engine, prometheus)
+    finally:
+        if prometheus is not None:
+            prometheus.process.terminate()
+            prometheus.process.wait(20)
+        obs.helpers.stop_server(engine)
+        cluster.kube.delete(f"/api/v1/namespaces/{namespace}")
+
+
+def _reported(live: Live) -> dict[str, Any]:
+    """status.serving once it reports the engine pod (before any load)."""
+    return wait_for(lambda: (s := live.serving()).get("scraped") == 1 and s, 60, "status.serving to appear")
+
+
+def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, operator_process: OperatorProcess,
+                                                                ) -> None:
+    before = _reported(live)
+    assert [r["pod"] for r in before["replicas"]] == [POD]
+    assert before["running"] == before["waiting"] == 0 and before["windowSeconds"] == SERVING_WINDOW_S
+
+    # Under a load that breaks the SLO: 6 clients on an engine that runs 2 at a time.
+    load = obs.Load(live.engine.url)
+    started = time.monotonic()
+    load.start(CLIENTS)
+    try:
+        busy = wait_for(lambda: (s := live.serving()).get("ttftP95Seconds", 0) > TARGET_S
+                        and s.get("generationTokensPerSecond", 0) > 0 and s, 60, "status.serving to show the load")
+        took = time.monotonic() - started
+        # What /metrics says over a window, next to what status says for the same length of window.
+        tokens_0, t0 = live.engine_metric("vllm:generation_tokens_total"), time.monotonic()
+        time.sleep(SERVING_WINDOW_S)
+        tokens_1, t1 = live.engine_metric("vllm:generation_tokens_total"), time.monotonic()
+        now = live.serving()
+        assert not load.errors, load.errors[:3]
+        assert 0 <= now["running"] <= MAX_NUM_SEQS and now["running"] + now["waiting"] <= CLIENTS
+        assert now["replicas"][0]["pod"] == POD and now["scraped"] == 1 and now["unreachable"] == 0
+        engine_rate = (tokens_1 - tokens_0) / (t1 - t0)
+        assert 0.5 * engine_rate <= now["generationTokensPerSecond"] <= 2 * engine_rate, (now, engine_rate)
+        assert 0 <= now["kvCacheUsagePercent"] <= 100
+        # (A 5 s window under this load may hold no first token at all: then both are left out.)
+        assert now.get("ttftP50Seconds", 0) <= now.get("ttftP95Seconds", math.inf)
+
+        # The autoscaler's query (KEDA's, over the histogram buckets) reads above target, so the HPA
+        # that KEDA drives wants more replicas; the HPA path's recorded series agrees.
+        spec = InferenceServiceSpec.model_validate(SPEC)
+        query = keda_query(spec, NAME, live.namespace)
+        p95 = wait_for(lambda: (v := live.promql(query)) is not None and v > TARGET_S and v, 30,
+                       f"{query} to exceed {TARGET_S}")
+        assert desired_replicas(1, p95, TARGET_S, 1, 4) > 1
+        recorded = f'inferenceservice:vllm_time_to_first_token_seconds:p95_1m{{namespace="{live.namespace}"}}'
+        wait_for(lambda: (v := live.promql(recorded)) is not None and v > TARGET_S, 30,
+                 f"{recorded} to exceed {TARGET_S}")
+    finally:
+        load.finish()
+    print(f"status.serving showed the load {took:.1f} s after it started: {busy}")
+
+    # Idle: the figures fall back, and equal what /metrics says once nothing moves.
+    wait_for(lambda: live.engine_metric("vllm:num_requests_running") == 0
+             and live.engine_metric("vllm:num_requests_waiting") == 0, 60, "the engine to go idle")
+    # (Histograms may take their last observations a moment after the token counter, so both are awaited.)
+    idle = wait_for(lambda: (s := live.serving()).get("generationTokensPerSecond") == 0
+                    and "ttftP95Seconds" not in s and "interTokenLatencyP95Seconds" not in s and s, 60,
+                    "status.serving to fall back")
+    assert idle["running"] == idle["waiting"] == 0
+    kv = live.engine_metric("vllm:kv_cache_usage_perc")
+    assert idle["kvCacheUsagePercent"] == round(100 * kv, 1)
+    wait_for(lambda: live.promql(query) == 0, 30, f"{query} to read 0 idle")
+    assert desired_replicas(4, 0.0, TARGET_S, 1, 4) == 1
+
+    # Nothing moves: the status is not written again (its observedAt stays).
+    time.sleep(3 * 1.0)
+    assert live.serving()["observedAt"] == idle["observedAt"]
+
+
+def test_operator_renders_an_hpa_on_the_external_slo_metric(live: Live, operator_process: OperatorProcess) -> None:
+    hpa = wait_for(lambda: live.cluster.kube.get(
+        f"/apis/autoscaling/v2beta2/namespaces/{live.namespace}/horizontalpodautoscalers/{NAME}"), 30, "the HPA")
+    metric = hpa["spec"]["metrics"][0]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"] == {
+        "name": "flotilla_ttft_p95_seconds",
+        "selector": {"matchLabels": {"serving_flotilla_dev_inferenceservice": NAME}}}
+    assert metric["external"]["target"] == {"type": "Value", "value": "200m"}
+    assert math.isclose(float(hpa["spec"]["maxReplicas"]), 4)
