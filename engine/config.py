@@ -21,6 +21,7 @@ from flotilla.engine_rules import (
     resolve_max_model_len,
     served_name_problem,
 )
+from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.flags import FLAGS, Flag
 from flotilla.validation_messages import describe
 
@@ -146,6 +147,7 @@ class EngineConfig(_Component):
     scheduler: SchedulerConfig
     parallel: ParallelConfig
     device: DeviceConfig
+    speculative: SpeculativeConfig | None = None
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -159,7 +161,7 @@ class EngineConfig(_Component):
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "speculative")
 _ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
@@ -213,6 +215,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     for name in served if isinstance(served, list | tuple) else [served]:
         if problem := served_name_problem(name):
             raise ConfigError(problem)
+    try:
+        speculative = parse_speculative_config(v["speculative_config"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),
@@ -244,6 +250,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             pipeline_parallel_size=v["pipeline_parallel_size"],
         ),
         device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
+        speculative=speculative,
     )
 
 
