@@ -55,6 +55,8 @@ class DraftModelProposer:
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         # Per request: how many of its first positions hold valid draft K/V (an upper bound; each
         # step takes the minimum with the target's computed count, which rollback keeps exact).
+        # Steps without drafts do not call the proposer (the load rule's saving); a request then
+        # catches up from here the next time it is drafted for.
         self._valid: dict[str, tuple[Request, int]] = {}
 
     @torch.inference_mode()
@@ -65,7 +67,9 @@ class DraftModelProposer:
         feeds: list[tuple[Request, int, list[int]]] = []
         for s in plan.scheduled:
             req = s.request
-            start = min(self._valid.get(req.request_id, (req, s.num_computed_tokens))[1], s.num_computed_tokens)
+            # A request the draft has not seen yet starts at 0, prefix-cache hits included: steps
+            # without drafts skip the draft entirely, so the pool's blocks may lack its K/V.
+            start = min(self._valid.get(req.request_id, (req, 0))[1], s.num_computed_tokens)
             end = min(s.num_computed_tokens + s.num_new_tokens - s.num_lookahead, req.num_tokens)
             if s.num_lookahead:
                 end = req.num_tokens  # through the last known token, whose logits give the first draft

@@ -21,8 +21,9 @@ LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0])
 def _verify_one_draft(draft: int, temperature: float = 1.0, top_k: int = 0) -> tuple[list[int], list[bool]]:
     """DRAWS independent requests, each drafting `draft` after its last token: 2 rows per request."""
     rows = []
+    # Unseeded: each row gets its own stream from the (seeded) generator.
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_tokens=8)
     for i in range(DRAWS):
-        params = SamplingParams(temperature=temperature, top_k=top_k, seed=i, max_tokens=8)
         req = Request(f"r{i}", [1, 2, 3], params)
         rows += [SamplingRow(req, 2 * i, 0), SamplingRow(req, 2 * i + 1, 1)]
     batch = build_sampling_batch(rows, VOCAB, torch.device("cpu"), torch.Generator().manual_seed(0))
