@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine_rules import (
     RuleError,
     batch_budget_problem,
@@ -21,7 +22,6 @@ from flotilla.engine_rules import (
     resolve_max_model_len,
     served_name_problem,
 )
-from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.flags import FLAGS, Flag
 from flotilla.validation_messages import describe
 

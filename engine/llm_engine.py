@@ -286,7 +286,9 @@ class LLMEngine:
                 if not last:  # the tokens after the one that completed the stop string were never output
                     del child.output_token_ids[i + 1 :]
                     del child.logprobs[i + 1 :]
-                    child.cumulative_logprob = sum(e[t][0] for e, t in zip(child.logprobs, child.output_token_ids))
+                    if child.logprobs:
+                        pairs = zip(child.logprobs, child.output_token_ids, strict=True)
+                        child.cumulative_logprob = sum(e[t][0] for e, t in pairs)
                 self._stop_on_string(child, detok, *stop)
                 return
 

@@ -261,8 +261,9 @@ class ModelRunner:
                 rid = row.request.request_id
                 if rid not in drafted:
                     result.tokens[rid] = tokens[i]
-                    if entries[i] is not None:
-                        result.logprobs[rid] = entries[i]
+                    entry = entries[i]
+                    if entry is not None:
+                        result.logprobs[rid] = entry
         self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
         return result
 
@@ -325,18 +326,20 @@ class ModelRunner:
                 result.verified_logprobs[rid] = [e for e in span if e is not None]
         return set(result.verified)
 
-    def _token_logprobs(self, drawn: SamplerOutput, rows: list[SamplingRow], tokens: list[int]) -> list[LogprobEntry | None]:
+    def _token_logprobs(
+        self, drawn: SamplerOutput, rows: list[SamplingRow], tokens: list[int]
+    ) -> list[LogprobEntry | None]:
         """Each row's logprob entry (None for rows that did not ask, or when the sampler computed none)."""
-        none: list[LogprobEntry | None] = [None] * len(rows)
+        entries: list[LogprobEntry | None] = [None] * len(rows)
         if drawn.logprobs is None or drawn.ranks is None or drawn.top_ids is None or drawn.top_logprobs is None:
-            return none
+            return entries
         chosen, ranks = drawn.logprobs.tolist(), drawn.ranks.tolist()
         top_ids, top_values = drawn.top_ids.tolist(), drawn.top_logprobs.tolist()
         for i, row in enumerate(rows):
             n = row.request.sampling_params.logprobs
             if n is not None:
-                none[i] = logprob_entry(tokens[i], chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n])
-        return none
+                entries[i] = logprob_entry(tokens[i], chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n])
+        return entries
 
     def _prompt_logprobs(
         self,

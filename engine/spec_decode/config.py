@@ -71,8 +71,10 @@ def parse_speculative_config(value: str | dict[str, Any] | None) -> SpeculativeC
     try:
         return SpeculativeConfig(**value)
     except ValidationError as exc:
-        problems = "; ".join(
-            (f"{'.'.join(str(x) for x in e['loc'])}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ")
-            for e in exc.errors()
-        )
+        problems = "; ".join(_describe(e["loc"], str(e["msg"])) for e in exc.errors())
         raise ValueError(f"--speculative-config: {problems}") from None
+
+
+def _describe(loc: tuple[int | str, ...], msg: str) -> str:
+    where = ".".join(str(x) for x in loc)
+    return (f"{where}: " if where else "") + msg.removeprefix("Value error, ")
