@@ -197,6 +197,8 @@ class Scheduler:
             if children:  # detached first: finishing the leader must not finish them
                 request.fork_children = []
             self._append_token(request, sampled[request.request_id], touched)
+            if s.num_lookahead and not request.status.finished:  # draft slots the proposer left empty
+                self.block_manager.trim(request, request.num_tokens)
             for child in children:
                 self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
                 self._append_token(child, sampled[child.request_id], touched)
