@@ -80,7 +80,10 @@ def test_chunked_prefill_prefix_hits_and_preemption(tiny_model_dirs, proposer):
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.block_manager.prefix_cache_hits > 0
     assert max(llm.engine.stats.step_tokens) <= 24
-    assert llm.engine.speculator.counts.num_accepted_tokens > 0
+    counts = llm.engine.speculator.counts
+    assert counts.num_drafts > 0
+    if proposer == "draft":  # the model as its own draft: accepted (the lookup's luck varies with prompts)
+        assert counts.num_accepted_tokens == counts.num_draft_tokens
 
 
 def test_stops_max_tokens_and_logprobs_as_without_speculation(tiny_model_dirs):
