@@ -3,17 +3,14 @@ them with a proposer's drafts, and counting what verification accepted."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from flotilla.engine.config import EngineConfig
+from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
 from flotilla.engine.spec_decode.config import SpeculativeConfig
 from flotilla.engine.spec_decode.ngram_proposer import NgramProposer
 from flotilla.engine.spec_decode.policy import step_lookahead
 from flotilla.engine.stats import SpecDecodeCounts
-
-if TYPE_CHECKING:
-    from flotilla.engine.model_runner import ModelRunner
 
 
 class Proposer(Protocol):
@@ -69,14 +66,19 @@ class Speculator:
         )
 
 
-def build_speculator(config: EngineConfig, runner: ModelRunner) -> Speculator | None:
-    """The speculator `--speculative-config` asks for, or None without it."""
+def build_speculator(config: EngineConfig, runner: object) -> Speculator | None:
+    """The speculator `--speculative-config` asks for, or None without it. A draft model runs in this
+    process beside the target's own runner (not beside tensor/pipeline-parallel workers yet)."""
     spec = config.speculative
     if spec is None:
         return None
     if spec.method == "ngram":
         lo, hi = spec.lookup_window
         return Speculator(spec, NgramProposer(spec.num_speculative_tokens, lo, hi))
+    from flotilla.engine.model_runner import ModelRunner
     from flotilla.engine.spec_decode.draft_model_proposer import DraftModelProposer
 
+    if not isinstance(runner, ModelRunner):
+        raise ConfigError("--speculative-config: a draft model is not supported with tensor or pipeline "
+                          "parallelism yet; use the ngram method")
     return Speculator(spec, DraftModelProposer(config, runner))
