@@ -124,6 +124,17 @@ class BlockManager:
         indexed = self._num_indexed.get(parent.request_id, 0)
         self._num_indexed[child.request_id] = min(indexed, num_tokens // self.block_size)
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Return the request's blocks beyond those holding its first `num_tokens` tokens (slots that
+        held only rejected draft tokens: never hashed, so they go to the front of the eviction order)."""
+        keep = self.blocks_needed(num_tokens)
+        while len(request.block_ids) > keep:
+            block = self.blocks[request.block_ids.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block.block_id] = None
+                self._free.move_to_end(block.block_id, last=False)
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies decided since the last call (for the model runner)."""
         copies, self.pending_copies = self.pending_copies, []

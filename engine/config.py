@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine_rules import (
     RuleError,
     batch_budget_problem,
@@ -159,6 +160,7 @@ class EngineConfig(_Component):
     parallel: ParallelConfig
     device: DeviceConfig
     lora: LoRAConfig = LoRAConfig()
+    speculative: SpeculativeConfig | None = None
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -172,7 +174,7 @@ class EngineConfig(_Component):
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora")
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative")
 _ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
@@ -238,6 +240,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     for name in served if isinstance(served, list | tuple) else [served]:
         if problem := served_name_problem(name):
             raise ConfigError(problem)
+    try:
+        speculative = parse_speculative_config(v["speculative_config"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),
@@ -271,6 +277,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         ),
         device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
         lora=lora_config(v),
+        speculative=speculative,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from flotilla.engine.request import Request
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.scheduler import SchedulerOutput
+from flotilla.engine.spec_decode.rejection_sampler import DraftGroup
 
 
 @dataclass
@@ -31,6 +32,9 @@ class FlatBatch:
     # (flattened index, request id) of inputs whose token the step in flight is still drawing: the
     # runner fills them in on the device from that step's sampled ids (asynchronous scheduling).
     pending: list[tuple[int, str]] = field(default_factory=list)
+    # Speculative decoding: requests whose inputs end in draft tokens, by their rows (one per draft,
+    # then the bonus row).
+    draft_groups: list[DraftGroup] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -50,7 +54,10 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
         req, start, end = s.request, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
         blocks = req.block_ids
         known = req.num_tokens
-        if end > known:  # the last input is the token the step in flight draws for this request
+        drafts = s.spec_token_ids
+        if drafts:
+            f.input_ids += req.token_ids(start, known) + drafts
+        elif end > known:  # the last input is the token the step in flight draws for this request
             f.input_ids += req.token_ids(start, known)
             f.pending.append((len(f.input_ids), req.request_id))
             f.input_ids.append(0)
@@ -62,7 +69,12 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
         f.seq_lens.append(end)
         f.block_tables.append(blocks)
         f.max_query_len = max(f.max_query_len, s.num_new_tokens)
-        if s.samples:
+        if drafts:  # a row per position from the last known token on, drafting output token `drawn` on
+            drawn = known - req.num_prompt_tokens
+            f.draft_groups.append(DraftGroup(len(f.rows), tuple(drafts)))
+            last = len(f.input_ids) - len(drafts) - 1
+            f.rows += [SamplingRow(req, last + j, drawn + j) for j in range(len(drafts) + 1)]
+        elif s.samples:
             drawn = end - req.num_prompt_tokens
             f.rows += [SamplingRow(r, len(f.input_ids) - 1, drawn) for r in (req, *req.fork_children)]
         if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:

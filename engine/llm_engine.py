@@ -25,6 +25,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
+from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
@@ -44,6 +45,7 @@ class LLMEngine:
         )
         max_loras = config.lora.max_loras if config.lora.enable_lora else None
         self.scheduler = Scheduler(config.scheduler, self.block_manager, max_loras)
+        self.speculator: Speculator | None = build_speculator(config, self.runner)
         self.stats = EngineStats()
         self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
@@ -190,6 +192,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=self.block_manager.prefix_cache_queries,
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
+            spec_decode=self.speculator.counts if self.speculator is not None else None,
             events=s.drain_events(),
             running_lora_adapters=_lora_names(self.scheduler.running),
             waiting_lora_adapters=_lora_names(self.scheduler.waiting),
@@ -220,31 +223,49 @@ class LLMEngine:
         """
         if self.config.scheduler.async_scheduling:
             return self._step_overlapped()
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if plan.is_empty:
             return []
         return self._finish_step(plan, self.runner.execute(plan))
 
     def _step_overlapped(self) -> list[RequestOutput]:
         in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None and self._needs_known_outputs():
+        if in_flight is not None and self._needs_known_outputs(in_flight[0]):
             return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if not plan.is_empty:
             self._in_flight = (plan, self.runner.launch(plan))
         if in_flight is None:
             return []
         return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
 
-    def _needs_known_outputs(self) -> bool:
+    def _needs_known_outputs(self, in_flight: SchedulerOutput) -> bool:
         """Penalties read a request's whole output on the host, so the next step of a running request
-        that has them cannot be planned before the step in flight has delivered its token."""
-        return any(r.sampling_params.has_penalties for r in self.scheduler.running)
+        that has them cannot be planned before the step in flight has delivered its token. Drafts
+        likewise: proposals read the known tokens, and a step with drafts in flight has an unknown
+        number of accepted tokens to roll back to."""
+        if any(r.sampling_params.has_penalties for r in self.scheduler.running):
+            return True
+        spec = self.speculator
+        if spec is None:
+            return False
+        return spec.lookahead(len(self.scheduler.running)) > 0 or any(s.spec_token_ids for s in in_flight.scheduled)
+
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next plan, with drafts in the slots it reserved for them."""
+        spec = self.speculator
+        if spec is None:
+            return self.scheduler.schedule()
+        plan = self.scheduler.schedule(spec.lookahead(len(self.scheduler.running)))
+        spec.propose(plan)
+        return plan
 
     def _finish_step(self, plan: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         """Post-process a step that has run: tokens in, stop checks, detokenization, outputs."""
         self._attach_prompt_logprobs(result)
-        touched = self.scheduler.update(plan, result.tokens)
+        if self.speculator is not None and result.verified:
+            self.speculator.record(plan, result.verified)
+        touched = self.scheduler.update(plan, result.tokens, result.verified)
         now = time.monotonic()
         for child in touched:
             if child.parent_id not in self._groups:  # its request failed on an earlier completion
@@ -255,7 +276,7 @@ class LLMEngine:
                 self._fail(child.parent_id, exc)
                 continue
             self._record_timing(child, now)
-        self._record(plan, len(result.tokens))
+        self._record(plan, len(result.tokens) + sum(map(len, result.verified.values())))
         # An output is due every step (streaming), or once every completion has finished; a final-only
         # request can have finished only if a completion that got a token this step did.
         due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind == "cumulative")
@@ -281,11 +302,19 @@ class LLMEngine:
             request.prompt_logprobs[first : first + len(entries)] = entries
 
     def _process_token(self, child: Request, result: StepOutput) -> None:
-        """Logprobs, detokenization and stop strings for a completion's new token."""
-        entry = result.logprobs.get(child.request_id) if result.logprobs else None
-        if entry is not None:
+        """Logprobs, detokenization and stop strings for a completion's new token(s): one, or the
+        tokens verification kept, each handled as if it had come in a step of its own."""
+        verified = result.verified.get(child.request_id)
+        num_new = len(verified) if verified is not None else 1
+        if verified is not None:
+            entries = result.verified_logprobs.get(child.request_id, [])
+        else:
+            entry = result.logprobs.get(child.request_id) if result.logprobs else None
+            entries = [entry] if entry is not None else []
+        first = child.num_output_tokens - num_new
+        for i, entry in enumerate(entries):
             child.logprobs.append(entry)
-            child.cumulative_logprob += entry[child.output_token_ids[-1]][0]
+            child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
         if params.output_kind == "final_only" and not params.stop:
@@ -293,20 +322,29 @@ class LLMEngine:
                 detok.add(child.output_token_ids)
                 detok.flush()
             return
-        searched_from = len(detok.text)
-        detok.add(child.output_token_ids[-1:])
-        if child.status.finished:
-            detok.flush()
-        stop = self._find_stop_string(child, detok, searched_from) if params.stop else None
-        if stop is not None:
-            self._stop_on_string(child, detok, *stop)
+        for i in range(first, child.num_output_tokens):
+            searched_from = len(detok.text)
+            detok.add(child.output_token_ids[i : i + 1])
+            last = i == child.num_output_tokens - 1
+            if last and child.status.finished:
+                detok.flush()
+            stop = self._find_stop_string(child, detok, searched_from, i + 1) if params.stop else None
+            if stop is not None:
+                if not last:  # the tokens after the one that completed the stop string were never output
+                    del child.output_token_ids[i + 1 :]
+                    del child.logprobs[i + 1 :]
+                    if child.logprobs:
+                        pairs = zip(child.logprobs, child.output_token_ids, strict=True)
+                        child.cumulative_logprob = sum(e[t][0] for e, t in pairs)
+                self._stop_on_string(child, detok, *stop)
+                return
 
     def _find_stop_string(
-        self, child: Request, detok: IncrementalDetokenizer, searched_from: int
+        self, child: Request, detok: IncrementalDetokenizer, searched_from: int, num_output: int
     ) -> tuple[str, int] | None:
         """The earliest stop string in the new text (a stop may straddle the old text's end)."""
         stops = child.sampling_params.stop
-        if not stops or child.num_output_tokens < child.sampling_params.min_tokens:
+        if not stops or num_output < child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
         found = [(detok.text.find(s, begin), s) for s in stops]

@@ -27,10 +27,13 @@ from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
+from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, verify
 from flotilla.engine.staging import device_tensor
 from flotilla.kernels.dispatch import greedy_tokens
 
 logger = logging.getLogger(__name__)
+
+LogprobEntry = dict[int, tuple[float, int]]  # {token id: (logprob, rank)}
 
 
 @dataclass
@@ -51,6 +54,9 @@ class StepOutput:
     logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
     # prompt logprobs computed this step: (position of the first prompt token covered, entries)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] = field(default_factory=dict)
+    # Requests that had drafts: their accepted drafts then one more token, and those tokens' logprobs
+    verified: dict[str, list[int]] = field(default_factory=dict)
+    verified_logprobs: dict[str, list[dict[int, tuple[float, int]]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +66,7 @@ class LaunchedStep:
     start: float
     graphed: bool
     rows: list[SamplingRow]
+    draft_groups: list[DraftGroup] = field(default_factory=list)
     result: StepOutput = field(default_factory=StepOutput)
     drawn: SamplerOutput | None = None  # host tensors, valid once `copied` has completed
     copied: torch.cuda.Event | None = None
@@ -243,7 +250,7 @@ class ModelRunner:
             with forward_context(inputs.metadata), lora_slots(token_slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
-        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows)
+        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups)
         last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
         if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
@@ -258,9 +265,16 @@ class ModelRunner:
         if step.drawn is not None:
             if step.copied is not None:
                 step.copied.synchronize()
-            ids = [r.request.request_id for r in step.rows]
-            result.tokens = dict(zip(ids, step.drawn.token_ids.tolist(), strict=True))
-            self._token_logprobs(step.drawn, step.rows, result)
+            tokens = step.drawn.token_ids.tolist()
+            entries = self._token_logprobs(step.drawn, step.rows, tokens)
+            drafted = self._verified(step, tokens, entries, result)
+            for i, row in enumerate(step.rows):
+                rid = row.request.request_id
+                if rid not in drafted:
+                    result.tokens[rid] = tokens[i]
+                    entry = entries[i]
+                    if entry is not None:
+                        result.logprobs[rid] = entry
         self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
         return result
 
@@ -273,7 +287,10 @@ class ModelRunner:
         else:
             selected = hidden[device_tensor(indices, torch.long, self.device)]
         logits = self.model.compute_logits(selected)
-        if all(_plain_greedy(r) for r in rows):
+        if step.draft_groups:
+            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
+            drawn = verify(logits.float(), batch, step.draft_groups)
+        elif all(_plain_greedy(r) for r in rows):
             drawn = SamplerOutput(token_ids=greedy_tokens(logits))  # bf16 argmax = fp32 argmax, ties too
         else:
             logits = logits.float()
@@ -302,20 +319,38 @@ class ModelRunner:
             dst = device_tensor([c[1] for c in copies], torch.long, self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    def _token_logprobs(self, drawn: SamplerOutput, rows: list[SamplingRow], result: StepOutput) -> None:
-        """The asking rows' logprob entries, when the sampler computed logprobs (all four tensors)."""
+    @staticmethod
+    def _verified(
+        step: LaunchedStep, tokens: list[int], entries: list[LogprobEntry | None], result: StepOutput
+    ) -> set[str]:
+        """Each drafting request's output tokens (and their logprobs); returns their ids."""
+        if not step.draft_groups:
+            return set()
+        assert step.drawn is not None and step.drawn.accepted is not None, "verify() judged the drafts"
+        accepted = step.drawn.accepted.tolist()
+        for group in step.draft_groups:
+            rid = step.rows[group.first_row].request.request_id
+            kept = accepted_prefix(tokens, accepted, group)
+            result.verified[rid] = kept
+            if entries[group.first_row] is not None:
+                span = entries[group.first_row : group.first_row + len(kept)]
+                result.verified_logprobs[rid] = [e for e in span if e is not None]
+        return set(result.verified)
+
+    def _token_logprobs(
+        self, drawn: SamplerOutput, rows: list[SamplingRow], tokens: list[int]
+    ) -> list[LogprobEntry | None]:
+        """Each row's logprob entry (None for rows that did not ask, or when the sampler computed none)."""
+        entries: list[LogprobEntry | None] = [None] * len(rows)
         if drawn.logprobs is None or drawn.ranks is None or drawn.top_ids is None or drawn.top_logprobs is None:
-            return
+            return entries
         chosen, ranks = drawn.logprobs.tolist(), drawn.ranks.tolist()
         top_ids, top_values = drawn.top_ids.tolist(), drawn.top_logprobs.tolist()
         for i, row in enumerate(rows):
             n = row.request.sampling_params.logprobs
-            if n is None:
-                continue
-            token = result.tokens[row.request.request_id]
-            result.logprobs[row.request.request_id] = logprob_entry(
-                token, chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n]
-            )
+            if n is not None:
+                entries[i] = logprob_entry(tokens[i], chosen[i], ranks[i], top_ids[i][:n], top_values[i][:n])
+        return entries
 
     def _prompt_logprobs(
         self,
@@ -363,6 +398,7 @@ def _to_host(drawn: SamplerOutput) -> SamplerOutput:
         ranks=maybe_host(drawn.ranks),
         top_ids=maybe_host(drawn.top_ids),
         top_logprobs=maybe_host(drawn.top_logprobs),
+        accepted=maybe_host(drawn.accepted),
     )
 
 

@@ -56,6 +56,7 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None  # [B] 1 = the most likely token
     top_ids: torch.Tensor | None = None  # [B, N]
     top_logprobs: torch.Tensor | None = None  # [B, N]
+    accepted: torch.Tensor | None = None  # [B] bool: the row's draft token was accepted (speculation)
 
 
 def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -139,6 +140,15 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
     return (-torch.log(uniform)).clamp_min(1e-10)
 
 
+def sampling_probs(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """The distribution each row draws from, after temperature, min-p, top-k and top-p (greedy rows'
+    entries are those of temperature 1; callers take their argmax instead)."""
+    scaled = logits / torch.where(b.temperature == 0, 1.0, b.temperature).unsqueeze(1)
+    if b.any_truncation:
+        scaled = apply_top_k_top_p(apply_min_p(scaled, b.min_p), b.top_k, b.top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
 def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """Run the whole pipeline on fp32 logits `[B, V]`."""
     logits = apply_bans(apply_logit_bias(logits, b), b)
@@ -146,20 +156,16 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = apply_penalties(logits, b)
     token_ids = logits.argmax(dim=-1)
     if not b.all_greedy:
-        is_greedy = b.temperature == 0
-        scaled = logits / torch.where(is_greedy, 1.0, b.temperature).unsqueeze(1)
-        if b.any_truncation:
-            scaled = apply_top_k_top_p(apply_min_p(scaled, b.min_p), b.top_k, b.top_p)
-        probs = torch.softmax(scaled, dim=-1)
+        probs = sampling_probs(logits, b)
         drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
-        token_ids = torch.where(is_greedy, token_ids, drawn)
+        token_ids = torch.where(b.temperature == 0, token_ids, drawn)
     out = SamplerOutput(token_ids=token_ids)
     if b.max_logprobs is not None:
-        _add_logprobs(out, torch.log_softmax(logits, dim=-1), b.max_logprobs)
+        add_logprobs(out, torch.log_softmax(logits, dim=-1), b.max_logprobs)
     return out
 
 
-def _add_logprobs(out: SamplerOutput, logprobs: torch.Tensor, n: int) -> None:
+def add_logprobs(out: SamplerOutput, logprobs: torch.Tensor, n: int) -> None:
     """The drawn token's log-probability and rank, and the top-n of each row (finite: at least
     LOGPROB_FLOOR)."""
     logprobs = logprobs.nan_to_num(nan=LOGPROB_FLOOR, posinf=0.0, neginf=LOGPROB_FLOOR).clamp_(LOGPROB_FLOOR, 0.0)

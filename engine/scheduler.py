@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import SchedulerConfig
 from flotilla.engine.request import Request, RequestStatus
+from flotilla.engine.spec_decode.policy import request_can_speculate
 
 
 @dataclass
@@ -32,6 +33,10 @@ class ScheduledRequest:
     num_new_tokens: int
     num_computed_tokens: int
     samples: bool  # the step reaches the end of the request's tokens, so it draws the next one
+    # Speculative decoding: KV slots reserved after the last known token for draft tokens, and the
+    # drafts the proposer put there (at most num_lookahead; `num_new_tokens` counts them).
+    num_lookahead: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -95,17 +100,17 @@ class Scheduler:
         """True while any request waits or runs."""
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
-        """Plan the next step."""
+    def schedule(self, num_lookahead: int = 0) -> SchedulerOutput:
+        """Plan the next step; decoding requests get up to `num_lookahead` extra KV slots for drafts."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, budget, num_lookahead)
         if not out.preempted:
             self._schedule_waiting(out, budget)
         out.block_copies = self.block_manager.take_pending_copies()
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, num_lookahead: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
@@ -113,17 +118,31 @@ class Scheduler:
                 i += 1  # its token in flight is its last: a step for it would be wasted
                 continue
             num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
-            while not self.block_manager.allocate(request, num_new):
+            lookahead = self._lookahead(request, num_new, budget, num_lookahead)
+            if lookahead and not self.block_manager.allocate(request, num_new + lookahead):
+                lookahead = 0  # no room for drafts: decode one token rather than preempt anyone
+            while not lookahead and not self.block_manager.allocate(request, num_new):
                 victim = self._pop_victim(i)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     break
             else:
-                self._plan(out, request, num_new, request.num_computed_tokens)
-                budget -= num_new
+                self._plan(out, request, num_new, request.num_computed_tokens, lookahead)
+                budget -= num_new + lookahead
                 i += 1
         return budget
+
+    def _lookahead(self, request: Request, num_new: int, budget: int, num_lookahead: int) -> int:
+        """Draft slots for a request that decodes its last known token: never past what the budget,
+        max_tokens or the context length could still use (the step outputs up to lookahead + 1 tokens)."""
+        if not num_lookahead or num_new != 1 or request.num_pending or not request_can_speculate(request):
+            return 0
+        room = min(num_lookahead, budget - 1, self.config.max_model_len - request.num_tokens - 1)
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        return max(room, 0)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         # Requests of an adapter that would exceed --max-loras wait their turn; the others go past them.
@@ -164,12 +183,14 @@ class Scheduler:
             and len(loras) >= self.max_loras
 
     @staticmethod
-    def _plan(out: SchedulerOutput, request: Request, num_new: int, num_computed: int) -> None:
+    def _plan(out: SchedulerOutput, request: Request, num_new: int, num_computed: int, lookahead: int = 0) -> None:
         """Put the request in the step and advance its progress now, so the next step can be planned
-        before this one's tokens are known; a token it draws is pending until `update`."""
+        before this one's tokens are known; a token it draws is pending until `update`. Lookahead
+        slots count as planned until the proposer fills them (`spec_decode.drafts`)."""
         end = num_computed + num_new
         samples = end == request.num_tokens + request.num_pending
-        out.scheduled.append(ScheduledRequest(request, num_new, num_computed, samples))
+        end += lookahead
+        out.scheduled.append(ScheduledRequest(request, num_new + lookahead, num_computed, samples, lookahead))
         request.num_computed_tokens = end
         if samples:
             request.num_pending += 1
@@ -188,12 +209,18 @@ class Scheduler:
         self._enqueue(request, front=True)
         self.num_preemptions += 1
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update(
+        self, out: SchedulerOutput, sampled: dict[str, int], verified: dict[str, list[int]] | None = None
+    ) -> list[Request]:
         """Record a finished step: append the drawn tokens, retire finished requests.
 
         Returns the requests that received a token in this step (finished ones included). With
         asynchronous scheduling the next step is already planned: a request that finishes here
         may be in it, and its token there is discarded.
+
+        A request that had drafts gets its `verified` tokens (accepted drafts, then one more) one at a
+        time, as if decoded step by step: a stop ends it at that token, and the list is cut to the
+        tokens it kept. Its KV beyond its known tokens is then rolled back (`_roll_back`).
         """
         touched: list[Request] = []
         for s in out.scheduled:
@@ -203,14 +230,37 @@ class Scheduler:
             request.num_pending -= 1
             if request.status.finished:  # aborted (or stopped) while the step ran
                 continue
+            if s.spec_token_ids and verified is not None:
+                self._append_verified(request, verified[request.request_id], touched)
+                continue
             children = request.fork_children
             if children:  # detached first: finishing the leader must not finish them
                 request.fork_children = []
             self._append_token(request, sampled[request.request_id], touched)
+            if s.num_lookahead and not request.status.finished:  # draft slots the proposer left empty
+                self.block_manager.trim(request, request.num_tokens)
             for child in children:
                 self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
                 self._append_token(child, sampled[child.request_id], touched)
         return touched
+
+    def _append_verified(self, request: Request, tokens: list[int], touched: list[Request]) -> None:
+        for kept, token in enumerate(tokens, 1):
+            request.output_token_ids.append(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                del tokens[kept:]
+                self.finish(request, status)
+                break
+        touched.append(request)
+        if not request.status.finished:
+            self._roll_back(request)
+
+    def _roll_back(self, request: Request) -> None:
+        """After verification: K/V is valid up to the last accepted token (the new last token is fed
+        next step), and blocks past the known tokens, which held only rejected drafts, go back."""
+        request.num_computed_tokens = request.num_tokens - 1
+        self.block_manager.trim(request, request.num_tokens)
 
     def _append_token(self, request: Request, token: int, touched: list[Request]) -> None:
         request.output_token_ids.append(token)

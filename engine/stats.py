@@ -49,6 +49,22 @@ class EngineEvents:
 
 
 @dataclass(frozen=True)
+class SpecDecodeCounts:
+    """Cumulative speculative-decoding counters (vLLM V1's vllm:spec_decode_* meanings): requests-steps
+    that carried drafts, draft tokens proposed, draft tokens accepted, and accepted ones per position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a speculating request gets per step: 1 + accepted drafts per draft (vLLM's figure)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass(frozen=True)
 class StatsSnapshot:
     """The engine as the server reports it, at one instant: gauges, cumulative counters (vLLM's metric
     meanings) and the samples recorded since the previous snapshot."""
@@ -62,6 +78,7 @@ class StatsSnapshot:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    spec_decode: SpecDecodeCounts | None = None  # None without --speculative-config
     events: EngineEvents = EngineEvents()
     # Names of the LoRA adapters of running and waiting requests (vllm:lora_requests_info).
     running_lora_adapters: tuple[str, ...] = ()

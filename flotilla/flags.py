@@ -247,10 +247,11 @@ FLAGS: tuple[Flag, ...] = (
         "--speculative-config",
         "json",
         None,
-        'Speculative decoding, as JSON (e.g. {"method": "ngram", "num_speculative_tokens": 4}).',
+        'Speculative decoding, as JSON with vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 5, "prompt_lookup_min": 2} or {"model": "<draft dir>", "num_speculative_tokens": 4}; '
+        'optional "disable_by_batch_size".',
         "speculative",
         crd_field="speculative",
-        implemented=False,
     ),
     Flag(
         "--enable-lora",

@@ -17,6 +17,9 @@ What is counted, per replica:
   1 for fp8). With tensor parallelism wider than the KV heads, vLLM replicates heads so every GPU
   holds one: max(KV heads, tensor) heads in all. One sequence takes maxModelLen rounded up to a
   whole KV block.
+- A draft model (speculative.method draft_model with speculative.draftConfig): its weights at the
+  model dtype (drafts are not quantized) and its KV per token, since the engine gives it a block in
+  its own pool for every block of the target's. An n-gram proposer costs no GPU memory.
 - Activation allowance (documented estimate of vLLM's profiling peak plus what lives outside
   torch): 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and CUDA-graph pools, plus per
   GPU a step of `maxNumBatchedTokens` tokens through the MLP (gate and up outputs,
@@ -154,6 +157,10 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
     weights = weight_bytes(arch, spec.quantization, spec.dtype) + lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
+    draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
+    if draft is not None:
+        weights += weight_bytes(draft, "none", spec.dtype)
+        per_token += kv_bytes_per_token(draft, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
     budget = int(gpus * gpu.memory_bytes * util)
     kv_budget = budget - weights - activations

@@ -195,6 +195,10 @@ class SpeculativeSpec(_Model):
     num_tokens: int = Field(default=4, ge=1, le=16, description="Tokens proposed per step.")
     draft_model: str | None = Field(
         default=None, description="Path or hf:// id of the draft model (method draft_model).")
+    draft_config: ModelArchitecture | None = Field(
+        default=None,
+        description="The draft model's architecture numbers (from its config.json), so the fit check adds its "
+                    "weights and its KV cache (one block per target block).")
 
 
 class LoraAdapter(_Model):

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.server.lora_metrics import LoRAInfoGauge
+from flotilla.engine.server.spec_decode_metrics import SpecDecodeMetrics, log_spec_decode
 from flotilla.engine.stats import StatsSnapshot
 
 logger = logging.getLogger("flotilla.stats")
@@ -98,6 +99,7 @@ class EngineMetrics:
         self._aliases(labels)
         self._name = name
         self._last = StatsSnapshot()
+        self.spec_decode = SpecDecodeMetrics(r, name) if config.speculative is not None else None
         self._zero_series()
 
     def _aliases(self, labels: list[str]) -> None:
@@ -161,6 +163,8 @@ class EngineMetrics:
                 for counter in counters:
                     counter.labels(n).inc(now - before)
         self._last = s
+        if self.spec_decode is not None and s.spec_decode is not None:
+            self.spec_decode.update(s.spec_decode)
         events = s.events
         for value in events.ttft:
             self.hist["ttft"].labels(n).observe(value)
@@ -215,5 +219,7 @@ class StatsLogger:
             (s.prompt_tokens - last.prompt_tokens) / elapsed, (s.generation_tokens - last.generation_tokens) / elapsed,
             s.num_running, s.num_waiting, 100 * s.kv_cache_usage, 100 * hits / queries if queries else 0.0,
         )
+        if s.spec_decode is not None:
+            log_spec_decode(s.spec_decode, last.spec_decode)
         self._last_time = now
         self._last = s

@@ -1,0 +1,118 @@
+"""Draft-model proposals: a smaller model with the target's tokenizer guesses k tokens greedily.
+
+The draft keeps its own KV pool, indexed by the same block ids as the target's: the block manager
+hands out one set of ids per request, and each id owns a block in both pools. Whatever the target
+computes, the draft computes too, in the same slots, before the target's pass (its "catch-up"); a
+speculating request then runs k - 1 more one-token draft passes into its reserved lookahead slots.
+Draft tokens are the draft's argmax, a deterministic proposal, which the rejection sampler verifies
+exactly at any temperature.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.forward_context import forward_context
+from flotilla.engine.input_batch import FlatBatch
+from flotilla.engine.layers.attention import Attention
+from flotilla.engine.model_loader import load_model
+from flotilla.engine.request import Request
+from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from flotilla.engine.model_runner import ModelRunner
+
+
+class DraftModelProposer:
+    """Loads the draft model and its KV pool beside the target's runner and proposes drafts."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
+        spec = config.speculative
+        assert spec is not None and spec.model is not None, "built for a draft-model config"
+        draft_dir = Path(spec.model)
+        if not (draft_dir / "config.json").is_file():
+            raise ConfigError(f"--speculative-config: draft model {draft_dir}: no config.json")
+        hf_config = json.loads((draft_dir / "config.json").read_text())
+        target_vocab = config.model.hf_config["vocab_size"]
+        if hf_config.get("vocab_size") != target_vocab:
+            raise ConfigError(
+                f"--speculative-config: the draft model's vocabulary ({hf_config.get('vocab_size')} tokens) "
+                f"differs from the target's ({target_vocab}); a draft model must share the target's tokenizer"
+            )
+        model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config})
+        self.runner = runner
+        self.model = load_model(model_config, runner.device)
+        self.layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        first = self.layers[0]
+        shape = (len(self.layers), 2, runner.num_blocks, runner.block_size, first.num_kv_heads, first.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
+        for i, attn in enumerate(self.layers):
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        # Per request: how many of its first positions hold valid draft K/V (an upper bound; each
+        # step takes the minimum with the target's computed count, which rollback keeps exact).
+        # Steps without drafts do not call the proposer (the load rule's saving); a request then
+        # catches up from here the next time it is drafted for.
+        self._valid: dict[str, tuple[Request, int]] = {}
+
+    @torch.inference_mode()
+    def propose(self, plan: SchedulerOutput, speculating: list[ScheduledRequest]) -> list[list[int]]:
+        """Catch the draft up on the step's known tokens, then draft each speculating request's slots."""
+        self._valid = {rid: v for rid, v in self._valid.items() if not v[0].status.finished}
+        self._copy_blocks(plan.block_copies)
+        feeds: list[tuple[Request, int, list[int]]] = []
+        for s in plan.scheduled:
+            req = s.request
+            # A request the draft has not seen yet starts at 0, prefix-cache hits included: steps
+            # without drafts skip the draft entirely, so the pool's blocks may lack its K/V.
+            start = min(self._valid.get(req.request_id, (req, 0))[1], s.num_computed_tokens)
+            end = min(s.num_computed_tokens + s.num_new_tokens - s.num_lookahead, req.num_tokens)
+            if s.num_lookahead:
+                end = req.num_tokens  # through the last known token, whose logits give the first draft
+            if end > start:
+                feeds.append((req, start, req.token_ids(start, end)))
+            self._valid[req.request_id] = (req, max(end, start))
+        last_tokens = self._feed(feeds)
+        lookahead = {s.request.request_id: s.num_lookahead for s in speculating}
+        drafts = {rid: [tok] for (req, _, _), tok in zip(feeds, last_tokens, strict=True)
+                  if (rid := req.request_id) in lookahead}
+        for j in range(1, max(lookahead.values(), default=0)):
+            step = [(s.request, s.request.num_tokens + j - 1, [drafts[s.request.request_id][-1]])
+                    for s in speculating if s.request.request_id in drafts and s.num_lookahead > j]
+            for (req, pos, _), tok in zip(step, self._feed(step), strict=True):
+                drafts[req.request_id].append(tok)
+                self._valid[req.request_id] = (req, pos + 1)
+        return [drafts.get(s.request.request_id, []) for s in speculating]
+
+    def _feed(self, feeds: list[tuple[Request, int, list[int]]]) -> list[int]:
+        """One draft forward pass over each (request, first position, tokens); the argmax after each
+        request's last token."""
+        if not feeds:
+            return []
+        size = self.runner.block_size
+        flat = FlatBatch()
+        for req, start, tokens in feeds:
+            end = start + len(tokens)
+            flat.input_ids += tokens
+            flat.positions += range(start, end)
+            flat.slots += [req.block_ids[p // size] * size + p % size for p in range(start, end)]
+            flat.query_start_loc.append(len(flat.input_ids))
+            flat.seq_lens.append(end)
+            flat.block_tables.append(req.block_ids)
+            flat.max_query_len = max(flat.max_query_len, len(tokens))
+        inputs = self.runner.prepare_inputs(flat)
+        with forward_context(inputs.metadata):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        last = torch.tensor([i - 1 for i in flat.query_start_loc[1:]], dtype=torch.long, device=hidden.device)
+        return self.model.compute_logits(hidden[last]).argmax(dim=-1).tolist()
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """The target's copy-on-write copies, mirrored in the draft pool."""
+        if copies:
+            src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=self.kv_cache.device)
+            dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=self.kv_cache.device)
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]

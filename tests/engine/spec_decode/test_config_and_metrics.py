@@ -1,0 +1,80 @@
+"""`--speculative-config` as vLLM spells it, refused with the flag's name when wrong; the
+vllm:spec_decode_* counters and the acceptance log line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
+from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from flotilla.engine.spec_decode.policy import step_lookahead
+from flotilla.engine.stats import SpecDecodeCounts, StatsSnapshot
+
+
+def test_vllm_json_keys_parse():
+    c = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
+    assert c == SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
+    assert c.lookup_window == (4, 4)  # the missing bound takes the other's value, as vLLM
+    assert parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2}).lookup_window == (5, 5)
+    draft = parse_speculative_config({"model": "/models/draft", "num_speculative_tokens": 5})
+    assert draft is not None and draft.method == "draft_model"
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("{not json", "not valid JSON"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, '"model"'),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "<="),
+        ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel"),
+    ],
+)
+def test_bad_configs_are_refused_naming_the_flag(value, words):
+    with pytest.raises(ValueError, match="--speculative-config") as err:
+        parse_speculative_config(value)
+    assert words in str(err.value)
+
+
+def test_engine_config_carries_it_and_refuses_a_foreign_draft(tiny_model_dirs, tmp_path):
+    model = str(tiny_model_dirs["llama"])
+    config = EngineConfig.from_kwargs(model, speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
+    assert config.speculative is not None and config.speculative.num_speculative_tokens == 2
+    with pytest.raises(ConfigError, match="--speculative-config"):
+        EngineConfig.from_kwargs(model, speculative_config={"method": "ngram"})
+    (tmp_path / "config.json").write_text('{"vocab_size": 7, "architectures": ["LlamaForCausalLM"]}')
+    from flotilla.engine.llm import LLM
+
+    with pytest.raises(ConfigError, match="vocabulary"):
+        LLM(model, max_model_len=64, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
+
+
+def test_load_rule():
+    assert step_lookahead(4, None, 500) == 4
+    assert step_lookahead(4, 8, 7) == 4
+    assert step_lookahead(4, 8, 8) == 0
+
+
+def test_counters_and_log_line(tiny_model_dirs, caplog):
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64,
+                                      speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    metrics = EngineMetrics(config, "tiny")
+    metrics.update(StatsSnapshot(spec_decode=SpecDecodeCounts(0, 0, 0, (0, 0, 0))))
+    counts = SpecDecodeCounts(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12, accepted_per_pos=(6, 4, 2))
+    metrics.update(StatsSnapshot(spec_decode=counts))
+    text = metrics.render().decode()
+    assert 'vllm:spec_decode_num_drafts_total{model_name="tiny"} 10.0' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="tiny"} 30.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="tiny"} 12.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="2"} 2.0' in text
+    assert counts.mean_acceptance_length == pytest.approx(2.2)
+    log = StatsLogger(interval=0.0)
+    with caplog.at_level(logging.INFO, logger="flotilla.stats"):
+        log.maybe_log(StatsSnapshot(num_running=1, generation_tokens=22, spec_decode=counts))
+    assert "Mean acceptance length: 2.20" in caplog.text
+    assert "Per-position acceptance rate: 0.600, 0.400, 0.200" in caplog.text

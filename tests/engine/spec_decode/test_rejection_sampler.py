@@ -1,0 +1,85 @@
+"""The acceptance rule keeps the target's distribution exact: a chi-square test over many seeded
+draws, with a deliberately poor proposer, that a deliberately broken rule fails."""
+
+from __future__ import annotations
+
+import torch
+
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.spec_decode import rejection_sampler
+from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, verify
+
+VOCAB = 6
+DRAWS = 6000
+# 99.9th percentile of chi-square with VOCAB - 1 = 5 degrees of freedom.
+CHI2_CRITICAL = 20.52
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0])
+
+
+def _verify_one_draft(draft: int, temperature: float = 1.0, top_k: int = 0) -> tuple[list[int], list[bool]]:
+    """DRAWS independent requests, each drafting `draft` after its last token: 2 rows per request."""
+    rows = []
+    # Unseeded: each row gets its own stream from the (seeded) generator.
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_tokens=8)
+    for i in range(DRAWS):
+        req = Request(f"r{i}", [1, 2, 3], params)
+        rows += [SamplingRow(req, 2 * i, 0), SamplingRow(req, 2 * i + 1, 1)]
+    batch = build_sampling_batch(rows, VOCAB, torch.device("cpu"), torch.Generator().manual_seed(0))
+    groups = [DraftGroup(2 * i, (draft,)) for i in range(DRAWS)]
+    out = verify(LOGITS.repeat(2 * DRAWS, 1), batch, groups)
+    assert out.accepted is not None
+    tokens, accepted = out.token_ids.tolist(), out.accepted.tolist()
+    firsts = [accepted_prefix(tokens, accepted, g)[0] for g in groups]
+    return firsts, [accepted[g.first_row] for g in groups]
+
+
+def _chi_square(tokens: list[int], probs: torch.Tensor) -> float:
+    observed = torch.bincount(torch.tensor(tokens), minlength=VOCAB).double()
+    expected = probs.double() * len(tokens)
+    keep = expected > 0
+    assert observed[~keep].sum() == 0, "a token of probability 0 was output"
+    return float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_poor_drafts_leave_the_distribution_exact():
+    target = torch.softmax(LOGITS, dim=0)
+    for draft in (5, 0):  # the least likely token (mostly rejected), the most likely (mostly accepted)
+        firsts, accepted = _verify_one_draft(draft)
+        assert _chi_square(firsts, target) < CHI2_CRITICAL
+        rate = sum(accepted) / DRAWS
+        assert abs(rate - float(target[draft])) < 0.03  # accepted with probability p(draft)
+
+
+def test_truncated_distribution_is_the_one_verified():
+    # top_k=2 at temperature 0.5: the draft outside the top 2 is never accepted or output.
+    target = torch.softmax(LOGITS / 0.5, dim=0)
+    target[2:] = 0
+    target /= target.sum()
+    firsts, accepted = _verify_one_draft(3, temperature=0.5, top_k=2)
+    assert not any(accepted)
+    assert _chi_square(firsts, target) < CHI2_CRITICAL
+
+
+def test_a_broken_rule_fails_the_same_test(monkeypatch):
+    # Recovering from the full distribution (not removing the rejected draft) over-weights the draft.
+    monkeypatch.setattr(rejection_sampler, "_residual", lambda probs, drafts: probs)
+    firsts, _ = _verify_one_draft(0)
+    assert _chi_square(firsts, torch.softmax(LOGITS, dim=0)) > CHI2_CRITICAL
+
+
+def test_greedy_rows_accept_exactly_the_argmax():
+    rows = []
+    for i, _ in enumerate((0, 1)):
+        req = Request(f"g{i}", [1], SamplingParams(temperature=0.0, max_tokens=8))
+        rows += [SamplingRow(req, 3 * i + j, j) for j in range(3)]
+    batch = build_sampling_batch(rows, VOCAB, torch.device("cpu"), torch.Generator())
+    logits = torch.zeros(6, VOCAB)
+    logits[torch.arange(6), torch.tensor([4, 1, 3, 4, 2, 5])] = 5.0  # argmax per row
+    groups = [DraftGroup(0, (4, 1)), DraftGroup(3, (4, 0))]
+    out = verify(logits, batch, groups)
+    assert out.accepted is not None
+    tokens, accepted = out.token_ids.tolist(), out.accepted.tolist()
+    assert accepted_prefix(tokens, accepted, groups[0]) == [4, 1, 3]  # both accepted, then the bonus
+    assert accepted_prefix(tokens, accepted, groups[1]) == [4, 2]  # second draft rejected: the argmax
