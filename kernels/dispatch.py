@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
+from flotilla.kernels.fp8_linear import fp8_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 
@@ -144,3 +146,42 @@ def linear(
 
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with an fp8 weight and row-wise fp32 scales (`fp8_linear.py`): `torch._scaled_mm`
+    on GPUs with fp8 tensor cores (Ada, Hopper and later), the fp32 reference elsewhere."""
+    if x.is_cuda and fp8_tensor_cores(x.device) and x.shape[-1] % 16 == 0 and w_fp8.shape[0] % 16 == 0:
+        from flotilla.kernels.fp8_scaled_mm import fp8_linear_scaled_mm
+
+        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale)
+    return fp8_linear_ref(x, w_fp8, w_scale, bias, input_scale)
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """True on CUDA GPUs of compute capability 8.9 or later (fp8 matmuls in hardware)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def packed_int_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): the Triton dequantizing GEMM
+    on CUDA for 4-bit weights, the PyTorch reference elsewhere."""
+    if x.is_cuda and bits == 4:
+        from flotilla.kernels.triton_int4_gemm import int4_linear
+
+        return int4_linear(x, packed, scales, zeros, group_size, bias)
+    return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
