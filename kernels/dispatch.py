@@ -27,14 +27,16 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store new tokens' K/V at their slots in the block pool."""
+    """Store new tokens' K/V at their slots in the block pool (an fp8 pool: divided by the scales)."""
     if key.is_cuda:
         from flotilla.kernels.triton_kv_write import write_kv_cache as write_kv_cache_triton
 
-        write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+        write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
-    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -46,14 +48,33 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention for a flattened batch (see `paged_attention.py` for the layout).
+
+    An fp8 cache's scales are folded in: K's into the softmax scale, V's into the output.
 
     `max_query_len` is the caller's host-side knowledge of the longest new-token run in the batch.
     On CUDA, `1` (a pure decode step) selects the split-KV decode kernel; anything else, or `None`,
     the general prefill/extend kernel, which is correct for every batch, decode included. The hint
     exists because deriving it from `query_start_loc` would sync with the host.
     """
+    out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
+                           max_query_len)
+    return out if v_scale == 1.0 else out * v_scale
+
+
+def _paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None,
+) -> torch.Tensor:
     if query.is_cuda:
         if max_query_len == 1:
             from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -74,15 +95,17 @@ def rotary_and_write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Rotate query and key by position and store the rotated key and the value at their slots;
     returns the rotated query. One fused kernel on CUDA."""
     if query.is_cuda:
         from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv as fused
 
-        return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping)
+        return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     query, key = apply_rotary_ref(positions, query, key, cos_sin_cache)
-    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return query
 
 
