@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from flotilla.engine.quantization.method import LinearMethod
 from flotilla.kernels.dispatch import linear
 
 

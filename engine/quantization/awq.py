@@ -38,7 +38,9 @@ def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     return nibbles[:, :, list(_UNDO)].reshape(packed.shape[0], -1)
 
 
-def convert_tensors(tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """qweight / qzeros / scales -> the engine's weight_packed / weight_zero_point / weight_scale."""
     for name, tensor in tensors:
         prefix, _, leaf = name.rpartition(".")

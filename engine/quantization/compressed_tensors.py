@@ -66,7 +66,9 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
                      "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
 
 
-def convert_tensors(tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors in the engine's layout (`packed_int.py`): zero points unpacked to
     unsigned codes `[out, groups]`; `weight_shape` dropped."""
     weights, _, _ = _scheme(qcfg)

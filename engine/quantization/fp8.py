@@ -13,6 +13,9 @@ q, k and v of a merged layer share the largest, as vLLM does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,13 +28,13 @@ from flotilla.kernels.fp8_linear import FP8_DTYPE, quantize_fp8_rows
 class Fp8OnlineMethod(LinearMethod):
     """Dense weights loaded in the model dtype, quantized to fp8 per output channel once loaded."""
 
-    def process_weights(self, layer: nn.Module) -> None:
+    def process_weights(self, layer: Any) -> None:
         """Replace the dense weight by its fp8 rounding and per-row scales."""
         w_fp8, scale = quantize_fp8_rows(layer.weight.data)
         replace_parameter(layer, "weight", w_fp8)
         replace_parameter(layer, "weight_scale", scale)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """W8A8 with dynamic per-token activation scales."""
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
 
@@ -43,7 +46,7 @@ class Fp8CheckpointMethod(Fp8OnlineMethod):
         self.static_input = static_input
         self.weight_only = weight_only
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: Any) -> None:
         """An fp8 weight, `[out, 1]` scales and, for static schemes, one input scale."""
         rows = out_features(layer)
         replace_parameter(layer, "weight", torch.empty(layer.weight.shape, dtype=FP8_DTYPE))
@@ -53,10 +56,10 @@ class Fp8CheckpointMethod(Fp8OnlineMethod):
             # Starts at 0 so that the largest of the merged layer's loaded scales wins.
             replace_parameter(layer, "input_scale", torch.zeros(1, dtype=torch.float32), loader=_max_loader)
 
-    def process_weights(self, layer: nn.Module) -> None:
+    def process_weights(self, layer: Any) -> None:
         """Nothing to convert: the checkpoint's fp8 values are used as they are."""
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """W8A8 with static or dynamic activation scales; weight-only schemes upcast the weight."""
         if self.weight_only:
             weight = (layer.weight.float() * layer.weight_scale).to(x.dtype)
@@ -64,7 +67,7 @@ class Fp8CheckpointMethod(Fp8OnlineMethod):
         return fp8_linear(x, layer.weight, layer.weight_scale, bias, getattr(layer, "input_scale", None))
 
 
-def _scale_loader(layer: nn.Module):
+def _scale_loader(layer: Any) -> Callable[..., None]:
     """A weight-scale loader: per-channel scales go through the layer's own (sharding) loader; a
     per-tensor scale is first repeated over every row it covers, so both end up per row."""
 

@@ -38,7 +38,9 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     return PackedIntMethod(bits, _group_size(qcfg), symmetric=False)
 
 
-def convert_tensors(tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """qweight / qzeros / scales / g_idx -> the engine's weight_packed / weight_zero_point / weight_scale."""
     bits = int(qcfg.get("bits", 4))
     zero_offset = 0 if qcfg.get("checkpoint_format") == "gptq_v2" else 1

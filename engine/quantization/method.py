@@ -10,26 +10,30 @@ Model code never sees the difference.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 
 class LinearMethod:
-    """One quantization scheme of a linear layer's weight (subclasses: `fp8.py`, `packed_int.py`)."""
+    """One quantization scheme of a linear layer's weight (subclasses: `fp8.py`, `packed_int.py`).
 
-    def create_weights(self, layer: nn.Module) -> None:
+    `layer` is the `_Linear` of `engine/layers/linear.py` (typed Any: that module imports this one, and
+    the parameters a method reads are its own, added by `create_weights`)."""
+
+    def create_weights(self, layer: Any) -> None:
         """Give `layer` the parameters the checkpoint fills (default: keep the dense weight)."""
 
-    def process_weights(self, layer: nn.Module) -> None:
+    def process_weights(self, layer: Any) -> None:
         """After loading: convert the loaded parameters into the form `apply` reads."""
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`x @ W^T + bias`."""
         raise NotImplementedError
 
 
-def replace_parameter(layer: nn.Module, name: str, tensor: torch.Tensor,
+def replace_parameter(layer: Any, name: str, tensor: torch.Tensor,
                       loader: Callable[..., None] | None = None) -> nn.Parameter:
     """Register `tensor` as the frozen parameter `name` of `layer` (replacing one of that name)."""
     if hasattr(layer, name):
@@ -41,11 +45,11 @@ def replace_parameter(layer: nn.Module, name: str, tensor: torch.Tensor,
     return param
 
 
-def out_features(layer: nn.Module) -> int:
+def out_features(layer: Any) -> int:
     """The layer's output features on this rank (from the dense weight it was built with)."""
     return int(layer.weight.shape[0])
 
 
-def in_features(layer: nn.Module) -> int:
+def in_features(layer: Any) -> int:
     """The layer's input features on this rank."""
     return int(layer.weight.shape[1])

@@ -9,8 +9,9 @@ have no zero points in the checkpoint: theirs is the middle code, 2^(bits - 1).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
 from flotilla.kernels.dispatch import packed_int_linear
@@ -26,10 +27,10 @@ class PackedIntMethod(LinearMethod):
         self.group_size = group_size
         self.symmetric = symmetric
 
-    def _group(self, layer: nn.Module) -> int:
+    def _group(self, layer: Any) -> int:
         return self.group_size or in_features(layer)
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: Any) -> None:
         """Packed codes, group scales and (asymmetric schemes) zero points in place of the weight."""
         rows, cols = out_features(layer), in_features(layer)
         group = self._group(layer)
@@ -46,7 +47,7 @@ class PackedIntMethod(LinearMethod):
         else:
             replace_parameter(layer, "weight_zero_point", middle)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Dequantize-and-multiply (Triton on CUDA for 4 bits, the reference elsewhere)."""
         cols = layer.weight_packed.shape[1] * 32 // self.bits
         group = cols // layer.weight_scale.shape[1]

@@ -169,5 +169,7 @@ def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs
     assert 2 * runner.bytes_per_block == plain_runner.bytes_per_block
     ours, ref = _engine_tokens(path, kv_cache_dtype="fp8"), hf_greedy(path, PROMPTS, TOKENS)
     assert [o[0] for o in ours] == [r[0] for r in ref]
-    common = sum(next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) for o, r in zip(ours, ref))
+    prefixes = [next((i for i, (a, b) in enumerate(zip(o, r, strict=True)) if a != b), len(r))
+                for o, r in zip(ours, ref, strict=True)]
+    common = sum(prefixes)
     assert common >= 0.85 * TOKENS * len(PROMPTS)
