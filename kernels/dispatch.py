@@ -201,7 +201,11 @@ def packed_int_linear(
     group_size: int,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`). The PyTorch reference on every
-    device for now: it dequantizes the whole weight each call, so it saves memory, not time; a Triton
-    GEMM that dequantizes in registers is the next step (issue 22)."""
+    """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): on CUDA, 4-bit weights take
+    the Triton GEMM that dequantizes in registers; otherwise the reference (whole-weight dequantize)."""
+    if x.is_cuda and bits == 4:
+        from flotilla.kernels.triton_int4_gemm import int4_gemm_supported, int4_linear
+
+        if int4_gemm_supported(x.shape[-1], group_size):
+            return int4_linear(x, packed, scales, zeros, group_size, bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Issue 22 on the H200 (NOT RUN YET: written 2026-12-03 without device time). Stages:
-#   tests   the fp8 KV kernel tests compiled on the GPU, and the torch._scaled_mm path against the
+#   tests   the fp8 KV and int4 GEMM kernel tests compiled on the GPU, and the torch._scaled_mm path against the
 #           fp32 reference (fp8_linear_scaled_mm vs fp8_linear_ref, Llama-3.1-8B projection shapes)
 #   decode  decode step latency, Llama-3.1-8B shape (random weights, --load-format dummy), batch 1,
-#           context 512: bf16, --quantization fp8, --kv-cache-dtype fp8, both; the step is
+#           context 512: bf16, --quantization fp8, --kv-cache-dtype fp8, both, int4 W4A16 g128; the step is
 #           (time of 512-in/129-out - time of 512-in/1-out) / 128 through the offline LLM
 #   blocks  KV blocks at gpu-memory-utilization 0.9 with auto vs fp8 KV (expect ~2x)
 # Run from the repository root on the H200 machine, carrying .whl as bench/results/gpu-2026-12-03.sh
@@ -17,11 +17,21 @@ L=$OUT/quant-gpu.log
 left() { local l=$((END - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
 cd /tmp
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
+# The same shape as a compressed-tensors W4A16 (int4, group 128, symmetric) checkpoint: random codes
+# under --load-format dummy, detected from config.json.
+mkdir -p /tmp/llama8b-w4a16 && cp /tmp/llama8b/* /tmp/llama8b-w4a16/ && python3 - <<'PY'
+import json
+p = "/tmp/llama8b-w4a16/config.json"; c = json.load(open(p))
+c["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
+json.dump(c, open(p, "w"))
+PY
 for s in ${STAGES:-tests decode blocks}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    tests) timeout $(left 150) python3 -m pytest $R/tests/kernels/test_fp8_kv_cache.py $R/tests/kernels/test_kv_write.py $R/tests/kernels/test_rotary_kv_write.py -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -5 | tee -a $L
+    tests) timeout $(left 150) python3 -m pytest $R/tests/kernels/test_fp8_kv_cache.py $R/tests/kernels/test_int4_gemm.py $R/tests/kernels/test_kv_write.py $R/tests/kernels/test_rotary_kv_write.py -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -5 | tee -a $L
       timeout $(left 60) python3 - <<'PY' 2>&1 | tail -6 | tee -a $L
 import torch
 from flotilla.kernels.fp8_linear import fp8_linear_ref, quantize_fp8_rows
@@ -42,8 +52,9 @@ from flotilla.engine.sampling_params import SamplingParams
 prompt = [[7] * 512]
 res = {}
 for name, kw in [("bf16", {}), ("fp8", {"quantization": "fp8"}), ("fp8-kv", {"kv_cache_dtype": "fp8"}),
-                 ("fp8+fp8-kv", {"quantization": "fp8", "kv_cache_dtype": "fp8"})]:
-    llm = LLM("/tmp/llama8b", load_format="dummy", max_model_len=4096, **kw)
+                 ("fp8+fp8-kv", {"quantization": "fp8", "kv_cache_dtype": "fp8"}), ("int4-w4a16", {"model": "/tmp/llama8b-w4a16"})]:
+    path = kw.pop("model", "/tmp/llama8b")
+    llm = LLM(path, load_format="dummy", max_model_len=4096, **kw)
     def run(n):
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         t = time.perf_counter(); llm.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
@@ -59,4 +70,4 @@ PY
   esac
 done
 echo "=== done $(date +%T)" | tee -a $L
-# Targets from issue 22: fp8 decode (bs 1, ctx 512) <= 0.62x bf16; fp8 KV 2.0x the blocks.
+# Targets from issue 22: decode (bs 1, ctx 512) <= 0.62x bf16 for fp8, <= 0.45x for int4; fp8 KV 2.0x the blocks.
