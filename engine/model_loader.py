@@ -23,6 +23,7 @@ from flotilla.engine.quantization import (
     linear_method,
     process_quantized_weights,
 )
+from flotilla.engine.quantization.kv_scales import kv_scale_target, set_kv_scale
 
 # A layer's `weight_loader(param, checkpoint tensor, shard id)`: puts the tensor into its place in `param`.
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, str | int | None], None]
@@ -104,6 +105,9 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
             continue
         name = model.checkpoint_name(hf_name)
         if "rotary_emb.inv_freq" in name:
+            continue
+        if (kv_scale := kv_scale_target(name)) is not None:
+            set_kv_scale(model, *kv_scale, tensor)
             continue
         name, shard_id = _packed_target(name, model.packed_modules)
         if name not in params:

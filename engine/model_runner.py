@@ -190,6 +190,8 @@ class ModelRunner:
         kv_cache = _zeros(shape, self.kv_dtype, self.device)
         for i, attn in enumerate(self.attention_layers):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            if self.kv_dtype != torch.float8_e4m3fn:  # checkpoint KV scales apply to fp8 caches only
+                attn.k_scale = attn.v_scale = 1.0
         return kv_cache
 
     # --- one step ---------------------------------------------------------------------------------

@@ -173,3 +173,22 @@ def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs
                 for o, r in zip(ours, ref, strict=True)]
     common = sum(prefixes)
     assert common >= 0.85 * TOKENS * len(PROMPTS)
+
+
+def test_checkpoint_kv_scales_apply_to_an_fp8_cache_only(tiny_model_dirs, tmp_path):
+    """`self_attn.k_scale` / `v_scale` (llm-compressor's names) and `k_proj.output_scale` (older
+    compressed-tensors) land on the layer's attention; a bf16 cache ignores them, as vLLM does."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    path = tmp_path / "with-kv-scales"
+    shutil.copytree(tiny_model_dirs["llama"], path)
+    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+               "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
+               "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])},
+              str(path / "kv-scales.safetensors"))
+    fp8 = LLM(str(path), max_model_len=256, kv_cache_dtype="fp8").engine.runner.attention_layers
+    assert [(a.k_scale, a.v_scale) for a in fp8] == [(0.5, 2.0), (0.25, 1.0)]
+    plain = LLM(str(path), max_model_len=256).engine.runner.attention_layers
+    assert [(a.k_scale, a.v_scale) for a in plain] == [(1.0, 1.0), (1.0, 1.0)]
