@@ -24,9 +24,15 @@ _FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
 
 
 def checkpoint_quantization(hf_config: dict[str, Any]) -> dict[str, Any] | None:
-    """The checkpoint's `quantization_config`, if any."""
+    """The checkpoint's `quantization_config`, if it describes how its safetensors are stored.
+
+    A model that transformers loaded from a GGUF file and saved again (the embedded model's converter
+    does that) keeps `quant_method: gguf`, but its safetensors hold dequantized weights: not quantized.
+    """
     qcfg = hf_config.get("quantization_config")
-    return qcfg if isinstance(qcfg, dict) else None
+    if not isinstance(qcfg, dict) or str(qcfg.get("quant_method", "")).lower() == "gguf":
+        return None
+    return qcfg
 
 
 def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | None:

@@ -24,10 +24,12 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")]
 
 
-def compressed_tensors_checkpoint(src: Path, dst: Path, preset: str) -> Path:
+def compressed_tensors_checkpoint(
+    src: Path, dst: Path, preset: str, group_size: int | None = None, dequantized_copy: bool = True
+) -> Path:
     """`src` (an HF directory) quantized with compressed-tensors preset `preset` (W4A16, W4A16_ASYM,
-    W8A16, FP8_DYNAMIC, FP8) into `dst`, plus `dst/dequantized`: the same model with the library's
-    decompressed weights, for HF to run as the oracle."""
+    W8A16, FP8_DYNAMIC, FP8; `group_size` overrides the preset's) into `dst`, plus `dst/dequantized`:
+    the same model with the library's decompressed weights, for HF to run as the oracle."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams
@@ -35,6 +37,8 @@ def compressed_tensors_checkpoint(src: Path, dst: Path, preset: str) -> Path:
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     scheme = preset_name_to_scheme(preset, ["Linear"])
+    if group_size is not None:
+        scheme.weights.group_size = group_size
     fmt = "float-quantized" if scheme.weights.type == "float" else "pack-quantized"
     compressor = BaseCompressor.load_from_registry(fmt)
     state = {k: v for k, v in model.state_dict().items()}
@@ -49,6 +53,8 @@ def compressed_tensors_checkpoint(src: Path, dst: Path, preset: str) -> Path:
         dequantized[f"{name}.weight"] = compressor.decompress(dict(packed), scheme)["weight"].float()
     config = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, ignore=["lm_head"])
     _save(model, src, dst, state, config.model_dump(exclude_none=True))
+    if not dequantized_copy:
+        return dst
     model.load_state_dict(dequantized)
     model.save_pretrained(dst / "dequantized")
     AutoTokenizer.from_pretrained(src).save_pretrained(dst / "dequantized")

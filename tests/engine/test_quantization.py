@@ -192,3 +192,10 @@ def test_checkpoint_kv_scales_apply_to_an_fp8_cache_only(tiny_model_dirs, tmp_pa
     assert [(a.k_scale, a.v_scale) for a in fp8] == [(0.5, 2.0), (0.25, 1.0)]
     plain = LLM(str(path), max_model_len=256).engine.runner.attention_layers
     assert [(a.k_scale, a.v_scale) for a in plain] == [(1.0, 1.0), (1.0, 1.0)]
+
+
+def test_a_gguf_converted_checkpoint_is_not_quantized(embedded_model_dir):
+    """The embedded model's config.json keeps transformers' `quant_method: gguf` from its conversion;
+    its safetensors are plain bf16, so no scheme applies (and fp8 at load may be asked for)."""
+    assert EngineConfig.from_kwargs(str(embedded_model_dir)).model.quantization is None
+    assert EngineConfig.from_kwargs(str(embedded_model_dir), quantization="fp8").model.quantization == "fp8"

@@ -1,0 +1,80 @@
+"""Fidelity of quantized weights and fp8 KV on the embedded SmolLM2-135M-Instruct (issue 22).
+
+Teacher-forced over bench/data/harbour.txt (an original English text of 2,224 tokens written for this
+repository): each variant scores every next token of the text in one prefill (`prompt_logprobs`),
+against the bf16 model on the same text. Reported: top-1 agreement with bf16 (the share of positions
+whose most likely next token is bf16's) and perplexity (exp of the mean negative log-likelihood of the
+text's tokens), with the issue's floors. Checkpoints are written with the compressed-tensors library
+(the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
+128, so W4A16 uses groups of 64 (the nearest that divides every input width).
+
+    python bench/quant_fidelity.py --json bench/results/quant-fidelity-cpu-2026-12-03.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "engine"))
+
+# variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
+FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
+          "fp8 KV": (0.98, 1.01)}
+
+
+def score(model: str, **kwargs) -> tuple[list[int], float]:
+    """(top-1 token at every position, perplexity of the text) under one engine configuration."""
+    from flotilla.engine.llm import LLM
+    from flotilla.engine.sampling_params import SamplingParams
+
+    llm = LLM(model, dtype="bfloat16", max_model_len=4096, max_num_batched_tokens=4096, **kwargs)
+    ids = llm.get_tokenizer().encode((REPO / "bench" / "data" / "harbour.txt").read_text())
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=1),
+                       use_tqdm=False)[0]
+    entries = out.prompt_logprobs[1:]
+    top1 = [next(t for t, (_, rank) in e.items() if rank == 1) for e in entries]
+    nll = -sum(e[t][0] for e, t in zip(entries, ids[1:], strict=True)) / len(entries)
+    return top1, math.exp(nll)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    from flotilla.engine.embedded_model import embedded_model_dir
+    from quant_checkpoints import compressed_tensors_checkpoint
+
+    base = embedded_model_dir()
+    tmp = Path(tempfile.mkdtemp(prefix="quant-fidelity-"))
+    ref_top1, ref_ppl = score(str(base))
+    results = {"tokens": len(ref_top1) + 1, "bf16": {"perplexity": ref_ppl}}
+    print(f"bf16: perplexity {ref_ppl:.3f} over {len(ref_top1)} predicted tokens")
+    variants = {
+        "fp8 W8A8": (str(base), {"quantization": "fp8"}),
+        "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8a16", "W8A16", dequantized_copy=False), {}),
+        "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a16", "W4A16", 64, dequantized_copy=False),
+                      {}),
+        "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
+    }
+    for name, (model, kwargs) in variants.items():
+        path = model if isinstance(model, str) else str(model())
+        top1, ppl = score(path, **kwargs)
+        agreement = sum(a == b for a, b in zip(top1, ref_top1, strict=True)) / len(ref_top1)
+        floor, ceiling = FLOORS[name]
+        ok = (floor is None or agreement >= floor) and ppl / ref_ppl <= ceiling
+        results[name] = {"top1_agreement": agreement, "perplexity": ppl, "perplexity_ratio": ppl / ref_ppl,
+                         "floor_top1": floor, "ceiling_ppl_ratio": ceiling, "meets_floors": ok}
+        print(f"{name}: top-1 agreement {agreement:.2%}, perplexity {ppl:.3f} ({ppl / ref_ppl - 1:+.2%}) "
+              f"-> {'meets' if ok else 'MISSES'} the floors (top-1 >= {floor}, ppl <= x{ceiling})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
