@@ -3,8 +3,9 @@
 Teacher-forced over bench/data/harbour.txt (an original English text of 2,224 tokens written for this
 repository): each variant scores every next token of the text in one prefill (`prompt_logprobs`),
 against the unquantized model on the same text, all at one activation dtype (`--dtype`: bf16 as the
-issue asks; on a busy 2-core CPU bf16 matmuls are slow, so the committed CPU run used float32). Reported: top-1 agreement with bf16 (the share of positions
-whose most likely next token is bf16's) and perplexity (exp of the mean negative log-likelihood of the
+issue asks; on a busy 2-core CPU bf16 matmuls are slow, so the committed CPU run used float32).
+Reported: top-1 agreement with the unquantized model (the share of positions whose most likely next
+token is the same) and perplexity (exp of the mean negative log-likelihood of the
 text's tokens), with the issue's floors. Checkpoints are written with the compressed-tensors library
 (the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
 128, so W4A16 uses groups of 64 (the nearest that divides every input width).
@@ -50,8 +51,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16",
                         help="activation dtype of every variant and of the unquantized reference")
     args = parser.parse_args()
-    from flotilla.engine.embedded_model import embedded_model_dir
     from quant_checkpoints import compressed_tensors_checkpoint
+
+    from flotilla.engine.embedded_model import embedded_model_dir
 
     base = embedded_model_dir()
     tmp = Path(tempfile.mkdtemp(prefix="quant-fidelity-"))
@@ -60,9 +62,8 @@ def main() -> None:
     print(f"unquantized ({args.dtype}): perplexity {ref_ppl:.3f} over {len(ref_top1)} predicted tokens")
     variants = {
         "fp8 W8A8": (str(base), {"quantization": "fp8"}),
-        "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8a16", "W8A16", dequantized_copy=False), {}),
-        "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a16", "W4A16", 64, dequantized_copy=False),
-                      {}),
+        "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8", "W8A16", dequantized_copy=False), {}),
+        "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4", "W4A16", 64, dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
     }
     for name, (model, kwargs) in variants.items():
