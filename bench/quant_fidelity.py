@@ -8,7 +8,8 @@ Reported: top-1 agreement with the unquantized model (the share of positions who
 token is the same) and perplexity (exp of the mean negative log-likelihood of the
 text's tokens), with the issue's floors. Checkpoints are written with the compressed-tensors library
 (the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
-128, so W4A16 uses groups of 64 (the nearest that divides every input width).
+128, so W4A16 and W8A16 (compressed-tensors 0.20's preset groups by 128 too) use groups of 64, the
+largest power of two that divides every input width.
 
     python bench/quant_fidelity.py --dtype float32 --json bench/results/quant-fidelity-cpu-2026-12-03.json
 """
@@ -48,6 +49,7 @@ def score(model: str, dtype: str, **kwargs) -> tuple[list[int], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--variants", default=",".join(FLOORS), help="comma-separated, from: " + ", ".join(FLOORS))
     parser.add_argument("--dtype", default="bfloat16",
                         help="activation dtype of every variant and of the unquantized reference")
     args = parser.parse_args()
@@ -62,11 +64,13 @@ def main() -> None:
     print(f"unquantized ({args.dtype}): perplexity {ref_ppl:.3f} over {len(ref_top1)} predicted tokens")
     variants = {
         "fp8 W8A8": (str(base), {"quantization": "fp8"}),
-        "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8", "W8A16", dequantized_copy=False), {}),
+        "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8", "W8A16", 64, dequantized_copy=False),
+                         {}),
         "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4", "W4A16", 64, dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
     }
-    for name, (model, kwargs) in variants.items():
+    for name in args.variants.split(","):
+        model, kwargs = variants[name]
         path = model if isinstance(model, str) else str(model())
         top1, ppl = score(path, args.dtype, **kwargs)
         agreement = sum(a == b for a, b in zip(top1, ref_top1, strict=True)) / len(ref_top1)
@@ -75,9 +79,9 @@ def main() -> None:
         results[name] = {"top1_agreement": agreement, "perplexity": ppl, "perplexity_ratio": ppl / ref_ppl,
                          "floor_top1": floor, "ceiling_ppl_ratio": ceiling, "meets_floors": ok}
         print(f"{name}: top-1 agreement {agreement:.2%}, perplexity {ppl:.3f} ({ppl / ref_ppl - 1:+.2%}) "
-              f"-> {'meets' if ok else 'MISSES'} the floors (top-1 >= {floor}, ppl <= x{ceiling})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+              f"-> {'meets' if ok else 'MISSES'} the floors (top-1 >= {floor}, ppl <= x{ceiling})", flush=True)
+        if args.json:  # after every variant: a long run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
