@@ -79,6 +79,8 @@ def _save(model: torch.nn.Module, src: Path, dst: Path, state: dict[str, torch.T
     from transformers import AutoTokenizer
 
     dst.mkdir(parents=True, exist_ok=True)
+    if model.config.tie_word_embeddings:  # safetensors refuses shared storage; HF re-ties on load
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     save_file({k: v.contiguous() for k, v in state.items()}, str(dst / "model.safetensors"))
     config = model.config.to_dict()
     config["quantization_config"] = qcfg
