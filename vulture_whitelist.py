@@ -46,8 +46,6 @@ _.last_transition_time  # status conditions and figures (operator/status.py), wr
 _.observed_generation
 _.ready_replicas
 _.kv_budget_bytes  # operator/fit.py FitReport -> status.fit through asdict
-# ParallelConfig (engine/config.py) records the validated --tensor/--pipeline-parallel-size (only 1
-# and 1 run today); the parallel layers will read them when tensor parallelism lands.
-_.parallel
-_.tensor_parallel_size
-_.pipeline_parallel_size
+# pickle's hooks, called by name (engine/step_channel.py)
+_.persistent_id
+_.persistent_load

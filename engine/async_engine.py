@@ -30,9 +30,11 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from flotilla.engine.errors import RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
@@ -94,6 +96,37 @@ class _Add:
     params: SamplingParams
     prompt_text: str | None
     stream: _Stream
+    lora_request: LoRARequest | None = None
+
+
+@dataclass
+class _Call:
+    """A function to run on the engine between steps (e.g. loading a LoRA adapter), and its future."""
+
+    fn: Callable[[LLMEngine], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+    def run(self, engine: LLMEngine) -> None:
+        """Call it and hand the result or the error to the waiting event loop."""
+        try:
+            result = self.fn(engine)
+        except Exception as exc:  # the caller's error to answer, not the loop's
+            self.fail(exc)
+            return
+        self._settle(lambda: self.future.set_result(result))
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with `error` without running."""
+        self._settle(lambda: self.future.set_exception(error))
+
+    def _settle(self, set_future: Callable[[], None]) -> None:
+        def settle() -> None:
+            if not self.future.done():  # else the caller went away
+                set_future()
+
+        with contextlib.suppress(RuntimeError):  # that loop has closed
+            self.loop.call_soon_threadsafe(settle)
 
 
 class AsyncEngine:
@@ -114,7 +147,7 @@ class AsyncEngine:
         self._built = threading.Event()
         self._on_step = on_step
         self._on_dead = on_dead
-        self._commands: queue.Queue[_Add | tuple[str, str]] = queue.Queue()
+        self._commands: queue.Queue[_Add | _Call | tuple[str, str]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         # What the current step has for each event loop, handed over at once by `_flush`.
         self._pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]] = {}
@@ -164,6 +197,7 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
 
@@ -174,7 +208,7 @@ class AsyncEngine:
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
             raise EngineDeadError("the engine is shutting down")
         stream = _Stream(asyncio.get_running_loop())
-        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream))
+        self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, lora_request))
         self._wake.set()
         finished = False
         try:
@@ -192,6 +226,16 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run `fn(engine)` on the loop thread between steps; returns its result or raises its error."""
+        if self.dead is not None or self._stop.is_set():
+            raise EngineDeadError("the engine loop has stopped") from self.dead
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._commands.put(_Call(fn, loop, future))
+        self._wake.set()
+        return await future
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread."""
@@ -219,6 +263,7 @@ class AsyncEngine:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     self._report()
+                    self.engine.check_health()  # a dead worker fails the loop even when no request runs
                     continue
                 outputs = self.engine.step()
                 for output in outputs:
@@ -235,6 +280,7 @@ class AsyncEngine:
                 self._send(stream, EngineDeadError(f"the engine loop died: {exc!r}"))
             self._streams.clear()
             self._flush()
+            self._fail_calls(EngineDeadError(f"the engine loop died: {exc!r}"))
             if self._on_dead is not None:
                 self._on_dead(exc)
             return
@@ -242,6 +288,17 @@ class AsyncEngine:
         for stream in self._streams.values():
             self._send(stream, EngineDeadError("the engine is shutting down"))
         self._flush()
+        self._fail_calls(EngineDeadError("the engine is shutting down"))
+
+    def _fail_calls(self, error: EngineDeadError) -> None:
+        """Answer the calls still queued when the loop ends, so that no caller waits forever."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Call):
+                command.fail(error)
 
     def _report(self) -> None:
         if self._on_step is not None:
@@ -255,13 +312,16 @@ class AsyncEngine:
                 return
             if isinstance(command, _Add):
                 self._add(command)
+            elif isinstance(command, _Call):
+                command.run(self.engine)
             else:
                 self._streams.pop(command[1], None)
                 self.engine.abort([command[1]])
 
     def _add(self, command: _Add) -> None:
         try:
-            self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text)
+            self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text,
+                                   command.lora_request)
         except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
             self._send(command.stream, exc)
             return
@@ -300,3 +360,4 @@ class AsyncEngine:
         for loop, batch in pending.items():
             with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_hand_over, batch)
+

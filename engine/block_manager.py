@@ -178,10 +178,12 @@ class BlockManager:
         `num_blocks` (or every full one, if fewer); each block is hashed once, as tokens arrive."""
         hashes = self._hashes.setdefault(request.request_id, [])
         size = self.block_size
+        # The adapter changes every layer's K/V: its id is part of each block's key.
+        extra = (request.lora_request.lora_int_id,) if request.lora_request is not None else ()
         # Slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
         for i in range(len(hashes), min(num_blocks, request.num_tokens // size)):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size)))
+            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra))
         return hashes
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:

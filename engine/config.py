@@ -18,6 +18,7 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
+    parallel_split_problem,
     resolve_max_model_len,
     served_name_problem,
 )
@@ -83,10 +84,20 @@ class SchedulerConfig(_Component):
 
 
 class ParallelConfig(_Component):
-    """Tensor and pipeline parallel sizes (1 and 1 until parallelism lands)."""
+    """Tensor and pipeline parallel sizes: `tp x pp` worker processes when above 1."""
 
     tensor_parallel_size: int = Field(1, gt=0)
     pipeline_parallel_size: int = Field(1, gt=0)
+
+
+class LoRAConfig(_Component):
+    """LoRA adapters (`--enable-lora`): the start-up adapters and the slot sizes."""
+
+    enable_lora: bool = False
+    lora_modules: tuple[tuple[str, str, str | None], ...] = ()  # (name, path, base_model_name)
+    max_loras: int = Field(1, gt=0)
+    max_lora_rank: int = Field(16, gt=0)
+    max_cpu_loras: int = Field(1, gt=0)
 
 
 class DeviceConfig(_Component):
@@ -148,6 +159,7 @@ class EngineConfig(_Component):
     scheduler: SchedulerConfig
     parallel: ParallelConfig
     device: DeviceConfig
+    lora: LoRAConfig = LoRAConfig()
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -161,7 +173,7 @@ class EngineConfig(_Component):
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device")
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora")
 _ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
@@ -215,7 +227,19 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         quantization = resolve_quantization(v["quantization"], hf_config)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else device == "cuda"
+    pipeline = v["pipeline_parallel_size"]
+    heads = hf_config["num_attention_heads"]
+    problem = parallel_split_problem(
+        heads, hf_config.get("num_key_value_heads") or heads, hf_config["intermediate_size"],
+        hf_config["num_hidden_layers"], v["tensor_parallel_size"], pipeline,
+    )
+    if problem:
+        raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
+    if pipeline > 1 and v["async_scheduling"]:
+        # An earlier stage never holds the tokens the last stage drew, so the next step cannot read them.
+        raise ConfigError("--async-scheduling does not work with --pipeline-parallel-size > 1 yet")
+    default_async = device == "cuda" and pipeline == 1
+    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
     served = v["served_model_name"] or [default_name]
     for name in served if isinstance(served, list | tuple) else [served]:
@@ -253,6 +277,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             pipeline_parallel_size=v["pipeline_parallel_size"],
         ),
         device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
+        lora=lora_config(v),
     )
 
 
@@ -275,3 +300,35 @@ def _resolve_device(device: str) -> str:
 def _format_validation_error(exc: ValidationError) -> str:
     """pydantic's errors in the user's words: `--flag-name: message`."""
     return "; ".join(describe(exc.errors(), lambda loc: flag_name(str(loc[-1])) if loc else "configuration"))
+
+
+def lora_config(v: dict[str, Any]) -> LoRAConfig:
+    """The LoRA flags as one component; LoRA flags without `--enable-lora` are an error (as vLLM)."""
+    from flotilla.engine.lora.registry import parse_lora_module
+
+    if not v["enable_lora"]:
+        given = [f for f in ("lora_modules", "max_cpu_loras") if v[f] is not None]
+        given += [f for f, default in (("max_loras", 1), ("max_lora_rank", 16)) if v[f] != default]
+        if given:
+            raise ConfigError(f"{', '.join(flag_name(f) for f in given)} need(s) --enable-lora")
+        return LoRAConfig()
+    if v["tensor_parallel_size"] != 1 or v["pipeline_parallel_size"] != 1:
+        raise ConfigError("--enable-lora with --tensor-parallel-size or --pipeline-parallel-size > 1 "
+                          "is not supported yet")
+    try:
+        modules = [parse_lora_module(m) for m in v["lora_modules"] or []]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    names = [m.name for m in modules]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--lora-modules: a name is given twice: {names}")
+    max_cpu = v["max_cpu_loras"] if v["max_cpu_loras"] is not None else v["max_loras"]
+    if max_cpu < v["max_loras"]:
+        raise ConfigError(f"--max-cpu-loras ({max_cpu}) must be at least --max-loras ({v['max_loras']})")
+    return LoRAConfig(
+        enable_lora=True,
+        lora_modules=tuple((m.name, m.path, m.base_model_name) for m in modules),
+        max_loras=v["max_loras"],
+        max_lora_rank=v["max_lora_rank"],
+        max_cpu_loras=max_cpu,
+    )

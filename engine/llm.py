@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -27,20 +28,24 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order.
 
         A prompt is text, a list of token ids, or `{"prompt": ...}` / `{"prompt_token_ids": [...]}`.
+        `lora_request` (one for all prompts, or one per prompt, None for the base model) needs
+        `enable_lora=True`.
         """
         prompt_list = _as_prompt_list(prompts)
         # Offline callers see only final outputs, so the engine need not build one per step.
         params = [p.model_copy(update={"output_kind": "final_only"})
                   for p in _as_params_list(sampling_params, len(prompt_list))]
+        loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompt_list)
         ids = []
         try:
-            for prompt, p in zip(prompt_list, params, strict=True):
+            for prompt, p, lora in zip(prompt_list, params, loras, strict=True):
                 text = prompt.get("prompt") if isinstance(prompt, dict) else None
-                ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text).request_id)
+                ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text, lora_request=lora).request_id)
         except BaseException:
             self.engine.abort(ids)  # one bad prompt queues none of the batch
             raise

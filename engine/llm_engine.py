@@ -10,12 +10,16 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.executor import MultiprocExecutor, build_executor
+from flotilla.engine.lora.manager import LoRAManager
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
@@ -34,11 +38,12 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
-        self.runner = ModelRunner(config)
+        self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        max_loras = config.lora.max_loras if config.lora.enable_lora else None
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, max_loras)
         self.stats = EngineStats()
         self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
@@ -61,6 +66,7 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Request:
         """Tokenize (if text), validate and queue a request; returns its first completion.
 
@@ -74,6 +80,8 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
+        if lora_request is not None:
+            self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._groups:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -88,6 +96,7 @@ class LLMEngine:
                 arrival_time=now,
                 parent_id=request_id,
                 index=i,
+                lora_request=lora_request,
             )
             for i in range(params.n)
         ]
@@ -100,6 +109,24 @@ class LLMEngine:
         self._groups[request_id] = group
         self.scheduler.add(group[0])
         return group[0]
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot
+        be served; InvalidParamError when LoRA is off)."""
+        manager = self._lora_manager()
+        if manager is None:
+            raise InvalidParamError("LoRA adapters are not enabled on this server (--enable-lora)", "model")
+        manager.add(lora)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Drop an adapter's cached copies; running requests that use it reload it from its directory."""
+        manager = self._lora_manager()
+        if manager is not None:
+            manager.remove(lora_int_id)
+
+    def _lora_manager(self) -> LoRAManager | None:
+        # LoRA runs in this process only (the config refuses it with tensor or pipeline parallelism).
+        return self.runner.lora if isinstance(self.runner, ModelRunner) else None
 
     @property
     def vocab_size(self) -> int:
@@ -156,7 +183,19 @@ class LLMEngine:
             prefix_cache_queries=self.block_manager.prefix_cache_queries,
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             events=s.drain_events(),
+            running_lora_adapters=_lora_names(self.scheduler.running),
+            waiting_lora_adapters=_lora_names(self.scheduler.waiting),
         )
+
+    def check_health(self) -> None:
+        """Raise if the model can no longer run steps (a tensor/pipeline-parallel worker has died)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (the engine cannot step afterwards)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
@@ -352,3 +391,8 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
         s.prefix_cache_hits = self.block_manager.prefix_cache_hits
+
+
+def _lora_names(requests: Iterable[Request]) -> tuple[str, ...]:
+    """The distinct adapter names among `requests`, in order of first appearance."""
+    return tuple(dict.fromkeys(r.lora_request.lora_name for r in requests if r.lora_request is not None))

@@ -19,7 +19,10 @@ from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch, flatten
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
+from flotilla.engine.lora.manager import LoRAManager
+from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
+from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
@@ -89,6 +92,9 @@ class ModelRunner:
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.model = load_model(config.model, self.device)
+        lc = config.lora  # wrapped before profiling, so the adapter slots count against the memory budget
+        self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora \
+            else None
         use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()
@@ -128,6 +134,7 @@ class ModelRunner:
         else:
             wanted = self.config.scheduler.max_num_seqs * per_seq
             num_blocks = min(cache.cpu_kv_cache_bytes // self.bytes_per_block, wanted)
+        num_blocks = min_over_ranks(num_blocks)  # one block table serves every rank: the tightest decides
         if num_blocks < per_seq:
             raise ValueError(
                 f"the KV cache holds {num_blocks} blocks of {self.block_size} tokens, fewer than one "
@@ -230,18 +237,22 @@ class ModelRunner:
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
         flat = flatten(out, self.block_size)
-        hidden = self.graphs.run(flat, self._fill_pending) if self.graphs is not None else None
+        # A step that uses adapters runs eagerly; the graphs hold the base model's steps.
+        token_slots = self.lora.token_slots(out) if self.lora is not None else None
+        graphs = self.graphs if token_slots is None else None
+        hidden = graphs.run(flat, self._fill_pending) if graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
             inputs = self.prepare_inputs(flat)
             self._fill_pending(inputs.input_ids, flat)
-            with forward_context(inputs.metadata):
+            with forward_context(inputs.metadata), lora_slots(token_slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
         step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows)
-        if flat.prompt_spans:  # rare (prompt_logprobs): synchronous
+        last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
+        if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
-        if flat.rows:
+        if flat.rows and last_stage:
             self._draw(hidden, step)
         step.host_s = time.perf_counter() - start
         return step

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
 
 _U64 = (1 << 64) - 1
@@ -61,6 +62,7 @@ class Request:
     parent_id: str = ""
     index: int = 0
     fork_children: list[Request] = field(default_factory=list)
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
     # Per generated token: {token id: (logprob, rank)} for the drawn token and the top-N.
     logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0

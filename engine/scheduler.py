@@ -51,8 +51,9 @@ class SchedulerOutput:
 class Scheduler:
     """Holds the waiting and running queues and decides each step."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_loras: int | None = None) -> None:
         self.config = config
+        self.max_loras = max_loras  # distinct LoRA adapters among running requests (None: no LoRA)
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -101,8 +102,14 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        # Requests of an adapter that would exceed --max-loras wait their turn; the others go past them.
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        skipped: list[Request] = []
         while self.waiting and budget > 0:
             request = self.waiting[0]
+            if self._lora_full(request, loras):
+                skipped.append(self.waiting.popleft())
+                continue
             # A request with n completions will run as n sequences once its prompt is done.
             if len(self.running) + 1 + len(request.fork_children) > self.config.max_num_seqs and self.running:
                 break
@@ -122,6 +129,15 @@ class Scheduler:
             self.running.append(request)
             self._plan(out, request, num_new, num_computed)
             budget -= num_new
+            if request.lora_request is not None:
+                loras.add(request.lora_request.lora_int_id)
+        self.waiting.extendleft(reversed(skipped))
+
+    def _lora_full(self, request: Request, loras: set[int]) -> bool:
+        """True when admitting `request` would put more distinct adapters in the batch than --max-loras."""
+        lora = request.lora_request
+        return lora is not None and self.max_loras is not None and lora.lora_int_id not in loras \
+            and len(loras) >= self.max_loras
 
     @staticmethod
     def _plan(out: SchedulerOutput, request: Request, num_new: int, num_computed: int) -> None:

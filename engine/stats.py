@@ -53,6 +53,9 @@ class StatsSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     events: EngineEvents = EngineEvents()
+    # Names of the LoRA adapters of running and waiting requests (vllm:lora_requests_info).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass

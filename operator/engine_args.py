@@ -20,6 +20,7 @@ from typing import Any
 
 from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, parse_argv
 from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
+from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.names import MODEL_PATH
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -54,6 +55,11 @@ FIELD_VALUES: dict[str, Callable[[InferenceServiceSpec, str], Any]] = {
     "parallelism.pipeline": lambda s, _: s.parallelism.pipeline,
     "speculative": lambda s, _: _speculative_config(s),
     "lora": lambda s, _: s.lora is not None,
+    "lora.adapters": lambda s, _: lora_modules(s),
+    # Without spec.lora these are the engine's defaults, which it accepts without --enable-lora.
+    "lora.maxLoras": lambda s, _: s.lora.max_loras if s.lora is not None else 1,
+    "lora.maxLoraRank": lambda s, _: s.lora.max_lora_rank if s.lora is not None else 16,
+    "lora.maxCpuLoras": lambda s, _: s.lora.max_cpu_loras if s.lora is not None else None,
     # Rendered as the flag's environment variable from the Secret (deployment.py), never as argv,
     # so the key stays out of the pod spec; the value here only feeds the "implemented?" check.
     "apiKeySecretRef": lambda s, _: s.api_key_secret_ref,

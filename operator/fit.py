@@ -11,6 +11,8 @@ What is counted, per replica:
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195.
+- LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
+  outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
   1 for fp8). With tensor parallelism wider than the KV heads, vLLM replicates heads so every GPU
   holds one: max(KV heads, tensor) heads in all. One sequence takes maxModelLen rounded up to a
@@ -94,6 +96,21 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
 
+def lora_slot_bytes(arch: ModelArchitecture, spec: InferenceServiceSpec) -> int:
+    """Device bytes of the LoRA adapter slots (0 without spec.lora; see the module docstring)."""
+    if spec.lora is None:
+        return 0
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    q = arch.num_attention_heads * head_dim
+    kv = (arch.num_key_value_heads or arch.num_attention_heads) * head_dim
+    h, i = arch.hidden_size, arch.intermediate_size
+    # A and B of q/k/v/o/gate/up/down, per unit of rank: inputs 3h (qkv) + q (o) + 2h (gate/up) + i (down),
+    # outputs q + 2kv + h + 2i + h.
+    per_rank = (3 * h + q + 2 * h + i) + (q + 2 * kv + h + 2 * i + h)
+    slots = spec.lora.max_loras * spec.lora.max_lora_rank
+    return arch.num_hidden_layers * per_rank * slots * _dtype_bytes(spec.dtype)
+
+
 def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str, dtype: str = "auto", tensor: int = 1) -> int:
     """KV-cache bytes of one token over all of a replica's GPUs."""
     head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
@@ -135,7 +152,7 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.quantization, spec.dtype)
+    weights = weight_bytes(arch, spec.quantization, spec.dtype) + lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
     budget = int(gpus * gpu.memory_bytes * util)

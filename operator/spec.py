@@ -200,16 +200,32 @@ class SpeculativeSpec(_Model):
 class LoraAdapter(_Model):
     """One LoRA adapter served beside the base model."""
 
-    name: str = Field(min_length=1, description="Model name clients ask for to get this adapter.")
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description="Model name clients ask for to get this adapter (a DNS-1123 label: it "
+                                  "also names the adapter's volume).")
     source: str = Field(
-        pattern=SOURCE_PATTERN, description="Where the adapter lives (same forms as model.source).")
+        pattern=SOURCE_PATTERN,
+        description="Where the PEFT adapter directory lives (same forms as model.source); mounted read-only "
+                    "at /adapters/<name>.")
 
 
 class LoraSpec(_Model):
-    """LoRA adapters (--enable-lora)."""
+    """LoRA adapters (--enable-lora, --lora-modules, --max-loras, --max-lora-rank)."""
 
     adapters: list[LoraAdapter] = Field(default_factory=list, description="Adapters to load at start.")
-    max_loras: int = Field(default=4, ge=1, le=256, description="Adapters resident on the GPU at once.")
+    max_loras: int = Field(default=4, ge=1, le=256,
+                           description="Distinct adapters in one batch: device slots (--max-loras).")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
+        default=16, description="Largest adapter rank served; sizes the device slots (--max-lora-rank).")
+    max_cpu_loras: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Adapters kept loaded in CPU memory (--max-cpu-loras); default and minimum: maxLoras.")
+
+    @model_validator(mode="after")
+    def _cpu_cache_holds_the_slots(self) -> LoraSpec:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"maxCpuLoras ({self.max_cpu_loras}) must be at least maxLoras ({self.max_loras})")
+        return self
 
 
 class SecretKeyRef(_Model):

@@ -21,6 +21,7 @@ from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
 from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.server.errors import APIError, error_body, error_response
+from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
@@ -101,7 +102,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
         data = [{"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
                  "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
                 for name in state.model_names]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": data + adapter_models(state.serving.loras, state.created)}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -134,6 +135,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
+    if state.serving.loras is not None and runtime_lora_updating_allowed():
+        add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)
     # Outermost: a request over a limit is refused before any route or middleware works on it.
     app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
@@ -178,8 +181,10 @@ def _model(state: ServerState, requested: str | None) -> str:
     """The served name a request addresses; 404 for names this server does not serve."""
     if requested is None or requested == "":
         return state.model_names[0]
-    if requested not in state.model_names:
-        raise APIError(404, f"The model `{requested}` does not exist. Served: {', '.join(state.model_names)}",
+    loras = state.serving.loras
+    if requested not in state.model_names and (loras is None or loras.get(requested) is None):
+        served = state.model_names + ([lora.lora_name for lora, _ in loras.entries()] if loras is not None else [])
+        raise APIError(404, f"The model `{requested}` does not exist. Served: {', '.join(served)}",
                        param="model", code="model_not_found")
     return requested
 

@@ -16,10 +16,12 @@ from fastapi import FastAPI
 
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine, exit_process
-from flotilla.engine.config import EngineConfig, ServerConfig
+from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.app import ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
+from flotilla.engine.server.lora_routes import load_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.stats import StatsSnapshot
@@ -113,11 +115,19 @@ def main(argv: list[str] | None = None) -> int:
         if not server.disable_log_stats:
             stats_log.maybe_log(snapshot)
 
-    async_engine = AsyncEngine.build(lambda: LLMEngine(config), on_step, on_dead=exit_process)
+    loras = LoRARegistry(config.model.served_model_name) if config.lora.enable_lora else None
+    try:
+        async_engine = AsyncEngine.build(lambda: _build_engine(config, loras), on_step, on_dead=exit_process)
+    except RuntimeError as exc:
+        if isinstance(exc.__cause__, ConfigError):  # a bad --lora-modules adapter: a usage error
+            print(f"flotilla serve: error: {exc.__cause__}", file=sys.stderr)
+            return 2
+        raise
     tokenizer = load_tokenizer(config.model.tokenizer)
     state = ServerState(
         engine=async_engine,
-        serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template),
+        serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
+                              loras),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,
@@ -134,3 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         async_engine.shutdown()
     return 0
+
+
+def _build_engine(config: EngineConfig, loras: LoRARegistry | None) -> LLMEngine:
+    """The engine, with the `--lora-modules` adapters loaded (on the engine thread, before serving)."""
+    engine = LLMEngine(config)
+    if loras is not None:
+        load_startup_adapters(engine, config.lora, loras)
+    return engine

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flotilla.engine.config import EngineConfig
+from flotilla.engine.server.lora_metrics import LoRAInfoGauge
 from flotilla.engine.stats import StatsSnapshot
 
 logger = logging.getLogger("flotilla.stats")
@@ -62,6 +63,7 @@ class EngineMetrics:
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix-cache tokens hit.", labels, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
+        self.lora_info = LoRAInfoGauge(r, config.lora.max_loras) if config.lora.enable_lora else None
         max_len = config.model.max_model_len
         h: dict[str, tuple[str, str, list[float] | list[int]]] = {
             "ttft": ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
@@ -92,6 +94,8 @@ class EngineMetrics:
     def update(self, s: StatsSnapshot) -> None:
         """Copy a snapshot's gauges, counters and samples into the registry (after a step, or idle)."""
         last, n = self._last, self._name
+        if self.lora_info is not None:
+            self.lora_info.publish(s)
         if s.num_gpu_blocks != last.num_gpu_blocks:
             self._publish_cache_info(s.num_gpu_blocks)
         # Running, waiting and KV use as the scheduler held them (also between steps, after aborts).

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from flotilla.engine.async_engine import AsyncEngine
+from flotilla.engine.lora.registry import LoRARegistry
+from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
@@ -137,8 +139,9 @@ class OpenAIServing:
     """
 
     def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int,
-                 trust_request_chat_template: bool = False) -> None:
+                 trust_request_chat_template: bool = False, loras: LoRARegistry | None = None) -> None:
         self.engine = engine
+        self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.trust_request_chat_template = trust_request_chat_template
@@ -219,11 +222,13 @@ class OpenAIServing:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
-            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{request_id}-{i}", p.text))
+            lora = self._lora(model)
+            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{request_id}-{i}", p.text, lora))
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
             return self._stream_completions(req, streams, request_id, created, model)
         outputs = await asyncio.gather(
-            *(self._final(p, sp, f"{request_id}-{i}") for i, (p, sp) in enumerate(zip(prompts, params, strict=True)))
+            *(self._final(p, sp, f"{request_id}-{i}", model)
+              for i, (p, sp) in enumerate(zip(prompts, params, strict=True)))
         )
         choices = []
         for i, output in enumerate(outputs):
@@ -288,9 +293,10 @@ class OpenAIServing:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
-            stream = await admitted(self.engine.generate(prompt.token_ids, sp, request_id, prompt.text))
+            lora = self._lora(model)
+            stream = await admitted(self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, lora))
             return self._stream_chat(req, stream, request_id, created, model)
-        output = await self._final(prompt, sp, request_id)
+        output = await self._final(prompt, sp, request_id, model)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": self._chat_logprobs(c, 0, top or 0) if req.logprobs else None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]
@@ -333,10 +339,14 @@ class OpenAIServing:
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token])
 
-    async def _final(self, prompt: Prompt, sp: SamplingParams, request_id: str) -> RequestOutput:
+    def _lora(self, model: str) -> LoRARequest | None:
+        """The adapter a served name stands for (None: the base model)."""
+        return self.loras.get(model) if self.loras is not None else None
+
+    async def _final(self, prompt: Prompt, sp: SamplingParams, request_id: str, model: str) -> RequestOutput:
         final = None
         sp = sp.model_copy(update={"output_kind": "final_only"})  # a non-streaming reply needs only the end
-        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text):
+        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, self._lora(model)):
             final = output
         assert final is not None and final.finished
         return final

@@ -123,7 +123,9 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
     p99 = "histogram_quantile(0.99, sum by (le) (vllm:time_to_first_token_seconds_bucket))"
     ttft = scalar(prometheus, p99)
     assert ttft is not None and math.isfinite(ttft) and 0 < ttft < 60
-    rate = "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"
+    # A 5-minute window: on a loaded 2-core machine the last request can finish more than a minute
+    # before this query, and a 1-minute rate over no increase is NaN.
+    rate = "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))"
     assert _poll(lambda: (v := scalar(prometheus, rate)) is not None and math.isfinite(v))
     assert _poll(lambda: scalar(prometheus, "sum(vllm:num_requests_running)") == 0.0, timeout=15)
     labels = query(prometheus, "vllm:cache_config_info")[0]["metric"]

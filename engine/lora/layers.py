@@ -1,0 +1,110 @@
+"""LoRA around a model's projections, put in place after the base weights are loaded.
+
+`LoRALinear` wraps a linear layer (plain, or merged like QKV and gate/up) and owns the stacked
+adapter matrices of every device slot: A `[slots, n_slices * max_rank, in]` and B
+`[slots, out, max_rank]`. A step whose tokens use adapters runs one shrink over all slices and one
+expand per slice; a step without adapters runs the base layer alone (the model code never knows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
+from flotilla.engine.lora.slots import current_lora_slots
+from flotilla.kernels.dispatch import lora_expand, lora_shrink
+
+
+class LoRALinear(nn.Module):
+    """A projection plus the LoRA deltas of the adapters in the device slots."""
+
+    def __init__(self, base: nn.Module, layout: ModuleLayout, max_loras: int, max_rank: int) -> None:
+        super().__init__()
+        self.base = base
+        self.layout = layout
+        self.max_rank = max_rank
+        weight: torch.Tensor = base.weight  # type: ignore[assignment]  # every wrapped layer has one
+        n = len(layout.slice_sizes)
+        out = sum(layout.slice_sizes)
+        # Plain attributes, not buffers: they are runtime state (never in a state dict), and the model
+        # runner's memory profile sees them all the same.
+        self.lora_a = torch.zeros(max_loras, n * max_rank, layout.in_features, dtype=weight.dtype, device=weight.device)
+        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
+        offsets = [sum(layout.slice_sizes[:i]) for i in range(n)]
+        self.slices = list(zip(offsets, layout.slice_sizes, strict=True))
+
+    def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Put one adapter's matrices for this projection into `slot` (zeros where it has none)."""
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        for index, (a, b) in (weights or {}).items():
+            rank = a.shape[0]
+            row = index * self.max_rank
+            offset, size = self.slices[index]
+            self.lora_a[slot, row : row + rank].copy_(a, non_blocking=True)
+            self.lora_b[slot, offset : offset + size, :rank].copy_(b, non_blocking=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The base projection, plus each token's adapter delta when the step uses adapters."""
+        y = self.base(x)
+        slots = current_lora_slots()
+        if slots is None:
+            return y
+        buf = lora_shrink(x, self.lora_a, slots)
+        r = self.max_rank
+        for i, (offset, size) in enumerate(self.slices):
+            lora_expand(
+                y[:, offset : offset + size], buf[:, i * r : (i + 1) * r], self.lora_b[:, offset : offset + size], slots
+            )
+        return y
+
+
+def _layout(base: nn.Module, shards: list[str | int | None]) -> ModuleLayout:
+    """A projection's slices: QKV by heads, merged layers by `out_sizes`, anything else whole."""
+    layer: Any = base  # QKVParallelLinear, MergedColumnParallelLinear or a plain linear layer
+    out, in_features = layer.weight.shape
+    if shards == ["q", "k", "v"]:
+        q = layer.num_heads * layer.head_dim
+        kv = layer.num_kv_heads * layer.head_dim
+        sizes: tuple[int, ...] = (int(q), int(kv), int(kv))
+    elif len(shards) > 1:
+        sizes = tuple(int(s) for s in layer.out_sizes)
+    else:
+        sizes = (int(out),)
+    return ModuleLayout(int(in_features), {s: i for i, s in enumerate(shards)}, sizes)
+
+
+def wrap_projections(model: nn.Module, max_loras: int, max_rank: int) -> dict[str, LoRALinear]:
+    """Replace every q/k/v/o/gate/up/down projection of `model` (after its weights are loaded) by a
+    LoRALinear; returns them by module name (`layers.0.self_attn.qkv_proj`)."""
+    packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules", {})
+    shards_of: dict[str, list[str | int | None]] = {}
+    for target in SUPPORTED_TARGETS:
+        merged, shard = packed.get(target, (target, None))
+        shards_of.setdefault(merged, []).append(shard)
+    wrapped: dict[str, LoRALinear] = {}
+    for name, module in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in shards_of or isinstance(module, LoRALinear):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        layer = LoRALinear(module, _layout(module, shards_of[leaf]), max_loras, max_rank)
+        setattr(parent, attr, layer)
+        wrapped[name] = layer
+    return wrapped
+
+
+def module_name_for(model: nn.Module, hf_module: str) -> tuple[str, str | int | None]:
+    """Our wrapped module and shard id for an HF module name (`model.layers.0.self_attn.q_proj` ->
+    `("layers.0.self_attn.qkv_proj", "q")`)."""
+    name = model.checkpoint_name(hf_module)  # type: ignore[operator]  # every CausalLM has it
+    parent, _, leaf = name.rpartition(".")
+    packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules", {})
+    if leaf in packed:
+        merged, shard = packed[leaf]
+        return f"{parent}.{merged}", shard
+    return name, None

@@ -1,0 +1,37 @@
+"""Batched LoRA (shrink and expand with a per-token adapter index): the PyTorch reference.
+
+A step mixes tokens of the base model and of several adapters. Every adapter resident on the device
+has a slot; `token_slots[t]` is the slot of token `t`'s adapter, or -1 for the base model. The LoRA
+delta of a projection is `expand(shrink(x))`:
+
+- shrink: `buf[t] = A[slot(t)] @ x[t]`, with `A` stacked over slots as `[slots, rank, in]`;
+- expand: `y[t] += B[slot(t)] @ buf[t]`, with `B` `[slots, out, rank]` (the scaling folded in),
+  added in place into `y`, which may be a column slice of a merged projection's output.
+
+Accumulation is in fp32 and each result rounded once to the output dtype, as the Triton kernels do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def lora_shrink_ref(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
+    """`[T, in]` x, `[S, R, in]` A, `[T]` slots -> `[T, R]` (zero rows for base-model tokens)."""
+    out = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype, device=x.device)
+    for slot in token_slots.unique().tolist():
+        if slot < 0:
+            continue
+        rows = token_slots == slot
+        out[rows] = (x[rows].float() @ a[slot].float().T).to(x.dtype)
+    return out
+
+
+def lora_expand_ref(y: torch.Tensor, buf: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor) -> None:
+    """`y[t] += B[slot(t)] @ buf[t]` in place, for `y` `[T, out]`, buf `[T, R]`, B `[S, out, R]`."""
+    for slot in token_slots.unique().tolist():
+        if slot < 0:
+            continue
+        rows = token_slots == slot
+        delta = buf[rows].float() @ b[slot].float().T
+        y[rows] = (y[rows].float() + delta).to(y.dtype)

@@ -1,0 +1,136 @@
+"""The LoRA pieces on their own: flags, adapter checks, the registry, the scheduler's cap, the
+prefix-cache key and the slot manager's LRU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flotilla.engine.block_manager import BlockManager
+from flotilla.engine.config import ConfigError, EngineConfig, SchedulerConfig
+from flotilla.engine.lora.adapter import LoRAAdapterError, read_adapter_config
+from flotilla.engine.lora.registry import LoRARegistry, parse_lora_module
+from flotilla.engine.lora.request import LoRARequest
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.scheduler import Scheduler
+
+
+def test_lora_modules_take_both_vllm_forms():
+    assert parse_lora_module("sql=/a/sql").name == "sql"
+    m = parse_lora_module('{"name": "chat", "path": "/a/chat", "base_model_name": "base"}')
+    assert (m.name, m.path, m.base_model_name) == ("chat", "/a/chat", "base")
+    for bad in ("noequals", "=/path", '{"name": "x"}', '{"name": "x", "path": "/p", "extra": 1}', "{bad json"):
+        with pytest.raises(ValueError):
+            parse_lora_module(bad)
+
+
+def test_lora_flags_need_enable_lora(tiny_model_dirs):
+    model = str(tiny_model_dirs["qwen3"])
+    with pytest.raises(ConfigError, match="--max-loras.*--enable-lora"):
+        EngineConfig.from_kwargs(model, max_loras=4)
+    with pytest.raises(ConfigError, match="--max-cpu-loras"):
+        EngineConfig.from_kwargs(model, enable_lora=True, max_loras=4, max_cpu_loras=2)
+    with pytest.raises(ConfigError, match="--max-lora-rank"):
+        EngineConfig.from_kwargs(model, enable_lora=True, max_lora_rank=12)
+    with pytest.raises(ConfigError, match="not supported yet"):
+        EngineConfig.from_kwargs(model, enable_lora=True, tensor_parallel_size=2)
+    lora = EngineConfig.from_kwargs(model, enable_lora=True, max_loras=3, lora_modules=["a=/x"]).lora
+    assert (lora.max_loras, lora.max_cpu_loras, lora.lora_modules) == (3, 3, (("a", "/x", None),))
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"use_dora": True}, "use_dora"), ({"bias": "all"}, "bias"), ({"r": 64}, "above --max-lora-rank 16"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"), ({"alpha_pattern": {"q_proj": 2}}, "alpha_pattern"),
+])
+def test_unsupported_peft_features_are_refused_by_name(tmp_path, change, problem):
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "bias": "none", **change}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(LoRAAdapterError, match=problem):
+        read_adapter_config(tmp_path, max_rank=16)
+
+
+def test_registry_gives_each_load_a_fresh_id():
+    reg = LoRARegistry(["base"])
+    first = reg.new_request("a", "/p")
+    reg.add(first)
+    with pytest.raises(ValueError, match="already been loaded"):
+        reg.new_request("a", "/p")
+    with pytest.raises(ValueError, match="base model"):
+        reg.new_request("base", "/p")
+    assert reg.entries() == [(first, "base")]
+    reg.remove("a")
+    assert reg.get("a") is None and reg.new_request("a", "/p").lora_int_id != first.lora_int_id
+
+
+def _request(i: int, lora: LoRARequest | None) -> Request:
+    return Request(str(i), list(range(1, 9)), SamplingParams(max_tokens=4), lora_request=lora)
+
+
+def test_scheduler_caps_distinct_adapters_and_lets_others_pass():
+    """--max-loras 2: a third adapter waits, base-model and admitted adapters' requests go past it."""
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=64)
+    s = Scheduler(config, BlockManager(64, 4), max_loras=2)
+    a, b, c = (LoRARequest(n, i + 1, "/p") for i, n in enumerate("abc"))
+    for i, lora in enumerate([a, b, c, None, a]):
+        s.add(_request(i, lora))
+    out = s.schedule()
+    assert [x.request.request_id for x in out.scheduled] == ["0", "1", "3", "4"]
+    assert [r.request_id for r in s.waiting] == ["2"]
+
+
+def test_prefix_cache_key_includes_the_adapter():
+    bm = BlockManager(16, 4)
+    base, lora = _request(0, None), _request(1, LoRARequest("a", 7, "/p"))
+    assert bm.allocate(base, 8)
+    bm.free(base)
+    assert bm.find_cached_prefix(lora) == []  # same tokens, other adapter: no hit
+    assert bm.find_cached_prefix(_request(2, None)) != []
+
+
+def test_slot_manager_reuses_slots_lru(tiny_model_dirs, lora_adapters):
+    """Two slots, three adapters: the least recently used adapter not in the step gives up its slot."""
+    from flotilla.engine.lora.manager import LoRAManager
+    from flotilla.engine.model_loader import load_model
+    from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_loras=2)
+    manager = LoRAManager(load_model(config.model, torch.device("cpu")), 2, 16, 2)
+    loras = [LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(lora_adapters["qwen3"].items())]
+
+    def step(*chosen):
+        return SchedulerOutput([ScheduledRequest(_request(i, lora), 2, 0, True) for i, lora in enumerate(chosen)])
+
+    slots = manager.token_slots(step(loras[0], None, loras[1])).tolist()
+    slot_a, slot_b = slots[0], slots[4]
+    assert slots[2:4] == [-1, -1] and {slot_a, slot_b} == {0, 1}
+    assert manager.token_slots(step(None)) is None
+    slots = manager.token_slots(step(loras[2], loras[1])).tolist()  # c takes a's slot: a is least recent
+    assert (slots[0], slots[2], manager.num_slot_loads) == (slot_a, slot_b, 3)
+    slots = manager.token_slots(step(loras[1])).tolist()  # already resident: no copy
+    assert (slots[0], manager.num_slot_loads) == (slot_b, 3)
+    manager.token_slots(step(loras[0]))  # back again: c is now the least recent and leaves
+    assert manager.num_slot_loads == 4
+    with pytest.raises(RuntimeError, match="--max-loras"):
+        manager.token_slots(step(*loras))
+
+
+def test_a_bad_startup_adapter_is_a_config_error_naming_it(tiny_model_dirs, lora_adapters, tmp_path):
+    """`--lora-modules` adapters load before serving; one that cannot be served stops the start with a
+    message naming it (the CLI prints it and exits 2), and good ones are served with their parent."""
+    from flotilla.engine.llm_engine import LLMEngine
+    from flotilla.engine.server.lora_routes import load_startup_adapters
+
+    good = str(lora_adapters["qwen3"]["attn"])
+    engine = LLMEngine.from_kwargs(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=8,
+                                   lora_modules=[f"attn={good}", json.dumps({"name": "mlp", "path": str(tmp_path)})])
+    loras = LoRARegistry(["tiny"])
+    with pytest.raises(ConfigError, match=f"--lora-modules mlp={tmp_path}: .*no adapter_config.json"):
+        load_startup_adapters(engine, engine.config.lora, loras)
+    assert [(lora.lora_name, parent) for lora, parent in loras.entries()] == [("attn", "tiny")]
+    rank16 = str(lora_adapters["qwen3"]["mlp"])
+    with pytest.raises(ConfigError, match="rank 16 above --max-lora-rank 8"):
+        load_startup_adapters(engine, engine.config.lora.model_copy(update={"lora_modules": (("m", rank16, None),)}),
+                              LoRARegistry(["tiny"]))
