@@ -51,6 +51,8 @@ class ModelConfig(_Component):
     seed: int = 0
     enforce_eager: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
+    # The weight scheme (`engine/quantization`): --quantization, or the checkpoint's quantization_config.
+    quantization: str | None = None
     hf_config: dict[str, Any]
 
 
@@ -222,6 +224,12 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if budget is None:
         budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
+    from flotilla.engine.quantization import resolve_quantization  # torch: imported only by the engine
+
+    try:
+        quantization = resolve_quantization(v["quantization"], hf_config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     pipeline = v["pipeline_parallel_size"]
     heads = hf_config["num_attention_heads"]
     problem = parallel_split_problem(
@@ -254,6 +262,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             seed=v["seed"],
             enforce_eager=v["enforce_eager"],
             load_format=v["load_format"],
+            quantization=quantization,
             hf_config=hf_config,
         ),
         cache=CacheConfig(

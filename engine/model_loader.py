@@ -17,6 +17,13 @@ from torch import nn
 from flotilla.engine.config import ModelConfig
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.registry import build_model
+from flotilla.engine.quantization import (
+    attach_quant_method,
+    convert_checkpoint,
+    linear_method,
+    process_quantized_weights,
+)
+from flotilla.engine.quantization.kv_scales import kv_scale_target, set_kv_scale
 
 # A layer's `weight_loader(param, checkpoint tensor, shard id)`: puts the tensor into its place in `param`.
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, str | int | None], None]
@@ -42,20 +49,32 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
             model = build_model(config.hf_config)
     finally:
         torch.set_default_dtype(previous)
+    if config.quantization is not None:
+        attach_quant_method(model, linear_method(config.quantization, config.hf_config))
     if config.load_format == "dummy":
         fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
     else:
-        load_weights(model, Path(config.model))
+        tensors = _checkpoint_tensors(Path(config.model))
+        if config.quantization is not None:
+            tensors = convert_checkpoint(config.quantization, config.hf_config, tensors)
+        load_state(model, tensors, where=config.model)
+    process_quantized_weights(model)
     return model.eval()
 
 
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
-    """Random weights in place: matrices ~ N(0, std), biases 0, norm weights left at 1."""
+    """Random weights in place: matrices ~ N(0, std), biases 0, norm weights left at 1. Quantized
+    layers' parameters (`engine/quantization`): random packed codes, scales that give the same std."""
     params = list(model.named_parameters())
     generator = torch.Generator(device=params[0][1].device).manual_seed(seed)
     for name, param in params:
-        if param.dim() >= 2:
+        if not param.dtype.is_floating_point:
+            param.copy_(torch.randint(-(2**31), 2**31 - 1, param.shape, generator=generator,
+                                      device=param.device, dtype=torch.int64).to(param.dtype))
+        elif name.endswith("weight_scale"):
+            param.fill_(std / 4)  # random codes and zero points: a benchmark reads bytes, not values
+        elif param.dim() >= 2:
             param.normal_(0.0, std, generator=generator)
         elif name.endswith("bias"):
             param.zero_()
@@ -66,11 +85,6 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"model {model_dir}: no *.safetensors files")
     return files
-
-
-def load_weights(model: CausalLM, model_dir: Path) -> None:
-    """Copy every checkpoint tensor into its parameter; a missing or unexpected tensor is an error."""
-    load_state(model, _checkpoint_tensors(model_dir), where=str(model_dir))
 
 
 def _checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -92,6 +106,9 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         name = model.checkpoint_name(hf_name)
         if "rotary_emb.inv_freq" in name:
             continue
+        if (kv_scale := kv_scale_target(name)) is not None:
+            set_kv_scale(model, *kv_scale, tensor)
+            continue
         name, shard_id = _packed_target(name, model.packed_modules)
         if not model.holds(name):  # another pipeline stage's layer
             continue
@@ -107,13 +124,16 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
 
 def _weight_loaders(model: nn.Module) -> dict[str, WeightLoader]:
     """Each parameter's loader, by parameter name: the `weight_loader` of the layer that owns it
-    (sharded and merged layers place a checkpoint tensor in their slice); others take a plain copy."""
+    (sharded and merged layers place a checkpoint tensor in their slice) or the parameter's own;
+    others take a plain copy."""
     loaders: dict[str, WeightLoader] = {}
     for prefix, module in model.named_modules():
         loader = getattr(module, "weight_loader", None)
-        if loader is not None:
-            for name, _ in module.named_parameters(prefix=prefix, recurse=False):
-                loaders[name] = loader
+        for name, param in module.named_parameters(prefix=prefix, recurse=False):
+            # A parameter's own loader (a quant method's scales) comes before its layer's.
+            own = getattr(param, "weight_loader", None) or loader
+            if own is not None:
+                loaders[name] = own
     return loaders
 
 

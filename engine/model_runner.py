@@ -91,6 +91,8 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device.device)
         self.dtype = torch_dtype(config.model.dtype)
+        # --kv-cache-dtype fp8 (= fp8_e4m3): one byte per element, so about twice the blocks.
+        self.kv_dtype = torch.float8_e4m3fn if config.cache.kv_cache_dtype.startswith("fp8") else self.dtype
         self.block_size = config.cache.block_size
         # Streams for requests without a seed of their own (CPU: drawing seeds must not sync the GPU).
         # The runner's only randomness; dummy weights draw from their own seeded generator, so the
@@ -126,7 +128,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         """KV bytes one block takes over all layers (K and V)."""
         layer = self.attention_layers[0]
-        elem = torch.empty(0, dtype=self.dtype).element_size()
+        elem = torch.empty(0, dtype=self.kv_dtype).element_size()
         return len(self.attention_layers) * 2 * self.block_size * layer.num_kv_heads * layer.head_dim * elem
 
     def _decide_num_blocks(self) -> int:
@@ -147,9 +149,10 @@ class ModelRunner:
                 "lower --max-model-len or give the cache more memory"
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.2f GiB); max concurrency at %d tokens per request: %.1f",
+            "KV cache: %d blocks x %d tokens, %s (%.2f GiB); max concurrency at %d tokens per request: %.1f",
             num_blocks,
             self.block_size,
+            str(self.kv_dtype).removeprefix("torch."),
             num_blocks * self.bytes_per_block / 2**30,
             self.config.model.max_model_len,
             num_blocks * self.block_size / self.config.model.max_model_len,
@@ -198,9 +201,11 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> torch.Tensor:
         layer = self.attention_layers[0]
         shape = (len(self.attention_layers), 2, self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-        kv_cache = _zeros(shape, self.dtype, self.device)
+        kv_cache = _zeros(shape, self.kv_dtype, self.device)
         for i, attn in enumerate(self.attention_layers):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            if self.kv_dtype != torch.float8_e4m3fn:  # checkpoint KV scales apply to fp8 caches only
+                attn.k_scale = attn.v_scale = 1.0
         return kv_cache
 
     # --- one step ---------------------------------------------------------------------------------
@@ -317,7 +322,9 @@ class ModelRunner:
         if copies:
             src = device_tensor([c[0] for c in copies], torch.long, self.device)
             dst = device_tensor([c[1] for c in copies], torch.long, self.device)
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            # As bytes: torch has no fp8 indexing kernels on every device.
+            pool = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
+            pool[:, :, dst] = pool[:, :, src]
 
     @staticmethod
     def _verified(

@@ -123,11 +123,13 @@ FLAGS: tuple[Flag, ...] = (
         "--quantization",
         "str",
         None,
-        "Weight quantization method.",
+        "Weight quantization method: fp8 quantizes a bf16/fp16 checkpoint at load (per-channel e4m3 "
+        "weights, dynamic per-token activations); awq, gptq and compressed-tensors name a pre-quantized "
+        "checkpoint's format, which is also detected from its config.json without the flag.",
         "model",
         crd_field="quantization",
-        implemented=False,
-        choices=("fp8", "int8", "awq", "gptq"),
+        choices=("fp8", "int8", "awq", "gptq", "compressed-tensors"),
+        supported_values=("fp8", "awq", "gptq", "compressed-tensors"),
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
     Flag(
@@ -163,11 +165,11 @@ FLAGS: tuple[Flag, ...] = (
         "--kv-cache-dtype",
         "str",
         "auto",
-        "KV-cache dtype (auto = the model dtype).",
+        "KV-cache dtype (auto = the model dtype; fp8 = fp8_e4m3: one byte per element, with per-layer "
+        "k/v scales from the checkpoint or 1.0).",
         "cache",
         crd_field="kvCache.dtype",
         choices=("auto", "fp8", "fp8_e4m3"),
-        supported_values=("auto",),
     ),
     Flag("--num-gpu-blocks-override", "int", None, "Fix the number of KV blocks (tests, benchmarks).", "cache", ge=1),
     Flag(

@@ -3,7 +3,8 @@
 The reference (`paged_attention.py`) is the oracle: simple, fp32, key/value heads repeated. Here the
 query heads of a group are folded onto their shared key/value head instead, so K/V are never copied
 per query head, and whole prompts use SDPA's causal fast path. Math stays in the model's dtype
-(SDPA accumulates in fp32 internally). Tests check it against the reference.
+(SDPA accumulates in fp32 internally); an fp8 cache's blocks are upcast to it as they are gathered.
+Tests check it against the reference.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def _extend(
     q_len, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
-    k = gather_kv_ref(k_cache, table, seq_len).transpose(0, 1)[:, None]  # [Hkv, 1, L, D]
-    v = gather_kv_ref(v_cache, table, seq_len).transpose(0, 1)[:, None]
+    k = gather_kv_ref(k_cache, table, seq_len).to(q.dtype).transpose(0, 1)[:, None]  # [Hkv, 1, L, D]
+    v = gather_kv_ref(v_cache, table, seq_len).to(q.dtype).transpose(0, 1)[:, None]
     qg = q.transpose(0, 1).reshape(kv_heads, group, q_len, dim)
     k, v = k.expand(kv_heads, group, seq_len, dim), v.expand(kv_heads, group, seq_len, dim)
     if q_len == seq_len:
@@ -69,8 +70,8 @@ def _decode(
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max())
     table = block_tables[:, : -(-max_len // block_size)].long()
-    k = k_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].transpose(1, 2)
+    k = k_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)
     mask = (torch.arange(max_len)[None, :] < seq_lens[:, None])[:, None, None, :]
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -14,8 +14,10 @@ import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
+from flotilla.kernels.fp8_linear import fp8_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_expand_ref, lora_shrink_ref
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 
@@ -26,14 +28,16 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store new tokens' K/V at their slots in the block pool."""
+    """Store new tokens' K/V at their slots in the block pool (an fp8 pool: divided by the scales)."""
     if key.is_cuda:
         from flotilla.kernels.triton_kv_write import write_kv_cache as write_kv_cache_triton
 
-        write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+        write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
-    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -45,14 +49,33 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention for a flattened batch (see `paged_attention.py` for the layout).
+
+    An fp8 cache's scales are folded in: K's into the softmax scale, V's into the output.
 
     `max_query_len` is the caller's host-side knowledge of the longest new-token run in the batch.
     On CUDA, `1` (a pure decode step) selects the split-KV decode kernel; anything else, or `None`,
     the general prefill/extend kernel, which is correct for every batch, decode included. The hint
     exists because deriving it from `query_start_loc` would sync with the host.
     """
+    out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
+                           max_query_len)
+    return out if v_scale == 1.0 else out * v_scale
+
+
+def _paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None,
+) -> torch.Tensor:
     if query.is_cuda:
         if max_query_len == 1:
             from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -73,15 +96,17 @@ def rotary_and_write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Rotate query and key by position and store the rotated key and the value at their slots;
     returns the rotated query. One fused kernel on CUDA."""
     if query.is_cuda:
         from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv as fused
 
-        return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping)
+        return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     query, key = apply_rotary_ref(positions, query, key, cos_sin_cache)
-    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return query
 
 
@@ -147,6 +172,44 @@ def linear(
     return F.linear(x, weight, bias)
 
 
+def fp8_linear(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with an fp8 weight and row-wise fp32 scales (`fp8_linear.py`): `torch._scaled_mm`
+    on GPUs with fp8 tensor cores (Ada, Hopper and later), the fp32 reference elsewhere."""
+    if x.is_cuda and fp8_tensor_cores(x.device) and x.shape[-1] % 16 == 0 and w_fp8.shape[0] % 16 == 0:
+        from flotilla.kernels.fp8_scaled_mm import fp8_linear_scaled_mm
+
+        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale)
+    return fp8_linear_ref(x, w_fp8, w_scale, bias, input_scale)
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """True on CUDA GPUs of compute capability 8.9 or later (fp8 matmuls in hardware)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def packed_int_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): on CUDA, 4-bit weights take
+    the Triton GEMM that dequantizes in registers; otherwise the reference (whole-weight dequantize)."""
+    if x.is_cuda and bits == 4:
+        from flotilla.kernels.triton_int4_gemm import int4_gemm_supported, int4_linear
+
+        if int4_gemm_supported(x.shape[-1], group_size):
+            return int4_linear(x, packed, scales, zeros, group_size, bias)
+    return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
     """`buf[t] = A[slot(t)] @ x[t]` for a batch mixing adapters (slot -1: the base model, zeros)."""
     if x.is_cuda:

@@ -10,12 +10,18 @@ Layout (shared with the Triton kernels and the engine's cache allocator):
   token `j` of a sequence with `q_len` new tokens sits at position `seq_len - q_len + j` and attends to
   cache positions `0 ..= seq_len - q_len + j` (causal). Decode is the case `q_len == 1`; prefill with a
   cached prefix, or a chunk of a long prompt, is the general case.
+- An fp8 (e4m3) cache holds `K / k_scale` and `V / v_scale` (per-layer scalars, 1.0 unless the
+  checkpoint gives them). Attention dequantizes by folding the scales into the math: scores use
+  `scale x k_scale` and the output is multiplied by `v_scale` (`kernels.dispatch.paged_attention`), so
+  the kernels only upcast what they load.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from flotilla.kernels.fp8_linear import FP8_DTYPE, quantize_fp8_static
 
 
 def write_kv_cache_ref(
@@ -24,14 +30,24 @@ def write_kv_cache_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store `key`/`value` (`[num_tokens, num_kv_heads, head_dim]`) at their slots in the pool."""
+    """Store `key`/`value` (`[num_tokens, num_kv_heads, head_dim]`) at their slots in the pool; an fp8
+    pool gets `key / k_scale` and `value / v_scale`, saturated at +-448."""
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
-    flat_k.index_copy_(0, slots, key[valid].to(k_cache.dtype))
-    flat_v.index_copy_(0, slots, value[valid].to(v_cache.dtype))
+    _store(k_cache, slots, key[valid], k_scale)
+    _store(v_cache, slots, value[valid], v_scale)
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, scale: float) -> None:
+    flat = cache.view(-1, *cache.shape[2:])
+    if cache.dtype == FP8_DTYPE:
+        # torch has no fp8 index_copy on the CPU: copy the bytes.
+        flat.view(torch.uint8).index_copy_(0, slots, quantize_fp8_static(rows, torch.tensor(scale)).view(torch.uint8))
+    else:
+        flat.index_copy_(0, slots, rows.to(cache.dtype))
 
 
 def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 Same contract as `write_kv_cache_ref`: token `t`'s K/V (`[num_kv_heads, head_dim]`) go to slot
 `slot_mapping[t]` of the pool (block `slot // block_size`, offset `slot % block_size`); slot -1 is a
-padding token and writes nothing. Values are cast to the cache's dtype on store. One program copies
-one token's K and V rows, so a token's bytes move once, in wide contiguous accesses.
+padding token and writes nothing. Values are cast to the cache's dtype on store; an fp8 cache stores
+`value / scale` saturated at +-448 (`to_cache`). One program copies one token's K and V rows, so a
+token's bytes move once, in wide contiguous accesses.
 """
 
 from __future__ import annotations
@@ -11,6 +12,21 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+FP8_MAX = 448.0
+
+
+@triton.jit
+def to_cache(x, inv_scale, dtype: tl.constexpr, FP8: tl.constexpr):
+    """`x` in the cache's `dtype`: for fp8, scaled by `1 / scale` and saturated first."""
+    if FP8:
+        x = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX)
+    return x.to(dtype)
+
+
+def is_fp8(cache: torch.Tensor) -> bool:
+    """True for an fp8 (e4m3) KV cache."""
+    return cache.dtype == torch.float8_e4m3fn
 
 
 @triton.jit
@@ -30,11 +46,14 @@ def _kv_write_kernel(
     stride_vcb,
     stride_vcs,
     stride_vch,
+    inv_k_scale,
+    inv_v_scale,
     NUM_KV_HEADS: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
@@ -49,8 +68,8 @@ def _kv_write_kernel(
     v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + d
     v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + d
-    tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_dst, to_cache(k, inv_k_scale, k_cache_ptr.dtype.element_ty, FP8), mask=mask)
+    tl.store(v_dst, to_cache(v, inv_v_scale, v_cache_ptr.dtype.element_ty, FP8), mask=mask)
 
 
 def write_kv_cache(
@@ -59,10 +78,13 @@ def write_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     *,
     num_warps: int | None = None,
 ) -> None:
-    """Store `key`/`value` (`[num_tokens, num_kv_heads, head_dim]`, last dim contiguous) at their slots."""
+    """Store `key`/`value` (`[num_tokens, num_kv_heads, head_dim]`, last dim contiguous) at their slots
+    (divided by `k_scale` / `v_scale` into an fp8 cache)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
@@ -88,11 +110,14 @@ def write_kv_cache(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        1.0 / k_scale,
+        1.0 / v_scale,
         NUM_KV_HEADS=num_kv_heads,
         HEADS_PAD=heads_pad,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=k_cache.shape[1],
+        FP8=is_fp8(k_cache),
         num_warps=num_warps,
     )
 

@@ -6,7 +6,8 @@ and a round trip per layer. Here one program per token rotates the token's query
 tensor and its key heads straight into their cache slot, and copies its value heads beside them.
 A decode step at batch 1 has 32 layers of ~1.5 us kernels like these, so a launch saved per layer
 is time saved. Contracts: `apply_rotary_ref` (NeoX layout, cos/sin rounded to the activation dtype
-first) and `write_kv_cache_ref` (slot -1 is padding: nothing written).
+first) and `write_kv_cache_ref` (slot -1 is padding: nothing written; an fp8 cache stores K / k_scale
+and V / v_scale, the rotated key rounded to the activation dtype first, as the reference does).
 """
 
 from __future__ import annotations
@@ -15,7 +16,22 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.triton_kv_write import is_fp8, to_cache
 from flotilla.kernels.triton_rotary import _cos_sin, _load_halves, _store_rotated
+
+
+@triton.jit
+def _store_rotated_kv(row, stride_h, num_heads, x1, x2, cos, sin, act_dtype: tl.constexpr, inv_scale,
+                      HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                      FP8: tl.constexpr):  # fmt: skip
+    """The rotated key heads into a cache row, through the activation dtype (as the reference)."""
+    h = tl.arange(0, HEADS_PAD)[:, None]
+    i = tl.arange(0, HALF_PAD)[None, :]
+    mask = (h < num_heads) & (i < HALF)
+    dst = row + h * stride_h + i
+    dtype = row.dtype.element_ty
+    tl.store(dst, to_cache((x1 * cos - x2 * sin).to(act_dtype), inv_scale, dtype, FP8), mask=mask)
+    tl.store(dst + HALF, to_cache((x2 * cos + x1 * sin).to(act_dtype), inv_scale, dtype, FP8), mask=mask)
 
 
 @triton.jit
@@ -46,11 +62,14 @@ def _rotary_kv_write_kernel(
     stride_vch,
     num_q_heads,
     num_kv_heads,
+    inv_k_scale,
+    inv_v_scale,
     Q_HEADS_PAD: tl.constexpr,
     K_HEADS_PAD: tl.constexpr,
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
     PAGE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + t).to(tl.int64)
@@ -62,14 +81,19 @@ def _rotary_kv_write_kernel(
     if slot >= 0:
         block, offset = slot // PAGE, slot % PAGE
         k_row = k_cache_ptr + block * stride_kcb + offset * stride_kcs
-        _store_rotated(k_row, 0, 0, stride_kch, num_kv_heads, k1, k2, cos, sin, K_HEADS_PAD, HALF, HALF_PAD)
+        if FP8:
+            _store_rotated_kv(k_row, stride_kch, num_kv_heads, k1, k2, cos, sin, q_ptr.dtype.element_ty,
+                              inv_k_scale, K_HEADS_PAD, HALF, HALF_PAD, FP8)
+        else:
+            _store_rotated(k_row, 0, 0, stride_kch, num_kv_heads, k1, k2, cos, sin, K_HEADS_PAD, HALF, HALF_PAD)
         v1, v2 = _load_halves(v_ptr, t, stride_vt, stride_vh, num_kv_heads, K_HEADS_PAD, HALF, HALF_PAD)
         h = tl.arange(0, K_HEADS_PAD)[:, None]
         i = tl.arange(0, HALF_PAD)[None, :]
         mask = (h < num_kv_heads) & (i < HALF)
         v_row = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + i
-        tl.store(v_row, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_row + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        v_dtype = v_cache_ptr.dtype.element_ty
+        tl.store(v_row, to_cache(v1, inv_v_scale, v_dtype, FP8), mask=mask)
+        tl.store(v_row + HALF, to_cache(v2, inv_v_scale, v_dtype, FP8), mask=mask)
 
 
 def rotary_and_write_kv(
@@ -81,6 +105,8 @@ def rotary_and_write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     *,
     num_warps: int | None = None,
 ) -> torch.Tensor:
@@ -124,11 +150,14 @@ def rotary_and_write_kv(
         v_cache.stride(2),
         num_q_heads,
         num_kv_heads,
+        1.0 / k_scale,
+        1.0 / v_scale,
         Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
         K_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HALF=half,
         HALF_PAD=triton.next_power_of_2(half),
         PAGE=k_cache.shape[1],
+        FP8=is_fp8(k_cache),
         num_warps=num_warps,
     )
     return q_out

@@ -25,6 +25,10 @@ class Attention(nn.Module):
         # Bound by the model runner once the pool is allocated: `[num_blocks, block_size, kv_heads, head_dim]`.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # An fp8 cache stores K / k_scale and V / v_scale (`kernels/paged_attention.py`): vLLM's 1.0,
+        # or the checkpoint's per-layer scales, set by the model runner.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self,
@@ -50,11 +54,12 @@ class Attention(nn.Module):
         if cos_sin_cache is not None:
             if positions is None:
                 raise ValueError("rotary attention needs the tokens' positions")
-            q = rotary_and_write_kv(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, meta.slot_mapping)
+            q = rotary_and_write_kv(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, meta.slot_mapping,
+                                    self.k_scale, self.v_scale)
         else:
-            write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+            write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         out = paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
-            max_query_len=meta.max_query_len,
+            max_query_len=meta.max_query_len, k_scale=self.k_scale, v_scale=self.v_scale,
         )
         return out.view(-1, self.num_heads * self.head_dim)

@@ -4,7 +4,8 @@ Column-parallel layers split their output features over ranks, row-parallel ones
 features (and sum the partial results). Merged layers (QKV, gate/up) load several checkpoint tensors
 into one weight, each into its own slice, through the layer's `weight_loader(param, tensor, shard_id)`
 (the model loader calls it for every parameter the layer owns). Quantized weights will be a
-different layer class with the same loaders, not a change to model code.
+quant method attached to the layer (`quant_method`, see `engine/quantization/`), not a change to
+model code.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from flotilla.engine.quantization.method import LinearMethod
 from flotilla.kernels.dispatch import linear
 
 
@@ -26,6 +28,7 @@ class _Linear(nn.Module):
         self.gemv_max_rows = 0
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.quant_method: LinearMethod | None = None  # set before loading by engine/quantization
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Copy a checkpoint tensor into the parameter (overridden by sharded layers)."""
@@ -33,7 +36,13 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T + b`."""
-        return linear(x, self.weight, self.bias, self.gemv_max_rows)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`x @ W.T (+ bias)` through the quant method when the layer has one."""
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)
+        return linear(x, self.weight, bias, self.gemv_max_rows)
 
 
 class ColumnParallelLinear(_Linear):
@@ -111,7 +120,7 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial product on this rank, summed over ranks, then the bias."""
-        y = all_reduce(linear(x, self.weight, gemv_max_rows=self.gemv_max_rows))
+        y = all_reduce(self.matmul(x))
         return y + self.bias if self.bias is not None else y
 
 
@@ -120,3 +129,8 @@ def use_triton_gemv(model: nn.Module, max_rows: int) -> None:
     for module in model.modules():
         if isinstance(module, _Linear):
             module.gemv_max_rows = max_rows
+
+
+def quantizable_layers(model: nn.Module) -> list[_Linear]:
+    """The linear layers a quant method applies to (the LM head and embeddings are not among them)."""
+    return [m for m in model.modules() if isinstance(m, _Linear)]

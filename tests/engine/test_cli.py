@@ -86,11 +86,11 @@ def test_generate_command_prints_completions(tiny_model_dirs):
 
 def test_generate_command_reports_bad_flags_clearly(tiny_model_dirs):
     result = subprocess.run(
-        [sys.executable, "-m", "flotilla.cli", "generate", str(tiny_model_dirs["llama"]), "--quantization", "fp8"],
+        [sys.executable, "-m", "flotilla.cli", "generate", str(tiny_model_dirs["llama"]), "--quantization", "int8"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 2
-    assert "--quantization is not implemented yet" in result.stderr
+    assert "--quantization='int8' is not supported yet" in result.stderr
     assert "Traceback" not in result.stderr

@@ -41,7 +41,7 @@ def test_prompt_longer_than_max_model_len(tiny_model_dirs):
         ({"max_model_len": 100_000}, "--max-model-len=100000 exceeds the model's limit of 512"),
         ({"block_size": 12}, r"--block-size=12 is not one of: 8, 16, 32, 64, 128"),
         ({"dtype": "int4"}, "--dtype='int4' is not one of"),
-        ({"quantization": "fp8"}, "--quantization is not implemented yet"),
+        ({"quantization": "int8"}, "--quantization='int8' is not supported yet"),
         ({"tensor_parallel_size": 3}, "tensor parallel size 3 does not divide the model's 4 attention heads"),
         ({"pipeline_parallel_size": 3}, "pipeline parallel size 3 exceeds the model's 2 layers"),
         ({"gpu_memory_utilization": 1.5}, r"--gpu-memory-utilization=1.5 is out of range \(> 0 and <= 1\)"),

@@ -24,11 +24,11 @@ INVALID = {
     "fp8-kv-cache-with-float32": (
         {"dtype": "float32", "kvCache": {"dtype": "fp8"}},
         "spec.kvCache.dtype: fp8 needs 16-bit activations; set spec.dtype to bfloat16, float16 or auto, or "
-        "spec.kvCache.dtype to auto; spec.kvCache.dtype: --kv-cache-dtype='fp8' is not supported yet "
-        "(supported: auto)"),
-    "unimplemented-field": (
-        {"quantization": "fp8"},
-        "spec.quantization: --quantization is not implemented yet in this Flotilla version"),
+        "spec.kvCache.dtype to auto"),
+    "unsupported-quantization": (
+        {"quantization": "int8"},
+        "spec.quantization: --quantization='int8' is not supported yet (supported: fp8, awq, gptq, "
+        "compressed-tensors)"),
     "parallelism-that-does-not-split-the-model": (
         {"parallelism": {"tensor": 3}, "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}},
         "spec.parallelism: tensor parallel size 3 does not divide the model's 32 attention heads, 8 KV heads "

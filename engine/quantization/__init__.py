@@ -1,0 +1,94 @@
+"""Quantized weights: which scheme a model runs (`--quantization`, or the checkpoint's
+`quantization_config`), and attaching it to the linear layers around the checkpoint load.
+
+One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints),
+`packed_int.py` (4/8-bit weight-only integers), `compressed_tensors.py`, `gptq.py`, `awq.py` (each a
+format's config and tensor layout). The layers' hook is in `engine/layers/linear.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from flotilla.engine.quantization import awq, compressed_tensors, gptq
+from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
+from flotilla.engine.quantization.method import LinearMethod
+
+# What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
+SUPPORTED_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
+_FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
+
+
+def checkpoint_quantization(hf_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's `quantization_config`, if it describes how its safetensors are stored.
+
+    A model that transformers loaded from a GGUF file and saved again (the embedded model's converter
+    does that) keeps `quant_method: gguf`, but its safetensors hold dequantized weights: not quantized.
+    """
+    qcfg = hf_config.get("quantization_config")
+    if not isinstance(qcfg, dict) or str(qcfg.get("quant_method", "")).lower() == "gguf":
+        return None
+    return qcfg
+
+
+def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | None:
+    """The scheme to run: the checkpoint's `quant_method` when it has one (the flag, if given, must name
+    the same), else the flag. Raises ValueError with the reason when it cannot run."""
+    qcfg = checkpoint_quantization(hf_config)
+    found = None if qcfg is None else str(qcfg.get("quant_method", "")).lower()
+    if found is not None and flag is not None and flag != found:
+        raise ValueError(f"--quantization {flag} does not match the checkpoint's quantization_config "
+                         f"(quant_method {found!r}); leave --quantization out to use the checkpoint's")
+    method = found or flag
+    if method is None:
+        return None
+    if method not in SUPPORTED_METHODS:
+        raise ValueError(f"quantization method {method!r} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_METHODS)})")
+    linear_method(method, hf_config)  # refuses unsupported variants now, not at load time
+    return method
+
+
+def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
+    """The linear layers' method for a resolved scheme."""
+    qcfg = checkpoint_quantization(hf_config)
+    if method == "fp8":
+        if qcfg is None:
+            return Fp8OnlineMethod()
+        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales.
+        return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
+    assert qcfg is not None, f"{method} needs the checkpoint's quantization_config"
+    return _FORMATS[method].linear_method(qcfg)
+
+
+def attach_quant_method(model: nn.Module, method: LinearMethod) -> None:
+    """Before loading: give every linear layer (not embeddings nor the LM head) `method`'s parameters."""
+    from flotilla.engine.layers.linear import quantizable_layers
+
+    for layer in quantizable_layers(model):
+        layer.quant_method = method
+        method.create_weights(layer)
+
+
+def process_quantized_weights(model: nn.Module) -> None:
+    """After loading: each quantized layer converts what it loaded into its run-time form."""
+    from flotilla.engine.layers.linear import quantizable_layers
+
+    with torch.no_grad():
+        for layer in quantizable_layers(model):
+            if layer.quant_method is not None:
+                layer.quant_method.process_weights(layer)
+
+
+def convert_checkpoint(
+    method: str, hf_config: dict[str, Any], tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors renamed and re-laid-out as the method's parameters expect."""
+    qcfg = checkpoint_quantization(hf_config)
+    if method in _FORMATS and qcfg is not None:
+        return _FORMATS[method].convert_tensors(tensors, qcfg)
+    return iter(tensors)

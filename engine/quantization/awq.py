@@ -1,0 +1,54 @@
+"""AWQ checkpoints (AutoAWQ's GEMM layout, `quant_method: awq`, 4-bit).
+
+The published layout, per linear layer: `qweight` int32 `[in, out / 8]`, packed along the *output*
+dimension in AWQ's interleaved order: nibble `i` of word `k` holds output column `8k + ORDER[i]` with
+ORDER = 0, 2, 4, 6, 1, 3, 5, 7; `qzeros` int32 `[groups, out / 8]` packed the same way (zero points as
+they are); `scales` `[groups, out]`. A weight is `(code - zero) * scale`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from flotilla.engine.quantization.method import LinearMethod
+from flotilla.engine.quantization.packed_int import PackedIntMethod
+from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# Column c of a word sits in nibble UNDO[c].
+_UNDO = tuple(AWQ_ORDER.index(c) for c in range(8))
+
+
+def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
+    """The method of an AWQ `quantization_config`, or ValueError naming what is not supported."""
+    bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
+    version = str(qcfg.get("version", "gemm")).lower()
+    if bits != 4 or version != "gemm":
+        raise ValueError(f"awq {bits}-bit {version!r} checkpoints are not supported (4-bit gemm is)")
+    group = int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
+    return PackedIntMethod(4, group if group > 0 else None, symmetric=False)
+
+
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """`[rows, cols / 8]` AWQ-ordered words -> codes `[rows, cols]` in column order."""
+    nibbles = unpack_codes(packed, 4).reshape(packed.shape[0], -1, 8)
+    return nibbles[:, :, list(_UNDO)].reshape(packed.shape[0], -1)
+
+
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """qweight / qzeros / scales -> the engine's weight_packed / weight_zero_point / weight_scale."""
+    for name, tensor in tensors:
+        prefix, _, leaf = name.rpartition(".")
+        if leaf == "qweight":
+            yield f"{prefix}.weight_packed", pack_codes(unpack_awq(tensor).t().contiguous(), 4)
+        elif leaf == "qzeros":
+            yield f"{prefix}.weight_zero_point", unpack_awq(tensor).t().to(torch.uint8).contiguous()
+        elif leaf == "scales":
+            yield f"{prefix}.weight_scale", tensor.t().contiguous()
+        else:
+            yield name, tensor

@@ -1,0 +1,84 @@
+"""compressed-tensors checkpoints (what llm-compressor writes), read from `quantization_config`.
+
+Supported: one config group over the linear layers (`targets: ["Linear"]`; `ignore` may list the LM
+head), with
+- `float-quantized` / `naive-quantized` 8-bit float weights (FP8 W8A8 with dynamic per-token or static
+  per-tensor activations, or FP8 weight-only when `input_activations` is null),
+- `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
+  channel or in groups, symmetric or asymmetric.
+The checkpoint's packed codes are stored signed-plus-offset (`code + 2^(bits-1)`), the engine's
+unsigned layout already; asymmetric zero points are packed the same way along the output dimension
+and are unpacked here; `weight_shape` is implied by the layer and dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod
+from flotilla.engine.quantization.method import LinearMethod
+from flotilla.engine.quantization.packed_int import PackedIntMethod
+from flotilla.kernels.packed_int_linear import unpack_codes
+
+_FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+
+
+def _scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    groups = qcfg.get("config_groups") or {}
+    if len(groups) != 1:
+        raise ValueError(f"compressed-tensors: {len(groups)} config groups; one group over the linear layers "
+                         "is supported")
+    group = next(iter(groups.values()))
+    if group.get("targets") != ["Linear"]:
+        raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
+    unsupported = [name for name in qcfg.get("ignore") or [] if not name.endswith("lm_head")]
+    if unsupported:
+        raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
+                         "(only the LM head may be left unquantized)")
+    fmt = group.get("format") or qcfg.get("format") or ""
+    return group["weights"], group.get("input_activations"), fmt
+
+
+def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
+    """The linear method of a compressed-tensors `quantization_config`, or ValueError naming what is not
+    supported."""
+    weights, activations, fmt = _scheme(qcfg)
+    bits, kind = weights.get("num_bits"), weights.get("type")
+    if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
+        if activations is None:
+            return Fp8CheckpointMethod(static_input=False, weight_only=True)
+        if activations.get("type") != "float" or activations.get("num_bits") != 8:
+            raise ValueError("compressed-tensors: fp8 weights need fp8 activations or none")
+        return Fp8CheckpointMethod(static_input=not activations.get("dynamic", False))
+    if kind == "int" and bits in (4, 8) and fmt == "pack-quantized":
+        if activations is not None:
+            raise ValueError("compressed-tensors: integer weights with quantized activations (W8A8 int) "
+                             "are not supported; W4A16 and W8A16 are")
+        strategy = weights.get("strategy")
+        if strategy not in ("group", "channel"):
+            raise ValueError(f"compressed-tensors: integer strategy {strategy!r}; group or channel is supported")
+        group = weights.get("group_size") if strategy == "group" else None
+        return PackedIntMethod(bits, group, bool(weights.get("symmetric", True)))
+    raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "
+                     "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
+
+
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in the engine's layout (`packed_int.py`): zero points unpacked to
+    unsigned codes `[out, groups]`; `weight_shape` dropped."""
+    weights, _, _ = _scheme(qcfg)
+    bits = int(weights["num_bits"])
+    for name, tensor in tensors:
+        if name.endswith(".weight_shape"):
+            continue
+        if name.endswith(".weight_zero_point"):
+            if weights.get("type") == "float":
+                continue  # symmetric fp8: zero everywhere
+            # `[out * bits / 32, groups]` packed along the output rows, codes offset by 2^(bits-1).
+            tensor = unpack_codes(tensor.t().contiguous(), bits).t().to(torch.uint8).contiguous()
+        yield name, tensor

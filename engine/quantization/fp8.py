@@ -1,0 +1,92 @@
+"""FP8 (e4m3) weights: quantized at load (`--quantization fp8`) or read from an fp8 checkpoint.
+
+`--quantization fp8` follows vLLM's online scheme: the bf16/fp16 checkpoint loads as usual, then each
+linear weight is rounded to float8_e4m3fn with one fp32 scale per output channel (its absolute maximum
+over 448); activations are quantized per token at run time. Half the weight bytes of bf16, and on
+Hopper/Ada the matmul runs on fp8 tensor cores (`kernels.dispatch.fp8_linear`).
+
+Checkpoints that already hold fp8 weights (compressed-tensors' `float-quantized`, llm-compressor's
+FP8 / FP8_DYNAMIC schemes) load their `weight` and `weight_scale` (per channel, or one per tensor,
+spread over the rows it covers) and, for static activation schemes, `input_scale` (one per tensor;
+q, k and v of a merged layer share the largest, as vLLM does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flotilla.engine.quantization.method import LinearMethod, out_features, replace_parameter
+from flotilla.kernels.dispatch import fp8_linear
+from flotilla.kernels.fp8_linear import FP8_DTYPE, quantize_fp8_rows
+
+
+class Fp8OnlineMethod(LinearMethod):
+    """Dense weights loaded in the model dtype, quantized to fp8 per output channel once loaded."""
+
+    def process_weights(self, layer: Any) -> None:
+        """Replace the dense weight by its fp8 rounding and per-row scales."""
+        w_fp8, scale = quantize_fp8_rows(layer.weight.data)
+        replace_parameter(layer, "weight", w_fp8)
+        replace_parameter(layer, "weight_scale", scale)
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """W8A8 with dynamic per-token activation scales."""
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+
+
+class Fp8CheckpointMethod(Fp8OnlineMethod):
+    """fp8 weights and scales from the checkpoint; `static_input` reads a per-tensor activation scale."""
+
+    def __init__(self, static_input: bool, weight_only: bool = False) -> None:
+        self.static_input = static_input
+        self.weight_only = weight_only
+
+    def create_weights(self, layer: Any) -> None:
+        """An fp8 weight, `[out, 1]` scales and, for static schemes, one input scale."""
+        rows = out_features(layer)
+        replace_parameter(layer, "weight", torch.empty(layer.weight.shape, dtype=FP8_DTYPE))
+        replace_parameter(layer, "weight_scale", torch.ones(rows, 1, dtype=torch.float32),
+                          loader=_scale_loader(layer))
+        if self.static_input:
+            # Starts at 0 so that the largest of the merged layer's loaded scales wins.
+            replace_parameter(layer, "input_scale", torch.zeros(1, dtype=torch.float32), loader=_max_loader)
+
+    def process_weights(self, layer: Any) -> None:
+        """Nothing to convert: the checkpoint's fp8 values are used as they are."""
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """W8A8 with static or dynamic activation scales; weight-only schemes upcast the weight."""
+        if self.weight_only:
+            weight = (layer.weight.float() * layer.weight_scale).to(x.dtype)
+            return F.linear(x, weight, bias)
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias, getattr(layer, "input_scale", None))
+
+
+def _scale_loader(layer: Any) -> Callable[..., None]:
+    """A weight-scale loader: per-channel scales go through the layer's own (sharding) loader; a
+    per-tensor scale is first repeated over every row it covers, so both end up per row."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        loaded = loaded.float().reshape(-1, 1)
+        if loaded.shape[0] == 1:
+            # Wide enough for any shard of the layer (all rows equal, so which rows is moot).
+            loaded = loaded.expand(layer_rows_all_ranks(param), 1)
+        layer.weight_loader(param, loaded, shard_id)
+
+    return load
+
+
+def layer_rows_all_ranks(param: nn.Parameter) -> int:
+    """Rows of the unsharded tensor a `[rows_on_this_rank, ...]` parameter comes from."""
+    from flotilla.engine.parallel_state import tp_size
+
+    return int(param.shape[0]) * tp_size()
+
+
+def _max_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(1)))

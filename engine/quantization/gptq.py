@@ -1,0 +1,68 @@
+"""GPTQ checkpoints (AutoGPTQ / GPTQModel, `quant_method: gptq`), 4- or 8-bit, `desc_act: false`.
+
+The published layout, per linear layer: `qweight` int32 `[in * bits / 32, out]`, packed along the
+*input* dimension (word `j` of column `o` holds inputs `j * per_word + i`, lowest bits first);
+`qzeros` int32 `[groups, out * bits / 32]`, packed along the *output* dimension; `scales`
+`[groups, out]`; `g_idx` `[in]`, each input's group. The original ("v1", `checkpoint_format: gptq`)
+format stores every zero point minus one; `gptq_v2` stores it as it is. With `desc_act: true` the
+inputs are permuted by activation order (`g_idx` is not `i // group`), which this engine does not
+run: refused at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from flotilla.engine.quantization.method import LinearMethod
+from flotilla.engine.quantization.packed_int import PackedIntMethod
+from flotilla.kernels.packed_int_linear import unpack_codes
+
+
+def _group_size(qcfg: dict[str, Any]) -> int | None:
+    size = int(qcfg.get("group_size", -1))
+    return None if size <= 0 else size
+
+
+def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
+    """The method of a GPTQ `quantization_config`, or ValueError naming what is not supported."""
+    if qcfg.get("desc_act"):
+        raise ValueError("gptq with desc_act: true (activation-order) checkpoints are not supported; "
+                         "use a checkpoint quantized with desc_act: false")
+    bits = int(qcfg.get("bits", 4))
+    if bits not in (4, 8):
+        raise ValueError(f"gptq with {bits} bits is not supported (4 or 8)")
+    # GPTQ always stores zero points; symmetric ones are all the middle code.
+    return PackedIntMethod(bits, _group_size(qcfg), symmetric=False)
+
+
+def convert_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """qweight / qzeros / scales / g_idx -> the engine's weight_packed / weight_zero_point / weight_scale."""
+    bits = int(qcfg.get("bits", 4))
+    zero_offset = 0 if qcfg.get("checkpoint_format") == "gptq_v2" else 1
+    group = _group_size(qcfg)
+    for name, tensor in tensors:
+        prefix, _, leaf = name.rpartition(".")
+        if leaf == "qweight":
+            # Transposed, a column of input-packed words is a row of our input-packed words.
+            yield f"{prefix}.weight_packed", tensor.t().contiguous()
+        elif leaf == "qzeros":
+            zeros = unpack_codes(tensor, bits) + zero_offset  # [groups, out]
+            yield f"{prefix}.weight_zero_point", zeros.t().to(torch.uint8).contiguous()
+        elif leaf == "scales":
+            yield f"{prefix}.weight_scale", tensor.t().contiguous()
+        elif leaf == "g_idx":
+            _check_group_order(name, tensor, group)
+        else:
+            yield name, tensor
+
+
+def _check_group_order(name: str, g_idx: torch.Tensor, group: int | None) -> None:
+    expected = torch.arange(g_idx.numel()) // (group or g_idx.numel())
+    if not torch.equal(g_idx.long().cpu(), expected):
+        raise ValueError(f"{name}: inputs are not in group order (an activation-order checkpoint); "
+                         "not supported")

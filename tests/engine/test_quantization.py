@@ -1,0 +1,201 @@
+"""Quantized weights: greedy tokens equal HF transformers run on what the quantized model computes.
+
+The oracle for a weight-only scheme (W4A16, W8A16, GPTQ, AWQ) is HF on the dequantized weights: the
+engine multiplies by exactly those weights, so greedy tokens must be identical (fp32 tiny models). fp8
+W8A8 also rounds each activation row to fp8 per token (or with a static scale), so its oracle is HF on
+the dequantized weights with that same rounding applied to every linear layer's input (a forward
+pre-hook): the engine's `(x8 @ w8^T) * sx * sw` and HF's `(x8 * sx) @ (w8 * sw)^T` differ only in fp32
+rounding order, far below the tiny models' gaps between the top two logits, so again identical. fp8 is
+not token-identical to the bf16/fp32 model itself, and nothing here claims it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.kernels.fp8_linear import FP8_DTYPE, fp8_linear_ref, quantize_fp8_rows
+from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
+
+from .hf_reference import hf_greedy
+from .quant_checkpoints import compressed_tensors_checkpoint, int4_checkpoint
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10]
+TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="session")
+def wide_llama(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -> Path:
+    """A tiny random Llama wide enough for groups of 128 (hidden 128, MLP 256), fp32."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    torch.manual_seed(7)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("wide-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _engine_tokens(path: Path, **kwargs) -> list[list[int]]:
+    llm = LLM(str(path), max_model_len=256, **kwargs)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def _fake_quant_fp8(static_scale: float | None):
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x = args[0]
+        scale = (x.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12) if static_scale is None \
+            else torch.tensor(static_scale)
+        return ((x / scale).clamp(-448, 448).to(FP8_DTYPE).float() * scale,)
+
+    return hook
+
+
+def _hf_fp8_greedy(path: Path, static_scale: float | None = None, quantize_weights: bool = False) -> list[list[int]]:
+    """HF greedy with every linear layer's input rounded to fp8 (and its weight too when asked)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+            module.register_forward_pre_hook(_fake_quant_fp8(static_scale))
+            if quantize_weights:
+                w8, scale = quantize_fp8_rows(module.weight.data)
+                module.weight.data = w8.float() * scale
+    outs = []
+    with torch.inference_mode():
+        for ids in PROMPTS:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=TOKENS, do_sample=False,
+                               eos_token_id=None)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])  # qwen2: q/k/v biases
+def test_fp8_at_load_matches_hf_with_the_same_rounding(tiny_model_dirs, arch):
+    path = tiny_model_dirs[arch]
+    assert _engine_tokens(path, quantization="fp8") == _hf_fp8_greedy(path, quantize_weights=True)
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "W4A16_ASYM", pytest.param("W8A16", marks=pytest.mark.slow)])
+def test_compressed_tensors_weight_only_matches_hf_on_dequantized_weights(wide_llama, tmp_path, preset):
+    """Checkpoints packed by the compressed-tensors library (group 128 for W4A16), detected from
+    config.json without --quantization."""
+    path = compressed_tensors_checkpoint(wide_llama, tmp_path / preset, preset)
+    assert EngineConfig.from_kwargs(str(path)).model.quantization == "compressed-tensors"
+    assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
+@pytest.mark.parametrize("preset,static_scale", [("FP8_DYNAMIC", None),
+                                                  pytest.param("FP8", 0.05, marks=pytest.mark.slow)])
+def test_compressed_tensors_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path, preset, static_scale):
+    path = compressed_tensors_checkpoint(wide_llama, tmp_path / preset, preset)
+    assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized", static_scale)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt):
+    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt)
+    assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
+def test_packers_write_the_published_bit_layouts_by_hand():
+    """Hand-computed words. GPTQ packs 8 consecutive *inputs* of one output column into a word, lowest
+    nibble first: codes 1..8 -> 0x87654321. AWQ packs 8 *outputs* of one input row in the order
+    0, 2, 4, 6, 1, 3, 5, 7: codes 1..8 of columns 0..7 put 1, 3, 5, 7, 2, 4, 6, 8 in nibbles 0..7
+    -> 0x86427531. compressed-tensors packs inputs of a row like GPTQ, offset from signed codes."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    from .quant_checkpoints import pack_awq, pack_gptq
+
+    codes = torch.arange(1, 9, dtype=torch.int32)
+    zeros, scales = torch.full((1, 1), 8, dtype=torch.int32), torch.ones(1, 1)
+    gptq = pack_gptq(codes.reshape(8, 1).t().expand(8, 8).t().t().contiguous()[:1].expand(8, 8).contiguous(),
+                     scales.expand(8, 1), zeros.expand(8, 1))
+    assert gptq["qweight"][0, 0].item() == 0x87654321 - 2**32  # int32 bits
+    awq = pack_awq(codes.reshape(8, 1).expand(8, 8).contiguous(), scales.expand(8, 1), zeros.expand(8, 1))
+    assert awq["qweight"][0, 0].item() == 0x86427531 - 2**32
+    assert pack_codes(codes.reshape(1, 8), 4).item() == 0x87654321 - 2**32
+    signed = (codes - 8).to(torch.int8).reshape(1, 8)  # compressed-tensors' signed codes
+    assert pack_to_int32(signed, 4).item() == pack_codes(codes.reshape(1, 8), 4).item()
+    assert unpack_codes(torch.tensor([[0x87654321 - 2**32]], dtype=torch.int32), 4).tolist() == [list(range(1, 9))]
+
+
+def test_fp8_reference_equals_dequantized_math():
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(5, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32, generator=g)
+    w8, ws = quantize_fp8_rows(w)
+    assert w8.dtype == FP8_DTYPE and ws.shape == (32, 1)
+    # e4m3 keeps 3 mantissa bits: each weight within 2^-4 of its row's scale-relative value
+    assert ((w8.float() * ws - w).abs() <= w.abs() * 2**-4 + ws * 2**-9).all()
+    x8, xs = quantize_fp8_rows(x)
+    expected = (x8.float() * xs) @ (w8.float() * ws).t() + b
+    torch.testing.assert_close(fp8_linear_ref(x, w8, ws, b), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_checkpoints_and_flags_are_refused(wide_llama, tmp_path):
+    path = int4_checkpoint(wide_llama, tmp_path / "gptq", "gptq")
+    config = (path / "config.json").read_text()
+    (path / "config.json").write_text(config.replace('"desc_act": false', '"desc_act": true'))
+    with pytest.raises(ConfigError, match="desc_act: true"):
+        EngineConfig.from_kwargs(str(path))
+    (path / "config.json").write_text(config)
+    with pytest.raises(ConfigError, match="does not match the checkpoint"):
+        EngineConfig.from_kwargs(str(path), quantization="fp8")
+    with pytest.raises(ConfigError, match="not supported yet"):
+        EngineConfig.from_kwargs(str(wide_llama), quantization="int8")
+
+
+def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs):
+    """A block takes half the bytes. fp8 K/V (scale 1.0) round to 3 mantissa bits, which can flip a
+    near-tie late in a continuation: asserted is that every first token equals HF fp32's and that the
+    common prefixes cover at least 85 % of the tokens (measured: 15 of 16)."""
+    path = tiny_model_dirs["llama"]
+    llm = LLM(str(path), max_model_len=256, dtype="bfloat16", kv_cache_dtype="fp8")
+    plain = LLM(str(path), max_model_len=256, dtype="bfloat16")
+    runner, plain_runner = llm.engine.runner, plain.engine.runner
+    assert runner.kv_cache.dtype == FP8_DTYPE
+    assert 2 * runner.bytes_per_block == plain_runner.bytes_per_block
+    ours, ref = _engine_tokens(path, kv_cache_dtype="fp8"), hf_greedy(path, PROMPTS, TOKENS)
+    assert [o[0] for o in ours] == [r[0] for r in ref]
+    prefixes = [next((i for i, (a, b) in enumerate(zip(o, r, strict=True)) if a != b), len(r))
+                for o, r in zip(ours, ref, strict=True)]
+    common = sum(prefixes)
+    assert common >= 0.85 * TOKENS * len(PROMPTS)
+
+
+def test_checkpoint_kv_scales_apply_to_an_fp8_cache_only(tiny_model_dirs, tmp_path):
+    """`self_attn.k_scale` / `v_scale` (llm-compressor's names) and `k_proj.output_scale` (older
+    compressed-tensors) land on the layer's attention; a bf16 cache ignores them, as vLLM does."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    path = tmp_path / "with-kv-scales"
+    shutil.copytree(tiny_model_dirs["llama"], path)
+    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+               "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
+               "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])},
+              str(path / "kv-scales.safetensors"))
+    fp8 = LLM(str(path), max_model_len=256, kv_cache_dtype="fp8").engine.runner.attention_layers
+    assert [(a.k_scale, a.v_scale) for a in fp8] == [(0.5, 2.0), (0.25, 1.0)]
+    plain = LLM(str(path), max_model_len=256).engine.runner.attention_layers
+    assert [(a.k_scale, a.v_scale) for a in plain] == [(1.0, 1.0), (1.0, 1.0)]
+
+
+def test_a_gguf_converted_checkpoint_is_not_quantized(embedded_model_dir):
+    """The embedded model's config.json keeps transformers' `quant_method: gguf` from its conversion;
+    its safetensors are plain bf16, so no scheme applies (and fp8 at load may be asked for)."""
+    assert EngineConfig.from_kwargs(str(embedded_model_dir)).model.quantization is None
+    assert EngineConfig.from_kwargs(str(embedded_model_dir), quantization="fp8").model.quantization == "fp8"
