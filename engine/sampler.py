@@ -1,7 +1,8 @@
 """Turn logits into next tokens, batched on tensors: the same code on CPU and GPU.
 
 The pipeline per step, each stage a pure function over the whole batch:
-logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
+grammar bitmask (structured output; applied by the runner before either the greedy fast path or
+`sample`) -> logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
 whose log-softmax is what `logprobs` reports) -> temperature -> min-p -> top-k and top-p -> draw.
 
 Draws use the exponential race (argmax of p / E with E ~ Exp(1)), where E comes from a counter-based
@@ -56,6 +57,17 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None  # [B] 1 = the most likely token
     top_ids: torch.Tensor | None = None  # [B, N]
     top_logprobs: torch.Tensor | None = None  # [B, N]
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Forbid the tokens whose bit is clear in `bitmask` (`[B, ceil(V/32)]` int32, token t is bit t % 32
+    of word t // 32, xgrammar's layout); columns past the mask's width (padding) are forbidden too."""
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    return logits.masked_fill(~allowed[:, :vocab], _NEG_INF)
 
 
 def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
