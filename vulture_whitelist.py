@@ -51,3 +51,10 @@ _.kv_budget_bytes  # operator/fit.py FitReport -> status.fit through asdict
 _.parallel
 _.tensor_parallel_size
 _.pipeline_parallel_size
+# Structured-output request fields (engine/server/protocol.py, engine/structured_output/params.py), read
+# by name through getattr in engine/server/structured_request.py and StructuredOutputsParams._value.
+_.guided_json
+_.guided_regex
+_.guided_choice
+_.guided_grammar
+_.json_object

@@ -63,11 +63,22 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
     """Forbid the tokens whose bit is clear in `bitmask` (`[B, ceil(V/32)]` int32, token t is bit t % 32
     of word t // 32, xgrammar's layout); columns past the mask's width (padding) are forbidden too."""
     vocab = logits.shape[1]
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    # Little-endian words: token t is bit t % 8 of byte t // 8. One lookup per byte unpacks 8 tokens.
+    allowed = _byte_bits(bitmask.device)[bitmask.contiguous().view(torch.uint8).int()].flatten(1)
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    return logits.masked_fill(~allowed[:, :vocab], _NEG_INF)
+    return logits.masked_fill(allowed[:, :vocab].logical_not_(), _NEG_INF)
+
+
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """`[256, 8]` bools: bit j of byte value b."""
+    if device not in _BYTE_BITS:
+        values = torch.arange(256, device=device).unsqueeze(1)
+        _BYTE_BITS[device] = ((values >> torch.arange(8, device=device)) & 1).bool()
+    return _BYTE_BITS[device]
 
 
 def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -75,7 +75,7 @@ def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> Too
         return ToolPlan("none", tools)
     if choice == "required":
         return ToolPlan("required", tools, constraint=StructuredOutputsParams(
-            json=_required_schema(tools, req.parallel_tool_calls is not False)))
+            json_schema=_required_schema(tools, req.parallel_tool_calls is not False)))
     if not auto_tool_choice or parser_name is None:
         raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                        param="tool_choice")
@@ -100,7 +100,7 @@ def _named(choice: dict[str, Any], tools: list[dict[str, Any]]) -> ToolPlan:
         raise APIError(400, f"tool_choice names function {name!r}, which is not among the request's tools",
                        param="tool_choice")
     schema = match[0]["function"]["parameters"]
-    return ToolPlan("named", tools, function=name, constraint=StructuredOutputsParams(json=schema))
+    return ToolPlan("named", tools, function=name, constraint=StructuredOutputsParams(json_schema=schema))
 
 
 def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:

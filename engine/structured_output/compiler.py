@@ -59,7 +59,7 @@ class GrammarCompiler:
             text = schema if isinstance(schema, str) else json.dumps(schema)
             return self._compiler.compile_json_schema(
                 text, any_whitespace=not p.disable_any_whitespace,
-                **({"separators": (",", ":")} if p.disable_any_whitespace else {}),
+                separators=(",", ":") if p.disable_any_whitespace else None,
             )
         if kind == "regex":
             assert p.regex is not None
