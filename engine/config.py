@@ -114,6 +114,7 @@ class ServerConfig(_Component):
     h11_max_header_count: int = Field(256, gt=0)
     enable_auto_tool_choice: bool = False
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
 
     @model_validator(mode="after")
     def _auto_tools_need_a_parser(self) -> ServerConfig:

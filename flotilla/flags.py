@@ -316,6 +316,15 @@ FLAGS: tuple[Flag, ...] = (
         choices=("hermes", "llama3_json", "mistral"),
     ),
     Flag(
+        "--reasoning-parser",
+        "str",
+        None,
+        "Return a thinking model's <think>...</think> as reasoning_content apart from content (streamed too): "
+        "deepseek_r1 (thinking opened by the template), qwen3 (opened by the model).",
+        "server",
+        choices=("deepseek_r1", "qwen3"),
+    ),
+    Flag(
         "--max-request-body-size",
         "int",
         8 * 1024 * 1024,

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
-                              server.enable_auto_tool_choice, server.tool_call_parser),
+                              server.enable_auto_tool_choice, server.tool_call_parser, server.reasoning_parser),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,

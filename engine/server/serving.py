@@ -17,6 +17,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
@@ -142,8 +143,9 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> None:
         self.engine = engine
+        self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.tool_call_parser = tool_call_parser
         self.tokenizer = tokenizer
@@ -293,14 +295,16 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, request_id, prompt.text))
-            if plan.mode != "none":
-                return stream_tool_chat(plan, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
+            reasoning = self.reasoning if sp.structured_outputs is None else None
+            if plan.mode != "none" or reasoning is not None:
+                return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
                                                                          created, model), req.stream_options)
             return self._stream_chat(req, stream, request_id, created, model)
         output = await self._final(prompt, sp, request_id)
         choices = []
         for c in output.outputs:
-            message, finish_reason = chat_message(plan, c.text, c.finish_reason)
+            message, finish_reason = chat_message(plan, c.text, c.finish_reason,
+                                                  self.reasoning if sp.structured_outputs is None else None)
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})

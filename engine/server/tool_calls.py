@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from flotilla.engine.server.tool_parsers.registry import tool_parser
 from flotilla.engine.structured_output.params import StructuredOutputsParams
@@ -128,10 +129,17 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return messages
 
 
-def chat_message(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-    """The assistant message for a finished choice and its finish_reason ("tool_calls" when it called)."""
+def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
+                 reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
+    """The assistant message for a finished choice and its finish_reason ("tool_calls" when it called);
+    with a reasoning parser, the thinking goes to `reasoning_content` and the rest is parsed."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if reasoning is not None:
+        split = reasoning.split(text)
+        message["reasoning_content"] = split.reasoning
+        text = split.content or ""
     parsed = plan.parse(text)
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    message["content"] = parsed.content if (parsed.content or reasoning is None) else None
     if not parsed.tool_calls:
         return message, finish_reason
     message["tool_calls"] = [c.as_openai() for c in parsed.tool_calls]

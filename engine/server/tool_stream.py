@@ -17,6 +17,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
+from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
@@ -39,14 +40,17 @@ class _Choice:
     """What one choice has streamed so far."""
 
     def __init__(self) -> None:
-        self.sent = 0  # characters of the text already sent (as content or as arguments)
+        self.sent = 0  # characters of the answer already sent (as content or as arguments)
+        self.sent_reasoning = 0  # characters of the thinking already sent
         self.call: ToolCall | None = None  # the named call, once its first chunk is out
         self.done = False
 
 
-async def stream_tool_chat(plan: ToolPlan, n: int, stream: AsyncGenerator[RequestOutput], head: Any,
+async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
+                           stream: AsyncGenerator[RequestOutput], head: Any,
                            stream_options: StreamOptions | None) -> AsyncIterator[str]:
-    """SSE chunks for a chat request with tools (`head` is the response's ChunkFormat)."""
+    """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
+    ChunkFormat); thinking streams as `delta.reasoning_content` before the answer."""
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
@@ -63,9 +67,18 @@ async def stream_tool_chat(plan: ToolPlan, n: int, stream: AsyncGenerator[Reques
             last = output
             for c in output.outputs:
                 state = choices[c.index]
-                if not state.done:
-                    for text in _choice_chunks(plan, c, state, chunk):
-                        yield text
+                if state.done:
+                    continue
+                text = c.text
+                if reasoning is not None:
+                    split = reasoning.split(c.text, finished=c.finish_reason is not None)
+                    thought = split.reasoning or ""
+                    if len(thought) > state.sent_reasoning:
+                        yield chunk(c.index, {"reasoning_content": thought[state.sent_reasoning :]})
+                        state.sent_reasoning = len(thought)
+                    text = split.content or ""
+                for piece in _choice_chunks(plan, c, text, state, chunk):
+                    yield piece
     finally:
         await stream.aclose()
     if stream_options and stream_options.include_usage and last is not None:
@@ -76,9 +89,9 @@ async def stream_tool_chat(plan: ToolPlan, n: int, stream: AsyncGenerator[Reques
     yield "data: [DONE]\n\n"
 
 
-def _choice_chunks(plan: ToolPlan, c: CompletionOutput, state: _Choice, chunk: Any) -> list[str]:
+def _choice_chunks(plan: ToolPlan, c: CompletionOutput, text: str, state: _Choice, chunk: Any) -> list[str]:
+    """Chunks for one choice's new answer text (`text` is the whole answer so far)."""
     out = []
-    text = c.text
     if plan.mode == "named":
         assert plan.function is not None
         new = text[state.sent :]
@@ -88,8 +101,8 @@ def _choice_chunks(plan: ToolPlan, c: CompletionOutput, state: _Choice, chunk: A
         elif new:
             out.append(chunk(c.index, {"tool_calls": [{"index": 0, "function": {"arguments": new}}]}))
         state.sent = len(text)
-    elif plan.mode == "auto" and plan.parser is not None and c.finish_reason is None:
-        safe = plan.parser.safe_prefix(text)
+    elif plan.mode in ("auto", "none") and c.finish_reason is None:
+        safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser is not None else len(text)
         if safe > state.sent:
             out.append(chunk(c.index, {"content": text[state.sent : safe]}))
             state.sent = safe
