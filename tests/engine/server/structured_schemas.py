@@ -28,7 +28,7 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
                 "required": ["value"]}),
     ("number", {"type": "object", "properties": {"price": {"type": "number"}}, "required": ["price"]}),
     ("int_list", {"type": "object", "properties": {
-        "scores": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}}, "required": ["scores"]}),
+        "scores": {"type": "array", "items": {"enum": [1, 2, 3, 4, 5]}, "maxItems": 4}}, "required": ["scores"]}),
     ("top_array", {"type": "array", "items": {"enum": ["yes", "no"]}, "minItems": 1, "maxItems": 3}),
     ("top_enum", {"enum": ["alpha", "beta", "gamma"]}),
     ("optional_field", {"type": "object", "properties": {"title": NAME, "note": NAME}, "required": ["title"]}),
