@@ -30,8 +30,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def embedded_server(embedded_model_dir, tmp_path_factory):
     s = start_server(embedded_model_dir, tmp_path_factory.mktemp("structured") / "server.log",
-                     "--max-model-len", "1024", "--disable-log-stats", "--served-model-name", "x", "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes", env={"VLLM_API_KEY": API_KEY})
+                     "--max-model-len", "1024", "--disable-log-stats", "--served-model-name", "x",
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", env={"VLLM_API_KEY": API_KEY})
     yield s
     stop_server(s)
 
