@@ -46,11 +46,6 @@ _.last_transition_time  # status conditions and figures (operator/status.py), wr
 _.observed_generation
 _.ready_replicas
 _.kv_budget_bytes  # operator/fit.py FitReport -> status.fit through asdict
-# ParallelConfig (engine/config.py) records the validated --tensor/--pipeline-parallel-size (only 1
-# and 1 run today); the parallel layers will read them when tensor parallelism lands.
-_.parallel
-_.tensor_parallel_size
-_.pipeline_parallel_size
 # Structured-output request fields (engine/server/protocol.py, engine/structured_output/params.py), read
 # by name through getattr in engine/server/structured_request.py and StructuredOutputsParams._value.
 _.guided_json
@@ -58,3 +53,6 @@ _.guided_regex
 _.guided_choice
 _.guided_grammar
 _.json_object
+# pickle's hooks, called by name (engine/step_channel.py)
+_.persistent_id
+_.persistent_load

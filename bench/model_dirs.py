@@ -83,6 +83,14 @@ SHAPES: dict[str, dict] = {
         "torch_dtype": "float32",
     },
 }
+# Llama-3.1-70B: the 8B's config with the 70B's widths (bf16 weights need at least two H200s).
+SHAPES["llama-3.1-70b"] = {
+    **SHAPES["llama-3.1-8b"],
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+}
 
 
 def write_tokenizer(path: Path, vocab_size: int, bos: int, eos: int) -> None:

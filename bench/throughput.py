@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--hf", action="store_true", help="also run the HF transformers baseline")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -157,7 +159,8 @@ def main() -> None:
         from model_dirs import make_model_dir
 
         a.model = a.model or str(make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape)))
-    engine_args = {"dtype": a.dtype, "max_num_seqs": a.max_num_seqs, "async_scheduling": a.async_scheduling}
+    engine_args = {"dtype": a.dtype, "max_num_seqs": a.max_num_seqs, "async_scheduling": a.async_scheduling,
+                   "tensor_parallel_size": a.tensor_parallel_size, "pipeline_parallel_size": a.pipeline_parallel_size}
     if a.load_format != "auto":
         engine_args["load_format"] = a.load_format
     if a.max_num_batched_tokens:

@@ -219,6 +219,7 @@ class AsyncEngine:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     self._report()
+                    self.engine.check_health()  # a dead worker fails the loop even when no request runs
                     continue
                 outputs = self.engine.step()
                 for output in outputs:

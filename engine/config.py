@@ -18,6 +18,7 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
+    parallel_split_problem,
     resolve_max_model_len,
     served_name_problem,
 )
@@ -81,7 +82,7 @@ class SchedulerConfig(_Component):
 
 
 class ParallelConfig(_Component):
-    """Tensor and pipeline parallel sizes (1 and 1 until parallelism lands)."""
+    """Tensor and pipeline parallel sizes: `tp x pp` worker processes when above 1."""
 
     tensor_parallel_size: int = Field(1, gt=0)
     pipeline_parallel_size: int = Field(1, gt=0)
@@ -216,7 +217,19 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if budget is None:
         budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
-    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else device == "cuda"
+    pipeline = v["pipeline_parallel_size"]
+    heads = hf_config["num_attention_heads"]
+    problem = parallel_split_problem(
+        heads, hf_config.get("num_key_value_heads") or heads, hf_config["intermediate_size"],
+        hf_config["num_hidden_layers"], v["tensor_parallel_size"], pipeline,
+    )
+    if problem:
+        raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
+    if pipeline > 1 and v["async_scheduling"]:
+        # An earlier stage never holds the tokens the last stage drew, so the next step cannot read them.
+        raise ConfigError("--async-scheduling does not work with --pipeline-parallel-size > 1 yet")
+    default_async = device == "cuda" and pipeline == 1
+    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
     served = v["served_model_name"] or [default_name]
     for name in served if isinstance(served, list | tuple) else [served]:

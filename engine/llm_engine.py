@@ -18,6 +18,7 @@ from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.executor import MultiprocExecutor, build_executor
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
@@ -40,7 +41,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
-        self.runner = ModelRunner(config)
+        self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
@@ -101,6 +102,10 @@ class LLMEngine:
         group[0].fork_children = group[1:]
         if params.structured_outputs is not None:
             from flotilla.engine.structured_output.matcher import RequestGrammar
+
+            if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
+                raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
+                                        "yet", "structured_outputs")
 
             compiled = self.grammar_compiler.compile(params.structured_outputs)
             for child in group:
@@ -181,6 +186,16 @@ class LLMEngine:
             events=s.drain_events(),
         )
 
+    def check_health(self) -> None:
+        """Raise if the model can no longer run steps (a tensor/pipeline-parallel worker has died)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (the engine cannot step afterwards)."""
+        if isinstance(self.runner, MultiprocExecutor):
+            self.runner.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -199,7 +214,9 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        return self._finish_step(plan, self.runner.execute(plan, self._bitmask))
+        if isinstance(self.runner, ModelRunner):
+            return self._finish_step(plan, self.runner.execute(plan, self._bitmask))
+        return self._finish_step(plan, self.runner.execute(plan))
 
     def _step_overlapped(self) -> list[RequestOutput]:
         in_flight, self._in_flight = self._in_flight, None
@@ -218,7 +235,7 @@ class LLMEngine:
 
     def _draw_constrained(self, launched: LaunchedStep) -> None:
         """Draw a launched step whose rows wait for their grammars' bitmask (structured output)."""
-        if launched.hidden is not None:
+        if launched.hidden is not None and isinstance(self.runner, ModelRunner):
             self.runner.draw(launched, self._bitmask(launched.rows))
 
     def _bitmask(self, rows: list[SamplingRow]) -> torch.Tensor | None:

@@ -93,6 +93,8 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         if "rotary_emb.inv_freq" in name:
             continue
         name, shard_id = _packed_target(name, model.packed_modules)
+        if not model.holds(name):  # another pipeline stage's layer
+            continue
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
         param = params[name]

@@ -21,6 +21,7 @@ from flotilla.engine.input_batch import FlatBatch, flatten
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
 from flotilla.engine.model_loader import load_model, torch_dtype
+from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
@@ -129,6 +130,7 @@ class ModelRunner:
         else:
             wanted = self.config.scheduler.max_num_seqs * per_seq
             num_blocks = min(cache.cpu_kv_cache_bytes // self.bytes_per_block, wanted)
+        num_blocks = min_over_ranks(num_blocks)  # one block table serves every rank: the tightest decides
         if num_blocks < per_seq:
             raise ValueError(
                 f"the KV cache holds {num_blocks} blocks of {self.block_size} tokens, fewer than one "
@@ -242,11 +244,12 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
         step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows)
-        if flat.prompt_spans:  # rare (prompt_logprobs): synchronous
+        last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
+        if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
-        if any(r.request.grammar is not None for r in flat.rows):
+        if flat.rows and last_stage and any(r.request.grammar is not None for r in flat.rows):
             step.hidden = hidden
-        elif flat.rows:
+        elif flat.rows and last_stage:
             self._draw(hidden, step)
         step.host_s = time.perf_counter() - start
         return step

@@ -184,6 +184,28 @@ def world_size(tensor_parallel_size: int, pipeline_parallel_size: int) -> int:
     return tensor_parallel_size * pipeline_parallel_size
 
 
+def parallel_split_problem(num_heads: int, num_kv_heads: int, intermediate_size: int, num_layers: int,
+                           tensor: int, pipeline: int) -> str | None:
+    """Why a model's layers cannot be split `tensor` x `pipeline` ways (as the engine shards them), or None.
+
+    Query heads and the MLP split evenly over tensor ranks; KV heads split too, or, when there are
+    fewer of them than ranks, each is replicated on `tensor / kv_heads` ranks; every pipeline stage
+    needs at least one layer.
+    """
+    problems = []
+    if num_heads % tensor:
+        problems.append(f"{num_heads} attention heads")
+    if num_kv_heads % tensor if num_kv_heads >= tensor else tensor % num_kv_heads:
+        problems.append(f"{num_kv_heads} KV heads (nor replicated evenly)")
+    if intermediate_size % tensor:
+        problems.append(f"MLP width {intermediate_size}")
+    if problems:
+        return f"tensor parallel size {tensor} does not divide the model's {', '.join(problems)}"
+    if num_layers < pipeline:
+        return f"pipeline parallel size {pipeline} exceeds the model's {num_layers} layers"
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.

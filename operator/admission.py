@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flotilla.engine_rules import parallel_split_problem
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import FitReport, check_fit
@@ -60,6 +61,27 @@ def _dtype_rules(spec: InferenceServiceSpec) -> list[str]:
     return []
 
 
+# One pod holds every rank of a replica, so a replica must fit one node; H200/H100 nodes hold 8 GPUs.
+MAX_GPUS_PER_NODE = 8
+
+
+def _parallel_rules(spec: InferenceServiceSpec) -> list[str]:
+    """A replica fits one node; the model's heads, MLP and layers split over the ranks (when its
+    numbers are given)."""
+    errors = []
+    if spec.gpus_per_replica > MAX_GPUS_PER_NODE:
+        errors.append(f"spec.parallelism: tensor x pipeline = {spec.gpus_per_replica} GPUs, but a replica runs in "
+                      f"one pod on one node (at most {MAX_GPUS_PER_NODE} GPUs); multi-node serving is not "
+                      "supported yet")
+    arch = spec.model.config
+    if arch is None:
+        return errors
+    heads = arch.num_attention_heads
+    problem = parallel_split_problem(heads, arch.num_key_value_heads or heads, arch.intermediate_size,
+                                     arch.num_hidden_layers, spec.parallelism.tensor, spec.parallelism.pipeline)
+    return errors + ([f"spec.parallelism: {problem}"] if problem else [])
+
+
 def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     sources = [("spec.model.source", spec.model.source)]
     if spec.lora is not None:
@@ -82,7 +104,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
-                    + _dtype_rules(parsed) + unsupported(parsed, name))
+                    + _dtype_rules(parsed) + _parallel_rules(parsed) + unsupported(parsed, name))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":
         result.errors.append(f"fit check: {result.fit.message}")

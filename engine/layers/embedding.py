@@ -1,4 +1,10 @@
-"""Token embedding and the LM head, split over the vocabulary for tensor parallelism."""
+"""Token embedding and the LM head, split over the vocabulary for tensor parallelism.
+
+Each rank holds a contiguous slice of `ceil(vocab / tp_size)` rows (the last slice zero-padded).
+The embedding looks up the tokens its slice holds, zeroes the others and sums over ranks; the LM head
+computes its slice's logits and gathers them, so every rank (and the sampler on it) sees the whole
+vocabulary.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flotilla.engine.parallel_state import tp_rank, tp_size
+from flotilla.engine.parallel_state import all_gather, all_reduce, tp_rank, tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -14,24 +20,34 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
-        if tp_size() > 1:
-            raise NotImplementedError("vocabulary-parallel embedding needs tensor parallelism")
         self.vocab_size = vocab_size
-        self.weight = nn.Parameter(torch.empty(vocab_size // tp_size(), hidden_size), requires_grad=False)
+        self.shard_size = -(-vocab_size // tp_size())
+        self.vocab_start = tp_rank() * self.shard_size
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        """Take this rank's rows of the vocabulary."""
-        size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
+        """Take this rank's rows of the vocabulary; rows past its end stay zero."""
+        end = min(self.vocab_start + self.shard_size, loaded.shape[0])
+        rows = max(end - self.vocab_start, 0)
+        param.data[:rows].copy_(loaded[self.vocab_start : self.vocab_start + rows])
+        param.data[rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Look up the tokens' vectors."""
-        return F.embedding(input_ids, self.weight)
+        if tp_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.shard_size)
+        vectors = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return all_reduce(vectors.masked_fill(outside.unsqueeze(-1), 0))
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (weights possibly tied to the embedding)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits `[tokens, vocab]`."""
-        return F.linear(hidden, self.weight)
+        """Logits `[tokens, vocab]`, gathered from every rank's slice."""
+        logits = F.linear(hidden, self.weight)
+        if tp_size() == 1:
+            return logits
+        return all_gather(logits)[..., : self.vocab_size]

@@ -67,23 +67,30 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """The query, key and value projections as one weight, split by heads over ranks."""
+    """The query, key and value projections as one weight, split by heads over ranks.
+
+    With fewer KV heads than ranks each KV head is replicated: rank r holds KV head
+    `r // (tp_size / num_kv_heads)`, so the ranks sharing it hold the query heads that read it.
+    """
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
         n = tp_size()
-        if num_heads % n or num_kv_heads % n:
+        if num_heads % n or (num_kv_heads % n if num_kv_heads >= n else n % num_kv_heads):
             raise ValueError(f"{num_heads} query / {num_kv_heads} KV heads do not split over {n} ranks")
         self.head_dim = head_dim
         self.num_heads = num_heads // n
-        self.num_kv_heads = num_kv_heads // n
-        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
+        self.num_kv_heads = max(num_kv_heads // n, 1)
+        self.kv_shard = tp_rank() if num_kv_heads >= n else tp_rank() // (n // num_kv_heads)
+        # The per-rank size is computed here, not split by ColumnParallelLinear (KV heads may be replicated).
+        _Linear.__init__(self, hidden_size, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        """Put the q, k or v checkpoint tensor into its slice."""
+        """Put this rank's heads of the q, k or v checkpoint tensor into its slice."""
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[str(shard_id)]
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
+        shard = tp_rank() if shard_id == "q" else self.kv_shard
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, shard * size, size))
 
 
 class RowParallelLinear(_Linear):

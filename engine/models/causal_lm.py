@@ -32,6 +32,10 @@ class CausalLM(nn.Module, ABC):
     def ties_lm_head(self) -> bool:
         """True when the LM head shares the embedding's weight (the checkpoint may omit `lm_head.weight`)."""
 
+    def holds(self, name: str) -> bool:
+        """Whether this process holds parameter `name` (a pipeline stage holds only its layers)."""
+        return True
+
     @staticmethod
     @abstractmethod
     def checkpoint_name(hf_name: str) -> str:

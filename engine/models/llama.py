@@ -20,7 +20,13 @@ from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParalle
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
-from flotilla.engine.parallel_state import tp_size
+from flotilla.engine.parallel_state import (
+    is_last_stage,
+    pp_rank,
+    recv_from_prev_stage,
+    send_to_next_stage,
+    stage_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,8 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.qkv_proj = QKVParallelLinear(a.hidden_size, a.head_dim, a.num_heads, a.num_kv_heads, a.qkv_bias)
         self.o_proj = RowParallelLinear(a.num_heads * a.head_dim, a.hidden_size, a.o_bias)
-        self.num_heads = a.num_heads // tp_size()
-        self.num_kv_heads = a.num_kv_heads // tp_size()
+        self.num_heads = self.qkv_proj.num_heads  # this rank's heads (KV heads may be replicated)
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = a.head_dim
         self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
@@ -151,7 +157,11 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.arch = arch
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch) for _ in range(arch.num_layers))
+        # A pipeline stage builds only its own layers; the others are empty placeholders.
+        self.stage = stage_layers(arch.num_layers)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch) if i in self.stage else nn.Identity() for i in range(arch.num_layers)
+        )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
         if arch.tie_word_embeddings:
@@ -159,10 +169,18 @@ class LlamaForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`[T]` token ids at `[T]` positions -> final hidden states `[T, hidden]`."""
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+        residual: torch.Tensor | None = None
+        if pp_rank() == 0:
+            hidden = self.embed_tokens(input_ids)
+        else:  # a later pipeline stage starts from the previous stage's hidden states and residual
+            shape = (input_ids.shape[0], self.arch.hidden_size)
+            hidden, residual = recv_from_prev_stage([shape, shape], self.embed_tokens.weight.dtype, input_ids.device)
+        for i in self.stage:
+            hidden, residual = self.layers[i](positions, hidden, residual)
+        assert residual is not None, "every stage holds at least one layer"
+        if not is_last_stage():
+            send_to_next_stage([hidden, residual])
+            return hidden
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -174,6 +192,11 @@ class LlamaForCausalLM(CausalLM):
     def ties_lm_head(self) -> bool:
         """True when config.json ties the LM head to the embedding."""
         return self.arch.tie_word_embeddings
+
+    def holds(self, name: str) -> bool:
+        """False for the parameters of layers that another pipeline stage holds."""
+        parts = name.split(".")
+        return parts[0] != "layers" or int(parts[1]) in self.stage
 
     @staticmethod
     def checkpoint_name(hf_name: str) -> str:

@@ -71,6 +71,18 @@ class OperatorProcess:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wait_for(self._serving, 60, f"the operator to serve (log: {self.log_path})", interval=0.2)
 
+    def ensure_serving(self) -> None:
+        """Start the operator again unless it is running and its webhook answers."""
+        running = self.proc is not None and self.proc.poll() is None
+        if running:
+            try:
+                wait_for(self._serving, 20, "the operator to serve", interval=0.2)
+                return
+            except AssertionError:
+                pass
+        self.stop()
+        self.start()
+
     def _serving(self) -> bool:
         from flotilla.operator.kube import KubeError
 
@@ -112,10 +124,22 @@ class OperatorProcess:
 
 
 @pytest.fixture(scope="session")
-def operator_process(control_plane: ControlPlane, cluster: Cluster,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator, running against the session's control plane for every test that asks for it."""
+def _session_operator(control_plane: ControlPlane, cluster: Cluster,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The one operator process of the session (started once: a start costs seconds)."""
     op = OperatorProcess(control_plane, cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op
     op.stop()
+
+
+@pytest.fixture
+def operator_process(_session_operator: OperatorProcess) -> OperatorProcess:
+    """The session's operator, serving when the test starts.
+
+    A test that kills the operator or restarts the apiserver under it may leave it stopped or
+    not serving when it fails; starting it again here keeps that failure from cascading into
+    every later test as a misleading "DID NOT RAISE".
+    """
+    _session_operator.ensure_serving()
+    return _session_operator

@@ -74,3 +74,40 @@ def test_pod_extras_that_would_override_the_operator_are_refused(pod, error):
 def test_a_rollout_that_cannot_start_a_pod_is_refused():
     assert "rollout.maxSurge and rollout.maxUnavailable cannot both be 0" in review(
         {**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "x").message
+
+
+LLAMA_70B = {"hiddenSize": 8192, "numHiddenLayers": 80, "numAttentionHeads": 64, "numKeyValueHeads": 8,
+             "headDim": 128, "intermediateSize": 28672, "vocabSize": 128256, "maxPositionEmbeddings": 131072}
+
+
+def test_llama_70b_over_two_h200s_is_admitted_and_fits():
+    spec = {"model": {"source": "pvc://m", "config": LLAMA_70B}, "parallelism": {"tensor": 2},
+            "resources": {"gpusPerReplica": 2, "gpuProduct": "NVIDIA-H200"}, "scheduling": {"maxModelLen": 8192}}
+    result = review(spec, "x")
+    assert result.errors == []
+    assert result.fit is not None and result.fit.verdict in ("Fits", "FitsWithWarning")
+    alone = review({**spec, "parallelism": {"tensor": 1}, "resources": {"gpusPerReplica": 1,
+                                                                        "gpuProduct": "NVIDIA-H200"}}, "x")
+    assert alone.errors and alone.errors[0].startswith("fit check: weights")
+
+
+def test_a_tensor_size_that_does_not_split_the_heads_is_refused():
+    spec = {"model": {"source": "pvc://m", "config": LLAMA_70B}, "parallelism": {"tensor": 3},
+            "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}}
+    assert review(spec, "x").errors == [
+        "spec.parallelism: tensor parallel size 3 does not divide the model's 64 attention heads, "
+        "8 KV heads (nor replicated evenly), MLP width 28672"]
+
+
+def test_more_stages_than_layers_are_refused():
+    config = {**LLAMA_70B, "numHiddenLayers": 2}
+    spec = {"model": {"source": "pvc://m", "config": config}, "parallelism": {"pipeline": 4},
+            "resources": {"gpusPerReplica": 4, "gpuProduct": "NVIDIA-H200"}}
+    assert "spec.parallelism: pipeline parallel size 4 exceeds the model's 2 layers" in review(spec, "x").errors
+
+
+def test_a_replica_wider_than_one_node_is_refused():
+    spec = {**BASE, "parallelism": {"tensor": 8, "pipeline": 2}, "resources": {"gpusPerReplica": 16}}
+    assert review(spec, "x").errors == [
+        "spec.parallelism: tensor x pipeline = 16 GPUs, but a replica runs in one pod on one node (at most 8 "
+        "GPUs); multi-node serving is not supported yet"]

@@ -52,8 +52,11 @@ def test_apiserver_restart_under_the_operator_then_it_converges(operator_process
     cluster.apply(fixed("after", namespace))
     cluster.kube.delete(child_path("Service", namespace, "before"))
     cluster.apply(fixed("before", namespace, replicas=3))
-    wait_children(cluster, namespace, "after", CHILDREN, timeout=60)
-    wait_for(lambda: cluster.kube.get(child_path("Service", namespace, "before")), 60, "the Service back")
-    wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "before"))["spec"]["replicas"] == 3,
-             60, "replicas 3")
+    try:
+        wait_children(cluster, namespace, "after", CHILDREN, timeout=60)
+        wait_for(lambda: cluster.kube.get(child_path("Service", namespace, "before")), 60, "the Service back")
+        wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "before"))["spec"]["replicas"] == 3,
+                 60, "replicas 3")
+    except AssertionError as e:  # the operator's own account is what tells why it did not converge
+        raise AssertionError(f"{e}\noperator log:\n{operator_process.tail(80)}") from e
     assert operator_process.proc.poll() is None, "the operator exited after the apiserver came back"

@@ -29,9 +29,10 @@ INVALID = {
     "unimplemented-field": (
         {"quantization": "fp8"},
         "spec.quantization: --quantization is not implemented yet in this Flotilla version"),
-    "unimplemented-parallelism": (
-        {"parallelism": {"tensor": 2}, "resources": {"gpusPerReplica": 2, "gpuProduct": "NVIDIA-H200"}},
-        "spec.parallelism.tensor: --tensor-parallel-size=2 is not supported yet (supported: 1)"),
+    "parallelism-that-does-not-split-the-model": (
+        {"parallelism": {"tensor": 3}, "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}},
+        "spec.parallelism: tensor parallel size 3 does not divide the model's 32 attention heads, 8 KV heads "
+        "(nor replicated evenly), MLP width 14336"),
     "unknown-engine-arg": (
         {"engineArgs": ["--swap-space", "4"]},
         "spec.engineArgs: --swap-space is not an engine flag"),
