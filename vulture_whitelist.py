@@ -50,6 +50,13 @@ _.kv_cache_usage_percent  # status.serving figures (operator/status.py), written
 _.prefix_cache_hit_rate_percent
 _.window_seconds
 _.scraped
+# Structured-output request fields (engine/server/protocol.py, engine/structured_output/params.py), read
+# by name through getattr in engine/server/structured_request.py and StructuredOutputsParams._value.
+_.guided_json
+_.guided_regex
+_.guided_choice
+_.guided_grammar
+_.json_object
 # pickle's hooks, called by name (engine/step_channel.py)
 _.persistent_id
 _.persistent_load

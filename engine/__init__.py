@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 
 _LOCATIONS = {
     "LLM": "flotilla.engine.llm",
     "LLMEngine": "flotilla.engine.llm_engine",
     "RequestOutput": "flotilla.engine.outputs",
     "SamplingParams": "flotilla.engine.sampling_params",
+    "StructuredOutputsParams": "flotilla.engine.structured_output.params",
 }
 
 

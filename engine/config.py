@@ -127,6 +127,15 @@ class ServerConfig(_Component):
     body_read_timeout: float = Field(30.0, gt=0)
     h11_max_incomplete_event_size: int = Field(16 * 1024, gt=0)
     h11_max_header_count: int = Field(256, gt=0)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+
+    @model_validator(mode="after")
+    def _auto_tools_need_a_parser(self) -> ServerConfig:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
+        return self
 
     @field_validator("api_key")
     @classmethod

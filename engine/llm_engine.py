@@ -11,7 +11,9 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
@@ -23,11 +25,15 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.request import Request, RequestStatus
+from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
+
+if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
+    from flotilla.engine.structured_output.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ class LLMEngine:
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
         # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
         self._failures: list[RequestFailedError] = []
+        self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -111,6 +118,19 @@ class LLMEngine:
             for i in range(params.n)
         ]
         group[0].fork_children = group[1:]
+        if params.structured_outputs is not None:
+            from flotilla.engine.structured_output.matcher import RequestGrammar
+
+            if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
+                raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
+                                        "yet", "structured_outputs")
+            if self.speculator is not None:  # drafts would need a bitmask per drafted position
+                raise InvalidParamError("structured output is not supported with speculative decoding yet",
+                                        "structured_outputs")
+
+            compiled = self.grammar_compiler.compile(params.structured_outputs)
+            for child in group:
+                child.grammar = RequestGrammar(compiled)
         for child in group:
             self._detokenizers[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.skip_special_tokens
@@ -142,6 +162,16 @@ class LLMEngine:
     def vocab_size(self) -> int:
         """Width of the model's logits: every token id a request names must lie below it."""
         return self.config.model.hf_config["vocab_size"]
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's compiler and its cache of compiled grammars (built on first use: reading
+        the vocabulary into xgrammar takes a moment that unconstrained serving should not pay)."""
+        if self._grammar_compiler is None:
+            from flotilla.engine.structured_output.compiler import GrammarCompiler
+
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+        return self._grammar_compiler
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         max_len = self.config.model.max_model_len
@@ -226,6 +256,8 @@ class LLMEngine:
         plan = self._schedule()
         if plan.is_empty:
             return []
+        if isinstance(self.runner, ModelRunner):
+            return self._finish_step(plan, self.runner.execute(plan, self._bitmask))
         return self._finish_step(plan, self.runner.execute(plan))
 
     def _step_overlapped(self) -> list[RequestOutput]:
@@ -233,11 +265,26 @@ class LLMEngine:
         if in_flight is not None and self._needs_known_outputs(in_flight[0]):
             return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
         plan = self._schedule()
-        if not plan.is_empty:
-            self._in_flight = (plan, self.runner.launch(plan))
-        if in_flight is None:
-            return []
-        return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+        launched = None if plan.is_empty else self.runner.launch(plan)
+        if launched is not None:
+            self._in_flight = (plan, launched)
+        outputs = [] if in_flight is None else self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+        if launched is not None:
+            # After the step in flight's tokens have advanced the grammars: the new step's bitmask
+            # needs them, and the host builds it while the device runs the new step's forward pass.
+            self._draw_constrained(launched)
+        return outputs
+
+    def _draw_constrained(self, launched: LaunchedStep) -> None:
+        """Draw a launched step whose rows wait for their grammars' bitmask (structured output)."""
+        if launched.hidden is not None and isinstance(self.runner, ModelRunner):
+            self.runner.draw(launched, self._bitmask(launched.rows))
+
+    def _bitmask(self, rows: list[SamplingRow]) -> torch.Tensor | None:
+        """The step's grammar bitmask, one row per sampling row (None: nothing constrained)."""
+        from flotilla.engine.structured_output.bitmask import step_bitmask
+
+        return step_bitmask([r.request.grammar for r in rows], self.vocab_size)
 
     def _needs_known_outputs(self, in_flight: SchedulerOutput) -> bool:
         """Penalties read a request's whole output on the host, so the next step of a running request
@@ -315,6 +362,8 @@ class LLMEngine:
         for i, entry in enumerate(entries):
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
+        if child.grammar is not None and not child.grammar.accept(child.output_token_ids):
+            raise RuntimeError("a drawn token does not fit the request's grammar")
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
         if params.output_kind == "final_only" and not params.stop:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.request import Request
-from flotilla.engine.sampler import SamplerOutput, sample
+from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
 from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, verify
@@ -71,6 +72,8 @@ class LaunchedStep:
     drawn: SamplerOutput | None = None  # host tensors, valid once `copied` has completed
     copied: torch.cuda.Event | None = None
     host_s: float = 0.0
+    # Set while the draw waits for the rows' grammar bitmask (structured output): `ModelRunner.draw`.
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -232,9 +235,14 @@ class ModelRunner:
             metadata=metadata,
         )
 
-    def execute(self, out: SchedulerOutput) -> StepOutput:
-        """Run one step to the end: launch it, then wait for its tokens."""
-        return self.collect(self.launch(out))
+    def execute(self, out: SchedulerOutput,
+                bitmask_for: Callable[[list[SamplingRow]], torch.Tensor | None] | None = None) -> StepOutput:
+        """Run one step to the end: launch it, draw (masked by `bitmask_for(rows)` when a row has a
+        grammar), then wait for its tokens."""
+        step = self.launch(out)
+        if step.hidden is not None:
+            self.draw(step, bitmask_for(step.rows) if bitmask_for is not None else None)
+        return self.collect(step)
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> LaunchedStep:
@@ -259,10 +267,23 @@ class ModelRunner:
         last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
         if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
-        if flat.rows and last_stage:
+        if flat.rows and last_stage and any(r.request.grammar is not None for r in flat.rows):
+            step.hidden = hidden
+        elif flat.rows and last_stage:
             self._draw(hidden, step)
         step.host_s = time.perf_counter() - start
         return step
+
+    @torch.inference_mode()
+    def draw(self, step: LaunchedStep, bitmask: torch.Tensor | None) -> None:
+        """Queue a launched step's deferred draw, its logits masked by `bitmask` (host int32, one row per
+        sampling row; None = unconstrained)."""
+        if step.hidden is None:
+            return
+        start = time.perf_counter()
+        hidden, step.hidden = step.hidden, None
+        self._draw(hidden, step, bitmask)
+        step.host_s += time.perf_counter() - start
 
     def collect(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's drawn ids (the step's one host sync) and return its output."""
@@ -283,7 +304,7 @@ class ModelRunner:
         self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
         return result
 
-    def _draw(self, hidden: torch.Tensor, step: LaunchedStep) -> None:
+    def _draw(self, hidden: torch.Tensor, step: LaunchedStep, bitmask: torch.Tensor | None = None) -> None:
         """Queue the rows' draws and the copy of their ids (and logprobs) to pinned host memory."""
         rows = step.rows
         indices = [r.logits_index for r in rows]
@@ -292,6 +313,8 @@ class ModelRunner:
         else:
             selected = hidden[device_tensor(indices, torch.long, self.device)]
         logits = self.model.compute_logits(selected)
+        if bitmask is not None:
+            logits = apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True))
         if step.draft_groups:
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
             drawn = verify(logits.float(), batch, step.draft_groups)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from flotilla.engine.structured_output.matcher import RequestGrammar
 
 _U64 = (1 << 64) - 1
 
@@ -72,6 +76,8 @@ class Request:
     cumulative_logprob: float = 0.0
     # Per prompt token (None for the first): as `logprobs`, filled while the prompt is computed.
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
+    # Structured output: this completion's grammar state (None = unconstrained).
+    grammar: RequestGrammar | None = None
 
     # Timings (time.monotonic()) for the latency metrics.
     first_scheduled_time: float | None = None

@@ -1,7 +1,8 @@
 """Turn logits into next tokens, batched on tensors: the same code on CPU and GPU.
 
 The pipeline per step, each stage a pure function over the whole batch:
-logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
+grammar bitmask (structured output; applied by the runner before either the greedy fast path or
+`sample`) -> logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
 whose log-softmax is what `logprobs` reports) -> temperature -> min-p -> top-k and top-p -> draw.
 
 Draws use the exponential race (argmax of p / E with E ~ Exp(1)), where E comes from a counter-based
@@ -57,6 +58,28 @@ class SamplerOutput:
     top_ids: torch.Tensor | None = None  # [B, N]
     top_logprobs: torch.Tensor | None = None  # [B, N]
     accepted: torch.Tensor | None = None  # [B] bool: the row's draft token was accepted (speculation)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Forbid the tokens whose bit is clear in `bitmask` (`[B, ceil(V/32)]` int32, token t is bit t % 32
+    of word t // 32, xgrammar's layout); columns past the mask's width (padding) are forbidden too."""
+    vocab = logits.shape[1]
+    # Little-endian words: token t is bit t % 8 of byte t // 8. One lookup per byte unpacks 8 tokens.
+    allowed = _byte_bits(bitmask.device)[bitmask.contiguous().view(torch.uint8).int()].flatten(1)
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    return logits.masked_fill(allowed[:, :vocab].logical_not_(), _NEG_INF)
+
+
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """`[256, 8]` bools: bit j of byte value b."""
+    if device not in _BYTE_BITS:
+        values = torch.arange(256, device=device).unsqueeze(1)
+        _BYTE_BITS[device] = ((values >> torch.arange(8, device=device)) & 1).bool()
+    return _BYTE_BITS[device]
 
 
 def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.structured_output.params import StructuredOutputsParams
 from flotilla.validation_messages import describe
 
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
@@ -34,6 +35,7 @@ class SamplingParams(BaseModel):
     - `n` completions share the prompt's KV blocks; `logprobs` returns the top-N log-probabilities
       per generated token, `prompt_logprobs` per prompt token.
     - `output_kind` as vLLM's: every step, or only the final output.
+    - `structured_outputs` constrains the output to a JSON schema, regex, choice or EBNF grammar.
     """
 
     # NaN and infinity are refused in every float field: no comparison bounds them.
@@ -61,6 +63,7 @@ class SamplingParams(BaseModel):
     # "cumulative": an output every step (streaming); "final_only": one output when the request ends,
     # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
     output_kind: Literal["cumulative", "final_only"] = "cumulative"
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __init__(self, **data: object) -> None:
         try:

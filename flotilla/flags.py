@@ -344,6 +344,32 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--enable-auto-tool-choice",
+        "bool",
+        False,
+        'Let the model decide when to call tools (tool_choice "auto", the default when a request has tools); '
+        "needs --tool-call-parser.",
+        "server",
+    ),
+    Flag(
+        "--tool-call-parser",
+        "str",
+        None,
+        "How tool calls are written in this model family's output (tool_choice auto): hermes (Qwen, Hermes), "
+        "llama3_json (Llama 3.x), mistral.",
+        "server",
+        choices=("hermes", "llama3_json", "mistral"),
+    ),
+    Flag(
+        "--reasoning-parser",
+        "str",
+        None,
+        "Return a thinking model's <think>...</think> as reasoning_content apart from content (streamed too): "
+        "deepseek_r1 (thinking opened by the template), qwen3 (opened by the model).",
+        "server",
+        choices=("deepseek_r1", "qwen3"),
+    ),
+    Flag(
         "--max-request-body-size",
         "int",
         8 * 1024 * 1024,

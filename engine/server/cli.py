@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
-                              loras),
+                              loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
+                              tool_call_parser=server.tool_call_parser,
+                              reasoning_parser=server.reasoning_parser),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,

@@ -98,6 +98,12 @@ class _SamplingFields(_RequestBody):
     priority: int = 0  # lower first, with --scheduling-policy priority
     cache_salt: str | None = Field(None, min_length=1)  # prefix-cache blocks are shared within one salt only
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
+    # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -110,6 +116,7 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc.
+    response_format: dict[str, Any] | None = None
 
 
 class ContentPart(BaseModel):
@@ -140,6 +147,7 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None

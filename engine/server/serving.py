@@ -18,7 +18,11 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
+from flotilla.engine.server.structured_request import structured_outputs
+from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
+from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.tokenizer import longest_token_chars
 
 
@@ -63,6 +67,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured_outputs(req),
         )
     except ValueError as exc:
         raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
@@ -150,9 +155,14 @@ class OpenAIServing:
     """
 
     def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int,
-                 trust_request_chat_template: bool = False, loras: LoRARegistry | None = None) -> None:
+                 trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
+                 enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None) -> None:
         self.engine = engine
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
+        self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.tool_call_parser = tool_call_parser
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.trust_request_chat_template = trust_request_chat_template
@@ -194,9 +204,10 @@ class OpenAIServing:
         ids = truncate_prompt(prompt.token_ids, keep, self.max_model_len)
         return prompt if len(ids) == len(prompt.token_ids) else Prompt(ids, None)
 
-    async def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
-        """Render the chat template, then tokenize (the template already holds special tokens)."""
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    async def chat_prompt(self, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None) -> Prompt:
+        """Render the chat template (with `tools` when the model may call them), then tokenize (the
+        template already holds special tokens)."""
+        messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
         for m in messages:
             if isinstance(m.get("content"), list):  # OpenAI's [{"type": "text", "text": ...}] form
                 parts = m["content"]
@@ -206,7 +217,7 @@ class OpenAIServing:
         self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
-            variables = template_variables(req.chat_template_kwargs)
+            variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
         text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables)
@@ -343,30 +354,34 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
-        if req.tools or (req.tool_choice not in (None, "none")):
-            raise APIError(400, "tools are not supported yet", param="tools")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise APIError(400, f"response_format {req.response_format.get('type')!r} is not supported yet",
-                           param="response_format")
-        prompt = await self.chat_prompt(req)
+        plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser)
+        prompt = await self.chat_prompt(req, plan.template_tools)
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        sp = sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
-                             (top or 0) if req.logprobs else None)
+        sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
+                                                       (top or 0) if req.logprobs else None))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
         if req.stream:
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
+            reasoning = self.reasoning if sp.structured_outputs is None else None
+            if plan.mode != "none" or reasoning is not None:
+                return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
+                                                                         created, model), req.stream_options)
             return self._stream_chat(req, stream, request_id, created, model)
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]
+        choices = []
+        for c in output.outputs:
+            message, finish_reason = chat_message(plan, c.text, c.finish_reason,
+                                                  self.reasoning if sp.structured_outputs is None else None)
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
                 "choices": choices, "usage": usage(output)}
 

@@ -1,0 +1,151 @@
+"""Tool calling in chat completions: which tools the template sees, which grammar constrains the
+output, and how the output becomes OpenAI `tool_calls`.
+
+`tool_choice`:
+- `none`: the model sees no tools and answers in text.
+- `auto` (the default when tools are given, as vLLM): the model decides; its text is split by the
+  `--tool-call-parser` (needs `--enable-auto-tool-choice`).
+- `required`: the output is constrained to a JSON list of `{"name", "parameters"}` calls (one call
+  when `parallel_tool_calls` is false), so it always parses and matches the tools' schemas.
+- `{"type": "function", "function": {"name": ...}}`: the output is constrained to that function's
+  parameters schema, and is the call's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.reasoning import ReasoningParser
+from flotilla.engine.server.tool_parsers.base import ParsedOutput, ToolCall, ToolParser
+from flotilla.engine.server.tool_parsers.registry import tool_parser
+from flotilla.engine.structured_output.params import StructuredOutputsParams
+
+Mode = Literal["none", "auto", "required", "named"]
+
+
+@dataclass
+class ToolPlan:
+    """How one chat request uses its tools."""
+
+    mode: Mode
+    tools: list[dict[str, Any]]
+    parser: ToolParser | None = None
+    function: str | None = None  # the named function
+    constraint: StructuredOutputsParams | None = None
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template renders (none when the model may not call any)."""
+        return self.tools if self.mode != "none" and self.tools else None
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Split a finished output into content and tool calls."""
+        if self.mode == "named":
+            assert self.function is not None
+            return ParsedOutput(content=None, tool_calls=[ToolCall(name=self.function, arguments=text)])
+        if self.mode == "required":
+            try:  # the grammar guarantees the shape unless max_tokens cut it short
+                calls = json.loads(text)
+                return ParsedOutput(content=None, tool_calls=[
+                    ToolCall(name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False))
+                    for c in calls])
+            except (ValueError, KeyError, TypeError):
+                return ParsedOutput(content=text)
+        if self.mode == "auto" and self.parser is not None:
+            return self.parser.parse(text)
+        return ParsedOutput(content=text)
+
+
+def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> ToolPlan:
+    """Validate `tools` and `tool_choice` and decide the request's ToolPlan (400s name the field)."""
+    tools = [_checked_tool(t, i) for i, t in enumerate(req.tools or [])]
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if isinstance(choice, dict):
+        return _named(choice, tools)
+    if choice not in ("none", "auto", "required"):
+        raise APIError(400, f"tool_choice {choice!r} is not one of none, auto, required or a named function",
+                       param="tool_choice")
+    if choice != "none" and not tools:
+        raise APIError(400, f"tool_choice {choice!r} needs tools", param="tool_choice")
+    if choice == "none":
+        return ToolPlan("none", tools)
+    if choice == "required":
+        return ToolPlan("required", tools, constraint=StructuredOutputsParams(
+            json_schema=_required_schema(tools, req.parallel_tool_calls is not False)))
+    if not auto_tool_choice or parser_name is None:
+        raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                       param="tool_choice")
+    return ToolPlan("auto", tools, parser=tool_parser(parser_name))
+
+
+def _checked_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise APIError(400, f"tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                       param="tools")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, dict):
+        raise APIError(400, f"tools[{index}].function.parameters must be a JSON schema object", param="tools")
+    return {**tool, "function": {**function, "parameters": parameters}}
+
+
+def _named(choice: dict[str, Any], tools: list[dict[str, Any]]) -> ToolPlan:
+    name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+    match = [t for t in tools if t["function"]["name"] == name]
+    if not match:
+        raise APIError(400, f"tool_choice names function {name!r}, which is not among the request's tools",
+                       param="tool_choice")
+    schema = match[0]["function"]["parameters"]
+    return ToolPlan("named", tools, function=name, constraint=StructuredOutputsParams(json_schema=schema))
+
+
+def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """A list of at least one `{"name": <a tool>, "parameters": <its schema>}` (at most one if not parallel)."""
+    calls = [{"type": "object", "properties": {"name": {"enum": [t["function"]["name"]]},
+                                               "parameters": t["function"]["parameters"]},
+              "required": ["name", "parameters"]} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
+    serialise them themselves, and a JSON string would be encoded twice."""
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"])
+                except ValueError:
+                    raise APIError(400, "an assistant tool call's arguments are not JSON", param="messages") from None
+    return messages
+
+
+def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
+                 reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
+    """The assistant message for a finished choice and its finish_reason ("tool_calls" when it called);
+    with a reasoning parser, the thinking goes to `reasoning_content` and the rest is parsed."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if reasoning is not None:
+        split = reasoning.split(text)
+        message["reasoning_content"] = split.reasoning
+        text = split.content or ""
+    parsed = plan.parse(text)
+    message["content"] = parsed.content if (parsed.content or reasoning is None) else None
+    if not parsed.tool_calls:
+        return message, finish_reason
+    message["tool_calls"] = [c.as_openai() for c in parsed.tool_calls]
+    return message, "tool_calls" if finish_reason == "stop" else finish_reason
+
+
+def tool_call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Streamed tool calls as OpenAI sends them: per call its index, id, type, name and arguments."""
+    return [{"index": i, **c.as_openai()} for i, c in enumerate(calls)]

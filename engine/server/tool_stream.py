@@ -1,0 +1,123 @@
+"""Streaming chat completions that may call tools: chunks shaped as OpenAI streams them.
+
+Text that is surely content streams as `delta.content` as it comes. A named function's arguments
+stream as they are generated (the first chunk carries the call's id, type and name, later ones
+only `function.arguments`). Calls the parser or the `required` grammar yields appear when the
+choice finishes, one `delta.tool_calls` entry per call, and the choice ends with
+`finish_reason: "tool_calls"`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.protocol import StreamOptions
+from flotilla.engine.server.reasoning import ReasoningParser
+from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas
+from flotilla.engine.server.tool_parsers.base import ToolCall
+
+
+def constrain_for_tools(plan: ToolPlan, sp: SamplingParams) -> SamplingParams:
+    """The request's sampling parameters with its tool grammar (required / named), and special tokens
+    kept when the parser's marker is one."""
+    update: dict[str, Any] = {}
+    if plan.constraint is not None:
+        if sp.structured_outputs is not None:
+            raise APIError(400, f"tool_choice {plan.mode!r} constrains the output itself; drop response_format "
+                                "or the structured output fields", param="tool_choice")
+        update["structured_outputs"] = plan.constraint
+    if plan.mode == "auto" and plan.parser is not None and plan.parser.keeps_special_tokens:
+        update["skip_special_tokens"] = False
+    return sp.model_copy(update=update) if update else sp
+
+
+class _Choice:
+    """What one choice has streamed so far."""
+
+    def __init__(self) -> None:
+        self.sent = 0  # characters of the answer already sent (as content or as arguments)
+        self.sent_reasoning = 0  # characters of the thinking already sent
+        self.call: ToolCall | None = None  # the named call, once its first chunk is out
+        self.done = False
+
+
+async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
+                           stream: AsyncGenerator[RequestOutput], head: Any,
+                           stream_options: StreamOptions | None) -> AsyncIterator[str]:
+    """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
+    ChunkFormat); thinking streams as `delta.reasoning_content` before the answer."""
+
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+              stop_reason: int | str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
+        return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+
+    for i in range(n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    choices = [_Choice() for _ in range(n)]
+    last = None
+    try:
+        async for output in stream:
+            last = output
+            for c in output.outputs:
+                state = choices[c.index]
+                if state.done:
+                    continue
+                text = c.text
+                if reasoning is not None:
+                    split = reasoning.split(c.text, finished=c.finish_reason is not None)
+                    thought = split.reasoning or ""
+                    if len(thought) > state.sent_reasoning:
+                        yield chunk(c.index, {"reasoning_content": thought[state.sent_reasoning :]})
+                        state.sent_reasoning = len(thought)
+                    text = split.content or ""
+                for piece in _choice_chunks(plan, c, text, state, chunk):
+                    yield piece
+    finally:
+        await stream.aclose()
+    if stream_options and stream_options.include_usage and last is not None:
+        prompt = len(last.prompt_token_ids)
+        completion = sum(len(c.token_ids) for c in last.outputs)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        yield head.head.removesuffix('"choices": [') + f'"choices": [], "usage": {json.dumps(usage)}}}\n\n'
+    yield "data: [DONE]\n\n"
+
+
+def _choice_chunks(plan: ToolPlan, c: CompletionOutput, text: str, state: _Choice, chunk: Any) -> list[str]:
+    """Chunks for one choice's new answer text (`text` is the whole answer so far)."""
+    out = []
+    if plan.mode == "named":
+        assert plan.function is not None
+        new = text[state.sent :]
+        if state.call is None:
+            state.call = ToolCall(name=plan.function, arguments=new)
+            out.append(chunk(c.index, {"tool_calls": tool_call_deltas([state.call])}))
+        elif new:
+            out.append(chunk(c.index, {"tool_calls": [{"index": 0, "function": {"arguments": new}}]}))
+        state.sent = len(text)
+    elif plan.mode in ("auto", "none") and c.finish_reason is None:
+        safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser is not None else len(text)
+        if safe > state.sent:
+            out.append(chunk(c.index, {"content": text[state.sent : safe]}))
+            state.sent = safe
+    if c.finish_reason is None:
+        return out
+    state.done = True
+    finish: str | None = c.finish_reason
+    if plan.mode == "named":
+        finish = "tool_calls" if finish == "stop" else finish
+    else:
+        parsed = plan.parse(text)
+        if parsed.tool_calls:
+            out.append(chunk(c.index, {"tool_calls": tool_call_deltas(parsed.tool_calls)}))
+            finish = "tool_calls" if finish == "stop" else finish
+        elif text[state.sent :]:
+            out.append(chunk(c.index, {"content": text[state.sent :]}))
+    out.append(chunk(c.index, {}, finish, c.stop_reason))
+    return out

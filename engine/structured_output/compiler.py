@@ -1,0 +1,76 @@
+"""Compiling a request's constraint into an xgrammar grammar, once per distinct constraint.
+
+Compiling a JSON schema builds the token-level automaton over the whole vocabulary (milliseconds to
+seconds); requests that repeat a schema — the usual case for a JSON pipeline — reuse the compiled
+grammar from an LRU cache and pay nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import xgrammar as xgr
+
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.structured_output.params import StructuredOutputsParams
+
+# Distinct compiled grammars kept; each holds a per-state token cache of a few hundred KB at most.
+CACHE_SIZE = 512
+
+
+class GrammarCompiler:
+    """Compiles StructuredOutputsParams for one tokenizer and vocabulary width; thread-safe."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._cache: OrderedDict[tuple[str, str, bool], xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_compiled = 0  # compilations done (cache misses), for tests and benchmarks
+
+    def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        """The compiled grammar for `params`; an invalid schema, regex or grammar is an InvalidParamError."""
+        key = params.cache_key()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        try:
+            compiled = self._compile(params)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InvalidParamError(f"invalid {params.kind} constraint for structured output: {exc}",
+                                    "structured_outputs") from None
+        with self._lock:
+            self.num_compiled += 1
+            self._cache[key] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, p: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        kind = p.kind
+        if kind in ("json", "json_object"):
+            # json_object is any object (not any JSON value), as vLLM compiles it.
+            schema = '{"type": "object"}' if kind == "json_object" else p.json_schema
+            text = schema if isinstance(schema, str) else json.dumps(schema)
+            return self._compiler.compile_json_schema(
+                text, any_whitespace=not p.disable_any_whitespace,
+                separators=(",", ":") if p.disable_any_whitespace else None,
+            )
+        if kind == "regex":
+            assert p.regex is not None
+            return self._compiler.compile_regex(p.regex)
+        if kind == "choice":
+            assert p.choice is not None
+            return self._compiler.compile_grammar(choice_grammar(p.choice))
+        assert p.grammar is not None
+        return self._compiler.compile_grammar(p.grammar)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose only sentences are the given strings (JSON string escapes are EBNF's too)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)

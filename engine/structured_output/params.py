@@ -1,0 +1,55 @@
+"""What a request's output must match: vLLM's `StructuredOutputsParams`, one constraint per request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+class StructuredOutputsParams(BaseModel):
+    """Exactly one of: `json` (a JSON schema, as a dict or its text), `regex`, `choice` (the output is one
+    of these strings), `grammar` (EBNF, xgrammar's dialect of GBNF), `json_object` (any JSON object).
+
+    `disable_any_whitespace` keeps JSON compact (no free whitespace between tokens), which spares small
+    models from looping on whitespace. Objects admit only the properties their schema names (xgrammar's
+    strict mode, as vLLM).
+    """
+
+    # vLLM's name for the schema is `json`, which pydantic reserves for a method: an alias.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputsParams:
+        given = [k for k in _KINDS if self._value(k) not in (None, False)]
+        if len(given) != 1:
+            named = ", ".join(given) if given else "none"
+            raise ValueError(f"structured outputs take exactly one of json, regex, choice, grammar, json_object "
+                             f"(given: {named})")
+        if self.choice is not None and not self.choice:
+            raise ValueError("structured outputs: choice must list at least one string")
+        return self
+
+    def _value(self, kind: str) -> Any:
+        return self.json_schema if kind == "json" else getattr(self, kind)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        return next(k for k in _KINDS if self._value(k) not in (None, False))
+
+    def cache_key(self) -> tuple[str, str, bool]:
+        """Equal for requests that compile to the same grammar (a schema's key order does not matter)."""
+        value = self._value(self.kind)
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return self.kind, text, self.disable_any_whitespace

@@ -1,0 +1,87 @@
+"""Reasoning parsers and the streamed shape of tool calls and thinking, on outputs written in each
+format, fed one character at a time as the engine would grow them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.server.reasoning import ReasoningParser
+from flotilla.engine.server.serving import ChunkFormat
+from flotilla.engine.server.tool_calls import ToolPlan, chat_message
+from flotilla.engine.server.tool_parsers.registry import tool_parser
+from flotilla.engine.server.tool_stream import stream_tool_chat
+
+
+@pytest.mark.parametrize("name, text, reasoning, content", [
+    ("deepseek_r1", "Paris is in France.\n</think>\n\nParis.", "Paris is in France.\n", "Paris."),
+    ("deepseek_r1", "<think>Hmm.</think>Yes.", "Hmm.", "Yes."),
+    ("deepseek_r1", "still thinking when max_tokens hit", "still thinking when max_tokens hit", None),
+    ("qwen3", "<think>\nLet me see.\n</think>\n\nIt is 4.", "\nLet me see.\n", "It is 4."),
+    ("qwen3", "It is 4.", None, "It is 4."),
+])
+def test_reasoning_parser_splits_thinking_from_answer(name, text, reasoning, content):
+    split = ReasoningParser(name).split(text)
+    assert (split.reasoning, split.content) == (reasoning, content)
+
+
+def _outputs(text: str) -> list[RequestOutput]:
+    """The cumulative outputs of a completion that grows one character per step."""
+    return [RequestOutput("r", None, [1, 2, 3], outputs=[CompletionOutput(
+        0, text[:i], list(range(i)), finish_reason="stop" if i == len(text) else None)], finished=i == len(text))
+        for i in range(1, len(text) + 1)]
+
+
+def _stream(plan, reasoning, text) -> list[dict]:
+    async def gen():
+        for o in _outputs(text):
+            yield o
+
+    async def collect():
+        fmt = ChunkFormat("chatcmpl-1", "chat.completion.chunk", 0, "m")
+        return [c async for c in stream_tool_chat(plan, reasoning, 1, gen(), fmt, None)]
+
+    chunks = asyncio.run(collect())
+    assert chunks[-1] == "data: [DONE]\n\n"
+    return [json.loads(c.removeprefix("data: "))["choices"][0] for c in chunks[:-1]]
+
+
+def test_thinking_then_hermes_call_stream_as_openai_deltas():
+    text = ('<think>Need the weather.</think>\nChecking.\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    plan = ToolPlan("auto", [], parser=tool_parser("hermes"))
+    choices = _stream(plan, ReasoningParser("qwen3"), text)
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content.strip() == "Checking." and "<tool" not in content
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [(c["index"], c["type"], c["function"]["name"]) for c in calls] == [(0, "function", "get_weather")]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert calls[0]["id"].startswith("chatcmpl-tool-")
+    assert choices[-1]["finish_reason"] == "tool_calls"
+    message, finish = chat_message(plan, text, "stop", ReasoningParser("qwen3"))
+    assert message["reasoning_content"] == "Need the weather." and message["content"] == "Checking."
+    assert finish == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_named_function_arguments_stream_incrementally():
+    args = '{"city": "Paris", "unit": "celsius"}'
+    choices = _stream(ToolPlan("named", [], function="get_weather"), None, args)
+    calls = [call for c in choices for call in c["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]
+    assert all("id" not in c and "name" not in c.get("function", {}) for c in calls[1:])
+    assert len(calls) > 5  # one delta per step, not one at the end
+    assert "".join(c["function"]["arguments"] for c in calls) == args
+    assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+def test_plain_answer_with_reasoning_parser_streams_thinking_and_content():
+    choices = _stream(ToolPlan("none", []), ReasoningParser("deepseek_r1"), "two plus two</think>\n\n4")
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "two plus two"
+    assert "".join(d.get("content", "") for d in deltas) == "4"
+    assert choices[-1]["finish_reason"] == "stop"
