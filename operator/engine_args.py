@@ -116,6 +116,8 @@ OPERATOR_OWNED: dict[str, str] = {
 ENGINE_ARGS_ALLOWED = frozenset({
     "--seed", "--enforce-eager", "--async-scheduling", "--disable-log-stats", "--shutdown-timeout",
     "--uvicorn-log-level", "--triton-gemv-max-rows",
+    # Request order only (fcfs or priority); requests still need `priority` to differ.
+    "--scheduling-policy",
     # The server's request limits and timeouts: they bound what clients may send, within the
     # contract's ranges, and act on this InferenceService's pods alone.
     "--max-request-body-size", "--limit-concurrency", "--timeout-keep-alive", "--header-read-timeout",

@@ -48,8 +48,8 @@ def _graphed_steps(llm: LLM) -> list[tuple[bool, int]]:
     runner, seen = llm.engine.runner, []
     execute = runner.execute
 
-    def recording(out):
-        result = execute(out)
+    def recording(out, *args):
+        result = execute(out, *args)
         seen.append((runner.last_step.graphed, max(s.num_new_tokens for s in out.scheduled)))
         return result
 

@@ -101,6 +101,9 @@ def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     prometheus = None
     try:
         kube = cluster.kube
+        # Earlier tests may leave KEDA's CRD installed, and with it the operator renders a ScaledObject:
+        # this module checks the HPA path, so the cluster has no KEDA here.
+        cluster.set_optional_crds(False)
         kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices",
                      {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
                       "metadata": {"name": NAME}, "spec": SPEC})

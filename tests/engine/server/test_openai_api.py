@@ -161,4 +161,6 @@ def test_malformed_json_and_unsupported_features_are_400(server):
             "tools": [{"type": "function", "function": {"name": "f"}}],
         },
     )
-    assert tools.status_code == 400 and "tools are not supported" in _error(tools)["message"]
+    # tool_choice defaults to "auto", which this server (started without a tool-call parser) cannot honour.
+    message = _error(tools)["message"]
+    assert tools.status_code == 400 and "--enable-auto-tool-choice" in message and "--tool-call-parser" in message
