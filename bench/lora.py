@@ -104,7 +104,8 @@ def main() -> None:
     for b in batches:
         row = {"batch": b, "no_lora_ms": plain[b],
                "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None]),
-               "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)])}
+               "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)]),
+               "lora_graphed": engine.runner.last_step.graphed}
         row["ratio"] = row["lora_ms"] / row["no_lora_ms"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
