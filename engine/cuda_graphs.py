@@ -37,6 +37,7 @@ the eager path with the reference attention.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ class StepGraphs:
     def log_eager(self, flat: FlatBatch, lora: bool = False) -> None:
         """Say why a step runs eagerly: once at INFO per kind of reason, then at DEBUG."""
         reason = self.eager_reason(flat, lora)
-        kind = f"{lora}:{reason.split(' ', 2)[-1][:24]}"
+        kind = f"{lora}:{re.sub(r'[0-9]+', 'N', reason)}"  # one INFO line per kind, whatever the sizes
         level = logging.DEBUG if kind in self._eager_logged else logging.INFO
         self._eager_logged.add(kind)
         logger.log(level, "%s step runs eagerly: %s", "a LoRA" if lora else "a", reason)

@@ -72,6 +72,7 @@ def test_eager_fallback_says_why_once(caplog):
     with caplog.at_level(logging.INFO, logger="flotilla.engine.cuda_graphs"):
         graphs.log_eager(big, lora=True)
         graphs.log_eager(big, lora=True)
+        graphs.log_eager(_decode(7), lora=True)  # same kind, other size: DEBUG only
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert infos == ["a LoRA step runs eagerly: 6 decode rows, above the largest decode graph (4)"]
     long_context = _decode(1, context=70)  # 9 blocks, the widest table holds 8
