@@ -7,7 +7,7 @@ the output (`[slots, out, max_rank]`). Two launches per projection whatever its 
 - shrink, grid (token, block of A rows, K split): a GEMV of the token's x against its adapter's A
   over one split of the input features, written as fp32 partial sums `[splits, T, rows]`. At batch 1
   the rows are few (16 to 48), so the split over K is what spreads the work over the GPU's SMs; at
-  larger batches the tokens do and the split count drops to 1 or 2 (`shrink_splits`).
+  larger batches the tokens do and the split count drops to a few, then 1 (`shrink_splits`).
 - expand, grid (token, block of output features): sums the partials of each slice (rounded once to
   the activation dtype, as the reference does), then adds `B[slot] @ buf` of the slice each output
   column belongs to into `y`.
@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-# Shrink programs wanted per launch: about two per SM of an H100/H200 (132 SMs).
-_TARGET_PROGRAMS = 256
+# Shrink programs wanted per launch: about four per SM of an H100/H200 (132 SMs), so that at batch 64
+# each program loops over a few K blocks only (the loop does not hide its load latency).
+_TARGET_PROGRAMS = 512
 _MAX_SPLITS = 64
 
 

@@ -77,7 +77,7 @@ def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
 
     assert shrink_splits(1, 3, 4096, 256) == (16, 256)  # QKV at batch 1: 48 programs over K
     assert shrink_splits(1, 1, 14336, 256) == (56, 256)  # down: 56 programs
-    assert shrink_splits(64, 3, 4096, 256) == (2, 2048)
+    assert shrink_splits(64, 3, 4096, 256) == (3, 1536)
     assert shrink_splits(512, 3, 4096, 256) == (1, 4096)
     splits, per = shrink_splits(1, 1, 80, 32)
     assert splits * per >= 80 and (splits - 1) * per < 80
