@@ -48,6 +48,8 @@ GROUPED_MIN_TOKENS = 16
 # its tokens' partial sums once per split.
 _GROUPED_TARGET_PROGRAMS = 256
 _BLOCK_T = 64
+# The grouped expand unrolls its loads of the split partials (all in flight at once): at most this many.
+_GROUPED_MAX_SPLITS = 16
 
 
 @triton.jit(do_not_specialize=["K_PER_SPLIT"])
@@ -149,15 +151,15 @@ def _grouped_shrink_kernel(x_ptr, a_ptr, slots_ptr, part_ptr, stride_x, stride_a
 
 
 @triton.jit
-def _grouped_slice_delta(part_ptr, ts, mine, b, index, stride_ps, stride_pt, splits, R, DOT_FP32: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def _grouped_slice_delta(part_ptr, ts, mine, b, index, stride_ps, stride_pt, SPLITS: tl.constexpr, R,
+                         DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """`buf @ B^T` for slice `index` of a token block: partials summed over the splits, rounded like the
     reference, then one tensor-core product with the slot's B tile `[BLOCK_R, BLOCK_N]`."""
     rs = tl.arange(0, BLOCK_R)
     ptrs = part_ptr + ts[:, None] * stride_pt + index * R + rs[None, :]
     mask = mine[:, None] & (rs[None, :] < R)
     buf = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-    for split in range(0, splits):
+    for split in tl.static_range(SPLITS):  # unrolled: every split's load issued before the sum waits
         buf += tl.load(ptrs + split * stride_ps, mask=mask, other=0.0)
     buf = buf.to(OUT_DTYPE)
     if DOT_FP32:
@@ -167,7 +169,7 @@ def _grouped_slice_delta(part_ptr, ts, mine, b, index, stride_ps, stride_pt, spl
 
 @triton.jit
 def _grouped_expand_kernel(y_ptr, part_ptr, b_ptr, slots_ptr, stride_y, stride_ps, stride_pt, stride_bs, stride_bn,
-                           T, N, R, SPLITS, OFF1, OFF2, TOKEN_BLOCKS, N_SLICES: tl.constexpr,
+                           T, N, R, OFF1, OFF2, TOKEN_BLOCKS, SPLITS: tl.constexpr, N_SLICES: tl.constexpr,
                            DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_R: tl.constexpr):
     slot, ts, mine = _token_block(slots_ptr, T, TOKEN_BLOCKS, BLOCK_T)
@@ -196,11 +198,11 @@ def _grouped_expand_kernel(y_ptr, part_ptr, b_ptr, slots_ptr, stride_y, stride_p
 
 
 def shrink_splits(tokens: int, row_blocks: int, k: int, block_k: int,
-                  target_programs: int = _TARGET_PROGRAMS) -> tuple[int, int]:
+                  target_programs: int = _TARGET_PROGRAMS, max_splits: int = _MAX_SPLITS) -> tuple[int, int]:
     """(splits, features per split) of the shrink's K: enough programs to fill the GPU, each split a
     whole number of K blocks. A function of the shapes only, so a captured graph's choice is fixed."""
     blocks = triton.cdiv(k, block_k)
-    wanted = min(max(triton.cdiv(target_programs, tokens * row_blocks), 1), blocks, _MAX_SPLITS)
+    wanted = min(max(triton.cdiv(target_programs, tokens * row_blocks), 1), blocks, max_splits)
     per_split = triton.cdiv(blocks, wanted) * block_k
     return triton.cdiv(k, per_split), per_split
 
@@ -264,7 +266,8 @@ def _grouped_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.T
     # there the (exact) bf16 -> fp32 products go through the fp32 path too.
     dot_fp32 = x.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
     row_blocks = triton.cdiv(rows, block_r)
-    splits, per_split = shrink_splits(slots * token_blocks, row_blocks, k, block_k, _GROUPED_TARGET_PROGRAMS)
+    splits, per_split = shrink_splits(slots * token_blocks, row_blocks, k, block_k, _GROUPED_TARGET_PROGRAMS,
+                                      _GROUPED_MAX_SPLITS)
     part = torch.empty(splits, t, rows, dtype=torch.float32, device=x.device)
     _grouped_shrink_kernel[(slots * token_blocks, row_blocks, splits)](
         x, a, token_slots, part, x.stride(0), a.stride(0), a.stride(1), part.stride(0), part.stride(1),
@@ -274,7 +277,7 @@ def _grouped_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.T
     off1, off2 = _slice_offsets(slice_sizes, n)
     _grouped_expand_kernel[(slots * token_blocks, triton.cdiv(n, block_n))](
         y, part, b, token_slots, y.stride(0), part.stride(0), part.stride(1), b.stride(0), b.stride(1),
-        t, n, max_rank, splits, off1, off2, token_blocks, N_SLICES=len(slice_sizes), DOT_FP32=dot_fp32,
+        t, n, max_rank, off1, off2, token_blocks, SPLITS=splits, N_SLICES=len(slice_sizes), DOT_FP32=dot_fp32,
         BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(max_rank)),
     )
 

@@ -102,5 +102,8 @@ def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
     assert shrink_splits(1, 1, 14336, 256) == (56, 256)  # down: 56 programs
     assert shrink_splits(64, 3, 4096, 256) == (3, 1536)
     assert shrink_splits(512, 3, 4096, 256) == (1, 4096)
+    # Grouped (8 slots x 1 block of 64 tokens): at most 16 splits, the expand unrolls their loads.
+    assert shrink_splits(8, 1, 4096, 256, 256, 16) == (16, 256)
+    assert shrink_splits(8, 1, 14336, 256, 256, 16) == (14, 1024)
     splits, per = shrink_splits(1, 1, 80, 32)
     assert splits * per >= 80 and (splits - 1) * per < 80
