@@ -123,6 +123,14 @@ def _token_block(slots_ptr, T, TOKEN_BLOCKS, BLOCK_T: tl.constexpr):
     return slot.to(tl.int64), ts.to(tl.int64), token_slots == slot
 
 
+@triton.jit
+def _dot(p, q, acc, DOT_FP32: tl.constexpr):
+    """`acc + p @ q`: on tensor cores in the operands' dtype, or in IEEE fp32 (no TF32) when DOT_FP32."""
+    if DOT_FP32:
+        return tl.dot(p.to(tl.float32), q.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(p, q, acc)
+
+
 @triton.jit(do_not_specialize=["K_PER_SPLIT"])
 def _grouped_shrink_kernel(x_ptr, a_ptr, slots_ptr, part_ptr, stride_x, stride_as, stride_ar, stride_ps, stride_pt,
                            T, K, R, K_PER_SPLIT, TOKEN_BLOCKS, DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -142,17 +150,15 @@ def _grouped_shrink_kernel(x_ptr, a_ptr, slots_ptr, part_ptr, stride_x, stride_a
         x = tl.load(x_ptr + ts[:, None] * stride_x + ks[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
         a_ptrs = a_ptr + slot * stride_as + rs[None, :] * stride_ar + ks[:, None]
         a = tl.load(a_ptrs, mask=r_ok[None, :] & k_ok[:, None], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(x.to(tl.float32), a.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, a, acc)
+        acc = _dot(x, a, acc, DOT_FP32)
     part_ptrs = part_ptr + tl.program_id(2) * stride_ps + ts[:, None] * stride_pt + rs[None, :]
     tl.store(part_ptrs, acc, mask=mine[:, None] & r_ok[None, :])
 
 
 @triton.jit
 def _grouped_slice_delta(part_ptr, ts, mine, b, index, stride_ps, stride_pt, SPLITS: tl.constexpr, R,
-                         DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, OUT_DTYPE: tl.constexpr):
+                         DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr):
     """`buf @ B^T` for slice `index` of a token block: partials summed over the splits, rounded like the
     reference, then one tensor-core product with the slot's B tile `[BLOCK_R, BLOCK_N]`."""
     rs = tl.arange(0, BLOCK_R)
@@ -161,10 +167,7 @@ def _grouped_slice_delta(part_ptr, ts, mine, b, index, stride_ps, stride_pt, SPL
     buf = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     for split in tl.static_range(SPLITS):  # unrolled: every split's load issued before the sum waits
         buf += tl.load(ptrs + split * stride_ps, mask=mask, other=0.0)
-    buf = buf.to(OUT_DTYPE)
-    if DOT_FP32:
-        return tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(buf, b)
+    return _dot(buf.to(OUT_DTYPE), b, tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32), DOT_FP32)
 
 
 @triton.jit
@@ -182,14 +185,14 @@ def _grouped_expand_kernel(y_ptr, part_ptr, b_ptr, slots_ptr, stride_y, stride_p
     out_dtype = y_ptr.dtype.element_ty
     b = tl.load(b_ptrs, mask=(rs[:, None] < R) & n_ok[None, :], other=0.0).to(out_dtype)
     delta = _grouped_slice_delta(part_ptr, ts, mine, b, 0, stride_ps, stride_pt, SPLITS, R, DOT_FP32,
-                                 BLOCK_T, BLOCK_R, out_dtype)
+                                 BLOCK_T, BLOCK_N, BLOCK_R, out_dtype)
     if N_SLICES > 1:  # each column takes the delta of the slice it belongs to
         other = _grouped_slice_delta(part_ptr, ts, mine, b, 1, stride_ps, stride_pt, SPLITS, R, DOT_FP32,
-                                     BLOCK_T, BLOCK_R, out_dtype)
+                                     BLOCK_T, BLOCK_N, BLOCK_R, out_dtype)
         delta = tl.where(ns[None, :] >= OFF1, other, delta)
     if N_SLICES > 2:
         other = _grouped_slice_delta(part_ptr, ts, mine, b, 2, stride_ps, stride_pt, SPLITS, R, DOT_FP32,
-                                     BLOCK_T, BLOCK_R, out_dtype)
+                                     BLOCK_T, BLOCK_N, BLOCK_R, out_dtype)
         delta = tl.where(ns[None, :] >= OFF2, other, delta)
     y_ptrs = y_ptr + ts[:, None] * stride_y + ns[None, :]
     mask = mine[:, None] & n_ok[None, :]
