@@ -110,8 +110,6 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
-    if args.dtype == "float32":
-        row("bf16 (unquantized) vs fp32", load(model_dir, torch.bfloat16))
     variants = {
         "fp8 W8A8 (all decoder linears)": (lambda i, n: True, True, True),
         "fp8 weights only (W8A16)": (lambda i, n: True, True, False),
@@ -125,6 +123,8 @@ def main() -> None:
         model = load(model_dir, dtype)
         quantize(model, select, w, a)
         row(name, model)
+    if args.dtype == "float32":  # last: bf16 matmuls are slow on a CPU
+        row("bf16 (unquantized) vs fp32", load(model_dir, torch.bfloat16))
     if args.per_layer:
         for layer in range(len(load(model_dir, dtype).model.layers)):
             model = load(model_dir, dtype)

@@ -66,10 +66,15 @@ def main() -> None:
     cfg = engine.config.model.hf_config
     weight_bytes = WEIGHT_BYTES[a.weights or ("int4" if "int4" in a.name else "fp8" if a.quantization else "bf16")]
     kv_bytes = torch.empty(0, dtype=engine.runner.kv_dtype).element_size()
-    result: dict = {"name": a.name, "quantization": engine.config.model.quantization,
-                    "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."), "startup_s": time.perf_counter() - t0,
-                    "num_blocks": engine.runner.num_blocks, "block_size": engine.config.cache.block_size,
-                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}  # fmt: skip
+    result: dict = {
+        "name": a.name,
+        "quantization": engine.config.model.quantization,
+        "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
+        "startup_s": time.perf_counter() - t0,
+        "num_blocks": engine.runner.num_blocks,
+        "block_size": engine.config.cache.block_size,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
 
     def save() -> None:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")

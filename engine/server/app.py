@@ -48,6 +48,8 @@ class ServerState:
     api_key: str | None = None
     max_model_len: int = 0
     vocab_size: int = 0
+    kv_cache_dtype: str = ""  # what a KV element is stored as, as the start-up log names it
+    quantization: str | None = None
     draining: bool = False
     created: int = 0
 
@@ -100,7 +102,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
+                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
+                "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         api_key=server.api_key,
         max_model_len=config.model.max_model_len,
         vocab_size=int(config.model.hf_config["vocab_size"]),
+        # the runner's rule (fp8 caches are e4m3, else the model dtype), named as its start-up log does
+        kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
+        quantization=config.model.quantization,
         created=int(time.time()),
     )
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)

@@ -49,7 +49,7 @@ def _compile_all() -> dict[str, dict[str, object]]:
     out["kv_write *fp8e4nv"] = _compile_for_hopper(
         _kv_write_kernel,
         {"key_ptr": "*bf16", "value_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
-         "slot_mapping_ptr": "*i64"},  # fmt: skip
+         "slot_mapping_ptr": "*i64"},
         dict(NUM_KV_HEADS=8, HEADS_PAD=8, HEAD_DIM=128, BLOCK_D=128, PAGE=16, FP8=True),
     )
     pointers = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr")}
