@@ -153,7 +153,9 @@ def _run(
     return outputs, time.perf_counter() - start, decode_s
 
 
-def _speculator(name: str, spec: SpeculativeConfig, reference: dict[str, list[int]], vocab_size: int) -> Speculator | None:
+def _speculator(
+    name: str, spec: SpeculativeConfig, reference: dict[str, list[int]], vocab_size: int
+) -> Speculator | None:
     if name == "none":
         return None
     if name == "ngram":
