@@ -46,15 +46,24 @@ class StepChannel:
 
     def broadcast(self, obj: Any = None) -> Any:
         """The engine sends `obj` (a SchedulerOutput or None) to every worker; a worker gets it back."""
-        length = torch.zeros(1, dtype=torch.long)
-        payload = b""
         if self.rank == self.engine_rank:
-            payload = self._sent.encode(obj)
-            length[0] = len(payload)
+            self.post(obj).wait(_IDLE_TIMEOUT)
+            return obj
+        length = torch.zeros(1, dtype=torch.long)
         self.group.broadcast(length, self.engine_rank).wait()
-        data = _bytes_tensor(payload) if payload else torch.empty(int(length.item()), dtype=torch.uint8)
+        data = torch.empty(int(length.item()), dtype=torch.uint8)
         self.group.broadcast(data, self.engine_rank).wait()
-        return obj if self.rank == self.engine_rank else _decode(data.numpy().tobytes(), self._held)
+        return _decode(data.numpy().tobytes(), self._held)
+
+    def post(self, obj: Any) -> Posted:
+        """The engine's broadcast of `obj`, without waiting for it: the message is encoded now, and
+        gloo's own threads deliver it while the engine plans the next step (or waits for a result).
+        Posts reach the workers in order."""
+        payload = self._sent.encode(obj)
+        length = torch.tensor([len(payload)], dtype=torch.long)
+        data = _bytes_tensor(payload)
+        return Posted([self.group.broadcast(length, self.engine_rank), self.group.broadcast(data, self.engine_rank)],
+                      (length, data))
 
     def send_to_engine(self, obj: Any) -> None:
         """A worker (the driver) sends `obj` to the engine."""
@@ -69,6 +78,19 @@ class StepChannel:
         data = torch.empty(int(length.item()), dtype=torch.uint8)
         self.group.recv([data], worker, 1).wait(timeout)
         return pickle.loads(data.numpy().tobytes())
+
+
+class Posted:
+    """A broadcast under way; it holds its tensors until gloo is done with them."""
+
+    def __init__(self, works: list[Any], tensors: tuple[torch.Tensor, ...]) -> None:
+        self.works = works
+        self.tensors = tensors
+
+    def wait(self, timeout: datetime.timedelta) -> None:
+        """Block until every worker has the message (raises RuntimeError when a worker is gone)."""
+        for work in self.works:
+            work.wait(timeout)
 
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:
