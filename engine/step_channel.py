@@ -49,21 +49,34 @@ class StepChannel:
         if self.rank == self.engine_rank:
             self.post(obj).wait(_IDLE_TIMEOUT)
             return obj
+        return self.decode(self.receive())
+
+    def receive(self) -> bytes:
+        """A worker's side of one broadcast, still encoded (`decode` it in order, on one thread)."""
         length = torch.zeros(1, dtype=torch.long)
         self.group.broadcast(length, self.engine_rank).wait()
+        if not length.item():
+            return b""
         data = torch.empty(int(length.item()), dtype=torch.uint8)
         self.group.broadcast(data, self.engine_rank).wait()
-        return _decode(data.numpy().tobytes(), self._held)
+        return data.numpy().tobytes()
+
+    def decode(self, payload: bytes) -> Any:
+        """What the engine posted: updates applied to this worker's copies of the requests (None for
+        the empty message that ends the workers)."""
+        return _decode(payload, self._held) if payload else None
 
     def post(self, obj: Any) -> Posted:
         """The engine's broadcast of `obj`, without waiting for it: the message is encoded now, and
         gloo's own threads deliver it while the engine plans the next step (or waits for a result).
         Posts reach the workers in order."""
-        payload = self._sent.encode(obj)
+        payload = self._sent.encode(obj) if obj is not None else b""  # empty: the end
         length = torch.tensor([len(payload)], dtype=torch.long)
+        works = [self.group.broadcast(length, self.engine_rank)]
+        if not payload:
+            return Posted(works, (length,))
         data = _bytes_tensor(payload)
-        return Posted([self.group.broadcast(length, self.engine_rank), self.group.broadcast(data, self.engine_rank)],
-                      (length, data))
+        return Posted(works + [self.group.broadcast(data, self.engine_rank)], (length, data))
 
     def send_to_engine(self, obj: Any) -> None:
         """A worker (the driver) sends `obj` to the engine."""

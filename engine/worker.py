@@ -76,28 +76,36 @@ def _serve(args: WorkerArgs) -> None:
     driver = args.rank == driver_rank(tp, pp)
     if driver:
         channel.send_to_engine(runner.num_blocks)
-    plans: queue.Queue[Any] = queue.Queue()
+    messages: queue.Queue[bytes | BaseException] = queue.Queue()
     # Steps are received ahead, on a thread of their own: with pipeline parallelism the next step
     # arrives while this rank still runs the one before, and a rank that relays the broadcast to
-    # others (gloo's tree) must not hold them back until its own step ends.
-    threading.Thread(target=_receive_steps, args=(channel, plans), name="flotilla-steps", daemon=True).start()
-    while (plan := plans.get()) is not None:
-        if isinstance(plan, BaseException):
-            raise plan
+    # others (gloo's tree) must not hold them back until its own step ends. They are decoded here,
+    # in order, because decoding updates the requests a running step reads.
+    threading.Thread(target=_receive_steps, args=(channel, messages), name="flotilla-steps", daemon=True).start()
+    while True:
+        message = messages.get()
+        if isinstance(message, BaseException):
+            raise message
+        plan = channel.decode(message)
+        if plan is None:
+            break
         result = runner.execute(plan)
         if driver:
             channel.send_to_engine(result)
     dist.destroy_process_group()
 
 
-def _receive_steps(channel: StepChannel, plans: queue.Queue[Any]) -> None:
-    """Put every step the engine broadcasts into `plans`, then None (or the error that ended them)."""
+def _receive_steps(channel: StepChannel, messages: queue.Queue[bytes | BaseException]) -> None:
+    """Put every message the engine broadcasts into `messages` until the engine's last (None), or
+    the error that ended them."""
     try:
-        while (plan := channel.broadcast()) is not None:
-            plans.put(plan)
-        plans.put(None)
+        while True:
+            message = channel.receive()
+            messages.put(message)
+            if not message:  # the engine's last: stop receiving
+                return
     except BaseException as exc:
-        plans.put(exc)
+        messages.put(exc)
 
 
 def _worker_config(config: EngineConfig, rank: ParallelRank) -> EngineConfig:
