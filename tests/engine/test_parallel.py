@@ -131,22 +131,63 @@ def test_a_dead_worker_fails_the_engine_fast(qwen3_tp2):
     assert manager.num_free_blocks == manager.num_blocks, "the failed requests' blocks returned"
 
 
+def _fp8_rounding(parts: int):
+    """A forward pre-hook rounding a linear layer's input to fp8 per token, as the engine does, in
+    `parts` column blocks with a scale each: a row-parallel layer's input is split over the ranks."""
+
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        blocks = []
+        for x in args[0].chunk(parts, dim=-1):
+            scale = (x.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
+            blocks.append((x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale)
+        return (torch.cat(blocks, dim=-1),)
+
+    return hook
+
+
+def _hf_fp8_tp2_greedy(path, prompts: list[list[int]], tokens: int, quantize_weights: bool) -> list[list[int]]:
+    """HF greedy with the rounding of fp8 at two ranks: weights per output channel (whole rows),
+    activations per token and per rank (o_proj and down_proj see half of each row on each rank)."""
+    from transformers import AutoModelForCausalLM
+
+    from flotilla.kernels.fp8_linear import quantize_fp8_rows
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+            module.register_forward_pre_hook(_fp8_rounding(2 if name.endswith(("o_proj", "down_proj")) else 1))
+            if quantize_weights:
+                w8, scale = quantize_fp8_rows(module.weight.data)
+                module.weight.data = w8.float() * scale
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, do_sample=False,
+                               eos_token_id=None)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["online", "fp8-checkpoint"])
-def test_fp8_at_two_ranks_matches_one_rank(tiny_model_dirs, tmp_path, checkpoint):
-    """fp8 weights at tp=2 give the tp=1 greedy tokens: a row-parallel layer (o_proj, down) keeps its
-    per-output-channel scales whole on every rank, read from an fp8 checkpoint (compressed-tensors
-    FP8_DYNAMIC) or computed at load (`--quantization fp8`, the row's maximum over both ranks)."""
-    path = tiny_model_dirs["llama"]
-    kwargs: dict = {"quantization": "fp8"}
+def test_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_dirs, tmp_path, checkpoint):
+    """fp8 weights at tp=2: a row-parallel layer (o_proj, down) keeps its per-output-channel weight
+    scales whole on every rank, read from an fp8 checkpoint (compressed-tensors FP8_DYNAMIC) or
+    computed at load (`--quantization fp8`: the row's maximum over both ranks, as at one rank).
+    Activations are rounded per token on each rank's half of the row (as vLLM does; no extra
+    all-reduce), so the oracle is HF with that rounding, not the tp=1 engine."""
+    path, kwargs, hf_path = tiny_model_dirs["llama"], {"quantization": "fp8"}, tiny_model_dirs["llama"]
     if checkpoint:
         from .quant_checkpoints import compressed_tensors_checkpoint
 
-        path, kwargs = compressed_tensors_checkpoint(path, tmp_path / "fp8", "FP8_DYNAMIC", dequantized_copy=False), {}
-    prompts, params = [[5, 6, 7, 8, 9], [11, 12, 13] * 8], SamplingParams(temperature=0.0, max_tokens=6)
-    single = LLM(str(path), max_model_len=64, **kwargs).generate(prompts, params, use_tqdm=False)
+        path, kwargs = compressed_tensors_checkpoint(path, tmp_path / "fp8", "FP8_DYNAMIC"), {}
+        hf_path = path / "dequantized"
+    prompts, tokens = [[5, 6, 7, 8, 9], [11, 12, 13] * 8], 6
     llm = LLM(str(path), max_model_len=64, tensor_parallel_size=2, **kwargs)
     try:
-        parallel = llm.generate(prompts, params, use_tqdm=False)
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True),
+                            use_tqdm=False)
     finally:
         llm.engine.shutdown()
-    assert [o.outputs[0].token_ids for o in parallel] == [o.outputs[0].token_ids for o in single]
+    expected = _hf_fp8_tp2_greedy(hf_path, prompts, tokens, quantize_weights=not checkpoint)
+    assert [o.outputs[0].token_ids for o in outs] == expected
