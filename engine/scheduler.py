@@ -94,10 +94,8 @@ class Scheduler:
         (`running[start:]`) and not in a step in flight: the newest, or the one with the largest
         (priority, arrival)."""
         candidates = [r for r in self.running[start:] if r not in self.busy] if self.busy else self.running[start:]
-        if self.config.scheduling_policy != "priority":
-            victim = candidates[-1]
-        else:
-            victim = max(candidates, key=_priority_key)
+        fcfs = self.config.scheduling_policy != "priority"
+        victim = candidates[-1] if fcfs else max(candidates, key=_priority_key)
         if victim is self.running[-1]:
             return self.running.pop()
         self.running.remove(victim)
