@@ -121,7 +121,7 @@ class ModelRunner:
             sched = config.scheduler
             self.graphs = StepGraphs(
                 self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
-                self.block_size, self.device,
+                self.block_size, self.device, lora=self.lora is not None,
             )
             self.graphs.capture()
 
@@ -252,15 +252,17 @@ class ModelRunner:
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
         flat = flatten(out, self.block_size)
-        # A step that uses adapters runs eagerly; the graphs hold the base model's steps.
-        token_slots = self.lora.token_slots(out) if self.lora is not None else None
-        graphs = self.graphs if token_slots is None else None
-        hidden = graphs.run(flat, self._fill_pending) if graphs is not None else None
+        # Each token's adapter slot (None: no token uses one); LoRA graphs read them from their buffer.
+        token_slots = self.lora.slot_values(out) if self.lora is not None else None
+        hidden = self.graphs.run(flat, self._fill_pending, token_slots) if self.graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
+            if self.graphs is not None:
+                self.graphs.log_eager(flat, token_slots is not None)
             inputs = self.prepare_inputs(flat)
             self._fill_pending(inputs.input_ids, flat)
-            with forward_context(inputs.metadata), lora_slots(token_slots):
+            slots = None if token_slots is None else device_tensor(token_slots, torch.long, self.device)
+            with forward_context(inputs.metadata), lora_slots(slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
         step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups)
