@@ -28,6 +28,7 @@ class BatchQueue:
         self.scheduler = scheduler
         self.executor = executor
         self.in_flight: deque[tuple[SchedulerOutput, LaunchedStep]] = deque()
+        self.peak = 0  # the most steps ever in flight at once (tests: the stages did get to overlap)
 
     def __len__(self) -> int:
         return len(self.in_flight)
@@ -55,6 +56,7 @@ class BatchQueue:
         if plan.is_empty:
             return False
         self.in_flight.append((plan, self.executor.launch(plan)))
+        self.peak = max(self.peak, len(self.in_flight))
         return True
 
 

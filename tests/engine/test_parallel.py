@@ -102,9 +102,10 @@ def test_seeded_sampling_n_and_logprobs_match_a_single_rank(qwen3_tp2, tiny_mode
 
 
 def test_pipeline_parallel_qwen2_matches_hf(tiny_model_dirs):
-    """Qwen2 (QKV biases), its two layers on two stages."""
+    """Qwen2 (QKV biases), its two layers on two stages, two steps in flight (the batch queue)."""
     for llm in _engine(tiny_model_dirs["qwen2"], pipeline_parallel_size=2):
         _check_matches_hf(llm, tiny_model_dirs["qwen2"], seed=4)
+        assert llm.engine.batches is not None and llm.engine.batches.peak == 2, "two steps were in flight at once"
 
 
 @pytest.mark.slow
