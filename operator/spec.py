@@ -394,6 +394,9 @@ class InferenceServiceSpec(_Model):
         default_factory=ResourcesSpec, description="GPUs and host resources per replica.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Model parallelism per replica.")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
+                                    "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
     quantization: Literal["none", "fp8", "int8", "awq", "gptq"] = Field(
         default="none", description="Weight quantization (--quantization).")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
