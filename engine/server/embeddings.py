@@ -71,7 +71,7 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
     if not given:
         raise APIError(400, "input must not be empty", param="input")
     if all(isinstance(x, int) for x in given):  # one prompt as token ids
-        return [list(given)]  # type: ignore[arg-type]
+        return [list(given)]  # type: ignore[arg-type]  # every item is an int: checked just above
     prompts = []
     for item in given:
         if isinstance(item, str):
