@@ -87,6 +87,9 @@ class LLMEngine:
         reported back in the output. `priority` orders the waiting queue under the priority policy
         (lower first); `cache_salt` keeps its prefix-cache blocks apart from other salts'.
         """
+        if self.config.model.runner == "pooling":
+            raise InvalidParamError("this model is served by the pooling runner (--runner pooling): it computes "
+                                    "embeddings on /v1/embeddings and does not generate text", "model")
         text: str | None
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)

@@ -398,6 +398,9 @@ class InferenceServiceSpec(_Model):
         default_factory=ResourcesSpec, description="GPUs and host resources per replica.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Model parallelism per replica.")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
+                                    "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
     quantization: Literal["none", "fp8", "int8", "awq", "gptq", "compressed-tensors"] = Field(
         default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
                                     "(awq, gptq, compressed-tensors) may also be left to the engine to detect.")

@@ -20,6 +20,7 @@ from flotilla import __version__
 from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
 from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
@@ -156,6 +157,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
+    add_embedding_routes(app, state, _model)
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)
