@@ -34,9 +34,12 @@ def faulty_process_token(self, child, result):
         raise RuntimeError("injected request fault")
     return process_token(self, child, result)
 
+# At module level, so that the engine-core process (spawned: it imports this script as __mp_main__)
+# runs the patched engine too.
 LLMEngine.step, LLMEngine._process_token = faulty_step, faulty_process_token
-from flotilla.engine.server.cli import main
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":
+    from flotilla.engine.server.cli import main
+    sys.exit(main(sys.argv[1:]))
 '''
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
