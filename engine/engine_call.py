@@ -4,13 +4,12 @@ cross into the engine-core process: a lambda could run on the in-process engine 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.llm_engine import LLMEngine
 
 # The engine methods a front end may call: the only ones the core process will run for it.
-CALLABLE_METHODS = frozenset({"add_lora", "remove_lora"})
+CALLABLE_METHODS = frozenset({LLMEngine.add_lora.__name__, LLMEngine.remove_lora.__name__})
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ def faulty_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     script = root / "faulty_server.py"
     script.write_text(FAULTY_SERVER)
     server = start_server(tiny_model_dirs["llama"], root / "server.log", "--max-model-len", "128",
-                          "--disable-log-stats", "--api-key", API_KEY, launcher=(sys.executable, str(script)))
+                          "--disable-log-stats", "--api-key", API_KEY, launcher=(sys.executable, str(script)),
+                          env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})  # the engine core's own process
     try:
         yield server
     finally:
