@@ -17,8 +17,9 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flotilla import __version__
-from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
+from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
+from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 class ServerState:
     """What the routes share: the engine, names, key, metrics and whether we are draining."""
 
-    engine: AsyncEngine
+    engine: ServingEngine
     serving: OpenAIServing
     model_names: list[str]
     metrics: EngineMetrics
