@@ -60,3 +60,6 @@ _.json_object
 # pickle's hooks, called by name (engine/step_channel.py)
 _.persistent_id
 _.persistent_load
+# Fields of the pydantic schema LangChain sends as response_format (tests/engine/server/test_structured_api_core.py).
+_.city
+_.sky

@@ -49,9 +49,40 @@ def roofline_ms(cfg: dict, batch: int, context: int) -> float:
     return 1e3 * max((2 * params + kv_bytes) / COPY_BW, 2 * params * batch / BF16_FLOPS)
 
 
+def step_latency(engine, batch: int, context: int, steps: int, rng: random.Random) -> dict:
+    """Mean time of `steps` whole engine steps once `batch` requests of `context` random tokens decode."""
+    from flotilla.engine.sampling_params import SamplingParams
+
+    vocab = engine.config.model.hf_config["vocab_size"]
+    params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 32, ignore_eos=True)
+    reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
+    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
+        engine.step()
+    for _ in range(3):  # settle
+        engine.step()
+    times, host, runner, graphed = [], [], [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t)
+        host.append(engine.runner.last_step.host_s)
+        runner.append(engine.runner.last_step.total_s)
+        graphed.append(engine.runner.last_step.graphed)
+    engine.abort([r.request_id for r in reqs])
+    return {
+        "batch": batch,
+        "context": context,
+        "ms_per_step": 1e3 * statistics.fmean(times),
+        "ms_per_step_median": 1e3 * statistics.median(times),
+        "runner_host_ms": 1e3 * statistics.fmean(host),
+        "runner_total_ms": 1e3 * statistics.fmean(runner),
+        "graphed_steps": sum(graphed),
+        "steps": steps,
+    }
+
+
 def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int], steps: int, a) -> list[dict]:
     from flotilla.engine.llm_engine import LLMEngine
-    from flotilla.engine.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     engine = LLMEngine.from_kwargs(
@@ -67,7 +98,6 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
         triton_gemv_max_rows=a.triton_gemv_max_rows,
     )
     start_s = time.perf_counter() - t0
-    vocab = engine.config.model.hf_config["vocab_size"]
     rng = random.Random(0)
     results = []
     kv_capacity = engine.runner.num_blocks * engine.config.cache.block_size
@@ -76,32 +106,7 @@ def flotilla_latency(model_dir: str, batch_sizes: list[int], contexts: list[int]
             if batch * (context + 4 * steps + 64) > kv_capacity:
                 results.append({"batch": batch, "context": context, "skipped": "KV cache too small"})
                 continue
-            params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 32, ignore_eos=True)
-            reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params)
-                    for _ in range(batch)]
-            while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
-                engine.step()
-            for _ in range(3):  # settle
-                engine.step()
-            times, host, runner, graphed = [], [], [], []
-            for _ in range(steps):
-                t = time.perf_counter()
-                engine.step()
-                times.append(time.perf_counter() - t)
-                host.append(engine.runner.last_step.host_s)
-                runner.append(engine.runner.last_step.total_s)
-                graphed.append(engine.runner.last_step.graphed)
-            engine.abort([r.request_id for r in reqs])
-            results.append({
-                "batch": batch,
-                "context": context,
-                "ms_per_step": 1e3 * statistics.fmean(times),
-                "ms_per_step_median": 1e3 * statistics.median(times),
-                "runner_host_ms": 1e3 * statistics.fmean(host),
-                "runner_total_ms": 1e3 * statistics.fmean(runner),
-                "graphed_steps": sum(graphed),
-                "steps": steps,
-            })
+            results.append(step_latency(engine, batch, context, steps, rng))
             print(json.dumps(results[-1]), flush=True)
     runner = engine.runner
     return results, {

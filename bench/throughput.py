@@ -38,11 +38,8 @@ def make_prompts(n: int, input_len: int, vocab: int, seed: int, mixed: bool) -> 
     return [[rng.randrange(100, vocab) for _ in range(length)] for length in lengths]
 
 
-def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict) -> dict:
-    """Generate with Flotilla; returns wall time and output tokens/s (load and warm-up excluded)."""
-    t0 = time.perf_counter()
-    llm = LLM(model, **engine_args)
-    startup = time.perf_counter() - t0
+def timed_generate(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
+    """Generate `output_len` tokens for every prompt on a built engine: wall time and tokens/s."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     # Warm-up on the workload's own shapes (CPU GEMM kernels are built per shape), 8 tokens each, with
     # other tokens of the same lengths so the measured prompts are not already in the prefix cache.
@@ -59,12 +56,18 @@ def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, e
         "output_tokens_per_s": generated / elapsed,
         "total_tokens_per_s": (generated + prompt_tokens) / elapsed,
         "requests_per_s": len(prompts) / elapsed,
-        "model_dir": llm.engine.config.model.model,
-        "dtype": llm.engine.config.model.dtype,
-        "async_scheduling": llm.engine.config.scheduler.async_scheduling,
-        "startup_s": startup,
         "num_steps": llm.engine.stats.num_steps,
     }
+
+
+def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict) -> dict:
+    """Generate with Flotilla; returns wall time and output tokens/s (load and warm-up excluded)."""
+    t0 = time.perf_counter()
+    llm = LLM(model, **engine_args)
+    startup = time.perf_counter() - t0
+    return {**timed_generate(llm, prompts, output_len), "startup_s": startup,
+            "model_dir": llm.engine.config.model.model, "dtype": llm.engine.config.model.dtype,
+            "async_scheduling": llm.engine.config.scheduler.async_scheduling}
 
 
 def run_hf_cb(model_dir: str, prompts: list[list[int]], output_len: int) -> dict:

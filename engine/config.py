@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine_rules import (
     RuleError,
@@ -51,6 +52,9 @@ class ModelConfig(_Component):
     seed: int = 0
     enforce_eager: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
+    # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
+    runner: Literal["generate", "pooling"] = "generate"
+    convert: Literal["none", "embed"] = "none"
     # The weight scheme (`engine/quantization`): --quantization, or the checkpoint's quantization_config.
     quantization: str | None = None
     hf_config: dict[str, Any]
@@ -258,6 +262,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         if problem := served_name_problem(name):
             raise ConfigError(problem)
     try:
+        runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
         speculative = parse_speculative_config(v["speculative_config"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -271,6 +279,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             seed=v["seed"],
             enforce_eager=v["enforce_eager"],
             load_format=v["load_format"],
+            runner=runner,
+            convert=convert,
             quantization=quantization,
             hf_config=hf_config,
         ),

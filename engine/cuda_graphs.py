@@ -100,12 +100,14 @@ class StepGraphs:
         block_size: int,
         device: torch.device,
         lora: bool = False,
+        max_decode_rows: int | None = None,
     ) -> None:
         self.model = model
         self.lora = lora
         self.device = device
         self.block_size = block_size
-        self.decode_sizes = capture_sizes(max_num_seqs)
+        # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.
+        self.decode_sizes = capture_sizes(max(max_num_seqs, max_decode_rows or 0))
         self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]

@@ -10,6 +10,10 @@ class InvalidParamError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self) -> tuple[type[InvalidParamError], tuple[str, str | None]]:
+        # Pickled whole (the engine-core process sends it to the API process), param included.
+        return type(self), (str(self), self.param)
+
 
 class RequestFailedError(RuntimeError):
     """Processing one request failed; the engine aborted it (blocks freed) and served the others."""
@@ -18,3 +22,15 @@ class RequestFailedError(RuntimeError):
         super().__init__(f"request {request_id} failed: {cause!r}")
         self.request_id = request_id
         self.cause = cause
+
+    def __reduce__(self) -> tuple[type[RequestFailedError], tuple[str, BaseException]]:
+        # Pickled for the trip out of the engine-core process; the cause travels as its text (it may
+        # not pickle), and the message stays the same.
+        return type(self), (self.request_id, _CauseText(repr(self.cause)))
+
+
+class _CauseText(RuntimeError):
+    """A cause that crossed a process boundary as its `repr`, which it shows again unchanged."""
+
+    def __repr__(self) -> str:
+        return str(self)

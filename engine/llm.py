@@ -8,6 +8,8 @@ from typing import Any
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
@@ -50,6 +52,13 @@ class LLM:
             self.engine.abort(ids)  # one bad prompt queues none of the batch
             raise
         return self._run(ids, use_tqdm)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], dimensions: int | None = None) -> list[EmbeddingOutput]:
+        """Embeddings of every prompt (needs `runner="pooling"`): last-token pooled, L2-normalised,
+        cut to `dimensions` on matryoshka models."""
+        ids = [_unwrap(p) for p in _as_prompt_list(prompts)]
+        token_ids = [self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in ids]
+        return embed_prompts(self.engine, token_ids, PoolingParams(dimensions=dimensions))
 
     def chat(
         self,

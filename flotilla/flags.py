@@ -141,6 +141,39 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         choices=("auto", "dummy"),
     ),
+    # --- pooling runner (engine/pooling, /v1/embeddings) -------------------------------------------
+    Flag(
+        "--runner",
+        "str",
+        "auto",
+        "Which runner serves the model: generate (text generation) or pooling (embeddings on "
+        "/v1/embeddings, prefill only); auto picks pooling for *Model / *EmbeddingModel / "
+        "*ForTextEncoding architectures, else generate (as vLLM).",
+        "model",
+        crd_field="runner",
+        choices=("auto", "generate", "pooling", "draft"),
+        supported_values=("auto", "generate", "pooling"),
+    ),
+    Flag(
+        "--convert",
+        "str",
+        "auto",
+        "How the pooling runner adapts a generative checkpoint: embed (last-token pooling, L2 "
+        "normalised); auto means embed with --runner pooling, none otherwise (as vLLM).",
+        "model",
+        choices=("auto", "none", "embed", "classify", "reward"),
+        supported_values=("auto", "none", "embed"),
+    ),
+    Flag(
+        "--task",
+        "str",
+        "auto",
+        "vLLM's older spelling (deprecated there): embed/embedding = --runner pooling --convert embed, "
+        "generate = --runner generate.",
+        "model",
+        choices=("auto", "generate", "embedding", "embed", "classify", "score", "reward"),
+        supported_values=("auto", "generate", "embedding", "embed"),
+    ),
     # --- KV cache ----------------------------------------------------------------------------------
     Flag(
         "--block-size",

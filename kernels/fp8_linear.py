@@ -14,18 +14,31 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # A row of zeros would give a zero scale and 0/0 on division; any tiny positive scale keeps it zero.
-_MIN_SCALE = 1e-12
+FP8_MIN_SCALE = 1e-12
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` `[rows, cols]` -> (float8 values, fp32 scales `[rows, 1]`) with `x ~= values * scales`."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=FP8_MIN_SCALE)
     return quantize_fp8_static(x, scale), scale
 
 
 def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """`x / scale` rounded to float8, saturated at +-448 (a static scale may be exceeded)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_fp8_activations(
+    rows: torch.Tensor, input_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activation rows `[M, K]` -> (float8 values, fp32 scales `[M, 1]`): per token (dynamic) when
+    `input_scale` is None, else the checkpoint's static scale for every row. Both fp8 linear paths use
+    it, so the reference and `torch._scaled_mm` see the same operands."""
+    if input_scale is None:
+        return quantize_fp8_rows(rows)
+    # `_scaled_mm`'s row-wise scaling wants a contiguous `[M, 1]` scale, not an expanded view
+    x_scale = input_scale.float().reshape(1, 1).expand(rows.shape[0], 1).contiguous()
+    return quantize_fp8_static(rows, x_scale), x_scale
 
 
 def fp8_matmul_ref(
@@ -52,11 +65,6 @@ def fp8_linear_ref(
     input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x @ W^T + b` with W in fp8: `x` quantized per token (or with the static `input_scale`)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if input_scale is None:
-        x_fp8, x_scale = quantize_fp8_rows(rows)
-    else:
-        x_scale = input_scale.float().reshape(1, 1).expand(rows.shape[0], 1)
-        x_fp8 = quantize_fp8_static(rows, x_scale)
+    x_fp8, x_scale = quantize_fp8_activations(x.reshape(-1, x.shape[-1]), input_scale)
     out = fp8_matmul_ref(x_fp8, x_scale, w_fp8, w_scale, bias, x.dtype)
     return out.reshape(*x.shape[:-1], w_fp8.shape[0])

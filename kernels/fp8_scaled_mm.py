@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flotilla.kernels.fp8_linear import quantize_fp8_rows, quantize_fp8_static
+from flotilla.kernels.fp8_linear import quantize_fp8_activations
 
 
 def fp8_linear_scaled_mm(
@@ -20,12 +20,7 @@ def fp8_linear_scaled_mm(
     input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x @ W^T + b` through `torch._scaled_mm` (in and out features multiples of 16)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if input_scale is None:
-        x_fp8, x_scale = quantize_fp8_rows(rows)
-    else:
-        x_scale = input_scale.float().reshape(1, 1).expand(rows.shape[0], 1).contiguous()
-        x_fp8 = quantize_fp8_static(rows, x_scale)
+    x_fp8, x_scale = quantize_fp8_activations(x.reshape(-1, x.shape[-1]), input_scale)
     # The weight's transpose is the column-major second operand cuBLASLt wants; row-wise scaling takes
     # `[M, 1]` and `[1, N]` fp32 scales.
     out = torch._scaled_mm(

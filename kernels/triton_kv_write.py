@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+# A Triton global must be a constexpr object: a plain float compiles under the interpreter only.
+FP8_MAX = tl.constexpr(448.0)
 
 
 @triton.jit

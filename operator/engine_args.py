@@ -43,6 +43,7 @@ FIELD_VALUES: dict[str, Callable[[InferenceServiceSpec, str], Any]] = {
     "model.servedName": lambda s, name: [s.served_name(name)],
     "dtype": lambda s, _: s.dtype,
     "quantization": lambda s, _: None if s.quantization == "none" else s.quantization,
+    "runner": lambda s, _: s.runner,
     "kvCache.dtype": lambda s, _: s.kv_cache.dtype,
     "kvCache.blockSize": lambda s, _: s.kv_cache.block_size,
     "kvCache.gpuMemoryUtilization": lambda s, _: s.kv_cache.gpu_memory_utilization,
@@ -109,6 +110,9 @@ OPERATOR_OWNED: dict[str, str] = {
     "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
                                  "check reads",
     "--tokenizer": "the tokenizer is read from the model directory the operator mounts",
+    # spec.runner chooses the runner; pooling implies embed, the only conversion the engine has.
+    "--convert": "spec.runner sets the runner, and pooling always converts with embed",
+    "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",
 }
 # Flags spec.engineArgs may carry: settings with no field of their own that change neither where
 # the engine listens nor what it loads. A flag in neither table (e.g. one added to the contract

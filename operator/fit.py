@@ -10,7 +10,8 @@ What is counted, per replica:
   width, embeddings and an untied LM head at the model dtype (vLLM keeps them unquantized); norms
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
-  int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195.
+  int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195;
+  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent.
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
@@ -94,8 +95,9 @@ def parameter_counts(arch: ModelArchitecture) -> tuple[int, int]:
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto") -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring)."""
     linear, embeddings = parameter_counts(arch)
-    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1,
-                  "awq": INT4_GROUP_BYTES_PER_WEIGHT, "gptq": INT4_GROUP_BYTES_PER_WEIGHT}[quantization]
+    compressed = INT4_GROUP_BYTES_PER_WEIGHT if arch.weight_bits == 4 else 1
+    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "awq": INT4_GROUP_BYTES_PER_WEIGHT,
+                  "gptq": INT4_GROUP_BYTES_PER_WEIGHT, "compressed-tensors": compressed}[quantization]
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
 

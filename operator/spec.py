@@ -73,6 +73,10 @@ class ModelArchitecture(_Model):
         default=None, ge=1,
         description="Total parameter count; overrides the count derived from the numbers above "
                     "(set it for mixture-of-experts or unusual architectures).")
+    weight_bits: Literal[4, 8] | None = Field(
+        default=None,
+        description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
+                    "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent.")
 
 
 class ModelCacheSpec(_Model):
@@ -394,8 +398,12 @@ class InferenceServiceSpec(_Model):
         default_factory=ResourcesSpec, description="GPUs and host resources per replica.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Model parallelism per replica.")
-    quantization: Literal["none", "fp8", "int8", "awq", "gptq"] = Field(
-        default="none", description="Weight quantization (--quantization).")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
+                                    "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
+    quantization: Literal["none", "fp8", "int8", "awq", "gptq", "compressed-tensors"] = Field(
+        default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
+                                    "(awq, gptq, compressed-tensors) may also be left to the engine to detect.")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Batching limits.")
     speculative: SpeculativeSpec | None = Field(

@@ -13,6 +13,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
 export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+# The engine core in its own process (issue 19); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the in-thread engine.
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-1}
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 ENGINE="--max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384 --load-format dummy"
 LOAD="--num-prompts 1000 --input-len 512 --output-len 128 --vocab-size 128256"
@@ -22,22 +24,37 @@ L=$OUT/http-speed.log
 cd /tmp
 # Fail fast on a missing wheel (jinja2 and MarkupSafe come with the machine's transformers, else carry them).
 python3 -c "import fastapi, uvicorn, httpx, jinja2, flotilla.engine.server.cli" 2>&1 | tail -2 | tee -a $L
-for s in ${STAGES:-offline serve serve-1client profile}; do
+for s in ${STAGES:-offline serve profile}; do
   echo "=== $s $(date +%T)" | tee -a $L
   case $s in
     offline) timeout 240 python3 $R/bench/throughput.py --model /tmp/llama8b --load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 --json $OUT/gpu-http-speed-offline.json 2>&1 | tee -a $L | grep -E "Error|error|output_tokens_per_s" | tail -4 ;;
     # Two client processes, so the client is not the bottleneck (client_cpu_busy says how busy each was).
     serve) timeout 420 python3 $R/bench/serve.py --launch --model /tmp/llama8b --serve-args "$ENGINE" $LOAD --max-concurrency 512 --clients 2 --warmups 1 --json $OUT/gpu-http-speed-serve.json 2>&1 | tee -a $L | tail -16 ;;
     serve-1client) timeout 420 python3 $R/bench/serve.py --launch --model /tmp/llama8b --serve-args "$ENGINE" $LOAD --max-concurrency 512 --clients 1 --warmups 1 --json $OUT/gpu-http-speed-serve-1client.json 2>&1 | tee -a $L | tail -16 ;;
-    # Where the server's host time goes: py-spy over both threads for 40 s of the same load (raw stacks).
+    # Where the server's host time goes: py-spy on the API process and on the engine-core process (its
+    # child, `spawn_main`), both at once for 25 s of the measured run (raw stacks, every thread). The
+    # measured run starts when the warm-up's 1,000 requests have finished (vllm:request_success_total);
+    # each run takes ~31 s on the H200, so a fixed sleep misses it. --nonblocking: no pauses of the target.
     profile) if command -v py-spy > /dev/null; then
         python3 -m flotilla.engine.server /tmp/llama8b --host 127.0.0.1 --port 18777 --uvicorn-log-level warning $ENGINE --disable-log-stats > $OUT/profile-server.log 2>&1 &
         SP=$!
         for i in $(seq 300); do python3 -c "import httpx; httpx.get('http://127.0.0.1:18777/health').raise_for_status()" 2>/dev/null && break; sleep 1; done
+        CORE=$(ps --ppid $SP -o pid=,args= | awk '/spawn_main/ {print $1; exit}')
+        echo "API process $SP, engine core ${CORE:-none (VLLM_ENABLE_V1_MULTIPROCESSING=0?)}" | tee -a $L
         (timeout 300 python3 $R/bench/serve.py --base-url http://127.0.0.1:18777 $LOAD --max-concurrency 512 --clients 2 --warmups 1 > $OUT/profile-load.log 2>&1 &)
-        sleep 75  # past the warm-up run, into the measured one
-        timeout 60 py-spy record --pid $SP --threads -f raw -d 40 -o $OUT/gpu-http-speed-serve-pyspy.txt 2>&1 | tail -2
-        sleep 5; kill $SP; wait $SP 2>/dev/null
+        for i in $(seq 240); do
+          DONE=$(python3 -c "import httpx; print(int(sum(float(l.rpartition(' ')[2]) for l in httpx.get('http://127.0.0.1:18777/metrics').text.splitlines() if l.startswith('vllm:request_success_total'))))" 2>/dev/null)
+          [ "${DONE:-0}" -ge 1000 ] && break; sleep 0.5
+        done
+        echo "warm-up done ($DONE requests) at $(date +%T): profiling" | tee -a $L
+        sleep 2
+        timeout 60 py-spy record --pid $SP --threads --nonblocking -f raw -d 25 -o $OUT/gpu-http-speed-serve-pyspy-api.txt > $OUT/pyspy-api.log 2>&1 &
+        PA=$!
+        if [ -n "$CORE" ]; then timeout 60 py-spy record --pid $CORE --threads --nonblocking -f raw -d 25 -o $OUT/gpu-http-speed-serve-pyspy-core.txt > $OUT/pyspy-core.log 2>&1; fi
+        wait $PA; tail -n 2 $OUT/pyspy-api.log $OUT/pyspy-core.log 2>/dev/null | tee -a $L
+        for f in $OUT/gpu-http-speed-serve-pyspy-*.txt; do [ -f $f ] && echo "$f: $(awk '{n += $NF} END {print n}' $f) samples" | tee -a $L; done
+        sleep 8; tail -n 16 $OUT/profile-load.log | tee -a $L
+        kill $SP; wait $SP 2>/dev/null
       else echo "no py-spy: skipped"; fi ;;
   esac
 done

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 23's GPU figure (NOT RUN YET): Llama-3.1-8B shape, random bf16 weights, batch 64, context 512:
+# Issue 23's GPU figure (run 2026-12-03, results in bench/results/structured-gpu-2026-12-03.*): Llama-3.1-8B shape, random bf16 weights, batch 64, context 512:
 # decode ms/step with a JSON-schema constraint on every request against none (target: within 10 %),
 # and the compile time of a first and a second request with the same schema (target: the second ~0).
 # Run from the repository root on the H200 machine, carrying in .whl/ the wheels of

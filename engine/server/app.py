@@ -17,9 +17,11 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flotilla import __version__
-from flotilla.engine.async_engine import AsyncEngine, EngineDeadError
+from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
+from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
@@ -41,13 +43,15 @@ logger = logging.getLogger(__name__)
 class ServerState:
     """What the routes share: the engine, names, key, metrics and whether we are draining."""
 
-    engine: AsyncEngine
+    engine: ServingEngine
     serving: OpenAIServing
     model_names: list[str]
     metrics: EngineMetrics
     api_key: str | None = None
     max_model_len: int = 0
     vocab_size: int = 0
+    kv_cache_dtype: str = ""  # what a KV element is stored as, as the start-up log names it
+    quantization: str | None = None
     draining: bool = False
     created: int = 0
 
@@ -100,7 +104,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len}
+                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
+                "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -153,6 +158,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
+    add_embedding_routes(app, state, _model)
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)

@@ -13,9 +13,10 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, LoRAConfig
-from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.engine_core import StartupAdapter
+from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.lora.adapter import LoRAAdapterError
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.errors import APIError
@@ -28,16 +29,18 @@ def runtime_lora_updating_allowed() -> bool:
     return os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
 
 
-def load_startup_adapters(engine: LLMEngine, config: LoRAConfig, loras: LoRARegistry) -> None:
-    """Load every `--lora-modules` adapter (on the engine thread, before serving); ConfigError names a bad one."""
+def register_startup_adapters(config: LoRAConfig, loras: LoRARegistry) -> tuple[StartupAdapter, ...]:
+    """Name every `--lora-modules` adapter in the server's registry, for `EngineFactory` to load into the
+    engine before serving (in the core process); ConfigError names a bad (e.g. repeated) name."""
+    adapters = []
     for name, path, parent in config.lora_modules:
         try:
             lora = loras.new_request(name, path)
-            engine.add_lora(lora)
-        except ValueError as exc:  # LoRAAdapterError included
+            loras.add(lora, parent)
+        except ValueError as exc:
             raise ConfigError(f"--lora-modules {name}={path}: {exc}") from None
-        loras.add(lora, parent)
-        logger.info("LoRA adapter %s served from %s", name, path)
+        adapters.append(StartupAdapter(name, path, lora))
+    return tuple(adapters)
 
 
 def adapter_models(loras: LoRARegistry | None, created: int) -> list[dict[str, Any]]:
@@ -64,7 +67,7 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_int_id: int | None = None
 
 
-def add_lora_routes(app: FastAPI, engine: AsyncEngine, loras: LoRARegistry) -> None:
+def add_lora_routes(app: FastAPI, engine: ServingEngine, loras: LoRARegistry) -> None:
     """Register the runtime load and unload routes on `app`."""
     logger.warning("runtime LoRA loading and unloading is enabled (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
 
@@ -80,13 +83,13 @@ def add_lora_routes(app: FastAPI, engine: AsyncEngine, loras: LoRARegistry) -> N
         if not Path(path).is_dir():
             raise APIError(404, f"Loading lora {name} failed: No adapter found for {path}", param="lora_path")
         try:
-            await engine.call(lambda e: e.add_lora(lora))
+            await engine.call(EngineCall("add_lora", (lora,)))
         except LoRAAdapterError as exc:
             raise APIError(400, f"Loading lora {name} failed: {exc}", param="lora_path") from None
         try:
             loras.add(lora)
         except ValueError as exc:  # the same name was loaded meanwhile by a concurrent request
-            await engine.call(lambda e: e.remove_lora(lora.lora_int_id))
+            await engine.call(EngineCall("remove_lora", (lora.lora_int_id,)))
             raise APIError(400, str(exc), param="lora_name") from None
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -96,5 +99,5 @@ def add_lora_routes(app: FastAPI, engine: AsyncEngine, loras: LoRARegistry) -> N
             lora = loras.remove(body.lora_name)
         except KeyError:
             raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", param="lora_name") from None
-        await engine.call(lambda e: e.remove_lora(lora.lora_int_id))
+        await engine.call(EngineCall("remove_lora", (lora.lora_int_id,)))
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

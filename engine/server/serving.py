@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from flotilla.engine.async_engine import AsyncEngine
+from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
@@ -154,7 +154,7 @@ class OpenAIServing:
     so that a large prompt or a slow template never holds the event loop (and /health) up.
     """
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Any, max_model_len: int,
+    def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None) -> None:

@@ -52,6 +52,7 @@ CASES = [
     ({"quantization": "fp8"}, "--quantization", "fp8"),
     ({"parallelism": {"tensor": 2}}, "--tensor-parallel-size", "2"),
     ({"parallelism": {"pipeline": 2}}, "--pipeline-parallel-size", "2"),
+    ({"runner": "pooling"}, "--runner", "pooling"),
 ]
 
 
@@ -221,3 +222,16 @@ def test_shutdown_timeout_sets_the_pods_grace_period(extra, grace):
     spec = make(engineArgs=extra)
     assert shutdown_timeout(spec) == float(extra[-1].split("=")[-1]) if extra else 30.0
     assert build_deployment(spec, "x", "ns")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+
+
+def test_runner_field_is_validated_and_owns_the_runner_flags():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="runner"):
+        make(runner="classify")
+    assert flag_value(engine_args(make(), "x"), "--runner") == "auto"
+    errors = engine_args_errors(["--task", "embed", "--convert", "embed", "--runner", "pooling"])
+    assert any("--task" in e and "spec.runner" in e for e in errors)
+    assert any("--convert" in e and "spec.runner" in e for e in errors)
+    assert any("--runner is set by spec.runner" in e for e in errors)
+    assert unsupported(make(runner="pooling"), "x") == []

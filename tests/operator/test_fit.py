@@ -159,6 +159,17 @@ def test_int4_and_int8_weights():
     assert weight_bytes(arch, "int8") == weight_bytes(arch, "fp8")
 
 
+def test_compressed_tensors_weights_count_the_checkpoint_bits():
+    from flotilla.operator.spec import ModelArchitecture
+
+    arch = ModelArchitecture.model_validate(LLAMA_8B)
+    # llm-compressor's FP8 / W8A16 (8 bits, the default) and W4A16 (group 128) against the same counts
+    assert weight_bytes(arch, "compressed-tensors") == weight_bytes(arch, "fp8")
+    w4a16 = ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": 4})
+    assert weight_bytes(w4a16, "compressed-tensors") == weight_bytes(arch, "awq")
+    assert weight_bytes(w4a16, "compressed-tensors") < weight_bytes(arch, "fp8") < weight_bytes(arch, "none")
+
+
 def test_num_parameters_overrides_the_derived_count():
     from flotilla.operator.spec import ModelArchitecture
 

@@ -27,8 +27,9 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
     ("any_of", {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}},
                 "required": ["value"]}),
     ("number", {"type": "object", "properties": {"price": {"type": "number"}}, "required": ["price"]}),
-    ("int_list", {"type": "object", "properties": {
-        "scores": {"type": "array", "items": {"enum": [1, 2, 3, 4, 5]}, "maxItems": 4}}, "required": ["scores"]}),
+    ("test_scores_out_of_100", {"type": "object", "properties": {
+        "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 100}, "maxItems": 4}},
+        "required": ["scores"]}),
     ("top_array", {"type": "array", "items": {"enum": ["yes", "no"]}, "minItems": 1, "maxItems": 3}),
     ("top_enum", {"enum": ["alpha", "beta", "gamma"]}),
     ("optional_field", {"type": "object", "properties": {"title": NAME, "note": NAME}, "required": ["title"]}),

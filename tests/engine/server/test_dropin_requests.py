@@ -5,6 +5,7 @@ small endpoints and fields that lm-eval and SDKs read are there."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -184,5 +185,8 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
+    # the card names the KV element dtype as the start-up log does, and the (absent) weight quantization
+    logged = re.search(r"KV cache: \d+ blocks x \d+ tokens, (\w+)", server.log.read_text())
+    assert logged and one.json()["kv_cache_dtype"] == logged.group(1) and one.json()["quantization"] is None
     missing = httpx.get(f"{server.url}/v1/models/nope", headers=HEADERS)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -34,9 +34,12 @@ def faulty_process_token(self, child, result):
         raise RuntimeError("injected request fault")
     return process_token(self, child, result)
 
+# At module level, so that the engine-core process (spawned: it imports this script as __mp_main__)
+# runs the patched engine too.
 LLMEngine.step, LLMEngine._process_token = faulty_step, faulty_process_token
-from flotilla.engine.server.cli import main
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":
+    from flotilla.engine.server.cli import main
+    sys.exit(main(sys.argv[1:]))
 '''
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -52,7 +55,8 @@ def faulty_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     script = root / "faulty_server.py"
     script.write_text(FAULTY_SERVER)
     server = start_server(tiny_model_dirs["llama"], root / "server.log", "--max-model-len", "128",
-                          "--disable-log-stats", "--api-key", API_KEY, launcher=(sys.executable, str(script)))
+                          "--disable-log-stats", "--api-key", API_KEY, launcher=(sys.executable, str(script)),
+                          env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})  # the engine core's own process
     try:
         yield server
     finally:

@@ -1,0 +1,98 @@
+"""One precision configuration of issue 22 on the GPU, in its own process: decode step latency, KV
+blocks and offline throughput of the Llama-3.1-8B shape with random weights (`--load-format dummy`).
+
+    python bench/quant_gpu.py --model /tmp/llama8b --name fp8 --quantization fp8 --jobs bs1,throughput \\
+        --json fp8.json
+
+Run once per configuration (bf16, fp8 weights, fp8 KV, both, int4 W4A16): an engine takes the GPU's
+memory at start-up (the KV pool) and returns it only when its process ends, so
+bench/results/quant-gpu.sh starts one process each and compares their JSON files. Jobs:
+`bs1` decode step at batch 1, context 512; `bs64` at batch 64, context 4,096 (bench/latency.py's
+measure: whole engine steps once every request decodes); `throughput` 1,000 random prompts of 512
+tokens, 128 out (bench/throughput.py's workload). Each step figure comes with its roofline at the
+configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
+the LM head and embeddings stay bf16; fp8 KV 1 byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+from latency import BF16_FLOPS, COPY_BW, step_latency
+from throughput import make_prompts, timed_generate
+
+from flotilla.engine.llm import LLM
+
+# bytes per matmul weight of each scheme (int4: 4 bits + one bf16 scale per group of 128)
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
+
+
+def roofline_ms(cfg: dict, batch: int, context: int, weight_bytes: float, kv_bytes: float) -> float:
+    """Lower bound of one decode step on the H200 at these weight and KV element sizes."""
+    h, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // heads
+    matmul = layers * (h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * inter)
+    lm_head = cfg["vocab_size"] * h
+    read = matmul * weight_bytes + lm_head * 2 + batch * context * layers * 2 * kv * d * kv_bytes
+    return 1e3 * max(read / COPY_BW, 2 * (matmul + lm_head) * batch / BF16_FLOPS)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--weights", default=None, choices=sorted(WEIGHT_BYTES), help="for the roofline (default: name)")
+    p.add_argument("--jobs", default="bs1")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--max-num-seqs", type=int, default=512)
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    jobs = a.jobs.split(",")
+    t0 = time.perf_counter()
+    llm = LLM(a.model, load_format="dummy", max_model_len=4096 + 4 * a.steps + 64, max_num_seqs=a.max_num_seqs,
+              max_num_batched_tokens=16384, enable_prefix_caching=False, quantization=a.quantization,
+              kv_cache_dtype=a.kv_cache_dtype)  # fmt: skip
+    engine = llm.engine
+    cfg = engine.config.model.hf_config
+    weight_bytes = WEIGHT_BYTES[a.weights or ("int4" if "int4" in a.name else "fp8" if a.quantization else "bf16")]
+    kv_bytes = torch.empty(0, dtype=engine.runner.kv_dtype).element_size()
+    result: dict = {
+        "name": a.name,
+        "quantization": engine.config.model.quantization,
+        "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
+        "startup_s": time.perf_counter() - t0,
+        "num_blocks": engine.runner.num_blocks,
+        "block_size": engine.config.cache.block_size,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+
+    def save() -> None:
+        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+        print("QUANT_JSON " + json.dumps(result), flush=True)
+
+    save()
+    rng = random.Random(0)
+    for job in jobs:
+        if job in ("bs1", "bs64"):
+            batch, context = (1, 512) if job == "bs1" else (64, 4096)
+            row = step_latency(engine, batch, context, a.steps, rng)
+            row["roofline_ms"] = roofline_ms(cfg, batch, context, weight_bytes, kv_bytes)
+            result[job] = row
+        elif job == "throughput":
+            prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
+            result[job] = timed_generate(llm, prompts, 128)
+        save()
+
+
+if __name__ == "__main__":
+    main()

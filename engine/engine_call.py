@@ -1,0 +1,28 @@
+"""A named call on the engine between steps (load or unload a LoRA adapter), picklable so that it can
+cross into the engine-core process: a lambda could run on the in-process engine thread only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flotilla.engine.llm_engine import LLMEngine
+
+# The engine methods a front end may call: the only ones the core process will run for it.
+CALLABLE_METHODS = frozenset({LLMEngine.add_lora.__name__, LLMEngine.remove_lora.__name__})
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """`engine.<method>(*args)`, named so that it can be sent to another process and checked there."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in CALLABLE_METHODS:
+            raise ValueError(f"{self.method!r} is not an engine call (one of {sorted(CALLABLE_METHODS)})")
+
+    def __call__(self, engine: LLMEngine) -> Any:
+        """Run it on `engine` (on the thread or in the process that owns the engine)."""
+        return getattr(engine, self.method)(*self.args)

@@ -1,0 +1,322 @@
+"""The API process's end of the engine-core process (`engine_core.py`): the same interface as
+`AsyncEngine` (generate, call, abort, is_alive, num_unfinished, shutdown), with the step loop in a
+process of its own.
+
+Three parties in this process touch it: the event loop (generate, call, abort), a sender thread
+that batches the commands queued since its last send into one pipe write (so a burst of new requests
+never blocks the event loop on a full pipe), and the output-handler thread, which receives one message
+per step, rebuilds each request's cumulative output from its delta (`OutputDecoder`) and hands the
+step's outputs to each event loop in a single callback, as `AsyncEngine` does. Prometheus metrics are
+fed here, from the stats snapshot each step message carries.
+
+If the core process dies (an error in the step loop, a crash, a kill), its pipe reads end of file:
+every waiter gets EngineDeadError at once and `on_dead` runs (the server exits non-zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from flotilla.engine.async_engine import AsyncEngine, EngineDeadError, _hand_over, _Stream
+from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.engine_core import EngineFactory, run_engine_core
+from flotilla.engine.lora.request import LoRARequest
+from flotilla.engine.output_delta import OutputDecoder, OutputDelta
+from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.stats import StatsSnapshot
+
+logger = logging.getLogger(__name__)
+
+_Item = RequestOutput | BaseException
+
+
+class _CoreStream(_Stream):
+    """A request's stream, with the decoder that rebuilds its outputs (dropped with it on abort)."""
+
+    __slots__ = ("decoder",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.decoder = OutputDecoder()
+
+
+class EngineCoreClient:
+    """Starts the engine-core process and streams its requests' outputs; see the module docstring."""
+
+    def __init__(
+        self,
+        factory: EngineFactory,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """`on_step` gets every stats snapshot of the core (on the output-handler thread); `on_dead`
+        runs once if the core dies of an error or goes away."""
+        ctx = multiprocessing.get_context("spawn")  # CUDA and the workers' gloo threads do not survive fork
+        commands_in, self._commands = ctx.Pipe(duplex=False)
+        self._outputs, outputs_out = ctx.Pipe(duplex=False)
+        # Not a daemon: a daemon cannot start the tp/pp worker processes.
+        self._process = ctx.Process(target=run_engine_core, args=(factory, commands_in, outputs_out),
+                                    name="flotilla-engine-core", daemon=False)
+        self._child_ends = (commands_in, outputs_out)
+        self._on_step = on_step
+        self._on_dead = on_dead
+        self._streams: dict[str, _CoreStream] = {}
+        self._calls: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
+        self._call_ids = itertools.count()
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._stopping = False
+        self._stopped = threading.Event()
+        self.dead: BaseException | None = None
+        self._reader = threading.Thread(target=self._read, name="flotilla-output-handler", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="flotilla-command-sender", daemon=True)
+
+    @classmethod
+    def build(
+        cls,
+        factory: EngineFactory,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ) -> EngineCoreClient:
+        """Start the core process and return once its engine is built (RuntimeError from the build's
+        error if it failed)."""
+        client = cls(factory, on_step, on_dead)
+        client.start()
+        return client
+
+    def start(self) -> None:
+        """Start the core; return once it has built its engine, or raise RuntimeError from its error."""
+        self._process.start()
+        for end in self._child_ends:  # the child holds them now; ours would hide its exit from us
+            end.close()
+        try:
+            message = self._outputs.recv()
+        except (EOFError, OSError):
+            self._process.join(5)
+            raise RuntimeError(f"the engine core exited while starting (exit code {self._process.exitcode})") from None
+        if message[0] != "ready":
+            self._process.join(10)
+            raise RuntimeError("the engine failed to start") from message[1]
+        self._report(message[1])
+        self._reader.start()
+        self._sender.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the core (in-flight requests are aborted and answered with EngineDeadError)."""
+        if not self._stopping and self.dead is None:
+            self._stopping = True
+            live = list(self._streams)
+            if live:
+                self._queue.put(("abort", live))
+            self._queue.put(("shutdown",))
+        self._stopped.wait(timeout)
+        self._process.join(timeout)
+        if self._process.is_alive():
+            logger.warning("the engine core did not stop within %g s: terminating it", timeout)
+            self._process.terminate()
+            self._process.join(5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5)
+        self._queue.put(None)
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the core process runs and has not died of an error."""
+        return self.dead is None and not self._stopped.is_set() and self._process.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests added and not yet finished or aborted."""
+        return len(self._streams)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[RequestOutput]:
+        """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
+
+        Closing the iterator early (e.g. the client went away) aborts the request and frees its blocks.
+        """
+        self._check_running()
+        stream = _CoreStream(asyncio.get_running_loop())
+        self._streams[request_id] = stream
+        self._queue.put(("add", request_id, prompt, params, prompt_text, lora_request, priority, cache_salt))
+        finished = False
+        try:
+            while True:
+                await stream.ready.wait()
+                stream.ready.clear()
+                item, stream.latest = stream.latest, None
+                if item is not None:
+                    finished = item.finished
+                    yield item
+                    if finished:
+                        return
+                if stream.error is not None:
+                    finished = True  # the core has dropped it already
+                    raise stream.error
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    async def call(self, call: EngineCall) -> Any:
+        """Run a named engine call in the core between steps; returns its result or raises its error."""
+        self._check_running()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        call_id = next(self._call_ids)
+        self._calls[call_id] = (loop, future)
+        self._queue.put(("call", call_id, call))
+        try:
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread."""
+        if self._streams.pop(request_id, None) is not None:
+            self._queue.put(("abort", [request_id]))
+
+    def _check_running(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError("the engine core has stopped") from self.dead
+        if self._stopping:  # after shutdown() no core would ever answer
+            raise EngineDeadError("the engine is shutting down")
+
+    # --- the sender thread -------------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            command = self._queue.get()
+            batch = []
+            while command is not None:
+                batch.append(command)
+                try:
+                    command = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                try:
+                    self._commands.send(batch)
+                except OSError:  # the core has gone; the output handler reports it
+                    return
+            if command is None:
+                return
+
+    # --- the output-handler thread -----------------------------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._outputs.recv()
+            except (EOFError, OSError):
+                message = ("dead", None)
+            kind = message[0]
+            if kind == "step":
+                self._deliver_step(message[1], message[2])
+                if message[3] is not None:
+                    self._report(message[3])
+            elif kind == "stats":
+                self._report(message[1])
+            elif kind == "call":
+                self._settle_call(message[1], message[2], message[3])
+            elif kind == "stopped":
+                self._end(EngineDeadError("the engine is shutting down"))
+                return
+            else:  # "dead", or the pipe closed
+                self._die(message[1])
+                return
+
+    def _deliver_step(self, deltas: list[OutputDelta], failures: list[tuple[str, BaseException]]) -> None:
+        pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]] = {}
+        streams = self._streams
+        for delta in deltas:
+            request_id, finished = delta[0], delta[1]
+            stream = streams.get(request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            item: _Item
+            try:
+                item = stream.decoder.decode(delta)
+            except ValueError as exc:
+                item = exc
+            if finished:
+                streams.pop(request_id, None)
+            pending.setdefault(stream.loop, []).append((stream, item))
+        for request_id, error in failures:
+            failed = streams.pop(request_id, None)
+            if failed is not None:
+                pending.setdefault(failed.loop, []).append((failed, error))
+        _flush(pending)
+
+    def _settle_call(self, call_id: int, ok: bool, result: Any) -> None:
+        entry = self._calls.pop(call_id, None)
+        if entry is None:
+            return
+        loop, future = entry
+
+        def settle() -> None:
+            if future.done():  # the caller went away
+                return
+            if ok:
+                future.set_result(result)
+            else:
+                future.set_exception(result)
+
+        with contextlib.suppress(RuntimeError):  # that loop has closed
+            loop.call_soon_threadsafe(settle)
+
+    def _report(self, snapshot: StatsSnapshot) -> None:
+        if self._on_step is not None:
+            self._on_step(snapshot)
+
+    def _end(self, error: EngineDeadError) -> None:
+        """Answer every open stream and call with `error`; nothing will come from the core any more."""
+        self._stopping = True
+        pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]] = {}
+        for stream in list(self._streams.values()):
+            pending.setdefault(stream.loop, []).append((stream, error))
+        self._streams.clear()
+        _flush(pending)
+        for call_id in list(self._calls):
+            self._settle_call(call_id, False, error)
+        self._stopped.set()
+
+    def _die(self, cause: BaseException | None) -> None:
+        if self._stopping:  # a shutdown we asked for, whose "stopped" message was lost with the pipe
+            self._end(EngineDeadError("the engine is shutting down"))
+            return
+        self._process.join(1)
+        exc = cause if cause is not None else RuntimeError(
+            f"the engine core process exited (exit code {self._process.exitcode})")
+        self.dead = exc
+        logger.error("the engine core died: %r", exc)
+        self._end(EngineDeadError(f"the engine loop died: {exc!r}"))
+        if self._on_dead is not None:
+            self._on_dead(exc)
+
+
+def _flush(pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]]) -> None:
+    """Hand each event loop its items in a single callback."""
+    for loop, batch in pending.items():
+        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
+            loop.call_soon_threadsafe(_hand_over, batch)
+
+
+# What the server's routes drive: the engine core in its own process, or on a thread (see cli).
+ServingEngine = AsyncEngine | EngineCoreClient

@@ -1,0 +1,135 @@
+"""The pooling pass: prefill only, on the engine's own model and KV pool, blocks returned at once.
+
+Runs on the engine's thread (`AsyncEngine.call`, or the offline `LLM`), between steps, so it never
+races a generation step for the model or the block manager. Each batch takes KV blocks for its
+prompts, runs one forward pass over them (paged attention writes and reads the prompts' K/V as in
+any prefill), pools each prompt's last hidden state and frees the blocks before returning: nothing
+is kept beyond the request, whatever happens in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.forward_context import AttentionMetadata, forward_context
+from flotilla.engine.model_runner import ModelRunner
+from flotilla.engine.pooling.params import PoolingParams, check_dimensions
+from flotilla.engine.pooling.pooler import last_token_pool
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.staging import device_tensor
+
+if TYPE_CHECKING:
+    from flotilla.engine.llm_engine import LLMEngine
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding and how many tokens it took."""
+
+    embedding: list[float]
+    num_prompt_tokens: int
+
+
+def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
+    """Embeddings of token-id prompts, in order (runs on the engine's thread)."""
+    if engine.config.model.runner != "pooling":
+        raise InvalidParamError("this server runs the generate runner; start it with --runner pooling "
+                                "(or --task embed) to serve embeddings", param="model")
+    runner = engine.runner
+    if not isinstance(runner, ModelRunner):
+        raise InvalidParamError("embeddings are not supported with tensor or pipeline parallelism yet")
+    check_dimensions(params, engine.config.model.hf_config)
+    if not prompts:
+        raise InvalidParamError("input must not be empty", param="input")
+    for i, ids in enumerate(prompts):
+        _check_prompt(i, ids, engine.config.model.max_model_len, engine.vocab_size)
+    out: list[EmbeddingOutput] = []
+    for batch in _batches(engine, prompts):
+        out += _embed_batch(engine, runner, batch, params)
+    return out
+
+
+def _check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
+    """Non-empty, at most the context length (nothing is generated after it), ids in the vocabulary."""
+    if not ids:
+        raise InvalidParamError(f"input {index} is empty", param="input")
+    if len(ids) > max_len:
+        raise InvalidParamError(f"input {index} is {len(ids)} tokens long; this model's maximum context length "
+                                f"is {max_len} tokens", param="input")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidParamError(f"input {index}: token id(s) {bad[:5]} are outside the vocabulary (size {vocab})",
+                                param="input")
+
+
+def _batches(engine: LLMEngine, prompts: list[list[int]]) -> Iterator[list[list[int]]]:
+    """Consecutive prompts within the step's token budget and sequence limit (one prompt at least)."""
+    budget = engine.config.scheduler.max_num_batched_tokens
+    max_seqs = engine.config.scheduler.max_num_seqs
+    batch: list[list[int]] = []
+    tokens = 0
+    for ids in prompts:
+        if batch and (tokens + len(ids) > budget or len(batch) == max_seqs):
+            yield batch
+            batch, tokens = [], 0
+        batch.append(ids)
+        tokens += len(ids)
+    if batch:
+        yield batch
+
+
+def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]],
+                 params: PoolingParams) -> list[EmbeddingOutput]:
+    blocks = engine.block_manager
+    holders = [Request(f"pooling-{i}", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(batch)]
+    taken: list[Request] = []
+    try:
+        for holder in holders:
+            if not blocks.allocate(holder, len(holder.prompt_token_ids)):
+                raise InvalidParamError("the KV cache has no room for this input now; retry or send fewer inputs",
+                                        param="input")
+            taken.append(holder)
+        pooled = _forward(runner, holders, params)
+    finally:
+        for holder in taken:
+            blocks.free(holder)
+    return [EmbeddingOutput(vec, len(ids)) for vec, ids in zip(pooled.tolist(), batch, strict=True)]
+
+
+@torch.inference_mode()
+def _forward(runner: ModelRunner, holders: list[Request], params: PoolingParams) -> torch.Tensor:
+    """One prefill pass over the prompts (eager: CUDA graphs hold decode-sized steps) and the pooling."""
+    size = runner.block_size
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    for holder in holders:
+        prompt = holder.prompt_token_ids
+        ids += prompt
+        positions += range(len(prompt))
+        slots += [holder.block_ids[p // size] * size + p % size for p in range(len(prompt))]
+        starts.append(len(ids))
+    lens = [len(h.prompt_token_ids) for h in holders]
+    width = max(len(h.block_ids) for h in holders)
+    tables = [h.block_ids + [0] * (width - len(h.block_ids)) for h in holders]
+    device = runner.device
+    metadata = AttentionMetadata(
+        slot_mapping=device_tensor(slots, torch.long, device),
+        block_tables=device_tensor(tables, torch.int32, device),
+        query_start_loc=device_tensor(starts, torch.int32, device),
+        seq_lens=device_tensor(lens, torch.int32, device),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+    )
+    with forward_context(metadata):
+        hidden = runner.model(device_tensor(ids, torch.long, device), device_tensor(positions, torch.long, device))
+    runner.num_tokens_fed += len(ids)
+    last = device_tensor([s - 1 for s in starts[1:]], torch.long, device)
+    return last_token_pool(hidden, last, params).cpu()

@@ -1,0 +1,102 @@
+"""POST /v1/embeddings (OpenAI's shape, vLLM's pooling runner behind it).
+
+Inputs are text, a list of texts, token ids or a list of token-id lists; each text is tokenized by
+the model's tokenizer (special tokens included, so an embedding model's appended end token is there).
+The pooling pass runs on the engine's thread between steps (`engine/pooling/embed.py`).
+`encoding_format` base64 is the little-endian float32 bytes of each vector, as OpenAI sends them.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from fastapi import FastAPI
+from pydantic import StrictInt
+
+from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.protocol import _RequestBody
+
+if TYPE_CHECKING:
+    from flotilla.engine.server.app import ServerState
+
+EmbeddingInput = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+
+
+class EmbeddingRequest(_RequestBody):
+    """POST /v1/embeddings."""
+
+    model: str | None = None
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
+    normalize: bool = True
+    add_special_tokens: bool = True
+
+
+async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
+    """Tokenize, embed on the engine thread, and shape the OpenAI response."""
+    prompts = await _token_ids(state, body)
+    params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
+    outputs: list[EmbeddingOutput] = await state.engine.call(
+        functools.partial(_embed, prompts=prompts, params=params))
+    tokens = sum(o.num_prompt_tokens for o in outputs)
+    return {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [{"object": "embedding", "index": i, "embedding": _encode(o.embedding, body.encoding_format)}
+                 for i, o in enumerate(outputs)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _embed(engine: Any, *, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
+    return embed_prompts(engine, prompts, params)
+
+
+async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
+    given = body.input
+    if isinstance(given, str):
+        given = [given]
+    if not given:
+        raise APIError(400, "input must not be empty", param="input")
+    if all(isinstance(x, int) for x in given):  # one prompt as token ids
+        return [list(given)]  # type: ignore[arg-type]  # every item is an int: checked just above
+    prompts = []
+    for item in given:
+        if isinstance(item, str):
+            prompts.append(await state.serving.encode(item, add_special_tokens=body.add_special_tokens,
+                                                      param="input"))
+        elif isinstance(item, list):
+            prompts.append(list(item))
+        else:
+            raise APIError(400, "input must be a string, a list of strings, a list of token ids or a list of "
+                                "token-id lists (not a mix of ids and lists)", param="input")
+    return prompts
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any) -> None:
+    """Register /v1/embeddings; `model_of(state, name)` resolves the served name (404 otherwise)."""
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        return await create_embeddings(state, body, model_of(state, body.model))
+
+
+

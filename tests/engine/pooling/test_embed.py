@@ -1,0 +1,119 @@
+"""The pooling runner against HF: last-token pooled, L2-normalised hidden states of a tiny Qwen3."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5], [7] * 40, [11, 12], list(range(100, 133))]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tiny_model_dirs):
+    return tiny_model_dirs["qwen3"]
+
+
+@pytest.fixture(scope="module")
+def pooling_llm(qwen3_dir):
+    # A small token budget, so the four prompts run as more than one batch.
+    return LLM(str(qwen3_dir), runner="pooling", max_num_batched_tokens=64, max_model_len=64, device="cpu")
+
+
+def hf_embeddings(model_dir, prompts: list[list[int]]) -> torch.Tensor:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = []
+    with torch.no_grad():
+        for ids in prompts:  # one at a time: no padding in the oracle
+            hidden = model(torch.tensor([ids])).last_hidden_state[0, -1]
+            rows.append(torch.nn.functional.normalize(hidden, dim=-1))
+    return torch.stack(rows)
+
+
+def test_embeddings_equal_hf_last_token_normalised(pooling_llm, qwen3_dir):
+    blocks = pooling_llm.engine.block_manager
+    free_before = blocks.num_free_blocks
+    out = pooling_llm.embed(PROMPTS)
+    got = torch.tensor([o.embedding for o in out])
+    torch.testing.assert_close(got, hf_embeddings(qwen3_dir, PROMPTS), atol=1e-4, rtol=1e-4)
+    assert [o.num_prompt_tokens for o in out] == [len(p) for p in PROMPTS]
+    assert torch.allclose(got.norm(dim=-1), torch.ones(len(PROMPTS)))
+    assert blocks.num_free_blocks == free_before  # prefill only: every block is back
+    assert not pooling_llm.engine.has_unfinished_requests()
+
+
+def test_text_input_is_tokenized_like_the_model_tokenizer(pooling_llm, qwen3_dir):
+    ids = pooling_llm.get_tokenizer().encode("harbour lights")
+    [by_text] = pooling_llm.embed("harbour lights")
+    [by_ids] = pooling_llm.embed([ids])
+    assert by_text.embedding == by_ids.embedding
+
+
+def test_bad_inputs_are_refused_and_leak_nothing(pooling_llm):
+    blocks = pooling_llm.engine.block_manager
+    free_before = blocks.num_free_blocks
+    for bad, param in (([[]], "input"), ([[1, 2], [10**9]], "input"), ([[1] * 65], "input")):
+        with pytest.raises(InvalidParamError) as err:
+            pooling_llm.embed(bad)
+        assert err.value.param == param
+    with pytest.raises(InvalidParamError, match="matryoshka") as err:
+        pooling_llm.embed([[1, 2]], dimensions=8)
+    assert err.value.param == "dimensions"
+    assert blocks.num_free_blocks == free_before
+
+
+def test_generate_on_the_pooling_runner_is_refused(pooling_llm):
+    with pytest.raises(InvalidParamError, match="pooling runner"):
+        pooling_llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_matryoshka_dimensions_cut_then_normalise(qwen3_dir, tmp_path):
+    model_dir = tmp_path / "matryoshka"
+    shutil.copytree(qwen3_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["matryoshka_dimensions"] = [16, 32]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    llm = LLM(str(model_dir), task="embed", max_model_len=64, device="cpu")
+    [full] = llm.embed([PROMPTS[0]])
+    [cut] = llm.embed([PROMPTS[0]], dimensions=16)
+    assert len(cut.embedding) == 16
+    expected = torch.nn.functional.normalize(hf_embeddings(qwen3_dir, [PROMPTS[0]])[0][:16], dim=-1)
+    torch.testing.assert_close(torch.tensor(cut.embedding), expected, atol=1e-4, rtol=1e-4)
+    assert len(full.embedding) == config["hidden_size"]
+    with pytest.raises(InvalidParamError, match=r"only dimensions \[16, 32\]"):
+        llm.embed([PROMPTS[0]], dimensions=8)
+
+
+@pytest.mark.parametrize(("kwargs", "runner"), [
+    ({}, "generate"),
+    ({"runner": "pooling"}, "pooling"),
+    ({"task": "embed"}, "pooling"),
+    ({"task": "embedding", "convert": "embed"}, "pooling"),
+    ({"runner": "pooling", "convert": "auto"}, "pooling"),
+])
+def test_runner_flags_resolve_as_vllm(qwen3_dir, kwargs, runner):
+    config = EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs)
+    assert config.model.runner == runner
+    assert config.model.convert == ("embed" if runner == "pooling" else "none")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"task": "embed", "runner": "generate"},
+    {"convert": "embed"},
+    {"runner": "pooling", "convert": "none"},
+    {"convert": "classify"},
+    {"runner": "draft"},
+    {"task": "score"},
+])
+def test_contradicting_or_unsupported_runner_flags_are_refused(qwen3_dir, kwargs):
+    with pytest.raises(ConfigError):
+        EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs)

@@ -1,0 +1,113 @@
+"""/v1/embeddings through the real `openai` client against `flotilla serve --runner pooling`."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from .conftest import API_KEY, start_tiny_server, stop_server
+
+openai = pytest.importorskip("openai")
+
+TEXTS = ["The harbour master counts the boats.", "lanterns", "Ein Schiff wird kommen"]
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def pooling_server(tiny_model_dirs, tmp_path_factory):
+    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("pooling") / "server.log",
+                          "--runner", "pooling")
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def pooling_client(pooling_server):
+    return openai.OpenAI(base_url=f"{pooling_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dirs):
+    from transformers import AutoModel, AutoTokenizer
+
+    path = tiny_model_dirs["qwen3"]
+    return AutoModel.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def hf_embedding(hf, ids: list[int]) -> np.ndarray:
+    model, _ = hf
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids])).last_hidden_state[0, -1]
+    return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+
+
+def post(server, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/embeddings", json=body, headers=HEADERS, timeout=120)
+
+
+def test_openai_client_embeddings_equal_hf(pooling_client, hf):
+    # The client asks for base64 by default and decodes it: this checks the byte layout too.
+    result = pooling_client.embeddings.create(model="tiny", input=TEXTS)
+    tokenizer = hf[1]
+    ids = [tokenizer.encode(t) for t in TEXTS]
+    assert [d.index for d in result.data] == [0, 1, 2]
+    for item, prompt in zip(result.data, ids, strict=True):
+        np.testing.assert_allclose(item.embedding, hf_embedding(hf, prompt), atol=1e-4, rtol=1e-4)
+    assert result.usage.prompt_tokens == result.usage.total_tokens == sum(len(p) for p in ids)
+    assert result.model == "tiny"
+
+
+def test_float_and_base64_agree_and_token_inputs_work(pooling_server, hf):
+    ids = hf[1].encode(TEXTS[0])
+    floats = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float"}).json()
+    packed = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "base64"}).json()
+    vector = floats["data"][0]["embedding"]
+    decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(decoded, np.asarray(vector, dtype=np.float32))
+    one = post(pooling_server, {"model": "tiny", "input": ids, "encoding_format": "float"}).json()
+    many = post(pooling_server, {"model": "tiny", "input": [ids, ids[:3]], "encoding_format": "float"}).json()
+    assert one["data"][0]["embedding"] == vector
+    assert many["data"][0]["embedding"] == vector and len(many["data"]) == 2
+    np.testing.assert_allclose(many["data"][1]["embedding"], hf_embedding(hf, ids[:3]), atol=1e-4, rtol=1e-4)
+    assert many["usage"] == {"prompt_tokens": len(ids) + 3, "total_tokens": len(ids) + 3}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": "x", "dimensions": 8}, "dimensions"),
+    ({"input": []}, "input"),
+    ({"input": [[]]}, "input"),
+    ({"input": [1, 10**9]}, "input"),
+    ({"input": [[1, 2], "mixed"]}, "input"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": [[5] * 300]}, "input"),
+])
+def test_bad_requests_get_openai_error_json(pooling_server, body, param):
+    answer = post(pooling_server, {"model": "tiny", **body})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "BadRequestError" or error["code"] == 400
+    assert param in (error.get("param") or "") + error["message"]
+    # The server keeps serving.
+    assert post(pooling_server, {"model": "tiny", "input": "ok"}).status_code == 200
+
+
+def test_generate_on_the_pooling_server_is_a_clear_400(pooling_client):
+    with pytest.raises(openai.BadRequestError, match="pooling runner"):
+        pooling_client.completions.create(model="tiny", prompt="hello", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="pooling runner"):
+        pooling_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=2, stream=True)
+
+
+def test_embeddings_on_a_generate_server_is_a_clear_400(client):
+    with pytest.raises(openai.BadRequestError, match="--runner pooling"):
+        client.embeddings.create(model="tiny", input="hello")
+
+
+def test_unknown_model_is_404(pooling_client):
+    with pytest.raises(openai.NotFoundError):
+        pooling_client.embeddings.create(model="nope", input="hello")

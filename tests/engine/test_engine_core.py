@@ -1,0 +1,178 @@
+"""The engine core in its own process (`flotilla serve`'s default): outputs rebuilt from per-step deltas
+equal the engine's own, abort frees the request, named calls run in the core, errors keep their type
+and fields across the process boundary, and a dead core fails every waiter and reports its death."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import time
+
+import pytest
+
+from flotilla.engine.async_engine import EngineDeadError
+from flotilla.engine.config import EngineConfig
+from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.engine_core import EngineFactory
+from flotilla.engine.engine_core_client import EngineCoreClient
+from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.lora.request import LoRARequest
+from flotilla.engine.output_delta import OutputDecoder, OutputEncoder
+from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def _output(texts: list[str], tokens: list[list[int]], finished: bool = False, logprobs: bool = False) -> RequestOutput:
+    completions = [
+        CompletionOutput(index=i, text=t, token_ids=list(ids), finish_reason="stop" if finished else None,
+                         cumulative_logprob=-0.5 * len(ids) if logprobs else None,
+                         logprobs=[{tok: (-0.5, 1)} for tok in ids] if logprobs else None)
+        for i, (t, ids) in enumerate(zip(texts, tokens, strict=True))
+    ]
+    return RequestOutput("r", "a prompt", [5, 6, 7], [None, {6: (-1.0, 1)}, {7: (-2.0, 1)}], completions, finished)
+
+
+def test_deltas_rebuild_every_cumulative_output_and_earlier_ones_stay_unchanged():
+    # Two completions, logprobs on, text that shrinks when a stop string is cut off (step 3).
+    steps = [
+        _output(["He", ""], [[1], []], logprobs=True),
+        _output(["Hello wo", "Hi"], [[1, 2], [3]], logprobs=True),
+        _output(["Hello", "Hi there"], [[1, 2, 4], [3, 8]], logprobs=True),
+        _output(["Hello!", "Hi there"], [[1, 2, 4, 9], [3, 8]], finished=True, logprobs=True),
+    ]
+    encoder, decoder = OutputEncoder(), OutputDecoder()
+    decoded = []
+    for step in steps:
+        delta = pickle.loads(pickle.dumps(encoder.encode(step)))
+        decoded.append(decoder.decode(delta))
+    assert decoded == steps  # every snapshot as it was when decoded: later steps did not mutate it
+    assert len(encoder) == 0  # finished: the core keeps nothing of it
+    first, later = encoder.encode(steps[0]), encoder.encode(steps[1])
+    assert first[2] is not None and later[2] is None  # the prompt travels once
+    assert later[3][0][3] == [2] and later[3][0][1] == "llo wo"  # only the news
+    encoder.forget("r")
+    assert len(encoder) == 0
+
+
+def test_errors_keep_their_type_and_fields_across_the_process_boundary():
+    invalid = pickle.loads(pickle.dumps(InvalidParamError("too long", "max_tokens")))
+    assert isinstance(invalid, InvalidParamError) and invalid.param == "max_tokens" and str(invalid) == "too long"
+    original = RequestFailedError("req-1", RuntimeError("injected fault"))
+    failed = pickle.loads(pickle.dumps(original))
+    assert isinstance(failed, RequestFailedError) and failed.request_id == "req-1"
+    assert str(failed) == str(original) and "injected fault" in str(failed)
+
+
+def test_engine_calls_are_named_and_checked():
+    assert pickle.loads(pickle.dumps(EngineCall("remove_lora", (3,)))) == EngineCall("remove_lora", (3,))
+    with pytest.raises(ValueError, match="not an engine call"):
+        EngineCall("shutdown")
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model_dirs):
+    """A core process serving the tiny Llama, its stats snapshots, and the in-process engine's greedy tokens."""
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64)
+    snapshots = []
+    deaths: list[BaseException] = []
+    died = threading.Event()
+
+    def on_dead(exc: BaseException) -> None:
+        deaths.append(exc)
+        died.set()
+
+    client = EngineCoreClient.build(EngineFactory(config), snapshots.append, on_dead)
+    reference = LLMEngine(config)
+    reference.add_request("Hello there", GREEDY, "ref")
+    expected = None
+    while reference.has_unfinished_requests():
+        for output in reference.step():
+            expected = output
+    yield client, snapshots, expected, (deaths, died)
+    client.shutdown()
+
+
+async def _final(client: EngineCoreClient, request_id: str, prompt: str | list[int] = "Hello there") -> RequestOutput:
+    final = None
+    async for output in client.generate(prompt, GREEDY, request_id):
+        final = output
+    assert final is not None and final.finished
+    return final
+
+
+def test_the_core_process_serves_what_the_engine_computes(core):
+    client, snapshots, expected, _ = core
+    assert snapshots and snapshots[0].num_gpu_blocks > 0  # the first snapshot arrives before serving
+
+    async def run() -> list[RequestOutput]:
+        return await asyncio.gather(*(_final(client, f"r{i}") for i in range(3)))
+
+    for output in asyncio.run(run()):
+        assert output.outputs[0].token_ids == expected.outputs[0].token_ids
+        assert output.outputs[0].text == expected.outputs[0].text
+        assert output.prompt_token_ids == expected.prompt_token_ids
+    assert client.num_unfinished == 0
+    deadline = time.monotonic() + 10  # the step's snapshot follows its outputs
+    while snapshots[-1].generation_tokens < 3 * GREEDY.max_tokens and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert snapshots[-1].generation_tokens >= 3 * GREEDY.max_tokens
+
+
+def test_bad_requests_and_calls_fail_alone_with_their_own_errors(core):
+    client, *_ = core
+
+    async def run() -> None:
+        with pytest.raises(InvalidParamError) as bad:
+            await _final(client, "bad", [10**9])
+        assert bad.value.param == "prompt"
+        with pytest.raises(InvalidParamError, match="LoRA adapters are not enabled"):
+            await client.call(EngineCall("add_lora", (LoRARequest("a", 1, "/nowhere"),)))
+        assert await client.call(EngineCall("remove_lora", (1,))) is None
+
+    asyncio.run(run())
+    assert client.num_unfinished == 0 and client.is_alive
+
+
+def test_closing_a_stream_aborts_its_request_in_the_core(core):
+    client, snapshots, *_ = core
+    long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+
+    async def run() -> None:
+        stream = client.generate("Hello there", long, "left")
+        await anext(stream)
+        await stream.aclose()  # the client went away
+        assert client.num_unfinished == 0
+        await _final(client, "after")  # served; the aborted one no longer runs
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 10  # the core reports every half second when idle
+    while snapshots[-1].kv_cache_usage != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert snapshots[-1].num_running == 0 and snapshots[-1].kv_cache_usage == 0.0
+
+
+def test_a_dead_core_fails_every_waiter_and_reports_its_death(core):
+    client, _, _, (deaths, died) = core
+    long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+
+    async def run() -> None:
+        stream = client.generate("Hello there", long, "doomed")
+        await anext(stream)
+        client._process.kill()  # a crash the core cannot report itself
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+
+    asyncio.run(run())
+    assert died.wait(10) and deaths
+    assert not client.is_alive
+
+    async def refused() -> None:
+        with pytest.raises(EngineDeadError):
+            await _final(client, "late")
+
+    asyncio.run(refused())
