@@ -23,15 +23,6 @@ EXPAND = {"y_ptr": "*bf16", "part_ptr": "*fp32", "b_ptr": "*bf16", "slots_ptr": 
           "stride_ps": "i32", "stride_pt": "i32", "stride_bs": "i32", "stride_bn": "i32", "N": "i32", "R": "i32",
           "SPLITS": "i32", "OFF1": "i32", "OFF2": "i32", "N_SLICES": "constexpr", "BLOCK_N": "constexpr",
           "BLOCK_R": "constexpr", "BLOCK_S": "constexpr"}
-GROUPED_SHRINK = {"x_ptr": "*bf16", "a_ptr": "*bf16", "slots_ptr": "*i64", "part_ptr": "*fp32", "stride_x": "i32",
-                  "stride_as": "i32", "stride_ar": "i32", "stride_ps": "i32", "stride_pt": "i32", "T": "i32",
-                  "K": "i32", "R": "i32", "K_PER_SPLIT": "i32", "TOKEN_BLOCKS": "i32", "DOT_FP32": "constexpr",
-                  "BLOCK_T": "constexpr", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"}
-GROUPED_EXPAND = {"y_ptr": "*bf16", "part_ptr": "*fp32", "b_ptr": "*bf16", "slots_ptr": "*i64", "stride_y": "i32",
-                  "stride_ps": "i32", "stride_pt": "i32", "stride_bs": "i32", "stride_bn": "i32", "T": "i32",
-                  "N": "i32", "R": "i32", "OFF1": "i32", "OFF2": "i32", "TOKEN_BLOCKS": "i32",
-                  "SPLITS": "constexpr", "N_SLICES": "constexpr", "DOT_FP32": "constexpr", "BLOCK_T": "constexpr",
-                  "BLOCK_N": "constexpr", "BLOCK_R": "constexpr"}
 
 
 def compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, int], name: str) -> None:
@@ -48,16 +39,6 @@ def main() -> None:
             consts = {"N_SLICES": slices, "BLOCK_N": block_n, "BLOCK_R": 16, "BLOCK_S": block_s}
             compile_for_hopper(triton_lora._expand_kernel, EXPAND, consts,
                                f"expand slices={slices} BLOCK_N={block_n} BLOCK_S={block_s}")
-    for block_t, block_r in ((64, 64), (64, 16), (16, 16)):
-        consts = {"DOT_FP32": False, "BLOCK_T": block_t, "BLOCK_R": block_r, "BLOCK_K": 256}
-        compile_for_hopper(triton_lora._grouped_shrink_kernel, GROUPED_SHRINK, consts,
-                           f"grouped shrink BLOCK_T={block_t} BLOCK_R={block_r}")
-    for slices in (1, 2, 3):
-        for block_t in (16, 64):
-            consts = {"SPLITS": 16, "N_SLICES": slices, "DOT_FP32": False, "BLOCK_T": block_t, "BLOCK_N": 128,
-                      "BLOCK_R": 16}
-            compile_for_hopper(triton_lora._grouped_expand_kernel, GROUPED_EXPAND, consts,
-                               f"grouped expand slices={slices} BLOCK_T={block_t}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@
 # from the repository root, carrying .whl; results in $OUT/lora-gpu.log and $OUT/lora-gpu.json).
 # Stages, each with its own limit inside the whole-call deadline:
 #   kernels: the LoRA Triton kernels compiled on the GPU against the PyTorch reference
-#            (tests/kernels/test_lora.py: one shrink + one expand per merged projection, split-K;
-#            from 16 tokens on the grouped per-adapter tl.dot kernels, branch loragraph2);
+#            (tests/kernels/test_lora.py: one shrink + one expand per merged projection, split-K);
 #   graphs:  tests/engine/lora/test_lora_graphs.py: the graph bookkeeping tests and the CUDA smoke
 #            test (tiny Llama, fp32, four adapters in two slots mixed with the base model: greedy
 #            tokens from captured LoRA graphs equal the eager path's, decode steps replay graphs);

@@ -72,29 +72,6 @@ def test_apply_matches_reference(dtype, slice_sizes, tokens, block_k, target):
     assert torch.equal(out[slots < 0], y[slots < 0])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("slice_sizes, tokens, slots, block_k", [
-    ((32, 16, 16), 20, 3, 32),  # QKV-like: one block of 32 token rows (12 masked), K split in 3
-    ((40, 40), 70, 4, 128),  # gate/up-like: two token blocks of 64, one split, unaligned boundary
-    ((48,), 16, 6, 64),  # more slots than used (slots 4, 5 empty: their programs return at once)
-])
-def test_grouped_apply_matches_reference(dtype, slice_sizes, tokens, slots, block_k):
-    """The per-adapter grouped kernels (tensor-core tiles over the tokens of one slot) compute the
-    same delta as the reference; base-model rows stay bit-identical."""
-    from flotilla.kernels.triton_lora import lora_apply
-
-    y, x, a, b, token_slots = _projection(dtype, slice_sizes, tokens, slots=slots)
-    token_slots = token_slots % 5 - 1 if slots == 6 else token_slots  # slots -1..3 of 6
-    ref = y.clone()
-    lora_apply_ref(ref, x, a, b, token_slots, slice_sizes, 16)
-    out = y.clone().to(DEVICE)
-    lora_apply(out, x.to(DEVICE), a.to(DEVICE), b.to(DEVICE), token_slots.to(DEVICE), slice_sizes, 16,
-               block_k=block_k, block_n=32, grouped_min_tokens=16)
-    out = out.cpu()
-    assert rel_err(out - y.float(), ref.float() - y.float()) < tolerance(dtype) * 2
-    assert torch.equal(out[token_slots < 0], y[token_slots < 0])
-
-
 def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
     from flotilla.kernels.triton_lora import shrink_splits
 
@@ -102,8 +79,5 @@ def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
     assert shrink_splits(1, 1, 14336, 256) == (56, 256)  # down: 56 programs
     assert shrink_splits(64, 3, 4096, 256) == (3, 1536)
     assert shrink_splits(512, 3, 4096, 256) == (1, 4096)
-    # Grouped (8 slots x 1 block of 64 tokens): at most 16 splits, the expand unrolls their loads.
-    assert shrink_splits(8, 1, 4096, 256, 256, 16) == (16, 256)
-    assert shrink_splits(8, 1, 14336, 256, 256, 16) == (14, 1024)
     splits, per = shrink_splits(1, 1, 80, 32)
     assert splits * per >= 80 and (splits - 1) * per < 80
