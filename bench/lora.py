@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def write_adapter(config: dict, path: Path, rank: int, seed: int) -> Path:
-    """A random PEFT LoRA adapter of `config`'s shape (bf16), as PEFT's save_pretrained lays it out."""
+def write_adapter(config: dict, path: Path, rank: int, seed: int, scale: float = 0.01) -> Path:
+    """A random PEFT LoRA adapter of `config`'s shape (bf16, entries of standard deviation `scale`), as
+    PEFT's save_pretrained lays it out."""
     h, i = config["hidden_size"], config["intermediate_size"]
     head_dim = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * head_dim, config.get("num_key_value_heads", 1) * head_dim
@@ -40,8 +41,8 @@ def write_adapter(config: dict, path: Path, rank: int, seed: int) -> Path:
             fan_in, fan_out = shapes[target]
             block = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
             prefix = f"base_model.model.model.layers.{layer}.{block}.{target}"
-            tensors[f"{prefix}.lora_A.weight"] = (torch.randn(rank, fan_in, generator=g) * 0.01).bfloat16()
-            tensors[f"{prefix}.lora_B.weight"] = (torch.randn(fan_out, rank, generator=g) * 0.01).bfloat16()
+            tensors[f"{prefix}.lora_A.weight"] = (torch.randn(rank, fan_in, generator=g) * scale).bfloat16()
+            tensors[f"{prefix}.lora_B.weight"] = (torch.randn(fan_out, rank, generator=g) * scale).bfloat16()
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
     (path / "adapter_config.json").write_text(json.dumps({
@@ -103,7 +104,8 @@ def main() -> None:
     for b in batches:
         row = {"batch": b, "no_lora_ms": plain[b],
                "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None]),
-               "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)])}
+               "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)]),
+               "lora_graphed": engine.runner.last_step.graphed}
         row["ratio"] = row["lora_ms"] / row["no_lora_ms"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)

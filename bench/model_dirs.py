@@ -83,6 +83,15 @@ SHAPES: dict[str, dict] = {
         "torch_dtype": "float32",
     },
 }
+# A small Llama whose steps take milliseconds on a CPU (pipeline-overlap measurements).
+SHAPES["small-llama"] = {
+    **SHAPES["tiny-llama"],
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
 # Llama-3.1-70B: the 8B's config with the 70B's widths (bf16 weights need at least two H200s).
 SHAPES["llama-3.1-70b"] = {
     **SHAPES["llama-3.1-8b"],

@@ -22,6 +22,14 @@ no query tokens and context 0, and padding token rows belong to no sequence, so 
 never touches them. Padding outputs are dropped. Block-table entries inside a real sequence's length
 are its real block ids; entries beyond it are never dereferenced.
 
+With `--enable-lora`, every shape is captured twice: without LoRA (the base model's steps pay
+nothing) and with it. A LoRA graph reads each token's adapter slot from a persistent buffer staged
+like the inputs (-1 for base-model and padding tokens), and the adapters' matrices from the layers'
+stacked slot tensors, which loading an adapter overwrites in place: one graph per shape serves any
+mix of resident adapters.
+
+A step no graph holds runs eagerly, and the first step of each such kind says why in the log.
+
 The same staging runs on the CPU without capture, so CI checks the padding and buffer layout against
 the eager path with the reference attention.
 """
@@ -29,6 +37,7 @@ the eager path with the reference attention.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +48,7 @@ from torch import nn
 
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch
+from flotilla.engine.lora.slots import lora_slots
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +78,14 @@ def table_widths(max_model_len: int, block_size: int) -> list[int]:
 
 @dataclass(frozen=True)
 class GraphKey:
-    """One captured graph's shape: padded token rows, padded sequence slots, block-table width."""
+    """One captured graph's shape: padded token rows, padded sequence slots, block-table width, and
+    whether it computes the LoRA deltas."""
 
     decode: bool
     tokens: int
     seqs: int
     width: int
+    lora: bool = False
 
 
 class StepGraphs:
@@ -87,39 +99,50 @@ class StepGraphs:
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        lora: bool = False,
+        max_decode_rows: int | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora
         self.device = device
         self.block_size = block_size
-        self.decode_sizes = capture_sizes(max_num_seqs)
+        # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.
+        self.decode_sizes = capture_sizes(max(max_num_seqs, max_decode_rows or 0))
         self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
         t, s, w = max(self.decode_sizes[-1], self.mixed_sizes[-1]), self.max_seqs, self.widths[-1]
         # Offsets in the int32 buffer: query start locations, context lengths, then the block table
-        # (row-major with the graph's width). The int64 buffer holds input ids, positions and slots.
+        # (row-major with the graph's width). The int64 buffer holds input ids, positions, KV slots
+        # and each token's LoRA adapter slot.
         self._lens, self._table = s + 1, 2 * s + 1
-        self._i64 = torch.zeros(3, t, dtype=torch.long, device=device)
+        self._i64 = torch.zeros(4, t, dtype=torch.long, device=device)
         self._i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
-        self._host_i64 = torch.zeros(3, t, dtype=torch.long, pin_memory=pin)
+        self._host_i64 = torch.zeros(4, t, dtype=torch.long, pin_memory=pin)
         self._host_i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, pin_memory=pin)
         self._h64, self._h32 = self._host_i64.numpy(), self._host_i32.numpy()
         # Marks the last staging copy: the host buffers are rewritten only once it has landed.
         self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
+        self._eager_logged: set[str] = set()  # kinds of eager steps already explained in the log
 
     # --- shapes ---------------------------------------------------------------------------------
 
     def keys(self) -> list[GraphKey]:
         """Every graph to capture, the most tokens first (smaller graphs reuse the largest's memory)."""
-        decode = [GraphKey(True, b, b, w) for b in self.decode_sizes for w in self.widths]
-        mixed = [GraphKey(False, t, min(t, self.max_seqs), w) for t in self.mixed_sizes for w in self.widths]
-        return sorted(decode + mixed, key=lambda k: (k.tokens, k.width), reverse=True)
+        variants = (False, True) if self.lora else (False,)
+        decode = [GraphKey(True, b, b, w, v) for b in self.decode_sizes for w in self.widths for v in variants]
+        mixed = [GraphKey(False, t, min(t, self.max_seqs), w, v)
+                 for t in self.mixed_sizes for w in self.widths for v in variants]
+        return sorted(decode + mixed, key=lambda k: (k.tokens, k.width, k.lora), reverse=True)
 
-    def pick(self, flat: FlatBatch) -> GraphKey | None:
-        """The smallest graph that holds the step, or None (it runs eagerly)."""
+    def pick(self, flat: FlatBatch, lora: bool = False) -> GraphKey | None:
+        """The smallest graph that holds the step (with the LoRA deltas when `lora`), or None (it runs
+        eagerly; `eager_reason` says why)."""
+        if lora and not self.lora:
+            return None
         blocks = -(-max(flat.seq_lens) // self.block_size)
         width = next((w for w in self.widths if w >= blocks), None)
         if width is None:
@@ -127,11 +150,33 @@ class StepGraphs:
         n = flat.num_tokens
         if flat.max_query_len == 1:
             size = next((b for b in self.decode_sizes if b >= n), None)
-            return None if size is None else GraphKey(True, size, size, width)
+            return None if size is None else GraphKey(True, size, size, width, lora)
         size = next((t for t in self.mixed_sizes if t >= n), None)
         if size is None or flat.num_seqs > min(size, self.max_seqs):
             return None
-        return GraphKey(False, size, min(size, self.max_seqs), width)
+        return GraphKey(False, size, min(size, self.max_seqs), width, lora)
+
+    def eager_reason(self, flat: FlatBatch, lora: bool = False) -> str:
+        """Why `pick` found no graph for the step."""
+        if lora and not self.lora:
+            return "LoRA graphs were not captured"
+        longest = max(flat.seq_lens) if flat.seq_lens else 0
+        if -(-longest // self.block_size) > self.widths[-1]:
+            return f"a sequence of {longest} tokens is longer than the widest graph's block table"
+        if flat.max_query_len == 1:
+            return f"{flat.num_tokens} decode rows, above the largest decode graph ({self.decode_sizes[-1]})"
+        if flat.num_tokens > self.mixed_sizes[-1]:
+            return f"a prefill/extend step of {flat.num_tokens} tokens, above the largest mixed graph " \
+                   f"({self.mixed_sizes[-1]}); such steps are GPU-bound"
+        return f"{flat.num_seqs} sequences, more than the mixed graph's sequence slots"
+
+    def log_eager(self, flat: FlatBatch, lora: bool = False) -> None:
+        """Say why a step runs eagerly: once at INFO per kind of reason, then at DEBUG."""
+        reason = self.eager_reason(flat, lora)
+        kind = f"{lora}:{re.sub(r'[0-9]+', 'N', reason)}"  # one INFO line per kind, whatever the sizes
+        level = logging.DEBUG if kind in self._eager_logged else logging.INFO
+        self._eager_logged.add(kind)
+        logger.log(level, "%s step runs eagerly: %s", "a LoRA" if lora else "a", reason)
 
     def _metadata(self, key: GraphKey) -> AttentionMetadata:
         s, table = key.seqs, self._table
@@ -146,8 +191,9 @@ class StepGraphs:
 
     # --- staging --------------------------------------------------------------------------------
 
-    def _stage(self, flat: FlatBatch, key: GraphKey) -> None:
+    def _stage(self, flat: FlatBatch, key: GraphKey, token_slots: list[int] | None = None) -> None:
         """Write the step into the pinned host buffers (padding included), then copy them over.
+        `token_slots`: each token's LoRA adapter slot (-1: base model), for a LoRA graph.
 
         No host sync: the copies are asynchronous; the event wait returns at once whenever the
         previous step synced on its sampled ids, and guards the host buffers when it did not.
@@ -159,6 +205,9 @@ class StepGraphs:
         h64[0, :n], h64[0, n:t] = flat.input_ids, 0
         h64[1, :n], h64[1, n:t] = flat.positions, 0
         h64[2, :n], h64[2, n:t] = flat.slots, -1
+        if key.lora:
+            h64[3, :n] = -1 if token_slots is None else token_slots
+            h64[3, n:t] = -1  # padding rows read no adapter
         h32[: s + 1] = flat.query_start_loc
         # Padding sequences: one query token each in a decode graph, none in a mixed one.
         h32[s + 1 : key.seqs + 1] = np.arange(s + 1, key.seqs + 1) if key.decode else n
@@ -187,7 +236,7 @@ class StepGraphs:
         for key in self.keys():
             ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
             self._stage_empty(key)
-            with forward_context(self._metadata(key)):
+            with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
                 self.model(ids, pos)  # compile Triton kernels for these shapes outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
@@ -197,31 +246,38 @@ class StepGraphs:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         logger.info(
-            "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, x table widths %s tokens) "
+            "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, x table widths %s tokens%s) "
             "in %.1f s, %.2f GiB",
             len(self._graphs),
             self.decode_sizes,
             self.mixed_sizes,
             [w * self.block_size for w in self.widths],
+            ", x without and with LoRA" if self.lora else "",
             self.capture_seconds,
             (torch.cuda.memory_allocated() - before) / 2**30,
         )
 
-    def run(self, flat: FlatBatch, fill_pending: Callable[[torch.Tensor, FlatBatch], None]) -> torch.Tensor | None:
+    def _lora_slots(self, key: GraphKey) -> torch.Tensor | None:
+        """The staged per-token adapter slots a LoRA graph reads (None: the graph skips LoRA)."""
+        return self._i64[3, : key.tokens] if key.lora else None
+
+    def run(self, flat: FlatBatch, fill_pending: Callable[[torch.Tensor, FlatBatch], None],
+            token_slots: list[int] | None = None) -> torch.Tensor | None:
         """Final hidden states `[num_tokens, hidden]` of the step, or None when no graph holds it.
 
         `fill_pending(input_ids, flat)` writes, on the device, the inputs whose tokens the host
-        does not know yet (`flat.pending`) into the staged input ids.
+        does not know yet (`flat.pending`) into the staged input ids. `token_slots`: each token's
+        LoRA adapter slot, or None when no token of the step uses an adapter.
         """
-        key = self.pick(flat)
+        key = self.pick(flat, token_slots is not None)
         if key is None:
             return None
-        self._stage(flat, key)
+        self._stage(flat, key, token_slots)
         fill_pending(self._i64[0, : key.tokens], flat)
         if self._graphs:
             graph, out = self._graphs[key]
             graph.replay()
         else:  # CPU (or before capture): the same padded buffers, run eagerly
-            with forward_context(self._metadata(key)):
+            with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
                 out = self.model(self._i64[0, : key.tokens], self._i64[1, : key.tokens])
         return out[: flat.num_tokens]

@@ -20,6 +20,7 @@ import multiprocessing
 import threading
 import time
 import weakref
+from collections import deque
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput, StepTiming
 from flotilla.engine.scheduler import SchedulerOutput
-from flotilla.engine.step_channel import StepChannel
+from flotilla.engine.step_channel import Posted, StepChannel
 from flotilla.engine.worker import WorkerArgs, driver_rank, run_worker
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class MultiprocExecutor:
         self.driver = driver_rank(tp, pp)
         self.last_step = StepTiming()
         self._failure: str | None = None
+        self._posted: deque[Posted] = deque()  # broadcasts of the steps launched and not collected
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         ctx = multiprocessing.get_context("spawn")  # CUDA and gloo threads do not survive fork
         self.workers: list[BaseProcess] = [
@@ -153,21 +155,27 @@ class MultiprocExecutor:
             raise WorkerDiedError(f"tensor/pipeline-parallel {self._failure}; the engine cannot continue")
 
     def launch(self, out: SchedulerOutput) -> LaunchedStep:
-        """Run the step to its end (the workers' steps do not overlap the engine's planning yet)."""
+        """Send the step to the workers without waiting for them: the engine plans the next step (or,
+        with pipeline parallelism, launches it into the first stage) while this one runs."""
         self.check_health()
         start = time.perf_counter()
         try:
-            self.channel.broadcast(out)
+            self._posted.append(self.channel.post(out))
+        except RuntimeError as exc:
+            raise self._error(exc) from exc
+        return LaunchedStep(start=start, graphed=False, rows=[], host_s=time.perf_counter() - start)
+
+    def collect(self, step: LaunchedStep) -> StepOutput:
+        """Wait for the oldest launched step's output (steps are collected in launch order)."""
+        posted = self._posted.popleft()
+        try:
+            posted.wait(STEP_TIMEOUT)
         except RuntimeError as exc:
             raise self._error(exc) from exc
         result = self._receive(STEP_TIMEOUT)
         assert isinstance(result, StepOutput)
-        return LaunchedStep(start=start, graphed=False, rows=[], result=result)
-
-    def collect(self, step: LaunchedStep) -> StepOutput:
-        """The launched step's output (already complete)."""
-        self.last_step = StepTiming(0.0, time.perf_counter() - step.start, False)
-        return step.result
+        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, False)
+        return result
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Tell the workers to exit and wait for them (stopping any that do not)."""

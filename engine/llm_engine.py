@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
@@ -52,6 +53,7 @@ class LLMEngine:
         max_loras = config.lora.max_loras if config.lora.enable_lora else None
         self.scheduler = Scheduler(config.scheduler, self.block_manager, max_loras)
         self.speculator: Speculator | None = build_speculator(config, self.runner)
+        self.batches = build_batch_queue(config, self.scheduler, self.runner)  # pipeline parallelism's steps
         self.stats = EngineStats()
         self._groups: dict[str, list[Request]] = {}  # request id -> its completions, by index
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # per completion (child request id)
@@ -240,7 +242,7 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs, or a step's outputs are still to come."""
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return self.scheduler.has_unfinished() or self._in_flight is not None or bool(self.batches)
 
     # --- one step -----------------------------------------------------------------------------------
 
@@ -253,6 +255,9 @@ class LLMEngine:
         """
         if self.config.scheduler.async_scheduling:
             return self._step_overlapped()
+        if self.batches is not None:  # pipeline parallelism: up to pp steps in flight
+            done = self.batches.step()
+            return [] if done is None else self._finish_step(*done)
         plan = self._schedule()
         if plan.is_empty:
             return []

@@ -28,7 +28,8 @@ from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
-from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, verify
+from flotilla.engine.spec_decode.decode_rows import as_decode_rows, max_decode_rows
+from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, greedy_accepted, verify
 from flotilla.engine.staging import device_tensor
 from flotilla.kernels.dispatch import greedy_tokens
 
@@ -117,11 +118,16 @@ class ModelRunner:
         # Decode and small prefill/extend steps from CUDA graphs on the GPU. (The CPU path stays eager;
         # tests attach an uncaptured StepGraphs there to check the padded inputs against the eager path.)
         self.graphs: StepGraphs | None = None
+        spec = config.speculative
+        # A verification step runs as a decode step of one row per token (`as_decode_rows`).
+        self.verify_query_len = 1 + spec.num_speculative_tokens if spec is not None else 1
         if self.device.type == "cuda" and not config.model.enforce_eager:
             sched = config.scheduler
+            rows = sched.max_num_seqs if spec is None else \
+                max_decode_rows(sched.max_num_seqs, spec.num_speculative_tokens, spec.disable_by_batch_size)
             self.graphs = StepGraphs(
                 self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
-                self.block_size, self.device,
+                self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
             )
             self.graphs.capture()
 
@@ -251,16 +257,18 @@ class ModelRunner:
         step meanwhile. Inputs still being drawn by the previous launch come from its device ids."""
         start = time.perf_counter()
         self._copy_blocks(out.block_copies)
-        flat = flatten(out, self.block_size)
-        # A step that uses adapters runs eagerly; the graphs hold the base model's steps.
-        token_slots = self.lora.token_slots(out) if self.lora is not None else None
-        graphs = self.graphs if token_slots is None else None
-        hidden = graphs.run(flat, self._fill_pending) if graphs is not None else None
+        flat = as_decode_rows(flatten(out, self.block_size), self.verify_query_len)
+        # Each token's adapter slot (None: no token uses one); LoRA graphs read them from their buffer.
+        token_slots = self.lora.slot_values(out) if self.lora is not None else None
+        hidden = self.graphs.run(flat, self._fill_pending, token_slots) if self.graphs is not None else None
         graphed = hidden is not None
         if hidden is None:
+            if self.graphs is not None:
+                self.graphs.log_eager(flat, token_slots is not None)
             inputs = self.prepare_inputs(flat)
             self._fill_pending(inputs.input_ids, flat)
-            with forward_context(inputs.metadata), lora_slots(token_slots):
+            slots = None if token_slots is None else device_tensor(token_slots, torch.long, self.device)
+            with forward_context(inputs.metadata), lora_slots(slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
         step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups)
@@ -315,7 +323,10 @@ class ModelRunner:
         logits = self.model.compute_logits(selected)
         if bitmask is not None:
             logits = apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True))
-        if step.draft_groups:
+        if step.draft_groups and all(_plain_greedy(r) for r in rows):
+            # Greedy verification is argmax equality: only the ids go to the host, which judges the drafts.
+            drawn = SamplerOutput(token_ids=greedy_tokens(logits))
+        elif step.draft_groups:
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
             drawn = verify(logits.float(), batch, step.draft_groups)
         elif all(_plain_greedy(r) for r in rows):
@@ -356,8 +367,9 @@ class ModelRunner:
         """Each drafting request's output tokens (and their logprobs); returns their ids."""
         if not step.draft_groups:
             return set()
-        assert step.drawn is not None and step.drawn.accepted is not None, "verify() judged the drafts"
-        accepted = step.drawn.accepted.tolist()
+        assert step.drawn is not None, "collect() calls this once the step was drawn"
+        judged = step.drawn.accepted  # None: greedy rows, judged here
+        accepted = judged.tolist() if judged is not None else greedy_accepted(tokens, step.draft_groups)
         for group in step.draft_groups:
             rid = step.rows[group.first_row].request.request_id
             kept = accepted_prefix(tokens, accepted, group)

@@ -100,6 +100,14 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def max_over_tp(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of `x` over the tensor-parallel group (in place)."""
+    if _RANK.tp_size == 1:
+        return x
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=_TP_GROUP)
+    return x
+
+
 def all_gather(x: torch.Tensor) -> torch.Tensor:
     """Concatenate every tensor-parallel rank's `x` along the last dimension, in rank order."""
     if _RANK.tp_size == 1:

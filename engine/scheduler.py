@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from flotilla.engine.block_manager import BlockManager
@@ -63,6 +63,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_loras: int | None = None) -> None:
         self.config = config
+        # Pipeline parallelism: requests in steps still in flight, left out of new steps (`schedule`).
+        self.busy: Collection[Request] = ()
         self.max_loras = max_loras  # distinct LoRA adapters among running requests (None: no LoRA)
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
@@ -89,10 +91,13 @@ class Scheduler:
 
     def _pop_victim(self, start: int) -> Request:
         """Remove and return the running request to preempt, among those not yet planned this step
-        (`running[start:]`): the newest, or the one with the largest (priority, arrival)."""
-        if self.config.scheduling_policy != "priority":
+        (`running[start:]`) and not in a step in flight: the newest, or the one with the largest
+        (priority, arrival)."""
+        candidates = [r for r in self.running[start:] if r not in self.busy] if self.busy else self.running[start:]
+        fcfs = self.config.scheduling_policy != "priority"
+        victim = candidates[-1] if fcfs else max(candidates, key=_priority_key)
+        if victim is self.running[-1]:
             return self.running.pop()
-        victim = max(self.running[start:], key=_priority_key)
         self.running.remove(victim)
         return victim
 
@@ -100,20 +105,28 @@ class Scheduler:
         """True while any request waits or runs."""
         return bool(self.waiting or self.running)
 
-    def schedule(self, num_lookahead: int = 0) -> SchedulerOutput:
-        """Plan the next step; decoding requests get up to `num_lookahead` extra KV slots for drafts."""
+    def schedule(self, num_lookahead: int = 0, max_seqs: int | None = None) -> SchedulerOutput:
+        """Plan the next step; decoding requests get up to `num_lookahead` extra KV slots for drafts.
+
+        With pipeline parallelism several steps are in flight: requests in them (`busy`) are left out
+        (their next input is not known yet, and their blocks are in use), and `max_seqs` caps this
+        step's sequences so that the running requests spread over the steps in flight.
+        """
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(out, budget, num_lookahead)
+        budget = self._schedule_running(out, budget, num_lookahead, max_seqs)
         if not out.preempted:
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, max_seqs)
         out.block_copies = self.block_manager.take_pending_copies()
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, num_lookahead: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, num_lookahead: int, max_seqs: int | None) -> int:
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and (max_seqs is None or len(out.scheduled) < max_seqs):
             request = self.running[i]
+            if self.busy and request in self.busy:
+                i += 1
+                continue
             if request.num_pending and self._length_reached(request, request.num_output_tokens + request.num_pending):
                 i += 1  # its token in flight is its last: a step for it would be wasted
                 continue
@@ -144,11 +157,11 @@ class Scheduler:
             room = min(room, max_tokens - request.num_output_tokens - 1)
         return max(room, 0)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, max_seqs: int | None) -> None:
         # Requests of an adapter that would exceed --max-loras wait their turn; the others go past them.
         loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
         skipped: list[Request] = []
-        while self.waiting and budget > 0:
+        while self.waiting and budget > 0 and (max_seqs is None or len(out.scheduled) < max_seqs):
             request = self.waiting[0]
             if self._lora_full(request, loras):
                 skipped.append(self.waiting.popleft())

@@ -46,15 +46,37 @@ class StepChannel:
 
     def broadcast(self, obj: Any = None) -> Any:
         """The engine sends `obj` (a SchedulerOutput or None) to every worker; a worker gets it back."""
-        length = torch.zeros(1, dtype=torch.long)
-        payload = b""
         if self.rank == self.engine_rank:
-            payload = self._sent.encode(obj)
-            length[0] = len(payload)
+            self.post(obj).wait(_IDLE_TIMEOUT)
+            return obj
+        return self.decode(self.receive())
+
+    def receive(self) -> bytes:
+        """A worker's side of one broadcast, still encoded (`decode` it in order, on one thread)."""
+        length = torch.zeros(1, dtype=torch.long)
         self.group.broadcast(length, self.engine_rank).wait()
-        data = _bytes_tensor(payload) if payload else torch.empty(int(length.item()), dtype=torch.uint8)
+        if not length.item():
+            return b""
+        data = torch.empty(int(length.item()), dtype=torch.uint8)
         self.group.broadcast(data, self.engine_rank).wait()
-        return obj if self.rank == self.engine_rank else _decode(data.numpy().tobytes(), self._held)
+        return data.numpy().tobytes()
+
+    def decode(self, payload: bytes) -> Any:
+        """What the engine posted: updates applied to this worker's copies of the requests (None for
+        the empty message that ends the workers)."""
+        return _decode(payload, self._held) if payload else None
+
+    def post(self, obj: Any) -> Posted:
+        """The engine's broadcast of `obj`, without waiting for it: the message is encoded now, and
+        gloo's own threads deliver it while the engine plans the next step (or waits for a result).
+        Posts reach the workers in order."""
+        payload = self._sent.encode(obj) if obj is not None else b""  # empty: the end
+        length = torch.tensor([len(payload)], dtype=torch.long)
+        works = [self.group.broadcast(length, self.engine_rank)]
+        if not payload:
+            return Posted(works, (length,))
+        data = _bytes_tensor(payload)
+        return Posted(works + [self.group.broadcast(data, self.engine_rank)], (length, data))
 
     def send_to_engine(self, obj: Any) -> None:
         """A worker (the driver) sends `obj` to the engine."""
@@ -69,6 +91,19 @@ class StepChannel:
         data = torch.empty(int(length.item()), dtype=torch.uint8)
         self.group.recv([data], worker, 1).wait(timeout)
         return pickle.loads(data.numpy().tobytes())
+
+
+class Posted:
+    """A broadcast under way; it holds its tensors until gloo is done with them."""
+
+    def __init__(self, works: list[Any], tensors: tuple[torch.Tensor, ...]) -> None:
+        self.works = works
+        self.tensors = tensors
+
+    def wait(self, timeout: datetime.timedelta) -> None:
+        """Block until every worker has the message (raises RuntimeError when a worker is gone)."""
+        for work in self.works:
+            work.wait(timeout)
 
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:

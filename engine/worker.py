@@ -12,14 +12,20 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import queue
 import sys
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.parallel_state import ParallelRank, init_model_parallel
+
+if TYPE_CHECKING:
+    from flotilla.engine.step_channel import StepChannel
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,6 @@ def run_worker(args: WorkerArgs) -> None:
 def _serve(args: WorkerArgs) -> None:
     from flotilla.engine.model_runner import ModelRunner  # after the spawn: torch is imported here
     from flotilla.engine.step_channel import StepChannel
-
     parallel = args.config.parallel
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     rank = ParallelRank.of(args.rank, tp, pp)
@@ -64,16 +69,43 @@ def _serve(args: WorkerArgs) -> None:
     backend = "nccl" if config.device.device == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(args.rank % torch.cuda.device_count())
+    else:  # the ranks share the host's cores: oversubscribed threads spin against each other
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * pp)))
     init_model_parallel(rank, store, backend)
     runner = ModelRunner(config)
     driver = args.rank == driver_rank(tp, pp)
     if driver:
         channel.send_to_engine(runner.num_blocks)
-    while (plan := channel.broadcast()) is not None:
+    messages: queue.Queue[bytes | BaseException] = queue.Queue()
+    # Steps are received ahead, on a thread of their own: with pipeline parallelism the next step
+    # arrives while this rank still runs the one before, and a rank that relays the broadcast to
+    # others (gloo's tree) must not hold them back until its own step ends. They are decoded here,
+    # in order, because decoding updates the requests a running step reads.
+    threading.Thread(target=_receive_steps, args=(channel, messages), name="flotilla-steps", daemon=True).start()
+    while True:
+        message = messages.get()
+        if isinstance(message, BaseException):
+            raise message
+        plan = channel.decode(message)
+        if plan is None:
+            break
         result = runner.execute(plan)
         if driver:
             channel.send_to_engine(result)
     dist.destroy_process_group()
+
+
+def _receive_steps(channel: StepChannel, messages: queue.Queue[bytes | BaseException]) -> None:
+    """Put every message the engine broadcasts into `messages` until the engine's last (None), or
+    the error that ended them."""
+    try:
+        while True:
+            message = channel.receive()
+            messages.put(message)
+            if not message:  # the engine's last: stop receiving
+                return
+    except BaseException as exc:
+        messages.put(exc)
 
 
 def _worker_config(config: EngineConfig, rank: ParallelRank) -> EngineConfig:

@@ -16,7 +16,7 @@ from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
-from flotilla.kernels.lora import lora_expand_ref, lora_shrink_ref
+from flotilla.kernels.lora import lora_apply_ref
 from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
@@ -210,20 +210,13 @@ def packed_int_linear(
         if int4_gemm_supported(x.shape[-1], group_size):
             return int4_linear(x, packed, scales, zeros, group_size, bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
-    """`buf[t] = A[slot(t)] @ x[t]` for a batch mixing adapters (slot -1: the base model, zeros)."""
-    if x.is_cuda:
-        from flotilla.kernels.triton_lora import lora_shrink as shrink_triton
-
-        return shrink_triton(x, a, token_slots)
-    return lora_shrink_ref(x, a, token_slots)
-
-
-def lora_expand(y: torch.Tensor, buf: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor) -> None:
-    """`y[t] += B[slot(t)] @ buf[t]` in place (slot -1 rows untouched)."""
+def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
+               slice_sizes: tuple[int, ...], max_rank: int) -> None:
+    """`y[t] += B[slot(t)] @ A[slot(t)] @ x[t]` per slice of a (merged) projection, in place; slot -1
+    (the base model) leaves its row untouched. CUDA: one Triton shrink and one expand."""
     if y.is_cuda:
-        from flotilla.kernels.triton_lora import lora_expand as expand_triton
+        from flotilla.kernels.triton_lora import lora_apply as apply_triton
 
-        expand_triton(y, buf, b, token_slots)
+        apply_triton(y, x, a, b, token_slots, slice_sizes, max_rank)
         return
-    lora_expand_ref(y, buf, b, token_slots)
+    lora_apply_ref(y, x, a, b, token_slots, slice_sizes, max_rank)

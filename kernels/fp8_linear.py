@@ -14,12 +14,12 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # A row of zeros would give a zero scale and 0/0 on division; any tiny positive scale keeps it zero.
-_MIN_SCALE = 1e-12
+FP8_MIN_SCALE = 1e-12
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` `[rows, cols]` -> (float8 values, fp32 scales `[rows, 1]`) with `x ~= values * scales`."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=FP8_MIN_SCALE)
     return quantize_fp8_static(x, scale), scale
 
 

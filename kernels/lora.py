@@ -8,6 +8,9 @@ delta of a projection is `expand(shrink(x))`:
 - expand: `y[t] += B[slot(t)] @ buf[t]`, with `B` `[slots, out, rank]` (the scaling folded in),
   added in place into `y`, which may be a column slice of a merged projection's output.
 
+`lora_apply_ref` is a whole projection: one shrink over the stacked A of every slice (QKV, gate/up),
+then one expand per slice into its columns; the Triton pair (`triton_lora.py`) computes the same.
+
 Accumulation is in fp32 and each result rounded once to the output dtype, as the Triton kernels do.
 """
 
@@ -35,3 +38,15 @@ def lora_expand_ref(y: torch.Tensor, buf: torch.Tensor, b: torch.Tensor, token_s
         rows = token_slots == slot
         delta = buf[rows].float() @ b[slot].float().T
         y[rows] = (y[rows].float() + delta).to(y.dtype)
+
+
+def lora_apply_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
+                   slice_sizes: tuple[int, ...], max_rank: int) -> None:
+    """A projection's delta in place: `y` `[T, out]`, `x` `[T, in]`, `a` `[S, n_slices * max_rank, in]`,
+    `b` `[S, out, max_rank]`; slice `i` owns A rows `i * max_rank ...` and its columns of `y` and `b`."""
+    buf = lora_shrink_ref(x, a, token_slots)
+    offset = 0
+    for i, size in enumerate(slice_sizes):
+        rows = buf[:, i * max_rank : (i + 1) * max_rank]
+        lora_expand_ref(y[:, offset : offset + size], rows, b[:, offset : offset + size], token_slots)
+        offset += size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from flotilla.engine.parallel_state import all_reduce, max_over_tp, tp_rank, tp_size
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.kernels.dispatch import linear
 
@@ -33,6 +33,17 @@ class _Linear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Copy a checkpoint tensor into the parameter (overridden by sharded layers)."""
         param.data.copy_(loaded)
+
+    def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Load per-output-channel scales `[rows, 1]` (or one `[1, 1]` for the whole tensor): split
+        over ranks like the weight's rows."""
+        if loaded.shape[0] == 1:  # every row alike; wide enough for any rank's shard of the layer
+            loaded = loaded.expand(int(param.shape[0]) * tp_size(), 1)
+        self.weight_loader(param, loaded, shard_id)
+
+    def row_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        """The absolute maximum of each output row of the whole weight, from this rank's part."""
+        return amax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T + b`."""
@@ -117,6 +128,14 @@ class RowParallelLinear(_Linear):
             return
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, tp_rank() * size, size))
+
+    def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Output channels are not split here: every rank keeps the scales whole."""
+        param.data.copy_(loaded.expand_as(param))
+
+    def row_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        """Each rank holds some columns of every row: the row's maximum is the largest over ranks."""
+        return max_over_tp(amax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial product on this rank, summed over ranks, then the bias."""

@@ -2,8 +2,10 @@
 
 `LoRALinear` wraps a linear layer (plain, or merged like QKV and gate/up) and owns the stacked
 adapter matrices of every device slot: A `[slots, n_slices * max_rank, in]` and B
-`[slots, out, max_rank]`. A step whose tokens use adapters runs one shrink over all slices and one
-expand per slice; a step without adapters runs the base layer alone (the model code never knows).
+`[slots, out, max_rank]`. The stacks are allocated once and slots are overwritten in place, so a
+captured CUDA graph reads whatever adapters are resident when it replays. A step whose tokens use
+adapters adds their deltas with one shrink and one expand per projection, merged or not; a step
+without adapters runs the base layer alone (the model code never knows).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import nn
 
 from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
 from flotilla.engine.lora.slots import current_lora_slots
-from flotilla.kernels.dispatch import lora_expand, lora_shrink
+from flotilla.kernels.dispatch import lora_apply
 
 
 class LoRALinear(nn.Module):
@@ -33,8 +35,6 @@ class LoRALinear(nn.Module):
         # runner's memory profile sees them all the same.
         self.lora_a = torch.zeros(max_loras, n * max_rank, layout.in_features, dtype=weight.dtype, device=weight.device)
         self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
-        offsets = [sum(layout.slice_sizes[:i]) for i in range(n)]
-        self.slices = list(zip(offsets, layout.slice_sizes, strict=True))
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """Put one adapter's matrices for this projection into `slot` (zeros where it has none)."""
@@ -43,7 +43,7 @@ class LoRALinear(nn.Module):
         for index, (a, b) in (weights or {}).items():
             rank = a.shape[0]
             row = index * self.max_rank
-            offset, size = self.slices[index]
+            offset, size = sum(self.layout.slice_sizes[:index]), self.layout.slice_sizes[index]
             self.lora_a[slot, row : row + rank].copy_(a, non_blocking=True)
             self.lora_b[slot, offset : offset + size, :rank].copy_(b, non_blocking=True)
 
@@ -53,12 +53,7 @@ class LoRALinear(nn.Module):
         slots = current_lora_slots()
         if slots is None:
             return y
-        buf = lora_shrink(x, self.lora_a, slots)
-        r = self.max_rank
-        for i, (offset, size) in enumerate(self.slices):
-            lora_expand(
-                y[:, offset : offset + size], buf[:, i * r : (i + 1) * r], self.lora_b[:, offset : offset + size], slots
-            )
+        lora_apply(y, x, self.lora_a, self.lora_b, slots, self.layout.slice_sizes, self.max_rank)
         return y
 
 

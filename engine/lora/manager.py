@@ -13,14 +13,12 @@ import logging
 from collections import OrderedDict
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from flotilla.engine.lora.adapter import LoRAAdapter, load_adapter
 from flotilla.engine.lora.layers import module_name_for, wrap_projections
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.scheduler import SchedulerOutput
-from flotilla.engine.staging import device_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +63,9 @@ class LoRAManager:
         if slot is not None:
             self._free_slots.append(slot)
 
-    def token_slots(self, out: SchedulerOutput) -> torch.Tensor | None:
-        """Each of the step's tokens' device slot (-1: base model), or None if no token uses an adapter."""
+    def slot_values(self, out: SchedulerOutput) -> list[int] | None:
+        """Each of the step's tokens' device slot (-1: base model), or None if no token uses an
+        adapter; loads the step's adapters into slots first."""
         loras = [s.request.lora_request for s in out.scheduled]
         needed = {lora.lora_int_id: lora for lora in loras if lora is not None}
         if not needed:
@@ -77,7 +76,7 @@ class LoRAManager:
         values: list[int] = []
         for s, lora in zip(out.scheduled, loras, strict=True):
             values += [slot_of[lora.lora_int_id] if lora is not None else -1] * s.num_new_tokens
-        return device_tensor(values, torch.long, self.device)
+        return values
 
     def _slot(self, lora: LoRARequest, needed: dict[int, LoRARequest]) -> int:
         slot = self._slots.get(lora.lora_int_id)

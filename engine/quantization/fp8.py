@@ -22,15 +22,19 @@ from torch import nn
 
 from flotilla.engine.quantization.method import LinearMethod, out_features, replace_parameter
 from flotilla.kernels.dispatch import fp8_linear
-from flotilla.kernels.fp8_linear import FP8_DTYPE, quantize_fp8_rows
+from flotilla.kernels.fp8_linear import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, quantize_fp8_static
 
 
 class Fp8OnlineMethod(LinearMethod):
     """Dense weights loaded in the model dtype, quantized to fp8 per output channel once loaded."""
 
     def process_weights(self, layer: Any) -> None:
-        """Replace the dense weight by its fp8 rounding and per-row scales."""
-        w_fp8, scale = quantize_fp8_rows(layer.weight.data)
+        """Replace the dense weight by its fp8 rounding and per-row scales (a row-parallel layer's row
+        spans ranks: its scale is the whole row's, as at one rank)."""
+        weight = layer.weight.data
+        amax = layer.row_amax(weight.abs().amax(dim=-1, keepdim=True).float())
+        scale = (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        w_fp8 = quantize_fp8_static(weight, scale)
         replace_parameter(layer, "weight", w_fp8)
         replace_parameter(layer, "weight_scale", scale)
 
@@ -68,24 +72,13 @@ class Fp8CheckpointMethod(Fp8OnlineMethod):
 
 
 def _scale_loader(layer: Any) -> Callable[..., None]:
-    """A weight-scale loader: per-channel scales go through the layer's own (sharding) loader; a
-    per-tensor scale is first repeated over every row it covers, so both end up per row."""
+    """A weight-scale loader: per-channel (or one per-tensor) scales go through the layer's scale
+    loader, which splits them as the weight's rows are split (row-parallel layers keep them whole)."""
 
     def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        loaded = loaded.float().reshape(-1, 1)
-        if loaded.shape[0] == 1:
-            # Wide enough for any shard of the layer (all rows equal, so which rows is moot).
-            loaded = loaded.expand(layer_rows_all_ranks(param), 1)
-        layer.weight_loader(param, loaded, shard_id)
+        layer.scale_loader(param, loaded.float().reshape(-1, 1), shard_id)
 
     return load
-
-
-def layer_rows_all_ranks(param: nn.Parameter) -> int:
-    """Rows of the unsharded tensor a `[rows_on_this_rank, ...]` parameter comes from."""
-    from flotilla.engine.parallel_state import tp_size
-
-    return int(param.shape[0]) * tp_size()
 
 
 def _max_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:

@@ -107,6 +107,16 @@ def _draft_rows(groups: list[DraftGroup], device: torch.device) -> tuple[torch.T
     )
 
 
+def greedy_accepted(token_ids: list[int], groups: list[DraftGroup]) -> list[bool]:
+    """`verify()`'s `accepted` for all-greedy rows, from their argmax ids on the host: a draft row is
+    accepted when its argmax is the draft."""
+    accepted = [False] * len(token_ids)
+    for g in groups:
+        for j, draft in enumerate(g.draft_ids):
+            accepted[g.first_row + j] = token_ids[g.first_row + j] == draft
+    return accepted
+
+
 def accepted_prefix(token_ids: list[int], accepted: list[bool], group: DraftGroup) -> list[int]:
     """The tokens a group outputs: its accepted drafts, then the first non-accepted row's token."""
     m = 0

@@ -102,15 +102,16 @@ def test_seeded_sampling_n_and_logprobs_match_a_single_rank(qwen3_tp2, tiny_mode
 
 
 def test_pipeline_parallel_qwen2_matches_hf(tiny_model_dirs):
-    """Qwen2 (QKV biases), its two layers on two stages."""
+    """Qwen2 (QKV biases), its two layers on two stages, two steps in flight (the batch queue)."""
     for llm in _engine(tiny_model_dirs["qwen2"], pipeline_parallel_size=2):
         _check_matches_hf(llm, tiny_model_dirs["qwen2"], seed=4)
+        assert llm.engine.batches is not None and llm.engine.batches.peak == 2, "two steps were in flight at once"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) < 4 or _gpus_short(4), reason="four workers want four cores (and GPUs)")
+@pytest.mark.skipif(_gpus_short(4), reason="needs 4 GPUs")
 def test_tensor_times_pipeline_parallel_matches_hf(tiny_model_dirs):
-    """tp 2 x pp 2: four workers."""
+    """tp 2 x pp 2: four workers (one torch thread each on a small machine), one architecture."""
     for llm in _engine(tiny_model_dirs["mistral"], tensor_parallel_size=2, pipeline_parallel_size=2):
         _check_matches_hf(llm, tiny_model_dirs["mistral"], seed=5)
 
@@ -129,3 +130,65 @@ def test_a_dead_worker_fails_the_engine_fast(qwen3_tp2):
     assert all(w.exitcode is not None for w in executor.workers), "the other workers were stopped"
     manager = qwen3_tp2.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks, "the failed requests' blocks returned"
+
+
+def _fp8_rounding(parts: int):
+    """A forward pre-hook rounding a linear layer's input to fp8 per token, as the engine does, in
+    `parts` column blocks with a scale each: a row-parallel layer's input is split over the ranks."""
+
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        blocks = []
+        for x in args[0].chunk(parts, dim=-1):
+            scale = (x.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
+            blocks.append((x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale)
+        return (torch.cat(blocks, dim=-1),)
+
+    return hook
+
+
+def _hf_fp8_tp2_greedy(path, prompts: list[list[int]], tokens: int, quantize_weights: bool) -> list[list[int]]:
+    """HF greedy with the rounding of fp8 at two ranks: weights per output channel (whole rows),
+    activations per token and per rank (o_proj and down_proj see half of each row on each rank)."""
+    from transformers import AutoModelForCausalLM
+
+    from flotilla.kernels.fp8_linear import quantize_fp8_rows
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+            module.register_forward_pre_hook(_fp8_rounding(2 if name.endswith(("o_proj", "down_proj")) else 1))
+            if quantize_weights:
+                w8, scale = quantize_fp8_rows(module.weight.data)
+                module.weight.data = w8.float() * scale
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, do_sample=False,
+                               eos_token_id=None)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["online", "fp8-checkpoint"])
+def test_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_dirs, tmp_path, checkpoint):
+    """fp8 weights at tp=2: a row-parallel layer (o_proj, down) keeps its per-output-channel weight
+    scales whole on every rank, read from an fp8 checkpoint (compressed-tensors FP8_DYNAMIC) or
+    computed at load (`--quantization fp8`: the row's maximum over both ranks, as at one rank).
+    Activations are rounded per token on each rank's half of the row (as vLLM does; no extra
+    all-reduce), so the oracle is HF with that rounding, not the tp=1 engine."""
+    path, kwargs, hf_path = tiny_model_dirs["llama"], {"quantization": "fp8"}, tiny_model_dirs["llama"]
+    if checkpoint:
+        from .quant_checkpoints import compressed_tensors_checkpoint
+
+        path, kwargs = compressed_tensors_checkpoint(path, tmp_path / "fp8", "FP8_DYNAMIC"), {}
+        hf_path = path / "dequantized"
+    prompts, tokens = [[5, 6, 7, 8, 9], [11, 12, 13] * 8], 6
+    llm = LLM(str(path), max_model_len=64, tensor_parallel_size=2, **kwargs)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True),
+                            use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    expected = _hf_fp8_tp2_greedy(hf_path, prompts, tokens, quantize_weights=not checkpoint)
+    assert [o.outputs[0].token_ids for o in outs] == expected

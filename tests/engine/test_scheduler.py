@@ -154,3 +154,29 @@ def test_any_interleaving_returns_every_block(ops, block_size, num_blocks, cachi
     assert s.block_manager.num_free_blocks == num_blocks
     assert all(b.ref_count == 0 for b in s.block_manager.blocks)
     assert not s.running and not s.waiting
+
+
+def test_pipelined_steps_leave_requests_in_flight_alone():
+    """With steps in flight (pipeline parallelism), their requests are neither scheduled nor preempted,
+    and `max_seqs` caps one step so the running requests spread over the steps."""
+    s = _scheduler(num_blocks=9, block_size=4, budget=64)
+    for i in range(4):
+        s.add(_request(i, [10 * i + t for t in range(8)], max_tokens=20))
+    first = s.schedule(max_seqs=2)
+    assert [x.request.request_id for x in first.scheduled] == ["0", "1"]
+    s.busy = {x.request for x in first.scheduled}
+    second = s.schedule(max_seqs=2)  # "0" and "1" are in flight: the other two run
+    assert [x.request.request_id for x in second.scheduled] == ["2", "3"]
+    s.busy = {x.request for x in first.scheduled + second.scheduled}
+    assert s.schedule().is_empty
+    s.busy = ()
+    s.update(first, {"0": 1, "1": 2})
+    s.busy = {x.request for x in second.scheduled}
+    # 1 free block: "0" and "1" each need a third one, so "1" is preempted, never "2" or "3" in flight.
+    third = s.schedule()
+    assert [x.request.request_id for x in third.scheduled] == ["0"]
+    assert [r.request_id for r in third.preempted] == ["1"]
+    s.busy = ()
+    s.update(second, {"2": 3, "3": 4})
+    s.update(third, {"0": 5})
+    _check_blocks(s)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE, rel_err, tolerance
 
-from flotilla.kernels.lora import lora_expand_ref, lora_shrink_ref
+from flotilla.kernels.lora import lora_apply_ref, lora_expand_ref, lora_shrink_ref
 
 
 def _case(dtype: torch.dtype, tokens: int = 24, k: int = 80, n: int = 48, rank: int = 16, slots: int = 3):
@@ -34,32 +34,50 @@ def test_reference_is_a_per_token_product():
     assert torch.allclose(y, expected, rtol=1e-4, atol=1e-3)
 
 
+def _projection(dtype: torch.dtype, slice_sizes: tuple[int, ...], tokens: int, k: int = 80, max_rank: int = 16,
+                slots: int = 3):
+    """A merged projection's stacks (the last slice's adapter of rank 8 < max_rank: zero rows, as
+    `LoRALinear.set_slot` leaves them) and a step mixing every slot with base-model tokens."""
+    g = torch.Generator().manual_seed(2)
+    n = sum(slice_sizes)
+    x = torch.randn(tokens, k, generator=g).to(dtype)
+    a = torch.randn(slots, len(slice_sizes) * max_rank, k, generator=g)
+    b = torch.randn(slots, n, max_rank, generator=g)
+    a[:, -max_rank + 8 :] = 0
+    b[:, n - slice_sizes[-1] :, 8:] = 0
+    y = torch.randn(tokens, n, generator=g).to(dtype)
+    token_slots = torch.tensor([(i % (slots + 1)) - 1 for i in range(tokens)], dtype=torch.long)
+    return y, x, a.to(dtype), b.to(dtype), token_slots
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_shrink_matches_reference(dtype):
-    """K (80) is not a multiple of the K block: the last block is masked."""
-    from flotilla.kernels.triton_lora import lora_shrink
+@pytest.mark.parametrize("slice_sizes, tokens, block_k, target", [
+    ((48,), 1, 32, 256),  # batch 1: K split over 3 programs (80 = 32 + 32 + a masked 16)
+    ((32, 16, 16), 8, 32, 256),  # QKV-like, a slice boundary inside a column block; 3 splits
+    ((40, 40), 8, 128, 1),  # gate/up-like, one split, unaligned slice boundary
+])
+def test_apply_matches_reference(dtype, slice_sizes, tokens, block_k, target):
+    """One shrink and one expand for the whole merged projection: every slice's columns get their own
+    slice's delta, base-model rows stay bit-identical."""
+    from flotilla.kernels.triton_lora import lora_apply
 
-    x, a, _, slots = _case(dtype)
-    ref = lora_shrink_ref(x, a, slots)
-    out = lora_shrink(x.to(DEVICE), a.to(DEVICE), slots.to(DEVICE), block_k=32)
-    assert rel_err(out.cpu(), ref) < tolerance(dtype)
-    assert not out.cpu()[slots < 0].any()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_expand_adds_into_a_column_slice(dtype):
-    """A merged projection's slice (columns 16..64 of 96): the other columns and base rows stay."""
-    from flotilla.kernels.triton_lora import lora_expand
-
-    x, a, b, slots = _case(dtype)
-    buf = lora_shrink_ref(x, a, slots)
-    g = torch.Generator().manual_seed(1)
-    y_full = torch.randn(x.shape[0], 96, generator=g).to(dtype)
-    ref = y_full.clone()
-    lora_expand_ref(ref[:, 16:64], buf, b, slots)
-    out = y_full.to(DEVICE)
-    lora_expand(out[:, 16:64], buf.to(DEVICE), b.to(DEVICE), slots.to(DEVICE), block_n=32)
+    y, x, a, b, slots = _projection(dtype, slice_sizes, tokens)
+    ref = y.clone()
+    lora_apply_ref(ref, x, a, b, slots, slice_sizes, 16)
+    out = y.clone().to(DEVICE)
+    lora_apply(out, x.to(DEVICE), a.to(DEVICE), b.to(DEVICE), slots.to(DEVICE), slice_sizes, 16,
+               block_k=block_k, block_n=32, target_programs=target)
     out = out.cpu()
-    assert rel_err(out, ref) < tolerance(dtype)
-    assert torch.equal(out[:, :16], y_full[:, :16]) and torch.equal(out[:, 64:], y_full[:, 64:])
-    assert torch.equal(out[slots < 0], y_full[slots < 0])
+    assert rel_err(out - y.float(), ref.float() - y.float()) < tolerance(dtype) * 2
+    assert torch.equal(out[slots < 0], y[slots < 0])
+
+
+def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
+    from flotilla.kernels.triton_lora import shrink_splits
+
+    assert shrink_splits(1, 3, 4096, 256) == (16, 256)  # QKV at batch 1: 48 programs over K
+    assert shrink_splits(1, 1, 14336, 256) == (56, 256)  # down: 56 programs
+    assert shrink_splits(64, 3, 4096, 256) == (3, 1536)
+    assert shrink_splits(512, 3, 4096, 256) == (1, 4096)
+    splits, per = shrink_splits(1, 1, 80, 32)
+    assert splits * per >= 80 and (splits - 1) * per < 80

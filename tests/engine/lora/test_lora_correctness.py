@@ -100,3 +100,29 @@ def test_prefix_cache_keys_include_the_adapter(case):
     oracle = peft_greedy(model, Path(all7.lora_path), [prompts[i] for i in rows], MAX_TOKENS)
     outs = llm.generate([prompts[i] for i in rows], GREEDY, use_tqdm=False, lora_request=all7)
     assert [o.outputs[0].token_ids for o in outs] == oracle
+
+
+def test_padded_lora_graph_inputs_match_peft_on_cpu(case):
+    """The CUDA-graph path without the capture: every step (prefills and decodes mixing the base model
+    and three adapters) runs from the padded persistent buffers, each token's adapter slot included,
+    and gives the oracle's tokens."""
+    from flotilla.engine.cuda_graphs import StepGraphs
+
+    model, prompts, loras, want = case
+    llm = LLM(str(model), max_model_len=128, enable_lora=True, max_loras=3, max_lora_rank=16, block_size=8,
+              max_num_seqs=8)
+    runner = llm.engine.runner
+    runner.graphs = StepGraphs(runner.model, 8, 512, 128, 8, runner.device, lora=True)
+    picked = []
+    pick = runner.graphs.pick
+
+    def recording(flat, lora=False):
+        key = pick(flat, lora)
+        picked.append(key)
+        return key
+
+    runner.graphs.pick = recording  # type: ignore[method-assign]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert picked and all(key is not None and key.lora for key in picked)
+    assert any(not key.decode for key in picked) and any(key.decode for key in picked)

@@ -103,18 +103,18 @@ def test_slot_manager_reuses_slots_lru(tiny_model_dirs, lora_adapters):
     def step(*chosen):
         return SchedulerOutput([ScheduledRequest(_request(i, lora), 2, 0, True) for i, lora in enumerate(chosen)])
 
-    slots = manager.token_slots(step(loras[0], None, loras[1])).tolist()
+    slots = manager.slot_values(step(loras[0], None, loras[1]))
     slot_a, slot_b = slots[0], slots[4]
     assert slots[2:4] == [-1, -1] and {slot_a, slot_b} == {0, 1}
-    assert manager.token_slots(step(None)) is None
-    slots = manager.token_slots(step(loras[2], loras[1])).tolist()  # c takes a's slot: a is least recent
+    assert manager.slot_values(step(None)) is None
+    slots = manager.slot_values(step(loras[2], loras[1]))  # c takes a's slot: a is least recent
     assert (slots[0], slots[2], manager.num_slot_loads) == (slot_a, slot_b, 3)
-    slots = manager.token_slots(step(loras[1])).tolist()  # already resident: no copy
+    slots = manager.slot_values(step(loras[1]))  # already resident: no copy
     assert (slots[0], manager.num_slot_loads) == (slot_b, 3)
-    manager.token_slots(step(loras[0]))  # back again: c is now the least recent and leaves
+    manager.slot_values(step(loras[0]))  # back again: c is now the least recent and leaves
     assert manager.num_slot_loads == 4
     with pytest.raises(RuntimeError, match="--max-loras"):
-        manager.token_slots(step(*loras))
+        manager.slot_values(step(*loras))
 
 
 def test_a_bad_startup_adapter_is_a_config_error_naming_it(tiny_model_dirs, lora_adapters, tmp_path):
