@@ -83,13 +83,17 @@ class DrainingServer(uvicorn.Server):
 
 
 def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
-    """uvicorn with the connection limits of `server`, on the h11 protocol that times request heads."""
+    """uvicorn with the connection limits of `server`, on asyncio's event loop and the h11 protocol that
+    times request heads."""
     return uvicorn.Config(
         app,
         host=server.host or "0.0.0.0",
         port=server.port,
         log_level=server.uvicorn_log_level,
         access_log=False,
+        # Both pinned: uvicorn's "auto" would take uvloop/httptools whenever something else installs them
+        # (test clients do), and the request limits are built on and tested under asyncio with h11.
+        loop="asyncio",
         http=head_deadline_protocol(server.header_read_timeout),
         limit_concurrency=server.limit_concurrency,
         timeout_keep_alive=server.timeout_keep_alive,  # type: ignore[arg-type]  # a float works: call_later

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,9 @@ class _SamplingFields(_RequestBody):
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
-    priority: int = 0  # lower first, with --scheduling-policy priority
-    cache_salt: str | None = Field(None, min_length=1)  # prefix-cache blocks are shared within one salt only
+    priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
+    # prefix-cache blocks are shared within one salt only
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None

@@ -9,6 +9,11 @@ from typing import Any
 
 from flotilla.engine.server.errors import APIError
 
+# Bounds on the extras (vLLM leaves them open): a priority is a 32-bit integer, as Kubernetes'
+# PriorityClass values; a salt is a short key, not a payload the server hashes and keeps per block.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+CACHE_SALT_MAX_CHARS = 256
+
 
 def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """The last `keep` tokens of a prompt (vLLM's `truncate_prompt_tokens`: the start is cut, so the
@@ -17,10 +22,13 @@ def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) 
         return token_ids
     if keep == -1:
         keep = max_model_len
+    if keep == 0:
+        raise APIError(400, "truncate_prompt_tokens must be at least 1, or -1 for the model's maximum context "
+                            "length", param="truncate_prompt_tokens")
     if keep > max_model_len:
         raise APIError(400, f"truncate_prompt_tokens={keep} is larger than this model's maximum context length "
                             f"({max_model_len} tokens)", param="truncate_prompt_tokens")
-    return token_ids[-keep:] if keep else []
+    return token_ids[-keep:]
 
 
 def response_ids(prefix: str, request_id: str | None) -> tuple[str, str]:

@@ -24,7 +24,7 @@ from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody
-from flotilla.engine.server.request_extras import engine_kwargs
+from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
 from flotilla.engine.server.serving import OpenAIServing, admitted, sampling_params
 from flotilla.validation_messages import describe
 
@@ -57,8 +57,8 @@ class ResponsesRequest(_RequestBody):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    priority: int = 0
-    cache_salt: str | None = Field(None, min_length=1)
+    priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from .prometheus_server import Prometheus, start_prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "charts" / "flotilla" / "files" / "rules.yaml"
@@ -71,26 +72,6 @@ def scrape_config(engine_port: int) -> dict[str, Any]:
 
 
 @dataclass
-class Prometheus:
-    url: str
-    process: subprocess.Popen
-
-    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"query": promql}
-        if at is not None:
-            params["time"] = at
-        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=20).json()
-        assert body["status"] == "success", (promql, body)
-        return body["data"]["result"]
-
-    def series_labels(self, match: str, label: str) -> set[str]:
-        """What Grafana's label_values(match, label) lists."""
-        body = httpx.get(f"{self.url}/api/v1/series", params={"match[]": match}, timeout=20).json()
-        assert body["status"] == "success", body
-        return {s[label] for s in body["data"] if label in s}
-
-
-@dataclass
 class Load:
     """Clients that each keep one request in flight (a shared long prefix, then a distinct tail)."""
 
@@ -126,38 +107,6 @@ class Load:
             t.join(300)
 
 
-def _wait_ready(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("prometheus did not become ready")
-
-
-def start_prometheus(workdir: Path, scrape: dict[str, Any], rule_files: list[Path]) -> Prometheus:
-    port = free_port()
-    config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                                      "rule_files": [str(p) for p in rule_files], "scrape_configs": [scrape]}))
-    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    process = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--query.lookback-delta=30s"],
-        stdout=subprocess.DEVNULL, stderr=(workdir / "prometheus.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url)
-    except RuntimeError:
-        process.kill()
-        raise
-    return Prometheus(url, process)
-
-
 def fast_rules(workdir: Path) -> Path:
     """The chart's rules, evaluated every second instead of every 30 s (expressions unchanged)."""
     rules = yaml.safe_load(RULES.read_text())
@@ -187,7 +136,7 @@ def observed(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
         tiny_model_dirs["llama"], work / "engine.log", "--served-model-name", MODEL, "--max-model-len", "256",
         "--block-size", "8", "--num-gpu-blocks-override", "48", "--max-num-seqs", str(MAX_NUM_SEQS),
         "--disable-log-stats")
-    prometheus = start_prometheus(work, scrape_config(engine.port), [fast_rules(work)])
+    prometheus = start_prometheus(work, free_port(), scrape_config(engine.port), [fast_rules(work)])
     load = Load(engine.url)
     load.start(CLIENTS)
     try:
@@ -207,6 +156,5 @@ def observed(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
         yield Observed(engine, prometheus, load)
     finally:
         load.finish()
-        prometheus.process.terminate()
-        prometheus.process.wait(20)
+        prometheus.stop()
         helpers.stop_server(engine)

@@ -5,7 +5,6 @@ deprecated aliases carry the same values as their current names."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ...observability.prometheus_server import Prometheus, engine_scrape, start_prometheus
 from .conftest import API_KEY, free_port
 from .dashboard_queries import ALL_QUERIES, ROUTER_SAMPLES
 
@@ -67,50 +67,22 @@ def test_prompt_tokens_total_counts_cached_tokens_as_usage_does(server):
 
 
 @pytest.fixture
-def prometheus(server, tmp_path) -> Iterator[str]:
+def prometheus(server, tmp_path) -> Iterator[Prometheus]:
     """A real Prometheus scraping the server every second; `endpoint` as a ServiceMonitor labels targets."""
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus is not installed (make system-deps)")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: flotilla\n"
-        f"    authorization: {{credentials: {API_KEY}}}\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{server.port}'], labels: {{endpoint: service-port}}}}]\n"
-    )
-    process = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    p = start_prometheus(tmp_path, free_port(), engine_scrape(server.port, API_KEY, {"endpoint": "service-port"}))
+    yield p
+    p.stop()
 
 
 def test_every_dashboard_query_returns_series_from_a_real_engine(server, prometheus):
-    def query(promql: str) -> list[dict]:
-        body = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=10).json()
-        assert body["status"] == "success", (promql, body)
-        return body["data"]["result"]
-
     deadline = time.monotonic() + 30
-    while not query("vllm:num_requests_running") and time.monotonic() < deadline:
+    while not prometheus.query("vllm:num_requests_running") and time.monotonic() < deadline:
         time.sleep(0.5)
     time.sleep(2)
     _load(server)  # requests inside the rate window, between scrapes
     time.sleep(3)
     texts = [q.replace("$model_name", "tiny").replace("$__rate_interval", "1m") for q in ALL_QUERIES]
-    empty = [q for q in texts if not query(q)]
+    empty = [q for q in texts if not prometheus.query(q)]
     assert not empty, empty

@@ -190,3 +190,32 @@ def test_models_by_id(server):
     assert logged and one.json()["kv_cache_dtype"] == logged.group(1) and one.json()["quantization"] is None
     missing = httpx.get(f"{server.url}/v1/models/nope", headers=HEADERS)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("route", "field", "value"), [
+    ("/v1/completions", "priority", 2**31),
+    ("/v1/chat/completions", "priority", -(2**31) - 1),
+    ("/v1/responses", "priority", 10**30),
+    ("/v1/completions", "cache_salt", "s" * 257),
+    ("/v1/responses", "cache_salt", "s" * 257),
+    ("/v1/completions", "truncate_prompt_tokens", 0),
+    ("/v1/chat/completions", "truncate_prompt_tokens", -2),
+    ("/v1/completions", "truncate_prompt_tokens", 257),  # the model's context is 256
+])
+def test_out_of_range_request_extras_are_a_400_naming_the_field(server, route, field, value):
+    body = {"model": "tiny", "max_tokens": 1, field: value}
+    body |= ({"prompt": "x"} if route == "/v1/completions" else {"input": "x"} if route == "/v1/responses"
+             else {"messages": [{"role": "user", "content": "x"}]})
+    if route == "/v1/responses":
+        body["max_output_tokens"] = body.pop("max_tokens")
+    response = post(server, route, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "BadRequestError" and field in error["message"]
+
+
+def test_request_extras_at_their_bounds_are_served(server):
+    for extras in ({"priority": 0, "cache_salt": "s" * 256, "truncate_prompt_tokens": 1},
+                   {"truncate_prompt_tokens": 256}, {"truncate_prompt_tokens": -1}):
+        response = post(server, "/v1/completions", {"model": "tiny", "prompt": "a b c", "max_tokens": 1, **extras})
+        assert response.status_code == 200, (extras, response.text)

@@ -205,3 +205,26 @@ def test_past_the_connection_cap_requests_get_503_until_connections_close(limite
         assert sock.recv(1) == b""
         sock.close()
     assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
+
+
+def test_the_server_runs_asyncio_and_h11_even_where_uvloop_and_httptools_are_installed():
+    """The limits above are built on asyncio's transports and h11: uvicorn's "auto" choice would switch to
+    uvloop and httptools as soon as another package installs them (the benchmark clients in the test extra do)."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from flotilla.engine.config import ServerConfig
+    from flotilla.engine.server.cli import _uvicorn_config
+    from flotilla.engine.server.http_protocol import HeadDeadlineProtocol
+
+    config = _uvicorn_config(FastAPI(), ServerConfig())
+    config.load()
+    assert issubclass(config.http_protocol_class, HeadDeadlineProtocol)
+    loop_factory = config.get_loop_factory()
+    assert loop_factory is not None
+    loop = loop_factory()
+    try:
+        assert isinstance(loop, asyncio.BaseEventLoop), type(loop)  # uvloop.Loop is not one
+    finally:
+        loop.close()
