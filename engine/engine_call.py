@@ -1,4 +1,4 @@
-"""A named call on the engine between steps (load or unload a LoRA adapter), picklable so that it can
+"""A named call on the engine between steps (load or unload a LoRA adapter, embed prompts), picklable so that it can
 cross into the engine-core process: a lambda could run on the in-process engine thread only."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from flotilla.engine.llm_engine import LLMEngine
 
 # The engine methods a front end may call: the only ones the core process will run for it.
-CALLABLE_METHODS = frozenset({LLMEngine.add_lora.__name__, LLMEngine.remove_lora.__name__})
+CALLABLE_METHODS = frozenset({LLMEngine.add_lora.__name__, LLMEngine.remove_lora.__name__, LLMEngine.embed.__name__})
 
 
 @dataclass(frozen=True)

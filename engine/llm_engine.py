@@ -25,6 +25,8 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
@@ -144,6 +146,10 @@ class LLMEngine:
         self._groups[request_id] = group
         self.scheduler.add(group[0])
         return group[0]
+
+    def embed(self, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
+        """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once)."""
+        return embed_prompts(self, prompts, params)
 
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot

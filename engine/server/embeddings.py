@@ -9,7 +9,6 @@ The pooling pass runs on the engine's thread between steps (`engine/pooling/embe
 from __future__ import annotations
 
 import base64
-import functools
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,7 +17,8 @@ import numpy as np
 from fastapi import FastAPI
 from pydantic import StrictInt
 
-from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.pooling.embed import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import _RequestBody
@@ -46,8 +46,7 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
     """Tokenize, embed on the engine thread, and shape the OpenAI response."""
     prompts = await _token_ids(state, body)
     params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
-    outputs: list[EmbeddingOutput] = await state.engine.call(
-        functools.partial(_embed, prompts=prompts, params=params))
+    outputs: list[EmbeddingOutput] = await state.engine.call(EngineCall("embed", (prompts, params)))
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
         "id": f"embd-{uuid.uuid4().hex}",
@@ -58,10 +57,6 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
                  for i, o in enumerate(outputs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-
-
-def _embed(engine: Any, *, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
-    return embed_prompts(engine, prompts, params)
 
 
 async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
