@@ -14,6 +14,7 @@ import math
 import shutil
 import sys
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,9 +39,15 @@ SPEC = {"model": {"source": "pvc://models/tiny", "servedName": MODEL},
 
 
 def _load_observability_helpers() -> Any:
-    """tests/observability/conftest.py (start_prometheus, fast_rules, Load, the server helpers), by path."""
-    path = REPO / "tests" / "observability" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("flotilla_tests_observability_helpers", path)
+    """tests/observability/conftest.py (start_prometheus, fast_rules, Load, the server helpers), by path.
+
+    Loaded as a submodule of a package named for its folder, so that its relative imports (the shared
+    Prometheus helpers beside it) resolve."""
+    folder = REPO / "tests" / "observability"
+    package = types.ModuleType("flotilla_tests_observability")
+    package.__path__ = [str(folder)]
+    sys.modules[package.__name__] = package
+    spec = importlib.util.spec_from_file_location(f"{package.__name__}.conftest", folder / "conftest.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
