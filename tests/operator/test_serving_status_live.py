@@ -120,7 +120,8 @@ def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
         kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", _engine_pod(namespace, engine.port))
         kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{POD}",
                           {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
-        prometheus = obs.start_prometheus(work, _scrape_config(engine.port, namespace), [obs.fast_rules(work)])
+        prometheus = obs.start_prometheus(work, obs.free_port(), _scrape_config(engine.port, namespace),
+                                        [obs.fast_rules(work)])
         yield Live(cluster, namespace, engine, prometheus)
     finally:
         if prometheus is not None:
