@@ -70,8 +70,11 @@ def test_float_and_base64_agree_and_token_inputs_work(pooling_server, hf):
     np.testing.assert_array_equal(decoded, np.asarray(vector, dtype=np.float32))
     one = post(pooling_server, {"model": "tiny", "input": ids, "encoding_format": "float"}).json()
     many = post(pooling_server, {"model": "tiny", "input": [ids, ids[:3]], "encoding_format": "float"}).json()
-    assert one["data"][0]["embedding"] == vector
-    assert many["data"][0]["embedding"] == vector and len(many["data"]) == 2
+    # Token ids give the same vector as the text; batched with another input the matmul shapes
+    # change, so fp32 rounding may differ in the last bits.
+    np.testing.assert_allclose(one["data"][0]["embedding"], vector, rtol=1e-5, atol=1e-6)
+    assert len(many["data"]) == 2
+    np.testing.assert_allclose(many["data"][0]["embedding"], vector, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(many["data"][1]["embedding"], hf_embedding(hf, ids[:3]), atol=1e-4, rtol=1e-4)
     assert many["usage"] == {"prompt_tokens": len(ids) + 3, "total_tokens": len(ids) + 3}
 
