@@ -7,7 +7,9 @@ decode rows, bf16 activations. Timed per call, each in one CUDA graph of many ca
 copies that together exceed the L2 several times (`bench/kernels.py`'s `graph_ms`), so every call
 streams its weight from HBM, as a decode step does:
 
-- `fp8_gemv`: the Triton W8A16 GEMV (`kernels.dispatch.fp8_linear` at <= 16 rows), default config.
+- `fp8_gemv`: the Triton W8A16 GEMV (`kernels.dispatch.fp8_linear` at <= 16 rows), default config;
+  `fp8_gemv_other_path` the same with the other arithmetic (FMA where the default is `tl.dot`, and
+  the reverse), to check where the default switches.
 - `w8a8`: what the dispatch ran before, `fp8_linear_scaled_mm`: per-token activation quantization
   (its several small kernels) + `torch._scaled_mm`; and `scaled_mm_only`, the GEMM alone on an
   activation quantized outside the timing.
@@ -33,6 +35,7 @@ import torch
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 L2_ROTATION_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+DEV = "cuda"
 GRAPH_BYTES = 2 * 2**30  # weight bytes streamed per graph replay (~0.5 ms at copy rate)
 # A few tiles/paths around the default (`--sweep`): the FMA/dot boundary is the open question.
 SWEEP = (
@@ -62,9 +65,9 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     from flotilla.kernels.triton_utils import num_sms
 
     sets = max(3, -(-L2_ROTATION_BYTES // (n * k)))
-    dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16).div_(k**0.5) for _ in range(sets)]
+    dense = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16).div_(k**0.5) for _ in range(sets)]
     fp8 = [quantize_fp8_rows(w) for w in dense]
-    xs = torch.randn(sets, m, k, device="cuda", dtype=torch.bfloat16)
+    xs = torch.randn(sets, m, k, device=DEV, dtype=torch.bfloat16)
     x8 = [quantize_fp8_activations(x, None) for x in xs]
     calls = sets * max(1, round(GRAPH_BYTES / (sets * n * k)))
     ref8, ref16 = fp8_weight_only_linear_ref(xs[0], *fp8[0]), gemv_ref(xs[0], dense[0])
@@ -82,6 +85,9 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         "bf16_gemv": (lambda i: gemv(xs[i % sets], dense[i % sets]), ref16, 2),
         "bf16_cublas": (lambda i: F.linear(xs[i % sets], dense[i % sets]), ref16, 2),
     }
+    # The other arithmetic path at the default tiles for that path: is the FMA/dot boundary (M > 4) right?
+    other = {"use_dot": not result["fp8_default_config"]["use_dot"]}
+    variants["fp8_gemv_other_path"] = (lambda i: fp8_gemv(xs[i % sets], *fp8[i % sets], **other), ref8, 1)
     if sweep:
         for cfg in SWEEP:
             tag = "fp8_gemv " + " ".join(f"{key}={v}" for key, v in cfg.items())
