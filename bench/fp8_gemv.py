@@ -56,13 +56,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     """All variants of one projection at `m` rows: ms per call, GB/s of weight bytes, errors."""
     import torch.nn.functional as F
-    from kernels import graph_ms  # bench/kernels.py
 
     from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref, quantize_fp8_activations, quantize_fp8_rows
     from flotilla.kernels.fp8_scaled_mm import fp8_linear_scaled_mm
     from flotilla.kernels.linear import gemv_ref
     from flotilla.kernels.triton_gemv import default_config, fp8_gemv, gemv
     from flotilla.kernels.triton_utils import num_sms
+    from kernels import graph_ms  # bench/kernels.py
 
     sets = max(3, -(-L2_ROTATION_BYTES // (n * k)))
     dense = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16).div_(k**0.5) for _ in range(sets)]
