@@ -251,9 +251,10 @@ def gemv(
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    # fp8 weights take 1,024-wide FMA steps; fp32 weights keep the bf16 tiles they always had
     cfg = default_config(
         m, n, k, device_sms(x), block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
-        num_stages=num_stages, use_dot=use_dot, weight_bytes=weight.element_size(),
+        num_stages=num_stages, use_dot=use_dot, weight_bytes=min(weight.element_size(), 2),
     )  # fmt: skip
     block_m = triton.next_power_of_2(m)
     if cfg.use_dot:
