@@ -184,8 +184,10 @@ def linear(
 # `tl.dot` path stops being free: the batch is padded to 16 as the MMA's narrow side, so up to 16 rows
 # cost the same weight stream as one; above it the padding doubles, and `_scaled_mm` at fp8 tensor-core
 # rates amortises the per-token quantization over more rows. Decode CUDA graphs of batch 1, 2, 4, 8
-# and 16 take the GEMV (M = the padded batch). The before/after switch: FLOTILLA_FP8_GEMV=0 in the
-# environment keeps W8A8 (and the weight-only schemes' dequantize + matmul) at every batch size.
+# and 16 take the GEMV (M = the padded batch). Above the threshold the activation is quantized by one
+# Triton kernel instead of ~8 torch ops. The before/after switch: FLOTILLA_FP8_GEMV=0 in the environment
+# restores the path as call E measured it: W8A8 with torch's quantization (and the weight-only schemes'
+# dequantize + matmul) at every batch size.
 FP8_GEMV_MAX_ROWS = 16
 FP8_GEMV_ENABLED = os.environ.get("FLOTILLA_FP8_GEMV", "1").strip() != "0"
 
@@ -211,7 +213,7 @@ def fp8_linear(
     if x.is_cuda and fp8_tensor_cores(x.device) and x.shape[-1] % 16 == 0 and w_fp8.shape[0] % 16 == 0:
         from flotilla.kernels.fp8_scaled_mm import fp8_linear_scaled_mm
 
-        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale)
+        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale, fused_quant=FP8_GEMV_ENABLED)
     return fp8_linear_ref(x, w_fp8, w_scale, bias, input_scale)
 
 

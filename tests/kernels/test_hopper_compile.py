@@ -1,5 +1,5 @@
-"""The fp8 kernels (KV-cache writes, the W8A16 GEMV) compiled for Hopper (sm_90) on the CPU, by Triton's
-compiler and ptxas.
+"""The fp8 kernels (KV-cache writes, the W8A16 GEMV, the activation quantization) compiled for Hopper
+(sm_90) on the CPU, by Triton's compiler and ptxas.
 
 The interpreter (TRITON_INTERPRET=1) runs kernels as Python, so it accepts code the compiler refuses:
 a plain-float global read inside a `@triton.jit` function passed every interpreter test and failed to
@@ -76,9 +76,13 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
     fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NUM_STAGES=2)
     dot = dict(common, SPLIT_K=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
+    from flotilla.kernels.triton_fp8_quant import _quant_rows_kernel
+
+    quant = {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "static_scale_ptr": "*fp32"}
     return {
         "fp8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=2),
         "fp8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
+        "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
     }
 
 
