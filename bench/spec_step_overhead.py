@@ -24,9 +24,11 @@ prefill is left out). Every phase is timed by wrapping the engine's own methods 
 - post: the step's post-processing after the update (detokenization, stop strings, outputs, stats:
   `LLMEngine._post_process`, or `_finish_step` less the update in engines before it);
 - step: the whole `engine.step()` calls; host = step - wait (- forward - logits on the CPU);
-- critical: collect + update + schedule + propose + launch up to the forward (launch - draw -
-  forward): the host work between two device steps when a step's successor cannot be planned before
-  its tokens are in (every speculating step); asynchronous plain decode hides it behind the device.
+- idle: the host's work while the device has nothing queued: from a step's ids being in (the end
+  of `collect`'s wait) to the next step's inputs being staged (the end of `StepGraphs._stage`, right
+  before its forward or graph replay), counted when no other step was in flight meanwhile. A step
+  whose successor cannot be planned before its tokens are in (speculation) pays it every step;
+  asynchronous plain decode stages the next step before collecting, so its idle time is ~0.
 
 Phases are timed on this thread's CPU time by default on the CPU (`--clock cpu`; with
 OMP_NUM_THREADS=1 the forward runs on this thread too), so that time spent waiting for a core on a
@@ -66,7 +68,7 @@ from flotilla.engine.spec_decode.config import SpeculativeConfig
 from flotilla.engine.spec_decode.speculator import Speculator
 
 PHASES = ("step", "schedule", "propose", "launch", "stage", "forward", "draw", "logits", "wait", "collect", "update",
-          "post")
+          "post", "idle")
 
 
 class PhaseTimer:
@@ -76,11 +78,14 @@ class PhaseTimer:
         self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
         self.launches = 0
+        self.in_flight = 0  # steps launched and not collected
+        self.ids_in: float | None = None  # when the last collected step's ids were in, if none is in flight
 
     def reset(self) -> None:
         """Forget everything measured so far."""
         self.seconds.clear()
         self.launches = 0
+        self.ids_in = None
 
     def wrap(self, owner: Any, name: str, phase: str) -> None:
         """Replace `owner.name` (an instance attribute) by a timed call of the original."""
@@ -109,17 +114,23 @@ def instrument(engine: LLMEngine, timer: PhaseTimer) -> None:
     timer.wrap(runner.model, "forward", "forward")
     timer.wrap(runner.model, "compute_logits", "logits")
     timer.wrap(runner, "_draw", "draw")
-    if runner.graphs is not None:
-        timer.wrap(runner.graphs, "_stage", "stage")
-    real_launch, real_collect = runner.launch, runner.collect
+    assert runner.graphs is not None, "the idle phase ends at the graphs' staging (CUDA graphs, or uncaptured ones)"
+    timer.wrap(runner.graphs, "_stage", "stage")
+    graphs, clock = runner.graphs, timer.clock
+    real_launch, real_collect, real_stage = runner.launch, runner.collect, graphs._stage
 
-    clock = timer.clock
+    def stage(*args: Any, **kwargs: Any) -> None:
+        real_stage(*args, **kwargs)
+        if timer.in_flight == 0 and timer.ids_in is not None:  # the device had nothing to do meanwhile
+            timer.seconds["idle"] += clock() - timer.ids_in
+        timer.ids_in = None
 
     def launch(plan: Any) -> LaunchedStep:
         start = clock()
         step = real_launch(plan)
         timer.seconds["launch"] += clock() - start
         timer.launches += 1
+        timer.in_flight += 1
         return step
 
     def collect(step: LaunchedStep) -> Any:
@@ -128,11 +139,14 @@ def instrument(engine: LLMEngine, timer: PhaseTimer) -> None:
             step.copied.synchronize()  # the wait, apart; collect's own synchronize then returns at once
         waited = clock()
         timer.seconds["wait"] += waited - start
+        timer.in_flight -= 1
+        timer.ids_in = waited if timer.in_flight == 0 else None
         try:
             return real_collect(step)
         finally:
             timer.seconds["collect"] += clock() - waited
 
+    graphs._stage = stage  # type: ignore[method-assign]
     runner.launch, runner.collect = launch, collect  # type: ignore[method-assign]
 
 
@@ -195,14 +209,10 @@ def measure(engine: LLMEngine, mode: str, a: argparse.Namespace, prompts: list[l
     host = sums["step"] - sums["wait"]
     if a.device == "cpu":  # the forward and the logits are the CPU's compute, not host overhead
         host -= sums["forward"] + sums["logits"]
-    # What a step that cannot overlap the device (one whose successor needs its tokens: speculation)
-    # puts between two device steps: collect it, update, plan, propose, and launch up to the forward.
-    before_forward = sums["launch"] - sums["draw"] - (sums["forward"] if a.device == "cpu" else 0.0)
-    critical = sums["collect"] + sums["update"] + sums["schedule"] + sums["propose"] + before_forward
     row = {"steps": launches, "output_tokens": out_tokens, "tokens_per_step": round(out_tokens / max(launches, 1), 3),
            "tok_per_s": round(out_tokens / max(wall, 1e-9), 2), "phase_ms_per_step": ms,
            "host_ms_per_step": round(1e3 * host / max(launches, 1), 4),
-           "critical_host_ms_per_step": round(1e3 * critical / max(launches, 1), 4)}
+           "idle_host_ms_per_step": round(1e3 * sums["idle"] / max(launches, 1), 4)}
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(a.profile)
@@ -267,6 +277,7 @@ def main() -> int:
     for row in results.values():
         if base:
             row["host_ms_more_than_none"] = round(row["host_ms_per_step"] - base["host_ms_per_step"], 4)
+            row["idle_host_ms_more_than_none"] = round(row["idle_host_ms_per_step"] - base["idle_host_ms_per_step"], 4)
     report = {"command": "python bench/spec_step_overhead.py " + " ".join(sys.argv[1:]),
               "load_average": os.getloadavg(), "args": vars(a), "results": results}
     print(json.dumps(report, indent=1))
