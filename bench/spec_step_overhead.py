@@ -9,8 +9,8 @@ One engine, one request at a time (batch 1), greedy with ignore_eos, `--k` draft
 are bench/spec_decode.py's: `none` (no speculation), `oracle-wrong` (every draft rejected) and
 `oracle-right` (every draft accepted through the benchmark-only hook). Each mode first runs an untimed
 request, then `--requests` timed ones; the timed window of a request starts at its first token (the
-prefill is left out). Every phase is timed by wrapping the engine's own methods with
-`time.perf_counter` (inclusive times, summed over the window, divided by the steps launched in it):
+prefill is left out). Every phase is timed by wrapping the engine's own methods (inclusive times on
+the clock below, summed over the window, divided by the steps launched in it):
 
 - schedule: `Scheduler.schedule` (the plan, block allocation); propose: `Speculator.propose`;
 - launch: `ModelRunner.launch` (flatten, decode-row layout, staging, the forward or the graph replay,
