@@ -21,6 +21,7 @@ from flotilla.engine_rules import (
     default_max_num_batched_tokens,
     flag_name,
     parallel_split_problem,
+    pooling_problem,
     resolve_max_model_len,
     served_name_problem,
 )
@@ -269,6 +270,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         speculative = parse_speculative_config(v["speculative_config"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
+                                  pipeline):
+        raise ConfigError(problem)
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),

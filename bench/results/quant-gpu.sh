@@ -23,14 +23,8 @@
 # The stage limits add up to 340 s, the expected total (call E's start-up times) ~280 s; each limit is capped by
 # what is left of BUDGET_S, so the last stages are the ones cut short. STAGES="bf16 fp8 fp8old summary" runs a
 # subset (~150 s).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD; END=$((SECONDS + ${BUDGET_S:-300}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p:$R/bench PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
 L=$OUT/quant-gpu.log
-left() { local l=$((END - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
-cd /tmp
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 # The same shape as a compressed-tensors W4A16 (int4, group 128, symmetric) checkpoint: random codes
 # under --load-format dummy, detected from config.json.

@@ -12,15 +12,9 @@
 # Run from the repository root on the H200 machine, carrying .whl with pydantic 2.14.4, pydantic-core
 # 2.50.5 (cp312), annotated-types, typing-inspection, typing-extensions (see gpu-2026-12-03.sh).
 #   BUDGET_S=200 bash bench/results/specdec-gpu.sh   -> $OUT/specdec-gpu.log and the JSON files
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD; END=$((SECONDS + ${BUDGET_S:-200}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p:$R/bench PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 L=$OUT/specdec-gpu.log
-left() { local l=$((END - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
 COMMON="--model /tmp/llama8b --load-format dummy --workload random --input-len 512 --max-tokens 128 --max-model-len 4096 --k 4"
-cd /tmp  # `python -m flotilla...` from the repository root would import the source flotilla/ (FACTS)
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 for s in ${STAGES:-tests b1 phases b64}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L

@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flotilla import __version__
 from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
-from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
@@ -34,6 +33,7 @@ from flotilla.engine.server.protocol import (
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)

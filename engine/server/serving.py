@@ -10,7 +10,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
@@ -23,6 +22,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import longest_token_chars
 
 
