@@ -28,6 +28,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     # Per prompt token (None for the first), as CompletionOutput.logprobs; when asked for.
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
