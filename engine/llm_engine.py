@@ -461,6 +461,7 @@ class LLMEngine:
             prompt=first.prompt,
             prompt_token_ids=first.prompt_token_ids,
             prompt_logprobs=first.prompt_logprobs or None,
+            num_cached_tokens=max(first.num_cached_tokens, 0),
             outputs=completions,
             finished=finished,
         )

@@ -377,6 +377,22 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--enable-request-id-headers",
+        "bool",
+        False,
+        "Add X-Request-Id to every response: the request's own X-Request-Id (which also names the response, "
+        "as vLLM), or a random one.",
+        "server",
+    ),
+    Flag(
+        "--enable-prompt-tokens-details",
+        "bool",
+        False,
+        "Report prompt tokens served from the prefix cache in chat and completions usage "
+        "(usage.prompt_tokens_details.cached_tokens), as vLLM; Responses usage always has them.",
+        "server",
+    ),
+    Flag(
         "--enable-auto-tool-choice",
         "bool",
         False,

@@ -15,7 +15,7 @@ import re
 import httpx
 import pytest
 
-from tests.engine.server.conftest import API_KEY, start_server, stop_server
+from tests.engine.server.conftest import API_KEY
 from tests.engine.server.structured_schemas import SCHEMAS
 from tests.engine.server.structured_tools import ASK, TIME, WEATHER
 
@@ -24,15 +24,6 @@ pytest.importorskip("xgrammar")
 
 REGEX = r"[A-Z][a-z]{2,8}, [0-9]{1,2}C"
 CHOICES = ["sunny", "rainy"]
-
-
-@pytest.fixture(scope="module")
-def core_server(embedded_model_dir, tmp_path_factory):
-    s = start_server(embedded_model_dir, tmp_path_factory.mktemp("structured-core") / "server.log",
-                     "--max-model-len", "512", "--disable-log-stats", "--served-model-name", "x",
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", env={"VLLM_API_KEY": API_KEY})
-    yield s
-    stop_server(s)
 
 
 async def _schema_reply(client, name, schema):
@@ -70,10 +61,10 @@ async def _tool_reply(client, choice, parallel):
 # temperature 0 ran into a digit or newline loop to max_tokens on one schema per run ('number',
 # 'mixed', 'int_list'); see /work/notes/embed.md.
 @pytest.mark.skipif(os.environ.get("FLOTILLA_STRUCTURED_API") != "1", reason="set FLOTILLA_STRUCTURED_API=1 to run")
-def test_schemas_regex_choice_and_tool_calls_validate(core_server):
+def test_schemas_regex_choice_and_tool_calls_validate(tool_server):
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"{core_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
     named = {"type": "function", "function": {"name": "get_time"}}
 
     async def everything():
@@ -110,15 +101,15 @@ def test_schemas_regex_choice_and_tool_calls_validate(core_server):
     ({"guided_regex": "a", "guided_choice": ["b"]}, "one output constraint"),
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}, "tools": [WEATHER]}, "missing"),
 ])
-def test_invalid_constraints_are_400_with_the_reason(core_server, body, reason):
-    r = httpx.post(f"{core_server.url}/v1/chat/completions", timeout=60,
+def test_invalid_constraints_are_400_with_the_reason(tool_server, body, reason):
+    r = httpx.post(f"{tool_server.url}/v1/chat/completions", timeout=60,
                    headers={"Authorization": f"Bearer {API_KEY}"},
                    json={"messages": ASK, "max_tokens": 5, **body})
     assert r.status_code == 400, r.text
     assert reason in r.json()["error"]["message"]
 
 
-def test_langchain_with_structured_output_and_bind_tools(core_server):
+def test_langchain_with_structured_output_and_bind_tools(tool_server):
     """langchain-openai's ChatOpenAI as users run it: a pydantic schema by json_schema, tools by bind_tools."""
     langchain_openai = pytest.importorskip("langchain_openai")
     from typing import Literal
@@ -132,7 +123,7 @@ def test_langchain_with_structured_output_and_bind_tools(core_server):
         sky: Literal["sunny", "rainy", "cloudy"]
         warm: bool
 
-    model = langchain_openai.ChatOpenAI(model="x", base_url=f"{core_server.url}/v1", api_key=API_KEY,
+    model = langchain_openai.ChatOpenAI(model="x", base_url=f"{tool_server.url}/v1", api_key=API_KEY,
                                         temperature=0, max_tokens=80, max_retries=0, timeout=600)
     forecast = model.with_structured_output(Forecast, method="json_schema").invoke("Weather in Paris?")
     assert isinstance(forecast, Forecast)
