@@ -85,3 +85,25 @@ def test_plain_answer_with_reasoning_parser_streams_thinking_and_content():
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "two plus two"
     assert "".join(d.get("content", "") for d in deltas) == "4"
     assert choices[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("name, text, content", [
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>', "Sure."),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {"tz": "Europe/Paris"}}', ""),
+    ("mistral", 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}]', "Sure."),
+])
+def test_each_parsers_calls_stream_as_openai_deltas(name, text, content):
+    """`auto` with each family's published format, streamed: content without call text, then one
+    delta per call with its index, id, type, name and arguments, and finish_reason tool_calls."""
+    choices = _stream(ToolPlan("auto", [], parser=tool_parser(name)), None, text)
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("content") or "" for d in deltas).strip() == content
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [(c["index"], c["type"], c["function"]["name"]) for c in calls] == [
+        (0, "function", "get_weather"), (1, "function", "get_time")]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"tz": "Europe/Paris"}]
+    assert len({c["id"] for c in calls}) == 2
+    assert choices[-1]["finish_reason"] == "tool_calls"
