@@ -16,8 +16,8 @@ from typing import Any
 NAME = {"type": "string", "maxLength": 12}
 
 SCHEMAS: list[tuple[str, dict[str, Any]]] = [
-    ("person", {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
-                "required": ["name", "age"]}),
+    ("person", {"type": "object", "required": ["name", "age"],
+                "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 130}}}),
     ("city", {"type": "object", "properties": {"city": NAME, "country": NAME}, "required": ["city", "country"]}),
     ("flag", {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}),
     ("color_enum", {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
