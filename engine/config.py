@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
 from flotilla.engine_rules import (
     RuleError,
     batch_budget_problem,
@@ -179,6 +180,7 @@ class EngineConfig(_Component):
     device: DeviceConfig
     lora: LoRAConfig = LoRAConfig()
     speculative: SpeculativeConfig | None = None
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -192,7 +194,7 @@ class EngineConfig(_Component):
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative")
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative", "structured_outputs")
 _ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
@@ -270,6 +272,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(str(e)) from None
     try:
         speculative = parse_speculative_config(v["speculative_config"])
+        structured_outputs = parse_structured_outputs_config(v["structured_outputs_config"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
@@ -312,6 +315,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
         lora=lora_config(v),
         speculative=speculative,
+        structured_outputs=structured_outputs,
     )
 
 

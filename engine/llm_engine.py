@@ -181,7 +181,9 @@ class LLMEngine:
         if self._grammar_compiler is None:
             from flotilla.engine.structured_output.compiler import GrammarCompiler
 
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
+                disable_any_whitespace=self.config.structured_outputs.disable_any_whitespace)
         return self._grammar_compiler
 
     def _validate_prompt(self, token_ids: list[int]) -> None:

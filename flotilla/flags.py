@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FlagType = Literal["str", "int", "float", "bool", "json", "list"]
-Component = Literal["model", "cache", "scheduler", "parallel", "speculative", "lora", "server", "device"]
+Component = Literal["model", "cache", "scheduler", "parallel", "speculative", "structured_outputs", "lora", "server",
+                    "device"]
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,15 @@ FLAGS: tuple[Flag, ...] = (
         'optional "disable_by_batch_size".',
         "speculative",
         crd_field="speculative",
+    ),
+    Flag(
+        "--structured-outputs-config",
+        "json",
+        None,
+        'Structured output for every request, as JSON with vLLM\'s keys: {"backend": "xgrammar", '
+        '"disable_any_whitespace": true} compiles JSON schemas and tool-call grammars to compact JSON (no '
+        "free whitespace, which small models can loop on); backend auto or xgrammar.",
+        "structured_outputs",
     ),
     Flag(
         "--enable-lora",

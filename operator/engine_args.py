@@ -134,6 +134,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
     # What responses report (an X-Request-Id header, cached prompt tokens in usage): no effect on serving.
     "--enable-request-id-headers", "--enable-prompt-tokens-details",
+    # Compact JSON for this service's grammars (a small model that loops on whitespace): per pod.
+    "--structured-outputs-config",
 })
 
 

@@ -117,3 +117,25 @@ def test_responses_stream_sends_content_then_each_parsed_call_as_a_function_call
                                                                           (2, done[2]["arguments"])]
     assert kinds[-1] == "response.completed" and [i["type"] for i in events[-1]["response"]["output"]] == \
         ["message", "function_call", "function_call"]
+
+
+@pytest.mark.parametrize("name, text, content", [
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>', "Sure."),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {"tz": "Europe/Paris"}}', ""),
+    ("mistral", 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}]', "Sure."),
+])
+def test_each_parsers_calls_stream_as_openai_deltas(name, text, content):
+    """`auto` with each family's published format, streamed: content without call text, then one
+    delta per call with its index, id, type, name and arguments, and finish_reason tool_calls."""
+    choices = _stream(ToolPlan("auto", [], parser=tool_parser(name)), None, text)
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("content") or "" for d in deltas).strip() == content
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [(c["index"], c["type"], c["function"]["name"]) for c in calls] == [
+        (0, "function", "get_weather"), (1, "function", "get_time")]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"tz": "Europe/Paris"}]
+    assert len({c["id"] for c in calls}) == 2
+    assert choices[-1]["finish_reason"] == "tool_calls"
