@@ -25,14 +25,16 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import RequestFailedError
-from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
+
+if TYPE_CHECKING:  # imported by the API process too (EngineFactory), which must not pay for torch
+    from flotilla.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class EngineFactory:
 
     def __call__(self) -> LLMEngine:
         """The engine, with every start-up adapter loaded; ConfigError names a bad adapter."""
+        from flotilla.engine.llm_engine import LLMEngine  # in the process that runs it (torch and the model)
+
         engine = LLMEngine(self.config)
         self.load_adapters(engine, self.adapters)
         return engine

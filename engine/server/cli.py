@@ -163,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def engine_in_own_process() -> bool:
-    """vLLM's switch VLLM_ENABLE_V1_MULTIPROCESSING: 1 runs the engine core in a process of its own; 0 keeps
-    it on a thread of the server's process. Default 0 until the whole server suite has passed with 1 (vLLM's
-    default is 1; see /work/notes/core.md)."""
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip().lower() in ("1", "true")
+    """vLLM's switch VLLM_ENABLE_V1_MULTIPROCESSING: 1 (the default, as in vLLM) runs the engine core in a
+    process of its own; 0 keeps it on a thread of the server's process (the same routes, one process)."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() not in ("0", "false")

@@ -17,7 +17,7 @@ from flotilla.engine.config import ConfigError, LoRAConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import StartupAdapter
 from flotilla.engine.engine_core_client import ServingEngine
-from flotilla.engine.lora.adapter import LoRAAdapterError
+from flotilla.engine.errors import LoRAAdapterError
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.errors import APIError
 
