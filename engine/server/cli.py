@@ -10,7 +10,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,7 +21,7 @@ from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine, exit_process
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.engine_core import EngineFactory
-from flotilla.engine.engine_core_client import EngineCoreClient
+from flotilla.engine.engine_core_client import EngineCoreClient, ServingEngine
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.app import ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
@@ -124,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     loras = LoRARegistry(config.model.served_model_name) if config.lora.enable_lora else None
     try:
         factory = EngineFactory(config, register_startup_adapters(config.lora, loras) if loras is not None else ())
-        engine_class = EngineCoreClient if engine_in_own_process() else AsyncEngine
-        async_engine = engine_class.build(factory, on_step, on_dead=exit_process)
+        async_engine, tokenizer = _start_engine(factory, on_step)
     except ConfigError as exc:  # a bad --lora-modules name
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flotilla serve: error: {exc.__cause__}", file=sys.stderr)
             return 2
         raise
-    tokenizer = load_tokenizer(config.model.tokenizer)
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
@@ -160,6 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         async_engine.shutdown()
     return 0
+
+
+def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None]) -> tuple[ServingEngine, Any]:
+    """The started engine and the server's tokenizer. With the core in its own process, this process loads
+    the tokenizer (transformers, which imports torch) while the core imports torch and builds the engine:
+    on two or more cores the second process adds little to start-up."""
+    tokenizer_path = factory.config.model.tokenizer
+    if not engine_in_own_process():
+        return AsyncEngine.build(factory, on_step, on_dead=exit_process), load_tokenizer(tokenizer_path)
+    client = EngineCoreClient(factory, on_step, on_dead=exit_process)
+    client.launch()
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except BaseException:
+        client.stop_launch()
+        raise
+    client.wait_until_ready()
+    return client, tokenizer
 
 
 def engine_in_own_process() -> bool:
