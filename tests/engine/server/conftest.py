@@ -93,8 +93,9 @@ def stop_server(server: Server) -> None:
             server.process.kill()
 
 
-def start_tiny_server(model: Path, log: Path, *flags: str) -> Server:
-    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`."""
+def start_tiny_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
+    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`
+    (and `env` for the server's process)."""
     return start_server(
         model,
         log,
@@ -107,7 +108,7 @@ def start_tiny_server(model: Path, log: Path, *flags: str) -> Server:
         "8",
         "--disable-log-stats",
         *flags,
-        env={"VLLM_API_KEY": API_KEY},
+        env={"VLLM_API_KEY": API_KEY, **(env or {})},
     )
 
 
