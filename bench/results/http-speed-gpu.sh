@@ -13,7 +13,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
 export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-# The engine core in its own process (issue 19); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the in-thread engine.
+# The engine core in its own process (issue 19; `flotilla serve`'s default since 2026-12-03 s4, exported here so
+# the figures are the core's whatever the caller's environment); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the
+# in-thread engine.
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-1}
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 ENGINE="--max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384 --load-format dummy"
