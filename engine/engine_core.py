@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import signal
 import sys
@@ -99,9 +100,12 @@ def run_engine_core(factory: EngineFactory, commands: Connection, outputs: Conne
         outputs.send(("failed", portable(exc)))
         return
     code = EngineCore(engine, outputs).run(commands)
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    sys.exit(code)
+    # The engine (and its workers) have shut down and the last message is sent: skip tearing down the
+    # interpreter's torch modules, which the API process would wait for at every server stop.
+    os._exit(code)
 
 
 class EngineCore:
