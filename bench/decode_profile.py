@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 
 import torch
+from decode_steps import start_decoding
 from model_dirs import SHAPES, make_model_dir
 from report import report
 
@@ -45,10 +46,7 @@ def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: 
     vocab = engine.config.model.hf_config["vocab_size"]
     params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
-    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    start_decoding(engine, reqs)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()

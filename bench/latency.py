@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode_steps import start_decoding, timed_steps
 from model_dirs import SHAPES, make_model_dir
 from report import report
 
@@ -56,18 +57,16 @@ def step_latency(engine, batch: int, context: int, steps: int, rng: random.Rando
     vocab = engine.config.model.hf_config["vocab_size"]
     params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 32, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
-    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
-        engine.step()
-    for _ in range(3):  # settle
-        engine.step()
-    times, host, runner, graphed = [], [], [], []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
-        host.append(engine.runner.last_step.host_s)
-        runner.append(engine.runner.last_step.total_s)
-        graphed.append(engine.runner.last_step.graphed)
+    start_decoding(engine, reqs)
+    host, runner, graphed = [], [], []
+
+    def read_runner() -> None:
+        last = engine.runner.last_step
+        host.append(last.host_s)
+        runner.append(last.total_s)
+        graphed.append(last.graphed)
+
+    times = timed_steps(engine, steps, read_runner)
     engine.abort([r.request_id for r in reqs])
     return {
         "batch": batch,

@@ -16,10 +16,10 @@ import argparse
 import json
 import random
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from decode_steps import start_decoding, timed_steps
 from model_dirs import SHAPES, make_model_dir
 from safetensors.torch import save_file
 
@@ -59,15 +59,8 @@ def step_ms(engine, batch: int, context: int, steps: int, loras: list) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 32, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params,
                                lora_request=loras[k % len(loras)]) for k in range(batch)]
-    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
+    start_decoding(engine, reqs)
+    times = timed_steps(engine, steps)
     engine.abort([r.request_id for r in reqs])
     return 1e3 * statistics.fmean(times)
 

@@ -11,7 +11,13 @@ bench/results/quant-gpu.sh starts one process each and compares their JSON files
 measure: whole engine steps once every request decodes); `throughput` 1,000 random prompts of 512
 tokens, 128 out (bench/throughput.py's workload). Each step figure comes with its roofline at the
 configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
-the LM head and embeddings stay bf16; fp8 KV 1 byte).
+the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
+time limit still leaves its batch-1 figure.
+
+With fp8 weights the JSON's `fp8_paths` lists the input row counts M each fp8 linear path saw from the
+start (the memory profile, CUDA-graph capture: M = each captured batch size) to the end: the W8A16 GEMV
+(`fp8_gemv`, up to 16 rows) and W8A8 (`scaled_mm`). FLOTILLA_FP8_GEMV=0 in the environment runs the
+old W8A8 path at every batch size (the before/after of the fp8 GEMV).
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,6 +53,24 @@ def roofline_ms(cfg: dict, batch: int, context: int, weight_bytes: float, kv_byt
     return 1e3 * max(read / COPY_BW, 2 * (matmul + lm_head) * batch / BF16_FLOPS)
 
 
+def record_fp8_paths() -> dict[str, set[int]]:
+    """Wrap the two fp8 GPU matmuls (looked up by the dispatch at each call) to note each call's rows."""
+    from flotilla.kernels import fp8_scaled_mm, triton_gemv
+
+    seen: dict[str, set[int]] = {"fp8_gemv": set(), "scaled_mm": set()}
+
+    def counted(fn: Callable, key: str) -> Callable:
+        def call(x, *args, **kwargs):
+            seen[key].add(x.numel() // x.shape[-1])
+            return fn(x, *args, **kwargs)
+
+        return call
+
+    triton_gemv.fp8_gemv = counted(triton_gemv.fp8_gemv, "fp8_gemv")
+    fp8_scaled_mm.fp8_linear_scaled_mm = counted(fp8_scaled_mm.fp8_linear_scaled_mm, "scaled_mm")
+    return seen
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -58,6 +85,7 @@ def main() -> None:
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     jobs = a.jobs.split(",")
+    fp8_paths = record_fp8_paths() if torch.cuda.is_available() else None
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format="dummy", max_model_len=4096 + 4 * a.steps + 64, max_num_seqs=a.max_num_seqs,
               max_num_batched_tokens=16384, enable_prefix_caching=False, quantization=a.quantization,
@@ -68,6 +96,7 @@ def main() -> None:
     kv_bytes = torch.empty(0, dtype=engine.runner.kv_dtype).element_size()
     result: dict = {
         "name": a.name,
+        "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
         "quantization": engine.config.model.quantization,
         "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "startup_s": time.perf_counter() - t0,
@@ -77,6 +106,8 @@ def main() -> None:
     }
 
     def save() -> None:
+        if fp8_paths is not None and a.quantization:
+            result["fp8_paths"] = {key: sorted(rows) for key, rows in fp8_paths.items()}
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
         print("QUANT_JSON " + json.dumps(result), flush=True)
 
@@ -92,6 +123,9 @@ def main() -> None:
             prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
             result[job] = timed_generate(llm, prompts, 128)
         save()
+    # Everything is saved: skip the engine's teardown (a stage's time limit once ran out in it).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

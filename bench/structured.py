@@ -22,6 +22,7 @@ import string
 import time
 from pathlib import Path
 
+from decode_steps import start_decoding, timed_steps
 from model_dirs import SHAPES, make_model_dir
 from report import report
 
@@ -59,15 +60,8 @@ def decode_ms(engine, params, batch: int, context: int, steps: int, vocab: int) 
     """Mean ms per engine step once all `batch` requests decode (each step yields one token per request)."""
     rng = random.Random(0)
     reqs = [engine.add_request([rng.randrange(300, vocab) for _ in range(context)], params) for _ in range(batch)]
-    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in reqs):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
+    start_decoding(engine, reqs)
+    times = timed_steps(engine, steps)
     running = sum(not r.status.finished for r in reqs)
     engine.abort([r.request_id for r in reqs])
     while engine.has_unfinished_requests():

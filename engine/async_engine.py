@@ -134,7 +134,7 @@ class _Call:
 
 
 class AsyncEngine:
-    """Runs `LLMEngine.step()` in a background thread; `generate()` streams a request's outputs."""
+    """Runs `LLMEngine.step()` in a background thread: a `ServingEngine` (engine/serving_engine.py)."""
 
     def __init__(
         self,
@@ -182,19 +182,19 @@ class AsyncEngine:
             raise RuntimeError("the engine failed to start") from self.dead
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the step loop (in-flight requests are aborted)."""
+        """`ServingEngine.shutdown`: waits up to `timeout` s for the loop thread to end."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
 
     @property
     def is_alive(self) -> bool:
-        """True while the loop thread runs and has not died of an error."""
+        """`ServingEngine.is_alive`: the loop thread runs and has not died of an error."""
         return self._thread.is_alive() and self.dead is None
 
     @property
     def num_unfinished(self) -> int:
-        """Requests added and not yet finished or aborted."""
+        """`ServingEngine.num_unfinished`."""
         return len(self._streams)
 
     async def generate(
@@ -207,10 +207,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput]:
-        """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
-
-        Closing the iterator early (e.g. the client went away) aborts the request and frees its blocks.
-        """
+        """`ServingEngine.generate`: the request reaches the loop thread through the command queue."""
         if self.dead is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
@@ -237,7 +234,7 @@ class AsyncEngine:
                 self.abort(request_id)
 
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
-        """Run `fn(engine)` on the loop thread between steps; returns its result or raises its error."""
+        """`ServingEngine.call`, for any `fn(engine)` (an `EngineCall` or, in-process only, a plain function)."""
         if self.dead is not None or self._stop.is_set():
             raise EngineDeadError("the engine loop has stopped") from self.dead
         loop = asyncio.get_running_loop()
@@ -247,7 +244,7 @@ class AsyncEngine:
         return await future
 
     def abort(self, request_id: str) -> None:
-        """Abort a request from any thread."""
+        """`ServingEngine.abort`."""
         self._commands.put(("abort", request_id))
         self._wake.set()
 

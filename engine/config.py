@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
 from flotilla.engine_rules import (
     RuleError,
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
     parallel_split_problem,
+    pooling_problem,
     resolve_max_model_len,
     served_name_problem,
 )
@@ -132,6 +134,8 @@ class ServerConfig(_Component):
     h11_max_incomplete_event_size: int = Field(16 * 1024, gt=0)
     h11_max_header_count: int = Field(256, gt=0)
     enable_auto_tool_choice: bool = False
+    enable_request_id_headers: bool = False
+    enable_prompt_tokens_details: bool = False
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
 
@@ -176,6 +180,7 @@ class EngineConfig(_Component):
     device: DeviceConfig
     lora: LoRAConfig = LoRAConfig()
     speculative: SpeculativeConfig | None = None
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -189,7 +194,7 @@ class EngineConfig(_Component):
             raise ConfigError(_format_validation_error(exc)) from None
 
 
-ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative")
+ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative", "structured_outputs")
 _ENGINE_FLAGS: dict[str, Flag] = {f.dest: f for f in FLAGS if f.component in ENGINE_COMPONENTS}
 
 
@@ -267,8 +272,12 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(str(e)) from None
     try:
         speculative = parse_speculative_config(v["speculative_config"])
+        structured_outputs = parse_structured_outputs_config(v["structured_outputs_config"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
+                                  pipeline):
+        raise ConfigError(problem)
     return EngineConfig(
         model=ModelConfig(
             model=str(model_dir),
@@ -306,6 +315,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         device=DeviceConfig(device=device, triton_gemv_max_rows=v["triton_gemv_max_rows"]),
         lora=lora_config(v),
         speculative=speculative,
+        structured_outputs=structured_outputs,
     )
 
 

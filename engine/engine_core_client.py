@@ -1,6 +1,5 @@
-"""The API process's end of the engine-core process (`engine_core.py`): the same interface as
-`AsyncEngine` (generate, call, abort, is_alive, num_unfinished, shutdown), with the step loop in a
-process of its own.
+"""The API process's end of the engine-core process (`engine_core.py`): a `ServingEngine`
+(engine/serving_engine.py) as `AsyncEngine` is, with the step loop in a process of its own.
 
 Three parties in this process touch it: the event loop (generate, call, abort), a sender thread
 that batches the commands queued since its last send into one pipe write (so a burst of new requests
@@ -25,7 +24,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from flotilla.engine.async_engine import AsyncEngine, EngineDeadError, _hand_over, _Stream
+from flotilla.engine.async_engine import EngineDeadError, _hand_over, _Stream
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory, run_engine_core
 from flotilla.engine.lora.request import LoRARequest
@@ -125,7 +124,7 @@ class EngineCoreClient:
         self._process.join(10)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the core (in-flight requests are aborted and answered with EngineDeadError)."""
+        """`ServingEngine.shutdown`: the core gets `timeout` s to stop, then is terminated."""
         if not self._stopping and self.dead is None:
             self._stopping = True
             live = list(self._streams)
@@ -145,12 +144,12 @@ class EngineCoreClient:
 
     @property
     def is_alive(self) -> bool:
-        """True while the core process runs and has not died of an error."""
+        """`ServingEngine.is_alive`: the core process runs and has not died of an error."""
         return self.dead is None and not self._stopped.is_set() and self._process.is_alive()
 
     @property
     def num_unfinished(self) -> int:
-        """Requests added and not yet finished or aborted."""
+        """`ServingEngine.num_unfinished`."""
         return len(self._streams)
 
     async def generate(
@@ -163,10 +162,7 @@ class EngineCoreClient:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput]:
-        """Queue a request and yield its outputs as steps produce them; the last one is `finished`.
-
-        Closing the iterator early (e.g. the client went away) aborts the request and frees its blocks.
-        """
+        """`ServingEngine.generate`: the request and its outputs cross the pipes to the core."""
         self._check_running()
         stream = _CoreStream(asyncio.get_running_loop())
         self._streams[request_id] = stream
@@ -190,7 +186,7 @@ class EngineCoreClient:
                 self.abort(request_id)
 
     async def call(self, call: EngineCall) -> Any:
-        """Run a named engine call in the core between steps; returns its result or raises its error."""
+        """`ServingEngine.call`, run in the core process (hence named and picklable)."""
         self._check_running()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
@@ -203,7 +199,7 @@ class EngineCoreClient:
             self._calls.pop(call_id, None)
 
     def abort(self, request_id: str) -> None:
-        """Abort a request from any thread."""
+        """`ServingEngine.abort`."""
         if self._streams.pop(request_id, None) is not None:
             self._queue.put(("abort", [request_id]))
 
@@ -331,7 +327,3 @@ def _flush(pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]]
     for loop, batch in pending.items():
         with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
             loop.call_soon_threadsafe(_hand_over, batch)
-
-
-# What the server's routes drive: the engine core in its own process, or on a thread (see cli).
-ServingEngine = AsyncEngine | EngineCoreClient

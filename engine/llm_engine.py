@@ -181,7 +181,9 @@ class LLMEngine:
         if self._grammar_compiler is None:
             from flotilla.engine.structured_output.compiler import GrammarCompiler
 
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
+                disable_any_whitespace=self.config.structured_outputs.disable_any_whitespace)
         return self._grammar_compiler
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
@@ -277,7 +279,7 @@ class LLMEngine:
     def _step_overlapped(self) -> list[RequestOutput]:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and self._needs_known_outputs(in_flight[0]):
-            return self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+            return self._step_after_known_outputs(*in_flight)
         plan = self._schedule()
         launched = None if plan.is_empty else self.runner.launch(plan)
         if launched is not None:
@@ -288,6 +290,18 @@ class LLMEngine:
             # needs them, and the host builds it while the device runs the new step's forward pass.
             self._draw_constrained(launched)
         return outputs
+
+    def _step_after_known_outputs(self, done: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
+        """The next step can be planned only once the step in flight's tokens are in (drafts, penalties):
+        take them in, plan and launch the next step, and only then detokenize, check stop strings and
+        build the outputs, while the device runs the new step. (A stop string found then finishes its
+        request; the step just launched for it is discarded, as with any step in flight.)"""
+        result = self.runner.collect(launched)
+        touched = self._take_tokens(done, result)
+        plan = self._schedule()
+        if not plan.is_empty:
+            self._in_flight = (plan, self.runner.launch(plan))
+        return self._post_process(done, result, touched)
 
     def _draw_constrained(self, launched: LaunchedStep) -> None:
         """Draw a launched step whose rows wait for their grammars' bitmask (structured output)."""
@@ -323,10 +337,18 @@ class LLMEngine:
 
     def _finish_step(self, plan: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         """Post-process a step that has run: tokens in, stop checks, detokenization, outputs."""
+        return self._post_process(plan, result, self._take_tokens(plan, result))
+
+    def _take_tokens(self, plan: SchedulerOutput, result: StepOutput) -> list[Request]:
+        """What planning the next step needs of a step that has run: its tokens appended (token stops,
+        lengths, the roll-back of rejected drafts). Returns the requests that got a token."""
         self._attach_prompt_logprobs(result)
         if self.speculator is not None and result.verified:
             self.speculator.record(plan, result.verified)
-        touched = self.scheduler.update(plan, result.tokens, result.verified)
+        return self.scheduler.update(plan, result.tokens, result.verified)
+
+    def _post_process(self, plan: SchedulerOutput, result: StepOutput, touched: list[Request]) -> list[RequestOutput]:
+        """The rest of a step's post-processing: logprobs, detokenization, stop strings, outputs, stats."""
         now = time.monotonic()
         for child in touched:
             if child.parent_id not in self._groups:  # its request failed on an earlier completion
@@ -441,6 +463,7 @@ class LLMEngine:
             prompt=first.prompt,
             prompt_token_ids=first.prompt_token_ids,
             prompt_logprobs=first.prompt_logprobs or None,
+            num_cached_tokens=max(first.num_cached_tokens, 0),
             outputs=completions,
             finished=finished,
         )

@@ -14,8 +14,8 @@ from typing import Any
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 
-# (prompt, prompt token ids, prompt logprobs): sent with a request's first output only.
-Head = tuple[str | None, list[int], Any]
+# (prompt, prompt token ids, prompt logprobs, cached prompt tokens): sent with a request's first output only.
+Head = tuple[str | None, list[int], Any, int]
 # (text kept, new text, tokens kept, new tokens, logprobs kept, new logprobs or None, cumulative
 # logprob, finish reason, stop reason)
 CompletionDelta = tuple[int, str, int, list[int], int, list[Any] | None, float | None, str | None, Any]
@@ -43,7 +43,7 @@ class OutputEncoder:
         sent = self._sent.get(output.request_id)
         head: Head | None = None
         if sent is None:
-            head = (output.prompt, output.prompt_token_ids, output.prompt_logprobs)
+            head = (output.prompt, output.prompt_token_ids, output.prompt_logprobs, output.num_cached_tokens)
             sent = [_Sent() for _ in output.outputs]
         completions = [_completion_delta(c, s) for c, s in zip(output.outputs, sent, strict=True)]
         if output.finished:
@@ -113,6 +113,7 @@ class OutputDecoder:
             outputs.append(CompletionOutput(index=i, text=self.texts[i], token_ids=self.tokens[i],
                                             finish_reason=finish, stop_reason=stop, cumulative_logprob=cumulative,
                                             logprobs=self.logprobs[i]))
-        prompt, prompt_token_ids, prompt_logprobs = self.head
+        prompt, prompt_token_ids, prompt_logprobs, cached = self.head
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-                             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=finished)
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=cached, outputs=outputs,
+                             finished=finished)

@@ -30,3 +30,4 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)

@@ -64,6 +64,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # Prompt tokens found in the prefix cache when first scheduled (-1 until then): usage's cached_tokens.
+    num_cached_tokens: int = -1
     num_pending: int = 0
     block_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None

@@ -7,8 +7,11 @@ running request is preempted: its blocks are freed and it will be recomputed lat
 likely still cached).
 
 With `--scheduling-policy priority` (vLLM's policy) the waiting queue is kept in (priority, arrival)
-order, lower values first, and the running request with the largest (priority, arrival) is the one
-preempted.
+order, lower values first, running requests are planned in that order, and the running request with
+the largest (priority, arrival) is the one preempted. A waiting request that cannot be admitted for
+want of a sequence slot or blocks preempts running requests of a strictly lower priority (larger
+value) until it fits, as vLLM's V0 scheduler did (V1 only preempts for running requests: vLLM issue
+#40004); equal priorities never preempt each other, so two requests cannot evict each other in turn.
 """
 
 from __future__ import annotations
@@ -113,9 +116,13 @@ class Scheduler:
         step's sequences so that the running requests spread over the steps in flight.
         """
         out = SchedulerOutput()
+        if self.config.scheduling_policy == "priority":
+            self.running.sort(key=_priority_key)  # victims come from the tail: the lowest priority
+            self._preempt_for_waiting(out)
+        made_room = len(out.preempted)
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget, num_lookahead, max_seqs)
-        if not out.preempted:
+        if len(out.preempted) == made_room:  # a running request short of blocks stops admissions
             self._schedule_waiting(out, budget, max_seqs)
         out.block_copies = self.block_manager.take_pending_copies()
         return out
@@ -145,6 +152,35 @@ class Scheduler:
                 budget -= num_new + lookahead
                 i += 1
         return budget
+
+    def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
+        """Priority policy: preempt running requests of strictly lower priority than the first waiting
+        one (the lowest first) until it has a sequence slot and blocks for its first chunk and every
+        running request has a block for its next token."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        while not self._fits(head):
+            candidates = [r for r in self.running if r not in self.busy] if self.busy else self.running
+            if not candidates or candidates[-1].priority <= head.priority:
+                return
+            victim = candidates[-1]
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
+
+    def _fits(self, request: Request) -> bool:
+        """Whether a waiting request could be admitted next to the running ones (an estimate: its
+        prompt's cached prefix is not counted, so it errs towards preempting)."""
+        if len(self.running) + 1 + len(request.fork_children) > self.config.max_num_seqs:
+            return False
+        bm = self.block_manager
+        first = request.num_tokens - request.num_computed_tokens
+        if self.config.enable_chunked_prefill:
+            first = min(first, self.config.max_num_batched_tokens)
+        growth = sum(max(bm.blocks_needed(r.num_tokens + r.num_pending) - len(r.block_ids), 0)
+                     for r in self.running)
+        return bm.blocks_needed(request.num_computed_tokens + first) + growth <= bm.num_free_blocks
 
     def _lookahead(self, request: Request, num_new: int, budget: int, num_lookahead: int) -> int:
         """Draft slots for a request that decodes its last known token: never past what the budget,
@@ -181,6 +217,8 @@ class Scheduler:
             self.waiting.popleft()
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
+            if request.num_cached_tokens < 0:  # the first admission's hit, not a resumed one's (as vLLM)
+                request.num_cached_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._plan(out, request, num_new, num_computed)

@@ -206,6 +206,23 @@ def parallel_split_problem(num_heads: int, num_kv_heads: int, intermediate_size:
     return None
 
 
+def pooling_problem(runner: str, enable_lora: bool, speculative: bool, tensor: int, pipeline: int,
+                    name_of: NameOf = flag_name) -> str | None:
+    """Why the pooling runner cannot serve with these settings, or None. Its pass (engine/pooling/embed.py)
+    runs on the engine's own model in one process and applies neither adapters nor speculation, so each of
+    them would be silently unused (and tensor/pipeline parallelism would refuse every request)."""
+    if runner != "pooling":
+        return None
+    fixes = [f"remove {name_of(dest)}" for dest, given in (("enable_lora", enable_lora),
+                                                            ("speculative_config", speculative)) if given]
+    fixes += [f"set {name_of(dest)} to 1" for dest, size in (("tensor_parallel_size", tensor),
+                                                            ("pipeline_parallel_size", pipeline)) if size > 1]
+    if not fixes:
+        return None
+    return (f"{name_of('runner')} pooling serves embeddings on one GPU, without LoRA adapters or speculative "
+            f"decoding: {', '.join(fixes)}")
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -215,6 +232,11 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
     engine would pick: that is refused too, asking for the length to be set.
     """
     problems = []
+    pooling = pooling_problem(values.get("runner") or "auto", bool(values.get("enable_lora")),
+                              values.get("speculative_config") is not None, values.get("tensor_parallel_size") or 1,
+                              values.get("pipeline_parallel_size") or 1, name_of)
+    if pooling:
+        problems.append(pooling)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FlagType = Literal["str", "int", "float", "bool", "json", "list"]
-Component = Literal["model", "cache", "scheduler", "parallel", "speculative", "lora", "server", "device"]
+Component = Literal["model", "cache", "scheduler", "parallel", "speculative", "structured_outputs", "lora", "server",
+                    "device"]
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,15 @@ FLAGS: tuple[Flag, ...] = (
         crd_field="speculative",
     ),
     Flag(
+        "--structured-outputs-config",
+        "json",
+        None,
+        'Structured output for every request, as JSON with vLLM\'s keys: {"backend": "xgrammar", '
+        '"disable_any_whitespace": true} compiles JSON schemas and tool-call grammars to compact JSON (no '
+        "free whitespace, which small models can loop on); backend auto or xgrammar.",
+        "structured_outputs",
+    ),
+    Flag(
         "--enable-lora",
         "bool",
         False,
@@ -374,6 +384,22 @@ FLAGS: tuple[Flag, ...] = (
         False,
         "Accept a chat template sent in a request (chat_template, or chat_template_kwargs.chat_template); "
         "refused with 400 unless set, as vLLM.",
+        "server",
+    ),
+    Flag(
+        "--enable-request-id-headers",
+        "bool",
+        False,
+        "Add X-Request-Id to every response: the request's own X-Request-Id (which also names the response, "
+        "as vLLM), or a random one.",
+        "server",
+    ),
+    Flag(
+        "--enable-prompt-tokens-details",
+        "bool",
+        False,
+        "Report prompt tokens served from the prefix cache in chat and completions usage "
+        "(usage.prompt_tokens_details.cached_tokens), as vLLM; Responses usage always has them.",
         "server",
     ),
     Flag(

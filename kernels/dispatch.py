@@ -9,12 +9,15 @@ defines a kernel before a test has set TRITON_INTERPRET).
 
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
-from flotilla.kernels.fp8_linear import fp8_linear_ref
+from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref
 from flotilla.kernels.packed_int_linear import packed_int_linear_ref
@@ -172,6 +175,28 @@ def linear(
     return F.linear(x, weight, bias)
 
 
+# fp8 weights at decode: a linear call of at most FP8_GEMV_MAX_ROWS input rows runs W8A16 (the Triton
+# fp8 GEMV on CUDA: activations read as they are, the weight upcast in registers) instead of W8A8.
+# At one row the W8A8 path paid ~8 small kernels a layer to quantize the activation per token (abs,
+# amax, divide, clamp, cast) plus cuBLASLt's fp8 GEMM with its smallest tile far wider than the batch:
+# on the H200, Llama-3.1-8B decoded a batch of one in 6.87 ms, 1.50x the bf16 step (call E of
+# 2026-12-03), when the halved weight bytes should make it faster. 16 rows is where the GEMV's
+# `tl.dot` path stops being free: the batch is padded to 16 as the MMA's narrow side, so up to 16 rows
+# cost the same weight stream as one; above it the padding doubles, and `_scaled_mm` at fp8 tensor-core
+# rates amortises the per-token quantization over more rows. Decode CUDA graphs of batch 1, 2, 4, 8
+# and 16 take the GEMV (M = the padded batch). Above the threshold the activation is quantized by one
+# Triton kernel instead of ~8 torch ops. The before/after switch: FLOTILLA_FP8_GEMV=0 in the environment
+# restores the path as call E measured it: W8A8 with torch's quantization (and the weight-only schemes'
+# dequantize + matmul) at every batch size.
+FP8_GEMV_MAX_ROWS = 16
+FP8_GEMV_ENABLED = os.environ.get("FLOTILLA_FP8_GEMV", "1").strip() != "0"
+
+
+def _fp8_gemv_rows(x: torch.Tensor) -> bool:
+    """True when `x` (rows of `x.shape[-1]` features) is small enough for the W8A16 GEMV."""
+    return FP8_GEMV_ENABLED and math.prod(x.shape[:-1]) <= FP8_GEMV_MAX_ROWS
+
+
 def fp8_linear(
     x: torch.Tensor,
     w_fp8: torch.Tensor,
@@ -179,13 +204,31 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`x @ W^T + b` with an fp8 weight and row-wise fp32 scales (`fp8_linear.py`): `torch._scaled_mm`
-    on GPUs with fp8 tensor cores (Ada, Hopper and later), the fp32 reference elsewhere."""
+    """`x @ W^T + b` with an fp8 weight and row-wise fp32 scales (`fp8_linear.py`). Up to
+    FP8_GEMV_MAX_ROWS rows W8A16 (`fp8_weight_only_linear`, on the CPU too, so CI computes what the GPU
+    does); above, W8A8: `torch._scaled_mm` on GPUs with fp8 tensor cores (Ada, Hopper and later), the
+    fp32 reference elsewhere."""
+    if _fp8_gemv_rows(x):
+        return fp8_weight_only_linear(x, w_fp8, w_scale, bias)
     if x.is_cuda and fp8_tensor_cores(x.device) and x.shape[-1] % 16 == 0 and w_fp8.shape[0] % 16 == 0:
         from flotilla.kernels.fp8_scaled_mm import fp8_linear_scaled_mm
 
-        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale)
+        return fp8_linear_scaled_mm(x, w_fp8, w_scale, bias, input_scale, fused_quant=FP8_GEMV_ENABLED)
     return fp8_linear_ref(x, w_fp8, w_scale, bias, input_scale)
+
+
+def fp8_weight_only_linear(
+    x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * w_scale)^T + b`: the Triton fp8 GEMV (CUDA) or its reference up to
+    FP8_GEMV_MAX_ROWS rows; above, the weight dequantized to `x`'s dtype and a dense matmul."""
+    if _fp8_gemv_rows(x):
+        if x.is_cuda:
+            from flotilla.kernels.triton_gemv import fp8_gemv
+
+            return fp8_gemv(x, w_fp8, w_scale, bias)
+        return fp8_weight_only_linear_ref(x, w_fp8, w_scale, bias)
+    return F.linear(x, (w_fp8.float() * w_scale.float().reshape(-1, 1)).to(x.dtype), bias)
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -5,6 +5,9 @@ quantized per token (one fp32 scale per row of `x`, from the row's absolute maxi
 per-token scheme) or with one static scale from the checkpoint. The product accumulates the fp8 values
 in fp32 and scales the result by `x_scale x w_scale^T`, exactly what `torch._scaled_mm` computes with
 row-wise scales on a GPU with fp8 tensor cores; here the fp8 values are upcast to fp32 for the matmul.
+
+At a few rows (decode) the same weights run W8A16 instead (`fp8_weight_only_linear_ref`, the oracle of
+the Triton fp8 GEMV): the activations are used as they are and only the weight is upcast.
 """
 
 from __future__ import annotations
@@ -68,3 +71,15 @@ def fp8_linear_ref(
     x_fp8, x_scale = quantize_fp8_activations(x.reshape(-1, x.shape[-1]), input_scale)
     out = fp8_matmul_ref(x_fp8, x_scale, w_fp8, w_scale, bias, x.dtype)
     return out.reshape(*x.shape[:-1], w_fp8.shape[0])
+
+
+def fp8_weight_only_linear_ref(
+    x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * w_scale)^T + b`: `x` unquantized, `(x @ w_fp8^T) * w_scale^T` in fp32 (the
+    per-output-channel scale factors out of the sum over K), rounded once to `x`'s dtype."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    out = (rows @ w_fp8.float().t()) * w_scale.float().reshape(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], w_fp8.shape[0])

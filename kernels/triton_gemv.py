@@ -31,11 +31,19 @@ launch, and their summation order varies run to run, so the output would not be 
 Every choice is made from shapes alone (M, N, K, the SM count), never from tensor values: a call
 never syncs with the host and can be captured in a CUDA graph. `default_config` is a lead to be
 tuned on the H200 with `bench/kernels.py --sections gemv --sweep gemv`.
+
+fp8 weights (W8A16, `fp8_gemv`): the same kernel streams a float8_e4m3fn weight with one fp32 scale
+per output feature. The activations stay in their dtype (no per-token quantization); each weight
+tile is converted in registers (to fp32 for the FMA path, to the activation dtype for `tl.dot`),
+and the scale multiplies the finished fp32 sum once per output, since it factors out of the sum
+over K. Half the bytes of a bf16 weight per output, so the FMA tiles are twice as wide along K to
+keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import triton
@@ -47,6 +55,9 @@ from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 # one program per SM; the default tiles are sized to this budget.
 _ACC_PER_THREAD = 64
 _REDUCE_BLOCK = 1024
+# FMA path: the widest K step, in weight bytes per row (512 bf16 or 1,024 fp8 elements): measured for
+# bf16; fp8 keeps the same bytes per step.
+_MAX_K_STEP_BYTES = 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,14 +84,17 @@ def default_config(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_dot: bool | None = None,
+    weight_bytes: int = 2,
 ) -> GemvConfig:
     """The launch configuration for an `[m, k] x [n, k]^T` GEMV; given knobs are kept, the rest chosen.
+    `weight_bytes` is the weight's element size (2 for bf16/fp16, 1 for fp8).
 
     A lead from first principles, measured only at these defaults (kernels-gemv-s2.json), not swept:
     - FMA up to M = 4, dot above, where the FMA accumulator would not fit the register budget.
     - FMA tiles: BLOCK_K as wide as 512 (each thread then issues several 16-byte loads per step,
       enough bytes in flight without pipelining), BLOCK_N filling the 64-register accumulator
-      budget, at least 8 rows; M = 1 gives 16 x 512, M = 2 8 x 512, M = 4 8 x 256.
+      budget, at least 8 rows; M = 1 gives 16 x 512, M = 2 8 x 512, M = 4 8 x 256. For fp8 weights
+      BLOCK_K may reach 1,024 (the same 1 KB of a row per step): M = 1 gives 8 x 1,024.
     - Then fewer rows per program (down to 8) while there are fewer than 2 programs per SM: more,
       smaller programs balance the SMs better and need no second kernel.
     - Split-K (powers of two) only while there are still fewer than 2 programs per SM, and only as
@@ -102,7 +116,8 @@ def default_config(
         num_warps = num_warps or 4
         num_stages = num_stages or 2
         budget = _ACC_PER_THREAD * 32 * num_warps
-        block_k = block_k or min(512, k_pow2, max(16, budget // (block_m * 8)))
+        max_k = _MAX_K_STEP_BYTES // weight_bytes
+        block_k = block_k or min(max_k, k_pow2, max(16, budget // (block_m * 8)))
         block_n = block_n or max(8, budget // (block_m * block_k))
     if not tiles_given:
         block_n = min(block_n, max(8, triton.next_power_of_2(n)))
@@ -120,6 +135,7 @@ def default_config(
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    scale_ptr,
     bias_ptr,
     out_ptr,
     part_ptr,
@@ -130,6 +146,7 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     k_per_split,
+    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr,
@@ -164,6 +181,8 @@ def _gemv_kernel(
         else:  # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     res = tl.trans(acc) if USE_DOT else tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
+    if HAS_SCALE:  # one scale per output feature factors out of the sum over K (and over K ranges)
+        res *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     ok = row_ok[:, None] & col_ok[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -209,11 +228,13 @@ def gemv(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_dot: bool | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for `x` `[..., K]` (few rows) and `weight` `[N, K]`; fp32 accumulation.
 
     The output has `x`'s dtype and shape `[..., N]`. The knobs default to `default_config` (shapes
     only, so the call is CUDA-graph capturable); they are exposed for tests and the benchmark.
+    `weight_scale` (`N` fp32 values, any shape) multiplies output feature n's sum: `fp8_gemv`.
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -223,15 +244,17 @@ def gemv(
         x2 = x2.contiguous()
     assert weight.stride(-1) == 1, "weight rows must be contiguous along K"
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
+    assert weight_scale is None or (weight_scale.numel() == n and weight_scale.is_contiguous())
     m = x2.shape[0]
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    # fp8 weights take 1,024-wide FMA steps; fp32 weights keep the bf16 tiles they always had
     cfg = default_config(
         m, n, k, device_sms(x), block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
-        num_stages=num_stages, use_dot=use_dot,
+        num_stages=num_stages, use_dot=use_dot, weight_bytes=min(weight.element_size(), 2),
     )  # fmt: skip
     block_m = triton.next_power_of_2(m)
     if cfg.use_dot:
@@ -247,6 +270,7 @@ def gemv(
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x2,
         weight,
+        weight_scale if weight_scale is not None else out2,  # unused without a scale
         bias_arg,
         out2,
         part,
@@ -257,6 +281,7 @@ def gemv(
         weight.stride(0),
         out2.stride(0),
         k_per_split,
+        HAS_SCALE=weight_scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=splits,
         USE_DOT=cfg.use_dot,
@@ -277,4 +302,13 @@ def gemv(
     return out
 
 
-__all__ = ["GemvConfig", "default_config", "gemv"]
+def fp8_gemv(
+    x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, **knobs: Any
+) -> torch.Tensor:
+    """W8A16: `x @ (w_fp8 * w_scale)^T (+ bias)` for a float8_e4m3fn weight `[N, K]` and its fp32
+    per-output-channel scales (`[N, 1]` or `[N]`), `x` read in its own dtype; `gemv`'s knobs."""
+    assert w_fp8.dtype == torch.float8_e4m3fn and w_scale.dtype == torch.float32
+    return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
+
+
+__all__ = ["GemvConfig", "default_config", "fp8_gemv", "gemv"]

@@ -8,11 +8,10 @@
 #   importlib-metadata, zipp (FACTS: fastapi imports opentelemetry there), and optionally py-spy 0.4.3
 #   (py2.py3-none-manylinux x86_64) for the profile stage.
 # Stages are independent; each has its own time limit. Outputs land in $OUT.
-set -u; export OUT=${OUT:-/tmp/out}
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh"
+# Without bench/ on the path, as in the measured runs of 2026-12-03 (the servers' path; bench/ scripts find
+# their own folder anyway).
+export PYTHONPATH=/tmp/site:/tmp/p
 # The engine core in its own process (issue 19; `flotilla serve`'s default since 2026-12-03 s4, exported here so
 # the figures are the core's whatever the caller's environment); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the
 # in-thread engine.
@@ -21,9 +20,6 @@ python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 ENGINE="--max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384 --load-format dummy"
 LOAD="--num-prompts 1000 --input-len 512 --output-len 128 --vocab-size 128256"
 L=$OUT/http-speed.log
-# Servers start from /tmp: from the repository root `python -m flotilla...` would import the source
-# flotilla/ folder (no engine/ inside) instead of /tmp/p/flotilla (FACTS, 2026-12-03).
-cd /tmp
 # Fail fast on a missing wheel (jinja2 and MarkupSafe come with the machine's transformers, else carry them).
 python3 -c "import fastapi, uvicorn, httpx, jinja2, flotilla.engine.server.cli" 2>&1 | tail -2 | tee -a $L
 for s in ${STAGES:-offline serve profile}; do

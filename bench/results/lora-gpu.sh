@@ -14,15 +14,9 @@
 # Before this branch (eager LoRA steps): lora-gpu-2026-12-03-before.{log,json}, 6.78x and 4.21x.
 # Wheels as bench/results/gpu-2026-12-03.sh (pydantic 2.14.4 + pydantic-core cp312, annotated-types,
 # typing-inspection, typing-extensions; no HTTP stack needed).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD; END=$((SECONDS + ${BUDGET_S:-200}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p:$R/bench PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 L=$OUT/lora-gpu.log
-left() { local l=$((END - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
 PYTEST="python3 -m pytest -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R"
-cd /tmp  # `python -m flotilla...` from the repository root would import the source flotilla/ (FACTS)
 for s in ${STAGES:-kernels graphs bench}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }

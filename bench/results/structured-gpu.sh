@@ -5,12 +5,7 @@
 # Run from the repository root on the H200 machine, carrying in .whl/ the wheels of
 # gpu-2026-12-03.sh (pydantic stack) plus xgrammar (cp312 manylinux wheel) and its pure-Python
 # dependencies (ninja is not needed at run time). Output: $OUT/structured-llama8b.json and a log.
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD; END=$((SECONDS + ${BUDGET_S:-300}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p:$R/bench PYTHONUNBUFFERED=1
-cd /tmp  # the source flotilla/ must not shadow the laid-out package (FACTS)
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
 echo "=== structured $(date +%T)" | tee -a $OUT/structured-gpu.log
 timeout $((END - SECONDS)) python3 $R/bench/structured.py --shape llama-3.1-8b --batch 64 --context 512 --steps 64 \
   --json $OUT/structured-llama8b.json 2>&1 | grep -v INFO | tail -30 | tee -a $OUT/structured-gpu.log

@@ -14,16 +14,10 @@
 # click, h11, httpx, httpcore, certifi, opentelemetry-api, importlib-metadata, zipp, openai + its deps).
 # Each stage has its own limit, cut short by a whole-call deadline so the call ends inside its lease:
 #   STAGES="tests tp1 tp2-8b tp2-70b" BUDGET_S=560 bash bench/results/tp-gpu.sh
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; R=$PWD; END=$((SECONDS + ${BUDGET_S:-560}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/p/flotilla && cp flotilla/*.py /tmp/p/flotilla/ && ln -sfn $R/engine /tmp/p/flotilla/engine && ln -sfn $R/kernels /tmp/p/flotilla/kernels
-export PYTHONPATH=/tmp/site:/tmp/p:$R/bench PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 560
 L=$OUT/tp-gpu.log
-left() { local l=$((END - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 LOAD="--load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384"
-cd /tmp  # `python -m flotilla...` from the repository root would import the source flotilla/ (FACTS)
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 python3 $R/bench/model_dirs.py llama-3.1-70b /tmp/llama70b > /dev/null
 nvidia-smi topo -m 2>&1 | head -12 | tee -a $L

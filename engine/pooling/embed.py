@@ -40,14 +40,15 @@ def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingPa
     if not prompts:
         raise InvalidParamError("input must not be empty", param="input")
     for i, ids in enumerate(prompts):
-        _check_prompt(i, ids, engine.config.model.max_model_len, engine.vocab_size)
+        check_prompt(i, ids, engine.config.model.max_model_len, engine.vocab_size)
+    scheduler = engine.config.scheduler
     out: list[EmbeddingOutput] = []
-    for batch in _batches(engine, prompts):
+    for batch in prompt_batches(prompts, scheduler.max_num_batched_tokens, scheduler.max_num_seqs):
         out += _embed_batch(engine, runner, batch, params)
     return out
 
 
-def _check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
+def check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
     """Non-empty, at most the context length (nothing is generated after it), ids in the vocabulary."""
     if not ids:
         raise InvalidParamError(f"input {index} is empty", param="input")
@@ -60,14 +61,14 @@ def _check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
                                 param="input")
 
 
-def _batches(engine: LLMEngine, prompts: list[list[int]]) -> Iterator[list[list[int]]]:
-    """Consecutive prompts within the step's token budget and sequence limit (one prompt at least)."""
-    budget = engine.config.scheduler.max_num_batched_tokens
-    max_seqs = engine.config.scheduler.max_num_seqs
+def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int | None = None,
+                   ) -> Iterator[list[list[int]]]:
+    """Consecutive prompts, in order, of at most `max_tokens` tokens and `max_prompts` prompts together (one
+    prompt at least, however long)."""
     batch: list[list[int]] = []
     tokens = 0
     for ids in prompts:
-        if batch and (tokens + len(ids) > budget or len(batch) == max_seqs):
+        if batch and (tokens + len(ids) > max_tokens or len(batch) == max_prompts):
             yield batch
             batch, tokens = [], 0
         batch.append(ids)

@@ -3,7 +3,9 @@
 `--quantization fp8` follows vLLM's online scheme: the bf16/fp16 checkpoint loads as usual, then each
 linear weight is rounded to float8_e4m3fn with one fp32 scale per output channel (its absolute maximum
 over 448); activations are quantized per token at run time. Half the weight bytes of bf16, and on
-Hopper/Ada the matmul runs on fp8 tensor cores (`kernels.dispatch.fp8_linear`).
+Hopper/Ada the matmul runs on fp8 tensor cores (`kernels.dispatch.fp8_linear`). Decode steps of at
+most 16 rows run W8A16 instead (the activations unquantized, the weight upcast in a Triton GEMV):
+there the per-token quantization and the fp8 GEMM's wide tiles cost more than the weight bytes saved.
 
 Checkpoints that already hold fp8 weights (compressed-tensors' `float-quantized`, llm-compressor's
 FP8 / FP8_DYNAMIC schemes) load their `weight` and `weight_scale` (per channel, or one per tensor,
@@ -17,11 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flotilla.engine.quantization.method import LinearMethod, out_features, replace_parameter
-from flotilla.kernels.dispatch import fp8_linear
+from flotilla.kernels.dispatch import fp8_linear, fp8_weight_only_linear
 from flotilla.kernels.fp8_linear import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, quantize_fp8_static
 
 
@@ -66,8 +67,7 @@ class Fp8CheckpointMethod(Fp8OnlineMethod):
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """W8A8 with static or dynamic activation scales; weight-only schemes upcast the weight."""
         if self.weight_only:
-            weight = (layer.weight.float() * layer.weight_scale).to(x.dtype)
-            return F.linear(x, weight, bias)
+            return fp8_weight_only_linear(x, layer.weight, layer.weight_scale, bias)
         return fp8_linear(x, layer.weight, layer.weight_scale, bias, getattr(layer, "input_scale", None))
 
 

@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flotilla import __version__
 from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
-from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
@@ -31,9 +30,11 @@ from flotilla.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from flotilla.engine.server.request_id_header import RequestIdHeader, header_request_id
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     @app.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        result = await _cancel_on_disconnect(responses.create(body, _model(state, body.model)), request)
+        work = responses.create(body, _model(state, body.model), header_request_id(request.headers))
+        result = await _cancel_on_disconnect(work, request)
         return await _respond(result, request)
 
     @app.get("/v1/responses/{response_id}")
@@ -129,11 +131,13 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        body = _named_by_header(body, request)
         result = await _cancel_on_disconnect(state.serving.completions(body, _model(state, body.model)), request)
         return await _respond(result, request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        body = _named_by_header(body, request)
         result = await _cancel_on_disconnect(state.serving.chat(body, _model(state, body.model)), request)
         return await _respond(result, request)
 
@@ -162,6 +166,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)
+    if config.enable_request_id_headers:
+        app.add_middleware(RequestIdHeader)
     # Outermost: a request over a limit is refused before any route or middleware works on it.
     app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
                        body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count)
@@ -192,6 +198,12 @@ class Gate:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _named_by_header(body: Any, request: Request) -> Any:
+    """The body with the X-Request-Id header as its `request_id` (the header wins, as in vLLM)."""
+    header = header_request_id(request.headers)
+    return body if header is None else body.model_copy(update={"request_id": header})
 
 
 def _authorised(headers: Headers, key: str) -> bool:

@@ -21,13 +21,14 @@ from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine, exit_process
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.engine_core import EngineFactory
-from flotilla.engine.engine_core_client import EngineCoreClient, ServingEngine
+from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.app import ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
 
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
                               loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
                               tool_call_parser=server.tool_call_parser,
-                              reasoning_parser=server.reasoning_parser),
+                              reasoning_parser=server.reasoning_parser,
+                              enable_prompt_tokens_details=server.enable_prompt_tokens_details),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,

@@ -2,7 +2,12 @@
 
 Inputs are text, a list of texts, token ids or a list of token-id lists; each text is tokenized by
 the model's tokenizer (special tokens included, so an embedding model's appended end token is there).
-The pooling pass runs on the engine's thread between steps (`engine/pooling/embed.py`).
+The pooling pass runs on the engine's thread between steps (`engine/pooling/embed.py`). Every input is
+checked first (length, vocabulary), so a bad one is refused before any is embedded; then a list is embedded
+in engine calls of at most `--max-model-len` tokens each (one longest prompt's prefill), and whatever other
+requests queued meanwhile (another embeddings request, an abort, an adapter load) runs between two calls:
+a long list never holds the engine for longer than one such call at a time. There is no cap on the list's
+length beyond the request-body limit (docs/embeddings.md).
 `encoding_format` base64 is the little-endian float32 bytes of each vector, as OpenAI sends them.
 """
 
@@ -18,6 +23,7 @@ from fastapi import FastAPI
 from pydantic import StrictInt
 
 from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.pooling.embed import check_prompt, prompt_batches
 from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.server.errors import APIError
@@ -43,10 +49,15 @@ class EmbeddingRequest(_RequestBody):
 
 
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
-    """Tokenize, embed on the engine thread, and shape the OpenAI response."""
+    """Tokenize, check, embed on the engine thread call by call (see the module docstring), and shape the
+    OpenAI response."""
     prompts = await _token_ids(state, body)
+    for i, ids in enumerate(prompts):
+        check_prompt(i, ids, state.max_model_len, state.vocab_size)
     params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
-    outputs: list[EmbeddingOutput] = await state.engine.call(EngineCall("embed", (prompts, params)))
+    outputs: list[EmbeddingOutput] = []
+    for chunk in prompt_batches(prompts, state.max_model_len):
+        outputs += await state.engine.call(EngineCall("embed", (chunk, params)))
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
         "id": f"embd-{uuid.uuid4().hex}",

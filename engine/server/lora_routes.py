@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict
 from flotilla.engine.config import ConfigError, LoRAConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import StartupAdapter
-from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.errors import LoRAAdapterError
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
 

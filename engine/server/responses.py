@@ -1,11 +1,13 @@
 """OpenAI's Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`), vLLM's subset of it.
 
 A request is turned into a chat conversation (`instructions` as the system message, then the stored
-conversation of `previous_response_id`, then `input`, a text or a list of messages), rendered with the
-model's chat template and generated like a chat completion. Streaming sends the Responses event
-sequence (`response.created` ... `response.output_text.delta` ... `response.completed`). Responses are
-kept in a bounded in-memory store (the oldest is dropped first) for `previous_response_id` and GET;
-`store: false` keeps one out. Function tools need tool-call parsing and are refused until it lands.
+conversation of `previous_response_id`, then `input`: a text, or message, `function_call` and
+`function_call_output` items), rendered with the model's chat template and generated like a chat
+completion, function tools and `text.format` included (responses_items.py maps them to chat's shapes,
+so the chat path's grammar keeps `required` and named calls parseable). Streaming sends the Responses
+event sequence (`response.created` ... `response.output_text.delta` / `response.function_call_arguments.delta`
+... `response.completed`). Responses are kept in a bounded in-memory store (the oldest is dropped first)
+for `previous_response_id` and GET; `store: false` keeps one out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,20 @@ from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_P
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
+from flotilla.engine.server.responses_items import (
+    assistant_turn,
+    chat_response_format,
+    chat_tool_choice,
+    chat_tools,
+    function_call_item,
+    input_messages,
+    message_item,
+    text_part,
+)
 from flotilla.engine.server.serving import OpenAIServing, admitted, sampling_params
+from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
+from flotilla.engine.server.tool_parsers.base import ToolCall
+from flotilla.engine.server.tool_stream import constrain_for_tools
 from flotilla.validation_messages import describe
 
 # Responses kept for `previous_response_id` and GET; each holds its conversation's text.
@@ -92,65 +107,43 @@ class ResponseStore:
         return stored
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `input` field as chat messages: a text is one user message; message items keep their role,
-    their text parts (`input_text`, `output_text`, `text`) joined."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    messages = []
-    for item in items:
-        kind = item.get("type", "message")
-        if kind != "message":
-            raise APIError(400, f"input items of type {kind!r} are not supported yet (only messages)", param="input")
-        content = item.get("content")
-        if isinstance(content, list):
-            if any(not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text")
-                   for part in content):
-                raise APIError(400, "only text content parts are supported", param="input")
-            content = "".join(str(part.get("text", "")) for part in content)
-        if not isinstance(content, str) or item.get("role") not in ("user", "assistant", "system", "developer"):
-            raise APIError(400, "each input message needs a role (user, assistant, system, developer) and text "
-                                "content", param="input")
-        messages.append({"role": item["role"], "content": content})
-    return messages
-
-
 class ResponsesServing:
-    """Responses on top of the chat path of `OpenAIServing` (template, tokenizer, engine)."""
+    """Responses on top of the chat path of `OpenAIServing` (template, tokenizer, tools, engine)."""
 
     def __init__(self, serving: OpenAIServing, store: ResponseStore | None = None) -> None:
         self.serving = serving
         self.store = store or ResponseStore()
 
-    async def create(self, req: ResponsesRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
-        """POST /v1/responses: the finished response, or its event stream."""
-        if req.tools and req.tool_choice != "none":
-            raise APIError(400, "function tools in the Responses API are not supported yet", param="tools")
-        text_format = (req.text or {}).get("format") or {}
-        fmt = text_format.get("type", "text") if isinstance(text_format, dict) else text_format
-        if fmt != "text":
-            raise APIError(400, f"text.format {fmt!r} is not supported yet", param="text")
+    async def create(self, req: ResponsesRequest, model: str,
+                     header_id: str | None = None) -> dict[str, Any] | AsyncIterator[str]:
+        """POST /v1/responses: the finished response, or its event stream (`header_id`: the request's
+        X-Request-Id, which names the response as vLLM does)."""
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        tools = chat_tools(req.tools)
         try:
             chat = ChatCompletionRequest(
                 messages=[ChatMessage(**m) for m in system + conversation], temperature=req.temperature,
                 top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
-                seed=req.seed)
+                seed=req.seed, tools=tools, tool_choice=chat_tool_choice(req.tool_choice, bool(tools)),
+                parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text))
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
-        prompt = await self.serving.chat_prompt(chat)
-        sp = sampling_params(chat, req.max_output_tokens, len(prompt.token_ids), self.serving.max_model_len, None)
+        plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser)
+        prompt = await self.serving.chat_prompt(chat, plan.template_tools)
+        sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
+                                                       self.serving.max_model_len, None))
         if not req.stream:  # only the end is read: spare the per-step outputs
             sp = sp.model_copy(update={"output_kind": "final_only"})
-        response_id = req.request_id or f"resp_{uuid.uuid4().hex}"
-        base, message_id = _response(req, response_id, model), f"msg_{uuid.uuid4().hex}"
+        given = header_id or req.request_id
+        response_id = f"resp_{given}" if header_id else (given or f"resp_{uuid.uuid4().hex}")
+        base = _response(req, response_id, model)
         stream = await admitted(self.serving.engine.generate(
             prompt.token_ids, sp, f"{response_id}-{uuid.uuid4().hex[:8]}", prompt.text, self.serving.lora_for(model),
             **engine_kwargs(req.priority, req.cache_salt)))
         if req.stream:
-            return self._events(req, base, message_id, stream, conversation)
+            return self._events(req, base, plan, stream, conversation)
         final = None
         try:
             async for output in stream:
@@ -158,54 +151,139 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        return self._finish(req, base, message_id, final, conversation)
+        text = final.outputs[0].text
+        content, calls = _split(plan, text)
+        status = _status(final)
+        items = _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
+                              [function_call_item(c, status) for c in calls], status)
+        return self._finish(req, base, items, final, conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
         """GET /v1/responses/{id}."""
         return self.store.get(response_id).response
 
-    def _finish(self, req: ResponsesRequest, base: dict[str, Any], message_id: str, output: RequestOutput,
-                conversation: list[dict[str, Any]]) -> dict[str, Any]:
+    def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
+                output: RequestOutput, conversation: list[dict[str, Any]]) -> dict[str, Any]:
         """The finished response object (stored unless `store` is false)."""
-        c = output.outputs[0]
-        complete = c.finish_reason != "length"
+        complete = _status(output) == "completed"
         response = {**base, "status": "completed" if complete else "incomplete",
                     "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-                    "output": [_message(message_id, c.text, "completed" if complete else "incomplete")],
-                    "usage": _usage(output)}
+                    "output": items, "usage": _usage(output)}
         if req.store:
-            self.store.put(response, [*conversation, {"role": "assistant", "content": c.text}])
+            self.store.put(response, [*conversation, assistant_turn(items)])
         return response
 
-    async def _events(self, req: ResponsesRequest, base: dict[str, Any], message_id: str, stream: Any,
+    async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, stream: Any,
                       conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
-        """The Responses event stream, numbered by `sequence_number`."""
-        seq = iter(range(1 << 62))
-        start = base
-        where = {"item_id": message_id, "output_index": 0, "content_index": 0}
-        yield _event("response.created", next(seq), response=start)
-        yield _event("response.in_progress", next(seq), response=start)
-        yield _event("response.output_item.added", next(seq), output_index=0,
-                     item=_message(message_id, None, "in_progress"))
-        yield _event("response.content_part.added", next(seq), **where, part=_text_part(""))
-        sent, final = 0, None
+        """The Responses event stream, numbered by `sequence_number`. Text that is surely content streams
+        as `output_text.delta`s of a message item; a named function's arguments stream as
+        `function_call_arguments.delta`s as they are generated; calls the parser or the `required`
+        grammar yields are sent when the output ends, each as its own function_call item."""
+        ev = _Numbered()
+        yield ev("response.created", response=base)
+        yield ev("response.in_progress", response=base)
+        message_id, opened, named, sent, final = f"msg_{uuid.uuid4().hex}", False, None, 0, None
         try:
             async for output in stream:
                 final = output
                 text = output.outputs[0].text
-                if len(text) > sent:
-                    yield _event("response.output_text.delta", next(seq), **where, delta=text[sent:], logprobs=[])
-                    sent = len(text)
+                if plan.mode == "named":
+                    if named is None:
+                        assert plan.function is not None
+                        named = function_call_item(ToolCall(plan.function, ""), "in_progress")
+                        yield ev("response.output_item.added", output_index=0, item=named)
+                    if len(text) > sent:
+                        yield ev("response.function_call_arguments.delta", item_id=named["id"], output_index=0,
+                                 delta=text[sent:])
+                        sent = len(text)
+                    continue
+                if plan.mode == "required":  # the calls' JSON list is shown once it is whole
+                    continue
+                safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser else len(text)
+                if safe > sent:
+                    if not opened:
+                        opened = True
+                        for event in _open_message(ev, message_id):
+                            yield event
+                    yield ev("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
+                             delta=text[sent:safe], logprobs=[])
+                    sent = safe
         finally:
             await stream.aclose()
         assert final is not None
-        response = self._finish(req, base, message_id, final, conversation)
-        text = final.outputs[0].text
-        yield _event("response.output_text.done", next(seq), **where, text=text, logprobs=[])
-        yield _event("response.content_part.done", next(seq), **where, part=_text_part(text))
-        yield _event("response.output_item.done", next(seq), output_index=0, item=response["output"][0])
-        yield _event("response.completed" if response["status"] == "completed" else "response.incomplete",
-                     next(seq), response=response)
+        text, status = final.outputs[0].text, _status(final)
+        content, calls = _split(plan, text)
+        if named is not None:
+            call_items = [{**named, "arguments": text, "status": status}]
+        else:
+            call_items = [function_call_item(c, status) for c in calls]
+        message_text = (text[:sent] if opened else content) if calls else text
+        items = _output_items(message_id, message_text, call_items, status)
+        response = self._finish(req, base, items, final, conversation)
+        for index, item in enumerate(items):
+            if item["type"] == "message":
+                for event in _close_message(ev, item, opened, sent):
+                    yield event
+                continue
+            where = {"item_id": item["id"], "output_index": index}
+            if item is not call_items[0] or named is None:
+                yield ev("response.output_item.added", output_index=index, item={**item, "arguments": "",
+                                                                                  "status": "in_progress"})
+                yield ev("response.function_call_arguments.delta", **where, delta=item["arguments"])
+            yield ev("response.function_call_arguments.done", **where, arguments=item["arguments"])
+            yield ev("response.output_item.done", output_index=index, item=item)
+        yield ev("response.completed" if response["status"] == "completed" else "response.incomplete",
+                 response=response)
+
+
+class _Numbered:
+    """Server-sent events of one Responses stream, numbered by `sequence_number` from 0."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __call__(self, kind: str, **fields: Any) -> str:
+        self.next += 1
+        return _event(kind, self.next - 1, **fields)
+
+
+def _open_message(ev: _Numbered, message_id: str) -> list[str]:
+    return [ev("response.output_item.added", output_index=0, item=message_item(message_id, None, "in_progress")),
+            ev("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
+               part=text_part(""))]
+
+
+def _close_message(ev: _Numbered, item: dict[str, Any], opened: bool, sent: int) -> list[str]:
+    """The message item's last events: its unsent text (opened now if nothing streamed), then the dones."""
+    where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    text = item["content"][0]["text"]
+    events = [] if opened else _open_message(ev, item["id"])
+    if len(text) > (sent if opened else 0):
+        events.append(ev("response.output_text.delta", **where, delta=text[sent if opened else 0:], logprobs=[]))
+    events += [ev("response.output_text.done", **where, text=text, logprobs=[]),
+               ev("response.content_part.done", **where, part=text_part(text)),
+               ev("response.output_item.done", output_index=0, item=item)]
+    return events
+
+
+def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
+    """A finished output's content and tool calls, as the chat path splits them."""
+    if plan.mode == "named":
+        assert plan.function is not None
+        return None, [ToolCall(plan.function, text)]
+    parsed = plan.parse(text)
+    return parsed.content, parsed.tool_calls
+
+
+def _output_items(message_id: str, message_text: str | None, call_items: list[dict[str, Any]],
+                  status: str) -> list[dict[str, Any]]:
+    """The response's output: the message (when it has text, or when nothing was called), then the calls."""
+    message = [message_item(message_id, message_text or "", status)] if message_text or not call_items else []
+    return message + call_items
+
+
+def _status(output: RequestOutput) -> str:
+    return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
 
 
 def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
@@ -215,23 +293,16 @@ def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, 
             "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "temperature": 1.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice, "tools": [],
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": req.store,
+            "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice,
+            "tools": req.tools or [], "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+            "truncation": "disabled", "store": req.store,
             "user": req.user, "output": [], "usage": None}
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _message(message_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [_text_part(text)]
-    return {"id": message_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
 def _usage(output: RequestOutput) -> dict[str, Any]:
     prompt, generated = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": generated,
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
+            "output_tokens": generated,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + generated}
 
 

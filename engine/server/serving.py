@@ -10,7 +10,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from flotilla.engine.engine_core_client import ServingEngine
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
@@ -23,6 +22,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import longest_token_chars
 
 
@@ -78,6 +78,12 @@ def usage(output: RequestOutput) -> dict[str, int]:
     completion = sum(len(c.token_ids) for c in output.outputs)
     prompt = len(output.prompt_token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
+    """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
+    added only when some prompt tokens came from the prefix cache)."""
+    return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
 
 
 class StreamState:
@@ -157,8 +163,9 @@ class OpenAIServing:
     def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False) -> None:
         self.engine = engine
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
@@ -276,7 +283,7 @@ class OpenAIServing:
             for k, v in usage(output).items():
                 total[k] += v
         return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                "choices": choices, "usage": total}
+                "choices": choices, "usage": self._cached(total, sum(o.num_cached_tokens for o in outputs))}
 
     async def _stream_completions(self, req: CompletionRequest, prompts: list[Prompt],
                                   streams: list[AsyncGenerator[RequestOutput]], request_id: str, created: int,
@@ -383,7 +390,7 @@ class OpenAIServing:
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                "choices": choices, "usage": usage(output)}
+                "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
                            created: int, model: str) -> AsyncIterator[str]:
@@ -405,7 +412,7 @@ class OpenAIServing:
                 yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
                                usage(output) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
-            yield chunk([], usage=usage(last))
+            yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"
 
     def _chat_logprobs(self, c: CompletionOutput, first: int, top: int, as_ids: bool = False) -> dict[str, Any]:
@@ -419,6 +426,9 @@ class OpenAIServing:
     def _token_info(self, token: int, logprob: float, as_ids: bool = False) -> dict[str, Any]:
         piece = token_label(self.tokenizer, token, as_ids)
         return {"token": piece, "logprob": max(logprob, -9999.0), "bytes": list(piece.encode("utf-8"))}
+
+    def _cached(self, block: dict[str, Any], cached: int) -> dict[str, Any]:
+        return with_cached_tokens(block, cached) if self.enable_prompt_tokens_details else block
 
     def lora_for(self, model: str) -> LoRARequest | None:
         """The adapter a served name stands for (None: the base model)."""

@@ -53,7 +53,7 @@ class Speculator:
         per_pos = list(c.accepted_per_pos)
         for s in plan.scheduled:
             out = verified.get(s.request.request_id)
-            if not s.spec_token_ids or out is None:
+            if not s.spec_token_ids or out is None or s.request.status.finished:  # finished: step discarded
                 continue
             drafts += 1
             tokens += len(s.spec_token_ids)

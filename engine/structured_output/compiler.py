@@ -24,9 +24,12 @@ CACHE_SIZE = 512
 class GrammarCompiler:
     """Compiles StructuredOutputsParams for one tokenizer and vocabulary width; thread-safe."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 disable_any_whitespace: bool = False) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.vocab_size = vocab_size
+        # The server-wide --structured-outputs-config default; a request may still ask for compact JSON.
+        self.disable_any_whitespace = disable_any_whitespace
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str, bool], xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -57,10 +60,9 @@ class GrammarCompiler:
             # json_object is any object (not any JSON value), as vLLM compiles it.
             schema = '{"type": "object"}' if kind == "json_object" else p.json_schema
             text = schema if isinstance(schema, str) else json.dumps(schema)
+            compact = p.disable_any_whitespace or self.disable_any_whitespace
             return self._compiler.compile_json_schema(
-                text, any_whitespace=not p.disable_any_whitespace,
-                separators=(",", ":") if p.disable_any_whitespace else None,
-            )
+                text, any_whitespace=not compact, separators=(",", ":") if compact else None)
         if kind == "regex":
             assert p.regex is not None
             return self._compiler.compile_regex(p.regex)

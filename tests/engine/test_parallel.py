@@ -134,9 +134,13 @@ def test_a_dead_worker_fails_the_engine_fast(qwen3_tp2):
 
 def _fp8_rounding(parts: int):
     """A forward pre-hook rounding a linear layer's input to fp8 per token, as the engine does, in
-    `parts` column blocks with a scale each: a row-parallel layer's input is split over the ranks."""
+    `parts` column blocks with a scale each: a row-parallel layer's input is split over the ranks.
+    Decode forwards (one token) are left alone: the engine's decode steps (2 rows) run W8A16, its
+    prefill (29 rows, above `FP8_GEMV_MAX_ROWS`) W8A8."""
 
-    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+        if args[0].shape[-2] == 1:
+            return None
         blocks = []
         for x in args[0].chunk(parts, dim=-1):
             scale = (x.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)

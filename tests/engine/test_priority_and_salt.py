@@ -86,3 +86,71 @@ def test_engine_runs_lower_priority_values_first_and_refuses_priority_under_fcfs
     fcfs = LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
     with pytest.raises(InvalidParamError, match="--scheduling-policy priority"):
         fcfs.engine.add_request([5, 6, 7], params, "x", priority=1)
+
+
+def test_a_waiting_urgent_request_takes_the_slot_of_the_lowest_priority_running_one():
+    s = _scheduler("priority", max_num_seqs=2)
+    s.add(_request("low-early", 4, priority=5, arrival=0.0, first_token=100))
+    s.add(_request("low-late", 4, priority=5, arrival=1.0, first_token=200))
+    _run_step(s)
+    s.add(_request("same", 4, priority=5, arrival=2.0, first_token=300))
+    out = s.schedule()  # an equal priority never preempts
+    assert out.preempted == [] and [r.request_id for r in s.running] == ["low-early", "low-late"]
+    s.update(out, {x.request.request_id: 7 for x in out.scheduled if x.samples})
+    s.add(_request("urgent", 4, priority=0, arrival=3.0, first_token=400))
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == ["low-late"]  # largest (priority, arrival)
+    assert "urgent" in [x.request.request_id for x in out.scheduled]  # admitted in the same step
+    assert [r.request_id for r in s.waiting] == ["low-late", "same"]
+
+
+def test_a_waiting_urgent_request_preempts_for_blocks_until_it_fits():
+    # 8 blocks of 4 tokens: two 13-token prompts hold 4 blocks each; the urgent 9-token prompt needs 3.
+    s = _scheduler("priority", num_blocks=8)
+    s.add(_request("a", 13, priority=3, arrival=0.0, first_token=100))
+    s.add(_request("b", 13, priority=4, arrival=1.0, first_token=200))
+    _run_step(s)
+    s.add(_request("urgent", 9, priority=-1, arrival=2.0, first_token=300))
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == ["b"]
+    assert sorted(x.request.request_id for x in out.scheduled) == ["a", "urgent"]
+    while s.has_unfinished():
+        _run_step(s)
+    assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+def test_a_running_urgent_request_short_of_a_block_preempts_a_lower_one_planned_before_it():
+    # 4 blocks of 4 tokens: "low" (admitted first, 6 tokens) and "high" (8) fill them; two steps later
+    # low's next token still fits its blocks but high's needs a fifth block.
+    s = _scheduler("priority", num_blocks=4)
+    s.add(_request("low", 6, priority=9, arrival=0.0, first_token=100))
+    _run_step(s)
+    s.add(_request("high", 8, priority=0, arrival=1.0, first_token=200))
+    assert _run_step(s) == ["low", "high"]
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == ["low"]
+    assert [x.request.request_id for x in out.scheduled] == ["high"]
+
+
+def test_engine_preempts_for_an_urgent_request_and_greedy_tokens_still_match_hf(tiny_model_dirs):
+    from flotilla.engine.llm_engine import LLMEngine
+
+    from .hf_reference import hf_greedy
+
+    model = tiny_model_dirs["llama"]
+    engine = LLMEngine.from_kwargs(str(model), max_model_len=64, max_num_seqs=2, scheduling_policy="priority",
+                                   block_size=8)
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
+    prompts = {"low-a": [5, 6, 7, 8, 9], "low-b": [10, 11, 12, 13, 14, 15], "urgent": [20, 21, 22, 23]}
+    requests = {name: engine.add_request(prompts[name], greedy, name, priority=5) for name in ("low-a", "low-b")}
+    for _ in range(3):
+        engine.step()
+    requests["urgent"] = engine.add_request(prompts["urgent"], greedy, "urgent", priority=0)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert engine.scheduler.num_preemptions == 1
+    assert finished.index("urgent") < finished.index("low-b")  # low-b gave its slot up and waited
+    expected = hf_greedy(model, [prompts[n] for n in requests], 12)
+    assert [requests[n].output_token_ids for n in requests] == expected
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "a block leaked"

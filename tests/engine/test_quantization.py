@@ -7,6 +7,12 @@ the dequantized weights with that same rounding applied to every linear layer's 
 pre-hook): the engine's `(x8 @ w8^T) * sx * sw` and HF's `(x8 * sx) @ (w8 * sw)^T` differ only in fp32
 rounding order, far below the tiny models' gaps between the top two logits, so again identical. fp8 is
 not token-identical to the bf16/fp32 model itself, and nothing here claims it is.
+
+fp8 runs W8A8 only for linear calls of more than `FP8_GEMV_MAX_ROWS` (16) rows; smaller ones, decode
+steps, run W8A16 (no activation rounding; `kernels/dispatch.py` says why), on the CPU as on the GPU.
+Here every prompt is prefilled in one step of more than 16 rows (5 + 30 tokens) and every decode step
+has 2 rows, so the oracle rounds the activations of HF's prefill forward (all prompt tokens) and not
+those of its decode forwards (one token): the same per-row scheme as the engine's.
 """
 
 from __future__ import annotations
@@ -52,8 +58,10 @@ def _engine_tokens(path: Path, **kwargs) -> list[list[int]]:
 
 
 def _fake_quant_fp8(static_scale: float | None):
-    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
         x = args[0]
+        if x.shape[-2] == 1:  # a decode forward: the engine's decode step is W8A16
+            return None
         scale = (x.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12) if static_scale is None \
             else torch.tensor(static_scale)
         return ((x / scale).clamp(-448, 448).to(FP8_DTYPE).float() * scale,)
@@ -80,6 +88,13 @@ def _hf_fp8_greedy(path: Path, static_scale: float | None = None, quantize_weigh
                                eos_token_id=None)
             outs.append(y[0, len(ids):].tolist())
     return outs
+
+
+def test_prompts_prefill_above_and_decode_within_the_fp8_gemv_rows():
+    """What the fp8 oracle's prefill/decode split rests on (module docstring)."""
+    from flotilla.kernels.dispatch import FP8_GEMV_MAX_ROWS
+
+    assert sum(map(len, PROMPTS)) > FP8_GEMV_MAX_ROWS >= len(PROMPTS)
 
 
 @pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])  # qwen2: q/k/v biases

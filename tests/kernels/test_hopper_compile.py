@@ -1,4 +1,5 @@
-"""The fp8 KV-cache kernels compiled for Hopper (sm_90) on the CPU, by Triton's compiler and ptxas.
+"""The fp8 kernels (KV-cache writes, the W8A16 GEMV, the activation quantization) compiled for Hopper
+(sm_90) on the CPU, by Triton's compiler and ptxas.
 
 The interpreter (TRITON_INTERPRET=1) runs kernels as Python, so it accepts code the compiler refuses:
 a plain-float global read inside a `@triton.jit` function passed every interpreter test and failed to
@@ -32,13 +33,15 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> d
     return sig
 
 
-def _compile_for_hopper(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> dict[str, object]:
+def _compile_for_hopper(
+    fn, pointers: dict[str, str], constexprs: dict[str, object], **options: int
+) -> dict[str, object]:
     from triton.backends.compiler import GPUTarget
 
     src = triton.compiler.ASTSource(fn, _signature(fn, pointers, constexprs), constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options or None)
     ptx = kernel.asm["ptx"]
-    return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx}
+    return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx}
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -57,7 +60,30 @@ def _compile_all() -> dict[str, dict[str, object]]:
                  "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # fmt: skip
     constexprs = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=True)
     out["rotary_kv_write *fp8e4nv"] = _compile_for_hopper(_rotary_kv_write_kernel, pointers, constexprs)
+    out.update(_compile_fp8_gemv())
     return out
+
+
+def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
+    """The W8A16 GEMV as the dispatch launches it for Llama-3.1-8B: the FMA path at one row (fp8 tile
+    upcast to fp32) and the `tl.dot` path at 16 rows with split-K partials (upcast to bf16)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_gemv import _gemv_kernel
+
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "part_ptr": "*fp32"}  # fmt: skip
+    common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
+    fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NUM_STAGES=2)
+    dot = dict(common, SPLIT_K=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
+    from flotilla.kernels.triton_fp8_quant import _quant_rows_kernel
+
+    quant = {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "static_scale_ptr": "*fp32"}
+    return {
+        "fp8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=2),
+        "fp8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
+        "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
+    }
 
 
 def _cuda_backend_missing() -> bool:
@@ -69,7 +95,7 @@ def _cuda_backend_missing() -> bool:
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_fp8_kv_write_kernels_compile_for_hopper(tmp_path):
+def test_fp8_kernels_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run([sys.executable, __file__], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -77,8 +103,10 @@ def test_fp8_kv_write_kernels_compile_for_hopper(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(r["cubin_bytes"] > 0 for r in result.values())
-    # the fp32 -> e4m3 stores are the hardware conversion (cvt.rn.satfinite.e4m3x2), not a software one
+    # the fp32 -> e4m3 stores and the GEMV's e4m3 loads use the hardware conversions (cvt ... e4m3x2),
+    # not a software one
     assert all(r["e4m3_cvt"] for r in result.values())
+    assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
 
 
 if __name__ == "__main__":

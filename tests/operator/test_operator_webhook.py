@@ -33,6 +33,19 @@ INVALID = {
         {"parallelism": {"tensor": 3}, "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}},
         "spec.parallelism: tensor parallel size 3 does not divide the model's 32 attention heads, 8 KV heads "
         "(nor replicated evenly), MLP width 14336"),
+    "pooling-with-lora": (
+        {"runner": "pooling", "lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}},
+        "spec.runner pooling serves embeddings on one GPU, without LoRA adapters or speculative decoding: "
+        "remove spec.lora"),
+    "pooling-with-speculative-decoding": (
+        {"runner": "pooling", "speculative": {"method": "ngram", "numTokens": 4}},
+        "spec.runner pooling serves embeddings on one GPU, without LoRA adapters or speculative decoding: "
+        "remove spec.speculative"),
+    "pooling-with-tensor-parallelism": (
+        {"runner": "pooling", "parallelism": {"tensor": 2}, "resources": {"gpusPerReplica": 2,
+                                                                          "gpuProduct": "NVIDIA-H200"}},
+        "spec.runner pooling serves embeddings on one GPU, without LoRA adapters or speculative decoding: "
+        "set spec.parallelism.tensor to 1"),
     "unknown-engine-arg": (
         {"engineArgs": ["--swap-space", "4"]},
         "spec.engineArgs: --swap-space is not an engine flag"),

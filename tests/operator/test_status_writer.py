@@ -104,3 +104,15 @@ def test_an_invalid_spec_is_a_warning_on_first_sight():
     refused = _status({}, None, spec={**SPEC, "replicas": -1})
     kinds = {(e.type, e.reason) for e in condition_events({}, refused)}
     assert ("Warning", "InvalidSpec") in kinds
+
+
+def test_pooling_with_lora_slipped_past_the_webhook_is_refused_in_status_and_an_event():
+    # The reconciler's own review (webhook failure policy Ignore: the operator may have been down).
+    spec = {**SPEC, "runner": "pooling", "lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}}
+    refused = _status({}, None, spec=spec)
+    valid = next(c for c in refused["conditions"] if c["type"] == "Valid")
+    assert (refused["phase"], valid["status"], valid["reason"]) == ("Failed", "False", "InvalidSpec")
+    assert valid["message"] == ("spec.runner pooling serves embeddings on one GPU, without LoRA adapters or "
+                                "speculative decoding: remove spec.lora")
+    events = {(e.type, e.reason): e.message for e in condition_events({}, refused)}
+    assert events[("Warning", "InvalidSpec")].endswith(valid["message"])

@@ -117,3 +117,18 @@ def test_runner_flags_resolve_as_vllm(qwen3_dir, kwargs, runner):
 def test_contradicting_or_unsupported_runner_flags_are_refused(qwen3_dir, kwargs):
     with pytest.raises(ConfigError):
         EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"enable_lora": True}, "remove --enable-lora"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "remove --speculative-config"),
+    ({"tensor_parallel_size": 2}, "set --tensor-parallel-size to 1"),
+    ({"task": "embed", "pipeline_parallel_size": 2}, "set --pipeline-parallel-size to 1"),
+])
+def test_pooling_with_adapters_speculation_or_parallelism_refuses_to_start(qwen3_dir, kwargs, named):
+    # Each would go unused (or refuse every request) on the pooling pass: refused before anything loads.
+    with pytest.raises(ConfigError, match="pooling serves embeddings on one GPU") as refused:
+        EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **{"runner": "pooling", **kwargs})
+    assert named in str(refused.value)
+    if "task" not in kwargs:  # the same settings on the generate runner are fine
+        assert EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs).model.runner == "generate"

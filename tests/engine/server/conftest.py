@@ -123,6 +123,24 @@ def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     stop_server(s)
 
 
+@pytest.fixture(scope="session")
+def tool_server(embedded_model_dir, tmp_path_factory) -> Iterator[Server]:
+    """The embedded model served as `x` with the hermes tool parser (auto tool choice on), the
+    X-Request-Id response header, cached-token usage details and compact JSON grammars (shared by the
+    structured-output and Responses-tools tests)."""
+    s = start_server(embedded_model_dir, tmp_path_factory.mktemp("tool-server") / "server.log",
+                     "--max-model-len", "512", "--disable-log-stats", "--served-model-name", "x",
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-request-id-headers",
+                     "--enable-prompt-tokens-details",
+                     # Compact JSON for every grammar, tool calls' included (vLLM's flag): xgrammar's
+                     # default lets whitespace run free between tokens and the small model at temperature
+                     # 0 falls into a newline run to max_tokens ('mixed', a named tool call, 2026-12-03).
+                     "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+                     env={"VLLM_API_KEY": API_KEY})
+    yield s
+    stop_server(s)
+
+
 @pytest.fixture
 def client(server):
     from openai import OpenAI

@@ -9,6 +9,7 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "unit"]}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Current time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+    "parameters": {"type": "object",
+                   "properties": {"tz": {"type": "string", "pattern": "^[A-Z][a-z]{1,14}/[A-Z][a-z]{1,14}$"}},
                    "required": ["tz"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -77,6 +80,34 @@ def test_float_and_base64_agree_and_token_inputs_work(pooling_server, hf):
     np.testing.assert_allclose(many["data"][0]["embedding"], vector, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(many["data"][1]["embedding"], hf_embedding(hf, ids[:3]), atol=1e-4, rtol=1e-4)
     assert many["usage"] == {"prompt_tokens": len(ids) + 3, "total_tokens": len(ids) + 3}
+
+
+def test_a_long_list_is_embedded_call_by_call_and_other_requests_run_in_between(pooling_server, hf):
+    # 200 inputs of 200 tokens: with the server's 256-token context, one engine call per input.
+    rng = random.Random(0)
+    vocab = hf[0].config.vocab_size
+    prompts = [[rng.randrange(10, vocab) for _ in range(200)] for _ in range(200)]
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(post, pooling_server, {"model": "tiny", "input": prompts, "encoding_format": "float"})
+        time.sleep(0.3)  # the long request reaches the engine first (if not, the check below is only weaker)
+        short = post(pooling_server, {"model": "tiny", "input": "lanterns", "encoding_format": "float"})
+        # Queued behind at most one of the long request's calls, not behind all 200 of them.
+        assert short.status_code == 200 and not long.done(), "the short request waited for the whole list"
+        answer = long.result()
+    assert answer.status_code == 200, answer.text
+    data = answer.json()["data"]
+    assert [d["index"] for d in data] == list(range(200))
+    assert answer.json()["usage"]["prompt_tokens"] == 200 * 200
+    for i in (0, 101, 199):  # in the request's order, each as HF embeds it alone
+        np.testing.assert_allclose(data[i]["embedding"], hf_embedding(hf, prompts[i]), atol=1e-4, rtol=1e-4)
+
+
+def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
+    prompts = [[5] * 200] * 40 + [[5] * 300]
+    answer = post(pooling_server, {"model": "tiny", "input": prompts})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "input"
+    assert answer.json()["error"]["message"].startswith("input 40 is 300 tokens long")
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -85,3 +85,57 @@ def test_plain_answer_with_reasoning_parser_streams_thinking_and_content():
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "two plus two"
     assert "".join(d.get("content", "") for d in deltas) == "4"
     assert choices[-1]["finish_reason"] == "stop"
+
+
+def test_responses_stream_sends_content_then_each_parsed_call_as_a_function_call_item():
+    from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing, _response
+
+    text = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>')
+    plan = ToolPlan("auto", [], parser=tool_parser("hermes"))
+    req = ResponsesRequest(input="x", stream=True, store=False)
+
+    async def gen():
+        for o in _outputs(text):
+            yield o
+
+    async def collect():
+        serving = ResponsesServing(serving=None)  # type: ignore[arg-type]  # _events needs no engine
+        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, gen(), [])]
+
+    events = [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
+    kinds = [e["type"] for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    text_deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text_deltas == "Checking.\n" and "<tool" not in text_deltas  # the markup never streams as text
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["message", "function_call", "function_call"]
+    assert [(i["name"], json.loads(i["arguments"])) for i in done[1:]] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
+    arguments = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [(a["output_index"], a["arguments"]) for a in arguments] == [(1, done[1]["arguments"]),
+                                                                          (2, done[2]["arguments"])]
+    assert kinds[-1] == "response.completed" and [i["type"] for i in events[-1]["response"]["output"]] == \
+        ["message", "function_call", "function_call"]
+
+
+@pytest.mark.parametrize("name, text, content", [
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>', "Sure."),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {"tz": "Europe/Paris"}}', ""),
+    ("mistral", 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}]', "Sure."),
+])
+def test_each_parsers_calls_stream_as_openai_deltas(name, text, content):
+    """`auto` with each family's published format, streamed: content without call text, then one
+    delta per call with its index, id, type, name and arguments, and finish_reason tool_calls."""
+    choices = _stream(ToolPlan("auto", [], parser=tool_parser(name)), None, text)
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("content") or "" for d in deltas).strip() == content
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [(c["index"], c["type"], c["function"]["name"]) for c in calls] == [
+        (0, "function", "get_weather"), (1, "function", "get_time")]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"tz": "Europe/Paris"}]
+    assert len({c["id"] for c in calls}) == 2
+    assert choices[-1]["finish_reason"] == "tool_calls"

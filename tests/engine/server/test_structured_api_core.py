@@ -1,22 +1,21 @@
-"""The structured-output API's core (the 400s and LangChain run in CI; the twenty-schema round is
-opt-in): the real openai client against `flotilla serve` on the
-embedded model, every request of a round sent at once (the engine batches them). Twenty JSON schemas
-validate with jsonschema, regex and choice outputs match, `required` and named tool calls parse and
-validate against their parameters' schema; invalid constraints are 400s with the reason. Streams,
-history rendering and `auto` stay in the opt-in module (test_structured_output_api.py)."""
+"""The structured-output API's core, in CI: the real openai client against `flotilla serve` on the
+embedded model, every request of the round sent at once (the engine batches them). Twenty JSON
+schemas validate with jsonschema and stop on their own, regex and choice outputs match, `required` and
+named tool calls parse and validate against their parameters' schema; invalid constraints are 400s
+with the reason; LangChain's ChatOpenAI gets structured output and tool calls. Streams, history
+rendering and `auto` stay in the opt-in module (test_structured_output_api.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 
 import httpx
 import pytest
 
-from tests.engine.server.conftest import API_KEY, start_server, stop_server
-from tests.engine.server.structured_schemas import SCHEMAS
+from tests.engine.server.conftest import API_KEY
+from tests.engine.server.structured_schemas import SCHEMAS, unbounded_keywords
 from tests.engine.server.structured_tools import ASK, TIME, WEATHER
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -26,23 +25,13 @@ REGEX = r"[A-Z][a-z]{2,8}, [0-9]{1,2}C"
 CHOICES = ["sunny", "rainy"]
 
 
-@pytest.fixture(scope="module")
-def core_server(embedded_model_dir, tmp_path_factory):
-    s = start_server(embedded_model_dir, tmp_path_factory.mktemp("structured-core") / "server.log",
-                     "--max-model-len", "512", "--disable-log-stats", "--served-model-name", "x",
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", env={"VLLM_API_KEY": API_KEY})
-    yield s
-    stop_server(s)
-
-
 async def _schema_reply(client, name, schema):
-    # vLLM's request extra, without xgrammar's any-whitespace: a small model at temperature 0 can
-    # otherwise fall into a run of newlines to max_tokens (seen on 'mixed' and 'int_list'). The
-    # response_format spelling is covered by LangChain's with_structured_output below and the opt-in module.
+    # OpenAI's response_format. Compact (the server's flag) and bounded, a schema has finitely many
+    # outputs, all far shorter than max_tokens: each output must close on its own.
     reply = await client.chat.completions.create(
-        model="x", temperature=0, max_tokens=64,
+        model="x", temperature=0, max_tokens=256,
         messages=[{"role": "user", "content": f"Give me an example {name.replace('_', ' ')} as JSON."}],
-        extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+        response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
     return reply.choices[0]
 
 
@@ -60,20 +49,16 @@ async def _regex_and_choice(client):
 
 
 async def _tool_reply(client, choice, parallel):
-    reply = await client.chat.completions.create(model="x", temperature=0.7, seed=5, n=2, max_tokens=80,
+    reply = await client.chat.completions.create(model="x", temperature=0.7, seed=5, n=2, max_tokens=160,
                                                  messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
                                                  parallel_tool_calls=parallel)
     return choice, parallel, reply.choices
 
 
-# Opt-in still: on 2026-12-03 under load ~11 this round took 6-10 min and the small model at
-# temperature 0 ran into a digit or newline loop to max_tokens on one schema per run ('number',
-# 'mixed', 'int_list'); see /work/notes/embed.md.
-@pytest.mark.skipif(os.environ.get("FLOTILLA_STRUCTURED_API") != "1", reason="set FLOTILLA_STRUCTURED_API=1 to run")
-def test_schemas_regex_choice_and_tool_calls_validate(core_server):
+def test_schemas_regex_choice_and_tool_calls_validate(tool_server):
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"{core_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
     named = {"type": "function", "function": {"name": "get_time"}}
 
     async def everything():
@@ -83,8 +68,9 @@ def test_schemas_regex_choice_and_tool_calls_validate(core_server):
             asyncio.gather(*(_tool_reply(client, c, p) for c, p in (("required", True), ("required", False),
                                                                      (named, True)))))
 
-    schema_choices, texts, tool_replies = asyncio.run(everything())
     assert len(SCHEMAS) >= 20
+    assert {name: unbounded_keywords(schema) for name, schema in SCHEMAS if unbounded_keywords(schema)} == {}
+    schema_choices, texts, tool_replies = asyncio.run(everything())
     for (name, schema), choice in zip(SCHEMAS, schema_choices, strict=True):
         assert choice.finish_reason == "stop", (name, choice.message.content)
         jsonschema.validate(json.loads(choice.message.content), schema)
@@ -110,15 +96,15 @@ def test_schemas_regex_choice_and_tool_calls_validate(core_server):
     ({"guided_regex": "a", "guided_choice": ["b"]}, "one output constraint"),
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}, "tools": [WEATHER]}, "missing"),
 ])
-def test_invalid_constraints_are_400_with_the_reason(core_server, body, reason):
-    r = httpx.post(f"{core_server.url}/v1/chat/completions", timeout=60,
+def test_invalid_constraints_are_400_with_the_reason(tool_server, body, reason):
+    r = httpx.post(f"{tool_server.url}/v1/chat/completions", timeout=60,
                    headers={"Authorization": f"Bearer {API_KEY}"},
                    json={"messages": ASK, "max_tokens": 5, **body})
     assert r.status_code == 400, r.text
     assert reason in r.json()["error"]["message"]
 
 
-def test_langchain_with_structured_output_and_bind_tools(core_server):
+def test_langchain_with_structured_output_and_bind_tools(tool_server):
     """langchain-openai's ChatOpenAI as users run it: a pydantic schema by json_schema, tools by bind_tools."""
     langchain_openai = pytest.importorskip("langchain_openai")
     from typing import Literal
@@ -132,7 +118,7 @@ def test_langchain_with_structured_output_and_bind_tools(core_server):
         sky: Literal["sunny", "rainy", "cloudy"]
         warm: bool
 
-    model = langchain_openai.ChatOpenAI(model="x", base_url=f"{core_server.url}/v1", api_key=API_KEY,
+    model = langchain_openai.ChatOpenAI(model="x", base_url=f"{tool_server.url}/v1", api_key=API_KEY,
                                         temperature=0, max_tokens=80, max_retries=0, timeout=600)
     forecast = model.with_structured_output(Forecast, method="json_schema").invoke("Weather in Paris?")
     assert isinstance(forecast, Forecast)

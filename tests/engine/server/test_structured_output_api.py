@@ -1,7 +1,7 @@
 """Structured output and tool calling through the real openai client against `flotilla serve` on the
 embedded model, the heavier half (opt-in): streams, json_object, EBNF grammars, n=2 tool calls,
 history rendering and `auto`. The core (twenty schemas, regex, choice, required/named tool calls,
-the 400s) runs in CI: test_structured_api_core.py."""
+the 400s, LangChain) runs in CI: test_structured_api_core.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("FLOTILLA_STRU
 def embedded_server(embedded_model_dir, tmp_path_factory):
     s = start_server(embedded_model_dir, tmp_path_factory.mktemp("structured") / "server.log",
                      "--max-model-len", "1024", "--disable-log-stats", "--served-model-name", "x",
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", env={"VLLM_API_KEY": API_KEY})
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                     "--structured-outputs-config", '{"disable_any_whitespace": true}',  # as the core module
+                     env={"VLLM_API_KEY": API_KEY})
     yield s
     stop_server(s)
 

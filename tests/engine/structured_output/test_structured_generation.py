@@ -118,3 +118,28 @@ def test_an_invalid_constraint_is_refused_with_its_reason(llm, spec):
         llm.engine.add_request("x", SamplingParams(structured_outputs=StructuredOutputsParams(**spec)))
     assert info.value.param == "structured_outputs"
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("server_compact, request_compact, spaced_ok", [
+    (False, False, True), (False, True, False), (True, False, False)])
+def test_whitespace_is_free_unless_the_server_or_the_request_asks_for_compact_json(
+        llm, server_compact, request_compact, spaced_ok):
+    from flotilla.engine.structured_output.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(llm.get_tokenizer(), llm.engine.vocab_size, sorted(llm.engine.eos_token_ids),
+                               disable_any_whitespace=server_compact)
+    compiled = compiler.compile(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=request_compact))
+    assert xgr.GrammarMatcher(compiled).accept_string('{"name":"a","age":1,"tags":[]}')
+    assert xgr.GrammarMatcher(compiled).accept_string('{\n\n "name": "a"') == spaced_ok
+
+
+@pytest.mark.parametrize("value, problem", [
+    ('{"disable_any_whitespace": "yes"}', "disable_any_whitespace"), ('{"backend": "outlines"}', "backend"),
+    ('{"whitespace": true}', "whitespace"), ("[1]", "JSON object"), ("{", "not valid JSON")])
+def test_structured_outputs_config_takes_vllms_keys(value, problem):
+    from flotilla.engine.structured_output.config import parse_structured_outputs_config
+
+    assert parse_structured_outputs_config('{"backend": "xgrammar", "disable_any_whitespace": true}') \
+        .disable_any_whitespace
+    with pytest.raises(ValueError, match=problem):
+        parse_structured_outputs_config(value)

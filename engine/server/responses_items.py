@@ -1,0 +1,145 @@
+"""Responses API items and fields in the chat path's shapes, and back.
+
+The Responses API spells flat what chat completions nest: a tool is `{"type": "function", "name",
+"parameters"}` (chat: under `function`), a named `tool_choice` is `{"type": "function", "name"}`, an
+output format is `text.format` (chat: `response_format`). A model's call is an output item
+`{"type": "function_call", "call_id", "name", "arguments"}`, and its result comes back as an input item
+`{"type": "function_call_output", "call_id", "output"}`. Mapped onto chat's shapes, the chat path's
+tool machinery (tool_calls.py: plan, grammar, parsing) and structured output serve both APIs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.tool_parsers.base import ToolCall
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Responses' function tools in chat's nested shape; other tool types (web search, file search,
+    MCP, ...) are a 400 that names them."""
+    if not tools:
+        return None
+    nested = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise APIError(400, f"tools[{i}]: only function tools ({{\"type\": \"function\", \"name\": ...}}) are "
+                                f"supported, not {tool.get('type')!r}", param="tools")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        nested.append({"type": "function", "function": function})
+    return nested
+
+
+def chat_tool_choice(choice: str | dict[str, Any], has_tools: bool) -> str | dict[str, Any]:
+    """`auto` / `required` / `none`, or a named function in chat's shape (`none` when there are no tools,
+    as Responses' default `auto` means nothing then)."""
+    if not has_tools:
+        return "none"
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format`: json_schema's flat `name`/`schema` go under `json_schema`."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise APIError(400, "text.format must be an object with a type (text, json_object, json_schema)",
+                       param="text")
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise APIError(400, "text.format json_schema needs schema, a JSON schema object", param="text")
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "response"), "schema": fmt["schema"]}}
+    raise APIError(400, f"text.format type {kind!r} is not one of text, json_object, json_schema", param="text")
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `input` field as chat messages: a text is one user message; message items keep their role and
+    their text parts joined; `function_call` items become the assistant's `tool_calls` (consecutive ones
+    join one assistant message), `function_call_output` items become `tool` messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(_message(item))
+        elif kind == "function_call":
+            _add_call(messages, item)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(item.get("call_id"), str) or not isinstance(output, str | list):
+                raise APIError(400, "a function_call_output item needs call_id and output", param="input")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(output)})
+        else:
+            raise APIError(400, f"input items of type {kind!r} are not supported (only message, function_call and "
+                                "function_call_output)", param="input")
+    return messages
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    content = item.get("content")
+    if isinstance(content, list):
+        content = _text(content)
+    if not isinstance(content, str) or item.get("role") not in ("user", "assistant", "system", "developer"):
+        raise APIError(400, "each input message needs a role (user, assistant, system, developer) and text "
+                            "content", param="input")
+    return {"role": item["role"], "content": content}
+
+
+def _text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    if any(not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS for part in content):
+        raise APIError(400, "only text content parts are supported", param="input")
+    return "".join(str(part.get("text", "")) for part in content)
+
+
+def _add_call(messages: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """A `function_call` input item as a tool call of the assistant message it follows (or a new one)."""
+    if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+        raise APIError(400, "a function_call item needs call_id, name and arguments (a JSON text)", param="input")
+    call = {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def assistant_turn(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output items as the assistant message a later turn's conversation holds."""
+    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                       "arguments": item["arguments"]}}
+             for item in items if item["type"] == "function_call"]
+    return {"role": "assistant", "content": text or (None if calls else ""), **({"tool_calls": calls} if calls else {})}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    """An `output_text` content part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(message_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """The assistant's `message` output item (no content part yet when `text` is None)."""
+    content = [] if text is None else [text_part(text)]
+    return {"id": message_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def function_call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    """A `function_call` output item; `call_id` is what the client's `function_call_output` refers to."""
+    return {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "call_id": f"call_{uuid.uuid4().hex}",
+            "name": call.name, "arguments": call.arguments, "status": status}

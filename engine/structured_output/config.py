@@ -1,0 +1,41 @@
+"""`--structured-outputs-config`: the server-wide structured-output settings, with vLLM's JSON keys."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+
+
+class StructuredOutputsConfig(BaseModel):
+    """Structured output for every request, as `vllm serve --structured-outputs-config` takes it.
+
+    `backend` is "auto" or "xgrammar" (the one backend here). `disable_any_whitespace` compiles every
+    JSON schema, `json_object` and tool-call grammar without free whitespace (compact JSON), as if each
+    request had set `structured_outputs.disable_any_whitespace`; the default, as vLLM's, lets whitespace
+    run free between JSON tokens, which small models can fall into until max_tokens.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["auto", "xgrammar"] = "auto"
+    disable_any_whitespace: StrictBool = False
+
+
+def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:
+    """The flag's value (JSON text, or a dict from the Python API) as a config; errors name the flag."""
+    if value is None:
+        return StructuredOutputsConfig()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--structured-outputs-config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--structured-outputs-config must be a JSON object")
+    try:
+        return StructuredOutputsConfig(**value)
+    except ValidationError as exc:
+        problems = "; ".join(".".join(str(x) for x in e["loc"]) + ": " + str(e["msg"]) for e in exc.errors())
+        raise ValueError(f"--structured-outputs-config: {problems}") from None
