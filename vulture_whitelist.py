@@ -19,6 +19,7 @@ _.intercepted_binops  # jinja2: the sandbox routes these operators to call_binop
 _.call_binop
 _.pytestmark  # pytest: a module's marks
 _.pytest_collection_modifyitems  # pytest: a conftest hook
+_.remove_lora  # engine/engine_call.py: EngineCall("remove_lora") runs it by name in the engine core
 
 # --- attributes a library reads after we set them ----------------------------------------------------
 # kopf's OperatorSettings (operator/main.py, settings_for)

@@ -200,21 +200,45 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server did not become healthy")
 
 
-def _cpu_seconds(process: subprocess.Popen | None) -> tuple[float, float]:
-    """CPU seconds (user plus system) of a launched server so far: its main thread (the event loop)
-    and the whole process (Linux /proc); zeros without one."""
+def _cpu_seconds(process: subprocess.Popen | None) -> tuple[float, float, float]:
+    """CPU seconds (user plus system) of a launched server so far: its main thread (the event loop),
+    the whole process, and its live child processes (the engine core, its tp/pp workers) (Linux /proc);
+    zeros without one."""
     if process is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
+    children = _descendants(process.pid)
+    return (_read_cpu(f"/proc/{process.pid}/task/{process.pid}/stat"), _read_cpu(f"/proc/{process.pid}/stat"),
+            sum(_read_cpu(f"/proc/{pid}/stat") for pid in children))
 
-    def read(path: str) -> float:
+
+def _read_cpu(path: str) -> float:
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendant processes of `pid` (Linux /proc)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
         try:
-            with open(path) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            tasks = os.listdir(f"/proc/{parent}/task")
         except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    return read(f"/proc/{process.pid}/task/{process.pid}/stat"), read(f"/proc/{process.pid}/stat")
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            found += kids
+            stack += kids
+    return found
 
 
 def main() -> None:
@@ -252,8 +276,8 @@ def main() -> None:
             run_clients(args, url, seed=args.seed + 1000 + i)
         cpu_before = _cpu_seconds(process)
         results, wall, client_cpu = run_clients(args, url, seed=args.seed)
-        main_cpu, server_cpu = (after - before for after, before in zip(_cpu_seconds(process), cpu_before,
-                                                                         strict=True))
+        main_cpu, server_cpu, child_cpu = (after - before for after, before in zip(_cpu_seconds(process), cpu_before,
+                                                                                    strict=True))
     finally:
         if process is not None:
             process.terminate()
@@ -269,10 +293,15 @@ def main() -> None:
         summary["server_cpu_busy"] = server_cpu / wall
         summary["server_main_thread_cpu_ms_per_token"] = main_cpu / tokens * 1000
         summary["server_other_threads_cpu_ms_per_token"] = (server_cpu - main_cpu) / tokens * 1000
+        # The engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=1) and any workers: 0 with the engine on a thread.
+        summary["server_children_cpu_busy"] = child_cpu / wall
+        summary["server_children_cpu_ms_per_token"] = child_cpu / tokens * 1000
+        summary["server_total_cpu_ms_per_token"] = (server_cpu + child_cpu) / tokens * 1000
     for key in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "max_ttft_ms", "median_tpot_ms",
                 "median_itl_ms", "p99_itl_ms", "client_cpu_busy", "server_cpu_busy",
-                "server_main_thread_cpu_ms_per_token", "server_other_threads_cpu_ms_per_token"):
+                "server_main_thread_cpu_ms_per_token", "server_other_threads_cpu_ms_per_token",
+                "server_children_cpu_busy", "server_children_cpu_ms_per_token", "server_total_cpu_ms_per_token"):
         if key not in summary:
             continue
         value = summary[key]

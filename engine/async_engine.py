@@ -30,14 +30,16 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flotilla.engine.errors import RequestFailedError
-from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
+
+if TYPE_CHECKING:  # the server imports this module even when its engine runs in a core process: no torch
+    from flotilla.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +145,8 @@ class AsyncEngine:
         """`on_step` gets the engine's stats snapshot after every step (and every half second when idle), on
         the loop thread, and once before `start` returns; `on_dead` runs there once
         if the loop dies of an error no single request accounts for (e.g. `exit_process`)."""
+        from flotilla.engine.llm_engine import LLMEngine  # this process runs the engine: torch is needed now
+
         self._build = engine if callable(engine) and not isinstance(engine, LLMEngine) else None
         # None only until the loop thread has built it; start() returns after that (or raises).
         self.engine: LLMEngine = None if self._build is not None else engine  # type: ignore[assignment]  # see above

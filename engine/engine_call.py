@@ -4,12 +4,13 @@ cross into the engine-core process: a lambda could run on the in-process engine 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.llm_engine import LLMEngine
+if TYPE_CHECKING:  # the API process never imports the engine (nor torch): only the core runs the call
+    from flotilla.engine.llm_engine import LLMEngine
 
 # The engine methods a front end may call: the only ones the core process will run for it.
-CALLABLE_METHODS = frozenset({LLMEngine.add_lora.__name__, LLMEngine.remove_lora.__name__, LLMEngine.embed.__name__})
+CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed"})
 
 
 @dataclass(frozen=True)

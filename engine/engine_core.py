@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import RequestFailedError
-from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
+
+if TYPE_CHECKING:  # imported by the API process too (EngineFactory), which must not pay for torch
+    from flotilla.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ class EngineFactory:
 
     def __call__(self) -> LLMEngine:
         """The engine, with every start-up adapter loaded; ConfigError names a bad adapter."""
+        from flotilla.engine.llm_engine import LLMEngine  # in the process that runs it (torch and the model)
+
         engine = LLMEngine(self.config)
         self.load_adapters(engine, self.adapters)
         return engine
@@ -95,9 +100,12 @@ def run_engine_core(factory: EngineFactory, commands: Connection, outputs: Conne
         outputs.send(("failed", portable(exc)))
         return
     code = EngineCore(engine, outputs).run(commands)
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    sys.exit(code)
+    # The engine (and its workers) have shut down and the last message is sent: skip tearing down the
+    # interpreter's torch modules, which the API process would wait for at every server stop.
+    os._exit(code)
 
 
 class EngineCore:

@@ -93,9 +93,18 @@ class EngineCoreClient:
 
     def start(self) -> None:
         """Start the core; return once it has built its engine, or raise RuntimeError from its error."""
+        self.launch()
+        self.wait_until_ready()
+
+    def launch(self) -> None:
+        """Start the core process and return at once: the caller can do its own start-up work (load the
+        tokenizer) while the core builds its engine, then call `wait_until_ready` (or `stop_launch`)."""
         self._process.start()
         for end in self._child_ends:  # the child holds them now; ours would hide its exit from us
             end.close()
+
+    def wait_until_ready(self) -> None:
+        """Wait for the launched core to build its engine (RuntimeError from its error if it could not)."""
         try:
             message = self._outputs.recv()
         except (EOFError, OSError):
@@ -107,6 +116,12 @@ class EngineCoreClient:
         self._report(message[1])
         self._reader.start()
         self._sender.start()
+
+    def stop_launch(self) -> None:
+        """Stop a core that was launched but is not serving yet (this process failed to start)."""
+        self._stopping = True
+        self._process.kill()
+        self._process.join(10)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """`ServingEngine.shutdown`: the core gets `timeout` s to stop, then is terminated."""

@@ -15,6 +15,11 @@ class InvalidParamError(ValueError):
         return type(self), (str(self), self.param)
 
 
+class LoRAAdapterError(ValueError):
+    """The adapter cannot be served: missing files, an unsupported PEFT feature, a rank or shape problem (here,
+    not in lora/adapter.py, so that the API process can receive it from the engine core without torch)."""
+
+
 class RequestFailedError(RuntimeError):
     """Processing one request failed; the engine aborted it (blocks freed) and served the others."""
 

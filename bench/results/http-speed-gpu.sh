@@ -12,7 +12,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh"
 # Without bench/ on the path, as in the measured runs of 2026-12-03 (the servers' path; bench/ scripts find
 # their own folder anyway).
 export PYTHONPATH=/tmp/site:/tmp/p
-# The engine core in its own process (issue 19); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the in-thread engine.
+# The engine core in its own process (issue 19; `flotilla serve`'s default since 2026-12-03 s4, exported here so
+# the figures are the core's whatever the caller's environment); VLLM_ENABLE_V1_MULTIPROCESSING=0 measures the
+# in-thread engine.
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-1}
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
 ENGINE="--max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384 --load-format dummy"

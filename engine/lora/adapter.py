@@ -21,12 +21,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from flotilla.engine.errors import LoRAAdapterError
+
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
-
-
-class LoRAAdapterError(ValueError):
-    """The adapter cannot be served: missing files, an unsupported PEFT feature, a rank or shape problem."""
 
 
 @dataclass(frozen=True)

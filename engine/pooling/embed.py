@@ -10,7 +10,6 @@ is kept beyond the request, whatever happens in between.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.model_runner import ModelRunner
+from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams, check_dimensions
 from flotilla.engine.pooling.pooler import last_token_pool
 from flotilla.engine.request import Request
@@ -26,14 +26,6 @@ from flotilla.engine.staging import device_tensor
 
 if TYPE_CHECKING:
     from flotilla.engine.llm_engine import LLMEngine
-
-
-@dataclass
-class EmbeddingOutput:
-    """One prompt's embedding and how many tokens it took."""
-
-    embedding: list[float]
-    num_prompt_tokens: int
 
 
 def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:

@@ -10,7 +10,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -26,6 +28,7 @@ from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
 
@@ -124,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     loras = LoRARegistry(config.model.served_model_name) if config.lora.enable_lora else None
     try:
         factory = EngineFactory(config, register_startup_adapters(config.lora, loras) if loras is not None else ())
-        engine_class = EngineCoreClient if engine_in_own_process() else AsyncEngine
-        async_engine = engine_class.build(factory, on_step, on_dead=exit_process)
+        async_engine, tokenizer = _start_engine(factory, on_step)
     except ConfigError as exc:  # a bad --lora-modules name
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flotilla serve: error: {exc.__cause__}", file=sys.stderr)
             return 2
         raise
-    tokenizer = load_tokenizer(config.model.tokenizer)
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
@@ -163,8 +164,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None]) -> tuple[ServingEngine, Any]:
+    """The started engine and the server's tokenizer. With the core in its own process, this process loads
+    the tokenizer (transformers, which imports torch) while the core imports torch and builds the engine:
+    on two or more cores the second process adds little to start-up."""
+    tokenizer_path = factory.config.model.tokenizer
+    if not engine_in_own_process():
+        return AsyncEngine.build(factory, on_step, on_dead=exit_process), load_tokenizer(tokenizer_path)
+    client = EngineCoreClient(factory, on_step, on_dead=exit_process)
+    client.launch()
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except BaseException:
+        client.stop_launch()
+        raise
+    client.wait_until_ready()
+    return client, tokenizer
+
+
 def engine_in_own_process() -> bool:
-    """vLLM's switch VLLM_ENABLE_V1_MULTIPROCESSING: 1 runs the engine core in a process of its own; 0 keeps
-    it on a thread of the server's process. Default 0 until the whole server suite has passed with 1 (vLLM's
-    default is 1; see /work/notes/core.md)."""
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip().lower() in ("1", "true")
+    """vLLM's switch VLLM_ENABLE_V1_MULTIPROCESSING: 1 (the default, as in vLLM) runs the engine core in a
+    process of its own; 0 keeps it on a thread of the server's process (the same routes, one process)."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() not in ("0", "false")

@@ -23,7 +23,8 @@ from fastapi import FastAPI
 from pydantic import StrictInt
 
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, prompt_batches
+from flotilla.engine.pooling.embed import check_prompt, prompt_batches
+from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import _RequestBody

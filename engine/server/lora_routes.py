@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from flotilla.engine.config import ConfigError, LoRAConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import StartupAdapter
-from flotilla.engine.lora.adapter import LoRAAdapterError
+from flotilla.engine.errors import LoRAAdapterError
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.serving_engine import ServingEngine

@@ -70,7 +70,10 @@ def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None
     handle = log.open("w")
     process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     server = Server(process, port, log)
-    deadline = time.monotonic() + 180
+    # A wait, not an assertion (a crashed server is caught at once by poll()): the API process and its
+    # engine-core process each import torch, and on the shared 2-core CI machine under load a start
+    # has taken over 180 s.
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
@@ -93,8 +96,9 @@ def stop_server(server: Server) -> None:
             server.process.kill()
 
 
-def start_tiny_server(model: Path, log: Path, *flags: str) -> Server:
-    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`."""
+def start_tiny_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
+    """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`
+    (and `env` for the server's process)."""
     return start_server(
         model,
         log,
@@ -107,7 +111,7 @@ def start_tiny_server(model: Path, log: Path, *flags: str) -> Server:
         "8",
         "--disable-log-stats",
         *flags,
-        env={"VLLM_API_KEY": API_KEY},
+        env={"VLLM_API_KEY": API_KEY, **(env or {})},
     )
 
 

@@ -1,5 +1,7 @@
 """The server with asynchronous scheduling (the CUDA default, forced on here on the CPU): concurrent
-streams, stop strings and n > 1 give the synchronous server's outputs; a disconnect frees everything."""
+streams, stop strings and n > 1 give the synchronous server's outputs; a disconnect frees everything.
+This module's server runs its engine on a thread (VLLM_ENABLE_V1_MULTIPROCESSING=0), the shared one in
+an engine-core process: the two paths are held to the same outputs."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 @pytest.fixture(scope="module")
 def async_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("async-server") / "server.log"
-    s = start_tiny_server(tiny_model_dirs["llama"], log, "--async-scheduling")
+    # The engine on a thread of the server (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the in-process path
+    # keeps a test: its streams must equal the shared server's, whose engine core runs in its own process.
+    s = start_tiny_server(tiny_model_dirs["llama"], log, "--async-scheduling",
+                          env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     yield s
     stop_server(s)
 

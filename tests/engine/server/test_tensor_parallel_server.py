@@ -20,7 +20,15 @@ PROMPT = "The harbour at dawn"
 
 
 def _workers(server_pid: int) -> list[int]:
-    """The server's spawned worker processes (multiprocessing's spawn children)."""
+    """The server's tp worker processes: spawned by its engine-core process (itself the server's spawn child),
+    or by the server itself when the engine runs on a thread (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    children = _spawn_children(server_pid)
+    grandchildren = [pid for child in children for pid in _spawn_children(child)]
+    return grandchildren or children
+
+
+def _spawn_children(parent_pid: int) -> list[int]:
+    """`parent_pid`'s child processes started by multiprocessing's spawn."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -30,7 +38,7 @@ def _workers(server_pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == server_pid and b"spawn_main" in cmdline:
+        if ppid == parent_pid and b"spawn_main" in cmdline:
             pids.append(int(entry.name))
     return pids
 
