@@ -18,6 +18,7 @@ from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculat
 from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
 from flotilla.engine_rules import (
     RuleError,
+    async_pipeline_problem,
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
@@ -256,9 +257,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     )
     if problem:
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
-    if pipeline > 1 and v["async_scheduling"]:
-        # An earlier stage never holds the tokens the last stage drew, so the next step cannot read them.
-        raise ConfigError("--async-scheduling does not work with --pipeline-parallel-size > 1 yet")
+    if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
+        raise ConfigError(problem)
     default_async = device == "cuda" and pipeline == 1
     async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     default_name = str(model_dir) if explicit_model else _embedded_model_name()

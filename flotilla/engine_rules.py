@@ -223,6 +223,14 @@ def pooling_problem(runner: str, enable_lora: bool, speculative: bool, tensor: i
             f"decoding: {', '.join(fixes)}")
 
 
+def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameOf = flag_name) -> str | None:
+    """Why asynchronous scheduling cannot run with these settings, or None: an earlier pipeline stage
+    never holds the tokens the last stage drew, so the next step could not read them."""
+    if async_scheduling and pipeline > 1:
+        return f"{name_of('async_scheduling')} does not work with {name_of('pipeline_parallel_size')} > 1 yet"
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -237,6 +245,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                               values.get("pipeline_parallel_size") or 1, name_of)
     if pooling:
         problems.append(pooling)
+    asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
+                                          values.get("pipeline_parallel_size") or 1, name_of)
+    if asynchronous:
+        problems.append(asynchronous)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

@@ -78,3 +78,12 @@ def test_validation_messages_name_the_location_the_caller_chooses():
                                 "whole"]
     assert describe(errors[:1], lambda loc: "spec." + dotted(loc)) == [
         "spec.scheduling.maxModelLen: Input should be a valid integer"]
+
+
+def test_async_scheduling_with_pipeline_parallelism_is_refused_by_the_shared_rule():
+    from flotilla.engine_rules import async_pipeline_problem, cross_flag_problems
+
+    assert async_pipeline_problem(True, 1) is None and async_pipeline_problem(False, 2) is None
+    problem = async_pipeline_problem(True, 2)
+    assert problem is not None and "--async-scheduling" in problem and "--pipeline-parallel-size" in problem
+    assert problem in cross_flag_problems({"async_scheduling": True, "pipeline_parallel_size": 2}, None)
