@@ -133,7 +133,9 @@ def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 
 def _reported(live: Live) -> dict[str, Any]:
     """status.serving once it reports the engine pod (before any load)."""
-    return wait_for(lambda: (s := live.serving()).get("scraped") == 1 and s, 60, "status.serving to appear")
+    # A wait, not a measure: alone this takes seconds, but at the end of the full suite (2026-12-03 s4,
+    # engine core in its own process) it once took over 60 s; not understood, see the closing note.
+    return wait_for(lambda: (s := live.serving()).get("scraped") == 1 and s, 180, "status.serving to appear")
 
 
 def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, operator_process: OperatorProcess,
