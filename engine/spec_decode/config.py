@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flotilla.engine.json_flag import parse_json_flag
 
 # vLLM's default window when neither prompt_lookup bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
@@ -61,20 +62,4 @@ def parse_speculative_config(value: str | dict[str, Any] | None) -> SpeculativeC
     """The flag's value (JSON text, or a dict from the Python API) as a config; errors name the flag."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    try:
-        return SpeculativeConfig(**value)
-    except ValidationError as exc:
-        problems = "; ".join(_describe(e["loc"], str(e["msg"])) for e in exc.errors())
-        raise ValueError(f"--speculative-config: {problems}") from None
-
-
-def _describe(loc: tuple[int | str, ...], msg: str) -> str:
-    where = ".".join(str(x) for x in loc)
-    return (f"{where}: " if where else "") + msg.removeprefix("Value error, ")
+    return parse_json_flag(value, "--speculative-config", SpeculativeConfig)

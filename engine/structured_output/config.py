@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool
+
+from flotilla.engine.json_flag import parse_json_flag
 
 
 class StructuredOutputsConfig(BaseModel):
@@ -27,15 +28,4 @@ def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> Struc
     """The flag's value (JSON text, or a dict from the Python API) as a config; errors name the flag."""
     if value is None:
         return StructuredOutputsConfig()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--structured-outputs-config is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError("--structured-outputs-config must be a JSON object")
-    try:
-        return StructuredOutputsConfig(**value)
-    except ValidationError as exc:
-        problems = "; ".join(".".join(str(x) for x in e["loc"]) + ": " + str(e["msg"]) for e in exc.errors())
-        raise ValueError(f"--structured-outputs-config: {problems}") from None
+    return parse_json_flag(value, "--structured-outputs-config", StructuredOutputsConfig)
