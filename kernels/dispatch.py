@@ -253,11 +253,38 @@ def packed_int_linear(
         if int4_gemm_supported(x.shape[-1], group_size):
             return int4_linear(x, packed, scales, zeros, group_size, bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
+# LoRA steps of at least LORA_SEGMENT_MIN_TOKENS tokens group their tokens by adapter once per step
+# (`lora_step_segments`) and run the segment kernels (`triton_lora_segments.py`: one read of each
+# adapter's A and B tiles per 16 tokens of that adapter, on tensor cores); smaller steps (decode at a
+# batch of a few) keep the per-token pair (`triton_lora.py`), where there is nothing to share and the
+# sort would be one more launch. The before/after switch: FLOTILLA_LORA_SEGMENTS=0 in the environment
+# restores the per-token pair at every size, as the H200 measured it on 2026-12-03 (1.50x at batch 64).
+LORA_SEGMENT_MIN_TOKENS = 16
+LORA_SEGMENTS_ENABLED = os.environ.get("FLOTILLA_LORA_SEGMENTS", "1").strip() != "0"
+
+
+def lora_step_segments(token_slots: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's tokens grouped by adapter slot (`(order, starts)`, one kernel on the device) for the
+    segment kernels, or None where `lora_apply` runs the per-token pair or the reference."""
+    if not (token_slots.is_cuda and LORA_SEGMENTS_ENABLED and token_slots.shape[0] >= LORA_SEGMENT_MIN_TOKENS):
+        return None
+    from flotilla.kernels.triton_lora_segments import lora_segments
+
+    return lora_segments(token_slots, num_slots)
+
+
 def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
-               slice_sizes: tuple[int, ...], max_rank: int) -> None:
+               slice_sizes: tuple[int, ...], max_rank: int,
+               segments: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`y[t] += B[slot(t)] @ A[slot(t)] @ x[t]` per slice of a (merged) projection, in place; slot -1
-    (the base model) leaves its row untouched. CUDA: one Triton shrink and one expand."""
+    (the base model) leaves its row untouched. CUDA: one Triton shrink and one expand, by adapter
+    segments when the step's `segments` (`lora_step_segments`) are given, else per token."""
     if y.is_cuda:
+        if segments is not None:
+            from flotilla.kernels.triton_lora_segments import lora_apply_segments
+
+            lora_apply_segments(y, x, a, b, segments, slice_sizes, max_rank)
+            return
         from flotilla.kernels.triton_lora import lora_apply as apply_triton
 
         apply_triton(y, x, a, b, token_slots, slice_sizes, max_rank)

@@ -4,8 +4,9 @@
 adapter matrices of every device slot: A `[slots, n_slices * max_rank, in]` and B
 `[slots, out, max_rank]`. The stacks are allocated once and slots are overwritten in place, so a
 captured CUDA graph reads whatever adapters are resident when it replays. A step whose tokens use
-adapters adds their deltas with one shrink and one expand per projection, merged or not; a step
-without adapters runs the base layer alone (the model code never knows).
+adapters adds their deltas with one shrink and one expand per projection, merged or not (by adapter
+segments when the step has them, see `slots.py`); a step without adapters runs the base layer alone
+(the model code never knows).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
-from flotilla.engine.lora.slots import current_lora_slots
+from flotilla.engine.lora.slots import current_lora_segments, current_lora_slots
 from flotilla.kernels.dispatch import lora_apply
 
 
@@ -53,7 +54,8 @@ class LoRALinear(nn.Module):
         slots = current_lora_slots()
         if slots is None:
             return y
-        lora_apply(y, x, self.lora_a, self.lora_b, slots, self.layout.slice_sizes, self.max_rank)
+        lora_apply(y, x, self.lora_a, self.lora_b, slots, self.layout.slice_sizes, self.max_rank,
+                   current_lora_segments(slots))
         return y
 
 
