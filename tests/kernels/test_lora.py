@@ -136,3 +136,28 @@ def test_segment_splits_fill_the_gpu_at_batch_64():
     assert segment_splits(8, 3, 4096, 256) == (8, 512)  # QKV, 8 adapters x 8 tokens: 192 programs
     assert segment_splits(8, 1, 14336, 256) == (14, 1024)  # down: at most 16 splits
     assert segment_splits(64, 3, 4096, 256) == (1, 4096)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slice_sizes, rows", [((48,), 1), ((32, 16, 16), 3), ((40, 24), 2)])
+def test_gemv_lora_epilogue_matches_reference(dtype, slice_sizes, rows):
+    """The expand folded into the GEMV's epilogue (`dispatch.lora_linear`'s path): the base product,
+    rounded, plus each row's delta from the shrink's split partials, as `lora_apply_ref` adds it to the
+    same GEMV's output; base-model rows are that output unchanged."""
+    from flotilla.kernels.triton_gemv import LoRAEpilogue, fuses_lora, gemv
+    from flotilla.kernels.triton_lora import lora_shrink
+
+    n = sum(slice_sizes)
+    _, x, a, b, _ = _projection(dtype, slice_sizes, rows)
+    w = torch.randn(n, x.shape[1], generator=torch.Generator().manual_seed(5)).to(dtype)
+    token_slots = torch.tensor([1, -1, 0][:rows] if rows > 1 else [2], dtype=torch.long)
+    assert fuses_lora(rows, n, x.shape[1], 132)
+    xd, wd, sd = x.to(DEVICE), w.to(DEVICE), token_slots.to(DEVICE)
+    base = gemv(xd, wd).cpu()
+    ref = base.clone()
+    lora_apply_ref(ref, x, a, b, token_slots, slice_sizes, 16)
+    part = lora_shrink(xd, a.to(DEVICE), sd, block_k=32)
+    assert part.shape[0] == 3  # K split over three programs: the epilogue sums the partials
+    out = gemv(xd, wd, lora=LoRAEpilogue(part, b.to(DEVICE), sd, slice_sizes, 16)).cpu()
+    assert rel_err(out - base.float(), ref.float() - base.float()) < tolerance(dtype) * 2
+    assert torch.equal(out[token_slots < 0], base[token_slots < 0])
