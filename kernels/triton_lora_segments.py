@@ -194,7 +194,8 @@ def lora_apply_segments(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: to
     block_m = segment_block_m(t)
     grid_m = triton.cdiv(t, block_m) + slots  # every segment block of any adapter mix
     block_s = triton.next_power_of_2(slots)
-    block_k = max(16, min(block_k, triton.next_power_of_2(k)))
+    # 64-token blocks take 128-wide K steps: at 256 the shrink needs 255 registers and spills (ptxas, sm_90).
+    block_k = max(16, min(block_k if block_m == 16 else min(block_k, 128), triton.next_power_of_2(k)))
     row_blocks = triton.cdiv(rows, _BLOCK_R)
     # A decode batch spread over adapters has about twice as many busy blocks as full ones.
     busy = min(grid_m, 2 * triton.cdiv(t, block_m))
