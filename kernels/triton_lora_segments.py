@@ -39,9 +39,13 @@ import triton.language as tl
 from flotilla.kernels.triton_utils import dot_dtype, dot_precision
 
 # Shrink programs wanted per launch (about two per SM of an H200) and the most K splits: each expand
-# program reloads its tokens' partials once per split, so splits are kept few.
+# program reloads its tokens' partials once per split (16 tokens x 16 ranks x 4 bytes a split), so
+# splits are kept few, and fewer for wide outputs, whose many column blocks would otherwise reload
+# more partial bytes than they read of B (gate/up: 224 column blocks of 128 a segment block).
 _TARGET_PROGRAMS = 256
 _MAX_SPLITS = 16
+_MAX_SPLITS_WIDE = 8
+_WIDE_OUT = 8192
 _BLOCK_R = 16  # A rows per shrink program (tl.dot's smallest side): rank-16 slices are one block each
 _SEGMENT_BLOCK_T = 256  # tokens per step of the segments kernel's loops
 
@@ -170,12 +174,14 @@ def lora_segments(token_slots: torch.Tensor, num_slots: int) -> tuple[torch.Tens
     return order, starts
 
 
-def segment_splits(segment_blocks: int, row_blocks: int, k: int, block_k: int) -> tuple[int, int]:
-    """(splits, features per split) of the shrink's K for `segment_blocks` busy segment blocks: about
-    `_TARGET_PROGRAMS` programs, at most `_MAX_SPLITS`, each split a whole number of K blocks. A function
-    of the shapes only, so a captured graph's choice is fixed."""
+def segment_splits(segment_blocks: int, row_blocks: int, k: int, block_k: int, n: int = 0) -> tuple[int, int]:
+    """(splits, features per split) of the shrink's K for `segment_blocks` busy segment blocks of an
+    `n`-output projection: about `_TARGET_PROGRAMS` programs, at most `_MAX_SPLITS` (`_MAX_SPLITS_WIDE`
+    above `_WIDE_OUT` outputs), each split a whole number of K blocks. A function of the shapes only,
+    so a captured graph's choice is fixed."""
     blocks = triton.cdiv(k, block_k)
-    wanted = min(max(_TARGET_PROGRAMS // (segment_blocks * row_blocks), 1), blocks, _MAX_SPLITS)
+    most = _MAX_SPLITS_WIDE if n > _WIDE_OUT else _MAX_SPLITS
+    wanted = min(max(_TARGET_PROGRAMS // (segment_blocks * row_blocks), 1), blocks, most)
     per_split = triton.cdiv(blocks, wanted) * block_k
     return triton.cdiv(k, per_split), per_split
 
@@ -199,7 +205,7 @@ def lora_apply_segments(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: to
     row_blocks = triton.cdiv(rows, _BLOCK_R)
     # A decode batch spread over adapters has about twice as many busy blocks as full ones.
     busy = min(grid_m, 2 * triton.cdiv(t, block_m))
-    splits, per_split = segment_splits(busy, row_blocks, k, block_k)
+    splits, per_split = segment_splits(busy, row_blocks, k, block_k, n)
     part = torch.empty(splits, t, rows, dtype=torch.float32, device=x.device)
     dt, prec = dot_dtype(x.dtype), dot_precision(x.dtype)
     _shrink_kernel[(grid_m, row_blocks, splits)](

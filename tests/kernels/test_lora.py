@@ -134,7 +134,8 @@ def test_segment_splits_fill_the_gpu_at_batch_64():
 
     assert segment_block_m(64) == 16 and segment_block_m(512) == 64
     assert segment_splits(8, 3, 4096, 256) == (8, 512)  # QKV, 8 adapters x 8 tokens: 192 programs
-    assert segment_splits(8, 1, 14336, 256) == (14, 1024)  # down: at most 16 splits
+    assert segment_splits(8, 1, 14336, 256, 4096) == (14, 1024)  # down: at most 16 splits
+    assert segment_splits(8, 2, 4096, 256, 28672) == (8, 512)  # gate/up: at most 8 (224 column blocks)
     assert segment_splits(64, 3, 4096, 256) == (1, 4096)
 
 
