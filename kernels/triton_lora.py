@@ -128,7 +128,7 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     `y` `[T, out]` (unit column stride; a merged projection's whole output), `x` `[T, in]`, `a`
     `[S, n_slices * max_rank, in]`, `b` `[S, out, max_rank]`, `token_slots` `[T]` (-1: base model).
     """
-    t, k = x.shape
+    t = x.shape[0]
     rows, n = a.shape[1], y.shape[1]
     assert y.stride(1) == 1 and b.stride(2) == 1
     assert 1 <= len(slice_sizes) <= 3 and sum(slice_sizes) == n and rows == len(slice_sizes) * max_rank

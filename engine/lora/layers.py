@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from flotilla.engine.layers.linear import _Linear
 from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
 from flotilla.engine.lora.slots import current_lora_segments, current_lora_slots
-from flotilla.engine.layers.linear import _Linear
 from flotilla.engine.parallel_state import tp_size
 from flotilla.kernels.dispatch import lora_apply, lora_linear
 
@@ -61,8 +61,9 @@ class LoRALinear(nn.Module):
         if slots is None:
             return self.base(x)
         segments = current_lora_segments(slots)
-        if segments is None and isinstance(self._plain_base, _Linear):
-            fused = lora_linear(x, self._plain_base.weight, self._plain_base.gemv_max_rows, self.lora_a, self.lora_b, slots,
+        plain = self._plain_base
+        if segments is None and isinstance(plain, _Linear):
+            fused = lora_linear(x, plain.weight, plain.gemv_max_rows, self.lora_a, self.lora_b, slots,
                                 self.layout.slice_sizes, self.max_rank)
             if fused is not None:
                 return fused
