@@ -253,6 +253,8 @@ def packed_int_linear(
         if int4_gemm_supported(x.shape[-1], group_size):
             return int4_linear(x, packed, scales, zeros, group_size, bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
+
+
 # LoRA steps of at least LORA_SEGMENT_MIN_TOKENS tokens group their tokens by adapter once per step
 # (`lora_step_segments`) and run the segment kernels (`triton_lora_segments.py`: one read of each
 # adapter's A and B tiles per 16 tokens of that adapter, on tensor cores); smaller steps (decode at a
