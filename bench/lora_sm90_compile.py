@@ -96,7 +96,7 @@ def main() -> None:
                             "BLOCK_S": 8}, f"segment expand BLOCK_M={block_m} BLOCK_N={block_n} SPLITS={splits}")
     # The GEMV at one row as Llama-3.1-8B's qkv (16 x 512 tiles) and o/down (8 x 512) take it, with and
     # without the LoRA epilogue (16 shrink splits at qkv/o, 56 at down: BLOCK_S 16 and 64).
-    for block_n, slices, block_s in ((16, 0, 2), (16, 3, 16), (8, 1, 16), (8, 1, 64)):
+    for block_n, slices, block_s in ((16, 0, 2), (16, 3, 16), (8, 0, 2), (8, 1, 16), (8, 1, 64)):
         compile_for_hopper(triton_gemv._gemv_kernel, GEMV,
                            {**DOT, "HAS_SCALE": False, "HAS_BIAS": False, "SPLIT_K": 1, "USE_DOT": False,
                             "BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": 512, "NUM_STAGES": 2,

@@ -212,6 +212,10 @@ def _gemv_kernel(
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M] if USE_DOT else [BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    if LORA_SLICES > 0:
+        lora_b, lora_p0, lora_p1, lora_p2 = _lora_tiles(
+            lora_part_ptr, lora_b_ptr, lora_slots_ptr, rows, row_ok, cols, col_ok, stride_lps, stride_lpt, stride_lbs,
+            stride_lbn, lora_r, lora_splits, LORA_SLICES, LORA_BLOCK_R, LORA_BLOCK_S)
     # A range ends either at the next range's start (a whole number of tiles away) or at K, so
     # `< K` is the only K mask needed; K's divisibility by 16 (Triton specialises on it) keeps the
     # masked loads vectorised.
@@ -232,9 +236,8 @@ def _gemv_kernel(
             res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if LORA_SLICES > 0:  # the base output rounded as it would be stored, then each row's LoRA delta
             res = res.to(out_ptr.dtype.element_ty).to(tl.float32)
-            res += _lora_delta(lora_part_ptr, lora_b_ptr, lora_slots_ptr, rows, row_ok, cols, col_ok, stride_lps,
-                               stride_lpt, stride_lbs, stride_lbn, lora_r, lora_splits, lora_off1, lora_off2,
-                               out_ptr.dtype.element_ty, LORA_SLICES, LORA_BLOCK_R, LORA_BLOCK_S)
+            res += _lora_delta(lora_b, lora_p0, lora_p1, lora_p2, cols, lora_off1, lora_off2, out_ptr.dtype.element_ty,
+                               LORA_SLICES)
         o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
         tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=ok)
     else:
@@ -243,39 +246,57 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _lora_slice_buf(part_ptr, rows, row_ok, index, stride_ps, stride_pt, R, splits, OUT_DTYPE: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """`[BLOCK_M, BLOCK_R]`: slice `index` of each row's LoRA shrink, its split partials summed and
-    rounded to the activation dtype (as `triton_lora`'s expand and the reference round it)."""
+def _lora_part_tile(part_ptr, rows, row_ok, index, stride_ps, stride_pt, R, splits, BLOCK_R: tl.constexpr,
+                    BLOCK_S: tl.constexpr):
+    """`[BLOCK_M, BLOCK_S, BLOCK_R]`: the split partials of slice `index` of each row's LoRA shrink
+    (zero for base-model rows: the shrink writes zeros there)."""
     ss = tl.arange(0, BLOCK_S)
     rs = tl.arange(0, BLOCK_R)
     ptrs = part_ptr + ss[None, :, None] * stride_ps + rows.to(tl.int64)[:, None, None] * stride_pt + index * R \
         + rs[None, None, :]
     mask = row_ok[:, None, None] & (ss[None, :, None] < splits) & (rs[None, None, :] < R)
-    return tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1).to(OUT_DTYPE).to(tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
-def _lora_delta(part_ptr, b_ptr, slots_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pt, stride_bs, stride_bn, R,
-                splits, off1, off2, OUT_DTYPE: tl.constexpr, SLICES: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_S: tl.constexpr):
-    """`[BLOCK_M, BLOCK_N]`: `B[slot(m)] @ buf[m]` for the columns' slices (the expand of
-    `triton_lora.py`, folded into the GEMV's epilogue); zero for base-model rows (slot -1)."""
+def _lora_tiles(part_ptr, b_ptr, slots_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pt, stride_bs, stride_bn, R,
+                splits, SLICES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The epilogue's loads, issued before the K loop so that they arrive while the weight streams:
+    `B[slot(m)]` at the program's columns `[BLOCK_M, BLOCK_N, BLOCK_R]` (zero for base-model rows) and
+    up to three slices' partial tiles (slices past `SLICES` repeat the first, unloaded)."""
     slot = tl.load(slots_ptr + rows, mask=row_ok, other=-1)
     has = row_ok & (slot >= 0)
     slot = tl.maximum(slot, 0).to(tl.int64)
     rs = tl.arange(0, BLOCK_R)
     b_ptrs = b_ptr + slot[:, None, None] * stride_bs + cols.to(tl.int64)[None, :, None] * stride_bn + rs[None, None, :]
-    b_mask = has[:, None, None] & col_ok[None, :, None] & (rs[None, None, :] < R)
-    b = tl.load(b_ptrs, mask=b_mask, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_N, BLOCK_R]
-    buf = _lora_slice_buf(part_ptr, rows, has, 0, stride_ps, stride_pt, R, splits, OUT_DTYPE, BLOCK_R, BLOCK_S)
-    delta = tl.sum(b * buf[:, None, :], axis=2)
-    if SLICES > 1:  # each column takes the delta of the slice it belongs to
-        buf = _lora_slice_buf(part_ptr, rows, has, 1, stride_ps, stride_pt, R, splits, OUT_DTYPE, BLOCK_R, BLOCK_S)
-        delta = tl.where(cols[None, :] >= off1, tl.sum(b * buf[:, None, :], axis=2), delta)
+    b = tl.load(b_ptrs, mask=has[:, None, None] & col_ok[None, :, None] & (rs[None, None, :] < R), other=0.0)
+    p0 = _lora_part_tile(part_ptr, rows, row_ok, 0, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
+    p1 = p0
+    p2 = p0
+    if SLICES > 1:
+        p1 = _lora_part_tile(part_ptr, rows, row_ok, 1, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
     if SLICES > 2:
-        buf = _lora_slice_buf(part_ptr, rows, has, 2, stride_ps, stride_pt, R, splits, OUT_DTYPE, BLOCK_R, BLOCK_S)
-        delta = tl.where(cols[None, :] >= off2, tl.sum(b * buf[:, None, :], axis=2), delta)
+        p2 = _lora_part_tile(part_ptr, rows, row_ok, 2, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
+    return b, p0, p1, p2
+
+
+@triton.jit
+def _lora_slice_delta(b, part, OUT_DTYPE: tl.constexpr):
+    """`[BLOCK_M, BLOCK_N]`: `B @ buf`, `buf` the slice's partials summed and rounded to the activation
+    dtype (as `triton_lora`'s expand and the reference round the shrink)."""
+    buf = tl.sum(part, axis=1).to(OUT_DTYPE).to(tl.float32)
+    return tl.sum(b.to(tl.float32) * buf[:, None, :], axis=2)
+
+
+@triton.jit
+def _lora_delta(b, p0, p1, p2, cols, off1, off2, OUT_DTYPE: tl.constexpr, SLICES: tl.constexpr):
+    """`[BLOCK_M, BLOCK_N]`: each column's delta from the slice it belongs to (the expand of
+    `triton_lora.py`, folded into the GEMV's epilogue); zero for base-model rows."""
+    delta = _lora_slice_delta(b, p0, OUT_DTYPE)
+    if SLICES > 1:
+        delta = tl.where(cols[None, :] >= off1, _lora_slice_delta(b, p1, OUT_DTYPE), delta)
+    if SLICES > 2:
+        delta = tl.where(cols[None, :] >= off2, _lora_slice_delta(b, p2, OUT_DTYPE), delta)
     return delta
 
 
