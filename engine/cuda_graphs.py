@@ -111,6 +111,10 @@ class StepGraphs:
         self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
+        # Lookups for `pick`: the decode size that holds n rows, the width that holds n blocks.
+        self._decode_size_for = [next(b for b in self.decode_sizes if b >= n) for n in range(self.max_seqs + 1)]
+        self._width_for = [next(w for w in self.widths if w >= n) for n in range(self.widths[-1] + 1)]
+        self._keys: dict[tuple[bool, int, int, int, bool], GraphKey] = {}
         t, s, w = max(self.decode_sizes[-1], self.mixed_sizes[-1]), self.max_seqs, self.widths[-1]
         # Offsets in the int32 part: query start locations, context lengths, then the block table
         # (row-major with the graph's width). The int64 part holds input ids, positions, KV slots
@@ -153,17 +157,26 @@ class StepGraphs:
         if lora and not self.lora:
             return None
         blocks = -(-max(flat.seq_lens) // self.block_size)
-        width = next((w for w in self.widths if w >= blocks), None)
+        width = self._width_for[blocks] if blocks < len(self._width_for) else None
         if width is None:
             return None
         n = flat.num_tokens
         if flat.max_query_len == 1:
-            size = next((b for b in self.decode_sizes if b >= n), None)
-            return None if size is None else GraphKey(True, size, size, width, lora)
+            size = self._decode_size_for[n] if n < len(self._decode_size_for) else None
+            return None if size is None else self._key(True, size, size, width, lora)
         size = next((t for t in self.mixed_sizes if t >= n), None)
         if size is None or flat.num_seqs > min(size, self.max_seqs):
             return None
-        return GraphKey(False, size, min(size, self.max_seqs), width, lora)
+        return self._key(False, size, min(size, self.max_seqs), width, lora)
+
+    def _key(self, decode: bool, tokens: int, seqs: int, width: int, lora: bool) -> GraphKey:
+        """The one GraphKey of a shape (a frozen dataclass costs microseconds to build; decode steps
+        pick one every step, a speculating one on its critical path)."""
+        shape = (decode, tokens, seqs, width, lora)
+        key = self._keys.get(shape)
+        if key is None:
+            key = self._keys[shape] = GraphKey(*shape)
+        return key
 
     def eager_reason(self, flat: FlatBatch, lora: bool = False) -> str:
         """Why `pick` found no graph for the step."""
