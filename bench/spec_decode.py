@@ -181,8 +181,6 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--triton-gemv-max-rows", type=int, default=None,
-                   help="the engine flag (default: its own); a verification step at batch 1 has k + 1 rows")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -190,9 +188,8 @@ def main() -> int:
         method="ngram", num_speculative_tokens=args.k, prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max, disable_by_batch_size=args.disable_by_batch_size,
     )
-    gemv = {} if args.triton_gemv_max_rows is None else {"triton_gemv_max_rows": args.triton_gemv_max_rows}
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=max(args.batch, 1), speculative_config=spec.model_dump(exclude_none=True), **gemv)
+              max_num_seqs=max(args.batch, 1), speculative_config=spec.model_dump(exclude_none=True))
     engine = llm.engine
     prompts = _prompts(llm, args.workload, args.num_prompts, args.input_len)
     ignore_eos = args.workload == "random"

@@ -9,9 +9,6 @@
 # Stage `phases` (bench/spec_step_overhead.py, batch 1): per step, the host's phases, the host's work
 # while the device has nothing queued (idle_host_ms_per_step) and the wait for the device, per mode:
 # step(oracle-wrong) - step(none) = that idle time + the verify pass's extra device time.
-# Stage `gemv` (last, runs if time is left): b1's none and oracle-wrong with --triton-gemv-max-rows 5, so
-# the verification pass's 5-row GEMMs take the Triton GEMV instead of cuBLAS (the rest of the extra device
-# time of a speculating step).
 # Run from the repository root on the H200 machine, carrying .whl with pydantic 2.14.4, pydantic-core
 # 2.50.5 (cp312), annotated-types, typing-inspection, typing-extensions (see gpu-2026-12-03.sh).
 #   BUDGET_S=200 bash bench/results/specdec-gpu.sh   -> $OUT/specdec-gpu.log and the JSON files
@@ -19,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 L=$OUT/specdec-gpu.log
 COMMON="--model /tmp/llama8b --load-format dummy --workload random --input-len 512 --max-tokens 128 --max-model-len 4096 --k 4"
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
-for s in ${STAGES:-tests b1 phases b64 gemv}; do
+for s in ${STAGES:-tests b1 phases b64}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
@@ -30,9 +27,6 @@ for s in ${STAGES:-tests b1 phases b64 gemv}; do
     # Where a speculating step's time goes against a plain decode step (batch 1, k = 4): host phases,
     # the host's work while the device idles between steps, and the wait for the device.
     phases) timeout $(left 70) python3 $R/bench/spec_step_overhead.py --model /tmp/llama8b --device cuda --input-len 512 --max-tokens 128 --requests 2 --json $OUT/specdec-gpu-llama8b-phases.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
-    # Device time of the verification pass: its 5 rows through the Triton GEMV (dot path) instead of
-    # cuBLAS; `none` is unchanged (1 row takes the GEMV either way). Compare oracle-wrong with b1's.
-    gemv) timeout $(left 80) python3 $R/bench/spec_decode.py $COMMON --batch 1 --num-prompts 4 --proposers none,oracle-wrong --triton-gemv-max-rows 5 --json $OUT/specdec-gpu-llama8b-b1-gemv5.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
     b64) timeout $(left 90) python3 $R/bench/spec_decode.py $COMMON --batch 64 --num-prompts 64 --disable-by-batch-size 32 --proposers none,oracle-right,oracle-wrong --json $OUT/specdec-gpu-llama8b-b64.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
   esac
 done
