@@ -206,8 +206,8 @@ def measure(engine: LLMEngine, mode: str, a: argparse.Namespace, prompts: list[l
             launches += timer.launches
             wall += seconds
             out_tokens += len(tokens) - 1
-    if a.kernel_profile:
-        kernels = kernel_profile(engine, prompts[0], params, timer)
+        if a.kernel_profile:
+            kernels = kernel_profile(engine, prompts[0], params, timer)
     if not hasattr(engine, "_post_process"):
         sums["post"] -= sums["update"]
     ms = {p: round(1e3 * sums.get(p, 0.0) / max(launches, 1), 4) for p in PHASES}
