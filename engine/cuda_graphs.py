@@ -119,7 +119,7 @@ class StepGraphs:
         # Offsets in the int32 part: query start locations, context lengths, then the block table
         # (row-major with the graph's width). The int64 part holds input ids, positions, KV slots
         # and each token's LoRA adapter slot. Both parts live in one buffer (int64 first), so staging a
-        # step is one contiguous host-to-device copy (all int64 rows, a few KB, then the int32 part up
+        # step is one contiguous host-to-device copy (all int64 rows, 4 x 8 x T bytes, then the int32 part up
         # to the step's last table row): on a speculating step the staging sits between two device
         # steps, and each copy call costs host time there. The table area only ever holds block ids
         # (padding sequences' rows are stale ones, which the CPU's reference attention may read).
