@@ -8,8 +8,8 @@ saturated), and the relative RMS error of an e4m3 round trip (x / s -> e4m3 -> x
 1.0, amax/448, and vLLM's `--calculate-kv-scales` heuristic (K: amax/200, V: amax/100).
 
 Part 2 (the engine's reference path, fp32): top-1 agreement and perplexity against the unquantized
-engine for fp8 KV with each layer's k_scale/v_scale set to those choices, the amax taken from
-either the same text ("oracle") or the engine's own calibration of `--calculate-kv-scales`.
+engine for fp8 KV with each layer's k_scale/v_scale set to 1.0 or from the same text's maxima (an
+"oracle" no deployment has). `--calculate-kv-scales` itself is a variant of bench/quant_fidelity.py.
 
     python bench/kv_fp8_scale_study.py --json bench/results/kv-fp8-scale-study-cpu-2026-12-03.json
 """
