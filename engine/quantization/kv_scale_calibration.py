@@ -21,7 +21,7 @@ embedding, as the cache stores it, and of the value.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -57,12 +57,12 @@ def observe_kv_amax(layers: list[Attention]) -> Iterator[list[list[float]]]:
     yielded `[[k_amax, v_amax], ...]`, one pair per layer in `layers`' order."""
     amax = [[0.0, 0.0] for _ in layers]
 
-    def hook(index: int):
+    def hook(index: int) -> Callable[[Attention, tuple, dict], None]:
         def record(module: Attention, args: tuple, kwargs: dict) -> None:
             _q, k, v, *rest = args
             positions = kwargs.get("positions", rest[0] if rest else None)
             cos_sin_cache = kwargs.get("cos_sin_cache", rest[1] if len(rest) > 1 else None)
-            if cos_sin_cache is not None:
+            if cos_sin_cache is not None and positions is not None:
                 q = _q.view(-1, module.num_heads, module.head_dim)
                 _, k = apply_rotary_ref(positions, q, k.view(-1, module.num_kv_heads, module.head_dim), cos_sin_cache)
             amax[index][0] = max(amax[index][0], float(k.abs().max()))

@@ -134,7 +134,8 @@ class EngineMetrics:
         """vllm:cache_config_info, once the pool size is known (the first snapshot, before serving)."""
         info, cache = self._cache_info
         info.labels(block_size=str(cache.block_size), cache_dtype=cache.kv_cache_dtype,
-                    calculate_kv_scales=str(cache.calculate_kv_scales), enable_prefix_caching=str(cache.enable_prefix_caching),
+                    calculate_kv_scales=str(cache.calculate_kv_scales),
+                    enable_prefix_caching=str(cache.enable_prefix_caching),
                     gpu_memory_utilization=str(cache.gpu_memory_utilization),
                     num_gpu_blocks=str(num_blocks)).set(1)
 
