@@ -59,14 +59,16 @@ def observe_kv_amax(layers: list[Attention]) -> Iterator[list[list[float]]]:
 
     def hook(index: int) -> Callable[[Attention, tuple, dict], None]:
         def record(module: Attention, args: tuple, kwargs: dict) -> None:
-            _q, k, v, *rest = args
+            query, k, v, *rest = args
             positions = kwargs.get("positions", rest[0] if rest else None)
             cos_sin_cache = kwargs.get("cos_sin_cache", rest[1] if len(rest) > 1 else None)
             if cos_sin_cache is not None and positions is not None:
-                q = _q.view(-1, module.num_heads, module.head_dim)
+                q = query.view(-1, module.num_heads, module.head_dim)
                 _, k = apply_rotary_ref(positions, q, k.view(-1, module.num_kv_heads, module.head_dim), cos_sin_cache)
-            amax[index][0] = max(amax[index][0], float(k.abs().max()))
-            amax[index][1] = max(amax[index][1], float(v.abs().max()))
+            for slot, tensor in ((0, k), (1, v)):
+                seen = float(tensor.abs().max())
+                if not seen <= amax[index][slot]:  # a NaN stays NaN (max() would drop it): refused later
+                    amax[index][slot] = seen
         return record
 
     handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]

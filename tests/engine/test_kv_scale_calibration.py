@@ -8,6 +8,7 @@ is what the engine's fp8 cache stores and every attention of it (prefill and dec
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -15,12 +16,14 @@ import pytest
 import torch
 
 from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.layers.attention import Attention
 from flotilla.engine.llm import LLM
 from flotilla.engine.quantization.kv_scale_calibration import (
     K_SCALE_CONSTANT,
     V_SCALE_CONSTANT,
     calibrate_kv_scales,
     calibration_token_ids,
+    observe_kv_amax,
     scale_from_amax,
 )
 from flotilla.engine.sampling_params import SamplingParams
@@ -50,6 +53,15 @@ def test_scale_from_amax_is_vllms_divisor_and_refuses_non_finite_maxima():
     with pytest.raises(ValueError, match="non-finite"):
         scale_from_amax(float("nan"), K_SCALE_CONSTANT)
     assert calibration_token_ids(1000, 16) == calibration_token_ids(1000, 16)  # the same every start
+
+
+def test_observed_maxima_are_of_magnitudes_and_keep_a_nan():
+    """A NaN must reach `scale_from_amax` (and be refused there), not vanish in a running max."""
+    attn = Attention(num_heads=1, num_kv_heads=1, head_dim=2, scale=1.0)
+    with observe_kv_amax([attn]) as amax:
+        attn(torch.ones(1, 2), torch.tensor([[1.0, -3.0]]), torch.tensor([[0.5, 0.25]]))
+        attn(torch.ones(1, 2), torch.tensor([[2.0, 0.0]]), torch.tensor([[float("nan"), 0.0]]))
+    assert amax[0][0] == 3.0 and math.isnan(amax[0][1])
 
 
 def test_calculated_scales_are_hf_cached_k_and_v_maxima_over_the_calibration_tokens(tiny_model_dirs):
