@@ -28,10 +28,12 @@ REFUSED = [
     ({**OBJ_AB, "dependentSchemas": {"a": {"required": ["b"]}}}, "dependentSchemas", "/", OBJ_AB),
     ({**OBJ_AB, "dependencies": {"a": ["b"]}}, "dependencies", "/", OBJ_AB),  # draft 7's spelling
     ({**OBJ_AB, "propertyNames": {"maxLength": 0}}, "propertyNames", "/", OBJ_AB),
-    ({"type": "string", "pattern": "[a-z]+", "maxLength": 3}, "maxLength", "/", {"type": "string", "pattern": "[a-z]+"}),
+    ({"type": "string", "pattern": "[a-z]+", "maxLength": 3}, "maxLength", "/",
+     {"type": "string", "pattern": "[a-z]+"}),
     ({"type": "string", "format": "email", "minLength": 9}, "minLength", "/", {"type": "string", "format": "email"}),
     ({"type": "object", "allOf": [OBJ_AB, {"required": ["a"]}]}, "allOf", "/", {"allOf": [{}, {}]}),  # any value
-    ({"$defs": {"d": INT}, "$ref": "#/$defs/d", "maximum": 3}, "maximum", "/", {"$defs": {"d": INT}, "$ref": "#/$defs/d"}),
+    ({"$defs": {"d": INT}, "$ref": "#/$defs/d", "maximum": 3}, "maximum", "/",
+     {"$defs": {"d": INT}, "$ref": "#/$defs/d"}),
     ({**INT, "anyOf": [{"minimum": 5}, {"maximum": 1}]}, "maximum", "/", {"anyOf": [{"minimum": 5}, {"maximum": 1}]}),
     ({"type": "integer", "oneOf": [{"type": "integer"}, {"type": "string"}]}, "type", "/",
      {"oneOf": [{"type": "integer"}, {"type": "string"}]}),
