@@ -117,7 +117,7 @@ class ResponsesServing:
     async def create(self, req: ResponsesRequest, model: str,
                      header_id: str | None = None) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/responses: the finished response, or its event stream (`header_id`: the request's
-        X-Request-Id, which names the response as vLLM does)."""
+        X-Request-Id, which leads the response's id)."""
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
@@ -136,8 +136,7 @@ class ResponsesServing:
                                                        self.serving.max_model_len, None))
         if not req.stream:  # only the end is read: spare the per-step outputs
             sp = sp.model_copy(update={"output_kind": "final_only"})
-        given = header_id or req.request_id
-        response_id = f"resp_{given}" if header_id else (given or f"resp_{uuid.uuid4().hex}")
+        response_id = _response_id(req.request_id, header_id)
         base = _response(req, response_id, model)
         stream = await admitted(self.serving.engine.generate(
             prompt.token_ids, sp, f"{response_id}-{uuid.uuid4().hex[:8]}", prompt.text, self.serving.lora_for(model),
@@ -280,6 +279,16 @@ def _output_items(message_id: str, message_text: str | None, call_items: list[di
     """The response's output: the message (when it has text, or when nothing was called), then the calls."""
     message = [message_item(message_id, message_text or "", status)] if message_text or not call_items else []
     return message + call_items
+
+
+def _response_id(body_id: str | None, header_id: str | None) -> str:
+    """The response's id, its key in the store. The body's `request_id` is taken as it is (vLLM's
+    extra parameter: the caller names its response). An X-Request-Id only traces: gateways send the
+    same one again (retries, one trace over many calls), so it is kept in the id for logs but followed
+    by a random part; two responses with one X-Request-Id must not share a store entry."""
+    if header_id is not None:
+        return f"resp_{header_id}-{uuid.uuid4().hex}"
+    return body_id or f"resp_{uuid.uuid4().hex}"
 
 
 def _status(output: RequestOutput) -> str:

@@ -16,6 +16,7 @@ import xgrammar as xgr
 
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
+from flotilla.engine.structured_output.unenforced import find_unenforced
 
 # Distinct compiled grammars kept; each holds a per-state token cache of a few hundred KB at most.
 CACHE_SIZE = 512
@@ -60,6 +61,9 @@ class GrammarCompiler:
             # json_object is any object (not any JSON value), as vLLM compiles it.
             schema = '{"type": "object"}' if kind == "json_object" else p.json_schema
             text = schema if isinstance(schema, str) else json.dumps(schema)
+            unenforced = find_unenforced(json.loads(text) if isinstance(schema, str) else schema)
+            if unenforced is not None:  # a grammar without it would let outputs break the schema
+                raise ValueError(unenforced.message())
             compact = p.disable_any_whitespace or self.disable_any_whitespace
             return self._compiler.compile_json_schema(
                 text, any_whitespace=not compact, separators=(",", ":") if compact else None)

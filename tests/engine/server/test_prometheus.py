@@ -57,6 +57,10 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
 
     before = server.metric("vllm:request_success_total")
     ttft_before = server.metric("vllm:time_to_first_token_seconds_count")
+    # The rate below needs a stored sample from before the load: under load, Prometheus's first scrape
+    # came after the first tokens, every sample then held the final count and the rate was NaN.
+    ttft_stored = "sum(vllm:time_to_first_token_seconds_count)"
+    assert _poll(lambda: prometheus.scalar(ttft_stored) == ttft_before, timeout=60), "never scraped before the load"
     threads = [threading.Thread(target=client_loop) for _ in range(8)]
     for t in threads:
         t.start()
@@ -78,7 +82,7 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
     generated = prometheus.scalar('sum(vllm:generation_tokens_total{model_name="tiny"})')
     assert generated >= len(done) * 120
     ttft_expected = ttft_before + len(done)
-    count = _poll(lambda: prometheus.scalar("sum(vllm:time_to_first_token_seconds_count)") == ttft_expected)
+    count = _poll(lambda: prometheus.scalar(ttft_stored) == ttft_expected)
     assert count, "TTFT must be observed once per request"
     p99 = "histogram_quantile(0.99, sum by (le) (vllm:time_to_first_token_seconds_bucket))"
     ttft = prometheus.scalar(p99)

@@ -75,6 +75,29 @@ def test_previous_response_id_continues_the_stored_conversation(client, server):
     assert stored["id"] == first.id and stored["output"][0]["content"][0]["text"] == first.output_text
 
 
+def test_one_x_request_id_on_two_responses_keeps_both_in_the_store(client):
+    # A gateway sends one X-Request-Id again (a retry, one trace over several calls): each response
+    # gets its own id, led by the caller's, and both conversations stay retrievable and continuable.
+    trace = {"X-Request-Id": "trace-shared"}
+    first = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=3, temperature=0,
+                                    extra_headers=trace)
+    second = client.responses.create(model="tiny", input="Name a fruit.", max_output_tokens=3, temperature=0,
+                                     extra_headers=trace)
+    assert first.id != second.id
+    assert first.id.startswith("resp_trace-shared-") and second.id.startswith("resp_trace-shared-")
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    follow = client.responses.create(model="tiny", input="And another?", previous_response_id=first.id,
+                                     max_output_tokens=3, temperature=0)
+    assert follow.output_text == _chat_answer(client, [{"role": "user", "content": QUESTION},
+                                                       {"role": "assistant", "content": first.output_text},
+                                                       {"role": "user", "content": "And another?"}], 3)
+    # The body's request_id (vLLM's extra parameter) names the response exactly, as in vLLM.
+    named = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=1,
+                                    extra_body={"request_id": "resp_named-by-body"})
+    assert named.id == "resp_named-by-body"
+
+
 def test_store_false_keeps_a_response_out_of_the_store(client):
     unstored = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):

@@ -12,6 +12,7 @@ import json
 import re
 
 import httpx
+import openai
 import pytest
 
 from tests.engine.server.conftest import API_KEY
@@ -22,6 +23,8 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
 REGEX = r"[A-Z][a-z]{2,8}, [0-9]{1,2}C"
+UNIQUE_TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2,
+                                                         "uniqueItems": True}}}
 CHOICES = ["sunny", "rainy"]
 
 
@@ -95,6 +98,12 @@ def test_schemas_regex_choice_and_tool_calls_validate(tool_server):
     ({"response_format": {"type": "xml"}}, "xml"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "one output constraint"),
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}, "tools": [WEATHER]}, "missing"),
+    # keywords xgrammar drops (the backend is xgrammar here, as vLLM, which refuses them for it)
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": UNIQUE_TAGS}}},
+     "'uniqueItems' at /properties/tags is not enforced"),
+    ({"guided_json": {"type": "string", "pattern": "[a-z]+", "maxLength": 4}}, "'maxLength' at / is not enforced"),
+    ({"tool_choice": {"type": "function", "function": {"name": "tag"}}, "tools": [{"type": "function", "function": {
+        "name": "tag", "parameters": UNIQUE_TAGS}}]}, "'uniqueItems' at /properties/tags is not enforced"),
 ])
 def test_invalid_constraints_are_400_with_the_reason(tool_server, body, reason):
     r = httpx.post(f"{tool_server.url}/v1/chat/completions", timeout=60,
@@ -102,6 +111,13 @@ def test_invalid_constraints_are_400_with_the_reason(tool_server, body, reason):
                    json={"messages": ASK, "max_tokens": 5, **body})
     assert r.status_code == 400, r.text
     assert reason in r.json()["error"]["message"]
+
+
+def test_auto_backend_refuses_a_keyword_xgrammar_drops(client):
+    # The shared server's backend is auto: vLLM would fall back to another backend, Flotilla has none.
+    with pytest.raises(openai.BadRequestError, match="'uniqueItems' at /properties/tags is not enforced"):
+        client.chat.completions.create(model="tiny", messages=ASK, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": UNIQUE_TAGS}})
 
 
 def test_langchain_with_structured_output_and_bind_tools(tool_server):

@@ -11,6 +11,7 @@ from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
 from ..hf_reference import hf_greedy
+from .conftest import assert_same_completions
 from .test_speculative_engine import GREEDY, MAX_TOKENS, NGRAM, SYSTEM, _prompts, _run, _tokens
 
 
@@ -49,13 +50,7 @@ def test_async_stops_penalties_and_logprobs_as_without_speculation(tiny_model_di
     for p in params:
         want = plain.generate(prompts, p, use_tqdm=False)
         got, _ = _run(model, prompts, None, params=p, llm=spec)  # asserts every block is back
-        for w, g in zip(want, got, strict=True):
-            w, g = w.outputs[0], g.outputs[0]
-            assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
-                                                                            w.stop_reason)
-            if p.logprobs:
-                assert g.logprobs is not None and w.logprobs is not None
-                assert [sorted(e) for e in g.logprobs] == [sorted(e) for e in w.logprobs]
+        assert_same_completions(want, got, p)
     counts = spec.engine.speculator.counts
     assert 0 < counts.num_accepted_tokens <= counts.num_draft_tokens
 

@@ -12,6 +12,7 @@ from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
 from ..hf_reference import hf_greedy
+from .conftest import assert_same_completions
 
 MAX_TOKENS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -104,16 +105,7 @@ def test_stops_max_tokens_and_logprobs_as_without_speculation(tiny_model_dirs):
     for p in params:
         want = plain.generate(prompts, p, use_tqdm=False)
         got, _ = _run(model, prompts, None, params=p, llm=spec)
-        for w, g in zip(want, got, strict=True):
-            w, g = w.outputs[0], g.outputs[0]
-            assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
-                                                                            w.stop_reason)
-            if p.logprobs:
-                assert g.logprobs is not None and w.logprobs is not None
-                assert [sorted(e) for e in g.logprobs] == [sorted(e) for e in w.logprobs]
-                for ge, we in zip(g.logprobs, w.logprobs, strict=True):
-                    for t in we:
-                        assert ge[t][0] == pytest.approx(we[t][0], abs=1e-4) and ge[t][1] == we[t][1]
+        assert_same_completions(want, got, p)
     assert spec.engine.speculator.counts.num_accepted_tokens > 0
 
 
