@@ -37,10 +37,11 @@ REPO = Path(__file__).resolve().parent.parent
 CALIBRATION = REPO / "bench" / "data" / "apiary.txt"
 
 
-def calibration_windows(tokenizer, text: str, seq_len: int) -> list[list[int]]:
-    """Non-overlapping windows of `seq_len` tokens of `text` (the short tail is dropped)."""
+def calibration_windows(tokenizer, text: str, seq_len: int, stride: int) -> list[list[int]]:
+    """Windows of `seq_len` tokens of `text` every `stride` tokens (stride = seq_len: non-overlapping;
+    smaller: the same text seen at more positions, more rows for the Hessians)."""
     ids = tokenizer.encode(text)
-    return [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+    return [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, stride)]
 
 
 def plain_copy(src: Path, dst: Path) -> Path:
@@ -64,6 +65,9 @@ def main() -> None:
                         help="llm-compressor preset: symmetric or asymmetric (zero points) int4")
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--stride", type=int, help="tokens between window starts (default: --seq-len)")
+    parser.add_argument("--observer", default="memoryless_minmax",
+                        help="weight observer choosing each group's scale (memoryless_mse searches clipping)")
     parser.add_argument("--dampening", type=float, default=0.01, help="GPTQModifier dampening_frac")
     parser.add_argument("--actorder", default="none", choices=["none", "static", "weight"],
                         help="activation order (none: columns in their stored order)")
@@ -83,10 +87,12 @@ def main() -> None:
     src = plain_copy(embedded_model_dir(), Path(tempfile.mkdtemp(prefix="smollm2-plain-")))
     tokenizer = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    windows = calibration_windows(tokenizer, Path(args.calibration).read_text(), args.seq_len)
+    windows = calibration_windows(tokenizer, Path(args.calibration).read_text(), args.seq_len,
+                                 args.stride or args.seq_len)
     data = Dataset.from_dict({"input_ids": windows, "attention_mask": [[1] * len(w) for w in windows]})
     scheme = preset_name_to_scheme(args.scheme, ["Linear"])
     scheme.weights.group_size = args.group_size
+    scheme.weights.observer = args.observer
     recipe = GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"], dampening_frac=args.dampening,
                           actorder=None if args.actorder == "none" else args.actorder)
     start = time.monotonic()
@@ -98,7 +104,8 @@ def main() -> None:
     tokenizer.save_pretrained(out)
     made = {"tool": "llmcompressor.oneshot + GPTQModifier", "scheme": args.scheme, "group_size": args.group_size,
             "actorder": args.actorder, "dampening_frac": args.dampening, "calibration": Path(args.calibration).name,
-            "windows": len(windows), "seq_len": args.seq_len, "calibration_seconds": round(seconds, 1),
+            "windows": len(windows), "seq_len": args.seq_len,
+            "stride": args.stride or args.seq_len, "observer": args.observer, "calibration_seconds": round(seconds, 1),
             "torch_threads": torch.get_num_threads()}
     (out / "calibration.json").write_text(json.dumps(made, indent=1) + "\n")
     print(json.dumps(made))
