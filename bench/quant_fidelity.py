@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
-          "W4A16 g64 asym": (None, 1.10), "fp8 KV": (0.98, 1.01)}
+          "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01)}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
 
 
@@ -76,6 +76,8 @@ def main() -> None:
                          {}),
         "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4", "W4A16", 64, dequantized_copy=False), {}),
         "W4A16 g64 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a", "W4A16_ASYM", 64,
+                                                                 dequantized_copy=False), {}),
+        "W4A16 g32 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a32", "W4A16_ASYM", 32,
                                                                  dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
     }
