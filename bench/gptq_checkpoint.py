@@ -21,7 +21,7 @@ engine loads the result with the project's own compressed-tensors-free loader):
     pip install --no-deps --target /tmp/llmc-site llmcompressor==0.14.0 transformers==5.17.0 \\
         compressed-tensors==0.19.0 accelerate==1.15.0 auto-round==0.15.1 nvidia-ml-py py-cpuinfo \\
         huggingface_hub==1.33.0 datasets==5.0.1 fsspec==2026.6.0
-    OMP_NUM_THREADS=2 PYTHONPATH=/tmp/llmc-site .venv/bin/python bench/gptq_checkpoint.py \\
+    OMP_NUM_THREADS=1 PYTHONPATH=/tmp/llmc-site .venv/bin/python bench/gptq_checkpoint.py \\
         --scheme W4A16 --group-size 64 --out /tmp/smollm2-gptq-w4a16-g64
 """
 
