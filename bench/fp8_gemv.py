@@ -49,12 +49,26 @@ SWEEP = (
 )
 
 
+def grid(m: int) -> list[dict]:
+    """`--grid`: a wider search around the defaults, per row count: FMA tiles (bytes in flight per program
+    and the register budget) up to M = 4, `tl.dot` tiles from M = 4 on (both at M = 4, the boundary)."""
+    cfgs: list[dict] = []
+    if m <= 4:
+        cfgs += [{"use_dot": False, "block_n": bn, "block_k": bk, "num_warps": w, "num_stages": st}
+                 for bn in (4, 8, 16, 32) for bk in (512, 1024, 2048) for w in (4, 8) for st in (1, 2, 3)
+                 if bn * bk * m <= 64 * 32 * w * 2]  # fmt: skip
+    if m >= 4:
+        cfgs += [{"use_dot": True, "block_n": bn, "block_k": bk, "num_warps": w, "num_stages": st}
+                 for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8) for st in (2, 4)]  # fmt: skip
+    return cfgs
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in fp64."""
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
+def bench_shape(name: str, n: int, k: int, m: int, sweep: bool, wide: bool = False) -> dict:
     """All variants of one projection at `m` rows: ms per call, GB/s of weight bytes, errors."""
     import torch.nn.functional as F
 
@@ -90,8 +104,8 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     # The other arithmetic path at the default tiles for that path: is the FMA/dot boundary (M > 4) right?
     other = {"use_dot": not result["fp8_default_config"]["use_dot"]}
     variants["fp8_gemv_other_path"] = (lambda i: fp8_gemv(xs[i % sets], *fp8[i % sets], **other), ref8, 1)
-    if sweep:
-        for cfg in SWEEP:
+    if sweep or wide:
+        for cfg in grid(m) if wide else SWEEP:
             tag = "fp8_gemv " + " ".join(f"{key}={v}" for key, v in cfg.items())
             variants[tag] = (lambda i, c=cfg: fp8_gemv(xs[i % sets], *fp8[i % sets], **c), ref8, 1)
     for tag, (fn, ref, nbytes) in variants.items():
@@ -107,6 +121,11 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
             result[tag]["speedup_vs_bf16"] = bf16_ms / result[tag]["ms"]
     if "ms" in result["fp8_gemv"] and "ms" in result["w8a8_torch_quant"]:  # vs the path it replaced
         result["fp8_gemv"]["speedup_vs_w8a8"] = result["w8a8_torch_quant"]["ms"] / result["fp8_gemv"]["ms"]
+    timed = {t: v["ms"] for t, v in result.items() if t.startswith("fp8_gemv") and isinstance(v, dict) and "ms" in v
+             and v["rel_err"] < 1e-2}  # fmt: skip
+    if timed:
+        best = min(timed, key=timed.__getitem__)
+        result["best_fp8_gemv"] = {"tag": best, "us": 1e3 * timed[best], "gbps": n * k / timed[best] / 1e6}
     return result
 
 
@@ -115,6 +134,7 @@ def main() -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--rows", default="1,4,8,16", help="comma list of M (decode rows)")
     p.add_argument("--sweep", action="store_true", help="also time a few other fp8 GEMV configurations")
+    p.add_argument("--grid", action="store_true", help="time a wide grid of fp8 GEMV tiles (see grid())")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("skipped: bench/fp8_gemv.py needs a CUDA GPU")
@@ -130,15 +150,19 @@ def main() -> None:
     print(f"copy {copy:.0f} GB/s", flush=True)
     for m in (int(r) for r in a.rows.split(",")):
         for name, (n, k) in SHAPES.items():
-            r = bench_shape(name, n, k, m, a.sweep)
+            r = bench_shape(name, n, k, m, a.sweep, a.grid)
             results["cases"].append(r)
             Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
             cells = [f"{t} {r[t]['us']:.1f} us {r[t]['gbps']:.0f} GB/s" if "us" in r[t] else f"{t} {r[t]['error']}"
-                     for t in r if isinstance(r[t], dict) and ("us" in r[t] or "error" in r[t])]  # fmt: skip
+                     for t in r if isinstance(r[t], dict) and ("us" in r[t] or "error" in r[t])
+                     and not (a.grid and t.startswith("fp8_gemv "))]  # fmt: skip
             f = r["fp8_gemv"]
             lead = (f"x{f.get('speedup_vs_bf16', 0):.2f} bf16, x{f.get('speedup_vs_w8a8', 0):.2f} w8a8, "
                     f"{f.get('gbps', 0) / copy:.2f} copy")  # fmt: skip
             print(f"FP8GEMV {name} m{m}: {lead} | " + " | ".join(cells), flush=True)
+            if "best_fp8_gemv" in r:
+                b = r["best_fp8_gemv"]
+                print(f"BEST {name} m{m}: {b['us']:.1f} us {b['gbps']:.0f} GB/s {b['tag']}", flush=True)
             torch.cuda.empty_cache()
 
 

@@ -50,7 +50,8 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     finally:
         torch.set_default_dtype(previous)
     if config.quantization is not None:
-        attach_quant_method(model, linear_method(config.quantization, config.hf_config))
+        with device:  # the quantized parameters live where the model does (a CPU int4 weight broke CUDA runs)
+            attach_quant_method(model, linear_method(config.quantization, config.hf_config))
     if config.load_format == "dummy":
         fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
     else:

@@ -5,8 +5,9 @@ scales `[M, 1]`), the scale a row's absolute maximum over 448 (at least FP8_MIN_
 checkpoint's static scale for every row; values `x / scale` clamped to +-448 and rounded to nearest.
 In torch that is ~8 kernels a linear layer (abs, amax, casts, divisions, clamps), each a launch and a
 pass over the activation; here one program per row reads it twice (amax, then scale and cast) and
-writes one byte an element. Divisions round to nearest (`div_rn`), as torch's do, so the values equal
-the reference's on the GPU.
+writes one byte an element. Divisions round to nearest (`div_rn`), as torch's do on the CPU, so the
+values equal the reference's computed there (torch on CUDA divides by a Python scalar through its
+reciprocal: a scale one ulp off at times, seen on the H200).
 """
 
 from __future__ import annotations

@@ -58,6 +58,11 @@ _REDUCE_BLOCK = 1024
 # FMA path: the widest K step, in weight bytes per row (512 bf16 or 1,024 fp8 elements): measured for
 # bf16; fp8 keeps the same bytes per step.
 _MAX_K_STEP_BYTES = 1024
+# fp8 weights (H200 grid, bench/results/gpu-2026-12-03-s5/fp8-gemv-grid.json): FMA tiles of 512 K elements with
+# a 3-deep pipeline beat 1,024 x 2 at M = 1 on all four Llama-3.1-8B projections (qkv 11.7 -> 9.9 us), and from
+# M = 4 on `tl.dot` with 64-row tiles and split-K beats FMA (qkv 24.9 -> 15.1 us) and the 16-row dot tiles
+# (M = 16, qkv 35.7 -> 14.9 us).
+_FP8_MAX_K = 512
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,8 +98,9 @@ def default_config(
     - FMA up to M = 4, dot above, where the FMA accumulator would not fit the register budget.
     - FMA tiles: BLOCK_K as wide as 512 (each thread then issues several 16-byte loads per step,
       enough bytes in flight without pipelining), BLOCK_N filling the 64-register accumulator
-      budget, at least 8 rows; M = 1 gives 16 x 512, M = 2 8 x 512, M = 4 8 x 256. For fp8 weights
-      BLOCK_K may reach 1,024 (the same 1 KB of a row per step): M = 1 gives 8 x 1,024.
+      budget, at least 8 rows; M = 1 gives 16 x 512, M = 2 8 x 512, M = 4 8 x 256. fp8 weights are
+      the exception, set by a measured grid (`_FP8_MAX_K`): FMA 512 wide, 3 stages, up to M = 2; dot
+      with 64-row tiles from M = 4.
     - Then fewer rows per program (down to 8) while there are fewer than 2 programs per SM: more,
       smaller programs balance the SMs better and need no second kernel.
     - Split-K (powers of two) only while there are still fewer than 2 programs per SM, and only as
@@ -104,8 +110,9 @@ def default_config(
     """
     block_m = triton.next_power_of_2(max(m, 1))
     k_pow2 = max(16, triton.next_power_of_2(k))
+    fp8 = weight_bytes == 1
     if use_dot is None:
-        use_dot = block_m > 4
+        use_dot = block_m >= 4 if fp8 else block_m > 4
     tiles_given = block_n is not None
     if use_dot:
         num_warps = num_warps or 4
@@ -114,14 +121,16 @@ def default_config(
         block_n = block_n or 64
     else:
         num_warps = num_warps or 4
-        num_stages = num_stages or 2
+        num_stages = num_stages or (3 if fp8 else 2)
         budget = _ACC_PER_THREAD * 32 * num_warps
-        max_k = _MAX_K_STEP_BYTES // weight_bytes
+        max_k = _FP8_MAX_K if fp8 else _MAX_K_STEP_BYTES // weight_bytes
         block_k = block_k or min(max_k, k_pow2, max(16, budget // (block_m * 8)))
         block_n = block_n or max(8, budget // (block_m * block_k))
     if not tiles_given:
         block_n = min(block_n, max(8, triton.next_power_of_2(n)))
-        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > (16 if use_dot else 8):
+        # fp8 dot tiles keep 64 rows (a 16-row fp8 tile moves too few bytes a step) and split K instead
+        min_block_n = (64 if fp8 else 16) if use_dot else 8
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > min_block_n:
             block_n //= 2
     if split_k is None:
         tiles = triton.cdiv(n, block_n)

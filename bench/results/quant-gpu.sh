@@ -39,11 +39,11 @@ PY
 # name: stage limit (s) | model | quant_gpu.py arguments (bs1 first in every --jobs)
 conf() {
   case $1 in
-    bf16)   echo "65 /tmp/llama8b --jobs bs1,bs64,throughput" ;;
+    bf16)   echo "120 /tmp/llama8b --jobs bs1,bs64,throughput" ;;
     fp8)    echo "60 /tmp/llama8b --quantization fp8 --jobs bs1,throughput" ;;
     fp8old) echo "30 /tmp/llama8b --quantization fp8 --jobs bs1 --max-num-seqs 16" ;;
-    fp8kv)  echo "45 /tmp/llama8b --kv-cache-dtype fp8 --jobs bs1,bs64" ;;
-    int4)   echo "35 /tmp/llama8b-w4a16 --weights int4 --jobs bs1 --max-num-seqs 16" ;;
+    fp8kv)  echo "95 /tmp/llama8b --kv-cache-dtype fp8 --jobs bs1,bs64" ;;
+    int4)   echo "80 /tmp/llama8b-w4a16 --weights int4 --jobs bs1 --max-num-seqs 16" ;;
     both)   echo "25 /tmp/llama8b --quantization fp8 --kv-cache-dtype fp8 --jobs bs1 --max-num-seqs 16" ;;
   esac
 }
