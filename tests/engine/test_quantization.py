@@ -224,7 +224,8 @@ LLM_COMPRESSOR_CONFIGS = Path(__file__).parent / "data"
 def test_llm_compressor_gptq_configs_resolve_to_int4_groups_of_64(name, symmetric):
     """The `quantization_config` llm-compressor 0.14's oneshot + GPTQModifier wrote for the GPTQ
     checkpoints of SmolLM2 measured in docs/quantization.md (verbatim, bench/gptq_checkpoint.py):
-    detected as compressed-tensors W4A16, groups of 64, with or without zero points."""
+    detected as compressed-tensors W4A16, groups of 64, with or without zero points; act-order `static`
+    (stored groups unchanged) is accepted, `group` (permuted groups, g_idx) refused."""
     import json
 
     from flotilla.engine.quantization import linear_method, resolve_quantization
@@ -235,6 +236,11 @@ def test_llm_compressor_gptq_configs_resolve_to_int4_groups_of_64(name, symmetri
     method = linear_method("compressed-tensors", hf_config)
     assert isinstance(method, PackedIntMethod)
     assert (method.bits, method.group_size, method.symmetric) == (4, 64, symmetric)
+    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "static"
+    assert isinstance(linear_method("compressed-tensors", hf_config), PackedIntMethod)  # contiguous groups
+    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    with pytest.raises(ValueError, match="actorder 'group'"):
+        resolve_quantization(None, hf_config)
 
 
 def test_llm_compressor_asym_g64_checkpoint_matches_hf_on_dequantized_weights(wide_llama, tmp_path):
