@@ -103,7 +103,6 @@ def test_cuda_dispatch_takes_the_fp8_gemv_at_decode_and_scaled_mm_above():
         # rounded to nearest). Not torch's own ops on CUDA: they divide by the scalar 448 through its
         # reciprocal, a scale one ulp off at times, and a value at a rounding tie then takes the other
         # code (685 of 7.3 M codes differed on the H200, 2026-12-03).
-        from flotilla.kernels.fp8_linear import quantize_fp8_rows
         from flotilla.kernels.triton_fp8_quant import quantize_fp8_rows_triton
 
         xs = torch.randn(512, 14336, device="cuda", generator=g).bfloat16()
