@@ -8,6 +8,10 @@ LoRA engine serving only base-model requests; the LoRA engine with the batch spr
 `--adapters` random rank-`--rank` adapters on all seven projections (q/k/v/o/gate/up/down, written in
 PEFT's file format with random nonzero A and B). Targets (issue 25): batch 64 with 8 adapters at most
 1.25x the no-LoRA step, batch 1 at most 1.15x.
+
+`--kernels new,old` measures the LoRA engine once per kernel set, in one process: `new` is the default
+(segment kernels from 16 tokens on, the expand in the GEMV's epilogue at batch 1), `old` the per-token
+pair everywhere (what FLOTILLA_LORA_KERNELS=0 selects); each row names its set.
 """
 
 from __future__ import annotations
@@ -74,10 +78,12 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--workdir", default="/tmp/bench-lora")
+    p.add_argument("--kernels", default="new", help="comma-separated LoRA kernel sets to measure: new, old")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     from flotilla.engine.llm_engine import LLMEngine
     from flotilla.engine.lora.request import LoRARequest
+    from flotilla.kernels import dispatch
 
     work = Path(a.workdir)
     model_dir = make_model_dir(a.shape, work / a.shape)
@@ -92,16 +98,20 @@ def main() -> None:
     plain = {b: step_ms(base, b, a.context, a.steps, [None]) for b in batches}
     del base
     torch.cuda.empty_cache()
-    engine = LLMEngine.from_kwargs(str(model_dir), **common, enable_lora=True, max_loras=a.adapters,
-                                   max_lora_rank=a.rank)
-    for b in batches:
-        row = {"batch": b, "no_lora_ms": plain[b],
-               "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None]),
-               "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)]),
-               "lora_graphed": engine.runner.last_step.graphed}
-        row["ratio"] = row["lora_ms"] / row["no_lora_ms"]
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
+    for kernels in a.kernels.split(","):
+        dispatch.LORA_NEW_KERNELS = kernels == "new"  # read at every call, so the graphs capture this set
+        engine = LLMEngine.from_kwargs(str(model_dir), **common, enable_lora=True, max_loras=a.adapters,
+                                       max_lora_rank=a.rank)
+        for b in batches:
+            row = {"batch": b, "kernels": kernels, "no_lora_ms": plain[b],
+                   "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None]),
+                   "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)]),
+                   "lora_graphed": engine.runner.last_step.graphed}
+            row["ratio"] = row["lora_ms"] / row["no_lora_ms"]
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del engine
+        torch.cuda.empty_cache()
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 

@@ -32,16 +32,22 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
-          "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01)}
+          "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01),
+          "fp8 KV calculated scales": (0.98, 1.01)}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
 
 
-def score(model: str, dtype: str, **kwargs) -> tuple[list[int], float]:
-    """(top-1 token at every position, perplexity of the text) under one engine configuration."""
+def score(model: str, dtype: str, kv_scales: tuple[list[float], list[float]] | None = None,
+          **kwargs) -> tuple[list[int], float]:
+    """(top-1 token at every position, perplexity of the text) under one engine configuration;
+    `kv_scales` (per-layer k and v scales) overrides the fp8 cache's scales (a study, not a flag)."""
     from flotilla.engine.llm import LLM
     from flotilla.engine.sampling_params import SamplingParams
 
     llm = LLM(model, dtype=dtype, max_model_len=4096, max_num_batched_tokens=4096, **kwargs)
+    if kv_scales is not None:
+        for attn, k_scale, v_scale in zip(llm.engine.runner.attention_layers, *kv_scales, strict=True):
+            attn.k_scale, attn.v_scale = k_scale, v_scale
     ids = llm.get_tokenizer().encode((REPO / "bench" / "data" / "harbour.txt").read_text())
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=1),
                        use_tqdm=False)[0]
@@ -80,6 +86,7 @@ def main() -> None:
         "W4A16 g32 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a32", "W4A16_ASYM", 32,
                                                                  dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
+        "fp8 KV calculated scales": (str(base), {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
     }
     variants.update({name: (path, {}) for name, path in checkpoints.items()})
     for name in [v for v in args.variants.split(",") if v] + list(checkpoints):

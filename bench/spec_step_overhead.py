@@ -36,7 +36,11 @@ loaded machine drops out; on the GPU on wall time. tok/s is always wall time.
 
 On the CPU an uncaptured `StepGraphs` is attached (as the GPU tests do), so inputs go through the
 GPU's staging path (persistent buffers, decode graph sizes) rather than the eager tensor path.
-`--profile N` prints cProfile's top N functions of each mode's timed window.
+`--profile N` prints cProfile's top N functions of each mode's timed window. `--kernel-profile` (GPU)
+runs one more request per mode (up to 40 tokens) after the timed ones, its decode steps under
+torch.profiler, and reports the device time per launched step by kernel (`kernels_us_per_step`, the
+largest first) and in all (`gpu_busy_us_per_step`): where a verification pass's extra device time goes
+against a decode step's.
 """
 
 from __future__ import annotations
@@ -203,6 +207,8 @@ def measure(engine: LLMEngine, mode: str, a: argparse.Namespace, prompts: list[l
             launches += timer.launches
             wall += seconds
             out_tokens += len(tokens) - 1
+        if a.kernel_profile:
+            kernels = kernel_profile(engine, prompts[0], min(a.max_tokens, 40), timer)
     if not hasattr(engine, "_post_process"):
         sums["post"] -= sums["update"]
     ms = {p: round(1e3 * sums.get(p, 0.0) / max(launches, 1), 4) for p in PHASES}
@@ -213,11 +219,38 @@ def measure(engine: LLMEngine, mode: str, a: argparse.Namespace, prompts: list[l
            "tok_per_s": round(out_tokens / max(wall, 1e-9), 2), "phase_ms_per_step": ms,
            "host_ms_per_step": round(1e3 * host / max(launches, 1), 4),
            "idle_host_ms_per_step": round(1e3 * sums["idle"] / max(launches, 1), 4)}
+    if a.kernel_profile:
+        row |= kernels
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(a.profile)
         print(f"--- profile: {mode} ---\n{text.getvalue()}", file=sys.stderr)
     return row, outputs
+
+
+def kernel_profile(engine: LLMEngine, prompt: list[int], max_tokens: int, timer: PhaseTimer) -> dict:
+    """One more request, its decode steps under torch.profiler (device activity): kernel time per launched
+    step. It reruns request "0" (the oracles look their drafts up by request id); its prefill runs before
+    the profile starts, and `max_tokens` stays small (the profiler's events cost host time to read)."""
+    import torch
+
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), "0")
+    while engine.has_unfinished_requests() and not engine.step():
+        pass  # up to the prefill's token
+    timer.reset()
+    activity = torch.profiler.ProfilerActivity
+    # On a CPU the profile runs (so the option is checked there) and finds no device kernels.
+    with torch.profiler.profile(activities=[activity.CUDA if torch.cuda.is_available() else activity.CPU]) as prof:
+        while engine.has_unfinished_requests():
+            engine.step()
+    steps = max(timer.launches, 1)
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:100]] += event.device_time_total
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:20]
+    return {"kernel_profile_steps": timer.launches, "gpu_busy_us_per_step": round(sum(totals.values()) / steps, 1),
+            "kernels_us_per_step": {name: round(us / steps, 1) for name, us in top}}
 
 
 def build_engine(a: argparse.Namespace, model_dir: str) -> LLMEngine:
@@ -252,6 +285,7 @@ def main() -> int:
                    help="phase clock: this thread's CPU time (default on the CPU: a loaded machine's waits for a "
                         "core drop out) or wall time (default on the GPU, where the host waits for the device)")
     p.add_argument("--profile", type=int, default=0, metavar="N")
+    p.add_argument("--kernel-profile", action="store_true", help="device time by kernel per step (GPU)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     a.clock = a.clock or ("cpu" if a.device == "cpu" else "wall")

@@ -22,6 +22,7 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
+    kv_scales_problem,
     parallel_split_problem,
     pooling_problem,
     resolve_max_model_len,
@@ -69,6 +70,9 @@ class CacheConfig(_Component):
     block_size: int = 16
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     kv_cache_dtype: str = "auto"
+    # --calculate-kv-scales: an fp8 cache's per-layer scales from a calibration forward at start-up
+    # (`engine/quantization/kv_scale_calibration.py`) where the checkpoint has none.
+    calculate_kv_scales: bool = False
     num_gpu_blocks_override: int | None = Field(None, gt=0)
     enable_prefix_caching: bool = True
     cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES
@@ -259,6 +263,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
         raise ConfigError(problem)
+    if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
+        raise ConfigError(problem)
     default_async = device == "cuda" and pipeline == 1
     async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     default_name = str(model_dir) if explicit_model else _embedded_model_name()
@@ -297,6 +303,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             block_size=v["block_size"],
             gpu_memory_utilization=v["gpu_memory_utilization"],
             kv_cache_dtype=v["kv_cache_dtype"],
+            calculate_kv_scales=v["calculate_kv_scales"],
             num_gpu_blocks_override=v["num_gpu_blocks_override"],
             enable_prefix_caching=v["enable_prefix_caching"],
         ),

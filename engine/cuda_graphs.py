@@ -111,17 +111,30 @@ class StepGraphs:
         self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
+        # Lookups for `pick`: the decode size that holds n rows, the width that holds n blocks.
+        self._decode_size_for = [next(b for b in self.decode_sizes if b >= n) for n in range(self.max_seqs + 1)]
+        self._width_for = [next(w for w in self.widths if w >= n) for n in range(self.widths[-1] + 1)]
+        self._keys: dict[tuple[bool, int, int, int, bool], GraphKey] = {}
         t, s, w = max(self.decode_sizes[-1], self.mixed_sizes[-1]), self.max_seqs, self.widths[-1]
-        # Offsets in the int32 buffer: query start locations, context lengths, then the block table
-        # (row-major with the graph's width). The int64 buffer holds input ids, positions, KV slots
-        # and each token's LoRA adapter slot.
+        # Offsets in the int32 part: query start locations, context lengths, then the block table
+        # (row-major with the graph's width). The int64 part holds input ids, positions, KV slots
+        # and each token's LoRA adapter slot. Both parts live in one buffer (int64 first), so staging a
+        # step is one contiguous host-to-device copy (all int64 rows, 4 x 8 x T bytes, then the int32 part up
+        # to the step's last table row): on a speculating step the staging sits between two device
+        # steps, and each copy call costs host time there. The table area only ever holds block ids
+        # (padding sequences' rows are stale ones, which the CPU's reference attention may read).
         self._lens, self._table = s + 1, 2 * s + 1
-        self._i64 = torch.zeros(4, t, dtype=torch.long, device=device)
-        self._i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, device=device)
+        num_ints = 2 * s + 1 + s * w
         pin = device.type == "cuda"
-        self._host_i64 = torch.zeros(4, t, dtype=torch.long, pin_memory=pin)
-        self._host_i32 = torch.zeros(2 * s + 1 + s * w, dtype=torch.int32, pin_memory=pin)
+        self._buf = torch.zeros(4 * t + -(-num_ints // 2), dtype=torch.long, device=device)
+        self._host_buf = torch.zeros(self._buf.shape, dtype=torch.long, pin_memory=pin)
+        self._i64, self._i32 = _split(self._buf, t, num_ints)
+        self._host_i64, self._host_i32 = _split(self._host_buf, t, num_ints)
         self._h64, self._h32 = self._host_i64.numpy(), self._host_i32.numpy()
+        self._decode_starts = np.arange(s + 1, dtype=np.int32)  # query start locations, one token a sequence
+        # The buffers' slices a step reads or copies, made once per shape (slicing costs microseconds).
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._input_views: dict[GraphKey, tuple[torch.Tensor, torch.Tensor]] = {}
         # Marks the last staging copy: the host buffers are rewritten only once it has landed.
         self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -144,17 +157,26 @@ class StepGraphs:
         if lora and not self.lora:
             return None
         blocks = -(-max(flat.seq_lens) // self.block_size)
-        width = next((w for w in self.widths if w >= blocks), None)
+        width = self._width_for[blocks] if blocks < len(self._width_for) else None
         if width is None:
             return None
         n = flat.num_tokens
         if flat.max_query_len == 1:
-            size = next((b for b in self.decode_sizes if b >= n), None)
-            return None if size is None else GraphKey(True, size, size, width, lora)
+            size = self._decode_size_for[n] if n < len(self._decode_size_for) else None
+            return None if size is None else self._key(True, size, size, width, lora)
         size = next((t for t in self.mixed_sizes if t >= n), None)
         if size is None or flat.num_seqs > min(size, self.max_seqs):
             return None
-        return GraphKey(False, size, min(size, self.max_seqs), width, lora)
+        return self._key(False, size, min(size, self.max_seqs), width, lora)
+
+    def _key(self, decode: bool, tokens: int, seqs: int, width: int, lora: bool) -> GraphKey:
+        """The one GraphKey of a shape (a frozen dataclass costs microseconds to build; decode steps
+        pick one every step, a speculating one on its critical path)."""
+        shape = (decode, tokens, seqs, width, lora)
+        key = self._keys.get(shape)
+        if key is None:
+            key = self._keys[shape] = GraphKey(*shape)
+        return key
 
     def eager_reason(self, flat: FlatBatch, lora: bool = False) -> str:
         """Why `pick` found no graph for the step."""
@@ -202,24 +224,39 @@ class StepGraphs:
             self._copied.synchronize()
         n, s, t = flat.num_tokens, flat.num_seqs, key.tokens
         h64, h32, lens = self._h64, self._h32, self._lens
-        h64[0, :n], h64[0, n:t] = flat.input_ids, 0
-        h64[1, :n], h64[1, n:t] = flat.positions, 0
-        h64[2, :n], h64[2, n:t] = flat.slots, -1
+        h64[:3, :n] = flat.input_ids, flat.positions, flat.slots
+        if n < t:
+            h64[:3, n:t] = _TOKEN_PADDING
         if key.lora:
             h64[3, :n] = -1 if token_slots is None else token_slots
             h64[3, n:t] = -1  # padding rows read no adapter
         h32[: s + 1] = flat.query_start_loc
-        # Padding sequences: one query token each in a decode graph, none in a mixed one.
-        h32[s + 1 : key.seqs + 1] = np.arange(s + 1, key.seqs + 1) if key.decode else n
-        h32[lens : lens + s], h32[lens + s : lens + key.seqs] = flat.seq_lens, 0
+        h32[lens : lens + s] = flat.seq_lens
+        if s < key.seqs:
+            # Padding sequences: one query token each in a decode graph, none in a mixed one.
+            h32[s + 1 : key.seqs + 1] = self._decode_starts[s + 1 : key.seqs + 1] if key.decode else n
+            h32[lens + s : lens + key.seqs] = 0
         table = h32[self._table : self._table + s * key.width].reshape(s, key.width)
-        for i, blocks in enumerate(flat.block_tables):
-            table[i, : len(blocks)] = blocks
-        used = self._table + s * key.width
-        self._i64[:, :t].copy_(self._host_i64[:, :t], non_blocking=True)
-        self._i32[:used].copy_(self._host_i32[:used], non_blocking=True)
+        tables, i = flat.block_tables, 0
+        while i < s:  # a request's verification rows share its table (one list): written at once
+            blocks, j = tables[i], i + 1
+            while j < s and tables[j] is blocks:
+                j += 1
+            table[i:j, : len(blocks)] = blocks
+            i = j
+        dst, src = self._copy_views(self._table + s * key.width)
+        dst.copy_(src, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+
+    def _copy_views(self, num_ints: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(device, pinned host) spans of one staging copy: the int64 rows and the first `num_ints`
+        of the int32 part."""
+        pair = self._copies.get(num_ints)
+        if pair is None:
+            used = self._i64.numel() + -(-num_ints // 2)
+            pair = self._copies[num_ints] = self._buf[:used], self._host_buf[:used]
+        return pair
 
     def _stage_empty(self, key: GraphKey) -> None:
         """A step with no real tokens, for warm-up and capture: every row and sequence is padding."""
@@ -273,11 +310,23 @@ class StepGraphs:
         if key is None:
             return None
         self._stage(flat, key, token_slots)
-        fill_pending(self._i64[0, : key.tokens], flat)
+        views = self._input_views.get(key)
+        if views is None:
+            views = self._input_views[key] = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
+        fill_pending(views[0], flat)
         if self._graphs:
             graph, out = self._graphs[key]
             graph.replay()
         else:  # CPU (or before capture): the same padded buffers, run eagerly
             with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
-                out = self.model(self._i64[0, : key.tokens], self._i64[1, : key.tokens])
+                out = self.model(*views)
         return out[: flat.num_tokens]
+
+
+# Padding token rows: token 0 at position 0, KV slot -1 (the KV write skips it).
+_TOKEN_PADDING = np.array([[0], [0], [-1]])
+
+
+def _split(buf: torch.Tensor, tokens: int, num_ints: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `[4, tokens]` int64 rows at the start of `buf` and the `num_ints` int32 after them."""
+    return buf[: 4 * tokens].view(4, tokens), buf[4 * tokens :].view(torch.int32)[:num_ints]

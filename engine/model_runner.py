@@ -24,6 +24,7 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
+from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
@@ -110,6 +111,8 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_kv_cache()
+        if config.cache.calculate_kv_scales:  # before any graph capture: graphs bake the scales in
+            self._calibrate_kv_scales()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
         self.last_step = StepTiming()
         # The last launch's drawn ids on the device, and each drawing request's row in them.
@@ -216,6 +219,12 @@ class ModelRunner:
             if self.kv_dtype != torch.float8_e4m3fn:  # checkpoint KV scales apply to fp8 caches only
                 attn.k_scale = attn.v_scale = 1.0
         return kv_cache
+
+    def _calibrate_kv_scales(self) -> None:
+        sched = self.config.scheduler
+        length = min(CALIBRATION_TOKENS, sched.max_num_batched_tokens, self.config.model.max_model_len)
+        calibrate_kv_scales(self.model, self.attention_layers, self.config.model.hf_config["vocab_size"], length,
+                            self.block_size, self.device)
 
     # --- one step ---------------------------------------------------------------------------------
 

@@ -231,6 +231,16 @@ def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameO
     return None
 
 
+def kv_scales_problem(calculate_kv_scales: bool, kv_cache_dtype: str, name_of: NameOf = flag_name) -> str | None:
+    """Why --calculate-kv-scales cannot be used with this cache, or None: the scales exist only to
+    store K and V in an fp8 cache. (vLLM accepted the flag on any cache and ignored it there; a flag
+    that silently does nothing is refused here instead.)"""
+    if calculate_kv_scales and not kv_cache_dtype.startswith("fp8"):
+        return (f"{name_of('calculate_kv_scales')} computes the scales of an fp8 KV cache: set "
+                f"{name_of('kv_cache_dtype')} fp8 with it, or leave it out")
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -249,6 +259,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:
         problems.append(asynchronous)
+    kv_scales = kv_scales_problem(bool(values.get("calculate_kv_scales")), values.get("kv_cache_dtype") or "auto",
+                                  name_of)
+    if kv_scales:
+        problems.append(kv_scales)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

@@ -205,6 +205,15 @@ FLAGS: tuple[Flag, ...] = (
         crd_field="kvCache.dtype",
         choices=("auto", "fp8", "fp8_e4m3"),
     ),
+    Flag(
+        "--calculate-kv-scales",
+        "bool",
+        False,
+        "With --kv-cache-dtype fp8: compute each layer's k/v scales (max |K| / 200, max |V| / 100, as vLLM) "
+        "from a calibration forward at start-up instead of 1.0 where the checkpoint has none.",
+        "cache",
+        crd_field="kvCache.calculateScales",
+    ),
     Flag("--num-gpu-blocks-override", "int", None, "Fix the number of KV blocks (tests, benchmarks).", "cache", ge=1),
     Flag(
         "--enable-prefix-caching",

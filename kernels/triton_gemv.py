@@ -140,6 +140,26 @@ def default_config(
     return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, use_dot)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoRAEpilogue:
+    """A LoRA expand folded into the GEMV's epilogue (`triton_lora.py`'s expand, one launch fewer per
+    projection): each output `(m, n)` of the base product, rounded as stored, gets
+    `B[slot(m), n] @ buf[m, slice(n)]` added, `buf` being the shrink's split partials summed and rounded."""
+
+    part: torch.Tensor  # [splits, M, n_slices * max_rank] fp32: `triton_lora.lora_shrink`'s partials
+    b: torch.Tensor  # [slots, N, max_rank]: every slot's stacked B
+    token_slots: torch.Tensor  # [M] int64; -1: a base-model row, left as the base product
+    slice_sizes: tuple[int, ...]  # 1 to 3 slices of the N outputs
+    max_rank: int
+
+
+def fuses_lora(m: int, n: int, k: int, num_sms: int) -> bool:
+    """True when a GEMV of these shapes can take a `LoRAEpilogue`: the FMA path (few rows; the
+    epilogue gathers `[rows, BLOCK_N, rank]` of B per program) without a split-K reduce."""
+    cfg = default_config(m, n, k, num_sms)
+    return not cfg.use_dot and cfg.split_k == 1
+
+
 @triton.jit
 def _gemv_kernel(
     x_ptr,
@@ -155,6 +175,17 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     k_per_split,
+    lora_part_ptr,
+    lora_b_ptr,
+    lora_slots_ptr,
+    stride_lps,
+    stride_lpt,
+    stride_lbs,
+    stride_lbn,
+    lora_r,
+    lora_splits,
+    lora_off1,
+    lora_off2,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -165,6 +196,9 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LORA_SLICES: tl.constexpr = 0,
+    LORA_BLOCK_R: tl.constexpr = 16,
+    LORA_BLOCK_S: tl.constexpr = 2,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -178,6 +212,10 @@ def _gemv_kernel(
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M] if USE_DOT else [BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    if LORA_SLICES > 0:
+        lora_b, lora_p0, lora_p1, lora_p2 = _lora_tiles(
+            lora_part_ptr, lora_b_ptr, lora_slots_ptr, rows, row_ok, cols, col_ok, stride_lps, stride_lpt, stride_lbs,
+            stride_lbn, lora_r, lora_splits, LORA_SLICES, LORA_BLOCK_R, LORA_BLOCK_S)
     # A range ends either at the next range's start (a whole number of tiles away) or at K, so
     # `< K` is the only K mask needed; K's divisibility by 16 (Triton specialises on it) keeps the
     # masked loads vectorised.
@@ -196,11 +234,70 @@ def _gemv_kernel(
     if SPLIT_K == 1:
         if HAS_BIAS:
             res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if LORA_SLICES > 0:  # the base output rounded as it would be stored, then each row's LoRA delta
+            res = res.to(out_ptr.dtype.element_ty).to(tl.float32)
+            res += _lora_delta(lora_b, lora_p0, lora_p1, lora_p2, cols, lora_off1, lora_off2, out_ptr.dtype.element_ty,
+                               LORA_SLICES)
         o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
         tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=ok)
     else:
         p_rows = (split * M + rows).to(tl.int64)  # partials [SPLIT_K, M, N]
         tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+
+
+@triton.jit
+def _lora_part_tile(part_ptr, rows, row_ok, index, stride_ps, stride_pt, R, splits, BLOCK_R: tl.constexpr,
+                    BLOCK_S: tl.constexpr):
+    """`[BLOCK_M, BLOCK_S, BLOCK_R]`: the split partials of slice `index` of each row's LoRA shrink
+    (zero for base-model rows: the shrink writes zeros there)."""
+    ss = tl.arange(0, BLOCK_S)
+    rs = tl.arange(0, BLOCK_R)
+    ptrs = part_ptr + ss[None, :, None] * stride_ps + rows.to(tl.int64)[:, None, None] * stride_pt + index * R \
+        + rs[None, None, :]
+    mask = row_ok[:, None, None] & (ss[None, :, None] < splits) & (rs[None, None, :] < R)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _lora_tiles(part_ptr, b_ptr, slots_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pt, stride_bs, stride_bn, R,
+                splits, SLICES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The epilogue's loads, issued before the K loop so that they arrive while the weight streams:
+    `B[slot(m)]` at the program's columns `[BLOCK_M, BLOCK_N, BLOCK_R]` (zero for base-model rows) and
+    up to three slices' partial tiles (slices past `SLICES` repeat the first, unloaded)."""
+    slot = tl.load(slots_ptr + rows, mask=row_ok, other=-1)
+    has = row_ok & (slot >= 0)
+    slot = tl.maximum(slot, 0).to(tl.int64)
+    rs = tl.arange(0, BLOCK_R)
+    b_ptrs = b_ptr + slot[:, None, None] * stride_bs + cols.to(tl.int64)[None, :, None] * stride_bn + rs[None, None, :]
+    b = tl.load(b_ptrs, mask=has[:, None, None] & col_ok[None, :, None] & (rs[None, None, :] < R), other=0.0)
+    p0 = _lora_part_tile(part_ptr, rows, row_ok, 0, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
+    p1 = p0
+    p2 = p0
+    if SLICES > 1:
+        p1 = _lora_part_tile(part_ptr, rows, row_ok, 1, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
+    if SLICES > 2:
+        p2 = _lora_part_tile(part_ptr, rows, row_ok, 2, stride_ps, stride_pt, R, splits, BLOCK_R, BLOCK_S)
+    return b, p0, p1, p2
+
+
+@triton.jit
+def _lora_slice_delta(b, part, OUT_DTYPE: tl.constexpr):
+    """`[BLOCK_M, BLOCK_N]`: `B @ buf`, `buf` the slice's partials summed and rounded to the activation
+    dtype (as `triton_lora`'s expand and the reference round the shrink)."""
+    buf = tl.sum(part, axis=1).to(OUT_DTYPE).to(tl.float32)
+    return tl.sum(b.to(tl.float32) * buf[:, None, :], axis=2)
+
+
+@triton.jit
+def _lora_delta(b, p0, p1, p2, cols, off1, off2, OUT_DTYPE: tl.constexpr, SLICES: tl.constexpr):
+    """`[BLOCK_M, BLOCK_N]`: each column's delta from the slice it belongs to (the expand of
+    `triton_lora.py`, folded into the GEMV's epilogue); zero for base-model rows."""
+    delta = _lora_slice_delta(b, p0, OUT_DTYPE)
+    if SLICES > 1:
+        delta = tl.where(cols[None, :] >= off1, _lora_slice_delta(b, p1, OUT_DTYPE), delta)
+    if SLICES > 2:
+        delta = tl.where(cols[None, :] >= off2, _lora_slice_delta(b, p2, OUT_DTYPE), delta)
+    return delta
 
 
 @triton.jit
@@ -238,12 +335,14 @@ def gemv(
     num_stages: int | None = None,
     use_dot: bool | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRAEpilogue | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for `x` `[..., K]` (few rows) and `weight` `[N, K]`; fp32 accumulation.
 
     The output has `x`'s dtype and shape `[..., N]`. The knobs default to `default_config` (shapes
     only, so the call is CUDA-graph capturable); they are exposed for tests and the benchmark.
     `weight_scale` (`N` fp32 values, any shape) multiplies output feature n's sum: `fp8_gemv`.
+    `lora`: each row's LoRA delta added in the epilogue (only where `fuses_lora` holds).
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -276,6 +375,16 @@ def gemv(
     out2 = out.view(-1, n)
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
     bias_arg = bias if bias is not None else out2  # unused without a bias
+    lora_args: tuple[Any, ...] = (out2, out2, out2, 0, 0, 0, 0, 0, 0, 0, 0)  # unused without LoRA
+    lora_consts: dict[str, int] = {}
+    if lora is not None:
+        assert splits == 1 and not cfg.use_dot and lora.part.shape[1] == m, "the LoRA epilogue needs fuses_lora()"
+        sizes = lora.slice_sizes
+        lora_args = (lora.part, lora.b, lora.token_slots, lora.part.stride(0), lora.part.stride(1), lora.b.stride(0),
+                     lora.b.stride(1), lora.max_rank, lora.part.shape[0], sizes[0] if len(sizes) > 1 else n,
+                     sizes[0] + sizes[1] if len(sizes) > 2 else n)
+        lora_consts = {"LORA_SLICES": len(sizes), "LORA_BLOCK_R": triton.next_power_of_2(lora.max_rank),
+                       "LORA_BLOCK_S": max(2, triton.next_power_of_2(lora.part.shape[0]))}
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x2,
         weight,
@@ -290,6 +399,7 @@ def gemv(
         weight.stride(0),
         out2.stride(0),
         k_per_split,
+        *lora_args,
         HAS_SCALE=weight_scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=splits,
@@ -302,6 +412,7 @@ def gemv(
         DOT_PRECISION=dot_precision(x.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **lora_consts,
     )
     if splits > 1:
         block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
@@ -320,4 +431,4 @@ def fp8_gemv(
     return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
 
 
-__all__ = ["GemvConfig", "default_config", "fp8_gemv", "gemv"]
+__all__ = ["GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv"]

@@ -100,6 +100,26 @@ def shrink_splits(tokens: int, row_blocks: int, k: int, block_k: int,
     return triton.cdiv(k, per_split), per_split
 
 
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor, *, block_k: int = 256,
+                target_programs: int = _TARGET_PROGRAMS) -> torch.Tensor:
+    """The shrink alone: fp32 partial sums `[splits, T, rows]` of `A[slot(t)] @ x[t]` over K splits
+    (zero for base-model tokens); the expand, or a GEMV's LoRA epilogue, sums and rounds them."""
+    t, k = x.shape
+    rows = a.shape[1]
+    assert x.stride(1) == 1 and a.stride(2) == 1
+    block_r = min(16, triton.next_power_of_2(rows))
+    block_k = min(block_k, triton.next_power_of_2(k))
+    row_blocks = triton.cdiv(rows, block_r)
+    splits, per_split = shrink_splits(max(t, 1), row_blocks, k, block_k, target_programs)
+    part = torch.empty(splits, t, rows, dtype=torch.float32, device=x.device)
+    if t:
+        _shrink_kernel[(t, row_blocks, splits)](
+            x, a, token_slots, part, x.stride(0), a.stride(0), a.stride(1), part.stride(0), part.stride(1),
+            k, rows, per_split, BLOCK_R=block_r, BLOCK_K=block_k,
+        )
+    return part
+
+
 def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
                slice_sizes: tuple[int, ...], max_rank: int, *, block_k: int = 256, block_n: int | None = None,
                target_programs: int = _TARGET_PROGRAMS) -> None:
@@ -108,21 +128,14 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     `y` `[T, out]` (unit column stride; a merged projection's whole output), `x` `[T, in]`, `a`
     `[S, n_slices * max_rank, in]`, `b` `[S, out, max_rank]`, `token_slots` `[T]` (-1: base model).
     """
-    t, k = x.shape
+    t = x.shape[0]
     rows, n = a.shape[1], y.shape[1]
-    assert x.stride(1) == 1 and a.stride(2) == 1 and y.stride(1) == 1 and b.stride(2) == 1
+    assert y.stride(1) == 1 and b.stride(2) == 1
     assert 1 <= len(slice_sizes) <= 3 and sum(slice_sizes) == n and rows == len(slice_sizes) * max_rank
     if t == 0:
         return
-    block_r = min(16, triton.next_power_of_2(rows))
-    block_k = min(block_k, triton.next_power_of_2(k))
-    row_blocks = triton.cdiv(rows, block_r)
-    splits, per_split = shrink_splits(t, row_blocks, k, block_k, target_programs)
-    part = torch.empty(splits, t, rows, dtype=torch.float32, device=x.device)
-    _shrink_kernel[(t, row_blocks, splits)](
-        x, a, token_slots, part, x.stride(0), a.stride(0), a.stride(1), part.stride(0), part.stride(1),
-        k, rows, per_split, BLOCK_R=block_r, BLOCK_K=block_k,
-    )
+    part = lora_shrink(x, a, token_slots, block_k=block_k, target_programs=target_programs)
+    splits = part.shape[0]
     if block_n is None:  # batch 1: more, smaller programs; larger batches: fewer partial-sum reloads
         block_n = 64 if t < 16 else 128
     block_n = min(block_n, triton.next_power_of_2(n))
@@ -135,4 +148,4 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     )
 
 
-__all__ = ["lora_apply", "shrink_splits"]
+__all__ = ["lora_apply", "lora_shrink", "shrink_splits"]

@@ -48,6 +48,7 @@ FIELD_VALUES: dict[str, Callable[[InferenceServiceSpec, str], Any]] = {
     "kvCache.blockSize": lambda s, _: s.kv_cache.block_size,
     "kvCache.gpuMemoryUtilization": lambda s, _: s.kv_cache.gpu_memory_utilization,
     "kvCache.prefixCaching": lambda s, _: s.kv_cache.prefix_caching,
+    "kvCache.calculateScales": lambda s, _: s.kv_cache.calculate_scales,
     "scheduling.maxModelLen": lambda s, _: s.scheduling.max_model_len,
     "scheduling.maxNumSeqs": lambda s, _: s.scheduling.max_num_seqs,
     "scheduling.maxNumBatchedTokens": lambda s, _: s.scheduling.max_num_batched_tokens,

@@ -173,6 +173,10 @@ class KVCacheSpec(_Model):
                     "cache (--gpu-memory-utilization).")
     prefix_caching: bool = Field(
         default=True, description="Automatic prefix caching (--enable-prefix-caching).")
+    calculate_scales: bool = Field(
+        default=False,
+        description="With dtype fp8: per-layer k/v scales computed from a calibration forward at start-up "
+                    "instead of 1.0 where the checkpoint has none (--calculate-kv-scales).")
 
 
 class SchedulingSpec(_Model):

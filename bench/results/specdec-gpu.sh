@@ -8,7 +8,9 @@
 # specdec-gpu-2026-12-03-before.* (about 55 s of the budget).
 # Stage `phases` (bench/spec_step_overhead.py, batch 1): per step, the host's phases, the host's work
 # while the device has nothing queued (idle_host_ms_per_step) and the wait for the device, per mode:
-# step(oracle-wrong) - step(none) = that idle time + the verify pass's extra device time.
+# step(oracle-wrong) - step(none) = that idle time + the verify pass's extra device time; with
+# --kernel-profile one more request per mode under torch.profiler gives that device time by kernel
+# (`kernels_us_per_step`, `gpu_busy_us_per_step` in $OUT/specdec-gpu-llama8b-phases.json).
 # Run from the repository root on the H200 machine, carrying .whl with pydantic 2.14.4, pydantic-core
 # 2.50.5 (cp312), annotated-types, typing-inspection, typing-extensions (see gpu-2026-12-03.sh).
 #   BUDGET_S=200 bash bench/results/specdec-gpu.sh   -> $OUT/specdec-gpu.log and the JSON files
@@ -26,7 +28,7 @@ for s in ${STAGES:-tests b1 phases b64}; do
     b1) timeout $(left 90) python3 $R/bench/spec_decode.py $COMMON --batch 1 --num-prompts 4 --proposers none,oracle-right,oracle-wrong --json $OUT/specdec-gpu-llama8b-b1.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
     # Where a speculating step's time goes against a plain decode step (batch 1, k = 4): host phases,
     # the host's work while the device idles between steps, and the wait for the device.
-    phases) timeout $(left 70) python3 $R/bench/spec_step_overhead.py --model /tmp/llama8b --device cuda --input-len 512 --max-tokens 128 --requests 2 --json $OUT/specdec-gpu-llama8b-phases.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
+    phases) timeout $(left 80) python3 $R/bench/spec_step_overhead.py --model /tmp/llama8b --device cuda --input-len 512 --max-tokens 128 --requests 2 --kernel-profile --json $OUT/specdec-gpu-llama8b-phases.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
     b64) timeout $(left 90) python3 $R/bench/spec_decode.py $COMMON --batch 64 --num-prompts 64 --disable-by-batch-size 32 --proposers none,oracle-right,oracle-wrong --json $OUT/specdec-gpu-llama8b-b64.json 2>&1 | grep -E "^(none|oracle)|Error|error" | tee -a $L ;;
   esac
 done

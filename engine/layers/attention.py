@@ -26,9 +26,12 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         # An fp8 cache stores K / k_scale and V / v_scale (`kernels/paged_attention.py`): vLLM's 1.0,
-        # or the checkpoint's per-layer scales, set by the model runner.
+        # the checkpoint's per-layer scales, or calculated ones (--calculate-kv-scales), all set before
+        # any CUDA graph is captured (graphs bake these floats in).
         self.k_scale = 1.0
         self.v_scale = 1.0
+        # True once the checkpoint set them: --calculate-kv-scales leaves those alone.
+        self.scales_from_checkpoint = False
 
     def forward(
         self,

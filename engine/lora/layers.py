@@ -4,8 +4,9 @@
 adapter matrices of every device slot: A `[slots, n_slices * max_rank, in]` and B
 `[slots, out, max_rank]`. The stacks are allocated once and slots are overwritten in place, so a
 captured CUDA graph reads whatever adapters are resident when it replays. A step whose tokens use
-adapters adds their deltas with one shrink and one expand per projection, merged or not; a step
-without adapters runs the base layer alone (the model code never knows).
+adapters adds their deltas with one shrink and one expand per projection, merged or not (by adapter
+segments when the step has them, see `slots.py`); a step without adapters runs the base layer alone
+(the model code never knows).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from flotilla.engine.layers.linear import _Linear
 from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
-from flotilla.engine.lora.slots import current_lora_slots
-from flotilla.kernels.dispatch import lora_apply
+from flotilla.engine.lora.slots import current_lora_segments, current_lora_slots
+from flotilla.engine.parallel_state import tp_size
+from flotilla.kernels.dispatch import lora_apply, lora_linear
 
 
 class LoRALinear(nn.Module):
@@ -35,6 +38,11 @@ class LoRALinear(nn.Module):
         # runner's memory profile sees them all the same.
         self.lora_a = torch.zeros(max_loras, n * max_rank, layout.in_features, dtype=weight.dtype, device=weight.device)
         self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
+        # The base product and the expand may be one GEMV launch (`lora_linear`) when the base layer is
+        # a plain unquantized, bias-free product on one rank (a row-parallel layer's all-reduce and
+        # bias come after its product, so the delta could not join it on several ranks).
+        plain = isinstance(base, _Linear) and base.quant_method is None and base.bias is None and tp_size() == 1
+        self._plain_base = base if plain else None
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """Put one adapter's matrices for this projection into `slot` (zeros where it has none)."""
@@ -49,11 +57,19 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The base projection, plus each token's adapter delta when the step uses adapters."""
-        y = self.base(x)
         slots = current_lora_slots()
         if slots is None:
-            return y
-        lora_apply(y, x, self.lora_a, self.lora_b, slots, self.layout.slice_sizes, self.max_rank)
+            return self.base(x)
+        segments = current_lora_segments(slots)
+        plain = self._plain_base
+        if segments is None and isinstance(plain, _Linear):
+            fused = lora_linear(x, plain.weight, plain.gemv_max_rows, self.lora_a, self.lora_b, slots,
+                                self.layout.slice_sizes, self.max_rank)
+            if fused is not None:
+                return fused
+        y = self.base(x)
+        lora_apply(y, x, self.lora_a, self.lora_b, slots, self.layout.slice_sizes, self.max_rank,
+                   segments)
         return y
 
 

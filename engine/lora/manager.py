@@ -13,12 +13,15 @@ import logging
 from collections import OrderedDict
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from flotilla.engine.lora.adapter import LoRAAdapter, load_adapter
 from flotilla.engine.lora.layers import module_name_for, wrap_projections
 from flotilla.engine.lora.request import LoRARequest
+from flotilla.engine.lora.slots import current_lora_slots, set_lora_segments
 from flotilla.engine.scheduler import SchedulerOutput
+from flotilla.kernels.dispatch import lora_step_segments
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,13 @@ class LoRAManager:
         self._free_slots = list(range(max_loras))
         self._cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # adapter id -> matrices, least recent first
         self.num_slot_loads = 0  # adapters copied into a device slot, for tests and logs
+        # Group the step's tokens by slot once per forward, inside it, so that a graph captures it too.
+        model.register_forward_pre_hook(self._group_tokens)
+
+    def _group_tokens(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        slots = current_lora_slots()
+        if slots is not None:
+            set_lora_segments(slots, lora_step_segments(slots, self.max_loras))
 
     def add(self, lora: LoRARequest) -> LoRAAdapter:
         """Read an adapter into the CPU cache (checking it against the model); raises LoRAAdapterError."""

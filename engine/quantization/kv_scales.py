@@ -41,3 +41,4 @@ def set_kv_scale(model: nn.Module, path: str, which: tuple[str, ...], tensor: to
         raise ValueError(f"checkpoint KV scale for {path}: the model has no such attention layer") from None
     for w in which:
         setattr(module, f"{w}_scale", float(tensor.float().max()))
+    setattr(module, "scales_from_checkpoint", True)  # noqa: B010 - an Attention, typed as a plain Module here

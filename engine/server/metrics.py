@@ -60,8 +60,8 @@ class EngineMetrics:
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", labels, registry=r)
         cache = config.cache
         info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
-                     ["block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
-                      "num_gpu_blocks"], registry=r)
+                     ["block_size", "cache_dtype", "calculate_kv_scales", "enable_prefix_caching",
+                      "gpu_memory_utilization", "num_gpu_blocks"], registry=r)
         self._cache_info = (info, cache)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", labels, registry=r)
@@ -134,6 +134,7 @@ class EngineMetrics:
         """vllm:cache_config_info, once the pool size is known (the first snapshot, before serving)."""
         info, cache = self._cache_info
         info.labels(block_size=str(cache.block_size), cache_dtype=cache.kv_cache_dtype,
+                    calculate_kv_scales=str(cache.calculate_kv_scales),
                     enable_prefix_caching=str(cache.enable_prefix_caching),
                     gpu_memory_utilization=str(cache.gpu_memory_utilization),
                     num_gpu_blocks=str(num_blocks)).set(1)

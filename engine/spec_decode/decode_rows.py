@@ -15,8 +15,6 @@ only the sequence layout is rewritten.
 
 from __future__ import annotations
 
-import dataclasses
-
 from flotilla.engine.input_batch import FlatBatch
 
 
@@ -33,9 +31,12 @@ def as_decode_rows(flat: FlatBatch, max_query_len: int) -> FlatBatch:
         n = starts[i + 1] - starts[i]
         seq_lens += range(context - n + 1, context + 1)
         tables += [table] * n
-    return dataclasses.replace(
-        flat, query_start_loc=list(range(len(seq_lens) + 1)), seq_lens=seq_lens, block_tables=tables, max_query_len=1
-    )
+    # A copy by hand: `dataclasses.replace` costs ~10 us of introspection, on a speculating step's
+    # critical path between two device steps.
+    return FlatBatch(input_ids=flat.input_ids, positions=flat.positions, slots=flat.slots,
+                     query_start_loc=list(range(len(seq_lens) + 1)), seq_lens=seq_lens, block_tables=tables,
+                     rows=flat.rows, prompt_spans=flat.prompt_spans, max_query_len=1, pending=flat.pending,
+                     draft_groups=flat.draft_groups)
 
 
 def max_decode_rows(max_num_seqs: int, num_speculative_tokens: int, disable_by_batch_size: int | None) -> int:

@@ -49,7 +49,7 @@ def test_metrics_come_from_snapshots_alone(tiny_model_dirs):
     assert 'vllm:generation_tokens_total{model_name="tiny"} 9.0' in text
     assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
     assert 'vllm:time_to_first_token_seconds_count{model_name="tiny"} 1.0' in text
-    assert 'num_gpu_blocks="40"' in text
+    assert 'num_gpu_blocks="40"' in text and 'calculate_kv_scales="False"' in text
     assert "_created" not in text
 
 

@@ -81,3 +81,84 @@ def test_shrink_splits_fill_the_gpu_at_batch_1_and_vanish_at_batch_64():
     assert shrink_splits(512, 3, 4096, 256) == (1, 4096)
     splits, per = shrink_splits(1, 1, 80, 32)
     assert splits * per >= 80 and (splits - 1) * per < 80
+
+
+def _mixed_slots(tokens: int, slots: int, unused: int = 0) -> torch.Tensor:
+    """A step's slots: the base model (-1) and slots `0 .. slots - unused - 1` interleaved unevenly."""
+    used = slots - unused
+    return torch.tensor([((i * 5 + i // 3) % (used + 1)) - 1 for i in range(tokens)], dtype=torch.long)
+
+
+@pytest.mark.parametrize("tokens, slots, unused", [(20, 3, 0), (70, 6, 2), (300, 4, 1)])
+def test_segments_group_tokens_by_slot(tokens, slots, unused):
+    """`order` lists each slot's tokens in token order, slot after slot, base-model tokens last;
+    `starts` bounds each slot's run (empty runs for unused slots)."""
+    from flotilla.kernels.triton_lora_segments import lora_segments
+
+    token_slots = _mixed_slots(tokens, slots, unused)
+    order, starts = lora_segments(token_slots.to(DEVICE), slots)
+    key = torch.where(token_slots < 0, slots, token_slots)
+    expected = torch.sort(key, stable=True).indices
+    assert order.cpu().long().tolist() == expected.tolist()
+    counts = torch.bincount(key, minlength=slots + 1)
+    assert starts.cpu().long().tolist() == (torch.cumsum(counts, 0) - counts).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slice_sizes, tokens, slots, unused, block_n", [
+    ((48,), 20, 3, 0, 32),  # one slice; 16-token segment blocks, a slot's second block partly full
+    ((32, 16, 16), 40, 4, 1, 16),  # QKV-like: column blocks laid out slice by slice, an unused slot
+    ((40, 24), 70, 6, 2, 32),  # gate/up-like: unaligned slice ends inside a column block
+    ((48, 16), 300, 4, 1, 32),  # a prefill-sized step: 64-token segment blocks
+])
+def test_segment_apply_matches_reference(dtype, slice_sizes, tokens, slots, unused, block_n):
+    """The segment pair (tokens grouped by adapter, tl.dot per segment block) computes the reference's
+    deltas; base-model rows stay bit-identical."""
+    from flotilla.kernels.triton_lora_segments import lora_apply_segments, lora_segments
+
+    y, x, a, b, _ = _projection(dtype, slice_sizes, tokens, k=48, slots=slots)
+    token_slots = _mixed_slots(tokens, slots, unused)
+    ref = y.clone()
+    lora_apply_ref(ref, x, a, b, token_slots, slice_sizes, 16)
+    out = y.clone().to(DEVICE)
+    segments = lora_segments(token_slots.to(DEVICE), slots)
+    lora_apply_segments(out, x.to(DEVICE), a.to(DEVICE), b.to(DEVICE), segments, slice_sizes, 16,
+                        block_k=16, block_n=block_n)
+    out = out.cpu()
+    assert rel_err(out - y.float(), ref.float() - y.float()) < tolerance(dtype) * 2
+    assert torch.equal(out[token_slots < 0], y[token_slots < 0])
+
+
+def test_segment_splits_fill_the_gpu_at_batch_64():
+    from flotilla.kernels.triton_lora_segments import segment_block_m, segment_splits
+
+    assert segment_block_m(64) == 16 and segment_block_m(512) == 64
+    assert segment_splits(8, 3, 4096, 256) == (8, 512)  # QKV, 8 adapters x 8 tokens: 192 programs
+    assert segment_splits(8, 1, 14336, 256, 4096) == (14, 1024)  # down: at most 16 splits
+    assert segment_splits(8, 2, 4096, 256, 28672) == (8, 512)  # gate/up: at most 8 (224 column blocks)
+    assert segment_splits(64, 3, 4096, 256) == (1, 4096)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slice_sizes, rows", [((48,), 1), ((32, 16, 16), 3), ((40, 24), 2)])
+def test_gemv_lora_epilogue_matches_reference(dtype, slice_sizes, rows):
+    """The expand folded into the GEMV's epilogue (`dispatch.lora_linear`'s path): the base product,
+    rounded, plus each row's delta from the shrink's split partials, as `lora_apply_ref` adds it to the
+    same GEMV's output; base-model rows are that output unchanged."""
+    from flotilla.kernels.triton_gemv import LoRAEpilogue, fuses_lora, gemv
+    from flotilla.kernels.triton_lora import lora_shrink
+
+    n = sum(slice_sizes)
+    _, x, a, b, _ = _projection(dtype, slice_sizes, rows)
+    w = torch.randn(n, x.shape[1], generator=torch.Generator().manual_seed(5)).to(dtype)
+    token_slots = torch.tensor([1, -1, 0][:rows] if rows > 1 else [2], dtype=torch.long)
+    assert fuses_lora(rows, n, x.shape[1], 132)
+    xd, wd, sd = x.to(DEVICE), w.to(DEVICE), token_slots.to(DEVICE)
+    base = gemv(xd, wd).cpu()
+    ref = base.clone()
+    lora_apply_ref(ref, x, a, b, token_slots, slice_sizes, 16)
+    part = lora_shrink(xd, a.to(DEVICE), sd, block_k=32)
+    assert part.shape[0] == 3  # K split over three programs: the epilogue sums the partials
+    out = gemv(xd, wd, lora=LoRAEpilogue(part, b.to(DEVICE), sd, slice_sizes, 16)).cpu()
+    assert rel_err(out - base.float(), ref.float() - base.float()) < tolerance(dtype) * 2
+    assert torch.equal(out[token_slots < 0], base[token_slots < 0])

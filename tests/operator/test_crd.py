@@ -175,7 +175,8 @@ def test_apiserver_fills_defaults_of_a_minimal_spec(crd_installed, namespace):
     spec = stored["spec"]
     assert spec["replicas"] == 1
     assert spec["quantization"] == "none"
-    assert spec["kvCache"] == {"dtype": "auto", "blockSize": 16, "gpuMemoryUtilization": 0.9, "prefixCaching": True}
+    assert spec["kvCache"] == {"dtype": "auto", "blockSize": 16, "gpuMemoryUtilization": 0.9, "prefixCaching": True,
+                               "calculateScales": False}
     assert spec["scheduling"] == {"maxNumSeqs": 256, "chunkedPrefill": False}
     assert spec["parallelism"] == {"tensor": 1, "pipeline": 1}
     assert spec["resources"] == {"shmSize": "8Gi", "tmpSize": "20Gi"}

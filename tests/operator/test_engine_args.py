@@ -76,6 +76,14 @@ def test_booleans_render_as_negatable_switches():
     assert ("--no-enable-chunked-prefill" in off) == chunked.implemented
 
 
+def test_calculated_kv_scales_render_as_a_switch_and_need_an_fp8_cache():
+    assert "--calculate-kv-scales" in engine_args(make(kvCache={"dtype": "fp8", "calculateScales": True}), "x")
+    assert "--calculate-kv-scales" not in engine_args(make(kvCache={"dtype": "fp8"}), "x")
+    assert unsupported(make(kvCache={"calculateScales": True}), "x") == [
+        "spec.kvCache.calculateScales computes the scales of an fp8 KV cache: set spec.kvCache.dtype fp8 with "
+        "it, or leave it out"]
+
+
 def test_speculative_config_is_json_in_the_engine_naming():
     args = engine_args(make(speculative={"method": "ngram", "numTokens": 3}), "x")
     assert json.loads(flag_value(args, "--speculative-config")) == {"method": "ngram", "num_speculative_tokens": 3}
@@ -97,6 +105,7 @@ FIELD_SAMPLES = {
     "quantization": {"quantization": "fp8"},
     "kvCache.dtype": {"kvCache": {"dtype": "fp8"}},
     "kvCache.prefixCaching": {"kvCache": {"prefixCaching": False}},
+    "kvCache.calculateScales": {"kvCache": {"dtype": "fp8", "calculateScales": True}},
     "scheduling.chunkedPrefill": {"scheduling": {"chunkedPrefill": True}},
     "parallelism.tensor": {"parallelism": {"tensor": 2}},
     "parallelism.pipeline": {"parallelism": {"pipeline": 2}},

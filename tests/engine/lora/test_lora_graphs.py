@@ -112,3 +112,35 @@ def test_cuda_graph_lora_tokens_equal_eager(tmp_path):
         del llm
         torch.cuda.empty_cache()
     assert tokens[False] == tokens[True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_new_lora_kernels_give_the_per_token_pairs_tokens(tmp_path, monkeypatch):
+    """Tiny Llama (fp32, eager): the segment kernels (prefill steps of >= 16 tokens) and the shrink +
+    GEMV-epilogue path (decode of one request) give the same greedy tokens as the per-token pair
+    (FLOTILLA_LORA_KERNELS=0), for a batch mixing two adapters with the base model and for one request."""
+    from lora import write_adapter
+    from model_dirs import SHAPES, make_model_dir
+
+    from flotilla.engine.llm import LLM
+    from flotilla.engine.lora.request import LoRARequest
+    from flotilla.engine.sampling_params import SamplingParams
+    from flotilla.kernels import dispatch
+
+    model = make_model_dir("tiny-llama", tmp_path / "model", weights_seed=0)
+    config = SHAPES["tiny-llama"]
+    loras = [LoRARequest(f"a{k}", k + 1, str(write_adapter(config, tmp_path / f"a{k}", 8, k, scale=0.2)))
+             for k in range(2)]
+    prompts = [[(37 * i + 11 * j) % 1000 + 3 for j in range(9 + 7 * i)] for i in range(6)]
+    chosen = [None if i % 3 == 0 else loras[i % 2] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(model), device="cuda", max_model_len=256, enforce_eager=True, gpu_memory_utilization=0.3,
+              enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8, enable_prefix_caching=False)
+    tokens = {}
+    for new in (False, True):
+        monkeypatch.setattr(dispatch, "LORA_NEW_KERNELS", new)
+        batch = llm.generate(prompts, params, use_tqdm=False, lora_request=chosen)
+        single = llm.generate(prompts[-1:], params, use_tqdm=False, lora_request=loras[1])
+        tokens[new] = [o.outputs[0].token_ids for o in batch + single]
+    assert tokens[True] == tokens[False]

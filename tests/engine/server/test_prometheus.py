@@ -90,3 +90,4 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
     assert _poll(lambda: prometheus.scalar("sum(vllm:num_requests_running)") == 0.0, timeout=15)
     labels = prometheus.query("vllm:cache_config_info")[0]["metric"]
     assert labels["block_size"] == "8" and labels["enable_prefix_caching"] == "True"
+    assert labels["calculate_kv_scales"] == "False"

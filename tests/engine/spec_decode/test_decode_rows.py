@@ -95,3 +95,27 @@ def test_a_verification_step_replays_a_decode_graph():
     assert graphs.decode_sizes == [1, 2, 4, 8, 10]
     assert graphs.pick(as_decode_rows(_step(), 5)) == GraphKey(True, 8, 8, 64)
     assert not graphs.pick(_step()).decode  # the extend layout: a mixed graph padded to 16 tokens
+
+
+def test_a_verification_step_stages_one_sequence_per_row_into_the_graph_buffers():
+    """The rows of a request share its block-table list, which staging writes once for all of them; the
+    buffers the decode graph reads hold each row's table, context and slot, and padding rows after them.
+    A wider step staged before leaves nothing behind that the graph would read."""
+    from flotilla.engine.cuda_graphs import StepGraphs
+
+    graphs = StepGraphs(torch.nn.Identity(), 2, 256, 4096, BLOCK, torch.device("cpu"),
+                        max_decode_rows=max_decode_rows(2, 4, None))
+    other = FlatBatch(input_ids=[9] * 10, positions=list(range(10)), slots=list(range(100, 110)),
+                      query_start_loc=list(range(11)), seq_lens=list(range(1, 11)),
+                      block_tables=[[7]] * 10, max_query_len=1)
+    graphs._stage(other, graphs.pick(other))
+    flat = as_decode_rows(_step(), 5)
+    key = graphs.pick(flat)
+    graphs._stage(flat, key)
+    meta = graphs._metadata(key)
+    assert meta.query_start_loc.tolist() == list(range(9))  # 6 rows, then 2 padding rows of one token
+    assert meta.seq_lens.tolist() == [33, 34, 35, 36, 37, 20, 0, 0]
+    assert meta.block_tables[:5, :3].tolist() == [[0, 1, 2]] * 5 and meta.block_tables[5, :2].tolist() == [3, 4]
+    assert meta.slot_mapping.tolist() == [32, 33, 34, 35, 36, 51, -1, -1]
+    assert graphs._i64[0, :8].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
+    assert graphs._i64[1, :8].tolist() == [32, 33, 34, 35, 36, 19, 0, 0]
