@@ -9,9 +9,13 @@ token is the same) and perplexity (exp of the mean negative log-likelihood of th
 text's tokens), with the issue's floors. Checkpoints are written with the compressed-tensors library
 (the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
 128, so W4A16 and W8A16 (compressed-tensors 0.20's preset groups by 128 too) use groups of 64, the
-largest power of two that divides every input width.
+largest power of two that divides every input width. These are round-to-nearest (min/max per group);
+`--checkpoint NAME=DIR` scores a ready-made checkpoint directory as well (e.g. a GPTQ-calibrated one
+from bench/gptq_checkpoint.py), held to the int4 floor; `--variants ""` scores only those.
 
     python bench/quant_fidelity.py --dtype float32 --json bench/results/quant-fidelity-cpu-2026-12-03.json
+    python bench/quant_fidelity.py --dtype float32 --variants "W4A16 g64" \
+        --checkpoint "W4A16 g64 GPTQ=/tmp/smollm2-gptq-w4a16-g64" --json out.json
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
-          "fp8 KV": (0.98, 1.01), "fp8 KV calculated scales": (0.98, 1.01)}
+          "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01),
+          "fp8 KV calculated scales": (0.98, 1.01)}
+INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
 
 
 def score(model: str, dtype: str, kv_scales: tuple[list[float], list[float]] | None = None,
@@ -57,7 +63,10 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(FLOORS), help="comma-separated, from: " + ", ".join(FLOORS))
     parser.add_argument("--dtype", default="bfloat16",
                         help="activation dtype of every variant and of the unquantized reference")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
+                        help="also score the checkpoint in DIR under NAME (repeatable)")
     args = parser.parse_args()
+    checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
     from quant_checkpoints import compressed_tensors_checkpoint
 
     from flotilla.engine.embedded_model import embedded_model_dir
@@ -72,18 +81,26 @@ def main() -> None:
         "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8", "W8A16", 64, dequantized_copy=False),
                          {}),
         "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4", "W4A16", 64, dequantized_copy=False), {}),
+        "W4A16 g64 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a", "W4A16_ASYM", 64,
+                                                                 dequantized_copy=False), {}),
+        "W4A16 g32 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a32", "W4A16_ASYM", 32,
+                                                                 dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
         "fp8 KV calculated scales": (str(base), {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
     }
-    for name in args.variants.split(","):
+    variants.update({name: (path, {}) for name, path in checkpoints.items()})
+    for name in [v for v in args.variants.split(",") if v] + list(checkpoints):
         model, kwargs = variants[name]
         path = model if isinstance(model, str) else str(model())
         top1, ppl = score(path, args.dtype, **kwargs)
         agreement = sum(a == b for a, b in zip(top1, ref_top1, strict=True)) / len(ref_top1)
-        floor, ceiling = FLOORS[name]
+        floor, ceiling = FLOORS.get(name, INT4_FLOORS)
         ok = (floor is None or agreement >= floor) and ppl / ref_ppl <= ceiling
         results[name] = {"top1_agreement": agreement, "perplexity": ppl, "perplexity_ratio": ppl / ref_ppl,
                          "floor_top1": floor, "ceiling_ppl_ratio": ceiling, "meets_floors": ok}
+        made = Path(path) / "calibration.json"  # how bench/gptq_checkpoint.py made it
+        if name in checkpoints and made.exists():
+            results[name]["checkpoint"] = json.loads(made.read_text())
         print(f"{name}: top-1 agreement {agreement:.2%}, perplexity {ppl:.3f} ({ppl / ref_ppl - 1:+.2%}) "
               f"-> {'meets' if ok else 'MISSES'} the floors (top-1 >= {floor}, ppl <= x{ceiling})", flush=True)
         if args.json:  # after every variant: a long run cut short keeps what it measured

@@ -5,7 +5,8 @@ head), with
 - `float-quantized` / `naive-quantized` 8-bit float weights (FP8 W8A8 with dynamic per-token or static
   per-tensor activations, or FP8 weight-only when `input_activations` is null),
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
-  channel or in groups, symmetric or asymmetric.
+  channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
+  (contiguous groups; `group`, which permutes them with `weight_g_idx`, is refused).
 The checkpoint's packed codes are stored signed-plus-offset (`code + 2^(bits-1)`), the engine's
 unsigned layout already; asymmetric zero points are packed the same way along the output dimension
 and are unpacked here; `weight_shape` is implied by the layer and dropped.
@@ -60,6 +61,11 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
         strategy = weights.get("strategy")
         if strategy not in ("group", "channel"):
             raise ValueError(f"compressed-tensors: integer strategy {strategy!r}; group or channel is supported")
+        if weights.get("actorder") in ("group", "dynamic"):
+            # The groups follow a permutation (`weight_g_idx`); `static`/`weight` order only changes
+            # GPTQ's calibration and stores contiguous groups, as with none.
+            raise ValueError(f"compressed-tensors: actorder {weights['actorder']!r} (permuted groups, "
+                             "weight_g_idx) is not supported; actorder null, static or weight is")
         group = weights.get("group_size") if strategy == "group" else None
         return PackedIntMethod(bits, group, bool(weights.get("symmetric", True)))
     raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "

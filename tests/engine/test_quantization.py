@@ -214,3 +214,44 @@ def test_a_gguf_converted_checkpoint_is_not_quantized(embedded_model_dir):
     its safetensors are plain bf16, so no scheme applies (and fp8 at load may be asked for)."""
     assert EngineConfig.from_kwargs(str(embedded_model_dir)).model.quantization is None
     assert EngineConfig.from_kwargs(str(embedded_model_dir), quantization="fp8").model.quantization == "fp8"
+
+
+LLM_COMPRESSOR_CONFIGS = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("name,symmetric", [("llmcompressor-0.14-gptq-w4a16-g64.json", True),
+                                            ("llmcompressor-0.14-gptq-w4a16-asym-g64.json", False)])
+def test_llm_compressor_gptq_configs_resolve_to_int4_groups_of_64(name, symmetric):
+    """The `quantization_config` llm-compressor 0.14's oneshot + GPTQModifier wrote for the GPTQ
+    checkpoints of SmolLM2 measured in docs/quantization.md (verbatim, bench/gptq_checkpoint.py):
+    detected as compressed-tensors W4A16, groups of 64, with or without zero points; act-order `static`
+    (stored groups unchanged) is accepted, `group` (permuted groups, g_idx) refused."""
+    import json
+
+    from flotilla.engine.quantization import linear_method, resolve_quantization
+    from flotilla.engine.quantization.packed_int import PackedIntMethod
+
+    hf_config = {"quantization_config": json.loads((LLM_COMPRESSOR_CONFIGS / name).read_text())}
+    assert resolve_quantization(None, hf_config) == "compressed-tensors"
+    method = linear_method("compressed-tensors", hf_config)
+    assert isinstance(method, PackedIntMethod)
+    assert (method.bits, method.group_size, method.symmetric) == (4, 64, symmetric)
+    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "static"
+    assert isinstance(linear_method("compressed-tensors", hf_config), PackedIntMethod)  # contiguous groups
+    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    with pytest.raises(ValueError, match="actorder 'group'"):
+        resolve_quantization(None, hf_config)
+
+
+def test_llm_compressor_asym_g64_checkpoint_matches_hf_on_dequantized_weights(wide_llama, tmp_path):
+    """A tiny checkpoint with llm-compressor's verbatim asymmetric group-64 config (int32 zero points
+    packed along the outputs), its tensors packed by the compressed-tensors library: the engine's
+    greedy tokens equal HF's on the library's decompressed weights."""
+    import json
+
+    path = compressed_tensors_checkpoint(wide_llama, tmp_path / "asym-g64", "W4A16_ASYM", group_size=64)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = json.loads(
+        (LLM_COMPRESSOR_CONFIGS / "llmcompressor-0.14-gptq-w4a16-asym-g64.json").read_text())
+    (path / "config.json").write_text(json.dumps(config))
+    assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
