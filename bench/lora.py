@@ -11,7 +11,9 @@ PEFT's file format with random nonzero A and B). Targets (issue 25): batch 64 wi
 
 `--kernels new,old` measures the LoRA engine once per kernel set, in one process: `new` is the default
 (segment kernels from 16 tokens on, the expand in the GEMV's epilogue at batch 1), `old` the per-token
-pair everywhere (what FLOTILLA_LORA_KERNELS=0 selects); each row names its set.
+pair everywhere (what FLOTILLA_LORA_KERNELS=0 selects); each row names its set. On an 8B shape give one set
+per process (bench/results/lora-gpu.sh does): a later engine of the same process may find no memory left
+for its KV cache (H200, 2026-12-03).
 """
 
 from __future__ import annotations
