@@ -72,15 +72,17 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     from flotilla.kernels.triton_gemv import _gemv_kernel
 
     pointers = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "bias_ptr": "*bf16",
-                "out_ptr": "*bf16", "part_ptr": "*fp32"}  # fmt: skip
-    common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
-    fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NUM_STAGES=2)
+                "out_ptr": "*bf16", "part_ptr": "*fp32",  # the LoRA epilogue's (unused without LORA_SLICES):
+                "lora_part_ptr": "*fp32", "lora_b_ptr": "*bf16", "lora_slots_ptr": "*i32"}  # fmt: skip
+    common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", LORA_SLICES=0,
+                  LORA_BLOCK_R=16, LORA_BLOCK_S=2)  # fmt: skip
+    fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, NUM_STAGES=3)
     dot = dict(common, SPLIT_K=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
     from flotilla.kernels.triton_fp8_quant import _quant_rows_kernel
 
     quant = {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "static_scale_ptr": "*fp32"}
     return {
-        "fp8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=2),
+        "fp8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=3),
         "fp8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
         "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
     }
