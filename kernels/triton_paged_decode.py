@@ -18,10 +18,25 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.fp8_linear import FP8_DTYPE
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_BITS: tl.constexpr):
+    """A loaded K/V tile as a `tl.dot` operand. With KV_BITS the tile is raw e4m3 bytes (the fp8 pool
+    viewed as uint8) turned into fp16 with integer ops: sign to bit 15, exponent and mantissa shifted
+    into fp16's fields, which is exactly the value x 2^-8 (normals and subnormals alike, since fp16's
+    exponent bias is 8 above e4m3's); the caller folds 2^8 into the scales. The hardware conversion
+    instead goes through shared memory byte by byte and, to bf16, twice per value."""
+    if KV_BITS:
+        b = x.to(tl.int16)
+        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+        return tl.where(mask, h.to(tl.float16, bitcast=True), 0.0).to(DOT_DTYPE)
+    return x.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -59,6 +74,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_BITS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -97,7 +113,7 @@ def _decode_split_kernel(
         in_page = tok % PAGE
         kv_mask = tok_ok[:, None] & d_ok[None, :]
         k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        k = _kv_operand(tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_BITS)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -105,10 +121,12 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        v = _kv_operand(tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_BITS)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
+    if KV_BITS:
+        acc = acc * 256.0  # the e4m3 -> fp16 bit move leaves V at 2^-8 of its value
     # Partials are `[batch, heads, splits]`.
     store_attention_rows(
         acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
@@ -142,12 +160,15 @@ def paged_decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    fp8_kv: str = "bits",
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
 
     Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
-    sync); the tile and launch knobs are exposed for tests and the benchmark.
+    sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
+    fp8 pool's tiles become tensor-core operands: "bits" (integer bit moves to fp16, see `_kv_operand`;
+    the query is rounded to fp16) or "cvt" (Triton's e4m3 upcast to the query's dtype).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -160,6 +181,9 @@ def paged_decode_attention(
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
+    kv_bits = k_cache.dtype == FP8_DTYPE and fp8_kv == "bits"
+    if kv_bits:
+        k_cache, v_cache, scale = k_cache.view(torch.uint8), v_cache.view(torch.uint8), scale * 256.0
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
         k_cache,
@@ -192,8 +216,9 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         PAGE=page,
         BLOCK_N=block_n,
-        DOT_DTYPE=dot_dtype(query.dtype),
+        DOT_DTYPE=dot_dtype(torch.float16 if kv_bits else query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
+        KV_BITS=kv_bits,
         num_warps=num_warps,
         num_stages=num_stages,
     )
