@@ -20,23 +20,60 @@ import triton.language as tl
 
 from flotilla.kernels.fp8_linear import FP8_DTYPE
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
-from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
+from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
 
 
+# Four e4m3 bytes (one 32-bit register) to four fp16 (two f16x2 registers), each value x 2^-8: every
+# byte moved to the high byte of a 16-bit half (prmt), then sign kept and exponent + mantissa shifted one
+# bit right into fp16's fields, two halves per 32-bit op (~2.5 instructions a value; Triton's e4m3 ->
+# bf16 is a cvt per two values plus one per value, on the slow conversion pipe).
+_E4M3X4_TO_F16X4 = tl.constexpr("""{
+.reg .b32 a, b, s, t;
+prmt.b32 a, 0, $2, 0x5040;
+prmt.b32 b, 0, $2, 0x7060;
+shr.b32 s, a, 1;
+shr.b32 t, b, 1;
+and.b32 s, s, 0x3F803F80;
+and.b32 t, t, 0x3F803F80;
+and.b32 a, a, 0x80008000;
+and.b32 b, b, 0x80008000;
+or.b32 $0, a, s;
+or.b32 $1, b, t;
+}""")
+
+
 @triton.jit
-def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_BITS: tl.constexpr):
-    """A loaded K/V tile as a `tl.dot` operand. With KV_BITS the tile is raw e4m3 bytes (the fp8 pool
-    viewed as uint8) turned into fp16 with integer ops: sign to bit 15, exponent and mantissa shifted
-    into fp16's fields, which is exactly the value x 2^-8 (normals and subnormals alike, since fp16's
-    exponent bias is 8 above e4m3's); the caller folds 2^8 into the scales. The hardware conversion
-    instead goes through shared memory byte by byte and, to bf16, twice per value."""
-    if KV_BITS:
+def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAYOUT: tl.constexpr):
+    """A loaded K/V tile as a `tl.dot` operand. KV_FP8 0: `x` is already a float tile (bf16/fp16/fp32,
+    or fp8 upcast by Triton's conversion, which goes through shared memory byte by byte and, to bf16,
+    converts each value twice). 1 and 2: `x` is raw e4m3 bytes (the fp8 pool viewed as uint8) made
+    fp16 with integer ops: sign to bit 15, exponent and mantissa shifted into fp16's fields, which is
+    exactly the value x 2^-8 (normals and subnormals alike: fp16's exponent bias is 8 above e4m3's);
+    the caller folds 2^8 into the scales. 1 does it per value in Triton ops, 2 four values at a time
+    in PTX (`_E4M3X4_TO_F16X4`).
+
+    KEEP_LAYOUT (for V): Triton moves an elementwise conversion of a `tl.dot` operand after the
+    shared-memory read into the tensor-core operand layout, and an 8-bit V tile (the reduction runs
+    over tokens, not over contiguous bytes) is then read back one byte at a time (`ld.shared.b8` x 64
+    a tile, sm_90 PTX). A select stops that move: V is converted in its load layout and reaches the
+    tensor cores as fp16 through ldmatrix. K's bytes are contiguous along the reduction, so K keeps the
+    moved conversion (no extra shared-memory round trip).
+    """
+    if KV_FP8 == 1:
         b = x.to(tl.int16)
-        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-        return tl.where(mask, h.to(tl.float16, bitcast=True), 0.0).to(DOT_DTYPE)
-    return x.to(DOT_DTYPE)
+        h = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        if KEEP_LAYOUT:
+            h = tl.where(mask, h, 0.0)
+        return h.to(DOT_DTYPE)
+    elif KV_FP8 == 2:
+        h = tl.inline_asm_elementwise(_E4M3X4_TO_F16X4, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+        if KEEP_LAYOUT:
+            h = tl.where(mask, h, 0.0)
+        return h.to(DOT_DTYPE)
+    else:
+        return x.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -74,7 +111,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    KV_BITS: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -113,7 +150,7 @@ def _decode_split_kernel(
         in_page = tok % PAGE
         kv_mask = tok_ok[:, None] & d_ok[None, :]
         k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = _kv_operand(tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_BITS)
+        k = _kv_operand(tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_FP8, False)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -121,11 +158,11 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = _kv_operand(tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_BITS)
+        v = _kv_operand(tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_FP8, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    if KV_BITS:
+    if KV_FP8 != 0:
         acc = acc * 256.0  # the e4m3 -> fp16 bit move leaves V at 2^-8 of its value
     # Partials are `[batch, heads, splits]`.
     store_attention_rows(
@@ -147,6 +184,18 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
+FP8_KV_MODES = {"cvt": 0, "bits": 1, "asm": 2}
+
+
+def _fp8_mode(k_cache: torch.Tensor, fp8_kv: str) -> int:
+    """The kernel's KV_FP8 for this pool: 0 for a float pool or "cvt"; inline PTX never runs under the
+    interpreter, so "asm" is tested there as "bits" (the same arithmetic)."""
+    if k_cache.dtype != FP8_DTYPE:
+        return 0
+    mode = FP8_KV_MODES[fp8_kv]
+    return 1 if mode == 2 and INTERPRETING else mode
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -160,15 +209,16 @@ def paged_decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    fp8_kv: str = "bits",
+    fp8_kv: str = "asm",
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
 
     Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
-    fp8 pool's tiles become tensor-core operands: "bits" (integer bit moves to fp16, see `_kv_operand`;
-    the query is rounded to fp16) or "cvt" (Triton's e4m3 upcast to the query's dtype).
+    fp8 pool's tiles become tensor-core operands: "asm" or "bits" (integer bit moves to fp16, four
+    values per PTX sequence or one per Triton op, see `_kv_operand`; the query is rounded to fp16) or
+    "cvt" (Triton's e4m3 upcast to the query's dtype).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -181,8 +231,8 @@ def paged_decode_attention(
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
-    kv_bits = k_cache.dtype == FP8_DTYPE and fp8_kv == "bits"
-    if kv_bits:
+    kv_fp8 = _fp8_mode(k_cache, fp8_kv)
+    if kv_fp8:
         k_cache, v_cache, scale = k_cache.view(torch.uint8), v_cache.view(torch.uint8), scale * 256.0
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
@@ -216,9 +266,9 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         PAGE=page,
         BLOCK_N=block_n,
-        DOT_DTYPE=dot_dtype(torch.float16 if kv_bits else query.dtype),
+        DOT_DTYPE=dot_dtype(torch.float16 if kv_fp8 else query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
-        KV_BITS=kv_bits,
+        KV_FP8=kv_fp8,
         num_warps=num_warps,
         num_stages=num_stages,
     )
