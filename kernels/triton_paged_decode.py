@@ -87,6 +87,7 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    ticket_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -103,6 +104,7 @@ def _decode_split_kernel(
     table_tokens,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -112,6 +114,7 @@ def _decode_split_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -169,6 +172,39 @@ def _decode_split_kernel(
         acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
         (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
     )  # fmt: skip
+    if NUM_SPLITS > 1 and FUSED_MERGE:
+        # The last split of this (sequence, KV head) to finish merges the group's partials, saving the
+        # merge kernel's launch and its wait. The barrier orders every thread's partial stores before
+        # the release of the ticket; the acquire orders the winner's reads after all of them.
+        tl.debug_barrier()
+        ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
+            if has_query:
+                _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
+                             stride_oh, d, d_ok, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _merge_group(
+    part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, out_row, stride_oh, d, d_ok,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head. The partials are read
+    through L2 (`.cg`): other SMs wrote them during this kernel."""
+    sp = tl.arange(0, SPLITS_PAD)
+    for gi in tl.static_range(GROUP):
+        head = kv_head * GROUP + gi
+        part = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
+        lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
+        mx = tl.max(lse, 0)
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx), 0.0)
+        parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :],
+                        mask=(sp < NUM_SPLITS)[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        total = tl.sum(w, 0)
+        merged = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + out_row + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
@@ -182,6 +218,19 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     want = (4 * num_sms) // programs
     most = max(1, triton.cdiv(max_context, 2 * block_n))
     return int(max(1, min(want, most, 64)))
+
+
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, count: int) -> torch.Tensor:
+    """Per-(sequence, KV head) arrival counters for the fused merge, zero between calls (the merging
+    program resets its own), so one buffer per device serves every call and every captured graph.
+    Allocated once at a size no batch reaches in practice (graph capture must not allocate it)."""
+    buf = _TICKETS.get(device)
+    if buf is None or buf.numel() < count:
+        buf = _TICKETS[device] = torch.zeros(max(count, 1 << 16), dtype=torch.int32, device=device)
+    return buf
 
 
 FP8_KV_MODES = {"cvt": 0, "bits": 1, "asm": 2}
@@ -210,6 +259,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     fp8_kv: str = "asm",
+    fused_merge: bool = True,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
 
@@ -218,7 +268,9 @@ def paged_decode_attention(
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
     fp8 pool's tiles become tensor-core operands: "asm" or "bits" (integer bit moves to fp16, four
     values per PTX sequence or one per Triton op, see `_kv_operand`; the query is rounded to fp16) or
-    "cvt" (Triton's e4m3 upcast to the query's dtype).
+    "cvt" (Triton's e4m3 upcast to the query's dtype). `fused_merge`: with several splits, the last
+    split program of each (sequence, KV head) merges the partials (one launch) instead of a second
+    kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -244,6 +296,7 @@ def paged_decode_attention(
         out,
         part_out,
         part_lse,
+        _tickets(query.device, batch * num_kv_heads) if fused_merge and num_splits > 1 else part_lse,
         scale * _LOG2E,
         query.stride(0),
         query.stride(1),
@@ -260,6 +313,7 @@ def paged_decode_attention(
         max_context,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
         HEAD_DIM=head_dim,
@@ -269,10 +323,11 @@ def paged_decode_attention(
         DOT_DTYPE=dot_dtype(torch.float16 if kv_fp8 else query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
         KV_FP8=kv_fp8,
+        FUSED_MERGE=fused_merge,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused_merge:
         merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True)
     return out
 
