@@ -14,6 +14,8 @@ from `seq_lens` values, so a call never syncs with the host and can be captured 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -220,6 +222,25 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
+# (block_n, num_warps, num_stages) per pool: bf16 64/4/2 was the best of the H200 sweep at batch 64 x
+# 4,096 (247.7 us, 4,335 GB/s; bench/fp8_kv_decode.py, 2026-12-04 call 1).
+_BF16_LAUNCH = (64, 4, 2)
+_FP8_LAUNCH = (64, 4, 2)
+
+
+def _launch_defaults(fp8: bool) -> tuple[int, int, int]:
+    """The pool's launch defaults; FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages" overrides the fp8
+    pool's, so that one device call can time the engine step at the configuration its kernel sweep
+    found best (bench/results/kv6-gpu.sh)."""
+    if not fp8:
+        return _BF16_LAUNCH
+    env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
+    if env:
+        block_n, warps, stages = (int(v) for v in env.split(","))
+        return block_n, warps, stages
+    return _FP8_LAUNCH
+
+
 _TICKETS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -255,9 +276,9 @@ def paged_decode_attention(
     scale: float,
     *,
     num_splits: int | None = None,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     fp8_kv: str = "asm",
     fused_merge: bool = True,
 ) -> torch.Tensor:
@@ -278,6 +299,8 @@ def paged_decode_attention(
     if batch == 0 or num_tokens == 0:
         return out
     max_context = block_tables.shape[1] * page
+    tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
+    block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = split_length(max_context, num_splits, block_n)
