@@ -1,15 +1,18 @@
 """Paged decode attention on an fp8 KV pool against a bf16 one, H200 (issue 22: fp8 KV must make the
 batch-64 x 4,096 decode step faster, it made it 1.14x slower on 2026-12-03).
 
-    python3 bench/fp8_kv_decode.py --json fp8-kv-decode.json [--batches 1,64] [--ctx 4096]
+    python3 bench/fp8_kv_decode.py --json fp8-kv-decode.json [--batches 64,1] [--ctx 4096] [--best-fp8-launch F]
 
 Llama-3.1-8B's attention (32 query heads, 8 KV heads, head dim 128, pages of 16 tokens), block tables
 shuffled over a pool larger than the L2. For each launch configuration (tile, warps, pipeline stages) it
 times `paged_decode_attention` on the bf16 pool and on the same values in fp8 (e4m3), in CUDA graphs of
-many calls, and reports GB/s of K+V bytes read (each pool's own bytes). Variant `fp16_query`: the query
-in fp16, so the fp8 tiles convert to fp16 operands (one `cvt` per two values) instead of to bf16 (a
-further conversion per value): does the conversion cost the time? Each output is checked against the
-bf16 pool's with the fp8 rounding (rel err printed).
+many calls, and reports GB/s of K+V bytes read (each pool's own bytes). fp8 operand paths (`fp8_kv`):
+`cvt` Triton's e4m3 -> bf16 upcast (the 2026-12-03 kernel: byte-wise shared-memory reads of V, two
+conversions a value), `bits` and `asm` the integer bit moves to fp16 (one Triton op a value, or four
+values per PTX sequence; V converted in its load layout). At batch 1 each tile also runs with twice the
+default splits and with the separate merge kernel (`fused_merge` False, the kernel before 2026-12-04).
+Each output is checked against the bf16 result on the fp8-rounded pool (rel err printed); the bf16
+pool's error is its distance from that rounding.
 """
 
 from __future__ import annotations
@@ -22,13 +25,28 @@ from pathlib import Path
 import torch
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
-CONFIGS = [{"block_n": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (1, 2, 3)] + [
-    {"block_n": bn, "num_warps": 8, "num_stages": 2} for bn in (64, 128)
-]
+TILES = {  # (block_n, num_warps, num_stages) per batch
+    64: [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3), (128, 8, 2)],
+    1: [(64, 4, 2), (64, 4, 3), (32, 4, 3)],
+}
+# pool, query dtype, fp8_kv mode
+VARIANTS = {
+    64: [("bf16", "bf16", "asm"), ("fp8", "bf16", "cvt"), ("fp8", "bf16", "bits"), ("fp8", "bf16", "asm")],
+    1: [("bf16", "bf16", "asm"), ("fp8", "bf16", "asm")],
+}
+
+
+def configs(batch: int) -> list[dict]:
+    """The default launch first, then each tile; at batch 1 also twice the default splits and the
+    separate merge kernel (before the fused merge) for each."""
+    tiles = [{}] + [dict(zip(("block_n", "num_warps", "num_stages"), t, strict=True)) for t in TILES[batch]]
+    if batch > 1:
+        return tiles
+    return [t | {"num_splits": sp, "fused_merge": fm} for t in tiles for sp in (None, 64) for fm in (True, False)]
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
-    """Every configuration on the bf16 pool, the fp8 pool and the fp8 pool with an fp16 query."""
+    """Every configuration on the bf16 pool and on the same values in fp8, each fp8 operand path."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from kernels import graph_ms  # bench/kernels.py
 
@@ -38,24 +56,26 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
     v16 = torch.randn_like(k16)
     pools = {"bf16": (k16, v16), "fp8": (k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn))}
     tables = torch.randperm(sets * blocks, device="cuda", dtype=torch.int32).view(sets, batch, -1)
-    q = torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    queries = {"bf16": torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)}
+    queries["fp16"] = queries["bf16"].half()
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     k8, v8 = pools["fp8"]
-    ref = paged_decode_attention(q[0], k8.to(torch.bfloat16), v8.to(torch.bfloat16), tables[0], qsl, lens,
-                                 HEAD_DIM**-0.5).float()  # fmt: skip
+    ref = paged_decode_attention(queries["bf16"][0], k8.to(torch.bfloat16), v8.to(torch.bfloat16), tables[0], qsl,
+                                 lens, HEAD_DIM**-0.5).float()  # fmt: skip
     calls = 20 if batch >= 16 else 100
 
     def attend(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: dict):
         return lambda i: paged_decode_attention(query[i % sets], k, v, tables[i % sets], qsl, lens, HEAD_DIM**-0.5,
                                                 **cfg)  # fmt: skip
 
-    for cfg in [{}, *CONFIGS]:
-        for pool, query in (("bf16", q), ("fp8", q), ("fp8_fp16_query", q.half())):
-            k, v = pools["bf16" if pool == "bf16" else "fp8"]
-            fn = attend(query, k, v, cfg)
+    for cfg in configs(batch):
+        for pool, qdt, mode in VARIANTS[batch]:
+            k, v = pools[pool]
+            fn = attend(queries[qdt], k, v, cfg | {"fp8_kv": mode})
             nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
-            row: dict = {"batch": batch, "ctx": ctx, "pool": pool, **cfg}
+            name = pool if pool == "bf16" else f"fp8_{mode}"
+            row: dict = {"batch": batch, "ctx": ctx, "pool": name, **cfg}
             try:
                 err = ((fn(0).float() - ref).norm() / ref.norm()).item()
                 ms = graph_ms(fn, calls)
@@ -64,16 +84,21 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
                 row["error"] = repr(exc)[:200]
             results["cases"].append(row)
             path.write_text(json.dumps(results, indent=1) + "\n")
-    for pool in ("bf16", "fp8", "fp8_fp16_query"):
+    for pool in dict.fromkeys(r["pool"] for r in results["cases"] if r["batch"] == batch):
         rows = [r for r in results["cases"] if r["batch"] == batch and r["pool"] == pool and "us" in r]
-        default = next(r for r in rows if "block_n" not in r)
+        if not rows:
+            continue
+        plain = [r for r in rows if "block_n" not in r and not r.get("num_splits") and r.get("fused_merge", True)]
+        default = (plain or rows)[0]
         best = min(rows, key=lambda r: r["us"])
-        knobs = {k: best.get(k) for k in ("block_n", "num_warps", "num_stages")}
+        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "fused_merge") if k in best}
+        results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         print(
             f"b{batch} ctx{ctx} {pool}: default {default['us']:.1f} us {default['gbps']:.0f} GB/s; "
             f"best {best['us']:.1f} us {best['gbps']:.0f} GB/s {knobs} err {best['rel_err']:.1e}",
             flush=True,
         )
+    path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def main() -> None:
@@ -81,6 +106,8 @@ def main() -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--batches", default="64,1")
     p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--best-fp8-launch", help="write the fastest fp8 asm launch at the largest batch here, as "
+                   "FLOTILLA_DECODE_FP8_LAUNCH reads it (block_n,warps,stages)")  # fmt: skip
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
@@ -91,6 +118,11 @@ def main() -> None:
     for batch in (int(b) for b in a.batches.split(",")):
         bench_batch(batch, a.ctx, results, Path(a.json))
         torch.cuda.empty_cache()
+    best = [b for k, b in results.get("best", {}).items() if k.endswith("_fp8_asm")]
+    if a.best_fp8_launch and best:
+        top = max(best, key=lambda r: r["batch"])
+        if "block_n" in top:
+            Path(a.best_fp8_launch).write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']}\n")
 
 
 if __name__ == "__main__":

@@ -155,7 +155,8 @@ def _decode_split_kernel(
         in_page = tok % PAGE
         kv_mask = tok_ok[:, None] & d_ok[None, :]
         k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = _kv_operand(tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_FP8, False)
+        k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, False)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -163,7 +164,8 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = _kv_operand(tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0), kv_mask, DOT_DTYPE, KV_FP8, True)
+        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
