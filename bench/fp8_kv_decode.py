@@ -25,10 +25,7 @@ from pathlib import Path
 import torch
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
-TILES = {  # (block_n, num_warps, num_stages) per batch
-    64: [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3), (128, 8, 2)],
-    1: [(64, 4, 2), (64, 4, 3), (32, 4, 3)],
-}
+TILES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3), (128, 8, 2)]  # batch 64
 # pool, query dtype, fp8_kv mode
 VARIANTS = {
     64: [("bf16", "bf16", "asm"), ("fp8", "bf16", "cvt"), ("fp8", "bf16", "bits"), ("fp8", "bf16", "asm")],
@@ -36,13 +33,28 @@ VARIANTS = {
 }
 
 
+def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
+    return {"block_n": block_n, "num_warps": warps, "num_stages": stages, **more}
+
+
 def configs(batch: int) -> list[dict]:
-    """The default launch first, then each tile; at batch 1 also twice the default splits and the
-    separate merge kernel (before the fused merge) for each."""
-    tiles = [{}] + [dict(zip(("block_n", "num_warps", "num_stages"), t, strict=True)) for t in TILES[batch]]
+    """The default launch first, then tiles. At batch 1 (8 KV heads: splits make the programs; the
+    default is 32 splits at block_n 64, 64 at block_n 32) also more splits, and the separate merge
+    kernel (`fused_merge` False: the kernel before 2026-12-04) against the fused merge."""
     if batch > 1:
-        return tiles
-    return [t | {"num_splits": sp, "fused_merge": fm} for t in tiles for sp in (None, 64) for fm in (True, False)]
+        return [{}] + [_launch(*t) for t in TILES]
+    return [
+        {},
+        {"fused_merge": False},
+        _launch(64, 4, 3),
+        _launch(64, 4, 3, fused_merge=False),
+        _launch(64, 4, 3, num_splits=64),
+        _launch(64, 4, 2, num_splits=64),
+        _launch(64, 8, 3, num_splits=64),
+        _launch(32, 4, 3),
+        _launch(32, 4, 3, num_splits=128),
+        _launch(32, 4, 2, num_splits=128),
+    ]
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
