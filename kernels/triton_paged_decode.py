@@ -290,7 +290,7 @@ def paged_decode_attention(
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
     fp8 pool's tiles become tensor-core operands: "asm" or "bits" (integer bit moves to fp16, four
-    values per PTX sequence or one per Triton op, see `_kv_operand`; the query is rounded to fp16) or
+    values per PTX sequence or one per Triton op, see `_kv_operand`; a bf16 query is rounded to fp16) or
     "cvt" (Triton's e4m3 upcast to the query's dtype). `fused_merge`: with several splits, the last
     split program of each (sequence, KV head) merges the partials (one launch) instead of a second
     kernel.
@@ -345,7 +345,7 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         PAGE=page,
         BLOCK_N=block_n,
-        DOT_DTYPE=dot_dtype(torch.float16 if kv_fp8 else query.dtype),
+        DOT_DTYPE=dot_dtype(torch.float16 if kv_fp8 and query.dtype != torch.float32 else query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
         KV_FP8=kv_fp8,
         FUSED_MERGE=fused_merge,
