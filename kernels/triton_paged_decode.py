@@ -54,7 +54,8 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
     fp16 with integer ops: sign to bit 15, exponent and mantissa shifted into fp16's fields, which is
     exactly the value x 2^-8 (normals and subnormals alike: fp16's exponent bias is 8 above e4m3's);
     the caller folds 2^8 into the scales. 1 does it per value in Triton ops, 2 four values at a time
-    in PTX (`_E4M3X4_TO_F16X4`).
+    in PTX (`_E4M3X4_TO_F16X4`). 3: `x` is the e4m3 tile, converted to fp16 by the hardware
+    (`cvt.rn.f16x2.e4m3x2`, on the conversion pipe) and kept in its load layout like 1 and 2.
 
     KEEP_LAYOUT (for V): Triton moves an elementwise conversion of a `tl.dot` operand after the
     shared-memory read into the tensor-core operand layout, and an 8-bit V tile (the reduction runs
@@ -71,6 +72,11 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
         return h.to(DOT_DTYPE)
     elif KV_FP8 == 2:
         h = tl.inline_asm_elementwise(_E4M3X4_TO_F16X4, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+        if KEEP_LAYOUT:
+            h = tl.where(mask, h, 0.0)
+        return h.to(DOT_DTYPE)
+    elif KV_FP8 == 3:
+        h = x.to(tl.float16)  # the hardware conversion, two values per cvt, no bf16 step
         if KEEP_LAYOUT:
             h = tl.where(mask, h, 0.0)
         return h.to(DOT_DTYPE)
@@ -169,7 +175,7 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    if KV_FP8 != 0:
+    if KV_FP8 == 1 or KV_FP8 == 2:
         acc = acc * 256.0  # the e4m3 -> fp16 bit move leaves V at 2^-8 of its value
     # Partials are `[batch, heads, splits]`.
     store_attention_rows(
@@ -225,21 +231,22 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 
 
 # (block_n, num_warps, num_stages) per pool: bf16 64/4/2 was the best of the H200 sweep at batch 64 x
-# 4,096 (247.7 us, 4,335 GB/s; bench/fp8_kv_decode.py, 2026-12-04 call 1).
+# 4,096 (247.7 us, 4,335 GB/s; bench/fp8_kv_decode.py, 2026-12-04 call 1); fp8 adds the operand path.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 2)
+_FP8_LAUNCH = (64, 4, 2, "asm")
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int]:
-    """The pool's launch defaults; FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages" overrides the fp8
-    pool's, so that one device call can time the engine step at the configuration its kernel sweep
-    found best (bench/results/kv6-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv" overrides the fp8 pool's, so that one
+    device call can time the engine step at what its kernel sweep found best (bench/results/kv6-gpu.sh)."""
     if not fp8:
-        return _BF16_LAUNCH
+        return (*_BF16_LAUNCH, "cvt")
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
-        block_n, warps, stages = (int(v) for v in env.split(","))
-        return block_n, warps, stages
+        block_n, warps, stages, mode = env.split(",")
+        assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
+        return int(block_n), int(warps), int(stages), mode
     return _FP8_LAUNCH
 
 
@@ -256,7 +263,7 @@ def _tickets(device: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
-FP8_KV_MODES = {"cvt": 0, "bits": 1, "asm": 2}
+FP8_KV_MODES = {"cvt": 0, "bits": 1, "asm": 2, "cvt16": 3}
 
 
 def _fp8_mode(k_cache: torch.Tensor, fp8_kv: str) -> int:
@@ -281,7 +288,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    fp8_kv: str = "asm",
+    fp8_kv: str | None = None,
     fused_merge: bool = True,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -289,9 +296,10 @@ def paged_decode_attention(
     Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
-    fp8 pool's tiles become tensor-core operands: "asm" or "bits" (integer bit moves to fp16, four
-    values per PTX sequence or one per Triton op, see `_kv_operand`; a bf16 query is rounded to fp16) or
-    "cvt" (Triton's e4m3 upcast to the query's dtype). `fused_merge`: with several splits, the last
+    fp8 pool's tiles become tensor-core operands (default "asm"): "asm" or "bits" (integer bit moves to fp16, four
+    values per PTX sequence or one per Triton op, see `_kv_operand`; a bf16 query is rounded to fp16),
+    "cvt16" (the hardware e4m3 -> fp16 conversion, also fp16 operands) or "cvt" (Triton's e4m3 upcast
+    to the query's dtype, the kernel before 2026-12-04). `fused_merge`: with several splits, the last
     split program of each (sequence, KV head) merges the partials (one launch) instead of a second
     kernel.
     """
@@ -303,13 +311,14 @@ def paged_decode_attention(
     max_context = block_tables.shape[1] * page
     tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
+    fp8_kv = fp8_kv or tile[3]
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     kv_fp8 = _fp8_mode(k_cache, fp8_kv)
-    if kv_fp8:
+    if kv_fp8 in (1, 2):
         k_cache, v_cache, scale = k_cache.view(torch.uint8), v_cache.view(torch.uint8), scale * 256.0
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,

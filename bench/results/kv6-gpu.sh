@@ -2,13 +2,14 @@
 # Paged decode attention on the H200 (issues 22 and 19), one call, ~160-190 s of device time (BUDGET_S, default
 # 200). Stages, each under its own limit (capped by what is left):
 #   sweep  bench/fp8_kv_decode.py --batches 64,1 (48 cases, limit 70 s): Llama-3.1-8B attention, context 4,096;
-#          batch 64: bf16 pool vs fp8 pool with each fp8 operand path (cvt = the old Triton upcast, bits / asm =
-#          the e4m3 -> fp16 bit moves), 6 tiles each; batch 1: bf16 and fp8 asm, 3 tiles x default / 64 splits x
-#          fused merge on / off. Prints default and best per path; writes the best fp8 asm tile at batch 64.
+#          batch 64: bf16 pool vs fp8 pool with each fp8 operand path (cvt = the old Triton upcast, asm = the
+#          e4m3 -> fp16 bit moves in PTX, cvt16 = the hardware e4m3 -> fp16 cvt), default + 6 tiles each; batch 1:
+#          bf16 and fp8 asm, 10 launches (splits, tiles, fused merge on / off). Prints default and best per path;
+#          writes the best fp8 launch at batch 64 (tile and path) to kv6-best-fp8-launch.txt.
 #          Issue 22 wants the fp8 pool well under the bf16 one's time (<= ~0.55x for the 0.70x step),
 #          issue 19 wants batch 1 bf16 >= 2,000 GB/s.
 #   bf16 / fp8kv  bench/quant_gpu.py --jobs bs64 (limit 75 s each; ~45 s expected): the engine's decode step at batch 64 x context
-#          4,096, bf16 KV, then fp8 KV at the sweep's best fp8 tile (FLOTILLA_DECODE_FP8_LAUNCH); --max-num-seqs 64
+#          4,096, bf16 KV, then fp8 KV at the sweep's best fp8 launch (FLOTILLA_DECODE_FP8_LAUNCH); --max-num-seqs 64
 #          (graphs up to 64 only: faster start-up; both stages alike).
 #   tests  the decode / fp8 KV kernel tests compiled on the GPU (the asm path's correctness on real hardware).
 #   summary step ratio fp8kv / bf16 (target <= 0.70) -> $OUT/kv6-gpu-summary.json (always runs)

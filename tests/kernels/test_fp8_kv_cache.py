@@ -90,7 +90,7 @@ def test_attention_kernels_read_fp8_pages(kernel):
     assert rel_err(out * v_scale, ref) < 1e-5
 
 
-@pytest.mark.parametrize("fp8_kv", ["cvt", "bits", "asm"])
+@pytest.mark.parametrize("fp8_kv", ["cvt", "bits", "asm", "cvt16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_fp8_operand_paths_match_reference(fp8_kv, dtype):
     """Every way the decode kernel turns e4m3 pages into tensor-core operands (the bit moves to fp16

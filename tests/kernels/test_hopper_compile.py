@@ -76,7 +76,8 @@ def _compile_all() -> dict[str, dict[str, object]]:
 
 def _compile_paged_decode() -> dict[str, dict[str, object]]:
     """The decode attention at Llama-3.1-8B's shape with 32 splits (fused merge), on a bf16 pool and on
-    an fp8 pool read as bytes (KV_FP8 2, the PTX bit moves; 1, Triton ops; 0, Triton's upcast)."""
+    an fp8 pool (KV_FP8 2: bytes, the PTX bit moves; 1: bytes, Triton ops; 3: the hardware e4m3 -> fp16
+    cvt; 0: Triton's upcast)."""
     import triton.language as tl
 
     from flotilla.kernels.triton_paged_decode import _decode_split_kernel
@@ -87,7 +88,7 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
                   PAGE=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSED_MERGE=True)  # fmt: skip
     out = {}
     pools = [("bf16", "*bf16", tl.bfloat16, 0), ("fp8 asm", "*u8", tl.float16, 2), ("fp8 bits", "*u8", tl.float16, 1),
-             ("fp8 cvt", "*fp8e4nv", tl.bfloat16, 0)]  # fmt: skip
+             ("fp8 cvt", "*fp8e4nv", tl.bfloat16, 0), ("fp8 cvt16", "*fp8e4nv", tl.float16, 3)]  # fmt: skip
     for name, pool, dot, mode in pools:
         pointers = {"q_ptr": "*bf16", "k_cache_ptr": pool, "v_cache_ptr": pool, "block_tables_ptr": "*i32",
                     "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
@@ -147,6 +148,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):
         assert result[name]["mma"] and not result[name]["e4m3_cvt"] and result[name]["byte_smem_reads"] == 0, name
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
+    assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
 
 
