@@ -64,6 +64,12 @@ def paged_attention(
     the general prefill/extend kernel, which is correct for every batch, decode included. The hint
     exists because deriving it from `query_start_loc` would sync with the host.
     """
+    if query.is_cuda and max_query_len == 1:
+        from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+        # the decode kernel scales its output itself (no extra elementwise kernel per layer)
+        return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+                                      scale * k_scale, v_scale=v_scale)  # fmt: skip
     out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
                            max_query_len)
     return out if v_scale == 1.0 else out * v_scale
@@ -80,10 +86,6 @@ def _paged_attention(
     max_query_len: int | None,
 ) -> torch.Tensor:
     if query.is_cuda:
-        if max_query_len == 1:
-            from flotilla.kernels.triton_paged_decode import paged_decode_attention
-
-            return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
         from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
         return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)

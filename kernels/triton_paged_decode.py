@@ -97,6 +97,7 @@ def _decode_split_kernel(
     part_lse_ptr,
     ticket_ptr,
     qk_scale,
+    out_scale,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -175,8 +176,7 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    if KV_FP8 == 1 or KV_FP8 == 2:
-        acc = acc * 256.0  # the e4m3 -> fp16 bit move leaves V at 2^-8 of its value
+    acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
     # Partials are `[batch, heads, splits]`.
     store_attention_rows(
         acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
@@ -290,6 +290,7 @@ def paged_decode_attention(
     num_stages: int | None = None,
     fp8_kv: str | None = None,
     fused_merge: bool = True,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
 
@@ -301,7 +302,7 @@ def paged_decode_attention(
     "cvt16" (the hardware e4m3 -> fp16 conversion, also fp16 operands) or "cvt" (Triton's e4m3 upcast
     to the query's dtype, the kernel before 2026-12-04). `fused_merge`: with several splits, the last
     split program of each (sequence, KV head) merges the partials (one launch) instead of a second
-    kernel.
+    kernel. `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -332,6 +333,7 @@ def paged_decode_attention(
         part_lse,
         _tickets(query.device, batch * num_kv_heads) if fused_merge and num_splits > 1 else part_lse,
         scale * _LOG2E,
+        v_scale * (256.0 if kv_fp8 in (1, 2) else 1.0),
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),

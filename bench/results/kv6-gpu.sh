@@ -11,7 +11,8 @@
 #   bf16 / fp8kv  bench/quant_gpu.py --jobs bs64 (limit 75 s each; ~45 s expected): the engine's decode step at batch 64 x context
 #          4,096, bf16 KV, then fp8 KV at the sweep's best fp8 launch (FLOTILLA_DECODE_FP8_LAUNCH); --max-num-seqs 64
 #          (graphs up to 64 only: faster start-up; both stages alike).
-#   tests  the decode / fp8 KV kernel tests compiled on the GPU (the asm path's correctness on real hardware).
+#   tests  the decode / fp8 KV / dispatch kernel tests on the GPU (the asm path and the fused merge on real hardware,
+#          an fp8 pool with scales replayed in a CUDA graph).
 #   summary step ratio fp8kv / bf16 (target <= 0.70) -> $OUT/kv6-gpu-summary.json (always runs)
 # Run from the repository root on the H200 machine, carrying .whl (pydantic stack) as the other scripts:
 #   BUDGET_S=200 bash bench/results/kv6-gpu.sh
@@ -35,7 +36,8 @@ for s in ${STAGES:-sweep bf16 fp8kv tests summary}; do
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); b=r.get('bs64', {}); print(r['name'], r['kv_dtype'], 'startup %.0f s' % r['startup_s'], 'bs64 %s ms/step' % b.get('ms_per_step'), 'graphed %s/%s' % (b.get('graphed_steps'), b.get('steps')))" \
         $OUT/kv6-gpu-$s.json 2>&1 | tee -a $L
       grep -E "KV cache:|Error|error" $OUT/kv6-gpu-$s.log | tail -3 | cut -c1-300 | tee -a $L ;;
-    tests) timeout $(left 40) python3 -m pytest $R/tests/kernels/test_paged_decode.py $R/tests/kernels/test_fp8_kv_cache.py -q \
+    tests) timeout $(left 40) python3 -m pytest $R/tests/kernels/test_paged_decode.py $R/tests/kernels/test_fp8_kv_cache.py \
+        $R/tests/kernels/test_dispatch.py -q \
         -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R > $OUT/kv6-gpu-tests.log 2>&1
       grep -E "Error|error:|passed|failed" $OUT/kv6-gpu-tests.log | tail -12 | tee -a $L ;;
     summary) python3 - <<'PY' 2>&1 | tee -a $L

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, INTERPRETING, attention_case, rel_err
+from kernel_cases import DEVICE, INTERPRETING, attention_case, batch_meta, paged_pool, rel_err
 
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.paged_attention import paged_attention_ref, write_kv_cache_ref
@@ -73,21 +73,23 @@ def _fp8_case(q_lens, seq_lens):
 
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_attention_kernels_read_fp8_pages(kernel):
-    """The kernels upcast fp8 pages; with the scales folded in (`dispatch.paged_attention`) they equal
-    the reference on the dequantized pages."""
+    """The kernels upcast fp8 pages; with the scales folded in (`dispatch.paged_attention`: k_scale in
+    the softmax scale, v_scale in the decode kernel or on the prefill output) they equal the reference
+    on the dequantized pages."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
     q_lens = [1, 1] if kernel == "decode" else [21, 7]
     query, k8, v8, tables, qsl, lens = _fp8_case(q_lens, [37, 40])
     k_scale, v_scale = 0.5, 2.0
-    if kernel == "decode":
-        out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, num_splits=2, block_n=16)
+    if kernel == "decode":  # the decode kernel takes v_scale itself
+        out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, num_splits=2, block_n=16,
+                                     v_scale=v_scale)  # fmt: skip
     else:
-        out = paged_prefill_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, block_m=64, block_n=16)
+        out = v_scale * paged_prefill_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, block_m=64, block_n=16)
     deq = (k8.float() * k_scale).to(DEVICE), (v8.float() * v_scale).to(DEVICE)
     ref = paged_attention_ref(query, *deq, tables, qsl, lens, 0.2)
-    assert rel_err(out * v_scale, ref) < 1e-5
+    assert rel_err(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("fp8_kv", ["cvt", "bits", "asm", "cvt16"])
@@ -114,3 +116,31 @@ def test_cpu_attention_reads_fp8_pages(q_lens):
     out = paged_attention_cpu(*args, 0.2, max(q_lens))
     ref = paged_attention_ref(args[0], args[1].float(), args[2].float(), *args[3:], 0.2)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_decode_with_scales_replays_in_a_graph():
+    """Llama-3-8B heads, one sequence of 4,000 tokens (32 splits, merged by the last split program) and
+    a short one, on an fp8 pool with k/v scales through `dispatch.paged_attention`: each of several
+    graph replays equals the reference (the merge's arrival tickets are back to zero after every call)."""
+    from flotilla.kernels import dispatch
+
+    g = torch.Generator().manual_seed(3)
+    k16, v16, tables = paged_pool([4000, 33], 8, 128, torch.float32, generator=g)
+    k8, v8 = (k16 * 4).to(FP8).cuda(), (v16 / 2).to(FP8).cuda()  # the pool holds K / k_scale, V / v_scale
+    query = torch.randn(2, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = (t.cuda() for t in batch_meta([1, 1], [4000, 33]))
+    tables = tables.cuda()
+    run = lambda: dispatch.paged_attention(query, k8, v8, tables, qsl, lens, 0.088, max_query_len=1,  # noqa: E731
+                                           k_scale=0.25, v_scale=2.0)  # fmt: skip
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    ref = paged_attention_ref(query, k8.float() * 0.25, v8.float() * 2.0, tables, qsl, lens, 0.088)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, ref) < 1.5e-2

@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 
 
 def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
-    """Pointer args by name, constexprs as given, `inv_*` scales and `qk_scale` fp32, every other argument i32."""
+    """Pointer args by name, constexprs as given, `inv_*`, `qk_scale` and `out_scale` fp32, every other argument i32."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -29,7 +29,7 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> d
         elif name.endswith("_ptr"):
             sig[name] = pointers[name]
         else:
-            sig[name] = "fp32" if name.startswith("inv_") or name == "qk_scale" else "i32"
+            sig[name] = "fp32" if name.startswith("inv_") or name in ("qk_scale", "out_scale") else "i32"
     return sig
 
 
