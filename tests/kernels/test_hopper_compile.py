@@ -1,5 +1,6 @@
-"""The fp8 kernels (KV-cache writes, the W8A16 GEMV, the activation quantization) compiled for Hopper
-(sm_90) on the CPU, by Triton's compiler and ptxas.
+"""The fp8 kernels (KV-cache writes, the W8A16 GEMV, the activation quantization) and the LoRA
+kernels of the default (stacked) kernel set compiled for Hopper (sm_90) on the CPU, by Triton's
+compiler and ptxas.
 
 The interpreter (TRITON_INTERPRET=1) runs kernels as Python, so it accepts code the compiler refuses:
 a plain-float global read inside a `@triton.jit` function passed every interpreter test and failed to
@@ -61,7 +62,25 @@ def _compile_all() -> dict[str, dict[str, object]]:
     constexprs = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=True)
     out["rotary_kv_write *fp8e4nv"] = _compile_for_hopper(_rotary_kv_write_kernel, pointers, constexprs)
     out.update(_compile_fp8_gemv())
-    return out
+    return {"fp8": out, "lora": _compile_lora()}
+
+
+def _compile_lora() -> dict[str, dict[str, object]]:
+    """The LoRA kernels a Llama-3.1-8B decode step at batch 64 with 8 slots launches (kernel set
+    "stacked"): the per-step token grouping, and the stacked expand (16-token segment blocks, 128
+    columns, rank 16, bf16 on tensor cores)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_lora_segments import _segments_kernel
+    from flotilla.kernels.triton_lora_stacked import _stacked_expand_kernel
+
+    segments = {"slots_ptr": "*i64", "order_ptr": "*i32", "starts_ptr": "*i32"}
+    expand = {"out_ptr": "*bf16", "ext_ptr": "*bf16", "b_ptr": "*bf16", "order_ptr": "*i32", "starts_ptr": "*i32"}
+    consts = dict(DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", BLOCK_M=16, BLOCK_N=128, BLOCK_R=16, BLOCK_S=16)
+    return {
+        "lora_segments": _compile_for_hopper(_segments_kernel, segments, dict(BLOCK_T=64, BLOCK_S=16)),
+        "lora_stacked_expand": _compile_for_hopper(_stacked_expand_kernel, expand, consts),
+    }
 
 
 def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
@@ -96,19 +115,33 @@ def _cuda_backend_missing() -> bool:
     return False
 
 
-@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_fp8_kernels_compile_for_hopper(tmp_path):
+@pytest.fixture(scope="module")
+def hopper_builds(tmp_path_factory) -> dict[str, dict[str, dict[str, object]]]:
+    """Every kernel above compiled once, in a child process without the interpreter."""
+    tmp_path = tmp_path_factory.mktemp("hopper")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run([sys.executable, __file__], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_fp8_kernels_compile_for_hopper(hopper_builds):
+    result = hopper_builds["fp8"]
     assert all(r["cubin_bytes"] > 0 for r in result.values())
     # the fp32 -> e4m3 stores and the GEMV's e4m3 loads use the hardware conversions (cvt ... e4m3x2),
     # not a software one
     assert all(r["e4m3_cvt"] for r in result.values())
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_lora_kernels_compile_for_hopper(hopper_builds):
+    result = hopper_builds["lora"]
+    assert all(r["cubin_bytes"] > 0 for r in result.values())
+    assert result["lora_stacked_expand"]["mma"]  # the delta on tensor cores
 
 
 if __name__ == "__main__":
