@@ -21,6 +21,7 @@ for its KV cache (H200, 2026-12-03).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -147,6 +148,7 @@ def main() -> None:
                 row["kernels_us_per_step"] = profile
                 print(json.dumps({"batch": b, "kernels": kernels, "kernels_us_per_step": profile}), flush=True)
         del engine
+        gc.collect()
         torch.cuda.empty_cache()
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))

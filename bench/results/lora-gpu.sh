@@ -15,12 +15,14 @@
 #             ("kernels_us_per_step": GPU us and launches per step by kernel name);
 #   graphs:   tests/engine/lora/test_lora_graphs.py: the graph bookkeeping tests and two CUDA tests
 #             (tiny Llama, fp32: greedy tokens of captured LoRA graphs equal the eager path's; the
-#             stacked, segment and per-token kernel sets give the same tokens); expect "6 passed";
+#             stacked, segment and per-token kernel sets give the same tokens); expect "6 passed"
+#             (sixth session, call 3: both CUDA tests found no memory: the LoRA manager's forward hook
+#             kept the previous engine alive in a reference cycle; fixed, engine/lora/manager.py);
 #   segments: the same bench with the fifth session's set (segment pair from 16 tokens), for an A/B in
 #             one call (measured then: 1.120x / 1.301x, lora-gpu-2026-12-03-s5 in gpu-2026-12-03-s5/).
 # One process per kernel set: an engine's KV pool returns to the GPU only when its process ends (2026-12-03,
 # fifth session: the third engine of one process found no memory for its KV cache). A bench stage takes
-# ~50 s (base engine + LoRA engine, graphs captured for batch 1 and 64).
+# ~30 s (base engine + LoRA engine, graphs captured for batch 1 and 64; sixth session, call 3).
 # Wheels as bench/results/gpu-2026-12-03.sh (pydantic 2.14.4 + pydantic-core cp312, annotated-types,
 # typing-inspection, typing-extensions; no HTTP stack needed).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
@@ -28,7 +30,7 @@ L=$OUT/lora-gpu.log
 PYTEST="python3 -m pytest -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R"
 bench() {  # $1: kernel set; $2: extra arguments
   (cd $R/bench && FLOTILLA_LORA_KERNELS=$1 timeout $(left 85) python3 lora.py --shape llama-3.1-8b --rank 16 \
-    --adapters 8 --batch-sizes 1,64 --context 512 --steps 32 --kernels $1 $2 --json $OUT/lora-gpu-$1.json 2>&1 \
+    --adapters 8 --batch-sizes 1,64 --context 512 --steps 32 --kernels $1 ${2:-} --json $OUT/lora-gpu-$1.json 2>&1 \
     | grep -E "^\{|Error|error|eagerly|captured" | tail -10 | tee -a $L)
 }
 for s in ${STAGES:-kernels stacked graphs segments}; do

@@ -197,3 +197,26 @@ def test_lora_kernel_sets_by_number_or_name():
     assert [lora_kernel_set(v) for v in ("0", "1", "2", " stacked ")] == ["pair", "segments", "stacked", "stacked"]
     with pytest.raises(ValueError, match="FLOTILLA_LORA_KERNELS"):
         lora_kernel_set("3")
+
+
+def test_a_wrapped_model_is_freed_without_a_garbage_collection(tiny_model_dirs):
+    """The manager's forward pre-hook holds no reference back to the manager: a dropped LoRA model (and
+    on a GPU its engine's KV cache) is freed by reference counting, not at the next collection (on the
+    H200 the next engine of a process found no memory left while a cycle kept the last one alive)."""
+    import gc
+    import weakref
+
+    from flotilla.engine.lora.manager import LoRAManager
+    from flotilla.engine.model_loader import load_model
+
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_loras=2)
+    model = load_model(config.model, torch.device("cpu"))
+    manager = LoRAManager(model, 2, 16, 2)
+    alive = weakref.ref(model)
+    gc.collect()
+    gc.disable()
+    try:
+        del model, manager
+        assert alive() is None
+    finally:
+        gc.enable()
