@@ -19,9 +19,10 @@
 #             (sixth session, call 3: both CUDA tests found no memory: the LoRA manager's forward hook
 #             kept the previous engine alive in a reference cycle; fixed, engine/lora/manager.py);
 #   segments: the same bench with the fifth session's set (segment pair from 16 tokens), for an A/B in
-#             one call (measured then: 1.120x / 1.301x, lora-gpu-2026-12-03-s5 in gpu-2026-12-03-s5/).
-# One process per kernel set: an engine's KV pool returns to the GPU only when its process ends (2026-12-03,
-# fifth session: the third engine of one process found no memory for its KV cache). A bench stage takes
+#             one call (measured then: 1.120x / 1.301x, call4-lora-gpu.log in gpu-2026-12-03-s5/). Sixth session,
+#             call 3: stacked 1.119x / 1.093x (lora-gpu-2026-12-04-s6/).
+# One process per kernel set, so each starts from an empty GPU (the fifth session's third engine of one process
+# found no memory for its KV cache: the LoRA hook's reference cycle, fixed in the sixth). A bench stage takes
 # ~30 s (base engine + LoRA engine, graphs captured for batch 1 and 64; sixth session, call 3).
 # Wheels as bench/results/gpu-2026-12-03.sh (pydantic 2.14.4 + pydantic-core cp312, annotated-types,
 # typing-inspection, typing-extensions; no HTTP stack needed).
