@@ -1,0 +1,228 @@
+"""W4A16 GEMV for decode at one or a few rows: `out = x @ dequant(W)^T (+ bias)`, W never materialised.
+
+Same contract as `packed_int_linear_ref` at 4 bits (layout in `packed_int_linear.py`): `packed` int32
+`[N, K/8]`, input `8j + i` of a row in bits `4i..4i+3` of word `j`; `scales` `[N, K/group]`; `zeros`
+uint8 `[N, K/group]` (None: symmetric, every zero point the middle code 8). At M = 1..4 the product is
+a pure weight stream (0.5 byte a weight plus a scale per group), so what matters is that the
+arithmetic per weight stays below what the SMs issue while the bytes stream: at the H200's ~4.2 TB/s
+a step reads ~8.5 int4 weights per ns, and an SM partition issues one warp instruction per clock.
+`triton_int4_gemm.py` dequantizes each weight to the activation dtype (an int->float conversion at a
+quarter of the FMA rate or less, a scale and a zero load per element); here each weight costs a shift,
+a mask and one FMA per row:
+
+- A nibble `c` is turned into the float `1 + c/16` by placing it in the mantissa of 1.0
+  (`0x3F800000 | c << 19`, bitcast): no int->float conversion, exact.
+- Scale and zero point factor out of a word's eight products: with `v = 1 + c/16` and
+  `v_z = 1 + z/16`, `sum_i x_i (c_i - z) s = 16 s (sum_i x_i v_i - v_z sum_i x_i)`; so per word and row
+  one FMA folds the word's partial sum into the accumulator, and `sum_i x_i` is shared by all rows.
+- Each program owns BLOCK_N weight rows and walks K in steps of BLOCK_W words (8 inputs each); a step
+  loads the `[BLOCK_N, BLOCK_W]` word tile (rows contiguous along K, coalesced) and, for each nibble
+  position i, the activations at `8w + i` (L1/L2 hits, shared by the program's rows). The fp32
+  accumulator `[BLOCK_M, BLOCK_N, BLOCK_W]` is summed over the word axis once after the loop, so the
+  loop has no cross-thread reduction.
+
+Split-K, partials and the fixed-order reduce are `triton_gemv.py`'s (a second grid axis cuts the words
+into ranges when the row tiles alone are too few for the SMs; fp32 partials `[split, M, N]`, summed
+in a fixed order: bit-reproducible). Every choice comes from the shapes alone (no host sync), so a
+call can be captured in a CUDA graph. `default_config` is a lead; `bench/int4_gemv.py --grid` times
+tiles on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
+from flotilla.kernels.triton_utils import device_sms
+
+_REDUCE_BLOCK = 1024
+# fp32 accumulator elements (`acc` and the step's partial sums) a thread may hold before it spills.
+_ACC_PER_THREAD = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Int4GemvConfig:
+    """Tile and launch knobs of one int4 GEMV launch."""
+
+    block_n: int  # weight rows (output features) per program
+    block_w: int  # packed int32 words (8 inputs each) per loop step
+    split_k: int  # word ranges (second grid axis); 1 = no partials, no reduce kernel
+    num_warps: int
+    num_stages: int  # software-pipeline depth of the K loop
+
+
+def default_config(
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    block_n: int | None = None,
+    block_w: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Int4GemvConfig:
+    """The launch configuration for an `[m, k] x [n, k]^T` int4 GEMV; given knobs are kept, the rest chosen.
+
+    A lead from first principles (not yet measured): 64 words (512 inputs, 256 bytes of a row) a step,
+    16 rows a program (4 KB a step, as the fp8 GEMV's measured FMA tiles), fewer rows while there are
+    fewer than two programs per SM, and the accumulator within `_ACC_PER_THREAD` registers at more rows;
+    split-K as `triton_gemv.default_config`: powers of two while programs are still fewer than two per
+    SM and each range keeps at least 4 steps. For Llama-3.1-8B on 132 SMs: no split at any projection.
+    """
+    block_m = triton.next_power_of_2(max(m, 1))
+    words = k // 8
+    num_warps = num_warps or 4
+    num_stages = num_stages or 1
+    block_w = block_w or min(64, max(16, triton.next_power_of_2(words)))
+    if block_n is None:
+        budget = _ACC_PER_THREAD * 32 * num_warps // 2  # acc and the step's partial sums
+        block_n = max(4, min(16, budget // (block_m * block_w)))
+        block_n = min(block_n, max(4, triton.next_power_of_2(n)))
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
+            block_n //= 2
+    if split_k is None:
+        tiles = triton.cdiv(n, block_n)
+        split_k = 1
+        while tiles * split_k < 2 * num_sms and words >= 2 * split_k * 4 * block_w and split_k < 16:
+            split_k *= 2
+    return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages)
+
+
+@triton.jit
+def _int4_gemv_kernel(
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    zeros_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    M,
+    N,
+    KW,
+    stride_xm,
+    stride_pn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    words_per_split,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ws = tl.arange(0, BLOCK_W)
+    row_ok = rows < M
+    col_ok = cols < N
+    cols64 = cols.to(tl.int64)
+    w_start = split * words_per_split
+    w_end = tl.minimum(w_start + words_per_split, KW)
+    p_ptrs = packed_ptr + cols64[:, None] * stride_pn + ws[None, :]
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ws[None, :] * 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], tl.float32)
+    for w0 in tl.range(w_start, w_end, BLOCK_W, num_stages=NUM_STAGES):
+        w_ok = (w0 + ws) < w_end
+        tile_ok = col_ok[:, None] & w_ok[None, :]
+        words = tl.load(p_ptrs + w0, mask=tile_ok, other=0)  # [BLOCK_N, BLOCK_W] int32
+        group = ((w0 + ws) * 8) // GROUP
+        scale = tl.load(scales_ptr + cols64[:, None] * stride_sn + group[None, :], mask=tile_ok, other=0.0)
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + cols64[:, None] * stride_zn + group[None, :], mask=tile_ok, other=0)
+            vz = ((zero.to(tl.int32) << 19) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + z/16
+        else:
+            vz = tl.full([BLOCK_N, BLOCK_W], 1.5, tl.float32)  # the middle code 8
+        part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], tl.float32)  # sum_i x_i v_i of each word
+        xsum = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # sum_i x_i of each word's inputs
+        for i in tl.static_range(8):
+            # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
+            xi = tl.load(x_ptrs + w0 * 8 + i, mask=row_ok[:, None] & w_ok[None, :], other=0.0).to(tl.float32)
+            if i * 4 <= 19:  # move nibble i to mantissa bits 19..22
+                bits = words << (19 - i * 4)
+            else:
+                bits = words >> (i * 4 - 19)
+            v = ((bits & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c/16, exact
+            part += xi[:, None, :] * v[None, :, :]
+            xsum += xi
+        acc += scale.to(tl.float32)[None, :, :] * (part - vz[None, :, :] * xsum[:, None, :])
+    res = tl.sum(acc, 2) * 16.0  # [BLOCK_M, BLOCK_N]
+    ok = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=ok)
+    else:
+        p_rows = (split * M + rows).to(tl.int64)  # partials [SPLIT_K, M, N]
+        tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+
+
+def int4_gemv(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    *,
+    block_n: int | None = None,
+    block_w: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """`x` `[..., K]` (few rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s dtype;
+    fp32 accumulation. `zeros` None: a symmetric scheme (zero point 8). The knobs default to
+    `default_config` (shapes only: CUDA-graph capturable); they are exposed for tests and the benchmark."""
+    k = x.shape[-1]
+    n = packed.shape[0]
+    assert k % 8 == 0 and packed.shape[1] * 8 == k, f"packed {tuple(packed.shape)} does not match x's K = {k}"
+    assert group_size % 8 == 0 and k % group_size == 0 and scales.shape == (n, k // group_size)
+    assert packed.stride(-1) == 1 and scales.stride(-1) == 1 and (zeros is None or zeros.stride(-1) == 1)
+    assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    cfg = default_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
+                         num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    words = k // 8
+    # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
+    words_per_split = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
+    splits = triton.cdiv(words, words_per_split)
+    out2 = out.view(-1, n)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
+    bias_arg = bias if bias is not None else out2  # unused without a bias
+    _int4_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
+        m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+        out2.stride(0), words_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
+        )
+    return out
+
+
+__all__ = ["Int4GemvConfig", "default_config", "int4_gemv"]
