@@ -125,7 +125,12 @@ def _int4_gemv_kernel(
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # The step's words in a scrambled order (still whole 128-byte lines per warp): with no contiguity the
+    # word loads take the layout of the activation loads (stride 8), so the unpacked tiles need no
+    # layout conversion through shared memory (with vectorised word loads the compiler converted every
+    # nibble plane: 16 barriers a step).
     ws = tl.arange(0, BLOCK_W)
+    ws = (ws % 4) * (BLOCK_W // 4) + ws // 4
     row_ok = rows < M
     col_ok = cols < N
     cols64 = cols.to(tl.int64)
