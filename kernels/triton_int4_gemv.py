@@ -31,6 +31,7 @@ tiles on the GPU.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -40,6 +41,11 @@ from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
 from flotilla.kernels.triton_utils import device_sms
 
 _REDUCE_BLOCK = 1024
+# Tiles for one-row calls from the environment, e.g. "block_n=16,block_w=64,num_warps=4,num_stages=1":
+# bench/results/int4g-gpu.sh times a grid (bench/int4_gemv.py --grid) and runs the engine with the
+# winner in the same device call. Read once at import; unset: `default_config`'s choice.
+_ONE_ROW_TILES = {key: int(v) for key, v in (item.split("=") for item in
+                  os.environ.get("FLOTILLA_INT4_GEMV_TILES", "").replace(" ", "").split(",") if item)}  # fmt: skip
 # fp32 accumulator elements (`acc` and the step's partial sums) a thread may hold before it spills.
 _ACC_PER_THREAD = 64
 
@@ -75,6 +81,11 @@ def default_config(
     split-K as `triton_gemv.default_config`: powers of two while programs are still fewer than two per
     SM and each range keeps at least 4 steps. For Llama-3.1-8B on 132 SMs: no split at any projection.
     """
+    if m == 1 and _ONE_ROW_TILES:
+        block_n = block_n or _ONE_ROW_TILES.get("block_n")
+        block_w = block_w or _ONE_ROW_TILES.get("block_w")
+        num_warps = num_warps or _ONE_ROW_TILES.get("num_warps")
+        num_stages = num_stages or _ONE_ROW_TILES.get("num_stages")
     block_m = triton.next_power_of_2(max(m, 1))
     words = k // 8
     num_warps = num_warps or 4
