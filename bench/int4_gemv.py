@@ -9,7 +9,8 @@ together exceed the L2 several times (`bench/kernels.py`'s `graph_ms`), so every
 from HBM, as a decode step does. Paths (`kernels.dispatch.packed_int_linear` picks by rows):
 
 - `int4_gemv`: the W4A16 GEMV (`triton_int4_gemv.py`), default config (the dispatch's path up to
-  INT4_GEMV_MAX_ROWS rows);
+  INT4_GEMV_MAX_ROWS rows: FMA up to 2 rows, `tl.dot` above); `int4_gemv_dot` the tensor-core path
+  at every row count (is the FMA/dot boundary right?);
 - `int4_gemm`: the dequantizing `tl.dot` GEMM (`triton_int4_gemm.py`; up to INT4_GEMM_MAX_ROWS);
 - `int4_dequant_cublas`: one-pass dequantization to bf16, then F.linear (above);
 - `bf16_cublas`: F.linear on the bf16 weight of the same shape (the baseline the int4 step is held to).
@@ -46,11 +47,14 @@ DEV = "cuda"
 
 
 def grid(m: int) -> list[dict]:
-    """GEMV tiles around the default: rows per program, words (8 inputs) per step, warps, stages; the
-    accumulator and the step's partial sums within ~128 fp32 registers a thread."""
-    return [{"block_n": bn, "block_w": bw, "num_warps": w, "num_stages": st}
-            for bn in (8, 16, 32) for bw in (32, 64, 128) for w in (4, 8) for st in (1, 2)
-            if 2 * m * bn * bw <= 128 * 32 * w]  # fmt: skip
+    """GEMV tiles around the default. FMA: rows per program, words (8 inputs) per step, warps (the
+    accumulator and the step's partial sums within ~128 fp32 registers a thread); `tl.dot` (one group a
+    step): rows per program, warps, pipeline stages, split-K by the default rule or one more doubling."""
+    fma = [{"use_dot": 0, "block_n": bn, "block_w": bw, "num_warps": w, "num_stages": 1}
+           for bn in (8, 16, 32) for bw in (32, 64, 128) for w in (4, 8) if 2 * m * bn * bw <= 128 * 32 * w]
+    dot = [{"use_dot": 1, "block_n": bn, "num_warps": w, "num_stages": st}
+           for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
+    return fma + dot
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -103,6 +107,7 @@ def bench_shape(name: str, n: int, k: int, m: int, grid_cfgs: list[dict]) -> dic
 
     variants: dict[str, tuple[Callable[[int], torch.Tensor], torch.Tensor, int]] = {
         "int4_gemv": (gemv, ref, nbytes),
+        "int4_gemv_dot": (lambda i: gemv(i, use_dot=True), ref, nbytes),
         "int4_gemm": (lambda i: int4_linear(xs[i % sets], *ws[i % sets], GROUP), ref, nbytes),
         "int4_dequant_cublas": (lambda i: F.linear(xs[i % sets], int4_dequantize(*ws[i % sets], GROUP, torch.bfloat16)),
                                 ref, nbytes),
@@ -120,7 +125,7 @@ def bench_shape(name: str, n: int, k: int, m: int, grid_cfgs: list[dict]) -> dic
         except Exception as exc:
             result[tag] = {"error": repr(exc)[:300]}
     if "us" in result["bf16_cublas"]:
-        for tag in ("int4_gemv", "int4_gemm", "int4_dequant_cublas"):
+        for tag in ("int4_gemv", "int4_gemv_dot", "int4_gemm", "int4_dequant_cublas"):
             if "us" in result[tag]:
                 result[tag]["speedup_vs_bf16"] = result["bf16_cublas"]["us"] / result[tag]["us"]
     timed = {t: v["us"] for t, v in result.items() if t.startswith("int4_gemv") and isinstance(v, dict) and "us" in v
@@ -173,7 +178,7 @@ def main() -> None:
             results["cases"].append(r)
             Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
             cells = [f"{t} {r[t]['us']:.1f} us {r[t]['gbps']:.0f} GB/s" if "us" in r[t] else f"{t} {r[t]['error']}"
-                     for t in ("int4_gemv", "int4_gemm", "int4_dequant_cublas", "bf16_cublas")]  # fmt: skip
+                     for t in ("int4_gemv", "int4_gemv_dot", "int4_gemm", "int4_dequant_cublas", "bf16_cublas")]  # fmt: skip
             g = r["int4_gemv"]
             lead = f"x{g.get('speedup_vs_bf16', 0):.2f} bf16, {g.get('gbps', 0) / copy:.2f} copy"
             print(f"INT4 {name} m{m}: {lead} | " + " | ".join(cells) + f" ({time.perf_counter() - started:.0f} s)",

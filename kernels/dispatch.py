@@ -237,11 +237,11 @@ def fp8_tensor_cores(device: torch.device) -> bool:
 
 
 # Int4 weights on CUDA, by input rows (`triton_int4_gemm.py` says why): up to INT4_GEMV_MAX_ROWS the
-# W4A16 GEMV (FMA: each weight costs a shift, a mask and one FMA per row, so the arithmetic grows with the
-# rows and `tl.dot` wins past a few); up to INT4_GEMM_MAX_ROWS the dequantizing `tl.dot` GEMM; above, the
-# weight dequantized in one pass and cuBLAS (a prefill, the start-up memory profile's 16,384 rows).
-# Leads, to be set from `bench/int4_gemv.py` on the H200.
-INT4_GEMV_MAX_ROWS = 4
+# W4A16 GEMV (`triton_int4_gemv.py`: FMA up to 2 rows, tensor cores with the batch padded to 16 above,
+# split-K where the row tiles are too few); up to INT4_GEMM_MAX_ROWS the dequantizing `tl.dot` GEMM;
+# above, the weight dequantized in one pass and cuBLAS (a prefill, the start-up memory profile's 16,384
+# rows). Leads, to be set from `bench/int4_gemv.py` on the H200.
+INT4_GEMV_MAX_ROWS = 16
 INT4_GEMM_MAX_ROWS = 256
 
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
-from flotilla.kernels.triton_utils import device_sms
+from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _REDUCE_BLOCK = 1024
 # Tiles for one-row calls from the environment, e.g. "block_n=16,block_w=64,num_warps=4,num_stages=1":
@@ -55,10 +55,16 @@ class Int4GemvConfig:
     """Tile and launch knobs of one int4 GEMV launch."""
 
     block_n: int  # weight rows (output features) per program
-    block_w: int  # packed int32 words (8 inputs each) per loop step
-    split_k: int  # word ranges (second grid axis); 1 = no partials, no reduce kernel
+    block_w: int  # packed int32 words (8 inputs each) per loop step (tl.dot: one group's)
+    split_k: int  # K ranges (second grid axis); 1 = no partials, no reduce kernel
     num_warps: int
     num_stages: int  # software-pipeline depth of the K loop
+    use_dot: bool  # tensor cores (rows padded to 16) instead of FMA
+
+
+def dot_supported(m: int, group_size: int) -> bool:
+    """True when the `tl.dot` path can run: at most 16 rows, a power-of-two group of 16..256 inputs."""
+    return m <= 16 and 16 <= group_size <= 256 and group_size & (group_size - 1) == 0
 
 
 def default_config(
@@ -66,31 +72,47 @@ def default_config(
     n: int,
     k: int,
     num_sms: int,
+    group_size: int = 128,
     *,
     block_n: int | None = None,
     block_w: int | None = None,
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    use_dot: bool | None = None,
 ) -> Int4GemvConfig:
     """The launch configuration for an `[m, k] x [n, k]^T` int4 GEMV; given knobs are kept, the rest chosen.
 
-    A lead from first principles (not yet measured): 64 words (512 inputs, 256 bytes of a row) a step,
-    16 rows a program (4 KB a step, as the fp8 GEMV's measured FMA tiles), fewer rows while there are
-    fewer than two programs per SM, and the accumulator within `_ACC_PER_THREAD` registers at more rows;
-    split-K as `triton_gemv.default_config`: powers of two while programs are still fewer than two per
-    SM and each range keeps at least 4 steps. For Llama-3.1-8B on 132 SMs: no split at any projection.
+    A lead from first principles and instruction counts of the sm_90 code (not yet timed):
+    - FMA up to 2 rows, `tl.dot` from 3 (where the dot path can run): FMA costs a shift, a mask and an
+      FMA per weight and row (~6.6 instructions a weight at one row in the compiled loop, addresses and
+      loads included), the dot path ~3.3-4.5 a weight at any row count up to 16 (two nibbles a mask,
+      bf16 pairs into the tensor cores) but needs 64-row tiles, hence fewer programs and split-K.
+    - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 16 rows a program (4 KB a step, as the
+      fp8 GEMV's measured FMA tiles), fewer rows while there are fewer than two programs per SM, the
+      accumulator within `_ACC_PER_THREAD` registers at more rows.
+    - Dot tiles: 64 rows, one group a step, 4 warps, 2 stages.
+    - Split-K as `triton_gemv.default_config`: powers of two while programs are still fewer than two per
+      SM and each range keeps at least 4 steps. Llama-3.1-8B on 132 SMs, FMA: no split anywhere.
     """
     if m == 1 and _ONE_ROW_TILES:
         block_n = block_n or _ONE_ROW_TILES.get("block_n")
         block_w = block_w or _ONE_ROW_TILES.get("block_w")
         num_warps = num_warps or _ONE_ROW_TILES.get("num_warps")
         num_stages = num_stages or _ONE_ROW_TILES.get("num_stages")
+        use_dot = bool(_ONE_ROW_TILES["use_dot"]) if use_dot is None and "use_dot" in _ONE_ROW_TILES else use_dot
+    can_dot = dot_supported(m, group_size)
+    use_dot = (m >= 3 and can_dot) if use_dot is None else (use_dot and can_dot)
     block_m = triton.next_power_of_2(max(m, 1))
     words = k // 8
     num_warps = num_warps or 4
-    num_stages = num_stages or 1
-    block_w = block_w or min(64, max(16, triton.next_power_of_2(words)))
+    if use_dot:
+        num_stages = num_stages or 2
+        block_w = group_size // 8
+        block_n = block_n or 64
+    else:
+        num_stages = num_stages or 1
+        block_w = block_w or min(64, max(16, triton.next_power_of_2(words)))
     if block_n is None:
         budget = _ACC_PER_THREAD * 32 * num_warps // 2  # acc and the step's partial sums
         block_n = max(4, min(16, budget // (block_m * block_w)))
@@ -102,7 +124,7 @@ def default_config(
         split_k = 1
         while tiles * split_k < 2 * num_sms and words >= 2 * split_k * 4 * block_w and split_k < 16:
             split_k *= 2
-    return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages)
+    return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages, use_dot)
 
 
 @triton.jit
@@ -186,6 +208,94 @@ def _int4_gemv_kernel(
         tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
 
 
+@triton.jit
+def _bf16_pair(words, SHIFT: tl.constexpr):
+    """Nibbles i and i + 4 of each word as two bf16 `1 + c/16` (one mask for both: bits `4i..4i+3` and
+    `4i+16..4i+19` moved to the mantissa bits 3..6 of each 16-bit half)."""
+    if SHIFT >= 0:
+        p = words << SHIFT
+    else:
+        p = words >> (-SHIFT)
+    p = (p & 0x00780078) | 0x3F803F80
+    return p.to(tl.int16).to(tl.bfloat16, bitcast=True), (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _int4_gemv_dot_kernel(
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    zeros_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    M,
+    N,
+    KW,
+    stride_xm,
+    stride_pn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    words_per_split,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    GW: tl.constexpr = GROUP // 8
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ws = tl.arange(0, GW)
+    ks = tl.arange(0, GROUP)
+    row_ok = rows < M
+    col_ok = cols < N
+    cols64 = cols.to(tl.int64)
+    w_start = split * words_per_split
+    w_end = tl.minimum(w_start + words_per_split, KW)
+    p_ptrs = packed_ptr + cols64[:, None] * stride_pn + ws[None, :]
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for w0 in tl.range(w_start, w_end, GW, num_stages=NUM_STAGES):  # one group a step
+        words = tl.load(p_ptrs + w0, mask=col_ok[:, None], other=0)  # [BLOCK_N, GW]
+        l0, h0 = _bf16_pair(words, 3)
+        l1, h1 = _bf16_pair(words, -1)
+        l2, h2 = _bf16_pair(words, -5)
+        l3, h3 = _bf16_pair(words, -9)
+        # Input i of a word to position i: a join appends an axis after the others, so the innermost join
+        # gives bit 2 of i (nibble i or i + 4), the next bit 1, the outermost bit 0: axes (bit 2, bit 1, bit 0).
+        v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
+        v = tl.reshape(v, [BLOCK_N, GROUP])  # 1 + c/16 of the group's inputs in order
+        x = tl.load(x_ptrs + w0 * 8, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, GROUP]
+        a = tl.dot(v.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        xsum = tl.sum(x.to(tl.float32), axis=1)  # [BLOCK_M]
+        group = w0 // GW
+        scale = tl.load(scales_ptr + cols64 * stride_sn + group, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + cols64 * stride_zn + group, mask=col_ok, other=0)
+            vz = ((zero.to(tl.int32) << 19) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + z/16
+        else:
+            vz = tl.full([BLOCK_N], 1.5, tl.float32)
+        acc += scale[:, None] * (a - vz[:, None] * xsum[None, :])
+    res = tl.trans(acc) * 16.0  # [BLOCK_M, BLOCK_N]
+    ok = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=ok)
+    else:
+        p_rows = (split * M + rows).to(tl.int64)
+        tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+
+
 def int4_gemv(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -199,6 +309,7 @@ def int4_gemv(
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    use_dot: bool | None = None,
 ) -> torch.Tensor:
     """`x` `[..., K]` (few rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s dtype;
     fp32 accumulation. `zeros` None: a symmetric scheme (zero point 8). The knobs default to
@@ -216,8 +327,8 @@ def int4_gemv(
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = default_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
-                         num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    cfg = default_config(m, n, k, device_sms(x), group_size, block_n=block_n, block_w=block_w, split_k=split_k,
+                         num_warps=num_warps, num_stages=num_stages, use_dot=use_dot)  # fmt: skip
     words = k // 8
     # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
     words_per_split = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
@@ -225,14 +336,17 @@ def int4_gemv(
     out2 = out.view(-1, n)
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
     bias_arg = bias if bias is not None else out2  # unused without a bias
-    _int4_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
-        m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
-        out2.stride(0), words_per_split,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    args = (x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
+            m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+            out2.stride(0), words_per_split)  # fmt: skip
+    grid = (triton.cdiv(n, cfg.block_n), splits)
+    common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+                  BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.use_dot:
+        _int4_gemv_dot_kernel[grid](*args, BLOCK_M=16, DOT_DTYPE=dot_dtype(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
+                                    **common)  # fmt: skip
+    else:
+        _int4_gemv_kernel[grid](*args, BLOCK_M=triton.next_power_of_2(m), BLOCK_W=cfg.block_w, **common)
     if splits > 1:
         block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
@@ -241,4 +355,4 @@ def int4_gemv(
     return out
 
 
-__all__ = ["Int4GemvConfig", "default_config", "int4_gemv"]
+__all__ = ["Int4GemvConfig", "default_config", "dot_supported", "int4_gemv"]

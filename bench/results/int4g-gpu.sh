@@ -8,7 +8,7 @@
 #          the four projections (the "GRID m1" line) is passed to the int4 stage as FLOTILLA_INT4_GEMV_TILES
 #   int4   (90 s) bench/quant_gpu.py, the W4A16 engine: start-up phases with timestamps in int4g-int4.log (model
 #          build, quantized layers, dummy fill, memory profile, each graph captured), then the bs1 step; the JSON's
-#          int4_paths lists which int4 path saw which row counts (GEMV <= 4 rows, GEMM <= 256, dequantize above)
+#          int4_paths lists which int4 path saw which row counts (GEMV <= 16 rows, GEMM <= 256, dequantize above)
 #   bf16   (45 s) the same engine with bf16 weights (the baseline, 4.63 ms in session 5)
 #   tests  (20 s) the int4 kernel tests compiled on the GPU (GEMV, GEMM, dequantization, the dispatch's paths)
 #   summary       int4 / bf16 step ratio against the 0.45 target -> $OUT/int4g-summary.json (always runs)

@@ -67,23 +67,26 @@ def _compile_all() -> dict[str, dict[str, object]]:
 
 
 def _compile_int4() -> dict[str, dict[str, object]]:
-    """The int4 kernels as the dispatch launches them for Llama-3.1-8B: the W4A16 GEMV at one row
-    (symmetric, no split) and at four rows (zero points, split-K partials), the `tl.dot` GEMM with 64-row
-    tiles and the one-pass dequantization."""
+    """The int4 kernels as the dispatch launches them for Llama-3.1-8B: the W4A16 GEMV's FMA path at
+    one row (symmetric, no split) and at four rows (zero points, split-K partials) and its tensor-core
+    path, the `tl.dot` GEMM with 64-row tiles and the one-pass dequantization."""
     import triton.language as tl
 
     from flotilla.kernels.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
-    from flotilla.kernels.triton_int4_gemv import _int4_gemv_kernel
+    from flotilla.kernels.triton_int4_gemv import _int4_gemv_dot_kernel, _int4_gemv_kernel
 
     pointers = {"x_ptr": "*bf16", "packed_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "part_ptr": "*fp32"}  # fmt: skip
     gemv = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, BLOCK_M=1, BLOCK_N=16, BLOCK_W=64, NUM_STAGES=1)
     gemv4 = dict(gemv, HAS_ZEROS=True, SPLIT_K=2, BLOCK_M=4, BLOCK_N=8)
+    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=False, SPLIT_K=4, BLOCK_M=16, BLOCK_N=64, NUM_STAGES=2,
+               DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")  # fmt: skip
     gemm = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=tl.bfloat16,
                 DOT_PRECISION="tf32")  # fmt: skip
     return {
         "int4_gemv m1": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv, num_warps=4),
         "int4_gemv m4": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv4, num_warps=4),
+        "int4_gemv dot": _compile_for_hopper(_int4_gemv_dot_kernel, pointers, dot, num_warps=4),
         "int4_gemm m64": _compile_for_hopper(_int4_gemm_kernel, pointers, gemm, num_warps=4),
         "int4_dequant": _compile_for_hopper(_int4_dequant_kernel, pointers, dict(GROUP=128, BLOCK_N=32, BLOCK_K=128)),
     }
@@ -136,7 +139,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
     # the int4 GEMV is FMA work (no MMA), with no int->float conversion nor shared-memory round trip per
     # nibble plane (the layout conversion a vectorised word load caused); the GEMM feeds the tensor cores
-    assert not result["int4_gemv m1"]["mma"] and result["int4_gemm m64"]["mma"]
+    assert not result["int4_gemv m1"]["mma"] and result["int4_gemm m64"]["mma"] and result["int4_gemv dot"]["mma"]
     assert not result["int4_gemv m1"]["i2f"] and result["int4_gemv m1"]["bar_sync"] <= 4
 
 

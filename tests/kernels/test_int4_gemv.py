@@ -44,11 +44,25 @@ def test_int4_gemv_matches_reference(dtype, m, n, k, group, symmetric, bias):
     _check(m, n, k, group, dtype, symmetric, bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "m,n,k,group,symmetric,bias",
+    [
+        (1, 40, 256, 128, True, False),  # one row on the tensor cores (padded to 16), N not a tile multiple
+        (5, 24, 384, 64, False, True),  # the default path from 3 rows: zero points, a bias
+        (16, 16, 512, 256, True, False),  # a full 16-row tile, wide groups
+    ],
+)
+def test_int4_gemv_dot_matches_reference(dtype, m, n, k, group, symmetric, bias):
+    _check(m, n, k, group, dtype, symmetric, bias, use_dot=True, block_n=16)
+
+
 @pytest.mark.parametrize(
     "knobs",
     [
         {"split_k": 3, "block_w": 16},  # three word ranges, partials + the fixed-order reduce (with a bias)
         {"block_n": 8, "block_w": 32, "num_warps": 2},  # a step spanning a group boundary mid-tile
+        {"use_dot": True, "block_n": 16, "split_k": 3},  # tensor cores, three group ranges
     ],
 )
 def test_int4_gemv_split_and_tiles(knobs):
@@ -75,3 +89,5 @@ def test_int4_default_config_covers_llama_8b():
         cfg = default_config(1, n, k, 132)
         assert cfg.split_k == 1 and -(-n // cfg.block_n) >= 2 * 132, (n, k, cfg)
     assert default_config(1, 512, 4096, 132).split_k > 1
+    assert not default_config(2, 4096, 4096, 132).use_dot and default_config(3, 4096, 4096, 132).use_dot
+    assert not default_config(4, 4096, 4096, 132, group_size=96).use_dot  # not a power of two: FMA
