@@ -40,7 +40,8 @@ for s in ${STAGES:-gemv int4 bf16 tests summary}; do
 import json, sys
 try:
     g = json.load(open(sys.argv[1]))["grid"]
-    print(",".join(g[0]["best"].split()[1:]) if g and g[0]["best"] != "int4_gemv" else "")
+    best = g[0]["best"] if g else "int4_gemv"  # "int4_gemv" (the default), "int4_gemv_dot" or a grid tag
+    print("use_dot=1" if best == "int4_gemv_dot" else ",".join(best.split()[1:]))
 except (OSError, ValueError, KeyError, IndexError):
     print("")
 PY
