@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+PATHS = ("int4_gemv", "int4_gemv_dot", "int4_gemm", "int4_dequant_cublas", "bf16_cublas")
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 GROUP = 128
 L2_ROTATION_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
@@ -178,7 +179,7 @@ def main() -> None:
             results["cases"].append(r)
             Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
             cells = [f"{t} {r[t]['us']:.1f} us {r[t]['gbps']:.0f} GB/s" if "us" in r[t] else f"{t} {r[t]['error']}"
-                     for t in ("int4_gemv", "int4_gemv_dot", "int4_gemm", "int4_dequant_cublas", "bf16_cublas")]  # fmt: skip
+                     for t in PATHS]  # fmt: skip
             g = r["int4_gemv"]
             lead = f"x{g.get('speedup_vs_bf16', 0):.2f} bf16, {g.get('gbps', 0) / copy:.2f} copy"
             print(f"INT4 {name} m{m}: {lead} | " + " | ".join(cells) + f" ({time.perf_counter() - started:.0f} s)",

@@ -188,7 +188,7 @@ def _int4_gemv_kernel(
         for i in tl.static_range(8):
             # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
             xi = tl.load(x_ptrs + w0 * 8 + i, mask=row_ok[:, None] & w_ok[None, :], other=0.0).to(tl.float32)
-            if i * 4 <= 19:  # move nibble i to mantissa bits 19..22
+            if i * 4 <= 19:  # noqa: SIM108 - move nibble i to mantissa bits 19..22 (a compile-time branch)
                 bits = words << (19 - i * 4)
             else:
                 bits = words >> (i * 4 - 19)
@@ -212,7 +212,7 @@ def _int4_gemv_kernel(
 def _bf16_pair(words, SHIFT: tl.constexpr):
     """Nibbles i and i + 4 of each word as two bf16 `1 + c/16` (one mask for both: bits `4i..4i+3` and
     `4i+16..4i+19` moved to the mantissa bits 3..6 of each 16-bit half)."""
-    if SHIFT >= 0:
+    if SHIFT >= 0:  # noqa: SIM108 - a compile-time branch
         p = words << SHIFT
     else:
         p = words >> (-SHIFT)
@@ -343,8 +343,8 @@ def int4_gemv(
     common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
                   BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
-        _int4_gemv_dot_kernel[grid](*args, BLOCK_M=16, DOT_DTYPE=dot_dtype(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
-                                    **common)  # fmt: skip
+        _int4_gemv_dot_kernel[grid](*args, BLOCK_M=16, DOT_DTYPE=dot_dtype(x.dtype),
+                                    DOT_PRECISION=dot_precision(x.dtype), **common)  # fmt: skip
     else:
         _int4_gemv_kernel[grid](*args, BLOCK_M=triton.next_power_of_2(m), BLOCK_W=cfg.block_w, **common)
     if splits > 1:
