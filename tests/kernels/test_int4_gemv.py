@@ -38,6 +38,8 @@ def _check(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bo
         (1, 40, 256, 128, True, False),  # one decode row, symmetric (no zero points read), N not a tile multiple
         (2, 24, 384, 64, False, True),  # asymmetric zero points, a bias, K not a power of two
         (3, 16, 256, 256, False, False),  # rows padded to 4, one group per row
+        (1, 64, 512, 128, True, False),  # whole tiles everywhere: the unmasked loads
+        (2, 32, 1024, 128, False, True),  # the same at two rows, zero points and a bias
     ],
 )
 def test_int4_gemv_matches_reference(dtype, m, n, k, group, symmetric, bias):
@@ -51,6 +53,7 @@ def test_int4_gemv_matches_reference(dtype, m, n, k, group, symmetric, bias):
         (1, 40, 256, 128, True, False),  # one row on the tensor cores (padded to 16), N not a tile multiple
         (5, 24, 384, 64, False, True),  # the default path from 3 rows: zero points, a bias
         (16, 16, 512, 256, True, False),  # a full 16-row tile, wide groups
+        (4, 32, 256, 128, False, False),  # whole row tiles: the unmasked weight loads
     ],
 )
 def test_int4_gemv_dot_matches_reference(dtype, m, n, k, group, symmetric, bias):
