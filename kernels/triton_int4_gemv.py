@@ -85,15 +85,17 @@ def default_config(
 
     A lead from first principles and instruction counts of the sm_90 code (not yet timed):
     - FMA up to 2 rows, `tl.dot` from 3 (where the dot path can run): FMA costs a shift, a mask and an
-      FMA per weight and row (~6.6 instructions a weight at one row in the compiled loop, addresses and
-      loads included), the dot path ~3.3-4.5 a weight at any row count up to 16 (two nibbles a mask,
+      FMA per weight and row (~4.5-4.9 instructions a weight at one row in the compiled loop, addresses
+      and loads included), the dot path ~3.2-4.3 a weight at any row count up to 16 (two nibbles a mask,
       bf16 pairs into the tensor cores) but needs 64-row tiles, hence fewer programs and split-K.
-    - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 16 rows a program (4 KB a step, as the
-      fp8 GEMV's measured FMA tiles), fewer rows while there are fewer than two programs per SM, the
-      accumulator within `_ACC_PER_THREAD` registers at more rows.
+    - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 32 rows a program (8 KB a step; the
+      compiled loop: 4.5 instructions a weight, against 4.9 at 16 rows and 4.8 at 64 rows x 8 warps),
+      fewer rows while there are fewer programs than SMs, the accumulator within `_ACC_PER_THREAD`
+      registers at more rows. Llama-3.1-8B: 32 rows for qkv and gate_up, 16 for o and down.
     - Dot tiles: 64 rows, one group a step, 4 warps, 2 stages.
-    - Split-K as `triton_gemv.default_config`: powers of two while programs are still fewer than two per
-      SM and each range keeps at least 4 steps. Llama-3.1-8B on 132 SMs, FMA: no split anywhere.
+    - Split-K (partials and a reduce launch, as `triton_gemv.py`): powers of two while programs are still
+      fewer than the SMs and each range keeps at least 4 steps. Llama-3.1-8B on 132 SMs: FMA no split
+      anywhere; dot qkv 2, o and down 4.
     """
     if m == 1 and _ONE_ROW_TILES:
         block_n = block_n or _ONE_ROW_TILES.get("block_n")
@@ -115,14 +117,14 @@ def default_config(
         block_w = block_w or min(64, max(16, triton.next_power_of_2(words)))
     if block_n is None:
         budget = _ACC_PER_THREAD * 32 * num_warps // 2  # acc and the step's partial sums
-        block_n = max(4, min(16, budget // (block_m * block_w)))
+        block_n = max(4, min(32, budget // (block_m * block_w)))
         block_n = min(block_n, max(4, triton.next_power_of_2(n)))
-        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
+        while triton.cdiv(n, block_n) < num_sms and block_n > 4:
             block_n //= 2
     if split_k is None:
         tiles = triton.cdiv(n, block_n)
         split_k = 1
-        while tiles * split_k < 2 * num_sms and words >= 2 * split_k * 4 * block_w and split_k < 16:
+        while tiles * split_k < num_sms and words >= 2 * split_k * 4 * block_w and split_k < 16:
             split_k *= 2
     return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages, use_dot)
 
