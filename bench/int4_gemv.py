@@ -52,7 +52,8 @@ def grid(m: int) -> list[dict]:
     accumulator and the step's partial sums within ~128 fp32 registers a thread); `tl.dot` (one group a
     step): rows per program, warps, pipeline stages, split-K by the default rule or one more doubling."""
     fma = [{"use_dot": 0, "block_n": bn, "block_w": bw, "num_warps": w, "num_stages": 1}
-           for bn in (8, 16, 32) for bw in (32, 64, 128) for w in (4, 8) if 2 * m * bn * bw <= 128 * 32 * w]
+           for bn in (16, 32) for bw in (32, 64, 128) for w in (4, 8) if 2 * m * bn * bw <= 128 * 32 * w]
+    fma.append({"use_dot": 0, "block_n": 8, "block_w": 64, "num_warps": 4, "num_stages": 1})
     dot = [{"use_dot": 1, "block_n": bn, "num_warps": w, "num_stages": st}
            for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
     return fma + dot

@@ -3,14 +3,14 @@
 # pack-quantized, group 128, symmetric, random int4 codes via --load-format dummy), Llama-3.1-8B shape, decode at
 # batch 1 / context 512 <= 0.45x the bf16 step of the same call. Stages, each under its own limit (capped by what is
 # left of BUDGET_S; the JSON files are written as results come, so a cut stage still leaves what it measured):
-#   gemv   (55 s) bench/int4_gemv.py: the int4 paths alone (W4A16 GEMV, tl.dot GEMM, dequantize + cuBLAS) vs bf16
+#   gemv   (65 s) bench/int4_gemv.py: the int4 paths alone (W4A16 GEMV, tl.dot GEMM, dequantize + cuBLAS) vs bf16
 #          cuBLAS at the four projections, M = 1, 4, 16, 64, and the GEMV over a tile grid at M = 1; its winner over
 #          the four projections (the "GRID m1" line) is passed to the int4 stage as FLOTILLA_INT4_GEMV_TILES
-#   int4   (90 s) bench/quant_gpu.py, the W4A16 engine: start-up phases with timestamps in int4g-int4.log (model
+#   int4   (85 s) bench/quant_gpu.py, the W4A16 engine: start-up phases with timestamps in int4g-int4.log (model
 #          build, quantized layers, dummy fill, memory profile, each graph captured), then the bs1 step; the JSON's
 #          int4_paths lists which int4 path saw which row counts (GEMV <= 16 rows, GEMM <= 256, dequantize above)
-#   bf16   (45 s) the same engine with bf16 weights (the baseline, 4.63 ms in session 5)
-#   tests  (20 s) the int4 kernel tests compiled on the GPU (GEMV, GEMM, dequantization, the dispatch's paths)
+#   bf16   (40 s) the same engine with bf16 weights (the baseline, 4.63 ms in session 5)
+#   tests  (20 s, what is left) the int4 kernel tests compiled on the GPU (GEMV, GEMM, dequantization, the dispatch's paths)
 #   summary       int4 / bf16 step ratio against the 0.45 target -> $OUT/int4g-summary.json (always runs)
 # Run from the repository root on the H200 machine, carrying .whl (pydantic stack), as the other scripts:
 #   BUDGET_S=200 bash bench/results/int4g-gpu.sh
@@ -31,7 +31,7 @@ for s in ${STAGES:-gemv int4 bf16 tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    gemv) timeout $(left 55) python3 $R/bench/int4_gemv.py --rows 1,4,16,64 --grid --grid-rows 1 \
+    gemv) timeout $(left 65) python3 $R/bench/int4_gemv.py --rows 1,4,16,64 --grid --grid-rows 1 \
             --json $OUT/int4g-gemv.json > $OUT/int4g-gemv.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "^copy|^INT4|^GRID|Error|error" $OUT/int4g-gemv.log | cut -c1-400 | tee -a $L
@@ -48,7 +48,7 @@ PY
 )
       echo "one-row GEMV tiles for the int4 stage: ${TILES:-default}" | tee -a $L ;;
     int4|bf16)
-      if [ $s = int4 ]; then lim=90 model=/tmp/llama8b-w4a16 extra="--weights int4"; else lim=45 model=/tmp/llama8b extra=""; fi
+      if [ $s = int4 ]; then lim=85 model=/tmp/llama8b-w4a16 extra="--weights int4"; else lim=40 model=/tmp/llama8b extra=""; fi
       env FLOTILLA_INT4_GEMV_TILES="$TILES" timeout $(left $lim) python3 $R/bench/quant_gpu.py --model $model --name $s \
         $extra --jobs bs1 --max-num-seqs 16 --json $OUT/int4g-$s.json > $OUT/int4g-$s.log 2>&1
       echo "rc=$?" | tee -a $L
