@@ -2,7 +2,7 @@
 
 Same contract as `packed_int_linear_ref` at 4 bits (layout in `packed_int_linear.py`): `packed` int32
 `[N, K/8]`, input `8j + i` of a row in bits `4i..4i+3` of word `j`; `scales` `[N, K/group]`; `zeros`
-uint8 `[N, K/group]` (None: symmetric, every zero point the middle code 8). At M = 1..4 the product is
+uint8 `[N, K/group]` (None: symmetric, every zero point the middle code 8). At M = 1..16 the product is
 a pure weight stream (0.5 byte a weight plus a scale per group), so what matters is that the
 arithmetic per weight stays below what the SMs issue while the bytes stream: at the H200's ~4.2 TB/s
 a step reads ~8.5 int4 weights per ns, and an SM partition issues one warp instruction per clock.
@@ -19,7 +19,17 @@ a mask and one FMA per row:
   loads the `[BLOCK_N, BLOCK_W]` word tile (rows contiguous along K, coalesced) and, for each nibble
   position i, the activations at `8w + i` (L1/L2 hits, shared by the program's rows). The fp32
   accumulator `[BLOCK_M, BLOCK_N, BLOCK_W]` is summed over the word axis once after the loop, so the
-  loop has no cross-thread reduction.
+  loop has no cross-thread reduction. The words are loaded in a scrambled order within the step: with
+  vectorised word loads the compiler gave the words and the (stride-8) activation loads different
+  layouts and moved every unpacked nibble plane through shared memory.
+
+That FMA path costs ~4.5 instructions a weight at one row (sm_90 code, addresses and loads included)
+and one FMA more per weight and added row. The tensor-core path (`_int4_gemv_dot_kernel`, default from
+3 rows) turns two nibbles of a word into two bf16 `1 + c/16` with one mask, puts a group's values in
+K order with `tl.join`, and multiplies on the tensor cores with the batch padded to 16 (as the fp8
+GEMV's `tl.dot` path); scale and zero point fold per group as above, with `sum x` over the group. It
+costs ~3.2-4.3 instructions a weight at any row count up to 16, but needs 64- or 128-row tiles, so the
+small projections split K.
 
 Split-K, partials and the fixed-order reduce are `triton_gemv.py`'s (a second grid axis cuts the words
 into ranges when the row tiles alone are too few for the SMs; fp32 partials `[split, M, N]`, summed
