@@ -56,6 +56,12 @@ _REDUCE_BLOCK = 1024
 # winner in the same device call. Read once at import; unset: `default_config`'s choice.
 _ONE_ROW_TILES = {key: int(v) for key, v in (item.split("=") for item in
                   os.environ.get("FLOTILLA_INT4_GEMV_TILES", "").replace(" ", "").split(",") if item)}  # fmt: skip
+# Split-K arrival counters, one int32 per row tile, zero between launches (the last program of a tile
+# resets its own), per device. Launches on one stream run one after the other, so they share them; the
+# engine runs its forward on one stream per device. Allocated by the first split call (the warm-up
+# before graph capture), never inside a capture: a capture without them uses the reduce launch.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTER_SLOTS = 1 << 16
 # fp32 accumulator elements (`acc` and the step's partial sums) a thread may hold before it spills.
 _ACC_PER_THREAD = 64
 
@@ -139,6 +145,17 @@ def default_config(
     return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages, use_dot)
 
 
+def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's split-K arrival counters (`_COUNTERS`), or None where the call must use the reduce
+    launch: too many row tiles, or the first use inside a CUDA-graph capture."""
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if tiles > _COUNTER_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return counters if tiles <= counters.numel() else None
+
+
 @triton.jit
 def _load(ptrs, mask, other, EVEN: tl.constexpr):
     """`tl.load`, unmasked when the launch's shapes are whole tiles (a masked load costs a predicate and a
@@ -146,6 +163,35 @@ def _load(ptrs, mask, other, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=mask, other=other)
+
+
+@triton.jit
+def _epilogue(res, rows, cols, row_ok, col_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, stride_om, pid_n,
+              split, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, FIXUP: tl.constexpr):
+    """Store a program's `[BLOCK_M, BLOCK_N]` fp32 result: the output (plus bias) without split-K; else its
+    partial, and with FIXUP the last of a row tile's K ranges to arrive (an atomic counter per row tile)
+    sums the partials in a fixed order, adds the bias, stores the output and resets the counter: no
+    reduce launch. Without FIXUP `_split_k_reduce_kernel` runs after."""
+    ok = row_ok[:, None] & col_ok[None, :]
+    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.store(part_ptr + (split * M + rows).to(tl.int64)[:, None] * N + cols[None, :], res, mask=ok)
+        if FIXUP:
+            tl.debug_barrier()  # every thread's partial is written before the counter's release
+            arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros_like(res)
+                for s in tl.static_range(SPLIT_K):  # a fixed order: the sum is the same every run
+                    total += tl.load(part_ptr + (s * M + rows).to(tl.int64)[:, None] * N + cols[None, :], mask=ok,
+                                     other=0.0, cache_modifier=".cg")  # from L2: other SMs wrote them
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
+                tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch on this stream
 
 
 @triton.jit
@@ -157,6 +203,7 @@ def _int4_gemv_kernel(
     bias_ptr,
     out_ptr,
     part_ptr,
+    counter_ptr,
     M,
     N,
     KW,
@@ -170,6 +217,7 @@ def _int4_gemv_kernel(
     HAS_ZEROS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
@@ -219,15 +267,8 @@ def _int4_gemv_kernel(
             xsum += xi
         acc += scale.to(tl.float32)[None, :, :] * (part - vz[None, :, :] * xsum[:, None, :])
     res = tl.sum(acc, 2) * 16.0  # [BLOCK_M, BLOCK_N]
-    ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
-                 mask=ok)
-    else:
-        p_rows = (split * M + rows).to(tl.int64)  # partials [SPLIT_K, M, N]
-        tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+    _epilogue(res, rows, cols, row_ok, col_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, stride_om, pid_n, split,
+              HAS_BIAS, SPLIT_K, FIXUP)  # partials [SPLIT_K, M, N]
 
 
 @triton.jit
@@ -251,6 +292,7 @@ def _int4_gemv_dot_kernel(
     bias_ptr,
     out_ptr,
     part_ptr,
+    counter_ptr,
     M,
     N,
     KW,
@@ -264,6 +306,7 @@ def _int4_gemv_dot_kernel(
     HAS_ZEROS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -308,15 +351,8 @@ def _int4_gemv_dot_kernel(
             vz = tl.full([BLOCK_N], 1.5, tl.float32)
         acc += scale[:, None] * (a - vz[:, None] * xsum[None, :])
     res = tl.trans(acc) * 16.0  # [BLOCK_M, BLOCK_N]
-    ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
-                 mask=ok)
-    else:
-        p_rows = (split * M + rows).to(tl.int64)
-        tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+    _epilogue(res, rows, cols, row_ok, col_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, stride_om, pid_n, split,
+              HAS_BIAS, SPLIT_K, FIXUP)  # partials [SPLIT_K, M, N]
 
 
 def int4_gemv(
@@ -359,11 +395,13 @@ def int4_gemv(
     out2 = out.view(-1, n)
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
     bias_arg = bias if bias is not None else out2  # unused without a bias
-    args = (x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
-            m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
-            out2.stride(0), words_per_split)  # fmt: skip
     grid = (triton.cdiv(n, cfg.block_n), splits)
+    counters = _counters(x.device, grid[0]) if splits > 1 else None
+    args = (x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
+            counters if counters is not None else part, m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+            out2.stride(0), words_per_split)  # fmt: skip
     common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+                  FIXUP=counters is not None,
                   BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
         _int4_gemv_dot_kernel[grid](*args, BLOCK_M=16, DOT_DTYPE=dot_dtype(x.dtype),
@@ -373,7 +411,7 @@ def int4_gemv(
         block_m = triton.next_power_of_2(m)
         even = m == block_m and n % cfg.block_n == 0 and words_per_split % cfg.block_w == 0 and words % cfg.block_w == 0
         _int4_gemv_kernel[grid](*args, BLOCK_M=block_m, BLOCK_W=cfg.block_w, EVEN=even, **common)
-    if splits > 1:
+    if splits > 1 and counters is None:
         block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
             part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block

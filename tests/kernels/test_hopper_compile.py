@@ -76,11 +76,11 @@ def _compile_int4() -> dict[str, dict[str, object]]:
     from flotilla.kernels.triton_int4_gemv import _int4_gemv_dot_kernel, _int4_gemv_kernel
 
     pointers = {"x_ptr": "*bf16", "packed_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*u8", "bias_ptr": "*bf16",
-                "out_ptr": "*bf16", "part_ptr": "*fp32"}  # fmt: skip
-    gemv = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, BLOCK_M=1, BLOCK_N=16, BLOCK_W=64, NUM_STAGES=1,
-                EVEN=True)  # fmt: skip
-    gemv4 = dict(gemv, HAS_ZEROS=True, SPLIT_K=2, BLOCK_M=4, BLOCK_N=8, EVEN=False)
-    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=False, SPLIT_K=4, BLOCK_M=16, BLOCK_N=64, NUM_STAGES=2,
+                "out_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32"}  # fmt: skip
+    gemv = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, FIXUP=False, BLOCK_M=1, BLOCK_N=16, BLOCK_W=64,
+                NUM_STAGES=1, EVEN=True)  # fmt: skip
+    gemv4 = dict(gemv, HAS_ZEROS=True, SPLIT_K=2, FIXUP=True, BLOCK_M=4, BLOCK_N=8, EVEN=False)
+    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=4, FIXUP=True, BLOCK_M=16, BLOCK_N=64, NUM_STAGES=2,
                DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", EVEN_N=True)  # fmt: skip
     gemm = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=tl.bfloat16,
                 DOT_PRECISION="tf32")  # fmt: skip

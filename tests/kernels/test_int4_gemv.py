@@ -72,6 +72,28 @@ def test_int4_gemv_split_and_tiles(knobs):
     _check(2, 40, 512, 128, torch.float32, False, True, **knobs)
 
 
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_int4_gemv_split_fixup_equals_reduce_launch(monkeypatch, use_dot):
+    """Split-K summed by the last program of each row tile (arrival counters) gives the bits of the
+    separate reduce launch (taken when no counters are available), and leaves the counters at zero."""
+    from flotilla.kernels import triton_int4_gemv
+    from flotilla.kernels.triton_int4_gemv import int4_gemv
+
+    g = torch.Generator().manual_seed(11)
+    packed, scales, zeros = _int4_weight(48, 512, 128, g, torch.float32)
+    x = torch.randn(2, 512, generator=g)
+    bias = torch.randn(48, generator=g)
+    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE), 128, bias.to(DEVICE))
+    knobs = {"split_k": 4, "block_n": 16, "use_dot": use_dot} | ({} if use_dot else {"block_w": 16})
+    fixed = int4_gemv(*args, **knobs)
+    assert not triton_int4_gemv._COUNTERS[args[0].device].any()
+    monkeypatch.setattr(triton_int4_gemv, "_COUNTER_SLOTS", 1)
+    monkeypatch.setattr(triton_int4_gemv, "_COUNTERS", {})
+    assert torch.equal(fixed, int4_gemv(*args, **knobs))
+    ref = packed_int_linear_ref(x, packed, scales, zeros, 4, 128, bias)
+    assert rel_err(fixed.cpu(), ref) < tolerance(torch.float32)
+
+
 def test_int4_gemv_split_is_deterministic():
     """Split-K partials are summed in a fixed order: the same call gives the same bits twice."""
     from flotilla.kernels.triton_int4_gemv import int4_gemv
