@@ -398,8 +398,8 @@ def int4_gemv(
     grid = (triton.cdiv(n, cfg.block_n), splits)
     counters = _counters(x.device, grid[0]) if splits > 1 else None
     args = (x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
-            counters if counters is not None else part, m, n, words, x2.stride(0), packed.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
-            out2.stride(0), words_per_split)  # fmt: skip
+            counters if counters is not None else part, m, n, words, x2.stride(0), packed.stride(0), scales.stride(0),
+            zeros.stride(0) if zeros is not None else 0, out2.stride(0), words_per_split)  # fmt: skip
     common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
                   FIXUP=counters is not None,
                   BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
