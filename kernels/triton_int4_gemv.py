@@ -34,9 +34,10 @@ small projections split K.
 Split-K as `triton_gemv.py` (a second grid axis cuts the words into ranges when the row tiles alone are
 too few for the SMs; fp32 partials `[split, M, N]`, summed in a fixed order: bit-reproducible), but
 without its reduce launch: the last program of each row tile to finish (an arrival counter, atomic
-with acquire/release at GPU scope) sums the partials and stores the output (`_epilogue`). Every choice comes from the shapes alone (no host sync), so a
-call can be captured in a CUDA graph. `default_config` is a lead; `bench/int4_gemv.py --grid` times
-tiles on the GPU.
+with acquire/release at GPU scope) sums the partials and stores the output (`_epilogue`).
+
+Every choice comes from the shapes alone (no host sync), so a call can be captured in a CUDA graph.
+`default_config` is a lead; `bench/int4_gemv.py --grid` times tiles on the GPU.
 """
 
 from __future__ import annotations
