@@ -52,7 +52,7 @@ PY
       env FLOTILLA_INT4_GEMV_TILES="$TILES" timeout $(left $lim) python3 $R/bench/quant_gpu.py --model $model --name $s \
         $extra --jobs bs1 --max-num-seqs 16 --json $OUT/int4g-$s.json > $OUT/int4g-$s.log 2>&1
       echo "rc=$?" | tee -a $L
-      grep -E "quant_gpu|model_loader|model loaded|memory profile|capturing|captured|KV cache:|Error|error" \
+      grep -E "quant_gpu|model_loader|model loaded|memory profile|cuda_graphs|KV cache:|Error|error" \
         $OUT/int4g-$s.log | cut -c1-300 | tail -12 | tee -a $L
       [ -s $OUT/int4g-$s.json ] && python3 -c "
 import json, sys; r = json.load(open(sys.argv[1])); b = r.get('bs1', {})
