@@ -21,7 +21,8 @@ the same run is the ceiling. Every output is checked against the fp32 reference 
 
 `--grid` times the GEMV over tiles (rows per program, words per step, warps, pipeline stages) at the
 `--grid-rows` row counts and prints, per row count, the configuration with the least total time over
-the four projections (one call each: what a decoder layer runs) next to the default's total: the line
+the four projections (one call each: what a decoder layer runs) next to the default's total, and the
+sum of each projection's own best with the FLOTILLA_INT4_GEMV_TILES value that selects them: the line
 to set `triton_int4_gemv.default_config` from. The JSON is rewritten after every case.
 Without CUDA the script says so and exits 0 (nothing to measure).
 """
@@ -149,8 +150,22 @@ def grid_summary(cases: list[dict], m: int) -> dict | None:
         return None
     totals = {t: sum(c[t]["us"] for c in rows) for t in tags}
     best = min(totals, key=totals.__getitem__)
+    per_shape = {c["name"]: c["best_int4_gemv"] for c in rows if "best_int4_gemv" in c}
     return {"m": m, "best": best, "best_layer_us": totals[best], "default_layer_us": totals.get("int4_gemv"),
-            "per_shape_best": {c["name"]: c["best_int4_gemv"]["tag"] for c in rows if "best_int4_gemv" in c}}
+            "per_shape_best": {name: b["tag"] for name, b in per_shape.items()},
+            "per_shape_layer_us": sum(b["us"] for b in per_shape.values()),
+            "env": tiles_env({SHAPES[name]: b["tag"] for name, b in per_shape.items()})}
+
+
+def tiles_env(best: dict[tuple[int, int], str]) -> str:
+    """FLOTILLA_INT4_GEMV_TILES for the per-shape winners (`triton_int4_gemv._parse_tiles`): `NxK:knobs`
+    entries; a shape whose winner is the default gets none."""
+    entries = []
+    for (n, k), tag in best.items():
+        knobs = "use_dot=1" if tag == "int4_gemv_dot" else ",".join(tag.split()[1:])
+        if knobs:
+            entries.append(f"{n}x{k}:{knobs}")
+    return ";".join(entries)
 
 
 def main() -> None:
@@ -194,7 +209,9 @@ def main() -> None:
             results["grid"].append(summary)
             Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
             print(f"GRID m{m}: best over the 4 projections {summary['best']} {summary['best_layer_us']:.1f} us a layer "
-                  f"(default {summary['default_layer_us']:.1f} us)", flush=True)  # fmt: skip
+                  f"(default {summary['default_layer_us']:.1f} us; each projection's best "
+                  f"{summary['per_shape_layer_us']:.1f} us: FLOTILLA_INT4_GEMV_TILES=\"{summary['env']}\")",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -53,11 +53,25 @@ from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 _REDUCE_BLOCK = 1024
-# Tiles for one-row calls from the environment, e.g. "block_n=16,block_w=64,num_warps=4,num_stages=1":
-# bench/results/int4g-gpu.sh times a grid (bench/int4_gemv.py --grid) and runs the engine with the
-# winner in the same device call. Read once at import; unset: `default_config`'s choice.
-_ONE_ROW_TILES = {key: int(v) for key, v in (item.split("=") for item in
-                  os.environ.get("FLOTILLA_INT4_GEMV_TILES", "").replace(" ", "").split(",") if item)}  # fmt: skip
+
+
+def _parse_tiles(spec: str) -> dict[tuple[int, int] | None, dict[str, int]]:
+    """FLOTILLA_INT4_GEMV_TILES: `;`-separated knob lists, each for every shape or, prefixed `NxK:`, for
+    the `[N, K]` weights only, e.g. "use_dot=0,block_n=32,block_w=64;4096x4096:use_dot=1,block_n=64"."""
+    tiles: dict[tuple[int, int] | None, dict[str, int]] = {}
+    for entry in spec.replace(" ", "").split(";"):
+        shape, _, knobs = entry.rpartition(":")
+        n, _, k = shape.partition("x")
+        values = {name: int(v) for name, v in (item.split("=") for item in knobs.split(",") if item)}
+        if values:
+            tiles[(int(n), int(k)) if shape else None] = values
+    return tiles
+
+
+# Tiles for one-row calls from the environment (`_parse_tiles`): bench/results/int4g-gpu.sh times a grid
+# (bench/int4_gemv.py --grid) and runs the engine with the winners in the same device call. Read once at
+# import; unset: `default_config`'s choice.
+_ONE_ROW_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_TILES", ""))
 # Split-K arrival counters, one int32 per row tile, zero between launches (the last program of a tile
 # resets its own), per device. Launches on one stream run one after the other, so they share them; the
 # engine runs its forward on one stream per device. Allocated by the first split call (the warm-up
@@ -115,12 +129,13 @@ def default_config(
       fewer than the SMs and each range keeps at least 4 steps. Llama-3.1-8B on 132 SMs: FMA no split
       anywhere; dot qkv 2, o and down 4.
     """
-    if m == 1 and _ONE_ROW_TILES:
-        block_n = block_n or _ONE_ROW_TILES.get("block_n")
-        block_w = block_w or _ONE_ROW_TILES.get("block_w")
-        num_warps = num_warps or _ONE_ROW_TILES.get("num_warps")
-        num_stages = num_stages or _ONE_ROW_TILES.get("num_stages")
-        use_dot = bool(_ONE_ROW_TILES["use_dot"]) if use_dot is None and "use_dot" in _ONE_ROW_TILES else use_dot
+    given = _ONE_ROW_TILES.get((n, k), _ONE_ROW_TILES.get(None)) if m == 1 else None
+    if given:
+        block_n = block_n or given.get("block_n")
+        block_w = block_w or given.get("block_w")
+        num_warps = num_warps or given.get("num_warps")
+        num_stages = num_stages or given.get("num_stages")
+        use_dot = bool(given["use_dot"]) if use_dot is None and "use_dot" in given else use_dot
     can_dot = dot_supported(m, group_size)
     use_dot = (m >= 3 and can_dot) if use_dot is None else (use_dot and can_dot)
     block_m = triton.next_power_of_2(max(m, 1))

@@ -4,8 +4,8 @@
 # batch 1 / context 512 <= 0.45x the bf16 step of the same call. Stages, each under its own limit (capped by what is
 # left of BUDGET_S; the JSON files are written as results come, so a cut stage still leaves what it measured):
 #   gemv   (65 s) bench/int4_gemv.py: the int4 paths alone (W4A16 GEMV, tl.dot GEMM, dequantize + cuBLAS) vs bf16
-#          cuBLAS at the four projections, M = 1, 4, 16, 64, and the GEMV over a tile grid at M = 1; its winner over
-#          the four projections (the "GRID m1" line) is passed to the int4 stage as FLOTILLA_INT4_GEMV_TILES
+#          cuBLAS at the four projections, M = 1, 4, 16, 64, and the GEMV over a tile grid at M = 1; each projection's
+#          winner (the "GRID m1" line) is passed to the int4 stage as FLOTILLA_INT4_GEMV_TILES
 #   int4   (85 s) bench/quant_gpu.py, the W4A16 engine: start-up phases with timestamps in int4g-int4.log (model
 #          build, quantized layers, dummy fill, memory profile, each graph captured), then the bs1 step; the JSON's
 #          int4_paths lists which int4 path saw which row counts (GEMV <= 16 rows, GEMM <= 256, dequantize above)
@@ -35,13 +35,11 @@ for s in ${STAGES:-gemv int4 bf16 tests summary}; do
             --json $OUT/int4g-gemv.json > $OUT/int4g-gemv.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "^copy|^INT4|^GRID|Error|error" $OUT/int4g-gemv.log | cut -c1-400 | tee -a $L
-      # the grid's winner as FLOTILLA_INT4_GEMV_TILES ("block_n=..,block_w=..,num_warps=..,num_stages=..")
+      # each projection's grid winner as FLOTILLA_INT4_GEMV_TILES ("NxK:use_dot=..,block_n=..,...;...")
       TILES=$(python3 - $OUT/int4g-gemv.json <<'PY'
 import json, sys
 try:
-    g = json.load(open(sys.argv[1]))["grid"]
-    best = g[0]["best"] if g else "int4_gemv"  # "int4_gemv" (the default), "int4_gemv_dot" or a grid tag
-    print("use_dot=1" if best == "int4_gemv_dot" else ",".join(best.split()[1:]))
+    print(json.load(open(sys.argv[1]))["grid"][0]["env"])
 except (OSError, ValueError, KeyError, IndexError):
     print("")
 PY

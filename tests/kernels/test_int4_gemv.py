@@ -116,3 +116,12 @@ def test_int4_default_config_covers_llama_8b():
     assert default_config(1, 512, 4096, 132).split_k > 1
     assert not default_config(2, 4096, 4096, 132).use_dot and default_config(3, 4096, 4096, 132).use_dot
     assert not default_config(4, 4096, 4096, 132, group_size=96).use_dot  # not a power of two: FMA
+
+
+def test_int4_gemv_tiles_from_the_environment():
+    """FLOTILLA_INT4_GEMV_TILES: tiles for every shape and per `NxK`, one-row calls only."""
+    from flotilla.kernels import triton_int4_gemv
+
+    tiles = triton_int4_gemv._parse_tiles("use_dot=0,block_n=32, block_w=128;4096x4096:use_dot=1,block_n=128")
+    assert tiles == {None: {"use_dot": 0, "block_n": 32, "block_w": 128}, (4096, 4096): {"use_dot": 1, "block_n": 128}}
+    assert triton_int4_gemv._parse_tiles("") == {}
