@@ -236,6 +236,15 @@ def fp8_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# Int4 weights on CUDA, by input rows (`triton_int4_gemm.py` says why): up to INT4_GEMV_MAX_ROWS the
+# W4A16 GEMV (`triton_int4_gemv.py`: FMA up to 2 rows, tensor cores with the batch padded to 16 above,
+# split-K where the row tiles are too few); up to INT4_GEMM_MAX_ROWS the dequantizing `tl.dot` GEMM;
+# above, the weight dequantized in one pass and cuBLAS (a prefill, the start-up memory profile's 16,384
+# rows). Leads, to be set from `bench/int4_gemv.py` on the H200.
+INT4_GEMV_MAX_ROWS = 16
+INT4_GEMM_MAX_ROWS = 256
+
+
 def packed_int_linear(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -244,14 +253,22 @@ def packed_int_linear(
     bits: int,
     group_size: int,
     bias: torch.Tensor | None = None,
+    symmetric: bool = False,
 ) -> torch.Tensor:
     """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): on CUDA, 4-bit weights take
-    the Triton GEMM that dequantizes in registers; otherwise the reference (whole-weight dequantize)."""
+    a Triton kernel by row count (above); otherwise the reference (whole-weight dequantize).
+    `symmetric`: every zero point is the middle code (the GEMV then reads none)."""
     if x.is_cuda and bits == 4:
-        from flotilla.kernels.triton_int4_gemm import int4_gemm_supported, int4_linear
+        rows = math.prod(x.shape[:-1])
+        if rows <= INT4_GEMV_MAX_ROWS:
+            from flotilla.kernels.triton_int4_gemv import int4_gemv
 
-        if int4_gemm_supported(x.shape[-1], group_size):
+            return int4_gemv(x, packed, scales, None if symmetric else zeros, group_size, bias)
+        from flotilla.kernels.triton_int4_gemm import int4_dequantize, int4_gemm_supported, int4_linear
+
+        if rows <= INT4_GEMM_MAX_ROWS and int4_gemm_supported(x.shape[-1], group_size):
             return int4_linear(x, packed, scales, zeros, group_size, bias)
+        return F.linear(x, int4_dequantize(packed, scales, zeros, group_size, x.dtype), bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
 
 
