@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -151,7 +152,10 @@ class EngineCore:
         for failure in self.engine.take_failures():
             self.encoder.forget(failure.request_id)
             failures.append((failure.request_id, portable(failure)))
+        trace, sent = self.engine.step_trace, time.perf_counter()
         self.outputs.send(("step", deltas, failures, self.engine.stats_snapshot()))
+        if trace is not None:
+            trace.note(send_ms=round((time.perf_counter() - sent) * 1e3, 2))
 
     def _drain(self, commands: Connection) -> None:
         while commands.poll(0):
@@ -162,6 +166,8 @@ class EngineCore:
         kind = command[0]
         if kind == "add":
             self._add(*command[1:])
+            if self.engine.step_trace is not None:
+                self.engine.step_trace.note(adds=1)
         elif kind == "abort":
             self.engine.abort(command[1])
             for request_id in command[1]:
