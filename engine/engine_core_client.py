@@ -234,24 +234,31 @@ class EngineCoreClient:
     def _read(self) -> None:
         while True:
             try:
-                message = self._outputs.recv()
+                batch = self._outputs.recv()  # the messages the core queued since its last write
             except (EOFError, OSError):
-                message = ("dead", None)
-            kind = message[0]
-            if kind == "step":
-                self._deliver_step(message[1], message[2])
-                if message[3] is not None:
-                    self._report(message[3])
-            elif kind == "stats":
-                self._report(message[1])
-            elif kind == "call":
-                self._settle_call(message[1], message[2], message[3])
-            elif kind == "stopped":
-                self._end(EngineDeadError("the engine is shutting down"))
-                return
-            else:  # "dead", or the pipe closed
-                self._die(message[1])
-                return
+                batch = [("dead", None)]
+            for message in batch:
+                if not self._handle(message):
+                    return
+
+    def _handle(self, message: tuple[Any, ...]) -> bool:
+        """Act on one message from the core; False once nothing more will come."""
+        kind = message[0]
+        if kind == "step":
+            self._deliver_step(message[1], message[2])
+            if message[3] is not None:
+                self._report(message[3])
+        elif kind == "stats":
+            self._report(message[1])
+        elif kind == "call":
+            self._settle_call(message[1], message[2], message[3])
+        elif kind == "stopped":
+            self._end(EngineDeadError("the engine is shutting down"))
+            return False
+        else:  # "dead", or the pipe closed
+            self._die(message[1])
+            return False
+        return True
 
     def _deliver_step(self, deltas: list[OutputDelta], failures: list[tuple[str, BaseException]]) -> None:
         pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]] = {}

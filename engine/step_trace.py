@@ -14,8 +14,9 @@ what the step held and what it cost:
   bottleneck); `step_ms`: launch to outputs (with asynchronous scheduling it spans the next launch);
 - `first` / `ttft_ms`: requests that got their first token in the step, and the sum of their times
   from reaching the engine (the client's TTFT minus this is the API process's and the network's part);
-- fields the engine core adds (`adds`: requests received since the step before, `send_ms`: the
-  previous step's output message to the API process).
+- fields the engine core adds: `adds` (requests received since the step before), `sends` / `send_ms`
+  (pipe writes of output messages to the API process since then, and the time they took: a write
+  waits while the API process is behind on reading).
 
 Writes are line-buffered: the core process leaves with `os._exit`, and a trace must survive that. A
 line costs a few microseconds; without the variable nothing is done.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import IO, Any
 
@@ -38,6 +40,7 @@ class StepTrace:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (open for the engine's lifetime)
         self._start = time.monotonic()
         self._extra: dict[str, Any] = {}
+        self._lock = threading.Lock()  # the core's output thread notes its writes too
 
     @classmethod
     def from_env(cls) -> StepTrace | None:
@@ -47,11 +50,13 @@ class StepTrace:
 
     def note(self, **fields: Any) -> None:
         """Fields for the next line (numbers add up until then)."""
-        for key, value in fields.items():
-            self._extra[key] = self._extra.get(key, 0) + value
+        with self._lock:
+            for key, value in fields.items():
+                self._extra[key] = round(self._extra.get(key, 0) + value, 2)
 
     def record(self, **fields: Any) -> None:
         """Write one step's line."""
-        line = {"t": round(time.monotonic() - self._start, 4), **fields, **self._extra}
-        self._extra = {}
+        with self._lock:
+            line = {"t": round(time.monotonic() - self._start, 4), **fields, **self._extra}
+            self._extra = {}
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
