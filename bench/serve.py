@@ -185,7 +185,8 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, *shlex.split(args.server_python_args), "-m", "flotilla.engine.server",
            *([args.model] if args.model else []), "--host", "127.0.0.1", "--port", str(port),
            "--uvicorn-log-level", "warning", *shlex.split(args.serve_args)]
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    log = open(args.server_log, "ab") if args.server_log else subprocess.DEVNULL  # noqa: SIM115 (the server's lifetime)
+    process = subprocess.Popen(cmd, stdout=log, stderr=log, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -248,6 +249,7 @@ def main() -> None:
     p.add_argument("--launch", action="store_true", help="start flotilla serve for the run")
     p.add_argument("--model", default=None, help="model directory for --launch (default: embedded)")
     p.add_argument("--serve-args", default="", help="extra flotilla serve flags for --launch")
+    p.add_argument("--server-log", default=None, help="append the launched server's output here")
     p.add_argument("--server-python-args", default="",
                    help="interpreter flags for --launch, e.g. '-m cProfile -o server.prof'")
     p.add_argument("--model-name", default=None, help="served model name (default: the first listed)")
