@@ -4,15 +4,18 @@ where the loop's time went, per run.
     python bench/step_trace_report.py /tmp/steps.jsonl [more.jsonl ...] [--json out.json]
 
 A trace may hold several runs (a warm-up and the measured run): a step that leaves the engine empty
-ends a run, and so does a pause of more than `--gap` seconds between steps. Per run: steps by kind (pure decode, pure prefill,
-mixed), wall time, tokens and rows per step, how many ran from a CUDA graph, the host's and the
-device wait's share (`host_ms`, `sync_ms`), the core's pipe writes (`send_ms`), running requests, and
-the engine's own time to first token (from the request reaching the engine).
+ends a run, and so does a pause of more than `--gap` seconds between steps. Per run: steps by kind
+(pure decode, pure prefill, mixed), wall time, tokens and rows per step, how many ran from a CUDA
+graph, the host's and the device wait's share (`host_ms`, `sync_ms`), the core's pipe writes
+(`send_ms`), running requests, and the engine's own time to first token (from the request reaching
+the engine). A server's `PATH.api` beside the trace (the API process's reads) adds its batches and
+handling time.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -50,7 +53,7 @@ def summarize(run: list[dict]) -> dict:
         group = [s for s in run if kind(s) == name]
         if not group:
             continue
-        times = [b["t"] - a["t"] for a, b in zip(run, run[1:], strict=False) if kind(b) == name]
+        times = [b["t"] - a["t"] for a, b in itertools.pairwise(run) if kind(b) == name]
         out[name] = {
             "steps": len(group),
             "wall_s": round(sum(times), 2),
@@ -77,6 +80,17 @@ def summarize(run: list[dict]) -> dict:
     return out
 
 
+def summarize_api(reads: list[dict]) -> dict:
+    """The API process's reads of the core's messages: how many steps each carried, and their handling."""
+    if not reads:
+        return {}
+    handle = sorted(r["handle_ms"] for r in reads)
+    return {"reads": len(reads), "messages": sum(r["messages"] for r in reads),
+            "messages_per_read_max": max(r["messages"] for r in reads), "deltas": sum(r["deltas"] for r in reads),
+            "handle_ms_total": round(sum(handle), 1), "handle_ms_median": handle[len(handle) // 2],
+            "handle_ms_p99": handle[len(handle) * 99 // 100]}
+
+
 def main() -> None:
     """Print (and optionally write) each trace's per-run summary."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,6 +105,11 @@ def main() -> None:
         report[path] = [summarize(run) for run in split_runs(steps, a.gap)] if steps else []
         for i, run in enumerate(report[path]):
             print(f"{path} run {i}: {json.dumps(run)}")
+        api = Path(path + ".api")
+        if api.exists():
+            reads = [json.loads(line) for line in api.read_text().splitlines() if line.strip()]
+            report[str(api)] = summarize_api(reads)
+            print(f"{api}: {json.dumps(report[str(api)])}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2))
 

@@ -4,7 +4,8 @@
 engine core's process writes it when serving; the offline `LLM` in its own process). A line says
 what the step held and what it cost:
 
-- `t`: seconds since the trace started, when the step's outputs were taken in;
+- `t`: when the step's outputs were taken in (`time.monotonic()`, one clock for every process of the
+  machine, so the API process's lines line up with the core's);
 - `tokens`, `decode` (rows decoding a generated token), `prefill` (rows feeding prompt tokens),
   `prefill_tokens`, `running` / `waiting` (the scheduler's queues after the step);
 - `graph`: the CUDA graph's padded token count that ran the step, 0 when it ran eagerly (the log's
@@ -17,6 +18,9 @@ what the step held and what it cost:
 - fields the engine core adds: `adds` (requests received since the step before), `sends` / `send_ms`
   (pipe writes of output messages to the API process since then, and the time they took: a write
   waits while the API process is behind on reading).
+
+The API process of a server writes `PATH.api` beside it: one line per message batch read from the
+core (`t`, `messages`, `deltas`, `handle_ms`: unpickled, decoded and handed to the event loop).
 
 Writes are line-buffered: the core process leaves with `os._exit`, and a trace must survive that. A
 line costs a few microseconds; without the variable nothing is done.
@@ -38,15 +42,14 @@ class StepTrace:
 
     def __init__(self, path: str) -> None:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (open for the engine's lifetime)
-        self._start = time.monotonic()
         self._extra: dict[str, Any] = {}
         self._lock = threading.Lock()  # the core's output thread notes its writes too
 
     @classmethod
-    def from_env(cls) -> StepTrace | None:
-        """The trace `FLOTILLA_STEP_TRACE` asks for, or None."""
+    def from_env(cls, suffix: str = "") -> StepTrace | None:
+        """The trace `FLOTILLA_STEP_TRACE` asks for (its path plus `suffix`), or None."""
         path = os.environ.get(TRACE_ENV)
-        return cls(path) if path else None
+        return cls(path + suffix) if path else None
 
     def note(self, **fields: Any) -> None:
         """Fields for the next line (numbers add up until then)."""
@@ -57,6 +60,6 @@ class StepTrace:
     def record(self, **fields: Any) -> None:
         """Write one step's line."""
         with self._lock:
-            line = {"t": round(time.monotonic() - self._start, 4), **fields, **self._extra}
+            line = {"t": round(time.monotonic(), 4), **fields, **self._extra}
             self._extra = {}
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
