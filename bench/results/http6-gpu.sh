@@ -8,8 +8,9 @@
 #               step loop, as main) and no --max-cudagraph-capture-size (mixed graphs up to 512 tokens, as main)
 #   serve-on    the same with both levers: the core's output thread (default on this branch) and
 #               --max-cudagraph-capture-size 4096 (mixed graphs up to 4,096 tokens)
+#   tests       the GPU test of the larger mixed graphs (greedy tokens == the CPU reference) and the graphs' base test
 #   serve-thread / serve-graphs (not in the default STAGES): one lever each, for attribution
-# Budget: ~430 s (offline ~50 s; each serve stage ~40-70 s to start with graph capture, ~30 s warm-up, ~30 s
+# Budget: ~430 s (tests ~30 s, offline ~50 s; each serve stage ~40-70 s to start with graph capture, ~30 s warm-up, ~30 s
 # measured). Run from the repository root on the H200 machine, carrying .whl (the wheels listed in
 # bench/results/http-speed-gpu.sh: pydantic stack, fastapi/starlette/uvicorn/httpx/... stack):
 #   BUDGET_S=450 bash bench/results/http6-gpu.sh
@@ -31,8 +32,12 @@ serve() {  # serve NAME OUTPUT_THREAD EXTRA_FLAGS TIME_LIMIT_S
     | tee -a $L | tail -20
   grep -E "captured|runs eagerly" $OUT/http6-serve-$1-server.log | head -6 | tee -a $L
 }
-for s in ${STAGES:-offline serve-off serve-on}; do
+for s in ${STAGES:-tests offline serve-off serve-on}; do
   case $s in
+    # Greedy tokens of the tiny model with mixed graphs up to 1,024 tokens equal the CPU reference (~20 s).
+    tests) echo "=== tests $(date +%T)" | tee -a $L
+      timeout $(left 60) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -k "larger_mixed or cuda-graphs-async" -q \
+        -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -4 | tee -a $L ;;
     offline) echo "=== offline $(date +%T)" | tee -a $L
       FLOTILLA_STEP_TRACE=$OUT/http6-offline-steps.jsonl timeout $(left 100) python3 $R/bench/throughput.py \
         --model /tmp/llama8b --load-format dummy --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs 512 \
