@@ -68,6 +68,7 @@ def summarize(run: list[dict]) -> dict:
         }
     out["running_median"] = statistics.median(s["running"] for s in run)
     out["waiting_max"] = max(s["waiting"] for s in run)
+    out["preempted"] = sum(s.get("preempted", 0) for s in run)
     sends = sum(s.get("send_ms", 0.0) for s in run)
     out["send_ms_total"] = round(sends, 1)
     out["send_ms_max"] = max((s.get("send_ms", 0.0) for s in run), default=0.0)

@@ -538,8 +538,9 @@ class LLMEngine:
         self.step_trace.record(
             tokens=num_tokens, decode=len(plan.scheduled) - len(prefill), prefill=len(prefill),
             prefill_tokens=sum(s.num_new_tokens for s in prefill), running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting), graph=timing.graph_tokens, host_ms=round(timing.host_s * 1e3, 2),
-            sync_ms=round(timing.sync_s * 1e3, 2), step_ms=round(timing.total_s * 1e3, 2),
+            waiting=len(self.scheduler.waiting), preempted=len(plan.preempted), graph=timing.graph_tokens,
+            host_ms=round(timing.host_s * 1e3, 2), sync_ms=round(timing.sync_s * 1e3, 2),
+            step_ms=round(timing.total_s * 1e3, 2),
         )
 
 

@@ -7,7 +7,8 @@ what the step held and what it cost:
 - `t`: when the step's outputs were taken in (`time.monotonic()`, one clock for every process of the
   machine, so the API process's lines line up with the core's);
 - `tokens`, `decode` (rows decoding a generated token), `prefill` (rows feeding prompt tokens),
-  `prefill_tokens`, `running` / `waiting` (the scheduler's queues after the step);
+  `prefill_tokens`, `running` / `waiting` (the scheduler's queues after the step), `preempted` (requests
+  the step's plan preempted for want of KV blocks);
 - `graph`: the CUDA graph's padded token count that ran the step, 0 when it ran eagerly (the log's
   "step runs eagerly" line says why once per kind);
 - `host_ms`: the host's part of the launch (inputs, kernel launches or the graph replay, the draw);
