@@ -12,12 +12,11 @@ Two families of graphs, each captured per (padded token count, block-table width
   hence a few widths.
 - mixed: steps that hold a prefill or an extend (a prompt after a prefix-cache hit, short prompts
   beside decodes), by default up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens,
-  max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device. A server
-  under steady load runs mostly steps of "every running request's decode plus the prompts that just
-  arrived" (hundreds of decode rows and a few prompts), which are not compute-bound enough to hide
-  an eager step's launches; `--max-cudagraph-capture-size` (vLLM's flag) extends the mixed ladder
-  (`MIXED_LADDER`, finer where padding costs most) to cover them. Steps above the largest size run
-  eagerly.
+  max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device. Steps of
+  hundreds of decode rows beside a few short prompts (requests that arrive one by one) are not
+  compute-bound enough to hide an eager step's ~700 launches; `--max-cudagraph-capture-size` (vLLM's
+  flag) extends the mixed ladder (`MIXED_LADDER`, padding at most 12.5 %) to cover them. Steps above
+  the largest size run eagerly.
 
 Padding writes nothing and reads nothing harmful. Padding token rows are token 0 at position 0 with
 slot -1 (the KV write skips it). In a decode graph each padding row is a sequence of one query token
