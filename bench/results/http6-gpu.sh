@@ -14,6 +14,11 @@
 # measured). Run from the repository root on the H200 machine, carrying .whl (the wheels listed in
 # bench/results/http-speed-gpu.sh: pydantic stack, fastapi/starlette/uvicorn/httpx/... stack):
 #   BUDGET_S=450 bash bench/results/http6-gpu.sh
+# Session 6b: bench/serve.py gives each concurrency slot its own httpx client (httpx's shared pool held the second
+# wave of requests ~5 s in the client); its JSON has send_delay (slot taken -> request head written: the client's
+# own delay) and head_delay (-> response head: the server's), http6-serve-*-requests.jsonl each request's
+# time.monotonic() marks (the step traces' clock). Confirming run (~230 s):
+#   STAGES="offline serve-on serve-off" BUDGET_S=300 bash bench/results/http6-gpu.sh
 # Outputs in $OUT: http6-gpu.log, http6-{offline,serve-*}.json, http6-*-steps.jsonl (traces), http6-*-server.log,
 # http6-steps-report.json (the traces' summaries), and the summary lines at the end of the log.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 450
@@ -28,7 +33,8 @@ serve() {  # serve NAME OUTPUT_THREAD EXTRA_FLAGS TIME_LIMIT_S
   # SIGINT on timeout: bench/serve.py then stops its server (the next stage needs the GPU's memory).
   FLOTILLA_CORE_OUTPUT_THREAD=$2 FLOTILLA_STEP_TRACE=$OUT/http6-serve-$1-steps.jsonl timeout -s INT -k 30 $(left $4) \
     python3 $R/bench/serve.py --launch --model /tmp/llama8b --serve-args "$ENGINE $3" $LOAD --max-concurrency 512 \
-    --clients 2 --warmups 1 --server-log $OUT/http6-serve-$1-server.log --json $OUT/http6-serve-$1.json 2>&1 \
+    --clients 2 --warmups 1 --server-log $OUT/http6-serve-$1-server.log --json $OUT/http6-serve-$1.json \
+    --request-log $OUT/http6-serve-$1-requests.jsonl 2>&1 \
     | tee -a $L | tail -20
   grep -E "captured|runs eagerly" $OUT/http6-serve-$1-server.log | head -6 | tee -a $L
 }
@@ -67,7 +73,9 @@ for name in ("off", "on", "thread", "graphs"):
     share = f" = {s['output_throughput'] / offline:.1%} of offline {offline:.0f}" if offline else ""
     print(f"serve-{name}: {s['output_throughput']:.0f} output tok/s{share}; TTFT p50/p99 {s['median_ttft_ms']:.0f}/"
           f"{s['p99_ttft_ms']:.0f} ms, TPOT p50 {s['median_tpot_ms']:.1f} ms, ITL p50/p99 {s['median_itl_ms']:.1f}/"
-          f"{s['p99_itl_ms']:.1f} ms; CPU busy: API {s.get('server_cpu_busy', 0):.2f}, core "
+          f"{s['p99_itl_ms']:.1f} ms; client send delay p50/p99/max {s.get('median_send_delay_ms', 0):.0f}/"
+          f"{s.get('p99_send_delay_ms', 0):.0f}/{s.get('max_send_delay_ms', 0):.0f} ms, head delay p50/p99 "
+          f"{s.get('median_head_delay_ms', 0):.0f}/{s.get('p99_head_delay_ms', 0):.0f} ms; CPU busy: API {s.get('server_cpu_busy', 0):.2f}, core "
           f"{s.get('server_children_cpu_busy', 0):.2f}, clients {[round(c, 2) for c in s['client_cpu_busy']]}")
 EOF
 echo "=== done $(date +%T)" | tee -a $L
