@@ -286,7 +286,10 @@ class StepGraphs:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         before = torch.cuda.memory_allocated()
-        for key in self.keys():
+        keys = self.keys()
+        logger.info("capturing %d CUDA graphs", len(keys))
+        for i, key in enumerate(keys):
+            logger.debug("graph %d/%d %s at %.1f s", i + 1, len(keys), key, time.perf_counter() - start)
             ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
             self._stage_empty(key)
             with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):

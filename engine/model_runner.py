@@ -106,7 +106,10 @@ class ModelRunner:
         # The runner's only randomness; dummy weights draw from their own seeded generator, so the
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
+        started = time.perf_counter()
         self.model = load_model(config.model, self.device)
+        logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
+                    config.model.load_format, f", {config.model.quantization}" if config.model.quantization else "")
         lc = config.lora  # wrapped before profiling, so the adapter slots count against the memory budget
         self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora \
             else None
@@ -182,6 +185,8 @@ class ModelRunner:
         weights = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         n = self.config.scheduler.max_num_batched_tokens
+        logger.info("memory profile: a dummy step of %d tokens", n)  # a start-up cut short says where it was
+        started = time.perf_counter()
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
             hidden = self.model(ids, torch.arange(n, device=self.device))
@@ -198,9 +203,9 @@ class ModelRunner:
         gib = 2**30
         logger.info(
             "memory profile: GPU %.2f GiB x %.2f = %.2f GiB usable; weights %.2f GiB, activation peak %.2f GiB "
-            "(dummy step of %d tokens), outside torch %.2f GiB -> KV cache %.2f GiB",
+            "(dummy step of %d tokens, %.1f s), outside torch %.2f GiB -> KV cache %.2f GiB",
             total / gib, self.config.cache.gpu_memory_utilization, usable / gib, weights / gib,
-            (peak - weights) / gib, n, non_torch / gib, max(budget, 0) / gib,
+            (peak - weights) / gib, n, time.perf_counter() - started, non_torch / gib, max(budget, 0) / gib,
         )
         num_blocks = max(int(budget // self.bytes_per_block), 0)
         if num_blocks < per_seq:
