@@ -39,7 +39,7 @@ for s in ${STAGES:-kernels stacked graphs segments}; do
   [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
     kernels) timeout $(left 45) $PYTEST $R/tests/kernels/test_lora.py 2>&1 | tail -5 | tee -a $L ;;
-    graphs) timeout $(left 60) $PYTEST $R/tests/engine/lora/test_lora_graphs.py -rs 2>&1 | tail -8 | tee -a $L ;;
+    graphs) timeout $(left 120) $PYTEST $R/tests/engine/lora/test_lora_graphs.py -rs 2>&1 | tail -8 | tee -a $L ;;
     stacked) bench stacked "--profile-steps 8" ;;
     segments | pair) bench $s ;;
   esac
