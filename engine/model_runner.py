@@ -69,6 +69,7 @@ class LaunchedStep:
     start: float
     graphed: bool
     rows: list[SamplingRow]
+    graph_tokens: int = 0  # the replayed graph's padded token count (0: eager)
     draft_groups: list[DraftGroup] = field(default_factory=list)
     result: StepOutput = field(default_factory=StepOutput)
     drawn: SamplerOutput | None = None  # host tensors, valid once `copied` has completed
@@ -87,6 +88,8 @@ class StepTiming:
     host_s: float = 0.0
     total_s: float = 0.0
     graphed: bool = False
+    sync_s: float = 0.0  # of `collect`, waiting for the drawn ids (the device's part beyond the host's)
+    graph_tokens: int = 0  # the replayed graph's padded token count (0: eager)
 
 
 class ModelRunner:
@@ -134,6 +137,7 @@ class ModelRunner:
             self.graphs = StepGraphs(
                 self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
                 self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
+                max_capture_size=config.model.max_cudagraph_capture_size,
             )
             self.graphs.capture()
 
@@ -285,7 +289,8 @@ class ModelRunner:
             with forward_context(inputs.metadata), lora_slots(slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
-        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups)
+        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups,
+                            graph_tokens=self.graphs.last_tokens if graphed and self.graphs is not None else 0)
         last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
         if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
@@ -310,9 +315,12 @@ class ModelRunner:
     def collect(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's drawn ids (the step's one host sync) and return its output."""
         result = step.result
+        sync_s = 0.0
         if step.drawn is not None:
             if step.copied is not None:
+                waited = time.perf_counter()
                 step.copied.synchronize()
+                sync_s = time.perf_counter() - waited
             tokens = step.drawn.token_ids.tolist()
             entries = self._token_logprobs(step.drawn, step.rows, tokens)
             drafted = self._verified(step, tokens, entries, result)
@@ -323,7 +331,8 @@ class ModelRunner:
                     entry = entries[i]
                     if entry is not None:
                         result.logprobs[rid] = entry
-        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
+        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed, sync_s,
+                                    step.graph_tokens)
         return result
 
     def _draw(self, hidden: torch.Tensor, step: LaunchedStep, bitmask: torch.Tensor | None = None) -> None:
@@ -459,7 +468,11 @@ def _to_host(drawn: SamplerOutput) -> SamplerOutput:
 
 
 def _plain_greedy(row: SamplingRow) -> bool:
-    """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs."""
+    """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs.
+
+    `min_tokens` bans stop ids and EOS until reached (`build_sampling_batch`); with `ignore_eos` and no
+    stop ids it bans nothing (benchmark clients send it so), and the row stays on the argmax path.
+    """
     req = row.request
     p = req.sampling_params
     return (
@@ -467,7 +480,7 @@ def _plain_greedy(row: SamplingRow) -> bool:
         and not p.has_penalties
         and not p.logit_bias
         and p.logprobs is None
-        and row.output_index >= p.min_tokens
+        and (row.output_index >= p.min_tokens or (p.ignore_eos and not p.stop_token_ids))
     )
 
 
