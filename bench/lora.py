@@ -9,19 +9,23 @@ LoRA engine serving only base-model requests; the LoRA engine with the batch spr
 PEFT's file format with random nonzero A and B). Targets (issue 25): batch 64 with 8 adapters at most
 1.25x the no-LoRA step, batch 1 at most 1.15x.
 
-`--kernels new,old` measures the LoRA engine once per kernel set, in one process: `new` is the default
-(segment kernels from 16 tokens on, the expand in the GEMV's epilogue at batch 1), `old` the per-token
-pair everywhere (what FLOTILLA_LORA_KERNELS=0 selects); each row names its set. On an 8B shape give one set
-per process (bench/results/lora-gpu.sh does): a later engine of the same process may find no memory left
+`--kernels stacked,segments,pair` measures the LoRA engine once per kernel set (FLOTILLA_LORA_KERNELS,
+kernels/dispatch.py): `stacked` is the default (the A stack as extra rows of the base weight: one GEMM
+for the base product and every slot's shrink, one expand kernel per projection, from 2 tokens on; the
+expand in the GEMV's epilogue at batch 1), `segments` the segment pair from 16 tokens on (fifth
+session), `pair` the per-token pair everywhere; each row names its set. On an 8B shape give one set per
+process (bench/results/lora-gpu.sh does): a later engine of the same process may find no memory left
 for its KV cache (H200, 2026-12-03).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -56,8 +60,9 @@ def write_adapter(config: dict, path: Path, rank: int, seed: int, scale: float =
     return path
 
 
-def step_ms(engine, batch: int, context: int, steps: int, loras: list) -> float:
-    """Mean ms per decode step with `batch` requests, request k on `loras[k % len(loras)]`."""
+def step_ms(engine, batch: int, context: int, steps: int, loras: list, profile_steps: int = 0) -> tuple[float, dict]:
+    """Mean ms per decode step with `batch` requests, request k on `loras[k % len(loras)]`; with
+    `profile_steps`, also the GPU kernel time of that many more steps by kernel name (us per step)."""
     from flotilla.engine.sampling_params import SamplingParams
 
     rng = random.Random(0)
@@ -67,8 +72,28 @@ def step_ms(engine, batch: int, context: int, steps: int, loras: list) -> float:
                                lora_request=loras[k % len(loras)]) for k in range(batch)]
     start_decoding(engine, reqs)
     times = timed_steps(engine, steps)
+    kernels = kernel_us_per_step(engine, profile_steps) if profile_steps else {}
     engine.abort([r.request_id for r in reqs])
-    return 1e3 * statistics.fmean(times)
+    return 1e3 * statistics.fmean(times), kernels
+
+
+def kernel_us_per_step(engine, steps: int) -> dict:
+    """`steps` engine steps under torch.profiler: each GPU kernel name's time and launches per step,
+    largest first (the top 16, then "busy": all kernels together)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name][0] += event.device_time_total
+            totals[event.name][1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    out = {name[:60]: [round(us / steps, 1), round(n / steps, 1)] for name, (us, n) in ranked[:16]}
+    out["busy"] = [round(sum(us for us, _ in totals.values()) / steps, 1), sum(n for _, n in totals.values()) / steps]
+    return out
 
 
 def main() -> None:
@@ -80,7 +105,10 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--workdir", default="/tmp/bench-lora")
-    p.add_argument("--kernels", default="new", help="comma-separated LoRA kernel sets to measure: new, old")
+    p.add_argument("--kernels", default="stacked",
+                   help="comma-separated LoRA kernel sets to measure: stacked, segments, pair (or 2, 1, 0)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many more LoRA steps at the largest batch: GPU time by kernel")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     from flotilla.engine.llm_engine import LLMEngine
@@ -97,22 +125,30 @@ def main() -> None:
                   enable_prefix_caching=False, gpu_memory_utilization=0.85)
     results = {"shape": a.shape, "rank": a.rank, "adapters": a.adapters, "context": a.context, "rows": []}
     base = LLMEngine.from_kwargs(str(model_dir), **common)
-    plain = {b: step_ms(base, b, a.context, a.steps, [None]) for b in batches}
+    plain = {b: step_ms(base, b, a.context, a.steps, [None])[0] for b in batches}
     del base
     torch.cuda.empty_cache()
-    for kernels in a.kernels.split(","):
-        dispatch.LORA_NEW_KERNELS = kernels == "new"  # read at every call, so the graphs capture this set
+    for kernels in [dispatch.lora_kernel_set(k) for k in a.kernels.split(",")]:
+        # Read when the LoRA layers are built (the stacked weights) and at every call, so the graphs
+        # capture this set.
+        dispatch.LORA_KERNELS = kernels
         engine = LLMEngine.from_kwargs(str(model_dir), **common, enable_lora=True, max_loras=a.adapters,
                                        max_lora_rank=a.rank)
         for b in batches:
+            lora_ms, profile = step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)],
+                                       a.profile_steps if b == max(batches) else 0)
+            graphed = engine.runner.last_step.graphed  # of the LoRA steps
             row = {"batch": b, "kernels": kernels, "no_lora_ms": plain[b],
-                   "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None]),
-                   "lora_ms": step_ms(engine, b, a.context, a.steps, loras[: min(b, a.adapters)]),
-                   "lora_graphed": engine.runner.last_step.graphed}
+                   "lora_engine_base_ms": step_ms(engine, b, a.context, a.steps, [None])[0],
+                   "lora_ms": lora_ms, "lora_graphed": graphed}
             row["ratio"] = row["lora_ms"] / row["no_lora_ms"]
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
+            if profile:
+                row["kernels_us_per_step"] = profile
+                print(json.dumps({"batch": b, "kernels": kernels, "kernels_us_per_step": profile}), flush=True)
         del engine
+        gc.collect()
         torch.cuda.empty_cache()
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))

@@ -21,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from flotilla.kernels import triton_gemv, triton_lora, triton_lora_segments
+from flotilla.kernels import triton_gemv, triton_lora, triton_lora_segments, triton_lora_stacked
 
 TARGET = GPUTarget("cuda", 90, 32)
 SHRINK = {"x_ptr": "*bf16", "a_ptr": "*bf16", "slots_ptr": "*i64", "part_ptr": "*fp32", "stride_x": "i32",
@@ -43,6 +43,11 @@ SEG_EXPAND = {"y_ptr": "*bf16", "part_ptr": "*fp32", "b_ptr": "*bf16", "order_pt
               "R": "i32", "S": "i32", "SIZE0": "i32", "SIZE1": "i32", "SIZE2": "i32", "SPLITS": "constexpr",
               "DOT_DTYPE": "constexpr", "DOT_PRECISION": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
               "BLOCK_R": "constexpr", "BLOCK_S": "constexpr"}
+STACKED_EXPAND = {"out_ptr": "*bf16", "ext_ptr": "*bf16", "b_ptr": "*bf16", "order_ptr": "*i32", "starts_ptr": "*i32",
+                  "T": "i32", "stride_o": "i32", "stride_e": "i32", "stride_bs": "i32", "stride_bn": "i32", "N": "i32",
+                  "R": "i32", "ROWS": "i32", "S": "i32", "SIZE0": "i32", "SIZE1": "i32", "SIZE2": "i32",
+                  "DOT_DTYPE": "constexpr", "DOT_PRECISION": "constexpr", "BLOCK_M": "constexpr",
+                  "BLOCK_N": "constexpr", "BLOCK_R": "constexpr", "BLOCK_S": "constexpr"}
 GEMV = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
         "part_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
         "stride_om": "i32", "k_per_split": "i32", "lora_part_ptr": "*fp32", "lora_b_ptr": "*bf16",
@@ -94,6 +99,10 @@ def main() -> None:
         compile_for_hopper(triton_lora_segments._expand_kernel, SEG_EXPAND,
                            {**DOT, "SPLITS": splits, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_R": 16,
                             "BLOCK_S": 8}, f"segment expand BLOCK_M={block_m} BLOCK_N={block_n} SPLITS={splits}")
+    for block_m, block_n in ((16, 128), (16, 256), (64, 128)):
+        compile_for_hopper(triton_lora_stacked._stacked_expand_kernel, STACKED_EXPAND,
+                           {**DOT, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_R": 16, "BLOCK_S": 16},
+                           f"stacked expand BLOCK_M={block_m} BLOCK_N={block_n}")
     # The GEMV at one row as Llama-3.1-8B's qkv (16 x 512 tiles) and o/down (8 x 512) take it, with and
     # without the LoRA epilogue (16 shrink splits at qkv/o, 56 at down: BLOCK_S 16 and 64).
     for block_n, slices, block_s in ((16, 0, 2), (16, 3, 16), (8, 0, 2), (8, 1, 16), (8, 1, 64)):

@@ -14,6 +14,7 @@ configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf1
 the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
 time limit still leaves its batch-1 figure.
 
+With int4 weights `int4_paths` lists the same for the int4 GEMV, GEMM and dequantize + cuBLAS paths.
 With fp8 weights the JSON's `fp8_paths` lists the input row counts M each fp8 linear path saw from the
 start (the memory profile, CUDA-graph capture: M = each captured batch size) to the end: the W8A16 GEMV
 (`fp8_gemv`, up to 16 rows) and W8A8 (`scaled_mm`). FLOTILLA_FP8_GEMV=0 in the environment runs the
@@ -53,11 +54,13 @@ def roofline_ms(cfg: dict, batch: int, context: int, weight_bytes: float, kv_byt
     return 1e3 * max(read / COPY_BW, 2 * (matmul + lm_head) * batch / BF16_FLOPS)
 
 
-def record_fp8_paths() -> dict[str, set[int]]:
-    """Wrap the two fp8 GPU matmuls (looked up by the dispatch at each call) to note each call's rows."""
-    from flotilla.kernels import fp8_scaled_mm, triton_gemv
+def record_paths() -> dict[str, set[int]]:
+    """Wrap the quantized GPU matmuls (looked up by the dispatch at each call) to note each call's rows:
+    fp8 (`fp8_gemv`, `scaled_mm`) and int4 (`int4_gemv`, `int4_gemm`; `int4_dequant` notes the output
+    features of each weight dequantized for cuBLAS, which is called without the input)."""
+    from flotilla.kernels import fp8_scaled_mm, triton_gemv, triton_int4_gemm, triton_int4_gemv
 
-    seen: dict[str, set[int]] = {"fp8_gemv": set(), "scaled_mm": set()}
+    seen: dict[str, set[int]] = {k: set() for k in ("fp8_gemv", "scaled_mm", "int4_gemv", "int4_gemm", "int4_dequant")}
 
     def counted(fn: Callable, key: str) -> Callable:
         def call(x, *args, **kwargs):
@@ -68,6 +71,9 @@ def record_fp8_paths() -> dict[str, set[int]]:
 
     triton_gemv.fp8_gemv = counted(triton_gemv.fp8_gemv, "fp8_gemv")
     fp8_scaled_mm.fp8_linear_scaled_mm = counted(fp8_scaled_mm.fp8_linear_scaled_mm, "scaled_mm")
+    triton_int4_gemv.int4_gemv = counted(triton_int4_gemv.int4_gemv, "int4_gemv")
+    triton_int4_gemm.int4_linear = counted(triton_int4_gemm.int4_linear, "int4_gemm")
+    triton_int4_gemm.int4_dequantize = counted(triton_int4_gemm.int4_dequantize, "int4_dequant")
     return seen
 
 
@@ -84,8 +90,13 @@ def main() -> None:
     p.add_argument("--json", required=True)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Start-up phases with timestamps (model build, quantized layers, dummy fill, each graph captured):
+    # a run cut by its time limit says where it was.
+    for name in ("flotilla.engine.model_loader", "flotilla.engine.cuda_graphs"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
     jobs = a.jobs.split(",")
-    fp8_paths = record_fp8_paths() if torch.cuda.is_available() else None
+    paths = record_paths() if torch.cuda.is_available() else None
+    logging.getLogger("quant_gpu").info("%s: starting the engine (%s)", a.name, a.model)
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format="dummy", max_model_len=4096 + 4 * a.steps + 64, max_num_seqs=a.max_num_seqs,
               max_num_batched_tokens=16384, enable_prefix_caching=False, quantization=a.quantization,
@@ -106,8 +117,10 @@ def main() -> None:
     }
 
     def save() -> None:
-        if fp8_paths is not None and a.quantization:
-            result["fp8_paths"] = {key: sorted(rows) for key, rows in fp8_paths.items()}
+        if paths is not None and a.quantization:
+            result["fp8_paths"] = {key: sorted(rows) for key, rows in paths.items() if key in ("fp8_gemv", "scaled_mm")}
+        if paths is not None and (a.weights or a.name) == "int4":
+            result["int4_paths"] = {key: sorted(rows) for key, rows in paths.items() if key.startswith("int4")}
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
         print("QUANT_JSON " + json.dumps(result), flush=True)
 

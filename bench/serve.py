@@ -21,6 +21,7 @@ import os
 import random
 import shlex
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,13 @@ class Result:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    # time.monotonic() (one clock for every process, as the server's FLOTILLA_STEP_TRACE): the slot was
+    # taken (concurrency semaphore acquired), the request head went onto the socket, its response head
+    # came back, the stream ended. sent - start is the client's own delay (its connection pool).
+    t_start: float = 0.0
+    t_sent: float = 0.0
+    t_head: float = 0.0
+    t_end: float = 0.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,9 +67,17 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = time.perf_counter()
     last = start
-    result = Result(ok=False, prompt_len=len(prompt))
+    result = Result(ok=False, prompt_len=len(prompt), t_start=time.monotonic())
+
+    async def trace(event: str, info: dict) -> None:  # httpcore's per-request trace hook
+        if event == "http11.send_request_headers.started" and not result.t_sent:
+            result.t_sent = time.monotonic()
+        elif event == "http11.receive_response_headers.complete":
+            result.t_head = time.monotonic()
+
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers,
+                                 extensions={"trace": trace}) as response:
             if response.status_code != 200:
                 result.error = (await response.aread()).decode()[:200]
                 return result
@@ -79,6 +95,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
         result.latency = time.perf_counter() - start
+        result.t_end = time.monotonic()
         result.ok = True
     except httpx.HTTPError as exc:
         result.error = repr(exc)
@@ -103,14 +120,25 @@ async def run(args: argparse.Namespace, url: str, seed: int, client: int = 0,
     """
     rng = random.Random(seed + 7 * client)
     prompts = make_prompts(args, seed)[client::clients]
-    limit = asyncio.Semaphore(-(-(args.max_concurrency or args.num_prompts) // clients) or 1)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600), limits=limits) as http:
-        model = args.model_name or (await http.get(f"{url}/v1/models", headers=_auth(args))).json()["data"][0]["id"]
+    slots = -(-(args.max_concurrency or args.num_prompts) // clients) or 1
+    # One AsyncClient (so one kept-alive connection) per concurrency slot, not one pool for all: httpcore's
+    # shared pool scans every connection for every queued request, and with hundreds of streams ending at
+    # once it hands one idle connection to several requests and opens new ones for the rest, so requests
+    # waited seconds in the client before their head was written (a 512-stream run: send delay p50 4.3 s).
+    ssl_context = ssl.create_default_context()  # built once: httpx would load the CA bundle per client
+    free: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()  # the warmest connection first
+    every = [httpx.AsyncClient(timeout=httpx.Timeout(3600), verify=ssl_context) for _ in range(slots)]
+    for http in every:
+        free.put_nowait(http)
+    try:
+        model = args.model_name or (await every[0].get(f"{url}/v1/models", headers=_auth(args))).json()["data"][0]["id"]
 
         async def limited(prompt: list[int]) -> Result:
-            async with limit:
+            http = await free.get()
+            try:
                 return await one_request(http, url, model, prompt, args.output_len, args.api_key)
+            finally:
+                free.put_nowait(http)
 
         start = time.time()
         tasks = []
@@ -120,6 +148,8 @@ async def run(args: argparse.Namespace, url: str, seed: int, client: int = 0,
                 await asyncio.sleep(rng.expovariate(args.request_rate / clients))
         results = await asyncio.gather(*tasks)
         return list(results), start, time.time()
+    finally:
+        await asyncio.gather(*(http.aclose() for http in every))
 
 
 def client_process(args: argparse.Namespace, url: str, seed: int, client: int,
@@ -152,6 +182,9 @@ def summarize(results: list[Result], wall: float, args: argparse.Namespace) -> d
     ok = [r for r in results if r.ok]
     ms = 1000.0
     ttft = [r.ttft * ms for r in ok]
+    # The client's own delay (slot taken -> request head written) and the server's (written -> response head).
+    send = [(r.t_sent - r.t_start) * ms for r in ok if r.t_sent]
+    head = [(r.t_head - r.t_sent) * ms for r in ok if r.t_head and r.t_sent]
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) * ms for r in ok if r.output_tokens > 1]
     itl = [x * ms for r in ok for x in r.itl]
     output = sum(r.output_tokens for r in ok)
@@ -161,7 +194,7 @@ def summarize(results: list[Result], wall: float, args: argparse.Namespace) -> d
         "total_token_throughput": (output + sum(r.prompt_len for r in ok)) / wall,
         "total_output_tokens": output,
     }
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("send_delay", send), ("head_delay", head)):
         summary[f"mean_{name}_ms"] = statistics.fmean(values) if values else 0.0
         summary[f"median_{name}_ms"] = percentile(values, 50)
         summary[f"p99_{name}_ms"] = percentile(values, 99)
@@ -185,7 +218,8 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, *shlex.split(args.server_python_args), "-m", "flotilla.engine.server",
            *([args.model] if args.model else []), "--host", "127.0.0.1", "--port", str(port),
            "--uvicorn-log-level", "warning", *shlex.split(args.serve_args)]
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    log = open(args.server_log, "ab") if args.server_log else subprocess.DEVNULL  # noqa: SIM115 (the server's lifetime)
+    process = subprocess.Popen(cmd, stdout=log, stderr=log, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -248,6 +282,7 @@ def main() -> None:
     p.add_argument("--launch", action="store_true", help="start flotilla serve for the run")
     p.add_argument("--model", default=None, help="model directory for --launch (default: embedded)")
     p.add_argument("--serve-args", default="", help="extra flotilla serve flags for --launch")
+    p.add_argument("--server-log", default=None, help="append the launched server's output here")
     p.add_argument("--server-python-args", default="",
                    help="interpreter flags for --launch, e.g. '-m cProfile -o server.prof'")
     p.add_argument("--model-name", default=None, help="served model name (default: the first listed)")
@@ -266,6 +301,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=1, help="client processes sharing the load")
     p.add_argument("--json", default=None)
+    p.add_argument("--request-log", default=None,
+                   help="write each measured request's time.monotonic() marks here (JSON lines)")
     args = p.parse_args()
     process = None
     url = args.base_url
@@ -299,7 +336,8 @@ def main() -> None:
         summary["server_total_cpu_ms_per_token"] = (server_cpu + child_cpu) / tokens * 1000
     for key in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "max_ttft_ms", "median_tpot_ms",
-                "median_itl_ms", "p99_itl_ms", "client_cpu_busy", "server_cpu_busy",
+                "median_itl_ms", "p99_itl_ms", "median_send_delay_ms", "p99_send_delay_ms", "max_send_delay_ms",
+                "median_head_delay_ms", "p99_head_delay_ms", "client_cpu_busy", "server_cpu_busy",
                 "server_main_thread_cpu_ms_per_token", "server_other_threads_cpu_ms_per_token",
                 "server_children_cpu_busy", "server_children_cpu_ms_per_token", "server_total_cpu_ms_per_token"):
         if key not in summary:
@@ -309,6 +347,17 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
+    if args.request_log:
+        write_request_log(results, args.request_log)
+
+
+def write_request_log(results: list[Result], path: str) -> None:
+    """One JSON line per request of the measured run, by slot time: its time.monotonic() marks (start, sent,
+    head, end), to line up with the server's FLOTILLA_STEP_TRACE."""
+    with open(path, "w") as f:
+        for r in sorted(results, key=lambda r: r.t_start):
+            row = {"start": r.t_start, "sent": r.t_sent, "head": r.t_head, "ttft": r.ttft, "end": r.t_end, "ok": r.ok}
+            f.write(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}) + "\n")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ class ModelConfig(_Component):
     max_model_len: int = Field(gt=0)
     seed: int = 0
     enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = Field(None, ge=1)  # None: decode to max_num_seqs, mixed to 512
     load_format: Literal["auto", "dummy"] = "auto"
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
@@ -293,6 +294,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             max_model_len=max_model_len,
             seed=v["seed"],
             enforce_eager=v["enforce_eager"],
+            max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
             load_format=v["load_format"],
             runner=runner,
             convert=convert,

@@ -10,10 +10,13 @@ Two families of graphs, each captured per (padded token count, block-table width
   next captured size. Attention is the split-KV decode kernel, which picks its split count from the
   table's width; a short context in a table sized for the longest one would run on a single split,
   hence a few widths.
-- mixed: small steps that hold a prefill or an extend (a prompt after a prefix-cache hit, short
-  prompts beside decodes), up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens, max_num_seqs)
-  and attention is the prefill kernel, which derives its tiles on the device. Bigger steps are
-  compute-bound, so they run eagerly.
+- mixed: steps that hold a prefill or an extend (a prompt after a prefix-cache hit, short prompts
+  beside decodes), by default up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens,
+  max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device. Steps of
+  hundreds of decode rows beside a few short prompts (requests that arrive one by one) are not
+  compute-bound enough to hide an eager step's ~700 launches; `--max-cudagraph-capture-size` (vLLM's
+  flag) extends the mixed ladder (`MIXED_LADDER`, padding at most 12.5 %) to cover them. Steps above
+  the largest size run eagerly.
 
 Padding writes nothing and reads nothing harmful. Padding token rows are token 0 at position 0 with
 slot -1 (the KV write skips it). In a decode graph each padding row is a sequence of one query token
@@ -36,6 +39,7 @@ the eager path with the reference attention.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import time
@@ -54,20 +58,27 @@ logger = logging.getLogger(__name__)
 
 # vLLM-style ladder: fine steps at small batches, where padding costs most in relative terms.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-# Token counts of mixed (prefill/extend) graphs; past the last one a step is GPU-bound anyway.
+# Token counts of mixed (prefill/extend) graphs by default.
 MIXED_SIZES = (16, 32, 64, 128, 256, 512)
+# Above 512 tokens (--max-cudagraph-capture-size): padding a step up to the next size costs GPU time in
+# every GEMM, so the sizes go in eighths of each power of two (576, 640, ..., 1024, 1152, ...): a step is
+# padded by at most 12.5 %.
+MIXED_LADDER = MIXED_SIZES + tuple(o + i * o // 8 for o in (512, 1024, 2048, 4096, 8192) for i in range(1, 9))
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536)  # tokens of block table per graph, plus max_model_len
 
 
-def capture_sizes(max_batch: int) -> list[int]:
-    """The decode ladder up to `max_batch`, which is always included."""
-    return sorted({s for s in CAPTURE_SIZES if s < max_batch} | {max_batch})
+def capture_sizes(max_batch: int, max_capture: int | None = None) -> list[int]:
+    """The decode ladder up to `max_batch` rows (always included), or up to `max_capture` below that."""
+    top = max_batch if max_capture is None else min(max_batch, max_capture)
+    return sorted({s for s in CAPTURE_SIZES if s < top} | {top})
 
 
-def mixed_sizes(max_tokens: int) -> list[int]:
-    """Token counts of the mixed graphs, within a step's token budget."""
-    top = min(max_tokens, MIXED_SIZES[-1])
-    return sorted({s for s in MIXED_SIZES if s < top} | {top})
+def mixed_sizes(max_tokens: int, max_capture: int | None = None) -> list[int]:
+    """Token counts of the mixed graphs, within a step's token budget: up to `MIXED_SIZES[-1]`, or up to
+    `max_capture` (--max-cudagraph-capture-size) on `MIXED_LADDER`."""
+    top = min(max_tokens, MIXED_SIZES[-1] if max_capture is None else max_capture)
+    ladder = MIXED_SIZES if max_capture is None else MIXED_LADDER
+    return sorted({s for s in ladder if s < top} | {top})
 
 
 def table_widths(max_model_len: int, block_size: int) -> list[int]:
@@ -101,14 +112,15 @@ class StepGraphs:
         device: torch.device,
         lora: bool = False,
         max_decode_rows: int | None = None,
+        max_capture_size: int | None = None,
     ) -> None:
         self.model = model
         self.lora = lora
         self.device = device
         self.block_size = block_size
         # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.
-        self.decode_sizes = capture_sizes(max(max_num_seqs, max_decode_rows or 0))
-        self.mixed_sizes = mixed_sizes(max_num_batched_tokens)
+        self.decode_sizes = capture_sizes(max(max_num_seqs, max_decode_rows or 0), max_capture_size)
+        self.mixed_sizes = mixed_sizes(max_num_batched_tokens, max_capture_size)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
         # Lookups for `pick`: the decode size that holds n rows, the width that holds n blocks.
@@ -140,6 +152,7 @@ class StepGraphs:
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
         self._eager_logged: set[str] = set()  # kinds of eager steps already explained in the log
+        self.last_tokens = 0  # padded token count of the last step `run` held (the step trace reads it)
 
     # --- shapes ---------------------------------------------------------------------------------
 
@@ -164,8 +177,11 @@ class StepGraphs:
         if flat.max_query_len == 1:
             size = self._decode_size_for[n] if n < len(self._decode_size_for) else None
             return None if size is None else self._key(True, size, size, width, lora)
-        size = next((t for t in self.mixed_sizes if t >= n), None)
-        if size is None or flat.num_seqs > min(size, self.max_seqs):
+        i = bisect.bisect_left(self.mixed_sizes, n)
+        if i == len(self.mixed_sizes):
+            return None
+        size = self.mixed_sizes[i]
+        if flat.num_seqs > min(size, self.max_seqs):
             return None
         return self._key(False, size, min(size, self.max_seqs), width, lora)
 
@@ -189,7 +205,7 @@ class StepGraphs:
             return f"{flat.num_tokens} decode rows, above the largest decode graph ({self.decode_sizes[-1]})"
         if flat.num_tokens > self.mixed_sizes[-1]:
             return f"a prefill/extend step of {flat.num_tokens} tokens, above the largest mixed graph " \
-                   f"({self.mixed_sizes[-1]}); such steps are GPU-bound"
+                   f"({self.mixed_sizes[-1]}; --max-cudagraph-capture-size captures more)"
         return f"{flat.num_seqs} sequences, more than the mixed graph's sequence slots"
 
     def log_eager(self, flat: FlatBatch, lora: bool = False) -> None:
@@ -270,7 +286,10 @@ class StepGraphs:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         before = torch.cuda.memory_allocated()
-        for key in self.keys():
+        keys = self.keys()
+        logger.info("capturing %d CUDA graphs", len(keys))
+        for i, key in enumerate(keys):
+            logger.debug("graph %d/%d %s at %.1f s", i + 1, len(keys), key, time.perf_counter() - start)
             ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
             self._stage_empty(key)
             with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
@@ -310,6 +329,7 @@ class StepGraphs:
         if key is None:
             return None
         self._stage(flat, key, token_slots)
+        self.last_tokens = key.tokens
         views = self._input_views.get(key)
         if views is None:
             views = self._input_views[key] = self._i64[0, : key.tokens], self._i64[1, : key.tokens]

@@ -8,8 +8,9 @@ The two talk over two one-way `multiprocessing` pipes (spawn context). Commands 
 `("add", ...)`, `("abort", ids)`, `("call", id, EngineCall)`, `("shutdown",)`. Out goes one message per
 step: `("step", output deltas, failures, stats snapshot)`; plus `("ready", snapshot)` once built (or
 `("failed", error)`), `("stats", snapshot)` every half second when idle, `("call", id, ok, result)`,
-`("stopped",)` after a shutdown and `("dead", error)` if the loop dies. `EngineCoreClient` is the
-other end.
+`("stopped",)` after a shutdown and `("dead", error)` if the loop dies. After "ready", messages travel in
+lists, written by a thread of their own (`core_output_sender.py`), so the step loop never waits for the
+API process to read. `EngineCoreClient` is the other end.
 
 The process ignores SIGINT and SIGTERM: the API process decides when it stops (draining first), and
 a Ctrl-C sent to the whole process group must not kill the core under in-flight requests. If the API
@@ -29,6 +30,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.core_output_sender import OutputSender
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import RequestFailedError
 from flotilla.engine.lora.request import LoRARequest
@@ -113,7 +115,7 @@ class EngineCore:
 
     def __init__(self, engine: LLMEngine, outputs: Connection) -> None:
         self.engine = engine
-        self.outputs = outputs
+        self.outputs = OutputSender(outputs, engine.step_trace)
         self.encoder = OutputEncoder()
         self.stopping = False
 
@@ -138,9 +140,11 @@ class EngineCore:
         except BaseException as exc:  # a bug or a device error: the API process fails every waiter
             logger.exception("engine loop died")
             self._send_quietly(("dead", portable(exc)))
+            self.outputs.close()
             engine.shutdown()
             return 1
         self._send_quietly(("stopped",))
+        self.outputs.close()
         engine.shutdown()
         return 0
 
@@ -162,6 +166,8 @@ class EngineCore:
         kind = command[0]
         if kind == "add":
             self._add(*command[1:])
+            if self.engine.step_trace is not None:
+                self.engine.step_trace.note(adds=1)
         elif kind == "abort":
             self.engine.abort(command[1])
             for request_id in command[1]:

@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import queue
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -32,10 +33,13 @@ from flotilla.engine.output_delta import OutputDecoder, OutputDelta
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
+from flotilla.engine.step_trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
 _Item = RequestOutput | BaseException
+# Stream items per event loop, handed over in one callback each.
+_Pending = dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]]
 
 
 class _CoreStream(_Stream):
@@ -72,6 +76,7 @@ class EngineCoreClient:
         self._calls: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
         self._call_ids = itertools.count()
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._trace = StepTrace.from_env(".api")  # FLOTILLA_STEP_TRACE: the output handler's reads, beside the core's
         self._stopping = False
         self._stopped = threading.Event()
         self.dead: BaseException | None = None
@@ -234,27 +239,43 @@ class EngineCoreClient:
     def _read(self) -> None:
         while True:
             try:
-                message = self._outputs.recv()
+                batch = self._outputs.recv()  # the messages the core queued since its last write
             except (EOFError, OSError):
-                message = ("dead", None)
-            kind = message[0]
-            if kind == "step":
-                self._deliver_step(message[1], message[2])
-                if message[3] is not None:
-                    self._report(message[3])
-            elif kind == "stats":
-                self._report(message[1])
-            elif kind == "call":
-                self._settle_call(message[1], message[2], message[3])
-            elif kind == "stopped":
-                self._end(EngineDeadError("the engine is shutting down"))
-                return
-            else:  # "dead", or the pipe closed
-                self._die(message[1])
-                return
+                batch = [("dead", None)]
+            # The batch's stream items go to each event loop in one callback, after the whole batch.
+            start = time.perf_counter()
+            pending: _Pending = {}
+            for message in batch:
+                if not self._handle(message, pending):
+                    return
+            _flush(pending)
+            if self._trace is not None:
+                self._trace.record(messages=len(batch), deltas=sum(len(m[1]) for m in batch if m[0] == "step"),
+                                   handle_ms=round((time.perf_counter() - start) * 1e3, 2))
 
-    def _deliver_step(self, deltas: list[OutputDelta], failures: list[tuple[str, BaseException]]) -> None:
-        pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]] = {}
+    def _handle(self, message: tuple[Any, ...], pending: _Pending) -> bool:
+        """Act on one message from the core (stream items into `pending`); False once nothing more will come."""
+        kind = message[0]
+        if kind == "step":
+            self._deliver_step(message[1], message[2], pending)
+            if message[3] is not None:
+                self._report(message[3])
+            return True
+        if kind == "stats":
+            self._report(message[1])
+            return True
+        if kind == "call":
+            self._settle_call(message[1], message[2], message[3])
+            return True
+        _flush(pending)  # the items before the end, then the end
+        if kind == "stopped":
+            self._end(EngineDeadError("the engine is shutting down"))
+        else:  # "dead", or the pipe closed
+            self._die(message[1])
+        return False
+
+    def _deliver_step(self, deltas: list[OutputDelta], failures: list[tuple[str, BaseException]],
+                      pending: _Pending) -> None:
         streams = self._streams
         for delta in deltas:
             request_id, finished = delta[0], delta[1]
@@ -273,7 +294,6 @@ class EngineCoreClient:
             failed = streams.pop(request_id, None)
             if failed is not None:
                 pending.setdefault(failed.loop, []).append((failed, error))
-        _flush(pending)
 
     def _settle_call(self, call_id: int, ok: bool, result: Any) -> None:
         entry = self._calls.pop(call_id, None)
@@ -299,7 +319,7 @@ class EngineCoreClient:
     def _end(self, error: EngineDeadError) -> None:
         """Answer every open stream and call with `error`; nothing will come from the core any more."""
         self._stopping = True
-        pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]] = {}
+        pending: _Pending = {}
         for stream in list(self._streams.values()):
             pending.setdefault(stream.loop, []).append((stream, error))
         self._streams.clear()
@@ -322,7 +342,7 @@ class EngineCoreClient:
             self._on_dead(exc)
 
 
-def _flush(pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]]) -> None:
+def _flush(pending: _Pending) -> None:
     """Hand each event loop its items in a single callback."""
     for loop, batch in pending.items():
         with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more

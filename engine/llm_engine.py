@@ -33,6 +33,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
+from flotilla.engine.step_trace import StepTrace
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
@@ -65,6 +66,7 @@ class LLMEngine:
         # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
         self._failures: list[RequestFailedError] = []
         self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
+        self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -494,6 +496,8 @@ class LLMEngine:
         if child.first_token_time is None or child.last_token_time is None:
             child.first_token_time = now
             self.stats.ttft.append(now - child.arrival_time)
+            if self.step_trace is not None:  # the engine's part of the time to first token
+                self.step_trace.note(first=1, ttft_ms=round((now - child.arrival_time) * 1e3, 1))
             # vLLM counts a request's whole prompt once it is prefilled, cached tokens included, so the
             # counter agrees with `usage.prompt_tokens` and vllm:request_prompt_tokens.
             self.stats.prompt_tokens += child.num_prompt_tokens
@@ -523,6 +527,21 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.block_manager.prefix_cache_queries
         s.prefix_cache_hits = self.block_manager.prefix_cache_hits
+        if self.step_trace is not None:
+            self._trace(plan, num_tokens)
+
+    def _trace(self, plan: SchedulerOutput, num_tokens: int) -> None:
+        """The step's line in the step trace: what it held and what it cost."""
+        assert self.step_trace is not None, "called only with a trace"
+        prefill = [s for s in plan.scheduled if s.num_computed_tokens < len(s.request.prompt_token_ids)]
+        timing = self.runner.last_step
+        self.step_trace.record(
+            tokens=num_tokens, decode=len(plan.scheduled) - len(prefill), prefill=len(prefill),
+            prefill_tokens=sum(s.num_new_tokens for s in prefill), running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting), preempted=len(plan.preempted), graph=timing.graph_tokens,
+            host_ms=round(timing.host_s * 1e3, 2), sync_ms=round(timing.sync_s * 1e3, 2),
+            step_ms=round(timing.total_s * 1e3, 2),
+        )
 
 
 def _lora_names(requests: Iterable[Request]) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ with random values on the device, as HF initialises a fresh model (normal, std
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from flotilla.engine.quantization import (
     process_quantized_weights,
 )
 from flotilla.engine.quantization.kv_scales import kv_scale_target, set_kv_scale
+
+logger = logging.getLogger(__name__)
 
 # A layer's `weight_loader(param, checkpoint tensor, shard id)`: puts the tensor into its place in `param`.
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, str | int | None], None]
@@ -49,11 +52,14 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
             model = build_model(config.hf_config)
     finally:
         torch.set_default_dtype(previous)
+    logger.debug("model built on %s", device)
     if config.quantization is not None:
         with device:  # the quantized parameters live where the model does (a CPU int4 weight broke CUDA runs)
             attach_quant_method(model, linear_method(config.quantization, config.hf_config))
+        logger.debug("%s linear layers attached", config.quantization)
     if config.load_format == "dummy":
         fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
+        logger.debug("dummy weights filled")
     else:
         tensors = _checkpoint_tensors(Path(config.model))
         if config.quantization is not None:

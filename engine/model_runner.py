@@ -69,6 +69,7 @@ class LaunchedStep:
     start: float
     graphed: bool
     rows: list[SamplingRow]
+    graph_tokens: int = 0  # the replayed graph's padded token count (0: eager)
     draft_groups: list[DraftGroup] = field(default_factory=list)
     result: StepOutput = field(default_factory=StepOutput)
     drawn: SamplerOutput | None = None  # host tensors, valid once `copied` has completed
@@ -87,6 +88,8 @@ class StepTiming:
     host_s: float = 0.0
     total_s: float = 0.0
     graphed: bool = False
+    sync_s: float = 0.0  # of `collect`, waiting for the drawn ids (the device's part beyond the host's)
+    graph_tokens: int = 0  # the replayed graph's padded token count (0: eager)
 
 
 class ModelRunner:
@@ -103,7 +106,10 @@ class ModelRunner:
         # The runner's only randomness; dummy weights draw from their own seeded generator, so the
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
+        started = time.perf_counter()
         self.model = load_model(config.model, self.device)
+        logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
+                    config.model.load_format, f", {config.model.quantization}" if config.model.quantization else "")
         lc = config.lora  # wrapped before profiling, so the adapter slots count against the memory budget
         self.lora = LoRAManager(self.model, lc.max_loras, lc.max_lora_rank, lc.max_cpu_loras) if lc.enable_lora \
             else None
@@ -131,6 +137,7 @@ class ModelRunner:
             self.graphs = StepGraphs(
                 self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
                 self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
+                max_capture_size=config.model.max_cudagraph_capture_size,
             )
             self.graphs.capture()
 
@@ -178,6 +185,8 @@ class ModelRunner:
         weights = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         n = self.config.scheduler.max_num_batched_tokens
+        logger.info("memory profile: a dummy step of %d tokens", n)  # a start-up cut short says where it was
+        started = time.perf_counter()
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
             hidden = self.model(ids, torch.arange(n, device=self.device))
@@ -194,9 +203,9 @@ class ModelRunner:
         gib = 2**30
         logger.info(
             "memory profile: GPU %.2f GiB x %.2f = %.2f GiB usable; weights %.2f GiB, activation peak %.2f GiB "
-            "(dummy step of %d tokens), outside torch %.2f GiB -> KV cache %.2f GiB",
+            "(dummy step of %d tokens, %.1f s), outside torch %.2f GiB -> KV cache %.2f GiB",
             total / gib, self.config.cache.gpu_memory_utilization, usable / gib, weights / gib,
-            (peak - weights) / gib, n, non_torch / gib, max(budget, 0) / gib,
+            (peak - weights) / gib, n, time.perf_counter() - started, non_torch / gib, max(budget, 0) / gib,
         )
         num_blocks = max(int(budget // self.bytes_per_block), 0)
         if num_blocks < per_seq:
@@ -280,7 +289,8 @@ class ModelRunner:
             with forward_context(inputs.metadata), lora_slots(slots):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         self.num_tokens_fed += len(flat.input_ids)
-        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups)
+        step = LaunchedStep(start=start, graphed=graphed, rows=flat.rows, draft_groups=flat.draft_groups,
+                            graph_tokens=self.graphs.last_tokens if graphed and self.graphs is not None else 0)
         last_stage = is_last_stage()  # earlier pipeline stages pass their hidden states on, and draw nothing
         if flat.prompt_spans and last_stage:  # rare (prompt_logprobs): synchronous
             self._prompt_logprobs(hidden, flat.positions, flat.prompt_spans, step.result)
@@ -305,9 +315,12 @@ class ModelRunner:
     def collect(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's drawn ids (the step's one host sync) and return its output."""
         result = step.result
+        sync_s = 0.0
         if step.drawn is not None:
             if step.copied is not None:
+                waited = time.perf_counter()
                 step.copied.synchronize()
+                sync_s = time.perf_counter() - waited
             tokens = step.drawn.token_ids.tolist()
             entries = self._token_logprobs(step.drawn, step.rows, tokens)
             drafted = self._verified(step, tokens, entries, result)
@@ -318,7 +331,8 @@ class ModelRunner:
                     entry = entries[i]
                     if entry is not None:
                         result.logprobs[rid] = entry
-        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed)
+        self.last_step = StepTiming(step.host_s, time.perf_counter() - step.start, step.graphed, sync_s,
+                                    step.graph_tokens)
         return result
 
     def _draw(self, hidden: torch.Tensor, step: LaunchedStep, bitmask: torch.Tensor | None = None) -> None:
@@ -454,7 +468,11 @@ def _to_host(drawn: SamplerOutput) -> SamplerOutput:
 
 
 def _plain_greedy(row: SamplingRow) -> bool:
-    """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs."""
+    """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans or logprobs.
+
+    `min_tokens` bans stop ids and EOS until reached (`build_sampling_batch`); with `ignore_eos` and no
+    stop ids it bans nothing (benchmark clients send it so), and the row stays on the argmax path.
+    """
     req = row.request
     p = req.sampling_params
     return (
@@ -462,7 +480,7 @@ def _plain_greedy(row: SamplingRow) -> bool:
         and not p.has_penalties
         and not p.logit_bias
         and p.logprobs is None
-        and row.output_index >= p.min_tokens
+        and (row.output_index >= p.min_tokens or (p.ignore_eos and not p.stop_token_ids))
     )
 
 

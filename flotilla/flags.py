@@ -134,6 +134,18 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
     Flag(
+        "--max-cudagraph-capture-size",
+        "int",
+        None,
+        "The most tokens a step replayed from a CUDA graph holds (vLLM's flag): decode steps of more rows "
+        "and prefill/extend steps of more tokens run eagerly. Default: decode graphs up to --max-num-seqs "
+        "rows and mixed (prefill beside decodes) graphs up to 512 tokens. Larger values capture more mixed "
+        "graphs (start-up time, a little memory), so steps of many decodes plus a short prefill replay "
+        "a graph instead of launching every kernel from Python.",
+        "model",
+        ge=1,
+    ),
+    Flag(
         "--load-format",
         "str",
         "auto",

@@ -19,7 +19,7 @@ from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
-from flotilla.kernels.lora import lora_apply_ref
+from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
@@ -238,6 +238,15 @@ def fp8_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# Int4 weights on CUDA, by input rows (`triton_int4_gemm.py` says why): up to INT4_GEMV_MAX_ROWS the
+# W4A16 GEMV (`triton_int4_gemv.py`: FMA up to 2 rows, tensor cores with the batch padded to 16 above,
+# split-K where the row tiles are too few); up to INT4_GEMM_MAX_ROWS the dequantizing `tl.dot` GEMM;
+# above, the weight dequantized in one pass and cuBLAS (a prefill, the start-up memory profile's 16,384
+# rows). Leads, to be set from `bench/int4_gemv.py` on the H200.
+INT4_GEMV_MAX_ROWS = 16
+INT4_GEMM_MAX_ROWS = 256
+
+
 def packed_int_linear(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -246,39 +255,98 @@ def packed_int_linear(
     bits: int,
     group_size: int,
     bias: torch.Tensor | None = None,
+    symmetric: bool = False,
 ) -> torch.Tensor:
     """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): on CUDA, 4-bit weights take
-    the Triton GEMM that dequantizes in registers; otherwise the reference (whole-weight dequantize)."""
+    a Triton kernel by row count (above); otherwise the reference (whole-weight dequantize).
+    `symmetric`: every zero point is the middle code (the GEMV then reads none)."""
     if x.is_cuda and bits == 4:
-        from flotilla.kernels.triton_int4_gemm import int4_gemm_supported, int4_linear
+        rows = math.prod(x.shape[:-1])
+        if rows <= INT4_GEMV_MAX_ROWS:
+            from flotilla.kernels.triton_int4_gemv import int4_gemv
 
-        if int4_gemm_supported(x.shape[-1], group_size):
+            return int4_gemv(x, packed, scales, None if symmetric else zeros, group_size, bias)
+        from flotilla.kernels.triton_int4_gemm import int4_dequantize, int4_gemm_supported, int4_linear
+
+        if rows <= INT4_GEMM_MAX_ROWS and int4_gemm_supported(x.shape[-1], group_size):
             return int4_linear(x, packed, scales, zeros, group_size, bias)
+        return F.linear(x, int4_dequantize(packed, scales, zeros, group_size, x.dtype), bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
 
 
-# LoRA steps of at least LORA_SEGMENT_MIN_TOKENS tokens group their tokens by adapter once per step
-# (`lora_step_segments`) and run the segment kernels (`triton_lora_segments.py`: one read of each
-# adapter's A and B tiles per 16 tokens of that adapter, on tensor cores); smaller steps (decode at a
-# batch of a few) keep the per-token pair (`triton_lora.py`), where there is nothing to share and the
-# sort would be one more launch. Where the base projection takes the Triton GEMV (one row by default:
-# --triton-gemv-max-rows), the per-token expand is folded into the GEMV's epilogue (`lora_linear`):
-# at batch 1 a Llama layer launches 5 LoRA kernels instead of 8, 160 a step instead of 256, and the
-# step is launch-bound. The before/after switch: FLOTILLA_LORA_KERNELS=0 in the environment restores the
-# per-token pair, unfused, at every size, as the H200 measured it on 2026-12-03 (1.16x at batch 1,
-# 1.50x at batch 64).
+# LoRA kernel sets (FLOTILLA_LORA_KERNELS in the environment, read at start-up; the module global
+# LORA_KERNELS is read at every call and when a LoRA layer is built):
+# - "stacked" (2, the default): a plain projection (unquantized, bias-free, one rank) keeps every
+#   slot's A stack as extra rows of its weight (engine/lora/layers.py), so the base GEMM computes each
+#   slot's shrink too, and one expand per projection (`triton_lora_stacked.py`) writes base + deltas,
+#   from 2 tokens to LORA_STACKED_MAX_TOKENS (decode batches; longer steps are compute-bound, where the
+#   extra rows would cost FLOPs: they take the segment pair). The A stack joins the weight only while it
+#   is at most LORA_STACKED_MAX_BYTES: at decode its bytes are read in every LoRA step's GEMM, whether
+#   its slots are used or not, and 16 MiB is ~5 us of HBM on an H200, about one launch it saves.
+#   One row keeps the GEMV-epilogue path below. Measured before it on the H200 (Llama-3.1-8B shape,
+#   batch 64, 8 adapters): 128 shrink launches a step of 6.9 us each, 877 us of the 1,730 us of LoRA
+#   kernel time (profile of 2026-12-03, sixth session).
+# - "segments" (1): steps of at least LORA_SEGMENT_MIN_TOKENS tokens group their tokens by adapter
+#   once per step (`lora_step_segments`) and run the segment pair (`triton_lora_segments.py`: one read
+#   of each adapter's A and B tiles per 16 tokens of that adapter, on tensor cores); smaller steps keep
+#   the per-token pair (`triton_lora.py`). Where the base projection takes the Triton GEMV (one row by
+#   default: --triton-gemv-max-rows), the per-token expand is folded into the GEMV's epilogue
+#   (`lora_linear`): 5 LoRA kernels a Llama layer instead of 8. H200: 1.12x at batch 1, 1.30x at
+#   batch 64 (2026-12-03, fifth session). "stacked" keeps both where it does not stack.
+# - "pair" (0): the per-token pair, unfused, at every size: 1.16x at batch 1, 1.50x at batch 64.
 LORA_SEGMENT_MIN_TOKENS = 16
-LORA_NEW_KERNELS = os.environ.get("FLOTILLA_LORA_KERNELS", "1").strip() != "0"
+LORA_STACKED_MIN_TOKENS = 2
+LORA_STACKED_MAX_TOKENS = 256
+LORA_STACKED_MAX_BYTES = 16 << 20
+LORA_KERNEL_SETS = {"0": "pair", "1": "segments", "2": "stacked"}
+
+
+def lora_kernel_set(value: str) -> str:
+    """A FLOTILLA_LORA_KERNELS value (0/1/2 or pair/segments/stacked) as its name."""
+    name = LORA_KERNEL_SETS.get(value.strip(), value.strip())
+    if name not in LORA_KERNEL_SETS.values():
+        raise ValueError(f"FLOTILLA_LORA_KERNELS={value!r}: expected one of {sorted(LORA_KERNEL_SETS.items())}")
+    return name
+
+
+LORA_KERNELS = lora_kernel_set(os.environ.get("FLOTILLA_LORA_KERNELS", "stacked"))
+
+
+def lora_stacks_a(a_stack_bytes: int) -> bool:
+    """Whether a plain projection keeps its A stack (`a_stack_bytes` over all slots) in its weight."""
+    return LORA_KERNELS == "stacked" and a_stack_bytes <= LORA_STACKED_MAX_BYTES
 
 
 def lora_step_segments(token_slots: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The step's tokens grouped by adapter slot (`(order, starts)`, one kernel on the device) for the
-    segment kernels, or None where `lora_apply` runs the per-token pair or the reference."""
-    if not (token_slots.is_cuda and LORA_NEW_KERNELS and token_slots.shape[0] >= LORA_SEGMENT_MIN_TOKENS):
+    segment and stacked kernels, or None where neither runs (the per-token pair or the reference)."""
+    smallest = LORA_STACKED_MIN_TOKENS if LORA_KERNELS == "stacked" else LORA_SEGMENT_MIN_TOKENS
+    if not (token_slots.is_cuda and LORA_KERNELS != "pair" and token_slots.shape[0] >= smallest):
         return None
     from flotilla.kernels.triton_lora_segments import lora_segments
 
     return lora_segments(token_slots, num_slots)
+
+
+def lora_stacked_step(x: torch.Tensor, segments: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    """Whether a projection with its A stack in its weight takes the stacked GEMM + expand this step
+    (on the CPU always: the reference expand)."""
+    if LORA_KERNELS != "stacked" or x.dim() != 2:
+        return False
+    return not x.is_cuda or (segments is not None and x.shape[0] <= LORA_STACKED_MAX_TOKENS)
+
+
+def lora_stacked_expand(y_ext: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
+                        segments: tuple[torch.Tensor, torch.Tensor] | None, slice_sizes: tuple[int, ...],
+                        max_rank: int) -> torch.Tensor:
+    """`y` `[T, out]` from the stacked GEMM's `[T, out + slots * rows]` output: the base columns plus
+    each token's delta from its slot's shrink columns (`lora_stacked_expand_ref`). CUDA: one Triton
+    launch over the step's `segments`."""
+    if y_ext.is_cuda and segments is not None:
+        from flotilla.kernels.triton_lora_stacked import lora_stacked_expand as expand_triton
+
+        return expand_triton(y_ext, b, segments, slice_sizes, max_rank)
+    return lora_stacked_expand_ref(y_ext, b, token_slots, slice_sizes, max_rank)
 
 
 def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
@@ -286,9 +354,10 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
                segments: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`y[t] += B[slot(t)] @ A[slot(t)] @ x[t]` per slice of a (merged) projection, in place; slot -1
     (the base model) leaves its row untouched. CUDA: one Triton shrink and one expand, by adapter
-    segments when the step's `segments` (`lora_step_segments`) are given, else per token."""
+    segments when the step's `segments` (`lora_step_segments`) are given and it has at least
+    LORA_SEGMENT_MIN_TOKENS tokens, else per token."""
     if y.is_cuda:
-        if segments is not None:
+        if segments is not None and x.shape[0] >= LORA_SEGMENT_MIN_TOKENS:
             from flotilla.kernels.triton_lora_segments import lora_apply_segments
 
             lora_apply_segments(y, x, a, b, segments, slice_sizes, max_rank)
@@ -307,7 +376,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, gemv_max_rows: int, a: to
     the GEMV or the GEMV's configuration has no room for the epilogue (the caller then adds the
     delta itself). The result equals `linear` followed by `lora_apply`'s per-token pair."""
     rows, k = x.shape if x.dim() == 2 else (0, 0)
-    if not (LORA_NEW_KERNELS and x.is_cuda and x.dim() == 2 and 0 < rows <= gemv_max_rows
+    if not (LORA_KERNELS != "pair" and x.is_cuda and x.dim() == 2 and 0 < rows <= gemv_max_rows
             and weight.shape[0] <= TRITON_GEMV_MAX_OUT):
         return None
     from flotilla.kernels.triton_gemv import LoRAEpilogue, fuses_lora, gemv

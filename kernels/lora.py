@@ -10,6 +10,9 @@ delta of a projection is `expand(shrink(x))`:
 
 `lora_apply_ref` is a whole projection: one shrink over the stacked A of every slice (QKV, gate/up),
 then one expand per slice into its columns; the Triton pair (`triton_lora.py`) computes the same.
+`lora_stacked_expand_ref` is the expand of a projection whose base GEMM also computed every slot's
+shrink (the A stack as extra output rows, `triton_lora_stacked.py`): it reads a token's own slot's
+columns of that output and returns the base columns plus the deltas.
 
 Accumulation is in fp32 and each result rounded once to the output dtype, as the Triton kernels do.
 """
@@ -50,3 +53,22 @@ def lora_apply_ref(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.T
         rows = buf[:, i * max_rank : (i + 1) * max_rank]
         lora_expand_ref(y[:, offset : offset + size], rows, b[:, offset : offset + size], token_slots)
         offset += size
+
+
+def lora_stacked_expand_ref(y_ext: torch.Tensor, b: torch.Tensor, token_slots: torch.Tensor,
+                            slice_sizes: tuple[int, ...], max_rank: int) -> torch.Tensor:
+    """`y` `[T, out]` from `y_ext` `[T, out + S * rows]` = `x @ [W; A[0]; ...; A[S-1]]^T` (A `[S, rows,
+    in]` with `rows = n_slices * max_rank`, `b` `[S, out, max_rank]`): the base columns, plus for each
+    adapter token the deltas of its slot's shrink columns (already rounded, as `lora_shrink_ref` rounds)."""
+    slots, n, _ = b.shape
+    t = y_ext.shape[0]
+    rows = len(slice_sizes) * max_rank
+    y = y_ext[:, :n].clone(memory_format=torch.contiguous_format)
+    per_slot = y_ext[:, n:].reshape(t, slots, rows)
+    buf = per_slot[torch.arange(t, device=y_ext.device), token_slots.clamp(min=0)]  # [T, rows]: own slot's
+    offset = 0
+    for i, size in enumerate(slice_sizes):
+        lora_expand_ref(y[:, offset : offset + size], buf[:, i * max_rank : (i + 1) * max_rank],
+                        b[:, offset : offset + size], token_slots)
+        offset += size
+    return y

@@ -5,7 +5,16 @@ Same contract as `packed_int_linear_ref` at 4 bits (layout in `packed_int_linear
 `zeros` uint8 `[N, K/group]`. One program owns a `[BLOCK_M, BLOCK_N]` output tile and walks K in
 BLOCK_K steps; each step loads the tile's packed words (a quarter of the bytes of a bf16 weight), its
 rows' scale and zero point for the step's group (BLOCK_K divides the group, so one of each per row),
-dequantizes in registers and feeds `tl.dot` in the activation dtype with fp32 accumulation.
+dequantizes in registers and feeds `tl.dot` in the activation dtype with fp32 accumulation. A code
+becomes a float without an int->float conversion (a quarter of the FMA rate or less): placed in the
+mantissa of 2^23 (`0x4B000000 | c`, bitcast) it reads `2^23 + c`, and the zero point's subtraction
+takes the 2^23 away with it, exactly.
+
+Where to use which int4 kernel (`kernels.dispatch.packed_int_linear`): a few rows take the GEMV
+(`triton_int4_gemv.py`), up to `INT4_GEMM_MAX_ROWS` this GEMM, and more rows `int4_dequantize` (the
+whole weight to the activation dtype, one pass) then cuBLAS: a tile of rows here dequantizes every
+weight again, so at a prefill's thousands of rows (the start-up memory profile runs 16,384) the
+dequantization work grows with M while cuBLAS's dense GEMM runs at tensor-core rate.
 """
 
 from __future__ import annotations
@@ -53,16 +62,62 @@ def _int4_gemm_kernel(
                     other=0.0).to(DOT_DTYPE)
         words = tl.load(packed_ptr + cols[:, None].to(tl.int64) * stride_pn + (k0 + ks[None, :]) // 8,
                         mask=col_ok[:, None], other=0)
-        codes = ((words >> shifts) & 0xF).to(tl.float32)
+        codes = (((words >> shifts) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + c, exact
         group = k0 // GROUP
         scale = tl.load(scales_ptr + cols.to(tl.int64) * stride_sn + group, mask=col_ok, other=0.0).to(tl.float32)
         zero = tl.load(zeros_ptr + cols.to(tl.int64) * stride_zn + group, mask=col_ok, other=0).to(tl.float32)
-        w = ((codes - zero[:, None]) * scale[:, None]).to(DOT_DTYPE)  # [BLOCK_N, BLOCK_K]
+        w = ((codes - (zero + 8388608.0)[:, None]) * scale[:, None]).to(DOT_DTYPE)  # [BLOCK_N, BLOCK_K]
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _int4_dequant_kernel(
+    packed_ptr,
+    scales_ptr,
+    zeros_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_pn,
+    stride_sn,
+    stride_zn,
+    stride_on,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (cols < N)[:, None] & (ks < K)[None, :]
+    cols64 = cols.to(tl.int64)[:, None]
+    words = tl.load(packed_ptr + cols64 * stride_pn + (ks // 8)[None, :], mask=ok, other=0)
+    codes = (((words >> ((ks % 8) * 4)[None, :]) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + c
+    group = (ks // GROUP)[None, :]
+    scale = tl.load(scales_ptr + cols64 * stride_sn + group, mask=ok, other=0.0).to(tl.float32)
+    zero = tl.load(zeros_ptr + cols64 * stride_zn + group, mask=ok, other=0).to(tl.float32)
+    w = (codes - (zero + 8388608.0)) * scale
+    tl.store(out_ptr + cols64 * stride_on + ks[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def int4_dequantize(
+    packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The weight `[N, K]` in `dtype`, `(code - zero) * scale` (`dequantize_packed` at 4 bits, computed in
+    fp32 and rounded once), in one pass: for cuBLAS at many rows."""
+    n, k = packed.shape[0], packed.shape[1] * 8
+    assert packed.stride(-1) == 1 and scales.stride(-1) == 1 and zeros.stride(-1) == 1
+    out = torch.empty(n, k, dtype=dtype, device=packed.device)
+    if n and k:
+        block_n, block_k = 32, 128
+        _int4_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+            packed, scales, zeros, out, n, k, packed.stride(0), scales.stride(0), zeros.stride(0), out.stride(0),
+            GROUP=group_size, BLOCK_N=block_n, BLOCK_K=block_k,
+        )  # fmt: skip
+    return out
 
 
 def int4_gemm_supported(k: int, group_size: int, block_k: int = 64) -> bool:
@@ -78,14 +133,17 @@ def int4_linear(
     group_size: int,
     bias: torch.Tensor | None = None,
     *,
-    block_m: int = 16,
+    block_m: int | None = None,
     block_n: int = 64,
     block_k: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """`x` `[..., K]` times the int4 weight `[N, K]` (transposed), plus `bias`; in `x`'s dtype."""
+    """`x` `[..., K]` times the int4 weight `[N, K]` (transposed), plus `bias`; in `x`'s dtype. `block_m`
+    defaults to 16 rows up to 16 (the MMA's narrow side) and 64 above (each weight tile dequantized
+    once per 64 rows instead of per 16)."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     m, k = rows.shape
+    block_m = block_m or (16 if m <= 16 else 64)
     n = packed.shape[0]
     assert int4_gemm_supported(k, group_size, block_k), "BLOCK_K must divide K and the group size"
     assert packed.stride(-1) == 1 and scales.stride(-1) == 1 and zeros.stride(-1) == 1
@@ -101,4 +159,4 @@ def int4_linear(
     return out.reshape(*x.shape[:-1], n)
 
 
-__all__ = ["int4_gemm_supported", "int4_linear"]
+__all__ = ["int4_dequantize", "int4_gemm_supported", "int4_linear"]

@@ -82,13 +82,20 @@ def _segments_kernel(slots_ptr, order_ptr, starts_ptr, T, S, BLOCK_T: tl.constex
 
 
 @triton.jit
-def _segment_block(order_ptr, starts_ptr, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    """(slot, token ids, which are real) of this program's segment block (grid axis 0); slot >= S when
-    the program is past the last block."""
+def _segment_block(order_ptr, starts_ptr, T, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                   WITH_BASE: tl.constexpr):
+    """(slot, token ids, which are real) of this program's segment block (grid axis 0). Without
+    WITH_BASE the blocks cover the adapters' tokens and slot >= S means the program is past the last
+    block; with it the base-model tokens (`order[starts[S]:T]`) follow as slot S's blocks and slot > S
+    means past the last."""
     b = tl.program_id(0)
     ss = tl.arange(0, BLOCK_S)
-    begin = tl.load(starts_ptr + ss, mask=ss < S, other=0)
-    end = tl.load(starts_ptr + ss + 1, mask=ss < S, other=0)
+    if WITH_BASE:  # BLOCK_S > S: bucket S (the base model) ends at T
+        begin = tl.load(starts_ptr + ss, mask=ss <= S, other=0)
+        end = tl.where(ss == S, T, tl.load(starts_ptr + ss + 1, mask=ss < S, other=0))
+    else:
+        begin = tl.load(starts_ptr + ss, mask=ss < S, other=0)
+        end = tl.load(starts_ptr + ss + 1, mask=ss < S, other=0)
     blocks = (end - begin + BLOCK_M - 1) // BLOCK_M
     last = tl.cumsum(blocks, axis=0)  # one past each slot's last block
     slot = tl.sum((last <= b).to(tl.int32), axis=0)
@@ -105,7 +112,7 @@ def _segment_block(order_ptr, starts_ptr, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.
 def _shrink_kernel(x_ptr, a_ptr, order_ptr, starts_ptr, part_ptr, stride_x, stride_as, stride_ar, stride_ps,
                    stride_pt, K, R, S, K_PER_SPLIT, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr):
-    slot, tokens, valid = _segment_block(order_ptr, starts_ptr, S, BLOCK_M, BLOCK_S)
+    slot, tokens, valid = _segment_block(order_ptr, starts_ptr, 0, S, BLOCK_M, BLOCK_S, False)
     if slot >= S:
         return
     slot = slot.to(tl.int64)
@@ -126,15 +133,9 @@ def _shrink_kernel(x_ptr, a_ptr, order_ptr, starts_ptr, part_ptr, stride_x, stri
 
 
 @triton.jit
-def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, stride_y, stride_ps, stride_pt, stride_bs,
-                   stride_bn, R, S, SIZE0, SIZE1, SIZE2, SPLITS: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    slot, tokens, valid = _segment_block(order_ptr, starts_ptr, S, BLOCK_M, BLOCK_S)
-    if slot >= S:
-        return
-    slot = slot.to(tl.int64)
-    # Column blocks slice by slice (the grid holds exactly theirs): this block's slice and where it starts.
+def _slice_columns(SIZE0, SIZE1, SIZE2, BLOCK_N: tl.constexpr):
+    """(slice index, output columns, which are real) of this program's column block (grid axis 1): the
+    column blocks are laid out slice by slice (the grid holds exactly theirs), so a block is in one slice."""
     pid_n = tl.program_id(1)
     blocks0 = tl.cdiv(SIZE0, BLOCK_N)
     blocks1 = tl.cdiv(SIZE1, BLOCK_N)
@@ -143,8 +144,19 @@ def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, stride_y, stri
     offset = tl.where(index >= 1, SIZE0, 0) + tl.where(index >= 2, SIZE1, 0)
     size = tl.where(index == 0, SIZE0, tl.where(index == 1, SIZE1, SIZE2))
     cs = (pid_n - first_block) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ok = cs < size
-    ns = offset + cs
+    return index, offset + cs, cs < size
+
+
+@triton.jit
+def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, stride_y, stride_ps, stride_pt, stride_bs,
+                   stride_bn, R, S, SIZE0, SIZE1, SIZE2, SPLITS: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    slot, tokens, valid = _segment_block(order_ptr, starts_ptr, 0, S, BLOCK_M, BLOCK_S, False)
+    if slot >= S:
+        return
+    slot = slot.to(tl.int64)
+    index, ns, c_ok = _slice_columns(SIZE0, SIZE1, SIZE2, BLOCK_N)
     rs = tl.arange(0, BLOCK_R)
     r_ok = rs < R
     part_ptrs = part_ptr + tokens[:, None] * stride_pt + index * R + rs[None, :]

@@ -120,7 +120,7 @@ OPERATOR_OWNED: dict[str, str] = {
 # after this operator version) is refused until it is classified here.
 ENGINE_ARGS_ALLOWED = frozenset({
     "--seed", "--enforce-eager", "--async-scheduling", "--disable-log-stats", "--shutdown-timeout",
-    "--uvicorn-log-level", "--triton-gemv-max-rows",
+    "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",
     # The server's request limits and timeouts: they bound what clients may send, within the

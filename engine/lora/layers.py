@@ -11,6 +11,7 @@ segments when the step has them, see `slots.py`); a step without adapters runs t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -20,7 +21,14 @@ from flotilla.engine.layers.linear import _Linear
 from flotilla.engine.lora.adapter import SUPPORTED_TARGETS, ModuleLayout
 from flotilla.engine.lora.slots import current_lora_segments, current_lora_slots
 from flotilla.engine.parallel_state import tp_size
-from flotilla.kernels.dispatch import lora_apply, lora_linear
+from flotilla.kernels.dispatch import (
+    linear,
+    lora_apply,
+    lora_linear,
+    lora_stacked_expand,
+    lora_stacked_step,
+    lora_stacks_a,
+)
 
 
 class LoRALinear(nn.Module):
@@ -34,15 +42,29 @@ class LoRALinear(nn.Module):
         weight: torch.Tensor = base.weight  # type: ignore[assignment]  # every wrapped layer has one
         n = len(layout.slice_sizes)
         out = sum(layout.slice_sizes)
-        # Plain attributes, not buffers: they are runtime state (never in a state dict), and the model
-        # runner's memory profile sees them all the same.
-        self.lora_a = torch.zeros(max_loras, n * max_rank, layout.in_features, dtype=weight.dtype, device=weight.device)
-        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
         # The base product and the expand may be one GEMV launch (`lora_linear`) when the base layer is
         # a plain unquantized, bias-free product on one rank (a row-parallel layer's all-reduce and
         # bias come after its product, so the delta could not join it on several ranks).
         plain = isinstance(base, _Linear) and base.quant_method is None and base.bias is None and tp_size() == 1
         self._plain_base = base if plain else None
+        # Plain attributes, not buffers: they are runtime state (never in a state dict), and the model
+        # runner's memory profile sees them all the same.
+        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
+        a_shape = (max_loras, n * max_rank, layout.in_features)
+        # A plain layer may keep the A stack as extra rows of its own weight (`stacked`, kernels/dispatch.py):
+        # one GEMM then computes the base product and every slot's shrink; the base layer's weight becomes
+        # the first `out` rows of that tensor (a contiguous view, loaded values copied over).
+        self._stacked: torch.Tensor | None = None
+        if plain and lora_stacks_a(math.prod(a_shape) * weight.element_size()):
+            stacked = torch.empty(out + a_shape[0] * a_shape[1], layout.in_features, dtype=weight.dtype,
+                                  device=weight.device)
+            stacked[:out].copy_(weight)
+            stacked[out:].zero_()
+            weight.data = stacked[:out]
+            self.lora_a = stacked[out:].view(a_shape)
+            self._stacked = stacked
+        else:
+            self.lora_a = torch.zeros(a_shape, dtype=weight.dtype, device=weight.device)
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """Put one adapter's matrices for this projection into `slot` (zeros where it has none)."""
@@ -62,6 +84,9 @@ class LoRALinear(nn.Module):
             return self.base(x)
         segments = current_lora_segments(slots)
         plain = self._plain_base
+        if self._stacked is not None and isinstance(plain, _Linear) and lora_stacked_step(x, segments):
+            y_ext = linear(x, self._stacked, None, plain.gemv_max_rows)
+            return lora_stacked_expand(y_ext, self.lora_b, slots, segments, self.layout.slice_sizes, self.max_rank)
         if segments is None and isinstance(plain, _Linear):
             fused = lora_linear(x, plain.weight, plain.gemv_max_rows, self.lora_a, self.lora_b, slots,
                                 self.layout.slice_sizes, self.max_rank)

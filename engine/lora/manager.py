@@ -9,6 +9,7 @@ An adapter missing from the CPU cache is read again from its directory (`LoRAReq
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from pathlib import Path
@@ -44,12 +45,11 @@ class LoRAManager:
         self._cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # adapter id -> matrices, least recent first
         self.num_slot_loads = 0  # adapters copied into a device slot, for tests and logs
         # Group the step's tokens by slot once per forward, inside it, so that a graph captures it too.
-        model.register_forward_pre_hook(self._group_tokens)
-
-    def _group_tokens(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        slots = current_lora_slots()
-        if slots is not None:
-            set_lora_segments(slots, lora_step_segments(slots, self.max_loras))
+        # The hook holds the slot count, not the manager: a bound method would make a reference cycle
+        # (model -> hook -> manager -> model) that keeps the model, and its engine's KV cache, on the
+        # device after the engine is dropped, until a garbage collection (H200, 2026-12-03: the next
+        # engine of the same process found no memory for its KV cache).
+        model.register_forward_pre_hook(functools.partial(_group_tokens, max_loras))
 
     def add(self, lora: LoRARequest) -> LoRAAdapter:
         """Read an adapter into the CPU cache (checking it against the model); raises LoRAAdapterError."""
@@ -104,3 +104,10 @@ class LoRAManager:
         self._slots[lora.lora_int_id] = slot
         self.num_slot_loads += 1
         return slot
+
+
+def _group_tokens(num_slots: int, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+    """Forward pre-hook: the step's tokens grouped by slot (`lora_step_segments`), when it uses adapters."""
+    slots = current_lora_slots()
+    if slots is not None:
+        set_lora_segments(slots, lora_step_segments(slots, num_slots))

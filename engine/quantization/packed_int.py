@@ -52,4 +52,4 @@ class PackedIntMethod(LinearMethod):
         cols = layer.weight_packed.shape[1] * 32 // self.bits
         group = cols // layer.weight_scale.shape[1]
         return packed_int_linear(x, layer.weight_packed, layer.weight_scale, layer.weight_zero_point,
-                                 self.bits, group, bias)
+                                 self.bits, group, bias, symmetric=self.symmetric)

@@ -31,6 +31,8 @@ def test_every_engine_flag_parses_to_a_config_argument(tiny_model_dirs):
             "float32",
             "-tp",
             "1",
+            "--max-cudagraph-capture-size",
+            "1024",
         ]
     )
     values = flag_values(args, ENGINE_COMPONENTS)
@@ -44,11 +46,13 @@ def test_every_engine_flag_parses_to_a_config_argument(tiny_model_dirs):
         "served_model_name": ["a", "b"],
         "dtype": "float32",
         "tensor_parallel_size": 1,
+        "max_cudagraph_capture_size": 1024,
     }
     config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), **values)
     assert config.cache.block_size == 32 and not config.cache.enable_prefix_caching
     assert config.scheduler.max_num_batched_tokens == 64 and config.scheduler.enable_chunked_prefill
     assert config.model.served_model_name == ["a", "b"]
+    assert config.model.max_cudagraph_capture_size == 1024
 
 
 def test_flag_declaration_covers_every_config_field():

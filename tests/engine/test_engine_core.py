@@ -176,3 +176,36 @@ def test_a_dead_core_fails_every_waiter_and_reports_its_death(core):
             await _final(client, "late")
 
     asyncio.run(refused())
+
+
+class _SlowPipe:
+    """A pipe end whose first write blocks until released, as a full pipe with a reader that lags."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[tuple]] = []
+        self.release = threading.Event()
+
+    def send(self, batch: list[tuple]) -> None:
+        if not self.writes:
+            self.release.wait(5)
+        self.writes.append(batch)
+
+
+@pytest.mark.parametrize("threaded", ["1", "0"])
+def test_output_sender_never_blocks_the_loop_and_keeps_order(monkeypatch, threaded):
+    from flotilla.engine.core_output_sender import THREAD_ENV, OutputSender
+
+    monkeypatch.setenv(THREAD_ENV, threaded)
+    pipe = _SlowPipe()
+    if threaded == "0":  # the step loop writes itself: one-message lists (released at once here)
+        pipe.release.set()
+    sender = OutputSender(pipe)  # type: ignore[arg-type]
+    for i in range(5):
+        sender.send(("step", i))
+    if threaded == "1":
+        assert pipe.writes == []  # every send returned while the first write was still blocked
+    pipe.release.set()
+    sender.close()
+    assert [m for batch in pipe.writes for m in batch] == [("step", i) for i in range(5)]
+    # Threaded: what queued behind the blocked write went in one write.
+    assert len(pipe.writes) <= 2 if threaded == "1" else len(pipe.writes) == 5

@@ -3,6 +3,8 @@ inputs that the graphs replay give the eager path's tokens (checked on the CPU t
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import sys
 from pathlib import Path
@@ -41,6 +43,17 @@ def test_capture_ladder_and_widths_cover_the_limits():
     assert table_widths(512, 16) == [32]
     assert mixed_sizes(8192) == [16, 32, 64, 128, 256, 512]
     assert mixed_sizes(100) == [16, 32, 64, 100]
+
+
+def test_max_cudagraph_capture_size_bounds_both_ladders():
+    # Above 512 the mixed ladder continues (--max-cudagraph-capture-size), steps within ~12 % of each other.
+    big = mixed_sizes(16384, 4096)
+    assert big[:6] == [16, 32, 64, 128, 256, 512] and big[-1] == 4096 and 576 in big and 2304 in big
+    assert all(b / a <= 1.125 for a, b in itertools.pairwise(big[5:]))
+    assert mixed_sizes(2000, 4096)[-1] == 2000  # the token budget still bounds it
+    assert mixed_sizes(8192, 600)[-3:] == [512, 576, 600]
+    assert mixed_sizes(8192, 128) == [16, 32, 64, 128]
+    assert capture_sizes(512, 4096)[-1] == 512 and capture_sizes(512, 100)[-1] == 100
 
 
 def _graphed_steps(llm: LLM) -> list[tuple[bool, int]]:
@@ -85,6 +98,46 @@ def test_extend_after_a_prefix_hit_runs_from_a_mixed_graph_on_cpu(tiny_dir):
     assert _greedy(llm, prompts[1:]) == eager[1:]
     assert llm.engine.block_manager.prefix_cache_hits == 56  # 7 full blocks of the prefix came from the cache
     assert all(graphed for graphed, _ in steps)
+
+
+def test_steps_above_512_tokens_replay_larger_mixed_graphs_on_cpu(tiny_dir, tmp_path, monkeypatch):
+    # 24 prompts, 16 sequence slots: the first step prefills 16 prompts (> 512 tokens), later steps hold
+    # decodes beside the prompts admitted as slots free up; every step pads to a graph of the ladder.
+    prompts = _prompts(24, seed=3)
+    # Lengths 4..27: requests finish one by one, so waiting prompts join steps of running decodes.
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + i, ignore_eos=True) for i in range(24)]
+
+    def greedy(llm: LLM) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    eager = greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8, max_num_seqs=16))
+    trace = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("FLOTILLA_STEP_TRACE", str(trace))
+    llm = LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8, max_num_seqs=16,
+              max_num_batched_tokens=1024)
+    runner = llm.engine.runner
+    runner.graphs = StepGraphs(runner.model, 16, 1024, 256, 8, runner.device, max_capture_size=1024)
+    steps = _graphed_steps(llm)
+    assert greedy(llm) == eager
+    assert all(graphed for graphed, _ in steps)
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(lines) == len(steps)
+    assert sum(x["tokens"] for x in lines) == runner.num_tokens_fed
+    assert all(x["graph"] >= x["tokens"] for x in lines)
+    assert any(x["graph"] > 512 for x in lines)  # a step no default graph holds
+    assert any(x["decode"] and x["prefill"] for x in lines)  # decodes beside a new prompt
+    assert sum(x["prefill"] for x in lines) >= 24 and sum(x.get("first", 0) for x in lines) == 24
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_larger_mixed_graphs_keep_greedy_tokens(tiny_dir):
+    prompts = _prompts(24, seed=3)
+    cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, max_num_seqs=16), prompts)
+    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, max_num_seqs=16, max_num_batched_tokens=1024,
+              max_cudagraph_capture_size=1024, gpu_memory_utilization=0.3)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.mixed_sizes[-1] == 1024
+    assert _greedy(llm, prompts) == cpu
 
 
 @pytest.mark.gpu

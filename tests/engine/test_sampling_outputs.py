@@ -7,6 +7,9 @@ import torch
 
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.llm import LLM
+from flotilla.engine.model_runner import _plain_greedy
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
 
 PROMPT = [101, 2034, 887, 41, 9000, 77, 5, 16000, 123, 4567, 88, 12]
@@ -100,6 +103,13 @@ def test_stop_token_ids_and_length(llm):
         SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True, stop_token_ids=[stop_id]),
     )
     assert len(late.token_ids) == 10 and stop_id not in late.token_ids[:9]
+    # min_tokens with ignore_eos and no stop ids bans nothing: the argmax path, the same tokens.
+    bare = SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True)
+    assert _text(llm, PROMPT, bare).token_ids == full.token_ids
+    banning = SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True, stop_token_ids=[stop_id])
+    assert _plain_greedy(SamplingRow(Request("r", PROMPT, bare, eos_token_ids=frozenset({2})), 0, 0))
+    assert not _plain_greedy(SamplingRow(Request("s", PROMPT, banning), 0, 0))  # its stop id is banned
+    assert _plain_greedy(SamplingRow(Request("t", PROMPT, banning), 0, 10))  # min_tokens reached
 
 
 def test_prompt_logprobs_match_hf(tiny_model_dirs, llm):

@@ -1,4 +1,5 @@
-"""The fp8 kernels (KV-cache writes, the W8A16 GEMV, the activation quantization) compiled for Hopper
+"""The fp8 and int4 kernels (KV-cache writes, the W8A16 and W4A16 GEMVs, the activation quantization, the
+int4 GEMM and dequantization) and the LoRA kernels of the default (stacked) kernel set compiled for Hopper
 (sm_90) on the CPU, by Triton's compiler and ptxas.
 
 The interpreter (TRITON_INTERPRET=1) runs kernels as Python, so it accepts code the compiler refuses:
@@ -45,6 +46,7 @@ def _compile_for_hopper(
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options or None)
     ptx = kernel.asm["ptx"]
     return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
+            "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
             "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8")}  # fmt: skip
 
 
@@ -70,6 +72,8 @@ def _compile_all() -> dict[str, dict[str, object]]:
     constexprs = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=True)
     out["rotary_kv_write *fp8e4nv"] = _compile_for_hopper(_rotary_kv_write_kernel, pointers, constexprs)
     out.update(_compile_fp8_gemv())
+    out.update(_compile_lora())
+    out.update(_compile_int4())
     out.update(_compile_paged_decode())
     return out
 
@@ -96,6 +100,51 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
         constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode)
         out[f"paged_decode {name}"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
     return out
+
+
+def _compile_lora() -> dict[str, dict[str, object]]:
+    """The LoRA kernels a Llama-3.1-8B decode step at batch 64 with 8 slots launches (kernel set
+    "stacked"): the per-step token grouping, and the stacked expand (16-token segment blocks, 128
+    columns, rank 16, bf16 on tensor cores)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_lora_segments import _segments_kernel
+    from flotilla.kernels.triton_lora_stacked import _stacked_expand_kernel
+
+    segments = {"slots_ptr": "*i64", "order_ptr": "*i32", "starts_ptr": "*i32"}
+    expand = {"out_ptr": "*bf16", "ext_ptr": "*bf16", "b_ptr": "*bf16", "order_ptr": "*i32", "starts_ptr": "*i32"}
+    consts = dict(DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", BLOCK_M=16, BLOCK_N=128, BLOCK_R=16, BLOCK_S=16)
+    return {
+        "lora_segments bf16": _compile_for_hopper(_segments_kernel, segments, dict(BLOCK_T=64, BLOCK_S=16)),
+        "lora_stacked_expand bf16": _compile_for_hopper(_stacked_expand_kernel, expand, consts),
+    }
+
+
+def _compile_int4() -> dict[str, dict[str, object]]:
+    """The int4 kernels as the dispatch launches them for Llama-3.1-8B: the W4A16 GEMV's FMA path at
+    one row (symmetric, no split) and at four rows (zero points, split-K partials) and its tensor-core
+    path, the `tl.dot` GEMM with 64-row tiles and the one-pass dequantization."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
+    from flotilla.kernels.triton_int4_gemv import _int4_gemv_dot_kernel, _int4_gemv_kernel
+
+    pointers = {"x_ptr": "*bf16", "packed_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*u8", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32"}  # fmt: skip
+    gemv = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, FIXUP=False, BLOCK_M=1, BLOCK_N=16, BLOCK_W=64,
+                NUM_STAGES=1, EVEN=True)  # fmt: skip
+    gemv4 = dict(gemv, HAS_ZEROS=True, SPLIT_K=2, FIXUP=True, BLOCK_M=4, BLOCK_N=8, EVEN=False)
+    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=4, FIXUP=True, BLOCK_M=16, BLOCK_N=64, NUM_STAGES=2,
+               DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", EVEN_N=True)  # fmt: skip
+    gemm = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=tl.bfloat16,
+                DOT_PRECISION="tf32")  # fmt: skip
+    return {
+        "int4_gemv m1": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv, num_warps=4),
+        "int4_gemv m4": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv4, num_warps=4),
+        "int4_gemv dot": _compile_for_hopper(_int4_gemv_dot_kernel, pointers, dot, num_warps=4),
+        "int4_gemm m64": _compile_for_hopper(_int4_gemm_kernel, pointers, gemm, num_warps=4),
+        "int4_dequant": _compile_for_hopper(_int4_dequant_kernel, pointers, dict(GROUP=128, BLOCK_N=32, BLOCK_K=128)),
+    }
 
 
 def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
@@ -141,8 +190,14 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert all(r["cubin_bytes"] > 0 for r in result.values())
     # the fp32 -> e4m3 stores and the GEMV's e4m3 loads use the hardware conversions (cvt ... e4m3x2),
     # not a software one
-    assert all(r["e4m3_cvt"] for name, r in result.items() if not name.startswith("paged_decode"))
+    plain = ("int4", "paged_decode")  # int4: no fp8; the decode kernel: checked below
+    assert all(r["e4m3_cvt"] for name, r in result.items() if "bf16" not in name and not name.startswith(plain))
+    assert result["lora_stacked_expand bf16"]["mma"]  # the LoRA delta on tensor cores
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
+    # the int4 GEMV is FMA work (no MMA), with no int->float conversion nor shared-memory round trip per
+    # nibble plane (the layout conversion a vectorised word load caused); the GEMM feeds the tensor cores
+    assert not result["int4_gemv m1"]["mma"] and result["int4_gemm m64"]["mma"] and result["int4_gemv dot"]["mma"]
+    assert not result["int4_gemv m1"]["i2f"] and result["int4_gemv m1"]["bar_sync"] <= 4
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):

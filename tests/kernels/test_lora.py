@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE, rel_err, tolerance
 
-from flotilla.kernels.lora import lora_apply_ref, lora_expand_ref, lora_shrink_ref
+from flotilla.kernels.lora import lora_apply_ref, lora_expand_ref, lora_shrink_ref, lora_stacked_expand_ref
 
 
 def _case(dtype: torch.dtype, tokens: int = 24, k: int = 80, n: int = 48, rank: int = 16, slots: int = 3):
@@ -160,5 +160,51 @@ def test_gemv_lora_epilogue_matches_reference(dtype, slice_sizes, rows):
     part = lora_shrink(xd, a.to(DEVICE), sd, block_k=32)
     assert part.shape[0] == 3  # K split over three programs: the epilogue sums the partials
     out = gemv(xd, wd, lora=LoRAEpilogue(part, b.to(DEVICE), sd, slice_sizes, 16)).cpu()
+    assert rel_err(out - base.float(), ref.float() - base.float()) < tolerance(dtype) * 2
+    assert torch.equal(out[token_slots < 0], base[token_slots < 0])
+
+
+def _stacked_output(x: torch.Tensor, a: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A base weight `[n, in]` and the stacked GEMM's output `x @ [W; A[0]; ...; A[S-1]]^T`, rounded once
+    to x's dtype (as cuBLAS and `F.linear` round it)."""
+    w = torch.randn(n, x.shape[1], generator=torch.Generator().manual_seed(7)).to(x.dtype)
+    stacked = torch.cat([w, a.reshape(-1, a.shape[2])]).float()
+    return w, (x.float() @ stacked.T).to(x.dtype)
+
+
+def test_stacked_reference_is_base_plus_the_projections_delta():
+    """The stacked GEMM + `lora_stacked_expand_ref` computes `x @ W^T` plus `lora_apply_ref`'s deltas."""
+    slice_sizes = (32, 16, 16)
+    _, x, a, b, token_slots = _projection(torch.float32, slice_sizes, 10)
+    w, y_ext = _stacked_output(x, a, sum(slice_sizes))
+    y = lora_stacked_expand_ref(y_ext, b, token_slots, slice_sizes, 16)
+    expected = x @ w.T
+    lora_apply_ref(expected, x, a, b, token_slots, slice_sizes, 16)
+    assert y.is_contiguous() and y.shape == expected.shape
+    assert torch.allclose(y, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slice_sizes, tokens, slots, unused, block_n", [
+    ((48,), 2, 3, 1, 32),  # two tokens (the smallest stacked step): one adapter token, one base token
+    ((32, 16, 16), 40, 4, 1, 16),  # QKV-like: column blocks slice by slice, an unused slot
+    ((40, 24), 70, 6, 2, 32),  # gate/up-like: unaligned slice ends inside a column block
+    ((48, 16), 300, 4, 1, 32),  # 64-token segment blocks
+])
+def test_stacked_expand_matches_reference(dtype, slice_sizes, tokens, slots, unused, block_n):
+    """The stacked expand (tokens grouped by adapter, base-model tokens as one more group) returns the
+    reference's `y`: base columns plus each adapter token's delta; base-model rows are copied exactly."""
+    from flotilla.kernels.triton_lora_segments import lora_segments
+    from flotilla.kernels.triton_lora_stacked import lora_stacked_expand
+
+    _, x, a, b, _ = _projection(dtype, slice_sizes, tokens, k=48, slots=slots)
+    token_slots = _mixed_slots(tokens, slots, unused)
+    n = sum(slice_sizes)
+    _, y_ext = _stacked_output(x, a, n)
+    ref = lora_stacked_expand_ref(y_ext, b, token_slots, slice_sizes, 16)
+    segments = lora_segments(token_slots.to(DEVICE), slots)
+    out = lora_stacked_expand(y_ext.to(DEVICE), b.to(DEVICE), segments, slice_sizes, 16, block_n=block_n).cpu()
+    base = y_ext[:, :n]
+    assert out.dtype == dtype and out.is_contiguous()
     assert rel_err(out - base.float(), ref.float() - base.float()) < tolerance(dtype) * 2
     assert torch.equal(out[token_slots < 0], base[token_slots < 0])

@@ -138,3 +138,85 @@ def test_a_bad_startup_adapter_is_a_config_error_naming_it(tiny_model_dirs, lora
     with pytest.raises(ConfigError, match="rank 16 above --max-lora-rank 8"):
         load_startup_adapters(engine, engine.config.lora.model_copy(update={"lora_modules": (("m", rank16, None),)}),
                               LoRARegistry(["tiny"]))
+
+
+def _merged_layer(max_loras: int = 3, max_rank: int = 8):
+    """A gate/up-like projection (two slices of 24 outputs, 32 inputs) wrapped for LoRA, with adapters
+    in slots 0 and 2 (slot 1 empty) and its loaded weight."""
+    from flotilla.engine.layers.linear import MergedColumnParallelLinear
+    from flotilla.engine.lora.adapter import ModuleLayout
+    from flotilla.engine.lora.layers import LoRALinear
+
+    g = torch.Generator().manual_seed(3)
+    base = MergedColumnParallelLinear(32, [24, 24])
+    base.weight.data.copy_(torch.randn(48, 32, generator=g))
+    loaded = base.weight.detach().clone()
+    layer = LoRALinear(base, ModuleLayout(32, {0: 0, 1: 1}, (24, 24)), max_loras, max_rank)
+    for slot in (0, 2):
+        layer.set_slot(slot, {i: (torch.randn(max_rank, 32, generator=g), torch.randn(24, max_rank, generator=g))
+                              for i in (0, 1)})
+    return layer, loaded
+
+
+def test_stacked_layer_keeps_the_a_stack_in_its_weight_and_adds_the_same_deltas(monkeypatch):
+    """Kernel set "stacked": the base weight is the first rows of one tensor whose other rows are the A
+    stack (so `set_slot` writes land there), the loaded values survive, and a step's output equals the
+    base product plus `lora_apply_ref`'s deltas; with the other sets A stays a tensor of its own."""
+    from flotilla.engine.lora.slots import lora_slots
+    from flotilla.kernels import dispatch
+    from flotilla.kernels.lora import lora_apply_ref
+
+    monkeypatch.setattr(dispatch, "LORA_KERNELS", "stacked")
+    layer, loaded = _merged_layer()
+    assert layer._stacked is not None and layer._stacked.shape == (48 + 3 * 2 * 8, 32)
+    assert layer.base.weight.data_ptr() == layer._stacked.data_ptr() and layer.base.weight.is_contiguous()
+    assert torch.equal(layer.base.weight, loaded)
+    assert torch.equal(layer._stacked[48:].view(3, 16, 32), layer.lora_a) and layer.lora_a[2].any()
+    x = torch.randn(7, 32, generator=torch.Generator().manual_seed(4))
+    slots = torch.tensor([0, -1, 2, 2, 0, -1, 2])
+    expected = x @ loaded.T
+    lora_apply_ref(expected, x, layer.lora_a, layer.lora_b, slots, (24, 24), 8)
+    with lora_slots(slots):
+        out = layer(x)
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-4)
+    assert torch.equal(layer(x), x @ loaded.T)  # no adapter in the step: the base layer alone
+    for other in ("segments", "pair"):
+        monkeypatch.setattr(dispatch, "LORA_KERNELS", other)
+        plain, _ = _merged_layer()
+        assert plain._stacked is None and plain.base.weight.data_ptr() != plain.lora_a.data_ptr()
+        with lora_slots(slots):
+            assert torch.allclose(plain(x), expected, rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(dispatch, "LORA_KERNELS", "stacked")
+    monkeypatch.setattr(dispatch, "LORA_STACKED_MAX_BYTES", 3 * 16 * 32 * 4 - 1)  # one byte short
+    assert _merged_layer()[0]._stacked is None
+
+
+def test_lora_kernel_sets_by_number_or_name():
+    from flotilla.kernels.dispatch import lora_kernel_set
+
+    assert [lora_kernel_set(v) for v in ("0", "1", "2", " stacked ")] == ["pair", "segments", "stacked", "stacked"]
+    with pytest.raises(ValueError, match="FLOTILLA_LORA_KERNELS"):
+        lora_kernel_set("3")
+
+
+def test_a_wrapped_model_is_freed_without_a_garbage_collection(tiny_model_dirs):
+    """The manager's forward pre-hook holds no reference back to the manager: a dropped LoRA model (and
+    on a GPU its engine's KV cache) is freed by reference counting, not at the next collection (on the
+    H200 the next engine of a process found no memory left while a cycle kept the last one alive)."""
+    import gc
+    import weakref
+
+    from flotilla.engine.lora.manager import LoRAManager
+    from flotilla.engine.model_loader import load_model
+
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_loras=2)
+    model = load_model(config.model, torch.device("cpu"))
+    manager = LoRAManager(model, 2, 16, 2)
+    alive = weakref.ref(model)
+    gc.collect()
+    gc.disable()
+    try:
+        del model, manager
+        assert alive() is None
+    finally:
+        gc.enable()
