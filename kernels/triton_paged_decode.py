@@ -183,9 +183,10 @@ def _decode_split_kernel(
         (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
     )  # fmt: skip
     if NUM_SPLITS > 1 and FUSED_MERGE:
-        # The last split of this (sequence, KV head) to finish merges the group's partials, saving the
-        # merge kernel's launch and its wait. The barrier orders every thread's partial stores before
-        # the release of the ticket; the acquire orders the winner's reads after all of them.
+        # The last split of this (sequence, KV head) to finish merges the group's partials instead of
+        # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
+        # orders every thread's partial stores before the release of the ticket; the acquire orders
+        # the winner's reads after all of them.
         tl.debug_barrier()
         ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
         if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
@@ -230,10 +231,12 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
-# (block_n, num_warps, num_stages) per pool: bf16 64/4/2 was the best of the H200 sweep at batch 64 x
-# 4,096 (247.7 us, 4,335 GB/s; bench/fp8_kv_decode.py, 2026-12-04 call 1); fp8 adds the operand path.
+# (block_n, num_warps, num_stages) per pool, the best of the H200 sweeps at batch 64 x 4,096
+# (bench/fp8_kv_decode.py, bench/results/gpu-2026-12-04-s6/call5-kv6/): bf16 64/4/2 243.0 us (4,420 GB/s);
+# fp8 "asm" 64/4/3 245.6 us (2,186 GB/s of fp8 bytes; Triton's upcast "cvt" was 309.5 at 64/4/2, 254.8 at
+# its best; "bits" 323.3). The fp8 pool no longer costs time, but it does not save any either.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 2, "asm")
+_FP8_LAUNCH = (64, 4, 3, "asm")
 
 
 def _launch_defaults(fp8: bool) -> tuple[int, int, int, str]:
@@ -289,7 +292,7 @@ def paged_decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_kv: str | None = None,
-    fused_merge: bool = True,
+    fused_merge: bool = False,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -302,7 +305,10 @@ def paged_decode_attention(
     "cvt16" (the hardware e4m3 -> fp16 conversion, also fp16 operands) or "cvt" (Triton's e4m3 upcast
     to the query's dtype, the kernel before 2026-12-04). `fused_merge`: with several splits, the last
     split program of each (sequence, KV head) merges the partials (one launch) instead of a second
-    kernel. `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
+    kernel; off by default: on the H200 at batch 1 x 4,096 it was slower (13.8 us against 11.6 with
+    the merge kernel at 32 splits, 22.3 against 17.7 at 64: the merging program's serial pass over the
+    partials costs more than a launch). `v_scale` (an fp8 pool's V scale) multiplies the output
+    inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads

@@ -120,9 +120,9 @@ def test_cpu_attention_reads_fp8_pages(q_lens):
 
 @pytest.mark.gpu
 def test_cuda_fp8_decode_with_scales_replays_in_a_graph():
-    """Llama-3-8B heads, one sequence of 4,000 tokens (32 splits, merged by the last split program) and
-    a short one, on an fp8 pool with k/v scales through `dispatch.paged_attention`: each of several
-    graph replays equals the reference (the merge's arrival tickets are back to zero after every call)."""
+    """Llama-3-8B heads, one sequence of 4,000 tokens (32 splits) and a short one, on an fp8 pool with
+    k/v scales through `dispatch.paged_attention` (v_scale applied in the kernel): each of several
+    graph replays equals the reference."""
     from flotilla.kernels import dispatch
 
     g = torch.Generator().manual_seed(3)

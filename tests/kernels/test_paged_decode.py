@@ -29,6 +29,19 @@ def test_decode_matches_reference_across_split_boundaries(dtype, num_heads, num_
     assert rel_err(out, ref) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_fused_merge_matches_reference(dtype):
+    """The opt-in merge by the last split program (arrival tickets), padding sequence included; the
+    tickets are zero again afterwards, so a second call gives the same result."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    args = _decode_case([1, 37, 0, 100], 8, 2, dtype, q_lens=[1, 1, 0, 1], seed=4)
+    out = paged_decode_attention(*args, 0.2, num_splits=3, block_n=16, fused_merge=True)
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
+    again = paged_decode_attention(*args, 0.2, num_splits=3, block_n=16, fused_merge=True)
+    assert torch.equal(out[[0, 1, 2]], again[[0, 1, 2]])
+
+
 def test_decode_single_split_writes_output_directly():
     """With one split the merge kernel is skipped; shared prefix blocks read the same pages."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
