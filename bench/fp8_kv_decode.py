@@ -43,21 +43,20 @@ def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
 
 def configs(batch: int) -> list[dict]:
     """The default launch first, then tiles. At batch 1 (8 KV heads: splits make the programs; the
-    default is 32 splits at block_n 64, 64 at block_n 32) also more splits, and the separate merge
-    kernel (`fused_merge` False: the kernel before 2026-12-04) against the fused merge."""
+    default is 32 splits at block_n 64, 64 at 32, 16 at 128) also fewer and more splits, and the
+    merge by the last split program (`fused_merge`, slower in call 5 of 2026-12-04)."""
     if batch > 1:
         return [{}] + [_launch(*t) for t in TILES]
     return [
         {},
-        {"fused_merge": False},
+        {"fused_merge": True},
         _launch(64, 4, 3),
-        _launch(64, 4, 3, fused_merge=False),
+        _launch(64, 4, 3, num_splits=16),
         _launch(64, 4, 3, num_splits=64),
-        _launch(64, 4, 2, num_splits=64),
-        _launch(64, 8, 3, num_splits=64),
+        _launch(64, 4, 2, num_splits=16),
+        _launch(64, 8, 3),
         _launch(32, 4, 3),
-        _launch(32, 4, 3, num_splits=128),
-        _launch(32, 4, 2, num_splits=128),
+        _launch(128, 4, 3),
     ]
 
 

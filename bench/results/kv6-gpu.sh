@@ -4,7 +4,7 @@
 #   sweep  bench/fp8_kv_decode.py --batches 64,1 (48 cases, limit 70 s): Llama-3.1-8B attention, context 4,096;
 #          batch 64: bf16 pool vs fp8 pool with each fp8 operand path (cvt = the old Triton upcast, asm = the
 #          e4m3 -> fp16 bit moves in PTX, cvt16 = the hardware e4m3 -> fp16 cvt), default + 6 tiles each; batch 1:
-#          bf16 and fp8 asm, 10 launches (splits, tiles, fused merge on / off). Prints default and best per path;
+#          bf16 and fp8 asm, 9 launches (16 / 32 / 64 splits, tiles, the fused merge). Prints default and best per path;
 #          writes the best fp8 launch at batch 64 (tile and path) to kv6-best-fp8-launch.txt.
 #          Issue 22 wants the fp8 pool well under the bf16 one's time (<= ~0.55x for the 0.70x step),
 #          issue 19 wants batch 1 bf16 >= 2,000 GB/s.
