@@ -17,15 +17,7 @@
 # STAGES="int4 bf16 summary" runs a subset.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 L=$OUT/int4g.log
-python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
-mkdir -p /tmp/llama8b-w4a16 && cp /tmp/llama8b/* /tmp/llama8b-w4a16/ && python3 - <<'PY'
-import json
-p = "/tmp/llama8b-w4a16/config.json"; c = json.load(open(p))
-c["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
-        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
-json.dump(c, open(p, "w"))
-PY
+source $R/bench/results/w4a16-model.sh  # by $R: gpu-env.sh has changed to /tmp
 TILES=""
 for s in ${STAGES:-gemv int4 bf16 tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L

@@ -25,17 +25,7 @@
 # subset (~150 s).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
 L=$OUT/quant-gpu.log
-python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
-# The same shape as a compressed-tensors W4A16 (int4, group 128, symmetric) checkpoint: random codes
-# under --load-format dummy, detected from config.json.
-mkdir -p /tmp/llama8b-w4a16 && cp /tmp/llama8b/* /tmp/llama8b-w4a16/ && python3 - <<'PY'
-import json
-p = "/tmp/llama8b-w4a16/config.json"; c = json.load(open(p))
-c["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
-        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
-json.dump(c, open(p, "w"))
-PY
+source $R/bench/results/w4a16-model.sh  # by $R: gpu-env.sh has changed to /tmp
 # name: stage limit (s) | model | quant_gpu.py arguments (bs1 first in every --jobs)
 conf() {
   case $1 in
