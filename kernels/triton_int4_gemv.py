@@ -115,16 +115,18 @@ def default_config(
 ) -> Int4GemvConfig:
     """The launch configuration for an `[m, k] x [n, k]^T` int4 GEMV; given knobs are kept, the rest chosen.
 
-    A lead from first principles and instruction counts of the sm_90 code (not yet timed):
-    - FMA up to 2 rows, `tl.dot` from 3 (where the dot path can run): FMA costs a shift, a mask and an
-      FMA per weight and row (~4.5-4.9 instructions a weight at one row in the compiled loop, addresses
-      and loads included), the dot path ~3.2-4.3 a weight at any row count up to 16 (two nibbles a mask,
-      bf16 pairs into the tensor cores) but needs 64-row tiles, hence fewer programs and split-K.
+    - `tl.dot` wherever it can run (at most 16 rows, a power-of-two group of 16..256), FMA otherwise.
+      Measured on the H200 at one row (Llama-3.1-8B, bench/int4_gemv.py --grid in session 6 and
+      bench/quant_gemv.py's `old_dot_best` in session 7): the dot path with 128-row tiles and 3 stages
+      takes 16.5 / 10.7 / 52.3 / 27.3 us on qkv / o / gate_up / down (~0.8-1.2 TB/s of int4 bytes), the
+      FMA path 43.4 / 17.9 / 139.7 / 56.8 us (its activation loads are 2-byte gathers, one L1 request
+      per weight: the L1 is its limit); the dot path costs the same at any row count up to 16 (padded).
     - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 32 rows a program (8 KB a step; the
       compiled loop: 4.5 instructions a weight, against 4.9 at 16 rows and 4.8 at 64 rows x 8 warps),
       fewer rows while there are fewer programs than SMs, the accumulator within `_ACC_PER_THREAD`
       registers at more rows. Llama-3.1-8B: 32 rows for qkv and gate_up, 16 for o and down.
-    - Dot tiles: 64 rows, one group a step, 4 warps, 2 stages.
+    - Dot tiles: 128 rows, one group a step, 4 warps, 3 stages (the measured best; 64 rows x 2 stages,
+      the previous default from 3 rows, took 25.8 us on qkv at 4 rows).
     - Split-K (partials and a reduce launch, as `triton_gemv.py`): powers of two while programs are still
       fewer than the SMs and each range keeps at least 4 steps. Llama-3.1-8B on 132 SMs: FMA no split
       anywhere; dot qkv 2, o and down 4.
@@ -137,14 +139,14 @@ def default_config(
         num_stages = num_stages or given.get("num_stages")
         use_dot = bool(given["use_dot"]) if use_dot is None and "use_dot" in given else use_dot
     can_dot = dot_supported(m, group_size)
-    use_dot = (m >= 3 and can_dot) if use_dot is None else (use_dot and can_dot)
+    use_dot = can_dot if use_dot is None else (use_dot and can_dot)
     block_m = triton.next_power_of_2(max(m, 1))
     words = k // 8
     num_warps = num_warps or 4
-    if use_dot:
-        num_stages = num_stages or 2
+    if use_dot:  # measured best at one row on the H200 (sessions 6 and 7): 128 rows, 3 stages
+        num_stages = num_stages or 3
         block_w = group_size // 8
-        block_n = block_n or 64
+        block_n = block_n or 128
     else:
         num_stages = num_stages or 1
         block_w = block_w or min(64, max(16, triton.next_power_of_2(words)))

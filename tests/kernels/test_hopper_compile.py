@@ -134,14 +134,14 @@ def _compile_int4() -> dict[str, dict[str, object]]:
     gemv = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, FIXUP=False, BLOCK_M=1, BLOCK_N=16, BLOCK_W=64,
                 NUM_STAGES=1, EVEN=True)  # fmt: skip
     gemv4 = dict(gemv, HAS_ZEROS=True, SPLIT_K=2, FIXUP=True, BLOCK_M=4, BLOCK_N=8, EVEN=False)
-    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=4, FIXUP=True, BLOCK_M=16, BLOCK_N=64, NUM_STAGES=2,
+    dot = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=4, FIXUP=True, BLOCK_M=16, BLOCK_N=128, NUM_STAGES=3,
                DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", EVEN_N=True)  # fmt: skip
     gemm = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=tl.bfloat16,
                 DOT_PRECISION="tf32")  # fmt: skip
     return {
         "int4_gemv m1": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv, num_warps=4),
         "int4_gemv m4": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv4, num_warps=4),
-        "int4_gemv dot": _compile_for_hopper(_int4_gemv_dot_kernel, pointers, dot, num_warps=4),
+        "int4_gemv dot": _compile_for_hopper(_int4_gemv_dot_kernel, pointers, dot, num_warps=4, num_stages=3),
         "int4_gemm m64": _compile_for_hopper(_int4_gemm_kernel, pointers, gemm, num_warps=4),
         "int4_dequant": _compile_for_hopper(_int4_dequant_kernel, pointers, dict(GROUP=128, BLOCK_N=32, BLOCK_K=128)),
     }

@@ -106,16 +106,19 @@ def test_int4_gemv_split_is_deterministic():
 
 
 def test_int4_default_config_covers_llama_8b():
-    """Llama-3.1-8B on 132 SMs: a row tile per SM at every projection, no split at one row; a small
-    projection (a tensor-parallel shard) splits K."""
+    """Llama-3.1-8B on 132 SMs: the tensor-core path with the measured tiles, split-K where the row tiles
+    are fewer than the SMs; a small projection (a tensor-parallel shard) splits K."""
     from flotilla.kernels.triton_int4_gemv import default_config
 
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
-        cfg = default_config(1, n, k, 132)
-        assert cfg.split_k == 1 and -(-n // cfg.block_n) >= 132, (n, k, cfg)
+        cfg = default_config(1, n, k, 132)  # the tensor-core path, 128-row tiles, 3 stages (H200 grid)
+        assert cfg.use_dot and cfg.block_n == 128 and cfg.num_stages == 3, (n, k, cfg)
+        assert -(-n // cfg.block_n) * cfg.split_k >= 132, (n, k, cfg)  # split-K fills the SMs
+    assert default_config(1, 28672, 4096, 132).split_k == 1  # 224 row tiles already do
     assert default_config(1, 512, 4096, 132).split_k > 1
-    assert not default_config(2, 4096, 4096, 132).use_dot and default_config(3, 4096, 4096, 132).use_dot
+    assert default_config(2, 4096, 4096, 132).use_dot and default_config(16, 4096, 4096, 132).use_dot
     assert not default_config(4, 4096, 4096, 132, group_size=96).use_dot  # not a power of two: FMA
+    assert not default_config(1, 4096, 4096, 132, use_dot=False).use_dot  # a given knob is kept
 
 
 def test_int4_gemv_tiles_from_the_environment():
