@@ -22,6 +22,8 @@ count comes from shapes alone, so the call stays capturable.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +32,7 @@ from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, spl
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
+TILE_MEMO = os.environ.get("FLOTILLA_PREFILL_TILE_MEMO", "1").strip() != "0"
 
 
 @triton.jit
@@ -257,6 +260,34 @@ def default_num_splits(
     return int(max(1, min(want, most, 32)))
 
 
+def tile_map(query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each program's sequence (`num_seqs` past the last tile) and each sequence's first tile, on
+    the device: tiles per sequence, their exclusive prefix sum, and a `searchsorted` of the program
+    ids into it. About eight small kernels, the same for every layer of a step."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
+    tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
+    tile_ids = torch.arange(grid_tiles, device=query_start_loc.device, dtype=tile_start.dtype)
+    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+    return tile_seq, tile_start
+
+
+def _memoized_tile_map(
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_map`, computed by the step's first attention layer and reused by the others: inside a
+    mixed CUDA graph that is eight graph nodes a step instead of eight a layer (256 for a 32-layer
+    model, each a kernel boundary on the critical path of a short extend). FLOTILLA_PREFILL_TILE_MEMO=0
+    recomputes it in every layer (the before of the A/B)."""
+    if step_memo is None or not TILE_MEMO:
+        return tile_map(query_start_loc, tokens_per_tile, grid_tiles)
+    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles)
+    found = step_memo.get(key)
+    if found is None:
+        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles)
+    return found
+
+
 def paged_prefill_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -272,6 +303,7 @@ def paged_prefill_attention(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    step_memo: dict | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -279,7 +311,8 @@ def paged_prefill_attention(
     heads of one KV head times `block_m / heads` tokens, so each K/V tile loaded serves the whole
     group; without, one head's `block_m` tokens. `num_splits` defaults to a choice from shapes
     (`default_num_splits`). The tile and launch knobs are exposed for tests and the benchmark;
-    defaults suit an H200 at head_dim 128.
+    defaults suit an H200 at head_dim 128. `step_memo`: a dict that lives for one step (the step's
+    `AttentionMetadata.derived`), where the first layer leaves the tile map for the others.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -288,14 +321,9 @@ def paged_prefill_attention(
         return out
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
-    # Tiles per sequence, their prefix sum, and each program's sequence, all on the device. The
-    # grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
-    tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
+    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
     grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
-    tile_ids = torch.arange(grid_tiles, device=query.device, dtype=tile_start.dtype)
-    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+    tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo)
     head_blocks = num_heads // packed
     max_context = block_tables.shape[1] * page
     if num_splits is None:
@@ -351,4 +379,4 @@ def paged_prefill_attention(
     return out
 
 
-__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention"]
+__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention", "tile_map"]
