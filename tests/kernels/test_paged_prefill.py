@@ -83,3 +83,26 @@ def test_splits_only_when_the_query_tiles_leave_the_gpu_idle():
     assert default_num_splits(32, 8, 32, 2064, 132, 32) == 16
     assert default_num_splits(2048, 8, 32, 2064, 132, 32) == 1
     assert default_num_splits(32, 8, 32, 64, 132, 32) == 1  # a short context: nothing to split
+
+
+def test_the_step_memo_keeps_one_tile_map_for_every_layer():
+    """Layers of one step share the tile map through the step's memo (`AttentionMetadata.derived`): the
+    second layer's call finds it, outputs equal the memo-less call's, and another step's metadata (a new
+    `query_start_loc`) gets its own."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+
+    args = attention_case([20, 0, 3], [150, 0, 40], 4, 1, torch.float32, seed=8)
+    memo: dict = {}
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1
+    (tile_seq, tile_start), = memo.values()
+    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
+    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    second = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1 and torch.equal(first, second)
+    assert torch.equal(first, prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16))
+    assert rel_err(first, paged_attention_ref(*args, 0.2)) < tolerance(torch.float32)
+    query, k_cache, v_cache, tables, qsl, lens = args
+    prefill.paged_prefill_attention(query, k_cache, v_cache, tables, qsl.clone(), lens, 0.2, block_m=32, block_n=16,
+                                    step_memo=memo)
+    assert len(memo) == 2

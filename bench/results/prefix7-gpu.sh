@@ -1,0 +1,68 @@
+#!/bin/bash
+# Issue 19, "TTFT of a request whose 2,000-token prefix is cached >= 10x lower than uncached" (session 7, branch
+# prefix7), in ONE device call on the Llama-3.1-8B shape with random bf16 weights:
+#   tests  GPU tests: greedy tokens of the tiny model with CUDA graphs == the CPU reference, the cached-prefix extend
+#          from a one-sequence mixed graph included (~30 s)
+#   off    bench/prefix.py, 2,000 cached + 20 new tokens, one engine, levers OFF: FLOTILLA_PREFILL_TILE_MEMO=0 (the
+#          prefill kernel's tile map recomputed in every layer: ~8 small kernels x 32 layers in the mixed graph) and
+#          FLOTILLA_ONE_SEQ_GRAPHS=0 (a lone extend padded into the 32-sequence-slot mixed graph), as main
+#   on     the same with the levers on (this branch's default)
+# Each engine run writes its step trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels
+# (--profile-kernels: kernels by group, busy vs span); the TTFT is bench/prefix.py's: add_request -> first token out.
+# Budget ~150 s (each engine run ~35-45 s: dummy weights, graph capture, 6 cold/warm pairs, the profiles).
+#   BUDGET_S=200 bash bench/results/prefix7-gpu.sh
+# Outputs in $OUT (5 files): prefix7-gpu.log (summary at the end), prefix7-{off,on}.json, prefix7-{off,on}-steps.jsonl.
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
+L=$OUT/prefix7-gpu.log
+ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --prefix-len 2000 --suffix-len 20
+  --output-len 16 --repeats 5 --max-num-batched-tokens 8192 --profile-kernels"
+run() {  # run NAME TILE_MEMO ONE_SEQ_GRAPHS TIME_LIMIT_S
+  echo "=== $1 $(date +%T) FLOTILLA_PREFILL_TILE_MEMO=$2 FLOTILLA_ONE_SEQ_GRAPHS=$3 ($((END - SECONDS)) s left)" | tee -a $L
+  FLOTILLA_PREFILL_TILE_MEMO=$2 FLOTILLA_ONE_SEQ_GRAPHS=$3 FLOTILLA_STEP_TRACE=$OUT/prefix7-$1-steps.jsonl \
+    timeout $(left $4) python3 $R/bench/prefix.py $ARGS --json $OUT/prefix7-$1.json > $OUT/prefix7-$1.out 2>&1
+  echo "rc=$?" | tee -a $L
+  grep -E "Error|error|captured|runs eagerly" $OUT/prefix7-$1.out | tail -6 | tee -a $L
+  rm -f $OUT/prefix7-$1.out
+}
+for s in ${STAGES:-tests off on}; do
+  case $s in
+    tests) echo "=== tests $(date +%T)" | tee -a $L
+      timeout $(left 50) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -q -p no:cacheprovider \
+        -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -4 | tee -a $L ;;
+    off) run off 0 0 75 ;;
+    on) run on 1 1 75 ;;
+    memo) run memo 1 0 75 ;;  # one lever each, for attribution (not in the default STAGES)
+    oneseq) run oneseq 0 1 75 ;;
+  esac
+done
+python3 - <<'EOF' | tee -a $L
+import json, os, statistics
+out = os.environ.get("OUT", "/tmp/out")
+for name in ("off", "on", "memo", "oneseq"):
+    try:
+        r = json.load(open(f"{out}/prefix7-{name}.json"))
+    except (OSError, ValueError):
+        continue
+    s = r["single_cold_vs_warm"]
+    print(f"{name}: uncached {1e3 * s['uncached_ttft_s']:.2f} ms, cached {1e3 * s['cached_ttft_s']:.2f} ms -> "
+          f"{s['speedup']:.2f}x; cached pairs {[round(1e3 * w, 2) for _, w in s['pairs_s']]}")
+    for ph in s.get("cached_phases", [])[:2]:
+        print(f"   phases: add {ph['add_ms']:.3f} ms, step() calls {ph['step_calls_ms']}")
+    p = r.get("cached_request_profile")
+    if p:
+        print(f"   profiled request {p['ttft_ms_profiled']:.2f} ms: GPU busy {p['gpu_busy_us']:.0f} us, span "
+              f"{p['gpu_span_us']:.0f} us, {p['launches']} kernels; groups "
+              + ", ".join(f"{g} {us:.0f}" for g, us in p["groups_us"].items()))
+        for k in p["kernels"][:14]:
+            print(f"      {k['us']:8.1f} us x{k['launches']:<4} {k['name'][:100]}")
+    try:
+        steps = [json.loads(x) for x in open(f"{out}/prefix7-{name}-steps.jsonl")]
+    except OSError:
+        continue
+    ext = [x for x in steps if x["prefill"] and x["prefill_tokens"] <= 64]  # the cached requests' extends
+    if ext:
+        med = lambda k: statistics.median(x[k] for x in ext)  # noqa: E731
+        print(f"   trace: {len(ext)} extend steps, graph sizes {sorted({x['graph'] for x in ext})}, median host "
+              f"{med('host_ms')} ms, sync {med('sync_ms')} ms, step {med('step_ms')} ms, engine TTFT median "
+              f"{statistics.median(x['ttft_ms'] for x in ext if 'ttft_ms' in x)} ms")
+EOF
