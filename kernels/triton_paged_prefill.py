@@ -10,7 +10,8 @@ One program computes a tile of `BLOCK_M` rows, FlashAttention-2 style: new token
 times the query heads that share one KV head (GQA packing: each K/V tile is loaded once for the
 whole group). The flattened batch is cut into tiles per sequence; a small
 `searchsorted` on the device maps program ids to (sequence, tile), so the grid is an upper bound
-computed from shapes and nothing syncs with the host. Keys left of the tile's first query are
+computed from shapes and nothing syncs with the host. That map is the same for every layer of a step:
+given the step's memo (`step_memo`), the first layer computes it and the others reuse it. Keys left of the tile's first query are
 visible to every row and need no mask; only the tiles on the diagonal pay for the causal mask.
 
 A few new tokens over a long context (an extend after a prefix-cache hit: 20 tokens over 2,000) make
