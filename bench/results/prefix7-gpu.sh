@@ -7,9 +7,11 @@
 #          prefill kernel's tile map recomputed in every layer: ~8 small kernels x 32 layers in the mixed graph) and
 #          FLOTILLA_ONE_SEQ_GRAPHS=0 (a lone extend padded into the 32-sequence-slot mixed graph), as main
 #   on     the same with the levers on (this branch's default)
+#   decode bench/decode_profile.py: a graphed batch-1 decode step at context 2,020, the floor the cached request's one
+#          forward is held to (~30 s)
 # Each engine run writes its step trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels
 # (--profile-kernels: kernels by group, busy vs span); the TTFT is bench/prefix.py's: add_request -> first token out.
-# Budget ~100-190 s (tests ~20 s; each engine run ~30-45 s: dummy weights, graph capture, 6 cold/warm pairs, the profiles).
+# Budget ~120-200 s (tests ~20 s, decode ~30 s; each engine run ~30-45 s: dummy weights, graph capture, 6 cold/warm pairs, the profiles).
 #   BUDGET_S=200 bash bench/results/prefix7-gpu.sh
 # Outputs in $OUT (5 files): prefix7-gpu.log (summary at the end), prefix7-{off,on}.json, prefix7-{off,on}-steps.jsonl.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
@@ -24,12 +26,16 @@ run() {  # run NAME TILE_MEMO ONE_SEQ_GRAPHS TIME_LIMIT_S
   grep -E "Error|error|captured|runs eagerly" $OUT/prefix7-$1.out | tail -6 | tee -a $L
   rm -f $OUT/prefix7-$1.out
 }
-for s in ${STAGES:-tests off on}; do
+for s in ${STAGES:-tests off on decode}; do
   case $s in
     tests) echo "=== tests $(date +%T)" | tee -a $L
       timeout $(left 50) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -k "cached_prefix or cuda-graphs-async" -q \
         -p no:cacheprovider \
         -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -4 | tee -a $L ;;
+    # The reference the cached request is held to: a graphed batch-1 decode step at context 2,020 (kernels by group).
+    decode) echo "=== decode $(date +%T)" | tee -a $L
+      timeout $(left 60) python3 $R/bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1 --context 2020 \
+        --steps 20 2>&1 | grep -E "^batch|^ +[0-9.]+ us|Error" | head -10 | tee -a $L ;;
     off) run off 0 0 70 ;;
     on) run on 1 1 70 ;;
     memo) run memo 1 0 75 ;;  # one lever each, for attribution (not in the default STAGES)
