@@ -12,7 +12,8 @@ whole group). The flattened batch is cut into tiles per sequence; a small
 `searchsorted` on the device maps program ids to (sequence, tile), so the grid is an upper bound
 computed from shapes and nothing syncs with the host. That map is the same for every layer of a step:
 given the step's memo (`step_memo`), the first layer computes it and the others reuse it. Keys left
-of the tile's first query are visible to every row and need no mask; only the tiles on the diagonal pay for the causal mask.
+of the tile's first query are visible to every row and need no mask; only the tiles on the diagonal
+pay for the causal mask.
 
 A few new tokens over a long context (an extend after a prefix-cache hit: 20 tokens over 2,000) make
 one tile per KV head, 8 programs for a GPU of 132 SMs, each walking the whole context. Such calls
