@@ -107,7 +107,7 @@ class BlockManager:
         if copy:
             self._copy_last_block(request)
         blocks, free = self.blocks, self._free
-        for block_id in cached_prefix:  # `_take`, inlined: a long cached prefix is many blocks
+        for block_id in cached_prefix:  # taken back from the free queue, or shared
             block = blocks[block_id]
             if block.ref_count == 0:
                 del free[block_id]
@@ -173,12 +173,6 @@ class BlockManager:
         self.blocks[source].ref_count -= 1
         request.block_ids[last] = self._take_fresh()
         self.pending_copies.append((source, request.block_ids[last]))
-
-    def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            del self._free[block_id]
-        block.ref_count += 1
 
     def _take_fresh(self) -> int:
         block_id, _ = self._free.popitem(last=False)
