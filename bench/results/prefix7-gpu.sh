@@ -7,13 +7,15 @@
 #          prefill kernel's tile map recomputed in every layer: ~8 small kernels x 32 layers in the mixed graph) and
 #          FLOTILLA_ONE_SEQ_GRAPHS=0 (a lone extend padded into the 32-sequence-slot mixed graph), as main
 #   on     the same with the levers on (this branch's default)
+#   gemm   bench/kernels.py --sections gemv at 1, 20, 32 rows: cuBLAS vs the Triton GEMV on the 4 projections (~20 s)
 #   decode bench/decode_profile.py: a graphed batch-1 decode step at context 2,020, the floor the cached request's one
 #          forward is held to (~30 s)
 # Each engine run writes its step trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels
 # (--profile-kernels: kernels by group, busy vs span); the TTFT is bench/prefix.py's: add_request -> first token out.
-# Budget ~120-200 s (tests ~20 s, decode ~30 s; each engine run ~30-45 s: dummy weights, graph capture, 6 cold/warm pairs, the profiles).
+# Budget ~140-200 s (tests ~20 s, decode ~30 s, gemm ~20 s; each engine run ~30-45 s: dummy weights, graph capture, 6 cold/warm pairs, the profiles).
 #   BUDGET_S=200 bash bench/results/prefix7-gpu.sh
-# Outputs in $OUT (5 files): prefix7-gpu.log (summary at the end), prefix7-{off,on}.json, prefix7-{off,on}-steps.jsonl.
+# Outputs in $OUT (6 files): prefix7-gpu.log (summary at the end), prefix7-{off,on}.json, prefix7-{off,on}-steps.jsonl,
+# prefix7-gemv.json.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 L=$OUT/prefix7-gpu.log
 ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --prefix-len 2000 --suffix-len 20
@@ -26,7 +28,7 @@ run() {  # run NAME TILE_MEMO ONE_SEQ_GRAPHS TIME_LIMIT_S
   grep -E "Error|error|captured|runs eagerly" $OUT/prefix7-$1.out | tail -6 | tee -a $L
   rm -f $OUT/prefix7-$1.out
 }
-for s in ${STAGES:-tests off on decode}; do
+for s in ${STAGES:-tests off on decode gemm}; do
   case $s in
     tests) echo "=== tests $(date +%T)" | tee -a $L
       timeout $(left 50) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -k "cached_prefix or cuda-graphs-async" -q \
@@ -36,6 +38,11 @@ for s in ${STAGES:-tests off on decode}; do
     decode) echo "=== decode $(date +%T)" | tee -a $L
       timeout $(left 60) python3 $R/bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1 --context 2020 \
         --steps 20 2>&1 | grep -E "^batch|^ +[0-9.]+ us|Error" | head -10 | tee -a $L ;;
+    # cuBLAS vs the Triton GEMV at 1, 20 and 32 rows on the four projections (a 20-token extend pads to 32 rows in its
+    # mixed graph; decode at one row takes the GEMV for qkv/o/down): is the extend's GEMM time the decode's?
+    gemm) echo "=== gemm $(date +%T)" | tee -a $L
+      timeout $(left 40) python3 $R/bench/kernels.py --sections gemv --gemv-rows 1,20,32 --out $OUT/prefix7-gemv.json \
+        2>&1 | grep -E "^gemv|^copy|Error" | tee -a $L ;;
     off) run off 0 0 70 ;;
     on) run on 1 1 70 ;;
     memo) run memo 1 0 75 ;;  # one lever each, for attribution (not in the default STAGES)
