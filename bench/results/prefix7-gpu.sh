@@ -8,6 +8,7 @@
 #          FLOTILLA_ONE_SEQ_GRAPHS=0 (a lone extend padded into the 32-sequence-slot mixed graph), as main
 #   on     the same with the levers on (this branch's default)
 #   gemm   bench/kernels.py --sections gemv at 1, 20, 32 rows: cuBLAS vs the Triton GEMV on the 4 projections (~20 s)
+#   serve  (optional, STAGES=serve): the same request through `flotilla serve`, cached vs uncached client TTFT (~90 s)
 #   decode bench/decode_profile.py: a graphed batch-1 decode step at context 2,020, the floor the cached request's one
 #          forward is held to (~30 s)
 # Each engine run writes its step trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels
@@ -45,6 +46,30 @@ for s in ${STAGES:-tests off on decode gemm}; do
         2>&1 | grep -E "^gemv|^copy|Error" | tee -a $L ;;
     off) run off 0 0 70 ;;
     on) run on 1 1 70 ;;
+    # Through `flotilla serve` (not in the default STAGES; ~90 s, needs the HTTP wheels): one server, 10 sequential
+    # requests of 2,000 shared + 20 own tokens (bench/serve.py --random-prefix-len: cached after the warm-up) vs 10 of
+    # 2,020 random tokens (never cached); the client's TTFT, 1 output token each.
+    serve) echo "=== serve $(date +%T)" | tee -a $L
+      python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
+      FLOTILLA_STEP_TRACE=$OUT/prefix7-serve-steps.jsonl VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m flotilla.engine.server \
+        /tmp/llama8b --host 127.0.0.1 --port 8765 --uvicorn-log-level warning --max-model-len 2100 --load-format dummy \
+        --max-num-batched-tokens 8192 > $OUT/prefix7-serve-server.log 2>&1 &
+      SERVER=$!
+      timeout $(left 100) python3 -c "
+import time, urllib.request
+while True:
+    try:
+        urllib.request.urlopen('http://127.0.0.1:8765/health', timeout=1); break
+    except OSError:
+        time.sleep(0.5)" && for mode in cached uncached; do
+        [ $mode = cached ] && LEN="--random-prefix-len 2000 --input-len 20" || LEN="--input-len 2020"
+        echo "--- serve $mode: $LEN" | tee -a $L
+        timeout $(left 40) python3 $R/bench/serve.py --base-url http://127.0.0.1:8765 --num-prompts 10 --max-concurrency 1 \
+          --output-len 1 --vocab-size 128256 --warmups 1 $LEN --json $OUT/prefix7-serve-$mode.json 2>&1 \
+          | grep -E "completed|failed|ttft|Error" | tee -a $L
+      done
+      kill $SERVER; wait $SERVER
+      grep -E "captured|Error" $OUT/prefix7-serve-server.log | head -4 | tee -a $L ;;
     memo) run memo 1 0 75 ;;  # one lever each, for attribution (not in the default STAGES)
     oneseq) run oneseq 0 1 75 ;;
   esac
@@ -79,4 +104,10 @@ for name in ("off", "on", "memo", "oneseq"):
         print(f"   trace: {len(ext)} extend steps, graph sizes {sorted({x['graph'] for x in ext})}, median host "
               f"{med('host_ms')} ms, sync {med('sync_ms')} ms, step {med('step_ms')} ms, engine TTFT median "
               f"{statistics.median(x['ttft_ms'] for x in ext if 'ttft_ms' in x)} ms")
+try:
+    c, u = (json.load(open(f"{out}/prefix7-serve-{m}.json")) for m in ("cached", "uncached"))
+    print(f"serve: client TTFT p50 cached {c['median_ttft_ms']:.2f} ms vs uncached {u['median_ttft_ms']:.2f} ms -> "
+          f"{u['median_ttft_ms'] / c['median_ttft_ms']:.2f}x (p99 {c['p99_ttft_ms']:.2f} / {u['p99_ttft_ms']:.2f})")
+except (OSError, ValueError, KeyError, ZeroDivisionError):
+    pass
 EOF
