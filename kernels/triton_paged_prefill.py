@@ -37,6 +37,19 @@ _LOG2E = 1.4426950408889634
 TILE_MEMO = os.environ.get("FLOTILLA_PREFILL_TILE_MEMO", "1").strip() != "0"
 
 
+def extend_launch(value: str) -> tuple[int, int, int, int] | None:
+    """`FLOTILLA_EXTEND_ATTN="block_n,splits,warps,stages"`: the launch of calls that split their keys (a
+    short extend over a long context, where the default's few query tiles leave the GPU idle), for the
+    A/B of bench/extend_attention.py's sweep in the engine; empty: the defaults."""
+    if not value.strip():
+        return None
+    block_n, splits, warps, stages = (int(x) for x in value.split(","))
+    return block_n, splits, warps, stages
+
+
+EXTEND_LAUNCH = extend_launch(os.environ.get("FLOTILLA_EXTEND_ATTN", ""))
+
+
 @triton.jit
 def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Page numbers of tokens `n0 .. n0 + BLOCK_N` (0 past `limit`, where nothing is read)."""
@@ -88,8 +101,12 @@ def _attend_tile(
     if MASKED:
         s = tl.where((tok[None, :] <= q_pos[:, None]) & tok_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen no key yet (every key so far masked: a split that starts after the row's
+    # position, in a short extend whose keys are split) keeps m = -inf; subtracting 0 instead keeps
+    # alpha and p at 0 rather than exp2(-inf - -inf) = NaN, so its split ends empty (l = 0, no weight).
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l = l * alpha + tl.sum(p, 1)
     v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
     v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
@@ -332,6 +349,8 @@ def paged_prefill_attention(
         num_splits = default_num_splits(
             num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
         )
+        if num_splits > 1 and EXTEND_LAUNCH is not None:
+            block_n, num_splits, num_warps, num_stages = EXTEND_LAUNCH
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)

@@ -223,9 +223,10 @@ def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager, asy
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_cached_prefix_extends_keep_greedy_tokens(tiny_dir):
     """Prefix-cache hits' extends from captured one-sequence mixed graphs (the prefill kernel's tile map
-    computed once a step inside the graph) give the CPU reference's greedy tokens."""
-    prefix = list(range(300, 380))
-    prompts = [prefix + [7, 8, 9], prefix + [10, 11, 12, 13], prefix + list(range(20, 60))]
+    computed once a step inside the graph) give the CPU reference's greedy tokens; the last one's new
+    positions (112..141) straddle the kernel's key-split boundary at 128."""
+    prefix = list(range(300, 412))
+    prompts = [prefix + [7, 8, 9], prefix + [10, 11, 12, 13], prefix + list(range(20, 50))]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     def one_by_one(llm: LLM) -> list[list[int]]:

@@ -106,3 +106,16 @@ def test_the_step_memo_keeps_one_tile_map_for_every_layer():
     prefill.paged_prefill_attention(query, k_cache, v_cache, tables, qsl.clone(), lens, 0.2, block_m=32, block_n=16,
                                     step_memo=memo)
     assert len(memo) == 2
+
+
+@pytest.mark.parametrize("num_splits", [4, 16])
+def test_split_keys_that_start_after_a_query_position_stay_finite(num_splits):
+    """A short extend whose new positions straddle a split boundary: rows before the boundary see no key
+    in the splits after it (every score masked). Such a split must end empty (no weight in the merge),
+    not NaN (exp2(-inf - -inf)): 20 new tokens at positions 80..99 over 32-key splits at 96."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([20], [100], 4, 1, torch.float32, seed=1)
+    out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=num_splits)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.float32)
