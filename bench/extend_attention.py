@@ -29,9 +29,12 @@ from flotilla.kernels.paged_attention import paged_attention_ref
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 # (block_n, splits, warps, stages); the first is the kernel's default at this shape (16 splits of 32-key tiles).
+# 33 x 64 and 17 x 128 keys cover the 2,064-token table with one key tile per program (no loop-carried chain of
+# page-number and K/V loads); the others walk 2-10 tiles.
+# The fifth field: split partials in bf16 (half the bytes the kernel writes and the merge reads).
 CONFIGS = (
-    (32, 16, 4, 3), (32, 32, 4, 3), (64, 16, 4, 3), (64, 16, 4, 2), (64, 8, 4, 3), (64, 32, 4, 2), (128, 16, 8, 2),
-    (128, 8, 8, 2), (128, 8, 4, 2),
+    (32, 16, 4, 3, 0), (32, 32, 4, 3, 0), (64, 16, 4, 3, 0), (64, 8, 4, 3, 0), (64, 33, 4, 2, 0), (64, 16, 8, 3, 0),
+    (128, 17, 8, 2, 0), (128, 17, 4, 2, 0), (128, 8, 8, 2, 0), (32, 16, 4, 3, 1), (64, 16, 4, 3, 1), (128, 17, 8, 2, 1),
 )  # fmt: skip
 
 
@@ -95,16 +98,16 @@ def main() -> None:
                     "padded": a.padded,
                     "table_tokens": width * PAGE, "kv_bytes_per_call": 2 * a.context * KV_HEADS * HEAD_DIM * 2,
                     "configs": []}  # fmt: skip
-    for block_n, splits, warps, stages in CONFIGS:
+    for block_n, splits, warps, stages, half in CONFIGS:
         memo: dict = {}  # the step's tile map, computed by the first call (outside the graph's timing: warm-up)
 
-        def call(i: int, cfg=(block_n, splits, warps, stages), memo=memo) -> torch.Tensor:
+        def call(i: int, cfg=(block_n, splits, warps, stages, half), memo=memo) -> torch.Tensor:
             return paged_prefill_attention(query, k_cache, v_cache, tables[i % a.layers], qsl, lens, scale,
                                            block_n=cfg[0], num_splits=cfg[1], num_warps=cfg[2], num_stages=cfg[3],
-                                           step_memo=memo)  # fmt: skip
+                                           step_memo=memo, half_partials=bool(cfg[4]))  # fmt: skip
 
-        entry = {"block_n": block_n, "splits": splits, "warps": warps, "stages": stages,
-                 "env": f"{block_n},{splits},{warps},{stages}"}  # fmt: skip
+        entry = {"block_n": block_n, "splits": splits, "warps": warps, "stages": stages, "half_partials": half,
+                 "env": f"{block_n},{splits},{warps},{stages},{half}"}  # fmt: skip
         try:
             err = float(((call(0)[: a.new].float() - ref.float()).norm() / ref.float().norm()).item())
             entry.update(rel_err=err, us=time_us(call, a.calls))

@@ -37,14 +37,16 @@ _LOG2E = 1.4426950408889634
 TILE_MEMO = os.environ.get("FLOTILLA_PREFILL_TILE_MEMO", "1").strip() != "0"
 
 
-def extend_launch(value: str) -> tuple[int, int, int, int] | None:
-    """`FLOTILLA_EXTEND_ATTN="block_n,splits,warps,stages"`: the launch of calls that split their keys (a
-    short extend over a long context, where the default's few query tiles leave the GPU idle), for the
-    A/B of bench/extend_attention.py's sweep in the engine; empty: the defaults."""
+def extend_launch(value: str) -> tuple[int, int, int, int, bool] | None:
+    """`FLOTILLA_EXTEND_ATTN="block_n,splits,warps,stages[,half]"`: the launch of calls that split their keys
+    (a short extend over a long context, where the default's few query tiles leave the GPU idle), for the
+    A/B of bench/extend_attention.py's sweep in the engine; `half` = 1 keeps the split partials in the
+    query's 16-bit dtype. Empty: the defaults."""
     if not value.strip():
         return None
-    block_n, splits, warps, stages = (int(x) for x in value.split(","))
-    return block_n, splits, warps, stages
+    fields = [int(x) for x in value.split(",")]
+    block_n, splits, warps, stages = fields[:4]
+    return block_n, splits, warps, stages, len(fields) > 4 and fields[4] == 1
 
 
 EXTEND_LAUNCH = extend_launch(os.environ.get("FLOTILLA_EXTEND_ATTN", ""))
@@ -323,6 +325,7 @@ def paged_prefill_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     step_memo: dict | None = None,
+    half_partials: bool = False,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -332,6 +335,7 @@ def paged_prefill_attention(
     (`default_num_splits`). The tile and launch knobs are exposed for tests and the benchmark;
     defaults suit an H200 at head_dim 128. `step_memo`: a dict that lives for one step (the step's
     `AttentionMetadata.derived`), where the first layer leaves the tile map for the others.
+    `half_partials`: split partial outputs in the query's 16-bit dtype (half the bytes written and merged).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -350,10 +354,12 @@ def paged_prefill_attention(
             num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
         )
         if num_splits > 1 and EXTEND_LAUNCH is not None:
-            block_n, num_splits, num_warps, num_stages = EXTEND_LAUNCH
+            block_n, num_splits, num_warps, num_stages, half_partials = EXTEND_LAUNCH
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
+    if half_partials and num_splits > 1 and query.element_size() == 2:
+        part_out = torch.empty(part_out.shape, dtype=query.dtype, device=query.device)  # stored rounded, merged in fp32
     _prefill_kernel[(grid_tiles, head_blocks, num_splits)](
         query,
         k_cache,

@@ -4,7 +4,7 @@
 #   tests  GPU tests: greedy tokens of the tiny model with CUDA graphs == the CPU reference, cached-prefix extends from
 #          one-sequence mixed graphs included, one of them straddling the prefill kernel's key-split boundary (~30 s)
 #   attn   the prefill kernel's split tests compiled on the GPU, then bench/extend_attention.py: each launch configuration
-#          (BLOCK_N, key splits, warps, stages) of the 20-token extend over 2,020 tokens as the graph runs it, prefill
+#          (BLOCK_N, key splits, warps, stages, bf16 partials) of the 20-token extend over 2,020 tokens as the graph runs it, prefill
 #          kernel + merge, vs the decode kernel at one token (~50 s); picks the fastest correct one
 #   best   bench/prefix.py, 2,000 cached + 20 new tokens, levers on, with the sweep's fastest launch for short extends
 #          (FLOTILLA_EXTEND_ATTN); the TTFT is bench/prefix.py's: add_request -> first token out (~30 s)
@@ -39,7 +39,7 @@ for s in ${STAGES:-tests attn best on}; do
     # The prefill kernel's tests compiled on the GPU (the split-boundary case included), then the sweep: each launch
     # configuration of the 20-token extend over 2,020 tokens in a CUDA graph, prefill kernel + merge (~50 s).
     attn) echo "=== attn $(date +%T)" | tee -a $L
-      timeout $(left 30) python3 -m pytest $R/tests/kernels/test_paged_prefill.py -k split_keys -q -p no:cacheprovider \
+      timeout $(left 30) python3 -m pytest $R/tests/kernels/test_paged_prefill.py -k "split_keys or half" -q -p no:cacheprovider \
         -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -2 | tee -a $L
       timeout $(left 60) python3 $R/bench/extend_attention.py --json $OUT/prefix7-attn.json 2>&1 | tail -16 | tee -a $L
       BEST=$(python3 -c "import json; print(json.load(open('$OUT/prefix7-attn.json'))['best']['env'])" 2>/dev/null)

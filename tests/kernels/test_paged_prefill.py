@@ -119,3 +119,14 @@ def test_split_keys_that_start_after_a_query_position_stay_finite(num_splits):
     out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=num_splits)
     assert not torch.isnan(out).any()
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.float32)
+
+
+def test_half_partials_stay_within_bf16_tolerance():
+    """Split partials kept in bf16 (`half_partials`, FLOTILLA_EXTEND_ATTN's fifth field): merged in fp32,
+    within bf16's bound of the reference; an fp32 query keeps fp32 partials (exact as before)."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    for dtype in DTYPES:
+        args = attention_case([20], [150], 4, 1, dtype, seed=9)
+        out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=4, half_partials=True)
+        assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
