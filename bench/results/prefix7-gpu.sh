@@ -1,24 +1,24 @@
 #!/bin/bash
 # Issue 19, "TTFT of a request whose 2,000-token prefix is cached >= 10x lower than uncached" (session 7, branch
-# prefix7), in ONE device call on the Llama-3.1-8B shape with random bf16 weights. Default stages (round 2, ~140 s):
-#   tests  GPU tests: greedy tokens of the tiny model with CUDA graphs == the CPU reference, cached-prefix extends from
-#          one-sequence mixed graphs included, one of them straddling the prefill kernel's key-split boundary (~30 s)
-#   attn   the prefill kernel's split tests compiled on the GPU, then bench/extend_attention.py: each launch configuration
-#          (BLOCK_N, key splits, warps, stages, bf16 partials) of the 20-token extend over 2,020 tokens as the graph runs it, prefill
-#          kernel + merge, vs the decode kernel at one token (~50 s); picks the fastest correct one
-#   best   bench/prefix.py, 2,000 cached + 20 new tokens, levers on, with the sweep's fastest launch for short extends
+# prefix7), in ONE device call on the Llama-3.1-8B shape with random bf16 weights. Default stages (round 2, ~85 s):
+#   attn   the prefill kernel's split tests compiled on the GPU (the split-boundary NaN case, bf16 partials; ~10 s),
+#          then bench/extend_attention.py: launch configurations (BLOCK_N, key splits, warps, stages, bf16 partials) of
+#          the 20-token extend over 2,020 tokens as the graph runs it, prefill kernel + merge, vs the decode kernel at one
+#          token (~35 s); names the fastest correct one (JSON rewritten after each configuration)
+#   best   bench/prefix.py, 2,000 cached + 20 new tokens, levers on, with that launch for short extends
 #          (FLOTILLA_EXTEND_ATTN); the TTFT is bench/prefix.py's: add_request -> first token out (~30 s)
-#   on     the same with the kernel's default launch (~30 s)
-# Other stages (STAGES="..."): off (levers off: FLOTILLA_PREFILL_TILE_MEMO=0, the prefill kernel's tile map recomputed in
-# every layer, and FLOTILLA_ONE_SEQ_GRAPHS=0, a lone extend padded into the 32-sequence-slot mixed graph), memo / oneseq
-# (one lever each), decode (bench/decode_profile.py batch 1 at context 2,020, ~30 s), gemm (bench/kernels.py gemv
-# section at 1/20/32 rows, ~20 s), serve (the same request through `flotilla serve`, cached vs uncached client TTFT,
-# ~90 s, needs the HTTP wheels). Each engine run writes its step trace (FLOTILLA_STEP_TRACE) and profiles one cached
-# request's GPU kernels (--profile-kernels: kernels by group, busy vs span).
-#   BUDGET_S=150 bash bench/results/prefix7-gpu.sh
-# Outputs in $OUT (6 files by default): prefix7-gpu.log (summary at the end), prefix7-attn.json, prefix7-{best,on}.json,
-# prefix7-{best,on}-steps.jsonl.
-source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
+#   tests  GPU tests, if time is left: greedy tokens of the tiny model with CUDA graphs == the CPU reference,
+#          cached-prefix extends from one-sequence mixed graphs, one straddling the key-split boundary (~30 s)
+# Other stages (STAGES="..."): on (levers on, the kernel's default launch), off (levers off: FLOTILLA_PREFILL_TILE_MEMO=0,
+# the prefill kernel's tile map recomputed in every layer, and FLOTILLA_ONE_SEQ_GRAPHS=0, a lone extend padded into the
+# 32-sequence-slot mixed graph), memo / oneseq (one lever each), decode (bench/decode_profile.py batch 1 at context
+# 2,020, ~30 s), gemm (bench/kernels.py gemv section at 1/20/32 rows, ~20 s), serve (the same request through
+# `flotilla serve`, cached vs uncached client TTFT, ~90 s, needs the HTTP wheels). Each engine run writes its step
+# trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels (--profile-kernels: by group, busy vs span).
+#   BUDGET_S=100 bash bench/results/prefix7-gpu.sh
+# Outputs in $OUT (4 files by default): prefix7-gpu.log (summary at the end), prefix7-attn.json, prefix7-best.json,
+# prefix7-best-steps.jsonl.
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 100
 L=$OUT/prefix7-gpu.log
 ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --prefix-len 2000 --suffix-len 20
   --output-len 16 --repeats 5 --max-num-batched-tokens 8192 --profile-kernels"
@@ -30,7 +30,7 @@ run() {  # run NAME TILE_MEMO ONE_SEQ_GRAPHS TIME_LIMIT_S [EXTEND_LAUNCH]
   grep -E "Error|error|captured|runs eagerly" $OUT/prefix7-$1.out | tail -6 | tee -a $L
   rm -f $OUT/prefix7-$1.out
 }
-for s in ${STAGES:-tests attn best on}; do
+for s in ${STAGES:-attn best tests}; do
   case $s in
     tests) echo "=== tests $(date +%T)" | tee -a $L
       timeout $(left 50) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -k "cached_prefix or cuda-graphs-async" -q \
@@ -39,13 +39,13 @@ for s in ${STAGES:-tests attn best on}; do
     # The prefill kernel's tests compiled on the GPU (the split-boundary case included), then the sweep: each launch
     # configuration of the 20-token extend over 2,020 tokens in a CUDA graph, prefill kernel + merge (~50 s).
     attn) echo "=== attn $(date +%T)" | tee -a $L
-      timeout $(left 30) python3 -m pytest $R/tests/kernels/test_paged_prefill.py -k "split_keys or half" -q -p no:cacheprovider \
+      timeout $(left 20) python3 -m pytest $R/tests/kernels/test_paged_prefill.py -k "split_keys or half" -q -p no:cacheprovider \
         -c $R/pyproject.toml --rootdir=$R 2>&1 | tail -2 | tee -a $L
-      timeout $(left 60) python3 $R/bench/extend_attention.py --json $OUT/prefix7-attn.json 2>&1 | tail -16 | tee -a $L
+      timeout $(left 40) python3 $R/bench/extend_attention.py --json $OUT/prefix7-attn.json 2>&1 | tail -16 | tee -a $L
       BEST=$(python3 -c "import json; print(json.load(open('$OUT/prefix7-attn.json'))['best']['env'])" 2>/dev/null)
       echo "best launch: ${BEST:-none}" | tee -a $L ;;
     # The engine with the sweep's best launch for short extends (FLOTILLA_EXTEND_ATTN), levers on.
-    best) [ -n "${BEST:-}" ] && run best 1 1 60 "$BEST" ;;
+    best) [ -n "${BEST:-}" ] && run best 1 1 45 "$BEST" ;;
     # The reference the cached request is held to: a graphed batch-1 decode step at context 2,020 (kernels by group).
     decode) echo "=== decode $(date +%T)" | tee -a $L
       timeout $(left 60) python3 $R/bench/decode_profile.py --shape llama-3.1-8b --batch-sizes 1 --context 2020 \
@@ -92,7 +92,7 @@ try:
     att = json.load(open(f"{out}/prefix7-attn.json"))
     ranked = sorted((c for c in att["configs"] if "us" in c), key=lambda c: c["us"])
     print(f"extend attention ({att['new']} new over {att['context']}, padded {att['padded']}): default "
-          f"{att['configs'][0].get('us', float('nan')):.1f} us, decode kernel 1 token {att['decode_one_token_us']:.1f} us;"
+          f"{att['configs'][0].get('us', float('nan')):.1f} us, decode kernel 1 token {att.get('decode_one_token_us', 0):.1f} us;"
           " fastest: " + ", ".join(f"{c['env']} {c['us']:.1f} us (err {c['rel_err']:.1e})" for c in ranked[:5]))
 except (OSError, ValueError, KeyError):
     pass
