@@ -268,17 +268,23 @@ def heads_per_tile(group: int, block_m: int) -> int:
 
 
 def default_num_splits(
-    num_tokens: int, head_blocks: int, tokens_per_tile: int, max_context: int, num_sms: int, block_n: int
+    num_tokens: int, head_blocks: int, tokens_per_tile: int, max_context: int, num_sms: int, block_n: int,
+    min_tiles: int = 4,
 ) -> int:
     """Key splits per tile: only when the query tiles fill less than a quarter of the SMs (a short
-    extend over a long context), then ~2 programs per SM, each split over >= 4 key tiles. A whole
-    prompt's tiles fill the GPU alone, and partials would cost memory traffic: no split."""
+    extend over a long context), then ~2 programs per SM, each split over >= `min_tiles` key tiles. A
+    whole prompt's tiles fill the GPU alone, and partials would cost memory traffic: no split."""
     programs = triton.cdiv(num_tokens, tokens_per_tile) * head_blocks
     if 4 * programs > num_sms:
         return 1
     want = (2 * num_sms) // programs
-    most = max(1, max_context // (4 * block_n))
+    most = max(1, max_context // (min_tiles * block_n))
     return int(max(1, min(want, most, 32)))
+
+
+# The launch of calls that split their keys, when not the call's own: (BLOCK_N, key tiles a split walks at least,
+# warps, stages, bf16 partials); None keeps the general defaults (32-key tiles, >= 4 a split, 4 warps, 3 stages).
+SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = None
 
 
 def tile_map(query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -355,6 +361,13 @@ def paged_prefill_attention(
         )
         if num_splits > 1 and EXTEND_LAUNCH is not None:
             block_n, num_splits, num_warps, num_stages, half_partials = EXTEND_LAUNCH
+        elif num_splits > 1 and SPLIT_LAUNCH is not None:
+            block_n, min_tiles, num_warps, num_stages, half_partials = SPLIT_LAUNCH
+            per_split = min_tiles * block_n  # the table rounded up to whole splits: its last keys get one too
+            num_splits = default_num_splits(
+                num_tokens, head_blocks, tokens_per_tile, triton.cdiv(max_context, per_split) * per_split,
+                device_sms(query), block_n, min_tiles,
+            )  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)

@@ -130,3 +130,15 @@ def test_half_partials_stay_within_bf16_tolerance():
         args = attention_case([20], [150], 4, 1, dtype, seed=9)
         out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=4, half_partials=True)
         assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
+
+
+def test_the_split_launch_default_keeps_the_reference(monkeypatch):
+    """`SPLIT_LAUNCH` (the launch of calls that split keys: one 32-key tile a split here, bf16 partials)
+    changes how the keys are cut, not the result; calls that do not split keep their own launch."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+
+    monkeypatch.setattr(prefill, "SPLIT_LAUNCH", (32, 1, 4, 2, True))
+    for q_lens, seq_lens in (([20], [150]), ([21, 40], [21, 40])):
+        args = attention_case(q_lens, seq_lens, 4, 1, torch.bfloat16, seed=10)
+        out = prefill.paged_prefill_attention(*args, 0.2)
+        assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
