@@ -1,24 +1,23 @@
 #!/bin/bash
 # Issue 19, "TTFT of a request whose 2,000-token prefix is cached >= 10x lower than uncached" (session 7, branch
-# prefix7), in ONE device call on the Llama-3.1-8B shape with random bf16 weights. Default stages (round 2, ~85 s):
-#   attn   the prefill kernel's split tests compiled on the GPU (the split-boundary NaN case, bf16 partials; ~10 s),
-#          then bench/extend_attention.py: launch configurations (BLOCK_N, key splits, warps, stages, bf16 partials) of
-#          the 20-token extend over 2,020 tokens as the graph runs it, prefill kernel + merge, vs the decode kernel at one
-#          token (~35 s); names the fastest correct one (JSON rewritten after each configuration)
-#   best   bench/prefix.py, 2,000 cached + 20 new tokens, levers on, with that launch for short extends
-#          (FLOTILLA_EXTEND_ATTN); the TTFT is bench/prefix.py's: add_request -> first token out (~30 s)
-#   tests  GPU tests, if time is left: greedy tokens of the tiny model with CUDA graphs == the CPU reference,
-#          cached-prefix extends from one-sequence mixed graphs, one straddling the key-split boundary (~30 s)
-# Other stages (STAGES="..."): on (levers on, the kernel's default launch), off (levers off: FLOTILLA_PREFILL_TILE_MEMO=0,
-# the prefill kernel's tile map recomputed in every layer, and FLOTILLA_ONE_SEQ_GRAPHS=0, a lone extend padded into the
-# 32-sequence-slot mixed graph), memo / oneseq (one lever each), decode (bench/decode_profile.py batch 1 at context
-# 2,020, ~30 s), gemm (bench/kernels.py gemv section at 1/20/32 rows, ~20 s), serve (the same request through
-# `flotilla serve`, cached vs uncached client TTFT, ~90 s, needs the HTTP wheels). Each engine run writes its step
-# trace (FLOTILLA_STEP_TRACE) and profiles one cached request's GPU kernels (--profile-kernels: by group, busy vs span).
-#   BUDGET_S=100 bash bench/results/prefix7-gpu.sh
-# Outputs in $OUT (4 files by default): prefix7-gpu.log (summary at the end), prefix7-attn.json, prefix7-best.json,
-# prefix7-best-steps.jsonl.
-source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 100
+# prefix7), in ONE device call on the Llama-3.1-8B shape with random bf16 weights. Default stages (~110 s):
+#   on     bench/prefix.py, 2,000 cached + 20 new tokens, one engine, every lever on (the per-step tile map, one-sequence
+#          mixed graphs, the measured launch of split attention `SPLIT_LAUNCH`); the TTFT is bench/prefix.py's:
+#          add_request -> first token out; with the step trace and one cached request's GPU kernels (~30 s)
+#   tests  GPU tests: greedy tokens of the tiny model with CUDA graphs == the CPU reference, cached-prefix extends from
+#          one-sequence mixed graphs, one straddling the key-split boundary (~30 s)
+#   attn   the prefill kernel's split tests compiled on the GPU, then bench/extend_attention.py: launch configurations
+#          (BLOCK_N, key splits, warps, stages, bf16 partials) of the 20-token extend over 2,020 tokens as the graph runs
+#          it, prefill kernel + merge, vs the decode kernel at one token; names the fastest correct one (~50 s)
+# Other stages (STAGES="..."): best (the engine with attn's fastest launch, FLOTILLA_EXTEND_ATTN), off (levers off:
+# FLOTILLA_PREFILL_TILE_MEMO=0, the tile map recomputed in every layer; FLOTILLA_ONE_SEQ_GRAPHS=0, a lone extend padded
+# into the 32-sequence-slot mixed graph; FLOTILLA_EXTEND_ATTN=32,16,4,3, the old launch), memo / oneseq (one lever each),
+# decode (bench/decode_profile.py batch 1 at context 2,020, ~30 s), gemm (bench/kernels.py gemv section at 1/20/32 rows,
+# ~20 s), serve (the same request through `flotilla serve`, cached vs uncached client TTFT, ~90 s, HTTP wheels).
+#   BUDGET_S=120 bash bench/results/prefix7-gpu.sh          (A/B: STAGES="on off" BUDGET_S=80)
+# Outputs in $OUT: prefix7-gpu.log (summary at the end), prefix7-<stage>.json, prefix7-<stage>-steps.jsonl,
+# prefix7-attn.json.
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 120
 L=$OUT/prefix7-gpu.log
 ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --prefix-len 2000 --suffix-len 20
   --output-len 16 --repeats 5 --max-num-batched-tokens 8192 --profile-kernels"
@@ -30,7 +29,7 @@ run() {  # run NAME TILE_MEMO ONE_SEQ_GRAPHS TIME_LIMIT_S [EXTEND_LAUNCH]
   grep -E "Error|error|captured|runs eagerly" $OUT/prefix7-$1.out | tail -6 | tee -a $L
   rm -f $OUT/prefix7-$1.out
 }
-for s in ${STAGES:-attn best tests}; do
+for s in ${STAGES:-on tests attn}; do
   case $s in
     tests) echo "=== tests $(date +%T)" | tee -a $L
       timeout $(left 50) python3 -m pytest $R/tests/engine/test_gpu.py -m gpu -k "cached_prefix or cuda-graphs-async" -q \
@@ -55,8 +54,8 @@ for s in ${STAGES:-attn best tests}; do
     gemm) echo "=== gemm $(date +%T)" | tee -a $L
       timeout $(left 40) python3 $R/bench/kernels.py --sections gemv --gemv-rows 1,20,32 --out $OUT/prefix7-gemv.json \
         2>&1 | grep -E "^gemv|^copy|Error" | tee -a $L ;;
-    off) run off 0 0 70 ;;
-    on) run on 1 1 70 ;;
+    off) run off 0 0 70 32,16,4,3 ;;
+    on) run on 1 1 50 ;;
     # Through `flotilla serve` (not in the default STAGES; ~90 s, needs the HTTP wheels): one server, 10 sequential
     # requests of 2,000 shared + 20 own tokens (bench/serve.py --random-prefix-len: cached after the warm-up) vs 10 of
     # 2,020 random tokens (never cached); the client's TTFT, 1 output token each.

@@ -132,13 +132,27 @@ def test_half_partials_stay_within_bf16_tolerance():
         assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
 
 
-def test_the_split_launch_default_keeps_the_reference(monkeypatch):
-    """`SPLIT_LAUNCH` (the launch of calls that split keys: one 32-key tile a split here, bf16 partials)
-    changes how the keys are cut, not the result; calls that do not split keep their own launch."""
+@pytest.mark.parametrize("launch", ["default", (32, 1, 4, 2, True), None])
+def test_the_split_launch_keeps_the_reference(monkeypatch, launch):
+    """`SPLIT_LAUNCH` (the launch of calls that split keys: the measured default, one 32-key tile a split
+    with bf16 partials, or none: the general defaults) changes how the keys are cut, not the result; calls
+    that do not split keep their own launch."""
     from flotilla.kernels import triton_paged_prefill as prefill
 
-    monkeypatch.setattr(prefill, "SPLIT_LAUNCH", (32, 1, 4, 2, True))
-    for q_lens, seq_lens in (([20], [150]), ([21, 40], [21, 40])):
+    if launch != "default":
+        monkeypatch.setattr(prefill, "SPLIT_LAUNCH", launch)
+    for q_lens, seq_lens in (([20], [300]), ([21, 40], [21, 40])):
         args = attention_case(q_lens, seq_lens, 4, 1, torch.bfloat16, seed=10)
         out = prefill.paged_prefill_attention(*args, 0.2)
         assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_the_split_launch_default_gives_the_measured_launch_at_the_benchmark_shape():
+    """20 new tokens in the 32-row graph over a 2,064-token table, Llama-3.1-8B heads on 132 SMs: 16 splits of
+    64-key tiles (the launch bench/extend_attention.py timed at 16.1 us against 20.7)."""
+    from flotilla.kernels.triton_paged_prefill import SPLIT_LAUNCH, default_num_splits
+
+    assert SPLIT_LAUNCH is not None
+    block_n, min_tiles, warps, stages, half = SPLIT_LAUNCH
+    assert (block_n, warps, stages, half) == (64, 8, 3, False)
+    assert default_num_splits(32, 8, 32, 2064, 132, block_n, min_tiles) == 16
