@@ -485,6 +485,8 @@ def main() -> None:
         default="",
         help="comma list of sections (decode,prefill,elementwise,gemv) to time other configurations of",
     )
+    parser.add_argument("--gemv-rows", type=lambda v: [int(x) for x in v.split(",")], default=list(GEMV_ROWS),
+                        help="rows (M) of the gemv section, comma list (default: 1,4)")
     args = parser.parse_args()
     sections = set(SECTIONS) if args.sections == "all" else set(filter(None, args.sections.split(",")))
     if sections - set(SECTIONS):
@@ -532,7 +534,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     if "gemv" in sections:
         results["gemv"] = []
-        for m in GEMV_ROWS:
+        for m in args.gemv_rows:
             for name, (n, k) in GEMV_SHAPES.items():
                 r = bench_gemv(name, n, k, m, copy, "gemv" in sweep)
                 results["gemv"].append(r)

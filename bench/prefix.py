@@ -40,11 +40,15 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> d
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
     ids = [engine.add_request(p, params).request_id for p in prompts]
+    added = time.perf_counter()
     first: dict[str, float] = {}
     fed_before = engine.runner.num_tokens_fed
+    calls = []  # each engine.step() call's start and end, for the phases of a single request's TTFT
     while engine.has_unfinished_requests():
+        called = time.perf_counter()
         for out in engine.step():
             first.setdefault(out.request_id, time.perf_counter() - start)
+        calls.append((called - start, time.perf_counter() - start))
     elapsed = time.perf_counter() - start
     ttft = [first[i] for i in ids]
     tokens = sum(map(len, prompts)) + output_len * len(prompts)
@@ -56,6 +60,9 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> d
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),
         "tokens_fed_to_model": engine.runner.num_tokens_fed - fed_before,
+        # add_request, then each step() call until the first token: (start, end) in ms from the add
+        "add_ms": 1e3 * (added - start),
+        "step_calls_ms": [(round(1e3 * a, 3), round(1e3 * b, 3)) for a, b in calls if a < max(ttft)],
     }
 
 
@@ -77,6 +84,40 @@ def _profile_warm_step(engine: LLMEngine, prefix: list[int], tokens) -> dict:
         "runner_host_s": engine.runner.last_step.host_s,
         "runner_total_s": engine.runner.last_step.total_s,
         "top_host_ops": [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in ops],  # (name, calls, ms)
+    }
+
+
+def _profile_cached_request(engine: LLMEngine, prefix: list[int], tokens) -> dict:
+    """The GPU side of one cached-prefix request (add -> first token) under torch.profiler: its
+    kernels grouped as bench/decode_profile.py groups them, the summed kernel time (busy), the span
+    from the first kernel's start to the last one's end, and the wall time of the whole request."""
+    import torch
+    from decode_profile import group_of
+
+    run_batch(engine, [prefix + tokens(20)], 1)  # the prefix is cached now
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        wall = run_batch(engine, [prefix + tokens(20)], 1)["ttft_mean_s"]
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    starts, ends = [], []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time_total
+            entry[1] += 1
+            starts.append(event.time_range.start)
+            ends.append(event.time_range.end)
+    groups: dict[str, float] = {}
+    for name, (us, _) in kernels.items():
+        groups[group_of(name)] = groups.get(group_of(name), 0.0) + us
+    top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:30]
+    return {
+        "ttft_ms_profiled": 1e3 * wall,
+        "gpu_busy_us": sum(v[0] for v in kernels.values()),
+        "gpu_span_us": (max(ends) - min(starts)) if starts else 0.0,
+        "launches": sum(v[1] for v in kernels.values()),
+        "groups_us": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+        "kernels": [{"name": n[:120], "us": us, "launches": c} for n, (us, c) in top],
     }
 
 
@@ -104,6 +145,8 @@ def main() -> None:
     p.add_argument("--single-engine", action="store_true", help="skip the second (cache-off) engine")
     p.add_argument("--skip-batch", action="store_true", help="only the single-request cached/uncached TTFT")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-kernels", action="store_true",
+                   help="GPU kernels of one cached-prefix request (torch.profiler, CUDA activity)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -138,18 +181,21 @@ def main() -> None:
         result["shared_prefix_cache_on"] = run_batch(cached, shared, a.output_len)
     one = [prefix + tokens(a.suffix_len)]
     result["single_cached_prefix"] = run_batch(cached, one, 1)  # the prefix blocks are in the cache now
-    pairs = []
+    pairs, phases = [], []
     for _ in range(a.repeats + 1):
         fresh = tokens(a.prefix_len)
         cold = run_batch(cached, [fresh + tokens(a.suffix_len)], 1)["ttft_mean_s"]
-        warm = run_batch(cached, [fresh + tokens(a.suffix_len)], 1)["ttft_mean_s"]
-        pairs.append((cold, warm))
-    pairs = pairs[1:]  # the first pair warms up kernels for these shapes
+        warm = run_batch(cached, [fresh + tokens(a.suffix_len)], 1)
+        pairs.append((cold, warm["ttft_mean_s"]))
+        phases.append({k: warm[k] for k in ("add_ms", "step_calls_ms")})
+    pairs, phases = pairs[1:], phases[1:]  # the first pair warms up kernels for these shapes
     cold_s = statistics.median(c for c, _ in pairs)
     warm_s = statistics.median(w for _, w in pairs)
     result["single_cold_vs_warm"] = {"pairs_s": pairs, "uncached_ttft_s": cold_s, "cached_ttft_s": warm_s,
-                                     "speedup": cold_s / warm_s}
+                                     "speedup": cold_s / warm_s, "cached_phases": phases}
     result["warm_step_profile"] = _profile_warm_step(cached, tokens(a.prefix_len), tokens)
+    if a.profile_kernels and cached.config.device.device == "cuda":
+        result["cached_request_profile"] = _profile_cached_request(cached, tokens(a.prefix_len), tokens)
     del cached
     gc.collect()
     _empty_device_cache()

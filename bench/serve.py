@@ -103,10 +103,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
 
 
 def make_prompts(args: argparse.Namespace, seed: int) -> list[list[int]]:
-    """The run's random token-id prompts, drawn from `seed`."""
+    """The run's random token-id prompts, drawn from `seed`, each after the `--random-prefix-len` tokens
+    every prompt of every run shares (drawn from `--seed` alone, so a warm-up caches them)."""
+    shared = random.Random(f"prefix-{args.seed}")
+    prefix = [shared.randrange(100, args.vocab_size) for _ in range(args.random_prefix_len)]
     rng = random.Random(seed)
     low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
-    return [[rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
+    return [prefix + [rng.randrange(100, args.vocab_size) for _ in range(rng.randint(low, high))]
             for _ in range(args.num_prompts)]
 
 
@@ -292,6 +295,8 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=210)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--range-ratio", type=float, default=0.0, help="input lengths uniform in len*(1±ratio)")
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="tokens every prompt starts with (as vLLM's): a cached prefix after the warm-up")
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)

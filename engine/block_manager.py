@@ -106,9 +106,15 @@ class BlockManager:
             return False
         if copy:
             self._copy_last_block(request)
-        for block_id in cached_prefix:
-            self._take(block_id)
+        blocks, free = self.blocks, self._free
+        for block_id in cached_prefix:  # taken back from the free queue, or shared
+            block = blocks[block_id]
+            if block.ref_count == 0:
+                del free[block_id]
+            block.ref_count += 1
         request.block_ids.extend(cached_prefix)
+        if cached_prefix and request.request_id not in self._num_indexed:
+            self._num_indexed[request.request_id] = len(cached_prefix)  # found in the index: indexed already
         for _ in range(max(num_fresh, 0)):
             request.block_ids.append(self._take_fresh())
         self._cache_full_blocks(request, num_after)
@@ -168,12 +174,6 @@ class BlockManager:
         request.block_ids[last] = self._take_fresh()
         self.pending_copies.append((source, request.block_ids[last]))
 
-    def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            del self._free[block_id]
-        block.ref_count += 1
-
     def _take_fresh(self) -> int:
         block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
@@ -191,12 +191,24 @@ class BlockManager:
         size = self.block_size
         # The adapter changes every layer's K/V: its id is part of each block's key.
         extra = (request.lora_request.lora_int_id,) if request.lora_request is not None else ()
-        # Slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
-        for i in range(len(hashes), min(num_blocks, request.num_tokens // size)):
-            parent = hashes[i - 1] if i else None
+        end = min(num_blocks, request.num_tokens // size)
+        parent = hashes[-1] if hashes else None
+        if not hashes and end > 0:
             # The salt keys the first block only: every later hash chains it through its parent.
-            salt = (request.cache_salt,) if i == 0 and request.cache_salt is not None else ()
-            hashes.append(hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra + salt))
+            salt = (request.cache_salt,) if request.cache_salt is not None else ()
+            parent = hash_block(None, request.token_ids(0, size), extra + salt)
+            hashes.append(parent)
+        # Blocks wholly inside the prompt are sliced from it directly: a long prompt's blocks are
+        # hashed on the way to its first token (125 for 2,000 tokens). Later ones take slices of the
+        # request's tokens, not `all_token_ids`: that copies the whole sequence each call.
+        prompt = request.prompt_token_ids
+        in_prompt = min(end, len(prompt) // size)
+        for i in range(len(hashes), in_prompt):
+            parent = hash_block(parent, prompt[i * size : (i + 1) * size], extra)
+            hashes.append(parent)
+        for i in range(len(hashes), end):
+            parent = hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra)
+            hashes.append(parent)
         return hashes
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:

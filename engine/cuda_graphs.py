@@ -12,7 +12,9 @@ Two families of graphs, each captured per (padded token count, block-table width
   hence a few widths.
 - mixed: steps that hold a prefill or an extend (a prompt after a prefix-cache hit, short prompts
   beside decodes), by default up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens,
-  max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device. Steps of
+  max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device (once a
+  step: the first layer leaves the tile map in the step's metadata for the others). Sizes up to
+  `ONE_SEQ_MAX_TOKENS` have a second graph of one sequence slot, for a lone prompt or extend. Steps of
   hundreds of decode rows beside a few short prompts (requests that arrive one by one) are not
   compute-bound enough to hide an eager step's ~700 launches; `--max-cudagraph-capture-size` (vLLM's
   flag) extends the mixed ladder (`MIXED_LADDER`, padding at most 12.5 %) to cover them. Steps above
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -65,6 +68,13 @@ MIXED_SIZES = (16, 32, 64, 128, 256, 512)
 # padded by at most 12.5 %.
 MIXED_LADDER = MIXED_SIZES + tuple(o + i * o // 8 for o in (512, 1024, 2048, 4096, 8192) for i in range(1, 9))
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536)  # tokens of block table per graph, plus max_model_len
+# Mixed graphs of up to this many tokens are captured a second time with one sequence slot, for a lone
+# request's prompt or extend (a prefix-cache hit's new tokens: its time to first token). With
+# min(tokens, max_num_seqs) slots, the prefill kernel's grid holds a query tile for every slot, and at
+# these sizes it also splits each tile's keys (few tiles leave the SMs idle), so a 20-token extend in
+# the 32-token graph launched 33 x 8 x 16 programs to run 8 x 16 (Llama-3.1-8B on an H200).
+# FLOTILLA_ONE_SEQ_GRAPHS=0 captures none (the before of the A/B).
+ONE_SEQ_MAX_TOKENS = 128
 
 
 def capture_sizes(max_batch: int, max_capture: int | None = None) -> list[int]:
@@ -113,9 +123,12 @@ class StepGraphs:
         lora: bool = False,
         max_decode_rows: int | None = None,
         max_capture_size: int | None = None,
+        one_seq_graphs: bool | None = None,
     ) -> None:
         self.model = model
         self.lora = lora
+        if one_seq_graphs is None:
+            one_seq_graphs = os.environ.get("FLOTILLA_ONE_SEQ_GRAPHS", "1").strip() != "0"
         self.device = device
         self.block_size = block_size
         # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.
@@ -123,6 +136,9 @@ class StepGraphs:
         self.mixed_sizes = mixed_sizes(max_num_batched_tokens, max_capture_size)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
+        # Mixed sizes that also have a one-sequence graph (`ONE_SEQ_MAX_TOKENS`).
+        one_seq = [t for t in self.mixed_sizes if t <= ONE_SEQ_MAX_TOKENS and min(t, self.max_seqs) > 1]
+        self.one_seq_sizes = frozenset(one_seq if one_seq_graphs else ())
         # Lookups for `pick`: the decode size that holds n rows, the width that holds n blocks.
         self._decode_size_for = [next(b for b in self.decode_sizes if b >= n) for n in range(self.max_seqs + 1)]
         self._width_for = [next(w for w in self.widths if w >= n) for n in range(self.widths[-1] + 1)]
@@ -162,7 +178,8 @@ class StepGraphs:
         decode = [GraphKey(True, b, b, w, v) for b in self.decode_sizes for w in self.widths for v in variants]
         mixed = [GraphKey(False, t, min(t, self.max_seqs), w, v)
                  for t in self.mixed_sizes for w in self.widths for v in variants]
-        return sorted(decode + mixed, key=lambda k: (k.tokens, k.width, k.lora), reverse=True)
+        mixed += [GraphKey(False, t, 1, w, v) for t in self.one_seq_sizes for w in self.widths for v in variants]
+        return sorted(decode + mixed, key=lambda k: (k.tokens, k.width, k.seqs, k.lora), reverse=True)
 
     def pick(self, flat: FlatBatch, lora: bool = False) -> GraphKey | None:
         """The smallest graph that holds the step (with the LoRA deltas when `lora`), or None (it runs
@@ -183,7 +200,8 @@ class StepGraphs:
         size = self.mixed_sizes[i]
         if flat.num_seqs > min(size, self.max_seqs):
             return None
-        return self._key(False, size, min(size, self.max_seqs), width, lora)
+        seqs = 1 if flat.num_seqs == 1 and size in self.one_seq_sizes else min(size, self.max_seqs)
+        return self._key(False, size, seqs, width, lora)
 
     def _key(self, decode: bool, tokens: int, seqs: int, width: int, lora: bool) -> GraphKey:
         """The one GraphKey of a shape (a frozen dataclass costs microseconds to build; decode steps
@@ -292,21 +310,25 @@ class StepGraphs:
             logger.debug("graph %d/%d %s at %.1f s", i + 1, len(keys), key, time.perf_counter() - start)
             ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
             self._stage_empty(key)
-            with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
-                self.model(ids, pos)  # compile Triton kernels for these shapes outside the capture
+            with lora_slots(self._lora_slots(key)):
+                with forward_context(self._metadata(key)):
+                    self.model(ids, pos)  # compile Triton kernels for these shapes outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                # Fresh metadata: what layers derive from it once a step (`AttentionMetadata.derived`)
+                # must be computed inside the graph, not taken over from the warm-up pass.
+                with forward_context(self._metadata(key)), torch.cuda.graph(graph, pool=pool):
                     out = self.model(ids, pos)
             self._graphs[key] = (graph, out)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         logger.info(
-            "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, x table widths %s tokens%s) "
-            "in %.1f s, %.2f GiB",
+            "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, one-sequence mixed %s, x table "
+            "widths %s tokens%s) in %.1f s, %.2f GiB",
             len(self._graphs),
             self.decode_sizes,
             self.mixed_sizes,
+            sorted(self.one_seq_sizes),
             [w * self.block_size for w in self.widths],
             ", x without and with LoRA" if self.lora else "",
             self.capture_seconds,

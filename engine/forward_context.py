@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,9 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, context length including the new tokens
     max_query_len: int
     max_seq_len: int
+    # Device tensors derived from the fields above, left by the first layer that needs them for the
+    # others (the prefill kernel's tile map): the metadata lives for one step, and so do they.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 _current: ContextVar[AttentionMetadata | None] = ContextVar("flotilla_attention_metadata", default=None)

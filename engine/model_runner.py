@@ -339,8 +339,9 @@ class ModelRunner:
         """Queue the rows' draws and the copy of their ids (and logprobs) to pinned host memory."""
         rows = step.rows
         indices = [r.logits_index for r in rows]
-        if indices == list(range(len(rows))):
-            selected = hidden[: len(rows)]
+        first = indices[0]
+        if indices == list(range(first, first + len(rows))):  # decode rows, or one prompt's last token: a view
+            selected = hidden[first : first + len(rows)]
         else:
             selected = hidden[device_tensor(indices, torch.long, self.device)]
         logits = self.model.compute_logits(selected)

@@ -54,6 +54,7 @@ def paged_attention(
     max_query_len: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    step_memo: dict | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for a flattened batch (see `paged_attention.py` for the layout).
 
@@ -62,7 +63,8 @@ def paged_attention(
     `max_query_len` is the caller's host-side knowledge of the longest new-token run in the batch.
     On CUDA, `1` (a pure decode step) selects the split-KV decode kernel; anything else, or `None`,
     the general prefill/extend kernel, which is correct for every batch, decode included. The hint
-    exists because deriving it from `query_start_loc` would sync with the host.
+    exists because deriving it from `query_start_loc` would sync with the host. `step_memo`: the
+    step's `AttentionMetadata.derived`, where values every layer would derive alike are kept.
     """
     if query.is_cuda and max_query_len == 1:
         from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -71,7 +73,7 @@ def paged_attention(
         return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                                       scale * k_scale, v_scale=v_scale)  # fmt: skip
     out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
-                           max_query_len)
+                           max_query_len, step_memo)
     return out if v_scale == 1.0 else out * v_scale
 
 
@@ -84,11 +86,13 @@ def _paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None,
+    step_memo: dict | None = None,
 ) -> torch.Tensor:
     if query.is_cuda:
         from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-        return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+        return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                       step_memo=step_memo)
     return paged_attention_cpu(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len)
 
 

@@ -10,8 +10,10 @@ One program computes a tile of `BLOCK_M` rows, FlashAttention-2 style: new token
 times the query heads that share one KV head (GQA packing: each K/V tile is loaded once for the
 whole group). The flattened batch is cut into tiles per sequence; a small
 `searchsorted` on the device maps program ids to (sequence, tile), so the grid is an upper bound
-computed from shapes and nothing syncs with the host. Keys left of the tile's first query are
-visible to every row and need no mask; only the tiles on the diagonal pay for the causal mask.
+computed from shapes and nothing syncs with the host. That map is the same for every layer of a step:
+given the step's memo (`step_memo`), the first layer computes it and the others reuse it. Keys left
+of the tile's first query are visible to every row and need no mask; only the tiles on the diagonal
+pay for the causal mask.
 
 A few new tokens over a long context (an extend after a prefix-cache hit: 20 tokens over 2,000) make
 one tile per KV head, 8 programs for a GPU of 132 SMs, each walking the whole context. Such calls
@@ -22,6 +24,8 @@ count comes from shapes alone, so the call stays capturable.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +34,22 @@ from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, spl
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
+TILE_MEMO = os.environ.get("FLOTILLA_PREFILL_TILE_MEMO", "1").strip() != "0"
+
+
+def extend_launch(value: str) -> tuple[int, int, int, int, bool] | None:
+    """`FLOTILLA_EXTEND_ATTN="block_n,splits,warps,stages[,half]"`: the launch of calls that split their keys
+    (a short extend over a long context, where the default's few query tiles leave the GPU idle), for the
+    A/B of bench/extend_attention.py's sweep in the engine; `half` = 1 keeps the split partials in the
+    query's 16-bit dtype. Empty: the defaults."""
+    if not value.strip():
+        return None
+    fields = [int(x) for x in value.split(",")]
+    block_n, splits, warps, stages = fields[:4]
+    return block_n, splits, warps, stages, len(fields) > 4 and fields[4] == 1
+
+
+EXTEND_LAUNCH = extend_launch(os.environ.get("FLOTILLA_EXTEND_ATTN", ""))
 
 
 @triton.jit
@@ -83,8 +103,12 @@ def _attend_tile(
     if MASKED:
         s = tl.where((tok[None, :] <= q_pos[:, None]) & tok_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen no key yet (every key so far masked: a split that starts after the row's
+    # position, in a short extend whose keys are split) keeps m = -inf; subtracting 0 instead keeps
+    # alpha and p at 0 rather than exp2(-inf - -inf) = NaN, so its split ends empty (l = 0, no weight).
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l = l * alpha + tl.sum(p, 1)
     v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
     v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
@@ -244,17 +268,56 @@ def heads_per_tile(group: int, block_m: int) -> int:
 
 
 def default_num_splits(
-    num_tokens: int, head_blocks: int, tokens_per_tile: int, max_context: int, num_sms: int, block_n: int
+    num_tokens: int, head_blocks: int, tokens_per_tile: int, max_context: int, num_sms: int, block_n: int,
+    min_tiles: int = 4,
 ) -> int:
     """Key splits per tile: only when the query tiles fill less than a quarter of the SMs (a short
-    extend over a long context), then ~2 programs per SM, each split over >= 4 key tiles. A whole
-    prompt's tiles fill the GPU alone, and partials would cost memory traffic: no split."""
+    extend over a long context), then ~2 programs per SM, each split over >= `min_tiles` key tiles. A
+    whole prompt's tiles fill the GPU alone, and partials would cost memory traffic: no split."""
     programs = triton.cdiv(num_tokens, tokens_per_tile) * head_blocks
     if 4 * programs > num_sms:
         return 1
     want = (2 * num_sms) // programs
-    most = max(1, max_context // (4 * block_n))
+    most = max(1, max_context // (min_tiles * block_n))
     return int(max(1, min(want, most, 32)))
+
+
+# The launch of calls that split their keys, when not the call's own: (BLOCK_N, key tiles a split walks at least,
+# warps, stages, bf16 partials); None keeps the general defaults (32-key tiles, >= 4 a split, 4 warps, 3 stages).
+# Measured on the H200 (bench/extend_attention.py, session 7 call 4: 20 new tokens over 2,020, Llama-3.1-8B heads,
+# prefill kernel + merge in a CUDA graph, K/V from HBM): 64-key tiles, >= 2 a split (16 splits), 8 warps, 3 stages
+# 16.1 us a call against the general defaults' 20.7 (32,32,4,3: 19.8; 128-key tiles x 17 splits, 8 warps: 19.8;
+# 64-key tiles with 4 warps: 24.8-28.3). At 128 query rows a tile, 8 warps hold the scores and the accumulator with
+# half the registers a thread. FLOTILLA_EXTEND_ATTN overrides it (e.g. "32,16,4,3" restores the old launch here).
+SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
+
+
+def tile_map(query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each program's sequence (`num_seqs` past the last tile) and each sequence's first tile, on
+    the device: tiles per sequence, their exclusive prefix sum, and a `searchsorted` of the program
+    ids into it. About eight small kernels, the same for every layer of a step."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
+    tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
+    tile_ids = torch.arange(grid_tiles, device=query_start_loc.device, dtype=tile_start.dtype)
+    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+    return tile_seq, tile_start
+
+
+def _memoized_tile_map(
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_map`, computed by the step's first attention layer and reused by the others: inside a
+    mixed CUDA graph that is eight graph nodes a step instead of eight a layer (256 for a 32-layer
+    model, each a kernel boundary on the critical path of a short extend). FLOTILLA_PREFILL_TILE_MEMO=0
+    recomputes it in every layer (the before of the A/B)."""
+    if step_memo is None or not TILE_MEMO:
+        return tile_map(query_start_loc, tokens_per_tile, grid_tiles)
+    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles)
+    found = step_memo.get(key)
+    if found is None:
+        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles)
+    return found
 
 
 def paged_prefill_attention(
@@ -272,6 +335,8 @@ def paged_prefill_attention(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    step_memo: dict | None = None,
+    half_partials: bool = False,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -279,7 +344,9 @@ def paged_prefill_attention(
     heads of one KV head times `block_m / heads` tokens, so each K/V tile loaded serves the whole
     group; without, one head's `block_m` tokens. `num_splits` defaults to a choice from shapes
     (`default_num_splits`). The tile and launch knobs are exposed for tests and the benchmark;
-    defaults suit an H200 at head_dim 128.
+    defaults suit an H200 at head_dim 128. `step_memo`: a dict that lives for one step (the step's
+    `AttentionMetadata.derived`), where the first layer leaves the tile map for the others.
+    `half_partials`: split partial outputs in the query's 16-bit dtype (half the bytes written and merged).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -288,23 +355,27 @@ def paged_prefill_attention(
         return out
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
-    # Tiles per sequence, their prefix sum, and each program's sequence, all on the device. The
-    # grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
-    tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
+    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
     grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
-    tile_ids = torch.arange(grid_tiles, device=query.device, dtype=tile_start.dtype)
-    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+    tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo)
     head_blocks = num_heads // packed
     max_context = block_tables.shape[1] * page
     if num_splits is None:
         num_splits = default_num_splits(
             num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
         )
+        if num_splits > 1 and EXTEND_LAUNCH is not None:
+            block_n, num_splits, num_warps, num_stages, half_partials = EXTEND_LAUNCH
+        elif num_splits > 1 and SPLIT_LAUNCH is not None:
+            block_n, min_tiles, num_warps, num_stages, half_partials = SPLIT_LAUNCH
+            num_splits = default_num_splits(
+                num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n, min_tiles
+            )
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
+    if half_partials and num_splits > 1 and query.element_size() == 2:
+        part_out = torch.empty(part_out.shape, dtype=query.dtype, device=query.device)  # stored rounded, merged in fp32
     _prefill_kernel[(grid_tiles, head_blocks, num_splits)](
         query,
         k_cache,
@@ -351,4 +422,4 @@ def paged_prefill_attention(
     return out
 
 
-__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention"]
+__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention", "tile_map"]

@@ -70,7 +70,7 @@ def sse_server() -> Iterator[tuple[str, list[int]]]:
 
 def _args(**overrides: object) -> argparse.Namespace:
     args = dict(num_prompts=12, max_concurrency=3, input_len=8, output_len=4, range_ratio=0.0, vocab_size=1000,
-                request_rate=float("inf"), model_name=None, api_key=None, goodput=None)
+                request_rate=float("inf"), model_name=None, api_key=None, goodput=None, random_prefix_len=0, seed=0)
     args.update(overrides)
     return argparse.Namespace(**args)
 
@@ -96,3 +96,14 @@ def test_each_slot_keeps_one_connection_and_requests_carry_time_marks(sse_server
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 12 and all(row["ok"] and row["sent"] >= row["start"] for row in rows)
     assert [row["start"] for row in rows] == sorted(row["start"] for row in rows)
+
+
+def test_a_random_prefix_is_shared_by_every_prompt_of_every_run():
+    """--random-prefix-len: the same leading tokens in the warm-up's and the measured run's prompts, then
+    each prompt's own random tokens."""
+    args = _args(random_prefix_len=50, input_len=5, num_prompts=4)
+    warmup, measured = serve.make_prompts(args, seed=1000), serve.make_prompts(args, seed=0)
+    prefix = measured[0][:50]
+    assert all(len(p) == 55 and p[:50] == prefix for p in warmup + measured)
+    assert len({tuple(p[50:]) for p in warmup + measured}) == 8
+    assert serve.make_prompts(_args(seed=1, random_prefix_len=50), seed=0)[0][:50] != prefix

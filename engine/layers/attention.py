@@ -63,6 +63,6 @@ class Attention(nn.Module):
             write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         out = paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
-            max_query_len=meta.max_query_len, k_scale=self.k_scale, v_scale=self.v_scale,
+            max_query_len=meta.max_query_len, k_scale=self.k_scale, v_scale=self.v_scale, step_memo=meta.derived,
         )
         return out.view(-1, self.num_heads * self.head_dim)

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flotilla.engine.cuda_graphs import StepGraphs, capture_sizes, mixed_sizes, table_widths
+from flotilla.engine.cuda_graphs import GraphKey, StepGraphs, capture_sizes, mixed_sizes, table_widths
+from flotilla.engine.input_batch import FlatBatch
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
+
+from .hf_reference import hf_greedy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from model_dirs import make_model_dir
@@ -100,6 +103,60 @@ def test_extend_after_a_prefix_hit_runs_from_a_mixed_graph_on_cpu(tiny_dir):
     assert all(graphed for graphed, _ in steps)
 
 
+def _picked_keys(graphs: StepGraphs) -> list:
+    """Record every key `graphs.pick` returns."""
+    picked, pick = [], graphs.pick
+
+    def recording(flat, *args):
+        key = pick(flat, *args)
+        picked.append(key)
+        return key
+
+    graphs.pick = recording
+    return picked
+
+
+def test_a_lone_short_prompt_or_extend_picks_a_one_sequence_mixed_graph():
+    graphs = StepGraphs(torch.nn.Identity(), 64, 2048, 4096, 16, torch.device("cpu"))
+    assert sorted(graphs.one_seq_sizes) == [16, 32, 64, 128]
+    one = FlatBatch(input_ids=[5] * 20, positions=list(range(2000, 2020)), slots=list(range(2000, 2020)),
+                    query_start_loc=[0, 20], seq_lens=[2020], block_tables=[list(range(127))], max_query_len=20)
+    assert graphs.pick(one) == GraphKey(False, 32, 1, 256)
+    two = FlatBatch(input_ids=[5] * 21, positions=[*range(2000, 2020), 7], slots=list(range(21)),
+                    query_start_loc=[0, 20, 21], seq_lens=[2020, 8], block_tables=[list(range(127)), [200]],
+                    max_query_len=20)
+    assert graphs.pick(two) == GraphKey(False, 32, 32, 256)  # decodes beside it: the wide graph
+    long = FlatBatch(input_ids=[5] * 200, positions=list(range(200)), slots=list(range(200)), query_start_loc=[0, 200],
+                     seq_lens=[200], block_tables=[list(range(13))], max_query_len=200)
+    assert graphs.pick(long).seqs == 64  # above 128 tokens the query tiles fill the GPU alone
+    keys = graphs.keys()
+    assert sum(k.seqs == 1 and not k.decode for k in keys) == 4 * len(graphs.widths)
+    without = StepGraphs(torch.nn.Identity(), 64, 2048, 4096, 16, torch.device("cpu"), one_seq_graphs=False)
+    assert without.pick(one) == GraphKey(False, 32, 32, 256)
+    assert len(without.keys()) == len(keys) - 4 * len(graphs.widths)
+
+
+def test_cached_prefix_extends_from_one_sequence_graphs_give_the_hf_tokens_on_cpu(tiny_dir):
+    """A prefix-cache hit's extend (and the lone prompt before it) run from one-sequence mixed graphs and
+    give the eager path's greedy tokens, which are HF's; with the graphs switched off, the wide ones do."""
+    prefix = list(range(300, 380))
+    prompts = [prefix + [7, 8, 9], prefix + [10, 11, 12, 13]]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    expected = hf_greedy(tiny_dir, prompts, 6)
+    for one_seq in (True, False):
+        llm = LLM(str(tiny_dir), device="cpu", max_model_len=256, block_size=8)
+        runner = llm.engine.runner
+        runner.graphs = StepGraphs(runner.model, 8, llm.engine.config.scheduler.max_num_batched_tokens, 256, 8,
+                                   runner.device, one_seq_graphs=one_seq)
+        picked = _picked_keys(runner.graphs)
+        got = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+        assert got == expected
+        assert llm.engine.block_manager.prefix_cache_hits == 80  # the second prompt's 10 full blocks
+        mixed = [k for k in picked if k is not None and not k.decode]
+        assert len(mixed) == 2 and all(k.seqs == (1 if one_seq else 8) for k in mixed)
+        assert None not in picked
+
+
 def test_steps_above_512_tokens_replay_larger_mixed_graphs_on_cpu(tiny_dir, tmp_path, monkeypatch):
     # 24 prompts, 16 sequence slots: the first step prefills 16 prompts (> 512 tokens), later steps hold
     # decodes beside the prompts admitted as slots free up; every step pads to a graph of the ladder.
@@ -160,3 +217,26 @@ def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager, asy
     )
     assert _greedy(llm, prompts) == cpu
     assert llm.engine.runner.last_step.graphed is not enforce_eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_cached_prefix_extends_keep_greedy_tokens(tiny_dir):
+    """Prefix-cache hits' extends from captured one-sequence mixed graphs (the prefill kernel's tile map
+    computed once a step inside the graph) give the CPU reference's greedy tokens; the last one's new
+    positions (112..141) straddle the kernel's key-split boundary at 128."""
+    prefix = list(range(300, 412))
+    prompts = [prefix + [7, 8, 9], prefix + [10, 11, 12, 13], prefix + list(range(20, 50))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def one_by_one(llm: LLM) -> list[list[int]]:
+        return [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+
+    cpu = one_by_one(LLM(str(tiny_dir), device="cpu", max_model_len=256))
+    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, gpu_memory_utilization=0.3)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.one_seq_sizes
+    picked = _picked_keys(graphs)
+    assert one_by_one(llm) == cpu
+    assert llm.engine.block_manager.prefix_cache_hits > 0
+    assert sum(1 for k in picked if k is not None and not k.decode and k.seqs == 1) == 3

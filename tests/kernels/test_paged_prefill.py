@@ -83,3 +83,76 @@ def test_splits_only_when_the_query_tiles_leave_the_gpu_idle():
     assert default_num_splits(32, 8, 32, 2064, 132, 32) == 16
     assert default_num_splits(2048, 8, 32, 2064, 132, 32) == 1
     assert default_num_splits(32, 8, 32, 64, 132, 32) == 1  # a short context: nothing to split
+
+
+def test_the_step_memo_keeps_one_tile_map_for_every_layer():
+    """Layers of one step share the tile map through the step's memo (`AttentionMetadata.derived`): the
+    second layer's call finds it, outputs equal the memo-less call's, and another step's metadata (a new
+    `query_start_loc`) gets its own."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+
+    args = attention_case([20, 0, 3], [150, 0, 40], 4, 1, torch.float32, seed=8)
+    memo: dict = {}
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1
+    (tile_seq, tile_start), = memo.values()
+    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
+    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    second = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1 and torch.equal(first, second)
+    assert torch.equal(first, prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16))
+    assert rel_err(first, paged_attention_ref(*args, 0.2)) < tolerance(torch.float32)
+    query, k_cache, v_cache, tables, qsl, lens = args
+    prefill.paged_prefill_attention(query, k_cache, v_cache, tables, qsl.clone(), lens, 0.2, block_m=32, block_n=16,
+                                    step_memo=memo)
+    assert len(memo) == 2
+
+
+@pytest.mark.parametrize("num_splits", [4, 16])
+def test_split_keys_that_start_after_a_query_position_stay_finite(num_splits):
+    """A short extend whose new positions straddle a split boundary: rows before the boundary see no key
+    in the splits after it (every score masked). Such a split must end empty (no weight in the merge),
+    not NaN (exp2(-inf - -inf)): 20 new tokens at positions 80..99 over 32-key splits at 96."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([20], [100], 4, 1, torch.float32, seed=1)
+    out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=num_splits)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.float32)
+
+
+def test_half_partials_stay_within_bf16_tolerance():
+    """Split partials kept in bf16 (`half_partials`, FLOTILLA_EXTEND_ATTN's fifth field): merged in fp32,
+    within bf16's bound of the reference; an fp32 query keeps fp32 partials (exact as before)."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    for dtype in DTYPES:
+        args = attention_case([20], [150], 4, 1, dtype, seed=9)
+        out = paged_prefill_attention(*args, 0.2, block_m=128, block_n=32, num_splits=4, half_partials=True)
+        assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("launch", ["default", (32, 1, 4, 2, True), None])
+def test_the_split_launch_keeps_the_reference(monkeypatch, launch):
+    """`SPLIT_LAUNCH` (the launch of calls that split keys: the measured default, one 32-key tile a split
+    with bf16 partials, or none: the general defaults) changes how the keys are cut, not the result; calls
+    that do not split keep their own launch."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+
+    if launch != "default":
+        monkeypatch.setattr(prefill, "SPLIT_LAUNCH", launch)
+    for q_lens, seq_lens in (([20], [300]), ([21, 40], [21, 40])):
+        args = attention_case(q_lens, seq_lens, 4, 1, torch.bfloat16, seed=10)
+        out = prefill.paged_prefill_attention(*args, 0.2)
+        assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_the_split_launch_default_gives_the_measured_launch_at_the_benchmark_shape():
+    """20 new tokens in the 32-row graph over a 2,064-token table, Llama-3.1-8B heads on 132 SMs: 16 splits of
+    64-key tiles (the launch bench/extend_attention.py timed at 16.1 us against 20.7)."""
+    from flotilla.kernels.triton_paged_prefill import SPLIT_LAUNCH, default_num_splits
+
+    assert SPLIT_LAUNCH is not None
+    block_n, min_tiles, warps, stages, half = SPLIT_LAUNCH
+    assert (block_n, warps, stages, half) == (64, 8, 3, False)
+    assert default_num_splits(32, 8, 32, 2064, 132, block_n, min_tiles) == 16
