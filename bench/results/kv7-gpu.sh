@@ -12,7 +12,7 @@
 #   fp8kv / bf16  bench/quant_gpu.py --jobs bs64 (limit 75 s each): the engine's decode step at batch 64 x context
 #          4,096 with fp8 KV at the sweep's best fp8 launch (FLOTILLA_DECODE_FP8_LAUNCH), then bf16 KV;
 #          --max-num-seqs 64 (graphs up to 64 only: faster start-up; both stages alike).
-#   tests  the decode / fp8 KV / dispatch kernel tests on the GPU (every fp8 operand path's inline PTX at
+#   tests  the GPU-marked decode / fp8 KV / dispatch kernel tests (every fp8 operand path's inline PTX at
 #          Llama heads, the merge by dependent launch in a CUDA graph, fp8 with scales in a graph), limit 50 s.
 #   summary step ratio fp8kv / bf16 (target <= 0.70) and the kernel bests -> kv7-gpu.json (always runs)
 # Output (two files, everything else in /tmp/kv7w): $OUT/kv7-gpu.log (read first: every stage's lines, the
@@ -40,7 +40,7 @@ for s in ${STAGES:-sweep fp8kv bf16 tests summary}; do
         $W/engine-$s.json 2>&1 | tee -a $L
       grep -E "KV cache:|Error|error" $W/engine-$s.log | tail -4 | cut -c1-300 | tee -a $L ;;
     tests) timeout $(left 50) python3 -m pytest $R/tests/kernels/test_paged_decode.py $R/tests/kernels/test_fp8_kv_cache.py \
-        $R/tests/kernels/test_dispatch.py -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R > $W/tests.log 2>&1
+        $R/tests/kernels/test_dispatch.py -m gpu -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R > $W/tests.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "Error|error:|passed|failed|FAILED" $W/tests.log | tail -15 | cut -c1-300 | tee -a $L ;;
     summary) python3 - $W <<'PY' 2>&1 | tee -a $L
