@@ -123,6 +123,55 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
 
 
 @triton.jit
+def _attend_warp_split(
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, d, d_ok, WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """The split's keys as WS interleaved streams, one per warp: each `BLOCK_N` tile is WS sub-tiles of
+    `BLOCK_N // WS` tokens, a batched `tl.dot` gives each stream its own scores and online-softmax state,
+    so the row max and sum and P's way to the second product stay within a warp (no shared-memory
+    reductions or barriers per tile); the WS states are merged once at the end. Returns (acc, m, l) of the
+    query rows like the plain loop."""
+    SUB: tl.constexpr = BLOCK_N // WS
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, SUB)[None, :]
+    tok = start + w * SUB + t
+    next_page = tl.load(table + tok // PAGE, mask=tok < end, other=0)
+    q3 = tl.broadcast_to(q[None, :, :], (WS, GROUP_PAD, BLOCK_D))
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, GROUP_PAD, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + w * SUB + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
+        in_page = tok % PAGE
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
+        k = tl.load(k_cache_ptr + k_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale  # [WS, G, SUB]
+        s = tl.where(tok_ok[:, None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 2))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, :, None])
+        l = l * alpha + tl.sum(p, 2)
+        v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
+        v = tl.load(v_cache_ptr + v_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m = m_new
+    m_all = tl.max(m, 0)
+    m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+    wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
+    return tl.sum(acc * wgt[:, :, None], 0), m_all, tl.sum(l * wgt, 0)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -163,6 +212,7 @@ def _decode_split_kernel(
     KV_FP8: tl.constexpr,
     K_LOAD_LAYOUT: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
+    WARP_SPLIT: tl.constexpr = 1,
     EARLY_DEPENDENTS: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
@@ -193,30 +243,37 @@ def _decode_split_kernel(
         other=0.0,
     ).to(DOT_DTYPE)
 
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        tok = n0 + tl.arange(0, BLOCK_N)
-        tok_ok = tok < end
-        page = next_page.to(tl.int64)
-        next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
-        in_page = tok % PAGE
-        kv_mask = tok_ok[:, None] & d_ok[None, :]
-        k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-        s = tl.where(tok_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m = m_new
+    if WARP_SPLIT > 1:
+        acc, m, l = _attend_warp_split(
+            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_kb, stride_ks, stride_kh,
+            stride_vb, stride_vs, stride_vh, d, d_ok, WARP_SPLIT, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        )  # fmt: skip
+    else:
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            tok_ok = tok < end
+            page = next_page.to(tl.int64)
+            next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
+            in_page = tok % PAGE
+            kv_mask = tok_ok[:, None] & d_ok[None, :]
+            k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
+            k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+            s = tl.where(tok_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
+            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+            m = m_new
 
     acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
     # Partials are `[batch, heads, splits]`.
@@ -348,6 +405,7 @@ def paged_decode_attention(
     fp8_kv: str | None = None,
     fused_merge: bool = False,
     pdl_merge: bool = False,
+    warp_split: bool = False,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -366,7 +424,9 @@ def paged_decode_attention(
     merging program's serial pass over the partials costs more than a launch). `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
-    kernels (batch 1, issue 19). `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
+    kernels (batch 1, issue 19). `warp_split`: each warp walks its own interleaved stream of the split's keys
+    with its own softmax state (`_attend_warp_split`), merged at the end. `v_scale` (an fp8 pool's V scale)
+    multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -428,6 +488,7 @@ def paged_decode_attention(
         KV_FP8=kv_fp8,
         K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
+        WARP_SPLIT=num_warps if warp_split else 1,
         EARLY_DEPENDENTS=pdl,
         num_warps=num_warps,
         num_stages=num_stages,

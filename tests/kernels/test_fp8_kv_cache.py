@@ -163,6 +163,21 @@ def test_e4m3_bit_move_asm_gives_every_code_times_2_to_the_minus_8(asm_name):
             assert got == want[c].item(), (asm_name, hex(c), pos, hex(got))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_warp_split_matches_reference(dtype):
+    """Each warp on its own stream of keys (4 streams of 16 in a 64-key tile; sequences of 37 and 5 keys
+    leave some streams empty in the last tile, one with none at all), merged at the end: the reference
+    output, on a float and on an fp8 pool."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1, 1], [37, 130, 5], 8, 2, dtype, seed=9)
+    for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
+        out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
+                                     warp_split=True, fp8_kv=mode)  # fmt: skip
+        ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
+        assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)
+
+
 @pytest.mark.parametrize("q_lens", [[1, 1], [21, 7]])
 def test_cpu_attention_reads_fp8_pages(q_lens):
     query, k8, v8, tables, qsl, lens = _fp8_case(q_lens, [37, 40])
@@ -205,8 +220,9 @@ def test_cuda_fp8_decode_with_scales_replays_in_a_graph():
 def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     """On the GPU (the inline PTX runs only there): Llama-3-8B heads, three sequences (4,000 tokens, so
     32 splits with the merge, then 300 and 17), a bf16 query, K with ~30 % subnormal values: each fp8
-    operand path equals the reference on the fp8 pages within fp16 operand rounding, in the default tile
-    and in 128-token tiles of 8 warps; the merge by programmatic dependent launch gives the same output."""
+    operand path equals the reference on the fp8 pages within fp16 operand rounding, in the default tile,
+    in 128-token tiles of 8 warps and with a key stream per warp; the merge by programmatic dependent launch
+    gives the same output."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
     g = torch.Generator().manual_seed(11)
@@ -220,5 +236,7 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     assert rel_err(plain, ref) < 1e-2
     wide = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=128, num_warps=8)
     assert rel_err(wide, ref) < 1e-2
+    streams = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, warp_split=True)
+    assert rel_err(streams, ref) < 1e-2
     pdl = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, pdl_merge=True)
     torch.testing.assert_close(pdl, plain, rtol=0, atol=0)
