@@ -123,9 +123,20 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
 
 
 @triton.jit
+def _page_of(tok, PAGE: tl.constexpr):
+    """Table index of token positions (>= 0): unsigned, so a power-of-two page is one shift."""
+    return (tok.to(tl.uint32) // PAGE).to(tl.int32)
+
+
+@triton.jit
+def _in_page(tok, PAGE: tl.constexpr):
+    return (tok.to(tl.uint32) % PAGE).to(tl.int32)
+
+
+@triton.jit
 def _attend_warp_split(
-    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, d, d_ok, WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
 ):  # fmt: skip
@@ -138,7 +149,7 @@ def _attend_warp_split(
     w = tl.arange(0, WS)[:, None]
     t = tl.arange(0, SUB)[None, :]
     tok = start + w * SUB + t
-    next_page = tl.load(table + tok // PAGE, mask=tok < end, other=0)
+    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
     q3 = tl.broadcast_to(q[None, :, :], (WS, GROUP_PAD, BLOCK_D))
     m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([WS, GROUP_PAD], tl.float32)
@@ -147,11 +158,11 @@ def _attend_warp_split(
         tok = n0 + w * SUB + t
         tok_ok = tok < end
         page = next_page.to(tl.int64)
-        next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
-        in_page = tok % PAGE
+        next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+        in_page = _in_page(tok, PAGE)
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
-        k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
         k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
         s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale  # [WS, G, SUB]
         s = tl.where(tok_ok[:, None, :], s, float("-inf"))
@@ -160,8 +171,7 @@ def _attend_warp_split(
         alpha = tl.exp2(m - m_use)
         p = tl.exp2(s - m_use[:, :, None])
         l = l * alpha + tl.sum(p, 2)
-        v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
         v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
         acc = acc * alpha[:, :, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m = m_new
@@ -187,12 +197,9 @@ def _decode_split_kernel(
     out_scale,
     stride_qt,
     stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
+    stride_b,
+    stride_s,
+    stride_h,
     stride_bt,
     stride_ot,
     stride_oh,
@@ -226,7 +233,7 @@ def _decode_split_kernel(
     # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
     # need the table's width, and are used only for tokens below the length.
     tok = start + tl.arange(0, BLOCK_N)
-    next_page = tl.load(table + tok // PAGE, mask=tok < table_tokens, other=0)
+    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
     q_row = tl.load(query_start_loc_ptr + seq)
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
     seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
@@ -245,8 +252,8 @@ def _decode_split_kernel(
 
     if WARP_SPLIT > 1:
         acc, m, l = _attend_warp_split(
-            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_kb, stride_ks, stride_kh,
-            stride_vb, stride_vs, stride_vh, d, d_ok, WARP_SPLIT, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+            WARP_SPLIT, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
             DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
         )  # fmt: skip
     else:
@@ -257,11 +264,11 @@ def _decode_split_kernel(
             tok = n0 + tl.arange(0, BLOCK_N)
             tok_ok = tok < end
             page = next_page.to(tl.int64)
-            next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
-            in_page = tok % PAGE
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
             kv_mask = tok_ok[:, None] & d_ok[None, :]
-            k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-            k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
+            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
             s = tl.where(tok_ok[None, :], s, float("-inf"))
@@ -269,8 +276,7 @@ def _decode_split_kernel(
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
             m = m_new
@@ -447,6 +453,7 @@ def paged_decode_attention(
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
+    assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
@@ -466,9 +473,6 @@ def paged_decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
