@@ -131,15 +131,18 @@ def main() -> None:
     for batch in (int(b) for b in a.batches.split(",")):
         bench_batch(batch, a.ctx, results, Path(a.json))
         torch.cuda.empty_cache()
-    # The fastest fp8 row at the largest batch, as FLOTILLA_DECODE_FP8_LAUNCH reads it (every fp8 row names its tile).
-    rows = [r for r in results["cases"] if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r
-            and not r.get("warp_split")]  # fmt: skip
-    if a.best_fp8_launch and rows:
-        top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        Path(a.best_fp8_launch).write_text(
-            f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}\n"
-        )
+        if a.best_fp8_launch:  # after each batch: a later one cut by a time limit still leaves it
+            _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))
 
+
+def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
+    """The fastest fp8 row at the largest batch so far, as FLOTILLA_DECODE_FP8_LAUNCH reads it (every fp8 row
+    names its tile; warp_split rows are left out: the variable has no field for it)."""
+    rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r]
+    rows = [r for r in rows if not r.get("warp_split")]
+    if rows:
+        top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
+        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}\n")
 
 if __name__ == "__main__":
     main()
