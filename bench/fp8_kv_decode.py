@@ -46,7 +46,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
                                                     ("fp8", "cvt16", _launch(64, 4, 3))]  # fmt: skip
         rows += [("fp8", mode, _launch(*t)) for mode in ("cvtpx", "perm", "cvtpx_k") for t in _FP8_TILES]
         rows += [("fp8", "perm_k", _launch(*t)) for t in _FP8_TILES[:3]]
-        rows += [("fp8", "cvtpx", _launch(128, 8, 2)), ("fp8", "cvtpx", _launch(256, 8, 2))]  # the query re-read halves
+        rows += [("fp8", "cvtpx", _launch(*t)) for t in ((128, 8, 2), (256, 8, 2), (64, 4, 1), (128, 4, 1))]
         ws = {"warp_split": True}  # one key stream per warp (not in FLOTILLA_DECODE_FP8_LAUNCH: never picked below)
         rows += [("fp8", "cvtpx", _launch(64, 4, 3, **ws)), ("fp8", "cvtpx", _launch(64, 2, 3, **ws)),
                  ("fp8", "cvtpx", _launch(32, 2, 3, **ws)), ("bf16", None, _launch(64, 4, 2, **ws))]  # fmt: skip

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Paged decode attention on the H200 (issues 22 and 19), one call, ~220-250 s of device time (BUDGET_S, default
 # 250). Stages, each under its own limit (capped by what is left):
-#   sweep  bench/fp8_kv_decode.py --batches 64,1 (38 cases, limit 85 s): Llama-3.1-8B attention, context 4,096.
+#   sweep  bench/fp8_kv_decode.py --batches 64,1 (40 cases, limit 85 s): Llama-3.1-8B attention, context 4,096.
 #          Batch 64: the bf16 pool, the s6 fp8 default (asm 64/4/3) and cvt16 once each, then the s7 fp8 operand
 #          paths perm / cvtpx (V converted in its load layout by an impure asm, no select) and perm_k / cvtpx_k
 #          (K too) over tiles. Batch 1: bf16 with the merge kernel plain or by programmatic dependent launch
