@@ -342,6 +342,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 # its best; "bits" 323.3). The fp8 pool no longer costs time, but it does not save any either.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (64, 4, 3, "asm")
+_PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
 def _launch_defaults(fp8: bool) -> tuple[int, int, int, str]:
@@ -410,7 +411,7 @@ def paged_decode_attention(
     num_stages: int | None = None,
     fp8_kv: str | None = None,
     fused_merge: bool = False,
-    pdl_merge: bool = False,
+    pdl_merge: bool | None = None,
     warp_split: bool = False,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
@@ -454,6 +455,7 @@ def paged_decode_attention(
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
+    pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
