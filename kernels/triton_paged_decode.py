@@ -341,21 +341,23 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 # fp8 "asm" 64/4/3 245.6 us (2,186 GB/s of fp8 bytes; Triton's upcast "cvt" was 309.5 at 64/4/2, 254.8 at
 # its best; "bits" 323.3). The fp8 pool no longer costs time, but it does not save any either.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 3, "asm")
+_FP8_LAUNCH = (64, 4, 3, "asm", False)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv" overrides the fp8 pool's, so that one
-    device call can time the engine step at what its kernel sweep found best (bench/results/kv6-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, bool]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, warp_split).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,ws]" overrides the fp8 pool's ("ws": one key
+    stream per warp), so that one device call can time the engine step at what its kernel sweep found best
+    (bench/results/kv7-gpu.sh)."""
     if not fp8:
-        return (*_BF16_LAUNCH, "cvt")
+        return (*_BF16_LAUNCH, "cvt", False)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
-        block_n, warps, stages, mode = env.split(",")
+        block_n, warps, stages, mode, *ws = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        return int(block_n), int(warps), int(stages), mode
+        assert ws in ([], ["ws"]), f"FLOTILLA_DECODE_FP8_LAUNCH: fifth field {ws} is not 'ws'"
+        return int(block_n), int(warps), int(stages), mode, ws == ["ws"]
     return _FP8_LAUNCH
 
 
@@ -412,7 +414,7 @@ def paged_decode_attention(
     fp8_kv: str | None = None,
     fused_merge: bool = False,
     pdl_merge: bool | None = None,
-    warp_split: bool = False,
+    warp_split: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -444,6 +446,9 @@ def paged_decode_attention(
     tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
+    warp_split = tile[4] if warp_split is None else warp_split
+    if warp_split and block_n // num_warps < 16:
+        raise ValueError(f"warp_split needs >= 16 keys per warp a tile (block_n {block_n}, {num_warps} warps)")
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = split_length(max_context, num_splits, block_n)

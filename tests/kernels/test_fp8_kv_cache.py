@@ -240,3 +240,21 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     assert rel_err(streams, ref) < 1e-2
     pdl = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, pdl_merge=True)
     torch.testing.assert_close(pdl, plain, rtol=0, atol=0)
+
+
+def test_fp8_launch_override_reads_tile_path_and_warp_streams(monkeypatch):
+    """FLOTILLA_DECODE_FP8_LAUNCH (what a device call's sweep hands to the engine) names the tile, the fp8
+    operand path and, with a fifth field "ws", one key stream per warp; anything else is refused."""
+    from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _launch_defaults
+
+    monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
+    assert _launch_defaults(True) == _FP8_LAUNCH
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,4,cvtpx,ws")
+    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", True)
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
+    assert _launch_defaults(True) == (64, 4, 3, "perm", False)
+    assert _launch_defaults(False)[3:] == ("cvt", False)  # the bf16 pool keeps its own
+    for bad in ("64,4,3,fast", "64,4,3,perm,wide"):
+        monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
+        with pytest.raises(AssertionError):
+            _launch_defaults(True)
