@@ -336,12 +336,12 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
-# (block_n, num_warps, num_stages) per pool, the best of the H200 sweeps at batch 64 x 4,096
-# (bench/fp8_kv_decode.py, bench/results/gpu-2026-12-04-s6/call5-kv6/): bf16 64/4/2 243.0 us (4,420 GB/s);
-# fp8 "asm" 64/4/3 245.6 us (2,186 GB/s of fp8 bytes; Triton's upcast "cvt" was 309.5 at 64/4/2, 254.8 at
-# its best; "bits" 323.3). The fp8 pool no longer costs time, but it does not save any either.
+# (block_n, num_warps, num_stages[, fp8_kv, warp_split]) per pool, the best of the H200 sweeps at batch 64 x 4,096
+# (bench/fp8_kv_decode.py): bf16 64/4/2 243.0-248.0 us (~4,330-4,420 GB/s); fp8 "cvtpx" 64/4/3 172.9 us (2026-12-04
+# s7 call 2, kv7 @250e64f; 3,105 GB/s of fp8 bytes), against 244.7 for s6's "asm" (its default), 204.1 "cvt16",
+# 182.2 "perm", 248-337 the "_k" paths; stages 2 and 64/8 or 128/4 tiles were slower.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 3, "asm", False)
+_FP8_LAUNCH = (64, 4, 3, "cvtpx", False)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
