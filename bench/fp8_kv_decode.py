@@ -11,7 +11,8 @@ kernels/triton_paged_decode.py): `asm` the bit moves to fp16 in PTX (ten instruc
 kept in its load layout by a select; the default of 2026-12-04 s6), `cvt16` the hardware e4m3 -> fp16 cvt
 (same select), `perm` seven bit-move instructions for four values and `cvtpx` the hardware cvt in PTX, both
 with V kept in its load layout by an impure asm (no select), `perm_k` / `cvtpx_k` K kept in its load layout too;
-`warp_split` rows give each warp its own stream of keys and softmax state (merged at the end).
+`key_streams` rows run the loop as a batched dot over interleaved key streams (1: the query's fragments stay in
+registers; one a warp: no cross-warp softmax reductions), `max_registers` caps ptxas's registers.
 At batch 1 it varies the splits and launches the merge kernel plainly or by programmatic dependent launch.
 Each output is checked against the bf16 result on the fp8-rounded pool (rel err printed); the bf16
 pool's error is its distance from that rounding.
@@ -34,24 +35,27 @@ def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
 
 
 def cases(batch: int) -> list[tuple[str, str | None, dict]]:
-    """(pool, fp8_kv, launch) rows. Batch 64 (one split: 512 programs): the bf16 pool at its default and the
-    fp8 paths of 2026-12-04 s7 call 2's best (cvtpx 172.9 us, perm 182.2 at 64/4/3) around their tile: pipeline
-    depth, 32- and 128-token tiles, and one key stream per warp (`warp_split`: no cross-warp softmax reductions,
-    the query's fragments held in registers; 16 keys a warp a tile at least). Batch 1: bf16 at its default and
-    with 128 splits of 32 keys (call 2's best), fp8 cvtpx. (Call 2's list, at kv7 @250e64f: the s6 asm and
-    cvt16 paths, perm_k / cvtpx_k, 64/8 tiles, 16 / 64 splits, the merge by dependent launch.)"""
-    ws = {"warp_split": True}
+    """(pool, fp8_kv, launch) rows. Batch 64 (one split: 512 programs): the bf16 pool at its default (and as one
+    batched stream) and the fp8 paths of 2026-12-04 s7 call 2's best (cvtpx 172.9 us, perm 182.2 at 64/4/3)
+    around their tile: pipeline depth, 32- and 128-token tiles, and the loop as a batched dot over key streams
+    (`key_streams` 1: the query's fragments stay in registers, 132 registers, so also under a 128 cap for four
+    programs an SM; one stream a warp: no cross-warp softmax reductions). Batch 1: bf16 at its default and with
+    128 splits of 32 keys (call 2's best), fp8 cvtpx. (Call 2's list, at kv7 @250e64f: the s6 asm and cvt16
+    paths, perm_k / cvtpx_k, 64/8 tiles, 16 / 64 splits, the merge by dependent launch.)"""
+    one, cap = {"key_streams": 1}, {"key_streams": 1, "max_registers": 128}
     if batch > 1:
-        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {})]
+        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("bf16", None, _launch(64, 4, 2, **one))]
         rows += [("fp8", "cvtpx", _launch(*t)) for t in ((64, 4, 3), (64, 4, 4), (32, 4, 3), (32, 4, 4), (128, 8, 3))]
         rows += [("fp8", "perm", _launch(64, 4, 3))]
-        rows += [("fp8", "cvtpx", _launch(*t, **ws)) for t in ((64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 2, 3),
-                                                                (32, 2, 4), (128, 8, 3))]  # fmt: skip
-        rows += [("fp8", "perm", _launch(*t, **ws)) for t in ((64, 4, 3), (32, 2, 4))]
+        rows += [("fp8", "cvtpx", _launch(*t, **one)) for t in ((64, 4, 3), (64, 4, 2), (32, 4, 4))]
+        rows += [("fp8", "cvtpx", _launch(*t, **cap)) for t in ((64, 4, 3), (64, 4, 4), (128, 8, 3))]
+        rows += [("fp8", "perm", _launch(64, 4, 3, **cap))]
+        per_warp = ((64, 4, 3), (64, 4, 2), (32, 2, 4))
+        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w)) for b, w, st in per_warp]
         return rows
     return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)),
-            ("bf16", None, _launch(32, 4, 2, num_splits=128, pdl_merge=True)), ("fp8", "cvtpx", _launch(64, 4, 3)),
-            ("fp8", "cvtpx", _launch(32, 4, 3, num_splits=128))]  # fmt: skip
+            ("bf16", None, _launch(32, 4, 2, num_splits=128, pdl_merge=True)), ("bf16", None, _launch(64, 4, 2, **one)),
+            ("fp8", "cvtpx", _launch(64, 4, 3)), ("fp8", "cvtpx", _launch(64, 4, 3, **cap))]  # fmt: skip
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
@@ -98,8 +102,8 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
             continue
         default = rows[0]
         best = min(rows, key=lambda r: r["us"])
-        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "warp_split")
-                 if k in best}  # fmt: skip
+        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "key_streams",
+                                      "max_registers") if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         print(
             f"b{batch} ctx{ctx} {pool}: default {default['us']:.1f} us {default['gbps']:.0f} GB/s; "
@@ -136,8 +140,8 @@ def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
     rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r]
     if rows:
         top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        ws = ",ws" if top.get("warp_split") else ""
-        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}{ws}\n")
+        more = f",{top.get('key_streams', 0)},{top.get('max_registers', 0)}"
+        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}{more}\n")
 
 if __name__ == "__main__":
     main()

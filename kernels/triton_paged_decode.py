@@ -134,17 +134,20 @@ def _in_page(tok, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _attend_warp_split(
+def _attend_streams(
     q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
     WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
 ):  # fmt: skip
-    """The split's keys as WS interleaved streams, one per warp: each `BLOCK_N` tile is WS sub-tiles of
-    `BLOCK_N // WS` tokens, a batched `tl.dot` gives each stream its own scores and online-softmax state,
-    so the row max and sum and P's way to the second product stay within a warp (no shared-memory
-    reductions or barriers per tile); the WS states are merged once at the end. Returns (acc, m, l) of the
-    query rows like the plain loop."""
+    """The loop as a batched `tl.dot` over WS interleaved streams of the split's keys: each `BLOCK_N` tile is WS
+    sub-tiles of `BLOCK_N // WS` keys, each stream with its own scores and online-softmax state, merged once at
+    the end. WS = num_warps puts one stream on each warp, so the row max and sum and P's way to the second
+    product stay within a warp (no shared-memory reductions per tile), at the price of a full accumulator per
+    warp (registers). WS = 1 is the plain loop's arithmetic, but Triton then keeps the query's mma fragments
+    in registers instead of re-reading them from shared memory every tile (sm_90 SASS: 437 -> 372
+    instructions and 191 -> 159 shared-memory wavefronts a warp and 64-key tile for "cvtpx"; 132 registers,
+    so it wants `max_registers=128` for four programs an SM). Returns (acc, m, l) of the query rows."""
     SUB: tl.constexpr = BLOCK_N // WS
     w = tl.arange(0, WS)[:, None]
     t = tl.arange(0, SUB)[None, :]
@@ -219,7 +222,7 @@ def _decode_split_kernel(
     KV_FP8: tl.constexpr,
     K_LOAD_LAYOUT: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
-    WARP_SPLIT: tl.constexpr = 1,
+    KEY_STREAMS: tl.constexpr = 0,
     EARLY_DEPENDENTS: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
@@ -250,10 +253,10 @@ def _decode_split_kernel(
         other=0.0,
     ).to(DOT_DTYPE)
 
-    if WARP_SPLIT > 1:
-        acc, m, l = _attend_warp_split(
+    if KEY_STREAMS > 0:
+        acc, m, l = _attend_streams(
             q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-            WARP_SPLIT, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
             DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
         )  # fmt: skip
     else:
@@ -336,28 +339,29 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
-# (block_n, num_warps, num_stages[, fp8_kv, warp_split]) per pool, the best of the H200 sweeps at batch 64 x 4,096
-# (bench/fp8_kv_decode.py): bf16 64/4/2 243.0-248.0 us (~4,330-4,420 GB/s); fp8 "cvtpx" 64/4/3 172.9 us (2026-12-04
-# s7 call 2, kv7 @250e64f; 3,105 GB/s of fp8 bytes), against 244.7 for s6's "asm" (its default), 204.1 "cvt16",
-# 182.2 "perm", 248-337 the "_k" paths; stages 2 and 64/8 or 128/4 tiles were slower.
+# (block_n, num_warps, num_stages[, fp8_kv, key_streams, max_registers]) per pool, the best of the H200 sweeps at
+# batch 64 x 4,096 (bench/fp8_kv_decode.py): bf16 64/4/2 243.0-248.0 us (~4,330-4,420 GB/s); fp8 "cvtpx" 64/4/3
+# 172.9 us (2026-12-04 s7 call 2, kv7 @250e64f; 3,105 GB/s of fp8 bytes), against 244.7 for s6's "asm" (its
+# default), 204.1 "cvt16", 182.2 "perm", 248-337 the "_k" paths; stages 2 and 64/8 or 128/4 tiles were slower.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 3, "cvtpx", False)
+_FP8_LAUNCH = (64, 4, 3, "cvtpx", 0, 0)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, bool]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, warp_split).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,ws]" overrides the fp8 pool's ("ws": one key
-    stream per warp), so that one device call can time the engine step at what its kernel sweep found best
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, int]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams, max_registers; 0: none).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams[,max_registers]]" overrides the fp8
+    pool's, so that one device call can time the engine step at what its kernel sweep found best
     (bench/results/kv7-gpu.sh)."""
     if not fp8:
-        return (*_BF16_LAUNCH, "cvt", False)
+        return (*_BF16_LAUNCH, "cvt", 0, 0)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
-        block_n, warps, stages, mode, *ws = env.split(",")
+        block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        assert ws in ([], ["ws"]), f"FLOTILLA_DECODE_FP8_LAUNCH: fifth field {ws} is not 'ws'"
-        return int(block_n), int(warps), int(stages), mode, ws == ["ws"]
+        assert len(more) <= 2 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more} not integers"
+        streams, regs = (*map(int, more), 0, 0)[:2]
+        return int(block_n), int(warps), int(stages), mode, streams, regs
     return _FP8_LAUNCH
 
 
@@ -414,7 +418,8 @@ def paged_decode_attention(
     fp8_kv: str | None = None,
     fused_merge: bool = False,
     pdl_merge: bool | None = None,
-    warp_split: bool | None = None,
+    key_streams: int | None = None,
+    max_registers: int | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -433,8 +438,9 @@ def paged_decode_attention(
     merging program's serial pass over the partials costs more than a launch). `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
-    kernels (batch 1, issue 19). `warp_split`: each warp walks its own interleaved stream of the split's keys
-    with its own softmax state (`_attend_warp_split`), merged at the end. `v_scale` (an fp8 pool's V scale)
+    kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
+    of keys (`_attend_streams`; 1: the query's fragments stay in registers, num_warps: one stream a warp).
+    `max_registers`: ptxas's register cap (Triton's maxnreg; 0 or None: none). `v_scale` (an fp8 pool's V scale)
     multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -446,9 +452,10 @@ def paged_decode_attention(
     tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
-    warp_split = tile[4] if warp_split is None else warp_split
-    if warp_split and block_n // num_warps < 16:
-        raise ValueError(f"warp_split needs >= 16 keys per warp a tile (block_n {block_n}, {num_warps} warps)")
+    key_streams = tile[4] if key_streams is None else key_streams
+    max_registers = tile[5] if max_registers is None else max_registers
+    if key_streams and block_n // key_streams < 16:
+        raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = split_length(max_context, num_splits, block_n)
@@ -499,10 +506,11 @@ def paged_decode_attention(
         KV_FP8=kv_fp8,
         K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
-        WARP_SPLIT=num_warps if warp_split else 1,
+        KEY_STREAMS=key_streams,
         EARLY_DEPENDENTS=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers and not INTERPRETING else {}),
     )
     if num_splits > 1 and not fused_merge:
         merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl)

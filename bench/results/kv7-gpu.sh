@@ -1,9 +1,10 @@
 #!/bin/bash
 # Paged decode attention on the H200 (issues 22 and 19), one call, ~140 s of device time (BUDGET_S, default 150).
 # Stages, each under its own limit (capped by what is left):
-#   sweep  bench/fp8_kv_decode.py --batches 64,1 (20 cases, limit 35 s): Llama-3.1-8B attention, context 4,096.
+#   sweep  bench/fp8_kv_decode.py --batches 64,1 (24 cases, limit 35 s): Llama-3.1-8B attention, context 4,096.
 #          Batch 64: the bf16 pool at its default, the fp8 paths cvtpx / perm (V converted in its load layout by an
-#          impure asm) over tiles and pipeline depths, plain and with one key stream per warp (warp_split). Batch 1:
+#          impure asm) over tiles and pipeline depths, plain and as a batched dot over key streams (key_streams 1:
+#          the query's fragments kept in registers, also under a 128-register cap; one stream a warp). Batch 1:
 #          bf16 at its default and at 128 splits of 32 keys (merge plain / by dependent launch), fp8 cvtpx.
 #          Prints every row and the default and best per path; the best fp8 launch at batch 64 goes to fp8kv.
 #          Issue 22 wants the fp8 kernel near half the bf16 one's time (~125 us for the 0.70x step), issue 19

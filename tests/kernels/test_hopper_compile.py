@@ -101,11 +101,12 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
         pointers = {"q_ptr": "*bf16", "k_cache_ptr": pool, "v_cache_ptr": pool, "block_tables_ptr": "*i32",
                     "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
                     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "ticket_ptr": "*i32"}  # fmt: skip
-        for split in (1, 4) if name == "fp8 cvtpx" else (1,):  # 4: one key stream per warp (WARP_SPLIT)
-            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, WARP_SPLIT=split,
+        for streams in (0, 1, 4) if name == "fp8 cvtpx" else (0,):  # the batched loop: 1 stream, one a warp
+            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=streams,
                               EARLY_DEPENDENTS=name == "bf16")  # fmt: skip
-            key = f"paged_decode {name}" + (" warp_split" if split > 1 else "")
-            out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
+            key = f"paged_decode {name}" + (f" streams{streams}" if streams else "")
+            regs = {"maxnreg": 128} if streams == 1 else {}
+            out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3, **regs)
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
@@ -221,7 +222,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
     # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
-                 "paged_decode fp8 cvtpx warp_split"):  # fmt: skip
+                 "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4"):  # fmt: skip
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
         assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
     assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
