@@ -52,6 +52,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
         rows += [("fp8", "perm", _launch(64, 4, 3, **cap))]
         per_warp = ((64, 4, 3), (64, 4, 2), (32, 2, 4))
         rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w)) for b, w, st in per_warp]
+        rows += [("fp8", "cvtpx", _launch(64, 4, 3, key_streams=4, max_registers=128))]  # spills 128 bytes
         return rows
     return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)),
             ("bf16", None, _launch(32, 4, 2, num_splits=128, pdl_merge=True)), ("bf16", None, _launch(64, 4, 2, **one)),
