@@ -11,8 +11,8 @@ kernels/triton_paged_decode.py): `asm` the bit moves to fp16 in PTX (ten instruc
 kept in its load layout by a select; the default of 2026-12-04 s6), `cvt16` the hardware e4m3 -> fp16 cvt
 (same select), `perm` seven bit-move instructions for four values and `cvtpx` the hardware cvt in PTX, both
 with V kept in its load layout by an impure asm (no select), `perm_k` / `cvtpx_k` K kept in its load layout too;
-`key_streams` rows run the loop as a batched dot over interleaved key streams (1: the query's fragments stay in
-registers; one a warp: no cross-warp softmax reductions), `max_registers` caps ptxas's registers.
+`key_streams` rows run the loop as a batched dot over interleaved key streams (one a warp: no cross-warp softmax
+reductions, the query's fragments in registers).
 At batch 1 it varies the splits and launches the merge kernel plainly or by programmatic dependent launch.
 Each output is checked against the bf16 result on the fp8-rounded pool (rel err printed); the bf16
 pool's error is its distance from that rounding.
@@ -35,28 +35,22 @@ def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
 
 
 def cases(batch: int) -> list[tuple[str, str | None, dict]]:
-    """(pool, fp8_kv, launch) rows. Batch 64 (one split: 512 programs): the bf16 pool at its default (and as one
-    batched stream) and the fp8 paths of 2026-12-04 s7 call 2's best (cvtpx 172.9 us, perm 182.2 at 64/4/3)
-    around their tile: pipeline depth, 32- and 128-token tiles, and the loop as a batched dot over key streams
-    (`key_streams` 1: the query's fragments stay in registers, 132 registers, so also under a 128 cap for four
-    programs an SM; one stream a warp: no cross-warp softmax reductions). Batch 1: bf16 at its default and with
-    128 splits of 32 keys (call 2's best), fp8 cvtpx. (Call 2's list, at kv7 @250e64f: the s6 asm and cvt16
-    paths, perm_k / cvtpx_k, 64/8 tiles, 16 / 64 splits, the merge by dependent launch.)"""
-    one, cap = {"key_streams": 1}, {"key_streams": 1, "max_registers": 128}
+    """(pool, fp8_kv, launch) rows. Batch 64 (512 programs at one split): the bf16 pool at its default, the fp8
+    plain loop (cvtpx 64/4/3: 161.8 us in 2026-12-04 s7 call 4; perm), and around that call's fastest, one key
+    stream a warp at 32/2/4 (146.3 us): depth, 2- and 4-warp tiles. Batch 1: bf16 at its default and with 128
+    splits of 32 keys, fp8 cvtpx plain and in streams. Earlier lists (`git log -p bench/fp8_kv_decode.py`):
+    call 2 (kv7 @250e64f) the s6 asm and cvt16 paths, perm_k / cvtpx_k, 64/8 tiles, 16 / 64 splits, the merge by
+    dependent launch; call 4 (@d97ebf7) also one batched stream (key_streams 1: 268 us) and a 128-register cap
+    (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
-        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("bf16", None, _launch(64, 4, 2, **one))]
-        rows += [("fp8", "cvtpx", _launch(*t)) for t in ((64, 4, 3), (64, 4, 4), (32, 4, 3), (32, 4, 4), (128, 8, 3))]
-        rows += [("fp8", "perm", _launch(64, 4, 3))]
-        rows += [("fp8", "cvtpx", _launch(*t, **one)) for t in ((64, 4, 3), (64, 4, 2), (32, 4, 4))]
-        rows += [("fp8", "cvtpx", _launch(*t, **cap)) for t in ((64, 4, 3), (64, 4, 4), (128, 8, 3))]
-        rows += [("fp8", "perm", _launch(64, 4, 3, **cap))]
-        per_warp = ((64, 4, 3), (64, 4, 2), (32, 2, 4))
-        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w)) for b, w, st in per_warp]
-        rows += [("fp8", "cvtpx", _launch(64, 4, 3, key_streams=4, max_registers=128))]  # spills 128 bytes
+        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", _launch(64, 4, 3)),
+                                                    ("fp8", "perm", _launch(64, 4, 3))]  # fmt: skip
+        per_warp = ((32, 2, 4), (32, 2, 3), (32, 2, 5), (64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 1, 4))
+        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=min(w, b // 16))) for b, w, st in per_warp]
+        rows += [("fp8", "perm", _launch(32, 2, 4, key_streams=2))]
         return rows
-    return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)),
-            ("bf16", None, _launch(32, 4, 2, num_splits=128, pdl_merge=True)), ("bf16", None, _launch(64, 4, 2, **one)),
-            ("fp8", "cvtpx", _launch(64, 4, 3)), ("fp8", "cvtpx", _launch(64, 4, 3, **cap))]  # fmt: skip
+    return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)), ("fp8", "cvtpx", _launch(64, 4, 3)),
+            ("fp8", "cvtpx", _launch(32, 2, 4, key_streams=2))]  # fmt: skip
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
@@ -103,8 +97,8 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
             continue
         default = rows[0]
         best = min(rows, key=lambda r: r["us"])
-        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "key_streams",
-                                      "max_registers") if k in best}  # fmt: skip
+        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "key_streams")
+                 if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         print(
             f"b{batch} ctx{ctx} {pool}: default {default['us']:.1f} us {default['gbps']:.0f} GB/s; "
@@ -141,7 +135,7 @@ def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
     rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r]
     if rows:
         top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        more = f",{top.get('key_streams', 0)},{top.get('max_registers', 0)}"
+        more = f",{top.get('key_streams', 0)}"
         path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}{more}\n")
 
 if __name__ == "__main__":

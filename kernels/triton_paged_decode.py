@@ -143,11 +143,11 @@ def _attend_streams(
     """The loop as a batched `tl.dot` over WS interleaved streams of the split's keys: each `BLOCK_N` tile is WS
     sub-tiles of `BLOCK_N // WS` keys, each stream with its own scores and online-softmax state, merged once at
     the end. WS = num_warps puts one stream on each warp, so the row max and sum and P's way to the second
-    product stay within a warp (no shared-memory reductions per tile), at the price of a full accumulator per
-    warp (registers). WS = 1 is the plain loop's arithmetic, but Triton then keeps the query's mma fragments
-    in registers instead of re-reading them from shared memory every tile (sm_90 SASS: 437 -> 372
-    instructions and 191 -> 159 shared-memory wavefronts a warp and 64-key tile for "cvtpx"; 132 registers,
-    so it wants `max_registers=128` for four programs an SM). Returns (acc, m, l) of the query rows."""
+    product stay within a warp (no shared-memory reductions or barriers per tile) and the query's mma
+    fragments stay in registers, at the price of a full accumulator per warp (registers). On the H200 the fp8
+    pool's fastest kernel: 146.3 us at 32/2/4 with 2 streams against 161.8 for the plain loop at 64/4/3
+    (2026-12-04 s7 call 4). WS = 1 (the plain loop's arithmetic with the query in registers: fewer instructions
+    in the sm_90 SASS) measured slower there, 268 us. Returns (acc, m, l) of the query rows."""
     SUB: tl.constexpr = BLOCK_N // WS
     w = tl.arange(0, WS)[:, None]
     t = tl.arange(0, SUB)[None, :]
@@ -339,29 +339,30 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
-# (block_n, num_warps, num_stages[, fp8_kv, key_streams, max_registers]) per pool, the best of the H200 sweeps at
-# batch 64 x 4,096 (bench/fp8_kv_decode.py): bf16 64/4/2 243.0-248.0 us (~4,330-4,420 GB/s); fp8 "cvtpx" 64/4/3
-# 172.9 us (2026-12-04 s7 call 2, kv7 @250e64f; 3,105 GB/s of fp8 bytes), against 244.7 for s6's "asm" (its
-# default), 204.1 "cvt16", 182.2 "perm", 248-337 the "_k" paths; stages 2 and 64/8 or 128/4 tiles were slower.
+# (block_n, num_warps, num_stages[, fp8_kv, key_streams]) per pool, from the H200 sweeps at batch 64 x 4,096
+# (bench/fp8_kv_decode.py, 2026-12-04 s7): bf16 64/4/2 240.9-248.0 us (~4,330-4,460 GB/s). fp8 "cvtpx" 64/4/3, the
+# plain loop: 172.9 us in call 2 (kv7 @250e64f; engine step bs64 x ctx 4,096 0.819x bf16-KV's), 161.8 in call 4
+# (@d97ebf7, one K/V offset); s6's "asm" 244.7, "cvt16" 204.1, "perm" 167.2-182.2, the "_k" paths 248-337.
+# Fastest kernel in call 4: 32/2/4 with 2 key streams (one a warp), 146.3 us (3,669 GB/s), but its engine step was
+# not reached in that call (no device time left), so the default stays the engine-measured plain loop; next call:
+# `KV7_FP8_LAUNCH=32,2,4,cvtpx,2 STAGES="fp8kv bf16 tests summary" bash bench/results/kv7-gpu.sh`.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 3, "cvtpx", 0, 0)
+_FP8_LAUNCH = (64, 4, 3, "cvtpx", 0)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, int]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams, max_registers; 0: none).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams[,max_registers]]" overrides the fp8
-    pool's, so that one device call can time the engine step at what its kernel sweep found best
-    (bench/results/kv7-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's, so that
+    one device call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
     if not fp8:
-        return (*_BF16_LAUNCH, "cvt", 0, 0)
+        return (*_BF16_LAUNCH, "cvt", 0)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
         block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        assert len(more) <= 2 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more} not integers"
-        streams, regs = (*map(int, more), 0, 0)[:2]
-        return int(block_n), int(warps), int(stages), mode, streams, regs
+        assert len(more) <= 1 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
+        return int(block_n), int(warps), int(stages), mode, int(more[0]) if more else 0
     return _FP8_LAUNCH
 
 
@@ -419,7 +420,6 @@ def paged_decode_attention(
     fused_merge: bool = False,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
-    max_registers: int | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -439,8 +439,7 @@ def paged_decode_attention(
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
-    of keys (`_attend_streams`; 1: the query's fragments stay in registers, num_warps: one stream a warp).
-    `max_registers`: ptxas's register cap (Triton's maxnreg; 0 or None: none). `v_scale` (an fp8 pool's V scale)
+    of keys (`_attend_streams`; num_warps: one stream a warp). `v_scale` (an fp8 pool's V scale)
     multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -453,7 +452,6 @@ def paged_decode_attention(
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
     key_streams = tile[4] if key_streams is None else key_streams
-    max_registers = tile[5] if max_registers is None else max_registers
     if key_streams and block_n // key_streams < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     if num_splits is None:
@@ -510,7 +508,6 @@ def paged_decode_attention(
         EARLY_DEPENDENTS=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
-        **({"maxnreg": max_registers} if max_registers and not INTERPRETING else {}),
     )
     if num_splits > 1 and not fused_merge:
         merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl)

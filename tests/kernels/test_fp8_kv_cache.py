@@ -176,7 +176,7 @@ def test_decode_key_streams_match_reference(dtype):
         ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
         for streams in (1, 4):
             out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
-                                         key_streams=streams, max_registers=128, fp8_kv=mode)  # fmt: skip
+                                         key_streams=streams, fp8_kv=mode)  # fmt: skip
             assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)
     with pytest.raises(ValueError, match="16 keys"):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
@@ -225,8 +225,8 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     """On the GPU (the inline PTX runs only there): Llama-3-8B heads, three sequences (4,000 tokens, so
     32 splits with the merge, then 300 and 17), a bf16 query, K with ~30 % subnormal values: each fp8
     operand path equals the reference on the fp8 pages within fp16 operand rounding, in the default tile,
-    in 128-token tiles of 8 warps, with a key stream per warp and as one batched stream under a 128-register
-    cap; the merge by programmatic dependent launch gives the same output."""
+    in 128-token tiles of 8 warps, with a key stream per warp (4 and 2 warps) and as one batched stream; the
+    merge by programmatic dependent launch gives the same output."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
     g = torch.Generator().manual_seed(11)
@@ -240,29 +240,27 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     assert rel_err(plain, ref) < 1e-2
     wide = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=128, num_warps=8)
     assert rel_err(wide, ref) < 1e-2
-    for streams, regs in ((4, 0), (1, 128)):
-        out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, key_streams=streams,
-                                     max_registers=regs)  # fmt: skip
-        assert rel_err(out, ref) < 1e-2, (streams, regs)
+    for block_n, warps, streams in ((64, 4, 4), (32, 2, 2), (64, 4, 1)):
+        out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=block_n,
+                                     num_warps=warps, key_streams=streams)  # fmt: skip
+        assert rel_err(out, ref) < 1e-2, (block_n, warps, streams)
     pdl = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, pdl_merge=True)
     torch.testing.assert_close(pdl, plain, rtol=0, atol=0)
 
 
-def test_fp8_launch_override_reads_tile_path_streams_and_register_cap(monkeypatch):
+def test_fp8_launch_override_reads_tile_path_and_key_streams(monkeypatch):
     """FLOTILLA_DECODE_FP8_LAUNCH (what a device call's sweep hands to the engine) names the tile, the fp8
-    operand path and optionally the key streams and a register cap; anything else is refused."""
+    operand path and optionally the key streams; anything else is refused."""
     from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _launch_defaults
 
     monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
     assert _launch_defaults(True) == _FP8_LAUNCH
-    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,cvtpx,1,128")
-    assert _launch_defaults(True) == (64, 4, 3, "cvtpx", 1, 128)
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,4,cvtpx,2")
-    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2, 0)
+    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2)
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
-    assert _launch_defaults(True) == (64, 4, 3, "perm", 0, 0)
-    assert _launch_defaults(False)[3:] == ("cvt", 0, 0)  # the bf16 pool keeps its own
-    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128,9"):
+    assert _launch_defaults(True) == (64, 4, 3, "perm", 0)
+    assert _launch_defaults(False)[3:] == ("cvt", 0)  # the bf16 pool keeps its own
+    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128"):
         monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
         with pytest.raises(AssertionError):
             _launch_defaults(True)

@@ -105,8 +105,7 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
             constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=streams,
                               EARLY_DEPENDENTS=name == "bf16")  # fmt: skip
             key = f"paged_decode {name}" + (f" streams{streams}" if streams else "")
-            regs = {"maxnreg": 128} if streams == 1 else {}
-            out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3, **regs)
+            out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
