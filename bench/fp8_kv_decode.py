@@ -4,14 +4,16 @@ batch-64 x 4,096 decode step faster, it made it 1.14x slower on 2026-12-03).
     python3 bench/fp8_kv_decode.py --json fp8-kv-decode.json [--batches 64,1] [--ctx 4096] [--best-fp8-launch F]
 
 Llama-3.1-8B's attention (32 query heads, 8 KV heads, head dim 128, pages of 16 tokens), block tables
-shuffled over a pool larger than the L2. For each launch configuration (tile, warps, pipeline stages) it
-times `paged_decode_attention` on the bf16 pool and on the same values in fp8 (e4m3), in CUDA graphs of
-many calls, and reports GB/s of K+V bytes read (each pool's own bytes). fp8 operand paths (`fp8_kv`):
-`cvt` Triton's e4m3 -> bf16 upcast (the 2026-12-03 kernel: byte-wise shared-memory reads of V, two
-conversions a value), `asm` the integer bit moves to fp16 (four values per PTX sequence), `cvt16` the
-hardware e4m3 -> fp16 conversion (two values per cvt); both keep V's conversion in its load layout.
-At batch 1 (bf16 and asm) it also varies the splits and runs the separate merge kernel (`fused_merge`
-False, the kernel before 2026-12-04) against the fused merge.
+shuffled over a pool larger than the L2. For each row of `cases` (pool, fp8 operand path, launch) it times
+`paged_decode_attention` on the bf16 pool or on the same values in fp8 (e4m3), in CUDA graphs of many
+calls, and reports GB/s of K+V bytes read (each pool's own bytes). fp8 operand paths (`fp8_kv`, see
+kernels/triton_paged_decode.py): `asm` the bit moves to fp16 in PTX (ten instructions for four values, V
+kept in its load layout by a select; the default of 2026-12-04 s6), `cvt16` the hardware e4m3 -> fp16 cvt
+(same select), `perm` seven bit-move instructions for four values and `cvtpx` the hardware cvt in PTX, both
+with V kept in its load layout by an impure asm (no select), `perm_k` / `cvtpx_k` K kept in its load layout too;
+`key_streams` rows run the loop as a batched dot over interleaved key streams (one a warp: no cross-warp softmax
+reductions, the query's fragments in registers).
+At batch 1 it varies the splits and launches the merge kernel plainly or by programmatic dependent launch.
 Each output is checked against the bf16 result on the fp8-rounded pool (rel err printed); the bf16
 pool's error is its distance from that rounding.
 """
@@ -26,38 +28,29 @@ from pathlib import Path
 import torch
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
-TILES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3), (128, 8, 2)]  # batch 64
-# pool, query dtype, fp8_kv mode
-VARIANTS = {
-    64: [("bf16", "bf16", None), ("fp8", "bf16", "cvt"), ("fp8", "bf16", "asm"), ("fp8", "bf16", "cvt16")],
-    1: [("bf16", "bf16", None), ("fp8", "bf16", "asm")],
-}
-
-
-_DEFAULT_FP8 = (64, 4, 2)  # kernels/triton_paged_decode.py's _FP8_LAUNCH tile, for rows without one
 
 
 def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
     return {"block_n": block_n, "num_warps": warps, "num_stages": stages, **more}
 
 
-def configs(batch: int) -> list[dict]:
-    """The default launch first, then tiles. At batch 1 (8 KV heads: splits make the programs; the
-    default is 32 splits at block_n 64, 64 at 32, 16 at 128) also fewer and more splits, and the
-    merge by the last split program (`fused_merge`, slower in call 5 of 2026-12-04)."""
+def cases(batch: int) -> list[tuple[str, str | None, dict]]:
+    """(pool, fp8_kv, launch) rows. Batch 64 (512 programs at one split): the bf16 pool at its default, the fp8
+    plain loop (cvtpx 64/4/3: 161.8 us in 2026-12-04 s7 call 4; perm), and around that call's fastest, one key
+    stream a warp at 32/2/4 (146.3 us): depth, 2- and 4-warp tiles. Batch 1: bf16 at its default and with 128
+    splits of 32 keys, fp8 cvtpx plain and in streams. Earlier lists (`git log -p bench/fp8_kv_decode.py`):
+    call 2 (kv7 @250e64f) the s6 asm and cvt16 paths, perm_k / cvtpx_k, 64/8 tiles, 16 / 64 splits, the merge by
+    dependent launch; call 4 (@d97ebf7) also one batched stream (key_streams 1: 268 us) and a 128-register cap
+    (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
-        return [{}] + [_launch(*t) for t in TILES]
-    return [
-        {},
-        {"fused_merge": True},
-        _launch(64, 4, 3),
-        _launch(64, 4, 3, num_splits=16),
-        _launch(64, 4, 3, num_splits=64),
-        _launch(64, 4, 2, num_splits=16),
-        _launch(64, 8, 3),
-        _launch(32, 4, 3),
-        _launch(128, 4, 3),
-    ]
+        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", _launch(64, 4, 3)),
+                                                    ("fp8", "perm", _launch(64, 4, 3))]  # fmt: skip
+        per_warp = ((32, 2, 4), (32, 2, 3), (32, 2, 5), (64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 1, 4))
+        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=min(w, b // 16))) for b, w, st in per_warp]
+        rows += [("fp8", "perm", _launch(32, 2, 4, key_streams=2))]
+        return rows
+    return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)), ("fp8", "cvtpx", _launch(64, 4, 3)),
+            ("fp8", "cvtpx", _launch(32, 2, 4, key_streams=2))]  # fmt: skip
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
@@ -72,7 +65,6 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
     pools = {"bf16": (k16, v16), "fp8": (k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn))}
     tables = torch.randperm(sets * blocks, device="cuda", dtype=torch.int32).view(sets, batch, -1)
     queries = {"bf16": torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)}
-    queries["fp16"] = queries["bf16"].half()
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     k8, v8 = pools["fp8"]
@@ -84,29 +76,29 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
         return lambda i: paged_decode_attention(query[i % sets], k, v, tables[i % sets], qsl, lens, HEAD_DIM**-0.5,
                                                 **cfg)  # fmt: skip
 
-    for cfg in configs(batch):
-        for pool, qdt, mode in VARIANTS[batch]:
-            k, v = pools[pool]
-            fn = attend(queries[qdt], k, v, cfg | ({"fp8_kv": mode} if mode else {}))
-            nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
-            name = pool if pool == "bf16" else f"fp8_{mode}"
-            row: dict = {"batch": batch, "ctx": ctx, "pool": name, **cfg}
-            try:
-                err = ((fn(0).float() - ref).norm() / ref.norm()).item()
-                ms = graph_ms(fn, calls)
-                row.update(us=1e3 * ms, gbps=nbytes / ms / 1e6, rel_err=err)
-            except Exception as exc:  # a configuration that does not compile is recorded
-                row["error"] = repr(exc)[:200]
-            results["cases"].append(row)
-            path.write_text(json.dumps(results, indent=1) + "\n")
+    for pool, mode, cfg in cases(batch):
+        k, v = pools[pool]
+        fn = attend(queries["bf16"], k, v, cfg | ({"fp8_kv": mode} if mode else {}))
+        nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
+        name = pool if pool == "bf16" else f"fp8_{mode}"
+        row: dict = {"batch": batch, "ctx": ctx, "pool": name, **cfg}
+        try:
+            err = ((fn(0).float() - ref).norm() / ref.norm()).item()
+            ms = graph_ms(fn, calls)
+            row.update(us=1e3 * ms, gbps=nbytes / ms / 1e6, rel_err=err)
+        except Exception as exc:  # a configuration that does not compile is recorded
+            row["error"] = repr(exc)[:200]
+        results["cases"].append(row)
+        print(" ", {x: row[x] for x in row if x not in ("batch", "ctx")}, flush=True)
+        path.write_text(json.dumps(results, indent=1) + "\n")
     for pool in dict.fromkeys(r["pool"] for r in results["cases"] if r["batch"] == batch):
         rows = [r for r in results["cases"] if r["batch"] == batch and r["pool"] == pool and "us" in r]
         if not rows:
             continue
-        plain = [r for r in rows if "block_n" not in r and not r.get("num_splits") and r.get("fused_merge", True)]
-        default = (plain or rows)[0]
+        default = rows[0]
         best = min(rows, key=lambda r: r["us"])
-        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "fused_merge") if k in best}
+        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "key_streams")
+                 if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         print(
             f"b{batch} ctx{ctx} {pool}: default {default['us']:.1f} us {default['gbps']:.0f} GB/s; "
@@ -133,15 +125,18 @@ def main() -> None:
     for batch in (int(b) for b in a.batches.split(",")):
         bench_batch(batch, a.ctx, results, Path(a.json))
         torch.cuda.empty_cache()
-    # The fastest fp8 row at the largest batch, as FLOTILLA_DECODE_FP8_LAUNCH reads it.
-    rows = [r for r in results["cases"] if r["pool"].startswith("fp8_") and "us" in r and "num_splits" not in r]
-    if a.best_fp8_launch and rows:
-        top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        launch = dict(zip(("block_n", "num_warps", "num_stages"), _DEFAULT_FP8, strict=True)) | top
-        Path(a.best_fp8_launch).write_text(
-            f"{launch['block_n']},{launch['num_warps']},{launch['num_stages']},{top['pool'].removeprefix('fp8_')}\n"
-        )
+        if a.best_fp8_launch:  # after each batch: a later one cut by a time limit still leaves it
+            _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))
 
+
+def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
+    """The fastest fp8 row at the largest batch so far, as FLOTILLA_DECODE_FP8_LAUNCH reads it (every fp8 row
+    names its tile)."""
+    rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r]
+    if rows:
+        top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
+        more = f",{top.get('key_streams', 0)}"
+        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}{more}\n")
 
 if __name__ == "__main__":
     main()

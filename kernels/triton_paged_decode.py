@@ -45,24 +45,54 @@ or.b32 $0, a, s;
 or.b32 $1, b, t;
 }""")
 
+# The same values, x 2^-8, in seven instructions for four (the sequence above takes ten, and the byte placement
+# ahead of it two more): the high bytes of all four fp16 (sign, then exponent and mantissa but its lowest bit)
+# and their low bytes (that bit at bit 7) each by one shift and mask of the 32-bit word, then two byte
+# permutes interleave them into the two fp16x2 results.
+_E4M3X4_TO_F16X4_BYTES = tl.constexpr("""{
+.reg .b32 s, t, hi, lo;
+shr.b32 s, $2, 1;
+and.b32 t, s, 0x3F3F3F3F;
+and.b32 hi, $2, 0x80808080;
+or.b32 hi, hi, t;
+shl.b32 lo, $2, 7;
+and.b32 lo, lo, 0x80808080;
+prmt.b32 $0, lo, hi, 0x5140;
+prmt.b32 $1, lo, hi, 0x7362;
+}""")
+
+# The hardware conversion (two values a cvt, exact: no 2^-8) as inline PTX: like the sequence above, an
+# impure asm keeps V's conversion in its load layout without a select.
+_E4M3X4_TO_F16X4_CVT = tl.constexpr("""{
+.reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi;
+}""")
+
 
 @triton.jit
 def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAYOUT: tl.constexpr):
     """A loaded K/V tile as a `tl.dot` operand. KV_FP8 0: `x` is already a float tile (bf16/fp16/fp32,
     or fp8 upcast by Triton's conversion, which goes through shared memory byte by byte and, to bf16,
-    converts each value twice). 1 and 2: `x` is raw e4m3 bytes (the fp8 pool viewed as uint8) made
+    converts each value twice). 1, 2 and 4: `x` is raw e4m3 bytes (the fp8 pool viewed as uint8) made
     fp16 with integer ops: sign to bit 15, exponent and mantissa shifted into fp16's fields, which is
     exactly the value x 2^-8 (normals and subnormals alike: fp16's exponent bias is 8 above e4m3's);
     the caller folds 2^8 into the scales. 1 does it per value in Triton ops, 2 four values at a time
-    in PTX (`_E4M3X4_TO_F16X4`). 3: `x` is the e4m3 tile, converted to fp16 by the hardware
-    (`cvt.rn.f16x2.e4m3x2`, on the conversion pipe) and kept in its load layout like 1 and 2.
+    in PTX (`_E4M3X4_TO_F16X4`), 4 four at a time in fewer instructions (`_E4M3X4_TO_F16X4_BYTES`).
+    3: `x` is the e4m3 tile, converted to fp16 by the hardware (`cvt.rn.f16x2.e4m3x2`, exact) and
+    kept in its load layout like 1 and 2; 5: the same cvt as inline PTX on the raw bytes.
 
-    KEEP_LAYOUT (for V): Triton moves an elementwise conversion of a `tl.dot` operand after the
-    shared-memory read into the tensor-core operand layout, and an 8-bit V tile (the reduction runs
-    over tokens, not over contiguous bytes) is then read back one byte at a time (`ld.shared.b8` x 64
-    a tile, sm_90 PTX). A select stops that move: V is converted in its load layout and reaches the
-    tensor cores as fp16 through ldmatrix. K's bytes are contiguous along the reduction, so K keeps the
-    moved conversion (no extra shared-memory round trip).
+    KEEP_LAYOUT (V always; K where the launch asks): Triton moves an elementwise conversion of a
+    `tl.dot` operand after the shared-memory read into the tensor-core operand layout, and an 8-bit V
+    tile (the reduction runs over tokens, not over contiguous bytes) is then read back one byte at a
+    time (`ld.shared.b8` x 64 a tile, sm_90 PTX). Kept in its load layout, V is converted once and
+    reaches the tensor cores as fp16 through ldmatrix. Modes 1-3 keep it there by a select (one
+    instruction a value); 4 and 5 by marking the asm impure, which Triton does not move. K's bytes are
+    contiguous along the reduction, so by default K keeps the moved conversion; kept in its load layout
+    too, both operands are plain fp16 tiles and the query's fragments come by ldmatrix (four registers
+    an instruction) instead of 8-byte reads and register moves, at the cost of K's own fp16 round trip
+    through shared memory.
     """
     if KV_FP8 == 1:
         b = x.to(tl.int16)
@@ -75,6 +105,14 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
         if KEEP_LAYOUT:
             h = tl.where(mask, h, 0.0)
         return h.to(DOT_DTYPE)
+    elif KV_FP8 == 4:
+        h = tl.inline_asm_elementwise(_E4M3X4_TO_F16X4_BYTES, "=r,=r,r", [x], dtype=tl.float16,
+                                      is_pure=not KEEP_LAYOUT, pack=4)  # fmt: skip
+        return h.to(DOT_DTYPE)
+    elif KV_FP8 == 5:
+        h = tl.inline_asm_elementwise(_E4M3X4_TO_F16X4_CVT, "=r,=r,r", [x], dtype=tl.float16,
+                                      is_pure=not KEEP_LAYOUT, pack=4)  # fmt: skip
+        return h.to(DOT_DTYPE)
     elif KV_FP8 == 3:
         h = x.to(tl.float16)  # the hardware conversion, two values per cvt, no bf16 step
         if KEEP_LAYOUT:
@@ -82,6 +120,68 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
         return h.to(DOT_DTYPE)
     else:
         return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _page_of(tok, PAGE: tl.constexpr):
+    """Table index of token positions (>= 0): unsigned, so a power-of-two page is one shift."""
+    return (tok.to(tl.uint32) // PAGE).to(tl.int32)
+
+
+@triton.jit
+def _in_page(tok, PAGE: tl.constexpr):
+    return (tok.to(tl.uint32) % PAGE).to(tl.int32)
+
+
+@triton.jit
+def _attend_streams(
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """The loop as a batched `tl.dot` over WS interleaved streams of the split's keys: each `BLOCK_N` tile is WS
+    sub-tiles of `BLOCK_N // WS` keys, each stream with its own scores and online-softmax state, merged once at
+    the end. WS = num_warps puts one stream on each warp, so the row max and sum and P's way to the second
+    product stay within a warp (no shared-memory reductions or barriers per tile) and the query's mma
+    fragments stay in registers, at the price of a full accumulator per warp (registers). On the H200 the fp8
+    pool's fastest kernel: 146.3 us at 32/2/4 with 2 streams against 161.8 for the plain loop at 64/4/3
+    (2026-12-04 s7 call 4). WS = 1 (the plain loop's arithmetic with the query in registers: fewer instructions
+    in the sm_90 SASS) measured slower there, 268 us. Returns (acc, m, l) of the query rows."""
+    SUB: tl.constexpr = BLOCK_N // WS
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, SUB)[None, :]
+    tok = start + w * SUB + t
+    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    q3 = tl.broadcast_to(q[None, :, :], (WS, GROUP_PAD, BLOCK_D))
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, GROUP_PAD, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + w * SUB + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+        in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale  # [WS, G, SUB]
+        s = tl.where(tok_ok[:, None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 2))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, :, None])
+        l = l * alpha + tl.sum(p, 2)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m = m_new
+    m_all = tl.max(m, 0)
+    m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+    wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
+    return tl.sum(acc * wgt[:, :, None], 0), m_all, tl.sum(l * wgt, 0)
 
 
 @triton.jit
@@ -100,12 +200,9 @@ def _decode_split_kernel(
     out_scale,
     stride_qt,
     stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
+    stride_b,
+    stride_s,
+    stride_h,
     stride_bt,
     stride_ot,
     stride_oh,
@@ -123,8 +220,13 @@ def _decode_split_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    K_LOAD_LAYOUT: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
+    KEY_STREAMS: tl.constexpr = 0,
+    EARLY_DEPENDENTS: tl.constexpr = False,
 ):
+    if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -134,7 +236,7 @@ def _decode_split_kernel(
     # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
     # need the table's width, and are used only for tokens below the length.
     tok = start + tl.arange(0, BLOCK_N)
-    next_page = tl.load(table + tok // PAGE, mask=tok < table_tokens, other=0)
+    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
     q_row = tl.load(query_start_loc_ptr + seq)
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
     seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
@@ -151,30 +253,36 @@ def _decode_split_kernel(
         other=0.0,
     ).to(DOT_DTYPE)
 
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        tok = n0 + tl.arange(0, BLOCK_N)
-        tok_ok = tok < end
-        page = next_page.to(tl.int64)
-        next_page = tl.load(table + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
-        in_page = tok % PAGE
-        kv_mask = tok_ok[:, None] & d_ok[None, :]
-        k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, False)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-        s = tl.where(tok_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m = m_new
+    if KEY_STREAMS > 0:
+        acc, m, l = _attend_streams(
+            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        )  # fmt: skip
+    else:
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            tok_ok = tok < end
+            page = next_page.to(tl.int64)
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+            kv_mask = tok_ok[:, None] & d_ok[None, :]
+            kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
+            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+            s = tl.where(tok_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+            m = m_new
 
     acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
     # Partials are `[batch, heads, splits]`.
@@ -231,26 +339,37 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     return int(max(1, min(want, most, 64)))
 
 
-# (block_n, num_warps, num_stages) per pool, the best of the H200 sweeps at batch 64 x 4,096
-# (bench/fp8_kv_decode.py, bench/results/gpu-2026-12-04-s6/call5-kv6/): bf16 64/4/2 243.0 us (4,420 GB/s);
-# fp8 "asm" 64/4/3 245.6 us (2,186 GB/s of fp8 bytes; Triton's upcast "cvt" was 309.5 at 64/4/2, 254.8 at
-# its best; "bits" 323.3). The fp8 pool no longer costs time, but it does not save any either.
+# (block_n, num_warps, num_stages[, fp8_kv, key_streams]) per pool, from the H200 sweeps at batch 64 x 4,096
+# (bench/fp8_kv_decode.py, 2026-12-04 s7): bf16 64/4/2 240.9-248.0 us (~4,330-4,460 GB/s). fp8 "cvtpx" 64/4/3, the
+# plain loop: 172.9 us in call 2 (kv7 @250e64f; engine step bs64 x ctx 4,096 0.819x bf16-KV's), 161.8 in call 4
+# (@d97ebf7, one K/V offset); s6's "asm" 244.7, "cvt16" 204.1, "perm" 167.2-182.2, the "_k" paths 248-337.
+# Fastest kernel in call 4: 32/2/4 with 2 key streams (one a warp), 146.3 us (3,669 GB/s), but its engine step was
+# not reached in that call (no device time left), so the default stays the engine-measured plain loop; next call:
+# `KV7_FP8_LAUNCH=32,2,4,cvtpx,2 STAGES="fp8kv bf16 tests summary" bash bench/results/kv7-gpu.sh`.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (64, 4, 3, "asm")
+_FP8_LAUNCH = (64, 4, 3, "cvtpx", 0)
+_PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv" overrides the fp8 pool's, so that one
-    device call can time the engine step at what its kernel sweep found best (bench/results/kv6-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's, so that
+    one device call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
     if not fp8:
-        return (*_BF16_LAUNCH, "cvt")
+        return (*_BF16_LAUNCH, "cvt", 0)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
-        block_n, warps, stages, mode = env.split(",")
+        block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        return int(block_n), int(warps), int(stages), mode
+        assert len(more) <= 1 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
+        return int(block_n), int(warps), int(stages), mode, int(more[0]) if more else 0
     return _FP8_LAUNCH
+
+
+def _pdl_capable(tensor: torch.Tensor) -> bool:
+    """Programmatic dependent launch needs a CUDA device of compute capability 9.0 or later (and a
+    compiled kernel: never under the interpreter)."""
+    return tensor.is_cuda and not INTERPRETING and torch.cuda.get_device_capability(tensor.device) >= (9, 0)
 
 
 _TICKETS: dict[torch.device, torch.Tensor] = {}
@@ -266,16 +385,22 @@ def _tickets(device: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
-FP8_KV_MODES = {"cvt": 0, "bits": 1, "asm": 2, "cvt16": 3}
+# fp8_kv name -> (KV_FP8, K_LOAD_LAYOUT); "_k": K converted in its load layout too (see `_kv_operand`).
+FP8_KV_MODES = {"cvt": (0, False), "bits": (1, False), "asm": (2, False), "cvt16": (3, False), "perm": (4, False),
+                "cvtpx": (5, False), "perm_k": (4, True), "cvtpx_k": (5, True)}  # fmt: skip
+_BIT_MOVES = (1, 2, 4)  # the modes that read the pool as bytes and give values x 2^-8
 
 
-def _fp8_mode(k_cache: torch.Tensor, fp8_kv: str) -> int:
-    """The kernel's KV_FP8 for this pool: 0 for a float pool or "cvt"; inline PTX never runs under the
-    interpreter, so "asm" is tested there as "bits" (the same arithmetic)."""
+def _fp8_mode(k_cache: torch.Tensor, fp8_kv: str) -> tuple[int, bool]:
+    """The kernel's (KV_FP8, K_LOAD_LAYOUT) for this pool: 0 for a float pool or "cvt". Inline PTX never
+    runs under the interpreter, so "asm" and "perm" are tested there as "bits" (the same arithmetic) and
+    "cvtpx" as "cvt16" (the same conversion)."""
     if k_cache.dtype != FP8_DTYPE:
-        return 0
-    mode = FP8_KV_MODES[fp8_kv]
-    return 1 if mode == 2 and INTERPRETING else mode
+        return 0, False
+    mode, k_layout = FP8_KV_MODES[fp8_kv]
+    if INTERPRETING:
+        mode = {2: 1, 4: 1, 5: 3}.get(mode, mode)
+    return mode, k_layout
 
 
 def paged_decode_attention(
@@ -293,6 +418,8 @@ def paged_decode_attention(
     num_stages: int | None = None,
     fp8_kv: str | None = None,
     fused_merge: bool = False,
+    pdl_merge: bool | None = None,
+    key_streams: int | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -300,15 +427,20 @@ def paged_decode_attention(
     Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
     query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
-    fp8 pool's tiles become tensor-core operands (default "asm"): "asm" or "bits" (integer bit moves to fp16, four
-    values per PTX sequence or one per Triton op, see `_kv_operand`; a bf16 query is rounded to fp16),
-    "cvt16" (the hardware e4m3 -> fp16 conversion, also fp16 operands) or "cvt" (Triton's e4m3 upcast
-    to the query's dtype, the kernel before 2026-12-04). `fused_merge`: with several splits, the last
-    split program of each (sequence, KV head) merges the partials (one launch) instead of a second
-    kernel; off by default: on the H200 at batch 1 x 4,096 it was slower (13.8 us against 11.6 with
-    the merge kernel at 32 splits, 22.3 against 17.7 at 64: the merging program's serial pass over the
-    partials costs more than a launch). `v_scale` (an fp8 pool's V scale) multiplies the output
-    inside the kernel.
+    fp8 pool's tiles become tensor-core operands (default `_FP8_LAUNCH`; see `_kv_operand`; all but "cvt"
+    round a bf16 query to fp16): "asm", "perm" or "bits" (integer bit moves to fp16: four values per PTX
+    sequence of ten or of seven instructions, or one per Triton op), "cvt16" or "cvtpx" (the hardware
+    e4m3 -> fp16 conversion, in Triton or in PTX), "perm_k" / "cvtpx_k" (K converted in its load layout
+    too), or "cvt" (Triton's e4m3 upcast to the query's dtype, the kernel before 2026-12-04).
+    `fused_merge`: with several splits, the last split program of each (sequence, KV head) merges the
+    partials (one launch) instead of a second kernel; off by default: on the H200 at batch 1 x 4,096 it
+    was slower (13.8 us against 11.6 with the merge kernel at 32 splits, 22.3 against 17.7 at 64: the
+    merging program's serial pass over the partials costs more than a launch). `pdl_merge`: the merge
+    kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
+    started while the split programs run and waiting for them, to save the launch gap between the two
+    kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
+    of keys (`_attend_streams`; num_warps: one stream a warp). `v_scale` (an fp8 pool's V scale)
+    multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -319,14 +451,22 @@ def paged_decode_attention(
     tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
+    key_streams = tile[4] if key_streams is None else key_streams
+    if key_streams and block_n // key_streams < 16:
+        raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
-    kv_fp8 = _fp8_mode(k_cache, fp8_kv)
-    if kv_fp8 in (1, 2):
-        k_cache, v_cache, scale = k_cache.view(torch.uint8), v_cache.view(torch.uint8), scale * 256.0
+    kv_fp8, k_load_layout = _fp8_mode(k_cache, fp8_kv)
+    if kv_fp8 in (*_BIT_MOVES, 5):  # the asm and the bit moves read raw bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    if kv_fp8 in _BIT_MOVES:
+        scale *= 256.0
+    assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
+    pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
+    pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query,
         k_cache,
@@ -339,15 +479,12 @@ def paged_decode_attention(
         part_lse,
         _tickets(query.device, batch * num_kv_heads) if fused_merge and num_splits > 1 else part_lse,
         scale * _LOG2E,
-        v_scale * (256.0 if kv_fp8 in (1, 2) else 1.0),
+        v_scale * (256.0 if kv_fp8 in _BIT_MOVES else 1.0),
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
@@ -365,12 +502,15 @@ def paged_decode_attention(
         DOT_DTYPE=dot_dtype(torch.float16 if kv_fp8 and query.dtype != torch.float32 else query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
         KV_FP8=kv_fp8,
+        K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
+        KEY_STREAMS=key_streams,
+        EARLY_DEPENDENTS=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     if num_splits > 1 and not fused_merge:
-        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True)
+        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl)
     return out
 
 

@@ -63,7 +63,10 @@ def split_merge_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ROWS_ARE_SEQS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched early (programmatic dependent launch): wait until the partials' kernel is done
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     head = tl.program_id(1)
     if ROWS_ARE_SEQS:
@@ -112,8 +115,12 @@ def merge_splits(
     num_rows: int,
     num_splits: int,
     rows_are_seqs: bool,
+    pdl: bool = False,
 ) -> None:
-    """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`)."""
+    """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`).
+    `pdl`: launched by programmatic dependent launch (CUDA on Hopper, never under the interpreter): the
+    GPU may start it while the kernel ahead (which should signal `gdc_launch_dependents`) still runs;
+    it waits for that kernel's completion before reading, so only the launch gap is saved."""
     num_heads, head_dim = out.shape[1], out.shape[2]
     split_merge_kernel[(num_rows, num_heads)](
         part_out,
@@ -129,6 +136,7 @@ def merge_splits(
         BLOCK_D=triton.next_power_of_2(head_dim),
         ROWS_ARE_SEQS=rows_are_seqs,
         num_warps=4,
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
 
 

@@ -92,7 +92,7 @@ def test_attention_kernels_read_fp8_pages(kernel):
     assert rel_err(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("fp8_kv", ["cvt", "bits", "asm", "cvt16"])
+@pytest.mark.parametrize("fp8_kv", ["cvt", "bits", "asm", "cvt16", "perm", "cvtpx", "perm_k", "cvtpx_k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_fp8_operand_paths_match_reference(fp8_kv, dtype):
     """Every way the decode kernel turns e4m3 pages into tensor-core operands (the bit moves to fp16
@@ -107,6 +107,79 @@ def test_decode_fp8_operand_paths_match_reference(fp8_kv, dtype):
     ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 4.0)
     assert out.dtype == dtype
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)  # fp32: fp32 operands throughout
+
+
+def _run_ptx(asm: str, word: int) -> list[int]:
+    """The integer PTX of an `inline_asm_elementwise` body (b32 mov/shr/shl/and/or/prmt) run on one input
+    register $2, giving $0 and $1: the interpreter never runs inline asm, so its constants are checked here."""
+    regs: dict[str, int] = {"$2": word}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    for line in asm.strip("{}\n").splitlines():
+        op, _, args = line.strip().rstrip(";").partition(" ")
+        if not args or op.startswith(".reg"):
+            continue
+        d, *src = [a.strip() for a in args.split(",")]
+        a = [val(t) for t in src]
+        if op == "shr.b32":
+            r = a[0] >> a[1]
+        elif op == "shl.b32":
+            r = a[0] << a[1]
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
+        elif op == "prmt.b32":
+            pool = (a[1] << 32) | a[0]
+            r = sum(((pool >> (8 * ((a[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        else:
+            raise AssertionError(f"op {op} not modelled")
+        regs[d] = r & 0xFFFFFFFF
+    return [regs["$0"], regs["$1"]]
+
+
+@pytest.mark.parametrize("asm_name", ["_E4M3X4_TO_F16X4", "_E4M3X4_TO_F16X4_BYTES"])
+def test_e4m3_bit_move_asm_gives_every_code_times_2_to_the_minus_8(asm_name):
+    """Both PTX sequences of the decode kernel's "asm" and "perm" paths turn each of the 254 finite e4m3
+    codes, in every byte position of the word, into fp16 bits of exactly value x 2^-8."""
+    from flotilla.kernels import triton_paged_decode
+
+    asm = getattr(triton_paged_decode, asm_name).value
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = (codes.view(FP8).float() * 2.0**-8).half().view(torch.int16).int() & 0xFFFF
+    finite = ~codes.view(FP8).float().isnan()
+    for c in range(256):
+        if not finite[c]:
+            continue
+        for pos in range(4):
+            filler = [0x5A, 0xC3, 0x01, 0xFE]  # other bytes of the word must not leak into this value
+            filler[pos] = c
+            word = sum(b << (8 * i) for i, b in enumerate(filler))
+            out = _run_ptx(asm, word)
+            got = (out[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
+            assert got == want[c].item(), (asm_name, hex(c), pos, hex(got))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_key_streams_match_reference(dtype):
+    """The loop as a batched dot over interleaved key streams: one stream, and one a warp (4 streams of 16 in
+    a 64-key tile; sequences of 37 and 5 keys leave some streams empty in the last tile, one with none at all),
+    merged at the end: the reference output, on a float and on an fp8 pool. Fewer than 16 keys a stream is
+    refused."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1, 1], [37, 130, 5], 8, 2, dtype, seed=9)
+    for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
+        ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
+        for streams in (1, 4):
+            out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
+                                         key_streams=streams, fp8_kv=mode)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)
+    with pytest.raises(ValueError, match="16 keys"):
+        paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
 
 
 @pytest.mark.parametrize("q_lens", [[1, 1], [21, 7]])
@@ -144,3 +217,50 @@ def test_cuda_fp8_decode_with_scales_replays_in_a_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_kv", ["asm", "cvt16", "perm", "cvtpx", "perm_k", "cvtpx_k"])
+def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
+    """On the GPU (the inline PTX runs only there): Llama-3-8B heads, three sequences (4,000 tokens, so
+    32 splits with the merge, then 300 and 17), a bf16 query, K with ~30 % subnormal values: each fp8
+    operand path equals the reference on the fp8 pages within fp16 operand rounding, in the default tile,
+    in 128-token tiles of 8 warps, with a key stream per warp (4 and 2 warps) and as one batched stream; the
+    merge by programmatic dependent launch gives the same output."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(11)
+    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
+    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
+    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
+    tables = tables.cuda()
+    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+    plain = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv)
+    assert rel_err(plain, ref) < 1e-2
+    wide = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=128, num_warps=8)
+    assert rel_err(wide, ref) < 1e-2
+    for block_n, warps, streams in ((64, 4, 4), (32, 2, 2), (64, 4, 1)):
+        out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=block_n,
+                                     num_warps=warps, key_streams=streams)  # fmt: skip
+        assert rel_err(out, ref) < 1e-2, (block_n, warps, streams)
+    pdl = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, pdl_merge=True)
+    torch.testing.assert_close(pdl, plain, rtol=0, atol=0)
+
+
+def test_fp8_launch_override_reads_tile_path_and_key_streams(monkeypatch):
+    """FLOTILLA_DECODE_FP8_LAUNCH (what a device call's sweep hands to the engine) names the tile, the fp8
+    operand path and optionally the key streams; anything else is refused."""
+    from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _launch_defaults
+
+    monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
+    assert _launch_defaults(True) == _FP8_LAUNCH
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,4,cvtpx,2")
+    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2)
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
+    assert _launch_defaults(True) == (64, 4, 3, "perm", 0)
+    assert _launch_defaults(False)[3:] == ("cvt", 0)  # the bf16 pool keeps its own
+    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128"):
+        monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
+        with pytest.raises(AssertionError):
+            _launch_defaults(True)

@@ -47,7 +47,9 @@ def _compile_for_hopper(
     ptx = kernel.asm["ptx"]
     return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
             "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
-            "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8")}  # fmt: skip
+            "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8"), "selp": ptx.count("selp"),
+            "ldmatrix": ptx.count("ldmatrix"), "gdc_wait": ptx.count("griddepcontrol.wait"),
+            "gdc_launch": ptx.count("griddepcontrol.launch_dependents")}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -80,8 +82,8 @@ def _compile_all() -> dict[str, dict[str, object]]:
 
 def _compile_paged_decode() -> dict[str, dict[str, object]]:
     """The decode attention at Llama-3.1-8B's shape with 32 splits (fused merge), on a bf16 pool and on
-    an fp8 pool (KV_FP8 2: bytes, the PTX bit moves; 1: bytes, Triton ops; 3: the hardware e4m3 -> fp16
-    cvt; 0: Triton's upcast)."""
+    an fp8 pool (KV_FP8 2 and 4: bytes, PTX bit moves; 1: bytes, Triton ops; 3: the hardware e4m3 -> fp16
+    cvt, 5: the same in PTX; 0: Triton's upcast; "_k": K converted in its load layout too)."""
     import triton.language as tl
 
     from flotilla.kernels.triton_paged_decode import _decode_split_kernel
@@ -91,14 +93,25 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
     common = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
                   PAGE=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSED_MERGE=True)  # fmt: skip
     out = {}
-    pools = [("bf16", "*bf16", tl.bfloat16, 0), ("fp8 asm", "*u8", tl.float16, 2), ("fp8 bits", "*u8", tl.float16, 1),
-             ("fp8 cvt", "*fp8e4nv", tl.bfloat16, 0), ("fp8 cvt16", "*fp8e4nv", tl.float16, 3)]  # fmt: skip
-    for name, pool, dot, mode in pools:
+    pools = [("bf16", "*bf16", tl.bfloat16, 0, False), ("fp8 asm", "*u8", tl.float16, 2, False),
+             ("fp8 bits", "*u8", tl.float16, 1, False), ("fp8 cvt", "*fp8e4nv", tl.bfloat16, 0, False),
+             ("fp8 cvt16", "*fp8e4nv", tl.float16, 3, False), ("fp8 perm", "*u8", tl.float16, 4, False),
+             ("fp8 cvtpx", "*u8", tl.float16, 5, False), ("fp8 cvtpx_k", "*u8", tl.float16, 5, True)]  # fmt: skip
+    for name, pool, dot, mode, k_layout in pools:
         pointers = {"q_ptr": "*bf16", "k_cache_ptr": pool, "v_cache_ptr": pool, "block_tables_ptr": "*i32",
                     "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
                     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "ticket_ptr": "*i32"}  # fmt: skip
-        constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode)
-        out[f"paged_decode {name}"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
+        for streams in (0, 1, 4) if name == "fp8 cvtpx" else (0,):  # the batched loop: 1 stream, one a warp
+            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=streams,
+                              EARLY_DEPENDENTS=name == "bf16")  # fmt: skip
+            key = f"paged_decode {name}" + (f" streams{streams}" if streams else "")
+            out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
+    # the split merge as launched by programmatic dependent launch after the bf16 decode above
+    from flotilla.kernels.triton_split_merge import split_merge_kernel
+
+    merge = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "query_start_loc_ptr": "*i32", "out_ptr": "*bf16"}
+    consts = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, HEAD_DIM=128, BLOCK_D=128, ROWS_ARE_SEQS=True, PDL=True)
+    out["split_merge pdl"] = _compile_for_hopper(split_merge_kernel, merge, consts, num_warps=4)
     return out
 
 
@@ -190,7 +203,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert all(r["cubin_bytes"] > 0 for r in result.values())
     # the fp32 -> e4m3 stores and the GEMV's e4m3 loads use the hardware conversions (cvt ... e4m3x2),
     # not a software one
-    plain = ("int4", "paged_decode")  # int4: no fp8; the decode kernel: checked below
+    plain = ("int4", "paged_decode", "split_merge")  # int4: no fp8; the decode kernel: checked below
     assert all(r["e4m3_cvt"] for name, r in result.items() if "bf16" not in name and not name.startswith(plain))
     assert result["lora_stacked_expand bf16"]["mma"]  # the LoRA delta on tensor cores
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
@@ -205,6 +218,17 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
+    # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
+    # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
+    for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
+                 "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4"):  # fmt: skip
+        assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
+        assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
+    assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
+    assert result["paged_decode fp8 cvtpx_k"]["ldmatrix"] > result["paged_decode fp8 cvtpx"]["ldmatrix"]
+    # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
+    assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
+    assert result["split_merge pdl"]["gdc_wait"] == 1
 
 
 if __name__ == "__main__":

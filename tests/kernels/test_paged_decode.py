@@ -77,3 +77,30 @@ def test_decode_head_dims_padded_and_full(head_dim):
     args = _decode_case([70, 129], 8, 2, torch.bfloat16, head_dim=head_dim, seed=5)
     out = paged_decode_attention(*args, head_dim**-0.5, num_splits=2, block_n=32)
     assert rel_err(out, paged_attention_ref(*args, head_dim**-0.5)) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph():
+    """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits): the merge kernel launched by programmatic
+    dependent launch, captured in a CUDA graph, gives the reference output on every replay (it must wait
+    for the split programs' partials, though the split kernel lets it start at once)."""
+    from kernel_cases import batch_meta, paged_pool
+
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(5)
+    k, v, tables = paged_pool([4000], 8, 128, torch.bfloat16, generator=g)
+    query = torch.randn(1, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = batch_meta([1], [4000])
+    run = lambda: paged_decode_attention(query, k, v, tables, qsl, lens, 0.088, pdl_merge=True)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.088)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, ref) < 1e-2
