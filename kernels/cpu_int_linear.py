@@ -40,7 +40,7 @@ def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     if scales.dtype not in (torch.bfloat16, torch.float16):
         return None
     codes = unpack_codes(packed, bits)
-    rows, cols = codes.shape
+    cols = codes.shape[1]
     if bits == 4 and group_size in INT4_GROUPS and cols % group_size == 0:
         weight = torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
         scale = scales.float()
