@@ -3,7 +3,8 @@
 
 One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints),
 `packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
-`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout). The layers' hook is in `engine/layers/linear.py`.
+`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout).
+The layers' hook is in `engine/layers/linear.py`.
 """
 
 from __future__ import annotations
