@@ -159,7 +159,12 @@ def main() -> None:
     serve_args = SimpleNamespace(server_python_args="", model=None, serve_args=flags,
                                  server_log=str(out / "flotilla-server.log"))
     flotilla, flotilla_url = launch(serve_args)
-    llama, llama_url = launch_llamacpp(args.llama_python, gguf, args.threads, 2048, str(out / "llamacpp-server.log"))
+    try:
+        llama, llama_url = launch_llamacpp(args.llama_python, gguf, args.threads, 2048,
+                                           str(out / "llamacpp-server.log"))
+    except BaseException:
+        flotilla.terminate()
+        raise
     servers = {
         "flotilla": (flotilla_url, httpx.get(f"{flotilla_url}/v1/models").json()["data"][0]["id"], {}),
         "llama.cpp": (llama_url, "llama.cpp", {"repeat_penalty": 1.0, "top_k": 1}),
