@@ -139,6 +139,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-python", required=True, help="the interpreter of a venv with llama-cpp-python[server]")
     p.add_argument("--flotilla-args", default="", help="extra `flotilla serve` flags (e.g. '--dtype float32')")
+    p.add_argument("--flotilla-env", nargs="*", default=[],
+                   help="KEY=VALUE for the Flotilla server's environment only (e.g. RTN_NUM_BITS=4 "
+                   "OMP_WAIT_POLICY=PASSIVE)")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (Flotilla's torch uses every core)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--input-len", type=int, default=210)
@@ -158,7 +161,13 @@ def main() -> None:
     flags = f"--max-model-len 2048 {args.flotilla_args}"
     serve_args = SimpleNamespace(server_python_args="", model=None, serve_args=flags,
                                  server_log=str(out / "flotilla-server.log"))
-    flotilla, flotilla_url = launch(serve_args)
+    saved = dict(os.environ)
+    os.environ.update(kv.split("=", 1) for kv in args.flotilla_env)  # the Flotilla server's alone
+    try:
+        flotilla, flotilla_url = launch(serve_args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     try:
         llama, llama_url = launch_llamacpp(args.llama_python, gguf, args.threads, 2048,
                                            str(out / "llamacpp-server.log"))
@@ -191,7 +200,8 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=60)
     report = {"command": "python bench/cpu_peer.py " + shlex.join(sys.argv[1:]), "runs": runs,
-              "flotilla_flags": flags, "llama_cpp": f"llama-cpp-python, {gguf.name}, {args.threads} threads",
+              "flotilla_flags": flags, "flotilla_env": args.flotilla_env,
+              "llama_cpp": f"llama-cpp-python, {gguf.name}, {args.threads} threads",
               "medians": medians(runs)}
     (out / "peer.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report["medians"], indent=2))
