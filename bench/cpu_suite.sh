@@ -21,3 +21,10 @@ for c in 1 8 32; do
 done
 # The engine loop's thread vs offline vs HTTP.
 $py bench/loop_overhead.py --json "$out/loop-overhead.json"
+# Side by side with llama.cpp's server (llama-cpp-python in its own venv, never the project's:
+#   python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install 'llama-cpp-python[server]==0.3.36'
+# builds llama.cpp from source, 16 CPU-minutes), when LLAMA_PYTHON names that venv's python.
+if [ -n "${LLAMA_PYTHON:-}" ]; then
+  $py bench/cpu_peer.py --llama-python "$LLAMA_PYTHON" --rounds 3 --flotilla-args '--dtype float32' --out "$out/peer-fp32"
+  $py bench/cpu_peer.py --llama-python "$LLAMA_PYTHON" --rounds 3 --out "$out/peer-bf16"
+fi

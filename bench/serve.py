@@ -59,15 +59,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int,
-                      api_key: str | None) -> Result:
-    """Stream one completion and time its tokens."""
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int] | str, output_len: int,
+                      api_key: str | None, extra_body: dict | None = None) -> Result:
+    """Stream one completion and time its tokens. `extra_body` adds or overrides request fields (another
+    server's sampling options). A server that streams no usage (llama-cpp-python) is credited with
+    `output_len` tokens when the stream ends with finish_reason "length" (min_tokens = max_tokens)."""
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "min_tokens": output_len,
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+            **(extra_body or {})}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = time.perf_counter()
     last = start
-    result = Result(ok=False, prompt_len=len(prompt), t_start=time.monotonic())
+    result = Result(ok=False, prompt_len=len(prompt) if isinstance(prompt, list) else 0, t_start=time.monotonic())
 
     async def trace(event: str, info: dict) -> None:  # httpcore's per-request trace hook
         if event == "http11.send_request_headers.started" and not result.t_sent:
@@ -92,6 +95,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                     else:
                         result.itl.append(now - last)
                     last = now
+                    if chunk["choices"][0].get("finish_reason") == "length" and not result.output_tokens:
+                        result.output_tokens = output_len
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
         result.latency = time.perf_counter() - start

@@ -125,12 +125,14 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         None,
         "Weight quantization method: fp8 quantizes a bf16/fp16 checkpoint at load (per-channel e4m3 "
-        "weights, dynamic per-token activations); awq, gptq and compressed-tensors name a pre-quantized "
+        "weights, dynamic per-token activations); rtn rounds a checkpoint's weights to nearest at load, "
+        "weight-only (RTN_NUM_BITS 8 or 4, default 8; RTN_GROUP_SIZE inputs per scale, default 128, -1 per "
+        "row); awq, gptq and compressed-tensors name a pre-quantized "
         "checkpoint's format, which is also detected from its config.json without the flag.",
         "model",
         crd_field="quantization",
-        choices=("fp8", "int8", "awq", "gptq", "compressed-tensors"),
-        supported_values=("fp8", "awq", "gptq", "compressed-tensors"),
+        choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors"),
+        supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors"),
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
     Flag(

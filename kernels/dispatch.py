@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
+from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
@@ -260,10 +261,14 @@ def packed_int_linear(
     group_size: int,
     bias: torch.Tensor | None = None,
     symmetric: bool = False,
+    cpu_weight: CpuIntWeight | None = None,
 ) -> torch.Tensor:
     """`x @ W^T + b` with a packed integer weight (`packed_int_linear.py`): on CUDA, 4-bit weights take
-    a Triton kernel by row count (above); otherwise the reference (whole-weight dequantize).
-    `symmetric`: every zero point is the middle code (the GEMV then reads none)."""
+    a Triton kernel by row count (above); on the CPU, torch's packed int4/int8 kernels when the layer
+    prepared `cpu_weight` (`cpu_int_linear.py`) for `x`'s dtype; otherwise the reference (whole-weight
+    dequantize). `symmetric`: every zero point is the middle code (the GEMV then reads none)."""
+    if cpu_weight is not None and not x.is_cuda and x.dtype == cpu_weight.scales.dtype:
+        return cpu_int_linear(x, cpu_weight, bias)
     if x.is_cuda and bits == 4:
         rows = math.prod(x.shape[:-1])
         if rows <= INT4_GEMV_MAX_ROWS:

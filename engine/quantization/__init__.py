@@ -2,8 +2,9 @@
 `quantization_config`), and attaching it to the linear layers around the checkpoint load.
 
 One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints),
-`packed_int.py` (4/8-bit weight-only integers), `compressed_tensors.py`, `gptq.py`, `awq.py` (each a
-format's config and tensor layout). The layers' hook is in `engine/layers/linear.py`.
+`packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
+`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout).
+The layers' hook is in `engine/layers/linear.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMetho
 from flotilla.engine.quantization.method import LinearMethod
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
-SUPPORTED_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
+SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq")
 _FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
 
 
@@ -61,6 +62,12 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
             return Fp8OnlineMethod()
         # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales.
         return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
+    if method == "rtn":
+        from flotilla.engine.quantization.rtn import RtnMethod, rtn_settings
+
+        if qcfg is not None:
+            raise ValueError("--quantization rtn quantizes a dense checkpoint; this one is already quantized")
+        return RtnMethod(*rtn_settings())
     assert qcfg is not None, f"{method} needs the checkpoint's quantization_config"
     return _FORMATS[method].linear_method(qcfg)
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
+from flotilla.kernels.cpu_int_linear import cpu_int_weight
 from flotilla.kernels.dispatch import packed_int_linear
 
 
@@ -47,9 +48,19 @@ class PackedIntMethod(LinearMethod):
         else:
             replace_parameter(layer, "weight_zero_point", middle)
 
+    def process_weights(self, layer: Any) -> None:
+        """On the CPU, also keep the weight in the layout of torch's int4/int8 kernels when they run it."""
+        layer.cpu_int_weight = None
+        if layer.weight_packed.device.type == "cpu":
+            cols = layer.weight_packed.shape[1] * 32 // self.bits
+            layer.cpu_int_weight = cpu_int_weight(layer.weight_packed, layer.weight_scale, layer.weight_zero_point,
+                                                  self.bits, cols // layer.weight_scale.shape[1])
+
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Dequantize-and-multiply (Triton on CUDA for 4 bits, the reference elsewhere)."""
+        """Dequantize-and-multiply (Triton on CUDA for 4 bits, torch's packed kernels on the CPU where
+        they apply, the reference elsewhere)."""
         cols = layer.weight_packed.shape[1] * 32 // self.bits
         group = cols // layer.weight_scale.shape[1]
         return packed_int_linear(x, layer.weight_packed, layer.weight_scale, layer.weight_zero_point,
-                                 self.bits, group, bias, symmetric=self.symmetric)
+                                 self.bits, group, bias, symmetric=self.symmetric,
+                                 cpu_weight=getattr(layer, "cpu_int_weight", None))

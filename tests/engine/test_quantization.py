@@ -255,3 +255,39 @@ def test_llm_compressor_asym_g64_checkpoint_matches_hf_on_dequantized_weights(wi
         (LLM_COMPRESSOR_CONFIGS / "llmcompressor-0.14-gptq-w4a16-asym-g64.json").read_text())
     (path / "config.json").write_text(json.dumps(config))
     assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, -1)])
+def test_rtn_matches_hf_on_the_rounded_weights(wide_llama, tmp_path, monkeypatch, bits, group):
+    """`--quantization rtn` (vLLM's RTN_NUM_BITS / RTN_GROUP_SIZE): greedy tokens equal HF's on every
+    linear layer's weight rounded by the same rule (groups lie within a row, so rounding q/k/v or
+    gate/up apart equals rounding the merged weight)."""
+    from transformers import AutoModelForCausalLM
+
+    from flotilla.engine.quantization.rtn import rtn_quantize
+
+    monkeypatch.setenv("RTN_NUM_BITS", str(bits))
+    monkeypatch.setenv("RTN_GROUP_SIZE", str(group))
+    model = AutoModelForCausalLM.from_pretrained(wide_llama, dtype=torch.float32)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                codes, scales = rtn_quantize(module.weight, bits, None if group == -1 else group)
+                scale = scales.repeat_interleave(module.weight.shape[1] // scales.shape[1], dim=1)
+                module.weight.copy_((codes.float() - 2 ** (bits - 1)) * scale)
+    model.save_pretrained(tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / f).write_bytes((wide_llama / f).read_bytes())
+    ours = _engine_tokens(wide_llama, quantization="rtn")
+    assert ours == hf_greedy(tmp_path, PROMPTS, TOKENS)
+    assert ours != _engine_tokens(wide_llama)  # the rounding is there: 4- or 8-bit codes change the tokens
+
+
+def test_rtn_settings_are_checked(wide_llama, monkeypatch):
+    monkeypatch.setenv("RTN_NUM_BITS", "3")
+    with pytest.raises((ConfigError, ValueError), match="RTN_NUM_BITS"):
+        EngineConfig.from_kwargs(str(wide_llama), quantization="rtn")
+    monkeypatch.setenv("RTN_NUM_BITS", "4")
+    monkeypatch.setenv("RTN_GROUP_SIZE", "96")  # does not divide the 128 inputs of q/k/v
+    with pytest.raises(ValueError, match="RTN_GROUP_SIZE=96"):
+        LLM(str(wide_llama), max_model_len=256, quantization="rtn")

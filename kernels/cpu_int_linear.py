@@ -1,0 +1,63 @@
+"""Weight-only integer linear layers on the CPU through torch's packed int4 / int8 GEMM kernels.
+
+The reference (`packed_int_linear_ref`) dequantizes the whole weight on every call; here it is
+re-laid-out once at load into what `torch._weight_int4pack_mm_for_cpu` (4-bit codes in groups of 32,
+64, 128 or 256 inputs) or `torch._weight_int8pack_mm` (8-bit codes, one scale per output row) read,
+and each call multiplies with the packed weight: a quarter (half) of a bf16 weight's bytes.
+torch's int4 kernel dequantizes a code as `(code - 8) * scale + bias` per group, so the engine's
+`(code - zero) * scale` becomes bias `(8 - zero) * scale`; an 8-bit code `c` is the signed `c - zero`.
+Only for bf16/fp16 activations: torch's fp32 int4 path is slower than a dense fp32 GEMM on AVX2.
+Tests check both against the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flotilla.kernels.packed_int_linear import unpack_codes
+
+INT4_GROUPS = (32, 64, 128, 256)
+
+
+@dataclass
+class CpuIntWeight:
+    """A weight in the layout of torch's CPU kernel: `packed` codes and `scales` (int4: scale and bias
+    per group `[in / group, out, 2]`; int8: one scale per output row `[out]`)."""
+
+    bits: int
+    group_size: int
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+
+def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+                   group_size: int) -> CpuIntWeight | None:
+    """The engine's packed weight re-laid-out for torch's CPU kernels; None when they cannot run it
+    (fp32 scales, a group size they lack, 8-bit codes with more than one group a row, or zero points
+    other than the middle code for 8 bits)."""
+    if scales.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    codes = unpack_codes(packed, bits)
+    cols = codes.shape[1]
+    if bits == 4 and group_size in INT4_GROUPS and cols % group_size == 0:
+        weight = torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+        scale = scales.float()
+        bias = (8 - zeros.float()) * scale
+        return CpuIntWeight(4, group_size, weight, torch.stack([scale.t(), bias.t()], dim=-1).to(scales.dtype)
+                            .contiguous())
+    if bits == 8 and scales.shape[1] == 1 and bool((zeros == 128).all()):
+        return CpuIntWeight(8, cols, (codes - 128).to(torch.int8).contiguous(), scales[:, 0].contiguous())
+    return None
+
+
+def cpu_int_linear(x: torch.Tensor, weight: CpuIntWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ W^T + b` for `x` `[..., in]` in the scales' dtype."""
+    flat = x.reshape(-1, x.shape[-1])
+    if weight.bits == 4:
+        out = torch._weight_int4pack_mm_for_cpu(flat, weight.packed, weight.group_size, weight.scales)
+    else:
+        out = torch._weight_int8pack_mm(flat, weight.packed, weight.scales)
+    out = out.reshape(*x.shape[:-1], out.shape[-1])
+    return out if bias is None else out + bias
