@@ -47,7 +47,8 @@ def _compile_for_hopper(
     ptx = kernel.asm["ptx"]
     return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
             "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
-            "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8")}  # fmt: skip
+            "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8"),
+            "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -75,6 +76,29 @@ def _compile_all() -> dict[str, dict[str, object]]:
     out.update(_compile_lora())
     out.update(_compile_int4())
     out.update(_compile_paged_decode())
+    out.update(_compile_skinny_gemm())
+    return out
+
+
+def _compile_skinny_gemm() -> dict[str, dict[str, object]]:
+    """The skinny decode GEMM as the dispatch launches it at batch 64 (bf16, M divisible by 16, 64-row batch
+    tile): whole tiles with and without the split-K fix-up, and the gated SiLU epilogue."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_skinny_gemm import _skinny_gemm_kernel
+
+    fn = _skinny_gemm_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("M", "N", "K", "k_per_split")
+                    or n.startswith("stride_"))  # fmt: skip
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+                "counter_ptr": "*i32"}  # fmt: skip
+    common = dict(BLOCK_N=128, BLOCK_M=64, BLOCK_K=64, HAS_BIAS=False, EVEN=True, DOT_DTYPE=tl.bfloat16,
+                  DOT_PRECISION="tf32")  # fmt: skip
+    out = {}
+    for name, split, gated in (("skinny_gemm bf16", False, False), ("skinny_gemm bf16 split", True, False),
+                               ("skinny_gemm bf16 gated split", True, True)):  # fmt: skip
+        constexprs = dict(common, SPLIT=split, GATED=gated)
+        out[name] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=4)
     return out
 
 
@@ -205,6 +229,10 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
+    # the skinny GEMM runs on Hopper's asynchronous tensor cores; only the split-K fix-up takes atomics
+    skinny = ("skinny_gemm bf16", "skinny_gemm bf16 split", "skinny_gemm bf16 gated split")
+    assert all(result[n]["wgmma"] for n in skinny)
+    assert not result["skinny_gemm bf16"]["atomics"] and result["skinny_gemm bf16 split"]["atomics"]
 
 
 if __name__ == "__main__":
