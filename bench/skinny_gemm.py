@@ -43,7 +43,8 @@ L2_BYTES = 50 << 20
 
 
 def grid_configs(bm: int, gated: bool) -> list:
-    """Tile configurations (split 1) that fit shared memory at batch tile `bm`."""
+    """Tile configurations (split 1) that fit shared memory at batch tile `bm`: pointer loads (cp.async) and,
+    at 4 warps, tensor-descriptor loads (TMA)."""
     from flotilla.kernels.triton_skinny_gemm import SMEM_LIMIT, SkinnyGemmConfig, smem_bytes
 
     out = []
@@ -53,9 +54,10 @@ def grid_configs(bm: int, gated: bool) -> list:
                 if warps == 8 and bn == 64:
                     continue
                 for stages in (3, 4, 5, 6):
-                    cfg = SkinnyGemmConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
-                    if smem_bytes(cfg, bm, gated) <= SMEM_LIMIT:
-                        out.append(cfg)
+                    for tma in (0, 1) if warps == 4 else (0,):  # TMA issues from one thread: 4 warps are enough
+                        cfg = SkinnyGemmConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, tma=tma)
+                        if smem_bytes(cfg, bm, gated) <= SMEM_LIMIT:
+                            out.append(cfg)
     return out
 
 
@@ -174,24 +176,35 @@ def plan(a, sms: int, tops: dict) -> list[tuple[str, int, list]]:
 
 
 def compile_share(a, sms: int, tops: dict, part: int, parts: int) -> None:
-    """Launch every `parts`-th variant once (Triton compiles it into its cache)."""
+    """Launch every `parts`-th distinct kernel variant once (Triton compiles it into its cache). Variants
+    differing only in the number of K ranges (> 1) or in N and K (all multiples of 16) are one kernel."""
     from flotilla.kernels.triton_skinny_gemm import skinny_gemm
 
-    i = 0
+    seen: set[tuple] = set()
     for name, m, cfgs in plan(a, sms, tops):
         n_rows, k, gated = SHAPES[name]
         x = w = None
         for cfg in cfgs:
-            if i % parts == part:
-                if x is None:
-                    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                    w = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
-                try:
-                    skinny_gemm(x, w, gated=gated, config=cfg)
-                except Exception as e:
-                    print(f"compile {name} m={m} {cfg.spec()}: {str(e)[:120]}", flush=True)
-            i += 1
+            key = (dataclasses.replace(cfg, split_k=min(cfg.split_k, 2)), gated, m % 16 == 0, block_of(m))
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(seen) % parts != part:
+                continue
+            if x is None:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
+            try:
+                skinny_gemm(x, w, gated=gated, config=cfg)
+            except Exception as e:  # the timing process reports it
+                print(f"compile {name} m={m} {cfg.spec()}: {str(e)[:120]}", flush=True)
     torch.cuda.synchronize()
+
+
+def block_of(m: int) -> int:
+    from flotilla.kernels.triton_skinny_gemm import block_m
+
+    return block_m(m)
 
 
 def compile_all(a, sms: int, tops: dict) -> float:
@@ -215,7 +228,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=4, help="grid winners per shape timed at the other rows")
     p.add_argument("--calls", type=int, default=24)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
     p.add_argument("--json", default=None)
     p.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tops", default="{}", help=argparse.SUPPRESS)

@@ -63,15 +63,16 @@ class SkinnyGemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    tma: int = 0  # 1: tiles loaded through tensor descriptors (TMA on sm_90) instead of pointers
 
     def spec(self) -> str:
         """The `knob=value,...` form `parse_configs` reads."""
         return (f"bn={self.block_n},bk={self.block_k},sk={self.split_k},w={self.num_warps},"
-                f"s={self.num_stages}")  # fmt: skip
+                f"s={self.num_stages},t={self.tma}")  # fmt: skip
 
 
 CUBLAS = "cublas"  # a table entry's knobs that keep its shape on cuBLAS
-_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages"}
+_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages", "t": "tma"}
 
 
 def parse_config(knobs: str) -> SkinnyGemmConfig:
@@ -203,31 +204,12 @@ def _finish(acc, up, cols, bias_ptr, N, OUT_DTYPE: tl.constexpr, HAS_BIAS: tl.co
 
 
 @triton.jit
-def _skinny_gemm_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, counter_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, k_per_split, splits,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One program: output features `cols` (N of them in all; gated: N gate and N up weight rows) for
-    every row of the batch, over K range `split` of `splits`."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    offs_k = tl.arange(0, BLOCK_K)
-    k0 = split * k_per_split
-    k_end = tl.minimum(K, k0 + k_per_split)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc = _mma_tile(w_ptr, x_ptr, cols, rows, offs_k, k0, k_end, K, stride_wn, stride_xm, row_ok, acc,
-                    BLOCK_K, EVEN, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
-    up = acc
-    if GATED:
-        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        up = _mma_tile(w_ptr, x_ptr, cols + N, rows, offs_k, k0, k_end, K, stride_wn, stride_xm, row_ok, up,
-                       BLOCK_K, EVEN, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
+def _epilogue(acc, up, pid_n, split, splits, cols, rows, row_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N,
+              stride_om, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+              GATED: tl.constexpr):  # fmt: skip
+    """Store a program's `[BLOCK_N, BLOCK_M]` fp32 tile (transposed into `out` `[M, N]`): finished at once
+    without split-K; else its partial, and the last program of the column tile to arrive sums the partials
+    in a fixed order, finishes, stores and resets the tile's counter."""
     out_ty = out_ptr.dtype.element_ty
     ok = row_ok[None, :]
     o_ptrs = out_ptr + rows[None, :] * stride_om + cols[:, None]
@@ -253,6 +235,75 @@ def _skinny_gemm_kernel(
                 q_ptrs += step
             tl.store(o_ptrs, _finish(total, total_up, cols, bias_ptr, N, out_ty, HAS_BIAS, GATED), mask=ok)
             tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch on this stream
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, counter_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, k_per_split, splits,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: output features `cols` (N of them in all; gated: N gate and N up weight rows) for
+    every row of the batch, over K range `split` of `splits`; tiles loaded by pointers (cp.async)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    offs_k = tl.arange(0, BLOCK_K)
+    k0 = split * k_per_split
+    k_end = tl.minimum(K, k0 + k_per_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = _mma_tile(w_ptr, x_ptr, cols, rows, offs_k, k0, k_end, K, stride_wn, stride_xm, row_ok, acc,
+                    BLOCK_K, EVEN, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
+    up = acc
+    if GATED:
+        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up = _mma_tile(w_ptr, x_ptr, cols + N, rows, offs_k, k0, k_end, K, stride_wn, stride_xm, row_ok, up,
+                       BLOCK_K, EVEN, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
+    _epilogue(acc, up, pid_n, split, splits, cols, rows, row_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N,
+              stride_om, BLOCK_N, BLOCK_M, HAS_BIAS, SPLIT, GATED)  # fmt: skip
+
+
+@triton.jit
+def _tma_tile(w_desc, x_desc, row0, k0, k_end, acc, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """`acc += W[row0:row0 + BLOCK_N, k0:k_end] @ x[:, k0:k_end].T` from tensor descriptors (TMA on sm_90;
+    whatever lies outside the tensors, rows past M or K past its end, loads as zeros)."""
+    for k in range(k0, k_end, BLOCK_K):
+        w = w_desc.load([row0, k])
+        xt = tl.trans(x_desc.load([0, k]))
+        acc = tl.dot(w.to(DOT_DTYPE), xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _skinny_gemm_tma_kernel(
+    x_desc, w_desc, bias_ptr, out_ptr, part_ptr, counter_ptr,
+    M, N, K, stride_om, k_per_split, splits,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_skinny_gemm_kernel` with the weight and input tiles brought in by the Tensor Memory Accelerator
+    (one instruction a tile instead of per-thread address arithmetic and cp.async)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    k0 = split * k_per_split
+    k_end = tl.minimum(K, k0 + k_per_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = _tma_tile(w_desc, x_desc, pid_n * BLOCK_N, k0, k_end, acc, BLOCK_K, DOT_DTYPE, DOT_PRECISION)
+    up = acc
+    if GATED:
+        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up = _tma_tile(w_desc, x_desc, N + pid_n * BLOCK_N, k0, k_end, up, BLOCK_K, DOT_DTYPE, DOT_PRECISION)
+    _epilogue(acc, up, pid_n, split, splits, cols, rows, row_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N,
+              stride_om, BLOCK_N, BLOCK_M, HAS_BIAS, SPLIT, GATED)  # fmt: skip
 
 
 def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -292,14 +343,20 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if counters is None:  # no counters (first call inside a capture): one range
         k_per_split, splits = triton.cdiv(k, cfg.block_k) * cfg.block_k, 1
     part = torch.empty(splits, (2 if gated else 1) * m, n, dtype=torch.float32, device=x.device) if splits > 1 else out
-    even = k % cfg.block_k == 0
-    _skinny_gemm_kernel[(tiles, splits)](
-        x, weight, bias if bias is not None else out, out, part, counters if counters is not None else out,
-        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, splits,
-        BLOCK_N=cfg.block_n, BLOCK_M=bm, BLOCK_K=cfg.block_k, HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        GATED=gated, EVEN=even, DOT_DTYPE=dot_dtype(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    common = dict(BLOCK_N=cfg.block_n, BLOCK_M=bm, BLOCK_K=cfg.block_k, HAS_BIAS=bias is not None, SPLIT=splits > 1,
+                  GATED=gated, DOT_DTYPE=dot_dtype(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
+    tail = (bias if bias is not None else out, out, part, counters if counters is not None else out, m, n, k)
+    if cfg.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor.from_tensor(x, [bm, cfg.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+        _skinny_gemm_tma_kernel[(tiles, splits)](x_desc, w_desc, *tail, out.stride(0), k_per_split, splits,
+                                                 **common)  # fmt: skip
+    else:
+        _skinny_gemm_kernel[(tiles, splits)](x, weight, *tail, x.stride(0), weight.stride(0), out.stride(0),
+                                             k_per_split, splits, EVEN=k % cfg.block_k == 0, **common)  # fmt: skip
     return out
 
 

@@ -4,7 +4,7 @@
 # projection, then in the engine's decode step. Stages, each under its own limit (capped by what is left):
 #   sweep  (100 s) bench/skinny_gemm.py: qkv / o / gate_up (+ its gated SiLU epilogue) / down / LM head at
 #          M = 1, 16, 24, 32, 64, 128: F.linear vs the skinny GEMM's default and, at M = 64, a grid of tiles x
-#          stages x warps x K splits (the 4 best per shape also at the other M); compiled first over 12
+#          stages x warps x K splits x pointer/TMA loads (the 4 best per shape also at the other M); compiled first over 14
 #          processes. BEST lines per shape and M; the CONFIGS line (each shape's winner where it beat cuBLAS)
 #          goes to the `on` side as FLOTILLA_SKINNY_GEMM_CONFIGS
 #   off    (45 s) bench/decode_ab.py, FLOTILLA_SKINNY_GEMM=0 (main's path, cuBLAS): greedy tokens of 64 prompts
@@ -34,7 +34,7 @@ for s in ${STAGES:-sweep off on tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    sweep) timeout $(left 100) python3 $R/bench/skinny_gemm.py --rows 1,16,24,32,64,128 --grid-rows 64 --workers 12 \
+    sweep) timeout $(left 100) python3 $R/bench/skinny_gemm.py --rows 1,16,24,32,64,128 --grid-rows 64 --workers 14 \
              --json $OUT/dec7-sweep.json > $OUT/dec7-sweep.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "^BEST|^CONFIGS|Error|error" $OUT/dec7-sweep.log | cut -c1-330 | tail -40 | tee -a $L

@@ -20,25 +20,28 @@ def _case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool = False, see
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,split_k,bias", [(17, 1, True), (5, 3, False), (32, 2, True)])
-def test_matches_reference_with_and_without_split_k(dtype, m, split_k, bias):
-    """M below, at and between powers of two (the batch masked inside a 16/32-wide tile); with split-K the
-    last program of each column tile sums the partials (3 ranges over 6 K tiles) and adds the bias."""
+@pytest.mark.parametrize("tma", [0, 1])
+def test_matches_reference_with_and_without_split_k(dtype, m, split_k, bias, tma):
+    """M below, at and between powers of two (the batch masked inside a 16/32-wide tile, or zero-filled by
+    the tensor descriptor); with split-K the last program of each column tile sums the partials (3 ranges
+    over 6 K tiles) and adds the bias."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
     x, weight, b = _case(m, 256, 192, dtype, bias=bias)
-    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
+    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_warps=4, num_stages=2, tma=tma)
     out = skinny_gemm(x, weight, b, config=cfg)
     assert out.dtype == dtype and out.shape == (m, 256)
     assert rel_err(out, skinny_gemm_ref(x, weight, b)) < tolerance(dtype)
 
 
-def test_ragged_k_and_counters_reset_between_calls():
-    """K = 200 ends mid-tile (the masked loop); two split-K calls in a row give the same result, so the
-    arrival counters were left at zero by the first."""
+@pytest.mark.parametrize("tma", [0, 1])
+def test_ragged_k_and_counters_reset_between_calls(tma):
+    """K = 200 ends mid-tile (the masked loop; the descriptor's zero fill); two split-K calls in a row give
+    the same result, so the arrival counters were left at zero by the first."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
     x, weight, _ = _case(9, 128, 200, torch.float32, seed=1)
-    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=3, num_stages=2)
+    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=3, num_stages=2, tma=tma)
     first = skinny_gemm(x, weight, config=cfg)
     second = skinny_gemm(x, weight, config=cfg)
     assert torch.equal(first, second)
@@ -46,14 +49,14 @@ def test_ragged_k_and_counters_reset_between_calls():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split_k,bias", [(1, False), (2, True)])
-def test_gated_epilogue_matches_linear_then_silu_and_mul(dtype, split_k, bias):
+@pytest.mark.parametrize("split_k,bias,tma", [(1, False, 0), (2, True, 0), (2, True, 1)])
+def test_gated_epilogue_matches_linear_then_silu_and_mul(dtype, split_k, bias, tma):
     """The merged gate/up weight `[2N, K]`: the output is `silu(gate) * up` `[M, N]`, rounded as the two
     reference steps round (bf16: the projection, then the SiLU, then the product)."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
     x, weight, b = _case(20, 256, 128, dtype, bias=bias, seed=2)
-    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_stages=2)
+    cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_stages=2, tma=tma)
     out = skinny_gemm(x, weight, b, gated=True, config=cfg)
     assert out.shape == (20, 128)
     assert rel_err(out, skinny_gemm_ref(x, weight, b, gated=True)) < tolerance(dtype)
@@ -96,3 +99,21 @@ def test_a_cublas_entry_keeps_its_shape_on_cublas(monkeypatch):
     assert sg.cublas_preferred(64, 4096, 4096) and sg.cublas_preferred(48, 4096, 4096)
     assert not sg.cublas_preferred(32, 4096, 4096) and not sg.cublas_preferred(64, 28672, 4096, gated=True)
     assert sg.default_config(64, 14336, 4096, 132, gated=True) == sg.SkinnyGemmConfig(block_n=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 17, 64, 129])
+def test_dispatch_takes_the_skinny_gemm_only_for_decode_batches(monkeypatch, m):
+    """Switched on, `linear` and `silu_and_mul_linear` give the references' results at every M; 17..128 rows
+    run the skinny GEMM (counted), 16 and 129 stay on cuBLAS."""
+    from flotilla.kernels import dispatch, triton_skinny_gemm
+
+    calls = []
+    real = triton_skinny_gemm.skinny_gemm
+    monkeypatch.setattr(dispatch, "SKINNY_GEMM_ENABLED", True)
+    monkeypatch.setattr(triton_skinny_gemm, "skinny_gemm", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    x, weight, b = _case(m, 512, 256, torch.bfloat16, bias=True, seed=4)
+    assert rel_err(dispatch.linear(x, weight, b), triton_skinny_gemm.skinny_gemm_ref(x, weight, b)) < 1.5e-2
+    gated = dispatch.silu_and_mul_linear(x, weight, b)
+    assert rel_err(gated, triton_skinny_gemm.skinny_gemm_ref(x, weight, b, gated=True)) < 1.5e-2
+    assert len(calls) == (2 if 17 <= m <= 128 else 0)
