@@ -1,24 +1,25 @@
 #!/bin/bash
 # Issue 19's batch-64 decode floor (<= 5.41 ms at ctx 512, Llama-3.1-8B shape, bf16) on the H200, one call
-# (BUDGET_S, default 240 s): the Triton skinny GEMM (kernels/triton_skinny_gemm.py) against cuBLAS, first per
+# (BUDGET_S, default 150 s): the Triton skinny GEMM (kernels/triton_skinny_gemm.py) against cuBLAS, first per
 # projection, then in the engine's decode step. Stages, each under its own limit (capped by what is left):
-#   sweep  (100 s) bench/skinny_gemm.py: qkv / o / gate_up (+ its gated SiLU epilogue) / down / LM head at
-#          M = 1, 16, 24, 32, 64, 128: F.linear vs the skinny GEMM's default and, at M = 64, a grid of tiles x
-#          stages x warps x K splits x pointer/TMA loads (the 4 best per shape also at the other M); compiled first over 14
-#          processes. BEST lines per shape and M; the CONFIGS line (each shape's winner where it beat cuBLAS)
+#   sweep   (55 s) bench/skinny_gemm.py: qkv / o / gate_up (+ its gated SiLU epilogue) / down / LM head at
+#          M = 1, 24, 32, 64, 128: F.linear vs the skinny GEMM's default and, at M = 64, a grid of tiles x
+#          stages x warps x K splits x pointer/TMA loads (the 4 best per shape also at the other
+#          M); compiled first over 14 processes. BEST lines per shape and M; the CONFIGS line (each shape's winner where it beat cuBLAS)
 #          goes to the `on` side as FLOTILLA_SKINNY_GEMM_CONFIGS
-#   off    (45 s) bench/decode_ab.py, FLOTILLA_SKINNY_GEMM=0 (main's path, cuBLAS): greedy tokens of 64 prompts
+#   off    (45 s: a cold Triton cache compiles the engine's kernels) bench/decode_ab.py, FLOTILLA_SKINNY_GEMM=0
+#          (main's path, cuBLAS): greedy tokens of 64 prompts
 #          decoded together, ms/step at batch 1 and 64 (ctx 512, graphed), per-kernel profile at batch 64
-#   on     (70 s) the same with FLOTILLA_SKINNY_GEMM=1 and the sweep's configs (the sweep compiled every variant the
+#   on     (45 s) the same with FLOTILLA_SKINNY_GEMM=1 and the sweep's configs (the sweep compiled every variant the
 #          engine's graphs (M 24, 32, 48/64, 128) take into Triton's cache)
-#   tests  (15 s) tests/kernels/test_skinny_gemm.py compiled on the GPU
+#   tests  (10 s, only if 15 s are left) tests/kernels/test_skinny_gemm.py compiled on the GPU
 #   summary      ms/step off vs on against the 5.41 / 4.05 ms floors, tokens equal, profile groups -> dec7.log
 # At most 8 files in $OUT: dec7.log (read first), dec7-sweep.{log,json}, dec7-{off,on}.json, dec7-sides.log,
 # dec7-tests.log, dec7-summary.json.
 # Run from the repository root on the H200 machine, carrying .whl (pydantic stack), as the other scripts:
-#   BUDGET_S=240 bash bench/results/dec7-gpu.sh
+#   BUDGET_S=150 bash bench/results/dec7-gpu.sh
 # STAGES="off on summary" runs a subset (the `on` side then takes the kernel's defaults).
-source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 L=$OUT/dec7.log
 CONFIGS=""
 side() {  # label limit FLOTILLA_SKINNY_GEMM
@@ -34,7 +35,7 @@ for s in ${STAGES:-sweep off on tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    sweep) timeout $(left 100) python3 $R/bench/skinny_gemm.py --rows 1,16,24,32,64,128 --grid-rows 64 --workers 14 \
+    sweep) timeout $(left 55) python3 $R/bench/skinny_gemm.py --rows 1,24,32,64,128 --grid-rows 64 --workers 14 \
              --json $OUT/dec7-sweep.json > $OUT/dec7-sweep.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "^BEST|^CONFIGS|Error|error" $OUT/dec7-sweep.log | cut -c1-330 | tail -40 | tee -a $L
@@ -47,8 +48,8 @@ except (OSError, ValueError):
 " $OUT/dec7-sweep.json)
       echo "configs for the on side: ${CONFIGS:-kernel defaults}" | tee -a $L ;;
     off) side off 45 0 ;;
-    on) side on 70 1 ;;
-    tests) timeout $(left 15) python3 -m pytest $R/tests/kernels/test_skinny_gemm.py -q -p no:cacheprovider \
+    on) side on 45 1 ;;
+    tests) timeout $(left 10) python3 -m pytest $R/tests/kernels/test_skinny_gemm.py -q -p no:cacheprovider \
              -c $R/pyproject.toml --rootdir=$R > $OUT/dec7-tests.log 2>&1
       grep -E "Error|error:|passed|failed" $OUT/dec7-tests.log | tail -6 | tee -a $L ;;
     summary) python3 - <<'PY' 2>&1 | tee -a $L
