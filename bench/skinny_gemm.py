@@ -51,7 +51,7 @@ def grid_configs(bm: int, gated: bool) -> list:
     for bn in (64, 128, 256):
         for bk in (64, 128):
             for warps in (4, 8):
-                if warps == 8 and bn < 256:  # 8 warps only where a warp group's tile is 128+ rows
+                if warps == 8 and bn * (2 if gated else 1) < 256:  # 8 warps where 4 would need 200+ registers
                     continue
                 for stages in (4, 5, 6):  # a weight stream wants 3+ tiles in flight
                     for tma in (0, 1) if warps == 4 else (0,):  # TMA issues from one thread: 4 warps are enough
