@@ -42,6 +42,17 @@ SHAPES = {  # name: (N rows of the weight, K, gated)
 L2_BYTES = 50 << 20
 
 
+def _one_row_tiles() -> list:
+    """Tiles tried at M = 1 (the batch padded to 16): narrow column tiles, deep K steps, both load paths."""
+    from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig
+
+    tiles = ((64, 128, 4), (64, 128, 6), (64, 256, 4), (128, 128, 4))
+    return [SkinnyGemmConfig(block_n=bn, block_k=bk, num_stages=st, tma=t) for bn, bk, st in tiles for t in (0, 1)]
+
+
+ONE_ROW_TILES = _one_row_tiles()
+
+
 def grid_configs(bm: int, gated: bool) -> list:
     """Tile configurations (split 1) that fit shared memory at batch tile `bm`: pointer loads (cp.async) and,
     at 4 warps, tensor-descriptor loads (TMA)."""
@@ -75,6 +86,9 @@ def variants(name: str, m: int, grid: bool, top: list | None, sms: int) -> list:
 
     n_rows, k, gated = SHAPES[name]
     n = n_rows // 2 if gated else n_rows
+    if m == 1:  # the GEMV's territory: a small grid on the shapes the engine runs on the GEMV at one row
+        return [dataclasses.replace(cfg, split_k=s) for cfg in ONE_ROW_TILES for s in splits_for(cfg, n, k, sms)
+                if name in ("qkv", "o", "down")]  # fmt: skip
     if m < 16:
         return []
     found = [default_config(m, n, k, sms, gated)]
@@ -155,6 +169,11 @@ def time_shape(name: str, m: int, cfgs: list, a) -> list[dict]:
     ops = Operands(name, m)
     t_torch = time_us(lambda w: torch_call(ops, w), ops, a.calls, a.reps)
     rows = [{"shape": name, "m": m, "impl": "torch", "us": t_torch, "gbps": ops.bytes / t_torch / 1e3}]
+    if m <= 16 and not ops.gated:  # the engine's Triton GEMV (its default tiles), for reference
+        from flotilla.kernels.triton_gemv import gemv
+
+        t = time_us(lambda w: gemv(ops.x, w), ops, a.calls, a.reps)
+        rows.append({"shape": name, "m": m, "impl": "gemv", "us": t, "gbps": ops.bytes / t / 1e3})
     for cfg in cfgs:
         try:
             t = time_us(lambda w, c=cfg: skinny_gemm(ops.x, w, gated=ops.gated, config=c), ops, a.calls, a.reps)
@@ -185,7 +204,7 @@ def compile_share(a, sms: int, tops: dict, part: int, parts: int) -> None:
         n_rows, k, gated = SHAPES[name]
         x = w = None
         for cfg in cfgs:
-            key = (dataclasses.replace(cfg, split_k=min(cfg.split_k, 2)), gated, m % 16 == 0, block_of(m))
+            key = (dataclasses.replace(cfg, split_k=min(cfg.split_k, 2)), gated, m % 16 == 0, m == 1, block_of(m))
             if key in seen:
                 continue
             seen.add(key)
@@ -258,7 +277,7 @@ def main() -> None:
                 json.dump(result, f, indent=1)
 
     grid_rows = [int(a.grid_rows)] if a.grid_rows else []
-    order = grid_rows + [m for m in a.rows if m not in grid_rows]
+    order = grid_rows + sorted((m for m in a.rows if m not in grid_rows), reverse=True)  # M = 1 last
     rows_all, a.rows = a.rows, grid_rows
     result["compile_s"] = [compile_all(a, sms, {})]
     a.rows = rows_all
@@ -273,9 +292,10 @@ def main() -> None:
             t_torch = rows[0]["us"]
             timed = sorted((r for r in rows if r["impl"] == "triton" and "us" in r), key=lambda r: r["us"])
             line = f"BEST {name:13s} m={m:<4d} torch {t_torch:8.2f} us {rows[0]['gbps']:6.0f} GB/s"
+            line += "".join(f" | gemv {r['us']:.2f} us {r['gbps']:.0f} GB/s" for r in rows if r["impl"] == "gemv")
             if timed:
                 best = timed[0]
-                default = rows[1].get("us", float("nan"))
+                default = next((r.get("us", float("nan")) for r in rows if r["impl"] == "triton"), float("nan"))
                 line += (f" | triton {best['us']:8.2f} us {best['gbps']:6.0f} GB/s ({best['us'] / t_torch:.3f}x) "
                          f"{best['config']} err {best['rel_err']:.1e} | default {default:.2f} us")
                 n_rows, k, gated = SHAPES[name]

@@ -5,8 +5,9 @@
 #   sweep   (55 s) bench/skinny_gemm.py: qkv / o / gate_up (+ its gated SiLU epilogue) / down / LM head at
 #          M = 1, 24, 32, 64, 128: F.linear vs the skinny GEMM's default and, at M = 64, a grid of tiles x
 #          stages x warps x K splits x pointer/TMA loads (the 4 best per shape also at the other
-#          M); compiled first over 14 processes. BEST lines per shape and M; the CONFIGS line (each shape's winner where it beat cuBLAS)
-#          goes to the `on` side as FLOTILLA_SKINNY_GEMM_CONFIGS
+#          M; at M = 1 a small grid on qkv / o / down against the engine's GEMV too); compiled first over
+#          14 processes. BEST lines per shape and M; the CONFIGS line (each shape's winner where it beat
+#          cuBLAS) goes to the `on` side as FLOTILLA_SKINNY_GEMM_CONFIGS
 #   off    (45 s: a cold Triton cache compiles the engine's kernels) bench/decode_ab.py, FLOTILLA_SKINNY_GEMM=0
 #          (main's path, cuBLAS): greedy tokens of 64 prompts
 #          decoded together, ms/step at batch 1 and 64 (ctx 512, graphed), per-kernel profile at batch 64
