@@ -166,23 +166,28 @@ TRITON_GEMV_MAX_OUT = 8192
 
 
 # Decode batches of SKINNY_GEMM_MIN_ROWS..SKINNY_GEMM_MAX_ROWS rows (bf16/fp16 weights) take the Triton
-# skinny GEMM (`triton_skinny_gemm.py`: swap-AB tiles, split-K summed in the kernel, no reduce launch)
-# instead of cuBLAS where FLOTILLA_SKINNY_GEMM=1, and the merged gate/up projection of a SiLU MLP its
-# gated epilogue (`silu_and_mul_linear`: no SiLU kernel). Off by default until the H200 sweep
-# (bench/skinny_gemm.py, bench/results/dec7-gpu.sh) shows it ahead of cuBLAS at the engine step.
-SKINNY_GEMM_ENABLED = os.environ.get("FLOTILLA_SKINNY_GEMM", "0").strip() not in ("", "0")
+# skinny GEMM (`triton_skinny_gemm.py`: swap-AB tiles, TMA or cp.async loads, split-K summed in the kernel)
+# instead of cuBLAS, and the merged gate/up projection of a SiLU MLP its gated epilogue
+# (`silu_and_mul_linear`: no SiLU kernel, no [M, 2I] intermediate). FLOTILLA_SKINNY_GEMM: "table" (the
+# default) only for shapes the H200 sweep measured faster than cuBLAS (`MEASURED_CONFIGS`, Llama-3.1-8B's
+# projections; H200 call 4 of the seventh session: decode batch 64 x ctx 512 5.928 -> 5.648 ms, batch 1
+# unchanged); "1" every supported shape (unmeasured ones at `default_config`); "0" cuBLAS as before.
+SKINNY_GEMM_MODE = {"0": "off", "1": "all"}.get(os.environ.get("FLOTILLA_SKINNY_GEMM", "table").strip(), "table")
 SKINNY_GEMM_MIN_ROWS = 17
 SKINNY_GEMM_MAX_ROWS = 128
 
 
 def _skinny_gemm_takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
     """Whether the skinny GEMM runs `x @ weight.T` (CUDA, switched on, a decode-sized batch, its shapes)."""
-    if not (SKINNY_GEMM_ENABLED and x.is_cuda and x.dim() == 2
+    if not (SKINNY_GEMM_MODE != "off" and x.is_cuda and x.dim() == 2
             and SKINNY_GEMM_MIN_ROWS <= x.shape[0] <= SKINNY_GEMM_MAX_ROWS):  # fmt: skip
         return False
-    from flotilla.kernels.triton_skinny_gemm import cublas_preferred, supported
+    from flotilla.kernels.triton_skinny_gemm import cublas_preferred, measured, supported
 
-    return supported(x, weight, gated) and not cublas_preferred(x.shape[0], weight.shape[0], x.shape[1], gated)
+    m, n_rows, k = x.shape[0], weight.shape[0], x.shape[1]
+    if not supported(x, weight, gated) or cublas_preferred(m, n_rows, k, gated):
+        return False
+    return SKINNY_GEMM_MODE == "all" or measured(m, n_rows, k, gated)
 
 
 def linear(

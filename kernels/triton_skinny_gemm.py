@@ -102,9 +102,29 @@ def config_key(n_rows: int, k: int, bm: int, gated: bool) -> str:
     return f"{n_rows}x{k}@{bm}" + ("+silu" if gated else "")
 
 
-# Per-shape configurations from the environment (bench/results/dec7-gpu.sh passes the sweep's winners
-# to the engine run of the same call); read once at import. Shapes not listed take `default_config`.
-CONFIGS = parse_configs(os.environ.get("FLOTILLA_SKINNY_GEMM_CONFIGS", ""))
+# The H200 sweep's winners for Llama-3.1-8B's projections (bf16; bench/skinny_gemm.py in
+# bench/results/dec7-gpu.sh, seventh session call 4: bench/results/gpu-2026-12-04-s7/call4/dec7/): per padded
+# batch tile, the fastest configuration where it beat cuBLAS, `cublas` where cuBLAS was faster (M = 128 on
+# qkv / o / down / LM head; plain gate_up at 32). At M = 64, us (cuBLAS -> skinny): qkv 16.41 -> 15.98,
+# o 12.21 -> 11.89, gate_up + SiLU 63.85 -> 58.97, down 36.16 -> 32.84, LM head 272.3 -> 250.5.
+MEASURED_CONFIGS = (
+    "128256x4096@128:cublas;128256x4096@32:bn=128,bk=128,sk=1,w=4,s=4,t=0;"
+    "128256x4096@64:bn=256,bk=64,sk=1,w=4,s=5,t=1;28672x4096@128:bn=256,bk=64,sk=1,w=8,s=4,t=0;"
+    "28672x4096@128+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;28672x4096@32:cublas;"
+    "28672x4096@32+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;28672x4096@64:bn=256,bk=64,sk=1,w=4,s=4,t=1;"
+    "28672x4096@64+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;4096x14336@128:cublas;"
+    "4096x14336@32:bn=64,bk=128,sk=2,w=4,s=5,t=0;4096x14336@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
+    "4096x4096@128:cublas;4096x4096@32:bn=64,bk=128,sk=1,w=4,s=6,t=1;4096x4096@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
+    "6144x4096@128:cublas;6144x4096@32:bn=64,bk=128,sk=1,w=4,s=5,t=0;6144x4096@64:bn=64,bk=128,sk=1,w=4,s=5,t=0"
+)
+# Per-shape configurations: FLOTILLA_SKINNY_GEMM_CONFIGS from the environment (bench/results/dec7-gpu.sh passes
+# a sweep's winners to the engine run of the same call), else the measured table; read once at import.
+CONFIGS = parse_configs(os.environ.get("FLOTILLA_SKINNY_GEMM_CONFIGS", "") or MEASURED_CONFIGS)
+
+
+def measured(m: int, n_rows: int, k: int, gated: bool = False) -> bool:
+    """Whether the table has a configuration (not `cublas`) for this shape and padded batch tile."""
+    return CONFIGS.get((n_rows, k, block_m(m), gated)) is not None
 
 
 def cublas_preferred(m: int, n_rows: int, k: int, gated: bool = False) -> bool:
@@ -124,37 +144,23 @@ def smem_bytes(cfg: SkinnyGemmConfig, bm: int, gated: bool = False, elem: int = 
     return cfg.num_stages * (w_rows + bm) * cfg.block_k * elem
 
 
-def _best_split(tiles: int, k_tiles: int, sms: int, weight_bytes: int, part_bytes: int) -> int:
-    """The split of K (1..8, at least 4 K tiles a range) that moves the fewest bytes-equivalents: the weight
-    stream stretched by the idle SMs of the last wave (one program an SM), plus the partials of a split
-    (written and read once each, at half weight: they stay in L2)."""
-    best, best_cost = 1, float("inf")
-    for split in range(1, 9):
-        if split > 1 and k_tiles < 4 * split:
-            break
-        programs = tiles * split
-        cost = weight_bytes * triton.cdiv(programs, sms) * sms / programs + (split > 1) * split * part_bytes
-        if cost < best_cost:
-            best, best_cost = split, cost
-    return best
-
-
 def default_config(m: int, n: int, k: int, sms: int, gated: bool = False) -> SkinnyGemmConfig:
-    """The configuration for `[m, k] @ [n, k].T`: a table entry (`CONFIGS`) when the shape has one, else
-    128-wide column tiles (64 gated, two accumulators), 64-deep K steps, as many stages as shared
-    memory holds up to 5, and the split of K that fills the last wave best."""
+    """The configuration for `[m, k] @ [n, k].T`: a table entry (`CONFIGS`) when the shape has one, else the
+    shape of the H200 sweep's winners (64-wide column tiles 128 deep; gated 128-wide 64 deep), as many
+    stages as shared memory holds up to 6, no split of K: on the H200 every split measured slower at M = 64
+    (o_proj 11.9 us unsplit, 14.4 in two, 18.0 in three: the fix-up's latency at the end of a ~12 us kernel
+    outweighs the SMs a 64-tile grid leaves idle)."""
     bm = block_m(m)
     rows = 2 * n if gated else n
     found = CONFIGS.get((rows, k, bm, gated))  # None (`cublas`): the caller asked anyway; the default
     if found is not None:
         return found
-    block_n = 64 if gated or bm > 64 else 128
-    cfg = SkinnyGemmConfig(block_n=block_n, block_k=64)
-    stages = 5
+    # the sweep's winners were 64-wide column tiles 128 deep (plain) and 128-wide 64 deep (gated), unsplit
+    cfg = SkinnyGemmConfig(block_n=128, block_k=64) if gated else SkinnyGemmConfig(block_n=64, block_k=128)
+    stages = 6
     while stages > 2 and smem_bytes(dataclasses.replace(cfg, num_stages=stages), bm, gated) > SMEM_LIMIT:
         stages -= 1
-    split = _best_split(triton.cdiv(n, block_n), triton.cdiv(k, cfg.block_k), sms, rows * k * 2, m * rows * 4)
-    return dataclasses.replace(cfg, num_stages=stages, split_k=split)
+    return dataclasses.replace(cfg, num_stages=stages)
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
@@ -361,6 +367,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 __all__ = [
-    "CONFIGS", "CUBLAS", "SkinnyGemmConfig", "block_m", "config_key", "cublas_preferred", "default_config",
+    "CONFIGS", "CUBLAS", "MEASURED_CONFIGS", "SkinnyGemmConfig", "block_m", "config_key", "cublas_preferred",
+    "default_config", "measured",
     "parse_config", "parse_configs", "skinny_gemm", "skinny_gemm_ref", "smem_bytes", "supported",
 ]  # fmt: skip

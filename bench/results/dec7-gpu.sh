@@ -11,15 +11,17 @@
 #   off    (45 s: a cold Triton cache compiles the engine's kernels) bench/decode_ab.py, FLOTILLA_SKINNY_GEMM=0
 #          (main's path, cuBLAS): greedy tokens of 64 prompts
 #          decoded together, ms/step at batch 1 and 64 (ctx 512, graphed), per-kernel profile at batch 64
-#   on     (45 s) the same with FLOTILLA_SKINNY_GEMM=1 and the sweep's configs (the sweep compiled every variant the
-#          engine's graphs (M 24, 32, 48/64, 128) take into Triton's cache)
+#   on     (45 s) the same with the skinny GEMM where its table says (FLOTILLA_SKINNY_GEMM=table, the default):
+#          the sweep's configs when the sweep ran in this call (it compiled every variant the engine's graphs,
+#          M 24, 32, 48/64, 128, take into Triton's cache), else the measured table in the kernel module
 #   tests  (10 s, only if 15 s are left) tests/kernels/test_skinny_gemm.py compiled on the GPU
 #   summary      ms/step off vs on against the 5.41 / 4.05 ms floors, tokens equal, profile groups -> dec7.log
 # At most 8 files in $OUT: dec7.log (read first), dec7-sweep.{log,json}, dec7-{off,on}.json, dec7-sides.log,
 # dec7-tests.log, dec7-summary.json.
 # Run from the repository root on the H200 machine, carrying .whl (pydantic stack), as the other scripts:
 #   BUDGET_S=150 bash bench/results/dec7-gpu.sh
-# STAGES="off on summary" runs a subset (the `on` side then takes the kernel's defaults).
+# STAGES="off on summary" runs a subset (the `on` side then takes the measured table; ~95 s); CTX=4096 sets
+# the sides' context.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 L=$OUT/dec7.log
 CONFIGS=""
@@ -27,7 +29,7 @@ side() {  # label limit FLOTILLA_SKINNY_GEMM
   local lim; lim=$(left $2)
   echo "--- $1 $(date +%T) limit $lim s" >> $OUT/dec7-sides.log
   env FLOTILLA_SKINNY_GEMM=$3 FLOTILLA_SKINNY_GEMM_CONFIGS="$CONFIGS" timeout $lim python3 $R/bench/decode_ab.py \
-    --label $1 --batch-sizes 1,64 --profile-batch-sizes 64 --token-batch 64 --json $OUT/dec7-$1.json \
+    --label $1 --batch-sizes 1,64 --profile-batch-sizes 64 --token-batch 64 --context ${CTX:-512} --json $OUT/dec7-$1.json \
     >> $OUT/dec7-sides.log 2>&1
   echo "rc=$?" | tee -a $L
   grep -E "^$1:|Error|error" $OUT/dec7-sides.log | grep -v "^--- " | tail -5 | cut -c1-300 | tee -a $L
@@ -49,7 +51,7 @@ except (OSError, ValueError):
 " $OUT/dec7-sweep.json)
       echo "configs for the on side: ${CONFIGS:-kernel defaults}" | tee -a $L ;;
     off) side off 45 0 ;;
-    on) side on 45 1 ;;
+    on) side on 45 table ;;
     tests) timeout $(left 10) python3 -m pytest $R/tests/kernels/test_skinny_gemm.py -q -p no:cacheprovider \
              -c $R/pyproject.toml --rootdir=$R > $OUT/dec7-tests.log 2>&1
       grep -E "Error|error:|passed|failed" $OUT/dec7-tests.log | tail -6 | tee -a $L ;;

@@ -62,13 +62,19 @@ def test_gated_epilogue_matches_linear_then_silu_and_mul(dtype, split_k, bias, t
     assert rel_err(out, skinny_gemm_ref(x, weight, b, gated=True)) < tolerance(dtype)
 
 
-def test_default_config_fills_the_last_wave_and_fits_shared_memory():
-    """Shapes alone choose: o_proj's 32 column tiles at batch 64 split K four ways on 132 SMs (128 programs),
-    the LM head's 1,002 tiles are not split; every default fits the pipeline in shared memory."""
+def test_default_config_follows_the_table_and_fits_shared_memory(monkeypatch):
+    """Unlisted shapes take the measured winners' shape (no split of K); listed ones their entry; every
+    default fits the pipeline in shared memory. The measured table parses and covers Llama-3.1-8B's
+    projections at the engine's batch tiles."""
+    from flotilla.kernels import triton_skinny_gemm as sg
     from flotilla.kernels.triton_skinny_gemm import block_m, default_config, smem_bytes
 
-    assert default_config(64, 4096, 4096, 132).split_k == 4
-    assert default_config(64, 128256, 4096, 132).split_k == 1
+    monkeypatch.setattr(sg, "CONFIGS", {})
+    assert default_config(64, 4096, 4096, 132) == sg.SkinnyGemmConfig(block_n=64, block_k=128, num_stages=6)
+    monkeypatch.setattr(sg, "CONFIGS", sg.parse_configs(sg.MEASURED_CONFIGS))
+    assert default_config(64, 4096, 14336, 132) == sg.parse_config("bn=64,bk=128,sk=1,w=4,s=6,t=1")
+    assert sg.measured(64, 28672, 4096, gated=True) and sg.cublas_preferred(128, 6144, 4096)
+    assert not sg.measured(64, 1000, 4096)
     for m in (17, 32, 64, 128, 256):
         for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
             for gated in (False, True):
@@ -104,13 +110,13 @@ def test_a_cublas_entry_keeps_its_shape_on_cublas(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [16, 17, 64, 129])
 def test_dispatch_takes_the_skinny_gemm_only_for_decode_batches(monkeypatch, m):
-    """Switched on, `linear` and `silu_and_mul_linear` give the references' results at every M; 17..128 rows
-    run the skinny GEMM (counted), 16 and 129 stay on cuBLAS."""
+    """Switched on for every shape, `linear` and `silu_and_mul_linear` give the references' results at every
+    M; 17..128 rows run the skinny GEMM (counted), 16 and 129 stay on cuBLAS."""
     from flotilla.kernels import dispatch, triton_skinny_gemm
 
     calls = []
     real = triton_skinny_gemm.skinny_gemm
-    monkeypatch.setattr(dispatch, "SKINNY_GEMM_ENABLED", True)
+    monkeypatch.setattr(dispatch, "SKINNY_GEMM_MODE", "all")
     monkeypatch.setattr(triton_skinny_gemm, "skinny_gemm", lambda *args, **kw: calls.append(1) or real(*args, **kw))
     x, weight, b = _case(m, 512, 256, torch.bfloat16, bias=True, seed=4)
     assert rel_err(dispatch.linear(x, weight, b), triton_skinny_gemm.skinny_gemm_ref(x, weight, b)) < 1.5e-2
