@@ -170,16 +170,57 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 TRITON_GEMV_MAX_OUT = 8192
 
 
+# Decode batches of SKINNY_GEMM_MIN_ROWS..SKINNY_GEMM_MAX_ROWS rows (bf16/fp16 weights) take the Triton
+# skinny GEMM (`triton_skinny_gemm.py`: swap-AB tiles, TMA or cp.async loads, split-K summed in the kernel)
+# instead of cuBLAS, and the merged gate/up projection of a SiLU MLP its gated epilogue
+# (`silu_and_mul_linear`: no SiLU kernel, no [M, 2I] intermediate). FLOTILLA_SKINNY_GEMM: "table" (the
+# default) only for shapes the H200 sweep measured faster than cuBLAS (`MEASURED_CONFIGS`, Llama-3.1-8B's
+# projections; H200 call 4 of the seventh session: decode batch 64 x ctx 512 5.928 -> 5.648 ms, batch 1
+# unchanged); "1" every supported shape (unmeasured ones at `default_config`); "0" cuBLAS as before.
+SKINNY_GEMM_MODE = {"0": "off", "1": "all"}.get(os.environ.get("FLOTILLA_SKINNY_GEMM", "table").strip(), "table")
+SKINNY_GEMM_MIN_ROWS = 17
+SKINNY_GEMM_MAX_ROWS = 128
+
+
+def _skinny_gemm_takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+    """Whether the skinny GEMM runs `x @ weight.T` (CUDA, switched on, a decode-sized batch, its shapes)."""
+    if not (SKINNY_GEMM_MODE != "off" and x.is_cuda and x.dim() == 2
+            and SKINNY_GEMM_MIN_ROWS <= x.shape[0] <= SKINNY_GEMM_MAX_ROWS):  # fmt: skip
+        return False
+    from flotilla.kernels.triton_skinny_gemm import cublas_preferred, measured, supported
+
+    m, n_rows, k = x.shape[0], weight.shape[0], x.shape[1]
+    if not supported(x, weight, gated) or cublas_preferred(m, n_rows, k, gated):
+        return False
+    return SKINNY_GEMM_MODE == "all" or measured(m, n_rows, k, gated)
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gemv_max_rows: int = 0
 ) -> torch.Tensor:
-    """`x @ weight.T + bias`: cuBLAS, or the Triton GEMV for inputs of at most `gemv_max_rows` rows
-    where it measured faster (see above; 0, the default, keeps cuBLAS)."""
+    """`x @ weight.T + bias`: cuBLAS, the Triton GEMV for inputs of at most `gemv_max_rows` rows where it
+    measured faster (see above; 0, the default, keeps cuBLAS), or the skinny GEMM (above)."""
     if x.is_cuda and x.dim() == 2 and x.shape[0] <= gemv_max_rows and weight.shape[0] <= TRITON_GEMV_MAX_OUT:
         from flotilla.kernels.triton_gemv import gemv
 
         return gemv(x, weight, bias)
+    if _skinny_gemm_takes(x, weight):
+        from flotilla.kernels.triton_skinny_gemm import skinny_gemm
+
+        return skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gemv_max_rows: int = 0
+) -> torch.Tensor:
+    """`silu_and_mul(linear(x, weight, bias, gemv_max_rows))` for a merged gate/up weight `[2N, K]`: one
+    skinny-GEMM launch with the gated epilogue where it takes the call, else the two steps."""
+    if _skinny_gemm_takes(x, weight, gated=True):
+        from flotilla.kernels.triton_skinny_gemm import skinny_gemm
+
+        return skinny_gemm(x, weight, bias, gated=True)
+    return silu_and_mul(linear(x, weight, bias, gemv_max_rows))
 
 
 # fp8 weights at decode: a linear call of at most FP8_GEMV_MAX_ROWS input rows runs W8A16 (the Triton

@@ -27,6 +27,7 @@ from flotilla.engine.parallel_state import (
     send_to_next_stage,
     stage_layers,
 )
+from flotilla.kernels.dispatch import silu_and_mul_linear
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,11 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, hidden]` -> `[T, hidden]`."""
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        if type(gate_up) is MergedColumnParallelLinear and gate_up.quant_method is None:
+            # plain weights (not quantized, not LoRA-wrapped): the GEMM may apply the activation itself
+            return self.down_proj(silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.gemv_max_rows))
+        return self.down_proj(self.act(gate_up(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -27,7 +27,7 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> d
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
+        elif name.endswith("_ptr") or name in pointers:  # pointers, and tensor descriptors ("tensordesc<...>")
             sig[name] = pointers[name]
         else:
             sig[name] = "fp32" if name.startswith("inv_") or name in ("qk_scale", "out_scale") else "i32"
@@ -49,7 +49,9 @@ def _compile_for_hopper(
             "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
             "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8"), "selp": ptx.count("selp"),
             "ldmatrix": ptx.count("ldmatrix"), "gdc_wait": ptx.count("griddepcontrol.wait"),
-            "gdc_launch": ptx.count("griddepcontrol.launch_dependents")}  # fmt: skip
+            "gdc_launch": ptx.count("griddepcontrol.launch_dependents"),
+            "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx,
+            "tma": "cp.async.bulk.tensor" in ptx}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -77,6 +79,34 @@ def _compile_all() -> dict[str, dict[str, object]]:
     out.update(_compile_lora())
     out.update(_compile_int4())
     out.update(_compile_paged_decode())
+    out.update(_compile_skinny_gemm())
+    return out
+
+
+def _compile_skinny_gemm() -> dict[str, dict[str, object]]:
+    """The skinny decode GEMM as the dispatch launches it at batch 64 (bf16, M divisible by 16, 64-row batch
+    tile): whole tiles with and without the split-K fix-up, and the gated SiLU epilogue."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_skinny_gemm import _skinny_gemm_kernel, _skinny_gemm_tma_kernel
+
+    fn = _skinny_gemm_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("M", "N", "K", "k_per_split")
+                    or n.startswith("stride_"))  # fmt: skip
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+                "counter_ptr": "*i32"}  # fmt: skip
+    common = dict(BLOCK_N=128, BLOCK_M=64, BLOCK_K=64, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
+    out = {}
+    for name, split, gated in (("skinny_gemm bf16", False, False), ("skinny_gemm bf16 split", True, False),
+                               ("skinny_gemm bf16 gated split", True, True)):  # fmt: skip
+        constexprs = dict(common, SPLIT=split, GATED=gated, EVEN=True)
+        out[name] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=4)
+    tma = _skinny_gemm_tma_kernel
+    aligned = tuple(n for n in tma.arg_names if n.endswith("_ptr") or n in ("M", "N", "K", "k_per_split", "stride_om"))
+    descs = {"x_desc": "tensordesc<bf16[64, 64]>", "w_desc": "tensordesc<bf16[128, 64]>"}
+    constexprs = dict(common, SPLIT=True, GATED=False)
+    out["skinny_gemm bf16 tma split"] = _compile_for_hopper(tma, pointers | descs, constexprs, aligned, num_warps=4,
+                                                            num_stages=4)  # fmt: skip
     return out
 
 
@@ -229,6 +259,10 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
     assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
     assert result["split_merge pdl"]["gdc_wait"] == 1
+    # the skinny GEMM runs on Hopper's asynchronous tensor cores; only the split-K fix-up takes atomics
+    assert all(r["wgmma"] for name, r in result.items() if name.startswith("skinny_gemm"))
+    assert result["skinny_gemm bf16 tma split"]["tma"] and not result["skinny_gemm bf16 split"]["tma"]
+    assert not result["skinny_gemm bf16"]["atomics"] and result["skinny_gemm bf16 split"]["atomics"]
 
 
 if __name__ == "__main__":
