@@ -27,7 +27,7 @@ INVALID = {
         "spec.kvCache.dtype to auto"),
     "unsupported-quantization": (
         {"quantization": "int8"},
-        "spec.quantization: --quantization='int8' is not supported yet (supported: fp8, awq, gptq, "
+        "spec.quantization: --quantization='int8' is not supported yet (supported: fp8, rtn, awq, gptq, "
         "compressed-tensors)"),
     "parallelism-that-does-not-split-the-model": (
         {"parallelism": {"tensor": 3}, "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}},
