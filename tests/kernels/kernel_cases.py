@@ -24,6 +24,15 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-5 if dtype == torch.float32 else 1.5e-2
 
 
+def linear_case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool, seed: int = 0):
+    """A seeded `x [m, k]`, `weight [n, k]` (scaled by 1/sqrt(k)) and optional bias `[n]` on DEVICE."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
+    weight = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
+    return x, weight, b
+
+
 def paged_pool(
     seq_lens: list[int],
     num_kv_heads: int,

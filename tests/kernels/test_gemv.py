@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, linear_case, rel_err, tolerance
 
 from flotilla.kernels.linear import gemv_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def _case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool = True, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
-    weight = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
-    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
-    return x, weight, b
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -27,7 +19,7 @@ def test_fma_path_matches_reference_on_ragged_tiles(dtype, m, split_k):
     and the partials meet in the reduce kernel, which adds the bias."""
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, bias = _case(m, 40, 200, dtype)
+    x, weight, bias = linear_case(m, 40, 200, dtype, bias=True)
     out = gemv(x, weight, bias, block_n=16, block_k=64, split_k=split_k, use_dot=False)
     assert out.dtype == dtype and out.shape == (m, 40)
     assert rel_err(out, gemv_ref(x, weight, bias)) < tolerance(dtype)
@@ -39,7 +31,7 @@ def test_dot_path_matches_reference_with_the_batch_padded_to_16(dtype, m, split_
     """The swap-AB `tl.dot` path: weight tile as the MMA's rows, the batch padded to 16 columns."""
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, bias = _case(m, 40, 200, dtype, seed=1)
+    x, weight, bias = linear_case(m, 40, 200, dtype, seed=1, bias=True)
     out = gemv(x, weight, bias, block_n=16, block_k=32, split_k=split_k, use_dot=True)
     assert rel_err(out, gemv_ref(x, weight, bias)) < tolerance(dtype)
 
@@ -49,7 +41,7 @@ def test_default_config_without_bias(m):
     """No knobs given: the heuristic's tiles (one masked K tile here) and no bias."""
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, _ = _case(m, 24, 72, torch.float32, bias=False, seed=2)
+    x, weight, _ = linear_case(m, 24, 72, torch.float32, bias=False, seed=2)
     assert rel_err(gemv(x, weight), gemv_ref(x, weight)) < 1e-5
 
 
@@ -57,7 +49,7 @@ def test_more_splits_than_k_tiles_launches_only_the_nonempty_ranges():
     """split_k = 8 over 3 K tiles: three ranges of one tile each; the result is still exact."""
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, bias = _case(2, 20, 150, torch.float32, seed=3)
+    x, weight, bias = linear_case(2, 20, 150, torch.float32, seed=3, bias=True)
     out = gemv(x, weight, bias, block_n=8, block_k=64, split_k=8)
     assert rel_err(out, gemv_ref(x, weight, bias)) < 1e-5
 
@@ -66,7 +58,7 @@ def test_leading_dims_fp16_and_strided_rows():
     """`[B, T, K]` input as nn.Linear takes it; fp16; rows of `x` that are a view with a row stride."""
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, bias = _case(6, 33, 96, torch.float16, seed=4)
+    x, weight, bias = linear_case(6, 33, 96, torch.float16, seed=4, bias=True)
     x3 = x.view(2, 3, 96)
     out = gemv(x3, weight, bias, block_n=16, block_k=32)
     assert out.shape == (2, 3, 33) and out.dtype == torch.float16
@@ -79,7 +71,7 @@ def test_leading_dims_fp16_and_strided_rows():
 def test_empty_batch_gives_an_empty_output():
     from flotilla.kernels.triton_gemv import gemv
 
-    x, weight, _ = _case(1, 16, 32, torch.float32)
+    x, weight, _ = linear_case(1, 16, 32, torch.float32, bias=True)
     assert gemv(x[:0], weight).shape == (0, 16)
 
 

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import linear_case, rel_err, tolerance
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def _case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool = False, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
-    weight = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
-    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
-    return x, weight, b
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -27,7 +19,7 @@ def test_matches_reference_with_and_without_split_k(dtype, m, split_k, bias, tma
     over 6 K tiles) and adds the bias."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
-    x, weight, b = _case(m, 256, 192, dtype, bias=bias)
+    x, weight, b = linear_case(m, 256, 192, dtype, bias=bias)
     cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_warps=4, num_stages=2, tma=tma)
     out = skinny_gemm(x, weight, b, config=cfg)
     assert out.dtype == dtype and out.shape == (m, 256)
@@ -40,7 +32,7 @@ def test_ragged_k_and_counters_reset_between_calls(tma):
     the same result, so the arrival counters were left at zero by the first."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
-    x, weight, _ = _case(9, 128, 200, torch.float32, seed=1)
+    x, weight, _ = linear_case(9, 128, 200, torch.float32, seed=1, bias=False)
     cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=3, num_stages=2, tma=tma)
     first = skinny_gemm(x, weight, config=cfg)
     second = skinny_gemm(x, weight, config=cfg)
@@ -55,7 +47,7 @@ def test_gated_epilogue_matches_linear_then_silu_and_mul(dtype, split_k, bias, t
     reference steps round (bf16: the projection, then the SiLU, then the product)."""
     from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
 
-    x, weight, b = _case(20, 256, 128, dtype, bias=bias, seed=2)
+    x, weight, b = linear_case(20, 256, 128, dtype, bias=bias, seed=2)
     cfg = SkinnyGemmConfig(block_n=128, block_k=32, split_k=split_k, num_stages=2, tma=tma)
     out = skinny_gemm(x, weight, b, gated=True, config=cfg)
     assert out.shape == (20, 128)
@@ -118,7 +110,7 @@ def test_dispatch_takes_the_skinny_gemm_only_for_decode_batches(monkeypatch, m):
     real = triton_skinny_gemm.skinny_gemm
     monkeypatch.setattr(dispatch, "SKINNY_GEMM_MODE", "all")
     monkeypatch.setattr(triton_skinny_gemm, "skinny_gemm", lambda *args, **kw: calls.append(1) or real(*args, **kw))
-    x, weight, b = _case(m, 512, 256, torch.bfloat16, bias=True, seed=4)
+    x, weight, b = linear_case(m, 512, 256, torch.bfloat16, bias=True, seed=4)
     assert rel_err(dispatch.linear(x, weight, b), triton_skinny_gemm.skinny_gemm_ref(x, weight, b)) < 1.5e-2
     gated = dispatch.silu_and_mul_linear(x, weight, b)
     assert rel_err(gated, triton_skinny_gemm.skinny_gemm_ref(x, weight, b, gated=True)) < 1.5e-2
