@@ -34,7 +34,8 @@ from model_dirs import SHAPES, make_model_dir
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.sampling_params import SamplingParams
 
-SWITCHES = ("FLOTILLA_SKINNY_GEMM", "FLOTILLA_SKINNY_GEMM_CONFIGS", "FLOTILLA_FP8_GEMV")
+SWITCHES = ("FLOTILLA_SKINNY_GEMM", "FLOTILLA_SKINNY_GEMM_CONFIGS", "FLOTILLA_FP8_GEMV", "FLOTILLA_DECODE_BF16_LAUNCH",
+            "FLOTILLA_DECODE_WAVE")
 
 
 def greedy_tokens(engine: LLMEngine, prompt_len: int, tokens: int, batch: int = 1) -> list[list[int]]:

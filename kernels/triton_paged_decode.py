@@ -334,7 +334,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     alone gets no split, so no partials and no merge.
     """
     programs = batch * num_kv_heads
-    want = (4 * num_sms) // programs
+    want = (_wave() * num_sms) // programs
     most = max(1, triton.cdiv(max_context, 2 * block_n))
     return int(max(1, min(want, most, 64)))
 
@@ -351,11 +351,22 @@ _FP8_LAUNCH = (64, 4, 3, "cvtpx", 0)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
+def _wave() -> int:
+    """Programs per SM that `default_num_splits` fills (4); FLOTILLA_DECODE_WAVE overrides it so that one device
+    call can time the engine at what a kernel sweep found (bench/decode_short_ctx.py)."""
+    return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
+
+
 def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
     """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's, so that
-    one device call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's and
+    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams]" the float pool's, so that one device call
+    can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
     if not fp8:
+        env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
+        if env:
+            block_n, warps, stages, *more = (int(x) for x in env.split(","))
+            return block_n, warps, stages, "cvt", more[0] if more else 0
         return (*_BF16_LAUNCH, "cvt", 0)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:

@@ -104,3 +104,18 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, ref) < 1e-2
+
+
+def test_bf16_launch_and_wave_overrides(monkeypatch):
+    """FLOTILLA_DECODE_BF16_LAUNCH (tiles, key streams) and FLOTILLA_DECODE_WAVE (more splits) change only the
+    launch: the result still matches the reference, and the wave sets the split count the shapes give."""
+    from flotilla.kernels.triton_paged_decode import default_num_splits, paged_decode_attention
+
+    args = _decode_case([1, 37, 100], 8, 2, torch.bfloat16, seed=5)
+    monkeypatch.setenv("FLOTILLA_DECODE_BF16_LAUNCH", "32,2,3,2")
+    monkeypatch.setenv("FLOTILLA_DECODE_WAVE", "8")
+    out = paged_decode_attention(*args, 0.2)
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
+    assert default_num_splits(64, 8, 4096, 132, 64) == 2
+    monkeypatch.delenv("FLOTILLA_DECODE_WAVE")
+    assert default_num_splits(64, 8, 4096, 132, 64) == 1
