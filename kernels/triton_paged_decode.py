@@ -365,8 +365,8 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
-            block_n, warps, stages, *more = (int(x) for x in env.split(","))
-            return block_n, warps, stages, "cvt", more[0] if more else 0
+            tile = [int(x) for x in env.split(",")]
+            return tile[0], tile[1], tile[2], "cvt", tile[3] if len(tile) > 3 else 0
         return (*_BF16_LAUNCH, "cvt", 0)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
