@@ -11,7 +11,8 @@ What is counted, per replica:
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195;
-  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent.
+  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent;
+  rtn (quantized at load): RTN_NUM_BITS from spec.pod.env (8: 1 byte, 4: the int4 figure), 8 when absent.
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
@@ -92,11 +93,19 @@ def parameter_counts(arch: ModelArchitecture) -> tuple[int, int]:
     return arch.num_hidden_layers * (attention + mlp), embeddings
 
 
-def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto") -> int:
+def rtn_bits(spec: InferenceServiceSpec) -> int:
+    """The bits `--quantization rtn` quantizes to in this spec's pods: a literal RTN_NUM_BITS of 4 in
+    spec.pod.env, else the engine's default 8 (a value from a Secret or ConfigMap is not known here)."""
+    values = [e.value for e in spec.pod.env if e.name == "RTN_NUM_BITS" and e.value is not None]
+    return 4 if values and values[-1].strip() == "4" else 8
+
+
+def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto", rtn_bits: int = 8) -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring)."""
     linear, embeddings = parameter_counts(arch)
     compressed = INT4_GROUP_BYTES_PER_WEIGHT if arch.weight_bits == 4 else 1
-    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "awq": INT4_GROUP_BYTES_PER_WEIGHT,
+    rtn = INT4_GROUP_BYTES_PER_WEIGHT if rtn_bits == 4 else 1
+    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": rtn, "awq": INT4_GROUP_BYTES_PER_WEIGHT,
                   "gptq": INT4_GROUP_BYTES_PER_WEIGHT, "compressed-tensors": compressed}[quantization]
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
@@ -157,7 +166,7 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.quantization, spec.dtype) + lora_slot_bytes(arch, spec)
+    weights = weight_bytes(arch, spec.quantization, spec.dtype, rtn_bits(spec)) + lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:

@@ -405,9 +405,11 @@ class InferenceServiceSpec(_Model):
     runner: Literal["auto", "generate", "pooling"] = Field(
         default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
                                     "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
-    quantization: Literal["none", "fp8", "int8", "awq", "gptq", "compressed-tensors"] = Field(
+    quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors"] = Field(
         default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
-                                    "(awq, gptq, compressed-tensors) may also be left to the engine to detect.")
+                                    "(awq, gptq, compressed-tensors) may also be left to the engine to detect. "
+                                    "rtn: round-to-nearest at load, 8 bits unless pod.env sets RTN_NUM_BITS=4 "
+                                    "(RTN_GROUP_SIZE: inputs per scale, default 128).")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Batching limits.")
     speculative: SpeculativeSpec | None = Field(

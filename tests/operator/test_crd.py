@@ -199,7 +199,7 @@ BAD = [
     ({"kvCache": {"gpuMemoryUtilization": 0}},
      "spec.kvCache.gpuMemoryUtilization in body should be greater than 0"),
     ({"quantization": "fp4"}, 'spec.quantization: Unsupported value: "fp4": supported values: "none", "fp8", '
-                              '"int8", "awq", "gptq", "compressed-tensors"'),
+                              '"int8", "rtn", "awq", "gptq", "compressed-tensors"'),
     ({"model": {"source": "s3://bucket/llama"}}, "spec.model.source in body should match"),
     ({"model": {"servedName": "x"}}, "spec.model.source: Required value"),
     ({"parallelism": {"tensor": 0}}, "spec.parallelism.tensor in body should be greater than or equal to 1"),

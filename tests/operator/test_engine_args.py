@@ -50,6 +50,7 @@ CASES = [
     ({"kvCache": {"dtype": "fp8"}}, "--kv-cache-dtype", "fp8"),
     ({"dtype": "float16"}, "--dtype", "float16"),
     ({"quantization": "fp8"}, "--quantization", "fp8"),
+    ({"quantization": "rtn"}, "--quantization", "rtn"),
     ({"parallelism": {"tensor": 2}}, "--tensor-parallel-size", "2"),
     ({"parallelism": {"pipeline": 2}}, "--pipeline-parallel-size", "2"),
     ({"runner": "pooling"}, "--runner", "pooling"),
