@@ -41,8 +41,13 @@ def test_cpu_native_bf16_unknown_without_cpuinfo(tmp_path: Path) -> None:
     ],
 )
 def test_auto_dtype_on_cpu(tmp_path: Path, text: str, device: str, checkpoint: str, expected: str) -> None:
-    assert _resolve_dtype("auto", {"torch_dtype": checkpoint}, device, _cpuinfo(tmp_path, text)) == expected
+    assert _resolve_dtype("auto", {"torch_dtype": checkpoint}, device, None, _cpuinfo(tmp_path, text)) == expected
+
+
+def test_quantized_model_keeps_bf16(tmp_path: Path) -> None:
+    # torch's packed int4/int8 CPU kernels take bf16 activations; in fp32 the layers fall back to dequantizing
+    assert _resolve_dtype("auto", {"torch_dtype": "bfloat16"}, "cpu", "rtn", _cpuinfo(tmp_path, AVX2_ONLY)) == "bfloat16"
 
 
 def test_explicit_dtype_is_kept(tmp_path: Path) -> None:
-    assert _resolve_dtype("bfloat16", {"torch_dtype": "bfloat16"}, "cpu", _cpuinfo(tmp_path, AVX2_ONLY)) == "bfloat16"
+    assert _resolve_dtype("bfloat16", {"torch_dtype": "bfloat16"}, "cpu", None, _cpuinfo(tmp_path, AVX2_ONLY)) == "bfloat16"
