@@ -10,6 +10,7 @@ text's tokens), with the issue's floors. Checkpoints are written with the compre
 (the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
 128, so W4A16 and W8A16 (compressed-tensors 0.20's preset groups by 128 too) use groups of 64, the
 largest power of two that divides every input width. These are round-to-nearest (min/max per group);
+"RTN W4 g32" is `--quantization rtn` with RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 (symmetric, made at load);
 `--checkpoint NAME=DIR` scores a ready-made checkpoint directory as well (e.g. a GPTQ-calibrated one
 from bench/gptq_checkpoint.py), held to the int4 floor; `--variants ""` scores only those.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +35,9 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
           "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01),
-          "fp8 KV calculated scales": (0.98, 1.01)}
+          "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10)}
+# variants made at load by the engine from the environment (vLLM's RTN_* variables), not by a checkpoint
+VARIANT_ENV = {"RTN W4 g32": {"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "32"}}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
 
 
@@ -87,12 +91,16 @@ def main() -> None:
                                                                  dequantized_copy=False), {}),
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
         "fp8 KV calculated scales": (str(base), {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
+        "RTN W4 g32": (str(base), {"quantization": "rtn"}),
     }
     variants.update({name: (path, {}) for name, path in checkpoints.items()})
     for name in [v for v in args.variants.split(",") if v] + list(checkpoints):
         model, kwargs = variants[name]
         path = model if isinstance(model, str) else str(model())
+        os.environ.update(VARIANT_ENV.get(name, {}))
         top1, ppl = score(path, args.dtype, **kwargs)
+        for key in VARIANT_ENV.get(name, {}):
+            del os.environ[key]
         agreement = sum(a == b for a, b in zip(top1, ref_top1, strict=True)) / len(ref_top1)
         floor, ceiling = FLOORS.get(name, INT4_FLOORS)
         ok = (floor is None or agreement >= floor) and ppl / ref_ppl <= ceiling
