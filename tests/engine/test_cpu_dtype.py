@@ -46,8 +46,10 @@ def test_auto_dtype_on_cpu(tmp_path: Path, text: str, device: str, checkpoint: s
 
 def test_quantized_model_keeps_bf16(tmp_path: Path) -> None:
     # torch's packed int4/int8 CPU kernels take bf16 activations; in fp32 the layers fall back to dequantizing
-    assert _resolve_dtype("auto", {"torch_dtype": "bfloat16"}, "cpu", "rtn", _cpuinfo(tmp_path, AVX2_ONLY)) == "bfloat16"
+    avx2_only = _cpuinfo(tmp_path, AVX2_ONLY)
+    assert _resolve_dtype("auto", {"torch_dtype": "bfloat16"}, "cpu", "rtn", avx2_only) == "bfloat16"
 
 
 def test_explicit_dtype_is_kept(tmp_path: Path) -> None:
-    assert _resolve_dtype("bfloat16", {"torch_dtype": "bfloat16"}, "cpu", None, _cpuinfo(tmp_path, AVX2_ONLY)) == "bfloat16"
+    avx2_only = _cpuinfo(tmp_path, AVX2_ONLY)
+    assert _resolve_dtype("bfloat16", {"torch_dtype": "bfloat16"}, "cpu", None, avx2_only) == "bfloat16"
