@@ -165,7 +165,8 @@ def test_health_answers_while_large_prompts_tokenize(limited):
         results.append(httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": prompt},
                                   headers=AUTH, timeout=120))
 
-    senders = [threading.Thread(target=send) for _ in range(2)]
+    # Four at once, so the tokenizing lasts long enough to matter even on an idle machine (two took ~1.1 s there).
+    senders = [threading.Thread(target=send) for _ in range(4)]
     started = time.monotonic()
     for t in senders:
         t.start()
@@ -176,7 +177,7 @@ def test_health_answers_while_large_prompts_tokenize(limited):
         latencies.append(time.monotonic() - t0)
         time.sleep(0.05)
     elapsed = time.monotonic() - started
-    assert [r.status_code for r in results] == [400] * 2
+    assert [r.status_code for r in results] == [400] * 4
     assert all("maximum context length is 32768 tokens" in r.json()["error"]["message"] for r in results)
     # Each prompt takes seconds to tokenize here; on the event loop, that would be the time /health
     # waits. On worker threads /health only competes for the (2, shared) cores.
