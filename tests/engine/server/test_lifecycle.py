@@ -141,7 +141,9 @@ def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_ze
         assert streamed[-1] == "data: [DONE]"
         error = json.loads(streamed[-2].removeprefix("data: "))["error"]
         assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
-        assert len(streamed) < 400  # cut short: 500 tokens were asked for
+        # Cut short: fewer than the 500 tokens asked for came before the error and [DONE] (an idle machine
+        # streamed 416 in the drain's 0.5 s, so no tighter bound holds everywhere).
+        assert len(streamed) - 2 < 500
         # The non-streaming request gets a 503 with OpenAI's error JSON.
         assert answers[0].status_code == 503 and "shutting down" in answers[0].json()["error"]["message"]
         text = log.read_text()
