@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,6 +239,19 @@ def kv_scales_problem(calculate_kv_scales: bool, kv_cache_dtype: str, name_of: N
         return (f"{name_of('calculate_kv_scales')} computes the scales of an fp8 KV cache: set "
                 f"{name_of('kv_cache_dtype')} fp8 with it, or leave it out")
     return None
+
+
+def rtn_settings(env: Mapping[str, str]) -> tuple[int, int | None]:
+    """`--quantization rtn`'s (bits, group size or None for one group a row) from RTN_NUM_BITS (4 or 8, default 8)
+    and RTN_GROUP_SIZE (inputs per scale, default 128; -1: one group a row), as vLLM reads them from the
+    environment; RuleError when they name something else. The engine reads its own environment; the operator
+    the literal values of spec.pod.env."""
+    bits, group = env.get("RTN_NUM_BITS", "8"), env.get("RTN_GROUP_SIZE", "128")
+    if bits not in ("4", "8"):
+        raise RuleError(f"RTN_NUM_BITS={bits}: --quantization rtn quantizes to 4 or 8 bits")
+    if not group.lstrip("-").isdigit() or (int(group) <= 0 and int(group) != -1):
+        raise RuleError(f"RTN_GROUP_SIZE={group}: a positive number of inputs, or -1 for one group a row")
+    return int(bits), None if int(group) == -1 else int(group)
 
 
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from flotilla.engine_rules import parallel_split_problem
+from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_settings
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
-from flotilla.operator.fit import FitReport, check_fit
+from flotilla.operator.fit import FitReport, check_fit, rtn_env
 from flotilla.operator.model_volume import parse_source
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
@@ -73,6 +73,26 @@ def _lora_rules(spec: InferenceServiceSpec, name: str) -> list[str]:
     return errors
 
 
+def _rtn_rules(spec: InferenceServiceSpec) -> list[str]:
+    """With spec.quantization rtn, the engine reads RTN_NUM_BITS / RTN_GROUP_SIZE at start-up and refuses values it
+    cannot use (or a group size that does not divide a layer's inputs): refuse them here, not by a crash loop."""
+    if spec.quantization != "rtn":
+        return []
+    try:
+        _, group = rtn_settings(rtn_env(spec))
+    except RuleError as e:
+        return [f"spec.pod.env: {e}"]
+    arch = spec.model.config
+    if group is None or arch is None:
+        return []
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    widths = {arch.hidden_size, arch.num_attention_heads * head_dim, arch.intermediate_size}
+    if all(w % group == 0 for w in widths):
+        return []
+    return [f"spec.pod.env: RTN_GROUP_SIZE={group} does not divide the model's layer inputs "
+            f"({', '.join(map(str, sorted(widths)))}); pick a divisor of them, or -1 for one group a row"]
+
+
 # One pod holds every rank of a replica, so a replica must fit one node; H200/H100 nodes hold 8 GPUs.
 MAX_GPUS_PER_NODE = 8
 
@@ -116,7 +136,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
-                    + _dtype_rules(parsed) + _parallel_rules(parsed) + _lora_rules(parsed, name)
+                    + _dtype_rules(parsed) + _rtn_rules(parsed) + _parallel_rules(parsed) + _lora_rules(parsed, name)
                     + unsupported(parsed, name))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":

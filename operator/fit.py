@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from flotilla.engine_rules import default_max_num_batched_tokens
+from flotilla.engine_rules import RuleError, default_max_num_batched_tokens, rtn_settings
 from flotilla.operator.gpus import lookup
 from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 from flotilla.operator.status import FitStatus
@@ -93,11 +93,19 @@ def parameter_counts(arch: ModelArchitecture) -> tuple[int, int]:
     return arch.num_hidden_layers * (attention + mlp), embeddings
 
 
+def rtn_env(spec: InferenceServiceSpec) -> dict[str, str]:
+    """The literal RTN_* values of spec.pod.env, the last one of a name winning as in a pod (a value from a
+    Secret or ConfigMap is not known here)."""
+    return {e.name: e.value for e in spec.pod.env if e.name.startswith("RTN_") and e.value is not None}
+
+
 def rtn_bits(spec: InferenceServiceSpec) -> int:
-    """The bits `--quantization rtn` quantizes to in this spec's pods: a literal RTN_NUM_BITS of 4 in
-    spec.pod.env, else the engine's default 8 (a value from a Secret or ConfigMap is not known here)."""
-    values = [e.value for e in spec.pod.env if e.name == "RTN_NUM_BITS" and e.value is not None]
-    return 4 if values and values[-1].strip() == "4" else 8
+    """The bits `--quantization rtn` quantizes to in this spec's pods (engine_rules.rtn_settings over
+    spec.pod.env; 8, the engine's default, when they are not valid: admission refuses that spec)."""
+    try:
+        return rtn_settings(rtn_env(spec))[0]
+    except RuleError:
+        return 8
 
 
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto", rtn_bits: int = 8) -> int:

@@ -16,20 +16,17 @@ from typing import Any
 
 import torch
 
+from flotilla import engine_rules
 from flotilla.engine.quantization.method import in_features, replace_parameter
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import pack_codes
 
 
 def rtn_settings() -> tuple[int, int | None]:
-    """(bits, group size or None for one group a row) from RTN_NUM_BITS / RTN_GROUP_SIZE; ValueError
+    """(bits, group size or None for one group a row) from this process's RTN_NUM_BITS / RTN_GROUP_SIZE; the
+    rule (flotilla/engine_rules.py) is the one the operator applies to spec.pod.env. ValueError (RuleError)
     when they name something else."""
-    bits, group = os.environ.get("RTN_NUM_BITS", "8"), os.environ.get("RTN_GROUP_SIZE", "128")
-    if bits not in ("4", "8"):
-        raise ValueError(f"RTN_NUM_BITS={bits}: --quantization rtn quantizes to 4 or 8 bits")
-    if not group.lstrip("-").isdigit() or (int(group) <= 0 and int(group) != -1):
-        raise ValueError(f"RTN_GROUP_SIZE={group}: a positive number of inputs, or -1 for one group a row")
-    return int(bits), None if int(group) == -1 else int(group)
+    return engine_rules.rtn_settings(os.environ)
 
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,3 +111,22 @@ def test_a_replica_wider_than_one_node_is_refused():
     assert review(spec, "x").errors == [
         "spec.parallelism: tensor x pipeline = 16 GPUs, but a replica runs in one pod on one node (at most 8 "
         "GPUs); multi-node serving is not supported yet"]
+
+
+@pytest.mark.parametrize(("env", "problem"), [
+    ({"RTN_NUM_BITS": "5"}, "spec.pod.env: RTN_NUM_BITS=5: --quantization rtn quantizes to 4 or 8 bits"),
+    ({"RTN_GROUP_SIZE": "0"}, "spec.pod.env: RTN_GROUP_SIZE=0: a positive number of inputs, or -1 for one group a row"),
+    ({"RTN_GROUP_SIZE": "100"}, "spec.pod.env: RTN_GROUP_SIZE=100 does not divide the model's layer inputs "
+                                "(576, 1536); pick a divisor of them, or -1 for one group a row"),
+])
+def test_rtn_settings_the_engine_would_refuse_are_refused(env, problem):
+    """spec.quantization rtn with RTN_* values the engine refuses at start-up (SmolLM2-135M's widths when the
+    model's numbers are given) is refused at admission, not rolled out into a crash loop."""
+    arch = {"hiddenSize": 576, "intermediateSize": 1536, "numAttentionHeads": 9, "numKeyValueHeads": 3,
+            "numHiddenLayers": 30, "vocabSize": 49152}
+    pod = {"env": [{"name": k, "value": v} for k, v in env.items()]}
+    spec = {**BASE, "model": {**BASE["model"], "config": arch}, "quantization": "rtn", "pod": pod}
+    assert problem in review(spec, "x").errors
+    ok = {**spec, "pod": {"env": [{"name": "RTN_NUM_BITS", "value": "4"}, {"name": "RTN_GROUP_SIZE", "value": "32"}]}}
+    assert not [e for e in review(ok, "x").errors if "RTN_" in e]
+    assert review({**spec, "quantization": "none"}, "x").errors == review({**BASE, "model": spec["model"]}, "x").errors
