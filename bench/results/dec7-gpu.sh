@@ -21,7 +21,7 @@
 # Run from the repository root on the H200 machine, carrying .whl (pydantic stack), as the other scripts:
 #   BUDGET_S=150 bash bench/results/dec7-gpu.sh
 # STAGES="off on summary" runs a subset (the `on` side then takes the measured table; ~95 s); CTX=4096 sets
-# the sides' context.
+# the sides' context; SIDE_S each side's limit (default 45 s; ctx 4,096 starts in ~50 s).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 L=$OUT/dec7.log
 CONFIGS=""
@@ -50,8 +50,8 @@ except (OSError, ValueError):
     print('')
 " $OUT/dec7-sweep.json)
       echo "configs for the on side: ${CONFIGS:-kernel defaults}" | tee -a $L ;;
-    off) side off 45 0 ;;
-    on) side on 45 table ;;
+    off) side off ${SIDE_S:-45} 0 ;;
+    on) side on ${SIDE_S:-45} table ;;
     tests) timeout $(left 10) python3 -m pytest $R/tests/kernels/test_skinny_gemm.py -q -p no:cacheprovider \
              -c $R/pyproject.toml --rootdir=$R > $OUT/dec7-tests.log 2>&1
       grep -E "Error|error:|passed|failed" $OUT/dec7-tests.log | tail -6 | tee -a $L ;;

@@ -10,6 +10,6 @@ one() {  # name budget script [env assignments...]
   (env "$@" OUT=$W/$name BUDGET_S=$budget timeout $((budget + 10)) bash bench/results/$script) > $W/$name.stdout 2>&1
   tar czf $FINAL/call1-$name.tgz -C $W $name $name.stdout
 }
-one dec7ctx4096 130 dec7-gpu.sh "STAGES=off on summary" CTX=4096
+one dec7ctx4096 120 dec7-gpu.sh "STAGES=on summary" CTX=4096 SIDE_S=105
 one kv7 175 kv7-gpu.sh "STAGES=fp8kv bf16 tests summary"
 stage done
