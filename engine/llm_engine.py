@@ -48,7 +48,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
-        self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer, config.model.hf_config)
+        # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
+        gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
+        self.eos_token_ids = eos_token_ids(gen_dir, self.tokenizer, config.model.hf_config)
         self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching

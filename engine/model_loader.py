@@ -53,13 +53,24 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     finally:
         torch.set_default_dtype(previous)
     logger.debug("model built on %s", device)
-    if config.quantization is not None:
+    gguf_int4: set[str] = set()
+    if config.quantization == "gguf":  # the layer's method follows its tensors' GGUF types
+        from flotilla.engine.quantization.gguf import attach_gguf_methods
+
+        with device:
+            gguf_int4 = attach_gguf_methods(model, config.model, config.hf_config)
+        logger.debug("gguf: %d linear weights load as 4-bit codes", len(gguf_int4))
+    elif config.quantization is not None:
         with device:  # the quantized parameters live where the model does (a CPU int4 weight broke CUDA runs)
             attach_quant_method(model, linear_method(config.quantization, config.hf_config))
         logger.debug("%s linear layers attached", config.quantization)
     if config.load_format == "dummy":
         fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
         logger.debug("dummy weights filled")
+    elif config.quantization == "gguf":
+        from flotilla.engine.quantization.gguf import gguf_checkpoint_tensors
+
+        load_state(model, gguf_checkpoint_tensors(config.model, config.hf_config, gguf_int4), where=config.model)
     else:
         tensors = _checkpoint_tensors(Path(config.model))
         if config.quantization is not None:
@@ -116,7 +127,7 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         if (kv_scale := kv_scale_target(name)) is not None:
             set_kv_scale(model, *kv_scale, tensor)
             continue
-        name, shard_id = _packed_target(name, model.packed_modules)
+        name, shard_id = packed_target(name, model.packed_modules)
         if not model.holds(name):  # another pipeline stage's layer
             continue
         if name not in params:
@@ -150,7 +161,7 @@ def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int 
     param.data.copy_(loaded)
 
 
-def _packed_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:
+def packed_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:
     for fragment, (merged, shard_id) in packed.items():
         if f".{fragment}." in name:
             return name.replace(f".{fragment}.", f".{merged}."), shard_id

@@ -8,9 +8,12 @@ from typing import Any
 
 
 def load_tokenizer(path: str) -> Any:
-    """The HF tokenizer in `path` (fast when available), with its chat template."""
+    """The HF tokenizer in `path` (fast when available), with its chat template; a `.gguf` file's own (transformers
+    rebuilds it from the file's metadata)."""
     from transformers import AutoTokenizer
 
+    if path.endswith(".gguf") and Path(path).is_file():
+        return AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
     return AutoTokenizer.from_pretrained(path)
 
 

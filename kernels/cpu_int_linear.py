@@ -41,15 +41,26 @@ def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
         return None
     codes = unpack_codes(packed, bits)
     cols = codes.shape[1]
-    if bits == 4 and group_size in INT4_GROUPS and cols % group_size == 0:
-        weight = torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+    if bits == 4:
         scale = scales.float()
-        bias = (8 - zeros.float()) * scale
-        return CpuIntWeight(4, group_size, weight, torch.stack([scale.t(), bias.t()], dim=-1).to(scales.dtype)
-                            .contiguous())
+        return cpu_int4_affine_weight(codes, scale, (8 - zeros.float()) * scale, group_size, scales.dtype)
     if bits == 8 and scales.shape[1] == 1 and bool((zeros == 128).all()):
         return CpuIntWeight(8, cols, (codes - 128).to(torch.int8).contiguous(), scales[:, 0].contiguous())
     return None
+
+
+def cpu_int4_affine_weight(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group_size: int,
+                           dtype: torch.dtype) -> CpuIntWeight | None:
+    """4-bit codes `[out, in]` whose weight is `(code - 8) * scale + bias` a group (scale and bias `[out, in /
+    group]`, any float dtype) in torch's int4 layout with scale and bias in `dtype` (the activations'); None when
+    the kernel lacks the group size or the dtype."""
+    cols = codes.shape[1]
+    if group_size not in INT4_GROUPS or cols % group_size or dtype not in (torch.bfloat16, torch.float16,
+                                                                           torch.float32):
+        return None
+    weight = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    pair = torch.stack([scale.float().t(), bias.float().t()], dim=-1)
+    return CpuIntWeight(4, group_size, weight, pair.to(dtype).contiguous())
 
 
 def cpu_int_linear(x: torch.Tensor, weight: CpuIntWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,8 @@
 
 One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints),
 `packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
-`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout).
+`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
+file's own 4-bit codes).
 The layers' hook is in `engine/layers/linear.py`.
 """
 
@@ -20,7 +21,7 @@ from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMetho
 from flotilla.engine.quantization.method import LinearMethod
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
-SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq")
+SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
 _FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
 
 
@@ -68,6 +69,10 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
         if qcfg is not None:
             raise ValueError("--quantization rtn quantizes a dense checkpoint; this one is already quantized")
         return RtnMethod(*rtn_settings())
+    if method == "gguf":
+        from flotilla.engine.quantization.gguf import GgufInt4Method
+
+        return GgufInt4Method()  # per layer by its GGUF types: `gguf.attach_gguf_methods`
     assert qcfg is not None, f"{method} needs the checkpoint's quantization_config"
     return _FORMATS[method].linear_method(qcfg)
 

@@ -1,0 +1,245 @@
+"""`--quantization gguf`: a GGUF file's linear weights served as the file stores them (vLLM's `quant_method: gguf`).
+
+The model is a `.gguf` file (`flotilla serve model.gguf --tokenizer DIR`, as `vllm serve`), or, with no model, the
+embedded SmolLM2-135M-Instruct's own Q4_1 GGUF (`engine/embedded_model.py`; its converted directory gives the
+tokenizer). The file is read with the `gguf` package's `GGUFReader` (llama architecture; the names are llama.cpp's,
+mapped to HF's below; llama.cpp's converter permutes the rows of Q and K for its rotary layout, undone here as
+transformers undoes it).
+
+Linear layers by the type of their GGUF tensors (every projection of a merged layer alike, else dense):
+- Q4_1 (blocks of 32 inputs: fp16 `d`, fp16 `m`, 16 bytes of nibbles, weight `d * q + m`) and Q4_0 (fp16 `d`,
+  16 bytes, weight `d * (q - 8)`): the 4-bit codes, one scale `d` and one offset (`m`, or `-8 d`) per block, in
+  float32 (`weight_packed` / `weight_scale` / `weight_offset`, output rows first). Byte `j` of a block holds input
+  `j` in its low nibble and input `j + 16` in its high one (ggml's `block_q4_1`; tests check it against
+  `gguf.quants.dequantize` on the shipped file). On the CPU the layer runs torch's packed int4 kernel, whose
+  weight is `(q - 8) * scale + bias` a group: scale `d`, bias `offset + 8 d` (`process_weights`), in the
+  activation dtype; elsewhere (CUDA, or a dtype the kernel lacks) the weight is dequantized once at load, dense.
+- Q8_0, F16, BF16, F32: dequantized into the model dtype, dense (torch's CPU int8 kernel takes one scale a row;
+  Q8_0 has one per 32 inputs).
+- Any other type (the K-quants, IQ*, Q5_*) is refused at load, naming the tensor.
+Embeddings, norms and the LM head: dequantized by `gguf.quants.dequantize` into the model dtype, whatever the type.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
+from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int4_affine_weight, cpu_int_linear
+from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
+
+BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block
+GGUF_ARCHITECTURES = ("llama",)
+INT4_TYPES = ("Q4_0", "Q4_1")
+DENSE_TYPES = ("Q8_0", "F16", "BF16", "F32")
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+_BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_SKIPPED = ("rope_freqs.weight",)  # llama 3's rope scaling: the config carries it, as transformers does
+_LINEAR_SUFFIXES = ("_proj",)
+
+
+def is_gguf_file(model: str | Path) -> bool:
+    """Whether `model` names a GGUF file (by its name, as vLLM decides)."""
+    return str(model).endswith(".gguf") and Path(model).is_file()
+
+
+@lru_cache(maxsize=2)
+def _reader(path: str) -> Any:
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def gguf_architecture(path: str | Path) -> str:
+    """`general.architecture` of a GGUF file."""
+    field = _reader(str(path)).fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def gguf_hf_config(path: str | Path) -> dict[str, Any]:
+    """The HF config of a GGUF file (transformers reads its metadata), or ValueError for an architecture this
+    path does not serve."""
+    arch = gguf_architecture(path)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r}; --quantization gguf serves "
+                         f"{', '.join(GGUF_ARCHITECTURES)}")
+    from transformers import AutoConfig
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    config.pop("quantization_config", None)
+    config.setdefault("dtype", "bfloat16")  # GGUF's blocks are fp16-scaled 4-bit; serve in bf16 unless asked
+    return dict(config)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF (transformers Llama) name of a llama.cpp tensor name; None for one the engine does not load."""
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    if gguf_name in _SKIPPED:
+        return None
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if match is None or match.group(2) not in _BLOCK_NAMES:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a llama model")
+    return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{match.group(3)}"
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith("_proj.weight")
+
+
+def unpack_q4_blocks(raw: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0 / Q4_1 tensor's bytes `[rows, cols / 32 * block bytes]` -> unsigned codes `[rows, cols]` (uint8),
+    scales `d` and offsets `[rows, cols / 32]` (float32): the weight is `scale * code + offset` a block."""
+    head = 4 if type_name == "Q4_1" else 2
+    rows = raw.shape[0]
+    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8)).reshape(rows, -1, head + 16)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    offset = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() if head == 4 else -8.0 * d
+    qs = blocks[..., head:]
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # byte j: input j (low nibble), input j + 16 (high)
+    return codes.reshape(rows, -1), d, offset
+
+
+def dequantize_tensor(raw: np.ndarray, type_name: str) -> torch.Tensor:
+    """Any GGUF tensor as float32, by gguf's own `dequantize` (rows first, as HF stores it)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32))
+
+
+def _qk_row_order(name: str, rows: int, hf_config: dict[str, Any]) -> torch.Tensor | None:
+    """llama.cpp stores Q and K rows permuted for its rotary layout; the row order that undoes it (transformers'
+    `reverse_permute_weights`), or None for other tensors."""
+    if ".q_proj." in name:
+        heads = hf_config["num_attention_heads"]
+    elif ".k_proj." in name:
+        heads = hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
+    else:
+        return None
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def tensor_types(path: str | Path) -> dict[str, str]:
+    """HF name -> GGUF type name of every tensor the engine loads from the file."""
+    types = {}
+    for tensor in _reader(str(path)).tensors:
+        name = hf_name(tensor.name)
+        if name is not None:
+            types[name] = tensor.tensor_type.name
+    return types
+
+
+def gguf_checkpoint_tensors(path: str | Path, hf_config: dict[str, Any],
+                            int4_layers: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors under HF names: for the linear weights in `int4_layers` (HF weight names), the 4-bit
+    layout (`<layer>.weight_packed`, `.weight_scale`, `.weight_offset`); every other tensor dequantized
+    (float32; the loader casts it to the model dtype). ValueError for a linear weight of a type not served."""
+    for tensor in _reader(str(path)).tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        kind = tensor.tensor_type.name
+        raw = np.asarray(tensor.data)
+        if _is_linear(name) and kind not in INT4_TYPES + DENSE_TYPES:
+            raise ValueError(f"GGUF tensor {tensor.name} ({name}) is {kind}; --quantization gguf serves linear "
+                             f"weights stored as {'/'.join(INT4_TYPES)} (4-bit codes) or {'/'.join(DENSE_TYPES)} "
+                             "(dense); re-quantize the file to one of those (llama-quantize), or serve a "
+                             "safetensors directory")
+        order = _qk_row_order(name, raw.shape[0], hf_config)
+        if name in int4_layers:
+            codes, scale, offset = unpack_q4_blocks(raw, kind)
+            if order is not None:
+                codes, scale, offset = codes[order], scale[order], offset[order]
+            prefix = name.removesuffix(".weight")
+            yield f"{prefix}.weight_packed", pack_codes(codes, 4)
+            yield f"{prefix}.weight_scale", scale.contiguous()
+            yield f"{prefix}.weight_offset", offset.contiguous()
+            continue
+        weight = dequantize_tensor(raw, kind)
+        yield name, weight if order is None else weight[order].contiguous()
+
+
+def dequantize_affine(packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype
+                      ) -> torch.Tensor:
+    """The weight `[out, in]`: `scale * code + offset` a block of 32 (float32 arithmetic, then `dtype`)."""
+    codes = unpack_codes(packed, 4).float()
+    rows = codes.shape[0]
+    weight = codes.reshape(rows, -1, BLOCK) * scale.float().unsqueeze(-1) + offset.float().unsqueeze(-1)
+    return weight.reshape(rows, -1).to(dtype)
+
+
+class GgufInt4Method(LinearMethod):
+    """A linear layer whose GGUF tensors are Q4_0/Q4_1: 4-bit codes with a float scale and offset a block."""
+
+    def create_weights(self, layer: Any) -> None:
+        """Packed codes `[out, in / 8]` int32, scale and offset `[out, in / 32]` float32 in place of the weight."""
+        rows, cols = out_features(layer), in_features(layer)
+        if cols % BLOCK:
+            raise ValueError(f"a layer of {cols} inputs does not split into GGUF blocks of {BLOCK}")
+        layer.gguf_dtype = layer.weight.dtype
+        del layer.weight
+        replace_parameter(layer, "weight_packed", torch.empty(rows, cols // 8, dtype=torch.int32))
+        replace_parameter(layer, "weight_scale", torch.empty(rows, cols // BLOCK, dtype=torch.float32))
+        replace_parameter(layer, "weight_offset", torch.empty(rows, cols // BLOCK, dtype=torch.float32))
+
+    def process_weights(self, layer: Any) -> None:
+        """On the CPU in bf16/fp16/fp32: torch's int4 layout (scale `d`, bias `offset + 8 d` in the model dtype);
+        otherwise the dense weight, dequantized once."""
+        dtype = layer.gguf_dtype
+        layer.cpu_int_weight = None
+        layer.dense_weight = None
+        if layer.weight_packed.device.type == "cpu":
+            layer.cpu_int_weight = cpu_int4_affine_weight(unpack_codes(layer.weight_packed, 4), layer.weight_scale,
+                                                          layer.weight_scale * 8 + layer.weight_offset, BLOCK, dtype)
+        if layer.cpu_int_weight is None:
+            layer.dense_weight = dequantize_affine(layer.weight_packed, layer.weight_scale, layer.weight_offset,
+                                                   dtype)
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """`x @ W^T + bias` through torch's int4 kernel on the CPU, else the dense weight."""
+        weight: CpuIntWeight | None = layer.cpu_int_weight
+        if weight is not None and not x.is_cuda and x.dtype == weight.scales.dtype:
+            return cpu_int_linear(x, weight, bias)
+        if layer.dense_weight is None:
+            layer.dense_weight = dequantize_affine(layer.weight_packed, layer.weight_scale, layer.weight_offset,
+                                                   layer.gguf_dtype)
+        from flotilla.kernels.dispatch import linear
+
+        return linear(x, layer.dense_weight.to(x.dtype), bias, layer.gemv_max_rows)
+
+
+def attach_gguf_methods(model: Any, path: str | Path, hf_config: dict[str, Any]) -> set[str]:
+    """Before loading: `GgufInt4Method` on every linear layer whose GGUF tensors are all Q4_0/Q4_1 (a merged
+    layer's projections must agree; otherwise it stays dense). Returns the HF weight names loaded as codes."""
+    from flotilla.engine.layers.linear import quantizable_layers
+    from flotilla.engine.model_loader import packed_target
+
+    types = tensor_types(path)
+    sources: dict[str, list[str]] = {}
+    for name in types:
+        if _is_linear(name):
+            target, _ = packed_target(model.checkpoint_name(name), model.packed_modules)
+            sources.setdefault(target.removesuffix(".weight"), []).append(name)
+    layers = {id(layer) for layer in quantizable_layers(model)}
+    method = GgufInt4Method()
+    int4: set[str] = set()
+    for module_name, layer in model.named_modules():
+        names = sources.get(module_name)
+        if id(layer) in layers and names and all(types[n] in INT4_TYPES for n in names):
+            layer.quant_method = method
+            method.create_weights(layer)
+            int4.update(names)
+    return int4
