@@ -77,9 +77,10 @@ def gguf_hf_config(path: str | Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     path = Path(path)
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_diff_dict()
     config.pop("quantization_config", None)
-    config.setdefault("dtype", "bfloat16")  # GGUF's blocks are fp16-scaled 4-bit; serve in bf16 unless asked
+    config["architectures"] = ["LlamaForCausalLM"]
+    config.setdefault("dtype", "bfloat16")  # the int4 CPU kernel's fast dtype; --dtype still chooses
     return dict(config)
 
 
