@@ -23,6 +23,13 @@ Reports per round and server: output tok/s, TTFT, TPOT (decode time per token) a
 when it ran (the machine is shared); then medians over rounds and the ratios issue 19 asks for:
 8-stream output tok/s Flotilla / llama.cpp (floor 2x) and single-stream decode speed, llama.cpp's
 TPOT / Flotilla's (floor 0.8x). Writes `peer.json` and each run's summary under --out.
+
+Without llama.cpp, `--peer-flotilla-args` makes a second Flotilla configuration the peer (the same workloads, the
+same alternation, the ratios against it), e.g. the GGUF's own Q4_1 codes against RTN's re-rounded weights:
+
+    python bench/cpu_peer.py --flotilla-args '--quantization gguf' --peer-name rtn4g32 \
+        --peer-flotilla-args '--quantization rtn' --peer-flotilla-env RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 \
+        --out bench/results/cpu-2026-12-04-s10-gguf/gguf-vs-rtn
 """
 
 from __future__ import annotations
@@ -137,7 +144,12 @@ def measure(name: str, url: str, model: str, prompts: list[tuple[str, int]], con
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--llama-python", required=True, help="the interpreter of a venv with llama-cpp-python[server]")
+    p.add_argument("--llama-python", help="the interpreter of a venv with llama-cpp-python[server]")
+    p.add_argument("--peer-flotilla-args", default=None,
+                   help="without llama.cpp: a second Flotilla server with these `flotilla serve` flags is the peer "
+                   "(e.g. '--quantization rtn')")
+    p.add_argument("--peer-flotilla-env", nargs="*", default=[], help="KEY=VALUE for the peer Flotilla's environment")
+    p.add_argument("--peer-name", default="flotilla-peer", help="the peer Flotilla's name in the report")
     p.add_argument("--flotilla-args", default="", help="extra `flotilla serve` flags (e.g. '--dtype float32')")
     p.add_argument("--flotilla-env", nargs="*", default=[],
                    help="KEY=VALUE for the Flotilla server's environment only (e.g. RTN_NUM_BITS=4 "
@@ -150,6 +162,8 @@ def main() -> None:
     p.add_argument("--c8-prompts", type=int, default=8)
     p.add_argument("--out", required=True, help="folder for peer.json and the servers' logs")
     args = p.parse_args()
+    if (args.llama_python is None) == (args.peer_flotilla_args is None):
+        p.error("give one peer: --llama-python (llama.cpp) or --peer-flotilla-args (a second Flotilla)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
@@ -159,24 +173,22 @@ def main() -> None:
     gguf = embedded_gguf_path()
     used: set[int] = set()
     flags = f"--max-model-len 2048 {args.flotilla_args}"
-    serve_args = SimpleNamespace(server_python_args="", model=None, serve_args=flags,
-                                 server_log=str(out / "flotilla-server.log"))
-    saved = dict(os.environ)
-    os.environ.update(kv.split("=", 1) for kv in args.flotilla_env)  # the Flotilla server's alone
+    flotilla, flotilla_url = launch_flotilla(flags, args.flotilla_env, str(out / "flotilla-server.log"))
+    peer_name = "llama.cpp" if args.llama_python else args.peer_name
+    peer_flags = f"--max-model-len 2048 {args.peer_flotilla_args or ''}"
     try:
-        flotilla, flotilla_url = launch(serve_args)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        llama, llama_url = launch_llamacpp(args.llama_python, gguf, args.threads, 2048,
-                                           str(out / "llamacpp-server.log"))
+        if args.llama_python:
+            llama, llama_url = launch_llamacpp(args.llama_python, gguf, args.threads, 2048,
+                                               str(out / "llamacpp-server.log"))
+        else:
+            llama, llama_url = launch_flotilla(peer_flags, args.peer_flotilla_env, str(out / "peer-server.log"))
     except BaseException:
         flotilla.terminate()
         raise
     servers = {
         "flotilla": (flotilla_url, httpx.get(f"{flotilla_url}/v1/models").json()["data"][0]["id"], {}),
-        "llama.cpp": (llama_url, "llama.cpp", {"repeat_penalty": 1.0, "top_k": 1}),
+        peer_name: (llama_url, "llama.cpp", {"repeat_penalty": 1.0, "top_k": 1}) if args.llama_python else
+        (llama_url, httpx.get(f"{llama_url}/v1/models").json()["data"][0]["id"], {}),
     }
     runs: list[dict] = []
     try:
@@ -201,28 +213,42 @@ def main() -> None:
             process.wait(timeout=60)
     report = {"command": "python bench/cpu_peer.py " + shlex.join(sys.argv[1:]), "runs": runs,
               "flotilla_flags": flags, "flotilla_env": args.flotilla_env,
-              "llama_cpp": f"llama-cpp-python, {gguf.name}, {args.threads} threads",
-              "medians": medians(runs)}
+              "peer": f"llama-cpp-python, {gguf.name}, {args.threads} threads" if args.llama_python else
+              {"flotilla_flags": peer_flags, "flotilla_env": args.peer_flotilla_env},
+              "medians": medians(runs, peer_name)}
     (out / "peer.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report["medians"], indent=2))
 
 
-def medians(runs: list[dict]) -> dict:
-    """Per server and concurrency: the median over rounds of each figure; then the ratios of the issue."""
+def launch_flotilla(flags: str, env: list[str], log: str) -> tuple[subprocess.Popen, str]:
+    """`flotilla serve` (the embedded model unless `flags` name one) with KEY=VALUE `env` in its environment."""
+    serve_args = SimpleNamespace(server_python_args="", model=None, serve_args=flags, server_log=log)
+    saved = dict(os.environ)
+    os.environ.update(kv.split("=", 1) for kv in env)  # this server's alone
+    try:
+        return launch(serve_args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def medians(runs: list[dict], peer: str = "llama.cpp") -> dict:
+    """Per server and concurrency: the median over rounds of each figure; then the ratios of the issue (against
+    `peer`: llama.cpp, or a second Flotilla configuration)."""
     table: dict[str, dict] = {}
-    for name in ("flotilla", "llama.cpp"):
+    for name in ("flotilla", peer):
         for c in (1, 8):
             mine = [r for r in runs if r["server"] == name and r["concurrency"] == c]
             if mine:
                 table[f"{name} c{c}"] = {k: statistics.median(r[k] for r in mine) for k in
                                          ("output_throughput", "median_tpot_ms", "median_ttft_ms")}
     try:
-        table["ratio 8-stream output tok/s (flotilla / llama.cpp, floor 2.0)"] = (
-            table["flotilla c8"]["output_throughput"] / table["llama.cpp c8"]["output_throughput"])
-        table["ratio single-stream decode speed (llama.cpp TPOT / flotilla TPOT, floor 0.8)"] = (
-            table["llama.cpp c1"]["median_tpot_ms"] / table["flotilla c1"]["median_tpot_ms"])
-        table["ratio single-stream output tok/s incl. prefill (flotilla / llama.cpp)"] = (
-            table["flotilla c1"]["output_throughput"] / table["llama.cpp c1"]["output_throughput"])
+        table[f"ratio 8-stream output tok/s (flotilla / {peer}, floor 2.0 vs llama.cpp)"] = (
+            table["flotilla c8"]["output_throughput"] / table[f"{peer} c8"]["output_throughput"])
+        table[f"ratio single-stream decode speed ({peer} TPOT / flotilla TPOT, floor 0.8 vs llama.cpp)"] = (
+            table[f"{peer} c1"]["median_tpot_ms"] / table["flotilla c1"]["median_tpot_ms"])
+        table[f"ratio single-stream output tok/s incl. prefill (flotilla / {peer})"] = (
+            table["flotilla c1"]["output_throughput"] / table[f"{peer} c1"]["output_throughput"])
     except (KeyError, ZeroDivisionError):
         pass
     return table

@@ -11,6 +11,8 @@ text's tokens), with the issue's floors. Checkpoints are written with the compre
 128, so W4A16 and W8A16 (compressed-tensors 0.20's preset groups by 128 too) use groups of 64, the
 largest power of two that divides every input width. These are round-to-nearest (min/max per group);
 "RTN W4 g32" is `--quantization rtn` with RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 (symmetric, made at load);
+"GGUF Q4_1 codes" serves the shipped GGUF file's own Q4_1 codes (`--quantization gguf`, implied by the .gguf
+model): the unquantized reference is the same values rounded to bf16, so it is held to fp8's floors;
 `--checkpoint NAME=DIR` scores a ready-made checkpoint directory as well (e.g. a GPTQ-calibrated one
 from bench/gptq_checkpoint.py), held to the int4 floor; `--variants ""` scores only those.
 
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
           "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01),
-          "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10)}
+          "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10), "GGUF Q4_1 codes": (0.97, 1.02)}
 # variants made at load by the engine from the environment (vLLM's RTN_* variables), not by a checkpoint
 VARIANT_ENV = {"RTN W4 g32": {"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "32"}}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
@@ -73,7 +75,7 @@ def main() -> None:
     checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
     from quant_checkpoints import compressed_tensors_checkpoint
 
-    from flotilla.engine.embedded_model import embedded_model_dir
+    from flotilla.engine.embedded_model import embedded_gguf_path, embedded_model_dir
 
     base = embedded_model_dir()
     tmp = Path(tempfile.mkdtemp(prefix="quant-fidelity-"))
@@ -92,6 +94,8 @@ def main() -> None:
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
         "fp8 KV calculated scales": (str(base), {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
         "RTN W4 g32": (str(base), {"quantization": "rtn"}),
+        # The shipped file itself as the model (quantization implied), the converted directory's tokenizer.
+        "GGUF Q4_1 codes": (str(embedded_gguf_path()), {"tokenizer": str(base)}),
     }
     variants.update({name: (path, {}) for name, path in checkpoints.items()})
     for name in [v for v in args.variants.split(",") if v] + list(checkpoints):

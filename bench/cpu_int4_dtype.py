@@ -1,0 +1,89 @@
+"""torch's packed int4 CPU kernel by activation dtype, against dense matmuls (the GGUF codes path's choice of dtype).
+
+The embedded model's linear layers (SmolLM2-135M: per layer qkv 576->960, o 576->576, gate_up 576->3072,
+down 1536->576; 30 layers), taken from the shipped Q4_1 GGUF: its codes in torch's int4 layout (scale d, bias
+m + 8 d, `engine/quantization/gguf.py`) with bf16 / fp16 / fp32 activations, and the same weights dense in bf16 and
+fp32. Each line: milliseconds for one pass over all 30 layers' matmuls at `rows` rows (1: a decode step of one
+stream, 8: of eight), median of --repeats passes, torch threads as given; and the largest difference from the
+float32 product with the file's exact weights (gguf's dequantize), relative to that product's largest value.
+
+    python bench/cpu_int4_dtype.py --threads 1 --json bench/results/cpu-2026-12-04-s10-gguf/int4-dtype-t1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flotilla.engine.embedded_model import embedded_gguf_path
+from flotilla.engine.quantization import gguf as gguf_q
+from flotilla.kernels.cpu_int_linear import cpu_int4_affine_weight, cpu_int_linear
+
+LAYERS = 30
+
+
+def layer_weights() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Layer 0's four matmuls as (codes, d, m, exact fp32 weight), q/k/v and gate/up stacked as the engine does."""
+    tensors = {t.name: t for t in gguf_q._reader(str(embedded_gguf_path())).tensors}
+    out = []
+    for names in (["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]):
+        parts = [np.asarray(tensors[f"blk.0.{n}.weight"].data) for n in names]
+        unpacked = [gguf_q.unpack_q4_blocks(p, "Q4_1") for p in parts]
+        out.append((torch.cat([u[0] for u in unpacked]), torch.cat([u[1] for u in unpacked]),
+                    torch.cat([u[2] for u in unpacked]),
+                    torch.cat([gguf_q.dequantize_tensor(p, "Q4_1") for p in parts])))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    weights = layer_weights()
+    results = {"threads": args.threads, "loadavg_before": os.getloadavg(), "rows": {}}
+    for rows in (1, 8):
+        xs = [torch.randn(rows, w[0].shape[1]) for w in weights]
+        exact = [x @ w[3].t() for x, w in zip(xs, weights, strict=True)]
+        line = {}
+        for name, dtype, packed in (("int4 bf16", torch.bfloat16, True), ("int4 fp16", torch.float16, True),
+                                    ("int4 fp32", torch.float32, True), ("dense bf16", torch.bfloat16, False),
+                                    ("dense fp32", torch.float32, False)):
+            if packed:
+                ops = [cpu_int4_affine_weight(c, d, d * 8 + m, 32, dtype) for c, d, m, _ in weights]
+                calls = [(lambda x, op=op: cpu_int_linear(x, op)) for op in ops]
+            else:
+                dense = [w[3].to(dtype) for w in weights]
+                calls = [(lambda x, w=w: x @ w.t()) for w in dense]
+            inputs = [x.to(dtype) for x in xs]
+            error = max(((call(x).float() - e).abs().max() / e.abs().max()).item()
+                        for call, x, e in zip(calls, inputs, exact, strict=True))
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                for _ in range(LAYERS):
+                    for call, x in zip(calls, inputs, strict=True):
+                        call(x)
+                times.append((time.perf_counter() - start) * 1e3)
+            line[name] = {"ms_per_model_pass": statistics.median(times), "max_rel_error_vs_exact": error}
+            print(f"rows {rows} {name:<10}: {statistics.median(times):7.2f} ms per pass of 30 layers, "
+                  f"max |error| / max |y| {error:.1e}", flush=True)
+        results["rows"][str(rows)] = line
+    results["loadavg_after"] = os.getloadavg()
+    print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
