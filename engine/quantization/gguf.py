@@ -11,9 +11,11 @@ Linear layers by the type of their GGUF tensors (every projection of a merged la
   16 bytes, weight `d * (q - 8)`): the 4-bit codes, one scale `d` and one offset (`m`, or `-8 d`) per block, in
   float32 (`weight_packed` / `weight_scale` / `weight_offset`, output rows first). Byte `j` of a block holds input
   `j` in its low nibble and input `j + 16` in its high one (ggml's `block_q4_1`; tests check it against
-  `gguf.quants.dequantize` on the shipped file). On the CPU the layer runs torch's packed int4 kernel, whose
-  weight is `(q - 8) * scale + bias` a group: scale `d`, bias `offset + 8 d` (`process_weights`), in the
-  activation dtype; elsewhere (CUDA, or a dtype the kernel lacks) the weight is dequantized once at load, dense.
+  `gguf.quants.dequantize` on the shipped file). On the CPU in bf16 the layer runs torch's packed int4 kernel,
+  whose weight is `(q - 8) * scale + bias` a group: scale `d`, bias `offset + 8 d` (`process_weights`), both
+  rounded to bf16 (the kernel's scale dtype is the activations'); elsewhere (CUDA, fp32/fp16 models, whose int4
+  path in torch is slower than a dense matmul) the weight is dequantized once at load in float32 arithmetic,
+  dense in the model dtype: in fp32 exactly the file's values.
 - Q8_0, F16, BF16, F32: dequantized into the model dtype, dense (torch's CPU int8 kernel takes one scale a row;
   Q8_0 has one per 32 inputs).
 - Any other type (the K-quants, IQ*, Q5_*) is refused at load, naming the tensor.
@@ -197,12 +199,13 @@ class GgufInt4Method(LinearMethod):
         replace_parameter(layer, "weight_offset", torch.empty(rows, cols // BLOCK, dtype=torch.float32))
 
     def process_weights(self, layer: Any) -> None:
-        """On the CPU in bf16/fp16/fp32: torch's int4 layout (scale `d`, bias `offset + 8 d` in the model dtype);
-        otherwise the dense weight, dequantized once."""
+        """On the CPU in bf16: torch's int4 layout (scale `d`, bias `offset + 8 d`, both bf16); otherwise the dense
+        weight, dequantized once (torch 2.13's int4 kernel with fp16/fp32 activations runs 17-120x slower than
+        its bf16 path, and slower than a dense matmul: bench/cpu_int4_dtype.py)."""
         dtype = layer.gguf_dtype
         layer.cpu_int_weight = None
         layer.dense_weight = None
-        if layer.weight_packed.device.type == "cpu":
+        if layer.weight_packed.device.type == "cpu" and dtype == torch.bfloat16:
             layer.cpu_int_weight = cpu_int4_affine_weight(unpack_codes(layer.weight_packed, 4), layer.weight_scale,
                                                           layer.weight_scale * 8 + layer.weight_offset, BLOCK, dtype)
         if layer.cpu_int_weight is None:

@@ -85,8 +85,9 @@ def _hf_greedy_from_gguf(path: Path) -> list[list[int]]:
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 def test_a_gguf_file_matches_hf_on_the_same_file(tmp_path, embedded_model_dir, kind):
-    """A .gguf model (quantization implied) in fp32: 4-bit codes through torch's int4 kernel, the Q8_0 LM head
-    dense, Q/K rows un-permuted: greedy tokens equal transformers' on the file's dequantized weights."""
+    """A .gguf model (quantization implied) in fp32: 4-bit codes dequantized once (fp32 keeps the file's values
+    exactly), the Q8_0 LM head dense, Q/K rows un-permuted: greedy tokens equal transformers' on the file's
+    dequantized weights; in bf16 the layers take torch's int4 kernel."""
     from transformers import AutoTokenizer
 
     vocab = len(AutoTokenizer.from_pretrained(embedded_model_dir))
@@ -95,9 +96,12 @@ def test_a_gguf_file_matches_hf_on_the_same_file(tmp_path, embedded_model_dir, k
     assert llm.engine.config.model.quantization == "gguf"
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m.__dict__.get("quant_method"),
                                                                          gguf_q.GgufInt4Method)]
-    assert len(layers) == 2 * 4 and all(m.cpu_int_weight is not None for m in layers)  # qkv, o, gate_up, down
+    assert len(layers) == 2 * 4 and all(m.dense_weight is not None for m in layers)  # qkv, o, gate_up, down
     ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert ours == _hf_greedy_from_gguf(path)
+    bf16 = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="bfloat16", max_model_len=256)
+    int4 = [m for m in bf16.engine.runner.model.modules() if getattr(m, "cpu_int_weight", None) is not None]
+    assert len(int4) == 2 * 4
 
 
 def test_the_embedded_models_q4_1_codes_give_the_bf16_models_greedy_tokens(embedded_model_dir):
