@@ -5,7 +5,9 @@ down 1536->576; 30 layers), taken from the shipped Q4_1 GGUF: its codes in torch
 m + 8 d, `engine/quantization/gguf.py`) with bf16 / fp16 / fp32 activations, and the same weights dense in bf16 and
 fp32. Each line: milliseconds for one pass over all 30 layers' matmuls at `rows` rows (1: a decode step of one
 stream, 8: of eight), median of --repeats passes, torch threads as given; and the largest difference from the
-float32 product with the file's exact weights (gguf's dequantize), relative to that product's largest value.
+float32 product with the file's exact weights (gguf's dequantize), relative to that product's largest value
+(bf16 rows include the activations' rounding). Then the weights alone: how far the bf16 int4 path's and the bf16
+model's weights are from the file's, over every linear tensor.
 
     python bench/cpu_int4_dtype.py --threads 1 --json bench/results/cpu-2026-12-04-s10-gguf/int4-dtype-t1.json
 """
@@ -39,6 +41,36 @@ def layer_weights() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
         out.append((torch.cat([u[0] for u in unpacked]), torch.cat([u[1] for u in unpacked]),
                     torch.cat([u[2] for u in unpacked]),
                     torch.cat([gguf_q.dequantize_tensor(p, "Q4_1") for p in parts])))
+    return out
+
+
+def weight_rounding() -> dict[str, float]:
+    """Over every Q4_1 tensor of the file: how far the weights the bf16 int4 path computes (`(q - 8) * bf16(d) +
+    bf16(m + 8 d)`, in float32 as the kernel dequantizes) and the bf16 model's (`bf16(d q + m)`) are from the file's
+    exact values: RMS error over RMS weight, and the largest error in units of its block's step `d`."""
+    sq = {"int4 bf16 scale/bias": 0.0, "bf16 dense": 0.0}
+    worst = dict.fromkeys(sq, 0.0)
+    total = 0.0
+    for tensor in gguf_q._reader(str(embedded_gguf_path())).tensors:
+        if tensor.tensor_type.name != "Q4_1":
+            continue
+        raw = np.asarray(tensor.data)
+        codes, d, m = gguf_q.unpack_q4_blocks(raw, "Q4_1")
+        exact = gguf_q.dequantize_tensor(raw, "Q4_1")
+        rows = codes.shape[0]
+        kernel = ((codes.float() - 8).reshape(rows, -1, 32) * d.bfloat16().float()[..., None]
+                  + (d * 8 + m).bfloat16().float()[..., None]).reshape(rows, -1)
+        step = d.abs().repeat_interleave(32, 1).clamp(min=1e-12)
+        for name, weight in (("int4 bf16 scale/bias", kernel), ("bf16 dense", exact.bfloat16().float())):
+            sq[name] += ((weight - exact) ** 2).sum().item()
+            worst[name] = max(worst[name], ((weight - exact).abs() / step).max().item())
+        total += (exact**2).sum().item()
+    out = {}
+    for name in sq:
+        out[f"{name}: rms error / rms weight"] = (sq[name] / total) ** 0.5
+        out[f"{name}: max error / block step d"] = worst[name]
+        print(f"{name:<21}: RMS error / RMS weight {(sq[name] / total) ** 0.5:.2e}, largest error "
+              f"{worst[name]:.3f} of its block's step d")
     return out
 
 
@@ -78,6 +110,7 @@ def main() -> None:
             print(f"rows {rows} {name:<10}: {statistics.median(times):7.2f} ms per pass of 30 layers, "
                   f"max |error| / max |y| {error:.1e}", flush=True)
         results["rows"][str(rows)] = line
+    results["weight_rounding"] = weight_rounding()
     results["loadavg_after"] = os.getloadavg()
     print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
     if args.json:
