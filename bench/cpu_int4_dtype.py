@@ -1,13 +1,14 @@
 """torch's packed int4 CPU kernel by activation dtype, against dense matmuls (the GGUF codes path's choice of dtype).
 
-The embedded model's linear layers (SmolLM2-135M: per layer qkv 576->960, o 576->576, gate_up 576->3072,
-down 1536->576; 30 layers), taken from the shipped Q4_1 GGUF: its codes in torch's int4 layout (scale d, bias
-m + 8 d, `engine/quantization/gguf.py`) with bf16 / fp16 / fp32 activations, and the same weights dense in bf16 and
-fp32. Each line: milliseconds for one pass over all 30 layers' matmuls at `rows` rows (1: a decode step of one
-stream, 8: of eight), median of --repeats passes, torch threads as given; and the largest difference from the
-float32 product with the file's exact weights (gguf's dequantize), relative to that product's largest value
-(bf16 rows include the activations' rounding). Then the weights alone: how far the bf16 int4 path's and the bf16
-model's weights are from the file's, over every linear tensor.
+The embedded model's linear layers (SmolLM2-135M: per layer qkv 576->960, o 576->576, gate_up 576->3072, down
+1536->576; all 30 layers, each its own weights, so a pass reads them from memory as a decode step does), from the
+shipped Q4_1 GGUF: its codes in torch's int4 layout (scale d, bias m + 8 d, `engine/quantization/gguf.py`) with
+bf16 / fp16 / fp32 activations, and the same weights dense in bf16 and fp32. Each line: milliseconds for one pass
+over the 30 layers' matmuls at `rows` rows (1: a decode step of one stream, 8: of eight), median of --repeats
+passes, torch threads as given; and the largest difference from the float32 product with the file's exact weights
+(gguf's dequantize), relative to that product's largest value (bf16 rows include the activations' rounding).
+Then the weights alone: how far the bf16 int4 path's and the bf16 model's weights are from the file's, over every
+linear tensor.
 
     python bench/cpu_int4_dtype.py --threads 1 --json bench/results/cpu-2026-12-04-s10-gguf/int4-dtype-t1.json
 """
@@ -32,15 +33,17 @@ LAYERS = 30
 
 
 def layer_weights() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Layer 0's four matmuls as (codes, d, m, exact fp32 weight), q/k/v and gate/up stacked as the engine does."""
+    """Every layer's four matmuls as (codes, d, m, exact fp32 weight), q/k/v and gate/up stacked as the engine
+    does: 30 layers of distinct weights, so each pass reads them from memory as a decode step does."""
     tensors = {t.name: t for t in gguf_q._reader(str(embedded_gguf_path())).tensors}
     out = []
-    for names in (["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]):
-        parts = [np.asarray(tensors[f"blk.0.{n}.weight"].data) for n in names]
-        unpacked = [gguf_q.unpack_q4_blocks(p, "Q4_1") for p in parts]
-        out.append((torch.cat([u[0] for u in unpacked]), torch.cat([u[1] for u in unpacked]),
-                    torch.cat([u[2] for u in unpacked]),
-                    torch.cat([gguf_q.dequantize_tensor(p, "Q4_1") for p in parts])))
+    for layer in range(LAYERS):
+        for names in (["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]):
+            parts = [np.asarray(tensors[f"blk.{layer}.{n}.weight"].data) for n in names]
+            unpacked = [gguf_q.unpack_q4_blocks(p, "Q4_1") for p in parts]
+            out.append((torch.cat([u[0] for u in unpacked]), torch.cat([u[1] for u in unpacked]),
+                        torch.cat([u[2] for u in unpacked]),
+                        torch.cat([gguf_q.dequantize_tensor(p, "Q4_1") for p in parts])))
     return out
 
 
@@ -102,9 +105,8 @@ def main() -> None:
             times = []
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                for _ in range(LAYERS):
-                    for call, x in zip(calls, inputs, strict=True):
-                        call(x)
+                for call, x in zip(calls, inputs, strict=True):
+                    call(x)
                 times.append((time.perf_counter() - start) * 1e3)
             line[name] = {"ms_per_model_pass": statistics.median(times), "max_rel_error_vs_exact": error}
             print(f"rows {rows} {name:<10}: {statistics.median(times):7.2f} ms per pass of 30 layers, "

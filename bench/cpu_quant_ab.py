@@ -2,10 +2,10 @@
 
 Each configuration is one `LLM` (engine in this process, torch threads as the environment gives them); then, for
 --rounds rounds, each in turn (the order alternating by round): `rows` prompts of --input-len tokens of
-bench/data text, greedy, decoded together for --output-len tokens, against the same prompts for 1 token: the
-difference over (output-len - 1) is the decode step time at that many rows (prefill excluded). Reports the
-median over rounds per configuration and row count, the load average around each, and the ratio of the first
-configuration to the others.
+bench/data text, greedy, decoded together for --output-len tokens through the engine's own `step()`; the median
+step time is the decode step at that many rows (the prefill steps are outliers it drops). Reports the median over
+rounds per configuration and row count, the load average at each, and the ratio of each configuration to the
+first.
 
     RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 OMP_NUM_THREADS=1 python bench/cpu_quant_ab.py \\
         --json bench/results/cpu-2026-12-04-s10-gguf/quant-ab.json
@@ -34,14 +34,18 @@ CONFIGS = {
 
 
 def decode_ms(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
-    """ms per decode step of `prompts` decoded together (the 1-token run's time subtracted)."""
-    def run(n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+    """Median ms of the engine steps while `prompts` are decoded together for `output_len` tokens: the one or two
+    prefill steps are outliers the median drops, and so are steps a load spike hit."""
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+                            output_kind="final_only")
+    for p in prompts:
+        llm.engine.add_request(p, params)
+    times = []
+    while llm.engine.has_unfinished_requests():
         start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return time.perf_counter() - start
-
-    return (run(output_len) - run(1)) * 1e3 / (output_len - 1)
+        llm.engine.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def main() -> None:
