@@ -48,7 +48,6 @@ _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
 _SKIPPED = ("rope_freqs.weight",)  # llama 3's rope scaling: the config carries it, as transformers does
-_LINEAR_SUFFIXES = ("_proj",)
 
 
 def is_gguf_file(model: str | Path) -> bool:
@@ -200,7 +199,7 @@ class GgufInt4Method(LinearMethod):
 
     def process_weights(self, layer: Any) -> None:
         """On the CPU in bf16: torch's int4 layout (scale `d`, bias `offset + 8 d`, both bf16); otherwise the dense
-        weight, dequantized once (torch 2.13's int4 kernel with fp16/fp32 activations runs 17-120x slower than
+        weight, dequantized once (torch 2.13's int4 kernel with fp16/fp32 activations runs 25-130x slower than
         its bf16 path, and slower than a dense matmul: bench/cpu_int4_dtype.py)."""
         dtype = layer.gguf_dtype
         layer.cpu_int_weight = None
