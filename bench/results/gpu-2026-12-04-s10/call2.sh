@@ -1,15 +1,8 @@
 #!/bin/bash
-# Session 10, device call 2: this session's branches, each from a `git archive` in .scratch/<branch>, each under a
-# fixed BUDGET_S and a hard timeout; outputs packed into $OUT/call2-<branch>.tgz as soon as each ends. First the
-# fp8 KV default's GPU kernel tests (call 1 cut them at 30 s) and the offline run with its step trace, on main.
-T0=$SECONDS; ROOT=$PWD; FINAL=$OUT; W=/tmp/o2; mkdir -p $W
+# Session 10, device call 2, on main: the fp8 KV default's GPU kernel tests (call 1 cut them at 30 s) and the
+# offline run with its step trace (bench/results/offline10-gpu.sh).
+T0=$SECONDS; FINAL=$OUT; W=/tmp/o2; mkdir -p $W
 stage() { echo "=== $1 $(date +%T) ($((SECONDS - T0)) s in)" | tee -a $FINAL/call2.log; }
-one() {  # branch budget [env assignments...]
-  local b=$1 budget=$2; shift 2
-  ln -sfn $ROOT/.whl $ROOT/.scratch/$b/.whl; stage $b
-  (cd .scratch/$b && env "$@" OUT=$W/$b BUDGET_S=$budget timeout $((budget + 10)) bash bench/results/$b-gpu.sh) > $W/$b.stdout 2>&1
-  tar czf $FINAL/call2-$b.tgz -C $W $b $b.stdout
-}
 stage kvtests
 (source bench/results/gpu-env.sh 90 && timeout 80 python3 -m pytest $R/tests/kernels/test_paged_decode.py \
   $R/tests/kernels/test_fp8_kv_cache.py -m gpu -q -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R) \
@@ -17,5 +10,4 @@ stage kvtests
 stage offline10
 (OUT=$W/offline10 BUDGET_S=170 timeout 180 bash bench/results/offline10-gpu.sh) > $W/offline10.stdout 2>&1
 tar czf $FINAL/call2-offline10.tgz -C $W offline10 offline10.stdout
-for spec in ${BRANCHES:-qgemv10:220 pdl10:220 kv10:200}; do one ${spec%%:*} ${spec##*:}; done
 stage done
