@@ -44,7 +44,12 @@ def group_of(name: str) -> str:
 def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: random.Random) -> dict:
     """Prefill `batch` requests, then profile `steps` decode steps."""
     vocab = engine.config.model.hf_config["vocab_size"]
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
+    # Long enough for every request to outlive the prefill steps (the first requests decode meanwhile) and the
+    # profiled ones: with `steps + 16` alone, at batch 512 x context 576 (36 prefill steps at the default
+    # 8,192-token budget) ~210 had finished before the 8 profiled steps, which then held ~300 to ~180 rows
+    # (session 10's call 3: 10.07 ms of kernels a step, half the 512-row step's).
+    prefill_steps = -(-batch * context // engine.config.scheduler.max_num_batched_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + prefill_steps + 16, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
     start_decoding(engine, reqs)
     torch.cuda.synchronize()
@@ -54,6 +59,7 @@ def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: 
             engine.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    rows = sum(1 for r in reqs if not r.status.finished)
     engine.abort([r.request_id for r in reqs])
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for event in prof.events():
@@ -68,6 +74,7 @@ def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: 
     top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:25]
     return {
         "batch": batch,
+        "running_rows": rows,  # requests still decoding after the profiled steps (batch, unless some finished)
         "context": context,
         "steps": steps,
         "wall_us_per_step": 1e6 * wall / steps,

@@ -55,6 +55,9 @@ def step_latency(engine, batch: int, context: int, steps: int, rng: random.Rando
     from flotilla.engine.sampling_params import SamplingParams
 
     vocab = engine.config.model.hf_config["vocab_size"]
+    # The first requests decode while the others prefill: with more prefill steps than ~3 x steps some finish
+    # before the timed steps end, and the timed batch is smaller than `batch` (`running_at_end` shows it;
+    # bench/decode_profile.py's profile at 512 x 576 was, session 10).
     params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 32, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(context)], params) for _ in range(batch)]
     start_decoding(engine, reqs)
@@ -67,6 +70,7 @@ def step_latency(engine, batch: int, context: int, steps: int, rng: random.Rando
         graphed.append(last.graphed)
 
     times = timed_steps(engine, steps, read_runner)
+    running = sum(1 for r in reqs if not r.status.finished)
     engine.abort([r.request_id for r in reqs])
     return {
         "batch": batch,
@@ -77,6 +81,7 @@ def step_latency(engine, batch: int, context: int, steps: int, rng: random.Rando
         "runner_total_ms": 1e3 * statistics.fmean(runner),
         "graphed_steps": sum(graphed),
         "steps": steps,
+        "running_at_end": running,  # requests still decoding after the timed steps (batch, unless some finished)
     }
 
 

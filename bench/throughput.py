@@ -14,6 +14,7 @@ H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import platform
@@ -46,18 +47,53 @@ def timed_generate(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
     shuffled = [[(t * 7919 + 17) % (max(p) + 1) or 1 for t in p] for p in prompts]
     llm.generate(shuffled, SamplingParams(temperature=0.0, max_tokens=min(8, output_len), ignore_eos=True),
                  use_tqdm=False)
+    pauses = _GcPauses()
+    retries = _alloc_retries()
     start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    with pauses:
+        outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     prompt_tokens = sum(map(len, prompts))
     return {
+        # Host stalls inside the timed run: full garbage-collector passes  and the CUDA
+        # allocator's free-and-retry (a device sync).
+        "gc_full_passes": len(pauses.full_ms), "gc_full_ms": round(sum(pauses.full_ms), 1),
+        "cuda_alloc_retries": None if retries is None else _alloc_retries() - retries,
         "seconds": elapsed,
         "output_tokens_per_s": generated / elapsed,
         "total_tokens_per_s": (generated + prompt_tokens) / elapsed,
         "requests_per_s": len(prompts) / elapsed,
         "num_steps": llm.engine.stats.num_steps,
     }
+
+
+class _GcPauses:
+    """Durations of the garbage collector's full (generation-2) passes while the context is open."""
+
+    def __init__(self) -> None:
+        self.full_ms: list[float] = []
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.full_ms.append(1e3 * (time.perf_counter() - self._start))
+
+    def __enter__(self) -> _GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def _alloc_retries() -> int | None:
+    """The CUDA caching allocator's retries after freeing its cache (each one syncs the device), or None."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if torch.cuda.is_available() else None
 
 
 def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict) -> dict:
