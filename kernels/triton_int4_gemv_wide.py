@@ -294,7 +294,7 @@ def _int4_gemv_wide_kernel(
         wd1, wd3 = tl.split(wb)
         group = (chunk * 8) // GROUP  # a chunk's 32 inputs lie in one group
         s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
-        if HAS_ZEROS:
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
             zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
         else:
             zf = s
@@ -373,7 +373,8 @@ def int4_gemv_wide(
         zeros.stride(0) if zeros is not None else 0, out2.stride(0), words_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
         FIXUP=counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
-        BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype], USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
+        BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
+        USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
         EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1 and counters is None:

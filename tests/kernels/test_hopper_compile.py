@@ -35,6 +35,10 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> d
     return sig
 
 
+# 16-byte global loads: cp.async of 16 bytes (a pipelined load) or ld.global.v4 of 32-bit elements
+_LOAD16 = r"cp\.async\.c[ag]\.shared\.global[^;]*0x10[,;]|ld\.global[.a-z]*\.v4\.b32"
+
+
 def _compile_for_hopper(
     fn, pointers: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...] = (), **options: int
 ) -> dict[str, object]:
@@ -53,7 +57,7 @@ def _compile_for_hopper(
             "gdc_launch": ptx.count("griddepcontrol.launch_dependents"),
             "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx,
             "tma": "cp.async.bulk.tensor" in ptx, "lop3": ptx.count("lop3.b32"),
-            "loads16": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*0x10[,;]|ld\.global[.a-z]*\.v4\.b32", ptx))}  # fmt: skip
+            "loads16": len(re.findall(_LOAD16, ptx))}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
