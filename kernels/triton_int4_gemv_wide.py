@@ -166,28 +166,29 @@ def _halves(pair, X_KIND: tl.constexpr):
 
 
 @triton.jit
-def _x_pairs(x8_ptrs, x_ok, X_KIND: tl.constexpr, EVEN: tl.constexpr):
-    """One word's 8 activations (`x8_ptrs [C]`: their first 8-byte unit) as four pairs of int32 bits (16-bit
-    kinds: two 8-byte loads) or, for fp32, 8 fp32 (four 8-byte loads). 8-byte loads: a warp's load of one plane
-    per chunk (64-byte stride) touches 16 cache lines whatever its width, so wide loads are fewer L1 passes."""
-    a = _load(x8_ptrs, x_ok, 0, EVEN)
-    b = _load(x8_ptrs + 1, x_ok, 0, EVEN)
-    if X_KIND == 2:
-        c = _load(x8_ptrs + 2, x_ok, 0, EVEN)
-        d = _load(x8_ptrs + 3, x_ok, 0, EVEN)
-    else:  # unused
-        c = a
-        d = b
-    return (a.to(tl.int32), (a >> 32).to(tl.int32), b.to(tl.int32), (b >> 32).to(tl.int32), c.to(tl.int32),
-            (c >> 32).to(tl.int32), d.to(tl.int32), (d >> 32).to(tl.int32))  # fmt: skip
+def _pick(a, b, c, d, J: tl.constexpr):
+    """`(a, b, c, d)[J]` for a compile-time `J` (Triton code: no dict of tensors)."""
+    if J == 0:  # noqa: SIM116
+        return a
+    elif J == 1:
+        return b
+    elif J == 2:
+        return c
+    return d
 
 
 @triton.jit
-def _x_pair(xp, p: tl.constexpr, X_KIND: tl.constexpr):
-    """Activations 2p and 2p + 1 of a word as fp32 from `_x_pairs`' tuple."""
+def _x_pair(a, b, c, d, p: tl.constexpr, X_KIND: tl.constexpr):
+    """Activations 2p and 2p + 1 of a word as fp32, from its 8-byte units `a..d` (16-bit kinds: `a`, `b`)."""
     if X_KIND == 2:
-        return xp[2 * p].to(tl.float32, bitcast=True), xp[2 * p + 1].to(tl.float32, bitcast=True)
-    return _halves(xp[p], X_KIND)
+        unit = _pick(a, b, c, d, p)
+        return unit.to(tl.int32).to(tl.float32, bitcast=True), (unit >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    unit = _pick(a, b, a, b, p // 2)
+    if p % 2 == 0:  # noqa: SIM108 - a compile-time branch
+        pair = unit.to(tl.int32)
+    else:
+        pair = (unit >> 32).to(tl.int32)
+    return _halves(pair, X_KIND)
 
 
 @triton.jit
@@ -197,10 +198,19 @@ def _word_sums(r, q, xs, word, x8_ptrs, x_ok, HAS_ZEROS: tl.constexpr, X_KIND: t
     first 8 bytes of activations): `r += sum_i x_i v_i` per row and chunk; the activation-only sums per chunk
     `[C]`: `q += sum_i (m_i + 1/2) x_i` (symmetric: z/16 = 1/2 folded in) or `q += sum_i m_i x_i` and
     `xs += sum_i x_i` (asymmetric)."""
-    xp = _x_pairs(x8_ptrs, x_ok, X_KIND, EVEN)
+    # 8-byte loads: a warp's load of one plane per chunk (64-byte stride) touches 16 cache lines whatever its
+    # width, so wide loads are fewer L1 passes
+    a = _load(x8_ptrs, x_ok, 0, EVEN)
+    b = _load(x8_ptrs + 1, x_ok, 0, EVEN)
+    if X_KIND == 2:  # fp32: 4 units a word
+        c = _load(x8_ptrs + 2, x_ok, 0, EVEN)
+        d = _load(x8_ptrs + 3, x_ok, 0, EVEN)
+    else:
+        c = a
+        d = b
     for p in tl.static_range(4):  # nibbles 2p (bits 15..18, m = 16) and 2p + 1 (bits 19..22, m = 1)
         lo, hi = _plane_pair(word, 15 - 8 * p, USE_ASM)
-        xl, xh = _x_pair(xp, p, X_KIND)
+        xl, xh = _x_pair(a, b, c, d, p, X_KIND)
         r += xl[None, :] * lo
         r += xh[None, :] * hi
         if HAS_ZEROS:
