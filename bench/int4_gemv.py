@@ -303,7 +303,10 @@ def main() -> None:
     wide_rows = {int(r) for r in a.grid_rows.split(",")} if a.wide else set()
     paths = tuple(t for t in a.paths.split(",") if t)
     if wide_rows and a.warm_jobs > 0:
-        prewarm(sorted(wide_rows), a.warm_jobs)
+        try:  # only a head start: the timing compiles what is missing
+            prewarm(sorted(wide_rows), a.warm_jobs)
+        except Exception as exc:
+            print(f"warm: failed ({exc!r:.200})", flush=True)
     for m in (int(r) for r in a.rows.split(",")):
         for name, (n, k) in SHAPES.items():
             started = time.perf_counter()
