@@ -25,6 +25,7 @@ L=$OUT/qgemv10.log
 D=$OUT/qgemv10-detail.log
 source $R/bench/results/w4a16-model.sh  # by $R: gpu-env.sh has changed to /tmp
 WIDE_CFG=${WIDE_CONFIG:-}
+rm -f /tmp/qgemv10-*.json  # a warm machine's earlier run must not stand in for a skipped stage
 engine() {  # name limit model extra-args... (the env set by the caller)
   local name=$1 lim; lim=$(left $2); shift 2
   echo "--- $name $(date +%T) limit $lim s" >> $D
