@@ -9,12 +9,15 @@ memory at start-up (the KV pool) and returns it only when its process ends, so
 bench/results/quant-gpu.sh starts one process each and compares their JSON files. Jobs:
 `bs1` decode step at batch 1, context 512; `bs64` at batch 64, context 4,096 (bench/latency.py's
 measure: whole engine steps once every request decodes); `throughput` 1,000 random prompts of 512
-tokens, 128 out (bench/throughput.py's workload). Each step figure comes with its roofline at the
+tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a fixed 64-token
+prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
+Each step figure comes with its roofline at the
 configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
 the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
 time limit still leaves its batch-1 figure.
 
-With int4 weights `int4_paths` lists the same for the int4 GEMV, GEMM and dequantize + cuBLAS paths.
+With int4 weights `int4_paths` lists the same for the int4 GEMV (`int4_gemv_wide` too, the wide GEMV
+taken with FLOTILLA_INT4_GEMV_WIDE=1), GEMM and dequantize + cuBLAS paths.
 With fp8 weights the JSON's `fp8_paths` lists the input row counts M each fp8 linear path saw from the
 start (the memory profile, CUDA-graph capture: M = each captured batch size) to the end: the W8A16 GEMV
 (`fp8_gemv`, up to 16 rows) and W8A8 (`scaled_mm`). FLOTILLA_FP8_GEMV=0 in the environment runs the
@@ -58,9 +61,10 @@ def record_paths() -> dict[str, set[int]]:
     """Wrap the quantized GPU matmuls (looked up by the dispatch at each call) to note each call's rows:
     fp8 (`fp8_gemv`, `scaled_mm`) and int4 (`int4_gemv`, `int4_gemm`; `int4_dequant` notes the output
     features of each weight dequantized for cuBLAS, which is called without the input)."""
-    from flotilla.kernels import fp8_scaled_mm, triton_gemv, triton_int4_gemm, triton_int4_gemv
+    from flotilla.kernels import fp8_scaled_mm, triton_gemv, triton_int4_gemm, triton_int4_gemv, triton_int4_gemv_wide
 
-    seen: dict[str, set[int]] = {k: set() for k in ("fp8_gemv", "scaled_mm", "int4_gemv", "int4_gemm", "int4_dequant")}
+    keys = ("fp8_gemv", "scaled_mm", "int4_gemv", "int4_gemv_wide", "int4_gemm", "int4_dequant")
+    seen: dict[str, set[int]] = {k: set() for k in keys}
 
     def counted(fn: Callable, key: str) -> Callable:
         def call(x, *args, **kwargs):
@@ -72,6 +76,7 @@ def record_paths() -> dict[str, set[int]]:
     triton_gemv.fp8_gemv = counted(triton_gemv.fp8_gemv, "fp8_gemv")
     fp8_scaled_mm.fp8_linear_scaled_mm = counted(fp8_scaled_mm.fp8_linear_scaled_mm, "scaled_mm")
     triton_int4_gemv.int4_gemv = counted(triton_int4_gemv.int4_gemv, "int4_gemv")
+    triton_int4_gemv_wide.int4_gemv_wide = counted(triton_int4_gemv_wide.int4_gemv_wide, "int4_gemv_wide")
     triton_int4_gemm.int4_linear = counted(triton_int4_gemm.int4_linear, "int4_gemm")
     triton_int4_gemm.int4_dequantize = counted(triton_int4_gemm.int4_dequantize, "int4_dequant")
     return seen
@@ -108,6 +113,8 @@ def main() -> None:
     result: dict = {
         "name": a.name,
         "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
+        "int4_gemv_wide_env": os.environ.get("FLOTILLA_INT4_GEMV_WIDE", "0"),
+        "int4_gemv_wide_config": os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""),
         "quantization": engine.config.model.quantization,
         "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "startup_s": time.perf_counter() - t0,
@@ -132,6 +139,13 @@ def main() -> None:
             row = step_latency(engine, batch, context, a.steps, rng)
             row["roofline_ms"] = roofline_ms(cfg, batch, context, weight_bytes, kv_bytes)
             result[job] = row
+        elif job == "greedy":
+            from flotilla.engine.sampling_params import SamplingParams
+
+            prompt = [random.Random(1).randrange(100, cfg["vocab_size"]) for _ in range(64)]
+            greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+            out = llm.generate([prompt], greedy, use_tqdm=False)
+            result[job] = list(out[0].outputs[0].token_ids)
         elif job == "throughput":
             prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
             result[job] = timed_generate(llm, prompts, 128)

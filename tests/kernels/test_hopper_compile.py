@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,10 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> d
     return sig
 
 
+# 16-byte global loads: cp.async of 16 bytes (a pipelined load) or ld.global.v4 of 32-bit elements
+_LOAD16 = r"cp\.async\.c[ag]\.shared\.global[^;]*0x10[,;]|ld\.global[.a-z]*\.v4\.b32"
+
+
 def _compile_for_hopper(
     fn, pointers: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...] = (), **options: int
 ) -> dict[str, object]:
@@ -51,7 +56,8 @@ def _compile_for_hopper(
             "ldmatrix": ptx.count("ldmatrix"), "gdc_wait": ptx.count("griddepcontrol.wait"),
             "gdc_launch": ptx.count("griddepcontrol.launch_dependents"),
             "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx,
-            "tma": "cp.async.bulk.tensor" in ptx}  # fmt: skip
+            "tma": "cp.async.bulk.tensor" in ptx, "lop3": ptx.count("lop3.b32"),
+            "loads16": len(re.findall(_LOAD16, ptx))}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -181,7 +187,18 @@ def _compile_int4() -> dict[str, dict[str, object]]:
                DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", EVEN_N=True)  # fmt: skip
     gemm = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=tl.bfloat16,
                 DOT_PRECISION="tf32")  # fmt: skip
+    from flotilla.kernels.triton_int4_gemv_wide import _int4_gemv_wide_kernel
+
+    wide_ptrs = dict(pointers, x_ptr="*i64")  # activations read as 8-byte units
+    aligned = ("x_ptr", "packed_ptr", "scales_ptr", "stride_xm", "stride_pn", "KW", "words_per_split")
+    wide = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, FIXUP=False, ROWS=1, BLOCK_M=1, BLOCK_N=16,
+                BLOCK_W=128, NUM_STAGES=3, X_KIND=0, USE_ASM=True, EVEN=True)  # fmt: skip
+    wide4 = dict(wide, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=2, FIXUP=True, ROWS=4, BLOCK_M=4, NUM_STAGES=1)
     return {
+        "int4_gemv_wide m1": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide, aligned, num_warps=4,
+                                                 num_stages=3),
+        "int4_gemv_wide m4": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide4, aligned, num_warps=4,
+                                                 num_stages=1),
         "int4_gemv m1": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv, num_warps=4),
         "int4_gemv m4": _compile_for_hopper(_int4_gemv_kernel, pointers, gemv4, num_warps=4),
         "int4_gemv dot": _compile_for_hopper(_int4_gemv_dot_kernel, pointers, dot, num_warps=4, num_stages=3),
@@ -241,6 +258,12 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     # nibble plane (the layout conversion a vectorised word load caused); the GEMM feeds the tensor cores
     assert not result["int4_gemv m1"]["mma"] and result["int4_gemm m64"]["mma"] and result["int4_gemv dot"]["mma"]
     assert not result["int4_gemv m1"]["i2f"] and result["int4_gemv m1"]["bar_sync"] <= 4
+    # The wide GEMV: weights in 16-byte loads (cp.async through the pipeline's buffers at 3 stages, ld.global.v4
+    # at 1), one lop3 a nibble (PTX), FMA only, and no shared-memory layout conversion in the loop (the 3-stage
+    # pipeline's own barriers only).
+    for name, r in ((n, result[n]) for n in ("int4_gemv_wide m1", "int4_gemv_wide m4")):
+        assert r["loads16"] >= 4 and r["lop3"] >= 8 and not r["mma"] and not r["i2f"], (name, r)
+    assert result["int4_gemv_wide m1"]["bar_sync"] <= 4 and result["int4_gemv_wide m4"]["atomics"]
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):

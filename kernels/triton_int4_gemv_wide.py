@@ -1,0 +1,398 @@
+"""W4A16 GEMV for one to four rows that streams the packed weights in 16-byte loads: `out = x @ dequant(W)^T (+ b)`.
+
+Same contract and layout as `triton_int4_gemv.int4_gemv` (`packed` int32 `[N, K/8]`, input `8j + i` of a row in
+bits `4i..4i+3` of word `j`; `scales` `[N, K/group]`; `zeros` uint8 or None for the symmetric middle code 8),
+for groups that are a multiple of 32 inputs. Nothing is repacked: 16 bytes of a row are 4 consecutive words,
+32 consecutive inputs of one group, so the tile `[BLOCK_N rows, BLOCK_W/4 chunks, 4 words]` with the words
+contiguous is loaded 16 bytes a thread, and every chunk has one scale (and zero point).
+
+Why another kernel: at one row `int4_gemv`'s tensor-core path (the default) reads 0.5-0.9 TB/s of int4 bytes
+(its dequantized tile goes to the MMA operand layout through shared memory), its FMA path less (2-byte weight
+and activation gathers). A decode step's weights should stream at ~3+ TB/s. Here every weight costs about
+three instructions and stays in the registers it was loaded into:
+
+- Nibbles to floats without a conversion: a nibble `c` placed in the mantissa of a power of two is a float
+  `m + c/16` (exact). One shift serves two nibbles: bits `15..18` under the exponent of 16.0 give
+  `16 + c/16`, bits `19..22` under that of 1.0 give `1 + c/16`, so a word's 8 nibbles cost 4 shifts and
+  8 bit-selects (`lop3`, one per value: `(t & mask) | magic`; PTX by `tl.inline_asm_elementwise`, plain
+  Triton under the interpreter).
+- The products `x_i v_i` are exact in fp32 for bf16 activations, and `sum_i x_i (c_i - z) = 16 (sum_i x_i v_i
+  - sum_i (m_i + z/16) x_i)`: the second sum reads activations only (shared by the program's rows; the zero
+  point's share once per chunk with asymmetric weights). So a weight costs its select, one FMA, and a share
+  of its word's shift; the chunk's scale folds in with one FMA per word and row.
+- Each nibble plane is computed in the words' own layout and multiplied by activations loaded in that
+  layout (each thread's 32 inputs of a chunk, per plane a `[chunks, 4]` tile): no layout conversion, no
+  shared memory except the load pipeline. Rows of the batch (up to 4) reuse each plane.
+
+Split-K (a second grid axis over word ranges) with `triton_int4_gemv`'s arrival counters: the last program
+of a row tile sums the partials in a fixed order (bit-reproducible) and stores the output.
+Every choice comes from the shapes (CUDA-graph capturable). `wide_config` is a lead; FLOTILLA_INT4_GEMV_WIDE_CONFIG
+overrides it (same syntax as FLOTILLA_INT4_GEMV_TILES); `bench/int4_gemv.py --wide` times a grid on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
+from flotilla.kernels.triton_int4_gemv import _REDUCE_BLOCK, _counters, _epilogue, _parse_tiles
+from flotilla.kernels.triton_utils import INTERPRETING, device_sms
+
+MAX_ROWS = 4
+_X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+# Tiles from the environment (`triton_int4_gemv._parse_tiles` syntax, e.g. "block_n=32,block_w=128;4096x14336:
+# split_k=4"): bench/results/qgemv10-gpu.sh passes the grid's winners to the engine. Read once at import.
+_WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WideConfig:
+    """Tile and launch knobs of one `int4_gemv_wide` launch."""
+
+    block_n: int  # weight rows (output features) per program
+    block_w: int  # packed words per loop step (a multiple of 4: chunks of 16 bytes)
+    split_k: int  # word ranges (second grid axis)
+    num_warps: int
+    num_stages: int  # software-pipeline depth of the K loop (> 1: cp.async through shared memory)
+
+
+def wide_supported(m: int, k: int, group_size: int) -> bool:
+    """True when `int4_gemv_wide` can run: 1..MAX_ROWS rows, a group of 32 inputs or a multiple of it."""
+    return 1 <= m <= MAX_ROWS and group_size % 32 == 0 and k % group_size == 0
+
+
+def wide_config(
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    block_n: int | None = None,
+    block_w: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> WideConfig:
+    """The launch of an `[m, k] x [n, k]^T` call; given knobs (then FLOTILLA_INT4_GEMV_WIDE_CONFIG's) are kept.
+
+    Lead (CPU-inspected sm_90 code, to be set from `bench/int4_gemv.py --wide`): 4 warps with one row of 128
+    words (512 contiguous bytes) a warp and step, 32 rows a program, so each thread holds 8 rows x 16 bytes
+    (the activations it loads serve 8 rows); 16 rows while the row tiles are fewer than 2 per SM; 3 stages.
+    Split-K by powers of two while the programs are fewer than 2 per SM and each range keeps 2 steps.
+    Llama-3.1-8B on 132 SMs: 16 rows for qkv, o and down, 32 for gate_up; split-K 2 for o and down.
+    """
+    given = _WIDE_TILES.get((n, k), _WIDE_TILES.get(None)) or {}
+    block_w = block_w or given.get("block_w") or min(128, max(32, triton.next_power_of_2(k // 8) // 2))
+    num_warps = num_warps or given.get("num_warps") or 4
+    num_stages = num_stages or given.get("num_stages") or 3
+    block_n = block_n or given.get("block_n")
+    if block_n is None:
+        block_n = 32
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 16:
+            block_n //= 2
+    split_k = split_k or given.get("split_k")
+    if split_k is None:
+        tiles = triton.cdiv(n, block_n)
+        split_k = 1
+        while tiles * split_k < 2 * num_sms and k // 8 >= 2 * split_k * 2 * block_w and split_k < 16:
+            split_k *= 2
+    return WideConfig(block_n, block_w, split_k, num_warps, num_stages)
+
+
+@triton.jit
+def _plane_pair(words, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Nibbles `i` and `i + 1` of each word (`SHIFT` = 15 - 4i moves nibble i to bits 15..18, so i + 1 sits at
+    19..22) as the fp32 `16 + c_i/16` and `1 + c_(i+1)/16`: exact, no int->float conversion."""
+    if USE_ASM:
+        if SHIFT >= 0:
+            lo, hi = tl.inline_asm_elementwise(
+                asm=f"""{{
+                .reg .b32 t;
+                shl.b32 t, $2, {SHIFT};
+                lop3.b32 $0, t, 0x00078000, 0x41800000, 0xEA;
+                lop3.b32 $1, t, 0x00780000, 0x3F800000, 0xEA;
+                }}""",
+                constraints="=r,=r,r",
+                args=[words],
+                dtype=(tl.float32, tl.float32),
+                is_pure=True,
+                pack=1,
+            )
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                asm=f"""{{
+                .reg .b32 t;
+                shr.u32 t, $2, {-SHIFT};
+                lop3.b32 $0, t, 0x00078000, 0x41800000, 0xEA;
+                lop3.b32 $1, t, 0x00780000, 0x3F800000, 0xEA;
+                }}""",
+                constraints="=r,=r,r",
+                args=[words],
+                dtype=(tl.float32, tl.float32),
+                is_pure=True,
+                pack=1,
+            )
+    else:
+        if SHIFT >= 0:  # noqa: SIM108 - a compile-time branch
+            t = words << SHIFT
+        else:
+            t = words >> (-SHIFT)  # arithmetic: the bits kept (15..22) all come from the word
+        lo = ((t & 0x00078000) | 0x41800000).to(tl.float32, bitcast=True)
+        hi = ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _load(ptrs, mask, other, EVEN: tl.constexpr):
+    """`tl.load`, unmasked when the launch is whole tiles (a mask costs a predicate and a zeroed register)."""
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=other)
+
+
+@triton.jit
+def _halves(pair, X_KIND: tl.constexpr):
+    """The two 16-bit activations of an int32 (little-endian: the first in the low half) as fp32."""
+    if X_KIND == 0:  # bf16: the top 16 bits of an fp32
+        return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
+    lo = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _pick(a, b, c, d, J: tl.constexpr):
+    """`(a, b, c, d)[J]` for a compile-time `J` (Triton code: no dict of tensors)."""
+    if J == 0:  # noqa: SIM116
+        return a
+    elif J == 1:
+        return b
+    elif J == 2:
+        return c
+    return d
+
+
+@triton.jit
+def _x_pair(a, b, c, d, p: tl.constexpr, X_KIND: tl.constexpr):
+    """Activations 2p and 2p + 1 of a word as fp32, from its 8-byte units `a..d` (16-bit kinds: `a`, `b`)."""
+    if X_KIND == 2:
+        unit = _pick(a, b, c, d, p)
+        return unit.to(tl.int32).to(tl.float32, bitcast=True), (unit >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    unit = _pick(a, b, a, b, p // 2)
+    if p % 2 == 0:  # noqa: SIM108 - a compile-time branch
+        pair = unit.to(tl.int32)
+    else:
+        pair = (unit >> 32).to(tl.int32)
+    return _halves(pair, X_KIND)
+
+
+@triton.jit
+def _word_sums(r, q, xs, word, x8_ptrs, x_ok, HAS_ZEROS: tl.constexpr, X_KIND: tl.constexpr, USE_ASM: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Word `j` of every chunk (`word [BLOCK_N, C]`) against one activation row (`x8_ptrs [C]`: the word's
+    first 8 bytes of activations): `r += sum_i x_i v_i` per row and chunk; the activation-only sums per chunk
+    `[C]`: `q += sum_i (m_i + 1/2) x_i` (symmetric: z/16 = 1/2 folded in) or `q += sum_i m_i x_i` and
+    `xs += sum_i x_i` (asymmetric)."""
+    # 8-byte loads: a warp's load of one plane per chunk (64-byte stride) touches 16 cache lines whatever its
+    # width, so wide loads are fewer L1 passes
+    a = _load(x8_ptrs, x_ok, 0, EVEN)
+    b = _load(x8_ptrs + 1, x_ok, 0, EVEN)
+    if X_KIND == 2:  # fp32: 4 units a word
+        c = _load(x8_ptrs + 2, x_ok, 0, EVEN)
+        d = _load(x8_ptrs + 3, x_ok, 0, EVEN)
+    else:
+        c = a
+        d = b
+    for p in tl.static_range(4):  # nibbles 2p (bits 15..18, m = 16) and 2p + 1 (bits 19..22, m = 1)
+        lo, hi = _plane_pair(word, 15 - 8 * p, USE_ASM)
+        xl, xh = _x_pair(a, b, c, d, p, X_KIND)
+        r += xl[None, :] * lo
+        r += xh[None, :] * hi
+        if HAS_ZEROS:
+            q += 16.0 * xl + xh
+            xs += xl + xh
+        else:
+            q += 16.5 * xl + 1.5 * xh
+    return r, q, xs
+
+
+@triton.jit
+def _row_step(acc, w0, w1, w2, w3, s, zf, x8_ptrs, x_ok, HAS_ZEROS: tl.constexpr, X_KIND: tl.constexpr,
+              USE_ASM: tl.constexpr, EVEN: tl.constexpr):
+    """`acc [BLOCK_N, C] += scale * (sum x_i v_i - sum (m_i + z/16) x_i)` over each chunk's 4 words: 1/16 of the
+    row's dot with the chunk's dequantized weights (`(c - z) * scale`). `x8_ptrs [C]`: the chunks' first 8 bytes
+    of activations (a word's activations are 16 bytes, 32 with fp32)."""
+    U: tl.constexpr = 4 if X_KIND == 2 else 2  # 8-byte units of a word's activations
+    r = tl.zeros(acc.shape, tl.float32)
+    q = tl.zeros(x8_ptrs.shape, tl.float32)
+    xs = tl.zeros(x8_ptrs.shape, tl.float32)
+    r, q, xs = _word_sums(r, q, xs, w0, x8_ptrs, x_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    r, q, xs = _word_sums(r, q, xs, w1, x8_ptrs + U, x_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    r, q, xs = _word_sums(r, q, xs, w2, x8_ptrs + 2 * U, x_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    r, q, xs = _word_sums(r, q, xs, w3, x8_ptrs + 3 * U, x_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    d = r - q[None, :]
+    if HAS_ZEROS:
+        d -= zf * xs[None, :]
+    return acc + s * d
+
+
+@triton.jit
+def _int4_gemv_wide_kernel(
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    zeros_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    counter_ptr,
+    M,
+    N,
+    KW,
+    stride_xm,
+    stride_pn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    words_per_split,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FIXUP: tl.constexpr,
+    ROWS: tl.constexpr,  # M itself (1..4): each row has its own accumulator
+    BLOCK_M: tl.constexpr,  # ROWS rounded up to a power of two (the epilogue's tile)
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    X_KIND: tl.constexpr,  # activations: 0 bf16, 1 fp16, 2 fp32 (read as int64 units: `x_ptr`, `stride_xm`)
+    USE_ASM: tl.constexpr,
+    EVEN: tl.constexpr = False,  # whole row tiles, whole word steps in every range
+):
+    C: tl.constexpr = BLOCK_W // 4  # 16-byte chunks of a row per step
+    U: tl.constexpr = 4 if X_KIND == 2 else 2  # 8-byte units of one word's 8 activations
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cs = tl.arange(0, C)
+    col_ok = cols < N
+    cols64 = cols.to(tl.int64)
+    w_start = split * words_per_split
+    w_end = tl.minimum(w_start + words_per_split, KW)
+    p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + (4 * cs[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
+    s_ptrs = scales_ptr + cols64[:, None] * stride_sn
+    z_ptrs = zeros_ptr + cols64[:, None] * stride_zn
+    acc0 = tl.zeros([BLOCK_N, C], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, C], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, C], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, C], tl.float32)
+    for w0 in tl.range(w_start, w_end, BLOCK_W, num_stages=NUM_STAGES):
+        w0 = tl.multiple_of(w0, 4)
+        chunk = w0 + 4 * cs  # [C] each chunk's first word
+        chunk_ok = chunk < w_end  # whole chunks: K is a multiple of 32
+        tile_ok = col_ok[:, None] & chunk_ok[None, :]
+        words = _load(p_ptrs + w0, tile_ok[:, :, None], 0, EVEN)  # [BLOCK_N, C, 4] int32, 16 bytes a thread
+        # the chunk's 4 words apart (in-thread: the 4 are one thread's registers)
+        wa, wb = tl.split(tl.reshape(words, [BLOCK_N, C, 2, 2]))  # words 0/2 and 1/3
+        wd0, wd2 = tl.split(wa)
+        wd1, wd3 = tl.split(wb)
+        group = (chunk * 8) // GROUP  # a chunk's 32 inputs lie in one group
+        s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
+            zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
+        else:
+            zf = s
+        x8 = x_ptr + chunk * U  # the chunk's activations: its 4 words' U 8-byte units each
+        acc0 = _row_step(acc0, wd0, wd1, wd2, wd3, s, zf, x8, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+        if ROWS > 1:
+            acc1 = _row_step(acc1, wd0, wd1, wd2, wd3, s, zf, x8 + stride_xm, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM,
+                             EVEN)  # fmt: skip
+        if ROWS > 2:
+            acc2 = _row_step(acc2, wd0, wd1, wd2, wd3, s, zf, x8 + 2 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND,
+                             USE_ASM, EVEN)  # fmt: skip
+        if ROWS > 3:
+            acc3 = _row_step(acc3, wd0, wd1, wd2, wd3, s, zf, x8 + 3 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND,
+                             USE_ASM, EVEN)  # fmt: skip
+    res = tl.where(rows[:, None] == 0, tl.sum(acc0, 1)[None, :], 0.0)
+    if ROWS > 1:
+        res = tl.where(rows[:, None] == 1, tl.sum(acc1, 1)[None, :], res)
+    if ROWS > 2:
+        res = tl.where(rows[:, None] == 2, tl.sum(acc2, 1)[None, :], res)
+    if ROWS > 3:
+        res = tl.where(rows[:, None] == 3, tl.sum(acc3, 1)[None, :], res)
+    _epilogue(res * 16.0, rows, cols, rows < M, col_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, stride_om,
+              pid_n, split, HAS_BIAS, SPLIT_K, FIXUP)  # partials [SPLIT_K, M, N]
+
+
+def int4_gemv_wide(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    *,
+    block_n: int | None = None,
+    block_w: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_asm: bool | None = None,
+) -> torch.Tensor:
+    """`x` `[..., K]` (1..MAX_ROWS rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s
+    dtype; fp32 accumulation. `zeros` None: symmetric (zero point 8). Knobs default to `wide_config` (shapes
+    only: CUDA-graph capturable); `use_asm` (default: compiled, not interpreted) picks the PTX nibble path."""
+    k = x.shape[-1]
+    n = packed.shape[0]
+    assert packed.shape[1] * 8 == k, f"packed {tuple(packed.shape)} does not match x's K = {k}"
+    assert scales.shape == (n, k // group_size)
+    assert packed.stride(-1) == 1 and scales.stride(-1) == 1 and (zeros is None or zeros.stride(-1) == 1)
+    assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
+    assert x.dtype in _X_KINDS, f"int4_gemv_wide: activations {x.dtype}"
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1 or x2.stride(0) % (8 // x2.element_size()) or x2.data_ptr() % 8:
+        x2 = x2.contiguous()  # read as 8-byte units: every row 8-byte aligned
+    m = x2.shape[0]
+    assert wide_supported(m, k, group_size), f"int4_gemv_wide: {m} rows, K {k}, group {group_size}"
+    x8 = x2.view(torch.int64)
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    cfg = wide_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
+                      num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    assert cfg.block_w % 4 == 0, cfg
+    words = k // 8
+    # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
+    words_per_split = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
+    splits = triton.cdiv(words, words_per_split)
+    out2 = out.view(-1, n)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
+    bias_arg = bias if bias is not None else out2  # unused without a bias
+    grid = (triton.cdiv(n, cfg.block_n), splits)
+    counters = _counters(x.device, grid[0]) if splits > 1 else None
+    even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and words_per_split % cfg.block_w == 0
+    _int4_gemv_wide_kernel[grid](
+        x8, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
+        counters if counters is not None else part, m, n, words, x8.stride(0), packed.stride(0), scales.stride(0),
+        zeros.stride(0) if zeros is not None else 0, out2.stride(0), words_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
+        FIXUP=counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
+        BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
+        USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
+        EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1 and counters is None:
+        block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
+        )
+    return out
+
+
+__all__ = ["MAX_ROWS", "WideConfig", "int4_gemv_wide", "wide_config", "wide_supported"]

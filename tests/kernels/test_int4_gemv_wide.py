@@ -1,0 +1,165 @@
+"""The wide int4 W4A16 GEMV (16-byte weight loads, 1-4 rows) against `packed_int_linear_ref`, its launch
+choices, and the dispatch's switch to it (FLOTILLA_INT4_GEMV_WIDE)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE, rel_err, tolerance
+
+from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
+
+
+def _int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype, symmetric: bool = False):
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
+    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
+        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
+    return pack_codes(codes, 4), scales, zeros
+
+
+def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
+    packed, scales, zeros = _int4_weight(n, k, group, g, dtype, symmetric)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group,
+            b.to(DEVICE) if bias else None)  # fmt: skip
+    # the reference where the kernel runs (a Llama-sized weight dequantized on the CPU takes seconds)
+    ref = packed_int_linear_ref(args[0].float(), args[1], args[2].float(), zeros.to(DEVICE), 4, group,
+                                args[5].float() if bias else None)  # fmt: skip
+    return args, ref.cpu()
+
+
+def _check(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, **knobs) -> None:
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+
+    args, ref = _case(m, n, k, group, dtype, symmetric, bias)
+    out = int4_gemv_wide(*args, **knobs)
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert rel_err(out.cpu(), ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "m,n,k,group,symmetric,bias,knobs",
+    [
+        (1, 40, 256, 128, True, False, {}),  # one decode row, symmetric (no zero points read), N not a tile multiple
+        (2, 24, 384, 32, False, True, {}),  # group 32 (one scale a chunk), zero points, a bias, K not a power of two
+        (3, 32, 1024, 128, True, False, {"block_n": 16, "block_w": 64}),  # three rows, whole tiles (unmasked loads)
+        (4, 64, 512, 128, False, True, {"block_n": 32, "block_w": 32}),  # four rows, zero points, a bias, unmasked
+        (1, 48, 768, 32, False, False, {"block_n": 16, "block_w": 32, "num_stages": 1}),  # steps across groups
+    ],
+)
+def test_int4_gemv_wide_matches_reference(dtype, m, n, k, group, symmetric, bias, knobs):
+    _check(m, n, k, group, dtype, symmetric, bias, **knobs)
+
+
+def test_int4_gemv_wide_fp16_activations():
+    """fp16 activations: their 16-bit halves are converted, not shifted into an fp32 (bf16's path)."""
+    _check(2, 32, 512, 128, torch.float16, False, True, block_n=16, block_w=32)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"split_k": 3, "block_w": 16, "block_n": 16},  # three word ranges, the last ragged
+        {"split_k": 2, "block_w": 32, "block_n": 16},  # two whole ranges (unmasked)
+    ],
+)
+def test_int4_gemv_wide_split_k(knobs):
+    _check(2, 40, 1024, 128, torch.float32, False, True, **knobs)
+
+
+def test_int4_gemv_wide_split_fixup_equals_reduce_launch(monkeypatch):
+    """Split-K summed by the last program of each row tile (arrival counters) gives the bits of the separate
+    reduce launch (taken when no counters are available), and leaves the counters at zero."""
+    from flotilla.kernels import triton_int4_gemv
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+
+    args, ref = _case(1, 48, 512, 128, torch.float32, False, True, seed=11)
+    knobs = {"split_k": 4, "block_n": 16, "block_w": 16}
+    fixed = int4_gemv_wide(*args, **knobs)
+    assert not triton_int4_gemv._COUNTERS[args[0].device].any()
+    monkeypatch.setattr(triton_int4_gemv, "_COUNTER_SLOTS", 1)
+    monkeypatch.setattr(triton_int4_gemv, "_COUNTERS", {})
+    assert torch.equal(fixed, int4_gemv_wide(*args, **knobs))
+    assert rel_err(fixed.cpu(), ref) < tolerance(torch.float32)
+
+
+def test_int4_gemv_wide_strided_rows():
+    """Rows that are not contiguous (a slice of a wider tensor) read the same as a contiguous copy."""
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+
+    args, ref = _case(2, 32, 256, 128, torch.bfloat16, True, False, seed=3)
+    wide = torch.zeros(2, 512, dtype=torch.bfloat16, device=DEVICE)
+    wide[:, 128:384] = args[0]
+    out = int4_gemv_wide(wide[:, 128:384], *args[1:], block_n=16, block_w=32)
+    assert torch.equal(out, int4_gemv_wide(*args, block_n=16, block_w=32))
+    assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
+
+
+def test_wide_config_covers_llama_8b():
+    """Llama-3.1-8B on 132 SMs: 16-byte chunks a step, at least 2 programs per SM on every projection (split-K
+    on the 4,096-row ones), and ranges of at least 2 steps; groups must be whole 32-input chunks."""
+    from flotilla.kernels.triton_int4_gemv_wide import wide_config, wide_supported
+
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
+        cfg = wide_config(1, n, k, 132)
+        assert cfg.block_w % 4 == 0 and cfg.num_warps == 4, (n, k, cfg)
+        assert -(-n // cfg.block_n) * cfg.split_k >= 2 * 132, (n, k, cfg)
+        assert k // 8 // cfg.split_k >= 2 * cfg.block_w, (n, k, cfg)
+    assert wide_config(1, 28672, 4096, 132).split_k == 1 and wide_config(1, 4096, 14336, 132).split_k == 2
+    assert wide_config(1, 4096, 4096, 132, block_n=64, split_k=1).block_n == 64  # given knobs are kept
+    assert wide_supported(1, 4096, 128) and wide_supported(4, 4096, 32)
+    assert not wide_supported(5, 4096, 128) and not wide_supported(1, 4096, 16) and not wide_supported(1, 4096, 96)
+
+
+def test_wide_tiles_from_the_environment(monkeypatch):
+    """FLOTILLA_INT4_GEMV_WIDE_CONFIG (parsed at import): knobs for every shape and per `NxK`."""
+    from flotilla.kernels import triton_int4_gemv, triton_int4_gemv_wide
+
+    tiles = triton_int4_gemv._parse_tiles("block_n=16,block_w=64;4096x14336:split_k=4,num_stages=2")
+    monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", tiles)
+    cfg = triton_int4_gemv_wide.wide_config(1, 4096, 14336, 132)
+    assert (cfg.block_n, cfg.block_w, cfg.split_k, cfg.num_stages) == (16, 128, 4, 2)  # per shape wins whole
+    cfg = triton_int4_gemv_wide.wide_config(1, 6144, 4096, 132)
+    assert (cfg.block_n, cfg.block_w) == (16, 64)
+
+
+@pytest.mark.gpu
+def test_int4_gemv_wide_asm_matches_plain():
+    """The PTX nibble path (lop3 by inline asm) and the plain Triton one give the same bits."""
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+
+    args, ref = _case(1, 4096, 4096, 128, torch.bfloat16, True, False, seed=5)
+    out = int4_gemv_wide(*args, use_asm=True)
+    assert torch.equal(out, int4_gemv_wide(*args, use_asm=False))
+    assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (4, 4096, 14336)])  # qkv; down at 4 rows (split-K by default)
+def test_int4_gemv_wide_llama_shapes(m, n, k):
+    """Llama-3.1-8B projections at the default launch, symmetric and asymmetric."""
+    _check(m, n, k, 128, torch.bfloat16, True, False)
+    _check(m, n, k, 128, torch.bfloat16, False, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 5])  # wide, wide, the tensor-core GEMV (more than 4 rows)
+def test_dispatch_int4_gemv_wide(monkeypatch, m):
+    """FLOTILLA_INT4_GEMV_WIDE (the module global) routes 1-4 row calls to the wide GEMV."""
+    from flotilla.kernels import dispatch, triton_int4_gemv_wide
+
+    called = []
+    real = triton_int4_gemv_wide.int4_gemv_wide
+    monkeypatch.setattr(triton_int4_gemv_wide, "int4_gemv_wide", lambda *a, **kw: called.append(1) or real(*a, **kw))
+    monkeypatch.setattr(dispatch, "INT4_GEMV_WIDE", True)
+    g = torch.Generator().manual_seed(m)
+    packed, scales, zeros = _int4_weight(96, 512, 128, g, torch.bfloat16)
+    x = torch.randn(m, 512, generator=g).bfloat16()
+    ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, 128)
+    out = dispatch.packed_int_linear(*(t.to(DEVICE) for t in (x, packed, scales, zeros)), 4, 128)
+    assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
+    assert called == ([1] if m <= 4 else [])
