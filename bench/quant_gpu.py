@@ -108,6 +108,7 @@ def main() -> None:
     result: dict = {
         "name": a.name,
         "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
+        "switches": {k: os.environ.get(k) for k in ("FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB")},
         "quantization": engine.config.model.quantization,
         "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "startup_s": time.perf_counter() - t0,

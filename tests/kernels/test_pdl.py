@@ -124,6 +124,7 @@ def test_chain_launched_by_pdl_in_a_cuda_graph_equals_plain_launches(monkeypatch
         return _chain(x, residual, *weights, positions, cos_sin, *caches, slots)
 
     inputs = [(rnd(1, hidden), rnd(1, hidden)) for _ in range(3)]
+    monkeypatch.setattr(pdl, "PDL_ENABLED", False)  # the reference: plain launches, whatever FLOTILLA_PDL says
     plain = []
     for x, r in inputs:
         caches = (pool[0].clone(), pool[1].clone())
