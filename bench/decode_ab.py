@@ -74,8 +74,8 @@ def main() -> None:
     model_dir = make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape))
     t0 = time.perf_counter()
     engine = LLMEngine.from_kwargs(
-        str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64, max_num_seqs=max(*sizes, *token_batches),
-        enable_prefix_caching=False, quantization=a.quantization,
+        str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64,
+        max_num_seqs=max(*sizes, *token_batches), enable_prefix_caching=False, quantization=a.quantization,
     )  # fmt: skip
     cfg = engine.config.model.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
