@@ -15,6 +15,8 @@
 #          without the L2 prefetch, bit-equal to plain launches) and the norm / SiLU / rotary+KV / fp8 GEMV tests
 #   l2     (35 s) decode_ab.py at batch 1 with FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24}: each PDL GEMV also
 #          prefetches the first part of its weight into L2 before its wait (the one prompt's tokens must equal off's)
+#   fp8l2  (35 s) fp8on with FLOTILLA_PDL_L2_MB=${L2_MB:-24}
+#   l2b    (35 s) l2 with FLOTILLA_PDL_L2_MB=${L2B_MB:-48} (o_proj's and qkv's whole weights)
 #   summary       ms/step per side against 4.05 ms, on/off, fp8/bf16 against 0.62, tokens, bs1 profiles
 # Output (3 files): $OUT/pdl10.log (read first: every stage's lines and the summary), $OUT/pdl10-sides.log (the
 # sides' and tests' full output), $OUT/pdl10.json (every side's JSON and the summary).
@@ -32,24 +34,26 @@ side() {  # label limit batch-sizes profile-sizes token-batches env...
   echo "rc=$?" | tee -a $L
   grep -E "^$label:|Error|error" $S | grep -v "^--- " | tail -4 | cut -c1-300 | tee -a $L
 }
-fp8() {  # label limit FLOTILLA_PDL
-  local lim; lim=$(left $2)
-  echo "--- $1 $(date +%T) limit $lim s: FLOTILLA_PDL=$3" >> $S
-  FLOTILLA_PDL=$3 timeout $lim python3 $R/bench/quant_gpu.py --model /tmp/llama8b --name $1 --quantization fp8 \
-    --jobs bs1 --max-num-seqs 16 --json $W/$1.json 2>&1 | grep -v "^QUANT_JSON" >> $S
+fp8() {  # label limit env...
+  local label=$1 lim; lim=$(left $2); shift 2
+  echo "--- $label $(date +%T) limit $lim s: $*" >> $S
+  env "$@" timeout $lim python3 $R/bench/quant_gpu.py --model /tmp/llama8b --name $label --quantization fp8 \
+    --jobs bs1 --max-num-seqs 16 --json $W/$label.json 2>&1 | grep -v "^QUANT_JSON" >> $S
   echo "rc=${PIPESTATUS[0]}" | tee -a $L
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); b=r.get('bs1', {}); print(r['name'], 'startup %.0f s' % r['startup_s'], 'bs1 %s ms/step' % b.get('ms_per_step'), 'graphed %s/%s' % (b.get('graphed_steps'), b.get('steps')), 'fp8 gemv rows', r.get('fp8_paths', {}).get('fp8_gemv'))" \
-    $W/$1.json 2>&1 | tail -1 | tee -a $L
+    $W/$label.json 2>&1 | tail -1 | tee -a $L
 }
-for s in ${STAGES:-off on fp8on fp8off tests l2 summary}; do
+for s in ${STAGES:-off on fp8on fp8off tests l2 fp8l2 l2b summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
     off) side off 55 1,64 1 1,8 FLOTILLA_PDL=0 ;;
     on) side on 50 1,64 1 1,8 FLOTILLA_PDL=1 ;;
     l2) side l2 35 1 "" 1 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24} ;;
-    fp8on) fp8 fp8on 40 1 ;;
-    fp8off) fp8 fp8off 40 0 ;;
+    l2b) side l2b 35 1 "" 1 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2B_MB:-48} ;;
+    fp8on) fp8 fp8on 40 FLOTILLA_PDL=1 ;;
+    fp8off) fp8 fp8off 40 FLOTILLA_PDL=0 ;;
+    fp8l2) fp8 fp8l2 35 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24} ;;
     tests) echo "--- tests $(date +%T)" >> $S
       FLOTILLA_PDL=1 timeout $(left 35) python3 -m pytest $R/tests/kernels/test_pdl.py $R/tests/kernels/test_rmsnorm.py \
         $R/tests/kernels/test_activation.py $R/tests/kernels/test_rotary_kv_write.py $R/tests/kernels/test_fp8_gemv.py \
@@ -60,7 +64,7 @@ for s in ${STAGES:-off on fp8on fp8off tests l2 summary}; do
 import json, os, sys
 w, out = sys.argv[1], os.environ.get("OUT", "/tmp/out")
 sides = {}
-for label in ("off", "on", "l2", "fp8on", "fp8off"):
+for label in ("off", "on", "l2", "l2b", "fp8on", "fp8off", "fp8l2"):
     try:
         sides[label] = json.load(open(f"{w}/{label}.json"))
     except (OSError, ValueError) as e:
@@ -79,11 +83,14 @@ ratio("on/off bs1", ("on", 1), ("off", 1))
 ratio("on/off bs64", ("on", 64), ("off", 64))
 ratio("l2/off bs1", ("l2", 1), ("off", 1))
 ratio("l2/on bs1", ("l2", 1), ("on", 1))
+ratio("l2b/on bs1", ("l2b", 1), ("on", 1))
+ratio("fp8l2/fp8on bs1", ("fp8l2", 1), ("fp8on", 1))
+ratio("fp8l2/l2 bs1", ("fp8l2", 1), ("l2", 1), " (target <= 0.62)")
 ratio("fp8on/fp8off bs1", ("fp8on", 1), ("fp8off", 1))
 ratio("fp8on/on bs1", ("fp8on", 1), ("on", 1), " (target <= 0.62)")
 ratio("fp8off/off bs1", ("fp8off", 1), ("off", 1), " (before: 0.668)")
 ratio("fp8on/off bs1", ("fp8on", 1), ("off", 1), " (fp8 with PDL against the plain bf16 step)")
-for label in ("on", "l2"):
+for label in ("on", "l2", "l2b"):
     if "tokens" in sides.get("off", {}) and "tokens" in sides.get(label, {}):
         a, b = sides["off"]["tokens"], sides[label]["tokens"]
         n = min(len(a), len(b))
