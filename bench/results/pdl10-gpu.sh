@@ -32,7 +32,7 @@ side() {  # label limit batch-sizes profile-sizes token-batches env...
   env "$@" timeout $lim python3 $R/bench/decode_ab.py --label $label --batch-sizes $sizes --profile-batch-sizes "$prof" \
     --token-batch $toks --context 512 --json $W/$label.json >> $S 2>&1
   echo "rc=$?" | tee -a $L
-  grep -E "^$label:|Error|error" $S | grep -v "^--- " | tail -4 | cut -c1-300 | tee -a $L
+  sed -n "/^--- $label /,\$p" $S | grep -E "^$label:|Error|error" | tail -4 | cut -c1-300 | tee -a $L
 }
 fp8() {  # label limit env...
   local label=$1 lim; lim=$(left $2); shift 2
