@@ -38,6 +38,12 @@ tile is converted in registers (to fp32 for the FMA path, to the activation dtyp
 and the scale multiplies the finished fp32 sum once per output, since it factors out of the sum
 over K. Half the bytes of a bf16 weight per output, so the FMA tiles are twice as wide along K to
 keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`.
+
+Programmatic dependent launch (`kernels/pdl.py`, FLOTILLA_PDL=1, batch-1 decode): the GEMV may start while the
+small kernel ahead of it (RMSNorm, SiLU-and-mul, the attention merge) still runs. The first K step is then peeled:
+its weight tile is loaded before `griddepcontrol.wait` and only `x` after it, so the weight stream starts early and
+the sums are the loop's own, in its order (bit-equal to the plain launch). FLOTILLA_PDL_L2_MB adds an L2 bulk
+prefetch of the first part of the program's rows before the wait.
 """
 
 from __future__ import annotations
