@@ -211,6 +211,12 @@ def linear(
         from flotilla.kernels.triton_skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight, bias)
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= max(gemv_max_rows, 1):
+        from flotilla.kernels.triton_l2_prefetch import l2_prefetch
+
+        # the one-row chain's cuBLAS projections (gate_up, the LM head): with FLOTILLA_PDL and FLOTILLA_PDL_L2_MB,
+        # the weight's first part is asked of L2 while the kernel ahead runs (no-op otherwise)
+        l2_prefetch(weight)
     return F.linear(x, weight, bias)
 
 

@@ -18,7 +18,9 @@ cuBLAS, the attention) are launched plainly and wait for everything ahead as bef
 compute capability 9.0 or later, never under the Triton interpreter (it has no griddepcontrol).
 `FLOTILLA_PDL_L2_MB` (default 0, off; only with PDL): each PDL GEMV also asks L2 for the first part of its
 weight (at most that many MB of it, `cp.async.bulk.prefetch.L2`) before its wait, so that HBM streams weights
-while the small kernels ahead of it run and the loads after the wait hit L2.
+while the small kernels ahead of it run and the loads after the wait hit L2; a one-row projection that cuBLAS
+runs (bf16 gate_up, the LM head) gets the same from a small PDL kernel launched ahead of it
+(`triton_l2_prefetch.py`).
 """
 
 from __future__ import annotations

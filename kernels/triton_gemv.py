@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active
+from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
 
 # FMA path: accumulator elements a thread may hold (64 fp32 registers) before it spills or drops to
@@ -288,11 +289,7 @@ def _prefetch_rows_l2(w_ptr, cols, N, stride_wn, BLOCK_N: tl.constexpr, PREFETCH
     seg_bytes: tl.constexpr = seg_k * w_ptr.dtype.element_ty.primitive_bitwidth // 8
     rows = tl.minimum(cols, N - 1).to(tl.int64)
     ptrs = w_ptr + rows[:, None] * stride_wn + (tl.arange(0, SEGS) * seg_k)[None, :]
-    sizes = tl.full([BLOCK_N, SEGS], seg_bytes, tl.int32)
-    tl.inline_asm_elementwise(
-        "{ cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r", [ptrs, sizes], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )  # fmt: skip
+    prefetch_l2(ptrs, tl.full([BLOCK_N, SEGS], seg_bytes, tl.int32))
 
 
 @triton.jit

@@ -14,7 +14,8 @@
 #          plain one; the norm -> GEMV -> SiLU -> GEMV -> norm -> rotary chain by PDL in a CUDA graph, with and
 #          without the L2 prefetch, bit-equal to plain launches) and the norm / SiLU / rotary+KV / fp8 GEMV tests
 #   l2     (35 s) decode_ab.py at batch 1 with FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24}: each PDL GEMV also
-#          prefetches the first part of its weight into L2 before its wait (the one prompt's tokens must equal off's)
+#          prefetches the first part of its weight into L2 before its wait, and a PDL kernel ahead of each one-row
+#          cuBLAS projection (bf16 gate_up, LM head) its weight's first MB (the one prompt's tokens must equal off's)
 #   fp8l2  (35 s) fp8on with FLOTILLA_PDL_L2_MB=${L2_MB:-24}
 #   l2b    (35 s) l2 with FLOTILLA_PDL_L2_MB=${L2B_MB:-48} (o_proj's and qkv's whole weights)
 #   summary       ms/step per side against 4.05 ms, on/off, fp8/bf16 against 0.62, tokens, bs1 profiles

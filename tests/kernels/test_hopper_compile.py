@@ -125,6 +125,10 @@ def _compile_pdl() -> dict[str, dict[str, object]]:
     rot |= {"positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "cos_sin_ptr": "*fp32"}
     consts = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=False, PDL=True)
     out["rotary_kv_write bf16 pdl"] = _compile_for_hopper(_rotary_kv_write_kernel, rot, consts, num_warps=8)
+    from flotilla.kernels.triton_l2_prefetch import _l2_prefetch_kernel
+
+    out["l2_prefetch bf16"] = _compile_for_hopper(_l2_prefetch_kernel, {"w_ptr": "*u8"}, dict(CHUNK=1488, BLOCK=128),
+                                                  num_warps=4)  # fmt: skip
     return out
 
 
@@ -307,12 +311,13 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     # the batch-1 chain by PDL: one wait and one trigger each; the GEMV loads its first weight tile before the
     # wait (and, with the L2 prefetch, issues bulk prefetches); the plain GEMV has neither instruction
     for name in ("gemv bf16 m1 pdl", "gemv bf16 m1 pdl l2", "fp8_gemv fma m1 pdl", "rms_norm bf16 pdl",
-                 "silu_and_mul bf16 pdl", "rotary_kv_write bf16 pdl"):  # fmt: skip
+                 "silu_and_mul bf16 pdl", "rotary_kv_write bf16 pdl", "l2_prefetch bf16"):  # fmt: skip
         assert result[name]["gdc_wait"] == 1 and result[name]["gdc_launch"] == 1, name
     for name in ("gemv bf16 m1 pdl", "gemv bf16 m1 pdl l2", "fp8_gemv fma m1 pdl"):
         assert result[name]["loads_before_wait"] > 0, name
     assert result["rms_norm bf16 pdl"]["loads_before_wait"] == 0
     assert result["gemv bf16 m1 pdl l2"]["l2_prefetch"] > 0 and result["gemv bf16 m1 pdl"]["l2_prefetch"] == 0
+    assert result["l2_prefetch bf16"]["l2_prefetch"] > 0
     assert result["gemv bf16 m1"]["gdc_wait"] == 0 and result["gemv bf16 m1"]["gdc_launch"] == 0
     # the skinny GEMM runs on Hopper's asynchronous tensor cores; only the split-K fix-up takes atomics
     assert all(r["wgmma"] for name, r in result.items() if name.startswith("skinny_gemm"))

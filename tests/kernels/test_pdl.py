@@ -83,15 +83,34 @@ def test_l2_prefetch_extent_keeps_the_budget_and_16_byte_bulk_sizes():
     assert l2_prefetch_k(40, 100, torch.empty(40, 101, dtype=torch.bfloat16)[:, :100], 8, 64) == 0  # 202-byte rows
 
 
+def test_cublas_prefetch_extent_and_no_op_without_pdl(monkeypatch):
+    """The launch ahead of a cuBLAS projection: the weight's first budget bytes over the threads of one program
+    an SM, 16-byte requests; nothing for a strided weight, without a budget, or where PDL is off."""
+    from flotilla.kernels import pdl
+    from flotilla.kernels.triton_l2_prefetch import l2_prefetch, l2_prefetch_bytes
+
+    gate_up = torch.empty(28672, 4096, dtype=torch.bfloat16)
+    chunk = l2_prefetch_bytes(gate_up, 24, 132)
+    assert chunk % 16 == 0 and 0 < chunk * 132 * 128 <= 24 << 20 and (chunk + 16) * 132 * 128 > 24 << 20
+    assert l2_prefetch_bytes(gate_up[:, :2048], 24, 132) == 0 and l2_prefetch_bytes(gate_up, 0, 132) == 0
+    small = torch.empty(64, 64, dtype=torch.bfloat16)  # 8 KB: all of it, if it makes a 16-byte request a thread
+    assert l2_prefetch_bytes(small, 24, 4) == 16 and l2_prefetch_bytes(small, 24, 132) == 0
+    monkeypatch.setattr(pdl, "PDL_ENABLED", True)
+    l2_prefetch(small, 24)  # a CPU tensor: nothing launched
+
+
 def _chain(x, residual, norm_w, w_up, w_down, qkv_w, positions, cos_sin, k_cache, v_cache, slots):
-    """A layer's batch-1 kernels in launch order, each reading its predecessor's output."""
+    """A layer's batch-1 kernels in launch order, each reading its predecessor's output; gate/up on cuBLAS with
+    the L2 prefetch ahead of it, as the dispatch runs bf16's."""
     from flotilla.kernels.triton_activation import silu_and_mul
     from flotilla.kernels.triton_gemv import gemv
+    from flotilla.kernels.triton_l2_prefetch import l2_prefetch
     from flotilla.kernels.triton_rmsnorm import rms_norm
     from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv
 
     h, residual = rms_norm(x, norm_w, 1e-5, residual)
-    h = gemv(silu_and_mul(gemv(h, w_up)), w_down)
+    l2_prefetch(w_up)
+    h = gemv(silu_and_mul(torch.nn.functional.linear(h, w_up)), w_down)
     h, residual = rms_norm(h, norm_w, 1e-5, residual)
     q, k, v = gemv(h, qkv_w).split([256, 128, 128], dim=-1)
     q = rotary_and_write_kv(positions, q.view(1, 4, 64), k.view(1, 2, 64), v.view(1, 2, 64), cos_sin, k_cache,
@@ -106,7 +125,7 @@ def test_chain_launched_by_pdl_in_a_cuda_graph_equals_plain_launches(monkeypatch
     graph and replayed on new inputs, equals the same chain launched plainly, bit for bit."""
     if not _hopper():
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    from flotilla.kernels import pdl, triton_gemv
+    from flotilla.kernels import pdl, triton_gemv, triton_l2_prefetch
 
     g = torch.Generator().manual_seed(11)
 
@@ -131,6 +150,7 @@ def test_chain_launched_by_pdl_in_a_cuda_graph_equals_plain_launches(monkeypatch
         plain.append((run(x, r, caches), caches))
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
     monkeypatch.setattr(triton_gemv, "L2_PREFETCH_MB", l2_mb)
+    monkeypatch.setattr(triton_l2_prefetch, "L2_PREFETCH_MB", l2_mb)
     x_buf, r_buf = torch.empty_like(inputs[0][0]), torch.empty_like(inputs[0][1])
     caches = (pool[0].clone(), pool[1].clone())
     run(x_buf.copy_(inputs[0][0]), r_buf.copy_(inputs[0][1]), caches)  # compile the PDL variants outside capture
