@@ -17,7 +17,7 @@
 #          prefetches the first part of its weight into L2 before its wait, and a PDL kernel ahead of each one-row
 #          cuBLAS projection (bf16 gate_up, LM head) its weight's first MB (the one prompt's tokens must equal off's)
 #   fp8l2  (35 s) fp8on with FLOTILLA_PDL_L2_MB=${L2_MB:-24}
-#   l2b    (35 s) l2 with FLOTILLA_PDL_L2_MB=${L2B_MB:-48} (o_proj's and qkv's whole weights)
+#   l2b    (35 s) l2 with FLOTILLA_PDL_L2_MB=${L2B_MB:-12} (half the budget: is 24 MB past what L2 keeps?)
 #   summary       ms/step per side against 4.05 ms, on/off, fp8/bf16 against 0.62, tokens, bs1 profiles
 # Output (3 files): $OUT/pdl10.log (read first: every stage's lines and the summary), $OUT/pdl10-sides.log (the
 # sides' and tests' full output), $OUT/pdl10.json (every side's JSON and the summary).
@@ -51,7 +51,7 @@ for s in ${STAGES:-off on fp8on fp8off tests l2 fp8l2 l2b summary}; do
     off) side off 55 1,64 1 1,8 FLOTILLA_PDL=0 ;;
     on) side on 50 1,64 1 1,8 FLOTILLA_PDL=1 ;;
     l2) side l2 35 1 "" 1 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24} ;;
-    l2b) side l2b 35 1 "" 1 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2B_MB:-48} ;;
+    l2b) side l2b 35 1 "" 1 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2B_MB:-12} ;;
     fp8on) fp8 fp8on 40 FLOTILLA_PDL=1 ;;
     fp8off) fp8 fp8off 40 FLOTILLA_PDL=0 ;;
     fp8l2) fp8 fp8l2 35 FLOTILLA_PDL=1 FLOTILLA_PDL_L2_MB=${L2_MB:-24} ;;
