@@ -50,8 +50,11 @@ def pdl_capable(tensor: torch.Tensor) -> bool:
 
 
 def pdl_active(tensor: torch.Tensor) -> bool:
-    """Whether the decode chain's kernels on `tensor`'s device launch by PDL (FLOTILLA_PDL=1 and capable)."""
-    return PDL_ENABLED and pdl_capable(tensor)
+    """Whether a decode-chain kernel whose activations are `tensor` (rows first) launches by PDL: FLOTILLA_PDL=1,
+    a capable device, and one row. Only the one-row chain: on the H200 (session 10, call 4) PDL took batch 1 from
+    4.637 to 4.496 ms, but batch 64 from 5.706 to 5.879 (the norm launched early waits on SMs the skinny GEMM's
+    tail needs)."""
+    return PDL_ENABLED and tensor.dim() > 0 and tensor.shape[0] == 1 and pdl_capable(tensor)
 
 
 def pdl_launch_options(tensor: torch.Tensor) -> dict[str, bool]:

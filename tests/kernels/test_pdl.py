@@ -53,6 +53,35 @@ def test_peeled_fp8_weight_step_is_bit_equal(m, split_k, use_dot):
     assert torch.equal(fp8_gemv(x, w8, scale, pdl=True, pdl_gdc=_hopper(), **knobs), plain)
 
 
+def test_only_the_one_row_chain_launches_by_pdl(monkeypatch):
+    """On a capable device with FLOTILLA_PDL on, a kernel launches by PDL at one row only (batch 64 measured slower
+    with it), and an fp8 GEMV (a weight scale) never does."""
+    from flotilla.kernels import pdl, triton_gemv
+
+    monkeypatch.setattr(pdl, "PDL_ENABLED", True)
+    monkeypatch.setattr(pdl, "pdl_capable", lambda tensor: True)
+    assert pdl.pdl_active(torch.zeros(1, 4096)) and pdl.pdl_launch_options(torch.zeros(1, 8)) == {
+        "PDL": True, "launch_pdl": True}
+    assert not pdl.pdl_active(torch.zeros(64, 4096)) and pdl.pdl_launch_options(torch.zeros(2, 8)) == {}
+    launched = []
+    monkeypatch.setattr(triton_gemv, "pdl_active", lambda tensor: True)
+    real = triton_gemv._gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append("PDL" in kwargs)
+                return real[grid](*args, **{k: v for k, v in kwargs.items() if k not in ("launch_pdl",)})
+            return launch
+
+    monkeypatch.setattr(triton_gemv, "_gemv_kernel", Spy())
+    x = torch.randn(1, 64, device=DEVICE)
+    w8 = torch.randn(32, 64, device=DEVICE).to(torch.float8_e4m3fn)
+    scale = torch.ones(32, device=DEVICE)
+    triton_gemv.fp8_gemv(x, w8, scale, block_n=16, block_k=32, split_k=1, pdl_gdc=False)
+    assert launched == [False]
+
+
 def test_switch_is_off_where_pdl_cannot_run(monkeypatch):
     """FLOTILLA_PDL on, but a CPU tensor (or the interpreter): plain launches, no options."""
     from flotilla.kernels import pdl
