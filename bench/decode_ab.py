@@ -7,8 +7,9 @@ Kernel levers are switched by the environment (read when the kernels are importe
 A/B is its own process, started by the caller (bench/results/dec7-gpu.sh; first written on branch fuse6).
 Here, one engine (Llama-3.1-8B shape, dummy weights, context 512 by default) measures, in order:
 - `tokens`: the greedy continuations (`--tokens` tokens) of `--token-batch` fixed random prompts decoded
-  together (so a batch-size-dependent path runs), for the caller to compare across sides (levers that
-  keep every rounding point must give identical tokens);
+  together (so a batch-size-dependent path runs; a list such as 1,8 decodes each count in turn and keeps
+  every row), for the caller to compare across sides (levers that keep every rounding point must give
+  identical tokens);
 - `latency`: ms per whole decode step at each batch size (bench/latency.py's `step_latency`, with its
   roofline at bf16 bytes);
 - `profiles`: kernel time per step by kernel and group, launches and idle GPU time per step, at the
@@ -35,7 +36,7 @@ from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.sampling_params import SamplingParams
 
 SWITCHES = ("FLOTILLA_SKINNY_GEMM", "FLOTILLA_SKINNY_GEMM_CONFIGS", "FLOTILLA_FP8_GEMV", "FLOTILLA_DECODE_BF16_LAUNCH",
-            "FLOTILLA_DECODE_WAVE")
+            "FLOTILLA_DECODE_WAVE", "FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB")
 
 
 def greedy_tokens(engine: LLMEngine, prompt_len: int, tokens: int, batch: int = 1) -> list[list[int]]:
@@ -60,7 +61,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=16)
     p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--token-batch", type=int, default=1, help="prompts decoded together for `tokens`")
+    p.add_argument("--token-batch", default="1",
+                   help="prompts decoded together for `tokens`; a list (1,8): one run each, their rows in order")
     p.add_argument("--quantization", default=None)
     p.add_argument("--json", required=True)
     a = p.parse_args()
@@ -68,11 +70,12 @@ def main() -> None:
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     prof = a.batch_sizes if a.profile_batch_sizes is None else a.profile_batch_sizes
     prof_sizes = [int(x) for x in prof.split(",") if x]
+    token_batches = [int(x) for x in a.token_batch.split(",")]
     model_dir = make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape))
     t0 = time.perf_counter()
     engine = LLMEngine.from_kwargs(
-        str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64, max_num_seqs=max(sizes),
-        enable_prefix_caching=False, quantization=a.quantization,
+        str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64,
+        max_num_seqs=max(*sizes, *token_batches), enable_prefix_caching=False, quantization=a.quantization,
     )  # fmt: skip
     cfg = engine.config.model.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -86,7 +89,7 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
 
-    out["tokens"] = greedy_tokens(engine, 32, a.tokens, a.token_batch)
+    out["tokens"] = [row for batch in token_batches for row in greedy_tokens(engine, 32, a.tokens, batch)]
     save()
     rng = random.Random(0)
     for batch in sizes:

@@ -68,11 +68,14 @@ def paged_attention(
     step's `AttentionMetadata.derived`, where values every layer would derive alike are kept.
     """
     if query.is_cuda and max_query_len == 1:
+        from flotilla.kernels.pdl import pdl_active
         from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
-        # the decode kernel scales its output itself (no extra elementwise kernel per layer)
+        # the decode kernel scales its output itself (no extra elementwise kernel per layer); with FLOTILLA_PDL
+        # its split merge is launched by PDL too, so that o_proj's GEMV starts while the attention runs
         return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-                                      scale * k_scale, v_scale=v_scale)  # fmt: skip
+                                      scale * k_scale, v_scale=v_scale,
+                                      pdl_merge=pdl_active(query) or None)  # fmt: skip
     out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
                            max_query_len, step_memo)
     return out if v_scale == 1.0 else out * v_scale
@@ -208,6 +211,12 @@ def linear(
         from flotilla.kernels.triton_skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight, bias)
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= max(gemv_max_rows, 1):
+        from flotilla.kernels.triton_l2_prefetch import l2_prefetch
+
+        # the one-row chain's cuBLAS projections (gate_up, the LM head): with FLOTILLA_PDL and FLOTILLA_PDL_L2_MB,
+        # the weight's first part is asked of L2 while the kernel ahead runs (no-op otherwise)
+        l2_prefetch(weight)
     return F.linear(x, weight, bias)
 
 

@@ -11,9 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import pdl_launch_options
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched by PDL (kernels/pdl.py): let the down GEMV start loading weights, wait for our inputs
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < d
@@ -35,7 +40,7 @@ def silu_and_mul(x: torch.Tensor, *, block: int = 1024, num_warps: int = 4) -> t
     block = min(block, triton.next_power_of_2(d))
     out2 = out.view(-1, d)
     _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
-        x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=num_warps
+        x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=num_warps, **pdl_launch_options(x)
     )
     return out
 

@@ -38,6 +38,12 @@ tile is converted in registers (to fp32 for the FMA path, to the activation dtyp
 and the scale multiplies the finished fp32 sum once per output, since it factors out of the sum
 over K. Half the bytes of a bf16 weight per output, so the FMA tiles are twice as wide along K to
 keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`.
+
+Programmatic dependent launch (`kernels/pdl.py`, FLOTILLA_PDL=1, batch-1 decode): the GEMV may start while the
+small kernel ahead of it (RMSNorm, SiLU-and-mul, the attention merge) still runs. The first K step is then peeled:
+its weight tile is loaded before `griddepcontrol.wait` and only `x` after it, so the weight stream starts early and
+the sums are the loop's own, in its order (bit-equal to the plain launch). FLOTILLA_PDL_L2_MB adds an L2 bulk
+prefetch of the first part of the program's rows before the wait.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
+from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active
+from flotilla.kernels.triton_l2_prefetch import prefetch_l2
+from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
 
 # FMA path: accumulator elements a thread may hold (64 fp32 registers) before it spills or drops to
 # one program per SM; the default tiles are sized to this budget.
@@ -199,6 +207,10 @@ def _gemv_kernel(
     LORA_SLICES: tl.constexpr = 0,
     LORA_BLOCK_R: tl.constexpr = 16,
     LORA_BLOCK_S: tl.constexpr = 2,
+    PDL: tl.constexpr = False,
+    PDL_GDC: tl.constexpr = True,
+    PREFETCH_K: tl.constexpr = 0,
+    PREFETCH_SEGS: tl.constexpr = 1,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -219,14 +231,27 @@ def _gemv_kernel(
     # A range ends either at the next range's start (a whole number of tiles away) or at K, so
     # `< K` is the only K mask needed; K's divisibility by 16 (Triton specialises on it) keeps the
     # masked loads vectorised.
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+    if PDL:
+        # Launched by programmatic dependent launch (kernels/pdl.py): the first K step is peeled so that its
+        # weight tile (never a predecessor's output) is loaded before the wait, while the kernel ahead (whose
+        # output is `x`) still runs; the same steps in the same order as the loop: bit-equal results.
+        k_ok = (k_start + ks) < K
+        w = tl.load(w_ptrs + k_start, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if PREFETCH_K > 0:  # and the next part of this program's rows into L2 (one range, no split)
+            _prefetch_rows_l2(w_ptr, cols, N, stride_wn, BLOCK_N, PREFETCH_K, PREFETCH_SEGS)
+        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        x = tl.load(x_ptrs + k_start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _gemv_step(acc, w, x, USE_DOT, DOT_DTYPE, DOT_PRECISION)
+        k_loop = k_start + BLOCK_K
+    else:
+        k_loop = k_start
+    for k0 in tl.range(k_loop, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k_ok = (k0 + ks) < K
         w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_DOT:
-            acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
-        else:  # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
-            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        acc = _gemv_step(acc, w, x, USE_DOT, DOT_DTYPE, DOT_PRECISION)
     res = tl.trans(acc) if USE_DOT else tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
     if HAS_SCALE:  # one scale per output feature factors out of the sum over K (and over K ranges)
         res *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -243,6 +268,28 @@ def _gemv_kernel(
     else:
         p_rows = (split * M + rows).to(tl.int64)  # partials [SPLIT_K, M, N]
         tl.store(part_ptr + p_rows[:, None] * N + cols[None, :], res, mask=ok)
+
+
+@triton.jit
+def _gemv_step(acc, w, x, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K step: the `[BLOCK_N, BLOCK_K]` weight tile times the `[BLOCK_M, BLOCK_K]` rows of x into `acc`."""
+    if USE_DOT:
+        acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+    else:  # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def _prefetch_rows_l2(w_ptr, cols, N, stride_wn, BLOCK_N: tl.constexpr, PREFETCH_K: tl.constexpr, SEGS: tl.constexpr):
+    """Ask L2 for the first `PREFETCH_K` weights of each of this program's rows, in `SEGS` bulk prefetches a
+    row (about one a thread; Hopper's `cp.async.bulk.prefetch.L2`, sizes and addresses 16-byte aligned: the
+    launcher checks). Rows past N prefetch row N - 1 again (no address outside the weight)."""
+    seg_k: tl.constexpr = PREFETCH_K // SEGS
+    seg_bytes: tl.constexpr = seg_k * w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    rows = tl.minimum(cols, N - 1).to(tl.int64)
+    ptrs = w_ptr + rows[:, None] * stride_wn + (tl.arange(0, SEGS) * seg_k)[None, :]
+    prefetch_l2(ptrs, tl.full([BLOCK_N, SEGS], seg_bytes, tl.int32))
 
 
 @triton.jit
@@ -336,6 +383,8 @@ def gemv(
     use_dot: bool | None = None,
     weight_scale: torch.Tensor | None = None,
     lora: LoRAEpilogue | None = None,
+    pdl: bool | None = None,
+    pdl_gdc: bool = True,
 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for `x` `[..., K]` (few rows) and `weight` `[N, K]`; fp32 accumulation.
 
@@ -343,6 +392,10 @@ def gemv(
     only, so the call is CUDA-graph capturable); they are exposed for tests and the benchmark.
     `weight_scale` (`N` fp32 values, any shape) multiplies output feature n's sum: `fp8_gemv`.
     `lora`: each row's LoRA delta added in the epilogue (only where `fuses_lora` holds).
+    `pdl`: launched by programmatic dependent launch, the first weight tile loaded before the wait
+    (`kernels/pdl.py`; default: FLOTILLA_PDL where capable; never with `lora`, whose epilogue reads the
+    shrink's partials early). `pdl_gdc=False` (tests only) keeps the peeled first step without the
+    griddepcontrol instructions, so that the interpreter can run it.
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -385,6 +438,17 @@ def gemv(
                      sizes[0] + sizes[1] if len(sizes) > 2 else n)
         lora_consts = {"LORA_SLICES": len(sizes), "LORA_BLOCK_R": triton.next_power_of_2(lora.max_rank),
                        "LORA_BLOCK_S": max(2, triton.next_power_of_2(lora.part.shape[0]))}
+    pdl_consts: dict[str, Any] = {}
+    # fp8 weights (a scale) launch plainly: the fp8 GEMV's PDL variant measured slower (3.263 vs 3.099 ms at bs1)
+    if lora is None and ((pdl_active(x) and weight_scale is None) if pdl is None else pdl):
+        pdl_consts = {"PDL": True, "PDL_GDC": pdl_gdc}
+        if pdl_gdc:
+            pdl_consts["launch_pdl"] = True
+        if pdl_gdc and splits == 1 and not INTERPRETING:
+            segs = max(1, 32 * cfg.num_warps // cfg.block_n)
+            prefetch_k = l2_prefetch_k(n, k, weight, segs, L2_PREFETCH_MB)
+            if prefetch_k:
+                pdl_consts |= {"PREFETCH_K": prefetch_k, "PREFETCH_SEGS": segs}
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x2,
         weight,
@@ -413,6 +477,7 @@ def gemv(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **lora_consts,
+        **pdl_consts,
     )
     if splits > 1:
         block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
@@ -420,6 +485,19 @@ def gemv(
             part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
         )
     return out
+
+
+def l2_prefetch_k(n: int, k: int, weight: torch.Tensor, segs: int, budget_mb: float) -> int:
+    """Weights per row (from K's start) that a PDL GEMV asks L2 for before its wait: all of K, or what keeps the
+    `[N, K]` weight's prefetched part within `budget_mb`, rounded down so that each of a row's `segs` bulk
+    prefetches is a multiple of 16 bytes; 0 (none) without a budget or where the weight's rows are not 16-byte
+    aligned (the bulk prefetch needs it)."""
+    elt = weight.element_size()
+    if budget_mb <= 0 or weight.data_ptr() % 16 or (weight.stride(0) * elt) % 16:
+        return 0
+    per_row = min(k, int(budget_mb * (1 << 20)) // (n * elt))
+    quantum = segs * max(1, 16 // elt)  # elements: segs prefetches of whole 16-byte units
+    return per_row // quantum * quantum
 
 
 def fp8_gemv(
@@ -431,4 +509,4 @@ def fp8_gemv(
     return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
 
 
-__all__ = ["GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv"]
+__all__ = ["GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv", "l2_prefetch_k"]

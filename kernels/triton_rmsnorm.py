@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import pdl_launch_options
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -28,7 +30,11 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched by PDL (kernels/pdl.py): let the next GEMV start loading weights, wait for our inputs
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < hidden
@@ -90,6 +96,7 @@ def rms_norm(
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         num_warps=num_warps,
+        **pdl_launch_options(x),
     )
     return out, res_out
 

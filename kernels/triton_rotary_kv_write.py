@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import pdl_launch_options
 from flotilla.kernels.triton_kv_write import is_fp8, to_cache
 from flotilla.kernels.triton_rotary import _cos_sin, _load_halves, _store_rotated
 
@@ -70,7 +71,11 @@ def _rotary_kv_write_kernel(
     HALF_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched by PDL (kernels/pdl.py) after the qkv GEMV: its output is every input read here
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + t).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
@@ -159,6 +164,7 @@ def rotary_and_write_kv(
         PAGE=k_cache.shape[1],
         FP8=is_fp8(k_cache),
         num_warps=num_warps,
+        **pdl_launch_options(query),
     )
     return q_out
 

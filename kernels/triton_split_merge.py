@@ -65,7 +65,9 @@ def split_merge_kernel(
     ROWS_ARE_SEQS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait until the partials' kernel is done
+    if PDL:  # launched early (programmatic dependent launch): let the next kernel (o_proj's GEMV, also launched
+        # so, kernels/pdl.py) start loading its weights, and wait until the partials' kernel is done
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     head = tl.program_id(1)

@@ -46,11 +46,16 @@ def _compile_for_hopper(
     compile takes the same vectorised path the GPU's does."""
     from triton.backends.compiler import GPUTarget
 
+    # constexprs left out take their defaults (else they would be typed as i32 arguments)
+    constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
     src = triton.compiler.ASTSource(fn, _signature(fn, pointers, constexprs), constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options or None)
     ptx = kernel.asm["ptx"]
-    return {"cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
+    wait_at = ptx.find("griddepcontrol.wait")
+    return {"loads_before_wait": ptx[:wait_at].count("ld.global") if wait_at >= 0 else 0,
+            "l2_prefetch": ptx.count("cp.async.bulk.prefetch.L2"),
+            "cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
             "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
             "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8"), "selp": ptx.count("selp"),
             "ldmatrix": ptx.count("ldmatrix"), "gdc_wait": ptx.count("griddepcontrol.wait"),
@@ -86,6 +91,50 @@ def _compile_all() -> dict[str, dict[str, object]]:
     out.update(_compile_int4())
     out.update(_compile_paged_decode())
     out.update(_compile_skinny_gemm())
+    out.update(_compile_pdl())
+    return out
+
+
+def _compile_pdl() -> dict[str, dict[str, object]]:
+    """The batch-1 decode chain's kernels as launched by programmatic dependent launch (kernels/pdl.py): the bf16
+    and fp8 GEMVs at one row (first weight tile loaded before the wait; with and without the L2 prefetch), the
+    plain bf16 GEMV, RMSNorm, SiLU-and-mul and the fused rotary + KV write at Llama-3.1-8B's shapes."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_activation import _silu_and_mul_kernel
+    from flotilla.kernels.triton_gemv import _gemv_kernel
+    from flotilla.kernels.triton_rmsnorm import _rms_norm_kernel
+    from flotilla.kernels.triton_rotary_kv_write import _rotary_kv_write_kernel
+
+    fn = _gemv_kernel
+    aligned = tuple(n for n in fn.arg_names
+                    if n.endswith("_ptr") or n in ("K", "k_per_split", "stride_xm", "stride_wn"))  # fmt: skip
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+                "part_ptr": "*fp32", "lora_part_ptr": "*fp32", "lora_b_ptr": "*bf16", "lora_slots_ptr": "*i32"}
+    common = dict(HAS_SCALE=False, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", LORA_SLICES=0,
+                  LORA_BLOCK_R=16, LORA_BLOCK_S=2, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=512,
+                  NUM_STAGES=2)  # fmt: skip
+    out = {}
+    for name, extra in (("gemv bf16 m1", {}), ("gemv bf16 m1 pdl", dict(PDL=True)),
+                        ("gemv bf16 m1 pdl l2", dict(PDL=True, PREFETCH_K=4096, PREFETCH_SEGS=8))):  # fmt: skip
+        out[name] = _compile_for_hopper(fn, pointers, dict(common, **extra), aligned, num_warps=4, num_stages=2)
+    fp8 = dict(common, HAS_SCALE=True, BLOCK_N=8, NUM_STAGES=3, PDL=True)
+    fp8_pointers = dict(pointers, w_ptr="*fp8e4nv")
+    out["fp8_gemv fma m1 pdl"] = _compile_for_hopper(fn, fp8_pointers, fp8, aligned, num_warps=4, num_stages=3)
+    norm = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
+            "residual_out_ptr": "*bf16"}  # fmt: skip
+    norm_consts = dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=True)
+    out["rms_norm bf16 pdl"] = _compile_for_hopper(_rms_norm_kernel, norm, norm_consts, num_warps=8)
+    out["silu_and_mul bf16 pdl"] = _compile_for_hopper(_silu_and_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16"},
+                                                  dict(BLOCK=1024, PDL=True), num_warps=4)  # fmt: skip
+    rot = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "k_cache_ptr", "v_cache_ptr")}
+    rot |= {"positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "cos_sin_ptr": "*fp32"}
+    consts = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=False, PDL=True)
+    out["rotary_kv_write bf16 pdl"] = _compile_for_hopper(_rotary_kv_write_kernel, rot, consts, num_warps=8)
+    from flotilla.kernels.triton_l2_prefetch import _l2_prefetch_kernel
+
+    out["l2_prefetch bf16"] = _compile_for_hopper(_l2_prefetch_kernel, {"w_ptr": "*u8"}, dict(CHUNK=1488, BLOCK=128),
+                                                  num_warps=4)  # fmt: skip
     return out
 
 
@@ -281,7 +330,18 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvtpx_k"]["ldmatrix"] > result["paged_decode fp8 cvtpx"]["ldmatrix"]
     # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
     assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
-    assert result["split_merge pdl"]["gdc_wait"] == 1
+    assert result["split_merge pdl"]["gdc_wait"] == 1 and result["split_merge pdl"]["gdc_launch"] == 1
+    # the batch-1 chain by PDL: one wait and one trigger each; the GEMV loads its first weight tile before the
+    # wait (and, with the L2 prefetch, issues bulk prefetches); the plain GEMV has neither instruction
+    for name in ("gemv bf16 m1 pdl", "gemv bf16 m1 pdl l2", "fp8_gemv fma m1 pdl", "rms_norm bf16 pdl",
+                 "silu_and_mul bf16 pdl", "rotary_kv_write bf16 pdl", "l2_prefetch bf16"):  # fmt: skip
+        assert result[name]["gdc_wait"] == 1 and result[name]["gdc_launch"] == 1, name
+    for name in ("gemv bf16 m1 pdl", "gemv bf16 m1 pdl l2", "fp8_gemv fma m1 pdl"):
+        assert result[name]["loads_before_wait"] > 0, name
+    assert result["rms_norm bf16 pdl"]["loads_before_wait"] == 0
+    assert result["gemv bf16 m1 pdl l2"]["l2_prefetch"] > 0 and result["gemv bf16 m1 pdl"]["l2_prefetch"] == 0
+    assert result["l2_prefetch bf16"]["l2_prefetch"] > 0
+    assert result["gemv bf16 m1"]["gdc_wait"] == 0 and result["gemv bf16 m1"]["gdc_launch"] == 0
     # the skinny GEMM runs on Hopper's asynchronous tensor cores; only the split-K fix-up takes atomics
     assert all(r["wgmma"] for name, r in result.items() if name.startswith("skinny_gemm"))
     assert result["skinny_gemm bf16 tma split"]["tma"] and not result["skinny_gemm bf16 split"]["tma"]
