@@ -113,7 +113,7 @@ def main() -> None:
     result: dict = {
         "name": a.name,
         "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
-        "int4_gemv_wide_env": os.environ.get("FLOTILLA_INT4_GEMV_WIDE", "0"),
+        "int4_gemv_wide_env": os.environ.get("FLOTILLA_INT4_GEMV_WIDE", ""),
         "int4_gemv_wide_config": os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""),
         "switches": {k: os.environ.get(k) for k in ("FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB")},
         "quantization": engine.config.model.quantization,

@@ -300,10 +300,12 @@ def fp8_tensor_cores(device: torch.device) -> bool:
 # rows). Leads, to be set from `bench/int4_gemv.py` on the H200.
 INT4_GEMV_MAX_ROWS = 16
 INT4_GEMM_MAX_ROWS = 256
-# FLOTILLA_INT4_GEMV_WIDE=1 (read at import; the module global is read at every call): calls of 1..4 rows
-# with groups of a multiple of 32 take `int4_gemv_wide` (`triton_int4_gemv_wide.py`: 16-byte weight loads,
-# FMA with the nibble-in-mantissa trick) instead. Off until bench/results/qgemv10-gpu.sh has measured it.
-INT4_GEMV_WIDE = os.environ.get("FLOTILLA_INT4_GEMV_WIDE", "0").strip() == "1"
+# Int4 calls of up to INT4_GEMV_WIDE_ROWS rows with groups of a multiple of 32 take `int4_gemv_wide`
+# (`triton_int4_gemv_wide.py`: 16-byte weight loads, the nibble-in-mantissa dequantize). FLOTILLA_INT4_GEMV_WIDE
+# (read at import; the module global is read at every call): unset, one row (the H200, session 10 call 4: the int4
+# bs1 step 4.188 -> 3.317 ms with the measured tiles, greedy tokens equal; 2-4 rows unmeasured); "1" 1..4 rows;
+# "0" never.
+INT4_GEMV_WIDE_ROWS = {"0": 0, "1": 4}.get(os.environ.get("FLOTILLA_INT4_GEMV_WIDE", "").strip(), 1)
 
 
 def packed_int_linear(
@@ -325,7 +327,7 @@ def packed_int_linear(
         return cpu_int_linear(x, cpu_weight, bias)
     if x.is_cuda and bits == 4:
         rows = math.prod(x.shape[:-1])
-        if INT4_GEMV_WIDE:
+        if rows <= INT4_GEMV_WIDE_ROWS:
             from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide, wide_supported
 
             if wide_supported(rows, x.shape[-1], group_size):

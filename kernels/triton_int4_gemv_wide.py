@@ -45,9 +45,20 @@ from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 MAX_ROWS = 4
 _X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+# The H200 grid's one-row winners for Llama-3.1-8B's projections (bench/int4_gemv.py --wide in
+# bench/results/qgemv10-gpu.sh, session 10 call 4: qkv 11.7, o 9.4, gate_up 35.4, down 22.6 us against the
+# lead's 16.0 / 14.8 / 70.7 / 32.1; one stage won everywhere), and 16 x 128-word tiles at one stage elsewhere.
+MEASURED_TILES = (
+    "block_n=16,block_w=128,num_warps=4,num_stages=1;"
+    "6144x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2;"
+    "4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2;"
+    "28672x4096:block_n=16,block_w=128,num_warps=4,num_stages=1;"
+    "4096x14336:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=4"
+)
 # Tiles from the environment (`triton_int4_gemv._parse_tiles` syntax, e.g. "block_n=32,block_w=128;4096x14336:
-# split_k=4"): bench/results/qgemv10-gpu.sh passes the grid's winners to the engine. Read once at import.
-_WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""))
+# split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; unset, the measured table.
+# Read once at import.
+_WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "") or MEASURED_TILES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,11 +91,10 @@ def wide_config(
 ) -> WideConfig:
     """The launch of an `[m, k] x [n, k]^T` call; given knobs (then FLOTILLA_INT4_GEMV_WIDE_CONFIG's) are kept.
 
-    Lead (CPU-inspected sm_90 code, to be set from `bench/int4_gemv.py --wide`): 4 warps with one row of 128
-    words (512 contiguous bytes) a warp and step, 32 rows a program, so each thread holds 8 rows x 16 bytes
-    (the activations it loads serve 8 rows); 16 rows while the row tiles are fewer than 2 per SM; 3 stages.
-    Split-K by powers of two while the programs are fewer than 2 per SM and each range keeps 2 steps.
-    Llama-3.1-8B on 132 SMs: 16 rows for qkv, o and down, 32 for gate_up; split-K 2 for o and down.
+    The table (`MEASURED_TILES`, or FLOTILLA_INT4_GEMV_WIDE_CONFIG) gives the knobs it has; the rest follow the
+    first lead (CPU-inspected sm_90 code): 4 warps with one row of 128 words (512 contiguous bytes) a warp and
+    step, 32 rows a program, 16 while the row tiles are fewer than 2 per SM, 3 stages; split-K by powers of two
+    while the programs are fewer than 2 per SM and each range keeps 2 steps.
     """
     given = _WIDE_TILES.get((n, k), _WIDE_TILES.get(None)) or {}
     block_w = block_w or given.get("block_w") or min(128, max(32, triton.next_power_of_2(k // 8) // 2))

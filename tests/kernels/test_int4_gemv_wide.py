@@ -3,6 +3,10 @@ choices, and the dispatch's switch to it (FLOTILLA_INT4_GEMV_WIDE)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernel_cases import DEVICE, rel_err, tolerance
@@ -99,20 +103,38 @@ def test_int4_gemv_wide_strided_rows():
     assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
 
 
-def test_wide_config_covers_llama_8b():
-    """Llama-3.1-8B on 132 SMs: 16-byte chunks a step, at least 2 programs per SM on every projection (split-K
-    on the 4,096-row ones), and ranges of at least 2 steps; groups must be whole 32-input chunks."""
-    from flotilla.kernels.triton_int4_gemv_wide import wide_config, wide_supported
+def test_wide_config_takes_the_measured_table(monkeypatch):
+    """The measured table (what an unset FLOTILLA_INT4_GEMV_WIDE_CONFIG gives): Llama-3.1-8B's projections take
+    the H200 grid's one-row winners (16 x 128-word tiles, one stage; split-K 2 on qkv and o, 4 on down), other shapes
+    the table's every-shape entry with split-K by the lead's rule; given knobs are kept; groups must be whole
+    32-input chunks."""
+    from flotilla.kernels import triton_int4_gemv, triton_int4_gemv_wide
+    from flotilla.kernels.triton_int4_gemv_wide import MEASURED_TILES, wide_config, wide_supported
 
-    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
+    monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", triton_int4_gemv._parse_tiles(MEASURED_TILES))
+    splits = {(6144, 4096): 2, (4096, 4096): 2, (28672, 4096): 1, (4096, 14336): 4}
+    for (n, k), split_k in splits.items():
         cfg = wide_config(1, n, k, 132)
-        assert cfg.block_w % 4 == 0 and cfg.num_warps == 4, (n, k, cfg)
-        assert -(-n // cfg.block_n) * cfg.split_k >= 2 * 132, (n, k, cfg)
-        assert k // 8 // cfg.split_k >= 2 * cfg.block_w, (n, k, cfg)
-    assert wide_config(1, 28672, 4096, 132).split_k == 1 and wide_config(1, 4096, 14336, 132).split_k == 2
-    assert wide_config(1, 4096, 4096, 132, block_n=64, split_k=1).block_n == 64  # given knobs are kept
+        assert (cfg.block_n, cfg.block_w, cfg.num_warps, cfg.num_stages, cfg.split_k) == (16, 128, 4, 1, split_k)
+    other = wide_config(1, 2048, 8192, 132)  # 128 row tiles: split by the lead's rule
+    assert (other.block_n, other.block_w, other.num_stages, other.split_k) == (16, 128, 1, 4)
+    assert wide_config(1, 4096, 4096, 132, block_n=64, split_k=1).block_n == 64
     assert wide_supported(1, 4096, 128) and wide_supported(4, 4096, 32)
     assert not wide_supported(5, 4096, 128) and not wide_supported(1, 4096, 16) and not wide_supported(1, 4096, 96)
+
+
+def test_one_row_takes_the_wide_gemv_by_default():
+    """FLOTILLA_INT4_GEMV_WIDE, read at import: unset, one-row int4 calls take the wide GEMV; "1" up to 4 rows;
+    "0" none."""
+    code = "from flotilla.kernels import dispatch; print(dispatch.INT4_GEMV_WIDE_ROWS)"
+    rows = {}
+    for value in (None, "0", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "FLOTILLA_INT4_GEMV_WIDE"}
+        if value is not None:
+            env["FLOTILLA_INT4_GEMV_WIDE"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        rows[value] = int(out.stdout.strip())
+    assert rows == {None: 1, "0": 0, "1": 4}
 
 
 def test_wide_tiles_from_the_environment(monkeypatch):
@@ -149,13 +171,13 @@ def test_int4_gemv_wide_llama_shapes(m, n, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 3, 5])  # wide, wide, the tensor-core GEMV (more than 4 rows)
 def test_dispatch_int4_gemv_wide(monkeypatch, m):
-    """FLOTILLA_INT4_GEMV_WIDE (the module global) routes 1-4 row calls to the wide GEMV."""
+    """FLOTILLA_INT4_GEMV_WIDE=1 (the module global at 4 rows) routes 1-4 row calls to the wide GEMV."""
     from flotilla.kernels import dispatch, triton_int4_gemv_wide
 
     called = []
     real = triton_int4_gemv_wide.int4_gemv_wide
     monkeypatch.setattr(triton_int4_gemv_wide, "int4_gemv_wide", lambda *a, **kw: called.append(1) or real(*a, **kw))
-    monkeypatch.setattr(dispatch, "INT4_GEMV_WIDE", True)
+    monkeypatch.setattr(dispatch, "INT4_GEMV_WIDE_ROWS", 4)
     g = torch.Generator().manual_seed(m)
     packed, scales, zeros = _int4_weight(96, 512, 128, g, torch.bfloat16)
     x = torch.randn(m, 512, generator=g).bfloat16()
