@@ -367,7 +367,7 @@ def int4_gemv_wide(
     assert x.dtype in _X_KINDS, f"int4_gemv_wide: activations {x.dtype}"
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1 or x2.stride(0) % (8 // x2.element_size()) or x2.data_ptr() % 8:
-        x2 = x2.contiguous()  # read as 8-byte units: every row 8-byte aligned
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # read as 8-byte units: every row 8-byte aligned
     m = x2.shape[0]
     assert wide_supported(m, k, group_size), f"int4_gemv_wide: {m} rows, K {k}, group {group_size}"
     x8 = x2.view(torch.int64)

@@ -101,6 +101,11 @@ def test_int4_gemv_wide_strided_rows():
     out = int4_gemv_wide(wide[:, 128:384], *args[1:], block_n=16, block_w=32)
     assert torch.equal(out, int4_gemv_wide(*args, block_n=16, block_w=32))
     assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
+    flat = torch.zeros(257 + 256, dtype=torch.bfloat16, device=DEVICE)  # one row 2 bytes past an 8-byte boundary
+    flat[1:257] = args[0][0]
+    one = (flat[1:257][None, :],) + args[1:]
+    assert torch.equal(int4_gemv_wide(*one, block_n=16, block_w=32), int4_gemv_wide(args[0][:1], *args[1:],
+                                                                                     block_n=16, block_w=32))
 
 
 def test_wide_config_takes_the_measured_table(monkeypatch):
