@@ -24,7 +24,13 @@ def hf_greedy(
 ) -> list[list[int]]:
     """HF `generate` greedy tokens for each prompt: exactly `max_new_tokens` where EOS does not stop
     it (then EOS may still be *generated*, as with vLLM's ignore_eos), else up to and including EOS."""
-    model = _hf_model(str(model_dir), dtype)
+    return model_greedy(_hf_model(str(model_dir), dtype), prompts, max_new_tokens, stop_at_eos)
+
+
+def model_greedy(
+    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False
+) -> list[list[int]]:
+    """`hf_greedy` on a model already built (one loaded from a GGUF file, or with hooks on its layers)."""
     outs = []
     with torch.inference_mode():
         for ids in prompts:

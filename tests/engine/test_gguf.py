@@ -20,6 +20,7 @@ from flotilla.engine.quantization import gguf as gguf_q
 from flotilla.engine.sampling_params import SamplingParams
 
 from .gguf_files import write_tiny_llama_gguf
+from .hf_reference import model_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10]
 TOKENS = 8
@@ -73,14 +74,7 @@ def _hf_greedy_from_gguf(path: Path) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for ids in PROMPTS:
-            x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=TOKENS, do_sample=False,
-                               eos_token_id=None)
-            outs.append(y[0, len(ids):].tolist())
-    return outs
+    return model_greedy(model, PROMPTS, TOKENS)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])

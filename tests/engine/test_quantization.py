@@ -28,7 +28,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.kernels.fp8_linear import FP8_DTYPE, fp8_linear_ref, quantize_fp8_rows
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
 
-from .hf_reference import hf_greedy
+from .hf_reference import hf_greedy, model_greedy
 from .quant_checkpoints import compressed_tensors_checkpoint, int4_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10]
@@ -80,14 +80,7 @@ def _hf_fp8_greedy(path: Path, static_scale: float | None = None, quantize_weigh
             if quantize_weights:
                 w8, scale = quantize_fp8_rows(module.weight.data)
                 module.weight.data = w8.float() * scale
-    outs = []
-    with torch.inference_mode():
-        for ids in PROMPTS:
-            x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=TOKENS, do_sample=False,
-                               eos_token_id=None)
-            outs.append(y[0, len(ids):].tolist())
-    return outs
+    return model_greedy(model, PROMPTS, TOKENS)
 
 
 def test_prompts_prefill_above_and_decode_within_the_fp8_gemv_rows():
