@@ -14,9 +14,10 @@ rules to everything the spec renders.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, parse_argv
 from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
@@ -189,6 +190,17 @@ def _hf_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
     return {"max_position_embeddings": arch.max_position_embeddings}
 
 
+def _as_offered(flag_: Flag, crd_field: str) -> Flag:
+    """The flag as a spec field sees it: its supported values narrowed to those the field's enum offers, so that a
+    refusal names only values an InferenceService can give (the engine also serves `--quantization gguf`, a .gguf
+    file as the model, which the spec's /model directory cannot name)."""
+    field_ = InferenceServiceSpec.model_fields.get(crd_field)
+    offered = get_args(field_.annotation) if field_ is not None else ()
+    if flag_.supported_values is None or not offered:
+        return flag_
+    return dataclasses.replace(flag_, supported_values=tuple(v for v in flag_.supported_values if v in offered))
+
+
 def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     """Every reason the engine could not start with this spec, one user-facing message each.
 
@@ -200,6 +212,7 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     for crd_field, value_of in FIELD_VALUES.items():
         flag_ = flag_for_crd_field(crd_field)
         assert flag_ is not None, crd_field
+        flag_ = _as_offered(flag_, crd_field)
         value = value_of(spec, name)
         message = flag_.check_value(value)
         if message:
