@@ -216,7 +216,7 @@ def linear(
 
         # the one-row chain's cuBLAS projections (gate_up, the LM head): with FLOTILLA_PDL and FLOTILLA_PDL_L2_MB,
         # the weight's first part is asked of L2 while the kernel ahead runs (no-op otherwise)
-        l2_prefetch(weight)
+        l2_prefetch(weight, x)
     return F.linear(x, weight, bias)
 
 

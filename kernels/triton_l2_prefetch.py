@@ -50,11 +50,12 @@ def l2_prefetch_bytes(weight: torch.Tensor, budget_mb: float, programs: int) -> 
     return total // (programs * _THREADS) // 16 * 16
 
 
-def l2_prefetch(weight: torch.Tensor, budget_mb: float | None = None) -> None:
-    """Launch the prefetch of `weight`'s first `budget_mb` MB (default FLOTILLA_PDL_L2_MB) by PDL, where PDL is on
-    (`pdl_active`); otherwise nothing (a plain launch would run it after its predecessor: no overlap to gain)."""
+def l2_prefetch(weight: torch.Tensor, x: torch.Tensor, budget_mb: float | None = None) -> None:
+    """Launch the prefetch of `weight`'s first `budget_mb` MB (default FLOTILLA_PDL_L2_MB) by PDL, where the
+    projection of activations `x` launches by PDL (`pdl_active(x)`: one row); otherwise nothing (a plain launch
+    would run it after its predecessor: no overlap to gain)."""
     budget = L2_PREFETCH_MB if budget_mb is None else budget_mb
-    if not pdl_active(weight):
+    if budget <= 0 or not pdl_active(x):
         return
     programs = device_sms(weight)
     chunk = l2_prefetch_bytes(weight, budget, programs)

@@ -125,7 +125,7 @@ def test_cublas_prefetch_extent_and_no_op_without_pdl(monkeypatch):
     small = torch.empty(64, 64, dtype=torch.bfloat16)  # 8 KB: all of it, if it makes a 16-byte request a thread
     assert l2_prefetch_bytes(small, 24, 4) == 16 and l2_prefetch_bytes(small, 24, 132) == 0
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
-    l2_prefetch(small, 24)  # a CPU tensor: nothing launched
+    l2_prefetch(small, small[:1], 24)  # a CPU tensor: nothing launched
 
 
 def _chain(x, residual, norm_w, w_up, w_down, qkv_w, positions, cos_sin, k_cache, v_cache, slots):
@@ -138,7 +138,7 @@ def _chain(x, residual, norm_w, w_up, w_down, qkv_w, positions, cos_sin, k_cache
     from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv
 
     h, residual = rms_norm(x, norm_w, 1e-5, residual)
-    l2_prefetch(w_up)
+    l2_prefetch(w_up, h)
     h = gemv(silu_and_mul(torch.nn.functional.linear(h, w_up)), w_down)
     h, residual = rms_norm(h, norm_w, 1e-5, residual)
     q, k, v = gemv(h, qkv_w).split([256, 128, 128], dim=-1)
