@@ -77,6 +77,10 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
             tensors = convert_checkpoint(config.quantization, config.hf_config, tensors)
         load_state(model, tensors, where=config.model)
     process_quantized_weights(model)
+    if config.quantization == "gguf" and config.load_format != "dummy":
+        from flotilla.engine.quantization.gguf import attach_gguf_lm_head
+
+        logger.debug("gguf: LM head as 8-bit codes: %s", attach_gguf_lm_head(model, config.model))
     return model.eval()
 
 

@@ -24,9 +24,13 @@ def paged_attention_cpu(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,
+    step_memo: dict | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention of a flattened batch (layout in `paged_attention.py`)."""
+    """Causal paged attention of a flattened batch (layout in `paged_attention.py`). `step_memo`: the step's dict
+    (`AttentionMetadata.derived`), where the first layer leaves the decode gather's indices for the others."""
     if max_query_len == 1:
+        if step_memo is not None and k_cache.dtype == query.dtype:
+            return _decode_memo(query, k_cache, v_cache, block_tables, seq_lens, scale, step_memo)
         return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
@@ -73,6 +77,37 @@ def _decode(
     k = k_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
     v = v_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)
     mask = (torch.arange(max_len)[None, :] < seq_lens[:, None])[:, None, None, :]
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, dim)
+
+
+def _decode_memo(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    memo: dict,
+) -> torch.Tensor:
+    """`_decode` with the per-step work done once for all layers: the slots each row reads (`[B * L]`, one
+    `index_select` of the cache per layer instead of gathering whole blocks) and the length mask (none for one
+    row: every key up to the longest is its own). Same keys, values and SDPA call: the same output."""
+    batch, heads, dim = query.shape
+    kv_heads = k_cache.shape[2]
+    found = memo.get("cpu_decode")
+    if found is None:
+        block_size = k_cache.shape[1]
+        max_len = int(seq_lens.max())
+        table = block_tables[:, : -(-max_len // block_size)].long().clamp_min(0)
+        slots = (table[:, :, None] * block_size + torch.arange(block_size)).reshape(batch, -1)[:, :max_len]
+        mask = None if batch == 1 else (torch.arange(max_len)[None, :] < seq_lens[:, None])[:, None, None, :]
+        found = memo["cpu_decode"] = (slots.reshape(-1), max_len, mask)
+    slots, max_len, mask = found
+    k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+    v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+    k, v = k.to(query.dtype).transpose(1, 2), v.to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(batch, heads, dim)

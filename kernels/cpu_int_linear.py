@@ -30,6 +30,9 @@ class CpuIntWeight:
     group_size: int
     packed: torch.Tensor
     scales: torch.Tensor
+    # 2: an 8-bit weight as two 4-bit planes side by side along the inputs (`cpu_int8_blocks_weight`), fed the
+    # activations twice
+    planes: int = 1
 
 
 def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -63,9 +66,32 @@ def cpu_int4_affine_weight(codes: torch.Tensor, scale: torch.Tensor, bias: torch
     return CpuIntWeight(4, group_size, weight, pair.to(dtype).contiguous())
 
 
+def cpu_int8_blocks_weight(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                           group_size: int = 32) -> CpuIntWeight | None:
+    """Signed 8-bit codes `[out, in]` with one scale a group of `group_size` inputs (`[out, in / group]`; GGUF's
+    Q8_0) as torch's int4 layout, exactly: code `q = 16 hi + lo` (`hi` in [-8, 7], `lo` in [0, 15]) becomes two
+    4-bit planes side by side along the inputs, `hi` with scale `16 d` and bias 0, `lo` with scale `d` and bias
+    `8 d`, and `cpu_int_linear` multiplies `[x, x]` by them: `d (16 hi + lo) = d q`. Half a bf16 weight's bytes
+    and torch's fastest CPU kernel at one row (2-4x a dense bf16 matmul here); the weight's values are the codes
+    times the scale rounded to `dtype`, where a dense `dtype` weight rounds each product. None when the int4
+    kernel cannot take it (`cpu_int4_affine_weight`)."""
+    q = codes.to(torch.int32)
+    hi, lo = torch.div(q, 16, rounding_mode="floor"), q % 16
+    d = scale.float()
+    both = torch.cat([hi + 8, lo], dim=1)
+    weight = cpu_int4_affine_weight(both, torch.cat([16 * d, d], dim=1), torch.cat([torch.zeros_like(d), 8 * d], dim=1),
+                                    group_size, dtype)
+    if weight is None:
+        return None
+    weight.planes = 2
+    return weight
+
+
 def cpu_int_linear(x: torch.Tensor, weight: CpuIntWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ W^T + b` for `x` `[..., in]` in the scales' dtype."""
     flat = x.reshape(-1, x.shape[-1])
+    if weight.planes == 2:
+        flat = torch.cat([flat, flat], dim=-1)
     if weight.bits == 4:
         out = torch._weight_int4pack_mm_for_cpu(flat, weight.packed, weight.group_size, weight.scales)
     else:

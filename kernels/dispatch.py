@@ -18,12 +18,18 @@ import torch.nn.functional as F
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
+from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
+
+# CPU: what every layer of a step derives alike (cos/sin, slots, the decode gather's indices) made once a step and
+# kept in its memo, and the rotary/KV write in fewer ops (`cpu_rotary_kv.py`); FLOTILLA_CPU_STEP_MEMO=0: the
+# reference path, op for op (an A/B switch: the values are the same)
+CPU_STEP_MEMO = os.environ.get("FLOTILLA_CPU_STEP_MEMO", "1").strip() != "0"
 
 
 def write_kv_cache(
@@ -97,7 +103,8 @@ def _paged_attention(
 
         return paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                        step_memo=step_memo)
-    return paged_attention_cpu(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len)
+    return paged_attention_cpu(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len,
+                               step_memo if CPU_STEP_MEMO else None)
 
 
 def rotary_and_write_kv(
@@ -111,13 +118,19 @@ def rotary_and_write_kv(
     slot_mapping: torch.Tensor,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    step_memo: dict | None = None,
 ) -> torch.Tensor:
     """Rotate query and key by position and store the rotated key and the value at their slots;
-    returns the rotated query. One fused kernel on CUDA."""
+    returns the rotated query. One fused kernel on CUDA; on the CPU, given the step's memo, the same values in
+    fewer torch ops (`cpu_rotary_kv.py`) for a cache of the activations' dtype."""
     if query.is_cuda:
         from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv as fused
 
         return fused(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if (CPU_STEP_MEMO and step_memo is not None and k_cache.dtype == query.dtype == v_cache.dtype
+            and k_scale == 1.0 and v_scale == 1.0):
+        return rotary_and_write_kv_cpu(positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                       step_memo)
     query, key = apply_rotary_ref(positions, query, key, cos_sin_cache)
     write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return query
@@ -131,6 +144,11 @@ def rms_norm(
         from flotilla.kernels.triton_rmsnorm import rms_norm as rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
+    if CPU_STEP_MEMO and residual is not None and residual.dtype == x.dtype:
+        # one add in the activations' dtype rounds the fp32 sum once, as the reference's upcast-add-cast does
+        # (3 ops fewer a norm, twice a layer)
+        x = x + residual
+        return rms_norm_ref(x, weight, eps)[0], x
     return rms_norm_ref(x, weight, eps, residual)
 
 

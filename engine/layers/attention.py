@@ -58,7 +58,7 @@ class Attention(nn.Module):
             if positions is None:
                 raise ValueError("rotary attention needs the tokens' positions")
             q = rotary_and_write_kv(positions, q, k, v, cos_sin_cache, self.k_cache, self.v_cache, meta.slot_mapping,
-                                    self.k_scale, self.v_scale)
+                                    self.k_scale, self.v_scale, step_memo=meta.derived)
         else:
             write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         out = paged_attention(

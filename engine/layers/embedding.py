@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flotilla.engine.parallel_state import all_gather, all_reduce, tp_rank, tp_size
+from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.dispatch import linear
 
 
@@ -46,8 +47,14 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (weights possibly tied to the embedding)."""
 
+    # a CPU integer copy of the weight that the loader may attach (`--quantization gguf`'s Q8_0 head)
+    cpu_int_weight: CpuIntWeight | None = None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[tokens, vocab]`, gathered from every rank's slice."""
+        packed = self.cpu_int_weight
+        if packed is not None and not hidden.is_cuda and hidden.dtype == packed.scales.dtype:
+            return cpu_int_linear(hidden, packed)  # one rank only: the loader attaches it at tp 1
         logits = linear(hidden, self.weight)  # the skinny GEMM at decode batches, where switched on
         if tp_size() == 1:
             return logits

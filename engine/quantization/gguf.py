@@ -20,6 +20,10 @@ Linear layers by the type of their GGUF tensors (every projection of a merged la
   Q8_0 has one per 32 inputs).
 - Any other type (the K-quants, IQ*, Q5_*) is refused at load, naming the tensor.
 Embeddings, norms and the LM head: dequantized by `gguf.quants.dequantize` into the model dtype, whatever the type.
+On the CPU in bf16 a Q8_0 LM head (the tied embedding when the file has no `output.weight`) also runs as its 8-bit
+codes through torch's int4 kernel, as two exact 4-bit planes (`attach_gguf_lm_head`, `cpu_int8_blocks_weight`):
+at one row the head is the step's largest weight (49,152 x 576 here, as many bytes in bf16 as all 30 layers'
+4-bit linears), and a dense bf16 matmul reads it at 2-4x the time.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ import numpy as np
 import torch
 
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
-from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int4_affine_weight, cpu_int_linear
+from flotilla.kernels.cpu_int_linear import (
+    CpuIntWeight,
+    cpu_int4_affine_weight,
+    cpu_int8_blocks_weight,
+    cpu_int_linear,
+)
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
 
 BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block
@@ -112,6 +121,15 @@ def unpack_q4_blocks(raw: np.ndarray, type_name: str) -> tuple[torch.Tensor, tor
     qs = blocks[..., head:]
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # byte j: input j (low nibble), input j + 16 (high)
     return codes.reshape(rows, -1), d, offset
+
+
+def unpack_q8_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor's bytes `[rows, cols / 32 * 34]` -> signed codes `[rows, cols]` (int8) and scales `d`
+    `[rows, cols / 32]` (float32): the weight is `d * code` a block (ggml's `block_q8_0`: fp16 `d`, 32 int8)."""
+    rows = raw.shape[0]
+    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8)).reshape(rows, -1, 2 + BLOCK)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    return blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, -1), d
 
 
 def dequantize_tensor(raw: np.ndarray, type_name: str) -> torch.Tensor:
@@ -246,3 +264,23 @@ def attach_gguf_methods(model: Any, path: str | Path, hf_config: dict[str, Any])
             method.create_weights(layer)
             int4.update(names)
     return int4
+
+
+def attach_gguf_lm_head(model: Any, path: str | Path) -> bool:
+    """After loading, on the CPU in bf16 with one tensor-parallel rank: a Q8_0 LM head (the file's `output.weight`,
+    else its tied `token_embd.weight`) as 8-bit codes in torch's int4 layout (`lm_head.cpu_int_weight`, which
+    `ParallelLMHead` prefers); the dense weight stays for the embedding. True when attached."""
+    from flotilla.engine.parallel_state import tp_size
+
+    head = model.lm_head
+    if head.weight.device.type != "cpu" or head.weight.dtype != torch.bfloat16 or tp_size() != 1:
+        return False
+    tensors = {t.name: t for t in _reader(str(path)).tensors}
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if tensor is None or tensor.tensor_type.name != "Q8_0":
+        return False
+    codes, d = unpack_q8_blocks(np.asarray(tensor.data))
+    if codes.shape != head.weight.shape:
+        return False
+    head.cpu_int_weight = cpu_int8_blocks_weight(codes, d, torch.bfloat16, BLOCK)
+    return head.cpu_int_weight is not None

@@ -94,21 +94,23 @@ def test_a_gguf_file_matches_hf_on_the_same_file(tmp_path, embedded_model_dir, k
     ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert ours == _hf_greedy_from_gguf(path)
     bf16 = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="bfloat16", max_model_len=256)
-    int4 = [m for m in bf16.engine.runner.model.modules() if getattr(m, "cpu_int_weight", None) is not None]
+    model = bf16.engine.runner.model
+    int4 = [m for m in model.modules() if getattr(m, "cpu_int_weight", None) is not None and m is not model.lm_head]
     assert len(int4) == 2 * 4
+    assert model.lm_head.cpu_int_weight is not None and model.lm_head.cpu_int_weight.planes == 2  # the Q8_0 head
 
 
 def test_the_embedded_models_q4_1_codes_give_the_bf16_models_greedy_tokens(embedded_model_dir):
     """No model + --quantization gguf: the shipped Q4_1 file's codes, bf16 activations, torch's int4 kernel
-    (scale d and bias m + 8 d rounded to bf16). The bf16 model holds each weight d q + m rounded to bf16, so
-    the two differ by bf16 rounding only: the same greedy tokens on these prompts."""
+    (scale d and bias m + 8 d rounded to bf16; the Q8_0 head's codes with d rounded to bf16). The bf16 model
+    holds each weight d q + m rounded to bf16, so the two differ by bf16 rounding only: the same greedy tokens on these prompts."""
     prompts = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):"]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     codes = LLM(quantization="gguf", max_model_len=256)
     assert codes.engine.config.model.dtype == "bfloat16"
     assert codes.engine.config.model.model.endswith(".gguf")
     int4 = [m for m in codes.engine.runner.model.modules() if getattr(m, "cpu_int_weight", None) is not None]
-    assert len(int4) == 30 * 4
+    assert len(int4) == 30 * 4 + 1  # and the tied Q8_0 LM head as 8-bit codes
     ours = [o.outputs[0].token_ids for o in codes.generate(prompts, params, use_tqdm=False)]
     dense = LLM(str(embedded_model_dir), max_model_len=256)
     assert ours == [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]

@@ -44,3 +44,22 @@ def test_layouts_the_kernels_lack_stay_on_the_reference():
     assert cpu_int_weight(packed, scales, zeros, 8, 64) is None
     packed, scales, zeros = _weight(4, 32, 128, 32, torch.float32, True)  # fp32: the reference is faster
     assert cpu_int_weight(packed, scales, zeros, 4, 32) is None
+
+
+@pytest.mark.parametrize("rows_in", [1, 5])
+def test_8bit_block_codes_as_two_4bit_planes_match_their_dense_weight(rows_in):
+    """Q8_0-style codes (one scale a block of 32) through the int4 kernel as two planes: the weight `d * q` with d
+    in bf16, exactly (the kernel's fp32 sums differ from a dense fp32 matmul by rounding only)."""
+    from flotilla.kernels.cpu_int_linear import cpu_int8_blocks_weight
+
+    gen = torch.Generator().manual_seed(0)
+    out_f, in_f = 48, 96
+    codes = torch.randint(-128, 128, (out_f, in_f), generator=gen, dtype=torch.int32).to(torch.int8)
+    d = torch.rand(out_f, in_f // 32, generator=gen) * 0.01
+    weight = cpu_int8_blocks_weight(codes, d, torch.bfloat16)
+    assert weight is not None and weight.planes == 2
+    dense = (codes.float().reshape(out_f, -1, 32) * d.bfloat16().float()[..., None]).reshape(out_f, in_f)
+    x = torch.randn(rows_in, in_f, generator=gen).bfloat16()
+    got = cpu_int_linear(x, weight).float()
+    want = x.float() @ dense.t()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())

@@ -1,0 +1,51 @@
+"""The CPU rotary + KV write (`cpu_rotary_kv.py`) and the memoised decode gather (`cpu_attention.py`) against the
+references: bit-identical outputs and caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flotilla.engine.layers.rotary import RotaryEmbedding
+from flotilla.kernels.cpu_attention import paged_attention_cpu
+from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu, rotary_and_write_kv_cpu_ref
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("padding", [False, True])
+def test_rotary_and_kv_write_match_the_reference_bit_for_bit(dtype, fused, padding):
+    gen = torch.Generator().manual_seed(1)
+    tokens, heads, kv_heads, dim, blocks, block_size = 5, 6, 2, 16, 4, 8
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.reshape(tokens, heads, dim), k.reshape(tokens, kv_heads, dim), v.reshape(tokens, kv_heads, dim)
+    if not fused:
+        q, k = q.clone(), k.clone()
+    positions = torch.tensor([0, 3, 7, 20, 31])
+    slots = torch.tensor([1, 9, -1, 17, 30]) if padding else torch.tensor([1, 9, 12, 17, 30])
+    cos_sin = RotaryEmbedding(dim, 64, 10000.0, None).cos_sin_cache
+    caches = [torch.zeros(blocks, block_size, kv_heads, dim, dtype=dtype) for _ in range(4)]
+    memo: dict = {}
+    want = rotary_and_write_kv_cpu_ref(positions, q, k, v, cos_sin, caches[0], caches[1], slots)
+    for _ in range(2):  # the second call (the next layer) reads the memo
+        got = rotary_and_write_kv_cpu(positions, q, k, v, cos_sin, caches[2], caches[3], slots, memo)
+        assert torch.equal(got, want)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("lens", [[13], [13, 5, 24]])
+def test_memoised_decode_gather_matches_the_plain_decode(lens):
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, blocks, block_size = 6, 2, 16, 12, 8
+    k_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=gen).bfloat16()
+    v_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=gen).bfloat16()
+    tables = torch.tensor([[3, 7, 1, 0], [5, 0, 0, 0], [2, 9, 11, 4]], dtype=torch.int32)[: len(lens)]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    start = torch.arange(len(lens) + 1, dtype=torch.int32)
+    q = torch.randn(len(lens), heads, dim, generator=gen).bfloat16()
+    want = paged_attention_cpu(q, k_cache, v_cache, tables, start, seq_lens, 0.25, max_query_len=1)
+    memo: dict = {}
+    for _ in range(2):
+        got = paged_attention_cpu(q, k_cache, v_cache, tables, start, seq_lens, 0.25, max_query_len=1, step_memo=memo)
+        assert torch.equal(got, want)
