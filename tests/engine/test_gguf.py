@@ -103,7 +103,8 @@ def test_a_gguf_file_matches_hf_on_the_same_file(tmp_path, embedded_model_dir, k
 def test_the_embedded_models_q4_1_codes_give_the_bf16_models_greedy_tokens(embedded_model_dir):
     """No model + --quantization gguf: the shipped Q4_1 file's codes, bf16 activations, torch's int4 kernel
     (scale d and bias m + 8 d rounded to bf16; the Q8_0 head's codes with d rounded to bf16). The bf16 model
-    holds each weight d q + m rounded to bf16, so the two differ by bf16 rounding only: the same greedy tokens on these prompts."""
+    holds each weight d q + m rounded to bf16, so the two differ by bf16 rounding only: the same greedy tokens
+    on these prompts."""
     prompts = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):"]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     codes = LLM(quantization="gguf", max_model_len=256)
