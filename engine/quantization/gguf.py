@@ -28,6 +28,7 @@ at one row the head is the step's largest weight (49,152 x 576 here, as many byt
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from functools import lru_cache
@@ -273,6 +274,8 @@ def attach_gguf_lm_head(model: Any, path: str | Path) -> bool:
     from flotilla.engine.parallel_state import tp_size
 
     head = model.lm_head
+    if os.environ.get("FLOTILLA_GGUF_CPU_HEAD", "1").strip() == "0":  # the dense bf16 head (an A/B switch)
+        return False
     if head.weight.device.type != "cpu" or head.weight.dtype != torch.bfloat16 or tp_size() != 1:
         return False
     tensors = {t.name: t for t in _reader(str(path)).tensors}
