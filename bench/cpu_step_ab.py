@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--json")
     args = parser.parse_args()
-    llm = LLM(max_model_len=2048, quantization="gguf")
+    # no prefix cache: the configurations' token check reruns one prompt, and a cached prefix would turn its
+    # prefill into a 2-token extend (another attention path, other roundings) for all but the first
+    llm = LLM(max_model_len=2048, quantization="gguf", enable_prefix_caching=False)
     head = llm.engine.runner.model.lm_head
     packed = head.cpu_int_weight
     configs = {"base": (False, None), "memo": (True, None), "head": (False, packed), "both": (True, packed)}
