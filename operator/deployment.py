@@ -8,7 +8,7 @@ from typing import Any
 from flotilla.flags import flag
 from flotilla.operator import names
 from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args, shutdown_timeout
-from flotilla.operator.fit import rtn_bits, weight_bytes
+from flotilla.operator.fit import gguf_file_bytes, rtn_bits, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
 from flotilla.operator.model_volume import model_volume
@@ -43,7 +43,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
     arch = spec.model.config
-    return None if arch is None else weight_bytes(arch, spec.quantization, spec.dtype, rtn_bits(spec))
+    return None if arch is None else weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_bits(spec))
 
 
 def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:
@@ -71,10 +71,12 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def download_cache_size(spec: InferenceServiceSpec) -> str:
-    """sizeLimit of the emptyDir an hf:// checkpoint downloads into (see ModelCacheSpec.size)."""
+    """sizeLimit of the emptyDir an hf:// checkpoint downloads into (see ModelCacheSpec.size): 1.2 x the weights,
+    as a GGUF file holds them for a .gguf source (fit.gguf_file_bytes)."""
     if spec.model.cache and spec.model.cache.size:
         return spec.model.cache.size
-    weights = _weights(spec)
+    arch = spec.model.config
+    weights = gguf_file_bytes(arch) if arch is not None and spec.model.gguf_file else _weights(spec)
     return DEFAULT_DOWNLOAD_SIZE if weights is None else f"{math.ceil(weights * 1.2 / GIB) + 1}Gi"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flotilla.operator.model_volume import parse_source
+from flotilla.operator.spec import parse_source
 from flotilla.operator.spec import InferenceServiceSpec
 
 ADAPTER_ROOT = "/adapters"
