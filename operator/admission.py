@@ -22,10 +22,9 @@ from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_setting
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
-from flotilla.operator.spec import parse_source
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
 

@@ -28,6 +28,19 @@ def flag_value(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_a_gguf_file_is_the_model_and_renders_quantization_gguf(quantization):
+    """The engine implies --quantization gguf from a .gguf model; the operator renders it either way, so the pod
+    spec shows what runs, and the webhook's engine rules see it."""
+    spec = make(model={"source": "pvc://models/gguf/llama.Q4_1.gguf"}, quantization=quantization)
+    args = engine_args(spec, "llama")
+    assert args[0] == "/model/llama.Q4_1.gguf"
+    assert flag_value(args, "--quantization") == "gguf"
+    assert "--tokenizer" not in args  # the engine rebuilds the tokenizer from the file
+    assert unsupported(spec, "llama") == []
+    assert flag_value(engine_args(make(), "llama"), "--quantization") is None
+
+
 def test_field_table_matches_the_flag_contract():
     assert set(FIELD_VALUES) == {f.crd_field for f in FLAGS if f.crd_field}
 
