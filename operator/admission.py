@@ -153,6 +153,8 @@ def _parallel_rules(spec: InferenceServiceSpec) -> list[str]:
 def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     # A GGUF file on a node is mounted as it is named: the policy checks that path, and nothing beside it is mounted.
     sources = [("spec.model.source", spec.model.source)]
+    if spec.model.tokenizer is not None:
+        sources.append(("spec.model.tokenizer", spec.model.tokenizer))
     if spec.lora is not None:
         sources += [(f"spec.lora.adapters[{i}].source", a.source) for i, a in enumerate(spec.lora.adapters)]
     errors = []

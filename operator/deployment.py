@@ -11,7 +11,7 @@ from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args, shutdown_
 from flotilla.operator.fit import gguf_file_bytes, rtn_bits, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
-from flotilla.operator.model_volume import model_volume
+from flotilla.operator.model_volume import model_volume, tokenizer_volume
 from flotilla.operator.spec import InferenceServiceSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -133,8 +133,10 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
     Deployment does not fight the HPA.
     """
     volume, mount, init_containers = model_volume(spec, download_cache_size(spec))
+    tokenizer_volumes, tokenizer_mounts, tokenizer_inits = tokenizer_volume(spec)
     lora_volumes, lora_mounts, lora_inits = adapter_volumes(spec)
-    init_containers = init_containers + lora_inits
+    extra_volumes, extra_mounts = tokenizer_volumes + lora_volumes, tokenizer_mounts + lora_mounts
+    init_containers = init_containers + tokenizer_inits + lora_inits
     container: dict[str, Any] = {
         "name": names.ENGINE_CONTAINER,
         "image": spec.image,
@@ -146,7 +148,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
            if spec.pod.env_from else {}),
         "resources": _resources(spec),
         "volumeMounts": [mount, {"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}, *lora_mounts],
+                         {"name": "tmp", "mountPath": "/tmp"}, *extra_mounts],
         "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
@@ -163,7 +165,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
             volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": spec.resources.tmp_size}},
-            *lora_volumes,
+            *extra_volumes,
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {

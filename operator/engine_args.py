@@ -23,6 +23,7 @@ from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, pa
 from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
+from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
 
 ENGINE_COMMAND = ["flotilla", "serve"]
@@ -42,6 +43,7 @@ def _speculative_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
 # None means "not set": the flag is left out and the engine's default applies.
 FIELD_VALUES: dict[str, Callable[[InferenceServiceSpec, str], Any]] = {
     "model.servedName": lambda s, name: [s.served_name(name)],
+    "model.tokenizer": lambda s, _: TOKENIZER_PATH if s.model.tokenizer else None,
     "dtype": lambda s, _: s.dtype,
     "quantization": lambda s, _: None if s.effective_quantization == "none" else s.effective_quantization,
     "runner": lambda s, _: s.runner,
@@ -112,7 +114,6 @@ OPERATOR_OWNED: dict[str, str] = {
     "--device": "engine pods run on the GPUs they request",
     "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
                                  "check reads",
-    "--tokenizer": "the tokenizer is read from the model directory the operator mounts",
     # spec.runner chooses the runner; pooling implies embed, the only conversion the engine has.
     "--convert": "spec.runner sets the runner, and pooling always converts with embed",
     "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from flotilla.operator.names import MODEL_PATH
+from flotilla.operator.names import MODEL_PATH, TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec, parse_source
 
 VOLUME = "model"
@@ -31,6 +31,12 @@ def model_path(spec: InferenceServiceSpec) -> str:
     # A repository's file keeps its path in the download; a claim's or node's file is mounted alone, by its name.
     return f"{MODEL_PATH}/{sub_path if scheme == 'hf' else PurePosixPath(gguf).name}"
 
+
+TOKENIZER_VOLUME = "tokenizer"
+# What a tokenizer needs of a repository (tokenizer.json/config, vocab and merges, a SentencePiece model,
+# generation_config.json, a chat template), not its weights.
+TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+TOKENIZER_DOWNLOAD_SIZE = "1Gi"
 
 # The download of an hf:// source; argv 3 on, when given, narrows it to those files (a GGUF source's one file).
 _DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
@@ -72,3 +78,32 @@ def model_volume(spec: InferenceServiceSpec, cache_size: str) -> tuple[dict[str,
         mount["subPath"] = f"hf/{location}"
         return {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}, mount, [download]
     return {"name": VOLUME, "emptyDir": {"sizeLimit": cache_size}}, mount, [download]
+
+
+def tokenizer_volume(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                          list[dict[str, Any]]]:
+    """(volumes, the engine container's volumeMounts, init containers) of spec.model.tokenizer (none without it):
+    mounted read-only at /tokenizer like a model directory; of an hf:// repository only TOKENIZER_FILES, into an
+    emptyDir of the pod."""
+    source = spec.model.tokenizer
+    if source is None:
+        return [], [], []
+    scheme, location, sub_path = parse_source(source)
+    mount: dict[str, Any] = {"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH, "readOnly": True}
+    if scheme == "pvc":
+        if sub_path:
+            mount["subPath"] = sub_path
+        return [{"name": TOKENIZER_VOLUME, "persistentVolumeClaim": {"claimName": location, "readOnly": True}}], \
+            [mount], []
+    if scheme == "hostPath":
+        return [{"name": TOKENIZER_VOLUME, "hostPath": {"path": location, "type": "Directory"}}], [mount], []
+    download = {
+        "name": "download-tokenizer",
+        "image": spec.image,
+        "command": ["python3", "-c", _DOWNLOAD, location, TOKENIZER_PATH, *TOKENIZER_FILES],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [{"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    return [{"name": TOKENIZER_VOLUME, "emptyDir": {"sizeLimit": TOKENIZER_DOWNLOAD_SIZE}}], [mount], [download]

@@ -124,6 +124,13 @@ class ModelSpec(_Model):
         description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name; "
                     "or one GGUF file (served with quantization gguf, which a .gguf source implies): "
                     "pvc://claim/path/model.gguf, hostPath:///path/model.gguf or hf://org/name/path/model.gguf.")
+    tokenizer: str | None = Field(
+        default=None, pattern=SOURCE_PATTERN,
+        description="Where an HF tokenizer directory lives (same forms as a directory source; of an hf:// "
+                    "repository only the tokenizer files are downloaded): mounted read-only at /tokenizer, the "
+                    "engine's --tokenizer. For a .gguf model, whose tokenizer is otherwise rebuilt from the file "
+                    "(slow for large vocabularies, as vLLM warns); its generation_config.json is read from here. "
+                    "Default: the model's own.")
     served_name: str | None = Field(
         default=None, min_length=1, max_length=253,
         description="Model name the OpenAI API answers to (--served-model-name); defaults to the "

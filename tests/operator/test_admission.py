@@ -198,6 +198,13 @@ def test_an_hf_file_path_that_could_leave_the_download_is_refused(source):
     assert len(errors) == 1 and errors[0].startswith("spec.model.source: ")
 
 
+def test_a_tokenizer_on_a_node_is_checked_by_the_host_path_policy():
+    assert review({"model": {"source": GGUF, "tokenizer": "hostPath:///models/llama"}}, "x").errors[0].startswith(
+        "spec.model.tokenizer: hostPath model sources are turned off on this cluster")
+    assert review({"model": {"source": GGUF, "tokenizer": "hf://org/name/tokenizer.gguf"}}, "x").errors[0].startswith(
+        "spec.model.tokenizer: String should match pattern")  # a directory, never a file
+
+
 def test_a_gguf_file_on_a_node_is_checked_by_the_host_path_policy():
     from flotilla.operator.policy import AdmissionPolicy
 

@@ -133,7 +133,9 @@ def _engine_config(argv: list[str], model: str) -> Any:
 
 
 @pytest.mark.parametrize("fields", [{}, {"quantization": "gguf"}, {"parallelism": {"tensor": 2}},
-                                    {"dtype": "float32", "speculative": {"method": "ngram"}}])
+                                    {"dtype": "float32", "speculative": {"method": "ngram"}},
+                                    {"model": {"source": "pvc://models/gguf/tiny.Q4_0.gguf", "config": TINY_GGUF,
+                                               "tokenizer": "pvc://models/tiny"}}])
 def test_an_admitted_gguf_spec_starts_the_engine_configuration_on_a_gguf_file(tmp_path, fields):
     """A .gguf source as admitted renders `/model/<file> --quantization gguf ...`; the engine's parser and
     configuration accept it on a real GGUF file (its config read from the file by transformers), and what the
@@ -144,12 +146,14 @@ def test_an_admitted_gguf_spec_starts_the_engine_configuration_on_a_gguf_file(tm
 
     path = write_tiny_llama_gguf(tmp_path / "tiny.Q4_0.gguf", 256)
     spec = {"model": {"source": "pvc://models/gguf/tiny.Q4_0.gguf", "config": TINY_GGUF}, **fields}
+    tokenizer = "/tokenizer" if "tokenizer" in spec["model"] else str(path)
     result = review(spec, "svc")
     assert result.errors == [] and result.spec is not None
     argv = engine_args(result.spec, "svc")
     assert argv[0] == "/model/tiny.Q4_0.gguf"
     config = _engine_config(argv, str(path))
     assert config.model.quantization == "gguf" and config.model.model == str(path)
+    assert config.model.tokenizer == tokenizer
     # The same spec naming a directory: refused at admission, and by the engine.
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "config.json").write_text(json.dumps(_hf_config({"model": {"config": TINY_GGUF}})))

@@ -138,6 +138,21 @@ CASES = [
       ["org/llama-gguf", "/cache/hf/org/llama-gguf", "llama-8b.Q4_1.gguf"], "/model/llama-8b.Q4_1.gguf")),
     ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
      lambda d: engine(d)["args"][engine(d)["args"].index("--quantization") + 1], "gguf"),
+    # A tokenizer directory beside the model (a GGUF's base model's, say): read-only at /tokenizer; of an hf://
+    # repository only the tokenizer's files are downloaded, never its weights.
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf", "tokenizer": "pvc://models/llama-8b"}},
+     lambda d: (pod(d)["volumes"][3], engine(d)["volumeMounts"][3], "initContainers" in pod(d)),
+     ({"name": "tokenizer", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+      {"name": "tokenizer", "mountPath": "/tokenizer", "readOnly": True, "subPath": "llama-8b"}, False)),
+    ({"model": {"source": "pvc://models/llama-8b", "tokenizer": "hostPath:///mnt/tokenizers/llama"}},
+     lambda d: pod(d)["volumes"][3], {"name": "tokenizer", "hostPath": {"path": "/mnt/tokenizers/llama",
+                                                                       "type": "Directory"}}),
+    ({"model": {"source": "hf://org/llama-gguf/llama-8b.Q4_1.gguf", "tokenizer": "hf://meta-llama/Llama-3.1-8B"}},
+     lambda d: (pod(d)["volumes"][3], [c["command"][3:] for c in pod(d)["initContainers"]]),
+     ({"name": "tokenizer", "emptyDir": {"sizeLimit": "1Gi"}},
+      [["org/llama-gguf", "/model", "llama-8b.Q4_1.gguf"],
+       ["meta-llama/Llama-3.1-8B", "/tokenizer", "*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]])),
+    ({}, lambda d: [v["name"] for v in pod(d)["volumes"]], ["model", "dshm", "tmp"]),
 ]
 
 
