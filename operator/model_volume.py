@@ -7,6 +7,9 @@ alone at /model/<file name>, the engine's MODEL argument; `hf://org/name` (or on
 an init container that runs the engine image (it ships huggingface_hub), so the engine itself always
 starts offline: into `spec.model.cache.claimName` once, reused by every pod and restart, or else into
 a size-limited emptyDir of the pod.
+
+spec.model.tokenizer, an HF tokenizer directory in the same forms, is mounted read-only at /tokenizer
+(`tokenizer_volume`); of an hf:// repository only the tokenizer's files are downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ from flotilla.operator.spec import InferenceServiceSpec, parse_source
 VOLUME = "model"
 # Where the init container sees a download cache claim.
 CACHE_PATH = "/cache"
+TOKENIZER_VOLUME = "tokenizer"
+# What a tokenizer needs of a repository (tokenizer.json/config, vocab and merges, a SentencePiece model,
+# generation_config.json, a chat template), not its weights.
+TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+TOKENIZER_DOWNLOAD_SIZE = "1Gi"
+
+# The download of an hf:// source; argv 3 on, when given, narrows it to those files (a GGUF source's one file).
+_DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
+             "snapshot_download(sys.argv[1], local_dir=sys.argv[2], allow_patterns=sys.argv[3:] or None)")
 
 
 def model_path(spec: InferenceServiceSpec) -> str:
@@ -30,17 +42,6 @@ def model_path(spec: InferenceServiceSpec) -> str:
         return MODEL_PATH
     # A repository's file keeps its path in the download; a claim's or node's file is mounted alone, by its name.
     return f"{MODEL_PATH}/{sub_path if scheme == 'hf' else PurePosixPath(gguf).name}"
-
-
-TOKENIZER_VOLUME = "tokenizer"
-# What a tokenizer needs of a repository (tokenizer.json/config, vocab and merges, a SentencePiece model,
-# generation_config.json, a chat template), not its weights.
-TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
-TOKENIZER_DOWNLOAD_SIZE = "1Gi"
-
-# The download of an hf:// source; argv 3 on, when given, narrows it to those files (a GGUF source's one file).
-_DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
-             "snapshot_download(sys.argv[1], local_dir=sys.argv[2], allow_patterns=sys.argv[3:] or None)")
 
 
 def model_volume(spec: InferenceServiceSpec, cache_size: str) -> tuple[dict[str, Any], dict[str, Any],
