@@ -55,6 +55,10 @@ def _b1(block_n: int, warps: int, stages: int, splits: int | None, merge: str, *
 # fused and pdl at three of them with the L2 prefetch and the early (PDL) start.
 B1_TILES = ((32, 64, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 3))
 B1_MORE = ((32, 64, 8, 2), (32, 32, 4, 3), (16, 128, 8, 2), (128, 32, 2, 2))
+# attn11's fused rows (splits, block_n, warps, stages, merge): the first seven also with "+early"
+B1_FUSED = ((32, 32, 4, 3, "fused"), (32, 64, 4, 2, "fused"), (32, 64, 4, 3, "fused"), (64, 64, 4, 2, "fused"),
+            (64, 32, 4, 3, "fused"), (128, 32, 4, 2, "fused"), (16, 64, 4, 3, "fused"), (32, 32, 4, 4, "fused"),
+            (128, 64, 4, 2, "fused"), (64, 32, 4, 2, "fused"))
 WIDE = 16384  # a batch-1 row's block table sized for this many tokens (the engine's graph buckets: 4,096, 16,384)
 
 
@@ -77,23 +81,20 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
         rows += [("fp8", "perm", _launch(32, 2, 4, key_streams=2))]
         return rows
     rows = [("bf16", None, {})]
-    rows += [("bf16", None, _b1(b, w, st, sp, m)) for sp, b, w, st in B1_TILES for m in ("fused", "pdl", "kernel")]
-    rows += [("bf16", None, _b1(b, w, st, sp, m + f)) for sp, b, w, st in (B1_TILES[0], B1_TILES[1], B1_TILES[4])
-             for m in ("fused", "pdl") for f in ("+prefetch", "+early+prefetch")]  # fmt: skip
-    rows += [("bf16", None, _b1(64, 4, 2, 32, "fused+early")), ("bf16", None, _b1(32, 4, 2, 128, "pdl+early"))]
-    rows += [("bf16", None, _b1(b, w, st, sp, "fused", merge_chunk=8)) for sp, b, w, st in (B1_TILES[0], B1_TILES[4])]
-    rows += [("bf16", None, _b1(b, w, st, sp, m)) for sp, b, w, st in B1_MORE for m in ("fused", "pdl")]
+    # attn11 (session 11): the fused merge in one online pass (`_merge_group`), so more splits no longer pay two L2
+    # round trips a chunk. s10 call 5's best first (fused 32 x 32/4/3, 9.85 us then), then fused over 16-128
+    # splits; "+early" at each; two with the prefetch too; the merge by PDL for reference; the context in a
+    # 16,384-token table (the engine pads tables to a graph bucket). Rows with 64-key tiles and 4 warps give
+    # bit-equal results to the default at contexts <= 64 (one tile, one split: the greedy-token check).
+    rows += [("bf16", None, _b1(b, w, st, sp, m)) for sp, b, w, st, m in B1_FUSED]
+    rows += [("bf16", None, _b1(b, w, st, sp, m + "+early")) for sp, b, w, st, m in B1_FUSED[:7]]
+    rows += [("bf16", None, _b1(b, w, st, sp, "fused+early+prefetch")) for sp, b, w, st in ((32, 64, 4, 3),
+                                                                                          (64, 64, 4, 2))]
+    rows += [("bf16", None, _b1(b, w, st, sp, "pdl+early")) for sp, b, w, st in ((64, 64, 4, 2), (128, 32, 4, 2))]
     rows += [("bf16", None, {"table": WIDE})]
-    rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=4096 // sp, table=WIDE))
-             for sp, b, w, st in B1_TILES[:2] for m in ("fused", "pdl")]  # fmt: skip
-    rows += [
-        ("fp8", "cvtpx", _launch(64, 4, 3)),
-        ("fp8", "cvtpx", _launch(32, 2, 4, key_streams=2)),
-        ("fp8", "cvtpx", _b1(64, 4, 3, 32, "fused")),
-        ("fp8", "cvtpx", _b1(32, 2, 4, 32, "fused", key_streams=2)),
-        ("fp8", "cvtpx", _b1(64, 4, 3, 32, "fused+early+prefetch")),
-        ("fp8", "cvtpx", _b1(32, 2, 4, 32, "fused+early+prefetch", key_streams=2)),
-    ]
+    rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=tok, table=WIDE))
+             for b, w, st, tok, m in ((64, 4, 3, 128, "fused"), (64, 4, 2, 64, "fused+early"),
+                                      (32, 4, 3, 128, "fused"))]  # fmt: skip
     return rows
 
 
@@ -191,6 +192,15 @@ def summarize(results: dict, batch: int) -> list[str]:
                                                             default["us"]}  # fmt: skip
             lines.append(f"SMALL_LAUNCH {pool} {launch} {best['us']:.2f} us vs default {default['us']:.2f} us "
                          f"({best['us'] / default['us']:.3f}x)")  # fmt: skip
+        # The fastest launch whose arithmetic equals the default's at contexts of one 64-key tile (tiles of >= 64
+        # keys, the default's warps): the engine's greedy-token check (a 32-token prompt) then compares equal numbers.
+        safe = [r for r in rows if r.get("fused_merge") and r.get("block_n", 0) >= 64 and r.get("num_warps") == 4]
+        if batch == 1 and pool == "bf16" and safe:
+            top = min(safe, key=lambda r: r["us"])
+            results.setdefault("small_launch", {})["bf16_safe"] = {"launch": small_launch(top), "us": top["us"],
+                                                                   "default_us": default["us"]}  # fmt: skip
+            lines.append(f"SAFE_LAUNCH {small_launch(top)} {top['us']:.2f} us vs default {default['us']:.2f} us "
+                         f"({top['us'] / default['us']:.3f}x)")  # fmt: skip
     return lines
 
 

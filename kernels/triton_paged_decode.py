@@ -352,27 +352,22 @@ def _merge_group(
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head, all heads at once: each
-    chunk of `MERGE_CHUNK` splits is one `[GROUP_P2, MERGE_CHUNK, BLOCK_D]` tile, and every chunk's loads
-    come before any reduction (no stores in between, so nothing stops the compiler issuing them together):
-    the merging program pays about one L2 round trip, not one per query head (session 7's loop over the
-    heads, 13.8 us at batch 1 x 4,096 against 11.6 with the merge kernel). Only the `active` splits (those
-    that hold keys) are read; the others are known empty. Partials come through L2 (`.cg`): other SMs
-    wrote them during this kernel."""
+    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head, all heads at once, in one pass:
+    each chunk of `MERGE_CHUNK` splits is one `[GROUP_P2, MERGE_CHUNK, BLOCK_D]` tile, merged online (the running
+    maximum rescales what came before, as the split loop does over keys), so no load waits on an earlier chunk's
+    arithmetic and the compiler may issue every chunk's loads together. Session 10's two passes (every chunk's
+    log-sum-exps for the maximum, then every chunk again) paid two L2 round trips a chunk: fused at 64 and 128
+    splits (chunks of 8) took 26.3 and 49.8 us at batch 1 x 4,096 on the H200 against 10.7 at 32 splits (one
+    chunk; 2026-12-04 s10 call 5). Only the `active` splits (those that hold keys) are read; the others are
+    known empty. Partials come through L2 (`.cg`): other SMs wrote them during this kernel. With one active
+    split (a short context) the result is that split's partial, as the merge kernel's."""
     g = tl.arange(0, GROUP_P2)
     heads = kv_head * GROUP + g
     g_ok = g < GROUP
     CHUNKS: tl.constexpr = (SPLITS_PAD + MERGE_CHUNK - 1) // MERGE_CHUNK
     c = tl.arange(0, MERGE_CHUNK)
     base = (seq * NUM_HEADS + heads) * NUM_SPLITS  # [GROUP_P2]
-    # Every log-sum-exp first (small), then each chunk's partials; the weights need the maximum of all.
     mx = tl.full([GROUP_P2], float("-inf"), tl.float32)
-    for ci in tl.static_range(CHUNKS):
-        sp = ci * MERGE_CHUNK + c
-        ok = g_ok[:, None] & (sp < active)[None, :]
-        lse = tl.load(part_lse_ptr + base[:, None] + sp[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
-        mx = tl.maximum(mx, tl.max(lse, 1))
-    mx = tl.where(mx > float("-inf"), mx, 0.0)
     total = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
     for ci in tl.static_range(CHUNKS):
@@ -382,9 +377,13 @@ def _merge_group(
         lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
         parts = tl.load(part_out_ptr + rows.to(tl.int64)[:, :, None] * BLOCK_D + d[None, None, :],
                         mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx[:, None]), 0.0)
-        total += tl.sum(w, 1)
-        acc += tl.sum(parts * w[:, :, None], 1)
+        mx_new = tl.maximum(mx, tl.max(lse, 1))
+        mx_use = tl.where(mx_new > float("-inf"), mx_new, 0.0)  # a padding row, or no split yet
+        alpha = tl.exp2(mx - mx_use)  # 0 before the first split, 1 while the maximum stays
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx_use[:, None]), 0.0)
+        total = total * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+        mx = mx_new
     merged = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptr + out_row + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
              mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
@@ -450,18 +449,20 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
 # merge_chunk): keys per split (the split count is the table's width over it, so a table wider than the context
 # leaves the extra splits empty instead of stretching every split: the engine's graphs pad the table to a bucket),
 # "kernel", "pdl" (the merge kernel by programmatic dependent launch) or "fused" (the last split program of each KV
-# head merges), with "+early" (the split kernel by PDL: `early_start`) and "+prefetch" (`_prefetch_split`) added,
+# head merges), with "+early" (the split kernel by PDL: `early_start`), "+prefetch" (`_prefetch_split`) and "+dep"
+# (the fused kernel lets o_proj's PDL-launched GEMV start: `dependents`) added,
 # and the fused merge's chunk (`_merge_chunk`; 0: its default). None: the general launch.
 _SMALL_GRID = 16
 _SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = None
 _MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
 MERGES = ("kernel", "pdl", "fused")
+FLAGS = ("early", "prefetch", "dep")
 
 
 def _small_launch() -> tuple[int, int, int, int, str, int] | None:
     """The float pool's launch at small grids (`_SMALL_LAUNCH`; the last field the fused merge's chunk, 0: its
     default). FLOTILLA_DECODE_SMALL_LAUNCH=
-    "block_n,warps,stages,split_tokens,merge[+early][+prefetch][,merge_chunk]" overrides it ("0": the general
+    "block_n,warps,stages,split_tokens,merge[+early][+prefetch][+dep][,merge_chunk]" overrides it ("0": the general
     launch), so that one device call can time the engine step at what the batch-1 kernel rows
     found (bench/results/kv10-gpu.sh)."""
     env = os.environ.get("FLOTILLA_DECODE_SMALL_LAUNCH", "").strip()
@@ -473,7 +474,7 @@ def _small_launch() -> tuple[int, int, int, int, str, int] | None:
     nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
     assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"FLOTILLA_DECODE_SMALL_LAUNCH: {env!r}"
     base, *flags = merge.split("+")
-    assert base in MERGES and set(flags) <= {"early", "prefetch"}, f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
+    assert base in MERGES and set(flags) <= set(FLAGS), f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
     block_n, warps, stages, split_tokens = (int(x) for x in nums)
     return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
 
@@ -554,6 +555,7 @@ def paged_decode_attention(
     merge_chunk: int | None = None,
     early_start: bool | None = None,
     prefetch: bool | None = None,
+    dependents: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -575,7 +577,10 @@ def paged_decode_attention(
     `early_start`: the split kernel launched by programmatic dependent launch, reading the sequence's length and
     pages (and prefetching) while the kernel ahead finishes, the query and K/V only after it (Hopper).
     `prefetch`: each split program asks L2 for all of its keys and values once its pages are known
-    (`_prefetch_split`; Hopper). Both default to the small launch's flags ("fused+early+prefetch").
+    (`_prefetch_split`; Hopper). `dependents` (with the fused merge): the kernel lets the next kernel, when that
+    is launched by programmatic dependent launch (o_proj's GEMV, kernels/pdl.py), start at once; it waits for this
+    one's completion before it reads the output (Hopper; early_start implies it). The three default to the small
+    launch's flags ("fused+early+prefetch+dep").
     `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
@@ -615,6 +620,7 @@ def paged_decode_attention(
     # Programmatic dependent launch and inline PTX: compiled, on Hopper (never under the interpreter).
     early_start = (early_start if early_start is not None else "early" in flags) and _pdl_capable(query)
     prefetch = (prefetch if prefetch is not None else "prefetch" in flags) and _pdl_capable(query)
+    dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query)
     split_len = split_length(max_context, num_splits, block_n)
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
@@ -666,7 +672,7 @@ def paged_decode_attention(
         K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
         KEY_STREAMS=key_streams,
-        EARLY_DEPENDENTS=pdl or (early_start and fused_merge),
+        EARLY_DEPENDENTS=pdl or ((early_start or dependents) and fused_merge and num_splits > 1),
         EARLY_START=early_start,
         PREFETCH_TOKENS=min(triton.next_power_of_2(split_len), 512) if prefetch else 0,
         LINE_ELEMS=min(line_elems, block_d),

@@ -86,6 +86,23 @@ def test_small_launch_splits_by_tokens_in_a_wide_table(monkeypatch, merge):
     assert rel_err(again, out) < 1e-2
 
 
+@pytest.mark.parametrize("launch", ["64,4,3,128,fused", "64,4,2,64,fused+dep", "128,4,2,128,fused"])
+def test_small_launch_with_wide_tiles_equals_the_default_at_short_context(monkeypatch, launch):
+    """At a context within one 64-key tile (the engine's greedy-token check: a 32-token prompt) a small launch of
+    >= 64-key tiles at the default's 4 warps computes what the general launch does, bit for bit: one split holds
+    every key in one tile, and the fused merge of one active split returns its partial as the merge kernel does.
+    (Session 10's 32-key launch split such a context over two tiles: other roundings, other greedy tokens.)"""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([45], 32, 8, torch.bfloat16, seed=11)
+    wide = torch.zeros(1, 1024 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
+    default = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", launch)
+    assert torch.equal(paged_decode_attention(query, k, v, wide, qsl, lens, 0.2), default)
+
+
 def test_small_launch_env_is_checked(monkeypatch):
     """A malformed FLOTILLA_DECODE_SMALL_LAUNCH is refused; "0" is the general launch."""
     from flotilla.kernels.triton_paged_decode import _SMALL_LAUNCH, _small_launch
@@ -104,6 +121,8 @@ def test_small_launch_env_is_checked(monkeypatch):
     assert _small_launch() == (32, 4, 2, 128, "fused", 8)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+early+prefetch")
     assert _small_launch() == (32, 4, 2, 128, "pdl+early+prefetch", 0)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,fused+early+dep")
+    assert _small_launch() == (64, 4, 3, 128, "fused+early+dep", 0)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+late")
     with pytest.raises(AssertionError):
         _small_launch()
