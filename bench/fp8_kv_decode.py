@@ -49,16 +49,13 @@ def _b1(block_n: int, warps: int, stages: int, splits: int | None, merge: str, *
                    **more)  # fmt: skip
 
 
-# Batch-1 tiles (splits, block_n, warps, stages): each split holds 4,096 / splits keys, so 16 splits of 64 keys x 3
-# stages is 4 tiles a program, 128 splits of 32 keys one. Every merge of the first five; fused and pdl of the rest;
-# the fused merge in chunks of 8 splits (fewer registers, more L2 round trips) where its default is one tile;
-# fused and pdl at three of them with the L2 prefetch and the early (PDL) start.
-B1_TILES = ((32, 64, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 3))
-B1_MORE = ((32, 64, 8, 2), (32, 32, 4, 3), (16, 128, 8, 2), (128, 32, 2, 2))
-# attn11's fused rows (splits, block_n, warps, stages, merge): the first seven also with "+early"
+# Batch-1 rows (splits, block_n, warps, stages, merge); each split holds 4,096 / splits keys. Session 10's grid (call 5:
+# every merge over 16-128 splits, chunked merges, 8-warp tiles, the fp8 pool) is in `git log -p`. attn11's fused rows,
+# the first seven also with "+early":
 B1_FUSED = ((32, 32, 4, 3, "fused"), (32, 64, 4, 2, "fused"), (32, 64, 4, 3, "fused"), (64, 64, 4, 2, "fused"),
             (64, 32, 4, 3, "fused"), (128, 32, 4, 2, "fused"), (16, 64, 4, 3, "fused"), (32, 32, 4, 4, "fused"),
             (128, 64, 4, 2, "fused"), (64, 32, 4, 2, "fused"))
+ENGINE_TABLE = 4288  # bench/decode_ab.py's table at context 4,096 (max_model_len 4,096 + 4 x 32 steps + 64)
 WIDE = 16384  # a batch-1 row's block table sized for this many tokens (the engine's graph buckets: 4,096, 16,384)
 
 
@@ -84,17 +81,19 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     # attn11 (session 11): the fused merge in one online pass (`_merge_group`), so more splits no longer pay two L2
     # round trips a chunk. s10 call 5's best first (fused 32 x 32/4/3, 9.85 us then), then fused over 16-128
     # splits; "+early" at each; two with the prefetch too; the merge by PDL for reference; the context in a
-    # 16,384-token table (the engine pads tables to a graph bucket). Rows with 64-key tiles and 4 warps give
+    # table as wide as bench/decode_ab.py's at 4,096 (4,288 tokens: 34 splits of 128, the merge over 64 padded) and in a
+    # 16,384-token table (a server's graph bucket). Rows with 64-key tiles and 4 warps give
     # bit-equal results to the default at contexts <= 64 (one tile, one split: the greedy-token check).
     rows += [("bf16", None, _b1(b, w, st, sp, m)) for sp, b, w, st, m in B1_FUSED]
     rows += [("bf16", None, _b1(b, w, st, sp, m + "+early")) for sp, b, w, st, m in B1_FUSED[:7]]
     rows += [("bf16", None, _b1(b, w, st, sp, "fused+early+prefetch")) for sp, b, w, st in ((32, 64, 4, 3),
                                                                                           (64, 64, 4, 2))]
     rows += [("bf16", None, _b1(b, w, st, sp, "pdl+early")) for sp, b, w, st in ((64, 64, 4, 2), (128, 32, 4, 2))]
-    rows += [("bf16", None, {"table": WIDE})]
-    rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=tok, table=WIDE))
-             for b, w, st, tok, m in ((64, 4, 3, 128, "fused"), (64, 4, 2, 64, "fused+early"),
-                                      (32, 4, 3, 128, "fused"))]  # fmt: skip
+    for width in (ENGINE_TABLE, WIDE):
+        rows += [("bf16", None, {"table": width})]
+        rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=tok, table=width))
+                 for b, w, st, tok, m in ((64, 4, 3, 128, "fused"), (64, 4, 2, 64, "fused+early"),
+                                          (32, 4, 3, 128, "fused"))]  # fmt: skip
     return rows
 
 
@@ -121,8 +120,10 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     v16 = torch.randn_like(k16)
     pools = {"bf16": (k16, v16), "fp8": (k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn))}
     tables = torch.randperm(sets * blocks, device="cuda", dtype=torch.int32).view(sets, batch, -1)
-    wide = torch.zeros(sets, batch, max(WIDE // PAGE, tables.shape[2]), device="cuda", dtype=torch.int32)
-    wide[:, :, : tables.shape[2]] = tables  # the same pages; the rest of the row is never read
+    wides = {}
+    for width in {WIDE, ENGINE_TABLE}:
+        wides[width] = torch.zeros(sets, batch, max(width // PAGE, tables.shape[2]), device="cuda", dtype=torch.int32)
+        wides[width][:, :, : tables.shape[2]] = tables  # the same pages; the rest of the row is never read
     queries = {"bf16": torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)}
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
@@ -132,7 +133,8 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     calls = 20 if batch >= 16 else 100
 
     def attend(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: dict):
-        table = wide if cfg.pop("table", None) else tables
+        width = cfg.pop("table", None)
+        table = wides[width] if width else tables
         return lambda i: paged_decode_attention(query[i % sets], k, v, table[i % sets], qsl, lens, HEAD_DIM**-0.5,
                                                 **cfg)  # fmt: skip
 
@@ -148,7 +150,8 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
                 print(f"compile {pool} {mode} {cfg}: {repr(exc)[:160]}", flush=True)
             continue
         nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
-        name = (pool if pool == "bf16" else f"fp8_{mode}") + ("_wide" if "table" in cfg else "")
+        suffix = {WIDE: "_wide", ENGINE_TABLE: "_engine"}.get(cfg.get("table"), "")
+        name = (pool if pool == "bf16" else f"fp8_{mode}") + suffix
         row: dict = {"batch": batch, "ctx": ctx, "pool": name, **cfg}
         try:
             err = ((fn(0).float() - ref).norm() / ref.norm()).item()
@@ -186,7 +189,7 @@ def summarize(results: dict, batch: int) -> list[str]:
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         lines.append(f"b{batch} ctx{best['ctx']} {pool}: default {default['us']:.2f} us {default['gbps']:.0f} GB/s; "
                      f"best {best['us']:.2f} us {best['gbps']:.0f} GB/s {knobs} err {best['rel_err']:.1e}")  # fmt: skip
-        if batch == 1 and pool in ("bf16", "bf16_wide") and best is not default:
+        if batch == 1 and pool in ("bf16", "bf16_wide", "bf16_engine") and best is not default:
             launch = small_launch(best)
             results.setdefault("small_launch", {})[pool] = {"launch": launch, "us": best["us"], "default_us":
                                                             default["us"]}  # fmt: skip
