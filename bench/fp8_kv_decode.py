@@ -94,6 +94,8 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
         rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=tok, table=width))
                  for b, w, st, tok, m in ((64, 4, 3, 128, "fused"), (64, 4, 2, 64, "fused+early"),
                                           (32, 4, 3, 128, "fused"))]  # fmt: skip
+    # the engine's table at merge chunks of 16 (34 splits pad to 64: chunks of 8 by default, `_merge_chunk`)
+    rows += [("bf16", None, _b1(64, 4, 3, None, "fused", split_tokens=128, table=ENGINE_TABLE, merge_chunk=16))]
     return rows
 
 
