@@ -45,7 +45,10 @@ try:
     s = r.get('small_launch', {}).get('bf16_safe')
 except (OSError, ValueError, KeyError):
     s = None
-print(s['launch'] + '+dep' if s else '')
+f = s['launch'].split(',') if s else []
+if f:
+    f[4] += '+dep'  # the merge field (a merge chunk may follow)
+print(','.join(f))
 " $W/kernel.json 2>/dev/null | tail -1); fi
       echo "launch for the on side: ${LAUNCH:-none (no fused row: 64,4,2,64,fused+early+dep)}" | tee -a $L ;;
     off) side off 65 0 ;;
