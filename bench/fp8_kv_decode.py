@@ -54,7 +54,9 @@ def _b1(block_n: int, warps: int, stages: int, splits: int | None, merge: str, *
 # the first seven also with "+early":
 B1_FUSED = ((32, 32, 4, 3, "fused"), (32, 64, 4, 2, "fused"), (32, 64, 4, 3, "fused"), (64, 64, 4, 2, "fused"),
             (64, 32, 4, 3, "fused"), (128, 32, 4, 2, "fused"), (16, 64, 4, 3, "fused"), (32, 32, 4, 4, "fused"),
-            (128, 64, 4, 2, "fused"), (64, 32, 4, 2, "fused"))
+            (128, 64, 4, 2, "fused"), (64, 32, 4, 2, "fused"),
+            # deep: every tile of a split in flight at once (16 splits = 128 programs, one an SM, 4 tiles of 64 keys)
+            (16, 64, 4, 5, "fused"), (16, 64, 4, 4, "fused"), (32, 32, 4, 5, "fused"))
 ENGINE_TABLE = 4288  # bench/decode_ab.py's table at context 4,096 (max_model_len 4,096 + 4 x 32 steps + 64)
 WIDE = 16384  # a batch-1 row's block table sized for this many tokens (the engine's graph buckets: 4,096, 16,384)
 
@@ -88,6 +90,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     rows += [("bf16", None, _b1(b, w, st, sp, m + "+early")) for sp, b, w, st, m in B1_FUSED[:7]]
     rows += [("bf16", None, _b1(b, w, st, sp, "fused+early+prefetch")) for sp, b, w, st in ((32, 64, 4, 3),
                                                                                           (64, 64, 4, 2))]
+    rows += [("bf16", None, _b1(16, 64, 4, 5, "fused+early"))]
     rows += [("bf16", None, _b1(b, w, st, sp, "pdl+early")) for sp, b, w, st in ((64, 64, 4, 2), (128, 32, 4, 2))]
     for width in (ENGINE_TABLE, WIDE):
         rows += [("bf16", None, {"table": width})]

@@ -3,7 +3,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 # Issue 19 on the H200, one call (BUDGET_S, default 150 s): paged decode attention at batch 1 x context 4,096
 # (Llama-3.1-8B heads, bf16 pool, 16-token pages) >= 2,000 GB/s of K+V (<= 8.4 us a layer; main's default 12.22 us,
 # session 10's best 9.85, fused 32 x 32/4/3). Stages, each under its own limit (capped by what is left):
-#   kernel (38 s) bench/fp8_kv_decode.py --batches 1 --workers 12 (26 rows, compiled over 12 processes first):
+#   kernel (42 s) bench/fp8_kv_decode.py --batches 1 --workers 12 (35 rows, compiled over 12 processes first):
 #          main's default, then the fused merge, now one online pass over the splits (session 10's two passes paid
 #          two L2 round trips a chunk: 26-50 us at 64-128 splits), over 16-128 splits x 32/64-key tiles, with
 #          "+early" (the split kernel by PDL), two with the L2 prefetch too, two merges by PDL, and the context in
@@ -34,7 +34,7 @@ for s in ${STAGES:-kernel off on bs64 summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    kernel) timeout $(left 38) python3 $R/bench/fp8_kv_decode.py --batches 1 --workers 12 --json $W/kernel.json \
+    kernel) timeout $(left 42) python3 $R/bench/fp8_kv_decode.py --batches 1 --workers 12 --json $W/kernel.json \
         > $W/kernel.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -vE "Warning|warn|^  \{" $W/kernel.log | cut -c1-330 | tee -a $L
