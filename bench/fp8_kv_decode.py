@@ -45,6 +45,8 @@ def _b1(block_n: int, warps: int, stages: int, splits: int | None, merge: str, *
     merge, *flags = merge.split("+")
     if flags:
         more |= {"early_start": "early" in flags, "prefetch": "prefetch" in flags}
+    if "dyn" in flags:  # each length cut into equal page ranges in the kernel (`dynamic_splits`)
+        more |= {"dynamic_splits": True}
     return _launch(block_n, warps, stages, num_splits=splits, fused_merge=merge == "fused", pdl_merge=merge == "pdl",
                    **more)  # fmt: skip
 
@@ -84,8 +86,9 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     # round trips a chunk. First the engine's conditions (pool "bf16_engine": bench/decode_ab.py's 4,288-token table
     # at a context of 4,160, where a split count that divides 4,096 gets one split more): the default, every fused
     # launch whose arithmetic equals the default's at a context of one 64-key tile (64-key tiles, 4 warps: the greedy
-    # tokens then compare equal numbers; SAFE_LAUNCH, the engine sides' launch, is the fastest of them), s10 call
-    # 5's best (32-key tiles) and merge chunks of 16. Then issue 19's metric (pool "bf16": context 4,096 in a
+    # tokens then compare equal numbers; SAFE_LAUNCH, the engine sides' launch, is the fastest of them), some cut
+    # by "+dyn" (4,160 keys into 16 or 32 equal page ranges, not 17 or 33), s10 call 5's best (32-key tiles) and
+    # merge chunks of 16. Then issue 19's metric (pool "bf16": context 4,096 in a
     # 4,096-token table): the default, fused over 16-128 splits (s10's best first), "+early", the prefetch, the
     # merge by PDL; then a 16,384-token table (a server's graph bucket).
     safe = [(sp, b, w, st, m) for sp, b, w, st, m in B1_FUSED if b >= 64 and w == 4]
@@ -94,6 +97,10 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
              for sp, b, w, st, m in safe]  # fmt: skip
     rows += [("bf16", None, _b1(b, w, st, None, m + "+early", split_tokens=4096 // sp, table=ENGINE_TABLE))
              for sp, b, w, st, m in safe[:4] + [(16, 64, 4, 5, "fused")]]  # fmt: skip
+    rows += [("bf16", None, _b1(b, w, st, None, m, split_tokens=4096 // sp, table=ENGINE_TABLE))
+             for sp, b, w, st, m in ((16, 64, 4, 3, "fused+dyn"), (16, 64, 4, 5, "fused+dyn"),
+                                     (16, 64, 4, 4, "fused+dyn"), (32, 64, 4, 2, "fused+dyn"),
+                                     (32, 64, 4, 3, "fused+dyn"), (16, 64, 4, 5, "fused+early+dyn"))]  # fmt: skip
     rows += [("bf16", None, _b1(32, 4, 3, None, "fused", split_tokens=128, table=ENGINE_TABLE))]
     # 34 splits pad to 64: the merge in chunks of 8 by default (`_merge_chunk`), here 16
     rows += [("bf16", None, _b1(64, 4, 3, None, "fused", split_tokens=128, table=ENGINE_TABLE, merge_chunk=16))]
@@ -116,6 +123,7 @@ def small_launch(row: dict) -> str:
     merge = "fused" if row.get("fused_merge") else "pdl" if row.get("pdl_merge") else "kernel"
     merge += "+early" if row.get("early_start") else ""
     merge += "+prefetch" if row.get("prefetch") else ""
+    merge += "+dyn" if row.get("dynamic_splits") else ""
     tokens = row.get("split_tokens") or row["ctx"] // row["num_splits"]
     chunk = f",{row['merge_chunk']}" if row.get("merge_chunk") else ""
     return f"{row['block_n']},{row['num_warps']},{row['num_stages']},{tokens},{merge}{chunk}"
@@ -206,7 +214,8 @@ def summarize(results: dict, batch: int) -> list[str]:
         default = rows[0]
         best = min(rows, key=lambda r: r["us"])
         knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "split_tokens", "pdl_merge",
-                                      "fused_merge", "merge_chunk", "early_start", "prefetch", "key_streams")
+                                      "fused_merge", "merge_chunk", "early_start", "prefetch", "dynamic_splits",
+                                      "key_streams")
                  if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         lines.append(f"b{batch} ctx{best['ctx']} {pool}: default {default['us']:.2f} us {default['gbps']:.0f} GB/s; "

@@ -248,26 +248,45 @@ def _decode_split_kernel(
     EARLY_START: tl.constexpr = False,
     PREFETCH_TOKENS: tl.constexpr = 0,
     LINE_ELEMS: tl.constexpr = 64,
+    DYN_SPLIT: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    start = split * split_len
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Latency matters at small batch (a program may own only one or two tiles), so the first
-    # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
-    # need the table's width, and are used only for tokens below the length.
-    tok = start + tl.arange(0, BLOCK_N)
-    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
-    if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
-        pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
-        pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
-        pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
-    seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+    if DYN_SPLIT:
+        # `split_len` is the keys a split aims at: this sequence's length is cut into floor(length / split_len)
+        # equal ranges (whole pages; at least one), so a length just past a multiple of it (the engine's
+        # context 4,096 + the tokens decoded so far) adds no split of a few keys (a program more than the SMs
+        # take in one wave). The pages then wait for the length (one round trip more).
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+        ranges = tl.maximum(tl.minimum(seq_len // split_len, NUM_SPLITS), 1)
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, ranges), PAGE) * PAGE, PAGE)
+        start = split * split_len
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+    else:
+        start = split * split_len
+        # Latency matters at small batch (a program may own only one or two tiles), so the first
+        # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
+        # need the table's width, and are used only for tokens below the length.
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
     end = tl.minimum(start + split_len, seq_len)
     active = tl.minimum(tl.cdiv(seq_len, split_len), NUM_SPLITS)  # splits that hold keys
     if NUM_SPLITS > 1 and split >= active:
@@ -456,7 +475,7 @@ _SMALL_GRID = 16
 _SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = None
 _MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
 MERGES = ("kernel", "pdl", "fused")
-FLAGS = ("early", "prefetch", "dep")
+FLAGS = ("early", "prefetch", "dep", "dyn")
 
 
 def _small_launch() -> tuple[int, int, int, int, str, int] | None:
@@ -556,6 +575,7 @@ def paged_decode_attention(
     early_start: bool | None = None,
     prefetch: bool | None = None,
     dependents: bool | None = None,
+    dynamic_splits: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -580,7 +600,9 @@ def paged_decode_attention(
     (`_prefetch_split`; Hopper). `dependents` (with the fused merge): the kernel lets the next kernel, when that
     is launched by programmatic dependent launch (o_proj's GEMV, kernels/pdl.py), start at once; it waits for this
     one's completion before it reads the output (Hopper; early_start implies it). The three default to the small
-    launch's flags ("fused+early+prefetch+dep").
+    launch's flags ("fused+early+prefetch+dep"). `dynamic_splits` (with the fused merge and `split_tokens`; flag
+    "dyn"): each sequence's keys are cut in the kernel into floor(length / split_tokens) equal ranges (whole
+    pages), not into ranges of split_tokens, so that a length just past a multiple adds no short split.
     `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
@@ -621,6 +643,9 @@ def paged_decode_attention(
     early_start = (early_start if early_start is not None else "early" in flags) and _pdl_capable(query)
     prefetch = (prefetch if prefetch is not None else "prefetch" in flags) and _pdl_capable(query)
     dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query)
+    # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
+    dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
+    dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
     split_len = split_length(max_context, num_splits, block_n)
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
@@ -653,7 +678,7 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        split_len,
+        split_tokens if dynamic_splits else split_len,
         max_context,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
@@ -676,6 +701,7 @@ def paged_decode_attention(
         EARLY_START=early_start,
         PREFETCH_TOKENS=min(triton.next_power_of_2(split_len), 512) if prefetch else 0,
         LINE_ELEMS=min(line_elems, block_d),
+        DYN_SPLIT=dynamic_splits,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

@@ -86,7 +86,8 @@ def test_small_launch_splits_by_tokens_in_a_wide_table(monkeypatch, merge):
     assert rel_err(again, out) < 1e-2
 
 
-@pytest.mark.parametrize("launch", ["64,4,3,128,fused", "64,4,2,64,fused+dep", "128,4,2,128,fused"])
+@pytest.mark.parametrize("launch", ["64,4,3,128,fused", "64,4,2,64,fused+dep", "128,4,2,128,fused",
+                                    "64,4,3,256,fused+dyn"])
 def test_small_launch_with_wide_tiles_equals_the_default_at_short_context(monkeypatch, launch):
     """At a context within one 64-key tile (the engine's greedy-token check: a 32-token prompt) a small launch of
     >= 64-key tiles at the default's 4 warps computes what the general launch does, bit for bit: one split holds
@@ -101,6 +102,24 @@ def test_small_launch_with_wide_tiles_equals_the_default_at_short_context(monkey
     default = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", launch)
     assert torch.equal(paged_decode_attention(query, k, v, wide, qsl, lens, 0.2), default)
+
+
+@pytest.mark.parametrize("seq_len", [45, 300, 333, 700])
+def test_dynamic_splits_cut_each_length_into_equal_page_ranges(seq_len):
+    """"dyn": the kernel cuts a length into floor(length / split_tokens) ranges of whole pages (300 / 64 keys: 4
+    ranges of 80, so 300 = 4 x 64 + 44 adds no fifth split; 45: one range), each tile straddling range ends,
+    against the reference, in a table wider than the context; at 45 keys (one 64-key tile) bit-equal to the
+    default launch."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([seq_len], 8, 2, torch.bfloat16, seed=12)
+    wide = torch.zeros(1, 1024 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2, block_n=64, num_warps=4, split_tokens=64,
+                                 fused_merge=True, dynamic_splits=True)  # fmt: skip
+    assert rel_err(out, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(torch.bfloat16)
+    if seq_len <= 64:
+        assert torch.equal(out, paged_decode_attention(query, k, v, wide, qsl, lens, 0.2))
 
 
 def test_small_launch_env_is_checked(monkeypatch):
@@ -121,8 +140,8 @@ def test_small_launch_env_is_checked(monkeypatch):
     assert _small_launch() == (32, 4, 2, 128, "fused", 8)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+early+prefetch")
     assert _small_launch() == (32, 4, 2, 128, "pdl+early+prefetch", 0)
-    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,fused+early+dep")
-    assert _small_launch() == (64, 4, 3, 128, "fused+early+dep", 0)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,fused+early+dep+dyn")
+    assert _small_launch() == (64, 4, 3, 128, "fused+early+dep+dyn", 0)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+late")
     with pytest.raises(AssertionError):
         _small_launch()
