@@ -3,10 +3,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 # Issue 19 on the H200, one call (BUDGET_S, default 150 s): paged decode attention at batch 1 x context 4,096
 # (Llama-3.1-8B heads, bf16 pool, 16-token pages) >= 2,000 GB/s of K+V (<= 8.4 us a layer; main's default 12.22 us,
 # session 10's best 9.85, fused 32 x 32/4/3). Stages, each under its own limit (capped by what is left):
-#   kernel (42 s) bench/fp8_kv_decode.py --batches 1 --workers 12 (44 rows, compiled over 12 processes first):
+#   kernel (42 s) bench/fp8_kv_decode.py --batches 1 --workers 12 (50 rows, compiled over 12 processes first):
 #          first the engine's conditions (pool bf16_engine: decode_ab's 4,288-token table at a context of 4,160):
 #          main's default and every fused launch of 64-key tiles at 4 warps (bit-equal to the default at a context of
-#          one tile, so the engine's greedy tokens compare equal numbers), some "+early" (the split kernel by PDL);
+#          one tile, so the engine's greedy tokens compare equal numbers), some "+early" (the split kernel by PDL),
+#          some "+dyn" (each length cut into floor(length / split_tokens) equal page ranges: no 17th or 33rd split);
 #          then issue 19's metric (pool bf16: context 4,096, table 4,096): main's default, the fused merge, now one
 #          online pass over the splits (session 10's two passes paid two L2 round trips a chunk: 26-50 us at 64-128
 #          splits), over 16-128 splits x 32/64-key tiles x 2-5 stages, "+early", the prefetch, the merge by PDL;
