@@ -192,14 +192,19 @@ def test_decode_head_dims_padded_and_full(head_dim):
                                     {"fused_merge": True, "num_splits": 16, "merge_chunk": 8},
                                     {"fused_merge": True, "early_start": True, "prefetch": True},
                                     {"pdl_merge": True, "early_start": True, "prefetch": True, "num_splits": 128,
-                                     "block_n": 32}])  # fmt: skip
+                                     "block_n": 32},
+                                    {"fused_merge": True, "split_tokens": 256, "dynamic_splits": True,
+                                     "dependents": True, "num_stages": 5},
+                                    {"fused_merge": True, "split_tokens": 64, "dynamic_splits": True,
+                                     "early_start": True, "num_stages": 2}])  # fmt: skip
 def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
     programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
     tickets), captured in a CUDA graph, gives the reference output on every replay (the merge kernel must wait
     for the split programs' partials, though the split kernel lets it start at once; the tickets are zero
     again after every call); also with the split kernel itself started early by PDL and its keys and values
-    prefetched into L2."""
+    prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
+    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
