@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.fp8_linear import FP8_DTYPE
+from flotilla.kernels.pdl import PDL_ENABLED
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
@@ -640,9 +641,11 @@ def paged_decode_attention(
     if pdl_merge is None:
         pdl_merge = _PDL_MERGE or merge == "pdl"
     # Programmatic dependent launch and inline PTX: compiled, on Hopper (never under the interpreter).
+    # (FLOTILLA_PDL=0 turns off both of the chain's PDL flags, as it does the rest of the chain's)
     early_start = (early_start if early_start is not None else "early" in flags) and _pdl_capable(query)
+    early_start = early_start and PDL_ENABLED
     prefetch = (prefetch if prefetch is not None else "prefetch" in flags) and _pdl_capable(query)
-    dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query)
+    dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query) and PDL_ENABLED
     # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
     dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
     dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
