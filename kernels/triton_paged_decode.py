@@ -471,9 +471,13 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
 # "kernel", "pdl" (the merge kernel by programmatic dependent launch) or "fused" (the last split program of each KV
 # head merges), with "+early" (the split kernel by PDL: `early_start`), "+prefetch" (`_prefetch_split`) and "+dep"
 # (the fused kernel lets o_proj's PDL-launched GEMV start: `dependents`) added,
-# and the fused merge's chunk (`_merge_chunk`; 0: its default). None: the general launch.
+# and the fused merge's chunk (`_merge_chunk`; 0: its default). None: the general launch. Set from the H200, session
+# 11 call 3 (bench/results/gpu-2026-12-04-s11/call3/attn11/): in the engine's conditions (4,288-key table) this
+# launch took 10.11 us against the general launch's 11.69; the engine's bs1 x 4,096 step 4.692 -> 4.651 ms with the
+# profile's attention 20.5 -> 10.7 us a layer, greedy tokens identical (64-key tiles: bit-equal to the general
+# launch at <= 64 keys).
 _SMALL_GRID = 16
-_SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = None
+_SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = (64, 4, 3, 256, "fused+dep", 0)
 _MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
 MERGES = ("kernel", "pdl", "fused")
 FLAGS = ("early", "prefetch", "dep", "dyn")
