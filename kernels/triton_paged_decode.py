@@ -22,6 +22,7 @@ import triton.language as tl
 
 from flotilla.kernels.fp8_linear import FP8_DTYPE
 from flotilla.kernels.pdl import PDL_ENABLED
+from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
@@ -506,8 +507,7 @@ def _small_launch() -> tuple[int, int, int, int, str, int] | None:
 def _fused_merge_env() -> bool | None:
     """FLOTILLA_DECODE_FUSED_MERGE: "1" merges in the split kernel whenever a launch splits, "0" never; unset:
     the launch's own choice."""
-    env = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip()
-    return None if not env else env not in ("0", "false", "off")
+    return env_flag("FLOTILLA_DECODE_FUSED_MERGE", None)
 
 
 def _merge_chunk(num_splits: int, group: int, block_d: int, num_warps: int) -> int:
