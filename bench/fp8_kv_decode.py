@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-
-HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/decode_pool.py
 
 
 def _launch(block_n: int, warps: int, stages: int, **more) -> dict:
@@ -135,12 +134,10 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from kernels import graph_ms  # bench/kernels.py
 
-    blocks = batch * ctx // PAGE
-    sets = 1 if part else max(1, -(-(256 << 20) // (2 * blocks * PAGE * KV_HEADS * HEAD_DIM * 2)))
-    k16 = torch.randn(sets * blocks, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    v16 = torch.randn_like(k16)
+    sets = 1 if part else l2_sets(batch, ctx)
+    pool = decode_pool(batch, ctx, sets)
+    k16, v16, tables, qsl, lens = pool["k"], pool["v"], pool["tables"], pool["qsl"], pool["lens"]
     pools = {"bf16": (k16, v16), "fp8": (k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn))}
-    tables = torch.randperm(sets * blocks, device="cuda", dtype=torch.int32).view(sets, batch, -1)
     wides = {}
     for width in {WIDE, ENGINE_TABLE}:
         wides[width] = torch.zeros(sets, batch, max(width // PAGE, tables.shape[2]), device="cuda", dtype=torch.int32)
@@ -148,9 +145,7 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     extra = ENGINE_CTX // PAGE - tables.shape[2]  # ... but for the engine-like rows' context: pages of the next set
     if batch == 1 and extra > 0:
         wides[ENGINE_TABLE][:, :, tables.shape[2] : tables.shape[2] + extra] = tables.roll(1, 0)[:, :, :extra]
-    queries = {"bf16": torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)}
-    qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    queries = {"bf16": pool["q"]}
     k8, v8 = pools["fp8"]
     ref = paged_decode_attention(queries["bf16"][0], k8.to(torch.bfloat16), v8.to(torch.bfloat16), tables[0], qsl,
                                  lens, HEAD_DIM**-0.5).float()  # fmt: skip
