@@ -60,7 +60,7 @@ class LoRALinear(nn.Module):
         # the first `out` rows of that tensor (a contiguous view, loaded values copied over).
         self._stacked: torch.Tensor | None = None
         if plain and lora_stacks_a(math.prod(a_shape) * dtype.itemsize):
-            weight = base.weight
+            weight: torch.Tensor = base.weight  # type: ignore[assignment]  # a plain layer keeps its weight
             stacked = torch.empty(out + a_shape[0] * a_shape[1], layout.in_features, dtype=dtype, device=device)
             stacked[:out].copy_(weight)
             stacked[out:].zero_()
