@@ -107,3 +107,4 @@ def test_lora_on_bf16_int4_kernel_layers_runs(tiny_model_dirs, tmp_path, monkeyp
     lora = LoRARequest("a", 1, str(adapter))
     outs = llm.generate(PROMPTS[:1] * 2, GREEDY, use_tqdm=False, lora_request=[lora, None])
     assert outs[0].outputs[0].token_ids != outs[1].outputs[0].token_ids
+
