@@ -185,6 +185,68 @@ def _attend_streams(
 
 
 @triton.jit
+def _attend_streams_t(
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams` with both products transposed: keys and head dims are the tensor-core rows, the group's
+    query heads the columns (scores `K @ Q^T` [SUB, G], output `V^T @ P^T` [d, G]). With a GQA group of 4 the
+    row form pads the query heads to 16 mma rows (12 of 16 wasted, a [16, d] fp32 accumulator: 64 registers a
+    thread, each rescaled every tile); here the heads are padded only to GROUP_PAD columns (the launcher passes 8,
+    one mma n-tile), so a warp issues half the mma instructions per key, and the accumulator and its rescale
+    are half the size. Returns (acc [GROUP_PAD, BLOCK_D], m, l) like `_attend_streams`."""
+    SUB: tl.constexpr = BLOCK_N // WS
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, SUB)[None, :]
+    # A stream's sub-tile lies in one page when SUB divides PAGE (tiles start at multiples of BLOCK_N): then its
+    # page number is one value a stream, [WS, 1], not one a key (fewer table loads and 64-bit offset products).
+    ONE_PAGE: tl.constexpr = PAGE % SUB == 0
+    if ONE_PAGE:
+        first = start + w * SUB
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + w * SUB + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.broadcast_to(tl.trans(q)[None, :, :], (WS, BLOCK_D, GROUP_PAD))
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + w * SUB + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * SUB + BLOCK_N
+            next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+            in_page = _in_page(n0 + w * SUB, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, SUB, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    m_all = tl.max(m, 0)
+    m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+    wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
+    return tl.trans(tl.sum(acc * wgt[:, None, :], 0)), m_all, tl.sum(l * wgt, 0)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -224,6 +286,7 @@ def _decode_split_kernel(
     FUSED_MERGE: tl.constexpr,
     KEY_STREAMS: tl.constexpr = 0,
     EARLY_DEPENDENTS: tl.constexpr = False,
+    TRANSPOSED: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -253,7 +316,13 @@ def _decode_split_kernel(
         other=0.0,
     ).to(DOT_DTYPE)
 
-    if KEY_STREAMS > 0:
+    if KEY_STREAMS > 0 and TRANSPOSED:
+        acc, m, l = _attend_streams_t(
+            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        )  # fmt: skip
+    elif KEY_STREAMS > 0:
         acc, m, l = _attend_streams(
             q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
             KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
@@ -349,6 +418,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
+_FP8_TRANSPOSED = False  # the key streams in `_attend_streams_t`'s form (`paged_decode_attention`'s transposed)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
@@ -358,24 +428,35 @@ def _wave() -> int:
     return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's and
-    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams]" the float pool's, so that one device call
-    can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, bool]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
+    transposed: the streams in `_attend_streams_t`'s form). FLOTILLA_DECODE_FP8_LAUNCH=
+    "block_n,warps,stages,fp8_kv[,key_streams[t]]" overrides the fp8 pool's and
+    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t]]" the float pool's (a `t` after the streams:
+    transposed), so that one device call can time the engine step at what its kernel sweep found best
+    (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
-            tile = [int(x) for x in env.split(",")]
-            return tile[0], tile[1], tile[2], "cvt", tile[3] if len(tile) > 3 else 0
-        return (*_BF16_LAUNCH, "cvt", 0)
+            tile = env.split(",")
+            streams, transposed = _streams_field(tile[3] if len(tile) > 3 else "0", "FLOTILLA_DECODE_BF16_LAUNCH")
+            return int(tile[0]), int(tile[1]), int(tile[2]), "cvt", streams, transposed
+        return (*_BF16_LAUNCH, "cvt", 0, False)
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
         block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        assert len(more) <= 1 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
-        return int(block_n), int(warps), int(stages), mode, int(more[0]) if more else 0
-    return _FP8_LAUNCH
+        assert len(more) <= 1, f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
+        streams, transposed = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
+        return int(block_n), int(warps), int(stages), mode, streams, transposed
+    return (*_FP8_LAUNCH, _FP8_TRANSPOSED)
+
+
+def _streams_field(text: str, name: str) -> tuple[int, bool]:
+    """A launch string's key_streams field: digits, `t` after them for the transposed streams."""
+    digits = text.removesuffix("t")
+    assert digits.isdigit() and (digits != "0" or text == "0"), f"{name}: {text!r}: key_streams[t]?"
+    return int(digits), text.endswith("t")
 
 
 def _pdl_capable(tensor: torch.Tensor) -> bool:
@@ -432,6 +513,7 @@ def paged_decode_attention(
     fused_merge: bool = False,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
+    transposed: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -451,7 +533,9 @@ def paged_decode_attention(
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
-    of keys (`_attend_streams`; num_warps: one stream a warp). `v_scale` (an fp8 pool's V scale)
+    of keys (`_attend_streams`; num_warps: one stream a warp). `transposed` (with key streams): the products as
+    `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows;
+    default: the pool's launch). `v_scale` (an fp8 pool's V scale)
     multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -465,6 +549,7 @@ def paged_decode_attention(
     fp8_kv = fp8_kv or tile[3]
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
         key_streams = tile[4] if tile[4] and block_n // tile[4] >= 16 else 0
+    transposed = bool(key_streams) and (tile[5] if transposed is None else transposed)
     if key_streams and block_n // key_streams < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     if num_splits is None:
@@ -507,7 +592,8 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
+        # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed one to one n-tile of 8 columns
+        GROUP_PAD=max(8 if transposed else 16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
@@ -519,6 +605,7 @@ def paged_decode_attention(
         FUSED_MERGE=fused_merge,
         KEY_STREAMS=key_streams,
         EARLY_DEPENDENTS=pdl,
+        TRANSPOSED=transposed,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -174,10 +174,10 @@ def test_decode_key_streams_match_reference(dtype):
     query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1, 1], [37, 130, 5], 8, 2, dtype, seed=9)
     for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
         ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
-        for streams in (1, 4):
+        for streams, transposed in ((1, False), (4, False), (4, True), (2, True), (1, True)):
             out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
-                                         key_streams=streams, fp8_kv=mode)  # fmt: skip
-            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)
+                                         key_streams=streams, fp8_kv=mode, transposed=transposed)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), (streams, transposed)
     with pytest.raises(ValueError, match="16 keys"):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
 
@@ -251,16 +251,20 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
 def test_fp8_launch_override_reads_tile_path_and_key_streams(monkeypatch):
     """FLOTILLA_DECODE_FP8_LAUNCH (what a device call's sweep hands to the engine) names the tile, the fp8
     operand path and optionally the key streams; anything else is refused."""
-    from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _launch_defaults
+    from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _FP8_TRANSPOSED, _launch_defaults
 
     monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
-    assert _launch_defaults(True) == _FP8_LAUNCH
+    assert _launch_defaults(True) == (*_FP8_LAUNCH, _FP8_TRANSPOSED)
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,4,cvtpx,2")
-    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2)
+    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2, False)
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,3,cvtpx,2t")
+    assert _launch_defaults(True) == (32, 2, 3, "cvtpx", 2, True)
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
-    assert _launch_defaults(True) == (64, 4, 3, "perm", 0)
-    assert _launch_defaults(False)[3:] == ("cvt", 0)  # the bf16 pool keeps its own
-    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128"):
+    assert _launch_defaults(True) == (64, 4, 3, "perm", 0, False)
+    assert _launch_defaults(False)[3:] == ("cvt", 0, False)  # the bf16 pool keeps its own
+    monkeypatch.setenv("FLOTILLA_DECODE_BF16_LAUNCH", "64,4,2,4t")
+    assert _launch_defaults(False) == (64, 4, 2, "cvt", 4, True)
+    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128", "64,4,3,perm,t", "64,4,3,perm,0t"):
         monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
         with pytest.raises(AssertionError):
             _launch_defaults(True)
