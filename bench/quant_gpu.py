@@ -82,6 +82,37 @@ def record_paths() -> dict[str, set[int]]:
     return seen
 
 
+def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
+    """The bs64 step again under another decode launch in the same engine (session 11, fp8kv11: one engine start
+    for main's fp8 kernel and a branch's): `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE]; both are
+    read at each kernel call, so the batch-64 decode graphs are captured again under them (the other graphs keep
+    theirs; a step at batch 64 only replays those)."""
+    launch, _, wave = spec.partition("@")
+    for name, value in (("FLOTILLA_DECODE_FP8_LAUNCH", launch), ("FLOTILLA_DECODE_WAVE", wave)):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    from flotilla.engine.cuda_graphs import StepGraphs
+
+    graphs = engine.runner.graphs
+    t0 = time.perf_counter()
+    if graphs is not None:
+        keys = [k for k in StepGraphs.keys(graphs) if k.decode and k.tokens == 64]
+        for key in keys:
+            graphs._graphs.pop(key, None)
+        graphs.keys = lambda: keys  # capture() walks keys(): only these
+        try:
+            graphs.capture()
+        finally:
+            del graphs.keys
+    capture_s = time.perf_counter() - t0
+    row = step_latency(engine, 64, 4096, steps, rng)
+    row["recapture_s"] = capture_s
+    row["env"] = {"FLOTILLA_DECODE_FP8_LAUNCH": launch or "default", "FLOTILLA_DECODE_WAVE": wave or "default"}
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -93,6 +124,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=512)
     p.add_argument("--json", required=True)
+    p.add_argument("--relaunch", default="", help="after the jobs, ';'-separated LAUNCH[@WAVE]: for each, "
+                   "FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH (empty: the default) and FLOTILLA_DECODE_WAVE=WAVE, the decode "
+                   "graphs of batch 64 captured again, and the bs64 step measured again (JSON `relaunch`)")  # fmt: skip
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # Start-up phases with timestamps (model build, quantized layers, dummy fill, each graph captured):
@@ -150,6 +184,10 @@ def main() -> None:
         elif job == "throughput":
             prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
             result[job] = timed_generate(llm, prompts, 128)
+        save()
+    for spec in a.relaunch.split(";") if a.relaunch else ():
+        result.setdefault("relaunch", {})[spec] = relaunch_bs64(engine, spec, a.steps, rng)
+        result["relaunch"][spec]["roofline_ms"] = roofline_ms(cfg, 64, 4096, weight_bytes, kv_bytes)
         save()
     # Everything is saved: skip the engine's teardown (a stage's time limit once ran out in it).
     sys.stdout.flush()

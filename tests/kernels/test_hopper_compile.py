@@ -192,8 +192,9 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
             key = f"paged_decode {name}" + (f" streams{streams}" if streams else "")
             out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
         if name in ("fp8 cvtpx", "bf16"):  # the transposed streams, as fp8kv11's grid launches them: 2 warps, 2 splits
-            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=2, TRANSPOSED=True,
-                              GROUP_PAD=8, BLOCK_N=32, NUM_SPLITS=2, SPLITS_PAD=2, FUSED_MERGE=False)  # fmt: skip
+            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=2,
+                              TRANSPOSED=True, GROUP_PAD=8, BLOCK_N=32, NUM_SPLITS=2, SPLITS_PAD=2,
+                              FUSED_MERGE=False)  # fmt: skip
             out[f"paged_decode {name} streams2t"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
                                                                          num_stages=3)  # fmt: skip
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
@@ -325,7 +326,8 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
-    assert result["paged_decode bf16 streams2t"]["mma"] and result["paged_decode bf16 streams2t"]["byte_smem_reads"] == 0
+    transposed = result["paged_decode bf16 streams2t"]
+    assert transposed["mma"] and transposed["byte_smem_reads"] == 0
     # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
     # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
