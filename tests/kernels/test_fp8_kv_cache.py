@@ -3,6 +3,8 @@ against its PyTorch reference."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRETING, attention_case, batch_meta, paged_pool, rel_err
@@ -178,8 +180,44 @@ def test_decode_key_streams_match_reference(dtype):
             out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
                                          key_streams=streams, fp8_kv=mode, transposed=transposed)  # fmt: skip
             assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), (streams, transposed)
+        # the transposed streams with a sub-tile of one page (16 keys) over 3 splits, merged by the kernel or fused
+        for fused in (False, True):
+            out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=3, block_n=32, num_warps=2,
+                                         key_streams=2, fp8_kv=mode, transposed=True, fused_merge=fused)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), ("3 splits", fused)
     with pytest.raises(ValueError, match="16 keys"):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_transposed_streams_at_llama_heads():
+    """On the GPU (cvtpx's inline PTX runs only there): Llama-3-8B heads, sequences of 4,000, 300 and 17 tokens on an
+    fp8 pool; the transposed key streams as fp8kv11's grid launches them (2 warps at 1 and 2 splits, 1 warp at 4
+    splits, the fused merge) equal the reference, also when replayed from a CUDA graph."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(12)
+    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
+    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
+    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
+    tables = tables.cuda()
+    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+    for block_n, warps, stages, splits, fused in ((32, 2, 4, 1, False), (32, 2, 3, 2, False), (16, 1, 3, 4, False),
+                                                  (32, 2, 3, 2, True)):  # fmt: skip
+        cfg = dict(fp8_kv="cvtpx", block_n=block_n, num_warps=warps, num_stages=stages, key_streams=warps,
+                   transposed=True, num_splits=splits, fused_merge=fused)  # fmt: skip
+        run = functools.partial(paged_decode_attention, query, k8, v8, tables, qsl, lens, 0.3, **cfg)
+        assert rel_err(run(), ref) < 1e-2, (block_n, warps, splits, fused)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        for _ in range(2):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_err(out, ref) < 1e-2, ("graph", block_n, warps, splits, fused)
 
 
 @pytest.mark.parametrize("q_lens", [[1, 1], [21, 7]])
