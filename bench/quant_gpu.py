@@ -87,7 +87,7 @@ def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
     for main's fp8 kernel and a branch's): `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE]; both are
     read at each kernel call, so the batch-64 decode graphs are captured again under them (the other graphs keep
     theirs; a step at batch 64 only replays those)."""
-    launch, _, wave = spec.partition("@")
+    launch, _, wave = ("" if spec == "default" else spec).partition("@")
     for name, value in (("FLOTILLA_DECODE_FP8_LAUNCH", launch), ("FLOTILLA_DECODE_WAVE", wave)):
         if value:
             os.environ[name] = value
@@ -124,9 +124,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=512)
     p.add_argument("--json", required=True)
-    p.add_argument("--relaunch", default="", help="after the jobs, ';'-separated LAUNCH[@WAVE]: for each, "
-                   "FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH (empty: the default) and FLOTILLA_DECODE_WAVE=WAVE, the decode "
-                   "graphs of batch 64 captured again, and the bs64 step measured again (JSON `relaunch`)")  # fmt: skip
+    p.add_argument(
+        "--relaunch",
+        default="",
+        help="after the jobs, ';'-separated LAUNCH[@WAVE]: for each, "
+        "FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH and FLOTILLA_DECODE_WAVE=WAVE (`default`: both unset), the "
+        "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`)",
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # Start-up phases with timestamps (model build, quantized layers, dummy fill, each graph captured):
