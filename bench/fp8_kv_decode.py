@@ -55,6 +55,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
         rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w, transposed=True, num_splits=sp))
                  for b, w, st, sp in t_rows]  # fmt: skip
         rows += [("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, transposed=True, num_splits=2, fused_merge=True)),
+                 ("fp8", "cvtpx", _launch(16, 1, 3, key_streams=1, transposed=True, num_splits=4, fused_merge=True)),
                  ("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, num_splits=2))]  # fmt: skip
         return rows
     return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)), ("fp8", "cvtpx", _launch(64, 4, 3)),

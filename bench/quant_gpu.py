@@ -84,11 +84,15 @@ def record_paths() -> dict[str, set[int]]:
 
 def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
     """The bs64 step again under another decode launch in the same engine (session 11, fp8kv11: one engine start
-    for main's fp8 kernel and a branch's): `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE]; both are
-    read at each kernel call, so the batch-64 decode graphs are captured again under them (the other graphs keep
-    theirs; a step at batch 64 only replays those)."""
-    launch, _, wave = ("" if spec == "default" else spec).partition("@")
-    for name, value in (("FLOTILLA_DECODE_FP8_LAUNCH", launch), ("FLOTILLA_DECODE_WAVE", wave)):
+    for main's fp8 kernel and a branch's): `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE[@fused]]
+    (fused: FLOTILLA_DECODE_FUSED_MERGE=1; `default`: all three unset); they are read at each kernel call, so the
+    batch-64 decode graphs are captured again under them (the other graphs keep theirs; a step at batch 64 only
+    replays those)."""
+    launch, wave, fused = (("" if spec == "default" else spec).split("@") + ["", ""])[:3]
+    assert fused in ("", "fused"), f"--relaunch {spec!r}: LAUNCH[@WAVE[@fused]]"
+    env = (("FLOTILLA_DECODE_FP8_LAUNCH", launch), ("FLOTILLA_DECODE_WAVE", wave),
+           ("FLOTILLA_DECODE_FUSED_MERGE", "1" if fused else ""))  # fmt: skip
+    for name, value in env:
         if value:
             os.environ[name] = value
         else:
@@ -109,7 +113,7 @@ def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
     capture_s = time.perf_counter() - t0
     row = step_latency(engine, 64, 4096, steps, rng)
     row["recapture_s"] = capture_s
-    row["env"] = {"FLOTILLA_DECODE_FP8_LAUNCH": launch or "default", "FLOTILLA_DECODE_WAVE": wave or "default"}
+    row["env"] = {name: value or "default" for name, value in env}
     return row
 
 
@@ -127,8 +131,8 @@ def main() -> None:
     p.add_argument(
         "--relaunch",
         default="",
-        help="after the jobs, ';'-separated LAUNCH[@WAVE]: for each, "
-        "FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH and FLOTILLA_DECODE_WAVE=WAVE (`default`: both unset), the "
+        help="after the jobs, ';'-separated LAUNCH[@WAVE[@fused]]: for each, FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH, "
+        "FLOTILLA_DECODE_WAVE=WAVE, FLOTILLA_DECODE_FUSED_MERGE (`default`: all unset), the "
         "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`)",
     )
     a = p.parse_args()
@@ -153,7 +157,16 @@ def main() -> None:
         "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
         "int4_gemv_wide_env": os.environ.get("FLOTILLA_INT4_GEMV_WIDE", ""),
         "int4_gemv_wide_config": os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""),
-        "switches": {k: os.environ.get(k) for k in ("FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB")},
+        "switches": {
+            k: os.environ.get(k)
+            for k in (
+                "FLOTILLA_PDL",
+                "FLOTILLA_PDL_L2_MB",
+                "FLOTILLA_DECODE_FP8_LAUNCH",
+                "FLOTILLA_DECODE_WAVE",
+                "FLOTILLA_DECODE_FUSED_MERGE",
+            )
+        },
         "quantization": engine.config.model.quantization,
         "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "startup_s": time.perf_counter() - t0,

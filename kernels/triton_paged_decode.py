@@ -510,7 +510,7 @@ def paged_decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_kv: str | None = None,
-    fused_merge: bool = False,
+    fused_merge: bool | None = None,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
     transposed: bool | None = None,
@@ -529,7 +529,8 @@ def paged_decode_attention(
     `fused_merge`: with several splits, the last split program of each (sequence, KV head) merges the
     partials (one launch) instead of a second kernel; off by default: on the H200 at batch 1 x 4,096 it
     was slower (13.8 us against 11.6 with the merge kernel at 32 splits, 22.3 against 17.7 at 64: the
-    merging program's serial pass over the partials costs more than a launch). `pdl_merge`: the merge
+    merging program's serial pass over the partials costs more than a launch; None: FLOTILLA_DECODE_FUSED_MERGE=1
+    turns it on, so that a device call can time the engine with it). `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
@@ -563,6 +564,8 @@ def paged_decode_attention(
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
+    if fused_merge is None:
+        fused_merge = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip() == "1"
     pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](

@@ -12,9 +12,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 #          streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each written as it
 #          completes: a cut sweep keeps its rows).
 #   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 80 s): ONE engine: the bs64
-#          step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE = the sweep's fastest transposed row without
-#          the fused merge (FP8KV11_LAUNCH="LAUNCH@WAVE" overrides; fallback 32,2,3,cvtpx,2t@8 = 2 splits) with the
-#          graphs captured at start-up, then both unset, the batch-64 decode graphs captured again (main's launch) and
+#          step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) = the
+#          sweep's fastest transposed row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
+#          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up, then all unset, the batch-64 decode graphs captured again (main's launch) and
 #          the bs64 step measured again in the same process. (Branch first: if the stage is cut, its figure is kept;
 #          main's is known, 9.758 ms in session 10 call 1.)
 #   bf16   the same engine step with bf16 KV (the rest, ~35 s; start-up ~12 s with a warm Triton cache).
@@ -39,25 +39,27 @@ if os.environ.get("FP8KV11_LAUNCH"):
     print(os.environ["FP8KV11_LAUNCH"]); sys.exit()
 try:
     rows = [r for r in json.load(open(sys.argv[1]))["cases"] if r.get("transposed") and "us" in r
-            and r.get("rel_err", 1) < 0.1 and not r.get("fused_merge")]
+            and r.get("rel_err", 1) < 0.1]
 except (OSError, ValueError, KeyError):
     rows = []
 if not rows:
     print("32,2,3,cvtpx,2t@8"); sys.exit()
 r = min(rows, key=lambda r: r["us"])
-print(f"{r['block_n']},{r['num_warps']},{r['num_stages']},cvtpx,{r['key_streams']}t@{4 * r.get('num_splits', 1)}")
+print(f"{r['block_n']},{r['num_warps']},{r['num_stages']},cvtpx,{r['key_streams']}t@{4 * r.get('num_splits', 1)}"
+      + ("@fused" if r.get("fused_merge") else ""))
 PY
 )
       echo "$mine" > $W/mine.txt
       echo "fp8 engine: FLOTILLA_DECODE_FP8_LAUNCH@FLOTILLA_DECODE_WAVE=$mine at start-up, then --relaunch default (main's)" | tee -a $L
-      launch=${mine%@*}; wave=""; [ "$launch" != "$mine" ] && wave=${mine#*@}
-      env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE FLOTILLA_DECODE_FP8_LAUNCH=$launch \
-        ${wave:+FLOTILLA_DECODE_WAVE=$wave} timeout $(left 80) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
+      IFS=@ read -r launch wave fused <<< "$mine"
+      env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE -u FLOTILLA_DECODE_FUSED_MERGE \
+        FLOTILLA_DECODE_FP8_LAUNCH=$launch ${wave:+FLOTILLA_DECODE_WAVE=$wave} ${fused:+FLOTILLA_DECODE_FUSED_MERGE=1} \
+        timeout $(left 80) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
         --name fp8kv --kv-cache-dtype fp8 --jobs bs64 --max-num-seqs 64 --relaunch default \
         --json $W/engine-fp8kv.json > $W/engine-fp8kv.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "KV cache:|Error|error|captured" $W/engine-fp8kv.log | tail -5 | cut -c1-300 | tee -a $L ;;
-    bf16) env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE timeout $(left 60) python3 $R/bench/quant_gpu.py \
+    bf16) env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE -u FLOTILLA_DECODE_FUSED_MERGE timeout $(left 60) python3 $R/bench/quant_gpu.py \
         --model /tmp/llama8b --name bf16 --jobs bs64 --max-num-seqs 64 --json $W/engine-bf16.json > $W/engine-bf16.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "KV cache:|Error|error" $W/engine-bf16.log | tail -4 | cut -c1-300 | tee -a $L ;;

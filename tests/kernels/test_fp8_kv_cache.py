@@ -181,10 +181,15 @@ def test_decode_key_streams_match_reference(dtype):
                                          key_streams=streams, fp8_kv=mode, transposed=transposed)  # fmt: skip
             assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), (streams, transposed)
         # the transposed streams with a sub-tile of one page (16 keys) over 3 splits, merged by the kernel or fused
-        for fused in (False, True):
-            out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=3, block_n=32, num_warps=2,
-                                         key_streams=2, fp8_kv=mode, transposed=True, fused_merge=fused)  # fmt: skip
-            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), ("3 splits", fused)
+        # (by argument, or by FLOTILLA_DECODE_FUSED_MERGE=1 when the caller leaves it unset, as the engine does)
+        for fused, env in ((False, None), (True, None), (None, "1")):
+            with pytest.MonkeyPatch.context() as mp:
+                if env:
+                    mp.setenv("FLOTILLA_DECODE_FUSED_MERGE", env)
+                out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=3, block_n=32,
+                                             num_warps=2, key_streams=2, fp8_kv=mode, transposed=True,
+                                             fused_merge=fused)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), ("3 splits", fused, env)
     with pytest.raises(ValueError, match="16 keys"):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
 
