@@ -11,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 #          transposed rows (likeliest first: 32/2/3 at 2 splits, 16/1/3 at 4 splits, ...), the fused merge and main's
 #          streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each written as it
 #          completes: a cut sweep keeps its rows).
-#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 80 s): ONE engine: the bs64
+#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 85 s): ONE engine: the bs64
 #          step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) = the
 #          sweep's fastest transposed row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
 #          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up, then all unset, the batch-64 decode graphs captured again (main's launch) and
@@ -54,7 +54,7 @@ PY
       IFS=@ read -r launch wave fused <<< "$mine"
       env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE -u FLOTILLA_DECODE_FUSED_MERGE \
         FLOTILLA_DECODE_FP8_LAUNCH=$launch ${wave:+FLOTILLA_DECODE_WAVE=$wave} ${fused:+FLOTILLA_DECODE_FUSED_MERGE=1} \
-        timeout $(left 80) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
+        timeout $(left 85) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
         --name fp8kv --kv-cache-dtype fp8 --jobs bs64 --max-num-seqs 64 --relaunch default \
         --json $W/engine-fp8kv.json > $W/engine-fp8kv.log 2>&1
       echo "rc=$?" | tee -a $L
