@@ -395,15 +395,17 @@ def _merge_group(
         tl.store(out_ptr + out_row + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
+def default_num_splits(
+    batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int, wave: int | None = None
+) -> int:
     """Splits per sequence: as many as fit one wave of ~4 programs per SM, each over >= 2 tiles.
 
     One wave, not more: on an H200 (batch 16, 8 KV heads) 4 splits = 512 programs ran at 3,780 GB/s
     and 5 splits = 640 programs, a second partial wave, at 3,130 GB/s. A batch that fills the wave
-    alone gets no split, so no partials and no merge.
+    alone gets no split, so no partials and no merge. `wave`: programs an SM to fill instead of `_wave()`'s.
     """
     programs = batch * num_kv_heads
-    want = (_wave() * num_sms) // programs
+    want = ((wave or _wave()) * num_sms) // programs
     most = max(1, triton.cdiv(max_context, 2 * block_n))
     return int(max(1, min(want, most, 64)))
 
@@ -419,6 +421,9 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
 _FP8_TRANSPOSED = False  # the key streams in `_attend_streams_t`'s form (`paged_decode_attention`'s transposed)
+# Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
+# two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
+_FP8_WAVE: int | None = None
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
@@ -554,7 +559,8 @@ def paged_decode_attention(
     if key_streams and block_n // key_streams < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
+        wave = _FP8_WAVE if k_cache.dtype == FP8_DTYPE and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
+        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n, wave)
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
