@@ -44,22 +44,21 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
         # Session 11 (fp8kv11): main's default first among the fp8 rows (the baseline), then the transposed key
-        # streams (`_attend_streams_t`: 128 registers against 170, 301 loop instructions against 398 under Triton
-        # 3.6), at one split and at 2 or 4 (the registers now let 8 two-warp or 16 one-warp programs share an SM:
-        # 1,024 / 2,048 programs in one wave); `num_splits` is what FLOTILLA_DECODE_WAVE = 4 x splits gives the
-        # engine at batch 64 on 132 SMs.
-        main_default = _launch(32, 2, 4, key_streams=2, transposed=False)
+        # streams ("t", `_attend_streams_t`: 128 registers against 170, 301 loop instructions against 398 under Triton
+        # 3.6) and the transposed streams over neighbouring KV heads ("h", `_attend_heads_t`: a program reads a
+        # key's heads side by side), at one split and at 2 or 4 (the registers now let 8 two-warp or 16 one-warp
+        # programs share an SM: 1,024 / 2,048 programs in one wave); likeliest first (a cut sweep keeps its rows).
+        main_default = _launch(32, 2, 4, key_streams=2, form="")
         rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", main_default)]
-        t_rows = ((32, 2, 3, 2), (16, 1, 3, 4), (32, 2, 4, 1), (32, 2, 2, 2), (16, 1, 3, 3), (16, 1, 2, 4),
-                  (32, 2, 3, 1), (16, 1, 3, 2))  # fmt: skip
-        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w, transposed=True, num_splits=sp))
-                 for b, w, st, sp in t_rows]  # fmt: skip
-        rows += [("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, transposed=True, num_splits=2, fused_merge=True)),
-                 ("fp8", "cvtpx", _launch(16, 1, 3, key_streams=1, transposed=True, num_splits=4, fused_merge=True)),
-                 ("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, num_splits=2))]  # fmt: skip
+        grid = (("t", 32, 2, 3, 2), ("t", 16, 1, 3, 4), ("h", 16, 2, 2, 4), ("h", 16, 4, 2, 4), ("t", 32, 2, 4, 1),
+                ("t", 32, 2, 2, 2), ("h", 16, 8, 2, 4), ("t", 16, 1, 3, 3))  # fmt: skip
+        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w, form=f, num_splits=sp)) for f, b, w, st, sp in grid]
+        rows += [("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="t", num_splits=2, fused_merge=True)),
+                 ("fp8", "cvtpx", _launch(16, 1, 3, key_streams=1, form="t", num_splits=4, fused_merge=True)),
+                 ("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="", num_splits=2))]  # fmt: skip
         return rows
     return [("bf16", None, {}), ("bf16", None, _launch(32, 4, 2, num_splits=128)), ("fp8", "cvtpx", _launch(64, 4, 3)),
-            ("fp8", "cvtpx", _launch(32, 2, 4, key_streams=2, transposed=False))]  # fmt: skip
+            ("fp8", "cvtpx", _launch(32, 2, 4, key_streams=2, form=""))]  # fmt: skip
 
 
 def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
@@ -107,7 +106,7 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path) -> None:
         default = rows[0]
         best = min(rows, key=lambda r: r["us"])
         knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "pdl_merge", "key_streams",
-                                      "transposed", "fused_merge") if k in best}  # fmt: skip
+                                      "form", "fused_merge") if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         print(
             f"b{batch} ctx{ctx} {pool}: default {default['us']:.1f} us {default['gbps']:.0f} GB/s; "
@@ -138,16 +137,26 @@ def main() -> None:
             _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))
 
 
+def engine_wave(row: dict, batch: int = 64, kv_heads: int = KV_HEADS, sms: int = 132) -> int:
+    """FLOTILLA_DECODE_WAVE that gives the engine `row`'s splits at `batch` (`default_num_splits`: splits =
+    wave x SMs // programs, programs = batch x KV heads, or x KV heads / streams for streams over heads)."""
+    programs = batch * (kv_heads // row["key_streams"] if row.get("form") == "h" else kv_heads)
+    splits = row.get("num_splits", 1)
+    wave = -(-splits * programs // sms)
+    assert wave * sms // programs == splits, (row, wave)
+    return wave
+
+
 def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
     """The fastest fp8 row at the largest batch so far, as FLOTILLA_DECODE_FP8_LAUNCH reads it (every fp8 row
-    names its tile), then a space and FLOTILLA_DECODE_WAVE for its splits at batch 64 on 132 SMs (4 x splits: one
-    split by default). Rows with the fused merge are left out (the engine has no switch for it)."""
+    names its tile), then a space and FLOTILLA_DECODE_WAVE for its splits at batch 64 on 132 SMs (`engine_wave`).
+    Rows with the fused merge are left out (FLOTILLA_DECODE_FUSED_MERGE is not in this file's format)."""
     rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r and
             r.get("rel_err", 1) < 0.1 and not r.get("fused_merge")]  # fmt: skip
     if rows:
         top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        more = f",{top.get('key_streams', 0)}{'t' if top.get('transposed') else ''}"
-        wave = 4 * top.get("num_splits", 1)
+        more = f",{top.get('key_streams', 0)}{top.get('form', '')}"
+        wave = engine_wave(top)
         path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}"
                         f"{more} {wave}\n")  # fmt: skip
 

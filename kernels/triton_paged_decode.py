@@ -247,6 +247,63 @@ def _attend_streams_t(
 
 
 @triton.jit
+def _attend_heads_t(
+    q3, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_base, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams_t`'s products with the streams over WS neighbouring KV heads (`kv_base + w`) instead of
+    over keys: every stream reads the same `BLOCK_N` keys of its own head. A key's WS heads lie side by side in the
+    pool (WS x 128 contiguous bytes for the fp8 pool instead of 128), and a program reads each DRAM row segment
+    once for WS heads. `q3` is [WS, GROUP_PAD, BLOCK_D]; returns (acc [WS * GROUP_PAD, BLOCK_D], m, l), one row a
+    query head, nothing to merge across streams."""
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, BLOCK_N)[None, :]
+    ONE_PAGE: tl.constexpr = PAGE % BLOCK_N == 0  # a tile in one page: one table entry a tile
+    if ONE_PAGE:
+        first = start + w * 0  # [WS, 1], as in the loop
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    head_off = (kv_base + w) * stride_h  # [WS, 1]
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * 0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
+            next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
+            in_page = _in_page(first, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # [1, BLOCK_N, BLOCK_D], broadcast over the heads
+        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, BLOCK_N, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    acc = tl.reshape(tl.permute(acc, (0, 2, 1)), (WS * GROUP_PAD, BLOCK_D))
+    return acc, tl.reshape(m, (WS * GROUP_PAD,)), tl.reshape(l, (WS * GROUP_PAD,))
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -287,6 +344,7 @@ def _decode_split_kernel(
     KEY_STREAMS: tl.constexpr = 0,
     EARLY_DEPENDENTS: tl.constexpr = False,
     TRANSPOSED: tl.constexpr = False,
+    HEAD_STREAMS: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -305,72 +363,93 @@ def _decode_split_kernel(
     seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
     end = tl.minimum(start + split_len, seq_len)
 
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=head_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    ).to(DOT_DTYPE)
-
-    if KEY_STREAMS > 0 and TRANSPOSED:
-        acc, m, l = _attend_streams_t(
-            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
-            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+    if HEAD_STREAMS:  # KEY_STREAMS neighbouring KV heads a program (`_attend_heads_t`): rows w * GROUP_PAD + g
+        r = tl.arange(0, KEY_STREAMS * GROUP_PAD)
+        g = r % GROUP_PAD
+        heads = (kv_head * KEY_STREAMS + r // GROUP_PAD) * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        acc, m, l = _attend_heads_t(
+            tl.reshape(q, (KEY_STREAMS, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
+            kv_head * KEY_STREAMS, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
         )  # fmt: skip
-    elif KEY_STREAMS > 0:
-        acc, m, l = _attend_streams(
-            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
-            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        acc = acc * out_scale
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
         )  # fmt: skip
     else:
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            tok = n0 + tl.arange(0, BLOCK_N)
-            tok_ok = tok < end
-            page = next_page.to(tl.int64)
-            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
-            in_page = _in_page(tok, PAGE)
-            kv_mask = tok_ok[:, None] & d_ok[None, :]
-            kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
-            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-            s = tl.where(tok_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-            m = m_new
+        g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
 
-    acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
-    # Partials are `[batch, heads, splits]`.
-    store_attention_rows(
-        acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
-        (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
-    )  # fmt: skip
-    if NUM_SPLITS > 1 and FUSED_MERGE:
-        # The last split of this (sequence, KV head) to finish merges the group's partials instead of
-        # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
-        # orders every thread's partial stores before the release of the ticket; the acquire orders
-        # the winner's reads after all of them.
-        tl.debug_barrier()
-        ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
-            if has_query:
-                _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
-                             stride_oh, d, d_ok, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, BLOCK_D)  # fmt: skip
+        if KEY_STREAMS > 0 and TRANSPOSED:
+            acc, m, l = _attend_streams_t(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        elif KEY_STREAMS > 0:
+            acc, m, l = _attend_streams(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        else:
+            m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                tok = n0 + tl.arange(0, BLOCK_N)
+                tok_ok = tok < end
+                page = next_page.to(tl.int64)
+                next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+                in_page = _in_page(tok, PAGE)
+                kv_mask = tok_ok[:, None] & d_ok[None, :]
+                kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
+                k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+                s = tl.where(tok_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l = l * alpha + tl.sum(p, 1)
+                v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+                m = m_new
+
+        acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
+        # Partials are `[batch, heads, splits]`.
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
+        )  # fmt: skip
+        if NUM_SPLITS > 1 and FUSED_MERGE:
+            # The last split of this (sequence, KV head) to finish merges the group's partials instead of
+            # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
+            # orders every thread's partial stores before the release of the ticket; the acquire orders
+            # the winner's reads after all of them.
+            tl.debug_barrier()
+            ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
+                if has_query:
+                    _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
+                                 stride_oh, d, d_ok, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, BLOCK_D)  # fmt: skip
 
 
 @triton.jit
@@ -420,7 +499,7 @@ def default_num_splits(
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
-_FP8_TRANSPOSED = False  # the key streams in `_attend_streams_t`'s form (`paged_decode_attention`'s transposed)
+_FP8_FORM = ""  # the key streams' form: "" rows, "t" transposed, "h" over KV heads (`paged_decode_attention`'s)
 # Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
 # two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
 _FP8_WAVE: int | None = None
@@ -433,35 +512,36 @@ def _wave() -> int:
     return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, bool]:
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
     """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
-    transposed: the streams in `_attend_streams_t`'s form). FLOTILLA_DECODE_FP8_LAUNCH=
-    "block_n,warps,stages,fp8_kv[,key_streams[t]]" overrides the fp8 pool's and
-    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t]]" the float pool's (a `t` after the streams:
-    transposed), so that one device call can time the engine step at what its kernel sweep found best
+    streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
+    neighbouring KV heads (`_attend_heads_t`)). FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams
+    [t|h]]" overrides the fp8 pool's and FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h]]" the
+    float pool's, so that one device call can time the engine step at what its kernel sweep found best
     (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
             tile = env.split(",")
-            streams, transposed = _streams_field(tile[3] if len(tile) > 3 else "0", "FLOTILLA_DECODE_BF16_LAUNCH")
-            return int(tile[0]), int(tile[1]), int(tile[2]), "cvt", streams, transposed
-        return (*_BF16_LAUNCH, "cvt", 0, False)
+            streams, form = _streams_field(tile[3] if len(tile) > 3 else "0", "FLOTILLA_DECODE_BF16_LAUNCH")
+            return int(tile[0]), int(tile[1]), int(tile[2]), "cvt", streams, form
+        return (*_BF16_LAUNCH, "cvt", 0, "")
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
         block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
         assert len(more) <= 1, f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
-        streams, transposed = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
-        return int(block_n), int(warps), int(stages), mode, streams, transposed
-    return (*_FP8_LAUNCH, _FP8_TRANSPOSED)
+        streams, form = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
+        return int(block_n), int(warps), int(stages), mode, streams, form
+    return (*_FP8_LAUNCH, _FP8_FORM)
 
 
-def _streams_field(text: str, name: str) -> tuple[int, bool]:
-    """A launch string's key_streams field: digits, `t` after them for the transposed streams."""
-    digits = text.removesuffix("t")
-    assert digits.isdigit() and (digits != "0" or text == "0"), f"{name}: {text!r}: key_streams[t]?"
-    return int(digits), text.endswith("t")
+def _streams_field(text: str, name: str) -> tuple[int, str]:
+    """A launch string's key_streams field: digits, then `t` (transposed) or `h` (over heads) or nothing."""
+    form = text[-1] if text[-1:] in ("t", "h") else ""
+    digits = text.removesuffix(form) if form else text
+    assert digits.isdigit() and (digits != "0" or not form), f"{name}: {text!r}: key_streams[t|h]?"
+    return int(digits), form
 
 
 def _pdl_capable(tensor: torch.Tensor) -> bool:
@@ -518,7 +598,7 @@ def paged_decode_attention(
     fused_merge: bool | None = None,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
-    transposed: bool | None = None,
+    form: str | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -539,9 +619,11 @@ def paged_decode_attention(
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
-    of keys (`_attend_streams`; num_warps: one stream a warp). `transposed` (with key streams): the products as
-    `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows;
-    default: the pool's launch). `v_scale` (an fp8 pool's V scale)
+    of keys (`_attend_streams`; num_warps: one stream a warp). `form` (with key streams): "t" the products as
+    `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows), "h"
+    the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
+    program reads a key's heads side by side; no fused merge), "" the row form; default: the pool's launch.
+    `v_scale` (an fp8 pool's V scale)
     multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -553,14 +635,22 @@ def paged_decode_attention(
     tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
+    # keys a stream in a tile: block_n // key_streams, or all block_n when the streams are over heads ("h")
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
-        key_streams = tile[4] if tile[4] and block_n // tile[4] >= 16 else 0
-    transposed = bool(key_streams) and (tile[5] if transposed is None else transposed)
-    if key_streams and block_n // key_streams < 16:
+        key_streams = tile[4] if tile[4] and block_n // (1 if tile[5] == "h" else tile[4]) >= 16 else 0
+    form = (tile[5] if form is None else form) if key_streams else ""
+    assert form in ("", "t", "h"), f"form {form!r}"
+    head_streams = form == "h"
+    if key_streams and block_n // (1 if head_streams else key_streams) < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
+    if fused_merge is None:
+        fused_merge = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip() == "1" and not head_streams
+    if head_streams and (num_kv_heads % key_streams or fused_merge):
+        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads; no fused merge")
+    programs_kv = num_kv_heads // key_streams if head_streams else num_kv_heads
     if num_splits is None:
         wave = _FP8_WAVE if k_cache.dtype == FP8_DTYPE and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
-        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n, wave)
+        num_splits = default_num_splits(batch, programs_kv, max_context, device_sms(query), block_n, wave)
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, batch, num_splits)
@@ -570,11 +660,9 @@ def paged_decode_attention(
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
-    if fused_merge is None:
-        fused_merge = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip() == "1"
     pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_split_kernel[(batch, programs_kv, num_splits)](
         query,
         k_cache,
         v_cache,
@@ -602,7 +690,7 @@ def paged_decode_attention(
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         GROUP=group,
         # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed one to one n-tile of 8 columns
-        GROUP_PAD=max(8 if transposed else 16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(8 if form else 16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
@@ -614,7 +702,8 @@ def paged_decode_attention(
         FUSED_MERGE=fused_merge,
         KEY_STREAMS=key_streams,
         EARLY_DEPENDENTS=pdl,
-        TRANSPOSED=transposed,
+        TRANSPOSED=form == "t",
+        HEAD_STREAMS=head_streams,
         num_warps=num_warps,
         num_stages=num_stages,
     )

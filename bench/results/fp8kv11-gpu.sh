@@ -4,16 +4,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 # Branch fp8kv11: the key streams in transposed form (`_attend_streams_t`: K @ Q^T and V^T @ P^T, the GQA group
 # of 4 query heads padded to 8 mma columns instead of 16 rows; Triton 3.6 sm_90: 128 registers against 170, 301
 # loop instructions a 32-key tile against 398, half the HMMA and accumulator-rescale FMULs), at one split and at
-# 2 / 4 splits (the registers now let 8 two-warp or 16 one-warp programs share an SM).
+# 2 / 4 splits (the registers now let 8 two-warp or 16 one-warp programs share an SM); and the same products with
+# the streams over 2 / 4 / 8 neighbouring KV heads ("h", `_attend_heads_t`: a program reads a key's heads side by
+# side, 256 B to 1 KB contiguous instead of 128 B), 16-key tiles at 4 splits.
 # Stages, each under its own limit (capped by what is left):
 #   sweep  bench/fp8_kv_decode.py --batches 64 (limit 30 s): the attention kernel at 64 x 4,096: bf16 pool at its
 #          default, the fp8 pool at main's default (32/2/4 cvtpx, 2 streams, 1 split: the baseline), then the
-#          transposed rows (likeliest first: 32/2/3 at 2 splits, 16/1/3 at 4 splits, ...), the fused merge and main's
-#          streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each written as it
+#          transposed rows (likeliest first: t 32/2/3 at 2 splits, t 16/1/3 at 4, h 16/2/2 and 16/4/2 at 4, ...),
+#          the fused merge and main's streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each written as it
 #          completes: a cut sweep keeps its rows).
 #   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 85 s): ONE engine: the bs64
 #          step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) = the
-#          sweep's fastest transposed row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
+#          sweep's fastest "t" or "h" row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
 #          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up, then all unset, the batch-64 decode graphs captured again (main's launch) and
 #          the bs64 step measured again in the same process. (Branch first: if the stage is cut, its figure is kept;
 #          main's is known, 9.758 ms in session 10 call 1.)
@@ -38,14 +40,17 @@ import json, os, sys
 if os.environ.get("FP8KV11_LAUNCH"):
     print(os.environ["FP8KV11_LAUNCH"]); sys.exit()
 try:
-    rows = [r for r in json.load(open(sys.argv[1]))["cases"] if r.get("transposed") and "us" in r
+    rows = [r for r in json.load(open(sys.argv[1]))["cases"] if r.get("form") in ("t", "h") and "us" in r
             and r.get("rel_err", 1) < 0.1]
 except (OSError, ValueError, KeyError):
     rows = []
 if not rows:
     print("32,2,3,cvtpx,2t@8"); sys.exit()
 r = min(rows, key=lambda r: r["us"])
-print(f"{r['block_n']},{r['num_warps']},{r['num_stages']},cvtpx,{r['key_streams']}t@{4 * r.get('num_splits', 1)}"
+# FLOTILLA_DECODE_WAVE giving the row's splits at batch 64 on 132 SMs (bench/fp8_kv_decode.py engine_wave)
+programs = 64 * (8 // r["key_streams"] if r["form"] == "h" else 8)
+wave = -(-r.get("num_splits", 1) * programs // 132)
+print(f"{r['block_n']},{r['num_warps']},{r['num_stages']},cvtpx,{r['key_streams']}{r['form']}@{wave}"
       + ("@fused" if r.get("fused_merge") else ""))
 PY
 )
@@ -78,7 +83,7 @@ steps = {"bf16 KV": base, f"fp8 KV fp8kv11 {mine}": fp8.get("bs64", {}).get("ms_
          "fp8 KV main's default (relaunched)": fp8.get("relaunch", {}).get("default", {}).get("ms_per_step")}
 ratios = {k: round(v / base, 4) for k, v in steps.items() if v and base and k != "bf16 KV"}
 sweep = load(f"{w}/sweep.json")
-rows = [{k: r.get(k) for k in ("pool", "block_n", "num_warps", "num_stages", "key_streams", "transposed", "num_splits",
+rows = [{k: r.get(k) for k in ("pool", "block_n", "num_warps", "num_stages", "key_streams", "form", "num_splits",
                                "fused_merge", "us", "gbps", "rel_err", "error") if k in r} for r in sweep.get("cases", [])]
 summary = {"step_ms_bs64_ctx4096": steps, "ratio_vs_bf16_kv": ratios, "target": "<= 0.70",
            "graphed": {k: (r.get("graphed_steps"), r.get("steps"), r.get("running_at_end")) for k, r in

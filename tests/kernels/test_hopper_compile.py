@@ -197,6 +197,10 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
                               FUSED_MERGE=False)  # fmt: skip
             out[f"paged_decode {name} streams2t"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
                                                                          num_stages=3)  # fmt: skip
+            # and over 2 neighbouring KV heads a program (`_attend_heads_t`), 16-key tiles, 4 splits
+            constexprs = dict(constexprs, TRANSPOSED=False, HEAD_STREAMS=True, BLOCK_N=16, NUM_SPLITS=4, SPLITS_PAD=4)
+            out[f"paged_decode {name} streams2h"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
+                                                                         num_stages=2)  # fmt: skip
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
@@ -326,13 +330,13 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
-    transposed = result["paged_decode bf16 streams2t"]
-    assert transposed["mma"] and transposed["byte_smem_reads"] == 0
+    for name in ("paged_decode bf16 streams2t", "paged_decode bf16 streams2h"):
+        assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
     # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
     # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
                  "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4",
-                 "paged_decode fp8 cvtpx streams2t"):  # fmt: skip
+                 "paged_decode fp8 cvtpx streams2t", "paged_decode fp8 cvtpx streams2h"):  # fmt: skip
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
         assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
     assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
