@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.fp8_linear import FP8_DTYPE
+from flotilla.kernels.pdl import PDL_ENABLED
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
@@ -304,6 +305,25 @@ def _attend_heads_t(
 
 
 @triton.jit
+def _prefetch_split(
+    k_cache_ptr, v_cache_ptr, t, page, end, kv_head, stride_b, stride_s, stride_h,
+    PAGE: tl.constexpr, BLOCK_D: tl.constexpr, LINE_ELEMS: tl.constexpr,
+):  # fmt: skip
+    """Ask L2 for the split's keys and values at tokens `t` (pages `page`) at once (`prefetch.global.L2`, one per
+    128-byte line of a token's head), so that DRAM streams the whole split from the first round trip instead of
+    tile by tile behind the loop's page-table reads (a latency-bound batch-1 program owns a few tiles). Lanes at
+    or past `end` prefetch the pool's first line."""
+    off = page.to(tl.int64) * stride_b + _in_page(t, PAGE) * stride_s + kv_head * stride_h
+    line = tl.arange(0, BLOCK_D // LINE_ELEMS) * LINE_ELEMS
+    off = tl.where((t < end)[:, None], off[:, None] + line[None, :], 0)
+    # the addresses as 64-bit integers ("l")
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [(k_cache_ptr + off).to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [(v_cache_ptr + off).to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -332,6 +352,8 @@ def _decode_split_kernel(
     SPLITS_PAD: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
@@ -343,25 +365,64 @@ def _decode_split_kernel(
     FUSED_MERGE: tl.constexpr,
     KEY_STREAMS: tl.constexpr = 0,
     EARLY_DEPENDENTS: tl.constexpr = False,
+    EARLY_START: tl.constexpr = False,
+    PREFETCH_TOKENS: tl.constexpr = 0,
+    LINE_ELEMS: tl.constexpr = 64,
+    DYN_SPLIT: tl.constexpr = False,
     TRANSPOSED: tl.constexpr = False,
     HEAD_STREAMS: tl.constexpr = False,
 ):
-    if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
+    if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    start = split * split_len
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Latency matters at small batch (a program may own only one or two tiles), so the first
-    # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
-    # need the table's width, and are used only for tokens below the length.
-    tok = start + tl.arange(0, BLOCK_N)
-    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
-    seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+    if DYN_SPLIT:
+        # `split_len` is the keys a split aims at: this sequence's length is cut into floor(length / split_len)
+        # equal ranges (whole pages; at least one), so a length just past a multiple of it (the engine's
+        # context 4,096 + the tokens decoded so far) adds no split of a few keys (a program more than the SMs
+        # take in one wave). The pages then wait for the length (one round trip more).
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+        ranges = tl.maximum(tl.minimum(seq_len // split_len, NUM_SPLITS), 1)
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, ranges), PAGE) * PAGE, PAGE)
+        start = split * split_len
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+    else:
+        start = split * split_len
+        # Latency matters at small batch (a program may own only one or two tiles), so the first
+        # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
+        # need the table's width, and are used only for tokens below the length.
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
     end = tl.minimum(start + split_len, seq_len)
+    active = tl.minimum(tl.cdiv(seq_len, split_len), NUM_SPLITS)  # splits that hold keys
+    if NUM_SPLITS > 1 and split >= active:
+        # No keys (a table wider than the context, or a padding sequence): no partial, no ticket; both merges
+        # read only the active splits, so a wide table's extra programs end here.
+        return
+    if PREFETCH_TOKENS > 0:
+        _prefetch_split(k_cache_ptr, v_cache_ptr, pf_tok, pf_page, end, kv_head, stride_b, stride_s, stride_h, PAGE,
+                        BLOCK_D, LINE_ELEMS)  # fmt: skip
+    if EARLY_START:
+        # Launched by programmatic dependent launch: everything above (the sequence's length, its pages, the L2
+        # prefetch of its keys and values) may overlap the kernel ahead; the query, and the newest token's K/V,
+        # are that kernel's writes, read only after it completes.
+        tl.extra.cuda.gdc_wait()
 
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -439,39 +500,61 @@ def _decode_split_kernel(
             (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
         )  # fmt: skip
         if NUM_SPLITS > 1 and FUSED_MERGE:
-            # The last split of this (sequence, KV head) to finish merges the group's partials instead of
+            # The last active split of this (sequence, KV head) to finish merges the group's partials instead of
             # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
             # orders every thread's partial stores before the release of the ticket; the acquire orders
             # the winner's reads after all of them.
             tl.debug_barrier()
             ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == active - 1:
                 tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
                 if has_query:
                     _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
-                                 stride_oh, d, d_ok, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, BLOCK_D)  # fmt: skip
+                                 stride_oh, d, d_ok, active, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, GROUP_P2,
+                                 BLOCK_D, MERGE_CHUNK)  # fmt: skip
 
 
 @triton.jit
 def _merge_group(
-    part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, out_row, stride_oh, d, d_ok,
+    part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, out_row, stride_oh, d, d_ok, active,
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    GROUP_P2: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head. The partials are read
-    through L2 (`.cg`): other SMs wrote them during this kernel."""
-    sp = tl.arange(0, SPLITS_PAD)
-    for gi in tl.static_range(GROUP):
-        head = kv_head * GROUP + gi
-        part = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-        lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
-        mx = tl.max(lse, 0)
-        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx), 0.0)
-        parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :],
-                        mask=(sp < NUM_SPLITS)[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-        total = tl.sum(w, 0)
-        merged = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-        tl.store(out_ptr + out_row + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head, all heads at once, in one pass:
+    each chunk of `MERGE_CHUNK` splits is one `[GROUP_P2, MERGE_CHUNK, BLOCK_D]` tile, merged online (the running
+    maximum rescales what came before, as the split loop does over keys), so no load waits on an earlier chunk's
+    arithmetic and the compiler may issue every chunk's loads together. Session 10's two passes (every chunk's
+    log-sum-exps for the maximum, then every chunk again) paid two L2 round trips a chunk: fused at 64 and 128
+    splits (chunks of 8) took 26.3 and 49.8 us at batch 1 x 4,096 on the H200 against 10.7 at 32 splits (one
+    chunk; 2026-12-04 s10 call 5). Only the `active` splits (those that hold keys) are read; the others are
+    known empty. Partials come through L2 (`.cg`): other SMs wrote them during this kernel. With one active
+    split (a short context) the result is that split's partial, as the merge kernel's."""
+    g = tl.arange(0, GROUP_P2)
+    heads = kv_head * GROUP + g
+    g_ok = g < GROUP
+    CHUNKS: tl.constexpr = (SPLITS_PAD + MERGE_CHUNK - 1) // MERGE_CHUNK
+    c = tl.arange(0, MERGE_CHUNK)
+    base = (seq * NUM_HEADS + heads) * NUM_SPLITS  # [GROUP_P2]
+    mx = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+    for ci in tl.static_range(CHUNKS):
+        sp = ci * MERGE_CHUNK + c
+        ok = g_ok[:, None] & (sp < active)[None, :]
+        rows = base[:, None] + sp[None, :]  # [GROUP_P2, MERGE_CHUNK]
+        lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(part_out_ptr + rows.to(tl.int64)[:, :, None] * BLOCK_D + d[None, None, :],
+                        mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        mx_new = tl.maximum(mx, tl.max(lse, 1))
+        mx_use = tl.where(mx_new > float("-inf"), mx_new, 0.0)  # a padding row, or no split yet
+        alpha = tl.exp2(mx - mx_use)  # 0 before the first split, 1 while the maximum stays
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx_use[:, None]), 0.0)
+        total = total * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+        mx = mx_new
+    merged = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + out_row + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
+             mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
 def default_num_splits(
@@ -544,6 +627,66 @@ def _streams_field(text: str, name: str) -> tuple[int, str]:
     return int(digits), form
 
 
+# Small grids: batch x KV heads <= _SMALL_GRID (batch 1 or 2 at Llama's 8 KV heads), where a step's attention is
+# a few hundred short programs and latency (launch, ramp, the merge's L2 round trip, a second kernel's launch gap)
+# outweighs bandwidth: at batch 1 x 4,096 the general launch (64/4/2, 32 splits, the merge kernel) took 11.7 us on
+# the H200 and its best variant 11.2 us (128 splits of 32 keys, merge by PDL; 2026-12-04 s7 call 2), 1,503 GB/s of
+# K+V against issue 19's 2,000. `_SMALL_LAUNCH` is (block_n, num_warps, num_stages, split_tokens, merge,
+# merge_chunk): keys per split (the split count is the table's width over it, so a table wider than the context
+# leaves the extra splits empty instead of stretching every split: the engine's graphs pad the table to a bucket),
+# "kernel", "pdl" (the merge kernel by programmatic dependent launch) or "fused" (the last split program of each KV
+# head merges), with "+early" (the split kernel by PDL: `early_start`), "+prefetch" (`_prefetch_split`) and "+dep"
+# (the fused kernel lets o_proj's PDL-launched GEMV start: `dependents`) added,
+# and the fused merge's chunk (`_merge_chunk`; 0: its default). None: the general launch. Set from the H200, session
+# 11 call 3 (bench/results/gpu-2026-12-04-s11/call3/attn11/): in the engine's conditions (4,288-key table) this
+# launch took 10.11 us against the general launch's 11.69; the engine's bs1 x 4,096 step 4.692 -> 4.651 ms with the
+# profile's attention 20.5 -> 10.7 us a layer, greedy tokens identical (64-key tiles: bit-equal to the general
+# launch at <= 64 keys).
+_SMALL_GRID = 16
+_SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = (64, 4, 3, 256, "fused+dep", 0)
+_MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
+MERGES = ("kernel", "pdl", "fused")
+FLAGS = ("early", "prefetch", "dep", "dyn")
+
+
+def _small_launch() -> tuple[int, int, int, int, str, int] | None:
+    """The float pool's launch at small grids (`_SMALL_LAUNCH`; the last field the fused merge's chunk, 0: its
+    default). FLOTILLA_DECODE_SMALL_LAUNCH=
+    "block_n,warps,stages,split_tokens,merge[+early][+prefetch][+dep][,merge_chunk]" overrides it ("0": the general
+    launch), so that one device call can time the engine step at what the batch-1 kernel rows
+    found (bench/results/kv10-gpu.sh)."""
+    env = os.environ.get("FLOTILLA_DECODE_SMALL_LAUNCH", "").strip()
+    if env == "0":
+        return None
+    if not env:
+        return _SMALL_LAUNCH
+    fields = env.split(",")
+    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
+    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"FLOTILLA_DECODE_SMALL_LAUNCH: {env!r}"
+    base, *flags = merge.split("+")
+    assert base in MERGES and set(flags) <= set(FLAGS), f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
+    block_n, warps, stages, split_tokens = (int(x) for x in nums)
+    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+
+
+def _fused_merge_env() -> bool | None:
+    """FLOTILLA_DECODE_FUSED_MERGE: "1" merges in the split kernel whenever a launch splits, "0" never; unset:
+    the launch's own choice."""
+    env = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip()
+    return None if not env else env not in ("0", "false", "off")
+
+
+def _merge_chunk(num_splits: int, group: int, block_d: int, num_warps: int) -> int:
+    """Splits per tile of the fused merge: all of them when the `[group, splits, block_d]` fp32 tile is at most 128
+    values a thread (one L2 round trip; sm_90 compile at 4 warps, group 4, 32 splits: 160 registers against the
+    plain kernel's 122, no spills), else chunks of 8 (124 registers at 32 splits, 127 at 128: ptxas then does not
+    keep every chunk's loads in flight, and at 128 splits x 4 warps whole-tile chunks of 32 took 214 registers,
+    2 CTAs an SM)."""
+    splits = triton.next_power_of_2(num_splits)
+    whole = triton.next_power_of_2(group) * splits * block_d <= 128 * 32 * num_warps
+    return splits if whole else min(splits, 8)
+
+
 def _pdl_capable(tensor: torch.Tensor) -> bool:
     """Programmatic dependent launch needs a CUDA device of compute capability 9.0 or later (and a
     compiled kernel: never under the interpreter)."""
@@ -599,6 +742,12 @@ def paged_decode_attention(
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
     form: str | None = None,
+    split_tokens: int | None = None,
+    merge_chunk: int | None = None,
+    early_start: bool | None = None,
+    prefetch: bool | None = None,
+    dependents: bool | None = None,
+    dynamic_splits: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -612,10 +761,21 @@ def paged_decode_attention(
     e4m3 -> fp16 conversion, in Triton or in PTX), "perm_k" / "cvtpx_k" (K converted in its load layout
     too), or "cvt" (Triton's e4m3 upcast to the query's dtype, the kernel before 2026-12-04).
     `fused_merge`: with several splits, the last split program of each (sequence, KV head) merges the
-    partials (one launch) instead of a second kernel; off by default: on the H200 at batch 1 x 4,096 it
-    was slower (13.8 us against 11.6 with the merge kernel at 32 splits, 22.3 against 17.7 at 64: the
-    merging program's serial pass over the partials costs more than a launch; None: FLOTILLA_DECODE_FUSED_MERGE=1
-    turns it on, so that a device call can time the engine with it). `pdl_merge`: the merge
+    partials (one launch) instead of a second kernel (`_merge_group`); default: FLOTILLA_DECODE_FUSED_MERGE,
+    else the small-grid launch's choice (`_SMALL_LAUNCH`), else off (session 7's version, one L2 round trip
+    per query head, was slower on the H200: 13.8 us at batch 1 x 4,096 against 11.6 with the merge kernel).
+    `split_tokens`: keys per split, the split count being the table's width over it (at most `_MAX_SPLITS`;
+    `num_splits` wins). `merge_chunk`: splits a fused merge reads per tile (a power of two; `_merge_chunk`).
+    `early_start`: the split kernel launched by programmatic dependent launch, reading the sequence's length and
+    pages (and prefetching) while the kernel ahead finishes, the query and K/V only after it (Hopper).
+    `prefetch`: each split program asks L2 for all of its keys and values once its pages are known
+    (`_prefetch_split`; Hopper). `dependents` (with the fused merge): the kernel lets the next kernel, when that
+    is launched by programmatic dependent launch (o_proj's GEMV, kernels/pdl.py), start at once; it waits for this
+    one's completion before it reads the output (Hopper; early_start implies it). The three default to the small
+    launch's flags ("fused+early+prefetch+dep"). `dynamic_splits` (with the fused merge and `split_tokens`; flag
+    "dyn"): each sequence's keys are cut in the kernel into floor(length / split_tokens) equal ranges (whole
+    pages), not into ranges of split_tokens, so that a length just past a multiple adds no short split.
+    `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
@@ -623,8 +783,7 @@ def paged_decode_attention(
     `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows), "h"
     the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
     program reads a key's heads side by side; no fused merge), "" the row form; default: the pool's launch.
-    `v_scale` (an fp8 pool's V scale)
-    multiplies the output inside the kernel.
+    `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -632,7 +791,13 @@ def paged_decode_attention(
     if batch == 0 or num_tokens == 0:
         return out
     max_context = block_tables.shape[1] * page
-    tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
+    fp8 = k_cache.dtype == FP8_DTYPE
+    tile = _launch_defaults(fp8)
+    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
+    if small is not None:
+        tile = (*small[:3], tile[3], 0, "")
+        split_tokens = split_tokens or small[3]
+        merge_chunk = merge_chunk or small[5] or None
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
     # keys a stream in a tile: block_n // key_streams, or all block_n when the streams are over heads ("h")
@@ -643,16 +808,33 @@ def paged_decode_attention(
     head_streams = form == "h"
     if key_streams and block_n // (1 if head_streams else key_streams) < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
-    if fused_merge is None:
-        fused_merge = os.environ.get("FLOTILLA_DECODE_FUSED_MERGE", "").strip() == "1" and not head_streams
-    if head_streams and (num_kv_heads % key_streams or fused_merge):
-        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads; no fused merge")
+    if head_streams and num_kv_heads % key_streams:
+        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads")
     programs_kv = num_kv_heads // key_streams if head_streams else num_kv_heads
+    if num_splits is None and split_tokens:
+        num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
-        wave = _FP8_WAVE if k_cache.dtype == FP8_DTYPE and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
+        wave = _FP8_WAVE if fp8 and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
         num_splits = default_num_splits(batch, programs_kv, max_context, device_sms(query), block_n, wave)
+    merge, *flags = (small[4] if small is not None else "").split("+")
+    if fused_merge is None:
+        env = _fused_merge_env()
+        fused_merge = (env if env is not None else merge == "fused") and not head_streams
+    if head_streams and fused_merge and num_splits > 1:
+        raise ValueError("head streams: no fused merge (its ticket and merge are per KV head)")
+    if pdl_merge is None:
+        pdl_merge = _PDL_MERGE or merge == "pdl"
+    # Programmatic dependent launch and inline PTX: compiled, on Hopper (never under the interpreter).
+    # (FLOTILLA_PDL=0 turns off both of the chain's PDL flags, as it does the rest of the chain's)
+    early_start = (early_start if early_start is not None else "early" in flags) and _pdl_capable(query)
+    early_start = early_start and PDL_ENABLED
+    prefetch = (prefetch if prefetch is not None else "prefetch" in flags) and _pdl_capable(query)
+    dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query) and PDL_ENABLED
+    # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
+    dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
+    dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
     split_len = split_length(max_context, num_splits, block_n)
-    block_d = triton.next_power_of_2(head_dim)
+    block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     kv_fp8, k_load_layout = _fp8_mode(k_cache, fp8_kv)
     if kv_fp8 in (*_BIT_MOVES, 5):  # the asm and the bit moves read raw bytes
@@ -660,8 +842,8 @@ def paged_decode_attention(
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
-    pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
+    line_elems = 128 // k_cache.element_size()
     _decode_split_kernel[(batch, programs_kv, num_splits)](
         query,
         k_cache,
@@ -683,14 +865,16 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        split_len,
+        split_tokens if dynamic_splits else split_len,
         max_context,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        SPLITS_PAD=splits_pad,
         GROUP=group,
-        # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed one to one n-tile of 8 columns
+        # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed forms to one n-tile of 8 columns
         GROUP_PAD=max(8 if form else 16, triton.next_power_of_2(group)),
+        GROUP_P2=triton.next_power_of_2(group),  # the fused merge's rows
+        MERGE_CHUNK=min(merge_chunk or _merge_chunk(num_splits, group, block_d, num_warps), splits_pad),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
@@ -701,14 +885,20 @@ def paged_decode_attention(
         K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
         KEY_STREAMS=key_streams,
-        EARLY_DEPENDENTS=pdl,
+        EARLY_DEPENDENTS=pdl or ((early_start or dependents) and fused_merge and num_splits > 1),
+        EARLY_START=early_start,
+        PREFETCH_TOKENS=min(triton.next_power_of_2(split_len), 512) if prefetch else 0,
+        LINE_ELEMS=min(line_elems, block_d),
+        DYN_SPLIT=dynamic_splits,
         TRANSPOSED=form == "t",
         HEAD_STREAMS=head_streams,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"launch_pdl": True} if early_start else {}),
     )
     if num_splits > 1 and not fused_merge:
-        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl)
+        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl,
+                     seq_lens=seq_lens, split_len=split_len, early_dependents=early_start)  # fmt: skip
     return out
 
 

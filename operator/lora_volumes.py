@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flotilla.operator.model_volume import parse_source
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import InferenceServiceSpec, parse_source
 
 ADAPTER_ROOT = "/adapters"
 # An adapter is megabytes (rank 16 on all projections of an 8B model: ~170 MB in bf16).

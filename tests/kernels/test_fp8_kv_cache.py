@@ -73,20 +73,21 @@ def _fp8_case(q_lens, seq_lens):
     return query, k_cache.to(FP8), v_cache.to(FP8), tables, qsl, lens
 
 
-@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("kernel", ["decode", "decode_fused", "prefill"])
 def test_attention_kernels_read_fp8_pages(kernel):
     """The kernels upcast fp8 pages; with the scales folded in (`dispatch.paged_attention`: k_scale in
     the softmax scale, v_scale in the decode kernel or on the prefill output) they equal the reference
-    on the dequantized pages."""
+    on the dequantized pages; "decode_fused": the decode kernel's splits merged in the kernel (v_scale
+    applied before the partials are stored)."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    q_lens = [1, 1] if kernel == "decode" else [21, 7]
+    q_lens = [1, 1] if kernel.startswith("decode") else [21, 7]
     query, k8, v8, tables, qsl, lens = _fp8_case(q_lens, [37, 40])
     k_scale, v_scale = 0.5, 2.0
-    if kernel == "decode":  # the decode kernel takes v_scale itself
+    if kernel.startswith("decode"):  # the decode kernel takes v_scale itself
         out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, num_splits=2, block_n=16,
-                                     v_scale=v_scale)  # fmt: skip
+                                     v_scale=v_scale, fused_merge=kernel == "decode_fused")  # fmt: skip
     else:
         out = v_scale * paged_prefill_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, block_m=64, block_n=16)
     deq = (k8.float() * k_scale).to(DEVICE), (v8.float() * v_scale).to(DEVICE)

@@ -114,6 +114,45 @@ CASES = [
      lambda d: (pod(d)["volumes"][0], pod(d)["initContainers"][0]["command"][-2:]),
      ({"name": "model", "emptyDir": {"sizeLimit": "500Gi"}}, ["meta-llama/Llama-3.1-8B-Instruct", "/model"])),
     ({}, lambda d: "initContainers" in pod(d), False),
+    # A GGUF file on a claim or a node is mounted alone, by its name, and is the engine's MODEL argument.
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0], engine(d)["args"][0]),
+     ({"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+      {"name": "model", "mountPath": "/model/llama-8b.Q4_1.gguf", "readOnly": True,
+       "subPath": "gguf/llama-8b.Q4_1.gguf"},
+      "/model/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "hostPath:///mnt/models/llama-8b.Q4_0.gguf"}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0]["mountPath"], engine(d)["args"][0]),
+     ({"name": "model", "hostPath": {"path": "/mnt/models/llama-8b.Q4_0.gguf", "type": "File"}},
+      "/model/llama-8b.Q4_0.gguf", "/model/llama-8b.Q4_0.gguf")),
+    # One file of a repository: only it is downloaded, kept at its path; the emptyDir is sized by the file's bytes
+    # (8B: 5.48 GB at Q4_1 linears and a Q8_0 embedding/LM head, x 1.2, + 1 GiB).
+    ({"model": {"source": "hf://org/llama-gguf/q4/llama-8b.Q4_1.gguf", "config": LLAMA_8B}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0], pod(d)["initContainers"][0]["command"][-3:],
+                engine(d)["args"][0]),
+     ({"name": "model", "emptyDir": {"sizeLimit": "8Gi"}}, {"name": "model", "mountPath": "/model", "readOnly": True},
+      ["org/llama-gguf", "/model", "q4/llama-8b.Q4_1.gguf"], "/model/q4/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "hf://org/llama-gguf/llama-8b.Q4_1.gguf", "cache": {"claimName": "hf-cache"}}},
+     lambda d: (engine(d)["volumeMounts"][0], pod(d)["initContainers"][0]["command"][-3:], engine(d)["args"][0]),
+     ({"name": "model", "mountPath": "/model", "readOnly": True, "subPath": "hf/org/llama-gguf"},
+      ["org/llama-gguf", "/cache/hf/org/llama-gguf", "llama-8b.Q4_1.gguf"], "/model/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
+     lambda d: engine(d)["args"][engine(d)["args"].index("--quantization") + 1], "gguf"),
+    # A tokenizer directory beside the model (a GGUF's base model's, say): read-only at /tokenizer; of an hf://
+    # repository only the tokenizer's files are downloaded, never its weights.
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf", "tokenizer": "pvc://models/llama-8b"}},
+     lambda d: (pod(d)["volumes"][3], engine(d)["volumeMounts"][3], "initContainers" in pod(d)),
+     ({"name": "tokenizer", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+      {"name": "tokenizer", "mountPath": "/tokenizer", "readOnly": True, "subPath": "llama-8b"}, False)),
+    ({"model": {"source": "pvc://models/llama-8b", "tokenizer": "hostPath:///mnt/tokenizers/llama"}},
+     lambda d: pod(d)["volumes"][3], {"name": "tokenizer", "hostPath": {"path": "/mnt/tokenizers/llama",
+                                                                       "type": "Directory"}}),
+    ({"model": {"source": "hf://org/llama-gguf/llama-8b.Q4_1.gguf", "tokenizer": "hf://meta-llama/Llama-3.1-8B"}},
+     lambda d: (pod(d)["volumes"][3], [c["command"][3:] for c in pod(d)["initContainers"]]),
+     ({"name": "tokenizer", "emptyDir": {"sizeLimit": "1Gi"}},
+      [["org/llama-gguf", "/model", "llama-8b.Q4_1.gguf"],
+       ["meta-llama/Llama-3.1-8B", "/tokenizer", "*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]])),
+    ({}, lambda d: [v["name"] for v in pod(d)["volumes"]], ["model", "dshm", "tmp"]),
 ]
 
 
