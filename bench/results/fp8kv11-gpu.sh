@@ -8,18 +8,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 # the streams over 2 / 4 / 8 neighbouring KV heads ("h", `_attend_heads_t`: a program reads a key's heads side by
 # side, 256 B to 1 KB contiguous instead of 128 B), 16-key tiles at 4 splits.
 # Stages, each under its own limit (capped by what is left):
-#   sweep  bench/fp8_kv_decode.py --batches 64 (limit 30 s): the attention kernel at 64 x 4,096: bf16 pool at its
-#          default, the fp8 pool at main's default (32/2/4 cvtpx, 2 streams, 1 split: the baseline), then the
-#          transposed rows (likeliest first: t 32/2/3 at 2 splits, t 16/1/3 at 4, h 16/2/2 and 16/4/2 at 4, ...),
-#          the fused merge and main's streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each written as it
-#          completes: a cut sweep keeps its rows).
-#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 85 s): ONE engine: the bs64
-#          step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) = the
-#          sweep's fastest "t" or "h" row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
-#          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up, then all unset, the batch-64 decode graphs captured again (main's launch) and
-#          the bs64 step measured again in the same process. (Branch first: if the stage is cut, its figure is kept;
-#          main's is known, 9.758 ms in session 10 call 1.)
-#   bf16   the same engine step with bf16 KV (the rest, ~35 s; start-up ~12 s with a warm Triton cache).
+#   sweep  bench/fp8_kv_decode.py --batches 64 --workers 5 (limit 35 s; its 10 rows compiled in 5 processes
+#          first): the attention kernel at 64 x 4,096: the bf16 pool at its default, the fp8 pool at main's
+#          default (32/2/4 cvtpx, 2 streams, 1 split: the baseline), then (likeliest first) t 32/2/3 at 2 splits,
+#          t 16/1/3 at 4, h 16/2/2 and h 16/4/2 at 4, t 32/2/4 at 1, h 16/8/2 at 4, t 32/2/3 at 2 with the fused
+#          merge, main's streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each
+#          written as it completes: a cut sweep keeps its rows).
+#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 80 s): ONE engine: the
+#          bs64 step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) =
+#          the sweep's fastest "t" or "h" row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
+#          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up; then all unset, the batch-64
+#          decode graphs captured again (main's launch) and the bs64 step measured again in the same process.
+#          (Branch first: if the stage is cut, its figure is kept; main's is known, 9.758 ms in s10 call 1.)
+#   bf16   the same engine step with bf16 KV (the rest, ~30 s; start-up ~12 s with a warm Triton cache).
 #   summary  fp8/bf16 step ratios, the branch's and main's (target <= 0.70) -> fp8kv11.json (always runs).
 # Output: $OUT/fp8kv11.log (read first), $OUT/fp8kv11.json (sweep rows, engine runs, summary); the engines' logs'
 # tails are at the end of the .log. Run from the repository root, carrying .whl (pydantic stack) as the others:
@@ -32,7 +33,8 @@ for s in ${STAGES:-sweep fp8kv bf16 summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    sweep) timeout $(left 30) python3 $R/bench/fp8_kv_decode.py --json $W/sweep.json --batches 64 > $W/sweep.log 2>&1
+    sweep) timeout $(left 35) python3 $R/bench/fp8_kv_decode.py --json $W/sweep.json --batches 64 --workers 5 \
+        > $W/sweep.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -vE "Warning|warn" $W/sweep.log | cut -c1-300 | tee -a $L ;;
     fp8kv) mine=$(python3 - $W/sweep.json <<'PY'
@@ -59,7 +61,7 @@ PY
       IFS=@ read -r launch wave fused <<< "$mine"
       env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE -u FLOTILLA_DECODE_FUSED_MERGE \
         FLOTILLA_DECODE_FP8_LAUNCH=$launch ${wave:+FLOTILLA_DECODE_WAVE=$wave} ${fused:+FLOTILLA_DECODE_FUSED_MERGE=1} \
-        timeout $(left 85) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
+        timeout $(left 80) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
         --name fp8kv --kv-cache-dtype fp8 --jobs bs64 --max-num-seqs 64 --relaunch default \
         --json $W/engine-fp8kv.json > $W/engine-fp8kv.log 2>&1
       echo "rc=$?" | tee -a $L
