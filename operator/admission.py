@@ -110,9 +110,6 @@ def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
     if spec.speculative is not None and spec.speculative.method == "draft_model":
         errors.append("spec.speculative: a draft model beside a .gguf model is not supported yet (the engine loads "
                       "the draft with the target's GGUF loader); use method ngram")
-    if spec.lora is not None:
-        errors.append("spec.lora: LoRA adapters on a .gguf model are not supported yet (its 4-bit layers have no "
-                      "dense weight for the adapters to wrap)")
     arch = spec.model.config
     if arch is not None and arch.weight_bits != 8:
         # The engine's 4-bit layers split their inputs into blocks of 32 on every rank (GgufInt4Method).

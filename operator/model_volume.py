@@ -4,9 +4,9 @@
 node directory read-only (only where the admin allows it: policy.py); a `.gguf` file on either is mounted
 alone at /model/<file name>, the engine's MODEL argument; `hf://org/name` (or one file of it,
 `hf://org/name/path/model.gguf`, downloaded alone to /model/path/model.gguf) downloads with
-an init container that runs the engine image (it ships huggingface_hub), so the engine itself always
-starts offline: into `spec.model.cache.claimName` once, reused by every pod and restart, or else into
-a size-limited emptyDir of the pod.
+an init container that runs the engine image (hf_download.py: it gets spec.pod.env's HF_TOKEN,
+HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT, nothing else), so the engine itself always starts offline: into
+`spec.model.cache.claimName` once, reused by every pod and restart, or else into a size-limited emptyDir of the pod.
 
 spec.model.tokenizer, an HF tokenizer directory in the same forms, is mounted read-only at /tokenizer
 (`tokenizer_volume`); of an hf:// repository only the tokenizer's files are downloaded.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
+from flotilla.operator.hf_download import download_container
 from flotilla.operator.names import MODEL_PATH, TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec, parse_source
 
@@ -28,10 +29,6 @@ TOKENIZER_VOLUME = "tokenizer"
 # generation_config.json, a chat template), not its weights.
 TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 TOKENIZER_DOWNLOAD_SIZE = "1Gi"
-
-# The download of an hf:// source; argv 3 on, when given, narrows it to those files (a GGUF source's one file).
-_DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
-             "snapshot_download(sys.argv[1], local_dir=sys.argv[2], allow_patterns=sys.argv[3:] or None)")
 
 
 def model_path(spec: InferenceServiceSpec) -> str:
@@ -65,16 +62,9 @@ def model_volume(spec: InferenceServiceSpec, cache_size: str) -> tuple[dict[str,
     # With a claim, the checkpoint lands once under hf/<org>/<name> and every later pod finds it there
     # (snapshot_download skips files already complete); the engine mounts only that directory.
     target = f"{CACHE_PATH}/hf/{location}" if claim else MODEL_PATH
-    download = {
-        "name": "download-model",
-        "image": spec.image,
-        "command": ["python3", "-c", _DOWNLOAD, location, target, *([sub_path] if sub_path else [])],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_PATH if claim else MODEL_PATH},
-                         {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
-    }
+    download = download_container(spec, "download-model", location, target,
+                                  [{"name": VOLUME, "mountPath": CACHE_PATH if claim else MODEL_PATH}],
+                                  (sub_path,) if sub_path else ())
     if claim:
         mount["subPath"] = f"hf/{location}"
         return {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}, mount, [download]
@@ -98,13 +88,6 @@ def tokenizer_volume(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], 
             [mount], []
     if scheme == "hostPath":
         return [{"name": TOKENIZER_VOLUME, "hostPath": {"path": location, "type": "Directory"}}], [mount], []
-    download = {
-        "name": "download-tokenizer",
-        "image": spec.image,
-        "command": ["python3", "-c", _DOWNLOAD, location, TOKENIZER_PATH, *TOKENIZER_FILES],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH}, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
-    }
+    download = download_container(spec, "download-tokenizer", location, TOKENIZER_PATH,
+                                  [{"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH}], TOKENIZER_FILES)
     return [{"name": TOKENIZER_VOLUME, "emptyDir": {"sizeLimit": TOKENIZER_DOWNLOAD_SIZE}}], [mount], [download]

@@ -402,9 +402,11 @@ class PodSpec(_Model):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables of the engine (names the operator sets are refused).")
+        description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "
+                    "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
-        default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables.")
+        default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "
+                                          "engine (not of the hf:// downloads: name HF_TOKEN in env).")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
     affinity: dict[str, Any] | None = Field(

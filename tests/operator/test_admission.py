@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flotilla.operator.admission import review
+from flotilla.operator.engine_args import engine_args
 
 BASE = {"model": {"source": "pvc://m"}}
 
@@ -163,9 +164,6 @@ def test_a_gguf_file_with_another_quantization_is_refused(quantization):
     ({"speculative": {"method": "draft_model", "draftModel": "/model/draft"}},
      "spec.speculative: a draft model beside a .gguf model is not supported yet (the engine loads the draft with "
      "the target's GGUF loader); use method ngram"),
-    ({"lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}},
-     "spec.lora: LoRA adapters on a .gguf model are not supported yet (its 4-bit layers have no dense weight for "
-     "the adapters to wrap)"),
 ])
 def test_gguf_combinations_the_engine_cannot_start_are_refused(extra, error):
     assert review({"model": {"source": GGUF}, **extra}, "x").errors == [error]
@@ -174,6 +172,18 @@ def test_gguf_combinations_the_engine_cannot_start_are_refused(extra, error):
 
 def test_an_ngram_proposer_beside_a_gguf_model_is_admitted():
     assert review({"model": {"source": GGUF}, "speculative": {"method": "ngram"}}, "x").errors == []
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"])
+def test_lora_on_every_quantization_is_admitted(quantization):
+    """The engine adds the adapters' deltas to the base layer's own quantized product (engine/lora/layers.py), so
+    LoRA goes with every quantization, packed-code ones (rtn, awq, gptq, int4 compressed-tensors, gguf) included."""
+    source = GGUF if quantization == "gguf" else "pvc://models/llama"
+    spec = {"model": {"source": source}, "quantization": quantization,
+            "lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}}
+    result = review(spec, "x")
+    assert result.errors == [] and result.spec is not None
+    assert "--enable-lora" in engine_args(result.spec, "x")
 
 
 def test_gguf_blocks_must_split_over_the_tensor_ranks():

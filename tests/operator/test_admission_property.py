@@ -134,6 +134,7 @@ def _engine_config(argv: list[str], model: str) -> Any:
 
 @pytest.mark.parametrize("fields", [{}, {"quantization": "gguf"}, {"parallelism": {"tensor": 2}},
                                     {"dtype": "float32", "speculative": {"method": "ngram"}},
+                                    {"lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}},
                                     {"model": {"source": "pvc://models/gguf/tiny.Q4_0.gguf", "config": TINY_GGUF,
                                                "tokenizer": "pvc://models/tiny"}}])
 def test_an_admitted_gguf_spec_starts_the_engine_configuration_on_a_gguf_file(tmp_path, fields):
@@ -154,6 +155,7 @@ def test_an_admitted_gguf_spec_starts_the_engine_configuration_on_a_gguf_file(tm
     config = _engine_config(argv, str(path))
     assert config.model.quantization == "gguf" and config.model.model == str(path)
     assert config.model.tokenizer == tokenizer
+    assert config.lora.enable_lora == ("lora" in spec)
     # The same spec naming a directory: refused at admission, and by the engine.
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "config.json").write_text(json.dumps(_hf_config({"model": {"config": TINY_GGUF}})))

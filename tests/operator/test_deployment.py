@@ -170,6 +170,37 @@ def test_engine_runs_flotilla_serve_on_the_mounted_model():
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
 
 
+HF_ENV = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+          {"name": "HF_ENDPOINT", "value": "https://hub.mirror.local"},
+          {"name": "HUGGING_FACE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-old", "key": "t"}}}]
+OTHER_ENV = [{"name": "S3_SECRET", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+             {"name": "LOG", "value": "1"}, {"name": "HF_HUB_CACHE", "value": "/elsewhere"}]
+
+
+def test_hf_downloads_get_the_hub_token_and_endpoint_of_pod_env_and_nothing_else(validate_manifest):
+    """A gated repository: each hf:// download (model, tokenizer, adapters) gets HOME and, of spec.pod.env, exactly
+    HF_TOKEN, HF_ENDPOINT and HUGGING_FACE_HUB_TOKEN as written there (Secret references included), in their
+    order there; other variables and spec.pod.envFrom stay with the engine."""
+    env = [OTHER_ENV[0], HF_ENV[0], OTHER_ENV[1], HF_ENV[1], OTHER_ENV[2], HF_ENV[2]]
+    d = build(model={"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "tokenizer": "hf://meta-llama/Llama-3.1-8B"},
+              lora={"adapters": [{"name": "sql", "source": "hf://org/sql-lora"},
+                                 {"name": "chat", "source": "pvc://adapters/chat"}]},
+              pod={"env": env, "envFrom": [{"secretRef": {"name": "creds"}}]})
+    inits = pod(d)["initContainers"]
+    assert [c["name"] for c in inits] == ["download-model", "download-tokenizer", "download-lora-sql"]
+    for c in inits:
+        assert c["env"] == [{"name": "HOME", "value": "/tmp"}, *HF_ENV], c["name"]
+        assert "envFrom" not in c
+    assert engine(d)["env"][-6:] == env and engine(d)["envFrom"] == [{"secretRef": {"name": "creds"}}]
+    validate_manifest(d)
+
+
+def test_hf_downloads_without_hub_variables_get_only_home():
+    d = build(model={"source": "hf://org/public-model"}, lora={"adapters": [{"name": "a", "source": "hf://org/a"}]},
+              pod={"env": OTHER_ENV})
+    assert [c["env"] for c in pod(d)["initContainers"]] == [[{"name": "HOME", "value": "/tmp"}]] * 2
+
+
 def test_labels_select_the_pods_of_this_inferenceservice_only():
     d = build()
     assert d["spec"]["selector"]["matchLabels"] == {INFERENCESERVICE_LABEL: "llama"}
