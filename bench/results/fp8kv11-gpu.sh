@@ -14,12 +14,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 #          t 16/1/3 at 4, h 16/2/2 and h 16/4/2 at 4, t 32/2/4 at 1, h 16/8/2 at 4, t 32/2/3 at 2 with the fused
 #          merge, main's streams at 2 splits. Prints us, GB/s (of each pool's own bytes) and rel_err per row (each
 #          written as it completes: a cut sweep keeps its rows).
-#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64 --relaunch default (limit 80 s): ONE engine: the
-#          bs64 step under FLOTILLA_DECODE_FP8_LAUNCH / FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) =
-#          the sweep's fastest "t" or "h" row (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback
-#          32,2,3,cvtpx,2t@8 = 2 splits) with the graphs captured at start-up; then all unset, the batch-64
-#          decode graphs captured again (main's launch) and the bs64 step measured again in the same process.
-#          (Branch first: if the stage is cut, its figure is kept; main's is known, 9.758 ms in s10 call 1.)
+#   fp8kv  bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64ab --relaunch default (limit 80 s): ONE engine, one
+#          set of 64 requests of 4,096 tokens prefilled once, timed in the order A B B A (32 steps a phase, the
+#          batch-64 decode graphs captured again at each change of launch): A = FLOTILLA_DECODE_FP8_LAUNCH /
+#          FLOTILLA_DECODE_WAVE (/ FLOTILLA_DECODE_FUSED_MERGE=1) = the sweep's fastest "t" or "h" row
+#          (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback 32,2,3,cvtpx,2t@8 = 2 splits), the start-up
+#          launch; B = main's default (all unset). Each figure is the mean of its two phases.
 #   bf16   the same engine step with bf16 KV (the rest, ~30 s; start-up ~12 s with a warm Triton cache).
 #   summary  fp8/bf16 step ratios, the branch's and main's (target <= 0.70) -> fp8kv11.json (always runs).
 # Output: $OUT/fp8kv11.log (read first), $OUT/fp8kv11.json (sweep rows, engine runs, summary); the engines' logs'
@@ -57,12 +57,12 @@ print(f"{r['block_n']},{r['num_warps']},{r['num_stages']},cvtpx,{r['key_streams'
 PY
 )
       echo "$mine" > $W/mine.txt
-      echo "fp8 engine: FLOTILLA_DECODE_FP8_LAUNCH@FLOTILLA_DECODE_WAVE=$mine at start-up, then --relaunch default (main's)" | tee -a $L
+      echo "fp8 engine: A = FLOTILLA_DECODE_FP8_LAUNCH@FLOTILLA_DECODE_WAVE=$mine (start-up), B = main's default; A B B A" | tee -a $L
       IFS=@ read -r launch wave fused <<< "$mine"
       env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE -u FLOTILLA_DECODE_FUSED_MERGE \
         FLOTILLA_DECODE_FP8_LAUNCH=$launch ${wave:+FLOTILLA_DECODE_WAVE=$wave} ${fused:+FLOTILLA_DECODE_FUSED_MERGE=1} \
         timeout $(left 80) python3 $R/bench/quant_gpu.py --model /tmp/llama8b \
-        --name fp8kv --kv-cache-dtype fp8 --jobs bs64 --max-num-seqs 64 --relaunch default \
+        --name fp8kv --kv-cache-dtype fp8 --jobs bs64ab --max-num-seqs 64 --relaunch default \
         --json $W/engine-fp8kv.json > $W/engine-fp8kv.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "KV cache:|Error|error|captured" $W/engine-fp8kv.log | tail -5 | cut -c1-300 | tee -a $L ;;
@@ -81,16 +81,16 @@ def load(path):
 fp8, bf16 = load(f"{w}/engine-fp8kv.json"), load(f"{w}/engine-bf16.json")
 base = bf16.get("bs64", {}).get("ms_per_step")
 mine = os.environ.get("MINE", "?")
-steps = {"bf16 KV": base, f"fp8 KV fp8kv11 {mine}": fp8.get("bs64", {}).get("ms_per_step"),
-         "fp8 KV main's default (relaunched)": fp8.get("relaunch", {}).get("default", {}).get("ms_per_step")}
+ab = fp8.get("bs64ab", {})
+steps = {"bf16 KV": base, f"fp8 KV fp8kv11 {mine}": ab.get("a_ms"), "fp8 KV main's default": ab.get("b_ms")}
 ratios = {k: round(v / base, 4) for k, v in steps.items() if v and base and k != "bf16 KV"}
 sweep = load(f"{w}/sweep.json")
 rows = [{k: r.get(k) for k in ("pool", "block_n", "num_warps", "num_stages", "key_streams", "form", "num_splits",
                                "fused_merge", "us", "gbps", "rel_err", "error") if k in r} for r in sweep.get("cases", [])]
 summary = {"step_ms_bs64_ctx4096": steps, "ratio_vs_bf16_kv": ratios, "target": "<= 0.70",
-           "graphed": {k: (r.get("graphed_steps"), r.get("steps"), r.get("running_at_end")) for k, r in
-                       [("fp8kv11", fp8.get("bs64", {}))] + list(fp8.get("relaunch", {}).items())},
-           "recapture_s": {k: r.get("recapture_s") for k, r in fp8.get("relaunch", {}).items()},
+           "phases": [(p.get("name"), p.get("spec"), round(p.get("ms_per_step", 0), 4), p.get("graphed_steps"),
+                       round(p.get("recapture_s", 0), 1)) for p in ab.get("phases", [])],
+           "running_at_end": ab.get("running_at_end"), "bf16_graphed": bf16.get("bs64", {}).get("graphed_steps"),
            "startup_s": {"fp8": fp8.get("startup_s"), "bf16": bf16.get("startup_s")}}
 json.dump({"summary": summary, "sweep_rows": rows, "engine": {"fp8kv": fp8, "bf16": bf16}},
           open(f"{out}/fp8kv11.json", "w"), indent=1)
