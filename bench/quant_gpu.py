@@ -10,8 +10,8 @@ bench/results/quant-gpu.sh starts one process each and compares their JSON files
 `bs1` decode step at batch 1, context 512; `bs64` at batch 64, context 4,096 (bench/latency.py's
 measure: whole engine steps once every request decodes); `bs64ab` the bs64 step under the start-up decode launch
 against `--relaunch`'s first spec on the same requests, in the order A B B A (`ab_bs64`); `throughput` 1,000
-random prompts of 512 tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a fixed 64-token
-prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
+random prompts of 512 tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a
+fixed 64-token prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
 Each step figure comes with its roofline at the
 configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
 the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
