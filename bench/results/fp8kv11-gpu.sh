@@ -21,6 +21,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 #          (FP8KV11_LAUNCH="LAUNCH@WAVE[@fused]" overrides; fallback 32,2,3,cvtpx,2t@8 = 2 splits), the start-up
 #          launch; B = main's default (all unset). Each figure is the mean of its two phases.
 #   bf16   the same engine step with bf16 KV (the rest, ~30 s; start-up ~12 s with a warm Triton cache).
+#   tests  if >= 25 s are left: the GPU test of the t / h launches at Llama heads in CUDA graphs
+#          (test_cuda_fp8_transposed_streams_at_llama_heads) and the cvtpx operand-path test.
 #   summary  fp8/bf16 step ratios, the branch's and main's (target <= 0.70) -> fp8kv11.json (always runs).
 # Output: $OUT/fp8kv11.log (read first), $OUT/fp8kv11.json (sweep rows, engine runs, summary); the engines' logs'
 # tails are at the end of the .log. Run from the repository root, carrying .whl (pydantic stack) as the others:
@@ -29,7 +31,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 150
 #   summary" BUDGET_S=120 bash bench/results/fp8kv11-gpu.sh
 L=$OUT/fp8kv11.log; W=/tmp/fp8kv11w; mkdir -p $W
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
-for s in ${STAGES:-sweep fp8kv bf16 summary}; do
+for s in ${STAGES:-sweep fp8kv bf16 tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
@@ -70,6 +72,12 @@ PY
         --model /tmp/llama8b --name bf16 --jobs bs64 --max-num-seqs 64 --json $W/engine-bf16.json > $W/engine-bf16.log 2>&1
       echo "rc=$?" | tee -a $L
       grep -E "KV cache:|Error|error" $W/engine-bf16.log | tail -4 | cut -c1-300 | tee -a $L ;;
+    tests) [ $((END - SECONDS)) -lt 25 ] && { echo "skipped: < 25 s left" | tee -a $L; continue; }
+      timeout $(left 40) python3 -m pytest $R/tests/kernels/test_fp8_kv_cache.py -m gpu -q -p no:cacheprovider \
+        -k "transposed_streams or (operand_paths_at_llama_heads and cvtpx and not cvtpx_k)" -c $R/pyproject.toml --rootdir=$R \
+        > $W/tests.log 2>&1
+      echo "rc=$?" | tee -a $L
+      grep -E "Error|error:|passed|failed|FAILED" $W/tests.log | tail -8 | cut -c1-300 | tee -a $L ;;
     summary) MINE=$(cat $W/mine.txt 2>/dev/null) python3 - $W <<'PY' 2>&1 | tee -a $L
 import json, os, sys
 w, out = sys.argv[1], os.environ.get("OUT", "/tmp/out")
@@ -100,7 +108,7 @@ for r in rows:
 for k, v in ratios.items():
     print(f"RATIO {k}: {steps[k]:.3f} ms / bf16 {base:.3f} ms = {v:.3f} ({'MET' if v <= 0.70 else 'missed'} <= 0.70)")
 PY
-      for f in engine-fp8kv.log engine-bf16.log; do
+      for f in engine-fp8kv.log engine-bf16.log tests.log; do
         [ -f $W/$f ] && { echo "--- tail $f"; grep -v "runs eagerly" $W/$f | tail -15 | cut -c1-300; } >> $L
       done ;;
   esac
