@@ -75,11 +75,18 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     64/8 tiles; call 4 (@d97ebf7) also one batched stream (key_streams 1: 268 us) and a 128-register cap
     (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
-        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", _launch(64, 4, 3)),
-                                                    ("fp8", "perm", _launch(64, 4, 3))]  # fmt: skip
-        per_warp = ((32, 2, 4), (32, 2, 3), (32, 2, 5), (64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 1, 4))
-        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=min(w, b // 16))) for b, w, st in per_warp]
-        rows += [("fp8", "perm", _launch(32, 2, 4, key_streams=2))]
+        # Session 11 (fp8kv11): main's default first among the fp8 rows (the baseline), then the transposed key
+        # streams ("t", `_attend_streams_t`: 128 registers against 170, 301 loop instructions against 398 under Triton
+        # 3.6) and the transposed streams over neighbouring KV heads ("h", `_attend_heads_t`: a program reads a
+        # key's heads side by side), at one split and at 2 or 4 (the registers now let 8 two-warp or 16 one-warp
+        # programs share an SM: 1,024 / 2,048 programs in one wave); likeliest first (a cut sweep keeps its rows).
+        main_default = _launch(32, 2, 4, key_streams=2, form="")
+        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", main_default)]
+        grid = (("t", 32, 2, 3, 2), ("t", 16, 1, 3, 4), ("h", 16, 2, 2, 4), ("h", 16, 4, 2, 4), ("t", 32, 2, 4, 1),
+                ("h", 16, 8, 2, 4))  # fmt: skip
+        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w, form=f, num_splits=sp)) for f, b, w, st, sp in grid]
+        rows += [("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="t", num_splits=2, fused_merge=True)),
+                 ("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="", num_splits=2))]  # fmt: skip
         return rows
     # attn11 (session 11): the fused merge in one online pass (`_merge_group`), so more splits no longer pay two L2
     # round trips a chunk. First the engine's conditions (pool "bf16_engine": bench/decode_ab.py's 4,288-token table
@@ -210,7 +217,7 @@ def summarize(results: dict, batch: int) -> list[str]:
         best = min(rows, key=lambda r: r["us"])
         knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "split_tokens", "pdl_merge",
                                       "fused_merge", "merge_chunk", "early_start", "prefetch", "dynamic_splits",
-                                      "key_streams")
+                                      "key_streams", "form")
                  if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         lines.append(f"b{batch} ctx{best['ctx']} {pool}: default {default['us']:.2f} us {default['gbps']:.0f} GB/s; "
@@ -271,14 +278,29 @@ def main() -> None:
             _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))
 
 
+def engine_wave(row: dict, batch: int = 64, kv_heads: int = KV_HEADS, sms: int = 132) -> int:
+    """FLOTILLA_DECODE_WAVE that gives the engine `row`'s splits at `batch` (`default_num_splits`: splits =
+    wave x SMs // programs, programs = batch x KV heads, or x KV heads / streams for streams over heads)."""
+    programs = batch * (kv_heads // row["key_streams"] if row.get("form") == "h" else kv_heads)
+    splits = row.get("num_splits", 1)
+    wave = -(-splits * programs // sms)
+    assert wave * sms // programs == splits, (row, wave)
+    return wave
+
+
 def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
     """The fastest fp8 row at the largest batch so far, as FLOTILLA_DECODE_FP8_LAUNCH reads it (every fp8 row
-    names its tile)."""
-    rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r]
+    names its tile), then a space and FLOTILLA_DECODE_WAVE for its splits at batch 64 on 132 SMs (`engine_wave`).
+    Rows with the fused merge are left out (FLOTILLA_DECODE_FUSED_MERGE is not in this file's format)."""
+    rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r and
+            r.get("rel_err", 1) < 0.1 and not r.get("fused_merge")]  # fmt: skip
     if rows:
         top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
-        more = f",{top.get('key_streams', 0)}"
-        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}{more}\n")
+        more = f",{top.get('key_streams', 0)}{top.get('form', '')}"
+        wave = engine_wave(top)
+        path.write_text(f"{top['block_n']},{top['num_warps']},{top['num_stages']},{top['pool'].removeprefix('fp8_')}"
+                        f"{more} {wave}\n")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

@@ -187,6 +187,125 @@ def _attend_streams(
 
 
 @triton.jit
+def _attend_streams_t(
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams` with both products transposed: keys and head dims are the tensor-core rows, the group's
+    query heads the columns (scores `K @ Q^T` [SUB, G], output `V^T @ P^T` [d, G]). With a GQA group of 4 the
+    row form pads the query heads to 16 mma rows (12 of 16 wasted, a [16, d] fp32 accumulator: 64 registers a
+    thread, each rescaled every tile); here the heads are padded only to GROUP_PAD columns (the launcher passes 8,
+    one mma n-tile), so a warp issues half the mma instructions per key, and the accumulator and its rescale
+    are half the size. Returns (acc [GROUP_PAD, BLOCK_D], m, l) like `_attend_streams`."""
+    SUB: tl.constexpr = BLOCK_N // WS
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, SUB)[None, :]
+    # A stream's sub-tile lies in one page when SUB divides PAGE (tiles start at multiples of BLOCK_N): then its
+    # page number is one value a stream, [WS, 1], not one a key (fewer table loads and 64-bit offset products).
+    ONE_PAGE: tl.constexpr = PAGE % SUB == 0
+    if ONE_PAGE:
+        first = start + w * SUB
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + w * SUB + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.broadcast_to(tl.trans(q)[None, :, :], (WS, BLOCK_D, GROUP_PAD))
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + w * SUB + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * SUB + BLOCK_N
+            next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+            in_page = _in_page(n0 + w * SUB, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, SUB, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    m_all = tl.max(m, 0)
+    m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+    wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
+    return tl.trans(tl.sum(acc * wgt[:, None, :], 0)), m_all, tl.sum(l * wgt, 0)
+
+
+@triton.jit
+def _attend_heads_t(
+    q3, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_base, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams_t`'s products with the streams over WS neighbouring KV heads (`kv_base + w`) instead of
+    over keys: every stream reads the same `BLOCK_N` keys of its own head. A key's WS heads lie side by side in the
+    pool (WS x 128 contiguous bytes for the fp8 pool instead of 128), and a program reads each DRAM row segment
+    once for WS heads. `q3` is [WS, GROUP_PAD, BLOCK_D]; returns (acc [WS * GROUP_PAD, BLOCK_D], m, l), one row a
+    query head, nothing to merge across streams."""
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, BLOCK_N)[None, :]
+    ONE_PAGE: tl.constexpr = PAGE % BLOCK_N == 0  # a tile in one page: one table entry a tile
+    if ONE_PAGE:
+        first = start + w * 0  # [WS, 1], as in the loop
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    head_off = (kv_base + w) * stride_h  # [WS, 1]
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * 0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
+            next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
+            in_page = _in_page(first, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # [1, BLOCK_N, BLOCK_D], broadcast over the heads
+        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, BLOCK_N, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    acc = tl.reshape(tl.permute(acc, (0, 2, 1)), (WS * GROUP_PAD, BLOCK_D))
+    return acc, tl.reshape(m, (WS * GROUP_PAD,)), tl.reshape(l, (WS * GROUP_PAD,))
+
+
+@triton.jit
 def _prefetch_split(
     k_cache_ptr, v_cache_ptr, t, page, end, kv_head, stride_b, stride_s, stride_h,
     PAGE: tl.constexpr, BLOCK_D: tl.constexpr, LINE_ELEMS: tl.constexpr,
@@ -251,6 +370,8 @@ def _decode_split_kernel(
     PREFETCH_TOKENS: tl.constexpr = 0,
     LINE_ELEMS: tl.constexpr = 64,
     DYN_SPLIT: tl.constexpr = False,
+    TRANSPOSED: tl.constexpr = False,
+    HEAD_STREAMS: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -304,67 +425,94 @@ def _decode_split_kernel(
         # are that kernel's writes, read only after it completes.
         tl.extra.cuda.gdc_wait()
 
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=head_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    ).to(DOT_DTYPE)
-
-    if KEY_STREAMS > 0:
-        acc, m, l = _attend_streams(
-            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
-            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+    if HEAD_STREAMS:  # KEY_STREAMS neighbouring KV heads a program (`_attend_heads_t`): rows w * GROUP_PAD + g
+        r = tl.arange(0, KEY_STREAMS * GROUP_PAD)
+        g = r % GROUP_PAD
+        heads = (kv_head * KEY_STREAMS + r // GROUP_PAD) * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        acc, m, l = _attend_heads_t(
+            tl.reshape(q, (KEY_STREAMS, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
+            kv_head * KEY_STREAMS, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        )  # fmt: skip
+        acc = acc * out_scale
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
         )  # fmt: skip
     else:
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            tok = n0 + tl.arange(0, BLOCK_N)
-            tok_ok = tok < end
-            page = next_page.to(tl.int64)
-            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
-            in_page = _in_page(tok, PAGE)
-            kv_mask = tok_ok[:, None] & d_ok[None, :]
-            kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
-            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-            s = tl.where(tok_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-            m = m_new
+        g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
 
-    acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
-    # Partials are `[batch, heads, splits]`.
-    store_attention_rows(
-        acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
-        (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
-    )  # fmt: skip
-    if NUM_SPLITS > 1 and FUSED_MERGE:
-        # The last active split of this (sequence, KV head) to finish merges the group's partials instead of
-        # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
-        # orders every thread's partial stores before the release of the ticket; the acquire orders
-        # the winner's reads after all of them.
-        tl.debug_barrier()
-        ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == active - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
-            if has_query:
-                _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
-                             stride_oh, d, d_ok, active, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, GROUP_P2,
-                             BLOCK_D, MERGE_CHUNK)  # fmt: skip
+        if KEY_STREAMS > 0 and TRANSPOSED:
+            acc, m, l = _attend_streams_t(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        elif KEY_STREAMS > 0:
+            acc, m, l = _attend_streams(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        else:
+            m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                tok = n0 + tl.arange(0, BLOCK_N)
+                tok_ok = tok < end
+                page = next_page.to(tl.int64)
+                next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+                in_page = _in_page(tok, PAGE)
+                kv_mask = tok_ok[:, None] & d_ok[None, :]
+                kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
+                k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+                s = tl.where(tok_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l = l * alpha + tl.sum(p, 1)
+                v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+                m = m_new
+
+        acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
+        # Partials are `[batch, heads, splits]`.
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
+        )  # fmt: skip
+        if NUM_SPLITS > 1 and FUSED_MERGE:
+            # The last active split of this (sequence, KV head) to finish merges the group's partials instead of
+            # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
+            # orders every thread's partial stores before the release of the ticket; the acquire orders
+            # the winner's reads after all of them.
+            tl.debug_barrier()
+            ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == active - 1:
+                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
+                if has_query:
+                    _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
+                                 stride_oh, d, d_ok, active, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, GROUP_P2,
+                                 BLOCK_D, MERGE_CHUNK)  # fmt: skip
 
 
 @triton.jit
@@ -410,15 +558,17 @@ def _merge_group(
              mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
+def default_num_splits(
+    batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int, wave: int | None = None
+) -> int:
     """Splits per sequence: as many as fit one wave of ~4 programs per SM, each over >= 2 tiles.
 
     One wave, not more: on an H200 (batch 16, 8 KV heads) 4 splits = 512 programs ran at 3,780 GB/s
     and 5 splits = 640 programs, a second partial wave, at 3,130 GB/s. A batch that fills the wave
-    alone gets no split, so no partials and no merge.
+    alone gets no split, so no partials and no merge. `wave`: programs an SM to fill instead of `_wave()`'s.
     """
     programs = batch * num_kv_heads
-    want = (_wave() * num_sms) // programs
+    want = ((wave or _wave()) * num_sms) // programs
     most = max(1, triton.cdiv(max_context, 2 * block_n))
     return int(max(1, min(want, most, 64)))
 
@@ -433,6 +583,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
+_FP8_FORM = ""  # the key streams' form: "" rows, "t" transposed, "h" over KV heads (`paged_decode_attention`'s)
+# Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
+# two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
+_FP8_WAVE: int | None = None
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
@@ -442,24 +596,36 @@ def _wave() -> int:
     return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's and
-    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams]" the float pool's, so that one device call
-    can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
+    streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
+    neighbouring KV heads (`_attend_heads_t`)). FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams
+    [t|h]]" overrides the fp8 pool's and FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h]]" the
+    float pool's, so that one device call can time the engine step at what its kernel sweep found best
+    (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
-            tile = [int(x) for x in env.split(",")]
-            return tile[0], tile[1], tile[2], "cvt", tile[3] if len(tile) > 3 else 0
-        return (*_BF16_LAUNCH, "cvt", 0)
+            tile = env.split(",")
+            streams, form = _streams_field(tile[3] if len(tile) > 3 else "0", "FLOTILLA_DECODE_BF16_LAUNCH")
+            return int(tile[0]), int(tile[1]), int(tile[2]), "cvt", streams, form
+        return (*_BF16_LAUNCH, "cvt", 0, "")
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
         block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        assert len(more) <= 1 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
-        return int(block_n), int(warps), int(stages), mode, int(more[0]) if more else 0
-    return _FP8_LAUNCH
+        assert len(more) <= 1, f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
+        streams, form = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
+        return int(block_n), int(warps), int(stages), mode, streams, form
+    return (*_FP8_LAUNCH, _FP8_FORM)
+
+
+def _streams_field(text: str, name: str) -> tuple[int, str]:
+    """A launch string's key_streams field: digits, then `t` (transposed) or `h` (over heads) or nothing."""
+    form = text[-1] if text[-1:] in ("t", "h") else ""
+    digits = text.removesuffix(form) if form else text
+    assert digits.isdigit() and (digits != "0" or not form), f"{name}: {text!r}: key_streams[t|h]?"
+    return int(digits), form
 
 
 # Small grids: batch x KV heads <= _SMALL_GRID (batch 1 or 2 at Llama's 8 KV heads), where a step's attention is
@@ -575,6 +741,7 @@ def paged_decode_attention(
     fused_merge: bool | None = None,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
+    form: str | None = None,
     split_tokens: int | None = None,
     merge_chunk: int | None = None,
     early_start: bool | None = None,
@@ -612,8 +779,11 @@ def paged_decode_attention(
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
-    of keys (`_attend_streams`; num_warps: one stream a warp). `v_scale` (an fp8 pool's V scale)
-    multiplies the output inside the kernel.
+    of keys (`_attend_streams`; num_warps: one stream a warp). `form` (with key streams): "t" the products as
+    `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows), "h"
+    the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
+    program reads a key's heads side by side; no fused merge), "" the row form; default: the pool's launch.
+    `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -625,23 +795,33 @@ def paged_decode_attention(
     tile = _launch_defaults(fp8)
     small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
     if small is not None:
-        tile = (*small[:3], tile[3], 0)
+        tile = (*small[:3], tile[3], 0, "")
         split_tokens = split_tokens or small[3]
         merge_chunk = merge_chunk or small[5] or None
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
+    # keys a stream in a tile: block_n // key_streams, or all block_n when the streams are over heads ("h")
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
-        key_streams = tile[4] if tile[4] and block_n // tile[4] >= 16 else 0
-    if key_streams and block_n // key_streams < 16:
+        key_streams = tile[4] if tile[4] and block_n // (1 if tile[5] == "h" else tile[4]) >= 16 else 0
+    form = (tile[5] if form is None else form) if key_streams else ""
+    assert form in ("", "t", "h"), f"form {form!r}"
+    head_streams = form == "h"
+    if key_streams and block_n // (1 if head_streams else key_streams) < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
+    if head_streams and num_kv_heads % key_streams:
+        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads")
+    programs_kv = num_kv_heads // key_streams if head_streams else num_kv_heads
     if num_splits is None and split_tokens:
         num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
+        wave = _FP8_WAVE if fp8 and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
+        num_splits = default_num_splits(batch, programs_kv, max_context, device_sms(query), block_n, wave)
     merge, *flags = (small[4] if small is not None else "").split("+")
     if fused_merge is None:
         env = _fused_merge_env()
-        fused_merge = env if env is not None else merge == "fused"
+        fused_merge = (env if env is not None else merge == "fused") and not head_streams
+    if head_streams and fused_merge and num_splits > 1:
+        raise ValueError("head streams: no fused merge (its ticket and merge are per KV head)")
     if pdl_merge is None:
         pdl_merge = _PDL_MERGE or merge == "pdl"
     # Programmatic dependent launch and inline PTX: compiled, on Hopper (never under the interpreter).
@@ -664,7 +844,7 @@ def paged_decode_attention(
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
     line_elems = 128 // k_cache.element_size()
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_split_kernel[(batch, programs_kv, num_splits)](
         query,
         k_cache,
         v_cache,
@@ -691,7 +871,8 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         SPLITS_PAD=splits_pad,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
+        # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed forms to one n-tile of 8 columns
+        GROUP_PAD=max(8 if form else 16, triton.next_power_of_2(group)),
         GROUP_P2=triton.next_power_of_2(group),  # the fused merge's rows
         MERGE_CHUNK=min(merge_chunk or _merge_chunk(num_splits, group, block_d, num_warps), splits_pad),
         HEAD_DIM=head_dim,
@@ -709,6 +890,8 @@ def paged_decode_attention(
         PREFETCH_TOKENS=min(triton.next_power_of_2(split_len), 512) if prefetch else 0,
         LINE_ELEMS=min(line_elems, block_d),
         DYN_SPLIT=dynamic_splits,
+        TRANSPOSED=form == "t",
+        HEAD_STREAMS=head_streams,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

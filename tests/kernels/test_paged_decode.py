@@ -174,6 +174,10 @@ def test_default_split_choice_fills_the_gpu_and_stays_in_bounds():
     assert default_num_splits(1, 8, 4096, 132, 64) == 32
     assert default_num_splits(256, 8, 4096, 132, 64) == 1
     assert default_num_splits(1, 8, 16, 132, 64) == 1
+    # a denser wave (the fp8 pool's transposed streams, `_FP8_WAVE`): 2 / 4 splits at batch 64 on 132 SMs
+    assert default_num_splits(64, 8, 4288, 132, 32) == 1
+    assert default_num_splits(64, 8, 4288, 132, 32, wave=8) == 2
+    assert default_num_splits(64, 8, 4288, 132, 16, wave=16) == 4
 
 
 @pytest.mark.parametrize("head_dim", [48, 128])
