@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import torch
+from decode_pool import HEAD_DIM, KV_HEADS, decode_pool, l2_sets  # bench/decode_pool.py
 
-HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 TILES = [(64, 4, 2, 0), (64, 4, 3, 0), (64, 8, 2, 0), (32, 4, 3, 0), (32, 2, 3, 0), (128, 8, 2, 0), (32, 2, 4, 2),
          (64, 4, 3, 2), (16, 2, 3, 0)]  # fmt: skip
 SPLITS = [1, 2, 4, 8]
@@ -31,15 +31,8 @@ SPLITS = [1, 2, 4, 8]
 
 def make_case(batch: int, ctx: int) -> dict:
     """Pools, queries and shuffled block tables for `batch` sequences of `ctx` tokens (several sets: > L2)."""
-    blocks = batch * ctx // PAGE
-    sets = max(1, -(-(256 << 20) // (2 * blocks * PAGE * KV_HEADS * HEAD_DIM * 2)))
-    k = torch.randn(sets * blocks, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    return {"k": k, "v": torch.randn_like(k), "sets": sets,
-            "tables": torch.randperm(sets * blocks, device="cuda", dtype=torch.int32).view(sets, batch, -1),
-            "q": torch.randn(sets, batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
-            "qsl": torch.arange(batch + 1, device="cuda", dtype=torch.int32),
-            "lens": torch.full((batch,), ctx, device="cuda", dtype=torch.int32),
-            "bytes": 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2}  # fmt: skip
+    sets = l2_sets(batch, ctx)
+    return {**decode_pool(batch, ctx, sets), "sets": sets, "bytes": 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2}
 
 
 def time_launch(case: dict, tile: tuple[int, int, int, int], splits: int | None) -> dict:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 import triton
+from decode_pool import decode_pool  # bench/decode_pool.py: one pool build for every decode benchmark
 from triton.testing import do_bench
 
 from flotilla.kernels.activation import silu_and_mul_ref
@@ -122,15 +123,8 @@ def copy_bandwidth() -> dict:
 def decode_case(batch: int, ctx: int, sets: int) -> dict:
     """`sets` independent K/V sets for one decode shape: the paged pool with shuffled block tables,
     and the same K/V gathered contiguous `[B, Hkv, ctx, D]` for SDPA."""
-    blocks_per_seq = ctx // PAGE
-    num_blocks = sets * batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
-    v_cache = torch.randn_like(k_cache)
-    perm = torch.randperm(num_blocks, device=DEV, dtype=torch.int32)
-    tables = perm.view(sets, batch, blocks_per_seq)
-    query = torch.randn(sets, batch, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
-    qsl = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
-    lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
+    pool = decode_pool(batch, ctx, sets)
+    k_cache, v_cache, tables = pool["k"], pool["v"], pool["tables"]
 
     def contiguous(cache: torch.Tensor, s: int) -> torch.Tensor:
         return cache[tables[s].long()].reshape(batch, ctx, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
@@ -138,8 +132,8 @@ def decode_case(batch: int, ctx: int, sets: int) -> dict:
     k_flat = [contiguous(k_cache, s) for s in range(sets)]
     v_flat = [contiguous(v_cache, s) for s in range(sets)]
     return {
-        "k_cache": k_cache, "v_cache": v_cache, "tables": tables, "query": query, "qsl": qsl,
-        "lens": lens, "k_flat": k_flat, "v_flat": v_flat, "batch": batch, "ctx": ctx, "sets": sets,
+        "k_cache": k_cache, "v_cache": v_cache, "tables": tables, "query": pool["q"], "qsl": pool["qsl"],
+        "lens": pool["lens"], "k_flat": k_flat, "v_flat": v_flat, "batch": batch, "ctx": ctx, "sets": sets,
     }  # fmt: skip
 
 

@@ -8,9 +8,10 @@ Run once per configuration (bf16, fp8 weights, fp8 KV, both, int4 W4A16): an eng
 memory at start-up (the KV pool) and returns it only when its process ends, so
 bench/results/quant-gpu.sh starts one process each and compares their JSON files. Jobs:
 `bs1` decode step at batch 1, context 512; `bs64` at batch 64, context 4,096 (bench/latency.py's
-measure: whole engine steps once every request decodes); `throughput` 1,000 random prompts of 512
-tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a fixed 64-token
-prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
+measure: whole engine steps once every request decodes); `bs64ab` the bs64 step under the start-up decode launch
+against `--relaunch`'s first spec on the same requests, in the order A B B A (`ab_bs64`); `throughput` 1,000
+random prompts of 512 tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a
+fixed 64-token prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
 Each step figure comes with its roofline at the
 configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
 the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
@@ -82,6 +83,91 @@ def record_paths() -> dict[str, set[int]]:
     return seen
 
 
+_LAUNCH_ENV = ("FLOTILLA_DECODE_FP8_LAUNCH", "FLOTILLA_DECODE_WAVE", "FLOTILLA_DECODE_FUSED_MERGE")
+
+
+def _set_launch(spec: str) -> dict[str, str]:
+    """Set the decode launch's environment from `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE[@fused]]
+    (fused: FLOTILLA_DECODE_FUSED_MERGE=1; `default`: all three unset); returns what it set."""
+    launch, wave, fused = (("" if spec == "default" else spec).split("@") + ["", ""])[:3]
+    assert fused in ("", "fused"), f"--relaunch {spec!r}: LAUNCH[@WAVE[@fused]]"
+    env = dict(zip(_LAUNCH_ENV, (launch, wave, "1" if fused else ""), strict=True))
+    for name, value in env.items():
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    return {name: value or "default" for name, value in env.items()}
+
+
+def _recapture_decode(engine, batch: int) -> float:
+    """Capture the engine's decode graphs of `batch` rows again (every table width; the other graphs keep theirs):
+    the decode kernel reads its launch's environment at each call, so a graph holds the launch of its capture.
+    Padding rows write no KV (slot -1), so live requests are safe. Returns the seconds it took."""
+    from flotilla.engine.cuda_graphs import StepGraphs
+
+    graphs = engine.runner.graphs
+    t0 = time.perf_counter()
+    if graphs is not None:
+        keys = [k for k in StepGraphs.keys(graphs) if k.decode and k.tokens == batch]
+        for key in keys:
+            graphs._graphs.pop(key, None)
+        graphs.keys = lambda: keys  # capture() walks keys(): only these
+        try:
+            graphs.capture()
+        finally:
+            del graphs.keys
+    return time.perf_counter() - t0
+
+
+def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
+    """The bs64 step again under another decode launch in the same engine (session 11, fp8kv11: one engine start
+    for main's fp8 kernel and a branch's): the launch set from `spec` (`_set_launch`), the batch-64 decode graphs
+    captured again, new requests prefilled and timed (`step_latency`)."""
+    env = _set_launch(spec)
+    capture_s = _recapture_decode(engine, 64)
+    row = step_latency(engine, 64, 4096, steps, rng)
+    row["recapture_s"] = capture_s
+    row["env"] = env
+    return row
+
+
+def ab_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
+    """Job `bs64ab`: the start-up launch (A) against `spec` (B) on the same 64 requests of 4,096 tokens, prefilled
+    once, in the order A B B A (each phase: the batch-64 decode graphs captured again under its launch, 3 settling
+    steps, `steps` timed ones), so that the context's growth over the phases (~35 tokens each) weighs on both alike.
+    A's and B's figures are the means of their two phases."""
+    import statistics
+
+    from decode_steps import start_decoding, timed_steps
+
+    from flotilla.engine.sampling_params import SamplingParams
+
+    start = {name: os.environ.get(name) for name in _LAUNCH_ENV}
+    a_spec = "@".join([start[_LAUNCH_ENV[0]] or "", start[_LAUNCH_ENV[1]] or ""] +
+                      (["fused"] if start[_LAUNCH_ENV[2]] == "1" else [])).rstrip("@") or "default"  # fmt: skip
+    vocab = engine.config.model.hf_config["vocab_size"]
+    params = SamplingParams(temperature=0.0, max_tokens=4 * (steps + 3) + 32, ignore_eos=True)
+    reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(4096)], params) for _ in range(64)]
+    start_decoding(engine, reqs, settle=0)
+    phases = []
+    for name, which in (("A", a_spec), ("B", spec), ("B", spec), ("A", a_spec)):
+        env = _set_launch(which)
+        capture_s = _recapture_decode(engine, 64) if phases and phases[-1]["name"] != name else 0.0
+        graphed: list[bool] = []
+        for _ in range(3):
+            engine.step()
+        times = timed_steps(engine, steps, lambda seen=graphed: seen.append(engine.runner.last_step.graphed))
+        phases.append({"name": name, "spec": which, "env": env, "ms_per_step": 1e3 * statistics.fmean(times),
+                       "ms_per_step_median": 1e3 * statistics.median(times), "graphed_steps": sum(graphed),
+                       "recapture_s": capture_s})  # fmt: skip
+    running = sum(1 for r in reqs if not r.status.finished)
+    engine.abort([r.request_id for r in reqs])
+    mean = {k: statistics.fmean(p["ms_per_step"] for p in phases if p["name"] == k) for k in ("A", "B")}
+    return {"batch": 64, "context": 4096, "steps": steps, "a_spec": a_spec, "b_spec": spec, "a_ms": mean["A"],
+            "b_ms": mean["B"], "phases": phases, "running_at_end": running}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -93,6 +179,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=512)
     p.add_argument("--json", required=True)
+    p.add_argument(
+        "--relaunch",
+        default="",
+        help="after the jobs, ';'-separated LAUNCH[@WAVE[@fused]]: for each, FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH, "
+        "FLOTILLA_DECODE_WAVE=WAVE, FLOTILLA_DECODE_FUSED_MERGE (`default`: all unset), the "
+        "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`)",
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # Start-up phases with timestamps (model build, quantized layers, dummy fill, each graph captured):
@@ -115,7 +208,16 @@ def main() -> None:
         "fp8_gemv_env": os.environ.get("FLOTILLA_FP8_GEMV", "1"),
         "int4_gemv_wide_env": os.environ.get("FLOTILLA_INT4_GEMV_WIDE", ""),
         "int4_gemv_wide_config": os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", ""),
-        "switches": {k: os.environ.get(k) for k in ("FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB")},
+        "switches": {
+            k: os.environ.get(k)
+            for k in (
+                "FLOTILLA_PDL",
+                "FLOTILLA_PDL_L2_MB",
+                "FLOTILLA_DECODE_FP8_LAUNCH",
+                "FLOTILLA_DECODE_WAVE",
+                "FLOTILLA_DECODE_FUSED_MERGE",
+            )
+        },
         "quantization": engine.config.model.quantization,
         "kv_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "startup_s": time.perf_counter() - t0,
@@ -150,6 +252,14 @@ def main() -> None:
         elif job == "throughput":
             prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
             result[job] = timed_generate(llm, prompts, 128)
+        save()
+    if "bs64ab" in jobs:  # the start-up launch against the first --relaunch spec, same requests (`ab_bs64`)
+        result["bs64ab"] = ab_bs64(engine, a.relaunch.split(";")[0] or "default", a.steps, rng)
+        result["bs64ab"]["roofline_ms"] = roofline_ms(cfg, 64, 4096, weight_bytes, kv_bytes)
+        save()
+    for spec in a.relaunch.split(";") if a.relaunch and "bs64ab" not in jobs else ():
+        result.setdefault("relaunch", {})[spec] = relaunch_bs64(engine, spec, a.steps, rng)
+        result["relaunch"][spec]["roofline_ms"] = roofline_ms(cfg, 64, 4096, weight_bytes, kv_bytes)
         save()
     # Everything is saved: skip the engine's teardown (a stage's time limit once ran out in it).
     sys.stdout.flush()

@@ -39,8 +39,9 @@ def make_prompts(n: int, input_len: int, vocab: int, seed: int, mixed: bool) -> 
     return [[rng.randrange(100, vocab) for _ in range(length)] for length in lengths]
 
 
-def timed_generate(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
-    """Generate `output_len` tokens for every prompt on a built engine: wall time and tokens/s."""
+def timed_generate(llm: LLM, prompts: list[list[int]], output_len: int, tokens_out: str | None = None) -> dict:
+    """Generate `output_len` tokens for every prompt on a built engine: wall time and tokens/s. `tokens_out`: a
+    file for the timed run's greedy tokens (one JSON list a request, in order), for an A/B to compare."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     # Warm-up on the workload's own shapes (CPU GEMM kernels are built per shape), 8 tokens each, with
     # other tokens of the same lengths so the measured prompts are not already in the prefix cache.
@@ -53,6 +54,8 @@ def timed_generate(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
     with pauses:
         outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    if tokens_out:
+        Path(tokens_out).write_text(json.dumps([list(o.outputs[0].token_ids) for o in outs]))
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     prompt_tokens = sum(map(len, prompts))
     return {
@@ -96,12 +99,13 @@ def _alloc_retries() -> int | None:
     return torch.cuda.memory_stats().get("num_alloc_retries", 0) if torch.cuda.is_available() else None
 
 
-def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict) -> dict:
+def run_flotilla(model: str | None, prompts: list[list[int]], output_len: int, engine_args: dict,
+                 tokens_out: str | None = None) -> dict:
     """Generate with Flotilla; returns wall time and output tokens/s (load and warm-up excluded)."""
     t0 = time.perf_counter()
     llm = LLM(model, **engine_args)
     startup = time.perf_counter() - t0
-    return {**timed_generate(llm, prompts, output_len), "startup_s": startup,
+    return {**timed_generate(llm, prompts, output_len, tokens_out), "startup_s": startup,
             "model_dir": llm.engine.config.model.model, "dtype": llm.engine.config.model.dtype,
             "async_scheduling": llm.engine.config.scheduler.async_scheduling}
 
@@ -191,6 +195,7 @@ def main() -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--tokens-out", default=None, help="write the timed run's greedy tokens here (JSON)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(a.seed)
@@ -236,7 +241,7 @@ def main() -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("HF_JSON ")]
         result["hf_continuous_batching"] = json.loads(lines[-1][8:]) if lines else {"error": proc.stderr[-3000:]}
-    result["flotilla"] = run_flotilla(a.model, prompts, a.output_len, engine_args)
+    result["flotilla"] = run_flotilla(a.model, prompts, a.output_len, engine_args, a.tokens_out)
     result["bound"] = bound_seconds(hf_config, prompts, a.output_len, a.max_num_seqs)
     result["fraction_of_bound"] = result["bound"]["bound_s"] / result["flotilla"]["seconds"]
     cb = result.get("hf_continuous_batching", {})

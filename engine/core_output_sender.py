@@ -15,7 +15,6 @@ A/B measurements.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 import time
@@ -23,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from flotilla.engine.step_trace import StepTrace
+from flotilla.kernels.switches import env_flag
 
 THREAD_ENV = "FLOTILLA_CORE_OUTPUT_THREAD"
 
@@ -35,7 +35,7 @@ class OutputSender:
         self._trace = trace
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        if os.environ.get(THREAD_ENV, "1").lower() not in ("0", "false"):
+        if env_flag(THREAD_ENV, True):
             self._thread = threading.Thread(target=self._run, name="flotilla-core-output", daemon=True)
             self._thread.start()
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -56,6 +55,7 @@ from torch import nn
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch
 from flotilla.engine.lora.slots import lora_slots
+from flotilla.kernels.switches import env_flag
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class StepGraphs:
         self.model = model
         self.lora = lora
         if one_seq_graphs is None:
-            one_seq_graphs = os.environ.get("FLOTILLA_ONE_SEQ_GRAPHS", "1").strip() != "0"
+            one_seq_graphs = env_flag("FLOTILLA_ONE_SEQ_GRAPHS", True)
         self.device = device
         self.block_size = block_size
         # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.

@@ -99,7 +99,8 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         crd_field="model.servedName",
     ),
-    Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model"),
+    Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model",
+         crd_field="model.tokenizer"),
     Flag(
         "--dtype",
         "str",

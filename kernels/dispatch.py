@@ -25,6 +25,7 @@ from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
+from flotilla.kernels.switches import env_choice, env_flag, parse_choice
 
 # CPU: what every layer of a step derives alike (cos/sin, slots, the decode gather's indices) made once a step and
 # kept in its memo, and the rotary/KV write in fewer ops (`cpu_rotary_kv.py`); FLOTILLA_CPU_STEP_MEMO=0: the
@@ -198,7 +199,7 @@ TRITON_GEMV_MAX_OUT = 8192
 # default) only for shapes the H200 sweep measured faster than cuBLAS (`MEASURED_CONFIGS`, Llama-3.1-8B's
 # projections; H200 call 4 of the seventh session: decode batch 64 x ctx 512 5.928 -> 5.648 ms, batch 1
 # unchanged); "1" every supported shape (unmeasured ones at `default_config`); "0" cuBLAS as before.
-SKINNY_GEMM_MODE = {"0": "off", "1": "all"}.get(os.environ.get("FLOTILLA_SKINNY_GEMM", "table").strip(), "table")
+SKINNY_GEMM_MODE = env_choice("FLOTILLA_SKINNY_GEMM", {"table": "table", "1": "all", "0": "off"}, "table")
 SKINNY_GEMM_MIN_ROWS = 17
 SKINNY_GEMM_MAX_ROWS = 128
 
@@ -264,7 +265,7 @@ def silu_and_mul_linear(
 # restores the path as call E measured it: W8A8 with torch's quantization (and the weight-only schemes'
 # dequantize + matmul) at every batch size.
 FP8_GEMV_MAX_ROWS = 16
-FP8_GEMV_ENABLED = os.environ.get("FLOTILLA_FP8_GEMV", "1").strip() != "0"
+FP8_GEMV_ENABLED = env_flag("FLOTILLA_FP8_GEMV", True)
 
 
 def _fp8_gemv_rows(x: torch.Tensor) -> bool:
@@ -323,7 +324,7 @@ INT4_GEMM_MAX_ROWS = 256
 # (read at import; the module global is read at every call): unset, one row (the H200, session 10 call 4: the int4
 # bs1 step 4.188 -> 3.317 ms with the measured tiles, greedy tokens equal; 2-4 rows unmeasured); "1" 1..4 rows;
 # "0" never.
-INT4_GEMV_WIDE_ROWS = {"0": 0, "1": 4}.get(os.environ.get("FLOTILLA_INT4_GEMV_WIDE", "").strip(), 1)
+INT4_GEMV_WIDE_ROWS = env_choice("FLOTILLA_INT4_GEMV_WIDE", {"1": 4, "0": 0}, 1)
 
 
 def packed_int_linear(
@@ -391,13 +392,11 @@ LORA_KERNEL_SETS = {"0": "pair", "1": "segments", "2": "stacked"}
 
 def lora_kernel_set(value: str) -> str:
     """A FLOTILLA_LORA_KERNELS value (0/1/2 or pair/segments/stacked) as its name."""
-    name = LORA_KERNEL_SETS.get(value.strip(), value.strip())
-    if name not in LORA_KERNEL_SETS.values():
-        raise ValueError(f"FLOTILLA_LORA_KERNELS={value!r}: expected one of {sorted(LORA_KERNEL_SETS.items())}")
-    return name
+    by_name = {name: name for name in LORA_KERNEL_SETS.values()}
+    return parse_choice("FLOTILLA_LORA_KERNELS", value, LORA_KERNEL_SETS | by_name, "stacked")
 
 
-LORA_KERNELS = lora_kernel_set(os.environ.get("FLOTILLA_LORA_KERNELS", "stacked"))
+LORA_KERNELS = lora_kernel_set(os.environ.get("FLOTILLA_LORA_KERNELS", ""))
 
 
 def lora_stacks_a(a_stack_bytes: int) -> bool:

@@ -30,9 +30,10 @@ import os
 
 import torch
 
+from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_utils import INTERPRETING
 
-PDL_ENABLED = os.environ.get("FLOTILLA_PDL", "1").strip() != "0"
+PDL_ENABLED = env_flag("FLOTILLA_PDL", True)
 L2_PREFETCH_MB = float(os.environ.get("FLOTILLA_PDL_L2_MB", "0").strip() or 0)
 
 _CAPABLE: dict[int, bool] = {}

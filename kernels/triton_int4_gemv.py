@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
@@ -167,12 +168,7 @@ def default_config(
 def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """The device's split-K arrival counters (`_COUNTERS`), or None where the call must use the reduce
     launch: too many row tiles, or the first use inside a CUDA-graph capture."""
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if tiles > _COUNTER_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return counters if tiles <= counters.numel() else None
+    return arrival_counters(_COUNTERS, device, tiles, _COUNTER_SLOTS)
 
 
 @triton.jit

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.fp8_linear import FP8_DTYPE
+from flotilla.kernels.pdl import PDL_ENABLED
+from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
@@ -185,6 +187,144 @@ def _attend_streams(
 
 
 @triton.jit
+def _attend_streams_t(
+    q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams` with both products transposed: keys and head dims are the tensor-core rows, the group's
+    query heads the columns (scores `K @ Q^T` [SUB, G], output `V^T @ P^T` [d, G]). With a GQA group of 4 the
+    row form pads the query heads to 16 mma rows (12 of 16 wasted, a [16, d] fp32 accumulator: 64 registers a
+    thread, each rescaled every tile); here the heads are padded only to GROUP_PAD columns (the launcher passes 8,
+    one mma n-tile), so a warp issues half the mma instructions per key, and the accumulator and its rescale
+    are half the size. Returns (acc [GROUP_PAD, BLOCK_D], m, l) like `_attend_streams`."""
+    SUB: tl.constexpr = BLOCK_N // WS
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, SUB)[None, :]
+    # A stream's sub-tile lies in one page when SUB divides PAGE (tiles start at multiples of BLOCK_N): then its
+    # page number is one value a stream, [WS, 1], not one a key (fewer table loads and 64-bit offset products).
+    ONE_PAGE: tl.constexpr = PAGE % SUB == 0
+    if ONE_PAGE:
+        first = start + w * SUB
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + w * SUB + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.broadcast_to(tl.trans(q)[None, :, :], (WS, BLOCK_D, GROUP_PAD))
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + w * SUB + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * SUB + BLOCK_N
+            next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+            in_page = _in_page(n0 + w * SUB, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, SUB, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    m_all = tl.max(m, 0)
+    m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+    wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
+    return tl.trans(tl.sum(acc * wgt[:, None, :], 0)), m_all, tl.sum(l * wgt, 0)
+
+
+@triton.jit
+def _attend_heads_t(
+    q3, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_base, stride_b, stride_s, stride_h, d, d_ok,
+    WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """`_attend_streams_t`'s products with the streams over WS neighbouring KV heads (`kv_base + w`) instead of
+    over keys: every stream reads the same `BLOCK_N` keys of its own head. A key's WS heads lie side by side in the
+    pool (WS x 128 contiguous bytes for the fp8 pool instead of 128), and a program reads each DRAM row segment
+    once for WS heads. `q3` is [WS, GROUP_PAD, BLOCK_D]; returns (acc [WS * GROUP_PAD, BLOCK_D], m, l), one row a
+    query head, nothing to merge across streams."""
+    w = tl.arange(0, WS)[:, None]
+    t = tl.arange(0, BLOCK_N)[None, :]
+    ONE_PAGE: tl.constexpr = PAGE % BLOCK_N == 0  # a tile in one page: one table entry a tile
+    if ONE_PAGE:
+        first = start + w * 0  # [WS, 1], as in the loop
+        next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    else:
+        tok = start + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([WS, GROUP_PAD], tl.float32)
+    acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
+    head_off = (kv_base + w) * stride_h  # [WS, 1]
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + t
+        tok_ok = tok < end
+        page = next_page.to(tl.int64)
+        if ONE_PAGE:
+            first = n0 + w * 0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
+            next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
+            in_page = _in_page(first, PAGE) + t
+        else:
+            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+            in_page = _in_page(tok, PAGE)
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # [1, BLOCK_N, BLOCK_D], broadcast over the heads
+        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, BLOCK_N, G]
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None, :])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
+                                               input_precision=DOT_PRECISION)  # fmt: skip
+        m = m_new
+    acc = tl.reshape(tl.permute(acc, (0, 2, 1)), (WS * GROUP_PAD, BLOCK_D))
+    return acc, tl.reshape(m, (WS * GROUP_PAD,)), tl.reshape(l, (WS * GROUP_PAD,))
+
+
+@triton.jit
+def _prefetch_split(
+    k_cache_ptr, v_cache_ptr, t, page, end, kv_head, stride_b, stride_s, stride_h,
+    PAGE: tl.constexpr, BLOCK_D: tl.constexpr, LINE_ELEMS: tl.constexpr,
+):  # fmt: skip
+    """Ask L2 for the split's keys and values at tokens `t` (pages `page`) at once (`prefetch.global.L2`, one per
+    128-byte line of a token's head), so that DRAM streams the whole split from the first round trip instead of
+    tile by tile behind the loop's page-table reads (a latency-bound batch-1 program owns a few tiles). Lanes at
+    or past `end` prefetch the pool's first line."""
+    off = page.to(tl.int64) * stride_b + _in_page(t, PAGE) * stride_s + kv_head * stride_h
+    line = tl.arange(0, BLOCK_D // LINE_ELEMS) * LINE_ELEMS
+    off = tl.where((t < end)[:, None], off[:, None] + line[None, :], 0)
+    # the addresses as 64-bit integers ("l")
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [(k_cache_ptr + off).to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [(v_cache_ptr + off).to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -213,6 +353,8 @@ def _decode_split_kernel(
     SPLITS_PAD: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
@@ -224,117 +366,209 @@ def _decode_split_kernel(
     FUSED_MERGE: tl.constexpr,
     KEY_STREAMS: tl.constexpr = 0,
     EARLY_DEPENDENTS: tl.constexpr = False,
+    EARLY_START: tl.constexpr = False,
+    PREFETCH_TOKENS: tl.constexpr = 0,
+    LINE_ELEMS: tl.constexpr = 64,
+    DYN_SPLIT: tl.constexpr = False,
+    TRANSPOSED: tl.constexpr = False,
+    HEAD_STREAMS: tl.constexpr = False,
 ):
-    if EARLY_DEPENDENTS:  # the merge kernel, launched with PDL, may be scheduled now and wait there
+    if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    start = split * split_len
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Latency matters at small batch (a program may own only one or two tiles), so the first
-    # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
-    # need the table's width, and are used only for tokens below the length.
-    tok = start + tl.arange(0, BLOCK_N)
-    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
-    seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+    if DYN_SPLIT:
+        # `split_len` is the keys a split aims at: this sequence's length is cut into floor(length / split_len)
+        # equal ranges (whole pages; at least one), so a length just past a multiple of it (the engine's
+        # context 4,096 + the tokens decoded so far) adds no split of a few keys (a program more than the SMs
+        # take in one wave). The pages then wait for the length (one round trip more).
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+        ranges = tl.maximum(tl.minimum(seq_len // split_len, NUM_SPLITS), 1)
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, ranges), PAGE) * PAGE, PAGE)
+        start = split * split_len
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+    else:
+        start = split * split_len
+        # Latency matters at small batch (a program may own only one or two tiles), so the first
+        # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
+        # need the table's width, and are used only for tokens below the length.
+        tok = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+        if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
+            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+        q_row = tl.load(query_start_loc_ptr + seq)
+        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
     end = tl.minimum(start + split_len, seq_len)
+    active = tl.minimum(tl.cdiv(seq_len, split_len), NUM_SPLITS)  # splits that hold keys
+    if NUM_SPLITS > 1 and split >= active:
+        # No keys (a table wider than the context, or a padding sequence): no partial, no ticket; both merges
+        # read only the active splits, so a wide table's extra programs end here.
+        return
+    if PREFETCH_TOKENS > 0:
+        _prefetch_split(k_cache_ptr, v_cache_ptr, pf_tok, pf_page, end, kv_head, stride_b, stride_s, stride_h, PAGE,
+                        BLOCK_D, LINE_ELEMS)  # fmt: skip
+    if EARLY_START:
+        # Launched by programmatic dependent launch: everything above (the sequence's length, its pages, the L2
+        # prefetch of its keys and values) may overlap the kernel ahead; the query, and the newest token's K/V,
+        # are that kernel's writes, read only after it completes.
+        tl.extra.cuda.gdc_wait()
 
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=head_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    ).to(DOT_DTYPE)
-
-    if KEY_STREAMS > 0:
-        acc, m, l = _attend_streams(
-            q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-            KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
-            DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+    if HEAD_STREAMS:  # KEY_STREAMS neighbouring KV heads a program (`_attend_heads_t`): rows w * GROUP_PAD + g
+        r = tl.arange(0, KEY_STREAMS * GROUP_PAD)
+        g = r % GROUP_PAD
+        heads = (kv_head * KEY_STREAMS + r // GROUP_PAD) * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        acc, m, l = _attend_heads_t(
+            tl.reshape(q, (KEY_STREAMS, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
+            kv_head * KEY_STREAMS, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+        )  # fmt: skip
+        acc = acc * out_scale
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
         )  # fmt: skip
     else:
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            tok = n0 + tl.arange(0, BLOCK_N)
-            tok_ok = tok < end
-            page = next_page.to(tl.int64)
-            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
-            in_page = _in_page(tok, PAGE)
-            kv_mask = tok_ok[:, None] & d_ok[None, :]
-            kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
-            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-            s = tl.where(tok_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-            m = m_new
+        g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + g
+        head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
 
-    acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
-    # Partials are `[batch, heads, splits]`.
-    store_attention_rows(
-        acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
-        (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
-    )  # fmt: skip
-    if NUM_SPLITS > 1 and FUSED_MERGE:
-        # The last split of this (sequence, KV head) to finish merges the group's partials instead of
-        # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
-        # orders every thread's partial stores before the release of the ticket; the acquire orders
-        # the winner's reads after all of them.
-        tl.debug_barrier()
-        ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
-            if has_query:
-                _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
-                             stride_oh, d, d_ok, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, BLOCK_D)  # fmt: skip
+        if KEY_STREAMS > 0 and TRANSPOSED:
+            acc, m, l = _attend_streams_t(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        elif KEY_STREAMS > 0:
+            acc, m, l = _attend_streams(
+                q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d,
+                d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            )  # fmt: skip
+        else:
+            m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                tok = n0 + tl.arange(0, BLOCK_N)
+                tok_ok = tok < end
+                page = next_page.to(tl.int64)
+                next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+                in_page = _in_page(tok, PAGE)
+                kv_mask = tok_ok[:, None] & d_ok[None, :]
+                kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
+                k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+                s = tl.where(tok_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l = l * alpha + tl.sum(p, 1)
+                v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+                v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+                m = m_new
+
+        acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
+        # Partials are `[batch, heads, splits]`.
+        store_attention_rows(
+            acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
+            (seq * NUM_HEADS + heads) * NUM_SPLITS + split, d, head_ok, d_ok, NUM_SPLITS, BLOCK_D,
+        )  # fmt: skip
+        if NUM_SPLITS > 1 and FUSED_MERGE:
+            # The last active split of this (sequence, KV head) to finish merges the group's partials instead of
+            # a merge kernel (an option: slower on the H200, see `paged_decode_attention`). The barrier
+            # orders every thread's partial stores before the release of the ticket; the acquire orders
+            # the winner's reads after all of them.
+            tl.debug_barrier()
+            ticket = ticket_ptr + seq * tl.num_programs(1) + kv_head
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == active - 1:
+                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next call
+                if has_query:
+                    _merge_group(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, q_row.to(tl.int64) * stride_ot,
+                                 stride_oh, d, d_ok, active, NUM_HEADS, NUM_SPLITS, SPLITS_PAD, GROUP, GROUP_P2,
+                                 BLOCK_D, MERGE_CHUNK)  # fmt: skip
 
 
 @triton.jit
 def _merge_group(
-    part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, out_row, stride_oh, d, d_ok,
+    part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head, out_row, stride_oh, d, d_ok, active,
     NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    GROUP_P2: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head. The partials are read
-    through L2 (`.cg`): other SMs wrote them during this kernel."""
-    sp = tl.arange(0, SPLITS_PAD)
-    for gi in tl.static_range(GROUP):
-        head = kv_head * GROUP + gi
-        part = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-        lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
-        mx = tl.max(lse, 0)
-        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx), 0.0)
-        parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :],
-                        mask=(sp < NUM_SPLITS)[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-        total = tl.sum(w, 0)
-        merged = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-        tl.store(out_ptr + out_row + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+    """`split_merge_kernel`'s weighting for the GROUP query heads of one KV head, all heads at once, in one pass:
+    each chunk of `MERGE_CHUNK` splits is one `[GROUP_P2, MERGE_CHUNK, BLOCK_D]` tile, merged online (the running
+    maximum rescales what came before, as the split loop does over keys), so no load waits on an earlier chunk's
+    arithmetic and the compiler may issue every chunk's loads together. Session 10's two passes (every chunk's
+    log-sum-exps for the maximum, then every chunk again) paid two L2 round trips a chunk: fused at 64 and 128
+    splits (chunks of 8) took 26.3 and 49.8 us at batch 1 x 4,096 on the H200 against 10.7 at 32 splits (one
+    chunk; 2026-12-04 s10 call 5). Only the `active` splits (those that hold keys) are read; the others are
+    known empty. Partials come through L2 (`.cg`): other SMs wrote them during this kernel. With one active
+    split (a short context) the result is that split's partial, as the merge kernel's."""
+    g = tl.arange(0, GROUP_P2)
+    heads = kv_head * GROUP + g
+    g_ok = g < GROUP
+    CHUNKS: tl.constexpr = (SPLITS_PAD + MERGE_CHUNK - 1) // MERGE_CHUNK
+    c = tl.arange(0, MERGE_CHUNK)
+    base = (seq * NUM_HEADS + heads) * NUM_SPLITS  # [GROUP_P2]
+    mx = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+    for ci in tl.static_range(CHUNKS):
+        sp = ci * MERGE_CHUNK + c
+        ok = g_ok[:, None] & (sp < active)[None, :]
+        rows = base[:, None] + sp[None, :]  # [GROUP_P2, MERGE_CHUNK]
+        lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(part_out_ptr + rows.to(tl.int64)[:, :, None] * BLOCK_D + d[None, None, :],
+                        mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        mx_new = tl.maximum(mx, tl.max(lse, 1))
+        mx_use = tl.where(mx_new > float("-inf"), mx_new, 0.0)  # a padding row, or no split yet
+        alpha = tl.exp2(mx - mx_use)  # 0 before the first split, 1 while the maximum stays
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - mx_use[:, None]), 0.0)
+        total = total * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+        mx = mx_new
+    merged = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + out_row + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
+             mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int) -> int:
+def default_num_splits(
+    batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int, wave: int | None = None
+) -> int:
     """Splits per sequence: as many as fit one wave of ~4 programs per SM, each over >= 2 tiles.
 
     One wave, not more: on an H200 (batch 16, 8 KV heads) 4 splits = 512 programs ran at 3,780 GB/s
     and 5 splits = 640 programs, a second partial wave, at 3,130 GB/s. A batch that fills the wave
-    alone gets no split, so no partials and no merge.
+    alone gets no split, so no partials and no merge. `wave`: programs an SM to fill instead of `_wave()`'s.
     """
     programs = batch * num_kv_heads
-    want = (_wave() * num_sms) // programs
+    want = ((wave or _wave()) * num_sms) // programs
     most = max(1, triton.cdiv(max_context, 2 * block_n))
     return int(max(1, min(want, most, 64)))
 
@@ -349,6 +583,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
+_FP8_FORM = ""  # the key streams' form: "" rows, "t" transposed, "h" over KV heads (`paged_decode_attention`'s)
+# Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
+# two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
+_FP8_WAVE: int | None = None
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
@@ -358,24 +596,95 @@ def _wave() -> int:
     return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int]:
-    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop).
-    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams]" overrides the fp8 pool's and
-    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams]" the float pool's, so that one device call
-    can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh)."""
+def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
+    """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
+    streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
+    neighbouring KV heads (`_attend_heads_t`)). FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams
+    [t|h]]" overrides the fp8 pool's and FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h]]" the
+    float pool's, so that one device call can time the engine step at what its kernel sweep found best
+    (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
-            tile = [int(x) for x in env.split(",")]
-            return tile[0], tile[1], tile[2], "cvt", tile[3] if len(tile) > 3 else 0
-        return (*_BF16_LAUNCH, "cvt", 0)
+            tile = env.split(",")
+            streams, form = _streams_field(tile[3] if len(tile) > 3 else "0", "FLOTILLA_DECODE_BF16_LAUNCH")
+            return int(tile[0]), int(tile[1]), int(tile[2]), "cvt", streams, form
+        return (*_BF16_LAUNCH, "cvt", 0, "")
     env = os.environ.get("FLOTILLA_DECODE_FP8_LAUNCH", "").strip()
     if env:
         block_n, warps, stages, mode, *more = env.split(",")
         assert mode in FP8_KV_MODES, f"FLOTILLA_DECODE_FP8_LAUNCH: fp8_kv {mode!r} not in {sorted(FP8_KV_MODES)}"
-        assert len(more) <= 1 and all(x.isdigit() for x in more), f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
-        return int(block_n), int(warps), int(stages), mode, int(more[0]) if more else 0
-    return _FP8_LAUNCH
+        assert len(more) <= 1, f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
+        streams, form = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
+        return int(block_n), int(warps), int(stages), mode, streams, form
+    return (*_FP8_LAUNCH, _FP8_FORM)
+
+
+def _streams_field(text: str, name: str) -> tuple[int, str]:
+    """A launch string's key_streams field: digits, then `t` (transposed) or `h` (over heads) or nothing."""
+    form = text[-1] if text[-1:] in ("t", "h") else ""
+    digits = text.removesuffix(form) if form else text
+    assert digits.isdigit() and (digits != "0" or not form), f"{name}: {text!r}: key_streams[t|h]?"
+    return int(digits), form
+
+
+# Small grids: batch x KV heads <= _SMALL_GRID (batch 1 or 2 at Llama's 8 KV heads), where a step's attention is
+# a few hundred short programs and latency (launch, ramp, the merge's L2 round trip, a second kernel's launch gap)
+# outweighs bandwidth: at batch 1 x 4,096 the general launch (64/4/2, 32 splits, the merge kernel) took 11.7 us on
+# the H200 and its best variant 11.2 us (128 splits of 32 keys, merge by PDL; 2026-12-04 s7 call 2), 1,503 GB/s of
+# K+V against issue 19's 2,000. `_SMALL_LAUNCH` is (block_n, num_warps, num_stages, split_tokens, merge,
+# merge_chunk): keys per split (the split count is the table's width over it, so a table wider than the context
+# leaves the extra splits empty instead of stretching every split: the engine's graphs pad the table to a bucket),
+# "kernel", "pdl" (the merge kernel by programmatic dependent launch) or "fused" (the last split program of each KV
+# head merges), with "+early" (the split kernel by PDL: `early_start`), "+prefetch" (`_prefetch_split`) and "+dep"
+# (the fused kernel lets o_proj's PDL-launched GEMV start: `dependents`) added,
+# and the fused merge's chunk (`_merge_chunk`; 0: its default). None: the general launch. Set from the H200, session
+# 11 call 3 (bench/results/gpu-2026-12-04-s11/call3/attn11/): in the engine's conditions (4,288-key table) this
+# launch took 10.11 us against the general launch's 11.69; the engine's bs1 x 4,096 step 4.692 -> 4.651 ms with the
+# profile's attention 20.5 -> 10.7 us a layer, greedy tokens identical (64-key tiles: bit-equal to the general
+# launch at <= 64 keys).
+_SMALL_GRID = 16
+_SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = (64, 4, 3, 256, "fused+dep", 0)
+_MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
+MERGES = ("kernel", "pdl", "fused")
+FLAGS = ("early", "prefetch", "dep", "dyn")
+
+
+def _small_launch() -> tuple[int, int, int, int, str, int] | None:
+    """The float pool's launch at small grids (`_SMALL_LAUNCH`; the last field the fused merge's chunk, 0: its
+    default). FLOTILLA_DECODE_SMALL_LAUNCH=
+    "block_n,warps,stages,split_tokens,merge[+early][+prefetch][+dep][,merge_chunk]" overrides it ("0": the general
+    launch), so that one device call can time the engine step at what the batch-1 kernel rows
+    found (bench/results/kv10-gpu.sh)."""
+    env = os.environ.get("FLOTILLA_DECODE_SMALL_LAUNCH", "").strip()
+    if env == "0":
+        return None
+    if not env:
+        return _SMALL_LAUNCH
+    fields = env.split(",")
+    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
+    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"FLOTILLA_DECODE_SMALL_LAUNCH: {env!r}"
+    base, *flags = merge.split("+")
+    assert base in MERGES and set(flags) <= set(FLAGS), f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
+    block_n, warps, stages, split_tokens = (int(x) for x in nums)
+    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+
+
+def _fused_merge_env() -> bool | None:
+    """FLOTILLA_DECODE_FUSED_MERGE: "1" merges in the split kernel whenever a launch splits, "0" never; unset:
+    the launch's own choice."""
+    return env_flag("FLOTILLA_DECODE_FUSED_MERGE", None)
+
+
+def _merge_chunk(num_splits: int, group: int, block_d: int, num_warps: int) -> int:
+    """Splits per tile of the fused merge: all of them when the `[group, splits, block_d]` fp32 tile is at most 128
+    values a thread (one L2 round trip; sm_90 compile at 4 warps, group 4, 32 splits: 160 registers against the
+    plain kernel's 122, no spills), else chunks of 8 (124 registers at 32 splits, 127 at 128: ptxas then does not
+    keep every chunk's loads in flight, and at 128 splits x 4 warps whole-tile chunks of 32 took 214 registers,
+    2 CTAs an SM)."""
+    splits = triton.next_power_of_2(num_splits)
+    whole = triton.next_power_of_2(group) * splits * block_d <= 128 * 32 * num_warps
+    return splits if whole else min(splits, 8)
 
 
 def _pdl_capable(tensor: torch.Tensor) -> bool:
@@ -429,9 +738,16 @@ def paged_decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_kv: str | None = None,
-    fused_merge: bool = False,
+    fused_merge: bool | None = None,
     pdl_merge: bool | None = None,
     key_streams: int | None = None,
+    form: str | None = None,
+    split_tokens: int | None = None,
+    merge_chunk: int | None = None,
+    early_start: bool | None = None,
+    prefetch: bool | None = None,
+    dependents: bool | None = None,
+    dynamic_splits: bool | None = None,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
@@ -445,14 +761,29 @@ def paged_decode_attention(
     e4m3 -> fp16 conversion, in Triton or in PTX), "perm_k" / "cvtpx_k" (K converted in its load layout
     too), or "cvt" (Triton's e4m3 upcast to the query's dtype, the kernel before 2026-12-04).
     `fused_merge`: with several splits, the last split program of each (sequence, KV head) merges the
-    partials (one launch) instead of a second kernel; off by default: on the H200 at batch 1 x 4,096 it
-    was slower (13.8 us against 11.6 with the merge kernel at 32 splits, 22.3 against 17.7 at 64: the
-    merging program's serial pass over the partials costs more than a launch). `pdl_merge`: the merge
+    partials (one launch) instead of a second kernel (`_merge_group`); default: FLOTILLA_DECODE_FUSED_MERGE,
+    else the small-grid launch's choice (`_SMALL_LAUNCH`), else off (session 7's version, one L2 round trip
+    per query head, was slower on the H200: 13.8 us at batch 1 x 4,096 against 11.6 with the merge kernel).
+    `split_tokens`: keys per split, the split count being the table's width over it (at most `_MAX_SPLITS`;
+    `num_splits` wins). `merge_chunk`: splits a fused merge reads per tile (a power of two; `_merge_chunk`).
+    `early_start`: the split kernel launched by programmatic dependent launch, reading the sequence's length and
+    pages (and prefetching) while the kernel ahead finishes, the query and K/V only after it (Hopper).
+    `prefetch`: each split program asks L2 for all of its keys and values once its pages are known
+    (`_prefetch_split`; Hopper). `dependents` (with the fused merge): the kernel lets the next kernel, when that
+    is launched by programmatic dependent launch (o_proj's GEMV, kernels/pdl.py), start at once; it waits for this
+    one's completion before it reads the output (Hopper; early_start implies it). The three default to the small
+    launch's flags ("fused+early+prefetch+dep"). `dynamic_splits` (with the fused merge and `split_tokens`; flag
+    "dyn"): each sequence's keys are cut in the kernel into floor(length / split_tokens) equal ranges (whole
+    pages), not into ranges of split_tokens, so that a length just past a multiple adds no short split.
+    `pdl_merge`: the merge
     kernel launched by programmatic dependent launch (Hopper; off elsewhere and under the interpreter),
     started while the split programs run and waiting for them, to save the launch gap between the two
     kernels (batch 1, issue 19). `key_streams` > 0: the loop as a batched dot over that many interleaved streams
-    of keys (`_attend_streams`; num_warps: one stream a warp). `v_scale` (an fp8 pool's V scale)
-    multiplies the output inside the kernel.
+    of keys (`_attend_streams`; num_warps: one stream a warp). `form` (with key streams): "t" the products as
+    `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows), "h"
+    the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
+    program reads a key's heads side by side; no fused merge), "" the row form; default: the pool's launch.
+    `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -460,17 +791,50 @@ def paged_decode_attention(
     if batch == 0 or num_tokens == 0:
         return out
     max_context = block_tables.shape[1] * page
-    tile = _launch_defaults(k_cache.dtype == FP8_DTYPE)
+    fp8 = k_cache.dtype == FP8_DTYPE
+    tile = _launch_defaults(fp8)
+    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
+    if small is not None:
+        tile = (*small[:3], tile[3], 0, "")
+        split_tokens = split_tokens or small[3]
+        merge_chunk = merge_chunk or small[5] or None
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
+    # keys a stream in a tile: block_n // key_streams, or all block_n when the streams are over heads ("h")
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
-        key_streams = tile[4] if tile[4] and block_n // tile[4] >= 16 else 0
-    if key_streams and block_n // key_streams < 16:
+        key_streams = tile[4] if tile[4] and block_n // (1 if tile[5] == "h" else tile[4]) >= 16 else 0
+    form = (tile[5] if form is None else form) if key_streams else ""
+    assert form in ("", "t", "h"), f"form {form!r}"
+    head_streams = form == "h"
+    if key_streams and block_n // (1 if head_streams else key_streams) < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
+    if head_streams and num_kv_heads % key_streams:
+        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads")
+    programs_kv = num_kv_heads // key_streams if head_streams else num_kv_heads
+    if num_splits is None and split_tokens:
+        num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, max_context, device_sms(query), block_n)
+        wave = _FP8_WAVE if fp8 and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
+        num_splits = default_num_splits(batch, programs_kv, max_context, device_sms(query), block_n, wave)
+    merge, *flags = (small[4] if small is not None else "").split("+")
+    if fused_merge is None:
+        env = _fused_merge_env()
+        fused_merge = (env if env is not None else merge == "fused") and not head_streams
+    if head_streams and fused_merge and num_splits > 1:
+        raise ValueError("head streams: no fused merge (its ticket and merge are per KV head)")
+    if pdl_merge is None:
+        pdl_merge = _PDL_MERGE or merge == "pdl"
+    # Programmatic dependent launch and inline PTX: compiled, on Hopper (never under the interpreter).
+    # (FLOTILLA_PDL=0 turns off both of the chain's PDL flags, as it does the rest of the chain's)
+    early_start = (early_start if early_start is not None else "early" in flags) and _pdl_capable(query)
+    early_start = early_start and PDL_ENABLED
+    prefetch = (prefetch if prefetch is not None else "prefetch" in flags) and _pdl_capable(query)
+    dependents = (dependents if dependents is not None else "dep" in flags) and _pdl_capable(query) and PDL_ENABLED
+    # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
+    dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
+    dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
     split_len = split_length(max_context, num_splits, block_n)
-    block_d = triton.next_power_of_2(head_dim)
+    block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     kv_fp8, k_load_layout = _fp8_mode(k_cache, fp8_kv)
     if kv_fp8 in (*_BIT_MOVES, 5):  # the asm and the bit moves read raw bytes
@@ -478,9 +842,9 @@ def paged_decode_attention(
     if kv_fp8 in _BIT_MOVES:
         scale *= 256.0
     assert k_cache.stride() == v_cache.stride(), "the kernel reads K and V at the same offsets"
-    pdl_merge = _PDL_MERGE if pdl_merge is None else pdl_merge
     pdl = pdl_merge and num_splits > 1 and not fused_merge and _pdl_capable(query)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    line_elems = 128 // k_cache.element_size()
+    _decode_split_kernel[(batch, programs_kv, num_splits)](
         query,
         k_cache,
         v_cache,
@@ -501,13 +865,16 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        split_len,
+        split_tokens if dynamic_splits else split_len,
         max_context,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        SPLITS_PAD=splits_pad,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
+        # the row form's tl.dot pads the heads to >= 16 mma rows; the transposed forms to one n-tile of 8 columns
+        GROUP_PAD=max(8 if form else 16, triton.next_power_of_2(group)),
+        GROUP_P2=triton.next_power_of_2(group),  # the fused merge's rows
+        MERGE_CHUNK=min(merge_chunk or _merge_chunk(num_splits, group, block_d, num_warps), splits_pad),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
@@ -518,12 +885,20 @@ def paged_decode_attention(
         K_LOAD_LAYOUT=k_load_layout,
         FUSED_MERGE=fused_merge,
         KEY_STREAMS=key_streams,
-        EARLY_DEPENDENTS=pdl,
+        EARLY_DEPENDENTS=pdl or ((early_start or dependents) and fused_merge and num_splits > 1),
+        EARLY_START=early_start,
+        PREFETCH_TOKENS=min(triton.next_power_of_2(split_len), 512) if prefetch else 0,
+        LINE_ELEMS=min(line_elems, block_d),
+        DYN_SPLIT=dynamic_splits,
+        TRANSPOSED=form == "t",
+        HEAD_STREAMS=head_streams,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"launch_pdl": True} if early_start else {}),
     )
     if num_splits > 1 and not fused_merge:
-        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl)
+        merge_splits(part_out, part_lse, query_start_loc, out, batch, num_splits, rows_are_seqs=True, pdl=pdl,
+                     seq_lens=seq_lens, split_len=split_len, early_dependents=early_start)  # fmt: skip
     return out
 
 

@@ -30,11 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
 
 _LOG2E = 1.4426950408889634
-TILE_MEMO = os.environ.get("FLOTILLA_PREFILL_TILE_MEMO", "1").strip() != "0"
+TILE_MEMO = env_flag("FLOTILLA_PREFILL_TILE_MEMO", True)
 
 
 def extend_launch(value: str) -> tuple[int, int, int, int, bool] | None:

@@ -54,9 +54,11 @@ def split_merge_kernel(
     part_out_ptr,
     part_lse_ptr,
     query_start_loc_ptr,
+    seq_lens_ptr,
     out_ptr,
     stride_ot,
     stride_oh,
+    split_len,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
@@ -64,10 +66,13 @@ def split_merge_kernel(
     BLOCK_D: tl.constexpr,
     ROWS_ARE_SEQS: tl.constexpr,
     PDL: tl.constexpr = False,
+    ACTIVE_ONLY: tl.constexpr = False,
+    EARLY_DEPENDENTS: tl.constexpr = False,
 ):
-    if PDL:  # launched early (programmatic dependent launch): let the next kernel (o_proj's GEMV, also launched
-        # so, kernels/pdl.py) start loading its weights, and wait until the partials' kernel is done
+    if PDL or EARLY_DEPENDENTS:  # let the next kernel (o_proj's GEMV, launched with PDL, kernels/pdl.py) be
+        # scheduled now and start loading its weights; it waits for this one before it reads the output
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # launched early (programmatic dependent launch): wait until the partials' kernel is done
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -80,10 +85,15 @@ def split_merge_kernel(
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
     part = (row * NUM_HEADS + head) * NUM_SPLITS + sp
-    lse = tl.load(part_lse_ptr + part, mask=sp < NUM_SPLITS, other=float("-inf"))
+    if ACTIVE_ONLY:  # only the splits that hold keys wrote partials (the decode kernel: `split_len` keys each)
+        sp_ok = sp < tl.minimum(tl.cdiv(tl.load(seq_lens_ptr + row), split_len), NUM_SPLITS)
+    else:
+        sp_ok = sp < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + part, mask=sp_ok, other=float("-inf"))
     m = tl.max(lse, 0)
+    m = tl.where(m > float("-inf"), m, 0.0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
-    parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=(sp < NUM_SPLITS)[:, None])
+    parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(
@@ -118,19 +128,27 @@ def merge_splits(
     num_splits: int,
     rows_are_seqs: bool,
     pdl: bool = False,
+    seq_lens: torch.Tensor | None = None,
+    split_len: int = 0,
+    early_dependents: bool = False,
 ) -> None:
     """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`).
     `pdl`: launched by programmatic dependent launch (CUDA on Hopper, never under the interpreter): the
     GPU may start it while the kernel ahead (which should signal `gdc_launch_dependents`) still runs;
-    it waits for that kernel's completion before reading, so only the launch gap is saved."""
+    it waits for that kernel's completion before reading, so only the launch gap is saved. `seq_lens`
+    (rows are sequences): only each sequence's first `cdiv(seq_len, split_len)` splits wrote partials.
+    `early_dependents` (with `pdl`): the kernel after this one, launched by PDL, may start at once (it must
+    wait for this one's completion before reading its output)."""
     num_heads, head_dim = out.shape[1], out.shape[2]
     split_merge_kernel[(num_rows, num_heads)](
         part_out,
         part_lse,
         query_start_loc,
+        query_start_loc if seq_lens is None else seq_lens,
         out,
         out.stride(0),
         out.stride(1),
+        max(split_len, 1),
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
@@ -138,7 +156,8 @@ def merge_splits(
         BLOCK_D=triton.next_power_of_2(head_dim),
         ROWS_ARE_SEQS=rows_are_seqs,
         num_warps=4,
-        **({"PDL": True, "launch_pdl": True} if pdl else {}),
+        ACTIVE_ONLY=seq_lens is not None,
+        **({"PDL": True, "launch_pdl": True, "EARLY_DEPENDENTS": early_dependents} if pdl else {}),
     )
 
 

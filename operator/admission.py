@@ -5,7 +5,8 @@ The validating webhook (webhook.py) refuses a spec with any error here, and the 
 Ignore while the operator is down) is still never rolled out: it is reported in status instead.
 
 The rules the 1.20 apiserver cannot express (no CEL): the cross-field rules of the spec model
-(GPUs = tensor x pipeline, autoscaling min <= max, ...), the fp8 KV cache's dtype, engine flags
+(GPUs = tensor x pipeline, autoscaling min <= max, ...), the fp8 KV cache's dtype, a GGUF model's
+source and combinations, engine flags
 that are not implemented yet (flotilla/flags.py through engine_args.unsupported), and the fit
 check's hopeless cases. A spec that fits with a warning is admitted, with the warning.
 """
@@ -20,11 +21,10 @@ from pydantic import ValidationError
 from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_settings
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
-from flotilla.operator.fit import FitReport, check_fit, rtn_env
-from flotilla.operator.model_volume import parse_source
+from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
 
@@ -93,6 +93,39 @@ def _rtn_rules(spec: InferenceServiceSpec) -> list[str]:
             f"({', '.join(map(str, sorted(widths)))}); pick a divisor of them, or -1 for one group a row"]
 
 
+def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
+    """A GGUF model as the engine serves it (engine/config.py `_gguf_model`, engine/quantization/gguf.py): the
+    file and spec.quantization agree, and nothing is combined with it that the engine would fail on at start-up."""
+    source, gguf = spec.model.source, spec.model.gguf_file
+    if spec.quantization == "gguf" and gguf is None:
+        return [f"spec.quantization: gguf serves one .gguf file as the model, but spec.model.source {source} names a "
+                "checkpoint directory; point it at the file (pvc://claim/dir/model.gguf, hostPath:///dir/model.gguf "
+                "or hf://org/name/model.gguf), or choose another quantization"]
+    if gguf is None:
+        return []
+    errors = []
+    if spec.quantization not in ("none", "gguf"):
+        errors.append(f"spec.quantization: {spec.quantization}: a .gguf model ({source}) serves its own quantized "
+                      "weights; leave spec.quantization out or set it to gguf")
+    if spec.speculative is not None and spec.speculative.method == "draft_model":
+        errors.append("spec.speculative: a draft model beside a .gguf model is not supported yet (the engine loads "
+                      "the draft with the target's GGUF loader); use method ngram")
+    arch = spec.model.config
+    if arch is not None and arch.weight_bits != 8:
+        # The engine's 4-bit layers split their inputs into blocks of 32 on every rank (GgufInt4Method).
+        tensor = spec.parallelism.tensor
+        head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+        inputs = {"hiddenSize": arch.hidden_size, "numAttentionHeads x headDim / tensor":
+                  arch.num_attention_heads * head_dim // tensor, "intermediateSize / tensor":
+                  arch.intermediate_size // tensor}
+        bad = [f"{what} = {n}" for what, n in inputs.items() if n % GGUF_BLOCK]
+        if bad:
+            errors.append(f"spec.parallelism.tensor: a GGUF Q4_0/Q4_1 layer splits its inputs into blocks of "
+                          f"{GGUF_BLOCK} on every GPU, but {', '.join(bad)} is not a multiple of {GGUF_BLOCK}; "
+                          "choose another tensor size")
+    return errors
+
+
 # One pod holds every rank of a replica, so a replica must fit one node; H200/H100 nodes hold 8 GPUs.
 MAX_GPUS_PER_NODE = 8
 
@@ -115,7 +148,10 @@ def _parallel_rules(spec: InferenceServiceSpec) -> list[str]:
 
 
 def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    # A GGUF file on a node is mounted as it is named: the policy checks that path, and nothing beside it is mounted.
     sources = [("spec.model.source", spec.model.source)]
+    if spec.model.tokenizer is not None:
+        sources.append(("spec.model.tokenizer", spec.model.tokenizer))
     if spec.lora is not None:
         sources += [(f"spec.lora.adapters[{i}].source", a.source) for i, a in enumerate(spec.lora.adapters)]
     errors = []
@@ -136,7 +172,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
-                    + _dtype_rules(parsed) + _rtn_rules(parsed) + _parallel_rules(parsed) + _lora_rules(parsed, name)
+                    + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
+                    + _lora_rules(parsed, name)
                     + unsupported(parsed, name))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":

@@ -8,10 +8,10 @@ from typing import Any
 from flotilla.flags import flag
 from flotilla.operator import names
 from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args, shutdown_timeout
-from flotilla.operator.fit import rtn_bits, weight_bytes
+from flotilla.operator.fit import gguf_file_bytes, rtn_bits, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
-from flotilla.operator.model_volume import model_volume
+from flotilla.operator.model_volume import model_volume, tokenizer_volume
 from flotilla.operator.spec import InferenceServiceSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -43,7 +43,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
     arch = spec.model.config
-    return None if arch is None else weight_bytes(arch, spec.quantization, spec.dtype, rtn_bits(spec))
+    return None if arch is None else weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_bits(spec))
 
 
 def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:
@@ -71,10 +71,12 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def download_cache_size(spec: InferenceServiceSpec) -> str:
-    """sizeLimit of the emptyDir an hf:// checkpoint downloads into (see ModelCacheSpec.size)."""
+    """sizeLimit of the emptyDir an hf:// checkpoint downloads into (see ModelCacheSpec.size): 1.2 x the weights,
+    as a GGUF file holds them for a .gguf source (fit.gguf_file_bytes)."""
     if spec.model.cache and spec.model.cache.size:
         return spec.model.cache.size
-    weights = _weights(spec)
+    arch = spec.model.config
+    weights = gguf_file_bytes(arch) if arch is not None and spec.model.gguf_file else _weights(spec)
     return DEFAULT_DOWNLOAD_SIZE if weights is None else f"{math.ceil(weights * 1.2 / GIB) + 1}Gi"
 
 
@@ -131,8 +133,10 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
     Deployment does not fight the HPA.
     """
     volume, mount, init_containers = model_volume(spec, download_cache_size(spec))
+    tokenizer_volumes, tokenizer_mounts, tokenizer_inits = tokenizer_volume(spec)
     lora_volumes, lora_mounts, lora_inits = adapter_volumes(spec)
-    init_containers = init_containers + lora_inits
+    extra_volumes, extra_mounts = tokenizer_volumes + lora_volumes, tokenizer_mounts + lora_mounts
+    init_containers = init_containers + tokenizer_inits + lora_inits
     container: dict[str, Any] = {
         "name": names.ENGINE_CONTAINER,
         "image": spec.image,
@@ -144,7 +148,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
            if spec.pod.env_from else {}),
         "resources": _resources(spec),
         "volumeMounts": [mount, {"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}, *lora_mounts],
+                         {"name": "tmp", "mountPath": "/tmp"}, *extra_mounts],
         "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
@@ -161,7 +165,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
             volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": spec.resources.tmp_size}},
-            *lora_volumes,
+            *extra_volumes,
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {

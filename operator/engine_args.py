@@ -22,7 +22,8 @@ from typing import Any, get_args
 from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, parse_argv
 from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
-from flotilla.operator.names import MODEL_PATH
+from flotilla.operator.model_volume import model_path
+from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
 
 ENGINE_COMMAND = ["flotilla", "serve"]
@@ -42,8 +43,9 @@ def _speculative_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
 # None means "not set": the flag is left out and the engine's default applies.
 FIELD_VALUES: dict[str, Callable[[InferenceServiceSpec, str], Any]] = {
     "model.servedName": lambda s, name: [s.served_name(name)],
+    "model.tokenizer": lambda s, _: TOKENIZER_PATH if s.model.tokenizer else None,
     "dtype": lambda s, _: s.dtype,
-    "quantization": lambda s, _: None if s.quantization == "none" else s.quantization,
+    "quantization": lambda s, _: None if s.effective_quantization == "none" else s.effective_quantization,
     "runner": lambda s, _: s.runner,
     "kvCache.dtype": lambda s, _: s.kv_cache.dtype,
     "kvCache.blockSize": lambda s, _: s.kv_cache.block_size,
@@ -91,8 +93,9 @@ def _is_sent(flag: Flag, value: Any) -> bool:
 
 
 def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
-    """The engine's arguments after `flotilla serve`: MODEL, then one flag per set field, then engineArgs."""
-    args = [MODEL_PATH]
+    """The engine's arguments after `flotilla serve`: MODEL (/model, or the GGUF file in it), then one flag per set
+    field, then engineArgs."""
+    args = [model_path(spec)]
     for crd_field, value_of in FIELD_VALUES.items():
         flag = flag_for_crd_field(crd_field)
         assert flag is not None, crd_field  # the contract test keeps FIELD_VALUES and flags.py in step
@@ -111,7 +114,6 @@ OPERATOR_OWNED: dict[str, str] = {
     "--device": "engine pods run on the GPUs they request",
     "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
                                  "check reads",
-    "--tokenizer": "the tokenizer is read from the model directory the operator mounts",
     # spec.runner chooses the runner; pooling implies embed, the only conversion the engine has.
     "--convert": "spec.runner sets the runner, and pooling always converts with embed",
     "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",
@@ -192,8 +194,7 @@ def _hf_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
 
 def _as_offered(flag_: Flag, crd_field: str) -> Flag:
     """The flag as a spec field sees it: its supported values narrowed to those the field's enum offers, so that a
-    refusal names only values an InferenceService can give (the engine also serves `--quantization gguf`, a .gguf
-    file as the model, which the spec's /model directory cannot name)."""
+    refusal names only values an InferenceService can give."""
     field_ = InferenceServiceSpec.model_fields.get(crd_field)
     offered = get_args(field_.annotation) if field_ is not None else ()
     if flag_.supported_values is None or not offered:

@@ -13,6 +13,14 @@ What is counted, per replica:
   int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195;
   compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent;
   rtn (quantized at load): RTN_NUM_BITS from spec.pod.env (8: 1 byte, 4: the int4 figure), 8 when absent.
+  gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
+  Q4_0/Q4_1 linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
+  block of 32 (0.25) and, on CUDA, also the weight dequantized once at load at the model dtype (2 for bf16):
+  2.75 bytes a weight in bf16, more than the dense checkpoint. `model.config.weightBits` 8 (Q8_0 linears,
+  dequantized at load, codes not kept): the model dtype. Assumed 4 (Q4_0/Q4_1) when absent.
+  The file itself (the hf:// download's emptyDir size, deployment.py): Q4_0 18 bytes a block of 32, Q4_1
+  20 (counted: the larger), Q8_0 34; embeddings and an untied LM head as llama.cpp's Q4/Q8 files commonly
+  hold them, counted at Q8_0 (the embedded SmolLM2 file's; Q6_K is smaller, F16 larger).
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
@@ -43,6 +51,12 @@ from flotilla.operator.status import FitStatus
 GIB = 1 << 30
 FIXED_OVERHEAD_PER_GPU = 1 * GIB
 INT4_GROUP_BYTES_PER_WEIGHT = 0.5 + (2 + 0.5) / 128
+GGUF_BLOCK = 32
+# On the device: int32-packed 4-bit codes plus a float32 scale and offset a block (GgufInt4Method.create_weights).
+GGUF_INT4_CODE_BYTES_PER_WEIGHT = 0.5 + 2 * 4 / GGUF_BLOCK
+# In the file: bytes a block of 32 weights (ggml's block_q4_0: fp16 d + 16 bytes; block_q4_1: + fp16 m;
+# block_q8_0: fp16 d + 32 bytes).
+GGUF_FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 Verdict = Literal["Fits", "FitsWithWarning", "DoesNotFit", "Unknown"]
 
@@ -113,9 +127,19 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     linear, embeddings = parameter_counts(arch)
     compressed = INT4_GROUP_BYTES_PER_WEIGHT if arch.weight_bits == 4 else 1
     rtn = INT4_GROUP_BYTES_PER_WEIGHT if rtn_bits == 4 else 1
+    # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
+    gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": rtn, "awq": INT4_GROUP_BYTES_PER_WEIGHT,
-                  "gptq": INT4_GROUP_BYTES_PER_WEIGHT, "compressed-tensors": compressed}[quantization]
+                  "gptq": INT4_GROUP_BYTES_PER_WEIGHT, "compressed-tensors": compressed, "gguf": gguf}[quantization]
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
+
+
+def gguf_file_bytes(arch: ModelArchitecture) -> int:
+    """Bytes of a GGUF file of this architecture: linears at Q4_1 (or Q8_0 with weightBits 8), embeddings and an
+    untied LM head at Q8_0 (see the module docstring)."""
+    linear, embeddings = parameter_counts(arch)
+    linear_block = GGUF_FILE_BLOCK_BYTES["Q8_0" if arch.weight_bits == 8 else "Q4_1"]
+    return int((linear * linear_block + embeddings * GGUF_FILE_BLOCK_BYTES["Q8_0"]) / GGUF_BLOCK)
 
 
 def lora_slot_bytes(arch: ModelArchitecture, spec: InferenceServiceSpec) -> int:
@@ -174,7 +198,7 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.quantization, spec.dtype, rtn_bits(spec)) + lora_slot_bytes(arch, spec)
+    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_bits(spec)) + lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:

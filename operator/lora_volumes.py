@@ -1,16 +1,17 @@
 """spec.lora.adapters -> pod volumes at /adapters/<name>, mounted like the model.
 
 `pvc://` and `hostPath://` sources mount read-only; `hf://` downloads with an init container that runs
-the engine image (as the model does), into a size-limited emptyDir of the pod. The engine reads them
-through `--lora-modules <name>=/adapters/<name>` (engine_args.py).
+the engine image (as the model does, hf_download.py: with spec.pod.env's HF_TOKEN for a gated repository),
+into a size-limited emptyDir of the pod. The engine reads them through `--lora-modules <name>=/adapters/<name>`
+(engine_args.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flotilla.operator.model_volume import parse_source
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.hf_download import download_container
+from flotilla.operator.spec import InferenceServiceSpec, parse_source
 
 ADAPTER_ROOT = "/adapters"
 # An adapter is megabytes (rank 16 on all projections of an 8B model: ~170 MB in bf16).
@@ -47,21 +48,8 @@ def adapter_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], l
             volumes.append({"name": volume, "hostPath": {"path": location, "type": "Directory"}})
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": DOWNLOAD_SIZE}})
-            inits.append(_download(spec.image, volume, location))
+            inits.append(download_container(spec, f"download-{volume}"[:63], location, "/adapter",
+                                            [{"name": volume, "mountPath": "/adapter"}]))
         mounts.append(mount)
     return volumes, mounts, inits
 
-
-def _download(image: str, volume: str, repo: str) -> dict[str, Any]:
-    return {
-        "name": f"download-{volume}"[:63],
-        "image": image,
-        "command": ["python3", "-c",
-                    "import sys; from huggingface_hub import snapshot_download; "
-                    "snapshot_download(sys.argv[1], local_dir=sys.argv[2])",
-                    repo, "/adapter"],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": volume, "mountPath": "/adapter"}, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
-    }

@@ -30,6 +30,8 @@ HTTP_PORT = 8000
 HTTP_PORT_NAME = "http"
 # The checkpoint is always mounted here; it is the engine's MODEL argument.
 MODEL_PATH = "/model"
+# spec.model.tokenizer is mounted here; it is the engine's --tokenizer.
+TOKENIZER_PATH = "/tokenizer"
 
 
 def selector_labels(name: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from flotilla.engine_rules import world_size
@@ -34,6 +34,11 @@ SOURCE_PATTERN = (
     r"|hostPath:///[^\s]*"
     r"|hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
 )
+# A model source may also name one GGUF file of a Hugging Face repository: `hf://org/name/path/file.gguf`
+# (pvc:// and hostPath:// name a file by their path already). No glob characters: the path is also the
+# download's allow pattern (model_volume.py).
+MODEL_SOURCE_PATTERN = SOURCE_PATTERN[:-2] + r"|hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(/[-A-Za-z0-9_.]+)+\.gguf)$"
+GGUF_SUFFIX = ".gguf"
 # A Kubernetes label value (at most 63 characters, checked by the field's max_length).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # Where KEDA finds Prometheus: a plain http(s) URL to a host name or IPv4 address, optional port
@@ -42,6 +47,24 @@ PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+def parse_source(source: str) -> tuple[str, str, str]:
+    """(scheme, location, sub-path) of a model or adapter source.
+
+    ("pvc", claim, sub/path), ("hostPath", /path, "") or ("hf", org/name, path/of/a/file or "").
+    """
+    scheme, _, rest = source.partition("://")
+    if scheme == "pvc":
+        claim, _, sub_path = rest.partition("/")
+        return "pvc", claim, sub_path.strip("/")
+    if scheme == "hostPath":
+        return "hostPath", rest, ""
+    if scheme == "hf":
+        org, _, rest = rest.partition("/")
+        name, _, file_path = rest.partition("/")
+        return "hf", f"{org}/{name}", file_path
+    raise ValueError(f"model.source {source!r} is not pvc://claim/path, hostPath:///path or hf://org/name")
 
 
 class _Model(BaseModel):
@@ -76,7 +99,8 @@ class ModelArchitecture(_Model):
     weight_bits: Literal[4, 8] | None = Field(
         default=None,
         description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
-                    "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent.")
+                    "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GGUF "
+                    "file: 4 for Q4_0/Q4_1 linear tensors (assumed when absent), 8 for Q8_0.")
 
 
 class ModelCacheSpec(_Model):
@@ -96,9 +120,17 @@ class ModelSpec(_Model):
     """Which checkpoint to serve and under which name."""
 
     source: str = Field(
-        pattern=SOURCE_PATTERN,
-
-        description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name.")
+        pattern=MODEL_SOURCE_PATTERN,
+        description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name; "
+                    "or one GGUF file (served with quantization gguf, which a .gguf source implies): "
+                    "pvc://claim/path/model.gguf, hostPath:///path/model.gguf or hf://org/name/path/model.gguf.")
+    tokenizer: str | None = Field(
+        default=None, pattern=SOURCE_PATTERN,
+        description="Where an HF tokenizer directory lives (same forms as a directory source; of an hf:// "
+                    "repository only the tokenizer files are downloaded): mounted read-only at /tokenizer, the "
+                    "engine's --tokenizer. For a .gguf model, whose tokenizer is otherwise rebuilt from the file "
+                    "(slow for large vocabularies, as vLLM warns); its generation_config.json is read from here. "
+                    "Default: the model's own.")
     served_name: str | None = Field(
         default=None, min_length=1, max_length=253,
         description="Model name the OpenAI API answers to (--served-model-name); defaults to the "
@@ -110,6 +142,24 @@ class ModelSpec(_Model):
                     "scheduling.maxModelLen cannot be checked against the model's limit.")
     cache: ModelCacheSpec | None = Field(
         default=None, description="Download cache of an hf:// source (ignored for others).")
+
+    @field_validator("source")
+    @classmethod
+    def _file_path_in_normal_form(cls, source: str) -> str:
+        # The file of an hf:// GGUF source lands under the download directory by this path: no `.`/`..` segment
+        # may lead it elsewhere (pvc:// sub-paths are checked by the apiserver, hostPath:// by the policy).
+        scheme, _, file_path = parse_source(source)
+        if scheme == "hf" and {".", ".."} & set(file_path.split("/")):
+            raise ValueError(f"{source}: the file path has a '.' or '..' segment")
+        return source
+
+    @property
+    def gguf_file(self) -> str | None:
+        """The path of the GGUF file the source names, within its claim, node or repository (None for a checkpoint
+        directory). A pvc:// claim's own name does not count: the file is a path inside the claim."""
+        scheme, location, sub_path = parse_source(self.source)
+        path = location if scheme == "hostPath" else sub_path
+        return path if path.endswith(GGUF_SUFFIX) else None
 
 
 class Toleration(_Model):
@@ -352,9 +402,11 @@ class PodSpec(_Model):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables of the engine (names the operator sets are refused).")
+        description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "
+                    "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
-        default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables.")
+        default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "
+                                          "engine (not of the hf:// downloads: name HF_TOKEN in env).")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
     affinity: dict[str, Any] | None = Field(
@@ -405,11 +457,12 @@ class InferenceServiceSpec(_Model):
     runner: Literal["auto", "generate", "pooling"] = Field(
         default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
                                     "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
-    quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors"] = Field(
+    quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"] = Field(
         default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
                                     "(awq, gptq, compressed-tensors) may also be left to the engine to detect. "
                                     "rtn: round-to-nearest at load, 8 bits unless pod.env sets RTN_NUM_BITS=4 "
-                                    "(RTN_GROUP_SIZE: inputs per scale, default 128).")
+                                    "(RTN_GROUP_SIZE: inputs per scale, default 128). gguf: model.source is a .gguf "
+                                    "file, its Q4_0/Q4_1 codes served as stored (implied by a .gguf source).")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Batching limits.")
     speculative: SpeculativeSpec | None = Field(
@@ -453,6 +506,14 @@ class InferenceServiceSpec(_Model):
             if isinstance(quantity, str) and not re.match(QUANTITY_PATTERN, quantity):
                 raise ValueError(f"resources.{where} {quantity!r} is not a Kubernetes quantity")
         return self
+
+    @property
+    def effective_quantization(self) -> str:
+        """The quantization the engine runs: spec.quantization, or gguf for a .gguf source left at none (the engine
+        implies it from the file, and the operator renders it so the pod spec shows it)."""
+        if self.quantization == "none" and self.model.gguf_file is not None:
+            return "gguf"
+        return self.quantization
 
     @property
     def gpus_per_replica(self) -> int:

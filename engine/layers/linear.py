@@ -26,7 +26,12 @@ class _Linear(nn.Module):
         # Inputs of at most this many rows may take the Triton GEMV on CUDA (kernels/dispatch.py);
         # cuBLAS until the model runner applies --triton-gemv-max-rows (`use_triton_gemv`).
         self.gemv_max_rows = 0
+        # This rank's sizes and the model dtype, kept apart from the weight: a quant method may replace the
+        # weight by packed codes (engine/quantization/), and LoRA still needs the layer's shape and dtype.
+        self.in_features = in_features
+        self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.params_dtype = self.weight.dtype  # the loader builds the model under its dtype (model_loader.py)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.quant_method: LinearMethod | None = None  # set before loading by engine/quantization
 

@@ -39,7 +39,11 @@ class LoRALinear(nn.Module):
         self.base = base
         self.layout = layout
         self.max_rank = max_rank
-        weight: torch.Tensor = base.weight  # type: ignore[assignment]  # every wrapped layer has one
+        # The stacks take the model dtype and the layer's device, not the weight's: a quantized layer
+        # (rtn, awq, gptq, packed compressed-tensors, gguf int4) holds packed codes in its place, and its
+        # own product (`base(x)`) is all the delta needs.
+        dtype: torch.dtype = base.params_dtype  # type: ignore[assignment]  # every wrapped layer is a _Linear
+        device = next(base.parameters()).device
         n = len(layout.slice_sizes)
         out = sum(layout.slice_sizes)
         # The base product and the expand may be one GEMV launch (`lora_linear`) when the base layer is
@@ -49,22 +53,22 @@ class LoRALinear(nn.Module):
         self._plain_base = base if plain else None
         # Plain attributes, not buffers: they are runtime state (never in a state dict), and the model
         # runner's memory profile sees them all the same.
-        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=weight.dtype, device=weight.device)
+        self.lora_b = torch.zeros(max_loras, out, max_rank, dtype=dtype, device=device)
         a_shape = (max_loras, n * max_rank, layout.in_features)
         # A plain layer may keep the A stack as extra rows of its own weight (`stacked`, kernels/dispatch.py):
         # one GEMM then computes the base product and every slot's shrink; the base layer's weight becomes
         # the first `out` rows of that tensor (a contiguous view, loaded values copied over).
         self._stacked: torch.Tensor | None = None
-        if plain and lora_stacks_a(math.prod(a_shape) * weight.element_size()):
-            stacked = torch.empty(out + a_shape[0] * a_shape[1], layout.in_features, dtype=weight.dtype,
-                                  device=weight.device)
+        if plain and lora_stacks_a(math.prod(a_shape) * dtype.itemsize):
+            weight: torch.Tensor = base.weight  # type: ignore[assignment]  # a plain layer keeps its weight
+            stacked = torch.empty(out + a_shape[0] * a_shape[1], layout.in_features, dtype=dtype, device=device)
             stacked[:out].copy_(weight)
             stacked[out:].zero_()
             weight.data = stacked[:out]
             self.lora_a = stacked[out:].view(a_shape)
             self._stacked = stacked
         else:
-            self.lora_a = torch.zeros(a_shape, dtype=weight.dtype, device=weight.device)
+            self.lora_a = torch.zeros(a_shape, dtype=dtype, device=device)
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """Put one adapter's matrices for this projection into `slot` (zeros where it has none)."""
@@ -101,7 +105,7 @@ class LoRALinear(nn.Module):
 def _layout(base: nn.Module, shards: list[str | int | None]) -> ModuleLayout:
     """A projection's slices: QKV by heads, merged layers by `out_sizes`, anything else whole."""
     layer: Any = base  # QKVParallelLinear, MergedColumnParallelLinear or a plain linear layer
-    out, in_features = layer.weight.shape
+    out, in_features = layer.out_features, layer.in_features  # not the weight's shape: it may be packed codes
     if shards == ["q", "k", "v"]:
         q = layer.num_heads * layer.head_dim
         kv = layer.num_kv_heads * layer.head_dim

@@ -3,6 +3,8 @@ against its PyTorch reference."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRETING, attention_case, batch_meta, paged_pool, rel_err
@@ -71,20 +73,21 @@ def _fp8_case(q_lens, seq_lens):
     return query, k_cache.to(FP8), v_cache.to(FP8), tables, qsl, lens
 
 
-@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("kernel", ["decode", "decode_fused", "prefill"])
 def test_attention_kernels_read_fp8_pages(kernel):
     """The kernels upcast fp8 pages; with the scales folded in (`dispatch.paged_attention`: k_scale in
     the softmax scale, v_scale in the decode kernel or on the prefill output) they equal the reference
-    on the dequantized pages."""
+    on the dequantized pages; "decode_fused": the decode kernel's splits merged in the kernel (v_scale
+    applied before the partials are stored)."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    q_lens = [1, 1] if kernel == "decode" else [21, 7]
+    q_lens = [1, 1] if kernel.startswith("decode") else [21, 7]
     query, k8, v8, tables, qsl, lens = _fp8_case(q_lens, [37, 40])
     k_scale, v_scale = 0.5, 2.0
-    if kernel == "decode":  # the decode kernel takes v_scale itself
+    if kernel.startswith("decode"):  # the decode kernel takes v_scale itself
         out = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, num_splits=2, block_n=16,
-                                     v_scale=v_scale)  # fmt: skip
+                                     v_scale=v_scale, fused_merge=kernel == "decode_fused")  # fmt: skip
     else:
         out = v_scale * paged_prefill_attention(query, k8, v8, tables, qsl, lens, 0.2 * k_scale, block_m=64, block_n=16)
     deq = (k8.float() * k_scale).to(DEVICE), (v8.float() * v_scale).to(DEVICE)
@@ -174,12 +177,66 @@ def test_decode_key_streams_match_reference(dtype):
     query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1, 1], [37, 130, 5], 8, 2, dtype, seed=9)
     for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
         ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
-        for streams in (1, 4):
+        for streams, form in ((1, ""), (4, ""), (4, "t"), (2, "t"), (1, "t"), (2, "h"), (1, "h")):
             out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=2, block_n=64, num_warps=4,
-                                         key_streams=streams, fp8_kv=mode)  # fmt: skip
-            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2)
+                                         key_streams=streams, fp8_kv=mode, form=form)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), (streams, form)
+        # streams over heads with a 16-key tile (one page a tile), 2 heads a program over 3 splits and 1 split
+        for splits in (3, 1):
+            out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=splits, block_n=16,
+                                         num_warps=2, key_streams=2, fp8_kv=mode, form="h")  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), ("h", splits)
+        # the transposed streams with a sub-tile of one page (16 keys) over 3 splits, merged by the kernel or fused
+        # (by argument, or by FLOTILLA_DECODE_FUSED_MERGE=1 when the caller leaves it unset, as the engine does)
+        for fused, env in ((False, None), (True, None), (None, "1")):
+            with pytest.MonkeyPatch.context() as mp:
+                if env:
+                    mp.setenv("FLOTILLA_DECODE_FUSED_MERGE", env)
+                out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=3, block_n=32,
+                                             num_warps=2, key_streams=2, fp8_kv=mode, form="t",
+                                             fused_merge=fused)  # fmt: skip
+            assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1.5e-2), ("3 splits", fused, env)
     with pytest.raises(ValueError, match="16 keys"):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=32, key_streams=4)
+    with pytest.raises(ValueError, match="head streams"):  # 3 streams over 2 KV heads; a fused merge over heads
+        paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=16, key_streams=3, form="h")
+    with pytest.raises(ValueError, match="head streams"):
+        paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=16, key_streams=2, form="h",
+                               num_splits=2, fused_merge=True)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_transposed_streams_at_llama_heads():
+    """On the GPU (cvtpx's inline PTX runs only there): Llama-3-8B heads, sequences of 4,000, 300 and 17 tokens on an
+    fp8 pool; the transposed key streams as fp8kv11's grid launches them (2 warps at 1 and 2 splits, 1 warp at 4
+    splits, the fused merge; over 2 / 4 / 8 KV heads at 4 splits) equal the reference, also when replayed from a
+    CUDA graph."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(12)
+    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
+    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
+    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
+    tables = tables.cuda()
+    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+    launches = (("t", 32, 2, 4, 1, False), ("t", 32, 2, 3, 2, False), ("t", 16, 1, 3, 4, False),
+                ("t", 32, 2, 3, 2, True), ("h", 16, 2, 2, 4, False), ("h", 16, 4, 2, 4, False),
+                ("h", 16, 8, 2, 4, False))  # fmt: skip
+    for form, block_n, warps, stages, splits, fused in launches:
+        cfg = dict(fp8_kv="cvtpx", block_n=block_n, num_warps=warps, num_stages=stages, key_streams=warps, form=form,
+                   num_splits=splits, fused_merge=fused)  # fmt: skip
+        run = functools.partial(paged_decode_attention, query, k8, v8, tables, qsl, lens, 0.3, **cfg)
+        assert rel_err(run(), ref) < 1e-2, cfg
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        for _ in range(2):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_err(out, ref) < 1e-2, ("graph", cfg)
 
 
 @pytest.mark.parametrize("q_lens", [[1, 1], [21, 7]])
@@ -251,16 +308,23 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
 def test_fp8_launch_override_reads_tile_path_and_key_streams(monkeypatch):
     """FLOTILLA_DECODE_FP8_LAUNCH (what a device call's sweep hands to the engine) names the tile, the fp8
     operand path and optionally the key streams; anything else is refused."""
-    from flotilla.kernels.triton_paged_decode import _FP8_LAUNCH, _launch_defaults
+    from flotilla.kernels.triton_paged_decode import _FP8_FORM, _FP8_LAUNCH, _launch_defaults
 
     monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
-    assert _launch_defaults(True) == _FP8_LAUNCH
+    assert _launch_defaults(True) == (*_FP8_LAUNCH, _FP8_FORM)
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,4,cvtpx,2")
-    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2)
+    assert _launch_defaults(True) == (32, 2, 4, "cvtpx", 2, "")
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,2,3,cvtpx,2t")
+    assert _launch_defaults(True) == (32, 2, 3, "cvtpx", 2, "t")
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "16,4,2,cvtpx,4h")
+    assert _launch_defaults(True) == (16, 4, 2, "cvtpx", 4, "h")
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
-    assert _launch_defaults(True) == (64, 4, 3, "perm", 0)
-    assert _launch_defaults(False)[3:] == ("cvt", 0)  # the bf16 pool keeps its own
-    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128"):
+    assert _launch_defaults(True) == (64, 4, 3, "perm", 0, "")
+    assert _launch_defaults(False)[3:] == ("cvt", 0, "")  # the bf16 pool keeps its own
+    monkeypatch.setenv("FLOTILLA_DECODE_BF16_LAUNCH", "64,4,2,4t")
+    assert _launch_defaults(False) == (64, 4, 2, "cvt", 4, "t")
+    for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128", "64,4,3,perm,t", "64,4,3,perm,0t",
+                "64,4,3,perm,2x"):  # fmt: skip
         monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
         with pytest.raises(AssertionError):
             _launch_defaults(True)

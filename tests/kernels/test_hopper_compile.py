@@ -60,7 +60,7 @@ def _compile_for_hopper(
             "byte_smem_reads": ptx.count("ld.shared.b8") + ptx.count("ld.shared.u8"), "selp": ptx.count("selp"),
             "ldmatrix": ptx.count("ldmatrix"), "gdc_wait": ptx.count("griddepcontrol.wait"),
             "gdc_launch": ptx.count("griddepcontrol.launch_dependents"),
-            "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx,
+            "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx, "prefetch": ptx.count("prefetch.global.L2"),
             "tma": "cp.async.bulk.tensor" in ptx, "lop3": ptx.count("lop3.b32"),
             "loads16": len(re.findall(_LOAD16, ptx))}  # fmt: skip
 
@@ -175,8 +175,9 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
 
     fn = _decode_split_kernel
     aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or (n.startswith("stride_") and n != "stride_qh"))
-    common = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
-                  PAGE=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSED_MERGE=True)  # fmt: skip
+    common = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, GROUP=4, GROUP_PAD=16, GROUP_P2=4, MERGE_CHUNK=32,
+                  HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSED_MERGE=True,
+                  EARLY_START=False, PREFETCH_TOKENS=0, LINE_ELEMS=64)  # fmt: skip
     out = {}
     pools = [("bf16", "*bf16", tl.bfloat16, 0, False), ("fp8 asm", "*u8", tl.float16, 2, False),
              ("fp8 bits", "*u8", tl.float16, 1, False), ("fp8 cvt", "*fp8e4nv", tl.bfloat16, 0, False),
@@ -191,11 +192,31 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
                               EARLY_DEPENDENTS=name == "bf16")  # fmt: skip
             key = f"paged_decode {name}" + (f" streams{streams}" if streams else "")
             out[key] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=4, num_stages=3)
+        if name in ("fp8 cvtpx", "bf16"):  # the transposed streams, as fp8kv11's grid launches them: 2 warps, 2 splits
+            constexprs = dict(common, DOT_DTYPE=dot, KV_FP8=mode, K_LOAD_LAYOUT=k_layout, KEY_STREAMS=2,
+                              TRANSPOSED=True, GROUP_PAD=8, BLOCK_N=32, NUM_SPLITS=2, SPLITS_PAD=2,
+                              FUSED_MERGE=False)  # fmt: skip
+            out[f"paged_decode {name} streams2t"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
+                                                                         num_stages=3)  # fmt: skip
+            # and over 2 neighbouring KV heads a program (`_attend_heads_t`), 16-key tiles, 4 splits
+            constexprs = dict(constexprs, TRANSPOSED=False, HEAD_STREAMS=True, BLOCK_N=16, NUM_SPLITS=4, SPLITS_PAD=4)
+            out[f"paged_decode {name} streams2h"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
+                                                                         num_stages=2)  # fmt: skip
+    # batch 1's small launch: 128 splits of 32 keys, the fused merge in four chunks of 32 splits
+    constexprs = dict(common, NUM_SPLITS=128, SPLITS_PAD=128, BLOCK_N=32, DOT_DTYPE=tl.bfloat16, KV_FP8=0,
+                      K_LOAD_LAYOUT=False, KEY_STREAMS=0, EARLY_DEPENDENTS=False)  # fmt: skip
+    bf16 = pointers | {"k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16"}
+    out["paged_decode bf16 fused128"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4, num_stages=2)
+    # ... started early by PDL (waits for the kernel ahead), its 128 keys and values prefetched into L2
+    constexprs |= dict(EARLY_START=True, EARLY_DEPENDENTS=True, PREFETCH_TOKENS=128, LINE_ELEMS=64)
+    out["paged_decode bf16 early"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4, num_stages=2)
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
-    merge = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "query_start_loc_ptr": "*i32", "out_ptr": "*bf16"}
-    consts = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, HEAD_DIM=128, BLOCK_D=128, ROWS_ARE_SEQS=True, PDL=True)
+    merge = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "out_ptr": "*bf16"}  # fmt: skip
+    consts = dict(NUM_HEADS=32, NUM_SPLITS=32, SPLITS_PAD=32, HEAD_DIM=128, BLOCK_D=128, ROWS_ARE_SEQS=True, PDL=True,
+                  ACTIVE_ONLY=True)  # fmt: skip
     out["split_merge pdl"] = _compile_for_hopper(split_merge_kernel, merge, consts, num_warps=4)
     return out
 
@@ -320,10 +341,13 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
+    for name in ("paged_decode bf16 streams2t", "paged_decode bf16 streams2h"):
+        assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
     # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
     # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
-                 "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4"):  # fmt: skip
+                 "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4",
+                 "paged_decode fp8 cvtpx streams2t", "paged_decode fp8 cvtpx streams2h"):  # fmt: skip
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
         assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
     assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
@@ -342,6 +366,13 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["gemv bf16 m1 pdl l2"]["l2_prefetch"] > 0 and result["gemv bf16 m1 pdl"]["l2_prefetch"] == 0
     assert result["l2_prefetch bf16"]["l2_prefetch"] > 0
     assert result["gemv bf16 m1"]["gdc_wait"] == 0 and result["gemv bf16 m1"]["gdc_launch"] == 0
+    # the fused merge: the arrival ticket is an atomic, the partials are read through L2
+    assert result["paged_decode bf16"]["atomics"] and result["paged_decode bf16 fused128"]["atomics"]
+    # started early, it waits for the kernel ahead once and prefetches K and V (128 tokens x 2 lines each)
+    early = result["paged_decode bf16 early"]
+    assert early["gdc_wait"] == 1 and early["gdc_launch"] == 1 and early["prefetch"] >= 2
+    plain = result["paged_decode bf16 fused128"]
+    assert plain["prefetch"] == 0 and plain["gdc_wait"] == 0
     # the skinny GEMM runs on Hopper's asynchronous tensor cores; only the split-K fix-up takes atomics
     assert all(r["wgmma"] for name, r in result.items() if name.startswith("skinny_gemm"))
     assert result["skinny_gemm bf16 tma split"]["tma"] and not result["skinny_gemm bf16 split"]["tma"]

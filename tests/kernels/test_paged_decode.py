@@ -42,6 +42,113 @@ def test_decode_fused_merge_matches_reference(dtype):
     assert torch.equal(out[[0, 1, 2]], again[[0, 1, 2]])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_fused_merge_odd_group_and_uneven_splits(dtype):
+    """The fused merge's `[group, splits, d]` tile with a group of 3 (padded to 4 rows) and 5 splits (padded
+    to 8) of a context no split count divides, a padding sequence in the batch."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    args = _decode_case([77, 0, 131], 6, 2, dtype, q_lens=[1, 0, 1], seed=6)
+    out = paged_decode_attention(*args, 0.2, num_splits=5, block_n=16, fused_merge=True)
+    ref = paged_attention_ref(*args, 0.2)
+    assert rel_err(out, ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("merge_chunk", [None, 32])
+def test_decode_fused_merge_in_chunks_reads_only_active_splits(merge_chunk):
+    """44 splits of 16 keys merged in chunks (8 by default: a 64-split tile over 128 values a thread at 2 warps;
+    or 32), the first sequence's keys in fewer splits than the second's (its later splits are empty, never
+    read)."""
+    from flotilla.kernels.triton_paged_decode import _merge_chunk, paged_decode_attention
+
+    assert _merge_chunk(44, 4, 64, 2) == 8 and _merge_chunk(32, 4, 128, 4) == 32 and _merge_chunk(8, 3, 128, 4) == 8
+    args = _decode_case([300, 700], 8, 2, torch.float32, head_dim=64, seed=8)
+    out = paged_decode_attention(*args, 0.15, num_splits=44, block_n=16, num_warps=2, fused_merge=True,
+                                 merge_chunk=merge_chunk)  # fmt: skip
+    assert rel_err(out, paged_attention_ref(*args, 0.15)) < tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel", "pdl"])
+def test_small_launch_splits_by_tokens_in_a_wide_table(monkeypatch, merge):
+    """FLOTILLA_DECODE_SMALL_LAUNCH at batch 1: the split count is the table's width over split_tokens (a table
+    sized for 1,024 tokens, a context of 150: 32 splits of 32 keys, 5 of them with keys), each merge path;
+    FLOTILLA_DECODE_FUSED_MERGE=0 overrides the launch's merge."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([150], 8, 2, torch.bfloat16, seed=9)
+    wide = torch.zeros(1, 1024 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", f"32,4,2,32,{merge}" + (",4" if merge == "fused" else ""))
+    out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    assert rel_err(out, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(torch.bfloat16)
+    monkeypatch.setenv("FLOTILLA_DECODE_FUSED_MERGE", "0")  # the env wins over the launch's merge
+    again = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    assert rel_err(again, out) < 1e-2
+
+
+@pytest.mark.parametrize("launch", ["64,4,3,128,fused", "64,4,2,64,fused+dep", "128,4,2,128,fused",
+                                    "64,4,3,256,fused+dyn"])
+def test_small_launch_with_wide_tiles_equals_the_default_at_short_context(monkeypatch, launch):
+    """At a context within one 64-key tile (the engine's greedy-token check: a 32-token prompt) a small launch of
+    >= 64-key tiles at the default's 4 warps computes what the general launch does, bit for bit: one split holds
+    every key in one tile, and the fused merge of one active split returns its partial as the merge kernel does.
+    (Session 10's 32-key launch split such a context over two tiles: other roundings, other greedy tokens.)"""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([45], 32, 8, torch.bfloat16, seed=11)
+    wide = torch.zeros(1, 1024 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
+    default = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", launch)
+    assert torch.equal(paged_decode_attention(query, k, v, wide, qsl, lens, 0.2), default)
+
+
+@pytest.mark.parametrize("seq_len", [45, 300, 333, 700])
+def test_dynamic_splits_cut_each_length_into_equal_page_ranges(seq_len):
+    """"dyn": the kernel cuts a length into floor(length / split_tokens) ranges of whole pages (300 / 64 keys: 4
+    ranges of 80, so 300 = 4 x 64 + 44 adds no fifth split; 45: one range), each tile straddling range ends,
+    against the reference, in a table wider than the context; at 45 keys (one 64-key tile) bit-equal to the
+    default launch."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([seq_len], 8, 2, torch.bfloat16, seed=12)
+    wide = torch.zeros(1, 1024 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2, block_n=64, num_warps=4, split_tokens=64,
+                                 fused_merge=True, dynamic_splits=True)  # fmt: skip
+    assert rel_err(out, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(torch.bfloat16)
+    if seq_len <= 64:
+        assert torch.equal(out, paged_decode_attention(query, k, v, wide, qsl, lens, 0.2))
+
+
+def test_small_launch_env_is_checked(monkeypatch):
+    """A malformed FLOTILLA_DECODE_SMALL_LAUNCH is refused; "0" is the general launch."""
+    from flotilla.kernels.triton_paged_decode import _SMALL_LAUNCH, _small_launch
+
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,32,merge")
+    with pytest.raises(AssertionError):
+        _small_launch()
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,fused")
+    with pytest.raises(AssertionError):
+        _small_launch()
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
+    assert _small_launch() is None
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,pdl")
+    assert _small_launch() == (64, 4, 3, 128, "pdl", 0)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,fused,8")
+    assert _small_launch() == (32, 4, 2, 128, "fused", 8)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+early+prefetch")
+    assert _small_launch() == (32, 4, 2, 128, "pdl+early+prefetch", 0)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,fused+early+dep+dyn")
+    assert _small_launch() == (64, 4, 3, 128, "fused+early+dep+dyn", 0)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+late")
+    with pytest.raises(AssertionError):
+        _small_launch()
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH")
+    assert _small_launch() == _SMALL_LAUNCH
+
+
 def test_decode_single_split_writes_output_directly():
     """With one split the merge kernel is skipped; shared prefix blocks read the same pages."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -67,6 +174,10 @@ def test_default_split_choice_fills_the_gpu_and_stays_in_bounds():
     assert default_num_splits(1, 8, 4096, 132, 64) == 32
     assert default_num_splits(256, 8, 4096, 132, 64) == 1
     assert default_num_splits(1, 8, 16, 132, 64) == 1
+    # a denser wave (the fp8 pool's transposed streams, `_FP8_WAVE`): 2 / 4 splits at batch 64 on 132 SMs
+    assert default_num_splits(64, 8, 4288, 132, 32) == 1
+    assert default_num_splits(64, 8, 4288, 132, 32, wave=8) == 2
+    assert default_num_splits(64, 8, 4288, 132, 16, wave=16) == 4
 
 
 @pytest.mark.parametrize("head_dim", [48, 128])
@@ -80,10 +191,24 @@ def test_decode_head_dims_padded_and_full(head_dim):
 
 
 @pytest.mark.gpu
-def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph():
-    """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits): the merge kernel launched by programmatic
-    dependent launch, captured in a CUDA graph, gives the reference output on every replay (it must wait
-    for the split programs' partials, though the split kernel lets it start at once)."""
+@pytest.mark.parametrize("launch", [{"pdl_merge": True}, {"fused_merge": True},
+                                    {"fused_merge": True, "num_splits": 128, "block_n": 32},
+                                    {"fused_merge": True, "num_splits": 16, "merge_chunk": 8},
+                                    {"fused_merge": True, "early_start": True, "prefetch": True},
+                                    {"pdl_merge": True, "early_start": True, "prefetch": True, "num_splits": 128,
+                                     "block_n": 32},
+                                    {"fused_merge": True, "split_tokens": 256, "dynamic_splits": True,
+                                     "dependents": True, "num_stages": 5},
+                                    {"fused_merge": True, "split_tokens": 64, "dynamic_splits": True,
+                                     "early_start": True, "num_stages": 2}])  # fmt: skip
+def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
+    """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
+    programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
+    tickets), captured in a CUDA graph, gives the reference output on every replay (the merge kernel must wait
+    for the split programs' partials, though the split kernel lets it start at once; the tickets are zero
+    again after every call); also with the split kernel itself started early by PDL and its keys and values
+    prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
+    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -92,7 +217,7 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph():
     k, v, tables = paged_pool([4000], 8, 128, torch.bfloat16, generator=g)
     query = torch.randn(1, 32, 128, generator=g).bfloat16().cuda()
     qsl, lens = batch_meta([1], [4000])
-    run = lambda: paged_decode_attention(query, k, v, tables, qsl, lens, 0.088, pdl_merge=True)  # noqa: E731
+    run = lambda: paged_decode_attention(query, k, v, tables, qsl, lens, 0.088, **launch)  # noqa: E731
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

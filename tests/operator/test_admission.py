@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flotilla.operator.admission import review
+from flotilla.operator.engine_args import engine_args
 
 BASE = {"model": {"source": "pvc://m"}}
 
@@ -130,3 +131,95 @@ def test_rtn_settings_the_engine_would_refuse_are_refused(env, problem):
     ok = {**spec, "pod": {"env": [{"name": "RTN_NUM_BITS", "value": "4"}, {"name": "RTN_GROUP_SIZE", "value": "32"}]}}
     assert not [e for e in review(ok, "x").errors if "RTN_" in e]
     assert review({**spec, "quantization": "none"}, "x").errors == review({**BASE, "model": spec["model"]}, "x").errors
+
+
+# --- GGUF models -----------------------------------------------------------------------------------
+GGUF = "pvc://models/gguf/Llama-3.1-8B-Instruct-Q4_1.gguf"
+
+
+@pytest.mark.parametrize("source", [GGUF, "hf://org/llama-gguf/Llama-Q4_0.gguf", "hf://org/llama-gguf/q4/L.gguf"])
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_a_gguf_file_is_admitted_with_gguf_or_no_quantization(source, quantization):
+    assert review({"model": {"source": source}, "quantization": quantization}, "x").errors == []
+
+
+def test_gguf_needs_a_gguf_file():
+    assert review({"model": {"source": "pvc://models/llama"}, "quantization": "gguf"}, "x").errors == [
+        "spec.quantization: gguf serves one .gguf file as the model, but spec.model.source pvc://models/llama names "
+        "a checkpoint directory; point it at the file (pvc://claim/dir/model.gguf, hostPath:///dir/model.gguf or "
+        "hf://org/name/model.gguf), or choose another quantization"]
+    # A claim whose own name ends in .gguf is still a directory: the file is a path inside the claim.
+    assert review({"model": {"source": "pvc://weights.gguf"}, "quantization": "gguf"}, "x").errors[0].startswith(
+        "spec.quantization: gguf serves one .gguf file")
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "rtn", "awq", "gptq", "compressed-tensors"])
+def test_a_gguf_file_with_another_quantization_is_refused(quantization):
+    assert review({"model": {"source": GGUF}, "quantization": quantization}, "x").errors == [
+        f"spec.quantization: {quantization}: a .gguf model ({GGUF}) serves its own quantized weights; leave "
+        "spec.quantization out or set it to gguf"]
+
+
+@pytest.mark.parametrize(("extra", "error"), [
+    ({"speculative": {"method": "draft_model", "draftModel": "/model/draft"}},
+     "spec.speculative: a draft model beside a .gguf model is not supported yet (the engine loads the draft with "
+     "the target's GGUF loader); use method ngram"),
+])
+def test_gguf_combinations_the_engine_cannot_start_are_refused(extra, error):
+    assert review({"model": {"source": GGUF}, **extra}, "x").errors == [error]
+    assert review({"model": {"source": "pvc://models/llama"}, **extra}, "x").errors == []
+
+
+def test_an_ngram_proposer_beside_a_gguf_model_is_admitted():
+    assert review({"model": {"source": GGUF}, "speculative": {"method": "ngram"}}, "x").errors == []
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"])
+def test_lora_on_every_quantization_is_admitted(quantization):
+    """The engine adds the adapters' deltas to the base layer's own quantized product (engine/lora/layers.py), so
+    LoRA goes with every quantization, packed-code ones (rtn, awq, gptq, int4 compressed-tensors, gguf) included."""
+    source = GGUF if quantization == "gguf" else "pvc://models/llama"
+    spec = {"model": {"source": source}, "quantization": quantization,
+            "lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}}
+    result = review(spec, "x")
+    assert result.errors == [] and result.spec is not None
+    assert "--enable-lora" in engine_args(result.spec, "x")
+
+
+def test_gguf_blocks_must_split_over_the_tensor_ranks():
+    """The engine's 4-bit GGUF layers take their inputs in blocks of 32 on every rank: Llama-70B's 8192 / 8 and
+    28672 / 8 do; a model whose heads x head dim / tensor is not a multiple of 32 is refused (Q8_0 is dense)."""
+    big = {"source": GGUF.replace("8B", "70B"), "config": LLAMA_70B}
+    spec = {"model": big, "parallelism": {"tensor": 8}, "resources": {"gpuProduct": "NVIDIA-H200"}}
+    assert review(spec, "x").errors == []
+    odd = {**LLAMA_70B, "numAttentionHeads": 40, "numKeyValueHeads": 8, "headDim": 120}
+    refused = review({**spec, "model": {**big, "config": odd}}, "x").errors
+    assert refused == ["spec.parallelism.tensor: a GGUF Q4_0/Q4_1 layer splits its inputs into blocks of 32 on "
+                       "every GPU, but numAttentionHeads x headDim / tensor = 600 is not a multiple of 32; choose "
+                       "another tensor size"]
+    dense = review({**spec, "model": {**big, "config": {**odd, "weightBits": 8}}}, "x").errors
+    assert dense == []
+
+
+@pytest.mark.parametrize("source", ["hf://org/name/../../etc/x.gguf", "hf://org/name/./x.gguf",
+                                    "hf://org/name/x*.gguf", "hf://org/name/x.bin"])
+def test_an_hf_file_path_that_could_leave_the_download_is_refused(source):
+    errors = review({"model": {"source": source}}, "x").errors
+    assert len(errors) == 1 and errors[0].startswith("spec.model.source: ")
+
+
+def test_a_tokenizer_on_a_node_is_checked_by_the_host_path_policy():
+    assert review({"model": {"source": GGUF, "tokenizer": "hostPath:///models/llama"}}, "x").errors[0].startswith(
+        "spec.model.tokenizer: hostPath model sources are turned off on this cluster")
+    assert review({"model": {"source": GGUF, "tokenizer": "hf://org/name/tokenizer.gguf"}}, "x").errors[0].startswith(
+        "spec.model.tokenizer: String should match pattern")  # a directory, never a file
+
+
+def test_a_gguf_file_on_a_node_is_checked_by_the_host_path_policy():
+    from flotilla.operator.policy import AdmissionPolicy
+
+    policy = AdmissionPolicy(host_path_prefixes=("/models/gguf/llama.gguf",))
+    assert review({"model": {"source": "hostPath:///models/gguf/llama.gguf"}}, "x", policy).errors == []
+    assert review({"model": {"source": "hostPath:///models/gguf/other.gguf"}}, "x", policy).errors == [
+        "spec.model.source: /models/gguf/other.gguf is outside the host directories this cluster allows "
+        "(/models/gguf/llama.gguf)"]

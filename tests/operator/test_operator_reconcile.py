@@ -284,3 +284,24 @@ def test_pod_extras_reach_the_live_deployment(op, namespace):
     assert engine["env"][-1]["name"] == "HF_TOKEN" and engine["envFrom"] == [{"configMapRef": {"name": "engine-env"}}]
     assert engine["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}  # the sample sets them
     assert live["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_a_gguf_file_is_mounted_alone_and_served_as_the_model(op, namespace):
+    """A .gguf source (quantization left at none: implied) reaches the live Deployment as the built one: the file
+    mounted by itself at /model/<name>, the engine started on it with --quantization gguf; status.fit counts the
+    GPU's bytes (codes beside the dequantized weights)."""
+    gguf = yaml.safe_load((REPO / "crds" / "samples" / "llama-3.1-8b-gguf.yaml").read_text())
+    doc = fixed("gguf", namespace, replicas=1)
+    doc["spec"]["model"] = gguf["spec"]["model"]
+    op.apply(doc)
+    live = wait_children(op, namespace, "gguf", ["Deployment"])["Deployment"]
+    built = build_deployment(InferenceServiceSpec.model_validate(op.kube.get(fis_path(namespace, "gguf"))["spec"]),
+                             "gguf", namespace)
+    engine = live["spec"]["template"]["spec"]["containers"][0]
+    assert engine["args"] == built["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert engine["args"][0] == "/model/Llama-3.1-8B-Instruct-Q4_1.gguf"
+    assert engine["args"][engine["args"].index("--quantization") + 1] == "gguf"
+    assert engine["volumeMounts"][0] == {"name": "model", "mountPath": "/model/Llama-3.1-8B-Instruct-Q4_1.gguf",
+                                         "readOnly": True, "subPath": "gguf/Llama-3.1-8B-Instruct-Q4_1.gguf"}
+    fit = wait_for(lambda: (op.kube.get(fis_path(namespace, "gguf")).get("status") or {}).get("fit"), 20, "status.fit")
+    assert fit["weightBytes"] == 21_294_481_408

@@ -28,7 +28,17 @@ INVALID = {
     "unsupported-quantization": (
         {"quantization": "int8"},
         "spec.quantization: --quantization='int8' is not supported yet (supported: fp8, rtn, awq, gptq, "
-        "compressed-tensors)"),
+        "compressed-tensors, gguf)"),
+    "gguf-with-a-checkpoint-directory": (
+        {"quantization": "gguf"},
+        "spec.quantization: gguf serves one .gguf file as the model, but spec.model.source "
+        "pvc://models/llama-3.1-8b-instruct names a checkpoint directory; point it at the file "
+        "(pvc://claim/dir/model.gguf, hostPath:///dir/model.gguf or hf://org/name/model.gguf), or choose another "
+        "quantization"),
+    "gguf-file-with-fp8": (
+        {"quantization": "fp8", "model": {"source": "pvc://models/gguf/llama-8b.Q4_1.gguf"}},
+        "spec.quantization: fp8: a .gguf model (pvc://models/gguf/llama-8b.Q4_1.gguf) serves its own quantized "
+        "weights; leave spec.quantization out or set it to gguf"),
     "parallelism-that-does-not-split-the-model": (
         {"parallelism": {"tensor": 3}, "resources": {"gpusPerReplica": 3, "gpuProduct": "NVIDIA-H200"}},
         "spec.parallelism: tensor parallel size 3 does not divide the model's 32 attention heads, 8 KV heads "

@@ -1,5 +1,6 @@
 """LoRA in CUDA graphs: the graph bookkeeping on the CPU (keys, picking, the per-token adapter-slot
-buffer, the eager fallback's log) and, on a GPU, captured greedy tokens equal to the eager path's."""
+buffer, the eager fallback's log) and, on a GPU, captured greedy tokens equal to the eager path's (also with
+LoRA on rtn 4-bit layers, whose base product is the packed-code kernel's)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,47 @@ def test_cuda_new_lora_kernels_give_the_per_token_pairs_tokens(tmp_path, monkeyp
         single = llm.generate(prompts[-1:], params, use_tqdm=False, lora_request=loras[1])
         tokens[kernels] = [o.outputs[0].token_ids for o in batch + single]
     assert tokens["segments"] == tokens["pair"] and tokens["stacked"] == tokens["pair"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_lora_on_rtn4_layers(tmp_path, monkeypatch, dtype):
+    """Tiny Llama, rtn 4-bit groups of 32 on CUDA (bf16: the Triton int4 kernels), two adapters and the base model in
+    one batch: greedy tokens of the captured graphs equal the eager path's, the adapters change tokens, and in fp32
+    they equal the CPU engine's (whose LoRA on packed layers test_lora_quantized.py checks against PEFT)."""
+    from lora import write_adapter
+    from model_dirs import SHAPES, make_model_dir
+
+    from flotilla.engine.llm import LLM
+    from flotilla.engine.lora.request import LoRARequest
+    from flotilla.engine.sampling_params import SamplingParams
+
+    monkeypatch.setenv("RTN_NUM_BITS", "4")
+    monkeypatch.setenv("RTN_GROUP_SIZE", "32")
+    model = make_model_dir("tiny-llama", tmp_path / "model", weights_seed=0)
+    loras = [LoRARequest(f"a{k}", k + 1, str(write_adapter(SHAPES["tiny-llama"], tmp_path / f"a{k}", 8, k, scale=0.2)))
+             for k in range(2)]
+    prompts = [[(37 * i + 11 * j) % 1000 + 3 for j in range(5 + 7 * i)] for i in range(6)]
+    chosen = [None if i % 3 == 0 else loras[i % 2] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    common = {"quantization": "rtn", "dtype": dtype, "max_model_len": 256, "enable_lora": True, "max_loras": 2,
+              "max_lora_rank": 8}
+    tokens = {}
+    for eager in (True, False):
+        llm = LLM(str(model), device="cuda", enforce_eager=eager, gpu_memory_utilization=0.3, max_num_seqs=8, **common)
+        assert all(not hasattr(layer.base, "weight") for layer in llm.engine.runner.lora.layers.values())
+        tokens[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False,
+                                                                      lora_request=chosen)]
+        assert llm.engine.runner.last_step.graphed is not eager
+        if eager:
+            base = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            assert any(b != t for b, t, c in zip(base, tokens[True], chosen, strict=True) if c is not None)
+        del llm
+        gc.collect()  # the next engine needs the KV memory
+        torch.cuda.empty_cache()
+    assert tokens[False] == tokens[True]
+    if dtype == "float32":
+        cpu = LLM(str(model), device="cpu", **common)
+        want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False, lora_request=chosen)]
+        assert tokens[True] == want

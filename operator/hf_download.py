@@ -1,0 +1,44 @@
+"""The init container that downloads an `hf://` source (model, tokenizer or LoRA adapter) before the engine starts.
+
+It runs the engine image (which ships huggingface_hub) with `snapshot_download`, so the engine itself always starts
+offline. A gated or private repository needs a token, and a mirror an endpoint: of spec.pod.env the download gets
+exactly the variables huggingface_hub reads for those (`HF_DOWNLOAD_ENV`), as written there (a literal value or a
+`valueFrom` Secret/ConfigMap key), and nothing else of the engine's environment. `spec.pod.envFrom` is not passed:
+it would hand every key of the Secret or ConfigMap to a container that only needs a token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flotilla.operator.spec import InferenceServiceSpec
+
+# What huggingface_hub reads for a download: the token (HF_TOKEN, or its older name HUGGING_FACE_HUB_TOKEN) and
+# the Hub's address (HF_ENDPOINT: a mirror or a private Hub).
+HF_DOWNLOAD_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT")
+
+# The download; argv 3 on, when given, narrows it to those files (a GGUF source's one file, a tokenizer's files).
+_DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
+             "snapshot_download(sys.argv[1], local_dir=sys.argv[2], allow_patterns=sys.argv[3:] or None)")
+
+
+def download_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The download container's environment: HOME on the writable /tmp, then spec.pod.env's HF_DOWNLOAD_ENV
+    entries in their order there."""
+    forwarded = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env if e.name in HF_DOWNLOAD_ENV]
+    return [{"name": "HOME", "value": "/tmp"}, *forwarded]
+
+
+def download_container(spec: InferenceServiceSpec, name: str, repo: str, target: str,
+                       mounts: list[dict[str, Any]], patterns: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An init container named `name` that downloads `repo` (org/name) into `target` (only `patterns`, when
+    given); `mounts` are its volumeMounts besides /tmp."""
+    return {
+        "name": name,
+        "image": spec.image,
+        "command": ["python3", "-c", _DOWNLOAD, repo, target, *patterns],
+        "env": download_env(spec),
+        "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
