@@ -107,7 +107,7 @@ def _decode_memo(
     slots, max_len, mask = found
     k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
     v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
-    k, v = k.to(query.dtype).transpose(1, 2), v.to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]; the caller sends only a cache of q's dtype here
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(batch, heads, dim)

@@ -89,12 +89,13 @@ def cpu_int8_blocks_weight(codes: torch.Tensor, scale: torch.Tensor, dtype: torc
 
 def cpu_int_linear(x: torch.Tensor, weight: CpuIntWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ W^T + b` for `x` `[..., in]` in the scales' dtype."""
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the decode step's rows: no reshapes either side
     if weight.planes == 2:
         flat = torch.cat([flat, flat], dim=-1)
     if weight.bits == 4:
         out = torch._weight_int4pack_mm_for_cpu(flat, weight.packed, weight.group_size, weight.scales)
     else:
         out = torch._weight_int8pack_mm(flat, weight.packed, weight.scales)
-    out = out.reshape(*x.shape[:-1], out.shape[-1])
+    if x.dim() != 2:
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
