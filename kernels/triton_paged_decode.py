@@ -583,7 +583,11 @@ def default_num_splits(
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
 _FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
-_FP8_FORM = ""  # the key streams' form: "" rows, "t" transposed, "h" over KV heads (`paged_decode_attention`'s)
+# The key streams' form (`paged_decode_attention`'s `form`): "" rows, "t" transposed, "h" over KV heads. "t" since
+# session 11: the H200's kernel at batch 64 x 4,096 134.7-135.2 us vs 141.9-142.0 for "" (calls 3 and 4), the engine
+# step 9.411 vs 9.765 ms (call 3, two engines) and 9.227 vs 9.479 (call 4, one engine, A B B A): 0.753x / 0.740x
+# the bf16-KV step (bench/results/gpu-2026-12-04-s11/call{3,4}/fp8kv11/).
+_FP8_FORM = "t"
 # Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
 # two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
 _FP8_WAVE: int | None = None
