@@ -93,7 +93,8 @@ def _decode_memo(
 ) -> torch.Tensor:
     """`_decode` with the per-step work done once for all layers: the slots each row reads (`[B * L]`, one
     `index_select` of the cache per layer instead of gathering whole blocks) and the length mask (none for one
-    row: every key up to the longest is its own). Same keys, values and SDPA call: the same output."""
+    row: every key up to the longest is its own; and one row in consecutive blocks reads a slice of the pool, no
+    gather). Same keys, values and SDPA call: the same output."""
     batch, heads, dim = query.shape
     kv_heads = k_cache.shape[2]
     found = memo.get("cpu_decode")
@@ -103,10 +104,18 @@ def _decode_memo(
         table = block_tables[:, : -(-max_len // block_size)].long().clamp_min(0)
         slots = (table[:, :, None] * block_size + torch.arange(block_size)).reshape(batch, -1)[:, :max_len]
         mask = None if batch == 1 else (torch.arange(max_len)[None, :] < seq_lens[:, None])[:, None, None, :]
-        found = memo["cpu_decode"] = (slots.reshape(-1), max_len, mask)
-    slots, max_len, mask = found
-    k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
-    v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+        first = int(table[0, 0]) * block_size
+        # one sequence in consecutive blocks (the block pool hands a lone request's blocks out in order): its keys
+        # are one slice of the pool, a view instead of a gather
+        run = first if batch == 1 and bool((slots[0] == first + torch.arange(max_len)).all()) else None
+        found = memo["cpu_decode"] = (slots.reshape(-1), max_len, mask, run)
+    slots, max_len, mask, run = found
+    if run is not None:
+        k = k_cache.view(-1, kv_heads, dim)[run : run + max_len].view(batch, max_len, kv_heads, dim)
+        v = v_cache.view(-1, kv_heads, dim)[run : run + max_len].view(batch, max_len, kv_heads, dim)
+    else:
+        k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+        v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]; the caller sends only a cache of q's dtype here
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

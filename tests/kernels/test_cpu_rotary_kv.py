@@ -34,13 +34,15 @@ def test_rotary_and_kv_write_match_the_reference_bit_for_bit(dtype, fused, paddi
     assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
 
 
-@pytest.mark.parametrize("lens", [[13], [13, 5, 24]])
+@pytest.mark.parametrize("lens", [[13], [13, 5, 24], [20]])
 def test_memoised_decode_gather_matches_the_plain_decode(lens):
     gen = torch.Generator().manual_seed(2)
     heads, kv_heads, dim, blocks, block_size = 6, 2, 16, 12, 8
     k_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=gen).bfloat16()
     v_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=gen).bfloat16()
     tables = torch.tensor([[3, 7, 1, 0], [5, 0, 0, 0], [2, 9, 11, 4]], dtype=torch.int32)[: len(lens)]
+    if lens == [20]:  # one row in consecutive blocks: a slice of the pool instead of a gather
+        tables = torch.tensor([[4, 5, 6, 0]], dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     start = torch.arange(len(lens) + 1, dtype=torch.int32)
     q = torch.randn(len(lens), heads, dim, generator=gen).bfloat16()
