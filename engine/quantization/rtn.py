@@ -59,5 +59,8 @@ class RtnMethod(PackedIntMethod):
         del layer.weight
         replace_parameter(layer, "weight_packed", pack_codes(codes, self.bits))
         replace_parameter(layer, "weight_scale", scales.to(dtype))
-        layer.register_buffer("weight_zero_point", torch.full(scales.shape, 1 << (self.bits - 1), dtype=torch.uint8))
+        # On the scales' device: this runs after loading, outside the model's device context (a CPU zero point
+        # beside CUDA codes failed the Triton int4 kernels on the H200, session 11 call 5).
+        middle = torch.full(scales.shape, 1 << (self.bits - 1), dtype=torch.uint8, device=scales.device)
+        layer.register_buffer("weight_zero_point", middle)
         super().process_weights(layer)

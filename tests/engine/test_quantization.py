@@ -284,3 +284,18 @@ def test_rtn_settings_are_checked(wide_llama, monkeypatch):
     monkeypatch.setenv("RTN_GROUP_SIZE", "96")  # does not divide the 128 inputs of q/k/v
     with pytest.raises(ValueError, match="RTN_GROUP_SIZE=96"):
         LLM(str(wide_llama), max_model_len=256, quantization="rtn")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rtn_keeps_every_tensor_on_the_weights_device(bits):
+    """RTN quantizes after loading, outside the model's device context: the packed codes, scales and zero points
+    stay where the loaded weight was (a CPU zero point beside CUDA codes failed the int4 kernels on the H200).
+    The meta device stands in for CUDA here: anything created without the weight's device lands on the CPU."""
+    from flotilla.engine.quantization.rtn import RtnMethod
+
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(64, 128, device="meta"))
+    RtnMethod(bits, 32).process_weights(layer)
+    tensors = dict(layer.named_parameters()) | dict(layer.named_buffers())
+    assert set(tensors) == {"weight_packed", "weight_scale", "weight_zero_point"}
+    assert {t.device.type for t in tensors.values()} == {"meta"}
