@@ -158,3 +158,18 @@ def test_engine_preempts_for_an_urgent_request_and_greedy_tokens_still_match_hf(
     expected = hf_greedy(model, [prompts[n] for n in requests], 12)
     assert [requests[n].output_token_ids for n in requests] == expected
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "a block leaked"
+
+
+def test_block_hashes_chain_hash_block_over_the_prompt():
+    """The prompt's blocks are hashed from slices of one tuple (`_block_hashes`): the same chain as `hash_block`
+    block by block, salt on the first block only; hashing up to a later block extends the chain."""
+    from flotilla.engine.block_manager import hash_block
+
+    manager = BlockManager(64, 4)
+    request = _request("r", 23, salt="tenant-a")
+    prompt = request.prompt_token_ids
+    expected = [hash_block(None, prompt[0:4], ("tenant-a",))]
+    for i in range(1, 5):
+        expected.append(hash_block(expected[-1], prompt[4 * i : 4 * i + 4]))
+    assert manager._block_hashes(request, 2) == expected[:2]
+    assert manager._block_hashes(request, 5) == expected
