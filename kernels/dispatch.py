@@ -30,7 +30,7 @@ from flotilla.kernels.switches import env_choice, env_flag, parse_choice
 # CPU: what every layer of a step derives alike (cos/sin, slots, the decode gather's indices) made once a step and
 # kept in its memo, and the rotary/KV write in fewer ops (`cpu_rotary_kv.py`); FLOTILLA_CPU_STEP_MEMO=0: the
 # reference path, op for op (an A/B switch: the values are the same)
-CPU_STEP_MEMO = os.environ.get("FLOTILLA_CPU_STEP_MEMO", "1").strip() != "0"
+CPU_STEP_MEMO = env_flag("FLOTILLA_CPU_STEP_MEMO", True)
 
 
 def write_kv_cache(

@@ -28,7 +28,6 @@ at one row the head is the step's largest weight (49,152 x 576 here, as many byt
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from functools import lru_cache
@@ -46,6 +45,7 @@ from flotilla.kernels.cpu_int_linear import (
     cpu_int_linear,
 )
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
+from flotilla.kernels.switches import env_flag
 
 BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block
 GGUF_ARCHITECTURES = ("llama",)
@@ -274,7 +274,7 @@ def attach_gguf_lm_head(model: Any, path: str | Path) -> bool:
     from flotilla.engine.parallel_state import tp_size
 
     head = model.lm_head
-    if os.environ.get("FLOTILLA_GGUF_CPU_HEAD", "1").strip() == "0":  # the dense bf16 head (an A/B switch)
+    if not env_flag("FLOTILLA_GGUF_CPU_HEAD", True):  # the dense bf16 head (an A/B switch)
         return False
     if head.weight.device.type != "cpu" or head.weight.dtype != torch.bfloat16 or tp_size() != 1:
         return False
