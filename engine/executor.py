@@ -150,8 +150,11 @@ class MultiprocExecutor:
         return self.collect(self.launch(out))
 
     def check_health(self) -> None:
-        """Raise `WorkerDiedError` once any worker has exited."""
+        """Raise `WorkerDiedError` once any worker has exited (the others stopped first)."""
         if self._failure is not None:
+            # The monitor thread names the failure before it stops the other workers; stopping them here too
+            # (idempotent) means no caller ever sees the error while a worker still runs.
+            _stop(self.workers)
             raise WorkerDiedError(f"tensor/pipeline-parallel {self._failure}; the engine cannot continue")
 
     def launch(self, out: SchedulerOutput) -> LaunchedStep:
