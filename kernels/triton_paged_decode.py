@@ -306,6 +306,14 @@ def _attend_heads_t(
 
 
 @triton.jit
+def _query_and_length(query_start_loc_ptr, seq_lens_ptr, seq):
+    """(the sequence's first query row, whether it has a query, its length: 0 for a padding sequence)."""
+    q_row = tl.load(query_start_loc_ptr + seq)
+    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+    return q_row, has_query, tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+
+
+@triton.jit
 def _prefetch_split(
     k_cache_ptr, v_cache_ptr, t, page, end, kv_head, stride_b, stride_s, stride_h,
     PAGE: tl.constexpr, BLOCK_D: tl.constexpr, LINE_ELEMS: tl.constexpr,
@@ -384,32 +392,21 @@ def _decode_split_kernel(
         # equal ranges (whole pages; at least one), so a length just past a multiple of it (the engine's
         # context 4,096 + the tokens decoded so far) adds no split of a few keys (a program more than the SMs
         # take in one wave). The pages then wait for the length (one round trip more).
-        q_row = tl.load(query_start_loc_ptr + seq)
-        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
-        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+        q_row, has_query, seq_len = _query_and_length(query_start_loc_ptr, seq_lens_ptr, seq)
         ranges = tl.maximum(tl.minimum(seq_len // split_len, NUM_SPLITS), 1)
         split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, ranges), PAGE) * PAGE, PAGE)
-        start = split * split_len
-        tok = start + tl.arange(0, BLOCK_N)
-        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
-        if PREFETCH_TOKENS > 0:
-            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
-            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
-            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
-    else:
-        start = split * split_len
-        # Latency matters at small batch (a program may own only one or two tiles), so the first
-        # tile's page numbers are fetched before, not after, the sequence's length arrives: they only
-        # need the table's width, and are used only for tokens below the length.
-        tok = start + tl.arange(0, BLOCK_N)
-        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
-        if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
-            pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
-            pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
-            pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
-        q_row = tl.load(query_start_loc_ptr + seq)
-        has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
-        seq_len = tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
+    start = split * split_len
+    # Latency matters at small batch (a program may own only one or two tiles), so without DYN_SPLIT the first
+    # tile's page numbers are fetched before, not after, the sequence's length arrives: they only need the
+    # table's width, and are used only for tokens below the length.
+    tok = start + tl.arange(0, BLOCK_N)
+    next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+    if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
+        pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
+        pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
+        pf_page = tl.load(table + _page_of(pf_tok, PAGE), mask=pf_ok, other=0)
+    if not DYN_SPLIT:
+        q_row, has_query, seq_len = _query_and_length(query_start_loc_ptr, seq_lens_ptr, seq)
     end = tl.minimum(start + split_len, seq_len)
     active = tl.minimum(tl.cdiv(seq_len, split_len), NUM_SPLITS)  # splits that hold keys
     if NUM_SPLITS > 1 and split >= active:
