@@ -205,6 +205,19 @@ def test_decode_key_streams_match_reference(dtype):
                                num_splits=2, fused_merge=True)  # fmt: skip
 
 
+def _llama_fp8_case(seed: int) -> tuple[torch.Tensor, ...]:
+    """On the GPU: Llama-3-8B heads (32 query, 8 KV, 128 dims), sequences of 4,000, 300 and 17 tokens on an fp8
+    pool (K scaled to ~30 % subnormal values), one bf16 query row each, scale 0.3; returns (query, k8, v8, tables,
+    qsl, lens, the reference on the fp8 pages)."""
+    g = torch.Generator().manual_seed(seed)
+    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
+    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
+    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
+    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
+    tables = tables.cuda()
+    return query, k8, v8, tables, qsl, lens, paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+
+
 @pytest.mark.gpu
 def test_cuda_fp8_transposed_streams_at_llama_heads():
     """On the GPU (cvtpx's inline PTX runs only there): Llama-3-8B heads, sequences of 4,000, 300 and 17 tokens on an
@@ -213,13 +226,7 @@ def test_cuda_fp8_transposed_streams_at_llama_heads():
     CUDA graph."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
-    g = torch.Generator().manual_seed(12)
-    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
-    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
-    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
-    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
-    tables = tables.cuda()
-    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+    query, k8, v8, tables, qsl, lens, ref = _llama_fp8_case(12)
     launches = (("t", 32, 2, 4, 1, False), ("t", 32, 2, 3, 2, False), ("t", 16, 1, 3, 4, False),
                 ("t", 32, 2, 3, 2, True), ("h", 16, 2, 2, 4, False), ("h", 16, 4, 2, 4, False),
                 ("h", 16, 8, 2, 4, False))  # fmt: skip
@@ -286,13 +293,7 @@ def test_cuda_fp8_operand_paths_at_llama_heads(fp8_kv):
     merge by programmatic dependent launch gives the same output."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
-    g = torch.Generator().manual_seed(11)
-    k16, v16, tables = paged_pool([4000, 300, 17], 8, 128, torch.float32, generator=g)
-    k8, v8 = (k16 * 0.05).to(FP8).cuda(), v16.to(FP8).cuda()
-    query = torch.randn(3, 32, 128, generator=g).bfloat16().cuda()
-    qsl, lens = (t.cuda() for t in batch_meta([1, 1, 1], [4000, 300, 17]))
-    tables = tables.cuda()
-    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.3)
+    query, k8, v8, tables, qsl, lens, ref = _llama_fp8_case(11)
     plain = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv)
     assert rel_err(plain, ref) < 1e-2
     wide = paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.3, fp8_kv=fp8_kv, block_n=128, num_warps=8)
