@@ -46,10 +46,11 @@ def replace_parameter(layer: Any, name: str, tensor: torch.Tensor,
 
 
 def out_features(layer: Any) -> int:
-    """The layer's output features on this rank (from the dense weight it was built with)."""
-    return int(layer.weight.shape[0])
+    """The layer's output features on this rank (`_Linear` keeps them apart from its weight, which a method may
+    replace by packed codes)."""
+    return int(layer.out_features)
 
 
 def in_features(layer: Any) -> int:
     """The layer's input features on this rank."""
-    return int(layer.weight.shape[1])
+    return int(layer.in_features)
