@@ -122,9 +122,10 @@ class MultiprocExecutor:
         """Wait for any worker to exit; then stop the rest, so no one stays blocked on it."""
         ready = wait([w.sentinel for w in self.workers])
         if self._finalizer.alive:  # not a shutdown we asked for
-            for w in self.workers:
-                if w.sentinel in ready:
-                    w.join(1)  # the sentinel fires as it exits; reap it so the exit code is known
+            with _REAP_LOCK:
+                for w in self.workers:
+                    if w.sentinel in ready:
+                        w.join(1)  # the sentinel fires as it exits; reap it so the exit code is known
             self._failure = self._dead_worker() or "a worker exited"
             logger.error("%s; stopping the other workers", self._failure)
             _stop(self.workers)
@@ -194,10 +195,17 @@ class MultiprocExecutor:
         _stop(self.workers)
 
 
+# Reaping is serialised: the monitor thread and the engine's thread may both stop the workers, and two threads
+# joining one process race in waitpid (the loser gets ECHILD and, until the winner stores the exit code, reads
+# the process as still running).
+_REAP_LOCK = threading.Lock()
+
+
 def _stop(workers: list[BaseProcess]) -> None:
     """Kill every worker still running and reap it."""
-    for w in workers:
-        if w.exitcode is None:
-            w.kill()
-    for w in workers:
-        w.join(5)
+    with _REAP_LOCK:
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+        for w in workers:
+            w.join(5)
