@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--token-batch", default="1",
                    help="prompts decoded together for `tokens`; a list (1,8): one run each, their rows in order")
     p.add_argument("--quantization", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--json", required=True)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -77,11 +78,12 @@ def main() -> None:
     engine = LLMEngine.from_kwargs(
         str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64,
         max_num_seqs=max(*sizes, *token_batches), enable_prefix_caching=False, quantization=a.quantization,
+        kv_cache_dtype=a.kv_cache_dtype,
     )  # fmt: skip
     cfg = engine.config.model.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     out: dict = {
-        "label": a.label, "quantization": a.quantization, "context": a.context, "device": device,
+        "label": a.label, "quantization": a.quantization, "kv_cache_dtype": a.kv_cache_dtype, "context": a.context, "device": device,
         "switches": {k: os.environ.get(k) for k in SWITCHES}, "startup_s": time.perf_counter() - t0,
         "latency": [], "profiles": [],
     }  # fmt: skip
