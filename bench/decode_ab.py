@@ -83,7 +83,8 @@ def main() -> None:
     cfg = engine.config.model.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     out: dict = {
-        "label": a.label, "quantization": a.quantization, "kv_cache_dtype": a.kv_cache_dtype, "context": a.context, "device": device,
+        "label": a.label, "quantization": a.quantization, "kv_cache_dtype": a.kv_cache_dtype, "context": a.context,
+        "device": device,
         "switches": {k: os.environ.get(k) for k in SWITCHES}, "startup_s": time.perf_counter() - t0,
         "latency": [], "profiles": [],
     }  # fmt: skip
