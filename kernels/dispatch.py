@@ -179,6 +179,10 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
         from flotilla.kernels.triton_argmax import argmax_rows
 
         return argmax_rows(logits)
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        # the same values exactly in fp32 (and the same first index on ties), argmaxed in a quarter of the time:
+        # torch's CPU argmax of bf16 logits took 180 us a row of 49,152, the upcast and fp32 argmax 53
+        return logits.float().argmax(dim=-1)
     return logits.argmax(dim=-1)
 
 

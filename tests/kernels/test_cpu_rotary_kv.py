@@ -8,7 +8,7 @@ import torch
 
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.kernels.cpu_attention import paged_attention_cpu
-from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu, rotary_and_write_kv_cpu_ref
+from flotilla.kernels.cpu_rotary_kv import _adjacent, rotary_and_write_kv_cpu, rotary_and_write_kv_cpu_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -32,6 +32,25 @@ def test_rotary_and_kv_write_match_the_reference_bit_for_bit(dtype, fused, paddi
         got = rotary_and_write_kv_cpu(positions, q, k, v, cos_sin, caches[2], caches[3], slots, memo)
         assert torch.equal(got, want)
     assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_q_and_k_of_a_fused_qkv_rotate_in_one_pass_at_any_row_count(tokens):
+    # the model's split: [T, 960] -> q/k/v views, reshaped to heads (at one row the reshape's row strides differ)
+    heads, kv_heads, dim = 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim).to(torch.bfloat16)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.reshape(-1, heads, dim), k.reshape(-1, kv_heads, dim), v.reshape(-1, kv_heads, dim)
+    both = _adjacent(q, k)
+    assert both is not None and both.data_ptr() == qkv.data_ptr()
+    assert torch.equal(both[:, :heads], q) and torch.equal(both[:, heads:], k)
+    positions = torch.arange(tokens) + 5
+    cos_sin = RotaryEmbedding(dim, 64, 10000.0, None).cos_sin_cache
+    caches = [torch.zeros(2, 8, kv_heads, dim, dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.arange(tokens) + 3
+    want = rotary_and_write_kv_cpu_ref(positions, q, k, v, cos_sin, caches[0], caches[1], slots)
+    got = rotary_and_write_kv_cpu(positions, q, k, v, cos_sin, caches[2], caches[3], slots, {})
+    assert torch.equal(got, want) and torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
 
 
 @pytest.mark.parametrize("lens", [[13], [13, 5, 24], [20]])
