@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+import flotilla.engine.models.llama_cpu_decode as cpu_decode
 import flotilla.kernels.dispatch as dispatch
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
@@ -37,13 +38,26 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=210)
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--json")
+    parser.add_argument("--set", choices=["s11", "s12"], default="s11",
+                        help="s11: the four above (session 12's plain-call decode layers off); s12: `s11` (session "
+                             "11's default), `layers` (+ the plain-call decode layers, llama_cpu_decode.py)")
     args = parser.parse_args()
     # no prefix cache: the configurations' token check reruns one prompt, and a cached prefix would turn its
     # prefill into a 2-token extend (another attention path, other roundings) for all but the first
     llm = LLM(max_model_len=2048, quantization="gguf", enable_prefix_caching=False)
     head = llm.engine.runner.model.lm_head
     packed = head.cpu_int_weight
-    configs = {"base": (False, None), "memo": (True, None), "head": (False, packed), "both": (True, packed)}
+    # (step memo, LM head weight, plain-call decode layers)
+    if args.set == "s11":
+        configs = {"base": (False, None, False), "memo": (True, None, False), "head": (False, packed, False),
+                   "both": (True, packed, False)}
+    else:
+        configs = {"s11": (True, packed, False), "layers": (True, packed, True)}
+    default = configs["both" if args.set == "s11" else "layers"]
+
+    def use(config: tuple) -> None:
+        dispatch.CPU_STEP_MEMO, head.cpu_int_weight, cpu_decode.CPU_DECODE_LAYERS = config
+
     ids = llm.get_tokenizer().encode("\n\n".join(p.read_text() for p in sorted(DATA.glob("*.txt"))))
     runs = []
     names = list(configs)
@@ -59,7 +73,7 @@ def main() -> None:
         step = 0
         while llm.engine.has_unfinished_requests():
             name = order[step % len(order)]
-            dispatch.CPU_STEP_MEMO, head.cpu_int_weight = configs[name]
+            use(configs[name])
             start = time.perf_counter()
             llm.engine.step()
             if step > 0:  # the first is the prefill
@@ -70,9 +84,10 @@ def main() -> None:
             runs.append({"round": r, "config": name, "steps": len(ms), "median_ms": statistics.median(ms),
                          "p25_ms": ms[len(ms) // 4], "loadavg_1min": os.getloadavg()[0]})
         print(f"round {r + 1} (load {os.getloadavg()[0]:.1f}): "
-              + ", ".join(f"{x['config']} p25 {x['p25_ms']:.1f} / median {x['median_ms']:.1f} ms" for x in runs[-4:]),
+              + ", ".join(f"{x['config']} p25 {x['p25_ms']:.1f} / median {x['median_ms']:.1f} ms"
+                          for x in runs[-len(names):]),
               flush=True)
-    dispatch.CPU_STEP_MEMO, head.cpu_int_weight = configs["both"]
+    use(default)
     medians = {name: {stat: statistics.median(x[stat] for x in runs if x["config"] == name)
                       for stat in ("p25_ms", "median_ms")} for name in configs}
     print("over rounds (ms a one-row decode step, p25 / median): "
@@ -81,13 +96,13 @@ def main() -> None:
     prompt = ids[150 : 150 + args.input_len]
     tokens = {}
     for name in names:
-        dispatch.CPU_STEP_MEMO, head.cpu_int_weight = configs[name]
+        use(configs[name])
         out = llm.generate([{"prompt_token_ids": prompt}],
                            SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True), use_tqdm=False)
         tokens[name] = out[0].outputs[0].token_ids
-    equal = {name: tokens[name] == tokens["base"] for name in names}
-    print(f"greedy tokens (64, one prompt) equal base's: {equal}")
-    dispatch.CPU_STEP_MEMO, head.cpu_int_weight = configs["both"]
+    equal = {name: tokens[name] == tokens[names[0]] for name in names}
+    print(f"greedy tokens (64, one prompt) equal the first's: {equal}")
+    use(default)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"torch_threads": torch.get_num_threads(), "input_len": args.input_len,

@@ -91,15 +91,32 @@ def _decode_memo(
     scale: float,
     memo: dict,
 ) -> torch.Tensor:
-    """`_decode` with the per-step work done once for all layers: the slots each row reads (`[B * L]`, one
-    `index_select` of the cache per layer instead of gathering whole blocks) and the length mask (none for one
-    row: every key up to the longest is its own; and one row in consecutive blocks reads a slice of the pool, no
-    gather). Same keys, values and SDPA call: the same output."""
+    """`_decode` with the per-step work done once for all layers (`decode_gather`): the same keys, values and
+    SDPA call, so the same output."""
     batch, heads, dim = query.shape
     kv_heads = k_cache.shape[2]
+    k, v, mask = decode_gather(k_cache, v_cache, block_tables, seq_lens, batch, memo)
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, dim)
+
+
+def decode_gather(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    batch: int,
+    memo: dict,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Keys and values `[B, Hkv, L, D]` of a decode step's `batch` rows and SDPA's length mask, as `_decode`
+    gathers them, with the per-step work done once for all layers and kept in `memo`: the slots each row reads
+    (`[B * L]`, one `index_select` of the cache per layer instead of gathering whole blocks) and the mask (none
+    for one row: every key up to the longest is its own). One row in consecutive blocks reads the pool as one
+    strided view (its `view`s, slice and `transpose` in one `as_strided`), no gather."""
+    block_size, kv_heads, dim = k_cache.shape[1:]
     found = memo.get("cpu_decode")
     if found is None:
-        block_size = k_cache.shape[1]
         max_len = int(seq_lens.max())
         table = block_tables[:, : -(-max_len // block_size)].long().clamp_min(0)
         slots = (table[:, :, None] * block_size + torch.arange(block_size)).reshape(batch, -1)[:, :max_len]
@@ -110,13 +127,12 @@ def _decode_memo(
         run = first if batch == 1 and bool((slots[0] == first + torch.arange(max_len)).all()) else None
         found = memo["cpu_decode"] = (slots.reshape(-1), max_len, mask, run)
     slots, max_len, mask, run = found
-    if run is not None:
-        k = k_cache.view(-1, kv_heads, dim)[run : run + max_len].view(batch, max_len, kv_heads, dim)
-        v = v_cache.view(-1, kv_heads, dim)[run : run + max_len].view(batch, max_len, kv_heads, dim)
-    else:
-        k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
-        v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
-    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]; the caller sends only a cache of q's dtype here
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.reshape(batch, heads, dim)
+    if run is not None and k_cache.is_contiguous() and v_cache.is_contiguous():
+        row = kv_heads * dim
+        size, stride = (1, kv_heads, max_len, dim), (max_len * row, dim, row, 1)
+        k = k_cache.as_strided(size, stride, k_cache.storage_offset() + run * row)
+        v = v_cache.as_strided(size, stride, v_cache.storage_offset() + run * row)
+        return k, v, mask
+    k = k_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+    v = v_cache.view(-1, kv_heads, dim).index_select(0, slots).view(batch, max_len, kv_heads, dim)
+    return k.transpose(1, 2), v.transpose(1, 2), mask  # the caller sends only a cache of q's dtype here

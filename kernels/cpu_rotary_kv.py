@@ -33,13 +33,13 @@ def rotary_and_write_kv_cpu(
     """Rotate `query` `[T, H, D]` and `key` `[T, Hkv, D]`, store the rotated key and `value` at their slots (a
     cache of the activations' dtype, scale 1: the caller keeps fp8 pools on the reference); returns the rotated
     query. `memo`: the step's dict, shared by every layer."""
-    cos, sin = _cos_sin(memo, positions, cos_sin_cache, query.dtype)
+    cos, sin = cos_sin(memo, positions, cos_sin_cache, query.dtype)
     heads = query.shape[1]
     both = _adjacent(query, key)
     if both is None:
-        q, k = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        q, k = rotate(query, cos, sin), rotate(key, cos, sin)
     else:
-        qk = _rotate(both, cos, sin)
+        qk = rotate(both, cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
     if "cpu_slots" not in memo:
         memo["cpu_slots"] = slot_mapping.long() if bool((slot_mapping >= 0).all()) else None
@@ -52,7 +52,7 @@ def rotary_and_write_kv_cpu(
     return q
 
 
-def _cos_sin(memo: dict, positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
+def cos_sin(memo: dict, positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """`[T, 1, D]` cos (both halves) and sin with its first half negated, in `dtype`, made once a step."""
     key = ("cpu_cos_sin", cos_sin_cache.data_ptr(), dtype)
@@ -66,7 +66,7 @@ def _cos_sin(memo: dict, positions: torch.Tensor, cos_sin_cache: torch.Tensor, d
     return found
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """`x * cos + rotate_half(x) * sin`: `rotate_half(x) = [-x2, x1]` is `roll(x) = [x2, x1]` times the signs
     folded into `signed_sin`."""
     out = x * cos

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from flotilla.engine.forward_context import current_attention_metadata
 from flotilla.engine.layers.activation import SiluAndMul
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -20,6 +21,12 @@ from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParalle
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
+from flotilla.engine.models.llama_cpu_decode import (
+    CpuDecodeLayer,
+    cpu_decode_forward,
+    cpu_decode_plan,
+    cpu_decode_takes,
+)
 from flotilla.engine.parallel_state import (
     is_last_stage,
     pp_rank,
@@ -171,10 +178,22 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # the CPU decode step's weights (`llama_cpu_decode.py`), gathered at the first CPU forward, after loading
+        # (None: the model is not one it computes exactly)
+        self._cpu_plan: list[CpuDecodeLayer] | None = None
+        self._cpu_planned = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`[T]` token ids at `[T]` positions -> final hidden states `[T, hidden]`."""
         residual: torch.Tensor | None = None
+        if not input_ids.is_cuda:
+            # the CPU decode step as plain calls where it computes the same (`llama_cpu_decode.py`)
+            if not self._cpu_planned:
+                self._cpu_plan, self._cpu_planned = cpu_decode_plan(self), True
+            meta, plans = current_attention_metadata(), self._cpu_plan
+            if plans is not None and meta is not None and cpu_decode_takes(plans, self.embed_tokens.weight.dtype,
+                                                                            meta):
+                return cpu_decode_forward(self, plans, self.embed_tokens(input_ids), positions, meta)
         if pp_rank() == 0:
             hidden = self.embed_tokens(input_ids)
         else:  # a later pipeline stage starts from the previous stage's hidden states and residual

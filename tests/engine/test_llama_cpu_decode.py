@@ -1,0 +1,106 @@
+"""The Llama CPU decode step as plain calls (`engine/models/llama_cpu_decode.py`) against the module path: at every
+decode step of real generations, both run from the same KV cache and must give bit-identical hidden states and
+write bit-identical K/V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flotilla.engine.models.llama as llama
+import flotilla.engine.models.llama_cpu_decode as fast
+from flotilla.engine.llm import LLM
+from flotilla.engine.sampling_params import SamplingParams
+
+from .gguf_files import write_tiny_llama_gguf
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10, list(range(40, 60))]
+
+
+def _checked(llm: LLM) -> list[int]:
+    """Route the model's fast decode steps through a check against the module path; returns a list whose length
+    is the number of steps checked."""
+    model = llm.engine.runner.model
+    attns = [layer.self_attn.attn for layer in model.layers]
+    original = llama.cpu_decode_forward
+    checked: list[int] = []
+
+    def both(m, plans, hidden, positions, meta):
+        before = [(a.k_cache.clone(), a.v_cache.clone()) for a in attns]
+        got = original(m, plans, hidden.clone(), positions, meta)
+        after = [(a.k_cache.clone(), a.v_cache.clone()) for a in attns]
+        for a, (k, v) in zip(attns, before, strict=True):
+            a.k_cache.copy_(k)
+            a.v_cache.copy_(v)
+        meta.derived.clear()
+        fast.CPU_DECODE_LAYERS = False
+        try:
+            want = m.forward(m._cpu_input_ids, positions)
+        finally:
+            fast.CPU_DECODE_LAYERS = True
+        assert torch.equal(got, want)
+        for a, (k, v) in zip(attns, after, strict=True):
+            assert torch.equal(a.k_cache, k) and torch.equal(a.v_cache, v)
+        checked.append(hidden.shape[0])
+        return got
+
+    forward = model.forward
+
+    def keep_ids(input_ids, positions):
+        model._cpu_input_ids = input_ids
+        return forward(input_ids, positions)
+
+    llama.cpu_decode_forward = both
+    model.forward = keep_ids
+    return checked
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    original = llama.cpu_decode_forward
+    yield
+    llama.cpu_decode_forward = original
+    fast.CPU_DECODE_LAYERS = True
+
+
+def _generate(llm: LLM, prompts: list[list[int]], tokens: int = 12) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                               use_tqdm=False)]
+
+
+def test_a_gguf_models_decode_steps_are_bit_identical_one_row_and_batched(tmp_path, embedded_model_dir):
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", 256)
+    llm = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="bfloat16", max_model_len=256,
+              enable_prefix_caching=False)
+    checked = _checked(llm)
+    _generate(llm, PROMPTS[:1])
+    _generate(llm, PROMPTS)
+    assert llm.engine.runner.model._cpu_plan  # the plan was made: every linear is an int4 weight
+    assert 1 in checked and 3 in checked
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-rope-tied", "qwen2"])
+def test_dense_bf16_decode_steps_are_bit_identical(tiny_model_dirs, arch):
+    # qwen2: the QKV projection's bias
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="bfloat16", max_model_len=256, enable_prefix_caching=False)
+    checked = _checked(llm)
+    _generate(llm, PROMPTS)
+    assert checked and 3 in checked
+
+
+def test_the_module_path_stays_where_the_plan_cannot_follow(tiny_model_dirs):
+    fp32 = LLM(str(tiny_model_dirs["llama"]), dtype="float32", max_model_len=256)
+    qk_norm = LLM(str(tiny_model_dirs["qwen3"]), dtype="bfloat16", max_model_len=256)
+    for llm in (fp32, qk_norm):
+        checked = _checked(llm)
+        _generate(llm, PROMPTS[:1], 3)
+        assert llm.engine.runner.model._cpu_plan is None and not checked
+
+
+def test_the_switch_gives_the_same_tokens(tmp_path, embedded_model_dir):
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", 256, linear="Q4_1")
+    llm = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="bfloat16", max_model_len=256)
+    on = _generate(llm, PROMPTS)
+    fast.CPU_DECODE_LAYERS = False
+    assert _generate(llm, PROMPTS) == on
