@@ -22,7 +22,7 @@ from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.llama_cpu_decode import (
-    CpuDecodeLayer,
+    CpuDecodePlan,
     cpu_decode_forward,
     cpu_decode_plan,
     cpu_decode_takes,
@@ -180,7 +180,7 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head.weight = self.embed_tokens.weight
         # the CPU decode step's weights (`llama_cpu_decode.py`), gathered at the first CPU forward, after loading
         # (None: the model is not one it computes exactly)
-        self._cpu_plan: list[CpuDecodeLayer] | None = None
+        self._cpu_plan: CpuDecodePlan | None = None
         self._cpu_planned = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -54,9 +54,9 @@ class CpuDecodeLayer:
 
     module: LlamaDecoderLayer
     norm1: torch.Tensor
-    eps1: float
+    eps1: torch.Tensor  # the norms' eps and the hidden size as one-element fp32 tensors (`_rms_norm`)
     norm2: torch.Tensor
-    eps2: float
+    eps2: torch.Tensor
     qkv: _Linear
     o: _Linear
     gate_up: _Linear
@@ -66,6 +66,17 @@ class CpuDecodeLayer:
     dim: int
     scale: float
     cos_sin_cache: torch.Tensor
+    size: torch.Tensor
+    # the K/V pools and their flat views (`_caches`)
+    caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class CpuDecodePlan:
+    """The model's decode-step plan: its layers and the final norm's eps (a one-element fp32 tensor)."""
+
+    layers: list[CpuDecodeLayer]
+    final_eps: torch.Tensor
 
 
 def _linear_takes(layer: _Linear, cls: type, dtype: torch.dtype) -> bool:
@@ -88,7 +99,7 @@ def _matmul(layer: _Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-def cpu_decode_plan(model: LlamaForCausalLM) -> list[CpuDecodeLayer] | None:
+def cpu_decode_plan(model: LlamaForCausalLM) -> CpuDecodePlan | None:
     """Each layer's weights for `cpu_decode_forward`, or None where the model is not one it computes exactly
     (see the module docstring)."""
     from flotilla.engine.layers.attention import Attention
@@ -116,73 +127,109 @@ def cpu_decode_plan(model: LlamaForCausalLM) -> list[CpuDecodeLayer] | None:
                    (mlp.gate_up_proj, MergedColumnParallelLinear), (mlp.down_proj, RowParallelLinear))
         if not all(_linear_takes(lin, cls, dtype) for lin, cls in linears):
             return None
-        plans.append(CpuDecodeLayer(layer, norms[0].weight, norms[0].eps, norms[1].weight, norms[1].eps, attn.qkv_proj,
-                            attn.o_proj, mlp.gate_up_proj, mlp.down_proj, attn.num_heads, attn.num_kv_heads,
-                            attn.head_dim, attn.attn.scale, cast(torch.Tensor, attn.rotary.cos_sin_cache)))
-    return plans
+        plans.append(CpuDecodeLayer(layer, norms[0].weight, _scalar(norms[0].eps), norms[1].weight,
+                                    _scalar(norms[1].eps), attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                    mlp.down_proj, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.attn.scale,
+                                    cast(torch.Tensor, attn.rotary.cos_sin_cache),
+                                    _scalar(norms[0].weight.shape[0])))
+    return CpuDecodePlan(plans, _scalar(model.norm.eps)) if plans else None
 
 
-def cpu_decode_takes(plans: list[CpuDecodeLayer], hidden_dtype: torch.dtype, meta: AttentionMetadata) -> bool:
+def cpu_decode_takes(plan: CpuDecodePlan, hidden_dtype: torch.dtype, meta: AttentionMetadata) -> bool:
     """Whether this step runs `cpu_decode_forward`: a plan, the switches on, every row one token, caches of the
     activations' dtype with scales 1 (fp8 caches stay on the module path)."""
-    if not (plans and CPU_DECODE_LAYERS and dispatch.CPU_STEP_MEMO and meta.max_query_len == 1):
+    if not (CPU_DECODE_LAYERS and dispatch.CPU_STEP_MEMO and meta.max_query_len == 1):
         return False
-    first = plans[0]
+    first = plan.layers[0]
     if first.qkv is not first.module.self_attn.qkv_proj:  # projections wrapped (LoRA) after the plan was made
         return False
     attn = first.module.self_attn.attn
     return attn.k_cache.dtype == attn.v_cache.dtype == hidden_dtype and attn.k_scale == attn.v_scale == 1.0
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm_ref(x, weight, eps)[0]` for bf16/fp16 `x` and `weight`, its fp32 steps in place (the same
-    roundings: `float()` copies, every product is commutative)."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """`rms_norm_ref(x, weight, eps)[0]` for bf16/fp16 `x` and `weight` (`eps` and the row size as one-element fp32
+    tensors) in fewer ops: the mean of squares is torch's `sum` then a division by the size (what `mean` runs),
+    and `eps + sum / size` is one `addcdiv` (one exact multiply by 1, the same quotient and sum); the fp32 steps run
+    in place (`float()` copies; every product is commutative): the same roundings."""
     h = x.float()
-    var = h.pow(2).mean(-1, keepdim=True)
-    return h.mul_(var.add_(eps).rsqrt_()).to(x.dtype).mul_(weight)
+    inv = torch.addcdiv(eps, h.pow(2).sum(-1, keepdim=True), size).rsqrt_()
+    return h.mul_(inv).to(x.dtype).mul_(weight)
 
 
-def cpu_decode_forward(model: LlamaForCausalLM, plans: list[CpuDecodeLayer], hidden: torch.Tensor,
+def cpu_decode_forward(model: LlamaForCausalLM, plan: CpuDecodePlan, hidden: torch.Tensor,
                        positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """The decoder layers and the final norm over the embedded tokens `hidden` `[B, hidden]`, as
     `LlamaForCausalLM.forward` computes them."""
     memo = meta.derived
+    plans = plan.layers
+    first = plans[0]
+    # what every layer reads alike, once a step (the module path keeps the same values in the step's memo)
+    rotation = cos_sin(memo, positions, first.cos_sin_cache, hidden.dtype)
+    if "cpu_slots" not in memo:
+        memo["cpu_slots"] = meta.slot_mapping.long() if bool((meta.slot_mapping >= 0).all()) else None
+    step = _Step(meta, memo, memo["cpu_slots"], rotation, positions)
     residual = hidden
-    hidden = _rms_norm(hidden, plans[0].norm1, plans[0].eps1)
+    hidden = _rms_norm(hidden, first.norm1, first.eps1, first.size)
     for i, p in enumerate(plans):
         if i:
             residual = hidden.add_(residual)  # the MLP's fresh output: `hidden + residual` in place
-            hidden = _rms_norm(residual, p.norm1, p.eps1)
-        hidden = _attention(p, hidden, positions, meta, memo)
+            hidden = _rms_norm(residual, p.norm1, p.eps1, p.size)
+        hidden = _attention(p, hidden, step, first)
         residual = hidden.add_(residual)
-        hidden = _rms_norm(residual, p.norm2, p.eps2)
+        hidden = _rms_norm(residual, p.norm2, p.eps2, p.size)
         gate_up = _matmul(p.gate_up, hidden)
         gate, up = gate_up.chunk(2, dim=-1)
         hidden = _matmul(p.down, F.silu(gate).mul_(up))
     residual = hidden.add_(residual)
-    return _rms_norm(residual, model.norm.weight, model.norm.eps)
+    return _rms_norm(residual, model.norm.weight, plan.final_eps, first.size)
 
 
-def _attention(p: CpuDecodeLayer, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-               memo: dict) -> torch.Tensor:
+@dataclass
+class _Step:
+    """A decode step's shared inputs."""
+
+    meta: AttentionMetadata
+    memo: dict
+    slots: torch.Tensor | None  # the slots as int64, None when some are padding (-1)
+    rotation: tuple[torch.Tensor, torch.Tensor]  # the first layer's cos and sign-folded sin (`cos_sin`)
+    positions: torch.Tensor
+
+
+def _attention(p: CpuDecodeLayer, hidden: torch.Tensor, step: _Step, first: CpuDecodeLayer) -> torch.Tensor:
     """QKV projection, rotary + KV write, one-token paged attention and the output projection: `[B, hidden]`."""
     batch = hidden.shape[0]
     heads, kv_heads, dim = p.heads, p.kv_heads, p.dim
     qkv = _matmul(p.qkv, hidden).view(batch, heads + 2 * kv_heads, dim)
-    cos, signed_sin = cos_sin(memo, positions, p.cos_sin_cache, qkv.dtype)
-    qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
-    attn = p.module.self_attn.attn
-    k_cache, v_cache = attn.k_cache, attn.v_cache
-    if "cpu_slots" not in memo:
-        memo["cpu_slots"] = meta.slot_mapping.long() if bool((meta.slot_mapping >= 0).all()) else None
-    slots: torch.Tensor | None = memo["cpu_slots"]
+    rotation = step.rotation if p.cos_sin_cache is first.cos_sin_cache else cos_sin(
+        step.memo, step.positions, p.cos_sin_cache, qkv.dtype)
+    qk = rotate(qkv[:, : heads + kv_heads], *rotation)  # q and k rotated in one pass, `[B, H + Hkv, D]`
+    k_cache, v_cache, k_flat, v_flat = _caches(p)
     key, value = qk[:, heads:], qkv[:, heads + kv_heads :]
-    if slots is None:  # padding slots in the step: the reference filters them
-        write_kv_cache_ref(key, value, k_cache, v_cache, meta.slot_mapping)
+    if step.slots is None:  # padding slots in the step: the reference filters them
+        write_kv_cache_ref(key, value, k_cache, v_cache, step.meta.slot_mapping)
     else:
-        k_cache.view(-1, kv_heads, dim).index_copy_(0, slots, key)
-        v_cache.view(-1, kv_heads, dim).index_copy_(0, slots, value)
-    k, v, mask = decode_gather(k_cache, v_cache, meta.block_tables, meta.seq_lens, batch, memo)
-    q = qk[:, :heads].view(batch, kv_heads, heads // kv_heads, dim)
+        k_flat.index_copy_(0, step.slots, key)
+        v_flat.index_copy_(0, step.slots, value)
+    k, v, mask = decode_gather(k_cache, v_cache, step.meta.block_tables, step.meta.seq_lens, batch, step.memo)
+    # q's heads grouped by KV head: `qk[:, :heads].view(batch, kv_heads, group, dim)` in one op
+    group = heads // kv_heads
+    q = qk.as_strided((batch, kv_heads, group, dim), (qk.stride(0), group * dim, dim, 1))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.scale)
     return _matmul(p.o, out.view(batch, heads * dim))
+
+
+def _caches(p: CpuDecodeLayer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's K and V pools and their `[slots, Hkv, D]` views, made again only when the runner rebinds the
+    pools."""
+    attn = p.module.self_attn.attn
+    found = p.caches
+    if found is None or found[0] is not attn.k_cache or found[1] is not attn.v_cache:
+        k, v = attn.k_cache, attn.v_cache
+        found = p.caches = (k, v, k.view(-1, p.kv_heads, p.dim), v.view(-1, p.kv_heads, p.dim))
+    return found
+
+
+def _scalar(value: float) -> torch.Tensor:
+    """A one-element fp32 tensor (`_rms_norm`'s eps and size)."""
+    return torch.tensor([value], dtype=torch.float32)

@@ -104,3 +104,16 @@ def test_the_switch_gives_the_same_tokens(tmp_path, embedded_model_dir):
     on = _generate(llm, PROMPTS)
     fast.CPU_DECODE_LAYERS = False
     assert _generate(llm, PROMPTS) == on
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_fewer_op_rms_norm_is_the_references_bit_for_bit(dtype):
+    from flotilla.kernels.layernorm import rms_norm_ref
+
+    gen = torch.Generator().manual_seed(3)
+    for size, eps in ((576, 1e-5), (64, 1e-6), (1000, 1e-5)):
+        weight = (torch.randn(size, generator=gen) * 0.5 + 1).to(dtype)
+        for scale in (1e-3, 0.1, 1.0, 7.0, 60.0):
+            x = (torch.randn(9, size, generator=gen) * scale).to(dtype)
+            got = fast._rms_norm(x, weight, fast._scalar(eps), fast._scalar(size))
+            assert torch.equal(got, rms_norm_ref(x, weight, eps)[0]), (size, scale)
