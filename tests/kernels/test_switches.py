@@ -42,9 +42,10 @@ def test_a_flag_takes_0_1_and_the_usual_words_in_any_case(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["FLOTILLA_SKINNY_GEMM", "FLOTILLA_FP8_GEMV", "FLOTILLA_INT4_GEMV_WIDE",
-                                  "FLOTILLA_LORA_KERNELS", "FLOTILLA_PDL", "FLOTILLA_CPU_STEP_MEMO"])  # fmt: skip
+                                  "FLOTILLA_LORA_KERNELS", "FLOTILLA_PDL", "FLOTILLA_CPU_STEP_MEMO",
+                                  "FLOTILLA_CPU_DECODE_LAYERS"])  # fmt: skip
 def test_a_typo_in_a_kernel_switch_stops_the_import(name):
     env = {**os.environ, name: "typo"}
-    code = "import flotilla.kernels.dispatch, flotilla.kernels.pdl"
+    code = "import flotilla.kernels.dispatch, flotilla.kernels.pdl, flotilla.engine.models.llama_cpu_decode"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and f"{name}='typo'" in out.stderr
