@@ -80,10 +80,11 @@ def test_a_gguf_models_decode_steps_are_bit_identical_one_row_and_batched(tmp_pa
     assert 1 in checked and 3 in checked
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope-tied", "qwen2"])
-def test_dense_bf16_decode_steps_are_bit_identical(tiny_model_dirs, arch):
+@pytest.mark.parametrize(("arch", "dtype"), [("llama", "bfloat16"), ("llama3-rope-tied", "bfloat16"),
+                                             ("qwen2", "bfloat16"), ("llama", "float16")])
+def test_dense_decode_steps_are_bit_identical(tiny_model_dirs, arch, dtype):
     # qwen2: the QKV projection's bias
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="bfloat16", max_model_len=256, enable_prefix_caching=False)
+    llm = LLM(str(tiny_model_dirs[arch]), dtype=dtype, max_model_len=256, enable_prefix_caching=False)
     checked = _checked(llm)
     _generate(llm, PROMPTS)
     assert checked and 3 in checked
