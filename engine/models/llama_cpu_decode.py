@@ -93,10 +93,14 @@ def _linear_takes(layer: _Linear, cls: type, dtype: torch.dtype) -> bool:
 
 def _matmul(layer: _Linear, x: torch.Tensor) -> torch.Tensor:
     """`layer(x)` on the CPU at tp 1: the integer kernel (bias added after it, as the quant methods and the
-    row-parallel forward do) or the dense `F.linear`."""
+    row-parallel forward do) or the dense `F.linear`, which a row-parallel layer calls without its bias and adds
+    it after (one rounding more than `F.linear`'s fused bias, so kept)."""
+    bias = layer.bias
     if layer.quant_method is not None:
-        return cpu_int_linear(x, cast(CpuIntWeight, layer.cpu_int_weight), layer.bias)
-    return F.linear(x, layer.weight, layer.bias)
+        return cpu_int_linear(x, cast(CpuIntWeight, layer.cpu_int_weight), bias)
+    if bias is not None and type(layer) is RowParallelLinear:
+        return F.linear(x, layer.weight) + bias
+    return F.linear(x, layer.weight, bias)
 
 
 def cpu_decode_plan(model: LlamaForCausalLM) -> CpuDecodePlan | None:

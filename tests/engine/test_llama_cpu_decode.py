@@ -90,6 +90,28 @@ def test_dense_decode_steps_are_bit_identical(tiny_model_dirs, arch, dtype):
     assert checked and 3 in checked
 
 
+def test_biases_everywhere_are_bit_identical(tmp_path, embedded_model_dir):
+    # attention_bias and mlp_bias: the row-parallel o_proj and down_proj add theirs after the matmul
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    torch.manual_seed(7)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         attention_bias=True, mlp_bias=True, initializer_range=0.1)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="bfloat16", max_model_len=256, enable_prefix_caching=False)
+    checked = _checked(llm)
+    _generate(llm, PROMPTS)
+    assert checked and 3 in checked
+
+
 def test_the_module_path_stays_where_the_plan_cannot_follow(tiny_model_dirs):
     fp32 = LLM(str(tiny_model_dirs["llama"]), dtype="float32", max_model_len=256)
     qk_norm = LLM(str(tiny_model_dirs["qwen3"]), dtype="bfloat16", max_model_len=256)
