@@ -70,7 +70,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     """`x * cos + rotate_half(x) * sin`: `rotate_half(x) = [-x2, x1]` is `roll(x) = [x2, x1]` times the signs
     folded into `signed_sin`."""
     out = x * cos
-    return out.add_(x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
+    return out.add_(x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin))  # roll's output is fresh: in place
 
 
 def _adjacent(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
