@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from flotilla.operator.crd import build_crd, crd_yaml
 from flotilla.operator.engine_args import FIELD_VALUES
 from flotilla.operator.spec import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from flotilla.operator.status import InferenceServiceStatus
+
+from .conftest import WEBHOOK_CONFIGURATION
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / f"{PLURAL}.{GROUP}.yaml"
@@ -142,7 +146,40 @@ def crd_installed(kube_api):
     else:
         pytest.fail("CRD not Established within 30 s")
     time.sleep(0.5)  # discovery catches up with a just-established CRD
-    return kubernetes.client.CustomObjectsApi(kube_api)
+    with _webhooks_set_aside(kube_api):
+        yield kubernetes.client.CustomObjectsApi(kube_api)
+
+
+@contextlib.contextmanager
+def _webhooks_set_aside(kube_api) -> Iterator[None]:
+    """The operator's admission webhook configurations, when a live operator registered them earlier in the session
+    (test_operator_webhook.py run first), taken away while these tests run and put back after: the tests here check
+    the apiserver's own schema defaulting and validation, which the mutating webhook would add to (served name,
+    GPUs) and the validating one pre-empt."""
+    import kubernetes
+
+    adm = kubernetes.client.AdmissionregistrationV1Api(kube_api)
+    kinds = [(adm.read_mutating_webhook_configuration, adm.delete_mutating_webhook_configuration,
+              adm.create_mutating_webhook_configuration),
+             (adm.read_validating_webhook_configuration, adm.delete_validating_webhook_configuration,
+              adm.create_validating_webhook_configuration)]
+    saved = []
+    for read, delete, create in kinds:
+        try:
+            config = read(WEBHOOK_CONFIGURATION)
+        except kubernetes.client.ApiException as e:
+            if e.status != 404:
+                raise
+            continue
+        delete(WEBHOOK_CONFIGURATION)
+        config.metadata = kubernetes.client.V1ObjectMeta(name=WEBHOOK_CONFIGURATION, labels=config.metadata.labels,
+                                                         annotations=config.metadata.annotations)
+        saved.append((create, config))
+    try:
+        yield
+    finally:
+        for create, config in saved:
+            create(config)
 
 
 def _create(api, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
