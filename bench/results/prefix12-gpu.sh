@@ -14,7 +14,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 #   host   (limit 20 s) bench/prefix_host.py on this machine's CPU (tiny model, stub forward): the cached request's
 #          host timeline, add_request -> the point the first kernel would launch (this branch's host path)
 #   table  (limit 45 s) bench/prefix.py with main's table: uncached vs cached TTFT on one engine (median of 7
-#          pairs), phases of the cached requests, one cached request's GPU kernels (--profile-kernels)
+#          pairs), phases of the cached requests, the host timeline of 10 more (--host-timeline: ms from add_request
+#          to schedule / flatten / staging / replay call / draw / the wait for the ids / update / post), one cached
+#          request's GPU kernels (--profile-kernels). No step trace (FLOTILLA_STEP_TRACE): its lines cost host time
+#          inside the measured TTFT (~0.04 ms on the CPU here; session 11's sides had it on)
 #   best   (limit 45 s) the same with the sweep's winners (skipped when the sweep found nothing to change)
 #   table2, best2 (only while 40 s are left) the same two again in new processes (the host speed differs from one
 #          process to the next: call 3 of session 11 saw 1.5x); the summary pools both processes of a side
@@ -58,10 +61,10 @@ if changed:
     print(";".join(f"{config_key(n, k, bm, g)}:{c.spec() if c else CUBLAS}" for (n, k, bm, g), c in sorted(table.items())))
 PY
 ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --prefix-len 2000 --suffix-len 20
-  --output-len 16 --repeats 7 --max-num-batched-tokens 8192 --profile-kernels"
+  --output-len 16 --repeats 7 --max-num-batched-tokens 8192 --profile-kernels --host-timeline 10"
 side() {  # side NAME CONFIGS_SPEC LIMIT_S
   echo "rows=${2:0:60}..." | tee -a $L
-  FLOTILLA_SKINNY_GEMM_CONFIGS="$2" FLOTILLA_STEP_TRACE=$W/$1-steps.jsonl timeout $(left $3) python3 $R/bench/prefix.py \
+  FLOTILLA_SKINNY_GEMM_CONFIGS="$2" timeout $(left $3) python3 $R/bench/prefix.py \
     $ARGS --json $W/$1.json > $W/$1.out 2>&1
   echo "rc=$?" | tee -a $L
   grep -E "Error|error|captured|runs eagerly" $W/$1.out | tail -4 | cut -c1-250 | tee -a $L
@@ -108,14 +111,12 @@ for name in ("table", "best", "table2", "best2"):
               + ", ".join(f"{g} {us:.0f}" for g, us in p["groups_us"].items()))
         for k in p["kernels"][:6]:
             print(f"      {k['us']:8.1f} us x{k['launches']:<4} {k['name'][:80]}")
-    try:
-        steps = [json.loads(x) for x in open(f"{w}/{name}-steps.jsonl")]
-        ext = [x for x in steps if x.get("prefill") and x.get("prefill_tokens", 99) <= 64][1:]
-        med = lambda k: statistics.median(x[k] for x in ext if k in x)  # noqa: E731
-        print(f"   trace: {len(ext)} extend steps, graphs {sorted({x['graph'] for x in ext})}, median host "
-              f"{med('host_ms')} ms, step {med('step_ms')} ms")
-    except (OSError, ValueError, KeyError, statistics.StatisticsError):
-        pass
+    t = r.get("cached_host_timeline", {})
+    if "median_ms" in t:
+        print(f"   host timeline (ms from add_request, median of {t['repeats']} hits): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in t["median_ms"].items()))
+    elif t:
+        print(f"   host timeline: {t}")
 pool = lambda ss, i: statistics.median(p[i] for s in ss for p in s["pairs_s"])  # noqa: E731
 pooled = {}
 for side in ("table", "best"):
