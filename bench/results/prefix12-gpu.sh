@@ -6,7 +6,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 # step replays the 32-token one-sequence mixed graph, so every projection runs the skinny GEMM at M = 32 (padding
 # rows included; M = 24..32 all take the table's "@32" entries: block_m(24..32) = 32). Stages (~200 s in all):
 #   sweep  (limit 70 s) bench/skinny_gemm.py --rows 32,24 --grid-rows 32 over qkv / o / gate_up+SiLU / down: the
-#          whole grid (tiles x stages x warps x K splits x pointer/TMA loads) at M = 32, its 4 best per shape at
+#          whole grid (tiles x stages x warps x K splits x pointer/TMA loads; new: 32-wide column tiles, i.e. 192 /
+#          128 programs on qkv / o_proj without a split-K fix-up; 756 variants) at M = 32, its 4 best per shape at
 #          M = 24; weights rotated past L2 (HBM streams), one CUDA graph of 24 launches a figure. Main's table took
 #          its "@32" entries from the M = 64 grid's top 4 (session 7). The winners at M = 32 replace main's "@32"
 #          entries in MEASURED_CONFIGS (the rest of the table kept) -> FLOTILLA_SKINNY_GEMM_CONFIGS of the `best`
