@@ -192,5 +192,19 @@ def test_cuda_lora_on_rtn4_layers(tmp_path, monkeypatch, dtype):
     assert tokens[False] == tokens[True]
     if dtype == "float32":
         cpu = LLM(str(model), device="cpu", **common)
-        want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False, lora_request=chosen)]
-        assert tokens[True] == want
+        ranked = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+        want = [o.outputs[0] for o in cpu.generate(prompts, ranked, use_tqdm=False, lora_request=chosen)]
+        for got, ref in zip(tokens[True], want, strict=True):
+            _agree_up_to_a_near_tie(got, ref.token_ids, ref.logprobs)
+
+
+def _agree_up_to_a_near_tie(got: list[int], want: list[int], logprobs: list[dict[int, tuple[float, int]]]) -> None:
+    """Greedy tokens equal until the first position where the reference's two best tokens are within fp32 summation
+    noise (the CUDA int4 kernels fold the zero point as `s * (sum q x - z sum x)`, the CPU reference multiplies the
+    dequantized weight: both fp32, in another order; a tiny random model has near-ties), and there the other side
+    chose the reference's second best."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g != w:
+            (best, _), (second, _) = sorted(logprobs[i].values(), key=lambda lr: lr[1])[:2]
+            assert best - second < 1e-3 and g in logprobs[i], (i, g, w, logprobs[i])
+            return
