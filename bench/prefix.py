@@ -121,6 +121,90 @@ def _profile_cached_request(engine: LLMEngine, prefix: list[int], tokens) -> dic
     }
 
 
+_ABSENT = object()
+
+
+def _cached_host_timeline(engine: LLMEngine, prefix_len: int, suffix_len: int, tokens, repeats: int) -> dict:
+    """Where the host's time goes in a cached-prefix request (add -> first token), in ms from the start of
+    add_request (median over `repeats` hits, each after its own cold request): the end of add_request, of
+    Scheduler.schedule (prefix lookup, allocation), of flatten (the step's host lists), of the graph's input
+    staging, the moment the replay (or, eagerly, the forward) is called and returns (the GPU's work starts at
+    the call), the end of the draw's launches (LM head, argmax, copy: overlapping the GPU), of launch(), of
+    the wait for the drawn ids (`sync_end`: the GPU is done), of Scheduler.update and of post-processing."""
+    from flotilla.engine import model_runner as model_runner_module
+
+    marks: dict[str, float] = {}
+    runner, restore = engine.runner, []
+
+    def wrap(owner, name: str, start: str | None, end: str | None) -> None:
+        inner = getattr(owner, name)
+        own = getattr(owner, "__dict__", {}).get(name, _ABSENT)  # an instance's own attribute, a module's or a class's
+        restore.append((owner, name, own))
+
+        def timed(*args, **kwargs):
+            if start:
+                marks.setdefault(start, time.perf_counter())
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if end:
+                    marks.setdefault(end, time.perf_counter())
+
+        setattr(owner, name, timed)
+
+    wrap(engine.scheduler, "schedule", None, "schedule_end")
+    wrap(model_runner_module, "flatten", None, "flatten_end")
+    wrap(runner, "launch", None, "launch_end")
+    wrap(runner, "_draw", "draw_start", "draw_end")
+    wrap(engine.scheduler, "update", None, "update_end")
+    wrap(engine, "_post_process", None, "post_end")
+    if runner.graphs is not None:
+        wrap(runner.graphs, "_stage", None, "stage_end")
+    if runner.graphs is not None and runner.graphs._graphs:  # captured: the replay call of whichever graph runs
+        for graph, _ in runner.graphs._graphs.values():
+            wrap(graph, "replay", "replay_start", "replay_end")
+    else:  # eager (or uncaptured graphs on the CPU): the forward
+        wrap(runner.model, "forward", "replay_start", "replay_end")
+    if runner.device.type == "cuda":
+        import torch
+
+        original_sync = torch.cuda.Event.synchronize
+        restore.append((torch.cuda.Event, "synchronize", original_sync))
+
+        def sync(event):
+            try:
+                return original_sync(event)
+            finally:  # the request's last wait is collect()'s, for the drawn ids (staging waits too, earlier)
+                marks["sync_end"] = time.perf_counter()
+
+        torch.cuda.Event.synchronize = sync  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    lines: list[dict[str, float]] = []
+    try:
+        for i in range(repeats + 1):
+            prefix = tokens(prefix_len)
+            run_batch(engine, [prefix + tokens(suffix_len)], 1)
+            prompt = prefix + tokens(suffix_len)
+            marks.clear()
+            start = time.perf_counter()
+            engine.add_request(prompt, params)
+            marks["add_end"] = time.perf_counter()
+            while engine.has_unfinished_requests():
+                if engine.step():
+                    marks.setdefault("token", time.perf_counter())
+            if i:  # the first warms up
+                lines.append({k: 1e3 * (v - start) for k, v in marks.items()})
+    finally:
+        for owner, name, own in reversed(restore):
+            if own is _ABSENT:
+                delattr(owner, name)  # the class's method shows through again
+            else:
+                setattr(owner, name, own)
+    keys = sorted({k for line in lines for k in line}, key=lambda k: statistics.median(x.get(k, 0) for x in lines))
+    return {"repeats": len(lines), "median_ms": {k: round(statistics.median(x[k] for x in lines if k in x), 4)
+                                                 for k in keys}}
+
+
 def _empty_device_cache() -> None:
     import torch
 
@@ -147,6 +231,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-kernels", action="store_true",
                    help="GPU kernels of one cached-prefix request (torch.profiler, CUDA activity)")
+    p.add_argument("--host-timeline", type=int, default=0, metavar="N",
+                   help="the host timeline of N cached-prefix requests (ms from add_request, medians)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -193,6 +279,12 @@ def main() -> None:
     warm_s = statistics.median(w for _, w in pairs)
     result["single_cold_vs_warm"] = {"pairs_s": pairs, "uncached_ttft_s": cold_s, "cached_ttft_s": warm_s,
                                      "speedup": cold_s / warm_s, "cached_phases": phases}
+    if a.host_timeline:
+        try:  # an extra: the figures above stand without it
+            result["cached_host_timeline"] = _cached_host_timeline(cached, a.prefix_len, a.suffix_len, tokens,
+                                                                   a.host_timeline)
+        except Exception as exc:
+            result["cached_host_timeline"] = {"error": repr(exc)[:300]}
     result["warm_step_profile"] = _profile_warm_step(cached, tokens(a.prefix_len), tokens)
     if a.profile_kernels and cached.config.device.device == "cuda":
         result["cached_request_profile"] = _profile_cached_request(cached, tokens(a.prefix_len), tokens)

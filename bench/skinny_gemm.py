@@ -55,11 +55,13 @@ ONE_ROW_TILES = _one_row_tiles()
 
 def grid_configs(bm: int, gated: bool) -> list:
     """Tile configurations (split 1) that fit shared memory at batch tile `bm`: pointer loads (cp.async) and,
-    at 4 warps, tensor-descriptor loads (TMA)."""
+    at 4 warps, tensor-descriptor loads (TMA); 32-wide column tiles too at `bm` <= 32."""
     from flotilla.kernels.triton_skinny_gemm import SMEM_LIMIT, SkinnyGemmConfig, smem_bytes
 
     out = []
-    for bn in (64, 128, 256):
+    # 32-wide column tiles only at batch tiles of up to 32 rows (a cached prefix's short extend): twice the
+    # programs of 64-wide ones on qkv / o_proj (192 / 128 on 132 SMs) without a split-K fix-up
+    for bn in ((32,) if bm <= 32 else ()) + (64, 128, 256):
         for bk in (64, 128):
             for warps in (4, 8):
                 if warps == 8 and bn * (2 if gated else 1) < 256:  # 8 warps where 4 would need 200+ registers
@@ -93,8 +95,9 @@ def variants(name: str, m: int, grid: bool, top: list | None, sms: int) -> list:
         return []
     found = [default_config(m, n, k, sms, gated)]
     if grid:
-        for cfg in grid_configs(block_m(m), gated):
-            found += [dataclasses.replace(cfg, split_k=s) for s in splits_for(cfg, n, k, sms)]
+        for cfg in grid_configs(block_m(m), gated):  # 32-wide tiles are there to avoid the fix-up: split 2 at most
+            found += [dataclasses.replace(cfg, split_k=s) for s in splits_for(cfg, n, k, sms)
+                      if cfg.block_n > 32 or s <= 2]
     for cfg in top or []:
         found.append(cfg)
     seen, out = set(), []

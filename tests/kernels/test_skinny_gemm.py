@@ -54,6 +54,20 @@ def test_gated_epilogue_matches_linear_then_silu_and_mul(dtype, split_k, bias, t
     assert rel_err(out, skinny_gemm_ref(x, weight, b, gated=True)) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("gated,tma", [(False, 0), (False, 1), (True, 0)])
+def test_narrow_column_tiles_of_32_rows(gated, tma):
+    """32-wide column tiles (the bench's grid at batch tiles of 32 tries them: twice the programs of 64-wide
+    tiles without a split-K fix-up; on sm_90 the MMA falls back from wgmma's 64 rows to mma.sync), M = 24
+    masked inside the 32-row batch tile, plain and gated."""
+    from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig, skinny_gemm, skinny_gemm_ref
+
+    x, weight, b = linear_case(24, 256, 128, torch.bfloat16, bias=not gated, seed=3)
+    cfg = SkinnyGemmConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, tma=tma)
+    out = skinny_gemm(x, weight, b, gated=gated, config=cfg)
+    assert out.shape == (24, 128 if gated else 256)
+    assert rel_err(out, skinny_gemm_ref(x, weight, b, gated=gated)) < tolerance(torch.bfloat16)
+
+
 def test_default_config_follows_the_table_and_fits_shared_memory(monkeypatch):
     """Unlisted shapes take the measured winners' shape (no split of K); listed ones their entry; every
     default fits the pipeline in shared memory. The measured table parses and covers Llama-3.1-8B's
