@@ -109,7 +109,8 @@ class LLMEngine:
             raise InvalidParamError("priority scheduling is not enabled: start the server with "
                                     "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self._groups:
+        # the scheduler's ids too: `a#1` is the second completion of a live request `a` once its prompt is done
+        if request_id in self._groups or request_id in self.scheduler.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         now = time.monotonic()
         group = [

@@ -78,3 +78,23 @@ def test_out_of_vocabulary_token_ids(tiny_model_dirs):
     llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
     with pytest.raises(ValueError, match=r"outside the vocabulary"):
         llm.generate([[1, 2, 10**9]], use_tqdm=False)
+
+
+def test_a_request_id_taken_by_a_running_completion_is_refused(tiny_model_dirs):
+    """`a#1` is the second completion of request `a` once its prompt is done: a new request with that id is
+    refused (it would take the completion's place in the scheduler and its detokenizer), and `a` runs to the end
+    undisturbed."""
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, enable_prefix_caching=True)
+    engine = llm.engine
+    engine.add_request(list(range(3, 40)), SamplingParams(n=2, max_tokens=4, ignore_eos=True), request_id="a")
+    engine.step()  # the prompt: its completions fork
+    assert "a#1" in engine.scheduler.requests
+    detokenizer = engine._detokenizers["a#1"]
+    with pytest.raises(ValueError, match=r"duplicate request id 'a#1'"):
+        engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=1), request_id="a#1")
+    assert engine._detokenizers["a#1"] is detokenizer and "a#1" not in engine._groups
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [len(c.token_ids) for c in outputs[-1].outputs] == [4, 4]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
