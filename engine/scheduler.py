@@ -287,11 +287,14 @@ class Scheduler:
             children = request.fork_children
             if children:  # detached first: finishing the leader must not finish them
                 request.fork_children = []
+            # Forked before the leader's token: a leader that stops on it frees its blocks, which the
+            # children must already share (forked after, they got no prompt K/V at all).
+            for child in children:
+                self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
             self._append_token(request, sampled[request.request_id], touched)
             if s.num_lookahead and not request.status.finished:  # draft slots the proposer left empty
                 self.block_manager.trim(request, request.num_tokens)
             for child in children:
-                self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
                 self._append_token(child, sampled[child.request_id], touched)
         return touched
 

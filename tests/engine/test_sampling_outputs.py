@@ -165,3 +165,25 @@ def test_multibyte_characters_stream_intact(embedded_model_dir):
 def test_every_knob_runs_end_to_end(llm, kwargs):
     out = _text(llm, PROMPT, SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, **kwargs))
     assert len(out.token_ids) == 8
+
+
+def test_a_completion_forked_from_a_leader_that_stopped_on_its_first_token_keeps_the_prompt(tiny_model_dirs):
+    """The leader of n=2 stops on its first token (a stop id the other completion did not draw): the
+    other completion must still continue from the prompt's K/V, not from blocks the leader's finish
+    had already returned to the pool (it was forked after them, and got none)."""
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, block_size=8)
+    for seed in range(50):
+        free = SamplingParams(n=2, temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True)
+        first, second = llm.generate([PROMPT], free, use_tqdm=False)[0].outputs
+        if first.token_ids[0] != second.token_ids[0]:
+            break
+    else:
+        pytest.fail("no seed in range(50) gives the two completions different first tokens")
+    stopped = SamplingParams(n=2, temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True,
+                             stop_token_ids=[first.token_ids[0]])
+    leader, other = llm.generate([PROMPT], stopped, use_tqdm=False)[0].outputs
+    assert leader.token_ids == first.token_ids[:1] and leader.finish_reason == "stop"
+    cut = next((i + 1 for i, t in enumerate(second.token_ids) if t == first.token_ids[0]), len(second.token_ids))
+    assert other.token_ids == second.token_ids[:cut]  # seeded draws: the same tokens from the same K/V
+    manager = llm.engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
