@@ -267,8 +267,17 @@ class OpenAIServing:
             streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{engine_id}-{i}", p.text, lora, **extras))
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
             return self._stream_completions(req, prompts, streams, request_id, created, model)
-        outputs = await asyncio.gather(*(self._final(p, sp, f"{engine_id}-{i}", model, extras)
-                                         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))))
+        finals = [asyncio.ensure_future(self._final(p, sp, f"{engine_id}-{i}", model, extras))
+                  for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        try:
+            outputs = await asyncio.gather(*finals)
+        except BaseException:
+            # gather leaves the other prompts running when one fails (e.g. refused: a 400): cancelling
+            # them aborts their engine requests, which would otherwise generate for a reply never sent.
+            for task in finals:
+                task.cancel()
+            await asyncio.gather(*finals, return_exceptions=True)
+            raise
         choices = []
         for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             for c in output.outputs:

@@ -76,3 +76,20 @@ def test_invalid_utf8_body_is_a_400(server):
                           headers=HEADERS, timeout=60)
     assert 400 <= response.status_code < 500, response.text
     assert "error" in response.json()
+
+
+def test_a_refused_prompt_in_a_completions_batch_stops_the_others(server):
+    """One prompt of a non-streamed batch is refused (a 400): the batch's other prompts, already
+    queued, are aborted with it rather than generating to max_tokens for a reply nobody gets."""
+    import time
+
+    before = server.metric("vllm:generation_tokens_total")
+    body = {"model": "tiny", "prompt": [[5, 6, 7], [10**9]], "max_tokens": 250, "ignore_eos": True}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, "prompt")
+    time.sleep(0.5)  # the 400 can come before the valid prompt's first step: let it start, if it runs on
+    deadline = time.monotonic() + 60
+    while server.metric("vllm:num_requests_running") + server.metric("vllm:kv_cache_usage_perc"):
+        assert time.monotonic() < deadline, "the batch's valid prompt never ended"
+        time.sleep(0.05)
+    assert server.metric("vllm:generation_tokens_total") - before < 100  # aborted, not run to its 250 tokens
