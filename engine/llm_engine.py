@@ -385,7 +385,9 @@ class LLMEngine:
 
     def _attach_prompt_logprobs(self, result: StepOutput) -> None:
         for request_id, (first, entries) in result.prompt_logprobs.items():
-            request = self.scheduler.requests[request_id]
+            request = self.scheduler.requests.get(request_id)
+            if request is None:  # aborted while its step was in flight (asynchronous scheduling)
+                continue
             if not request.prompt_logprobs:  # the first prompt token has no predecessor: stays None
                 request.prompt_logprobs.extend([None] * request.num_prompt_tokens)
             # By position, so recomputing a preempted prompt overwrites rather than appends.

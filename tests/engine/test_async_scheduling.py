@@ -122,3 +122,17 @@ def test_aborts_while_a_step_is_in_flight_free_everything(model):
     overlapped, _ = _run(_engine(model, True), requests, abort_at=aborts)
     assert overlapped[0] is None or overlapped[0].outputs[0].finish_reason == "abort"
     assert [_summary(overlapped[i]) for i in (1, 3)] == [_summary(sync[i]) for i in (1, 3)]
+
+
+def test_abort_while_a_prompt_logprobs_step_is_in_flight(model):
+    """A client that goes away while its prompt (with prompt_logprobs) is being prefilled: the step in
+    flight still brings that request's prompt logprobs back, for a request the engine no longer knows;
+    the engine drops them and keeps serving (it used to die of a KeyError, and the server with it)."""
+    rng = random.Random(3)
+    engine = _engine(model, True)
+    gone = engine.add_request(_prompt(rng, 20), SamplingParams(max_tokens=4, prompt_logprobs=2))
+    engine.step()  # its prefill launched, not yet collected
+    engine.abort([gone.request_id])
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    outputs, _ = _run(engine, [(_prompt(rng, 12), greedy)])
+    assert len(outputs[0].outputs[0].token_ids) == 4 and len(outputs[0].prompt_logprobs) == 12
