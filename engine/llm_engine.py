@@ -109,9 +109,11 @@ class LLMEngine:
             raise InvalidParamError("priority scheduling is not enabled: start the server with "
                                     "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
-        # the scheduler's ids too: `a#1` is the second completion of a live request `a` once its prompt is done
-        if request_id in self._groups or request_id in self.scheduler.requests:
-            raise ValueError(f"duplicate request id {request_id!r}")
+        # Every completion's id, against every live completion's (the detokenizers hold them all, forked
+        # or not; the scheduler's, once forked): `a#1` is the second completion of a request `a`.
+        for completion_id in [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]:
+            if completion_id in self._detokenizers or completion_id in self.scheduler.requests:
+                raise ValueError(f"duplicate request id {completion_id!r}")
         now = time.monotonic()
         group = [
             Request(

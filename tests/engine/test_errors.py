@@ -98,3 +98,28 @@ def test_a_request_id_taken_by_a_running_completion_is_refused(tiny_model_dirs):
         outputs += engine.step()
     assert [len(c.token_ids) for c in outputs[-1].outputs] == [4, 4]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    (("a", 2), ("a#1", 1)),  # `a`'s second completion is not forked yet (its prompt still waits)
+    (("a#1", 1), ("a", 2)),  # a new request whose second completion would take a live request's id
+])
+def test_a_request_id_that_a_queued_completion_holds_is_refused(tiny_model_dirs, first, second):
+    """Every completion id of a new request must be free, including completions not forked yet: else
+    one detokenizer replaces another and, once the prompt forks, the scheduler's entry of one request
+    is overwritten by the other's (and the second finish of that id fails the engine loop)."""
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64)
+    engine = llm.engine
+    (first_id, first_n), (second_id, second_n) = first, second
+    engine.add_request(list(range(3, 40)), SamplingParams(n=first_n, max_tokens=4, ignore_eos=True),
+                       request_id=first_id)
+    detokenizers = dict(engine._detokenizers)
+    with pytest.raises(ValueError, match=r"duplicate request id 'a#1'"):
+        engine.add_request(list(range(5, 30)), SamplingParams(n=second_n, max_tokens=4, ignore_eos=True),
+                           request_id=second_id)
+    assert engine._detokenizers == detokenizers and list(engine._groups) == [first_id]
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [len(c.token_ids) for c in outputs[-1].outputs] == [4] * first_n
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
