@@ -47,10 +47,21 @@ def _spec_path(loc: Location) -> str:
     return f"spec.{dotted(loc)}" if loc else ""
 
 
+# Pod annotations that the apiserver and kubelet read as a seccomp or AppArmor profile: on 1.19+ a container's
+# seccomp annotation becomes its securityContext.seccompProfile and overrides the pod's RuntimeDefault.
+SANDBOX_ANNOTATION_PREFIXES = (
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    "container.apparmor.security.beta.kubernetes.io/",
+)
+
+
 def _pod_rules(spec: InferenceServiceSpec) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
     errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
+    errors += [f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which the operator "
+               "sets" for key in spec.pod.annotations if key.startswith(SANDBOX_ANNOTATION_PREFIXES)]
     return errors
 
 

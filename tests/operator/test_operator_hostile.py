@@ -39,6 +39,21 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "hostpath-double-slash": ("bad", {"model": {"source": "hostPath:////etc"}}, WEBHOOK, "not in normal form"),
     "hostpath-lora-adapter": ("bad", {"lora": {"adapters": [{"name": "a", "source": "hostPath:///etc"}]}}, WEBHOOK,
                               "spec.lora.adapters[0].source: /etc is outside the host"),
+    # The pods' sandbox: annotations the apiserver and kubelet read as seccomp/AppArmor settings (on 1.20 a
+    # container's seccomp annotation becomes its securityContext.seccompProfile, overriding the pod's RuntimeDefault)
+    "seccomp-container-annotation": ("bad", {"pod": {"annotations": {
+        "container.seccomp.security.alpha.kubernetes.io/engine": "unconfined"}}}, WEBHOOK,
+        "spec.pod.annotations: container.seccomp.security.alpha.kubernetes.io/engine would change the pods' "
+        "seccomp or AppArmor profile, which the operator sets"),
+    "seccomp-pod-annotation": ("bad", {"pod": {"annotations": {
+        "seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}}, WEBHOOK,
+        "spec.pod.annotations: seccomp.security.alpha.kubernetes.io/pod would change"),
+    "apparmor-annotation": ("bad", {"pod": {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}}}, WEBHOOK,
+        "spec.pod.annotations: container.apparmor.security.beta.kubernetes.io/engine would change"),
+    "apparmor-annotation-of-an-init-container": ("bad", {"pod": {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/download-model": "unconfined"}}}, WEBHOOK,
+        "would change the pods' seccomp or AppArmor profile"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),
