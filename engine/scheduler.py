@@ -326,11 +326,17 @@ class Scheduler:
     def _fork(self, leader: Request, child: Request, num_prompt_computed: int) -> None:
         """Start a sibling completion on the leader's computed prompt, sharing its blocks. (The
         leader may already be planned a token further; the child starts at the prompt's end.)"""
+        child.prompt_logprobs = leader.prompt_logprobs
+        self.requests[child.request_id] = child
+        if leader.status == RequestStatus.PREEMPTED:
+            # Preempted while this step ran (asynchronous scheduling): its blocks are back in the pool, so
+            # the child has none to share and waits, like its leader, to be recomputed from its prompt.
+            child.status = RequestStatus.PREEMPTED
+            self._enqueue(child, front=True)
+            return
         self.block_manager.fork(leader, child, num_prompt_computed)
         child.num_computed_tokens = num_prompt_computed
-        child.prompt_logprobs = leader.prompt_logprobs
         child.status = RequestStatus.RUNNING
-        self.requests[child.request_id] = child
         self.running.append(child)
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:

@@ -136,3 +136,22 @@ def test_abort_while_a_prompt_logprobs_step_is_in_flight(model):
     greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
     outputs, _ = _run(engine, [(_prompt(rng, 12), greedy)])
     assert len(outputs[0].outputs[0].token_ids) == 4 and len(outputs[0].prompt_logprobs) == 12
+
+
+def test_a_leader_preempted_while_its_prompt_step_is_in_flight_forks_no_blockless_completions(model):
+    """n=2: planning the next step preempts the request whose prompt step is still in flight (the pool
+    is dry), and that step then forks its second completion. The completion must not start from the
+    leader's blocks, which the preemption has freed (it got none, and computed on K/V never written);
+    both completions give the tokens of an unpressed run."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    requests = [
+        (list(range(100, 115)), SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)),  # blocks 0, 1
+        (list(range(200, 207)), greedy),  # block 2; its second decode takes the first block freed
+        (list(range(300, 316)), SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True)),  # 3, 4
+    ]
+    reference, _ = _run(LLMEngine.from_kwargs(model, max_model_len=32, block_size=8), requests)
+    engine = LLMEngine.from_kwargs(model, max_model_len=32, block_size=8, async_scheduling=True,
+                                   num_gpu_blocks_override=5)
+    pressed, _ = _run(engine, requests)
+    assert engine.scheduler.num_preemptions > 0
+    assert [_summary(o) for o in pressed] == [_summary(o) for o in reference]
