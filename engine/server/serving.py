@@ -251,8 +251,11 @@ class OpenAIServing:
 
     async def completions(self, req: CompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/completions (with `echo`: the prompt's text, and its logprobs, before the completion)."""
-        if req.suffix is not None or (req.best_of not in (None, req.n)):
+        if req.suffix is not None:
             raise APIError(400, "suffix and best_of are not supported", param="suffix")
+        if req.best_of not in (None, req.n):
+            raise APIError(400, f"suffix and best_of are not supported (best_of={req.best_of} must be left out or "
+                                f"equal n={req.n})", param="best_of")
         prompts = await self.completion_prompts(req)
         prompt_logprobs = req.prompt_logprobs
         if req.echo and req.logprobs is not None:  # the echoed prompt's logprobs are the engine's prompt logprobs

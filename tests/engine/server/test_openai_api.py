@@ -140,12 +140,15 @@ def test_api_key_is_required_on_v1_routes(server):
         ({"model": "tiny", "prompt": "x", "stop": [""]}, 400, "stop strings must not be empty"),
         ({"model": "tiny", "prompt": []}, 400, "prompt must not be empty"),
         ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "suffix and best_of are not supported"),
+        ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of=3 must be left out or equal n=1"),
     ],
 )
 def test_bad_requests_get_openai_errors(server, body, status, fragment):
     response = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == status
     assert fragment in _error(response)["message"]
+    if "best_of" in body:  # the field at fault, not `suffix`
+        assert _error(response)["param"] == "best_of"
 
 
 def test_malformed_json_and_unsupported_features_are_400(server):
