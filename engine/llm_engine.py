@@ -339,10 +339,34 @@ class LLMEngine:
         """The scheduler's next plan, with drafts in the slots it reserved for them."""
         spec = self.speculator
         if spec is None:
-            return self.scheduler.schedule()
-        plan = self.scheduler.schedule(spec.lookahead(len(self.scheduler.running)))
-        spec.propose(plan)
+            plan = self.scheduler.schedule()
+        else:
+            plan = self.scheduler.schedule(spec.lookahead(len(self.scheduler.running)))
+            spec.propose(plan)
+        if self._lora_manager() is not None:
+            self._read_adapters(plan)
         return plan
+
+    def _read_adapters(self, plan: SchedulerOutput) -> None:
+        """Have the step's adapters in the CPU cache before it runs: one unloaded (or evicted) while its requests
+        ran is read again from its directory, and if that fails, its requests fail and leave the step alone
+        (raised inside the step, the error would end the engine loop and every other request with it)."""
+        manager = self._lora_manager()
+        assert manager is not None, "called with LoRA on only"
+        loras = {s.request.lora_request.lora_int_id: s.request.lora_request for s in plan.scheduled
+                 if s.request.lora_request is not None}
+        failed = set()
+        for lora_id, lora in loras.items():
+            try:
+                manager.add(lora)
+            except Exception as exc:  # e.g. its directory is gone: those requests' problem
+                failed.add(lora_id)
+                for parent_id in dict.fromkeys(s.request.parent_id for s in plan.scheduled
+                                               if s.request.lora_request is lora):
+                    self._fail(parent_id, exc)
+        if failed:
+            plan.scheduled = [s for s in plan.scheduled
+                              if s.request.lora_request is None or s.request.lora_request.lora_int_id not in failed]
 
     def _finish_step(self, plan: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         """Post-process a step that has run: tokens in, stop checks, detokenization, outputs."""

@@ -220,3 +220,28 @@ def test_a_wrapped_model_is_freed_without_a_garbage_collection(tiny_model_dirs):
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_an_adapter_that_cannot_be_read_again_fails_its_requests_alone(tiny_model_dirs, lora_adapters, tmp_path):
+    """An adapter unloaded while a request still uses it is read again from its directory at the next
+    step; if that directory is gone (or now holds something else), that request fails, and the step,
+    the engine and the other requests go on (the error used to escape the step and kill the engine)."""
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    adapter = shutil.copytree(lora_adapters["qwen3"]["attn"], tmp_path / "attn")
+    engine = LLM(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=16, max_model_len=128).engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    engine.add_request(list(range(5, 20)), greedy, "a", lora_request=LoRARequest("attn", 1, str(adapter)))
+    engine.add_request(list(range(25, 40)), greedy, "b")
+    engine.step()
+    engine.remove_lora(1)  # /v1/unload_lora_adapter
+    shutil.rmtree(adapter)
+    finals, failures = {}, []
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        failures += engine.take_failures()
+    assert [f.request_id for f in failures] == ["a"] and "no adapter_config.json" in str(failures[0])
+    assert list(finals) == ["b"] and len(finals["b"].outputs[0].token_ids) == 12
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
