@@ -30,7 +30,7 @@ from flotilla.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from flotilla.engine.server.request_id_header import RequestIdHeader, header_request_id
+from flotilla.engine.server.request_id_header import RequestIdHeader, checked_request_id
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
@@ -121,7 +121,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     @app.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        work = responses.create(body, _model(state, body.model), header_request_id(request.headers))
+        work = responses.create(body, _model(state, body.model), checked_request_id(request.headers))
         result = await _cancel_on_disconnect(work, request)
         return await _respond(result, request)
 
@@ -202,7 +202,7 @@ class Gate:
 
 def _named_by_header(body: Any, request: Request) -> Any:
     """The body with the X-Request-Id header as its `request_id` (the header wins, as in vLLM)."""
-    header = header_request_id(request.headers)
+    header = checked_request_id(request.headers)
     return body if header is None else body.model_copy(update={"request_id": header})
 
 

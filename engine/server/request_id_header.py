@@ -14,12 +14,25 @@ from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 
+from flotilla.engine.server.errors import APIError
+
 HEADER = "X-Request-Id"
+# The body's `request_id` bound (protocol.py): the header takes its place in ids and logs, so it holds here too.
+MAX_LENGTH = 256
 
 
 def header_request_id(headers: Headers) -> str | None:
     """The request's X-Request-Id (None when absent or empty)."""
     return headers.get(HEADER) or None
+
+
+def checked_request_id(headers: Headers) -> str | None:
+    """The request's X-Request-Id to name it by; a 400 when it is longer than a body's `request_id` may be."""
+    request_id = header_request_id(headers)
+    if request_id is not None and len(request_id) > MAX_LENGTH:
+        raise APIError(400, f"the {HEADER} header has {len(request_id)} characters; at most {MAX_LENGTH} are "
+                       "accepted", param=HEADER)
+    return request_id
 
 
 class RequestIdHeader:

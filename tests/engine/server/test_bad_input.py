@@ -93,3 +93,22 @@ def test_a_refused_prompt_in_a_completions_batch_stops_the_others(server):
         assert time.monotonic() < deadline, "the batch's valid prompt never ended"
         time.sleep(0.05)
     assert server.metric("vllm:generation_tokens_total") - before < 100  # aborted, not run to its 250 tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 1}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+        ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 1}),
+    ],
+)
+def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body):
+    """The X-Request-Id header takes the body's `request_id` place (the response id, the engine's id), so
+    the body's 256-character bound holds for it too: a 4,000-character header is refused, not used as the id."""
+    too_long = {**HEADERS, "X-Request-Id": "r" * 4000}
+    assert_openai_400(httpx.post(f"{server.url}{path}", json=body, headers=too_long, timeout=120), "X-Request-Id")
+    at_limit = {**HEADERS, "X-Request-Id": "r" * 256}
+    response = httpx.post(f"{server.url}{path}", json=body, headers=at_limit, timeout=120)
+    assert response.status_code == 200, response.text
+    assert "r" * 256 in response.json()["id"]
