@@ -127,8 +127,9 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 try:
                     function["arguments"] = json.loads(function["arguments"])
-                except ValueError:
-                    raise APIError(400, "an assistant tool call's arguments are not JSON", param="messages") from None
+                except (ValueError, RecursionError):  # nested past the parser's depth: RecursionError
+                    raise APIError(400, "an assistant tool call's arguments are not JSON (or nest too deeply)",
+                                   param="messages") from None
     return messages
 
 

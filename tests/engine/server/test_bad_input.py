@@ -112,3 +112,17 @@ def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body)
     response = httpx.post(f"{server.url}{path}", json=body, headers=at_limit, timeout=120)
     assert response.status_code == 200, response.text
     assert "r" * 256 in response.json()["id"]
+
+
+@pytest.mark.parametrize("depth", [5000, 100000])
+def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server, depth):
+    """History tool-call arguments are parsed for the chat template; JSON nested past the parser's depth
+    raised RecursionError, which came back as a plain-text 500."""
+    arguments = '{"a": ' + "[" * depth + "]" * depth + "}"
+    body = {"model": "tiny", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, "messages")
