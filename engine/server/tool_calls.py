@@ -52,7 +52,8 @@ class ToolPlan:
                 return ParsedOutput(content=None, tool_calls=[
                     ToolCall(name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False))
                     for c in calls])
-            except (ValueError, KeyError, TypeError):
+            # RecursionError: an output nested past json's depth limit (logit_bias can force one): content.
+            except (ValueError, KeyError, TypeError, RecursionError):
                 return ParsedOutput(content=text)
         if self.mode == "auto" and self.parser is not None:
             return self.parser.parse(text)

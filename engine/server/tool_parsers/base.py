@@ -46,7 +46,8 @@ class ToolParser:
             return ParsedOutput(content=text)
         try:
             calls = self.parse_calls(text[index:])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        # RecursionError: JSON nested past json's depth limit, which a model can be made to write.
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return ParsedOutput(content=text)
         if not calls:
             return ParsedOutput(content=text)

@@ -126,3 +126,32 @@ def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server,
         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
     assert_openai_400(response, "messages")
+
+
+def test_a_required_tool_call_nested_past_the_json_depth_limit_is_content_not_a_500(tiny_model_dirs, tmp_path):
+    """tool_choice "required" with logit_bias on "[[" makes the model nest its call's arguments ~1,100 deep
+    until max_tokens: parsing the output raised RecursionError, a plain-text 500. The text (cut short by
+    max_tokens, not a call) now comes back as content, as other unparsable outputs do."""
+    import json
+    import shutil
+
+    from .conftest import start_server, stop_server
+
+    model = tmp_path / "llama"  # the tiny Llama with room for 1,100 output tokens
+    shutil.copytree(tiny_model_dirs["llama"], model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1400}))
+    server = start_server(model, tmp_path / "server.log", "--served-model-name", "tiny", "--max-model-len", "1400",
+                          "--disable-log-stats", "--structured-outputs-config",
+                          '{"backend": "xgrammar", "disable_any_whitespace": true}', env={"VLLM_API_KEY": API_KEY})
+    try:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"]}}}]
+        body = {"model": "tiny", "max_tokens": 1100, "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                "tool_choice": "required", "logit_bias": {"32803": 100, "75": 90}}  # "[[" and "["
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=300)
+        assert response.status_code == 200, response.text[:300]
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and choice["message"]["content"].count("[") > 1000
+    finally:
+        stop_server(server)
