@@ -70,16 +70,14 @@ def _decode(
     scale: float,
 ) -> torch.Tensor:
     """One new token per sequence: a group's query heads become the query rows of their KV head."""
-    batch, heads, dim = query.shape
+    batch, _, dim = query.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max())
     table = block_tables[:, : -(-max_len // block_size)].long()
     k = k_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
     v = v_cache[table].reshape(batch, -1, kv_heads, dim)[:, :max_len].to(query.dtype).transpose(1, 2)
     mask = (torch.arange(max_len)[None, :] < seq_lens[:, None])[:, None, None, :]
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.reshape(batch, heads, dim)
+    return _grouped_sdpa(query, k, v, mask, scale)
 
 
 def _decode_memo(
@@ -93,9 +91,16 @@ def _decode_memo(
 ) -> torch.Tensor:
     """`_decode` with the per-step work done once for all layers (`decode_gather`): the same keys, values and
     SDPA call, so the same output."""
+    k, v, mask = decode_gather(k_cache, v_cache, block_tables, seq_lens, query.shape[0], memo)
+    return _grouped_sdpa(query, k, v, mask, scale)
+
+
+def _grouped_sdpa(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """One query token a row `[B, H, D]` against keys and values `[B, Hkv, L, D]`: a KV head's group of query
+    heads become the query rows of its SDPA call."""
     batch, heads, dim = query.shape
-    kv_heads = k_cache.shape[2]
-    k, v, mask = decode_gather(k_cache, v_cache, block_tables, seq_lens, batch, memo)
+    kv_heads = k.shape[1]
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(batch, heads, dim)

@@ -41,15 +41,31 @@ def rotary_and_write_kv_cpu(
     else:
         qk = rotate(both, cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
+    write_kv(k, value, k_cache, v_cache, slot_mapping, memo)
+    return q
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    memo: dict,
+    flat: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """Store `key` and `value` `[T, Hkv, D]` at their slots: one `index_copy_` a pool with the slots as int64
+    (made once a step, in `memo`), or the reference where some slots are padding (-1), which it filters. `flat`:
+    the pools' `[slots, Hkv, D]` views when the caller keeps them."""
     if "cpu_slots" not in memo:
         memo["cpu_slots"] = slot_mapping.long() if bool((slot_mapping >= 0).all()) else None
     slots: torch.Tensor | None = memo["cpu_slots"]
-    if slots is None:  # padding slots in the step: the reference filters them
-        write_kv_cache_ref(k, value, k_cache, v_cache, slot_mapping)
-    else:
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)
-    return q
+    if slots is None:
+        write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+        return
+    k_flat, v_flat = flat or (k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:]))
+    k_flat.index_copy_(0, slots, key)
+    v_flat.index_copy_(0, slots, value)
 
 
 def cos_sin(memo: dict, positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype

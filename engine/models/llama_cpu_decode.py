@@ -34,8 +34,7 @@ from flotilla.engine.quantization.rtn import RtnMethod
 from flotilla.kernels import dispatch
 from flotilla.kernels.cpu_attention import decode_gather
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
-from flotilla.kernels.cpu_rotary_kv import cos_sin, rotate
-from flotilla.kernels.paged_attention import write_kv_cache_ref
+from flotilla.kernels.cpu_rotary_kv import cos_sin, rotate, write_kv
 from flotilla.kernels.switches import env_flag
 
 if TYPE_CHECKING:
@@ -170,9 +169,7 @@ def cpu_decode_forward(model: LlamaForCausalLM, plan: CpuDecodePlan, hidden: tor
     first = plans[0]
     # what every layer reads alike, once a step (the module path keeps the same values in the step's memo)
     rotation = cos_sin(memo, positions, first.cos_sin_cache, hidden.dtype)
-    if "cpu_slots" not in memo:
-        memo["cpu_slots"] = meta.slot_mapping.long() if bool((meta.slot_mapping >= 0).all()) else None
-    step = _Step(meta, memo, memo["cpu_slots"], rotation, positions)
+    step = _Step(meta, memo, rotation, positions)
     residual = hidden
     hidden = _rms_norm(hidden, first.norm1, first.eps1, first.size)
     for i, p in enumerate(plans):
@@ -195,7 +192,6 @@ class _Step:
 
     meta: AttentionMetadata
     memo: dict
-    slots: torch.Tensor | None  # the slots as int64, None when some are padding (-1)
     rotation: tuple[torch.Tensor, torch.Tensor]  # the first layer's cos and sign-folded sin (`cos_sin`)
     positions: torch.Tensor
 
@@ -210,11 +206,7 @@ def _attention(p: CpuDecodeLayer, hidden: torch.Tensor, step: _Step, first: CpuD
     qk = rotate(qkv[:, : heads + kv_heads], *rotation)  # q and k rotated in one pass, `[B, H + Hkv, D]`
     k_cache, v_cache, k_flat, v_flat = _caches(p)
     key, value = qk[:, heads:], qkv[:, heads + kv_heads :]
-    if step.slots is None:  # padding slots in the step: the reference filters them
-        write_kv_cache_ref(key, value, k_cache, v_cache, step.meta.slot_mapping)
-    else:
-        k_flat.index_copy_(0, step.slots, key)
-        v_flat.index_copy_(0, step.slots, value)
+    write_kv(key, value, k_cache, v_cache, step.meta.slot_mapping, step.memo, (k_flat, v_flat))
     k, v, mask = decode_gather(k_cache, v_cache, step.meta.block_tables, step.meta.seq_lens, batch, step.memo)
     # q's heads grouped by KV head: `qk[:, :heads].view(batch, kv_heads, group, dim)` in one op
     group = heads // kv_heads
