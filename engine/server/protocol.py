@@ -7,6 +7,7 @@ default. A known field with a bad value is still a 400 that names it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Literal
 
@@ -18,20 +19,42 @@ from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY
 logger = logging.getLogger(__name__)
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    """True if any string in a parsed JSON value holds a lone UTF-16 surrogate (JSON's "\\ud800"
-    escape parses into one): no tokenizer or UTF-8 response can carry it."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
+# Containers a body may nest (the JSON parser takes ~1,000): deeper, the walk below refuses it, so that no later
+# recursive reader (pydantic, the chat template, a grammar compiler) meets it; a JSON schema nests two a level.
+MAX_BODY_NESTING = 128
+
+
+def _body_problem(value: Any) -> str | None:
+    """What makes a parsed body unusable as text, or None: a string holding a lone UTF-16 surrogate (JSON's
+    "\\ud800" escape parses into one; no tokenizer or UTF-8 response can carry it), or containers nested past
+    `MAX_BODY_NESTING`. Walked with a stack, not recursion: a deep body overflowed Python's stack (a 500)."""
+    todo: list[tuple[Any, int]] = [(value, 0)] if isinstance(value, dict | list) else []
+    if isinstance(value, str) and not _is_unicode(value):
+        return _LONE_SURROGATE
+    while todo:
+        item, depth = todo.pop()
+        if depth == MAX_BODY_NESTING:
+            return f"the body nests objects and arrays more than {MAX_BODY_NESTING} levels deep"
+        for child in itertools.chain(item.keys(), item.values()) if isinstance(item, dict) else item:
+            if isinstance(child, str):
+                if not _is_unicode(child):
+                    return _LONE_SURROGATE
+            elif isinstance(child, dict | list):
+                todo.append((child, depth + 1))
+    return None
+
+
+_LONE_SURROGATE = ("the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not valid "
+                   "Unicode text")
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
+    return True
 
 
 class _RequestBody(BaseModel):
@@ -43,9 +66,8 @@ class _RequestBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        if _has_lone_surrogate(data):
-            raise ValueError("the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
-                             "which is not valid Unicode text")
+        if problem := _body_problem(data):
+            raise ValueError(problem)
         return data
 
     @model_validator(mode="after")

@@ -44,6 +44,24 @@ def test_lone_surrogates_are_a_400(server, path, raw):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_body_nested_past_the_bound_is_a_400_and_one_within_it_is_served(server, path):
+    """The body's text is checked string by string (lone surrogates, above) before any field is read: a body nested
+    hundreds of levels deep (here an ignored field; a `response_format` schema alike) overflowed that walk's stack
+    into a plain-text 500. Past the bound it is a 400; within it the request is served."""
+    base = ('{"prompt": "Hello", ' if path == "/v1/completions"
+            else '{"messages": [{"role": "user", "content": "Hi"}], ')
+    for depth, status in ((600, 400), (60, 200)):
+        raw = base + '"max_tokens": 2, "extra": ' + "[" * depth + "]" * depth + "}"
+        response = raw_post(server, path, raw)
+        if status == 400:
+            assert_openai_400(response)
+            assert "nest" in response.json()["error"]["message"]
+        else:
+            assert response.status_code == 200, response.text
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
 @pytest.mark.parametrize("text", [5, None, ["a"], {"t": 1}])
 def test_a_text_part_whose_text_is_not_a_string_is_a_400(server, text):
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}], "max_tokens": 2}
