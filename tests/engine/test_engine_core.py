@@ -158,7 +158,7 @@ def test_closing_a_stream_aborts_its_request_in_the_core(core):
 def test_a_request_that_reuses_a_live_requests_id_is_refused_and_the_live_one_runs_on(core):
     """A second request under a live request's id is refused; it must not take the live one's stream (the
     client kept one stream per id: the live request's outputs were dropped and its reader hung)."""
-    client, snapshots, *_ = core
+    client, *_ = core
     long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
 
     async def run() -> RequestOutput:
