@@ -361,11 +361,12 @@ class LLMEngine:
                 manager.add(lora)
             except Exception as exc:  # e.g. its directory is gone: those requests' problem
                 failed.add(lora_id)
-                for s in plan.scheduled:  # the blocks this step was to fill were indexed as planned: never filled
-                    if s.request.lora_request is not None and s.request.lora_request.lora_int_id == lora_id:
-                        self.block_manager.uncache(s.request, s.num_computed_tokens)
-                for parent_id in dict.fromkeys(s.request.parent_id for s in plan.scheduled
-                                               if s.request.lora_request is lora):
+                # By id: requests of one adapter may hold distinct equal objects (each unpickled in the core process).
+                planned = [s for s in plan.scheduled
+                           if s.request.lora_request is not None and s.request.lora_request.lora_int_id == lora_id]
+                for s in planned:  # the blocks this step was to fill were indexed as planned: never filled
+                    self.block_manager.uncache(s.request, s.num_computed_tokens)
+                for parent_id in dict.fromkeys(s.request.parent_id for s in planned):
                     self._fail(parent_id, exc)
         if failed:
             plan.scheduled = [s for s in plan.scheduled

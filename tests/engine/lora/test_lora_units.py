@@ -286,3 +286,36 @@ def test_a_request_failed_for_its_adapter_leaves_no_uncomputed_blocks_in_the_pre
     assert not failures
     assert again.outputs[0].token_ids == expected.outputs[0].token_ids
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_an_unreadable_adapter_fails_every_request_that_names_it_not_only_those_sharing_one_object(
+        tiny_model_dirs, lora_adapters, tmp_path):
+    """Requests of one adapter hold equal but distinct LoRARequest objects when each crossed the pipe to the
+    core process. When the adapter could not be read again, only the requests holding the object the step
+    happened to look up failed; the others were dropped from the step but left as if it had run (prompt
+    counted as computed, a token pending), and their next step died in the runner (KeyError: the engine
+    loop ended)."""
+    import copy
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    adapter = shutil.copytree(lora_adapters["qwen3"]["attn"], tmp_path / "attn")
+    attn = LoRARequest("attn", 1, str(adapter))
+    engine = LLM(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=16, max_model_len=128,
+                 max_cpu_loras=1).engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(list(range(5, 45)), greedy, "a", lora_request=attn)
+    engine.add_request(list(range(50, 70)), greedy, "b", lora_request=copy.copy(attn))  # as unpickled
+    engine.add_request(list(range(70, 90)), greedy, "base")
+    engine.add_lora(LoRARequest("mlp", 2, str(lora_adapters["qwen3"]["mlp"])))  # evicts `attn` (CPU cache of 1)
+    shutil.move(adapter, tmp_path / "away")
+    engine.step()  # `attn` cannot be read: its requests fail
+    shutil.move(tmp_path / "away", adapter)  # a moment later its directory is back
+    finals, failures = {}, engine.take_failures()
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        failures += engine.take_failures()
+    assert sorted(f.request_id for f in failures) == ["a", "b"]
+    assert list(finals) == ["base"] and len(finals["base"].outputs[0].token_ids) == 8
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
