@@ -428,8 +428,8 @@ class LLMEngine:
         tokens verification kept, each handled as if it had come in a step of its own."""
         verified = result.verified.get(child.request_id)
         num_new = len(verified) if verified is not None else 1
-        if verified is not None:
-            entries = result.verified_logprobs.get(child.request_id, [])
+        if verified is not None:  # cut at a stop token by the scheduler; its logprobs are cut here
+            entries = result.verified_logprobs.get(child.request_id, [])[:num_new]
         else:
             entry = result.logprobs.get(child.request_id) if result.logprobs else None
             entries = [entry] if entry is not None else []

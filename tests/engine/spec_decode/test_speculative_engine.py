@@ -109,6 +109,23 @@ def test_stops_max_tokens_and_logprobs_as_without_speculation(tiny_model_dirs):
     assert spec.engine.speculator.counts.num_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("stop_at", [1, 2, 6])
+def test_a_stop_token_inside_the_accepted_drafts_with_logprobs(tiny_model_dirs, stop_at):
+    """A stop token (EOS, stop_token_ids) among the accepted drafts cuts the step's tokens there, but the
+    logprobs of the cut tokens were still walked: IndexError, and the request failed instead of stopping."""
+    model = tiny_model_dirs["llama"]
+    prompt = [101, 2034, 887, 41, 9000, 77, 5, 16000, 123, 4567, 88, 12]
+    plain = LLM(str(model), max_model_len=128, block_size=8)
+    spec = LLM(str(model), max_model_len=128, block_size=8,
+               speculative_config={"model": str(model), "num_speculative_tokens": 3})  # the draft is the target
+    base = plain.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2, stop_token_ids=[base[stop_at]])
+    want = plain.generate([prompt], params, use_tqdm=False)
+    got, _ = _run(model, [prompt], None, params=params, llm=spec)
+    assert_same_completions(want, got, params)
+    assert len(got[0].outputs[0].token_ids) == stop_at + 1 and got[0].outputs[0].finish_reason == "stop"
+
+
 def test_abort_mid_speculation_returns_every_block(tiny_model_dirs):
     model = tiny_model_dirs["llama"]
     llm = LLM(str(model), max_model_len=128, block_size=8, speculative_config={"model": str(model),
