@@ -441,15 +441,19 @@ class LLMEngine:
             raise RuntimeError("a drawn token does not fit the request's grammar")
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
+        # Stopped already, it was by its last token (EOS or a stop id; stop strings are found below): as vLLM,
+        # that token is in token_ids but not in the text, unless include_stop_str_in_output.
+        unrendered = child.status == RequestStatus.FINISHED_STOPPED and not params.include_stop_str_in_output
         if params.output_kind == "final_only" and not params.stop:
             if child.status.finished:  # nothing reads the text before the end: decode it once
-                detok.add(child.output_token_ids)
+                detok.add(child.output_token_ids[:-1] if unrendered else child.output_token_ids)
                 detok.flush()
             return
         for i in range(first, child.num_output_tokens):
             searched_from = len(detok.text)
-            detok.add(child.output_token_ids[i : i + 1])
             last = i == child.num_output_tokens - 1
+            if not (last and unrendered):
+                detok.add(child.output_token_ids[i : i + 1])
             if last and child.status.finished:
                 detok.flush()
             stop = self._find_stop_string(child, detok, searched_from, i + 1) if params.stop else None

@@ -187,3 +187,34 @@ def test_a_completion_forked_from_a_leader_that_stopped_on_its_first_token_keeps
     assert other.token_ids == second.token_ids[:cut]  # seeded draws: the same tokens from the same K/V
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_stop_token_is_not_rendered_in_the_text_unless_asked(llm):
+    """As vLLM: a request stopped by a stop token (stop_token_ids, EOS) has it in token_ids but not in the
+    text, unless include_stop_str_in_output (the text used to end with the stop token's own text)."""
+    tok = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    full = _text(llm, PROMPT, greedy)
+    at = next(i for i in range(2, 10) if tok.decode(full.token_ids[i : i + 1]).strip())  # a visible token
+    stop_id = full.token_ids[at]
+    at = full.token_ids.index(stop_id)
+    def final(params: SamplingParams):  # through the engine: LLM.generate makes every request final_only
+        request = llm.engine.add_request(PROMPT, params)
+        while llm.engine.has_unfinished_requests():
+            for output in llm.engine.step():
+                if output.finished and output.request_id == request.request_id:
+                    result = output.outputs[0]
+        return result
+
+    for kind in ("final_only", "cumulative"):
+        stopped = final(SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=[stop_id],
+                                       output_kind=kind))
+        assert stopped.token_ids == full.token_ids[: at + 1] and stopped.stop_reason == stop_id
+        assert stopped.text == tok.decode(full.token_ids[:at])
+        shown = final(SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, output_kind=kind,
+                                     stop_token_ids=[stop_id], include_stop_str_in_output=True))
+        assert shown.text == tok.decode(full.token_ids[: at + 1])
+    # EOS (id 2), drawn first, rendered when special tokens are not skipped
+    eos = SamplingParams(temperature=0, max_tokens=5, logit_bias={2: 100.0}, skip_special_tokens=False)
+    ended = _text(llm, PROMPT, eos)
+    assert (ended.token_ids, ended.finish_reason, ended.text) == ([2], "stop", "")
