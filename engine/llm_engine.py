@@ -472,7 +472,9 @@ class LLMEngine:
     ) -> tuple[str, int] | None:
         """The earliest stop string in the new text (a stop may straddle the old text's end)."""
         stops = child.sampling_params.stop
-        if not stops or num_output < child.sampling_params.min_tokens:
+        # As EOS and stop ids (banned while fewer than min_tokens are out), and as vLLM: the first token that
+        # may stop the request is number min_tokens + 1.
+        if not stops or num_output <= child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
         found = [(detok.text.find(s, begin), s) for s in stops]

@@ -218,3 +218,23 @@ def test_a_stop_token_is_not_rendered_in_the_text_unless_asked(llm):
     eos = SamplingParams(temperature=0, max_tokens=5, logit_bias={2: 100.0}, skip_special_tokens=False)
     ended = _text(llm, PROMPT, eos)
     assert (ended.token_ids, ended.finish_reason, ended.text) == ([2], "stop", "")
+
+
+@pytest.mark.parametrize("min_tokens", [1, 3])
+def test_a_stop_string_completed_by_the_min_tokens_th_token_does_not_stop_it(llm, min_tokens):
+    """As vLLM (and as EOS and stop ids here, banned for the first min_tokens tokens): no stop before
+    min_tokens + 1 tokens. A stop string completed by token number min_tokens stopped the request there, and
+    cut off (min_tokens=1: an empty text, what min_tokens exists to prevent)."""
+    tok = llm.get_tokenizer()
+    full = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    piece = tok.decode(full.token_ids[min_tokens - 1 : min_tokens])
+    assert piece and full.text.count(piece) == 1
+    stopped = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[piece],
+                                                min_tokens=min_tokens))
+    assert (stopped.token_ids, stopped.text, stopped.finish_reason) == (full.token_ids, full.text, "length")
+    # one token later, it stops
+    later = tok.decode(full.token_ids[min_tokens : min_tokens + 1])
+    assert later and full.text.count(later) == 1
+    cut = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[later],
+                                            min_tokens=min_tokens))
+    assert (cut.token_ids, cut.stop_reason) == (full.token_ids[: min_tokens + 1], later)
