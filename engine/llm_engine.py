@@ -308,9 +308,13 @@ class LLMEngine:
         result = self.runner.collect(launched)
         touched = self._take_tokens(done, result)
         plan = self._schedule()
-        if not plan.is_empty:
-            self._in_flight = (plan, self.runner.launch(plan))
-        return self._post_process(done, result, touched)
+        new = None if plan.is_empty else self.runner.launch(plan)
+        if new is not None:
+            self._in_flight = (plan, new)
+        outputs = self._post_process(done, result, touched)
+        if new is not None:  # a draw waiting for its grammars' bitmask: they take the tokens above in _post_process
+            self._draw_constrained(new)
+        return outputs
 
     def _draw_constrained(self, launched: LaunchedStep) -> None:
         """Draw a launched step whose rows wait for their grammars' bitmask (structured output)."""
