@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.errors import RequestFailedError
+from flotilla.engine.errors import RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
@@ -342,7 +342,7 @@ class AsyncEngine:
         """Hand a request's failure to its waiter (the engine has already aborted it)."""
         stream = self._streams.pop(failure.request_id, None)
         if stream is not None:
-            self._send(stream, failure)
+            self._send(stream, client_error(failure))
 
     def _deliver(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.core_output_sender import OutputSender
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.errors import RequestFailedError
+from flotilla.engine.errors import RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
 
@@ -154,7 +154,7 @@ class EngineCore:
         failures = []
         for failure in self.engine.take_failures():
             self.encoder.forget(failure.request_id)
-            failures.append((failure.request_id, portable(failure)))
+            failures.append((failure.request_id, portable(client_error(failure))))
         self.outputs.send(("step", deltas, failures, self.engine.stats_snapshot()))
 
     def _drain(self, commands: Connection) -> None:

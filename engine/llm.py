@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
@@ -94,7 +95,7 @@ class LLM:
                             bar.update(1)
                 failures = self.engine.take_failures()
                 if failures:
-                    raise failures[0]
+                    raise client_error(failures[0])
         except BaseException:
             self.engine.abort(request_ids)  # leave no request (and no KV block) behind
             raise

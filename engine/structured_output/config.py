@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from flotilla.engine.json_flag import parse_json_flag
 
@@ -16,12 +16,18 @@ class StructuredOutputsConfig(BaseModel):
     JSON schema, `json_object` and tool-call grammar without free whitespace (compact JSON), as if each
     request had set `structured_outputs.disable_any_whitespace`; the default, as vLLM's, lets whitespace
     run free between JSON tokens, which small models can fall into until max_tokens.
+
+    `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds how long a request
+    waits for its grammar to compile, off the step loop: past it the request fails (a 400 when its own
+    compile ran that long, which also refuses that constraint at once from then on; a 503 when it was
+    still queued behind other compiles). See structured_output/compile_queue.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Literal["auto", "xgrammar"] = "auto"
     disable_any_whitespace: StrictBool = False
+    compile_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
 
 
 def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:
