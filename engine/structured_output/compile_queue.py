@@ -11,10 +11,11 @@ blocks, until the engine finds its grammar ready at the start of a step.
 Bounds, since xgrammar cannot interrupt a compile:
 - requests that ask for a constraint already compiling share that compile (and the compiled-grammar
   cache, which is the compiler's);
-- a request waits at most `timeout_s` for its grammar: past it, a compile that has run that long fails
-  the request with a 400 that says so, and its constraint is refused at once from then on (until it
-  finishes, if it ever does) so that no client can queue it again; a compile still queued behind others
-  fails the request with a 503 (retry later);
+- a compile that has run for `timeout_s` fails the requests that wait for it with a 400 that says so,
+  and its constraint is refused at once from then on (the last 256 such constraints are remembered; one
+  whose compile does finish is served from the cache), so that no client can queue it again; a request whose compile has not started `timeout_s` after
+  it came (queued behind others) fails with a 503 (retry later). A request so waits at most twice
+  `timeout_s` for its grammar;
 - at most `max_pending` distinct compiles are queued or running (a running one past its bound
   included): more is a 503.
 A compile that runs past its bound keeps its worker thread until xgrammar returns; with `workers` threads,
@@ -112,15 +113,19 @@ class GrammarCompiles:
 
     def check(self, pending: PendingGrammar, request_id: str, since: float,
               now: float) -> InvalidParamError | EngineBusyError | None:
-        """Why `request_id`, waiting since `since` for `pending`, must fail now (None: it may wait on)."""
-        if now - since < self.timeout_s or pending.future.done():
+        """Why `request_id`, waiting since `since` for `pending`, must fail now (None: it may wait on): its
+        compile has run for `timeout_s` (a 400), or has not started `timeout_s` after the request came (a 503)."""
+        if pending.future.done():
             return None
+        error: InvalidParamError | EngineBusyError
         if self._ran_too_long(pending, now):
             self._mark_slow(pending)
-            error: InvalidParamError | EngineBusyError = self.too_slow()
-        else:
+            error = self.too_slow()
+        elif pending.started is None and now - since >= self.timeout_s:
             error = EngineBusyError(f"the structured-output grammar could not start compiling within "
                                     f"{self.timeout_s:g} s: other grammars hold every compile thread; retry later")
+        else:
+            return None
         self.forget(pending, request_id)
         return error
 

@@ -17,10 +17,10 @@ class StructuredOutputsConfig(BaseModel):
     request had set `structured_outputs.disable_any_whitespace`; the default, as vLLM's, lets whitespace
     run free between JSON tokens, which small models can fall into until max_tokens.
 
-    `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds how long a request
-    waits for its grammar to compile, off the step loop: past it the request fails (a 400 when its own
-    compile ran that long, which also refuses that constraint at once from then on; a 503 when it was
-    still queued behind other compiles). See structured_output/compile_queue.py.
+    `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds a grammar's compile,
+    which runs off the step loop: a compile that has run that long fails its requests with a 400 (and its
+    constraint is refused at once from then on); a request whose compile has not started that long after
+    it came, queued behind others, fails with a 503. See structured_output/compile_queue.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
