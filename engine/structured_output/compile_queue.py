@@ -13,9 +13,9 @@ Bounds, since xgrammar cannot interrupt a compile:
   cache, which is the compiler's);
 - a compile that has run for `timeout_s` fails the requests that wait for it with a 400 that says so,
   and its constraint is refused at once from then on (the last 256 such constraints are remembered; one
-  whose compile does finish is served from the cache), so that no client can queue it again; a request whose compile has not started `timeout_s` after
-  it came (queued behind others) fails with a 503 (retry later). A request so waits at most twice
-  `timeout_s` for its grammar;
+  whose compile does finish is served from the cache), so that no client can queue it again;
+- a request whose compile has not started `timeout_s` after it came (queued behind others) fails with
+  a 503 (retry later). A request so waits at most twice `timeout_s` for its grammar;
 - at most `max_pending` distinct compiles are queued or running (a running one past its bound
   included): more is a 503.
 A compile that runs past its bound keeps its worker thread until xgrammar returns; with `workers` threads,
