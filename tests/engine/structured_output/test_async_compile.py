@@ -252,3 +252,14 @@ def test_pending_compiles_are_capped(llm):
     finally:
         g.open()
         queue.shutdown()
+
+
+@pytest.mark.parametrize("value", ['{"compile_timeout_s": 0}', '{"compile_timeout_s": -1}',
+                                   '{"compile_timeout_s": "soon"}'])
+def test_compile_timeout_must_be_a_positive_number(value):
+    from flotilla.engine.structured_output.config import parse_structured_outputs_config
+
+    assert parse_structured_outputs_config('{"compile_timeout_s": 2.5}').compile_timeout_s == 2.5
+    assert parse_structured_outputs_config(None).compile_timeout_s == 10
+    with pytest.raises(ValueError, match="compile_timeout_s"):
+        parse_structured_outputs_config(value)
