@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.errors import RequestFailedError, client_error
+from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
@@ -328,7 +328,7 @@ class AsyncEngine:
         try:
             self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text,
                                    command.lora_request, command.priority, command.cache_salt)
-        except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
+        except (ValueError, EngineBusyError) as exc:  # invalid prompt or params (a 400), or busy (a 503)
             self._send(command.stream, exc)
             return
         except Exception as exc:  # e.g. the tokenizer failed on this prompt: this request fails alone

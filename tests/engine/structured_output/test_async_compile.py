@@ -263,3 +263,43 @@ def test_compile_timeout_must_be_a_positive_number(value):
     assert parse_structured_outputs_config(None).compile_timeout_s == 10
     with pytest.raises(ValueError, match="compile_timeout_s"):
         parse_structured_outputs_config(value)
+
+
+def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_model_dirs):
+    """Through the server's in-process step loop: a compile past the bound reaches `generate`'s caller as
+    the InvalidParamError (a 400), a full compile queue as EngineBusyError (a 503), not as a failure (500)."""
+    import asyncio
+
+    from flotilla.engine.async_engine import AsyncEngine
+    from flotilla.engine.llm_engine import LLMEngine
+
+    def build() -> LLMEngine:
+        engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64)
+        engine.grammar_compiles.timeout_s = 0.2
+        original = engine.grammar_compiler.compile_prepared
+
+        def slow(key, grammar):
+            time.sleep(1.0)
+            return original(key, grammar)
+
+        engine.grammar_compiler.compile_prepared = slow
+        return engine
+
+    engine = AsyncEngine.build(build)
+
+    async def first(request_id: str, spec: StructuredOutputsParams):
+        async for output in engine.generate("Pick:", constrained(spec), request_id):
+            return output
+
+    try:
+        with pytest.raises(InvalidParamError, match="took longer than 0.2 s"):
+            asyncio.run(first("late", fresh_choice()))
+        engine.engine.grammar_compiles.max_pending = 0
+        with pytest.raises(EngineBusyError, match="compiling already"):
+            asyncio.run(first("busy", fresh_choice()))
+        deadline = time.monotonic() + 30
+        while engine.engine.grammar_compiles.num_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.engine.has_unfinished_requests()
+    finally:
+        engine.shutdown()
