@@ -21,6 +21,8 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
+        # A batch of distinct schemas is this caller's own work, not a flood: queue every compile it needs.
+        self.engine.max_pending_compiles = None
 
     def get_tokenizer(self) -> Any:
         """The engine's HF tokenizer."""

@@ -35,7 +35,10 @@ from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
-from flotilla.engine.structured_output.compile_queue import PendingGrammar  # stdlib only: no xgrammar import
+from flotilla.engine.structured_output.compile_queue import (  # stdlib only: no xgrammar import
+    MAX_PENDING,
+    PendingGrammar,
+)
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
@@ -78,6 +81,9 @@ class LLMEngine:
         self._failures: list[RequestFailedError] = []
         self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         self._grammar_compiles: GrammarCompiles | None = None  # its compile threads, likewise
+        # Distinct grammar compiles queued or running at most (a new one past it is EngineBusyError, a 503);
+        # None: no cap (the offline LLM). Read when the compile threads start.
+        self.max_pending_compiles: int | None = MAX_PENDING
         # Requests waiting for their grammar to compile (by request id), not yet in the scheduler: they hold
         # no KV blocks and are scheduled once it is ready (vLLM's WAITING_FOR_FSM).
         self._compiling: dict[str, _WaitingForGrammar] = {}
@@ -260,7 +266,8 @@ class LLMEngine:
             from flotilla.engine.structured_output.compile_queue import GrammarCompiles
 
             self._grammar_compiles = GrammarCompiles(self.grammar_compiler,
-                                                     self.config.structured_outputs.compile_timeout_s)
+                                                     self.config.structured_outputs.compile_timeout_s,
+                                                     max_pending=self.max_pending_compiles)
         return self._grammar_compiles
 
     def _validate_prompt(self, token_ids: list[int]) -> None:

@@ -14,13 +14,14 @@ Bounds, since xgrammar cannot interrupt a compile:
 - a compile that has run for `timeout_s` fails the requests that wait for it with a 400 that says so,
   and its constraint is refused at once from then on (the last 256 such constraints are remembered; one
   whose compile does finish is served from the cache), so that no client can queue it again;
-- a request whose compile has not started `timeout_s` after it came (queued behind others) fails with
-  a 503 (retry later). A request so waits at most twice `timeout_s` for its grammar;
+- a compile that runs past its bound keeps its worker thread until xgrammar returns, so with `workers`
+  threads that many such compiles can stop the queue: a request whose compile has not started
+  `timeout_s` after it came, while every thread is so held, fails with a 503 (retry later). Behind
+  compiles that finish in time, a queued request waits its turn;
 - at most `max_pending` distinct compiles are queued or running (a running one past its bound
-  included): more is a 503.
-A compile that runs past its bound keeps its worker thread until xgrammar returns; with `workers` threads,
-at most that many such compiles can hold the queue up, and each request behind them waits at most
-`timeout_s`. The threads are daemons, so a stuck compile never holds up the process's exit.
+  included): more is a 503. The offline `LLM` lifts this cap (a batch of distinct schemas is the
+  caller's own work, not a flood).
+The threads are daemons, so a stuck compile never holds up the process's exit.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class GrammarCompiles:
     workers touch a PendingGrammar's `started` and the pending map, under the lock)."""
 
     def __init__(self, compiler: GrammarCompiler, timeout_s: float, workers: int | None = None,
-                 max_pending: int = MAX_PENDING) -> None:
+                 max_pending: int | None = MAX_PENDING) -> None:
         self.compiler = compiler
         self.timeout_s = timeout_s
         self.max_pending = max_pending
@@ -80,15 +81,16 @@ class GrammarCompiles:
         self._slow: OrderedDict[CacheKey, None] = OrderedDict()
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[tuple[PendingGrammar, Any] | None] = queue.SimpleQueue()
+        self.workers = workers or default_workers()
         self._threads = [threading.Thread(target=self._work, name=f"grammar-compile-{i}", daemon=True)
-                         for i in range(workers or default_workers())]
+                         for i in range(self.workers)]
         for thread in self._threads:
             thread.start()
 
     def submit(self, params: StructuredOutputsParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """The compiled grammar if it is cached, else the compile `request_id` waits for (joined, or queued
         now). Raises InvalidParamError for an invalid constraint (parsed here: milliseconds) or one whose
-        compile ran past the bound, EngineBusyError when `max_pending` compiles are pending."""
+        compile ran past the bound, EngineBusyError when `max_pending` compiles are pending (None: no cap)."""
         key = params.cache_key()
         compiled = self.compiler.lookup(key)
         if compiled is not None:
@@ -100,7 +102,7 @@ class GrammarCompiles:
         if key in self._slow:
             raise self.too_slow()
         if pending is None:
-            if len(self._pending) >= self.max_pending:
+            if self.max_pending is not None and len(self._pending) >= self.max_pending:
                 raise EngineBusyError(f"{len(self._pending)} structured-output grammars are compiling already; "
                                       "retry later")
             grammar = self.compiler.prepare(params)  # an invalid constraint is refused here, synchronously
@@ -114,16 +116,19 @@ class GrammarCompiles:
     def check(self, pending: PendingGrammar, request_id: str, since: float,
               now: float) -> InvalidParamError | EngineBusyError | None:
         """Why `request_id`, waiting since `since` for `pending`, must fail now (None: it may wait on): its
-        compile has run for `timeout_s` (a 400), or has not started `timeout_s` after the request came (a 503)."""
+        compile has run for `timeout_s` (a 400), or has not started `timeout_s` after the request came while
+        every compile thread is held by a compile past the bound (a 503). Behind compiles that finish in
+        time, a queued request waits its turn."""
         if pending.future.done():
             return None
         error: InvalidParamError | EngineBusyError
         if self._ran_too_long(pending, now):
             self._mark_slow(pending)
             error = self.too_slow()
-        elif pending.started is None and now - since >= self.timeout_s:
+        elif pending.started is None and now - since >= self.timeout_s and self._stuck(now):
             error = EngineBusyError(f"the structured-output grammar could not start compiling within "
-                                    f"{self.timeout_s:g} s: other grammars hold every compile thread; retry later")
+                                    f"{self.timeout_s:g} s: grammars that compile for longer than that hold every "
+                                    "compile thread; retry later")
         else:
             return None
         self.forget(pending, request_id)
@@ -161,6 +166,12 @@ class GrammarCompiles:
             f"the structured-output grammar took longer than {self.timeout_s:g} s to compile "
             "(--structured-outputs-config compile_timeout_s): simplify the schema, regex or grammar",
             "structured_outputs")
+
+    def _stuck(self, now: float) -> bool:
+        """Whether every worker thread runs a compile that has passed the bound (no queued compile can start)."""
+        with self._lock:
+            running = [p for p in self._pending.values() if p.started is not None]
+        return sum(self._ran_too_long(p, now) for p in running) >= self.workers
 
     def _ran_too_long(self, pending: PendingGrammar, now: float) -> bool:
         started = pending.started

@@ -20,7 +20,8 @@ class StructuredOutputsConfig(BaseModel):
     `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds a grammar's compile,
     which runs off the step loop: a compile that has run that long fails its requests with a 400 (and its
     constraint is refused at once from then on); a request whose compile has not started that long after
-    it came, queued behind others, fails with a 503. See structured_output/compile_queue.py.
+    it came, while every compile thread is held by such a compile, fails with a 503. See
+    structured_output/compile_queue.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
