@@ -318,3 +318,31 @@ def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_m
         assert not engine.engine.has_unfinished_requests()
     finally:
         engine.shutdown()
+
+
+def test_several_threads_compile_at_once_into_one_cache(llm):
+    """xgrammar's compiler serves several compile threads at once (as vLLM's thread pool uses it); every
+    grammar comes out whole and lands in the shared cache."""
+    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+
+    compiler = llm.engine.grammar_compiler
+    queue = GrammarCompiles(compiler, timeout_s=60, workers=3)
+    try:
+        specs = [StructuredOutputsParams(json=slow_schema(6 + next(_fresh) % 10)) for _ in range(4)]
+        specs += [fresh_choice() for _ in range(4)]
+        pendings = [queue.submit(spec, f"r{i}") for i, spec in enumerate(specs)]
+        for spec, pending in zip(specs, pendings, strict=True):
+            compiled = pending.future.result(timeout=120)
+            assert compiler.lookup(spec.cache_key()) is compiled
+            matcher = xgr.GrammarMatcher(compiled)
+            if spec.choice is not None:
+                assert matcher.accept_string(spec.choice[1])
+            else:
+                assert matcher.accept_string('{"p0": "ab-12x"')
+                assert not xgr.GrammarMatcher(compiled).accept_string('{"p0": 5')
+        deadline = time.monotonic() + 10
+        while queue.num_pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queue.num_pending == 0
+    finally:
+        queue.shutdown()
