@@ -211,7 +211,7 @@ class LLMEngine:
                 self._fail(request_id, exc)
                 continue
             self._attach_grammar(waiting.group, compiled)
-            self.scheduler.add(waiting.group[0])
+            self.scheduler.add(waiting.group[0], by_arrival=True)
 
     def _wait_for_grammars(self) -> None:
         """Nothing can run but grammars are compiling: wait a moment for one, rather than spin the loop."""
