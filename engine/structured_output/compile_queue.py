@@ -32,7 +32,8 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -149,9 +150,6 @@ class GrammarCompiles:
         with self._lock:
             futures = [p.future for p in self._pending.values()]
         if futures:
-            from concurrent.futures import FIRST_COMPLETED
-            from concurrent.futures import wait as wait_futures
-
             wait_futures(futures, timeout, return_when=FIRST_COMPLETED)
 
     @property
