@@ -102,6 +102,16 @@ class ModelArchitecture(_Model):
                     "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GGUF "
                     "file: 4 for Q4_0/Q4_1 linear tensors (assumed when absent), 8 for Q8_0.")
 
+    @model_validator(mode="after")
+    def _heads_have_a_size(self) -> ModelArchitecture:
+        # Without headDim a head is hiddenSize // numAttentionHeads wide, as transformers and the engine compute it:
+        # 0 would leave no KV cache per token (the fit check divides by it) and no model the engine can build.
+        if self.head_dim is None and self.hidden_size < self.num_attention_heads:
+            raise ValueError(f"hiddenSize ({self.hidden_size}) is smaller than numAttentionHeads "
+                             f"({self.num_attention_heads}): the head size hiddenSize / numAttentionHeads would be "
+                             "0; set headDim")
+        return self
+
 
 class ModelCacheSpec(_Model):
     """Where an hf:// checkpoint is downloaded to: a PersistentVolumeClaim kept across pods, or the pod's own disk."""

@@ -16,7 +16,7 @@ import pytest
 from flotilla.operator.kube import KubeError
 
 from .conftest import FIS_PATH, wait_for
-from .test_operator_reconcile import KINDS, child_path, condition, fis, fis_path
+from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path
 
 WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
 SCHEMA = "is invalid: "  # the apiserver's own schema validation
@@ -108,6 +108,11 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                                         "target": 80}}, WEBHOOK,
                                 "autoscaling.target (80) must be at most 1 for kv_cache_usage_perc"),
     "tensor-text": ("bad", {"parallelism": {"tensor": "abc"}}, SCHEMA, "spec.parallelism.tensor"),
+    # Model numbers whose head size rounds to 0: the fit check divided by the KV bytes per token (500, "division
+    # by zero", from the webhook; an exception on every reconcile).
+    "zero-head-size": ("bad", {"model": ZERO_HEAD_MODEL}, WEBHOOK,
+                       "spec.model.config: hiddenSize (7) is smaller than numAttentionHeads (32): the head size "
+                       "hiddenSize / numAttentionHeads would be 0; set headDim"),
     "prometheus-file-url": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "file:///etc/passwd"}},
                             SCHEMA, "spec.autoscaling.prometheusAddress"),
     "prometheus-credentials": ("bad", {"autoscaling": {"maxReplicas": 2,
@@ -238,3 +243,21 @@ def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothi
     wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 20, "the Deployment")
     wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "picky")), "Degraded").get("status") == "False",
              20, "Degraded=False")
+
+
+def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(operator_process, cluster, namespace):
+    # Failure policy Ignore admits anything while the operator is away; the reconciler must then refuse it in
+    # status (Valid=False and an Event), as the webhook would have, not fail on it at every retry.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("zero", namespace, autoscaling=None, model=ZERO_HEAD_MODEL))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "zero")), "Valid").get("status")
+                    == "False" and b, 20, "Valid=False")
+    assert condition(body, "Valid")["message"] == CORPUS["zero-head-size"][3]
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 10,
+                      "an InvalidSpec Event")
+    assert events[0]["type"] == "Warning"
+    _no_children(cluster, namespace, "zero")
