@@ -73,27 +73,37 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+# Upper bounds of the architecture numbers: far beyond any checkpoint, and low enough that every fit figure
+# (status.fit's byte counts, products of these numbers) stays an int64, which the apiserver requires of status.
+MAX_WIDTH = 262_144
+MAX_COUNT = 4096
+MAX_MLP_WIDTH = 1_048_576
+MAX_VOCAB = 4_194_304
+MAX_POSITIONS = 1 << 30
+MAX_PARAMETERS = 10**15
+
+
 class ModelArchitecture(_Model):
     """Architecture numbers of the checkpoint (as in its config.json), used by the fit check."""
 
-    hidden_size: int = Field(ge=1, description="Width of the residual stream (config.json hidden_size).")
-    num_hidden_layers: int = Field(ge=1, description="Number of transformer layers (num_hidden_layers).")
-    num_attention_heads: int = Field(ge=1, description="Query heads per layer (num_attention_heads).")
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH, description="Width of the residual stream (config.json hidden_size).")
+    num_hidden_layers: int = Field(ge=1, le=MAX_COUNT, description="Number of transformer layers (num_hidden_layers).")
+    num_attention_heads: int = Field(ge=1, le=MAX_COUNT, description="Query heads per layer (num_attention_heads).")
     num_key_value_heads: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_COUNT,
         description="KV heads per layer (num_key_value_heads); defaults to numAttentionHeads (no GQA).")
     head_dim: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_COUNT,
         description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads.")
-    intermediate_size: int = Field(ge=1, description="Width of the gated MLP (intermediate_size).")
-    vocab_size: int = Field(ge=1, description="Vocabulary size (vocab_size).")
+    intermediate_size: int = Field(ge=1, le=MAX_MLP_WIDTH, description="Width of the gated MLP (intermediate_size).")
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size (vocab_size).")
     tie_word_embeddings: bool = Field(
         default=False, description="Whether the LM head shares the embedding matrix (tie_word_embeddings).")
     max_position_embeddings: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_POSITIONS,
         description="Longest context the model supports; the default for scheduling.maxModelLen.")
     num_parameters: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_PARAMETERS,
         description="Total parameter count; overrides the count derived from the numbers above "
                     "(set it for mixture-of-experts or unusual architectures).")
     weight_bits: Literal[4, 8] | None = Field(

@@ -261,3 +261,32 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")
+
+
+# model.config at the largest numbers the schema allows (far beyond any checkpoint), and one past them.
+LARGEST_MODEL = {"source": "pvc://models/m", "config": {
+    "hiddenSize": 262_144, "numHiddenLayers": 4096, "numAttentionHeads": 4096, "numKeyValueHeads": 4096,
+    "headDim": 4096, "intermediateSize": 1_048_576, "vocabSize": 4_194_304, "maxPositionEmbeddings": 1 << 30}}
+PAST_LARGEST_MODEL = {"source": "pvc://models/m", "config": {
+    "hiddenSize": 10**7, "numHiddenLayers": 10**5, "numAttentionHeads": 32, "intermediateSize": 10**8,
+    "vocabSize": 10**9}}
+
+
+def test_model_numbers_past_the_schema_bounds_are_refused_even_while_the_webhook_is_down(operator_process, cluster,
+                                                                                          namespace):
+    # Past int64 the fit check's figures (status.fit.weightBytes, ...) cannot be written: status was refused
+    # (422) on every reconcile, so such an InferenceService never got a condition. The apiserver's own schema
+    # bounds the numbers; within them every figure fits.
+    operator_process.kill()
+    try:
+        with pytest.raises(KubeError) as refused:
+            cluster.apply(fis("huge", namespace, autoscaling=None, model=PAST_LARGEST_MODEL))
+        assert refused.value.status == 422 and SCHEMA in refused.value.message
+        assert "spec.model.config.hiddenSize" in refused.value.message, refused.value.message
+        cluster.apply(fis("largest", namespace, autoscaling=None, model=LARGEST_MODEL))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "largest")), "Valid").get("status")
+                    == "False" and b, 20, "Valid=False")
+    assert body["status"]["fit"]["verdict"] == "DoesNotFit" and body["status"]["fit"]["weightBytes"] > 1 << 50
+    _no_children(cluster, namespace, "largest")
