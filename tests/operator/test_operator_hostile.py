@@ -8,7 +8,10 @@ from it are tried too; hostPath being off by default is tested without a cluster
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.server
+import threading
 from typing import Any
 
 import pytest
@@ -290,3 +293,59 @@ def test_model_numbers_past_the_schema_bounds_are_refused_even_while_the_webhook
                     == "False" and b, 20, "Valid=False")
     assert body["status"]["fit"]["verdict"] == "DoesNotFit" and body["status"]["fit"]["weightBytes"] > 1 << 50
     _no_children(cluster, namespace, "largest")
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A tiny HTTP server's handler: `answer(path)` -> (status, headers, body); every path asked is recorded."""
+
+    def do_GET(self) -> None:
+        self.server.asked.append(self.path)  # type: ignore[attr-defined]
+        status, headers, body = self.server.answer(self.path)  # type: ignore[attr-defined]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _http_server(answer):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.asked, server.answer = [], answer  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(operator_process, cluster, namespace):
+    # The engine image is the InferenceService author's choice, so its /metrics may answer with a redirect to what
+    # only the operator reaches (another namespace's engine behind a NetworkPolicy, an internal service): the
+    # operator must read the pod it listed, nothing else. Pods never run here: the engine's Pod is made by hand
+    # with its status patched to Running on 127.0.0.1, as a kubelet would report it.
+    figures = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
+    with _http_server(lambda path: (200, {}, figures)) as elsewhere, _http_server(
+            lambda path: (302, {"Location": f"http://127.0.0.1:{elsewhere.server_port}/secret"}, b"")) as engine:
+        cluster.apply(fis("redirect", namespace, autoscaling=None))
+        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+                 "the default ServiceAccount")
+        cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "redirect-0", "labels": {"serving.flotilla.dev/inferenceservice": "redirect"}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{
+                "name": "engine", "image": "hostile:latest",
+                "ports": [{"name": "http", "containerPort": engine.server_port, "protocol": "TCP"}]}]}})
+        cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/redirect-0",
+                                  {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+        serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "redirect")).get("status") or {}).get(
+            "serving"), 30, "status.serving")
+        assert engine.asked and engine.asked[0] == "/metrics"
+        assert elsewhere.asked == [], "the operator followed the engine's redirect"
+        assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
