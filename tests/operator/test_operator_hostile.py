@@ -275,6 +275,20 @@ PAST_LARGEST_MODEL = {"source": "pvc://models/m", "config": {
     "vocabSize": 10**9}}
 
 
+@pytest.mark.parametrize("pod", [
+    {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+    {"imagePullSecrets": ["regcred", "regcred"]},
+], ids=["env", "image-pull-secrets"])
+def test_a_deployment_that_server_side_apply_cannot_merge_reaches_status(operator_process, cluster, namespace, pod):
+    # Admitted (the CRD and the webhook allow repeated names), but server-side apply answers 500 "failed to create
+    # typed patch object ... duplicate entries for key": a refusal of the object, not an outage, so it must reach
+    # status like any other refusal rather than be retried forever with no condition.
+    cluster.apply(fis("twice", namespace, autoscaling=None, pod=pod))
+    body = _blocked(cluster, namespace, "twice", "ApplyRefused")
+    assert "duplicate entries for key" in condition(body, "Progressing")["message"]
+    _no_children(cluster, namespace, "twice")
+
+
 def test_model_numbers_past_the_schema_bounds_are_refused_even_while_the_webhook_is_down(operator_process, cluster,
                                                                                           namespace):
     # Past int64 the fit check's figures (status.fit.weightBytes, ...) cannot be written: status was refused
