@@ -111,6 +111,18 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                                         "target": 80}}, WEBHOOK,
                                 "autoscaling.target (80) must be at most 1 for kv_cache_usage_perc"),
     "tensor-text": ("bad", {"parallelism": {"tensor": "abc"}}, SCHEMA, "spec.parallelism.tensor"),
+    # Adapter names are DNS labels of up to 63 characters, but their volume (lora-<name>) and download init
+    # container (download-lora-<name>) names are cut to 63: two long names sharing a beginning named one volume
+    # twice, and the Deployment was refused after admission.
+    "lora-names-that-collide-when-cut": ("bad", {"lora": {"adapters": [
+        {"name": "a" * 60 + "x", "source": "pvc://adapters/x"}, {"name": "a" * 60 + "y", "source": "pvc://adapters/y"}]},
+        "model": {"source": "pvc://models/m"}}, WEBHOOK,
+        f"spec.lora.adapters: {'a' * 60}x and {'a' * 60}y would both name the pod's volume lora-{'a' * 58} (names "
+        "are cut to 63 characters); shorten one"),
+    "lora-name-cut-at-a-dash": ("bad", {"lora": {"adapters": [
+        {"name": "a" * 48 + "-b", "source": "hf://org/adapter"}]}, "model": {"source": "pvc://models/m"}}, WEBHOOK,
+        f"spec.lora.adapters: {'a' * 48}-b would name the pod's init container download-lora-{'a' * 48}-, which ends "
+        "in '-' once cut to 63 characters; shorten the name"),
     # Model numbers whose head size rounds to 0: the fit check divided by the KV bytes per token (500, "division
     # by zero", from the webhook; an exception on every reconcile).
     "zero-head-size": ("bad", {"model": ZERO_HEAD_MODEL}, WEBHOOK,
