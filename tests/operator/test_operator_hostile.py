@@ -375,3 +375,26 @@ def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(opera
         assert engine.asked and engine.asked[0] == "/metrics"
         assert elsewhere.asked == [], "the operator followed the engine's redirect"
         assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
+
+
+def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_in_the_foreground(
+        operator_process, cluster, namespace):
+    # A spec today's rules refuse can be stored: admitted while the operator was down (failure policy Ignore), or
+    # valid under an older operator or a wider hostPath policy. An update that leaves the spec alone (a label, kopf's
+    # own annotations, the garbage collector removing its foregroundDeletion finalizer) must go through, or such an
+    # InferenceService could never be deleted in the foreground; a change to its spec is still reviewed.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("stale", namespace, autoscaling={"minReplicas": 4, "maxReplicas": 2}))
+    finally:
+        operator_process.start()
+    path = fis_path(namespace, "stale")
+    wait_for(lambda: condition(cluster.kube.get(path), "Valid").get("status") == "False", 20, "Valid=False")
+    cluster.kube.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
+                         content_type="application/merge-patch+json")
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("PATCH", path, {"spec": {"autoscaling": {"maxReplicas": 3}}},
+                             content_type="application/merge-patch+json")
+    assert WEBHOOK in refused.value.message and "minReplicas (4) must not exceed" in refused.value.message
+    cluster.kube.request("DELETE", path, {"propagationPolicy": "Foreground"})
+    wait_for(lambda: cluster.kube.get(path) is None, 30, "the foreground deletion to finish")
