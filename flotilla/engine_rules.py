@@ -254,6 +254,28 @@ def rtn_settings(env: Mapping[str, str]) -> tuple[int, int | None]:
     return int(bits), None if int(group) == -1 else int(group)
 
 
+# --structured-outputs-config's keys as the engine's StructuredOutputsConfig declares them (engine/structured_output/
+# config.py, pydantic, which the operator may not import); tests/operator/test_admission_property.py runs what this
+# admits through the engine's own parser.
+STRUCTURED_OUTPUTS_KEYS = {"backend": ("auto", "xgrammar"), "disable_any_whitespace": (True, False)}
+
+
+def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
+    """Why the engine would refuse `value` (the flag's parsed JSON) as --structured-outputs-config, or None."""
+    if value is None:
+        return None
+    flag = name_of("structured_outputs_config")
+    if not isinstance(value, dict):
+        return f"{flag} must be a JSON object"
+    for key, item in value.items():
+        allowed = STRUCTURED_OUTPUTS_KEYS.get(key)
+        if allowed is None:
+            return f"{flag}: {key}: not a key it takes ({', '.join(STRUCTURED_OUTPUTS_KEYS)})"
+        if not any(item is a or (isinstance(a, str) and item == a) for a in allowed):
+            return f"{flag}: {key} must be one of {', '.join(json.dumps(a) for a in allowed)}, not {json.dumps(item)}"
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -276,6 +298,9 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                   name_of)
     if kv_scales:
         problems.append(kv_scales)
+    structured = structured_outputs_problem(values.get("structured_outputs_config"), name_of)
+    if structured:
+        problems.append(structured)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

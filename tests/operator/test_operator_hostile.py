@@ -81,6 +81,15 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "engine-stray-value": ("bad", {"engineArgs": ["--enforce-eager", "yes"]}, WEBHOOK, "'yes' is not a flag"),
     "engine-separator": ("bad", {"engineArgs": ["--", "--port", "1"]}, WEBHOOK, "-- is not an engine flag"),
     "engine-help": ("bad", {"engineArgs": ["--help"]}, WEBHOOK, "--help is not an engine flag"),
+    # Admitted, then refused by the engine at start-up (a crash loop): the engine's own rules for these values.
+    "engine-structured-outputs-unknown-key": ("bad", {"engineArgs": ["--structured-outputs-config", '{"bogus": 1}']},
+                                              WEBHOOK, "--structured-outputs-config: bogus: not a key it takes "
+                                                       "(backend, disable_any_whitespace)"),
+    "engine-structured-outputs-backend": ("bad", {"engineArgs": ["--structured-outputs-config=" '{"backend": "x"}']},
+                                          WEBHOOK, '--structured-outputs-config: backend must be one of "auto", '
+                                                   '"xgrammar", not "x"'),
+    "engine-structured-outputs-not-an-object": ("bad", {"engineArgs": ["--structured-outputs-config", "[1]"]},
+                                                WEBHOOK, "--structured-outputs-config must be a JSON object"),
     # 18.6: names that make invalid Service names or label values
     "name-leading-digit": ("1llama", {}, WEBHOOK, "metadata.name '1llama' must be a DNS-1035 label"),
     "name-dot": ("llama.3", {}, WEBHOOK, "metadata.name 'llama.3' must be a DNS-1035 label"),
