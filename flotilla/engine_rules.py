@@ -254,6 +254,14 @@ def rtn_settings(env: Mapping[str, str]) -> tuple[int, int | None]:
     return int(bits), None if int(group) == -1 else int(group)
 
 
+def auto_tool_choice_problem(enabled: bool, parser: str | None, name_of: NameOf = flag_name) -> str | None:
+    """Automatic tool choice parses the model's tool calls, so it needs the model family's parser."""
+    if enabled and parser is None:
+        return (f"{name_of('enable_auto_tool_choice')} needs {name_of('tool_call_parser')} (hermes, llama3_json or "
+                "mistral)")
+    return None
+
+
 # --structured-outputs-config's keys as the engine's StructuredOutputsConfig declares them (engine/structured_output/
 # config.py, pydantic, which the operator may not import); tests/operator/test_admission_property.py runs what this
 # admits through the engine's own parser.
@@ -298,6 +306,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                   name_of)
     if kv_scales:
         problems.append(kv_scales)
+    tools = auto_tool_choice_problem(bool(values.get("enable_auto_tool_choice")), values.get("tool_call_parser"),
+                                     name_of)
+    if tools:
+        problems.append(tools)
     structured = structured_outputs_problem(values.get("structured_outputs_config"), name_of)
     if structured:
         problems.append(structured)
