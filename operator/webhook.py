@@ -45,10 +45,9 @@ def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
 
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate", operations=OPERATIONS, ignore_failures=True,
                       registry=registry)
-    def validate(body: kopf.Body, old: kopf.Body | None, operation: str | None, warnings: list[str],
-                 **_: Any) -> None:
+    def validate(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
         """Refuse a spec that breaks a cross-field rule, an engine-flag rule or the fit check."""
-        if spec_untouched(operation, old, body):
+        if spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
             return
         name = _name(body)
         result = review(dict(body.get("spec") or {}), name, policy)
@@ -58,15 +57,14 @@ def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
 
     @kopf.on.mutate(GROUP, VERSION, PLURAL, id="default", operations=OPERATIONS, ignore_failures=True,
                     registry=registry)
-    def default(body: kopf.Body, old: kopf.Body | None, operation: str | None, patch: kopf.Patch,
-                **_: Any) -> None:
+    def default(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         """Write two implicit defaults into the spec, so `kubectl get fis` shows MODEL and GPUS.
 
         model.servedName defaults to the object's name; resources.gpusPerReplica to
         tensor x pipeline. (The apiserver has already filled the schema's own defaults.)
         """
         spec = body.get("spec") or {}
-        if not isinstance(spec, Mapping) or spec_untouched(operation, old, body):
+        if not isinstance(spec, Mapping) or spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
             return
         name = body.get("metadata", {}).get("name")
         if name and isinstance(spec.get("model"), dict) and not spec["model"].get("servedName"):
