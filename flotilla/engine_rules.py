@@ -262,10 +262,19 @@ def auto_tool_choice_problem(enabled: bool, parser: str | None, name_of: NameOf 
     return None
 
 
+def _positive_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 # --structured-outputs-config's keys as the engine's StructuredOutputsConfig declares them (engine/structured_output/
-# config.py, pydantic, which the operator may not import); tests/operator/test_admission_property.py runs what this
+# config.py, pydantic, which the operator may not import), each with what it takes (no more than the engine takes);
+# tests/test_engine_rules.py keeps the keys in step, and tests/operator/test_admission_property.py runs what this
 # admits through the engine's own parser.
-STRUCTURED_OUTPUTS_KEYS = {"backend": ("auto", "xgrammar"), "disable_any_whitespace": (True, False)}
+STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "backend": ('"auto" or "xgrammar"', lambda v: isinstance(v, str) and v in ("auto", "xgrammar")),
+    "disable_any_whitespace": ("true or false", lambda v: isinstance(v, bool)),
+    "compile_timeout_s": ("a number of seconds above 0", _positive_seconds),
+}
 
 
 def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
@@ -276,11 +285,11 @@ def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str |
     if not isinstance(value, dict):
         return f"{flag} must be a JSON object"
     for key, item in value.items():
-        allowed = STRUCTURED_OUTPUTS_KEYS.get(key)
-        if allowed is None:
+        if key not in STRUCTURED_OUTPUTS_KEYS:
             return f"{flag}: {key}: not a key it takes ({', '.join(STRUCTURED_OUTPUTS_KEYS)})"
-        if not any(item is a or (isinstance(a, str) and item == a) for a in allowed):
-            return f"{flag}: {key} must be one of {', '.join(json.dumps(a) for a in allowed)}, not {json.dumps(item)}"
+        what, takes = STRUCTURED_OUTPUTS_KEYS[key]
+        if not takes(item):
+            return f"{flag}: {key} must be {what}, not {json.dumps(item)}"
     return None
 
 

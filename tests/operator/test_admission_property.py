@@ -34,7 +34,9 @@ EXTRA_ARGS = [["--seed", "3"], ["--seed", "-1"], ["--seed", "x"], ["--enforce-ea
               ["--max-model-len", "16"], ["--enable-chunked-prefill"], ["--tokenizer", "/etc"],
               ["--structured-outputs-config", '{"disable_any_whitespace": true}'],
               ["--structured-outputs-config", '{"bogus": 1}'], ["--structured-outputs-config", "[1]"],
-              ["--structured-outputs-config", '{"disable_any_whitespace": "yes"}'], ["--enable-auto-tool-choice"],
+              ["--structured-outputs-config", '{"disable_any_whitespace": "yes"}'],
+              ["--structured-outputs-config", '{"compile_timeout_s": 2.5}'],
+              ["--structured-outputs-config", '{"compile_timeout_s": 0}'], ["--enable-auto-tool-choice"],
               ["--tool-call-parser", "hermes"]]
 LENGTHS = st.one_of(st.none(), st.sampled_from([16, 17, 2048, 4096, 8192, 8193, 32768, 131072, 200000]),
                     st.integers(16, 300_000))
