@@ -162,7 +162,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
-    add_embedding_routes(app, state, _model)
+    add_embedding_routes(app, state, _model, _cancel_on_disconnect)
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)
