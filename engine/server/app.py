@@ -55,6 +55,9 @@ class ServerState:
     quantization: str | None = None
     draining: bool = False
     created: int = 0
+    # /v1 requests being answered (Gate counts them): the drain waits for these too, not only for engine
+    # requests (an embeddings list runs as engine calls; a reply may still be sending).
+    in_flight: int = 0
 
 
 def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI:
@@ -175,7 +178,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
 
 class Gate:
-    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key.
+    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key; counts the /v1 requests
+    it lets through (`ServerState.in_flight`) until their answers are sent.
 
     Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware reads the body
     through a task group, which would wrap a body-limit error (413/408) into a generic 400.
@@ -197,6 +201,12 @@ class Gate:
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
+            self.state.in_flight += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.state.in_flight -= 1
+            return
         await self.app(scope, receive, send)
 
 
