@@ -173,3 +173,22 @@ def test_a_required_tool_call_nested_past_the_json_depth_limit_is_content_not_a_
         assert choice["finish_reason"] == "length" and choice["message"]["content"].count("[") > 1000
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"grammar": "root ::= root"},  # no sentence at all
+        {"grammar": "root ::= a\na ::= b\nb ::= a"},
+        {"regex": "[^\\x00-\\U0010FFFF]"},  # a character class with no character
+    ],
+)
+def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
+    # The grammar allows no first token: sampling had nothing to draw from and the request failed in the
+    # engine as a 500 (which the openai SDK retries), though the request alone is at fault.
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "structured_outputs": constraint, "stream": stream}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, "structured_outputs")
+    assert "matches no text" in response.json()["error"]["message"]
