@@ -153,7 +153,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
         if body.prompt is not None:
             tokens = await serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
+            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt,
+                                        continue_final_message=body.continue_final_message)
             tokens = (await serving.chat_prompt(req)).token_ids
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
 

@@ -173,6 +173,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
+    # vLLM's field: end the prompt inside the last message, for the model to continue it ("prefill")
+    continue_final_message: bool = False
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
@@ -186,6 +188,7 @@ class TokenizeRequest(_RequestBody):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(_RequestBody):

@@ -73,6 +73,19 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
         raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
 
 
+def continued(text: str, messages: list[dict[str, Any]]) -> str:
+    """A rendered conversation cut just after its last message's text, so that the model continues that
+    message (what transformers' `continue_final_message` does for the model's own template)."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+        raise APIError(400, "continue_final_message: the last message's text does not appear in the rendered "
+                            "conversation", param="continue_final_message")
+    start = text.rindex(final.strip())
+    # The template may have trimmed the message: keep its leading-trimmed text when it is there whole.
+    kept = final.lstrip() if text[start:start + len(final.lstrip())] == final.lstrip() else final.strip()
+    return text[:start + len(kept)]
+
+
 def usage(output: RequestOutput) -> dict[str, int]:
     """OpenAI's usage block."""
     completion = sum(len(c.token_ids) for c in output.outputs)
@@ -222,28 +235,36 @@ class OpenAIServing:
                     raise APIError(400, "only text content parts are supported", param="messages")
                 m["content"] = "".join(part.get("text", "") for part in parts)
         self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
+        if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "
+                                "add_generation_prompt to false to continue the final message)",
+                           param="continue_final_message")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
             variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
-        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables)
+        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables,
+                                       req.continue_final_message)
         prompt = Prompt(await self.encode(text, add_special_tokens=req.add_special_tokens, param="messages"), text)
         return self._truncated(prompt, req.truncate_prompt_tokens)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
-                variables: dict[str, Any]) -> str:
-        """The prompt text: the model's template, or the request's in the bounded sandbox (blocking)."""
+                variables: dict[str, Any], continue_final_message: bool = False) -> str:
+        """The prompt text: the model's template, or the request's in the bounded sandbox (blocking); with
+        `continue_final_message`, cut just after the last message's text (nothing closes it)."""
         if template is not None:
             context = {**self.tokenizer.special_tokens_map, **variables, "messages": messages,
                        "add_generation_prompt": add_generation_prompt}
             try:
-                return render_untrusted(template, context, self.max_prompt_chars)
+                text = render_untrusted(template, context, self.max_prompt_chars)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="chat_template") from None
+            return continued(text, messages) if continue_final_message else text
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt, **variables)
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=continue_final_message, **variables)
         except Exception as exc:  # a template error is the conversation's fault (e.g. bad role order)
             raise APIError(400, f"the chat template rejected the conversation: {exc}", param="messages") from None
 

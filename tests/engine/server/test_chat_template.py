@@ -201,3 +201,42 @@ def test_a_trusted_template_cannot_grow_the_server_or_outrun_the_deadline(trusti
     time.sleep(1.0)
     assert _cpu_seconds(pid) - cpu < 0.5  # nothing still computing after the answer
     assert _chat(trusting_server).status_code == 200
+
+
+# --- continue_final_message (vLLM's field: the model continues the last message instead of starting a turn) --
+
+
+PREFILL = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+
+def _prompt_tokens(server: Server, **fields) -> int:
+    response = _chat(server, messages=PREFILL, max_tokens=1, temperature=0, **fields)
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["prompt_tokens"]
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_last_message(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    text = tokenizer.apply_chat_template(PREFILL, tokenize=False, continue_final_message=True)
+    assert text.endswith("The colour is")
+    expected = len(tokenizer.encode(text, add_special_tokens=False))
+    assert _prompt_tokens(server, continue_final_message=True, add_generation_prompt=False) == expected
+    # Without it the last message is closed and a new assistant turn opened: a longer prompt.
+    assert _prompt_tokens(server) > expected
+
+
+def test_continue_final_message_with_a_trusted_request_template(trusting_server):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    expected = "<user>Name a colour.</user><assistant>The colour is"
+    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": expected, "add_special_tokens": False})
+    tokens = _prompt_tokens(trusting_server, chat_template=template, continue_final_message=True,
+                            add_generation_prompt=False)
+    assert tokens == count.json()["count"]
+
+
+def test_continue_final_message_with_add_generation_prompt_is_a_400(server):
+    response = _chat(server, messages=PREFILL, continue_final_message=True)  # add_generation_prompt: true by default
+    assert response.status_code == 400, response.text
+    assert "continue_final_message" in response.json()["error"]["message"]
