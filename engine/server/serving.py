@@ -34,9 +34,25 @@ class Prompt:
     text: str | None
 
 
+# vLLM request fields that change what is generated or returned, which this server does not implement: set
+# (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
+# ignoring them would answer 200 with output the client asked to be different.
+UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "use_beam_search", "logits_processors",
+                           "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
+
+
+def refuse_unsupported_fields(req: _SamplingFields) -> None:
+    """400 naming the first of `UNSUPPORTED_VLLM_FIELDS` the request sets (None, false and empty are off)."""
+    for name in UNSUPPORTED_VLLM_FIELDS:
+        value = (req.model_extra or {}).get(name)
+        if value is not None and value is not False and value != [] and value != {}:
+            raise APIError(400, f"{name} is not supported by this server (leave it out)", param=name)
+
+
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
                     logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
     """OpenAI/vLLM request fields -> SamplingParams; defaults as vLLM's server (temperature 1)."""
+    refuse_unsupported_fields(req)
     room = max_model_len - prompt_len
     # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
     if max_tokens is not None and 0 < room < max_tokens:

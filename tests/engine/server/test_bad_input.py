@@ -192,3 +192,28 @@ def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
     assert_openai_400(response, "structured_outputs")
     assert "matches no text" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "allowed_token_ids", [5, 6]),
+        ("/v1/completions", "allowed_token_ids", [5, 6]),
+        ("/v1/chat/completions", "bad_words", ["hello"]),
+        ("/v1/completions", "use_beam_search", True),
+        ("/v1/chat/completions", "prompt_logprobs", 1),  # a completions field; vLLM's chat takes it too
+        ("/v1/chat/completions", "echo", True),
+    ],
+)
+def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server, path, field, value):
+    # Ignored, these answered 200 with output that the field would have changed (unconstrained tokens, no
+    # prompt logprobs), and the client could not tell.
+    prompt = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    body = {"model": "tiny", **prompt, "max_tokens": 2, field: value}
+    response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, field)
+    # Their off values change nothing and stay accepted (clients send defaults).
+    off = {"allowed_token_ids": None, "bad_words": [], "use_beam_search": False, "prompt_logprobs": None,
+           "echo": False}[field]
+    ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
+    assert ok.status_code == 200, ok.text
