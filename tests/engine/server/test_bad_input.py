@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -217,3 +219,19 @@ def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server
            "echo": False}[field]
     ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(("prompts", "n"), [(2049, 1), (17, 128)])
+def test_a_completions_request_past_the_sequence_bound_is_a_400_before_any_work(server, prompts, n):
+    # n is bounded (128), but a prompt list multiplied it without bound: 20,000 one-token prompts (a 100 KB
+    # body) took 195 s and 630 MB of the server's memory; the 8 MB body limit allows ~2 million.
+    started = time.monotonic()
+    body = {"model": "tiny", "prompt": [[5]] * prompts, "n": n, "max_tokens": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=300)
+    assert_openai_400(response, "prompt")
+    assert "2048" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 10
+    # At the bound it is served.
+    ok = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [[5]] * (2048 // n)}, headers=HEADERS,
+                    timeout=300)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == (2048 // n) * n
