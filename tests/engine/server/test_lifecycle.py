@@ -83,8 +83,8 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(tiny_model_dirs, tmp_p
         body = {
             "model": "tiny",
             "prompt": "Drain me",
-            "max_tokens": 150,
-            "min_tokens": 150,
+            "max_tokens": 450,  # long enough to be in flight when SIGTERM lands, even on an idle machine
+            "min_tokens": 450,
             "temperature": 0,
             "stream": True,
         }
