@@ -347,6 +347,7 @@ class OpenAIServing:
                                   streams: list[AsyncGenerator[RequestOutput]], request_id: str, created: int,
                                   model: str) -> AsyncIterator[str]:
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        cached = 0  # prompt tokens found in the prefix cache, as the non-streamed reply reports them
         states = [StreamState(req.n) for _ in streams]
         fmt = ChunkFormat(request_id, "text_completion", created, model)
         wants_logprobs = req.logprobs is not None
@@ -365,9 +366,10 @@ class OpenAIServing:
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
+                cached += output.num_cached_tokens
         if req.stream_options and req.stream_options.include_usage:
             yield sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": total})
+                       "choices": [], "usage": self._cached(total, cached)})
         yield "data: [DONE]\n\n"
 
     def _echoed(self, req: CompletionRequest, prompt: Prompt, output: RequestOutput, c: CompletionOutput,
@@ -436,7 +438,8 @@ class OpenAIServing:
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
                 return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
-                                                                         created, model), req.stream_options)
+                                                                         created, model), req.stream_options,
+                                        self.enable_prompt_tokens_details)
             return self._stream_chat(req, stream, request_id, created, model)
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
