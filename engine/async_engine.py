@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.errors import RequestFailedError
+from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
@@ -328,7 +328,7 @@ class AsyncEngine:
         try:
             self.engine.add_request(command.prompt, command.params, command.request_id, command.prompt_text,
                                    command.lora_request, command.priority, command.cache_salt)
-        except ValueError as exc:  # invalid prompt or params: the caller turns it into a 400
+        except (ValueError, EngineBusyError) as exc:  # invalid prompt or params (a 400), or busy (a 503)
             self._send(command.stream, exc)
             return
         except Exception as exc:  # e.g. the tokenizer failed on this prompt: this request fails alone
@@ -342,7 +342,7 @@ class AsyncEngine:
         """Hand a request's failure to its waiter (the engine has already aborted it)."""
         stream = self._streams.pop(failure.request_id, None)
         if stream is not None:
-            self._send(stream, failure)
+            self._send(stream, client_error(failure))
 
     def _deliver(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)

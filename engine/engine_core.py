@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.core_output_sender import OutputSender
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.errors import RequestFailedError
+from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
 
@@ -154,7 +154,7 @@ class EngineCore:
         failures = []
         for failure in self.engine.take_failures():
             self.encoder.forget(failure.request_id)
-            failures.append((failure.request_id, portable(failure)))
+            failures.append((failure.request_id, portable(client_error(failure))))
         self.outputs.send(("step", deltas, failures, self.engine.stats_snapshot()))
 
     def _drain(self, commands: Connection) -> None:
@@ -180,7 +180,7 @@ class EngineCore:
     def _add(self, request_id: str, *args: Any) -> None:
         try:
             self.engine.add_request(args[0], args[1], request_id, *args[2:])
-        except ValueError as exc:  # invalid prompt or params: the API process answers 400
+        except (ValueError, EngineBusyError) as exc:  # invalid prompt or params (a 400), or busy (a 503)
             self.outputs.send(("step", [], [(request_id, portable(exc))], None))
         except Exception as exc:  # e.g. the tokenizer failed on this prompt: this request fails alone
             logger.exception("adding request %s failed", request_id)

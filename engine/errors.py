@@ -39,3 +39,17 @@ class _CauseText(RuntimeError):
 
     def __repr__(self) -> str:
         return str(self)
+
+
+class EngineBusyError(RuntimeError):
+    """The engine cannot take this request now (e.g. too many grammars compiling); the server answers 503, and
+    the same request may succeed later."""
+
+
+def client_error(failure: RequestFailedError) -> BaseException:
+    """What a front end hands the caller for a request that failed after it was queued: a refusal found only
+    then (an invalid parameter, e.g. a grammar that compiled too slowly: a 400; or a busy engine: a 503) as
+    itself, before anything has been streamed; any other failure as the failure (a 500)."""
+    if isinstance(failure.cause, InvalidParamError | EngineBusyError):
+        return failure.cause
+    return failure

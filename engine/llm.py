@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
@@ -20,6 +21,8 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
+        # A batch of distinct schemas is this caller's own work, not a flood: queue every compile it needs.
+        self.engine.max_pending_compiles = None
 
     def get_tokenizer(self) -> Any:
         """The engine's HF tokenizer."""
@@ -94,7 +97,7 @@ class LLM:
                             bar.update(1)
                 failures = self.engine.take_failures()
                 if failures:
-                    raise failures[0]
+                    raise client_error(failures[0])
         except BaseException:
             self.engine.abort(request_ids)  # leave no request (and no KV block) behind
             raise

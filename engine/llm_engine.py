@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +20,7 @@ from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
-from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
 from flotilla.engine.executor import MultiprocExecutor, build_executor
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
@@ -34,12 +35,23 @@ from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
+from flotilla.engine.structured_output.compile_queue import (  # stdlib only: no xgrammar import
+    MAX_PENDING,
+    PendingGrammar,
+)
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
+    import xgrammar as xgr
+
+    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
     from flotilla.engine.structured_output.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
+
+# How long a step with nothing to run waits for a grammar compile to finish before it returns (and the
+# front end looks for new commands): short, so that adds and aborts are not held up by it.
+COMPILE_POLL_S = 0.05
 
 
 class LLMEngine:
@@ -68,6 +80,13 @@ class LLMEngine:
         # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
         self._failures: list[RequestFailedError] = []
         self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
+        self._grammar_compiles: GrammarCompiles | None = None  # its compile threads, likewise
+        # Distinct grammar compiles queued or running at most (a new one past it is EngineBusyError, a 503);
+        # None: no cap (the offline LLM). Read when the compile threads start.
+        self.max_pending_compiles: int | None = MAX_PENDING
+        # Requests waiting for their grammar to compile (by request id), not yet in the scheduler: they hold
+        # no KV blocks and are scheduled once it is ready (vLLM's WAITING_FOR_FSM).
+        self._compiling: dict[str, _WaitingForGrammar] = {}
         self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
 
     @classmethod
@@ -132,27 +151,74 @@ class LLMEngine:
             for i in range(params.n)
         ]
         group[0].fork_children = group[1:]
-        if params.structured_outputs is not None:
-            from flotilla.engine.structured_output.matcher import RequestGrammar
-
-            if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
-                raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
-                                        "yet", "structured_outputs")
-            if self.speculator is not None:  # drafts would need a bitmask per drafted position
-                raise InvalidParamError("structured output is not supported with speculative decoding yet",
-                                        "structured_outputs")
-
-            compiled = self.grammar_compiler.compile(params.structured_outputs)
-            for child in group:
-                child.grammar = RequestGrammar(compiled)
+        grammar = self._submit_grammar(params, request_id) if params.structured_outputs is not None else None
         for child in group:
             self._detokenizers[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.skip_special_tokens
             )
         # Queued last: a request is either fully known to the engine or not at all.
         self._groups[request_id] = group
-        self.scheduler.add(group[0])
+        if isinstance(grammar, PendingGrammar):
+            self._compiling[request_id] = _WaitingForGrammar(group, grammar, now)
+        else:  # free, or its grammar was cached
+            self._attach_grammar(group, grammar)
+            self.scheduler.add(group[0])
         return group[0]
+
+    def _submit_grammar(self, params: SamplingParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
+        """A constrained request's grammar: compiled already (cached), or the compile it will wait for. An
+        invalid constraint is refused here, before the request is queued (the checks take milliseconds)."""
+        assert params.structured_outputs is not None, "called for constrained requests only"
+        if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
+            raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
+                                    "yet", "structured_outputs")
+        if self.speculator is not None:  # drafts would need a bitmask per drafted position
+            raise InvalidParamError("structured output is not supported with speculative decoding yet",
+                                    "structured_outputs")
+        return self.grammar_compiles.submit(params.structured_outputs, request_id)
+
+    @staticmethod
+    def _attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None) -> None:
+        """Give each completion its own matcher of the compiled grammar (None: unconstrained)."""
+        if compiled is None:
+            return
+        from flotilla.engine.structured_output.matcher import RequestGrammar
+
+        for child in group:
+            child.grammar = RequestGrammar(compiled)
+
+    def _admit_compiled(self) -> None:
+        """Queue the requests whose grammar has compiled; fail those whose compile failed or took too long."""
+        compiles = self._grammar_compiles
+        assert compiles is not None, "requests wait for grammars only once the compiler exists"
+        now = time.monotonic()
+        for request_id, waiting in list(self._compiling.items()):
+            pending = waiting.pending
+            if not pending.future.done():
+                error = compiles.check(pending, request_id, waiting.since, now)
+                if error is not None:
+                    del self._compiling[request_id]
+                    self._refuse(request_id, error)
+                continue
+            del self._compiling[request_id]
+            compiles.forget(pending, request_id)
+            try:
+                compiled = pending.future.result()
+            except (InvalidParamError, EngineBusyError) as exc:
+                self._refuse(request_id, exc)
+                continue
+            except Exception as exc:  # xgrammar failed otherwise: this request's problem
+                self._fail(request_id, exc)
+                continue
+            self._attach_grammar(waiting.group, compiled)
+            self.scheduler.add(waiting.group[0], by_arrival=True)
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing can run but grammars are compiling: wait a moment for one, rather than spin the loop."""
+        if self._compiling and not self.scheduler.has_unfinished() and self._in_flight is None and not self.batches:
+            assert self._grammar_compiles is not None, "requests wait for grammars only once the compiler exists"
+            self._grammar_compiles.wait(COMPILE_POLL_S)
+            self._admit_compiled()
 
     def embed(self, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
         """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once)."""
@@ -193,6 +259,17 @@ class LLMEngine:
                 disable_any_whitespace=self.config.structured_outputs.disable_any_whitespace)
         return self._grammar_compiler
 
+    @property
+    def grammar_compiles(self) -> GrammarCompiles:
+        """The compile threads in front of `grammar_compiler` (started on first use)."""
+        if self._grammar_compiles is None:
+            from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+
+            self._grammar_compiles = GrammarCompiles(self.grammar_compiler,
+                                                     self.config.structured_outputs.compile_timeout_s,
+                                                     max_pending=self.max_pending_compiles)
+        return self._grammar_compiles
+
     def _validate_prompt(self, token_ids: list[int]) -> None:
         max_len = self.config.model.max_model_len
         if not token_ids:
@@ -214,6 +291,10 @@ class LLMEngine:
         """Abort requests (all their completions) at any time; their blocks return to the pool at once."""
         for request_id in request_ids:
             group = self._groups.pop(request_id, [])
+            waiting = self._compiling.pop(request_id, None)
+            if waiting is not None:  # not in the scheduler yet: no blocks; the compile is dropped if unshared
+                assert self._grammar_compiles is not None, "requests wait for grammars only once the compiler exists"
+                self._grammar_compiles.forget(waiting.pending, request_id)
             self.scheduler.abort(child.request_id for child in group)
             for child in group:
                 child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
@@ -230,13 +311,20 @@ class LLMEngine:
         self.abort([request_id])
         self._failures.append(RequestFailedError(request_id, exc))
 
+    def _refuse(self, request_id: str, exc: InvalidParamError | EngineBusyError) -> None:
+        """Refuse a queued request whose problem showed only later (its grammar), before any output: front
+        ends answer it as they would have at `add_request` (`errors.client_error`)."""
+        logger.warning("request %s refused: %s", request_id, exc)
+        self.abort([request_id])
+        self._failures.append(RequestFailedError(request_id, exc))
+
     def stats_snapshot(self) -> StatsSnapshot:
         """A frozen copy of the gauges and counters, with the samples since the previous call (which it
         drains): the only view of the engine's state that front ends read. Call it on the engine thread."""
         s = self.stats
         return StatsSnapshot(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_waiting=len(self.scheduler.waiting) + len(self._compiling),
             kv_cache_usage=self.block_manager.usage,
             num_gpu_blocks=self.block_manager.num_blocks,
             prompt_tokens=s.prompt_tokens,
@@ -247,7 +335,8 @@ class LLMEngine:
             spec_decode=self.speculator.counts if self.speculator is not None else None,
             events=s.drain_events(),
             running_lora_adapters=_lora_names(self.scheduler.running),
-            waiting_lora_adapters=_lora_names(self.scheduler.waiting),
+            waiting_lora_adapters=_lora_names(itertools.chain(self.scheduler.waiting,
+                                                               (w.group[0] for w in self._compiling.values()))),
         )
 
     def check_health(self) -> None:
@@ -259,10 +348,13 @@ class LLMEngine:
         """Stop the worker processes, if any (the engine cannot step afterwards)."""
         if isinstance(self.runner, MultiprocExecutor):
             self.runner.shutdown()
+        if self._grammar_compiles is not None:
+            self._grammar_compiles.shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs, or a step's outputs are still to come."""
-        return self.scheduler.has_unfinished() or self._in_flight is not None or bool(self.batches)
+        """True while any request waits (for its grammar too) or runs, or a step's outputs are still to come."""
+        return (self.scheduler.has_unfinished() or bool(self._compiling) or self._in_flight is not None
+                or bool(self.batches))
 
     # --- one step -----------------------------------------------------------------------------------
 
@@ -273,6 +365,9 @@ class LLMEngine:
         the one in flight, so the host's work overlaps the GPU's; the outputs it returns are those
         of the step launched by the call before.
         """
+        if self._compiling:
+            self._admit_compiled()
+            self._wait_for_grammars()
         if self.config.scheduler.async_scheduling:
             return self._step_overlapped()
         if self.batches is not None:  # pipeline parallelism: up to pp steps in flight
@@ -580,3 +675,12 @@ class LLMEngine:
 def _lora_names(requests: Iterable[Request]) -> tuple[str, ...]:
     """The distinct adapter names among `requests`, in order of first appearance."""
     return tuple(dict.fromkeys(r.lora_request.lora_name for r in requests if r.lora_request is not None))
+
+
+@dataclass(eq=False)
+class _WaitingForGrammar:
+    """A request (its completions) waiting, since `since`, for the compile of its grammar."""
+
+    group: list[Request]
+    pending: PendingGrammar
+    since: float

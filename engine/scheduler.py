@@ -75,11 +75,23 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
 
-    def add(self, request: Request) -> None:
-        """Queue a new request (FIFO, or by priority under the priority policy)."""
+    def add(self, request: Request, by_arrival: bool = False) -> None:
+        """Queue a new request (FIFO, or by priority under the priority policy).
+
+        `by_arrival`: under FIFO, a request that arrived before some that wait already (it waited for its
+        grammar to compile, as vLLM's WAITING_FOR_FSM requests keep their place) goes ahead of those that
+        arrived after it and have never run; preempted requests stay ahead of it."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
+        if by_arrival and self.config.scheduling_policy != "priority":
+            waiting = self.waiting
+            index = len(waiting)
+            while index and waiting[index - 1].first_scheduled_time is None \
+                    and waiting[index - 1].arrival_time > request.arrival_time:
+                index -= 1
+            waiting.insert(index, request)
+            return
         self._enqueue(request, front=False)
 
     def _enqueue(self, request: Request, front: bool) -> None:

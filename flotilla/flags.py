@@ -321,7 +321,9 @@ FLAGS: tuple[Flag, ...] = (
         None,
         'Structured output for every request, as JSON with vLLM\'s keys: {"backend": "xgrammar", '
         '"disable_any_whitespace": true} compiles JSON schemas and tool-call grammars to compact JSON (no '
-        "free whitespace, which small models can loop on); backend auto or xgrammar.",
+        "free whitespace, which small models can loop on); backend auto or xgrammar. Flotilla's own key "
+        '"compile_timeout_s" (10) bounds a grammar\'s compile, which runs off the step loop: past it the '
+        "request is a 400 (a 503 if its compile could not start: slow compiles held every thread).",
         "structured_outputs",
     ),
     Flag(

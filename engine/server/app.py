@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flotilla import __version__
 from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
-from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
@@ -82,6 +82,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, str(exc))
+
+    @app.exception_handler(EngineBusyError)
+    async def engine_busy(_: Request, exc: EngineBusyError) -> JSONResponse:
         return error_response(503, str(exc))
 
     @app.exception_handler(InvalidParamError)
@@ -269,8 +273,9 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
     try:
         async for chunk in stream:
             yield chunk
-    except (APIError, EngineDeadError, RequestFailedError, ValueError) as exc:
-        status = exc.status if isinstance(exc, APIError) else (503 if isinstance(exc, EngineDeadError) else 400)
+    except (APIError, EngineDeadError, EngineBusyError, RequestFailedError, ValueError) as exc:
+        busy = isinstance(exc, EngineDeadError | EngineBusyError)
+        status = exc.status if isinstance(exc, APIError) else (503 if busy else 400)
         status = 500 if isinstance(exc, RequestFailedError) else status
         body = json.dumps(error_body(status, str(exc), getattr(exc, "param", None)), separators=(",", ":"))
         yield f"data: {body}\n\n"

@@ -1,8 +1,12 @@
 """Compiling a request's constraint into an xgrammar grammar, once per distinct constraint.
 
 Compiling a JSON schema builds the token-level automaton over the whole vocabulary (milliseconds to
-seconds); requests that repeat a schema — the usual case for a JSON pipeline — reuse the compiled
-grammar from an LRU cache and pay nothing.
+seconds; a large legal schema can take minutes, see compile_queue.py); requests that repeat a schema —
+the usual case for a JSON pipeline — reuse the compiled grammar from an LRU cache and pay nothing.
+
+Two halves: `prepare` parses the constraint into an xgrammar `Grammar` (fast: it finds every invalid
+schema, regex or EBNF grammar, so the caller can refuse the request at once), and `compile_prepared`
+builds the token-level automaton (the slow part, run off the step loop by compile_queue.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from flotilla.engine.structured_output.unenforced import find_unenforced
 # Distinct compiled grammars kept; each holds a per-state token cache of a few hundred KB at most.
 CACHE_SIZE = 512
 
+CacheKey = tuple[str, str, bool]
+
 
 class GrammarCompiler:
     """Compiles StructuredOutputsParams for one tokenizer and vocabulary width; thread-safe."""
@@ -32,26 +38,47 @@ class GrammarCompiler:
         # The server-wide --structured-outputs-config default; a request may still ask for compact JSON.
         self.disable_any_whitespace = disable_any_whitespace
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._cache: OrderedDict[tuple[str, str, bool], xgr.CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[CacheKey, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # compilations done (cache misses), for tests and benchmarks
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        """The compiled grammar for `params`; an invalid schema, regex or grammar is an InvalidParamError."""
-        key = params.cache_key()
+        """The compiled grammar for `params`, compiled here and now if it is not cached; an invalid schema,
+        regex or grammar is an InvalidParamError."""
+        cached = self.lookup(params.cache_key())
+        if cached is not None:
+            return cached
+        return self.compile_prepared(params.cache_key(), self.prepare(params))
+
+    def lookup(self, key: CacheKey) -> xgr.CompiledGrammar | None:
+        """The cached grammar for a constraint's `cache_key()`, or None."""
         with self._lock:
-            if key in self._cache:
+            compiled = self._cache.get(key)
+            if compiled is not None:
                 self._cache.move_to_end(key)
-                return self._cache[key]
+            return compiled
+
+    def prepare(self, params: StructuredOutputsParams) -> xgr.Grammar:
+        """The constraint parsed into a grammar, not yet compiled against the vocabulary (milliseconds):
+        InvalidParamError names what is wrong with an invalid one."""
         try:
-            compiled = self._compile(params)
+            return self._grammar(params)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidParamError(f"invalid {params.kind} constraint for structured output: {exc}",
                                     "structured_outputs") from None
+
+    def compile_prepared(self, key: CacheKey, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
+        """Compile a prepared grammar against the vocabulary (the slow part; xgrammar releases the GIL
+        meanwhile) and cache it under `key`."""
+        try:
+            compiled = self._compiler.compile_grammar(grammar)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InvalidParamError(f"invalid {key[0]} constraint for structured output: {exc}",
+                                    "structured_outputs") from None
         if not _allows_a_first_token(compiled, self.vocab_size):
             # Masked sampling would have nothing to draw from: the request's fault, not the engine's.
-            raise InvalidParamError(f"the {params.kind} constraint for structured output matches no text (it "
-                                    "allows no first token)", "structured_outputs")
+            raise InvalidParamError(f"the {key[0]} constraint for structured output matches no text (it allows "
+                                    "no first token)", "structured_outputs")
         with self._lock:
             self.num_compiled += 1
             self._cache[key] = compiled
@@ -59,7 +86,7 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
-    def _compile(self, p: StructuredOutputsParams) -> xgr.CompiledGrammar:
+    def _grammar(self, p: StructuredOutputsParams) -> xgr.Grammar:
         kind = p.kind
         if kind in ("json", "json_object"):
             # json_object is any object (not any JSON value), as vLLM compiles it.
@@ -69,16 +96,16 @@ class GrammarCompiler:
             if unenforced is not None:  # a grammar without it would let outputs break the schema
                 raise ValueError(unenforced.message())
             compact = p.disable_any_whitespace or self.disable_any_whitespace
-            return self._compiler.compile_json_schema(
+            return xgr.Grammar.from_json_schema(
                 text, any_whitespace=not compact, separators=(",", ":") if compact else None)
         if kind == "regex":
             assert p.regex is not None
-            return self._compiler.compile_regex(p.regex)
+            return xgr.Grammar.from_regex(p.regex)
         if kind == "choice":
             assert p.choice is not None
-            return self._compiler.compile_grammar(choice_grammar(p.choice))
+            return xgr.Grammar.from_ebnf(choice_grammar(p.choice))
         assert p.grammar is not None
-        return self._compiler.compile_grammar(p.grammar)
+        return xgr.Grammar.from_ebnf(p.grammar)
 
 
 def _allows_a_first_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from flotilla.engine.json_flag import parse_json_flag
 
@@ -16,12 +16,19 @@ class StructuredOutputsConfig(BaseModel):
     JSON schema, `json_object` and tool-call grammar without free whitespace (compact JSON), as if each
     request had set `structured_outputs.disable_any_whitespace`; the default, as vLLM's, lets whitespace
     run free between JSON tokens, which small models can fall into until max_tokens.
+
+    `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds a grammar's compile,
+    which runs off the step loop: a compile that has run that long fails its requests with a 400 (and its
+    constraint is refused at once from then on); a request whose compile has not started that long after
+    it came, while every compile thread is held by such a compile, fails with a 503. See
+    structured_output/compile_queue.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Literal["auto", "xgrammar"] = "auto"
     disable_any_whitespace: StrictBool = False
+    compile_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
 
 
 def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:

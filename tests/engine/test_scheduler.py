@@ -180,3 +180,22 @@ def test_pipelined_steps_leave_requests_in_flight_alone():
     s.update(second, {"2": 3, "3": 4})
     s.update(third, {"0": 5})
     _check_blocks(s)
+
+
+def test_a_request_added_late_by_arrival_keeps_its_place_among_those_never_run():
+    """A request that waited outside the scheduler (its grammar compiling) goes ahead of the later arrivals
+    that have not run yet, behind a preempted request, and at the back of an arrival-ordered queue."""
+    s = _scheduler()
+    early = _request(0, [1, 2, 3])
+    preempted, later, latest = _request(1, [1]), _request(2, [1]), _request(3, [1])
+    preempted.arrival_time = early.arrival_time + 1
+    preempted.first_scheduled_time = preempted.arrival_time  # it ran once, then was preempted
+    later.arrival_time, latest.arrival_time = early.arrival_time + 2, early.arrival_time + 3
+    for r in (preempted, later, latest):
+        s.add(r)
+    s.add(early, by_arrival=True)
+    assert [r.request_id for r in s.waiting] == ["1", "0", "2", "3"]
+    last = _request(4, [1])
+    last.arrival_time = early.arrival_time + 4
+    s.add(last, by_arrival=True)
+    assert [r.request_id for r in s.waiting][-1] == "4"

@@ -143,3 +143,25 @@ def test_structured_outputs_config_takes_vllms_keys(value, problem):
         .disable_any_whitespace
     with pytest.raises(ValueError, match=problem):
         parse_structured_outputs_config(value)
+
+
+def test_with_ignore_eos_the_output_runs_on_unconstrained_after_the_grammar_completes(llm, async_llm):
+    """vLLM's behaviour: the grammar allows only EOS once complete, `ignore_eos` does not stop on it, and a
+    terminated grammar leaves every token allowed (`StructuredOutputManager._fill_bitmasks` fills the full
+    mask; `accept_tokens` ignores tokens after termination), so generation runs on unconstrained until
+    max_tokens: the same tokens as an unconstrained run from the prompt, the choice and EOS."""
+    eos = sorted(llm.engine.eos_token_ids)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True,
+                            structured_outputs=StructuredOutputsParams(choice=["alpha", "beta"]))
+    for engine in (llm, async_llm):
+        out = engine.generate(["Pick:"], params)[0].outputs[0]
+        tokens = out.token_ids
+        assert out.finish_reason == "length" and len(tokens) == 10
+        assert out.text.startswith(("alpha", "beta"))
+        end = next(i for i, t in enumerate(tokens) if t in eos)  # the grammar's last token: EOS
+        choice = llm.get_tokenizer().decode(tokens[:end])
+        assert choice in ("alpha", "beta")
+        prompt = llm.get_tokenizer().encode("Pick:") + tokens[: end + 1]
+        free = engine.generate([{"prompt_token_ids": prompt}],
+                               SamplingParams(max_tokens=10 - end - 1, temperature=0, ignore_eos=True))
+        assert tokens[end + 1 :] == free[0].outputs[0].token_ids

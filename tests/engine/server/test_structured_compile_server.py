@@ -1,0 +1,92 @@
+"""Grammar compiles off the step loop, through `flotilla serve` (tiny Llama, both schedulers): a stream
+keeps flowing while another request's slow `response_format` schema compiles; that request ends with the
+OpenAI 400 error JSON once its compile has run past `compile_timeout_s`, and its schema is refused at once
+after that; a client that leaves while its grammar compiles leaves nothing waiting. Invalid schemas are
+400s as before (test_structured_api_core.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.engine.server.conftest import API_KEY, start_tiny_server, stop_server
+from tests.engine.structured_output.test_async_compile import slow_schema
+
+pytest.importorskip("xgrammar")
+
+TIMEOUT_S = 4
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module", params=[(), ("--async-scheduling",)], ids=["sync", "async-scheduling"])
+def compile_server(request, tiny_model_dirs, tmp_path_factory):
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("compile") / "server.log",
+                          "--structured-outputs-config", f'{{"compile_timeout_s": {TIMEOUT_S}}}', *request.param)
+    yield s
+    stop_server(s)
+
+
+def _schema_body(schema: dict) -> dict:
+    return {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "JSON please"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "slow", "schema": schema}}}
+
+
+def _wait_for(predicate, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_stream_flows_while_a_slow_schema_compiles_which_then_is_a_400(compile_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{compile_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    body = _schema_body(slow_schema(300))  # tens of seconds of compiling, far past the bound
+    slow: dict = {}
+
+    def send_slow() -> None:
+        r = httpx.post(f"{compile_server.url}/v1/chat/completions", headers=HEADERS, json=body, timeout=120)
+        slow.update(status=r.status_code, body=r.json(), done=time.monotonic())
+
+    thread = threading.Thread(target=send_slow)
+    thread.start()
+    try:
+        # The slow request waits for its grammar, counted as waiting; then a stream runs to its end.
+        _wait_for(lambda: compile_server.metric("vllm:num_requests_waiting") == 1)
+        stream = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=16, stream=True,
+                                           temperature=0, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True})
+        chunks = list(stream)
+        free_done = time.monotonic()
+    finally:
+        thread.join(120)
+    assert chunks[-1].usage.completion_tokens == 16
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # The slow request could end no sooner than the bound (its compile runs for far longer): the stream
+    # above ran to its end while it waited, and its answer is the OpenAI 400 error JSON.
+    assert free_done < slow["done"]
+    assert slow["status"] == 400, slow
+    error = slow["body"]["error"]
+    assert f"took longer than {TIMEOUT_S} s to compile" in error["message"]
+    assert error["param"] == "structured_outputs" and error["code"] == 400
+    # Its schema is refused at once from now on (its compile still runs on its thread).
+    start = time.monotonic()
+    r = httpx.post(f"{compile_server.url}/v1/chat/completions", headers=HEADERS, json=body, timeout=60)
+    assert r.status_code == 400 and "took longer than" in r.json()["error"]["message"]
+    assert time.monotonic() - start < TIMEOUT_S
+    _wait_for(lambda: compile_server.metric("vllm:num_requests_waiting") == 0)
+    assert compile_server.metric("vllm:num_requests_running") == 0
+
+
+def test_a_client_that_leaves_while_its_grammar_compiles_leaves_nothing(compile_server):
+    # Seconds of compiling (queued behind the previous test's, still running): the client gives up after
+    # 1 s, before any byte of the response.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{compile_server.url}/v1/chat/completions", headers=HEADERS, timeout=httpx.Timeout(30, read=1),
+                   json={**_schema_body(slow_schema(90)), "stream": True})
+    _wait_for(lambda: compile_server.metric("vllm:num_requests_waiting") == 0, limit=3 * TIMEOUT_S)
+    assert compile_server.metric("vllm:num_requests_running") == 0

@@ -1,0 +1,348 @@
+"""Grammars compile off the step loop: a request waits for its grammar (no KV blocks, not scheduled) while
+the others decode; an abort while it compiles leaves nothing behind; a compile past the bound fails that
+request alone (a 400 for the server) and its constraint is refused at once from then on; an invalid
+constraint is still refused when the request is added. Real engine on the tiny Llama, both schedulers."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from flotilla.engine.errors import EngineBusyError, InvalidParamError, client_error
+from flotilla.engine.llm import LLM
+from flotilla.engine.request import RequestStatus
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.structured_output.params import StructuredOutputsParams
+
+xgr = pytest.importorskip("xgrammar")
+
+_fresh = itertools.count()
+
+
+def slow_schema(n: int) -> dict:
+    """A legal schema that takes seconds to compile: `n` string properties with bounded-repetition
+    patterns (n=60: 2-4 s, n=100: 4-8 s on the 49k-token tokenizer of the tiny models, one core)."""
+    props = {f"p{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 7 + 1},{i % 7 + 40}}}-[0-9]{{2,30}}(x|y|z){{1,20}}$"}
+             for i in range(n)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def fresh_choice() -> StructuredOutputsParams:
+    """A constraint no earlier test compiled (so it is not in the cache)."""
+    k = next(_fresh)
+    return StructuredOutputsParams(choice=[f"alpha{k}", f"beta{k}"])
+
+
+def constrained(spec: StructuredOutputsParams, n: int = 1) -> SamplingParams:
+    return SamplingParams(max_tokens=20, temperature=1.0, seed=3, n=n, structured_outputs=spec)
+
+
+FREE = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def llm(request, tiny_model_dirs):
+    return LLM(str(tiny_model_dirs["llama"]), device="cpu", max_model_len=256, block_size=8,
+               async_scheduling=request.param)
+
+
+class Gate:
+    """Holds every compile of the engine's compiler until `open()`; `entered` is set once one waits."""
+
+    def __init__(self, compiler) -> None:
+        self.compile = compiler.compile_prepared
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+
+    def __call__(self, key, grammar):
+        self.entered.set()
+        assert self.opened.wait(60), "the test never opened the gate"
+        return self.compile(key, grammar)
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+@pytest.fixture
+def gate(llm, monkeypatch):
+    g = Gate(llm.engine.grammar_compiler)
+    monkeypatch.setattr(llm.engine.grammar_compiler, "compile_prepared", g)
+    yield g
+    g.open()
+    _drain(llm.engine)
+
+
+def _drain(engine, limit: float = 60.0):
+    """Step until no request is left and no compile pends; returns the finished outputs by id."""
+    finals = {}
+    deadline = time.monotonic() + limit
+    while engine.has_unfinished_requests() or engine.grammar_compiles.num_pending:
+        assert time.monotonic() < deadline, "the engine did not finish"
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            time.sleep(0.01)  # a compile nobody waits for any more finishes on its thread
+    return finals
+
+
+def _assert_nothing_held(engine):
+    assert not engine.has_unfinished_requests()
+    assert not engine.scheduler.requests and not engine._groups and not engine._detokenizers
+    assert not engine._compiling
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.stats_snapshot().num_waiting == 0
+
+
+def test_requests_decode_while_a_grammar_compiles(llm, gate):
+    engine = llm.engine
+    spec = fresh_choice()
+    free = engine.add_request("Hello there", FREE)
+    slow = engine.add_request("Pick:", constrained(spec))
+    assert gate.entered.wait(30)
+    while not free.status.finished:
+        engine.step()
+    # The free request ran to the end while the grammar was still compiling; the constrained one was
+    # never scheduled and holds no KV block, but counts as waiting.
+    assert free.num_output_tokens == 12
+    assert slow.status == RequestStatus.WAITING and slow.num_output_tokens == 0 and not slow.block_ids
+    assert slow.request_id not in engine.scheduler.requests and slow.first_scheduled_time is None
+    assert engine.stats_snapshot().num_waiting == 1 and engine.has_unfinished_requests()
+    gate.open()
+    finals = _drain(engine)
+    assert finals[slow.request_id].outputs[0].text in spec.choice
+    _assert_nothing_held(engine)
+
+
+def test_a_free_request_finishes_while_a_real_slow_schema_compiles(llm):
+    engine = llm.engine
+    spec = StructuredOutputsParams(json=slow_schema(60 + next(_fresh)))  # a new schema, not cached
+    slow = engine.add_request("JSON:", SamplingParams(max_tokens=8, temperature=0, structured_outputs=spec))
+    waiting = engine._compiling[slow.request_id].pending
+    start = time.monotonic()
+    free = engine.add_request("Hello there", FREE)
+    while not free.status.finished:
+        engine.step()
+    # Tokens flowed (all twelve) while xgrammar compiled on its thread: the compile takes seconds, twelve
+    # tiny-model steps a small fraction of that; the step loop never waited for it.
+    assert free.num_output_tokens == 12
+    assert not waiting.future.done(), f"the compile ended within {time.monotonic() - start:.2f} s"
+    engine.abort([slow.request_id])  # aborting mid-compile: the compile finishes and fills the cache
+    _assert_nothing_held(engine)
+    _drain(engine, limit=300)
+    assert engine.grammar_compiler.lookup(spec.cache_key()) is not None
+    assert engine.grammar_compiles.num_pending == 0
+
+
+def test_abort_while_compiling_leaves_nothing(llm, gate):
+    engine = llm.engine
+    spec = fresh_choice()
+    before = engine.grammar_compiler.num_compiled
+    a = engine.add_request("Pick:", constrained(spec, n=2))
+    b = engine.add_request("Pick again:", constrained(spec))  # shares the compile
+    assert gate.entered.wait(30)
+    assert engine.grammar_compiles.num_pending == 1
+    engine.abort([a.request_id])
+    engine.step()
+    assert b.request_id in engine._compiling and a.request_id not in engine._compiling
+    engine.abort([b.request_id])
+    _assert_nothing_held(engine)
+    assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+    gate.open()
+    assert not _drain(engine)  # nothing finishes: both were aborted
+    assert engine.grammar_compiler.num_compiled == before + 1  # the running compile finished, once
+    assert engine.grammar_compiles.num_pending == 0
+    # The next request for that constraint is served from the cache, at once.
+    c = engine.add_request("Pick:", constrained(spec))
+    assert c.request_id not in engine._compiling and c.grammar is not None
+    assert _drain(engine)[c.request_id].outputs[0].text in spec.choice
+
+
+def test_a_compile_past_the_bound_fails_that_request_alone(llm, gate, monkeypatch):
+    engine = llm.engine
+    monkeypatch.setattr(engine.grammar_compiles, "timeout_s", 0.3)
+    spec = fresh_choice()
+    slow = engine.add_request("Pick:", constrained(spec))
+    free = engine.add_request("Hello there", FREE)
+    failures = []
+    while not free.status.finished:
+        engine.step()
+        failures += engine.take_failures()
+    while not failures:  # the bound has not passed yet: wait for it
+        time.sleep(0.05)
+        engine.step()
+        failures += engine.take_failures()
+    assert [f.request_id for f in failures] == [slow.request_id]
+    error = client_error(failures[0])
+    assert isinstance(error, InvalidParamError) and error.param == "structured_outputs"
+    assert "took longer than 0.3 s to compile" in str(error)
+    assert free.num_output_tokens == 12 and free.finish_reason == "length"
+    # The same constraint is refused at once while its compile still runs: no second compile is queued.
+    with pytest.raises(InvalidParamError, match="took longer than 0.3 s"):
+        engine.add_request("Pick:", constrained(spec))
+    assert engine.grammar_compiles.num_pending == 1
+    _assert_nothing_held(engine)
+    gate.open()
+    _drain(engine)
+    # Once it has compiled after all, the cache serves it.
+    ok = engine.add_request("Pick:", constrained(spec))
+    assert _drain(engine)[ok.request_id].outputs[0].text in spec.choice
+
+
+def test_an_invalid_constraint_is_refused_when_added_and_a_late_failure_reaches_the_caller(llm, monkeypatch):
+    engine = llm.engine
+    with pytest.raises(InvalidParamError, match="regex"):
+        engine.add_request("x", constrained(StructuredOutputsParams(regex="(unclosed")))
+    assert engine.grammar_compiles.num_pending == 0
+
+    def broken(key, grammar):
+        raise InvalidParamError("invalid choice constraint for structured output: broken", "structured_outputs")
+
+    monkeypatch.setattr(engine.grammar_compiler, "compile_prepared", broken)
+    with pytest.raises(InvalidParamError, match="broken") as info:
+        llm.generate(["Pick:"], constrained(fresh_choice()), use_tqdm=False)
+    assert info.value.param == "structured_outputs"
+    _assert_nothing_held(engine)
+
+
+def _queue(engine, timeout_s: float, max_pending: int = 64):
+    """A one-thread compile queue over the engine's compiler, gated."""
+    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+
+    compiler = engine.grammar_compiler
+    g = Gate(compiler)
+    queue = GrammarCompiles(compiler, timeout_s, workers=1, max_pending=max_pending)
+    queue.compiler = type("Gated", (), {"lookup": compiler.lookup, "prepare": compiler.prepare,
+                                        "compile_prepared": staticmethod(g)})()
+    return queue, g
+
+
+def test_a_compile_queued_behind_compiles_past_the_bound_is_a_503_and_is_dropped(llm):
+    queue, g = _queue(llm.engine, timeout_s=0.2)
+    try:
+        first = queue.submit(fresh_choice(), "a")
+        assert g.entered.wait(30)
+        second = queue.submit(fresh_choice(), "b")
+        assert queue.num_pending == 2 and second.started is None
+        # Queued past the bound behind a compile still within it: it waits its turn.
+        now = time.monotonic()
+        if now - first.started < 0.2:
+            assert queue.check(second, "b", since=now - 1, now=now) is None
+        time.sleep(0.25)  # now the one thread runs a compile past the bound: the queue cannot move
+        now = time.monotonic()
+        assert queue.check(second, "b", since=now, now=now) is None  # within its own bound: waits on
+        error = queue.check(second, "b", since=now - 1, now=now)
+        assert isinstance(error, EngineBusyError) and "could not start compiling within 0.2 s" in str(error)
+        assert second.future.cancelled() and queue.num_pending == 1  # nobody waits for it: dropped
+        # The first has run past the bound: refused (400), and so is its constraint from now on.
+        assert isinstance(queue.check(first, "a", since=now - 1, now=now), InvalidParamError)
+    finally:
+        g.open()
+        queue.shutdown()
+
+
+def test_the_offline_llm_queues_every_compile_of_its_batch(llm):
+    """The server's engine caps pending compiles (MAX_PENDING, a 503 past it); an offline batch of more
+    distinct schemas than that is the caller's own work and is served whole."""
+    from flotilla.engine.structured_output.compile_queue import MAX_PENDING
+
+    assert llm.engine.grammar_compiles.max_pending is None
+    specs = [fresh_choice() for _ in range(MAX_PENDING + 2)]
+    outs = llm.generate(["Pick:"] * len(specs), [constrained(s) for s in specs], use_tqdm=False)
+    assert all(o.outputs[0].text in s.choice for o, s in zip(outs, specs, strict=True))
+
+
+def test_pending_compiles_are_capped(llm):
+    queue, g = _queue(llm.engine, timeout_s=60, max_pending=2)
+    try:
+        shared = fresh_choice()
+        queue.submit(shared, "a")
+        queue.submit(fresh_choice(), "b")
+        assert queue.submit(shared, "c") is queue.submit(shared, "d")  # joining a pending compile is free
+        with pytest.raises(EngineBusyError, match="2 structured-output grammars are compiling"):
+            queue.submit(fresh_choice(), "e")
+    finally:
+        g.open()
+        queue.shutdown()
+
+
+@pytest.mark.parametrize("value", ['{"compile_timeout_s": 0}', '{"compile_timeout_s": -1}',
+                                   '{"compile_timeout_s": "soon"}'])
+def test_compile_timeout_must_be_a_positive_number(value):
+    from flotilla.engine.structured_output.config import parse_structured_outputs_config
+
+    assert parse_structured_outputs_config('{"compile_timeout_s": 2.5}').compile_timeout_s == 2.5
+    assert parse_structured_outputs_config(None).compile_timeout_s == 10
+    with pytest.raises(ValueError, match="compile_timeout_s"):
+        parse_structured_outputs_config(value)
+
+
+def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_model_dirs):
+    """Through the server's in-process step loop: a compile past the bound reaches `generate`'s caller as
+    the InvalidParamError (a 400), a full compile queue as EngineBusyError (a 503), not as a failure (500)."""
+    import asyncio
+
+    from flotilla.engine.async_engine import AsyncEngine
+    from flotilla.engine.llm_engine import LLMEngine
+
+    def build() -> LLMEngine:
+        engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64)
+        engine.grammar_compiles.timeout_s = 0.2
+        original = engine.grammar_compiler.compile_prepared
+
+        def slow(key, grammar):
+            time.sleep(1.0)
+            return original(key, grammar)
+
+        engine.grammar_compiler.compile_prepared = slow
+        return engine
+
+    engine = AsyncEngine.build(build)
+
+    async def first(request_id: str, spec: StructuredOutputsParams):
+        async for output in engine.generate("Pick:", constrained(spec), request_id):
+            return output
+
+    try:
+        with pytest.raises(InvalidParamError, match="took longer than 0.2 s"):
+            asyncio.run(first("late", fresh_choice()))
+        engine.engine.grammar_compiles.max_pending = 0
+        with pytest.raises(EngineBusyError, match="compiling already"):
+            asyncio.run(first("busy", fresh_choice()))
+        deadline = time.monotonic() + 30
+        while engine.engine.grammar_compiles.num_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.engine.has_unfinished_requests()
+    finally:
+        engine.shutdown()
+
+
+def test_several_threads_compile_at_once_into_one_cache(llm):
+    """xgrammar's compiler serves several compile threads at once (as vLLM's thread pool uses it); every
+    grammar comes out whole and lands in the shared cache."""
+    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+
+    compiler = llm.engine.grammar_compiler
+    queue = GrammarCompiles(compiler, timeout_s=60, workers=3)
+    try:
+        specs = [StructuredOutputsParams(json=slow_schema(6 + next(_fresh) % 10)) for _ in range(4)]
+        specs += [fresh_choice() for _ in range(4)]
+        pendings = [queue.submit(spec, f"r{i}") for i, spec in enumerate(specs)]
+        for spec, pending in zip(specs, pendings, strict=True):
+            compiled = pending.future.result(timeout=120)
+            assert compiler.lookup(spec.cache_key()) is compiled
+            matcher = xgr.GrammarMatcher(compiled)
+            if spec.choice is not None:
+                assert matcher.accept_string(spec.choice[1])
+            else:
+                assert matcher.accept_string('{"p0": "ab-12x"')
+                assert not xgr.GrammarMatcher(compiled).accept_string('{"p0": 5')
+        deadline = time.monotonic() + 10
+        while queue.num_pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queue.num_pending == 0
+    finally:
+        queue.shutdown()
