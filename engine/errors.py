@@ -48,8 +48,9 @@ class EngineBusyError(RuntimeError):
 
 def client_error(failure: RequestFailedError) -> BaseException:
     """What a front end hands the caller for a request that failed after it was queued: a refusal found only
-    then (an invalid parameter, e.g. a grammar that compiled too slowly: a 400; or a busy engine: a 503) as
-    itself, before anything has been streamed; any other failure as the failure (a 500)."""
+    then (an invalid parameter, e.g. a grammar that compiled too slowly or reached a dead end: a 400; or a busy
+    engine: a 503) as itself (a stream already begun ends on it as an error event); any other failure as the
+    failure (a 500)."""
     if isinstance(failure.cause, InvalidParamError | EngineBusyError):
         return failure.cause
     return failure

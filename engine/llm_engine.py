@@ -312,8 +312,9 @@ class LLMEngine:
         self._failures.append(RequestFailedError(request_id, exc))
 
     def _refuse(self, request_id: str, exc: InvalidParamError | EngineBusyError) -> None:
-        """Refuse a queued request whose problem showed only later (its grammar), before any output: front
-        ends answer it as they would have at `add_request` (`errors.client_error`)."""
+        """Refuse a request whose problem showed only later (its grammar: too slow to compile, before any output;
+        or a dead end, maybe mid-stream): front ends answer it as they would have at `add_request`
+        (`errors.client_error`), or with an error event once a stream has begun."""
         logger.warning("request %s refused: %s", request_id, exc)
         self.abort([request_id])
         self._failures.append(RequestFailedError(request_id, exc))
@@ -491,6 +492,9 @@ class LLMEngine:
                 continue
             try:
                 self._process_token(child, result)
+            except InvalidParamError as exc:  # found only now (a grammar's dead end): a refusal, not a failure
+                self._refuse(child.parent_id, exc)
+                continue
             except Exception as exc:  # e.g. the tokenizer cannot decode a drawn id: this request's problem
                 self._fail(child.parent_id, exc)
                 continue
@@ -537,6 +541,10 @@ class LLMEngine:
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
         if child.grammar is not None and not child.grammar.accept(child.output_token_ids):
+            if child.grammar.dead_end:  # the grammar allowed no token at all: the request's fault, not the engine's
+                raise InvalidParamError(
+                    f"the structured output constraint reaches a dead end after {child.grammar.num_accepted} tokens "
+                    "of output: it allows no next token (no text completes it from there)", "structured_outputs")
             raise RuntimeError("a drawn token does not fit the request's grammar")
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params

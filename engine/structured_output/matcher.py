@@ -16,6 +16,10 @@ class RequestGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self.num_accepted = 0  # output tokens the matcher has consumed
+        # Set once a bitmask allowed no token, a stop token included: the grammar has no sentence that goes on
+        # from the text so far (`root ::= "a" b` with `b ::= b`, after "a"). The request's fault: its next token
+        # cannot fit, and the caller refuses the request (a check of the start state alone cannot see this).
+        self.dead_end = False
 
     @property
     def is_terminated(self) -> bool:
@@ -33,6 +37,8 @@ class RequestGrammar:
                 self.num_accepted += 1
                 continue
             if not self._matcher.accept_token(token):
+                if self.dead_end:  # expected: nothing could have fitted
+                    return False
                 logger.error("token %d does not fit the grammar after %d tokens", token, self.num_accepted)
                 return False
             self.num_accepted += 1
@@ -40,6 +46,10 @@ class RequestGrammar:
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (a terminated grammar leaves it all-allowed:
-        its request is finished and the token is discarded)."""
+        its request is finished and the token is discarded; so does a dead end, see `dead_end`)."""
         if not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(bitmask, row)
+            if not bool(bitmask[row].any()):
+                self.dead_end = True
+                # All-allowed, as a row with every logit at -inf would sample from NaN probabilities.
+                bitmask[row] = -1

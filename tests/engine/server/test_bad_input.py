@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -235,3 +236,36 @@ def test_a_completions_request_past_the_sequence_bound_is_a_400_before_any_work(
     ok = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [[5]] * (2048 // n)}, headers=HEADERS,
                     timeout=300)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == (2048 // n) * n
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"grammar": 'root ::= "a" b\nb ::= b'},  # a sentence may start, none can end
+        {"regex": "ab[^\\x00-\\U0010FFFF]"},  # a character class with no character, after two
+    ],
+)
+def test_a_constraint_that_dead_ends_after_its_first_tokens_is_a_400_and_frees_the_request(server, constraint, stream):
+    # The starting state allows tokens, so the compile-time check passes; after them the grammar allows none,
+    # sampling drew an arbitrary token, the grammar refused it, and the request failed as a 500 (which the
+    # openai SDK retries). The request alone is at fault: a 400 (in-band once a stream has begun).
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+            "structured_outputs": constraint, "stream": stream}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+    if not stream or response.status_code != 200:
+        assert_openai_400(response, "structured_outputs")
+        error = response.json()["error"]
+    else:
+        events = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", response.text
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 400 and error["param"] == "structured_outputs", error
+    assert "dead end" in error["message"], error
+    deadline = time.monotonic() + 10  # nothing of it is left running, and the server serves on
+    while server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting") > 0:
+        assert time.monotonic() < deadline, "the failed request was left in the engine"
+        time.sleep(0.1)
+    ok = httpx.post(f"{server.url}/v1/chat/completions", headers=HEADERS, timeout=120,
+                    json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
