@@ -12,7 +12,7 @@ import itertools
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
@@ -129,6 +129,14 @@ class _SamplingFields(_RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _options_need_a_stream(cls, value: Any, info: ValidationInfo) -> Any:
+        # vLLM's check, truthiness included (null and {} pass): usage chunks asked of an answer that has no chunks.
+        if value and not info.data.get("stream"):
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return value
 
 
 class CompletionRequest(_SamplingFields):

@@ -269,3 +269,26 @@ def test_a_constraint_that_dead_ends_after_its_first_tokens_is_a_400_and_frees_t
     ok = httpx.post(f"{server.url}/v1/chat/completions", headers=HEADERS, timeout=120,
                     json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("options", [{"include_usage": True}, {"continuous_usage_stats": False}])
+def test_stream_options_without_a_stream_is_a_400(server, path, options):
+    # Accepted and ignored before; vLLM refuses it (validate_stream_options: "Stream options can only be defined
+    # when `stream=True`"), so a client learns that it asked for usage chunks it will not get.
+    prompt = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    for stream in (False, None):
+        body = {"model": "tiny", **prompt, "max_tokens": 2, "stream_options": options}
+        if stream is not None:
+            body["stream"] = stream
+        response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+        assert_openai_400(response, "stream_options")
+        assert "stream=True" in response.json()["error"]["message"]
+    # As vLLM's check (a truthy value): null and {} stay accepted without a stream, and with one it is served.
+    for extra in ({"stream_options": None}, {"stream_options": {}}):
+        response = httpx.post(f"{server.url}{path}", json={"model": "tiny", **prompt, "max_tokens": 2, **extra},
+                              headers=HEADERS, timeout=120)
+        assert response.status_code == 200, response.text
+    response = httpx.post(f"{server.url}{path}", headers=HEADERS, timeout=120,
+                          json={"model": "tiny", **prompt, "max_tokens": 2, "stream": True, "stream_options": options})
+    assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
