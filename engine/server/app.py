@@ -166,9 +166,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
         _model(state, body.model)
         vocab = state.vocab_size  # the model's (maybe padded) vocabulary, as the engine checks prompts
-        if any(not 0 <= t < vocab for t in body.tokens):
+        # On a worker thread, as the decode: a body's worth of ids takes tens of milliseconds to check.
+        if await asyncio.to_thread(lambda: any(not 0 <= t < vocab for t in body.tokens)):
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
-        return {"prompt": state.serving.tokenizer.decode(body.tokens)}
+        return {"prompt": await state.serving.decode(body.tokens)}
 
     add_embedding_routes(app, state, _model, _cancel_on_disconnect)
     if state.serving.loras is not None and runtime_lora_updating_allowed():

@@ -23,7 +23,7 @@ from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
-from flotilla.engine.tokenizer import longest_token_chars
+from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
 
 
 @dataclass
@@ -208,6 +208,7 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.trust_request_chat_template = trust_request_chat_template
         self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
+        self._decode = decoder_without_gil(tokenizer)
 
     # --- prompts ------------------------------------------------------------------------------------
 
@@ -217,6 +218,11 @@ class OpenAIServing:
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
         # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        """`tokenizer.decode(token_ids)` on a worker thread that releases the GIL while it decodes (a body-sized
+        list takes ~1 s: on the event loop, or holding the GIL, it would stop every stream meanwhile)."""
+        return await asyncio.to_thread(self._decode, token_ids)
 
     def check_chars(self, chars: int, param: str = "prompt") -> None:
         """400 for a text too long to fit the context whatever it tokenizes to (no tokenization needed)."""
