@@ -610,11 +610,14 @@ class LLMEngine:
             for child in group:
                 self._detokenizers.pop(child.request_id, None)
         first = group[0]
+        prompt_logprobs = None
+        if first.sampling_params.prompt_logprobs is not None:  # a 1-token prompt has no entry but its None (vLLM)
+            prompt_logprobs = first.prompt_logprobs or [None] * first.num_prompt_tokens
         return RequestOutput(
             request_id=parent_id,
             prompt=first.prompt,
             prompt_token_ids=first.prompt_token_ids,
-            prompt_logprobs=first.prompt_logprobs or None,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=max(first.num_cached_tokens, 0),
             outputs=completions,
             finished=finished,

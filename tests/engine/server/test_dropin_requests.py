@@ -169,6 +169,15 @@ def test_prompt_logprobs_zero_is_returned_not_null(server):
     assert len(first) == 1 and {"logprob", "rank", "decoded_token"} <= set(next(iter(first.values())))
 
 
+def test_a_one_token_prompts_prompt_logprobs_are_one_none(server):
+    # Its only token has no predecessor, so no step computed a prompt logprob and the field came back null, as
+    # if prompt_logprobs had not been asked for; vLLM answers [None] (one entry per prompt token, the first None).
+    body = {"model": "tiny", "prompt": [5], "max_tokens": 1, "prompt_logprobs": 1}
+    assert post(server, "/v1/completions", body).json()["choices"][0]["prompt_logprobs"] == [None]
+    unasked = post(server, "/v1/completions", {"model": "tiny", "prompt": [5], "max_tokens": 1})
+    assert unasked.json()["choices"][0]["prompt_logprobs"] is None
+
+
 def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "min_tokens": 4, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
