@@ -13,6 +13,7 @@ for `previous_response_id` and GET; `store: false` keeps one out.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -45,6 +46,10 @@ from flotilla.validation_messages import describe
 
 # Responses kept for `previous_response_id` and GET; each holds its conversation's text.
 STORE_CAPACITY = 1024
+# ... and at most this much of it, counted as each entry's JSON size (at least its text's UTF-8 bytes): 1,024 entries
+# of up to a body's 8 MiB each (a whole conversation, `metadata`, `instructions`) could otherwise hold 8 GiB.
+STORE_MAX_BYTES = 256 * 2**20
+STORE_MAX_BYTES_ENV = "FLOTILLA_RESPONSES_STORE_BYTES"
 
 
 class ResponsesRequest(_RequestBody):
@@ -81,28 +86,40 @@ class ResponsesRequest(_RequestBody):
 class _Stored:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]  # user/assistant messages, without the instructions
+    size: int = 0  # what it counts against the store's byte bound
 
 
 class ResponseStore:
-    """Finished responses by id, at most `capacity` of them (the least recently stored goes first)."""
+    """Finished responses by id, at most `capacity` of them and `max_bytes` of their JSON (the least recently
+    stored goes first; the newest is kept even alone past the bound, so a chain can always go on)."""
 
-    def __init__(self, capacity: int = STORE_CAPACITY) -> None:
+    def __init__(self, capacity: int = STORE_CAPACITY, max_bytes: int | None = None) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes if max_bytes is not None else int(
+            os.environ.get(STORE_MAX_BYTES_ENV, STORE_MAX_BYTES))
+        self.num_bytes = 0
         self._items: OrderedDict[str, _Stored] = OrderedDict()
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
         """Keep a finished response and the conversation that ends with it."""
-        self._items[response["id"]] = _Stored(response, conversation)
-        self._items.move_to_end(response["id"])
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        # The whole conversation counts, though a chain's entries share their earlier messages: an over-count
+        # that drops a long chain's older entries sooner (continuing it needs only the newest).
+        size = len(json.dumps([response, conversation]))  # ASCII escapes: never fewer than the UTF-8 bytes
+        old = self._items.pop(response["id"], None)
+        if old is not None:
+            self.num_bytes -= old.size
+        self._items[response["id"]] = _Stored(response, conversation, size)
+        self.num_bytes += size
+        while len(self._items) > self.capacity or (self.num_bytes > self.max_bytes and len(self._items) > 1):
+            _, dropped = self._items.popitem(last=False)
+            self.num_bytes -= dropped.size
 
     def get(self, response_id: str) -> _Stored:
         """The stored response; 404 (OpenAI's error JSON) when unknown or dropped."""
         stored = self._items.get(response_id)
         if stored is None:
             raise APIError(404, f"Response with id '{response_id}' not found (unknown, not stored, or dropped "
-                                f"from the in-memory store of {self.capacity} responses)",
+                                f"from the in-memory store of {self.capacity} responses and {self.max_bytes} bytes)",
                            param="previous_response_id", code="response_not_found")
         return stored
 
