@@ -228,3 +228,34 @@ def test_request_extras_at_their_bounds_are_served(server):
                    {"truncate_prompt_tokens": 256}, {"truncate_prompt_tokens": -1}):
         response = post(server, "/v1/completions", {"model": "tiny", "prompt": "a b c", "max_tokens": 1, **extras})
         assert response.status_code == 200, (extras, response.text)
+
+
+def test_a_client_abort_is_not_counted_as_a_finished_request_as_in_vllm(server):
+    # vLLM v1 counts vllm:request_success_total (and the per-request histograms) from the engine core's finished
+    # outputs; a client abort goes through OutputProcessor.abort_requests and is counted nowhere, so the
+    # finished_reason="abort" series stays 0 (vLLM issues #31503, #55634). The same here, and checked so.
+    import time
+
+    def finished() -> dict[str, float]:
+        metrics = server.metrics()
+        return {reason: sum(v for k, v in metrics.items()
+                            if k.startswith("vllm:request_success_total{") and f'finished_reason="{reason}"' in k)
+                for reason in ("stop", "length", "abort")} | {
+            "e2e": sum(v for k, v in metrics.items() if k.startswith("vllm:e2e_request_latency_seconds_count"))}
+
+    before = finished()
+    with httpx.stream("POST", f"{server.url}/v1/completions", headers=HEADERS, timeout=120, json={
+            "model": "tiny", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(lines)
+    deadline = time.monotonic() + 30
+    while server.metric("vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)  # a later stats update would carry a late count
+    assert finished() == before
+    post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True})
+    time.sleep(0.5)
+    after = finished()
+    assert after["length"] == before["length"] + 1 and after["abort"] == before["abort"] == 0
