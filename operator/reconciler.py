@@ -21,6 +21,7 @@ from flotilla.operator.admission import Review, review
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
 from flotilla.operator.spec import GROUP, KIND, VERSION
 from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
 
@@ -161,7 +162,12 @@ class Reconciler:
                 raise ChildrenBlocked("OwnershipConflict", _conflict_message(child, found))
         for child in plan.apply:
             try:
-                self.kube.apply(child, dry_run=True)
+                try:
+                    self.kube.apply(child, dry_run=True)
+                except k.KubeError as e:
+                    if not (e.status == 500 and drop_fields_an_older_crd_lacks(child, e.message)):
+                        raise
+                    self.kube.apply(child, dry_run=True)  # once more, without them
             except k.KubeError as e:
                 if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
                     raise

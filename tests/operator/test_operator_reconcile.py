@@ -327,3 +327,45 @@ def test_a_gguf_file_is_mounted_alone_and_served_as_the_model(op, namespace):
                                          "readOnly": True, "subPath": "gguf/Llama-3.1-8B-Instruct-Q4_1.gguf"}
     fit = wait_for(lambda: (op.kube.get(fis_path(namespace, "gguf")).get("status") or {}).get("fit"), 20, "status.fit")
     assert fit["weightBytes"] == 21_294_481_408
+
+
+def _service_monitor_crd(follow_redirects: bool) -> dict[str, Any]:
+    """A structural ServiceMonitor CRD: the Prometheus Operator's from v0.55 (its endpoints take followRedirects),
+    or an older one's (they do not, and server-side apply refuses a field its schema lacks)."""
+    endpoint = {"type": "object", "properties": {
+        "port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"},
+        "scheme": {"type": "string"}, **({"followRedirects": {"type": "boolean"}} if follow_redirects else {})}}
+    spec = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {"endpoints": {"type": "array", "items": endpoint}}}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor",
+                               "listKind": "ServiceMonitorList"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "properties": {"spec": spec}}}}]}}
+
+
+@pytest.mark.parametrize("follow_redirects_in_schema", [True, False])
+def test_the_servicemonitor_tells_prometheus_not_to_follow_redirects_where_its_schema_can(op, namespace,
+                                                                                          follow_redirects_in_schema):
+    # The engine image is the InferenceService author's: a 3xx from its /metrics sent Prometheus (which
+    # follows redirects by default) to any address the author chose, from Prometheus' network position. Prometheus
+    # Operator v0.55+ takes endpoints[].followRedirects; an older CRD lacks it, and server-side apply refuses a
+    # field its schema lacks ("field not declared in schema"), so there the ServiceMonitor goes without it.
+    op.set_optional_crds(False)
+    op.apply_crd(_service_monitor_crd(follow_redirects_in_schema))
+    try:
+        op.apply(fis("llama", namespace))
+        monitor = wait_children(op, namespace, "llama", ["ServiceMonitor"])["ServiceMonitor"]
+        endpoint = monitor["spec"]["endpoints"][0]
+        assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+        if follow_redirects_in_schema:
+            assert endpoint["followRedirects"] is False
+        else:
+            assert "followRedirects" not in endpoint
+        status = wait_for(lambda: (op.kube.get(fis_path(namespace, "llama")).get("status") or {}).get("monitoring"),
+                          20, "status.monitoring")
+        assert status == "ServiceMonitor"
+    finally:
+        op.set_optional_crds(False)

@@ -18,7 +18,8 @@ def test_scrapes_metrics_on_the_http_port_of_this_inferenceservices_service():
     assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["kind"] == "ServiceMonitor"
     # The selector must match the Service's labels, and the endpoint port its port name.
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scheme": "http"}]
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scheme": "http",
+                                        "followRedirects": False}]
     assert sm["spec"]["namespaceSelector"] == {"matchNames": ["serving"]}
 
 
