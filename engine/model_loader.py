@@ -7,6 +7,7 @@ with random values on the device, as HF initialises a fresh model (normal, std
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -103,6 +104,17 @@ def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files: those model.safetensors.index.json lists when there is one (as HF and vLLM
+    load), else every *.safetensors file. Mistral's repos keep consolidated.safetensors (the same weights
+    under other names) beside the listed shards."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        listed = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        absent = [name for name in listed if not (model_dir / name).is_file()]
+        if absent:
+            raise FileNotFoundError(f"model {model_dir}: {index.name} lists missing files: {', '.join(absent)}")
+        if listed:
+            return [model_dir / name for name in listed]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model {model_dir}: no *.safetensors files")
