@@ -63,6 +63,10 @@ class LlamaArch:
         """Read config.json; `rope_parameters` (transformers 5) and `rope_theta`/`rope_scaling` both work."""
         rope = dict(c.get("rope_parameters") or {})
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        # The MLP computes SiLU only; another activation would run as SiLU and generate other tokens than HF.
+        act = c.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
+            raise ValueError(f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM")
         num_heads = c["num_attention_heads"]
         attention_bias = bool(c.get("attention_bias", False))
         return cls(

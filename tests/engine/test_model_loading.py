@@ -39,3 +39,28 @@ def test_index_json_names_the_shards_to_load(tiny_model_dirs, tmp_path):
     save_file({"tok_embeddings.weight": torch.zeros(4, 64), "layers.0.attention.wq.weight": torch.zeros(64, 64)},
               str(path / "consolidated.safetensors"))
     assert _greedy(path) == hf_greedy(path, [PROMPT], 8)[0]
+
+
+def _variant(tiny_model_dirs, tmp_path: Path, arch: str, seed: int = 7, **changes) -> Path:
+    """A fresh tiny random model of `arch` with config fields changed, saved as HF saves it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = tiny_model_dirs[arch]
+    config = AutoConfig.from_pretrained(src)
+    for key, value in changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = tmp_path / f"{arch}-variant"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(src).save_pretrained(path)
+    return path
+
+
+def test_an_activation_other_than_silu_is_refused(tiny_model_dirs, tmp_path):
+    # LlamaConfig allows any `hidden_act`; the decoder computes SiLU only. vLLM refuses the others
+    # ("Unsupported activation"); running them as SiLU generated other tokens than HF.
+    path = _variant(tiny_model_dirs, tmp_path, "llama", hidden_act="gelu")
+    assert json.loads((path / "config.json").read_text())["hidden_act"] == "gelu"
+    with pytest.raises(ValueError, match="hidden_act"):
+        _greedy(path)
