@@ -22,6 +22,7 @@ from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
 from flotilla.engine.executor import MultiprocExecutor, build_executor
+from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
@@ -63,6 +64,8 @@ class LLMEngine:
         # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
         gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
         self.eos_token_ids = eos_token_ids(gen_dir, self.tokenizer, config.model.hf_config)
+        # generation_config.json's sampling fields, for requests that leave them out (--generation-config)
+        self.default_sampling = default_sampling_fields(config.model.generation_config, gen_dir)
         self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
