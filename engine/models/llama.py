@@ -67,6 +67,16 @@ class LlamaArch:
         act = c.get("hidden_act", "silu")
         if act not in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
             raise ValueError(f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM")
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+            # transformers' defaults: the pretraining length is max_position_embeddings (a top-level
+            # original_max_position_embeddings first), the factor their ratio
+            scaling = dict(scaling)
+            if c.get("original_max_position_embeddings"):
+                scaling["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+            max_position = c.get("max_position_embeddings", 2048)
+            scaling.setdefault("original_max_position_embeddings", max_position)
+            if scaling.get("factor") is None:
+                scaling["factor"] = max_position / scaling["original_max_position_embeddings"]
         num_heads = c["num_attention_heads"]
         attention_bias = bool(c.get("attention_bias", False))
         return cls(

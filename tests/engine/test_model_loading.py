@@ -64,3 +64,30 @@ def test_an_activation_other_than_silu_is_refused(tiny_model_dirs, tmp_path):
     assert json.loads((path / "config.json").read_text())["hidden_act"] == "gelu"
     with pytest.raises(ValueError, match="hidden_act"):
         _greedy(path)
+
+
+YARN = {
+    # Qwen2.5/Qwen3's long-context recipe, written the transformers-4 way (`rope_scaling`, `type`)
+    "qwen2-rope-scaling": ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 32}}),
+    # transformers 5's `rope_parameters`, an explicit attention factor and betas, no truncation
+    "qwen3-rope-parameters": ("qwen3", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+        "attention_factor": 1.3, "beta_fast": 16, "beta_slow": 2, "truncate": False}}),
+    # DeepSeek-style mscale / mscale_all_dim, original length defaulting to max_position_embeddings
+    "llama-mscale": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                                                   "mscale": 0.8, "mscale_all_dim": 0.5}}),
+}
+
+
+@pytest.mark.parametrize("case", list(YARN))
+def test_yarn_rope_matches_hf(tiny_model_dirs, tmp_path, case):
+    # Qwen2/Qwen3 (and Llama) configs may ask for YaRN; it was refused ("rope scaling type 'yarn' is not supported").
+    arch, fields = YARN[case]
+    path = tmp_path / "yarn"
+    base = _variant(tiny_model_dirs, tmp_path, arch)
+    shutil.copytree(base, path)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("rope_parameters", None) if "rope_scaling" in fields else None
+    (path / "config.json").write_text(json.dumps(config | fields))
+    assert _greedy(path) == hf_greedy(path, [PROMPT], 8)[0]
