@@ -34,6 +34,7 @@ from flotilla.engine.parallel_state import (
     send_to_next_stage,
     stage_layers,
 )
+from flotilla.engine_rules import rope_scaled_length
 from flotilla.kernels.dispatch import silu_and_mul_linear
 
 
@@ -90,7 +91,9 @@ class LlamaArch:
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             rope_scaling=scaling,
-            max_position=c.get("max_position_embeddings", 2048),
+            # the rotary table covers the scaled length too (YaRN: original length x factor, as vLLM allows)
+            max_position=max(c.get("max_position_embeddings", 2048),
+                             rope_scaled_length(c, c.get("max_position_embeddings", 2048))),
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_bias=attention_bias if qkv_bias is None else False,
             mlp_bias=bool(c.get("mlp_bias", False)),

@@ -91,3 +91,17 @@ def test_yarn_rope_matches_hf(tiny_model_dirs, tmp_path, case):
     config.pop("rope_parameters", None) if "rope_scaling" in fields else None
     (path / "config.json").write_text(json.dumps(config | fields))
     assert _greedy(path) == hf_greedy(path, [PROMPT], 8)[0]
+
+
+def test_yarn_extends_the_context_to_original_times_factor(tiny_model_dirs, tmp_path):
+    # vLLM's limit for a YaRN model is original_max_position_embeddings * factor: Qwen's recipe (32768 x 4 for
+    # 131072 tokens) keeps max_position_embeddings at 32768. Flotilla refused any length past it.
+    path = _variant(tiny_model_dirs, tmp_path, "qwen2")
+    config = json.loads((path / "config.json").read_text())
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512}
+    (path / "config.json").write_text(json.dumps(config | {"rope_parameters": rope}))
+    llm = LLM(str(path), max_num_batched_tokens=2048, max_num_seqs=2)
+    assert llm.engine.config.model.max_model_len == 2048
+    prompt = [(7 * i) % 40000 + 3 for i in range(700)]  # positions past max_position_embeddings (512)
+    out = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    assert out == hf_greedy(path, [prompt], 8)[0]
