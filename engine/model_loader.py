@@ -133,6 +133,7 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
     params = dict(model.named_parameters())
     loaders = _weight_loaders(model)
     loaded: set[str] = set()
+    shards: dict[str, set[str | int]] = {}  # merged parameter -> the shards loaded into it
     tied = model.ties_lm_head
     for hf_name, tensor in tensors:
         if tied and hf_name == "lm_head.weight":
@@ -151,7 +152,15 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         param = params[name]
         loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
         loaded.add(name)
+        if shard_id is not None:
+            shards.setdefault(name, set()).add(shard_id)
     missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+    # A merged parameter (q/k/v, gate/up) is loaded only when every part is: one missing part would leave its
+    # slice uninitialised.
+    for name, got in shards.items():
+        for fragment, (merged, shard_id) in model.packed_modules.items():
+            if f".{merged}." in name and shard_id not in got:
+                missing.add(name.replace(f".{merged}.", f".{fragment}."))
     if missing:
         raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
@@ -105,3 +105,19 @@ def test_yarn_extends_the_context_to_original_times_factor(tiny_model_dirs, tmp_
     prompt = [(7 * i) % 40000 + 3 for i in range(700)]  # positions past max_position_embeddings (512)
     out = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert out == hf_greedy(path, [prompt], 8)[0]
+
+
+@pytest.mark.parametrize("dropped", ["model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                                     "model.norm.weight"])
+def test_a_checkpoint_missing_a_tensor_is_refused_by_its_name(tiny_model_dirs, tmp_path, dropped):
+    # q/k/v and gate/up load into one merged parameter each: a checkpoint lacking one of them left its slice of
+    # the merged weight uninitialised (torch.empty) and loaded without a word.
+    path = _copy(tiny_model_dirs["llama"], tmp_path / "llama")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = path / index["weight_map"].pop(dropped)
+    tensors = load_file(str(shard))
+    del tensors[dropped]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=dropped.removeprefix("model.").replace(".", r"\.")):
+        _greedy(path)
