@@ -20,6 +20,8 @@ _.call_binop
 _.pytestmark  # pytest: a module's marks
 _.pytest_collection_modifyitems  # pytest: a conftest hook
 _.remove_lora  # engine/engine_call.py: EngineCall("remove_lora") runs it by name in the engine core
+_.do_GET  # http.server: BaseHTTPRequestHandler runs do_<METHOD> (tests/operator/test_operator_hostile.py)
+_.log_message  # http.server: BaseHTTPRequestHandler logs through it (silenced in the same test)
 
 # --- attributes a library reads after we set them ----------------------------------------------------
 # kopf's OperatorSettings (operator/main.py, settings_for)

@@ -19,6 +19,7 @@ from flotilla.engine.structured_output.config import StructuredOutputsConfig, pa
 from flotilla.engine_rules import (
     RuleError,
     async_pipeline_problem,
+    auto_tool_choice_problem,
     batch_budget_problem,
     default_max_num_batched_tokens,
     flag_name,
@@ -149,8 +150,8 @@ class ServerConfig(_Component):
 
     @model_validator(mode="after")
     def _auto_tools_need_a_parser(self) -> ServerConfig:
-        if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
+        if problem := auto_tool_choice_problem(self.enable_auto_tool_choice, self.tool_call_parser):
+            raise ValueError(problem)
         return self
 
     @field_validator("api_key")

@@ -270,6 +270,45 @@ def rtn_settings(env: Mapping[str, str]) -> tuple[int, int | None]:
     return int(bits), None if int(group) == -1 else int(group)
 
 
+def auto_tool_choice_problem(enabled: bool, parser: str | None, name_of: NameOf = flag_name) -> str | None:
+    """Automatic tool choice parses the model's tool calls, so it needs the model family's parser."""
+    if enabled and parser is None:
+        return (f"{name_of('enable_auto_tool_choice')} needs {name_of('tool_call_parser')} (hermes, llama3_json or "
+                "mistral)")
+    return None
+
+
+def _positive_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# --structured-outputs-config's keys as the engine's StructuredOutputsConfig declares them (engine/structured_output/
+# config.py, pydantic, which the operator may not import), each with what it takes (no more than the engine takes);
+# tests/test_engine_rules.py keeps the keys in step, and tests/operator/test_admission_property.py runs what this
+# admits through the engine's own parser.
+STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "backend": ('"auto" or "xgrammar"', lambda v: isinstance(v, str) and v in ("auto", "xgrammar")),
+    "disable_any_whitespace": ("true or false", lambda v: isinstance(v, bool)),
+    "compile_timeout_s": ("a number of seconds above 0", _positive_seconds),
+}
+
+
+def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
+    """Why the engine would refuse `value` (the flag's parsed JSON) as --structured-outputs-config, or None."""
+    if value is None:
+        return None
+    flag = name_of("structured_outputs_config")
+    if not isinstance(value, dict):
+        return f"{flag} must be a JSON object"
+    for key, item in value.items():
+        if key not in STRUCTURED_OUTPUTS_KEYS:
+            return f"{flag}: {key}: not a key it takes ({', '.join(STRUCTURED_OUTPUTS_KEYS)})"
+        what, takes = STRUCTURED_OUTPUTS_KEYS[key]
+        if not takes(item):
+            return f"{flag}: {key} must be {what}, not {json.dumps(item)}"
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -292,6 +331,13 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                   name_of)
     if kv_scales:
         problems.append(kv_scales)
+    tools = auto_tool_choice_problem(bool(values.get("enable_auto_tool_choice")), values.get("tool_call_parser"),
+                                     name_of)
+    if tools:
+        problems.append(tools)
+    structured = structured_outputs_problem(values.get("structured_outputs_config"), name_of)
+    if structured:
+        problems.append(structured)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

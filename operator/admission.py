@@ -22,6 +22,7 @@ from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_setting
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
+from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.spec import InferenceServiceSpec, parse_source
@@ -81,6 +82,17 @@ def _lora_rules(spec: InferenceServiceSpec, name: str) -> list[str]:
         errors.append(f"spec.lora.adapters: {spec.served_name(name)} is the base model's served name")
     if spec.gpus_per_replica > 1:
         errors.append("spec.lora: LoRA with tensor or pipeline parallelism > 1 is not supported yet")
+    # An adapter's name, with a prefix, names its volume and download container, cut to 63 characters: two long
+    # names can then meet, or one end in '-', and the apiserver would refuse the Deployment after admission.
+    named: dict[tuple[str, str], str] = {}
+    for adapter in spec.lora.adapters:
+        for what, derived in pod_names(adapter).items():
+            if derived.endswith("-"):
+                errors.append(f"spec.lora.adapters: {adapter.name} would name the pod's {what} {derived}, which ends "
+                              "in '-' once cut to 63 characters; shorten the name")
+            elif named.setdefault((what, derived), adapter.name) != adapter.name:
+                errors.append(f"spec.lora.adapters: {named[(what, derived)]} and {adapter.name} would both name the "
+                              f"pod's {what} {derived} (names are cut to 63 characters); shorten one")
     return errors
 
 

@@ -135,6 +135,9 @@ def _resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
                 reconciler.reconcile(meta["namespace"], meta["name"])
             except (KubeError, ChildrenBlocked) as e:
                 log.warning(f"resync of {meta['namespace']}/{meta['name']} failed: {e}")
+            except Exception:
+                # A fault in one InferenceService's reconcile must not cost the ones listed after it their resync.
+                log.exception(f"resync of {meta['namespace']}/{meta['name']} failed")
 
 
 async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from flotilla.operator.hf_download import download_container
-from flotilla.operator.spec import InferenceServiceSpec, parse_source
+from flotilla.operator.spec import InferenceServiceSpec, LoraAdapter, parse_source
 
 ADAPTER_ROOT = "/adapters"
 # An adapter is megabytes (rank 16 on all projections of an 8B model: ~170 MB in bf16).
@@ -30,6 +30,16 @@ def lora_modules(spec: InferenceServiceSpec) -> list[str] | None:
     return [f"{a.name}={adapter_path(a.name)}" for a in spec.lora.adapters]
 
 
+def pod_names(adapter: LoraAdapter) -> dict[str, str]:
+    """What an adapter names in the pod: its volume and, for an hf:// source, its download init container; each cut
+    to 63 characters, the limit of both (admission.py refuses names that then collide or end in '-')."""
+    volume = f"lora-{adapter.name}"[:63]
+    names = {"volume": volume}
+    if parse_source(adapter.source)[0] == "hf":
+        names["init container"] = f"download-{volume}"[:63]
+    return names
+
+
 def adapter_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                          list[dict[str, Any]]]:
     """(volumes, the engine container's volumeMounts, init containers) of every adapter."""
@@ -37,7 +47,8 @@ def adapter_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], l
     mounts: list[dict[str, Any]] = []
     inits: list[dict[str, Any]] = []
     for adapter in spec.lora.adapters if spec.lora is not None else []:
-        volume = f"lora-{adapter.name}"[:63]
+        names = pod_names(adapter)
+        volume = names["volume"]
         scheme, location, sub_path = parse_source(adapter.source)
         mount: dict[str, Any] = {"name": volume, "mountPath": adapter_path(adapter.name), "readOnly": True}
         if scheme == "pvc":
@@ -48,7 +59,7 @@ def adapter_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], l
             volumes.append({"name": volume, "hostPath": {"path": location, "type": "Directory"}})
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": DOWNLOAD_SIZE}})
-            inits.append(download_container(spec, f"download-{volume}"[:63], location, "/adapter",
+            inits.append(download_container(spec, names["init container"], location, "/adapter",
                                             [{"name": volume, "mountPath": "/adapter"}]))
         mounts.append(mount)
     return volumes, mounts, inits

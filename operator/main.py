@@ -126,8 +126,10 @@ def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
 
     @kopf.on.mutate(GROUP, VERSION, PLURAL, id="engine-image", operations=webhook.OPERATIONS,
                     ignore_failures=True, registry=registry)
-    def engine_image(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    def engine_image(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         spec = body.get("spec") or {}
+        if webhook.spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
+            return  # a metadata-only update changes no spec (the validating webhook lets it through unreviewed)
         if spec.get("image", DEFAULT_IMAGE) == DEFAULT_IMAGE and image != DEFAULT_IMAGE:
             patch.setdefault("spec", {})["image"] = image
 

@@ -9,6 +9,9 @@ Today the only such power is a `hostPath://` model source, which mounts a node d
 engine pod: off by default, and when an admin allows it, limited to the directory prefixes the admin
 lists (`--host-path-prefix /models`). A path with `.`/`..` segments, repeated slashes or a trailing
 slash is refused rather than normalised, so what is checked is exactly what the kubelet mounts.
+The check is on the path's text: a symbolic link on the node under an allowed directory is followed by
+the kubelet. The mounts are read-only, so no InferenceService can plant one; the admin keeps the allowed
+directories free of links that leave them (docs/operator.md, "Security model").
 """
 
 from __future__ import annotations

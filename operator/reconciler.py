@@ -29,6 +29,9 @@ EventPoster = Callable[[dict[str, Any], str, str, str], None]
 # Answers to an apply that say the object itself is refused (invalid, forbidden), as opposed to the
 # API server being away or busy: retrying unchanged will not help, so status must say it.
 REFUSALS = {400, 403, 404, 422}
+# Server-side apply answers 500 when it cannot build the object's typed form (a list keyed by name, such as a
+# container's env or the pod's imagePullSecrets, holding one name twice): that too is the object's fault.
+TYPED_PATCH_REFUSAL = "failed to create typed patch object"
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +163,7 @@ class Reconciler:
             try:
                 self.kube.apply(child, dry_run=True)
             except k.KubeError as e:
-                if e.status not in REFUSALS:
+                if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
                     raise
                 what = f"{child['kind']} {child['metadata']['name']}"
                 raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e

@@ -129,7 +129,9 @@ class ServingReader:
                       ) -> sm.Scrape | None:
         async with gate:
             try:
-                async with session.get(target.url) as response:
+                # Only the pod listed: an engine image is its author's, and a redirect it answers could point the
+                # operator, which reaches every namespace's engines, at anything it can reach.
+                async with session.get(target.url, allow_redirects=False) as response:
                     if response.status != 200:
                         return None
                     body = await response.content.read(MAX_BODY_BYTES)

@@ -73,27 +73,37 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+# Upper bounds of the architecture numbers: far beyond any checkpoint, and low enough that every fit figure
+# (status.fit's byte counts, products of these numbers) stays an int64, which the apiserver requires of status.
+MAX_WIDTH = 262_144
+MAX_COUNT = 4096
+MAX_MLP_WIDTH = 1_048_576
+MAX_VOCAB = 4_194_304
+MAX_POSITIONS = 1 << 30
+MAX_PARAMETERS = 10**15
+
+
 class ModelArchitecture(_Model):
     """Architecture numbers of the checkpoint (as in its config.json), used by the fit check."""
 
-    hidden_size: int = Field(ge=1, description="Width of the residual stream (config.json hidden_size).")
-    num_hidden_layers: int = Field(ge=1, description="Number of transformer layers (num_hidden_layers).")
-    num_attention_heads: int = Field(ge=1, description="Query heads per layer (num_attention_heads).")
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH, description="Width of the residual stream (config.json hidden_size).")
+    num_hidden_layers: int = Field(ge=1, le=MAX_COUNT, description="Number of transformer layers (num_hidden_layers).")
+    num_attention_heads: int = Field(ge=1, le=MAX_COUNT, description="Query heads per layer (num_attention_heads).")
     num_key_value_heads: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_COUNT,
         description="KV heads per layer (num_key_value_heads); defaults to numAttentionHeads (no GQA).")
     head_dim: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_COUNT,
         description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads.")
-    intermediate_size: int = Field(ge=1, description="Width of the gated MLP (intermediate_size).")
-    vocab_size: int = Field(ge=1, description="Vocabulary size (vocab_size).")
+    intermediate_size: int = Field(ge=1, le=MAX_MLP_WIDTH, description="Width of the gated MLP (intermediate_size).")
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size (vocab_size).")
     tie_word_embeddings: bool = Field(
         default=False, description="Whether the LM head shares the embedding matrix (tie_word_embeddings).")
     max_position_embeddings: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_POSITIONS,
         description="Longest context the model supports; the default for scheduling.maxModelLen.")
     num_parameters: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_PARAMETERS,
         description="Total parameter count; overrides the count derived from the numbers above "
                     "(set it for mixture-of-experts or unusual architectures).")
     weight_bits: Literal[4, 8] | None = Field(
@@ -101,6 +111,16 @@ class ModelArchitecture(_Model):
         description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
                     "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GGUF "
                     "file: 4 for Q4_0/Q4_1 linear tensors (assumed when absent), 8 for Q8_0.")
+
+    @model_validator(mode="after")
+    def _heads_have_a_size(self) -> ModelArchitecture:
+        # Without headDim a head is hiddenSize // numAttentionHeads wide, as transformers and the engine compute it:
+        # 0 would leave no KV cache per token (the fit check divides by it) and no model the engine can build.
+        if self.head_dim is None and self.hidden_size < self.num_attention_heads:
+            raise ValueError(f"hiddenSize ({self.hidden_size}) is smaller than numAttentionHeads "
+                             f"({self.num_attention_heads}): the head size hiddenSize / numAttentionHeads would be "
+                             "0; set headDim")
+        return self
 
 
 class ModelCacheSpec(_Model):

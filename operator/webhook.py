@@ -29,13 +29,26 @@ def _name(body: Any) -> str:
     return meta.get("name") or meta.get("generateName") or ""
 
 
+def spec_untouched(operation: str | None, old: Any, body: Any) -> bool:
+    """Whether the request is an UPDATE that leaves the spec as stored (labels, annotations, finalizers only).
+
+    Such an update is neither reviewed nor defaulted: a stored spec that today's rules refuse (admitted while the
+    operator was down, or valid under an older operator or policy) must still take kopf's annotations, a label,
+    and the garbage collector's removal of its foregroundDeletion finalizer, or it could never be deleted that
+    way; its refusal is in status already.
+    """
+    return operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec")
+
+
 def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
     """Add the webhook handlers to `registry`; `policy` is the admin's (the reconciler holds the same)."""
 
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate", operations=OPERATIONS, ignore_failures=True,
                       registry=registry)
-    def validate(body: kopf.Body, warnings: list[str], **_: Any) -> None:
+    def validate(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
         """Refuse a spec that breaks a cross-field rule, an engine-flag rule or the fit check."""
+        if spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
+            return
         name = _name(body)
         result = review(dict(body.get("spec") or {}), name, policy)
         warnings.extend(result.warnings)
@@ -44,14 +57,14 @@ def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
 
     @kopf.on.mutate(GROUP, VERSION, PLURAL, id="default", operations=OPERATIONS, ignore_failures=True,
                     registry=registry)
-    def default(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    def default(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         """Write two implicit defaults into the spec, so `kubectl get fis` shows MODEL and GPUS.
 
         model.servedName defaults to the object's name; resources.gpusPerReplica to
         tensor x pipeline. (The apiserver has already filled the schema's own defaults.)
         """
         spec = body.get("spec") or {}
-        if not isinstance(spec, Mapping):
+        if not isinstance(spec, Mapping) or spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
             return
         name = body.get("metadata", {}).get("name")
         if name and isinstance(spec.get("model"), dict) and not spec["model"].get("servedName"):

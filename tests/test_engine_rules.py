@@ -87,3 +87,18 @@ def test_async_scheduling_with_pipeline_parallelism_is_refused_by_the_shared_rul
     problem = async_pipeline_problem(True, 2)
     assert problem is not None and "--async-scheduling" in problem and "--pipeline-parallel-size" in problem
     assert problem in cross_flag_problems({"async_scheduling": True, "pipeline_parallel_size": 2}, None)
+
+
+def test_structured_outputs_keys_are_the_engines():
+    from flotilla.engine.structured_output.config import StructuredOutputsConfig
+    from flotilla.engine_rules import STRUCTURED_OUTPUTS_KEYS, structured_outputs_problem
+
+    assert set(STRUCTURED_OUTPUTS_KEYS) == set(StructuredOutputsConfig.model_fields)
+    # What the rule admits, the engine's model takes.
+    for value in ({}, {"backend": "xgrammar", "disable_any_whitespace": True, "compile_timeout_s": 0.5},
+                  {"compile_timeout_s": 30}):
+        assert structured_outputs_problem(value) is None
+        StructuredOutputsConfig(**value)
+    for value in ([1], "x", {"bogus": 1}, {"backend": "outlines"}, {"disable_any_whitespace": "yes"},
+                  {"compile_timeout_s": 0}, {"compile_timeout_s": True}, {"compile_timeout_s": float("inf")}):
+        assert structured_outputs_problem(value) is not None

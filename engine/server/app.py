@@ -55,6 +55,9 @@ class ServerState:
     quantization: str | None = None
     draining: bool = False
     created: int = 0
+    # /v1 requests being answered (Gate counts them): the drain waits for these too, not only for engine
+    # requests (an embeddings list runs as engine calls; a reply may still be sending).
+    in_flight: int = 0
 
 
 def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI:
@@ -154,7 +157,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
         if body.prompt is not None:
             tokens = await serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
+            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt,
+                                        continue_final_message=body.continue_final_message)
             tokens = (await serving.chat_prompt(req)).token_ids
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
 
@@ -166,7 +170,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": state.serving.tokenizer.decode(body.tokens)}
 
-    add_embedding_routes(app, state, _model)
+    add_embedding_routes(app, state, _model, _cancel_on_disconnect)
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     app.add_middleware(Gate, state=state)
@@ -179,7 +183,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
 
 class Gate:
-    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key.
+    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key; counts the /v1 requests
+    it lets through (`ServerState.in_flight`) until their answers are sent.
 
     Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware reads the body
     through a task group, which would wrap a body-limit error (413/408) into a generic 400.
@@ -201,6 +206,12 @@ class Gate:
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
+            self.state.in_flight += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.state.in_flight -= 1
+            return
         await self.app(scope, receive, send)
 
 

@@ -7,14 +7,22 @@ as a vulnerability). Even then it runs in jinja2's immutable sandbox with limits
 does not give: a wall-clock deadline (checked on every line the template executes), a cap on the
 rendered size, and caps on the strings and lists that `*`, `+` and `**` can build, so that a nested
 loop or `'ab' * 10**9` fails that one request with a 400 instead of freezing or bloating the server.
-The caller renders on a worker thread, so /health keeps answering while a template runs.
+
+Those checks cannot see every way to build a value (`'%0999999999d' % 1`, `s.replace('', s)`, `a ~ a`
+doubled, a long division of huge integers in C, where no template line comes to check the deadline),
+so the render runs in a child process of its own (forked from a small fork server, not from the
+server), with an address-space limit and killed at the deadline: whatever a template does costs that
+child, and its request gets a 400. The caller waits on a worker thread, so /health keeps answering.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import multiprocessing
 import operator
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +36,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # A chat template renders a few kilobytes in microseconds; one that needs seconds is a loop.
 RENDER_TIMEOUT_S = 5.0
+# The render process's address space beyond what it starts with: a base, plus room for the rendered text
+# (up to 4 bytes a character) and a few copies of it.
+RENDER_MEMORY_BASE_BYTES = 256 << 20
+RENDER_MEMORY_BYTES_PER_CHAR = 16
+# After the deadline, how long the parent waits for the child's own deadline error before killing it
+# (a template stuck inside one C call never reaches a line to check the deadline at).
+RENDER_KILL_GRACE_S = 2.0
 # Names that `apply_chat_template` takes as its own arguments: a client must not set them through
 # chat_template_kwargs (e.g. tokenize=True would change the return type, chat_template the program).
 RESERVED_KWARGS = frozenset({
@@ -128,10 +143,73 @@ def _result_length(op: str, left: Any, right: Any) -> int:
 
 def render_untrusted(source: str, variables: dict[str, Any], max_chars: int,
                      timeout_s: float = RENDER_TIMEOUT_S) -> str:
-    """Render a request's template in the bounded sandbox; blocking (call it on a worker thread).
+    """Render a request's template in the bounded sandbox, in a child process with bounded memory that is
+    killed past the deadline; blocking (call it on a worker thread).
 
     Raises ValueError for a template that does not compile, fails, or exceeds a limit.
     """
+    ctx = _render_context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_render_child, args=(sender, source, variables, max_chars, timeout_s),
+                        name="flotilla-chat-template", daemon=True)
+    child.start()
+    sender.close()  # the child holds it now; ours would hide the child's exit from recv
+    try:
+        if not receiver.poll(timeout_s + RENDER_KILL_GRACE_S):
+            raise ValueError("the request's chat template exceeded a limit: rendering took longer than "
+                             f"{timeout_s:g} s")
+        try:
+            ok, value = receiver.recv()
+        except EOFError:  # the child died (e.g. memory it could not even report)
+            raise ValueError("the request's chat template exceeded a limit: its render stopped") from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receiver.close()
+        with contextlib.suppress(ValueError):  # Process.close: nothing left to free on an already-reaped child
+            child.close()
+    if not ok:
+        raise ValueError(value)
+    return value
+
+
+@functools.cache
+def _render_context() -> Any:
+    """The fork-server context, its server preloaded with this module: a render forks a small process that
+    has nothing of the server's (no threads, no torch, no device), in milliseconds."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+def _render_child(sender: Any, source: str, variables: dict[str, Any], max_chars: int, timeout_s: float) -> None:
+    """In the render process: bound the address space, render, send (True, text) or (False, message)."""
+    _limit_address_space(RENDER_MEMORY_BASE_BYTES + RENDER_MEMORY_BYTES_PER_CHAR * max_chars)
+    try:
+        result = (True, _render_in_sandbox(source, variables, max_chars, timeout_s))
+    except ValueError as exc:
+        result = (False, str(exc))
+    except MemoryError:
+        result = (False, "the request's chat template exceeded a limit: it needs more memory than a render has")
+    except Exception as exc:  # the template's own failure, whatever its type: its request's 400
+        result = (False, f"the request's chat template failed: {exc}")
+    sender.send(result)
+    sender.close()
+
+
+def _limit_address_space(extra_bytes: int) -> None:
+    """Cap this process's address space at its current size plus `extra_bytes` (allocations past it fail
+    with MemoryError instead of growing the machine's memory use)."""
+    with open("/proc/self/status") as status:
+        size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size_kb * 1024 + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _render_in_sandbox(source: str, variables: dict[str, Any], max_chars: int, timeout_s: float) -> str:
+    """Render in the bounded sandbox on this thread (the render process's body)."""
     env = _BoundedSandbox(max_chars)
     deadline = time.monotonic() + timeout_s
     try:
@@ -140,8 +218,7 @@ def render_untrusted(source: str, variables: dict[str, Any], max_chars: int,
             return _collect(template.generate(**variables), max_chars, deadline, timeout_s)
     except TemplateLimitError as exc:
         raise ValueError(f"the request's chat template exceeded a limit: {exc}") from None
-    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError,
-            MemoryError) as exc:
+    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"the request's chat template failed: {exc}") from None
 
 

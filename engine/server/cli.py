@@ -81,11 +81,13 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout
-        engine = self.state.engine
-        while engine.num_unfinished and time.monotonic() < deadline:
+        engine, state = self.state.engine, self.state
+        # Engine requests, and /v1 answers still being computed or sent (e.g. embeddings, engine calls).
+        while (engine.num_unfinished or state.in_flight) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if engine.num_unfinished:
-            logger.warning("drain timeout (%g s): aborting %d requests", self.drain_timeout, engine.num_unfinished)
+        if engine.num_unfinished or state.in_flight:
+            logger.warning("drain timeout (%g s): aborting %d requests (%d answers open)", self.drain_timeout,
+                           engine.num_unfinished, state.in_flight)
             # Stopping the loop aborts every request and hands each waiter an EngineDeadError, which
             # the routes answer with a final error event and [DONE] (streams) or a 503 (the rest).
             await asyncio.to_thread(engine.shutdown)

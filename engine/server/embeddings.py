@@ -19,7 +19,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from pydantic import StrictInt
 
 from flotilla.engine.engine_call import EngineCall
@@ -97,12 +97,14 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any) -> None:
-    """Register /v1/embeddings; `model_of(state, name)` resolves the served name (404 otherwise)."""
+def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any, until_disconnect: Any) -> None:
+    """Register /v1/embeddings; `model_of(state, name)` resolves the served name (404 otherwise);
+    `until_disconnect(work, request)` awaits the work, cancelling it if the client goes away first."""
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
-        return await create_embeddings(state, body, model_of(state, body.model))
+    @app.post("/v1/embeddings", response_model=None)
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
+        # As vLLM's route (with_cancellation): a client that leaves stops the list between two engine calls.
+        return await until_disconnect(create_embeddings(state, body, model_of(state, body.model)), request)
 
 
 

@@ -2,7 +2,8 @@
 
 As vLLM does, a field the server does not know (OpenAI's `store`, `metadata`, `parallel_tool_calls`,
 ...) is accepted and ignored with a log line that names it: SDKs and frameworks send such fields by
-default. A known field with a bad value is still a 400 that names it.
+default. A known field with a bad value is still a 400 that names it, and so is a vLLM field that would
+change the output but is not implemented (serving.UNSUPPORTED_VLLM_FIELDS).
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
+    # vLLM's field: end the prompt inside the last message, for the model to continue it ("prefill")
+    continue_final_message: bool = False
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
@@ -186,6 +189,7 @@ class TokenizeRequest(_RequestBody):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(_RequestBody):

@@ -34,11 +34,32 @@ class Prompt:
     text: str | None
 
 
+# Completions one request may ask for (prompts x n): n alone is bounded, but a list of one-token prompts
+# multiplied it without bound (20,000 of them, a 100 KB body, held the server 195 s and 630 MB). Enough for
+# any batching client to keep the engine full (8x the default --max-num-seqs).
+MAX_SEQUENCES_PER_REQUEST = 2048
+
+# vLLM request fields that change what is generated or returned, which this server does not implement: set
+# (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
+# ignoring them would answer 200 with output the client asked to be different.
+UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "use_beam_search", "logits_processors",
+                           "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
+
+
+def refuse_unsupported_fields(req: _SamplingFields) -> None:
+    """400 naming the first of `UNSUPPORTED_VLLM_FIELDS` the request sets (None, false and empty are off)."""
+    for name in UNSUPPORTED_VLLM_FIELDS:
+        value = (req.model_extra or {}).get(name)
+        if value is not None and value is not False and value != [] and value != {}:
+            raise APIError(400, f"{name} is not supported by this server (leave it out)", param=name)
+
+
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
                     logprobs: int | None, prompt_logprobs: int | None = None,
                     defaults: dict[str, Any] | None = None) -> SamplingParams:
     """OpenAI/vLLM request fields -> SamplingParams. A field the request leaves out takes the model's
     generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1)."""
+    refuse_unsupported_fields(req)
     room = max_model_len - prompt_len
     defaults = defaults or {}
 
@@ -78,6 +99,19 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
         )
     except ValueError as exc:
         raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
+
+
+def continued(text: str, messages: list[dict[str, Any]]) -> str:
+    """A rendered conversation cut just after its last message's text, so that the model continues that
+    message (what transformers' `continue_final_message` does for the model's own template)."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+        raise APIError(400, "continue_final_message: the last message's text does not appear in the rendered "
+                            "conversation", param="continue_final_message")
+    start = text.rindex(final.strip())
+    # The template may have trimmed the message: keep its leading-trimmed text when it is there whole.
+    kept = final.lstrip() if text[start:start + len(final.lstrip())] == final.lstrip() else final.strip()
+    return text[:start + len(kept)]
 
 
 def usage(output: RequestOutput) -> dict[str, int]:
@@ -212,6 +246,10 @@ class OpenAIServing:
             items = list(cast("list[str] | list[list[int]]", p))
         if not items:
             raise APIError(400, "prompt must not be empty", param="prompt")
+        if len(items) * req.n > MAX_SEQUENCES_PER_REQUEST:  # before any prompt is tokenized or queued
+            raise APIError(400, f"{len(items)} prompts with n={req.n} ask for {len(items) * req.n} completions; at "
+                                f"most {MAX_SEQUENCES_PER_REQUEST} are served per request (send more requests)",
+                           param="prompt")
         prompts = [Prompt(await self.encode(x, req.add_special_tokens), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
         return [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
@@ -231,28 +269,36 @@ class OpenAIServing:
                     raise APIError(400, "only text content parts are supported", param="messages")
                 m["content"] = "".join(part.get("text", "") for part in parts)
         self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
+        if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "
+                                "add_generation_prompt to false to continue the final message)",
+                           param="continue_final_message")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
             variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
-        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables)
+        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables,
+                                       req.continue_final_message)
         prompt = Prompt(await self.encode(text, add_special_tokens=req.add_special_tokens, param="messages"), text)
         return self._truncated(prompt, req.truncate_prompt_tokens)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
-                variables: dict[str, Any]) -> str:
-        """The prompt text: the model's template, or the request's in the bounded sandbox (blocking)."""
+                variables: dict[str, Any], continue_final_message: bool = False) -> str:
+        """The prompt text: the model's template, or the request's in the bounded sandbox (blocking); with
+        `continue_final_message`, cut just after the last message's text (nothing closes it)."""
         if template is not None:
             context = {**self.tokenizer.special_tokens_map, **variables, "messages": messages,
                        "add_generation_prompt": add_generation_prompt}
             try:
-                return render_untrusted(template, context, self.max_prompt_chars)
+                text = render_untrusted(template, context, self.max_prompt_chars)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="chat_template") from None
+            return continued(text, messages) if continue_final_message else text
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt, **variables)
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=continue_final_message, **variables)
         except Exception as exc:  # a template error is the conversation's fault (e.g. bad role order)
             raise APIError(400, f"the chat template rejected the conversation: {exc}", param="messages") from None
 
@@ -310,6 +356,7 @@ class OpenAIServing:
                                   streams: list[AsyncGenerator[RequestOutput]], request_id: str, created: int,
                                   model: str) -> AsyncIterator[str]:
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        cached = 0  # prompt tokens found in the prefix cache, as the non-streamed reply reports them
         states = [StreamState(req.n) for _ in streams]
         fmt = ChunkFormat(request_id, "text_completion", created, model)
         wants_logprobs = req.logprobs is not None
@@ -328,9 +375,10 @@ class OpenAIServing:
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
+                cached += output.num_cached_tokens
         if req.stream_options and req.stream_options.include_usage:
             yield sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": total})
+                       "choices": [], "usage": self._cached(total, cached)})
         yield "data: [DONE]\n\n"
 
     def _echoed(self, req: CompletionRequest, prompt: Prompt, output: RequestOutput, c: CompletionOutput,
@@ -400,7 +448,8 @@ class OpenAIServing:
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
                 return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
-                                                                         created, model), req.stream_options)
+                                                                         created, model), req.stream_options,
+                                        self.enable_prompt_tokens_details)
             return self._stream_chat(req, stream, request_id, created, model)
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids

@@ -48,9 +48,11 @@ class _Choice:
 
 async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
                            stream: AsyncGenerator[RequestOutput], head: Any,
-                           stream_options: StreamOptions | None) -> AsyncIterator[str]:
+                           stream_options: StreamOptions | None,
+                           prompt_tokens_details: bool = False) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
-    ChunkFormat); thinking streams as `delta.reasoning_content` before the answer."""
+    ChunkFormat); thinking streams as `delta.reasoning_content` before the answer. `prompt_tokens_details`:
+    the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details)."""
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
@@ -84,7 +86,10 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     if stream_options and stream_options.include_usage and last is not None:
         prompt = len(last.prompt_token_ids)
         completion = sum(len(c.token_ids) for c in last.outputs)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}
+        if prompt_tokens_details and last.num_cached_tokens:  # as the other paths: only when some were cached
+            usage["prompt_tokens_details"] = {"cached_tokens": last.num_cached_tokens}
         yield head.head.removesuffix('"choices": [') + f'"choices": [], "usage": {json.dumps(usage)}}}\n\n'
     yield "data: [DONE]\n\n"
 

@@ -75,6 +75,10 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidParamError(f"invalid {key[0]} constraint for structured output: {exc}",
                                     "structured_outputs") from None
+        if not _allows_a_first_token(compiled, self.vocab_size):
+            # Masked sampling would have nothing to draw from: the request's fault, not the engine's.
+            raise InvalidParamError(f"the {key[0]} constraint for structured output matches no text (it allows "
+                                    "no first token)", "structured_outputs")
         with self._lock:
             self.num_compiled += 1
             self._cache[key] = compiled
@@ -102,6 +106,14 @@ class GrammarCompiler:
             return xgr.Grammar.from_ebnf(choice_grammar(p.choice))
         assert p.grammar is not None
         return xgr.Grammar.from_ebnf(p.grammar)
+
+
+def _allows_a_first_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
+    """Whether a fresh matcher of `compiled` allows any token (a grammar such as `root ::= root`, or a regex
+    such as an empty character class, has no sentence: it allows none)."""
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+    return bool((bitmask != 0).any())
 
 
 def choice_grammar(choices: list[str]) -> str:

@@ -31,7 +31,13 @@ EXTRA_ARGS = [["--seed", "3"], ["--seed", "-1"], ["--seed", "x"], ["--enforce-ea
               ["--shutdown-timeout", "-1"], ["--shutdown-timeout=4000"], ["--uvicorn-log-level", "debug"],
               ["--uvicorn-log-level", "loud"], ["--port", "1"], ["--host", "::"], ["--load-format", "dummy"],
               ["--device", "cpu"], ["--num-gpu-blocks-override", "1"], ["--help"], ["-h"], ["--"], ["stray"],
-              ["--max-model-len", "16"], ["--enable-chunked-prefill"], ["--tokenizer", "/etc"]]
+              ["--max-model-len", "16"], ["--enable-chunked-prefill"], ["--tokenizer", "/etc"],
+              ["--structured-outputs-config", '{"disable_any_whitespace": true}'],
+              ["--structured-outputs-config", '{"bogus": 1}'], ["--structured-outputs-config", "[1]"],
+              ["--structured-outputs-config", '{"disable_any_whitespace": "yes"}'],
+              ["--structured-outputs-config", '{"compile_timeout_s": 2.5}'],
+              ["--structured-outputs-config", '{"compile_timeout_s": 0}'], ["--enable-auto-tool-choice"],
+              ["--tool-call-parser", "hermes"]]
 LENGTHS = st.one_of(st.none(), st.sampled_from([16, 17, 2048, 4096, 8192, 8193, 32768, 131072, 200000]),
                     st.integers(16, 300_000))
 

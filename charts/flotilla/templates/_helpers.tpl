@@ -110,10 +110,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# The serving reader lists the engine pods (by label) to read their /metrics for status.serving.
+{{- if .Values.operator.serving.periodSeconds }}
+# The serving reader lists the engine pods (by label) to read their /metrics for status.serving; off
+# (periodSeconds 0), nothing may read every pod's spec.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
+{{- end }}
 {{- end }}
 
 {{/*

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -173,3 +175,63 @@ def test_a_required_tool_call_nested_past_the_json_depth_limit_is_content_not_a_
         assert choice["finish_reason"] == "length" and choice["message"]["content"].count("[") > 1000
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"grammar": "root ::= root"},  # no sentence at all
+        {"grammar": "root ::= a\na ::= b\nb ::= a"},
+        {"regex": "[^\\x00-\\U0010FFFF]"},  # a character class with no character
+    ],
+)
+def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
+    # The grammar allows no first token: sampling had nothing to draw from and the request failed in the
+    # engine as a 500 (which the openai SDK retries), though the request alone is at fault.
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "structured_outputs": constraint, "stream": stream}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, "structured_outputs")
+    assert "matches no text" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "allowed_token_ids", [5, 6]),
+        ("/v1/completions", "allowed_token_ids", [5, 6]),
+        ("/v1/chat/completions", "bad_words", ["hello"]),
+        ("/v1/completions", "use_beam_search", True),
+        ("/v1/chat/completions", "prompt_logprobs", 1),  # a completions field; vLLM's chat takes it too
+        ("/v1/chat/completions", "echo", True),
+    ],
+)
+def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server, path, field, value):
+    # Ignored, these answered 200 with output that the field would have changed (unconstrained tokens, no
+    # prompt logprobs), and the client could not tell.
+    prompt = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    body = {"model": "tiny", **prompt, "max_tokens": 2, field: value}
+    response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, field)
+    # Their off values change nothing and stay accepted (clients send defaults).
+    off = {"allowed_token_ids": None, "bad_words": [], "use_beam_search": False, "prompt_logprobs": None,
+           "echo": False}[field]
+    ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(("prompts", "n"), [(2049, 1), (17, 128)])
+def test_a_completions_request_past_the_sequence_bound_is_a_400_before_any_work(server, prompts, n):
+    # n is bounded (128), but a prompt list multiplied it without bound: 20,000 one-token prompts (a 100 KB
+    # body) took 195 s and 630 MB of the server's memory; the 8 MB body limit allows ~2 million.
+    started = time.monotonic()
+    body = {"model": "tiny", "prompt": [[5]] * prompts, "n": n, "max_tokens": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=300)
+    assert_openai_400(response, "prompt")
+    assert "2048" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 10
+    # At the bound it is served.
+    ok = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [[5]] * (2048 // n)}, headers=HEADERS,
+                    timeout=300)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == (2048 // n) * n

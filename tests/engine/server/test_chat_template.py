@@ -1,11 +1,14 @@
 """Chat templates sent by clients: refused by default; with --trust-request-chat-template, rendered in a
-bounded sandbox on a worker thread, so that a hostile template fails its own request and nothing else."""
+bounded sandbox in a child process of its own (memory-capped, killed at the deadline), so that a hostile
+template fails its own request and nothing else."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -148,3 +151,92 @@ def test_untrusted_rendering_stops_at_its_limits(template):
     with pytest.raises(ValueError, match="exceeded a limit"):
         render_untrusted(template, {}, max_chars=1000, timeout_s=0.5)
     assert time.monotonic() - started < 3
+
+
+def _process_status(pid: int, field: str) -> int:
+    """A kB figure of /proc/<pid>/status (e.g. VmHWM, the peak resident size)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+# `~` is not checked: 20,000 characters doubled 15 times are 655 MB.
+_DOUBLINGS = "{% set a = 'x' * 20000 %}" + "{% set a = a ~ a %}" * 15 + "{{ 1 }}"
+# One long division of 6.6-million-bit integers: about a minute inside C, where no template line comes to stop it.
+_DIVISION = "{% set a = 9 ** 64 %}" + "{% set a = a * a %}" * 15 + "{{ (a * a) // (a + 1) }}"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ '%0300000000d' % 1 }}",  # a printf width: 300 MB in one operation
+        "{{ '{:>300000000}'.format(1) }}",  # the same through str.format
+        "{{ '%0300000000d' | format(1) }}",  # and the format filter
+        "{% set s = messages[0].content * 1800 %}{{ s.replace('', s) }}",  # 19,800 x 19,800 characters
+        "{% set s = messages[0].content * 1000 %}{{ s.join([s] * 20000) }}",  # 11,000 x 20,000
+        _DOUBLINGS,
+        _DIVISION,
+    ],
+    ids=["percent", "str-format", "format-filter", "replace", "join", "tilde-doubling", "long-division"],
+)
+def test_a_trusted_template_cannot_grow_the_server_or_outrun_the_deadline(trusting_server, template):
+    pid = trusting_server.process.pid  # the API process, which renders request templates
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets its peak resident size (VmHWM) to the current one
+    peak_before = _process_status(pid, "VmHWM")
+    started = time.monotonic()
+    response = _chat(trusting_server, timeout=60, chat_template=template)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 400, response.text
+    assert "chat template" in response.json()["error"]["message"]
+    assert elapsed < 15  # the render deadline (5 s) and a moment to stop it
+    grown_mb = (_process_status(pid, "VmHWM") - peak_before) / 1024
+    assert grown_mb < 100, f"the API process's peak memory grew {grown_mb:.0f} MB"
+    cpu = _cpu_seconds(pid)
+    time.sleep(1.0)
+    assert _cpu_seconds(pid) - cpu < 0.5  # nothing still computing after the answer
+    assert _chat(trusting_server).status_code == 200
+
+
+# --- continue_final_message (vLLM's field: the model continues the last message instead of starting a turn) --
+
+
+PREFILL = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+
+def _prompt_tokens(server: Server, **fields) -> int:
+    response = _chat(server, messages=PREFILL, max_tokens=1, temperature=0, **fields)
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["prompt_tokens"]
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_last_message(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    text = tokenizer.apply_chat_template(PREFILL, tokenize=False, continue_final_message=True)
+    assert text.endswith("The colour is")
+    expected = len(tokenizer.encode(text, add_special_tokens=False))
+    assert _prompt_tokens(server, continue_final_message=True, add_generation_prompt=False) == expected
+    # Without it the last message is closed and a new assistant turn opened: a longer prompt.
+    assert _prompt_tokens(server) > expected
+
+
+def test_continue_final_message_with_a_trusted_request_template(trusting_server):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    expected = "<user>Name a colour.</user><assistant>The colour is"
+    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": expected, "add_special_tokens": False})
+    tokens = _prompt_tokens(trusting_server, chat_template=template, continue_final_message=True,
+                            add_generation_prompt=False)
+    assert tokens == count.json()["count"]
+
+
+def test_continue_final_message_with_add_generation_prompt_is_a_400(server):
+    response = _chat(server, messages=PREFILL, continue_final_message=True)  # add_generation_prompt: true by default
+    assert response.status_code == 400, response.text
+    assert "continue_final_message" in response.json()["error"]["message"]

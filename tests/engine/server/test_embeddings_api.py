@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,33 @@ def test_a_long_list_is_embedded_call_by_call_and_other_requests_run_in_between(
     assert answer.json()["usage"]["prompt_tokens"] == 200 * 200
     for i in (0, 101, 199):  # in the request's order, each as HF embeds it alone
         np.testing.assert_allclose(data[i]["embedding"], hf_embedding(hf, prompts[i]), atol=1e-4, rtol=1e-4)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children: the API process and its engine core."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def test_a_client_that_leaves_an_embeddings_request_stops_its_work(pooling_server):
+    # 3,000 inputs of 200 tokens: one engine call each, many seconds of work. The client gives up after 1 s.
+    prompts = [[5 + i % 100] * 200 for i in range(3000)]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{pooling_server.url}/v1/embeddings", json={"model": "tiny", "input": prompts},
+                   headers=HEADERS, timeout=httpx.Timeout(60, read=1.0))
+    time.sleep(1.0)  # the disconnect is noticed and the call in flight ends
+    before = _cpu_seconds(pooling_server.process.pid)
+    time.sleep(2.0)
+    used = _cpu_seconds(pooling_server.process.pid) - before
+    assert used < 0.6, f"the server still computed {used:.1f} CPU s in 2 s after the client left"
+    assert post(pooling_server, {"model": "tiny", "input": "ok"}).status_code == 200
 
 
 def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):

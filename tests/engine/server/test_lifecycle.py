@@ -83,8 +83,8 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(tiny_model_dirs, tmp_p
         body = {
             "model": "tiny",
             "prompt": "Drain me",
-            "max_tokens": 150,
-            "min_tokens": 150,
+            "max_tokens": 450,  # long enough to be in flight when SIGTERM lands, even on an idle machine
+            "min_tokens": 450,
             "temperature": 0,
             "stream": True,
         }
@@ -150,5 +150,36 @@ def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_ze
         assert "drain timeout (0.5 s): aborting 2 requests" in text
         assert "Traceback" not in text
         assert "no API key" in text
+    finally:
+        stop_server(server)
+
+
+def test_sigterm_drains_an_embeddings_request_in_flight(tiny_model_dirs, tmp_path):
+    # Embeddings run as engine calls, not engine requests: the drain must wait for them too (here 4,000
+    # inputs of 200 tokens, several seconds, more than uvicorn's own 5 s grace after the drain).
+    server = start_server(tiny_model_dirs["llama"], tmp_path / "embed-drain.log", "--served-model-name", "tiny",
+                          "--max-model-len", "256", "--runner", "pooling", "--shutdown-timeout", "120")
+    try:
+        prompts = [[5 + i % 100] * 200 for i in range(4000)]
+        answers: list[httpx.Response | Exception] = []
+
+        def embed() -> None:
+            try:
+                answers.append(httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": prompts},
+                                          timeout=300))
+            except httpx.HTTPError as exc:
+                answers.append(exc)
+
+        client = threading.Thread(target=embed)
+        started = time.monotonic()
+        client.start()
+        time.sleep(1.5)  # the list is being embedded
+        server.process.send_signal(signal.SIGTERM)
+        client.join(timeout=300)
+        answer = answers[0]
+        assert isinstance(answer, httpx.Response), answer
+        assert answer.status_code == 200, (answer.status_code, answer.text[:200], time.monotonic() - started)
+        assert len(answer.json()["data"]) == 4000
+        assert server.process.wait(timeout=30) == 0
     finally:
         stop_server(server)

@@ -159,3 +159,21 @@ def test_langchain_responses_api_binds_tools_and_continues_with_the_result(tool_
     answer = model.bind_tools([WEATHER, TIME], tool_choice="none").invoke(
         [question, message, ToolMessage("18 C and sunny", tool_call_id=message.tool_calls[0]["id"])])
     assert answer.text and not answer.tool_calls
+
+
+def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_reply_does(oai):
+    prompt = "Lighthouses of the North Sea: " + ", ".join(f"lighthouse number {i}" for i in range(16))
+    oai.completions.create(model="x", prompt=prompt, max_tokens=1)  # fills the prefix cache
+    cached = oai.completions.create(model="x", prompt=prompt, max_tokens=1).usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    stream = oai.completions.create(model="x", prompt=prompt, max_tokens=1, stream=True,
+                                    stream_options={"include_usage": True})
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == cached
+    # A chat stream that may call tools (its own streaming path) reports them too.
+    chat = {"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "tools": [WEATHER]}
+    oai.chat.completions.create(**chat)
+    cached = oai.chat.completions.create(**chat).usage.prompt_tokens_details.cached_tokens
+    stream = oai.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True})
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == cached
