@@ -150,7 +150,13 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
         param = params[name]
-        loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
+        try:
+            loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
+        except torch.OutOfMemoryError:
+            raise
+        except (ValueError, RuntimeError) as e:  # torch's own ("exceeds dimension size") names no tensor
+            raise ValueError(f"checkpoint tensor {hf_name} {tuple(tensor.shape)} does not fit {name} "
+                             f"{tuple(param.shape)} (do config.json and the checkpoint disagree?): {e}") from None
         loaded.add(name)
         if shard_id is not None:
             shards.setdefault(name, set()).add(shard_id)

@@ -121,3 +121,19 @@ def test_a_checkpoint_missing_a_tensor_is_refused_by_its_name(tiny_model_dirs, t
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match=dropped.removeprefix("model.").replace(".", r"\.")):
         _greedy(path)
+
+
+@pytest.mark.parametrize(("field", "value", "tensor"), [
+    ("vocab_size", 49000, "model.embed_tokens.weight"),  # fewer rows than the checkpoint's 49152
+    ("intermediate_size", 96, r"mlp.(gate|up|down)_proj.weight"),  # gate/up: 128 rows; down: 128 columns
+    ("num_key_value_heads", 4, "self_attn.k_proj.weight"),  # 2 KV heads in the checkpoint
+])
+def test_a_checkpoint_that_disagrees_with_config_json_is_refused(tiny_model_dirs, tmp_path, field, value, tensor):
+    # The loaders copy a narrowed slice of each checkpoint tensor: a tensor larger than config.json says loaded its
+    # first rows without a word (vocab_size, intermediate_size), a smaller one failed with torch's "start (0) +
+    # length (64) exceeds dimension size (32)", naming nothing. HF refuses both ("size mismatch for ...").
+    path = _copy(tiny_model_dirs["llama"], tmp_path / "llama")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {field: value}))
+    with pytest.raises(ValueError, match=tensor.replace(".", r"\.")):
+        _greedy(path)
