@@ -137,3 +137,13 @@ def test_a_checkpoint_that_disagrees_with_config_json_is_refused(tiny_model_dirs
     (path / "config.json").write_text(json.dumps(config | {field: value}))
     with pytest.raises(ValueError, match=tensor.replace(".", r"\.")):
         _greedy(path)
+
+
+def test_a_qwen3_config_without_head_dim_takes_transformers_default(tiny_model_dirs, tmp_path):
+    # Qwen3Config's head_dim defaults to 128 (not hidden_size / num_attention_heads, Llama's rule), and HF and vLLM
+    # read the config through that class: a config.json that leaves head_dim out means 128. Flotilla took 64 / 4.
+    path = _variant(tiny_model_dirs, tmp_path, "qwen3", head_dim=128)
+    config = json.loads((path / "config.json").read_text())
+    del config["head_dim"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert _greedy(path) == hf_greedy(path, [PROMPT], 8)[0]
