@@ -24,6 +24,8 @@ from flotilla.flags import FLAGS, Flag
 DEFAULT_BATCHED_TOKENS = 8192
 # Model length when config.json states none (as transformers' default).
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+# transformers' config classes whose sliding_window has a default (a config.json without the key still slides)
+DEFAULT_SLIDING_WINDOW = {"MistralForCausalLM": 4096}
 
 NameOf = Callable[[str], str]
 
@@ -154,7 +156,8 @@ def model_len_limit(hf_config: dict[str, Any]) -> int:
     """
     limit = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
     limit = rope_scaled_length(hf_config, limit)
-    window = hf_config.get("sliding_window")
+    archs = hf_config.get("architectures") or [""]
+    window = hf_config.get("sliding_window", DEFAULT_SLIDING_WINDOW.get(archs[0]))
     if window and hf_config.get("use_sliding_window", True):
         limit = min(limit, int(window))
     return limit

@@ -147,3 +147,19 @@ def test_a_qwen3_config_without_head_dim_takes_transformers_default(tiny_model_d
     del config["head_dim"]
     (path / "config.json").write_text(json.dumps(config))
     assert _greedy(path) == hf_greedy(path, [PROMPT], 8)[0]
+
+
+def test_a_mistral_config_without_sliding_window_slides_at_4096(tiny_model_dirs, tmp_path):
+    # MistralConfig's sliding_window defaults to 4096, and HF and vLLM read the config through that class: past
+    # 4096 tokens they attend to the window only. Flotilla saw no window and served full attention up to
+    # max_position_embeddings, other tokens than HF's past 4096.
+    from transformers import AutoConfig
+
+    path = _copy(tiny_model_dirs["mistral"], tmp_path / "mistral")
+    config = json.loads((path / "config.json").read_text())
+    del config["sliding_window"]
+    (path / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
+    assert AutoConfig.from_pretrained(path).sliding_window == 4096
+    from flotilla.engine.config import EngineConfig
+
+    assert EngineConfig.from_kwargs(str(path)).model.max_model_len == 4096
