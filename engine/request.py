@@ -80,6 +80,8 @@ class Request:
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
     # Structured output: this completion's grammar state (None = unconstrained).
     grammar: RequestGrammar | None = None
+    # `sampling_params.bad_words` as token sequences (engine/bad_words.py), tokenized once when added.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     # Timings (time.monotonic()) for the latency metrics.
     first_scheduled_time: float | None = None
