@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.bad_words import bad_word_token_ids, reads_output
+from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
