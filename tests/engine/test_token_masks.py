@@ -133,3 +133,14 @@ def test_invalid_values_are_refused_naming_the_field(tiny):
     assert err.value.param == "allowed_token_ids" and "outside the vocabulary" in str(err.value)
     request = Request("r", PROMPT, SamplingParams(), bad_words_token_ids=((4, 5),))
     assert not request_can_speculate(request)
+
+
+def test_with_async_scheduling_a_multi_token_bad_word_sees_every_earlier_token(embedded_model_dir, smol):
+    # The ban of " the" after " of" reads the token drawn by the step just before: under async scheduling
+    # that step is still in flight when the next is planned, unless the engine waits for its outputs.
+    params = [SamplingParams(temperature=0, max_tokens=30, bad_words=["Paris", "of the"]),
+              SamplingParams(temperature=0, max_tokens=30, allowed_token_ids=list(range(200, 400)))]
+    expected = [o.outputs[0].token_ids for o in smol.generate([FRANCE, FRANCE], params, use_tqdm=False)]
+    eager = LLM(str(embedded_model_dir), max_model_len=256, async_scheduling=True)
+    got = [o.outputs[0].token_ids for o in eager.generate([FRANCE, FRANCE], params, use_tqdm=False)]
+    assert got == expected
