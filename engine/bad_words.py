@@ -14,8 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.sampling_params import MAX_BAD_WORDS
 
 BadWordIds = tuple[tuple[int, ...], ...]
+
+# vLLM's bounds (its GPU model runner's): token sequences per request after tokenization, and their tokens
+# in all. Each step matches every sequence on the host, so the bounds also keep one request from slowing
+# every other's steps.
+MAX_BAD_WORDS_TOKENS = 1024
 
 
 def bad_word_token_ids(words: Sequence[str], tokenizer: Any, vocab_size: int) -> BadWordIds:
@@ -29,6 +35,10 @@ def bad_word_token_ids(words: Sequence[str], tokenizer: Any, vocab_size: int) ->
         spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
         if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             sequences.append(spaced)
+    if len(sequences) > MAX_BAD_WORDS or sum(map(len, sequences)) > MAX_BAD_WORDS_TOKENS:
+        raise InvalidParamError(f"bad_words: {len(sequences)} token sequences of {sum(map(len, sequences))} tokens "
+                                f"after tokenization (with and without a leading space); at most {MAX_BAD_WORDS} "
+                                f"sequences of {MAX_BAD_WORDS_TOKENS} tokens in all", "bad_words")
     outside = sorted({t for seq in sequences for t in seq if not 0 <= t < vocab_size})
     if outside:
         raise InvalidParamError(f"bad_words: token id(s) {outside[:5]} are outside the model's vocabulary "

@@ -43,10 +43,9 @@ class SamplingBatch:
     bias_values: torch.Tensor  # [nnz] float32
     banned_rows: torch.Tensor  # [m] int64: (row, token) pairs that may not be drawn (min_tokens)
     banned_tokens: torch.Tensor  # [m] int64
-    # allowed_token_ids: the rows that have it, and (row, token) pairs of what they may draw
+    # allowed_token_ids: the rows that have it, and what each may draw
     restricted_rows: torch.Tensor  # [r] int64
-    allowed_rows: torch.Tensor  # [a] int64
-    allowed_tokens: torch.Tensor  # [a] int64
+    allowed_masks: torch.Tensor  # [r, V] bool
     # bad_words: (row, token) pairs forbidden this step
     bad_rows: torch.Tensor  # [w] int64
     bad_tokens: torch.Tensor  # [w] int64
@@ -112,8 +111,7 @@ def apply_token_masks(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         return logits
     if b.restricted_rows.numel():
         keep = torch.ones_like(logits, dtype=torch.bool)
-        keep[b.restricted_rows] = False
-        keep[b.allowed_rows, b.allowed_tokens] = True
+        keep[b.restricted_rows] = b.allowed_masks
         logits = logits.masked_fill(keep.logical_not_(), _NEG_INF)
     else:
         logits = logits.clone()

@@ -40,8 +40,7 @@ def build_sampling_batch(
     banned_rows: list[int] = []
     banned_tokens: list[int] = []
     restricted_rows: list[int] = []
-    allowed_rows: list[int] = []
-    allowed_tokens: list[int] = []
+    allowed_masks: list[torch.Tensor] = []
     bad_rows: list[int] = []
     bad_tokens: list[int] = []
     for i, r in enumerate(rows):
@@ -59,8 +58,7 @@ def build_sampling_batch(
             banned_tokens += banned
         if p.allowed_token_ids is not None:
             restricted_rows.append(i)
-            allowed_rows += [i] * len(p.allowed_token_ids)
-            allowed_tokens += p.allowed_token_ids
+            allowed_masks.append(allowed_mask(r.request, vocab_size, device))
         if r.request.bad_words_token_ids:
             # The request's known output: a bad word of several tokens keeps it known each step
             # (LLMEngine._needs_known_outputs) and does not speculate (policy.request_can_speculate).
@@ -97,8 +95,8 @@ def build_sampling_batch(
         banned_rows=tensor(banned_rows, torch.long),
         banned_tokens=tensor(banned_tokens, torch.long),
         restricted_rows=tensor(restricted_rows, torch.long),
-        allowed_rows=tensor(allowed_rows, torch.long),
-        allowed_tokens=tensor(allowed_tokens, torch.long),
+        allowed_masks=torch.stack(allowed_masks) if allowed_masks else torch.ones(0, vocab_size, dtype=torch.bool,
+                                                                                   device=device),
         bad_rows=tensor(bad_rows, torch.long),
         bad_tokens=tensor(bad_tokens, torch.long),
         all_greedy=all(t == 0 for t in temperatures),
@@ -106,3 +104,15 @@ def build_sampling_batch(
         any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         max_logprobs=max(logprobs) if logprobs else None,
     )
+
+
+def allowed_mask(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The request's `allowed_token_ids` as a `[vocab_size]` bool row on `device`, built once per request."""
+    mask = request.allowed_mask
+    if mask is None or mask.shape[0] != vocab_size:
+        ids = request.sampling_params.allowed_token_ids
+        assert ids is not None, "called for rows with allowed_token_ids only"
+        mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        mask[device_tensor([t for t in ids if 0 <= t < vocab_size], torch.long, device)] = True
+        request.allowed_mask = mask
+    return mask

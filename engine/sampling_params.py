@@ -10,6 +10,8 @@ from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 from flotilla.validation_messages import describe
 
+# vLLM's bound on a request's bad words after tokenization (engine/bad_words.py checks it there too).
+MAX_BAD_WORDS = 128
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
 MAX_LOGPROBS = 20
 # Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
@@ -101,6 +103,8 @@ class SamplingParams(BaseModel):
     @field_validator("bad_words")
     @classmethod
     def _words_with_text(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(value) > MAX_BAD_WORDS:  # each word gives one token sequence or two
+            raise ValueError(f"bad_words holds {len(value)} words; at most {MAX_BAD_WORDS}")
         for i, word in enumerate(value or ()):
             if not word.strip():
                 # vLLM tokenizes the word without its leading whitespace: nothing would be left to ban.

@@ -135,6 +135,31 @@ def test_invalid_values_are_refused_naming_the_field(tiny):
     assert not request_can_speculate(request)
 
 
+def test_bad_words_are_bounded_as_vllms(smol):
+    # vLLM's bounds: 128 token sequences after tokenization (a word gives one, or two with its spaced form),
+    # 1024 tokens in all; every step matches each sequence on the host.
+    with pytest.raises(InvalidParamError) as err:
+        SamplingParams(bad_words=["w"] * 129)
+    assert err.value.param == "bad_words" and "at most 128" in str(err.value)
+    tokenizer, vocab = smol.engine.tokenizer, smol.engine.vocab_size
+    assert len(bad_word_token_ids(["Paris"] * 64, tokenizer, vocab)) == 128
+    with pytest.raises(InvalidParamError) as err:
+        smol.engine.add_request(FRANCE, SamplingParams(bad_words=["Paris"] * 65))
+    assert err.value.param == "bad_words" and "130 token sequences" in str(err.value)
+    with pytest.raises(InvalidParamError, match="1024 tokens"):
+        bad_word_token_ids(["a b c d e f g h i j"] * 60, tokenizer, vocab)
+
+
+def test_a_long_allowed_list_is_masked_from_a_row_built_once(tiny):
+    everything_but_one = [t for t in range(tiny.engine.vocab_size) if t != 7]
+    request = tiny.engine.add_request(PROMPT, SamplingParams(temperature=1.0, seed=1, max_tokens=6, ignore_eos=True,
+                                                             allowed_token_ids=everything_but_one * 2))
+    while tiny.engine.has_unfinished_requests():
+        tiny.engine.step()
+    assert 7 not in request.output_token_ids and len(request.output_token_ids) == 6
+    assert request.allowed_mask is not None and int(request.allowed_mask.sum()) == tiny.engine.vocab_size - 1
+
+
 def test_with_async_scheduling_a_multi_token_bad_word_sees_every_earlier_token(embedded_model_dir, smol):
     # The ban of " the" after " of" reads the token drawn by the step just before: under async scheduling
     # that step is still in flight when the next is planned, unless the engine waits for its outputs.
