@@ -228,6 +228,9 @@ class AsyncEngine:
                     if finished:
                         return
                 if stream.error is not None:
+                    # The engine holds nothing of it (refused, failed or dead): an abort by its id would end
+                    # another request, e.g. the live one whose id this duplicate was refused for.
+                    finished = True
                     raise stream.error
         finally:
             if not finished:

@@ -141,6 +141,16 @@ class BlockManager:
                 self._free[block.block_id] = None
                 self._free.move_to_end(block.block_id, last=False)
 
+    def uncache(self, request: Request, num_computed: int) -> None:
+        """Drop the prefix-cache entries of the request's blocks from the one holding token `num_computed` on:
+        they were indexed when a step was planned (as if computed) and that step will not compute them."""
+        for block_id in request.block_ids[num_computed // self.block_size :]:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                if self._cached.get(block.block_hash) == block_id:
+                    del self._cached[block.block_hash]
+                block.block_hash = None
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies decided since the last call (for the model runner)."""
         copies, self.pending_copies = self.pending_copies, []

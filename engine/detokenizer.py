@@ -27,6 +27,10 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.text = ""
         self._rust = _plain_rust_tokenizer(tokenizer) if decode_stream else None
+        if self._rust is not None and self._decode(self.token_ids).endswith("\ufffd"):
+            # A prompt cut inside a character: the stream would hold its tail back as incomplete and emit it
+            # with the first output token (prompt text in the output); the window decoding leaves it out.
+            self._rust = None
         self._stream: Any = None
         if self._rust is not None:
             from tokenizers.decoders import DecodeStream

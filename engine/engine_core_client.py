@@ -169,6 +169,8 @@ class EngineCoreClient:
     ) -> AsyncGenerator[RequestOutput]:
         """`ServingEngine.generate`: the request and its outputs cross the pipes to the core."""
         self._check_running()
+        if request_id in self._streams:  # the live request's stream must stay its own (the core refuses it too)
+            raise ValueError(f"duplicate request id {request_id!r}")
         stream = _CoreStream(asyncio.get_running_loop())
         self._streams[request_id] = stream
         self._queue.put(("add", request_id, prompt, params, prompt_text, lora_request, priority, cache_salt))

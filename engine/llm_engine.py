@@ -406,9 +406,13 @@ class LLMEngine:
         result = self.runner.collect(launched)
         touched = self._take_tokens(done, result)
         plan = self._schedule()
-        if not plan.is_empty:
-            self._in_flight = (plan, self.runner.launch(plan))
-        return self._post_process(done, result, touched)
+        new = None if plan.is_empty else self.runner.launch(plan)
+        if new is not None:
+            self._in_flight = (plan, new)
+        outputs = self._post_process(done, result, touched)
+        if new is not None:  # a draw waiting for its grammars' bitmask: they take the tokens above in _post_process
+            self._draw_constrained(new)
+        return outputs
 
     def _draw_constrained(self, launched: LaunchedStep) -> None:
         """Draw a launched step whose rows wait for their grammars' bitmask (structured output)."""
@@ -460,8 +464,12 @@ class LLMEngine:
                 manager.add(lora)
             except Exception as exc:  # e.g. its directory is gone: those requests' problem
                 failed.add(lora_id)
-                for parent_id in dict.fromkeys(s.request.parent_id for s in plan.scheduled
-                                               if s.request.lora_request is lora):
+                # By id: requests of one adapter may hold distinct equal objects (each unpickled in the core process).
+                planned = [s for s in plan.scheduled
+                           if s.request.lora_request is not None and s.request.lora_request.lora_int_id == lora_id]
+                for s in planned:  # the blocks this step was to fill were indexed as planned: never filled
+                    self.block_manager.uncache(s.request, s.num_computed_tokens)
+                for parent_id in dict.fromkeys(s.request.parent_id for s in planned):
                     self._fail(parent_id, exc)
         if failed:
             plan.scheduled = [s for s in plan.scheduled
@@ -523,8 +531,8 @@ class LLMEngine:
         tokens verification kept, each handled as if it had come in a step of its own."""
         verified = result.verified.get(child.request_id)
         num_new = len(verified) if verified is not None else 1
-        if verified is not None:
-            entries = result.verified_logprobs.get(child.request_id, [])
+        if verified is not None:  # cut at a stop token by the scheduler; its logprobs are cut here
+            entries = result.verified_logprobs.get(child.request_id, [])[:num_new]
         else:
             entry = result.logprobs.get(child.request_id) if result.logprobs else None
             entries = [entry] if entry is not None else []
@@ -536,15 +544,19 @@ class LLMEngine:
             raise RuntimeError("a drawn token does not fit the request's grammar")
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
+        # Stopped already, it was by its last token (EOS or a stop id; stop strings are found below): as vLLM,
+        # that token is in token_ids but not in the text, unless include_stop_str_in_output.
+        unrendered = child.status == RequestStatus.FINISHED_STOPPED and not params.include_stop_str_in_output
         if params.output_kind == "final_only" and not params.stop:
             if child.status.finished:  # nothing reads the text before the end: decode it once
-                detok.add(child.output_token_ids)
+                detok.add(child.output_token_ids[:-1] if unrendered else child.output_token_ids)
                 detok.flush()
             return
         for i in range(first, child.num_output_tokens):
             searched_from = len(detok.text)
-            detok.add(child.output_token_ids[i : i + 1])
             last = i == child.num_output_tokens - 1
+            if not (last and unrendered):
+                detok.add(child.output_token_ids[i : i + 1])
             if last and child.status.finished:
                 detok.flush()
             stop = self._find_stop_string(child, detok, searched_from, i + 1) if params.stop else None
@@ -563,7 +575,9 @@ class LLMEngine:
     ) -> tuple[str, int] | None:
         """The earliest stop string in the new text (a stop may straddle the old text's end)."""
         stops = child.sampling_params.stop
-        if not stops or num_output < child.sampling_params.min_tokens:
+        # As EOS and stop ids (banned while fewer than min_tokens are out), and as vLLM: the first token that
+        # may stop the request is number min_tokens + 1.
+        if not stops or num_output <= child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
         found = [(detok.text.find(s, begin), s) for s in stops]

@@ -4,13 +4,16 @@ Every proposer here is deterministic given the sequence (the n-gram lookup, a dr
 so a draft token d at a position is a point mass q = 1{d}. The standard speculative-sampling rule
 (Leviathan et al., Chen et al.) then reads: accept d with probability p(d), where p is the target's
 distribution at that position after every sampling parameter; on rejection draw from p with d
-removed and renormalised. The output token is d with probability p(d), and x != d with probability
-(1 - p(d)) * p(x) / (1 - p(d)) = p(x): exactly p. Greedy rows reduce to "accept while the target's
-argmax equals the draft", so greedy output is token-identical to decoding without speculation.
+removed and renormalised. For a point mass it has a coupled form: draw x from p exactly as the
+sampler would without speculation (the same noise, keyed by seed and output position) and accept d
+iff x == d. d is accepted with probability p(d), and the output token is x: exactly p. So every
+position's token is the one decoding without speculation draws, which keeps a seeded request's tokens
+the same whether a step speculates or not, i.e. whatever else runs (the load rule, the token budget,
+the pool decide that). Greedy rows reduce to "accept while the target's argmax equals the draft".
 
 A request with k drafts has k + 1 rows (one per draft position, then the bonus position after the
 last draft); its output this step is the accepted prefix of the drafts plus the token of the first
-row that was not accepted (the recovered token, or the bonus token when all k were accepted).
+row that was not accepted (its own draw, or the bonus token when all k were accepted).
 """
 
 from __future__ import annotations
@@ -30,9 +33,6 @@ from flotilla.engine.sampler import (
     exponential_noise,
     sampling_probs,
 )
-
-# Mixed into the seed for the acceptance coin, so that it is independent of the draw's noise.
-_COIN_SALT = 0x5DEECE66D
 
 
 @dataclass(frozen=True)
@@ -76,28 +76,13 @@ def _verify_random(
     drafts: torch.Tensor,
     accepted: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    is_greedy = b.temperature == 0
+    # Every row draws as `sample()` draws (greedy rows their argmax); a draft is accepted iff it was drawn.
     probs = sampling_probs(logits, b)
-    # A greedy row's distribution is the point mass on its argmax: the same rule then accepts exactly
-    # the drafts equal to the argmax and recovers the argmax.
-    probs = torch.where(is_greedy.unsqueeze(1), torch.nn.functional.one_hot(greedy, probs.shape[1]).float(), probs)
-    noise = exponential_noise(b.seeds, b.positions, logits.shape[1])
-    tokens = (probs / noise).argmax(dim=-1)
+    drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
+    tokens = torch.where(b.temperature == 0, greedy, drawn)
     if rows.numel():
-        p_draft = probs[rows, drafts]
-        coin = torch.exp(-exponential_noise(b.seeds ^ _COIN_SALT, b.positions, 1)[rows, 0])  # U(0, 1]
-        ok = coin <= p_draft
-        residual = _residual(probs[rows], drafts)
-        recovered = (residual / noise[rows]).argmax(dim=-1)
-        tokens[rows] = torch.where(ok, drafts, recovered)
-        accepted[rows] = ok
+        accepted[rows] = tokens[rows] == drafts
     return tokens, accepted
-
-
-def _residual(probs: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-    """What a rejected row draws from: its distribution without the draft token (unnormalised; the
-    exponential race normalises)."""
-    return probs.scatter(1, drafts.unsqueeze(1), 0.0)
 
 
 def _draft_rows(groups: list[DraftGroup], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,7 +49,18 @@ class StructuredOutputsParams(BaseModel):
         return next(k for k in _KINDS if self._value(k) not in (None, False))
 
     def cache_key(self) -> tuple[str, str, bool]:
-        """Equal for requests that compile to the same grammar (a schema's key order does not matter)."""
+        """Equal for requests that compile to the same grammar: a schema's key order does not matter, except the
+        order of its `properties`, in which the grammar emits them."""
         value = self._value(self.kind)
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        text = value if isinstance(value, str) else json.dumps(_canonical(value))
         return self.kind, text, self.disable_any_whitespace
+
+
+def _canonical(value: Any, properties: bool = False) -> Any:
+    """`value` with every object's keys sorted, but for a `properties` map's (`properties`: this is one)."""
+    if isinstance(value, dict):
+        items = value.items() if properties else sorted(value.items())
+        return {k: _canonical(v, not properties and k == "properties") for k, v in items}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value

@@ -155,3 +155,22 @@ def test_a_leader_preempted_while_its_prompt_step_is_in_flight_forks_no_blockles
     pressed, _ = _run(engine, requests)
     assert engine.scheduler.num_preemptions > 0
     assert [_summary(o) for o in pressed] == [_summary(o) for o in reference]
+
+
+def test_a_structured_output_request_beside_one_with_penalties(model):
+    """A running request with penalties makes each step wait for the previous one's tokens
+    (`_step_after_known_outputs`); a structured-output request's draw waits for its grammar's bitmask, and that
+    path launched the step without ever drawing it: the next collect had no token for it (KeyError: the engine
+    loop died). Both requests are ordinary: JSON mode plus a frequency_penalty elsewhere on the server."""
+    from flotilla.engine.structured_output.params import StructuredOutputsParams
+
+    prompt = [101, 2034, 887, 41]
+    constrained = SamplingParams(temperature=0.0, max_tokens=20,
+                                 structured_outputs=StructuredOutputsParams(regex=r"(cat|dog|eel){1,3}!"))
+    penalised = SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=0.5, ignore_eos=True)
+    requests = [(prompt, constrained), (prompt, penalised)]
+    sync, _ = _run(_engine(model, False), requests)
+    overlapped, _ = _run(_engine(model, True), requests)
+    assert [_summary(o) for o in overlapped] == [_summary(o) for o in sync]
+    text = sync[0].outputs[0].text
+    assert text.endswith("!") and text[:-1].replace("cat", "").replace("dog", "").replace("eel", "") == ""

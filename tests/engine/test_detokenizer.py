@@ -48,3 +48,17 @@ def test_streamed_deltas_equal_the_window_decoding(tok, source, chunk, skip):
         assert "".join(streamed) == "".join(window)
     if source != "random-ids":  # random bytes decode to U+FFFD differently when split; text does not
         assert "".join(streamed) == tok.decode(ids, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("text", ["Ω≈ç√∫˜µ≤≥÷", "tail ẞ", "x 🧑\u200d🚀"])
+def test_a_prompt_that_ends_inside_a_character_leaks_nothing_into_the_output(tok, text):
+    """A token-id prompt cut inside a multi-byte character: the stream, primed with the prompt's tail, held that
+    tail back as incomplete and emitted it with the first output token ('Ω≈ç�{ hello' for the output '{ hello')."""
+    ids = tok.encode(text, add_special_tokens=False)
+    output = tok.encode("{ hello world", add_special_tokens=False)
+    cuts = [k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts
+    for k in cuts:
+        streamed = _deltas(tok, ids[:k], output, 1, True, stream=True)
+        assert streamed == _deltas(tok, ids[:k], output, 1, True, stream=False)
+        assert "".join(streamed) == "{ hello world"

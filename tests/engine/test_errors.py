@@ -22,6 +22,19 @@ def test_unknown_architecture_is_named(tmp_path, tiny_model_dirs):
         LLM(str(tmp_path))
 
 
+def test_an_activation_the_decoder_does_not_compute_is_named(tmp_path, tiny_model_dirs):
+    """The decoder's MLP is SiLU-gated; config.json's hidden_act was never read, so a Llama with another activation
+    (HF computes it) loaded and generated other tokens than HF's, silently."""
+    src = tiny_model_dirs["llama"]
+    for f in src.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
+        LLM(str(tmp_path))
+
+
 def test_missing_model_directory(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         EngineConfig.from_kwargs(str(tmp_path))

@@ -112,6 +112,24 @@ def test_seeded_noise_depends_only_on_seed_position_and_token():
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
 
 
+def test_a_token_of_negligible_probability_is_not_drawn_on_the_noise_floor():
+    """The noise's uniform had 24 bits, so one token in 2^24 got u = 1, hence E = -log(u) = 0, clamped to 1e-10,
+    and won the race against any likely token: a token of probability 2e-9 was drawn. At a 128k vocabulary
+    that happened in ~0.8% of draws at temperature 1 (32,768 rows of a 2e-9 tail: 13 tail draws, not 0.6).
+    These seeds (position 0) had a token on the floor: 5992 token 34, 11805 token 873, 42039 token 541."""
+    vocab = 2048
+    cases = [(5992, 34), (11805, 873), (42039, 541)]
+    logits = torch.full((len(cases), vocab), float("-inf"))
+    logits[:, 0] = 0.0
+    for row, (_, token) in enumerate(cases):
+        logits[row, token] = -20.0  # p = 2e-9
+    b = _batch([SamplingParams(temperature=1.0)] * len(cases))
+    b.seeds = torch.tensor([seed for seed, _ in cases])
+    assert sample(logits, b).token_ids.tolist() == [0] * len(cases)
+    noise = exponential_noise(torch.arange(4096), torch.zeros(4096, dtype=torch.long), 512)
+    assert float(noise.min()) > 0 and not torch.isnan(noise).any()
+
+
 def test_sampling_at_temperature_one_follows_softmax():
     """Chi-square goodness of fit of 20,000 draws (distinct seeds) against softmax(logits)."""
     torch.manual_seed(0)

@@ -187,3 +187,54 @@ def test_a_completion_forked_from_a_leader_that_stopped_on_its_first_token_keeps
     assert other.token_ids == second.token_ids[:cut]  # seeded draws: the same tokens from the same K/V
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_stop_token_is_not_rendered_in_the_text_unless_asked(llm):
+    """As vLLM: a request stopped by a stop token (stop_token_ids, EOS) has it in token_ids but not in the
+    text, unless include_stop_str_in_output (the text used to end with the stop token's own text)."""
+    tok = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    full = _text(llm, PROMPT, greedy)
+    at = next(i for i in range(2, 10) if tok.decode(full.token_ids[i : i + 1]).strip())  # a visible token
+    stop_id = full.token_ids[at]
+    at = full.token_ids.index(stop_id)
+    def final(params: SamplingParams):  # through the engine: LLM.generate makes every request final_only
+        request = llm.engine.add_request(PROMPT, params)
+        while llm.engine.has_unfinished_requests():
+            for output in llm.engine.step():
+                if output.finished and output.request_id == request.request_id:
+                    result = output.outputs[0]
+        return result
+
+    for kind in ("final_only", "cumulative"):
+        stopped = final(SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=[stop_id],
+                                       output_kind=kind))
+        assert stopped.token_ids == full.token_ids[: at + 1] and stopped.stop_reason == stop_id
+        assert stopped.text == tok.decode(full.token_ids[:at])
+        shown = final(SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, output_kind=kind,
+                                     stop_token_ids=[stop_id], include_stop_str_in_output=True))
+        assert shown.text == tok.decode(full.token_ids[: at + 1])
+    # EOS (id 2), drawn first, rendered when special tokens are not skipped
+    eos = SamplingParams(temperature=0, max_tokens=5, logit_bias={2: 100.0}, skip_special_tokens=False)
+    ended = _text(llm, PROMPT, eos)
+    assert (ended.token_ids, ended.finish_reason, ended.text) == ([2], "stop", "")
+
+
+@pytest.mark.parametrize("min_tokens", [1, 3])
+def test_a_stop_string_completed_by_the_min_tokens_th_token_does_not_stop_it(llm, min_tokens):
+    """As vLLM (and as EOS and stop ids here, banned for the first min_tokens tokens): no stop before
+    min_tokens + 1 tokens. A stop string completed by token number min_tokens stopped the request there, and
+    cut off (min_tokens=1: an empty text, what min_tokens exists to prevent)."""
+    tok = llm.get_tokenizer()
+    full = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    piece = tok.decode(full.token_ids[min_tokens - 1 : min_tokens])
+    assert piece and full.text.count(piece) == 1
+    stopped = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[piece],
+                                                min_tokens=min_tokens))
+    assert (stopped.token_ids, stopped.text, stopped.finish_reason) == (full.token_ids, full.text, "length")
+    # one token later, it stops
+    later = tok.decode(full.token_ids[min_tokens : min_tokens + 1])
+    assert later and full.text.count(later) == 1
+    cut = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[later],
+                                            min_tokens=min_tokens))
+    assert (cut.token_ids, cut.stop_reason) == (full.token_ids[: min_tokens + 1], later)

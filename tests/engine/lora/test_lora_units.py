@@ -245,3 +245,77 @@ def test_an_adapter_that_cannot_be_read_again_fails_its_requests_alone(tiny_mode
     assert [f.request_id for f in failures] == ["a"] and "no adapter_config.json" in str(failures[0])
     assert list(finals) == ["b"] and len(finals["b"].outputs[0].token_ids) == 12
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_request_failed_for_its_adapter_leaves_no_uncomputed_blocks_in_the_prefix_cache(
+        tiny_model_dirs, lora_adapters, tmp_path):
+    """A request whose adapter cannot be read again fails before its step runs; the blocks its prompt was
+    given had already been indexed for the prefix cache (a step's blocks are indexed as it is planned).
+    Left indexed, they were hit by the next request with that adapter and prompt once the directory was
+    back: K/V never computed (32 'cached' tokens), wrong tokens."""
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    adapter = shutil.copytree(lora_adapters["qwen3"]["attn"], tmp_path / "attn")
+    attn, other = LoRARequest("attn", 1, str(adapter)), LoRARequest("mlp", 2, str(lora_adapters["qwen3"]["mlp"]))
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompt = list(range(5, 45))  # two full blocks of 16, and some
+
+    def run(engine, request_id: str | None):
+        if request_id is not None:
+            engine.add_request(prompt, greedy, request_id, lora_request=attn)
+        finals = {}
+        while engine.has_unfinished_requests():
+            finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        return finals.get(request_id), engine.take_failures()
+
+    def build():
+        return LLM(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=16, max_model_len=128,
+                   max_cpu_loras=1).engine
+
+    expected, _ = run(build(), "fresh")
+    engine = build()
+    engine.add_request(prompt, greedy, "first", lora_request=attn)
+    engine.add_lora(other)  # --max-cpu-loras 1: evicts `attn` from the CPU cache before its first step
+    shutil.move(adapter, tmp_path / "away")  # the directory is being replaced
+    _, failures = run(engine, None)  # its first step fails it
+    assert [f.request_id for f in failures] == ["first"]
+    shutil.move(tmp_path / "away", adapter)  # and is back
+    again, failures = run(engine, "again")
+    assert not failures
+    assert again.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_an_unreadable_adapter_fails_every_request_that_names_it_not_only_those_sharing_one_object(
+        tiny_model_dirs, lora_adapters, tmp_path):
+    """Requests of one adapter hold equal but distinct LoRARequest objects when each crossed the pipe to the
+    core process. When the adapter could not be read again, only the requests holding the object the step
+    happened to look up failed; the others were dropped from the step but left as if it had run (prompt
+    counted as computed, a token pending), and their next step died in the runner (KeyError: the engine
+    loop ended)."""
+    import copy
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    adapter = shutil.copytree(lora_adapters["qwen3"]["attn"], tmp_path / "attn")
+    attn = LoRARequest("attn", 1, str(adapter))
+    engine = LLM(str(tiny_model_dirs["qwen3"]), enable_lora=True, max_lora_rank=16, max_model_len=128,
+                 max_cpu_loras=1).engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(list(range(5, 45)), greedy, "a", lora_request=attn)
+    engine.add_request(list(range(50, 70)), greedy, "b", lora_request=copy.copy(attn))  # as unpickled
+    engine.add_request(list(range(70, 90)), greedy, "base")
+    engine.add_lora(LoRARequest("mlp", 2, str(lora_adapters["qwen3"]["mlp"])))  # evicts `attn` (CPU cache of 1)
+    shutil.move(adapter, tmp_path / "away")
+    engine.step()  # `attn` cannot be read: its requests fail
+    shutil.move(tmp_path / "away", adapter)  # a moment later its directory is back
+    finals, failures = {}, engine.take_failures()
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        failures += engine.take_failures()
+    assert sorted(f.request_id for f in failures) == ["a", "b"]
+    assert list(finals) == ["base"] and len(finals["base"].outputs[0].token_ids) == 8
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -109,6 +109,23 @@ def test_stops_max_tokens_and_logprobs_as_without_speculation(tiny_model_dirs):
     assert spec.engine.speculator.counts.num_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("stop_at", [1, 2, 6])
+def test_a_stop_token_inside_the_accepted_drafts_with_logprobs(tiny_model_dirs, stop_at):
+    """A stop token (EOS, stop_token_ids) among the accepted drafts cuts the step's tokens there, but the
+    logprobs of the cut tokens were still walked: IndexError, and the request failed instead of stopping."""
+    model = tiny_model_dirs["llama"]
+    prompt = [101, 2034, 887, 41, 9000, 77, 5, 16000, 123, 4567, 88, 12]
+    plain = LLM(str(model), max_model_len=128, block_size=8)
+    spec = LLM(str(model), max_model_len=128, block_size=8,
+               speculative_config={"model": str(model), "num_speculative_tokens": 3})  # the draft is the target
+    base = plain.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2, stop_token_ids=[base[stop_at]])
+    want = plain.generate([prompt], params, use_tqdm=False)
+    got, _ = _run(model, [prompt], None, params=params, llm=spec)
+    assert_same_completions(want, got, params)
+    assert len(got[0].outputs[0].token_ids) == stop_at + 1 and got[0].outputs[0].finish_reason == "stop"
+
+
 def test_abort_mid_speculation_returns_every_block(tiny_model_dirs):
     model = tiny_model_dirs["llama"]
     llm = LLM(str(model), max_model_len=128, block_size=8, speculative_config={"model": str(model),
@@ -149,3 +166,23 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny_model_dirs):
     assert _tokens(first) == _tokens(second)
     assert all(len(t) == MAX_TOKENS for t in _tokens(first))
     assert llm.engine.speculator.counts.num_accepted_tokens > 0
+
+
+def test_a_seeded_request_draws_the_same_tokens_with_or_without_speculation_whatever_else_runs(tiny_model_dirs):
+    """`seed` makes a request's draws reproducible whatever else runs. Verification drew a position's token by
+    one rule when it was a draft row (a coin against p(draft), else the residual) and by the sampler's when
+    it was not (a bonus row, or a step that did not speculate), so a seeded request's tokens depended on its
+    neighbours: here the load rule (disable_by_batch_size=2) turned speculation off while another request ran."""
+    model = tiny_model_dirs["llama"]
+    prompt = [101, 2034, 887, 41, 9000, 77, 5, 16000, 123, 4567, 88, 12]
+    # At temperature 0.1 the tiny model's top token has ~0.4: drafts (the argmax) are often accepted.
+    seeded = SamplingParams(temperature=0.1, top_p=0.95, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain = LLM(str(model), max_model_len=128, block_size=8)
+    spec = LLM(str(model), max_model_len=128, block_size=8, speculative_config={
+        "model": str(model), "num_speculative_tokens": 3, "disable_by_batch_size": 2})
+    want = plain.generate([prompt], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    alone = spec.generate([prompt], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    accepted = spec.engine.speculator.counts.num_accepted_tokens
+    beside = spec.generate([prompt, [5, 6, 7]], [seeded, GREEDY], use_tqdm=False)[0].outputs[0].token_ids
+    assert accepted > 0
+    assert alone == want and beside == want
