@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flotilla.engine.bad_words import bad_word_token_ids, reads_output
 from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
@@ -125,6 +126,7 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
+        bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
         if lora_request is not None:
             self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
         if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
@@ -150,6 +152,7 @@ class LLMEngine:
                 lora_request=lora_request,
                 priority=priority,
                 cache_salt=cache_salt,
+                bad_words_token_ids=bad_words,
             )
             for i in range(params.n)
         ]
@@ -426,11 +429,12 @@ class LLMEngine:
         return step_bitmask([r.request.grammar for r in rows], self.vocab_size)
 
     def _needs_known_outputs(self, in_flight: SchedulerOutput) -> bool:
-        """Penalties read a request's whole output on the host, so the next step of a running request
-        that has them cannot be planned before the step in flight has delivered its token. Drafts
+        """Penalties (and bad words of several tokens) read a request's output on the host, so the next
+        step of a running request that has them cannot be planned before the step in flight has delivered
+        its token. Drafts
         likewise: proposals read the known tokens, and a step with drafts in flight has an unknown
         number of accepted tokens to roll back to."""
-        if any(r.sampling_params.has_penalties for r in self.scheduler.running):
+        if any(r.sampling_params.has_penalties or reads_output(r.bad_words_token_ids) for r in self.scheduler.running):
             return True
         spec = self.speculator
         if spec is None:

@@ -42,7 +42,8 @@ MAX_SEQUENCES_PER_REQUEST = 2048
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.
-UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "use_beam_search", "logits_processors",
+# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
                            "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
 
 
@@ -96,6 +97,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=structured_outputs(req),
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
         )
     except ValueError as exc:
         raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
