@@ -58,6 +58,8 @@ class ModelConfig(_Component):
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = Field(None, ge=1)  # None: decode to max_num_seqs, mixed to 512
     load_format: Literal["auto", "dummy"] = "auto"
+    # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
+    generation_config: str = "auto"
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
     convert: Literal["none", "embed"] = "none"
@@ -298,6 +300,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
         raise ConfigError(problem)
+    gen = v["generation_config"]
+    if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():
+        raise ConfigError(f"--generation-config {gen}: give auto, vllm or a folder holding generation_config.json")
     if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
         raise ConfigError(problem)
     default_async = device == "cuda" and pipeline == 1
@@ -330,6 +335,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             enforce_eager=v["enforce_eager"],
             max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
             load_format=v["load_format"],
+            generation_config=v["generation_config"],
             runner=runner,
             convert=convert,
             quantization=quantization,

@@ -44,7 +44,7 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         # Offline callers see only final outputs, so the engine need not build one per step.
         params = [p.model_copy(update={"output_kind": "final_only"})
-                  for p in _as_params_list(sampling_params, len(prompt_list))]
+                  for p in _as_params_list(sampling_params, len(prompt_list), self.engine.default_sampling)]
         loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompt_list)
         ids = []
         try:
@@ -115,9 +115,10 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     return list(prompts)
 
 
-def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * n
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int,
+                    defaults: dict[str, Any]) -> list[SamplingParams]:
+    if params is None:  # as vLLM's LLM: the model's generation_config.json defaults (--generation-config)
+        return [SamplingParams(**defaults)] * n
     if isinstance(params, SamplingParams):
         return [params] * n
     if len(params) != n:

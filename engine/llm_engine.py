@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flotilla.engine.bad_words import bad_word_token_ids, reads_output
 from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.detokenizer import IncrementalDetokenizer
 from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
 from flotilla.engine.executor import MultiprocExecutor, build_executor
+from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
@@ -63,6 +65,8 @@ class LLMEngine:
         # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
         gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
         self.eos_token_ids = eos_token_ids(gen_dir, self.tokenizer, config.model.hf_config)
+        # generation_config.json's sampling fields, for requests that leave them out (--generation-config)
+        self.default_sampling = default_sampling_fields(config.model.generation_config, gen_dir)
         self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
@@ -122,6 +126,7 @@ class LLMEngine:
             text, token_ids = prompt_text, list(prompt)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
+        bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
         if lora_request is not None:
             self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
         if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
@@ -147,6 +152,7 @@ class LLMEngine:
                 lora_request=lora_request,
                 priority=priority,
                 cache_salt=cache_salt,
+                bad_words_token_ids=bad_words,
             )
             for i in range(params.n)
         ]
@@ -424,11 +430,12 @@ class LLMEngine:
         return step_bitmask([r.request.grammar for r in rows], self.vocab_size)
 
     def _needs_known_outputs(self, in_flight: SchedulerOutput) -> bool:
-        """Penalties read a request's whole output on the host, so the next step of a running request
-        that has them cannot be planned before the step in flight has delivered its token. Drafts
+        """Penalties (and bad words of several tokens) read a request's output on the host, so the next
+        step of a running request that has them cannot be planned before the step in flight has delivered
+        its token. Drafts
         likewise: proposals read the known tokens, and a step with drafts in flight has an unknown
         number of accepted tokens to roll back to."""
-        if any(r.sampling_params.has_penalties for r in self.scheduler.running):
+        if any(r.sampling_params.has_penalties or reads_output(r.bad_words_token_ids) for r in self.scheduler.running):
             return True
         spec = self.speculator
         if spec is None:

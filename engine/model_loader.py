@@ -7,6 +7,7 @@ with random values on the device, as HF initialises a fresh model (normal, std
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -103,6 +104,17 @@ def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files: those model.safetensors.index.json lists when there is one (as HF and vLLM
+    load), else every *.safetensors file. Mistral's repos keep consolidated.safetensors (the same weights
+    under other names) beside the listed shards."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        listed = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        absent = [name for name in listed if not (model_dir / name).is_file()]
+        if absent:
+            raise FileNotFoundError(f"model {model_dir}: {index.name} lists missing files: {', '.join(absent)}")
+        if listed:
+            return [model_dir / name for name in listed]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model {model_dir}: no *.safetensors files")
@@ -121,6 +133,7 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
     params = dict(model.named_parameters())
     loaders = _weight_loaders(model)
     loaded: set[str] = set()
+    shards: dict[str, set[str | int]] = {}  # merged parameter -> the shards loaded into it
     tied = model.ties_lm_head
     for hf_name, tensor in tensors:
         if tied and hf_name == "lm_head.weight":
@@ -137,9 +150,23 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
         param = params[name]
-        loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
+        try:
+            loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
+        except torch.OutOfMemoryError:
+            raise
+        except (ValueError, RuntimeError) as e:  # torch's own ("exceeds dimension size") names no tensor
+            raise ValueError(f"checkpoint tensor {hf_name} {tuple(tensor.shape)} does not fit {name} "
+                             f"{tuple(param.shape)} (do config.json and the checkpoint disagree?): {e}") from None
         loaded.add(name)
+        if shard_id is not None:
+            shards.setdefault(name, set()).add(shard_id)
     missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+    # A merged parameter (q/k/v, gate/up) is loaded only when every part is: one missing part would leave its
+    # slice uninitialised.
+    for name, got in shards.items():
+        for fragment, (merged, shard_id) in model.packed_modules.items():
+            if f".{merged}." in name and shard_id not in got:
+                missing.add(name.replace(f".{merged}.", f".{fragment}."))
     if missing:
         raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
 

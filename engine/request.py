@@ -11,6 +11,8 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from flotilla.engine.structured_output.matcher import RequestGrammar
 
 _U64 = (1 << 64) - 1
@@ -80,6 +82,11 @@ class Request:
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
     # Structured output: this completion's grammar state (None = unconstrained).
     grammar: RequestGrammar | None = None
+    # `sampling_params.bad_words` as token sequences (engine/bad_words.py), tokenized once when added.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # `sampling_params.allowed_token_ids` as a `[vocab]` bool row on the sampler's device, made at the first
+    # draw and reused: a step then costs the same whatever the list's length (sampling_metadata).
+    allowed_mask: torch.Tensor | None = field(default=None, repr=False)
 
     # Timings (time.monotonic()) for the latency metrics.
     first_scheduled_time: float | None = None

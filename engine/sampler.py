@@ -3,7 +3,8 @@
 The pipeline per step, each stage a pure function over the whole batch:
 grammar bitmask (structured output; applied by the runner before either the greedy fast path or
 `sample`) -> logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
-whose log-softmax is what `logprobs` reports) -> temperature -> min-p -> top-k and top-p -> draw.
+whose log-softmax is what `logprobs` reports) -> allowed_token_ids and bad_words masks (after the logprobs:
+vLLM reports logprobs before them) -> temperature -> min-p -> top-k and top-p -> draw.
 
 Draws use the exponential race (argmax of p / E with E ~ Exp(1)), where E comes from a counter-based
 hash of (request seed, output position, token id). A seeded request therefore draws the same
@@ -42,6 +43,12 @@ class SamplingBatch:
     bias_values: torch.Tensor  # [nnz] float32
     banned_rows: torch.Tensor  # [m] int64: (row, token) pairs that may not be drawn (min_tokens)
     banned_tokens: torch.Tensor  # [m] int64
+    # allowed_token_ids: the rows that have it, and what each may draw
+    restricted_rows: torch.Tensor  # [r] int64
+    allowed_masks: torch.Tensor  # [r, V] bool
+    # bad_words: (row, token) pairs forbidden this step
+    bad_rows: torch.Tensor  # [w] int64
+    bad_tokens: torch.Tensor  # [w] int64
     all_greedy: bool
     any_penalties: bool
     any_truncation: bool
@@ -93,6 +100,23 @@ def apply_bans(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Forbid stop tokens until a row has its min_tokens."""
     if b.banned_rows.numel():
         logits[b.banned_rows, b.banned_tokens] = _NEG_INF
+    return logits
+
+
+def apply_token_masks(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Forbid what allowed_token_ids leaves out and what bad_words bans this step. A new tensor when
+    anything is masked: the caller's logits stay unmasked for the logprobs (vLLM reports them before these
+    masks). Without such rows it costs nothing (the index tensors are empty; no device work)."""
+    if not b.restricted_rows.numel() and not b.bad_rows.numel():
+        return logits
+    if b.restricted_rows.numel():
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        keep[b.restricted_rows] = b.allowed_masks
+        logits = logits.masked_fill(keep.logical_not_(), _NEG_INF)
+    else:
+        logits = logits.clone()
+    if b.bad_rows.numel():
+        logits[b.bad_rows, b.bad_tokens] = _NEG_INF
     return logits
 
 
@@ -180,6 +204,8 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     logits = apply_bans(apply_logit_bias(logits, b), b)
     if b.any_penalties:
         logits = apply_penalties(logits, b)
+    reported = logits
+    logits = apply_token_masks(logits, b)
     token_ids = logits.argmax(dim=-1)
     if not b.all_greedy:
         probs = sampling_probs(logits, b)
@@ -187,7 +213,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         token_ids = torch.where(b.temperature == 0, token_ids, drawn)
     out = SamplerOutput(token_ids=token_ids)
     if b.max_logprobs is not None:
-        add_logprobs(out, torch.log_softmax(logits, dim=-1), b.max_logprobs)
+        add_logprobs(out, torch.log_softmax(reported, dim=-1), b.max_logprobs)
     return out
 
 

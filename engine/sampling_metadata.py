@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flotilla.engine.bad_words import banned_next
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
 from flotilla.engine.sampling_params import GREEDY_TEMPERATURE
@@ -38,6 +39,10 @@ def build_sampling_batch(
     bias_values: list[float] = []
     banned_rows: list[int] = []
     banned_tokens: list[int] = []
+    restricted_rows: list[int] = []
+    allowed_masks: list[torch.Tensor] = []
+    bad_rows: list[int] = []
+    bad_tokens: list[int] = []
     for i, r in enumerate(rows):
         p = r.request.sampling_params
         for token, value in (p.logit_bias or {}).items():
@@ -51,6 +56,15 @@ def build_sampling_batch(
             banned = sorted(t for t in stops if 0 <= t < vocab_size)
             banned_rows += [i] * len(banned)
             banned_tokens += banned
+        if p.allowed_token_ids is not None:
+            restricted_rows.append(i)
+            allowed_masks.append(allowed_mask(r.request, vocab_size, device))
+        if r.request.bad_words_token_ids:
+            # The request's known output: a bad word of several tokens keeps it known each step
+            # (LLMEngine._needs_known_outputs) and does not speculate (policy.request_can_speculate).
+            bad = banned_next(r.request.bad_words_token_ids, r.request.output_token_ids)
+            bad_rows += [i] * len(bad)
+            bad_tokens += bad
 
     def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
         return device_tensor(values, dtype, device)
@@ -80,8 +94,25 @@ def build_sampling_batch(
         bias_values=tensor(bias_values, torch.float32),
         banned_rows=tensor(banned_rows, torch.long),
         banned_tokens=tensor(banned_tokens, torch.long),
+        restricted_rows=tensor(restricted_rows, torch.long),
+        allowed_masks=torch.stack(allowed_masks) if allowed_masks else torch.ones(0, vocab_size, dtype=torch.bool,
+                                                                                   device=device),
+        bad_rows=tensor(bad_rows, torch.long),
+        bad_tokens=tensor(bad_tokens, torch.long),
         all_greedy=all(t == 0 for t in temperatures),
         any_penalties=any_penalties,
         any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         max_logprobs=max(logprobs) if logprobs else None,
     )
+
+
+def allowed_mask(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The request's `allowed_token_ids` as a `[vocab_size]` bool row on `device`, built once per request."""
+    mask = request.allowed_mask
+    if mask is None or mask.shape[0] != vocab_size:
+        ids = request.sampling_params.allowed_token_ids
+        assert ids is not None, "called for rows with allowed_token_ids only"
+        mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        mask[device_tensor([t for t in ids if 0 <= t < vocab_size], torch.long, device)] = True
+        request.allowed_mask = mask
+    return mask

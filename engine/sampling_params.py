@@ -10,6 +10,8 @@ from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 from flotilla.validation_messages import describe
 
+# vLLM's bound on a request's bad words after tokenization (engine/bad_words.py checks it there too).
+MAX_BAD_WORDS = 128
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
 MAX_LOGPROBS = 20
 # Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
@@ -36,6 +38,9 @@ class SamplingParams(BaseModel):
       per generated token, `prompt_logprobs` per prompt token.
     - `output_kind` as vLLM's: every step, or only the final output.
     - `structured_outputs` constrains the output to a JSON schema, regex, choice or EBNF grammar.
+    - `allowed_token_ids` (vLLM's) restricts every draw to the given ids; `bad_words` (vLLM's) are words
+      never to complete: a word's last token is banned whenever the tokens before it end the output so far
+      (engine/bad_words.py tokenizes them with and without a leading space, as vLLM does).
     """
 
     # NaN and infinity are refused in every float field: no comparison bounds them.
@@ -64,6 +69,8 @@ class SamplingParams(BaseModel):
     # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
     output_kind: Literal["cumulative", "final_only"] = "cumulative"
     structured_outputs: StructuredOutputsParams | None = None
+    allowed_token_ids: list[int] | None = None  # ids bounded by the vocabulary: `check_vocab`
+    bad_words: list[str] | None = None
 
     def __init__(self, **data: object) -> None:
         try:
@@ -86,6 +93,24 @@ class SamplingParams(BaseModel):
                 raise ValueError(f"logit_bias for token {token} is {bias}; it must lie in [-100, 100]")
         return value
 
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _some_allowed(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise ValueError("allowed_token_ids must not be empty: leave it out (null) to allow every token")
+        return value
+
+    @field_validator("bad_words")
+    @classmethod
+    def _words_with_text(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(value) > MAX_BAD_WORDS:  # each word gives one token sequence or two
+            raise ValueError(f"bad_words holds {len(value)} words; at most {MAX_BAD_WORDS}")
+        for i, word in enumerate(value or ()):
+            if not word.strip():
+                # vLLM tokenizes the word without its leading whitespace: nothing would be left to ban.
+                raise ValueError(f"bad_words[{i}] is empty or only whitespace; every bad word needs text")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -100,11 +125,17 @@ class SamplingParams(BaseModel):
         if self.top_k > vocab_size:
             raise InvalidParamError(f"top_k ({self.top_k}) must be at most the vocabulary size ({vocab_size}); "
                                     "-1 or 0 turns it off", "top_k")
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or ()))):
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or ())),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
                 raise InvalidParamError(f"{name}: token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})",
                                         name)
+
+    @property
+    def has_token_masks(self) -> bool:
+        """True when `allowed_token_ids` or `bad_words` forbid tokens (the sampler's masks, not argmax)."""
+        return self.allowed_token_ids is not None or bool(self.bad_words)
 
     @property
     def has_penalties(self) -> bool:

@@ -24,6 +24,8 @@ from flotilla.flags import FLAGS, Flag
 DEFAULT_BATCHED_TOKENS = 8192
 # Model length when config.json states none (as transformers' default).
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+# transformers' config classes whose sliding_window has a default (a config.json without the key still slides)
+DEFAULT_SLIDING_WINDOW = {"MistralForCausalLM": 4096}
 
 NameOf = Callable[[str], str]
 
@@ -131,14 +133,31 @@ def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
 
 # --- rules across flags ----------------------------------------------------------------------------
 
+def rope_scaled_length(hf_config: dict[str, Any], max_position: int) -> int:
+    """The length a scaled rotary embedding reaches, as vLLM derives it: YaRN's original_max_position_embeddings
+    times its factor, max_position_embeddings times the factor for linear/dynamic scaling; llama3 (whose
+    max_position_embeddings already counts its factor) and unscaled models keep `max_position`."""
+    rope = hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("default", "llama3", "longrope", "su") or not rope.get("factor"):
+        return max_position
+    if rope_type == "yarn":
+        max_position = int(hf_config.get("original_max_position_embeddings")
+                           or rope.get("original_max_position_embeddings") or max_position)
+    return int(max_position * rope["factor"])
+
+
 def model_len_limit(hf_config: dict[str, Any]) -> int:
-    """The model's usable length: max_position_embeddings, or the sliding window when one applies.
+    """The model's usable length: max_position_embeddings (rope-scaled, `rope_scaled_length`), or the sliding
+    window when one applies.
 
     Within its window, sliding-window attention equals full attention, so capping the length at the
     window keeps outputs exact without a sliding-window kernel.
     """
     limit = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
-    window = hf_config.get("sliding_window")
+    limit = rope_scaled_length(hf_config, limit)
+    archs = hf_config.get("architectures") or [""]
+    window = hf_config.get("sliding_window", DEFAULT_SLIDING_WINDOW.get(archs[0]))
     if window and hf_config.get("use_sliding_window", True):
         limit = min(limit, int(window))
     return limit

@@ -159,6 +159,16 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         choices=("auto", "dummy"),
     ),
+    Flag(
+        "--generation-config",
+        "str",
+        "auto",
+        "Where requests' default sampling fields come from (as vLLM): auto reads the model's "
+        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as "
+        "the default max_tokens) for requests that leave them out; vllm keeps the neutral defaults; a folder "
+        "reads its generation_config.json.",
+        "model",
+    ),
     # --- pooling runner (engine/pooling, /v1/embeddings) -------------------------------------------
     Flag(
         "--runner",

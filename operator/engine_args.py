@@ -123,6 +123,9 @@ OPERATOR_OWNED: dict[str, str] = {
 # after this operator version) is refused until it is classified here.
 ENGINE_ARGS_ALLOWED = frozenset({
     "--seed", "--enforce-eager", "--async-scheduling", "--disable-log-stats", "--shutdown-timeout",
+    # Requests' default sampling fields (the model's generation_config.json, vLLM's neutral ones, or a folder's
+    # file in the pod): what a request leaves out, not what is loaded.
+    "--generation-config",
     "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",

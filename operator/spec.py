@@ -94,7 +94,8 @@ class ModelArchitecture(_Model):
         description="KV heads per layer (num_key_value_heads); defaults to numAttentionHeads (no GQA).")
     head_dim: int | None = Field(
         default=None, ge=1, le=MAX_COUNT,
-        description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads.")
+        description="Size of one head (head_dim); defaults to hiddenSize / numAttentionHeads. Set it for "
+                    "Qwen3, whose config.json may leave head_dim out: transformers then uses 128.")
     intermediate_size: int = Field(ge=1, le=MAX_MLP_WIDTH, description="Width of the gated MLP (intermediate_size).")
     vocab_size: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size (vocab_size).")
     tie_word_embeddings: bool = Field(

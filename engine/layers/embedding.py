@@ -29,6 +29,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Take this rank's rows of the vocabulary; rows past its end stay zero."""
+        if loaded.shape[0] != self.vocab_size:  # config.json's vocab_size and the checkpoint disagree
+            raise ValueError(f"{loaded.shape[0]} rows, where config.json's vocab_size is {self.vocab_size}")
         end = min(self.vocab_start + self.shard_size, loaded.shape[0])
         rows = max(end - self.vocab_start, 0)
         param.data[:rows].copy_(loaded[self.vocab_start : self.vocab_start + rows])

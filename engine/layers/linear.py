@@ -39,6 +39,13 @@ class _Linear(nn.Module):
         """Copy a checkpoint tensor into the parameter (overridden by sharded layers)."""
         param.data.copy_(loaded)
 
+    def check_full_size(self, loaded: torch.Tensor, dim: int, full: int) -> None:
+        """A checkpoint tensor must have the layer's whole size along the dimension the ranks split: a larger one
+        would load its first rows without a word (config.json and the checkpoint disagree). Quantized layers'
+        tensors (packed codes, broadcast scales) are their converters' to check."""
+        if self.quant_method is None and loaded.shape[dim] != full:
+            raise ValueError(f"size {loaded.shape[dim]} along dimension {dim}, where config.json gives {full}")
+
     def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Load per-output-channel scales `[rows, 1]` (or one `[1, 1]` for the whole tensor): split
         over ranks like the weight's rows."""
@@ -72,6 +79,7 @@ class ColumnParallelLinear(_Linear):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         """Take this rank's rows of the full checkpoint tensor."""
         size = param.shape[0]
+        self.check_full_size(loaded, 0, size * tp_size())
         param.data.copy_(loaded.narrow(0, tp_rank() * size, size))
 
 
@@ -88,6 +96,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         n = tp_size()
         offset = sum(self.out_sizes[:shard_id]) // n
         size = self.out_sizes[shard_id] // n
+        self.check_full_size(loaded, 0, self.out_sizes[shard_id])
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, tp_rank() * size, size))
 
 
@@ -106,6 +115,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = num_heads // n
         self.num_kv_heads = max(num_kv_heads // n, 1)
         self.kv_shard = tp_rank() if num_kv_heads >= n else tp_rank() // (n // num_kv_heads)
+        self.total_heads = {"q": num_heads, "k": num_kv_heads, "v": num_kv_heads}  # in the checkpoint
         # The per-rank size is computed here, not split by ColumnParallelLinear (KV heads may be replicated).
         _Linear.__init__(self, hidden_size, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias)
 
@@ -115,6 +125,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         kv_size = self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[str(shard_id)]
         shard = tp_rank() if shard_id == "q" else self.kv_shard
+        self.check_full_size(loaded, 0, self.total_heads[str(shard_id)] * self.head_dim)
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, shard * size, size))
 
 
@@ -132,6 +143,7 @@ class RowParallelLinear(_Linear):
             param.data.copy_(loaded)
             return
         size = param.shape[1]
+        self.check_full_size(loaded, 1, size * tp_size())
         param.data.copy_(loaded.narrow(1, tp_rank() * size, size))
 
     def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:

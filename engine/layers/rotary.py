@@ -1,4 +1,4 @@
-"""Rotary position embedding, including Llama-3's frequency scaling."""
+"""Rotary position embedding, including Llama-3's and YaRN's frequency scaling."""
 
 from __future__ import annotations
 
@@ -23,7 +23,48 @@ def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | No
         return inv_freq / scaling["factor"]
     if rope_type == "llama3":
         return _llama3_scale(inv_freq, scaling)
-    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3)")
+    if rope_type == "yarn":
+        return _yarn_inverse_frequencies(head_dim, base, scaling)
+    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)")
+
+
+def attention_scaling(scaling: dict[str, Any] | None) -> float:
+    """The factor HF multiplies cos and sin by: YaRN's attention factor (from `factor` and mscale when not
+    given), 1 for the other types."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+    return get_mscale(factor)
+
+
+def _yarn_inverse_frequencies(dim: int, base: float, s: dict[str, Any]) -> torch.Tensor:
+    """YaRN: high frequencies kept, low ones interpolated by `factor`, a linear ramp between the dimensions
+    that turn `beta_fast` and `beta_slow` times over the original length (transformers' computation)."""
+    factor, original = s["factor"], s["original_max_position_embeddings"]
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -44,7 +85,9 @@ def _cos_sin_table(head_dim: int, max_position: int, base: float, scaling: str, 
     with torch.device("cpu"):  # frequencies on the CPU, as HF computes them at init
         inv_freq = inverse_frequencies(head_dim, base, json.loads(scaling)).to(device)
     freqs = torch.arange(max_position, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    mscale = attention_scaling(json.loads(scaling))
+    return table if mscale == 1.0 else table * mscale
 
 
 class RotaryEmbedding(nn.Module):

@@ -34,6 +34,7 @@ from flotilla.engine.parallel_state import (
     send_to_next_stage,
     stage_layers,
 )
+from flotilla.engine_rules import rope_scaled_length
 from flotilla.kernels.dispatch import silu_and_mul_linear
 
 
@@ -67,6 +68,20 @@ class LlamaArch:
             raise ValueError(f"hidden_act {act!r} is not supported: this decoder's MLP is SiLU-gated")
         rope = dict(c.get("rope_parameters") or {})
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        # The MLP computes SiLU only; another activation would run as SiLU and generate other tokens than HF.
+        act = c.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
+            raise ValueError(f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM")
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+            # transformers' defaults: the pretraining length is max_position_embeddings (a top-level
+            # original_max_position_embeddings first), the factor their ratio
+            scaling = dict(scaling)
+            if c.get("original_max_position_embeddings"):
+                scaling["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+            max_position = c.get("max_position_embeddings", 2048)
+            scaling.setdefault("original_max_position_embeddings", max_position)
+            if scaling.get("factor") is None:
+                scaling["factor"] = max_position / scaling["original_max_position_embeddings"]
         num_heads = c["num_attention_heads"]
         attention_bias = bool(c.get("attention_bias", False))
         return cls(
@@ -80,7 +95,9 @@ class LlamaArch:
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             rope_scaling=scaling,
-            max_position=c.get("max_position_embeddings", 2048),
+            # the rotary table covers the scaled length too (YaRN: original length x factor, as vLLM allows)
+            max_position=max(c.get("max_position_embeddings", 2048),
+                             rope_scaled_length(c, c.get("max_position_embeddings", 2048))),
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_bias=attention_bias if qkv_bias is None else False,
             mlp_bias=bool(c.get("mlp_bias", False)),

@@ -13,7 +13,8 @@ _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     "LlamaForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
     "MistralForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
     "Qwen2ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True)),
-    "Qwen3ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qk_norm=True)),
+    # Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads (HF and vLLM read it so)
+    "Qwen3ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True)),
 }
 
 

@@ -22,6 +22,7 @@ from flotilla.engine.async_engine import AsyncEngine, exit_process
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.engine_core import EngineFactory
 from flotilla.engine.engine_core_client import EngineCoreClient
+from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.app import ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
@@ -36,6 +37,12 @@ logger = logging.getLogger("flotilla.serve")
 # uvicorn's own graceful-shutdown wait, after the drain: only connections that are not engine
 # requests (a /metrics scrape, a request still being tokenized) can still be open by then.
 UVICORN_GRACE_S = 5
+
+
+def _default_sampling(config: EngineConfig) -> dict[str, Any]:
+    """Requests' default sampling fields from generation_config.json (a .gguf model's is beside its tokenizer)."""
+    gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
+    return default_sampling_fields(config.model.generation_config, gen_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                               loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
-                              enable_prompt_tokens_details=server.enable_prompt_tokens_details),
+                              enable_prompt_tokens_details=server.enable_prompt_tokens_details,
+                              default_sampling=_default_sampling(config)),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,

@@ -116,6 +116,8 @@ class _SamplingFields(_RequestBody):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None  # only these may be drawn (bounded by the vocabulary in the engine)
+    bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"

@@ -150,7 +150,8 @@ class ResponsesServing:
         plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
-                                                       self.serving.max_model_len, None))
+                                                       self.serving.max_model_len, None,
+                                                       defaults=self.serving.default_sampling))
         if not req.stream:  # only the end is read: spare the per-step outputs
             sp = sp.model_copy(update={"output_kind": "final_only"})
         response_id = _response_id(req.request_id, header_id)

@@ -42,7 +42,8 @@ MAX_SEQUENCES_PER_REQUEST = 2048
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.
-UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "use_beam_search", "logits_processors",
+# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
                            "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
 
 
@@ -55,10 +56,16 @@ def refuse_unsupported_fields(req: _SamplingFields) -> None:
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
-                    logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
-    """OpenAI/vLLM request fields -> SamplingParams; defaults as vLLM's server (temperature 1)."""
+                    logprobs: int | None, prompt_logprobs: int | None = None,
+                    defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """OpenAI/vLLM request fields -> SamplingParams. A field the request leaves out takes the model's
+    generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1)."""
     refuse_unsupported_fields(req)
     room = max_model_len - prompt_len
+    defaults = defaults or {}
+
+    def field(value: Any, name: str, neutral: Any) -> Any:
+        return value if value is not None else defaults.get(name, neutral)
     # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
     if max_tokens is not None and 0 < room < max_tokens:
         raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
@@ -70,25 +77,28 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
     try:
         return SamplingParams(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            temperature=field(req.temperature, "temperature", 1.0),
+            top_p=field(req.top_p, "top_p", 1.0),
+            top_k=field(req.top_k, "top_k", 0),
+            min_p=field(req.min_p, "min_p", 0.0),
             seed=req.seed,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=field(req.repetition_penalty, "repetition_penalty", 1.0),
             logit_bias=bias,
             stop=req.stop,
             stop_token_ids=req.stop_token_ids or [],
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
-            max_tokens=max_tokens if max_tokens is not None else max(room, 1),
+            # vLLM: the model's max_new_tokens when the request gives none, within the context left
+            max_tokens=max_tokens if max_tokens is not None else max(min(room, defaults.get("max_tokens", room)), 1),
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=structured_outputs(req),
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
         )
     except ValueError as exc:
         raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
@@ -197,8 +207,10 @@ class OpenAIServing:
     def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-                 reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False) -> None:
+                 reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
+                 default_sampling: dict[str, Any] | None = None) -> None:
         self.engine = engine
+        self.default_sampling = default_sampling or {}  # generation_config.json's fields (--generation-config)
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
@@ -313,7 +325,7 @@ class OpenAIServing:
         if req.echo and req.logprobs is not None:  # the echoed prompt's logprobs are the engine's prompt logprobs
             prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
         params = [sampling_params(req, req.max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
-                                  prompt_logprobs) for p in prompts]
+                                  prompt_logprobs, self.default_sampling) for p in prompts]
         request_id, engine_id = response_ids("cmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
@@ -434,7 +446,8 @@ class OpenAIServing:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
-                                                       (top or 0) if req.logprobs else None))
+                                                       (top or 0) if req.logprobs else None,
+                                                       defaults=self.default_sampling))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())

@@ -29,6 +29,7 @@ from flotilla.engine.sampler import (
     apply_bans,
     apply_logit_bias,
     apply_penalties,
+    apply_token_masks,
     exponential_noise,
     sampling_probs,
 )
@@ -52,6 +53,7 @@ def verify(logits: torch.Tensor, b: SamplingBatch, groups: list[DraftGroup]) -> 
     logits = apply_bans(apply_logit_bias(logits, b), b)
     if b.any_penalties:  # rows of requests without drafts may have penalties (policy.request_can_speculate)
         logits = apply_penalties(logits, b)
+    reported, logits = logits, apply_token_masks(logits, b)  # logprobs before the masks, as sample()'s
     rows, drafts = _draft_rows(groups, logits.device)
     greedy = logits.argmax(dim=-1)
     accepted = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
@@ -62,7 +64,7 @@ def verify(logits: torch.Tensor, b: SamplingBatch, groups: list[DraftGroup]) -> 
         tokens, accepted = _verify_random(logits, b, greedy, rows, drafts, accepted)
     out = SamplerOutput(token_ids=tokens, accepted=accepted)
     if b.max_logprobs is not None:  # the target's logprobs of whatever each row outputs
-        add_logprobs(out, torch.log_softmax(logits, dim=-1), b.max_logprobs)
+        add_logprobs(out, torch.log_softmax(reported, dim=-1), b.max_logprobs)
     return out
 
 

@@ -8,6 +8,7 @@ is what the engine's fp8 cache stores and every attention of it (prefill and dec
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -133,8 +134,13 @@ def test_checkpoint_scales_are_kept_and_the_other_layers_calculated(tiny_model_d
 
     path = tmp_path / "with-kv-scales"
     shutil.copytree(tiny_model_dirs["llama"], path)
-    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
-               "model.layers.0.self_attn.v_scale": torch.tensor(2.0)}, str(path / "kv-scales.safetensors"))
+    scales = {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+              "model.layers.0.self_attn.v_scale": torch.tensor(2.0)}
+    save_file(scales, str(path / "kv-scales.safetensors"))
+    # a sharded checkpoint lists every file in its index (only listed files load, as in HF and vLLM)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"] |= dict.fromkeys(scales, "kv-scales.safetensors")
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
     layers = LLM(str(path), max_model_len=LENGTH, max_num_batched_tokens=LENGTH, kv_cache_dtype="fp8",
                  calculate_kv_scales=True).engine.runner.attention_layers
     assert (layers[0].k_scale, layers[0].v_scale) == (0.5, 2.0)

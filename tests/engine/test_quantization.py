@@ -17,6 +17,7 @@ those of its decode forwards (one token): the same per-row scheme as the engine'
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -192,10 +193,14 @@ def test_checkpoint_kv_scales_apply_to_an_fp8_cache_only(tiny_model_dirs, tmp_pa
 
     path = tmp_path / "with-kv-scales"
     shutil.copytree(tiny_model_dirs["llama"], path)
-    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
-               "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
-               "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])},
-              str(path / "kv-scales.safetensors"))
+    scales = {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+              "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
+              "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])}
+    save_file(scales, str(path / "kv-scales.safetensors"))
+    # a sharded checkpoint lists every file in its index (only listed files load, as in HF and vLLM)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"] |= dict.fromkeys(scales, "kv-scales.safetensors")
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
     fp8 = LLM(str(path), max_model_len=256, kv_cache_dtype="fp8").engine.runner.attention_layers
     assert [(a.k_scale, a.v_scale) for a in fp8] == [(0.5, 2.0), (0.25, 1.0)]
     plain = LLM(str(path), max_model_len=256).engine.runner.attention_layers

@@ -259,3 +259,51 @@ def test_a_client_abort_is_not_counted_as_a_finished_request_as_in_vllm(server):
     time.sleep(0.5)
     after = finished()
     assert after["length"] == before["length"] + 1 and after["abort"] == before["abort"] == 0
+
+
+# --- vLLM's allowed_token_ids and bad_words, through the openai client (extra_body) ---------------------
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_allowed_token_ids_and_bad_words_through_the_openai_client(server, client, tiny_model_dirs, route):
+    from transformers import AutoTokenizer
+
+    from flotilla.engine.bad_words import bad_word_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+
+    def ask(**extra) -> list[int]:
+        """The greedy output's token ids (logprob tokens named `token_id:<id>`)."""
+        base = dict(model="tiny", max_tokens=8, temperature=0, logprobs=True if route == "chat" else 1,
+                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **extra})
+        if route == "chat":
+            got = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **base)
+            names = [t.token for t in got.choices[0].logprobs.content]
+        else:
+            names = client.completions.create(prompt=PROMPT, **base).choices[0].logprobs.tokens
+        return [int(name.removeprefix("token_id:")) for name in names]
+
+    free = ask()
+    allowed = [t for t in range(1000, 1010) if t not in free]
+    masked = ask(allowed_token_ids=allowed)
+    assert set(masked) <= set(allowed)
+    # A word whose one-token forms (with and without a space) hold a token of the free greedy output.
+    words = [w for w in (tokenizer.decode([t]).strip() for t in free) if w]
+    forms = {w: bad_word_token_ids([w], tokenizer, len(tokenizer)) for w in words}
+    word = next(w for w in words if {seq[0] for seq in forms[w] if len(seq) == 1} & set(free))
+    banned = ask(bad_words=[word])
+    assert banned != free and not {seq[0] for seq in forms[word] if len(seq) == 1} & set(banned)
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("allowed_token_ids", [], "empty"),
+    ("allowed_token_ids", [5, 10**9], "outside the vocabulary"),
+    ("bad_words", [" "], "whitespace"),
+])
+def test_bad_allowed_token_ids_and_bad_words_are_a_400_naming_the_field(server, field, value, words):
+    for path, prompt in [("/v1/completions", {"prompt": "hi"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})]:
+        response = post(server, path, {"model": "tiny", **prompt, "max_tokens": 2, field: value})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and words in error["message"], error
