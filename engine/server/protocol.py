@@ -153,6 +153,14 @@ class CompletionRequest(_SamplingFields):
     add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc.
     response_format: dict[str, Any] | None = None
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs_on_a_stream(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # vLLM's check: stream chunks carry no prompt logprobs (0, no alternatives, passes as in vLLM).
+        if value and info.data.get("stream"):
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return value
+
 
 class ContentPart(BaseModel):
     """One part of a message's content list: `{"type": "text", "text": ...}` (other types are refused

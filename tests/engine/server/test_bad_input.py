@@ -289,3 +289,16 @@ def test_stream_options_without_a_stream_is_a_400(server, path, options):
     response = httpx.post(f"{server.url}{path}", headers=HEADERS, timeout=120,
                           json={"model": "tiny", **prompt, "max_tokens": 2, "stream": True, "stream_options": options})
     assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
+
+
+def test_prompt_logprobs_on_a_completions_stream_is_a_400(server):
+    # The stream's chunks carry no prompt_logprobs, so they were computed and dropped; vLLM refuses the pair
+    # ("`prompt_logprobs` are not available when `stream=True`."), 0 excepted (no alternatives asked for).
+    body = {"model": "tiny", "prompt": "Hi there", "max_tokens": 2, "stream": True, "prompt_logprobs": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=120)
+    assert_openai_400(response, "prompt_logprobs")
+    assert "stream=True" in response.json()["error"]["message"]
+    for value in (0, None):
+        response = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt_logprobs": value},
+                              headers=HEADERS, timeout=120)
+        assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
