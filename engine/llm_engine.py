@@ -552,6 +552,11 @@ class LLMEngine:
                 raise InvalidParamError(
                     f"the structured output constraint reaches a dead end after {child.grammar.num_accepted} tokens "
                     "of output: it allows no next token (no text completes it from there)", "structured_outputs")
+            masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
+            if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
+                raise InvalidParamError(
+                    f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
+                    f"{child.grammar.num_accepted} tokens of output", masks[0])
             raise RuntimeError("a drawn token does not fit the request's grammar")
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params

@@ -169,3 +169,19 @@ def test_with_async_scheduling_a_multi_token_bad_word_sees_every_earlier_token(e
     eager = LLM(str(embedded_model_dir), max_model_len=256, async_scheduling=True)
     got = [o.outputs[0].token_ids for o in eager.generate([FRANCE, FRANCE], params, use_tqdm=False)]
     assert got == expected
+
+
+def test_masks_that_leave_the_grammar_no_token_refuse_the_request_and_free_it(smol):
+    """allowed_token_ids holding no digit, under a digits-only regex: the masks and the grammar's bitmask
+    together forbid every token. A refusal naming the field (a 400 through the server), not an engine failure
+    (a 500); the engine serves the next request with every block back."""
+    letters = smol.get_tokenizer().encode(" hello world", add_special_tokens=False)
+    params = SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=letters,
+                            structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    with pytest.raises(InvalidParamError, match="allowed_token_ids leave no token") as refused:
+        smol.generate(["Number:"], params, use_tqdm=False)
+    assert refused.value.param == "allowed_token_ids"
+    engine = smol.engine
+    assert not engine.has_unfinished_requests()
+    assert engine.scheduler.block_manager.num_free_blocks == engine.scheduler.block_manager.num_blocks
+    assert _out(smol, FRANCE, temperature=0, max_tokens=3)[0].text
