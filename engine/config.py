@@ -24,6 +24,7 @@ from flotilla.engine_rules import (
     default_max_num_batched_tokens,
     flag_name,
     kv_scales_problem,
+    override_generation_config_problem,
     parallel_split_problem,
     pooling_problem,
     resolve_max_model_len,
@@ -60,6 +61,8 @@ class ModelConfig(_Component):
     load_format: Literal["auto", "dummy"] = "auto"
     # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
     generation_config: str = "auto"
+    # --override-generation-config: generation_config.json-named fields set over --generation-config's
+    override_generation_config: dict[str, Any] = Field(default_factory=dict)
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
     convert: Literal["none", "embed"] = "none"
@@ -303,6 +306,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     gen = v["generation_config"]
     if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():
         raise ConfigError(f"--generation-config {gen}: give auto, vllm or a folder holding generation_config.json")
+    if problem := override_generation_config_problem(v["override_generation_config"]):
+        raise ConfigError(problem)
     if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
         raise ConfigError(problem)
     default_async = device == "cuda" and pipeline == 1
@@ -336,6 +341,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
             load_format=v["load_format"],
             generation_config=v["generation_config"],
+            override_generation_config=v["override_generation_config"] or {},
             runner=runner,
             convert=convert,
             quantization=quantization,

@@ -66,7 +66,8 @@ class LLMEngine:
         gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
         self.eos_token_ids = eos_token_ids(gen_dir, self.tokenizer, config.model.hf_config)
         # generation_config.json's sampling fields, for requests that leave them out (--generation-config)
-        self.default_sampling = default_sampling_fields(config.model.generation_config, gen_dir)
+        self.default_sampling = default_sampling_fields(config.model.generation_config, gen_dir,
+                                                        config.model.override_generation_config)
         self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching

@@ -296,6 +296,38 @@ STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# --override-generation-config's keys that set requests' defaults (vLLM's list; generation_config.json names, so
+# max_new_tokens is the default max_tokens), each with the values SamplingParams takes. vLLM ignores other keys.
+GENERATION_OVERRIDE_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "repetition_penalty": ("a number above 0", lambda v: _number(v) and v > 0),
+    "temperature": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "top_k": ("an integer >= -1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1),
+    "top_p": ("a number above 0 and at most 1", lambda v: _number(v) and 0 < v <= 1),
+    "min_p": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
+    "max_new_tokens": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+}
+
+
+def override_generation_config_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
+    """Why the engine would refuse `value` (the flag's parsed JSON) as --override-generation-config, or None.
+    A sampling key with a value no request could use is refused here rather than failing every request."""
+    if value is None:
+        return None
+    flag = name_of("override_generation_config")
+    if not isinstance(value, dict):
+        return f"{flag} must be a JSON object"
+    for key, item in value.items():
+        if key in GENERATION_OVERRIDE_KEYS and item is not None:
+            what, takes = GENERATION_OVERRIDE_KEYS[key]
+            if not takes(item):
+                return f"{flag}: {key} must be {what}, not {json.dumps(item)}"
+    return None
+
+
 def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
     """Why the engine would refuse `value` (the flag's parsed JSON) as --structured-outputs-config, or None."""
     if value is None:
@@ -341,6 +373,9 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
     structured = structured_outputs_problem(values.get("structured_outputs_config"), name_of)
     if structured:
         problems.append(structured)
+    overrides = override_generation_config_problem(values.get("override_generation_config"), name_of)
+    if overrides:
+        problems.append(overrides)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

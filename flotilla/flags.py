@@ -169,6 +169,16 @@ FLAGS: tuple[Flag, ...] = (
         "reads its generation_config.json.",
         "model",
     ),
+    Flag(
+        "--override-generation-config",
+        "json",
+        None,
+        "Default sampling fields set over --generation-config's (as vLLM), as a JSON object with "
+        'generation_config.json\'s names, e.g. {"temperature": 0.5, "max_new_tokens": 256}: repetition_penalty, '
+        "temperature, top_k, top_p, min_p, max_new_tokens (the default max_tokens) apply; other keys are ignored. "
+        "Also with --generation-config vllm.",
+        "model",
+    ),
     # --- pooling runner (engine/pooling, /v1/embeddings) -------------------------------------------
     Flag(
         "--runner",

@@ -124,8 +124,8 @@ OPERATOR_OWNED: dict[str, str] = {
 ENGINE_ARGS_ALLOWED = frozenset({
     "--seed", "--enforce-eager", "--async-scheduling", "--disable-log-stats", "--shutdown-timeout",
     # Requests' default sampling fields (the model's generation_config.json, vLLM's neutral ones, or a folder's
-    # file in the pod): what a request leaves out, not what is loaded.
-    "--generation-config",
+    # file in the pod, with the override's over them): what a request leaves out, not what is loaded.
+    "--generation-config", "--override-generation-config",
     "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",

@@ -42,7 +42,8 @@ UVICORN_GRACE_S = 5
 def _default_sampling(config: EngineConfig) -> dict[str, Any]:
     """Requests' default sampling fields from generation_config.json (a .gguf model's is beside its tokenizer)."""
     gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
-    return default_sampling_fields(config.model.generation_config, gen_dir)
+    return default_sampling_fields(config.model.generation_config, gen_dir,
+                                   config.model.override_generation_config)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,10 @@ EXTRA_ARGS = [["--seed", "3"], ["--seed", "-1"], ["--seed", "x"], ["--enforce-ea
               ["--structured-outputs-config", '{"disable_any_whitespace": "yes"}'],
               ["--structured-outputs-config", '{"compile_timeout_s": 2.5}'],
               ["--structured-outputs-config", '{"compile_timeout_s": 0}'], ["--enable-auto-tool-choice"],
-              ["--tool-call-parser", "hermes"]]
+              ["--tool-call-parser", "hermes"],
+              ["--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 64, "do_sample": true}'],
+              ["--override-generation-config", '{"top_p": 0}'], ["--override-generation-config", '"x"'],
+              ["--override-generation-config", '{"max_new_tokens": 1.5}']]
 LENGTHS = st.one_of(st.none(), st.sampled_from([16, 17, 2048, 4096, 8192, 8193, 32768, 131072, 200000]),
                     st.integers(16, 300_000))
 
