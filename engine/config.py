@@ -334,7 +334,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             model=str(model_dir),
             tokenizer=v["tokenizer"] or str(model_dir),
             served_model_name=list(served) if isinstance(served, list | tuple) else [served],
-            dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization),
+            dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
             max_model_len=max_model_len,
             seed=v["seed"],
             enforce_eager=v["enforce_eager"],
@@ -375,16 +375,24 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
 
 
 def _resolve_dtype(dtype: str, hf_config: dict[str, Any], device: str = "cuda", quantization: str | None = None,
-                   cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """`--dtype`: an explicit choice as given; `auto` is the checkpoint's dtype, except an unquantized bf16 model
-    on a CPU without native bf16 instructions, which runs in float32 (torch's bf16 matmul there emulates:
-    session 7 measured it 1.4x fp32's time at 1 row and 6.3x at 210 rows on an AVX2-only host). A quantized
-    model keeps bf16: torch's packed int4/int8 CPU kernels take bf16/fp16 activations only."""
+                   cpuinfo: Path = Path("/proc/cpuinfo"), runner: str = "generate") -> str:
+    """`--dtype`: an explicit choice as given; `auto` is the checkpoint's dtype, except:
+
+    - a float32 checkpoint on the GPU runs in bfloat16 (float16 for a pooling model), as vLLM's auto rule
+      downcasts float32 to the platform's preferred dtype (bf16 on sm80+, which Flotilla's kernels target; vLLM
+      prefers fp16 for pooling models). On the CPU it stays float32 (vLLM would take bf16 there too; the CPU
+      path serves tests and development, where float32 checkpoints stay exact).
+    - an unquantized bf16 model on a CPU without native bf16 instructions runs in float32 (torch's bf16 matmul
+      there emulates: session 7 measured it 1.4x fp32's time at 1 row and 6.3x at 210 rows on an AVX2-only
+      host). A quantized model keeps bf16: torch's packed int4/int8 CPU kernels take bf16/fp16 activations only.
+    """
     dtype = _DTYPE_ALIASES.get(dtype, dtype)
     if dtype != "auto":
         return dtype
     checkpoint = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
     resolved = checkpoint if checkpoint in ("bfloat16", "float16", "float32") else "bfloat16"
+    if resolved == "float32" and device == "cuda":
+        return "float16" if runner == "pooling" else "bfloat16"
     if resolved == "bfloat16" and device == "cpu" and quantization is None and cpu_native_bf16(cpuinfo) is False:
         return "float32"
     return resolved

@@ -106,7 +106,8 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         "auto",
         "Weight and activation dtype; auto takes the checkpoint's "
-        "(float16 checkpoints stay float16; float32 stays float32).",
+        "(float16 checkpoints stay float16); a float32 checkpoint runs in bfloat16 on the GPU (float16 for a pooling "
+        "model), as vLLM, and stays float32 on the CPU.",
         "model",
         crd_field="dtype",
         choices=("auto", "bfloat16", "float16", "float32", "half", "float", "bf16"),

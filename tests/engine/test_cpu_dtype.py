@@ -53,3 +53,20 @@ def test_quantized_model_keeps_bf16(tmp_path: Path) -> None:
 def test_explicit_dtype_is_kept(tmp_path: Path) -> None:
     avx2_only = _cpuinfo(tmp_path, AVX2_ONLY)
     assert _resolve_dtype("bfloat16", {"torch_dtype": "bfloat16"}, "cpu", None, avx2_only) == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "runner", "expected"),
+    [
+        (AVX512_BF16, "cuda", "generate", "bfloat16"),  # vLLM: a float32 checkpoint is downcast on the GPU
+        (AVX2_ONLY, "cuda", "pooling", "float16"),  # vLLM prefers float16 for pooling models
+        (AVX512_BF16, "cpu", "generate", "float32"),  # the CPU keeps it (Flotilla's difference; README)
+        (AVX2_ONLY, "cpu", "pooling", "float32"),
+    ],
+)
+def test_auto_dtype_downcasts_a_float32_checkpoint_on_the_gpu_as_vllm(tmp_path: Path, text: str, device: str,
+                                                                       runner: str, expected: str) -> None:
+    got = _resolve_dtype("auto", {"torch_dtype": "float32"}, device, None, _cpuinfo(tmp_path, text), runner=runner)
+    assert got == expected
+    # an explicit float32 is kept everywhere
+    assert _resolve_dtype("float32", {"torch_dtype": "float32"}, device, None, runner=runner) == "float32"

@@ -191,7 +191,8 @@ def test_steps_above_512_tokens_replay_larger_mixed_graphs_on_cpu(tiny_dir, tmp_
 def test_cuda_larger_mixed_graphs_keep_greedy_tokens(tiny_dir):
     prompts = _prompts(24, seed=3)
     cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, max_num_seqs=16), prompts)
-    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, max_num_seqs=16, max_num_batched_tokens=1024,
+    llm = LLM(str(tiny_dir), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=16,
+              max_num_batched_tokens=1024,
               max_cudagraph_capture_size=1024, gpu_memory_utilization=0.3)
     assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.mixed_sizes[-1] == 1024
     assert _greedy(llm, prompts) == cpu
@@ -210,6 +211,7 @@ def test_cuda_greedy_tokens_equal_the_cpu_reference(tiny_dir, enforce_eager, asy
     llm = LLM(
         str(tiny_dir),
         device="cuda",
+        dtype="float32",  # the CPU reference's (auto downcasts a float32 checkpoint on the GPU, as vLLM)
         max_model_len=256,
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
@@ -233,7 +235,7 @@ def test_cuda_cached_prefix_extends_keep_greedy_tokens(tiny_dir):
         return [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
 
     cpu = one_by_one(LLM(str(tiny_dir), device="cpu", max_model_len=256))
-    llm = LLM(str(tiny_dir), device="cuda", max_model_len=256, gpu_memory_utilization=0.3)
+    llm = LLM(str(tiny_dir), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.one_seq_sizes
     picked = _picked_keys(graphs)

@@ -103,7 +103,8 @@ def test_cuda_graph_lora_tokens_equal_eager(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     tokens = {}
     for eager in (True, False):
-        llm = LLM(str(model), device="cuda", max_model_len=256, enforce_eager=eager, gpu_memory_utilization=0.3,
+        llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, enforce_eager=eager,
+                  gpu_memory_utilization=0.3,
                   enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=16)
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=chosen)
         tokens[eager] = [o.outputs[0].token_ids for o in outs]
@@ -140,7 +141,8 @@ def test_cuda_new_lora_kernels_give_the_per_token_pairs_tokens(tmp_path, monkeyp
     prompts = [[(37 * i + 11 * j) % 1000 + 3 for j in range(9 + 7 * i)] for i in range(6)]
     chosen = [None if i % 3 == 0 else loras[i % 2] for i in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    llm = LLM(str(model), device="cuda", max_model_len=256, enforce_eager=True, gpu_memory_utilization=0.3,
+    llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, enforce_eager=True,
+              gpu_memory_utilization=0.3,
               enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8, enable_prefix_caching=False)
     assert dispatch.LORA_KERNELS == "stacked"
     tokens = {}
