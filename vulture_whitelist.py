@@ -66,3 +66,7 @@ _.persistent_load
 # Fields of the pydantic schema LangChain sends as response_format (tests/engine/server/test_structured_api_core.py).
 _.city
 _.sky
+# Read by FastAPI/Starlette, not by name here: APIRouter.route_class (engine/server/app.py) and Request._json, the
+# parsed-body cache that Request.json() returns (engine/server/request_body.py).
+_.route_class
+_._json

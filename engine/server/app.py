@@ -30,6 +30,7 @@ from flotilla.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from flotilla.engine.server.request_body import BodyParsedOffTheLoop
 from flotilla.engine.server.request_id_header import RequestIdHeader, checked_request_id
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
@@ -65,6 +66,9 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     config = config or ServerConfig()
     app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None)
     app.state.flotilla = state
+    # Every route declared below parses and validates its body on a worker thread (a few MB of small JSON values
+    # took seconds, which on the event loop stopped every stream).
+    app.router.route_class = BodyParsedOffTheLoop
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:

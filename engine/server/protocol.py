@@ -12,7 +12,7 @@ import itertools
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
@@ -71,11 +71,16 @@ class _RequestBody(BaseModel):
             raise ValueError(problem)
         return data
 
+    # Set once the ignored fields are logged: FastAPI passes a body validated off the loop (request_body.py)
+    # through validation again, which runs this model's validators on the instance.
+    _ignored_logged: bool = PrivateAttr(False)
+
     @model_validator(mode="after")
     def _log_ignored(self) -> Any:
-        if self.model_extra:
+        if self.model_extra and not self._ignored_logged:
             logger.warning("The following fields were present in the request but ignored: %s",
                            sorted(self.model_extra))
+        self._ignored_logged = True
         return self
 
 

@@ -1,0 +1,81 @@
+"""Request bodies parsed and validated on a worker thread, not on the event loop.
+
+FastAPI reads a JSON body with `json.loads` and validates it with pydantic (and the body walk of
+`protocol._RequestBody`) on the event loop: a body of many small values under the size limit (a few MB of
+`[1, 2]` prompts, one-character messages or `{}`s) held every stream, /health and every other request for
+seconds. Here the route parses and validates first on a worker thread, then hands FastAPI the validated model,
+which it passes through as is (pydantic does not revalidate an instance of the model).
+
+Python code on the worker thread (the walk, validators) gives the event loop its turn every few milliseconds
+(the GIL's switch interval); a single C call (`json.loads` of the whole body, pydantic-core's loop over a list)
+does not, so what stays is bounded by the longest such call, not by the whole parse. Errors are FastAPI's own
+(the same `RequestValidationError`, so the same 400 body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.message
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+
+class BodyParsedOffTheLoop(APIRoute):
+    """An APIRoute whose single pydantic body is parsed and validated on a worker thread."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """FastAPI's handler, with the body already parsed (Starlette's Request caches `json()`)."""
+        handler = super().get_route_handler()
+        model = _body_model(self)
+        if model is None:
+            return handler
+
+        async def parse_then_handle(request: Request) -> Response:
+            raw = await request.body()
+            if raw and _is_json(request.headers.get("content-type")):
+                # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
+                # pass-through.
+                request._json = await asyncio.to_thread(_parsed, raw, model)
+            return await handler(request)
+
+        return parse_then_handle
+
+
+def _body_model(route: APIRoute) -> type[BaseModel] | None:
+    params = route.dependant.body_params
+    if len(params) != 1:
+        return None
+    annotation = params[0].field_info.annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for a JSON body: an application/json or application/*+json Content-Type."""
+    if not content_type:
+        return False  # FastAPI's strict_content_type: such a body is not read as JSON
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """`raw` as the model, or FastAPI's RequestValidationError for it (blocking: call it on a worker thread)."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None
+    except ValueError:  # e.g. bytes that are not UTF-8: FastAPI's answer to any other parse failure
+        raise HTTPException(400, "There was an error parsing the body") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=data) from None
