@@ -12,7 +12,9 @@ Those checks cannot see every way to build a value (`'%0999999999d' % 1`, `s.rep
 doubled, a long division of huge integers in C, where no template line comes to check the deadline),
 so the render runs in a child process of its own (forked from a small fork server, not from the
 server), with an address-space limit and killed at the deadline: whatever a template does costs that
-child, and its request gets a 400. The caller waits on a worker thread, so /health keeps answering.
+child, and its request gets a 400. The caller waits on a worker thread, so /health keeps answering; at most
+`MAX_CONCURRENT_RENDERS` children run at once (the server's caller holds that bound), so their memory is bounded
+in total, not only each.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ RENDER_MEMORY_BYTES_PER_CHAR = 16
 # After the deadline, how long the parent waits for the child's own deadline error before killing it
 # (a template stuck inside one C call never reaches a line to check the deadline at).
 RENDER_KILL_GRACE_S = 2.0
+# Request-template renders (child processes) at once, server-wide: their memory is bounded in total by this many
+# times a child's cap; more requests wait their turn (without holding a worker thread).
+MAX_CONCURRENT_RENDERS = 4
 # Names that `apply_chat_template` takes as its own arguments: a client must not set them through
 # chat_template_kwargs (e.g. tokenize=True would change the return type, chat_template the program).
 RESERVED_KWARGS = frozenset({

@@ -4,6 +4,7 @@ engine outputs -> response JSON or SSE chunks."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -14,7 +15,12 @@ from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
-from flotilla.engine.server.chat_template import render_untrusted, request_template, template_variables
+from flotilla.engine.server.chat_template import (
+    MAX_CONCURRENT_RENDERS,
+    render_untrusted,
+    request_template,
+    template_variables,
+)
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
@@ -221,6 +227,7 @@ class OpenAIServing:
         self.trust_request_chat_template = trust_request_chat_template
         self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
         self._decode = decoder_without_gil(tokenizer)
+        self._request_template_renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
 
     # --- prompts ------------------------------------------------------------------------------------
 
@@ -287,8 +294,13 @@ class OpenAIServing:
             variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
-        text = await asyncio.to_thread(self._render, messages, req.add_generation_prompt, template, variables,
-                                       req.continue_final_message)
+        render = functools.partial(self._render, messages, req.add_generation_prompt, template, variables,
+                                   req.continue_final_message)
+        if template is None:
+            text = await asyncio.to_thread(render)
+        else:  # a request's template: a child process of bounded memory each, so a bounded number at once
+            async with self._request_template_renders:
+                text = await asyncio.to_thread(render)
         prompt = Prompt(await self.encode(text, add_special_tokens=req.add_special_tokens, param="messages"), text)
         return self._truncated(prompt, req.truncate_prompt_tokens)
 

@@ -240,3 +240,34 @@ def test_continue_final_message_with_add_generation_prompt_is_a_400(server):
     response = _chat(server, messages=PREFILL, continue_final_message=True)  # add_generation_prompt: true by default
     assert response.status_code == 400, response.text
     assert "continue_final_message" in response.json()["error"]["message"]
+
+
+def test_concurrent_trusted_renders_are_bounded_in_number(trusting_server):
+    # Each request template renders in a child capped at 256 MiB plus 16 B a prompt character, but nothing bounded
+    # how many children ran at once: every worker thread of the server could hold one (6 here, 20 on a 16-core
+    # pod; more children, more memory), and slow templates held the threads that tokenization needs too.
+    import psutil
+
+    from flotilla.engine.server.chat_template import MAX_CONCURRENT_RENDERS
+
+    api = psutil.Process(trusting_server.process.pid)
+    assert _chat(trusting_server, chat_template="{{ messages[0].content }}").status_code == 200  # the fork server
+    forkserver = next(p for p in api.children() if "forkserver" in " ".join(p.cmdline()))
+    requests = 3 * MAX_CONCURRENT_RENDERS
+    results: list[int] = []
+
+    def slow() -> None:  # runs to the render deadline (5 s), then 400
+        results.append(_chat(trusting_server, timeout=120, chat_template=NESTED_LOOP).status_code)
+
+    threads = [threading.Thread(target=slow) for _ in range(requests)]
+    for t in threads:
+        t.start()
+    most = 0
+    while any(t.is_alive() for t in threads):
+        most = max(most, len(forkserver.children()))
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert results == [400] * requests
+    assert 0 < most <= MAX_CONCURRENT_RENDERS, most
+    assert _chat(trusting_server).status_code == 200
