@@ -106,6 +106,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             return Response(status_code=503)
         return Response(status_code=200)
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's SageMaker probe: /health's answer
+        return await health()
+
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}
@@ -188,8 +192,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
 
 class Gate:
-    """ASGI middleware in front of /v1: 503 while draining, 401 without the API key; counts the /v1 requests
-    it lets through (`ServerState.in_flight`) until their answers are sent.
+    """ASGI middleware in front of the routes: 503 on /v1 while draining, 401 without the API key (all but
+    `PUBLIC_PATHS`); counts the /v1 requests it lets through (`ServerState.in_flight`) until their answers are sent.
 
     Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware reads the body
     through a task group, which would wrap a body-limit error (413/408) into a generic 400.
@@ -200,17 +204,23 @@ class Gate:
         self.state = state
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Refuse /v1 requests while draining or without the key; pass everything else on."""
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            refusal = None
-            if self.state.draining:
-                refusal = error_response(503, "the server is shutting down; retry on another replica")
-            elif self.state.api_key is not None and not _authorised(Headers(scope=scope), self.state.api_key):
-                refusal = error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
-                                         code="invalid_api_key")
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
+        """Refuse /v1 requests while draining; without the key, every request but the public probes (as
+        vLLM's `PUBLIC_ENDPOINTS`); pass everything else on."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        refusal = None
+        if path.startswith("/v1") and self.state.draining:
+            refusal = error_response(503, "the server is shutting down; retry on another replica")
+        elif (self.state.api_key is not None and not _public(path)
+              and not _authorised(Headers(scope=scope), self.state.api_key)):
+            refusal = error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
+                                     code="invalid_api_key")
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        if path.startswith("/v1"):
             self.state.in_flight += 1
             try:
                 await self.app(scope, receive, send)
@@ -224,6 +234,17 @@ def _named_by_header(body: Any, request: Request) -> Any:
     """The body with the X-Request-Id header as its `request_id` (the header wins, as in vLLM)."""
     header = checked_request_id(request.headers)
     return body if header is None else body.model_copy(update={"request_id": header})
+
+
+# Paths that answer without the API key (vLLM's PUBLIC_ENDPOINTS, less its API docs, which this server does not
+# serve): probes and scrapes. Every other path needs the key, /tokenize and /detokenize included (as vLLM; they
+# were open here, so any client could make the server parse and tokenize a body-limit's worth of text).
+PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.json")
+
+
+def _public(path: str) -> bool:
+    """Whether `path` is a public path or under one (on a segment boundary: /healthz is not /health)."""
+    return any(path == public or path.startswith(public + "/") for public in PUBLIC_PATHS)
 
 
 def _authorised(headers: Headers, key: str) -> bool:

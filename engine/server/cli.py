@@ -24,7 +24,7 @@ from flotilla.engine.engine_core import EngineFactory
 from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
-from flotilla.engine.server.app import ServerState, build_app
+from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
-    logger.info("API key: required on /v1/*" if server.api_key is not None else "no API key: /v1/* is open")
+    logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None
+                else "no API key: every path is open")
     try:
         http.run()
     finally:

@@ -63,7 +63,8 @@ def test_a_trusted_request_template_is_rendered(trusting_server):
     response = _chat(trusting_server, chat_template=template, chat_template_kwargs={"suffix": " ::"})
     assert response.status_code == 200, response.text
     rendered = "[user] Hello there ::"
-    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": rendered, "add_special_tokens": False})
+    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": rendered, "add_special_tokens": False},
+                       headers=AUTH)
     assert response.json()["usage"]["prompt_tokens"] == count.json()["count"]
 
 
@@ -230,7 +231,8 @@ def test_continue_final_message_ends_the_prompt_inside_the_last_message(server, 
 def test_continue_final_message_with_a_trusted_request_template(trusting_server):
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
     expected = "<user>Name a colour.</user><assistant>The colour is"
-    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": expected, "add_special_tokens": False})
+    count = httpx.post(f"{trusting_server.url}/tokenize", json={"prompt": expected, "add_special_tokens": False},
+                       headers=AUTH)
     tokens = _prompt_tokens(trusting_server, chat_template=template, continue_final_message=True,
                             add_generation_prompt=False)
     assert tokens == count.json()["count"]

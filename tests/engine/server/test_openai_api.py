@@ -8,6 +8,8 @@ import pytest
 
 from .conftest import API_KEY
 
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
 PROMPT = "Once upon a time in a harbour far away"
 
 
@@ -29,7 +31,7 @@ def test_completion_and_its_stream_agree(client):
 def test_chat_applies_the_template_and_streams(client, server):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a ship."}]
     full = client.chat.completions.create(model="tiny-alias", messages=messages, max_tokens=10, temperature=0)
-    templated = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()
+    templated = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, headers=AUTH).json()
     assert full.usage.prompt_tokens == templated["count"]
     assert full.choices[0].message.role == "assistant"
     stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True)
@@ -47,7 +49,7 @@ def test_template_matches_the_tokenizer(server, tiny_model_dirs):
     expected = tok.encode(
         tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
     )
-    assert httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["tokens"] == expected
+    assert httpx.post(f"{server.url}/tokenize", json={"messages": messages}, headers=AUTH).json()["tokens"] == expected
 
 
 def test_n_choices_stop_and_seed(client):
@@ -98,8 +100,9 @@ def test_vllm_extra_sampling_fields(client):
 
 
 def test_tokenize_and_detokenize_round_trip(server):
-    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
-    assert httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}).json()["prompt"].endswith(PROMPT)
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}, headers=AUTH).json()["tokens"]
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}, headers=AUTH).json()["prompt"]
+    assert text.endswith(PROMPT)
 
 
 def test_health_and_version(server):
@@ -122,6 +125,20 @@ def test_api_key_is_required_on_v1_routes(server):
     assert ok.status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="bad", max_retries=0).models.list()
+
+
+def test_api_key_is_required_on_every_path_but_the_public_probes(server):
+    # As vLLM (PUBLIC_ENDPOINTS): /tokenize and /detokenize were open, so a client without the key could make the
+    # server parse and tokenize bodies up to the body limit.
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    for path, body in (("/tokenize", {"prompt": PROMPT}), ("/detokenize", {"tokens": [1, 2]})):
+        refused = httpx.post(f"{server.url}{path}", json=body)
+        assert refused.status_code == 401 and _error(refused)["type"] == "AuthenticationError", (path, refused.text)
+        assert httpx.post(f"{server.url}{path}", json=body, headers=key).status_code == 200
+    for path in ("/health", "/ping", "/version", "/metrics", "/openapi.json"):
+        assert httpx.get(f"{server.url}{path}").status_code == 200, path
+    assert httpx.post(f"{server.url}/ping").status_code == 200  # vLLM's SageMaker probe, GET or POST
+    assert httpx.get(f"{server.url}/healthz").status_code == 401  # public on segment boundaries only
 
 
 @pytest.mark.parametrize(

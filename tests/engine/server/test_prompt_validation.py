@@ -72,6 +72,7 @@ def test_a_prompt_the_engine_refuses_is_a_400_before_any_stream_starts(padded, s
 
 def test_detokenize_takes_the_models_vocabulary(padded):
     server, tokenizer_len, vocab = padded
-    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [tokenizer_len, vocab - 1]}).status_code == 200
-    refused = httpx.post(f"{server.url}/detokenize", json={"tokens": [vocab]})
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [tokenizer_len, vocab - 1]},
+                      headers=AUTH).status_code == 200
+    refused = httpx.post(f"{server.url}/detokenize", json={"tokens": [vocab]}, headers=AUTH)
     assert refused.status_code == 400 and f"[0, {vocab})" in refused.json()["error"]["message"]

@@ -272,7 +272,7 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
         decoding.set()
         for _ in range(4):  # one after another: parsing bodies at once would stack up on the loop
             response = httpx.post(f"{limited.url}/detokenize", content=body, timeout=120,
-                                  headers={"Content-Type": "application/json"})
+                                  headers={**AUTH, "Content-Type": "application/json"})
             assert response.status_code == 200 and response.json()["prompt"] == expected
         decoding.clear()
     finally:
