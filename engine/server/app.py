@@ -56,6 +56,8 @@ class ServerState:
     quantization: str | None = None
     draining: bool = False
     created: int = 0
+    # The model as given (vLLM's model card `root`: the path or repository, not a served name); "" for the first name
+    model_path: str = ""
     # /v1 requests being answered (Gate counts them): the drain waits for these too, not only for engine
     # requests (an embeddings list runs as engine calls; a reply may still be sending).
     in_flight: int = 0
@@ -120,7 +122,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-                "root": state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
+                "root": state.model_path or state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
                 "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
 
     @app.get("/v1/models")

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
         quantization=config.model.quantization,
         created=int(time.time()),
+        model_path=args.model if args.model is not None else config.model.model,
     )
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),

@@ -13,8 +13,13 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "Once upon a time in a harbour far away"
 
 
-def test_models_lists_every_served_name(client):
-    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+def test_models_lists_every_served_name(client, tiny_model_dirs):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny", "tiny-alias"]
+    # as vLLM's model cards: `root` is the model as given on the command line (each served name's), no parent
+    assert {m.root for m in models} == {str(tiny_model_dirs["llama"])}
+    assert all(m.parent is None and m.max_model_len == 256 for m in models)
+    assert client.models.retrieve("tiny-alias").root == str(tiny_model_dirs["llama"])
 
 
 def test_completion_and_its_stream_agree(client):
