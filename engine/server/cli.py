@@ -28,7 +28,7 @@ from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
-from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.server.serving import OpenAIServing, max_tokens_cap
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flotilla serve: error: {exc.__cause__}", file=sys.stderr)
             return 2
         raise
+    defaults = _default_sampling(config)
     state = ServerState(
         engine=async_engine,
         serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
@@ -153,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,
-                              default_sampling=_default_sampling(config)),
+                              default_sampling=defaults,
+                              max_tokens_cap=max_tokens_cap(config.model.generation_config, defaults,
+                                                            config.model.override_generation_config)),
         model_names=config.model.served_model_name,
         metrics=metrics,
         api_key=server.api_key,

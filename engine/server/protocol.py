@@ -150,6 +150,8 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    # OpenAI's and vLLM's default for completions (chat's is the context left); 0 only with echo: the prompt alone
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

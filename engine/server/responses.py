@@ -151,7 +151,8 @@ class ResponsesServing:
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
                                                        self.serving.max_model_len, None,
-                                                       defaults=self.serving.default_sampling))
+                                                       defaults=self.serving.default_sampling,
+                                                       max_tokens_cap=self.serving.max_tokens_cap))
         if not req.stream:  # only the end is read: spare the per-step outputs
             sp = sp.model_copy(update={"output_kind": "final_only"})
         response_id = _response_id(req.request_id, header_id)

@@ -44,6 +44,16 @@ class Prompt:
 # multiplied it without bound (20,000 of them, a 100 KB body, held the server 195 s and 630 MB). Enough for
 # any batching client to keep the engine full (8x the default --max-num-seqs).
 MAX_SEQUENCES_PER_REQUEST = 2048
+MAX_TOKENS_NO_CAP = 2**62  # no --override-generation-config max_new_tokens: max_tokens is the request's or default
+
+
+def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: dict[str, Any]) -> int | None:
+    """vLLM's `override_max_tokens`, a bound on every request's max_tokens (given or not): the default max_tokens of a
+    --generation-config folder, else --override-generation-config's max_new_tokens (the model's own
+    generation_config.json, with `auto`, only sets the default)."""
+    if generation_config not in ("auto", "vllm"):
+        return defaults.get("max_tokens")
+    return override.get("max_new_tokens")
 
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
@@ -63,9 +73,10 @@ def refuse_unsupported_fields(req: _SamplingFields) -> None:
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
                     logprobs: int | None, prompt_logprobs: int | None = None,
-                    defaults: dict[str, Any] | None = None) -> SamplingParams:
+                    defaults: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> SamplingParams:
     """OpenAI/vLLM request fields -> SamplingParams. A field the request leaves out takes the model's
-    generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1)."""
+    generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1).
+    `max_tokens_cap` bounds max_tokens even when the request gives it (vLLM's `override_max_tokens`)."""
     refuse_unsupported_fields(req)
     room = max_model_len - prompt_len
     defaults = defaults or {}
@@ -76,6 +87,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
     if max_tokens is not None and 0 < room < max_tokens:
         raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
                             f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
+    # vLLM: the model's max_new_tokens when the request gives none, within the context left
+    default_max_tokens = max(min(room, defaults.get("max_tokens", room)), 1)
     try:
         bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
     except ValueError:
@@ -96,8 +109,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             stop_token_ids=req.stop_token_ids or [],
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
-            # vLLM: the model's max_new_tokens when the request gives none, within the context left
-            max_tokens=max_tokens if max_tokens is not None else max(min(room, defaults.get("max_tokens", room)), 1),
+            max_tokens=min(max_tokens if max_tokens is not None else default_max_tokens,
+                           max_tokens_cap or MAX_TOKENS_NO_CAP),
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -214,8 +227,9 @@ class OpenAIServing:
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
-                 default_sampling: dict[str, Any] | None = None) -> None:
+                 default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> None:
         self.engine = engine
+        self.max_tokens_cap = max_tokens_cap  # vLLM's override_max_tokens: serving.max_tokens_cap
         self.default_sampling = default_sampling or {}  # generation_config.json's fields (--generation-config)
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
@@ -332,12 +346,17 @@ class OpenAIServing:
         if req.best_of not in (None, req.n):
             raise APIError(400, f"suffix and best_of are not supported (best_of={req.best_of} must be left out or "
                                 f"equal n={req.n})", param="best_of")
+        if req.max_tokens == 0 and not req.echo:
+            raise APIError(400, "max_tokens must be at least 1 (0 only with echo, which returns the prompt alone)",
+                           param="max_tokens")
+        # vLLM's (and OpenAI's) echo with max_tokens 0: one token is generated, the prompt alone returned
+        max_tokens = 1 if req.max_tokens == 0 else req.max_tokens
         prompts = await self.completion_prompts(req)
         prompt_logprobs = req.prompt_logprobs
         if req.echo and req.logprobs is not None:  # the echoed prompt's logprobs are the engine's prompt logprobs
             prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
-        params = [sampling_params(req, req.max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
-                                  prompt_logprobs, self.default_sampling) for p in prompts]
+        params = [sampling_params(req, max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
+                                  prompt_logprobs, self.default_sampling, self.max_tokens_cap) for p in prompts]
         request_id, engine_id = response_ids("cmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
@@ -408,6 +427,8 @@ class OpenAIServing:
         `echo`, the prompt comes first (its first token has no logprob: nothing precedes it)."""
         token_ids: list[int] = list(c.token_ids[first:])
         entries: list[dict[int, tuple[float, int]] | None] = list((c.logprobs or [])[first:])
+        if req.echo and req.max_tokens == 0:  # the prompt alone (its one generated token is not returned)
+            text, token_ids, entries = "", [], []
         if req.echo and first == 0:
             prompt_text = prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
             text = prompt_text + text
@@ -459,7 +480,8 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
                                                        (top or 0) if req.logprobs else None,
-                                                       defaults=self.default_sampling))
+                                                       defaults=self.default_sampling,
+                                                       max_tokens_cap=self.max_tokens_cap))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())

@@ -307,3 +307,35 @@ def test_bad_allowed_token_ids_and_bad_words_are_a_400_naming_the_field(server, 
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == field and words in error["message"], error
+
+
+def test_completions_without_max_tokens_generate_16_tokens_as_vllm(server):
+    # vLLM's CompletionRequest (and OpenAI's legacy completions) default max_tokens to 16; here a completion without
+    # it ran to the end of the context (240 tokens on the 256-token server).
+    out = post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "ignore_eos": True})
+    assert out.status_code == 200, out.text
+    assert out.json()["usage"]["completion_tokens"] == 16 and out.json()["choices"][0]["finish_reason"] == "length"
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
+                                                 "ignore_eos": True})
+    assert chat.json()["usage"]["completion_tokens"] > 16  # chat's default is the context left, as vLLM's
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_returns_the_prompt_alone_with_its_logprobs(server, stream):
+    # vLLM's echo_without_generation (OpenAI's scoring idiom: echo, max_tokens 0, logprobs): was a 400.
+    body = {"model": "tiny", "prompt": PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1, "stream": stream}
+    response = post(server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    if stream:
+        choices = [c for e in events(response) for c in e["choices"]]
+        text = "".join(c["text"] for c in choices)
+        tokens = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
+        first_logprob = choices[0]["logprobs"]["token_logprobs"][0]
+    else:
+        choice = response.json()["choices"][0]
+        text, tokens = choice["text"], choice["logprobs"]["tokens"]
+        first_logprob = choice["logprobs"]["token_logprobs"][0]
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}, headers=HEADERS).json()["tokens"]
+    assert text == PROMPT and len(tokens) == len(prompt_ids) and first_logprob is None
+    refused = post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"

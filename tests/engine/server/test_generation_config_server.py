@@ -52,6 +52,10 @@ def test_requests_without_sampling_fields_take_the_model_defaults(gen_server):
     tokens = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
     # top_k 1 with the file's repetition penalty; 12 tokens: the override's max_new_tokens, not the file's 40
     assert tokens == _hf_generate(model, PROMPT, OVERRIDE["max_new_tokens"])
+    # vLLM's override_max_tokens: the override's max_new_tokens bounds a request's own max_tokens too
+    capped = httpx.post(f"{server.url}/v1/completions", json=body | {"max_tokens": 30, "ignore_eos": True},
+                        headers=headers, timeout=60).json()
+    assert capped["usage"]["completion_tokens"] == OVERRIDE["max_new_tokens"], capped
     own = httpx.post(f"{server.url}/v1/completions", json=body | {"max_tokens": 3, "top_k": 0, "temperature": 0.0,
                                                                     "repetition_penalty": 1.0},
                      headers=headers, timeout=60).json()["choices"][0]
