@@ -136,7 +136,7 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
                  reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
-    """The assistant message for a finished choice and its finish_reason ("tool_calls" when it called);
+    """The assistant message for a finished choice and its finish_reason (`tool_calls_finish` when it called);
     with a reasoning parser, the thinking goes to `reasoning_content` and the rest is parsed."""
     message: dict[str, Any] = {"role": "assistant"}
     if reasoning is not None:
@@ -148,7 +148,13 @@ def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
     if not parsed.tool_calls:
         return message, finish_reason
     message["tool_calls"] = [c.as_openai() for c in parsed.tool_calls]
-    return message, "tool_calls" if finish_reason == "stop" else finish_reason
+    return message, tool_calls_finish(plan, finish_reason)
+
+
+def tool_calls_finish(plan: ToolPlan, finish_reason: str | None) -> str | None:
+    """The finish_reason of a choice that called tools, as OpenAI and vLLM give it: "tool_calls" where the model
+    chose to call (auto, required) and stopped; a named tool_choice keeps "stop" (the call was forced)."""
+    return "tool_calls" if finish_reason == "stop" and plan.mode != "named" else finish_reason
 
 
 def tool_call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:

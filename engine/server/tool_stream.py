@@ -4,7 +4,7 @@ Text that is surely content streams as `delta.content` as it comes. A named func
 stream as they are generated (the first chunk carries the call's id, type and name, later ones
 only `function.arguments`). Calls the parser or the `required` grammar yields appear when the
 choice finishes, one `delta.tool_calls` entry per call, and the choice ends with
-`finish_reason: "tool_calls"`.
+`finish_reason: "tool_calls"` (`"stop"` for a named function, as OpenAI and vLLM).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas
+from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
 
@@ -115,13 +115,11 @@ def _choice_chunks(plan: ToolPlan, c: CompletionOutput, text: str, state: _Choic
         return out
     state.done = True
     finish: str | None = c.finish_reason
-    if plan.mode == "named":
-        finish = "tool_calls" if finish == "stop" else finish
-    else:
+    if plan.mode != "named":  # a named call's finish stays "stop" (tool_calls_finish)
         parsed = plan.parse(text)
         if parsed.tool_calls:
             out.append(chunk(c.index, {"tool_calls": tool_call_deltas(parsed.tool_calls)}))
-            finish = "tool_calls" if finish == "stop" else finish
+            finish = tool_calls_finish(plan, finish)
         elif text[state.sent :]:
             out.append(chunk(c.index, {"content": text[state.sent :]}))
     out.append(chunk(c.index, {}, finish, c.stop_reason))

@@ -76,7 +76,11 @@ def test_named_function_arguments_stream_incrementally():
     assert all("id" not in c and "name" not in c.get("function", {}) for c in calls[1:])
     assert len(calls) > 5  # one delta per step, not one at the end
     assert "".join(c["function"]["arguments"] for c in calls) == args
-    assert choices[-1]["finish_reason"] == "tool_calls"
+    # OpenAI and vLLM: a forced (named) call finishes with "stop"; "tool_calls" is for calls the model chose
+    assert choices[-1]["finish_reason"] == "stop"
+    message, finish = chat_message(ToolPlan("named", [], function="get_weather"), args, "stop")
+    assert finish == "stop" and message["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert chat_message(ToolPlan("named", [], function="get_weather"), args, "length")[1] == "length"
 
 
 def test_plain_answer_with_reasoning_parser_streams_thinking_and_content():

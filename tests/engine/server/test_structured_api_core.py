@@ -81,7 +81,7 @@ def test_schemas_regex_choice_and_tool_calls_validate(tool_server):
         assert re.fullmatch(REGEX, text) if kind == "regex" else text in CHOICES, (kind, text)
     for choice, parallel, choices in tool_replies:
         for c in choices:
-            assert c.finish_reason == "tool_calls" and c.message.tool_calls, c.message
+            assert c.finish_reason == ("stop" if choice == named else "tool_calls") and c.message.tool_calls, c.message
             if not parallel:
                 assert len(c.message.tool_calls) == 1
             if choice == named:
