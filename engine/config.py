@@ -150,6 +150,11 @@ class ServerConfig(_Component):
     enable_prompt_tokens_details: bool = False
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    # CORS (vLLM's flags and defaults: any origin, method and header; no credentials)
+    allowed_origins: list[str] = Field(default_factory=lambda: ["*"])
+    allowed_methods: list[str] = Field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
 
     @model_validator(mode="after")
     def _auto_tools_need_a_parser(self) -> ServerConfig:

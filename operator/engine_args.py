@@ -143,6 +143,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--enable-request-id-headers", "--enable-prompt-tokens-details",
     # Compact JSON for this service's grammars (a small model that loops on whitespace): per pod.
     "--structured-outputs-config",
+    # Which browser origins may call this service (CORS; the API key still applies): the owner's choice.
+    "--allowed-origins", "--allowed-methods", "--allowed-headers", "--allow-credentials",
 })
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -187,6 +188,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     app.add_middleware(Gate, state=state)
     if config.enable_request_id_headers:
         app.add_middleware(RequestIdHeader)
+    # Cross-origin requests from browsers, as vLLM answers them (its default: any origin); outside the Gate, so a
+    # preflight (OPTIONS, which carries no key) is answered without the key, as vLLM's.
+    app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=config.allowed_methods,
+                       allow_headers=config.allowed_headers, allow_credentials=config.allow_credentials)
     # Outermost: a request over a limit is refused before any route or middleware works on it.
     app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
                        body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count)

@@ -146,6 +146,21 @@ def test_api_key_is_required_on_every_path_but_the_public_probes(server):
     assert httpx.get(f"{server.url}/healthz").status_code == 401  # public on segment boundaries only
 
 
+def test_browsers_may_call_from_other_origins_as_vllm_allows_by_default(server):
+    # vLLM answers CORS (--allowed-origins, default any; a preflight needs no key); here a browser's preflight got a
+    # 401 and no response carried Access-Control-Allow-Origin, so web UIs on another origin could not call the server.
+    origin = {"Origin": "https://chat.example"}
+    preflight = httpx.options(f"{server.url}/v1/chat/completions", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] in ("*", "https://chat.example")
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    models = httpx.get(f"{server.url}/v1/models", headers={**origin, **AUTH})
+    assert models.status_code == 200 and models.headers["access-control-allow-origin"] == "*"
+    assert httpx.get(f"{server.url}/v1/models", headers=origin).status_code == 401  # the key still applies
+
+
 @pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [
