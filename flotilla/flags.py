@@ -537,6 +537,14 @@ FLAGS: tuple[Flag, ...] = (
         ge=1,
     ),
     Flag(
+        "--root-path",
+        "str",
+        None,
+        "The path prefix a proxy serves the API under (FastAPI's root_path, as vLLM): routes, the API key's public "
+        "paths and the drain answer under it.",
+        "server",
+    ),
+    Flag(
         "--allowed-origins",
         "json",
         ["*"],

@@ -216,7 +216,8 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        # uvicorn's path includes --root-path (the ASGI rule); the routes and these checks are below it
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
         refusal = None
         if path.startswith("/v1") and self.state.draining:
             refusal = error_response(503, "the server is shutting down; retry on another replica")

@@ -55,3 +55,23 @@ def test_a_key_with_a_trailing_newline_works_with_the_trimmed_key(tiny_model_dir
         assert "API key: required on every path but /health" in log.read_text()
     finally:
         stop_server(server)
+
+
+def test_root_path_serves_the_api_behind_a_prefix_stripping_proxy_with_the_same_key_rules(tiny_model_dirs, tmp_path):
+    # vLLM's --root-path (FastAPI's root_path: a proxy serves the API under a prefix and strips it; uvicorn puts the
+    # prefix back in the ASGI path): not a flag here, so `vllm serve --root-path /api` did not start. The key check
+    # must look below the prefix, or every path would miss "/v1" and go unchecked.
+    server = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--served-model-name", "tiny",
+                          "--root-path", "/api", env={"VLLM_API_KEY": KEY})
+    try:
+        key = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(f"{server.url}/health").status_code == 200  # public, as the proxy forwards it
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}).status_code == 401
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}, headers=key).status_code == 200
+        assert httpx.get(f"{server.url}/openapi.json").json()["servers"] == [{"url": "/api"}]  # links under the prefix
+    finally:
+        stop_server(server)
