@@ -145,6 +145,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--structured-outputs-config",
     # Which browser origins may call this service (CORS; the API key still applies): the owner's choice.
     "--allowed-origins", "--allowed-methods", "--allowed-headers", "--allow-credentials",
+    # The prefix a proxy in front of this service strips: the pod still answers the probes' /health and the
+    # scrape's /metrics at the root (uvicorn's root_path), so nothing the operator relies on moves.
+    "--root-path",
 })
 
 
