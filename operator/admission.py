@@ -186,6 +186,22 @@ def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[s
     return errors
 
 
+def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    if spec.autoscaling is None:
+        return []
+    problem = policy.prometheus_address_problem(spec.autoscaling.prometheus_address)
+    return [f"spec.autoscaling.prometheusAddress: {problem}"] if problem else []
+
+
+def _settled(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> InferenceServiceSpec:
+    """The spec as the children are built from it: the policy's choices for what the spec leaves to the cluster."""
+    a = spec.autoscaling
+    if a is None or policy.prometheus_address(a.prometheus_address) == a.prometheus_address:
+        return spec
+    settled = a.model_copy(update={"prometheus_address": policy.prometheus_address(a.prometheus_address)})
+    return spec.model_copy(update={"autoscaling": settled})
+
+
 def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_POLICY) -> Review:
     """Check a spec (as on the wire, camelCase) of the InferenceService `name` under the admin's `policy`."""
     named = name_problem(name)
@@ -194,7 +210,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
         parsed = InferenceServiceSpec.model_validate(spec)
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
-    result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
+    result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
+                    + _autoscaling_rules(parsed, policy) + _pod_rules(parsed)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))

@@ -12,11 +12,20 @@ slash is refused rather than normalised, so what is checked is exactly what the 
 The check is on the path's text: a symbolic link on the node under an allowed directory is followed by
 the kubelet. The mounts are read-only, so no InferenceService can plant one; the admin keeps the allowed
 directories free of links that leave them (docs/operator.md, "Security model").
+
+The second is where KEDA sends its queries: KEDA runs them from its own pod, with its network position, and
+puts a failed answer's body in its errors, so an address of the InferenceService author's choosing would make
+it fetch from anywhere (a cloud metadata endpoint, an internal admin API). The admin lists the Prometheus
+addresses allowed (`--prometheus-address`); spec.autoscaling.prometheusAddress must be one of them, and its
+schema default stands for the first (so a spec that leaves it out follows the cluster's Prometheus).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
 
 
 @dataclass(frozen=True)
@@ -24,12 +33,29 @@ class AdmissionPolicy:
     """The admin's choices; the default allows nothing beyond the namespace."""
 
     host_path_prefixes: tuple[str, ...] = ()
+    prometheus_addresses: tuple[str, ...] = (DEFAULT_PROMETHEUS_ADDRESS,)
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:
             problem = _path_problem(prefix)
             if problem:
                 raise ValueError(f"host path prefix {prefix!r}: {problem}")
+        if not self.prometheus_addresses:
+            raise ValueError("at least one Prometheus address is needed (KEDA's default)")
+        for address in self.prometheus_addresses:
+            if not re.match(PROMETHEUS_URL_PATTERN, address):
+                raise ValueError(f"Prometheus address {address!r} is not a plain http(s)://host[:port][/path] URL")
+
+    def prometheus_address_problem(self, address: str) -> str | None:
+        """Why KEDA may not query `address`, or None when the policy allows it (the schema's default always)."""
+        if address == DEFAULT_PROMETHEUS_ADDRESS or address in self.prometheus_addresses:
+            return None
+        return (f"{address} is not a Prometheus this cluster allows ({', '.join(self.prometheus_addresses)}); leave "
+                "the field out for the cluster's own")
+
+    def prometheus_address(self, address: str) -> str:
+        """The address KEDA is given for an allowed spec `address`: the schema's default means the admin's first."""
+        return self.prometheus_addresses[0] if address == DEFAULT_PROMETHEUS_ADDRESS else address
 
     def host_path_problem(self, path: str) -> str | None:
         """Why the node directory `path` may not be mounted, or None when the policy allows it."""

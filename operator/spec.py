@@ -44,6 +44,8 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # Where KEDA finds Prometheus: a plain http(s) URL to a host name or IPv4 address, optional port
 # and path; no credentials (user@), query or fragment that could smuggle anything into KEDA's request.
 PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[-A-Za-z0-9._~/]*)?$"
+# The schema's default address: stands for "the cluster's Prometheus", the first the admin lists (policy.py).
+DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -342,9 +344,9 @@ class AutoscalingSpec(_Model):
         description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m); the HPA reads the chart's "
                     "recorded 1m series.")
     prometheus_address: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090", max_length=253, pattern=PROMETHEUS_URL_PATTERN,
-        description="Prometheus that KEDA queries (used only with KEDA): http(s)://host[:port][/path], no "
-                    "credentials, query or fragment.")
+        default=DEFAULT_PROMETHEUS_ADDRESS, max_length=253, pattern=PROMETHEUS_URL_PATTERN,
+        description="Prometheus that KEDA queries (used only with KEDA): one of the addresses the cluster admin "
+                    "allows (operator flag --prometheus-address); the default stands for the first of them.")
 
 
 class MonitoringSpec(_Model):

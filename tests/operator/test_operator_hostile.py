@@ -147,6 +147,13 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                SCHEMA, "spec.autoscaling.prometheusAddress"),
     "prometheus-query": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "http://p:9090/?x=1"}},
                          SCHEMA, "spec.autoscaling.prometheusAddress"),
+    # KEDA runs the query with its own network position and puts the answer's body in its errors: an address of
+    # the author's choosing made it fetch from anywhere (cloud metadata, a cluster-internal admin endpoint).
+    "prometheus-elsewhere": ("bad", {"autoscaling": {"maxReplicas": 2,
+                                                     "prometheusAddress": "http://169.254.169.254/latest/meta-data"}},
+                             WEBHOOK, "spec.autoscaling.prometheusAddress: http://169.254.169.254/latest/meta-data is "
+                                      "not a Prometheus this cluster allows (http://prometheus-operated.monitoring.svc"
+                                      ":9090); leave the field out for the cluster's own"),
 }
 
 

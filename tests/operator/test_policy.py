@@ -57,3 +57,25 @@ def test_the_operator_refuses_a_bad_prefix_at_start_up(prefix, capsys):
 def test_the_operator_flag_sets_the_policy():
     assert parse_args(["--host-path-prefix", "/models", "--host-path-prefix", "/mnt/ckpt"]).policy == ALLOWED
     assert parse_args([]).policy == AdmissionPolicy()
+
+
+def test_keda_may_query_only_the_prometheus_the_admin_lists():
+    policy = parse_args(["--prometheus-address", "http://prometheus.obs.svc:9090",
+                         "--prometheus-address", "https://thanos.obs.svc/query"]).policy
+    spec = {"model": {"source": "pvc://m"}, "autoscaling": {"maxReplicas": 2}}
+    # The schema's default stands for the admin's first address, which the ScaledObject then gets.
+    left_out = review(spec, "x", policy)
+    assert left_out.errors == [] and left_out.spec.autoscaling.prometheus_address == "http://prometheus.obs.svc:9090"
+    spec["autoscaling"]["prometheusAddress"] = "https://thanos.obs.svc/query"
+    assert review(spec, "x", policy).spec.autoscaling.prometheus_address == "https://thanos.obs.svc/query"
+    spec["autoscaling"]["prometheusAddress"] = "http://10.0.0.1:9090"
+    assert review(spec, "x", policy).errors == [
+        "spec.autoscaling.prometheusAddress: http://10.0.0.1:9090 is not a Prometheus this cluster allows "
+        "(http://prometheus.obs.svc:9090, https://thanos.obs.svc/query); leave the field out for the cluster's own"]
+
+
+@pytest.mark.parametrize("address", ["file:///etc/passwd", "http://u:p@h:9090", "http://h/?q=1"])
+def test_the_operator_refuses_a_bad_prometheus_address_at_start_up(address, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--prometheus-address", address])
+    assert "Prometheus address" in capsys.readouterr().err
