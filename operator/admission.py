@@ -57,12 +57,16 @@ SANDBOX_ANNOTATION_PREFIXES = (
 )
 
 
-def _pod_rules(spec: InferenceServiceSpec) -> list[str]:
+def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
     errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
-    errors += [f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which the operator "
-               "sets" for key in spec.pod.annotations if key.startswith(SANDBOX_ANNOTATION_PREFIXES)]
+    for key in spec.pod.annotations:
+        if key.startswith(SANDBOX_ANNOTATION_PREFIXES):  # whatever the admin allows: the operator sets these
+            errors.append(f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which "
+                          "the operator sets")
+        elif problem := policy.pod_annotation_problem(key):
+            errors.append(f"spec.pod.annotations: {problem}")
     return errors
 
 
@@ -211,7 +215,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
-                    + _autoscaling_rules(parsed, policy) + _pod_rules(parsed)
+                    + _autoscaling_rules(parsed, policy) + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))

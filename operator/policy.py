@@ -5,7 +5,7 @@ itself is off unless the operator is started with it turned on (`flotilla operat
 chart's values); the review (admission.py) reads this policy, so the webhook and the reconciler
 decide alike.
 
-Today the only such power is a `hostPath://` model source, which mounts a node directory into the
+The first such power is a `hostPath://` model source, which mounts a node directory into the
 engine pod: off by default, and when an admin allows it, limited to the directory prefixes the admin
 lists (`--host-path-prefix /models`). A path with `.`/`..` segments, repeated slashes or a trailing
 slash is refused rather than normalised, so what is checked is exactly what the kubelet mounts.
@@ -18,6 +18,14 @@ puts a failed answer's body in its errors, so an address of the InferenceService
 it fetch from anywhere (a cloud metadata endpoint, an internal admin API). The admin lists the Prometheus
 addresses allowed (`--prometheus-address`); spec.autoscaling.prometheusAddress must be one of them, and its
 schema default stands for the first (so a spec that leaves it out follows the cluster's Prometheus).
+
+The third is which pod annotations spec.pod.annotations may set. Annotations are instructions to whatever
+reads them: a mesh's sidecar injector (`sidecar.istio.io/userVolume` mounts a node directory into the injected
+sidecar), the node's container runtime (`io.kubernetes.cri-o.Devices`, `io.katacontainers.config.*`: keys with
+dots and no slash), a cloud identity agent (`iam.amazonaws.com/role`). Which tools a cluster runs is the
+admin's to know, so the rule is an allow-list: a plain key of the user's own (no `/`, no `.`) always passes,
+any other only when the admin lists it (`--pod-annotation KEY`, or `--pod-annotation PREFIX/` for every key
+under that prefix).
 """
 
 from __future__ import annotations
@@ -34,17 +42,33 @@ class AdmissionPolicy:
 
     host_path_prefixes: tuple[str, ...] = ()
     prometheus_addresses: tuple[str, ...] = (DEFAULT_PROMETHEUS_ADDRESS,)
+    pod_annotations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:
             problem = _path_problem(prefix)
             if problem:
                 raise ValueError(f"host path prefix {prefix!r}: {problem}")
+        if any(not allowed for allowed in self.pod_annotations):
+            raise ValueError("an allowed pod annotation must be a key or a prefix ending in '/', not empty")
         if not self.prometheus_addresses:
             raise ValueError("at least one Prometheus address is needed (KEDA's default)")
         for address in self.prometheus_addresses:
             if not re.match(PROMETHEUS_URL_PATTERN, address):
                 raise ValueError(f"Prometheus address {address!r} is not a plain http(s)://host[:port][/path] URL")
+
+    def pod_annotation_problem(self, key: str) -> str | None:
+        """Why spec.pod.annotations may not set `key`, or None when it is the user's own or the admin allows it."""
+        if not ("/" in key or "." in key):
+            return None
+        if any(key == allowed or (allowed.endswith("/") and key.startswith(allowed))
+               for allowed in self.pod_annotations):
+            return None
+        allowed = f" ({', '.join(self.pod_annotations)})" if self.pod_annotations else ""
+        return (f"{key} is not a pod annotation this cluster allows{allowed}: a key with a prefix or a dot is read by "
+                "a tool (a sidecar injector, the container runtime); keys without '/' or '.' are yours, others the "
+                "cluster admin may allow (operator flag --pod-annotation, chart value "
+                "operator.engineAnnotations.allowed)")
 
     def prometheus_address_problem(self, address: str) -> str | None:
         """Why KEDA may not query `address`, or None when the policy allows it (the schema's default always)."""

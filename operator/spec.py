@@ -422,7 +422,10 @@ class PodSpec(_Model):
 
     labels: dict[str, str] = Field(
         default_factory=dict, description="Extra pod labels (the operator's own label keys are refused).")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra pod annotations: keys without '/' or '.', and those the cluster admin allows "
+                    "(operator flag --pod-annotation); seccomp and AppArmor keys never.")
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "

@@ -31,6 +31,7 @@ NON_DEFAULT = {
         "logLevel": "debug",
         "resyncSeconds": 30,
         "hostPath": {"allowedPrefixes": ["/models", "/mnt/checkpoints"]},
+        "engineAnnotations": {"allowed": ["prometheus.io/", "sidecar.istio.io/inject"]},
         "keda": {"prometheusAddresses": ["http://prometheus.obs.svc:9090", "https://thanos.obs.svc/query"]},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "podLabels": {"team": "ml"},
@@ -181,9 +182,12 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
         assert args.webhook_configuration == "", "the chart owns the webhook configurations"
         assert not args.no_webhook and args.engine_image
         allowed = values.get("operator", {}).get("hostPath", {}).get("allowedPrefixes", [])
-        addresses = values.get("operator", {}).get("keda", {}).get("prometheusAddresses")
+        operator = values.get("operator", {})
+        addresses = operator.get("keda", {}).get("prometheusAddresses")
         assert args.policy == AdmissionPolicy(host_path_prefixes=tuple(allowed),
-                                              prometheus_addresses=tuple(addresses or [DEFAULT_PROMETHEUS_ADDRESS]))
+                                              prometheus_addresses=tuple(addresses or [DEFAULT_PROMETHEUS_ADDRESS]),
+                                              pod_annotations=tuple(operator.get("engineAnnotations", {}).get(
+                                                  "allowed", [])))
 
 
 def test_webhook_paths_are_the_operators_handler_ids() -> None:

@@ -57,6 +57,20 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "apparmor-annotation-of-an-init-container": ("bad", {"pod": {"annotations": {
         "container.apparmor.security.beta.kubernetes.io/download-model": "unconfined"}}}, WEBHOOK,
         "would change the pods' seccomp or AppArmor profile"),
+    # Annotations that a mesh's sidecar injector, a node's container runtime or a cloud identity agent reads as
+    # instructions: a hostPath volume in the injected sidecar, a runtime's device or user-namespace setting, a
+    # cloud role. Which tools read which keys is the cluster's, so only the admin's list (and the user's own
+    # unprefixed, dot-free keys) passes.
+    "istio-sidecar-host-volume": ("bad", {"pod": {"annotations": {
+        "sidecar.istio.io/userVolume": '[{"name": "host", "hostPath": {"path": "/"}}]'}}}, WEBHOOK,
+        "spec.pod.annotations: sidecar.istio.io/userVolume is not a pod annotation this cluster allows"),
+    "crio-runtime-annotation": ("bad", {"pod": {"annotations": {"io.kubernetes.cri-o.Devices": "/dev/mem"}}},
+                                WEBHOOK, "spec.pod.annotations: io.kubernetes.cri-o.Devices is not a pod annotation"),
+    "kata-hypervisor-annotation": ("bad", {"pod": {"annotations": {
+        "io.katacontainers.config.hypervisor.kernel_params": "init=/bin/sh"}}}, WEBHOOK,
+        "io.katacontainers.config.hypervisor.kernel_params is not a pod annotation this cluster allows"),
+    "kube2iam-role-annotation": ("bad", {"pod": {"annotations": {"iam.amazonaws.com/role": "admin"}}}, WEBHOOK,
+                                 "iam.amazonaws.com/role is not a pod annotation this cluster allows"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),

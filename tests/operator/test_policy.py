@@ -79,3 +79,17 @@ def test_the_operator_refuses_a_bad_prometheus_address_at_start_up(address, caps
     with pytest.raises(SystemExit):
         parse_args(["--prometheus-address", address])
     assert "Prometheus address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("key", "allowed"), [
+    ("team", True), ("owner-id_2", True),  # the user's own keys
+    ("sidecar.istio.io/userVolume", False), ("io.kubernetes.cri-o.Devices", False), ("iam.amazonaws.com/role", False),
+    ("prometheus.io/scrape", True), ("prometheus.io.scrape", False),  # under the admin's prefix, and not
+    ("sidecar.istio.io/inject", True), ("sidecar.istio.io/injectX", False),  # the admin's exact key, and not
+    ("container.apparmor.security.beta.kubernetes.io/engine", False),  # never, whatever is listed
+])
+def test_pod_annotations_are_the_users_own_keys_or_the_admins_list(key, allowed):
+    policy = parse_args(["--pod-annotation", "prometheus.io/", "--pod-annotation", "sidecar.istio.io/inject",
+                         "--pod-annotation", "container.apparmor.security.beta.kubernetes.io/"]).policy
+    errors = review({"model": {"source": "pvc://m"}, "pod": {"annotations": {key: "x"}}}, "x", policy).errors
+    assert (errors == []) == allowed, errors
