@@ -67,6 +67,8 @@ def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]
                           "the operator sets")
         elif problem := policy.pod_annotation_problem(key):
             errors.append(f"spec.pod.annotations: {problem}")
+    if spec.pod.priority_class_name and (problem := policy.priority_class_problem(spec.pod.priority_class_name)):
+        errors.append(f"spec.pod.priorityClassName: {problem}")
     return errors
 
 

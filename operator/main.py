@@ -63,6 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pod-annotation", action="append", default=[], dest="pod_annotations",
                    help="a pod annotation key that spec.pod.annotations may set, or a prefix ending in '/' "
                         "(repeatable); default: only keys without '/' or '.'")
+    p.add_argument("--priority-class", action="append", default=[], dest="priority_classes",
+                   help="a PriorityClass that engine pods may use (repeatable); default: any but the built-in "
+                        "system-* classes")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -83,7 +86,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes),
                                       prometheus_addresses=tuple(args.prometheus_addresses
                                                                  or [DEFAULT_PROMETHEUS_ADDRESS]),
-                                      pod_annotations=tuple(args.pod_annotations))
+                                      pod_annotations=tuple(args.pod_annotations),
+                                      priority_classes=tuple(args.priority_classes))
         args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
                                       concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
     except ValueError as e:  # pydantic's ValidationError is one

@@ -26,6 +26,12 @@ dots and no slash), a cloud identity agent (`iam.amazonaws.com/role`). Which too
 admin's to know, so the rule is an allow-list: a plain key of the user's own (no `/`, no `.`) always passes,
 any other only when the admin lists it (`--pod-annotation KEY`, or `--pod-annotation PREFIX/` for every key
 under that prefix).
+
+The fourth is the pods' priority class. The built-in `system-node-critical` and `system-cluster-critical`
+(priority 2e9, above any class a user can make) let the engine pods preempt every other team's pods on the GPU
+nodes, and since Kubernetes 1.17 the apiserver no longer keeps them to kube-system unless the admin configures
+a quota for them. So `system-*` classes are refused unless the admin lists them, and when the admin lists
+classes (`--priority-class`), only those are allowed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from dataclasses import dataclass
 
 from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
 
+# Kubernetes reserves the prefix for its built-in critical classes (no user may create a PriorityClass named so).
+SYSTEM_PRIORITY_PREFIX = "system-"
+
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
@@ -43,6 +52,7 @@ class AdmissionPolicy:
     host_path_prefixes: tuple[str, ...] = ()
     prometheus_addresses: tuple[str, ...] = (DEFAULT_PROMETHEUS_ADDRESS,)
     pod_annotations: tuple[str, ...] = ()
+    priority_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:
@@ -69,6 +79,14 @@ class AdmissionPolicy:
                 "a tool (a sidecar injector, the container runtime); keys without '/' or '.' are yours, others the "
                 "cluster admin may allow (operator flag --pod-annotation, chart value "
                 "operator.engineAnnotations.allowed)")
+
+    def priority_class_problem(self, name: str) -> str | None:
+        """Why the engine pods may not run at priority class `name`, or None when the policy allows it."""
+        if name in self.priority_classes or not (self.priority_classes or name.startswith(SYSTEM_PRIORITY_PREFIX)):
+            return None
+        allowed = ", ".join(self.priority_classes) or f"any but {SYSTEM_PRIORITY_PREFIX}*"
+        return (f"{name} is not a priority class this cluster allows InferenceServices ({allowed}; operator flag "
+                "--priority-class, chart value operator.priorityClasses.allowed)")
 
     def prometheus_address_problem(self, address: str) -> str | None:
         """Why KEDA may not query `address`, or None when the policy allows it (the schema's default always)."""

@@ -441,7 +441,9 @@ class PodSpec(_Model):
         default_factory=list, json_schema_extra={"items": {"type": "object", **_PRESERVE}},
         description="Topology spread constraints, as in the core/v1 pod spec.")
     priority_class_name: str | None = Field(
-        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="PriorityClass of the pods.")
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PriorityClass of the pods: one the cluster admin allows (default: any but the built-in "
+                    "system-* classes).")
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
         description="ServiceAccount the pods run as (its token is not mounted; for workload identity). "

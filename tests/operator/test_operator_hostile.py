@@ -71,6 +71,13 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
         "io.katacontainers.config.hypervisor.kernel_params is not a pod annotation this cluster allows"),
     "kube2iam-role-annotation": ("bad", {"pod": {"annotations": {"iam.amazonaws.com/role": "admin"}}}, WEBHOOK,
                                  "iam.amazonaws.com/role is not a pod annotation this cluster allows"),
+    # The two built-in critical classes (priority 2e9: above every user class) preempt any other team's pods on the
+    # GPU nodes; since 1.17 the apiserver no longer keeps them to kube-system unless the admin configures a quota.
+    "system-priority-class": ("bad", {"pod": {"priorityClassName": "system-node-critical"}}, WEBHOOK,
+                              "spec.pod.priorityClassName: system-node-critical is not a priority class this cluster "
+                              "allows InferenceServices"),
+    "system-cluster-priority-class": ("bad", {"pod": {"priorityClassName": "system-cluster-critical"}}, WEBHOOK,
+                                      "system-cluster-critical is not a priority class this cluster allows"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),

@@ -93,3 +93,14 @@ def test_pod_annotations_are_the_users_own_keys_or_the_admins_list(key, allowed)
                          "--pod-annotation", "container.apparmor.security.beta.kubernetes.io/"]).policy
     errors = review({"model": {"source": "pvc://m"}, "pod": {"annotations": {key: "x"}}}, "x", policy).errors
     assert (errors == []) == allowed, errors
+
+
+@pytest.mark.parametrize(("flags", "name", "allowed"), [
+    ([], "inference", True), ([], "system-node-critical", False), ([], "system-cluster-critical", False),
+    (["--priority-class", "inference"], "inference", True), (["--priority-class", "inference"], "batch", False),
+    (["--priority-class", "system-cluster-critical"], "system-cluster-critical", True),
+])
+def test_priority_classes_are_any_but_the_system_ones_or_the_admins_list(flags, name, allowed):
+    spec = {"model": {"source": "pvc://m"}, "pod": {"priorityClassName": name}}
+    errors = review(spec, "x", parse_args(flags).policy).errors
+    assert (errors == []) == allowed, errors
