@@ -241,6 +241,33 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
              10, "the Service restored")
 
 
+def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
+    """The pod fields that keep an engine pod off the node's namespaces and out of root are the operator's: a hand
+    edit (someone with Deployment rights, a careless `kubectl edit`) is reverted like any other field it sets,
+    even where the field's value is the API's default, which server-side apply would not otherwise own."""
+    op.apply(fis("sandboxed", namespace, autoscaling=None, model={"source": "hf://org/name"}))
+    path = child_path("Deployment", namespace, "sandboxed")
+    wait_children(op, namespace, "sandboxed", ["Deployment"])
+    # (privileged: true is refused by this apiserver's --allow-privileged=false, and beside allowPrivilegeEscalation
+    # false, which the operator sets: it cannot be tried here.)
+    loose = {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
+    op.kube.request("PATCH", path, {"spec": {"template": {"spec": {
+        "hostNetwork": True, "hostPID": True, "hostIPC": True,
+        "containers": [{"name": "engine", "securityContext": loose}],
+        "initContainers": [{"name": "download-model", "securityContext": loose}]}}}},
+        content_type="application/strategic-merge-patch+json")
+
+    def sandboxed() -> bool:
+        pod = op.kube.get(path)["spec"]["template"]["spec"]
+        if any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")):
+            return False
+        return all(not c["securityContext"].get("privileged") and c["securityContext"].get("runAsNonRoot") is not False
+                   and c["securityContext"].get("seccompProfile", {}).get("type") != "Unconfined"
+                   for c in pod["containers"] + pod["initContainers"])
+
+    wait_for(sandboxed, 15, "the pod's sandbox restored")
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
