@@ -268,6 +268,30 @@ def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
     wait_for(sandboxed, 15, "the pod's sandbox restored")
 
 
+@pytest.mark.parametrize(("obstacle", "change", "fragment"), [
+    # A namespace's LimitRange below the engine's memory request: every pod the ReplicaSet makes is refused.
+    ({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "small"},
+      "spec": {"limits": [{"type": "Container", "max": {"memory": "1Gi"}}]}},
+     {}, "maximum memory usage per Container is 1Gi"),
+    # A priority class that does not exist (a typo): the Priority admission plugin refuses every pod.
+    (None, {"pod": {"priorityClassName": "no-such-class"}}, "no PriorityClass with name no-such-class was found"),
+], ids=["limit-range", "missing-priority-class"])
+def test_pods_the_apiserver_refuses_reach_status_and_an_event(op, namespace, obstacle, change, fragment):
+    """The Deployment is admitted but its ReplicaSet can make no pod (a quota, a LimitRange, a missing priority
+    class or ServiceAccount): the reason is on the ReplicaSet alone, so status must carry it, or the user sees
+    "0 of 1 ready" forever and never learns why."""
+    if obstacle is not None:
+        op.kube.request("POST", f"/api/v1/namespaces/{namespace}/limitranges", obstacle)
+    op.apply(fis("refused", namespace, autoscaling=None, replicas=1, **change))
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "refused"))) and
+                    fragment in condition(b, "Degraded").get("message", "") and b, 30, "the refusal in status")
+    assert condition(body, "Degraded")["reason"] == "PodsRefused" and body["status"]["phase"] == "Degraded"
+    assert condition(body, "Progressing")["status"] == "False"
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "refused" and e["reason"] == "PodsRefused"
+                      and e["type"] == "Warning" and fragment in e["message"]], 15, "a PodsRefused Event")
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
