@@ -417,6 +417,44 @@ def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(opera
         assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
 
 
+def _engine_pod(cluster, namespace: str, name: str, port: int) -> None:
+    """An engine Pod of the InferenceService `name`, Running on 127.0.0.1:`port` as a kubelet would report it."""
+    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-0", "labels": {"serving.flotilla.dev/inferenceservice": name}},
+        "spec": {"automountServiceAccountToken": False, "containers": [{
+            "name": "engine", "image": "x:latest",
+            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}})
+    cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}-0",
+                              {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+
+
+@pytest.mark.parametrize("hostile", [
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n",
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting +Inf\n",
+    b"vllm:num_requests_running 1e308\nvllm:num_requests_running{model_name=\"b\"} 1e308\n"
+    b"vllm:num_requests_waiting 0\n",
+], ids=["nan", "inf", "overflowing-sum"])
+def test_one_engines_hostile_metrics_keep_no_other_inferenceservice_from_its_serving_status(
+        operator_process, cluster, namespace, hostile):
+    # The engine image is its author's: its /metrics may say anything. A value no figure can be made of must cost
+    # that InferenceService its figures (the pod counted unreachable), never every other team's status.serving.
+    good = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
+    with _http_server(lambda path: (200, {}, good)) as fine, _http_server(lambda path: (200, {}, hostile)) as bad:
+        for name in ("fine", "hostile"):
+            cluster.apply(fis(name, namespace, autoscaling=None))
+        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+                 "the default ServiceAccount")
+        _engine_pod(cluster, namespace, "hostile", bad.server_port)
+        _engine_pod(cluster, namespace, "fine", fine.server_port)
+        serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "fine")).get("status") or {}).get(
+            "serving"), 20, "the other InferenceService's status.serving")
+        assert (serving["scraped"], serving["running"], serving["waiting"]) == (1, 7, 3), serving
+        hostile_serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "hostile")).get("status") or {}).get(
+            "serving"), 20, "the hostile InferenceService's status.serving")
+        assert (hostile_serving["scraped"], hostile_serving["unreachable"]) == (0, 1), hostile_serving
+
+
 def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_in_the_foreground(
         operator_process, cluster, namespace):
     # A spec today's rules refuse can be stored: admitted while the operator was down (failure policy Ignore), or
