@@ -349,15 +349,32 @@ class AutoscalingSpec(_Model):
                     "allows (operator flag --prometheus-address); the default stands for the first of them.")
 
 
+# The shortest scrape interval an InferenceService may ask of the cluster's Prometheus.
+MIN_SCRAPE_INTERVAL_S = 5
+
+
 class MonitoringSpec(_Model):
     """Prometheus scraping."""
 
     service_monitor: bool = Field(
         default=True, description="Create a ServiceMonitor when the Prometheus Operator is installed.")
-    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$",
+                          description=f"Scrape interval, at least {MIN_SCRAPE_INTERVAL_S}s.")
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="Extra labels on the ServiceMonitor (to match a Prometheus's selector).")
+
+    @field_validator("interval")
+    @classmethod
+    def _not_too_often(cls, interval: str) -> str:
+        # The scrapes are the shared Prometheus's work: 1ms would have it scrape every engine pod 1000 times a second
+        # (Prometheus caps the timeout at the interval rather than refusing it), 0s means its global default.
+        digits = len(interval) - len(interval.lstrip("0123456789"))  # the pattern has held: digits, then a unit
+        seconds = int(interval[:digits]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[interval[digits:]]
+        if seconds < MIN_SCRAPE_INTERVAL_S:
+            raise ValueError(f"{interval} is shorter than {MIN_SCRAPE_INTERVAL_S}s: Prometheus would scrape every "
+                             "engine pod that often")
+        return interval
 
 
 # Free-form Kubernetes objects (affinity, topology spread constraints) are kept as given; the apiserver

@@ -78,6 +78,12 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                               "allows InferenceServices"),
     "system-cluster-priority-class": ("bad", {"pod": {"priorityClassName": "system-cluster-critical"}}, WEBHOOK,
                                       "system-cluster-critical is not a priority class this cluster allows"),
+    # The ServiceMonitor's interval is the shared Prometheus's work: 1ms had it scrape each engine pod 1000 times a
+    # second (Prometheus caps the timeout at the interval, so nothing refuses it there).
+    "scrape-interval-1ms": ("bad", {"monitoring": {"interval": "1ms"}}, WEBHOOK,
+                            "spec.monitoring.interval: 1ms is shorter than 5s"),
+    "scrape-interval-0s": ("bad", {"monitoring": {"interval": "0s"}}, WEBHOOK,
+                           "spec.monitoring.interval: 0s is shorter than 5s"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),
