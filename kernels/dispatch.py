@@ -137,6 +137,46 @@ def rotary_and_write_kv(
     return query
 
 
+# One-row decode: the qkv GEMV with rotary and the K/V cache write in its epilogue (`triton_gemv_rope.py`: one
+# launch a layer instead of the GEMV + `rotary_and_write_kv`; q and the cache rows bit-equal to the pair's).
+# FLOTILLA_QKV_ROPE (read at import; the module global at every call): "0" (default, unmeasured on the H200) the
+# pair; "1" the fused kernel where `qkv_rope_takes`.
+QKV_ROPE = env_flag("FLOTILLA_QKV_ROPE", False)
+
+
+def qkv_rope_takes(x: torch.Tensor, weight: torch.Tensor, head_dim: int, gemv_max_rows: int) -> bool:
+    """Whether `qkv_rotary_and_write_kv` takes a plain (unquantized) qkv projection of `x`: switched on, CUDA, one
+    row that `linear` would give the Triton GEMV, and a GEMV configuration the epilogue fits (`fuses_rope`)."""
+    if not (QKV_ROPE and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 <= gemv_max_rows
+            and weight.shape[0] <= TRITON_GEMV_MAX_OUT):  # fmt: skip
+        return False
+    from flotilla.kernels.triton_gemv_rope import fuses_rope
+
+    return fuses_rope(x, weight, head_dim)
+
+
+def qkv_rotary_and_write_kv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
+    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot."""
+    from flotilla.kernels.triton_gemv_rope import gemv_rope
+
+    return gemv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
+                     num_kv_heads, k_scale, v_scale)  # fmt: skip
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
