@@ -287,12 +287,37 @@ def silu_and_mul_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gemv_max_rows: int = 0
 ) -> torch.Tensor:
     """`silu_and_mul(linear(x, weight, bias, gemv_max_rows))` for a merged gate/up weight `[2N, K]`: one
-    skinny-GEMM launch with the gated epilogue where it takes the call, else the two steps."""
+    skinny-GEMM launch with the gated epilogue where it takes the call, one gated-GEMV launch where that one
+    does (FLOTILLA_GATED_GEMV), else the two steps."""
     if _skinny_gemm_takes(x, weight, gated=True):
         from flotilla.kernels.triton_skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight, bias, gated=True)
+    if _gated_gemv_takes(x, weight, bias, gemv_max_rows):
+        from flotilla.kernels.triton_gated_gemv import gated_gemv
+
+        return gated_gemv(x, weight, bias)
     return silu_and_mul(linear(x, weight, bias, gemv_max_rows))
+
+
+# FLOTILLA_GATED_GEMV=1 (default 0, off: unmeasured): a one-row gated gate/up projection (`silu_and_mul_linear`
+# with one input row and --triton-gemv-max-rows >= 1, the batch-1 decode step) takes the gated GEMV
+# (`triton_gated_gemv.py`: gate and up rows streamed by one kernel, `silu(gate) * up` written, launched by PDL)
+# instead of cuBLAS's gate_up followed by the SiLU kernel; single-process engines only (tensor/pipeline parallel
+# keep the two steps). docs/decode-gemm.md.
+GATED_GEMV = env_flag("FLOTILLA_GATED_GEMV", False)
+GATED_GEMV_MAX_ROWS = 1
+
+
+def _gated_gemv_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv_max_rows: int) -> bool:
+    """Whether the gated GEMV runs this gate/up projection (above)."""
+    if not (GATED_GEMV and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= min(gemv_max_rows, GATED_GEMV_MAX_ROWS)):
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    from flotilla.kernels.triton_gated_gemv import supported
+
+    return supported(x, weight, bias)
 
 
 # fp8 weights at decode: a linear call of at most FP8_GEMV_MAX_ROWS input rows runs W8A16 (the Triton

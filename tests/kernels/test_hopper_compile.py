@@ -331,6 +331,35 @@ def _cuda_backend_missing() -> bool:
     return False
 
 
+def _compile_gated_gemv() -> dict[str, dict[str, object]]:
+    """The one-row gated GEMV (`triton_gated_gemv.py`) at Llama-3.1-8B's gate/up launch (8 + 8 rows x 512 K, 4
+    warps, 2 stages), plain and launched by PDL (its first gate and up tiles loaded before the wait)."""
+    from flotilla.kernels.triton_gated_gemv import _gated_gemv_kernel
+
+    fn = _gated_gemv_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))
+    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr")}
+    consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, NUM_STAGES=2)
+    return {name: _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned, num_warps=4, num_stages=2)
+            for name, extra in (("gated_gemv bf16 m1", {}), ("gated_gemv bf16 m1 pdl", dict(PDL=True)))}
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_gated_gemv_compiles_for_hopper(tmp_path):
+    """The one-row gated GEMV alone (this file run as a script with `gated`): FMA work in 16-byte weight loads;
+    launched by PDL one wait and one trigger, with weight loads before the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, __file__, "gated"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    gated, gated_pdl = result["gated_gemv bf16 m1"], result["gated_gemv bf16 m1 pdl"]
+    assert gated["cubin_bytes"] > 0 and gated_pdl["cubin_bytes"] > 0
+    assert not gated["mma"] and gated["loads16"] > 0 and gated["gdc_wait"] == 0 and gated["gdc_launch"] == 0
+    assert gated_pdl["gdc_wait"] == 1 and gated_pdl["gdc_launch"] == 1 and gated_pdl["loads_before_wait"] > 0
+
+
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
 def test_fp8_kernels_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -407,4 +436,4 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 
 
 if __name__ == "__main__":
-    print(json.dumps(_compile_all()))
+    print(json.dumps(_compile_gated_gemv() if sys.argv[1:] == ["gated"] else _compile_all()))
