@@ -10,9 +10,9 @@ cuBLAS cannot: its first gate and up weight tiles are loaded before `griddepcont
 ahead of it still runs, and the down projection's GEMV may start its own weight stream while this one drains.
 
 The K loop is `triton_gemv.py`'s FMA path (`_gemv_step`): `[BLOCK_M, BLOCK_N, BLOCK_K]` fp32 accumulators of
-element-wise products (two of them here, gate and up), summed over K once after the loop; the default tiles keep
-both at 64 fp32 registers a thread in all (8 + 8 weight rows x 512 K at one row and 4 warps: the same 16 KB a
-step as the one-row GEMV's 16 x 512 tile). No split-K: 14,336 columns are ~1,800 programs at one row.
+element-wise products (two of them here, gate and up), summed over K once after the loop; at one row the default
+tiles are the H200 sweep's winner, 4 + 4 weight rows x 512 K, 4 warps, 3 stages (`default_config`). No split-K:
+14,336 columns are 3,584 programs at one row.
 
 Rounding: as `F.linear` followed by the SiLU kernel (`triton_activation.py`), so the engine's arithmetic keeps its
 rounding points: each fp32 sum (bias added) is rounded to the output dtype, SiLU is computed in fp32 on the rounded
@@ -20,8 +20,9 @@ gate and rounded, and the product of the rounded values is rounded once more (as
 epilogue does). The sums themselves are in this kernel's order, not cuBLAS's.
 
 Every choice is made from shapes alone (a call never syncs with the host and can be captured in a CUDA graph).
-`FLOTILLA_GATED_GEMV_CONFIG` (`bn=8,bk=512,w=4,s=2`, any subset) replaces `default_config`'s knobs for every
-call (read at import: bench/results/gated12-gpu.sh passes its sweep's winner to the engine this way).
+`FLOTILLA_GATED_GEMV_CONFIG` (`bn=4,bk=512,w=4,s=3`, any subset) replaces `default_config`'s knobs for every
+call (read at import: bench/results/gated12-gpu.sh passed its sweep's winner to the engine this way; that winner
+is now the one-row default).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from flotilla.kernels.triton_utils import device_sms
 _ACC_PER_THREAD = 64
 _MAX_K = 512  # the widest K step (bf16: 1 KB a weight row, triton_gemv's measured step)
 _KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
+# one row: the H200 sweep's winner (`default_config`'s docstring)
+_ONE_ROW_BLOCK_N = 4
+_ONE_ROW_STAGES = 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,14 +90,18 @@ def default_config(
 ) -> GatedGemvConfig:
     """The configuration for `m` rows, `n` gated outputs (a `[2n, k]` weight); given knobs are kept.
 
-    A lead from triton_gemv's one-row tiles (unswept): BLOCK_K as wide as 512, BLOCK_N filling the two
-    accumulators' register budget (at least 4), then fewer columns per program while there are fewer than
-    2 programs per SM (small, e.g. tensor-parallel, intermediate sizes)."""
+    One row (the only case the engine sends, `dispatch.GATED_GEMV_MAX_ROWS`): the H200 sweep's winner at
+    Llama-3.1-8B's gate/up (bench/gated_gemv.py, session 14 call 3): 4 + 4 rows x 512 K, 4 warps, 3 stages,
+    55.9 us = 4.2 TB/s (the earlier lead 8 x 512 x 2 stages: 59.6 us; cuBLAS + SiLU kernel: 57.3 us). More rows
+    (tests, unswept): BLOCK_K as wide as 512 within the two accumulators' register budget, BLOCK_N filling it
+    (at least 4), then fewer columns per program while there are fewer than 2 programs per SM."""
     block_m = triton.next_power_of_2(max(m, 1))
     num_warps = num_warps or 4
-    num_stages = num_stages or 2
+    num_stages = num_stages or (_ONE_ROW_STAGES if block_m == 1 else 2)
     budget = _ACC_PER_THREAD * 32 * num_warps // 2  # per accumulator
     block_k = block_k or min(_MAX_K, max(16, triton.next_power_of_2(k)), max(16, budget // (block_m * 8)))
+    if block_n is None and block_m == 1:
+        block_n = _ONE_ROW_BLOCK_N
     if block_n is None:
         block_n = min(max(4, budget // (block_m * block_k)), max(4, triton.next_power_of_2(n)))
         while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:

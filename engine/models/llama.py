@@ -126,9 +126,11 @@ class LlamaAttention(nn.Module):
         """`[T, hidden]` -> `[T, hidden]`."""
         qkv = self.qkv_proj
         if (self.q_norm is None and type(qkv) is QKVParallelLinear and qkv.quant_method is None and tp_size() == 1
+                and not self.attn._forward_pre_hooks
                 and qkv_rope_takes(hidden, qkv.weight, self.head_dim, qkv.gemv_max_rows)):  # fmt: skip
             # one row, plain weights (not quantized, not LoRA-wrapped), no q/k norm: the GEMV rotates and writes
-            # the KV cache in its epilogue (FLOTILLA_QKV_ROPE, kernels/dispatch.py)
+            # the KV cache in its epilogue (FLOTILLA_QKV_ROPE, kernels/dispatch.py). Not while a hook watches
+            # `Attention.forward`'s k/v (--calculate-kv-scales' calibration forward): this path never calls it.
             cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
             return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin))
         q_size = self.num_heads * self.head_dim

@@ -88,7 +88,7 @@ def test_applies_only_where_the_plain_gemv_is_one_range_of_head_sized_tiles():
 
 @pytest.mark.skipif(not INTERPRETING, reason="the dispatch's device check is bypassed only under the interpreter")
 def test_dispatch_takes_only_switched_on_cuda_rows(monkeypatch):
-    """`qkv_rope_takes`: off by default; on CPU tensors never (the CPU path keeps the reference pair)."""
+    """`qkv_rope_takes` switched on: on CPU tensors never (the CPU path keeps the reference pair)."""
     from flotilla.kernels import dispatch
 
     x, weight, _ = linear_case(1, 6144, 4096, torch.bfloat16, bias=False)

@@ -332,15 +332,18 @@ def _cuda_backend_missing() -> bool:
 
 
 def _compile_gated_gemv() -> dict[str, dict[str, object]]:
-    """The one-row gated GEMV (`triton_gated_gemv.py`) at Llama-3.1-8B's gate/up launch (8 + 8 rows x 512 K, 4
-    warps, 2 stages), plain and launched by PDL (its first gate and up tiles loaded before the wait)."""
-    from flotilla.kernels.triton_gated_gemv import _gated_gemv_kernel
+    """The one-row gated GEMV (`triton_gated_gemv.py`) at Llama-3.1-8B's gate/up launch (its one-row default, the
+    H200 sweep's winner: 4 + 4 rows x 512 K, 4 warps, 3 stages), plain and launched by PDL (its first gate and up
+    tiles loaded before the wait)."""
+    from flotilla.kernels.triton_gated_gemv import _gated_gemv_kernel, default_config
 
     fn = _gated_gemv_kernel
     aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))
     pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr")}
-    consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, NUM_STAGES=2)
-    return {name: _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned, num_warps=4, num_stages=2)
+    cfg = default_config(1, 14336, 4096, 132)
+    consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages)
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return {name: _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned, **launch)
             for name, extra in (("gated_gemv bf16 m1", {}), ("gated_gemv bf16 m1 pdl", dict(PDL=True)))}
 
 
@@ -436,4 +439,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 
 
 if __name__ == "__main__":
-    print(json.dumps(_compile_gated_gemv() if sys.argv[1:] == ["gated"] else _compile_all()))
+    # `gated` / `rope`: one fused batch-1 kernel alone (quick; e.g. under the H200's Triton 3.6 put first on
+    # PYTHONPATH, bench/sass_loop.py's docstring)
+    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope}
+    print(json.dumps(modes.get(" ".join(sys.argv[1:]), _compile_all)()))
