@@ -135,3 +135,23 @@ def test_greedy_tokens_equal_through_the_model_path(tiny_model_dirs, monkeypatch
     monkeypatch.setattr(attention, "qkv_rotary_and_write_kv", fused)
     assert run() == want
     assert any(taken) == (arch != "qwen3")
+
+
+def test_the_fused_path_steps_aside_for_a_hook_on_attention(monkeypatch):
+    """`LlamaAttention` skips the fused kernel while a forward pre-hook watches `Attention.forward` (the
+    `--calculate-kv-scales` calibration reads k and v there: the fused path never calls it)."""
+    import flotilla.engine.models.llama as llama
+
+    arch = llama.LlamaArch.from_hf({"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1})
+    layer = llama.LlamaAttention(arch)
+    projected: list[bool] = []
+    monkeypatch.setattr(llama, "qkv_rope_takes", lambda *args: True)
+    monkeypatch.setattr(layer.attn, "forward_projected", lambda x, *args: projected.append(True) or x.new_zeros(1, 64))
+    hidden, positions = torch.zeros(1, 64), torch.zeros(1, dtype=torch.long)
+    layer(positions, hidden)
+    assert projected == [True]
+    seen: list[bool] = []
+    layer.attn.register_forward_pre_hook(lambda module, args: seen.append(True))
+    layer(positions, hidden)  # no attention metadata: Attention.forward's zeros
+    assert projected == [True] and seen == [True]
