@@ -10,8 +10,9 @@
 #          proof the fused kernels ran; its times are unusable under PDL)
 #   off    (45 s) bf16, FLOTILLA_QKV_ROPE=0 FLOTILLA_GATED_GEMV=0 (main before the merge): tokens, bs1 ctx 512 (A/B)
 #   fp8    (45 s) defaults, --quantization fp8 (W8A16 GEMV at bs1; the fused bf16 kernels do not apply): bs1 ctx 512
-#   ctx4k  (60 s) bf16, the defaults: bs64 ctx 4,096 (attention-bound; against the bf16 roofline)
-#   int4   (80 s, only if >= 60 s are left) bench/quant_gpu.py on the compressed-tensors W4A16 model dir
+#   ctx4k  (75 s: ~65 s in session 12, start-up + 64 x 4,096 prefilled) bf16, the defaults: bs64 ctx 4,096
+#          (attention-bound; against the bf16 roofline)
+#   int4   (80 s, only if >= 60 s are left: ~60 s in session 14, start-up 55 s) bench/quant_gpu.py on the compressed-tensors W4A16 model dir
 #          (bench/results/w4a16-model.sh), bs1 ctx 512
 #   summary       (always) DECISION / HEADLINE block -> the TOP of $OUT/win14.log; all figures -> $OUT/win14.json
 # $OUT (3 files): win14.log (read first: summary block, then each stage's lines), win14-sides.log (every stage's
@@ -20,7 +21,7 @@
 #   OUT=... BUDGET_S=240 bash bench/results/win14-gpu.sh
 # STAGES="on off summary" runs a subset.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
-W=/tmp/w14; rm -rf $W; mkdir -p $W; L=$W/stages.log; S=$OUT/win14-sides.log; : > $L
+W=/tmp/w14; rm -rf $W; mkdir -p $W; L=$OUT/win14.log; S=$OUT/win14-sides.log; : > $L; : > $S  # L: the summary goes on top at the end
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >> $L 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L 2>&1
 ab() {  # label limit [env VAR=VALUE ...] -- [decode_ab.py arguments...]
@@ -43,7 +44,7 @@ for s in ${STAGES:-on off fp8 ctx4k int4 summary}; do
            --profile-batch-sizes "" ;;
     fp8) ab fp8 45 W14_SIDE=defaults -- --quantization fp8 --batch-sizes 1 --token-batch 1 \
            --profile-batch-sizes "" ;;
-    ctx4k) ab ctx4k 60 W14_SIDE=defaults -- --context 4096 --batch-sizes 64 --token-batch 1 \
+    ctx4k) ab ctx4k 75 W14_SIDE=defaults -- --context 4096 --batch-sizes 64 --token-batch 1 \
              --profile-batch-sizes "" ;;
     int4) [ $((END - SECONDS)) -lt 60 ] && { echo "skipped: under 60 s left (int4 start-up ~55 s)" | tee -a $L; continue; }
       source $R/bench/results/w4a16-model.sh >> $S 2>&1  # /tmp/llama8b-w4a16 (by $R: gpu-env.sh changed to /tmp)
@@ -133,4 +134,5 @@ PY
   esac
 done
 echo "=== done $(date +%T)" >> $L
-{ cat $W/summary.txt 2>/dev/null; echo; echo "--- stages"; cat $L; } > $OUT/win14.log
+# the summary block first (a call cut before this line leaves the stage lines alone in win14.log)
+{ cat $W/summary.txt 2>/dev/null; echo; echo "--- stages"; cat $L; } > $W/final.log && cp $W/final.log $L
