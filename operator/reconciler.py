@@ -21,6 +21,7 @@ from flotilla.operator.admission import Review, review
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
 from flotilla.operator.spec import GROUP, KIND, VERSION
 from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
@@ -177,6 +178,10 @@ class Reconciler:
         for child in plan.apply:
             before = live[k.path_of(child)]
             applied = self.kube.apply(child)
+            reset = host_namespaces_reset(applied) if child["kind"] == "Deployment" else None
+            if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
+                applied = self.kube.request("PATCH", k.path_of(child), reset,
+                                            content_type="application/merge-patch+json")
             self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
             what = f"{child['kind']} {child['metadata']['name']}"
             if before is None:
