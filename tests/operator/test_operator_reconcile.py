@@ -319,6 +319,40 @@ def test_the_resync_reaches_every_inferenceservice_past_one_it_cannot_reconcile(
     wait_children(op, namespace, "b-good", ["ServiceMonitor"], timeout=30)
 
 
+def test_the_reconciler_posts_events_outside_kopfs_handlers_as_the_resync_calls_it(cluster, namespace):
+    # The periodic resync (handlers._resync_forever) runs reconcile in a thread of a task started by a startup
+    # handler: kopf's event queue (set per object by kopf's processing) is not there, and kopf.event raised
+    # LookupError, aborting that reconcile before its status (seen in the operator's log after a restart).
+    from flotilla.operator.kube import Kube
+    from flotilla.operator.reconciler import Reconciler
+
+    cluster.apply(fis("announced", namespace, autoscaling=None))
+    body = cluster.kube.get(fis_path(namespace, "announced"))
+    Reconciler(Kube(cluster.kube.api)).post_event(body, "Normal", "Created", "created Deployment announced")
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "announced" and e["reason"] == "Created"], 10,
+                      "the Event")
+    assert events[0]["involvedObject"]["uid"] == body["metadata"]["uid"] and events[0]["type"] == "Normal"
+    assert events[0]["message"] == "created Deployment announced"
+
+
+def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
+    # The ServiceMonitor CRD installed after the InferenceService: no event names it, so the periodic resync alone
+    # makes the ServiceMonitor, and must post its Event and write status.monitoring as a handler-driven reconcile
+    # does (the resync runs outside kopf's per-object tasks, whose event queue kopf.event needs).
+    op.set_optional_crds(False)
+    op.apply(fixed("late", namespace, replicas=1))
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "late")).get("status") or {}).get("monitoring", "").startswith(
+        "no ServiceMonitor"), 20, "status.monitoring without a ServiceMonitor")
+    op.set_optional_crds(True)
+    wait_children(op, namespace, "late", ["ServiceMonitor"], timeout=30)
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "late" and e["reason"] == "Created"
+                      and e["message"] == "created ServiceMonitor late"], 15, "the resync's Created Event")
+    wait_for(lambda: op.kube.get(fis_path(namespace, "late"))["status"].get("monitoring") == "ServiceMonitor", 15,
+             "status.monitoring written by the resync")
+
+
 def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespace):
     op.set_optional_crds(True)
     op.apply(fis("llama", namespace))
