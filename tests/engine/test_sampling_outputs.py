@@ -238,3 +238,34 @@ def test_a_stop_string_completed_by_the_min_tokens_th_token_does_not_stop_it(llm
     cut = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[later],
                                             min_tokens=min_tokens))
     assert (cut.token_ids, cut.stop_reason) == (full.token_ids[: min_tokens + 1], later)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_more_completions_than_max_num_seqs_wait_for_a_slot(tiny_model_dirs, async_scheduling):
+    """n = 5 with --max-num-seqs 2: every completion was forked into the running set at once (5 sequences in
+    a step; on the GPU past the CUDA graphs' batch). As vLLM (each completion its own queued request), those
+    past the cap now wait, and run as slots free: never more than 2 sequences a step, the same tokens as
+    with room for all (seeded), every block back in the pool."""
+    params = SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    wide = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=8)
+    want = [c.token_ids for c in wide.generate([PROMPT], params, use_tqdm=False)[0].outputs]
+    engine = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=2,
+                 async_scheduling=async_scheduling).engine
+    scheduled: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def counted(*args, **kwargs):
+        plan = schedule(*args, **kwargs)
+        scheduled.append(len(plan.scheduled))
+        return plan
+
+    engine.scheduler.schedule = counted
+    engine.add_request(PROMPT, params, request_id="r")
+    finals, running = [], []
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+        running.append(len(engine.scheduler.running))
+    assert max(scheduled) <= 2 and max(running) <= 2
+    assert [c.token_ids for c in finals[0].outputs] == want
+    manager = engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
