@@ -596,11 +596,12 @@ class LLMEngine:
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
-        found = [(detok.text.find(s, begin), s) for s in stops]
-        found = [(i, s) for i, s in found if i >= 0]
+        found = [(detok.text.find(s, begin), order, s) for order, s in enumerate(stops)]
+        found = [f for f in found if f[0] >= 0]
         if not found:
             return None
-        index, stop = min(found)
+        # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
+        index, _, stop = min(found)
         return stop, index
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:

@@ -269,3 +269,22 @@ def test_more_completions_than_max_num_seqs_wait_for_a_slot(tiny_model_dirs, asy
     assert [c.token_ids for c in finals[0].outputs] == want
     manager = engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_stop_strings_found_at_the_same_place_stop_on_the_first_listed(llm):
+    """A token that completes two stop strings at the same index: vLLM stops on the first one listed (its
+    stop_reason, and its text with include_stop_str_in_output); the lexicographically smaller one won."""
+    tok = llm.get_tokenizer()
+    full = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    start = 0
+    for token in full.token_ids:
+        piece = tok.decode([token])
+        if len(piece) >= 3 and full.text.find(piece[:1]) == start:
+            break
+        start += len(piece)
+    else:
+        pytest.fail("no token of 3+ characters whose first character is new")
+    longer, shorter = piece[:2], piece[:1]  # "ab" sorts after "a"
+    out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[longer, shorter],
+                                            include_stop_str_in_output=True))
+    assert (out.text, out.stop_reason) == (full.text[:start] + longer, longer)
