@@ -639,8 +639,9 @@ class LLMEngine:
     def _completion(self, child: Request) -> CompletionOutput:
         text = self._detokenizers[child.request_id].text
         params = child.sampling_params
-        if params.stop and not child.status.finished:
-            # Hold back what could be the start of a stop string, so a stream never shows it.
+        if params.stop and not params.include_stop_str_in_output and not child.status.finished:
+            # Hold back what could be the start of a stop string, so a stream never shows it (a kept stop
+            # string is shown anyway: nothing held back, as vLLM).
             text = text[: max(0, len(text) - max(map(len, params.stop)) + 1)]
         wants_logprobs = params.logprobs is not None
         return CompletionOutput(

@@ -288,3 +288,18 @@ def test_stop_strings_found_at_the_same_place_stop_on_the_first_listed(llm):
     out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[longer, shorter],
                                             include_stop_str_in_output=True))
     assert (out.text, out.stop_reason) == (full.text[:start] + longer, longer)
+
+
+def test_a_stream_that_keeps_its_stop_strings_holds_no_text_back(llm):
+    """Streamed outputs hold back the last len(stop) - 1 characters, which could be the start of a stop string
+    that will be cut. With include_stop_str_in_output nothing is cut, and vLLM holds nothing back: each step's
+    output is the whole text so far (it lagged 9 characters behind here)."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, stop=["never in the text"],
+                            include_stop_str_in_output=True)
+    engine.add_request(PROMPT, params, "kept")
+    tok = llm.get_tokenizer()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            completion = out.outputs[0]
+            assert completion.text == tok.decode(completion.token_ids)
