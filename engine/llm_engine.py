@@ -145,6 +145,7 @@ class LLMEngine:
                 prompt_token_ids=token_ids,
                 sampling_params=params,
                 eos_token_ids=self.eos_token_ids,
+                eos_token_id=self.tokenizer.eos_token_id,
                 prompt=text,
                 arrival_time=now,
                 parent_id=request_id,

@@ -361,6 +361,8 @@ class Scheduler:
         num_output = len(request.output_token_ids)  # read once: this runs per request per step
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token in request.eos_token_ids:
+                if token != request.eos_token_id:
+                    request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_reason = token

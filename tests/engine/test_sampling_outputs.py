@@ -303,3 +303,22 @@ def test_a_stream_that_keeps_its_stop_strings_holds_no_text_back(llm):
         for out in engine.step():
             completion = out.outputs[0]
             assert completion.text == tok.decode(completion.token_ids)
+
+
+def test_an_eos_id_of_generation_config_other_than_the_tokenizers_is_the_stop_reason(tiny_model_dirs, tmp_path):
+    """generation_config.json's eos_token_id list ([2, 7] here; Llama 3.1 Instruct's <|eom_id|> beside <|eot_id|>):
+    vLLM stops on the tokenizer's EOS with stop_reason None and on the others as stop token ids, whose id is the
+    stop_reason (both were None here). Each id is forced by logit_bias; ignore_eos ignores both."""
+    import json
+    import shutil
+
+    model = shutil.copytree(tiny_model_dirs["llama"], tmp_path / "llama")
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 7]}))
+    llm = LLM(str(model), max_model_len=64, block_size=8)
+    for token, reason in ((2, None), (7, 7)):
+        out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0}))
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == ([token], "stop", reason)
+        kept = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0},
+                                                 ignore_eos=True))
+        assert (kept.token_ids, kept.finish_reason) == ([token] * 4, "length")
