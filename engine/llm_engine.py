@@ -204,16 +204,13 @@ class LLMEngine:
                 error = compiles.check(pending, request_id, waiting.since, now)
                 if error is not None:
                     del self._compiling[request_id]
-                    self._refuse(request_id, error)
+                    self._fail(request_id, error)
                 continue
             del self._compiling[request_id]
             compiles.forget(pending, request_id)
             try:
                 compiled = pending.future.result()
-            except (InvalidParamError, EngineBusyError) as exc:
-                self._refuse(request_id, exc)
-                continue
-            except Exception as exc:  # xgrammar failed otherwise: this request's problem
+            except Exception as exc:  # an invalid constraint (refused) or xgrammar failed: this request's problem
                 self._fail(request_id, exc)
                 continue
             self._attach_grammar(waiting.group, compiled)
@@ -312,16 +309,16 @@ class LLMEngine:
         return failures
 
     def _fail(self, request_id: str, exc: Exception) -> None:
-        """One request's error fails that request alone: abort it (its blocks return) and report it."""
-        logger.exception("request %s failed; aborting it", request_id)
-        self.abort([request_id])
-        self._failures.append(RequestFailedError(request_id, exc))
+        """One request's error ends that request alone: abort it (its blocks return) and report it.
 
-    def _refuse(self, request_id: str, exc: InvalidParamError | EngineBusyError) -> None:
-        """Refuse a request whose problem showed only later (its grammar: too slow to compile, before any output;
-        or a dead end, maybe mid-stream): front ends answer it as they would have at `add_request`
-        (`errors.client_error`), or with an error event once a stream has begun."""
-        logger.warning("request %s refused: %s", request_id, exc)
+        An InvalidParamError or EngineBusyError is a refusal whose cause showed only later (its grammar: too slow
+        to compile, before any output; or a dead end, maybe mid-stream): front ends answer it as they would have
+        at `add_request` (`errors.client_error`), or with an error event once a stream has begun. Anything else
+        is a failure, logged with its traceback."""
+        if isinstance(exc, (InvalidParamError, EngineBusyError)):
+            logger.warning("request %s refused: %s", request_id, exc)
+        else:
+            logger.exception("request %s failed; aborting it", request_id)
         self.abort([request_id])
         self._failures.append(RequestFailedError(request_id, exc))
 
@@ -499,10 +496,7 @@ class LLMEngine:
                 continue
             try:
                 self._process_token(child, result)
-            except InvalidParamError as exc:  # found only now (a grammar's dead end): a refusal, not a failure
-                self._refuse(child.parent_id, exc)
-                continue
-            except Exception as exc:  # e.g. the tokenizer cannot decode a drawn id: this request's problem
+            except Exception as exc:  # a grammar's dead end (refused) or e.g. an undecodable id: this request's problem
                 self._fail(child.parent_id, exc)
                 continue
             self._record_timing(child, now)
