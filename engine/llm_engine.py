@@ -133,15 +133,12 @@ class LLMEngine:
             raise InvalidParamError("priority scheduling is not enabled: start the server with "
                                     "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
-        # Every completion's id, against every live completion's (the detokenizers hold them all, forked
-        # or not; the scheduler's, once forked): `a#1` is the second completion of a request `a`.
-        for completion_id in [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]:
-            if completion_id in self._detokenizers or completion_id in self.scheduler.requests:
-                raise ValueError(f"duplicate request id {completion_id!r}")
+        completion_ids = [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]
+        self._check_unique(completion_ids)
         now = time.monotonic()
         group = [
             Request(
-                request_id=request_id if i == 0 else f"{request_id}#{i}",
+                request_id=completion_ids[i],
                 prompt_token_ids=token_ids,
                 sampling_params=params,
                 eos_token_ids=self.eos_token_ids,
@@ -170,6 +167,14 @@ class LLMEngine:
             self._attach_grammar(group, grammar)
             self.scheduler.add(group[0])
         return group[0]
+
+    def _check_unique(self, completion_ids: list[str]) -> None:
+        """ValueError if a new request's completion id is live: checked against every live completion's (the
+        detokenizers hold them all, forked or not; the scheduler's, once forked). `a#1` is the second
+        completion of a request `a`."""
+        for completion_id in completion_ids:
+            if completion_id in self._detokenizers or completion_id in self.scheduler.requests:
+                raise ValueError(f"duplicate request id {completion_id!r}")
 
     def _submit_grammar(self, params: SamplingParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """A constrained request's grammar: compiled already (cached), or the compile it will wait for. An
