@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
+from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
@@ -40,10 +40,6 @@ if TYPE_CHECKING:  # the server imports this module even when its engine runs in
     from flotilla.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop stopped after an unexpected error; the server must be restarted."""
 
 
 def exit_process(exc: BaseException) -> None:

@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory, run_engine_core
+from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputDecoder, OutputDelta
 from flotilla.engine.outputs import RequestOutput

@@ -15,9 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 
 from flotilla import __version__
-from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
-from flotilla.engine.errors import EngineBusyError, RequestFailedError
+from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed

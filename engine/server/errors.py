@@ -9,8 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flotilla.engine.async_engine import EngineDeadError
-from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineBusyError, EngineDeadError, InvalidParamError, RequestFailedError
 from flotilla.validation_messages import describe
 
 _TYPES = {

@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory
 from flotilla.engine.engine_core_client import EngineCoreClient
-from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineDeadError, InvalidParamError, RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputDecoder, OutputEncoder
