@@ -20,11 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
-import sys
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,19 +37,6 @@ if TYPE_CHECKING:  # the server imports this module even when its engine runs in
     from flotilla.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
-
-
-def exit_process(exc: BaseException) -> None:
-    """`on_dead` for a server: a dead loop cannot recover, so exit non-zero now and let the supervisor
-    (Kubernetes) restart the pod, instead of lingering with /health 503 and every request refused.
-
-    Waiters have already been sent their error; a moment lets the event loop relay it to open streams.
-    """
-    logger.critical("the engine loop died (%r): exiting with status 1", exc)
-    time.sleep(0.5)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(1)
 
 
 @dataclass
@@ -108,7 +92,7 @@ class AsyncEngine:
     ) -> None:
         """`on_step` gets the engine's stats snapshot after every step (and every half second when idle), on
         the loop thread, and once before `start` returns; `on_dead` runs there once
-        if the loop dies of an error no single request accounts for (e.g. `exit_process`)."""
+        if the loop dies of an error no single request accounts for (e.g. the server's `exit_process`)."""
         from flotilla.engine.llm_engine import LLMEngine  # this process runs the engine: torch is needed now
 
         self._build = engine if callable(engine) and not isinstance(engine, LLMEngine) else None
