@@ -117,11 +117,12 @@ def default_config(
     """The launch configuration for an `[m, k] x [n, k]^T` int4 GEMV; given knobs are kept, the rest chosen.
 
     - `tl.dot` wherever it can run (at most 16 rows, a power-of-two group of 16..256), FMA otherwise.
-      Measured on the H200 at one row (Llama-3.1-8B, bench/int4_gemv.py --grid in session 6 and
-      bench/quant_gemv.py's `old_dot_best` in session 7): the dot path with 128-row tiles and 3 stages
-      takes 16.5 / 10.7 / 52.3 / 27.3 us on qkv / o / gate_up / down (~0.8-1.2 TB/s of int4 bytes), the
-      FMA path 43.4 / 17.9 / 139.7 / 56.8 us (its activation loads are 2-byte gathers, one L1 request
-      per weight: the L1 is its limit); the dot path costs the same at any row count up to 16 (padded).
+      Measured on the H200 at one row (Llama-3.1-8B, bench/int4_gemv.py --grid in session 6 and branch
+      qgemv7's `old_dot_best`, bench/results/gpu-2026-12-04-s7/call4/qgemv7.stdout): the dot path with
+      128-row tiles and 3 stages takes 16.5 / 10.7 / 52.3 / 27.3 us on qkv / o / gate_up / down (~0.8-1.2
+      TB/s of int4 bytes), the FMA path 43.4 / 17.9 / 139.7 / 56.8 us (its activation loads are 2-byte
+      gathers, one L1 request per weight: the L1 is its limit); the dot path costs the same at any row count
+      up to 16 (padded).
     - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 32 rows a program (8 KB a step; the
       compiled loop: 4.5 instructions a weight, against 4.9 at 16 rows and 4.8 at 64 rows x 8 warps),
       fewer rows while there are fewer programs than SMs, the accumulator within `_ACC_PER_THREAD`
