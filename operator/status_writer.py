@@ -61,6 +61,20 @@ def _pods_refused(deployment: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _phase(conditions: list[Condition], seen: Observation) -> str:
+    """The one-word summary of the conditions: Failed, Degraded, Ready, Pending or Progressing."""
+    status_of = {c.type: c.status for c in conditions}
+    if status_of["Valid"] == "False" or seen.blocked is not None:
+        return "Failed"
+    if status_of["Degraded"] == "True":
+        return "Degraded"
+    if status_of["Ready"] == "True":
+        return "Ready"
+    if seen.deployment is None:
+        return "Pending"
+    return "Progressing"
+
+
 def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     """The new status, given the old one (for transition times and the Degraded memory)."""
     old_conditions = {c["type"]: c for c in old.get("conditions", []) if "type" in c}
@@ -120,21 +134,9 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     else:
         conditions.append(cond("Degraded", "False", "AsExpected", "no known problem"))
 
-    status_of = {c.type: c.status for c in conditions}
-    if status_of["Valid"] == "False" or seen.blocked is not None:
-        phase = "Failed"
-    elif status_of["Degraded"] == "True":
-        phase = "Degraded"
-    elif status_of["Ready"] == "True":
-        phase = "Ready"
-    elif seen.deployment is None:
-        phase = "Pending"
-    else:
-        phase = "Progressing"
-
     spec = review.spec
     status = InferenceServiceStatus(
-        phase=phase,
+        phase=_phase(conditions, seen),
         observed_generation=seen.generation,
         replicas=existing,
         ready_replicas=ready,
