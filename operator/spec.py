@@ -326,6 +326,10 @@ AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_
 SLO_METRICS = ("ttft_p95_seconds", "inter_token_latency_p95_seconds")
 
 
+# The longest window of an SLO's p95 in KEDA's query.
+MAX_SLO_WINDOW_S = 3600
+
+
 class AutoscalingSpec(_Model):
     """Horizontal autoscaling on the engine's own metrics (HPA, or KEDA when installed)."""
 
@@ -341,12 +345,23 @@ class AutoscalingSpec(_Model):
                     "the SLO's p95 in seconds; at least 0.001, the finest a Kubernetes quantity (1m) can state.")
     window: str = Field(
         default="1m", pattern=r"^[1-9][0-9]*(s|m)$",
-        description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m); the HPA reads the chart's "
+        description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m), at most 1h; the HPA reads the chart's "
                     "recorded 1m series.")
     prometheus_address: str = Field(
         default=DEFAULT_PROMETHEUS_ADDRESS, max_length=253, pattern=PROMETHEUS_URL_PATTERN,
         description="Prometheus that KEDA queries (used only with KEDA): one of the addresses the cluster admin "
                     "allows (operator flag --prometheus-address); the default stands for the first of them.")
+
+    @field_validator("window")
+    @classmethod
+    def _window_is_bounded(cls, window: str) -> str:
+        # KEDA runs the query every polling interval on the cluster's Prometheus: a window of years would have it read
+        # every bucket it keeps per poll (and past int64 nanoseconds Prometheus cannot parse the duration at all).
+        seconds = int(window[:-1]) * (60 if window.endswith("m") else 1)
+        if seconds > MAX_SLO_WINDOW_S:
+            raise ValueError(f"{window} is longer than 1h: KEDA would have Prometheus read that much history at every "
+                             "poll")
+        return window
 
 
 # The shortest scrape interval an InferenceService may ask of the cluster's Prometheus.

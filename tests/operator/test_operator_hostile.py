@@ -84,6 +84,11 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                             "spec.monitoring.interval: 1ms is shorter than 5s"),
     "scrape-interval-0s": ("bad", {"monitoring": {"interval": "0s"}}, WEBHOOK,
                            "spec.monitoring.interval: 0s is shorter than 5s"),
+    # KEDA runs the SLO query over this window every polling interval on the shared Prometheus: years of histogram
+    # buckets per poll (or a duration Prometheus cannot parse, so the autoscaler never gets a value).
+    "autoscaling-window-years": ("bad", {"autoscaling": {"maxReplicas": 2, "metric": "ttft_p95_seconds", "target": 1,
+                                                         "window": "99999999m"}}, WEBHOOK,
+                                 "spec.autoscaling.window: 99999999m is longer than 1h"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),
