@@ -37,7 +37,7 @@ from flotilla.engine.sampling_params import SamplingParams
 
 SWITCHES = ("FLOTILLA_SKINNY_GEMM", "FLOTILLA_SKINNY_GEMM_CONFIGS", "FLOTILLA_FP8_GEMV", "FLOTILLA_DECODE_BF16_LAUNCH",
             "FLOTILLA_DECODE_WAVE", "FLOTILLA_PDL", "FLOTILLA_PDL_L2_MB", "FLOTILLA_DECODE_SMALL_LAUNCH",
-            "FLOTILLA_DECODE_FUSED_MERGE")
+            "FLOTILLA_DECODE_FUSED_MERGE", "FLOTILLA_QKV_ROPE", "FLOTILLA_GATED_GEMV", "FLOTILLA_GATED_GEMV_CONFIG")
 
 
 def greedy_tokens(engine: LLMEngine, prompt_len: int, tokens: int, batch: int = 1) -> list[list[int]]:

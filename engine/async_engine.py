@@ -12,10 +12,7 @@ machine), so every torch op of the server must happen on one thread.
 All engine calls happen on the loop thread. Front ends talk to it through a command queue
 (add, abort) and receive outputs through one hand-off per step: the loop thread gathers every
 request's output of a step and schedules a single callback on each waiting event loop, which
-stores each output in its request's `_Stream` (a per-token `call_soon_threadsafe` per request cost
-the GIL-shared event loop more than the step itself at hundreds of streams). Outputs are cumulative
-snapshots, so a stream whose reader falls behind keeps only the latest one: a slow reader then sends
-fewer, larger deltas instead of queueing work.
+stores each output in its request's `RequestStream` (engine/request_stream.py says why).
 """
 
 from __future__ import annotations
@@ -23,18 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
-import sys
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
+from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
 
@@ -44,60 +39,13 @@ if TYPE_CHECKING:  # the server imports this module even when its engine runs in
 logger = logging.getLogger(__name__)
 
 
-class EngineDeadError(RuntimeError):
-    """The step loop stopped after an unexpected error; the server must be restarted."""
-
-
-def exit_process(exc: BaseException) -> None:
-    """`on_dead` for a server: a dead loop cannot recover, so exit non-zero now and let the supervisor
-    (Kubernetes) restart the pod, instead of lingering with /health 503 and every request refused.
-
-    Waiters have already been sent their error; a moment lets the event loop relay it to open streams.
-    """
-    logger.critical("the engine loop died (%r): exiting with status 1", exc)
-    time.sleep(0.5)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(1)
-
-
-class _Stream:
-    """One request's outputs on its event loop: the latest cumulative output and any error.
-
-    Written only on its event loop (by `_hand_over`), read by `generate`; the engine thread holds it
-    only to name where an output goes.
-    """
-
-    __slots__ = ("error", "latest", "loop", "ready")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.latest: RequestOutput | None = None
-        self.error: BaseException | None = None
-        self.ready = asyncio.Event()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """Store an output (superseding an unread one: outputs are cumulative) or an error."""
-        if isinstance(item, BaseException):
-            self.error = item
-        else:
-            self.latest = item
-        self.ready.set()
-
-
-def _hand_over(batch: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
-    """On an event loop: a step's outputs for that loop's streams, in one callback."""
-    for stream, item in batch:
-        stream.put(item)
-
-
 @dataclass
 class _Add:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
     prompt_text: str | None
-    stream: _Stream
+    stream: RequestStream
     lora_request: LoRARequest | None = None
     priority: int = 0
     cache_salt: str | None = None
@@ -144,7 +92,7 @@ class AsyncEngine:
     ) -> None:
         """`on_step` gets the engine's stats snapshot after every step (and every half second when idle), on
         the loop thread, and once before `start` returns; `on_dead` runs there once
-        if the loop dies of an error no single request accounts for (e.g. `exit_process`)."""
+        if the loop dies of an error no single request accounts for (e.g. the server's `exit_process`)."""
         from flotilla.engine.llm_engine import LLMEngine  # this process runs the engine: torch is needed now
 
         self._build = engine if callable(engine) and not isinstance(engine, LLMEngine) else None
@@ -154,9 +102,9 @@ class AsyncEngine:
         self._on_step = on_step
         self._on_dead = on_dead
         self._commands: queue.Queue[_Add | _Call | tuple[str, str]] = queue.Queue()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, RequestStream] = {}
         # What the current step has for each event loop, handed over at once by `_flush`.
-        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]] = {}
+        self._pending: Handoffs = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="flotilla-engine", daemon=True)
@@ -212,28 +160,15 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop has stopped") from self.dead
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
             raise EngineDeadError("the engine is shutting down")
-        stream = _Stream(asyncio.get_running_loop())
+        stream = RequestStream(asyncio.get_running_loop())
         self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, lora_request, priority,
                                 cache_salt))
         self._wake.set()
-        finished = False
         try:
-            while True:
-                await stream.ready.wait()
-                stream.ready.clear()
-                item, stream.latest = stream.latest, None
-                if item is not None:
-                    finished = item.finished
-                    yield item
-                    if finished:
-                        return
-                if stream.error is not None:
-                    # The engine holds nothing of it (refused, failed or dead): an abort by its id would end
-                    # another request, e.g. the live one whose id this duplicate was refused for.
-                    finished = True
-                    raise stream.error
+            while not stream.done:
+                yield await stream.next()
         finally:
-            if not finished:
+            if not stream.done:  # the reader went away: the engine still holds the request
                 self.abort(request_id)
 
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
@@ -356,17 +291,12 @@ class AsyncEngine:
             with contextlib.suppress(KeyError):
                 del self._streams[output.request_id]
 
-    def _send(self, stream: _Stream, item: RequestOutput | BaseException) -> None:
+    def _send(self, stream: RequestStream, item: StreamItem) -> None:
         """Queue an item for the next `_flush` (still on the loop thread)."""
-        batch = self._pending.get(stream.loop)
-        if batch is None:
-            batch = self._pending[stream.loop] = []
-        batch.append((stream, item))
+        queue_item(self._pending, stream, item)
 
     def _flush(self) -> None:
         """Hand this step's items to each event loop in a single callback."""
         pending, self._pending = self._pending, {}
-        for loop, batch in pending.items():
-            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
-                loop.call_soon_threadsafe(_hand_over, batch)
+        hand_over(pending)
 

@@ -63,6 +63,8 @@ class ModelConfig(_Component):
     generation_config: str = "auto"
     # --override-generation-config: generation_config.json-named fields set over --generation-config's
     override_generation_config: dict[str, Any] = Field(default_factory=dict)
+    # --logprobs-mode: which logits `logprobs` report (engine/sampler.py `reported_values`)
+    logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = "raw_logprobs"
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
     convert: Literal["none", "embed"] = "none"
@@ -299,30 +301,11 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         quantization = resolve_quantization(v["quantization"], hf_config)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _check_flag_combinations(v, hf_config)
     pipeline = v["pipeline_parallel_size"]
-    heads = hf_config["num_attention_heads"]
-    problem = parallel_split_problem(
-        heads, hf_config.get("num_key_value_heads") or heads, hf_config["intermediate_size"],
-        hf_config["num_hidden_layers"], v["tensor_parallel_size"], pipeline,
-    )
-    if problem:
-        raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
-    if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
-        raise ConfigError(problem)
-    gen = v["generation_config"]
-    if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():
-        raise ConfigError(f"--generation-config {gen}: give auto, vllm or a folder holding generation_config.json")
-    if problem := override_generation_config_problem(v["override_generation_config"]):
-        raise ConfigError(problem)
-    if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
-        raise ConfigError(problem)
     default_async = device == "cuda" and pipeline == 1
     async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
-    default_name = str(model_dir) if explicit_model else _embedded_model_name()
-    served = v["served_model_name"] or [default_name]
-    for name in served if isinstance(served, list | tuple) else [served]:
-        if problem := served_name_problem(name):
-            raise ConfigError(problem)
+    served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     try:
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
     except ValueError as e:
@@ -339,7 +322,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         model=ModelConfig(
             model=str(model_dir),
             tokenizer=v["tokenizer"] or str(model_dir),
-            served_model_name=list(served) if isinstance(served, list | tuple) else [served],
+            served_model_name=served,
             dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
             max_model_len=max_model_len,
             seed=v["seed"],
@@ -348,6 +331,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             load_format=v["load_format"],
             generation_config=v["generation_config"],
             override_generation_config=v["override_generation_config"] or {},
+            logprobs_mode=v["logprobs_mode"],
             runner=runner,
             convert=convert,
             quantization=quantization,
@@ -378,6 +362,38 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         speculative=speculative,
         structured_outputs=structured_outputs,
     )
+
+
+def _check_flag_combinations(v: dict[str, Any], hf_config: dict[str, Any]) -> None:
+    """ConfigError for flags that cannot go together, or with this model: its heads, layers and MLP width
+    against the parallel sizes, asynchronous scheduling with a pipeline, a generation config, KV scales."""
+    pipeline = v["pipeline_parallel_size"]
+    heads = hf_config["num_attention_heads"]
+    problem = parallel_split_problem(
+        heads, hf_config.get("num_key_value_heads") or heads, hf_config["intermediate_size"],
+        hf_config["num_hidden_layers"], v["tensor_parallel_size"], pipeline,
+    )
+    if problem:
+        raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
+    if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
+        raise ConfigError(problem)
+    gen = v["generation_config"]
+    if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():
+        raise ConfigError(f"--generation-config {gen}: give auto, vllm or a folder holding generation_config.json")
+    if problem := override_generation_config_problem(v["override_generation_config"]):
+        raise ConfigError(problem)
+    if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
+        raise ConfigError(problem)
+
+
+def _served_names(given: str | list[str] | tuple[str, ...] | None, default: str) -> list[str]:
+    """--served-model-name as a list (`default` when unset); ConfigError names an unusable one."""
+    given = given or [default]
+    served = [given] if isinstance(given, str) else list(given)
+    for name in served:
+        if problem := served_name_problem(name):
+            raise ConfigError(problem)
+    return served
 
 
 def _resolve_dtype(dtype: str, hf_config: dict[str, Any], device: str = "cuda", quantization: str | None = None,

@@ -25,24 +25,21 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from flotilla.engine.async_engine import EngineDeadError, _hand_over, _Stream
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory, run_engine_core
+from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputDecoder, OutputDelta
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
-_Item = RequestOutput | BaseException
-# Stream items per event loop, handed over in one callback each.
-_Pending = dict[asyncio.AbstractEventLoop, list[tuple[_Stream, _Item]]]
 
-
-class _CoreStream(_Stream):
+class _CoreStream(RequestStream):
     """A request's stream, with the decoder that rebuilds its outputs (dropped with it on abort)."""
 
     __slots__ = ("decoder",)
@@ -174,22 +171,11 @@ class EngineCoreClient:
         stream = _CoreStream(asyncio.get_running_loop())
         self._streams[request_id] = stream
         self._queue.put(("add", request_id, prompt, params, prompt_text, lora_request, priority, cache_salt))
-        finished = False
         try:
-            while True:
-                await stream.ready.wait()
-                stream.ready.clear()
-                item, stream.latest = stream.latest, None
-                if item is not None:
-                    finished = item.finished
-                    yield item
-                    if finished:
-                        return
-                if stream.error is not None:
-                    finished = True  # the core has dropped it already
-                    raise stream.error
+            while not stream.done:
+                yield await stream.next()
         finally:
-            if not finished:
+            if not stream.done:  # the reader went away: the core still holds the request
                 self.abort(request_id)
 
     async def call(self, call: EngineCall) -> Any:
@@ -246,16 +232,16 @@ class EngineCoreClient:
                 batch = [("dead", None)]
             # The batch's stream items go to each event loop in one callback, after the whole batch.
             start = time.perf_counter()
-            pending: _Pending = {}
+            pending: Handoffs = {}
             for message in batch:
                 if not self._handle(message, pending):
                     return
-            _flush(pending)
+            hand_over(pending)
             if self._trace is not None:
                 self._trace.record(messages=len(batch), deltas=sum(len(m[1]) for m in batch if m[0] == "step"),
                                    handle_ms=round((time.perf_counter() - start) * 1e3, 2))
 
-    def _handle(self, message: tuple[Any, ...], pending: _Pending) -> bool:
+    def _handle(self, message: tuple[Any, ...], pending: Handoffs) -> bool:
         """Act on one message from the core (stream items into `pending`); False once nothing more will come."""
         kind = message[0]
         if kind == "step":
@@ -269,7 +255,7 @@ class EngineCoreClient:
         if kind == "call":
             self._settle_call(message[1], message[2], message[3])
             return True
-        _flush(pending)  # the items before the end, then the end
+        hand_over(pending)  # the items before the end, then the end
         if kind == "stopped":
             self._end(EngineDeadError("the engine is shutting down"))
         else:  # "dead", or the pipe closed
@@ -277,25 +263,25 @@ class EngineCoreClient:
         return False
 
     def _deliver_step(self, deltas: list[OutputDelta], failures: list[tuple[str, BaseException]],
-                      pending: _Pending) -> None:
+                      pending: Handoffs) -> None:
         streams = self._streams
         for delta in deltas:
             request_id, finished = delta[0], delta[1]
             stream = streams.get(request_id)
             if stream is None:  # aborted meanwhile
                 continue
-            item: _Item
+            item: StreamItem
             try:
                 item = stream.decoder.decode(delta)
             except ValueError as exc:
                 item = exc
             if finished:
                 streams.pop(request_id, None)
-            pending.setdefault(stream.loop, []).append((stream, item))
+            queue_item(pending, stream, item)
         for request_id, error in failures:
             failed = streams.pop(request_id, None)
             if failed is not None:
-                pending.setdefault(failed.loop, []).append((failed, error))
+                queue_item(pending, failed, error)
 
     def _settle_call(self, call_id: int, ok: bool, result: Any) -> None:
         entry = self._calls.pop(call_id, None)
@@ -321,11 +307,11 @@ class EngineCoreClient:
     def _end(self, error: EngineDeadError) -> None:
         """Answer every open stream and call with `error`; nothing will come from the core any more."""
         self._stopping = True
-        pending: _Pending = {}
+        pending: Handoffs = {}
         for stream in list(self._streams.values()):
-            pending.setdefault(stream.loop, []).append((stream, error))
+            queue_item(pending, stream, error)
         self._streams.clear()
-        _flush(pending)
+        hand_over(pending)
         for call_id in list(self._calls):
             self._settle_call(call_id, False, error)
         self._stopped.set()
@@ -343,9 +329,3 @@ class EngineCoreClient:
         if self._on_dead is not None:
             self._on_dead(exc)
 
-
-def _flush(pending: _Pending) -> None:
-    """Hand each event loop its items in a single callback."""
-    for loop, batch in pending.items():
-        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting any more
-            loop.call_soon_threadsafe(_hand_over, batch)

@@ -1,4 +1,5 @@
-"""Errors the engine raises about one request, so a front end can answer that request alone."""
+"""Errors the engine raises about one request, so a front end can answer that request alone; and the one
+about the engine as a whole (`EngineDeadError`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class _CauseText(RuntimeError):
 class EngineBusyError(RuntimeError):
     """The engine cannot take this request now (e.g. too many grammars compiling); the server answers 503, and
     the same request may succeed later."""
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop stopped after an unexpected error, or is shutting down: every waiter gets one (the server
+    answers 503, and a server whose loop died exits to be restarted)."""
 
 
 def client_error(failure: RequestFailedError) -> BaseException:

@@ -134,18 +134,16 @@ class LLMEngine:
             raise InvalidParamError("priority scheduling is not enabled: start the server with "
                                     "--scheduling-policy priority to use `priority`", "priority")
         request_id = request_id if request_id is not None else str(next(self._ids))
-        # Every completion's id, against every live completion's (the detokenizers hold them all, forked
-        # or not; the scheduler's, once forked): `a#1` is the second completion of a request `a`.
-        for completion_id in [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]:
-            if completion_id in self._detokenizers or completion_id in self.scheduler.requests:
-                raise ValueError(f"duplicate request id {completion_id!r}")
+        completion_ids = [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]
+        self._check_unique(completion_ids)
         now = time.monotonic()
         group = [
             Request(
-                request_id=request_id if i == 0 else f"{request_id}#{i}",
+                request_id=completion_ids[i],
                 prompt_token_ids=token_ids,
                 sampling_params=params,
                 eos_token_ids=self.eos_token_ids,
+                eos_token_id=self.tokenizer.eos_token_id,
                 prompt=text,
                 arrival_time=now,
                 parent_id=request_id,
@@ -171,6 +169,14 @@ class LLMEngine:
             self._attach_grammar(group, grammar)
             self.scheduler.add(group[0])
         return group[0]
+
+    def _check_unique(self, completion_ids: list[str]) -> None:
+        """ValueError if a new request's completion id is live: checked against every live completion's (the
+        detokenizers hold them all, forked or not; the scheduler's, once forked). `a#1` is the second
+        completion of a request `a`."""
+        for completion_id in completion_ids:
+            if completion_id in self._detokenizers or completion_id in self.scheduler.requests:
+                raise ValueError(f"duplicate request id {completion_id!r}")
 
     def _submit_grammar(self, params: SamplingParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """A constrained request's grammar: compiled already (cached), or the compile it will wait for. An
@@ -205,16 +211,13 @@ class LLMEngine:
                 error = compiles.check(pending, request_id, waiting.since, now)
                 if error is not None:
                     del self._compiling[request_id]
-                    self._refuse(request_id, error)
+                    self._fail(request_id, error)
                 continue
             del self._compiling[request_id]
             compiles.forget(pending, request_id)
             try:
                 compiled = pending.future.result()
-            except (InvalidParamError, EngineBusyError) as exc:
-                self._refuse(request_id, exc)
-                continue
-            except Exception as exc:  # xgrammar failed otherwise: this request's problem
+            except Exception as exc:  # an invalid constraint (refused) or xgrammar failed: this request's problem
                 self._fail(request_id, exc)
                 continue
             self._attach_grammar(waiting.group, compiled)
@@ -313,16 +316,16 @@ class LLMEngine:
         return failures
 
     def _fail(self, request_id: str, exc: Exception) -> None:
-        """One request's error fails that request alone: abort it (its blocks return) and report it."""
-        logger.exception("request %s failed; aborting it", request_id)
-        self.abort([request_id])
-        self._failures.append(RequestFailedError(request_id, exc))
+        """One request's error ends that request alone: abort it (its blocks return) and report it.
 
-    def _refuse(self, request_id: str, exc: InvalidParamError | EngineBusyError) -> None:
-        """Refuse a request whose problem showed only later (its grammar: too slow to compile, before any output;
-        or a dead end, maybe mid-stream): front ends answer it as they would have at `add_request`
-        (`errors.client_error`), or with an error event once a stream has begun."""
-        logger.warning("request %s refused: %s", request_id, exc)
+        An InvalidParamError or EngineBusyError is a refusal whose cause showed only later (its grammar: too slow
+        to compile, before any output; or a dead end, maybe mid-stream): front ends answer it as they would have
+        at `add_request` (`errors.client_error`), or with an error event once a stream has begun. Anything else
+        is a failure, logged with its traceback."""
+        if isinstance(exc, (InvalidParamError, EngineBusyError)):
+            logger.warning("request %s refused: %s", request_id, exc)
+        else:
+            logger.exception("request %s failed; aborting it", request_id)
         self.abort([request_id])
         self._failures.append(RequestFailedError(request_id, exc))
 
@@ -500,10 +503,7 @@ class LLMEngine:
                 continue
             try:
                 self._process_token(child, result)
-            except InvalidParamError as exc:  # found only now (a grammar's dead end): a refusal, not a failure
-                self._refuse(child.parent_id, exc)
-                continue
-            except Exception as exc:  # e.g. the tokenizer cannot decode a drawn id: this request's problem
+            except Exception as exc:  # a grammar's dead end (refused) or e.g. an undecodable id: this request's problem
                 self._fail(child.parent_id, exc)
                 continue
             self._record_timing(child, now)
@@ -597,11 +597,12 @@ class LLMEngine:
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
-        found = [(detok.text.find(s, begin), s) for s in stops]
-        found = [(i, s) for i, s in found if i >= 0]
+        found = [(detok.text.find(s, begin), order, s) for order, s in enumerate(stops)]
+        found = [f for f in found if f[0] >= 0]
         if not found:
             return None
-        index, stop = min(found)
+        # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
+        index, _, stop = min(found)
         return stop, index
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
@@ -639,8 +640,9 @@ class LLMEngine:
     def _completion(self, child: Request) -> CompletionOutput:
         text = self._detokenizers[child.request_id].text
         params = child.sampling_params
-        if params.stop and not child.status.finished:
-            # Hold back what could be the start of a stop string, so a stream never shows it.
+        if params.stop and not params.include_stop_str_in_output and not child.status.finished:
+            # Hold back what could be the start of a stop string, so a stream never shows it (a kept stop
+            # string is shown anyway: nothing held back, as vLLM).
             text = text[: max(0, len(text) - max(map(len, params.stop)) + 1)]
         wants_logprobs = params.logprobs is not None
         return CompletionOutput(

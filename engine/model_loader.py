@@ -193,6 +193,8 @@ def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int 
 
 
 def packed_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:
+    """The parameter a checkpoint tensor loads into, and its shard there: a fused layer's name and shard for a
+    fragment of `packed` (e.g. `q_proj` -> (`qkv_proj`, "q")), else `name` itself and None."""
     for fragment, (merged, shard_id) in packed.items():
         if f".{fragment}." in name:
             return name.replace(f".{fragment}.", f".{merged}."), shard_id

@@ -21,7 +21,7 @@ class ServingEngine(Protocol):
     """A running engine as a front end sees it: stream requests, run named calls between steps, stop.
 
     Errors: once the engine has died or is shutting down, `generate` and `call` raise `EngineDeadError`
-    (engine/async_engine.py), and every open stream and pending call gets one.
+    (engine/errors.py), and every open stream and pending call gets one.
     """
 
     @property

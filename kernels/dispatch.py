@@ -137,6 +137,47 @@ def rotary_and_write_kv(
     return query
 
 
+# One-row decode: the qkv GEMV with rotary and the K/V cache write in its epilogue (`triton_gemv_rope.py`: one
+# launch a layer instead of the GEMV + `rotary_and_write_kv`; q and the cache rows bit-equal to the pair's).
+# FLOTILLA_QKV_ROPE (read at import; the module global at every call): "1" (default: measured on the H200, bf16
+# bs1 ctx512 4.490 -> 4.447 ms/step, greedy tokens identical; docs/decode-gemm.md) the fused kernel where
+# `qkv_rope_takes`; "0" the pair.
+QKV_ROPE = env_flag("FLOTILLA_QKV_ROPE", True)
+
+
+def qkv_rope_takes(x: torch.Tensor, weight: torch.Tensor, head_dim: int, gemv_max_rows: int) -> bool:
+    """Whether `qkv_rotary_and_write_kv` takes a plain (unquantized) qkv projection of `x`: switched on, CUDA, one
+    row that `linear` would give the Triton GEMV, and a GEMV configuration the epilogue fits (`fuses_rope`)."""
+    if not (QKV_ROPE and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 <= gemv_max_rows
+            and weight.shape[0] <= TRITON_GEMV_MAX_OUT):  # fmt: skip
+        return False
+    from flotilla.kernels.triton_gemv_rope import fuses_rope
+
+    return fuses_rope(x, weight, head_dim)
+
+
+def qkv_rotary_and_write_kv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
+    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot."""
+    from flotilla.kernels.triton_gemv_rope import gemv_rope
+
+    return gemv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
+                     num_kv_heads, k_scale, v_scale)  # fmt: skip
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -247,12 +288,38 @@ def silu_and_mul_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gemv_max_rows: int = 0
 ) -> torch.Tensor:
     """`silu_and_mul(linear(x, weight, bias, gemv_max_rows))` for a merged gate/up weight `[2N, K]`: one
-    skinny-GEMM launch with the gated epilogue where it takes the call, else the two steps."""
+    skinny-GEMM launch with the gated epilogue where it takes the call, one gated-GEMV launch where that one
+    does (FLOTILLA_GATED_GEMV), else the two steps."""
     if _skinny_gemm_takes(x, weight, gated=True):
         from flotilla.kernels.triton_skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight, bias, gated=True)
+    if _gated_gemv_takes(x, weight, bias, gemv_max_rows):
+        from flotilla.kernels.triton_gated_gemv import gated_gemv
+
+        return gated_gemv(x, weight, bias)
     return silu_and_mul(linear(x, weight, bias, gemv_max_rows))
+
+
+# FLOTILLA_GATED_GEMV=1 (default on: measured on the H200, bf16 bs1 ctx512 4.490 -> 4.440 ms/step; "0" keeps
+# cuBLAS + the SiLU kernel): a one-row gated gate/up projection (`silu_and_mul_linear`
+# with one input row and --triton-gemv-max-rows >= 1, the batch-1 decode step) takes the gated GEMV
+# (`triton_gated_gemv.py`: gate and up rows streamed by one kernel, `silu(gate) * up` written, launched by PDL)
+# instead of cuBLAS's gate_up followed by the SiLU kernel; single-process engines only (tensor/pipeline parallel
+# keep the two steps). docs/decode-gemm.md.
+GATED_GEMV = env_flag("FLOTILLA_GATED_GEMV", True)
+GATED_GEMV_MAX_ROWS = 1
+
+
+def _gated_gemv_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv_max_rows: int) -> bool:
+    """Whether the gated GEMV runs this gate/up projection (above)."""
+    if not (GATED_GEMV and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= min(gemv_max_rows, GATED_GEMV_MAX_ROWS)):
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    from flotilla.kernels.triton_gated_gemv import supported
+
+    return supported(x, weight, bias)
 
 
 # fp8 weights at decode: a linear call of at most FP8_GEMV_MAX_ROWS input rows runs W8A16 (the Triton

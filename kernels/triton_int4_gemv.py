@@ -117,11 +117,12 @@ def default_config(
     """The launch configuration for an `[m, k] x [n, k]^T` int4 GEMV; given knobs are kept, the rest chosen.
 
     - `tl.dot` wherever it can run (at most 16 rows, a power-of-two group of 16..256), FMA otherwise.
-      Measured on the H200 at one row (Llama-3.1-8B, bench/int4_gemv.py --grid in session 6 and
-      bench/quant_gemv.py's `old_dot_best` in session 7): the dot path with 128-row tiles and 3 stages
-      takes 16.5 / 10.7 / 52.3 / 27.3 us on qkv / o / gate_up / down (~0.8-1.2 TB/s of int4 bytes), the
-      FMA path 43.4 / 17.9 / 139.7 / 56.8 us (its activation loads are 2-byte gathers, one L1 request
-      per weight: the L1 is its limit); the dot path costs the same at any row count up to 16 (padded).
+      Measured on the H200 at one row (Llama-3.1-8B, bench/int4_gemv.py --grid in session 6 and branch
+      qgemv7's `old_dot_best`, bench/results/gpu-2026-12-04-s7/call4/qgemv7.stdout): the dot path with
+      128-row tiles and 3 stages takes 16.5 / 10.7 / 52.3 / 27.3 us on qkv / o / gate_up / down (~0.8-1.2
+      TB/s of int4 bytes), the FMA path 43.4 / 17.9 / 139.7 / 56.8 us (its activation loads are 2-byte
+      gathers, one L1 request per weight: the L1 is its limit); the dot path costs the same at any row count
+      up to 16 (padded).
     - FMA tiles: 64 words (512 inputs, 256 bytes of a row) a step, 32 rows a program (8 KB a step; the
       compiled loop: 4.5 instructions a weight, against 4.9 at 16 rows and 4.8 at 64 rows x 8 warps),
       fewer rows while there are fewer programs than SMs, the accumulator within `_ACC_PER_THREAD`
@@ -169,6 +170,49 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """The device's split-K arrival counters (`_COUNTERS`), or None where the call must use the reduce
     launch: too many row tiles, or the first use inside a CUDA-graph capture."""
     return arrival_counters(_COUNTERS, device, tiles, _COUNTER_SLOTS)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SplitK:
+    """An int4 GEMV launch's split of K into word ranges (the grid's second axis) and the buffers they write;
+    shared by this module's kernels and `triton_int4_gemv_wide`'s, which take the same leading arguments."""
+
+    grid: tuple[int, int]  # (row tiles, K ranges)
+    words_per_split: int
+    part: torch.Tensor  # fp32 partials [splits, M, N]; the output itself with one range
+    bias: torch.Tensor  # the bias, or a stand-in pointer (the output) without one
+    counters: torch.Tensor | None  # arrival counters (the kernels' FIXUP); None: one range, or `reduce` sums
+
+    @classmethod
+    def plan(cls, out2: torch.Tensor, bias: torch.Tensor | None, words: int, block_n: int, block_w: int,
+             split_k: int) -> _SplitK:
+        """Ranges for the `[M, N]` output `out2` over `words` packed words, `split_k` at most."""
+        m, n = out2.shape
+        # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
+        words_per_split = triton.cdiv(triton.cdiv(words, split_k), block_w) * block_w
+        splits = triton.cdiv(words, words_per_split)
+        part = torch.empty(splits, m, n, dtype=torch.float32, device=out2.device) if splits > 1 else out2
+        grid = (triton.cdiv(n, block_n), splits)
+        counters = _counters(out2.device, grid[0]) if splits > 1 else None
+        return cls(grid, words_per_split, part, bias if bias is not None else out2, counters)
+
+    def kernel_args(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                    out2: torch.Tensor, words: int) -> tuple:
+        """The kernels' leading arguments, `x_ptr` to `words_per_split` (`x`: the activations' 2-D view)."""
+        m, n = out2.shape
+        return (x, packed, scales, zeros if zeros is not None else packed, self.bias, out2, self.part,
+                self.counters if self.counters is not None else self.part, m, n, words, x.stride(0), packed.stride(0),
+                scales.stride(0), zeros.stride(0) if zeros is not None else 0, out2.stride(0), self.words_per_split)
+
+    def reduce(self, out2: torch.Tensor, has_bias: bool) -> None:
+        """After the kernel: sum the partials into `out2` (plus the bias) where no arrival counters did."""
+        splits = self.grid[1]
+        if splits > 1 and self.counters is None:
+            m, n = out2.shape
+            block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
+            _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+                self.part, self.bias, out2, m, n, out2.stride(0), HAS_BIAS=has_bias, SPLIT_K=splits, BLOCK=block
+            )
 
 
 @triton.jit
@@ -404,19 +448,12 @@ def int4_gemv(
     cfg = default_config(m, n, k, device_sms(x), group_size, block_n=block_n, block_w=block_w, split_k=split_k,
                          num_warps=num_warps, num_stages=num_stages, use_dot=use_dot)  # fmt: skip
     words = k // 8
-    # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
-    words_per_split = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
-    splits = triton.cdiv(words, words_per_split)
     out2 = out.view(-1, n)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
-    bias_arg = bias if bias is not None else out2  # unused without a bias
-    grid = (triton.cdiv(n, cfg.block_n), splits)
-    counters = _counters(x.device, grid[0]) if splits > 1 else None
-    args = (x2, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
-            counters if counters is not None else part, m, n, words, x2.stride(0), packed.stride(0), scales.stride(0),
-            zeros.stride(0) if zeros is not None else 0, out2.stride(0), words_per_split)  # fmt: skip
-    common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-                  FIXUP=counters is not None,
+    split = _SplitK.plan(out2, bias, words, cfg.block_n, cfg.block_w, cfg.split_k)
+    grid = split.grid
+    args = split.kernel_args(x2, packed, scales, zeros, out2, words)
+    common = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=grid[1],
+                  FIXUP=split.counters is not None,
                   BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
         _int4_gemv_dot_kernel[grid](*args, BLOCK_M=16, DOT_DTYPE=dot_dtype(x.dtype),
@@ -424,13 +461,10 @@ def int4_gemv(
                                     **common)  # fmt: skip
     else:
         block_m = triton.next_power_of_2(m)
-        even = m == block_m and n % cfg.block_n == 0 and words_per_split % cfg.block_w == 0 and words % cfg.block_w == 0
+        even = (m == block_m and n % cfg.block_n == 0 and split.words_per_split % cfg.block_w == 0
+                and words % cfg.block_w == 0)
         _int4_gemv_kernel[grid](*args, BLOCK_M=block_m, BLOCK_W=cfg.block_w, EVEN=even, **common)
-    if splits > 1 and counters is None:
-        block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
-        )
+    split.reduce(out2, bias is not None)
     return out
 
 

@@ -39,8 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
-from flotilla.kernels.triton_int4_gemv import _REDUCE_BLOCK, _counters, _epilogue, _parse_tiles
+from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 MAX_ROWS = 4
@@ -378,30 +377,18 @@ def int4_gemv_wide(
                       num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     assert cfg.block_w % 4 == 0, cfg
     words = k // 8
-    # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
-    words_per_split = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
-    splits = triton.cdiv(words, words_per_split)
     out2 = out.view(-1, n)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out2
-    bias_arg = bias if bias is not None else out2  # unused without a bias
-    grid = (triton.cdiv(n, cfg.block_n), splits)
-    counters = _counters(x.device, grid[0]) if splits > 1 else None
-    even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and words_per_split % cfg.block_w == 0
-    _int4_gemv_wide_kernel[grid](
-        x8, packed, scales, zeros if zeros is not None else packed, bias_arg, out2, part,
-        counters if counters is not None else part, m, n, words, x8.stride(0), packed.stride(0), scales.stride(0),
-        zeros.stride(0) if zeros is not None else 0, out2.stride(0), words_per_split,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=splits,
-        FIXUP=counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
+    split = _SplitK.plan(out2, bias, words, cfg.block_n, cfg.block_w, cfg.split_k)
+    even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and split.words_per_split % cfg.block_w == 0
+    _int4_gemv_wide_kernel[split.grid](
+        *split.kernel_args(x8, packed, scales, zeros, out2, words),
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split.grid[1],
+        FIXUP=split.counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
         USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
         EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if splits > 1 and counters is None:
-        block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
-        )
+    split.reduce(out2, bias is not None)
     return out
 
 

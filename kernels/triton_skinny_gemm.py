@@ -44,12 +44,12 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 # Shared memory a program may use for its pipeline (bytes; an H200 SM has 228 KB, 227 KB per block).
 SMEM_LIMIT = 220 * 1024
-# Split-K arrival counters: one int32 per column tile, zero between launches (the last program of a
-# tile resets its own), per device; launches on one stream run one after the other, so they share them.
+# Split-K arrival counters (kernels/split_k_counters.py): one int32 per column tile, per device.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTER_SLOTS = 1 << 14
 
@@ -164,14 +164,9 @@ def default_config(m: int, n: int, k: int, sms: int, gated: bool = False) -> Ski
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's split-K arrival counters, or None where the call must run without split-K: too many
-    column tiles, or the first use inside a CUDA-graph capture (a zeroing there would be a graph node)."""
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if tiles > _COUNTER_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return counters if tiles <= counters.numel() else None
+    """The device's split-K arrival counters (`_COUNTERS`), or None where the call must run without split-K: too
+    many column tiles, or the first use inside a CUDA-graph capture."""
+    return arrival_counters(_COUNTERS, device, tiles, _COUNTER_SLOTS)
 
 
 @triton.jit

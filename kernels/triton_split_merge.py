@@ -69,6 +69,8 @@ def split_merge_kernel(
     ACTIVE_ONLY: tl.constexpr = False,
     EARLY_DEPENDENTS: tl.constexpr = False,
 ):
+    """One program per (row, head): the row's `[HEAD_DIM]` output for that head, the splits' partials weighed
+    by `exp2(lse - max lse)` (launched by `merge_splits`, which says what the switches mean)."""
     if PDL or EARLY_DEPENDENTS:  # let the next kernel (o_proj's GEMV, launched with PDL, kernels/pdl.py) be
         # scheduled now and start loading its weights; it waits for this one before it reads the output
         tl.extra.cuda.gdc_launch_dependents()

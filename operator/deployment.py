@@ -12,6 +12,7 @@ from flotilla.operator.fit import gguf_file_bytes, rtn_bits, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
 from flotilla.operator.model_volume import model_volume, tokenizer_volume
+from flotilla.operator.sandbox import container_security_context, pod_sandbox
 from flotilla.operator.spec import InferenceServiceSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -23,7 +24,6 @@ PRESTOP_DELAY_S = 10
 # up to STARTUP_PERIOD_S x STARTUP_FAILURES = 60 minutes before the pod is restarted.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 360
-RUN_AS_USER = 1000
 GIB = 1 << 30
 DEFAULT_LOADING_BYTES = 8 * GIB
 DEFAULT_DOWNLOAD_SIZE = "500Gi"
@@ -126,6 +126,28 @@ def _pod_metadata(spec: InferenceServiceSpec, name: str) -> dict[str, Any]:
     return meta
 
 
+def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine container: `flotilla serve` with its flags, port, probes, resources and a locked-down
+    security context; `mounts` are the model's, /dev/shm's, /tmp's and any tokenizer or adapter volume's."""
+    return {
+        "name": names.ENGINE_CONTAINER,
+        "image": spec.image,
+        "command": ENGINE_COMMAND,
+        "args": engine_args(spec, name),
+        "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}
+           if spec.pod.env_from else {}),
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 10, 6),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
+        "securityContext": container_security_context(),
+    }
+
+
 def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> dict[str, Any]:
     """The engine Deployment: `flotilla serve /model <flags>` with GPUs, probes and a graceful drain.
 
@@ -137,28 +159,8 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
     lora_volumes, lora_mounts, lora_inits = adapter_volumes(spec)
     extra_volumes, extra_mounts = tokenizer_volumes + lora_volumes, tokenizer_mounts + lora_mounts
     init_containers = init_containers + tokenizer_inits + lora_inits
-    container: dict[str, Any] = {
-        "name": names.ENGINE_CONTAINER,
-        "image": spec.image,
-        "command": ENGINE_COMMAND,
-        "args": engine_args(spec, name),
-        "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
-        "env": _env(spec),
-        **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}
-           if spec.pod.env_from else {}),
-        "resources": _resources(spec),
-        "volumeMounts": [mount, {"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}, *extra_mounts],
-        "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
-        "readinessProbe": _probe("/health", 5, 3),
-        "livenessProbe": _probe("/health", 10, 6),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
+    container = _engine_container(spec, name, [mount, {"name": "dshm", "mountPath": "/dev/shm"},
+                                               {"name": "tmp", "mountPath": "/tmp"}, *extra_mounts])
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [
@@ -168,10 +170,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
             *extra_volumes,
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        **pod_sandbox(),
         "enableServiceLinks": False,
         # The engine never calls the Kubernetes API: no token in the pod.
         "automountServiceAccountToken": False,

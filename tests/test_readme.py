@@ -25,6 +25,17 @@ def test_flag_table_matches_the_declaration():
     assert table == markdown_table()
 
 
+def test_every_serve_flag_is_in_the_readme_flag_table():
+    """Every option `flotilla serve --help` lists has a row: the table is the declaration's, so a flag added to
+    the parser past the declaration would be served yet undocumented."""
+    from flotilla.engine.server.cli import build_parser
+
+    table = README.split("<!-- flags:begin -->\n")[1].split("\n<!-- flags:end -->")[0]
+    documented = set(re.findall(r"`(-[\w-]+)`", table))
+    served = {option for action in build_parser()._actions for option in action.option_strings} - {"-h", "--help"}
+    assert served and served <= documented, sorted(served - documented)
+
+
 def test_every_benchmark_row_names_a_committed_result():
     bench = README.split("<!-- bench:begin -->")[1].split("<!-- bench:end -->")[0]
     for path in re.findall(r"bench/results/[\w./-]+\.json", bench):

@@ -64,6 +64,13 @@ ROT="flotilla.kernels.triton_rotary_kv_write:_rotary_kv_write_kernel --ptr posit
      --int num_q_heads=32 --int num_kv_heads=8 --const Q_HEADS_PAD=32 --const K_HEADS_PAD=8 --const HALF=64
      --const HALF_PAD=64 --const PAGE=16 --warps 16"
 
+# the qkv GEMV with rotary + KV write in its epilogue (kernels/triton_gemv_rope.py, rope12), as the dispatch launches it
+ROPE="flotilla.kernels.triton_gemv_rope:_gemv_rope_kernel --ptr positions_ptr=*i64 --ptr slot_mapping_ptr=*i64
+      --ptr cos_sin_ptr=*fp32 --ptr inv_k_scale=fp32 --ptr inv_v_scale=fp32 --int N=6144 --int K=4096
+      --int stride_wn=4096 --int stride_cs=128 --int stride_kcb=16384 --int stride_kcs=1024 --int stride_kch=128
+      --int stride_vcb=16384 --int stride_vcs=1024 --int stride_vch=128 --int num_q_heads=32 --int num_kv_heads=8
+      --const HAS_BIAS=False --const HEAD_DIM=128 --const PAGE=16 --const FP8=False --const BLOCK_N=16
+      --const BLOCK_K=512 --const NUM_STAGES=2 --stages 2 --warps 4"
 CASES=(
   "gemv bf16 qkv m1|$GB $QKV"
   "gemv bf16 qkv m1 pdl|$GB $QKV --const PDL=True"
@@ -98,6 +105,9 @@ CASES=(
   "rotary_kv_write bf16 w16|$ROT --const FP8=False"
   "rotary_kv_write bf16 w16 pdl|$ROT --const FP8=False --const PDL=True"
   "rotary_kv_write fp8 w16|$ROT --ptr k_cache_ptr=*fp8e4nv --ptr v_cache_ptr=*fp8e4nv --const FP8=True"
+  "gemv_rope bf16 qkv m1|$ROPE"
+  "gemv_rope bf16 qkv m1 pdl|$ROPE --const PDL=True"
+  "gemv_rope bf16 qkv m1 bias fp8 cache|$ROPE --ptr k_cache_ptr=*fp8e4nv --ptr v_cache_ptr=*fp8e4nv --const FP8=True --const HAS_BIAS=True"
 )
 OUTF=$WORK/sass.jsonl
 : > "$OUTF"

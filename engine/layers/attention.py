@@ -9,8 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flotilla.engine.forward_context import current_attention_metadata
-from flotilla.kernels.dispatch import paged_attention, rotary_and_write_kv, write_kv_cache
+from flotilla.engine.forward_context import AttentionMetadata, current_attention_metadata
+from flotilla.kernels.dispatch import (
+    paged_attention,
+    qkv_rotary_and_write_kv,
+    rotary_and_write_kv,
+    write_kv_cache,
+)
 
 
 class Attention(nn.Module):
@@ -61,6 +66,27 @@ class Attention(nn.Module):
                                     self.k_scale, self.v_scale, step_memo=meta.derived)
         else:
             write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        return self._attend(q, meta)
+
+    def forward_projected(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`): the
+        projection, rotary and the KV write in one kernel (`qkv_rotary_and_write_kv`), then attention."""
+        meta = current_attention_metadata()
+        if meta is None:  # memory profiling, as `forward`
+            return torch.zeros(x.shape[0], self.num_heads * self.head_dim, dtype=x.dtype, device=x.device)
+        q = qkv_rotary_and_write_kv(x, weight, bias, positions, cos_sin_cache, self.k_cache, self.v_cache,
+                                    meta.slot_mapping, self.num_heads, self.num_kv_heads, self.k_scale, self.v_scale)
+        return self._attend(q, meta)
+
+    def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Paged attention of the (rotated) query `[T, H, D]` over this layer's cache -> `[T, H*D]`."""
         out = paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
             max_query_len=meta.max_query_len, k_scale=self.k_scale, v_scale=self.v_scale, step_memo=meta.derived,

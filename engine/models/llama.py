@@ -8,7 +8,7 @@ context, so every module keeps a plain `forward(positions, hidden)` signature.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -33,9 +33,10 @@ from flotilla.engine.parallel_state import (
     recv_from_prev_stage,
     send_to_next_stage,
     stage_layers,
+    tp_size,
 )
 from flotilla.engine_rules import rope_scaled_length
-from flotilla.kernels.dispatch import silu_and_mul_linear
+from flotilla.kernels.dispatch import qkv_rope_takes, silu_and_mul_linear
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,15 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """`[T, hidden]` -> `[T, hidden]`."""
+        qkv = self.qkv_proj
+        if (self.q_norm is None and type(qkv) is QKVParallelLinear and qkv.quant_method is None and tp_size() == 1
+                and not self.attn._forward_pre_hooks
+                and qkv_rope_takes(hidden, qkv.weight, self.head_dim, qkv.gemv_max_rows)):  # fmt: skip
+            # one row, plain weights (not quantized, not LoRA-wrapped), no q/k norm: the GEMV rotates and writes
+            # the KV cache in its epilogue (FLOTILLA_QKV_ROPE, kernels/dispatch.py). Not while a hook watches
+            # `Attention.forward`'s k/v (--calculate-kv-scales' calibration forward): this path never calls it.
+            cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
+            return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin))
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)

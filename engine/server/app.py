@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, API-key check, OpenAI error mapping, drain state."""
+"""The FastAPI application: routes, API-key check, drain state (errors as OpenAI's: server/errors.py)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flotilla import __version__
-from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import ServerConfig
-from flotilla.engine.errors import EngineBusyError, InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
-from flotilla.engine.server.errors import APIError, error_body, error_response
+from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.protocol import (
@@ -37,7 +34,6 @@ from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.serving_engine import ServingEngine
-from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)
 
@@ -72,36 +68,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     # Every route declared below parses and validates its body on a worker thread (a few MB of small JSON values
     # took seconds, which on the event loop stopped every stream).
     app.router.route_class = BodyParsedOffTheLoop
-
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, _describe_validation(exc), param=_first_param(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = error_response(exc.status_code, str(exc.detail))
-        response.headers.update(exc.headers or {})
-        return response
-
-    @app.exception_handler(EngineDeadError)
-    async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return error_response(503, str(exc))
-
-    @app.exception_handler(EngineBusyError)
-    async def engine_busy(_: Request, exc: EngineBusyError) -> JSONResponse:
-        return error_response(503, str(exc))
-
-    @app.exception_handler(InvalidParamError)
-    async def invalid_param(_: Request, exc: InvalidParamError) -> JSONResponse:
-        return error_response(400, str(exc), exc.param)
-
-    @app.exception_handler(RequestFailedError)
-    async def request_failed(_: Request, exc: RequestFailedError) -> JSONResponse:
-        return error_response(500, str(exc))
+    add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> Response:
@@ -315,15 +282,3 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
         yield f"data: {body}\n\n"
         yield "data: [DONE]\n\n"
 
-
-def _describe_validation(exc: RequestValidationError) -> str:
-    where = lambda loc: ".".join(str(x) for x in loc if x != "body")  # noqa: E731
-    return "invalid request: " + "; ".join(describe(exc.errors(), where))
-
-
-def _first_param(exc: RequestValidationError) -> str | None:
-    for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        if loc:
-            return loc[0]
-    return None

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
-from flotilla.engine.async_engine import AsyncEngine, exit_process
+from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.engine_core import EngineFactory
 from flotilla.engine.engine_core_client import EngineCoreClient
@@ -179,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         async_engine.shutdown()
     return 0
+
+
+def exit_process(exc: BaseException) -> None:
+    """`on_dead` for a server: a dead loop cannot recover, so exit non-zero now and let the supervisor
+    (Kubernetes) restart the pod, instead of lingering with /health 503 and every request refused.
+
+    Waiters have already been sent their error; a moment lets the event loop relay it to open streams.
+    """
+    logger.critical("the engine loop died (%r): exiting with status 1", exc)
+    time.sleep(0.5)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None]) -> tuple[ServingEngine, Any]:

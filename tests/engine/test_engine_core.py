@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from flotilla.engine.async_engine import EngineDeadError
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory
 from flotilla.engine.engine_core_client import EngineCoreClient
-from flotilla.engine.errors import InvalidParamError, RequestFailedError
+from flotilla.engine.errors import EngineDeadError, InvalidParamError, RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputDecoder, OutputEncoder
@@ -155,26 +154,6 @@ def test_closing_a_stream_aborts_its_request_in_the_core(core):
     while snapshots[-1].kv_cache_usage != 0.0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert snapshots[-1].num_running == 0 and snapshots[-1].kv_cache_usage == 0.0
-
-
-def test_a_request_that_reuses_a_live_requests_id_is_refused_and_the_live_one_runs_on(core):
-    """A second request under a live request's id is refused; it must not take the live one's stream (the
-    client kept one stream per id: the live request's outputs were dropped and its reader hung)."""
-    client, *_ = core
-    long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
-
-    async def run() -> RequestOutput:
-        live = client.generate("Hello there", long, "same")
-        final = await anext(live)  # it runs
-        with pytest.raises(ValueError, match="duplicate request id"):
-            await _final(client, "same")
-        async for output in live:  # within the deadline: its outputs still reach it
-            final = output
-        return final
-
-    final = asyncio.run(asyncio.wait_for(run(), 20))
-    assert final.finished and len(final.outputs[0].token_ids) == 50
-    assert client.num_unfinished == 0
 
 
 def test_a_dead_core_fails_every_waiter_and_reports_its_death(core):

@@ -87,6 +87,7 @@ def _compile_all() -> dict[str, dict[str, object]]:
     constexprs = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=True)
     out["rotary_kv_write *fp8e4nv"] = _compile_for_hopper(_rotary_kv_write_kernel, pointers, constexprs)
     out.update(_compile_fp8_gemv())
+    out.update(_compile_gemv_rope())
     out.update(_compile_lora())
     out.update(_compile_int4())
     out.update(_compile_paged_decode())
@@ -301,12 +302,65 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     }
 
 
+def _compile_gemv_rope() -> dict[str, dict[str, object]]:
+    """The one-row qkv GEMV with rotary + KV write in its epilogue (`triton_gemv_rope.py`) at Llama-3.1-8B's shape
+    (16-row tiles of 8 pairs, 512-wide K steps, 2 stages): plain, by PDL, and into an fp8 cache."""
+    from flotilla.kernels.triton_gemv_rope import _gemv_rope_kernel
+
+    fn = _gemv_rope_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_wn"))
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "positions_ptr": "*i64",
+                "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
+                "v_cache_ptr": "*bf16"}  # fmt: skip
+    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2)
+    fp8 = dict(pointers, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
+    launch = dict(num_warps=4, num_stages=2)
+    return {
+        "gemv_rope bf16 m1": _compile_for_hopper(fn, pointers, consts, aligned, **launch),
+        "gemv_rope bf16 m1 pdl": _compile_for_hopper(fn, pointers, dict(consts, PDL=True), aligned, **launch),
+        "gemv_rope bf16 m1 bias *fp8e4nv": _compile_for_hopper(fn, fp8, dict(consts, HAS_BIAS=True, FP8=True), aligned,
+                                                               **launch),
+    }
+
+
 def _cuda_backend_missing() -> bool:
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
     except ImportError:
         return True
     return False
+
+
+def _compile_gated_gemv() -> dict[str, dict[str, object]]:
+    """The one-row gated GEMV (`triton_gated_gemv.py`) at Llama-3.1-8B's gate/up launch (its one-row default, the
+    H200 sweep's winner: 4 + 4 rows x 512 K, 4 warps, 3 stages), plain and launched by PDL (its first gate and up
+    tiles loaded before the wait)."""
+    from flotilla.kernels.triton_gated_gemv import _gated_gemv_kernel, default_config
+
+    fn = _gated_gemv_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))
+    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr")}
+    cfg = default_config(1, 14336, 4096, 132)
+    consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages)
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return {name: _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned, **launch)
+            for name, extra in (("gated_gemv bf16 m1", {}), ("gated_gemv bf16 m1 pdl", dict(PDL=True)))}
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_gated_gemv_compiles_for_hopper(tmp_path):
+    """The one-row gated GEMV alone (this file run as a script with `gated`): FMA work in 16-byte weight loads;
+    launched by PDL one wait and one trigger, with weight loads before the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, __file__, "gated"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    gated, gated_pdl = result["gated_gemv bf16 m1"], result["gated_gemv bf16 m1 pdl"]
+    assert gated["cubin_bytes"] > 0 and gated_pdl["cubin_bytes"] > 0
+    assert not gated["mma"] and gated["loads16"] > 0 and gated["gdc_wait"] == 0 and gated["gdc_launch"] == 0
+    assert gated_pdl["gdc_wait"] == 1 and gated_pdl["gdc_launch"] == 1 and gated_pdl["loads_before_wait"] > 0
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
@@ -324,6 +378,11 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert all(r["e4m3_cvt"] for name, r in result.items() if "bf16" not in name and not name.startswith(plain))
     assert result["lora_stacked_expand bf16"]["mma"]  # the LoRA delta on tensor cores
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
+    # the qkv GEMV with the rotary + KV-write epilogue: FMA, 16-byte weight loads like the plain GEMV's; by PDL one
+    # wait and one trigger, the first weight tile loaded before the wait
+    rope, rope_pdl = result["gemv_rope bf16 m1"], result["gemv_rope bf16 m1 pdl"]
+    assert not rope["mma"] and rope["loads16"] >= result["gemv bf16 m1"]["loads16"] > 0 and rope["gdc_wait"] == 0
+    assert rope_pdl["gdc_wait"] == 1 and rope_pdl["gdc_launch"] == 1 and rope_pdl["loads_before_wait"] > 0
     # the int4 GEMV is FMA work (no MMA), with no int->float conversion nor shared-memory round trip per
     # nibble plane (the layout conversion a vectorised word load caused); the GEMM feeds the tensor cores
     assert not result["int4_gemv m1"]["mma"] and result["int4_gemm m64"]["mma"] and result["int4_gemv dot"]["mma"]
@@ -380,4 +439,7 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 
 
 if __name__ == "__main__":
-    print(json.dumps(_compile_all()))
+    # `gated` / `rope`: one fused batch-1 kernel alone (quick; e.g. under the H200's Triton 3.6 put first on
+    # PYTHONPATH, bench/sass_loop.py's docstring)
+    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope}
+    print(json.dumps(modes.get(" ".join(sys.argv[1:]), _compile_all)()))
