@@ -302,3 +302,12 @@ def test_prompt_logprobs_on_a_completions_stream_is_a_400(server):
         response = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt_logprobs": value},
                               headers=HEADERS, timeout=120)
         assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
+
+
+def test_a_body_that_is_not_json_is_a_400_without_a_param(server):
+    # FastAPI's location of a JSON syntax error is a character position: it came back as param "11" and the message
+    # "invalid request: 11: JSON decode error". vLLM's param is null there.
+    response = raw_post(server, "/v1/completions", '{"prompt": ')
+    assert_openai_400(response)
+    error = response.json()["error"]
+    assert error["param"] is None and "not valid JSON" in error["message"] and "character 11" in error["message"]
