@@ -304,3 +304,15 @@ def test_rtn_keeps_every_tensor_on_the_weights_device(bits):
     tensors = dict(layer.named_parameters()) | dict(layer.named_buffers())
     assert set(tensors) == {"weight_packed", "weight_scale", "weight_zero_point"}
     assert {t.device.type for t in tensors.values()} == {"meta"}
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "FP8_DYNAMIC"])
+def test_a_quantized_checkpoint_that_disagrees_with_config_json_is_refused(wide_llama, tmp_path, preset):
+    """The loaders' size check skipped quantized layers: with config.json's intermediate_size 128 and the
+    checkpoint's 256, gate/up loaded the first 128 rows of their packed codes (fp8 weights) and down_proj the
+    first half of each row, and the model ran as garbage. HF refuses a mis-sized tensor ("size mismatch")."""
+    path = compressed_tensors_checkpoint(wide_llama, tmp_path / preset, preset, dequantized_copy=False)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"intermediate_size": 128}))
+    with pytest.raises(ValueError, match=r"mlp\.(gate|up|down)_proj\.weight"):
+        LLM(str(path), max_model_len=256)
