@@ -80,3 +80,19 @@ def test_config_json_eos_does_not_stop_when_generation_config_json_sets_it(tiny_
     llm = LLM(str(path), max_model_len=128)
     ours = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0].outputs[0]
     assert ours.token_ids == free[:4]
+
+
+def test_a_generation_config_folder_gives_the_eos_ids_too(tiny_model_dirs, tmp_path):
+    # vLLM reads the whole generation config from --generation-config DIR (ModelConfig.try_get_generation_config):
+    # its eos_token_id stops generation as the model's own file would. Flotilla took only the sampling fields
+    # from DIR and the eos ids still from the model's generation_config.json.
+    from .hf_reference import hf_greedy
+
+    free = hf_greedy(tiny_model_dirs["llama"], [PROMPT], 8)[0]
+    folder = tmp_path / "gen"
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": free[3]}))
+    assert free[3] not in free[:3]
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, generation_config=str(folder))
+    ours = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0].outputs[0]
+    assert ours.token_ids == free[:4]
