@@ -51,6 +51,10 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"quantization method {method!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_METHODS)})")
+    if method in _FORMATS and qcfg is None:  # a checkpoint format, not a scheme applied at load
+        raise ValueError(f"--quantization {method} reads a {method} checkpoint, and this one's config.json has no "
+                         "quantization_config (a dense checkpoint: leave --quantization out, or fp8 / rtn quantize "
+                         "it at load)")
     linear_method(method, hf_config)  # refuses unsupported variants now, not at load time
     return method
 

@@ -164,6 +164,11 @@ def test_unsupported_checkpoints_and_flags_are_refused(wide_llama, tmp_path):
         EngineConfig.from_kwargs(str(path), quantization="fp8")
     with pytest.raises(ConfigError, match="not supported yet"):
         EngineConfig.from_kwargs(str(wide_llama), quantization="int8")
+    # a checkpoint format named for a dense checkpoint: an AssertionError (a traceback at start-up, or under
+    # python -O an AttributeError) where a ConfigError belongs
+    for fmt in ("compressed-tensors", "gptq", "awq"):
+        with pytest.raises(ConfigError, match=f"--quantization {fmt} reads a {fmt} checkpoint"):
+            EngineConfig.from_kwargs(str(wide_llama), quantization=fmt)
 
 
 def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs):
