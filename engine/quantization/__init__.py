@@ -65,7 +65,11 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
     if method == "fp8":
         if qcfg is None:
             return Fp8OnlineMethod()
-        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales.
+        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
+        # weight_block_size, `weight_scale_inv`) are not run.
+        if qcfg.get("weight_block_size"):
+            raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
+                             "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
         return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
     if method == "rtn":
         from flotilla.engine.quantization.rtn import RtnMethod, rtn_settings

@@ -2,8 +2,9 @@
 
 Supported: one config group over the linear layers (`targets: ["Linear"]`; `ignore` may list the LM
 head), with
-- `float-quantized` / `naive-quantized` 8-bit float weights (FP8 W8A8 with dynamic per-token or static
-  per-tensor activations, or FP8 weight-only when `input_activations` is null),
+- `float-quantized` / `naive-quantized` 8-bit float weights scaled per tensor or per channel (FP8 W8A8 with
+  dynamic per-token or static per-tensor activations, or FP8 weight-only when `input_activations` is null;
+  FP8_BLOCK's 128 x 128 block scales are refused),
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
   channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
   (contiguous groups; `group`, which permutes them with `weight_g_idx`, is refused).
@@ -49,6 +50,12 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     weights, activations, fmt = _scheme(qcfg)
     bits, kind = weights.get("num_bits"), weights.get("type")
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
+        if weights.get("strategy", "tensor") not in ("tensor", "channel"):
+            # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
+            # where in = 128 x 128 (Llama-3.1-405B's hidden size).
+            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} "
+                             f"(block_structure {weights.get('block_structure')}) is not supported; "
+                             "per-tensor and per-channel are")
         if activations is None:
             return Fp8CheckpointMethod(static_input=False, weight_only=True)
         if activations.get("type") != "float" or activations.get("num_bits") != 8:
