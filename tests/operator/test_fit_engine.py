@@ -78,3 +78,25 @@ def test_fit_figures_equal_what_the_engine_allocates(tmp_path, monkeypatch, case
         "tieWordEmbeddings": config["tie_word_embeddings"], "weightBits": bits})
     assert weight_bytes(arch, quantization, "bfloat16") == pytest.approx(weights, rel=0.005)
     assert kv_bytes_per_token(arch, kv_dtype, "bfloat16") == kv_per_token
+
+
+def test_fit_lora_slots_equal_what_the_engine_allocates(tmp_path):
+    """`lora_slot_bytes` against the A and B stacks of every LoRA-wrapped projection (plain attributes, not
+    parameters: counted from the wrappers)."""
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.lora.layers import LoRALinear
+    from flotilla.engine.model_runner import ModelRunner
+    from flotilla.operator.fit import lora_slot_bytes
+    from flotilla.operator.spec import InferenceServiceSpec
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
+                                      max_num_seqs=2, enable_lora=True, max_loras=2, max_lora_rank=8)
+    runner = ModelRunner(config)
+    engine = sum(m.lora_a.nbytes + m.lora_b.nbytes for m in runner.model.modules() if isinstance(m, LoRALinear))
+    arch = ModelArchitecture.model_validate({
+        "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
+        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB})
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "hf://org/model"}, "dtype": "bfloat16",
+                                                "lora": {"maxLoras": 2, "maxLoraRank": 8}})
+    assert engine > 0 and lora_slot_bytes(arch, spec) == engine
