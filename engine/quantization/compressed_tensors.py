@@ -1,7 +1,7 @@
 """compressed-tensors checkpoints (what llm-compressor writes), read from `quantization_config`.
 
 Supported: one config group over the linear layers (`targets: ["Linear"]`; `ignore` may list the LM
-head), with
+head, and anything else that names none of the decoder's linear layers), with
 - `float-quantized` / `naive-quantized` 8-bit float weights scaled per tensor or per channel (FP8 W8A8 with
   dynamic per-token or static per-tensor activations, or FP8 weight-only when `input_activations` is null;
   FP8_BLOCK's 128 x 128 block scales are refused),
@@ -15,6 +15,7 @@ and are unpacked here; `weight_shape` is implied by the layer and dropped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -36,12 +37,32 @@ def _scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None
     group = next(iter(groups.values()))
     if group.get("targets") != ["Linear"]:
         raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
-    unsupported = [name for name in qcfg.get("ignore") or [] if not name.endswith("lm_head")]
+    unsupported = [name for name in qcfg.get("ignore") or [] if _ignores_a_decoder_linear(name)]
     if unsupported:
         raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
                          "(only the LM head may be left unquantized)")
     fmt = group.get("format") or qcfg.get("format") or ""
     return group["weights"], group.get("input_activations"), fmt
+
+
+# The decoder's linear layers as a checkpoint names them (layer numbers up to _LAYERS), which an `ignore` entry may
+# not leave unquantized: one quant method runs them all.
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+_LAYERS = 512
+
+
+def _ignores_a_decoder_linear(entry: str) -> bool:
+    """Whether an `ignore` entry names one of the decoder's linear layers, matched as compressed-tensors does: `re:`
+    a regular expression (`re.match`) on the layer's name, else the name itself or its class (`Linear`). Entries
+    that name none (the LM head, `re:.*lm_head$`, a mixture-of-experts router `re:.*mlp.gate$`) leave nothing of
+    this model unquantized."""
+    if entry == "Linear":
+        return True
+    if entry.startswith("re:"):
+        pattern = re.compile(entry[3:])
+        return any(pattern.match(f"model.layers.{i}.{p}") for i in range(_LAYERS) for p in _PROJECTIONS)
+    return entry.removeprefix("model.").startswith("layers.") and entry.endswith(_PROJECTIONS)
 
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:

@@ -339,3 +339,24 @@ def test_block_scaled_fp8_checkpoints_are_refused_by_name():
     with pytest.raises(ValueError, match="weight_block_size"):
         resolve_quantization(None, {"quantization_config": fp8})
     assert resolve_quantization(None, {"quantization_config": {"quant_method": "fp8"}}) == "fp8"
+
+
+@pytest.mark.parametrize(("ignore", "runs"), [
+    (["lm_head"], True), (["re:.*lm_head"], True),
+    (["re:.*lm_head$"], True),  # a regular expression (`re:`) that names the head only
+    (["lm_head", "re:.*mlp.gate$"], True),  # a mixture-of-experts router: no such layer in a dense decoder
+    (["lm_head", "model.layers.0.mlp.down_proj"], False),  # a decoder linear left in bf16: not run
+    (["re:.*layers.3.*"], False),
+])
+def test_compressed_tensors_ignore_entries_are_matched_as_compressed_tensors_does(ignore, runs):
+    """`ignore` entries were taken as names ending in `lm_head`: a regular expression naming the head
+    (`re:.*lm_head$`) or a router that a dense model lacks (`re:.*mlp.gate$`) refused checkpoints vLLM runs."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    qcfg = json.loads((LLM_COMPRESSOR_CONFIGS / "llmcompressor-0.14-gptq-w4a16-g64.json").read_text())
+    qcfg["ignore"] = ignore
+    if runs:
+        assert resolve_quantization(None, {"quantization_config": qcfg}) == "compressed-tensors"
+    else:
+        with pytest.raises(ValueError, match="ignored layers"):
+            resolve_quantization(None, {"quantization_config": qcfg})
