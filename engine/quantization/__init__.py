@@ -67,6 +67,10 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
             return Fp8OnlineMethod()
         # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
         # weight_block_size, `weight_scale_inv`) are not run.
+        kept = [name for name in qcfg.get("ignored_layers") or [] if compressed_tensors.ignores_a_decoder_linear(name)]
+        if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
+            raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
+                             "supported; only the LM head may be left out")
         if qcfg.get("weight_block_size"):
             raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
                              "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")

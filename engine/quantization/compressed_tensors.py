@@ -37,7 +37,7 @@ def _scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None
     group = next(iter(groups.values()))
     if group.get("targets") != ["Linear"]:
         raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
-    unsupported = [name for name in qcfg.get("ignore") or [] if _ignores_a_decoder_linear(name)]
+    unsupported = [name for name in qcfg.get("ignore") or [] if ignores_a_decoder_linear(name)]
     if unsupported:
         raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
                          "(only the LM head may be left unquantized)")
@@ -52,7 +52,7 @@ _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "sel
 _LAYERS = 512
 
 
-def _ignores_a_decoder_linear(entry: str) -> bool:
+def ignores_a_decoder_linear(entry: str) -> bool:
     """Whether an `ignore` entry names one of the decoder's linear layers, matched as compressed-tensors does: `re:`
     a regular expression (`re.match`) on the layer's name, else the name itself or its class (`Linear`). Entries
     that name none (the LM head, `re:.*lm_head$`, a mixture-of-experts router `re:.*mlp.gate$`) leave nothing of

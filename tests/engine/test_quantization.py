@@ -360,3 +360,16 @@ def test_compressed_tensors_ignore_entries_are_matched_as_compressed_tensors_doe
     else:
         with pytest.raises(ValueError, match="ignored layers"):
             resolve_quantization(None, {"quantization_config": qcfg})
+
+
+def test_an_fp8_checkpoint_with_unquantized_decoder_layers_is_refused_by_name():
+    """vLLM's fp8 format may keep layers in bf16 (`ignored_layers`): their bf16 weights were cast into the fp8
+    parameters unscaled, and the load then failed on a missing `weight_scale`, naming neither the cause nor the
+    layer list. Refused at start-up now; an ignored LM head is fine (it is never quantized)."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ["lm_head"]}
+    assert resolve_quantization(None, {"quantization_config": fp8}) == "fp8"
+    fp8["ignored_layers"] = ["lm_head", "model.layers.1.mlp.down_proj"]
+    with pytest.raises(ValueError, match=r"ignored_layers \['model.layers.1.mlp.down_proj'\]"):
+        resolve_quantization(None, {"quantization_config": fp8})
