@@ -144,7 +144,8 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         if "rotary_emb.inv_freq" in name:
             continue
         if (kv_scale := kv_scale_target(name)) is not None:
-            set_kv_scale(model, *kv_scale, tensor)
+            if model.holds(kv_scale[0]):  # not another pipeline stage's layer
+                set_kv_scale(model, *kv_scale, tensor)
             continue
         name, shard_id = packed_target(name, model.packed_modules)
         if not model.holds(name):  # another pipeline stage's layer

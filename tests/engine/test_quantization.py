@@ -373,3 +373,20 @@ def test_an_fp8_checkpoint_with_unquantized_decoder_layers_is_refused_by_name():
     fp8["ignored_layers"] = ["lm_head", "model.layers.1.mlp.down_proj"]
     with pytest.raises(ValueError, match=r"ignored_layers \['model.layers.1.mlp.down_proj'\]"):
         resolve_quantization(None, {"quantization_config": fp8})
+
+
+def test_checkpoint_kv_scales_of_another_pipeline_stage_are_skipped(tiny_model_dirs, monkeypatch):
+    """A pipeline stage holds some decoder layers only (the others are placeholders); the loader skips the other
+    layers' tensors, but KV scales were placed before that check: a checkpoint with `self_attn.k_scale` for every
+    layer failed to start with pipeline parallelism ("the model has no such attention layer")."""
+    from flotilla.engine.model_loader import _checkpoint_tensors, load_state
+    from flotilla.engine.models import llama
+    from flotilla.engine.models.registry import build_model
+
+    path = tiny_model_dirs["llama"]
+    monkeypatch.setattr(llama, "stage_layers", lambda n: range(0, 1))  # the first of two stages: layer 0
+    model = build_model(json.loads((path / "config.json").read_text()))
+    scales = [("model.layers.0.self_attn.k_scale", torch.tensor(0.5)),
+              ("model.layers.1.self_attn.k_scale", torch.tensor(0.25))]
+    load_state(model, [*_checkpoint_tensors(path), *scales])
+    assert model.layers[0].self_attn.attn.k_scale == 0.5
