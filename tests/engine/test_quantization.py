@@ -113,9 +113,9 @@ def test_compressed_tensors_fp8_matches_hf_with_the_same_rounding(wide_llama, tm
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized", static_scale)
 
 
-@pytest.mark.parametrize("fmt", ["gptq", "awq"])
-def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt):
-    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt)
+@pytest.mark.parametrize(("fmt", "bits"), [("gptq", 4), ("awq", 4), ("gptq", 8)])
+def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt, bits):
+    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt, bits=bits)
     assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
