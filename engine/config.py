@@ -60,6 +60,8 @@ class ModelConfig(_Component):
     load_format: Literal["auto", "dummy"] = "auto"
     # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
     generation_config: str = "auto"
+    # --logprobs-mode: which logits `logprobs` report (engine/sampler.py `reported_values`)
+    logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = "raw_logprobs"
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
     convert: Literal["none", "embed"] = "none"
@@ -319,6 +321,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
             load_format=v["load_format"],
             generation_config=v["generation_config"],
+            logprobs_mode=v["logprobs_mode"],
             runner=runner,
             convert=convert,
             quantization=quantization,

@@ -145,6 +145,7 @@ class LLMEngine:
                 prompt_token_ids=token_ids,
                 sampling_params=params,
                 eos_token_ids=self.eos_token_ids,
+                eos_token_id=self.tokenizer.eos_token_id,
                 prompt=text,
                 arrival_time=now,
                 parent_id=request_id,
@@ -598,11 +599,12 @@ class LLMEngine:
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
         begin = max(0, searched_from - max(map(len, stops)) + 1)
-        found = [(detok.text.find(s, begin), s) for s in stops]
-        found = [(i, s) for i, s in found if i >= 0]
+        found = [(detok.text.find(s, begin), order, s) for order, s in enumerate(stops)]
+        found = [f for f in found if f[0] >= 0]
         if not found:
             return None
-        index, stop = min(found)
+        # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
+        index, _, stop = min(found)
         return stop, index
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
@@ -640,8 +642,9 @@ class LLMEngine:
     def _completion(self, child: Request) -> CompletionOutput:
         text = self._detokenizers[child.request_id].text
         params = child.sampling_params
-        if params.stop and not child.status.finished:
-            # Hold back what could be the start of a stop string, so a stream never shows it.
+        if params.stop and not params.include_stop_str_in_output and not child.status.finished:
+            # Hold back what could be the start of a stop string, so a stream never shows it (a kept stop
+            # string is shown anyway: nothing held back, as vLLM).
             text = text[: max(0, len(text) - max(map(len, params.stop)) + 1)]
         wants_logprobs = params.logprobs is not None
         return CompletionOutput(

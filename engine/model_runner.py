@@ -351,13 +351,15 @@ class ModelRunner:
             # Greedy verification is argmax equality: only the ids go to the host, which judges the drafts.
             drawn = SamplerOutput(token_ids=greedy_tokens(logits))
         elif step.draft_groups:
-            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
+            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator,
+                                         self.config.model.logprobs_mode)
             drawn = verify(logits.float(), batch, step.draft_groups)
         elif all(_plain_greedy(r) for r in rows):
             drawn = SamplerOutput(token_ids=greedy_tokens(logits))  # bf16 argmax = fp32 argmax, ties too
         else:
             logits = logits.float()
-            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator)
+            batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator,
+                                         self.config.model.logprobs_mode)
             drawn = sample(logits, batch)
         # The next launch reads these ids on the device for inputs it does not know yet.
         self._last_drawn = drawn.token_ids

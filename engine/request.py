@@ -57,6 +57,9 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
+    # The tokenizer's EOS: stopping on it leaves stop_reason None; on the other eos_token_ids (generation_config's
+    # list), stop_reason is the id, as vLLM makes those stop token ids.
+    eos_token_id: int | None = None
     prompt: str | None = None
     # Lower values are scheduled first under `--scheduling-policy priority` (vLLM's meaning).
     priority: int = 0

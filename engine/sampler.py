@@ -2,9 +2,14 @@
 
 The pipeline per step, each stage a pure function over the whole batch:
 grammar bitmask (structured output; applied by the runner before either the greedy fast path or
-`sample`) -> logit bias -> min_tokens bans -> repetition/frequency/presence penalties (the *processed* logits,
-whose log-softmax is what `logprobs` reports) -> allowed_token_ids and bad_words masks (after the logprobs:
-vLLM reports logprobs before them) -> temperature -> min-p -> top-k and top-p -> draw.
+`sample`) -> logit bias -> min_tokens bans -> repetition/frequency/presence penalties -> allowed_token_ids
+and bad_words masks -> temperature -> min-p -> top-k and top-p -> draw.
+
+What `logprobs` report is --logprobs-mode's (vLLM's names and points): raw_logprobs (the default) and raw_logits
+are taken from the logits as the model (and the grammar bitmask) left them, before every stage above;
+processed_logprobs and processed_logits from those the row draws from: after the masks, and for sampled
+rows after temperature and truncation (a greedy row's are its masked logits, as vLLM resets a greedy
+request's top-k/top-p/min-p).
 
 Draws use the exponential race (argmax of p / E with E ~ Exp(1)), where E comes from a counter-based
 hash of (request seed, output position, token id). A seeded request therefore draws the same
@@ -53,6 +58,7 @@ class SamplingBatch:
     any_penalties: bool
     any_truncation: bool
     max_logprobs: int | None  # largest top-N any row asked for; None = no logprobs this step
+    logprobs_mode: str = "raw_logprobs"  # --logprobs-mode: which logits the logprobs report
 
 
 @dataclass
@@ -190,37 +196,62 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
     return -torch.log1p(-v)
 
 
-def sampling_probs(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-    """The distribution each row draws from, after temperature, min-p, top-k and top-p (greedy rows'
+def sampling_logits(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """The logits each row draws from, after temperature, min-p, top-k and top-p (greedy rows'
     entries are those of temperature 1; callers take their argmax instead)."""
     scaled = logits / torch.where(b.temperature == 0, 1.0, b.temperature).unsqueeze(1)
     if b.any_truncation:
         scaled = apply_top_k_top_p(apply_min_p(scaled, b.min_p), b.top_k, b.top_p)
-    return torch.softmax(scaled, dim=-1)
+    return scaled
+
+
+def raw_values(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:
+    """Under a raw --logprobs-mode, the values to report, taken from the logits before any stage changes them
+    (logit_bias and min_tokens write in place); None when the step reports none or reports processed ones."""
+    if b.max_logprobs is None or not b.logprobs_mode.startswith("raw"):
+        return None
+    return torch.log_softmax(logits, dim=-1) if b.logprobs_mode == "raw_logprobs" else logits.clone()
+
+
+def reported_values(
+    b: SamplingBatch, raw: torch.Tensor | None, masked: torch.Tensor, drawn_from: torch.Tensor | None
+) -> torch.Tensor:
+    """What `logprobs` report under --logprobs-mode: `raw` (from `raw_values`), or the processed logits: the
+    `masked` ones for greedy rows, `drawn_from` (`sampling_logits`; None in an all-greedy batch) for sampled
+    rows; as logits or their log-softmax."""
+    if raw is not None:
+        return raw
+    processed = masked
+    if drawn_from is not None:
+        processed = torch.where((b.temperature == 0).unsqueeze(1), masked, drawn_from)
+    return processed if b.logprobs_mode == "processed_logits" else torch.log_softmax(processed, dim=-1)
 
 
 def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """Run the whole pipeline on fp32 logits `[B, V]`."""
+    raw = raw_values(logits, b)
     logits = apply_bans(apply_logit_bias(logits, b), b)
     if b.any_penalties:
         logits = apply_penalties(logits, b)
-    reported = logits
     logits = apply_token_masks(logits, b)
     token_ids = logits.argmax(dim=-1)
+    drawn_from = None
     if not b.all_greedy:
-        probs = sampling_probs(logits, b)
+        drawn_from = sampling_logits(logits, b)
+        probs = torch.softmax(drawn_from, dim=-1)
         drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
         token_ids = torch.where(b.temperature == 0, token_ids, drawn)
     out = SamplerOutput(token_ids=token_ids)
     if b.max_logprobs is not None:
-        add_logprobs(out, torch.log_softmax(reported, dim=-1), b.max_logprobs)
+        add_logprobs(out, reported_values(b, raw, logits, drawn_from), b.max_logprobs, b.logprobs_mode)
     return out
 
 
-def add_logprobs(out: SamplerOutput, logprobs: torch.Tensor, n: int) -> None:
-    """The drawn token's log-probability and rank, and the top-n of each row (finite: at least
-    LOGPROB_FLOOR)."""
-    logprobs = logprobs.nan_to_num(nan=LOGPROB_FLOOR, posinf=0.0, neginf=LOGPROB_FLOOR).clamp_(LOGPROB_FLOOR, 0.0)
+def add_logprobs(out: SamplerOutput, values: torch.Tensor, n: int, mode: str = "raw_logprobs") -> None:
+    """The drawn token's log-probability (or logit, under a *_logits mode) and rank, and the top-n of each row
+    (finite: at least LOGPROB_FLOOR; log-probabilities at most 0)."""
+    top = 0.0 if mode.endswith("logprobs") else None
+    logprobs = values.nan_to_num(nan=LOGPROB_FLOOR, posinf=top, neginf=LOGPROB_FLOOR).clamp_(LOGPROB_FLOOR, top)
     chosen = logprobs.gather(1, out.token_ids.unsqueeze(1))
     out.logprobs = chosen.squeeze(1)
     out.ranks = (logprobs > chosen).sum(dim=1) + 1

@@ -25,9 +25,14 @@ class SamplingRow:
 
 
 def build_sampling_batch(
-    rows: list[SamplingRow], vocab_size: int, device: torch.device, generator: torch.Generator
+    rows: list[SamplingRow],
+    vocab_size: int,
+    device: torch.device,
+    generator: torch.Generator,
+    logprobs_mode: str = "raw_logprobs",
 ) -> SamplingBatch:
-    """Per-row parameters as tensors; requests without a seed get a fresh stream from `generator`."""
+    """Per-row parameters as tensors; requests without a seed get a fresh stream from `generator`.
+    `logprobs_mode`: --logprobs-mode (what the rows' logprobs report)."""
     params = [r.request.sampling_params for r in rows]
     n = len(rows)
     fresh = torch.randint(0, 2**62, (n,), generator=generator).tolist()
@@ -103,6 +108,7 @@ def build_sampling_batch(
         any_penalties=any_penalties,
         any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         max_logprobs=max(logprobs) if logprobs else None,
+        logprobs_mode=logprobs_mode,
     )
 
 

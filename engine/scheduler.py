@@ -301,8 +301,10 @@ class Scheduler:
                 request.fork_children = []
             # Forked before the leader's token: a leader that stops on it frees its blocks, which the
             # children must already share (forked after, they got no prompt K/V at all).
-            for child in children:
-                self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)
+            queued = [child for child in children
+                      if not self._fork(request, child, s.num_computed_tokens + s.num_new_tokens)]
+            for child in reversed(queued):  # at the queue's front in index order
+                self._enqueue(child, front=True)
             self._append_token(request, sampled[request.request_id], touched)
             if s.num_lookahead and not request.status.finished:  # draft slots the proposer left empty
                 self.block_manager.trim(request, request.num_tokens)
@@ -335,27 +337,32 @@ class Scheduler:
             self.finish(request, status)
         touched.append(request)
 
-    def _fork(self, leader: Request, child: Request, num_prompt_computed: int) -> None:
+    def _fork(self, leader: Request, child: Request, num_prompt_computed: int) -> bool:
         """Start a sibling completion on the leader's computed prompt, sharing its blocks. (The
-        leader may already be planned a token further; the child starts at the prompt's end.)"""
+        leader may already be planned a token further; the child starts at the prompt's end.) Returns
+        False when the child cannot run yet: the caller queues it."""
         child.prompt_logprobs = leader.prompt_logprobs
         self.requests[child.request_id] = child
-        if leader.status == RequestStatus.PREEMPTED:
+        if leader.status == RequestStatus.PREEMPTED or len(self.running) >= self.config.max_num_seqs:
             # Preempted while this step ran (asynchronous scheduling): its blocks are back in the pool, so
-            # the child has none to share and waits, like its leader, to be recomputed from its prompt.
+            # the child has none to share and waits, like its leader, to be recomputed from its prompt. Or
+            # n > the sequences left under --max-num-seqs: it waits for a slot (vLLM queues each completion as
+            # a request of its own), holding no blocks; the prompt's are in the prefix cache for it.
             child.status = RequestStatus.PREEMPTED
-            self._enqueue(child, front=True)
-            return
+            return False
         self.block_manager.fork(leader, child, num_prompt_computed)
         child.num_computed_tokens = num_prompt_computed
         child.status = RequestStatus.RUNNING
         self.running.append(child)
+        return True
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
         num_output = len(request.output_token_ids)  # read once: this runs per request per step
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token in request.eos_token_ids:
+                if token != request.eos_token_id:
+                    request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_reason = token

@@ -169,6 +169,17 @@ FLAGS: tuple[Flag, ...] = (
         "reads its generation_config.json.",
         "model",
     ),
+    Flag(
+        "--logprobs-mode",
+        "str",
+        "raw_logprobs",
+        "What `logprobs` report (vLLM's flag and names): raw_logprobs (default) and raw_logits are the model's "
+        "own, before logit_bias, min_tokens, penalties, allowed_token_ids and bad_words; processed_logprobs and "
+        "processed_logits are those the draw uses, after them and (sampled rows) after temperature, min_p, "
+        "top_k and top_p. The *_logits modes report the logits themselves instead of their log-softmax.",
+        "model",
+        choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
+    ),
     # --- pooling runner (engine/pooling, /v1/embeddings) -------------------------------------------
     Flag(
         "--runner",

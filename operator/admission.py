@@ -57,12 +57,18 @@ SANDBOX_ANNOTATION_PREFIXES = (
 )
 
 
-def _pod_rules(spec: InferenceServiceSpec) -> list[str]:
+def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
     errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
-    errors += [f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which the operator "
-               "sets" for key in spec.pod.annotations if key.startswith(SANDBOX_ANNOTATION_PREFIXES)]
+    for key in spec.pod.annotations:
+        if key.startswith(SANDBOX_ANNOTATION_PREFIXES):  # whatever the admin allows: the operator sets these
+            errors.append(f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which "
+                          "the operator sets")
+        elif problem := policy.pod_annotation_problem(key):
+            errors.append(f"spec.pod.annotations: {problem}")
+    if spec.pod.priority_class_name and (problem := policy.priority_class_problem(spec.pod.priority_class_name)):
+        errors.append(f"spec.pod.priorityClassName: {problem}")
     return errors
 
 
@@ -186,6 +192,22 @@ def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[s
     return errors
 
 
+def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    if spec.autoscaling is None:
+        return []
+    problem = policy.prometheus_address_problem(spec.autoscaling.prometheus_address)
+    return [f"spec.autoscaling.prometheusAddress: {problem}"] if problem else []
+
+
+def _settled(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> InferenceServiceSpec:
+    """The spec as the children are built from it: the policy's choices for what the spec leaves to the cluster."""
+    a = spec.autoscaling
+    if a is None or policy.prometheus_address(a.prometheus_address) == a.prometheus_address:
+        return spec
+    settled = a.model_copy(update={"prometheus_address": policy.prometheus_address(a.prometheus_address)})
+    return spec.model_copy(update={"autoscaling": settled})
+
+
 def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_POLICY) -> Review:
     """Check a spec (as on the wire, camelCase) of the InferenceService `name` under the admin's `policy`."""
     named = name_problem(name)
@@ -194,7 +216,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
         parsed = InferenceServiceSpec.model_validate(spec)
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
-    result = Review(spec=parsed, errors=name_errors + _source_rules(parsed, policy) + _pod_rules(parsed)
+    result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
+                    + _autoscaling_rules(parsed, policy) + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))

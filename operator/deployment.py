@@ -12,6 +12,7 @@ from flotilla.operator.fit import gguf_file_bytes, rtn_scheme, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
 from flotilla.operator.model_volume import model_volume, tokenizer_volume
+from flotilla.operator.sandbox import container_security_context, pod_sandbox
 from flotilla.operator.spec import InferenceServiceSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -23,7 +24,6 @@ PRESTOP_DELAY_S = 10
 # up to STARTUP_PERIOD_S x STARTUP_FAILURES = 60 minutes before the pod is restarted.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 360
-RUN_AS_USER = 1000
 GIB = 1 << 30
 DEFAULT_LOADING_BYTES = 8 * GIB
 DEFAULT_DOWNLOAD_SIZE = "500Gi"
@@ -144,11 +144,7 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
     }
 
 
@@ -174,10 +170,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
             *extra_volumes,
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        **pod_sandbox(),
         "enableServiceLinks": False,
         # The engine never calls the Kubernetes API: no token in the pod.
         "automountServiceAccountToken": False,

@@ -126,6 +126,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # Requests' default sampling fields (the model's generation_config.json, vLLM's neutral ones, or a folder's
     # file in the pod): what a request leaves out, not what is loaded.
     "--generation-config",
+    # Which logits a request's logprobs report (vLLM's flag): what is returned, not what is drawn or loaded.
+    "--logprobs-mode",
     "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flotilla.operator.sandbox import container_security_context
 from flotilla.operator.spec import InferenceServiceSpec
 
 # What huggingface_hub reads for a download: the token (HF_TOKEN, or its older name HUGGING_FACE_HUB_TOKEN) and
@@ -39,6 +40,5 @@ def download_container(spec: InferenceServiceSpec, name: str, repo: str, target:
         "command": ["python3", "-c", _DOWNLOAD, repo, target, *patterns],
         "env": download_env(spec),
         "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security_context(),
     }

@@ -29,7 +29,7 @@ from flotilla.operator.kube import Kube
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
-from flotilla.operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
+from flotilla.operator.spec import DEFAULT_IMAGE, DEFAULT_PROMETHEUS_ADDRESS, GROUP, PLURAL, VERSION
 
 WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
 
@@ -56,6 +56,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host-path-prefix", action="append", default=[], dest="host_path_prefixes",
                    help="allow hostPath:// model sources under this node directory (repeatable); default: "
                         "hostPath sources are refused")
+    p.add_argument("--prometheus-address", action="append", default=[], dest="prometheus_addresses",
+                   help="a Prometheus that KEDA ScaledObjects may query (repeatable; the first is what "
+                        "spec.autoscaling.prometheusAddress's default stands for); default: "
+                        f"{DEFAULT_PROMETHEUS_ADDRESS} only")
+    p.add_argument("--pod-annotation", action="append", default=[], dest="pod_annotations",
+                   help="a pod annotation key that spec.pod.annotations may set, or a prefix ending in '/' "
+                        "(repeatable); default: only keys without '/' or '.'")
+    p.add_argument("--priority-class", action="append", default=[], dest="priority_classes",
+                   help="a PriorityClass that engine pods may use (repeatable); default: any but the built-in "
+                        "system-* classes")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -73,7 +83,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.engine_image and args.no_webhook:
         p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
     try:
-        args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes))
+        args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes),
+                                      prometheus_addresses=tuple(args.prometheus_addresses
+                                                                 or [DEFAULT_PROMETHEUS_ADDRESS]),
+                                      pod_annotations=tuple(args.pod_annotations),
+                                      priority_classes=tuple(args.priority_classes))
         args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
                                       concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
     except ValueError as e:  # pydantic's ValidationError is one

@@ -5,18 +5,44 @@ itself is off unless the operator is started with it turned on (`flotilla operat
 chart's values); the review (admission.py) reads this policy, so the webhook and the reconciler
 decide alike.
 
-Today the only such power is a `hostPath://` model source, which mounts a node directory into the
+The first such power is a `hostPath://` model source, which mounts a node directory into the
 engine pod: off by default, and when an admin allows it, limited to the directory prefixes the admin
 lists (`--host-path-prefix /models`). A path with `.`/`..` segments, repeated slashes or a trailing
 slash is refused rather than normalised, so what is checked is exactly what the kubelet mounts.
 The check is on the path's text: a symbolic link on the node under an allowed directory is followed by
 the kubelet. The mounts are read-only, so no InferenceService can plant one; the admin keeps the allowed
 directories free of links that leave them (docs/operator.md, "Security model").
+
+The second is where KEDA sends its queries: KEDA runs them from its own pod, with its network position, and
+puts a failed answer's body in its errors, so an address of the InferenceService author's choosing would make
+it fetch from anywhere (a cloud metadata endpoint, an internal admin API). The admin lists the Prometheus
+addresses allowed (`--prometheus-address`); spec.autoscaling.prometheusAddress must be one of them, and its
+schema default stands for the first (so a spec that leaves it out follows the cluster's Prometheus).
+
+The third is which pod annotations spec.pod.annotations may set. Annotations are instructions to whatever
+reads them: a mesh's sidecar injector (`sidecar.istio.io/userVolume` mounts a node directory into the injected
+sidecar), the node's container runtime (`io.kubernetes.cri-o.Devices`, `io.katacontainers.config.*`: keys with
+dots and no slash), a cloud identity agent (`iam.amazonaws.com/role`). Which tools a cluster runs is the
+admin's to know, so the rule is an allow-list: a plain key of the user's own (no `/`, no `.`) always passes,
+any other only when the admin lists it (`--pod-annotation KEY`, or `--pod-annotation PREFIX/` for every key
+under that prefix).
+
+The fourth is the pods' priority class. The built-in `system-node-critical` and `system-cluster-critical`
+(priority 2e9, above any class a user can make) let the engine pods preempt every other team's pods on the GPU
+nodes, and since Kubernetes 1.17 the apiserver no longer keeps them to kube-system unless the admin configures
+a quota for them. So `system-*` classes are refused unless the admin lists them, and when the admin lists
+classes (`--priority-class`), only those are allowed.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
+
+# Kubernetes reserves the prefix for its built-in critical classes (no user may create a PriorityClass named so).
+SYSTEM_PRIORITY_PREFIX = "system-"
 
 
 @dataclass(frozen=True)
@@ -24,12 +50,54 @@ class AdmissionPolicy:
     """The admin's choices; the default allows nothing beyond the namespace."""
 
     host_path_prefixes: tuple[str, ...] = ()
+    prometheus_addresses: tuple[str, ...] = (DEFAULT_PROMETHEUS_ADDRESS,)
+    pod_annotations: tuple[str, ...] = ()
+    priority_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:
             problem = _path_problem(prefix)
             if problem:
                 raise ValueError(f"host path prefix {prefix!r}: {problem}")
+        if any(not allowed for allowed in self.pod_annotations):
+            raise ValueError("an allowed pod annotation must be a key or a prefix ending in '/', not empty")
+        if not self.prometheus_addresses:
+            raise ValueError("at least one Prometheus address is needed (KEDA's default)")
+        for address in self.prometheus_addresses:
+            if not re.match(PROMETHEUS_URL_PATTERN, address):
+                raise ValueError(f"Prometheus address {address!r} is not a plain http(s)://host[:port][/path] URL")
+
+    def pod_annotation_problem(self, key: str) -> str | None:
+        """Why spec.pod.annotations may not set `key`, or None when it is the user's own or the admin allows it."""
+        if not ("/" in key or "." in key):
+            return None
+        if any(key == allowed or (allowed.endswith("/") and key.startswith(allowed))
+               for allowed in self.pod_annotations):
+            return None
+        allowed = f" ({', '.join(self.pod_annotations)})" if self.pod_annotations else ""
+        return (f"{key} is not a pod annotation this cluster allows{allowed}: a key with a prefix or a dot is read by "
+                "a tool (a sidecar injector, the container runtime); keys without '/' or '.' are yours, others the "
+                "cluster admin may allow (operator flag --pod-annotation, chart value "
+                "operator.engineAnnotations.allowed)")
+
+    def priority_class_problem(self, name: str) -> str | None:
+        """Why the engine pods may not run at priority class `name`, or None when the policy allows it."""
+        if name in self.priority_classes or not (self.priority_classes or name.startswith(SYSTEM_PRIORITY_PREFIX)):
+            return None
+        allowed = ", ".join(self.priority_classes) or f"any but {SYSTEM_PRIORITY_PREFIX}*"
+        return (f"{name} is not a priority class this cluster allows InferenceServices ({allowed}; operator flag "
+                "--priority-class, chart value operator.priorityClasses.allowed)")
+
+    def prometheus_address_problem(self, address: str) -> str | None:
+        """Why KEDA may not query `address`, or None when the policy allows it (the schema's default always)."""
+        if address == DEFAULT_PROMETHEUS_ADDRESS or address in self.prometheus_addresses:
+            return None
+        return (f"{address} is not a Prometheus this cluster allows ({', '.join(self.prometheus_addresses)}); leave "
+                "the field out for the cluster's own")
+
+    def prometheus_address(self, address: str) -> str:
+        """The address KEDA is given for an allowed spec `address`: the schema's default means the admin's first."""
+        return self.prometheus_addresses[0] if address == DEFAULT_PROMETHEUS_ADDRESS else address
 
     def host_path_problem(self, path: str) -> str | None:
         """Why the node directory `path` may not be mounted, or None when the policy allows it."""

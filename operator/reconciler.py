@@ -21,6 +21,7 @@ from flotilla.operator.admission import Review, review
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
 from flotilla.operator.spec import GROUP, KIND, VERSION
 from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
@@ -86,15 +87,40 @@ class Reconciler:
     """Converges InferenceServices; remembers the resourceVersions it wrote so its own writes,
     echoed back by the child watches, do not trigger another reconcile."""
 
-    def __init__(self, kube: k.Kube, post_event: EventPoster = kopf_event, now: Callable[[], str] = _now,
+    def __init__(self, kube: k.Kube, post_event: EventPoster | None = None, now: Callable[[], str] = _now,
                  policy: AdmissionPolicy = DEFAULT_POLICY):
         self.kube = kube
         self.policy = policy
-        self.post_event = post_event
+        self.post_event = post_event or self._post_event
         self.now = now
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._written: dict[tuple[str, str, str], str] = {}
+
+    def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post through kopf's queue inside its handlers; elsewhere (the periodic resync, in a task kopf's startup
+        handler started, where kopf has no event queue and raises LookupError) post the Event itself. An Event is
+        best effort: failing to post one never stops a reconcile."""
+        try:
+            kopf_event(body, type_, reason, message)
+            return
+        except LookupError:
+            pass
+        meta = body["metadata"]
+        now = self.now()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": "flotilla-operator"}, "reportingComponent": "flotilla-operator",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
+        except k.KubeError as e:
+            log.warning(f"posting the Event {reason} on {meta['namespace']}/{meta['name']} failed: {e}")
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._guard:
@@ -177,6 +203,10 @@ class Reconciler:
         for child in plan.apply:
             before = live[k.path_of(child)]
             applied = self.kube.apply(child)
+            reset = host_namespaces_reset(applied) if child["kind"] == "Deployment" else None
+            if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
+                applied = self.kube.request("PATCH", k.path_of(child), reset,
+                                            content_type="application/merge-patch+json")
             self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
             what = f"{child['kind']} {child['metadata']['name']}"
             if before is None:

@@ -75,6 +75,12 @@ def parse(text: str, at: float) -> Scrape:
                     series[le] = series.get(le, 0.0) + sample.value
     except (ValueError, KeyError, TypeError) as e:
         raise MetricsFormatError(f"not Prometheus text: {e}") from e
+    # The engine image is its author's: a NaN or infinite value (or finite ones whose sum overflows) makes no figure,
+    # and one such pod must cost only its own InferenceService its status.serving.
+    numbers = [*values.values(), *(x for series in hist.values() for pair in series.items() for x in pair
+                                   if x != math.inf)]
+    if not all(math.isfinite(x) for x in numbers):
+        raise MetricsFormatError("a sample value or bucket bound is NaN or infinite")
     if RUNNING not in values or WAITING not in values:
         raise MetricsFormatError(f"no {RUNNING} / {WAITING} series: not a vLLM-compatible engine")
     if KV_USAGE in values:  # one value per model name: the pod's figure is their mean

@@ -15,6 +15,7 @@ import contextvars
 import datetime
 import fnmatch
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -97,6 +98,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _finite(block: Any) -> Any:
+    """`block`, once every number in it is known finite (JSON, and so the apiserver, has no NaN or Infinity)."""
+    values = block.values() if isinstance(block, dict) else block if isinstance(block, list) else [block]
+    for value in values:
+        if isinstance(value, dict | list):
+            _finite(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"a figure is {value}")
+    return block
+
+
 @dataclass
 class _Written:
     block: dict[str, Any]
@@ -159,9 +171,18 @@ class ServingReader:
                 scrape = scrapes.get(target)
                 if scrape is not None:
                     windows[target.pod] = sm.window_of(self._remember(target, scrape), self.settings.window_s)
-            per_pod = {pod: sm.figures([w]) for pod, w in windows.items()}
-            out[key] = build_serving(sm.figures(list(windows.values())), per_pod, self.settings.window_s,
-                                     self.now(), unreachable=len(pods) - len(windows))
+            try:
+                per_pod = {pod: sm.figures([w]) for pod, w in windows.items()}
+                out[key] = _finite(build_serving(sm.figures(list(windows.values())), per_pod, self.settings.window_s,
+                                                 self.now(), unreachable=len(pods) - len(windows)))
+            except (ArithmeticError, ValueError) as e:
+                # Figures no status can hold (an engine's values overflow a rate or a sum): this InferenceService's
+                # pods count as unreachable and its history starts over; every other one is still written.
+                log.warning(f"status.serving of {key[0]}/{key[1]}: its engines' figures are unusable: {e}")
+                for target in pods:
+                    self.history.pop((target.namespace, target.pod), None)
+                out[key] = build_serving(sm.figures([]), {}, self.settings.window_s, self.now(),
+                                         unreachable=len(pods))
         live = {(t.namespace, t.pod) for pods in targets.values() for t in pods}
         for gone in self.history.keys() - live:
             del self.history[gone]

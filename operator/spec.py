@@ -44,6 +44,8 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # Where KEDA finds Prometheus: a plain http(s) URL to a host name or IPv4 address, optional port
 # and path; no credentials (user@), query or fragment that could smuggle anything into KEDA's request.
 PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[-A-Za-z0-9._~/]*)?$"
+# The schema's default address: stands for "the cluster's Prometheus", the first the admin lists (policy.py).
+DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -324,6 +326,10 @@ AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_
 SLO_METRICS = ("ttft_p95_seconds", "inter_token_latency_p95_seconds")
 
 
+# The longest window of an SLO's p95 in KEDA's query.
+MAX_SLO_WINDOW_S = 3600
+
+
 class AutoscalingSpec(_Model):
     """Horizontal autoscaling on the engine's own metrics (HPA, or KEDA when installed)."""
 
@@ -339,12 +345,27 @@ class AutoscalingSpec(_Model):
                     "the SLO's p95 in seconds; at least 0.001, the finest a Kubernetes quantity (1m) can state.")
     window: str = Field(
         default="1m", pattern=r"^[1-9][0-9]*(s|m)$",
-        description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m); the HPA reads the chart's "
+        description="Window of an SLO metric's p95 in KEDA's query (e.g. 1m), at most 1h; the HPA reads the chart's "
                     "recorded 1m series.")
     prometheus_address: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090", max_length=253, pattern=PROMETHEUS_URL_PATTERN,
-        description="Prometheus that KEDA queries (used only with KEDA): http(s)://host[:port][/path], no "
-                    "credentials, query or fragment.")
+        default=DEFAULT_PROMETHEUS_ADDRESS, max_length=253, pattern=PROMETHEUS_URL_PATTERN,
+        description="Prometheus that KEDA queries (used only with KEDA): one of the addresses the cluster admin "
+                    "allows (operator flag --prometheus-address); the default stands for the first of them.")
+
+    @field_validator("window")
+    @classmethod
+    def _window_is_bounded(cls, window: str) -> str:
+        # KEDA runs the query every polling interval on the cluster's Prometheus: a window of years would have it read
+        # every bucket it keeps per poll (and past int64 nanoseconds Prometheus cannot parse the duration at all).
+        seconds = int(window[:-1]) * (60 if window.endswith("m") else 1)
+        if seconds > MAX_SLO_WINDOW_S:
+            raise ValueError(f"{window} is longer than 1h: KEDA would have Prometheus read that much history at every "
+                             "poll")
+        return window
+
+
+# The shortest scrape interval an InferenceService may ask of the cluster's Prometheus.
+MIN_SCRAPE_INTERVAL_S = 5
 
 
 class MonitoringSpec(_Model):
@@ -352,10 +373,23 @@ class MonitoringSpec(_Model):
 
     service_monitor: bool = Field(
         default=True, description="Create a ServiceMonitor when the Prometheus Operator is installed.")
-    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$",
+                          description=f"Scrape interval, at least {MIN_SCRAPE_INTERVAL_S}s.")
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="Extra labels on the ServiceMonitor (to match a Prometheus's selector).")
+
+    @field_validator("interval")
+    @classmethod
+    def _not_too_often(cls, interval: str) -> str:
+        # The scrapes are the shared Prometheus's work: 1ms would have it scrape every engine pod 1000 times a second
+        # (Prometheus caps the timeout at the interval rather than refusing it), 0s means its global default.
+        digits = len(interval) - len(interval.lstrip("0123456789"))  # the pattern has held: digits, then a unit
+        seconds = int(interval[:digits]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[interval[digits:]]
+        if seconds < MIN_SCRAPE_INTERVAL_S:
+            raise ValueError(f"{interval} is shorter than {MIN_SCRAPE_INTERVAL_S}s: Prometheus would scrape every "
+                             "engine pod that often")
+        return interval
 
 
 # Free-form Kubernetes objects (affinity, topology spread constraints) are kept as given; the apiserver
@@ -420,7 +454,10 @@ class PodSpec(_Model):
 
     labels: dict[str, str] = Field(
         default_factory=dict, description="Extra pod labels (the operator's own label keys are refused).")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra pod annotations: keys without '/' or '.', and those the cluster admin allows "
+                    "(operator flag --pod-annotation); seccomp and AppArmor keys never.")
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "
@@ -436,7 +473,9 @@ class PodSpec(_Model):
         default_factory=list, json_schema_extra={"items": {"type": "object", **_PRESERVE}},
         description="Topology spread constraints, as in the core/v1 pod spec.")
     priority_class_name: str | None = Field(
-        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="PriorityClass of the pods.")
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PriorityClass of the pods: one the cluster admin allows (default: any but the built-in "
+                    "system-* classes).")
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
         description="ServiceAccount the pods run as (its token is not mounted; for workload identity). "

@@ -51,6 +51,16 @@ def _replica_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, i
             status.get("updatedReplicas", 0), observed)
 
 
+def _pods_refused(deployment: dict[str, Any] | None) -> str | None:
+    """Why the Deployment's ReplicaSet can create no pod (the apiserver refused it: a ResourceQuota, a LimitRange, a
+    missing PriorityClass or ServiceAccount, a pod security policy), or None. The deployment controller copies the
+    ReplicaSet's ReplicaFailure condition here; nothing else tells the InferenceService's user."""
+    for c in ((deployment or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return str(c.get("message") or c.get("reason") or "pod creation failed")
+    return None
+
+
 def _phase(conditions: list[Condition], seen: Observation) -> str:
     """The one-word summary of the conditions: Failed, Degraded, Ready, Pending or Progressing."""
     status_of = {c.type: c.status for c in conditions}
@@ -71,6 +81,7 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     cond = lambda *a: _condition(old_conditions, seen.generation, seen.now, *a)  # noqa: E731
     review, fit = seen.review, seen.review.fit
     desired, existing, ready, updated, observed = _replica_counts(seen.deployment)
+    refused = _pods_refused(seen.deployment)
     conditions = []
 
     if review.errors:
@@ -91,6 +102,8 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Progressing", "False", seen.blocked[0], f"nothing applied: {seen.blocked[1]}"))
     elif seen.deployment is None:
         conditions.append(cond("Progressing", "True", "Creating", "creating the Deployment"))
+    elif refused is not None:
+        conditions.append(cond("Progressing", "False", "PodsRefused", f"the API server refuses the pods: {refused}"))
     elif not rolled_out:
         conditions.append(cond("Progressing", "True", "RollingOut",
                                f"{updated} of {desired} replicas updated, {ready} ready"))
@@ -113,6 +126,8 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Degraded", "True", "InvalidSpec", f"{review.message}{kept}"))
     elif seen.blocked is not None:
         conditions.append(cond("Degraded", "True", seen.blocked[0], f"{seen.blocked[1]}{kept}"))
+    elif refused is not None:
+        conditions.append(cond("Degraded", "True", "PodsRefused", f"the API server refuses the pods: {refused}"))
     elif seen.deployment is not None and ready < desired and was_serving and same_generation:
         conditions.append(cond("Degraded", "True", "ReplicasUnavailable",
                                f"{desired - ready} of {desired} replicas are not ready"))

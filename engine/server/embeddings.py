@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
-from pydantic import StrictInt
+from pydantic import Field, StrictInt
 
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.pooling.embed import check_prompt, prompt_batches
@@ -28,6 +28,7 @@ from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import _RequestBody
+from flotilla.engine.server.request_extras import truncate_prompt
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -46,12 +47,15 @@ class EmbeddingRequest(_RequestBody):
     # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
     normalize: bool = True
     add_special_tokens: bool = True
+    # vLLM's extra: embed each input's last N tokens (-1: the context length), as on completions
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
 
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
     """Tokenize, check, embed on the engine thread call by call (see the module docstring), and shape the
     OpenAI response."""
-    prompts = await _token_ids(state, body)
+    prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len)
+               for ids in await _token_ids(state, body)]
     for i, ids in enumerate(prompts):
         check_prompt(i, ids, state.max_model_len, state.vocab_size)
     params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)

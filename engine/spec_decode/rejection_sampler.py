@@ -31,7 +31,9 @@ from flotilla.engine.sampler import (
     apply_penalties,
     apply_token_masks,
     exponential_noise,
-    sampling_probs,
+    raw_values,
+    reported_values,
+    sampling_logits,
 )
 
 
@@ -50,26 +52,29 @@ def verify(logits: torch.Tensor, b: SamplingBatch, groups: list[DraftGroup]) -> 
     requests without drafts). `token_ids[r]` is a draft row's output token when all drafts before it
     were accepted: the draft itself if `accepted[r]`, else the recovered token.
     """
+    raw = raw_values(logits, b)  # the logprobs as sample() reports them (--logprobs-mode)
     logits = apply_bans(apply_logit_bias(logits, b), b)
     if b.any_penalties:  # rows of requests without drafts may have penalties (policy.request_can_speculate)
         logits = apply_penalties(logits, b)
-    reported, logits = logits, apply_token_masks(logits, b)  # logprobs before the masks, as sample()'s
+    logits = apply_token_masks(logits, b)
     rows, drafts = _draft_rows(groups, logits.device)
     greedy = logits.argmax(dim=-1)
     accepted = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    drawn_from = None
     if b.all_greedy:
         tokens = greedy
         accepted[rows] = greedy[rows] == drafts
     else:
-        tokens, accepted = _verify_random(logits, b, greedy, rows, drafts, accepted)
+        drawn_from = sampling_logits(logits, b)
+        tokens, accepted = _verify_random(drawn_from, b, greedy, rows, drafts, accepted)
     out = SamplerOutput(token_ids=tokens, accepted=accepted)
     if b.max_logprobs is not None:  # the target's logprobs of whatever each row outputs
-        add_logprobs(out, torch.log_softmax(reported, dim=-1), b.max_logprobs)
+        add_logprobs(out, reported_values(b, raw, logits, drawn_from), b.max_logprobs, b.logprobs_mode)
     return out
 
 
 def _verify_random(
-    logits: torch.Tensor,
+    drawn_from: torch.Tensor,
     b: SamplingBatch,
     greedy: torch.Tensor,
     rows: torch.Tensor,
@@ -77,8 +82,8 @@ def _verify_random(
     accepted: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Every row draws as `sample()` draws (greedy rows their argmax); a draft is accepted iff it was drawn.
-    probs = sampling_probs(logits, b)
-    drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
+    probs = torch.softmax(drawn_from, dim=-1)
+    drawn = (probs / exponential_noise(b.seeds, b.positions, drawn_from.shape[1])).argmax(dim=-1)
     tokens = torch.where(b.temperature == 0, greedy, drawn)
     if rows.numel():
         accepted[rows] = tokens[rows] == drafts

@@ -16,6 +16,7 @@ import yaml
 from flotilla.operator import main as operator_main
 from flotilla.operator import webhook
 from flotilla.operator.policy import AdmissionPolicy
+from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS
 
 from ..k8s_fixtures import REPO
 from .conftest import CHART, NAMESPACE, find, render_chart
@@ -30,6 +31,9 @@ NON_DEFAULT = {
         "logLevel": "debug",
         "resyncSeconds": 30,
         "hostPath": {"allowedPrefixes": ["/models", "/mnt/checkpoints"]},
+        "engineAnnotations": {"allowed": ["prometheus.io/", "sidecar.istio.io/inject"]},
+        "priorityClasses": {"allowed": ["inference", "inference-batch"]},
+        "keda": {"prometheusAddresses": ["http://prometheus.obs.svc:9090", "https://thanos.obs.svc/query"]},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "podLabels": {"team": "ml"},
         "podAnnotations": {"example.com/owner": "ml-platform"},
@@ -179,7 +183,14 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
         assert args.webhook_configuration == "", "the chart owns the webhook configurations"
         assert not args.no_webhook and args.engine_image
         allowed = values.get("operator", {}).get("hostPath", {}).get("allowedPrefixes", [])
-        assert args.policy == AdmissionPolicy(host_path_prefixes=tuple(allowed))
+        operator = values.get("operator", {})
+        addresses = operator.get("keda", {}).get("prometheusAddresses")
+        assert args.policy == AdmissionPolicy(host_path_prefixes=tuple(allowed),
+                                              prometheus_addresses=tuple(addresses or [DEFAULT_PROMETHEUS_ADDRESS]),
+                                              pod_annotations=tuple(operator.get("engineAnnotations", {}).get(
+                                                  "allowed", [])),
+                                              priority_classes=tuple(operator.get("priorityClasses", {}).get(
+                                                  "allowed", [])))
 
 
 def test_webhook_paths_are_the_operators_handler_ids() -> None:

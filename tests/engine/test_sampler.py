@@ -87,21 +87,27 @@ def test_logit_bias_and_min_tokens_ban():
     assert out.token_ids.tolist()[1] not in (2, 4)
 
 
-def test_logprobs_are_log_softmax_of_the_processed_logits():
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_logprobs_are_log_softmax_of_the_raw_or_processed_logits(mode):
     logits = torch.randn(2, V)
     params = [
         SamplingParams(temperature=0.7, logprobs=5, repetition_penalty=1.3, logit_bias={3: 2.0}),
         SamplingParams(temperature=0, logprobs=3),
     ]
     b = _batch(params, outputs=[[1, 3], [5]])
+    b.logprobs_mode = mode
     out = sample(logits.clone(), b)
-    processed = logits.clone()
-    processed[0, 3] += 2.0
-    processed = apply_penalties(processed, b)
-    expected = torch.log_softmax(processed, dim=-1)
+    if mode == "raw_logprobs":  # the model's own (vLLM's default)
+        expected = torch.log_softmax(logits, dim=-1)
+    else:  # what the draw used: bias, penalties, then the sampled row's temperature
+        processed = logits.clone()
+        processed[0, 3] += 2.0
+        processed = apply_penalties(processed, b)
+        processed[0] /= 0.7
+        expected = torch.log_softmax(processed, dim=-1)
     chosen = out.token_ids
-    assert torch.allclose(out.logprobs, expected.gather(1, chosen[:, None]).squeeze(1))
-    assert torch.allclose(out.top_logprobs, expected.topk(5, dim=-1).values)
+    assert torch.allclose(out.logprobs, expected.gather(1, chosen[:, None]).squeeze(1), atol=1e-6)
+    assert torch.allclose(out.top_logprobs, expected.topk(5, dim=-1).values, atol=1e-6)
     assert out.ranks.tolist() == [int((expected[i] > expected[i, chosen[i]]).sum()) + 1 for i in range(2)]
 
 

@@ -238,3 +238,87 @@ def test_a_stop_string_completed_by_the_min_tokens_th_token_does_not_stop_it(llm
     cut = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[later],
                                             min_tokens=min_tokens))
     assert (cut.token_ids, cut.stop_reason) == (full.token_ids[: min_tokens + 1], later)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_more_completions_than_max_num_seqs_wait_for_a_slot(tiny_model_dirs, async_scheduling):
+    """n = 5 with --max-num-seqs 2: every completion was forked into the running set at once (5 sequences in
+    a step; on the GPU past the CUDA graphs' batch). As vLLM (each completion its own queued request), those
+    past the cap now wait, and run as slots free: never more than 2 sequences a step, the same tokens as
+    with room for all (seeded), every block back in the pool."""
+    params = SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    wide = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=8)
+    want = [c.token_ids for c in wide.generate([PROMPT], params, use_tqdm=False)[0].outputs]
+    engine = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=2,
+                 async_scheduling=async_scheduling).engine
+    scheduled: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def counted(*args, **kwargs):
+        plan = schedule(*args, **kwargs)
+        scheduled.append(len(plan.scheduled))
+        return plan
+
+    engine.scheduler.schedule = counted
+    engine.add_request(PROMPT, params, request_id="r")
+    finals, running = [], []
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+        running.append(len(engine.scheduler.running))
+    assert max(scheduled) <= 2 and max(running) <= 2
+    assert [c.token_ids for c in finals[0].outputs] == want
+    manager = engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_stop_strings_found_at_the_same_place_stop_on_the_first_listed(llm):
+    """A token that completes two stop strings at the same index: vLLM stops on the first one listed (its
+    stop_reason, and its text with include_stop_str_in_output); the lexicographically smaller one won."""
+    tok = llm.get_tokenizer()
+    full = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    start = 0
+    for token in full.token_ids:
+        piece = tok.decode([token])
+        if len(piece) >= 3 and full.text.find(piece[:1]) == start:
+            break
+        start += len(piece)
+    else:
+        pytest.fail("no token of 3+ characters whose first character is new")
+    longer, shorter = piece[:2], piece[:1]  # "ab" sorts after "a"
+    out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[longer, shorter],
+                                            include_stop_str_in_output=True))
+    assert (out.text, out.stop_reason) == (full.text[:start] + longer, longer)
+
+
+def test_a_stream_that_keeps_its_stop_strings_holds_no_text_back(llm):
+    """Streamed outputs hold back the last len(stop) - 1 characters, which could be the start of a stop string
+    that will be cut. With include_stop_str_in_output nothing is cut, and vLLM holds nothing back: each step's
+    output is the whole text so far (it lagged 9 characters behind here)."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, stop=["never in the text"],
+                            include_stop_str_in_output=True)
+    engine.add_request(PROMPT, params, "kept")
+    tok = llm.get_tokenizer()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            completion = out.outputs[0]
+            assert completion.text == tok.decode(completion.token_ids)
+
+
+def test_an_eos_id_of_generation_config_other_than_the_tokenizers_is_the_stop_reason(tiny_model_dirs, tmp_path):
+    """generation_config.json's eos_token_id list ([2, 7] here; Llama 3.1 Instruct's <|eom_id|> beside <|eot_id|>):
+    vLLM stops on the tokenizer's EOS with stop_reason None and on the others as stop token ids, whose id is the
+    stop_reason (both were None here). Each id is forced by logit_bias; ignore_eos ignores both."""
+    import json
+    import shutil
+
+    model = shutil.copytree(tiny_model_dirs["llama"], tmp_path / "llama")
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 7]}))
+    llm = LLM(str(model), max_model_len=64, block_size=8)
+    for token, reason in ((2, None), (7, 7)):
+        out = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0}))
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == ([token], "stop", reason)
+        kept = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0},
+                                                 ignore_eos=True))
+        assert (kept.token_ids, kept.finish_reason) == ([token] * 4, "length")

@@ -235,7 +235,10 @@ def test_pod_runs_unprivileged_with_a_read_only_root():
     d = build()
     assert pod(d)["securityContext"]["runAsNonRoot"] is True
     sc = engine(d)["securityContext"]
-    assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert sc == {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+                  "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    # Not applied (false is dropped by the API, and applying it churned managedFields): reset by a merge patch.
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & pod(d).keys()
     mounts = {m["mountPath"] for m in engine(d)["volumeMounts"]}
     assert {"/tmp", "/dev/shm", "/model"} <= mounts  # writable scratch despite the read-only root
 

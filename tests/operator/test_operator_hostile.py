@@ -57,6 +57,38 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "apparmor-annotation-of-an-init-container": ("bad", {"pod": {"annotations": {
         "container.apparmor.security.beta.kubernetes.io/download-model": "unconfined"}}}, WEBHOOK,
         "would change the pods' seccomp or AppArmor profile"),
+    # Annotations that a mesh's sidecar injector, a node's container runtime or a cloud identity agent reads as
+    # instructions: a hostPath volume in the injected sidecar, a runtime's device or user-namespace setting, a
+    # cloud role. Which tools read which keys is the cluster's, so only the admin's list (and the user's own
+    # unprefixed, dot-free keys) passes.
+    "istio-sidecar-host-volume": ("bad", {"pod": {"annotations": {
+        "sidecar.istio.io/userVolume": '[{"name": "host", "hostPath": {"path": "/"}}]'}}}, WEBHOOK,
+        "spec.pod.annotations: sidecar.istio.io/userVolume is not a pod annotation this cluster allows"),
+    "crio-runtime-annotation": ("bad", {"pod": {"annotations": {"io.kubernetes.cri-o.Devices": "/dev/mem"}}},
+                                WEBHOOK, "spec.pod.annotations: io.kubernetes.cri-o.Devices is not a pod annotation"),
+    "kata-hypervisor-annotation": ("bad", {"pod": {"annotations": {
+        "io.katacontainers.config.hypervisor.kernel_params": "init=/bin/sh"}}}, WEBHOOK,
+        "io.katacontainers.config.hypervisor.kernel_params is not a pod annotation this cluster allows"),
+    "kube2iam-role-annotation": ("bad", {"pod": {"annotations": {"iam.amazonaws.com/role": "admin"}}}, WEBHOOK,
+                                 "iam.amazonaws.com/role is not a pod annotation this cluster allows"),
+    # The two built-in critical classes (priority 2e9: above every user class) preempt any other team's pods on the
+    # GPU nodes; since 1.17 the apiserver no longer keeps them to kube-system unless the admin configures a quota.
+    "system-priority-class": ("bad", {"pod": {"priorityClassName": "system-node-critical"}}, WEBHOOK,
+                              "spec.pod.priorityClassName: system-node-critical is not a priority class this cluster "
+                              "allows InferenceServices"),
+    "system-cluster-priority-class": ("bad", {"pod": {"priorityClassName": "system-cluster-critical"}}, WEBHOOK,
+                                      "system-cluster-critical is not a priority class this cluster allows"),
+    # The ServiceMonitor's interval is the shared Prometheus's work: 1ms had it scrape each engine pod 1000 times a
+    # second (Prometheus caps the timeout at the interval, so nothing refuses it there).
+    "scrape-interval-1ms": ("bad", {"monitoring": {"interval": "1ms"}}, WEBHOOK,
+                            "spec.monitoring.interval: 1ms is shorter than 5s"),
+    "scrape-interval-0s": ("bad", {"monitoring": {"interval": "0s"}}, WEBHOOK,
+                           "spec.monitoring.interval: 0s is shorter than 5s"),
+    # KEDA runs the SLO query over this window every polling interval on the shared Prometheus: years of histogram
+    # buckets per poll (or a duration Prometheus cannot parse, so the autoscaler never gets a value).
+    "autoscaling-window-years": ("bad", {"autoscaling": {"maxReplicas": 2, "metric": "ttft_p95_seconds", "target": 1,
+                                                         "window": "99999999m"}}, WEBHOOK,
+                                 "spec.autoscaling.window: 99999999m is longer than 1h"),
     # 18.4: flags the operator owns, and values outside the contract
     "engine-port": ("bad", {"engineArgs": ["--port", "9000"]}, WEBHOOK, "--port is set by the operator"),
     "engine-port-inline": ("bad", {"engineArgs": ["--port=9000"]}, WEBHOOK, "--port is set by the operator"),
@@ -147,6 +179,13 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                SCHEMA, "spec.autoscaling.prometheusAddress"),
     "prometheus-query": ("bad", {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "http://p:9090/?x=1"}},
                          SCHEMA, "spec.autoscaling.prometheusAddress"),
+    # KEDA runs the query with its own network position and puts the answer's body in its errors: an address of
+    # the author's choosing made it fetch from anywhere (cloud metadata, a cluster-internal admin endpoint).
+    "prometheus-elsewhere": ("bad", {"autoscaling": {"maxReplicas": 2,
+                                                     "prometheusAddress": "http://169.254.169.254/latest/meta-data"}},
+                             WEBHOOK, "spec.autoscaling.prometheusAddress: http://169.254.169.254/latest/meta-data is "
+                                      "not a Prometheus this cluster allows (http://prometheus-operated.monitoring.svc"
+                                      ":9090); leave the field out for the cluster's own"),
 }
 
 
@@ -387,6 +426,44 @@ def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(opera
         assert engine.asked and engine.asked[0] == "/metrics"
         assert elsewhere.asked == [], "the operator followed the engine's redirect"
         assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
+
+
+def _engine_pod(cluster, namespace: str, name: str, port: int) -> None:
+    """An engine Pod of the InferenceService `name`, Running on 127.0.0.1:`port` as a kubelet would report it."""
+    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-0", "labels": {"serving.flotilla.dev/inferenceservice": name}},
+        "spec": {"automountServiceAccountToken": False, "containers": [{
+            "name": "engine", "image": "x:latest",
+            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}})
+    cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}-0",
+                              {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+
+
+@pytest.mark.parametrize("hostile", [
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n",
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting +Inf\n",
+    b"vllm:num_requests_running 1e308\nvllm:num_requests_running{model_name=\"b\"} 1e308\n"
+    b"vllm:num_requests_waiting 0\n",
+], ids=["nan", "inf", "overflowing-sum"])
+def test_one_engines_hostile_metrics_keep_no_other_inferenceservice_from_its_serving_status(
+        operator_process, cluster, namespace, hostile):
+    # The engine image is its author's: its /metrics may say anything. A value no figure can be made of must cost
+    # that InferenceService its figures (the pod counted unreachable), never every other team's status.serving.
+    good = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
+    with _http_server(lambda path: (200, {}, good)) as fine, _http_server(lambda path: (200, {}, hostile)) as bad:
+        for name in ("fine", "hostile"):
+            cluster.apply(fis(name, namespace, autoscaling=None))
+        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+                 "the default ServiceAccount")
+        _engine_pod(cluster, namespace, "hostile", bad.server_port)
+        _engine_pod(cluster, namespace, "fine", fine.server_port)
+        serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "fine")).get("status") or {}).get(
+            "serving"), 20, "the other InferenceService's status.serving")
+        assert (serving["scraped"], serving["running"], serving["waiting"]) == (1, 7, 3), serving
+        hostile_serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "hostile")).get("status") or {}).get(
+            "serving"), 20, "the hostile InferenceService's status.serving")
+        assert (hostile_serving["scraped"], hostile_serving["unreachable"]) == (0, 1), hostile_serving
 
 
 def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_in_the_foreground(

@@ -10,6 +10,7 @@ status would be overwritten by the Deployment controller within milliseconds.)
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,64 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
              10, "the Service restored")
 
 
+def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
+    """The pod fields that keep an engine pod off the node's namespaces and out of root are the operator's: a hand
+    edit (someone with Deployment rights, a careless `kubectl edit`) is reverted like any other field it sets,
+    even where the field's value is the API's default, which server-side apply would not otherwise own."""
+    op.apply(fis("sandboxed", namespace, autoscaling=None, model={"source": "hf://org/name"}))
+    path = child_path("Deployment", namespace, "sandboxed")
+    wait_children(op, namespace, "sandboxed", ["Deployment"])
+    # (privileged: true is refused by this apiserver's --allow-privileged=false, and beside allowPrivilegeEscalation
+    # false, which the operator sets: it cannot be tried here.)
+    loose = {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
+    op.kube.request("PATCH", path, {"spec": {"template": {"spec": {
+        "hostNetwork": True, "hostPID": True, "hostIPC": True,
+        "containers": [{"name": "engine", "securityContext": loose}],
+        "initContainers": [{"name": "download-model", "securityContext": loose}]}}}},
+        content_type="application/strategic-merge-patch+json")
+
+    def sandboxed() -> bool:
+        pod = op.kube.get(path)["spec"]["template"]["spec"]
+        if any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")):
+            return False
+        return all(not c["securityContext"].get("privileged") and c["securityContext"].get("runAsNonRoot") is not False
+                   and c["securityContext"].get("seccompProfile", {}).get("type") != "Unconfined"
+                   for c in pod["containers"] + pod["initContainers"])
+
+    wait_for(sandboxed, 15, "the pod's sandbox restored")
+    # And the repair is no churn: a resync (every 5 s here) that finds nothing to change writes nothing.
+    def operators_write() -> list[Any]:  # the controller manager writes the status on its own: not compared
+        return [f for f in op.kube.get(path)["metadata"]["managedFields"] if f["manager"] == "flotilla-operator"]
+
+    written = operators_write()
+    time.sleep(6)
+    assert operators_write() == written
+
+
+@pytest.mark.parametrize(("obstacle", "change", "fragment"), [
+    # A namespace's LimitRange below the engine's memory request: every pod the ReplicaSet makes is refused.
+    ({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "small"},
+      "spec": {"limits": [{"type": "Container", "max": {"memory": "1Gi"}}]}},
+     {}, "maximum memory usage per Container is 1Gi"),
+    # A priority class that does not exist (a typo): the Priority admission plugin refuses every pod.
+    (None, {"pod": {"priorityClassName": "no-such-class"}}, "no PriorityClass with name no-such-class was found"),
+], ids=["limit-range", "missing-priority-class"])
+def test_pods_the_apiserver_refuses_reach_status_and_an_event(op, namespace, obstacle, change, fragment):
+    """The Deployment is admitted but its ReplicaSet can make no pod (a quota, a LimitRange, a missing priority
+    class or ServiceAccount): the reason is on the ReplicaSet alone, so status must carry it, or the user sees
+    "0 of 1 ready" forever and never learns why."""
+    if obstacle is not None:
+        op.kube.request("POST", f"/api/v1/namespaces/{namespace}/limitranges", obstacle)
+    op.apply(fis("refused", namespace, autoscaling=None, replicas=1, **change))
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "refused"))) and
+                    fragment in condition(b, "Degraded").get("message", "") and b, 30, "the refusal in status")
+    assert condition(body, "Degraded")["reason"] == "PodsRefused" and body["status"]["phase"] == "Degraded"
+    assert condition(body, "Progressing")["status"] == "False"
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "refused" and e["reason"] == "PodsRefused"
+                      and e["type"] == "Warning" and fragment in e["message"]], 15, "a PodsRefused Event")
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
@@ -263,6 +322,40 @@ def test_the_resync_reaches_every_inferenceservice_past_one_it_cannot_reconcile(
     wait_children(op, namespace, "b-good", ["ServiceMonitor"], timeout=30)
 
 
+def test_the_reconciler_posts_events_outside_kopfs_handlers_as_the_resync_calls_it(cluster, namespace):
+    # The periodic resync (handlers._resync_forever) runs reconcile in a thread of a task started by a startup
+    # handler: kopf's event queue (set per object by kopf's processing) is not there, and kopf.event raised
+    # LookupError, aborting that reconcile before its status (seen in the operator's log after a restart).
+    from flotilla.operator.kube import Kube
+    from flotilla.operator.reconciler import Reconciler
+
+    cluster.apply(fis("announced", namespace, autoscaling=None))
+    body = cluster.kube.get(fis_path(namespace, "announced"))
+    Reconciler(Kube(cluster.kube.api)).post_event(body, "Normal", "Created", "created Deployment announced")
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "announced" and e["reason"] == "Created"], 10,
+                      "the Event")
+    assert events[0]["involvedObject"]["uid"] == body["metadata"]["uid"] and events[0]["type"] == "Normal"
+    assert events[0]["message"] == "created Deployment announced"
+
+
+def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
+    # The ServiceMonitor CRD installed after the InferenceService: no event names it, so the periodic resync alone
+    # makes the ServiceMonitor, and must post its Event and write status.monitoring as a handler-driven reconcile
+    # does (the resync runs outside kopf's per-object tasks, whose event queue kopf.event needs).
+    op.set_optional_crds(False)
+    op.apply(fixed("late", namespace, replicas=1))
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "late")).get("status") or {}).get("monitoring", "").startswith(
+        "no ServiceMonitor"), 20, "status.monitoring without a ServiceMonitor")
+    op.set_optional_crds(True)
+    wait_children(op, namespace, "late", ["ServiceMonitor"], timeout=30)
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "late" and e["reason"] == "Created"
+                      and e["message"] == "created ServiceMonitor late"], 15, "the resync's Created Event")
+    wait_for(lambda: op.kube.get(fis_path(namespace, "late"))["status"].get("monitoring") == "ServiceMonitor", 15,
+             "status.monitoring written by the resync")
+
+
 def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespace):
     op.set_optional_crds(True)
     op.apply(fis("llama", namespace))
@@ -282,7 +375,7 @@ def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespac
 def test_pod_extras_reach_the_live_deployment(op, namespace):
     doc = fixed("extras", namespace, replicas=1)
     doc["spec"]["pod"] = {
-        "labels": {"team": "ml"}, "annotations": {"example.com/owner": "ml"},
+        "labels": {"team": "ml"}, "annotations": {"owner": "ml"},
         "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
         "envFrom": [{"configMapRef": {"name": "engine-env"}}], "imagePullSecrets": ["regcred"],
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -290,7 +383,7 @@ def test_pod_extras_reach_the_live_deployment(op, namespace):
                                              "labelSelector": {"matchLabels": {"team": "ml"}}}}]}},
         "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway",
                                        "labelSelector": {"matchLabels": {"team": "ml"}}}],
-        "priorityClassName": "system-cluster-critical", "serviceAccountName": "default"}
+        "priorityClassName": "inference", "serviceAccountName": "default"}
     doc["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
     op.apply(doc)
     live = wait_children(op, namespace, "extras", ["Deployment"])["Deployment"]
@@ -301,7 +394,7 @@ def test_pod_extras_reach_the_live_deployment(op, namespace):
                 "serviceAccountName", "automountServiceAccountToken"):
         assert template["spec"][key] == built["spec"]["template"]["spec"][key], key
     assert template["metadata"]["labels"]["team"] == "ml"
-    assert template["metadata"]["annotations"] == {"example.com/owner": "ml"}
+    assert template["metadata"]["annotations"] == {"owner": "ml"}
     engine = template["spec"]["containers"][0]
     assert engine["env"][-1]["name"] == "HF_TOKEN" and engine["envFrom"] == [{"configMapRef": {"name": "engine-env"}}]
     assert engine["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}  # the sample sets them

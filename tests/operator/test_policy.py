@@ -57,3 +57,50 @@ def test_the_operator_refuses_a_bad_prefix_at_start_up(prefix, capsys):
 def test_the_operator_flag_sets_the_policy():
     assert parse_args(["--host-path-prefix", "/models", "--host-path-prefix", "/mnt/ckpt"]).policy == ALLOWED
     assert parse_args([]).policy == AdmissionPolicy()
+
+
+def test_keda_may_query_only_the_prometheus_the_admin_lists():
+    policy = parse_args(["--prometheus-address", "http://prometheus.obs.svc:9090",
+                         "--prometheus-address", "https://thanos.obs.svc/query"]).policy
+    spec = {"model": {"source": "pvc://m"}, "autoscaling": {"maxReplicas": 2}}
+    # The schema's default stands for the admin's first address, which the ScaledObject then gets.
+    left_out = review(spec, "x", policy)
+    assert left_out.errors == [] and left_out.spec.autoscaling.prometheus_address == "http://prometheus.obs.svc:9090"
+    spec["autoscaling"]["prometheusAddress"] = "https://thanos.obs.svc/query"
+    assert review(spec, "x", policy).spec.autoscaling.prometheus_address == "https://thanos.obs.svc/query"
+    spec["autoscaling"]["prometheusAddress"] = "http://10.0.0.1:9090"
+    assert review(spec, "x", policy).errors == [
+        "spec.autoscaling.prometheusAddress: http://10.0.0.1:9090 is not a Prometheus this cluster allows "
+        "(http://prometheus.obs.svc:9090, https://thanos.obs.svc/query); leave the field out for the cluster's own"]
+
+
+@pytest.mark.parametrize("address", ["file:///etc/passwd", "http://u:p@h:9090", "http://h/?q=1"])
+def test_the_operator_refuses_a_bad_prometheus_address_at_start_up(address, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--prometheus-address", address])
+    assert "Prometheus address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("key", "allowed"), [
+    ("team", True), ("owner-id_2", True),  # the user's own keys
+    ("sidecar.istio.io/userVolume", False), ("io.kubernetes.cri-o.Devices", False), ("iam.amazonaws.com/role", False),
+    ("prometheus.io/scrape", True), ("prometheus.io.scrape", False),  # under the admin's prefix, and not
+    ("sidecar.istio.io/inject", True), ("sidecar.istio.io/injectX", False),  # the admin's exact key, and not
+    ("container.apparmor.security.beta.kubernetes.io/engine", False),  # never, whatever is listed
+])
+def test_pod_annotations_are_the_users_own_keys_or_the_admins_list(key, allowed):
+    policy = parse_args(["--pod-annotation", "prometheus.io/", "--pod-annotation", "sidecar.istio.io/inject",
+                         "--pod-annotation", "container.apparmor.security.beta.kubernetes.io/"]).policy
+    errors = review({"model": {"source": "pvc://m"}, "pod": {"annotations": {key: "x"}}}, "x", policy).errors
+    assert (errors == []) == allowed, errors
+
+
+@pytest.mark.parametrize(("flags", "name", "allowed"), [
+    ([], "inference", True), ([], "system-node-critical", False), ([], "system-cluster-critical", False),
+    (["--priority-class", "inference"], "inference", True), (["--priority-class", "inference"], "batch", False),
+    (["--priority-class", "system-cluster-critical"], "system-cluster-critical", True),
+])
+def test_priority_classes_are_any_but_the_system_ones_or_the_admins_list(flags, name, allowed):
+    spec = {"model": {"source": "pvc://m"}, "pod": {"priorityClassName": name}}
+    errors = review(spec, "x", parse_args(flags).policy).errors
+    assert (errors == []) == allowed, errors

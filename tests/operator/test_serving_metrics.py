@@ -221,3 +221,24 @@ def test_operator_refuses_bad_serving_flags():
     for bad in (["--serving-window", "0"], ["--serving-concurrency", "0"], ["--serving-period", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+def test_parse_refuses_values_no_figure_can_be_made_of(value):
+    with pytest.raises(sm.MetricsFormatError, match="NaN or infinite"):
+        sm.parse(f"vllm:num_requests_running 1\nvllm:num_requests_waiting {value}\n", 0.0)
+
+
+def test_figures_that_overflow_cost_only_their_own_inferenceservice():
+    from flotilla.operator.serving_reader import ServingReader, Target
+
+    reader = ServingReader(kube=None, namespaces=[], clock=lambda: 0.0)  # type: ignore[arg-type]
+    base = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total {}\n"
+    hostile, fine = Target("a", "hostile-0", "u"), Target("a", "fine-0", "u")
+    targets = {("a", "hostile"): [hostile], ("a", "fine"): [fine]}
+    # Each value is finite, but the counter's increase over the window is not: its rate overflows.
+    reader.blocks(targets, {hostile: sm.parse(base.format("-1.7e308"), 0.0), fine: sm.parse(base.format(0), 0.0)})
+    blocks = reader.blocks(targets, {hostile: sm.parse(base.format("1.7e308"), 10.0),
+                                     fine: sm.parse(base.format(100), 10.0)})
+    assert blocks[("a", "fine")]["generationTokensPerSecond"] == 10.0
+    assert (blocks[("a", "hostile")]["scraped"], blocks[("a", "hostile")]["unreachable"]) == (0, 1)

@@ -173,3 +173,21 @@ def test_embeddings_on_a_generate_server_is_a_clear_400(client):
 def test_unknown_model_is_404(pooling_client):
     with pytest.raises(openai.NotFoundError):
         pooling_client.embeddings.create(model="nope", input="hello")
+
+
+def test_truncate_prompt_tokens_embeds_the_last_tokens(pooling_server, hf):
+    """vLLM's `truncate_prompt_tokens` on /v1/embeddings keeps the input's last N tokens (as on completions here).
+    It was an unknown field, logged and ignored: the whole input was embedded (another vector), and an input
+    longer than the context was refused instead of cut."""
+    ids = hf[1].encode(TEXTS[0])
+    for given in ([TEXTS[0], TEXTS[0]], [ids, ids]):
+        body = {"model": "tiny", "input": given, "encoding_format": "float", "truncate_prompt_tokens": 3}
+        answer = post(pooling_server, body)
+        assert answer.status_code == 200, answer.text
+        for item in answer.json()["data"]:
+            np.testing.assert_allclose(item["embedding"], hf_embedding(hf, ids[-3:]), atol=1e-4, rtol=1e-4)
+        assert answer.json()["usage"]["prompt_tokens"] == 6
+    too_long = [ids[0]] * 300  # past the server's 256-token context: cut to it with -1
+    answer = post(pooling_server, {"model": "tiny", "input": too_long, "truncate_prompt_tokens": -1})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == 256
