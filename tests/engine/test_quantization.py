@@ -390,3 +390,14 @@ def test_checkpoint_kv_scales_of_another_pipeline_stage_are_skipped(tiny_model_d
               ("model.layers.1.self_attn.k_scale", torch.tensor(0.25))]
     load_state(model, [*_checkpoint_tensors(path), *scales])
     assert model.layers[0].self_attn.attn.k_scale == 0.5
+
+
+def test_a_gptq_checkpoint_with_a_quantized_lm_head_is_refused_by_name():
+    """GPTQModel may quantize the LM head (`lm_head: true`, lm_head.qweight): the load failed on
+    "checkpoint tensor lm_head.weight_packed has no place", after building the whole model."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    qcfg = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    assert resolve_quantization(None, {"quantization_config": qcfg}) == "gptq"
+    with pytest.raises(ValueError, match="lm_head: true"):
+        resolve_quantization(None, {"quantization_config": qcfg | {"lm_head": True}})
