@@ -64,7 +64,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
         gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
-        self.eos_token_ids = eos_token_ids(gen_dir, self.tokenizer, config.model.hf_config)
+        # --generation-config DIR gives the eos ids too (vLLM reads the whole generation config from DIR); `vllm`
+        # drops only the sampling defaults
+        gen_source = gen_dir if config.model.generation_config in ("auto", "vllm") else config.model.generation_config
+        self.eos_token_ids = eos_token_ids(gen_source, self.tokenizer, config.model.hf_config)
         # generation_config.json's sampling fields, for requests that leave them out (--generation-config)
         self.default_sampling = default_sampling_fields(config.model.generation_config, gen_dir,
                                                         config.model.override_generation_config)

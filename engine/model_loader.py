@@ -135,14 +135,17 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
     loaded: set[str] = set()
     shards: dict[str, set[str | int]] = {}  # merged parameter -> the shards loaded into it
     tied = model.ties_lm_head
+    skipped_head: torch.Tensor | None = None
     for hf_name, tensor in tensors:
         if tied and hf_name == "lm_head.weight":
+            skipped_head = tensor  # vLLM's rule: a tied model's head is the embedding; compared below
             continue
         name = model.checkpoint_name(hf_name)
         if "rotary_emb.inv_freq" in name:
             continue
         if (kv_scale := kv_scale_target(name)) is not None:
-            set_kv_scale(model, *kv_scale, tensor)
+            if model.holds(kv_scale[0]):  # not another pipeline stage's layer
+                set_kv_scale(model, *kv_scale, tensor)
             continue
         name, shard_id = packed_target(name, model.packed_modules)
         if not model.holds(name):  # another pipeline stage's layer
@@ -160,6 +163,8 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
         loaded.add(name)
         if shard_id is not None:
             shards.setdefault(name, set()).add(shard_id)
+    if skipped_head is not None:
+        _warn_if_head_differs(skipped_head, params.get("embed_tokens.weight"), where)
     missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
     # A merged parameter (q/k/v, gate/up) is loaded only when every part is: one missing part would leave its
     # slice uninitialised.
@@ -169,6 +174,18 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
                 missing.add(name.replace(f".{merged}.", f".{fragment}."))
     if missing:
         raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
+
+
+def _warn_if_head_differs(head: torch.Tensor, embedding: torch.Tensor | None, where: str) -> None:
+    """A tied model (tie_word_embeddings) whose checkpoint also holds an lm_head.weight other than its embedding:
+    vLLM ignores that tensor, as here, while transformers 5 then unties and uses it, so the two generate different
+    tokens. Say so (transformers warns too). Checked on one rank only: a tensor-parallel embedding is a slice."""
+    if embedding is None or embedding.shape != head.shape:
+        return
+    if not torch.equal(head.to(device=embedding.device, dtype=embedding.dtype), embedding):
+        logger.warning("model %s: config.json ties the LM head to the embedding (tie_word_embeddings), but the "
+                       "checkpoint's lm_head.weight differs from it; it is ignored, as vLLM does (transformers uses "
+                       "it): set tie_word_embeddings false in config.json to use it", where)
 
 
 def _weight_loaders(model: nn.Module) -> dict[str, WeightLoader]:

@@ -19,11 +19,14 @@ def load_tokenizer(path: str) -> Any:
 
 
 def eos_token_ids(model_dir: str, tokenizer: Any, hf_config: dict[str, Any]) -> frozenset[int]:
-    """Every id that ends a sequence: generation_config.json's, config.json's and the tokenizer's."""
+    """Every id that ends a sequence: the tokenizer's and the generation config's, as in vLLM. The generation config
+    is `model_dir`'s generation_config.json, or when there is none config.json's (transformers'
+    `GenerationConfig.from_model_config`): with the file there, config.json's eos_token_id stops neither HF
+    `generate` nor vLLM."""
     ids: set[int] = set()
     gen_path = Path(model_dir) / "generation_config.json"
-    sources = [json.loads(gen_path.read_text()).get("eos_token_id")] if gen_path.is_file() else []
-    sources += [hf_config.get("eos_token_id"), tokenizer.eos_token_id]
+    generation = json.loads(gen_path.read_text()) if gen_path.is_file() else hf_config
+    sources = [generation.get("eos_token_id"), tokenizer.eos_token_id]
     for value in sources:
         if isinstance(value, int):
             ids.add(value)

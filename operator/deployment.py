@@ -8,7 +8,7 @@ from typing import Any
 from flotilla.flags import flag
 from flotilla.operator import names
 from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args, shutdown_timeout
-from flotilla.operator.fit import gguf_file_bytes, rtn_bits, weight_bytes
+from flotilla.operator.fit import gguf_file_bytes, rtn_scheme, weight_bytes
 from flotilla.operator.gpus import node_label_value
 from flotilla.operator.lora_volumes import adapter_volumes
 from flotilla.operator.model_volume import model_volume, tokenizer_volume
@@ -43,7 +43,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
     arch = spec.model.config
-    return None if arch is None else weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_bits(spec))
+    return None if arch is None else weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec))
 
 
 def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:

@@ -10,9 +10,11 @@ What is counted, per replica:
   width, embeddings and an untied LM head at the model dtype (vLLM keeps them unquantized); norms
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
-  int4 with group size 128: 0.5 + a 16-bit scale and a 4-bit zero per group = 0.5195;
+  int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
+  model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
   compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent;
-  rtn (quantized at load): RTN_NUM_BITS from spec.pod.env (8: 1 byte, 4: the int4 figure), 8 when absent.
+  rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
+  128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row, not counted).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
   Q4_0/Q4_1 linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
   block of 32 (0.25) and, on CUDA, also the weight dequantized once at load at the model dtype (2 for bf16):
@@ -50,7 +52,7 @@ from flotilla.operator.status import FitStatus
 
 GIB = 1 << 30
 FIXED_OVERHEAD_PER_GPU = 1 * GIB
-INT4_GROUP_BYTES_PER_WEIGHT = 0.5 + (2 + 0.5) / 128
+INT4_GROUP = 128  # the group size assumed for AWQ / GPTQ / compressed-tensors int4 (the common one)
 GGUF_BLOCK = 32
 # On the device: int32-packed 4-bit codes plus a float32 scale and offset a block (GgufInt4Method.create_weights).
 GGUF_INT4_CODE_BYTES_PER_WEIGHT = 0.5 + 2 * 4 / GGUF_BLOCK
@@ -113,24 +115,34 @@ def rtn_env(spec: InferenceServiceSpec) -> dict[str, str]:
     return {e.name: e.value for e in spec.pod.env if e.name.startswith("RTN_") and e.value is not None}
 
 
-def rtn_bits(spec: InferenceServiceSpec) -> int:
-    """The bits `--quantization rtn` quantizes to in this spec's pods (engine_rules.rtn_settings over
-    spec.pod.env; 8, the engine's default, when they are not valid: admission refuses that spec)."""
+def rtn_scheme(spec: InferenceServiceSpec) -> tuple[int, int | None]:
+    """The (bits, group size or None for one group a row) `--quantization rtn` quantizes to in this spec's pods
+    (engine_rules.rtn_settings over spec.pod.env; the engine's defaults, 8 bits in groups of 128, when they are
+    not valid: admission refuses that spec)."""
     try:
-        return rtn_settings(rtn_env(spec))[0]
+        return rtn_settings(rtn_env(spec))
     except RuleError:
-        return 8
+        return 8, 128
 
 
-def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto", rtn_bits: int = 8) -> int:
-    """Bytes of the weights of one replica for a quantization method (see the module docstring)."""
+def packed_int_bytes_per_weight(bits: int, group: int | None, dtype: str = "auto") -> float:
+    """Device bytes of one weight of a packed-integer linear (engine/quantization/packed_int.py): its code, and per
+    group of `group` inputs a scale at the model dtype and a uint8 zero point; one group a row (None): those are
+    not counted (under 0.1 %)."""
+    return bits / 8 + (0 if group is None else (_dtype_bytes(dtype) + 1) / group)
+
+
+def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto",
+                 rtn: tuple[int, int | None] = (8, 128)) -> int:
+    """Bytes of the weights of one replica for a quantization method (see the module docstring); `rtn` is
+    `rtn_scheme`'s (bits, group)."""
     linear, embeddings = parameter_counts(arch)
-    compressed = INT4_GROUP_BYTES_PER_WEIGHT if arch.weight_bits == 4 else 1
-    rtn = INT4_GROUP_BYTES_PER_WEIGHT if rtn_bits == 4 else 1
+    int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
+    compressed = int4 if arch.weight_bits == 4 else 1
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
-    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": rtn, "awq": INT4_GROUP_BYTES_PER_WEIGHT,
-                  "gptq": INT4_GROUP_BYTES_PER_WEIGHT, "compressed-tensors": compressed, "gguf": gguf}[quantization]
+    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
+                  "awq": int4, "gptq": int4, "compressed-tensors": compressed, "gguf": gguf}[quantization]
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
 
@@ -198,7 +210,8 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_bits(spec)) + lora_slot_bytes(arch, spec)
+    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec))
+    weights += lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:

@@ -40,10 +40,12 @@ class _Linear(nn.Module):
         param.data.copy_(loaded)
 
     def check_full_size(self, loaded: torch.Tensor, dim: int, full: int) -> None:
-        """A checkpoint tensor must have the layer's whole size along the dimension the ranks split: a larger one
-        would load its first rows without a word (config.json and the checkpoint disagree). Quantized layers'
-        tensors (packed codes, broadcast scales) are their converters' to check."""
-        if self.quant_method is None and loaded.shape[dim] != full:
+        """A checkpoint tensor must have the parameter's whole size along the dimension the ranks split: a larger
+        one would load its first rows without a word (config.json and the checkpoint disagree). Quantized
+        parameters keep output rows first (engine/quantization/), so rows are checked as a dense weight's; a
+        row-parallel caller passes its parameter's own width (packed codes, groups). A scale broadcast from one
+        value (`scale_loader`, stride 0) fits any size."""
+        if loaded.shape[dim] != full and not (loaded.dim() and loaded.stride(dim) == 0):
             raise ValueError(f"size {loaded.shape[dim]} along dimension {dim}, where config.json gives {full}")
 
     def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:

@@ -63,10 +63,6 @@ class LlamaArch:
     @classmethod
     def from_hf(cls, c: dict[str, Any], *, qkv_bias: bool | None = None, qk_norm: bool = False) -> LlamaArch:
         """Read config.json; `rope_parameters` (transformers 5) and `rope_theta`/`rope_scaling` both work."""
-        # The MLP is SiLU-gated (SiluAndMul): another activation would load and compute other outputs, silently.
-        act = c.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act {act!r} is not supported: this decoder's MLP is SiLU-gated")
         rope = dict(c.get("rope_parameters") or {})
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         # The MLP computes SiLU only; another activation would run as SiLU and generate other tokens than HF.

@@ -51,6 +51,10 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"quantization method {method!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_METHODS)})")
+    if method in _FORMATS and qcfg is None:  # a checkpoint format, not a scheme applied at load
+        raise ValueError(f"--quantization {method} reads a {method} checkpoint, and this one's config.json has no "
+                         "quantization_config (a dense checkpoint: leave --quantization out, or fp8 / rtn quantize "
+                         "it at load)")
     linear_method(method, hf_config)  # refuses unsupported variants now, not at load time
     return method
 
@@ -61,7 +65,15 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
     if method == "fp8":
         if qcfg is None:
             return Fp8OnlineMethod()
-        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales.
+        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
+        # weight_block_size, `weight_scale_inv`) are not run.
+        kept = [name for name in qcfg.get("ignored_layers") or [] if compressed_tensors.ignores_a_decoder_linear(name)]
+        if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
+            raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
+                             "supported; only the LM head may be left out")
+        if qcfg.get("weight_block_size"):
+            raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
+                             "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
         return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
     if method == "rtn":
         from flotilla.engine.quantization.rtn import RtnMethod, rtn_settings

@@ -1,9 +1,10 @@
 """compressed-tensors checkpoints (what llm-compressor writes), read from `quantization_config`.
 
 Supported: one config group over the linear layers (`targets: ["Linear"]`; `ignore` may list the LM
-head), with
-- `float-quantized` / `naive-quantized` 8-bit float weights (FP8 W8A8 with dynamic per-token or static
-  per-tensor activations, or FP8 weight-only when `input_activations` is null),
+head, and anything else that names none of the decoder's linear layers), with
+- `float-quantized` / `naive-quantized` 8-bit float weights scaled per tensor or per channel (FP8 W8A8 with
+  dynamic per-token or static per-tensor activations, or FP8 weight-only when `input_activations` is null;
+  FP8_BLOCK's 128 x 128 block scales are refused),
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
   channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
   (contiguous groups; `group`, which permutes them with `weight_g_idx`, is refused).
@@ -14,6 +15,7 @@ and are unpacked here; `weight_shape` is implied by the layer and dropped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,12 +37,32 @@ def _scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None
     group = next(iter(groups.values()))
     if group.get("targets") != ["Linear"]:
         raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
-    unsupported = [name for name in qcfg.get("ignore") or [] if not name.endswith("lm_head")]
+    unsupported = [name for name in qcfg.get("ignore") or [] if ignores_a_decoder_linear(name)]
     if unsupported:
         raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
                          "(only the LM head may be left unquantized)")
     fmt = group.get("format") or qcfg.get("format") or ""
     return group["weights"], group.get("input_activations"), fmt
+
+
+# The decoder's linear layers as a checkpoint names them (layer numbers up to _LAYERS), which an `ignore` entry may
+# not leave unquantized: one quant method runs them all.
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+_LAYERS = 512
+
+
+def ignores_a_decoder_linear(entry: str) -> bool:
+    """Whether an `ignore` entry names one of the decoder's linear layers, matched as compressed-tensors does: `re:`
+    a regular expression (`re.match`) on the layer's name, else the name itself or its class (`Linear`). Entries
+    that name none (the LM head, `re:.*lm_head$`, a mixture-of-experts router `re:.*mlp.gate$`) leave nothing of
+    this model unquantized."""
+    if entry == "Linear":
+        return True
+    if entry.startswith("re:"):
+        pattern = re.compile(entry[3:])
+        return any(pattern.match(f"model.layers.{i}.{p}") for i in range(_LAYERS) for p in _PROJECTIONS)
+    return entry.removeprefix("model.").startswith("layers.") and entry.endswith(_PROJECTIONS)
 
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
@@ -49,6 +71,12 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     weights, activations, fmt = _scheme(qcfg)
     bits, kind = weights.get("num_bits"), weights.get("type")
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
+        if weights.get("strategy", "tensor") not in ("tensor", "channel"):
+            # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
+            # where in = 128 x 128 (Llama-3.1-405B's hidden size).
+            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} "
+                             f"(block_structure {weights.get('block_structure')}) is not supported; "
+                             "per-tensor and per-channel are")
         if activations is None:
             return Fp8CheckpointMethod(static_input=False, weight_only=True)
         if activations.get("type") != "float" or activations.get("num_bits") != 8:

@@ -34,6 +34,8 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     bits = int(qcfg.get("bits", 4))
     if bits not in (4, 8):
         raise ValueError(f"gptq with {bits} bits is not supported (4 or 8)")
+    if qcfg.get("lm_head"):  # GPTQModel's quantized LM head: lm_head.qweight, which the dense head cannot load
+        raise ValueError("gptq with a quantized LM head (lm_head: true) is not supported")
     # GPTQ always stores zero points; symmetric ones are all the middle code.
     return PackedIntMethod(bits, _group_size(qcfg), symmetric=False)
 

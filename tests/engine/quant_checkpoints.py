@@ -88,24 +88,25 @@ def _save(model: torch.nn.Module, src: Path, dst: Path, state: dict[str, torch.T
     AutoTokenizer.from_pretrained(src).save_pretrained(dst)
 
 
-def int4_codes(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit min/max quantization: (codes `[out, in]`, scales `[out, groups]`, zeros
+def int4_codes(weight: torch.Tensor, group: int, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric `bits`-bit (4 unless said) min/max quantization: (codes `[out, in]`, scales `[out, groups]`, zeros
     `[out, groups]`) with `weight ~= (codes - zeros) * scales` per group."""
+    top = 2**bits - 1
     grouped = weight.reshape(weight.shape[0], -1, group)
     lo, hi = grouped.amin(-1).clamp(max=0), grouped.amax(-1).clamp(min=0)
-    scales = ((hi - lo) / 15).clamp(min=1e-8)
-    zeros = (-lo / scales).round().clamp(0, 15)
-    codes = (grouped / scales[..., None] + zeros[..., None]).round().clamp(0, 15)
+    scales = ((hi - lo) / top).clamp(min=1e-8)
+    zeros = (-lo / scales).round().clamp(0, top)
+    codes = (grouped / scales[..., None] + zeros[..., None]).round().clamp(0, top)
     return codes.reshape(weight.shape).to(torch.int32), scales, zeros.to(torch.int32)
 
 
-def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GPTQ v1 tensors of one layer: qweight packed along inputs `[in/8, out]`, qzeros (zero - 1)
-    packed along outputs `[groups, out/8]`, scales `[groups, out]`, g_idx."""
+def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int = 4) -> dict[str, torch.Tensor]:
+    """GPTQ v1 tensors of one layer: qweight packed along inputs `[in * bits / 32, out]`, qzeros (zero - 1)
+    packed along outputs `[groups, out * bits / 32]`, scales `[groups, out]`, g_idx."""
     group = codes.shape[1] // scales.shape[1]
     return {
-        "qweight": pack_codes(codes, 4).t().contiguous(),
-        "qzeros": pack_codes((zeros - 1).t().contiguous() & 0xF, 4),
+        "qweight": pack_codes(codes, bits).t().contiguous(),
+        "qzeros": pack_codes((zeros - 1).t().contiguous() & (2**bits - 1), bits),
         "scales": scales.t().contiguous().half(),
         "g_idx": torch.arange(codes.shape[1], dtype=torch.int32) // group,
     }
@@ -125,21 +126,21 @@ def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> 
     }
 
 
-def int4_checkpoint(src: Path, dst: Path, fmt: str, group: int = 32) -> Path:
-    """`src` quantized to asymmetric int4 in `fmt` (gptq or awq), plus `dst/dequantized` for HF."""
+def int4_checkpoint(src: Path, dst: Path, fmt: str, group: int = 32, bits: int = 4) -> Path:
+    """`src` quantized to asymmetric int4 (gptq: also int8) in `fmt` (gptq or awq), plus `dst/dequantized` for HF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     state = dict(model.state_dict())
     dequantized = dict(state)
     for name in _linear_names(model):
-        codes, scales, zeros = int4_codes(state.pop(f"{name}.weight"), group)
+        codes, scales, zeros = int4_codes(state.pop(f"{name}.weight"), group, bits)
         scales = scales.half().float()  # the checkpoint stores fp16 scales
-        pack = pack_gptq if fmt == "gptq" else pack_awq
-        state.update({f"{name}.{k}": v for k, v in pack(codes, scales, zeros).items()})
+        packed = pack_gptq(codes, scales, zeros, bits) if fmt == "gptq" else pack_awq(codes, scales, zeros)
+        state.update({f"{name}.{k}": v for k, v in packed.items()})
         expand = lambda t: t.float().repeat_interleave(group, dim=1)  # noqa: E731
         dequantized[f"{name}.weight"] = (codes.float() - expand(zeros)) * expand(scales)
-    qcfg: dict[str, Any] = {"quant_method": fmt, "bits": 4, "group_size": group}
+    qcfg: dict[str, Any] = {"quant_method": fmt, "bits": bits, "group_size": group}
     qcfg.update({"desc_act": False, "sym": False, "checkpoint_format": "gptq"} if fmt == "gptq"
                 else {"version": "gemm", "zero_point": True})
     _save(model, src, dst, state, qcfg)

@@ -163,3 +163,30 @@ def test_a_mistral_config_without_sliding_window_slides_at_4096(tiny_model_dirs,
     from flotilla.engine.config import EngineConfig
 
     assert EngineConfig.from_kwargs(str(path)).model.max_model_len == 4096
+
+
+def test_a_tied_model_with_another_lm_head_in_its_checkpoint_warns(tiny_model_dirs, tmp_path, caplog):
+    # tie_word_embeddings=true, yet the checkpoint holds an lm_head.weight other than the embedding (a fine-tune that
+    # trained the head apart): vLLM skips the tensor and runs the tied head; transformers 5 unties and runs the
+    # checkpoint's. Flotilla keeps vLLM's tokens, and now says (as transformers does) that the tensor is ignored;
+    # it said nothing.
+    import logging
+
+    src = tiny_model_dirs["llama3-rope-tied"]
+    path = _copy(src, tmp_path / "tied")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = path / index["weight_map"]["model.embed_tokens.weight"]
+    tensors = load_file(str(shard))
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index["weight_map"]["lm_head.weight"] = shard.name
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with caplog.at_level(logging.WARNING, logger="flotilla.engine.model_loader"):
+        ours = _greedy(path)
+    assert any("lm_head.weight differs" in r.getMessage() for r in caplog.records)
+    assert ours == hf_greedy(src, [PROMPT], 8)[0]  # vLLM's: the embedding as the head
+    assert ours != hf_greedy(path, [PROMPT], 8)[0]  # transformers 5 runs the checkpoint's head
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flotilla.engine.model_loader"):
+        _greedy(src)  # the usual tied checkpoint: no lm_head.weight, no warning
+    assert not any("lm_head.weight" in r.getMessage() for r in caplog.records)

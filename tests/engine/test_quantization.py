@@ -113,9 +113,9 @@ def test_compressed_tensors_fp8_matches_hf_with_the_same_rounding(wide_llama, tm
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized", static_scale)
 
 
-@pytest.mark.parametrize("fmt", ["gptq", "awq"])
-def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt):
-    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt)
+@pytest.mark.parametrize(("fmt", "bits"), [("gptq", 4), ("awq", 4), ("gptq", 8)])
+def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt, bits):
+    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt, bits=bits)
     assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
@@ -164,6 +164,11 @@ def test_unsupported_checkpoints_and_flags_are_refused(wide_llama, tmp_path):
         EngineConfig.from_kwargs(str(path), quantization="fp8")
     with pytest.raises(ConfigError, match="not supported yet"):
         EngineConfig.from_kwargs(str(wide_llama), quantization="int8")
+    # a checkpoint format named for a dense checkpoint: an AssertionError (a traceback at start-up, or under
+    # python -O an AttributeError) where a ConfigError belongs
+    for fmt in ("compressed-tensors", "gptq", "awq"):
+        with pytest.raises(ConfigError, match=f"--quantization {fmt} reads a {fmt} checkpoint"):
+            EngineConfig.from_kwargs(str(wide_llama), quantization=fmt)
 
 
 def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs):
@@ -304,3 +309,95 @@ def test_rtn_keeps_every_tensor_on_the_weights_device(bits):
     tensors = dict(layer.named_parameters()) | dict(layer.named_buffers())
     assert set(tensors) == {"weight_packed", "weight_scale", "weight_zero_point"}
     assert {t.device.type for t in tensors.values()} == {"meta"}
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "FP8_DYNAMIC"])
+def test_a_quantized_checkpoint_that_disagrees_with_config_json_is_refused(wide_llama, tmp_path, preset):
+    """The loaders' size check skipped quantized layers: with config.json's intermediate_size 128 and the
+    checkpoint's 256, gate/up loaded the first 128 rows of their packed codes (fp8 weights) and down_proj the
+    first half of each row, and the model ran as garbage. HF refuses a mis-sized tensor ("size mismatch")."""
+    path = compressed_tensors_checkpoint(wide_llama, tmp_path / preset, preset, dequantized_copy=False)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"intermediate_size": 128}))
+    with pytest.raises(ValueError, match=r"mlp\.(gate|up|down)_proj\.weight"):
+        LLM(str(path), max_model_len=256)
+
+
+def test_block_scaled_fp8_checkpoints_are_refused_by_name():
+    """llm-compressor's FP8_BLOCK (weights strategy `block`, `[out / 128, in / 128]` scales) loaded its scales as
+    per-row ones: an unnamed shape error on most layers, garbage where in = 128 x 128 (a 16384-wide model). vLLM's
+    own fp8 format with `weight_block_size` (Qwen3-*-FP8) failed on `weight_scale_inv` "has no place"."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    from flotilla.engine.quantization import resolve_quantization
+
+    scheme = preset_name_to_scheme("FP8_BLOCK", ["Linear"])
+    qcfg = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized", ignore=["lm_head"])
+    with pytest.raises(ValueError, match="fp8 weight strategy 'block'"):
+        resolve_quantization(None, {"quantization_config": qcfg.model_dump(exclude_none=True)})
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="weight_block_size"):
+        resolve_quantization(None, {"quantization_config": fp8})
+    assert resolve_quantization(None, {"quantization_config": {"quant_method": "fp8"}}) == "fp8"
+
+
+@pytest.mark.parametrize(("ignore", "runs"), [
+    (["lm_head"], True), (["re:.*lm_head"], True),
+    (["re:.*lm_head$"], True),  # a regular expression (`re:`) that names the head only
+    (["lm_head", "re:.*mlp.gate$"], True),  # a mixture-of-experts router: no such layer in a dense decoder
+    (["lm_head", "model.layers.0.mlp.down_proj"], False),  # a decoder linear left in bf16: not run
+    (["re:.*layers.3.*"], False),
+])
+def test_compressed_tensors_ignore_entries_are_matched_as_compressed_tensors_does(ignore, runs):
+    """`ignore` entries were taken as names ending in `lm_head`: a regular expression naming the head
+    (`re:.*lm_head$`) or a router that a dense model lacks (`re:.*mlp.gate$`) refused checkpoints vLLM runs."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    qcfg = json.loads((LLM_COMPRESSOR_CONFIGS / "llmcompressor-0.14-gptq-w4a16-g64.json").read_text())
+    qcfg["ignore"] = ignore
+    if runs:
+        assert resolve_quantization(None, {"quantization_config": qcfg}) == "compressed-tensors"
+    else:
+        with pytest.raises(ValueError, match="ignored layers"):
+            resolve_quantization(None, {"quantization_config": qcfg})
+
+
+def test_an_fp8_checkpoint_with_unquantized_decoder_layers_is_refused_by_name():
+    """vLLM's fp8 format may keep layers in bf16 (`ignored_layers`): their bf16 weights were cast into the fp8
+    parameters unscaled, and the load then failed on a missing `weight_scale`, naming neither the cause nor the
+    layer list. Refused at start-up now; an ignored LM head is fine (it is never quantized)."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ["lm_head"]}
+    assert resolve_quantization(None, {"quantization_config": fp8}) == "fp8"
+    fp8["ignored_layers"] = ["lm_head", "model.layers.1.mlp.down_proj"]
+    with pytest.raises(ValueError, match=r"ignored_layers \['model.layers.1.mlp.down_proj'\]"):
+        resolve_quantization(None, {"quantization_config": fp8})
+
+
+def test_checkpoint_kv_scales_of_another_pipeline_stage_are_skipped(tiny_model_dirs, monkeypatch):
+    """A pipeline stage holds some decoder layers only (the others are placeholders); the loader skips the other
+    layers' tensors, but KV scales were placed before that check: a checkpoint with `self_attn.k_scale` for every
+    layer failed to start with pipeline parallelism ("the model has no such attention layer")."""
+    from flotilla.engine.model_loader import _checkpoint_tensors, load_state
+    from flotilla.engine.models import llama
+    from flotilla.engine.models.registry import build_model
+
+    path = tiny_model_dirs["llama"]
+    monkeypatch.setattr(llama, "stage_layers", lambda n: range(0, 1))  # the first of two stages: layer 0
+    model = build_model(json.loads((path / "config.json").read_text()))
+    scales = [("model.layers.0.self_attn.k_scale", torch.tensor(0.5)),
+              ("model.layers.1.self_attn.k_scale", torch.tensor(0.25))]
+    load_state(model, [*_checkpoint_tensors(path), *scales])
+    assert model.layers[0].self_attn.attn.k_scale == 0.5
+
+
+def test_a_gptq_checkpoint_with_a_quantized_lm_head_is_refused_by_name():
+    """GPTQModel may quantize the LM head (`lm_head: true`, lm_head.qweight): the load failed on
+    "checkpoint tensor lm_head.weight_packed has no place", after building the whole model."""
+    from flotilla.engine.quantization import resolve_quantization
+
+    qcfg = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    assert resolve_quantization(None, {"quantization_config": qcfg}) == "gptq"
+    with pytest.raises(ValueError, match="lm_head: true"):
+        resolve_quantization(None, {"quantization_config": qcfg | {"lm_head": True}})

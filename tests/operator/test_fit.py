@@ -167,19 +167,21 @@ def test_int4_and_int8_weights():
     assert weight_bytes(arch, "int8") == weight_bytes(arch, "fp8")
 
 
-def test_rtn_weights_follow_the_pods_rtn_bits():
-    """--quantization rtn quantizes at load: 8 bits (fp8's bytes) unless the pods set RTN_NUM_BITS=4 (the int4
-    figure); the fit report counts what the pods will hold."""
-    from flotilla.operator.fit import rtn_bits
+def test_rtn_weights_follow_the_pods_rtn_settings():
+    """--quantization rtn quantizes at load: 8 bits in groups of 128 unless the pods set RTN_NUM_BITS=4 (then the
+    int4 figure of AWQ/GPTQ, also groups of 128) or RTN_GROUP_SIZE; the fit report counts what the pods will hold."""
+    from flotilla.operator.fit import rtn_scheme
     from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 
     arch = ModelArchitecture.model_validate(LLAMA_8B)
     body = {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "quantization": "rtn"}
     eight = InferenceServiceSpec.model_validate(body)
     four = InferenceServiceSpec.model_validate(body | {"pod": {"env": [{"name": "RTN_NUM_BITS", "value": "4"}]}})
-    assert (rtn_bits(eight), rtn_bits(four)) == (8, 4)
-    assert weight_bytes(arch, "rtn", rtn_bits=rtn_bits(eight)) == weight_bytes(arch, "fp8")
-    assert weight_bytes(arch, "rtn", rtn_bits=rtn_bits(four)) == weight_bytes(arch, "awq")
+    per_row = InferenceServiceSpec.model_validate(body | {"pod": {"env": [{"name": "RTN_GROUP_SIZE", "value": "-1"}]}})
+    assert (rtn_scheme(eight), rtn_scheme(four), rtn_scheme(per_row)) == ((8, 128), (4, 128), (8, None))
+    assert weight_bytes(arch, "rtn", rtn=rtn_scheme(per_row)) == weight_bytes(arch, "fp8")
+    assert weight_bytes(arch, "rtn", rtn=rtn_scheme(eight)) > weight_bytes(arch, "fp8")
+    assert weight_bytes(arch, "rtn", rtn=rtn_scheme(four)) == weight_bytes(arch, "awq")
 
 
 def test_compressed_tensors_weights_count_the_checkpoint_bits():
