@@ -152,6 +152,7 @@ class ServerConfig(_Component):
     enable_prompt_tokens_details: bool = False
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    enable_server_load_tracking: bool = False  # GET /load counts requests in progress (vLLM's flag)
     root_path: str | None = None  # --root-path: the prefix a proxy serves the API under
     # CORS (vLLM's flags and defaults: any origin, method and header; no credentials)
     allowed_origins: list[str] = Field(default_factory=lambda: ["*"])

@@ -548,6 +548,14 @@ FLAGS: tuple[Flag, ...] = (
         ge=1,
     ),
     Flag(
+        "--enable-server-load-tracking",
+        "bool",
+        False,
+        "Count the generation and embedding requests in progress for GET /load ({\"server_load\": N}; 0 without "
+        "this flag), as vLLM.",
+        "server",
+    ),
+    Flag(
         "--root-path",
         "str",
         None,

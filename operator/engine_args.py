@@ -150,6 +150,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # The prefix a proxy in front of this service strips: the pod still answers the probes' /health and the
     # scrape's /metrics at the root (uvicorn's root_path), so nothing the operator relies on moves.
     "--root-path",
+    # GET /load reports the requests in progress (vLLM's flag): what a probe may read, nothing served changes.
+    "--enable-server-load-tracking",
 })
 
 

@@ -55,6 +55,9 @@ class ServerState:
     created: int = 0
     # The model as given (vLLM's model card `root`: the path or repository, not a served name); "" for the first name
     model_path: str = ""
+    # vLLM's /load: generation and embedding requests in progress (counted with --enable-server-load-tracking)
+    track_load: bool = False
+    server_load: int = 0
     # /v1 requests being answered (Gate counts them): the drain waits for these too, not only for engine
     # requests (an embeddings list runs as engine calls; a reply may still be sending).
     in_flight: int = 0
@@ -79,6 +82,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:  # vLLM's SageMaker probe: /health's answer
         return await health()
+
+    @app.get("/load")
+    async def load() -> dict[str, int]:  # vLLM's: 0 unless --enable-server-load-tracking
+        return {"server_load": state.server_load}
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -196,11 +203,14 @@ class Gate:
             await refusal(scope, receive, send)
             return
         if path.startswith("/v1"):
+            load = int(self.state.track_load and scope["method"] == "POST" and path in LOAD_AWARE_PATHS)
             self.state.in_flight += 1
+            self.state.server_load += load
             try:
                 await self.app(scope, receive, send)
             finally:
                 self.state.in_flight -= 1
+                self.state.server_load -= load
             return
         await self.app(scope, receive, send)
 
@@ -215,6 +225,10 @@ def _named_by_header(body: Any, request: Request) -> Any:
 # serve): probes and scrapes. Every other path needs the key, /tokenize and /detokenize included (as vLLM; they
 # were open here, so any client could make the server parse and tokenize a body-limit's worth of text).
 PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.json")
+
+
+# The routes whose requests vLLM's /load counts (load_aware_call), as far as this server has them.
+LOAD_AWARE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses"})
 
 
 def _public(path: str) -> bool:

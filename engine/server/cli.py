@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         quantization=config.model.quantization,
         created=int(time.time()),
         model_path=args.model if args.model is not None else config.model.model,
+        track_load=server.enable_server_load_tracking,
     )
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),

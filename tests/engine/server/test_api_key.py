@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import httpx
 import openai
@@ -73,5 +75,27 @@ def test_root_path_serves_the_api_behind_a_prefix_stripping_proxy_with_the_same_
         assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
         assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}, headers=key).status_code == 200
         assert httpx.get(f"{server.url}/openapi.json").json()["servers"] == [{"url": "/api"}]  # links under the prefix
+    finally:
+        stop_server(server)
+
+
+def test_load_counts_requests_in_progress_with_server_load_tracking(tiny_model_dirs, tmp_path):
+    # vLLM's GET /load ({"server_load": N}, public) and --enable-server-load-tracking: neither was here (404, and the
+    # flag did not start the server).
+    server = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--served-model-name", "tiny",
+                          "--enable-server-load-tracking", env={"VLLM_API_KEY": KEY})
+    try:
+        assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 480, "n": 16, "ignore_eos": True}
+        work = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=120,
+                                                          headers={"Authorization": f"Bearer {KEY}"}))
+        work.start()
+        seen = set()
+        while work.is_alive():
+            seen.add(httpx.get(f"{server.url}/load").json()["server_load"])
+            time.sleep(0.02)
+        work.join()
+        assert 1 in seen and max(seen) == 1, seen  # the one completions request, while it ran
+        assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
     finally:
         stop_server(server)

@@ -140,8 +140,9 @@ def test_api_key_is_required_on_every_path_but_the_public_probes(server):
         refused = httpx.post(f"{server.url}{path}", json=body)
         assert refused.status_code == 401 and _error(refused)["type"] == "AuthenticationError", (path, refused.text)
         assert httpx.post(f"{server.url}{path}", json=body, headers=key).status_code == 200
-    for path in ("/health", "/ping", "/version", "/metrics", "/openapi.json"):
+    for path in ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.json"):
         assert httpx.get(f"{server.url}{path}").status_code == 200, path
+    assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}  # vLLM's: 0 without load tracking
     assert httpx.post(f"{server.url}/ping").status_code == 200  # vLLM's SageMaker probe, GET or POST
     assert httpx.get(f"{server.url}/healthz").status_code == 401  # public on segment boundaries only
 
