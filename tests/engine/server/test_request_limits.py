@@ -6,6 +6,7 @@ import contextlib
 import json
 import shutil
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -245,10 +246,9 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
     tokens = [rng.choice(longest)[1] for _ in range(BODY_LIMIT // 7)]
     body = json.dumps({"tokens": tokens})
     assert len(body) < BODY_LIMIT
-    started = time.monotonic()
     expected = tokenizer.decode(tokens)
-    decode_s = time.monotonic() - started
     gaps: list[float] = []
+    durations: list[float] = []
     decoding = threading.Event()
     done = threading.Event()
 
@@ -271,18 +271,21 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
         time.sleep(1.0)  # the stream is under way
         decoding.set()
         for _ in range(4):  # one after another: parsing bodies at once would stack up on the loop
+            sent = time.monotonic()
             response = httpx.post(f"{limited.url}/detokenize", content=body, timeout=120,
                                   headers={**AUTH, "Content-Type": "application/json"})
+            durations.append(time.monotonic() - sent)
             assert response.status_code == 200 and response.json()["prompt"] == expected
         decoding.clear()
     finally:
         done.set()
         streamer.join(120)
     assert len(gaps) > 10, len(gaps)
-    # On the loop, a gap lasted at least one decode (measured 2.8-3.0 s against 0.5-1.3 s for a decode here);
-    # off the loop and off the GIL, the stream waits only while the loop parses a body's JSON (0.26-0.36 s
-    # measured) and competes for the (2, shared) cores.
-    assert max(gaps) < decode_s, (max(gaps), decode_s)
+    # On the loop, the stream stopped for a whole request (its decode and parse: measured 2.8-3.0 s gaps);
+    # off the loop and off the GIL, it waits at most for what still runs on the loop and competes for the
+    # (2, shared) cores. Compared with the requests' own durations, not with a decode timed here: on a
+    # loaded CI machine the server's side of the same work is slower than the test process's.
+    assert max(gaps) < 0.75 * statistics.median(durations), (max(gaps), durations)
 
 
 
