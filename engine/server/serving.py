@@ -44,7 +44,6 @@ class Prompt:
 # multiplied it without bound (20,000 of them, a 100 KB body, held the server 195 s and 630 MB). Enough for
 # any batching client to keep the engine full (8x the default --max-num-seqs).
 MAX_SEQUENCES_PER_REQUEST = 2048
-MAX_TOKENS_NO_CAP = 2**62  # no --override-generation-config max_new_tokens: max_tokens is the request's or default
 
 
 def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: dict[str, Any]) -> int | None:
@@ -89,6 +88,9 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                             f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
     # vLLM: the model's max_new_tokens when the request gives none, within the context left
     default_max_tokens = max(min(room, defaults.get("max_tokens", room)), 1)
+    wanted = max_tokens if max_tokens is not None else default_max_tokens
+    if max_tokens_cap:
+        wanted = min(wanted, max_tokens_cap)
     try:
         bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
     except ValueError:
@@ -109,8 +111,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             stop_token_ids=req.stop_token_ids or [],
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
-            max_tokens=min(max_tokens if max_tokens is not None else default_max_tokens,
-                           max_tokens_cap or MAX_TOKENS_NO_CAP),
+            max_tokens=wanted,
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
