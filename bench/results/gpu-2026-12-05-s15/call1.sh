@@ -21,4 +21,6 @@ OUT=$O/win14 BUDGET_S=240 bash bench/results/win14-gpu.sh > $O/win14.stdout 2>&1
   done
 ) > $O/prof/prof.log 2>&1
 cd $R0 && OUT=$O/offline BUDGET_S=170 bash bench/results/offline10-gpu.sh > $O/offline.stdout 2>&1
-tail -3 $O/prof/prof.log; head -30 $O/win14/win14.log; tail -15 $O/offline/offline10.log
+{ cat $O/prof/prof.log; head -40 $O/win14/win14.log; tail -25 $O/offline/offline10.log; } > $O/summary.txt
+cd $O && tar czf call1.tgz win14 prof offline win14.stdout offline.stdout && rm -rf win14 prof offline *.stdout
+cat $O/summary.txt  # $OUT returns at most 8 files: everything else is in call1.tgz
