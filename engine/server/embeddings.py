@@ -28,7 +28,7 @@ from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import _RequestBody
-from flotilla.engine.server.request_extras import truncate_prompt
+from flotilla.engine.prompt_truncation import truncate_prompt
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState

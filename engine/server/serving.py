@@ -24,7 +24,8 @@ from flotilla.engine.server.chat_template import (
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
+from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
