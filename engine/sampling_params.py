@@ -71,6 +71,8 @@ class SamplingParams(BaseModel):
     structured_outputs: StructuredOutputsParams | None = None
     allowed_token_ids: list[int] | None = None  # ids bounded by the vocabulary: `check_vocab`
     bad_words: list[str] | None = None
+    # vLLM's: keep the prompt's last N tokens (-1: the context length); LLMEngine.add_request cuts it.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     def __init__(self, **data: object) -> None:
         try:

@@ -322,3 +322,22 @@ def test_an_eos_id_of_generation_config_other_than_the_tokenizers_is_the_stop_re
         kept = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0},
                                                  ignore_eos=True))
         assert (kept.token_ids, kept.finish_reason) == ([token] * 4, "length")
+
+
+def test_sampling_params_truncate_prompt_tokens_keeps_the_last_tokens_as_vllm(llm):
+    # vLLM's SamplingParams(truncate_prompt_tokens=N): the engine keeps the prompt's last N tokens (-1: the context).
+    long = [(37 * i) % 30000 + 5 for i in range(300)]  # over the 256-token context
+    cut = llm.generate([long], SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=20),
+                       use_tqdm=False)[0]
+    tail = llm.generate([long[-20:]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == long[-20:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = llm.get_tokenizer().encode(text)
+    by_text = llm.generate(text, SamplingParams(max_tokens=1, truncate_prompt_tokens=3), use_tqdm=False)[0]
+    assert by_text.prompt_token_ids == ids[-3:]
+    whole = llm.generate([long[:100]], SamplingParams(max_tokens=1, truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert whole.prompt_token_ids == long[:100]
+    for bad in (0, 257):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            llm.generate([long], SamplingParams(max_tokens=1, truncate_prompt_tokens=bad), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
