@@ -14,6 +14,7 @@ from typing import Any, cast
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
@@ -24,7 +25,6 @@ from flotilla.engine.server.chat_template import (
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
