@@ -145,6 +145,12 @@ def usage(output: RequestOutput) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def choice_usage(output: RequestOutput, choice: CompletionOutput) -> dict[str, int]:
+    """The usage of one choice so far (vLLM's continuous_usage_stats: each chunk counts its own choice's tokens)."""
+    prompt, completion = len(output.prompt_token_ids), len(choice.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
@@ -413,7 +419,7 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
-                yield fmt.completion(index, text, c, logprobs, usage(output) if continuous else None)
+                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -526,7 +532,7 @@ class OpenAIServing:
             last = output
             for c, text, first in state.deltas(output):
                 yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                               usage(output) if continuous else None)
+                               choice_usage(output, c) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"

@@ -191,6 +191,25 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
     assert any("usage" in c for c in chat if c["choices"])
 
 
+def test_continuous_usage_counts_each_choices_own_tokens_as_vllm(server):
+    # vLLM's per-chunk usage: the prompt and the tokens of that chunk's choice so far (previous_num_tokens[i]);
+    # the usage summed over every choice comes once, in the include_usage chunk. Was: the sum over all choices.
+    for path, extra in (("/v1/completions", {"prompt": [5, 6, 7, 8]}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        body = {"model": "tiny", "max_tokens": 3, "min_tokens": 3, "n": 2, "stream": True, "seed": 3, **extra,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        chunks = events(post(server, path, body))
+        counts: dict[int, list[int]] = {0: [], 1: []}
+        prompt_tokens = chunks[-1]["usage"]["prompt_tokens"]
+        for c in chunks[:-1]:
+            if "usage" in c and (c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content")
+                                 or c["choices"][0]["finish_reason"]):
+                assert c["usage"]["prompt_tokens"] == prompt_tokens
+                counts[c["choices"][0]["index"]].append(c["usage"]["completion_tokens"])
+        assert all(v and v[-1] == 3 and v == sorted(v) for v in counts.values()), (path, counts)
+        assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
