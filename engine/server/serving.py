@@ -15,7 +15,7 @@ from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.prompt_truncation import truncate_prompt
-from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
     render_untrusted,
@@ -93,7 +93,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
     if max_tokens_cap:
         wanted = min(wanted, max_tokens_cap)
     try:
-        bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
+        # vLLM's server clamps each bias to [-100, 100] (OpenAI's range) rather than refusing one beyond it
+        bias = {int(k): min(max(v, -LOGIT_BIAS_MAX), LOGIT_BIAS_MAX) for k, v in (req.logit_bias or {}).items()} or None
     except ValueError:
         raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
     try:
