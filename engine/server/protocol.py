@@ -246,6 +246,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
+    echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
 
 
 class TokenizeRequest(_RequestBody):

@@ -60,7 +60,7 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
 # ignoring them would answer 200 with output the client asked to be different.
 # (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
 UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
-                           "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
+                           "prompt_logprobs")  # the last: chat's (completions implements its own)
 
 
 def refuse_unsupported_fields(req: _SamplingFields) -> None:
@@ -156,6 +156,34 @@ def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
+
+
+def chat_echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat `echo`: the text a reply starts with, the last message's content when its role is the reply's
+    (the assistant's, or with add_generation_prompt false the last message's own: a continued message); else ""."""
+    if not req.echo or not req.messages:
+        return ""
+    last = req.messages[-1]
+    role = "assistant" if req.add_generation_prompt else last.role
+    if last.role != role or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(part.text or "" for part in last.content)
+
+
+async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id: str, created: int,
+                      model: str) -> AsyncIterator[str]:
+    """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it)."""
+    sent = 0
+    async for chunk in chunks:
+        yield chunk
+        sent += 1
+        if sent == n:  # the n role chunks come first
+            for i in range(n):
+                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                        "finish_reason": None}]})
 
 
 class StreamState:
@@ -494,21 +522,26 @@ class OpenAIServing:
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
+        echo = chat_echo(req)
         if req.stream:
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
-                return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
-                                                                         created, model), req.stream_options,
-                                        self.enable_prompt_tokens_details)
-            return self._stream_chat(req, stream, request_id, created, model)
+                fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
+                chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
+                                          self.enable_prompt_tokens_details)
+            else:
+                chunks = self._stream_chat(req, stream, request_id, created, model)
+            return _echo_first(chunks, req.n, echo, request_id, created, model) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
+            if req.echo:
+                message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})

@@ -210,6 +210,29 @@ def test_continuous_usage_counts_each_choices_own_tokens_as_vllm(server):
         assert chunks[-1]["usage"]["completion_tokens"] == 6
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_returns_the_continued_message_whole_as_vllm(server, stream):
+    # vLLM's chat `echo`: the last message's content comes first in the reply when its role is the reply's (an
+    # assistant message continued with continue_final_message); other conversations echo nothing. Was a 400.
+    def reply(messages: list[dict], **extra) -> list[str]:
+        body = {"model": "tiny", "messages": messages, "max_tokens": 3, "min_tokens": 3, "temperature": 0,
+                "n": 2, "echo": True, "stream": stream, **extra}
+        if not stream:
+            return [c["message"]["content"] for c in post(server, "/v1/chat/completions", body).json()["choices"]]
+        texts = ["", ""]
+        for chunk in events(post(server, "/v1/chat/completions", body)):
+            for c in chunk["choices"]:
+                texts[c["index"]] += c["delta"].get("content") or ""
+        return texts
+
+    user = [{"role": "user", "content": "Name a colour."}]
+    prefill = [*user, {"role": "assistant", "content": "My favourite is"}]
+    continued = reply(prefill, add_generation_prompt=False, continue_final_message=True)
+    plain = reply(prefill, add_generation_prompt=False, continue_final_message=True, echo=False)
+    assert continued == ["My favourite is" + t for t in plain]
+    assert reply(user) == reply(user, echo=False)  # the reply's role (assistant) is not the last message's
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
