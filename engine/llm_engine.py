@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
 
     from flotilla.engine.structured_output.compile_queue import GrammarCompiles
     from flotilla.engine.structured_output.compiler import GrammarCompiler
+    from flotilla.engine.structured_output.matcher import RequestGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -512,17 +513,8 @@ class LLMEngine:
         for i, entry in enumerate(entries):
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
-        if child.grammar is not None and not child.grammar.accept(child.output_token_ids):
-            if child.grammar.dead_end:  # the grammar allowed no token at all: the request's fault, not the engine's
-                raise InvalidParamError(
-                    f"the structured output constraint reaches a dead end after {child.grammar.num_accepted} tokens "
-                    "of output: it allows no next token (no text completes it from there)", "structured_outputs")
-            masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
-            if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
-                raise InvalidParamError(
-                    f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
-                    f"{child.grammar.num_accepted} tokens of output", masks[0])
-            raise RuntimeError("a drawn token does not fit the request's grammar")
+        if child.grammar is not None:
+            self._advance_grammar(child, child.grammar)
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
         # Stopped already, it was by its last token (EOS or a stop id; stop strings are found below): as vLLM,
@@ -550,6 +542,24 @@ class LLMEngine:
                         child.cumulative_logprob = sum(e[t][0] for e, t in pairs)
                 self._stop_on_string(child, detok, *stop)
                 return
+
+    @staticmethod
+    def _advance_grammar(child: Request, grammar: RequestGrammar) -> None:
+        """Advance a constrained completion's grammar over its new tokens; a token that does not fit is the
+        request's error (InvalidParamError) when the grammar, or the grammar and the request's own token masks,
+        left no token to draw, and the engine's (RuntimeError) otherwise."""
+        if grammar.accept(child.output_token_ids):
+            return
+        if grammar.dead_end:  # the grammar allowed no token at all: the request's fault, not the engine's
+            raise InvalidParamError(
+                f"the structured output constraint reaches a dead end after {grammar.num_accepted} tokens "
+                "of output: it allows no next token (no text completes it from there)", "structured_outputs")
+        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
+        if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
+            raise InvalidParamError(
+                f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
+                f"{grammar.num_accepted} tokens of output", masks[0])
+        raise RuntimeError("a drawn token does not fit the request's grammar")
 
     def _find_stop_string(
         self, child: Request, detok: IncrementalDetokenizer, searched_from: int, num_output: int
