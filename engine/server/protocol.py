@@ -140,12 +140,22 @@ class _SamplingFields(_RequestBody):
     # prefix-cache blocks are shared within one salt only
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
+    # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs_on_a_stream(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # vLLM's check: stream chunks carry no prompt logprobs (0, no alternatives, passes as in vLLM).
+        if value and info.data.get("stream"):
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return value
 
     @field_validator("stream_options", mode="before")
     @classmethod
@@ -166,7 +176,6 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc.
     response_format: dict[str, Any] | None = None
 
@@ -175,13 +184,6 @@ class CompletionRequest(_SamplingFields):
     def _batch_of_token_lists(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return token_id_batch(value, handler)
 
-    @field_validator("prompt_logprobs")
-    @classmethod
-    def _no_prompt_logprobs_on_a_stream(cls, value: int | None, info: ValidationInfo) -> int | None:
-        # vLLM's check: stream chunks carry no prompt logprobs (0, no alternatives, passes as in vLLM).
-        if value and info.data.get("stream"):
-            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
-        return value
 
 
 def token_id_batch(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:

@@ -59,8 +59,7 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.
 # (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
-UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
-                           "prompt_logprobs")  # the last: chat's (completions implements its own)
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors")
 
 
 def refuse_unsupported_fields(req: _SamplingFields) -> None:
@@ -455,7 +454,7 @@ class OpenAIServing:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
-                                                       (top or 0) if req.logprobs else None,
+                                                       (top or 0) if req.logprobs else None, req.prompt_logprobs,
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
@@ -484,8 +483,11 @@ class OpenAIServing:
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-        return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+                 "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        if req.prompt_logprobs is not None:  # vLLM's chat field, beside the choices
+            reply["prompt_logprobs"] = self._prompt_logprobs_json(output)
+        return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
                            created: int, model: str) -> AsyncIterator[str]:

@@ -233,6 +233,24 @@ def test_chat_echo_returns_the_continued_message_whole_as_vllm(server, stream):
     assert reply(user) == reply(user, echo=False)  # the reply's role (assistant) is not the last message's
 
 
+def test_chat_prompt_logprobs_as_vllm(server):
+    # vLLM's chat takes prompt_logprobs: the response's top-level `prompt_logprobs`, as a completions choice's (None
+    # for the first prompt token, then token id -> logprob, rank, decoded_token). Was a 400; a stream still is one.
+    messages = [{"role": "user", "content": "Hello there"}]
+    reply = post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1,
+                                                  "prompt_logprobs": 2})
+    assert reply.status_code == 200, reply.text
+    entries = reply.json()["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == reply.json()["usage"]["prompt_tokens"]
+    assert all(2 <= len(e) <= 3 and {"logprob", "rank", "decoded_token"} <= set(next(iter(e.values())))
+               for e in entries[1:])
+    assert post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1}
+                ).json().get("prompt_logprobs") is None
+    streamed = post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1,
+                                                     "prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
