@@ -60,7 +60,11 @@ SANDBOX_ANNOTATION_PREFIXES = (
 def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
-    errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
+    for key in spec.pod.labels:
+        if key in own:  # whatever the admin allows: the selector and app.kubernetes.io labels are the operator's
+            errors.append(f"spec.pod.labels: {key} is set by the operator")
+        elif problem := policy.pod_label_problem(key):
+            errors.append(f"spec.pod.labels: {problem}")
     for key in spec.pod.annotations:
         if key.startswith(SANDBOX_ANNOTATION_PREFIXES):  # whatever the admin allows: the operator sets these
             errors.append(f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which "

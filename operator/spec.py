@@ -453,7 +453,9 @@ class PodSpec(_Model):
     """What the engine pods carry beyond the engine itself, passed through to the pod template."""
 
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra pod labels (the operator's own label keys are refused).")
+        default_factory=dict,
+        description="Extra pod labels: keys without '/', and those the cluster admin allows (operator flag "
+                    "--pod-label); the operator's own label keys never.")
     annotations: dict[str, str] = Field(
         default_factory=dict,
         description="Extra pod annotations: keys without '/' or '.', and those the cluster admin allows "

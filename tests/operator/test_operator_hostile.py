@@ -71,6 +71,16 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
         "io.katacontainers.config.hypervisor.kernel_params is not a pod annotation this cluster allows"),
     "kube2iam-role-annotation": ("bad", {"pod": {"annotations": {"iam.amazonaws.com/role": "admin"}}}, WEBHOOK,
                                  "iam.amazonaws.com/role is not a pod annotation this cluster allows"),
+    # Pod labels that tools read as instructions, as the annotations above: a mutating webhook that mounts a cloud
+    # token into the pod (Azure Workload Identity reads this label; the operator promises no token in the pods), a
+    # mesh's sidecar injector (the label form of sidecar.istio.io/inject wins over the namespace's choice), a
+    # prefixed label that NetworkPolicies or a policy engine select by. Plain keys stay the user's.
+    "workload-identity-label": ("bad", {"pod": {"labels": {"azure.workload.identity/use": "true"}}}, WEBHOOK,
+                                "spec.pod.labels: azure.workload.identity/use is not a pod label this cluster allows"),
+    "istio-inject-label": ("bad", {"pod": {"labels": {"sidecar.istio.io/inject": "true"}}}, WEBHOOK,
+                           "spec.pod.labels: sidecar.istio.io/inject is not a pod label this cluster allows"),
+    "kubernetes-io-label": ("bad", {"pod": {"labels": {"node-restriction.kubernetes.io/x": "y"}}}, WEBHOOK,
+                            "spec.pod.labels: node-restriction.kubernetes.io/x is not a pod label"),
     # The two built-in critical classes (priority 2e9: above every user class) preempt any other team's pods on the
     # GPU nodes; since 1.17 the apiserver no longer keeps them to kube-system unless the admin configures a quota.
     "system-priority-class": ("bad", {"pod": {"priorityClassName": "system-node-critical"}}, WEBHOOK,
