@@ -494,6 +494,12 @@ class RolloutSpec(_Model):
         default=0, ge=0, le=1000,
         description="Pods a rollout may take down before their replacements are ready; set 1 with maxSurge 0 "
                     "when no spare GPUs exist.")
+    progress_deadline_seconds: int = Field(
+        default=600, ge=1, le=86_400,
+        description="Seconds a rollout may go without progress (a pod created, scheduled or getting ready) before "
+                    "status says it is stuck (Progressing=False, Degraded=True, reason ProgressDeadlineExceeded): "
+                    "the Deployment's progressDeadlineSeconds. Pods Pending for lack of GPUs are the usual cause; "
+                    "raise it above the time a replica takes to download and load the model.")
 
     @model_validator(mode="after")
     def _can_progress(self) -> RolloutSpec:

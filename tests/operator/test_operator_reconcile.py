@@ -300,6 +300,27 @@ def test_pods_the_apiserver_refuses_reach_status_and_an_event(op, namespace, obs
                       and e["type"] == "Warning" and fragment in e["message"]], 15, "a PodsRefused Event")
 
 
+def test_a_rollout_past_its_progress_deadline_reaches_status_and_an_event(op, namespace):
+    """Pods that stay Pending (no GPU free, no node matching) or never get ready: the Deployment controller marks the
+    rollout ProgressDeadlineExceeded once spec.rollout.progressDeadlineSeconds pass without progress (here no
+    scheduler runs, so the pods stay Pending). Status said "RollingOut" forever; KServe users expect a condition
+    saying the rollout is stuck."""
+    op.apply(fis("stuck", namespace, autoscaling=None, replicas=1, rollout={"progressDeadlineSeconds": 1}))
+    deployment = wait_children(op, namespace, "stuck", ["Deployment"])["Deployment"]
+    assert deployment["spec"]["progressDeadlineSeconds"] == 1
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "stuck"))) and
+                    condition(b, "Progressing").get("reason") == "ProgressDeadlineExceeded" and b, 30,
+                    "ProgressDeadlineExceeded in status")
+    assert condition(body, "Progressing")["status"] == "False"
+    degraded = condition(body, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ProgressDeadlineExceeded"
+    assert "0 of 1 replicas ready" in degraded["message"] and "1s" in degraded["message"], degraded["message"]
+    assert body["status"]["phase"] == "Degraded"
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "stuck" and e["reason"] == "ProgressDeadlineExceeded"
+                      and e["type"] == "Warning"], 15, "a ProgressDeadlineExceeded Event")
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
