@@ -204,7 +204,7 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
         return FitReport("Unknown", "GPUUnknown",
                          f"GPU product {product!r} has no known memory size" if product
                          else "spec.resources.gpuProduct is not set, so the GPU memory is unknown")
-    max_model_len = spec.scheduling.max_model_len or arch.max_position_embeddings
+    max_model_len = spec.scheduling.max_model_len or arch.length_limit
     if max_model_len is None:
         return FitReport("Unknown", "MaxModelLenUnknown",
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
