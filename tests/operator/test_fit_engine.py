@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from flotilla.operator.fit import kv_bytes_per_token, weight_bytes
 from flotilla.operator.spec import ModelArchitecture
@@ -156,3 +157,38 @@ def test_the_fit_checks_default_length_is_the_engines_and_admission_refuses_only
             assert not engine_takes_it
         errors = [e for e in review(spec, "m").errors if "maxModelLen" in e]
         assert (errors == []) == engine_takes_it, (length, errors)
+
+
+def _per_rank_weight_bytes(model) -> int:
+    storages: dict[int, int] = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if "norm" not in name and "cos_sin_cache" not in name:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(("tensor", "quantization"), [(2, "none"), (4, "none"), (8, "none"), (4, "rtn")])
+def test_fit_weights_under_tensor_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor,
+                                                                            quantization):
+    # With more ranks than KV heads (2 here) the engine replicates each KV head over tensor / 2 ranks
+    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2.
+    from flotilla.engine import parallel_state
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.layers import linear
+    from flotilla.engine.model_loader import load_model
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    flags = {"quantization": quantization} if quantization != "none" else {}
+    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
+                                      tensor_parallel_size=tensor, **flags)
+    monkeypatch.delenv("RTN_NUM_BITS", raising=False)
+    monkeypatch.delenv("RTN_GROUP_SIZE", raising=False)
+    monkeypatch.setattr(linear, "max_over_tp", lambda amax: amax)  # fp8's per-row scales: no other ranks here
+    engine = 0
+    for rank in range(tensor):
+        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank(tp_rank=rank, tp_size=tensor))
+        engine += _per_rank_weight_bytes(load_model(config.model, torch.device("cpu")))
+    arch = ModelArchitecture.model_validate({
+        "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
+        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB})
+    assert weight_bytes(arch, quantization, "bfloat16", tensor=tensor) == pytest.approx(engine, rel=0.005)
