@@ -321,6 +321,25 @@ def test_a_rollout_past_its_progress_deadline_reaches_status_and_an_event(op, na
                       and e["type"] == "Warning"], 15, "a ProgressDeadlineExceeded Event")
 
 
+def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
+    """spec.replicas 3, then autoscaling (minReplicas 3): the Deployment is applied without `replicas`, so that the
+    autoscaler owns it. Server-side apply removes a field its only manager stops applying, and the apiserver
+    defaulted it to 1: two of three serving replicas were deleted until the HPA scaled back up. (An HPA or a KEDA
+    ScaledObject, whichever optional CRDs an earlier test left installed: the Deployment is applied alike.)"""
+    op.apply(fis("grows", namespace, autoscaling=None, replicas=3))
+    path = child_path("Deployment", namespace, "grows")
+    wait_for(lambda: (d := op.kube.get(path)) and d["spec"]["replicas"] == 3, 20, "3 replicas")
+    op.apply(fis("grows", namespace, replicas=3, autoscaling={"minReplicas": 3, "maxReplicas": 5, "target": 4}))
+    generation = op.kube.get(fis_path(namespace, "grows"))["metadata"]["generation"]
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "grows")).get("status") or {}).get("observedGeneration")
+             == generation,
+             20, "the autoscaled spec reconciled")
+    deployment = op.kube.get(path)
+    assert deployment["spec"]["replicas"] == 3
+    replica_sets = op.kube.list(f"/apis/apps/v1/namespaces/{namespace}/replicasets")
+    assert [rs["spec"]["replicas"] for rs in replica_sets if rs["metadata"]["name"].startswith("grows-")] == [3]
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,
