@@ -25,7 +25,7 @@ from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
-from flotilla.operator.spec import InferenceServiceSpec, parse_source
+from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
 
@@ -205,6 +205,8 @@ def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> l
 
 def _settled(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> InferenceServiceSpec:
     """The spec as the children are built from it: the policy's choices for what the spec leaves to the cluster."""
+    if spec.image == DEFAULT_IMAGE and policy.engine_image != DEFAULT_IMAGE:
+        spec = spec.model_copy(update={"image": policy.engine_image})
     a = spec.autoscaling
     if a is None or policy.prometheus_address(a.prometheus_address) == a.prometheus_address:
         return spec

@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
+from flotilla.operator.spec import DEFAULT_IMAGE, DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
 
 # Kubernetes reserves the prefix for its built-in critical classes (no user may create a PriorityClass named so).
 SYSTEM_PRIORITY_PREFIX = "system-"
@@ -62,6 +62,9 @@ class AdmissionPolicy:
     pod_annotations: tuple[str, ...] = ()
     pod_labels: tuple[str, ...] = ()
     priority_classes: tuple[str, ...] = ()
+    # What spec.image's schema default stands for (--engine-image: a mirror, a vetted build). The mutating webhook
+    # writes it into the spec; the review settles it too, for a spec admitted while the webhook was away.
+    engine_image: str = DEFAULT_IMAGE
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:

@@ -192,7 +192,8 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
                                                   "allowed", [])),
                                               pod_labels=tuple(operator.get("engineLabels", {}).get("allowed", [])),
                                               priority_classes=tuple(operator.get("priorityClasses", {}).get(
-                                                  "allowed", [])))
+                                                  "allowed", [])),
+                                              engine_image=args.engine_image)
 
 
 def test_webhook_paths_are_the_operators_handler_ids() -> None:

@@ -21,7 +21,7 @@ from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import object_path
 from flotilla.operator.spec import InferenceServiceSpec
 
-from .conftest import FIS_PATH, wait_for
+from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = yaml.safe_load((REPO / "crds" / "samples" / "llama-3.1-8b-h200.yaml").read_text())
@@ -232,7 +232,7 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
         {"name": "engine", "image": "evil:latest"}]}}}}, content_type="application/strategic-merge-patch+json")
     wait_for(lambda: (d := op.kube.get(path))["spec"]["replicas"] == 2
              and d["spec"]["template"]["spec"]["containers"][0]["image"] == LLAMA["spec"].get(
-                 "image", "ghcr.io/flotilla-dev/flotilla-engine:0.1.0"), 10, "the Deployment restored")
+                 "image", ENGINE_IMAGE), 10, "the Deployment restored")
     # Server-side apply takes back every field the operator sets; fields it does not set (an extra
     # port added by hand under another key) are left to whoever added them.
     svc = child_path("Service", namespace, "llama")
