@@ -10,7 +10,9 @@ What is counted, per replica:
   width, embeddings and an untied LM head at the model dtype (vLLM keeps them unquantized); norms
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count. With tensor
   parallelism wider than the KV heads, the engine replicates KV heads so every GPU holds one (QKVParallelLinear):
-  k and v weights of max(KV heads, tensor) heads in all (added to numParameters too).
+  k and v weights of max(KV heads, tensor) heads in all (added to numParameters too). With pipeline
+  parallelism every stage builds the embedding and the LM head (engine/models/llama.py: only the decoder layers
+  are split), so they count once a stage.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
   model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
@@ -138,9 +140,10 @@ def packed_int_bytes_per_weight(bits: int, group: int | None, dtype: str = "auto
 
 
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto",
-                 rtn: tuple[int, int | None] = (8, 128), tensor: int = 1) -> int:
+                 rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1) -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring); `rtn` is
-    `rtn_scheme`'s (bits, group); `tensor` the replica's tensor-parallel ranks (KV heads replicated over them)."""
+    `rtn_scheme`'s (bits, group); `tensor` the replica's tensor-parallel ranks (KV heads replicated over them),
+    `pipeline` its stages (each holds the embedding and the LM head)."""
     linear, embeddings = parameter_counts(arch, tensor)
     int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
     compressed = int4 if arch.weight_bits == 4 else 1
@@ -148,7 +151,7 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
                   "awq": int4, "gptq": int4, "compressed-tensors": compressed, "gguf": gguf}[quantization]
-    return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
+    return int(linear * per_weight + pipeline * embeddings * _dtype_bytes(dtype))
 
 
 def gguf_file_bytes(arch: ModelArchitecture) -> int:
@@ -215,12 +218,13 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec), spec.parallelism.tensor)
+    tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
+    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
     weights += lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:
-        weights += weight_bytes(draft, "none", spec.dtype, tensor=spec.parallelism.tensor)
+        weights += weight_bytes(draft, "none", spec.dtype, tensor=tensor, pipeline=pipeline)
         per_token += kv_bytes_per_token(draft, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
     budget = int(gpus * gpu.memory_bytes * util)

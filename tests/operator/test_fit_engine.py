@@ -167,28 +167,33 @@ def _per_rank_weight_bytes(model) -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize(("tensor", "quantization"), [(2, "none"), (4, "none"), (8, "none"), (4, "rtn")])
-def test_fit_weights_under_tensor_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor,
-                                                                            quantization):
+@pytest.mark.parametrize(("tensor", "pipeline", "quantization", "tied"), [
+    (2, 1, "none", False), (4, 1, "none", False), (8, 1, "none", False), (4, 1, "rtn", False),
+    (1, 2, "none", False), (2, 2, "none", False), (1, 2, "none", True)])
+def test_fit_weights_under_model_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor, pipeline,
+                                                                          quantization, tied):
     # With more ranks than KV heads (2 here) the engine replicates each KV head over tensor / 2 ranks
-    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2.
+    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2. Every pipeline
+    # stage builds the embedding and the LM head (LlamaModel: only the layers are the stage's), so a replica holds
+    # them once a stage.
     from flotilla.engine import parallel_state
     from flotilla.engine.config import EngineConfig
     from flotilla.engine.layers import linear
     from flotilla.engine.model_loader import load_model
 
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    flags = {"quantization": quantization} if quantization != "none" else {}
-    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
-                                      tensor_parallel_size=tensor, **flags)
     monkeypatch.delenv("RTN_NUM_BITS", raising=False)
     monkeypatch.delenv("RTN_GROUP_SIZE", raising=False)
     monkeypatch.setattr(linear, "max_over_tp", lambda amax: amax)  # fp8's per-row scales: no other ranks here
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG | {"tie_word_embeddings": tied}))
+    flags = {"quantization": quantization} if quantization != "none" else {}
+    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
+                                      tensor_parallel_size=tensor, pipeline_parallel_size=pipeline, **flags)
     engine = 0
-    for rank in range(tensor):
-        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank(tp_rank=rank, tp_size=tensor))
+    for rank in range(tensor * pipeline):
+        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank.of(rank, tensor, pipeline))
         engine += _per_rank_weight_bytes(load_model(config.model, torch.device("cpu")))
     arch = ModelArchitecture.model_validate({
         "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
-        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB})
-    assert weight_bytes(arch, quantization, "bfloat16", tensor=tensor) == pytest.approx(engine, rel=0.005)
+        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, "tieWordEmbeddings": tied})
+    assert weight_bytes(arch, quantization, "bfloat16", tensor=tensor, pipeline=pipeline) == pytest.approx(
+        engine, rel=0.005)
