@@ -157,14 +157,19 @@ def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
 
 
+def reply_role(req: ChatCompletionRequest) -> str:
+    """The reply's role, as vLLM's get_chat_request_role: the assistant's after a generation prompt, else the last
+    message's (the model continues that message)."""
+    return "assistant" if req.add_generation_prompt or not req.messages else req.messages[-1].role
+
+
 def chat_echo(req: ChatCompletionRequest) -> str:
     """vLLM's chat `echo`: the text a reply starts with, the last message's content when its role is the reply's
     (the assistant's, or with add_generation_prompt false the last message's own: a continued message); else ""."""
     if not req.echo or not req.messages:
         return ""
     last = req.messages[-1]
-    role = "assistant" if req.add_generation_prompt else last.role
-    if last.role != role or last.content is None:
+    if last.role != reply_role(req) or last.content is None:
         return ""
     if isinstance(last.content, str):
         return last.content
@@ -468,7 +473,7 @@ class OpenAIServing:
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
-                                          self.enable_prompt_tokens_details)
+                                          self.enable_prompt_tokens_details, reply_role(req))
             else:
                 chunks = self._stream_chat(req, stream, request_id, created, model)
             return _echo_first(chunks, req.n, echo, request_id, created, model) if echo else chunks
@@ -478,6 +483,7 @@ class OpenAIServing:
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
+            message["role"] = reply_role(req)
             if req.echo:
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
@@ -496,7 +502,7 @@ class OpenAIServing:
                         "choices": choices, **extra})
 
         for i in range(req.n):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
                           "finish_reason": None}])
         state = StreamState(req.n)
         last = None

@@ -251,6 +251,24 @@ def test_chat_prompt_logprobs_as_vllm(server):
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reply_role_without_a_generation_prompt_is_the_last_messages_as_vllm(server, stream):
+    # vLLM's get_chat_request_role: "assistant" with add_generation_prompt, else the last message's role (the
+    # model continues that message). Was "assistant" always.
+    def role(messages: list[dict], add_generation_prompt: bool) -> str:
+        body = {"model": "tiny", "messages": messages, "max_tokens": 2, "stream": stream,
+                "add_generation_prompt": add_generation_prompt}
+        if not stream:
+            return post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"]
+        return next(c["choices"][0]["delta"]["role"] for c in events(post(server, "/v1/chat/completions", body))
+                    if c["choices"] and "role" in c["choices"][0]["delta"])
+
+    user = [{"role": "user", "content": "Name a colour."}]
+    assert role(user, True) == "assistant"
+    assert role(user, False) == "user"
+    assert role([*user, {"role": "assistant", "content": "Blue"}], False) == "assistant"
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
