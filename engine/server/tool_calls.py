@@ -120,10 +120,10 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
 
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
-    serialise them themselves, and a JSON string would be encoded twice. A tool-calling assistant
-    message without content (OpenAI clients send `null`) gets "" : templates read `message.content`."""
+    serialise them themselves, and a JSON string would be encoded twice. A message without content (OpenAI
+    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`."""
     for m in messages:
-        if m.get("tool_calls") and m.get("content") is None:
+        if m.get("content") is None:
             m["content"] = ""
         for call in m.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None

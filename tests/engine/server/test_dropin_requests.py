@@ -269,6 +269,18 @@ def test_the_reply_role_without_a_generation_prompt_is_the_last_messages_as_vllm
     assert role([*user, {"role": "assistant", "content": "Blue"}], False) == "assistant"
 
 
+def test_a_message_with_null_content_renders_as_empty_text_as_vllm(server):
+    # vLLM parses a null content as no parts, which the string content format renders as "": served. Was a 400
+    # from the template ("'dict object' has no attribute 'content'") unless the message carried tool calls.
+    body = {"model": "tiny", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "system", "content": None}, {"role": "user", "content": None}]}
+    reply = post(server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    empty = post(server, "/v1/chat/completions", {**body, "messages": [{"role": "system", "content": ""},
+                                                                       {"role": "user", "content": ""}]})
+    assert reply.json()["usage"] == empty.json()["usage"]
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"
