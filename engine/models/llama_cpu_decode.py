@@ -109,10 +109,12 @@ def cpu_decode_plan(model: LlamaForCausalLM) -> CpuDecodePlan | None:
     from flotilla.engine.layers.norm import RMSNorm
     from flotilla.engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
 
+    if tp_size() != 1 or pp_size() != 1:  # (a pipeline stage may not even hold the embedding or the norm)
+        return None
     dtype = model.embed_tokens.weight.dtype
     if dtype not in (torch.bfloat16, torch.float16) or model.embed_tokens.weight.device.type != "cpu":
         return None
-    if tp_size() != 1 or pp_size() != 1 or type(model.norm) is not RMSNorm or model.norm.weight.dtype != dtype:
+    if type(model.norm) is not RMSNorm or model.norm.weight.dtype != dtype:
         return None
     plans = []
     for layer in model.layers:
