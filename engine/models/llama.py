@@ -209,7 +209,8 @@ class LlamaForCausalLM(CausalLM):
             LlamaDecoderLayer(arch) if i in self.stage else nn.Identity() for i in range(arch.num_layers)
         )
         self.norm: nn.Module = RMSNorm(arch.hidden_size, arch.rms_norm_eps) if self.last_stage else nn.Identity()
-        self.lm_head: nn.Module = ParallelLMHead(arch.vocab_size, arch.hidden_size) if self.last_stage else nn.Identity()
+        self.lm_head: nn.Module = (ParallelLMHead(arch.vocab_size, arch.hidden_size) if self.last_stage
+                                   else nn.Identity())
         if arch.tie_word_embeddings and self.last_stage:
             self.lm_head.weight = self.embed_tokens.weight
         # the CPU decode step's weights (`llama_cpu_decode.py`), gathered at the first CPU forward, after loading
