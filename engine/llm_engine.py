@@ -599,14 +599,16 @@ class LLMEngine:
         # may stop the request is number min_tokens + 1.
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
-        begin = max(0, searched_from - max(map(len, stops)) + 1)
-        found = [(detok.text.find(s, begin), order, s) for order, s in enumerate(stops)]
-        found = [f for f in found if f[0] >= 0]
-        if not found:
-            return None
-        # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
-        index, _, stop = min(found)
-        return stop, index
+        text = detok.text
+        best: tuple[str, int] | None = None
+        for stop in stops:
+            # Only an occurrence that ends in the new text (vLLM's window, per stop string): a long stop string
+            # does not widen the short ones' searches.
+            index = text.find(stop, max(0, searched_from - len(stop) + 1))
+            # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
+            if index >= 0 and (best is None or index < best[1]):
+                best = stop, index
+        return best
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
         keep = index + len(stop) if child.sampling_params.include_stop_str_in_output else index
