@@ -140,6 +140,8 @@ class LLMEngine:
         completion_ids = [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]
         self._check_unique(completion_ids)
         now = time.monotonic()
+        sampler_tensors: dict = {}  # made at the first draw, for every completion alike
+        stop_token_set = frozenset(params.stop_token_ids)
         group = [
             Request(
                 request_id=completion_ids[i],
@@ -155,6 +157,8 @@ class LLMEngine:
                 priority=priority,
                 cache_salt=cache_salt,
                 bad_words_token_ids=bad_words,
+                sampler_tensors=sampler_tensors,
+                stop_token_set=stop_token_set,
             )
             for i in range(params.n)
         ]
