@@ -5,6 +5,7 @@ listed with their parent, loaded and unloaded at runtime, unknown names answered
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -102,3 +103,15 @@ def test_lora_requests_info_metric(client, lora_server):
              if line.startswith("vllm:lora_requests_info{")]
     assert lines and all('max_lora="2"' in line for line in lines)
     assert all("running_lora_adapters=" in line and "waiting_lora_adapters=" in line for line in lines)
+
+
+def test_lora_requests_info_keeps_one_series_whatever_adapters_clients_pick(client, lora_server):
+    # Each distinct (waiting, running) adapter list made a series of its own, kept forever: clients choosing
+    # adapters (and, with runtime loading, their names) grew /metrics and Prometheus' series without bound. As the
+    # gauge's value is the update's time, only the latest series means anything: it is the one kept.
+    for models in (["attn"], ["all7"], ["attn", "all7"], ["tiny", "all7"]):
+        with ThreadPoolExecutor(len(models)) as pool:
+            list(pool.map(lambda m: _greedy(client, m), models))
+    lines = [line for line in httpx.get(f"{lora_server.url}/metrics").text.splitlines()
+             if line.startswith("vllm:lora_requests_info{")]
+    assert len(lines) == 1, lines
