@@ -115,3 +115,23 @@ def test_lora_requests_info_keeps_one_series_whatever_adapters_clients_pick(clie
     lines = [line for line in httpx.get(f"{lora_server.url}/metrics").text.splitlines()
              if line.startswith("vllm:lora_requests_info{")]
     assert len(lines) == 1, lines
+
+
+def test_unloading_an_adapter_while_a_stream_uses_it(client, lora_server, lora_adapters):
+    # The stream goes on with the adapter's weights to its end (they are read again from its directory if its
+    # slot was freed); new requests for the name get 404 at once.
+    url, path = lora_server.url, str(lora_adapters["qwen3"]["mlp"])
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "busy", "lora_path": path}).status_code == 200
+    body = {"model": "busy", "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**body).choices[0].text
+    stream = client.completions.create(**body, stream=True)
+    pieces = [next(iter(stream)).choices[0].text]
+    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "busy"}, timeout=60)
+    assert gone.status_code == 200, gone.text
+    pieces += [c.choices[0].text for c in stream]
+    assert "".join(pieces) == whole
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(**{**body, "max_tokens": 1})
+    # Nor may an adapter take the base model's name.
+    clash = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "tiny", "lora_path": path})
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "lora_name", clash.text
