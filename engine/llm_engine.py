@@ -187,7 +187,8 @@ class LLMEngine:
 
     def _submit_grammar(self, params: SamplingParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """A constrained request's grammar: compiled already (cached), or the compile it will wait for. An
-        invalid constraint is refused here, before the request is queued (the checks take milliseconds)."""
+        invalid constraint is refused here (a small one: the parse takes milliseconds) or fails its compile (a
+        large one, parsed off the step loop: `compile_queue.SYNC_PARSE_CHARS`)."""
         assert params.structured_outputs is not None, "called for constrained requests only"
         if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
             raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
