@@ -37,6 +37,8 @@ from flotilla.kernels.dispatch import greedy_tokens
 logger = logging.getLogger(__name__)
 
 LogprobEntry = dict[int, tuple[float, int]]  # {token id: (logprob, rank)}
+# Prompt logprobs are computed for this many bytes of float32 logits at a time (rows of the vocabulary's width).
+PROMPT_LOGPROBS_SLICE_BYTES = 64 << 20
 
 
 @dataclass
@@ -429,21 +431,31 @@ class ModelRunner:
         spans: list[tuple[Request, int, int]],
         result: StepOutput,
     ) -> None:
-        """Log-probabilities of each next prompt token under the raw model distribution."""
+        """Log-probabilities of each next prompt token under the raw model distribution, computed for a slice of
+        the span's tokens at a time: the logits and their float copies are `[tokens, vocab]` each, and for a
+        whole step's prompt tokens at once (8,192 x a 128k vocabulary: ~11 GB) they overflowed the memory that
+        the KV-cache sizing leaves."""
+        rows = max(1, PROMPT_LOGPROBS_SLICE_BYTES // (4 * self.config.model.hf_config["vocab_size"]))
         for req, first, count in spans:
             start = positions[first]
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[first : first + count]).float(), dim=-1)
-            targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + count], device=self.device)
-            chosen = logprobs.gather(1, targets.unsqueeze(1))
-            ranks = token_ranks(logprobs, chosen).tolist()
             n = req.sampling_params.prompt_logprobs
             assert n is not None, "flatten() spans only requests that ask for prompt logprobs"
-            top = logprobs.topk(n, dim=-1)
-            chosen_values, top_ids, top_values = chosen.squeeze(1).tolist(), top.indices.tolist(), top.values.tolist()
-            entries = [
-                logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
-                for j, target in enumerate(targets.tolist())
-            ]
+            entries = []
+            for offset in range(0, count, rows):
+                size = min(rows, count - offset)
+                logits = self.model.compute_logits(hidden[first + offset : first + offset + size])
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                begin = start + 1 + offset
+                targets = torch.tensor(req.prompt_token_ids[begin : begin + size], device=self.device)
+                chosen = logprobs.gather(1, targets.unsqueeze(1))
+                ranks = token_ranks(logprobs, chosen).tolist()
+                top = logprobs.topk(n, dim=-1)
+                chosen_values, top_ids = chosen.squeeze(1).tolist(), top.indices.tolist()
+                top_values = top.values.tolist()
+                entries += [
+                    logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
+                    for j, target in enumerate(targets.tolist())
+                ]
             result.prompt_logprobs[req.request_id] = (start + 1, entries)
 
 

@@ -14,6 +14,10 @@ from flotilla.validation_messages import describe
 MAX_BAD_WORDS = 128
 # OpenAI's range for a logit bias (the server clamps a request's to it, as vLLM's does).
 LOGIT_BIAS_MAX = 100.0
+# Stop strings are searched for in every completion's new text at every step, on the step loop: a request
+# past these bounds would slow every stream (vLLM has none; TGI allows 4 by default, OpenAI 4).
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 8192  # in all
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
 MAX_LOGPROBS = 20
 # Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
@@ -88,6 +92,14 @@ class SamplingParams(BaseModel):
         if value is None:
             return []
         return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_bounded(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_STOP_STRINGS or sum(map(len, value)) > MAX_STOP_CHARS:
+            raise ValueError(f"stop holds {len(value)} strings of {sum(map(len, value))} characters in all; at most "
+                             f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters")
+        return value
 
     @field_validator("logit_bias")
     @classmethod

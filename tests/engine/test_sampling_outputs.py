@@ -112,9 +112,15 @@ def test_stop_token_ids_and_length(llm):
     assert _plain_greedy(SamplingRow(Request("t", PROMPT, banning), 0, 10))  # min_tokens reached
 
 
-def test_prompt_logprobs_match_hf(tiny_model_dirs, llm):
+@pytest.mark.parametrize("slice_rows", [None, 3], ids=["one-slice", "slices-of-3-tokens"])
+def test_prompt_logprobs_match_hf(tiny_model_dirs, llm, monkeypatch, slice_rows):
     from transformers import AutoModelForCausalLM
 
+    from flotilla.engine import model_runner
+
+    if slice_rows is not None:  # the prompt's logits in slices (their memory is bounded): the same entries
+        vocab = llm.engine.config.model.hf_config["vocab_size"]
+        monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_SLICE_BYTES", slice_rows * 4 * vocab)
     out = llm.generate([PROMPT], SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32)
     with torch.inference_mode():
