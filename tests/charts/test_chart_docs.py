@@ -1,0 +1,75 @@
+"""The docs' account of the chart is the chart's: docs/helm.md's values table has values.yaml's defaults,
+every value a doc names exists, docs/observability.md's defaults are the chart's, and the README's quick start
+names a chart, a sample and a short name that exist (tests/charts/test_chart_render.py checks the other way:
+every value has a row)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "flotilla"
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), CHART / "README.md",
+        CHART / "templates" / "NOTES.txt"]
+MISSING = object()
+
+
+def value(path: str) -> Any:
+    """values.yaml's value at a dotted path (MISSING if there is none)."""
+    node: Any = VALUES
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return MISSING
+        node = node[key]
+    return node
+
+
+def test_the_values_table_has_the_charts_defaults():
+    table = (REPO / "docs" / "helm.md").read_text().split("\n## Values\n")[1]
+    rows = re.findall(r"^\| `([\w.]+)` \| `(.*?)` \|", table, re.M)
+    assert len(rows) > 40
+    wrong = [(path, shown, value(path)) for path, shown in rows if yaml.safe_load(shown) != value(path)]
+    assert wrong == []
+
+
+def test_every_value_a_doc_names_exists():
+    """`operator.watchNamespaces`, `--set prometheusAdapter.rules.enabled=true`, ... in any doc."""
+    tops = "|".join(k for k, v in VALUES.items() if isinstance(v, dict))
+    named = re.compile(rf"(?<![\w./-])((?:{tops})(?:\.[A-Za-z]\w*)+)")
+    unknown = [f"{doc.relative_to(REPO)}: {path}" for doc in DOCS
+               for path in sorted(set(named.findall(doc.read_text()))) if value(path) is MISSING]
+    assert unknown == []
+
+
+def test_observability_values_and_defaults_are_documented():
+    """docs/observability.md names each `observability.*` value (a row's later ones as `.labels`) with its
+    default where it states one."""
+    text = (REPO / "docs" / "observability.md").read_text()
+    for block, settings in VALUES["observability"].items():
+        row = next(line for line in text.splitlines() if f"`observability.{block}." in line)
+        for key, default in settings.items():
+            path = f"observability.{block}.{key}"
+            assert f"`{path}`" in row or f"`.{key}`" in row, path
+            stated = re.search(rf"`\.?(?:observability\.{block}\.)?{key}` \(default (?:`([^`]+)`|([^\s,:;)]+))", row)
+            if stated:
+                shown = stated.group(1) or stated.group(2)
+                assert yaml.safe_load(f"{{{shown}}}" if ":" in shown else shown) == default, (path, shown)
+
+
+def test_the_readme_quick_start_names_what_exists():
+    block = re.search(r"## Quick start on Kubernetes\n\n```sh\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    commands = [line.split("#")[0].split() for line in block.group(1).splitlines()]
+    helm = next(c for c in commands if c[:2] == ["helm", "install"])
+    assert (REPO / helm[3] / "Chart.yaml").is_file()
+    assert (REPO / helm[3] / "crds" / "inferenceservices.serving.flotilla.dev.yaml").is_file()  # Helm installs it
+    sample = next(c for c in commands if c[:2] == ["kubectl", "apply"])[-1]
+    manifest = yaml.safe_load((REPO / sample).read_text())
+    assert manifest["kind"] == "InferenceService"
+    assert f"named {manifest['metadata']['name']}" in block.group(1)
+    crd = yaml.safe_load((REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml").read_text())
+    assert next(c for c in commands if c[:2] == ["kubectl", "get"])[2] in crd["spec"]["names"]["shortNames"]
