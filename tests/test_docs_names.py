@@ -134,3 +134,38 @@ def test_every_python_name_the_docs_put_in_backticks_exists():
             if token not in OTHER_NAMES and any(part not in words for part in m.group(1).split(".")):
                 unknown.append(f"{doc.relative_to(ROOT)}: {token}")
     assert unknown == []
+
+
+def test_the_operator_synopsis_is_its_command_line(monkeypatch):
+    """docs/operator.md's `flotilla operator [...]` block names every option, with the parser's default where it
+    shows a value rather than a placeholder."""
+    import argparse
+
+    from flotilla.operator.main import parse_args
+
+    parsers = []
+
+    def grab(self, *args, **kwargs):
+        parsers.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    with contextlib.suppress(SystemExit):
+        parse_args([])
+    text = (ROOT / "docs" / "operator.md").read_text()
+    synopsis = re.search(r"```\n(flotilla operator .*?)```", text, re.S).group(1)
+    shown = dict(re.findall(r"\[(-[\w-]+)(?: ([^\]\s]+))?", synopsis))
+    problems = []
+    for action in parsers[0]._actions:
+        if action.option_strings == ["-h", "--help"]:
+            continue
+        option = next((o for o in action.option_strings if o in shown), None)
+        if option is None:
+            problems.append(f"{action.option_strings} is not in the synopsis")
+        elif shown[option] and not shown[option].isupper():
+            value = shown[option]
+            number = isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
+            same = float(value) == action.default if number else value == action.default
+            if not same:
+                problems.append(f"{option} {value}: the default is {action.default!r}")
+    assert problems == []
