@@ -169,3 +169,23 @@ def test_the_operator_synopsis_is_its_command_line(monkeypatch):
             if not same:
                 problems.append(f"{option} {value}: the default is {action.default!r}")
     assert problems == []
+
+
+def test_the_server_limits_table_has_the_codes_values():
+    """docs/server.md's request limits: each "`--flag` (8 MiB" is the flag's default, each "2048 (`NAME`,
+    engine/server/serving.py)" that module's constant."""
+    import importlib
+
+    from flotilla.flags import flag
+
+    text = (ROOT / "docs" / "server.md").read_text()
+    table = text.split("| what | flag (default) | over the limit |")[1].split("\n\n")[0]
+    scale = {"KiB": 2**10, "MiB": 2**20, "s": 1, "": 1}
+    defaults = re.findall(r"`(--[\w-]+)` \(([\d,.]+) ?(KiB|MiB|s)?\b", table)
+    constants = re.findall(r"([\d,]+)(?: \w+)? \(`([A-Z_]+)`, (engine/[\w/]+)\.py\)", table)
+    assert len(defaults) >= 8 and len(constants) >= 2
+    for name, number, unit in defaults:
+        assert float(number.replace(",", "")) * scale[unit or ""] == flag(name).default, name
+    for number, constant, path in constants:
+        module = importlib.import_module("flotilla." + path.replace("/", "."))
+        assert getattr(module, constant) == int(number.replace(",", "")), constant
