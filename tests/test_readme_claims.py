@@ -1,0 +1,42 @@
+"""Smaller README claims that code can check: the routes the server has, `SamplingParams`' fields, and what
+`make generate` runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _routes() -> set[str]:
+    """Every path the server's FastAPI apps declare (engine/server/*.py), `{model_id:path}` as `{id}`."""
+    declared = set()
+    for source in sorted((ROOT / "engine" / "server").glob("*.py")):
+        declared |= set(re.findall(r"@app\.(?:get|post|api_route)\(\"([^\"]+)\"", source.read_text()))
+    return {re.sub(r"\{\w+(?::\w+)?\}", "{id}", route) for route in declared}
+
+
+def test_every_route_is_in_the_readme_and_every_route_it_names_exists():
+    routes = _routes()
+    sections = [README.split(f"\n## {title}\n")[1].split("\n## ")[0] for title in ("Server", "LoRA adapters")]
+    named = {p for text in sections for p in re.findall(r"`(?:GET |POST )?(/(?:v1/)?[a-z_]+(?:/[a-z_{}]+)*)`", text)}
+    assert sorted(named - routes) == []
+    assert sorted(routes - named) == []
+
+
+def test_sampling_params_fields_are_the_readmes():
+    from flotilla.engine import SamplingParams
+
+    listed = README.split("`SamplingParams` has vLLM's fields:")[1].split("`structured_outputs`")[0]
+    listed = re.sub(r"\([^()]*\)", "", listed)  # a field's values and links, in parentheses
+    documented = set(re.findall(r"`(\w+)`", listed)) | {"structured_outputs"}
+    assert documented == set(SamplingParams.model_fields)
+
+
+def test_make_generate_runs_what_the_readme_says():
+    said = re.search(r"`make generate` runs the offline path instead \(`(flotilla generate [^`]*)`\)", README).group(1)
+    recipe = (ROOT / "Makefile").read_text().split("\ngenerate:")[1].split("\n\n")[0]
+    command = re.search(r"\$\(VENV\)/bin/(flotilla generate .*)", recipe).group(1)
+    assert command.startswith(said.split('"')[0])
