@@ -73,3 +73,23 @@ def test_the_readme_quick_start_names_what_exists():
     assert f"named {manifest['metadata']['name']}" in block.group(1)
     crd = yaml.safe_load((REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml").read_text())
     assert next(c for c in commands if c[:2] == ["kubectl", "get"])[2] in crd["spec"]["names"]["shortNames"]
+
+
+def test_the_dashboard_panels_and_variables_are_the_docs():
+    """docs/observability.md's panel list: *panel* and **row or variable** titles are the dashboard's, and the
+    SLO variables' defaults are what it says."""
+    import json
+
+    board = json.loads((CHART / "dashboards" / "flotilla.json").read_text())
+    text = (REPO / "docs" / "observability.md").read_text().split("\n## Dashboard panels\n")[1].split("\n## ")[0]
+    panels = {p["title"] for p in board["panels"] if p.get("type") != "row"}
+    bold = {p["title"] for p in board["panels"] if p.get("type") == "row"}
+    bold |= {v["label"] for v in board["templating"]["list"]}
+    assert set(re.findall(r"(?<![*\w])\*([^*\n]+)\*(?!\*)", text)) - {"All"} == panels
+    assert set(re.findall(r"\*\*([^*\n]+)\*\*", text)) == bold
+    stated = {v["label"]: re.search(rf"\*\*{re.escape(v['label'])}\*\* \(default ([\d.]+)\)", text)
+              for v in board["templating"]["list"]}
+    defaults = {label: m.group(1) for label, m in stated.items() if m}
+    assert len(defaults) == 2
+    current = {v["label"]: v["current"].get("value") for v in board["templating"]["list"]}
+    assert defaults == {label: current[label] for label in defaults}
