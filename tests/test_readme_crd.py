@@ -147,3 +147,19 @@ def test_the_quantizations_the_readme_says_the_operator_takes_are_what_it_admits
 
 if __name__ == "__main__":
     print(crd_table())
+
+
+def test_the_webhook_messages_docs_operator_quotes_are_the_webhooks():
+    """docs/operator.md's "Admission webhook" table quotes messages; these specs produce them verbatim."""
+    from flotilla.operator.admission import review
+
+    table = (ROOT / "docs" / "operator.md").read_text().split("\n## Admission webhook\n")[1].split("\n## ")[0]
+    specs = [{"monitoring": {"interval": "1ms"}}, {"autoscaling": {"maxReplicas": 2, "window": "99999999m"}},
+             {"autoscaling": {"maxReplicas": 2, "prometheusAddress": "http://10.0.0.1:9090"}},
+             {"engineArgs": ["--swap-space", "4"]}, {"engineArgs": ["--max-model-len", "5"]},
+             {"engineArgs": ["--port", "1"]}, {"engineArgs": ["--shutdown-timeout=-5"]},
+             {"kvCache": {"dtype": "fp8"}, "dtype": "float32"},
+             {"pod": {"env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}}]
+    for extra in specs:
+        errors = review({"model": {"source": "pvc://models/x"}, **extra}, "x").errors
+        assert len(errors) == 1 and f"`{errors[0]}`" in table, errors
