@@ -40,3 +40,10 @@ def test_make_generate_runs_what_the_readme_says():
     recipe = (ROOT / "Makefile").read_text().split("\ngenerate:")[1].split("\n\n")[0]
     command = re.search(r"\$\(VENV\)/bin/(flotilla generate .*)", recipe).group(1)
     assert command.startswith(said.split('"')[0])
+
+
+def test_the_supported_architectures_are_the_registrys():
+    from flotilla.engine.models.registry import supported_architectures
+
+    said = " ".join(README.split()).split("Supported architectures:")[1].split(". The table")[0]
+    assert sorted(re.findall(r"`(\w+ForCausalLM)`", said)) == supported_architectures()
