@@ -102,10 +102,10 @@ def _known_flags() -> set[str]:
     with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
         parse_args(["--help"])
     flags |= set(re.findall(r"--[\w-]+", help_text.getvalue()))
-    # The benchmarks' and scripts' own command lines.
+    # The benchmarks', scripts' and test tools' own command lines.
     files, _ = tracked()
     for p in sorted(files):
-        if p.endswith(".py") and p.split("/")[0] in ("bench", "scripts", "charts"):
+        if p.endswith(".py") and p.split("/")[0] in ("bench", "scripts", "charts", "tests"):
             flags |= set(re.findall(r"add_argument\(\s*(?:\"-\w\",\s*)?\"(--[\w-]+)\"", (ROOT / p).read_text()))
     return flags
 

@@ -1,7 +1,7 @@
 """The README's InferenceService reference is the CRD's: its field table is generated from the committed
-schema (`python tests/test_readme_crd.py` prints it), every `spec.` path the README and docs/*.md name exists,
-its example is admitted as written, and what it says the operator takes for spec.quantization is what the
-webhook admits."""
+schema (`python tests/test_readme_crd.py` prints it, `--write` puts it in the README), every `spec.` path
+the README and docs/*.md name exists, its example is admitted as written, and what it says the operator
+takes for spec.quantization is what the webhook admits."""
 
 from __future__ import annotations
 
@@ -106,9 +106,14 @@ def named_paths(text: str) -> set[str]:
     return paths
 
 
+def _with_table(readme: str) -> str:
+    """The README with its field table replaced by the CRD's."""
+    head, rest = readme.split("<!-- crd:begin -->\n")
+    return f"{head}<!-- crd:begin -->\n{crd_table()}\n<!-- crd:end -->{rest.split(chr(10) + '<!-- crd:end -->')[1]}"
+
+
 def test_the_field_table_is_the_crds():
-    table = README.split("<!-- crd:begin -->\n")[1].split("\n<!-- crd:end -->")[0]
-    assert table == crd_table()
+    assert _with_table(README) == README, "the CRD changed: run `python tests/test_readme_crd.py --write`"
 
 
 def test_every_spec_path_the_readme_and_docs_name_exists():
@@ -146,7 +151,14 @@ def test_the_quantizations_the_readme_says_the_operator_takes_are_what_it_admits
 
 
 if __name__ == "__main__":
-    print(crd_table())
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print the README's InferenceService field table.")
+    parser.add_argument("--write", action="store_true", help="rewrite the README's table in place")
+    if parser.parse_args().write:
+        (ROOT / "README.md").write_text(_with_table(README))
+    else:
+        print(crd_table())
 
 
 def test_the_webhook_messages_docs_operator_quotes_are_the_webhooks():
