@@ -127,13 +127,36 @@ def test_every_spec_path_the_readme_and_docs_name_exists():
     assert problems == []
 
 
+def _example() -> dict[str, Any]:
+    section = README.split("\n## InferenceService reference\n")[1].split("\n## ")[0]
+    return yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+
+
 def test_the_readme_example_is_admitted_as_written():
     from flotilla.operator.admission import review
 
-    section = README.split("\n## InferenceService reference\n")[1].split("\n## ")[0]
-    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    example = _example()
     result = review(example["spec"], example["metadata"]["name"])
     assert (result.errors, result.warnings) == ([], [])
+
+
+def test_the_readme_examples_comments_are_what_the_pods_get():
+    """`apiKeySecretRef` becomes VLLM_API_KEY, engineArgs reach the engine, the GPU product is the node label,
+    the rollout replaces pods one at a time, adapters are served under their names."""
+    from flotilla.operator.admission import review
+    from flotilla.operator.deployment import build_deployment
+
+    example = _example()
+    deployment = build_deployment(review(example["spec"], "llama-8b").spec, "llama-8b", "ns")
+    pod = deployment["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["VLLM_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "llm-key", "key": "token"}}
+    assert "HF_TOKEN" in env and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert engine["args"][-3:] == ["--enforce-eager", "--shutdown-timeout", "120"]
+    assert "sql=/adapters/sql" in engine["args"] and engine["args"][engine["args"].index("--max-loras") + 1] == "8"
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
 def test_the_quantizations_the_readme_says_the_operator_takes_are_what_it_admits():
