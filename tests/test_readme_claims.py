@@ -47,3 +47,21 @@ def test_the_supported_architectures_are_the_registrys():
 
     said = " ".join(README.split()).split("Supported architectures:")[1].split(". The table")[0]
     assert sorted(re.findall(r"`(\w+ForCausalLM)`", said)) == supported_architectures()
+
+
+def test_every_benchmark_row_names_its_command():
+    """A row's last cell names the command (in backticks), or each result JSON it names records its command."""
+    import json
+
+    bench = README.split("<!-- bench:begin -->")[1].split("<!-- bench:end -->")[0]
+    rows = [line for line in bench.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    command = re.compile(r"`[^`]*\b(?:python3?|bash|make|flotilla|pytest|BUDGET_S=|OUT=|N=)[^`]*`")
+    headers = [row for row in rows if row.rstrip(" |").endswith(("result", "command → result"))]
+    silent = []
+    for row in rows:
+        if row in headers or command.search(row.rsplit(" | ", 1)[-1]):
+            continue
+        results = re.findall(r"bench/results/[\w./-]+\.json", row)
+        if not results or not all("command" in json.loads((ROOT / r).read_text()) for r in results):
+            silent.append(row[:80])
+    assert len(headers) >= 2 and silent == []
