@@ -191,3 +191,13 @@ def test_the_server_limits_table_has_the_codes_values():
     for number, constant, path in constants:
         module = importlib.import_module("flotilla." + path.replace("/", "."))
         assert getattr(module, constant) == int(number.replace(",", "")), constant
+
+
+def test_the_open_routes_docs_server_lists_are_the_servers():
+    """docs/server.md's "Open routes" table is PUBLIC_PATHS: every path but these needs the API key."""
+    from flotilla.engine.server.app import PUBLIC_PATHS
+
+    text = (ROOT / "docs" / "server.md").read_text()
+    table = text.split("\n### Open routes\n")[1].split("\n### ")[0].split("| route | reveals or does | why open |")[1]
+    rows = [line.split(" | ")[0] for line in table.strip().split("\n\n")[0].splitlines()[1:]]
+    assert {route for row in rows for route in re.findall(r"`(/[\w./]+)`", row)} == set(PUBLIC_PATHS)
