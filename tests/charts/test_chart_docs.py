@@ -93,3 +93,11 @@ def test_the_dashboard_panels_and_variables_are_the_docs():
     assert len(defaults) == 2
     current = {v["label"]: v["current"].get("value") for v in board["templating"]["list"]}
     assert defaults == {label: current[label] for label in defaults}
+
+
+def test_the_captured_install_notes_are_what_the_chart_prints(render):
+    """docs/helm.md's `helm install` capture: its NOTES are the chart's, for release flotilla in namespace
+    flotilla."""
+    _, notes = render(name="flotilla", namespace="flotilla")
+    captured = (REPO / "docs" / "helm.md").read_text().split("\nNOTES:\n")[1].split("```")[0]
+    assert captured.strip() == notes.strip()
