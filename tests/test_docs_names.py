@@ -201,3 +201,19 @@ def test_the_open_routes_docs_server_lists_are_the_servers():
     table = text.split("\n### Open routes\n")[1].split("\n### ")[0].split("| route | reveals or does | why open |")[1]
     rows = [line.split(" | ")[0] for line in table.strip().split("\n\n")[0].splitlines()[1:]]
     assert {route for row in rows for route in re.findall(r"`(/[\w./]+)`", row)} == set(PUBLIC_PATHS)
+
+
+def test_the_pooling_flags_table_is_the_declaration():
+    """docs/embeddings.md's flag table: the values column is each flag's supported values, and what it calls
+    "declared, not supported" is declared and unsupported."""
+    from flotilla.flags import flag
+
+    text = (ROOT / "docs" / "embeddings.md").read_text()
+    rows = re.findall(r"^\| `(--[\w-]+)` \| ([^|]+) \| ([^|]+) \|$", text, re.M)
+    assert [name for name, _, _ in rows] == ["--runner", "--convert", "--task"]
+    for name, values, meaning in rows:
+        f = flag(name)
+        assert set(re.findall(r"`(\w+)`", values)) == set(f.supported_values or f.choices), name
+        declared = re.search(r"((?:`\w+`/?)+) (?:is|are) declared, not supported", meaning)
+        unsupported = set(f.choices or ()) - set(f.supported_values or ())
+        assert declared is None or set(re.findall(r"`(\w+)`", declared.group(1))) <= unsupported, name
