@@ -101,3 +101,22 @@ def test_the_captured_install_notes_are_what_the_chart_prints(render):
     _, notes = render(name="flotilla", namespace="flotilla")
     captured = (REPO / "docs" / "helm.md").read_text().split("\nNOTES:\n")[1].split("```")[0]
     assert captured.strip() == notes.strip()
+
+
+def test_what_the_chart_installs_is_the_rendered_objects(render):
+    """docs/helm.md's "What the chart installs" table (release flotilla, every optional object on) is the
+    rendered objects' kinds and names, plus the CRD from crds/."""
+    objects, _ = render({"prometheusAdapter": {"rules": {"enabled": True}},
+                         "observability": {"prometheusRule": {"enabled": True}}}, name="flotilla", namespace="flotilla")
+    text = (REPO / "docs" / "helm.md").read_text().split("\n## What the chart installs\n")[1].split("\n## ")[0]
+    documented = set()
+    for kinds, names in re.findall(r"^\| ([A-Z][\w/, ]+) \| ((?:`[^`]+`(?:, )?)+) \|", text, re.M):
+        kinds = [k for kind in kinds.split(", ") for k in (
+            [f"{p}WebhookConfiguration" for p in kind.removesuffix("WebhookConfiguration").split("/")]
+            if "/" in kind else [kind])]
+        names = re.findall(r"`([^`]+)`", names)
+        if len(names) == 1:
+            names = names * len(kinds)
+        documented |= set(zip(kinds, names, strict=True))
+    rendered = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert documented == rendered | {("CustomResourceDefinition", "inferenceservices.serving.flotilla.dev")}
