@@ -120,3 +120,22 @@ def test_what_the_chart_installs_is_the_rendered_objects(render):
         documented |= set(zip(kinds, names, strict=True))
     rendered = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert documented == rendered | {("CustomResourceDefinition", "inferenceservices.serving.flotilla.dev")}
+
+
+def _grants(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str]]:
+    return {(group, resource, ", ".join(rule["verbs"])) for o in objects if o["kind"] == kind
+            for rule in o["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_the_rbac_table_is_the_charts_roles(render):
+    """docs/helm.md's RBAC table is the ClusterRole's rules (the namespaces row only with watchNamespaces), and
+    with plain watched names every row but the last two is a Role's."""
+    text = (REPO / "docs" / "helm.md").read_text().split("\n## RBAC\n")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| ([\w.\"]+) \| ([\w/]+) \| ([a-z, ]+) \|", text, re.M)
+    table = [(group.strip('"'), resource, verbs) for group, resource, verbs in rows]
+    objects, _ = render({}, name="flotilla", namespace="flotilla")
+    assert set(table) == _grants(objects, "ClusterRole") | {("", "namespaces", "list, watch")}
+    assert "every rule above but the last two is a **Role**" in text
+    namespaced, _ = render({"operator": {"watchNamespaces": ["a"]}}, name="flotilla", namespace="flotilla")
+    assert _grants(namespaced, "Role") == set(table[:-2])
+    assert _grants(namespaced, "ClusterRole") == set(table[-2:])
