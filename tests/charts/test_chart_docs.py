@@ -139,3 +139,33 @@ def test_the_rbac_table_is_the_charts_roles(render):
     namespaced, _ = render({"operator": {"watchNamespaces": ["a"]}}, name="flotilla", namespace="flotilla")
     assert _grants(namespaced, "Role") == set(table[:-2])
     assert _grants(namespaced, "ClusterRole") == set(table[-2:])
+
+
+def test_each_value_reaches_the_operator_flag_its_row_names(render):
+    """A values row that names an operator flag (`--serving-period`, ...): setting the value puts it on that flag of
+    the operator's container."""
+    samples = {"operator.hostPath.allowedPrefixes": ["/models"],
+               "operator.engineAnnotations.allowed": ["prometheus.io/"],
+               "operator.engineLabels.allowed": ["example.com/team"], "operator.priorityClasses.allowed": ["inference"],
+               "operator.keda.prometheusAddresses": ["http://prom.monitoring.svc:9090"], "operator.logLevel": "debug"}
+    table = (REPO / "docs" / "helm.md").read_text().split("\n## Values\n")[1]
+    rows = re.findall(r"^\| `([\w.]+)` \| `.*?` \| .*?(--[a-z][\w-]+)", table, re.M)
+    assert len(rows) >= 10
+    for path, flag in rows:
+        default = value(path)
+        new = samples.get(path, default + 1 if isinstance(default, int) else None)
+        assert new is not None, path
+        overrides: dict[str, Any] = {}
+        node = overrides
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = new
+        objects, _ = render(overrides, name="flotilla", namespace="flotilla")
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        if isinstance(new, list):
+            wanted = {f"{flag}={v}" for v in new}
+        else:
+            wanted = {flag if new == "debug" else f"{flag}={new}"}
+        assert wanted <= set(args), (path, flag, args)
