@@ -198,3 +198,14 @@ def test_the_webhook_messages_docs_operator_quotes_are_the_webhooks():
     for extra in specs:
         errors = review({"model": {"source": "pvc://models/x"}, **extra}, "x").errors
         assert len(errors) == 1 and f"`{errors[0]}`" in table, errors
+
+
+def test_captured_kubectl_get_fis_columns_are_the_crds_printer_columns():
+    """The `kubectl get fis` captures in docs/*.md show the CRD's printer columns, in order."""
+    crd = yaml.safe_load(CRD.read_text())
+    columns = ["NAME", *(c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"])]
+    headers = [line for doc in sorted((ROOT / "docs").glob("*.md")) for line in doc.read_text().splitlines()
+               if line.startswith("NAME ") and "REPLICAS" in line and "MODEL" in line]
+    assert len(headers) >= 2
+    for header in headers:
+        assert re.split(r" {2,}", header.strip()) == columns, header
