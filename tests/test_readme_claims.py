@@ -65,3 +65,14 @@ def test_every_benchmark_row_names_its_command():
         if not results or not all("command" in json.loads((ROOT / r).read_text()) for r in results):
             silent.append(row[:80])
     assert len(headers) >= 2 and silent == []
+
+
+def test_rtn_defaults_are_the_readmes():
+    """"`RTN_NUM_BITS` 8 (default) or 4, `RTN_GROUP_SIZE` ... (default 128, -1 per row"."""
+    from flotilla.engine_rules import rtn_settings
+
+    flat = " ".join(README.split())
+    bits, group = (int(n) for n in re.search(r"`RTN_NUM_BITS` (\d+) \(default\).*?`RTN_GROUP_SIZE` inputs per "
+                                             r"symmetric scale \(default (\d+), -1 per row", flat).groups())
+    assert rtn_settings({}) == (bits, group)
+    assert rtn_settings({"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "-1"}) == (4, None)
