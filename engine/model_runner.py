@@ -190,8 +190,10 @@ class ModelRunner:
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
             hidden = self.model(ids, torch.arange(n, device=self.device))
-            logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :]).float()
-            logits.softmax(dim=-1).sort(dim=-1)  # the sampler's largest intermediates
+            logits = None
+            if is_last_stage():  # the only stage that holds the LM head and draws
+                logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :]).float()
+                logits.softmax(dim=-1).sort(dim=-1)  # the sampler's largest intermediates
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         del hidden, logits

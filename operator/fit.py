@@ -11,8 +11,9 @@ What is counted, per replica:
   and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count. With tensor
   parallelism wider than the KV heads, the engine replicates KV heads so every GPU holds one (QKVParallelLinear):
   k and v weights of max(KV heads, tensor) heads in all (added to numParameters too). With pipeline
-  parallelism every stage builds the embedding and the LM head (engine/models/llama.py: only the decoder layers
-  are split), so they count once a stage.
+  parallelism a stage builds only what it runs, as vLLM does (engine/models/llama.py): its decoder layers, the
+  embedding on the first stage, the final norm and the LM head on the last; so an untied model's embedding and
+  head count once, while a tied one's table counts twice (the first stage's embedding and the last stage's head).
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
   model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
@@ -143,15 +144,17 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
                  rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1) -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring); `rtn` is
     `rtn_scheme`'s (bits, group); `tensor` the replica's tensor-parallel ranks (KV heads replicated over them),
-    `pipeline` its stages (each holds the embedding and the LM head)."""
+    `pipeline` its stages (the first holds the embedding, the last the LM head: a tied table twice)."""
     linear, embeddings = parameter_counts(arch, tensor)
+    if arch.tie_word_embeddings and pipeline > 1:
+        embeddings += arch.vocab_size * arch.hidden_size  # the last stage's head, a copy of the first's embedding
     int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
     compressed = int4 if arch.weight_bits == 4 else 1
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
                   "awq": int4, "gptq": int4, "compressed-tensors": compressed, "gguf": gguf}[quantization]
-    return int(linear * per_weight + pipeline * embeddings * _dtype_bytes(dtype))
+    return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
 
 def gguf_file_bytes(arch: ModelArchitecture) -> int:

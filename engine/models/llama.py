@@ -195,15 +195,23 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, arch: LlamaArch) -> None:
         super().__init__()
         self.arch = arch
-        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
-        # A pipeline stage builds only its own layers; the others are empty placeholders.
+        # the model dtype (the loader sets torch's default for the construction): what a later stage receives
+        self.dtype = torch.get_default_dtype()
+        # A pipeline stage builds only what it runs, as vLLM does; what another stage holds is an empty placeholder
+        # (nn.Identity, no parameters): its own layers; the embedding on the first stage (and on the last with tied
+        # embeddings, where it is the LM head's weight); the final norm and the LM head on the last.
+        self.first_stage, self.last_stage = pp_rank() == 0, is_last_stage()
+        self.holds_embedding = self.first_stage or (self.last_stage and arch.tie_word_embeddings)
+        self.embed_tokens: nn.Module = (VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
+                                        if self.holds_embedding else nn.Identity())
         self.stage = stage_layers(arch.num_layers)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(arch) if i in self.stage else nn.Identity() for i in range(arch.num_layers)
         )
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
-        if arch.tie_word_embeddings:
+        self.norm: nn.Module = RMSNorm(arch.hidden_size, arch.rms_norm_eps) if self.last_stage else nn.Identity()
+        self.lm_head: nn.Module = (ParallelLMHead(arch.vocab_size, arch.hidden_size) if self.last_stage
+                                   else nn.Identity())
+        if arch.tie_word_embeddings and self.last_stage:
             self.lm_head.weight = self.embed_tokens.weight
         # the CPU decode step's weights (`llama_cpu_decode.py`), gathered at the first CPU forward, after loading
         # (None: the model is not one it computes exactly)
@@ -218,25 +226,26 @@ class LlamaForCausalLM(CausalLM):
             if not self._cpu_planned:
                 self._cpu_plan, self._cpu_planned = cpu_decode_plan(self), True
             meta, plans = current_attention_metadata(), self._cpu_plan
-            if plans is not None and meta is not None and cpu_decode_takes(plans, self.embed_tokens.weight.dtype,
-                                                                            meta):
+            if plans is not None and meta is not None and cpu_decode_takes(plans, self.dtype, meta):
                 return cpu_decode_forward(self, plans, self.embed_tokens(input_ids), positions, meta)
-        if pp_rank() == 0:
+        if self.first_stage:
             hidden = self.embed_tokens(input_ids)
         else:  # a later pipeline stage starts from the previous stage's hidden states and residual
             shape = (input_ids.shape[0], self.arch.hidden_size)
-            hidden, residual = recv_from_prev_stage([shape, shape], self.embed_tokens.weight.dtype, input_ids.device)
+            hidden, residual = recv_from_prev_stage([shape, shape], self.dtype, input_ids.device)
         for i in self.stage:
             hidden, residual = self.layers[i](positions, hidden, residual)
         assert residual is not None, "every stage holds at least one layer"
-        if not is_last_stage():
+        if not self.last_stage:
             send_to_next_stage([hidden, residual])
             return hidden
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits for the selected hidden states."""
+        """Vocabulary logits for the selected hidden states (the last pipeline stage's: it alone holds the head)."""
+        if not self.last_stage:
+            raise RuntimeError("compute_logits on an earlier pipeline stage: only the last holds the LM head")
         return self.lm_head(hidden)
 
     @property
@@ -245,9 +254,16 @@ class LlamaForCausalLM(CausalLM):
         return self.arch.tie_word_embeddings
 
     def holds(self, name: str) -> bool:
-        """False for the parameters of layers that another pipeline stage holds."""
+        """False for the parameters another pipeline stage holds: its layers, the embedding (first stage; the
+        last too when tied), the final norm and the LM head (last stage)."""
         parts = name.split(".")
-        return parts[0] != "layers" or int(parts[1]) in self.stage
+        if parts[0] == "layers":
+            return int(parts[1]) in self.stage
+        if parts[0] == "embed_tokens":
+            return self.holds_embedding
+        if parts[0] in ("norm", "lm_head"):
+            return self.last_stage
+        return True
 
     @staticmethod
     def checkpoint_name(hf_name: str) -> str:

@@ -109,10 +109,13 @@ def cpu_decode_plan(model: LlamaForCausalLM) -> CpuDecodePlan | None:
     from flotilla.engine.layers.norm import RMSNorm
     from flotilla.engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
 
-    dtype = model.embed_tokens.weight.dtype
-    if dtype not in (torch.bfloat16, torch.float16) or model.embed_tokens.weight.device.type != "cpu":
+    if tp_size() != 1 or pp_size() != 1:  # (a pipeline stage may not even hold the embedding or the norm)
         return None
-    if tp_size() != 1 or pp_size() != 1 or type(model.norm) is not RMSNorm or model.norm.weight.dtype != dtype:
+    embedding = cast(torch.Tensor, model.embed_tokens.weight)  # one stage: the model's own embedding
+    dtype = embedding.dtype
+    if dtype not in (torch.bfloat16, torch.float16) or embedding.device.type != "cpu":
+        return None
+    if type(model.norm) is not RMSNorm or model.norm.weight.dtype != dtype:
         return None
     plans = []
     for layer in model.layers:
@@ -183,7 +186,7 @@ def cpu_decode_forward(model: LlamaForCausalLM, plan: CpuDecodePlan, hidden: tor
         gate, up = gate_up.chunk(2, dim=-1)
         hidden = _matmul(p.down, F.silu(gate).mul_(up))
     residual = hidden.add_(residual)
-    return _rms_norm(residual, model.norm.weight, plan.final_eps, first.size)
+    return _rms_norm(residual, cast(torch.Tensor, model.norm.weight), plan.final_eps, first.size)
 
 
 @dataclass

@@ -271,8 +271,10 @@ def attach_gguf_lm_head(model: Any, path: str | Path) -> bool:
     """After loading, on the CPU in bf16 with one tensor-parallel rank: a Q8_0 LM head (the file's `output.weight`,
     else its tied `token_embd.weight`) as 8-bit codes in torch's int4 layout (`lm_head.cpu_int_weight`, which
     `ParallelLMHead` prefers); the dense weight stays for the embedding. True when attached."""
-    from flotilla.engine.parallel_state import tp_size
+    from flotilla.engine.parallel_state import is_last_stage, tp_size
 
+    if not is_last_stage():  # an earlier pipeline stage holds no LM head
+        return False
     head = model.lm_head
     if not env_flag("FLOTILLA_GGUF_CPU_HEAD", True):  # the dense bf16 head (an A/B switch)
         return False

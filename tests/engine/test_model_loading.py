@@ -190,3 +190,36 @@ def test_a_tied_model_with_another_lm_head_in_its_checkpoint_warns(tiny_model_di
     with caplog.at_level(logging.WARNING, logger="flotilla.engine.model_loader"):
         _greedy(src)  # the usual tied checkpoint: no lm_head.weight, no warning
     assert not any("lm_head.weight" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-rope-tied", "qwen3"])
+def test_a_pipeline_stage_loads_only_what_it_runs(tiny_model_dirs, monkeypatch, arch):
+    # As vLLM: the first stage holds the embedding, the last the final norm and the LM head (tied: the embedding
+    # too, as its head's weight), each its own layers; a real checkpoint loads into every stage with the other
+    # stages' tensors skipped and nothing missing.
+    from flotilla.engine import parallel_state
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.model_loader import load_model
+
+    path = tiny_model_dirs[arch]
+    tied = json.loads((path / "config.json").read_text())["tie_word_embeddings"]
+    config = EngineConfig.from_kwargs(str(path), max_model_len=128, pipeline_parallel_size=2)
+    reference = load_model(config.model, torch.device("cpu"))  # one stage (the default rank): the whole model
+    full = dict(reference.named_parameters())
+    for rank, (expected_tops, layer) in enumerate([({"embed_tokens", "layers"}, 0),
+                                                    ({"layers", "norm"} | ({"embed_tokens"} if tied else
+                                                                           {"lm_head"}), 1)]):
+        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank.of(rank, 1, 2))
+        model = load_model(config.model, torch.device("cpu"))
+        params = dict(model.named_parameters())
+        assert {n.split(".")[0] for n in params} == expected_tops
+        assert {int(n.split(".")[1]) for n in params if n.startswith("layers.")} == {layer}
+        assert all(torch.equal(p, full[n]) for n, p in params.items())  # loaded: the one-stage model's values
+        if rank == 1:
+            head = model.lm_head.weight
+            assert head is model.embed_tokens.weight if tied else torch.equal(head, full["lm_head.weight"])
+            hidden = torch.randn(3, head.shape[1])
+            assert torch.equal(model.compute_logits(hidden), reference.compute_logits(hidden))
+        else:
+            with pytest.raises(RuntimeError, match="only the last holds the LM head"):
+                model.compute_logits(torch.zeros(1, 64))

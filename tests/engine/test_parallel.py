@@ -108,6 +108,12 @@ def test_pipeline_parallel_qwen2_matches_hf(tiny_model_dirs):
         assert llm.engine.batches is not None and llm.engine.batches.peak == 2, "two steps were in flight at once"
 
 
+def test_pipeline_parallel_tied_llama_matches_hf(tiny_model_dirs):
+    """Tied embeddings: the first stage embeds, the last holds the same table as its LM head (loaded twice)."""
+    for llm in _engine(tiny_model_dirs["llama3-rope-tied"], pipeline_parallel_size=2):
+        _check_matches_hf(llm, tiny_model_dirs["llama3-rope-tied"], seed=6)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_gpus_short(4), reason="needs 4 GPUs")
 def test_tensor_times_pipeline_parallel_matches_hf(tiny_model_dirs):

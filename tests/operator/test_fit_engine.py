@@ -173,9 +173,8 @@ def _per_rank_weight_bytes(model) -> int:
 def test_fit_weights_under_model_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor, pipeline,
                                                                           quantization, tied):
     # With more ranks than KV heads (2 here) the engine replicates each KV head over tensor / 2 ranks
-    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2. Every pipeline
-    # stage builds the embedding and the LM head (LlamaModel: only the layers are the stage's), so a replica holds
-    # them once a stage.
+    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2. A pipeline stage
+    # builds its layers, the first the embedding, the last the norm and the LM head (tied: the table on both).
     from flotilla.engine import parallel_state
     from flotilla.engine.config import EngineConfig
     from flotilla.engine.layers import linear
