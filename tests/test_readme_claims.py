@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -76,3 +77,18 @@ def test_rtn_defaults_are_the_readmes():
                                              r"symmetric scale \(default (\d+), -1 per row", flat).groups())
     assert rtn_settings({}) == (bits, group)
     assert rtn_settings({"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "-1"}) == (4, None)
+
+
+def test_json_flag_examples_use_the_configs_keys():
+    """`--structured-outputs-config '{...}'` examples and the `--speculative-config` JSON the README shows name
+    only keys their config models have (an unknown key refuses to start)."""
+    from flotilla.engine.spec_decode.config import SpeculativeConfig
+    from flotilla.engine.structured_output.config import StructuredOutputsConfig
+
+    docs = [README, *((ROOT / "docs").glob("*.md"))]
+    texts = [d if isinstance(d, str) else d.read_text() for d in docs]
+    examples = [m for t in texts for m in re.findall(r"--structured-outputs-config\s*'(\{[^']*\})'", t)]
+    assert examples and all(set(json.loads(e)) <= set(StructuredOutputsConfig.model_fields) for e in examples)
+    section = README.split("\n## Speculative decoding\n")[1].split("\n## ")[0]
+    keys = set(re.findall(r'"(\w+)":', section.split("Figures (")[0]))
+    assert keys and keys <= set(SpeculativeConfig.model_fields), keys - set(SpeculativeConfig.model_fields)
