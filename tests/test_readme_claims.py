@@ -1,5 +1,5 @@
-"""Smaller README claims that code can check: the routes the server has, `SamplingParams`' fields, and what
-`make generate` runs."""
+"""Smaller README claims that code can check: the server's routes, `SamplingParams`' fields, what `make generate`
+runs, the supported architectures, each benchmark row's command, the RTN defaults and the JSON flags' keys."""
 
 from __future__ import annotations
 
