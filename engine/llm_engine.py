@@ -29,6 +29,7 @@ from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
@@ -122,6 +123,7 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = prompt_text, list(prompt)
+        token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens, self.config.model.max_model_len)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
         bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()

@@ -26,7 +26,7 @@ from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
 from flotilla.engine.request import Request
-from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
+from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample, token_ranks
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
 from flotilla.engine.spec_decode.decode_rows import as_decode_rows, max_decode_rows
@@ -435,7 +435,7 @@ class ModelRunner:
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[first : first + count]).float(), dim=-1)
             targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + count], device=self.device)
             chosen = logprobs.gather(1, targets.unsqueeze(1))
-            ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+            ranks = token_ranks(logprobs, chosen).tolist()
             n = req.sampling_params.prompt_logprobs
             assert n is not None, "flatten() spans only requests that ask for prompt logprobs"
             top = logprobs.topk(n, dim=-1)
@@ -494,9 +494,11 @@ def _plain_greedy(row: SamplingRow) -> bool:
 def logprob_entry(
     token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]
 ) -> dict[int, tuple[float, int]]:
-    """vLLM's per-position logprobs: the top-N tokens by rank, plus the actual token with its rank."""
+    """vLLM's per-position logprobs: the top-N tokens by rank, plus the actual token with its rank. A token of
+    the top-N keeps its top-N position, as vLLM's dict (its rank counts ties, `token_ranks`: on a tie the two
+    differ)."""
     entry = {t: (v, r + 1) for r, (t, v) in enumerate(zip(top_ids, top_values, strict=True))}
-    entry[token] = (logprob, rank)
+    entry.setdefault(token, (logprob, rank))
     return entry
 
 

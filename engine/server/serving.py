@@ -13,7 +13,8 @@ from typing import Any, cast
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
-from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
     render_untrusted,
@@ -23,7 +24,7 @@ from flotilla.engine.server.chat_template import (
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
+from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
@@ -58,8 +59,7 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.
 # (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
-UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
-                           "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors")
 
 
 def refuse_unsupported_fields(req: _SamplingFields) -> None:
@@ -92,7 +92,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
     if max_tokens_cap:
         wanted = min(wanted, max_tokens_cap)
     try:
-        bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
+        # vLLM's server clamps each bias to [-100, 100] (OpenAI's range) rather than refusing one beyond it
+        bias = {int(k): min(max(v, -LOGIT_BIAS_MAX), LOGIT_BIAS_MAX) for k, v in (req.logit_bias or {}).items()} or None
     except ValueError:
         raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
     try:
@@ -144,10 +145,49 @@ def usage(output: RequestOutput) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def choice_usage(output: RequestOutput, choice: CompletionOutput) -> dict[str, int]:
+    """The usage of one choice so far (vLLM's continuous_usage_stats: each chunk counts its own choice's tokens)."""
+    prompt, completion = len(output.prompt_token_ids), len(choice.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
+
+
+def reply_role(req: ChatCompletionRequest) -> str:
+    """The reply's role, as vLLM's get_chat_request_role: the assistant's after a generation prompt, else the last
+    message's (the model continues that message)."""
+    return "assistant" if req.add_generation_prompt or not req.messages else req.messages[-1].role
+
+
+def chat_echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat `echo`: the text a reply starts with, the last message's content when its role is the reply's
+    (the assistant's, or with add_generation_prompt false the last message's own: a continued message); else ""."""
+    if not req.echo or not req.messages:
+        return ""
+    last = req.messages[-1]
+    if last.role != reply_role(req) or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(part.text or "" for part in last.content)
+
+
+async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id: str, created: int,
+                      model: str) -> AsyncIterator[str]:
+    """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it)."""
+    sent = 0
+    async for chunk in chunks:
+        yield chunk
+        sent += 1
+        if sent == n:  # the n role chunks come first
+            for i in range(n):
+                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                        "finish_reason": None}]})
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
@@ -351,7 +391,7 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
-                yield fmt.completion(index, text, c, logprobs, usage(output) if continuous else None)
+                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -419,32 +459,41 @@ class OpenAIServing:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
-                                                       (top or 0) if req.logprobs else None,
+                                                       (top or 0) if req.logprobs else None, req.prompt_logprobs,
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
+        echo = chat_echo(req)
         if req.stream:
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
-                return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
-                                                                         created, model), req.stream_options,
-                                        self.enable_prompt_tokens_details)
-            return self._stream_chat(req, stream, request_id, created, model)
+                fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
+                chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
+                                          self.enable_prompt_tokens_details, reply_role(req))
+            else:
+                chunks = self._stream_chat(req, stream, request_id, created, model)
+            return _echo_first(chunks, req.n, echo, request_id, created, model) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
+            message["role"] = reply_role(req)
+            if req.echo:
+                message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-        return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+                 "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        if req.prompt_logprobs is not None:  # vLLM's chat field, beside the choices
+            reply["prompt_logprobs"] = self._prompt_logprobs_json(output)
+        return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
                            created: int, model: str) -> AsyncIterator[str]:
@@ -453,7 +502,7 @@ class OpenAIServing:
                         "choices": choices, **extra})
 
         for i in range(req.n):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
                           "finish_reason": None}])
         state = StreamState(req.n)
         last = None
@@ -464,7 +513,7 @@ class OpenAIServing:
             last = output
             for c, text, first in state.deltas(output):
                 yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                               usage(output) if continuous else None)
+                               choice_usage(output, c) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"

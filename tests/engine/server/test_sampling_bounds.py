@@ -132,3 +132,21 @@ def test_chat_repetition_penalty_1e_50_with_logprobs_is_a_400(server):
         response = post(server, {**body, "stream": stream}, "/v1/chat/completions")
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "repetition_penalty"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_logit_bias_beyond_100_is_clamped_as_vllm(server, path):
+    # vLLM's server clamps each bias to [-100, 100] (SamplingParams.from_optional, "per OpenAI API spec"): clients
+    # that ban a token with -1e9 or force one with 1000 are served. Was: a 400.
+    base = {"model": "tiny", "max_tokens": 3, "temperature": 0,
+            **({"prompt": "Hello"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})}
+
+    def text(bias: dict[str, float]) -> str:
+        response = post(server, {**base, "logit_bias": bias}, path)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        return choice["text"] if "text" in choice else choice["message"]["content"]
+
+    assert text({"1234": 1000}) == text({"1234": 100})
+    assert text({"1234": 1e9, "77": -1e9}) == text({"1234": 100, "77": -100})
+    assert_still_serving(server)
