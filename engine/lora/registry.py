@@ -45,11 +45,27 @@ def parse_lora_module(text: str) -> LoRAModulePath:
             raise ValueError(f"--lora-modules: {text!r} is neither name=path nor JSON")
         module = LoRAModulePath(name.strip(), path.strip())
     if not module.name or not module.path:
-        raise ValueError(f"--lora-modules: {text!r}: the name and the path must not be empty")
+        raise ValueError(f"--lora-modules: {text[:300]!r}: the name and the path must not be empty")
+    try:
+        check_lora_name(module.name)
+    except ValueError as exc:
+        raise ValueError(f"--lora-modules: {exc}") from None
     return module
 
 
 _ids = itertools.count(1)
+
+# A name is what clients put in `model`, and it is shown in /v1/models, in the vllm:lora_requests_info label and in
+# the logs: bounded (HF repo ids are at most 96 characters) and printable, so no newline can forge a log line.
+MAX_LORA_NAME_CHARS = 256
+
+
+def check_lora_name(name: str) -> None:
+    """ValueError if `name` is longer than MAX_LORA_NAME_CHARS or holds a control character."""
+    if len(name) > MAX_LORA_NAME_CHARS:
+        raise ValueError(f"the adapter name is {len(name)} characters long; the limit is {MAX_LORA_NAME_CHARS}")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name):
+        raise ValueError(f"the adapter name {name[:64]!r} holds a control character")
 
 
 class LoRARegistry:
@@ -61,7 +77,9 @@ class LoRARegistry:
         self._lock = threading.Lock()
 
     def new_request(self, name: str, path: str) -> LoRARequest:
-        """A request for a not-yet-served name, with a fresh id; ValueError if the name is taken."""
+        """A request for a not-yet-served name, with a fresh id; ValueError if the name is taken, too long or
+        not printable."""
+        check_lora_name(name)
         if name in self.base_model_names:
             raise ValueError(f"the name {name!r} is the base model's")
         with self._lock:

@@ -135,3 +135,25 @@ def test_unloading_an_adapter_while_a_stream_uses_it(client, lora_server, lora_a
     # Nor may an adapter take the base model's name.
     clash = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "tiny", "lora_path": path})
     assert clash.status_code == 400 and clash.json()["error"]["param"] == "lora_name", clash.text
+
+
+@pytest.mark.parametrize("name", ["n" * 257, "line\nbreak", "x" * 100_000])
+def test_an_adapter_name_too_long_or_with_control_characters_is_a_400(client, lora_server, lora_adapters, name):
+    # Names appear in /v1/models, in the vllm:lora_requests_info label and in the logs: a 100 KB name (or one with
+    # a newline, forging log lines) was served as given. Bound: 256 characters, printable.
+    url, path = lora_server.url, str(lora_adapters["qwen3"]["mlp"])
+    refused = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "lora_name", refused.text[:300]
+    assert name.strip() not in {m.id for m in client.models.list().data}
+    longest = "n" * 256
+    fits = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": longest, "lora_path": path}, timeout=60)
+    assert fits.status_code == 200, fits.text
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": longest}, timeout=60).status_code == 200
+
+
+def test_a_long_lora_modules_name_is_a_usage_error():
+    from flotilla.engine.lora.registry import parse_lora_module
+
+    with pytest.raises(ValueError, match="256"):
+        parse_lora_module("n" * 257 + "=/some/dir")
+    assert parse_lora_module("n" * 256 + "=/some/dir").name == "n" * 256
