@@ -141,6 +141,7 @@ class ServerConfig(_Component):
     disable_log_stats: bool = False
     trust_request_chat_template: bool = False
     max_request_body_size: int = Field(8 * 1024 * 1024, gt=0)
+    max_body_bytes_in_flight: int | None = Field(None, gt=0)  # None: BODY_BUDGET_BODIES x max_request_body_size
     limit_concurrency: int = Field(1024, gt=0)
     timeout_keep_alive: float = Field(5.0, gt=0)
     header_read_timeout: float = Field(10.0, gt=0)
@@ -159,6 +160,14 @@ class ServerConfig(_Component):
     allowed_methods: list[str] = Field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
+
+    @model_validator(mode="after")
+    def _a_whole_body_fits_the_budget(self) -> ServerConfig:
+        # A body of the largest size allowed must be able to get in alone, or it would be refused forever.
+        if self.max_body_bytes_in_flight is not None and self.max_body_bytes_in_flight < self.max_request_body_size:
+            raise ValueError(f"--max-body-bytes-in-flight ({self.max_body_bytes_in_flight}) must be at least "
+                             f"--max-request-body-size ({self.max_request_body_size})")
+        return self
 
     @model_validator(mode="after")
     def _auto_tools_need_a_parser(self) -> ServerConfig:

@@ -497,6 +497,15 @@ FLAGS: tuple[Flag, ...] = (
         ge=1,
     ),
     Flag(
+        "--max-body-bytes-in-flight",
+        "int",
+        None,
+        "Most request-body bytes being received and parsed at once, server-wide (default: 16 x "
+        "--max-request-body-size); a request whose body would go past it gets 503 with Retry-After at once.",
+        "server",
+        ge=1,
+    ),
+    Flag(
         "--limit-concurrency",
         "int",
         1024,

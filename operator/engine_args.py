@@ -134,7 +134,7 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # The server's request limits and timeouts: they bound what clients may send, within the
     # contract's ranges, and act on this InferenceService's pods alone.
     "--max-request-body-size", "--limit-concurrency", "--timeout-keep-alive", "--header-read-timeout",
-    "--body-read-timeout", "--h11-max-incomplete-event-size", "--h11-max-header-count",
+    "--body-read-timeout", "--h11-max-incomplete-event-size", "--h11-max-header-count", "--max-body-bytes-in-flight",
     # Lets this service's own clients send chat templates, still rendered in the bounded sandbox
     # (docs/server.md): the owner's choice for their endpoint, no access beyond the pod.
     "--trust-request-chat-template",

@@ -168,7 +168,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
                        allow_headers=config.allowed_headers, allow_credentials=config.allow_credentials)
     # Outermost: a request over a limit is refused before any route or middleware works on it.
     app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
-                       body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count)
+                       body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count,
+                       body_budget=config.max_body_bytes_in_flight)
     return app
 
 

@@ -30,6 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
+
 
 class BodyParsedOffTheLoop(APIRoute):
     """An APIRoute whose single pydantic body is parsed and validated on a worker thread."""
@@ -47,6 +49,10 @@ class BodyParsedOffTheLoop(APIRoute):
                 # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
                 # pass-through.
                 request._json = await asyncio.to_thread(_parsed, raw, model)
+            # The raw body is no longer needed: its bytes go back to the server-wide budget (request_limits.py).
+            release = request.scope.get(RELEASE_BODY_BUDGET)
+            if release is not None:
+                release()
             return await handler(request)
 
         return parse_then_handle

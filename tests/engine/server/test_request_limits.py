@@ -22,6 +22,7 @@ MAX_MODEL_LEN = 32768
 BODY_LIMIT = 4_000_000
 TIMEOUT_S = 2.0
 CONNECTION_CAP = 64
+BODY_BUDGET = 4 * BODY_LIMIT  # --max-body-bytes-in-flight: room for test_health_answers_while_large_prompts_tokenize
 LONGEST_TOKEN_CHARS = 81  # the SmolLM2 tokenizer's longest vocabulary entry (a run of spaces)
 
 
@@ -35,7 +36,8 @@ def limited(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     s = start_tiny_server(model, root / "server.log", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
                           "--enable-chunked-prefill", "--max-request-body-size", str(BODY_LIMIT),
                           "--header-read-timeout", str(TIMEOUT_S), "--body-read-timeout", str(TIMEOUT_S),
-                          "--h11-max-header-count", "40", "--limit-concurrency", str(CONNECTION_CAP))
+                          "--h11-max-header-count", "40", "--limit-concurrency", str(CONNECTION_CAP),
+                          "--max-body-bytes-in-flight", str(BODY_BUDGET))
     yield s
     stop_server(s)
 
@@ -93,6 +95,41 @@ def test_a_chunked_body_over_the_limit_gets_413(limited):
         sender.join()
     status, error = _status_and_error(response)
     assert status == 413 and "limit is 4000000 bytes" in error["message"]
+
+
+def test_bodies_in_flight_past_the_server_wide_budget_get_503_until_some_finish(limited):
+    # Each connection may send --max-request-body-size, and --limit-concurrency connections may do so at once:
+    # 1,024 x 8 MiB (and ~10x that once parsed) at the defaults. The bytes being received and parsed at once are
+    # bounded server-wide: a body that would go past the budget is refused at once with 503 and Retry-After (what a
+    # load balancer or the openai client retries, elsewhere or later), as --limit-concurrency's are.
+    small = {"model": "tiny", "prompt": "Hi", "max_tokens": 1}
+    refused = None
+    for _ in range(10):  # the holders' bodies time out after TIMEOUT_S: on a stalled machine, try again
+        holders = [_connect(limited) for _ in range(BODY_BUDGET // BODY_LIMIT)]
+        try:
+            for sock in holders:  # each announces the largest body allowed and sends a bit of it: the budget is spent
+                sock.sendall(_head("/v1/completions", length=BODY_LIMIT) + b'{"prompt": "')
+            time.sleep(0.2)  # for the holders' reads to start (if not, the next try)
+            late = httpx.post(f"{limited.url}/v1/completions", json=small, headers=AUTH, timeout=10)
+            health = httpx.get(f"{limited.url}/health", timeout=10).status_code  # bodiless requests are never refused
+        finally:
+            for sock in holders:
+                sock.close()
+        assert health == 200
+        if late.status_code == 503:
+            refused = late
+            break
+    assert refused is not None, "a body was accepted while the budget was spent"
+    assert "--max-body-bytes-in-flight" in refused.json()["error"]["message"], refused.text
+    assert refused.headers.get("retry-after") == "1"
+    deadline = time.monotonic() + 30
+    while True:  # the holders' disconnects give their budget back
+        ok = httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 1},
+                        headers=AUTH, timeout=30)
+        if ok.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert ok.status_code == 200, ok.text
 
 
 def test_a_trickling_body_gets_408_and_is_closed(limited):
