@@ -5,7 +5,9 @@ listed with their parent, loaded and unloaded at runtime, unknown names answered
 from __future__ import annotations
 
 import json
+import struct
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -157,3 +159,36 @@ def test_a_long_lora_modules_name_is_a_usage_error():
     with pytest.raises(ValueError, match="256"):
         parse_lora_module("n" * 257 + "=/some/dir")
     assert parse_lora_module("n" * 256 + "=/some/dir").name == "n" * 256
+
+
+def _core_peak_rss_bytes(server) -> int:
+    pid = server.process.pid
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def peak(p: int) -> int:
+        status = Path(f"/proc/{p}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+
+    return max(peak(c) for c in children)  # the engine core; beside it at most small helpers
+
+
+def test_an_adapter_of_the_wrong_shapes_is_refused_before_its_tensors_are_read(lora_server, tmp_path):
+    # A guard (sec16; it passed before any change): the adapter's tensors are taken with safe_open().get_tensor
+    # before their shapes are checked, which would read a huge file whole on the engine's thread, but safetensors
+    # (0.8) maps the file and get_tensor touches no page: nothing is read until the checked tensors are converted.
+    # Should a safetensors version read eagerly, this fails. The file is sparse: 768 MiB announced, no disk.
+    size = 768 * 2**20
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    header = json.dumps({key.format("A"): {"dtype": "F32", "shape": [8, size // 32], "data_offsets": [0, size]},
+                         key.format("B"): {"dtype": "F32", "shape": [8, 8], "data_offsets": [size, size + 256]}})
+    header += " " * (-len(header) % 8)
+    with open(tmp_path / "adapter_model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode())
+        f.truncate(8 + len(header) + size + 256)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
+                                                              "target_modules": ["q_proj"]}))
+    before = _core_peak_rss_bytes(lora_server)
+    refused = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": "huge", "lora_path": str(tmp_path)},
+                         timeout=120)
+    assert refused.status_code == 400 and "q_proj" in refused.json()["error"]["message"], refused.text
+    assert _core_peak_rss_bytes(lora_server) - before < 200 * 2**20
