@@ -188,7 +188,7 @@ def test_an_adapter_of_the_wrong_shapes_is_refused_before_its_tensors_are_read(l
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
                                                               "target_modules": ["q_proj"]}))
     before = _core_peak_rss_bytes(lora_server)
-    refused = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": "huge", "lora_path": str(tmp_path)},
-                         timeout=120)
+    refused = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", timeout=120,
+                         json={"lora_name": "huge", "lora_path": str(tmp_path)})
     assert refused.status_code == 400 and "q_proj" in refused.json()["error"]["message"], refused.text
     assert _core_peak_rss_bytes(lora_server) - before < 200 * 2**20
