@@ -32,6 +32,7 @@ from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
+from flotilla.engine.structured_output.params import key_made_off_the_loop
 
 if TYPE_CHECKING:  # the server imports this module even when its engine runs in a core process: no torch
     from flotilla.engine.llm_engine import LLMEngine
@@ -156,6 +157,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput]:
         """`ServingEngine.generate`: the request reaches the loop thread through the command queue."""
+        await key_made_off_the_loop(params.structured_outputs)  # not on the step loop at admission
         if self.dead is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request

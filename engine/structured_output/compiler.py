@@ -91,7 +91,9 @@ class GrammarCompiler:
         if kind in ("json", "json_object"):
             # json_object is any object (not any JSON value), as vLLM compiles it.
             schema = '{"type": "object"}' if kind == "json_object" else p.json_schema
-            text = schema if isinstance(schema, str) else json.dumps(schema)
+            # A dict schema's text is its cache key's (keys sorted but for `properties`: the same schema), made
+            # already: a second json.dumps would hold the GIL, and so the step loop, as long (~0.2 s at 7.5 MB).
+            text = schema if isinstance(schema, str) else p.cache_key()[1]
             unenforced = find_unenforced(json.loads(text) if isinstance(schema, str) else schema)
             if unenforced is not None:  # a grammar without it would let outputs break the schema
                 raise ValueError(unenforced.message())
