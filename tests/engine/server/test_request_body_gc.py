@@ -64,14 +64,16 @@ def _finish(gate: _Gate, thread: threading.Thread) -> None:
     assert not thread.is_alive()
 
 
-def test_a_large_body_parses_with_gc_off_and_turns_it_back_on(gc_on):
+@pytest.mark.usefixtures("gc_on")
+def test_a_large_body_parses_with_gc_off_and_turns_it_back_on():
     gate, thread = _start("alone")
     _finish(gate, thread)
     assert gate.gc_enabled_inside is False
     assert gc.isenabled()
 
 
-def test_overlapping_large_bodies_do_not_keep_gc_off(gc_on):
+@pytest.mark.usefixtures("gc_on")
+def test_overlapping_large_bodies_do_not_keep_gc_off():
     # A chain of overlapping parses (a enters, b enters, a ends, c enters, b ends, ...) kept the pause counter above
     # zero, so GC stayed off for as long as large bodies kept coming: cyclic garbage of every request piled up.
     # The parse that turned GC off turns it back on when it ends; the ones that overlapped it run with GC on.
