@@ -11,6 +11,7 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
@@ -56,11 +57,15 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def embed(self, prompts: Prompt | Sequence[Prompt], dimensions: int | None = None) -> list[EmbeddingOutput]:
+    def embed(self, prompts: Prompt | Sequence[Prompt], dimensions: int | None = None, *,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
         """Embeddings of every prompt (needs `runner="pooling"`): last-token pooled, L2-normalised,
-        cut to `dimensions` on matryoshka models."""
+        cut to `dimensions` on matryoshka models; `truncate_prompt_tokens` (vLLM's) embeds each prompt's
+        last N tokens (-1: the context length)."""
         ids = [_unwrap(p) for p in _as_prompt_list(prompts)]
-        token_ids = [self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in ids]
+        max_len = self.engine.config.model.max_model_len
+        token_ids = [truncate_prompt(self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p),
+                                     truncate_prompt_tokens, max_len) for p in ids]
         return embed_prompts(self.engine, token_ids, PoolingParams(dimensions=dimensions))
 
     def chat(

@@ -29,6 +29,7 @@ from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
@@ -122,6 +123,7 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = prompt_text, list(prompt)
+        token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens, self.config.model.max_model_len)
         self._validate_prompt(token_ids)
         params.check_vocab(self.vocab_size)
         bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
@@ -134,6 +136,8 @@ class LLMEngine:
         completion_ids = [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]
         self._check_unique(completion_ids)
         now = time.monotonic()
+        sampler_tensors: dict = {}  # made at the first draw, for every completion alike
+        stop_token_set = frozenset(params.stop_token_ids)
         group = [
             Request(
                 request_id=completion_ids[i],
@@ -149,6 +153,8 @@ class LLMEngine:
                 priority=priority,
                 cache_salt=cache_salt,
                 bad_words_token_ids=bad_words,
+                sampler_tensors=sampler_tensors,
+                stop_token_set=stop_token_set,
             )
             for i in range(params.n)
         ]
@@ -177,7 +183,8 @@ class LLMEngine:
 
     def _submit_grammar(self, params: SamplingParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """A constrained request's grammar: compiled already (cached), or the compile it will wait for. An
-        invalid constraint is refused here, before the request is queued (the checks take milliseconds)."""
+        invalid constraint is refused here (a small one: the parse takes milliseconds) or fails its compile (a
+        large one, parsed off the step loop: `compile_queue.SYNC_PARSE_CHARS`)."""
         assert params.structured_outputs is not None, "called for constrained requests only"
         if not isinstance(self.runner, ModelRunner):  # workers would need the grammars' bitmasks
             raise InvalidParamError("structured output is not supported with tensor or pipeline parallelism "
@@ -570,14 +577,16 @@ class LLMEngine:
         # may stop the request is number min_tokens + 1.
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
-        begin = max(0, searched_from - max(map(len, stops)) + 1)
-        found = [(detok.text.find(s, begin), order, s) for order, s in enumerate(stops)]
-        found = [f for f in found if f[0] >= 0]
-        if not found:
-            return None
-        # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
-        index, _, stop = min(found)
-        return stop, index
+        text = detok.text
+        best: tuple[str, int] | None = None
+        for stop in stops:
+            # Only an occurrence that ends in the new text (vLLM's window, per stop string): a long stop string
+            # does not widen the short ones' searches.
+            index = text.find(stop, max(0, searched_from - len(stop) + 1))
+            # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
+            if index >= 0 and (best is None or index < best[1]):
+                best = stop, index
+        return best
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
         keep = index + len(stop) if child.sampling_params.include_stop_str_in_output else index

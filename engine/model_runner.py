@@ -26,7 +26,7 @@ from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
 from flotilla.engine.request import Request
-from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample
+from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample, token_ranks
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
 from flotilla.engine.spec_decode.decode_rows import as_decode_rows, max_decode_rows
@@ -37,6 +37,8 @@ from flotilla.kernels.dispatch import greedy_tokens
 logger = logging.getLogger(__name__)
 
 LogprobEntry = dict[int, tuple[float, int]]  # {token id: (logprob, rank)}
+# Prompt logprobs are computed for this many bytes of float32 logits at a time (rows of the vocabulary's width).
+PROMPT_LOGPROBS_SLICE_BYTES = 64 << 20
 
 
 @dataclass
@@ -429,21 +431,31 @@ class ModelRunner:
         spans: list[tuple[Request, int, int]],
         result: StepOutput,
     ) -> None:
-        """Log-probabilities of each next prompt token under the raw model distribution."""
+        """Log-probabilities of each next prompt token under the raw model distribution, computed for a slice of
+        the span's tokens at a time: the logits and their float copies are `[tokens, vocab]` each, and for a
+        whole step's prompt tokens at once (8,192 x a 128k vocabulary: ~11 GB) they overflowed the memory that
+        the KV-cache sizing leaves."""
+        rows = max(1, PROMPT_LOGPROBS_SLICE_BYTES // (4 * self.config.model.hf_config["vocab_size"]))
         for req, first, count in spans:
             start = positions[first]
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[first : first + count]).float(), dim=-1)
-            targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + count], device=self.device)
-            chosen = logprobs.gather(1, targets.unsqueeze(1))
-            ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
             n = req.sampling_params.prompt_logprobs
             assert n is not None, "flatten() spans only requests that ask for prompt logprobs"
-            top = logprobs.topk(n, dim=-1)
-            chosen_values, top_ids, top_values = chosen.squeeze(1).tolist(), top.indices.tolist(), top.values.tolist()
-            entries = [
-                logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
-                for j, target in enumerate(targets.tolist())
-            ]
+            entries = []
+            for offset in range(0, count, rows):
+                size = min(rows, count - offset)
+                logits = self.model.compute_logits(hidden[first + offset : first + offset + size])
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                begin = start + 1 + offset
+                targets = torch.tensor(req.prompt_token_ids[begin : begin + size], device=self.device)
+                chosen = logprobs.gather(1, targets.unsqueeze(1))
+                ranks = token_ranks(logprobs, chosen).tolist()
+                top = logprobs.topk(n, dim=-1)
+                chosen_values, top_ids = chosen.squeeze(1).tolist(), top.indices.tolist()
+                top_values = top.values.tolist()
+                entries += [
+                    logprob_entry(target, chosen_values[j], ranks[j], top_ids[j], top_values[j])
+                    for j, target in enumerate(targets.tolist())
+                ]
             result.prompt_logprobs[req.request_id] = (start + 1, entries)
 
 
@@ -494,9 +506,11 @@ def _plain_greedy(row: SamplingRow) -> bool:
 def logprob_entry(
     token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]
 ) -> dict[int, tuple[float, int]]:
-    """vLLM's per-position logprobs: the top-N tokens by rank, plus the actual token with its rank."""
+    """vLLM's per-position logprobs: the top-N tokens by rank, plus the actual token with its rank. A token of
+    the top-N keeps its top-N position, as vLLM's dict (its rank counts ties, `token_ranks`: on a tie the two
+    differ)."""
     entry = {t: (v, r + 1) for r, (t, v) in enumerate(zip(top_ids, top_values, strict=True))}
-    entry[token] = (logprob, rank)
+    entry.setdefault(token, (logprob, rank))
     return entry
 
 

@@ -90,6 +90,13 @@ class Request:
     # `sampling_params.allowed_token_ids` as a `[vocab]` bool row on the sampler's device, made at the first
     # draw and reused: a step then costs the same whatever the list's length (sampling_metadata).
     allowed_mask: torch.Tensor | None = field(default=None, repr=False)
+    # Sampler inputs built from `sampling_params` at the first draw and reused (sampling_metadata): `logit_bias` ids
+    # and values, the ids banned until `min_tokens`; one dict shared by a request's n completions. A step's cost
+    # then does not grow with the lists' lengths (a whole-vocabulary bias or stop id list was a Python loop per
+    # completion per step).
+    sampler_tensors: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+    # `sampling_params.stop_token_ids` as a set (made here unless given), for the per-step stop check.
+    stop_token_set: frozenset[int] = field(default=frozenset(), repr=False)
 
     # Timings (time.monotonic()) for the latency metrics.
     first_scheduled_time: float | None = None
@@ -99,6 +106,8 @@ class Request:
     def __post_init__(self) -> None:
         if not self.parent_id:
             self.parent_id = self.request_id
+        if not self.stop_token_set and self.sampling_params.stop_token_ids:
+            self.stop_token_set = frozenset(self.sampling_params.stop_token_ids)
 
     @property
     def sample_seed(self) -> int | None:

@@ -247,6 +247,12 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     return out
 
 
+def token_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's rank of its chosen value [B, 1] among the row's values [B, V], as vLLM counts it: the values
+    >= it (itself included), so a token tied with others ranks after them all (1 = the most likely)."""
+    return (logprobs >= chosen).sum(dim=1)
+
+
 def add_logprobs(out: SamplerOutput, values: torch.Tensor, n: int, mode: str = "raw_logprobs") -> None:
     """The drawn token's log-probability (or logit, under a *_logits mode) and rank, and the top-n of each row
     (finite: at least LOGPROB_FLOOR; log-probabilities at most 0)."""
@@ -254,5 +260,5 @@ def add_logprobs(out: SamplerOutput, values: torch.Tensor, n: int, mode: str = "
     logprobs = values.nan_to_num(nan=LOGPROB_FLOOR, posinf=top, neginf=LOGPROB_FLOOR).clamp_(LOGPROB_FLOOR, top)
     chosen = logprobs.gather(1, out.token_ids.unsqueeze(1))
     out.logprobs = chosen.squeeze(1)
-    out.ranks = (logprobs > chosen).sum(dim=1) + 1
+    out.ranks = token_ranks(logprobs, chosen)
     out.top_logprobs, out.top_ids = logprobs.topk(n, dim=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,28 +40,18 @@ def build_sampling_batch(
     seeds = [r.request.sample_seed if r.request.sample_seed is not None else fresh[i] for i, r in enumerate(rows)]
     positions = [r.output_index if r.request.sample_seed is not None else 0 for r in rows]
     any_penalties = any(p.has_penalties for p in params)
-    bias_rows: list[int] = []
-    bias_tokens: list[int] = []
-    bias_values: list[float] = []
-    banned_rows: list[int] = []
-    banned_tokens: list[int] = []
+    bias_parts: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, token ids, values)
+    banned_parts: list[tuple[int, torch.Tensor]] = []  # (row, token ids banned until min_tokens)
     restricted_rows: list[int] = []
     allowed_masks: list[torch.Tensor] = []
     bad_rows: list[int] = []
     bad_tokens: list[int] = []
     for i, r in enumerate(rows):
         p = r.request.sampling_params
-        for token, value in (p.logit_bias or {}).items():
-            if 0 <= token < vocab_size:
-                bias_rows.append(i)
-                bias_tokens.append(token)
-                bias_values.append(value)
+        if p.logit_bias:
+            bias_parts.append((i, *logit_bias_tensors(r.request, vocab_size, device)))
         if r.output_index < p.min_tokens:
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.request.eos_token_ids))
-            # The engine refuses ids outside the vocabulary; an EOS id of a padded config may still be.
-            banned = sorted(t for t in stops if 0 <= t < vocab_size)
-            banned_rows += [i] * len(banned)
-            banned_tokens += banned
+            banned_parts.append((i, min_tokens_bans(r.request, vocab_size, device)))
         if p.allowed_token_ids is not None:
             restricted_rows.append(i)
             allowed_masks.append(allowed_mask(r.request, vocab_size, device))
@@ -78,6 +69,12 @@ def build_sampling_batch(
         width = max((len(x) for x in lists), default=0)
         return tensor([x + [vocab_size] * (width - len(x)) for x in lists], torch.long).reshape(n, width)
 
+    def cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat(parts) if parts else tensor([], dtype)
+
+    def rows_of(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:  # each part's row index, once per entry
+        return cat([torch.full_like(t, i) for i, t in parts], torch.long)
+
     empty: list[list[int]] = [[] for _ in rows]
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
@@ -94,11 +91,11 @@ def build_sampling_batch(
         repetition_penalty=tensor([p.repetition_penalty for p in params], torch.float32),
         output_tokens=padded([r.request.output_token_ids for r in rows] if any_penalties else empty),
         prompt_tokens=padded([r.request.prompt_token_ids for r in rows] if any_penalties else empty),
-        bias_rows=tensor(bias_rows, torch.long),
-        bias_tokens=tensor(bias_tokens, torch.long),
-        bias_values=tensor(bias_values, torch.float32),
-        banned_rows=tensor(banned_rows, torch.long),
-        banned_tokens=tensor(banned_tokens, torch.long),
+        bias_rows=rows_of([(i, t) for i, t, _ in bias_parts]),
+        bias_tokens=cat([t for _, t, _ in bias_parts], torch.long),
+        bias_values=cat([v for _, _, v in bias_parts], torch.float32),
+        banned_rows=rows_of(banned_parts),
+        banned_tokens=cat([t for _, t in banned_parts], torch.long),
         restricted_rows=tensor(restricted_rows, torch.long),
         allowed_masks=torch.stack(allowed_masks) if allowed_masks else torch.ones(0, vocab_size, dtype=torch.bool,
                                                                                    device=device),
@@ -122,3 +119,37 @@ def allowed_mask(request: Request, vocab_size: int, device: torch.device) -> tor
         mask[device_tensor([t for t in ids if 0 <= t < vocab_size], torch.long, device)] = True
         request.allowed_mask = mask
     return mask
+
+
+def _cached(request: Request, key: str, device: torch.device,
+            make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """`request.sampler_tensors[key]`, made by `make` the first time (or on another device)."""
+    tensors = request.sampler_tensors.get(key)
+    if tensors is None or tensors[0].device != device:
+        tensors = request.sampler_tensors[key] = make()
+    return tensors
+
+
+def logit_bias_tensors(request: Request, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request's `logit_bias` as (token ids, values) tensors on `device`, built once per request."""
+
+    def make() -> tuple[torch.Tensor, ...]:
+        bias = request.sampling_params.logit_bias or {}
+        kept = [(t, v) for t, v in bias.items() if 0 <= t < vocab_size]  # the engine refuses others (check_vocab)
+        return (device_tensor([t for t, _ in kept], torch.long, device),
+                device_tensor([v for _, v in kept], torch.float32, device))
+
+    tokens, values = _cached(request, "bias", device, make)
+    return tokens, values
+
+
+def min_tokens_bans(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The ids a request may not draw before `min_tokens` (its stop ids, and EOS unless `ignore_eos`), as a
+    tensor on `device`, built once per request."""
+
+    def make() -> tuple[torch.Tensor, ...]:
+        stops = request.stop_token_set | (frozenset() if request.sampling_params.ignore_eos else request.eos_token_ids)
+        # The engine refuses ids outside the vocabulary; an EOS id of a padded config may still be.
+        return (device_tensor(sorted(t for t in stops if 0 <= t < vocab_size), torch.long, device),)
+
+    return _cached(request, "bans", device, make)[0]

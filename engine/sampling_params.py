@@ -12,6 +12,12 @@ from flotilla.validation_messages import describe
 
 # vLLM's bound on a request's bad words after tokenization (engine/bad_words.py checks it there too).
 MAX_BAD_WORDS = 128
+# OpenAI's range for a logit bias (the server clamps a request's to it, as vLLM's does).
+LOGIT_BIAS_MAX = 100.0
+# Stop strings are searched for in every completion's new text at every step, on the step loop: a request
+# past these bounds would slow every stream (vLLM has none; TGI allows 4 by default, OpenAI 4).
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 8192  # in all
 # vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
 MAX_LOGPROBS = 20
 # Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
@@ -71,6 +77,8 @@ class SamplingParams(BaseModel):
     structured_outputs: StructuredOutputsParams | None = None
     allowed_token_ids: list[int] | None = None  # ids bounded by the vocabulary: `check_vocab`
     bad_words: list[str] | None = None
+    # vLLM's: keep the prompt's last N tokens (-1: the context length); LLMEngine.add_request cuts it.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     def __init__(self, **data: object) -> None:
         try:
@@ -85,11 +93,19 @@ class SamplingParams(BaseModel):
             return []
         return [value] if isinstance(value, str) else value
 
+    @field_validator("stop")
+    @classmethod
+    def _stops_bounded(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_STOP_STRINGS or sum(map(len, value)) > MAX_STOP_CHARS:
+            raise ValueError(f"stop holds {len(value)} strings of {sum(map(len, value))} characters in all; at most "
+                             f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _bias_range(cls, value: dict[int, float] | None) -> dict[int, float] | None:
         for token, bias in (value or {}).items():
-            if not -100.0 <= bias <= 100.0:
+            if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
                 raise ValueError(f"logit_bias for token {token} is {bias}; it must lie in [-100, 100]")
         return value
 

@@ -364,7 +364,7 @@ class Scheduler:
                 if token != request.eos_token_id:
                     request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
+            if token in request.stop_token_set:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
         if self._length_reached(request, num_output):

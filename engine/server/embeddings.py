@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictInt, ValidatorFunctionWrapHandler, field_validator
 
 from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.pooling.embed import check_prompt, prompt_batches
 from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import _RequestBody
-from flotilla.engine.server.request_extras import truncate_prompt
+from flotilla.engine.server.protocol import _RequestBody, token_id_batch
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -49,6 +49,11 @@ class EmbeddingRequest(_RequestBody):
     add_special_tokens: bool = True
     # vLLM's extra: embed each input's last N tokens (-1: the context length), as on completions
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _batch_of_token_lists(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return token_id_batch(value, handler)
 
 
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:

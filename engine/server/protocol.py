@@ -3,16 +3,26 @@
 As vLLM does, a field the server does not know (OpenAI's `store`, `metadata`, `parallel_tool_calls`,
 ...) is accepted and ignored with a log line that names it: SDKs and frameworks send such fields by
 default. A known field with a bad value is still a 400 that names it, and so is a vLLM field that would
-change the output but is not implemented (serving.UNSUPPORTED_VLLM_FIELDS).
+change the output but is not implemented (sampling_request.UNSUPPORTED_VLLM_FIELDS).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
@@ -130,12 +140,22 @@ class _SamplingFields(_RequestBody):
     # prefix-cache blocks are shared within one salt only
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
+    # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs_on_a_stream(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # vLLM's check: stream chunks carry no prompt logprobs (0, no alternatives, passes as in vLLM).
+        if value and info.data.get("stream"):
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return value
 
     @field_validator("stream_options", mode="before")
     @classmethod
@@ -156,17 +176,36 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc.
     response_format: dict[str, Any] | None = None
 
-    @field_validator("prompt_logprobs")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _no_prompt_logprobs_on_a_stream(cls, value: int | None, info: ValidationInfo) -> int | None:
-        # vLLM's check: stream chunks carry no prompt logprobs (0, no alternatives, passes as in vLLM).
-        if value and info.data.get("stream"):
-            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
-        return value
+    def _batch_of_token_lists(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return token_id_batch(value, handler)
+
+
+
+def token_id_batch(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A wrap validator for prompt fields that may be a batch of token-id lists: such a batch is checked here, list
+    by list, in Python (pydantic-core's union tried every member over the whole batch in one C call: seconds for
+    a million `[1]`s, the event loop's thread waiting on the GIL all along). Anything else, or anything odd
+    inside (bools, floats, strings), is pydantic's to check, with its errors."""
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        batch = [list(ids) for ids in value if isinstance(ids, list) and all(type(t) is int for t in ids)]
+        if len(batch) == len(value):
+            return batch
+    return handler(value)
+
+
+def _yield_point(value: Any) -> Any:
+    # A Python call per item of a long list of objects: pydantic-core validated such a list in one C call, holding
+    # the GIL (and so the event loop's thread) for seconds; Python code gives it up at the switch interval.
+    return value
+
+
+# A list of JSON objects (tools, Responses input items), validated with a yield point per object.
+JSONObjects = list[Annotated[dict[str, Any], AfterValidator(_yield_point)]]
 
 
 class ContentPart(BaseModel):
@@ -186,6 +225,11 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _yield_point(cls, data: Any) -> Any:
+        return _yield_point(data)  # see there: conversations of many small messages
+
 
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
@@ -195,7 +239,7 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
@@ -204,6 +248,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
+    echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
 
 
 class TokenizeRequest(_RequestBody):

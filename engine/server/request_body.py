@@ -7,17 +7,22 @@ seconds. Here the route parses and validates first on a worker thread, then hand
 which it passes through as is (pydantic does not revalidate an instance of the model).
 
 Python code on the worker thread (the walk, validators) gives the event loop its turn every few milliseconds
-(the GIL's switch interval); a single C call (`json.loads` of the whole body, pydantic-core's loop over a list)
-does not, so what stays is bounded by the longest such call, not by the whole parse. Errors are FastAPI's own
-(the same `RequestValidationError`, so the same 400 body).
+(the GIL's switch interval); a single C call does not. So `json.loads` gets Python hooks (per object and number),
+the long-list fields of protocol.py Python validators (per message, tool, token-id list), and no garbage
+collection runs during a parse (each one walked every object at once). What stays is bounded by the longest C
+run between two such points (a long run of strings or empty lists). Errors are FastAPI's own (the same
+`RequestValidationError`, so the same 400 body).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.message
+import gc
 import json
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
@@ -65,10 +70,67 @@ def _is_json(content_type: str | None) -> bool:
     return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
+# Python hooks for json.loads: its C scanner calls them for each object and number, and Python code lets the
+# event loop's thread take the GIL at the switch interval; without them one json.loads of a body of many small
+# values (a million `[1]` prompts) held the loop for seconds. What they return is what json.loads would.
+def _yield_point(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+# Bodies from this size on parse with garbage collection paused: only large ones allocate enough containers for a
+# full collection to start during the parse, and small ones (nearly every request) leave the collector alone, so
+# that a steady stream of parses never keeps it off for long.
+GC_PAUSE_MIN_BYTES = 256 * 1024
+_gc_lock = threading.Lock()
+_gc_parses = 0  # large-body parses running now
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while a large body is parsed: a parse allocates its containers by the million, and
+    each collection it set off walked every live object in one C call (a few tenths of a second each, the event
+    loop's thread waiting on the GIL; a third of the parse's time). What the parse builds is alive: collecting
+    during it frees nothing; the first collection after it does what was put off.
+
+    Only a parse that starts with no other large parse running pauses collection, and it alone turns it back on
+    when it ends: GC is never off for longer than one parse. (A count of pausers kept it off for as long as
+    overlapping large bodies kept coming, each starting before the last ended: the cyclic garbage of every
+    request piled up.) The parses that overlap a pause's end run with GC on, as do those that start after it
+    until none is running."""
+    global _gc_parses
+    with _gc_lock:
+        pauses = _gc_parses == 0 and gc.isenabled()
+        _gc_parses += 1
+        if pauses:
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_parses -= 1
+            if pauses:
+                gc.enable()
+
+
 def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """`raw` as the model, or FastAPI's RequestValidationError for it (blocking: call it on a worker thread)."""
+    if len(raw) < GC_PAUSE_MIN_BYTES:  # too few containers to set a costly collection off
+        return _parse_and_validate(raw, model)
+    with _gc_paused():
+        return _parse_and_validate(raw, model)
+
+
+def _parse_and_validate(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_hook=_yield_point, parse_int=_int, parse_float=_float)
     except json.JSONDecodeError as exc:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None

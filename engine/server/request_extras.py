@@ -1,34 +1,16 @@
-"""vLLM's per-request extras that change what the server does, beyond sampling: prompt truncation,
-the client's request id, how logprob tokens are labelled, and what the engine gets besides the prompt
-(priority, cache salt)."""
+"""vLLM's per-request extras that change what the server does, beyond sampling: the client's request id,
+how logprob tokens are labelled, and what the engine gets besides the prompt (priority, cache salt).
+Prompt truncation is engine/prompt_truncation.py (the offline API has it too)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from flotilla.engine.server.errors import APIError
-
 # Bounds on the extras (vLLM leaves them open): a priority is a 32-bit integer, as Kubernetes'
 # PriorityClass values; a salt is a short key, not a payload the server hashes and keeps per block.
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 CACHE_SALT_MAX_CHARS = 256
-
-
-def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """The last `keep` tokens of a prompt (vLLM's `truncate_prompt_tokens`: the start is cut, so the
-    end the model continues from stays); -1 keeps up to `max_model_len`, None keeps everything."""
-    if keep is None:
-        return token_ids
-    if keep == -1:
-        keep = max_model_len
-    if keep == 0:
-        raise APIError(400, "truncate_prompt_tokens must be at least 1, or -1 for the model's maximum context "
-                            "length", param="truncate_prompt_tokens")
-    if keep > max_model_len:
-        raise APIError(400, f"truncate_prompt_tokens={keep} is larger than this model's maximum context length "
-                            f"({max_model_len} tokens)", param="truncate_prompt_tokens")
-    return token_ids[-keep:]
 
 
 def response_ids(prefix: str, request_id: str | None) -> tuple[str, str]:

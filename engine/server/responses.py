@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody
+from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
 from flotilla.engine.server.responses_items import (
     assistant_turn,
@@ -38,7 +38,8 @@ from flotilla.engine.server.responses_items import (
     message_item,
     text_part,
 )
-from flotilla.engine.server.serving import OpenAIServing, admitted, sampling_params
+from flotilla.engine.server.sampling_request import sampling_params
+from flotilla.engine.server.serving import OpenAIServing, admitted
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
 from flotilla.engine.server.tool_stream import constrain_for_tools
@@ -58,7 +59,7 @@ class ResponsesRequest(_RequestBody):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | JSONObjects
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -67,7 +68,7 @@ class ResponsesRequest(_RequestBody):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
     text: dict[str, Any] | None = None

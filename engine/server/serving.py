@@ -1,5 +1,5 @@
-"""OpenAI completions and chat completions on top of the async engine: request -> SamplingParams,
-engine outputs -> response JSON or SSE chunks."""
+"""OpenAI completions and chat completions on top of the async engine: request -> prompt and SamplingParams
+(sampling_request.py), engine outputs -> response JSON or SSE chunks."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, cast
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
@@ -23,9 +24,9 @@ from flotilla.engine.server.chat_template import (
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
+from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
+from flotilla.engine.server.sampling_request import sampling_params
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
-from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -44,84 +45,6 @@ class Prompt:
 # multiplied it without bound (20,000 of them, a 100 KB body, held the server 195 s and 630 MB). Enough for
 # any batching client to keep the engine full (8x the default --max-num-seqs).
 MAX_SEQUENCES_PER_REQUEST = 2048
-
-
-def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: dict[str, Any]) -> int | None:
-    """vLLM's `override_max_tokens`, a bound on every request's max_tokens (given or not): the default max_tokens of a
-    --generation-config folder, else --override-generation-config's max_new_tokens (the model's own
-    generation_config.json, with `auto`, only sets the default)."""
-    if generation_config not in ("auto", "vllm"):
-        return defaults.get("max_tokens")
-    return override.get("max_new_tokens")
-
-# vLLM request fields that change what is generated or returned, which this server does not implement: set
-# (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
-# ignoring them would answer 200 with output the client asked to be different.
-# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
-UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors",
-                           "prompt_logprobs", "echo")  # the last two: chat's (completions implements its own)
-
-
-def refuse_unsupported_fields(req: _SamplingFields) -> None:
-    """400 naming the first of `UNSUPPORTED_VLLM_FIELDS` the request sets (None, false and empty are off)."""
-    for name in UNSUPPORTED_VLLM_FIELDS:
-        value = (req.model_extra or {}).get(name)
-        if value is not None and value is not False and value != [] and value != {}:
-            raise APIError(400, f"{name} is not supported by this server (leave it out)", param=name)
-
-
-def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
-                    logprobs: int | None, prompt_logprobs: int | None = None,
-                    defaults: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> SamplingParams:
-    """OpenAI/vLLM request fields -> SamplingParams. A field the request leaves out takes the model's
-    generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1).
-    `max_tokens_cap` bounds max_tokens even when the request gives it (vLLM's `override_max_tokens`)."""
-    refuse_unsupported_fields(req)
-    room = max_model_len - prompt_len
-    defaults = defaults or {}
-
-    def field(value: Any, name: str, neutral: Any) -> Any:
-        return value if value is not None else defaults.get(name, neutral)
-    # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
-    if max_tokens is not None and 0 < room < max_tokens:
-        raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
-                            f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
-    # vLLM: the model's max_new_tokens when the request gives none, within the context left
-    default_max_tokens = max(min(room, defaults.get("max_tokens", room)), 1)
-    wanted = max_tokens if max_tokens is not None else default_max_tokens
-    if max_tokens_cap:
-        wanted = min(wanted, max_tokens_cap)
-    try:
-        bias = {int(k): v for k, v in (req.logit_bias or {}).items()} or None
-    except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
-    try:
-        return SamplingParams(
-            n=req.n,
-            temperature=field(req.temperature, "temperature", 1.0),
-            top_p=field(req.top_p, "top_p", 1.0),
-            top_k=field(req.top_k, "top_k", 0),
-            min_p=field(req.min_p, "min_p", 0.0),
-            seed=req.seed,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=field(req.repetition_penalty, "repetition_penalty", 1.0),
-            logit_bias=bias,
-            stop=req.stop,
-            stop_token_ids=req.stop_token_ids or [],
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            ignore_eos=req.ignore_eos,
-            max_tokens=wanted,
-            min_tokens=req.min_tokens,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=req.skip_special_tokens,
-            structured_outputs=structured_outputs(req),
-            allowed_token_ids=req.allowed_token_ids,
-            bad_words=req.bad_words,
-        )
-    except ValueError as exc:
-        raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
 
 
 def continued(text: str, messages: list[dict[str, Any]]) -> str:
@@ -144,10 +67,49 @@ def usage(output: RequestOutput) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def choice_usage(output: RequestOutput, choice: CompletionOutput) -> dict[str, int]:
+    """The usage of one choice so far (vLLM's continuous_usage_stats: each chunk counts its own choice's tokens)."""
+    prompt, completion = len(output.prompt_token_ids), len(choice.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
+
+
+def reply_role(req: ChatCompletionRequest) -> str:
+    """The reply's role, as vLLM's get_chat_request_role: the assistant's after a generation prompt, else the last
+    message's (the model continues that message)."""
+    return "assistant" if req.add_generation_prompt or not req.messages else req.messages[-1].role
+
+
+def chat_echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat `echo`: the text a reply starts with, the last message's content when its role is the reply's
+    (the assistant's, or with add_generation_prompt false the last message's own: a continued message); else ""."""
+    if not req.echo or not req.messages:
+        return ""
+    last = req.messages[-1]
+    if last.role != reply_role(req) or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(part.text or "" for part in last.content)
+
+
+async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id: str, created: int,
+                      model: str) -> AsyncIterator[str]:
+    """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it)."""
+    sent = 0
+    async for chunk in chunks:
+        yield chunk
+        sent += 1
+        if sent == n:  # the n role chunks come first
+            for i in range(n):
+                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                        "finish_reason": None}]})
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
@@ -169,7 +131,7 @@ class OpenAIServing:
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> None:
         self.engine = engine
-        self.max_tokens_cap = max_tokens_cap  # vLLM's override_max_tokens: serving.max_tokens_cap
+        self.max_tokens_cap = max_tokens_cap  # vLLM's override_max_tokens: sampling_request.max_tokens_cap
         self.default_sampling = default_sampling or {}  # generation_config.json's fields (--generation-config)
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
@@ -351,7 +313,7 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
-                yield fmt.completion(index, text, c, logprobs, usage(output) if continuous else None)
+                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -419,32 +381,41 @@ class OpenAIServing:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
-                                                       (top or 0) if req.logprobs else None,
+                                                       (top or 0) if req.logprobs else None, req.prompt_logprobs,
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
+        echo = chat_echo(req)
         if req.stream:
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
-                return stream_tool_chat(plan, reasoning, req.n, stream, ChunkFormat(request_id, "chat.completion.chunk",
-                                                                         created, model), req.stream_options,
-                                        self.enable_prompt_tokens_details)
-            return self._stream_chat(req, stream, request_id, created, model)
+                fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
+                chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
+                                          self.enable_prompt_tokens_details, reply_role(req))
+            else:
+                chunks = self._stream_chat(req, stream, request_id, created, model)
+            return _echo_first(chunks, req.n, echo, request_id, created, model) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
+            message["role"] = reply_role(req)
+            if req.echo:
+                message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-        return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+                 "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
+        if req.prompt_logprobs is not None:  # vLLM's chat field, beside the choices
+            reply["prompt_logprobs"] = self._prompt_logprobs_json(output)
+        return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
                            created: int, model: str) -> AsyncIterator[str]:
@@ -453,7 +424,7 @@ class OpenAIServing:
                         "choices": choices, **extra})
 
         for i in range(req.n):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
                           "finish_reason": None}])
         state = StreamState(req.n)
         last = None
@@ -464,7 +435,7 @@ class OpenAIServing:
             last = output
             for c, text, first in state.deltas(output):
                 yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                               usage(output) if continuous else None)
+                               choice_usage(output, c) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"

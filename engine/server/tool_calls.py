@@ -24,6 +24,8 @@ from flotilla.engine.server.tool_parsers.registry import tool_parser
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 
 Mode = Literal["none", "auto", "required", "named"]
+# vLLM's message content beside a forced call (required, named): "", where `auto` gives the parser's null.
+FORCED_CALL_CONTENT = ""
 
 
 @dataclass
@@ -45,11 +47,11 @@ class ToolPlan:
         """Split a finished output into content and tool calls."""
         if self.mode == "named":
             assert self.function is not None
-            return ParsedOutput(content=None, tool_calls=[ToolCall(name=self.function, arguments=text)])
+            return ParsedOutput(content=FORCED_CALL_CONTENT, tool_calls=[ToolCall(name=self.function, arguments=text)])
         if self.mode == "required":
             try:  # the grammar guarantees the shape unless max_tokens cut it short
                 calls = json.loads(text)
-                return ParsedOutput(content=None, tool_calls=[
+                return ParsedOutput(content=FORCED_CALL_CONTENT, tool_calls=[
                     ToolCall(name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False))
                     for c in calls])
             # RecursionError: an output nested past json's depth limit (logit_bias can force one): content.
@@ -118,10 +120,10 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
 
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
-    serialise them themselves, and a JSON string would be encoded twice. A tool-calling assistant
-    message without content (OpenAI clients send `null`) gets "" : templates read `message.content`."""
+    serialise them themselves, and a JSON string would be encoded twice. A message without content (OpenAI
+    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`."""
     for m in messages:
-        if m.get("tool_calls") and m.get("content") is None:
+        if m.get("content") is None:
             m["content"] = ""
         for call in m.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
@@ -144,7 +146,8 @@ def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
         message["reasoning_content"] = split.reasoning
         text = split.content or ""
     parsed = plan.parse(text)
-    message["content"] = parsed.content if (parsed.content or reasoning is None) else None
+    forced = plan.mode in ("named", "required") and bool(parsed.tool_calls)
+    message["content"] = parsed.content if (parsed.content or reasoning is None or forced) else None
     if not parsed.tool_calls:
         return message, finish_reason
     message["tool_calls"] = [c.as_openai() for c in parsed.tool_calls]

@@ -50,10 +50,11 @@ class _Choice:
 async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
                            stream: AsyncGenerator[RequestOutput], head: ChunkFormat,
                            stream_options: StreamOptions | None,
-                           prompt_tokens_details: bool = False) -> AsyncIterator[str]:
+                           prompt_tokens_details: bool = False, role: str = "assistant") -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
     ChunkFormat); thinking streams as `delta.reasoning_content` before the answer. `prompt_tokens_details`:
-    the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details)."""
+    the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is the reply's
+    (serving.reply_role)."""
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
@@ -62,7 +63,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
         return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
 
     for i in range(n):
-        yield chunk(i, {"role": "assistant", "content": ""})
+        yield chunk(i, {"role": role, "content": ""})
     choices = [_Choice() for _ in range(n)]
     last = None
     try:

@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 # Distinct compiles queued or running at once; a burst of distinct schemas past it is a 503.
 MAX_PENDING = 64
+# A constraint (schema text, regex, grammar) up to this size is parsed into a grammar on the engine thread when it
+# comes (invalid: refused at once); a larger one on a compile thread: the parse's time grows faster than the text
+# (a chain of `$ref`s: 500 links, 17 KB, 0.5 s; 4,000, 141 KB, 79 s; 120 links fit here: milliseconds).
+SYNC_PARSE_CHARS = 4096
 # Constraints whose compile ran past the bound, remembered to refuse them at once.
 SLOW_KEYS_KEPT = 256
 
@@ -81,7 +85,7 @@ class GrammarCompiles:
         self._pending: dict[CacheKey, PendingGrammar] = {}
         self._slow: OrderedDict[CacheKey, None] = OrderedDict()
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[PendingGrammar, Any] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[PendingGrammar, Any, StructuredOutputsParams] | None] = queue.SimpleQueue()
         self.workers = workers or default_workers()
         self._threads = [threading.Thread(target=self._work, name=f"grammar-compile-{i}", daemon=True)
                          for i in range(self.workers)]
@@ -90,8 +94,10 @@ class GrammarCompiles:
 
     def submit(self, params: StructuredOutputsParams, request_id: str) -> xgr.CompiledGrammar | PendingGrammar:
         """The compiled grammar if it is cached, else the compile `request_id` waits for (joined, or queued
-        now). Raises InvalidParamError for an invalid constraint (parsed here: milliseconds) or one whose
-        compile ran past the bound, EngineBusyError when `max_pending` compiles are pending (None: no cap)."""
+        now). Raises InvalidParamError for a constraint whose compile ran past the bound, EngineBusyError when
+        `max_pending` compiles are pending (None: no cap). An invalid constraint is refused here when it is
+        small (`SYNC_PARSE_CHARS`), else it fails its compile (the waiters' 400): it is parsed on a compile
+        thread."""
         key = params.cache_key()
         compiled = self.compiler.lookup(key)
         if compiled is not None:
@@ -106,11 +112,14 @@ class GrammarCompiles:
             if self.max_pending is not None and len(self._pending) >= self.max_pending:
                 raise EngineBusyError(f"{len(self._pending)} structured-output grammars are compiling already; "
                                       "retry later")
-            grammar = self.compiler.prepare(params)  # an invalid constraint is refused here, synchronously
+            # A small constraint is parsed here, so that an invalid one is refused before the request is queued
+            # (milliseconds); a larger one on the compile thread: parsing is not always quick (a chain of
+            # 4,000 `$ref`s took 79 s), and on the step loop it stopped every stream meanwhile.
+            grammar = self.compiler.prepare(params) if len(key[1]) <= SYNC_PARSE_CHARS else None
             pending = PendingGrammar(key, Future())
             with self._lock:
                 self._pending[key] = pending
-            self._jobs.put((pending, grammar))
+            self._jobs.put((pending, grammar, params))
         pending.waiters.add(request_id)
         return pending
 
@@ -188,12 +197,14 @@ class GrammarCompiles:
             job = self._jobs.get()
             if job is None:
                 return
-            pending, grammar = job
+            pending, grammar, params = job
             with self._lock:
                 if not pending.future.set_running_or_notify_cancel():  # cancelled while queued
                     continue
                 pending.started = time.monotonic()
             try:
+                if grammar is None:  # a large constraint, parsed here (an invalid one fails its waiters)
+                    grammar = self.compiler.prepare(params)
                 pending.future.set_result(self.compiler.compile_prepared(pending.key, grammar))
             except BaseException as exc:  # the waiting requests' error, not the worker's
                 pending.future.set_exception(exc)

@@ -112,9 +112,15 @@ def test_stop_token_ids_and_length(llm):
     assert _plain_greedy(SamplingRow(Request("t", PROMPT, banning), 0, 10))  # min_tokens reached
 
 
-def test_prompt_logprobs_match_hf(tiny_model_dirs, llm):
+@pytest.mark.parametrize("slice_rows", [None, 3], ids=["one-slice", "slices-of-3-tokens"])
+def test_prompt_logprobs_match_hf(tiny_model_dirs, llm, monkeypatch, slice_rows):
     from transformers import AutoModelForCausalLM
 
+    from flotilla.engine import model_runner
+
+    if slice_rows is not None:  # the prompt's logits in slices (their memory is bounded): the same entries
+        vocab = llm.engine.config.model.hf_config["vocab_size"]
+        monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_SLICE_BYTES", slice_rows * 4 * vocab)
     out = llm.generate([PROMPT], SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32)
     with torch.inference_mode():
@@ -322,3 +328,55 @@ def test_an_eos_id_of_generation_config_other_than_the_tokenizers_is_the_stop_re
         kept = _text(llm, PROMPT, SamplingParams(temperature=0, max_tokens=4, logit_bias={token: 100.0},
                                                  ignore_eos=True))
         assert (kept.token_ids, kept.finish_reason) == ([token] * 4, "length")
+
+
+def test_sampling_params_truncate_prompt_tokens_keeps_the_last_tokens_as_vllm(llm):
+    # vLLM's SamplingParams(truncate_prompt_tokens=N): the engine keeps the prompt's last N tokens (-1: the context).
+    long = [(37 * i) % 30000 + 5 for i in range(300)]  # over the 256-token context
+    cut = llm.generate([long], SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=20),
+                       use_tqdm=False)[0]
+    tail = llm.generate([long[-20:]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == long[-20:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = llm.get_tokenizer().encode(text)
+    by_text = llm.generate(text, SamplingParams(max_tokens=1, truncate_prompt_tokens=3), use_tqdm=False)[0]
+    assert by_text.prompt_token_ids == ids[-3:]
+    whole = llm.generate([long[:100]], SamplingParams(max_tokens=1, truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert whole.prompt_token_ids == long[:100]
+    for bad in (0, 257):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            llm.generate([long], SamplingParams(max_tokens=1, truncate_prompt_tokens=bad), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_logprob_ranks_count_ties_as_vllm(tiny_model_dirs, tmp_path):
+    # vLLM ranks a token by how many logprobs are >= its own (batched_count_greater_than), and a token of the
+    # top-N keeps its top-N position. On a model whose logits all tie (lm_head zeroed: bf16 ties, taken to the
+    # extreme) a token outside the top-N is ranked last (the vocabulary size), not first.
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "flat"
+    shutil.copytree(tiny_model_dirs["llama"], model_dir)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    shard = model_dir / index["weight_map"]["lm_head.weight"]
+    tensors = load_file(shard)
+    tensors["lm_head.weight"].zero_()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    llm = LLM(str(model_dir), max_model_len=64, block_size=8)
+    vocab = llm.engine.vocab_size
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2, logprobs=1, prompt_logprobs=2),
+                       use_tqdm=False)[0]
+    outside = 0
+    for entry, token, n in [*((e, t, 2) for e, t in zip(out.prompt_logprobs[1:], PROMPT[1:], strict=True)),
+                            *((e, t, 1) for e, t in zip(out.outputs[0].logprobs, out.outputs[0].token_ids,
+                                                        strict=True))]:
+        top = sorted(r for t, (_, r) in entry.items() if t != token)
+        if len(entry) > n:  # the token is not one of the top-N: every logprob ties with it
+            assert entry[token][1] == vocab and top == list(range(1, n + 1))
+            outside += 1
+        else:
+            assert sorted(r for _, r in entry.values()) == list(range(1, n + 1))
+    assert outside >= len(PROMPT) - 3

@@ -5,6 +5,7 @@ listed with their parent, loaded and unloaded at runtime, unknown names answered
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -102,3 +103,35 @@ def test_lora_requests_info_metric(client, lora_server):
              if line.startswith("vllm:lora_requests_info{")]
     assert lines and all('max_lora="2"' in line for line in lines)
     assert all("running_lora_adapters=" in line and "waiting_lora_adapters=" in line for line in lines)
+
+
+def test_lora_requests_info_keeps_one_series_whatever_adapters_clients_pick(client, lora_server):
+    # Each distinct (waiting, running) adapter list made a series of its own, kept forever: clients choosing
+    # adapters (and, with runtime loading, their names) grew /metrics and Prometheus' series without bound. As the
+    # gauge's value is the update's time, only the latest series means anything: it is the one kept.
+    for models in (["attn"], ["all7"], ["attn", "all7"], ["tiny", "all7"]):
+        with ThreadPoolExecutor(len(models)) as pool:
+            list(pool.map(lambda m: _greedy(client, m), models))
+    lines = [line for line in httpx.get(f"{lora_server.url}/metrics").text.splitlines()
+             if line.startswith("vllm:lora_requests_info{")]
+    assert len(lines) == 1, lines
+
+
+def test_unloading_an_adapter_while_a_stream_uses_it(client, lora_server, lora_adapters):
+    # The stream goes on with the adapter's weights to its end (they are read again from its directory if its
+    # slot was freed); new requests for the name get 404 at once.
+    url, path = lora_server.url, str(lora_adapters["qwen3"]["mlp"])
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "busy", "lora_path": path}).status_code == 200
+    body = {"model": "busy", "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**body).choices[0].text
+    stream = client.completions.create(**body, stream=True)
+    pieces = [next(iter(stream)).choices[0].text]
+    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "busy"}, timeout=60)
+    assert gone.status_code == 200, gone.text
+    pieces += [c.choices[0].text for c in stream]
+    assert "".join(pieces) == whole
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(**{**body, "max_tokens": 1})
+    # Nor may an adapter take the base model's name.
+    clash = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "tiny", "lora_path": path})
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "lora_name", clash.text

@@ -132,3 +132,20 @@ def test_pooling_with_adapters_speculation_or_parallelism_refuses_to_start(qwen3
     assert named in str(refused.value)
     if "task" not in kwargs:  # the same settings on the generate runner are fine
         assert EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs).model.runner == "generate"
+
+
+def test_truncate_prompt_tokens_embeds_the_last_tokens_as_vllm(pooling_llm):
+    # vLLM's LLM.embed(truncate_prompt_tokens=N): the last N tokens (-1: the context length), as /v1/embeddings.
+    long = list(range(200, 290))  # 90 tokens: over this engine's 64-token context
+    [cut] = pooling_llm.embed([long], truncate_prompt_tokens=10)
+    [tail] = pooling_llm.embed([long[-10:]])
+    assert cut.embedding == tail.embedding and cut.num_prompt_tokens == 10
+    [whole] = pooling_llm.embed([long], truncate_prompt_tokens=-1)
+    assert whole.embedding == pooling_llm.embed([long[-64:]])[0].embedding
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = pooling_llm.get_tokenizer().encode(text)
+    assert pooling_llm.embed(text, truncate_prompt_tokens=3)[0].embedding == pooling_llm.embed([ids[-3:]])[0].embedding
+    for bad in (0, 65):
+        with pytest.raises(InvalidParamError) as err:
+            pooling_llm.embed([long], truncate_prompt_tokens=bad)
+        assert err.value.param == "truncate_prompt_tokens"

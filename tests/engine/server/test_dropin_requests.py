@@ -191,6 +191,96 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
     assert any("usage" in c for c in chat if c["choices"])
 
 
+def test_continuous_usage_counts_each_choices_own_tokens_as_vllm(server):
+    # vLLM's per-chunk usage: the prompt and the tokens of that chunk's choice so far (previous_num_tokens[i]);
+    # the usage summed over every choice comes once, in the include_usage chunk. Was: the sum over all choices.
+    for path, extra in (("/v1/completions", {"prompt": [5, 6, 7, 8]}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        body = {"model": "tiny", "max_tokens": 3, "min_tokens": 3, "n": 2, "stream": True, "seed": 3, **extra,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        chunks = events(post(server, path, body))
+        counts: dict[int, list[int]] = {0: [], 1: []}
+        prompt_tokens = chunks[-1]["usage"]["prompt_tokens"]
+        for c in chunks[:-1]:
+            if "usage" in c and (c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content")
+                                 or c["choices"][0]["finish_reason"]):
+                assert c["usage"]["prompt_tokens"] == prompt_tokens
+                counts[c["choices"][0]["index"]].append(c["usage"]["completion_tokens"])
+        assert all(v and v[-1] == 3 and v == sorted(v) for v in counts.values()), (path, counts)
+        assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_returns_the_continued_message_whole_as_vllm(server, stream):
+    # vLLM's chat `echo`: the last message's content comes first in the reply when its role is the reply's (an
+    # assistant message continued with continue_final_message); other conversations echo nothing. Was a 400.
+    def reply(messages: list[dict], **extra) -> list[str]:
+        body = {"model": "tiny", "messages": messages, "max_tokens": 3, "min_tokens": 3, "temperature": 0,
+                "n": 2, "echo": True, "stream": stream, **extra}
+        if not stream:
+            return [c["message"]["content"] for c in post(server, "/v1/chat/completions", body).json()["choices"]]
+        texts = ["", ""]
+        for chunk in events(post(server, "/v1/chat/completions", body)):
+            for c in chunk["choices"]:
+                texts[c["index"]] += c["delta"].get("content") or ""
+        return texts
+
+    user = [{"role": "user", "content": "Name a colour."}]
+    prefill = [*user, {"role": "assistant", "content": "My favourite is"}]
+    continued = reply(prefill, add_generation_prompt=False, continue_final_message=True)
+    plain = reply(prefill, add_generation_prompt=False, continue_final_message=True, echo=False)
+    assert continued == ["My favourite is" + t for t in plain]
+    assert reply(user) == reply(user, echo=False)  # the reply's role (assistant) is not the last message's
+
+
+def test_chat_prompt_logprobs_as_vllm(server):
+    # vLLM's chat takes prompt_logprobs: the response's top-level `prompt_logprobs`, as a completions choice's (None
+    # for the first prompt token, then token id -> logprob, rank, decoded_token). Was a 400; a stream still is one.
+    messages = [{"role": "user", "content": "Hello there"}]
+    reply = post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1,
+                                                  "prompt_logprobs": 2})
+    assert reply.status_code == 200, reply.text
+    entries = reply.json()["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == reply.json()["usage"]["prompt_tokens"]
+    assert all(2 <= len(e) <= 3 and {"logprob", "rank", "decoded_token"} <= set(next(iter(e.values())))
+               for e in entries[1:])
+    assert post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1}
+                ).json().get("prompt_logprobs") is None
+    streamed = post(server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1,
+                                                     "prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reply_role_without_a_generation_prompt_is_the_last_messages_as_vllm(server, stream):
+    # vLLM's get_chat_request_role: "assistant" with add_generation_prompt, else the last message's role (the
+    # model continues that message). Was "assistant" always.
+    def role(messages: list[dict], add_generation_prompt: bool) -> str:
+        body = {"model": "tiny", "messages": messages, "max_tokens": 2, "stream": stream,
+                "add_generation_prompt": add_generation_prompt}
+        if not stream:
+            return post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"]
+        return next(c["choices"][0]["delta"]["role"] for c in events(post(server, "/v1/chat/completions", body))
+                    if c["choices"] and "role" in c["choices"][0]["delta"])
+
+    user = [{"role": "user", "content": "Name a colour."}]
+    assert role(user, True) == "assistant"
+    assert role(user, False) == "user"
+    assert role([*user, {"role": "assistant", "content": "Blue"}], False) == "assistant"
+
+
+def test_a_message_with_null_content_renders_as_empty_text_as_vllm(server):
+    # vLLM parses a null content as no parts, which the string content format renders as "": served. Was a 400
+    # from the template ("'dict object' has no attribute 'content'") unless the message carried tool calls.
+    body = {"model": "tiny", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "system", "content": None}, {"role": "user", "content": None}]}
+    reply = post(server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    empty = post(server, "/v1/chat/completions", {**body, "messages": [{"role": "system", "content": ""},
+                                                                       {"role": "user", "content": ""}]})
+    assert reply.json()["usage"] == empty.json()["usage"]
+
+
 def test_models_by_id(server):
     one = httpx.get(f"{server.url}/v1/models/tiny-alias", headers=HEADERS)
     assert one.status_code == 200 and one.json()["id"] == "tiny-alias" and one.json()["object"] == "model"

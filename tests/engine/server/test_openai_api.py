@@ -174,7 +174,6 @@ def test_browsers_may_call_from_other_origins_as_vllm_allows_by_default(server):
         ({"model": "tiny"}, 400, "prompt: Field required"),
         ({"model": "tiny", "prompt": [10**9]}, 400, "outside the vocabulary"),
         ({"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias keys must be token ids"),
-        ({"model": "tiny", "prompt": "x", "logit_bias": {"5": 500}}, 400, "must lie in [-100, 100]"),
         ({"model": "tiny", "prompt": "x", "stop": [""]}, 400, "stop strings must not be empty"),
         ({"model": "tiny", "prompt": []}, 400, "prompt must not be empty"),
         ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "suffix and best_of are not supported"),

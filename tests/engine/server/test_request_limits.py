@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -289,6 +290,31 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
 
 
 
+def _health_waits_while_posting(server: Server, path: str, body: str) -> tuple[list[float], httpx.Response]:
+    """/health asked over and over while `body` is posted: how long each answer took, and the post's response."""
+    waits: list[float] = []
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.is_set():
+            asked = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
+            waits.append(time.monotonic() - asked)
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        response = httpx.post(f"{server.url}{path}", content=body, timeout=120,
+                              headers={**AUTH, "Content-Type": "application/json"})
+        time.sleep(0.3)
+    finally:
+        done.set()
+        thread.join(120)
+    return waits, response
+
+
 def test_the_server_answers_while_a_large_body_is_parsed(limited):
     # FastAPI parsed (json.loads) and validated (pydantic, and the body walk) a request body on the event loop: a
     # body of many small JSON values under the 4 MB limit stopped every stream and /health for as long as one local
@@ -303,27 +329,59 @@ def test_the_server_answers_while_a_large_body_is_parsed(limited):
     with contextlib.suppress(ValueError):
         CompletionRequest.model_validate(json.loads(body))
     parse_s = time.monotonic() - started
-    waits: list[float] = []
-    done = threading.Event()
-
-    def ticker() -> None:
-        while not done.is_set():
-            asked = time.monotonic()
-            assert httpx.get(f"{limited.url}/health", timeout=60).status_code == 200
-            waits.append(time.monotonic() - asked)
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    try:
-        time.sleep(0.3)
-        response = httpx.post(f"{limited.url}/v1/completions", content=body, timeout=120,
-                              headers={**AUTH, "Content-Type": "application/json"})
-        # the whole body was parsed and validated: the error names its last field
-        assert response.status_code == 400 and response.json()["error"]["param"] == "temperature", response.text
-        time.sleep(0.3)
-    finally:
-        done.set()
-        thread.join(120)
+    waits, response = _health_waits_while_posting(limited, "/v1/completions", body)
+    # the whole body was parsed and validated: the error names its last field
+    assert response.status_code == 400 and response.json()["error"]["param"] == "temperature", response.text
     assert len(waits) > 5, waits
     assert max(waits) < parse_s / 2, (max(waits), parse_s)
+
+
+@pytest.mark.parametrize("path, payload", [
+    # a million token-id prompts: one json.loads of a million lists, then pydantic's union over the batch
+    ("/v1/completions", {"model": "tiny", "prompt": [[1]] * (BODY_LIMIT // 4 - 20), "temperature": -1}),
+], ids=["token-id-batch"])
+def test_no_single_parse_step_holds_the_server_for_long(limited, path, payload):
+    # After session 14 moved parsing to a worker thread, single C calls there still held the GIL, and so the event
+    # loop, for seconds: json.loads of a million lists (~2 s here), pydantic-core's union over a batch of token-id
+    # lists or over 130k messages (~2-4 s), and each garbage collection the parse set off (tenths of a second).
+    # Now json.loads and the validators call Python per object/number/list/message (a GIL switch point every 5
+    # ms) and no collection runs during a parse: /health waits less than half of what one plain json.loads of the
+    # body takes here (it waited all of it, and then pydantic's union too).
+    body = json.dumps(payload, separators=(",", ":"))
+    assert BODY_LIMIT * 0.9 < len(body) < BODY_LIMIT
+    started = time.monotonic()
+    json.loads(body)
+    loads_s = time.monotonic() - started
+    waits, response = _health_waits_while_posting(limited, path, body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "temperature", response.text
+    assert len(waits) > 5, waits
+    assert max(waits) < loads_s / 2, (max(waits), loads_s)
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+
+
+def _engine_core_pid(server: Server) -> int:
+    pid = server.process.pid
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return max(children, key=_peak_rss_bytes)  # beside it, at most small helpers (multiprocessing's tracker)
+
+
+def test_prompt_logprobs_of_a_long_prompt_take_bounded_memory(limited):
+    # The prompt's logits, their float copy, log-softmax and rank comparison were made for a whole step's prompt
+    # tokens at once ([tokens, vocab] each): 4,096 tokens of the 49k vocabulary raised the engine core's peak
+    # memory by ~2.4 GB here; at 8,192 tokens of a 128k vocabulary on a GPU, ~11 GB beyond what the KV-cache
+    # sizing leaves (an out-of-memory error for the engine). Now in slices of at most 64 MiB of logits.
+    core = _engine_core_pid(limited)
+    body = {"model": "tiny", "prompt": [(7 * i) % 40000 + 100 for i in range(4096)], "max_tokens": 1,
+            "prompt_logprobs": 1}
+    warm = httpx.post(f"{limited.url}/v1/completions", headers=AUTH, timeout=300, json={**body, "prompt": [5, 6]})
+    assert warm.status_code == 200, warm.text
+    before = _peak_rss_bytes(core)
+    response = httpx.post(f"{limited.url}/v1/completions", headers=AUTH, timeout=300, json=body)
+    assert response.status_code == 200, response.text
+    logprobs = response.json()["choices"][0]["prompt_logprobs"]
+    assert len(logprobs) == 4096 and logprobs[0] is None and all(len(e) >= 1 for e in logprobs[1:])
+    assert _peak_rss_bytes(core) - before < 600 << 20, (_peak_rss_bytes(core) - before) >> 20

@@ -4,6 +4,7 @@ with OpenAI's error JSON naming the field, and the server keeps serving."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -132,3 +133,65 @@ def test_chat_repetition_penalty_1e_50_with_logprobs_is_a_400(server):
         response = post(server, {**body, "stream": stream}, "/v1/chat/completions")
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "repetition_penalty"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_logit_bias_beyond_100_is_clamped_as_vllm(server, path):
+    # vLLM's server clamps each bias to [-100, 100] (SamplingParams.from_optional, "per OpenAI API spec"): clients
+    # that ban a token with -1e9 or force one with 1000 are served. Was: a 400.
+    base = {"model": "tiny", "max_tokens": 3, "temperature": 0,
+            **({"prompt": "Hello"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})}
+
+    def text(bias: dict[str, float]) -> str:
+        response = post(server, {**base, "logit_bias": bias}, path)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        return choice["text"] if "text" in choice else choice["message"]["content"]
+
+    assert text({"1234": 1000}) == text({"1234": 100})
+    assert text({"1234": 1e9, "77": -1e9}) == text({"1234": 100, "77": -100})
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stop", [[f"zq{i}" for i in range(129)], ["z" * 8193], ["z" * 4000, "q" * 4000, "x" * 193]],
+                         ids=["129-strings", "one-of-8193-characters", "8193-characters-in-all"])
+def test_stop_strings_past_the_bound_are_a_400_naming_stop(server, path, stop):
+    # Every stop string is searched for in every completion's new text at every step, on the engine's step
+    # loop: 300,000 stop strings on one n=64 request (2.7 MB) made each of its steps ~10 s, for every stream
+    # (20 tokens: 209 s against 9.7 s without them), on the 2-core test machine.
+    body = {"model": "tiny", "max_tokens": 1, "stop": stop}
+    body |= {"messages": [{"role": "user", "content": "Hello"}]} if "chat" in path else {"prompt": "Hello"}
+    response = post(server, body, path)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stop"
+    # At the bound, served.
+    short = [f"zq{i}" for i in range(127)]
+    ok = post(server, {**body, "stop": [*short, "z" * (8192 - sum(map(len, short)))]}, path)
+    assert ok.status_code == 200, ok.text
+
+
+VOCAB_SIZE = 49152  # the SmolLM2 tokenizer's, which the tiny models share
+
+
+def _timed(server, body: dict) -> float:
+    started = time.monotonic()
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("extra", [
+    {"logit_bias": {str(t): 0.25 for t in range(VOCAB_SIZE)}},
+    {"stop_token_ids": [*range(1, VOCAB_SIZE)] * 2, "min_tokens": 12},
+], ids=["logit-bias-over-the-vocabulary", "stop-token-ids-twice-the-vocabulary"])
+def test_long_bias_and_stop_id_lists_cost_a_request_once_not_every_step(server, extra):
+    # The step loop walked a request's logit_bias (a Python loop per entry) and its stop_token_ids (a list
+    # scan; a set built per step under min_tokens) for every completion at every step: n=64 x 20 tokens took
+    # 28.6 s with a whole-vocabulary logit_bias and 55.6 s with stop_token_ids of 8 vocabularies, against 9.7 s
+    # without, and every other stream's steps waited as long. Compared with the same request without the lists,
+    # the faster of two runs each (a loaded machine slows single runs, not the ratio of the best).
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 12, "n": 48, "ignore_eos": True}
+    plain = min(_timed(server, body) for _ in range(2))
+    heavy = min(_timed(server, {**body, **extra}) for _ in range(2))
+    assert heavy < 1.6 * plain + 0.5, (heavy, plain)
