@@ -28,7 +28,8 @@ from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
 from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
-from flotilla.engine.server.serving import OpenAIServing, max_tokens_cap
+from flotilla.engine.server.sampling_request import max_tokens_cap
+from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer

@@ -3,7 +3,7 @@
 As vLLM does, a field the server does not know (OpenAI's `store`, `metadata`, `parallel_tool_calls`,
 ...) is accepted and ignored with a log line that names it: SDKs and frameworks send such fields by
 default. A known field with a bad value is still a 400 that names it, and so is a vLLM field that would
-change the output but is not implemented (serving.UNSUPPORTED_VLLM_FIELDS).
+change the output but is not implemented (sampling_request.UNSUPPORTED_VLLM_FIELDS).
 """
 
 from __future__ import annotations

@@ -96,28 +96,33 @@ def _float(text: str) -> float:
 # that a steady stream of parses never keeps it off for long.
 GC_PAUSE_MIN_BYTES = 256 * 1024
 _gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
+_gc_parses = 0  # large-body parses running now
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """No garbage collection while any body is parsed: a parse allocates its containers by the million, and each
-    collection it set off walked every live object in one C call (a few tenths of a second each, the event loop's
-    thread waiting on the GIL; a third of the parse's time). What the parse builds is alive: collecting during it
-    frees nothing; the first collection after it does what was put off."""
-    global _gc_pausers, _gc_was_enabled
+    """No garbage collection while a large body is parsed: a parse allocates its containers by the million, and
+    each collection it set off walked every live object in one C call (a few tenths of a second each, the event
+    loop's thread waiting on the GIL; a third of the parse's time). What the parse builds is alive: collecting
+    during it frees nothing; the first collection after it does what was put off.
+
+    Only a parse that starts with no other large parse running pauses collection, and it alone turns it back on
+    when it ends: GC is never off for longer than one parse. (A count of pausers kept it off for as long as
+    overlapping large bodies kept coming, each starting before the last ended: the cyclic garbage of every
+    request piled up.) The parses that overlap a pause's end run with GC on, as do those that start after it
+    until none is running."""
+    global _gc_parses
     with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
+        pauses = _gc_parses == 0 and gc.isenabled()
+        _gc_parses += 1
+        if pauses:
             gc.disable()
-        _gc_pausers += 1
     try:
         yield
     finally:
         with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
+            _gc_parses -= 1
+            if pauses:
                 gc.enable()
 
 

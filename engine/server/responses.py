@@ -38,7 +38,8 @@ from flotilla.engine.server.responses_items import (
     message_item,
     text_part,
 )
-from flotilla.engine.server.serving import OpenAIServing, admitted, sampling_params
+from flotilla.engine.server.sampling_request import sampling_params
+from flotilla.engine.server.serving import OpenAIServing, admitted
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
 from flotilla.engine.server.tool_stream import constrain_for_tools

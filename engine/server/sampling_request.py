@@ -1,0 +1,94 @@
+"""A request's sampling fields -> SamplingParams, as vLLM's server builds them.
+
+A field the request leaves out takes the model's generation_config.json value (`--generation-config`), else
+vLLM's neutral one; max_tokens is bounded by the context left and by the server's cap; vLLM fields this server
+does not implement are refused; a value SamplingParams refuses is a 400 that names its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flotilla.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.protocol import _SamplingFields
+from flotilla.engine.server.structured_request import structured_outputs
+
+
+def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: dict[str, Any]) -> int | None:
+    """vLLM's `override_max_tokens`, a bound on every request's max_tokens (given or not): the default max_tokens of a
+    --generation-config folder, else --override-generation-config's max_new_tokens (the model's own
+    generation_config.json, with `auto`, only sets the default)."""
+    if generation_config not in ("auto", "vllm"):
+        return defaults.get("max_tokens")
+    return override.get("max_new_tokens")
+
+
+# vLLM request fields that change what is generated or returned, which this server does not implement: set
+# (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
+# ignoring them would answer 200 with output the client asked to be different.
+# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors")
+
+
+def refuse_unsupported_fields(req: _SamplingFields) -> None:
+    """400 naming the first of `UNSUPPORTED_VLLM_FIELDS` the request sets (None, false and empty are off)."""
+    for name in UNSUPPORTED_VLLM_FIELDS:
+        value = (req.model_extra or {}).get(name)
+        if value is not None and value is not False and value != [] and value != {}:
+            raise APIError(400, f"{name} is not supported by this server (leave it out)", param=name)
+
+
+def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
+                    logprobs: int | None, prompt_logprobs: int | None = None,
+                    defaults: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> SamplingParams:
+    """OpenAI/vLLM request fields -> SamplingParams. A field the request leaves out takes the model's
+    generation_config.json value in `defaults` (`--generation-config`), else vLLM's neutral one (temperature 1).
+    `max_tokens_cap` bounds max_tokens even when the request gives it (vLLM's `override_max_tokens`)."""
+    refuse_unsupported_fields(req)
+    room = max_model_len - prompt_len
+    defaults = defaults or {}
+
+    def field(value: Any, name: str, neutral: Any) -> Any:
+        return value if value is not None else defaults.get(name, neutral)
+    # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
+    if max_tokens is not None and 0 < room < max_tokens:
+        raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
+                            f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
+    # vLLM: the model's max_new_tokens when the request gives none, within the context left
+    default_max_tokens = max(min(room, defaults.get("max_tokens", room)), 1)
+    wanted = max_tokens if max_tokens is not None else default_max_tokens
+    if max_tokens_cap:
+        wanted = min(wanted, max_tokens_cap)
+    try:
+        # vLLM's server clamps each bias to [-100, 100] (OpenAI's range) rather than refusing one beyond it
+        bias = {int(k): min(max(v, -LOGIT_BIAS_MAX), LOGIT_BIAS_MAX) for k, v in (req.logit_bias or {}).items()} or None
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=field(req.temperature, "temperature", 1.0),
+            top_p=field(req.top_p, "top_p", 1.0),
+            top_k=field(req.top_k, "top_k", 0),
+            min_p=field(req.min_p, "min_p", 0.0),
+            seed=req.seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=field(req.repetition_penalty, "repetition_penalty", 1.0),
+            logit_bias=bias,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids or [],
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            max_tokens=wanted,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured_outputs(req),
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None

@@ -1,0 +1,52 @@
+"""engine/server/sampling_request.py without a server: a request body's sampling fields -> SamplingParams (the
+server tests, test_bad_input and test_sampling_bounds, show the same rules through HTTP)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.protocol import CompletionRequest
+from flotilla.engine.server.sampling_request import max_tokens_cap, sampling_params
+
+
+def request(**fields):
+    return CompletionRequest(prompt="hi", **fields)
+
+
+def test_a_field_left_out_takes_the_models_default_else_the_neutral_value():
+    sp = sampling_params(request(top_p=0.5), None, 4, 64, None, defaults={"temperature": 0.6, "top_p": 0.9})
+    assert (sp.temperature, sp.top_p, sp.top_k) == (0.6, 0.5, 0)
+
+
+def test_max_tokens_is_the_context_left_when_not_given_and_the_cap_bounds_it_given_or_not():
+    assert sampling_params(request(), None, 4, 64, None).max_tokens == 60
+    assert sampling_params(request(), None, 4, 64, None, defaults={"max_tokens": 8}).max_tokens == 8
+    assert sampling_params(request(), 50, 4, 64, None, max_tokens_cap=10).max_tokens == 10
+
+
+def test_max_tokens_beyond_the_context_left_is_a_400_naming_it():
+    with pytest.raises(APIError) as err:
+        sampling_params(request(), 61, 4, 64, None)
+    assert (err.value.status, err.value.param) == (400, "max_tokens")
+    assert "the prompt has 4 tokens" in err.value.message
+
+
+def test_an_unsupported_vllm_field_set_is_a_400_and_its_off_value_passes():
+    with pytest.raises(APIError) as err:
+        sampling_params(request(use_beam_search=True), None, 4, 64, None)
+    assert err.value.param == "use_beam_search"
+    assert sampling_params(request(use_beam_search=False, logits_processors=[]), None, 4, 64, None).n == 1
+
+
+def test_logit_bias_is_clamped_and_needs_token_ids():
+    assert sampling_params(request(logit_bias={"3": 500.0}), None, 4, 64, None).logit_bias == {3: 100.0}
+    with pytest.raises(APIError) as err:
+        sampling_params(request(logit_bias={"a": 1.0}), None, 4, 64, None)
+    assert err.value.param == "logit_bias"
+
+
+def test_the_cap_comes_from_a_generation_config_folder_else_the_override():
+    assert max_tokens_cap("/models/gc", {"max_tokens": 32}, {"max_new_tokens": 8}) == 32
+    assert max_tokens_cap("auto", {"max_tokens": 32}, {"max_new_tokens": 8}) == 8
+    assert max_tokens_cap("vllm", {}, {}) is None
