@@ -121,7 +121,9 @@ async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id:
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
-    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    # vLLM's should_include_usage: per-chunk usage only along with the final usage chunk (include_usage)
+    options = req.stream_options
+    return bool(options and options.include_usage and options.continuous_usage_stats)
 
 
 class OpenAIServing:

@@ -62,3 +62,15 @@ def test_completion_stream_chunks_carry_usage_as_vllm(client):
         stream_options=CONTINUOUS, extra_body={"min_tokens": 3}))
     counts = _per_choice_counts(chunks, chunks[-1].usage.prompt_tokens)
     assert {i: (v[0], v[-1]) for i, v in counts.items()} == {0: (1, 3), 1: (1, 3)}
+
+
+def test_continuous_usage_stats_without_include_usage_sends_no_usage_as_vllm(client):
+    # vLLM's include_continuous_usage = include_usage and continuous_usage_stats (should_include_usage): asked
+    # alone, no chunk carries usage. Was: every chunk did.
+    chat = list(client.chat.completions.create(
+        model="tiny", max_tokens=2, stream=True, stream_options={"continuous_usage_stats": True},
+        messages=[{"role": "user", "content": "hi"}]))
+    completion = list(client.completions.create(
+        model="tiny", prompt="hi", max_tokens=2, stream=True, stream_options={"continuous_usage_stats": True}))
+    assert chat and completion
+    assert all(c.usage is None and c.choices for c in chat + completion)
