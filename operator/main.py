@@ -51,8 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="name of the Validating/MutatingWebhookConfiguration the operator manages; empty: "
                         "serve the webhooks but leave their configurations to someone else (the Helm chart)")
     p.add_argument("--engine-image", default=None,
-                   help=f"engine image for InferenceServices that leave spec.image at its default ({DEFAULT_IMAGE}): "
-                        "the mutating webhook writes it into their spec (e.g. a mirror in a private registry)")
+                   help=f"engine image for InferenceServices that leave spec.image at its default ({DEFAULT_IMAGE}), "
+                        "e.g. a mirror in a private registry: their pods run it; the mutating webhook also writes "
+                        "it into their spec (with --no-webhook the spec keeps showing the default)")
     p.add_argument("--host-path-prefix", action="append", default=[], dest="host_path_prefixes",
                    help="allow hostPath:// model sources under this node directory (repeatable); default: "
                         "hostPath sources are refused")
@@ -83,8 +84,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true", help="log every handler call")
     p.add_argument("--debug", action="store_true", help="log kopf's internals too")
     args = p.parse_args(argv)
-    if args.engine_image and args.no_webhook:
-        p.error("--engine-image works through the mutating webhook; it cannot be combined with --no-webhook")
     try:
         args.policy = AdmissionPolicy(host_path_prefixes=tuple(args.host_path_prefixes),
                                       prometheus_addresses=tuple(args.prometheus_addresses

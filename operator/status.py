@@ -73,7 +73,8 @@ class ServingStatus(ServingFigures):
 class InferenceServiceStatus(_Model):
     """Observed state, written by the operator."""
 
-    phase: str | None = Field(default=None, description="Pending, Progressing, Ready, Degraded or Failed.")
+    phase: str | None = Field(
+        default=None, description="Pending, Progressing, Ready, ScaledToZero, Degraded or Failed.")
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     replicas: int | None = Field(default=None, description="Engine pods that exist (from the Deployment).")
     ready_replicas: int | None = Field(default=None, description="Engine pods that are ready.")

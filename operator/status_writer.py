@@ -78,14 +78,18 @@ def _stuck(deployment: dict[str, Any] | None) -> str | None:
 
 
 def _phase(conditions: list[Condition], seen: Observation) -> str:
-    """The one-word summary of the conditions: Failed, Degraded, Ready, Pending or Progressing."""
+    """The one-word summary of the conditions: Failed, Degraded, Ready, ScaledToZero, Pending or Progressing."""
     status_of = {c.type: c.status for c in conditions}
+    reason_of = {c.type: c.reason for c in conditions}
     if status_of["Valid"] == "False" or seen.blocked is not None:
         return "Failed"
     if status_of["Degraded"] == "True":
         return "Degraded"
     if status_of["Ready"] == "True":
         return "Ready"
+    if reason_of["Progressing"] == "ScaledToZero":
+        # spec.replicas 0 by hand (kubectl scale): nothing to roll out or wait for, so not "Progressing".
+        return "ScaledToZero"
     if seen.deployment is None:
         return "Pending"
     return "Progressing"
@@ -125,6 +129,10 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Progressing", "False", "ProgressDeadlineExceeded",
                                f"the rollout is stuck: {updated} of {desired} replicas updated, {ready} ready, "
                                f"{stuck}"))
+    elif rolled_out and desired == 0 and existing == 0:
+        conditions.append(cond("Progressing", "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"))
+    elif rolled_out and desired == 0:
+        conditions.append(cond("Progressing", "True", "RollingOut", f"scaling to zero: {existing} replicas left"))
     elif not rolled_out:
         conditions.append(cond("Progressing", "True", "RollingOut",
                                f"{updated} of {desired} replicas updated, {ready} ready"))
@@ -132,7 +140,7 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Progressing", "False", "RolloutComplete", f"{desired} replicas updated and ready"))
 
     if desired == 0 and seen.deployment is not None:
-        conditions.append(cond("Ready", "False", "ScaledToZero", "no replicas requested"))
+        conditions.append(cond("Ready", "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"))
     elif seen.deployment is not None and ready >= desired:
         conditions.append(cond("Ready", "True", "AllReplicasReady", f"{ready} of {desired} replicas ready"))
     else:
@@ -200,8 +208,8 @@ def condition_events(old: dict[str, Any], new: dict[str, Any]) -> list[Condition
     """The Events announcing the condition changes from status `old` to `new` (a pure function).
 
     A condition whose status and reason are unchanged is no news. Bad news (Valid, FitChecked or
-    Ready turning False, Degraded turning True, a low-concurrency fit) is a Warning. On first sight,
-    only the admission decisions (Valid, FitChecked) and bad news are announced, and a first
+    Ready turning False, but for ScaledToZero, Degraded turning True, a low-concurrency fit) is a Warning.
+    On first sight, only the admission decisions (Valid, FitChecked) and bad news are announced, and a first
     Ready=False (replicas still starting) is expected, not a warning.
     """
     before = {c.get("type"): c for c in old.get("conditions", [])}
@@ -210,7 +218,9 @@ def condition_events(old: dict[str, Any], new: dict[str, Any]) -> list[Condition
         prior = before.get(c["type"], {})
         if (prior.get("status"), prior.get("reason")) == (c["status"], c["reason"]):
             continue
-        bad = ((c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready"))
+        # Ready=False because the user asked for zero replicas is their decision, not bad news.
+        bad = ((c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready")
+                and c["reason"] != "ScaledToZero")
                or (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency")
         if not prior and not bad and c["type"] not in _ALWAYS_ANNOUNCED:
             continue

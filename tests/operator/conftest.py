@@ -60,12 +60,14 @@ class OperatorProcess:
     def log_path(self) -> Path:
         return self.workdir / f"operator-{self.starts}.log"
 
-    def start(self) -> None:
-        """Start it and return once it serves: liveness answers and the webhook refuses a bad spec."""
+    def start(self, webhook: bool = True) -> None:
+        """Start it and return once it serves: liveness answers and the webhook refuses a bad spec (with
+        `webhook` False: --no-webhook, and liveness alone)."""
         self.starts += 1
-        command = [sys.executable, "-m", "flotilla.cli", "operator", "--webhook-host", "127.0.0.1",
-                   "--webhook-listen", "127.0.0.1", "--webhook-port", str(self.webhook_port),
-                   "--webhook-cert-dir", str(self.workdir / "certs"),
+        serving = (["--webhook-host", "127.0.0.1", "--webhook-listen", "127.0.0.1", "--webhook-port",
+                    str(self.webhook_port), "--webhook-cert-dir", str(self.workdir / "certs")] if webhook
+                   else ["--no-webhook"])
+        command = [sys.executable, "-m", "flotilla.cli", "operator", *serving,
                    "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", "--resync-seconds", "5",
                    # status.serving read every second over a 5 s window (test_serving_status_live.py).
                    "--serving-period", str(SERVING_PERIOD_S), "--serving-window", str(SERVING_WINDOW_S),
@@ -74,7 +76,8 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        wait_for(self._serving, 60, f"the operator to serve (log: {self.log_path})", interval=0.2)
+        wait_for(self._serving if webhook else self._alive, 60, f"the operator to serve (log: {self.log_path})",
+                 interval=0.2)
 
     def ensure_serving(self) -> None:
         """Start the operator again unless it is running and its webhook answers."""
@@ -88,15 +91,20 @@ class OperatorProcess:
         self.stop()
         self.start()
 
-    def _serving(self) -> bool:
-        from flotilla.operator.kube import KubeError
-
+    def _alive(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).close()
         except OSError:
+            return False
+        return True
+
+    def _serving(self) -> bool:
+        from flotilla.operator.kube import KubeError
+
+        if not self._alive():
             return False
         probe = {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
                  "metadata": {"name": "webhook-probe", "namespace": "default"},

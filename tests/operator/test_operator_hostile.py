@@ -19,7 +19,7 @@ import pytest
 from flotilla.operator.kube import KubeError
 from flotilla.operator.spec import DEFAULT_IMAGE
 
-from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
+from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path, wait_children
 
 WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
@@ -352,6 +352,29 @@ def test_a_spec_stored_while_the_webhook_was_down_runs_the_admins_engine_image(o
     assert cluster.kube.get(fis_path(namespace, "stock"))["spec"]["image"] == DEFAULT_IMAGE
     deployment = wait_children(cluster, namespace, "stock", ["Deployment"])["Deployment"]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == ENGINE_IMAGE
+
+
+def test_engine_image_with_no_webhook_runs_the_admins_engine_image(operator_process, cluster, namespace):
+    # --engine-image with --no-webhook was refused at start-up ("works through the mutating webhook"); the review
+    # both paths share now settles the image, so an operator without webhooks runs the admin's image too (the
+    # spec keeps showing the stock value, which nothing rewrites).
+    operator_process.stop()  # SIGTERM: kopf empties its webhook configurations
+    try:
+        operator_process.start(webhook=False)
+        mutating = cluster.kube.get(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                                    f"{WEBHOOK_CONFIGURATION}")
+        assert not (mutating or {}).get("webhooks"), "no webhook may mutate the spec here"
+        cluster.apply(fis("nohook", namespace, autoscaling=None))
+        deployment = wait_children(cluster, namespace, "nohook", ["Deployment"])["Deployment"]
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == ENGINE_IMAGE
+        assert cluster.kube.get(fis_path(namespace, "nohook"))["spec"]["image"] == DEFAULT_IMAGE
+        # An image the spec names is kept.
+        cluster.apply(fis("named", namespace, autoscaling=None, image="registry.local/custom:1"))
+        named = wait_children(cluster, namespace, "named", ["Deployment"])["Deployment"]
+        assert named["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/custom:1"
+    finally:
+        operator_process.stop()
+        operator_process.start()
 
 
 # model.config at the largest numbers the schema allows (far beyond any checkpoint), and one past them.

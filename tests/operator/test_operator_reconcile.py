@@ -186,6 +186,38 @@ def test_simulated_readiness_turns_ready_true_and_back(op, namespace):
     assert condition({"status": fis_status()}, "Degraded")["reason"] == "ReplicasUnavailable"
 
 
+def test_scaled_to_zero_by_hand_reads_scaled_to_zero_not_progressing(op, namespace):
+    """`kubectl scale fis --replicas 0` (the scale subresource): once no pod is left, phase ScaledToZero, Ready and
+    Progressing False for that reason, and a Normal Event (the user's decision, not bad news). It read Progressing
+    for ever."""
+    op.apply(fixed("llama", namespace, replicas=1))
+    wait_children(op, namespace, "llama", ["Deployment"])
+    set_pods_ready(op, namespace, "llama", True, 1)
+
+    def fis_status():
+        return op.kube.get(fis_path(namespace, "llama")).get("status") or {}
+
+    wait_for(lambda: fis_status().get("phase") == "Ready", 20, "phase Ready")
+    op.kube.request("PATCH", f"{fis_path(namespace, 'llama')}/scale", {"spec": {"replicas": 0}}, None,
+                    "application/merge-patch+json")
+    status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
+    assert (status["replicas"], status["readyReplicas"]) == (0, 0)
+    seen = {t: (condition({"status": status}, t)["status"], condition({"status": status}, t)["reason"])
+            for t in ("Progressing", "Ready", "Degraded")}
+    assert seen == {"Progressing": ("False", "ScaledToZero"), "Ready": ("False", "ScaledToZero"),
+                    "Degraded": ("False", "AsExpected")}
+    events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "llama" and e["reason"] == "ScaledToZero"],
+                      10, "the ScaledToZero Event")
+    assert {e["type"] for e in events} == {"Normal"}
+
+    op.kube.request("PATCH", f"{fis_path(namespace, 'llama')}/scale", {"spec": {"replicas": 1}}, None,
+                    "application/merge-patch+json")
+    wait_for(lambda: fis_status().get("phase") == "Progressing", 20, "phase Progressing on the way back")
+    set_pods_ready(op, namespace, "llama", True, 1)
+    wait_for(lambda: fis_status().get("phase") == "Ready", 20, "phase Ready again")
+
+
 def test_spec_update_rolls_the_deployment_under_the_same_name(op, namespace):
     op.apply(fixed("llama", namespace))
     before = wait_children(op, namespace, "llama", ["Deployment"])["Deployment"]

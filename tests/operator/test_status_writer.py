@@ -49,6 +49,22 @@ def test_a_new_rollout_is_progressing_not_degraded():
     assert _conditions(status)["Degraded"] == ("False", "AsExpected")
 
 
+def test_scaled_to_zero_once_no_pod_is_left():
+    ready = _status({}, _deployment(ready=2), spec={**SPEC, "replicas": 2})
+    going = {"metadata": {"generation": 2}, "spec": {"replicas": 0},
+             "status": {"observedGeneration": 2, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}}
+    leaving = _status(ready, going, spec={**SPEC, "replicas": 0}, now="t2", generation=2)
+    assert leaving["phase"] == "Progressing" and _conditions(leaving)["Progressing"] == ("True", "RollingOut")
+    gone = {**going, "status": {"observedGeneration": 2}}
+    zero = _status(leaving, gone, spec={**SPEC, "replicas": 0}, now="t3", generation=2)
+    assert zero["phase"] == "ScaledToZero"
+    assert {t: _conditions(zero)[t] for t in ("Progressing", "Ready", "Degraded")} == {
+        "Progressing": ("False", "ScaledToZero"), "Ready": ("False", "ScaledToZero"),
+        "Degraded": ("False", "AsExpected")}
+    # The user's decision: Normal Events, no Warning.
+    assert {e.type for e in condition_events(ready, zero)} == {"Normal"}
+
+
 def test_transition_time_moves_only_when_the_status_changes():
     first = _status({}, _deployment(ready=0), now="t1")
     same = _status(first, _deployment(ready=0), now="t2")
