@@ -73,6 +73,12 @@ def choice_usage(output: RequestOutput, choice: CompletionOutput) -> dict[str, i
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def opening_usage(prompt_tokens: int) -> dict[str, int]:
+    """The usage of a chunk sent before any token (vLLM's continuous_usage_stats on the chat stream's role and
+    echo chunks): the prompt, no completion tokens."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+
+
 def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
@@ -99,8 +105,10 @@ def chat_echo(req: ChatCompletionRequest) -> str:
 
 
 async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id: str, created: int,
-                      model: str) -> AsyncIterator[str]:
-    """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it)."""
+                      model: str, usage: dict[str, int] | None = None) -> AsyncIterator[str]:
+    """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it);
+    `usage`: each echo chunk's (continuous_usage_stats)."""
+    extra = {} if usage is None else {"usage": usage}
     sent = 0
     async for chunk in chunks:
         yield chunk
@@ -109,11 +117,13 @@ async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id:
             for i in range(n):
                 yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
-                                        "finish_reason": None}]})
+                                        "finish_reason": None}], **extra})
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
-    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    # vLLM's should_include_usage: per-chunk usage only along with the final usage chunk (include_usage)
+    options = req.stream_options
+    return bool(options and options.include_usage and options.continuous_usage_stats)
 
 
 class OpenAIServing:
@@ -389,16 +399,18 @@ class OpenAIServing:
         created = int(time.time())
         echo = chat_echo(req)
         if req.stream:
+            # vLLM's continuous usage covers the chunks sent before any token too (role, echo): the prompt, 0 tokens
+            opening = opening_usage(len(prompt.token_ids)) if _continuous_usage(req) else None
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
-                                          self.enable_prompt_tokens_details, reply_role(req))
+                                          self.enable_prompt_tokens_details, reply_role(req), opening)
             else:
-                chunks = self._stream_chat(req, stream, request_id, created, model)
-            return _echo_first(chunks, req.n, echo, request_id, created, model) if echo else chunks
+                chunks = self._stream_chat(req, stream, request_id, created, model, opening)
+            return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
         choices = []
@@ -418,14 +430,16 @@ class OpenAIServing:
         return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
-                           created: int, model: str) -> AsyncIterator[str]:
+                           created: int, model: str, opening: dict[str, int] | None = None) -> AsyncIterator[str]:
+        """The chat stream; `opening`: the role chunks' usage (continuous_usage_stats), else None."""
+
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": choices, **extra})
 
         for i in range(req.n):
             yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
+                          "finish_reason": None}], **({} if opening is None else {"usage": opening}))
         state = StreamState(req.n)
         last = None
         top = req.top_logprobs or 0

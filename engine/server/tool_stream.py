@@ -50,17 +50,25 @@ class _Choice:
 async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
                            stream: AsyncGenerator[RequestOutput], head: ChunkFormat,
                            stream_options: StreamOptions | None,
-                           prompt_tokens_details: bool = False, role: str = "assistant") -> AsyncIterator[str]:
+                           prompt_tokens_details: bool = False, role: str = "assistant",
+                           opening: dict[str, int] | None = None) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
     ChunkFormat); thinking streams as `delta.reasoning_content` before the answer. `prompt_tokens_details`:
     the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is the reply's
-    (serving.reply_role)."""
+    (serving.reply_role); `opening`: with continuous_usage_stats, the usage before any token (serving.opening_usage),
+    and then every chunk carries its choice's usage so far, as vLLM's (the role chunks included)."""
+    tokens = [0] * n  # each choice's completion tokens so far, for the continuous usage
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
-        return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+        usage = ""
+        if opening is not None:
+            prompt = opening["prompt_tokens"]
+            usage = (f', "usage": {{"prompt_tokens": {prompt}, "completion_tokens": {tokens[index]}, '
+                     f'"total_tokens": {prompt + tokens[index]}}}')
+        return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]{usage}}}\n\n"
 
     for i in range(n):
         yield chunk(i, {"role": role, "content": ""})
@@ -73,6 +81,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                 state = choices[c.index]
                 if state.done:
                     continue
+                tokens[c.index] = len(c.token_ids)
                 text = c.text
                 if reasoning is not None:
                     split = reasoning.split(c.text, finished=c.finish_reason is not None)

@@ -187,8 +187,8 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server):
     assert with_choices[-1]["usage"]["completion_tokens"] == 4
     chat = events(post(server, "/v1/chat/completions", {
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
-        "stream_options": {"continuous_usage_stats": True}}))
-    assert any("usage" in c for c in chat if c["choices"])
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    assert all("usage" in c for c in chat if c["choices"])
 
 
 def test_continuous_usage_counts_each_choices_own_tokens_as_vllm(server):
