@@ -158,7 +158,8 @@ def test_sigterm_drains_an_embeddings_request_in_flight(tiny_model_dirs, tmp_pat
     # Embeddings run as engine calls, not engine requests: the drain must wait for them too (here 4,000
     # inputs of 200 tokens, several seconds, more than uvicorn's own 5 s grace after the drain).
     server = start_server(tiny_model_dirs["llama"], tmp_path / "embed-drain.log", "--served-model-name", "tiny",
-                          "--max-model-len", "256", "--runner", "pooling", "--shutdown-timeout", "120")
+                          "--max-model-len", "256", "--runner", "pooling", "--shutdown-timeout", "120",
+                          "--enable-server-load-tracking")
     try:
         prompts = [[5 + i % 100] * 200 for i in range(4000)]
         answers: list[httpx.Response | Exception] = []
@@ -173,7 +174,10 @@ def test_sigterm_drains_an_embeddings_request_in_flight(tiny_model_dirs, tmp_pat
         client = threading.Thread(target=embed)
         started = time.monotonic()
         client.start()
-        time.sleep(1.5)  # the list is being embedded
+        # SIGTERM once the server holds the request (/load counts it from its first byte on; a fixed 1.5 s sleep
+        # could signal before a loaded machine's client had even sent it, and the refused connection failed this)
+        assert _wait_until(lambda: httpx.get(f"{server.url}/load").json()["server_load"] == 1, timeout=60)
+        time.sleep(0.5)  # the list is being parsed and embedded
         server.process.send_signal(signal.SIGTERM)
         client.join(timeout=300)
         answer = answers[0]
