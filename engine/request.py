@@ -87,13 +87,10 @@ class Request:
     grammar: RequestGrammar | None = None
     # `sampling_params.bad_words` as token sequences (engine/bad_words.py), tokenized once when added.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
-    # `sampling_params.allowed_token_ids` as a `[vocab]` bool row on the sampler's device, made at the first
-    # draw and reused: a step then costs the same whatever the list's length (sampling_metadata).
-    allowed_mask: torch.Tensor | None = field(default=None, repr=False)
-    # Sampler inputs built from `sampling_params` at the first draw and reused (sampling_metadata): `logit_bias` ids
-    # and values, the ids banned until `min_tokens`; one dict shared by a request's n completions. A step's cost
-    # then does not grow with the lists' lengths (a whole-vocabulary bias or stop id list was a Python loop per
-    # completion per step).
+    # Sampler inputs built from `sampling_params` at the first draw and reused (sampling_metadata): the
+    # `allowed_token_ids` mask, `logit_bias` ids and values, the ids banned until `min_tokens`; one dict shared by a
+    # request's n completions. A step's cost then does not grow with the lists' lengths (a whole-vocabulary bias or
+    # stop id list was a Python loop per completion per step).
     sampler_tensors: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
     # `sampling_params.stop_token_ids` as a set (made here unless given), for the per-step stop check.
     stop_token_set: frozenset[int] = field(default=frozenset(), repr=False)

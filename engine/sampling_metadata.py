@@ -111,14 +111,15 @@ def build_sampling_batch(
 
 def allowed_mask(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
     """The request's `allowed_token_ids` as a `[vocab_size]` bool row on `device`, built once per request."""
-    mask = request.allowed_mask
-    if mask is None or mask.shape[0] != vocab_size:
+
+    def make() -> tuple[torch.Tensor, ...]:
         ids = request.sampling_params.allowed_token_ids
         assert ids is not None, "called for rows with allowed_token_ids only"
         mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         mask[device_tensor([t for t in ids if 0 <= t < vocab_size], torch.long, device)] = True
-        request.allowed_mask = mask
-    return mask
+        return (mask,)
+
+    return _cached(request, "allowed", device, make)[0]
 
 
 def _cached(request: Request, key: str, device: torch.device,

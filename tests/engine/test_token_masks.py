@@ -157,7 +157,8 @@ def test_a_long_allowed_list_is_masked_from_a_row_built_once(tiny):
     while tiny.engine.has_unfinished_requests():
         tiny.engine.step()
     assert 7 not in request.output_token_ids and len(request.output_token_ids) == 6
-    assert request.allowed_mask is not None and int(request.allowed_mask.sum()) == tiny.engine.vocab_size - 1
+    (mask,) = request.sampler_tensors["allowed"]
+    assert int(mask.sum()) == tiny.engine.vocab_size - 1
 
 
 def test_with_async_scheduling_a_multi_token_bad_word_sees_every_earlier_token(embedded_model_dir, smol):
