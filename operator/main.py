@@ -26,6 +26,7 @@ import kopf
 from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
 from flotilla.operator.kube import Kube
+from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
@@ -198,6 +199,10 @@ def main(argv: list[str]) -> int:
     kopf.on.login(id="login", registry=registry)(login)
     reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
+    # A ServiceMonitor or KEDA CRD installed after start-up: kopf may miss it (optional_kinds.py).
+    optional_kinds = OptionalKinds(reconciler.kube,
+                                   functools.partial(handlers.resync_once, reconciler, args.namespaces))
+    optional_kinds.register(registry)
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
     if not args.no_webhook:
@@ -210,9 +215,13 @@ def main(argv: list[str]) -> int:
         server = settings.admission.server
         if isinstance(server, kopf.WebhookServer) and server.certfile is not None:
             _restart_on_new_certificate(Path(server.certfile), restart, CERTIFICATE_CHECK_S)
-        run_resiliently(functools.partial(kopf.run, registry=registry, settings=settings, standalone=True,
-                                          clusterwide=not args.namespaces, namespaces=args.namespaces,
-                                          liveness_endpoint=args.liveness or None, stop_flag=restart))
+
+        def run_kopf(settings: kopf.OperatorSettings = settings, restart: threading.Event = restart) -> None:
+            kopf.run(registry=registry, settings=settings, standalone=True, clusterwide=not args.namespaces,
+                     namespaces=args.namespaces, liveness_endpoint=args.liveness or None, stop_flag=restart,
+                     insights=optional_kinds.fresh_insights())
+
+        run_resiliently(run_kopf)
         if not restart.is_set():
             return 0  # stopped by a signal
         logger.info("the webhook certificate changed or is due for renewal: restarting the operator on it")
