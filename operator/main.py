@@ -135,8 +135,9 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
-def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
-    """A mutating webhook that puts `image` in place of the CRD's default engine image.
+def register_engine_image(registry: kopf.OperatorRegistry, image: str, namespaces: list[str]) -> None:
+    """A mutating webhook that puts `image` in place of the CRD's default engine image (in `namespaces`, the
+    operator's --namespace; elsewhere nothing).
 
     The CRD's schema default fills spec.image before any webhook runs, so the stock image stands
     for "the operator's default". With failure policy Ignore, an InferenceService created while
@@ -150,6 +151,8 @@ def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
         spec = body.get("spec") or {}
         if webhook.spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
             return  # a metadata-only update changes no spec (the validating webhook lets it through unreviewed)
+        if not webhook.serves(kwargs.get("namespace"), namespaces):
+            return  # another release's namespace: its own engine image, if any
         if spec.get("image", DEFAULT_IMAGE) == DEFAULT_IMAGE and image != DEFAULT_IMAGE:
             patch.setdefault("spec", {})["image"] = image
 
@@ -206,9 +209,9 @@ def main(argv: list[str]) -> int:
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
     if not args.no_webhook:
-        webhook.register(registry, args.policy)
+        webhook.register(registry, args.policy, args.namespaces)
         if args.engine_image:
-            register_engine_image(registry, args.engine_image)
+            register_engine_image(registry, args.engine_image, args.namespaces)
     while True:
         settings = settings_for(args)  # makes or renews the webhook certificate
         restart = threading.Event()
