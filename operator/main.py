@@ -39,7 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The operator's command line."""
     p = argparse.ArgumentParser(prog="flotilla operator", description=__doc__.split("\n")[0])
     p.add_argument("-n", "--namespace", action="append", default=[], dest="namespaces",
-                   help="watch this namespace (repeatable; glob patterns allowed); default: all namespaces")
+                   help="watch this namespace (repeatable; a glob such as team-* allowed); default: all namespaces")
     p.add_argument("--webhook-port", type=int, default=9443, help="port the admission webhooks listen on")
     p.add_argument("--webhook-listen", default="0.0.0.0", help="address the webhook server binds")
     p.add_argument("--webhook-host", default=None,
@@ -99,6 +99,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     if args.serving_period < 0:
         p.error("--serving-period must be 0 (off) or a positive number of seconds")
+    for pattern in args.namespaces:
+        # kopf would read "!x" as every namespace but x and "a,b" as two patterns, while the resync, the serving
+        # reader and the webhooks match one glob: they would list /namespaces/!x/... and serve nothing.
+        if pattern.startswith("!") or "," in pattern or not pattern.strip():
+            p.error(f"--namespace {pattern!r}: give one namespace or glob per flag (repeat it), without '!' "
+                    "or ','")
     return args
 
 

@@ -243,6 +243,8 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
     ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
+    ({"operator": {"watchNamespaces": ["!kube-system"]}}, "one namespace or glob per entry"),
+    ({"operator": {"watchNamespaces": ["team-a,team-b"]}}, "one namespace or glob per entry"),
 ])
 def test_bad_values_are_refused_with_a_message(values: dict[str, Any], message: str) -> None:
     import helm_python
