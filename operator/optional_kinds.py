@@ -135,9 +135,18 @@ class OptionalKinds:
                     log.info(f"kopf's watches differ from what the apiserver serves for {describe(missed)} (a CRD "
                              "event came before discovery changed, or kopf may not watch CRDs): rescanning")
                     assert INTERNALS is not None  # register() starts no check without them
-                    for group in sorted({kind[0] for kind in missed}):
-                        await INTERNALS[1](raw_event={"type": "MODIFIED", "object": {"spec": {
-                            "group": group}}}, settings=settings, registry=registry, insights=insights)
+                    try:
+                        for group in sorted({kind[0] for kind in missed}):
+                            await INTERNALS[1](raw_event={"type": "MODIFIED", "object": {"spec": {
+                                "group": group}}}, settings=settings, registry=registry, insights=insights)
+                    except TypeError:  # a kopf release that changed the function's arguments
+                        log.exception("kopf's rescan cannot be called here; a CRD installed later is picked up by "
+                                      "the resync or a restart")
+                        return
+                    except Exception as e:  # the apiserver failed kopf's discovery reads: the next check retries
+                        log.warning(f"rescanning for {describe(missed)} failed, next check in {self.interval:g} s: {e}")
+                        tried = (now, attempts - 1)  # not an attempt kopf could act on
+                        continue
                     if attempts == ATTEMPTS and now != watched(insights):
                         log.warning(f"kopf still does not follow discovery for {describe(now ^ watched(insights))};"
                                     " hand edits of those children are undone by the resync")
