@@ -651,7 +651,7 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
 def _streams_field(text: str, name: str) -> tuple[int, str]:
     """A launch string's key_streams field: digits, then `t` (transposed), `h` (over heads), `h<N>` (over N heads,
     key_streams / N streams a head: `_form_heads`) or nothing."""
-    match = re.fullmatch(r"(\d+)(t|h\d*)?", text)
+    match = re.fullmatch(r"(\d+)(t|h|h[1-9]\d*)?", text)
     assert match and (match.group(1) != "0" or not match.group(2)), f"{name}: {text!r}: key_streams[t|h[N]]?"
     return int(match.group(1)), match.group(2) or ""
 
