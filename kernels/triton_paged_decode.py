@@ -285,10 +285,8 @@ def _attend_heads_t(
     acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
     head_off = (kv_base + w // KS) * stride_h  # [WS, 1]
     for n0 in range(start, end, BLOCK_N):
-        if KS == 1:
-            tok = n0 + t  # [1, BLOCK_N]: the same keys for every stream
-        else:
-            tok = n0 + sub0 + t  # [WS, SUB]
+        # KS = 1: [1, BLOCK_N], the same keys for every stream; else [WS, SUB]
+        tok = n0 + t if KS == 1 else n0 + sub0 + t
         tok_ok = tok < end
         page = next_page.to(tl.int64)
         if ONE_PAGE:
@@ -629,8 +627,9 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
     streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
     neighbouring KV heads (`_attend_heads_t`), "h<N>" over N heads, key_streams / N streams a head).
     FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams[t|h[N]]]" overrides the fp8 pool's and
-    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h[N]]]" the float pool's, so that one device call can time the engine step at what its kernel sweep found best
-    (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
+    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h[N]]]" the float pool's, so that one device
+    call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh,
+    kv15-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:

@@ -248,17 +248,29 @@ def _llama_fp8_case(seed: int) -> tuple[torch.Tensor, ...]:
 def test_cuda_fp8_transposed_streams_at_llama_heads():
     """On the GPU (cvtpx's inline PTX runs only there): Llama-3-8B heads, sequences of 4,000, 300 and 17 tokens on an
     fp8 pool; the transposed key streams as fp8kv11's grid launches them (2 warps at 1 and 2 splits, 1 warp at 4
-    splits, the fused merge; over 2 / 4 / 8 KV heads at 4 splits) and as kv15's does (over 2 / 4 heads with key
-    streams a head, "h2" / "h4") equal the reference, also when replayed from a CUDA graph."""
+    splits, the fused merge; over 2 / 4 / 8 KV heads at 4 splits) equal the reference, also when replayed from a
+    CUDA graph."""
+    launches = (("t", 32, 2, 4, 1, False), ("t", 32, 2, 3, 2, False), ("t", 16, 1, 3, 4, False),
+                ("t", 32, 2, 3, 2, True), ("h", 16, 2, 2, 4, False), ("h", 16, 4, 2, 4, False),
+                ("h", 16, 8, 2, 4, False))  # fmt: skip
+    _check_fp8_launches_at_llama_heads(launches)
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_streams_over_heads_and_keys_at_llama_heads():
+    """On the GPU, as above: kv15's launches (over 2 / 4 KV heads with 2 / 4 key streams a head, "h2" / "h4", at 1 and
+    2 splits; "h" over 2 heads at 2 splits) equal the reference, also replayed from a CUDA graph."""
+    _check_fp8_launches_at_llama_heads((("h2", 32, 4, 4, 1, False), ("h2", 32, 4, 6, 1, False),
+                                        ("h2", 64, 8, 2, 1, False), ("h4", 32, 8, 4, 1, False),
+                                        ("h2", 32, 4, 2, 2, False), ("h", 32, 2, 3, 2, False)))  # fmt: skip
+
+
+def _check_fp8_launches_at_llama_heads(launches: tuple[tuple[str, int, int, int, int, bool], ...]) -> None:
+    """Each (form, block_n, warps, stages, splits, fused merge) launch, one key stream a warp, on `_llama_fp8_case`:
+    the reference, called and replayed twice from a CUDA graph."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
     query, k8, v8, tables, qsl, lens, ref = _llama_fp8_case(12)
-    launches = (("t", 32, 2, 4, 1, False), ("t", 32, 2, 3, 2, False), ("t", 16, 1, 3, 4, False),
-                ("t", 32, 2, 3, 2, True), ("h", 16, 2, 2, 4, False), ("h", 16, 4, 2, 4, False),
-                ("h", 16, 8, 2, 4, False),
-                # kv15's grid: over 2 / 4 heads with 2 / 4 key streams a head
-                ("h2", 32, 4, 4, 1, False), ("h2", 32, 4, 6, 1, False), ("h2", 64, 8, 2, 1, False),
-                ("h4", 32, 8, 4, 1, False), ("h2", 32, 4, 2, 2, False), ("h", 32, 2, 3, 2, False))  # fmt: skip
     for form, block_n, warps, stages, splits, fused in launches:
         cfg = dict(fp8_kv="cvtpx", block_n=block_n, num_warps=warps, num_stages=stages, key_streams=warps, form=form,
                    num_splits=splits, fused_merge=fused)  # fmt: skip
