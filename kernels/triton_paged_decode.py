@@ -279,7 +279,11 @@ def _attend_heads_t(
     else:
         tok = start + sub0 + t
         next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
-    qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    if KS == 1:
+        qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    else:  # q3 is [HS, GROUP_PAD, BLOCK_D]: each head's query broadcast to its KS streams
+        qt = tl.permute(q3, (0, 2, 1))
+        qt3 = tl.reshape(tl.broadcast_to(qt[:, None, :, :], (HS, KS, BLOCK_D, GROUP_PAD)), (WS, BLOCK_D, GROUP_PAD))
     m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([WS, GROUP_PAD], tl.float32)
     acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
@@ -447,23 +451,20 @@ def _decode_split_kernel(
     if HEAD_STREAMS:  # KEY_STREAMS / KEY_SUB neighbouring KV heads a program (`_attend_heads_t`), KEY_SUB streams
         # a head: the query rows stream * GROUP_PAD + g (a head's query once for each of its streams)
         HP: tl.constexpr = KEY_STREAMS // KEY_SUB
-        rq = tl.arange(0, KEY_STREAMS * GROUP_PAD)
-        gq = rq % GROUP_PAD
-        q_heads = (kv_head * HP + rq // (GROUP_PAD * KEY_SUB)) * GROUP + gq
-        q = tl.load(
-            q_ptr + q_row.to(tl.int64) * stride_qt + q_heads[:, None] * stride_qh + d[None, :],
-            mask=(gq < tl.where(has_query, GROUP, 0))[:, None] & d_ok[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
-        acc, m, l = _attend_heads_t(
-            tl.reshape(q, (KEY_STREAMS, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
-            kv_head * HP, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
-            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, KEY_SUB,
-        )  # fmt: skip
-        r = tl.arange(0, HP * GROUP_PAD)  # the output rows w * GROUP_PAD + g, one a (head, query head)
+        r = tl.arange(0, HP * GROUP_PAD)  # rows w * GROUP_PAD + g, one a (head, query head)
         g = r % GROUP_PAD
         heads = (kv_head * HP + r // GROUP_PAD) * GROUP + g
         head_ok = g < tl.where(has_query, GROUP, 0)
+        q = tl.load(
+            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=head_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        acc, m, l = _attend_heads_t(
+            tl.reshape(q, (HP, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
+            kv_head * HP, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, KEY_SUB,
+        )  # fmt: skip
         acc = acc * out_scale
         store_attention_rows(
             acc, m, l, out_ptr, q_row.to(tl.int64) * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,

@@ -12,8 +12,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #   sweep    bench/fp8_kv_decode.py --batches 64 --workers 8 (limit 45 s; 17 rows compiled in 8 processes first):
 #            the attention kernel at 64 x 4,096 in one process: bf16 pool (default), fp8 pool main's default (t
 #            32/2/4, 1 split), then kv15's grid (fp8_kv_decode.KV15_GRID: h2 32/4 at 4/6/3/5 stages, t 32/2 at 6/5
-#            stages, h2 64/8/2, h4 32/8/4, h 16/2/3 and 32/2/3 at 2 splits, h2 32/4/2 at 2 splits), then bf16 and
-#            main / h2 32/4/4 / h2 32/4/6 on a table of consecutive pages (pool *_seq: a fresh engine's pages are
+#            stages, h2 64/4/3, h2 64/8/2, h4 32/8/4, h 16/2/3 and 32/2/3 at 2 splits; h2/h4 at 1 split), then bf16
+#            and main / h2 32/4/4 / h2 32/4/6 on a table of consecutive pages (pool *_seq: a fresh engine's pages are
 #            consecutive, the sweep's others shuffled). us, GB/s (each pool's own bytes) and rel_err per row.
 #   fp8new   bench/decode_ab.py --kv-cache-dtype fp8 --context 4096 --batch-sizes 64 (limit 100 s; own process) at
 #            the sweep's fastest new row (not main's; pool fp8_cvtpx): FLOTILLA_DECODE_FP8_LAUNCH=<launch>,

@@ -261,8 +261,9 @@ def test_cuda_fp8_streams_over_heads_and_keys_at_llama_heads():
     """On the GPU, as above: kv15's launches (over 2 / 4 KV heads with 2 / 4 key streams a head, "h2" / "h4", at 1 and
     2 splits; "h" over 2 heads at 2 splits) equal the reference, also replayed from a CUDA graph."""
     _check_fp8_launches_at_llama_heads((("h2", 32, 4, 4, 1, False), ("h2", 32, 4, 6, 1, False),
-                                        ("h2", 64, 8, 2, 1, False), ("h4", 32, 8, 4, 1, False),
-                                        ("h2", 32, 4, 2, 2, False), ("h", 32, 2, 3, 2, False)))  # fmt: skip
+                                        ("h2", 64, 4, 3, 1, False), ("h2", 64, 8, 2, 1, False),
+                                        ("h4", 32, 8, 4, 1, False), ("h2", 32, 4, 2, 2, False),
+                                        ("h", 32, 2, 3, 2, False)))  # fmt: skip
 
 
 def _check_fp8_launches_at_llama_heads(launches: tuple[tuple[str, int, int, int, int, bool], ...]) -> None:
