@@ -130,6 +130,10 @@ lines.append("KERNEL bs64 x 4,096 (bench/fp8_kv_decode.py, shuffled pages): " + 
 if pick["fp8 main"] and pick["fp8 new"]:
     floor = f" (fp8 bytes at the bf16 row's GB/s: {pick['bf16']['us'] / 2:.1f} us)" if pick["bf16"] else ""
     lines.append(f"KERNEL fp8 new / main = {pick['fp8 new']['us'] / pick['fp8 main']['us']:.3f}x{floor}")
+seq_rows = [c for c in ok if c.get("pool", "").endswith("_seq")]
+if seq_rows:  # the same launches on consecutive pages (a fresh engine's layout)
+    lines.append("KERNEL consecutive pages: " + "; ".join(f"{name(c)} {c['us']:.1f} us {c['gbps']:.0f} GB/s"
+                                                          for c in seq_rows))
 for c in sorted(ok, key=lambda c: c["us"])[:8]:
     lines.append(f"  sweep {c['us']:7.1f} us {c['gbps']:5.0f} GB/s err {c['rel_err']:.1e}  {name(c)}")
 for c in cases:

@@ -223,6 +223,12 @@ def test_decode_streams_over_heads_and_keys_match_reference(dtype):
             out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=splits, block_n=block_n,
                                          num_warps=streams, key_streams=streams, fp8_kv=mode, form=form)  # fmt: skip
             assert rel_err(out, ref) < tol, (block_n, streams, form, splits)
+        if INTERPRETING:  # h2 at 32/4 is t at 32/2 per head: the same 16-key streams and merge, the same numbers
+            t = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=1, block_n=32, num_warps=2,
+                                       key_streams=2, fp8_kv=mode, form="t")  # fmt: skip
+            h2 = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=1, block_n=32, num_warps=4,
+                                        key_streams=4, fp8_kv=mode, form="h2")  # fmt: skip
+            assert torch.equal(t, h2)
     for streams, form in ((4, "h3"), (8, "h8")):  # 4 streams over 3 heads; 8 heads a program of 4 KV heads
         with pytest.raises(ValueError, match="head streams"):
             paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=64, key_streams=streams,
