@@ -605,15 +605,19 @@ def default_num_splits(
 # bash bench/results/kv7-gpu.sh`, bench/results/gpu-2026-12-04-s9/call1/kv7): engine step bs64 x ctx 4,096 fp8 KV
 # 9.778 ms vs bf16 KV 12.482 (0.783x; 0.819x at the plain loop 64/4/3 in s7), so it is the default.
 _BF16_LAUNCH = (64, 4, 2)
-_FP8_LAUNCH = (32, 2, 4, "cvtpx", 2)
+# Session 16 call 2 (an H100: no H200 was lent; bench/results/gpu-2026-12-05-s16/call2/kv15): launch form "h2" (one
+# four-warp program over 2 neighbouring KV heads, a token's 256 contiguous fp8 bytes asked for in one iteration) at
+# 32/4/3 with one wave of 2 programs an SM: kernel 185.0 vs 196.1 us (t 32/2/4), engine step bs64 x ctx 4,096
+# 11.834 vs 12.240 ms, 0.679x the bf16-KV step (17.421) vs 0.703x; greedy tokens identical. Was (32, 2, 4) "t".
+_FP8_LAUNCH = (32, 4, 3, "cvtpx", 4)
 # The key streams' form (`paged_decode_attention`'s `form`): "" rows, "t" transposed, "h" over KV heads. "t" since
 # session 11: the H200's kernel at batch 64 x 4,096 134.7-135.2 us vs 141.9-142.0 for "" (calls 3 and 4), the engine
 # step 9.411 vs 9.765 ms (call 3, two engines) and 9.227 vs 9.479 (call 4, one engine, A B B A): 0.753x / 0.740x
 # the bf16-KV step (bench/results/gpu-2026-12-04-s11/call{3,4}/fp8kv11/).
-_FP8_FORM = "t"
+_FP8_FORM = "h2"
 # Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
 # two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
-_FP8_WAVE: int | None = None
+_FP8_WAVE: int | None = 2  # h2 at 32/4: 2 programs an SM, one split at batch 64 (session 16 call 2)
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
