@@ -339,6 +339,43 @@ FP8_GEMV_MAX_ROWS = 16
 FP8_GEMV_ENABLED = env_flag("FLOTILLA_FP8_GEMV", True)
 
 
+# FLOTILLA_FP8_ROW_GEMV (read at import; the module global at every call), default off (unmeasured): a one-row
+# W8A16 call on CUDA takes `triton_fp8_row_gemv.fp8_row_gemv` (register-pipelined, the weight read as int32 words,
+# launched by PDL in the one-row chain) instead of `triton_gemv.fp8_gemv`, and an fp8 Llama MLP at one row runs its
+# gate/up projection and SiLU-and-mul as one launch of it (`fp8_gated_gemv_takes`). docs/quantization.md.
+FP8_ROW_GEMV = env_flag("FLOTILLA_FP8_ROW_GEMV", False)
+
+
+def _fp8_row_gemv_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                        gated: bool = False) -> bool:  # fmt: skip
+    """Whether the one-row fp8 GEMV runs this W8A16 call (above): switched on, CUDA, one row, operands it takes."""
+    if not (FP8_ROW_GEMV and FP8_GEMV_ENABLED and x.is_cuda and math.prod(x.shape[:-1]) == 1):
+        return False
+    from flotilla.kernels.triton_fp8_row_gemv import supported
+
+    return supported(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias, gated=gated)
+
+
+def fp8_gated_gemv_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                         bias: torch.Tensor | None) -> bool:  # fmt: skip
+    """Whether an fp8 (W8A16 at decode) merged gate/up projection of `x` runs as `fp8_gated_gemv`: the one-row fp8
+    GEMV switched on (FLOTILLA_FP8_ROW_GEMV), one row on CUDA, a single-process engine (tensor/pipeline parallel
+    keep the two steps)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return _fp8_row_gemv_takes(x, w_fp8, w_scale, bias, gated=True)
+
+
+def fp8_gated_gemv(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`silu_and_mul(fp8_weight_only_linear(x, w_fp8, w_scale, bias))` in one launch (where `fp8_gated_gemv_takes`),
+    rounded as the pair rounds."""
+    from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv
+
+    out = fp8_row_gemv(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias, gated=True)
+    return out.reshape(*x.shape[:-1], w_fp8.shape[0] // 2)
+
+
 def _fp8_gemv_rows(x: torch.Tensor) -> bool:
     """True when `x` (rows of `x.shape[-1]` features) is small enough for the W8A16 GEMV."""
     return FP8_GEMV_ENABLED and math.prod(x.shape[:-1]) <= FP8_GEMV_MAX_ROWS
@@ -370,6 +407,10 @@ def fp8_weight_only_linear(
     """W8A16 `x @ (w_fp8 * w_scale)^T + b`: the Triton fp8 GEMV (CUDA) or its reference up to
     FP8_GEMV_MAX_ROWS rows; above, the weight dequantized to `x`'s dtype and a dense matmul."""
     if _fp8_gemv_rows(x):
+        if _fp8_row_gemv_takes(x, w_fp8, w_scale, bias):
+            from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv
+
+            return fp8_row_gemv(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias).reshape(*x.shape[:-1], -1)
         if x.is_cuda:
             from flotilla.kernels.triton_gemv import fp8_gemv
 

@@ -1,0 +1,356 @@
+"""The one-row W8A16 GEMV in Triton, register-pipelined: `x @ (w_fp8 * w_scale)^T (+ bias)` for one `x` row.
+
+Same contract as `fp8_linear.fp8_weight_only_linear_ref` at one row (bf16/fp16 activations read as they are, a
+float8_e4m3fn weight `[N, K]` with one fp32 scale per output feature, fp32 sums); optionally the gated form
+(`silu(x @ gate^T) * (x @ up^T)` from the merged `[2N, K]` gate/up weight, as `triton_gated_gemv.py`), so that the
+fp8 MLP needs no SiLU launch either.
+
+Why a second fp8 GEMV beside `triton_gemv.fp8_gemv` (which stays the path for 2..16 rows and the default): at
+batch 1 on the H200 that kernel streams the fp8 weight at 2.2-3.4 TB/s where the bf16 GEMV of the same tiles
+reaches ~4 TB/s, and its main loop explains it (Triton 3.6, sm_90, `bench/sass_loop.py`): the 3-D accumulator's
+layout reads every weight byte back from the cp.async pipeline's shared memory by its own `LDS` (71 `LDS` and 36
+`LEA` a step), so the qkv tile's step costs 318 instructions for 64 weight bytes a thread (~5 a byte) against the
+bf16 loop's ~1.9. Here:
+
+- The tile is `[BLOCK_N, BLOCK_K]` with a 2-D fp32 accumulator (`acc += w * x`, x broadcast over the rows,
+  summed over K once after the loop): the load layout (16 consecutive weight bytes of one row a thread, one
+  `LDG.128`) is the arithmetic's layout, so no shared memory and no per-byte loads; per weight byte what is left
+  is the conversion (Triton's e4m3 -> fp32: one `F2FP` per two bytes, one `HADD2.F32` a byte) and one `FFMA`.
+- Latency is hidden by software pipelining in registers instead of cp.async stages: the loop carries the next
+  `PREFETCH` weight tiles (issued one or more steps before their use; launched with `num_stages=1` so Triton does
+  not move the loads into shared memory).
+- Programmatic dependent launch (`kernels/pdl.py`, the one-row chain): the prefetched tiles are exactly the loads
+  before the loop, so under PDL they are issued before `griddepcontrol.wait` without a peeled copy of the loop
+  step (the PDL variant of `triton_gemv` adds ~360 instructions a program, 10 % of a qkv program, which a loop
+  this close to its issue limit may pay for: session 10 measured the fp8 GEMV slower by PDL, 3.099 -> 3.263
+  ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel of main), 1
+  after the K loop (dependents launch during this kernel's epilogue, not while its last wave still streams).
+
+Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once to the activation dtype, as
+`fp8_gemv`; the gated form then rounds as `F.linear` + the SiLU kernel (`triton_gated_gemv.py`'s rounding points).
+The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
+differ from it in the last bits, not from the reference beyond fp32 rounding.
+
+Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, default off until measured on the H200). Launch knobs per
+call (`default_config`), or for every call from FLOTILLA_FP8_ROW_GEMV_CONFIG (`bn=16,bk=512,w=4,p=2,t=0`, any
+subset; read at import; `bench/results/fp8g15-gpu.sh` passes its sweep's winner to the engine this way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.triton_utils import INTERPRETING, device_sms
+
+# accumulator elements a thread may hold (triton_gemv's FMA budget: 64 fp32 registers)
+_ACC_PER_THREAD = 64
+_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowGemvConfig:
+    """Tile and launch knobs of one launch."""
+
+    block_n: int  # output features per program (gated: gate rows, and as many up rows)
+    block_k: int  # K elements (weight bytes of a row) per loop step
+    num_warps: int
+    prefetch: int  # weight tiles in flight ahead of the step that uses them (1..3)
+    trigger: int  # PDL only: launch_dependents at the top (0) or after the K loop (1)
+
+    def spec(self) -> str:
+        """The `bn=..,bk=..,w=..,p=..,t=..` form `parse_config` reads."""
+        return f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger}"
+
+
+def parse_config(knobs: str) -> dict[str, int]:
+    """`"bn=16,bk=512,w=4,p=2,t=0"` (any subset) as `default_config` keywords; a ValueError for unknown knobs."""
+    out = {}
+    for item in (i.strip() for i in knobs.split(",") if i.strip()):
+        name, _, value = item.partition("=")
+        if name not in _KNOBS or not value.strip().isdigit():
+            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=)")
+        out[_KNOBS[name]] = int(value)
+    return out
+
+
+ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
+
+
+def default_config(
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    gated: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    prefetch: int | None = None,
+    trigger: int | None = None,
+) -> RowGemvConfig:
+    """The configuration for `n` outputs (gated: from a `[2n, k]` weight) over `k`; given knobs are kept.
+
+    A lead, unmeasured (bench/results/fp8g15-gpu.sh sweeps it): 512-wide K steps (one 16-byte load a row a thread
+    across a warp), as many rows as keep the accumulator(s) at 64 fp32 registers a thread (16 at 4 warps; 8 + 8
+    gated), then fewer rows (down to 4) while there are fewer than 2 programs per SM; two tiles in flight."""
+    num_warps = num_warps or 4
+    block_k = block_k or min(512, max(16, triton.next_power_of_2(k)))
+    prefetch = prefetch or 2
+    trigger = 0 if trigger is None else trigger
+    if block_n is None:
+        budget = _ACC_PER_THREAD * 32 * num_warps // (2 if gated else 1)
+        block_n = max(4, min(budget // block_k, triton.next_power_of_2(max(n, 1))))
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
+            block_n //= 2
+    assert 1 <= prefetch <= 3 and trigger in (0, 1)
+    return RowGemvConfig(block_n, block_k, num_warps, prefetch, trigger)
+
+
+# Four e4m3 bytes (one 32-bit word: K positions 4j..4j+3, little-endian) to four fp32, exactly: the hardware's
+# two-at-a-time conversion to f16x2 (`cvt.rn.f16x2.e4m3x2`: upper byte -> upper half), then f16 -> f32 per value.
+_E4M3X4_TO_F32X4 = tl.constexpr("""{
+.reg .b16 lo, hi, a0, a1, a2, a3;
+.reg .b32 h01, h23;
+mov.b32 {lo, hi}, $4;
+cvt.rn.f16x2.e4m3x2 h01, lo;
+cvt.rn.f16x2.e4m3x2 h23, hi;
+mov.b32 {a0, a1}, h01;
+mov.b32 {a2, a3}, h23;
+cvt.f32.f16 $0, a0;
+cvt.f32.f16 $1, a1;
+cvt.f32.f16 $2, a2;
+cvt.f32.f16 $3, a3;
+}""")
+
+
+@triton.jit
+def _tile(ptrs, js, j0, KW, row_ok):
+    """One `[BLOCK_N, BLOCK_K / 4]` tile of weight words (4 e4m3 bytes each) at word offset `j0` (`js`: the tile's
+    word lanes; zero past the row's KW words or past the last row)."""
+    return tl.load(ptrs + j0, mask=row_ok[:, None] & ((j0 + js) < KW)[None, :], other=0)
+
+
+@triton.jit
+def _e4m3_byte(word, SHIFT: tl.constexpr):
+    """The e4m3 byte at bit SHIFT of each int32 `word` as its exact fp32 value, in integer and float ops (the
+    interpreter's path; the compiled kernel uses `_E4M3X4_TO_F32X4`). Weights are finite (no NaN code)."""
+    b = (word >> SHIFT) & 0xFF
+    e = (b >> 3) & 0xF
+    m = b & 0x7
+    normal = ((e + 120) << 23 | (m << 20)).to(tl.float32, bitcast=True)  # 1.mmm x 2^(e - 7)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormals: m x 2^-9
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _weights_f32(word, ASM: tl.constexpr):
+    """The four fp32 weights of each weight word (K positions 4j, 4j+1, 4j+2, 4j+3)."""
+    if ASM:
+        w0, w1, w2, w3 = tl.inline_asm_elementwise(_E4M3X4_TO_F32X4, "=r,=r,=r,=r,r", [word],
+                                                   dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                                   is_pure=True, pack=1)  # fmt: skip
+    else:
+        w0 = _e4m3_byte(word, 0)
+        w1 = _e4m3_byte(word, 8)
+        w2 = _e4m3_byte(word, 16)
+        w3 = _e4m3_byte(word, 24)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _act_f32(q, SHIFT: tl.constexpr, BF16: tl.constexpr):
+    """The 16-bit activation at bit SHIFT of each int64 `q` (four activations, K positions 4j..4j+3) as fp32
+    (bf16, else fp16)."""
+    h = (q >> SHIFT).to(tl.int32) & 0xFFFF
+    if BF16:  # bf16 -> fp32 is the 16 bits moved up
+        return (h << 16).to(tl.float32, bitcast=True)
+    else:
+        return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
+    """`acc` plus the four products of each weight word with its four activations (K order within the word)."""
+    w0, w1, w2, w3 = _weights_f32(word, ASM)
+    acc += w0 * a0
+    acc += w1 * a1
+    acc += w2 * a2
+    acc += w3 * a3
+    return acc
+
+
+@triton.jit
+def _fp8_row_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    KW,
+    stride_wn,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    ASM: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+    PDL_GDC: tl.constexpr = True,
+    TRIGGER: tl.constexpr = 0,
+):
+    """One program: outputs `cols` (of N) from weight rows `cols` (and, gated, the up rows `N + cols`).
+
+    `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
+    `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
+    are one 16-byte load kept packed in 4 registers across the loop (a loop-carried fp8 tile is unpacked into one
+    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    js = tl.arange(0, WORDS)
+    g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + js[None, :]
+    u_ptrs = w_ptr + (cols + N).to(tl.int64)[:, None] * stride_wn + js[None, :]  # gated only
+    acc_g = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    # The first PREFETCH tiles, issued before anything reads an activation: under PDL, before the wait (weights are
+    # never written by a kernel of the step), so the stream starts while the kernel ahead still runs. Tiles past
+    # K are masked off (no memory traffic); unused slots repeat the first tile (dead values, never loaded).
+    g0 = _tile(g_ptrs, js, 0, KW, col_ok)
+    g1 = g0
+    g2 = g0
+    u0 = g0
+    u1 = g0
+    u2 = g0
+    if GATED:
+        u0 = _tile(u_ptrs, js, 0, KW, col_ok)
+    if PREFETCH > 1:
+        g1 = _tile(g_ptrs, js, WORDS, KW, col_ok)
+        if GATED:
+            u1 = _tile(u_ptrs, js, WORDS, KW, col_ok)
+    if PREFETCH > 2:
+        g2 = _tile(g_ptrs, js, 2 * WORDS, KW, col_ok)
+        if GATED:
+            u2 = _tile(u_ptrs, js, 2 * WORDS, KW, col_ok)
+    if PDL:
+        if PDL_GDC:  # False only in the interpreter's test (no griddepcontrol there)
+            if TRIGGER == 0:
+                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+    # num_stages=1: the pipelining is the loop-carried tiles above, in registers (no cp.async, no shared memory)
+    for j0 in tl.range(0, KW, WORDS, num_stages=1):
+        wg = g0
+        wu = u0
+        ahead = j0 + PREFETCH * WORDS  # the tile that enters the window this step
+        if PREFETCH == 1:
+            g0 = _tile(g_ptrs, js, ahead, KW, col_ok)
+            if GATED:
+                u0 = _tile(u_ptrs, js, ahead, KW, col_ok)
+        elif PREFETCH == 2:
+            g0 = g1
+            g1 = _tile(g_ptrs, js, ahead, KW, col_ok)
+            if GATED:
+                u0 = u1
+                u1 = _tile(u_ptrs, js, ahead, KW, col_ok)
+        else:
+            g0 = g1
+            g1 = g2
+            g2 = _tile(g_ptrs, js, ahead, KW, col_ok)
+            if GATED:
+                u0 = u1
+                u1 = u2
+                u2 = _tile(u_ptrs, js, ahead, KW, col_ok)
+        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)[None, :]  # 4 activations a lane
+        a0 = _act_f32(q, 0, BF16)
+        a1 = _act_f32(q, 16, BF16)
+        a2 = _act_f32(q, 32, BF16)
+        a3 = _act_f32(q, 48, BF16)
+        acc_g = _fma_words(acc_g, wg, a0, a1, a2, a3, ASM)
+        if GATED:
+            acc_u = _fma_words(acc_u, wu, a0, a1, a2, a3, ASM)
+    if PDL:
+        if PDL_GDC:
+            if TRIGGER == 1:
+                tl.extra.cuda.gdc_launch_dependents()
+    out_ty = out_ptr.dtype.element_ty
+    gate = tl.sum(acc_g, 1) * tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
+        up = tl.sum(acc_u, 1) * tl.load(scale_ptr + N + cols, mask=col_ok, other=0.0)
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        g = gate.to(out_ty).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
+        res = act * up.to(out_ty).to(tl.float32)
+    else:
+        res = gate
+    tl.store(out_ptr + cols, res.to(out_ty), mask=col_ok)
+
+
+def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+              *, gated: bool = False) -> bool:  # fmt: skip
+    """Whether `fp8_row_gemv` takes these operands: one row of bf16/fp16 activations, contiguous, 8-byte aligned;
+    an e4m3 weight `[N, K]` (gated: an even N) with contiguous rows, K and the row stride multiples of 4 and a
+    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales; a contiguous bias
+    of N values in x's dtype."""
+    if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
+            and w_fp8.dim() == 2 and w_fp8.dtype == torch.float8_e4m3fn and w_fp8.shape[1] == x.shape[1]
+            and w_fp8.stride(-1) == 1):  # fmt: skip
+        return False
+    n, k = w_fp8.shape
+    if (gated and n % 2) or k == 0 or k % 4 or w_fp8.stride(0) % 4 or w_fp8.data_ptr() % 4 or x.data_ptr() % 8:
+        return False
+    return (w_scale.dtype == torch.float32 and w_scale.numel() == n and w_scale.is_contiguous()
+            and (bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)))  # fmt: skip
+
+
+def fp8_row_gemv(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
+    pdl: bool | None = None,
+    pdl_gdc: bool = True,
+    **knobs: int,
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * w_scale)^T (+ bias)` `[1, N]` for one row `x` `[1, K]` (where `supported`); `gated`:
+    `silu(gate) * up` `[1, N / 2]` of the merged gate/up weight's two halves.
+
+    `knobs` (block_n, block_k, num_warps, prefetch, trigger) override FLOTILLA_FP8_ROW_GEMV_CONFIG's, which
+    override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row
+    chain on sm_90+); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
+    instructions, so that the interpreter can run it."""
+    assert supported(x, w_fp8, w_scale, bias, gated=gated), \
+        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}"
+    n_w, k = w_fp8.shape
+    n = n_w // 2 if gated else n_w
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    cfg = default_config(n, k, device_sms(x), gated=gated, **(ENV_KNOBS | knobs))
+    assert cfg.block_k % 4 == 0
+    extra: dict[str, bool | int] = {}
+    if pdl_active(x) if pdl is None else pdl:
+        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
+    words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
+    _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
+        HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, ASM=not INTERPRETING, num_warps=cfg.num_warps, num_stages=1,
+        **extra,
+    )  # fmt: skip
+    return out
+
+
+__all__ = ["ENV_KNOBS", "RowGemvConfig", "default_config", "fp8_row_gemv", "parse_config", "supported"]

@@ -1,0 +1,184 @@
+"""The register-pipelined one-row W8A16 GEMV (`triton_fp8_row_gemv.py`): every e4m3 code decoded exactly at every
+byte position of a word, the plain and gated forms against the PyTorch references (ragged N and K, bias, fp16 and
+bf16 activations, 1-3 tiles in flight), the PDL code path bit-equal to the plain one, the launch heuristic and knob
+parser, and the dispatch seams (FLOTILLA_FP8_ROW_GEMV, off by default)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
+
+from flotilla.kernels import dispatch
+from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref, quantize_fp8_rows
+from flotilla.kernels.triton_fp8_row_gemv import default_config, fp8_row_gemv, parse_config, supported
+
+ACTS = [torch.bfloat16, torch.float16]
+
+
+def _case(n: int, k: int, dtype: torch.dtype, *, bias: bool, seed: int = 0):
+    """One row `x` in `dtype`; an e4m3 weight `[n, k]` rounded per output row with fp32 scales `[n, 1]`."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, k, generator=g).to(dtype)
+    w8, scale = quantize_fp8_rows(torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) / k**0.5)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    return x, w8, scale, b
+
+
+def _dev(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [t.to(DEVICE) if t is not None else None for t in tensors]
+
+
+def _round(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 `t` rounded as the kernel's `.to(dtype)`: to nearest even on the GPU; Triton's interpreter truncates
+    fp32 -> bf16 (tests/kernels/test_gated_gemv.py), so there the expectation truncates too."""
+    if dtype == torch.bfloat16 and INTERPRETING:
+        return (t.float().contiguous().view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
+    return t.to(dtype)
+
+
+def test_every_e4m3_code_is_decoded_exactly_at_every_byte_of_a_word():
+    """Row r holds code r everywhere (the two NaN codes zeroed); a one-hot x at K position p (p = 0..3: each byte of
+    a weight word) picks the decoded value, exact in the output dtype (e4m3 values are bf16 values)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    w8 = codes[:, None].expand(256, 16).contiguous().view(torch.float8_e4m3fn)
+    scale = torch.ones(256, 1)
+    want = w8[:, 0].float()
+    for p in range(4):
+        x = torch.zeros(1, 16, dtype=torch.bfloat16)
+        x[0, p] = 1.0
+        out = fp8_row_gemv(*_dev(x, w8, scale), block_n=16, block_k=16)
+        assert torch.equal(out.cpu()[0].float(), want), p
+
+
+@pytest.mark.parametrize("dtype", ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_plain_matches_the_w8a16_reference_on_ragged_tiles(dtype, bias, prefetch):
+    """N = 40 over 16-row tiles, K = 200 over 64-wide steps (4 steps, the last ragged): masks, the prefetch window
+    running past K, the scale per output and the bias."""
+    x, w8, scale, b = _case(40, 200, dtype, bias=bias, seed=prefetch)
+    out = fp8_row_gemv(*_dev(x, w8, scale, b), block_n=16, block_k=64, prefetch=prefetch)
+    assert out.dtype == dtype and out.shape == (1, 40)
+    assert rel_err(out.cpu(), fp8_weight_only_linear_ref(x, w8, scale, b)) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype", ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_gated_matches_main_rounding(dtype, bias, prefetch):
+    """`silu(gate) * up` of the merged `[2N, K]` weight (N = 24 over 16-column tiles, K = 96) against main's
+    rounding points from fp64 sums (each projection rounded, SiLU rounded, the product rounded); the bf16 bound
+    leaves room for one rounding step of difference."""
+    x, w8, scale, b = _case(48, 96, dtype, bias=bias, seed=7)
+    out = fp8_row_gemv(*_dev(x, w8, scale, b), gated=True, block_n=16, block_k=32, prefetch=prefetch)
+    assert out.shape == (1, 24)
+    wd = w8.double() * scale.double()
+    y = F.linear(x.double(), wd, None if b is None else b.double()).float()
+    gate, up = (_round(h, dtype).float() for h in y.chunk(2, dim=-1))
+    want = _round(_round(F.silu(gate), dtype).float() * up, dtype)
+    assert rel_err(out.cpu(), want) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("trigger", [0, 1])
+def test_pdl_path_is_bit_equal_to_the_plain_launch(gated, trigger):
+    """The PDL variant (its griddepcontrol left out: the interpreter has none; on a GPU `pdl_gdc=False` compiles the
+    same code without it) issues the same loads and sums: identical outputs."""
+    x, w8, scale, b = _case(64, 160, torch.bfloat16, bias=True, seed=3)
+    args = _dev(x, w8, scale, b)
+    plain = fp8_row_gemv(*args, gated=gated, pdl=False, block_n=8, block_k=32, prefetch=2)
+    pdl = fp8_row_gemv(*args, gated=gated, pdl=True, pdl_gdc=False, block_n=8, block_k=32, prefetch=2,
+                       trigger=trigger)  # fmt: skip
+    assert torch.equal(plain, pdl)
+
+
+def test_default_config_and_knob_parser():
+    """Llama-3.1-8B on 132 SMs: 16 x 512 tiles (8 + 8 gated) down to 8 rows where 16 give too few programs;
+    knobs kept; the parser's spelling round-trips and rejects unknown knobs."""
+    assert default_config(6144, 4096, 132).spec() == "bn=16,bk=512,w=4,p=2,t=0"
+    assert default_config(4096, 4096, 132).block_n == 8  # 256 programs < 2 per SM at 16 rows
+    assert default_config(14336, 4096, 132, gated=True).block_n == 8
+    assert default_config(4096, 14336, 132, block_n=32, prefetch=3).spec() == "bn=32,bk=512,w=4,p=3,t=0"
+    assert default_config(40, 200, 132).block_k == 256 and default_config(40, 200, 132).block_n == 4
+    assert parse_config("bn=8, bk=1024,w=8,p=3,t=1") == {"block_n": 8, "block_k": 1024, "num_warps": 8,
+                                                          "prefetch": 3, "trigger": 1}  # fmt: skip
+    assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=2,t=1"
+    with pytest.raises(ValueError, match="FLOTILLA_FP8_ROW_GEMV_CONFIG"):
+        parse_config("stages=3")
+
+
+def test_supported_operands():
+    """One 16-bit row, an e4m3 weight of K a multiple of 4 (read as int32 words), N fp32 scales."""
+    x, w8, scale, b = _case(8, 64, torch.bfloat16, bias=True)
+    assert supported(x, w8, scale, b) and supported(x, w8, scale.reshape(-1)) and supported(x, w8, scale, gated=True)
+    assert not supported(x.float(), w8, scale)  # fp32 activations: the other GEMV
+    assert not supported(torch.cat([x, x]), w8, scale)  # two rows
+    assert not supported(x[:, :62], w8[:, :62], scale)  # K not a multiple of 4
+    assert not supported(x, w8[:7], scale[:7], gated=True)  # odd rows for gate/up halves
+    assert not supported(x, w8, scale.double())
+
+
+def test_dispatch_routes_one_row_only_where_switched_on(monkeypatch):
+    """FLOTILLA_FP8_ROW_GEMV is off by default; on, `fp8_weight_only_linear` sends a CUDA one-row call here (the
+    CPU keeps the reference: CI computes what the reference says), and `fp8_gated_gemv_takes` gates the fused MLP."""
+    assert dispatch.FP8_ROW_GEMV is False
+    x, w8, scale, b = _case(16, 64, torch.bfloat16, bias=False)
+    assert not dispatch.fp8_gated_gemv_takes(x, w8, scale, b)
+    monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", True)
+    # CPU tensors: the reference, whatever the switch says
+    assert torch.equal(dispatch.fp8_weight_only_linear(x, w8, scale, b), fp8_weight_only_linear_ref(x, w8, scale, b))
+    assert not dispatch.fp8_gated_gemv_takes(x, w8, scale, b)  # not CUDA
+    if DEVICE.type == "cuda":
+        xd, wd, sd = x.cuda(), w8.cuda(), scale.cuda()
+        assert dispatch.fp8_gated_gemv_takes(xd, wd, sd, None)
+        assert not dispatch.fp8_gated_gemv_takes(torch.cat([xd, xd]), wd, sd, None)
+        assert rel_err(dispatch.fp8_weight_only_linear(xd, wd, sd).cpu(),
+                       fp8_weight_only_linear_ref(x, w8, scale)) < tolerance(torch.bfloat16)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")
+@pytest.mark.parametrize("pdl", [False, True])
+def test_llama_shapes_on_the_gpu(pdl):
+    """Llama-3.1-8B's four one-row projections (and the gated gate/up) against the fp32 reference and the main fp8
+    GEMV, compiled (the inline-PTX conversion), plain and launched by PDL."""
+    from flotilla.kernels.triton_gemv import fp8_gemv
+
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        x, w8, scale, _ = _dev(*_case(n, k, torch.bfloat16, bias=False, seed=n + k))
+        out = fp8_row_gemv(x, w8, scale, pdl=pdl)
+        ref = fp8_weight_only_linear_ref(x.float(), w8, scale)
+        assert rel_err(out.float(), ref) < 1e-2, (n, k)
+        assert rel_err(out.float(), fp8_gemv(x, w8, scale).float()) < 1e-2, (n, k)
+        if n == 28672:
+            gated = fp8_row_gemv(x, w8, scale, gated=True, pdl=pdl)
+            want = F.silu(fp8_gemv(x, w8, scale)[:, : n // 2].float()) * fp8_gemv(x, w8, scale)[:, n // 2 :].float()
+            assert rel_err(gated.float(), want) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")
+def test_pdl_chain_in_a_cuda_graph_equals_plain_launches():
+    """Eight GEMVs chained through their outputs (each row feeds the next: a real dependence), launched by PDL
+    (both trigger positions) inside a CUDA graph, equal the plain launches bit for bit."""
+    x, w8, scale, _ = _dev(*_case(4096, 4096, torch.bfloat16, bias=False, seed=11))
+
+    def chain(**kw):
+        h = x
+        for _ in range(8):
+            h = fp8_row_gemv(h, w8, scale, **kw)
+            h = h / h.abs().amax().clamp_min(1e-6)
+        return h
+
+    want = chain(pdl=False)
+    for trigger in (0, 1):
+        chain(pdl=True, trigger=trigger)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = chain(pdl=True, trigger=trigger)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), trigger
