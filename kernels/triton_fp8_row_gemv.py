@@ -130,10 +130,24 @@ cvt.f32.f16 $3, a3;
 
 
 @triton.jit
-def _tile(ptrs, js, j0, KW, row_ok):
+def _tile(ptrs, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
     """One `[BLOCK_N, BLOCK_K / 4]` tile of weight words (4 e4m3 bytes each) at word offset `j0` (`js`: the tile's
-    word lanes; zero past the row's KW words or past the last row)."""
-    return tl.load(ptrs + j0, mask=row_ok[:, None] & ((j0 + js) < KW)[None, :], other=0)
+    word lanes). EVEN_K (whole tiles): no mask; a tile past the row's KW words (the window running ahead of the
+    last steps) re-reads the last tile instead (an L1/L2 hit, never used). Else masked: zero past KW."""
+    if EVEN_K:
+        return tl.load(ptrs + tl.minimum(j0, KW - WORDS))
+    else:
+        return tl.load(ptrs + j0, mask=((j0 + js) < KW)[None, :], other=0)
+
+
+@triton.jit
+def _tiles(g_ptrs, u_ptrs, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr):
+    """The gate tile at `j0` and, GATED, the up tile (else the gate tile again: a dead value, never loaded)."""
+    g = _tile(g_ptrs, js, j0, KW, WORDS, EVEN_K)
+    u = g
+    if GATED:
+        u = _tile(u_ptrs, js, j0, KW, WORDS, EVEN_K)
+    return g, u
 
 
 @triton.jit
@@ -186,6 +200,24 @@ def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
 
 
 @triton.jit
+def _step(acc_g, acc_u, wg, wu, x_ptr, js, j0, KW, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr,
+          EVEN_K: tl.constexpr):  # fmt: skip
+    """One K step: the weight tiles `wg` (and `wu`) at word offset `j0` times the activations there."""
+    if EVEN_K:
+        q = tl.load(x_ptr + j0 + js)[None, :]  # four activations a word lane
+    else:
+        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)[None, :]
+    a0 = _act_f32(q, 0, BF16)
+    a1 = _act_f32(q, 16, BF16)
+    a2 = _act_f32(q, 32, BF16)
+    a3 = _act_f32(q, 48, BF16)
+    acc_g = _fma_words(acc_g, wg, a0, a1, a2, a3, ASM)
+    if GATED:
+        acc_u = _fma_words(acc_u, wu, a0, a1, a2, a3, ASM)
+    return acc_g, acc_u
+
+
+@triton.jit
 def _fp8_row_gemv_kernel(
     x_ptr,
     w_ptr,
@@ -201,6 +233,7 @@ def _fp8_row_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
     ASM: tl.constexpr = True,
     PDL: tl.constexpr = False,
     PDL_GDC: tl.constexpr = True,
@@ -211,83 +244,80 @@ def _fp8_row_gemv_kernel(
     `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
     `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
     are one 16-byte load kept packed in 4 registers across the loop (a loop-carried fp8 tile is unpacked into one
-    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two."""
+    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two.
+
+    Pipelining: PREFETCH + 1 register buffers of tiles and the loop unrolled by as many steps, so that while a
+    step's FMAs run the next PREFETCH tiles are in flight and no tile is copied between registers (a rotating
+    window would cost a move a register a step); a step past the last tile is skipped (a uniform branch)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
     js = tl.arange(0, WORDS)
-    g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + js[None, :]
-    u_ptrs = w_ptr + (cols + N).to(tl.int64)[:, None] * stride_wn + js[None, :]  # gated only
+    g_ptrs = w_ptr + rows[:, None] * stride_wn + js[None, :]
+    u_ptrs = w_ptr + (rows + N)[:, None] * stride_wn + js[None, :]  # gated only
     acc_g = tl.zeros([BLOCK_N, WORDS], tl.float32)
     acc_u = tl.zeros([BLOCK_N, WORDS], tl.float32)
     # The first PREFETCH tiles, issued before anything reads an activation: under PDL, before the wait (weights are
-    # never written by a kernel of the step), so the stream starts while the kernel ahead still runs. Tiles past
-    # K are masked off (no memory traffic); unused slots repeat the first tile (dead values, never loaded).
-    g0 = _tile(g_ptrs, js, 0, KW, col_ok)
+    # never written by a kernel of the step), so the stream starts while the kernel ahead still runs.
+    g0, u0 = _tiles(g_ptrs, u_ptrs, js, 0, KW, WORDS, EVEN_K, GATED)
     g1 = g0
+    u1 = u0
     g2 = g0
-    u0 = g0
-    u1 = g0
-    u2 = g0
-    if GATED:
-        u0 = _tile(u_ptrs, js, 0, KW, col_ok)
+    u2 = u0
     if PREFETCH > 1:
-        g1 = _tile(g_ptrs, js, WORDS, KW, col_ok)
-        if GATED:
-            u1 = _tile(u_ptrs, js, WORDS, KW, col_ok)
+        g1, u1 = _tiles(g_ptrs, u_ptrs, js, WORDS, KW, WORDS, EVEN_K, GATED)
     if PREFETCH > 2:
-        g2 = _tile(g_ptrs, js, 2 * WORDS, KW, col_ok)
-        if GATED:
-            u2 = _tile(u_ptrs, js, 2 * WORDS, KW, col_ok)
+        g2, u2 = _tiles(g_ptrs, u_ptrs, js, 2 * WORDS, KW, WORDS, EVEN_K, GATED)
     if PDL:
         if PDL_GDC:  # False only in the interpreter's test (no griddepcontrol there)
             if TRIGGER == 0:
                 tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-    # num_stages=1: the pipelining is the loop-carried tiles above, in registers (no cp.async, no shared memory)
-    for j0 in tl.range(0, KW, WORDS, num_stages=1):
-        wg = g0
-        wu = u0
-        ahead = j0 + PREFETCH * WORDS  # the tile that enters the window this step
-        if PREFETCH == 1:
-            g0 = _tile(g_ptrs, js, ahead, KW, col_ok)
-            if GATED:
-                u0 = _tile(u_ptrs, js, ahead, KW, col_ok)
-        elif PREFETCH == 2:
-            g0 = g1
-            g1 = _tile(g_ptrs, js, ahead, KW, col_ok)
-            if GATED:
-                u0 = u1
-                u1 = _tile(u_ptrs, js, ahead, KW, col_ok)
-        else:
-            g0 = g1
-            g1 = g2
-            g2 = _tile(g_ptrs, js, ahead, KW, col_ok)
-            if GATED:
-                u0 = u1
-                u1 = u2
-                u2 = _tile(u_ptrs, js, ahead, KW, col_ok)
-        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)[None, :]  # 4 activations a lane
-        a0 = _act_f32(q, 0, BF16)
-        a1 = _act_f32(q, 16, BF16)
-        a2 = _act_f32(q, 32, BF16)
-        a3 = _act_f32(q, 48, BF16)
-        acc_g = _fma_words(acc_g, wg, a0, a1, a2, a3, ASM)
-        if GATED:
-            acc_u = _fma_words(acc_u, wu, a0, a1, a2, a3, ASM)
+    # num_stages=1: the pipelining is the register buffers, not cp.async stages in shared memory
+    if PREFETCH == 1:
+        for j0 in tl.range(0, KW, 2 * WORDS, num_stages=1):
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + WORDS, KW, WORDS, EVEN_K, GATED)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+    elif PREFETCH == 2:
+        for j0 in tl.range(0, KW, 3 * WORDS, num_stages=1):
+            g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + 2 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, x_ptr, js, j0 + 2 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
+    else:
+        for j0 in tl.range(0, KW, 4 * WORDS, num_stages=1):
+            g3, u3 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + 2 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, x_ptr, js, j0 + 2 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
+            g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, GATED)
+            if j0 + 3 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, x_ptr, js, j0 + 3 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
     if PDL:
         if PDL_GDC:
             if TRIGGER == 1:
                 tl.extra.cuda.gdc_launch_dependents()
     out_ty = out_ptr.dtype.element_ty
-    gate = tl.sum(acc_g, 1) * tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
+    gate = tl.sum(acc_g, 1) * tl.load(scale_ptr + rows)
     if HAS_BIAS:
-        gate += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        gate += tl.load(bias_ptr + rows).to(tl.float32)
     if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
-        up = tl.sum(acc_u, 1) * tl.load(scale_ptr + N + cols, mask=col_ok, other=0.0)
+        up = tl.sum(acc_u, 1) * tl.load(scale_ptr + N + rows)
         if HAS_BIAS:
-            up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)
+            up += tl.load(bias_ptr + N + rows).to(tl.float32)
         g = gate.to(out_ty).to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
         res = act * up.to(out_ty).to(tl.float32)
@@ -344,11 +374,12 @@ def fp8_row_gemv(
     if pdl_active(x) if pdl is None else pdl:
         extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
+    even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads
     _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, ASM=not INTERPRETING, num_warps=cfg.num_warps, num_stages=1,
-        **extra,
+        BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=even_k, ASM=not INTERPRETING, num_warps=cfg.num_warps,
+        num_stages=1, **extra,
     )  # fmt: skip
     return out
 

@@ -56,10 +56,13 @@ def test_every_e4m3_code_is_decoded_exactly_at_every_byte_of_a_word():
 @pytest.mark.parametrize("dtype", ACTS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
-def test_plain_matches_the_w8a16_reference_on_ragged_tiles(dtype, bias, prefetch):
-    """N = 40 over 16-row tiles, K = 200 over 64-wide steps (4 steps, the last ragged): masks, the prefetch window
-    running past K, the scale per output and the bias."""
-    x, w8, scale, b = _case(40, 200, dtype, bias=bias, seed=prefetch)
+@pytest.mark.parametrize("k", [200, 320])
+def test_plain_matches_the_w8a16_reference_on_ragged_tiles(dtype, bias, prefetch, k):
+    """N = 40 over 16-row tiles (rows past N re-read the last row, stores masked); K = 200 over 64-wide steps (4
+    steps, the last ragged: masked loads) or 320 (5 whole steps: unmasked loads, the window's loads past K clamped
+    to the last tile, and 5 steps not a multiple of the 2-4 unrolled steps: the skipped step); the scale per output
+    and the bias."""
+    x, w8, scale, b = _case(40, k, dtype, bias=bias, seed=prefetch)
     out = fp8_row_gemv(*_dev(x, w8, scale, b), block_n=16, block_k=64, prefetch=prefetch)
     assert out.dtype == dtype and out.shape == (1, 40)
     assert rel_err(out.cpu(), fp8_weight_only_linear_ref(x, w8, scale, b)) < tolerance(dtype)
