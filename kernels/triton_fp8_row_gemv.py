@@ -32,8 +32,9 @@ The sum over K is in this kernel's order (per K lane over the steps, then across
 differ from it in the last bits, not from the reference beyond fp32 rounding.
 
 Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, default off until measured on the H200). Launch knobs per
-call (`default_config`), or for every call from FLOTILLA_FP8_ROW_GEMV_CONFIG (`bn=16,bk=512,w=4,p=2,t=0`, any
-subset; read at import; `bench/results/fp8g15-gpu.sh` passes its sweep's winner to the engine this way).
+call (`default_config`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
+every call, `bn=16,bk=512,w=4,p=2,t=0`, any subset, and/or per weight shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`);
+`bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to the engine this way.
 """
 
 from __future__ import annotations
@@ -73,13 +74,35 @@ def parse_config(knobs: str) -> dict[str, int]:
     out = {}
     for item in (i.strip() for i in knobs.split(",") if i.strip()):
         name, _, value = item.partition("=")
-        if name not in _KNOBS or not value.strip().isdigit():
+        if name.strip() not in _KNOBS or not value.strip().isdigit():
             raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=)")
-        out[_KNOBS[name]] = int(value)
+        out[_KNOBS[name.strip()]] = int(value)
     return out
 
 
-ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
+def parse_configs(text: str) -> dict[tuple[int, int] | None, dict[str, int]]:
+    """FLOTILLA_FP8_ROW_GEMV_CONFIG: knobs for every call (`"bn=8,p=3"`, key None) or per weight shape, `;`-separated
+    `ROWSxK:knobs` entries (`"6144x4096:bn=16;28672x4096:bn=8,p=3"`; ROWS counts the weight's rows: the gated form's
+    gate and up halves together), a shape's entry over the global one."""
+    out: dict[tuple[int, int] | None, dict[str, int]] = {}
+    for entry in (e.strip() for e in text.split(";") if e.strip()):
+        shape, sep, knobs = entry.rpartition(":")
+        if not sep:
+            out[None] = parse_config(knobs)
+            continue
+        rows, _, k = shape.strip().partition("x")
+        if not (rows.strip().isdigit() and k.strip().isdigit()):
+            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad shape {shape!r} (expected ROWSxK, e.g. 6144x4096)")
+        out[(int(rows), int(k))] = parse_config(knobs)
+    return out
+
+
+ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
+
+
+def env_knobs(rows: int, k: int) -> dict[str, int]:
+    """FLOTILLA_FP8_ROW_GEMV_CONFIG's knobs for a `[rows, k]` weight (its global knobs, then its shape's)."""
+    return ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
 
 
 def default_config(
@@ -203,7 +226,7 @@ def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
 def _step(acc_g, acc_u, wg, wu, x_ptr, js, j0, KW, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr,
           EVEN_K: tl.constexpr):  # fmt: skip
     """One K step: the weight tiles `wg` (and `wu`) at word offset `j0` times the activations there."""
-    if EVEN_K:
+    if EVEN_K:  # noqa: SIM108 - a compile-time branch
         q = tl.load(x_ptr + j0 + js)[None, :]  # four activations a word lane
     else:
         q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)[None, :]
@@ -270,11 +293,10 @@ def _fp8_row_gemv_kernel(
         g1, u1 = _tiles(g_ptrs, u_ptrs, js, WORDS, KW, WORDS, EVEN_K, GATED)
     if PREFETCH > 2:
         g2, u2 = _tiles(g_ptrs, u_ptrs, js, 2 * WORDS, KW, WORDS, EVEN_K, GATED)
-    if PDL:
-        if PDL_GDC:  # False only in the interpreter's test (no griddepcontrol there)
-            if TRIGGER == 0:
-                tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+    if PDL and PDL_GDC:  # PDL_GDC False only in the interpreter's test (no griddepcontrol there)
+        if TRIGGER == 0:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     # num_stages=1: the pipelining is the register buffers, not cp.async stages in shared memory
     if PREFETCH == 1:
         for j0 in tl.range(0, KW, 2 * WORDS, num_stages=1):
@@ -306,10 +328,8 @@ def _fp8_row_gemv_kernel(
             g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, GATED)
             if j0 + 3 * WORDS < KW:
                 acc_g, acc_u = _step(acc_g, acc_u, g3, u3, x_ptr, js, j0 + 3 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
-    if PDL:
-        if PDL_GDC:
-            if TRIGGER == 1:
-                tl.extra.cuda.gdc_launch_dependents()
+    if PDL and PDL_GDC and TRIGGER == 1:
+        tl.extra.cuda.gdc_launch_dependents()
     out_ty = out_ptr.dtype.element_ty
     gate = tl.sum(acc_g, 1) * tl.load(scale_ptr + rows)
     if HAS_BIAS:
@@ -357,8 +377,8 @@ def fp8_row_gemv(
     """W8A16 `x @ (w_fp8 * w_scale)^T (+ bias)` `[1, N]` for one row `x` `[1, K]` (where `supported`); `gated`:
     `silu(gate) * up` `[1, N / 2]` of the merged gate/up weight's two halves.
 
-    `knobs` (block_n, block_k, num_warps, prefetch, trigger) override FLOTILLA_FP8_ROW_GEMV_CONFIG's, which
-    override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row
+    `knobs` (block_n, block_k, num_warps, prefetch, trigger) override FLOTILLA_FP8_ROW_GEMV_CONFIG's (`env_knobs`),
+    which override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row
     chain on sm_90+); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
     instructions, so that the interpreter can run it."""
     assert supported(x, w_fp8, w_scale, bias, gated=gated), \
@@ -368,7 +388,7 @@ def fp8_row_gemv(
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    cfg = default_config(n, k, device_sms(x), gated=gated, **(ENV_KNOBS | knobs))
+    cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k) | knobs))
     assert cfg.block_k % 4 == 0
     extra: dict[str, bool | int] = {}
     if pdl_active(x) if pdl is None else pdl:
@@ -384,4 +404,5 @@ def fp8_row_gemv(
     return out
 
 
-__all__ = ["ENV_KNOBS", "RowGemvConfig", "default_config", "fp8_row_gemv", "parse_config", "supported"]
+__all__ = ["ENV_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "parse_config", "parse_configs",
+           "supported"]

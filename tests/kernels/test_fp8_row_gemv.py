@@ -12,7 +12,7 @@ from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
 
 from flotilla.kernels import dispatch
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref, quantize_fp8_rows
-from flotilla.kernels.triton_fp8_row_gemv import default_config, fp8_row_gemv, parse_config, supported
+from flotilla.kernels.triton_fp8_row_gemv import default_config, fp8_row_gemv, parse_config, parse_configs, supported
 
 ACTS = [torch.bfloat16, torch.float16]
 
@@ -111,6 +111,28 @@ def test_default_config_and_knob_parser():
     assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=2,t=1"
     with pytest.raises(ValueError, match="FLOTILLA_FP8_ROW_GEMV_CONFIG"):
         parse_config("stages=3")
+    # the engine's form: global knobs and per weight shape (ROWSxK), as the GPU script writes its sweep's winners
+    assert parse_configs("") == {}
+    assert parse_configs("w=2; 6144x4096:bn=16,p=3;28672x4096:bn=8") == {
+        None: {"num_warps": 2}, (6144, 4096): {"block_n": 16, "prefetch": 3}, (28672, 4096): {"block_n": 8}}
+    with pytest.raises(ValueError, match="bad shape"):
+        parse_configs("6144*4096:bn=16")
+
+
+def test_env_config_reaches_the_launch(monkeypatch):
+    """A shape's FLOTILLA_FP8_ROW_GEMV_CONFIG entry wins over the global one; a call's own knobs over both."""
+    from flotilla.kernels import triton_fp8_row_gemv as mod
+
+    monkeypatch.setattr(mod, "ENV_CONFIGS", parse_configs("bn=4,p=1;40x64:bn=8"))
+    assert mod.env_knobs(40, 64) == {"block_n": 8, "prefetch": 1} and mod.env_knobs(16, 64) == {"block_n": 4,
+                                                                                                 "prefetch": 1}
+    seen = []
+    real = mod.default_config
+    monkeypatch.setattr(mod, "default_config", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    x, w8, scale, _ = _case(40, 64, torch.bfloat16, bias=False)
+    out = fp8_row_gemv(*_dev(x, w8, scale), block_k=32)
+    assert seen[-1] == {"gated": False, "block_n": 8, "prefetch": 1, "block_k": 32}
+    assert rel_err(out.cpu(), fp8_weight_only_linear_ref(x, w8, scale)) < tolerance(torch.bfloat16)
 
 
 def test_supported_operands():
