@@ -378,11 +378,11 @@ def fp8_row_gemv(
     `silu(gate) * up` `[1, N / 2]` of the merged gate/up weight's two halves.
 
     `knobs` (block_n, block_k, num_warps, prefetch, trigger) override FLOTILLA_FP8_ROW_GEMV_CONFIG's (`env_knobs`),
-    which override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row
-    chain on sm_90+); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
+    which override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the
+    one-row chain on sm_90+); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
     instructions, so that the interpreter can run it."""
-    assert supported(x, w_fp8, w_scale, bias, gated=gated), \
-        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}"
+    assert supported(x, w_fp8, w_scale, bias, gated=gated), (
+        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}")
     n_w, k = w_fp8.shape
     n = n_w // 2 if gated else n_w
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
@@ -404,5 +404,5 @@ def fp8_row_gemv(
     return out
 
 
-__all__ = ["ENV_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "parse_config", "parse_configs",
-           "supported"]
+__all__ = ["ENV_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "parse_config",
+           "parse_configs", "supported"]

@@ -156,11 +156,13 @@ class LlamaMLP(nn.Module):
         if type(gate_up) is MergedColumnParallelLinear and gate_up.quant_method is None:
             # plain weights (not quantized, not LoRA-wrapped): the GEMM may apply the activation itself
             return self.down_proj(silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.gemv_max_rows))
+        scale = getattr(gate_up, "weight_scale", None)
         if (type(gate_up) is MergedColumnParallelLinear and isinstance(gate_up.quant_method, Fp8OnlineMethod)
-                and fp8_gated_gemv_takes(x, gate_up.weight, gate_up.weight_scale, gate_up.bias)):  # fmt: skip
+                and isinstance(scale, torch.Tensor)
+                and fp8_gated_gemv_takes(x, gate_up.weight, scale, gate_up.bias)):  # fmt: skip
             # fp8 weights (W8A16 at one row, every fp8 scheme): gate/up and SiLU-and-mul in one launch
             # (FLOTILLA_FP8_ROW_GEMV, kernels/dispatch.py)
-            return self.down_proj(fp8_gated_gemv(x, gate_up.weight, gate_up.weight_scale, gate_up.bias))
+            return self.down_proj(fp8_gated_gemv(x, gate_up.weight, scale, gate_up.bias))
         return self.down_proj(self.act(gate_up(x)))
 
 

@@ -207,3 +207,35 @@ def test_pdl_chain_in_a_cuda_graph_equals_plain_launches():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(got, want), trigger
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter on CPU tensors stands in for the GPU here")
+def test_fp8_llama_mlp_seam_runs_the_gated_form(tiny_model_dirs, monkeypatch):
+    """The tiny Llama at `--quantization fp8` (bf16): with the seam's decision forced for one CPU row (dispatch's
+    CUDA check would refuse it), every one-row MLP calls the gated form with the layer's fp8 weight, scales and
+    bias, and each call equals the pair it replaces (W8A16 reference + SiLU-and-mul) within bf16 rounding; the
+    patch counts its calls, so the test fails if the model stops routing through the seam."""
+    from flotilla.engine.llm import LLM
+    from flotilla.engine.models import llama
+    from flotilla.engine.sampling_params import SamplingParams
+    from flotilla.kernels.activation import silu_and_mul_ref
+
+    calls = []
+
+    def takes(x, w8, scale, bias):
+        return x.dim() == 2 and x.shape[0] == 1 and supported(x, w8, scale, bias, gated=True)
+
+    def gated(x, w8, scale, bias=None):
+        out = fp8_row_gemv(x, w8, scale, bias, gated=True, pdl=False)
+        want = silu_and_mul_ref(fp8_weight_only_linear_ref(x.float(), w8, scale, bias))
+        calls.append(rel_err(out, want))
+        return out
+
+    monkeypatch.setattr(llama, "fp8_gated_gemv_takes", takes)
+    monkeypatch.setattr(llama, "fp8_gated_gemv", gated)
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, enforce_eager=True, quantization="fp8",
+              dtype="bfloat16")  # fmt: skip
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.generate([5, 17, 99, 1000, 2048, 7], greedy, use_tqdm=False)
+    assert len(calls) == 3 * 2  # 3 one-row decode steps (the prefill has 6 rows) x 2 layers
+    assert max(calls) < tolerance(torch.bfloat16), calls
