@@ -33,8 +33,9 @@ differ from it in the last bits, not from the reference beyond fp32 rounding.
 
 Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, default off until measured on the H200). Launch knobs per
 call (`default_config`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
-every call, `bn=16,bk=512,w=4,p=2,t=0`, any subset, and/or per weight shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`);
-`bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to the engine this way.
+every call, `bn=16,bk=512,w=4,p=2,t=0,d=1`, any subset, d=0 a plain launch even in the PDL chain, and/or per weight
+shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`); `bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to
+the engine this way.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 # accumulator elements a thread may hold (triton_gemv's FMA budget: 64 fp32 registers)
 _ACC_PER_THREAD = 64
-_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger"}
+_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,19 +64,22 @@ class RowGemvConfig:
     num_warps: int
     prefetch: int  # weight tiles in flight ahead of the step that uses them (1..3)
     trigger: int  # PDL only: launch_dependents at the top (0) or after the K loop (1)
+    use_pdl: int  # 1: launched by PDL where the one-row chain is (`pdl_active`); 0: a plain launch even there
 
     def spec(self) -> str:
         """The `bn=..,bk=..,w=..,p=..,t=..` form `parse_config` reads."""
-        return f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger}"
+        return (f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger},"
+                f"d={self.use_pdl}")
 
 
 def parse_config(knobs: str) -> dict[str, int]:
-    """`"bn=16,bk=512,w=4,p=2,t=0"` (any subset) as `default_config` keywords; a ValueError for unknown knobs."""
+    """`"bn=16,bk=512,w=4,p=2,t=0,d=1"` (any subset) as `default_config` keywords; a ValueError for unknown
+    knobs."""
     out = {}
     for item in (i.strip() for i in knobs.split(",") if i.strip()):
         name, _, value = item.partition("=")
         if name.strip() not in _KNOBS or not value.strip().isdigit():
-            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=)")
+            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=, d=)")
         out[_KNOBS[name.strip()]] = int(value)
     return out
 
@@ -116,6 +120,7 @@ def default_config(
     num_warps: int | None = None,
     prefetch: int | None = None,
     trigger: int | None = None,
+    use_pdl: int | None = None,
 ) -> RowGemvConfig:
     """The configuration for `n` outputs (gated: from a `[2n, k]` weight) over `k`; given knobs are kept.
 
@@ -126,13 +131,14 @@ def default_config(
     block_k = block_k or min(512, max(16, triton.next_power_of_2(k)))
     prefetch = prefetch or 2
     trigger = 0 if trigger is None else trigger
+    use_pdl = 1 if use_pdl is None else use_pdl
     if block_n is None:
         budget = _ACC_PER_THREAD * 32 * num_warps // (2 if gated else 1)
         block_n = max(4, min(budget // block_k, triton.next_power_of_2(max(n, 1))))
         while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
             block_n //= 2
-    assert 1 <= prefetch <= 3 and trigger in (0, 1)
-    return RowGemvConfig(block_n, block_k, num_warps, prefetch, trigger)
+    assert 1 <= prefetch <= 3 and trigger in (0, 1) and use_pdl in (0, 1)
+    return RowGemvConfig(block_n, block_k, num_warps, prefetch, trigger, use_pdl)
 
 
 # Four e4m3 bytes (one 32-bit word: K positions 4j..4j+3, little-endian) to four fp32, exactly: the hardware's
@@ -377,9 +383,9 @@ def fp8_row_gemv(
     """W8A16 `x @ (w_fp8 * w_scale)^T (+ bias)` `[1, N]` for one row `x` `[1, K]` (where `supported`); `gated`:
     `silu(gate) * up` `[1, N / 2]` of the merged gate/up weight's two halves.
 
-    `knobs` (block_n, block_k, num_warps, prefetch, trigger) override FLOTILLA_FP8_ROW_GEMV_CONFIG's (`env_knobs`),
-    which override `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the
-    one-row chain on sm_90+); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
+    `knobs` (block_n, block_k, num_warps, prefetch, trigger, use_pdl) override FLOTILLA_FP8_ROW_GEMV_CONFIG's
+    (`env_knobs`), which override `default_config`. `pdl`: launched by programmatic dependent launch (default:
+    `pdl_active`, the one-row chain on sm_90+, unless the config says use_pdl=0); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
     instructions, so that the interpreter can run it."""
     assert supported(x, w_fp8, w_scale, bias, gated=gated), (
         f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}")
@@ -391,7 +397,7 @@ def fp8_row_gemv(
     cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k) | knobs))
     assert cfg.block_k % 4 == 0
     extra: dict[str, bool | int] = {}
-    if pdl_active(x) if pdl is None else pdl:
+    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
         extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
     even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads

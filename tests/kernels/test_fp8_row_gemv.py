@@ -101,14 +101,14 @@ def test_pdl_path_is_bit_equal_to_the_plain_launch(gated, trigger):
 def test_default_config_and_knob_parser():
     """Llama-3.1-8B on 132 SMs: 16 x 512 tiles (8 + 8 gated) down to 8 rows where 16 give too few programs;
     knobs kept; the parser's spelling round-trips and rejects unknown knobs."""
-    assert default_config(6144, 4096, 132).spec() == "bn=16,bk=512,w=4,p=2,t=0"
+    assert default_config(6144, 4096, 132).spec() == "bn=16,bk=512,w=4,p=2,t=0,d=1"
     assert default_config(4096, 4096, 132).block_n == 8  # 256 programs < 2 per SM at 16 rows
     assert default_config(14336, 4096, 132, gated=True).block_n == 8
-    assert default_config(4096, 14336, 132, block_n=32, prefetch=3).spec() == "bn=32,bk=512,w=4,p=3,t=0"
+    assert default_config(4096, 14336, 132, block_n=32, prefetch=3).spec() == "bn=32,bk=512,w=4,p=3,t=0,d=1"
     assert default_config(40, 200, 132).block_k == 256 and default_config(40, 200, 132).block_n == 4
-    assert parse_config("bn=8, bk=1024,w=8,p=3,t=1") == {"block_n": 8, "block_k": 1024, "num_warps": 8,
-                                                          "prefetch": 3, "trigger": 1}  # fmt: skip
-    assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=2,t=1"
+    assert parse_config("bn=8, bk=1024,w=8,p=3,t=1,d=0") == {"block_n": 8, "block_k": 1024, "num_warps": 8,
+                                                              "prefetch": 3, "trigger": 1, "use_pdl": 0}  # fmt: skip
+    assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=2,t=1,d=1"
     with pytest.raises(ValueError, match="FLOTILLA_FP8_ROW_GEMV_CONFIG"):
         parse_config("stages=3")
     # the engine's form: global knobs and per weight shape (ROWSxK), as the GPU script writes its sweep's winners
@@ -133,6 +133,14 @@ def test_env_config_reaches_the_launch(monkeypatch):
     out = fp8_row_gemv(*_dev(x, w8, scale), block_k=32)
     assert seen[-1] == {"gated": False, "block_n": 8, "prefetch": 1, "block_k": 32}
     assert rel_err(out.cpu(), fp8_weight_only_linear_ref(x, w8, scale)) < tolerance(torch.bfloat16)
+    # d=0: launched plainly even where the one-row chain launches by PDL (here forced on: on the CPU the PDL
+    # launch could not run at all, so the call succeeding shows the plain launch)
+    monkeypatch.setattr(mod, "pdl_active", lambda t: True)
+    monkeypatch.setattr(mod, "ENV_CONFIGS", parse_configs("40x64:d=0"))
+    assert torch.equal(fp8_row_gemv(*_dev(x, w8, scale), block_n=8, block_k=32, prefetch=1), out)
+    if INTERPRETING:
+        with pytest.raises(Exception):  # noqa: B017 - the interpreter has no griddepcontrol: a PDL launch fails
+            fp8_row_gemv(*_dev(x, w8, scale), block_n=8, block_k=32, prefetch=1, use_pdl=1)
 
 
 def test_supported_operands():
