@@ -13,9 +13,9 @@ Per shape (ROW lines): `old` main's fp8 GEMV (plain launch, its default tiles; +
 at one row: in a graph of back-to-back calls each call's pre-wait weight loads overlap the previous call's tail, as
 in the decode chain); then a small sweep of configs, all by PDL (SWEEP lines). Every output is checked against the
 fp32 W8A16 reference first (rel err > 2e-2: FAILED, never chosen). BEST: the fastest passing config per shape (the
-sweep's, or "d=0": the default launched plainly); `--configs-out` writes FLOTILLA_FP8_ROW_GEMV_CONFIG with the shapes whose best beat the default by more than 1 %
-(empty: the defaults), which bench/results/fp8g15-gpu.sh hands to the engine's "new" side. The sweep's configs are
-compiled by `--workers` processes while the fixed variants run. Without CUDA the script says so and exits 0.
+sweep's, or "d=0": the default launched plainly); `--configs-out` writes FLOTILLA_FP8_ROW_GEMV_CONFIG with the
+shapes whose best beat the default by more than 1 % (empty: the defaults), which bench/results/fp8g15-gpu.sh hands
+to the engine's "new" side. The sweep's configs are compiled by `--workers` processes while the fixed variants run. Without CUDA the script says so and exits 0.
 """
 
 from __future__ import annotations

@@ -385,8 +385,8 @@ def fp8_row_gemv(
 
     `knobs` (block_n, block_k, num_warps, prefetch, trigger, use_pdl) override FLOTILLA_FP8_ROW_GEMV_CONFIG's
     (`env_knobs`), which override `default_config`. `pdl`: launched by programmatic dependent launch (default:
-    `pdl_active`, the one-row chain on sm_90+, unless the config says use_pdl=0); `pdl_gdc=False` (tests only) keeps the PDL code path without the griddepcontrol
-    instructions, so that the interpreter can run it."""
+    `pdl_active`, the one-row chain on sm_90+, unless the config says use_pdl=0); `pdl_gdc=False` (tests only)
+    keeps the PDL code path without the griddepcontrol instructions, so that the interpreter can run it."""
     assert supported(x, w_fp8, w_scale, bias, gated=gated), (
         f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}")
     n_w, k = w_fp8.shape
