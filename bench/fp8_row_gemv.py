@@ -15,7 +15,8 @@ in the decode chain); then a small sweep of configs, all by PDL (SWEEP lines). E
 fp32 W8A16 reference first (rel err > 2e-2: FAILED, never chosen). BEST: the fastest passing config per shape (the
 sweep's, or "d=0": the default launched plainly); `--configs-out` writes FLOTILLA_FP8_ROW_GEMV_CONFIG with the
 shapes whose best beat the default by more than 1 % (empty: the defaults), which bench/results/fp8g15-gpu.sh hands
-to the engine's "new" side. The sweep's configs are compiled by `--workers` processes while the fixed variants run. Without CUDA the script says so and exits 0.
+to the engine's "new" side. The sweep's configs are compiled by `--workers` processes while the fixed variants run.
+Without CUDA the script says so and exits 0.
 """
 
 from __future__ import annotations
