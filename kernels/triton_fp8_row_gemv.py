@@ -247,42 +247,13 @@ def _step(acc_g, acc_u, wg, wu, x_ptr, js, j0, KW, GATED: tl.constexpr, BF16: tl
 
 
 @triton.jit
-def _fp8_row_gemv_kernel(
-    x_ptr,
-    w_ptr,
-    scale_ptr,
-    bias_ptr,
-    out_ptr,
-    N,
-    KW,
-    stride_wn,
-    HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
-    BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    ASM: tl.constexpr = True,
-    PDL: tl.constexpr = False,
-    PDL_GDC: tl.constexpr = True,
-    TRIGGER: tl.constexpr = 0,
-):
-    """One program: outputs `cols` (of N) from weight rows `cols` (and, gated, the up rows `N + cols`).
-
-    `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
-    `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
-    are one 16-byte load kept packed in 4 registers across the loop (a loop-carried fp8 tile is unpacked into one
-    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two.
-
-    Pipelining: PREFETCH + 1 register buffers of tiles and the loop unrolled by as many steps, so that while a
-    step's FMAs run the next PREFETCH tiles are in flight and no tile is copied between registers (a rotating
-    window would cost a move a register a step); a step past the last tile is skipped (a uniform branch)."""
+def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+              PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
+    """The fp32 sums over K of weight rows `rows` (`[BLOCK_N]` int64, all < N) with the activation row: `[BLOCK_N]`
+    gate sums and (GATED) the up rows' `rows + N` sums (else the gate sums again). The PDL wait (and a trigger)
+    happen inside, after the first tiles' loads; `_fp8_row_gemv_kernel`'s docstring says how the loop is built."""
     WORDS: tl.constexpr = BLOCK_K // 4
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
     js = tl.arange(0, WORDS)
     g_ptrs = w_ptr + rows[:, None] * stride_wn + js[None, :]
     u_ptrs = w_ptr + (rows + N)[:, None] * stride_wn + js[None, :]  # gated only
@@ -336,12 +307,57 @@ def _fp8_row_gemv_kernel(
                 acc_g, acc_u = _step(acc_g, acc_u, g3, u3, x_ptr, js, j0 + 3 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
     if PDL and PDL_GDC and TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
+    gate = tl.sum(acc_g, 1)
+    up = gate
+    if GATED:
+        up = tl.sum(acc_u, 1)
+    return gate, up
+
+
+@triton.jit
+def _fp8_row_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    KW,
+    stride_wn,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ASM: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+    PDL_GDC: tl.constexpr = True,
+    TRIGGER: tl.constexpr = 0,
+):
+    """One program: outputs `cols` (of N) from weight rows `cols` (and, gated, the up rows `N + cols`).
+
+    `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
+    `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
+    are one 16-byte load kept packed in 4 registers across the loop (a loop-carried fp8 tile is unpacked into one
+    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two.
+
+    Pipelining: PREFETCH + 1 register buffers of tiles and the loop unrolled by as many steps, so that while a
+    step's FMAs run the next PREFETCH tiles are in flight and no tile is copied between registers (a rotating
+    window would cost a move a register a step); a step past the last tile is skipped (a uniform branch)."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
+    gate, up = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
+                         PDL, PDL_GDC, TRIGGER)  # fmt: skip
     out_ty = out_ptr.dtype.element_ty
-    gate = tl.sum(acc_g, 1) * tl.load(scale_ptr + rows)
+    gate = gate * tl.load(scale_ptr + rows)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + rows).to(tl.float32)
     if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
-        up = tl.sum(acc_u, 1) * tl.load(scale_ptr + N + rows)
+        up = up * tl.load(scale_ptr + N + rows)
         if HAS_BIAS:
             up += tl.load(bias_ptr + N + rows).to(tl.float32)
         g = gate.to(out_ty).to(tl.float32)
