@@ -247,3 +247,67 @@ def test_fp8_llama_mlp_seam_runs_the_gated_form(tiny_model_dirs, monkeypatch):
     llm.generate([5, 17, 99, 1000, 2048, 7], greedy, use_tqdm=False)
     assert len(calls) == 3 * 2  # 3 one-row decode steps (the prefill has 6 rows) x 2 layers
     assert max(calls) < tolerance(torch.bfloat16), calls
+
+
+# (heads, kv_heads, head_dim, K, dtype, bias, cache dtype, position, slot, PDL code path)
+ROPE_CASES = [
+    (4, 2, 32, 1104, torch.bfloat16, False, torch.bfloat16, 7, 21, False),  # 3 K steps, the last ragged (masked)
+    (4, 2, 64, 256, torch.bfloat16, True, torch.bfloat16, 130, 47, True),  # Qwen2's qkv bias, whole tiles, PDL path
+    (2, 1, 128, 256, torch.float16, False, torch.float16, 0, 3, False),  # Llama's head_dim, fp16
+    (4, 2, 32, 512, torch.bfloat16, False, torch.float8_e4m3fn, 255, 16, False),  # an fp8 cache with scales
+    (4, 2, 32, 96, torch.bfloat16, False, torch.bfloat16, 9, -1, True),  # padding slot: no cache write
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,k,dtype,bias,cache_dtype,pos,slot,pdl", ROPE_CASES)
+def test_rope_form_equals_the_plain_kernel_then_rotary_bit_for_bit(heads, kv_heads, head_dim, k, dtype, bias,
+                                                                   cache_dtype, pos, slot, pdl):  # fmt: skip
+    """`fp8_row_gemv_rope`: the rotated query and the cache rows equal the plain row GEMV followed by
+    `rotary_and_write_kv` bit for bit (the same per-row sums in the same order, the rotary kernel's rounding), and
+    the PyTorch reference (W8A16 + `apply_rotary_ref` + `write_kv_cache_ref`) to rounding."""
+    from flotilla.engine.layers.rotary import _cos_sin_table
+    from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope, fp8_row_gemv_rope_ref, fuses_rope
+    from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv
+
+    n = (heads + 2 * kv_heads) * head_dim
+    x, w8, scale, b = _dev(*_case(n, k, dtype, bias=bias, seed=pos))
+    cos_sin = _cos_sin_table(head_dim, 256, 10000.0, "null", torch.device("cpu")).to(DEVICE)
+    g = torch.Generator().manual_seed(slot + 100)
+    kc, vc = (torch.randn(3, 16, kv_heads, head_dim, generator=g).to(cache_dtype).to(DEVICE) for _ in range(2))
+    positions, slots = torch.tensor([pos], device=DEVICE), torch.tensor([slot], device=DEVICE)
+    scales = (0.5, 2.0) if cache_dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    assert fuses_rope(x, w8, scale, b, head_dim)
+    want_k, want_v = kc.clone(), vc.clone()
+    q, kk, v = fp8_row_gemv(x, w8, scale, b, pdl=False).split([heads * head_dim, kv_heads * head_dim,
+                                                                kv_heads * head_dim], dim=-1)  # fmt: skip
+    want_q = rotary_and_write_kv(positions, q.view(1, heads, head_dim), kk.view(1, kv_heads, head_dim),
+                                 v.view(1, kv_heads, head_dim), cos_sin, want_k, want_v, slots, *scales)  # fmt: skip
+    got_k, got_v = kc.clone(), vc.clone()
+    got_q = fp8_row_gemv_rope(x, w8, scale, b, positions, cos_sin, got_k, got_v, slots, heads, kv_heads, *scales,
+                              pdl=pdl, pdl_gdc=False)  # fmt: skip
+    assert got_q.shape == (1, heads, head_dim) and got_q.dtype == dtype
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+    if slot < 0:
+        assert torch.equal(got_k.view(torch.uint8), kc.view(torch.uint8))
+    ref_k, ref_v = kc.clone(), vc.clone()
+    ref_q = fp8_row_gemv_rope_ref(x, w8, scale, b, positions, cos_sin, ref_k, ref_v, slots, heads, kv_heads, *scales)
+    assert rel_err(got_q, ref_q) < 1.5e-2
+    assert rel_err(got_k.float(), ref_k.float()) < 1.5e-2 and rel_err(got_v.float(), ref_v.float()) < 1.5e-2
+
+
+def test_rope_form_applies_to_whole_heads_of_pair_holding_tiles(monkeypatch):
+    """Llama-3.1-8B's qkv (16-row tiles: 8 pairs of a 128-wide head); not where the tile is wider than a head or
+    the operands are not the row GEMV's."""
+    from flotilla.kernels import triton_fp8_row_gemv as mod
+
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    w8 = torch.zeros(6144, 4096, dtype=torch.float8_e4m3fn)
+    scale = torch.ones(6144, 1)
+    monkeypatch.setattr(mod, "device_sms", lambda t: 132)
+    assert mod.fuses_rope(x, w8, scale, None, 128)
+    assert not mod.fuses_rope(x, w8, scale, None, 100)  # 6144 rows are not whole 100-wide heads
+    monkeypatch.setattr(mod, "ENV_CONFIGS", parse_configs("6144x4096:bn=256"))
+    assert not mod.fuses_rope(x, w8, scale, None, 128)  # a tile wider than a head
+    assert not mod.fuses_rope(x.float(), w8, scale, None, 128)
