@@ -169,9 +169,16 @@ def qkv_rotary_and_write_kv(
     num_kv_heads: int,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
-    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot."""
+    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot. With `weight_scale`
+    the weight is fp8 (W8A16, where `fp8_qkv_rope_takes`): the one-row fp8 GEMV's rope form."""
+    if weight_scale is not None:
+        from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope
+
+        return fp8_row_gemv_rope(x, weight, weight_scale, bias, positions, cos_sin_cache, k_cache, v_cache,
+                                 slot_mapping, num_heads, num_kv_heads, k_scale, v_scale)  # fmt: skip
     from flotilla.kernels.triton_gemv_rope import gemv_rope
 
     return gemv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
@@ -364,6 +371,20 @@ def fp8_gated_gemv_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Te
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
     return _fp8_row_gemv_takes(x, w_fp8, w_scale, bias, gated=True)
+
+
+def fp8_qkv_rope_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                       head_dim: int) -> bool:  # fmt: skip
+    """Whether an fp8 (W8A16 at decode) qkv projection of `x` runs with rotary + the KV write in its epilogue
+    (`qkv_rotary_and_write_kv` with `weight_scale`): the one-row fp8 GEMV switched on (FLOTILLA_FP8_ROW_GEMV), the
+    fusion too (FLOTILLA_QKV_ROPE), one row on CUDA, a single-process engine, tiles that hold whole rotation pairs."""
+    if not QKV_ROPE or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if not (x.dim() == 2 and _fp8_row_gemv_takes(x, w_fp8, w_scale, bias)):
+        return False
+    from flotilla.kernels.triton_fp8_row_gemv import fuses_rope
+
+    return fuses_rope(x, w_fp8, w_scale, bias, head_dim)
 
 
 def fp8_gated_gemv(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,

@@ -37,7 +37,13 @@ from flotilla.engine.parallel_state import (
 )
 from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
 from flotilla.engine_rules import rope_scaled_length
-from flotilla.kernels.dispatch import fp8_gated_gemv, fp8_gated_gemv_takes, qkv_rope_takes, silu_and_mul_linear
+from flotilla.kernels.dispatch import (
+    fp8_gated_gemv,
+    fp8_gated_gemv_takes,
+    fp8_qkv_rope_takes,
+    qkv_rope_takes,
+    silu_and_mul_linear,
+)
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,13 @@ class LlamaAttention(nn.Module):
             # `Attention.forward`'s k/v (--calculate-kv-scales' calibration forward): this path never calls it.
             cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
             return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin))
+        scale = getattr(qkv, "weight_scale", None)
+        if (self.q_norm is None and type(qkv) is QKVParallelLinear and isinstance(qkv.quant_method, Fp8OnlineMethod)
+                and isinstance(scale, torch.Tensor) and tp_size() == 1 and not self.attn._forward_pre_hooks
+                and fp8_qkv_rope_takes(hidden, qkv.weight, scale, qkv.bias, self.head_dim)):  # fmt: skip
+            # the same with fp8 weights (W8A16 at one row; FLOTILLA_FP8_ROW_GEMV and FLOTILLA_QKV_ROPE)
+            cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
+            return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin, scale))
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)

@@ -154,6 +154,44 @@ def test_supported_operands():
     assert not supported(x, w8, scale.double())
 
 
+class _FakeCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: the dispatch decision alone, no kernel launched."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_dispatch_decisions(monkeypatch):
+    """`fp8_gated_gemv_takes` / `fp8_qkv_rope_takes`: never with FLOTILLA_FP8_ROW_GEMV off (the default); on, one
+    CUDA row of supported operands in a single-process engine; the rope form also needs FLOTILLA_QKV_ROPE and tiles
+    holding whole pairs of a head."""
+    from flotilla.kernels import triton_fp8_row_gemv as mod
+
+    monkeypatch.setattr(mod, "device_sms", lambda t: 132)  # the fake CUDA tensor's SM count
+    x, w8, scale, _ = _case(6 * 32, 64, torch.bfloat16, bias=False)
+    fake = x.as_subclass(_FakeCuda)
+    assert not dispatch.fp8_gated_gemv_takes(fake, w8, scale, None)
+    assert not dispatch.fp8_qkv_rope_takes(fake, w8, scale, None, 32)
+    monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", True)
+    assert dispatch.fp8_gated_gemv_takes(fake, w8, scale, None) and dispatch.fp8_qkv_rope_takes(fake, w8, scale, None,
+                                                                                                 32)  # fmt: skip
+    assert not dispatch.fp8_qkv_rope_takes(fake, w8, scale, None, 100)  # not whole heads
+    assert not dispatch.fp8_gated_gemv_takes(x, w8, scale, None)  # CPU
+    two = torch.cat([x, x]).as_subclass(_FakeCuda)
+    assert not dispatch.fp8_gated_gemv_takes(two, w8, scale, None) and not dispatch.fp8_qkv_rope_takes(
+        two, w8, scale, None, 32)  # fmt: skip
+    monkeypatch.setattr(dispatch, "QKV_ROPE", False)
+    assert not dispatch.fp8_qkv_rope_takes(fake, w8, scale, None, 32)
+    monkeypatch.setattr(dispatch, "QKV_ROPE", True)
+    monkeypatch.setattr(dispatch, "FP8_GEMV_ENABLED", False)  # FLOTILLA_FP8_GEMV=0: W8A8 everywhere, no row GEMV
+    assert not dispatch.fp8_gated_gemv_takes(fake, w8, scale, None)
+    monkeypatch.setattr(dispatch, "FP8_GEMV_ENABLED", True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    assert not dispatch.fp8_gated_gemv_takes(fake, w8, scale, None)
+    assert not dispatch.fp8_qkv_rope_takes(fake, w8, scale, None, 32)
+
+
 def test_dispatch_routes_one_row_only_where_switched_on(monkeypatch):
     """FLOTILLA_FP8_ROW_GEMV is off by default; on, `fp8_weight_only_linear` sends a CUDA one-row call here (the
     CPU keeps the reference: CI computes what the reference says), and `fp8_gated_gemv_takes` gates the fused MLP."""
@@ -218,11 +256,12 @@ def test_pdl_chain_in_a_cuda_graph_equals_plain_launches():
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter on CPU tensors stands in for the GPU here")
-def test_fp8_llama_mlp_seam_runs_the_gated_form(tiny_model_dirs, monkeypatch):
-    """The tiny Llama at `--quantization fp8` (bf16): with the seam's decision forced for one CPU row (dispatch's
-    CUDA check would refuse it), every one-row MLP calls the gated form with the layer's fp8 weight, scales and
-    bias, and each call equals the pair it replaces (W8A16 reference + SiLU-and-mul) within bf16 rounding; the
-    patch counts its calls, so the test fails if the model stops routing through the seam."""
+def test_fp8_llama_seams_run_the_gated_and_rope_forms(tiny_model_dirs, monkeypatch):
+    """The tiny Llama at `--quantization fp8` (bf16): with the seams' decisions forced for one CPU row (dispatch's
+    CUDA check would refuse it), every one-row MLP calls the gated form and every one-row attention the rope form
+    with the layer's fp8 weight, scales and bias, and each call equals what it replaces (W8A16 reference +
+    SiLU-and-mul; W8A16 + rotary + the KV write, caches included) within bf16 rounding; the patches count their
+    calls, so the test fails if the model stops routing through a seam."""
     from flotilla.engine.llm import LLM
     from flotilla.engine.models import llama
     from flotilla.engine.sampling_params import SamplingParams
@@ -239,14 +278,37 @@ def test_fp8_llama_mlp_seam_runs_the_gated_form(tiny_model_dirs, monkeypatch):
         calls.append(rel_err(out, want))
         return out
 
+    from flotilla.engine.layers import attention
+    from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope_ref, fuses_rope
+
+    rope_calls = []
+    real_rope = attention.qkv_rotary_and_write_kv
+
+    def rope_takes(x, w8, scale, bias, head_dim):
+        return x.shape[0] == 1 and fuses_rope(x, w8, scale, bias, head_dim)
+
+    def rope(x, w8, bias, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale, scale):
+        assert scale is not None  # the fp8 seam passes the layer's scales
+        ref_k, ref_v = k_cache.clone(), v_cache.clone()
+        q = real_rope(x, w8, bias, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale,
+                      scale)  # fmt: skip
+        ref_q = fp8_row_gemv_rope_ref(x, w8, scale, bias, positions, cos_sin, ref_k, ref_v, slots, heads, kv_heads,
+                                      k_scale, v_scale)  # fmt: skip
+        rope_calls.append(max(rel_err(q, ref_q), rel_err(k_cache.float(), ref_k.float()),
+                              rel_err(v_cache.float(), ref_v.float())))  # fmt: skip
+        return q
+
     monkeypatch.setattr(llama, "fp8_gated_gemv_takes", takes)
     monkeypatch.setattr(llama, "fp8_gated_gemv", gated)
+    monkeypatch.setattr(llama, "fp8_qkv_rope_takes", rope_takes)
+    monkeypatch.setattr(attention, "qkv_rotary_and_write_kv", rope)
     llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, enforce_eager=True, quantization="fp8",
               dtype="bfloat16")  # fmt: skip
     greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     llm.generate([5, 17, 99, 1000, 2048, 7], greedy, use_tqdm=False)
-    assert len(calls) == 3 * 2  # 3 one-row decode steps (the prefill has 6 rows) x 2 layers
+    assert len(calls) == 3 * 2 and len(rope_calls) == 3 * 2  # 3 one-row decode steps (prefill: 6 rows) x 2 layers
     assert max(calls) < tolerance(torch.bfloat16), calls
+    assert max(rope_calls) < tolerance(torch.bfloat16), rope_calls
 
 
 # (heads, kv_heads, head_dim, K, dtype, bias, cache dtype, position, slot, PDL code path)

@@ -365,7 +365,8 @@ def test_gated_gemv_compiles_for_hopper(tmp_path):
 
 def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
     """The one-row fp8 GEMV (`triton_fp8_row_gemv.py`) at Llama-3.1-8B's qkv and gated gate/up launches (default
-    configs), plain and launched by PDL (trigger at the top, and after the K loop)."""
+    configs), plain and launched by PDL (trigger at the top, and after the K loop), and its qkv rope form (bf16 and
+    fp8 caches, plain and PDL)."""
     from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_kernel, default_config
 
     fn = _fp8_row_gemv_kernel
@@ -379,6 +380,21 @@ def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
         for tag, extra in (("", {}), (" pdl", dict(PDL=True)), (" pdl late", dict(PDL=True, TRIGGER=1))):
             out[f"fp8_row_gemv {name}{tag}"] = _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned,
                                                                    num_warps=cfg.num_warps, num_stages=1)  # fmt: skip
+    # the qkv form with the rotary + KV-write epilogue (bf16 and fp8 caches)
+    from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_rope_kernel
+
+    fn = _fp8_row_gemv_rope_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "KW", "stride_wn"))
+    cfg = default_config(6144, 4096, 132)
+    consts = dict(HAS_BIAS=False, BF16=True, HEAD_DIM=128, PAGE=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  PREFETCH=cfg.prefetch, EVEN_K=True)  # fmt: skip
+    for cache in ("bf16", "fp8e4nv"):
+        ptrs = pointers | {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64",
+                           "q_out_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}"}  # fmt: skip
+        for tag, extra in (("", {}), (" pdl", dict(PDL=True))):
+            out[f"fp8_row_gemv rope {cache}{tag}"] = _compile_for_hopper(
+                fn, ptrs, dict(consts, FP8_CACHE=cache != "bf16", **extra), aligned, num_warps=cfg.num_warps,
+                num_stages=1)  # fmt: skip
     return out
 
 
