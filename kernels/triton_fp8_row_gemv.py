@@ -550,7 +550,7 @@ def fuses_rope(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias
     if not (supported(x, w_fp8, w_scale, bias) and head_dim % 2 == 0 and w_fp8.shape[0] % head_dim == 0):
         return False
     n, k = w_fp8.shape
-    cfg = default_config(n, k, device_sms(x), **env_knobs(n, k))
+    cfg = default_config(n, k, device_sms(x), gated=False, **env_knobs(n, k))
     return 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0
 
 
@@ -583,7 +583,7 @@ def fp8_row_gemv_rope(
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape[2:] == (num_kv_heads, head_dim)
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    cfg = default_config(n, k, device_sms(x), **(env_knobs(n, k) | knobs))
+    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k) | knobs))
     assert 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0, f"tile {cfg.block_n} vs heads"
     extra: dict[str, bool | int] = {}
     if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
