@@ -4,8 +4,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 # ms/step = 0.72x today's bf16 4.395 (BF16_MS); the floor is 0.62x (<= ~2.72 ms). The lever is
 # kernels/triton_fp8_row_gemv.py (FLOTILLA_FP8_ROW_GEMV=1, default off): a register-pipelined one-row fp8 GEMV (the
 # weight read as int32 words, inline-PTX e4m3 -> f32, 2-D accumulator: ~200 instead of 318 SASS instructions per 64
-# weight bytes a thread under Triton 3.6), launched by PDL with its first tiles loaded before the wait, and a gated
-# form (gate/up + SiLU-and-mul in one launch) in the fp8 MLP. Stages, each under its own limit (capped by what is left):
+# weight bytes a thread under Triton 3.6), launched by PDL with its first tiles loaded before the wait, a gated
+# form (gate/up + SiLU-and-mul in one launch) in the fp8 MLP and a rope form (qkv + rotary + KV write in one
+# launch) in the attention. Stages, each under its own limit (capped by what is left):
 #   micro   (70 s) bench/fp8_row_gemv.py: per projection (qkv, o_proj, gate/up, down) at one row, main's fp8 GEMV
 #           ("old"; + the SiLU kernel for gate/up) vs the row GEMV plain ("new") and by PDL ("new_pdl"), us and TB/s
 #           (ROW lines), then a 9-config sweep by PDL (SWEEP), the best per shape (BEST) and the engine config
@@ -17,6 +18,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #   tests   (30 s, only if >= 40 s are left) tests/kernels/test_fp8_row_gemv.py compiled on the GPU (reference checks
 #           at Llama shapes, PDL in a CUDA graph bit-equal to plain launches).
 #   main2   (55 s, only if >= 60 s are left) main's side again: the spread main/main2 is the A/B's noise.
+#   norope  (not in the default list; STAGES=... to add it) the new side without the qkv rope form
+#           (FLOTILLA_QKV_ROPE=0: the row GEMV for qkv, then main's rotary + KV-write kernel): attribution.
 #   summary the DECISION lines (always runs), put at the top of the log.
 # Output (3 files): $OUT/fp8g15-gpu.log (read first), $OUT/fp8g15-gpu.json (summary + the engine JSONs),
 # $OUT/fp8g15-gemv.json (micro stage). Run from the repository root on the H200 machine, carrying .whl:
@@ -50,19 +53,23 @@ for s in ${STAGES:-micro main new tests main2 summary}; do
       grep -E "Error|error:|passed|failed|FAILED" $W/tests.log | tail -8 | cut -c1-300 | tee -a $L ;;
     main2) if [ $((END - SECONDS)) -lt 60 ]; then echo "skipped: kept for the summary" | tee -a $L; continue; fi
       side main2 55 FLOTILLA_FP8_ROW_GEMV=0 ;;
+    norope) if [ $((END - SECONDS)) -lt 60 ]; then echo "skipped: kept for the summary" | tee -a $L; continue; fi
+      side norope 55 FLOTILLA_FP8_ROW_GEMV=1 FLOTILLA_QKV_ROPE=0 FLOTILLA_FP8_ROW_GEMV_CONFIG=$(head -1 $W/best.txt 2>/dev/null) ;;
     summary) BF16_MS=${BF16_MS:-4.395} python3 - $W $OUT <<'PY' 2>&1 | tee $W/decision.txt
 import json, os, sys
 w, out = sys.argv[1], sys.argv[2]
 bf16 = float(os.environ["BF16_MS"])
 sides = {}
-for label in ("main", "new", "main2"):
+for label in ("main", "new", "main2", "norope"):
     try:
         sides[label] = json.load(open(f"{w}/{label}.json"))
     except (OSError, ValueError) as exc:
         sides[label] = {"error": repr(exc)[:200]}
 ms = {l: r["ms_per_step"] for l, s in sides.items() for r in s.get("latency", []) if r.get("batch") == 1}
 summary = {"ms_per_step_bs1": ms, "bf16_ms": bf16, "floor": 0.62}
-for l in ("main", "new", "main2"):
+for l in ("main", "new", "main2", "norope"):
+    if l not in ms and "error" in sides[l] and l in ("main2", "norope"):
+        continue  # an optional side that did not run
     if l in ms:
         print(f"STEP fp8 {l}: {ms[l]:.3f} ms = {ms[l] / bf16:.3f}x bf16 {bf16} (floor 0.62: "
               f"{'MET' if ms[l] <= 0.62 * bf16 else 'not met'}, <= {0.62 * bf16:.3f} ms)")
@@ -91,8 +98,9 @@ for label, s in sides.items():
         names = {k["name"]: k for k in p.get("kernels", [])}
         def n(kname):
             return sum(v["launches_per_step"] for k, v in names.items() if k.startswith(kname))
-        print(f"PROFILE {label} bs1: {p['launches_per_step']:.0f} launches/step; _fp8_row_gemv_kernel x{n('_fp8_row_gemv_kernel'):.0f}, "
-              f"_gemv_kernel x{n('_gemv_kernel'):.0f}, _silu_and_mul_kernel x{n('_silu_and_mul_kernel'):.0f}; wall "
+        counts = ", ".join(f"{k} x{n(k):.0f}" for k in ("_fp8_row_gemv_kernel", "_fp8_row_gemv_rope_kernel",
+                                                         "_gemv_kernel", "_silu_and_mul_kernel", "_rotary_kv_write_kernel"))
+        print(f"PROFILE {label} bs1: {p['launches_per_step']:.0f} launches/step; {counts}; wall "
               f"{p['wall_us_per_step']:.0f} us (kernel times unusable under PDL)")
 try:
     g = json.load(open(f"{out}/fp8g15-gemv.json"))
