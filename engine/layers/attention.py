@@ -83,9 +83,10 @@ class Attention(nn.Module):
         meta = current_attention_metadata()
         if meta is None:  # memory profiling, as `forward`
             return torch.zeros(x.shape[0], self.num_heads * self.head_dim, dtype=x.dtype, device=x.device)
+        fp8 = {} if weight_scale is None else {"weight_scale": weight_scale}
         q = qkv_rotary_and_write_kv(x, weight, bias, positions, cos_sin_cache, self.k_cache, self.v_cache,
                                     meta.slot_mapping, self.num_heads, self.num_kv_heads, self.k_scale, self.v_scale,
-                                    weight_scale)  # fmt: skip
+                                    **fp8)  # fmt: skip
         return self._attend(q, meta)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
