@@ -55,8 +55,8 @@ from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_kv_write import is_fp8, to_cache
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
-# accumulator elements a thread may hold (triton_gemv's FMA budget: 64 fp32 registers)
-_ACC_PER_THREAD = 64
+# weight bytes a thread loads a K step at the default rows (one 16-byte word load each of 4 rows at 16 x 512)
+_STEP_BYTES = 64
 _KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
 
 
@@ -130,18 +130,21 @@ def default_config(
     """The configuration for `n` outputs (gated: from a `[2n, k]` weight) over `k`; given knobs are kept.
 
     A lead, unmeasured (bench/results/fp8g15-gpu.sh sweeps it): 512-wide K steps (one 16-byte load a row a thread
-    across a warp), as many rows as keep the accumulator(s) at 64 fp32 registers a thread (16 at 4 warps; 8 + 8
-    gated), then fewer rows (down to 4) while there are fewer than 2 programs per SM; two tiles in flight."""
+    across a warp); as many rows as give a thread 64 weight bytes a step (16 at 4 warps; 8 + 8 gated), then fewer
+    (down to 4) while there are fewer than 2 programs per SM; tiles in flight for ~64-96 bytes a thread: 2 tiles
+    of 64 bytes, 3 of 32 (Llama's o_proj and down at 8 rows: 512 programs, ~4 an SM; with 2 tiles only ~32 KB an SM
+    would be in flight, under the ~30-40 KB the H200's bandwidth x latency asks for)."""
     num_warps = num_warps or 4
     block_k = block_k or min(512, max(16, triton.next_power_of_2(k)))
-    prefetch = prefetch or 2
     trigger = 0 if trigger is None else trigger
     use_pdl = 1 if use_pdl is None else use_pdl
+    halves = 2 if gated else 1
     if block_n is None:
-        budget = _ACC_PER_THREAD * 32 * num_warps // (2 if gated else 1)
-        block_n = max(4, min(budget // block_k, triton.next_power_of_2(max(n, 1))))
+        block_n = max(4, min(_STEP_BYTES * 32 * num_warps // (halves * block_k), triton.next_power_of_2(max(n, 1))))
         while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
             block_n //= 2
+    if prefetch is None:
+        prefetch = 3 if halves * block_n * block_k <= 32 * 32 * num_warps else 2
     assert 1 <= prefetch <= 3 and trigger in (0, 1) and use_pdl in (0, 1)
     return RowGemvConfig(block_n, block_k, num_warps, prefetch, trigger, use_pdl)
 

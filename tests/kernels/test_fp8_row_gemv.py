@@ -102,13 +102,13 @@ def test_default_config_and_knob_parser():
     """Llama-3.1-8B on 132 SMs: 16 x 512 tiles (8 + 8 gated) down to 8 rows where 16 give too few programs;
     knobs kept; the parser's spelling round-trips and rejects unknown knobs."""
     assert default_config(6144, 4096, 132).spec() == "bn=16,bk=512,w=4,p=2,t=0,d=1"
-    assert default_config(4096, 4096, 132).block_n == 8  # 256 programs < 2 per SM at 16 rows
-    assert default_config(14336, 4096, 132, gated=True).block_n == 8
+    assert default_config(4096, 4096, 132).spec() == "bn=8,bk=512,w=4,p=3,t=0,d=1"  # 256 programs < 2/SM at 16
+    assert default_config(14336, 4096, 132, gated=True).spec() == "bn=8,bk=512,w=4,p=2,t=0,d=1"
     assert default_config(4096, 14336, 132, block_n=32, prefetch=3).spec() == "bn=32,bk=512,w=4,p=3,t=0,d=1"
     assert default_config(40, 200, 132).block_k == 256 and default_config(40, 200, 132).block_n == 4
     assert parse_config("bn=8, bk=1024,w=8,p=3,t=1,d=0") == {"block_n": 8, "block_k": 1024, "num_warps": 8,
                                                               "prefetch": 3, "trigger": 1, "use_pdl": 0}  # fmt: skip
-    assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=2,t=1,d=1"
+    assert default_config(6144, 4096, 132, **parse_config("bn=8,t=1")).spec() == "bn=8,bk=512,w=4,p=3,t=1,d=1"
     with pytest.raises(ValueError, match="FLOTILLA_FP8_ROW_GEMV_CONFIG"):
         parse_config("stages=3")
     # the engine's form: global knobs and per weight shape (ROWSxK), as the GPU script writes its sweep's winners
