@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 # launch) in the attention. Stages, each under its own limit (capped by what is left):
 #   micro   (70 s) bench/fp8_row_gemv.py: per projection (qkv, o_proj, gate/up, down) at one row, main's fp8 GEMV
 #           ("old"; + the SiLU kernel for gate/up) vs the row GEMV plain ("new") and by PDL ("new_pdl"), us and TB/s
-#           (ROW lines), then a 9-config sweep by PDL (SWEEP), the best per shape (BEST) and the engine config
+#           (ROW lines), then a 10-config sweep by PDL (SWEEP), the best per shape (BEST) and the engine config
 #           (CONFIGS: the shapes whose best beat the default by > 1 %; FP8G15_CONFIG=... overrides, "default" none).
 #   main    (55 s) bench/decode_ab.py --quantization fp8, FLOTILLA_FP8_ROW_GEMV=0 (main's path): 24 greedy tokens of
 #           one prompt alone (batch 1), ms/step at batch 1 x ctx 512 (graphed), a bs1 kernel profile (under PDL its
