@@ -323,6 +323,23 @@ def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: t
 
 
 @triton.jit
+def _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """The rows' scales and biases (fp32; zero without a bias), and the up rows' (`rows + N`; GATED only, else the
+    gate rows' again)."""
+    scale_g = tl.load(scale_ptr + rows)
+    bias_g = tl.zeros_like(scale_g)
+    if HAS_BIAS:
+        bias_g = tl.load(bias_ptr + rows).to(tl.float32)
+    scale_u = scale_g
+    bias_u = bias_g
+    if GATED:
+        scale_u = tl.load(scale_ptr + N + rows)
+        if HAS_BIAS:
+            bias_u = tl.load(bias_ptr + N + rows).to(tl.float32)
+    return scale_g, bias_g, scale_u, bias_u
+
+
+@triton.jit
 def _fp8_row_gemv_kernel(
     x_ptr,
     w_ptr,
@@ -358,16 +375,19 @@ def _fp8_row_gemv_kernel(
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
+    # The epilogue's parameters first (weights, never a kernel's output: before the PDL wait too), so that their
+    # latency hides under the K loop instead of following it in every program.
+    scale_g, bias_g, scale_u, bias_u = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, GATED)
     gate, up = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
                          PDL, PDL_GDC, TRIGGER)  # fmt: skip
     out_ty = out_ptr.dtype.element_ty
-    gate = gate * tl.load(scale_ptr + rows)
+    gate = gate * scale_g
     if HAS_BIAS:
-        gate += tl.load(bias_ptr + rows).to(tl.float32)
+        gate += bias_g
     if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
-        up = up * tl.load(scale_ptr + N + rows)
+        up = up * scale_u
         if HAS_BIAS:
-            up += tl.load(bias_ptr + N + rows).to(tl.float32)
+            up += bias_u
         g = gate.to(out_ty).to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
         res = act * up.to(out_ty).to(tl.float32)
@@ -427,11 +447,12 @@ def _fp8_row_gemv_rope_kernel(
     first = (pid % (HALF // PAIRS)) * PAIRS  # the program's first pair index within the head
     r = tl.arange(0, BLOCK_N)
     rows = (head * HEAD_DIM + first + (r % PAIRS) + (r // PAIRS) * HALF).to(tl.int64)  # all < N (whole heads)
+    scale, bias, _, _ = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, False)  # before the loop (and wait)
     res, _ = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, False, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
                        PDL, PDL_GDC, TRIGGER)  # fmt: skip
-    res = res * tl.load(scale_ptr + rows)
+    res = res * scale
     if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
-        res += tl.load(bias_ptr + rows).to(tl.float32)
+        res += bias
     act = q_out_ptr.dtype.element_ty
     y = res.to(act).to(tl.float32)  # what the plain GEMV stores and the rotary kernel loads
     y1, y2 = tl.split(tl.trans(tl.reshape(y, [2, PAIRS])))  # the pairs' first and second halves, [PAIRS] each
