@@ -237,13 +237,20 @@ def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
 
 
 @triton.jit
-def _step(acc_g, acc_u, wg, wu, x_ptr, js, j0, KW, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr,
-          EVEN_K: tl.constexpr):  # fmt: skip
-    """One K step: the weight tiles `wg` (and `wu`) at word offset `j0` times the activations there."""
+def _xs(x_ptr, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activation words (int64, four activations each) of the step at word offset `j0`; clamped or masked past
+    KW as `_tile` (a step past K is skipped, its words never used)."""
     if EVEN_K:  # noqa: SIM108 - a compile-time branch
-        q = tl.load(x_ptr + j0 + js)[None, :]  # four activations a word lane
+        q = tl.load(x_ptr + tl.minimum(j0, KW - WORDS) + js)
     else:
-        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)[None, :]
+        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)
+    return q
+
+
+@triton.jit
+def _step(acc_g, acc_u, wg, wu, q, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr):
+    """One K step: the weight tiles `wg` (and `wu`) times the step's activation words `q`."""
+    q = q[None, :]
     a0 = _act_f32(q, 0, BF16)
     a1 = _act_f32(q, 16, BF16)
     a2 = _act_f32(q, 32, BF16)
@@ -282,37 +289,54 @@ def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: t
         if TRIGGER == 0:
             tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    # the activation words of the same steps (after the wait: x is the kernel ahead's output), carried alongside
+    q0 = _xs(x_ptr, js, 0, KW, WORDS, EVEN_K)
+    q1 = q0
+    q2 = q0
+    if PREFETCH > 1:
+        q1 = _xs(x_ptr, js, WORDS, KW, WORDS, EVEN_K)
+    if PREFETCH > 2:
+        q2 = _xs(x_ptr, js, 2 * WORDS, KW, WORDS, EVEN_K)
     # num_stages=1: the pipelining is the register buffers, not cp.async stages in shared memory
     if PREFETCH == 1:
         for j0 in tl.range(0, KW, 2 * WORDS, num_stages=1):
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + WORDS, KW, WORDS, EVEN_K, GATED)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            q1 = _xs(x_ptr, js, j0 + WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
     elif PREFETCH == 2:
         for j0 in tl.range(0, KW, 3 * WORDS, num_stages=1):
             g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            q2 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q1 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
             if j0 + 2 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, x_ptr, js, j0 + 2 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
     else:
         for j0 in tl.range(0, KW, 4 * WORDS, num_stages=1):
             g3, u3 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, x_ptr, js, j0, KW, GATED, BF16, ASM, EVEN_K)
+            q3 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, x_ptr, js, j0 + WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q1 = _xs(x_ptr, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K)
             if j0 + 2 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, x_ptr, js, j0 + 2 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
             g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q2 = _xs(x_ptr, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K)
             if j0 + 3 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, x_ptr, js, j0 + 3 * WORDS, KW, GATED, BF16, ASM, EVEN_K)
+                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, q3, GATED, BF16, ASM)
     if PDL and PDL_GDC and TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
     gate = tl.sum(acc_g, 1)
