@@ -240,7 +240,7 @@ def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
 def _xs(x_ptr, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
     """The activation words (int64, four activations each) of the step at word offset `j0`; clamped or masked past
     KW as `_tile` (a step past K is skipped, its words never used)."""
-    if EVEN_K:  # noqa: SIM108 - a compile-time branch
+    if EVEN_K:
         q = tl.load(x_ptr + tl.minimum(j0, KW - WORDS) + js)
     else:
         q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)
