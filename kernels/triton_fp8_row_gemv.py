@@ -11,21 +11,26 @@ batch 1 on the H200 that kernel streams the fp8 weight at 2.2-3.4 TB/s where the
 reaches ~4 TB/s, and its main loop explains it (Triton 3.6, sm_90, `bench/sass_loop.py`): the 3-D accumulator's
 layout reads every weight byte back from the cp.async pipeline's shared memory by its own `LDS` (71 `LDS` and 36
 `LEA` a step), so the qkv tile's step costs 318 instructions for 64 weight bytes a thread (~5 a byte) against the
-bf16 loop's ~1.9. Here:
+bf16 loop's ~1.9. Here (`_row_sums`; 203 instructions for the same 64 bytes, 3.2 a byte, no spills, under 3.6):
 
-- The tile is `[BLOCK_N, BLOCK_K]` with a 2-D fp32 accumulator (`acc += w * x`, x broadcast over the rows,
-  summed over K once after the loop): the load layout (16 consecutive weight bytes of one row a thread, one
-  `LDG.128`) is the arithmetic's layout, so no shared memory and no per-byte loads; per weight byte what is left
-  is the conversion (Triton's e4m3 -> fp32: one `F2FP` per two bytes, one `HADD2.F32` a byte) and one `FFMA`.
-- Latency is hidden by software pipelining in registers instead of cp.async stages: the loop carries the next
-  `PREFETCH` weight tiles (issued one or more steps before their use; launched with `num_stages=1` so Triton does
-  not move the loads into shared memory).
-- Programmatic dependent launch (`kernels/pdl.py`, the one-row chain): the prefetched tiles are exactly the loads
-  before the loop, so under PDL they are issued before `griddepcontrol.wait` without a peeled copy of the loop
-  step (the PDL variant of `triton_gemv` adds ~360 instructions a program, 10 % of a qkv program, which a loop
-  this close to its issue limit may pay for: session 10 measured the fp8 GEMV slower by PDL, 3.099 -> 3.263
-  ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel of main), 1
-  after the K loop (dependents launch during this kernel's epilogue, not while its last wave still streams).
+- The weight is read as int32 words (4 e4m3 bytes, K positions 4j..4j+3) in 16-byte loads straight to registers
+  (`num_stages=1`: no cp.async, no shared memory) and each word converted by inline PTX (two `cvt.rn.f16x2.e4m3x2`,
+  four `cvt.f32.f16`; SASS `F2FP` on the register halves, `HADD2.F32`). A loop-carried e4m3 tile would be unpacked
+  by Triton 3.6 one register a byte (207 registers, 248 `PRMT` a step). The activation row is read as int64 words
+  (four bf16/fp16 each) and split by shifts.
+- A 2-D fp32 accumulator `[BLOCK_N, BLOCK_K / 4]` in the load layout: each step adds the word's four products in
+  K order; the lanes are summed once after the loop. The floor per weight byte is the conversion (1.5
+  instructions) and one `FFMA`; what is left above it is the activation words' layout change (Triton lays the 1-D
+  load out apart from the tile's slice: one shared-memory round trip and 2 barriers a step) and their split.
+- Latency is hidden by software pipelining in registers: PREFETCH + 1 buffers of weight tiles (and of the
+  activation words) with the loop unrolled by as many steps, so the next PREFETCH tiles are in flight while a
+  step's FMAs run and no register is copied; the scales and bias are loaded before the loop.
+- Programmatic dependent launch (`kernels/pdl.py`, the one-row chain): the first PREFETCH tiles (and the scales)
+  are exactly the loads before the loop, so under PDL they are issued before `griddepcontrol.wait` without a
+  peeled copy of the loop step (the PDL variant of `triton_gemv` adds ~360 instructions a program, 10 % of a qkv
+  program, which a loop that close to its issue limit may pay for: session 10 measured the fp8 GEMV slower by PDL,
+  3.099 -> 3.263 ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel
+  of main), 1 after the K loop (dependents launch during this kernel's epilogue, not while its last wave streams).
 
 Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once to the activation dtype, as
 `fp8_gemv`; the gated form then rounds as `F.linear` + the SiLU kernel (`triton_gated_gemv.py`'s rounding points).
