@@ -15,8 +15,9 @@ in the decode chain); then a small sweep of configs, all by PDL (SWEEP lines). E
 fp32 W8A16 reference first (rel err > 2e-2: FAILED, never chosen). BEST: the fastest passing config per shape (the
 sweep's, or "d=0": the default launched plainly); `--configs-out` writes FLOTILLA_FP8_ROW_GEMV_CONFIG with the
 shapes whose best beat the default by more than 1 % (empty: the defaults), which bench/results/fp8g15-gpu.sh hands
-to the engine's "new" side. The sweep's configs are compiled by `--workers` processes while the fixed variants run.
-Without CUDA the script says so and exits 0.
+to the engine's "new" side. The sweep's configs are compiled by `--workers` processes while the fixed variants
+run. Then LAYER: the four projections back to back in one graph (main's kernels vs the row GEMV by PDL, default and
+best configs). Without CUDA the script says so and exits 0.
 """
 
 from __future__ import annotations
@@ -248,6 +249,53 @@ def main() -> None:
         with open(a.configs_out, "w") as f:
             f.write(result["configs"] + "\n")
     print(f"CONFIGS FLOTILLA_FP8_ROW_GEMV_CONFIG={result['configs']!r}", flush=True)
+    layers(operands, result)
+    save()
+
+
+def layers(operands: dict[str, Operands], result: dict) -> None:
+    """LAYER lines: the four projections of a layer back to back (qkv, o_proj, gate/up + SiLU, down), rotating over
+    the weight copies, in one CUDA graph: main's kernels (fp8 GEMVs plain + the SiLU kernel) vs the row GEMV by PDL
+    at its defaults and at the sweep's per-shape bests. Inputs are independent (not each other's outputs: the
+    shapes do not chain without the attention and norms between), but every PDL launch still waits for the kernel
+    ahead: what this adds to the ROW lines is the overlap of one projection's start with another's tail."""
+    from flotilla.kernels.triton_fp8_row_gemv import parse_config
+
+    names = [n for n in ("qkv_proj", "o_proj", "gate_up_gated", "down_proj") if n in operands]
+    best = {n: parse_config(b["config"]) if (b := result["shapes"][n].get("best")) and b["config"] != "d=0"
+            else ({"use_pdl": 0} if b else {}) for n in names}  # fmt: skip
+
+    def chain(kind: str) -> Callable[[int], torch.Tensor]:
+        def run(i: int) -> torch.Tensor:
+            y = None
+            for n in names:
+                ops, gated = operands[n], SHAPES[n][2]
+                if kind == "old":
+                    y = old(ops, i, gated)
+                else:
+                    kw = best[n] if kind == "best" else {}
+                    pdl = kw.get("use_pdl", 1) == 1
+                    y = new(ops, i, gated, pdl=pdl, **{k: v for k, v in kw.items() if k != "use_pdl"})
+            assert y is not None
+            return y
+
+        return run
+
+    result["layers"] = {}
+    calls = 12
+    for kind in ("old", "new_pdl", "best"):
+        try:
+            us = graph_us(chain(kind), calls)
+            result["layers"][kind] = us
+        except Exception as e:  # recorded; the others still run
+            result["layers"][kind] = None
+            print(f"LAYER {kind}: {e.__class__.__name__}: {str(e)[:200]}", flush=True)
+    got = result["layers"]
+    if got.get("old"):
+        print("LAYER (4 projections back to back, us a layer; x32 = ms a step): " + " | ".join(
+            f"{k} {v:.1f} us ({32 * v / 1000:.3f} ms/step)" for k, v in got.items() if v)
+            + (f" | new_pdl - old {32 * (got['new_pdl'] - got['old']) / 1000:+.3f} ms/step" if got.get("new_pdl")
+               else ""), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #   micro   (70 s) bench/fp8_row_gemv.py: per projection (qkv, o_proj, gate/up, down) at one row, main's fp8 GEMV
 #           ("old"; + the SiLU kernel for gate/up) vs the row GEMV plain ("new") and by PDL ("new_pdl"), us and TB/s
 #           (ROW lines), then a 10-config sweep by PDL (SWEEP), the best per shape (BEST) and the engine config
-#           (CONFIGS: the shapes whose best beat the default by > 1 %; FP8G15_CONFIG=... overrides, "default" none).
+#           (CONFIGS: the shapes whose best beat the default by > 1 %; FP8G15_CONFIG=... overrides, "default" none);
+#           LAYER: the four projections back to back in one graph, main's kernels vs the row GEMV by PDL (default,
+#           best), us a layer and x32 layers (the projections' share of a step, without attention and norms).
 #   main    (55 s) bench/decode_ab.py --quantization fp8, FLOTILLA_FP8_ROW_GEMV=0 (main's path): 24 greedy tokens of
 #           one prompt alone (batch 1), ms/step at batch 1 x ctx 512 (graphed), a bs1 kernel profile (under PDL its
 #           times are unusable, busy > wall: only kernel names and launch counts are read).
@@ -43,7 +45,7 @@ for s in ${STAGES:-micro main new tests main2 summary}; do
     micro) timeout $(left 70) python3 $R/bench/fp8_row_gemv.py --json $OUT/fp8g15-gemv.json --configs-out $W/best.txt \
         > $W/micro.log 2>&1
       echo "rc=$?" | tee -a $L
-      grep -E "^(ROW|SWEEP|BEST|CONFIGS|compile|skipped)|Error|error" $W/micro.log | cut -c1-300 | tee -a $L ;;
+      grep -E "^(ROW|SWEEP|BEST|CONFIGS|LAYER|compile|skipped)|Error|error" $W/micro.log | cut -c1-300 | tee -a $L ;;
     main) side main 55 FLOTILLA_FP8_ROW_GEMV=0 ;;
     new) cfg=$(head -1 $W/best.txt 2>/dev/null); cfg=${FP8G15_CONFIG:-$cfg}; [ "$cfg" = default ] && cfg=""
       echo "FLOTILLA_FP8_ROW_GEMV=1 FLOTILLA_FP8_ROW_GEMV_CONFIG=${cfg}" > $W/new-config.txt
@@ -128,7 +130,13 @@ try:
         print(f"KERNEL per layer (4 shapes): old {tot['old']:.1f} us, new {tot['new']:.1f}, new_pdl {tot['new_pdl']:.1f}, "
               f"best {tot['best']:.1f}; x32 layers: new_pdl - old = {32 * (tot['new_pdl'] - tot['old']) / 1000:+.3f} ms/step, "
               f"best - old = {32 * (tot['best'] - tot['old']) / 1000:+.3f}")
+    lay = g.get("layers") or {}
+    if lay.get("old"):
+        print("LAYER (the 4 projections back to back in one graph, us a layer, x32): " + " | ".join(
+            f"{k} {v:.1f} us = {32 * v / 1000:.3f} ms/step" for k, v in lay.items() if v)
+            + (f"; new_pdl - old = {32 * (lay['new_pdl'] - lay['old']) / 1000:+.3f} ms/step" if lay.get("new_pdl") else ""))
     summary["kernels"] = g.get("shapes")
+    summary["layers"] = lay
 except (OSError, ValueError, KeyError, TypeError) as exc:
     print(f"KERNEL n/a: {exc!r}"[:200])
 summary["sides"] = sides
