@@ -348,8 +348,9 @@ FP8_GEMV_ENABLED = env_flag("FLOTILLA_FP8_GEMV", True)
 
 # FLOTILLA_FP8_ROW_GEMV (read at import; the module global at every call), default off (unmeasured): a one-row
 # W8A16 call on CUDA takes `triton_fp8_row_gemv.fp8_row_gemv` (register-pipelined, the weight read as int32 words,
-# launched by PDL in the one-row chain) instead of `triton_gemv.fp8_gemv`, and an fp8 Llama MLP at one row runs its
-# gate/up projection and SiLU-and-mul as one launch of it (`fp8_gated_gemv_takes`). docs/quantization.md.
+# launched by PDL in the one-row chain) instead of `triton_gemv.fp8_gemv`; an fp8 Llama MLP at one row runs its
+# gate/up projection and SiLU-and-mul as one launch of it (`fp8_gated_gemv_takes`), and an fp8 qkv projection its
+# rotary + KV write in the epilogue (`fp8_qkv_rope_takes`, with FLOTILLA_QKV_ROPE). docs/quantization.md.
 FP8_ROW_GEMV = env_flag("FLOTILLA_FP8_ROW_GEMV", False)
 
 
