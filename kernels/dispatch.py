@@ -169,9 +169,16 @@ def qkv_rotary_and_write_kv(
     num_kv_heads: int,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
-    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot."""
+    returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot. With `weight_scale`
+    the weight is fp8 (W8A16, where `fp8_qkv_rope_takes`): the one-row fp8 GEMV's rope form."""
+    if weight_scale is not None:
+        from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope
+
+        return fp8_row_gemv_rope(x, weight, weight_scale, bias, positions, cos_sin_cache, k_cache, v_cache,
+                                 slot_mapping, num_heads, num_kv_heads, k_scale, v_scale)  # fmt: skip
     from flotilla.kernels.triton_gemv_rope import gemv_rope
 
     return gemv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
@@ -339,6 +346,58 @@ FP8_GEMV_MAX_ROWS = 16
 FP8_GEMV_ENABLED = env_flag("FLOTILLA_FP8_GEMV", True)
 
 
+# FLOTILLA_FP8_ROW_GEMV (read at import; the module global at every call), default off (unmeasured): a one-row
+# W8A16 call on CUDA takes `triton_fp8_row_gemv.fp8_row_gemv` (register-pipelined, the weight read as int32 words,
+# launched by PDL in the one-row chain) instead of `triton_gemv.fp8_gemv`; an fp8 Llama MLP at one row runs its
+# gate/up projection and SiLU-and-mul as one launch of it (`fp8_gated_gemv_takes`), and an fp8 qkv projection its
+# rotary + KV write in the epilogue (`fp8_qkv_rope_takes`, with FLOTILLA_QKV_ROPE). docs/quantization.md.
+FP8_ROW_GEMV = env_flag("FLOTILLA_FP8_ROW_GEMV", False)
+
+
+def _fp8_row_gemv_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                        gated: bool = False) -> bool:  # fmt: skip
+    """Whether the one-row fp8 GEMV runs this W8A16 call (above): switched on, CUDA, one row, operands it takes."""
+    if not (FP8_ROW_GEMV and FP8_GEMV_ENABLED and x.is_cuda and math.prod(x.shape[:-1]) == 1):
+        return False
+    from flotilla.kernels.triton_fp8_row_gemv import supported
+
+    return supported(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias, gated=gated)
+
+
+def fp8_gated_gemv_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                         bias: torch.Tensor | None) -> bool:  # fmt: skip
+    """Whether an fp8 (W8A16 at decode) merged gate/up projection of `x` runs as `fp8_gated_gemv`: the one-row fp8
+    GEMV switched on (FLOTILLA_FP8_ROW_GEMV), one row on CUDA, a single-process engine (tensor/pipeline parallel
+    keep the two steps)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return _fp8_row_gemv_takes(x, w_fp8, w_scale, bias, gated=True)
+
+
+def fp8_qkv_rope_takes(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                       head_dim: int) -> bool:  # fmt: skip
+    """Whether an fp8 (W8A16 at decode) qkv projection of `x` runs with rotary + the KV write in its epilogue
+    (`qkv_rotary_and_write_kv` with `weight_scale`): the one-row fp8 GEMV switched on (FLOTILLA_FP8_ROW_GEMV), the
+    fusion too (FLOTILLA_QKV_ROPE), one row on CUDA, a single-process engine, tiles that hold whole rotation pairs."""
+    if not QKV_ROPE or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if not (x.dim() == 2 and _fp8_row_gemv_takes(x, w_fp8, w_scale, bias)):
+        return False
+    from flotilla.kernels.triton_fp8_row_gemv import fuses_rope
+
+    return fuses_rope(x, w_fp8, w_scale, bias, head_dim)
+
+
+def fp8_gated_gemv(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`silu_and_mul(fp8_weight_only_linear(x, w_fp8, w_scale, bias))` in one launch (where `fp8_gated_gemv_takes`),
+    rounded as the pair rounds."""
+    from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv
+
+    out = fp8_row_gemv(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias, gated=True)
+    return out.reshape(*x.shape[:-1], w_fp8.shape[0] // 2)
+
+
 def _fp8_gemv_rows(x: torch.Tensor) -> bool:
     """True when `x` (rows of `x.shape[-1]` features) is small enough for the W8A16 GEMV."""
     return FP8_GEMV_ENABLED and math.prod(x.shape[:-1]) <= FP8_GEMV_MAX_ROWS
@@ -370,6 +429,10 @@ def fp8_weight_only_linear(
     """W8A16 `x @ (w_fp8 * w_scale)^T + b`: the Triton fp8 GEMV (CUDA) or its reference up to
     FP8_GEMV_MAX_ROWS rows; above, the weight dequantized to `x`'s dtype and a dense matmul."""
     if _fp8_gemv_rows(x):
+        if _fp8_row_gemv_takes(x, w_fp8, w_scale, bias):
+            from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv
+
+            return fp8_row_gemv(x.reshape(1, x.shape[-1]), w_fp8, w_scale, bias).reshape(*x.shape[:-1], -1)
         if x.is_cuda:
             from flotilla.kernels.triton_gemv import fp8_gemv
 

@@ -75,14 +75,18 @@ class Attention(nn.Module):
         bias: torch.Tensor | None,
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
+        weight_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`): the
-        projection, rotary and the KV write in one kernel (`qkv_rotary_and_write_kv`), then attention."""
+        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, or an fp8
+        `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`): the projection, rotary and
+        the KV write in one kernel (`qkv_rotary_and_write_kv`), then attention."""
         meta = current_attention_metadata()
         if meta is None:  # memory profiling, as `forward`
             return torch.zeros(x.shape[0], self.num_heads * self.head_dim, dtype=x.dtype, device=x.device)
+        fp8 = {} if weight_scale is None else {"weight_scale": weight_scale}
         q = qkv_rotary_and_write_kv(x, weight, bias, positions, cos_sin_cache, self.k_cache, self.v_cache,
-                                    meta.slot_mapping, self.num_heads, self.num_kv_heads, self.k_scale, self.v_scale)
+                                    meta.slot_mapping, self.num_heads, self.num_kv_heads, self.k_scale, self.v_scale,
+                                    **fp8)  # fmt: skip
         return self._attend(q, meta)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -35,8 +35,15 @@ from flotilla.engine.parallel_state import (
     stage_layers,
     tp_size,
 )
+from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
 from flotilla.engine_rules import rope_scaled_length
-from flotilla.kernels.dispatch import qkv_rope_takes, silu_and_mul_linear
+from flotilla.kernels.dispatch import (
+    fp8_gated_gemv,
+    fp8_gated_gemv_takes,
+    fp8_qkv_rope_takes,
+    qkv_rope_takes,
+    silu_and_mul_linear,
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,13 @@ class LlamaAttention(nn.Module):
             # `Attention.forward`'s k/v (--calculate-kv-scales' calibration forward): this path never calls it.
             cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
             return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin))
+        scale = getattr(qkv, "weight_scale", None)
+        if (self.q_norm is None and type(qkv) is QKVParallelLinear and isinstance(qkv.quant_method, Fp8OnlineMethod)
+                and isinstance(scale, torch.Tensor) and tp_size() == 1 and not self.attn._forward_pre_hooks
+                and fp8_qkv_rope_takes(hidden, qkv.weight, scale, qkv.bias, self.head_dim)):  # fmt: skip
+            # the same with fp8 weights (W8A16 at one row; FLOTILLA_FP8_ROW_GEMV and FLOTILLA_QKV_ROPE)
+            cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
+            return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin, scale))
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
@@ -155,6 +169,13 @@ class LlamaMLP(nn.Module):
         if type(gate_up) is MergedColumnParallelLinear and gate_up.quant_method is None:
             # plain weights (not quantized, not LoRA-wrapped): the GEMM may apply the activation itself
             return self.down_proj(silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.gemv_max_rows))
+        scale = getattr(gate_up, "weight_scale", None)
+        if (type(gate_up) is MergedColumnParallelLinear and isinstance(gate_up.quant_method, Fp8OnlineMethod)
+                and isinstance(scale, torch.Tensor)
+                and fp8_gated_gemv_takes(x, gate_up.weight, scale, gate_up.bias)):  # fmt: skip
+            # fp8 weights (W8A16 at one row, every fp8 scheme): gate/up and SiLU-and-mul in one launch
+            # (FLOTILLA_FP8_ROW_GEMV, kernels/dispatch.py)
+            return self.down_proj(fp8_gated_gemv(x, gate_up.weight, scale, gate_up.bias))
         return self.down_proj(self.act(gate_up(x)))
 
 

@@ -367,6 +367,60 @@ def test_gated_gemv_compiles_for_hopper(tmp_path):
     assert gated_pdl["gdc_wait"] == 1 and gated_pdl["gdc_launch"] == 1 and gated_pdl["loads_before_wait"] > 0
 
 
+def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
+    """The one-row fp8 GEMV (`triton_fp8_row_gemv.py`) at Llama-3.1-8B's qkv and gated gate/up launches (default
+    configs), plain and launched by PDL (trigger at the top, and after the K loop), and its qkv rope form (bf16 and
+    fp8 caches, plain and PDL)."""
+    from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_kernel, default_config
+
+    fn = _fp8_row_gemv_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "KW", "stride_wn"))
+    pointers = {"x_ptr": "*i64", "w_ptr": "*i32", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
+    out = {}
+    for name, n, gated in (("qkv", 6144, False), ("gated", 14336, True)):
+        cfg = default_config(n, 4096, 132, gated=gated)
+        consts = dict(HAS_BIAS=False, GATED=gated, BF16=True, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                      PREFETCH=cfg.prefetch, EVEN_K=True)  # fmt: skip
+        for tag, extra in (("", {}), (" pdl", dict(PDL=True)), (" pdl late", dict(PDL=True, TRIGGER=1))):
+            out[f"fp8_row_gemv {name}{tag}"] = _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned,
+                                                                   num_warps=cfg.num_warps, num_stages=1)  # fmt: skip
+    # the qkv form with the rotary + KV-write epilogue (bf16 and fp8 caches)
+    from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_rope_kernel
+
+    fn = _fp8_row_gemv_rope_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "KW", "stride_wn"))
+    cfg = default_config(6144, 4096, 132)
+    consts = dict(HAS_BIAS=False, BF16=True, HEAD_DIM=128, PAGE=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  PREFETCH=cfg.prefetch, EVEN_K=True)  # fmt: skip
+    for cache in ("bf16", "fp8e4nv"):
+        ptrs = pointers | {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64",
+                           "q_out_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}"}  # fmt: skip
+        for tag, extra in (("", {}), (" pdl", dict(PDL=True))):
+            out[f"fp8_row_gemv rope {cache}{tag}"] = _compile_for_hopper(
+                fn, ptrs, dict(consts, FP8_CACHE=cache != "bf16", **extra), aligned, num_warps=cfg.num_warps,
+                num_stages=1)  # fmt: skip
+    return out
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_fp8_row_gemv_compiles_for_hopper(tmp_path):
+    """The one-row fp8 GEMV (this file run as a script with `fp8row`): the e4m3 pairs by the hardware cvt (inline
+    PTX), FMA only, 16-byte weight loads straight to registers (no cp.async, no byte reads from shared memory);
+    by PDL one wait and one trigger, the first tiles loaded before the wait (both trigger positions)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, __file__, "fp8row"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, r in result.items():
+        assert r["cubin_bytes"] > 0 and r["e4m3_cvt"] and not r["mma"] and r["byte_smem_reads"] == 0, name
+        assert r["loads16"] >= (8 if "gated" in name else 4), name  # 2 tiles (x2 gated) of 16-byte words a thread
+        pdl = "pdl" in name
+        assert (r["gdc_wait"], r["gdc_launch"]) == ((1, 1) if pdl else (0, 0)), name
+        assert not pdl or r["loads_before_wait"] >= (8 if "gated" in name else 4), name
+
+
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
 def test_fp8_kernels_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -446,5 +500,5 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 if __name__ == "__main__":
     # `gated` / `rope`: one fused batch-1 kernel alone (quick; e.g. under the H200's Triton 3.6 put first on
     # PYTHONPATH, bench/sass_loop.py's docstring)
-    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope}
+    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv}
     print(json.dumps(modes.get(" ".join(sys.argv[1:]), _compile_all)()))

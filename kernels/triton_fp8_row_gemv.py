@@ -1,0 +1,659 @@
+"""The one-row W8A16 GEMV in Triton, register-pipelined: `x @ (w_fp8 * w_scale)^T (+ bias)` for one `x` row.
+
+Same contract as `fp8_linear.fp8_weight_only_linear_ref` at one row (bf16/fp16 activations read as they are, a
+float8_e4m3fn weight `[N, K]` with one fp32 scale per output feature, fp32 sums); optionally the gated form
+(`silu(x @ gate^T) * (x @ up^T)` from the merged `[2N, K]` gate/up weight, as `triton_gated_gemv.py`), so that the
+fp8 MLP needs no SiLU launch either; and the qkv form with `triton_gemv_rope.py`'s epilogue (`fp8_row_gemv_rope`: the
+rotary embedding and the K/V cache write done by the GEMV's programs, no `rotary_and_write_kv` launch).
+
+Why a second fp8 GEMV beside `triton_gemv.fp8_gemv` (which stays the path for 2..16 rows and the default): at
+batch 1 on the H200 that kernel streams the fp8 weight at 2.2-3.4 TB/s where the bf16 GEMV of the same tiles
+reaches ~4 TB/s, and its main loop explains it (Triton 3.6, sm_90, `bench/sass_loop.py`): the 3-D accumulator's
+layout reads every weight byte back from the cp.async pipeline's shared memory by its own `LDS` (71 `LDS` and 36
+`LEA` a step), so the qkv tile's step costs 318 instructions for 64 weight bytes a thread (~5 a byte) against the
+bf16 loop's ~1.9. Here (`_row_sums`; 203 instructions for the same 64 bytes, 3.2 a byte, no spills, under 3.6):
+
+- The weight is read as int32 words (4 e4m3 bytes, K positions 4j..4j+3) in 16-byte loads straight to registers
+  (`num_stages=1`: no cp.async, no shared memory) and each word converted by inline PTX (two `cvt.rn.f16x2.e4m3x2`,
+  four `cvt.f32.f16`; SASS `F2FP` on the register halves, `HADD2.F32`). A loop-carried e4m3 tile would be unpacked
+  by Triton 3.6 one register a byte (207 registers, 248 `PRMT` a step). The activation row is read as int64 words
+  (four bf16/fp16 each) and split by shifts.
+- A 2-D fp32 accumulator `[BLOCK_N, BLOCK_K / 4]` in the load layout: each step adds the word's four products in
+  K order; the lanes are summed once after the loop. The floor per weight byte is the conversion (1.5
+  instructions) and one `FFMA`; what is left above it is the activation words' layout change (Triton lays the 1-D
+  load out apart from the tile's slice: one shared-memory round trip and 2 barriers a step) and their split.
+- Latency is hidden by software pipelining in registers: PREFETCH + 1 buffers of weight tiles (and of the
+  activation words) with the loop unrolled by as many steps, so the next PREFETCH tiles are in flight while a
+  step's FMAs run and no register is copied; the scales and bias are loaded before the loop.
+- Programmatic dependent launch (`kernels/pdl.py`, the one-row chain): the first PREFETCH tiles (and the scales)
+  are exactly the loads before the loop, so under PDL they are issued before `griddepcontrol.wait` without a
+  peeled copy of the loop step (the PDL variant of `triton_gemv` adds ~360 instructions a program, 10 % of a qkv
+  program, which a loop that close to its issue limit may pay for: session 10 measured the fp8 GEMV slower by PDL,
+  3.099 -> 3.263 ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel
+  of main), 1 after the K loop (dependents launch during this kernel's epilogue, not while its last wave streams).
+
+Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once to the activation dtype, as
+`fp8_gemv`; the gated form then rounds as `F.linear` + the SiLU kernel (`triton_gated_gemv.py`'s rounding points).
+The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
+differ from it in the last bits, not from the reference beyond fp32 rounding.
+
+Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, default off until measured on the H200). Launch knobs per
+call (`default_config`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
+every call, `bn=16,bk=512,w=4,p=2,t=0,d=1`, any subset, d=0 a plain launch even in the PDL chain, and/or per weight
+shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`); `bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to
+the engine this way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
+from flotilla.kernels.paged_attention import write_kv_cache_ref
+from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.rotary import apply_rotary_ref
+from flotilla.kernels.triton_kv_write import is_fp8, to_cache
+from flotilla.kernels.triton_utils import INTERPRETING, device_sms
+
+# weight bytes a thread loads a K step at the default rows (one 16-byte word load each of 4 rows at 16 x 512)
+_STEP_BYTES = 64
+_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowGemvConfig:
+    """Tile and launch knobs of one launch."""
+
+    block_n: int  # output features per program (gated: gate rows, and as many up rows)
+    block_k: int  # K elements (weight bytes of a row) per loop step
+    num_warps: int
+    prefetch: int  # weight tiles in flight ahead of the step that uses them (1..3)
+    trigger: int  # PDL only: launch_dependents at the top (0) or after the K loop (1)
+    use_pdl: int  # 1: launched by PDL where the one-row chain is (`pdl_active`); 0: a plain launch even there
+
+    def spec(self) -> str:
+        """The `bn=..,bk=..,w=..,p=..,t=..` form `parse_config` reads."""
+        return (f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger},"
+                f"d={self.use_pdl}")
+
+
+def parse_config(knobs: str) -> dict[str, int]:
+    """`"bn=16,bk=512,w=4,p=2,t=0,d=1"` (any subset) as `default_config` keywords; a ValueError for unknown
+    knobs."""
+    out = {}
+    for item in (i.strip() for i in knobs.split(",") if i.strip()):
+        name, _, value = item.partition("=")
+        if name.strip() not in _KNOBS or not value.strip().isdigit():
+            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=, d=)")
+        out[_KNOBS[name.strip()]] = int(value)
+    return out
+
+
+def parse_configs(text: str) -> dict[tuple[int, int] | None, dict[str, int]]:
+    """FLOTILLA_FP8_ROW_GEMV_CONFIG: knobs for every call (`"bn=8,p=3"`, key None) or per weight shape, `;`-separated
+    `ROWSxK:knobs` entries (`"6144x4096:bn=16;28672x4096:bn=8,p=3"`; ROWS counts the weight's rows: the gated form's
+    gate and up halves together), a shape's entry over the global one."""
+    out: dict[tuple[int, int] | None, dict[str, int]] = {}
+    for entry in (e.strip() for e in text.split(";") if e.strip()):
+        shape, sep, knobs = entry.rpartition(":")
+        if not sep:
+            out[None] = parse_config(knobs)
+            continue
+        rows, _, k = shape.strip().partition("x")
+        if not (rows.strip().isdigit() and k.strip().isdigit()):
+            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad shape {shape!r} (expected ROWSxK, e.g. 6144x4096)")
+        out[(int(rows), int(k))] = parse_config(knobs)
+    return out
+
+
+ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
+
+
+def env_knobs(rows: int, k: int) -> dict[str, int]:
+    """FLOTILLA_FP8_ROW_GEMV_CONFIG's knobs for a `[rows, k]` weight (its global knobs, then its shape's)."""
+    return ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
+
+
+def default_config(
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    gated: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    prefetch: int | None = None,
+    trigger: int | None = None,
+    use_pdl: int | None = None,
+) -> RowGemvConfig:
+    """The configuration for `n` outputs (gated: from a `[2n, k]` weight) over `k`; given knobs are kept.
+
+    A lead, unmeasured (bench/results/fp8g15-gpu.sh sweeps it): 512-wide K steps (one 16-byte load a row a thread
+    across a warp); as many rows as give a thread 64 weight bytes a step (16 at 4 warps; 8 + 8 gated), then fewer
+    (down to 4) while there are fewer than 2 programs per SM; tiles in flight for ~64-96 bytes a thread: 2 tiles
+    of 64 bytes, 3 of 32 (Llama's o_proj and down at 8 rows: 512 programs, ~4 an SM; with 2 tiles only ~32 KB an SM
+    would be in flight, under the ~30-40 KB the H200's bandwidth x latency asks for)."""
+    num_warps = num_warps or 4
+    block_k = block_k or min(512, max(16, triton.next_power_of_2(k)))
+    trigger = 0 if trigger is None else trigger
+    use_pdl = 1 if use_pdl is None else use_pdl
+    halves = 2 if gated else 1
+    if block_n is None:
+        block_n = max(4, min(_STEP_BYTES * 32 * num_warps // (halves * block_k), triton.next_power_of_2(max(n, 1))))
+        while triton.cdiv(n, block_n) < 2 * num_sms and block_n > 4:
+            block_n //= 2
+    if prefetch is None:
+        prefetch = 3 if halves * block_n * block_k <= 32 * 32 * num_warps else 2
+    assert 1 <= prefetch <= 3 and trigger in (0, 1) and use_pdl in (0, 1)
+    return RowGemvConfig(block_n, block_k, num_warps, prefetch, trigger, use_pdl)
+
+
+# Four e4m3 bytes (one 32-bit word: K positions 4j..4j+3, little-endian) to four fp32, exactly: the hardware's
+# two-at-a-time conversion to f16x2 (`cvt.rn.f16x2.e4m3x2`: upper byte -> upper half), then f16 -> f32 per value.
+_E4M3X4_TO_F32X4 = tl.constexpr("""{
+.reg .b16 lo, hi, a0, a1, a2, a3;
+.reg .b32 h01, h23;
+mov.b32 {lo, hi}, $4;
+cvt.rn.f16x2.e4m3x2 h01, lo;
+cvt.rn.f16x2.e4m3x2 h23, hi;
+mov.b32 {a0, a1}, h01;
+mov.b32 {a2, a3}, h23;
+cvt.f32.f16 $0, a0;
+cvt.f32.f16 $1, a1;
+cvt.f32.f16 $2, a2;
+cvt.f32.f16 $3, a3;
+}""")
+
+
+@triton.jit
+def _tile(ptrs, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """One `[BLOCK_N, BLOCK_K / 4]` tile of weight words (4 e4m3 bytes each) at word offset `j0` (`js`: the tile's
+    word lanes). EVEN_K (whole tiles): no mask; a tile past the row's KW words (the window running ahead of the
+    last steps) re-reads the last tile instead (an L1/L2 hit, never used). Else masked: zero past KW."""
+    if EVEN_K:
+        return tl.load(ptrs + tl.minimum(j0, KW - WORDS))
+    else:
+        return tl.load(ptrs + j0, mask=((j0 + js) < KW)[None, :], other=0)
+
+
+@triton.jit
+def _tiles(g_ptrs, u_ptrs, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr):
+    """The gate tile at `j0` and, GATED, the up tile (else the gate tile again: a dead value, never loaded)."""
+    g = _tile(g_ptrs, js, j0, KW, WORDS, EVEN_K)
+    u = g
+    if GATED:
+        u = _tile(u_ptrs, js, j0, KW, WORDS, EVEN_K)
+    return g, u
+
+
+@triton.jit
+def _e4m3_byte(word, SHIFT: tl.constexpr):
+    """The e4m3 byte at bit SHIFT of each int32 `word` as its exact fp32 value, in integer and float ops (the
+    interpreter's path; the compiled kernel uses `_E4M3X4_TO_F32X4`). Weights are finite (no NaN code)."""
+    b = (word >> SHIFT) & 0xFF
+    e = (b >> 3) & 0xF
+    m = b & 0x7
+    normal = ((e + 120) << 23 | (m << 20)).to(tl.float32, bitcast=True)  # 1.mmm x 2^(e - 7)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormals: m x 2^-9
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _weights_f32(word, ASM: tl.constexpr):
+    """The four fp32 weights of each weight word (K positions 4j, 4j+1, 4j+2, 4j+3)."""
+    if ASM:
+        w0, w1, w2, w3 = tl.inline_asm_elementwise(_E4M3X4_TO_F32X4, "=r,=r,=r,=r,r", [word],
+                                                   dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                                   is_pure=True, pack=1)  # fmt: skip
+    else:
+        w0 = _e4m3_byte(word, 0)
+        w1 = _e4m3_byte(word, 8)
+        w2 = _e4m3_byte(word, 16)
+        w3 = _e4m3_byte(word, 24)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _act_f32(q, SHIFT: tl.constexpr, BF16: tl.constexpr):
+    """The 16-bit activation at bit SHIFT of each int64 `q` (four activations, K positions 4j..4j+3) as fp32
+    (bf16, else fp16)."""
+    h = (q >> SHIFT).to(tl.int32) & 0xFFFF
+    if BF16:  # bf16 -> fp32 is the 16 bits moved up
+        return (h << 16).to(tl.float32, bitcast=True)
+    else:
+        return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
+    """`acc` plus the four products of each weight word with its four activations (K order within the word)."""
+    w0, w1, w2, w3 = _weights_f32(word, ASM)
+    acc += w0 * a0
+    acc += w1 * a1
+    acc += w2 * a2
+    acc += w3 * a3
+    return acc
+
+
+@triton.jit
+def _xs(x_ptr, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activation words (int64, four activations each) of the step at word offset `j0`; clamped or masked past
+    KW as `_tile` (a step past K is skipped, its words never used)."""
+    if EVEN_K:
+        q = tl.load(x_ptr + tl.minimum(j0, KW - WORDS) + js)
+    else:
+        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)
+    return q
+
+
+@triton.jit
+def _step(acc_g, acc_u, wg, wu, q, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr):
+    """One K step: the weight tiles `wg` (and `wu`) times the step's activation words `q`."""
+    q = q[None, :]
+    a0 = _act_f32(q, 0, BF16)
+    a1 = _act_f32(q, 16, BF16)
+    a2 = _act_f32(q, 32, BF16)
+    a3 = _act_f32(q, 48, BF16)
+    acc_g = _fma_words(acc_g, wg, a0, a1, a2, a3, ASM)
+    if GATED:
+        acc_u = _fma_words(acc_u, wu, a0, a1, a2, a3, ASM)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+              PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
+    """The fp32 sums over K of weight rows `rows` (`[BLOCK_N]` int64, all < N) with the activation row: `[BLOCK_N]`
+    gate sums and (GATED) the up rows' `rows + N` sums (else the gate sums again). The PDL wait (and a trigger)
+    happen inside, after the first tiles' loads; `_fp8_row_gemv_kernel`'s docstring says how the loop is built."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    js = tl.arange(0, WORDS)
+    g_ptrs = w_ptr + rows[:, None] * stride_wn + js[None, :]
+    u_ptrs = w_ptr + (rows + N)[:, None] * stride_wn + js[None, :]  # gated only
+    acc_g = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    # The first PREFETCH tiles, issued before anything reads an activation: under PDL, before the wait (weights are
+    # never written by a kernel of the step), so the stream starts while the kernel ahead still runs.
+    g0, u0 = _tiles(g_ptrs, u_ptrs, js, 0, KW, WORDS, EVEN_K, GATED)
+    g1 = g0
+    u1 = u0
+    g2 = g0
+    u2 = u0
+    if PREFETCH > 1:
+        g1, u1 = _tiles(g_ptrs, u_ptrs, js, WORDS, KW, WORDS, EVEN_K, GATED)
+    if PREFETCH > 2:
+        g2, u2 = _tiles(g_ptrs, u_ptrs, js, 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+    if PDL and PDL_GDC:  # PDL_GDC False only in the interpreter's test (no griddepcontrol there)
+        if TRIGGER == 0:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    # the activation words of the same steps (after the wait: x is the kernel ahead's output), carried alongside
+    q0 = _xs(x_ptr, js, 0, KW, WORDS, EVEN_K)
+    q1 = q0
+    q2 = q0
+    if PREFETCH > 1:
+        q1 = _xs(x_ptr, js, WORDS, KW, WORDS, EVEN_K)
+    if PREFETCH > 2:
+        q2 = _xs(x_ptr, js, 2 * WORDS, KW, WORDS, EVEN_K)
+    # num_stages=1: the pipelining is the register buffers, not cp.async stages in shared memory
+    if PREFETCH == 1:
+        for j0 in tl.range(0, KW, 2 * WORDS, num_stages=1):
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + WORDS, KW, WORDS, EVEN_K, GATED)
+            q1 = _xs(x_ptr, js, j0 + WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+    elif PREFETCH == 2:
+        for j0 in tl.range(0, KW, 3 * WORDS, num_stages=1):
+            g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q2 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q1 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + 2 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
+    else:
+        for j0 in tl.range(0, KW, 4 * WORDS, num_stages=1):
+            g3, u3 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q3 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q0 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+            g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q1 = _xs(x_ptr, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + 2 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
+            g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, GATED)
+            q2 = _xs(x_ptr, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K)
+            if j0 + 3 * WORDS < KW:
+                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, q3, GATED, BF16, ASM)
+    if PDL and PDL_GDC and TRIGGER == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+    gate = tl.sum(acc_g, 1)
+    up = gate
+    if GATED:
+        up = tl.sum(acc_u, 1)
+    return gate, up
+
+
+@triton.jit
+def _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """The rows' scales and biases (fp32; zero without a bias), and the up rows' (`rows + N`; GATED only, else the
+    gate rows' again)."""
+    scale_g = tl.load(scale_ptr + rows)
+    bias_g = tl.zeros_like(scale_g)
+    if HAS_BIAS:
+        bias_g = tl.load(bias_ptr + rows).to(tl.float32)
+    scale_u = scale_g
+    bias_u = bias_g
+    if GATED:
+        scale_u = tl.load(scale_ptr + N + rows)
+        if HAS_BIAS:
+            bias_u = tl.load(bias_ptr + N + rows).to(tl.float32)
+    return scale_g, bias_g, scale_u, bias_u
+
+
+@triton.jit
+def _fp8_row_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    KW,
+    stride_wn,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ASM: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+    PDL_GDC: tl.constexpr = True,
+    TRIGGER: tl.constexpr = 0,
+):
+    """One program: outputs `cols` (of N) from weight rows `cols` (and, gated, the up rows `N + cols`).
+
+    `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
+    `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
+    are one 16-byte load kept packed in 4 registers across the loop (a loop-carried fp8 tile is unpacked into one
+    register a byte: 200+ registers and ~4 byte moves a byte under Triton 3.6), and its 16 activations two.
+
+    Pipelining: PREFETCH + 1 register buffers of tiles and the loop unrolled by as many steps, so that while a
+    step's FMAs run the next PREFETCH tiles are in flight and no tile is copied between registers (a rotating
+    window would cost a move a register a step); a step past the last tile is skipped (a uniform branch)."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
+    # The epilogue's parameters first (weights, never a kernel's output: before the PDL wait too), so that their
+    # latency hides under the K loop instead of following it in every program.
+    scale_g, bias_g, scale_u, bias_u = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, GATED)
+    gate, up = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
+                         PDL, PDL_GDC, TRIGGER)  # fmt: skip
+    out_ty = out_ptr.dtype.element_ty
+    gate = gate * scale_g
+    if HAS_BIAS:
+        gate += bias_g
+    if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
+        up = up * scale_u
+        if HAS_BIAS:
+            up += bias_u
+        g = gate.to(out_ty).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
+        res = act * up.to(out_ty).to(tl.float32)
+    else:
+        res = gate
+    tl.store(out_ptr + cols, res.to(out_ty), mask=col_ok)
+
+
+@triton.jit
+def _fp8_row_gemv_rope_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    slot_mapping_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    N,
+    KW,
+    stride_wn,
+    stride_cs,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    num_q_heads,
+    num_kv_heads,
+    inv_k_scale,
+    inv_v_scale,
+    HAS_BIAS: tl.constexpr,
+    BF16: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ASM: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+    PDL_GDC: tl.constexpr = True,
+    TRIGGER: tl.constexpr = 0,
+):
+    """The qkv projection's program with `triton_gemv_rope.py`'s epilogue: rows are BLOCK_N / 2 features of one
+    head's first half and the same features D/2 further on (every pair the program rotates), the sums are
+    `_row_sums`' (the plain kernel's), rounded to the activation dtype, rotated (q, k) and stored: q into `q_out`,
+    k and v into the caches at `slot_mapping[0]` (-1: nothing written; an fp8 cache stores K / k_scale, V / v_scale)."""
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pid = tl.program_id(0)
+    head = pid // (HALF // PAIRS)
+    first = (pid % (HALF // PAIRS)) * PAIRS  # the program's first pair index within the head
+    r = tl.arange(0, BLOCK_N)
+    rows = (head * HEAD_DIM + first + (r % PAIRS) + (r // PAIRS) * HALF).to(tl.int64)  # all < N (whole heads)
+    scale, bias, _, _ = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, False)  # before the loop (and wait)
+    res, _ = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, False, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
+                       PDL, PDL_GDC, TRIGGER)  # fmt: skip
+    res = res * scale
+    if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
+        res += bias
+    act = q_out_ptr.dtype.element_ty
+    y = res.to(act).to(tl.float32)  # what the plain GEMV stores and the rotary kernel loads
+    y1, y2 = tl.split(tl.trans(tl.reshape(y, [2, PAIRS])))  # the pairs' first and second halves, [PAIRS] each
+    i = first + tl.arange(0, PAIRS)  # the pairs' index within the head's half
+    pos = tl.load(positions_ptr).to(tl.int64)
+    cs_row = cos_sin_ptr + pos * stride_cs + i
+    cos = tl.load(cs_row).to(act).to(tl.float32)
+    sin = tl.load(cs_row + HALF).to(act).to(tl.float32)
+    if head < num_q_heads:
+        q_dst = q_out_ptr + head * HEAD_DIM + i
+        tl.store(q_dst, (y1 * cos - y2 * sin).to(act))
+        tl.store(q_dst + HALF, (y2 * cos + y1 * sin).to(act))
+    else:
+        slot = tl.load(slot_mapping_ptr).to(tl.int64)
+        if slot >= 0:
+            block, offset = slot // PAGE, slot % PAGE
+            kv_head = head - num_q_heads
+            if kv_head < num_kv_heads:  # a key head: rotated, rounded to the activation dtype, then stored
+                k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_head * stride_kch + i
+                tl.store(k_dst, to_cache((y1 * cos - y2 * sin).to(act), inv_k_scale, k_cache_ptr.dtype.element_ty,
+                                         FP8_CACHE))  # fmt: skip
+                tl.store(k_dst + HALF, to_cache((y2 * cos + y1 * sin).to(act), inv_k_scale,
+                                                k_cache_ptr.dtype.element_ty, FP8_CACHE))  # fmt: skip
+            else:  # a value head: stored as the GEMV rounded it
+                v_head = kv_head - num_kv_heads
+                v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + v_head * stride_vch + i
+                tl.store(v_dst, to_cache(y1.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8_CACHE))
+                tl.store(v_dst + HALF, to_cache(y2.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8_CACHE))
+
+
+def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+              *, gated: bool = False) -> bool:  # fmt: skip
+    """Whether `fp8_row_gemv` takes these operands: one row of bf16/fp16 activations, contiguous, 8-byte aligned;
+    an e4m3 weight `[N, K]` (gated: an even N) with contiguous rows, K and the row stride multiples of 4 and a
+    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales; a contiguous bias
+    of N values in x's dtype."""
+    if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
+            and w_fp8.dim() == 2 and w_fp8.dtype == torch.float8_e4m3fn and w_fp8.shape[1] == x.shape[1]
+            and w_fp8.stride(-1) == 1):  # fmt: skip
+        return False
+    n, k = w_fp8.shape
+    if (gated and n % 2) or k == 0 or k % 4 or w_fp8.stride(0) % 4 or w_fp8.data_ptr() % 4 or x.data_ptr() % 8:
+        return False
+    return (w_scale.dtype == torch.float32 and w_scale.numel() == n and w_scale.is_contiguous()
+            and (bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)))  # fmt: skip
+
+
+def fp8_row_gemv(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
+    pdl: bool | None = None,
+    pdl_gdc: bool = True,
+    **knobs: int,
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * w_scale)^T (+ bias)` `[1, N]` for one row `x` `[1, K]` (where `supported`); `gated`:
+    `silu(gate) * up` `[1, N / 2]` of the merged gate/up weight's two halves.
+
+    `knobs` (block_n, block_k, num_warps, prefetch, trigger, use_pdl) override FLOTILLA_FP8_ROW_GEMV_CONFIG's
+    (`env_knobs`), which override `default_config`. `pdl`: launched by programmatic dependent launch (default:
+    `pdl_active`, the one-row chain on sm_90+, unless the config says use_pdl=0); `pdl_gdc=False` (tests only)
+    keeps the PDL code path without the griddepcontrol instructions, so that the interpreter can run it."""
+    assert supported(x, w_fp8, w_scale, bias, gated=gated), (
+        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}")
+    n_w, k = w_fp8.shape
+    n = n_w // 2 if gated else n_w
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k) | knobs))
+    assert cfg.block_k % 4 == 0
+    extra: dict[str, bool | int] = {}
+    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
+        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
+    words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
+    even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads
+    _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
+        HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=even_k, ASM=not INTERPRETING, num_warps=cfg.num_warps,
+        num_stages=1, **extra,
+    )  # fmt: skip
+    return out
+
+
+def fp8_row_gemv_rope_ref(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """The unfused pair in PyTorch: the W8A16 projection rounded to x's dtype, split into q/k/v heads, q and k
+    rotated, k and v stored at `slot_mapping`; returns the rotated query `[T, H, D]`."""
+    head_dim = cos_sin_cache.shape[-1]
+    qkv = fp8_weight_only_linear_ref(x, w_fp8, w_scale, bias)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k = apply_rotary_ref(positions, q.reshape(-1, num_heads, head_dim), k.reshape(-1, num_kv_heads, head_dim),
+                            cos_sin_cache)  # fmt: skip
+    write_kv_cache_ref(k, v.reshape(-1, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return q
+
+
+def fuses_rope(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+               head_dim: int) -> bool:  # fmt: skip
+    """Whether `fp8_row_gemv_rope` takes this qkv projection: operands `supported` takes, whole heads, and a
+    configuration (the plain kernel's for this shape) whose tile holds whole rotation pairs of one head."""
+    if not (supported(x, w_fp8, w_scale, bias) and head_dim % 2 == 0 and w_fp8.shape[0] % head_dim == 0):
+        return False
+    n, k = w_fp8.shape
+    cfg = default_config(n, k, device_sms(x), gated=False, **env_knobs(n, k))
+    return 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0
+
+
+def fp8_row_gemv_rope(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    *,
+    pdl: bool | None = None,
+    pdl_gdc: bool = True,
+    **knobs: int,
+) -> torch.Tensor:
+    """`fp8_row_gemv_rope_ref` in one launch for one row `x` `[1, K]` (where `fuses_rope`): returns the rotated
+    query `[1, H, D]` (new); the rotated key and the value land in the `[blocks, page, Hkv, D]` caches. Knobs and
+    `pdl` as `fp8_row_gemv` (the same configuration as the plain kernel's for this weight shape)."""
+    head_dim = cos_sin_cache.shape[-1]
+    n, k = w_fp8.shape
+    assert fuses_rope(x, w_fp8, w_scale, bias, head_dim), "fp8_row_gemv_rope needs fuses_rope()"
+    assert n == (num_heads + 2 * num_kv_heads) * head_dim and cos_sin_cache.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape[2:] == (num_kv_heads, head_dim)
+    q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k) | knobs))
+    assert 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0, f"tile {cfg.block_n} vs heads"
+    extra: dict[str, bool | int] = {}
+    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
+        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
+    words = w_fp8.view(torch.int32)
+    _fp8_row_gemv_rope_kernel[(n // cfg.block_n,)](
+        x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, positions, cos_sin_cache,
+        slot_mapping, q_out, k_cache, v_cache, n, k // 4, words.stride(0), cos_sin_cache.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), num_heads, num_kv_heads, 1.0 / k_scale, 1.0 / v_scale,
+        HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
+        FP8_CACHE=is_fp8(k_cache), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch,
+        EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING, num_warps=cfg.num_warps, num_stages=1,
+        **extra,
+    )  # fmt: skip
+    return q_out
+
+
+__all__ = ["ENV_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "fp8_row_gemv_rope",
+           "fp8_row_gemv_rope_ref", "fuses_rope", "parse_config", "parse_configs", "supported"]
