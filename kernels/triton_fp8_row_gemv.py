@@ -37,8 +37,8 @@ Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once
 The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
 differ from it in the last bits, not from the reference beyond fp32 rounding.
 
-Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, default off until measured on the H200). Launch knobs per
-call (`default_config`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
+Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, on by default since session 16's measurement; 0 turns it
+off). Launch knobs per call (`default_config`, then `MEASURED_CONFIGS`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
 every call, `bn=16,bk=512,w=4,p=2,t=0,d=1`, any subset, d=0 a plain launch even in the PDL chain, and/or per weight
 shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`); `bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to
 the engine this way.
@@ -112,11 +112,16 @@ def parse_configs(text: str) -> dict[tuple[int, int] | None, dict[str, int]]:
 
 
 ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
+# Per-shape winners of the micro sweep (bench/fp8_row_gemv.py) at Llama-3.1-8B's shapes, session 16 call 2 (an H100;
+# bench/results/gpu-2026-12-05-s16/call2/fp8g15): qkv 9.57 vs 10.46 us at the default, o_proj 7.45 vs 7.90, down
+# 21.61 vs 23.23; the gated gate_up form's default was within 0.4 us of its best. The environment's entries win.
+MEASURED_CONFIGS = parse_configs("6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024")
 
 
 def env_knobs(rows: int, k: int) -> dict[str, int]:
-    """FLOTILLA_FP8_ROW_GEMV_CONFIG's knobs for a `[rows, k]` weight (its global knobs, then its shape's)."""
-    return ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
+    """The knobs for a `[rows, k]` weight: the measured table's, then FLOTILLA_FP8_ROW_GEMV_CONFIG's global knobs,
+    then its shape's."""
+    return MEASURED_CONFIGS.get((rows, k), {}) | ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
 
 
 def default_config(
@@ -655,5 +660,5 @@ def fp8_row_gemv_rope(
     return q_out
 
 
-__all__ = ["ENV_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "fp8_row_gemv_rope",
+__all__ = ["ENV_CONFIGS", "MEASURED_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "fp8_row_gemv_rope",
            "fp8_row_gemv_rope_ref", "fuses_rope", "parse_config", "parse_configs", "supported"]

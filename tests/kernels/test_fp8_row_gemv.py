@@ -6,6 +6,8 @@ parser, and the dispatch seams (FLOTILLA_FP8_ROW_GEMV, off by default)."""
 from __future__ import annotations
 
 import pytest
+import os
+
 import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
@@ -163,7 +165,7 @@ class _FakeCuda(torch.Tensor):
 
 
 def test_dispatch_decisions(monkeypatch):
-    """`fp8_gated_gemv_takes` / `fp8_qkv_rope_takes`: never with FLOTILLA_FP8_ROW_GEMV off (the default); on, one
+    """`fp8_gated_gemv_takes` / `fp8_qkv_rope_takes`: never with FLOTILLA_FP8_ROW_GEMV=0; on (the default), one
     CUDA row of supported operands in a single-process engine; the rope form also needs FLOTILLA_QKV_ROPE and tiles
     holding whole pairs of a head."""
     from flotilla.kernels import triton_fp8_row_gemv as mod
@@ -171,6 +173,7 @@ def test_dispatch_decisions(monkeypatch):
     monkeypatch.setattr(mod, "device_sms", lambda t: 132)  # the fake CUDA tensor's SM count
     x, w8, scale, _ = _case(6 * 32, 64, torch.bfloat16, bias=False)
     fake = x.as_subclass(_FakeCuda)
+    monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", False)  # FLOTILLA_FP8_ROW_GEMV=0
     assert not dispatch.fp8_gated_gemv_takes(fake, w8, scale, None)
     assert not dispatch.fp8_qkv_rope_takes(fake, w8, scale, None, 32)
     monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", True)
@@ -193,10 +196,12 @@ def test_dispatch_decisions(monkeypatch):
 
 
 def test_dispatch_routes_one_row_only_where_switched_on(monkeypatch):
-    """FLOTILLA_FP8_ROW_GEMV is off by default; on, `fp8_weight_only_linear` sends a CUDA one-row call here (the
-    CPU keeps the reference: CI computes what the reference says), and `fp8_gated_gemv_takes` gates the fused MLP."""
-    assert dispatch.FP8_ROW_GEMV is False
+    """FLOTILLA_FP8_ROW_GEMV is on by default (unless the environment says 0); on, `fp8_weight_only_linear` sends a
+    CUDA one-row call here (the CPU keeps the reference: CI computes what the reference says), and
+    `fp8_gated_gemv_takes` gates the fused MLP."""
+    assert dispatch.FP8_ROW_GEMV is (os.environ.get("FLOTILLA_FP8_ROW_GEMV", "1") not in ("0", "false", "no", "off"))
     x, w8, scale, b = _case(16, 64, torch.bfloat16, bias=False)
+    monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", False)
     assert not dispatch.fp8_gated_gemv_takes(x, w8, scale, b)
     monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", True)
     # CPU tensors: the reference, whatever the switch says
