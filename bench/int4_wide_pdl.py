@@ -199,6 +199,8 @@ def main() -> None:
     p.add_argument("--sets", type=int, default=3, help="layers of weights rotated (112 MB each; L2 is 50-60 MB)")
     p.add_argument("--calls-per-set", type=int, default=8)
     p.add_argument("--warm-jobs", type=int, default=0, help="compile in this many processes first (0: inline)")
+    p.add_argument("--warm-only", action="store_true", help="only compile (Triton's disk cache), e.g. in the "
+                   "background while an engine that launches the same kernels starts")  # fmt: skip
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
@@ -206,8 +208,10 @@ def main() -> None:
     table = variants()
     names = [v for v in a.variants.split(",") if v]
     assert all(v in table for v in names), f"unknown variant in {names}; known: {list(table)}"
-    if a.warm_jobs:
-        prewarm([table[v] for v in names], a.warm_jobs)
+    if a.warm_jobs or a.warm_only:
+        prewarm([table[v] for v in names], max(1, a.warm_jobs))
+    if a.warm_only:
+        return
     ws = make_weights(a.sets)
     bw = {name: int4_bytes(n, k) for name, (n, k) in SHAPES.items()}
     result: dict = {"device": torch.cuda.get_device_name(), "command": " ".join(sys.argv), "bytes": bw, "rows": {}}
