@@ -15,8 +15,9 @@ decode graphs are captured again (`quant_gpu._recapture_decode`). Jobs, in order
 - `ab`: one request of 512 tokens prefilled once, then the variants in the order v1..vn vn..v1 (each phase: graphs
   captured again, 3 settling steps, `--steps` timed), mean ms a step per variant (both its phases);
 - `profile_<best>`: the fastest PDL variant's step, profiled with PDL on.
-Variant specs: `main` (plain), `top`/`late` (PDL, main's tiles), `top_w256`/`late_w256` (256 words a step), or
-`NAME=MODE@CONFIG` with a FLOTILLA_INT4_WIDE_PDL_CONFIG string. The JSON is rewritten after each job.
+Variant specs (`parse_variants`): `main` (plain), `rows` (plain, the [rows, words] tile: LAYOUT 1), `top`/`late`
+(PDL, main's tiles), `top_rows`, `top_rows_w256` (256 words a step), ..., or `NAME=MODE@CONFIG`. The JSON is
+rewritten after each job.
 """
 
 from __future__ import annotations
@@ -35,51 +36,51 @@ from pathlib import Path
 import torch
 from decode_steps import start_decoding, timed_steps
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PROJ_ORDER = ("qkv", "o", "gate_up", "down")
 GEMV_NAME = "_int4_gemv_wide_kernel"
 
 
-def w256_config() -> str:
-    """Main's measured tiles with 256 words a step, as a FLOTILLA_INT4_WIDE_PDL_CONFIG string."""
-    from flotilla.kernels.triton_int4_gemv_wide import wide_config
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    parts = []
-    for n, k in SHAPES.values():
-        c = wide_config(1, n, k, sms)
-        parts.append(f"{n}x{k}:block_n={c.block_n},block_w=256,split_k={c.split_k},num_warps={c.num_warps},"
-                     f"num_stages={c.num_stages}")  # fmt: skip
-    return ";".join(parts)
-
-
 def parse_variants(text: str) -> dict[str, tuple[str, str]]:
-    """`--variants` as name -> (mode, tile config string; "" = the plain table)."""
+    """`--variants` as name -> (mode, tile config string; "" = the tables as at start-up). A name is `main`, or
+    `_`-joined: an optional mode (`top`/`late`: PDL) and tile flags of bench/int4_wide_pdl.py's rules (`rows`, `w256`,
+    `s2x`), e.g. `rows` (plain, LAYOUT 1), `top_rows_w256`; or `NAME=MODE@CONFIG` (MODE 0/1/late, CONFIG in
+    FLOTILLA_INT4_GEMV_WIDE_CONFIG syntax)."""
+    from int4_wide_pdl import config_string
+
     out = {}
     for spec in (s for s in text.split(",") if s):
         name, _, rest = spec.partition("=")
         if rest:
             mode, _, config = rest.partition("@")
+            mode = {"0": "", "1": "top"}.get(mode, mode)
         elif name == "main":
             mode, config = "", ""
         else:
-            mode, _, tile = name.partition("_")
-            assert mode in ("top", "late") and tile in ("", "w256"), f"unknown variant {spec!r}"
-            config = w256_config() if tile == "w256" else ""
-        out[name] = ({"0": "", "1": "top"}.get(mode, mode), config)
-        assert out[name][0] in ("", "top", "late"), spec
+            head, _, tail = name.partition("_")
+            mode, tile = (head, tail) if head in ("top", "late") else ("", name)
+            config = config_string(tile) if tile else ""
+        assert mode in ("", "top", "late"), spec
+        out[name] = (mode, config)
     assert "main" in out, "--variants needs main (the baseline)"
     return out
 
 
+_START_TILES: dict = {}
+
+
 def set_variant(engine, mode: str, config: str, pdl_on: bool = True) -> float:
-    """Set the int4 GEMV's launch (and FLOTILLA_PDL) in-process and capture the batch-1 decode graphs again."""
+    """Set the int4 GEMV's launch (and FLOTILLA_PDL) in-process and capture the batch-1 decode graphs again: `config`
+    is the PDL table (`mode` set) or the plain table (no mode; "": the start-up table)."""
     from quant_gpu import _recapture_decode
 
     from flotilla.kernels import pdl, triton_int4_gemv, triton_int4_gemv_wide, triton_paged_decode
 
+    if not _START_TILES:
+        _START_TILES.update(triton_int4_gemv_wide._WIDE_TILES)
+    tiles = triton_int4_gemv._parse_tiles(config)
     triton_int4_gemv_wide.WIDE_PDL = mode
-    triton_int4_gemv_wide._PDL_TILES = triton_int4_gemv._parse_tiles(config)
+    triton_int4_gemv_wide._PDL_TILES = tiles if mode else {}
+    triton_int4_gemv_wide._WIDE_TILES = dict(_START_TILES) if mode or not config else tiles
     pdl.PDL_ENABLED = pdl_on
     triton_paged_decode.PDL_ENABLED = pdl_on  # imported by value there
     return _recapture_decode(engine, 1)
@@ -213,7 +214,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--json", required=True)
-    p.add_argument("--variants", default="main,top,late,top_w256,late_w256")
+    p.add_argument("--variants", default="main,rows,top,late,top_rows,late_rows,top_rows_w256")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument("--jobs", default="profile_pdl_off,profile_main,tokens,ab,profile_best")

@@ -7,7 +7,7 @@ Llama-3.1-8B's projections (qkv 4096->6144, o 4096->4096, gate_up 4096->28672, d
 int4 codes, group 128, bf16 activations; `--sets` layers' worth of weights (112 MB each) rotated so that every call
 streams its weight from HBM, as a decode step does. Each figure is a CUDA graph of many calls, median of replays.
 
-Three timings per variant (a launch: PDL mode "" / "top" / "late" and a tile):
+Three timings per variant (a launch: PDL mode "" / "top" / "late" and a tile rule, `variants()`):
 - `alone`: the projection's GEMV back to back (us per call, TB/s of int4 bytes). With PDL a call's first step loads
   while the call ahead finishes, so this is already a chain;
 - `after_norm`: pairs RMSNorm -> GEMV (the engine's RMSNorm kernel, itself launched by PDL under FLOTILLA_PDL), minus
@@ -38,29 +38,44 @@ DEV = "cuda"
 
 
 def variants() -> dict[str, tuple[str, str]]:
-    """name -> (PDL mode, tile rule). Tile rules: `measured` (main's MEASURED_TILES), `w256` (256 words a step: at
-    the measured split the qkv/o ranges are one step, so the preload is the whole range), `s2x` (split-K doubled:
-    twice the programs, twice the bytes preloaded)."""
-    out = {"main": ("", "measured"), "plain_w256": ("", "w256")}
-    for mode in ("top", "late"):
-        for tile in ("measured", "w256", "s2x"):
-            out[mode if tile == "measured" else f"{mode}_{tile}"] = (mode, tile)
-    return out
+    """name -> (PDL mode, tile rule), most telling first (a run cut by its limit keeps those). Tile rules, `_`-joined
+    flags on main's MEASURED_TILES launch (`measured`: none): `rows` the [rows, words] word tile and PTX scale loads
+    (LAYOUT 1: 449 instead of 735 sm_90 instructions a 16 x 128 step under Triton 3.6), `w256` 256 words a step (at
+    the measured split a qkv/o range is one step, so the PDL preload is the whole range), `s2x` split-K doubled."""
+    return {"main": ("", "measured"), "rows": ("", "rows"), "top": ("top", "measured"), "top_rows": ("top", "rows"),
+            "late": ("late", "measured"), "late_rows": ("late", "rows"), "top_rows_w256": ("top", "rows_w256"),
+            "late_rows_w256": ("late", "rows_w256"), "top_w256": ("top", "w256"), "plain_w256": ("", "w256"),
+            "top_s2x": ("top", "s2x")}  # fmt: skip
+
+
+KNOB_KEYS = ("block_n", "block_w", "split_k", "num_warps", "num_stages", "layout")
 
 
 def knobs(tile: str, n: int, k: int) -> dict:
-    """`int4_gemv_wide` knobs of a tile rule at one shape (main's measured launch, widened or split more)."""
+    """`int4_gemv_wide` knobs of a tile rule (`variants`) at one shape: main's measured launch, modified."""
     from flotilla.kernels.triton_int4_gemv_wide import wide_config
 
-    base = wide_config(1, n, k, torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
-                       else 132)  # fmt: skip
-    out = {"block_n": base.block_n, "block_w": base.block_w, "split_k": base.split_k, "num_warps": base.num_warps,
-           "num_stages": base.num_stages}  # fmt: skip
-    if tile == "w256":
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    base = wide_config(1, n, k, sms, layout=0)
+    out = {key: getattr(base, key) for key in KNOB_KEYS}
+    flags = set(tile.split("_")) - {"measured"}
+    assert flags <= {"rows", "w256", "s2x"}, tile
+    if "w256" in flags:
         out["block_w"] = 256
-    elif tile == "s2x":
+    if "s2x" in flags:
         out["split_k"] = 2 * base.split_k
+    if "rows" in flags:
+        out["layout"] = 1
     return out
+
+
+def config_string(tile: str) -> str:
+    """A tile rule at every Llama projection, in FLOTILLA_INT4_GEMV_WIDE_CONFIG syntax."""
+    parts = []
+    for n, k in SHAPES.values():
+        kn = knobs(tile, n, k)
+        parts.append(f"{n}x{k}:" + ",".join(f"{key}={kn[key]}" for key in KNOB_KEYS))
+    return ";".join(parts)
 
 
 def int4_bytes(n: int, k: int) -> int:
@@ -276,8 +291,7 @@ def _per_projection(rows: dict) -> str:
     parts = []
     for name, (n, k) in SHAPES.items():
         kn = rows[min(rows, key=lambda v: rows[v]["after_norm_us"][name])]["knobs"][name]
-        parts.append(f"{n}x{k}:" + ",".join(f"{key}={kn[key]}" for key in ("block_n", "block_w", "split_k",
-                                                                            "num_warps", "num_stages")))
+        parts.append(f"{n}x{k}:" + ",".join(f"{key}={kn[key]}" for key in KNOB_KEYS))
     return ";".join(parts)
 
 

@@ -81,6 +81,7 @@ class WideConfig:
     split_k: int  # word ranges (second grid axis)
     num_warps: int
     num_stages: int  # software-pipeline depth of the K loop (> 1: cp.async through shared memory)
+    layout: int = 0  # 0: main's [rows, chunks, 4] word tile; 1: [rows, words] and PTX scale loads (`_step_loads`)
 
 
 def wide_supported(m: int, k: int, group_size: int) -> bool:
@@ -100,6 +101,7 @@ def wide_config(
     num_warps: int | None = None,
     num_stages: int | None = None,
     pdl: bool = False,
+    layout: int | None = None,
 ) -> WideConfig:
     """The launch of an `[m, k] x [n, k]^T` call; given knobs (then FLOTILLA_INT4_GEMV_WIDE_CONFIG's) are kept.
     `pdl`: a PDL launch, whose knobs come from FLOTILLA_INT4_WIDE_PDL_CONFIG first (when set).
@@ -125,7 +127,8 @@ def wide_config(
         split_k = 1
         while tiles * split_k < 2 * num_sms and k // 8 >= 2 * split_k * 2 * block_w and split_k < 16:
             split_k *= 2
-    return WideConfig(block_n, block_w, split_k, num_warps, num_stages)
+    layout = layout if layout is not None else given.get("layout", 0)
+    return WideConfig(block_n, block_w, split_k, num_warps, num_stages, layout)
 
 
 @triton.jit
@@ -266,20 +269,54 @@ def _row_step(acc, w0, w1, w2, w3, s, zf, x8_ptrs, x_ok, HAS_ZEROS: tl.constexpr
 
 
 @triton.jit
+def _gather(ptrs, USE_ASM: tl.constexpr):
+    """An unmasked load of scales or zero points (every address valid) as PTX where compiled: an elementwise op, it
+    takes the layout of the values it is combined with (the words'). A `tl.load` tile of them gets a layout of its own,
+    and Triton 3.6 then moves the whole step to it (session 10's qgemv10-layout.diff: threads across rows)."""
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    if not USE_ASM:
+        v = tl.load(ptrs)
+    elif BITS == 8:
+        v = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16, is_pure=True,
+                                      pack=1).to(tl.uint8)  # fmt: skip
+    else:
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16, is_pure=True,
+                                      pack=1).to(ptrs.dtype.element_ty, bitcast=True)  # fmt: skip
+    return v
+
+
+@triton.jit
 def _step_loads(p_ptrs, s_ptrs, z_ptrs, w0, cs, col_ok, w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                EVEN: tl.constexpr):
-    """One step's weight reads (no activation): the `[BLOCK_N, C, 4]` words from word `w0` on (16 bytes a
-    thread), each chunk's scale as fp32, and its zero point over 16 (the scale as a stand-in when symmetric)."""
+                EVEN: tl.constexpr, LAYOUT: tl.constexpr = 0, USE_ASM: tl.constexpr = False):
+    """One step's weight reads (no activation): the words from word `w0` on (16 bytes a thread), each chunk's scale
+    as fp32, and its zero point over 16 (the scale as a stand-in when symmetric).
+    LAYOUT 0 (main): `p_ptrs` `[BLOCK_N, C, 4]`, scales by `tl.load`; under Triton 3.6 a warp's threads then lie
+    across rows and each thread does 4 chunks' activation work for one row (735 sm_90 instructions a 16 x 128 step).
+    LAYOUT 1: `p_ptrs` `[BLOCK_N, BLOCK_W]` (contiguous along the row: a thread's 16 bytes, the warp along the row),
+    split in registers by `_step_math`; scales and zero points by `_gather` (PTX) from rows clamped to N - 1 and
+    groups clamped to the range's last (every address valid, no mask; masked chunks multiply zeros)."""
     chunk = w0 + 4 * cs  # [C] each chunk's first word
     chunk_ok = chunk < w_end  # whole chunks: K is a multiple of 32
     tile_ok = col_ok[:, None] & chunk_ok[None, :]
-    words = _load(p_ptrs + w0, tile_ok[:, :, None], 0, EVEN)  # [BLOCK_N, C, 4] int32
     group = (chunk * 8) // GROUP  # a chunk's 32 inputs lie in one group
-    s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
-    if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
-        zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
+    if LAYOUT == 0:
+        words = _load(p_ptrs + w0, tile_ok[:, :, None], 0, EVEN)  # [BLOCK_N, C, 4] int32
+        s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
+            zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
+        else:
+            zf = s
     else:
-        zf = s
+        BLOCK_W: tl.constexpr = p_ptrs.shape[1]
+        ws = tl.arange(0, BLOCK_W)
+        w_ok = col_ok[:, None] & ((((w0 + ws) // 4) * 4) < w_end)[None, :]  # whole chunks: 16-byte masks
+        words = _load(p_ptrs + w0, w_ok, 0, EVEN)  # [BLOCK_N, BLOCK_W] int32
+        group = tl.minimum(group, ((w_end - 4) * 8) // GROUP)
+        s = _gather(s_ptrs + group[None, :], USE_ASM).to(tl.float32)
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
+            zf = _gather(z_ptrs + group[None, :], USE_ASM).to(tl.float32) * 0.0625
+        else:
+            zf = s
     return words, s, zf
 
 
@@ -291,8 +328,8 @@ def _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, strid
     chunk = w0 + 4 * cs
     chunk_ok = chunk < w_end
     # the chunk's 4 words apart (in-thread: the 4 are one thread's registers)
-    BLOCK_N: tl.constexpr = words.shape[0]
-    C: tl.constexpr = words.shape[1]
+    BLOCK_N: tl.constexpr = s.shape[0]
+    C: tl.constexpr = s.shape[1]  # `words` is [BLOCK_N, C, 4] or [BLOCK_N, 4 C]: the same order
     wa, wb = tl.split(tl.reshape(words, [BLOCK_N, C, 2, 2]))  # words 0/2 and 1/3
     wd0, wd2 = tl.split(wa)
     wd1, wd3 = tl.split(wb)
@@ -344,6 +381,7 @@ def _int4_gemv_wide_kernel(
     PDL: tl.constexpr = False,  # launched by PDL: the first step's weights loaded before the wait
     PDL_GDC: tl.constexpr = True,  # the griddepcontrol instructions (False: the interpreter's test of the peel)
     TRIGGER_LATE: tl.constexpr = 0,  # with PDL: let the dependents start at the top (0) or after the loop (1)
+    LAYOUT: tl.constexpr = 0,  # the word tile and scale loads (`_step_loads`): 0 main's, 1 [rows, words] + PTX scales
 ):
     C: tl.constexpr = BLOCK_W // 4  # 16-byte chunks of a row per step
     pid_n = tl.program_id(0)
@@ -355,9 +393,16 @@ def _int4_gemv_wide_kernel(
     cols64 = cols.to(tl.int64)
     w_start = split * words_per_split
     w_end = tl.minimum(w_start + words_per_split, KW)
-    p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + (4 * cs[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
-    s_ptrs = scales_ptr + cols64[:, None] * stride_sn
-    z_ptrs = zeros_ptr + cols64[:, None] * stride_zn
+    if LAYOUT == 0:
+        words4 = 4 * cs[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]
+        p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + words4[None, :, :]
+        s_ptrs = scales_ptr + cols64[:, None] * stride_sn
+        z_ptrs = zeros_ptr + cols64[:, None] * stride_zn
+    else:
+        p_ptrs = packed_ptr + cols64[:, None] * stride_pn + tl.arange(0, BLOCK_W)[None, :]
+        cols_in = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N read row N - 1's scales (unused): no masks
+        s_ptrs = scales_ptr + cols_in[:, None] * stride_sn
+        z_ptrs = zeros_ptr + cols_in[:, None] * stride_zn
     acc0 = tl.zeros([BLOCK_N, C], tl.float32)
     acc1 = tl.zeros([BLOCK_N, C], tl.float32)
     acc2 = tl.zeros([BLOCK_N, C], tl.float32)
@@ -367,7 +412,8 @@ def _int4_gemv_wide_kernel(
         # peeled so that its words and scales (weights: no kernel of the step writes them) are in flight before
         # the wait, while the kernel ahead (whose output is `x`) still runs. Same step function as the loop, same
         # order: bit-equal to the plain launch. Every store and every activation read comes after the wait.
-        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w_start, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN)
+        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w_start, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN, LAYOUT,
+                                   USE_ASM)  # fmt: skip
         if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
             if TRIGGER_LATE == 0:
                 tl.extra.cuda.gdc_launch_dependents()
@@ -379,7 +425,8 @@ def _int4_gemv_wide_kernel(
         w_loop = w_start
     for w0 in tl.range(w_loop, w_end, BLOCK_W, num_stages=NUM_STAGES):
         w0 = tl.multiple_of(w0, 4)
-        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w0, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN)
+        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w0, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN, LAYOUT,
+                                   USE_ASM)  # fmt: skip
         acc0, acc1, acc2, acc3 = _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, stride_xm,
                                             HAS_ZEROS, ROWS, X_KIND, USE_ASM, EVEN)  # fmt: skip
     if PDL and PDL_GDC and TRIGGER_LATE == 1:
@@ -413,6 +460,7 @@ def int4_gemv_wide(
     use_asm: bool | None = None,
     pdl: str | None = None,
     pdl_gdc: bool = True,
+    layout: int | None = None,
 ) -> torch.Tensor:
     """`x` `[..., K]` (1..MAX_ROWS rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s
     dtype; fp32 accumulation. `zeros` None: symmetric (zero point 8). Knobs default to `wide_config` (shapes
@@ -420,7 +468,8 @@ def int4_gemv_wide(
     `pdl`: "top" or "late" (when the dependents may start) launches by programmatic dependent launch with the
     first step's weights loaded before the wait, "" plainly; default: `WIDE_PDL` where `pdl_active(x)`.
     `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions, so that the
-    interpreter can run it."""
+    interpreter can run it. `layout` 1: the [rows, words] word tile and PTX scale loads (`_step_loads`; knob
+    `layout=1` of the tile tables); default the table's (0, main's)."""
     k = x.shape[-1]
     n = packed.shape[0]
     assert packed.shape[1] * 8 == k, f"packed {tuple(packed.shape)} does not match x's K = {k}"
@@ -441,7 +490,7 @@ def int4_gemv_wide(
         pdl = WIDE_PDL if WIDE_PDL and pdl_active(x) else ""
     assert pdl in ("", "top", "late"), pdl
     cfg = wide_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
-                      num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl))  # fmt: skip
+                      num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl), layout=layout)  # fmt: skip
     assert cfg.block_w % 4 == 0, cfg
     words = k // 8
     out2 = out.view(-1, n)
@@ -454,6 +503,7 @@ def int4_gemv_wide(
         BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
         USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
         EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_options(pdl, pdl_gdc),
+        **({"LAYOUT": cfg.layout} if cfg.layout else {}),
     )  # fmt: skip
     split.reduce(out2, bias is not None)
     return out

@@ -39,7 +39,6 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: boo
 # ragged rows (masked loads), split-K with a ragged last range of one step, zero points, four rows
 CASES = [
     (1, 40, 256, 128, torch.bfloat16, True, False, {"block_n": 16, "block_w": 32}),
-    (1, 32, 256, 128, torch.bfloat16, True, False, {"block_n": 16, "block_w": 32, "split_k": 1}),  # unmasked
     (1, 48, 512, 128, torch.float32, False, True, {"block_n": 16, "block_w": 64}),  # one step = the whole range
     (2, 40, 1024, 128, torch.float32, False, True, {"block_n": 16, "block_w": 16, "split_k": 3}),
     (1, 32, 1024, 128, torch.bfloat16, True, False, {"block_n": 16, "block_w": 32, "split_k": 2}),  # even, fixup
@@ -47,19 +46,34 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("trigger", ["top", "late"])
+@pytest.mark.parametrize("trigger,layout", [("top", 0), ("late", 1)])
 @pytest.mark.parametrize("m,n,k,group,dtype,symmetric,bias,knobs", CASES)
-def test_peeled_first_step_is_bit_equal(trigger, m, n, k, group, dtype, symmetric, bias, knobs):
+def test_peeled_first_step_is_bit_equal(trigger, layout, m, n, k, group, dtype, symmetric, bias, knobs):
     """The PDL variant loads the first step's words and scales before the wait and runs that step outside the loop
-    (the same step function, the same order): the plain launch's bits. Under the interpreter without the
-    griddepcontrol instructions (`pdl_gdc=False`); on a Hopper GPU with them, launched by PDL."""
+    (the same step function, the same order): the plain launch's bits, in either word layout. Under the interpreter
+    without the griddepcontrol instructions (`pdl_gdc=False`); on a Hopper GPU with them, launched by PDL."""
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
     args, ref = _case(m, n, k, group, dtype, symmetric, bias)
-    plain = int4_gemv_wide(*args, pdl="", **knobs)
-    peeled = int4_gemv_wide(*args, pdl=trigger, pdl_gdc=_hopper(), **knobs)
+    plain = int4_gemv_wide(*args, pdl="", layout=layout, **knobs)
+    peeled = int4_gemv_wide(*args, pdl=trigger, pdl_gdc=_hopper(), layout=layout, **knobs)
     assert torch.equal(peeled, plain)
     assert rel_err(peeled.cpu(), ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("m,n,k,group,dtype,symmetric,bias,knobs", CASES)
+def test_row_layout_matches_main_layout(m, n, k, group, dtype, symmetric, bias, knobs):
+    """LAYOUT 1 (the [rows, words] word tile, scales and zero points by PTX loads from clamped rows and groups) computes
+    main's sums: bit-equal under the interpreter (the same fp32 operations; its sums do not depend on a layout), on a
+    GPU within the reference tolerance (the final reduction over chunks may run in another order)."""
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+
+    args, ref = _case(m, n, k, group, dtype, symmetric, bias, seed=2)
+    main = int4_gemv_wide(*args, pdl="", **knobs)
+    rows = int4_gemv_wide(*args, pdl="", layout=1, **knobs)
+    assert rel_err(rows.cpu(), ref) < tolerance(dtype)
+    if DEVICE.type != "cuda":
+        assert torch.equal(rows, main)
 
 
 def test_switch_values_and_typo():
@@ -105,11 +119,13 @@ def test_pdl_launches_take_their_own_table(monkeypatch):
     parse = triton_int4_gemv._parse_tiles
     monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", parse("block_n=16,block_w=128,num_stages=1;"
                                                                      "4096x14336:block_n=16,split_k=4"))
-    monkeypatch.setattr(triton_int4_gemv_wide, "_PDL_TILES", parse("4096x4096:block_n=32,block_w=256,split_k=1"))
+    monkeypatch.setattr(triton_int4_gemv_wide, "_PDL_TILES",
+                        parse("4096x4096:block_n=32,block_w=256,split_k=1,layout=1"))  # fmt: skip
     pdl = wide_config(1, 4096, 4096, 132, pdl=True)
-    assert (pdl.block_n, pdl.block_w, pdl.split_k) == (32, 256, 1)
+    assert (pdl.block_n, pdl.block_w, pdl.split_k, pdl.layout) == (32, 256, 1, 1)
     plain = wide_config(1, 4096, 4096, 132)
-    assert (plain.block_n, plain.block_w) == (16, 128)
+    assert (plain.block_n, plain.block_w, plain.layout) == (16, 128, 0)
+    assert wide_config(1, 4096, 4096, 132, layout=1).layout == 1
     down = wide_config(1, 4096, 14336, 132, pdl=True)  # not in the PDL table: the plain table's entry
     assert (down.block_n, down.split_k) == (16, 4)
 
