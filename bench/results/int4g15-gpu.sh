@@ -1,7 +1,9 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 # int4g15 (issue 22's int4 floor: W4A16 decode bs1 ctx512 <= 0.45x bf16; main 3.438 ms = 0.765x): where the int4
-# batch-1 step's time goes, and the wide int4 GEMV launched by PDL with its first step's weights loaded before
-# griddepcontrol.wait (FLOTILLA_INT4_WIDE_PDL, default off). One H200 call, BUDGET_S (default 240 s). From the
+# batch-1 step's time goes, and two levers on the wide int4 GEMV, both default off: a launch by PDL with its first
+# step's weights loaded before griddepcontrol.wait (FLOTILLA_INT4_WIDE_PDL) and the [rows, words] word tile with PTX
+# scale loads (tile knob layout=1: 449 instead of 735 sm_90 instructions a step under Triton 3.6, the layout session
+# 10 found and never measured). One H200 call, BUDGET_S (default 240 s). From the
 # repository root (a `git archive` of branch int4g15), carrying .whl as the other scripts:
 #   OUT=... BUDGET_S=240 bash bench/results/int4g15-gpu.sh
 # Stages (STAGES="eng kern tests bf16 summary" by default; each under `timeout $(left N)`; JSON written as it goes):
@@ -10,10 +12,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #   eng    (150 s) bench/int4_step_ab.py: ONE W4A16 engine (/tmp/llama8b-w4a16 from w4a16-model.sh, ~55 s start-up):
 #          per-kernel profile of main's bs1 ctx512 step with FLOTILLA_PDL off (kernel times and the idle gaps between
 #          them; the int4 GEMVs per projection), the same with PDL on, greedy tokens per variant, then the step A/B
-#          main / top / late / top_w256 / late_w256 (order v1..v5 v5..v1, graphs recaptured per phase), and the
+#          main / rows / top / late / top_rows / late_rows / top_rows_w256 (order v1..v7 v7..v1, graphs recaptured
+#          per phase; rows = layout=1, top/late = FLOTILLA_INT4_WIDE_PDL=1/late, w256 = 256 words a step), and the
 #          best PDL variant's profile
 #   kern   (75 s, if >= 40 s left) bench/int4_wide_pdl.py: per projection alone / after RMSNorm, and the layer chain
-#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 7 launch variants; BEST_MODE / PDL_CONFIG lines
+#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 10 launch variants (most telling first: a cut run
+#          keeps them); BEST_MODE / PDL_CONFIG / PLAIN_CONFIG lines
 #   tests  (30 s, if >= 35 s left) the GPU tests of tests/kernels/test_int4_wide_pdl.py (PDL chain in a CUDA graph
 #          bit-equal to plain launches) and test_int4_gemv_wide.py
 #   bf16   (45 s, if >= 50 s left) the bf16 engine's bs1 ctx512 step (the ratio's denominator; else session 14's 4.395)
@@ -104,11 +108,12 @@ if ab:
     best = min(ab["ms_per_step"], key=ab["ms_per_step"].get)
     if best != "main":
         mode, config = step["variants"][best]
-        env = f"FLOTILLA_INT4_WIDE_PDL={'1' if mode == 'top' else mode}" + (f" FLOTILLA_INT4_WIDE_PDL_CONFIG='{config}'" if config else "")
+        var = "FLOTILLA_INT4_WIDE_PDL_CONFIG" if mode else "FLOTILLA_INT4_GEMV_WIDE_CONFIG"
+        env = (f"FLOTILLA_INT4_WIDE_PDL={'1' if mode == 'top' else mode} " if mode else "") + (f"{var}='{config}'" if config else "")
         print(f"  VERDICT engine: {best} saves {main - ab['ms_per_step'][best]:.3f} ms a step ({env}); "
               f"tokens equal: {tokens.get(best) == tokens.get('main') if tokens else 'n/a'}")
     else:
-        print("  VERDICT engine: no PDL variant beats main's plain launches")
+        print("  VERDICT engine: no variant beats main's launches")
 else:
     print("  engine A/B: not measured")
 if "rows" in kern:
@@ -116,7 +121,7 @@ if "rows" in kern:
     m = kern["rows"].get("main", {})
     print(f"  KERNEL chain (no attention): main layer {m.get('layer_us', float('nan')):.1f} us; best {b.get('variant')} "
           f"({b.get('layer_gain_us', float('nan')):+.1f} us a layer); best PDL {b.get('pdl_variant')} "
-          f"({b.get('pdl_layer_gain_us', float('nan')):+.1f}); PDL_CONFIG={b.get('config')}")
+          f"({b.get('pdl_layer_gain_us', float('nan')):+.1f}); PDL_CONFIG={b.get('config')}; PLAIN_CONFIG={b.get('plain_config')}")
     for proj in ("qkv", "o", "gate_up", "down"):
         cells = [f"{v} {r['alone_us'][proj]:.1f}/{r['after_norm_us'][proj]:.1f}" for v, r in kern["rows"].items()
                  if "alone_us" in r]

@@ -275,6 +275,9 @@ def _compile_int4() -> dict[str, dict[str, object]]:
         "int4_gemv_wide m1 pdl late": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs,
                                                           dict(wide_pdl, TRIGGER_LATE=1), aligned, num_warps=4,
                                                           num_stages=1),
+        # LAYOUT 1 (the [rows, words] word tile, PTX scale loads), by PDL
+        "int4_gemv_wide m1 rows pdl": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, dict(wide_pdl, LAYOUT=1),
+                                                          aligned, num_warps=4, num_stages=1),
         "int4_gemv_wide m1": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide, aligned, num_warps=4,
                                                  num_stages=3),
         "int4_gemv_wide m4": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide4, aligned, num_warps=4,
@@ -404,11 +407,14 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["int4_gemv_wide m1"]["bar_sync"] <= 4 and result["int4_gemv_wide m4"]["atomics"]
     # by PDL (FLOTILLA_INT4_WIDE_PDL): one wait, one trigger (before the wait, or after the loop with "late"), the
     # first step's 16-byte word loads (4 a thread at 16 x 128 words) and its scales before the wait
-    for name, before in (("int4_gemv_wide m1 pdl", 1), ("int4_gemv_wide m1 pdl late", 0)):
+    for name, before in (("int4_gemv_wide m1 pdl", 1), ("int4_gemv_wide m1 pdl late", 0),
+                         ("int4_gemv_wide m1 rows pdl", 1)):
         r = result[name]
         assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["launch_before_wait"] == before, (name, r)
         assert r["loads16_before_wait"] >= 4 and r["loads_before_wait"] > r["loads16_before_wait"], (name, r)
     assert result["int4_gemv_wide m1"]["gdc_wait"] == 0 and result["int4_gemv_wide m1"]["gdc_launch"] == 0
+    rows = result["int4_gemv_wide m1 rows pdl"]
+    assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"] and rows["bar_sync"] <= 4, rows
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):

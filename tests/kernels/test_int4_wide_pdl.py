@@ -142,14 +142,17 @@ def test_chain_by_pdl_in_a_graph_equals_plain(trigger):
 
     if not pdl.PDL_ENABLED:
         pytest.skip("FLOTILLA_PDL=0")
-    qkv, _ = _case(1, 6144, 4096, 128, torch.bfloat16, True, False, seed=1)
-    gate_up, _ = _case(1, 2 * 14336, 4096, 128, torch.bfloat16, True, False, seed=2)
-    down, _ = _case(1, 4096, 14336, 128, torch.bfloat16, True, False, seed=3)
+
+    def weight(n: int, k: int) -> tuple:  # random symmetric codes made on the GPU (no CPU reference: bits compared)
+        packed = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), device=DEVICE, dtype=torch.int64).to(torch.int32)
+        return (None, packed, (torch.rand(n, k // 128, device=DEVICE) * 0.004 + 0.001).bfloat16(), None, 128, None)
+
+    qkv, gate_up, down = weight(6144, 4096), weight(2 * 14336, 4096), weight(4096, 14336)
     hidden = torch.randn(1, 4096, device=DEVICE, dtype=torch.bfloat16)
     norm_w = torch.rand(4096, device=DEVICE, dtype=torch.bfloat16) + 0.5
 
     def chain(mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-        h = rms_norm(hidden, norm_w, 1e-5)
+        h = rms_norm(hidden, norm_w, 1e-5)[0]
         a = triton_int4_gemv_wide.int4_gemv_wide(h, *qkv[1:], pdl=mode)
         g = silu_and_mul(triton_int4_gemv_wide.int4_gemv_wide(h, *gate_up[1:], pdl=mode))
         return a, triton_int4_gemv_wide.int4_gemv_wide(g, *down[1:], pdl=mode)
