@@ -45,7 +45,7 @@ def variants() -> dict[str, tuple[str, str]]:
     return {"main": ("", "measured"), "rows": ("", "rows"), "top": ("top", "measured"), "top_rows": ("top", "rows"),
             "late": ("late", "measured"), "late_rows": ("late", "rows"), "top_rows_w256": ("top", "rows_w256"),
             "late_rows_w256": ("late", "rows_w256"), "top_w256": ("top", "w256"), "plain_w256": ("", "w256"),
-            "top_s2x": ("top", "s2x")}  # fmt: skip
+            "top_s2x": ("top", "s2x"), "rows_s2x": ("", "rows_s2x"), "top_rows_s2x": ("top", "rows_s2x")}  # fmt: skip
 
 
 KNOB_KEYS = ("block_n", "block_w", "split_k", "num_warps", "num_stages", "layout")

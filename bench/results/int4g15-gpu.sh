@@ -14,9 +14,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #          them; the int4 GEMVs per projection), the same with PDL on, greedy tokens per variant, then the step A/B
 #          main / rows / top / late / top_rows / late_rows / top_rows_w256 (order v1..v7 v7..v1, graphs recaptured
 #          per phase; rows = layout=1, top/late = FLOTILLA_INT4_WIDE_PDL=1/late, w256 = 256 words a step), and the
-#          best PDL variant's profile
+#          fastest variant's profile (PDL on)
 #   kern   (75 s, if >= 40 s left) bench/int4_wide_pdl.py: per projection alone / after RMSNorm, and the layer chain
-#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 10 launch variants (most telling first: a cut run
+#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 12 launch variants (most telling first: a cut run
 #          keeps them); BEST_MODE / PDL_CONFIG / PLAIN_CONFIG lines
 #   tests  (30 s, if >= 35 s left) the GPU tests of tests/kernels/test_int4_wide_pdl.py (PDL chain in a CUDA graph
 #          bit-equal to plain launches) and test_int4_gemv_wide.py

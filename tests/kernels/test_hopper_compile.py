@@ -413,8 +413,8 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
         assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["launch_before_wait"] == before, (name, r)
         assert r["loads16_before_wait"] >= 4 and r["loads_before_wait"] > r["loads16_before_wait"], (name, r)
     assert result["int4_gemv_wide m1"]["gdc_wait"] == 0 and result["int4_gemv_wide m1"]["gdc_launch"] == 0
-    rows = result["int4_gemv_wide m1 rows pdl"]
-    assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"] and rows["bar_sync"] <= 4, rows
+    rows = result["int4_gemv_wide m1 rows pdl"]  # its loop's SASS (449 instructions under 3.6): bench/sass_loop.py
+    assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"], rows
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):
