@@ -66,7 +66,8 @@ _WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "") 
 # ahead (RMSNorm, the attention merge, SiLU-and-mul) runs. "1": the kernel behind may start at once (as the bf16
 # GEMV does); "late": only once every program is past its K loop. Read at import; the module global `WIDE_PDL`
 # ("", "top", "late") is read at every call (the benchmarks flip it). docs/quantization.md.
-WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", {"0": "", "1": "top", "late": "late"}, "")
+WIDE_PDL_VALUES = {"0": "", "1": "top", "late": "late"}
+WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "")
 # Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
 # the wait is one step, so a wider step (block_w) preloads more. Read at import.
 _PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))

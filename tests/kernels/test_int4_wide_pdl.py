@@ -40,7 +40,7 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: boo
 CASES = [
     (1, 40, 256, 128, torch.bfloat16, True, False, {"block_n": 16, "block_w": 32}),
     (1, 48, 512, 128, torch.float32, False, True, {"block_n": 16, "block_w": 64}),  # one step = the whole range
-    (2, 40, 1024, 128, torch.float32, False, True, {"block_n": 16, "block_w": 16, "split_k": 3}),
+    (2, 40, 640, 128, torch.float32, False, True, {"block_n": 16, "block_w": 16, "split_k": 3}),  # 32/32/16 words
     (1, 32, 1024, 128, torch.bfloat16, True, False, {"block_n": 16, "block_w": 32, "split_k": 2}),  # even, fixup
     (4, 32, 512, 32, torch.float16, False, False, {"block_n": 16, "block_w": 16}),
 ]
@@ -79,18 +79,17 @@ def test_row_layout_matches_main_layout(m, n, k, group, dtype, symmetric, bias, 
 def test_switch_values_and_typo():
     """FLOTILLA_INT4_WIDE_PDL, read at import: unset or "0" off (""), "1" "top", "late" "late"; a typo stops the
     import instead of benchmarking the wrong launch."""
-    code = "from flotilla.kernels import triton_int4_gemv_wide as w; print(repr(w.WIDE_PDL))"
-    seen = {}
-    for value in (None, "0", "1", "late"):
-        env = {k: v for k, v in os.environ.items() if k != "FLOTILLA_INT4_WIDE_PDL"}
-        if value is not None:
-            env["FLOTILLA_INT4_WIDE_PDL"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        seen[value] = out.stdout.strip()
-    assert seen == {None: "''", "0": "''", "1": "'top'", "late": "'late'"}
+    from flotilla.kernels import triton_int4_gemv_wide
+    from flotilla.kernels.switches import parse_choice
+
+    values = triton_int4_gemv_wide.WIDE_PDL_VALUES
+    seen = {v: parse_choice("FLOTILLA_INT4_WIDE_PDL", v, values, "") for v in ("", "0", "1", "late")}
+    assert seen == {"": "", "0": "", "1": "top", "late": "late"}
+    assert seen[os.environ.get("FLOTILLA_INT4_WIDE_PDL", "").strip()] == triton_int4_gemv_wide.WIDE_PDL
+    code = "import flotilla.kernels.triton_int4_gemv_wide"
     bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOTILLA_INT4_WIDE_PDL": "on"},
                          capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode != 0 and "FLOTILLA_INT4_WIDE_PDL" in bad.stderr
+    assert bad.returncode != 0 and "FLOTILLA_INT4_WIDE_PDL='on'" in bad.stderr
 
 
 def test_default_launch_is_plain_where_pdl_cannot_run(monkeypatch):
