@@ -145,11 +145,7 @@ class BlockManager:
         """Drop the prefix-cache entries of the request's blocks from the one holding token `num_computed` on:
         they were indexed when a step was planned (as if computed) and that step will not compute them."""
         for block_id in request.block_ids[num_computed // self.block_size :]:
-            block = self.blocks[block_id]
-            if block.block_hash is not None:
-                if self._cached.get(block.block_hash) == block_id:
-                    del self._cached[block.block_hash]
-                block.block_hash = None
+            self._unindex(self.blocks[block_id])
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies decided since the last call (for the model runner)."""
@@ -187,12 +183,17 @@ class BlockManager:
     def _take_fresh(self) -> int:
         block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
-        if block.block_hash is not None:
-            if self._cached.get(block.block_hash) == block_id:
-                del self._cached[block.block_hash]
-            block.block_hash = None
+        self._unindex(block)
         block.ref_count = 1
         return block_id
+
+    def _unindex(self, block: Block) -> None:
+        """Take a block's hash away, and its prefix-cache entry if the entry names it (a block filled with
+        contents already cached keeps its hash without being the entry: `_cache_full_blocks`)."""
+        if block.block_hash is not None:
+            if self._cached.get(block.block_hash) == block.block_id:
+                del self._cached[block.block_hash]
+            block.block_hash = None
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """Hashes of the request's full blocks (prompt and output), computed at least up to block

@@ -21,6 +21,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from flotilla.engine.queue_batch import take_batch
 from flotilla.engine.step_trace import StepTrace
 from flotilla.kernels.switches import env_flag
 
@@ -53,20 +54,12 @@ class OutputSender:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        while True:
-            message = self._queue.get()
-            batch = []
-            while message is not None:
-                batch.append(message)
-                try:
-                    message = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+        closed = False
+        while not closed:
+            batch, closed = take_batch(self._queue)
             if batch:
                 with contextlib.suppress(OSError):  # the API process has gone; the step loop sees EOF
                     self._write(batch)
-            if message is None:
-                return
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         start = time.perf_counter()

@@ -31,6 +31,7 @@ from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputDecoder, OutputDelta
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.queue_batch import take_batch
 from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
@@ -205,22 +206,14 @@ class EngineCoreClient:
     # --- the sender thread -------------------------------------------------------------------------
 
     def _send_loop(self) -> None:
-        while True:
-            command = self._queue.get()
-            batch = []
-            while command is not None:
-                batch.append(command)
-                try:
-                    command = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+        closed = False
+        while not closed:
+            batch, closed = take_batch(self._queue)
             if batch:
                 try:
                     self._commands.send(batch)
                 except OSError:  # the core has gone; the output handler reports it
                     return
-            if command is None:
-                return
 
     # --- the output-handler thread -----------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,10 +36,8 @@ from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
-from flotilla.engine.structured_output.compile_queue import (  # stdlib only: no xgrammar import
-    MAX_PENDING,
-    PendingGrammar,
-)
+from flotilla.engine.structured_output.compile_queue import PendingGrammar  # stdlib only: no xgrammar import
+from flotilla.engine.structured_output.waiting_room import GrammarWaitingRoom, attach_grammar
 from flotilla.engine.tokenizer import eos_token_ids, load_tokenizer
 
 if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
@@ -48,6 +45,7 @@ if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
 
     from flotilla.engine.structured_output.compile_queue import GrammarCompiles
     from flotilla.engine.structured_output.compiler import GrammarCompiler
+    from flotilla.engine.structured_output.matcher import RequestGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +85,10 @@ class LLMEngine:
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
         # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
         self._failures: list[RequestFailedError] = []
-        self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
-        self._grammar_compiles: GrammarCompiles | None = None  # its compile threads, likewise
-        # Distinct grammar compiles queued or running at most (a new one past it is EngineBusyError, a 503);
-        # None: no cap (the offline LLM). Read when the compile threads start.
-        self.max_pending_compiles: int | None = MAX_PENDING
         # Requests waiting for their grammar to compile (by request id), not yet in the scheduler: they hold
         # no KV blocks and are scheduled once it is ready (vLLM's WAITING_FOR_FSM).
-        self._compiling: dict[str, _WaitingForGrammar] = {}
+        self._compiling = GrammarWaitingRoom(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
+                                             config.structured_outputs)
         self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
 
     @classmethod
@@ -167,9 +161,9 @@ class LLMEngine:
         # Queued last: a request is either fully known to the engine or not at all.
         self._groups[request_id] = group
         if isinstance(grammar, PendingGrammar):
-            self._compiling[request_id] = _WaitingForGrammar(group, grammar, now)
+            self._compiling.add(request_id, group, grammar, now)
         else:  # free, or its grammar was cached
-            self._attach_grammar(group, grammar)
+            attach_grammar(group, grammar)
             self.scheduler.add(group[0])
         return group[0]
 
@@ -193,44 +187,18 @@ class LLMEngine:
                                     "structured_outputs")
         return self.grammar_compiles.submit(params.structured_outputs, request_id)
 
-    @staticmethod
-    def _attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None) -> None:
-        """Give each completion its own matcher of the compiled grammar (None: unconstrained)."""
-        if compiled is None:
-            return
-        from flotilla.engine.structured_output.matcher import RequestGrammar
-
-        for child in group:
-            child.grammar = RequestGrammar(compiled)
-
     def _admit_compiled(self) -> None:
         """Queue the requests whose grammar has compiled; fail those whose compile failed or took too long."""
-        compiles = self._grammar_compiles
-        assert compiles is not None, "requests wait for grammars only once the compiler exists"
-        now = time.monotonic()
-        for request_id, waiting in list(self._compiling.items()):
-            pending = waiting.pending
-            if not pending.future.done():
-                error = compiles.check(pending, request_id, waiting.since, now)
-                if error is not None:
-                    del self._compiling[request_id]
-                    self._fail(request_id, error)
-                continue
-            del self._compiling[request_id]
-            compiles.forget(pending, request_id)
-            try:
-                compiled = pending.future.result()
-            except Exception as exc:  # an invalid constraint (refused) or xgrammar failed: this request's problem
-                self._fail(request_id, exc)
-                continue
-            self._attach_grammar(waiting.group, compiled)
-            self.scheduler.add(waiting.group[0], by_arrival=True)
+        ready, failed = self._compiling.take_done(time.monotonic())
+        for request_id, exc in failed:
+            self._fail(request_id, exc)
+        for group in ready:
+            self.scheduler.add(group[0], by_arrival=True)
 
     def _wait_for_grammars(self) -> None:
         """Nothing can run but grammars are compiling: wait a moment for one, rather than spin the loop."""
         if self._compiling and not self.scheduler.has_unfinished() and self._in_flight is None and not self.batches:
-            assert self._grammar_compiles is not None, "requests wait for grammars only once the compiler exists"
-            self._grammar_compiles.wait(COMPILE_POLL_S)
+            self._compiling.wait(COMPILE_POLL_S)
             self._admit_compiled()
 
     def embed(self, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
@@ -264,24 +232,22 @@ class LLMEngine:
     def grammar_compiler(self) -> GrammarCompiler:
         """Structured output's compiler and its cache of compiled grammars (built on first use: reading
         the vocabulary into xgrammar takes a moment that unconstrained serving should not pay)."""
-        if self._grammar_compiler is None:
-            from flotilla.engine.structured_output.compiler import GrammarCompiler
-
-            self._grammar_compiler = GrammarCompiler(
-                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
-                disable_any_whitespace=self.config.structured_outputs.disable_any_whitespace)
-        return self._grammar_compiler
+        return self._compiling.compiler
 
     @property
     def grammar_compiles(self) -> GrammarCompiles:
         """The compile threads in front of `grammar_compiler` (started on first use)."""
-        if self._grammar_compiles is None:
-            from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+        return self._compiling.compiles
 
-            self._grammar_compiles = GrammarCompiles(self.grammar_compiler,
-                                                     self.config.structured_outputs.compile_timeout_s,
-                                                     max_pending=self.max_pending_compiles)
-        return self._grammar_compiles
+    @property
+    def max_pending_compiles(self) -> int | None:
+        """Distinct grammar compiles queued or running at most (past it, a new one is EngineBusyError, a 503);
+        None: no cap (the offline LLM). Set it before the first constrained request."""
+        return self._compiling.max_pending
+
+    @max_pending_compiles.setter
+    def max_pending_compiles(self, value: int | None) -> None:
+        self._compiling.max_pending = value
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         max_len = self.config.model.max_model_len
@@ -304,10 +270,7 @@ class LLMEngine:
         """Abort requests (all their completions) at any time; their blocks return to the pool at once."""
         for request_id in request_ids:
             group = self._groups.pop(request_id, [])
-            waiting = self._compiling.pop(request_id, None)
-            if waiting is not None:  # not in the scheduler yet: no blocks; the compile is dropped if unshared
-                assert self._grammar_compiles is not None, "requests wait for grammars only once the compiler exists"
-                self._grammar_compiles.forget(waiting.pending, request_id)
+            self._compiling.discard(request_id)  # not in the scheduler yet: no blocks to return
             self.scheduler.abort(child.request_id for child in group)
             for child in group:
                 child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
@@ -350,7 +313,7 @@ class LLMEngine:
             events=s.drain_events(),
             running_lora_adapters=_lora_names(self.scheduler.running),
             waiting_lora_adapters=_lora_names(itertools.chain(self.scheduler.waiting,
-                                                               (w.group[0] for w in self._compiling.values()))),
+                                                               self._compiling.first_requests())),
         )
 
     def check_health(self) -> None:
@@ -362,8 +325,7 @@ class LLMEngine:
         """Stop the worker processes, if any (the engine cannot step afterwards)."""
         if isinstance(self.runner, MultiprocExecutor):
             self.runner.shutdown()
-        if self._grammar_compiles is not None:
-            self._grammar_compiles.shutdown()
+        self._compiling.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits (for its grammar too) or runs, or a step's outputs are still to come."""
@@ -551,17 +513,8 @@ class LLMEngine:
         for i, entry in enumerate(entries):
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
-        if child.grammar is not None and not child.grammar.accept(child.output_token_ids):
-            if child.grammar.dead_end:  # the grammar allowed no token at all: the request's fault, not the engine's
-                raise InvalidParamError(
-                    f"the structured output constraint reaches a dead end after {child.grammar.num_accepted} tokens "
-                    "of output: it allows no next token (no text completes it from there)", "structured_outputs")
-            masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
-            if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
-                raise InvalidParamError(
-                    f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
-                    f"{child.grammar.num_accepted} tokens of output", masks[0])
-            raise RuntimeError("a drawn token does not fit the request's grammar")
+        if child.grammar is not None:
+            self._advance_grammar(child, child.grammar)
         detok = self._detokenizers[child.request_id]
         params = child.sampling_params
         # Stopped already, it was by its last token (EOS or a stop id; stop strings are found below): as vLLM,
@@ -589,6 +542,24 @@ class LLMEngine:
                         child.cumulative_logprob = sum(e[t][0] for e, t in pairs)
                 self._stop_on_string(child, detok, *stop)
                 return
+
+    @staticmethod
+    def _advance_grammar(child: Request, grammar: RequestGrammar) -> None:
+        """Advance a constrained completion's grammar over its new tokens; a token that does not fit is the
+        request's error (InvalidParamError) when the grammar, or the grammar and the request's own token masks,
+        left no token to draw, and the engine's (RuntimeError) otherwise."""
+        if grammar.accept(child.output_token_ids):
+            return
+        if grammar.dead_end:  # the grammar allowed no token at all: the request's fault, not the engine's
+            raise InvalidParamError(
+                f"the structured output constraint reaches a dead end after {grammar.num_accepted} tokens "
+                "of output: it allows no next token (no text completes it from there)", "structured_outputs")
+        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
+        if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
+            raise InvalidParamError(
+                f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
+                f"{grammar.num_accepted} tokens of output", masks[0])
+        raise RuntimeError("a drawn token does not fit the request's grammar")
 
     def _find_stop_string(
         self, child: Request, detok: IncrementalDetokenizer, searched_from: int, num_output: int
@@ -718,12 +689,3 @@ class LLMEngine:
 def _lora_names(requests: Iterable[Request]) -> tuple[str, ...]:
     """The distinct adapter names among `requests`, in order of first appearance."""
     return tuple(dict.fromkeys(r.lora_request.lora_name for r in requests if r.lora_request is not None))
-
-
-@dataclass(eq=False)
-class _WaitingForGrammar:
-    """A request (its completions) waiting, since `since`, for the compile of its grammar."""
-
-    group: list[Request]
-    pending: PendingGrammar
-    since: float

@@ -147,10 +147,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flotilla serve: error: {exc.__cause__}", file=sys.stderr)
             return 2
         raise
+    state = _server_state(config, server, async_engine, tokenizer, loras, metrics,
+                          model_path=args.model if args.model is not None else config.model.model)
+    http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
+    logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
+                server.host or "0.0.0.0", server.port)
+    logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None
+                else "no API key: every path is open")
+    try:
+        http.run()
+    finally:
+        async_engine.shutdown()
+    return 0
+
+
+def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEngine, tokenizer: Any,
+                  loras: LoRARegistry | None, metrics: EngineMetrics, model_path: str) -> ServerState:
+    """What the routes share (app.ServerState): the started engine, the OpenAI serving on top of it with the
+    model's sampling defaults, and what the routes report of the model (`model_path`: MODEL as given, else the
+    model directory served)."""
     defaults = _default_sampling(config)
-    state = ServerState(
-        engine=async_engine,
-        serving=OpenAIServing(async_engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
+    return ServerState(
+        engine=engine,
+        serving=OpenAIServing(engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
                               loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
@@ -167,19 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
         quantization=config.model.quantization,
         created=int(time.time()),
-        model_path=args.model if args.model is not None else config.model.model,
+        model_path=model_path,
         track_load=server.enable_server_load_tracking,
     )
-    http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
-    logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
-                server.host or "0.0.0.0", server.port)
-    logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None
-                else "no API key: every path is open")
-    try:
-        http.run()
-    finally:
-        async_engine.shutdown()
-    return 0
 
 
 def exit_process(exc: BaseException) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label, truncate_prompt
+from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
 from flotilla.engine.server.structured_request import structured_outputs
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
@@ -148,67 +148,6 @@ def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     """A usage block with `prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details:
     added only when some prompt tokens came from the prefix cache)."""
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
-
-
-class StreamState:
-    """Per-choice text already sent, to turn cumulative outputs into deltas."""
-
-    def __init__(self, n: int) -> None:
-        self.sent_text = [0] * n
-        self.sent_tokens = [0] * n
-        self.finished = [False] * n
-
-    def deltas(self, output: RequestOutput) -> list[tuple[CompletionOutput, str, int]]:
-        """(choice, new text, index of its first new token) for choices that changed."""
-        changes = []
-        for c in output.outputs:
-            if self.finished[c.index]:
-                continue
-            new_text = c.text[self.sent_text[c.index] :]
-            first_new_token = self.sent_tokens[c.index]
-            if new_text or c.finish_reason is not None or len(c.token_ids) > first_new_token:
-                changes.append((c, new_text, first_new_token))
-                self.sent_text[c.index] = len(c.text)
-                self.sent_tokens[c.index] = len(c.token_ids)
-                self.finished[c.index] = c.finish_reason is not None
-        return changes
-
-
-def sse(payload: dict[str, Any]) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def _js(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-class ChunkFormat:
-    """SSE chunks of one streamed response, serialised cheaply: the fields every chunk repeats (id,
-    object, created, model) are encoded once, and each chunk encodes only its choice's own values.
-    The text is the same JSON that `sse` writes for the equivalent dict."""
-
-    def __init__(self, request_id: str, obj: str, created: int, model: str) -> None:
-        self.head = (f'data: {{"id": {_js(request_id)}, "object": {_js(obj)}, "created": {created}, '
-                     f'"model": {_js(model)}, "choices": [')
-
-    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
-                   usage: dict[str, int] | None = None) -> str:
-        """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats)."""
-        return (f'{self.head}{{"index": {index}, "text": {_js(text)}, "finish_reason": {_js(c.finish_reason)}, '
-                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}}}]{_usage(usage)}}}\n\n')
-
-    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
-             usage: dict[str, int] | None = None) -> str:
-        """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty)."""
-        delta = f'{{"content": {_js(text)}}}' if text else "{}"
-        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {_js(logprobs)}, '
-                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}}}]'
-                f'{_usage(usage)}}}\n\n')
-
-
-def _usage(usage: dict[str, int] | None) -> str:
-    return "" if usage is None else f', "usage": {_js(usage)}'
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:

@@ -18,6 +18,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser
+from flotilla.engine.server.sse import ChunkFormat
 from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
@@ -47,7 +48,7 @@ class _Choice:
 
 
 async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n: int,
-                           stream: AsyncGenerator[RequestOutput], head: Any,
+                           stream: AsyncGenerator[RequestOutput], head: ChunkFormat,
                            stream_options: StreamOptions | None,
                            prompt_tokens_details: bool = False) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's

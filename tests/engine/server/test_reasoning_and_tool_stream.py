@@ -10,7 +10,7 @@ import pytest
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.serving import ChunkFormat
+from flotilla.engine.server.sse import ChunkFormat
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message
 from flotilla.engine.server.tool_parsers.registry import tool_parser
 from flotilla.engine.server.tool_stream import stream_tool_chat

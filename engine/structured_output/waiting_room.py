@@ -1,0 +1,143 @@
+"""Constrained requests waiting for their grammar to compile, before the scheduler sees them.
+
+A request whose grammar is not cached waits here (vLLM's WAITING_FOR_FSM) while compile_queue.py
+compiles it off the step loop: it holds no KV blocks and cannot be scheduled. At the start of each step
+the engine takes the requests whose compile is done (each completion given its own matcher) and those
+that must fail (their compile failed, ran past its bound, or could not start in time).
+
+The room also builds, on the first constrained request, the compiler and its compile threads: reading
+the vocabulary into xgrammar takes a moment that unconstrained serving should not pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flotilla.engine.structured_output.compile_queue import MAX_PENDING, PendingGrammar  # stdlib only
+
+if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
+    import xgrammar as xgr
+
+    from flotilla.engine.request import Request
+    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+    from flotilla.engine.structured_output.compiler import GrammarCompiler
+    from flotilla.engine.structured_output.config import StructuredOutputsConfig
+
+
+@dataclass(eq=False)
+class WaitingForGrammar:
+    """A request (its completions) waiting, since `since`, for the compile of its grammar."""
+
+    group: list[Request]
+    pending: PendingGrammar
+    since: float
+
+
+class GrammarWaitingRoom:
+    """The requests waiting for a grammar, by request id, and the compiler they wait on. Engine thread only."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 config: StructuredOutputsConfig) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._config = config
+        self._compiler: GrammarCompiler | None = None  # built on the first constrained request
+        self._compiles: GrammarCompiles | None = None  # its compile threads, likewise
+        # Distinct grammar compiles queued or running at most (a new one past it is EngineBusyError, a 503);
+        # None: no cap (the offline LLM). Read when the compile threads start.
+        self.max_pending: int | None = MAX_PENDING
+        self._waiting: dict[str, WaitingForGrammar] = {}
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        """Structured output's compiler and its cache of compiled grammars (built on first use)."""
+        if self._compiler is None:
+            from flotilla.engine.structured_output.compiler import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._stop_token_ids,
+                                             disable_any_whitespace=self._config.disable_any_whitespace)
+        return self._compiler
+
+    @property
+    def compiles(self) -> GrammarCompiles:
+        """The compile threads in front of `compiler` (started on first use)."""
+        if self._compiles is None:
+            from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+
+            self._compiles = GrammarCompiles(self.compiler, self._config.compile_timeout_s,
+                                             max_pending=self.max_pending)
+        return self._compiles
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._waiting
+
+    def __getitem__(self, request_id: str) -> WaitingForGrammar:
+        return self._waiting[request_id]
+
+    def first_requests(self) -> Iterator[Request]:
+        """Each waiting request's first completion (the one the scheduler would be given)."""
+        return (waiting.group[0] for waiting in self._waiting.values())
+
+    def add(self, request_id: str, group: list[Request], pending: PendingGrammar, since: float) -> None:
+        """Let `request_id` (its completions `group`, arrived at `since`) wait for `pending`."""
+        self._waiting[request_id] = WaitingForGrammar(group, pending, since)
+
+    def take_done(self, now: float) -> tuple[list[list[Request]], list[tuple[str, Exception]]]:
+        """Take out the requests whose wait is over: those whose grammar has compiled (each completion given
+        its matcher), to schedule, and (request id, error) for those to fail: their compile failed or took
+        too long (`GrammarCompiles.check`)."""
+        compiles = self._compiles
+        assert compiles is not None, "requests wait for grammars only once the compiler exists"
+        ready: list[list[Request]] = []
+        failed: list[tuple[str, Exception]] = []
+        for request_id, waiting in list(self._waiting.items()):
+            pending = waiting.pending
+            if not pending.future.done():
+                error = compiles.check(pending, request_id, waiting.since, now)
+                if error is not None:
+                    del self._waiting[request_id]
+                    failed.append((request_id, error))
+                continue
+            del self._waiting[request_id]
+            compiles.forget(pending, request_id)
+            try:
+                compiled = pending.future.result()
+            except Exception as exc:  # an invalid constraint (refused) or xgrammar failed: this request's problem
+                failed.append((request_id, exc))
+                continue
+            attach_grammar(waiting.group, compiled)
+            ready.append(waiting.group)
+        return ready, failed
+
+    def wait(self, timeout: float) -> None:
+        """Block up to `timeout` s, or until some compile is done (the engine has nothing else to do)."""
+        assert self._compiles is not None, "requests wait for grammars only once the compiler exists"
+        self._compiles.wait(timeout)
+
+    def discard(self, request_id: str) -> None:
+        """`request_id` waits no more (aborted); its compile is dropped if no other request waits for it."""
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is not None:
+            assert self._compiles is not None, "requests wait for grammars only once the compiler exists"
+            self._compiles.forget(waiting.pending, request_id)
+
+    def shutdown(self) -> None:
+        """Let the compile threads, if any, end once their current compile returns."""
+        if self._compiles is not None:
+            self._compiles.shutdown()
+
+
+def attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None) -> None:
+    """Give each completion its own matcher of the compiled grammar (None: unconstrained)."""
+    if compiled is None:
+        return
+    from flotilla.engine.structured_output.matcher import RequestGrammar
+
+    for child in group:
+        child.grammar = RequestGrammar(compiled)
