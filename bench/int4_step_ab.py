@@ -11,9 +11,9 @@ decode graphs are captured again (`quant_gpu._recapture_decode`). Jobs, in order
   per kernel (the int4 GEMVs per projection by their order in a layer): launches, us a step, mean us, and the idle
   gap before each kernel; wall, busy (sum of kernel times), idle inside the step and between steps;
 - `profile_main`: the same with PDL on (the engine's default; times overlap, `union` is the busy span);
-- tokens: 32 greedy tokens of a fixed prompt per variant (a PDL launch of the same tile must give the same tokens);
 - `ab`: one request of 512 tokens prefilled once, then the variants in the order v1..vn vn..v1 (each phase: graphs
   captured again, 3 settling steps, `--steps` timed), mean ms a step per variant (both its phases);
+- tokens: 32 greedy tokens of a fixed prompt per variant (a PDL launch of the same tile must give the same tokens);
 - `profile_best`: the fastest variant's (other than main) step, profiled with PDL on.
 Variant specs (`parse_variants`): `main` (plain), `rows` (plain, the [rows, words] tile: LAYOUT 1), `top`/`late`
 (PDL, main's tiles), `top_rows`, `top_rows_w256` (256 words a step), ..., or `NAME=MODE@CONFIG`. The JSON is
@@ -217,7 +217,7 @@ def main() -> None:
     p.add_argument("--variants", default="main,rows,top,late,top_rows,late_rows,top_rows_w256")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=8)
-    p.add_argument("--jobs", default="profile_pdl_off,profile_main,tokens,ab,profile_best")
+    p.add_argument("--jobs", default="profile_pdl_off,profile_main,ab,tokens,profile_best")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from quant_gpu import record_paths
@@ -256,18 +256,19 @@ def main() -> None:
         out["profile_main"] = profile(engine, vocab, a.profile_steps, rng)
         print_profile("main (PDL on)", out["profile_main"])
         save()
+    if "ab" in jobs:
+        out["ab"] = ab(engine, variants, vocab, a.steps, rng)
+        print("AB " + ", ".join(f"{n} {ms:.3f} ms ({out['ab']['ratio_vs_main'][n]:.3f}x)"
+                                for n, ms in out["ab"]["ms_per_step"].items()), flush=True)  # fmt: skip
+        save()
     if "tokens" in jobs:
         out["tokens"] = {}
         for name, (mode, config) in variants.items():
             set_variant(engine, mode, config)
             out["tokens"][name] = greedy(engine, vocab)
+            save()
         same = {n: t == out["tokens"]["main"] for n, t in out["tokens"].items()}
         print(f"tokens: main {out['tokens']['main'][:8]}...; equal to main: {same}", flush=True)
-        save()
-    if "ab" in jobs:
-        out["ab"] = ab(engine, variants, vocab, a.steps, rng)
-        print("AB " + ", ".join(f"{n} {ms:.3f} ms ({out['ab']['ratio_vs_main'][n]:.3f}x)"
-                                for n, ms in out["ab"]["ms_per_step"].items()), flush=True)  # fmt: skip
         save()
     if "profile_best" in jobs and "ab" in out:
         others = [n for n in variants if n != "main"]

@@ -193,8 +193,9 @@ def measure(ws: list[dict], mode: str, tile: str, calls_per_layer: int) -> dict:
 
     def layer(i: int, with_gemv: bool = True) -> None:
         h = rms_norm(hs[i % sets], norm_w, 1e-5)[0]
-        a = gemv("qkv", h, i)[:, :HIDDEN] if with_gemv else h
-        a = rms_norm(a.contiguous(), norm_w, 1e-5)[0]  # attention's stand-in
+        if with_gemv:
+            gemv("qkv", h, i)
+        a = rms_norm(hs[(i + 1) % sets], norm_w, 1e-5)[0]  # attention's stand-in (after qkv in stream order)
         o = gemv("o", a, i) if with_gemv else a
         h2 = rms_norm(o, norm_w, 1e-5)[0]
         gu = gemv("gate_up", h2, i) if with_gemv else gate_up[i % sets]

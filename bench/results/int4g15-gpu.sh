@@ -11,9 +11,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #          Triton's cache by 8 processes while the engine starts (its variants then load instead of compiling)
 #   eng    (150 s) bench/int4_step_ab.py: ONE W4A16 engine (/tmp/llama8b-w4a16 from w4a16-model.sh, ~55 s start-up):
 #          per-kernel profile of main's bs1 ctx512 step with FLOTILLA_PDL off (kernel times and the idle gaps between
-#          them; the int4 GEMVs per projection), the same with PDL on, greedy tokens per variant, then the step A/B
-#          main / rows / top / late / top_rows / late_rows / top_rows_w256 (order v1..v7 v7..v1, graphs recaptured
-#          per phase; rows = layout=1, top/late = FLOTILLA_INT4_WIDE_PDL=1/late, w256 = 256 words a step), and the
+#          them; the int4 GEMVs per projection), the same with PDL on, then the step A/B main / rows / top / late /
+#          top_rows / late_rows / top_rows_w256 (order v1..v7 v7..v1, graphs recaptured per phase; rows = layout=1,
+#          top/late = FLOTILLA_INT4_WIDE_PDL=1/late, w256 = 256 words a step), greedy tokens per variant, and the
 #          fastest variant's profile (PDL on)
 #   kern   (75 s, if >= 40 s left) bench/int4_wide_pdl.py: per projection alone / after RMSNorm, and the layer chain
 #          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 12 launch variants (most telling first: a cut run
