@@ -276,8 +276,8 @@ def summarize(result: dict, names: list[str]) -> None:
     best_pdl = min(pdl_rows, key=lambda v: rows[v]["layer_us"])
     mode = rows[best_pdl]["mode"]
     pdl_gain = main["layer_us"] - rows[best_pdl]["layer_us"]
-    print(f"VERDICT kernel: best PDL variant {best_pdl} {'saves' if pdl_gain > 0 else 'does not save'} "
-          f"{pdl_gain:.1f} us a layer in the chain; best of all: {best}")
+    print(f"VERDICT kernel: best PDL variant {best_pdl} saves {pdl_gain:+.1f} us a layer vs main in the chain "
+          f"(negative: slower); best of all: {best} ({gain:+.1f})")
     config = _per_projection({v: r for v, r in rows.items() if r["mode"] == mode})
     plain = _per_projection({v: r for v, r in rows.items() if not r["mode"]})
     result["best"] = {"variant": best, "pdl_variant": best_pdl, "mode": mode, "config": config,
