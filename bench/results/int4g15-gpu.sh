@@ -106,6 +106,8 @@ if ab:
     main = ab["ms_per_step"]["main"]
     print(f"  ENGINE A/B (one engine, {' '.join(ab['order'])}): " + ", ".join(
         f"{n} {ms:.3f} ms ({ms / main:.3f}x main, {ms / bf16_ms:.3f}x bf16)" for n, ms in ab["ms_per_step"].items()))
+    if ab.get("failed"):
+        print(f"  variants left out (failed to compile/capture): {ab['failed']}")
     best = min(ab["ms_per_step"], key=ab["ms_per_step"].get)
     if best != "main":
         mode, config = step["variants"][best]
