@@ -106,6 +106,11 @@ if ab:
     main = ab["ms_per_step"]["main"]
     print(f"  ENGINE A/B (one engine, {' '.join(ab['order'])}): " + ", ".join(
         f"{n} {ms:.3f} ms ({ms / main:.3f}x main, {ms / bf16_ms:.3f}x bf16)" for n, ms in ab["ms_per_step"].items()))
+    by = {}
+    for ph in ab["phases"]:
+        by.setdefault(ph["name"], []).append(ph["ms_per_step"])
+    noise = max((max(v) - min(v) for v in by.values() if len(v) > 1), default=0.0)
+    print(f"  noise: the largest gap between a variant's own two phases {noise:.3f} ms")
     if ab.get("failed"):
         print(f"  variants left out (failed to compile/capture): {ab['failed']}")
     best = min(ab["ms_per_step"], key=ab["ms_per_step"].get)
@@ -113,7 +118,8 @@ if ab:
         mode, config = step["variants"][best]
         var = "FLOTILLA_INT4_WIDE_PDL_CONFIG" if mode else "FLOTILLA_INT4_GEMV_WIDE_CONFIG"
         env = (f"FLOTILLA_INT4_WIDE_PDL={'1' if mode == 'top' else mode} " if mode else "") + (f"{var}='{config}'" if config else "")
-        print(f"  VERDICT engine: {best} saves {main - ab['ms_per_step'][best]:.3f} ms a step ({env}); "
+        gain = main - ab["ms_per_step"][best]
+        print(f"  VERDICT engine: {best} saves {gain:.3f} ms a step{' (within noise)' if gain <= noise else ''} ({env}); "
               f"tokens equal: {tokens.get(best) == tokens.get('main') if tokens else 'n/a'}")
     else:
         print("  VERDICT engine: no variant beats main's launches")
