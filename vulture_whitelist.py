@@ -70,3 +70,5 @@ _.sky
 # parsed-body cache that Request.json() returns (engine/server/request_body.py).
 _.route_class
 _._json
+# RopeScaling (operator/spec.py): read through model_dump into engine_rules.rope_scaled_length.
+_.original_max_position_embeddings

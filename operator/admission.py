@@ -25,7 +25,7 @@ from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.names import common_labels, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
-from flotilla.operator.spec import InferenceServiceSpec, parse_source
+from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
 
@@ -60,7 +60,11 @@ SANDBOX_ANNOTATION_PREFIXES = (
 def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
-    errors += [f"spec.pod.labels: {key} is set by the operator" for key in spec.pod.labels if key in own]
+    for key in spec.pod.labels:
+        if key in own:  # whatever the admin allows: the selector and app.kubernetes.io labels are the operator's
+            errors.append(f"spec.pod.labels: {key} is set by the operator")
+        elif problem := policy.pod_label_problem(key):
+            errors.append(f"spec.pod.labels: {problem}")
     for key in spec.pod.annotations:
         if key.startswith(SANDBOX_ANNOTATION_PREFIXES):  # whatever the admin allows: the operator sets these
             errors.append(f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which "
@@ -201,6 +205,8 @@ def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> l
 
 def _settled(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> InferenceServiceSpec:
     """The spec as the children are built from it: the policy's choices for what the spec leaves to the cluster."""
+    if spec.image == DEFAULT_IMAGE and policy.engine_image != DEFAULT_IMAGE:
+        spec = spec.model_copy(update={"image": policy.engine_image})
     a = spec.autoscaling
     if a is None or policy.prometheus_address(a.prometheus_address) == a.prometheus_address:
         return spec

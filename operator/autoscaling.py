@@ -93,6 +93,34 @@ def build_hpa(spec: InferenceServiceSpec, name: str, namespace: str,
     }
 
 
+# Who holds the Deployment's replicas between the operator's last apply with them and the autoscaler's first write.
+REPLICAS_HANDOVER_MANAGER = "flotilla-operator-handover"
+
+
+def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, manager: str) -> dict[str, Any] | None:
+    """The apply (as REPLICAS_HANDOVER_MANAGER) that keeps the live Deployment's replicas when autoscaling turns on,
+    or None when nothing needs handing over.
+
+    With autoscaling the Deployment is applied without `replicas` (the autoscaler owns it). Server-side apply
+    removes a field that its only manager stops applying, and the apiserver defaults a missing `replicas` to 1: turning
+    autoscaling on for a Deployment of 3 would delete 2 serving replicas until the autoscaler scales back up.
+    Kubernetes' answer (server-side apply, "Transferring ownership") is another manager applying the same value
+    first, so the field stays when `manager` lets go of it.
+    """
+    if live is None or "replicas" in applied["spec"] or not _applies_replicas(live, manager):
+        return None
+    meta = applied["metadata"]
+    return {"apiVersion": applied["apiVersion"], "kind": applied["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": live["spec"].get("replicas", 1)}}
+
+
+def _applies_replicas(obj: dict[str, Any], manager: str) -> bool:
+    return any(entry.get("manager") == manager and entry.get("operation") == "Apply"
+               and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+               for entry in obj["metadata"].get("managedFields") or [])
+
+
 def keda_query(spec: InferenceServiceSpec, name: str, namespace: str) -> str:
     """PromQL over this InferenceService's pods (label copied by the ServiceMonitor): the gauge summed,
     or the SLO's p95 from the histogram buckets over `autoscaling.window` (0 with no traffic)."""

@@ -183,6 +183,8 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
         "selector": {"matchLabels": names.selector_labels(name)},
         # By default a new pod must be ready before an old one goes, so serving capacity never drops;
         # on a full GPU pool (no spare GPUs) spec.rollout takes one down first instead.
+        # Past it the Deployment controller marks the rollout ProgressDeadlineExceeded, which status reports.
+        "progressDeadlineSeconds": spec.rollout.progress_deadline_seconds,
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": spec.rollout.max_unavailable,
                                                                 "maxSurge": spec.rollout.max_surge}},
         "template": {"metadata": _pod_metadata(spec, name), "spec": pod_spec},

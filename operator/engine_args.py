@@ -197,11 +197,11 @@ def _spec_name(dest: str) -> str:
 
 
 def _hf_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
-    # The model's length limit, when the spec states it; the engine reads the rest from config.json.
+    # The model's length limit, when the spec states it (as the engine derives it: rope scaling, sliding window);
+    # the engine reads the rest from config.json.
     arch = spec.model.config
-    if arch is None or arch.max_position_embeddings is None:
-        return None
-    return {"max_position_embeddings": arch.max_position_embeddings}
+    limit = None if arch is None else arch.length_limit
+    return None if limit is None else {"max_position_embeddings": limit}
 
 
 def _as_offered(flag_: Flag, crd_field: str) -> Flag:

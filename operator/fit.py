@@ -8,7 +8,11 @@ The figures are estimates from the architecture, not a measurement; they land in
 What is counted, per replica:
 - Weights: linear layers (attention q/k/v/o and the gated MLP of every layer) at the quantized
   width, embeddings and an untied LM head at the model dtype (vLLM keeps them unquantized); norms
-  and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count.
+  and biases are ignored (<0.1 %). `model.config.numParameters` overrides the derived count. With tensor
+  parallelism wider than the KV heads, the engine replicates KV heads so every GPU holds one (QKVParallelLinear):
+  k and v weights of max(KV heads, tensor) heads in all (added to numParameters too). With pipeline
+  parallelism every stage builds the embedding and the LM head (engine/models/llama.py: only the decoder layers
+  are split), so they count once a stage.
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
   model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
@@ -96,16 +100,19 @@ def _dtype_bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def parameter_counts(arch: ModelArchitecture) -> tuple[int, int]:
-    """(linear-layer parameters, embedding + LM-head parameters) of a dense decoder."""
+def parameter_counts(arch: ModelArchitecture, tensor: int = 1) -> tuple[int, int]:
+    """(linear-layer parameters, embedding + LM-head parameters) of a dense decoder, over `tensor` ranks: with more
+    ranks than KV heads each rank holds one KV head's k and v weights (the engine replicates them)."""
     head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
-    kv_heads = arch.num_key_value_heads or arch.num_attention_heads
+    kv_heads = max(arch.num_key_value_heads or arch.num_attention_heads, tensor)
     q_width, kv_width = arch.num_attention_heads * head_dim, kv_heads * head_dim
     attention = arch.hidden_size * (2 * q_width + 2 * kv_width)  # q and o, k and v
     mlp = 3 * arch.hidden_size * arch.intermediate_size  # gate, up, down
     embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
     if arch.num_parameters is not None:
-        return max(arch.num_parameters - embeddings, 0), embeddings
+        replicated = arch.num_hidden_layers * arch.hidden_size * 2 * (kv_heads - (arch.num_key_value_heads or
+                                                                               arch.num_attention_heads)) * head_dim
+        return max(arch.num_parameters - embeddings, 0) + replicated, embeddings
     return arch.num_hidden_layers * (attention + mlp), embeddings
 
 
@@ -133,17 +140,18 @@ def packed_int_bytes_per_weight(bits: int, group: int | None, dtype: str = "auto
 
 
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto",
-                 rtn: tuple[int, int | None] = (8, 128)) -> int:
+                 rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1) -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring); `rtn` is
-    `rtn_scheme`'s (bits, group)."""
-    linear, embeddings = parameter_counts(arch)
+    `rtn_scheme`'s (bits, group); `tensor` the replica's tensor-parallel ranks (KV heads replicated over them),
+    `pipeline` its stages (each holds the embedding and the LM head)."""
+    linear, embeddings = parameter_counts(arch, tensor)
     int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
     compressed = int4 if arch.weight_bits == 4 else 1
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
                   "awq": int4, "gptq": int4, "compressed-tensors": compressed, "gguf": gguf}[quantization]
-    return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
+    return int(linear * per_weight + pipeline * embeddings * _dtype_bytes(dtype))
 
 
 def gguf_file_bytes(arch: ModelArchitecture) -> int:
@@ -204,18 +212,19 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
         return FitReport("Unknown", "GPUUnknown",
                          f"GPU product {product!r} has no known memory size" if product
                          else "spec.resources.gpuProduct is not set, so the GPU memory is unknown")
-    max_model_len = spec.scheduling.max_model_len or arch.max_position_embeddings
+    max_model_len = spec.scheduling.max_model_len or arch.length_limit
     if max_model_len is None:
         return FitReport("Unknown", "MaxModelLenUnknown",
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
 
     gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
-    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec))
+    tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
+    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
     weights += lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:
-        weights += weight_bytes(draft, "none", spec.dtype)
+        weights += weight_bytes(draft, "none", spec.dtype, tensor=tensor, pipeline=pipeline)
         per_token += kv_bytes_per_token(draft, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
     budget = int(gpus * gpu.memory_bytes * util)

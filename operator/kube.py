@@ -107,14 +107,15 @@ class Kube:
                 return None
             raise
 
-    def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Server-side apply as the operator's field manager, forcing conflicts (`dry_run`: validate only).
+    def apply(self, obj: dict[str, Any], dry_run: bool = False, manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply as the operator's field manager (or `manager`), forcing conflicts (`dry_run`: validate
+        only).
 
         Forcing takes back every field the operator sets from whoever edited it by hand, which is
         what "converged back" means; fields the operator does not set stay as others left them.
         Callers apply only objects they own (reconciler.py checks the owner references first).
         """
-        query = {"fieldManager": FIELD_MANAGER, "force": "true", **({"dryRun": "All"} if dry_run else {})}
+        query = {"fieldManager": manager, "force": "true", **({"dryRun": "All"} if dry_run else {})}
         return self.request("PATCH", path_of(obj), obj, query, "application/apply-patch+yaml")
 
     def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:

@@ -63,6 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pod-annotation", action="append", default=[], dest="pod_annotations",
                    help="a pod annotation key that spec.pod.annotations may set, or a prefix ending in '/' "
                         "(repeatable); default: only keys without '/' or '.'")
+    p.add_argument("--pod-label", action="append", default=[], dest="pod_labels",
+                   help="a pod label key with a prefix that spec.pod.labels may set, or a prefix ending in '/' "
+                        "(repeatable); default: only keys without '/'")
     p.add_argument("--priority-class", action="append", default=[], dest="priority_classes",
                    help="a PriorityClass that engine pods may use (repeatable); default: any but the built-in "
                         "system-* classes")
@@ -87,7 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                       prometheus_addresses=tuple(args.prometheus_addresses
                                                                  or [DEFAULT_PROMETHEUS_ADDRESS]),
                                       pod_annotations=tuple(args.pod_annotations),
-                                      priority_classes=tuple(args.priority_classes))
+                                      pod_labels=tuple(args.pod_labels),
+                                      priority_classes=tuple(args.priority_classes),
+                                      engine_image=args.engine_image or DEFAULT_IMAGE)
         args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
                                       concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
     except ValueError as e:  # pydantic's ValidationError is one
@@ -135,7 +140,8 @@ def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
 
     The CRD's schema default fills spec.image before any webhook runs, so the stock image stands
     for "the operator's default". With failure policy Ignore, an InferenceService created while
-    the operator is down keeps the stock image until its next update.
+    the operator is down keeps the stock image in its spec, and the review settles it to `image`
+    (AdmissionPolicy.engine_image), so its pods run the admin's image all the same.
     """
 
     @kopf.on.mutate(GROUP, VERSION, PLURAL, id="engine-image", operations=webhook.OPERATIONS,

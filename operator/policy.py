@@ -27,6 +27,14 @@ admin's to know, so the rule is an allow-list: a plain key of the user's own (no
 any other only when the admin lists it (`--pod-annotation KEY`, or `--pod-annotation PREFIX/` for every key
 under that prefix).
 
+Pod labels are read as instructions too: a label key with a prefix (`/`) is a tool's (a mutating webhook that
+mounts a cloud token into the pod, as Azure Workload Identity does for `azure.workload.identity/use`, while the
+operator promises the pods no token; the label form of `sidecar.istio.io/inject`, which wins over the
+namespace's choice; a prefixed label that NetworkPolicies or a policy engine select by). So spec.pod.labels
+follows the same rule: a key without a prefix is the user's, a prefixed one only when the admin lists it
+(`--pod-label KEY` or `--pod-label PREFIX/`). A dot without a prefix is a plain label name (runtimes read
+annotations, not labels).
+
 The fourth is the pods' priority class. The built-in `system-node-critical` and `system-cluster-critical`
 (priority 2e9, above any class a user can make) let the engine pods preempt every other team's pods on the GPU
 nodes, and since Kubernetes 1.17 the apiserver no longer keeps them to kube-system unless the admin configures
@@ -39,7 +47,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
+from flotilla.operator.spec import DEFAULT_IMAGE, DEFAULT_PROMETHEUS_ADDRESS, PROMETHEUS_URL_PATTERN
 
 # Kubernetes reserves the prefix for its built-in critical classes (no user may create a PriorityClass named so).
 SYSTEM_PRIORITY_PREFIX = "system-"
@@ -52,7 +60,11 @@ class AdmissionPolicy:
     host_path_prefixes: tuple[str, ...] = ()
     prometheus_addresses: tuple[str, ...] = (DEFAULT_PROMETHEUS_ADDRESS,)
     pod_annotations: tuple[str, ...] = ()
+    pod_labels: tuple[str, ...] = ()
     priority_classes: tuple[str, ...] = ()
+    # What spec.image's schema default stands for (--engine-image: a mirror, a vetted build). The mutating webhook
+    # writes it into the spec; the review settles it too, for a spec admitted while the webhook was away.
+    engine_image: str = DEFAULT_IMAGE
 
     def __post_init__(self) -> None:
         for prefix in self.host_path_prefixes:
@@ -61,6 +73,8 @@ class AdmissionPolicy:
                 raise ValueError(f"host path prefix {prefix!r}: {problem}")
         if any(not allowed for allowed in self.pod_annotations):
             raise ValueError("an allowed pod annotation must be a key or a prefix ending in '/', not empty")
+        if any(not allowed for allowed in self.pod_labels):
+            raise ValueError("an allowed pod label must be a key or a prefix ending in '/', not empty")
         if not self.prometheus_addresses:
             raise ValueError("at least one Prometheus address is needed (KEDA's default)")
         for address in self.prometheus_addresses:
@@ -71,14 +85,23 @@ class AdmissionPolicy:
         """Why spec.pod.annotations may not set `key`, or None when it is the user's own or the admin allows it."""
         if not ("/" in key or "." in key):
             return None
-        if any(key == allowed or (allowed.endswith("/") and key.startswith(allowed))
-               for allowed in self.pod_annotations):
+        if _listed(key, self.pod_annotations):
             return None
         allowed = f" ({', '.join(self.pod_annotations)})" if self.pod_annotations else ""
         return (f"{key} is not a pod annotation this cluster allows{allowed}: a key with a prefix or a dot is read by "
                 "a tool (a sidecar injector, the container runtime); keys without '/' or '.' are yours, others the "
                 "cluster admin may allow (operator flag --pod-annotation, chart value "
                 "operator.engineAnnotations.allowed)")
+
+    def pod_label_problem(self, key: str) -> str | None:
+        """Why spec.pod.labels may not set `key`, or None when it is the user's (no prefix) or listed by the admin."""
+        if "/" not in key or _listed(key, self.pod_labels):
+            return None
+        allowed = f" ({', '.join(self.pod_labels)})" if self.pod_labels else ""
+        return (f"{key} is not a pod label this cluster allows{allowed}: a key with a prefix is read by a tool (a "
+                "webhook that injects a sidecar or a cloud token, a policy that selects pods); keys without '/' are "
+                "yours, others the cluster admin may allow (operator flag --pod-label, chart value "
+                "operator.engineLabels.allowed)")
 
     def priority_class_problem(self, name: str) -> str | None:
         """Why the engine pods may not run at priority class `name`, or None when the policy allows it."""
@@ -112,6 +135,11 @@ class AdmissionPolicy:
             allowed = ", ".join(self.host_path_prefixes)
             return f"{path} is outside the host directories this cluster allows ({allowed})"
         return None
+
+
+def _listed(key: str, allowed: tuple[str, ...]) -> bool:
+    """Whether `key` is one of the admin's keys, or under one of the admin's prefixes (those ending in '/')."""
+    return any(key == entry or (entry.endswith("/") and key.startswith(entry)) for entry in allowed)
 
 
 def _path_problem(path: str) -> str | None:

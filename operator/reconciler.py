@@ -18,6 +18,7 @@ import kopf
 
 from flotilla.operator import kube as k
 from flotilla.operator.admission import Review, review
+from flotilla.operator.autoscaling import REPLICAS_HANDOVER_MANAGER, replicas_handover
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
@@ -202,6 +203,9 @@ class Reconciler:
         deployment = None
         for child in plan.apply:
             before = live[k.path_of(child)]
+            handover = replicas_handover(child, before, k.FIELD_MANAGER) if child["kind"] == "Deployment" else None
+            if handover is not None:  # autoscaling turned on: the replicas stay as they are for the autoscaler
+                self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
             applied = self.kube.apply(child)
             reset = host_namespaces_reset(applied) if child["kind"] == "Deployment" else None
             if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on

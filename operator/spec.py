@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from flotilla.engine_rules import world_size
+from flotilla.engine_rules import model_len_limit, world_size
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -85,6 +85,18 @@ MAX_POSITIONS = 1 << 30
 MAX_PARAMETERS = 10**15
 
 
+class RopeScaling(_Model):
+    """config.json's rope_scaling, as far as it sets the model's length (engine_rules.rope_scaled_length)."""
+
+    rope_type: Literal["default", "linear", "llama3", "yarn"] | None = Field(
+        default=None, description="rope_scaling.rope_type (the engine's kinds).")
+    type: Literal["default", "linear", "llama3", "yarn"] | None = Field(
+        default=None, description="rope_scaling.type, the older name of ropeType.")
+    factor: float | None = Field(default=None, gt=0, le=1024, description="rope_scaling.factor.")
+    original_max_position_embeddings: int | None = Field(
+        default=None, ge=1, le=MAX_POSITIONS, description="rope_scaling.original_max_position_embeddings (YaRN).")
+
+
 class ModelArchitecture(_Model):
     """Architecture numbers of the checkpoint (as in its config.json), used by the fit check."""
 
@@ -104,7 +116,18 @@ class ModelArchitecture(_Model):
         default=False, description="Whether the LM head shares the embedding matrix (tie_word_embeddings).")
     max_position_embeddings: int | None = Field(
         default=None, ge=1, le=MAX_POSITIONS,
-        description="Longest context the model supports; the default for scheduling.maxModelLen.")
+        description="max_position_embeddings: with ropeScaling and slidingWindow, the model's length limit as the "
+                    "engine derives it, which is the default for scheduling.maxModelLen and its upper bound.")
+    rope_scaling: RopeScaling | None = Field(
+        default=None,
+        description="rope_scaling of config.json: YaRN reaches originalMaxPositionEmbeddings x factor (Qwen2.5: 4 x "
+                    "32768), linear maxPositionEmbeddings x factor; llama3's maxPositionEmbeddings counts it.")
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=MAX_POSITIONS,
+        description="sliding_window of config.json: the engine caps the length there (Mistral-7B-v0.1: 4096) unless "
+                    "useSlidingWindow is false.")
+    use_sliding_window: bool | None = Field(
+        default=None, description="use_sliding_window of config.json (Qwen2 sets false: its window is not used).")
     num_parameters: int | None = Field(
         default=None, ge=1, le=MAX_PARAMETERS,
         description="Total parameter count; overrides the count derived from the numbers above "
@@ -114,6 +137,20 @@ class ModelArchitecture(_Model):
         description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
                     "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GGUF "
                     "file: 4 for Q4_0/Q4_1 linear tensors (assumed when absent), 8 for Q8_0.")
+
+    @property
+    def length_limit(self) -> int | None:
+        """The model's length as the engine derives it from these config.json numbers (engine_rules.model_len_limit:
+        rope scaling, then the sliding window), or None without maxPositionEmbeddings."""
+        if self.max_position_embeddings is None:
+            return None
+        hf_config: dict[str, Any] = {"max_position_embeddings": self.max_position_embeddings,
+                                     "sliding_window": self.sliding_window}
+        if self.use_sliding_window is not None:
+            hf_config["use_sliding_window"] = self.use_sliding_window
+        if self.rope_scaling is not None:
+            hf_config["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
+        return model_len_limit(hf_config)
 
     @model_validator(mode="after")
     def _heads_have_a_size(self) -> ModelArchitecture:
@@ -453,7 +490,9 @@ class PodSpec(_Model):
     """What the engine pods carry beyond the engine itself, passed through to the pod template."""
 
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra pod labels (the operator's own label keys are refused).")
+        default_factory=dict,
+        description="Extra pod labels: keys without '/', and those the cluster admin allows (operator flag "
+                    "--pod-label); the operator's own label keys never.")
     annotations: dict[str, str] = Field(
         default_factory=dict,
         description="Extra pod annotations: keys without '/' or '.', and those the cluster admin allows "
@@ -492,6 +531,12 @@ class RolloutSpec(_Model):
         default=0, ge=0, le=1000,
         description="Pods a rollout may take down before their replacements are ready; set 1 with maxSurge 0 "
                     "when no spare GPUs exist.")
+    progress_deadline_seconds: int = Field(
+        default=600, ge=1, le=86_400,
+        description="Seconds a rollout may go without progress (a pod created, scheduled or getting ready) before "
+                    "status says it is stuck (Progressing=False, Degraded=True, reason ProgressDeadlineExceeded): "
+                    "the Deployment's progressDeadlineSeconds. Pods Pending for lack of GPUs are the usual cause; "
+                    "raise it above the time a replica takes to download and load the model.")
 
     @model_validator(mode="after")
     def _can_progress(self) -> RolloutSpec:

@@ -61,6 +61,22 @@ def _pods_refused(deployment: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _stuck(deployment: dict[str, Any] | None) -> str | None:
+    """Why the rollout has stopped progressing, or None: the Deployment controller's ProgressDeadlineExceeded
+    (no pod created, scheduled or getting ready for spec.rollout.progressDeadlineSeconds), once the controller
+    has seen the Deployment's current generation (a spec change starts a new deadline)."""
+    if deployment is None:
+        return None
+    status = deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < deployment["metadata"].get("generation", 0):
+        return None
+    for c in status.get("conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == ("Progressing", "False", "ProgressDeadlineExceeded"):
+            deadline = (deployment.get("spec") or {}).get("progressDeadlineSeconds")
+            return f"no progress for {deadline}s (spec.rollout.progressDeadlineSeconds)"
+    return None
+
+
 def _phase(conditions: list[Condition], seen: Observation) -> str:
     """The one-word summary of the conditions: Failed, Degraded, Ready, Pending or Progressing."""
     status_of = {c.type: c.status for c in conditions}
@@ -82,6 +98,7 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     review, fit = seen.review, seen.review.fit
     desired, existing, ready, updated, observed = _replica_counts(seen.deployment)
     refused = _pods_refused(seen.deployment)
+    stuck = _stuck(seen.deployment)
     conditions = []
 
     if review.errors:
@@ -104,6 +121,10 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Progressing", "True", "Creating", "creating the Deployment"))
     elif refused is not None:
         conditions.append(cond("Progressing", "False", "PodsRefused", f"the API server refuses the pods: {refused}"))
+    elif stuck is not None and not rolled_out:
+        conditions.append(cond("Progressing", "False", "ProgressDeadlineExceeded",
+                               f"the rollout is stuck: {updated} of {desired} replicas updated, {ready} ready, "
+                               f"{stuck}"))
     elif not rolled_out:
         conditions.append(cond("Progressing", "True", "RollingOut",
                                f"{updated} of {desired} replicas updated, {ready} ready"))
@@ -128,6 +149,11 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         conditions.append(cond("Degraded", "True", seen.blocked[0], f"{seen.blocked[1]}{kept}"))
     elif refused is not None:
         conditions.append(cond("Degraded", "True", "PodsRefused", f"the API server refuses the pods: {refused}"))
+    elif stuck is not None and not rolled_out:
+        conditions.append(cond("Degraded", "True", "ProgressDeadlineExceeded",
+                               f"the rollout is stuck: {ready} of {desired} replicas ready, {stuck}; pods Pending "
+                               "for lack of GPUs or a matching node, or still loading the model (then raise the "
+                               "deadline)"))
     elif seen.deployment is not None and ready < desired and was_serving and same_generation:
         conditions.append(cond("Degraded", "True", "ReplicasUnavailable",
                                f"{desired - ready} of {desired} replicas are not ready"))

@@ -32,6 +32,7 @@ NON_DEFAULT = {
         "resyncSeconds": 30,
         "hostPath": {"allowedPrefixes": ["/models", "/mnt/checkpoints"]},
         "engineAnnotations": {"allowed": ["prometheus.io/", "sidecar.istio.io/inject"]},
+        "engineLabels": {"allowed": ["example.com/", "sidecar.istio.io/inject"]},
         "priorityClasses": {"allowed": ["inference", "inference-batch"]},
         "keda": {"prometheusAddresses": ["http://prometheus.obs.svc:9090", "https://thanos.obs.svc/query"]},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
@@ -189,8 +190,10 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
                                               prometheus_addresses=tuple(addresses or [DEFAULT_PROMETHEUS_ADDRESS]),
                                               pod_annotations=tuple(operator.get("engineAnnotations", {}).get(
                                                   "allowed", [])),
+                                              pod_labels=tuple(operator.get("engineLabels", {}).get("allowed", [])),
                                               priority_classes=tuple(operator.get("priorityClasses", {}).get(
-                                                  "allowed", [])))
+                                                  "allowed", [])),
+                                              engine_image=args.engine_image)
 
 
 def test_webhook_paths_are_the_operators_handler_ids() -> None:

@@ -33,6 +33,8 @@ WEBHOOK_CONFIGURATION = "flotilla.serving.flotilla.dev"
 FIS_PATH = "/apis/serving.flotilla.dev/v1alpha1"
 HOST_PATH_PREFIX = "/models"
 SERVING_PERIOD_S, SERVING_WINDOW_S = 1.0, 5.0
+# The admin's engine image, as the chart always passes one (--engine-image).
+ENGINE_IMAGE = "registry.local/flotilla-engine:mirror"
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +70,7 @@ class OperatorProcess:
                    # status.serving read every second over a 5 s window (test_serving_status_live.py).
                    "--serving-period", str(SERVING_PERIOD_S), "--serving-window", str(SERVING_WINDOW_S),
                    # The admin allows one node directory, so the corpus can try to escape it.
-                   "--host-path-prefix", HOST_PATH_PREFIX]
+                   "--host-path-prefix", HOST_PATH_PREFIX, "--engine-image", ENGINE_IMAGE]
         env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

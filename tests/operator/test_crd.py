@@ -217,7 +217,7 @@ def test_apiserver_fills_defaults_of_a_minimal_spec(crd_installed, namespace):
     assert spec["scheduling"] == {"maxNumSeqs": 256, "chunkedPrefill": False}
     assert spec["parallelism"] == {"tensor": 1, "pipeline": 1}
     assert spec["resources"] == {"shmSize": "8Gi", "tmpSize": "20Gi"}
-    assert spec["rollout"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert spec["rollout"] == {"maxSurge": 1, "maxUnavailable": 0, "progressDeadlineSeconds": 600}
     assert spec["monitoring"] == {"serviceMonitor": True, "interval": "15s"}
     assert "autoscaling" not in spec and "speculative" not in spec and "lora" not in spec
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from flotilla.operator.fit import kv_bytes_per_token, weight_bytes
 from flotilla.operator.spec import ModelArchitecture
@@ -100,3 +101,99 @@ def test_fit_lora_slots_equal_what_the_engine_allocates(tmp_path):
     spec = InferenceServiceSpec.model_validate({"model": {"source": "hf://org/model"}, "dtype": "bfloat16",
                                                 "lora": {"maxLoras": 2, "maxLoraRank": 8}})
     assert engine > 0 and lora_slot_bytes(arch, spec) == engine
+
+
+# case -> (config.json changes, the same numbers as spec.model.config takes them)
+LENGTHS = {
+    "plain": ({}, {}),
+    # Mistral-7B-v0.1: sliding_window 4096 in config.json; the engine caps its length there (full attention within
+    # the window) while the fit check counted 32768-token sequences and admission let maxModelLen 32768 through.
+    "sliding-window": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                        "max_position_embeddings": 32768, "sliding_window": 4096},
+                       {"maxPositionEmbeddings": 32768, "slidingWindow": 4096}),
+    # Qwen2 configs carry a window they do not use.
+    "sliding-window-off": ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                            "max_position_embeddings": 32768, "sliding_window": 4096, "use_sliding_window": False},
+                           {"maxPositionEmbeddings": 32768, "slidingWindow": 4096, "useSlidingWindow": False}),
+    # Qwen2.5's YaRN: 4 x 32768; the fit check under-counted by 4 and admission refused maxModelLen 131072.
+    "yarn": ({"max_position_embeddings": 32768,
+              "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+             {"maxPositionEmbeddings": 32768,
+              "ropeScaling": {"type": "yarn", "factor": 4.0, "originalMaxPositionEmbeddings": 32768}}),
+    "linear": ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+               {"maxPositionEmbeddings": 4096, "ropeScaling": {"ropeType": "linear", "factor": 2.0}}),
+    # Llama 3.1: max_position_embeddings counts the factor already.
+    "llama3": ({"max_position_embeddings": 131072,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+               {"maxPositionEmbeddings": 131072, "ropeScaling": {"ropeType": "llama3", "factor": 8.0,
+                                                                  "originalMaxPositionEmbeddings": 8192}}),
+}
+
+
+@pytest.mark.parametrize("case", list(LENGTHS))
+def test_the_fit_checks_default_length_is_the_engines_and_admission_refuses_only_past_it(tmp_path, case):
+    from flotilla.engine.config import ConfigError, EngineConfig
+    from flotilla.operator.admission import review
+    from flotilla.operator.fit import check_fit
+    from flotilla.operator.spec import InferenceServiceSpec
+
+    changes, numbers = LENGTHS[case]
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG | changes))
+    engine_len = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16",
+                                      enable_chunked_prefill=True).model.max_model_len
+    arch = {"hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS,
+            "numKeyValueHeads": KV_HEADS, "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB,
+            "maxPositionEmbeddings": CONFIG["max_position_embeddings"], **numbers}
+    spec = {"model": {"source": "pvc://m", "config": arch}, "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+            "scheduling": {"chunkedPrefill": True}}
+    assert check_fit(InferenceServiceSpec.model_validate(spec)).max_model_len == engine_len
+    for length, engine_takes_it in ((engine_len, True), (engine_len + 1, False)):
+        spec["scheduling"]["maxModelLen"] = length
+        try:
+            EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=length,
+                                    enable_chunked_prefill=True)
+        except ConfigError:
+            assert not engine_takes_it
+        errors = [e for e in review(spec, "m").errors if "maxModelLen" in e]
+        assert (errors == []) == engine_takes_it, (length, errors)
+
+
+def _per_rank_weight_bytes(model) -> int:
+    storages: dict[int, int] = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if "norm" not in name and "cos_sin_cache" not in name:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(("tensor", "pipeline", "quantization", "tied"), [
+    (2, 1, "none", False), (4, 1, "none", False), (8, 1, "none", False), (4, 1, "rtn", False),
+    (1, 2, "none", False), (2, 2, "none", False), (1, 2, "none", True)])
+def test_fit_weights_under_model_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor, pipeline,
+                                                                          quantization, tied):
+    # With more ranks than KV heads (2 here) the engine replicates each KV head over tensor / 2 ranks
+    # (QKVParallelLinear): every rank holds a k and a v head's weights, tensor heads in all, not 2. Every pipeline
+    # stage builds the embedding and the LM head (LlamaModel: only the layers are the stage's), so a replica holds
+    # them once a stage.
+    from flotilla.engine import parallel_state
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.layers import linear
+    from flotilla.engine.model_loader import load_model
+
+    monkeypatch.delenv("RTN_NUM_BITS", raising=False)
+    monkeypatch.delenv("RTN_GROUP_SIZE", raising=False)
+    monkeypatch.setattr(linear, "max_over_tp", lambda amax: amax)  # fp8's per-row scales: no other ranks here
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG | {"tie_word_embeddings": tied}))
+    flags = {"quantization": quantization} if quantization != "none" else {}
+    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
+                                      tensor_parallel_size=tensor, pipeline_parallel_size=pipeline, **flags)
+    engine = 0
+    for rank in range(tensor * pipeline):
+        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank.of(rank, tensor, pipeline))
+        engine += _per_rank_weight_bytes(load_model(config.model, torch.device("cpu")))
+    arch = ModelArchitecture.model_validate({
+        "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
+        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, "tieWordEmbeddings": tied})
+    assert weight_bytes(arch, quantization, "bfloat16", tensor=tensor, pipeline=pipeline) == pytest.approx(
+        engine, rel=0.005)

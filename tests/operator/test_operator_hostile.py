@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from flotilla.operator.kube import KubeError
+from flotilla.operator.spec import DEFAULT_IMAGE
 
-from .conftest import FIS_PATH, wait_for
-from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path
+from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
+from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path, wait_children
 
 WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
 SCHEMA = "is invalid: "  # the apiserver's own schema validation
@@ -71,6 +72,16 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
         "io.katacontainers.config.hypervisor.kernel_params is not a pod annotation this cluster allows"),
     "kube2iam-role-annotation": ("bad", {"pod": {"annotations": {"iam.amazonaws.com/role": "admin"}}}, WEBHOOK,
                                  "iam.amazonaws.com/role is not a pod annotation this cluster allows"),
+    # Pod labels that tools read as instructions, as the annotations above: a mutating webhook that mounts a cloud
+    # token into the pod (Azure Workload Identity reads this label; the operator promises no token in the pods), a
+    # mesh's sidecar injector (the label form of sidecar.istio.io/inject wins over the namespace's choice), a
+    # prefixed label that NetworkPolicies or a policy engine select by. Plain keys stay the user's.
+    "workload-identity-label": ("bad", {"pod": {"labels": {"azure.workload.identity/use": "true"}}}, WEBHOOK,
+                                "spec.pod.labels: azure.workload.identity/use is not a pod label this cluster allows"),
+    "istio-inject-label": ("bad", {"pod": {"labels": {"sidecar.istio.io/inject": "true"}}}, WEBHOOK,
+                           "spec.pod.labels: sidecar.istio.io/inject is not a pod label this cluster allows"),
+    "kubernetes-io-label": ("bad", {"pod": {"labels": {"node-restriction.kubernetes.io/x": "y"}}}, WEBHOOK,
+                            "spec.pod.labels: node-restriction.kubernetes.io/x is not a pod label"),
     # The two built-in critical classes (priority 2e9: above every user class) preempt any other team's pods on the
     # GPU nodes; since 1.17 the apiserver no longer keeps them to kube-system unless the admin configures a quota.
     "system-priority-class": ("bad", {"pod": {"priorityClassName": "system-node-critical"}}, WEBHOOK,
@@ -327,6 +338,20 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")
+
+
+def test_a_spec_stored_while_the_webhook_was_down_runs_the_admins_engine_image(operator_process, cluster, namespace):
+    # The admin's engine image (--engine-image: a mirror, a vetted build) stands in for the stock one through the
+    # mutating webhook. Admitted while the operator was away (failure policy Ignore), the spec kept the stock image
+    # and the reconciler rolled it out: pods pulling from a registry the admin replaced.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("stock", namespace, autoscaling=None))
+    finally:
+        operator_process.start()
+    assert cluster.kube.get(fis_path(namespace, "stock"))["spec"]["image"] == DEFAULT_IMAGE
+    deployment = wait_children(cluster, namespace, "stock", ["Deployment"])["Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == ENGINE_IMAGE
 
 
 # model.config at the largest numbers the schema allows (far beyond any checkpoint), and one past them.

@@ -21,7 +21,7 @@ from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import object_path
 from flotilla.operator.spec import InferenceServiceSpec
 
-from .conftest import FIS_PATH, wait_for
+from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = yaml.safe_load((REPO / "crds" / "samples" / "llama-3.1-8b-h200.yaml").read_text())
@@ -232,7 +232,7 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
         {"name": "engine", "image": "evil:latest"}]}}}}, content_type="application/strategic-merge-patch+json")
     wait_for(lambda: (d := op.kube.get(path))["spec"]["replicas"] == 2
              and d["spec"]["template"]["spec"]["containers"][0]["image"] == LLAMA["spec"].get(
-                 "image", "ghcr.io/flotilla-dev/flotilla-engine:0.1.0"), 10, "the Deployment restored")
+                 "image", ENGINE_IMAGE), 10, "the Deployment restored")
     # Server-side apply takes back every field the operator sets; fields it does not set (an extra
     # port added by hand under another key) are left to whoever added them.
     svc = child_path("Service", namespace, "llama")
@@ -298,6 +298,46 @@ def test_pods_the_apiserver_refuses_reach_status_and_an_event(op, namespace, obs
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "refused" and e["reason"] == "PodsRefused"
                       and e["type"] == "Warning" and fragment in e["message"]], 15, "a PodsRefused Event")
+
+
+def test_a_rollout_past_its_progress_deadline_reaches_status_and_an_event(op, namespace):
+    """Pods that stay Pending (no GPU free, no node matching) or never get ready: the Deployment controller marks the
+    rollout ProgressDeadlineExceeded once spec.rollout.progressDeadlineSeconds pass without progress (here no
+    scheduler runs, so the pods stay Pending). Status said "RollingOut" forever; KServe users expect a condition
+    saying the rollout is stuck."""
+    op.apply(fis("stuck", namespace, autoscaling=None, replicas=1, rollout={"progressDeadlineSeconds": 1}))
+    deployment = wait_children(op, namespace, "stuck", ["Deployment"])["Deployment"]
+    assert deployment["spec"]["progressDeadlineSeconds"] == 1
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "stuck"))) and
+                    condition(b, "Progressing").get("reason") == "ProgressDeadlineExceeded" and b, 30,
+                    "ProgressDeadlineExceeded in status")
+    assert condition(body, "Progressing")["status"] == "False"
+    degraded = condition(body, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ProgressDeadlineExceeded"
+    assert "0 of 1 replicas ready" in degraded["message"] and "1s" in degraded["message"], degraded["message"]
+    assert body["status"]["phase"] == "Degraded"
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "stuck" and e["reason"] == "ProgressDeadlineExceeded"
+                      and e["type"] == "Warning"], 15, "a ProgressDeadlineExceeded Event")
+
+
+def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
+    """spec.replicas 3, then autoscaling (minReplicas 3): the Deployment is applied without `replicas`, so that the
+    autoscaler owns it. Server-side apply removes a field its only manager stops applying, and the apiserver
+    defaulted it to 1: two of three serving replicas were deleted until the HPA scaled back up. (An HPA or a KEDA
+    ScaledObject, whichever optional CRDs an earlier test left installed: the Deployment is applied alike.)"""
+    op.apply(fis("grows", namespace, autoscaling=None, replicas=3))
+    path = child_path("Deployment", namespace, "grows")
+    wait_for(lambda: (d := op.kube.get(path)) and d["spec"]["replicas"] == 3, 20, "3 replicas")
+    op.apply(fis("grows", namespace, replicas=3, autoscaling={"minReplicas": 3, "maxReplicas": 5, "target": 4}))
+    generation = op.kube.get(fis_path(namespace, "grows"))["metadata"]["generation"]
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "grows")).get("status") or {}).get("observedGeneration")
+             == generation,
+             20, "the autoscaled spec reconciled")
+    deployment = op.kube.get(path)
+    assert deployment["spec"]["replicas"] == 3
+    replica_sets = op.kube.list(f"/apis/apps/v1/namespaces/{namespace}/replicasets")
+    assert [rs["spec"]["replicas"] for rs in replica_sets if rs["metadata"]["name"].startswith("grows-")] == [3]
 
 
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one

@@ -95,6 +95,20 @@ def test_pod_annotations_are_the_users_own_keys_or_the_admins_list(key, allowed)
     assert (errors == []) == allowed, errors
 
 
+@pytest.mark.parametrize(("key", "allowed"), [
+    ("team", True), ("team.name", True),  # the user's own keys (a dot is part of a plain label name)
+    ("azure.workload.identity/use", False), ("sidecar.istio.io/inject", False),
+    ("example.com/owner", True), ("example.com.evil/owner", False),  # under the admin's prefix, and not
+    ("security.istio.io/tlsMode", True), ("security.istio.io/tlsModeX", False),  # the admin's exact key, and not
+    ("app.kubernetes.io/name", False),  # the operator's, whatever is listed
+])
+def test_pod_labels_are_the_users_plain_keys_or_the_admins_list(key, allowed):
+    policy = parse_args(["--pod-label", "example.com/", "--pod-label", "security.istio.io/tlsMode",
+                         "--pod-label", "app.kubernetes.io/"]).policy
+    errors = review({"model": {"source": "pvc://m"}, "pod": {"labels": {key: "x"}}}, "x", policy).errors
+    assert (errors == []) == allowed, errors
+
+
 @pytest.mark.parametrize(("flags", "name", "allowed"), [
     ([], "inference", True), ([], "system-node-critical", False), ([], "system-cluster-critical", False),
     (["--priority-class", "inference"], "inference", True), (["--priority-class", "inference"], "batch", False),
