@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
 #          top/late = FLOTILLA_INT4_WIDE_PDL=1/late, w256 = 256 words a step), greedy tokens per variant, and the
 #          fastest variant's profile (PDL on)
 #   kern   (75 s, if >= 40 s left) bench/int4_wide_pdl.py: per projection alone / after RMSNorm, and the layer chain
-#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 12 launch variants (most telling first: a cut run
+#          (norm, qkv, norm, o, norm, gate_up, SiLU, down), main vs 14 launch variants (most telling first: a cut run
 #          keeps them); BEST_MODE / PDL_CONFIG / PLAIN_CONFIG lines
 #   tests  (30 s, if >= 35 s left) tests/kernels/test_int4_wide_pdl.py on the GPU (compiled kernels, real PDL: the peel
 #          bit-equal to the plain launch, layout 1 against the reference, the PDL chain in a CUDA graph)
