@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.switches import env_choice
 from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
@@ -58,6 +60,17 @@ MEASURED_TILES = (
 # split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; unset, the measured table.
 # Read once at import.
 _WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "") or MEASURED_TILES)
+# FLOTILLA_INT4_WIDE_PDL (default "0", off: unmeasured; session 15, branch int4g15): a one-row call launched by
+# programmatic dependent launch (`kernels/pdl.py`; only where `pdl_active`, i.e. FLOTILLA_PDL on, sm_90+, one row)
+# with its first step's words and scales loaded before `griddepcontrol.wait`, so that they stream while the kernel
+# ahead (RMSNorm, the attention merge, SiLU-and-mul) runs. "1": the kernel behind may start at once (as the bf16
+# GEMV does); "late": only once every program is past its K loop. Read at import; the module global `WIDE_PDL`
+# ("", "top", "late") is read at every call (the benchmarks flip it). docs/quantization.md.
+WIDE_PDL_VALUES = {"0": "", "1": "top", "late": "late"}
+WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "")
+# Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
+# the wait is one step, so a wider step (block_w) preloads more. Read at import.
+_PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +82,7 @@ class WideConfig:
     split_k: int  # word ranges (second grid axis)
     num_warps: int
     num_stages: int  # software-pipeline depth of the K loop (> 1: cp.async through shared memory)
+    layout: int = 0  # 0: main's [rows, chunks, 4] word tile; 1: [rows, words] and PTX scale loads (`_step_loads`)
 
 
 def wide_supported(m: int, k: int, group_size: int) -> bool:
@@ -87,15 +101,19 @@ def wide_config(
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    pdl: bool = False,
+    layout: int | None = None,
 ) -> WideConfig:
     """The launch of an `[m, k] x [n, k]^T` call; given knobs (then FLOTILLA_INT4_GEMV_WIDE_CONFIG's) are kept.
+    `pdl`: a PDL launch, whose knobs come from FLOTILLA_INT4_WIDE_PDL_CONFIG first (when set).
 
     The table (`MEASURED_TILES`, or FLOTILLA_INT4_GEMV_WIDE_CONFIG) gives the knobs it has; the rest follow the
     first lead (CPU-inspected sm_90 code): 4 warps with one row of 128 words (512 contiguous bytes) a warp and
     step, 32 rows a program, 16 while the row tiles are fewer than 2 per SM, 3 stages; split-K by powers of two
     while the programs are fewer than 2 per SM and each range keeps 2 steps.
     """
-    given = _WIDE_TILES.get((n, k), _WIDE_TILES.get(None)) or {}
+    tables = (_PDL_TILES, _WIDE_TILES) if pdl else (_WIDE_TILES,)
+    given = next((t[key] for t in tables for key in ((n, k), None) if key in t), {})
     block_w = block_w or given.get("block_w") or min(128, max(32, triton.next_power_of_2(k // 8) // 2))
     num_warps = num_warps or given.get("num_warps") or 4
     num_stages = num_stages or given.get("num_stages") or 3
@@ -110,7 +128,8 @@ def wide_config(
         split_k = 1
         while tiles * split_k < 2 * num_sms and k // 8 >= 2 * split_k * 2 * block_w and split_k < 16:
             split_k *= 2
-    return WideConfig(block_n, block_w, split_k, num_warps, num_stages)
+    layout = layout if layout is not None else given.get("layout", 0)
+    return WideConfig(block_n, block_w, split_k, num_warps, num_stages, layout)
 
 
 @triton.jit
@@ -251,6 +270,84 @@ def _row_step(acc, w0, w1, w2, w3, s, zf, x8_ptrs, x_ok, HAS_ZEROS: tl.constexpr
 
 
 @triton.jit
+def _gather(ptrs, USE_ASM: tl.constexpr):
+    """An unmasked load of scales or zero points (every address valid) as PTX where compiled: an elementwise op, it
+    takes the layout of the values it is combined with (the words'). A `tl.load` tile of them gets a layout of its own,
+    and Triton 3.6 then moves the whole step to it (session 10's qgemv10-layout.diff: threads across rows)."""
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    if not USE_ASM:
+        v = tl.load(ptrs)
+    elif BITS == 8:
+        v = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16, is_pure=True,
+                                      pack=1).to(tl.uint8)  # fmt: skip
+    else:
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16, is_pure=True,
+                                      pack=1).to(ptrs.dtype.element_ty, bitcast=True)  # fmt: skip
+    return v
+
+
+@triton.jit
+def _step_loads(p_ptrs, s_ptrs, z_ptrs, w0, cs, col_ok, w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                EVEN: tl.constexpr, LAYOUT: tl.constexpr = 0, USE_ASM: tl.constexpr = False):
+    """One step's weight reads (no activation): the words from word `w0` on (16 bytes a thread), each chunk's scale
+    as fp32, and its zero point over 16 (the scale as a stand-in when symmetric).
+    LAYOUT 0 (main): `p_ptrs` `[BLOCK_N, C, 4]`, scales by `tl.load`; under Triton 3.6 a warp's threads then lie
+    across rows and each thread does 4 chunks' activation work for one row (735 sm_90 instructions a 16 x 128 step).
+    LAYOUT 1: `p_ptrs` `[BLOCK_N, BLOCK_W]` (contiguous along the row: a thread's 16 bytes, the warp along the row),
+    split in registers by `_step_math`; scales and zero points by `_gather` (PTX) from rows clamped to N - 1 and
+    groups clamped to the range's last (every address valid, no mask; masked chunks multiply zeros)."""
+    chunk = w0 + 4 * cs  # [C] each chunk's first word
+    chunk_ok = chunk < w_end  # whole chunks: K is a multiple of 32
+    tile_ok = col_ok[:, None] & chunk_ok[None, :]
+    group = (chunk * 8) // GROUP  # a chunk's 32 inputs lie in one group
+    if LAYOUT == 0:
+        words = _load(p_ptrs + w0, tile_ok[:, :, None], 0, EVEN)  # [BLOCK_N, C, 4] int32
+        s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
+            zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
+        else:
+            zf = s
+    else:
+        BLOCK_W: tl.constexpr = p_ptrs.shape[1]
+        ws = tl.arange(0, BLOCK_W)
+        w_ok = col_ok[:, None] & ((((w0 + ws) // 4) * 4) < w_end)[None, :]  # whole chunks: 16-byte masks
+        words = _load(p_ptrs + w0, w_ok, 0, EVEN)  # [BLOCK_N, BLOCK_W] int32
+        group = tl.minimum(group, ((w_end - 4) * 8) // GROUP)
+        s = _gather(s_ptrs + group[None, :], USE_ASM).to(tl.float32)
+        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
+            zf = _gather(z_ptrs + group[None, :], USE_ASM).to(tl.float32) * 0.0625
+        else:
+            zf = s
+    return words, s, zf
+
+
+@triton.jit
+def _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, stride_xm, HAS_ZEROS: tl.constexpr,
+               ROWS: tl.constexpr, X_KIND: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr):
+    """One step's sums into each row's accumulator, from `_step_loads`' tiles and the activations of the step."""
+    U: tl.constexpr = 4 if X_KIND == 2 else 2  # 8-byte units of one word's 8 activations
+    chunk = w0 + 4 * cs
+    chunk_ok = chunk < w_end
+    # the chunk's 4 words apart (in-thread: the 4 are one thread's registers)
+    BLOCK_N: tl.constexpr = s.shape[0]
+    C: tl.constexpr = s.shape[1]  # `words` is [BLOCK_N, C, 4] or [BLOCK_N, 4 C]: the same order
+    wa, wb = tl.split(tl.reshape(words, [BLOCK_N, C, 2, 2]))  # words 0/2 and 1/3
+    wd0, wd2 = tl.split(wa)
+    wd1, wd3 = tl.split(wb)
+    x8 = x_ptr + chunk * U  # the chunk's activations: its 4 words' U 8-byte units each
+    acc0 = _row_step(acc0, wd0, wd1, wd2, wd3, s, zf, x8, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    if ROWS > 1:
+        acc1 = _row_step(acc1, wd0, wd1, wd2, wd3, s, zf, x8 + stride_xm, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
+    if ROWS > 2:
+        acc2 = _row_step(acc2, wd0, wd1, wd2, wd3, s, zf, x8 + 2 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM,
+                         EVEN)  # fmt: skip
+    if ROWS > 3:
+        acc3 = _row_step(acc3, wd0, wd1, wd2, wd3, s, zf, x8 + 3 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM,
+                         EVEN)  # fmt: skip
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _int4_gemv_wide_kernel(
     x_ptr,
     packed_ptr,
@@ -282,9 +379,12 @@ def _int4_gemv_wide_kernel(
     X_KIND: tl.constexpr,  # activations: 0 bf16, 1 fp16, 2 fp32 (read as int64 units: `x_ptr`, `stride_xm`)
     USE_ASM: tl.constexpr,
     EVEN: tl.constexpr = False,  # whole row tiles, whole word steps in every range
+    PDL: tl.constexpr = False,  # launched by PDL: the first step's weights loaded before the wait
+    PDL_GDC: tl.constexpr = True,  # the griddepcontrol instructions (False: the interpreter's test of the peel)
+    TRIGGER_LATE: tl.constexpr = 0,  # with PDL: let the dependents start at the top (0) or after the loop (1)
+    LAYOUT: tl.constexpr = 0,  # the word tile and scale loads (`_step_loads`): 0 main's, 1 [rows, words] + PTX scales
 ):
     C: tl.constexpr = BLOCK_W // 4  # 16-byte chunks of a row per step
-    U: tl.constexpr = 4 if X_KIND == 2 else 2  # 8-byte units of one word's 8 activations
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -294,40 +394,46 @@ def _int4_gemv_wide_kernel(
     cols64 = cols.to(tl.int64)
     w_start = split * words_per_split
     w_end = tl.minimum(w_start + words_per_split, KW)
-    p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + (4 * cs[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
-    s_ptrs = scales_ptr + cols64[:, None] * stride_sn
-    z_ptrs = zeros_ptr + cols64[:, None] * stride_zn
+    if LAYOUT == 0:
+        words4 = 4 * cs[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]
+        p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + words4[None, :, :]
+        s_ptrs = scales_ptr + cols64[:, None] * stride_sn
+        z_ptrs = zeros_ptr + cols64[:, None] * stride_zn
+    else:
+        p_ptrs = packed_ptr + cols64[:, None] * stride_pn + tl.arange(0, BLOCK_W)[None, :]
+        cols_in = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N read row N - 1's scales (unused): no masks
+        s_ptrs = scales_ptr + cols_in[:, None] * stride_sn
+        z_ptrs = zeros_ptr + cols_in[:, None] * stride_zn
     acc0 = tl.zeros([BLOCK_N, C], tl.float32)
     acc1 = tl.zeros([BLOCK_N, C], tl.float32)
     acc2 = tl.zeros([BLOCK_N, C], tl.float32)
     acc3 = tl.zeros([BLOCK_N, C], tl.float32)
-    for w0 in tl.range(w_start, w_end, BLOCK_W, num_stages=NUM_STAGES):
+    if PDL:
+        # Launched by programmatic dependent launch (`kernels/pdl.py`, FLOTILLA_INT4_WIDE_PDL): the first step is
+        # peeled so that its words and scales (weights: no kernel of the step writes them) are in flight before
+        # the wait, while the kernel ahead (whose output is `x`) still runs. Same step function as the loop, same
+        # order: bit-equal to the plain launch. Every store and every activation read comes after the wait.
+        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w_start, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN, LAYOUT,
+                                   USE_ASM)  # fmt: skip
+        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
+            if TRIGGER_LATE == 0:
+                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        acc0, acc1, acc2, acc3 = _step_math(acc0, acc1, acc2, acc3, words, s, zf, w_start, cs, w_end, x_ptr,
+                                            stride_xm, HAS_ZEROS, ROWS, X_KIND, USE_ASM, EVEN)  # fmt: skip
+        w_loop = w_start + BLOCK_W
+    else:
+        w_loop = w_start
+    for w0 in tl.range(w_loop, w_end, BLOCK_W, num_stages=NUM_STAGES):
         w0 = tl.multiple_of(w0, 4)
-        chunk = w0 + 4 * cs  # [C] each chunk's first word
-        chunk_ok = chunk < w_end  # whole chunks: K is a multiple of 32
-        tile_ok = col_ok[:, None] & chunk_ok[None, :]
-        words = _load(p_ptrs + w0, tile_ok[:, :, None], 0, EVEN)  # [BLOCK_N, C, 4] int32, 16 bytes a thread
-        # the chunk's 4 words apart (in-thread: the 4 are one thread's registers)
-        wa, wb = tl.split(tl.reshape(words, [BLOCK_N, C, 2, 2]))  # words 0/2 and 1/3
-        wd0, wd2 = tl.split(wa)
-        wd1, wd3 = tl.split(wb)
-        group = (chunk * 8) // GROUP  # a chunk's 32 inputs lie in one group
-        s = _load(s_ptrs + group[None, :], tile_ok, 0.0, EVEN).to(tl.float32)  # [BLOCK_N, C]
-        if HAS_ZEROS:  # noqa: SIM108 - a compile-time branch
-            zf = _load(z_ptrs + group[None, :], tile_ok, 0, EVEN).to(tl.float32) * 0.0625  # z/16
-        else:
-            zf = s
-        x8 = x_ptr + chunk * U  # the chunk's activations: its 4 words' U 8-byte units each
-        acc0 = _row_step(acc0, wd0, wd1, wd2, wd3, s, zf, x8, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM, EVEN)
-        if ROWS > 1:
-            acc1 = _row_step(acc1, wd0, wd1, wd2, wd3, s, zf, x8 + stride_xm, chunk_ok, HAS_ZEROS, X_KIND, USE_ASM,
-                             EVEN)  # fmt: skip
-        if ROWS > 2:
-            acc2 = _row_step(acc2, wd0, wd1, wd2, wd3, s, zf, x8 + 2 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND,
-                             USE_ASM, EVEN)  # fmt: skip
-        if ROWS > 3:
-            acc3 = _row_step(acc3, wd0, wd1, wd2, wd3, s, zf, x8 + 3 * stride_xm, chunk_ok, HAS_ZEROS, X_KIND,
-                             USE_ASM, EVEN)  # fmt: skip
+        words, s, zf = _step_loads(p_ptrs, s_ptrs, z_ptrs, w0, cs, col_ok, w_end, GROUP, HAS_ZEROS, EVEN, LAYOUT,
+                                   USE_ASM)  # fmt: skip
+        acc0, acc1, acc2, acc3 = _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, stride_xm,
+                                            HAS_ZEROS, ROWS, X_KIND, USE_ASM, EVEN)  # fmt: skip
+    if PDL and PDL_GDC and TRIGGER_LATE == 1:
+        # the kernel behind may start once every program is past its loop: its programs then take the SMs this
+        # launch's programs leave, not the ones its later programs need
+        tl.extra.cuda.gdc_launch_dependents()
     res = tl.where(rows[:, None] == 0, tl.sum(acc0, 1)[None, :], 0.0)
     if ROWS > 1:
         res = tl.where(rows[:, None] == 1, tl.sum(acc1, 1)[None, :], res)
@@ -353,10 +459,18 @@ def int4_gemv_wide(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_asm: bool | None = None,
+    pdl: str | None = None,
+    pdl_gdc: bool = True,
+    layout: int | None = None,
 ) -> torch.Tensor:
     """`x` `[..., K]` (1..MAX_ROWS rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s
     dtype; fp32 accumulation. `zeros` None: symmetric (zero point 8). Knobs default to `wide_config` (shapes
-    only: CUDA-graph capturable); `use_asm` (default: compiled, not interpreted) picks the PTX nibble path."""
+    only: CUDA-graph capturable); `use_asm` (default: compiled, not interpreted) picks the PTX nibble path.
+    `pdl`: "top" or "late" (when the dependents may start) launches by programmatic dependent launch with the
+    first step's weights loaded before the wait, "" plainly; default: `WIDE_PDL` where `pdl_active(x)`.
+    `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions, so that the
+    interpreter can run it. `layout` 1: the [rows, words] word tile and PTX scale loads (`_step_loads`; knob
+    `layout=1` of the tile tables); default the table's (0, main's)."""
     k = x.shape[-1]
     n = packed.shape[0]
     assert packed.shape[1] * 8 == k, f"packed {tuple(packed.shape)} does not match x's K = {k}"
@@ -373,8 +487,11 @@ def int4_gemv_wide(
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
+    if pdl is None:
+        pdl = WIDE_PDL if WIDE_PDL and pdl_active(x) else ""
+    assert pdl in ("", "top", "late"), pdl
     cfg = wide_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
-                      num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+                      num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl), layout=layout)  # fmt: skip
     assert cfg.block_w % 4 == 0, cfg
     words = k // 8
     out2 = out.view(-1, n)
@@ -386,10 +503,21 @@ def int4_gemv_wide(
         FIXUP=split.counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
         USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
-        EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_options(pdl, pdl_gdc),
+        **({"LAYOUT": cfg.layout} if cfg.layout else {}),
     )  # fmt: skip
     split.reduce(out2, bias is not None)
     return out
 
 
-__all__ = ["MAX_ROWS", "WideConfig", "int4_gemv_wide", "wide_config", "wide_supported"]
+def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
+    """The kernel's PDL constexprs and launch option for `pdl` ("", "top", "late"); none for a plain launch."""
+    if not pdl:
+        return {}
+    options: dict[str, bool | int] = {"PDL": True, "PDL_GDC": gdc, "TRIGGER_LATE": int(pdl == "late")}
+    if gdc:
+        options["launch_pdl"] = True
+    return options
+
+
+__all__ = ["MAX_ROWS", "WIDE_PDL", "WideConfig", "int4_gemv_wide", "wide_config", "wide_supported"]

@@ -54,6 +54,8 @@ def _compile_for_hopper(
     ptx = kernel.asm["ptx"]
     wait_at = ptx.find("griddepcontrol.wait")
     return {"loads_before_wait": ptx[:wait_at].count("ld.global") if wait_at >= 0 else 0,
+            "loads16_before_wait": ptx[:wait_at].count("ld.global.v4") if wait_at >= 0 else 0,
+            "launch_before_wait": ptx[:wait_at].count("griddepcontrol.launch_dependents") if wait_at >= 0 else 0,
             "l2_prefetch": ptx.count("cp.async.bulk.prefetch.L2"),
             "cubin_bytes": len(kernel.asm["cubin"]), "e4m3_cvt": "e4m3" in ptx, "mma": "mma" in ptx,
             "i2f": "cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx, "bar_sync": ptx.count("bar.sync"),
@@ -269,7 +271,17 @@ def _compile_int4() -> dict[str, dict[str, object]]:
     wide = dict(GROUP=128, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=1, FIXUP=False, ROWS=1, BLOCK_M=1, BLOCK_N=16,
                 BLOCK_W=128, NUM_STAGES=3, X_KIND=0, USE_ASM=True, EVEN=True)  # fmt: skip
     wide4 = dict(wide, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=2, FIXUP=True, ROWS=4, BLOCK_M=4, NUM_STAGES=1)
+    # FLOTILLA_INT4_WIDE_PDL's launch at the measured one-row tile (split-K 2 with arrival counters, one stage)
+    wide_pdl = dict(wide, SPLIT_K=2, FIXUP=True, NUM_STAGES=1, PDL=True, TRIGGER_LATE=0)
     return {
+        "int4_gemv_wide m1 pdl": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide_pdl, aligned, num_warps=4,
+                                                     num_stages=1),
+        "int4_gemv_wide m1 pdl late": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs,
+                                                          dict(wide_pdl, TRIGGER_LATE=1), aligned, num_warps=4,
+                                                          num_stages=1),
+        # LAYOUT 1 (the [rows, words] word tile, PTX scale loads), by PDL
+        "int4_gemv_wide m1 rows pdl": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, dict(wide_pdl, LAYOUT=1),
+                                                          aligned, num_warps=4, num_stages=1),
         "int4_gemv_wide m1": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide, aligned, num_warps=4,
                                                  num_stages=3),
         "int4_gemv_wide m4": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide4, aligned, num_warps=4,
@@ -451,6 +463,16 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     for name, r in ((n, result[n]) for n in ("int4_gemv_wide m1", "int4_gemv_wide m4")):
         assert r["loads16"] >= 4 and r["lop3"] >= 8 and not r["mma"] and not r["i2f"], (name, r)
     assert result["int4_gemv_wide m1"]["bar_sync"] <= 4 and result["int4_gemv_wide m4"]["atomics"]
+    # by PDL (FLOTILLA_INT4_WIDE_PDL): one wait, one trigger (before the wait, or after the loop with "late"), the
+    # first step's 16-byte word loads (4 a thread at 16 x 128 words) and its scales before the wait
+    for name, before in (("int4_gemv_wide m1 pdl", 1), ("int4_gemv_wide m1 pdl late", 0),
+                         ("int4_gemv_wide m1 rows pdl", 1)):
+        r = result[name]
+        assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["launch_before_wait"] == before, (name, r)
+        assert r["loads16_before_wait"] >= 4 and r["loads_before_wait"] > r["loads16_before_wait"], (name, r)
+    assert result["int4_gemv_wide m1"]["gdc_wait"] == 0 and result["int4_gemv_wide m1"]["gdc_launch"] == 0
+    rows = result["int4_gemv_wide m1 rows pdl"]  # its loop's SASS (449 instructions under 3.6): bench/sass_loop.py
+    assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"], rows
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):
