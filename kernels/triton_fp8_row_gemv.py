@@ -37,11 +37,11 @@ Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once
 The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
 differ from it in the last bits, not from the reference beyond fp32 rounding.
 
-Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, on by default since session 16's measurement; 0 turns it
-off). Launch knobs per call (`default_config`, then `MEASURED_CONFIGS`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read at import; `parse_configs`: knobs for
-every call, `bn=16,bk=512,w=4,p=2,t=0,d=1`, any subset, d=0 a plain launch even in the PDL chain, and/or per weight
-shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`); `bench/results/fp8g15-gpu.sh` passes its sweep's per-shape winners to
-the engine this way.
+Switch: FLOTILLA_FP8_ROW_GEMV (`kernels/dispatch.py`, on by default since session 16's measurement; 0 turns it off).
+Launch knobs per call (`default_config`, then `MEASURED_CONFIGS`), overridden by FLOTILLA_FP8_ROW_GEMV_CONFIG (read
+at import; `parse_configs`: knobs for every call, `bn=16,bk=512,w=4,p=2,t=0,d=1`, any subset, d=0 a plain launch
+even in the PDL chain, and/or per weight shape, `6144x4096:bn=16;4096x4096:bn=8,w=2`); `bench/results/fp8g15-gpu.sh`
+passes its sweep's per-shape winners to the engine this way.
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ class RowGemvConfig:
 
     def spec(self) -> str:
         """The `bn=..,bk=..,w=..,p=..,t=..` form `parse_config` reads."""
-        return (f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger},"
-                f"d={self.use_pdl}")
+        return (
+            f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger},"
+            f"d={self.use_pdl}"
+        )
 
 
 def parse_config(knobs: str) -> dict[str, int]:
@@ -553,7 +555,8 @@ def fp8_row_gemv(
     `pdl_active`, the one-row chain on sm_90+, unless the config says use_pdl=0); `pdl_gdc=False` (tests only)
     keeps the PDL code path without the griddepcontrol instructions, so that the interpreter can run it."""
     assert supported(x, w_fp8, w_scale, bias, gated=gated), (
-        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}")
+        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype}"
+    )
     n_w, k = w_fp8.shape
     n = n_w // 2 if gated else n_w
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
@@ -660,5 +663,17 @@ def fp8_row_gemv_rope(
     return q_out
 
 
-__all__ = ["ENV_CONFIGS", "MEASURED_CONFIGS", "RowGemvConfig", "default_config", "env_knobs", "fp8_row_gemv", "fp8_row_gemv_rope",
-           "fp8_row_gemv_rope_ref", "fuses_rope", "parse_config", "parse_configs", "supported"]
+__all__ = [
+    "ENV_CONFIGS",
+    "MEASURED_CONFIGS",
+    "RowGemvConfig",
+    "default_config",
+    "env_knobs",
+    "fp8_row_gemv",
+    "fp8_row_gemv_rope",
+    "fp8_row_gemv_rope_ref",
+    "fuses_rope",
+    "parse_config",
+    "parse_configs",
+    "supported",
+]

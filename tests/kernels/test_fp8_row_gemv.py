@@ -1,13 +1,13 @@
 """The register-pipelined one-row W8A16 GEMV (`triton_fp8_row_gemv.py`): every e4m3 code decoded exactly at every
 byte position of a word, the plain and gated forms against the PyTorch references (ragged N and K, bias, fp16 and
 bf16 activations, 1-3 tiles in flight), the PDL code path bit-equal to the plain one, the launch heuristic and knob
-parser, and the dispatch seams (FLOTILLA_FP8_ROW_GEMV, off by default)."""
+parser, and the dispatch seams (FLOTILLA_FP8_ROW_GEMV, on by default)."""
 
 from __future__ import annotations
 
-import pytest
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
