@@ -49,25 +49,28 @@ _X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 # The H200 grid's one-row winners for Llama-3.1-8B's projections (bench/int4_gemv.py --wide in
 # bench/results/qgemv10-gpu.sh, session 10 call 4: qkv 11.7, o 9.4, gate_up 35.4, down 22.6 us against the
 # lead's 16.0 / 14.8 / 70.7 / 32.1; one stage won everywhere), and 16 x 128-word tiles at one stage elsewhere.
+# Layout 1 at those four shapes since session 16 (call 3, an H100, bench/results/gpu-2026-12-05-s16/call3): with the
+# PDL launch ("top", below) the int4 bs1 ctx 512 step 2.714 vs 3.597 ms in one engine (0.476x the bf16 step), greedy
+# tokens equal; the projections alone qkv 8.5 vs 11.8 us, o 7.8 vs 9.0, gate_up 24.5 vs 35.5, down 15.3 vs 23.5.
 MEASURED_TILES = (
     "block_n=16,block_w=128,num_warps=4,num_stages=1;"
-    "6144x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2;"
-    "4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2;"
-    "28672x4096:block_n=16,block_w=128,num_warps=4,num_stages=1;"
-    "4096x14336:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=4"
+    "6144x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
+    "4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
+    "28672x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,layout=1;"
+    "4096x14336:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=4,layout=1"
 )
 # Tiles from the environment (`triton_int4_gemv._parse_tiles` syntax, e.g. "block_n=32,block_w=128;4096x14336:
 # split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; unset, the measured table.
 # Read once at import.
 _WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "") or MEASURED_TILES)
-# FLOTILLA_INT4_WIDE_PDL (default "0", off: unmeasured; session 15, branch int4g15): a one-row call launched by
+# FLOTILLA_INT4_WIDE_PDL (default "1" since session 16's call 3, above; "0" turns it off): a one-row call launched by
 # programmatic dependent launch (`kernels/pdl.py`; only where `pdl_active`, i.e. FLOTILLA_PDL on, sm_90+, one row)
 # with its first step's words and scales loaded before `griddepcontrol.wait`, so that they stream while the kernel
 # ahead (RMSNorm, the attention merge, SiLU-and-mul) runs. "1": the kernel behind may start at once (as the bf16
 # GEMV does); "late": only once every program is past its K loop. Read at import; the module global `WIDE_PDL`
 # ("", "top", "late") is read at every call (the benchmarks flip it). docs/quantization.md.
 WIDE_PDL_VALUES = {"0": "", "1": "top", "late": "late"}
-WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "")
+WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "top")
 # Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
 # the wait is one step, so a wider step (block_w) preloads more. Read at import.
 _PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))

@@ -110,9 +110,9 @@ def test_int4_gemv_wide_strided_rows():
 
 def test_wide_config_takes_the_measured_table(monkeypatch):
     """The measured table (what an unset FLOTILLA_INT4_GEMV_WIDE_CONFIG gives): Llama-3.1-8B's projections take
-    the H200 grid's one-row winners (16 x 128-word tiles, one stage; split-K 2 on qkv and o, 4 on down), other shapes
-    the table's every-shape entry with split-K by the lead's rule; given knobs are kept; groups must be whole
-    32-input chunks."""
+    the H200 grid's one-row winners (16 x 128-word tiles, one stage; split-K 2 on qkv and o, 4 on down; layout 1),
+    other shapes the table's every-shape entry with split-K by the lead's rule; given knobs are kept; groups must be
+    whole 32-input chunks."""
     from flotilla.kernels import triton_int4_gemv, triton_int4_gemv_wide
     from flotilla.kernels.triton_int4_gemv_wide import MEASURED_TILES, wide_config, wide_supported
 
@@ -121,8 +121,9 @@ def test_wide_config_takes_the_measured_table(monkeypatch):
     for (n, k), split_k in splits.items():
         cfg = wide_config(1, n, k, 132)
         assert (cfg.block_n, cfg.block_w, cfg.num_warps, cfg.num_stages, cfg.split_k) == (16, 128, 4, 1, split_k)
+        assert cfg.layout == 1  # the row-contiguous word tile, measured there (session 16)
     other = wide_config(1, 2048, 8192, 132)  # 128 row tiles: split by the lead's rule
-    assert (other.block_n, other.block_w, other.num_stages, other.split_k) == (16, 128, 1, 4)
+    assert (other.block_n, other.block_w, other.num_stages, other.split_k, other.layout) == (16, 128, 1, 4, 0)
     assert wide_config(1, 4096, 4096, 132, block_n=64, split_k=1).block_n == 64
     assert wide_supported(1, 4096, 128) and wide_supported(4, 4096, 32)
     assert not wide_supported(5, 4096, 128) and not wide_supported(1, 4096, 16) and not wide_supported(1, 4096, 96)

@@ -77,14 +77,14 @@ def test_row_layout_matches_main_layout(m, n, k, group, dtype, symmetric, bias, 
 
 
 def test_switch_values_and_typo():
-    """FLOTILLA_INT4_WIDE_PDL, read at import: unset or "0" off (""), "1" "top", "late" "late"; a typo stops the
-    import instead of benchmarking the wrong launch."""
+    """FLOTILLA_INT4_WIDE_PDL, read at import: "0" off (""), unset or "1" "top" (the default since session 16),
+    "late" "late"; a typo stops the import instead of benchmarking the wrong launch."""
     from flotilla.kernels import triton_int4_gemv_wide
     from flotilla.kernels.switches import parse_choice
 
     values = triton_int4_gemv_wide.WIDE_PDL_VALUES
-    seen = {v: parse_choice("FLOTILLA_INT4_WIDE_PDL", v, values, "") for v in ("", "0", "1", "late")}
-    assert seen == {"": "", "0": "", "1": "top", "late": "late"}
+    seen = {v: parse_choice("FLOTILLA_INT4_WIDE_PDL", v, values, "top") for v in ("", "0", "1", "late")}
+    assert seen == {"": "top", "0": "", "1": "top", "late": "late"}
     assert seen[os.environ.get("FLOTILLA_INT4_WIDE_PDL", "").strip()] == triton_int4_gemv_wide.WIDE_PDL
     code = "import flotilla.kernels.triton_int4_gemv_wide"
     bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOTILLA_INT4_WIDE_PDL": "on"},
