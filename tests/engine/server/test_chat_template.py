@@ -44,12 +44,11 @@ def trusting_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     ],
 )
 def test_a_request_template_is_refused_by_default(server, fields):
-    started = time.monotonic()
     response = _chat(server, **fields)
     assert response.status_code == 400
     error = response.json()["error"]
+    # Refused, not rendered: the policy's message (a render of NESTED_LOOP would end at the deadline's).
     assert "--trust-request-chat-template" in error["message"] and error["type"] == "BadRequestError"
-    assert time.monotonic() - started < 5  # refused, not rendered
 
 
 def test_template_kwargs_are_variables_never_renderer_arguments(server):
@@ -81,11 +80,11 @@ def test_a_trusted_request_template_is_rendered(trusting_server):
     ],
 )
 def test_a_hostile_trusted_template_fails_its_own_request_fast(trusting_server, template, fragment):
-    started = time.monotonic()
     response = _chat(trusting_server, chat_template=template)
     assert response.status_code == 400, response.text
+    # Stopped by its own check, not by the render deadline (5 s): fast, whatever the machine's load.
     assert fragment in response.json()["error"]["message"]
-    assert time.monotonic() - started < 3
+    assert "took longer than" not in response.json()["error"]["message"]
     assert _chat(trusting_server).status_code == 200
 
 
