@@ -124,6 +124,7 @@ class Observed:
     engine: Any
     prometheus: Prometheus
     load: Load
+    since: float  # when the load started (Unix time): a range query's window can cover all the traffic
 
 
 @pytest.fixture(scope="session")
@@ -138,6 +139,7 @@ def observed(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
         "--disable-log-stats")
     prometheus = start_prometheus(work, free_port(), scrape_config(engine.port), [fast_rules(work)])
     load = Load(engine.url)
+    since = time.time()
     load.start(CLIENTS)
     try:
         needed = ["vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
@@ -145,15 +147,19 @@ def observed(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             missing = [m for m in needed if not prometheus.query(m)]
-            if not missing and prometheus.query("sum(rate(vllm:num_preemptions_total[1m])) > 0"
-                                                ) and load.done:
+            # rate() needs two samples of a series in its window (Requests/s for one pod found none on a loaded
+            # CI run): wait until every target was scraped twice and no engine series has fewer samples.
+            stored = prometheus.query('{__name__=~"vllm:.+"}[1h]')  # every engine series and its samples
+            thin = [s["metric"] for s in stored if len(s["values"]) < 2]
+            if (not missing and prometheus.query("sum(rate(vllm:num_preemptions_total[1m])) > 0")
+                    and load.done and {s["metric"]["pod"] for s in stored} == set(PODS) and not thin):
                 break
             assert not load.errors, load.errors[:3]
             time.sleep(1)
         else:
-            raise AssertionError(f"series still missing after 120 s: {missing}; "
+            raise AssertionError(f"series still missing after 120 s: {missing}; with one sample: {thin[:3]}; "
                                  f"engine log:\n{(work / 'engine.log').read_text()[-2000:]}")
-        yield Observed(engine, prometheus, load)
+        yield Observed(engine, prometheus, load, since)
     finally:
         load.finish()
         prometheus.stop()

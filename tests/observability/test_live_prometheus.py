@@ -32,9 +32,11 @@ SELECTIONS = {
 }
 
 
-def substitute(expr: str, selection: dict[str, str]) -> str:
-    """What Grafana sends: variables replaced, $__rate_interval = 4 x the 1 s scrape interval (+ margin)."""
-    expr = expr.replace("$__rate_interval", "30s")
+def substitute(expr: str, selection: dict[str, str], since: float) -> str:
+    """What Grafana sends: variables replaced, and $__rate_interval (Grafana's: 4 x the 1 s scrape interval, plus
+    margin) at least the fixture's whole traffic, back to `since`: a fixed window can hold fewer than the two
+    samples rate() needs when a loaded machine stretches the time between the scrapes and the queries."""
+    expr = expr.replace("$__rate_interval", f"{max(30, math.ceil(time.time() - since) + 1)}s")
     for name, value in selection.items():
         expr = expr.replace(f"${name}", value)
     assert "$" not in expr, expr
@@ -50,7 +52,7 @@ def legend_labels(legend: str) -> set[str]:
 def test_dashboard_query_returns_labelled_series(observed: Observed, title: str, target: dict[str, Any],
                                                  selection: str) -> None:
     picked = SELECTIONS[selection]
-    expr = substitute(target["expr"], picked)
+    expr = substitute(target["expr"], picked, observed.since)
     result = observed.prometheus.query(expr)
     assert result, f"{title}: no series for {expr}"
     by = re.findall(r"by \(([^)]*)\)", expr)
@@ -75,7 +77,7 @@ def test_dashboard_variables_list_what_was_scraped(observed: Observed) -> None:
     for name, values in expected.items():
         match = re.fullmatch(r"label_values\((.*), (\w+)\)", variables[name]["query"]["query"])
         assert match, variables[name]
-        series, label = substitute(match[1], SELECTIONS["all"]), match[2]
+        series, label = substitute(match[1], SELECTIONS["all"], observed.since), match[2]
         assert observed.prometheus.series_labels(series, label) == values, name
 
 

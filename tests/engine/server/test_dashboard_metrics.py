@@ -80,9 +80,11 @@ def test_every_dashboard_query_returns_series_from_a_real_engine(server, prometh
     deadline = time.monotonic() + 30
     while not prometheus.query("vllm:num_requests_running") and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(2)
-    _load(server)  # requests inside the rate window, between scrapes
-    time.sleep(3)
+    _load(server)  # requests inside the rate window, after a scrape
     texts = [q.replace("$model_name", "tiny").replace("$__rate_interval", "1m") for q in ALL_QUERIES]
-    empty = [q for q in texts if not prometheus.query(q)]
+    # A wait, not a window: rate() needs two scrapes after the load's series appeared, and a loaded machine can
+    # stretch the 1 s scrapes apart (fixed 2 s and 3 s sleeps assumed they would not).
+    deadline = time.monotonic() + 120
+    while (empty := [q for q in texts if not prometheus.query(q)]) and time.monotonic() < deadline:
+        time.sleep(1)
     assert not empty, empty

@@ -288,6 +288,7 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
     gaps: list[float] = []
     durations: list[float] = []
     decoding = threading.Event()
+    streaming = threading.Event()
     done = threading.Event()
 
     def stream() -> None:
@@ -296,6 +297,7 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
                 "stream": True}) as response:
             last = None
             for _ in response.iter_lines():
+                streaming.set()
                 now = time.monotonic()
                 if last is not None and decoding.is_set():
                     gaps.append(now - last)
@@ -306,7 +308,7 @@ def test_streams_go_on_while_large_detokenize_requests_decode(limited, tiny_mode
     streamer = threading.Thread(target=stream)
     streamer.start()
     try:
-        time.sleep(1.0)  # the stream is under way
+        assert streaming.wait(120), "the stream never started"
         decoding.set()
         for _ in range(4):  # one after another: parsing bodies at once would stack up on the loop
             sent = time.monotonic()

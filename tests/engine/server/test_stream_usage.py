@@ -56,12 +56,24 @@ def test_tool_call_stream_chunks_carry_usage_as_vllm(client):
 
 
 def test_completion_stream_chunks_carry_usage_as_vllm(client):
-    # Already so (checked against serving_completion): the echoed prompt's chunk counts its first token.
+    # Each chunk's usage counts its choice's tokens so far, the echoed prompt's chunk its first token(s). A chunk
+    # can carry several tokens (a reader that falls behind gets the latest cumulative output: request_stream;
+    # vLLM's RequestOutputCollector merges deltas alike), so each count is checked against the tokens the chunks
+    # delivered (their logprobs), not against one token a chunk.
     chunks = list(client.completions.create(
-        model="tiny", prompt="Once upon a time", max_tokens=3, n=2, seed=1, echo=True, stream=True,
+        model="tiny", prompt="Once upon a time", max_tokens=3, n=2, seed=1, echo=True, logprobs=0, stream=True,
         stream_options=CONTINUOUS, extra_body={"min_tokens": 3}))
-    counts = _per_choice_counts(chunks, chunks[-1].usage.prompt_tokens)
-    assert {i: (v[0], v[-1]) for i, v in counts.items()} == {0: (1, 3), 1: (1, 3)}
+    prompt_tokens = chunks[-1].usage.prompt_tokens
+    counts = _per_choice_counts(chunks, prompt_tokens)
+    delivered: dict[int, list[int]] = {}
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        so_far = delivered.setdefault(choice.index, [])
+        echoed = 0 if so_far else prompt_tokens  # the first chunk starts with the prompt's tokens
+        so_far.append((so_far[-1] if so_far else 0) + len(choice.logprobs.tokens) - echoed)
+    assert counts == delivered
+    assert {i: (v[0] >= 1, v[-1]) for i, v in counts.items()} == {0: (True, 3), 1: (True, 3)}
+    assert chunks[-1].usage.completion_tokens == 6 and not chunks[-1].choices
 
 
 def test_continuous_usage_stats_without_include_usage_sends_no_usage_as_vllm(client):
