@@ -10,7 +10,7 @@ import torch
 from flotilla.engine.bad_words import banned_next
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
-from flotilla.engine.sampling_params import GREEDY_TEMPERATURE
+from flotilla.engine.sampling_params import GREEDY_TEMPERATURE, TEMPERATURE_CEILING
 from flotilla.engine.staging import device_tensor
 
 
@@ -77,7 +77,8 @@ def build_sampling_batch(
 
     empty: list[list[int]] = [[] for _ in rows]
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
-    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
+    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_CEILING)
+                    for p in params]
     return SamplingBatch(
         temperature=tensor(temperatures, torch.float32),
         # Beyond the vocabulary top_k keeps every token: clamped so it always fits an int64 tensor.
