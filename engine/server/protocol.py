@@ -102,6 +102,11 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+# Fields vLLM's completions or chat request takes as null (its default then) that have a non-null default here.
+NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "return_tokens_as_token_ids", "n",
+                              "logprobs", "echo"})
+
+
 class _SamplingFields(_RequestBody):
     """Sampling fields shared by completions and chat completions (token ids and top_k are bounded by the
     vocabulary in the engine, which knows it)."""
@@ -148,6 +153,15 @@ class _SamplingFields(_RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        # vLLM declares these Optional, so an explicit JSON null (what the SDKs send for an argument given as
+        # None) is the field left out there; here each has a plain default, which null now takes too.
+        if isinstance(data, dict) and any(data.get(name, 0) is None for name in NULL_MEANS_UNSET):
+            data = {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_UNSET)}
+        return data
 
     @field_validator("prompt_logprobs")
     @classmethod
