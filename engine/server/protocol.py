@@ -117,7 +117,8 @@ class _SamplingFields(_RequestBody):
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    # Bounded below only, as vLLM's SamplingParams (OpenAI's own API stops at 2; vLLM serves more).
+    temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)

@@ -62,7 +62,8 @@ class ResponsesRequest(_RequestBody):
     input: str | JSONObjects
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    # Bounded below only, as vLLM's SamplingParams (OpenAI's own API stops at 2; vLLM serves more).
+    temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True

@@ -26,3 +26,15 @@ def test_explicit_nulls_that_vllm_takes_as_unset_are_served(server, client):
                                           extra_body={"return_tokens_as_token_ids": None})
     assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
 
+
+def test_temperature_above_openais_2_is_served_as_vllm(client):
+    # vLLM bounds temperature below only (SamplingParams: >= 0); OpenAI's 2 is not its limit.
+    for temperature in (2.5, 50.0, 1e300):
+        completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature,
+                                               seed=1)
+        assert completion.usage.completion_tokens == 3
+        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                              temperature=temperature, seed=1)
+        assert chat.usage.completion_tokens == 3
+    response = client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=2.5)
+    assert response.usage.output_tokens == 3
