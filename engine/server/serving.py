@@ -172,9 +172,11 @@ class OpenAIServing:
     def check_chars(self, chars: int, param: str = "prompt") -> None:
         """400 for a text too long to fit the context whatever it tokenizes to (no tokenization needed)."""
         if chars > self.max_prompt_chars:
-            raise APIError(400, f"the prompt has {chars} characters: more than this model's maximum context length "
-                                f"of {self.max_model_len} tokens can hold (at most {self.max_prompt_chars} characters "
-                                "with this tokenizer). Please reduce the length of the prompt.", param=param)
+            # Opening as vLLM's context-length refusals do, which clients recognise
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                                f"request has {chars} characters: more than that context can hold (at most "
+                                f"{self.max_prompt_chars} characters with this tokenizer). Please reduce the length "
+                                "of the input messages.", param=param)
 
     async def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
         """The `prompt` field in any of its four shapes (the engine validates the token ids), cut to

@@ -3,7 +3,10 @@ the shared tiny server), and the answers' forms those clients read."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
+import pytest
 
 from .conftest import API_KEY
 
@@ -38,3 +41,40 @@ def test_temperature_above_openais_2_is_served_as_vllm(client):
         assert chat.usage.completion_tokens == 3
     response = client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=2.5)
     assert response.usage.output_tokens == 3
+
+
+def _refusal(call) -> str:
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError) as refused:
+        call()
+    return refused.value.body["message"]
+
+
+def test_context_length_refusals_are_worded_as_vllms(server, client):
+    # Clients recognise (case-sensitively) "This model's maximum context length is", and read the two numbers
+    # of vLLM's max_tokens refusal to retry with what fits: the wording is part of the interface.
+    def tokens(text: str) -> int:
+        return len(post(server, "/tokenize", {"prompt": text}).json()["tokens"])
+
+    long = "word " * 300
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt=long, max_tokens=3))
+    assert re.fullmatch(r"This model's maximum context length is 256 tokens\. However, your request has "
+                        rf"{tokens(long)} input tokens\. Please reduce the length of the input messages\.", message)
+    message = _refusal(lambda: client.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                                        "content": long}]))
+    assert message.startswith("This model's maximum context length is 256 tokens. However, your request has ")
+    prompt = "word " * 100
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt=prompt, max_tokens=200))
+    used = tokens(prompt)
+    assert message == (f"'max_tokens' or 'max_completion_tokens' is too large: 200. This model's maximum context "
+                       f"length is 256 tokens and your request has {used} input tokens (200 > 256 - {used}).")
+    message = _refusal(lambda: client.chat.completions.create(model="tiny", messages=MESSAGES,
+                                                              max_completion_tokens=250))
+    found = re.search(r"maximum context length is (\d+) tokens and your request has (\d+) input tokens", message)
+    assert found and found.group(1) == "256" and message.startswith("'max_tokens' or 'max_completion_tokens' is too "
+                                                                    "large: 250. This model's maximum context")
+    # Longer in characters than any tokenization could fit: refused before tokenizing, in the same opening words.
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt="x" * 200_000, max_tokens=3))
+    assert message.startswith("This model's maximum context length is 256 tokens.")
+
