@@ -4,7 +4,8 @@ output, and how the output becomes OpenAI `tool_calls`.
 `tool_choice`:
 - `none`: the model sees no tools and answers in text.
 - `auto` (the default when tools are given, as vLLM): the model decides; its text is split by the
-  `--tool-call-parser` (needs `--enable-auto-tool-choice`).
+  `--tool-call-parser` (needs `--enable-auto-tool-choice`); with `parallel_tool_calls` false only the first
+  call is returned (vLLM's rule; the model is not constrained to one).
 - `required`: the output is constrained to a JSON list of `{"name", "parameters"}` calls (one call
   when `parallel_tool_calls` is false), so it always parses and matches the tools' schemas.
 - `{"type": "function", "function": {"name": ...}}`: the output is constrained to that function's
@@ -37,6 +38,7 @@ class ToolPlan:
     parser: ToolParser | None = None
     function: str | None = None  # the named function
     constraint: StructuredOutputsParams | None = None
+    parallel: bool = True  # the request's parallel_tool_calls is not false
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -58,7 +60,10 @@ class ToolPlan:
             except (ValueError, KeyError, TypeError, RecursionError):
                 return ParsedOutput(content=text)
         if self.mode == "auto" and self.parser is not None:
-            return self.parser.parse(text)
+            parsed = self.parser.parse(text)
+            if not self.parallel:  # vLLM's maybe_filter_parallel_tool_calls: the first call only
+                parsed.tool_calls = parsed.tool_calls[:1]
+            return parsed
         return ParsedOutput(content=text)
 
 
@@ -83,7 +88,7 @@ def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> Too
     if not auto_tool_choice or parser_name is None:
         raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                        param="tool_choice")
-    return ToolPlan("auto", tools, parser=tool_parser(parser_name))
+    return ToolPlan("auto", tools, parser=tool_parser(parser_name), parallel=req.parallel_tool_calls is not False)
 
 
 def _checked_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:

@@ -78,3 +78,32 @@ def test_context_length_refusals_are_worded_as_vllms(server, client):
     message = _refusal(lambda: client.completions.create(model="tiny", prompt="x" * 200_000, max_tokens=3))
     assert message.startswith("This model's maximum context length is 256 tokens.")
 
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"city": "Lima"}}\n</tool_call>')
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}} for name in ("get_weather", "get_time")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_only_the_first_call_as_vllm(tool_server, stream):
+    # vLLM's maybe_filter_parallel_tool_calls: with parallel_tool_calls false an `auto` answer that calls two
+    # tools returns the first only (the choice constraint makes the tiny model's answer those two calls).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+    def calls(parallel: bool | None) -> list[tuple[str, str]]:
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        reply = oai.chat.completions.create(model="x", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=200,
+                                            stream=stream, extra_body={"structured_outputs": {"choice": [TWO_CALLS]}},
+                                            **extra)
+        if not stream:
+            return [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
+        found = [d for chunk in reply for c in chunk.choices for d in (c.delta.tool_calls or [])]
+        return [(d.function.name, d.function.arguments) for d in found]
+
+    both = calls(None)
+    assert [name for name, _ in both] == ["get_weather", "get_time"]
+    assert calls(True) == both
+    assert calls(False) == both[:1]
