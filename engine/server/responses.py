@@ -149,7 +149,8 @@ class ResponsesServing:
                 parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text))
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
-        plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser)
+        plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser,
+                          self.serving.exclude_tools_when_tool_choice_none)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
                                                        self.serving.max_model_len, None,

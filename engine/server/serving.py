@@ -138,6 +138,7 @@ class OpenAIServing:
     def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+                 exclude_tools_when_tool_choice_none: bool = False,
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> None:
         self.engine = engine
@@ -147,6 +148,7 @@ class OpenAIServing:
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
         self.tool_call_parser = tool_call_parser
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -386,7 +388,8 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
-        plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser)
+        plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser,
+                          self.exclude_tools_when_tool_choice_none)
         prompt = await self.chat_prompt(req, plan.template_tools)
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:

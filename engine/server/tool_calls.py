@@ -2,7 +2,8 @@
 output, and how the output becomes OpenAI `tool_calls`.
 
 `tool_choice`:
-- `none`: the model sees no tools and answers in text.
+- `none`: the model answers in text; the template still gets the tools, as vLLM's (which
+  `--exclude-tools-when-tool-choice-none` leaves out).
 - `auto` (the default when tools are given, as vLLM): the model decides; its text is split by the
   `--tool-call-parser` (needs `--enable-auto-tool-choice`); with `parallel_tool_calls` false only the first
   call is returned (vLLM's rule; the model is not constrained to one).
@@ -42,8 +43,8 @@ class ToolPlan:
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools the chat template renders (none when the model may not call any)."""
-        return self.tools if self.mode != "none" and self.tools else None
+        """The tools the chat template renders (None for none)."""
+        return self.tools or None
 
     def parse(self, text: str) -> ParsedOutput:
         """Split a finished output into content and tool calls."""
@@ -67,8 +68,10 @@ class ToolPlan:
         return ParsedOutput(content=text)
 
 
-def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> ToolPlan:
-    """Validate `tools` and `tool_choice` and decide the request's ToolPlan (400s name the field)."""
+def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None,
+               exclude_tools_when_tool_choice_none: bool = False) -> ToolPlan:
+    """Validate `tools` and `tool_choice` and decide the request's ToolPlan (400s name the field); with
+    `exclude_tools_when_tool_choice_none` (vLLM's flag) a `none` request's template gets no tools."""
     tools = [_checked_tool(t, i) for i, t in enumerate(req.tools or [])]
     choice = req.tool_choice
     if choice is None:
@@ -81,7 +84,7 @@ def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> Too
     if choice != "none" and not tools:
         raise APIError(400, f"tool_choice {choice!r} needs tools", param="tool_choice")
     if choice == "none":
-        return ToolPlan("none", tools)
+        return ToolPlan("none", [] if exclude_tools_when_tool_choice_none else tools)
     if choice == "required":
         return ToolPlan("required", tools, constraint=StructuredOutputsParams(
             json_schema=_required_schema(tools, req.parallel_tool_calls is not False)))
