@@ -267,14 +267,19 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class TokenizeRequest(_RequestBody):
-    """POST /tokenize: a prompt or a conversation."""
+    """POST /tokenize: a prompt or a conversation (rendered as chat renders it: tools, template and its
+    variables included, so the count is the chat request's prompt_tokens); vLLM's fields."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for a conversation
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    return_token_strs: bool | None = False  # also the tokens' strings (`token_strs`)
+    tools: JSONObjects | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_RequestBody):

@@ -303,3 +303,18 @@ def test_the_flag_excludes_the_tools_of_a_tool_choice_none_request():
     assert plan_tools(req, False, None, exclude_tools_when_tool_choice_none=True).template_tools is None
     auto = ChatCompletionRequest(messages=MESSAGES, tools=WEATHER, tool_choice="required")
     assert plan_tools(auto, False, None, exclude_tools_when_tool_choice_none=True).template_tools == WEATHER
+
+
+def test_tokenize_renders_a_conversations_tools_and_template_variables_as_chat_does(trusting_server):
+    # vLLM's /tokenize takes a conversation's tools, chat_template and chat_template_kwargs: its count is then the
+    # chat request's prompt_tokens (they were ignored here, so the count missed the rendered tools).
+    template = TOOL_TEMPLATE + "{{ suffix }}"
+    fields = {"tools": WEATHER, "chat_template": template, "chat_template_kwargs": {"suffix": " ::"}}
+    chat = _chat(trusting_server, tool_choice="none", **fields)
+    assert chat.status_code == 200, chat.text
+    counted = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH, json={"messages": MESSAGES, **fields})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["count"] == chat.json()["usage"]["prompt_tokens"]
+    rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
+                          json={"prompt": "Hello there tools: get_weather ::", "add_special_tokens": False}).json()
+    assert counted.json()["tokens"] == rendered["tokens"]

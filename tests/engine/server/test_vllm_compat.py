@@ -107,3 +107,15 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call_as_vllm(tool_server
     assert [name for name, _ in both] == ["get_weather", "get_time"]
     assert calls(True) == both
     assert calls(False) == both[:1]
+
+
+def test_tokenize_returns_token_strings_when_asked_as_vllm(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    plain = post(server, "/tokenize", {"prompt": "Hello there, harbour"}).json()
+    assert plain["token_strs"] is None  # vLLM's TokenizeResponse always has the key
+    asked = post(server, "/tokenize", {"prompt": "Hello there, harbour", "return_token_strs": True}).json()
+    assert asked["token_strs"] == tokenizer.convert_ids_to_tokens(asked["tokens"])
+    chat = post(server, "/tokenize", {"messages": MESSAGES, "return_token_strs": True}).json()
+    assert chat["token_strs"] == tokenizer.convert_ids_to_tokens(chat["tokens"]) and len(chat["tokens"]) > 3
