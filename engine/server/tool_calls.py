@@ -126,13 +126,24 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
     return schema
 
 
+def thinking(text: str | None) -> dict[str, str | None]:
+    """A reply's (or a delta's) thinking under both names vLLM has used: `reasoning` (its name since late 2025)
+    and `reasoning_content` (the older one, DeepSeek's, which clients of earlier vLLM versions read)."""
+    return {"reasoning": text, "reasoning_content": text}
+
+
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
     serialise them themselves, and a JSON string would be encoded twice. A message without content (OpenAI
-    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`."""
+    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`.
+    A message's thinking sent back as `reasoning` (vLLM's reply field) is also its `reasoning_content`, the name
+    templates read (Qwen3's), as vLLM passes it; and the other way round."""
     for m in messages:
         if m.get("content") is None:
             m["content"] = ""
+        for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
+            if m.get(name) is not None and m.get(other) is None:
+                m[other] = m[name]
         for call in m.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
@@ -147,11 +158,11 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
                  reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
     """The assistant message for a finished choice and its finish_reason (`tool_calls_finish` when it called);
-    with a reasoning parser, the thinking goes to `reasoning_content` and the rest is parsed."""
+    with a reasoning parser, the thinking goes to `reasoning` and `reasoning_content` and the rest is parsed."""
     message: dict[str, Any] = {"role": "assistant"}
     if reasoning is not None:
         split = reasoning.split(text)
-        message["reasoning_content"] = split.reasoning
+        message.update(thinking(split.reasoning))
         text = split.content or ""
     parsed = plan.parse(text)
     forced = plan.mode in ("named", "required") and bool(parsed.tool_calls)

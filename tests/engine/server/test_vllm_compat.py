@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, start_tiny_server, stop_server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -119,3 +119,43 @@ def test_tokenize_returns_token_strings_when_asked_as_vllm(server, tiny_model_di
     assert asked["token_strs"] == tokenizer.convert_ids_to_tokens(asked["tokens"])
     chat = post(server, "/tokenize", {"messages": MESSAGES, "return_token_strs": True}).json()
     assert chat["token_strs"] == tokenizer.convert_ids_to_tokens(chat["tokens"]) and len(chat["tokens"]) > 3
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_model_dirs, tmp_path_factory):
+    # deepseek_r1: the output is thinking until </think>, so the tiny model's whole answer is reasoning.
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("thinking") / "server.log",
+                          "--reasoning-parser", "deepseek_r1", "--trust-request-chat-template")
+    yield s
+    stop_server(s)
+
+
+def test_reasoning_is_returned_as_reasoning_and_reasoning_content(thinking_server):
+    # vLLM returns the thinking as `reasoning` (its name since 2025-11; `reasoning_content`, the older one, was kept
+    # beside it for a while, then removed): clients of either vintage read one or the other.
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    message = oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                          extra_body={"min_tokens": 4}).choices[0].message
+    extra = message.model_extra
+    assert extra["reasoning"] and extra["reasoning"] == extra["reasoning_content"]
+    deltas = [c.choices[0].delta.model_extra for c in oai.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, extra_body={"min_tokens": 4})
+        if c.choices]
+    streamed = [d for d in deltas if d.get("reasoning") is not None]
+    assert "".join(d["reasoning"] for d in streamed) == extra["reasoning"]
+    assert all(d["reasoning_content"] == d["reasoning"] for d in streamed)
+
+
+def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_content(thinking_server):
+    # vLLM hands a message's `reasoning` to the chat template as `reasoning_content` too (the name templates such
+    # as Qwen3's read), so a client sending back what it was given keeps the thinking in the prompt.
+    template = "{% for m in messages %}{{ m.content }}|{{ m.reasoning_content }};{% endfor %}"
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes", "reasoning": "think"}]
+    body = {"model": "tiny", "messages": history, "max_tokens": 1, "chat_template": template,
+            "add_generation_prompt": False}
+    reply = post(thinking_server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    expected = post(thinking_server, "/tokenize", {"prompt": "hi|;yes|think;", "add_special_tokens": False})
+    assert reply.json()["usage"]["prompt_tokens"] == expected.json()["count"]
