@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,18 @@ def _yield_point(value: Any) -> Any:
 
 # A list of JSON objects (tools, Responses input items), validated with a yield point per object.
 JSONObjects = list[Annotated[dict[str, Any], AfterValidator(_yield_point)]]
+
+
+# The content parts that are text: chat's "text", and the Responses API's names (vLLM takes all three as text).
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+def joined_text_parts(parts: list[Any], param: str) -> str:
+    """A content list as one text, as vLLM renders it for a template that reads strings: the text parts joined by
+    a newline; a part of another type (an image, audio) is a 400 naming `param`."""
+    if any(not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES for part in parts):
+        raise APIError(400, "only text content parts are supported", param=param)
+    return "\n".join(str(part.get("text") or "") for part in parts)
 
 
 class ContentPart(BaseModel):

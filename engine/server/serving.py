@@ -22,7 +22,12 @@ from flotilla.engine.server.chat_template import (
     template_variables,
 )
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _SamplingFields,
+    joined_text_parts,
+)
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.sampling_request import sampling_params
@@ -210,10 +215,7 @@ class OpenAIServing:
         messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
         for m in messages:
             if isinstance(m.get("content"), list):  # OpenAI's [{"type": "text", "text": ...}] form
-                parts = m["content"]
-                if any(part.get("type") != "text" for part in parts):
-                    raise APIError(400, "only text content parts are supported", param="messages")
-                m["content"] = "".join(part.get("text", "") for part in parts)
+                m["content"] = joined_text_parts(m["content"], "messages")
         self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
         if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "

@@ -159,3 +159,16 @@ def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_conte
     assert reply.status_code == 200, reply.text
     expected = post(thinking_server, "/tokenize", {"prompt": "hi|;yes|think;", "add_special_tokens": False})
     assert reply.json()["usage"]["prompt_tokens"] == expected.json()["count"]
+
+
+def test_text_parts_are_joined_with_newlines_as_vllm(server, client):
+    # vLLM renders a content list for a template that reads plain strings as its text parts joined by "\n"
+    # ("input_text" and "output_text" parts, the Responses API's names, are text too).
+    parts = [{"type": "text", "text": "What is"}, {"type": "input_text", "text": "two plus two?"},
+             {"type": "output_text", "text": "Four."}]
+    joined = post(server, "/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    plain = post(server, "/tokenize", {"messages": [{"role": "user", "content": "What is\ntwo plus two?\nFour."}]})
+    assert joined.status_code == 200, joined.text
+    assert joined.json()["tokens"] == plain.json()["tokens"]
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1)
+    assert reply.usage.prompt_tokens == plain.json()["count"]
