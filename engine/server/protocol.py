@@ -275,6 +275,8 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's field for RAG templates (Command R, Granite): the template's `documents` variable
+    documents: list[dict[str, str]] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
     echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
 

@@ -223,7 +223,8 @@ class OpenAIServing:
                            param="continue_final_message")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
-            variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
+            variables = (template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
+                         | ({"documents": req.documents} if req.documents else {}))
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
         render = functools.partial(self._render, messages, req.add_generation_prompt, template, variables,

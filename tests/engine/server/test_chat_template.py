@@ -318,3 +318,14 @@ def test_tokenize_renders_a_conversations_tools_and_template_variables_as_chat_d
     rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
                           json={"prompt": "Hello there tools: get_weather ::", "add_special_tokens": False}).json()
     assert counted.json()["tokens"] == rendered["tokens"]
+
+
+def test_documents_reach_the_template_as_vllm_passes_them(trusting_server):
+    # vLLM's chat field for RAG templates (Command R, Granite): `documents`, a template variable of that name.
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{% for d in documents %} [{{ d.title }}]{% endfor %}"
+    docs = [{"title": "tides", "text": "..."}, {"title": "charts", "text": "..."}]
+    response = _chat(trusting_server, chat_template=template, documents=docs)
+    assert response.status_code == 200, response.text
+    rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
+                          json={"prompt": "Hello there [tides] [charts]", "add_special_tokens": False}).json()
+    assert response.json()["usage"]["prompt_tokens"] == rendered["count"]
