@@ -172,3 +172,13 @@ def test_text_parts_are_joined_with_newlines_as_vllm(server, client):
     assert joined.json()["tokens"] == plain.json()["tokens"]
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1)
     assert reply.usage.prompt_tokens == plain.json()["count"]
+
+
+def test_the_ith_of_n_seeded_completions_is_the_one_seed_plus_i_draws_as_vllm(client):
+    # vLLM gives completion i of a seeded request the seed `seed + i` (ParentRequest._get_child_sampling_params), so
+    # one of n is reproduced alone with its own seed.
+    three = client.completions.create(model="tiny", prompt="Hello", n=3, max_tokens=6, temperature=1, seed=7)
+    alone = [client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=1, seed=7 + i)
+             for i in range(3)]
+    assert [c.text for c in three.choices] == [a.choices[0].text for a in alone]
+    assert len({c.text for c in three.choices}) == 3
