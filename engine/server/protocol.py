@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -249,7 +249,9 @@ class ChatMessage(BaseModel):
     """One message of a conversation (text content, or OpenAI's list of text parts)."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # Any role, as vLLM (its custom message param): templates give their own roles meaning (Llama 3.1's "ipython"
+    # tool results, GLM's "observation"); the template refuses one it does not know.
+    role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
 

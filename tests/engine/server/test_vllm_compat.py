@@ -182,3 +182,16 @@ def test_the_ith_of_n_seeded_completions_is_the_one_seed_plus_i_draws_as_vllm(cl
              for i in range(3)]
     assert [c.text for c in three.choices] == [a.choices[0].text for a in alone]
     assert len({c.text for c in three.choices}) == 3
+
+
+def test_a_message_of_any_role_is_rendered_as_vllm(server, client, tiny_model_dirs):
+    # vLLM takes any role string (CustomChatCompletionMessageParam): Llama 3.1's template reads tool results as
+    # "ipython", GLM's "observation"; the template decides what a role means.
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "weather?"}, {"role": "ipython", "content": "12 C"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    text = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    expected = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["count"]
+    assert reply.usage.prompt_tokens == expected
