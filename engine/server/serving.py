@@ -303,7 +303,9 @@ class OpenAIServing:
                 choices.append({"index": i * req.n + c.index, "text": text, "finish_reason": c.finish_reason,
                                 "stop_reason": c.stop_reason, "logprobs": logprobs,
                                 "prompt_logprobs": self._prompt_logprobs_json(output)
-                                if req.prompt_logprobs is not None else None})
+                                if req.prompt_logprobs is not None else None,
+                                **({"prompt_token_ids": list(output.prompt_token_ids),
+                                    "token_ids": list(c.token_ids)} if req.return_token_ids else {})})
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         for output in outputs:
             for k, v in usage(output).items():
@@ -430,11 +432,14 @@ class OpenAIServing:
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
-                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason,
+                            **({"token_ids": list(c.token_ids)} if req.return_token_ids else {})})
         reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
                  "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
         if req.prompt_logprobs is not None:  # vLLM's chat field, beside the choices
             reply["prompt_logprobs"] = self._prompt_logprobs_json(output)
+        if req.return_token_ids:  # vLLM's, beside the choices' token_ids
+            reply["prompt_token_ids"] = list(output.prompt_token_ids)
         return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,

@@ -195,3 +195,23 @@ def test_a_message_of_any_role_is_rendered_as_vllm(server, client, tiny_model_di
         messages, tokenize=False, add_generation_prompt=True)
     expected = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["count"]
     assert reply.usage.prompt_tokens == expected
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm(server):
+    # vLLM's return_token_ids (RL and agent frameworks read the ids instead of re-tokenizing the text): completions put
+    # prompt_token_ids and token_ids on each choice, chat puts prompt_token_ids on the response and token_ids on each
+    # choice. Here the ids are checked against what the same request reports as token_id logprobs.
+    body = {"model": "tiny", "max_tokens": 4, "n": 2, "temperature": 1, "seed": 3, "logprobs": 0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True}
+    prompt_ids = post(server, "/tokenize", {"prompt": "Hello there"}).json()["tokens"]
+    reply = post(server, "/v1/completions", {**body, "prompt": "Hello there"}).json()
+    for choice in reply["choices"]:
+        assert choice["prompt_token_ids"] == prompt_ids
+        assert choice["token_ids"] == [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    chat_body = {**body, "messages": MESSAGES, "logprobs": True}
+    chat = post(server, "/v1/chat/completions", chat_body).json()
+    assert chat["prompt_token_ids"] == post(server, "/tokenize", {"messages": MESSAGES}).json()["tokens"]
+    for choice in chat["choices"]:
+        assert choice["token_ids"] == [int(e["token"].split(":")[1]) for e in choice["logprobs"]["content"]]
+    plain = post(server, "/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 2}).json()
+    assert plain["choices"][0].get("token_ids") is None
