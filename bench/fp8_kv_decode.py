@@ -75,19 +75,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     64/8 tiles; call 4 (@d97ebf7) also one batched stream (key_streams 1: 268 us) and a 128-register cap
     (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
-        # Session 11 (fp8kv11): main's default first among the fp8 rows (the baseline), then the transposed key
-        # streams ("t", `_attend_streams_t`: 128 registers against 170, 301 loop instructions against 398 under Triton
-        # 3.6) and the transposed streams over neighbouring KV heads ("h", `_attend_heads_t`: a program reads a
-        # key's heads side by side), at one split and at 2 or 4 (the registers now let 8 two-warp or 16 one-warp
-        # programs share an SM: 1,024 / 2,048 programs in one wave); likeliest first (a cut sweep keeps its rows).
-        main_default = _launch(32, 2, 4, key_streams=2, form="")
-        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), ("fp8", "cvtpx", main_default)]
-        grid = (("t", 32, 2, 3, 2), ("t", 16, 1, 3, 4), ("h", 16, 2, 2, 4), ("h", 16, 4, 2, 4), ("t", 32, 2, 4, 1),
-                ("h", 16, 8, 2, 4))  # fmt: skip
-        rows += [("fp8", "cvtpx", _launch(b, w, st, key_streams=w, form=f, num_splits=sp)) for f, b, w, st, sp in grid]
-        rows += [("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="t", num_splits=2, fused_merge=True)),
-                 ("fp8", "cvtpx", _launch(32, 2, 3, key_streams=2, form="", num_splits=2))]  # fmt: skip
-        return rows
+        return batch64_rows()
     # attn11 (session 11): the fused merge in one online pass (`_merge_group`), so more splits no longer pay two L2
     # round trips a chunk. First the engine's conditions (pool "bf16_engine": bench/decode_ab.py's 4,288-token table
     # at a context of 4,160, where a split count that divides 4,096 gets one split more): the default, every fused
@@ -123,6 +111,39 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     return rows
 
 
+# kv15 (session 15): main's fp8 default (form t, 32/2/4, 1 split: 134.7 us in s11 call 4), then the rows the earlier
+# sweeps left out, likeliest first (a cut sweep keeps its rows). Session 11's grid (t at 2 and 4 splits, h over 2-8
+# heads at 4 splits with the merge kernel) is in `git log -p`. "h2" (`_attend_heads_t` with KS = 2): a 4-warp program
+# covers 2 neighbouring KV heads, 2 interleaved 16-key streams a head (per warp the arithmetic of main's t 32/2), so
+# one split is 256 programs of 4 warps: main's 8 warps an SM, but a key's two heads (256 contiguous bytes, as a bf16
+# head) asked for by one program in one iteration. Tuples: (form, block_n, warps, stages, splits); streams = warps.
+# Triton 3.6 sm_90 (bench/sass_loop.py): h2 32/4 297 loop instructions (t 32/2: 301), 130 registers, 16 KB a stage
+# (2 programs an SM fit 6 stages); h2 64/4/3 (32-key streams) 560 for twice the keys, 183 registers; h2 64/8/2
+# (4 streams a head) 290, 128; h4 32/8/4 (4 heads, 128 programs) 298, 128, 128 KB. A 2-split h2 32/4 would need
+# <= 128 registers for 4 programs an SM (it takes 130-132: two waves), so h2 runs at one split.
+KV15_GRID = (("h2", 32, 4, 4, 1), ("h2", 32, 4, 6, 1), ("h2", 32, 4, 3, 1), ("h2", 32, 4, 5, 1), ("t", 32, 2, 6, 1),
+             ("t", 32, 2, 5, 1), ("h2", 64, 4, 3, 1), ("h2", 64, 8, 2, 1), ("h4", 32, 8, 4, 1), ("h", 16, 2, 3, 2),
+             ("h", 32, 2, 3, 2))  # fmt: skip
+MAIN_FP8 = ("t", 32, 2, 4, 1)
+# Pages in order (each sequence's pages consecutive in the pool, as a fresh engine's free queue hands them out)
+# instead of shuffled: main's default and the first two new rows.
+KV15_SEQUENTIAL = (MAIN_FP8, ("h2", 32, 4, 4, 1), ("h2", 32, 4, 6, 1))
+
+
+def _fp8_row(form: str, block_n: int, warps: int, stages: int, splits: int, **more) -> tuple[str, str, dict]:
+    return ("fp8", "cvtpx", _launch(block_n, warps, stages, key_streams=warps, form=form, num_splits=splits, **more))
+
+
+def batch64_rows() -> list[tuple[str, str | None, dict]]:
+    """The batch-64 rows: the bf16 pool at its default, main's fp8 default (the baseline), `KV15_GRID`, then
+    `KV15_SEQUENTIAL` on a table of consecutive pages."""
+    rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), _fp8_row(*MAIN_FP8)]
+    rows += [_fp8_row(*g) for g in KV15_GRID]
+    rows += [("bf16", None, {"table": "seq"})]
+    rows += [_fp8_row(*g, table="seq") for g in KV15_SEQUENTIAL]
+    return rows
+
+
 def small_launch(row: dict) -> str:
     """A batch-1 row's launch as FLOTILLA_DECODE_SMALL_LAUNCH reads it (block_n,warps,stages,split_tokens,merge
     [,merge_chunk]), the split count as keys per split of the row's context."""
@@ -145,7 +166,7 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     pool = decode_pool(batch, ctx, sets)
     k16, v16, tables, qsl, lens = pool["k"], pool["v"], pool["tables"], pool["qsl"], pool["lens"]
     pools = {"bf16": (k16, v16), "fp8": (k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn))}
-    wides = {}
+    wides = {"seq": torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view(tables.shape)}
     for width in {WIDE, ENGINE_TABLE}:
         wides[width] = torch.zeros(sets, batch, max(width // PAGE, tables.shape[2]), device="cuda", dtype=torch.int32)
         wides[width][:, :, : tables.shape[2]] = tables  # the same pages; the rest of the row is never read...
@@ -156,6 +177,8 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
     k8, v8 = pools["fp8"]
     ref = paged_decode_attention(queries["bf16"][0], k8.to(torch.bfloat16), v8.to(torch.bfloat16), tables[0], qsl,
                                  lens, HEAD_DIM**-0.5).float()  # fmt: skip
+    ref_seq = paged_decode_attention(queries["bf16"][0], k8.to(torch.bfloat16), v8.to(torch.bfloat16), wides["seq"][0],
+                                     qsl, lens, HEAD_DIM**-0.5).float()  # fmt: skip
     lens_engine = torch.full((batch,), ENGINE_CTX, device="cuda", dtype=torch.int32)
     ref_engine = paged_decode_attention(queries["bf16"][0], k8.to(torch.bfloat16), v8.to(torch.bfloat16),
                                         wides[ENGINE_TABLE][0], qsl, lens_engine, HEAD_DIM**-0.5).float()  # fmt: skip
@@ -180,9 +203,9 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
                 print(f"compile {pool} {mode} {cfg}: {repr(exc)[:160]}", flush=True)
             continue
         engine = cfg.get("table") == ENGINE_TABLE
-        context, want = (ENGINE_CTX, ref_engine) if engine else (ctx, ref)
+        context, want = (ENGINE_CTX, ref_engine) if engine else (ctx, ref_seq if cfg.get("table") == "seq" else ref)
         nbytes = 2 * batch * context * KV_HEADS * HEAD_DIM * k.element_size()
-        suffix = {WIDE: "_wide", ENGINE_TABLE: "_engine"}.get(cfg.get("table"), "")
+        suffix = {WIDE: "_wide", ENGINE_TABLE: "_engine", "seq": "_seq"}.get(cfg.get("table"), "")
         name = (pool if pool == "bf16" else f"fp8_{mode}") + suffix
         row: dict = {"batch": batch, "ctx": context, "pool": name, **cfg}
         try:
@@ -278,10 +301,16 @@ def main() -> None:
             _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))
 
 
+def program_heads(row: dict) -> int:
+    """KV heads one program of `row` covers: N for form "h<N>", all its streams for "h", else 1."""
+    form = row.get("form") or ""
+    return (int(form[1:]) if form[1:] else row["key_streams"]) if form.startswith("h") else 1
+
+
 def engine_wave(row: dict, batch: int = 64, kv_heads: int = KV_HEADS, sms: int = 132) -> int:
     """FLOTILLA_DECODE_WAVE that gives the engine `row`'s splits at `batch` (`default_num_splits`: splits =
-    wave x SMs // programs, programs = batch x KV heads, or x KV heads / streams for streams over heads)."""
-    programs = batch * (kv_heads // row["key_streams"] if row.get("form") == "h" else kv_heads)
+    wave x SMs // programs, programs = batch x KV heads / the heads a program covers)."""
+    programs = batch * (kv_heads // program_heads(row))
     splits = row.get("num_splits", 1)
     wave = -(-splits * programs // sms)
     assert wave * sms // programs == splits, (row, wave)
@@ -293,7 +322,7 @@ def _write_best_fp8_launch(cases: list[dict], path: Path) -> None:
     names its tile), then a space and FLOTILLA_DECODE_WAVE for its splits at batch 64 on 132 SMs (`engine_wave`).
     Rows with the fused merge are left out (FLOTILLA_DECODE_FUSED_MERGE is not in this file's format)."""
     rows = [r for r in cases if r["pool"].startswith("fp8_") and "us" in r and "block_n" in r and
-            r.get("rel_err", 1) < 0.1 and not r.get("fused_merge")]  # fmt: skip
+            r.get("rel_err", 1) < 0.1 and not r.get("fused_merge") and not r.get("table")]  # fmt: skip
     if rows:
         top = min((r for r in rows if r["batch"] == max(r["batch"] for r in rows)), key=lambda r: r["us"])
         more = f",{top.get('key_streams', 0)}{top.get('form', '')}"

@@ -15,6 +15,7 @@ from `seq_lens` values, so a call never syncs with the host and can be captured 
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 import triton
@@ -253,39 +254,53 @@ def _attend_heads_t(
     q3, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_base, stride_b, stride_s, stride_h, d, d_ok,
     WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr, KS: tl.constexpr = 1,
 ):  # fmt: skip
-    """`_attend_streams_t`'s products with the streams over WS neighbouring KV heads (`kv_base + w`) instead of
-    over keys: every stream reads the same `BLOCK_N` keys of its own head. A key's WS heads lie side by side in the
-    pool (WS x 128 contiguous bytes for the fp8 pool instead of 128), and a program reads each DRAM row segment
-    once for WS heads. `q3` is [WS, GROUP_PAD, BLOCK_D]; returns (acc [WS * GROUP_PAD, BLOCK_D], m, l), one row a
-    query head, nothing to merge across streams."""
+    """`_attend_streams_t`'s products with the streams over WS / KS neighbouring KV heads (`kv_base + w // KS`)
+    instead of over keys only: KS = 1, every stream reads the same `BLOCK_N` keys of its own head; KS > 1, each head's
+    keys are cut into KS interleaved streams of `BLOCK_N // KS` (as `_attend_streams_t` cuts them), so a program of
+    WS warps covers WS / KS heads with KS warps a head. A key's heads lie side by side in the pool (WS / KS x 128
+    contiguous bytes for the fp8 pool instead of 128) and the program's warps ask for them in the same iteration, so
+    DRAM serves each row segment to one program at once instead of to several programs at different times. `q3` is
+    [WS, GROUP_PAD, BLOCK_D] (each stream's head's query); returns (acc [WS / KS * GROUP_PAD, BLOCK_D], m, l), one row
+    a query head (KS > 1: each head's KS streams merged at the end, as `_attend_streams_t` merges its streams)."""
+    HS: tl.constexpr = WS // KS
+    SUB: tl.constexpr = BLOCK_N // KS
     w = tl.arange(0, WS)[:, None]
-    t = tl.arange(0, BLOCK_N)[None, :]
-    ONE_PAGE: tl.constexpr = PAGE % BLOCK_N == 0  # a tile in one page: one table entry a tile
+    t = tl.arange(0, SUB)[None, :]
+    sub0 = (w % KS) * SUB  # [WS, 1]: a stream's first key in a tile (0 for every stream when KS = 1)
+    ONE_PAGE: tl.constexpr = PAGE % SUB == 0  # a stream's keys of a tile in one page: one table entry a stream
     if ONE_PAGE:
-        first = start + w * 0  # [WS, 1], as in the loop
+        first = start + sub0  # [WS, 1], as in the loop
         next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
-    else:
+    elif KS == 1:
         tok = start + t
         next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
-    qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    else:
+        tok = start + sub0 + t
+        next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
+    if KS == 1:
+        qt3 = tl.permute(q3, (0, 2, 1))  # [WS, BLOCK_D, GROUP_PAD]
+    else:  # q3 is [HS, GROUP_PAD, BLOCK_D]: each head's query broadcast to its KS streams
+        qt = tl.permute(q3, (0, 2, 1))
+        qt3 = tl.reshape(tl.broadcast_to(qt[:, None, :, :], (HS, KS, BLOCK_D, GROUP_PAD)), (WS, BLOCK_D, GROUP_PAD))
     m = tl.full([WS, GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([WS, GROUP_PAD], tl.float32)
     acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
-    head_off = (kv_base + w) * stride_h  # [WS, 1]
+    head_off = (kv_base + w // KS) * stride_h  # [WS, 1]
     for n0 in range(start, end, BLOCK_N):
-        tok = n0 + t
+        # KS = 1: [1, BLOCK_N], the same keys for every stream; else [WS, SUB]
+        tok = n0 + t if KS == 1 else n0 + sub0 + t
         tok_ok = tok < end
         page = next_page.to(tl.int64)
         if ONE_PAGE:
-            first = n0 + w * 0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
+            first = n0 + sub0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
             next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
             in_page = _in_page(first, PAGE) + t
         else:
             next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
             in_page = _in_page(tok, PAGE)
-        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # [1, BLOCK_N, BLOCK_D], broadcast over the heads
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # KS = 1: [1, BLOCK_N, BLOCK_D], broadcast over heads
         kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
         k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
         k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
@@ -301,8 +316,16 @@ def _attend_heads_t(
         acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
                                                input_precision=DOT_PRECISION)  # fmt: skip
         m = m_new
-    acc = tl.reshape(tl.permute(acc, (0, 2, 1)), (WS * GROUP_PAD, BLOCK_D))
-    return acc, tl.reshape(m, (WS * GROUP_PAD,)), tl.reshape(l, (WS * GROUP_PAD,))
+    if KS > 1:  # each head's KS streams into one (weights 0 for a stream that saw no key)
+        m4 = tl.reshape(m, (HS, KS, GROUP_PAD))
+        m_all = tl.max(m4, 1)
+        m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
+        wgt = tl.exp2(m4 - m_use[:, None, :])
+        acc = tl.sum(tl.reshape(acc, (HS, KS, BLOCK_D, GROUP_PAD)) * wgt[:, :, None, :], 1)  # [HS, BLOCK_D, G]
+        l = tl.sum(tl.reshape(l, (HS, KS, GROUP_PAD)) * wgt, 1)
+        m = m_all
+    acc = tl.reshape(tl.permute(acc, (0, 2, 1)), (HS * GROUP_PAD, BLOCK_D))
+    return acc, tl.reshape(m, (HS * GROUP_PAD,)), tl.reshape(l, (HS * GROUP_PAD,))
 
 
 @triton.jit
@@ -380,6 +403,7 @@ def _decode_split_kernel(
     DYN_SPLIT: tl.constexpr = False,
     TRANSPOSED: tl.constexpr = False,
     HEAD_STREAMS: tl.constexpr = False,
+    KEY_SUB: tl.constexpr = 1,
 ):
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -424,10 +448,12 @@ def _decode_split_kernel(
 
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    if HEAD_STREAMS:  # KEY_STREAMS neighbouring KV heads a program (`_attend_heads_t`): rows w * GROUP_PAD + g
-        r = tl.arange(0, KEY_STREAMS * GROUP_PAD)
+    if HEAD_STREAMS:  # KEY_STREAMS / KEY_SUB neighbouring KV heads a program (`_attend_heads_t`), KEY_SUB streams
+        # a head: the query rows stream * GROUP_PAD + g (a head's query once for each of its streams)
+        HP: tl.constexpr = KEY_STREAMS // KEY_SUB
+        r = tl.arange(0, HP * GROUP_PAD)  # rows w * GROUP_PAD + g, one a (head, query head)
         g = r % GROUP_PAD
-        heads = (kv_head * KEY_STREAMS + r // GROUP_PAD) * GROUP + g
+        heads = (kv_head * HP + r // GROUP_PAD) * GROUP + g
         head_ok = g < tl.where(has_query, GROUP, 0)
         q = tl.load(
             q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
@@ -435,9 +461,9 @@ def _decode_split_kernel(
             other=0.0,
         ).to(DOT_DTYPE)
         acc, m, l = _attend_heads_t(
-            tl.reshape(q, (KEY_STREAMS, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
-            kv_head * KEY_STREAMS, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
-            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            tl.reshape(q, (HP, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
+            kv_head * HP, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, KEY_SUB,
         )  # fmt: skip
         acc = acc * out_scale
         store_attention_rows(
@@ -600,10 +626,11 @@ def _wave() -> int:
 def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
     """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
     streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
-    neighbouring KV heads (`_attend_heads_t`)). FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams
-    [t|h]]" overrides the fp8 pool's and FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h]]" the
-    float pool's, so that one device call can time the engine step at what its kernel sweep found best
-    (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh)."""
+    neighbouring KV heads (`_attend_heads_t`), "h<N>" over N heads, key_streams / N streams a head).
+    FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams[t|h[N]]]" overrides the fp8 pool's and
+    FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h[N]]]" the float pool's, so that one device
+    call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh,
+    kv15-gpu.sh)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
@@ -622,11 +649,19 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
 
 
 def _streams_field(text: str, name: str) -> tuple[int, str]:
-    """A launch string's key_streams field: digits, then `t` (transposed) or `h` (over heads) or nothing."""
-    form = text[-1] if text[-1:] in ("t", "h") else ""
-    digits = text.removesuffix(form) if form else text
-    assert digits.isdigit() and (digits != "0" or not form), f"{name}: {text!r}: key_streams[t|h]?"
-    return int(digits), form
+    """A launch string's key_streams field: digits, then `t` (transposed), `h` (over heads), `h<N>` (over N heads,
+    key_streams / N streams a head: `_form_heads`) or nothing."""
+    match = re.fullmatch(r"(\d+)(t|h|h[1-9]\d*)?", text)
+    assert match and (match.group(1) != "0" or not match.group(2)), f"{name}: {text!r}: key_streams[t|h[N]]?"
+    return int(match.group(1)), match.group(2) or ""
+
+
+def _form_heads(form: str, key_streams: int) -> int:
+    """KV heads a program covers in form "h" (all `key_streams` streams over heads, one a head) or "h<N>" (N heads,
+    key_streams / N interleaved key streams a head); 1 in the other forms."""
+    if not form.startswith("h"):
+        return 1
+    return int(form[1:]) if form[1:] else key_streams
 
 
 # Small grids: batch x KV heads <= _SMALL_GRID (batch 1 or 2 at Llama's 8 KV heads), where a step's attention is
@@ -783,7 +818,9 @@ def paged_decode_attention(
     of keys (`_attend_streams`; num_warps: one stream a warp). `form` (with key streams): "t" the products as
     `K @ Q^T` and `V^T @ P^T` (`_attend_streams_t`: the group's heads padded to 8 mma columns, not 16 rows), "h"
     the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
-    program reads a key's heads side by side; no fused merge), "" the row form; default: the pool's launch.
+    program reads a key's heads side by side; no fused merge), "h<N>" over N neighbouring KV heads with
+    key_streams / N interleaved key streams a head (so a 4-warp program covers 2 heads at one split: "h2" with
+    key_streams 4), "" the row form; default: the pool's launch.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -801,17 +838,21 @@ def paged_decode_attention(
         merge_chunk = merge_chunk or small[5] or None
     block_n, num_warps, num_stages = block_n or tile[0], num_warps or tile[1], num_stages or tile[2]
     fp8_kv = fp8_kv or tile[3]
-    # keys a stream in a tile: block_n // key_streams, or all block_n when the streams are over heads ("h")
+    # keys a stream in a tile: block_n // key_streams; over heads ("h<N>") block_n // (key_streams / N)
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
-        key_streams = tile[4] if tile[4] and block_n // (1 if tile[5] == "h" else tile[4]) >= 16 else 0
+        sub = tile[4] // _form_heads(tile[5], tile[4]) if tile[4] else 1
+        key_streams = tile[4] if tile[4] and block_n // sub >= 16 else 0
     form = (tile[5] if form is None else form) if key_streams else ""
-    assert form in ("", "t", "h"), f"form {form!r}"
-    head_streams = form == "h"
-    if key_streams and block_n // (1 if head_streams else key_streams) < 16:
+    assert re.fullmatch(r"t?|h\d*", form), f"form {form!r}"
+    head_streams = form.startswith("h")
+    prog_heads = _form_heads(form, key_streams)
+    if head_streams and (prog_heads < 1 or key_streams % prog_heads or num_kv_heads % prog_heads):
+        raise ValueError(f"head streams: {prog_heads} heads a program must divide {key_streams} streams and "
+                         f"{num_kv_heads} KV heads")  # fmt: skip
+    key_sub = key_streams // prog_heads if head_streams else key_streams  # key streams a head
+    if key_streams and block_n // key_sub < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
-    if head_streams and num_kv_heads % key_streams:
-        raise ValueError(f"head streams: {key_streams} must divide {num_kv_heads} KV heads")
-    programs_kv = num_kv_heads // key_streams if head_streams else num_kv_heads
+    programs_kv = num_kv_heads // prog_heads
     if num_splits is None and split_tokens:
         num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
@@ -893,6 +934,7 @@ def paged_decode_attention(
         DYN_SPLIT=dynamic_splits,
         TRANSPOSED=form == "t",
         HEAD_STREAMS=head_streams,
+        KEY_SUB=key_sub if head_streams else 1,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

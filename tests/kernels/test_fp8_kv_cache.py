@@ -205,6 +205,38 @@ def test_decode_key_streams_match_reference(dtype):
                                num_splits=2, fused_merge=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_streams_over_heads_and_keys_match_reference(dtype):
+    """Form "h<N>" (kv15): a program covers N neighbouring KV heads with key_streams / N interleaved key streams a
+    head, merged per head at the end. 4 KV heads (group 2), sequences of 37, 130 and 5 keys (streams with no key in
+    the last tile, one with none at all) and a padding sequence: 2 heads x 2 streams at 1 and 3 splits, 2 heads x 4
+    streams of 16 in a 64-key tile, 4 heads x 2 streams, 1 head x 2 streams ("h1": the transposed key streams'
+    grid); the reference on a float and on an fp8 pool. N not dividing the streams or the KV heads is refused."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 0, 1, 1], [37, 0, 130, 5], 8, 4, dtype, seed=15)
+    tol = 1e-5 if dtype == torch.float32 else 1.5e-2
+    for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
+        ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
+        for block_n, streams, form, splits in ((32, 4, "h2", 1), (32, 4, "h2", 3), (64, 8, "h2", 1), (32, 8, "h4", 2),
+                                               (32, 2, "h1", 1)):  # fmt: skip
+            out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=splits, block_n=block_n,
+                                         num_warps=streams, key_streams=streams, fp8_kv=mode, form=form)  # fmt: skip
+            assert rel_err(out, ref) < tol, (block_n, streams, form, splits)
+        if INTERPRETING:  # h2 at 32/4 is t at 32/2 per head: the same 16-key streams and merge, the same numbers
+            t = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=1, block_n=32, num_warps=2,
+                                       key_streams=2, fp8_kv=mode, form="t")  # fmt: skip
+            h2 = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, num_splits=1, block_n=32, num_warps=4,
+                                        key_streams=4, fp8_kv=mode, form="h2")  # fmt: skip
+            assert torch.equal(t, h2)
+    for streams, form in ((4, "h3"), (8, "h8")):  # 4 streams over 3 heads; 8 heads a program of 4 KV heads
+        with pytest.raises(ValueError, match="head streams"):
+            paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=64, key_streams=streams,
+                                   form=form)  # fmt: skip
+    with pytest.raises(ValueError, match="16 keys"):  # 2 heads x 2 streams of 8 keys
+        paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=16, key_streams=4, form="h2")
+
+
 def _llama_fp8_case(seed: int) -> tuple[torch.Tensor, ...]:
     """On the GPU: Llama-3-8B heads (32 query, 8 KV, 128 dims), sequences of 4,000, 300 and 17 tokens on an fp8
     pool (K scaled to ~30 % subnormal values), one bf16 query row each, scale 0.3; returns (query, k8, v8, tables,
@@ -224,12 +256,28 @@ def test_cuda_fp8_transposed_streams_at_llama_heads():
     fp8 pool; the transposed key streams as fp8kv11's grid launches them (2 warps at 1 and 2 splits, 1 warp at 4
     splits, the fused merge; over 2 / 4 / 8 KV heads at 4 splits) equal the reference, also when replayed from a
     CUDA graph."""
-    from flotilla.kernels.triton_paged_decode import paged_decode_attention
-
-    query, k8, v8, tables, qsl, lens, ref = _llama_fp8_case(12)
     launches = (("t", 32, 2, 4, 1, False), ("t", 32, 2, 3, 2, False), ("t", 16, 1, 3, 4, False),
                 ("t", 32, 2, 3, 2, True), ("h", 16, 2, 2, 4, False), ("h", 16, 4, 2, 4, False),
                 ("h", 16, 8, 2, 4, False))  # fmt: skip
+    _check_fp8_launches_at_llama_heads(launches)
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_streams_over_heads_and_keys_at_llama_heads():
+    """On the GPU, as above: kv15's launches (over 2 / 4 KV heads with 2 / 4 key streams a head, "h2" / "h4", at 1 and
+    2 splits; "h" over 2 heads at 2 splits) equal the reference, also replayed from a CUDA graph."""
+    _check_fp8_launches_at_llama_heads((("h2", 32, 4, 4, 1, False), ("h2", 32, 4, 6, 1, False),
+                                        ("h2", 64, 4, 3, 1, False), ("h2", 64, 8, 2, 1, False),
+                                        ("h4", 32, 8, 4, 1, False), ("h2", 32, 4, 2, 2, False),
+                                        ("h", 32, 2, 3, 2, False)))  # fmt: skip
+
+
+def _check_fp8_launches_at_llama_heads(launches: tuple[tuple[str, int, int, int, int, bool], ...]) -> None:
+    """Each (form, block_n, warps, stages, splits, fused merge) launch, one key stream a warp, on `_llama_fp8_case`:
+    the reference, called and replayed twice from a CUDA graph."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k8, v8, tables, qsl, lens, ref = _llama_fp8_case(12)
     for form, block_n, warps, stages, splits, fused in launches:
         cfg = dict(fp8_kv="cvtpx", block_n=block_n, num_warps=warps, num_stages=stages, key_streams=warps, form=form,
                    num_splits=splits, fused_merge=fused)  # fmt: skip
@@ -319,13 +367,15 @@ def test_fp8_launch_override_reads_tile_path_and_key_streams(monkeypatch):
     assert _launch_defaults(True) == (32, 2, 3, "cvtpx", 2, "t")
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "16,4,2,cvtpx,4h")
     assert _launch_defaults(True) == (16, 4, 2, "cvtpx", 4, "h")
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "32,4,4,cvtpx,4h2")
+    assert _launch_defaults(True) == (32, 4, 4, "cvtpx", 4, "h2")
     monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,perm")
     assert _launch_defaults(True) == (64, 4, 3, "perm", 0, "")
     assert _launch_defaults(False)[3:] == ("cvt", 0, "")  # the bf16 pool keeps its own
     monkeypatch.setenv("FLOTILLA_DECODE_BF16_LAUNCH", "64,4,2,4t")
     assert _launch_defaults(False) == (64, 4, 2, "cvt", 4, "t")
     for bad in ("64,4,3,fast", "64,4,3,perm,ws", "64,4,3,perm,1,128", "64,4,3,perm,t", "64,4,3,perm,0t",
-                "64,4,3,perm,2x"):  # fmt: skip
+                "64,4,3,perm,2x", "64,4,3,perm,4h0", "64,4,3,perm,4t2", "64,4,3,perm,0h2"):  # fmt: skip
         monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", bad)
         with pytest.raises(AssertionError):
             _launch_defaults(True)

@@ -203,6 +203,10 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
             constexprs = dict(constexprs, TRANSPOSED=False, HEAD_STREAMS=True, BLOCK_N=16, NUM_SPLITS=4, SPLITS_PAD=4)
             out[f"paged_decode {name} streams2h"] = _compile_for_hopper(fn, pointers, constexprs, aligned, num_warps=2,
                                                                          num_stages=2)  # fmt: skip
+            # kv15: over 2 KV heads with 2 key streams of 16 a head (4 warps), one split
+            constexprs = dict(constexprs, BLOCK_N=32, KEY_STREAMS=4, KEY_SUB=2, NUM_SPLITS=1, SPLITS_PAD=1)
+            out[f"paged_decode {name} streams4h2"] = _compile_for_hopper(fn, pointers, constexprs, aligned,
+                                                                          num_warps=4, num_stages=4)  # fmt: skip
     # batch 1's small launch: 128 splits of 32 keys, the fused merge in four chunks of 32 splits
     constexprs = dict(common, NUM_SPLITS=128, SPLITS_PAD=128, BLOCK_N=32, DOT_DTYPE=tl.bfloat16, KV_FP8=0,
                       K_LOAD_LAYOUT=False, KEY_STREAMS=0, EARLY_DEPENDENTS=False)  # fmt: skip
@@ -400,13 +404,14 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode fp8 cvt"]["byte_smem_reads"] > 0  # what the probe looks for still shows up
     assert result["paged_decode fp8 cvt16"]["e4m3_cvt"] and result["paged_decode fp8 cvt16"]["byte_smem_reads"] == 0
     assert result["paged_decode bf16"]["byte_smem_reads"] == 0
-    for name in ("paged_decode bf16 streams2t", "paged_decode bf16 streams2h"):
+    for name in ("paged_decode bf16 streams2t", "paged_decode bf16 streams2h", "paged_decode bf16 streams4h2"):
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
     # The impure asm keeps V in its load layout without a select per value (asm: a selp a value pair);
     # the hardware cvt in PTX converts; with K in its load layout too, the query comes by ldmatrix.
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
                  "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4",
-                 "paged_decode fp8 cvtpx streams2t", "paged_decode fp8 cvtpx streams2h"):  # fmt: skip
+                 "paged_decode fp8 cvtpx streams2t", "paged_decode fp8 cvtpx streams2h",
+                 "paged_decode fp8 cvtpx streams4h2"):  # fmt: skip
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
         assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
     assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
