@@ -151,6 +151,8 @@ class ServerConfig(_Component):
     h11_max_incomplete_event_size: int = Field(16 * 1024, gt=0)
     h11_max_header_count: int = Field(256, gt=0)
     enable_auto_tool_choice: bool = False
+    # vLLM's flag: a tool_choice "none" request's tools are left out of the prompt (by default they are rendered)
+    exclude_tools_when_tool_choice_none: bool = False
     enable_request_id_headers: bool = False
     enable_prompt_tokens_details: bool = False
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None

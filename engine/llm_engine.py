@@ -281,9 +281,10 @@ class LLMEngine:
         if not token_ids:
             raise InvalidParamError("the prompt is empty", "prompt")
         if len(token_ids) >= max_len:
+            # vLLM's words (the prompt must leave room for one generated token): clients match them
             raise InvalidParamError(
-                f"the prompt is {len(token_ids)} tokens long; this model's maximum context length is "
-                f"{max_len} tokens (prompt plus at least one generated token)",
+                f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{len(token_ids)} input tokens. Please reduce the length of the input messages.",
                 "prompt",
             )
         vocab = self.vocab_size

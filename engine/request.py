@@ -108,13 +108,14 @@ class Request:
 
     @property
     def sample_seed(self) -> int | None:
-        """This completion's own random stream: the request's seed, distinct per completion index."""
+        """This completion's own random stream: completion i of a request seeded s draws as a lone request seeded
+        s + i (vLLM's rule for n > 1: a completion is reproduced alone with its own seed)."""
         seed = self.sampling_params.seed
         if seed is None:
             return None
         # Wrapped to a signed 64-bit integer: the sampler carries it in an int64 tensor, and any
         # seed the API accepts must fit (the hash mixes it with wrapping arithmetic anyway).
-        mixed = (seed * 1_000_003 + self.index) & _U64
+        mixed = ((seed + self.index) * 1_000_003) & _U64
         return mixed - (1 << 64) if mixed >> 63 else mixed
 
     def token_ids(self, start: int, end: int) -> list[int]:

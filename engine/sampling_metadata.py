@@ -10,7 +10,7 @@ import torch
 from flotilla.engine.bad_words import banned_next
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
-from flotilla.engine.sampling_params import GREEDY_TEMPERATURE
+from flotilla.engine.sampling_params import GREEDY_TEMPERATURE, TEMPERATURE_CEILING
 from flotilla.engine.staging import device_tensor
 
 
@@ -42,7 +42,8 @@ def build_sampling_batch(
     # The penalties read every token a row has seen; without any, the step copies none.
     seen = rows if any_penalties else []
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
-    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
+    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_CEILING)
+                    for p in params]
     return SamplingBatch(
         temperature=to.tensor(temperatures, torch.float32),
         # Beyond the vocabulary top_k keeps every token: clamped so it always fits an int64 tensor.

@@ -25,6 +25,10 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # Below this temperature a draw is greedy (vLLM's _SAMPLING_EPS): dividing logits by a subnormal
 # temperature overflows float32 and would turn the distribution into NaN.
 GREEDY_TEMPERATURE = 1e-5
+# Temperature has no upper bound (vLLM's neither), but in a float32 tensor 1e39 is inf, and a masked (-inf)
+# logit divided by inf is NaN (every draw then token 0, masks ignored). Past this every finite fp32 logit divided
+# by it rounds to ~0 anyway (a uniform draw over the unmasked tokens), so the sampler uses at most this.
+TEMPERATURE_CEILING = 1e30
 # repetition_penalty divides (or multiplies) fp32 logits: outside this range a logit overflows to inf,
 # and the logprobs of the row become NaN. HF and vLLM users stay within ~[0.5, 2].
 REPETITION_PENALTY_MIN, REPETITION_PENALTY_MAX = 0.01, 100.0

@@ -471,6 +471,14 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--exclude-tools-when-tool-choice-none",
+        "bool",
+        False,
+        'Leave a request\'s tools out of the prompt when its tool_choice is "none" (by default the chat template '
+        "renders them whatever the tool_choice, as vLLM).",
+        "server",
+    ),
+    Flag(
         "--tool-call-parser",
         "str",
         None,

@@ -140,7 +140,7 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--trust-request-chat-template",
     # How this model family writes tool calls and thinking (docs/structured-output.md): a property of
     # the model the owner serves, parsed in the pod's own server.
-    "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
+    "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--exclude-tools-when-tool-choice-none",
     # What responses report (an X-Request-Id header, cached prompt tokens in usage): no effect on serving.
     "--enable-request-id-headers", "--enable-prompt-tokens-details",
     # Compact JSON for this service's grammars (a small model that loops on whitespace): per pod.

@@ -53,8 +53,8 @@ def check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
     if not ids:
         raise InvalidParamError(f"input {index} is empty", param="input")
     if len(ids) > max_len:
-        raise InvalidParamError(f"input {index} is {len(ids)} tokens long; this model's maximum context length "
-                                f"is {max_len} tokens", param="input")
+        raise InvalidParamError(f"This model's maximum context length is {max_len} tokens. However, input {index} has "
+                                f"{len(ids)} tokens. Please reduce the length of the input.", param="input")
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise InvalidParamError(f"input {index}: token id(s) {bad[:5]} are outside the vocabulary (size {vocab})",

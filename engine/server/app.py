@@ -33,6 +33,7 @@ from flotilla.engine.server.request_id_header import RequestIdHeader, checked_re
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.server.tool_calls import plan_tools
 from flotilla.engine.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
@@ -166,12 +167,20 @@ def _add_token_routes(app: FastAPI, state: ServerState) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            tokens = await serving.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            add_special = body.add_special_tokens is not False
+            tokens = await serving.encode(body.prompt, add_special_tokens=add_special)
         else:
+            # tool_choice "none": the tools are rendered (as vLLM's /tokenize does) and none is asked for
             req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt,
-                                        continue_final_message=body.continue_final_message)
-            tokens = (await serving.chat_prompt(req)).token_ids
-        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
+                                        continue_final_message=body.continue_final_message,
+                                        add_special_tokens=bool(body.add_special_tokens), tools=body.tools,
+                                        tool_choice="none", chat_template=body.chat_template,
+                                        chat_template_kwargs=body.chat_template_kwargs)
+            tokens = (await serving.chat_prompt(req, plan_tools(req, False, None).template_tools)).token_ids
+        # on a worker thread, as the encode: a body's worth of ids is a long call
+        strings = await asyncio.to_thread(serving.tokenizer.convert_ids_to_tokens, tokens) if body.return_token_strs \
+            else None
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": strings}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:

@@ -172,6 +172,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
         engine=engine,
         serving=OpenAIServing(engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
                               loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
+                              exclude_tools_when_tool_choice_none=server.exclude_tools_when_tool_choice_none,
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,11 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+# Fields vLLM's completions or chat request takes as null (its default then) that have a non-null default here.
+NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "return_tokens_as_token_ids", "n",
+                              "logprobs", "echo"})
+
+
 class _SamplingFields(_RequestBody):
     """Sampling fields shared by completions and chat completions (token ids and top_k are bounded by the
     vocabulary in the engine, which knows it)."""
@@ -112,7 +118,8 @@ class _SamplingFields(_RequestBody):
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    # Bounded below only, as vLLM's SamplingParams (OpenAI's own API stops at 2; vLLM serves more).
+    temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -136,6 +143,8 @@ class _SamplingFields(_RequestBody):
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
+    # vLLM's: the prompt's and each choice's token ids beside the text (in whole replies; streams carry none yet)
+    return_token_ids: bool | None = None
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
     # prefix-cache blocks are shared within one salt only
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
@@ -148,6 +157,15 @@ class _SamplingFields(_RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        # vLLM declares these Optional, so an explicit JSON null (what the SDKs send for an argument given as
+        # None) is the field left out there; here each has a plain default, which null now takes too.
+        if isinstance(data, dict) and any(data.get(name, 0) is None for name in NULL_MEANS_UNSET):
+            data = {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_UNSET)}
+        return data
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -208,6 +226,18 @@ def _yield_point(value: Any) -> Any:
 JSONObjects = list[Annotated[dict[str, Any], AfterValidator(_yield_point)]]
 
 
+# The content parts that are text: chat's "text", and the Responses API's names (vLLM takes all three as text).
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+def joined_text_parts(parts: list[Any], param: str) -> str:
+    """A content list as one text, as vLLM renders it for a template that reads strings: the text parts joined by
+    a newline; a part of another type (an image, audio) is a 400 naming `param`."""
+    if any(not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES for part in parts):
+        raise APIError(400, "only text content parts are supported", param=param)
+    return "\n".join(str(part.get("text") or "") for part in parts)
+
+
 class ContentPart(BaseModel):
     """One part of a message's content list: `{"type": "text", "text": ...}` (other types are refused
     when the conversation is rendered, with a message that names them)."""
@@ -221,7 +251,9 @@ class ChatMessage(BaseModel):
     """One message of a conversation (text content, or OpenAI's list of text parts)."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # Any role, as vLLM (its custom message param): templates give their own roles meaning (Llama 3.1's "ipython"
+    # tool results, GLM's "observation"); the template refuses one it does not know.
+    role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
@@ -247,19 +279,26 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     chat_template: str | None = None  # vLLM's field; refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's field for RAG templates (Command R, Granite): the template's `documents` variable
+    documents: list[dict[str, str]] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
     echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
 
 
 class TokenizeRequest(_RequestBody):
-    """POST /tokenize: a prompt or a conversation."""
+    """POST /tokenize: a prompt or a conversation (rendered as chat renders it: tools, template and its
+    variables included, so the count is the chat request's prompt_tokens); vLLM's fields."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for a conversation
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    return_token_strs: bool | None = False  # also the tokens' strings (`token_strs`)
+    tools: JSONObjects | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_RequestBody):

@@ -1,7 +1,8 @@
 """`--reasoning-parser`: a thinking model's `<think>...</think>` apart from its answer.
 
-The reply's `message.reasoning_content` holds the thinking and `message.content` the rest, streamed as
-`delta.reasoning_content` then `delta.content`. The two formats differ in where thinking starts:
+The reply's `message.reasoning` (and, under vLLM's older name, `message.reasoning_content`) holds the thinking
+and `message.content` the rest, streamed as `delta.reasoning` (and `delta.reasoning_content`) then
+`delta.content`. The two formats differ in where thinking starts:
 - `deepseek_r1`: the chat template opens `<think>` in the prompt, so the output is thinking until
   `</think>` (a leading `<think>` is dropped if the model writes it anyway);
 - `qwen3`: the model writes `<think>` itself; an output that does not start with it is all answer

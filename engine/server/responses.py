@@ -62,7 +62,8 @@ class ResponsesRequest(_RequestBody):
     input: str | JSONObjects
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    # Bounded below only, as vLLM's SamplingParams (OpenAI's own API stops at 2; vLLM serves more).
+    temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True
@@ -148,7 +149,8 @@ class ResponsesServing:
                 parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text))
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
-        plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser)
+        plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser,
+                          self.serving.exclude_tools_when_tool_choice_none)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
                                                        self.serving.max_model_len, None,

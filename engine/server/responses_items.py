@@ -14,9 +14,8 @@ import uuid
 from typing import Any
 
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.protocol import joined_text_parts
 from flotilla.engine.server.tool_parsers.base import ToolCall
-
-_TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -101,9 +100,7 @@ def _message(item: dict[str, Any]) -> dict[str, Any]:
 def _text(content: str | list[Any]) -> str:
     if isinstance(content, str):
         return content
-    if any(not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS for part in content):
-        raise APIError(400, "only text content parts are supported", param="input")
-    return "".join(str(part.get("text", "")) for part in content)
+    return joined_text_parts(content, "input")
 
 
 def _add_call(messages: list[dict[str, Any]], item: dict[str, Any]) -> None:

@@ -53,8 +53,10 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
         return value if value is not None else defaults.get(name, neutral)
     # A prompt with no room left is the engine's to refuse (one rule, in LLMEngine._validate_prompt).
     if max_tokens is not None and 0 < room < max_tokens:
-        raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} tokens and this "
-                            f"model's maximum context length is {max_model_len} tokens", param="max_tokens")
+        # vLLM's words: clients read the two numbers to retry with a max_tokens that fits
+        raise APIError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                            f"context length is {max_model_len} tokens and your request has {prompt_len} input tokens "
+                            f"({max_tokens} > {max_model_len} - {prompt_len}).", param="max_tokens")
     # vLLM: the model's max_new_tokens when the request gives none, within the context left
     default_max_tokens = max(min(room, defaults.get("max_tokens", room)), 1)
     wanted = max_tokens if max_tokens is not None else default_max_tokens

@@ -22,7 +22,12 @@ from flotilla.engine.server.chat_template import (
     template_variables,
 )
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from flotilla.engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _SamplingFields,
+    joined_text_parts,
+)
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.sampling_request import sampling_params
@@ -138,6 +143,7 @@ class OpenAIServing:
     def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+                 exclude_tools_when_tool_choice_none: bool = False,
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> None:
         self.engine = engine
@@ -147,6 +153,7 @@ class OpenAIServing:
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
         self.tool_call_parser = tool_call_parser
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -172,9 +179,11 @@ class OpenAIServing:
     def check_chars(self, chars: int, param: str = "prompt") -> None:
         """400 for a text too long to fit the context whatever it tokenizes to (no tokenization needed)."""
         if chars > self.max_prompt_chars:
-            raise APIError(400, f"the prompt has {chars} characters: more than this model's maximum context length "
-                                f"of {self.max_model_len} tokens can hold (at most {self.max_prompt_chars} characters "
-                                "with this tokenizer). Please reduce the length of the prompt.", param=param)
+            # Opening as vLLM's context-length refusals do, which clients recognise
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                                f"request has {chars} characters: more than that context can hold (at most "
+                                f"{self.max_prompt_chars} characters with this tokenizer). Please reduce the length "
+                                "of the input messages.", param=param)
 
     async def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
         """The `prompt` field in any of its four shapes (the engine validates the token ids), cut to
@@ -206,10 +215,7 @@ class OpenAIServing:
         messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
         for m in messages:
             if isinstance(m.get("content"), list):  # OpenAI's [{"type": "text", "text": ...}] form
-                parts = m["content"]
-                if any(part.get("type") != "text" for part in parts):
-                    raise APIError(400, "only text content parts are supported", param="messages")
-                m["content"] = "".join(part.get("text", "") for part in parts)
+                m["content"] = joined_text_parts(m["content"], "messages")
         self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
         if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "
@@ -217,7 +223,8 @@ class OpenAIServing:
                            param="continue_final_message")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
-            variables = template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
+            variables = (template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
+                         | ({"documents": req.documents} if req.documents else {}))
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
         render = functools.partial(self._render, messages, req.add_generation_prompt, template, variables,
@@ -296,7 +303,9 @@ class OpenAIServing:
                 choices.append({"index": i * req.n + c.index, "text": text, "finish_reason": c.finish_reason,
                                 "stop_reason": c.stop_reason, "logprobs": logprobs,
                                 "prompt_logprobs": self._prompt_logprobs_json(output)
-                                if req.prompt_logprobs is not None else None})
+                                if req.prompt_logprobs is not None else None,
+                                **({"prompt_token_ids": list(output.prompt_token_ids),
+                                    "token_ids": list(c.token_ids)} if req.return_token_ids else {})})
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         for output in outputs:
             for k, v in usage(output).items():
@@ -384,7 +393,8 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
-        plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser)
+        plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser,
+                          self.exclude_tools_when_tool_choice_none)
         prompt = await self.chat_prompt(req, plan.template_tools)
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
@@ -422,11 +432,14 @@ class OpenAIServing:
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
                             "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
-                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason,
+                            **({"token_ids": list(c.token_ids)} if req.return_token_ids else {})})
         reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
                  "choices": choices, "usage": self._cached(usage(output), output.num_cached_tokens)}
         if req.prompt_logprobs is not None:  # vLLM's chat field, beside the choices
             reply["prompt_logprobs"] = self._prompt_logprobs_json(output)
+        if req.return_token_ids:  # vLLM's, beside the choices' token_ids
+            reply["prompt_token_ids"] = list(output.prompt_token_ids)
         return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,

@@ -2,9 +2,11 @@
 output, and how the output becomes OpenAI `tool_calls`.
 
 `tool_choice`:
-- `none`: the model sees no tools and answers in text.
+- `none`: the model answers in text; the template still gets the tools, as vLLM's (which
+  `--exclude-tools-when-tool-choice-none` leaves out).
 - `auto` (the default when tools are given, as vLLM): the model decides; its text is split by the
-  `--tool-call-parser` (needs `--enable-auto-tool-choice`).
+  `--tool-call-parser` (needs `--enable-auto-tool-choice`); with `parallel_tool_calls` false only the first
+  call is returned (vLLM's rule; the model is not constrained to one).
 - `required`: the output is constrained to a JSON list of `{"name", "parameters"}` calls (one call
   when `parallel_tool_calls` is false), so it always parses and matches the tools' schemas.
 - `{"type": "function", "function": {"name": ...}}`: the output is constrained to that function's
@@ -37,11 +39,12 @@ class ToolPlan:
     parser: ToolParser | None = None
     function: str | None = None  # the named function
     constraint: StructuredOutputsParams | None = None
+    parallel: bool = True  # the request's parallel_tool_calls is not false
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools the chat template renders (none when the model may not call any)."""
-        return self.tools if self.mode != "none" and self.tools else None
+        """The tools the chat template renders (None for none)."""
+        return self.tools or None
 
     def parse(self, text: str) -> ParsedOutput:
         """Split a finished output into content and tool calls."""
@@ -58,12 +61,17 @@ class ToolPlan:
             except (ValueError, KeyError, TypeError, RecursionError):
                 return ParsedOutput(content=text)
         if self.mode == "auto" and self.parser is not None:
-            return self.parser.parse(text)
+            parsed = self.parser.parse(text)
+            if not self.parallel:  # vLLM's maybe_filter_parallel_tool_calls: the first call only
+                parsed.tool_calls = parsed.tool_calls[:1]
+            return parsed
         return ParsedOutput(content=text)
 
 
-def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> ToolPlan:
-    """Validate `tools` and `tool_choice` and decide the request's ToolPlan (400s name the field)."""
+def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None,
+               exclude_tools_when_tool_choice_none: bool = False) -> ToolPlan:
+    """Validate `tools` and `tool_choice` and decide the request's ToolPlan (400s name the field); with
+    `exclude_tools_when_tool_choice_none` (vLLM's flag) a `none` request's template gets no tools."""
     tools = [_checked_tool(t, i) for i, t in enumerate(req.tools or [])]
     choice = req.tool_choice
     if choice is None:
@@ -76,14 +84,14 @@ def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None) -> Too
     if choice != "none" and not tools:
         raise APIError(400, f"tool_choice {choice!r} needs tools", param="tool_choice")
     if choice == "none":
-        return ToolPlan("none", tools)
+        return ToolPlan("none", [] if exclude_tools_when_tool_choice_none else tools)
     if choice == "required":
         return ToolPlan("required", tools, constraint=StructuredOutputsParams(
             json_schema=_required_schema(tools, req.parallel_tool_calls is not False)))
     if not auto_tool_choice or parser_name is None:
         raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                        param="tool_choice")
-    return ToolPlan("auto", tools, parser=tool_parser(parser_name))
+    return ToolPlan("auto", tools, parser=tool_parser(parser_name), parallel=req.parallel_tool_calls is not False)
 
 
 def _checked_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
@@ -118,13 +126,24 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
     return schema
 
 
+def thinking(text: str | None) -> dict[str, str | None]:
+    """A reply's (or a delta's) thinking under both names vLLM has used: `reasoning` (its name since late 2025)
+    and `reasoning_content` (the older one, DeepSeek's, which clients of earlier vLLM versions read)."""
+    return {"reasoning": text, "reasoning_content": text}
+
+
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
     serialise them themselves, and a JSON string would be encoded twice. A message without content (OpenAI
-    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`."""
+    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`.
+    A message's thinking sent back as `reasoning` (vLLM's reply field) is also its `reasoning_content`, the name
+    templates read (Qwen3's), as vLLM passes it; and the other way round."""
     for m in messages:
         if m.get("content") is None:
             m["content"] = ""
+        for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
+            if m.get(name) is not None and m.get(other) is None:
+                m[other] = m[name]
         for call in m.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
@@ -139,11 +158,11 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
                  reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
     """The assistant message for a finished choice and its finish_reason (`tool_calls_finish` when it called);
-    with a reasoning parser, the thinking goes to `reasoning_content` and the rest is parsed."""
+    with a reasoning parser, the thinking goes to `reasoning` and `reasoning_content` and the rest is parsed."""
     message: dict[str, Any] = {"role": "assistant"}
     if reasoning is not None:
         split = reasoning.split(text)
-        message["reasoning_content"] = split.reasoning
+        message.update(thinking(split.reasoning))
         text = split.content or ""
     parsed = plan.parse(text)
     forced = plan.mode in ("named", "required") and bool(parsed.tool_calls)

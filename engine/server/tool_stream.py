@@ -19,7 +19,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.sse import ChunkFormat
-from flotilla.engine.server.tool_calls import ToolPlan, tool_call_deltas, tool_calls_finish
+from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
 
@@ -53,10 +53,11 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                            prompt_tokens_details: bool = False, role: str = "assistant",
                            opening: dict[str, int] | None = None) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
-    ChunkFormat); thinking streams as `delta.reasoning_content` before the answer. `prompt_tokens_details`:
-    the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is the reply's
-    (serving.reply_role); `opening`: with continuous_usage_stats, the usage before any token (serving.opening_usage),
-    and then every chunk carries its choice's usage so far, as vLLM's (the role chunks included)."""
+    ChunkFormat); thinking streams as `delta.reasoning` (and `delta.reasoning_content`) before the answer.
+    `prompt_tokens_details`: the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is
+    the reply's (serving.reply_role); `opening`: with continuous_usage_stats, the usage before any token
+    (serving.opening_usage), and then every chunk carries its choice's usage so far, as vLLM's (the role chunks
+    included)."""
     tokens = [0] * n  # each choice's completion tokens so far, for the continuous usage
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
@@ -87,7 +88,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                     split = reasoning.split(c.text, finished=c.finish_reason is not None)
                     thought = split.reasoning or ""
                     if len(thought) > state.sent_reasoning:
-                        yield chunk(c.index, {"reasoning_content": thought[state.sent_reasoning :]})
+                        yield chunk(c.index, thinking(thought[state.sent_reasoning :]))
                         state.sent_reasoning = len(thought)
                     text = split.content or ""
                 for piece in _choice_chunks(plan, c, text, state, chunk):

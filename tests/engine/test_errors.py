@@ -42,7 +42,7 @@ def test_missing_model_directory(tmp_path):
 
 def test_prompt_longer_than_max_model_len(tiny_model_dirs):
     llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=32)
-    with pytest.raises(ValueError, match="prompt is 40 tokens long.*maximum context length is 32"):
+    with pytest.raises(ValueError, match="context length is 32 tokens. However, your request has 40 input tokens"):
         llm.generate([[5, 6, 7], list(range(3, 43))], use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks

@@ -62,8 +62,8 @@ def test_per_completion_seed_fits_int64_and_differs_by_index(seed):
 
 
 def test_small_seeds_keep_their_stream():
-    # Wrapping changes nothing where nothing overflowed: seeded outputs stay as they were.
-    assert Request("r", [1], SamplingParams(seed=42), index=3).sample_seed == 42 * 1_000_003 + 3
+    # Wrapping changes nothing where nothing overflowed; completion i draws as seed + i (vLLM's children).
+    assert Request("r", [1], SamplingParams(seed=42), index=3).sample_seed == 45 * 1_000_003
 
 
 def test_sampling_batch_clamps_top_k_and_skips_ids_beyond_the_vocabulary():

@@ -277,3 +277,59 @@ def test_concurrent_trusted_renders_are_bounded_in_number(trusting_server):
     assert [(code, "took longer than" in message) for code, message in results] == [(400, True)] * requests, results
     assert 0 < most <= MAX_CONCURRENT_RENDERS, most
     assert _chat(trusting_server).status_code == 200
+
+
+TOOL_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                 "{% if tools %} tools:{% for t in tools %} {{ t.function.name }}{% endfor %}{% endif %}")
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_tool_choice_none_still_shows_the_tools_to_the_template_as_vllm(trusting_server):
+    # vLLM renders a request's tools whatever its tool_choice (unless --exclude-tools-when-tool-choice-none): with
+    # "none" the model still sees them, it is only not asked to call one.
+    def prompt_tokens(**fields) -> int:
+        response = _chat(trusting_server, chat_template=TOOL_TEMPLATE, **fields)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
+                          json={"prompt": "Hello there tools: get_weather", "add_special_tokens": False}).json()
+    assert prompt_tokens(tools=WEATHER, tool_choice="none") == rendered["count"]
+    assert prompt_tokens() < rendered["count"]
+
+
+def test_the_flag_excludes_the_tools_of_a_tool_choice_none_request():
+    from flotilla.engine.server.protocol import ChatCompletionRequest
+    from flotilla.engine.server.tool_calls import plan_tools
+
+    req = ChatCompletionRequest(messages=MESSAGES, tools=WEATHER, tool_choice="none")
+    assert plan_tools(req, False, None).template_tools == WEATHER
+    assert plan_tools(req, False, None, exclude_tools_when_tool_choice_none=True).template_tools is None
+    auto = ChatCompletionRequest(messages=MESSAGES, tools=WEATHER, tool_choice="required")
+    assert plan_tools(auto, False, None, exclude_tools_when_tool_choice_none=True).template_tools == WEATHER
+
+
+def test_tokenize_renders_a_conversations_tools_and_template_variables_as_chat_does(trusting_server):
+    # vLLM's /tokenize takes a conversation's tools, chat_template and chat_template_kwargs: its count is then the
+    # chat request's prompt_tokens (they were ignored here, so the count missed the rendered tools).
+    template = TOOL_TEMPLATE + "{{ suffix }}"
+    fields = {"tools": WEATHER, "chat_template": template, "chat_template_kwargs": {"suffix": " ::"}}
+    chat = _chat(trusting_server, tool_choice="none", **fields)
+    assert chat.status_code == 200, chat.text
+    counted = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH, json={"messages": MESSAGES, **fields})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["count"] == chat.json()["usage"]["prompt_tokens"]
+    rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
+                          json={"prompt": "Hello there tools: get_weather ::", "add_special_tokens": False}).json()
+    assert counted.json()["tokens"] == rendered["tokens"]
+
+
+def test_documents_reach_the_template_as_vllm_passes_them(trusting_server):
+    # vLLM's chat field for RAG templates (Command R, Granite): `documents`, a template variable of that name.
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{% for d in documents %} [{{ d.title }}]{% endfor %}"
+    docs = [{"title": "tides", "text": "..."}, {"title": "charts", "text": "..."}]
+    response = _chat(trusting_server, chat_template=template, documents=docs)
+    assert response.status_code == 200, response.text
+    rendered = httpx.post(f"{trusting_server.url}/tokenize", headers=AUTH,
+                          json={"prompt": "Hello there [tides] [charts]", "add_special_tokens": False}).json()
+    assert response.json()["usage"]["prompt_tokens"] == rendered["count"]

@@ -29,7 +29,7 @@ def test_max_tokens_beyond_the_context_left_is_a_400_naming_it():
     with pytest.raises(APIError) as err:
         sampling_params(request(), 61, 4, 64, None)
     assert (err.value.status, err.value.param) == (400, "max_tokens")
-    assert "the prompt has 4 tokens" in err.value.message
+    assert "your request has 4 input tokens (61 > 64 - 4)" in err.value.message
 
 
 def test_an_unsupported_vllm_field_set_is_a_400_and_its_off_value_passes():

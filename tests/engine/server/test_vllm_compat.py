@@ -1,0 +1,217 @@
+"""Requests that vLLM's OpenAI server serves, sent as vLLM users' clients send them (the real `openai` client on
+the shared tiny server), and the answers' forms those clients read."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, start_tiny_server, stop_server
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
+
+
+def test_explicit_nulls_that_vllm_takes_as_unset_are_served(server, client):
+    # The SDK sends an argument given as None as JSON null; vLLM declares these fields optional (None = unset).
+    completion = client.completions.create(model="tiny", prompt="hi", max_tokens=2, presence_penalty=None,
+                                           frequency_penalty=None, echo=None, stream=None,
+                                           extra_body={"return_tokens_as_token_ids": None})
+    assert completion.choices[0].text and not completion.choices[0].text.startswith("hi")
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, presence_penalty=None,
+                                          frequency_penalty=None, logprobs=None, n=None, stream=None,
+                                          extra_body={"return_tokens_as_token_ids": None})
+    assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
+
+
+def test_temperature_above_openais_2_is_served_as_vllm(client):
+    # vLLM bounds temperature below only (SamplingParams: >= 0); OpenAI's 2 is not its limit.
+    for temperature in (2.5, 50.0, 1e300):
+        completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature,
+                                               seed=1)
+        assert completion.usage.completion_tokens == 3
+        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                              temperature=temperature, seed=1)
+        assert chat.usage.completion_tokens == 3
+    response = client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=2.5)
+    assert response.usage.output_tokens == 3
+
+
+def _refusal(call) -> str:
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError) as refused:
+        call()
+    return refused.value.body["message"]
+
+
+def test_context_length_refusals_are_worded_as_vllms(server, client):
+    # Clients recognise (case-sensitively) "This model's maximum context length is", and read the two numbers
+    # of vLLM's max_tokens refusal to retry with what fits: the wording is part of the interface.
+    def tokens(text: str) -> int:
+        return len(post(server, "/tokenize", {"prompt": text}).json()["tokens"])
+
+    long = "word " * 300
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt=long, max_tokens=3))
+    assert re.fullmatch(r"This model's maximum context length is 256 tokens\. However, your request has "
+                        rf"{tokens(long)} input tokens\. Please reduce the length of the input messages\.", message)
+    message = _refusal(lambda: client.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                                        "content": long}]))
+    assert message.startswith("This model's maximum context length is 256 tokens. However, your request has ")
+    prompt = "word " * 100
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt=prompt, max_tokens=200))
+    used = tokens(prompt)
+    assert message == (f"'max_tokens' or 'max_completion_tokens' is too large: 200. This model's maximum context "
+                       f"length is 256 tokens and your request has {used} input tokens (200 > 256 - {used}).")
+    message = _refusal(lambda: client.chat.completions.create(model="tiny", messages=MESSAGES,
+                                                              max_completion_tokens=250))
+    found = re.search(r"maximum context length is (\d+) tokens and your request has (\d+) input tokens", message)
+    assert found and found.group(1) == "256" and message.startswith("'max_tokens' or 'max_completion_tokens' is too "
+                                                                    "large: 250. This model's maximum context")
+    # Longer in characters than any tokenization could fit: refused before tokenizing, in the same opening words.
+    message = _refusal(lambda: client.completions.create(model="tiny", prompt="x" * 200_000, max_tokens=3))
+    assert message.startswith("This model's maximum context length is 256 tokens.")
+
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"city": "Lima"}}\n</tool_call>')
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}} for name in ("get_weather", "get_time")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_only_the_first_call_as_vllm(tool_server, stream):
+    # vLLM's maybe_filter_parallel_tool_calls: with parallel_tool_calls false an `auto` answer that calls two
+    # tools returns the first only (the choice constraint makes the tiny model's answer those two calls).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+    def calls(parallel: bool | None) -> list[tuple[str, str]]:
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        reply = oai.chat.completions.create(model="x", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=200,
+                                            stream=stream, extra_body={"structured_outputs": {"choice": [TWO_CALLS]}},
+                                            **extra)
+        if not stream:
+            return [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
+        found = [d for chunk in reply for c in chunk.choices for d in (c.delta.tool_calls or [])]
+        return [(d.function.name, d.function.arguments) for d in found]
+
+    both = calls(None)
+    assert [name for name, _ in both] == ["get_weather", "get_time"]
+    assert calls(True) == both
+    assert calls(False) == both[:1]
+
+
+def test_tokenize_returns_token_strings_when_asked_as_vllm(server, tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    plain = post(server, "/tokenize", {"prompt": "Hello there, harbour"}).json()
+    assert plain["token_strs"] is None  # vLLM's TokenizeResponse always has the key
+    asked = post(server, "/tokenize", {"prompt": "Hello there, harbour", "return_token_strs": True}).json()
+    assert asked["token_strs"] == tokenizer.convert_ids_to_tokens(asked["tokens"])
+    chat = post(server, "/tokenize", {"messages": MESSAGES, "return_token_strs": True}).json()
+    assert chat["token_strs"] == tokenizer.convert_ids_to_tokens(chat["tokens"]) and len(chat["tokens"]) > 3
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_model_dirs, tmp_path_factory):
+    # deepseek_r1: the output is thinking until </think>, so the tiny model's whole answer is reasoning.
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("thinking") / "server.log",
+                          "--reasoning-parser", "deepseek_r1", "--trust-request-chat-template")
+    yield s
+    stop_server(s)
+
+
+def test_reasoning_is_returned_as_reasoning_and_reasoning_content(thinking_server):
+    # vLLM returns the thinking as `reasoning` (its name since 2025-11; `reasoning_content`, the older one, was kept
+    # beside it for a while, then removed): clients of either vintage read one or the other.
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    message = oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                          extra_body={"min_tokens": 4}).choices[0].message
+    extra = message.model_extra
+    assert extra["reasoning"] and extra["reasoning"] == extra["reasoning_content"]
+    deltas = [c.choices[0].delta.model_extra for c in oai.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, extra_body={"min_tokens": 4})
+        if c.choices]
+    streamed = [d for d in deltas if d.get("reasoning") is not None]
+    assert "".join(d["reasoning"] for d in streamed) == extra["reasoning"]
+    assert all(d["reasoning_content"] == d["reasoning"] for d in streamed)
+
+
+def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_content(thinking_server):
+    # vLLM hands a message's `reasoning` to the chat template as `reasoning_content` too (the name templates such
+    # as Qwen3's read), so a client sending back what it was given keeps the thinking in the prompt.
+    template = "{% for m in messages %}{{ m.content }}|{{ m.reasoning_content }};{% endfor %}"
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes", "reasoning": "think"}]
+    body = {"model": "tiny", "messages": history, "max_tokens": 1, "chat_template": template,
+            "add_generation_prompt": False}
+    reply = post(thinking_server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    expected = post(thinking_server, "/tokenize", {"prompt": "hi|;yes|think;", "add_special_tokens": False})
+    assert reply.json()["usage"]["prompt_tokens"] == expected.json()["count"]
+
+
+def test_text_parts_are_joined_with_newlines_as_vllm(server, client):
+    # vLLM renders a content list for a template that reads plain strings as its text parts joined by "\n"
+    # ("input_text" and "output_text" parts, the Responses API's names, are text too).
+    parts = [{"type": "text", "text": "What is"}, {"type": "input_text", "text": "two plus two?"},
+             {"type": "output_text", "text": "Four."}]
+    joined = post(server, "/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    plain = post(server, "/tokenize", {"messages": [{"role": "user", "content": "What is\ntwo plus two?\nFour."}]})
+    assert joined.status_code == 200, joined.text
+    assert joined.json()["tokens"] == plain.json()["tokens"]
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1)
+    assert reply.usage.prompt_tokens == plain.json()["count"]
+
+
+def test_the_ith_of_n_seeded_completions_is_the_one_seed_plus_i_draws_as_vllm(client):
+    # vLLM gives completion i of a seeded request the seed `seed + i` (ParentRequest._get_child_sampling_params), so
+    # one of n is reproduced alone with its own seed.
+    three = client.completions.create(model="tiny", prompt="Hello", n=3, max_tokens=6, temperature=1, seed=7)
+    alone = [client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=1, seed=7 + i)
+             for i in range(3)]
+    assert [c.text for c in three.choices] == [a.choices[0].text for a in alone]
+    assert len({c.text for c in three.choices}) == 3
+
+
+def test_a_message_of_any_role_is_rendered_as_vllm(server, client, tiny_model_dirs):
+    # vLLM takes any role string (CustomChatCompletionMessageParam): Llama 3.1's template reads tool results as
+    # "ipython", GLM's "observation"; the template decides what a role means.
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "weather?"}, {"role": "ipython", "content": "12 C"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    text = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    expected = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["count"]
+    assert reply.usage.prompt_tokens == expected
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm(server):
+    # vLLM's return_token_ids (RL and agent frameworks read the ids instead of re-tokenizing the text): completions put
+    # prompt_token_ids and token_ids on each choice, chat puts prompt_token_ids on the response and token_ids on each
+    # choice. Here the ids are checked against what the same request reports as token_id logprobs.
+    body = {"model": "tiny", "max_tokens": 4, "n": 2, "temperature": 1, "seed": 3, "logprobs": 0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True}
+    prompt_ids = post(server, "/tokenize", {"prompt": "Hello there"}).json()["tokens"]
+    reply = post(server, "/v1/completions", {**body, "prompt": "Hello there"}).json()
+    for choice in reply["choices"]:
+        assert choice["prompt_token_ids"] == prompt_ids
+        assert choice["token_ids"] == [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    chat_body = {**body, "messages": MESSAGES, "logprobs": True}
+    chat = post(server, "/v1/chat/completions", chat_body).json()
+    assert chat["prompt_token_ids"] == post(server, "/tokenize", {"messages": MESSAGES}).json()["tokens"]
+    for choice in chat["choices"]:
+        assert choice["token_ids"] == [int(e["token"].split(":")[1]) for e in choice["logprobs"]["content"]]
+    plain = post(server, "/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 2}).json()
+    assert plain["choices"][0].get("token_ids") is None
