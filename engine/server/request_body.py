@@ -33,6 +33,10 @@ from pydantic import BaseModel, ValidationError
 from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
 
 
+# What Starlette's Request holds as the body once it is parsed (the parsed model is its cached `json()`).
+PARSED_BODY_STAND_IN = b"{}"
+
+
 class BodyParsedOffTheLoop(APIRoute):
     """An APIRoute whose single pydantic body is parsed and validated on a worker thread."""
 
@@ -49,6 +53,12 @@ class BodyParsedOffTheLoop(APIRoute):
                 # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
                 # pass-through.
                 request._json = await asyncio.to_thread(_parsed, raw, model)
+                # The raw bytes are not needed again, but Starlette's Request caches them (and FastAPI's handler
+                # keeps what `body()` returns) until the request ends: a request queued behind long generations
+                # held its whole body, uncounted once given back to the budget below. A non-empty stand-in keeps
+                # FastAPI on its JSON path (`body()` non-empty, then `json()`: the model above).
+                request._body = PARSED_BODY_STAND_IN
+            del raw
             # The raw body is no longer needed: its bytes go back to the server-wide budget (request_limits.py).
             release = request.scope.get(RELEASE_BODY_BUDGET)
             if release is not None:
