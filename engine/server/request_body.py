@@ -32,7 +32,6 @@ from pydantic import BaseModel, ValidationError
 
 from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
 
-
 # What Starlette's Request holds as the body once it is parsed (the parsed model is its cached `json()`).
 PARSED_BODY_STAND_IN = b"{}"
 
