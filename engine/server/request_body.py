@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from flotilla.engine.server.protocol import MAX_BODY_NESTING
 from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
 
 # What Starlette's Request holds as the body once it is parsed (the parsed model is its cached `json()`).
@@ -151,6 +152,9 @@ def _parse_and_validate(raw: bytes, model: type[BaseModel]) -> BaseModel:
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None
     except ValueError:  # e.g. bytes that are not UTF-8: FastAPI's answer to any other parse failure
         raise HTTPException(400, "There was an error parsing the body") from None
+    except RecursionError:  # containers nested past the parser's depth (Python's recursion limit, ~1,000)
+        raise RequestValidationError([{"type": "value_error", "loc": ("body",), "input": {}, "msg": (
+            f"the body nests objects and arrays more than {MAX_BODY_NESTING} levels deep")}]) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
