@@ -29,7 +29,9 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
+from flotilla.engine.server.errors import error_response
 from flotilla.engine.server.protocol import MAX_BODY_NESTING
 from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
 
@@ -48,7 +50,10 @@ class BodyParsedOffTheLoop(APIRoute):
             return handler
 
         async def parse_then_handle(request: Request) -> Response:
-            raw = await request.body()
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # the client left mid-body: the request's end, not an error of the app
+                return error_response(499, "client disconnected")  # (which uvicorn logged with a traceback)
             if raw and _is_json(request.headers.get("content-type")):
                 # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
                 # pass-through.
