@@ -8,6 +8,8 @@ that are declared but not implemented yet are refused with a message that names 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,73 +298,46 @@ def _embedded_model_name() -> str:
 
 
 def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explicit_model: bool) -> EngineConfig:
-    try:
+    """The engine's config from the checked flag values `v` and the model's config.json. A command line with
+    several problems gets the first of a fixed order of checks, as a ConfigError."""
+    with _as_config_error(RuleError):
         max_model_len = resolve_max_model_len(hf_config, v["max_model_len"])
-    except RuleError as e:
-        raise ConfigError(str(e)) from None
-    chunked = bool(v["enable_chunked_prefill"])
-    budget = v["max_num_batched_tokens"]
-    if budget is None:
-        budget = default_max_num_batched_tokens(max_model_len, chunked)
     device = _resolve_device(v["device"])
     from flotilla.engine.quantization import resolve_quantization  # torch: imported only by the engine
 
-    try:
+    with _as_config_error(ValueError):
         quantization = resolve_quantization(v["quantization"], hf_config)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     _check_flag_combinations(v, hf_config)
-    pipeline = v["pipeline_parallel_size"]
-    default_async = device == "cuda" and pipeline == 1
-    async_scheduling = v["async_scheduling"] if v["async_scheduling"] is not None else default_async
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
-    try:
+    with _as_config_error(ValueError):
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    try:
         speculative = parse_speculative_config(v["speculative_config"])
         structured_outputs = parse_structured_outputs_config(v["structured_outputs_config"])
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
-                                  pipeline):
+                                  v["pipeline_parallel_size"]):
         raise ConfigError(problem)
+    model = ModelConfig(
+        model=str(model_dir),
+        tokenizer=v["tokenizer"] or str(model_dir),
+        served_model_name=served,
+        dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
+        max_model_len=max_model_len,
+        seed=v["seed"],
+        enforce_eager=v["enforce_eager"],
+        max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
+        load_format=v["load_format"],
+        generation_config=v["generation_config"],
+        override_generation_config=v["override_generation_config"] or {},
+        logprobs_mode=v["logprobs_mode"],
+        runner=runner,
+        convert=convert,
+        quantization=quantization,
+        hf_config=hf_config,
+    )
     return EngineConfig(
-        model=ModelConfig(
-            model=str(model_dir),
-            tokenizer=v["tokenizer"] or str(model_dir),
-            served_model_name=served,
-            dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
-            max_model_len=max_model_len,
-            seed=v["seed"],
-            enforce_eager=v["enforce_eager"],
-            max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
-            load_format=v["load_format"],
-            generation_config=v["generation_config"],
-            override_generation_config=v["override_generation_config"] or {},
-            logprobs_mode=v["logprobs_mode"],
-            runner=runner,
-            convert=convert,
-            quantization=quantization,
-            hf_config=hf_config,
-        ),
-        cache=CacheConfig(
-            block_size=v["block_size"],
-            gpu_memory_utilization=v["gpu_memory_utilization"],
-            kv_cache_dtype=v["kv_cache_dtype"],
-            calculate_kv_scales=v["calculate_kv_scales"],
-            num_gpu_blocks_override=v["num_gpu_blocks_override"],
-            enable_prefix_caching=v["enable_prefix_caching"],
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=v["max_num_seqs"],
-            max_num_batched_tokens=budget,
-            enable_chunked_prefill=chunked,
-            max_model_len=max_model_len,
-            async_scheduling=async_scheduling,
-            scheduling_policy=v["scheduling_policy"],
-        ),
+        model=model,
+        cache=_cache_config(v),
+        scheduler=_scheduler_config(v, max_model_len, device),
         parallel=ParallelConfig(
             tensor_parallel_size=v["tensor_parallel_size"],
             pipeline_parallel_size=v["pipeline_parallel_size"],
@@ -371,6 +346,45 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         lora=lora_config(v),
         speculative=speculative,
         structured_outputs=structured_outputs,
+    )
+
+
+@contextmanager
+def _as_config_error(*errors: type[Exception]) -> Iterator[None]:
+    """Raise `errors` as ConfigError with the same message: the command line prints it without a traceback."""
+    try:
+        yield
+    except errors as e:
+        raise ConfigError(str(e)) from None
+
+
+def _cache_config(v: dict[str, Any]) -> CacheConfig:
+    """The KV cache's flags as one component."""
+    return CacheConfig(
+        block_size=v["block_size"],
+        gpu_memory_utilization=v["gpu_memory_utilization"],
+        kv_cache_dtype=v["kv_cache_dtype"],
+        calculate_kv_scales=v["calculate_kv_scales"],
+        num_gpu_blocks_override=v["num_gpu_blocks_override"],
+        enable_prefix_caching=v["enable_prefix_caching"],
+    )
+
+
+def _scheduler_config(v: dict[str, Any], max_model_len: int, device: str) -> SchedulerConfig:
+    """The scheduler's flags as one component, with the defaults that depend on the model and the device: the
+    step's token budget, and asynchronous scheduling (on for CUDA without a pipeline)."""
+    chunked = bool(v["enable_chunked_prefill"])
+    budget = v["max_num_batched_tokens"]
+    if budget is None:
+        budget = default_max_num_batched_tokens(max_model_len, chunked)
+    default_async = device == "cuda" and v["pipeline_parallel_size"] == 1
+    return SchedulerConfig(
+        max_num_seqs=v["max_num_seqs"],
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        max_model_len=max_model_len,
+        async_scheduling=v["async_scheduling"] if v["async_scheduling"] is not None else default_async,
+        scheduling_policy=v["scheduling_policy"],
     )
 
 

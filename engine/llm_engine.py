@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flotilla.engine.bad_words import bad_word_token_ids, reads_output
+from flotilla.engine.bad_words import BadWordIds, bad_word_token_ids, reads_output
 from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
@@ -118,20 +118,8 @@ class LLMEngine:
         if self.config.model.runner == "pooling":
             raise InvalidParamError("this model is served by the pooling runner (--runner pooling): it computes "
                                     "embeddings on /v1/embeddings and does not generate text", "model")
-        text: str | None
-        if isinstance(prompt, str):
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = prompt_text, list(prompt)
-        token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens, self.config.model.max_model_len)
-        self._validate_prompt(token_ids)
-        params.check_vocab(self.vocab_size)
-        bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
-        if lora_request is not None:
-            self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
-        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
-            raise InvalidParamError("priority scheduling is not enabled: start the server with "
-                                    "--scheduling-policy priority to use `priority`", "priority")
+        text, token_ids = self._prompt_tokens(prompt, prompt_text, params)
+        bad_words = self._check_options(params, lora_request, priority)
         request_id = request_id if request_id is not None else str(next(self._ids))
         completion_ids = [request_id, *(f"{request_id}#{i}" for i in range(1, params.n))]
         self._check_unique(completion_ids)
@@ -159,6 +147,39 @@ class LLMEngine:
             for i in range(params.n)
         ]
         group[0].fork_children = group[1:]
+        self._admit(request_id, group, token_ids, now)
+        return group[0]
+
+    def _prompt_tokens(self, prompt: str | list[int], prompt_text: str | None,
+                       params: SamplingParams) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a new request's prompt: tokenized if text, truncated as `params` ask, checked
+        against the context length and the vocabulary (InvalidParamError)."""
+        text: str | None
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = prompt_text, list(prompt)
+        token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens, self.config.model.max_model_len)
+        self._validate_prompt(token_ids)
+        return text, token_ids
+
+    def _check_options(self, params: SamplingParams, lora_request: LoRARequest | None,
+                       priority: int) -> BadWordIds:
+        """Check a new request's token ids, bad words, adapter and priority against this engine (the first
+        problem raised); returns its bad words as token ids."""
+        params.check_vocab(self.vocab_size)
+        bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
+        if lora_request is not None:
+            self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone
+        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
+            raise InvalidParamError("priority scheduling is not enabled: start the server with "
+                                    "--scheduling-policy priority to use `priority`", "priority")
+        return bad_words
+
+    def _admit(self, request_id: str, group: list[Request], token_ids: list[int], now: float) -> None:
+        """Make a new request's completions known to the engine and queue them: in the scheduler, or in the
+        grammar waiting room while their grammar compiles."""
+        params = group[0].sampling_params
         grammar = self._submit_grammar(params, request_id) if params.structured_outputs is not None else None
         for child in group:
             self._detokenizers[child.request_id] = IncrementalDetokenizer(
@@ -171,7 +192,6 @@ class LLMEngine:
         else:  # free, or its grammar was cached
             attach_grammar(group, grammar)
             self.scheduler.add(group[0])
-        return group[0]
 
     def _check_unique(self, completion_ids: list[str]) -> None:
         """ValueError if a new request's completion id is live: checked against every live completion's (the

@@ -152,28 +152,41 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
             continue
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name} has no place in {type(model).__name__}")
-        param = params[name]
-        try:
-            loaders.get(name, _copy_weight)(param, tensor.to(param.dtype), shard_id)
-        except torch.OutOfMemoryError:
-            raise
-        except (ValueError, RuntimeError) as e:  # torch's own ("exceeds dimension size") names no tensor
-            raise ValueError(f"checkpoint tensor {hf_name} {tuple(tensor.shape)} does not fit {name} "
-                             f"{tuple(param.shape)} (do config.json and the checkpoint disagree?): {e}") from None
+        _load_tensor(loaders.get(name, _copy_weight), params[name], tensor, shard_id, hf_name, name)
         loaded.add(name)
         if shard_id is not None:
             shards.setdefault(name, set()).add(shard_id)
     if skipped_head is not None:
         _warn_if_head_differs(skipped_head, params.get("embed_tokens.weight"), where)
-    missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+    missing = _missing(model, set(params) - loaded - ({"lm_head.weight"} if tied else set()), shards)
+    if missing:
+        raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
+
+
+def _load_tensor(loader: WeightLoader, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None,
+                 hf_name: str, name: str) -> None:
+    """Put checkpoint tensor `hf_name` (in the parameter's dtype) into parameter `name` by its loader; a ValueError
+    that names both when the shapes disagree."""
+    try:
+        loader(param, tensor.to(param.dtype), shard_id)
+    except torch.OutOfMemoryError:
+        raise
+    except (ValueError, RuntimeError) as e:  # torch's own ("exceeds dimension size") names no tensor
+        raise ValueError(f"checkpoint tensor {hf_name} {tuple(tensor.shape)} does not fit {name} "
+                         f"{tuple(param.shape)} (do config.json and the checkpoint disagree?): {e}") from None
+
+
+def _missing(model: CausalLM, unloaded: set[str], shards: dict[str, set[str | int]]) -> set[str]:
+    """What the checkpoint left empty: the `unloaded` parameters, and the missing parts (by their own names, as
+    `q_proj`) of merged parameters it filled in part."""
+    missing = set(unloaded)
     # A merged parameter (q/k/v, gate/up) is loaded only when every part is: one missing part would leave its
     # slice uninitialised.
     for name, got in shards.items():
         for fragment, (merged, shard_id) in model.packed_modules.items():
             if f".{merged}." in name and shard_id not in got:
                 missing.add(name.replace(f".{merged}.", f".{fragment}."))
-    if missing:
-        raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
+    return missing
 
 
 def _warn_if_head_differs(head: torch.Tensor, embedding: torch.Tensor | None, where: str) -> None:

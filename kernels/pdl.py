@@ -27,6 +27,7 @@ runs (bf16 gate_up, the LM head) gets the same from a small PDL kernel launched 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -65,4 +66,11 @@ def pdl_launch_options(tensor: torch.Tensor) -> dict[str, bool]:
     return {"PDL": True, "launch_pdl": True} if pdl_active(tensor) else {}
 
 
-__all__ = ["L2_PREFETCH_MB", "PDL_ENABLED", "pdl_active", "pdl_capable", "pdl_launch_options"]
+def peeled_pdl_options(gdc: bool) -> dict[str, Any]:
+    """The launch keywords of a GEMV launched by PDL that loads its first weight tile before the wait (its `PDL` and
+    `PDL_GDC` constexprs). `gdc=False` (tests only) keeps the peeled first step but drops the griddepcontrol
+    instructions and the PDL launch attribute, so that the interpreter, which has neither, can run it."""
+    return {"PDL": True, "PDL_GDC": gdc} | ({"launch_pdl": True} if gdc else {})
+
+
+__all__ = ["L2_PREFETCH_MB", "PDL_ENABLED", "pdl_active", "pdl_capable", "pdl_launch_options", "peeled_pdl_options"]

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_gemv import _gemv_step
 from flotilla.kernels.triton_utils import device_sms
 
@@ -215,9 +215,7 @@ def gated_gemv(
     if k == 0:  # no K loop: the sums are the bias (or zero)
         return gated_gemv_ref(x, weight, bias)
     cfg = default_config(m, n, k, device_sms(x), **(ENV_KNOBS | knobs))
-    extra = {}
-    if pdl_active(x) if pdl is None else pdl:
-        extra = {"PDL": True, "PDL_GDC": pdl_gdc} | ({"launch_pdl": True} if pdl_gdc else {})
+    extra = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gated_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, bias if bias is not None else out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

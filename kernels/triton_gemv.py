@@ -55,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active
+from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
 
@@ -159,6 +159,18 @@ class LoRAEpilogue:
     token_slots: torch.Tensor  # [M] int64; -1: a base-model row, left as the base product
     slice_sizes: tuple[int, ...]  # 1 to 3 slices of the N outputs
     max_rank: int
+
+    def launch_args(self, n: int) -> tuple[Any, ...]:
+        """The GEMV kernel's LoRA arguments, after its base ones: the tensors, their strides, the rank, the shrink's
+        split count and where the second and third slices start (`n`, past the end, for slices that are absent)."""
+        part, b, sizes = self.part, self.b, self.slice_sizes
+        return (part, b, self.token_slots, part.stride(0), part.stride(1), b.stride(0), b.stride(1), self.max_rank,
+                part.shape[0], sizes[0] if len(sizes) > 1 else n, sizes[0] + sizes[1] if len(sizes) > 2 else n)
+
+    def launch_constants(self) -> dict[str, int]:
+        """The GEMV kernel's LoRA constexprs: the slice count and the tile sizes of the rank and the splits."""
+        return {"LORA_SLICES": len(self.slice_sizes), "LORA_BLOCK_R": triton.next_power_of_2(self.max_rank),
+                "LORA_BLOCK_S": max(2, triton.next_power_of_2(self.part.shape[0]))}
 
 
 def fuses_lora(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -432,23 +444,13 @@ def gemv(
     lora_consts: dict[str, int] = {}
     if lora is not None:
         assert splits == 1 and not cfg.use_dot and lora.part.shape[1] == m, "the LoRA epilogue needs fuses_lora()"
-        sizes = lora.slice_sizes
-        lora_args = (lora.part, lora.b, lora.token_slots, lora.part.stride(0), lora.part.stride(1), lora.b.stride(0),
-                     lora.b.stride(1), lora.max_rank, lora.part.shape[0], sizes[0] if len(sizes) > 1 else n,
-                     sizes[0] + sizes[1] if len(sizes) > 2 else n)
-        lora_consts = {"LORA_SLICES": len(sizes), "LORA_BLOCK_R": triton.next_power_of_2(lora.max_rank),
-                       "LORA_BLOCK_S": max(2, triton.next_power_of_2(lora.part.shape[0]))}
+        lora_args, lora_consts = lora.launch_args(n), lora.launch_constants()
     pdl_consts: dict[str, Any] = {}
     # fp8 weights (a scale) launch plainly: the fp8 GEMV's PDL variant measured slower (3.263 vs 3.099 ms at bs1)
     if lora is None and ((pdl_active(x) and weight_scale is None) if pdl is None else pdl):
-        pdl_consts = {"PDL": True, "PDL_GDC": pdl_gdc}
-        if pdl_gdc:
-            pdl_consts["launch_pdl"] = True
+        pdl_consts = peeled_pdl_options(pdl_gdc)
         if pdl_gdc and splits == 1 and not INTERPRETING:
-            segs = max(1, 32 * cfg.num_warps // cfg.block_n)
-            prefetch_k = l2_prefetch_k(n, k, weight, segs, L2_PREFETCH_MB)
-            if prefetch_k:
-                pdl_consts |= {"PREFETCH_K": prefetch_k, "PREFETCH_SEGS": segs}
+            pdl_consts |= _l2_prefetch_options(weight, n, k, cfg)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x2,
         weight,
@@ -485,6 +487,15 @@ def gemv(
             part, bias_arg, out2, m, n, out2.stride(0), HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=block
         )
     return out
+
+
+def _l2_prefetch_options(weight: torch.Tensor, n: int, k: int, cfg: GemvConfig) -> dict[str, int]:
+    """PREFETCH_K and PREFETCH_SEGS of a PDL GEMV that asks L2 for its weight before its wait (FLOTILLA_PDL_L2_MB,
+    `_prefetch_rows_l2`): a row's prefetch cut into about one bulk prefetch a thread; none without a budget or an
+    aligned weight (`l2_prefetch_k`)."""
+    segs = max(1, 32 * cfg.num_warps // cfg.block_n)
+    prefetch_k = l2_prefetch_k(n, k, weight, segs, L2_PREFETCH_MB)
+    return {"PREFETCH_K": prefetch_k, "PREFETCH_SEGS": segs} if prefetch_k else {}
 
 
 def l2_prefetch_k(n: int, k: int, weight: torch.Tensor, segs: int, budget_mb: float) -> int:

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
-from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_gemv import _gemv_step, default_config
 from flotilla.kernels.triton_kv_write import is_fp8, to_cache
@@ -204,11 +204,7 @@ def gemv_rope(
     assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape[2:] == (num_kv_heads, head_dim)
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     cfg = default_config(1, n, k, device_sms(x))
-    consts: dict[str, bool] = {}
-    if pdl_active(x) if pdl is None else pdl:
-        consts = {"PDL": True, "PDL_GDC": pdl_gdc}
-        if pdl_gdc:
-            consts["launch_pdl"] = True
+    consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gemv_rope_kernel[(n // cfg.block_n,)](
         x,
         weight,

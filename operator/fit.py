@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from flotilla.engine_rules import RuleError, default_max_num_batched_tokens, rtn_settings
-from flotilla.operator.gpus import lookup
+from flotilla.operator.gpus import GPU, lookup
 from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 from flotilla.operator.status import FitStatus
 
@@ -219,8 +219,24 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
     if max_model_len is None:
         return FitReport("Unknown", "MaxModelLenUnknown",
                          "set spec.scheduling.maxModelLen or model.config.maxPositionEmbeddings")
+    return _verdict(spec, gpu, _memory(spec, arch, gpu, max_model_len))
 
-    gpus, util = spec.gpus_per_replica, spec.kv_cache.gpu_memory_utilization
+
+@dataclass(frozen=True)
+class _Memory:
+    """A replica's memory as the start-up rule counts it, all its GPUs together (named as FitReport's figures)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    activation_bytes: int
+    budget_bytes: int  # what the engine may use: the GPUs' memory times gpuMemoryUtilization
+    kv_budget_bytes: int  # what the weights and activations leave of it for the KV cache
+    max_model_len: int
+
+
+def _memory(spec: InferenceServiceSpec, arch: ModelArchitecture, gpu: GPU, max_model_len: int) -> _Memory:
+    """The weights (with the LoRA slots and a draft model's), the KV bytes a token (the draft's too), the
+    activations and the budget of `spec` on `gpu`."""
     tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
     weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
     weights += lora_slot_bytes(arch, spec)
@@ -230,25 +246,21 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
         weights += weight_bytes(draft, "none", spec.dtype, tensor=tensor, pipeline=pipeline)
         per_token += kv_bytes_per_token(draft, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
-    budget = int(gpus * gpu.memory_bytes * util)
-    kv_budget = budget - weights - activations
-    block = spec.kv_cache.block_size
-    sequence = math.ceil(max_model_len / block) * block * per_token
-    figures = dict(weight_bytes=weights, kv_bytes_per_token=per_token, activation_bytes=activations,
-                   budget_bytes=budget, kv_budget_bytes=kv_budget, max_model_len=max_model_len)
-    where = f"{gpus} x {gpu.product} at gpuMemoryUtilization {util:g} ({_gib(budget)})"
+    budget = int(spec.gpus_per_replica * gpu.memory_bytes * spec.kv_cache.gpu_memory_utilization)
+    return _Memory(weights, per_token, activations, budget, budget - weights - activations, max_model_len)
 
+
+def _verdict(spec: InferenceServiceSpec, gpu: GPU, mem: _Memory) -> FitReport:
+    """DoesNotFit unless one max-length sequence's KV cache fits what the weights and activations leave; then
+    FitsWithWarning if fewer sequences fit than scheduling.maxNumSeqs, else Fits."""
+    figures = asdict(mem)
+    kv_budget, max_model_len = mem.kv_budget_bytes, mem.max_model_len
+    block = spec.kv_cache.block_size
+    sequence = math.ceil(max_model_len / block) * block * mem.kv_bytes_per_token
+    where = (f"{spec.gpus_per_replica} x {gpu.product} at gpuMemoryUtilization "
+             f"{spec.kv_cache.gpu_memory_utilization:g} ({_gib(mem.budget_bytes)})")
     if kv_budget < sequence:
-        if kv_budget <= 0:
-            message = (f"weights ({_gib(weights)}) and activations ({_gib(activations)}) do not fit {where}; "
-                       "add GPUs (parallelism), quantize, or use a larger GPU")
-        else:
-            fitting = kv_budget // per_token // block * block
-            message = (f"one {max_model_len}-token sequence needs {_gib(sequence)} of KV cache but only "
-                       f"{_gib(kv_budget)} is left after weights ({_gib(weights)}) and activations "
-                       f"on {where}; "
-                       f"lower scheduling.maxModelLen to {fitting} or less, add GPUs, or quantize")
-        return FitReport("DoesNotFit", "InsufficientGPUMemory", message,
+        return FitReport("DoesNotFit", "InsufficientGPUMemory", _does_not_fit(mem, sequence, block, where),
                          max_concurrency=max(kv_budget, 0) / sequence, **figures)
 
     concurrency = kv_budget / sequence
@@ -261,3 +273,17 @@ def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None)
     return FitReport("Fits", "Fits",
                      f"{concurrency:.2f} sequences of {max_model_len} tokens fit in the KV cache on {where}",
                      max_concurrency=concurrency, **figures)
+
+
+def _does_not_fit(mem: _Memory, sequence: int, block: int, where: str) -> str:
+    """What a DoesNotFit verdict says: the weights and activations alone too large, or the longest context that
+    would fit."""
+    weights, activations, kv_budget = mem.weight_bytes, mem.activation_bytes, mem.kv_budget_bytes
+    if kv_budget <= 0:
+        return (f"weights ({_gib(weights)}) and activations ({_gib(activations)}) do not fit {where}; "
+                "add GPUs (parallelism), quantize, or use a larger GPU")
+    fitting = kv_budget // mem.kv_bytes_per_token // block * block
+    return (f"one {mem.max_model_len}-token sequence needs {_gib(sequence)} of KV cache but only "
+            f"{_gib(kv_budget)} is left after weights ({_gib(weights)}) and activations "
+            f"on {where}; "
+            f"lower scheduling.maxModelLen to {fitting} or less, add GPUs, or quantize")

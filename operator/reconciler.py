@@ -178,47 +178,71 @@ class Reconciler:
         then applied as a dry run, and only when all of them pass is anything written. Raises
         ChildrenBlocked otherwise, with nothing created or modified.
         """
-        meta = owner["metadata"]
+        live = self._live_children(owner, plan)
+        for child in plan.apply:
+            self._dry_run(child)
+        deployment = None
+        for child in plan.apply:
+            applied = self._write_child(owner, child, live[k.path_of(child)])
+            if child["kind"] == "Deployment":
+                deployment = applied
+        self._remove_unwanted(owner, plan)
+        return deployment
+
+    def _live_children(self, owner: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any] | None]:
+        """The planned children as they are now, by path (None: absent), each adopted by `owner`;
+        ChildrenBlocked (OwnershipConflict) when one exists and is not `owner`'s."""
+        uid = owner["metadata"]["uid"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
             kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
             path = k.path_of(child)
             live[path] = self.kube.get(path)
             found = live[path]
-            if found is not None and not _owned_by(found, meta["uid"]):
+            if found is not None and not _owned_by(found, uid):
                 raise ChildrenBlocked("OwnershipConflict", _conflict_message(child, found))
-        for child in plan.apply:
+        return live
+
+    def _dry_run(self, child: dict[str, Any]) -> None:
+        """Apply `child` as a dry run (once more without the fields an older CRD lacks, if that is the
+        trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it."""
+        try:
             try:
-                try:
-                    self.kube.apply(child, dry_run=True)
-                except k.KubeError as e:
-                    if not (e.status == 500 and drop_fields_an_older_crd_lacks(child, e.message)):
-                        raise
-                    self.kube.apply(child, dry_run=True)  # once more, without them
+                self.kube.apply(child, dry_run=True)
             except k.KubeError as e:
-                if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
+                if not (e.status == 500 and drop_fields_an_older_crd_lacks(child, e.message)):
                     raise
-                what = f"{child['kind']} {child['metadata']['name']}"
-                raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
-        deployment = None
-        for child in plan.apply:
-            before = live[k.path_of(child)]
-            handover = replicas_handover(child, before, k.FIELD_MANAGER) if child["kind"] == "Deployment" else None
-            if handover is not None:  # autoscaling turned on: the replicas stay as they are for the autoscaler
-                self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
-            applied = self.kube.apply(child)
-            reset = host_namespaces_reset(applied) if child["kind"] == "Deployment" else None
-            if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
-                applied = self.kube.request("PATCH", k.path_of(child), reset,
-                                            content_type="application/merge-patch+json")
-            self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
+                self.kube.apply(child, dry_run=True)  # once more, without them
+        except k.KubeError as e:
+            if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
+                raise
             what = f"{child['kind']} {child['metadata']['name']}"
-            if before is None:
-                self.post_event(owner, "Normal", "Created", f"created {what}")
-            elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
-                self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
-            if child["kind"] == "Deployment":
-                deployment = applied
+            raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
+
+    def _write_child(self, owner: dict[str, Any], child: dict[str, Any],
+                     before: dict[str, Any] | None) -> dict[str, Any]:
+        """Apply `child` (live as `before`), remember the write as ours, post Created or Updated when it
+        changed something; returns the child as applied."""
+        deployment = child["kind"] == "Deployment"
+        handover = replicas_handover(child, before, k.FIELD_MANAGER) if deployment else None
+        if handover is not None:  # autoscaling turned on: the replicas stay as they are for the autoscaler
+            self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
+        applied = self.kube.apply(child)
+        reset = host_namespaces_reset(applied) if deployment else None
+        if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
+            applied = self.kube.request("PATCH", k.path_of(child), reset,
+                                        content_type="application/merge-patch+json")
+        self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
+        what = f"{child['kind']} {child['metadata']['name']}"
+        if before is None:
+            self.post_event(owner, "Normal", "Created", f"created {what}")
+        elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
+            self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
+        return applied
+
+    def _remove_unwanted(self, owner: dict[str, Any], plan: Plan) -> None:
+        """Delete the children the spec no longer asks for (only `owner`'s own)."""
+        meta = owner["metadata"]
         for api_version, kind in plan.remove:
             path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
             found = self.kube.get(path)
@@ -226,7 +250,6 @@ class Reconciler:
                 self.kube.delete(path)
                 self.post_event(owner, "Normal", "Deleted",
                                 f"deleted {kind} {meta['name']}: the spec no longer asks for it")
-        return deployment
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
                       deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:

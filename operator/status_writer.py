@@ -13,6 +13,7 @@ from typing import Any
 from flotilla.operator import names
 from flotilla.operator.admission import Review
 from flotilla.operator.children import Plan
+from flotilla.operator.fit import FitReport
 from flotilla.operator.status import Condition, InferenceServiceStatus
 
 
@@ -97,88 +98,28 @@ def _phase(conditions: list[Condition], seen: Observation) -> str:
 
 def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     """The new status, given the old one (for transition times and the Degraded memory)."""
-    old_conditions = {c["type"]: c for c in old.get("conditions", []) if "type" in c}
-    cond = lambda *a: _condition(old_conditions, seen.generation, seen.now, *a)  # noqa: E731
-    review, fit = seen.review, seen.review.fit
-    desired, existing, ready, updated, observed = _replica_counts(seen.deployment)
-    refused = _pods_refused(seen.deployment)
-    stuck = _stuck(seen.deployment)
-    conditions = []
-
-    if review.errors:
-        conditions.append(cond("Valid", "False", "InvalidSpec", review.message))
-    else:
-        conditions.append(cond("Valid", "True", "SpecAccepted",
-                               "; ".join(review.warnings) or "all cross-field and engine-flag rules pass"))
-    if fit is None:
-        conditions.append(cond("FitChecked", "Unknown", "SpecUnparsable", "the spec did not parse"))
-    else:
-        conditions.append(cond("FitChecked", fit.condition_status, fit.reason, fit.message))
-
-    kept = " (the last valid configuration keeps running)" if seen.deployment is not None else ""
-    rolled_out = observed and updated >= desired and ready >= desired
-    if review.errors:
-        conditions.append(cond("Progressing", "False", "SpecRejected", f"nothing applied: the spec is invalid{kept}"))
-    elif seen.blocked is not None:
-        conditions.append(cond("Progressing", "False", seen.blocked[0], f"nothing applied: {seen.blocked[1]}"))
-    elif seen.deployment is None:
-        conditions.append(cond("Progressing", "True", "Creating", "creating the Deployment"))
-    elif refused is not None:
-        conditions.append(cond("Progressing", "False", "PodsRefused", f"the API server refuses the pods: {refused}"))
-    elif stuck is not None and not rolled_out:
-        conditions.append(cond("Progressing", "False", "ProgressDeadlineExceeded",
-                               f"the rollout is stuck: {updated} of {desired} replicas updated, {ready} ready, "
-                               f"{stuck}"))
-    elif rolled_out and desired == 0 and existing == 0:
-        conditions.append(cond("Progressing", "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"))
-    elif rolled_out and desired == 0:
-        conditions.append(cond("Progressing", "True", "RollingOut", f"scaling to zero: {existing} replicas left"))
-    elif not rolled_out:
-        conditions.append(cond("Progressing", "True", "RollingOut",
-                               f"{updated} of {desired} replicas updated, {ready} ready"))
-    else:
-        conditions.append(cond("Progressing", "False", "RolloutComplete", f"{desired} replicas updated and ready"))
-
-    if desired == 0 and seen.deployment is not None:
-        conditions.append(cond("Ready", "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"))
-    elif seen.deployment is not None and ready >= desired:
-        conditions.append(cond("Ready", "True", "AllReplicasReady", f"{ready} of {desired} replicas ready"))
-    else:
-        conditions.append(cond("Ready", "False", "ReplicasNotReady", f"{ready} of {desired} replicas ready"))
-
-    # Degraded: something that worked is no longer working. Readiness lost with no new rollout
-    # under way is remembered until the replicas are back, so it does not flicker between reconciles.
-    was_serving = (old_conditions.get("Ready", {}).get("status") == "True"
-                   or old_conditions.get("Degraded", {}).get("reason") == "ReplicasUnavailable")
-    same_generation = old.get("observedGeneration") == seen.generation
-    if review.errors:
-        conditions.append(cond("Degraded", "True", "InvalidSpec", f"{review.message}{kept}"))
-    elif seen.blocked is not None:
-        conditions.append(cond("Degraded", "True", seen.blocked[0], f"{seen.blocked[1]}{kept}"))
-    elif refused is not None:
-        conditions.append(cond("Degraded", "True", "PodsRefused", f"the API server refuses the pods: {refused}"))
-    elif stuck is not None and not rolled_out:
-        conditions.append(cond("Degraded", "True", "ProgressDeadlineExceeded",
-                               f"the rollout is stuck: {ready} of {desired} replicas ready, {stuck}; pods Pending "
-                               "for lack of GPUs or a matching node, or still loading the model (then raise the "
-                               "deadline)"))
-    elif seen.deployment is not None and ready < desired and was_serving and same_generation:
-        conditions.append(cond("Degraded", "True", "ReplicasUnavailable",
-                               f"{desired - ready} of {desired} replicas are not ready"))
-    else:
-        conditions.append(cond("Degraded", "False", "AsExpected", "no known problem"))
-
-    spec = review.spec
+    old_conditions = _by_type(old)
+    rollout = _Rollout.of(seen.deployment)
+    verdicts = {
+        "Valid": _valid(seen.review),
+        "FitChecked": _fit_checked(seen.review.fit),
+        "Progressing": _progressing(seen, rollout),
+        "Ready": _ready(seen, rollout),
+        "Degraded": _degraded(old, seen, rollout),
+    }
+    conditions = [_condition(old_conditions, seen.generation, seen.now, type_, *verdict)
+                  for type_, verdict in verdicts.items()]
+    spec, fit = seen.review.spec, seen.review.fit
     status = InferenceServiceStatus(
         phase=_phase(conditions, seen),
         observed_generation=seen.generation,
-        replicas=existing,
-        ready_replicas=ready,
+        replicas=rollout.existing,
+        ready_replicas=rollout.ready,
         selector=",".join(f"{k}={v}" for k, v in names.selector_labels(seen.name).items()),
         url=names.service_url(seen.name, seen.namespace),
         conditions=conditions,
         gpus=None if spec is None else
-        spec.gpus_per_replica * (desired if seen.deployment is not None else spec.replicas),
+        spec.gpus_per_replica * (rollout.desired if seen.deployment is not None else spec.replicas),
         fit=None if fit is None else fit.to_status(),
         autoscaler=None if seen.plan is None else seen.plan.autoscaler,
         monitoring=None if seen.plan is None else seen.plan.monitoring,
@@ -187,6 +128,109 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
     if old.get("serving") is not None:
         out["serving"] = old["serving"]  # the serving reader's block (serving_reader.py): not ours to drop
     return out
+
+
+def _by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A status's conditions by their type."""
+    return {c["type"]: c for c in status.get("conditions", []) if "type" in c}
+
+
+# One condition's (status, reason, message).
+_Verdict = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    """The live Deployment as the conditions read it (all zero and None without one)."""
+
+    desired: int
+    existing: int
+    ready: int
+    updated: int
+    # The controller has seen the current generation, and every desired replica is updated and ready.
+    rolled_out: bool
+    refused: str | None  # why the API server refuses the pods (`_pods_refused`)
+    stuck: str | None  # why the rollout stopped progressing (`_stuck`); None once rolled out
+
+    @classmethod
+    def of(cls, deployment: dict[str, Any] | None) -> _Rollout:
+        """The rollout of `deployment`."""
+        desired, existing, ready, updated, observed = _replica_counts(deployment)
+        rolled_out = observed and updated >= desired and ready >= desired
+        stuck = None if rolled_out else _stuck(deployment)
+        return cls(desired, existing, ready, updated, rolled_out, _pods_refused(deployment), stuck)
+
+
+def _valid(review: Review) -> _Verdict:
+    """Valid: the admission review's verdict on the spec."""
+    if review.errors:
+        return "False", "InvalidSpec", review.message
+    return "True", "SpecAccepted", "; ".join(review.warnings) or "all cross-field and engine-flag rules pass"
+
+
+def _fit_checked(fit: FitReport | None) -> _Verdict:
+    """FitChecked: whether the model fits the GPUs asked for."""
+    if fit is None:
+        return "Unknown", "SpecUnparsable", "the spec did not parse"
+    return fit.condition_status, fit.reason, fit.message
+
+
+def _kept(seen: Observation) -> str:
+    """What a refused spec leaves running, for its messages."""
+    return " (the last valid configuration keeps running)" if seen.deployment is not None else ""
+
+
+def _progressing(seen: Observation, r: _Rollout) -> _Verdict:
+    """Progressing: whether a rollout is under way, and if not, why (nothing applied, refused, stuck, done)."""
+    if seen.review.errors:
+        return "False", "SpecRejected", f"nothing applied: the spec is invalid{_kept(seen)}"
+    if seen.blocked is not None:
+        return "False", seen.blocked[0], f"nothing applied: {seen.blocked[1]}"
+    if seen.deployment is None:
+        return "True", "Creating", "creating the Deployment"
+    if r.refused is not None:
+        return "False", "PodsRefused", f"the API server refuses the pods: {r.refused}"
+    if r.stuck is not None:
+        return ("False", "ProgressDeadlineExceeded",
+                f"the rollout is stuck: {r.updated} of {r.desired} replicas updated, {r.ready} ready, {r.stuck}")
+    if r.rolled_out and r.desired == 0 and r.existing == 0:
+        return "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"
+    if r.rolled_out and r.desired == 0:
+        return "True", "RollingOut", f"scaling to zero: {r.existing} replicas left"
+    if not r.rolled_out:
+        return "True", "RollingOut", f"{r.updated} of {r.desired} replicas updated, {r.ready} ready"
+    return "False", "RolloutComplete", f"{r.desired} replicas updated and ready"
+
+
+def _ready(seen: Observation, r: _Rollout) -> _Verdict:
+    """Ready: whether every desired replica serves."""
+    if r.desired == 0 and seen.deployment is not None:
+        return "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"
+    if seen.deployment is not None and r.ready >= r.desired:
+        return "True", "AllReplicasReady", f"{r.ready} of {r.desired} replicas ready"
+    return "False", "ReplicasNotReady", f"{r.ready} of {r.desired} replicas ready"
+
+
+def _degraded(old: dict[str, Any], seen: Observation, r: _Rollout) -> _Verdict:
+    """Degraded: something that worked is no longer working. Readiness lost with no new rollout under way is
+    remembered until the replicas are back, so it does not flicker between reconciles."""
+    old_conditions = _by_type(old)
+    was_serving = (old_conditions.get("Ready", {}).get("status") == "True"
+                   or old_conditions.get("Degraded", {}).get("reason") == "ReplicasUnavailable")
+    same_generation = old.get("observedGeneration") == seen.generation
+    if seen.review.errors:
+        return "True", "InvalidSpec", f"{seen.review.message}{_kept(seen)}"
+    if seen.blocked is not None:
+        return "True", seen.blocked[0], f"{seen.blocked[1]}{_kept(seen)}"
+    if r.refused is not None:
+        return "True", "PodsRefused", f"the API server refuses the pods: {r.refused}"
+    if r.stuck is not None:
+        return ("True", "ProgressDeadlineExceeded",
+                f"the rollout is stuck: {r.ready} of {r.desired} replicas ready, {r.stuck}; pods Pending for lack of "
+                "GPUs or a matching node, or still loading the model (then raise the deadline)")
+    if seen.deployment is not None and r.ready < r.desired and was_serving and same_generation:
+        return "True", "ReplicasUnavailable", f"{r.desired - r.ready} of {r.desired} replicas are not ready"
+    return "False", "AsExpected", "no known problem"
 
 
 # Conditions whose False is bad news (Degraded is bad news when True).

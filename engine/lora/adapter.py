@@ -94,40 +94,52 @@ def load_adapter(
     rank = int(config["r"])
     alpha = float(config.get("lora_alpha", rank))
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    tensors = _read_tensors(path)
+    weights: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for hf_module, ab in _pairs(path, _read_tensors(path)).items():
+        name, index = _place(path, hf_module, ab, layouts, module_name, rank)
+        weights.setdefault(name, {})[index] = (ab["A"].to(dtype), (ab["B"].float() * scaling).to(dtype))
+    if not weights:
+        raise LoRAAdapterError(f"LoRA adapter {path}: adapter_model.safetensors holds no LoRA weights")
+    return LoRAAdapter(rank=rank, weights=weights)
+
+
+def _pairs(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """The adapter's tensors by HF module name, then "A" / "B"; LoRAAdapterError for any other tensor."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
         if match is None:
             raise LoRAAdapterError(f"LoRA adapter {path}: unexpected tensor {key} (only lora_A/lora_B weights)")
         pairs.setdefault(match["module"], {})[match["ab"]] = tensor
-    weights: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-    for hf_module, ab in pairs.items():
-        target = hf_module.rsplit(".", 1)[-1]
-        if target not in SUPPORTED_TARGETS:
-            raise LoRAAdapterError(
-                f"LoRA adapter {path}: target module {target} ({hf_module}) is not supported "
-                f"(supported: {', '.join(SUPPORTED_TARGETS)})"
-            )
-        if set(ab) != {"A", "B"}:
-            raise LoRAAdapterError(f"LoRA adapter {path}: {hf_module} lacks lora_{'B' if 'A' in ab else 'A'}")
-        name, shard = module_name(hf_module)
-        layout = layouts.get(name)
-        if layout is None or shard not in layout.shards:
-            raise LoRAAdapterError(f"LoRA adapter {path}: {hf_module} has no place in the base model")
-        index = layout.shards[shard]
-        a, b = ab["A"], ab["B"]
-        expected_a = (rank, layout.in_features)
-        expected_b = (layout.slice_sizes[index], rank)
-        if tuple(a.shape) != expected_a or tuple(b.shape) != expected_b:
-            raise LoRAAdapterError(
-                f"LoRA adapter {path}: {hf_module} has A {tuple(a.shape)} and B {tuple(b.shape)}; the base model "
-                f"needs A {expected_a} and B {expected_b} (an adapter of another model?)"
-            )
-        weights.setdefault(name, {})[index] = (a.to(dtype), (b.float() * scaling).to(dtype))
-    if not weights:
-        raise LoRAAdapterError(f"LoRA adapter {path}: adapter_model.safetensors holds no LoRA weights")
-    return LoRAAdapter(rank=rank, weights=weights)
+    return pairs
+
+
+def _place(path: Path, hf_module: str, ab: dict[str, torch.Tensor], layouts: Mapping[str, ModuleLayout],
+           module_name: Callable[[str], tuple[str, str | int | None]], rank: int) -> tuple[str, int]:
+    """Where one module's A and B go in the base model: (our module, the shard's slice index); LoRAAdapterError
+    for an unsupported target, a missing half, a module the model lacks, or shapes that do not fit it."""
+    target = hf_module.rsplit(".", 1)[-1]
+    if target not in SUPPORTED_TARGETS:
+        raise LoRAAdapterError(
+            f"LoRA adapter {path}: target module {target} ({hf_module}) is not supported "
+            f"(supported: {', '.join(SUPPORTED_TARGETS)})"
+        )
+    if set(ab) != {"A", "B"}:
+        raise LoRAAdapterError(f"LoRA adapter {path}: {hf_module} lacks lora_{'B' if 'A' in ab else 'A'}")
+    name, shard = module_name(hf_module)
+    layout = layouts.get(name)
+    if layout is None or shard not in layout.shards:
+        raise LoRAAdapterError(f"LoRA adapter {path}: {hf_module} has no place in the base model")
+    index = layout.shards[shard]
+    a, b = ab["A"], ab["B"]
+    expected_a = (rank, layout.in_features)
+    expected_b = (layout.slice_sizes[index], rank)
+    if tuple(a.shape) != expected_a or tuple(b.shape) != expected_b:
+        raise LoRAAdapterError(
+            f"LoRA adapter {path}: {hf_module} has A {tuple(a.shape)} and B {tuple(b.shape)}; the base model "
+            f"needs A {expected_a} and B {expected_b} (an adapter of another model?)"
+        )
+    return name, index
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

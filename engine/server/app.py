@@ -72,6 +72,19 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     # took seconds, which on the event loop stopped every stream).
     app.router.route_class = BodyParsedOffTheLoop
     add_error_handlers(app)
+    _add_probe_routes(app, state)
+    _add_model_routes(app, state)
+    _add_generation_routes(app, state)
+    _add_token_routes(app, state)
+    add_embedding_routes(app, state, _model, _cancel_on_disconnect)
+    if state.serving.loras is not None and runtime_lora_updating_allowed():
+        add_lora_routes(app, state.engine, state.serving.loras)
+    _add_middleware(app, state, config)
+    return app
+
+
+def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
+    """/health, /ping, /load, /version and /metrics: what probes and scrapers read (`PUBLIC_PATHS`)."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -95,20 +108,29 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-                "root": state.model_path or state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
-                "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
+
+def _add_model_routes(app: FastAPI, state: ServerState) -> None:
+    """/v1/models and /v1/models/{id}: the served names and the loaded adapters, as model cards."""
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [model_card(name) for name in state.model_names]
+        data = [_model_card(state, name) for name in state.model_names]
         return {"object": "list", "data": data + adapter_models(state.serving.loras, state.created)}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        return model_card(_model(state, model_id))
+        return _model_card(state, _model(state, model_id))
 
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    """The model card of served name `name` (vLLM's fields, with the KV dtype and quantization)."""
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
+            "root": state.model_path or state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
+            "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
+
+
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    """/v1/responses, /v1/completions and /v1/chat/completions: each cancelled when its client goes away."""
     responses = ResponsesServing(state.serving)
 
     @app.post("/v1/responses", response_model=None)
@@ -133,6 +155,10 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
         result = await _cancel_on_disconnect(state.serving.chat(body, _model(state, body.model)), request)
         return await _respond(result, request)
 
+
+def _add_token_routes(app: FastAPI, state: ServerState) -> None:
+    """/tokenize and /detokenize (vLLM's): the model's tokenizer, without the engine."""
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         _model(state, body.model)
@@ -156,9 +182,9 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
             raise APIError(400, f"token ids must lie in [0, {vocab})", param="tokens")
         return {"prompt": await state.serving.decode(body.tokens)}
 
-    add_embedding_routes(app, state, _model, _cancel_on_disconnect)
-    if state.serving.loras is not None and runtime_lora_updating_allowed():
-        add_lora_routes(app, state.engine, state.serving.loras)
+
+def _add_middleware(app: FastAPI, state: ServerState, config: ServerConfig) -> None:
+    """The middleware around the routes; each added one wraps all before it, so the last added runs first."""
     app.add_middleware(Gate, state=state)
     if config.enable_request_id_headers:
         app.add_middleware(RequestIdHeader)
@@ -170,7 +196,6 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     app.add_middleware(RequestLimits, max_body_size=config.max_request_body_size,
                        body_timeout=config.body_read_timeout, max_header_count=config.h11_max_header_count,
                        body_budget=config.max_body_bytes_in_flight)
-    return app
 
 
 class Gate:

@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from flotilla.engine.config import EngineConfig
 from flotilla.engine.server.lora_metrics import LoRAInfoGauge
 from flotilla.engine.server.spec_decode_metrics import SpecDecodeMetrics, log_spec_decode
-from flotilla.engine.stats import StatsSnapshot
+from flotilla.engine.stats import EngineEvents, StatsSnapshot
 
 logger = logging.getLogger("flotilla.stats")
 
@@ -141,18 +141,31 @@ class EngineMetrics:
 
     def update(self, s: StatsSnapshot) -> None:
         """Copy a snapshot's gauges, counters and samples into the registry (after a step, or idle)."""
-        last, n = self._last, self._name
         if self.lora_info is not None:
             self.lora_info.publish(s)
-        if s.num_gpu_blocks != last.num_gpu_blocks:
+        if s.num_gpu_blocks != self._last.num_gpu_blocks:
             self._publish_cache_info(s.num_gpu_blocks)
-        # Running, waiting and KV use as the scheduler held them (also between steps, after aborts).
+        self._set_gauges(s)
+        self._advance_counters(s, self._last)
+        self._last = s
+        if self.spec_decode is not None and s.spec_decode is not None:
+            self.spec_decode.update(s.spec_decode)
+        self._observe(s.events)
+
+    def _set_gauges(self, s: StatsSnapshot) -> None:
+        """Running, waiting and KV use as the scheduler held them (also between steps, after aborts), and the
+        prefix cache's hit rate once it has been asked."""
+        n = self._name
         self.running.labels(n).set(s.num_running)
         self.waiting.labels(n).set(s.num_waiting)
         self.kv_usage.labels(n).set(s.kv_cache_usage)
         self.kv_usage_alias.labels(n).set(s.kv_cache_usage)
         if s.prefix_cache_queries:
             self.prefix_hit_rate.labels(n).set(s.prefix_cache_hits / s.prefix_cache_queries)
+
+    def _advance_counters(self, s: StatsSnapshot, last: StatsSnapshot) -> None:
+        """Add what the snapshot's cumulative counts gained since `last` to the counters (and their aliases)."""
+        n = self._name
         for counters, now, before in (
             ((self.prompt_tokens,), s.prompt_tokens, last.prompt_tokens),
             ((self.generation_tokens,), s.generation_tokens, last.generation_tokens),
@@ -163,10 +176,11 @@ class EngineMetrics:
             if now > before:
                 for counter in counters:
                     counter.labels(n).inc(now - before)
-        self._last = s
-        if self.spec_decode is not None and s.spec_decode is not None:
-            self.spec_decode.update(s.spec_decode)
-        events = s.events
+
+    def _observe(self, events: EngineEvents) -> None:
+        """The samples recorded since the last snapshot into the histograms; finished requests' reasons into the
+        success counter."""
+        n = self._name
         for value in events.ttft:
             self.hist["ttft"].labels(n).observe(value)
         for value in events.inter_token:
