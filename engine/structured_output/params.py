@@ -96,9 +96,13 @@ def _as_text(so: StructuredOutputsParams) -> StructuredOutputsParams:
     from flotilla.engine.structured_output.unenforced import find_unenforced
 
     key = so.cache_key()
-    unenforced = find_unenforced(so.json_schema)
     text = so.model_copy(update={"json_schema": key[1]})
-    text._key, text._checked = key, True
+    text._key = key
+    try:
+        unenforced = find_unenforced(so.json_schema)
+    except Exception:  # an odd schema's failure is the core's to report, as a compile error (a 400), not a 500 here
+        return text
+    text._checked = True
     text._unenforced = unenforced.message() if unenforced is not None else None
     return text
 
