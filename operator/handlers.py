@@ -11,8 +11,8 @@
 - delete: nothing to do but forget; the owner references let the garbage collector remove the
   children, and no finalizer is used, so deleting never waits for the operator.
 - a periodic resync (started at operator start-up, not a kopf timer: timers would add a finalizer)
-  catches what no event announces: a ServiceMonitor or KEDA CRD installed later, events lost while
-  the apiserver was away.
+  catches what no event announces: events lost while the apiserver was away, a ServiceMonitor or
+  KEDA CRD installed later (optional_kinds.py also reconciles once when kopf starts watching one).
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def _resync_paths(namespaces: list[str]) -> list[str]:
     return [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
 
 
-def _resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
+def resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
+    """Reconcile every InferenceService in `namespaces` (all when empty) once; one's failure stops no other."""
     for path in _resync_paths(namespaces):
         for item in reconciler.kube.list(path):
             meta = item["metadata"]
@@ -146,7 +147,7 @@ async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interva
         await asyncio.sleep(interval)
         try:
             # In a thread (the client is synchronous), with kopf's context so events can be posted.
-            await loop.run_in_executor(None, contextvars.copy_context().run, _resync_once, reconciler, namespaces)
+            await loop.run_in_executor(None, contextvars.copy_context().run, resync_once, reconciler, namespaces)
         except KubeError as e:
             log.warning(f"resync failed, next in {interval:g} s: {e}")
         except Exception:

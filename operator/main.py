@@ -26,6 +26,7 @@ import kopf
 from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
 from flotilla.operator.kube import Kube
+from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
@@ -38,7 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The operator's command line."""
     p = argparse.ArgumentParser(prog="flotilla operator", description=__doc__.split("\n")[0])
     p.add_argument("-n", "--namespace", action="append", default=[], dest="namespaces",
-                   help="watch this namespace (repeatable; glob patterns allowed); default: all namespaces")
+                   help="watch this namespace (repeatable; a glob such as team-* allowed); default: all namespaces")
     p.add_argument("--webhook-port", type=int, default=9443, help="port the admission webhooks listen on")
     p.add_argument("--webhook-listen", default="0.0.0.0", help="address the webhook server binds")
     p.add_argument("--webhook-host", default=None,
@@ -98,6 +99,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     if args.serving_period < 0:
         p.error("--serving-period must be 0 (off) or a positive number of seconds")
+    for pattern in args.namespaces:
+        # kopf would read "!x" as every namespace but x and "a,b" as two patterns, while the resync, the serving
+        # reader and the webhooks match one glob: they would list /namespaces/!x/... and serve nothing.
+        if pattern.startswith("!") or "," in pattern or not pattern.strip():
+            p.error(f"--namespace {pattern!r}: give one namespace or glob per flag (repeat it), without '!' "
+                    "or ','")
     return args
 
 
@@ -134,8 +141,9 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
-def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
-    """A mutating webhook that puts `image` in place of the CRD's default engine image.
+def register_engine_image(registry: kopf.OperatorRegistry, image: str, namespaces: list[str]) -> None:
+    """A mutating webhook that puts `image` in place of the CRD's default engine image (in `namespaces`, the
+    operator's --namespace; elsewhere nothing).
 
     The CRD's schema default fills spec.image before any webhook runs, so the stock image stands
     for "the operator's default". With failure policy Ignore, an InferenceService created while
@@ -149,6 +157,8 @@ def register_engine_image(registry: kopf.OperatorRegistry, image: str) -> None:
         spec = body.get("spec") or {}
         if webhook.spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
             return  # a metadata-only update changes no spec (the validating webhook lets it through unreviewed)
+        if not webhook.serves(kwargs.get("namespace"), namespaces):
+            return  # another release's namespace: its own engine image, if any
         if spec.get("image", DEFAULT_IMAGE) == DEFAULT_IMAGE and image != DEFAULT_IMAGE:
             patch.setdefault("spec", {})["image"] = image
 
@@ -198,21 +208,29 @@ def main(argv: list[str]) -> int:
     kopf.on.login(id="login", registry=registry)(login)
     reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
+    # A ServiceMonitor or KEDA CRD installed after start-up: kopf may miss it (optional_kinds.py).
+    optional_kinds = OptionalKinds(reconciler.kube,
+                                   functools.partial(handlers.resync_once, reconciler, args.namespaces))
+    optional_kinds.register(registry)
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
     if not args.no_webhook:
-        webhook.register(registry, args.policy)
+        webhook.register(registry, args.policy, args.namespaces)
         if args.engine_image:
-            register_engine_image(registry, args.engine_image)
+            register_engine_image(registry, args.engine_image, args.namespaces)
     while True:
         settings = settings_for(args)  # makes or renews the webhook certificate
         restart = threading.Event()
         server = settings.admission.server
         if isinstance(server, kopf.WebhookServer) and server.certfile is not None:
             _restart_on_new_certificate(Path(server.certfile), restart, CERTIFICATE_CHECK_S)
-        run_resiliently(functools.partial(kopf.run, registry=registry, settings=settings, standalone=True,
-                                          clusterwide=not args.namespaces, namespaces=args.namespaces,
-                                          liveness_endpoint=args.liveness or None, stop_flag=restart))
+
+        def run_kopf(settings: kopf.OperatorSettings = settings, restart: threading.Event = restart) -> None:
+            kopf.run(registry=registry, settings=settings, standalone=True, clusterwide=not args.namespaces,
+                     namespaces=args.namespaces, liveness_endpoint=args.liveness or None, stop_flag=restart,
+                     insights=optional_kinds.fresh_insights())
+
+        run_resiliently(run_kopf)
         if not restart.is_set():
             return 0  # stopped by a signal
         logger.info("the webhook certificate changed or is due for renewal: restarting the operator on it")

@@ -6,10 +6,15 @@ created, edited and deleted; nothing unsafe follows, because the reconciler appl
 review before it applies anything and reports a refused spec in status (Valid=False, reason
 InvalidSpec) instead of rolling it out. With Fail, an operator outage would block every change to
 every InferenceService, deletes included, for as long as it lasts.
+
+Namespaces: the webhook configurations match InferenceServices in every namespace, but an operator
+started with --namespace serves only those: elsewhere its webhooks admit everything unchanged, so
+another release's namespaces (other admin policy, other engine image) are left to that release.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -40,14 +45,23 @@ def spec_untouched(operation: str | None, old: Any, body: Any) -> bool:
     return operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec")
 
 
-def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
-    """Add the webhook handlers to `registry`; `policy` is the admin's (the reconciler holds the same)."""
+def serves(namespace: str | None, namespaces: list[str]) -> bool:
+    """Whether an operator started with `namespaces` (--namespace globs; none: all) serves InferenceServices in
+    `namespace`. A request whose object names no namespace (a 1.20 apiserver leaves it empty when the client did;
+    1.22+ fills it in) is served, as before: reviewing a stranger's spec is the safe side."""
+    return not namespaces or not namespace or any(fnmatch.fnmatchcase(namespace, ns) for ns in namespaces)
+
+
+def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy, namespaces: list[str]) -> None:
+    """Add the webhook handlers to `registry`; `policy` is the admin's (the reconciler holds the same), and
+    `namespaces` the operator's (--namespace): InferenceServices elsewhere are admitted untouched."""
 
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate", operations=OPERATIONS, ignore_failures=True,
                       registry=registry)
     def validate(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
         """Refuse a spec that breaks a cross-field rule, an engine-flag rule or the fit check."""
-        if spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
+        if spec_untouched(kwargs.get("operation"), kwargs.get("old"), body) or not serves(kwargs.get("namespace"),
+                                                                                          namespaces):
             return
         name = _name(body)
         result = review(dict(body.get("spec") or {}), name, policy)
@@ -65,6 +79,8 @@ def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy) -> None:
         """
         spec = body.get("spec") or {}
         if not isinstance(spec, Mapping) or spec_untouched(kwargs.get("operation"), kwargs.get("old"), body):
+            return
+        if not serves(kwargs.get("namespace"), namespaces):
             return
         name = body.get("metadata", {}).get("name")
         if name and isinstance(spec.get("model"), dict) and not spec["model"].get("servedName"):

@@ -170,13 +170,15 @@ class Cluster:
         return self.kube.request("PATCH", path_of(obj), obj, {"fieldManager": manager, "force": "true"},
                                  "application/apply-patch+yaml")
 
-    def apply_crd(self, crd: dict[str, Any]) -> None:
-        """Install a CRD, wait until its group/version is served, then touch it once more (see below)."""
+    def apply_crd(self, crd: dict[str, Any], touch: bool = True) -> None:
+        """Install a CRD, wait until its group/version is served, then (`touch`) touch it once more (see below)."""
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
         self.kube.request("PATCH", path, crd, {"fieldManager": "tests", "force": "true"},
                           "application/apply-patch+yaml")
         group_version = f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
         wait_for(lambda: self.served(group_version), 30, f"{group_version} to be served")
+        if not touch:
+            return
         # A running operator's kopf rescans discovery on each watch event of a CRD, but the apiserver's discovery
         # can lag the CRD's last event (ADDED, then Established) by milliseconds, more on a loaded machine: kopf
         # then never watches the new kind (seen as no servicemonitors list/watch in the chart's RBAC audit when
@@ -189,11 +191,33 @@ class Cluster:
         return any(v["groupVersion"] == group_version for g in self.kube.request("GET", "/apis")["groups"]
                    for v in g["versions"])
 
-    def set_optional_crds(self, present: bool) -> None:
-        """Install or remove the ServiceMonitor and ScaledObject CRDs."""
+    def set_optional_crds(self, present: bool, touch: bool = True) -> None:
+        """Install or remove the ServiceMonitor and ScaledObject CRDs (`touch`: as apply_crd)."""
         for name, (group, version, _, _) in OPTIONAL_CRDS.items():
             if present:
-                self.apply_crd(_schemaless_crd(name))
+                self.apply_crd(_schemaless_crd(name), touch)
             else:
                 self.kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
                 wait_for(lambda g=f"{group}/{version}": not self.served(g), 60, f"{group}/{version} to go away")
+
+
+def token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
+    """A copy of the `admin` kubeconfig that authenticates with `token` instead, written to `path`."""
+    import yaml
+
+    config = yaml.safe_load(admin.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def service_account_token(kube: Any, namespace: str, name: str) -> str | None:
+    """The token the token controller made for a ServiceAccount (1.20: a Secret it references), once made."""
+    import base64
+
+    account = kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}") or {}
+    for ref in account.get("secrets", []):
+        secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}") or {}
+        if secret.get("type") == "kubernetes.io/service-account-token" and "token" in secret.get("data", {}):
+            return base64.b64decode(secret["data"]["token"]).decode()
+    return None

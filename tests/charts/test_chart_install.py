@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ..k8s_fixtures import REPO, Cluster, ControlPlane, free_port, wait_for
+from ..k8s_fixtures import REPO, Cluster, ControlPlane, free_port, service_account_token, token_kubeconfig, wait_for
 from .conftest import CHART, NAMESPACE, RELEASE, find, render_chart
 
 pytestmark = pytest.mark.slow
@@ -66,23 +66,6 @@ def _kube(kubeconfig: Path) -> Any:
     return Kube(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))
 
 
-def _token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
-    config = yaml.safe_load(admin.read_text())
-    config["users"] = [{"name": "admin", "user": {"token": token}}]
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _service_account_token(kube: Any, namespace: str, name: str) -> str | None:
-    """The token the token controller made for a ServiceAccount (1.20: a Secret it references)."""
-    account = kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}") or {}
-    for ref in account.get("secrets", []):
-        secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}") or {}
-        if secret.get("type") == "kubernetes.io/service-account-token" and "token" in secret.get("data", {}):
-            return base64.b64decode(secret["data"]["token"]).decode()
-    return None
-
-
 class Installed:
     """The release on the control plane, and the operator process running as its ServiceAccount."""
 
@@ -106,9 +89,9 @@ class Installed:
         self.release = release if isinstance(release, dict) else dict(release)
 
     def start_operator(self) -> None:
-        token = wait_for(lambda: _service_account_token(self.admin, NAMESPACE, self.service_account), 30,
+        token = wait_for(lambda: service_account_token(self.admin, NAMESPACE, self.service_account), 30,
                          "the token controller to make the ServiceAccount's token")
-        kubeconfig = _token_kubeconfig(self.control_plane.kubeconfig, token, self.workdir / "operator.kubeconfig")
+        kubeconfig = token_kubeconfig(self.control_plane.kubeconfig, token, self.workdir / "operator.kubeconfig")
         self.operator = _kube(kubeconfig)
         # The certificate the pod would mount from the chart's Secret.
         deployment = self.admin.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-operator")
@@ -386,8 +369,8 @@ def test_block_owner_deletion_needs_update_on_finalizers(installed: Installed) -
     query = {"fieldManager": "flotilla-operator", "force": "true", "dryRun": "All"}
 
     def as_account(name: str, file: str) -> Any:
-        token = wait_for(lambda: _service_account_token(admin, NAMESPACE, name), 30, f"{name}'s token")
-        return _kube(_token_kubeconfig(installed.control_plane.kubeconfig, token, workdir / file))
+        token = wait_for(lambda: service_account_token(admin, NAMESPACE, name), 30, f"{name}'s token")
+        return _kube(token_kubeconfig(installed.control_plane.kubeconfig, token, workdir / file))
 
     chart_account = as_account(installed.service_account, "chart.kubeconfig")
     chart_account.request("PATCH", path_of(service), service, query, "application/apply-patch+yaml")

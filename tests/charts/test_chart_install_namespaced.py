@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from flotilla.operator.kube import KubeError, path_of
+from flotilla.operator.spec import DEFAULT_IMAGE
 
-from ..k8s_fixtures import ControlPlane
+from ..k8s_fixtures import ControlPlane, wait_for
 from .conftest import NAMESPACE, RELEASE
 from .test_chart_install import DEMO, FIS, VALUES, Installed, apply, child, fis
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 SCOPED = copy.deepcopy(VALUES)
 SCOPED["operator"]["watchNamespaces"] = [DEMO]
+ELSEWHERE = "elsewhere"  # a namespace the release does not serve
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +70,29 @@ def test_the_service_account_cannot_write_deployments_elsewhere(installed: Insta
                                    {"fieldManager": "flotilla-operator", "force": "true", "dryRun": "All"},
                                    "application/apply-patch+yaml")
     assert refused.value.status == 403
+
+
+def test_the_webhooks_leave_inferenceservices_of_other_namespaces_alone(installed: Installed) -> None:
+    # The chart's webhook configurations match InferenceServices in every namespace. A release that serves one
+    # team's namespace must neither refuse another namespace's spec by its own admin policy (here: no hostPath
+    # prefix allowed) nor write its engine image into it: that namespace is another release's (or nobody's).
+    if installed.host_ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address for the webhook Service's Endpoints")
+    admin = installed.admin
+    bad = fis("bad", parallelism={"tensor": 2}, resources={"gpusPerReplica": 3})
+
+    def refused() -> bool:  # first, the webhooks answer (in the namespace the release serves)
+        try:
+            admin.request("POST", f"{FIS}/namespaces/{DEMO}/inferenceservices", bad, {"dryRun": "All"})
+        except KubeError as e:
+            return "denied the request" in e.message
+        return False
+
+    wait_for(refused, 30, "the validating webhook to refuse in the watched namespace", interval=0.3)
+    if admin.get(f"/api/v1/namespaces/{ELSEWHERE}") is None:
+        admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ELSEWHERE}})
+    for spec in ({"model": {"source": "hostPath:///models/smollm2"}}, {}):
+        doc = fis("other", **spec)
+        doc["metadata"]["namespace"] = ELSEWHERE
+        created = admin.request("POST", f"{FIS}/namespaces/{ELSEWHERE}/inferenceservices", doc, {"dryRun": "All"})
+        assert created["spec"]["image"] == DEFAULT_IMAGE, "this release's engine image written into another namespace"

@@ -199,8 +199,8 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
 def test_webhook_paths_are_the_operators_handler_ids() -> None:
     """Every webhook the chart configures is a kopf handler the operator serves, and vice versa."""
     registry = kopf.OperatorRegistry()
-    webhook.register(registry, AdmissionPolicy())
-    operator_main.register_engine_image(registry, "x")
+    webhook.register(registry, AdmissionPolicy(), [])
+    operator_main.register_engine_image(registry, "x", [])
     served = {h.id for h in registry._webhooks.get_all_handlers()}
     objects, _ = render_chart()
     configured = {hook["clientConfig"]["service"]["path"].lstrip("/")
@@ -243,6 +243,8 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
     ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
+    ({"operator": {"watchNamespaces": ["!kube-system"]}}, "one namespace or glob per entry"),
+    ({"operator": {"watchNamespaces": ["team-a,team-b"]}}, "one namespace or glob per entry"),
 ])
 def test_bad_values_are_refused_with_a_message(values: dict[str, Any], message: str) -> None:
     import helm_python
@@ -317,3 +319,15 @@ def test_watched_namespaces_get_roles_instead_of_cluster_wide_rights(namespaces:
             [(ns, "Role", find(objects, "ServiceAccount")["metadata"]["name"]) for ns in namespaces]
     else:
         assert namespaced <= cluster and not roles and not bindings
+
+
+@pytest.mark.parametrize(("namespaces", "selected"), [(["team-a", "team-b"], True), (["team-a", "team-*"], False),
+                                                      ([], False)])
+def test_webhooks_select_the_watched_namespaces_where_they_can(namespaces: list[str], selected: bool) -> None:
+    # Another release's namespaces are not sent to this release's webhooks (nor blocked by its outage under
+    # failurePolicy Fail); a glob cannot be a label selector, and then the operator itself leaves them alone.
+    objects, _ = render_chart({"operator": {"watchNamespaces": namespaces}})
+    hooks = [hook for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+             for hook in find(objects, kind)["webhooks"]]
+    expected = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
+    assert [hook.get("namespaceSelector") for hook in hooks] == [expected if selected else None] * len(hooks)

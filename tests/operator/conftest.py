@@ -60,9 +60,10 @@ class OperatorProcess:
     def log_path(self) -> Path:
         return self.workdir / f"operator-{self.starts}.log"
 
-    def start(self, webhook: bool = True) -> None:
+    def start(self, webhook: bool = True, extra_args: tuple[str, ...] = (), kubeconfig: Path | None = None) -> None:
         """Start it and return once it serves: liveness answers and the webhook refuses a bad spec (with
-        `webhook` False: --no-webhook, and liveness alone)."""
+        `webhook` False: --no-webhook, and liveness alone). `extra_args` come last (argparse: the last of a
+        repeated option wins); `kubeconfig` replaces the admin's (an operator with fewer rights)."""
         self.starts += 1
         serving = (["--webhook-host", "127.0.0.1", "--webhook-listen", "127.0.0.1", "--webhook-port",
                     str(self.webhook_port), "--webhook-cert-dir", str(self.workdir / "certs")] if webhook
@@ -72,8 +73,8 @@ class OperatorProcess:
                    # status.serving read every second over a 5 s window (test_serving_status_live.py).
                    "--serving-period", str(SERVING_PERIOD_S), "--serving-window", str(SERVING_WINDOW_S),
                    # The admin allows one node directory, so the corpus can try to escape it.
-                   "--host-path-prefix", HOST_PATH_PREFIX, "--engine-image", ENGINE_IMAGE]
-        env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
+                   "--host-path-prefix", HOST_PATH_PREFIX, "--engine-image", ENGINE_IMAGE, *extra_args]
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.control_plane.kubeconfig), "PYTHONWARNINGS": "ignore"}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wait_for(self._serving if webhook else self._alive, 60, f"the operator to serve (log: {self.log_path})",

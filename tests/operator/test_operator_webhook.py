@@ -111,3 +111,13 @@ def test_webhook_configurations_state_failure_policy_ignore(operator_process, cl
         for hook in config["webhooks"]:
             assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
             assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:")
+
+
+@pytest.mark.parametrize(("namespace", "namespaces", "served"), [
+    ("team-a", [], True), ("team-a", ["team-a"], True), ("team-b", ["team-a"], False), ("team-b", ["team-*"], True),
+    ("other", ["team-*", "x"], False), ("", ["team-a"], True), (None, ["team-a"], True)])
+def test_the_webhooks_serve_the_operators_namespaces_and_an_unnamed_one(namespace, namespaces, served):
+    # A namespace the object does not name (a 1.20 apiserver passes the client's object as it came) is reviewed.
+    from flotilla.operator.webhook import serves
+
+    assert serves(namespace, namespaces) is served

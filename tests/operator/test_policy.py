@@ -118,3 +118,13 @@ def test_priority_classes_are_any_but_the_system_ones_or_the_admins_list(flags, 
     spec = {"model": {"source": "pvc://m"}, "pod": {"priorityClassName": name}}
     errors = review(spec, "x", parse_args(flags).policy).errors
     assert (errors == []) == allowed, errors
+
+
+@pytest.mark.parametrize("pattern", ["!kube-system", "team-a,team-b", "team-*, !team-x"])
+def test_the_operator_refuses_kopfs_negated_or_listed_namespace_patterns(pattern, capsys):
+    # kopf reads "!x" as "every namespace but x" and "a,b" as two patterns; the resync, the serving reader and the
+    # webhooks read --namespace as one glob, so they listed /namespaces/!x/... and skipped every request.
+    with pytest.raises(SystemExit):
+        parse_args(["-n", pattern])
+    assert "--namespace" in capsys.readouterr().err
+    assert parse_args(["-n", "team-[!x]*"]).namespaces == ["team-[!x]*"]  # a glob's own negated class is fine

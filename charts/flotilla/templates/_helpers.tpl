@@ -70,6 +70,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The operator's rules on namespaced objects: a ClusterRole's, or each watched namespace's Role's. */}}
+{{- /*
+"true" when operator.watchNamespaces lists plain names only (no glob): those namespaces can be named
+in Roles and in the webhooks' namespaceSelector; a glob matches namespaces made later. Else "".
+*/ -}}
+{{- define "flotilla.plainWatchNamespaces" -}}
+{{- $glob := false }}
+{{- range .Values.operator.watchNamespaces }}
+{{- if or (contains "*" .) (contains "?" .) (contains "[" .) }}{{ $glob = true }}{{ end }}
+{{- end }}
+{{- if and .Values.operator.watchNamespaces (not $glob) }}true{{ end }}
+{{- end }}
+
 {{- define "flotilla.namespacedRules" -}}
 # InferenceServices: watched by kopf (list, watch), read and annotated per reconcile (get, patch).
 - apiGroups: [serving.flotilla.dev]
