@@ -70,5 +70,7 @@ _.sky
 # parsed-body cache that Request.json() returns (engine/server/request_body.py).
 _.route_class
 _._json
+# Request._body, the raw-body cache that Request.body() returns (replaced by a stand-in once parsed: request_body.py).
+_._body
 # RopeScaling (operator/spec.py): read through model_dump into engine_rules.rope_scaled_length.
 _.original_max_position_embeddings

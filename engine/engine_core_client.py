@@ -36,7 +36,7 @@ from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, 
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
-from flotilla.engine.structured_output.params import key_made_off_the_loop
+from flotilla.engine.structured_output.params import ready_off_the_loop
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class EngineCoreClient:
     ) -> AsyncGenerator[RequestOutput]:
         """`ServingEngine.generate`: the request and its outputs cross the pipes to the core."""
         self._check_running()
-        await key_made_off_the_loop(params.structured_outputs)  # not on the step loop at admission
+        params = await ready_off_the_loop(params)  # a schema crosses the pipe as text, its key made and checked
         if request_id in self._streams:  # the live request's stream must stay its own (the core refuses it too)
             raise ValueError(f"duplicate request id {request_id!r}")
         stream = _CoreStream(asyncio.get_running_loop())

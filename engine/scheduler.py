@@ -184,7 +184,7 @@ class Scheduler:
     def _fits(self, request: Request) -> bool:
         """Whether a waiting request could be admitted next to the running ones (an estimate: its
         prompt's cached prefix is not counted, so it errs towards preempting)."""
-        if len(self.running) + 1 + len(request.fork_children) > self.config.max_num_seqs:
+        if len(self.running) >= self.config.max_num_seqs:  # one slot to start, as `_schedule_waiting` admits
             return False
         bm = self.block_manager
         first = request.num_tokens - request.num_computed_tokens
@@ -214,8 +214,11 @@ class Scheduler:
             if self._lora_full(request, loras):
                 skipped.append(self.waiting.popleft())
                 continue
-            # A request with n completions will run as n sequences once its prompt is done.
-            if len(self.running) + 1 + len(request.fork_children) > self.config.max_num_seqs and self.running:
+            # A request with n completions needs one slot to start: its completions fork into the slots free when
+            # its prompt is done, and the rest wait for slots of their own (`_fork`), as vLLM queues each
+            # completion as a request. (Waiting for n free slots at once held every request queued behind it until
+            # the batch had drained that far: to empty when n >= --max-num-seqs.)
+            if len(self.running) >= self.config.max_num_seqs:
                 break
             cached = self.block_manager.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_computed = request.num_computed_tokens + len(cached) * self.block_manager.block_size

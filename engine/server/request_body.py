@@ -29,8 +29,14 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
+from flotilla.engine.server.errors import error_response
+from flotilla.engine.server.protocol import MAX_BODY_NESTING
 from flotilla.engine.server.request_limits import RELEASE_BODY_BUDGET
+
+# What Starlette's Request holds as the body once it is parsed (the parsed model is its cached `json()`).
+PARSED_BODY_STAND_IN = b"{}"
 
 
 class BodyParsedOffTheLoop(APIRoute):
@@ -44,11 +50,20 @@ class BodyParsedOffTheLoop(APIRoute):
             return handler
 
         async def parse_then_handle(request: Request) -> Response:
-            raw = await request.body()
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # the client left mid-body: the request's end, not an error of the app
+                return error_response(499, "client disconnected")  # (which uvicorn logged with a traceback)
             if raw and _is_json(request.headers.get("content-type")):
                 # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
                 # pass-through.
                 request._json = await asyncio.to_thread(_parsed, raw, model)
+                # The raw bytes are not needed again, but Starlette's Request caches them (and FastAPI's handler
+                # keeps what `body()` returns) until the request ends: a request queued behind long generations
+                # held its whole body, uncounted once given back to the budget below. A non-empty stand-in keeps
+                # FastAPI on its JSON path (`body()` non-empty, then `json()`: the model above).
+                request._body = PARSED_BODY_STAND_IN
+            del raw
             # The raw body is no longer needed: its bytes go back to the server-wide budget (request_limits.py).
             release = request.scope.get(RELEASE_BODY_BUDGET)
             if release is not None:
@@ -142,6 +157,9 @@ def _parse_and_validate(raw: bytes, model: type[BaseModel]) -> BaseModel:
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None
     except ValueError:  # e.g. bytes that are not UTF-8: FastAPI's answer to any other parse failure
         raise HTTPException(400, "There was an error parsing the body") from None
+    except RecursionError:  # containers nested past the parser's depth (Python's recursion limit, ~1,000)
+        raise RequestValidationError([{"type": "value_error", "loc": ("body",), "input": {}, "msg": (
+            f"the body nests objects and arrays more than {MAX_BODY_NESTING} levels deep")}]) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -24,6 +24,29 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
     return override.get("max_new_tokens")
 
 
+# Prompt logprob entries one reply may carry: prompt tokens x (prompt_logprobs + 1), times the copies the reply
+# holds (completions: one per choice, so x n). A reply is built whole in the API process (prompt logprobs are
+# refused on streams) at ~0.6 KB of Python objects an entry (measured: 8 prompts of 4,000 tokens with
+# prompt_logprobs=20, a 0.2 MB body: +405 MB), and a body of token ids is ~6 bytes a token: an 8 MiB body made
+# ~16 GB, one request could take the server down. 4M entries (~2.5 GB) leave room for prompt_logprobs=20 on one
+# prompt of 128k tokens (vLLM has no bound).
+MAX_PROMPT_LOGPROB_ENTRIES = 1 << 22
+
+
+def check_prompt_logprob_entries(prompt_lens: list[int], prompt_logprobs: int | None, copies: int,
+                                 param: str = "prompt_logprobs") -> None:
+    """400 naming `param` when the reply would carry more than MAX_PROMPT_LOGPROB_ENTRIES prompt logprobs."""
+    if prompt_logprobs is None:
+        return
+    tokens = sum(prompt_lens)
+    entries = tokens * (prompt_logprobs + 1) * copies
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise APIError(400, f"{param}={prompt_logprobs} on {tokens} prompt tokens" + (f" x n={copies}" if copies > 1
+                            else "") + f" would return {entries} prompt logprob entries; at most "
+                            f"{MAX_PROMPT_LOGPROB_ENTRIES} are allowed (ask for fewer, or send fewer prompt tokens)",
+                       param=param)
+
+
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.

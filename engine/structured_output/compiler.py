@@ -94,9 +94,13 @@ class GrammarCompiler:
             # A dict schema's text is its cache key's (keys sorted but for `properties`: the same schema), made
             # already: a second json.dumps would hold the GIL, and so the step loop, as long (~0.2 s at 7.5 MB).
             text = schema if isinstance(schema, str) else p.cache_key()[1]
-            unenforced = find_unenforced(json.loads(text) if isinstance(schema, str) else schema)
-            if unenforced is not None:  # a grammar without it would let outputs break the schema
-                raise ValueError(unenforced.message())
+            if p._checked:  # by the front end, on its dict (the schema came as text: not parsed again here)
+                problem = p._unenforced
+            else:
+                unenforced = find_unenforced(json.loads(text) if isinstance(schema, str) else schema)
+                problem = unenforced.message() if unenforced is not None else None
+            if problem is not None:  # a grammar without it would let outputs break the schema
+                raise ValueError(problem)
             compact = p.disable_any_whitespace or self.disable_any_whitespace
             return xgr.Grammar.from_json_schema(
                 text, any_whitespace=not compact, separators=(",", ":") if compact else None)

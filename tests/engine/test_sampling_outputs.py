@@ -380,3 +380,35 @@ def test_logprob_ranks_count_ties_as_vllm(tiny_model_dirs, tmp_path):
         else:
             assert sorted(r for _, r in entry.values()) == list(range(1, n + 1))
     assert outside >= len(PROMPT) - 3
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_request_with_more_completions_than_free_slots_starts_while_others_run(tiny_model_dirs, async_scheduling):
+    """n = 4 under --max-num-seqs 4 while 3 long requests run: the request waited for n + 1... free sequence slots
+    (all its completions at once), and as the queue is first come first served, every request behind it waited
+    too: the batch drained to empty before it ran (one client's n stalled everyone's admissions). As vLLM (each
+    completion its own queued request), its first completion starts in the free slot and the others wait for
+    slots of their own: the batch stays full. Same tokens as with room for all (seeded); every block back."""
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=4, ignore_eos=True)
+    roomy = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=8)
+    want = sorted(c.token_ids for c in roomy.generate([PROMPT], params, use_tqdm=False)[0].outputs)
+    engine = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, block_size=8, max_num_seqs=4,
+                 async_scheduling=async_scheduling).engine
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(PROMPT, long, request_id=f"long{i}")
+    finals = []
+    for _ in range(2):
+        finals += [o for o in engine.step() if o.finished]
+    engine.add_request(PROMPT, params, request_id="wide")
+    started = False
+    while not started and not finals:  # until the wide request runs or a long one ends (it waited for them)
+        finals += [o for o in engine.step() if o.finished]
+        started = any(r.request_id.startswith("wide") for r in engine.scheduler.running)
+    assert started and not finals, "the n = 4 request waited for the running requests to end"
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+    wide = next(o for o in finals if o.request_id == "wide")
+    assert sorted(c.token_ids for c in wide.outputs) == want
+    manager = engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks

@@ -51,10 +51,11 @@ def test_lone_surrogates_are_a_400(server, path, raw):
 def test_a_body_nested_past_the_bound_is_a_400_and_one_within_it_is_served(server, path):
     """The body's text is checked string by string (lone surrogates, above) before any field is read: a body nested
     hundreds of levels deep (here an ignored field; a `response_format` schema alike) overflowed that walk's stack
-    into a plain-text 500. Past the bound it is a 400; within it the request is served."""
+    into a plain-text 500. Past the bound it is a 400; within it the request is served. Past json.loads' own depth
+    (~1,000: Python's recursion limit) the parse itself raised RecursionError: a plain-text 500 too."""
     base = ('{"prompt": "Hello", ' if path == "/v1/completions"
             else '{"messages": [{"role": "user", "content": "Hi"}], ')
-    for depth, status in ((600, 400), (60, 200)):
+    for depth, status in ((600, 400), (100_000, 400), (60, 200)):
         raw = base + '"max_tokens": 2, "extra": ' + "[" * depth + "]" * depth + "}"
         response = raw_post(server, path, raw)
         if status == 400:

@@ -132,6 +132,52 @@ def test_bodies_in_flight_past_the_server_wide_budget_get_503_until_some_finish(
     assert ok.status_code == 200, ok.text
 
 
+def _resident_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+def _requests_in_engine(server: Server) -> float:
+    return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
+
+
+def _wait_until_engine_idle(server: Server) -> None:
+    deadline = time.monotonic() + 120  # a wait for the aborts to land, not a timing assertion
+    while _requests_in_engine(server) + server.metric("vllm:kv_cache_usage_perc"):
+        assert time.monotonic() < deadline, "requests stayed in the engine after their clients left"
+        time.sleep(0.1)
+
+
+def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
+    # --max-body-bytes-in-flight bounds the bodies being received and parsed; once parsed, a body's bytes went back
+    # to the budget but Starlette's Request still held them (and FastAPI's handler a reference) until the request
+    # ended: requests queued behind long generations kept every byte, with no server-wide bound (1,024 x 8 MiB at
+    # the defaults). 32 bodies of ~4 MB (whitespace: their parsed form is tiny) in flight at once, sent one after
+    # the other (so the 16 MB budget never refuses one): the API process must not hold them.
+    count, pad = 32, BODY_LIMIT - 1000
+    api = limited.process.pid
+    _wait_until_engine_idle(limited)
+    before = _resident_bytes(api)
+    held = []
+    try:
+        for i in range(count):
+            body = (json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 30000, "ignore_eos": True,
+                                "stream": True})[:-1] + " " * pad + "}").encode()
+            sock = _connect(limited)
+            held.append(sock)
+            sock.sendall(_head("/v1/completions", length=len(body)) + body)
+            deadline = time.monotonic() + 120  # a wait for the request to reach the engine
+            while _requests_in_engine(limited) < i + 1:
+                assert time.monotonic() < deadline, f"request {i} never reached the engine"
+                time.sleep(0.05)
+        grown = _resident_bytes(api) - before
+    finally:
+        for sock in held:
+            sock.close()
+    _wait_until_engine_idle(limited)  # and the clients' disconnects aborted all of them, waiting or running
+    assert grown < count * pad // 2, f"the API process grew {grown >> 20} MiB with {count} requests in flight"
+
+
 def test_a_trickling_body_gets_408_and_is_closed(limited):
     with _connect(limited) as sock:
         started = time.monotonic()
@@ -141,6 +187,21 @@ def test_a_trickling_body_gets_408_and_is_closed(limited):
     assert status == 408 and "--body-read-timeout" in error["message"]
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3
 
+
+
+def test_a_client_that_leaves_mid_body_leaves_no_traceback(limited):
+    # The route reads the body itself (request_body.py, to parse it off the event loop), outside FastAPI's body
+    # handling: a client that closed its connection mid-body made Starlette's ClientDisconnect escape the app, and
+    # uvicorn logged "Exception in ASGI application" with a ~80-line traceback at ERROR for each one: any client
+    # could fill the logs at will. A disconnect is a normal end of a request (499, which nobody reads).
+    logged = limited.log.read_text().count("Exception in ASGI application")
+    for _ in range(3):
+        with _connect(limited) as sock:
+            sock.sendall(_head("/v1/completions", length=1000) + b'{"prompt": "')
+            time.sleep(0.1)  # the route starts reading first (a close before that reads as a disconnect all the same)
+    for _ in range(3):  # round trips after the closes, by which the server has handled them
+        assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
+    assert limited.log.read_text().count("Exception in ASGI application") == logged, limited.log.read_text()[-3000:]
 
 def test_too_many_headers_get_431(limited):
     headers = {f"x-h{i}": "1" for i in range(60)}

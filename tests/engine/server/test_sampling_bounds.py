@@ -196,3 +196,20 @@ def test_long_bias_and_stop_id_lists_cost_a_request_once_not_every_step(server, 
     plain = min(_timed(server, body) for _ in range(2))
     heavy = min(_timed(server, {**body, **extra}) for _ in range(2))
     assert heavy < 1.6 * plain + 0.5, (heavy, plain)
+
+
+@pytest.mark.parametrize("field", [{"prompt_logprobs": 20}, {"echo": True, "logprobs": 20}])
+def test_prompt_logprobs_past_the_reply_bound_are_a_400(server, field):
+    # A non-streamed reply is built whole in the API process, every choice with its prompt's logprob entries (~0.6
+    # KB of Python objects each): 8 prompts of 200 token ids (a 9 KB body) x n=128 x 21 entries a token is 4.3M
+    # entries, ~2.5 GB; an 8 MiB body of token ids made ~16 GB. Refused past 2**22 entries, naming the field.
+    prompts = [[(37 * i + j) % 40000 + 100 for j in range(200)] for i in range(8)]
+    response = post(server, {"prompt": prompts, "n": 128, "max_tokens": 1, **field})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == ("prompt_logprobs" if "prompt_logprobs" in field else "logprobs")
+    assert "4194304" in error["message"] and "n=128" in error["message"], error
+    within = post(server, {"prompt": prompts[:1], "n": 2, "max_tokens": 1, **field})  # 8,400 entries: served
+    assert within.status_code == 200, within.text[:300]
+    assert len(within.json()["choices"]) == 2
+    assert_still_serving(server)

@@ -372,3 +372,38 @@ def test_a_schema_key_made_off_the_loop_crosses_the_pipe_and_is_not_made_again(m
     fresh = StructuredOutputsParams(json={"type": "object", "properties": {"b": {"type": "string"},
                                                                            "a": {"type": "integer"}}})
     assert fresh.cache_key() == spec.cache_key()
+
+
+def test_a_dict_schema_crosses_the_core_pipe_as_its_checked_text(llm, monkeypatch):
+    # The front end pickled the schema's dict (and its key's text beside it: 10.7 MB for a 7.5 MB schema) to the
+    # engine core, whose unpickling held the core's GIL (~0.1 s at that size: every stream stopped; as long again
+    # to pickle on the front end), and the core parsed the text once more to look for unenforced keywords (0.15
+    # s). Now the front end sends the key's text (7.5 MB, a millisecond each way), checked on its worker thread:
+    # the core compiles from the text and never parses it.
+    import asyncio
+    import json
+    import pickle
+    from types import SimpleNamespace
+
+    from flotilla.engine.structured_output import compiler as compiler_module
+    from flotilla.engine.structured_output.params import ready_off_the_loop
+
+    def crossed(params: SamplingParams) -> SamplingParams:  # what EngineCoreClient.generate sends to the core
+        return pickle.loads(pickle.dumps(asyncio.run(ready_off_the_loop(params))))
+
+    name = f"k{next(_fresh)}"
+    schema = {"type": "object", "properties": {name: {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": [name]}
+    front = constrained(StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+    sent = crossed(front)
+    assert isinstance(sent.structured_outputs.json_schema, str)
+    assert front.structured_outputs.json_schema == schema  # the front end keeps its dict
+    assert sent.structured_outputs.cache_key() == StructuredOutputsParams(json=schema,
+                                                                          disable_any_whitespace=True).cache_key()
+    parse = json.loads
+    monkeypatch.setattr(compiler_module, "json", SimpleNamespace(loads=lambda *_: pytest.fail("parsed in the core")))
+    out = llm.generate(["Pick:"], sent, use_tqdm=False)[0].outputs[0]
+    assert list(parse(out.text)) == [name], out.text
+    unenforced = {"type": "integer", "not": {"const": 3}, "description": name}
+    with pytest.raises(InvalidParamError, match="not"):  # still refused, by the front end's check
+        llm.generate(["Pick:"], crossed(constrained(StructuredOutputsParams(json=unenforced))), use_tqdm=False)
