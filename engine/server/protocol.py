@@ -143,7 +143,7 @@ class _SamplingFields(_RequestBody):
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
-    # vLLM's: the prompt's and each choice's token ids beside the text (in whole replies; streams carry none yet)
+    # vLLM's: the prompt's and each choice's token ids beside the text (streams: the prompt's first, then each chunk's)
     return_token_ids: bool | None = None
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
     # prefix-cache blocks are shared within one salt only

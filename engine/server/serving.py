@@ -326,6 +326,7 @@ class OpenAIServing:
         wants_logprobs = req.logprobs is not None
         continuous = _continuous_usage(req)
         sent_chars: dict[int, int] = {}  # per choice: text sent so far, where the next text_offset starts
+        ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
         # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
@@ -335,7 +336,12 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
-                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None)
+                ids = None
+                if req.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then null
+                    ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
+                           "token_ids": list(c.token_ids[first:])}
+                    ids_sent.add(index)
+                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None, ids)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -415,15 +421,16 @@ class OpenAIServing:
         if req.stream:
             # vLLM's continuous usage covers the chunks sent before any token too (role, echo): the prompt, 0 tokens
             opening = opening_usage(len(prompt.token_ids)) if _continuous_usage(req) else None
+            prompt_ids = list(prompt.token_ids) if req.return_token_ids else None  # vLLM's, on the role chunks
             lora = self.lora_for(model)
             stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
-                                          self.enable_prompt_tokens_details, reply_role(req), opening)
+                                          self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids)
             else:
-                chunks = self._stream_chat(req, stream, request_id, created, model, opening)
+                chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
         as_ids = req.return_tokens_as_token_ids
@@ -447,8 +454,10 @@ class OpenAIServing:
         return reply
 
     async def _stream_chat(self, req: ChatCompletionRequest, stream: AsyncGenerator[RequestOutput], request_id: str,
-                           created: int, model: str, opening: dict[str, int] | None = None) -> AsyncIterator[str]:
-        """The chat stream; `opening`: the role chunks' usage (continuous_usage_stats), else None."""
+                           created: int, model: str, opening: dict[str, int] | None = None,
+                           prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
+        """The chat stream; `opening`: the role chunks' usage (continuous_usage_stats), else None; `prompt_ids`: with
+        return_token_ids, the prompt's ids (on the role chunks; then each chunk carries its choice's new ids)."""
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -456,7 +465,8 @@ class OpenAIServing:
 
         for i in range(req.n):
             yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
-                          "finish_reason": None}], **({} if opening is None else {"usage": opening}))
+                          "finish_reason": None}], **({} if opening is None else {"usage": opening}),
+                        **({} if prompt_ids is None else {"prompt_token_ids": prompt_ids}))
         state = StreamState(req.n)
         last = None
         top = req.top_logprobs or 0
@@ -466,7 +476,8 @@ class OpenAIServing:
             last = output
             for c, text, first in state.deltas(output):
                 yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                               choice_usage(output, c) if continuous else None)
+                               choice_usage(output, c) if continuous else None,
+                               None if prompt_ids is None else {"token_ids": list(c.token_ids[first:])})
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"

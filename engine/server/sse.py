@@ -52,18 +52,25 @@ class ChunkFormat:
                      f'"model": {_js(model)}, "choices": [')
 
     def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
-                   usage: dict[str, int] | None = None) -> str:
-        """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats)."""
+                   usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
+        """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats); `ids`: the
+        choice's extra fields (return_token_ids: prompt_token_ids, token_ids)."""
         return (f'{self.head}{{"index": {index}, "text": {_js(text)}, "finish_reason": {_js(c.finish_reason)}, '
-                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}}}]{_usage(usage)}}}\n\n')
+                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}{_fields(ids)}}}]'
+                f'{_usage(usage)}}}\n\n')
 
     def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
-             usage: dict[str, int] | None = None) -> str:
-        """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty)."""
+             usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
+        """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty); `ids`: the
+        choice's extra fields (return_token_ids: token_ids)."""
         delta = f'{{"content": {_js(text)}}}' if text else "{}"
         return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {_js(logprobs)}, '
-                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}}}]'
+                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}{_fields(ids)}}}]'
                 f'{_usage(usage)}}}\n\n')
+
+
+def _fields(fields: dict[str, Any] | None) -> str:
+    return "" if not fields else "".join(f', {_js(k)}: {_js(v)}' for k, v in fields.items())
 
 
 def _usage(usage: dict[str, int] | None) -> str:

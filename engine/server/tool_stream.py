@@ -51,24 +51,32 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                            stream: AsyncGenerator[RequestOutput], head: ChunkFormat,
                            stream_options: StreamOptions | None,
                            prompt_tokens_details: bool = False, role: str = "assistant",
-                           opening: dict[str, int] | None = None) -> AsyncIterator[str]:
+                           opening: dict[str, int] | None = None,
+                           prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
     ChunkFormat); thinking streams as `delta.reasoning` (and `delta.reasoning_content`) before the answer.
     `prompt_tokens_details`: the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is
     the reply's (serving.reply_role); `opening`: with continuous_usage_stats, the usage before any token
     (serving.opening_usage), and then every chunk carries its choice's usage so far, as vLLM's (the role chunks
-    included)."""
+    included); `prompt_ids`: with return_token_ids, the prompt's ids, sent on the role chunks, and then each choice's
+    new token ids ride on its first chunk of each step (an empty-delta chunk when the parser holds the text back), as
+    vLLM sends every step's ids."""
     tokens = [0] * n  # each choice's completion tokens so far, for the continuous usage
+    unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
+        if prompt_ids is not None and "role" not in delta:
+            choice["token_ids"], unsent[index] = unsent[index], []
         usage = ""
         if opening is not None:
             prompt = opening["prompt_tokens"]
             usage = (f', "usage": {{"prompt_tokens": {prompt}, "completion_tokens": {tokens[index]}, '
                      f'"total_tokens": {prompt + tokens[index]}}}')
+        if prompt_ids is not None and "role" in delta:
+            usage += f', "prompt_token_ids": {json.dumps(prompt_ids)}'
         return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]{usage}}}\n\n"
 
     for i in range(n):
@@ -82,6 +90,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                 state = choices[c.index]
                 if state.done:
                     continue
+                if prompt_ids is not None:
+                    unsent[c.index] += c.token_ids[tokens[c.index] :]
                 tokens[c.index] = len(c.token_ids)
                 text = c.text
                 if reasoning is not None:
@@ -93,6 +103,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                     text = split.content or ""
                 for piece in _choice_chunks(plan, c, text, state, chunk):
                     yield piece
+                if unsent[c.index]:  # the parser held this step's text back: its ids still go out
+                    yield chunk(c.index, {})
     finally:
         await stream.aclose()
     if stream_options and stream_options.include_usage and last is not None:

@@ -215,3 +215,38 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm(server)
         assert choice["token_ids"] == [int(e["token"].split(":")[1]) for e in choice["logprobs"]["content"]]
     plain = post(server, "/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 2}).json()
     assert plain["choices"][0].get("token_ids") is None
+
+
+@pytest.mark.parametrize("parsed", [False, True])
+def test_return_token_ids_on_streams_as_vllm(server, client, thinking_server, parsed):
+    # vLLM's streams: a completions choice's first chunk carries its prompt_token_ids and every chunk the choice's
+    # new token_ids; a chat stream's role chunks carry prompt_token_ids and its choices' chunks their new token_ids.
+    # Joined, each choice's ids are the whole reply's (same seed). `parsed`: the reasoning-parser stream path.
+    from openai import OpenAI
+
+    url = (thinking_server if parsed else server).url
+    oai = OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120) if parsed else client
+    kw = {"model": "tiny", "max_tokens": 4, "n": 2, "temperature": 1, "seed": 3,
+          "extra_body": {"return_token_ids": True}}
+    whole = oai.completions.create(prompt="Hello there", **kw)
+    joined: dict[int, list[int]] = {0: [], 1: []}
+    prompts: dict[int, list] = {0: [], 1: []}
+    for chunk in oai.completions.create(prompt="Hello there", stream=True, **kw):
+        for c in chunk.choices:
+            joined[c.index] += c.model_extra["token_ids"]
+            prompts[c.index].append(c.model_extra["prompt_token_ids"])
+    for c in whole.choices:
+        assert joined[c.index] == c.model_extra["token_ids"]
+        assert prompts[c.index][0] == c.model_extra["prompt_token_ids"] and not any(prompts[c.index][1:])
+    chat = oai.chat.completions.create(messages=MESSAGES, **kw)
+    joined = {0: [], 1: []}
+    role_prompts = []
+    for chunk in oai.chat.completions.create(messages=MESSAGES, stream=True, **kw):
+        for c in chunk.choices:
+            if c.delta.role is not None:
+                role_prompts.append(chunk.model_extra["prompt_token_ids"])
+            else:
+                joined[c.index] += c.model_extra["token_ids"]
+    assert role_prompts == [chat.model_extra["prompt_token_ids"]] * 2
+    for c in chat.choices:
+        assert joined[c.index] == c.model_extra["token_ids"] and len(joined[c.index]) > 0
