@@ -402,6 +402,9 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
+        if req.tools == []:  # vLLM's (and OpenAI's) refusal, whatever the tool_choice
+            raise APIError(400, "`tools` must not be an empty array. Either provide at least one tool or omit the "
+                                "field entirely.", param="tools")
         plan = plan_tools(req, self.enable_auto_tool_choice, self.tool_call_parser,
                           self.exclude_tools_when_tool_choice_none)
         prompt = await self.chat_prompt(req, plan.template_tools)

@@ -250,3 +250,16 @@ def test_return_token_ids_on_streams_as_vllm(server, client, thinking_server, pa
     assert role_prompts == [chat.model_extra["prompt_token_ids"]] * 2
     for c in chat.choices:
         assert joined[c.index] == c.model_extra["token_ids"] and len(joined[c.index]) > 0
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none", "required"])
+def test_an_empty_tools_array_is_refused_as_vllm(tool_server, tool_choice):
+    # vLLM (as OpenAI) refuses `tools: []` whatever the tool_choice, a 400 naming `tools`: an empty list is a client
+    # bug to report, not a request for no tools (omitting the field is that).
+    from openai import BadRequestError, OpenAI
+
+    oai = OpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    extra = {} if tool_choice is None else {"tool_choice": tool_choice}
+    with pytest.raises(BadRequestError) as refused:
+        oai.chat.completions.create(model="x", messages=MESSAGES, tools=[], max_tokens=1, **extra)
+    assert refused.value.body["param"] == "tools" and "must not be an empty array" in refused.value.body["message"]
