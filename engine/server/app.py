@@ -120,7 +120,7 @@ def _add_model_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        return _model_card(state, _model(state, model_id))
+        return _model_card(state, _model(state, model_id, code="model_not_found"))
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
@@ -278,15 +278,16 @@ def _authorised(headers: Headers, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
 
 
-def _model(state: ServerState, requested: str | None) -> str:
-    """The served name a request addresses; 404 for names this server does not serve."""
+def _model(state: ServerState, requested: str | None, code: str | None = None) -> str:
+    """The served name a request addresses; 404 for names this server does not serve, with vLLM's error code (the
+    status) unless `code` (OpenAI's "model_not_found" for its model-retrieval route, which vLLM does not have)."""
     if requested is None or requested == "":
         return state.model_names[0]
     loras = state.serving.loras
     if requested not in state.model_names and (loras is None or loras.get(requested) is None):
         served = state.model_names + ([lora.lora_name for lora, _ in loras.entries()] if loras is not None else [])
         raise APIError(404, f"The model `{requested}` does not exist. Served: {', '.join(served)}",
-                       param="model", code="model_not_found")
+                       param="model", code=code)
     return requested
 
 

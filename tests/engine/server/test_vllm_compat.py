@@ -263,3 +263,18 @@ def test_an_empty_tools_array_is_refused_as_vllm(tool_server, tool_choice):
     with pytest.raises(BadRequestError) as refused:
         oai.chat.completions.create(model="x", messages=MESSAGES, tools=[], max_tokens=1, **extra)
     assert refused.value.body["param"] == "tools" and "must not be an empty array" in refused.value.body["message"]
+
+
+def test_an_unknown_models_error_is_vllms_404(server, client):
+    # vLLM answers a request for a model it does not serve with a 404 whose error is type NotFoundError, code 404
+    # (the status, an int), param model, "The model `X` does not exist." (the openai client raises NotFoundError).
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as chat:
+        client.chat.completions.create(model="nope", messages=MESSAGES, max_tokens=1)
+    with pytest.raises(openai.NotFoundError) as completion:
+        client.completions.create(model="nope", prompt="hi", max_tokens=1)
+    for refused in (chat, completion):
+        body = refused.value.body
+        assert (body["type"], body["code"], body["param"]) == ("NotFoundError", 404, "model")
+        assert body["message"].startswith("The model `nope` does not exist.")
