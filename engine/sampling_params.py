@@ -75,6 +75,8 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     skip_special_tokens: bool = True
+    # vLLM's: False writes an added token that follows another without the space some decoders put between them
+    spaces_between_special_tokens: bool = True
     # "cumulative": an output every step (streaming); "final_only": one output when the request ends,
     # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
     output_kind: Literal["cumulative", "final_only"] = "cumulative"

@@ -138,6 +138,7 @@ class _SamplingFields(_RequestBody):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # False: no space between two added tokens (kept special tokens)
     allowed_token_ids: list[int] | None = None  # only these may be drawn (bounded by the vocabulary in the engine)
     bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)

@@ -278,3 +278,36 @@ def test_an_unknown_models_error_is_vllms_404(server, client):
         body = refused.value.body
         assert (body["type"], body["code"], body["param"]) == ("NotFoundError", 404, "model")
         assert body["message"].startswith("The model `nope` does not exist.")
+
+
+@pytest.fixture(scope="module")
+def wordpiece_server(tiny_model_dirs, tmp_path_factory):
+    # The tiny Llama with a WordPiece tokenizer, whose decoder spaces special tokens apart.
+    from ..spaced_tokenizer import with_wordpiece_tokenizer
+
+    root = tmp_path_factory.mktemp("wordpiece")
+    s = start_tiny_server(with_wordpiece_tokenizer(tiny_model_dirs["llama"], root / "model"), root / "server.log")
+    yield s
+    stop_server(s)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_spaces_between_special_tokens_false_joins_special_tokens_as_vllm(wordpiece_server, stream):
+    # vLLM's sampling extra (default true): false writes an added token that follows another without the space the
+    # decoder puts before it, in whole replies and streams alike (only where special tokens are kept).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{wordpiece_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+    def text(**extra) -> str:
+        # Only [A] (4) and [B] (5) may be drawn: the output is special tokens alone.
+        body = {"allowed_token_ids": [4, 5], "ignore_eos": True, "skip_special_tokens": False, **extra}
+        reply = oai.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0, stream=stream,
+                                       extra_body=body)
+        return "".join(c.choices[0].text for c in reply if c.choices) if stream else reply.choices[0].text
+
+    spaced = text()
+    assert re.fullmatch(r"( \[[AB]\]){4}", spaced) and text(spaces_between_special_tokens=True) == spaced
+    assert text(spaces_between_special_tokens=False) == " " + spaced.replace(" ", "")
+    # Special tokens skipped, there is nothing to join: the flag changes nothing.
+    assert text(skip_special_tokens=True, spaces_between_special_tokens=False) == text(skip_special_tokens=True)
