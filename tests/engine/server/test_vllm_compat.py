@@ -311,3 +311,40 @@ def test_spaces_between_special_tokens_false_joins_special_tokens_as_vllm(wordpi
     assert text(spaces_between_special_tokens=False) == " " + spaced.replace(" ", "")
     # Special tokens skipped, there is nothing to join: the flag changes nothing.
     assert text(skip_special_tokens=True, spaces_between_special_tokens=False) == text(skip_special_tokens=True)
+
+
+# A template that reads OpenAI's content parts: it loops over each message's content.
+PARTS_TEMPLATE = ("{% for message in messages %}<{{ message['role'] }}>{% for part in message['content'] %}"
+                  "[{{ part['text'] }}]{% endfor %}{% endfor %}")
+PARTS_MESSAGES = [{"role": "user", "content": "hi"},
+                  {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+
+
+@pytest.fixture(scope="module")
+def string_content_server(tiny_model_dirs, tmp_path_factory):
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("string-content") / "server.log",
+                          "--trust-request-chat-template", "--chat-template-content-format", "string")
+    yield s
+    stop_server(s)
+
+
+def _prompt_tokens(server, messages: list[dict]) -> int:
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    return oai.chat.completions.create(model="tiny", messages=messages, max_tokens=1,
+                                       extra_body={"chat_template": PARTS_TEMPLATE}).usage.prompt_tokens
+
+
+def _count(server, text: str) -> int:
+    return post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["count"]
+
+
+def test_a_template_that_loops_over_content_parts_gets_them_as_vllm(thinking_server, string_content_server):
+    # vLLM's --chat-template-content-format auto (the default) gives such a template OpenAI's parts, a plain string
+    # as one text part; `string` gives it the text, whose characters it then loops over.
+    assert _prompt_tokens(thinking_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[hi]<user>[a][b]")
+    tokens = post(thinking_server, "/tokenize", {"messages": PARTS_MESSAGES, "chat_template": PARTS_TEMPLATE})
+    assert tokens.json()["count"] == _count(thinking_server, "<user>[hi]<user>[a][b]")
+    # forced to string: "hi" and "a\nb" are iterated character by character, none of which has a text
+    assert _prompt_tokens(string_content_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[][]<user>[][][]")
