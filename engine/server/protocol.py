@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.chat_content import content_texts
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
@@ -133,7 +133,7 @@ class _SamplingFields(_RequestBody):
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
+    repetition_penalty: float | None = Field(None, gt=0.0)  # any finite number above 0, as vLLM
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
