@@ -348,3 +348,17 @@ def test_a_template_that_loops_over_content_parts_gets_them_as_vllm(thinking_ser
     assert tokens.json()["count"] == _count(thinking_server, "<user>[hi]<user>[a][b]")
     # forced to string: "hi" and "a\nb" are iterated character by character, none of which has a text
     assert _prompt_tokens(string_content_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[][]<user>[][][]")
+
+
+def test_model_cards_carry_vllms_fields(server, client):
+    # vLLM's ModelCard: id, object, created, owned_by, root, parent, max_model_len and a `permission` list of one
+    # ModelPermission with its defaults (clients written for OpenAI's older API read it).
+    card = httpx.get(f"{server.url}/v1/models", headers=HEADERS).json()["data"][0]
+    assert {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"} <= card.keys()
+    (permission,) = card["permission"]
+    assert permission.pop("id").startswith("modelperm-") and isinstance(permission.pop("created"), int)
+    assert permission == {"object": "model_permission", "allow_create_engine": False, "allow_sampling": True,
+                          "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                          "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
+    retrieved = client.models.retrieve("tiny").model_extra
+    assert retrieved["max_model_len"] == 256 and retrieved["permission"][0]["object"] == "model_permission"
