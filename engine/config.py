@@ -142,6 +142,8 @@ class ServerConfig(_Component):
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
     trust_request_chat_template: bool = False
+    # how message content reaches chat templates (engine/server/chat_content.py)
+    chat_template_content_format: Literal["auto", "string", "openai"] = "auto"
     max_request_body_size: int = Field(8 * 1024 * 1024, gt=0)
     max_body_bytes_in_flight: int | None = Field(None, gt=0)  # None: BODY_BUDGET_BODIES x max_request_body_size
     limit_concurrency: int = Field(1024, gt=0)

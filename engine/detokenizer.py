@@ -14,13 +14,20 @@ class IncrementalDetokenizer:
     request, on the engine thread, instead of two decodes of a window. Otherwise each step decodes
     only a short window (a few tokens before the new ones give the tokenizer its spacing context) and
     holds text back while it ends in U+FFFD, i.e. while a multi-byte character is still incomplete.
+
+    `spaces_between_special_tokens=False` (vLLM's, with special tokens kept) writes an added token that follows
+    another one as its bare text, without the space a decoder such as WordPiece's puts before it.
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 decode_stream: bool = True) -> None:
+                 decode_stream: bool = True, spaces_between_special_tokens: bool = True) -> None:
         """`decode_stream=False` forces the window decoding (the reference the streamed one must match)."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # As vLLM: only with special tokens kept, and only for a tokenizer that has added tokens.
+        unspaced = not (skip_special_tokens or spaces_between_special_tokens)
+        self._added = added_token_texts(tokenizer) if unspaced else {}
+        self._last_added = False  # the last output token was an added one (the prompt's do not count, as vLLM)
         self._decode = decoder(tokenizer, skip_special_tokens)
         self.token_ids = list(prompt_token_ids[-6:])
         self.prefix_offset = max(len(self.token_ids) - 5, 0)
@@ -40,8 +47,28 @@ class IncrementalDetokenizer:
 
     def add(self, new_token_ids: list[int]) -> str:
         """Append tokens; return the newly complete text (possibly empty)."""
+        if self._added:
+            delta = "".join(self._add_unspaced(token) for token in new_token_ids)
+        else:
+            delta = self._add(new_token_ids)
+        self.text += delta
+        return delta
+
+    def _add(self, new_token_ids: list[int]) -> str:
         if self._stream is not None:
             return self._add_streamed(new_token_ids)
+        return self._add_window(new_token_ids)
+
+    def _add_unspaced(self, token: int) -> str:
+        """One token, an added token right after another written as its bare text."""
+        delta = self._add([token])
+        added = self._added.get(token)
+        if added is not None and self._last_added and delta:
+            delta = added
+        self._last_added = added is not None
+        return delta
+
+    def _add_window(self, new_token_ids: list[int]) -> str:
         self.token_ids.extend(new_token_ids)
         prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.token_ids[self.prefix_offset :])
@@ -50,7 +77,6 @@ class IncrementalDetokenizer:
         delta = full[len(prefix) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        self.text += delta
         return delta
 
     def _add_streamed(self, new_token_ids: list[int]) -> str:
@@ -62,9 +88,7 @@ class IncrementalDetokenizer:
                 pieces.append(piece)
                 self.prefix_offset = self.read_offset
                 self.read_offset = len(self.token_ids)
-        delta = "".join(pieces)
-        self.text += delta
-        return delta
+        return "".join(pieces)
 
     def flush(self) -> str:
         """At the end of a request: whatever is still held back, as decoded."""
@@ -88,6 +112,11 @@ def decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], 
     if rust is not None:
         return lambda ids: rust.decode(ids, skip_special_tokens=skip_special_tokens)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def added_token_texts(tokenizer: Any) -> dict[int, str]:
+    """The tokenizer's added tokens (special or not, as vLLM counts them): id -> text."""
+    return {token_id: added.content for token_id, added in tokenizer.added_tokens_decoder.items()}
 
 
 def _plain_rust_tokenizer(tokenizer: Any) -> Any:

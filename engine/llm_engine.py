@@ -183,7 +183,8 @@ class LLMEngine:
         grammar = self._submit_grammar(params, request_id) if params.structured_outputs is not None else None
         for child in group:
             self._detokenizers[child.request_id] = IncrementalDetokenizer(
-                self.tokenizer, token_ids, params.skip_special_tokens
+                self.tokenizer, token_ids, params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
         # Queued last: a request is either fully known to the engine or not at all.
         self._groups[request_id] = group

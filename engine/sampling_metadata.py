@@ -10,7 +10,12 @@ import torch
 from flotilla.engine.bad_words import banned_next
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
-from flotilla.engine.sampling_params import GREEDY_TEMPERATURE, TEMPERATURE_CEILING
+from flotilla.engine.sampling_params import (
+    GREEDY_TEMPERATURE,
+    REPETITION_PENALTY_CEILING,
+    REPETITION_PENALTY_FLOOR,
+    TEMPERATURE_CEILING,
+)
 from flotilla.engine.staging import device_tensor
 
 
@@ -42,6 +47,7 @@ def build_sampling_batch(
     # The penalties read every token a row has seen; without any, the step copies none.
     seen = rows if any_penalties else []
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    penalties = [min(max(p.repetition_penalty, REPETITION_PENALTY_FLOOR), REPETITION_PENALTY_CEILING) for p in params]
     temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_CEILING)
                     for p in params]
     return SamplingBatch(
@@ -54,7 +60,7 @@ def build_sampling_batch(
         positions=to.tensor(positions, torch.long),
         presence_penalty=to.tensor([p.presence_penalty for p in params], torch.float32),
         frequency_penalty=to.tensor([p.frequency_penalty for p in params], torch.float32),
-        repetition_penalty=to.tensor([p.repetition_penalty for p in params], torch.float32),
+        repetition_penalty=to.tensor(penalties, torch.float32),
         output_tokens=to.padded([r.request.output_token_ids for r in seen], len(rows)),
         prompt_tokens=to.padded([r.request.prompt_token_ids for r in seen], len(rows)),
         bias_rows=to.rows_of([(i, t) for i, t, _ in sparse.bias]),

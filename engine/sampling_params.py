@@ -29,9 +29,11 @@ GREEDY_TEMPERATURE = 1e-5
 # logit divided by inf is NaN (every draw then token 0, masks ignored). Past this every finite fp32 logit divided
 # by it rounds to ~0 anyway (a uniform draw over the unmasked tokens), so the sampler uses at most this.
 TEMPERATURE_CEILING = 1e30
-# repetition_penalty divides (or multiplies) fp32 logits: outside this range a logit overflows to inf,
-# and the logprobs of the row become NaN. HF and vLLM users stay within ~[0.5, 2].
-REPETITION_PENALTY_MIN, REPETITION_PENALTY_MAX = 0.01, 100.0
+# repetition_penalty is any finite number above 0, as vLLM's. It divides (or multiplies) fp32 logits, where a
+# penalty past these bounds makes a logit inf (or a subnormal penalty 0), and the row NaN: the sampler uses at most
+# and at least these. Within them a penalised logit already ends at ~0 or tens of orders of magnitude from the
+# others, so a draw from the bound is the draw from the penalty (HF and vLLM users stay within ~[0.5, 2]).
+REPETITION_PENALTY_FLOOR, REPETITION_PENALTY_CEILING = 1e-20, 1e20
 
 
 class SamplingParams(BaseModel):
@@ -64,7 +66,7 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
+    repetition_penalty: float = Field(1.0, gt=0.0)
     logit_bias: dict[int, float] | None = None
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -75,6 +77,8 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     skip_special_tokens: bool = True
+    # vLLM's: False writes an added token that follows another without the space some decoders put between them
+    spaces_between_special_tokens: bool = True
     # "cumulative": an output every step (streaming); "final_only": one output when the request ends,
     # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
     output_kind: Literal["cumulative", "final_only"] = "cumulative"

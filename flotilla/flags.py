@@ -447,6 +447,16 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--chat-template-content-format",
+        "str",
+        "auto",
+        "How a message's content reaches the chat template: string (one text), openai (a list of "
+        '{"type": "text", "text": ...} parts), or auto: openai when the template loops over a message\'s content, '
+        "as vLLM.",
+        "server",
+        choices=("auto", "string", "openai"),
+    ),
+    Flag(
         "--enable-request-id-headers",
         "bool",
         False,

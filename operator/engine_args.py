@@ -138,6 +138,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # Lets this service's own clients send chat templates, still rendered in the bounded sandbox
     # (docs/server.md): the owner's choice for their endpoint, no access beyond the pod.
     "--trust-request-chat-template",
+    # The form message content takes in the chat template (vLLM's flag): how this model's template reads it.
+    "--chat-template-content-format",
     # How this model family writes tool calls and thinking (docs/structured-output.md): a property of
     # the model the owner serves, parsed in the pod's own server.
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--exclude-tools-when-tool-choice-none",

@@ -22,6 +22,7 @@ from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
+from flotilla.engine.server.model_cards import model_card
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -125,9 +126,8 @@ def _add_model_routes(app: FastAPI, state: ServerState) -> None:
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     """The model card of served name `name` (vLLM's fields, with the KV dtype and quantization)."""
-    return {"id": name, "object": "model", "created": state.created, "owned_by": "flotilla",
-            "root": state.model_path or state.model_names[0], "parent": None, "max_model_len": state.max_model_len,
-            "kv_cache_dtype": state.kv_cache_dtype, "quantization": state.quantization}
+    return model_card(name, state.created, state.model_path or state.model_names[0], max_model_len=state.max_model_len,
+                      kv_cache_dtype=state.kv_cache_dtype, quantization=state.quantization)
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:

@@ -36,6 +36,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from flotilla.engine.server.chat_content import ContentFormatOption, detect_content_format, template_messages
+
 # A chat template renders a few kilobytes in microseconds; one that needs seconds is a loop.
 RENDER_TIMEOUT_S = 5.0
 # The render process's address space beyond what it starts with: a base, plus room for the rendered text
@@ -146,16 +148,17 @@ def _result_length(op: str, left: Any, right: Any) -> int:
     return 0
 
 
-def render_untrusted(source: str, variables: dict[str, Any], max_chars: int,
-                     timeout_s: float = RENDER_TIMEOUT_S) -> str:
+def render_untrusted(source: str, variables: dict[str, Any], max_chars: int, timeout_s: float = RENDER_TIMEOUT_S,
+                     content_format: ContentFormatOption = "string") -> str:
     """Render a request's template in the bounded sandbox, in a child process with bounded memory that is
-    killed past the deadline; blocking (call it on a worker thread).
+    killed past the deadline; blocking (call it on a worker thread). The messages' content reaches the template
+    in `content_format` (chat_content.py; `auto` is detected there, where the template is parsed anyway).
 
     Raises ValueError for a template that does not compile, fails, or exceeds a limit.
     """
     ctx = _render_context()
     receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_render_child, args=(sender, source, variables, max_chars, timeout_s),
+    child = ctx.Process(target=_render_child, args=(sender, source, variables, max_chars, timeout_s, content_format),
                         name="flotilla-chat-template", daemon=True)
     child.start()
     sender.close()  # the child holds it now; ours would hide the child's exit from recv
@@ -188,11 +191,12 @@ def _render_context() -> Any:
     return ctx
 
 
-def _render_child(sender: Any, source: str, variables: dict[str, Any], max_chars: int, timeout_s: float) -> None:
+def _render_child(sender: Any, source: str, variables: dict[str, Any], max_chars: int, timeout_s: float,
+                  content_format: ContentFormatOption) -> None:
     """In the render process: bound the address space, render, send (True, text) or (False, message)."""
     _limit_address_space(RENDER_MEMORY_BASE_BYTES + RENDER_MEMORY_BYTES_PER_CHAR * max_chars)
     try:
-        result = (True, _render_in_sandbox(source, variables, max_chars, timeout_s))
+        result = (True, _render_in_sandbox(source, variables, max_chars, timeout_s, content_format))
     except ValueError as exc:
         result = (False, str(exc))
     except MemoryError:
@@ -213,12 +217,17 @@ def _limit_address_space(extra_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _render_in_sandbox(source: str, variables: dict[str, Any], max_chars: int, timeout_s: float) -> str:
+def _render_in_sandbox(source: str, variables: dict[str, Any], max_chars: int, timeout_s: float,
+                       content_format: ContentFormatOption = "string") -> str:
     """Render in the bounded sandbox on this thread (the render process's body)."""
     env = _BoundedSandbox(max_chars)
     deadline = time.monotonic() + timeout_s
     try:
-        template = env.from_string(source)
+        ast = env.parse(source)
+        found = detect_content_format(ast) if content_format == "auto" else content_format
+        if "messages" in variables:
+            variables = {**variables, "messages": template_messages(variables["messages"], found)}
+        template = env.from_string(ast)
         with _deadline(deadline, timeout_s):
             return _collect(template.generate(**variables), max_chars, deadline, timeout_s)
     except TemplateLimitError as exc:

@@ -177,6 +177,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               reasoning_parser=server.reasoning_parser,
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,
                               default_sampling=defaults,
+                              chat_template_content_format=server.chat_template_content_format,
                               max_tokens_cap=max_tokens_cap(config.model.generation_config, defaults,
                                                             config.model.override_generation_config)),
         model_names=config.model.served_model_name,

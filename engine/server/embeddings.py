@@ -2,6 +2,8 @@
 
 Inputs are text, a list of texts, token ids or a list of token-id lists; each text is tokenized by
 the model's tokenizer (special tokens included, so an embedding model's appended end token is there).
+Or, as vLLM's EmbeddingChatRequest, `messages`: a conversation rendered by the chat template as chat renders it
+(no generation prompt and no extra special tokens by default), embedded as one prompt.
 The pooling pass runs on the engine's thread between steps (`engine/pooling/embed.py`). Every input is
 checked first (length, vocabulary), so a bad one is refused before any is embedded; then a list is embedded
 in engine calls of at most `--max-model-len` tokens each (one longest prompt's prefill), and whatever other
@@ -28,7 +30,7 @@ from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import _RequestBody, token_id_batch
+from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -40,15 +42,21 @@ class EmbeddingRequest(_RequestBody):
     """POST /v1/embeddings."""
 
     model: str | None = None
-    input: EmbeddingInput
+    input: EmbeddingInput | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
     # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
     normalize: bool = True
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for input, false for messages (in the template)
     # vLLM's extra: embed each input's last N tokens (-1: the context length), as on completions
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # vLLM's EmbeddingChatRequest: a conversation in place of input, and how the template renders it
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("input", mode="wrap")
     @classmethod
@@ -80,6 +88,10 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
 
 
 async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
+    if (body.input is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of input or messages", param="input")
+    if body.messages is not None:
+        return [await _conversation_ids(state, body)]
     given = body.input
     if isinstance(given, str):
         given = [given]
@@ -90,7 +102,7 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
     prompts = []
     for item in given:
         if isinstance(item, str):
-            prompts.append(await state.serving.encode(item, add_special_tokens=body.add_special_tokens,
+            prompts.append(await state.serving.encode(item, add_special_tokens=body.add_special_tokens is not False,
                                                       param="input"))
         elif isinstance(item, list):
             prompts.append(list(item))
@@ -98,6 +110,16 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
             raise APIError(400, "input must be a string, a list of strings, a list of token ids or a list of "
                                 "token-id lists (not a mix of ids and lists)", param="input")
     return prompts
+
+
+async def _conversation_ids(state: ServerState, body: EmbeddingRequest) -> list[int]:
+    """The conversation as chat renders it (the template, its trust rule and limits), with vLLM's embedding
+    defaults (no generation prompt, no special tokens beyond the template's)."""
+    chat = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt,
+                                 continue_final_message=body.continue_final_message,
+                                 add_special_tokens=bool(body.add_special_tokens), chat_template=body.chat_template,
+                                 chat_template_kwargs=body.chat_template_kwargs)
+    return (await state.serving.chat_prompt(chat)).token_ids
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -19,6 +19,7 @@ from flotilla.engine.engine_core import StartupAdapter
 from flotilla.engine.errors import LoRAAdapterError
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.model_cards import model_card
 from flotilla.engine.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,7 @@ def adapter_models(loras: LoRARegistry | None, created: int) -> list[dict[str, A
     """/v1/models entries of the served adapters: `root` is the adapter's directory, `parent` its base."""
     if loras is None:
         return []
-    return [{"id": lora.lora_name, "object": "model", "created": created, "owned_by": "flotilla",
-             "root": lora.lora_path, "parent": parent, "max_model_len": None} for lora, parent in loras.entries()]
+    return [model_card(lora.lora_name, created, lora.lora_path, parent) for lora, parent in loras.entries()]
 
 
 class LoadLoRAAdapterRequest(BaseModel):

@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
+from flotilla.engine.server.chat_content import content_texts
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
 
@@ -132,12 +133,13 @@ class _SamplingFields(_RequestBody):
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
+    repetition_penalty: float | None = Field(None, gt=0.0)  # any finite number above 0, as vLLM
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # False: no space between two added tokens (kept special tokens)
     allowed_token_ids: list[int] | None = None  # only these may be drawn (bounded by the vocabulary in the engine)
     bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)
@@ -230,11 +232,25 @@ JSONObjects = list[Annotated[dict[str, Any], AfterValidator(_yield_point)]]
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
 
+def check_text_parts(parts: list[Any], param: str) -> None:
+    """A 400 naming `param` for a content part that is not text (an image, audio)."""
+    if any(not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES for part in parts):
+        raise APIError(400, "only text content parts are supported", param=param)
+
+
+def message_text_chars(messages: list[dict[str, Any]], param: str) -> int:
+    """The characters of the messages' text, strings and parts alike; a 400 naming `param` for a content part that
+    is not text."""
+    for m in messages:
+        if isinstance(m.get("content"), list):
+            check_text_parts(m["content"], param)
+    return sum(len(text) for m in messages for text in content_texts(m.get("content")))
+
+
 def joined_text_parts(parts: list[Any], param: str) -> str:
     """A content list as one text, as vLLM renders it for a template that reads strings: the text parts joined by
     a newline; a part of another type (an image, audio) is a 400 naming `param`."""
-    if any(not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES for part in parts):
-        raise APIError(400, "only text content parts are supported", param=param)
+    check_text_parts(parts, param)
     return "\n".join(str(part.get("text") or "") for part in parts)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from flotilla.engine.outputs import RequestOutput
-from flotilla.engine.sampling_params import REPETITION_PENALTY_MAX, REPETITION_PENALTY_MIN, SEED_MAX, SEED_MIN
+from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
@@ -77,7 +77,7 @@ class ResponsesRequest(_RequestBody):
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
+    repetition_penalty: float | None = Field(None, gt=0.0)  # any finite number above 0, as vLLM
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)

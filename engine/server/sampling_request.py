@@ -111,6 +111,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
             structured_outputs=structured_outputs(req),
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,

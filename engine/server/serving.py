@@ -15,6 +15,12 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.chat_content import (
+    ContentFormatOption,
+    final_text,
+    model_content_format,
+    template_messages,
+)
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
     render_untrusted,
@@ -26,7 +32,7 @@ from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     _SamplingFields,
-    joined_text_parts,
+    message_text_chars,
 )
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
@@ -55,8 +61,8 @@ MAX_SEQUENCES_PER_REQUEST = 2048
 def continued(text: str, messages: list[dict[str, Any]]) -> str:
     """A rendered conversation cut just after its last message's text, so that the model continues that
     message (what transformers' `continue_final_message` does for the model's own template)."""
-    final = messages[-1].get("content") if messages else None
-    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+    final = final_text(messages)
+    if final is None or not final.strip() or final.strip() not in text:
         raise APIError(400, "continue_final_message: the last message's text does not appear in the rendered "
                             "conversation", param="continue_final_message")
     start = text.rindex(final.strip())
@@ -145,8 +151,10 @@ class OpenAIServing:
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                  exclude_tools_when_tool_choice_none: bool = False,
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
-                 default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None) -> None:
+                 default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None,
+                 chat_template_content_format: ContentFormatOption = "auto") -> None:
         self.engine = engine
+        self.content_format = chat_template_content_format  # chat_content.py: how message content reaches templates
         self.max_tokens_cap = max_tokens_cap  # vLLM's override_max_tokens: sampling_request.max_tokens_cap
         self.default_sampling = default_sampling or {}  # generation_config.json's fields (--generation-config)
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
@@ -213,10 +221,7 @@ class OpenAIServing:
         """Render the chat template (with `tools` when the model may call them), then tokenize (the
         template already holds special tokens)."""
         messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
-        for m in messages:
-            if isinstance(m.get("content"), list):  # OpenAI's [{"type": "text", "text": ...}] form
-                m["content"] = joined_text_parts(m["content"], "messages")
-        self.check_chars(sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str)), "messages")
+        self.check_chars(message_text_chars(messages, "messages"), "messages")
         if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "
                                 "add_generation_prompt to false to continue the final message)",
@@ -244,11 +249,13 @@ class OpenAIServing:
         if template is not None:
             context = {**self.tokenizer.special_tokens_map, **variables, "messages": messages,
                        "add_generation_prompt": add_generation_prompt}
-            try:
-                text = render_untrusted(template, context, self.max_prompt_chars)
+            try:  # the render process puts the content in the template's form (it parses the template)
+                text = render_untrusted(template, context, self.max_prompt_chars, content_format=self.content_format)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="chat_template") from None
             return continued(text, messages) if continue_final_message else text
+        messages = template_messages(messages, model_content_format(self.tokenizer, self.content_format,
+                                                                    variables.get("tools")))
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt,

@@ -134,13 +134,11 @@ def thinking(text: str | None) -> dict[str, str | None]:
 
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
-    serialise them themselves, and a JSON string would be encoded twice. A message without content (OpenAI
-    clients send `null` beside tool calls) gets "", as vLLM renders it: templates read `message.content`.
-    A message's thinking sent back as `reasoning` (vLLM's reply field) is also its `reasoning_content`, the name
-    templates read (Qwen3's), as vLLM passes it; and the other way round."""
+    serialise them themselves, and a JSON string would be encoded twice (a message's content is put in the
+    template's form by chat_content.template_messages). A message's thinking sent back as `reasoning` (vLLM's
+    reply field) is also its `reasoning_content`, the name templates read (Qwen3's), as vLLM passes it; and the
+    other way round."""
     for m in messages:
-        if m.get("content") is None:
-            m["content"] = ""
         for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
             if m.get(name) is not None and m.get(other) is None:
                 m[other] = m[name]

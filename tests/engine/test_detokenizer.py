@@ -62,3 +62,31 @@ def test_a_prompt_that_ends_inside_a_character_leaks_nothing_into_the_output(tok
         streamed = _deltas(tok, ids[:k], output, 1, True, stream=True)
         assert streamed == _deltas(tok, ids[:k], output, 1, True, stream=False)
         assert "".join(streamed) == "{ hello world"
+
+
+def _text(tok, ids: list[int], chunk: int, stream: bool, spaced: bool) -> list[str]:
+    detok = IncrementalDetokenizer(tok, tok.encode("hello"), skip_special_tokens=False, decode_stream=stream,
+                                   spaces_between_special_tokens=spaced)
+    return [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)] + [detok.flush()]
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+@pytest.mark.parametrize("stream", [True, False])
+def test_without_spaces_between_special_tokens_two_added_tokens_touch_as_vllm(chunk, stream):
+    """vLLM's rule (its fast detokenizer): an added token right after another is its bare text; the first one, and
+    the text after the last, keep the decoder's spacing. WordPiece's decoder spaces every token."""
+    from .spaced_tokenizer import wordpiece_tokenizer
+
+    tok = wordpiece_tokenizer()
+    ids = tok.encode("ships [A] [B] [A] sailed", add_special_tokens=False)
+    assert "".join(_text(tok, ids, chunk, stream, spaced=True)) == " ships [A] [B] [A] sailed"
+    unspaced = _text(tok, ids, chunk, stream, spaced=False)
+    assert "".join(unspaced) == " ships [A][B][A] sailed"
+    if chunk == 1:
+        assert unspaced[:5] == [" ships", " [A]", "[B]", "[A]", " sail"]
+
+
+def test_spaces_between_special_tokens_changes_nothing_for_a_byte_level_tokenizer(tok):
+    # Byte-level BPE (the tiny models' SmolLM2 tokenizer) puts no space between tokens: as vLLM, the same text.
+    ids = [tok.convert_tokens_to_ids("<|im_start|>"), tok.eos_token_id, *tok.encode(" hi", add_special_tokens=False)]
+    assert _text(tok, ids, 1, True, spaced=False) == _text(tok, ids, 1, True, spaced=True)

@@ -73,6 +73,18 @@ def test_penalties_match_their_definitions():
         assert got[token].item() == pytest.approx(value), token
 
 
+@pytest.mark.parametrize("penalty", [1e-50, 1e50])
+def test_a_repetition_penalty_beyond_fp32_keeps_the_row_finite_and_its_limit_draw(penalty):
+    # vLLM takes any finite penalty above 0; in fp32 1e-50 is 0 (a seen positive logit / 0 = inf: a NaN row) and
+    # 1e50 inf. The draw is the limit's: a tiny penalty makes the best seen token win, a huge one the best unseen.
+    logits = torch.tensor([[2.0, -1.0, 3.0, 0.5] + [-5.0] * (V - 4)])
+    b = _batch([SamplingParams(temperature=1.0, repetition_penalty=penalty)], outputs=[[0, 1]], prompts=[[3]])
+    got = apply_penalties(logits.clone(), b)
+    assert torch.isfinite(got).all()
+    assert torch.isfinite(torch.log_softmax(got, dim=-1)).all()
+    assert got.argmax().item() == (0 if penalty < 1 else 2)
+
+
 def test_logit_bias_and_min_tokens_ban():
     logits = torch.zeros(2, V)
     b = _batch(

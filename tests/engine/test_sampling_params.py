@@ -18,9 +18,9 @@ from flotilla.engine.sampling_params import SamplingParams
     [
         ({"seed": 2**63}, "seed"),
         ({"seed": -(2**63) - 1}, "seed"),
-        ({"repetition_penalty": 1e-50}, "repetition_penalty"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty"),
-        ({"repetition_penalty": 1e9}, "repetition_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),  # vLLM's bound: above 0, finite
+        ({"repetition_penalty": -1.0}, "repetition_penalty"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": float("inf")}, "temperature"),
         ({"top_k": -2}, "top_k"),
@@ -74,6 +74,15 @@ def test_sampling_batch_clamps_top_k_and_skips_ids_beyond_the_vocabulary():
     assert batch.top_k.tolist() == [50]
     assert batch.banned_tokens.tolist() == [7]
     assert batch.all_greedy  # a temperature below 1e-5 is greedy, as vLLM's
+
+
+@pytest.mark.parametrize(("penalty", "used"),
+                         [(5e-324, 1e-20), (1e-50, 1e-20), (0.5, 0.5), (1e50, 1e20), (1e300, 1e20)])
+def test_any_positive_repetition_penalty_is_taken_and_the_sampler_uses_a_finite_one(penalty, used):
+    # vLLM takes any finite penalty above 0; in fp32 1e50 is inf and 1e-50 is 0 (a logit / 0 is inf: a NaN row).
+    request = Request("r", [1, 2], SamplingParams(repetition_penalty=penalty))
+    batch = build_sampling_batch([SamplingRow(request, 0, 0)], 50, torch.device("cpu"), torch.Generator())
+    assert batch.repetition_penalty.tolist() == pytest.approx([used])
 
 
 @pytest.fixture(scope="module")

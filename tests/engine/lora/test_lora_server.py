@@ -59,6 +59,8 @@ def test_models_lists_adapters_with_their_parent(client, lora_adapters):
     assert models["all7"].parent == "tiny" and models["attn"].parent == "tiny"
     assert models["all7"].root == str(lora_adapters["qwen3"]["all7"])
     assert models["tiny"].parent is None
+    # as vLLM's adapter cards: no max_model_len, the same permission entry as the base model's
+    assert models["all7"].max_model_len is None and models["all7"].permission[0]["allow_sampling"] is True
 
 
 def test_each_adapter_answers_as_peft_does(client, tiny_model_dirs, lora_adapters):

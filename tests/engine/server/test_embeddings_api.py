@@ -147,6 +147,12 @@ def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
     ({"input": [[1, 2], "mixed"]}, "input"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": [[5] * 300]}, "input"),
+    ({}, "input"),  # neither input nor messages
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),  # both
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "continue_final_message": True},
+     "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}, "chat_template"),  # untrusted
 ])
 def test_bad_requests_get_openai_error_json(pooling_server, body, param):
     answer = post(pooling_server, {"model": "tiny", **body})
@@ -192,3 +198,20 @@ def test_truncate_prompt_tokens_embeds_the_last_tokens(pooling_server, hf):
     answer = post(pooling_server, {"model": "tiny", "input": too_long, "truncate_prompt_tokens": -1})
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["prompt_tokens"] == 256
+
+
+CONVERSATION = [{"role": "system", "content": "Rank ships."}, {"role": "user", "content": "The harbour at dawn"}]
+
+
+def test_a_conversation_is_embedded_as_the_chat_template_renders_it_as_vllm(pooling_server, hf):
+    # vLLM's EmbeddingChatRequest: `messages` in place of `input`, rendered by the model's template without a
+    # generation prompt and without special tokens beyond the template's (its defaults), embedded as one prompt.
+    tokenizer = hf[1]
+    for extra, generation_prompt in (({}, False), ({"add_generation_prompt": True}, True)):
+        answer = post(pooling_server, {"model": "tiny", "messages": CONVERSATION, "encoding_format": "float", **extra})
+        assert answer.status_code == 200, answer.text
+        text = tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=generation_prompt)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        (item,) = answer.json()["data"]
+        np.testing.assert_allclose(item["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+        assert answer.json()["usage"]["prompt_tokens"] == len(ids)

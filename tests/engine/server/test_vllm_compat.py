@@ -278,3 +278,87 @@ def test_an_unknown_models_error_is_vllms_404(server, client):
         body = refused.value.body
         assert (body["type"], body["code"], body["param"]) == ("NotFoundError", 404, "model")
         assert body["message"].startswith("The model `nope` does not exist.")
+
+
+@pytest.fixture(scope="module")
+def wordpiece_server(tiny_model_dirs, tmp_path_factory):
+    # The tiny Llama with a WordPiece tokenizer, whose decoder spaces special tokens apart.
+    from ..spaced_tokenizer import with_wordpiece_tokenizer
+
+    root = tmp_path_factory.mktemp("wordpiece")
+    s = start_tiny_server(with_wordpiece_tokenizer(tiny_model_dirs["llama"], root / "model"), root / "server.log")
+    yield s
+    stop_server(s)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_spaces_between_special_tokens_false_joins_special_tokens_as_vllm(wordpiece_server, stream):
+    # vLLM's sampling extra (default true): false writes an added token that follows another without the space the
+    # decoder puts before it, in whole replies and streams alike (only where special tokens are kept).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{wordpiece_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+    def text(**extra) -> str:
+        # Only [A] (4) and [B] (5) may be drawn: the output is special tokens alone.
+        body = {"allowed_token_ids": [4, 5], "ignore_eos": True, "skip_special_tokens": False, **extra}
+        reply = oai.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0, stream=stream,
+                                       extra_body=body)
+        return "".join(c.choices[0].text for c in reply if c.choices) if stream else reply.choices[0].text
+
+    spaced = text()
+    assert re.fullmatch(r"( \[[AB]\]){4}", spaced) and text(spaces_between_special_tokens=True) == spaced
+    assert text(spaces_between_special_tokens=False) == " " + spaced.replace(" ", "")
+    # Special tokens skipped, there is nothing to join: the flag changes nothing.
+    assert text(skip_special_tokens=True, spaces_between_special_tokens=False) == text(skip_special_tokens=True)
+
+
+# A template that reads OpenAI's content parts: it loops over each message's content.
+PARTS_TEMPLATE = ("{% for message in messages %}<{{ message['role'] }}>{% for part in message['content'] %}"
+                  "[{{ part['text'] }}]{% endfor %}{% endfor %}")
+PARTS_MESSAGES = [{"role": "user", "content": "hi"},
+                  {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+
+
+@pytest.fixture(scope="module")
+def string_content_server(tiny_model_dirs, tmp_path_factory):
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("string-content") / "server.log",
+                          "--trust-request-chat-template", "--chat-template-content-format", "string")
+    yield s
+    stop_server(s)
+
+
+def _prompt_tokens(server, messages: list[dict]) -> int:
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    return oai.chat.completions.create(model="tiny", messages=messages, max_tokens=1,
+                                       extra_body={"chat_template": PARTS_TEMPLATE}).usage.prompt_tokens
+
+
+def _count(server, text: str) -> int:
+    return post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["count"]
+
+
+def test_a_template_that_loops_over_content_parts_gets_them_as_vllm(thinking_server, string_content_server):
+    # vLLM's --chat-template-content-format auto (the default) gives such a template OpenAI's parts, a plain string
+    # as one text part; `string` gives it the text, whose characters it then loops over.
+    assert _prompt_tokens(thinking_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[hi]<user>[a][b]")
+    tokens = post(thinking_server, "/tokenize", {"messages": PARTS_MESSAGES, "chat_template": PARTS_TEMPLATE})
+    assert tokens.json()["count"] == _count(thinking_server, "<user>[hi]<user>[a][b]")
+    # forced to string: "hi" and "a\nb" are iterated character by character, none of which has a text
+    assert _prompt_tokens(string_content_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[][]<user>[][][]")
+
+
+def test_model_cards_carry_vllms_fields(server, client):
+    # vLLM's ModelCard: id, object, created, owned_by, root, parent, max_model_len and a `permission` list of one
+    # ModelPermission with its defaults (clients written for OpenAI's older API read it).
+    card = httpx.get(f"{server.url}/v1/models", headers=HEADERS).json()["data"][0]
+    assert {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"} <= card.keys()
+    (permission,) = card["permission"]
+    assert permission.pop("id").startswith("modelperm-") and isinstance(permission.pop("created"), int)
+    assert permission == {"object": "model_permission", "allow_create_engine": False, "allow_sampling": True,
+                          "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                          "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
+    retrieved = client.models.retrieve("tiny").model_extra
+    assert retrieved["max_model_len"] == 256 and retrieved["permission"][0]["object"] == "model_permission"
