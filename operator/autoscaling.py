@@ -97,22 +97,24 @@ def build_hpa(spec: InferenceServiceSpec, name: str, namespace: str,
 REPLICAS_HANDOVER_MANAGER = "flotilla-operator-handover"
 
 
-def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, manager: str) -> dict[str, Any] | None:
-    """The apply (as REPLICAS_HANDOVER_MANAGER) that keeps the live Deployment's replicas when autoscaling turns on,
-    or None when nothing needs handing over.
+def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, manager: str,
+                      min_replicas: int = 1) -> dict[str, Any] | None:
+    """The apply (as REPLICAS_HANDOVER_MANAGER) that keeps the live Deployment's replicas when autoscaling turns on
+    (or resumes), or None when nothing needs handing over.
 
     With autoscaling the Deployment is applied without `replicas` (the autoscaler owns it). Server-side apply
     removes a field that its only manager stops applying, and the apiserver defaults a missing `replicas` to 1: turning
     autoscaling on for a Deployment of 3 would delete 2 serving replicas until the autoscaler scales back up.
     Kubernetes' answer (server-side apply, "Transferring ownership") is another manager applying the same value
-    first, so the field stays when `manager` lets go of it.
+    first, so the field stays when `manager` lets go of it. A Deployment at 0 replicas (autoscaling was suspended by
+    spec.replicas 0) is handed over at `min_replicas` instead: an HPA does not act on a target scaled to 0.
     """
     if live is None or "replicas" in applied["spec"] or not _applies_replicas(live, manager):
         return None
     meta = applied["metadata"]
     return {"apiVersion": applied["apiVersion"], "kind": applied["kind"],
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"replicas": live["spec"].get("replicas", 1)}}
+            "spec": {"replicas": live["spec"].get("replicas", 1) or min_replicas}}
 
 
 def _applies_replicas(obj: dict[str, Any], manager: str) -> bool:

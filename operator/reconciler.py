@@ -183,7 +183,7 @@ class Reconciler:
             self._dry_run(child)
         deployment = None
         for child in plan.apply:
-            applied = self._write_child(owner, child, live[k.path_of(child)])
+            applied = self._write_child(owner, child, live[k.path_of(child)], plan.min_replicas)
             if child["kind"] == "Deployment":
                 deployment = applied
         self._remove_unwanted(owner, plan)
@@ -220,12 +220,12 @@ class Reconciler:
             raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
 
     def _write_child(self, owner: dict[str, Any], child: dict[str, Any],
-                     before: dict[str, Any] | None) -> dict[str, Any]:
+                     before: dict[str, Any] | None, min_replicas: int) -> dict[str, Any]:
         """Apply `child` (live as `before`), remember the write as ours, post Created or Updated when it
         changed something; returns the child as applied."""
         deployment = child["kind"] == "Deployment"
-        handover = replicas_handover(child, before, k.FIELD_MANAGER) if deployment else None
-        if handover is not None:  # autoscaling turned on: the replicas stay as they are for the autoscaler
+        handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
+        if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
             self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
         applied = self.kube.apply(child)
         reset = host_namespaces_reset(applied) if deployment else None

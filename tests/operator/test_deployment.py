@@ -34,6 +34,8 @@ CASES = [
     ({}, lambda d: d["spec"]["replicas"], 1),
     ({"replicas": 3}, lambda d: d["spec"]["replicas"], 3),
     ({"autoscaling": {"maxReplicas": 4}}, lambda d: "replicas" in d["spec"], False),
+    # spec.replicas 0 (kubectl scale) scales to zero whatever autoscaling says: the autoscaler is suspended.
+    ({"replicas": 0, "autoscaling": {"maxReplicas": 4}}, lambda d: d["spec"]["replicas"], 0),
     ({"image": "registry.local/engine:dev"}, lambda d: engine(d)["image"], "registry.local/engine:dev"),
     ({}, lambda d: engine(d)["resources"]["limits"]["nvidia.com/gpu"], "1"),
     ({"parallelism": {"tensor": 2, "pipeline": 2}}, lambda d: engine(d)["resources"]["limits"]["nvidia.com/gpu"], "4"),

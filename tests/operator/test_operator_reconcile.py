@@ -218,6 +218,52 @@ def test_scaled_to_zero_by_hand_reads_scaled_to_zero_not_progressing(op, namespa
     wait_for(lambda: fis_status().get("phase") == "Ready", 20, "phase Ready again")
 
 
+def _scale(op, namespace: str, name: str, replicas: int) -> None:
+    """`kubectl scale fis NAME --replicas N`: the CRD's scale subresource."""
+    op.kube.request("PATCH", f"{fis_path(namespace, name)}/scale", {"spec": {"replicas": replicas}}, None,
+                    "application/merge-patch+json")
+
+
+def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_until_scaled_up(op, namespace):
+    """`kubectl scale fis --replicas 0` with autoscaling set did nothing visible (the HPA owned the replicas and
+    spec.replicas was ignored). Now the HPA is removed (it would scale back to minReplicas), the Deployment goes to 0,
+    status says the autoscaler is suspended; scaling to 1 or more brings the HPA back and restarts the Deployment at
+    minReplicas (an HPA does not act on a target at 0). A replica count past maxReplicas is a warning in Valid."""
+    op.set_optional_crds(False)
+    op.apply(fis("auto", namespace, replicas=1, autoscaling={"minReplicas": 2, "maxReplicas": 4, "target": 4}))
+    deployment_path = child_path("Deployment", namespace, "auto")
+    wait_children(op, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])
+
+    def fis_status():
+        return op.kube.get(fis_path(namespace, "auto")).get("status") or {}
+
+    _scale(op, namespace, "auto", 0)
+    wait_for(lambda: op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "auto")) is None, 20,
+             "the HPA removed")
+    assert op.kube.get(deployment_path)["spec"]["replicas"] == 0
+    status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
+    assert status["autoscaler"].startswith("suspended: spec.replicas is 0")
+    assert condition({"status": status}, "Ready")["message"].endswith("autoscaling is suspended until it is 1 or more")
+    wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                      if e["involvedObject"]["name"] == "auto" and e["reason"] == "Deleted"
+                      and "HorizontalPodAutoscaler" in e["message"]], 10, "the Event of the HPA's removal")
+
+    _scale(op, namespace, "auto", 1)
+    wait_children(op, namespace, "auto", ["HorizontalPodAutoscaler"])
+    wait_for(lambda: op.kube.get(deployment_path)["spec"]["replicas"] == 2, 20, "the Deployment back at minReplicas")
+    wait_for(lambda: fis_status()["autoscaler"] == "HPA (autoscaling/v2beta2)", 20, "status.autoscaler the HPA")
+    # The autoscaler owns the replicas again: the operator applies none.
+    managers = {f["manager"] for f in op.kube.get(deployment_path)["metadata"]["managedFields"]
+                if "f:replicas" in (f.get("fieldsV1") or {}).get("f:spec", {})}
+    assert "flotilla-operator" not in managers
+
+    _scale(op, namespace, "auto", 9)
+    valid = wait_for(lambda: "has no effect" in (c := condition({"status": fis_status()}, "Valid")).get("message", "")
+                     and c, 20, "the Valid warning")
+    assert valid["status"] == "True" and valid["message"].startswith("spec.replicas (9) has no effect")
+    assert op.kube.get(deployment_path)["spec"]["replicas"] == 2
+
+
 def test_spec_update_rolls_the_deployment_under_the_same_name(op, namespace):
     op.apply(fixed("llama", namespace))
     before = wait_children(op, namespace, "llama", ["Deployment"])["Deployment"]
