@@ -21,6 +21,7 @@ from flotilla.operator.admission import Review, review
 from flotilla.operator.autoscaling import REPLICAS_HANDOVER_MANAGER, replicas_handover
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
+from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
@@ -57,18 +58,6 @@ def inferenceservice_path(namespace: str, name: str) -> str:
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     meta = obj["metadata"]
     return obj["kind"], meta.get("namespace", ""), meta["name"]
-
-
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
-
-
-def _conflict_message(child: dict[str, Any], found: dict[str, Any]) -> str:
-    owners = [f"{r.get('kind')} {r.get('name')}" for r in found["metadata"].get("ownerReferences", [])]
-    whose = f"owned by {', '.join(owners)}" if owners else "not owned by any object"
-    return (f"{child['kind']} {child['metadata']['name']} already exists and is {whose}, not by this "
-            "InferenceService; the operator leaves it untouched and applies nothing: rename the "
-            "InferenceService, or delete that object if it is no longer needed")
 
 
 class ChildrenBlocked(Exception):
@@ -169,7 +158,7 @@ class Reconciler:
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
         found = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
-        return found if found is not None and _owned_by(found, meta["uid"]) else None
+        return found if found is not None and owned_by(found, meta["uid"]) else None
 
     def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
@@ -190,17 +179,18 @@ class Reconciler:
         return deployment
 
     def _live_children(self, owner: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any] | None]:
-        """The planned children as they are now, by path (None: absent), each adopted by `owner`;
-        ChildrenBlocked (OwnershipConflict) when one exists and is not `owner`'s."""
-        uid = owner["metadata"]["uid"]
+        """The planned children as they are now, by path (None: absent), each given `owner`'s owner reference;
+        ChildrenBlocked (OwnershipConflict) when one exists, is not `owner`'s and is no orphan it may adopt
+        (ownership.py)."""
+        meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
             kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
             path = k.path_of(child)
             live[path] = self.kube.get(path)
             found = live[path]
-            if found is not None and not _owned_by(found, uid):
-                raise ChildrenBlocked("OwnershipConflict", _conflict_message(child, found))
+            if found is not None and not owned_by(found, meta["uid"]) and not adoptable(found, meta["name"]):
+                raise ChildrenBlocked("OwnershipConflict", conflict_message(child, found))
         return live
 
     def _dry_run(self, child: dict[str, Any]) -> None:
@@ -236,20 +226,31 @@ class Reconciler:
         what = f"{child['kind']} {child['metadata']['name']}"
         if before is None:
             self.post_event(owner, "Normal", "Created", f"created {what}")
+        elif not owned_by(before, owner["metadata"]["uid"]):
+            self.post_event(owner, "Normal", "Adopted",
+                            f"adopted {what}: it had no owner and carries this InferenceService's labels; "
+                            "updated it to match the spec")
         elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
 
     def _remove_unwanted(self, owner: dict[str, Any], plan: Plan) -> None:
-        """Delete the children the spec no longer asks for (only `owner`'s own)."""
+        """Delete the children the spec no longer asks for: `owner`'s own, and orphans it would adopt (an orphaned
+        HPA left by a deleted autoscaled InferenceService would otherwise keep scaling the adopted Deployment)."""
         meta = owner["metadata"]
         for api_version, kind in plan.remove:
             path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
             found = self.kube.get(path)
-            if found is not None and _owned_by(found, meta["uid"]):
-                self.kube.delete(path)
-                self.post_event(owner, "Normal", "Deleted",
-                                f"deleted {kind} {meta['name']}: the spec no longer asks for it")
+            if found is None:
+                continue
+            if owned_by(found, meta["uid"]):
+                why = "the spec no longer asks for it"
+            elif adoptable(found, meta["name"]):
+                why = "an orphan with this InferenceService's labels that the spec does not ask for"
+            else:
+                continue
+            self.kube.delete(path, uid=found["metadata"]["uid"])
+            self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
                       deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:

@@ -286,6 +286,25 @@ def test_a_name_taken_by_someone_elses_object_is_a_conflict_and_nothing_is_appli
     assert cluster.kube.get(child_path("Service" if kind == "Deployment" else "Deployment", namespace, name)) is None
 
 
+def test_a_deployment_labelled_for_another_inferenceservice_is_not_adopted(operator_process, cluster, namespace):
+    """Only an ownerless object with this InferenceService's own labels is adopted: one whose labels name another
+    InferenceService (or none) stays someone else's, so creating an InferenceService never takes over a Deployment
+    (and the Service's traffic) that its author could not edit."""
+    labels = {"app.kubernetes.io/managed-by": "flotilla-operator", "serving.flotilla.dev/inferenceservice": "other"}
+    theirs = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "taken", "namespace": namespace,
+                                                                         "labels": labels},
+              "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+                  "metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}
+    cluster.apply(theirs)
+    path = child_path("Deployment", namespace, "taken")
+    seen = _observable(cluster.kube.get(path))
+    cluster.apply(fis("taken", namespace, autoscaling=None))
+    body = _blocked(cluster, namespace, "taken", "OwnershipConflict")
+    assert "Deployment taken already exists and is not owned by any object" in condition(body, "Degraded")["message"]
+    assert _observable(cluster.kube.get(path)) == seen
+    assert cluster.kube.get(child_path("Service", namespace, "taken")) is None
+
+
 def test_an_object_owned_by_another_owner_is_named_in_the_conflict(operator_process, cluster, namespace):
     owner = cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps",
                                  {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})

@@ -490,6 +490,62 @@ def test_deleting_the_inferenceservice_garbage_collects_every_child(op, namespac
     del pods
 
 
+def _delete_orphaning(op, operator_process, namespace: str, name: str, kinds: list[str]) -> None:
+    """What `kubectl delete fis NAME --cascade=orphan` leaves: the InferenceService gone, its children without owner
+    references. Done by hand as the garbage collector does it, with the operator stopped (a reconcile under way would
+    put the references back): the collector of a control plane started seconds ago may not have the children in its
+    graph yet and then deletes them as dangling instead (seen here), which is its race, not the operator's."""
+    operator_process.stop()
+    for kind in kinds:
+        op.kube.request("PATCH", child_path(kind, namespace, name), {"metadata": {"ownerReferences": None}}, None,
+                        "application/merge-patch+json")
+    op.kube.delete(fis_path(namespace, name))
+    wait_for(lambda: op.kube.get(fis_path(namespace, name)) is None, 30, f"{name} gone")
+    operator_process.start()
+    for kind in kinds:
+        orphan = op.kube.get(child_path(kind, namespace, name))
+        assert orphan is not None and not orphan["metadata"].get("ownerReferences"), (kind, orphan)
+
+
+def test_children_orphaned_by_a_cascade_orphan_delete_are_adopted_by_the_next_inferenceservice(operator_process, op,
+                                                                                                namespace):
+    """`kubectl delete fis NAME --cascade=orphan` keeps the children (the garbage collector strips their owner
+    references) and is how an object is recreated without taking its pods down. The next InferenceService of that
+    name adopts the orphans that carry its labels (same objects, same pods, its owner reference, an Adopted Event)
+    instead of reading OwnershipConflict for ever; an orphaned HPA the new spec does not ask for is deleted, or it
+    would keep scaling the adopted Deployment."""
+    op.set_optional_crds(False)
+    op.apply(fis("moved", namespace, autoscaling={"minReplicas": 2, "maxReplicas": 3, "target": 4}))
+    kinds = ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
+    before = wait_children(op, namespace, "moved", kinds)
+    _delete_orphaning(op, operator_process, namespace, "moved", kinds)
+
+    op.apply(fis("moved", namespace, autoscaling=None, replicas=3))
+    uid = op.kube.get(fis_path(namespace, "moved"))["metadata"]["uid"]
+
+    def adopted(kind: str) -> dict[str, Any] | None:
+        obj = op.kube.get(child_path(kind, namespace, "moved"))
+        return obj if obj and [r["uid"] for r in obj["metadata"].get("ownerReferences", [])] == [uid] else None
+
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        obj = wait_for(lambda k=kind: adopted(k), 30, f"the {kind} adopted")
+        assert obj["metadata"]["uid"] == before[kind]["metadata"]["uid"], f"{kind} was recreated, not adopted"
+    wait_for(lambda: op.kube.get(child_path("Deployment", namespace, "moved"))["spec"]["replicas"] == 3, 20,
+             "the adopted Deployment converged on the new spec")
+    wait_for(lambda: op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "moved")) is None, 20,
+             "the orphaned HPA deleted")
+    body = wait_for(lambda: (b := op.kube.get(fis_path(namespace, "moved"))) and condition(b, "Progressing") and b, 20,
+                    "the adopting InferenceService's status")
+    assert condition(body, "Progressing")["reason"] != "OwnershipConflict"
+    assert body["status"]["phase"] != "Failed"
+    events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"].get("uid") == uid and e["reason"] == "Adopted"], 10,
+                      "the Adopted Events")
+    assert {e["message"].split(":")[0] for e in events} == {"adopted Deployment moved", "adopted Service moved",
+                                                             "adopted PodDisruptionBudget moved"}
+    assert {e["type"] for e in events} == {"Normal"}
+
+
 def test_pod_extras_reach_the_live_deployment(op, namespace):
     doc = fixed("extras", namespace, replicas=1)
     doc["spec"]["pod"] = {
