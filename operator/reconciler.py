@@ -18,7 +18,7 @@ import kopf
 
 from flotilla.operator import kube as k
 from flotilla.operator.admission import Review, review
-from flotilla.operator.autoscaling import REPLICAS_HANDOVER_MANAGER, replicas_handover
+from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOVER_MANAGER, replicas_handover
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
@@ -141,8 +141,11 @@ class Reconciler:
             plan, deployment, blocked = None, None, None
             if result.errors:
                 # Keep the children as they are: rolling out a spec the engine refuses would take
-                # serving replicas down. Status says so.
+                # serving replicas down. Status says so. Scaling to zero still works (freeing the GPUs must not
+                # wait for the spec to be fixed, e.g. after an upgrade whose stricter rules refuse it).
                 deployment = self._own_deployment(body)
+                if deployment is not None and (body.get("spec") or {}).get("replicas") == 0:
+                    deployment = self._scale_refused_to_zero(body, deployment)
             else:
                 assert result.spec is not None
                 plan = plan_children(result.spec, name, namespace, discover(self.kube))
@@ -159,6 +162,33 @@ class Reconciler:
         meta = owner["metadata"]
         found = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
         return found if found is not None and owned_by(found, meta["uid"]) else None
+
+    def _scale_refused_to_zero(self, owner: dict[str, Any], deployment: dict[str, Any]) -> dict[str, Any]:
+        """spec.replicas 0 on a refused spec: the owned Deployment (the last valid configuration) scaled to 0 by a
+        merge patch of `replicas` alone, and the owned autoscaler deleted (KEDA would scale it back up); returns the
+        Deployment. Nothing else of the refused spec is applied."""
+        meta = owner["metadata"]
+        what = f"Deployment {meta['name']}"
+        if deployment["spec"].get("replicas") != 0:
+            deployment = self.kube.request("PATCH", k.path_of(deployment), {"spec": {"replicas": 0}},
+                                           {"fieldManager": REFUSED_SCALE_MANAGER}, "application/merge-patch+json")
+            self._written[_key(deployment)] = deployment["metadata"]["resourceVersion"]
+            self.post_event(owner, "Normal", "ScaledToZero",
+                            f"scaled {what} to 0 replicas as spec.replicas asks; the rest of the spec is refused and "
+                            "not applied")
+        caps = discover(self.kube)
+        autoscalers = [(caps.hpa_version, "HorizontalPodAutoscaler"), ("keda.sh/v1alpha1" if caps.keda else None,
+                                                                       "ScaledObject")]
+        for api_version, kind in autoscalers:
+            if api_version is None:
+                continue
+            path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
+            found = self.kube.get(path)
+            if found is not None and owned_by(found, meta["uid"]):
+                self.kube.delete(path, uid=found["metadata"]["uid"])
+                self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: spec.replicas is 0, "
+                                "which suspends autoscaling")
+        return deployment
 
     def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.

@@ -177,7 +177,11 @@ def _fit_checked(fit: FitReport | None) -> _Verdict:
 
 def _kept(seen: Observation) -> str:
     """What a refused spec leaves running, for its messages."""
-    return " (the last valid configuration keeps running)" if seen.deployment is not None else ""
+    if seen.deployment is None:
+        return ""
+    if seen.deployment.get("spec", {}).get("replicas", 1) == 0:
+        return " (the last valid configuration is kept, scaled to zero as spec.replicas asks)"
+    return " (the last valid configuration keeps running)"
 
 
 def _zero(seen: Observation) -> str:

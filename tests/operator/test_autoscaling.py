@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flotilla.operator.autoscaling import (
+    REFUSED_SCALE_MANAGER,
     build_hpa,
     build_scaled_object,
     desired_replicas,
@@ -128,3 +129,13 @@ def test_handover_keeps_the_live_replicas_but_resumes_a_deployment_at_zero_at_mi
     handover = replicas_handover(applied, _applied_by("op", live), "op", min_replicas=2)
     assert handover is not None and handover["spec"] == {"replicas": handed_over}
     assert replicas_handover(applied, _applied_by("someone", live), "op", min_replicas=2) is None
+
+
+
+def test_a_deployment_scaled_to_zero_while_its_spec_was_refused_is_handed_back_to_the_autoscaler():
+    applied = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "namespace": "ns"},
+               "spec": {"template": {}}}
+    live = _applied_by(REFUSED_SCALE_MANAGER, 0)
+    live["metadata"]["managedFields"][0]["operation"] = "Update"  # a merge patch, not an apply
+    handover = replicas_handover(applied, live, "op", min_replicas=3)
+    assert handover is not None and handover["spec"] == {"replicas": 3}

@@ -359,6 +359,40 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
     _no_children(cluster, namespace, "zero")
 
 
+def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator_process, cluster, namespace):
+    """A spec the rules refuse (stored while the webhook was down, or refused by an upgrade's stricter rules) keeps
+    its last valid Deployment running, and nothing of it is applied. `kubectl scale fis --replicas 0` must still free
+    the GPUs: the Deployment goes to 0 and its autoscaler is deleted (nothing else changes); fixed, the spec brings
+    the autoscaler back and the Deployment restarts at minReplicas."""
+    autoscaling = {"minReplicas": 2, "maxReplicas": 4, "target": 4}
+    cluster.set_optional_crds(False)
+    cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))
+    deployment_path = child_path("Deployment", namespace, "frozen")
+    before = wait_children(cluster, namespace, "frozen", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]
+    operator_process.kill()
+    try:
+        cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling, model=ZERO_HEAD_MODEL))
+    finally:
+        operator_process.start()
+    wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "frozen")), "Valid").get("status") == "False",
+             20, "Valid=False")
+    cluster.kube.request("PATCH", f"{fis_path(namespace, 'frozen')}/scale", {"spec": {"replicas": 0}}, None,
+                         "application/merge-patch+json")
+    wait_for(lambda: cluster.kube.get(deployment_path)["spec"]["replicas"] == 0, 20, "the Deployment at 0")
+    wait_for(lambda: cluster.kube.get(child_path("HorizontalPodAutoscaler", namespace, "frozen")) is None, 20,
+             "the HPA deleted")
+    deployment = cluster.kube.get(deployment_path)
+    assert deployment["spec"]["template"] == before["spec"]["template"]  # the last valid configuration, kept
+    body = wait_for(lambda: "scaled to zero" in condition(b := cluster.kube.get(fis_path(namespace, "frozen")),
+                                                          "Progressing").get("message", "") and b, 20,
+                    "status saying the kept configuration is scaled to zero")
+    assert condition(body, "Valid")["status"] == "False"
+
+    cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))  # fixed
+    wait_children(cluster, namespace, "frozen", ["HorizontalPodAutoscaler"])
+    wait_for(lambda: cluster.kube.get(deployment_path)["spec"]["replicas"] == 2, 20, "the Deployment at minReplicas")
+
+
 def test_a_spec_stored_while_the_webhook_was_down_runs_the_admins_engine_image(operator_process, cluster, namespace):
     # The admin's engine image (--engine-image: a mirror, a vetted build) stands in for the stock one through the
     # mutating webhook. Admitted while the operator was away (failure policy Ignore), the spec kept the stock image
