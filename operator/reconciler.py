@@ -244,6 +244,11 @@ class Reconciler:
         """Apply `child` (live as `before`), remember the write as ours, post Created or Updated when it
         changed something; returns the child as applied."""
         deployment = child["kind"] == "Deployment"
+        if deployment and before is None and "replicas" not in child["spec"]:
+            # A new autoscaled Deployment starts at minReplicas, not at the apiserver's default of 1 until the
+            # autoscaler's first sync (a second wave of GPU pods minutes behind the first); the next apply, without
+            # `replicas`, hands the field to the autoscaler (replicas_handover).
+            child = {**child, "spec": {"replicas": min_replicas, **child["spec"]}}
         handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
         if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
             self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)

@@ -232,7 +232,17 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
     op.set_optional_crds(False)
     op.apply(fis("auto", namespace, replicas=1, autoscaling={"minReplicas": 2, "maxReplicas": 4, "target": 4}))
     deployment_path = child_path("Deployment", namespace, "auto")
-    wait_children(op, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])
+    created = wait_children(op, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]
+    # Created at minReplicas, not the apiserver's default of 1 until the HPA's first sync; the next reconcile (the
+    # resync, every 5 s here) hands the field over and it stays at 2.
+    assert created["spec"]["replicas"] == 2
+
+    def replicas_managers() -> set[str]:
+        return {f["manager"] for f in op.kube.get(deployment_path)["metadata"]["managedFields"]
+                if "f:replicas" in (f.get("fieldsV1") or {}).get("f:spec", {})}
+
+    wait_for(lambda: "flotilla-operator" not in replicas_managers(), 20, "the replicas handed over")
+    assert op.kube.get(deployment_path)["spec"]["replicas"] == 2
 
     def fis_status():
         return op.kube.get(fis_path(namespace, "auto")).get("status") or {}
@@ -253,9 +263,7 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
     wait_for(lambda: op.kube.get(deployment_path)["spec"]["replicas"] == 2, 20, "the Deployment back at minReplicas")
     wait_for(lambda: fis_status()["autoscaler"] == "HPA (autoscaling/v2beta2)", 20, "status.autoscaler the HPA")
     # The autoscaler owns the replicas again: the operator applies none.
-    managers = {f["manager"] for f in op.kube.get(deployment_path)["metadata"]["managedFields"]
-                if "f:replicas" in (f.get("fieldsV1") or {}).get("f:spec", {})}
-    assert "flotilla-operator" not in managers
+    assert "flotilla-operator" not in replicas_managers()
 
     _scale(op, namespace, "auto", 9)
     valid = wait_for(lambda: "has no effect" in (c := condition({"status": fis_status()}, "Valid")).get("message", "")
