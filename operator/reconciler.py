@@ -60,6 +60,12 @@ def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["kind"], meta.get("namespace", ""), meta["name"]
 
 
+def _visible(obj: dict[str, Any]) -> tuple[Any, Any]:
+    """What an Updated Event is about: the spec and labels (not managedFields, which a handover of `replicas` between
+    field managers changes alone)."""
+    return obj.get("spec"), obj["metadata"].get("labels")
+
+
 class ChildrenBlocked(Exception):
     """Nothing was applied: a child exists but belongs to someone else, or the API server refused one.
 
@@ -265,7 +271,7 @@ class Reconciler:
             self.post_event(owner, "Normal", "Adopted",
                             f"adopted {what}: it had no owner and carries this InferenceService's labels; "
                             "updated it to match the spec")
-        elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
+        elif _visible(before) != _visible(applied):
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
 
