@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from flotilla.operator.names import INFERENCESERVICE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from flotilla.operator.spec import KIND
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:
@@ -38,6 +39,11 @@ def conflict_message(child: dict[str, Any], found: dict[str, Any]) -> str:
     whose = f"owned by {', '.join(owners)}" if owners else "not owned by any object"
     if meta.get("deletionTimestamp"):
         whose += " and is being deleted"
+    name = child["metadata"]["name"]
+    if any(r.get("kind") == KIND and r.get("name") == name for r in meta.get("ownerReferences") or []):
+        # A deleted InferenceService's child the garbage collector has not removed yet (or one restored from a backup
+        # with its old owner reference): it goes by itself, and the retries then create this one's.
+        whose += " (an earlier InferenceService of this name, deleted: the garbage collector removes it)"
     return (f"{child['kind']} {child['metadata']['name']} already exists and is {whose}, not by this "
             "InferenceService; the operator leaves it untouched and applies nothing: rename the "
             "InferenceService, or delete that object if it is no longer needed")

@@ -48,3 +48,10 @@ def test_the_conflict_names_the_owners_and_a_deletion_under_way():
         child, _obj({}, deleting=True))
     assert "is owned by ConfigMap app, not by" in conflict_message(
         child, _obj({}, owners=[{"kind": "ConfigMap", "name": "app", "uid": "c1"}]))
+
+
+def test_a_child_of_an_earlier_inferenceservice_of_the_name_says_it_will_go():
+    child = {"kind": "Deployment", "metadata": {"name": "llama"}}
+    message = conflict_message(child, _obj(OURS, owners=[{**OWNER, "uid": "u0"}]))
+    assert "is owned by InferenceService llama (an earlier InferenceService of this name, deleted: the garbage " \
+           "collector removes it), not by this InferenceService" in message
