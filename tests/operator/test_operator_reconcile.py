@@ -224,15 +224,21 @@ def _scale(op, namespace: str, name: str, replicas: int) -> None:
                     "application/merge-patch+json")
 
 
-def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_until_scaled_up(op, namespace):
-    """`kubectl scale fis --replicas 0` with autoscaling set did nothing visible (the HPA owned the replicas and
-    spec.replicas was ignored). Now the HPA is removed (it would scale back to minReplicas), the Deployment goes to 0,
-    status says the autoscaler is suspended; scaling to 1 or more brings the HPA back and restarts the Deployment at
-    minReplicas (an HPA does not act on a target at 0). A replica count past maxReplicas is a warning in Valid."""
-    op.set_optional_crds(False)
+@pytest.mark.parametrize(("keda", "autoscaler", "status_autoscaler"), [
+    (False, "HorizontalPodAutoscaler", "HPA (autoscaling/v2beta2)"),
+    (True, "ScaledObject", "KEDA ScaledObject (keda.sh/v1alpha1)"),
+])
+def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_until_scaled_up(
+        op, namespace, keda, autoscaler, status_autoscaler):
+    """`kubectl scale fis --replicas 0` with autoscaling set did nothing visible (the autoscaler owned the replicas
+    and spec.replicas was ignored). Now the HPA or KEDA ScaledObject is removed (KEDA would scale back to
+    minReplicas), the Deployment goes to 0, status says the autoscaler is suspended; scaling to 1 or more brings the
+    autoscaler back and restarts the Deployment at minReplicas (an HPA does not act on a target at 0). A replica
+    count past maxReplicas is a warning in Valid."""
+    op.set_optional_crds(keda)
     op.apply(fis("auto", namespace, replicas=1, autoscaling={"minReplicas": 2, "maxReplicas": 4, "target": 4}))
     deployment_path = child_path("Deployment", namespace, "auto")
-    created = wait_children(op, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]
+    created = wait_children(op, namespace, "auto", ["Deployment", autoscaler])["Deployment"]
     # Created at minReplicas, not the apiserver's default of 1 until the HPA's first sync; the next reconcile (the
     # resync, every 5 s here) hands the field over and it stays at 2.
     assert created["spec"]["replicas"] == 2
@@ -252,20 +258,19 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
         return op.kube.get(fis_path(namespace, "auto")).get("status") or {}
 
     _scale(op, namespace, "auto", 0)
-    wait_for(lambda: op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "auto")) is None, 20,
-             "the HPA removed")
+    wait_for(lambda: op.kube.get(child_path(autoscaler, namespace, "auto")) is None, 20, f"the {autoscaler} removed")
     assert op.kube.get(deployment_path)["spec"]["replicas"] == 0
     status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
     assert status["autoscaler"].startswith("suspended: spec.replicas is 0")
     assert condition({"status": status}, "Ready")["message"].endswith("autoscaling is suspended until it is 1 or more")
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "auto" and e["reason"] == "Deleted"
-                      and "HorizontalPodAutoscaler" in e["message"]], 10, "the Event of the HPA's removal")
+                      and autoscaler in e["message"]], 10, "the Event of the autoscaler's removal")
 
     _scale(op, namespace, "auto", 1)
-    wait_children(op, namespace, "auto", ["HorizontalPodAutoscaler"])
+    wait_children(op, namespace, "auto", [autoscaler])
     wait_for(lambda: op.kube.get(deployment_path)["spec"]["replicas"] == 2, 20, "the Deployment back at minReplicas")
-    wait_for(lambda: fis_status()["autoscaler"] == "HPA (autoscaling/v2beta2)", 20, "status.autoscaler the HPA")
+    wait_for(lambda: fis_status()["autoscaler"] == status_autoscaler, 20, "status.autoscaler back")
     # The autoscaler owns the replicas again: the operator applies none.
     assert "flotilla-operator" not in replicas_managers()
 
