@@ -203,6 +203,17 @@ def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> l
     return [f"spec.autoscaling.prometheusAddress: {problem}"] if problem else []
 
 
+def _replicas_notes(spec: InferenceServiceSpec) -> list[str]:
+    """A warning when spec.replicas asks for more than the autoscaler may keep (`kubectl scale --replicas 20`), which
+    would otherwise change nothing visible: only 0 overrides the autoscaler."""
+    a = spec.autoscaling
+    if a is None or not spec.autoscaled or spec.replicas <= a.max_replicas:
+        return []
+    return [f"spec.replicas ({spec.replicas}) has no effect while autoscaling is set: the autoscaler keeps "
+            f"{a.min_replicas} to {a.max_replicas} replicas (raise autoscaling.maxReplicas instead); only "
+            "spec.replicas 0 overrides it, scaling to zero until it is 1 or more again"]
+
+
 def _settled(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> InferenceServiceSpec:
     """The spec as the children are built from it: the policy's choices for what the spec leaves to the cluster."""
     if spec.image == DEFAULT_IMAGE and policy.engine_image != DEFAULT_IMAGE:
@@ -227,6 +238,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))
+    result.warnings.extend(_replicas_notes(parsed))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":
         result.errors.append(f"fit check: {result.fit.message}")

@@ -95,28 +95,33 @@ def build_hpa(spec: InferenceServiceSpec, name: str, namespace: str,
 
 # Who holds the Deployment's replicas between the operator's last apply with them and the autoscaler's first write.
 REPLICAS_HANDOVER_MANAGER = "flotilla-operator-handover"
+# Who scales the Deployment to zero while the spec is refused (reconciler.py): the rest of it is not applied then.
+REFUSED_SCALE_MANAGER = "flotilla-operator-scale"
 
 
-def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, manager: str) -> dict[str, Any] | None:
-    """The apply (as REPLICAS_HANDOVER_MANAGER) that keeps the live Deployment's replicas when autoscaling turns on,
-    or None when nothing needs handing over.
+def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, manager: str,
+                      min_replicas: int = 1) -> dict[str, Any] | None:
+    """The apply (as REPLICAS_HANDOVER_MANAGER) that keeps the live Deployment's replicas when autoscaling turns on
+    (or resumes), or None when nothing needs handing over.
 
     With autoscaling the Deployment is applied without `replicas` (the autoscaler owns it). Server-side apply
     removes a field that its only manager stops applying, and the apiserver defaults a missing `replicas` to 1: turning
     autoscaling on for a Deployment of 3 would delete 2 serving replicas until the autoscaler scales back up.
     Kubernetes' answer (server-side apply, "Transferring ownership") is another manager applying the same value
-    first, so the field stays when `manager` lets go of it.
+    first, so the field stays when `manager` lets go of it. A Deployment at 0 replicas (autoscaling was suspended by
+    spec.replicas 0) is handed over at `min_replicas` instead: an HPA does not act on a target scaled to 0.
     """
-    if live is None or "replicas" in applied["spec"] or not _applies_replicas(live, manager):
+    if live is None or "replicas" in applied["spec"] or not (
+            _applies_replicas(live, manager) or _applies_replicas(live, REFUSED_SCALE_MANAGER, "Update")):
         return None
     meta = applied["metadata"]
     return {"apiVersion": applied["apiVersion"], "kind": applied["kind"],
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"replicas": live["spec"].get("replicas", 1)}}
+            "spec": {"replicas": live["spec"].get("replicas", 1) or min_replicas}}
 
 
-def _applies_replicas(obj: dict[str, Any], manager: str) -> bool:
-    return any(entry.get("manager") == manager and entry.get("operation") == "Apply"
+def _applies_replicas(obj: dict[str, Any], manager: str, operation: str = "Apply") -> bool:
+    return any(entry.get("manager") == manager and entry.get("operation") == operation
                and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
                for entry in obj["metadata"].get("managedFields") or [])
 

@@ -2,7 +2,7 @@
 
 The builders say what each object looks like; this module says which of them to apply, at which
 API version, and which kinds must not exist (so a child is removed when the spec stops asking for
-it: autoscaling dropped, replicas down to one, ServiceMonitor switched off).
+it: autoscaling dropped or suspended by spec.replicas 0, replicas down to one, ServiceMonitor switched off).
 """
 
 from __future__ import annotations
@@ -27,11 +27,15 @@ class Plan:
     remove: list[tuple[str, str]] = field(default_factory=list)
     autoscaler: str = "none"
     monitoring: str = ""
+    # What a Deployment scaled to zero restarts with when an autoscaler takes its replicas over again (an HPA does
+    # not act on a target at 0 replicas).
+    min_replicas: int = 1
 
 
 def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: Capabilities) -> Plan:
     """Decide the children for a valid spec on a cluster with `caps`."""
-    plan = Plan(apply=[build_deployment(spec, name, namespace), build_service(name, namespace)])
+    plan = Plan(apply=[build_deployment(spec, name, namespace), build_service(name, namespace)],
+                min_replicas=spec.autoscaling.min_replicas if spec.autoscaling else 1)
 
     def want(obj: dict[str, Any] | None, api_version: str | None, kind: str) -> None:
         if api_version is None:
@@ -42,15 +46,19 @@ def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: C
             plan.apply.append(obj)
 
     # KEDA, when installed, makes its own HPA from the ScaledObject; two autoscalers would fight.
-    scaled_object = build_scaled_object(spec, name, namespace) if caps.keda else None
+    # spec.replicas 0 suspends autoscaling: neither exists, so none scales the Deployment back up.
+    scaled_object = build_scaled_object(spec, name, namespace) if caps.keda and spec.autoscaled else None
     hpa = None
-    if not caps.keda and caps.hpa_version:
+    if not caps.keda and caps.hpa_version and spec.autoscaled:
         # Ignored below: caps.hpa_version is a str that from_group_list picked from HPA_API_VERSIONS.
         hpa = build_hpa(spec, name, namespace, api_version=caps.hpa_version)  # type: ignore[arg-type]  # see above
     want(scaled_object, "keda.sh/v1alpha1" if caps.keda else None, "ScaledObject")
     want(hpa, caps.hpa_version, "HorizontalPodAutoscaler")
     if spec.autoscaling is None:
         plan.autoscaler = "none"
+    elif not spec.autoscaled:
+        plan.autoscaler = ("suspended: spec.replicas is 0, so the engine is scaled to zero; set it to 1 or more "
+                           "(kubectl scale) to resume autoscaling")
     elif scaled_object:
         plan.autoscaler = "KEDA ScaledObject (keda.sh/v1alpha1)"
     elif hpa:

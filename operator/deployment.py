@@ -151,8 +151,8 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
 def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> dict[str, Any]:
     """The engine Deployment: `flotilla serve /model <flags>` with GPUs, probes and a graceful drain.
 
-    `replicas` is left out while autoscaling is set, so the autoscaler owns it and re-applying the
-    Deployment does not fight the HPA.
+    `replicas` is left out while an autoscaler owns it (`spec.autoscaled`), so re-applying the Deployment does
+    not fight the HPA; spec.replicas 0 is applied even with autoscaling set (scaled to zero, autoscaler suspended).
     """
     volume, mount, init_containers = model_volume(spec, download_cache_size(spec))
     tokenizer_volumes, tokenizer_mounts, tokenizer_inits = tokenizer_volume(spec)
@@ -189,7 +189,7 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
                                                                 "maxSurge": spec.rollout.max_surge}},
         "template": {"metadata": _pod_metadata(spec, name), "spec": pod_spec},
     }
-    if spec.autoscaling is None:
+    if not spec.autoscaled:
         deployment_spec = {"replicas": spec.replicas, **deployment_spec}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": names.metadata(name, namespace),
             "spec": deployment_spec}

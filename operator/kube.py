@@ -123,10 +123,14 @@ class Kube:
         query = {"labelSelector": label_selector} if label_selector else None
         return self.request("GET", path, query=query).get("items", [])
 
-    def delete(self, path: str) -> None:
-        """Delete with background propagation (the garbage collector removes what the object owns)."""
+    def delete(self, path: str, uid: str | None = None) -> None:
+        """Delete with background propagation (the garbage collector removes what the object owns); with `uid`,
+        only that very object (a precondition: one recreated under the same name since it was read stays)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", path, {"propagationPolicy": "Background"})
+            self.request("DELETE", path, body)
         except KubeError as e:
             if e.status != 404:
                 raise

@@ -18,9 +18,10 @@ import kopf
 
 from flotilla.operator import kube as k
 from flotilla.operator.admission import Review, review
-from flotilla.operator.autoscaling import REPLICAS_HANDOVER_MANAGER, replicas_handover
+from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOVER_MANAGER, replicas_handover
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
+from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
@@ -59,16 +60,10 @@ def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["kind"], meta.get("namespace", ""), meta["name"]
 
 
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
-
-
-def _conflict_message(child: dict[str, Any], found: dict[str, Any]) -> str:
-    owners = [f"{r.get('kind')} {r.get('name')}" for r in found["metadata"].get("ownerReferences", [])]
-    whose = f"owned by {', '.join(owners)}" if owners else "not owned by any object"
-    return (f"{child['kind']} {child['metadata']['name']} already exists and is {whose}, not by this "
-            "InferenceService; the operator leaves it untouched and applies nothing: rename the "
-            "InferenceService, or delete that object if it is no longer needed")
+def _visible(obj: dict[str, Any]) -> tuple[Any, Any]:
+    """What an Updated Event is about: the spec and labels (not managedFields, which a handover of `replicas` between
+    field managers changes alone)."""
+    return obj.get("spec"), obj["metadata"].get("labels")
 
 
 class ChildrenBlocked(Exception):
@@ -152,8 +147,11 @@ class Reconciler:
             plan, deployment, blocked = None, None, None
             if result.errors:
                 # Keep the children as they are: rolling out a spec the engine refuses would take
-                # serving replicas down. Status says so.
+                # serving replicas down. Status says so. Scaling to zero still works (freeing the GPUs must not
+                # wait for the spec to be fixed, e.g. after an upgrade whose stricter rules refuse it).
                 deployment = self._own_deployment(body)
+                if deployment is not None and (body.get("spec") or {}).get("replicas") == 0:
+                    deployment = self._scale_refused_to_zero(body, deployment)
             else:
                 assert result.spec is not None
                 plan = plan_children(result.spec, name, namespace, discover(self.kube))
@@ -169,7 +167,34 @@ class Reconciler:
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
         found = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
-        return found if found is not None and _owned_by(found, meta["uid"]) else None
+        return found if found is not None and owned_by(found, meta["uid"]) else None
+
+    def _scale_refused_to_zero(self, owner: dict[str, Any], deployment: dict[str, Any]) -> dict[str, Any]:
+        """spec.replicas 0 on a refused spec: the owned Deployment (the last valid configuration) scaled to 0 by a
+        merge patch of `replicas` alone, and the owned autoscaler deleted (KEDA would scale it back up); returns the
+        Deployment. Nothing else of the refused spec is applied."""
+        meta = owner["metadata"]
+        what = f"Deployment {meta['name']}"
+        if deployment["spec"].get("replicas") != 0:
+            deployment = self.kube.request("PATCH", k.path_of(deployment), {"spec": {"replicas": 0}},
+                                           {"fieldManager": REFUSED_SCALE_MANAGER}, "application/merge-patch+json")
+            self._written[_key(deployment)] = deployment["metadata"]["resourceVersion"]
+            self.post_event(owner, "Normal", "ScaledToZero",
+                            f"scaled {what} to 0 replicas as spec.replicas asks; the rest of the spec is refused and "
+                            "not applied")
+        caps = discover(self.kube)
+        autoscalers = [(caps.hpa_version, "HorizontalPodAutoscaler"), ("keda.sh/v1alpha1" if caps.keda else None,
+                                                                       "ScaledObject")]
+        for api_version, kind in autoscalers:
+            if api_version is None:
+                continue
+            path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
+            found = self.kube.get(path)
+            if found is not None and owned_by(found, meta["uid"]):
+                self.kube.delete(path, uid=found["metadata"]["uid"])
+                self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: spec.replicas is 0, "
+                                "which suspends autoscaling")
+        return deployment
 
     def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
@@ -183,24 +208,25 @@ class Reconciler:
             self._dry_run(child)
         deployment = None
         for child in plan.apply:
-            applied = self._write_child(owner, child, live[k.path_of(child)])
+            applied = self._write_child(owner, child, live[k.path_of(child)], plan.min_replicas)
             if child["kind"] == "Deployment":
                 deployment = applied
         self._remove_unwanted(owner, plan)
         return deployment
 
     def _live_children(self, owner: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any] | None]:
-        """The planned children as they are now, by path (None: absent), each adopted by `owner`;
-        ChildrenBlocked (OwnershipConflict) when one exists and is not `owner`'s."""
-        uid = owner["metadata"]["uid"]
+        """The planned children as they are now, by path (None: absent), each given `owner`'s owner reference;
+        ChildrenBlocked (OwnershipConflict) when one exists, is not `owner`'s and is no orphan it may adopt
+        (ownership.py)."""
+        meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
             kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
             path = k.path_of(child)
             live[path] = self.kube.get(path)
             found = live[path]
-            if found is not None and not _owned_by(found, uid):
-                raise ChildrenBlocked("OwnershipConflict", _conflict_message(child, found))
+            if found is not None and not owned_by(found, meta["uid"]) and not adoptable(found, meta["name"]):
+                raise ChildrenBlocked("OwnershipConflict", conflict_message(child, found))
         return live
 
     def _dry_run(self, child: dict[str, Any]) -> None:
@@ -220,12 +246,17 @@ class Reconciler:
             raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
 
     def _write_child(self, owner: dict[str, Any], child: dict[str, Any],
-                     before: dict[str, Any] | None) -> dict[str, Any]:
+                     before: dict[str, Any] | None, min_replicas: int) -> dict[str, Any]:
         """Apply `child` (live as `before`), remember the write as ours, post Created or Updated when it
         changed something; returns the child as applied."""
         deployment = child["kind"] == "Deployment"
-        handover = replicas_handover(child, before, k.FIELD_MANAGER) if deployment else None
-        if handover is not None:  # autoscaling turned on: the replicas stay as they are for the autoscaler
+        if deployment and before is None and "replicas" not in child["spec"]:
+            # A new autoscaled Deployment starts at minReplicas, not at the apiserver's default of 1 until the
+            # autoscaler's first sync (a second wave of GPU pods minutes behind the first); the next apply, without
+            # `replicas`, hands the field to the autoscaler (replicas_handover).
+            child = {**child, "spec": {"replicas": min_replicas, **child["spec"]}}
+        handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
+        if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
             self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
         applied = self.kube.apply(child)
         reset = host_namespaces_reset(applied) if deployment else None
@@ -236,20 +267,31 @@ class Reconciler:
         what = f"{child['kind']} {child['metadata']['name']}"
         if before is None:
             self.post_event(owner, "Normal", "Created", f"created {what}")
-        elif before["metadata"]["resourceVersion"] != applied["metadata"]["resourceVersion"]:
+        elif not owned_by(before, owner["metadata"]["uid"]):
+            self.post_event(owner, "Normal", "Adopted",
+                            f"adopted {what}: it had no owner and carries this InferenceService's labels; "
+                            "updated it to match the spec")
+        elif _visible(before) != _visible(applied):
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
 
     def _remove_unwanted(self, owner: dict[str, Any], plan: Plan) -> None:
-        """Delete the children the spec no longer asks for (only `owner`'s own)."""
+        """Delete the children the spec no longer asks for: `owner`'s own, and orphans it would adopt (an orphaned
+        HPA left by a deleted autoscaled InferenceService would otherwise keep scaling the adopted Deployment)."""
         meta = owner["metadata"]
         for api_version, kind in plan.remove:
             path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
             found = self.kube.get(path)
-            if found is not None and _owned_by(found, meta["uid"]):
-                self.kube.delete(path)
-                self.post_event(owner, "Normal", "Deleted",
-                                f"deleted {kind} {meta['name']}: the spec no longer asks for it")
+            if found is None:
+                continue
+            if owned_by(found, meta["uid"]):
+                why = "the spec no longer asks for it"
+            elif adoptable(found, meta["name"]):
+                why = "an orphan with this InferenceService's labels that the spec does not ask for"
+            else:
+                continue
+            self.kube.delete(path, uid=found["metadata"]["uid"])
+            self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
                       deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:

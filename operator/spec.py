@@ -551,7 +551,9 @@ class InferenceServiceSpec(_Model):
 
     model: ModelSpec = Field(description="The checkpoint and its served name.")
     replicas: int = Field(
-        default=1, ge=0, le=1000, description="Engine pods (ignored while autoscaling is set).")
+        default=1, ge=0, le=1000,
+        description="Engine pods. While autoscaling is set the autoscaler decides and this is ignored, but for 0: "
+                    "scaled to zero with the autoscaler suspended until it is 1 or more again (kubectl scale).")
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Engine container image.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="Weight and activation dtype (--dtype); auto takes the checkpoint's.")
@@ -619,6 +621,16 @@ class InferenceServiceSpec(_Model):
         if self.quantization == "none" and self.model.gguf_file is not None:
             return "gguf"
         return self.quantization
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether an autoscaler owns the replica count: autoscaling is set and spec.replicas is not 0.
+
+        spec.replicas 0 (`kubectl scale --replicas 0`, the scale subresource) scales to zero whatever autoscaling
+        says, as an HPA stops acting on a Deployment scaled to 0 by hand; an HPA's minReplicas (at least 1) could
+        not express it.
+        """
+        return self.autoscaling is not None and self.replicas != 0
 
     @property
     def gpus_per_replica(self) -> int:

@@ -177,7 +177,18 @@ def _fit_checked(fit: FitReport | None) -> _Verdict:
 
 def _kept(seen: Observation) -> str:
     """What a refused spec leaves running, for its messages."""
-    return " (the last valid configuration keeps running)" if seen.deployment is not None else ""
+    if seen.deployment is None:
+        return ""
+    if seen.deployment.get("spec", {}).get("replicas", 1) == 0:
+        return " (the last valid configuration is kept, scaled to zero as spec.replicas asks)"
+    return " (the last valid configuration keeps running)"
+
+
+def _zero(seen: Observation) -> str:
+    """Why no replica is wanted, for the ScaledToZero messages."""
+    spec = seen.review.spec
+    suspended = "; autoscaling is suspended until it is 1 or more" if spec and spec.autoscaling else ""
+    return f"no replicas requested (spec.replicas is 0){suspended}"
 
 
 def _progressing(seen: Observation, r: _Rollout) -> _Verdict:
@@ -194,7 +205,7 @@ def _progressing(seen: Observation, r: _Rollout) -> _Verdict:
         return ("False", "ProgressDeadlineExceeded",
                 f"the rollout is stuck: {r.updated} of {r.desired} replicas updated, {r.ready} ready, {r.stuck}")
     if r.rolled_out and r.desired == 0 and r.existing == 0:
-        return "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"
+        return "False", "ScaledToZero", _zero(seen)
     if r.rolled_out and r.desired == 0:
         return "True", "RollingOut", f"scaling to zero: {r.existing} replicas left"
     if not r.rolled_out:
@@ -205,7 +216,7 @@ def _progressing(seen: Observation, r: _Rollout) -> _Verdict:
 def _ready(seen: Observation, r: _Rollout) -> _Verdict:
     """Ready: whether every desired replica serves."""
     if r.desired == 0 and seen.deployment is not None:
-        return "False", "ScaledToZero", "no replicas requested (spec.replicas is 0)"
+        return "False", "ScaledToZero", _zero(seen)
     if seen.deployment is not None and r.ready >= r.desired:
         return "True", "AllReplicasReady", f"{r.ready} of {r.desired} replicas ready"
     return "False", "ReplicasNotReady", f"{r.ready} of {r.desired} replicas ready"

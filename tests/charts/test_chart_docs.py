@@ -169,3 +169,14 @@ def test_each_value_reaches_the_operator_flag_its_row_names(render):
         else:
             wanted = {flag if new == "debug" else f"{flag}={new}"}
         assert wanted <= set(args), (path, flag, args)
+
+
+def test_the_requirements_state_the_charts_kube_version():
+    """docs/helm.md's Requirements quote Chart.yaml's kubeVersion (helm refuses an older cluster by it) and say what
+    needs 1.21: the webhooks' namespaceSelector, which the template renders only from 1.21."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    requirements = (REPO / "docs" / "helm.md").read_text().split("\n## Requirements\n")[1].split("\n## ")[0]
+    assert f'`kubeVersion: "{chart["kubeVersion"]}"`' in requirements
+    assert "kubernetes.io/metadata.name" in requirements and "1.21" in requirements
+    assert 'semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version' in (
+        CHART / "templates" / "webhook.yaml").read_text()

@@ -34,6 +34,18 @@ def test_low_concurrency_is_a_warning_not_an_error():
     assert result.errors == [] and result.warnings[0].startswith("fit check: only ")
 
 
+@pytest.mark.parametrize(("replicas", "warned"), [(0, False), (1, False), (4, False), (20, True)])
+def test_replicas_past_the_autoscalers_maximum_are_a_warning_that_they_change_nothing(replicas, warned):
+    """`kubectl scale --replicas 20` on an autoscaled InferenceService changes nothing (only 0 overrides the
+    autoscaler): the Valid condition's message says so instead of nothing visible happening."""
+    result = review({**BASE, "replicas": replicas, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "x")
+    assert result.errors == []
+    notes = [w for w in result.warnings if w.startswith("spec.replicas")]
+    assert notes == ([f"spec.replicas ({replicas}) has no effect while autoscaling is set: the autoscaler keeps 2 to 4 "
+                      "replicas (raise autoscaling.maxReplicas instead); only spec.replicas 0 overrides it, scaling "
+                      "to zero until it is 1 or more again"] if warned else [])
+
+
 @pytest.mark.parametrize(("name", "problem"), [
     ("1llama", "must be a DNS-1035 label"),
     ("llama.3", "must be a DNS-1035 label"),

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from flotilla.operator.autoscaling import build_hpa, build_scaled_object, desired_replicas, keda_query
+from flotilla.operator.autoscaling import (
+    REFUSED_SCALE_MANAGER,
+    build_hpa,
+    build_scaled_object,
+    desired_replicas,
+    keda_query,
+    replicas_handover,
+)
 from flotilla.operator.spec import InferenceServiceSpec
 
 
@@ -106,3 +113,29 @@ def test_desired_replicas_is_the_hpa_value_rule(current, value, expected):
 def test_slo_window_is_a_plain_prometheus_duration(window):
     with pytest.raises(ValueError):
         make(metric="ttft_p95_seconds", target=0.5, window=window)
+
+
+def _applied_by(manager: str, replicas: int) -> dict:
+    return {"spec": {"replicas": replicas}, "metadata": {"managedFields": [
+        {"manager": manager, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]}}
+
+
+@pytest.mark.parametrize(("live", "handed_over"), [(3, 3), (0, 2)])
+def test_handover_keeps_the_live_replicas_but_resumes_a_deployment_at_zero_at_min_replicas(live, handed_over):
+    """Autoscaling turned on keeps what serves; resumed after spec.replicas 0 it starts at minReplicas, since an HPA
+    does not act on a target at 0 replicas."""
+    applied = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "namespace": "ns"},
+               "spec": {"template": {}}}
+    handover = replicas_handover(applied, _applied_by("op", live), "op", min_replicas=2)
+    assert handover is not None and handover["spec"] == {"replicas": handed_over}
+    assert replicas_handover(applied, _applied_by("someone", live), "op", min_replicas=2) is None
+
+
+
+def test_a_deployment_scaled_to_zero_while_its_spec_was_refused_is_handed_back_to_the_autoscaler():
+    applied = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "namespace": "ns"},
+               "spec": {"template": {}}}
+    live = _applied_by(REFUSED_SCALE_MANAGER, 0)
+    live["metadata"]["managedFields"][0]["operation"] = "Update"  # a merge patch, not an apply
+    handover = replicas_handover(applied, live, "op", min_replicas=3)
+    assert handover is not None and handover["spec"] == {"replicas": 3}

@@ -46,3 +46,19 @@ def test_unwanted_children_are_listed_for_removal():
     assert sorted(plan.remove) == [("autoscaling/v2", "HorizontalPodAutoscaler"),
                                    ("monitoring.coreos.com/v1", "ServiceMonitor"), ("policy/v1", "PodDisruptionBudget")]
     assert plan.monitoring == "ServiceMonitor disabled by spec.monitoring.serviceMonitor"
+
+
+@pytest.mark.parametrize(("caps", "autoscaler_kind"), [
+    (Capabilities("autoscaling/v2", "policy/v1", False, False), ("autoscaling/v2", "HorizontalPodAutoscaler")),
+    (Capabilities("autoscaling/v2", "policy/v1", False, True), ("keda.sh/v1alpha1", "ScaledObject")),
+])
+def test_replicas_zero_suspends_the_autoscaler_and_scales_the_deployment_to_zero(caps, autoscaler_kind):
+    """`kubectl scale fis --replicas 0` with autoscaling set: the autoscaler is removed (an HPA or KEDA would scale
+    back up to minReplicas), the Deployment is applied at 0 and status.autoscaler says why and how to resume."""
+    spec = InferenceServiceSpec.model_validate({**AUTOSCALED, "replicas": 0})
+    plan = plan_children(spec, "x", "ns", caps)
+    assert [o["kind"] for o in plan.apply] == ["Deployment", "Service"]
+    assert plan.apply[0]["spec"]["replicas"] == 0
+    assert autoscaler_kind in plan.remove and ("policy/v1", "PodDisruptionBudget") in plan.remove
+    assert plan.autoscaler.startswith("suspended: spec.replicas is 0")
+    assert plan.min_replicas == 2

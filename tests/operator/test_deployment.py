@@ -34,6 +34,8 @@ CASES = [
     ({}, lambda d: d["spec"]["replicas"], 1),
     ({"replicas": 3}, lambda d: d["spec"]["replicas"], 3),
     ({"autoscaling": {"maxReplicas": 4}}, lambda d: "replicas" in d["spec"], False),
+    # spec.replicas 0 (kubectl scale) scales to zero whatever autoscaling says: the autoscaler is suspended.
+    ({"replicas": 0, "autoscaling": {"maxReplicas": 4}}, lambda d: d["spec"]["replicas"], 0),
     ({"image": "registry.local/engine:dev"}, lambda d: engine(d)["image"], "registry.local/engine:dev"),
     ({}, lambda d: engine(d)["resources"]["limits"]["nvidia.com/gpu"], "1"),
     ({"parallelism": {"tensor": 2, "pipeline": 2}}, lambda d: engine(d)["resources"]["limits"]["nvidia.com/gpu"], "4"),
@@ -241,6 +243,41 @@ def test_pod_runs_unprivileged_with_a_read_only_root():
     assert not {"hostNetwork", "hostPID", "hostIPC"} & pod(d).keys()
     mounts = {m["mountPath"] for m in engine(d)["volumeMounts"]}
     assert {"/tmp", "/dev/shm", "/model"} <= mounts  # writable scratch despite the read-only root
+
+
+# Volume types the Pod Security Standards' restricted profile allows (kubernetes.io/docs/concepts/security/
+# pod-security-standards, "Volume Types").
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"model": {"source": "hf://org/model"}, "lora": {"adapters": [{"name": "a", "source": "hf://org/adapter"}]}},
+    {"model": {"source": "pvc://models/m.Q4_1.gguf", "tokenizer": "hf://org/tok"}},
+    {"apiKeySecretRef": {"name": "key"}, "pod": {"env": [{"name": "HF_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "hf", "key": "token"}}}]}},
+])
+def test_every_container_meets_the_restricted_pod_security_standard(fields):
+    """A namespace enforcing `pod-security.kubernetes.io/enforce: restricted` admits the engine pods, download init
+    containers included: non-root (never uid 0), no privilege escalation, every capability dropped, RuntimeDefault
+    seccomp, no host namespaces or ports, restricted volume types (a hostPath source, the admin's opt-in, is the one
+    exception: even the baseline profile refuses it)."""
+    p = pod(build(**fields))
+    assert p["securityContext"]["runAsNonRoot"] is True and p["securityContext"]["runAsUser"] != 0
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not {"hostNetwork", "hostPID", "hostIPC", "hostUsers"} & p.keys()
+    containers = p["containers"] + p.get("initContainers", [])
+    for c in containers:
+        sc = c["securityContext"]
+        assert (sc["allowPrivilegeEscalation"], sc["privileged"], sc["runAsNonRoot"]) == (False, False, True), c["name"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert not {"runAsUser", "procMount", "seLinuxOptions", "windowsOptions"} & sc.keys()
+        assert not any("hostPort" in port for port in c.get("ports", []))
+    for volume in p["volumes"]:
+        assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+    if fields.get("model", {}).get("source", "").startswith("hf://"):
+        assert p.get("initContainers"), "the hf:// case must cover the download init containers"
 
 
 def test_deployment_and_service_are_accepted_by_the_control_plane(kube_api, namespace):

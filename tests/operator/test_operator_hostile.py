@@ -286,6 +286,25 @@ def test_a_name_taken_by_someone_elses_object_is_a_conflict_and_nothing_is_appli
     assert cluster.kube.get(child_path("Service" if kind == "Deployment" else "Deployment", namespace, name)) is None
 
 
+def test_a_deployment_labelled_for_another_inferenceservice_is_not_adopted(operator_process, cluster, namespace):
+    """Only an ownerless object with this InferenceService's own labels is adopted: one whose labels name another
+    InferenceService (or none) stays someone else's, so creating an InferenceService never takes over a Deployment
+    (and the Service's traffic) that its author could not edit."""
+    labels = {"app.kubernetes.io/managed-by": "flotilla-operator", "serving.flotilla.dev/inferenceservice": "other"}
+    theirs = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "taken", "namespace": namespace,
+                                                                         "labels": labels},
+              "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+                  "metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}
+    cluster.apply(theirs)
+    path = child_path("Deployment", namespace, "taken")
+    seen = _observable(cluster.kube.get(path))
+    cluster.apply(fis("taken", namespace, autoscaling=None))
+    body = _blocked(cluster, namespace, "taken", "OwnershipConflict")
+    assert "Deployment taken already exists and is not owned by any object" in condition(body, "Degraded")["message"]
+    assert _observable(cluster.kube.get(path)) == seen
+    assert cluster.kube.get(child_path("Service", namespace, "taken")) is None
+
+
 def test_an_object_owned_by_another_owner_is_named_in_the_conflict(operator_process, cluster, namespace):
     owner = cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps",
                                  {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
@@ -338,6 +357,40 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")
+
+
+def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator_process, cluster, namespace):
+    """A spec the rules refuse (stored while the webhook was down, or refused by an upgrade's stricter rules) keeps
+    its last valid Deployment running, and nothing of it is applied. `kubectl scale fis --replicas 0` must still free
+    the GPUs: the Deployment goes to 0 and its autoscaler is deleted (nothing else changes); fixed, the spec brings
+    the autoscaler back and the Deployment restarts at minReplicas."""
+    autoscaling = {"minReplicas": 2, "maxReplicas": 4, "target": 4}
+    cluster.set_optional_crds(False)
+    cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))
+    deployment_path = child_path("Deployment", namespace, "frozen")
+    before = wait_children(cluster, namespace, "frozen", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]
+    operator_process.kill()
+    try:
+        cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling, model=ZERO_HEAD_MODEL))
+    finally:
+        operator_process.start()
+    wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "frozen")), "Valid").get("status") == "False",
+             20, "Valid=False")
+    cluster.kube.request("PATCH", f"{fis_path(namespace, 'frozen')}/scale", {"spec": {"replicas": 0}}, None,
+                         "application/merge-patch+json")
+    wait_for(lambda: cluster.kube.get(deployment_path)["spec"]["replicas"] == 0, 20, "the Deployment at 0")
+    wait_for(lambda: cluster.kube.get(child_path("HorizontalPodAutoscaler", namespace, "frozen")) is None, 20,
+             "the HPA deleted")
+    deployment = cluster.kube.get(deployment_path)
+    assert deployment["spec"]["template"] == before["spec"]["template"]  # the last valid configuration, kept
+    body = wait_for(lambda: "scaled to zero" in condition(b := cluster.kube.get(fis_path(namespace, "frozen")),
+                                                          "Progressing").get("message", "") and b, 20,
+                    "status saying the kept configuration is scaled to zero")
+    assert condition(body, "Valid")["status"] == "False"
+
+    cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))  # fixed
+    wait_children(cluster, namespace, "frozen", ["HorizontalPodAutoscaler"])
+    wait_for(lambda: cluster.kube.get(deployment_path)["spec"]["replicas"] == 2, 20, "the Deployment at minReplicas")
 
 
 def test_a_spec_stored_while_the_webhook_was_down_runs_the_admins_engine_image(operator_process, cluster, namespace):

@@ -19,6 +19,7 @@ def make(**spec) -> InferenceServiceSpec:
     ({"replicas": 2}, True),
     ({"replicas": 5, "autoscaling": {"minReplicas": 1, "maxReplicas": 8}}, False),  # can scale down to one
     ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 8}}, True),
+    ({"replicas": 0, "autoscaling": {"minReplicas": 2, "maxReplicas": 8}}, False),  # scaled to zero, suspended
 ])
 def test_made_only_when_more_than_one_replica_is_guaranteed(fields, made, validate_manifest):
     pdb = build_pdb(make(**fields), "llama", "serving")

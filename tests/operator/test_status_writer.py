@@ -132,3 +132,14 @@ def test_pooling_with_lora_slipped_past_the_webhook_is_refused_in_status_and_an_
                                 "speculative decoding: remove spec.lora")
     events = {(e.type, e.reason): e.message for e in condition_events({}, refused)}
     assert events[("Warning", "InvalidSpec")].endswith(valid["message"])
+
+
+def test_scaled_to_zero_with_autoscaling_says_the_autoscaler_is_suspended():
+    spec = {"model": {"source": "pvc://m"}, "replicas": 0, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}
+    gone = {"metadata": {"generation": 1}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}}
+    status = _status({}, gone, spec=spec)
+    assert status["phase"] == "ScaledToZero"
+    assert status["autoscaler"].startswith("suspended: spec.replicas is 0")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == ("no replicas requested (spec.replicas is 0); autoscaling is suspended until it is 1 "
+                                "or more")
