@@ -104,6 +104,8 @@ class SamplingParams(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops_bounded(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):  # here, not in `_consistent`, so that the 400 names `stop`
+            raise ValueError("stop strings must not be empty")
         if len(value) > MAX_STOP_STRINGS or sum(map(len, value)) > MAX_STOP_CHARS:
             raise ValueError(f"stop holds {len(value)} strings of {sum(map(len, value))} characters in all; at most "
                              f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters")
@@ -139,8 +141,6 @@ class SamplingParams(BaseModel):
     def _consistent(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if any(s == "" for s in self.stop):
-            raise ValueError("stop strings must not be empty")
         return self
 
     def check_vocab(self, vocab_size: int) -> None:

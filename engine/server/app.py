@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,10 +320,19 @@ async def _respond(result: dict[str, Any] | AsyncIterator[str] | Response, reque
 
 
 async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
-    """Relay SSE chunks; an engine failure mid-stream becomes a final error event, not a dropped socket."""
+    """Relay SSE chunks, one write per turn of the event loop; an engine failure mid-stream becomes a final error
+    event, not a dropped socket.
+
+    A stream often has several chunks ready at once (n choices per step, the role chunks, several prompts). Written
+    in one turn, the first write that finds the client gone (a reset, or a close racing the step) only marks the
+    socket lost; uvicorn hears of it in the next turn, so the rest of the burst went to the dead socket, each
+    write past the fifth logging asyncio's "socket.send() raised exception." (n=64: ~60 lines per disconnect, a
+    log flood any client could cause). Yielding to the loop after each chunk lets the loss be heard first: the
+    next send is dropped, and the disconnect cancels the stream (aborting its requests) a turn later."""
     try:
         async for chunk in stream:
             yield chunk
+            await asyncio.sleep(0)
     except (APIError, EngineDeadError, EngineBusyError, RequestFailedError, ValueError) as exc:
         busy = isinstance(exc, EngineDeadError | EngineBusyError)
         status = exc.status if isinstance(exc, APIError) else (503 if busy else 400)
@@ -331,4 +340,6 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
         body = json.dumps(error_body(status, str(exc), getattr(exc, "param", None)), separators=(",", ":"))
         yield f"data: {body}\n\n"
         yield "data: [DONE]\n\n"
-
+    finally:
+        if isinstance(stream, AsyncGenerator):  # cancelled between chunks: close it now, aborting its requests
+            await stream.aclose()

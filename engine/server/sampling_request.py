@@ -24,27 +24,40 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
     return override.get("max_new_tokens")
 
 
-# Prompt logprob entries one reply may carry: prompt tokens x (prompt_logprobs + 1), times the copies the reply
-# holds (completions: one per choice, so x n). A reply is built whole in the API process (prompt logprobs are
-# refused on streams) at ~0.6 KB of Python objects an entry (measured: 8 prompts of 4,000 tokens with
-# prompt_logprobs=20, a 0.2 MB body: +405 MB), and a body of token ids is ~6 bytes a token: an 8 MiB body made
-# ~16 GB, one request could take the server down. 4M entries (~2.5 GB) leave room for prompt_logprobs=20 on one
-# prompt of 128k tokens (vLLM has no bound).
-MAX_PROMPT_LOGPROB_ENTRIES = 1 << 22
+# Logprob entries one request may hold: the prompt's, prompt tokens x (prompt_logprobs + 1) times the copies the
+# reply carries (completions: one per choice, so x n), plus the generated ones, every completion's max_tokens x
+# (logprobs + 1). The engine keeps a request's logprobs whole until it ends (its outputs are cumulative, streamed
+# or not) and a non-streamed reply is built whole in the API process at ~0.6 KB of Python objects an entry
+# (measured: 8 prompts of 4,000 tokens with prompt_logprobs=20, a 0.2 MB body: +405 MB). A body of token ids is ~6
+# bytes a token: an 8 MiB body with prompt_logprobs=20 made ~16 GB; and n=128 x max_tokens 128k x 21 is 344M
+# generated entries from a 100-byte body. One request could take the server down. 4M entries (~2.5 GB) leave room
+# for 20 logprobs on one prompt, or one completion, of 128k tokens. vLLM has no such bound; its --max-logprobs
+# (20, MAX_LOGPROBS) bounds the entries of one token, which this bound leaves as it is.
+MAX_LOGPROB_ENTRIES = 1 << 22
 
 
-def check_prompt_logprob_entries(prompt_lens: list[int], prompt_logprobs: int | None, copies: int,
-                                 param: str = "prompt_logprobs") -> None:
-    """400 naming `param` when the reply would carry more than MAX_PROMPT_LOGPROB_ENTRIES prompt logprobs."""
-    if prompt_logprobs is None:
-        return
+def check_logprob_entries(prompt_lens: list[int], params: list[SamplingParams], prompt_copies: int,
+                          prompt_param: str, param: str) -> None:
+    """400 when the request's logprobs could pass MAX_LOGPROB_ENTRIES: the prompt's (naming `prompt_param` when
+    they alone pass it) plus the generated ones at max_tokens (naming `param`). `params`: one per prompt."""
+    prompt_logprobs = params[0].prompt_logprobs if params else None
     tokens = sum(prompt_lens)
-    entries = tokens * (prompt_logprobs + 1) * copies
-    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
-        raise APIError(400, f"{param}={prompt_logprobs} on {tokens} prompt tokens" + (f" x n={copies}" if copies > 1
-                            else "") + f" would return {entries} prompt logprob entries; at most "
-                            f"{MAX_PROMPT_LOGPROB_ENTRIES} are allowed (ask for fewer, or send fewer prompt tokens)",
-                       param=param)
+    prompt_entries = 0 if prompt_logprobs is None else tokens * (prompt_logprobs + 1) * prompt_copies
+    if prompt_entries > MAX_LOGPROB_ENTRIES:
+        raise APIError(400, f"{prompt_param}={prompt_logprobs} on {tokens} prompt tokens" + (
+                            f" x n={prompt_copies}" if prompt_copies > 1 else "") + f" would return {prompt_entries} "
+                            f"prompt logprob entries; at most {MAX_LOGPROB_ENTRIES} are allowed (ask for fewer, or "
+                            "send fewer prompt tokens)", param=prompt_param)
+    wanted = [(sp.n, sp.max_tokens or 0, sp.logprobs) for sp in params if sp.logprobs is not None]
+    entries = prompt_entries + sum(n * max_tokens * (logprobs + 1) for n, max_tokens, logprobs in wanted)
+    if entries > MAX_LOGPROB_ENTRIES:
+        completions = sum(n for n, _, _ in wanted)
+        raise APIError(400, f"{param}={wanted[0][2]} on {completions} completion"
+                            f"{'s' if completions > 1 else ''} of up to {max(t for _, t, _ in wanted)} tokens "
+                            f"(max_tokens, or the context left when it is not given) could return {entries} logprob "
+                            f"entries" + (f" ({prompt_entries} of them the prompt's)" if prompt_entries else "") +
+                            f"; at most {MAX_LOGPROB_ENTRIES} are allowed (ask for fewer logprobs, a lower n or a "
+                            "lower max_tokens)", param=param)
 
 
 # vLLM request fields that change what is generated or returned, which this server does not implement: set

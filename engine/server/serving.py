@@ -36,7 +36,7 @@ from flotilla.engine.server.protocol import (
 )
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
-from flotilla.engine.server.sampling_request import check_prompt_logprob_entries, sampling_params
+from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
@@ -281,11 +281,11 @@ class OpenAIServing:
         prompt_logprobs = req.prompt_logprobs
         if req.echo and req.logprobs is not None:  # the echoed prompt's logprobs are the engine's prompt logprobs
             prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
-        # Every choice carries its prompt's entries (echoed logprobs and `prompt_logprobs` alike).
-        check_prompt_logprob_entries([len(p.token_ids) for p in prompts], prompt_logprobs, req.n,
-                                     "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs")
         params = [sampling_params(req, max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
                                   prompt_logprobs, self.default_sampling, self.max_tokens_cap) for p in prompts]
+        # Every choice carries its prompt's entries (echoed logprobs and `prompt_logprobs` alike).
+        check_logprob_entries([len(p.token_ids) for p in prompts], params, req.n,
+                              "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs", "logprobs")
         request_id, engine_id = response_ids("cmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
@@ -419,11 +419,12 @@ class OpenAIServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        check_prompt_logprob_entries([len(prompt.token_ids)], req.prompt_logprobs, 1)  # one copy, beside the choices
         sp = constrain_for_tools(plan, sampling_params(req, max_tokens, len(prompt.token_ids), self.max_model_len,
                                                        (top or 0) if req.logprobs else None, req.prompt_logprobs,
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
+        check_logprob_entries([len(prompt.token_ids)], [sp], 1,  # the prompt's entries: one copy, beside the choices
+                              "prompt_logprobs", "top_logprobs" if top else "logprobs")
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())

@@ -12,6 +12,7 @@ builds the token-level automaton (the slow part, run off the step loop by compil
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -22,8 +23,17 @@ from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 from flotilla.engine.structured_output.unenforced import find_unenforced
 
-# Distinct compiled grammars kept; each holds a per-state token cache of a few hundred KB at most.
+# Distinct compiled grammars kept; most hold a per-state token cache of a few hundred KB at most.
 CACHE_SIZE = 512
+# ... and their bytes (xgrammar's own estimate), as vLLM bounds its cache (VLLM_XGRAMMAR_CACHE_MB, default 512):
+# the count alone let one client fill the engine's memory, since a grammar's size grows with its constraint (a
+# `choice` of 20,000 strings, a 160 KB body, compiles in 0.5 s to 25 MB: 512 of them held 12.6 GB).
+CACHE_MB_DEFAULT = 512
+
+
+def cache_bytes_from_env() -> int:
+    """The compiled-grammar cache's bound in bytes: VLLM_XGRAMMAR_CACHE_MB (vLLM's variable) MiB, else 512 MiB."""
+    return int(os.environ.get("VLLM_XGRAMMAR_CACHE_MB", CACHE_MB_DEFAULT)) * 1024 * 1024
 
 CacheKey = tuple[str, str, bool]
 
@@ -32,13 +42,15 @@ class GrammarCompiler:
     """Compiles StructuredOutputsParams for one tokenizer and vocabulary width; thread-safe."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 disable_any_whitespace: bool = False) -> None:
+                 disable_any_whitespace: bool = False, cache_bytes: int | None = None) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.vocab_size = vocab_size
         # The server-wide --structured-outputs-config default; a request may still ask for compact JSON.
         self.disable_any_whitespace = disable_any_whitespace
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[CacheKey, xgr.CompiledGrammar] = OrderedDict()
+        self.cache_bytes = cache_bytes_from_env() if cache_bytes is None else cache_bytes
+        self.cached_bytes = 0  # the cached grammars' memory_size_bytes, together
         self._lock = threading.Lock()
         self.num_compiled = 0  # compilations done (cache misses), for tests and benchmarks
 
@@ -81,9 +93,13 @@ class GrammarCompiler:
                                     "no first token)", "structured_outputs")
         with self._lock:
             self.num_compiled += 1
-            self._cache[key] = compiled
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            if key not in self._cache:  # (two threads may compile one key at once)
+                self._cache[key] = compiled
+                self.cached_bytes += compiled.memory_size_bytes
+            # the least recently used first; the newest stays even alone past the bound (its requests hold it anyway)
+            while len(self._cache) > 1 and (len(self._cache) > CACHE_SIZE or self.cached_bytes > self.cache_bytes):
+                _, dropped = self._cache.popitem(last=False)
+                self.cached_bytes -= dropped.memory_size_bytes
         return compiled
 
     def _grammar(self, p: StructuredOutputsParams) -> xgr.Grammar:

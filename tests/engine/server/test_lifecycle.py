@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
+import struct
 import threading
 import time
 
@@ -66,6 +68,49 @@ def test_a_client_disconnect_mid_stream_frees_its_blocks(server):
         lambda: server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:kv_cache_usage_perc") == 0,
         timeout=10,
     )
+
+
+def _drop_mid_burst(server, body: bytes, events: int, reset: bool) -> None:
+    """Stream `body` over a raw socket and hang up (a reset or a FIN) as soon as `events` SSE events came: with n
+    choices a step, the server is then part-way through writing that step's burst of chunks."""
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(head + body)
+        seen = 0
+        while seen < events:
+            data = sock.recv(65536)
+            assert data, "the stream ended before the hang-up"
+            seen += data.count(b"data: ")
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_streams_dropped_mid_burst_stop_writing_and_free_their_blocks(server):
+    # A stream with n=32 writes 32 chunks a step. Written in one turn of the event loop, the chunks after a write
+    # that found the client gone went to the dead socket (uvicorn hears of the loss a turn later), each past the
+    # fifth logging asyncio's "socket.send() raised exception." (16 such hang-ups: hundreds of lines). Now the stream
+    # writes one chunk a turn, stops once the loss is heard and aborts its request.
+    log_before = server.log.read_text()
+    n = 32
+    # (logprobs make each chunk slower to write, so that more hang-ups land inside a burst)
+    body = json.dumps({"model": "tiny", "prompt": "A long story", "max_tokens": 200, "min_tokens": 200,
+                       "stream": True, "n": n, "logprobs": 5}).encode()
+    # Each client hangs up inside a later step's burst (past the role chunk and the first step).
+    clients = [threading.Thread(target=_drop_mid_burst, args=(server, body, n + 2 + 2 * i, i % 2 == 0))
+               for i in range(16)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=300)
+    assert _wait_until(
+        lambda: server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:num_requests_waiting") == 0
+        and server.metric("vllm:kv_cache_usage_perc") == 0,
+        timeout=120,
+    )
+    new_log = server.log.read_text()[len(log_before):]
+    assert "socket.send() raised exception" not in new_log, new_log[-2000:]
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_zero(tiny_model_dirs, tmp_path):

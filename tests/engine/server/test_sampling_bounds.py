@@ -217,3 +217,22 @@ def test_prompt_logprobs_past_the_reply_bound_are_a_400(server, field):
     assert within.status_code == 200, within.text[:300]
     assert len(within.json()["choices"]) == 2
     assert_still_serving(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generated_logprobs_past_the_bound_are_a_400(server, stream):
+    # Every completion's logprobs are held by the engine until the request ends (streamed or not), and a
+    # non-streamed reply is built whole in the API process (~0.6 KB of Python objects an entry): 8 prompts x n=128 x
+    # 200 tokens x 21 entries a token is 4.3M entries, ~2.6 GB, from a 100-byte body; n=128 x 128k tokens on a
+    # long-context model would be 344M. Refused past 2**22 entries, naming logprobs, before any work.
+    body = {"prompt": ["Hello"] * 8, "n": 128, "max_tokens": 200, "logprobs": 20, "stream": stream}
+    response = post(server, body)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "logprobs"
+    assert "4194304" in error["message"] and "1024 completions" in error["message"], error
+    within = post(server, {**body, "prompt": "Hello", "n": 2, "max_tokens": 4})  # 168 entries: served
+    assert within.status_code == 200, within.text[:300]
+    if not stream:
+        assert all(len(c["logprobs"]["top_logprobs"][0]) in (20, 21) for c in within.json()["choices"])
+    assert_still_serving(server)

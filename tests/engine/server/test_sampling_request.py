@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import CompletionRequest
-from flotilla.engine.server.sampling_request import max_tokens_cap, sampling_params
+from flotilla.engine.server.sampling_request import (
+    MAX_LOGPROB_ENTRIES,
+    check_logprob_entries,
+    max_tokens_cap,
+    sampling_params,
+)
 
 
 def request(**fields):
@@ -50,3 +56,26 @@ def test_the_cap_comes_from_a_generation_config_folder_else_the_override():
     assert max_tokens_cap("/models/gc", {"max_tokens": 32}, {"max_new_tokens": 8}) == 32
     assert max_tokens_cap("auto", {"max_tokens": 32}, {"max_new_tokens": 8}) == 8
     assert max_tokens_cap("vllm", {}, {}) is None
+
+
+def test_generated_logprobs_past_the_entry_bound_are_a_400_naming_the_field():
+    # A chat request on a 128k context: n=8 x max_tokens 131,000 x (top_logprobs 20 + 1) is 22M entries, held by
+    # the engine until the request ends and built whole into a non-streamed reply.
+    sp = SamplingParams(n=8, max_tokens=131_000, logprobs=20)
+    with pytest.raises(APIError) as err:
+        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs")
+    assert (err.value.status, err.value.param) == (400, "top_logprobs")
+    assert f"at most {MAX_LOGPROB_ENTRIES}" in err.value.message and "8 completions" in err.value.message
+    # One completion of 128k tokens with 20 logprobs a token fits (vLLM's --max-logprobs 20 stays servable).
+    check_logprob_entries([10], [SamplingParams(max_tokens=131_000, logprobs=20)], 1, "prompt_logprobs", "logprobs")
+    # No logprobs asked for: no bound.
+    check_logprob_entries([10], [SamplingParams(n=128, max_tokens=131_000)], 1, "prompt_logprobs", "logprobs")
+
+
+def test_prompt_and_generated_logprobs_share_the_bound():
+    # 100k prompt tokens x 21 is 2.1M entries, and 100k generated tokens x 21 another 2.1M: together past 4M.
+    both = SamplingParams(max_tokens=100_000, logprobs=20, prompt_logprobs=20)
+    with pytest.raises(APIError) as err:
+        check_logprob_entries([100_000], [both], 1, "prompt_logprobs", "logprobs")
+    assert err.value.param == "logprobs" and "2100000 of them the prompt's" in err.value.message
+    check_logprob_entries([100_000], [both.model_copy(update={"logprobs": None})], 1, "prompt_logprobs", "logprobs")
