@@ -304,7 +304,7 @@ def _number(v: Any) -> bool:
 # max_new_tokens is the default max_tokens), each with the values SamplingParams takes. vLLM ignores other keys.
 GENERATION_OVERRIDE_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "repetition_penalty": ("a number above 0", lambda v: _number(v) and v > 0),
-    "temperature": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "temperature": ("a number from 0 to 2", lambda v: _number(v) and 0 <= v <= 2),
     "top_k": ("an integer >= -1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1),
     "top_p": ("a number above 0 and at most 1", lambda v: _number(v) and 0 < v <= 1),
     "min_p": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),

@@ -30,17 +30,23 @@ def test_explicit_nulls_that_vllm_takes_as_unset_are_served(server, client):
     assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
 
 
-def test_temperature_above_openais_2_is_served_as_vllm(client):
-    # vLLM bounds temperature below only (SamplingParams: >= 0); OpenAI's 2 is not its limit.
-    for temperature in (2.5, 50.0, 1e300):
-        completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature,
-                                               seed=1)
-        assert completion.usage.completion_tokens == 3
-        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
-                                              temperature=temperature, seed=1)
-        assert chat.usage.completion_tokens == 3
-    response = client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=2.5)
-    assert response.usage.output_tokens == 3
+@pytest.mark.parametrize("temperature", [2.5, 50.0, 1e300])
+def test_temperature_above_2_is_a_400_in_vllms_words(server, client, temperature):
+    # vLLM 0.24's SamplingParams takes temperature in [0, 2] (vllm-project/vllm#44965) and answers a 400 naming it.
+    from openai import BadRequestError
+
+    calls = [lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature),
+             lambda: client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                                    temperature=temperature, stream=True),
+             lambda: client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=temperature)]
+    for call in calls:
+        with pytest.raises(BadRequestError) as refused:
+            call()
+        error = refused.value.body
+        assert error["param"] == "temperature", error
+        assert f"temperature must be in [0, 2], got {temperature}." in error["message"], error
+    assert client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=2.0,
+                                     seed=1).usage.completion_tokens == 3
 
 
 def _refusal(call) -> str:
