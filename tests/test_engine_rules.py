@@ -121,3 +121,15 @@ def test_generation_override_keys_are_the_engines_sampling_fields():
         problem = override_generation_config_problem(value)
         assert problem is not None and "--override-generation-config" in problem
         assert problem in cross_flag_problems({"override_generation_config": value}, None)
+
+
+def test_default_chat_template_kwargs_are_an_object_of_template_variables():
+    from flotilla.engine_rules import default_chat_template_kwargs_problem
+
+    assert default_chat_template_kwargs_problem({"enable_thinking": False}) is None
+    assert default_chat_template_kwargs_problem(None) is None
+    for value, why in (([1], "must be a JSON object"),
+                       ({"tokenize": True, "tools": []}, "may not set tokenize, tools")):
+        problem = default_chat_template_kwargs_problem(value)
+        assert problem is not None and problem.startswith("--default-chat-template-kwargs") and why in problem
+        assert problem in cross_flag_problems({"default_chat_template_kwargs": value}, None)
