@@ -356,6 +356,39 @@ def test_a_template_that_loops_over_content_parts_gets_them_as_vllm(thinking_ser
     assert _prompt_tokens(string_content_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[][]<user>[][][]")
 
 
+# Numbers each part it gets: parts joined into one text would read "<user 1: a\nb>", with fewer tokens.
+NUMBERED_PARTS_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
+                           "<{{ message['role'] }} {{ loop.index }}: {{ part['text'] }}>{% endfor %}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def parts_template_server(tiny_model_dirs, tmp_path_factory):
+    # the operator's template (--chat-template) loops over content: auto gives it the openai format
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("parts-template") / "server.log",
+                          "--chat-template", NUMBERED_PARTS_TEMPLATE)
+    yield s
+    stop_server(s)
+
+
+def test_responses_input_parts_reach_the_template_one_by_one_as_chats(parts_template_server):
+    # vLLM hands a Responses message's content parts to the template as chat does (each input_text a text part),
+    # not joined into one text.
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{parts_template_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    response = oai.responses.create(model="tiny", input=[{"role": "user", "content": parts}], max_output_tokens=1)
+    expected = _count(parts_template_server, "<user 1: a><user 2: b>")
+    assert response.usage.input_tokens == expected
+    chat = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1)
+    assert chat.usage.prompt_tokens == expected
+    assistant = [{"role": "user", "content": "hi"},
+                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "c"},
+                                                                      {"type": "output_text", "text": "d"}]}]
+    again = oai.responses.create(model="tiny", input=assistant, max_output_tokens=1)
+    assert again.usage.input_tokens == _count(parts_template_server, "<user 1: hi><assistant 1: c><assistant 2: d>")
+
+
 def test_model_cards_carry_vllms_fields(server, client):
     # vLLM's ModelCard: id, object, created, owned_by, root, parent, max_model_len and a `permission` list of one
     # ModelPermission with its defaults (clients written for OpenAI's older API read it).
