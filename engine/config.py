@@ -23,6 +23,7 @@ from flotilla.engine_rules import (
     async_pipeline_problem,
     auto_tool_choice_problem,
     batch_budget_problem,
+    default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
     flag_name,
     kv_scales_problem,
@@ -142,6 +143,9 @@ class ServerConfig(_Component):
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
     trust_request_chat_template: bool = False
+    # --chat-template as given (a path or the text: engine/server/server_chat_template.py reads it at start-up)
+    chat_template: str | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None  # under each request's chat_template_kwargs
     # how message content reaches chat templates (engine/server/chat_content.py)
     chat_template_content_format: Literal["auto", "string", "openai"] = "auto"
     max_request_body_size: int = Field(8 * 1024 * 1024, gt=0)
@@ -174,6 +178,13 @@ class ServerConfig(_Component):
             raise ValueError(f"--max-body-bytes-in-flight ({self.max_body_bytes_in_flight}) must be at least "
                              f"--max-request-body-size ({self.max_request_body_size})")
         return self
+
+    @field_validator("default_chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if problem := default_chat_template_kwargs_problem(value):
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _auto_tools_need_a_parser(self) -> ServerConfig:

@@ -14,7 +14,6 @@ from flotilla.engine.sampling_params import (
     GREEDY_TEMPERATURE,
     REPETITION_PENALTY_CEILING,
     REPETITION_PENALTY_FLOOR,
-    TEMPERATURE_CEILING,
 )
 from flotilla.engine.staging import device_tensor
 
@@ -48,8 +47,7 @@ def build_sampling_batch(
     seen = rows if any_penalties else []
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     penalties = [min(max(p.repetition_penalty, REPETITION_PENALTY_FLOOR), REPETITION_PENALTY_CEILING) for p in params]
-    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_CEILING)
-                    for p in params]
+    temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
     return SamplingBatch(
         temperature=to.tensor(temperatures, torch.float32),
         # Beyond the vocabulary top_k keeps every token: clamped so it always fits an int64 tensor.

@@ -25,10 +25,8 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # Below this temperature a draw is greedy (vLLM's _SAMPLING_EPS): dividing logits by a subnormal
 # temperature overflows float32 and would turn the distribution into NaN.
 GREEDY_TEMPERATURE = 1e-5
-# Temperature has no upper bound (vLLM's neither), but in a float32 tensor 1e39 is inf, and a masked (-inf)
-# logit divided by inf is NaN (every draw then token 0, masks ignored). Past this every finite fp32 logit divided
-# by it rounds to ~0 anyway (a uniform draw over the unmasked tokens), so the sampler uses at most this.
-TEMPERATURE_CEILING = 1e30
+# vLLM's SamplingParams takes temperature in [0, 2] (the OpenAI range; PR vllm-project/vllm#44965, vLLM 0.24).
+MAX_TEMPERATURE = 2.0
 # repetition_penalty is any finite number above 0, as vLLM's. It divides (or multiplies) fp32 logits, where a
 # penalty past these bounds makes a logit inf (or a subnormal penalty 0), and the row NaN: the sampler uses at most
 # and at least these. Within them a penalised logit already ends at ~0 or tens of orders of magnitude from the
@@ -59,7 +57,7 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n: int = Field(1, ge=1, le=128)
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = 1.0  # [0, 2]: `_temperature_range`
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # the upper bound is the vocabulary: `check_vocab`
     min_p: float = Field(0.0, ge=0.0, le=1.0)
@@ -109,6 +107,16 @@ class SamplingParams(BaseModel):
         if len(value) > MAX_STOP_STRINGS or sum(map(len, value)) > MAX_STOP_CHARS:
             raise ValueError(f"stop holds {len(value)} strings of {sum(map(len, value))} characters in all; at most "
                              f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_range(cls, value: float) -> float:
+        # vLLM's wording, so clients that match its refusal read ours alike
+        if value < 0:
+            raise ValueError(f"temperature must be non-negative, got {value}.")
+        if value > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {value}.")
         return value
 
     @field_validator("logit_bias")

@@ -304,7 +304,7 @@ def _number(v: Any) -> bool:
 # max_new_tokens is the default max_tokens), each with the values SamplingParams takes. vLLM ignores other keys.
 GENERATION_OVERRIDE_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "repetition_penalty": ("a number above 0", lambda v: _number(v) and v > 0),
-    "temperature": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "temperature": ("a number from 0 to 2", lambda v: _number(v) and 0 <= v <= 2),
     "top_k": ("an integer >= -1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1),
     "top_p": ("a number above 0 and at most 1", lambda v: _number(v) and 0 < v <= 1),
     "min_p": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
@@ -344,6 +344,35 @@ def structured_outputs_problem(value: Any, name_of: NameOf = flag_name) -> str |
     return None
 
 
+# What a --chat-template value holds when it is a template rather than a file path (vLLM's rule).
+CHAT_TEMPLATE_MARKS = "{}\n"
+# Names that transformers' `apply_chat_template` takes as its own arguments, not template variables: a request's
+# chat_template_kwargs and --default-chat-template-kwargs may not set them (tokenize=True would change what it
+# returns, chat_template the program).
+CHAT_TEMPLATE_RENDERER_ARGUMENTS = frozenset({
+    "chat_template", "conversation", "messages", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+def looks_like_chat_template(value: str) -> bool:
+    """True when a --chat-template value is a template's text: it holds a `{`, a `}` or a newline (vLLM's marks)."""
+    return any(mark in value for mark in CHAT_TEMPLATE_MARKS)
+
+
+def default_chat_template_kwargs_problem(value: Any, name_of: NameOf = flag_name) -> str | None:
+    """Why the engine would refuse `value` (the flag's parsed JSON) as --default-chat-template-kwargs, or None."""
+    if value is None:
+        return None
+    flag = name_of("default_chat_template_kwargs")
+    if not isinstance(value, dict):
+        return f"{flag} must be a JSON object"
+    if reserved := sorted(CHAT_TEMPLATE_RENDERER_ARGUMENTS & value.keys()):
+        return f"{flag} may not set {', '.join(reserved)}: the renderer's own arguments, not template variables"
+    return None
+
+
 def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None,
                         name_of: NameOf = flag_name) -> list[str]:
     """Every rule across flags that `values` (dest -> value, unset ones absent or None) break.
@@ -376,6 +405,9 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
     overrides = override_generation_config_problem(values.get("override_generation_config"), name_of)
     if overrides:
         problems.append(overrides)
+    template_kwargs = default_chat_template_kwargs_problem(values.get("default_chat_template_kwargs"), name_of)
+    if template_kwargs:
+        problems.append(template_kwargs)
     for name in values.get("served_model_name") or []:
         problem = served_name_problem(name, name_of)
         if problem:

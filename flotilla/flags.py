@@ -447,6 +447,23 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--chat-template",
+        "str",
+        None,
+        "The chat template for every chat rendering in place of the tokenizer's (chat, /tokenize and /v1/embeddings "
+        "with messages, the Responses API): a file path, or the template itself, as vLLM: a value that is no "
+        "readable file is the template when it holds {, } or a newline, else an error.",
+        "server",
+    ),
+    Flag(
+        "--default-chat-template-kwargs",
+        "json",
+        None,
+        "Template variables for every chat rendering, as a JSON object (e.g. {\"enable_thinking\": false}), under "
+        "each request's chat_template_kwargs: a request's key wins unless null or \"auto\", as vLLM.",
+        "server",
+    ),
+    Flag(
         "--chat-template-content-format",
         "str",
         "auto",

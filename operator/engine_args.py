@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, get_args
 
-from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, parse_argv
+from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, looks_like_chat_template, parse_argv
 from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
@@ -140,6 +140,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--trust-request-chat-template",
     # The form message content takes in the chat template (vLLM's flag): how this model's template reads it.
     "--chat-template-content-format",
+    # The owner's chat template and its default variables for this model: only the template's text, never a path
+    # (`_pod_file_problem`), so the pod reads no file into prompts.
+    "--chat-template", "--default-chat-template-kwargs",
     # How this model family writes tool calls and thinking (docs/structured-output.md): a property of
     # the model the owner serves, parsed in the pod's own server.
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--exclude-tools-when-tool-choice-none",
@@ -173,12 +176,21 @@ def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
             errors.append(f"spec.engineArgs: {f.name} cannot be set through engineArgs by this operator version")
         elif f.name in seen:
             errors.append(f"spec.engineArgs: {f.name} is given more than once")
-        elif problem := f.check_value(p.value):
+        elif problem := f.check_value(p.value) or _pod_file_problem(p):
             errors.append(f"spec.engineArgs: {problem}")
         else:
             seen.add(f.name)
             usable.append(p)
     return usable, errors
+
+
+def _pod_file_problem(p: ParsedFlag) -> str | None:
+    """--chat-template must be the template's text here: as a path, the engine would read that file of its pod into
+    prompts (the API key's /proc/self/environ too) for whoever may only create InferenceServices."""
+    if p.flag.name != "--chat-template" or looks_like_chat_template(str(p.value)):
+        return None
+    return ("--chat-template must be the template's text (holding {, } or a newline), not a file path: the operator "
+            "lets the engine read no file of its pod into prompts; put the file's text in the value")
 
 
 def engine_args_errors(extra: list[str]) -> list[str]:

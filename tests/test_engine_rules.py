@@ -111,13 +111,25 @@ def test_generation_override_keys_are_the_engines_sampling_fields():
 
     assert set(GENERATION_OVERRIDE_KEYS) == set(SAMPLING_FIELDS)
     # What the rule admits, SamplingParams takes (max_new_tokens is its max_tokens); other keys are ignored (vLLM).
-    good = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0.5, "repetition_penalty": 1.5, "max_new_tokens": 1,
+    good = {"temperature": 2, "top_p": 1, "top_k": -1, "min_p": 0.5, "repetition_penalty": 1.5, "max_new_tokens": 1,
             "do_sample": True, "top_a": "x"}
     assert override_generation_config_problem(good) is None and override_generation_config_problem(None) is None
     SamplingParams(**{("max_tokens" if k == "max_new_tokens" else k): v for k, v in good.items()
                       if k in GENERATION_OVERRIDE_KEYS})
-    for value in ([1], "x", {"temperature": -1}, {"top_p": 0}, {"top_k": 1.5}, {"max_new_tokens": 0},
-                  {"max_new_tokens": True}, {"min_p": 2}, {"temperature": float("nan")}):
+    for value in ([1], "x", {"temperature": -1}, {"temperature": 2.5}, {"top_p": 0}, {"top_k": 1.5},
+                  {"max_new_tokens": 0}, {"max_new_tokens": True}, {"min_p": 2}, {"temperature": float("nan")}):
         problem = override_generation_config_problem(value)
         assert problem is not None and "--override-generation-config" in problem
         assert problem in cross_flag_problems({"override_generation_config": value}, None)
+
+
+def test_default_chat_template_kwargs_are_an_object_of_template_variables():
+    from flotilla.engine_rules import default_chat_template_kwargs_problem
+
+    assert default_chat_template_kwargs_problem({"enable_thinking": False}) is None
+    assert default_chat_template_kwargs_problem(None) is None
+    for value, why in (([1], "must be a JSON object"),
+                       ({"tokenize": True, "tools": []}, "may not set tokenize, tools")):
+        problem = default_chat_template_kwargs_problem(value)
+        assert problem is not None and problem.startswith("--default-chat-template-kwargs") and why in problem
+        assert problem in cross_flag_problems({"default_chat_template_kwargs": value}, None)

@@ -28,13 +28,14 @@ def detect_content_format(ast: nodes.Template) -> ContentFormat:
         return "string"
 
 
-def model_content_format(tokenizer: Any, given: ContentFormatOption,
-                         tools: list[dict[str, Any]] | None) -> ContentFormat:
-    """The content format for the model's own template (the one transformers picks for `tools`)."""
+def model_content_format(tokenizer: Any, given: ContentFormatOption, tools: list[dict[str, Any]] | None,
+                         server_template: str | None = None) -> ContentFormat:
+    """The content format for the server's template (--chat-template), else the model's own (the one transformers
+    picks for `tools`)."""
     if given != "auto":
         return given
     try:
-        return model_template_format(tokenizer.get_chat_template(None, tools))
+        return model_template_format(tokenizer.get_chat_template(server_template, tools))
     except ValueError:  # no template: rendering refuses the conversation
         return "string"
 

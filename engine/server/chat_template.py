@@ -37,6 +37,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from flotilla.engine.server.chat_content import ContentFormatOption, detect_content_format, template_messages
+from flotilla.engine_rules import CHAT_TEMPLATE_RENDERER_ARGUMENTS
 
 # A chat template renders a few kilobytes in microseconds; one that needs seconds is a loop.
 RENDER_TIMEOUT_S = 5.0
@@ -50,15 +51,6 @@ RENDER_KILL_GRACE_S = 2.0
 # Request-template renders (child processes) at once, server-wide: their memory is bounded in total by this many
 # times a child's cap; more requests wait their turn (without holding a worker thread).
 MAX_CONCURRENT_RENDERS = 4
-# Names that `apply_chat_template` takes as its own arguments: a client must not set them through
-# chat_template_kwargs (e.g. tokenize=True would change the return type, chat_template the program).
-RESERVED_KWARGS = frozenset({
-    "chat_template", "conversation", "messages", "tools", "documents", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
-
-
 class TemplateLimitError(Exception):
     """A request's template exceeded a render limit (time or size)."""
 
@@ -83,7 +75,7 @@ def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """`chat_template_kwargs` as extra template variables; names of the renderer's own arguments are refused."""
     variables = dict(kwargs or {})
     variables.pop("chat_template", None)  # decided by request_template
-    reserved = sorted(RESERVED_KWARGS & variables.keys())
+    reserved = sorted(CHAT_TEMPLATE_RENDERER_ARGUMENTS & variables.keys())
     if reserved:
         raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}: these are the renderer's own "
                          "arguments, not template variables")

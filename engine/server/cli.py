@@ -29,6 +29,7 @@ from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.sampling_request import max_tokens_cap
+from flotilla.engine.server.server_chat_template import load_chat_template
 from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         server = ServerConfig.from_kwargs(**flag_values(args, ("server",)))
+        chat_template = load_chat_template(server.chat_template)
     except ValueError as exc:
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     state = _server_state(config, server, async_engine, tokenizer, loras, metrics,
-                          model_path=args.model if args.model is not None else config.model.model)
+                          model_path=args.model if args.model is not None else config.model.model,
+                          chat_template=chat_template)
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
@@ -163,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEngine, tokenizer: Any,
-                  loras: LoRARegistry | None, metrics: EngineMetrics, model_path: str) -> ServerState:
+                  loras: LoRARegistry | None, metrics: EngineMetrics, model_path: str,
+                  chat_template: str | None = None) -> ServerState:
     """What the routes share (app.ServerState): the started engine, the OpenAI serving on top of it with the
     model's sampling defaults, and what the routes report of the model (`model_path`: MODEL as given, else the
-    model directory served)."""
+    model directory served; `chat_template`: --chat-template's text)."""
     defaults = _default_sampling(config)
     return ServerState(
         engine=engine,
@@ -178,6 +182,8 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,
                               default_sampling=defaults,
                               chat_template_content_format=server.chat_template_content_format,
+                              chat_template=chat_template,
+                              default_chat_template_kwargs=server.default_chat_template_kwargs,
                               max_tokens_cap=max_tokens_cap(config.model.generation_config, defaults,
                                                             config.model.override_generation_config)),
         model_names=config.model.served_model_name,

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import joined_text_parts
+from flotilla.engine.server.protocol import check_text_parts, joined_text_parts
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
 
@@ -65,8 +65,8 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `input` field as chat messages: a text is one user message; message items keep their role and
-    their text parts joined; `function_call` items become the assistant's `tool_calls` (consecutive ones
-    join one assistant message), `function_call_output` items become `tool` messages."""
+    their content (a text, or its list of text parts); `function_call` items become the assistant's `tool_calls`
+    (consecutive ones join one assistant message), `function_call_output` items become `tool` messages."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
@@ -88,12 +88,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _message(item: dict[str, Any]) -> dict[str, Any]:
+    """A message item as a chat message; a list of text parts stays a list, so the template gets its content as
+    chat's would (each part in the openai content format, or joined by a newline in the string one)."""
     content = item.get("content")
-    if isinstance(content, list):
-        content = _text(content)
-    if not isinstance(content, str) or item.get("role") not in ("user", "assistant", "system", "developer"):
+    if not isinstance(content, str | list) or item.get("role") not in ("user", "assistant", "system", "developer"):
         raise APIError(400, "each input message needs a role (user, assistant, system, developer) and text "
                             "content", param="input")
+    if isinstance(content, list):
+        check_text_parts(content, "input")
     return {"role": item["role"], "content": content}
 
 

@@ -37,6 +37,7 @@ from flotilla.engine.server.protocol import (
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
+from flotilla.engine.server.server_chat_template import merged_template_kwargs
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
 from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
@@ -152,8 +153,11 @@ class OpenAIServing:
                  exclude_tools_when_tool_choice_none: bool = False,
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None,
-                 chat_template_content_format: ContentFormatOption = "auto") -> None:
+                 chat_template_content_format: ContentFormatOption = "auto", chat_template: str | None = None,
+                 default_chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.engine = engine
+        self.chat_template = chat_template  # --chat-template's text (None: the tokenizer's template)
+        self.default_chat_template_kwargs = default_chat_template_kwargs  # under each request's chat_template_kwargs
         self.content_format = chat_template_content_format  # chat_content.py: how message content reaches templates
         self.max_tokens_cap = max_tokens_cap  # vLLM's override_max_tokens: sampling_request.max_tokens_cap
         self.default_sampling = default_sampling or {}  # generation_config.json's fields (--generation-config)
@@ -228,7 +232,8 @@ class OpenAIServing:
                            param="continue_final_message")
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
-            variables = (template_variables(req.chat_template_kwargs) | ({"tools": tools} if tools else {})
+            kwargs = merged_template_kwargs(self.default_chat_template_kwargs, req.chat_template_kwargs)
+            variables = (template_variables(kwargs) | ({"tools": tools} if tools else {})
                          | ({"documents": req.documents} if req.documents else {}))
         except ValueError as exc:
             raise APIError(400, str(exc), param="chat_template") from None
@@ -255,9 +260,9 @@ class OpenAIServing:
                 raise APIError(400, str(exc), param="chat_template") from None
             return continued(text, messages) if continue_final_message else text
         messages = template_messages(messages, model_content_format(self.tokenizer, self.content_format,
-                                                                    variables.get("tools")))
+                                                                    variables.get("tools"), self.chat_template))
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+            return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt,
                                                       continue_final_message=continue_final_message, **variables)
         except Exception as exc:  # a template error is the conversation's fault (e.g. bad role order)

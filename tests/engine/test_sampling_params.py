@@ -3,6 +3,8 @@ engine's own arithmetic stays within int64 for every value it accepts (the offli
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -34,6 +36,21 @@ def test_out_of_range_values_name_their_field(kwargs, param):
     with pytest.raises(ValueError, match=param) as caught:
         SamplingParams(**kwargs)
     assert isinstance(caught.value, InvalidParamError) and caught.value.param == param
+
+
+@pytest.mark.parametrize("temperature", [2.0000001, 2.5, 50.0, 1e39, 1e300])
+def test_temperature_above_2_is_refused_in_vllms_words(temperature):
+    # vLLM 0.24's SamplingParams bounds temperature to [0, 2] (vllm-project/vllm#44965), offline and served alike.
+    refusal = re.escape(f"temperature must be in [0, 2], got {temperature}.")
+    with pytest.raises(InvalidParamError, match=refusal) as caught:
+        SamplingParams(temperature=temperature)
+    assert caught.value.param == "temperature"
+
+
+def test_temperature_bounds_are_inclusive():
+    assert (SamplingParams(temperature=0.0).temperature, SamplingParams(temperature=2.0).temperature) == (0.0, 2.0)
+    with pytest.raises(InvalidParamError, match=r"temperature must be non-negative, got -0\.5\."):
+        SamplingParams(temperature=-0.5)
 
 
 @pytest.mark.parametrize(

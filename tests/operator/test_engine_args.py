@@ -219,6 +219,14 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--seed", "1", "extra"], "spec.engineArgs: 'extra' is not a flag (a value must follow its flag)"),
     (["--por", "9000"], "spec.engineArgs: --por is not an engine flag"),  # argparse would take it for --port
     (["--", "--port", "9000"], "spec.engineArgs: -- is not an engine flag"),
+    # The owner's chat template as its text; a path would have the engine read a file of its pod into prompts.
+    (["--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}"], None),
+    (["--chat-template", "Human: {{ messages[0].content }}\nAssistant:"], None),
+    (["--chat-template", "/proc/self/environ"], "spec.engineArgs: --chat-template must be the template's text "
+                                                "(holding {, } or a newline), not a file path: the operator lets the "
+                                                "engine read no file of its pod into prompts; put the file's text in "
+                                                "the value"),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], None),
 ])
 def test_engine_args_are_checked_against_the_flag_contract(extra, error):
     errors = engine_args_errors(extra)

@@ -92,10 +92,9 @@ def test_logit_bias_key_outside_the_vocabulary_is_a_400(server, key):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    # (temperature has no upper bound, as in vLLM: test_vllm_compat.py serves 1e300 too)
-    [("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("temperature", -0.5), ("n", 10**6),
-     ("logprobs", 21), ("presence_penalty", 3.0), ("frequency_penalty", -1e9), ("min_p", 1.5), ("top_p", 0.0),
-     ("max_tokens", 10**30), ("min_tokens", -1)],
+    [("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("temperature", -0.5), ("temperature", 2.5),
+     ("n", 10**6), ("logprobs", 21), ("presence_penalty", 3.0), ("frequency_penalty", -1e9), ("min_p", 1.5),
+     ("top_p", 0.0), ("max_tokens", 10**30), ("min_tokens", -1)],
 )
 def test_out_of_range_field_is_a_400_naming_it(server, field, value):
     response = post(server, {"prompt": "Hello", "max_tokens": 2, field: value})

@@ -30,17 +30,23 @@ def test_explicit_nulls_that_vllm_takes_as_unset_are_served(server, client):
     assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
 
 
-def test_temperature_above_openais_2_is_served_as_vllm(client):
-    # vLLM bounds temperature below only (SamplingParams: >= 0); OpenAI's 2 is not its limit.
-    for temperature in (2.5, 50.0, 1e300):
-        completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature,
-                                               seed=1)
-        assert completion.usage.completion_tokens == 3
-        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
-                                              temperature=temperature, seed=1)
-        assert chat.usage.completion_tokens == 3
-    response = client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=2.5)
-    assert response.usage.output_tokens == 3
+@pytest.mark.parametrize("temperature", [2.5, 50.0, 1e300])
+def test_temperature_above_2_is_a_400_in_vllms_words(server, client, temperature):
+    # vLLM 0.24's SamplingParams takes temperature in [0, 2] (vllm-project/vllm#44965) and answers a 400 naming it.
+    from openai import BadRequestError
+
+    calls = [lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=temperature),
+             lambda: client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                                    temperature=temperature, stream=True),
+             lambda: client.responses.create(model="tiny", input="hi", max_output_tokens=3, temperature=temperature)]
+    for call in calls:
+        with pytest.raises(BadRequestError) as refused:
+            call()
+        error = refused.value.body
+        assert error["param"] == "temperature", error
+        assert f"temperature must be in [0, 2], got {temperature}." in error["message"], error
+    assert client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=2.0,
+                                     seed=1).usage.completion_tokens == 3
 
 
 def _refusal(call) -> str:
@@ -348,6 +354,39 @@ def test_a_template_that_loops_over_content_parts_gets_them_as_vllm(thinking_ser
     assert tokens.json()["count"] == _count(thinking_server, "<user>[hi]<user>[a][b]")
     # forced to string: "hi" and "a\nb" are iterated character by character, none of which has a text
     assert _prompt_tokens(string_content_server, PARTS_MESSAGES) == _count(thinking_server, "<user>[][]<user>[][][]")
+
+
+# Numbers each part it gets: parts joined into one text would read "<user 1: a\nb>", with fewer tokens.
+NUMBERED_PARTS_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
+                           "<{{ message['role'] }} {{ loop.index }}: {{ part['text'] }}>{% endfor %}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def parts_template_server(tiny_model_dirs, tmp_path_factory):
+    # the operator's template (--chat-template) loops over content: auto gives it the openai format
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("parts-template") / "server.log",
+                          "--chat-template", NUMBERED_PARTS_TEMPLATE)
+    yield s
+    stop_server(s)
+
+
+def test_responses_input_parts_reach_the_template_one_by_one_as_chats(parts_template_server):
+    # vLLM hands a Responses message's content parts to the template as chat does (each input_text a text part),
+    # not joined into one text.
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{parts_template_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    response = oai.responses.create(model="tiny", input=[{"role": "user", "content": parts}], max_output_tokens=1)
+    expected = _count(parts_template_server, "<user 1: a><user 2: b>")
+    assert response.usage.input_tokens == expected
+    chat = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1)
+    assert chat.usage.prompt_tokens == expected
+    assistant = [{"role": "user", "content": "hi"},
+                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "c"},
+                                                                      {"type": "output_text", "text": "d"}]}]
+    again = oai.responses.create(model="tiny", input=assistant, max_output_tokens=1)
+    assert again.usage.input_tokens == _count(parts_template_server, "<user 1: hi><assistant 1: c><assistant 2: d>")
 
 
 def test_model_cards_carry_vllms_fields(server, client):
