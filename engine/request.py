@@ -87,10 +87,11 @@ class Request:
     grammar: RequestGrammar | None = None
     # `sampling_params.bad_words` as token sequences (engine/bad_words.py), tokenized once when added.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
-    # Sampler inputs built from `sampling_params` at the first draw and reused (sampling_metadata): the
-    # `allowed_token_ids` mask, `logit_bias` ids and values, the ids banned until `min_tokens`; one dict shared by a
-    # request's n completions. A step's cost then does not grow with the lists' lengths (a whole-vocabulary bias or
-    # stop id list was a Python loop per completion per step).
+    # Sampler inputs built from `sampling_params` at the first draw and reused (sampling_metadata): `[V]` rows of
+    # the `allowed_token_ids` mask, the dense `logit_bias`, the ids banned until `min_tokens`; one dict shared by a
+    # request's n completions, so a step stacks each row once for all n. A step's cost then grows neither with the
+    # lists' lengths nor with n (a whole-vocabulary bias or stop id list was a Python loop per completion per step,
+    # then n x its length in (row, token) pairs gathered every step).
     sampler_tensors: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
     # `sampling_params.stop_token_ids` as a set (made here unless given), for the per-step stop check.
     stop_token_set: frozenset[int] = field(default=frozenset(), repr=False)

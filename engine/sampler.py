@@ -43,14 +43,18 @@ class SamplingBatch:
     repetition_penalty: torch.Tensor  # [B] float32
     output_tokens: torch.Tensor  # [B, L] int64, padded with vocab_size
     prompt_tokens: torch.Tensor  # [B, P] int64, padded with vocab_size
-    bias_rows: torch.Tensor  # [nnz] int64
-    bias_tokens: torch.Tensor  # [nnz] int64
-    bias_values: torch.Tensor  # [nnz] float32
-    banned_rows: torch.Tensor  # [m] int64: (row, token) pairs that may not be drawn (min_tokens)
-    banned_tokens: torch.Tensor  # [m] int64
-    # allowed_token_ids: the rows that have it, and what each may draw
-    restricted_rows: torch.Tensor  # [r] int64
-    allowed_masks: torch.Tensor  # [r, V] bool
+    # Per-request [V] rows (logit_bias, min_tokens bans, allowed_token_ids), each distinct row once in a table
+    # and a row index into it per batch row that has one: a request's n completions share theirs, so a
+    # vocabulary-long bias costs a step one [V] row, not n (nor n x its length in (row, token) pairs).
+    bias_rows: torch.Tensor  # [b] int64: the rows with a logit_bias
+    bias_index: torch.Tensor  # [b] int64: each one's row of bias_table
+    bias_table: torch.Tensor  # [u, V] float32: the biases, dense (0 for the tokens a bias leaves alone)
+    banned_rows: torch.Tensor  # [m] int64: the rows still short of their min_tokens
+    banned_index: torch.Tensor  # [m] int64: each one's row of banned_table
+    banned_table: torch.Tensor  # [u, V] bool: the tokens (stop ids, EOS) such a row may not draw
+    restricted_rows: torch.Tensor  # [r] int64: the rows with allowed_token_ids
+    allowed_index: torch.Tensor  # [r] int64: each one's row of allowed_table
+    allowed_table: torch.Tensor  # [u, V] bool: what such a row may draw
     # bad_words: (row, token) pairs forbidden this step
     bad_rows: torch.Tensor  # [w] int64
     bad_tokens: torch.Tensor  # [w] int64
@@ -97,15 +101,18 @@ def _byte_bits(device: torch.device) -> torch.Tensor:
 
 def apply_logit_bias(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Add each row's logit_bias to its tokens."""
+    # (Rows gathered by indexing, not index_select: on a CPU of 2 threads under load index_select stalled
+    # for up to 0.5 s a call, 20x the other stages' worst.) Rows are distinct: one add per entry.
     if b.bias_rows.numel():
-        logits.index_put_((b.bias_rows, b.bias_tokens), b.bias_values, accumulate=True)
+        logits.index_add_(0, b.bias_rows, b.bias_table[b.bias_index])
     return logits
 
 
 def apply_bans(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Forbid stop tokens until a row has its min_tokens."""
     if b.banned_rows.numel():
-        logits[b.banned_rows, b.banned_tokens] = _NEG_INF
+        rows = b.banned_rows
+        logits.index_copy_(0, rows, logits[rows].masked_fill_(b.banned_table[b.banned_index], _NEG_INF))
     return logits
 
 
@@ -117,7 +124,7 @@ def apply_token_masks(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         return logits
     if b.restricted_rows.numel():
         keep = torch.ones_like(logits, dtype=torch.bool)
-        keep[b.restricted_rows] = b.allowed_masks
+        keep[b.restricted_rows] = b.allowed_table[b.allowed_index]
         logits = logits.masked_fill(keep.logical_not_(), _NEG_INF)
     else:
         logits = logits.clone()

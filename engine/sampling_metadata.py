@@ -61,13 +61,15 @@ def build_sampling_batch(
         repetition_penalty=to.tensor(penalties, torch.float32),
         output_tokens=to.padded([r.request.output_token_ids for r in seen], len(rows)),
         prompt_tokens=to.padded([r.request.prompt_token_ids for r in seen], len(rows)),
-        bias_rows=to.rows_of([(i, t) for i, t, _ in sparse.bias]),
-        bias_tokens=to.cat([t for _, t, _ in sparse.bias], torch.long),
-        bias_values=to.cat([v for _, _, v in sparse.bias], torch.float32),
-        banned_rows=to.rows_of(sparse.banned),
-        banned_tokens=to.cat([t for _, t in sparse.banned], torch.long),
-        restricted_rows=to.tensor(sparse.restricted_rows, torch.long),
-        allowed_masks=to.stack_masks(sparse.allowed_masks),
+        bias_rows=to.tensor(sparse.bias.rows, torch.long),
+        bias_index=to.tensor(sparse.bias.index, torch.long),
+        bias_table=to.table(sparse.bias.table, torch.float32),
+        banned_rows=to.tensor(sparse.banned.rows, torch.long),
+        banned_index=to.tensor(sparse.banned.index, torch.long),
+        banned_table=to.table(sparse.banned.table, torch.bool),
+        restricted_rows=to.tensor(sparse.allowed.rows, torch.long),
+        allowed_index=to.tensor(sparse.allowed.index, torch.long),
+        allowed_table=to.table(sparse.allowed.table, torch.bool),
         bad_rows=to.tensor(sparse.bad_rows, torch.long),
         bad_tokens=to.tensor(sparse.bad_tokens, torch.long),
         all_greedy=all(t == 0 for t in temperatures),
@@ -88,14 +90,32 @@ def _seeds_and_positions(rows: list[SamplingRow], generator: torch.Generator) ->
     return seeds, positions
 
 
+class _SharedRows:
+    """Batch rows that each read a per-request `[V]` tensor, with each distinct tensor once: a request's n
+    completions share theirs (`Request.sampler_tensors`), so the step stacks one `[V]` row for all n."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []  # the batch rows that have one
+        self.index: list[int] = []  # each one's row of `table`
+        self.table: list[torch.Tensor] = []  # the distinct tensors, in order of first use
+        self._slots: dict[int, int] = {}  # id(tensor) -> its row of `table` (the tensors live through the step)
+
+    def add(self, row: int, tensor: torch.Tensor) -> None:
+        """Row `row` reads `tensor`."""
+        slot = self._slots.setdefault(id(tensor), len(self.table))
+        if slot == len(self.table):
+            self.table.append(tensor)
+        self.rows.append(row)
+        self.index.append(slot)
+
+
 @dataclass
 class _SparseEntries:
     """The step's per-token constraints, gathered row by row: only the rows that ask for one add to it."""
 
-    bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, token ids, values)
-    banned: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, token ids banned until min_tokens)
-    restricted_rows: list[int] = field(default_factory=list)  # rows with allowed_token_ids
-    allowed_masks: list[torch.Tensor] = field(default_factory=list)  # their [vocab_size] masks, in that order
+    bias: _SharedRows = field(default_factory=_SharedRows)  # logit_bias as dense [V] float32 rows
+    banned: _SharedRows = field(default_factory=_SharedRows)  # [V] bool: banned until min_tokens
+    allowed: _SharedRows = field(default_factory=_SharedRows)  # [V] bool: allowed_token_ids
     bad_rows: list[int] = field(default_factory=list)  # (row, token) pairs a bad word forbids this step
     bad_tokens: list[int] = field(default_factory=list)
 
@@ -106,12 +126,11 @@ def _gather_sparse(rows: list[SamplingRow], vocab_size: int, device: torch.devic
     for i, r in enumerate(rows):
         p = r.request.sampling_params
         if p.logit_bias:
-            sparse.bias.append((i, *logit_bias_tensors(r.request, vocab_size, device)))
+            sparse.bias.add(i, logit_bias_row(r.request, vocab_size, device))
         if r.output_index < p.min_tokens:
-            sparse.banned.append((i, min_tokens_bans(r.request, vocab_size, device)))
+            sparse.banned.add(i, min_tokens_bans(r.request, vocab_size, device))
         if p.allowed_token_ids is not None:
-            sparse.restricted_rows.append(i)
-            sparse.allowed_masks.append(allowed_mask(r.request, vocab_size, device))
+            sparse.allowed.add(i, allowed_mask(r.request, vocab_size, device))
         if r.request.bad_words_token_ids:
             # The request's known output: a bad word of several tokens keeps it known each step
             # (LLMEngine._needs_known_outputs) and does not speculate (policy.request_can_speculate).
@@ -138,19 +157,13 @@ class _DeviceLists:
         padded = [x + [self.vocab_size] * (width - len(x)) for x in lists]
         return self.tensor(padded, torch.long).reshape(n, width)
 
-    def cat(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """The parts end to end; an empty tensor of `dtype` for none."""
-        return torch.cat(parts) if parts else self.tensor([], dtype)
-
-    def rows_of(self, parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-        """Each part's row index, once per entry of its tensor (the row side of (row, token) pairs)."""
-        return self.cat([torch.full_like(t, i) for i, t in parts], torch.long)
-
-    def stack_masks(self, masks: list[torch.Tensor]) -> torch.Tensor:
-        """`[r, vocab_size]` bool: the restricted rows' masks; `[0, vocab_size]` for none."""
-        if masks:
-            return torch.stack(masks)
-        return torch.ones(0, self.vocab_size, dtype=torch.bool, device=self.device)
+    def table(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """`[u, vocab_size]`: the distinct per-request rows (a view of the one row when there is one)."""
+        if len(parts) == 1:
+            return parts[0].unsqueeze(0)
+        if parts:
+            return torch.stack(parts)
+        return torch.zeros(0, self.vocab_size, dtype=dtype, device=self.device)
 
 
 def allowed_mask(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -175,26 +188,31 @@ def _cached(request: Request, key: str, device: torch.device,
     return tensors
 
 
-def logit_bias_tensors(request: Request, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The request's `logit_bias` as (token ids, values) tensors on `device`, built once per request."""
+def logit_bias_row(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The request's `logit_bias` as a dense `[vocab_size]` float32 row on `device` (0 for the tokens it leaves
+    alone), built once per request: a step adds it with one row operation, whatever the bias's length."""
 
     def make() -> tuple[torch.Tensor, ...]:
         bias = request.sampling_params.logit_bias or {}
         kept = [(t, v) for t, v in bias.items() if 0 <= t < vocab_size]  # the engine refuses others (check_vocab)
-        return (device_tensor([t for t, _ in kept], torch.long, device),
-                device_tensor([v for _, v in kept], torch.float32, device))
+        row = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        if kept:
+            row[device_tensor([t for t, _ in kept], torch.long, device)] = device_tensor([v for _, v in kept],
+                                                                                           torch.float32, device)
+        return (row,)
 
-    tokens, values = _cached(request, "bias", device, make)
-    return tokens, values
+    return _cached(request, "bias", device, make)[0]
 
 
 def min_tokens_bans(request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
     """The ids a request may not draw before `min_tokens` (its stop ids, and EOS unless `ignore_eos`), as a
-    tensor on `device`, built once per request."""
+    `[vocab_size]` bool row on `device`, built once per request."""
 
     def make() -> tuple[torch.Tensor, ...]:
         stops = request.stop_token_set | (frozenset() if request.sampling_params.ignore_eos else request.eos_token_ids)
+        mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         # The engine refuses ids outside the vocabulary; an EOS id of a padded config may still be.
-        return (device_tensor(sorted(t for t in stops if 0 <= t < vocab_size), torch.long, device),)
+        mask[device_tensor(sorted(t for t in stops if 0 <= t < vocab_size), torch.long, device)] = True
+        return (mask,)
 
     return _cached(request, "bans", device, make)[0]

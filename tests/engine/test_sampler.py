@@ -99,6 +99,29 @@ def test_logit_bias_and_min_tokens_ban():
     assert out.token_ids.tolist()[1] not in (2, 4)
 
 
+
+def test_a_requests_completions_read_one_shared_row_of_each_table():
+    # As LLMEngine.add_request builds them, a request's n completions share their sampler tensors: the step holds
+    # one [V] row of its whole-vocabulary bias, its min_tokens bans and its allowed ids for all n (it gathered n x
+    # the bias's length in (row, token) pairs every step: 2x a plain request's time at n=48), and each row still
+    # gets its own request's.
+    shared: dict = {}
+    many = SamplingParams(temperature=0, n=3, logit_bias={**{t: 0.5 for t in range(V)}, 7: 60.0}, min_tokens=2,
+                          stop_token_ids=[11, 12] * 2, allowed_token_ids=[7, 11, 30])
+    rows = [SamplingRow(Request(f"a{i}", [1], many, index=i, sampler_tensors=shared), i, 0) for i in range(3)]
+    rows.append(SamplingRow(Request("b", [1], SamplingParams(temperature=0, logit_bias={3: 60.0})), 3, 0))
+    b = build_sampling_batch(rows, V, torch.device("cpu"), torch.Generator())
+    assert b.bias_table.shape == (2, V) and b.bias_index.tolist() == [0, 0, 0, 1]
+    assert b.banned_table.shape == (1, V) and b.banned_rows.tolist() == [0, 1, 2]
+    assert b.allowed_table.shape == (1, V) and b.restricted_rows.tolist() == [0, 1, 2]
+    logits = torch.zeros(4, V)
+    logits[:3, 11] = 100.0  # the three's favourite, banned until min_tokens
+    # 30 wins for the three only with their whole-vocabulary 0.5 (60.2 against 7's 60); the last row draws its
+    # own biased 3 (60), none of theirs.
+    logits[:, 30] = 59.7
+    assert sample(logits, b).token_ids.tolist() == [30, 30, 30, 3]
+
+
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 def test_logprobs_are_log_softmax_of_the_raw_or_processed_logits(mode):
     logits = torch.randn(2, V)

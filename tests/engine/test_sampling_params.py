@@ -89,7 +89,7 @@ def test_sampling_batch_clamps_top_k_and_skips_ids_beyond_the_vocabulary():
     request = Request("r", [1, 2], params, eos_token_ids=frozenset({7, 10**6}))
     batch = build_sampling_batch([SamplingRow(request, 0, 0)], 50, torch.device("cpu"), torch.Generator())
     assert batch.top_k.tolist() == [50]
-    assert batch.banned_tokens.tolist() == [7]
+    assert batch.banned_table[batch.banned_index].nonzero()[:, 1].tolist() == [7]
     assert batch.all_greedy  # a temperature below 1e-5 is greedy, as vLLM's
 
 
