@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -43,6 +44,39 @@ class Server:
     def metric(self, name: str) -> float:
         """Sum of a metric over its label sets."""
         return sum(v for k, v in self.metrics().items() if k == name or k.startswith(name + "{"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its descendants so far: the API process, its engine core and
+    their helpers (e.g. the chat-template fork server and its render children)."""
+    return sum(_cpu_by_process(pid).values())
+
+
+def _cpu_by_process(pid: int) -> dict[tuple[int, float], float]:
+    import psutil
+
+    root = psutil.Process(pid)
+    cpu = {}
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            cpu[process.pid, process.create_time()] = times.user + times.system
+    return cpu
+
+
+def wait_until_idle(pid: int, deadline_s: float = 60, window_s: float = 1.0, idle_cpu_s: float = 0.1) -> bool:
+    """Wait until a process tree spends less than `idle_cpu_s` CPU seconds in `window_s` of wall time; False if it
+    is still busy after `deadline_s`. CPU time, not wall time: a loaded machine slows a busy tree's work but does not
+    make an idle one busy (an idle server here spends ~0 CPU s). A wait, not a timing assertion."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        before = _cpu_by_process(pid)
+        time.sleep(window_s)
+        after = _cpu_by_process(pid)
+        # Per process present at the end (one that ended in between drops out instead of counting negative).
+        if sum(cpu - before.get(key, 0.0) for key, cpu in after.items()) < idle_cpu_s:
+            return True
+    return False
 
 
 def free_port() -> int:
