@@ -85,10 +85,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# uvicorn's words when the port it was given is taken.
+_PORT_TAKEN = "address already in use"
+
+
 def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
                  launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server")) -> Server:
     """Start the server (`python -m flotilla.engine.server`, or `launcher` taking the same arguments)
-    and wait until /health answers 200."""
+    and wait until /health answers 200.
+
+    The free port is closed again before the server binds it: another process (or a client's outgoing
+    connection, which takes its local port from the same range) may take it in between. The server then exits
+    at its bind, and is started again on another port."""
+    for _ in range(3):
+        server = _start_server_once(model, log, flags, env, launcher)
+        if server is not None:
+            return server
+    raise RuntimeError(f"three free ports were taken before the server bound them:\n{log.read_text()[-3000:]}")
+
+
+def _start_server_once(model: Path, log: Path, flags: Sequence[str], env: dict[str, str] | None,
+                       launcher: Sequence[str]) -> Server | None:
+    """The server started and healthy, or None when its port was taken before it bound it."""
     port = free_port()
     cmd = [
         *launcher,
@@ -110,6 +128,8 @@ def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            if _PORT_TAKEN in log.read_text():
+                return None
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
