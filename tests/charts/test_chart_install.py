@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ..k8s_fixtures import REPO, Cluster, ControlPlane, free_port, service_account_token, token_kubeconfig, wait_for
+from ..k8s_fixtures import REPO, Cluster, ControlPlane, free_ports, service_account_token, token_kubeconfig, wait_for
 from .conftest import CHART, NAMESPACE, RELEASE, find, render_chart
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ class Installed:
         for key in ("tls.crt", "tls.key"):
             (certs / key).write_bytes(base64.b64decode(secret["data"][key]))
         # The Deployment's own command line; only ports and the mounted directory are local.
-        self.webhook_port, self.liveness_port = free_port(), free_port()
+        self.webhook_port, self.liveness_port = free_ports(2)
         replace = {"--webhook-port": str(self.webhook_port), "--webhook-cert-dir": str(certs),
                    "--liveness": f"http://127.0.0.1:{self.liveness_port}/healthz"}
         args = [f"{a.split('=')[0]}={replace[a.split('=')[0]]}" if a.split("=")[0] in replace else a
