@@ -55,7 +55,7 @@ def engine_scrape(engine_port: int, api_key: str, labels: dict[str, str] | None 
             "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"], "labels": labels or {}}]}
 
 
-def _wait_ready(url: str, timeout: float = 30) -> None:
+def _wait_ready(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
