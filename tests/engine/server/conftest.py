@@ -79,6 +79,17 @@ def wait_until_idle(pid: int, deadline_s: float = 60, window_s: float = 1.0, idl
     return False
 
 
+def wait_until_engine_idle(server: Server, deadline_s: float = 120) -> None:
+    """Wait until no request is running or waiting and no KV block is held (a wait, not a timing assertion): the
+    shared servers carry whatever an earlier test left, e.g. a stream whose client left and whose abort has not
+    landed yet, which would move the counters a test compares before and after."""
+    deadline = time.monotonic() + deadline_s
+    while (server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
+           + server.metric("vllm:kv_cache_usage_perc")):
+        assert time.monotonic() < deadline, "requests stayed in the engine"
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

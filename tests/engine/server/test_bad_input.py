@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, wait_until_engine_idle
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 LONE = "\\ud800"  # a JSON escape for an unpaired UTF-16 surrogate
@@ -105,6 +105,7 @@ def test_a_refused_prompt_in_a_completions_batch_stops_the_others(server):
     queued, are aborted with it rather than generating to max_tokens for a reply nobody gets."""
     import time
 
+    wait_until_engine_idle(server)  # no earlier test's tokens in the count
     before = server.metric("vllm:generation_tokens_total")
     body = {"model": "tiny", "prompt": [[5, 6, 7], [10**9]], "max_tokens": 250, "ignore_eos": True}
     response = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=120)

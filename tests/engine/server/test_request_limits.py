@@ -17,7 +17,7 @@ import pytest
 
 from flotilla.engine.config import ServerConfig
 
-from .conftest import API_KEY, Server, start_tiny_server, stop_server
+from .conftest import API_KEY, Server, start_tiny_server, stop_server, wait_until_engine_idle
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_MODEL_LEN = 32768
@@ -142,13 +142,6 @@ def _requests_in_engine(server: Server) -> float:
     return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
 
 
-def _wait_until_engine_idle(server: Server) -> None:
-    deadline = time.monotonic() + 120  # a wait for the aborts to land, not a timing assertion
-    while _requests_in_engine(server) + server.metric("vllm:kv_cache_usage_perc"):
-        assert time.monotonic() < deadline, "requests stayed in the engine after their clients left"
-        time.sleep(0.1)
-
-
 def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     # --max-body-bytes-in-flight bounds the bodies being received and parsed; once parsed, a body's bytes went back
     # to the budget but Starlette's Request still held them (and FastAPI's handler a reference) until the request
@@ -157,7 +150,7 @@ def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     # the other (so the 16 MB budget never refuses one): the API process must not hold them.
     count, pad = 32, BODY_LIMIT - 1000
     api = limited.process.pid
-    _wait_until_engine_idle(limited)
+    wait_until_engine_idle(limited)
     before = _resident_bytes(api)
     held = []
     try:
@@ -175,7 +168,7 @@ def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     finally:
         for sock in held:
             sock.close()
-    _wait_until_engine_idle(limited)  # and the clients' disconnects aborted all of them, waiting or running
+    wait_until_engine_idle(limited)  # and the clients' disconnects aborted all of them, waiting or running
     assert grown < count * pad // 2, f"the API process grew {grown >> 20} MiB with {count} requests in flight"
 
 
