@@ -82,7 +82,7 @@ start_apiserver() {
     --audit-policy-file="$RUN/audit-policy.yaml" --audit-log-path="$RUN/audit.log" --audit-log-format=json \
     --enable-priority-and-fairness=false >> "$RUN/apiserver.log" 2>&1 &
   echo $! > "$RUN/apiserver.pid"
-  local ready="curl -skf -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
+  local ready="curl -skf --max-time 5 -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
   for _ in $(seq 1 300); do
     eval "$ready" >/dev/null && break
     kill -0 "$(cat "$RUN/apiserver.pid")" 2>/dev/null || { tail -20 "$RUN/apiserver.log" >&2; exit 1; }

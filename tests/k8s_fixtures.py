@@ -13,6 +13,7 @@ skipped, unless FLOTILLA_K8S_REQUIRED is set (as in CI), when they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -34,9 +35,18 @@ SCHEMA_VERSIONS = ("1.25.0", "1.30.0", "1.37.0")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now (closed again: the caller's process binds it)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now: each held open until all are chosen, since a port closed
+    after one call may come back from the next."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _binaries_dir() -> Path:
@@ -82,15 +92,26 @@ def run_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cont
         if os.environ.get("FLOTILLA_K8S_REQUIRED"):
             pytest.fail(reason)
         pytest.skip(reason)
-    run = tmp_path_factory.mktemp("k8s-run")
-    env = {**os.environ, "K8S_BIN": str(binaries), "K8S_RUN": str(run), "API_PORT": str(free_port()),
-           "ETCD_PORT": str(free_port()), "ETCD_PEER_PORT": str(free_port())}
-    started = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=120)
+    for _ in range(3):  # the free ports are closed again before etcd and the apiserver bind them: retaken, retry
+        run = tmp_path_factory.mktemp("k8s-run")
+        api_port, etcd_port, etcd_peer_port = free_ports(3)
+        env = {**os.environ, "K8S_BIN": str(binaries), "K8S_RUN": str(run), "API_PORT": str(api_port),
+               "ETCD_PORT": str(etcd_port), "ETCD_PEER_PORT": str(etcd_peer_port)}
+        started = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=120)
+        if started.returncode == 0 or not _port_was_taken(run, started.stdout + started.stderr):
+            break
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
     try:
         assert started.returncode == 0, f"control plane did not start:\n{started.stdout}\n{started.stderr}"
         yield ControlPlane(run, env)
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+
+
+def _port_was_taken(run: Path, output: str) -> bool:
+    """Whether the start failed because etcd or the apiserver found its port taken."""
+    logs = [output, *(p.read_text(errors="replace") for p in (run / "etcd.log", run / "apiserver.log") if p.exists())]
+    return any("address already in use" in text for text in logs)
 
 
 @pytest.fixture(scope="session")

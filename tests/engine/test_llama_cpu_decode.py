@@ -57,10 +57,11 @@ def _checked(llm: LLM) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def _restore():
-    original = llama.cpu_decode_forward
+    # As they were (FLOTILLA_CPU_DECODE_LAYERS may have turned the layers off), for the tests after these.
+    original, layers = llama.cpu_decode_forward, fast.CPU_DECODE_LAYERS
     yield
     llama.cpu_decode_forward = original
-    fast.CPU_DECODE_LAYERS = True
+    fast.CPU_DECODE_LAYERS = layers
 
 
 def _generate(llm: LLM, prompts: list[list[int]], tokens: int = 12) -> list[list[int]]:

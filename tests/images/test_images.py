@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from ..k8s_fixtures import REPO, free_port, wait_for
+from ..k8s_fixtures import REPO, free_port, free_ports, wait_for
 from .conftest import Images
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_operator_image_reconciles_a_sample(images: Images, container_of: Any, c
     kube_dir.mkdir(mode=0o755)
     shutil.copy(control_plane.kubeconfig, kube_dir / "config")
     (kube_dir / "config").chmod(0o644)  # the image's user (1000) reads it
-    webhook_port, liveness_port = free_port(), free_port()
+    webhook_port, liveness_port = free_ports(2)
     config = config_of(images, images.operator)
     command = [*config["Entrypoint"], "--webhook-host", "127.0.0.1", "--webhook-listen", "127.0.0.1",
                "--webhook-port", str(webhook_port), "--webhook-cert-dir", "/tmp/webhook-certs",

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .. import k8s_fixtures
-from ..k8s_fixtures import REPO, SCHEMA_VERSIONS, Cluster, ControlPlane, free_port, wait_for  # noqa: F401
+from ..k8s_fixtures import REPO, SCHEMA_VERSIONS, Cluster, ControlPlane, free_port, free_ports, wait_for  # noqa: F401
 
 # The shared fixtures, instantiated for this directory (its own control plane).
 control_plane = k8s_fixtures.control_plane
@@ -52,7 +52,7 @@ class OperatorProcess:
 
     def __init__(self, control_plane: ControlPlane, cluster: Cluster, workdir: Path):
         self.control_plane, self.cluster, self.workdir = control_plane, cluster, workdir
-        self.webhook_port, self.liveness_port = free_port(), free_port()
+        self.webhook_port, self.liveness_port = free_ports(2)
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

@@ -145,9 +145,20 @@ def crd_installed(kube_api):
         time.sleep(0.1)
     else:
         pytest.fail("CRD not Established within 30 s")
-    time.sleep(0.5)  # discovery catches up with a just-established CRD
+    api = kubernetes.client.CustomObjectsApi(kube_api)
+    # Discovery catches up with a just-established CRD: the kind is served once a list answers (a fixed 0.5 s
+    # sleep could be too short on a loaded machine, and the first create got a 404).
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+            break
+        except kubernetes.client.ApiException as e:
+            if e.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     with _webhooks_set_aside(kube_api):
-        yield kubernetes.client.CustomObjectsApi(kube_api)
+        yield api
 
 
 @contextlib.contextmanager

@@ -257,7 +257,7 @@ def _blocked(cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
         body = cluster.kube.get(fis_path(namespace, name))
         return body if condition(body, "Progressing").get("reason") == reason else None
 
-    body = wait_for(seen, 20, f"Progressing reason {reason} on {name}")
+    body = wait_for(seen, 60, f"Progressing reason {reason} on {name}")
     assert body["status"]["phase"] == "Failed"
     assert condition(body, "Degraded")["status"] == "True"
     # Events are posted through kopf's queue, a moment after the status.
@@ -336,7 +336,7 @@ def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothi
     # Fixing the spec converges: the backoff retries, and the update triggers a reconcile at once.
     doc["spec"]["resources"]["nodeSelector"] = {"pool": "gpu"}
     cluster.apply(doc)
-    wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 20, "the Deployment")
+    wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 60, "the Deployment")
     wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "picky")), "Degraded").get("status") == "False",
              20, "Degraded=False")
 
@@ -579,7 +579,7 @@ def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_i
     finally:
         operator_process.start()
     path = fis_path(namespace, "stale")
-    wait_for(lambda: condition(cluster.kube.get(path), "Valid").get("status") == "False", 20, "Valid=False")
+    wait_for(lambda: condition(cluster.kube.get(path), "Valid").get("status") == "False", 60, "Valid=False")
     cluster.kube.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
                          content_type="application/merge-patch+json")
     with pytest.raises(KubeError) as refused:

@@ -175,14 +175,14 @@ def test_simulated_readiness_turns_ready_true_and_back(op, namespace):
         return op.kube.get(fis_path(namespace, "llama")).get("status") or {}
 
     set_pods_ready(op, namespace, "llama", True, 2)
-    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "True", 20, "Ready=True")
+    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "True", 60, "Ready=True")
     status = fis_status()
     assert (status["phase"], status["readyReplicas"]) == ("Ready", 2)
     assert condition({"status": status}, "Progressing")["reason"] == "RolloutComplete"
 
     set_pods_ready(op, namespace, "llama", False, 2)
-    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "False", 20, "Ready=False")
-    wait_for(lambda: fis_status()["phase"] == "Degraded", 10, "phase Degraded")
+    wait_for(lambda: condition({"status": fis_status()}, "Ready").get("status") == "False", 60, "Ready=False")
+    wait_for(lambda: fis_status()["phase"] == "Degraded", 60, "phase Degraded")
     assert condition({"status": fis_status()}, "Degraded")["reason"] == "ReplicasUnavailable"
 
 
@@ -197,7 +197,7 @@ def test_scaled_to_zero_by_hand_reads_scaled_to_zero_not_progressing(op, namespa
     def fis_status():
         return op.kube.get(fis_path(namespace, "llama")).get("status") or {}
 
-    wait_for(lambda: fis_status().get("phase") == "Ready", 20, "phase Ready")
+    wait_for(lambda: fis_status().get("phase") == "Ready", 60, "phase Ready")
     op.kube.request("PATCH", f"{fis_path(namespace, 'llama')}/scale", {"spec": {"replicas": 0}}, None,
                     "application/merge-patch+json")
     status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
@@ -213,9 +213,9 @@ def test_scaled_to_zero_by_hand_reads_scaled_to_zero_not_progressing(op, namespa
 
     op.kube.request("PATCH", f"{fis_path(namespace, 'llama')}/scale", {"spec": {"replicas": 1}}, None,
                     "application/merge-patch+json")
-    wait_for(lambda: fis_status().get("phase") == "Progressing", 20, "phase Progressing on the way back")
+    wait_for(lambda: fis_status().get("phase") == "Progressing", 60, "phase Progressing on the way back")
     set_pods_ready(op, namespace, "llama", True, 1)
-    wait_for(lambda: fis_status().get("phase") == "Ready", 20, "phase Ready again")
+    wait_for(lambda: fis_status().get("phase") == "Ready", 60, "phase Ready again")
 
 
 def _scale(op, namespace: str, name: str, replicas: int) -> None:
@@ -295,7 +295,7 @@ def test_spec_update_rolls_the_deployment_under_the_same_name(op, namespace):
         a = d["spec"]["template"]["spec"]["containers"][0]["args"]
         return d if a[a.index("--max-num-seqs") + 1] == "32" else None
 
-    after = wait_for(rolled, 20, "the new args")
+    after = wait_for(rolled, 60, "the new args")
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
     body = op.kube.get(fis_path(namespace, "llama"))
@@ -310,7 +310,7 @@ def test_children_no_longer_wanted_are_removed(op, namespace):
     op.apply(fixed("llama", namespace, replicas=2))
     wait_children(op, namespace, "llama", ["PodDisruptionBudget"])
     op.apply(fixed("llama", namespace, replicas=1))  # one replica: a PDB would block drains
-    wait_for(lambda: op.kube.get(child_path("PodDisruptionBudget", namespace, "llama")) is None, 20, "PDB removed")
+    wait_for(lambda: op.kube.get(child_path("PodDisruptionBudget", namespace, "llama")) is None, 60, "PDB removed")
 
 
 def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
@@ -361,7 +361,7 @@ def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
                    and c["securityContext"].get("seccompProfile", {}).get("type") != "Unconfined"
                    for c in pod["containers"] + pod["initContainers"])
 
-    wait_for(sandboxed, 15, "the pod's sandbox restored")
+    wait_for(sandboxed, 60, "the pod's sandbox restored")
     # And the repair is no churn: a resync (every 5 s here) that finds nothing to change writes nothing.
     def operators_write() -> list[Any]:  # the controller manager writes the status on its own: not compared
         return [f for f in op.kube.get(path)["metadata"]["managedFields"] if f["manager"] == "flotilla-operator"]
@@ -423,7 +423,7 @@ def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
     ScaledObject, whichever optional CRDs an earlier test left installed: the Deployment is applied alike.)"""
     op.apply(fis("grows", namespace, autoscaling=None, replicas=3))
     path = child_path("Deployment", namespace, "grows")
-    wait_for(lambda: (d := op.kube.get(path)) and d["spec"]["replicas"] == 3, 20, "3 replicas")
+    wait_for(lambda: (d := op.kube.get(path)) and d["spec"]["replicas"] == 3, 60, "3 replicas")
     op.apply(fis("grows", namespace, replicas=3, autoscaling={"minReplicas": 3, "maxReplicas": 5, "target": 4}))
     generation = op.kube.get(fis_path(namespace, "grows"))["metadata"]["generation"]
     wait_for(lambda: (op.kube.get(fis_path(namespace, "grows")).get("status") or {}).get("observedGeneration")
@@ -487,7 +487,7 @@ def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "late" and e["reason"] == "Created"
                       and e["message"] == "created ServiceMonitor late"], 15, "the resync's Created Event")
-    wait_for(lambda: op.kube.get(fis_path(namespace, "late"))["status"].get("monitoring") == "ServiceMonitor", 15,
+    wait_for(lambda: op.kube.get(fis_path(namespace, "late"))["status"].get("monitoring") == "ServiceMonitor", 60,
              "status.monitoring written by the resync")
 
 
@@ -609,7 +609,7 @@ def test_a_gguf_file_is_mounted_alone_and_served_as_the_model(op, namespace):
     assert engine["args"][engine["args"].index("--quantization") + 1] == "gguf"
     assert engine["volumeMounts"][0] == {"name": "model", "mountPath": "/model/Llama-3.1-8B-Instruct-Q4_1.gguf",
                                          "readOnly": True, "subPath": "gguf/Llama-3.1-8B-Instruct-Q4_1.gguf"}
-    fit = wait_for(lambda: (op.kube.get(fis_path(namespace, "gguf")).get("status") or {}).get("fit"), 20, "status.fit")
+    fit = wait_for(lambda: (op.kube.get(fis_path(namespace, "gguf")).get("status") or {}).get("fit"), 60, "status.fit")
     assert fit["weightBytes"] == 21_294_481_408
 
 

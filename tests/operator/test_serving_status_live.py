@@ -206,7 +206,7 @@ def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, oper
         assert not load.errors, load.errors[:3]
         assert 0 <= now["running"] <= MAX_NUM_SEQS and now["running"] + now["waiting"] <= CLIENTS
         assert now["replicas"][0]["pod"] == POD and now["scraped"] == 1 and now["unreachable"] == 0
-        engine_rates = wait_for(lambda: trace.rates(now["observedAt"], now["windowSeconds"]), 5,
+        engine_rates = wait_for(lambda: trace.rates(now["observedAt"], now["windowSeconds"]), 30,
                                 "the engine's counter to be sampled past observedAt")
         assert 0.5 * min(engine_rates) <= now["generationTokensPerSecond"] <= 2 * max(engine_rates), (
             now, engine_rates)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,16 +46,78 @@ class Server:
         return sum(v for k, v in self.metrics().items() if k == name or k.startswith(name + "{"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its descendants so far: the API process, its engine core and
+    their helpers (e.g. the chat-template fork server and its render children)."""
+    return sum(_cpu_by_process(pid).values())
+
+
+def _cpu_by_process(pid: int) -> dict[tuple[int, float], float]:
+    import psutil
+
+    root = psutil.Process(pid)
+    cpu = {}
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            cpu[process.pid, process.create_time()] = times.user + times.system
+    return cpu
+
+
+def wait_until_idle(pid: int, deadline_s: float = 60, window_s: float = 1.0, idle_cpu_s: float = 0.1) -> bool:
+    """Wait until a process tree spends less than `idle_cpu_s` CPU seconds in `window_s` of wall time; False if it
+    is still busy after `deadline_s`. CPU time, not wall time: a loaded machine slows a busy tree's work but does not
+    make an idle one busy (an idle server here spends ~0 CPU s). A wait, not a timing assertion."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        before = _cpu_by_process(pid)
+        time.sleep(window_s)
+        after = _cpu_by_process(pid)
+        # Per process present at the end (one that ended in between drops out instead of counting negative).
+        if sum(cpu - before.get(key, 0.0) for key, cpu in after.items()) < idle_cpu_s:
+            return True
+    return False
+
+
+def wait_until_engine_idle(server: Server, deadline_s: float = 120) -> None:
+    """Wait until no request is running or waiting and no KV block is held (a wait, not a timing assertion): the
+    shared servers carry whatever an earlier test left, e.g. a stream whose client left and whose abort has not
+    landed yet, which would move the counters a test compares before and after."""
+    deadline = time.monotonic() + deadline_s
+    while (server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
+           + server.metric("vllm:kv_cache_usage_perc")):
+        assert time.monotonic() < deadline, "requests stayed in the engine"
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+# uvicorn's words when the port it was given is taken.
+_PORT_TAKEN = "address already in use"
+
+
 def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
                  launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server")) -> Server:
     """Start the server (`python -m flotilla.engine.server`, or `launcher` taking the same arguments)
-    and wait until /health answers 200."""
+    and wait until /health answers 200.
+
+    The free port is closed again before the server binds it: another process (or a client's outgoing
+    connection, which takes its local port from the same range) may take it in between. The server then exits
+    at its bind, and is started again on another port."""
+    for _ in range(3):
+        server = _start_server_once(model, log, flags, env, launcher)
+        if server is not None:
+            return server
+    raise RuntimeError(f"three free ports were taken before the server bound them:\n{log.read_text()[-3000:]}")
+
+
+def _start_server_once(model: Path, log: Path, flags: Sequence[str], env: dict[str, str] | None,
+                       launcher: Sequence[str]) -> Server | None:
+    """The server started and healthy, or None when its port was taken before it bound it."""
     port = free_port()
     cmd = [
         *launcher,
@@ -76,6 +139,8 @@ def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            if _PORT_TAKEN in log.read_text():
+                return None
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:

@@ -71,7 +71,7 @@ def test_a_disconnect_mid_stream_frees_everything(async_server):
     with httpx.stream("POST", f"{async_server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
         lines = r.iter_lines()
         assert any(next(lines).startswith("data: ") for _ in range(6))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (
             async_server.metric("vllm:num_requests_running") == 0

@@ -4,7 +4,6 @@ template fails its own request and nothing else."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import API_KEY, Server, start_tiny_server, stop_server
+from .conftest import API_KEY, Server, start_tiny_server, stop_server, wait_until_idle
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MESSAGES = [{"role": "user", "content": "Hello there"}]
@@ -92,6 +91,8 @@ def test_a_looping_template_stops_at_the_deadline_while_health_answers(trusting_
     # Nested loops that print nothing and call nothing: 10^8 iterations over an 11,000-character
     # string. Rendering runs on a worker thread and is stopped at the render deadline (5 s);
     # meanwhile the event loop keeps answering.
+    from flotilla.engine.server.chat_template import RENDER_TIMEOUT_S
+
     template = "{% set s = messages[0].content * 1000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"
     result: dict[str, httpx.Response] = {}
     worker = threading.Thread(target=lambda: result.update(r=_chat(trusting_server, chat_template=template)))
@@ -100,15 +101,19 @@ def test_a_looping_template_stops_at_the_deadline_while_health_answers(trusting_
     health_latencies = []
     while worker.is_alive():
         t0 = time.monotonic()
-        assert httpx.get(f"{trusting_server.url}/health", timeout=5).status_code == 200
+        assert httpx.get(f"{trusting_server.url}/health", timeout=60).status_code == 200
         health_latencies.append(time.monotonic() - t0)
         time.sleep(0.1)
     elapsed = time.monotonic() - started
+    # Stopped by the deadline (its message), not by the template's end; the deadline counts wall time from the
+    # render's start, after `started`, so a loaded machine can only make `elapsed` longer.
     assert result["r"].status_code == 400 and "took longer than" in result["r"].json()["error"]["message"]
-    assert 4 < elapsed < 20
-    # On the event loop the render would hold /health for the whole 5 s (and, without the deadline, for
-    # good); on a worker thread /health only competes for the (2, shared) cores.
-    assert len(health_latencies) >= 3 and max(health_latencies) < 2.5, health_latencies
+    assert elapsed > RENDER_TIMEOUT_S
+    # On the event loop the render would hold /health for the whole render: nearly all of `elapsed` would be spent
+    # in slow answers. On a worker thread /health only competes for the (2, shared) cores: at most a stall or two
+    # of a loaded machine is slow, not half the time (compared with the run's own length, not a fixed bound).
+    slow = sum(latency for latency in health_latencies if latency > 1.0)
+    assert len(health_latencies) >= 3 and slow < elapsed / 2, (elapsed, health_latencies)
 
 
 # --- the renderer alone (no server) ----------------------------------------------------------------
@@ -152,7 +157,9 @@ def test_untrusted_rendering_stops_at_its_limits(template):
     started = time.monotonic()
     with pytest.raises(ValueError, match="exceeded a limit"):
         render_untrusted(template, {}, max_chars=1000, timeout_s=0.5)
-    assert time.monotonic() - started < 3
+    # The deadline (0.5 s, then the kill's grace) and the fork server's first start on a loaded machine: far
+    # below the minutes that 10^9 iterations would take unstopped.
+    assert time.monotonic() - started < 30
 
 
 def _process_status(pid: int, field: str) -> int:
@@ -161,11 +168,6 @@ def _process_status(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 # `~` is not checked: 20,000 characters doubled 15 times are 655 MB.
@@ -188,6 +190,8 @@ _DIVISION = "{% set a = 9 ** 64 %}" + "{% set a = a * a %}" * 15 + "{{ (a * a) /
     ids=["percent", "str-format", "format-filter", "replace", "join", "tilde-doubling", "long-division"],
 )
 def test_a_trusted_template_cannot_grow_the_server_or_outrun_the_deadline(trusting_server, template):
+    from flotilla.engine.server.chat_template import RENDER_KILL_GRACE_S, RENDER_TIMEOUT_S
+
     pid = trusting_server.process.pid  # the API process, which renders request templates
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets its peak resident size (VmHWM) to the current one
     peak_before = _process_status(pid, "VmHWM")
@@ -196,12 +200,14 @@ def test_a_trusted_template_cannot_grow_the_server_or_outrun_the_deadline(trusti
     elapsed = time.monotonic() - started
     assert response.status_code == 400, response.text
     assert "chat template" in response.json()["error"]["message"]
-    assert elapsed < 15  # the render deadline (5 s) and a moment to stop it
+    # The render deadline (5 s) and the kill's grace (2 s), with room for a loaded machine: unstopped, the long
+    # division alone runs over 90 s (measured), and the client would give up at 60 s.
+    assert elapsed < RENDER_TIMEOUT_S + RENDER_KILL_GRACE_S + 20
     grown_mb = (_process_status(pid, "VmHWM") - peak_before) / 1024
     assert grown_mb < 100, f"the API process's peak memory grew {grown_mb:.0f} MB"
-    cpu = _cpu_seconds(pid)
-    time.sleep(1.0)
-    assert _cpu_seconds(pid) - cpu < 0.5  # nothing still computing after the answer
+    # Nothing still computing after the answer, in the API process or a render child (CPU time, not wall time: the
+    # long division would keep one busy for over a minute).
+    assert wait_until_idle(pid, deadline_s=30), "the server was still computing 30 s after the answer"
     assert _chat(trusting_server).status_code == 200
 
 

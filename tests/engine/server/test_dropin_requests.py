@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, wait_until_engine_idle
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The harbour at dawn was quiet, and the boats"
@@ -333,6 +333,7 @@ def test_a_client_abort_is_not_counted_as_a_finished_request_as_in_vllm(server):
                 for reason in ("stop", "length", "abort")} | {
             "e2e": sum(v for k, v in metrics.items() if k.startswith("vllm:e2e_request_latency_seconds_count"))}
 
+    wait_until_engine_idle(server)  # no earlier test's request finishing in between
     before = finished()
     with httpx.stream("POST", f"{server.url}/v1/completions", headers=HEADERS, timeout=120, json={
             "model": "tiny", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}) as response:
@@ -346,8 +347,12 @@ def test_a_client_abort_is_not_counted_as_a_finished_request_as_in_vllm(server):
     time.sleep(0.5)  # a later stats update would carry a late count
     assert finished() == before
     post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True})
-    time.sleep(0.5)
-    after = finished()
+    # Its count comes with a later stats update (in order: after the aborted stream's, had that one been counted); a
+    # wait for it, not a fixed 0.5 s that a loaded machine may not keep.
+    deadline = time.monotonic() + 60
+    while (after := finished())["length"] == before["length"]:
+        assert time.monotonic() < deadline, "the finished request was never counted"
+        time.sleep(0.1)
     assert after["length"] == before["length"] + 1 and after["abort"] == before["abort"] == 0
 
 

@@ -12,6 +12,8 @@ import time
 
 import httpx
 
+from flotilla.engine.config import ServerConfig
+
 from .conftest import API_KEY, start_server, stop_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -179,9 +181,10 @@ def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_ze
         server.process.send_signal(signal.SIGTERM)
         for c in clients:
             c.join(timeout=60)
-        assert server.process.wait(timeout=30) == 0
-        # The drain waited its 0.5 s once, aborted, and the process left well before a second timeout.
-        assert time.monotonic() - signalled < 0.5 + 8
+        assert server.process.wait(timeout=120) == 0  # a wait: a hang fails here
+        # The drain waited its 0.5 s once, aborted, and the process left: well before the default drain (30 s)
+        # would have ended, with room for a loaded machine's slow exit (torch, the engine core's process).
+        assert time.monotonic() - signalled < ServerConfig().shutdown_timeout / 2
         # The stream ends with an OpenAI error event and [DONE], not a cut connection.
         assert streamed[-1] == "data: [DONE]"
         error = json.loads(streamed[-2].removeprefix("data: "))["error"]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from ...observability.prometheus_server import Prometheus, engine_scrape, start_prometheus
-from .conftest import API_KEY, free_port
+from .conftest import API_KEY, free_port, wait_until_engine_idle
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed")
 
@@ -55,6 +55,7 @@ def test_promql_by_vllm_names_under_load(server, prometheus):
                 errors.append(exc)
                 return
 
+    wait_until_engine_idle(server)  # no earlier test's request finishing in between
     before = server.metric("vllm:request_success_total")
     ttft_before = server.metric("vllm:time_to_first_token_seconds_count")
     # The rate below needs a stored sample from before the load: under load, Prometheus's first scrape

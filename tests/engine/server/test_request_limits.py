@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import API_KEY, Server, start_tiny_server, stop_server
+from flotilla.engine.config import ServerConfig
+
+from .conftest import API_KEY, Server, start_tiny_server, stop_server, wait_until_engine_idle
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_MODEL_LEN = 32768
@@ -69,12 +71,11 @@ def _status_and_error(response: bytes) -> tuple[int, dict]:
 
 def test_a_declared_body_over_the_limit_gets_413_before_it_is_read(limited):
     with _connect(limited) as sock:
-        started = time.monotonic()
         sock.sendall(_head("/v1/completions", length=50_000_000) + b'{"prompt": "')  # 50 MB announced, 12 B sent
         status, error = _status_and_error(_read_until_closed(sock))
+    # Before it is read: waiting for the body would end at the body-read deadline, with 408 (a test below), not 413.
     assert status == 413 and "--max-request-body-size" in error["message"]
     assert error["type"] == "RequestTooLargeError"
-    assert time.monotonic() - started < 2
 
 
 def test_a_chunked_body_over_the_limit_gets_413(limited):
@@ -141,13 +142,6 @@ def _requests_in_engine(server: Server) -> float:
     return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
 
 
-def _wait_until_engine_idle(server: Server) -> None:
-    deadline = time.monotonic() + 120  # a wait for the aborts to land, not a timing assertion
-    while _requests_in_engine(server) + server.metric("vllm:kv_cache_usage_perc"):
-        assert time.monotonic() < deadline, "requests stayed in the engine after their clients left"
-        time.sleep(0.1)
-
-
 def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     # --max-body-bytes-in-flight bounds the bodies being received and parsed; once parsed, a body's bytes went back
     # to the budget but Starlette's Request still held them (and FastAPI's handler a reference) until the request
@@ -156,7 +150,7 @@ def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     # the other (so the 16 MB budget never refuses one): the API process must not hold them.
     count, pad = 32, BODY_LIMIT - 1000
     api = limited.process.pid
-    _wait_until_engine_idle(limited)
+    wait_until_engine_idle(limited)
     before = _resident_bytes(api)
     held = []
     try:
@@ -174,7 +168,7 @@ def test_a_request_waiting_for_the_engine_does_not_keep_its_raw_body(limited):
     finally:
         for sock in held:
             sock.close()
-    _wait_until_engine_idle(limited)  # and the clients' disconnects aborted all of them, waiting or running
+    wait_until_engine_idle(limited)  # and the clients' disconnects aborted all of them, waiting or running
     assert grown < count * pad // 2, f"the API process grew {grown >> 20} MiB with {count} requests in flight"
 
 
@@ -185,7 +179,9 @@ def test_a_trickling_body_gets_408_and_is_closed(limited):
         status, error = _status_and_error(_read_until_closed(sock))
         elapsed = time.monotonic() - started
     assert status == 408 and "--body-read-timeout" in error["message"]
-    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3
+    # At the flag's deadline (it counts from the server's start of the read, after `started`), not the default's
+    # (30 s): half the default leaves a loaded machine 13 s to notice and answer.
+    assert TIMEOUT_S <= elapsed < ServerConfig().body_read_timeout / 2
 
 
 
@@ -238,21 +234,34 @@ def test_slow_loris_connections_are_closed_while_other_clients_are_served(limite
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
     sender.join()
     for sock in silent:
-        sock.settimeout(TIMEOUT_S + 5)
+        sock.settimeout(30)  # a wait: without the head deadline they would stay open for good
         assert sock.recv(1) == b""  # closed by the server
     for sock in slow + silent:
         sock.close()
     assert len(closed_at) == len(slow)
-    assert max(closed_at.values()) < TIMEOUT_S + 5  # the head deadline, plus a write or two to notice
+    # The flag's head deadline (2 s) plus a write or two to notice, not the default's (10 s), nor the end of the
+    # trickle (a byte each 0.2 s: ~25 s): the room between 2 and 10 s is for a loaded machine.
+    assert max(closed_at.values()) < ServerConfig().header_read_timeout
+
+
+def _timed_completion(server: Server, prompt: str) -> tuple[float, httpx.Response]:
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": prompt}, headers=AUTH,
+                          timeout=120)
+    return time.monotonic() - started, response
 
 
 def test_a_prompt_too_long_in_characters_is_refused_without_tokenizing(limited):
-    started = time.monotonic()
-    too_long = "a" * (MAX_MODEL_LEN * LONGEST_TOKEN_CHARS + 1)
-    response = httpx.post(f"{limited.url}/v1/completions", json={"model": "tiny", "prompt": too_long}, headers=AUTH,
-                          timeout=30)
-    assert response.status_code == 400 and "characters" in response.json()["error"]["message"]
-    assert time.monotonic() - started < 2  # tokenizing 2.6 M characters takes seconds here
+    # One character more than the bound is refused by its length; at the bound it is tokenized first (~2.3 s
+    # here, 0.05 s for the refusal). Compared with that tokenizing, timed in the same test, not with a fixed
+    # bound; the quickest of three refusals, so that one stall of a loaded machine does not decide.
+    bound = MAX_MODEL_LEN * LONGEST_TOKEN_CHARS
+    tokenized_s, tokenized = _timed_completion(limited, "a" * bound)
+    assert tokenized.status_code == 400 and "tokens" in tokenized.json()["error"]["message"], tokenized.text
+    refusals = [_timed_completion(limited, "a" * (bound + 1)) for _ in range(3)]
+    for _, response in refusals:
+        assert response.status_code == 400 and "characters" in response.json()["error"]["message"]
+    assert min(s for s, _ in refusals) < tokenized_s / 4, (refusals, tokenized_s)
 
 
 def test_health_answers_while_large_prompts_tokenize(limited):
@@ -279,30 +288,37 @@ def test_health_answers_while_large_prompts_tokenize(limited):
     elapsed = time.monotonic() - started
     assert [r.status_code for r in results] == [400] * 4
     assert all("maximum context length is 32768 tokens" in r.json()["error"]["message"] for r in results)
-    # Each prompt takes seconds to tokenize here; on the event loop, that would be the time /health
-    # waits. On worker threads /health only competes for the (2, shared) cores.
+    # Each prompt takes seconds to tokenize here; on the event loop /health would wait for each (or all four
+    # at once): answers of a quarter of `elapsed` or more, taking up nearly all of it. On worker threads /health
+    # only competes for the (2, shared) cores. Relative to the run's own length, which grows with the machine's
+    # load as the answers' waits do, and summed, so that one stall of a loaded machine does not decide.
     # ~6 s on a loaded 2-core machine; the bound only checks that tokenizing took long enough to matter.
     assert elapsed > 1.5 and len(latencies) > 5, (elapsed, len(latencies))
-    assert max(latencies) < min(2.0, elapsed / 4), (max(latencies), elapsed)
+    slow = sum(latency for latency in latencies if latency > elapsed / 16)
+    assert slow < elapsed / 2, (elapsed, latencies)
 
 
 def test_an_unfinished_request_head_over_the_h11_limit_is_refused(limited):
     # --h11-max-incomplete-event-size (default 16 KiB) caps what is buffered of a head still incomplete.
     with _connect(limited) as sock:
-        started = time.monotonic()
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)  # no end of head
         response = _read_until_closed(sock)
+    # Refused, not left to the head deadline, which closes the connection without an answer.
     assert response.startswith(b"HTTP/1.1 400"), response[:200]
-    assert time.monotonic() - started < TIMEOUT_S  # refused at once, not at the head deadline
 
 
 def test_past_the_connection_cap_requests_get_503_until_connections_close(limited):
-    idle = [_connect(limited) for _ in range(CONNECTION_CAP)]
-    time.sleep(0.5)  # let the server accept them all
-    refused = httpx.get(f"{limited.url}/health", timeout=10)
-    assert refused.status_code == 503  # uvicorn's own answer, before any route
+    for _ in range(10):  # the idle connections' head deadline (2 s) frees slots: on a stalled machine, try again
+        idle = [_connect(limited) for _ in range(CONNECTION_CAP)]
+        time.sleep(0.5)  # let the server accept them all
+        refused = httpx.get(f"{limited.url}/health", timeout=10)
+        if refused.status_code == 503:  # uvicorn's own answer, before any route
+            break
+        for sock in idle:
+            sock.close()
+    assert refused.status_code == 503, refused.status_code
     for sock in idle:  # the head deadline closes the idle ones, which frees the slots
-        sock.settimeout(TIMEOUT_S + 5)
+        sock.settimeout(30)  # a wait: without the deadline they would stay open for good
         assert sock.recv(1) == b""
         sock.close()
     assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
@@ -315,7 +331,6 @@ def test_the_server_runs_asyncio_and_h11_even_where_uvloop_and_httptools_are_ins
 
     from fastapi import FastAPI
 
-    from flotilla.engine.config import ServerConfig
     from flotilla.engine.server.cli import _uvicorn_config
     from flotilla.engine.server.http_protocol import HeadDeadlineProtocol
 

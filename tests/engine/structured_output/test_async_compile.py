@@ -288,13 +288,17 @@ def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_m
     from flotilla.engine.async_engine import AsyncEngine
     from flotilla.engine.llm_engine import LLMEngine
 
+    release = threading.Event()
+
     def build() -> LLMEngine:
         engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64)
         engine.grammar_compiles.timeout_s = 0.2
         original = engine.grammar_compiler.compile_prepared
 
         def slow(key, grammar):
-            time.sleep(1.0)
+            # Held until the refusal was seen: past the 0.2 s bound however long a loaded machine stalls the step
+            # loop (a fixed 1 s compile could end first, and then it was served).
+            release.wait(60)
             return original(key, grammar)
 
         engine.grammar_compiler.compile_prepared = slow
@@ -312,11 +316,13 @@ def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_m
         engine.engine.grammar_compiles.max_pending = 0
         with pytest.raises(EngineBusyError, match="compiling already"):
             asyncio.run(first("busy", fresh_choice()))
+        release.set()
         deadline = time.monotonic() + 30
         while engine.engine.grammar_compiles.num_pending and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not engine.engine.has_unfinished_requests()
     finally:
+        release.set()
         engine.shutdown()
 
 
@@ -340,7 +346,7 @@ def test_several_threads_compile_at_once_into_one_cache(llm):
             else:
                 assert matcher.accept_string('{"p0": "ab-12x"')
                 assert not xgr.GrammarMatcher(compiled).accept_string('{"p0": 5')
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while queue.num_pending and time.monotonic() < deadline:
             time.sleep(0.01)
         assert queue.num_pending == 0
