@@ -24,7 +24,7 @@ def detect_content_format(ast: nodes.Template) -> ContentFormat:
     """vLLM's detection on a parsed template: `openai` when it loops over a message's content parts."""
     try:
         return "openai" if any(True for _ in _content_loops(ast)) else "string"
-    except ValueError:  # a shape the rule does not follow (vLLM: its default, string)
+    except (ValueError, RecursionError):  # a shape the rule does not follow (vLLM: its default, string)
         return "string"
 
 
@@ -98,8 +98,8 @@ def _aliases(ast: nodes.Template, name: str) -> list[str]:
         for assign in ast.find_all(nodes.Assign):
             if _reads(assign.node, current):
                 target = _target(assign)
-                names.append(target)
-                if target != current:  # `set x = x|...` would loop forever
+                if target not in names:  # each name once: `set a = b` ... `set b = a` would loop forever
+                    names.append(target)
                     pending.append(target)
     return names
 

@@ -37,9 +37,13 @@ MAX_LOGPROB_ENTRIES = 1 << 22
 
 
 def check_logprob_entries(prompt_lens: list[int], params: list[SamplingParams], prompt_copies: int,
-                          prompt_param: str, param: str) -> None:
-    """400 when the request's logprobs could pass MAX_LOGPROB_ENTRIES: the prompt's (naming `prompt_param` when
-    they alone pass it) plus the generated ones at max_tokens (naming `param`). `params`: one per prompt."""
+                          prompt_param: str, param: str, max_tokens_given: bool = True) -> list[SamplingParams]:
+    """`params` (one per prompt) with the request's logprobs within MAX_LOGPROB_ENTRIES: the prompt's (a 400 naming
+    `prompt_param` when they alone pass it) plus the generated ones at max_tokens (a 400 naming `param`).
+
+    Without `max_tokens_given`, max_tokens is the server's choice (the context left, or a default), so it is
+    lowered to what fits rather than refused: a request vLLM serves (say n=2 with 20 logprobs on a 128k context)
+    is served, its completions ending with finish_reason "length" past ~100k tokens."""
     prompt_logprobs = params[0].prompt_logprobs if params else None
     tokens = sum(prompt_lens)
     prompt_entries = 0 if prompt_logprobs is None else tokens * (prompt_logprobs + 1) * prompt_copies
@@ -48,6 +52,8 @@ def check_logprob_entries(prompt_lens: list[int], params: list[SamplingParams], 
                             f" x n={prompt_copies}" if prompt_copies > 1 else "") + f" would return {prompt_entries} "
                             f"prompt logprob entries; at most {MAX_LOGPROB_ENTRIES} are allowed (ask for fewer, or "
                             "send fewer prompt tokens)", param=prompt_param)
+    if not max_tokens_given:
+        params = _fitted(params, MAX_LOGPROB_ENTRIES - prompt_entries)
     wanted = [(sp.n, sp.max_tokens or 0, sp.logprobs) for sp in params if sp.logprobs is not None]
     entries = prompt_entries + sum(n * max_tokens * (logprobs + 1) for n, max_tokens, logprobs in wanted)
     if entries > MAX_LOGPROB_ENTRIES:
@@ -58,6 +64,19 @@ def check_logprob_entries(prompt_lens: list[int], params: list[SamplingParams], 
                             f"entries" + (f" ({prompt_entries} of them the prompt's)" if prompt_entries else "") +
                             f"; at most {MAX_LOGPROB_ENTRIES} are allowed (ask for fewer logprobs, a lower n or a "
                             "lower max_tokens)", param=param)
+    return params
+
+
+def _fitted(params: list[SamplingParams], room: int) -> list[SamplingParams]:
+    """`params` with the max_tokens of those asking for logprobs lowered so that their entries fit `room`
+    (never under min_tokens: what still does not fit is refused by the caller)."""
+    per_token = sum(sp.n * (sp.logprobs + 1) for sp in params if sp.logprobs is not None)
+    if per_token == 0:
+        return params
+    cap = max(room, 0) // per_token
+    return [sp.model_copy(update={"max_tokens": max(cap, sp.min_tokens, 1)})
+            if sp.logprobs is not None and sp.max_tokens is not None and sp.max_tokens > max(cap, sp.min_tokens, 1)
+            else sp for sp in params]
 
 
 # vLLM request fields that change what is generated or returned, which this server does not implement: set

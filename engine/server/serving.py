@@ -289,8 +289,9 @@ class OpenAIServing:
         params = [sampling_params(req, max_tokens, len(p.token_ids), self.max_model_len, req.logprobs,
                                   prompt_logprobs, self.default_sampling, self.max_tokens_cap) for p in prompts]
         # Every choice carries its prompt's entries (echoed logprobs and `prompt_logprobs` alike).
-        check_logprob_entries([len(p.token_ids) for p in prompts], params, req.n,
-                              "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs", "logprobs")
+        params = check_logprob_entries([len(p.token_ids) for p in prompts], params, req.n,
+                                       "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs", "logprobs",
+                                       max_tokens_given=max_tokens is not None)
         request_id, engine_id = response_ids("cmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
@@ -428,8 +429,9 @@ class OpenAIServing:
                                                        (top or 0) if req.logprobs else None, req.prompt_logprobs,
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
-        check_logprob_entries([len(prompt.token_ids)], [sp], 1,  # the prompt's entries: one copy, beside the choices
-                              "prompt_logprobs", "top_logprobs" if top else "logprobs")
+        [sp] = check_logprob_entries([len(prompt.token_ids)], [sp], 1,  # the prompt's: one copy, beside the choices
+                                     "prompt_logprobs", "top_logprobs" if top else "logprobs",
+                                     max_tokens_given=max_tokens is not None)
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())

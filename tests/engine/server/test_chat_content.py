@@ -66,3 +66,27 @@ def test_content_in_each_form_as_vllm_passes_it():
     assert [m["content"] for m in template_messages(messages, "openai")] == [
         [{"type": "text", "text": "hi"}], [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], []]
     assert template_messages(messages, "openai")[2]["tool_calls"] == []
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("source", [
+    # variables set from each other in a cycle: the alias walk must end (it looped forever, growing, and the
+    # model's own template is detected in the API process)
+    "{% set a = messages %}{% set b = a %}{% set a = b %}{% for m in a %}{% for c in m.content %}{{ c.text }}"
+    "{% endfor %}{% endfor %}",
+    "{% set a = messages %}{% set b = a|list %}{% set c = b %}{% set a = c %}{{ a }}",
+])
+def test_variables_set_from_each_other_in_a_cycle_are_detected_once(source):
+    assert _format(source) == ("openai" if "m.content" in source else "string")
+
+
+def test_a_template_nested_past_the_recursion_limit_gets_a_string():
+    import sys
+
+    from jinja2 import nodes
+
+    node: nodes.Expr = nodes.Name("messages", "load")
+    for _ in range(sys.getrecursionlimit() + 10):  # deeper than Python recursion goes (jinja2's parser is iterative)
+        node = nodes.Filter(node, "list", [], [], None, None)
+    loop = nodes.For(nodes.Name("m", "store"), node, [], [], None, False)
+    assert detect_content_format(nodes.Template([loop])) == "string"

@@ -79,3 +79,26 @@ def test_prompt_and_generated_logprobs_share_the_bound():
         check_logprob_entries([100_000], [both], 1, "prompt_logprobs", "logprobs")
     assert err.value.param == "logprobs" and "2100000 of them the prompt's" in err.value.message
     check_logprob_entries([100_000], [both.model_copy(update={"logprobs": None})], 1, "prompt_logprobs", "logprobs")
+
+
+def test_logprobs_without_max_tokens_are_served_within_the_bound_not_refused():
+    # Chat n=2, top_logprobs 20 and no max_tokens on a 128k context: max_tokens defaults to the context left
+    # (131,000), 2 x 131,000 x 21 = 5.5M. The client set no limit to lower, so the one the server chose is lowered
+    # to what fits (vLLM serves this request; refusing it asked the client to fix a value it never sent).
+    sp = SamplingParams(n=2, max_tokens=131_000, logprobs=20)
+    [fitted] = check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs", max_tokens_given=False)
+    assert fitted.max_tokens == MAX_LOGPROB_ENTRIES // (2 * 21)
+    assert fitted.model_copy(update={"max_tokens": sp.max_tokens}) == sp  # nothing else changes
+    # Within the bound already: unchanged. Several prompts share the room.
+    one = SamplingParams(max_tokens=131_000, logprobs=20)
+    assert check_logprob_entries([10], [one], 1, "prompt_logprobs", "logprobs", max_tokens_given=False) == [one]
+    fitted = check_logprob_entries([10, 10], [sp, sp], 2, "prompt_logprobs", "logprobs", max_tokens_given=False)
+    assert [p.max_tokens for p in fitted] == [MAX_LOGPROB_ENTRIES // (4 * 21)] * 2
+    # A max_tokens the client gave is never changed: still the 400 naming the field.
+    with pytest.raises(APIError) as err:
+        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs")
+    assert err.value.param == "top_logprobs"
+    # No room left for even min_tokens: the 400 as before.
+    tight = SamplingParams(n=128, max_tokens=131_000, min_tokens=2000, logprobs=20)
+    with pytest.raises(APIError):
+        check_logprob_entries([10], [tight], 1, "prompt_logprobs", "logprobs", max_tokens_given=False)
