@@ -297,7 +297,7 @@ class Reconciler:
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
         """Why the engine pods are not coming up, read only while replicas are missing (one list of one
-        InferenceService's pods); the periodic resync brings what the kubelet reports later."""
+        InferenceService's pods); the serving reader and the resync reconcile when the kubelet reports more."""
         if deployment is None:
             return None
         desired = (deployment.get("spec") or {}).get("replicas", 1)

@@ -99,3 +99,25 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
     c = ready_condition(op, namespace, "llama", "AllReplicasReady", "1 of 1 replicas ready")
     assert c["status"] == "True"
     assert {e["type"] for e in events(op, namespace, "llama", "AllReplicasReady")} == {"Normal"}
+
+
+def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
+    # No pod is watched, and a container's waiting state changes nothing on the ReplicaSet or the Deployment: with
+    # the resync off, only the serving reader's periodic listing (every second here) can bring the problem in.
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--resync-seconds", "0"))
+        cluster.apply(fixed("quiet", namespace, replicas=1))
+        pod = engine_pod(cluster, namespace, "quiet")
+        ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
+        time.sleep(3)  # the Deployment's and ReplicaSet's own status changes (which reconcile) are over
+        report(cluster, namespace, pod, containerStatuses=engine_status(
+            {"waiting": {"reason": "InvalidImageName", "message": 'invalid reference format: "UPPER:case"'}}))
+        ready_condition(cluster, namespace, "quiet", "InvalidImageName", f"pod {pod} container engine: invalid")
+        time.sleep(3)  # three periods of the serving reader: it has seen the problem
+        report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
+        ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
+        assert [e["type"] for e in events(cluster, namespace, "quiet", "ReplicasNotReady")] == ["Normal"]
+    finally:
+        operator_process.stop()
+        operator_process.start()

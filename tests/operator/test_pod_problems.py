@@ -60,3 +60,21 @@ def test_unschedulable_comes_with_the_schedulers_message_truncated():
                                                            "reason": "Unschedulable", "message": message}])])
     assert found.reason == "Unschedulable" and found.message.startswith("pod a: 0/3 nodes are available")
     assert len(found.message) == MAX_MESSAGE and found.message.endswith("...")
+
+
+def test_the_serving_reader_reconciles_an_inferenceservice_when_its_pods_problem_changes_only():
+    from flotilla.operator.serving_reader import ServingReader
+
+    def pod(namespace: str, reason: str) -> dict[str, Any]:
+        p = _pod("p", [_waiting(reason)])
+        p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": "x"})
+        return p
+
+    calls: list[tuple[str, str]] = []
+    reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
+    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")])
+    assert calls == [("team-a", "x")]  # an unwatched namespace's pods are not its business
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")])  # the same problem: no reconcile
+    assert calls == [("team-a", "x")]
+    reader.announce_problems([pod("team-a", "ContainerCreating")])  # past it: reconcile to clear Ready's reason
+    assert calls == [("team-a", "x")] * 2
