@@ -213,7 +213,8 @@ def main(argv: list[str]) -> int:
                                    functools.partial(handlers.resync_once, reconciler, args.namespaces))
     optional_kinds.register(registry)
     if args.serving_period > 0:
-        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading))
+        serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,
+                                                        on_pod_problem=reconciler.reconcile))
     if not args.no_webhook:
         webhook.register(registry, args.policy, args.namespaces)
         if args.engine_image:

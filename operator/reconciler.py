@@ -17,11 +17,13 @@ from typing import Any, cast
 import kopf
 
 from flotilla.operator import kube as k
+from flotilla.operator import names
 from flotilla.operator.admission import Review, review
 from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOVER_MANAGER, replicas_handover
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
+from flotilla.operator.pod_problems import PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
@@ -293,13 +295,31 @@ class Reconciler:
             self.kube.delete(path, uid=found["metadata"]["uid"])
             self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
 
+    def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
+        """Why the engine pods are not coming up, read only while replicas are missing (one list of one
+        InferenceService's pods); the serving reader and the resync reconcile when the kubelet reports more."""
+        if deployment is None:
+            return None
+        desired = (deployment.get("spec") or {}).get("replicas", 1)
+        if desired == 0 or (deployment.get("status") or {}).get("readyReplicas", 0) >= desired:
+            return None
+        selector = ",".join(f"{k}={v}" for k, v in names.selector_labels(name).items())
+        try:
+            return pod_problem(self.kube.list(f"/api/v1/namespaces/{namespace}/pods", selector))
+        except k.KubeError as e:
+            # 403: the chart grants pods/list only with the serving reader on; then the progress deadline tells.
+            # Either way a status without the pods' reason beats no status.
+            (log.debug if e.status == 403 else log.warning)(f"listing the pods of {namespace}/{name} failed: {e}")
+            return None
+
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
                       deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:
         meta = body["metadata"]
         old = body.get("status") or {}
         seen = Observation(name=meta["name"], namespace=meta["namespace"], generation=meta.get("generation", 1),
                            review=result, plan=plan, deployment=deployment, now=self.now(),
-                           blocked=(blocked.reason, blocked.message) if blocked else None)
+                           blocked=(blocked.reason, blocked.message) if blocked else None,
+                           pod_problem=self._pod_problem(meta["namespace"], meta["name"], deployment))
         new = build_status(old, seen)
         patch = merge_patch(old, new)
         if patch is None:

@@ -6,6 +6,10 @@ requests in flight and `timeout_s` each, keeps each pod's scrapes over the last 
 writes the figures (serving_metrics.py) into status when they moved enough (serving_status.py).
 A pod that does not answer is counted as unreachable, never waited for; a failing API server is
 logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
+
+The same listing tells when an InferenceService's pods get or lose a problem (pod_problems.py: an
+image that does not pull, a crash loop, no node): `on_pod_problem` (the reconciler) is then called for
+it, so Ready names the problem within a period rather than at the next resync, without watching pods.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pydantic import BaseModel, Field
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
 from flotilla.operator.kube import Kube, KubeError
+from flotilla.operator.pod_problems import pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 from flotilla.operator.spec import GROUP, VERSION
 
@@ -89,6 +94,18 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
     return out
 
 
+def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
+    """The pod problem's reason of each watched (namespace, InferenceService) that has one (a pure function)."""
+    by_owner: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for pod in pods:
+        owner = pod["metadata"].get("labels", {}).get(names.INFERENCESERVICE_LABEL)
+        watched = not namespaces or any(fnmatch.fnmatchcase(pod["metadata"]["namespace"], ns) for ns in namespaces)
+        if owner and watched:
+            by_owner.setdefault((pod["metadata"]["namespace"], owner), []).append(pod)
+    found = {key: pod_problem(group) for key, group in by_owner.items()}
+    return {key: problem.reason for key, problem in found.items() if problem is not None}
+
+
 def wanted_lines(text: str) -> str:
     """The sample lines the figures need (comments and other series dropped before parsing)."""
     return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
@@ -127,6 +144,9 @@ class ServingReader:
     history: dict[tuple[str, str], deque[sm.Scrape]] = field(default_factory=dict)  # (namespace, pod)
     written: dict[tuple[str, str], _Written] = field(default_factory=dict)  # (namespace, InferenceService)
     writes: int = 0
+    # Called with (namespace, InferenceService) when its pods' problem changes (synchronous, in a thread).
+    on_pod_problem: Callable[[str, str], object] | None = None
+    problems: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, InferenceService) -> reason
 
     def _pod_paths(self) -> list[str]:
         if not self.namespaces or any(set(ns) & set("*?[") for ns in self.namespaces):
@@ -213,11 +233,25 @@ class ServingReader:
         self.writes += 1
         return True
 
+    def announce_problems(self, pods: list[dict[str, Any]]) -> None:
+        """Call `on_pod_problem` for each InferenceService whose pods' problem reason changed (synchronous)."""
+        reasons = problem_reasons(pods, self.namespaces)
+        changed = {key for key in reasons.keys() | self.problems.keys() if reasons.get(key) != self.problems.get(key)}
+        self.problems = reasons
+        for namespace, name in sorted(changed):
+            if self.on_pod_problem is None:
+                continue
+            try:
+                self.on_pod_problem(namespace, name)
+            except Exception as e:  # one InferenceService's failure must not stop the others' (nor the figures)
+                log.warning(f"reconcile of {namespace}/{name} after its pods changed failed: {e}")
+
     async def read_once(self, session: aiohttp.ClientSession) -> dict[tuple[str, str], dict[str, Any]]:
         """One period: list, scrape, compute, write. Returns the blocks computed."""
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run
         pods = await loop.run_in_executor(None, run, self.list_pods)
+        await loop.run_in_executor(None, run, self.announce_problems, pods)
         targets = targets_of(pods, self.namespaces)
         gate = asyncio.Semaphore(self.settings.concurrency)
         flat = [t for pods_ in targets.values() for t in pods_]

@@ -14,6 +14,8 @@ from flotilla.operator import names
 from flotilla.operator.admission import Review
 from flotilla.operator.children import Plan
 from flotilla.operator.fit import FitReport
+from flotilla.operator.pod_problems import REASONS as POD_PROBLEMS
+from flotilla.operator.pod_problems import PodProblem
 from flotilla.operator.status import Condition, InferenceServiceStatus
 
 
@@ -31,6 +33,8 @@ class Observation:
     # (reason, message) when nothing could be applied: a child belongs to someone else
     # (OwnershipConflict) or the API server refused one (ApplyRefused).
     blocked: tuple[str, str] | None = None
+    # Why an engine pod is not coming up (pod_problems.py), read while replicas are missing.
+    pod_problem: PodProblem | None = None
 
 
 def _condition(old: dict[str, dict[str, Any]], generation: int, now: str, type_: str, status: str,
@@ -219,6 +223,8 @@ def _ready(seen: Observation, r: _Rollout) -> _Verdict:
         return "False", "ScaledToZero", _zero(seen)
     if seen.deployment is not None and r.ready >= r.desired:
         return "True", "AllReplicasReady", f"{r.ready} of {r.desired} replicas ready"
+    if seen.pod_problem is not None:
+        return "False", seen.pod_problem.reason, f"{r.ready} of {r.desired} replicas ready; {seen.pod_problem.message}"
     return "False", "ReplicasNotReady", f"{r.ready} of {r.desired} replicas ready"
 
 
@@ -263,9 +269,10 @@ def condition_events(old: dict[str, Any], new: dict[str, Any]) -> list[Condition
     """The Events announcing the condition changes from status `old` to `new` (a pure function).
 
     A condition whose status and reason are unchanged is no news. Bad news (Valid, FitChecked or
-    Ready turning False, but for ScaledToZero, Degraded turning True, a low-concurrency fit) is a Warning.
-    On first sight, only the admission decisions (Valid, FitChecked) and bad news are announced, and a first
-    Ready=False (replicas still starting) is expected, not a warning.
+    Ready turning False, but for ScaledToZero, Degraded turning True, a low-concurrency fit) is a Warning, and so
+    is a pod problem (Ready=False with the pods' reason, pod_problems.py): one Event per distinct reason, and a
+    Normal one once the pods are past it. On first sight, only the admission decisions (Valid, FitChecked) and bad
+    news are announced, and a first Ready=False (replicas still starting) is expected, not a warning.
     """
     before = {c.get("type"): c for c in old.get("conditions", [])}
     events = []
@@ -274,9 +281,11 @@ def condition_events(old: dict[str, Any], new: dict[str, Any]) -> list[Condition
         if (prior.get("status"), prior.get("reason")) == (c["status"], c["reason"]):
             continue
         # Ready=False because the user asked for zero replicas is their decision, not bad news.
+        recovered = c["type"] == "Ready" and prior.get("reason") in POD_PROBLEMS and c["reason"] not in POD_PROBLEMS
         bad = ((c["type"] in _WARN_WHEN_FALSE and c["status"] == "False" and (prior or c["type"] != "Ready")
-                and c["reason"] != "ScaledToZero")
-               or (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency")
+                and c["reason"] != "ScaledToZero" and not recovered)
+               or (c["type"] == "Degraded" and c["status"] == "True") or c["reason"] == "LowConcurrency"
+               or (c["type"] == "Ready" and c["reason"] in POD_PROBLEMS))
         if not prior and not bad and c["type"] not in _ALWAYS_ANNOUNCED:
             continue
         events.append(ConditionEvent("Warning" if bad else "Normal", c["reason"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flotilla.operator.admission import review
 from flotilla.operator.capabilities import Capabilities
 from flotilla.operator.children import plan_children
+from flotilla.operator.pod_problems import PodProblem
 from flotilla.operator.status_writer import Observation, build_status, condition_events, merge_patch
 
 SPEC = {"model": {"source": "pvc://m"}, "replicas": 2}
@@ -143,3 +144,26 @@ def test_scaled_to_zero_with_autoscaling_says_the_autoscaler_is_suspended():
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["message"] == ("no replicas requested (spec.replicas is 0); autoscaling is suspended until it is 1 "
                                 "or more")
+
+
+def test_a_pod_problem_is_the_ready_reason_with_one_warning_and_a_normal_event_once_past_it():
+    r = review(SPEC, "x")
+    plan = plan_children(r.spec, "x", "ns", CAPS)
+
+    def status(old: dict, problem: PodProblem | None, ready: int = 0) -> dict:
+        return build_status(old, Observation("x", "ns", 1, r, plan, _deployment(ready=ready), "t", pod_problem=problem))
+
+    starting = status({}, None)
+    pulling = status(starting, PodProblem("ImagePullBackOff", "pod p container engine: not found"))
+    ready = {c["type"]: c for c in pulling["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ImagePullBackOff")
+    assert ready["message"] == "0 of 2 replicas ready; pod p container engine: not found"
+    assert [(e.type, e.reason) for e in condition_events(starting, pulling)] == [("Warning", "ImagePullBackOff")]
+    again = status(pulling, PodProblem("ImagePullBackOff", "pod p container engine: back-off"))
+    assert condition_events(pulling, again) == []  # the same reason: no new Event on every reconcile
+    past = status(again, None)
+    assert [(e.type, e.reason) for e in condition_events(again, past)] == [("Normal", "ReplicasNotReady")]
+    crashing = status(past, PodProblem("CrashLoopBackOff", "pod p container engine: OOMKilled"))
+    fixed = status(crashing, None, ready=2)
+    assert ("Normal", "AllReplicasReady") in [(e.type, e.reason) for e in condition_events(crashing, fixed)]
+    assert not [e for e in condition_events(crashing, fixed) if e.type == "Warning"]

@@ -1,0 +1,123 @@
+"""Problems of the engine pods reach the InferenceService's Ready condition and Events on a real control plane.
+
+No kubelet or scheduler runs here: the real ReplicaSet controller creates the engine pods, and this test writes
+what a kubelet or the scheduler would write into their status subresource (a container's waiting state, its last
+termination, the PodScheduled condition). The operator under test (a subprocess, resync every 5 s) reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .conftest import wait_for
+from .test_operator_reconcile import condition, fis_path, fixed, set_pods_ready
+
+IMAGE = "ghcr.io/flotilla-dev/engine:no-such-tag"
+
+
+def engine_pod(cluster: Any, namespace: str, name: str) -> str:
+    """The one engine pod's name (created by the real ReplicaSet controller)."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    pods = wait_for(lambda: cluster.kube.list(path, f"serving.flotilla.dev/inferenceservice={name}"), 30, "the pod")
+    return pods[0]["metadata"]["name"]
+
+
+def report(cluster: Any, namespace: str, pod: str, **status: Any) -> None:
+    """Write pod status as the kubelet or scheduler would (merge patch: None removes a field)."""
+    cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{pod}", {"phase": "Pending", **status})
+
+
+def engine_status(state: dict[str, Any], restarts: int = 0, last: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [{"name": "engine", "image": IMAGE, "imageID": "", "ready": False, "restartCount": restarts,
+             "state": state, "lastState": last or {}}]
+
+
+def ready_condition(cluster: Any, namespace: str, name: str, reason: str, text: str) -> dict[str, Any]:
+    def seen() -> dict[str, Any] | None:
+        c = condition(cluster.kube.get(fis_path(namespace, name)), "Ready")
+        return c if c.get("reason") == reason and text in c.get("message", "") else None
+
+    return wait_for(seen, 30, f"Ready reason {reason} with {text!r}")
+
+
+def events(cluster: Any, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+            if e["involvedObject"]["name"] == name and e["reason"] == reason]
+
+
+def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_recovery(operator_process, cluster,
+                                                                                     namespace):
+    op = cluster
+    op.apply(fixed("llama", namespace, replicas=1))
+    pod = engine_pod(op, namespace, "llama")
+    ready_condition(op, namespace, "llama", "ReplicasNotReady", "0 of 1 replicas ready")
+
+    # The kubelet alternates ErrImagePull and ImagePullBackOff on every retry: one problem, one Warning.
+    report(op, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "ErrImagePull", "message": f"rpc error: pull {IMAGE}: not found"}}))
+    c = ready_condition(op, namespace, "llama", "ImagePullBackOff", f"pod {pod} container engine: rpc error")
+    assert c["status"] == "False"
+    report(op, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}}))
+    ready_condition(op, namespace, "llama", "ImagePullBackOff", "Back-off pulling image")
+    warned = wait_for(lambda: events(op, namespace, "llama", "ImagePullBackOff"), 10, "the ImagePullBackOff Event")
+    assert [e["type"] for e in warned] == ["Warning"] and pod in warned[0]["message"]
+
+    # A missing Secret: the kubelet's CreateContainerConfigError.
+    report(op, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "llama-api-key" not found'}}))
+    ready_condition(op, namespace, "llama", "CreateContainerConfigError", 'secret "llama-api-key" not found')
+
+    # A crash loop, with the last termination; between back-offs the container runs (not ready): same reason.
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "startedAt": "2026-01-01T00:00:00Z",
+                          "finishedAt": "2026-01-01T00:01:00Z"}}
+    report(op, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}, 3, oom))
+    ready_condition(op, namespace, "llama", "CrashLoopBackOff", "last terminated: OOMKilled (exit code 137)")
+    report(op, namespace, pod, containerStatuses=engine_status(
+        {"running": {"startedAt": "2026-01-01T00:02:00Z"}}, 4, oom))
+    ready_condition(op, namespace, "llama", "CrashLoopBackOff", "restarted 4 times")
+
+    # Unschedulable: the scheduler's message.
+    report(op, namespace, pod, containerStatuses=None, conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+    ready_condition(op, namespace, "llama", "Unschedulable", "3 Insufficient nvidia.com/gpu")
+
+    # Many resyncs later still one Warning per reason, not one per reconcile.
+    for reason in ("CreateContainerConfigError", "CrashLoopBackOff", "Unschedulable"):
+        wait_for(lambda r=reason: events(op, namespace, "llama", r), 10, f"the {reason} Event")
+    time.sleep(12)  # past two resyncs (every 5 s), each of which reconciles with the same problem
+    for reason in ("ImagePullBackOff", "CreateContainerConfigError", "CrashLoopBackOff", "Unschedulable"):
+        assert [e["type"] for e in events(op, namespace, "llama", reason)] == ["Warning"], reason
+        assert events(op, namespace, "llama", reason)[0].get("count", 1) == 1, reason
+
+    # Recovery clears it: Ready=True, a Normal Event.
+    set_pods_ready(op, namespace, "llama", True, 1)
+    c = ready_condition(op, namespace, "llama", "AllReplicasReady", "1 of 1 replicas ready")
+    assert c["status"] == "True"
+    assert {e["type"] for e in events(op, namespace, "llama", "AllReplicasReady")} == {"Normal"}
+
+
+def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
+    # No pod is watched, and a container's waiting state changes nothing on the ReplicaSet or the Deployment: with
+    # the resync off, only the serving reader's periodic listing (every second here) can bring the problem in.
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--resync-seconds", "0"))
+        cluster.apply(fixed("quiet", namespace, replicas=1))
+        pod = engine_pod(cluster, namespace, "quiet")
+        ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
+        time.sleep(3)  # the Deployment's and ReplicaSet's own status changes (which reconcile) are over
+        report(cluster, namespace, pod, containerStatuses=engine_status(
+            {"waiting": {"reason": "InvalidImageName", "message": 'invalid reference format: "UPPER:case"'}}))
+        ready_condition(cluster, namespace, "quiet", "InvalidImageName", f"pod {pod} container engine: invalid")
+        time.sleep(3)  # three periods of the serving reader: it has seen the problem
+        report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
+        ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
+        assert [e["type"] for e in events(cluster, namespace, "quiet", "ReplicasNotReady")] == ["Normal"]
+    finally:
+        operator_process.stop()
+        operator_process.start()

@@ -1,0 +1,80 @@
+"""pod_problems: the reason and message a pod's status gives for not coming up (no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flotilla.operator.pod_problems import MAX_MESSAGE, pod_problem
+
+
+def _pod(name: str, containers: list[dict[str, Any]] = (), init: list[dict[str, Any]] = (),
+         conditions: list[dict[str, Any]] = (), deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"containerStatuses": list(containers), "initContainerStatuses": list(init),
+                                         "conditions": list(conditions)}}
+
+
+def _waiting(reason: str, message: str = "", name: str = "engine", **more: Any) -> dict[str, Any]:
+    return {"name": name, "ready": False, "restartCount": 0, "state": {"waiting": {"reason": reason,
+                                                                                    "message": message}}, **more}
+
+
+def test_healthy_or_starting_pods_have_no_problem():
+    assert pod_problem([]) is None
+    ready = {"name": "engine", "ready": True, "restartCount": 0, "state": {}}
+    assert pod_problem([_pod("a", [_waiting("ContainerCreating")]), _pod("b", [ready])]) is None
+
+
+def test_image_pull_retries_are_one_reason_naming_pod_and_container():
+    for reason in ("ErrImagePull", "ImagePullBackOff"):
+        found = pod_problem([_pod("p", [_waiting(reason, "not found")])])
+        assert found is not None and found.reason == "ImagePullBackOff"
+        assert found.message == "pod p container engine: not found"
+    assert pod_problem([_pod("p", [_waiting("InvalidImageName", "bad ref")])]).reason == "InvalidImageName"
+
+
+def test_an_init_container_problem_is_found_and_deleted_pods_are_ignored():
+    found = pod_problem([_pod("p", init=[_waiting("CreateContainerConfigError", 'secret "hf" not found',
+                                                  name="download")])])
+    assert (found.reason, found.message) == ("CreateContainerConfigError",
+                                             'pod p container download: secret "hf" not found')
+    assert pod_problem([_pod("old", [_waiting("CrashLoopBackOff")], deleting=True)]) is None
+
+
+def test_a_crash_loop_names_the_last_termination_and_does_not_flicker_between_back_offs():
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    waiting = pod_problem([_pod("p", [_waiting("CrashLoopBackOff", "back-off 40s", restartCount=3, lastState=oom)])])
+    assert waiting.reason == "CrashLoopBackOff"
+    assert waiting.message == ("pod p container engine: back-off 40s; restarted 3 times; "
+                               "last terminated: OOMKilled (exit code 137)")
+    running = {"name": "engine", "ready": False, "restartCount": 4, "state": {"running": {}}, "lastState": oom}
+    assert pod_problem([_pod("p", [running])]).reason == "CrashLoopBackOff"
+    assert pod_problem([_pod("p", [{**running, "ready": True}])]) is None
+
+
+def test_unschedulable_comes_with_the_schedulers_message_truncated():
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. " * 20
+    found = pod_problem([_pod("b"), _pod("a", conditions=[{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "message": message}])])
+    assert found.reason == "Unschedulable" and found.message.startswith("pod a: 0/3 nodes are available")
+    assert len(found.message) == MAX_MESSAGE and found.message.endswith("...")
+
+
+def test_the_serving_reader_reconciles_an_inferenceservice_when_its_pods_problem_changes_only():
+    from flotilla.operator.serving_reader import ServingReader
+
+    def pod(namespace: str, reason: str) -> dict[str, Any]:
+        p = _pod("p", [_waiting(reason)])
+        p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": "x"})
+        return p
+
+    calls: list[tuple[str, str]] = []
+    reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
+    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")])
+    assert calls == [("team-a", "x")]  # an unwatched namespace's pods are not its business
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")])  # the same problem: no reconcile
+    assert calls == [("team-a", "x")]
+    reader.announce_problems([pod("team-a", "ContainerCreating")])  # past it: reconcile to clear Ready's reason
+    assert calls == [("team-a", "x")] * 2
