@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+from flotilla.engine.chat_content import ContentFormatOption
+from flotilla.engine.chat_rendering import (
+    check_prompt_end,
+    chosen_template,
+    history_for_template,
+    render_trusted,
+    template_variables,
+)
 from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
@@ -70,16 +79,38 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: ContentFormatOption = "auto",
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them) and generate."""
+        """Render each conversation (one, or a list of them) with the chat template and generate; vLLM's arguments.
+
+        `chat_template` replaces the model's template (as `chat_template_kwargs["chat_template"]` does). It runs
+        unsandboxed, as the model's own template does: this API runs in the caller's process, so the caller's
+        template is trusted (the server, by contrast, sandboxes templates sent in requests).
+        `chat_template_content_format`: how a message's content reaches the template, "string", "openai" (a list
+        of parts) or "auto" (chosen from the template, as the server's --chat-template-content-format).
+        `add_generation_prompt` opens the assistant's reply; `continue_final_message` instead leaves the last
+        message open for the model to continue (both true is a ValueError, as in vLLM). `tools` (OpenAI function
+        definitions) and `chat_template_kwargs` (extra template variables; the renderer's own argument names are
+        refused) reach the template. `lora_request` generates with that adapter (needs `enable_lora=True`).
+        """
+        check_prompt_end(add_generation_prompt, continue_final_message)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        template = chosen_template(chat_template, chat_template_kwargs)
+        variables = template_variables(chat_template_kwargs) | ({"tools": tools} if tools else {})
         tokenizer = self.get_tokenizer()
         prompts = [
-            tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt)
+            render_trusted(tokenizer, history_for_template(copy.deepcopy(cast("list[dict[str, Any]]", conv))),
+                           template, chat_template_content_format, add_generation_prompt, continue_final_message,
+                           variables)
             for conv in conversations
         ]
         # The template already carries the BOS/special tokens: tokenize without adding them again.
@@ -88,6 +119,7 @@ class LLM:
             [{"prompt_token_ids": t, "prompt": p} for t, p in zip(token_lists, prompts, strict=True)],
             sampling_params,
             use_tqdm,
+            lora_request,
         )
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -36,8 +36,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from flotilla.engine.server.chat_content import ContentFormatOption, detect_content_format, template_messages
-from flotilla.engine_rules import CHAT_TEMPLATE_RENDERER_ARGUMENTS
+from flotilla.engine.chat_content import ContentFormatOption, detect_content_format, template_messages
+from flotilla.engine.chat_rendering import chosen_template
 
 # A chat template renders a few kilobytes in microseconds; one that needs seconds is a loop.
 RENDER_TIMEOUT_S = 5.0
@@ -60,26 +60,11 @@ def request_template(chat_template: str | None, kwargs: dict[str, Any] | None, t
 
     Raises ValueError when the request carries one and the server does not trust request templates.
     """
-    template = chat_template if chat_template is not None else (kwargs or {}).get("chat_template")
-    if template is None:
-        return None
-    if not trusted:
+    template = chosen_template(chat_template, kwargs)
+    if template is not None and not trusted:
         raise ValueError("a chat template in the request is refused: this server renders only the model's "
                          "own template (start it with --trust-request-chat-template to allow request templates)")
-    if not isinstance(template, str):
-        raise ValueError("chat_template must be a string")
     return template
-
-
-def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """`chat_template_kwargs` as extra template variables; names of the renderer's own arguments are refused."""
-    variables = dict(kwargs or {})
-    variables.pop("chat_template", None)  # decided by request_template
-    reserved = sorted(CHAT_TEMPLATE_RENDERER_ARGUMENTS & variables.keys())
-    if reserved:
-        raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}: these are the renderer's own "
-                         "arguments, not template variables")
-    return variables
 
 
 class _BoundedSandbox(ImmutableSandboxedEnvironment):

@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from flotilla.engine.chat_content import content_texts
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
-from flotilla.engine.server.chat_content import content_texts
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
 

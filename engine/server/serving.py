@@ -10,22 +10,17 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
+from flotilla.engine.chat_content import ContentFormatOption, final_text
+from flotilla.engine.chat_rendering import check_prompt_end, history_for_template, render_trusted, template_variables
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
-from flotilla.engine.server.chat_content import (
-    ContentFormatOption,
-    final_text,
-    model_content_format,
-    template_messages,
-)
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
     render_untrusted,
     request_template,
-    template_variables,
 )
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import (
@@ -39,7 +34,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
-from flotilla.engine.server.tool_calls import chat_message, history_for_template, plan_tools
+from flotilla.engine.server.tool_calls import chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
@@ -224,12 +219,15 @@ class OpenAIServing:
     async def chat_prompt(self, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None) -> Prompt:
         """Render the chat template (with `tools` when the model may call them), then tokenize (the
         template already holds special tokens)."""
-        messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
+        try:
+            messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
         self.check_chars(message_text_chars(messages, "messages"), "messages")
-        if req.continue_final_message and req.add_generation_prompt:  # as vLLM: one or the other
-            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (set "
-                                "add_generation_prompt to false to continue the final message)",
-                           param="continue_final_message")
+        try:
+            check_prompt_end(req.add_generation_prompt, req.continue_final_message)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="continue_final_message") from None
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
             kwargs = merged_template_kwargs(self.default_chat_template_kwargs, req.chat_template_kwargs)
@@ -259,12 +257,9 @@ class OpenAIServing:
             except ValueError as exc:
                 raise APIError(400, str(exc), param="chat_template") from None
             return continued(text, messages) if continue_final_message else text
-        messages = template_messages(messages, model_content_format(self.tokenizer, self.content_format,
-                                                                    variables.get("tools"), self.chat_template))
         try:
-            return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt,
-                                                      continue_final_message=continue_final_message, **variables)
+            return render_trusted(self.tokenizer, messages, self.chat_template, self.content_format,
+                                  add_generation_prompt, continue_final_message, variables)
         except Exception as exc:  # a template error is the conversation's fault (e.g. bad role order)
             raise APIError(400, f"the chat template rejected the conversation: {exc}", param="messages") from None
 

@@ -132,27 +132,6 @@ def thinking(text: str | None) -> dict[str, str | None]:
     return {"reasoning": text, "reasoning_content": text}
 
 
-def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant `tool_calls` with their arguments as objects: chat templates (Qwen's, Llama's)
-    serialise them themselves, and a JSON string would be encoded twice (a message's content is put in the
-    template's form by chat_content.template_messages). A message's thinking sent back as `reasoning` (vLLM's
-    reply field) is also its `reasoning_content`, the name templates read (Qwen3's), as vLLM passes it; and the
-    other way round."""
-    for m in messages:
-        for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
-            if m.get(name) is not None and m.get(other) is None:
-                m[other] = m[name]
-        for call in m.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                try:
-                    function["arguments"] = json.loads(function["arguments"])
-                except (ValueError, RecursionError):  # nested past the parser's depth: RecursionError
-                    raise APIError(400, "an assistant tool call's arguments are not JSON (or nest too deeply)",
-                                   param="messages") from None
-    return messages
-
-
 def chat_message(plan: ToolPlan, text: str, finish_reason: str | None,
                  reasoning: ReasoningParser | None = None) -> tuple[dict[str, Any], str | None]:
     """The assistant message for a finished choice and its finish_reason (`tool_calls_finish` when it called);

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from flotilla.engine.server.chat_content import (
+from flotilla.engine.chat_content import (
     detect_content_format,
     model_content_format,
     template_messages,
