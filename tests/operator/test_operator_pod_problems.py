@@ -121,3 +121,27 @@ def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(ope
     finally:
         operator_process.stop()
         operator_process.start()
+
+
+def test_a_problem_ready_still_names_after_it_cleared_is_cleared_by_the_serving_reader(operator_process, cluster,
+                                                                                    namespace):
+    # A reconcile of another trigger may write a problem that comes and goes between two listings of the serving
+    # reader: its listings never change, yet Ready keeps naming the problem. Written here into the status directly
+    # (nothing reconciles on a status write), with the resync off: only the reader, comparing the pods with what
+    # Ready names, can clear it.
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--resync-seconds", "0"))
+        cluster.apply(fixed("stale", namespace, replicas=1))
+        engine_pod(cluster, namespace, "stale")
+        ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
+        time.sleep(3)  # the Deployment's and ReplicaSet's own status changes (which reconcile) are over
+        body = cluster.kube.get(fis_path(namespace, "stale"))
+        stale = [{**c, "reason": "CrashLoopBackOff", "message": "0 of 1 replicas ready; pod p container engine: "
+                  "back-off 40s; restarted 3 times"} if c["type"] == "Ready" else c
+                 for c in body["status"]["conditions"]]
+        cluster.kube.patch_status(fis_path(namespace, "stale"), {"conditions": stale})
+        ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
+    finally:
+        operator_process.stop()
+        operator_process.start()
