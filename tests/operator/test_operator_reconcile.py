@@ -158,11 +158,11 @@ def test_status_conditions_and_printer_columns(op, namespace):
 
     doc = json.loads(table.data)
     columns = [c["name"] for c in doc["columnDefinitions"]]
-    assert columns == ["Name", "Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL",
-                       "Age"]
+    assert columns == ["Name", "Ready", "Reason", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95",
+                       "URL", "Age"]
     # No engine pod runs here, so there are no serving figures yet: those cells are empty.
-    assert doc["rows"][0]["cells"][:10] == ["llama", "False", 0, "llama-8b", 2, None, None, None, None,
-                                            f"http://llama.{namespace}.svc.cluster.local:8000"]
+    assert doc["rows"][0]["cells"][:11] == ["llama", "False", "ReplicasNotReady", 0, "llama-8b", 2, None, None, None,
+                                            None, f"http://llama.{namespace}.svc.cluster.local:8000"]
     events = op.kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
     reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "llama"}
     assert {"Created", "SpecAccepted", "Fits"} <= reasons
