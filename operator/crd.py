@@ -28,6 +28,10 @@ _DROP = {"title", "additionalProperties", "examples", "$defs"}
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
      "description": "Whether every replica serves."},
+    # Why not (or since when all is well): a pod problem (ImagePullBackOff, CrashLoopBackOff, Unschedulable ...),
+    # ReplicasNotReady, ScaledToZero, a refused spec. The READY column alone says only False.
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+     "description": "The Ready condition's reason."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas",
      "description": "Ready engine pods."},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.servedName",

@@ -172,18 +172,24 @@ class Reconciler:
         return found if found is not None and owned_by(found, meta["uid"]) else None
 
     def _scale_refused_to_zero(self, owner: dict[str, Any], deployment: dict[str, Any]) -> dict[str, Any]:
-        """spec.replicas 0 on a refused spec: the owned Deployment (the last valid configuration) scaled to 0 by a
-        merge patch of `replicas` alone, and the owned autoscaler deleted (KEDA would scale it back up); returns the
-        Deployment. Nothing else of the refused spec is applied."""
+        """spec.replicas 0 on a refused spec: the owned autoscaler deleted, then the owned Deployment (the last valid
+        configuration) scaled to 0 by a merge patch of `replicas` alone; returns the Deployment. Nothing else of the
+        refused spec is applied."""
+        self._delete_own_autoscalers(owner)
         meta = owner["metadata"]
-        what = f"Deployment {meta['name']}"
         if deployment["spec"].get("replicas") != 0:
             deployment = self.kube.request("PATCH", k.path_of(deployment), {"spec": {"replicas": 0}},
                                            {"fieldManager": REFUSED_SCALE_MANAGER}, "application/merge-patch+json")
             self._written[_key(deployment)] = deployment["metadata"]["resourceVersion"]
             self.post_event(owner, "Normal", "ScaledToZero",
-                            f"scaled {what} to 0 replicas as spec.replicas asks; the rest of the spec is refused and "
-                            "not applied")
+                            f"scaled Deployment {meta['name']} to 0 replicas as spec.replicas asks; the rest of the "
+                            "spec is refused and not applied")
+        return deployment
+
+    def _delete_own_autoscalers(self, owner: dict[str, Any]) -> None:
+        """Delete `owner`'s HPA and KEDA ScaledObject, before its Deployment goes to 0: while one exists, KEDA with
+        minReplicaCount >= 1 would scale the Deployment back up."""
+        meta = owner["metadata"]
         caps = discover(self.kube)
         autoscalers = [(caps.hpa_version, "HorizontalPodAutoscaler"), ("keda.sh/v1alpha1" if caps.keda else None,
                                                                        "ScaledObject")]
@@ -196,24 +202,26 @@ class Reconciler:
                 self.kube.delete(path, uid=found["metadata"]["uid"])
                 self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: spec.replicas is 0, "
                                 "which suspends autoscaling")
-        return deployment
 
     def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
 
         All or nothing: every child is first checked to be absent or owned by this InferenceService,
         then applied as a dry run, and only when all of them pass is anything written. Raises
-        ChildrenBlocked otherwise, with nothing created or modified.
+        ChildrenBlocked otherwise, with nothing created or modified. The unwanted children go before the
+        rest is written: an autoscaler the spec drops (spec.replicas 0 suspends it, or autoscaling is turned
+        off) must not scale the Deployment between its new replica count and its deletion (KEDA scales a
+        Deployment at 0 back up to minReplicaCount).
         """
         live = self._live_children(owner, plan)
         for child in plan.apply:
             self._dry_run(child)
+        self._remove_unwanted(owner, plan)
         deployment = None
         for child in plan.apply:
             applied = self._write_child(owner, child, live[k.path_of(child)], plan.min_replicas)
             if child["kind"] == "Deployment":
                 deployment = applied
-        self._remove_unwanted(owner, plan)
         return deployment
 
     def _live_children(self, owner: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any] | None]:

@@ -7,9 +7,10 @@ writes the figures (serving_metrics.py) into status when they moved enough (serv
 A pod that does not answer is counted as unreachable, never waited for; a failing API server is
 logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
 
-The same listing tells when an InferenceService's pods get or lose a problem (pod_problems.py: an
-image that does not pull, a crash loop, no node): `on_pod_problem` (the reconciler) is then called for
-it, so Ready names the problem within a period rather than at the next resync, without watching pods.
+The same listing tells what problem an InferenceService's pods have (pod_problems.py: an image that
+does not pull, a crash loop, no node); where it is not the one its Ready condition names (a listing of
+the InferenceServices), `on_pod_problem` (the reconciler) is called for it, so Ready names the problem,
+or stops naming a cleared one, within a period rather than at the next resync, without watching pods.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pydantic import BaseModel, Field
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
 from flotilla.operator.kube import Kube, KubeError
-from flotilla.operator.pod_problems import pod_problem
+from flotilla.operator.pod_problems import REASONS, pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 from flotilla.operator.spec import GROUP, VERSION
 
@@ -106,6 +107,21 @@ def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[t
     return {key: problem.reason for key, problem in found.items() if problem is not None}
 
 
+def shown_problems(inferenceservices: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
+    """The pod problem each watched InferenceService's Ready condition names, where it names one (a pure
+    function)."""
+    out = {}
+    for body in inferenceservices:
+        meta = body["metadata"]
+        if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
+            continue
+        conditions = (body.get("status") or {}).get("conditions", [])
+        ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        if ready.get("reason") in REASONS:
+            out[(meta["namespace"], meta["name"])] = ready["reason"]
+    return out
+
+
 def wanted_lines(text: str) -> str:
     """The sample lines the figures need (comments and other series dropped before parsing)."""
     return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
@@ -144,18 +160,27 @@ class ServingReader:
     history: dict[tuple[str, str], deque[sm.Scrape]] = field(default_factory=dict)  # (namespace, pod)
     written: dict[tuple[str, str], _Written] = field(default_factory=dict)  # (namespace, InferenceService)
     writes: int = 0
-    # Called with (namespace, InferenceService) when its pods' problem changes (synchronous, in a thread).
+    # Called with (namespace, InferenceService) when its pods' problem is not the one its Ready condition names
+    # (synchronous, in a thread).
     on_pod_problem: Callable[[str, str], object] | None = None
-    problems: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, InferenceService) -> reason
+    # (namespace, InferenceService) -> (the pods' problem, the one Ready names) of a disagreement already reconciled.
+    disagreements: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
 
-    def _pod_paths(self) -> list[str]:
+    def _paths(self, prefix: str, plural: str) -> list[str]:
+        """One collection per watched namespace, or the cluster-wide one when a glob needs every namespace."""
         if not self.namespaces or any(set(ns) & set("*?[") for ns in self.namespaces):
-            return ["/api/v1/pods"]
-        return [f"/api/v1/namespaces/{ns}/pods" for ns in self.namespaces]
+            return [f"{prefix}/{plural}"]
+        return [f"{prefix}/namespaces/{ns}/{plural}" for ns in self.namespaces]
 
     def list_pods(self) -> list[dict[str, Any]]:
         """The engine pods of every watched namespace (synchronous: call it in a thread)."""
-        return [pod for path in self._pod_paths() for pod in self.kube.list(path, names.INFERENCESERVICE_LABEL)]
+        return [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path,
+                                                                                     names.INFERENCESERVICE_LABEL)]
+
+    def list_inferenceservices(self) -> list[dict[str, Any]]:
+        """The InferenceServices of every watched namespace (synchronous: call it in a thread)."""
+        return [body for path in self._paths(f"/apis/{GROUP}/{VERSION}", "inferenceservices")
+                for body in self.kube.list(path)]
 
     async def _scrape(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target,
                       ) -> sm.Scrape | None:
@@ -233,12 +258,19 @@ class ServingReader:
         self.writes += 1
         return True
 
-    def announce_problems(self, pods: list[dict[str, Any]]) -> None:
-        """Call `on_pod_problem` for each InferenceService whose pods' problem reason changed (synchronous)."""
-        reasons = problem_reasons(pods, self.namespaces)
-        changed = {key for key in reasons.keys() | self.problems.keys() if reasons.get(key) != self.problems.get(key)}
-        self.problems = reasons
-        for namespace, name in sorted(changed):
+    def announce_problems(self, pods: list[dict[str, Any]], inferenceservices: list[dict[str, Any]]) -> None:
+        """Call `on_pod_problem` for each InferenceService whose pods' problem is not the one its Ready condition
+        names (synchronous). Compared with the status, not with the last listing: a problem that came and went
+        between two listings, written meanwhile by a reconcile of another trigger, would stay named until the
+        resync. Once per disagreement: the reconciler does not read the pods of a Deployment with every replica
+        ready (a failing surge pod of a rollout), and that disagreement must not cost a reconcile every period."""
+        seen = problem_reasons(pods, self.namespaces)
+        shown = shown_problems(inferenceservices, self.namespaces)
+        disagreements = {key: (seen.get(key), shown.get(key)) for key in seen.keys() | shown.keys()
+                         if seen.get(key) != shown.get(key)}
+        new = {key for key, pair in disagreements.items() if self.disagreements.get(key) != pair}
+        self.disagreements = disagreements
+        for namespace, name in sorted(new):
             if self.on_pod_problem is None:
                 continue
             try:
@@ -251,7 +283,13 @@ class ServingReader:
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run
         pods = await loop.run_in_executor(None, run, self.list_pods)
-        await loop.run_in_executor(None, run, self.announce_problems, pods)
+        if self.on_pod_problem is not None:
+            try:
+                inferenceservices = await loop.run_in_executor(None, run, self.list_inferenceservices)
+            except KubeError as e:  # the figures are still worth writing; the resync is the backstop
+                log.warning(f"listing the InferenceServices failed: {e}")
+            else:
+                await loop.run_in_executor(None, run, self.announce_problems, pods, inferenceservices)
         targets = targets_of(pods, self.namespaces)
         gate = asyncio.Semaphore(self.settings.concurrency)
         flat = [t for pods_ in targets.values() for t in pods_]

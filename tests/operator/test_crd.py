@@ -109,7 +109,7 @@ def test_enums_are_within_the_flag_choices():
 def test_printer_columns_and_subresources():
     version = build_crd()["spec"]["versions"][0]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
-        ["Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
+        ["Ready", "Reason", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert build_crd()["spec"]["names"]["shortNames"] == ["fis"]
 
@@ -298,8 +298,8 @@ def test_status_shows_in_printer_columns_and_scale_subresource(crd_installed, na
     response.read()
     table = json.loads(response.data)
     assert [c["name"] for c in table["columnDefinitions"]] == \
-        ["Name", "Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
-    assert table["rows"][0]["cells"][:10] == ["shown", "True", 2, "llama", 2, 3, 41.5, 120.5, 0.25,
+        ["Name", "Ready", "Reason", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL", "Age"]
+    assert table["rows"][0]["cells"][:11] == ["shown", "True", "AllReplicasReady", 2, "llama", 2, 3, 41.5, 120.5, 0.25,
                                               "http://shown.ns.svc.cluster.local:8000"]
     scale = crd_installed.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "shown")
     assert scale["spec"]["replicas"] == 2

@@ -20,7 +20,18 @@ from flotilla.operator.kube import KubeError
 from flotilla.operator.spec import DEFAULT_IMAGE
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
-from .test_operator_reconcile import KINDS, ZERO_HEAD_MODEL, child_path, condition, fis, fis_path, wait_children
+from .test_operator_reconcile import (
+    KINDS,
+    ZERO_HEAD_MODEL,
+    changes_since,
+    child_path,
+    collection,
+    condition,
+    fis,
+    fis_path,
+    revision,
+    wait_children,
+)
 
 WEBHOOK = 'admission webhook "validate.flotilla.serving.flotilla.dev" denied the request'
 SCHEMA = "is invalid: "  # the apiserver's own schema validation
@@ -376,11 +387,19 @@ def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator
         operator_process.start()
     wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "frozen")), "Valid").get("status") == "False",
              20, "Valid=False")
+    since = {kind: cluster.kube.request("GET", collection(kind, namespace))["metadata"]["resourceVersion"]
+             for kind in ("Deployment", "HorizontalPodAutoscaler")}
     cluster.kube.request("PATCH", f"{fis_path(namespace, 'frozen')}/scale", {"spec": {"replicas": 0}}, None,
                          "application/merge-patch+json")
     wait_for(lambda: cluster.kube.get(deployment_path)["spec"]["replicas"] == 0, 20, "the Deployment at 0")
     wait_for(lambda: cluster.kube.get(child_path("HorizontalPodAutoscaler", namespace, "frozen")) is None, 20,
              "the HPA deleted")
+    # The autoscaler goes first (KEDA would scale a Deployment at 0 back up while it exists).
+    deleted = [e["object"] for e in changes_since(cluster, "HorizontalPodAutoscaler", namespace,
+                                                  since["HorizontalPodAutoscaler"]) if e["type"] == "DELETED"]
+    at_zero = [e["object"] for e in changes_since(cluster, "Deployment", namespace, since["Deployment"])
+               if e["object"]["spec"]["replicas"] == 0]
+    assert deleted and at_zero and revision(deleted[0]) < revision(at_zero[0])
     deployment = cluster.kube.get(deployment_path)
     assert deployment["spec"]["template"] == before["spec"]["template"]  # the last valid configuration, kept
     body = wait_for(lambda: "scaled to zero" in condition(b := cluster.kube.get(fis_path(namespace, "frozen")),

@@ -10,6 +10,7 @@ status would be overwritten by the Deployment controller within milliseconds.)
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,11 @@ def test_status_conditions_and_printer_columns(op, namespace):
 
     doc = json.loads(table.data)
     columns = [c["name"] for c in doc["columnDefinitions"]]
-    assert columns == ["Name", "Ready", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95", "URL",
-                       "Age"]
+    assert columns == ["Name", "Ready", "Reason", "Replicas", "Model", "GPUs", "Queue", "KV %", "Tok/s", "TTFT-P95",
+                       "URL", "Age"]
     # No engine pod runs here, so there are no serving figures yet: those cells are empty.
-    assert doc["rows"][0]["cells"][:10] == ["llama", "False", 0, "llama-8b", 2, None, None, None, None,
-                                            f"http://llama.{namespace}.svc.cluster.local:8000"]
+    assert doc["rows"][0]["cells"][:11] == ["llama", "False", "ReplicasNotReady", 0, "llama-8b", 2, None, None, None,
+                                            None, f"http://llama.{namespace}.svc.cluster.local:8000"]
     events = op.kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
     reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "llama"}
     assert {"Created", "SpecAccepted", "Fits"} <= reasons
@@ -224,6 +225,29 @@ def _scale(op, namespace: str, name: str, replicas: int) -> None:
                     "application/merge-patch+json")
 
 
+def collection(kind: str, namespace: str) -> str:
+    return child_path(kind, namespace, "x").rsplit("/", 1)[0]
+
+
+def changes_since(op, kind: str, namespace: str, resource_version: str) -> list[dict[str, Any]]:
+    """The watch events of `kind` in `namespace` after `resource_version`, replayed by a watch that starts there and
+    ends a second later (each event's object carries the resourceVersion of that write; a DELETED one, the
+    deletion's)."""
+    query = {"watch": "1", "resourceVersion": resource_version, "timeoutSeconds": "1"}
+    serialized = op.kube.api.param_serialize("GET", collection(kind, namespace), query_params=list(query.items()),
+                                             header_params={"Accept": "application/json"},
+                                             auth_settings=["BearerToken"])
+    response = op.kube.api.call_api(*serialized, _request_timeout=30)
+    response.read()
+    return [json.loads(line) for line in response.data.decode().splitlines() if line.strip()]
+
+
+def revision(obj: dict[str, Any]) -> int:
+    # A resourceVersion is opaque to clients, but on this etcd-backed apiserver it is the etcd revision of the
+    # write, one counter for every kind: the order of writes across kinds.
+    return int(obj["metadata"]["resourceVersion"])
+
+
 @pytest.mark.parametrize(("keda", "autoscaler", "status_autoscaler"), [
     (False, "HorizontalPodAutoscaler", "HPA (autoscaling/v2beta2)"),
     (True, "ScaledObject", "KEDA ScaledObject (keda.sh/v1alpha1)"),
@@ -257,9 +281,18 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
     def fis_status():
         return op.kube.get(fis_path(namespace, "auto")).get("status") or {}
 
+    since = {kind: op.kube.request("GET", collection(kind, namespace))["metadata"]["resourceVersion"]
+             for kind in ("Deployment", autoscaler)}
     _scale(op, namespace, "auto", 0)
     wait_for(lambda: op.kube.get(child_path(autoscaler, namespace, "auto")) is None, 20, f"the {autoscaler} removed")
-    assert op.kube.get(deployment_path)["spec"]["replicas"] == 0
+    wait_for(lambda: op.kube.get(deployment_path)["spec"]["replicas"] == 0, 20, "the Deployment at 0")
+    # The autoscaler goes first: while it exists, KEDA (minReplicaCount >= 1) would scale a Deployment at 0 back up.
+    deleted = [e["object"] for e in changes_since(op, autoscaler, namespace, since[autoscaler])
+               if e["type"] == "DELETED" and e["object"]["metadata"]["name"] == "auto"]
+    at_zero = [e["object"] for e in changes_since(op, "Deployment", namespace, since["Deployment"])
+               if e["object"]["metadata"]["name"] == "auto" and e["object"]["spec"]["replicas"] == 0]
+    assert deleted and at_zero
+    assert revision(deleted[0]) < revision(at_zero[0]), "the Deployment went to 0 while its autoscaler existed"
     status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
     assert status["autoscaler"].startswith("suspended: spec.replicas is 0")
     assert condition({"status": status}, "Ready")["message"].endswith("autoscaling is suspended until it is 1 or more")

@@ -62,7 +62,7 @@ def test_unschedulable_comes_with_the_schedulers_message_truncated():
     assert len(found.message) == MAX_MESSAGE and found.message.endswith("...")
 
 
-def test_the_serving_reader_reconciles_an_inferenceservice_when_its_pods_problem_changes_only():
+def test_the_serving_reader_reconciles_an_inferenceservice_whose_ready_names_another_problem_once():
     from flotilla.operator.serving_reader import ServingReader
 
     def pod(namespace: str, reason: str) -> dict[str, Any]:
@@ -70,11 +70,28 @@ def test_the_serving_reader_reconciles_an_inferenceservice_when_its_pods_problem
         p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": "x"})
         return p
 
+    def fis(namespace: str, reason: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": "x"},
+                "status": {"conditions": [{"type": "Ready", "status": "False", "reason": reason}]}}
+
     calls: list[tuple[str, str]] = []
     reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
-    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")])
+    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")],
+                             [fis("team-a", "ReplicasNotReady"), fis("other", "ReplicasNotReady")])
     assert calls == [("team-a", "x")]  # an unwatched namespace's pods are not its business
-    reader.announce_problems([pod("team-a", "ImagePullBackOff")])  # the same problem: no reconcile
+    # The same disagreement (the reconciler does not read the pods of a Deployment with every replica ready, say):
+    # reconciled once, not every period.
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")], [fis("team-a", "ReplicasNotReady")])
     assert calls == [("team-a", "x")]
-    reader.announce_problems([pod("team-a", "ContainerCreating")])  # past it: reconcile to clear Ready's reason
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")], [fis("team-a", "ImagePullBackOff")])  # agreed
+    assert calls == [("team-a", "x")]
+    # Past it: reconcile to clear Ready's reason.
+    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "ImagePullBackOff")])
     assert calls == [("team-a", "x")] * 2
+    # A problem this reader never saw (it came and went between two listings, written by another trigger's
+    # reconcile) is still named by Ready: reconcile, as its own listings never changed.
+    reader = ServingReader(kube=None, namespaces=[], on_pod_problem=lambda ns, name: calls.append((ns, name)))
+    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "ReplicasNotReady")])
+    assert calls == [("team-a", "x")] * 2
+    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "CrashLoopBackOff")])
+    assert calls == [("team-a", "x")] * 3
