@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -70,29 +69,10 @@ def spec(cfg: dict) -> str:
 
 
 def graph_us(fn: Callable[[int], object], calls: int, replays: int = 10) -> float:
-    """Median us per call of `fn(0..calls-1)` captured in one CUDA graph (bench/kernels.py's `graph_ms`)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(1e3 * start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
+    """Median us per call of `fn(0..calls-1)` captured in one CUDA graph: bench/kernels.py's `graph_ms`."""
+    from kernels import graph_ms  # bench/kernels.py
+
+    return 1e3 * graph_ms(fn, calls, replays)
 
 
 class Operands:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -101,29 +100,10 @@ def make_weights(sets: int) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 def graph_us(fn, calls: int, replays: int = 12) -> float:
-    """Median us per call of `calls` invocations `fn(i)` captured in one CUDA graph (compiled and warmed first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+    """Median us per call of `fn(0..calls-1)` captured in one CUDA graph: bench/kernels.py's `graph_ms`."""
+    from kernels import graph_ms  # bench/kernels.py
+
+    return 1e3 * graph_ms(fn, calls, replays)
 
 
 def _warm_one(job: tuple[str, str]) -> str:
