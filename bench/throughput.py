@@ -180,6 +180,8 @@ def main() -> None:
     p.add_argument("--shape", default=None, help="random weights of a known shape (bench/model_dirs.py)")
     p.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None,
+                   help="capture mixed-step graphs up to this many tokens (the engine's flag)")
     p.add_argument("--hf-cb", action="store_true", help="HF continuous batching baseline (GPU)")
     p.add_argument("--hf-num-prompts", type=int, default=256)
     p.add_argument("--hf-cb-only", action="store_true", help=argparse.SUPPRESS)
@@ -209,6 +211,8 @@ def main() -> None:
         engine_args["load_format"] = a.load_format
     if a.max_num_batched_tokens:
         engine_args["max_num_batched_tokens"] = a.max_num_batched_tokens
+    if a.max_cudagraph_capture_size:
+        engine_args["max_cudagraph_capture_size"] = a.max_cudagraph_capture_size
     if a.model is not None:
         hf_config = json.loads(Path(a.model, "config.json").read_text())
     else:
