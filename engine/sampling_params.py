@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
@@ -102,7 +102,7 @@ class SamplingParams(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops_bounded(cls, value: list[str]) -> list[str]:
-        if any(s == "" for s in value):  # here, not in `_consistent`, so that the 400 names `stop`
+        if any(s == "" for s in value):  # here, not in a model validator, so that the 400 names `stop`
             raise ValueError("stop strings must not be empty")
         if len(value) > MAX_STOP_STRINGS or sum(map(len, value)) > MAX_STOP_CHARS:
             raise ValueError(f"stop holds {len(value)} strings of {sum(map(len, value))} characters in all; at most "
@@ -145,11 +145,15 @@ class SamplingParams(BaseModel):
                 raise ValueError(f"bad_words[{i}] is empty or only whitespace; every bad word needs text")
         return value
 
-    @model_validator(mode="after")
-    def _consistent(self) -> SamplingParams:
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        return self
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_within_max(cls, value: int, info: ValidationInfo) -> int:
+        # Here, not in a model validator, so that the 400 names `min_tokens` (max_tokens, declared before it, is
+        # already in `info.data` unless it failed its own check). vLLM's condition and words.
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and value > max_tokens:
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {value}.")
+        return value
 
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse token ids and a top_k that the model's vocabulary cannot hold (vLLM's engine-side

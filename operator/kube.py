@@ -123,12 +123,15 @@ class Kube:
         query = {"labelSelector": label_selector} if label_selector else None
         return self.request("GET", path, query=query).get("items", [])
 
-    def delete(self, path: str, uid: str | None = None) -> None:
+    def delete(self, path: str, uid: str | None = None, resource_version: str | None = None) -> None:
         """Delete with background propagation (the garbage collector removes what the object owns); with `uid`,
-        only that very object (a precondition: one recreated under the same name since it was read stays)."""
+        only that very object (a precondition: one recreated under the same name since it was read stays), with
+        `resource_version` only as it was read (409 otherwise)."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid is not None:
-            body["preconditions"] = {"uid": uid}
+        preconditions = {key: value for key, value in (("uid", uid), ("resourceVersion", resource_version))
+                         if value is not None}
+        if preconditions:
+            body["preconditions"] = preconditions
         try:
             self.request("DELETE", path, body)
         except KubeError as e:

@@ -8,10 +8,11 @@ converge on the same state; calls for one InferenceService are serialized by a l
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import kopf
@@ -38,6 +39,9 @@ REFUSALS = {400, 403, 404, 422}
 # Server-side apply answers 500 when it cannot build the object's typed form (a list keyed by name, such as a
 # container's env or the pod's imagePullSecrets, holding one name twice): that too is the object's fault.
 TYPED_PATCH_REFUSAL = "failed to create typed patch object"
+# Reconciles started over at once when an orphan changed between the adoption check and the adoption's write; past
+# them the reconcile fails as an API error would (the caller retries with backoff).
+ADOPTION_ATTEMPTS = 3
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,24 @@ class ChildrenBlocked(Exception):
         self.message = message
 
 
+class AdoptionRaced(Exception):
+    """An orphan changed between its adoption check and a write that adopts it (the write's resourceVersion
+    precondition failed): someone may have claimed it meanwhile, so the reconcile starts over and checks again."""
+
+
+@contextlib.contextmanager
+def _adoption_guard(child: dict[str, Any]) -> Iterator[None]:
+    """Turn the 409 of a write that adopts `child` (its precondition: the resourceVersion the check read) into
+    AdoptionRaced. Writes are forced applies, so a 409 can only be that precondition."""
+    try:
+        yield
+    except k.KubeError as e:
+        if e.status == 409 and "resourceVersion" in child["metadata"]:
+            what = f"{child['kind']} {child['metadata']['name']}"
+            raise AdoptionRaced(f"{what} changed while being adopted: {e.message}") from e
+        raise
+
+
 class Reconciler:
     """Converges InferenceServices; remembers the resourceVersions it wrote so its own writes,
     echoed back by the child watches, do not trigger another reconcile."""
@@ -93,7 +115,9 @@ class Reconciler:
         self.now = now
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._written: dict[tuple[str, str, str], str] = {}
+        # Per child, the resourceVersions of its last write (one write may take several requests: a handover of
+        # `replicas`, the apply, a reset), each echoed by the watch.
+        self._written: dict[tuple[str, str, str], frozenset[str]] = {}
 
     def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post through kopf's queue inside its handlers; elsewhere (the periodic resync, in a task kopf's startup
@@ -126,7 +150,11 @@ class Reconciler:
 
     def is_own_write(self, child: dict[str, Any]) -> bool:
         """Whether a child, as seen by a watch, is exactly what this operator last wrote."""
-        return self._written.get(_key(child)) == child["metadata"].get("resourceVersion")
+        return child["metadata"].get("resourceVersion") in self._written.get(_key(child), frozenset())
+
+    def _remember(self, *written: dict[str, Any]) -> None:
+        """Record one write of a child (its requests' answers, in order) as this operator's."""
+        self._written[_key(written[-1])] = frozenset(obj["metadata"]["resourceVersion"] for obj in written)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is remembered about a deleted InferenceService."""
@@ -139,32 +167,46 @@ class Reconciler:
         """Converge one InferenceService; returns its review, or None when it is gone.
 
         Raises KubeError when the apiserver fails, and ChildrenBlocked (after writing the status) when
-        a child belongs to someone else or is refused; the caller retries with backoff.
+        a child belongs to someone else or is refused; the caller retries with backoff. An orphan that changes while
+        it is being adopted (AdoptionRaced) starts the reconcile over, so the adoption is checked again on what it
+        has become.
         """
         with self._lock(namespace, name):
-            body = self.kube.get(inferenceservice_path(namespace, name))
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return None
-            result = review(body.get("spec") or {}, name, self.policy)
-            plan, deployment, blocked = None, None, None
-            if result.errors:
-                # Keep the children as they are: rolling out a spec the engine refuses would take
-                # serving replicas down. Status says so. Scaling to zero still works (freeing the GPUs must not
-                # wait for the spec to be fixed, e.g. after an upgrade whose stricter rules refuse it).
-                deployment = self._own_deployment(body)
-                if deployment is not None and (body.get("spec") or {}).get("replicas") == 0:
-                    deployment = self._scale_refused_to_zero(body, deployment)
-            else:
-                assert result.spec is not None
-                plan = plan_children(result.spec, name, namespace, discover(self.kube))
+            for _ in range(ADOPTION_ATTEMPTS - 1):
                 try:
-                    deployment = self._apply(body, plan)
-                except ChildrenBlocked as e:
-                    blocked, deployment = e, self._own_deployment(body)
-            self._write_status(body, result, plan, deployment, blocked)
-            if blocked is not None:
-                raise blocked
-            return result
+                    return self._reconcile(namespace, name)
+                except AdoptionRaced as e:
+                    log.info(f"reconciling {namespace}/{name} again: {e}")
+            try:
+                return self._reconcile(namespace, name)
+            except AdoptionRaced as e:
+                raise k.KubeError(409, str(e)) from e
+
+    def _reconcile(self, namespace: str, name: str) -> Review | None:
+        """One attempt of `reconcile` (the caller holds the lock)."""
+        body = self.kube.get(inferenceservice_path(namespace, name))
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        result = review(body.get("spec") or {}, name, self.policy)
+        plan, deployment, blocked = None, None, None
+        if result.errors:
+            # Keep the children as they are: rolling out a spec the engine refuses would take
+            # serving replicas down. Status says so. Scaling to zero still works (freeing the GPUs must not
+            # wait for the spec to be fixed, e.g. after an upgrade whose stricter rules refuse it).
+            deployment = self._own_deployment(body)
+            if deployment is not None and (body.get("spec") or {}).get("replicas") == 0:
+                deployment = self._scale_refused_to_zero(body, deployment)
+        else:
+            assert result.spec is not None
+            plan = plan_children(result.spec, name, namespace, discover(self.kube))
+            try:
+                deployment = self._apply(body, plan)
+            except ChildrenBlocked as e:
+                blocked, deployment = e, self._own_deployment(body)
+        self._write_status(body, result, plan, deployment, blocked)
+        if blocked is not None:
+            raise blocked
+        return result
 
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -180,7 +222,7 @@ class Reconciler:
         if deployment["spec"].get("replicas") != 0:
             deployment = self.kube.request("PATCH", k.path_of(deployment), {"spec": {"replicas": 0}},
                                            {"fieldManager": REFUSED_SCALE_MANAGER}, "application/merge-patch+json")
-            self._written[_key(deployment)] = deployment["metadata"]["resourceVersion"]
+            self._remember(deployment)
             self.post_event(owner, "Normal", "ScaledToZero",
                             f"scaled Deployment {meta['name']} to 0 replicas as spec.replicas asks; the rest of the "
                             "spec is refused and not applied")
@@ -227,7 +269,9 @@ class Reconciler:
     def _live_children(self, owner: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any] | None]:
         """The planned children as they are now, by path (None: absent), each given `owner`'s owner reference;
         ChildrenBlocked (OwnershipConflict) when one exists, is not `owner`'s and is no orphan it may adopt
-        (ownership.py)."""
+        (ownership.py). An orphan to adopt is written only as it was read: its child carries the resourceVersion read
+        as a precondition, so another controller claiming it meanwhile fails the write (AdoptionRaced) instead of
+        being overridden by the forced apply."""
         meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
@@ -237,6 +281,8 @@ class Reconciler:
             found = live[path]
             if found is not None and not owned_by(found, meta["uid"]) and not adoptable(found, meta["name"]):
                 raise ChildrenBlocked("OwnershipConflict", conflict_message(child, found))
+            if found is not None and not owned_by(found, meta["uid"]):
+                child["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
         return live
 
     def _dry_run(self, child: dict[str, Any]) -> None:
@@ -244,11 +290,13 @@ class Reconciler:
         trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it."""
         try:
             try:
-                self.kube.apply(child, dry_run=True)
+                with _adoption_guard(child):
+                    self.kube.apply(child, dry_run=True)
             except k.KubeError as e:
                 if not (e.status == 500 and drop_fields_an_older_crd_lacks(child, e.message)):
                     raise
-                self.kube.apply(child, dry_run=True)  # once more, without them
+                with _adoption_guard(child):
+                    self.kube.apply(child, dry_run=True)  # once more, without them
         except k.KubeError as e:
             if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
                 raise
@@ -266,14 +314,25 @@ class Reconciler:
             # `replicas`, hands the field to the autoscaler (replicas_handover).
             child = {**child, "spec": {"replicas": min_replicas, **child["spec"]}}
         handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
+        written = []
         if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
-            self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER)
-        applied = self.kube.apply(child)
+            adopting = "resourceVersion" in child["metadata"]
+            if adopting:  # the same precondition; the apply then expects what the handover left
+                handover["metadata"]["resourceVersion"] = child["metadata"]["resourceVersion"]
+            with _adoption_guard(child):
+                written.append(self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER))
+            if adopting:
+                child = {**child, "metadata": {**child["metadata"],
+                                               "resourceVersion": written[-1]["metadata"]["resourceVersion"]}}
+        with _adoption_guard(child):
+            applied = self.kube.apply(child)
+        written.append(applied)
         reset = host_namespaces_reset(applied) if deployment else None
         if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
             applied = self.kube.request("PATCH", k.path_of(child), reset,
                                         content_type="application/merge-patch+json")
-        self._written[_key(applied)] = applied["metadata"]["resourceVersion"]
+            written.append(applied)
+        self._remember(*written)
         what = f"{child['kind']} {child['metadata']['name']}"
         if before is None:
             self.post_event(owner, "Normal", "Created", f"created {what}")
@@ -294,13 +353,21 @@ class Reconciler:
             found = self.kube.get(path)
             if found is None:
                 continue
+            version = None
             if owned_by(found, meta["uid"]):
                 why = "the spec no longer asks for it"
             elif adoptable(found, meta["name"]):
                 why = "an orphan with this InferenceService's labels that the spec does not ask for"
+                # Deleted only as it was read: one claimed meanwhile is someone else's (AdoptionRaced: check again).
+                version = found["metadata"]["resourceVersion"]
             else:
                 continue
-            self.kube.delete(path, uid=found["metadata"]["uid"])
+            try:
+                self.kube.delete(path, uid=found["metadata"]["uid"], resource_version=version)
+            except k.KubeError as e:
+                if e.status == 409 and version is not None:
+                    raise AdoptionRaced(f"{kind} {meta['name']} changed before its deletion: {e.message}") from e
+                raise
             self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:

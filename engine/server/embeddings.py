@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 EmbeddingInput = str | list[str] | list[StrictInt] | list[list[StrictInt]]
 
 
+# vLLM's chat-embedding extras that change how `messages` are rendered (set with `input`: a 400).
+CHAT_ONLY_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs")
+
+
 class EmbeddingRequest(_RequestBody):
     """POST /v1/embeddings."""
 
@@ -57,6 +61,14 @@ class EmbeddingRequest(_RequestBody):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's pooling extras: `use_activation` is its newer name for `normalize` (None: normalize's value);
+    # `truncation_side` "right" keeps the first truncate_prompt_tokens instead of the last. The others cannot be
+    # honoured here and are refused when set (`_refuse_unservable`), rather than logged and ignored.
+    use_activation: bool | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
 
     @field_validator("input", mode="wrap")
     @classmethod
@@ -67,11 +79,12 @@ class EmbeddingRequest(_RequestBody):
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
     """Tokenize, check, embed on the engine thread call by call (see the module docstring), and shape the
     OpenAI response."""
-    prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len)
+    _refuse_unservable(body)
+    prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left")
                for ids in await _token_ids(state, body)]
     for i, ids in enumerate(prompts):
         check_prompt(i, ids, state.max_model_len, state.vocab_size)
-    params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
+    params = PoolingParams(dimensions=body.dimensions, normalize=_normalize(body))
     outputs: list[EmbeddingOutput] = []
     for chunk in prompt_batches(prompts, state.max_model_len):
         outputs += await state.engine.call(EngineCall("embed", (chunk, params)))
@@ -87,11 +100,39 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
     }
 
 
+def _refuse_unservable(body: EmbeddingRequest) -> None:
+    """400 naming the first vLLM extra this server cannot honour: the multimodal ones (this server embeds text:
+    there is no HF processor or media loader to pass them to; empty is accepted) and `padding` "max_length" (for
+    encoders trained on fixed-length input without an attention mask, e.g. SigLIP: a decoder's last-token
+    embedding of a padded prompt would be the pad token's)."""
+    for name, value in (("mm_processor_kwargs", body.mm_processor_kwargs), ("media_io_kwargs", body.media_io_kwargs)):
+        if value:
+            raise APIError(400, f"{name} is not supported: this server embeds text only, so there is no multimodal "
+                                "processor to pass it to (leave it out)", param=name)
+    if body.padding == "max_length":
+        raise APIError(400, 'padding "max_length" is not supported: it is for encoders trained on fixed-length '
+                            'input, and this server pools a decoder\'s last token (leave it out, or "do_not_pad")',
+                       param="padding")
+
+
+def _normalize(body: EmbeddingRequest) -> bool:
+    """`use_activation` when given, else `normalize`; a 400 when both are given and disagree."""
+    if body.use_activation is None:
+        return body.normalize
+    if "normalize" in body.model_fields_set and body.normalize != body.use_activation:
+        raise APIError(400, f"use_activation={body.use_activation} contradicts normalize={body.normalize} (vLLM's "
+                            "newer name for the same switch): give one of them", param="use_activation")
+    return body.use_activation
+
+
 async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
     if (body.input is None) == (body.messages is None):
         raise APIError(400, "give exactly one of input or messages", param="input")
     if body.messages is not None:
         return [await _conversation_ids(state, body)]
+    for name in CHAT_ONLY_FIELDS:  # not ignored: the client meant a conversation's rendering to change
+        if getattr(body, name):
+            raise APIError(400, f"{name} applies to a conversation (messages), not to input", param=name)
     given = body.input
     if isinstance(given, str):
         given = [given]

@@ -247,13 +247,6 @@ def message_text_chars(messages: list[dict[str, Any]], param: str) -> int:
     return sum(len(text) for m in messages for text in content_texts(m.get("content")))
 
 
-def joined_text_parts(parts: list[Any], param: str) -> str:
-    """A content list as one text, as vLLM renders it for a template that reads strings: the text parts joined by
-    a newline; a part of another type (an image, audio) is a 400 naming `param`."""
-    check_text_parts(parts, param)
-    return "\n".join(str(part.get("text") or "") for part in parts)
-
-
 class ContentPart(BaseModel):
     """One part of a message's content list: `{"type": "text", "text": ...}` (other types are refused
     when the conversation is rendered, with a message that names them)."""

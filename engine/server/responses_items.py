@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import check_text_parts, joined_text_parts
+from flotilla.engine.server.protocol import TEXT_PART_TYPES
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
 
@@ -70,39 +70,49 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
-    for item in items:
+    for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item))
+            messages.append(_message(item, f"input[{i}].content"))
         elif kind == "function_call":
             _add_call(messages, item)
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(item.get("call_id"), str) or not isinstance(output, str | list):
-                raise APIError(400, "a function_call_output item needs call_id and output", param="input")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(output)})
+                raise APIError(400, f"input[{i}]: a function_call_output item needs call_id and output (a text, or "
+                                    "a list of input_text parts)", param="input")
+            # A list stays a list, as vLLM hands it on: the template gets the parts as a chat tool message's
+            content = output if isinstance(output, str) else _text_parts(output, f"input[{i}].output")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         else:
             raise APIError(400, f"input items of type {kind!r} are not supported (only message, function_call and "
                                 "function_call_output)", param="input")
     return messages
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any]:
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     """A message item as a chat message; a list of text parts stays a list, so the template gets its content as
     chat's would (each part in the openai content format, or joined by a newline in the string one)."""
     content = item.get("content")
     if not isinstance(content, str | list) or item.get("role") not in ("user", "assistant", "system", "developer"):
         raise APIError(400, "each input message needs a role (user, assistant, system, developer) and text "
                             "content", param="input")
-    if isinstance(content, list):
-        check_text_parts(content, "input")
-    return {"role": item["role"], "content": content}
+    return {"role": item["role"], "content": content if isinstance(content, str) else _text_parts(content, where)}
 
 
-def _text(content: str | list[Any]) -> str:
-    if isinstance(content, str):
-        return content
-    return joined_text_parts(content, "input")
+def _text_parts(parts: list[Any], where: str) -> list[dict[str, Any]]:
+    """`parts` (found at `where`), each checked to be a text part whose text, if any, is a string (a part without
+    text adds nothing, as in chat); any other part (input_image, input_file: this server reads text only) or a
+    text that is not a string is a 400 naming it, where joining them into one text turned `5` into "5" and a
+    missing text into an empty line."""
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PART_TYPES:
+            raise APIError(400, f"{where}[{j}]: content parts of type {kind!r} are not supported; only text parts "
+                                f"({', '.join(TEXT_PART_TYPES)})", param="input")
+        if part.get("text") is not None and not isinstance(part["text"], str):
+            raise APIError(400, f"{where}[{j}].text must be a string", param="input")
+    return parts
 
 
 def _add_call(messages: list[dict[str, Any]], item: dict[str, Any]) -> None:

@@ -79,7 +79,8 @@ def test_kv_pool_too_small_for_one_sequence(tiny_model_dirs):
         ({"temperature": -1}, "temperature: temperature must be non-negative, got -1.0."),
         ({"temperature": 2.5}, "temperature: temperature must be in \\[0, 2\\], got 2.5."),
         ({"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-        ({"min_tokens": 9, "max_tokens": 3}, "min_tokens \\(9\\) must be <= max_tokens \\(3\\)"),
+        ({"min_tokens": 9, "max_tokens": 3},
+         "min_tokens: min_tokens must be less than or equal to max_tokens=3, got 9\\."),
         ({"top_q": 0.5}, "top_q: Extra inputs are not permitted"),
     ],
 )

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from flotilla.operator.deployment import build_deployment
-from flotilla.operator.kube import object_path
+from flotilla.operator.kube import Kube, object_path
+from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
 from flotilla.operator.spec import InferenceServiceSpec
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
@@ -594,6 +595,105 @@ def test_children_orphaned_by_a_cascade_orphan_delete_are_adopted_by_the_next_in
     assert {e["message"].split(":")[0] for e in events} == {"adopted Deployment moved", "adopted Service moved",
                                                              "adopted PodDisruptionBudget moved"}
     assert {e["type"] for e in events} == {"Normal"}
+
+
+class _ClaimedAfterRead(Kube):
+    """The real API server, where another controller claims one object right after the reconciler first reads it:
+    between its adoption check and the adoption's write."""
+
+    def __init__(self, api: Any, path: str, claim: Any):
+        super().__init__(api)
+        self.path, self.claim = path, claim
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        found = super().get(path)
+        if path == self.path and self.claim is not None:
+            claim, self.claim = self.claim, None
+            claim()
+        return found
+
+
+def _quiet_reconciler(kube: Kube, events: list[tuple[str, str]]) -> Reconciler:
+    """A reconciler in this process whose Events land in `events` (reason, message)."""
+    return Reconciler(kube, post_event=lambda _body, _type, reason, message: events.append((reason, message)))
+
+
+@pytest.mark.parametrize("controller", [True, False], ids=["controller-reference", "owner-reference"])
+def test_an_orphan_claimed_while_being_adopted_is_left_to_its_new_owner(operator_process, op, namespace, controller):
+    """An orphan carrying this InferenceService's labels is adopted, but only as it was read: another controller that
+    claims it between the check and the write (an owner reference, controlling or not) keeps it. The forced apply
+    took it over regardless (an owner reference beside the other's), or was refused as two controllers (ApplyRefused,
+    which misnames the obstacle); the write's resourceVersion precondition fails instead and the reconcile starts
+    over, which now reads OwnershipConflict."""
+    operator_process.stop()  # this test's reconciler is the only one (the next test's fixture starts it again)
+    op.apply(fixed("claimed", namespace, replicas=1))
+    spec = InferenceServiceSpec.model_validate(op.kube.get(fis_path(namespace, "claimed"))["spec"])
+    op.apply(build_deployment(spec, "claimed", namespace))  # an orphan with the operator's labels, made by hand
+    other = op.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "other"}})
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": other["metadata"]["uid"],
+           **({"controller": True} if controller else {})}
+    path = child_path("Deployment", namespace, "claimed")
+
+    def claim() -> None:
+        op.kube.request("PATCH", path, {"metadata": {"ownerReferences": [ref]}}, None, "application/merge-patch+json")
+
+    events: list[tuple[str, str]] = []
+    with pytest.raises(ChildrenBlocked) as blocked:
+        _quiet_reconciler(_ClaimedAfterRead(op.kube.api, path, claim), events).reconcile(namespace, "claimed")
+    assert blocked.value.reason == "OwnershipConflict", blocked.value.message
+    assert op.kube.get(path)["metadata"]["ownerReferences"] == [ref]
+    assert "owned by ConfigMap other" in blocked.value.message
+    assert not [e for e in events if e[0] == "Adopted"], events
+    assert condition(op.kube.get(fis_path(namespace, "claimed")), "Progressing")["reason"] == "OwnershipConflict"
+
+
+def test_an_orphan_left_unchanged_is_still_adopted_with_the_precondition(operator_process, op, namespace):
+    """The precondition holds when nothing changed: the orphan is adopted (same object, this owner reference)."""
+    operator_process.stop()
+    op.apply(fixed("kept", namespace, replicas=1))
+    body = op.kube.get(fis_path(namespace, "kept"))
+    orphan = op.apply(build_deployment(InferenceServiceSpec.model_validate(body["spec"]), "kept", namespace))
+    events: list[tuple[str, str]] = []
+    _quiet_reconciler(Kube(op.kube.api), events).reconcile(namespace, "kept")
+    adopted = op.kube.get(child_path("Deployment", namespace, "kept"))
+    assert adopted["metadata"]["uid"] == orphan["metadata"]["uid"]
+    assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
+    assert ("Adopted", "adopted Deployment kept: it had no owner and carries this InferenceService's labels; updated "
+            "it to match the spec") in events
+
+
+class _Recording(Kube):
+    """The real API server, with the answers to every write kept (each one's watch echo carries its resourceVersion)."""
+
+    def __init__(self, api: Any):
+        super().__init__(api)
+        self.writes: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        answer = super().request(method, path, body, query, content_type)
+        if method == "PATCH" and not path.endswith("/status") and "dryRun" not in (query or {}):
+            self.writes.append(answer)
+        return answer
+
+
+def test_every_write_of_a_replicas_handover_is_known_as_the_operators_own(operator_process, op, namespace):
+    """Turning autoscaling on hands `replicas` over (one apply by the handover manager, then the operator's apply):
+    the watch echoes both writes, and both must read as the operator's own, or the first costs a reconcile that
+    changes nothing."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    op.apply(fis("handed", namespace, autoscaling=None, replicas=3))
+    kube = _Recording(op.kube.api)
+    reconciler = _quiet_reconciler(kube, [])
+    reconciler.reconcile(namespace, "handed")
+    op.apply(fis("handed", namespace, replicas=3, autoscaling={"minReplicas": 2, "maxReplicas": 5, "target": 4}))
+    kube.writes.clear()
+    reconciler.reconcile(namespace, "handed")
+    deployments = [w for w in kube.writes if w["kind"] == "Deployment"]
+    assert len(deployments) == 2, [w["metadata"].get("managedFields") for w in deployments]  # handover, apply
+    assert deployments[-1]["spec"]["replicas"] == 3
+    assert all(reconciler.is_own_write(w) for w in deployments)
 
 
 def test_pod_extras_reach_the_live_deployment(op, namespace):

@@ -148,6 +148,16 @@ def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
     ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "continue_final_message": True},
      "continue_final_message"),
     ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}, "chat_template"),  # untrusted
+    # vLLM's extras this server cannot honour: refused, not logged and ignored
+    ({"messages": [{"role": "user", "content": "x"}], "mm_processor_kwargs": {"num_crops": 4}}, "mm_processor_kwargs"),
+    ({"messages": [{"role": "user", "content": "x"}], "media_io_kwargs": {"image": {"x": 1}}}, "media_io_kwargs"),
+    ({"input": "x", "mm_processor_kwargs": {"num_crops": 4}}, "mm_processor_kwargs"),
+    ({"input": "x", "padding": "max_length"}, "padding"),
+    ({"input": "x", "truncation_side": "middle"}, "truncation_side"),
+    ({"input": "x", "normalize": True, "use_activation": False}, "use_activation"),
+    # a conversation's rendering options with input: there is no conversation to render
+    ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt"),
+    ({"input": "x", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
 ])
 def test_bad_requests_get_openai_error_json(pooling_server, body, param):
     answer = post(pooling_server, {"model": "tiny", **body})
@@ -210,3 +220,46 @@ def test_a_conversation_is_embedded_as_the_chat_template_renders_it_as_vllm(pool
         (item,) = answer.json()["data"]
         np.testing.assert_allclose(item["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
         assert answer.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_vllm_pooling_extras_are_honoured(pooling_server, hf):
+    """vLLM's `truncation_side` "right" keeps the first truncate_prompt_tokens (on input and on a conversation), and
+    `use_activation` (its newer name for `normalize`) false returns the raw pooled vector; both were logged and
+    ignored (the last tokens embedded, the vector normalised)."""
+    tokenizer = hf[1]
+    ids = tokenizer.encode(TEXTS[0])
+    answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float",
+                                   "truncate_prompt_tokens": 3, "truncation_side": "right"})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids[:3]), atol=1e-4, rtol=1e-4)
+    text = tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    chat_ids = tokenizer.encode(text, add_special_tokens=False)
+    answer = post(pooling_server, {"model": "tiny", "messages": CONVERSATION, "encoding_format": "float",
+                                   "truncate_prompt_tokens": 5, "truncation_side": "right"})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, chat_ids[:5]),
+                               atol=1e-4, rtol=1e-4)
+    raw = {}
+    for switch in ({"normalize": False}, {"use_activation": False}, {"normalize": False, "use_activation": False}):
+        answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float", **switch})
+        assert answer.status_code == 200, answer.text
+        raw[tuple(switch)] = np.array(answer.json()["data"][0]["embedding"])
+    assert abs(np.linalg.norm(raw[("use_activation",)]) - 1) > 1e-3
+    np.testing.assert_allclose(raw[("use_activation",)], raw[("normalize",)], atol=1e-6)
+    np.testing.assert_allclose(raw[("normalize", "use_activation")], raw[("normalize",)], atol=1e-6)
+    answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float",
+                                   "use_activation": True, "padding": "do_not_pad", "mm_processor_kwargs": {}})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_a_conversation_continued_is_embedded_open_ended(pooling_server, hf):
+    # vLLM's continue_final_message on a chat embedding: the last (assistant) message left open, as HF renders it.
+    conversation = [*CONVERSATION, {"role": "assistant", "content": "Three ships"}]
+    answer = post(pooling_server, {"model": "tiny", "messages": conversation, "encoding_format": "float",
+                                   "continue_final_message": True})
+    assert answer.status_code == 200, answer.text
+    text = hf[1].apply_chat_template(conversation, tokenize=False, continue_final_message=True)
+    assert text.endswith("Three ships")
+    ids = hf[1].encode(text, add_special_tokens=False)
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)

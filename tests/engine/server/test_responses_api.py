@@ -145,3 +145,23 @@ def test_the_store_is_bounded_in_bytes_and_drops_the_oldest_first(tiny_model_dir
         assert [stored(i) for i in (*ids, follow, huge)] == [False, False, False, False, True]
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize(("part", "named"), [
+    ({"type": "input_image", "image_url": "https://example.com/a.png"}, "input[1].output[1]: content parts of type "
+                                                                        "'input_image'"),
+    ({"type": "input_file", "file_id": "file-1"}, "input[1].output[1]: content parts of type 'input_file'"),
+    ({"type": "input_text", "text": 5}, "input[1].output[1].text must be a string"),
+    ("plain", "input[1].output[1]: content parts of type 'str'"),
+])
+def test_a_function_call_output_part_that_is_not_text_is_a_400_naming_it(client, part, named):
+    # OpenAI's function_call_output takes input_text, input_image and input_file parts; this server reads text only
+    output = [{"type": "input_text", "text": "18 C"}, part]
+    items = [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": output}]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model="tiny", input=items, max_output_tokens=2)
+    assert named in error.value.body["message"] and error.value.body["param"] == "input"
+    message = [{"role": "user", "content": [part]}]  # a message item's parts alike
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.content\[0\]"):
+        client.responses.create(model="tiny", input=message, max_output_tokens=2)

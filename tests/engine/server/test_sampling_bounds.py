@@ -238,3 +238,19 @@ def test_generated_logprobs_past_the_bound_are_a_400(server, stream):
     if not stream:
         assert all(len(c["logprobs"]["top_logprobs"][0]) in (20, 21) for c in within.json()["choices"])
     assert_still_serving(server)
+
+
+@pytest.mark.parametrize(("path", "body", "max_tokens"), [
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 3, "min_tokens": 5}, 3),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3,
+                              "min_tokens": 5}, 3),
+    # no max_tokens: the completions default (16, vLLM's and OpenAI's) is the bound
+    ("/v1/completions", {"prompt": "Hello", "min_tokens": 20}, 16),
+])
+def test_min_tokens_above_max_tokens_is_a_400_naming_min_tokens(server, path, body, max_tokens):
+    response = post(server, {"model": "tiny", **body}, path)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "min_tokens"
+    assert f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {body['min_tokens']}." \
+        in error["message"]

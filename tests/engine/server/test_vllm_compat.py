@@ -401,3 +401,25 @@ def test_model_cards_carry_vllms_fields(server, client):
                           "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
     retrieved = client.models.retrieve("tiny").model_extra
     assert retrieved["max_model_len"] == 256 and retrieved["permission"][0]["object"] == "model_permission"
+
+
+def test_a_function_call_output_list_reaches_the_template_part_by_part_as_a_chat_tool_message(parts_template_server):
+    # vLLM hands a function_call_output's list of parts on as the tool message's content: the template gets each
+    # input_text as a text part (a part without text adds nothing), as it gets a chat tool message's parts. They were
+    # joined into one text ("a\nb", and an empty line for the part without text).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{parts_template_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    output = [{"type": "input_text", "text": "a"}, {"type": "input_text"}, {"type": "input_text", "text": "b"}]
+    result = {"type": "function_call_output", "call_id": "call_1", "output": output}
+    response = oai.responses.create(model="tiny", max_output_tokens=1,
+                                    input=[{"role": "user", "content": "hi"}, call, result])
+    assert response.usage.input_tokens == _count(parts_template_server, "<user 1: hi><tool 1: a><tool 2: b>")
+    chat = oai.chat.completions.create(model="tiny", max_tokens=1, messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                              "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "a"}, {"type": "text"},
+                                                                {"type": "text", "text": "b"}]}])
+    assert chat.usage.prompt_tokens == response.usage.input_tokens
