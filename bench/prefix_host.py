@@ -75,9 +75,10 @@ def mark_after(owner: Any, name: str, label: str, marks: dict[str, float], at_st
     setattr(owner, name, timed)
 
 
-def build_engine(prefix_len: int, suffix_len: int, block_size: int) -> LLMEngine:
-    """The tiny engine with a context wide enough for the prompt, uncaptured graphs attached."""
-    model_dir = make_model_dir("tiny-llama", tempfile.mkdtemp(prefix="prefix-host"))
+def build_engine(prefix_len: int, suffix_len: int, block_size: int, folder: str) -> LLMEngine:
+    """The tiny engine (its model written under `folder`) with a context wide enough for the prompt, uncaptured
+    graphs attached."""
+    model_dir = make_model_dir("tiny-llama", folder)
     config = json.loads((model_dir / "config.json").read_text())
     config["max_position_embeddings"] = 2 * (prefix_len + suffix_len) + 64
     (model_dir / "config.json").write_text(json.dumps(config))
@@ -128,7 +129,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    engine = build_engine(a.prefix_len, a.suffix_len, a.block_size)
+    with tempfile.TemporaryDirectory(prefix="prefix-host") as folder:
+        engine = build_engine(a.prefix_len, a.suffix_len, a.block_size, folder)
     marks: dict[str, float] = {}
     runner = engine.runner
     assert runner.graphs is not None
