@@ -258,9 +258,13 @@ class StepGraphs:
             self._copied.synchronize()
         n, s, t = flat.num_tokens, flat.num_seqs, key.tokens
         h64, h32, lens = self._h64, self._h32, self._lens
-        h64[:3, :n] = flat.input_ids, flat.positions, flat.slots
-        if n < t:
-            h64[:3, n:t] = _TOKEN_PADDING
+        # Padding rows appended to the lists: one numpy write, not two. (On the way to a lone request's first
+        # token the staging runs cold, and each numpy operation of another kind costs microseconds then.)
+        pad = t - n
+        if pad:
+            h64[:3, :t] = flat.input_ids + [0] * pad, flat.positions + [0] * pad, flat.slots + [-1] * pad
+        else:
+            h64[:3, :n] = flat.input_ids, flat.positions, flat.slots
         if key.lora:
             h64[3, :n] = -1 if token_slots is None else token_slots
             h64[3, n:t] = -1  # padding rows read no adapter
@@ -270,13 +274,17 @@ class StepGraphs:
             # Padding sequences: one query token each in a decode graph, none in a mixed one.
             h32[s + 1 : key.seqs + 1] = self._decode_starts[s + 1 : key.seqs + 1] if key.decode else n
             h32[lens + s : lens + key.seqs] = 0
-        table = h32[self._table : self._table + s * key.width].reshape(s, key.width)
+        first, width = self._table, key.width
         tables, i = flat.block_tables, 0
         while i < s:  # a request's verification rows share its table (one list): written at once
             blocks, j = tables[i], i + 1
             while j < s and tables[j] is blocks:
                 j += 1
-            table[i:j, : len(blocks)] = blocks
+            row = first + i * width
+            if j == i + 1:  # a row of its own: a flat slice (no reshaped view; see the padding above)
+                h32[row : row + len(blocks)] = blocks
+            else:
+                h32[row : row + (j - i) * width].reshape(j - i, width)[:, : len(blocks)] = blocks
             i = j
         dst, src = self._copy_views(self._table + s * key.width)
         dst.copy_(src, non_blocking=True)
@@ -363,10 +371,6 @@ class StepGraphs:
             with forward_context(self._metadata(key)), lora_slots(self._lora_slots(key)):
                 out = self.model(*views)
         return out[: flat.num_tokens]
-
-
-# Padding token rows: token 0 at position 0, KV slot -1 (the KV write skips it).
-_TOKEN_PADDING = np.array([[0], [0], [-1]])
 
 
 def _split(buf: torch.Tensor, tokens: int, num_ints: int) -> tuple[torch.Tensor, torch.Tensor]:

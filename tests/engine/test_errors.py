@@ -95,6 +95,36 @@ def test_out_of_vocabulary_token_ids(tiny_model_dirs):
         llm.generate([[1, 2, 10**9]], use_tqdm=False)
 
 
+def test_out_of_vocabulary_id_after_a_cached_prefix(tiny_model_dirs):
+    """Ids inside prompt blocks the prefix cache holds are not checked again (the request that computed them had
+    its ids checked); the others are: a bad id after a cached prefix is still refused, in the block after it too,
+    and the refused request leaves nothing behind in the block manager. The look-up for the check counts no
+    prefix-cache query, and its hashes serve the scheduler's."""
+    from flotilla.engine.request import Request
+
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, block_size=16, enable_prefix_caching=True)
+    engine, manager = llm.engine, llm.engine.block_manager
+    one = SamplingParams(max_tokens=1)
+    prefix = list(range(3, 51))  # three whole blocks
+    llm.generate([prefix + [60, 61]], one, use_tqdm=False)
+    probe = Request("probe", prefix + [7], one)
+    queries, hits = manager.prefix_cache_queries, manager.prefix_cache_hits
+    assert manager.cached_prompt_tokens(probe) == 48
+    assert (manager.prefix_cache_queries, manager.prefix_cache_hits) == (queries, hits)
+    # Prompt logprobs: every prompt position is computed, so every id is checked (none counts as cached).
+    assert manager.cached_prompt_tokens(Request("p2", prefix + [7], SamplingParams(prompt_logprobs=1))) == 0
+    manager.free(probe)
+    for bad, prompt in ((10**9, prefix + [5, 10**9]), (-1, prefix[:32] + [-1] + prefix[33:] + [5]),
+                        (-1, [-1] + prefix)):  # after the cached blocks, in the third block, in the first
+        with pytest.raises(ValueError, match=rf"token id\(s\) \[{bad}\] are outside the vocabulary"):
+            engine.add_request(prompt, one, request_id="bad")
+    assert not manager._hashes and not engine.has_unfinished_requests() and not engine._detokenizers
+    assert (manager.prefix_cache_queries, manager.prefix_cache_hits) == (queries, hits)
+    out = llm.generate([prefix + [70, 71]], one, use_tqdm=False)
+    assert out[0].num_cached_tokens == 48  # the hashes the check computed serve the scheduler's look-up
+    assert manager.num_free_blocks == manager.num_blocks and not manager._hashes
+
+
 def test_a_request_id_taken_by_a_running_completion_is_refused(tiny_model_dirs):
     """`a#1` is the second completion of request `a` once its prompt is done: a new request with that id is
     refused (it would take the completion's place in the scheduler and its detokenizer), and `a` runs to the end

@@ -94,6 +94,7 @@ def _assert_nothing_held(engine):
     assert not engine.scheduler.requests and not engine._groups and not engine._detokenizers
     assert not engine._compiling
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.block_manager._hashes  # a prompt's block hashes, computed when it was added, are dropped
     assert engine.stats_snapshot().num_waiting == 0
 
 
