@@ -22,7 +22,8 @@ rebuilt (`OutputDecoder`) and its /v1/completions SSE chunk formatted (`ChunkFor
 tree runs in a subprocess of its own that imports that tree's `flotilla` (a /tmp layout as
 bench/results/gpu-env.sh makes: flotilla/*.py copied, engine/ and kernels/ linked; never PYTHONPATH=the
 tree), rounds interleaved so that load drift on a shared machine falls on every tree alike; the median of
-the rounds' figures is printed per tree.
+the rounds' figures is printed per tree. Times are the thread's CPU time unless `--clock wall`: on a
+machine shared with other work, the wall clock also counts the waits for a core.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+_CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+_clock = time.thread_time  # --clock: this thread's CPU seconds by default (robust to a loaded shared machine)
 PHASES = ("schedule", "flatten", "stage", "draw", "collect", "update", "post", "encode", "pickle")
 
 
@@ -52,11 +55,11 @@ def _timed(owner: Any, name: str, totals: dict[str, float], phase: str) -> None:
     inner: Callable = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = _clock()
         try:
             return inner(*args, **kwargs)
         finally:
-            totals[phase] += time.perf_counter() - start
+            totals[phase] += _clock() - start
 
     setattr(owner, name, timed)
 
@@ -125,28 +128,28 @@ def run_tree(a: argparse.Namespace) -> dict[str, Any]:
         profiler.enable()
     for _ in range(a.steps):
         totals.clear()
-        start = time.perf_counter()
+        start = _clock()
         outputs = engine.step()
-        t = time.perf_counter()
+        t = _clock()
         deltas = [encoder.encode(o) for o in outputs]
-        totals["encode"] += time.perf_counter() - t
-        t = time.perf_counter()
+        totals["encode"] += _clock() - t
+        t = _clock()
         data = pickle.dumps([("step", deltas, [], engine.stats_snapshot())], protocol=pickle.HIGHEST_PROTOCOL)
-        totals["pickle"] += time.perf_counter() - t
-        whole = time.perf_counter() - start
+        totals["pickle"] += _clock() - t
+        whole = _clock() - start
         totals["draw"] -= totals["logits"]
         per_step["host"].append(whole - totals["forward"] - totals["logits"])
         for phase in PHASES:
             per_step[phase].append(totals[phase])
-        t = time.perf_counter()  # the API process's side of the message
+        t = _clock()  # the API process's side of the message
         batch = pickle.loads(data)
-        per_step["api_loads"].append(time.perf_counter() - t)
+        per_step["api_loads"].append(_clock() - t)
         for message in batch:
             for delta in message[1]:
                 output = decoders[delta[0]].decode(delta)
                 for c in output.outputs:
                     fmt.completion(c.index, c.text[-8:], c, None)
-        per_step["api"].append(time.perf_counter() - t)
+        per_step["api"].append(_clock() - t)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(a.cprofile)
@@ -173,7 +176,7 @@ def compare(a: argparse.Namespace) -> None:
     layouts = [_layout(t) for t in trees]
     rounds: dict[Path, list[dict[str, Any]]] = {t: [] for t in trees}
     args = ["--batch", str(a.batch), "--context", str(a.context), "--steps", str(a.steps),
-            "--output-kind", a.output_kind]  # fmt: skip
+            "--output-kind", a.output_kind, "--clock", a.clock]  # fmt: skip
     for r in range(a.rounds):
         for tree, layout in zip(trees, layouts, strict=True):
             env = {**os.environ, "PYTHONPATH": f"{layout}:{tree / 'bench'}", "OMP_NUM_THREADS": "1"}
@@ -199,10 +202,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--output-kind", default="cumulative", choices=("cumulative", "final_only"))
     p.add_argument("--trees", nargs="*", default=None, help="source trees to compare (default: this process's)")
+    p.add_argument("--clock", default="cpu", choices=sorted(_CLOCKS),
+                   help="cpu: the thread's CPU time (default; other processes' load does not count); wall")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a subprocess of --trees: one round
     p.add_argument("--cprofile", default=None, help="with --one: cProfile the timed steps into this file")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    global _clock
+    _clock = _CLOCKS[a.clock]
     if a.one:
         print(json.dumps(run_tree(a)), flush=True)
     elif a.trees:
