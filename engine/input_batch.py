@@ -63,12 +63,17 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
             f.input_ids.append(0)
         else:
             f.input_ids += req.token_ids(start, end)
-        f.positions += range(start, end)
-        f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        if end - start == 1:  # a decode row (most rows of a large batch): one position, one slot
+            f.positions.append(start)
+            f.slots.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            f.positions += range(start, end)
+            f.slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
         f.query_start_loc.append(len(f.input_ids))
         f.seq_lens.append(end)
         f.block_tables.append(blocks)
-        f.max_query_len = max(f.max_query_len, s.num_new_tokens)
+        if s.num_new_tokens > f.max_query_len:
+            f.max_query_len = s.num_new_tokens
         if drafts:  # a row per position from the last known token on, drafting output token `drawn` on
             drawn = known - req.num_prompt_tokens
             f.draft_groups.append(DraftGroup(len(f.rows), tuple(drafts)))
@@ -76,7 +81,10 @@ def flatten(out: SchedulerOutput, block_size: int) -> FlatBatch:
             f.rows += [SamplingRow(req, last + j, drawn + j) for j in range(len(drafts) + 1)]
         elif s.samples:
             drawn = end - req.num_prompt_tokens
-            f.rows += [SamplingRow(r, len(f.input_ids) - 1, drawn) for r in (req, *req.fork_children)]
+            if req.fork_children:
+                f.rows += [SamplingRow(r, len(f.input_ids) - 1, drawn) for r in (req, *req.fork_children)]
+            else:
+                f.rows.append(SamplingRow(req, len(f.input_ids) - 1, drawn))
         if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
             count = min(end, req.num_prompt_tokens - 1) - start
             f.prompt_spans.append((req, len(f.input_ids) - (end - start), count))

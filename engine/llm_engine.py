@@ -452,7 +452,8 @@ class LLMEngine:
         its token. Drafts
         likewise: proposals read the known tokens, and a step with drafts in flight has an unknown
         number of accepted tokens to roll back to."""
-        if any(r.sampling_params.has_penalties or reads_output(r.bad_words_token_ids) for r in self.scheduler.running):
+        if any(r.sampling_params.has_penalties or (r.bad_words_token_ids and reads_output(r.bad_words_token_ids))
+               for r in self.scheduler.running):  # fmt: skip
             return True
         spec = self.speculator
         if spec is None:
@@ -550,14 +551,15 @@ class LLMEngine:
     def _process_token(self, child: Request, result: StepOutput) -> None:
         """Logprobs, detokenization and stop strings for a completion's new token(s): one, or the
         tokens verification kept, each handled as if it had come in a step of its own."""
-        verified = result.verified.get(child.request_id)
+        verified = result.verified.get(child.request_id) if result.verified else None
         num_new = len(verified) if verified is not None else 1
         if verified is not None:  # cut at a stop token by the scheduler; its logprobs are cut here
             entries = result.verified_logprobs.get(child.request_id, [])[:num_new]
         else:
             entry = result.logprobs.get(child.request_id) if result.logprobs else None
             entries = [entry] if entry is not None else []
-        first = child.num_output_tokens - num_new
+        num_output = child.num_output_tokens
+        first = num_output - num_new
         for i, entry in enumerate(entries):
             child.logprobs.append(entry)
             child.cumulative_logprob += entry[child.output_token_ids[first + i]][0]
@@ -573,9 +575,22 @@ class LLMEngine:
                 detok.add(child.output_token_ids[:-1] if unrendered else child.output_token_ids)
                 detok.flush()
             return
-        for i in range(first, child.num_output_tokens):
+        if num_new == 1 and not params.stop:  # a stream's one token a step and no stop string: `_detokenize_each`'s
+            if not unrendered:  # one turn, without its loop (the step does this for every running request)
+                detok.add(child.output_token_ids[-1:])
+            if child.status.finished:
+                detok.flush()
+            return
+        self._detokenize_each(child, detok, first, unrendered)
+
+    def _detokenize_each(self, child: Request, detok: IncrementalDetokenizer, first: int, unrendered: bool) -> None:
+        """Detokenize a completion's tokens from `first` on one at a time, each as if it had come in a step of its
+        own, looking for its stop strings after each."""
+        params = child.sampling_params
+        num_output = child.num_output_tokens
+        for i in range(first, num_output):
             searched_from = len(detok.text)
-            last = i == child.num_output_tokens - 1
+            last = i == num_output - 1
             if not (last and unrendered):
                 detok.add(child.output_token_ids[i : i + 1])
             if last and child.status.finished:

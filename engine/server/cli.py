@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
-from flotilla.engine.engine_core import EngineFactory
+from flotilla.engine.engine_core import EngineFactory, freeze_startup_heap
 from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                           model_path=args.model if args.model is not None else config.model.model,
                           chat_template=chat_template)
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
+    freeze_startup_heap()  # the event loop's collections skip what start-up built (the core does the same)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
     logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None
