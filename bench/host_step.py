@@ -179,7 +179,9 @@ def compare(a: argparse.Namespace) -> None:
             "--output-kind", a.output_kind, "--clock", a.clock]  # fmt: skip
     for r in range(a.rounds):
         for tree, layout in zip(trees, layouts, strict=True):
-            env = {**os.environ, "PYTHONPATH": f"{layout}:{tree / 'bench'}", "OMP_NUM_THREADS": "1"}
+            # The tree first; what the path held already (e.g. gpu-env.sh's wheels) after it.
+            path = ":".join(p for p in (str(layout), str(tree / "bench"), os.environ.get("PYTHONPATH", "")) if p)
+            env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
             out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", *args], env=env,
                                  cwd="/tmp", capture_output=True, text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flotilla.engine.bad_words import BadWordIds, bad_word_token_ids, reads_output
+from flotilla.engine.bad_words import BadWordIds, bad_word_token_ids
 from flotilla.engine.batch_queue import build_batch_queue
 from flotilla.engine.block_manager import BlockManager
 from flotilla.engine.config import EngineConfig
@@ -452,8 +452,7 @@ class LLMEngine:
         its token. Drafts
         likewise: proposals read the known tokens, and a step with drafts in flight has an unknown
         number of accepted tokens to roll back to."""
-        if any(r.sampling_params.has_penalties or (r.bad_words_token_ids and reads_output(r.bad_words_token_ids))
-               for r in self.scheduler.running):  # fmt: skip
+        if any(r.reads_known_outputs for r in self.scheduler.running):
             return True
         spec = self.speculator
         if spec is None:

@@ -486,21 +486,12 @@ def _to_host(drawn: SamplerOutput) -> SamplerOutput:
 
 def _plain_greedy(row: SamplingRow) -> bool:
     """True when the sampler would reduce to argmax: greedy, no penalties, bias, bans, token masks
-    (allowed_token_ids, bad_words) or logprobs.
+    (allowed_token_ids, bad_words) or logprobs (`Request.argmax_from`, made once per request).
 
     `min_tokens` bans stop ids and EOS until reached (`build_sampling_batch`); with `ignore_eos` and no
     stop ids it bans nothing (benchmark clients send it so), and the row stays on the argmax path.
     """
-    req = row.request
-    p = req.sampling_params
-    return (
-        p.temperature == 0
-        and not p.has_penalties
-        and not p.logit_bias
-        and not p.has_token_masks
-        and p.logprobs is None
-        and (row.output_index >= p.min_tokens or (p.ignore_eos and not p.stop_token_ids))
-    )
+    return row.output_index >= row.request.argmax_from
 
 
 def logprob_entry(

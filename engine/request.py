@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from flotilla.engine.bad_words import reads_output
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from flotilla.engine.structured_output.matcher import RequestGrammar
 
 _U64 = (1 << 64) - 1
+_NEVER = 1 << 62  # an output token index no request reaches
 
 
 class RequestStatus(enum.Enum):
@@ -95,6 +97,12 @@ class Request:
     sampler_tensors: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
     # `sampling_params.stop_token_ids` as a set (made here unless given), for the per-step stop check.
     stop_token_set: frozenset[int] = field(default=frozenset(), repr=False)
+    # Made here from `sampling_params` and `bad_words_token_ids`, read for every running request every step (a
+    # per-row test of the parameters costs a step at 512 rows ~0.2 ms each, for features no row may use):
+    # the output token index from which a draw is a plain argmax (`model_runner._plain_greedy`; _NEVER if never),
+    # and whether planning the next step needs this request's known output (penalties, bad words of 2+ tokens).
+    argmax_from: int = field(default=0, init=False, repr=False)
+    reads_known_outputs: bool = field(default=False, init=False, repr=False)
 
     # Timings (time.monotonic()) for the latency metrics.
     first_scheduled_time: float | None = None
@@ -104,8 +112,16 @@ class Request:
     def __post_init__(self) -> None:
         if not self.parent_id:
             self.parent_id = self.request_id
-        if not self.stop_token_set and self.sampling_params.stop_token_ids:
-            self.stop_token_set = frozenset(self.sampling_params.stop_token_ids)
+        p = self.sampling_params
+        if not self.stop_token_set and p.stop_token_ids:
+            self.stop_token_set = frozenset(p.stop_token_ids)
+        # Greedy with nothing that changes logits or asks for them; `min_tokens` bans stop ids and EOS until reached,
+        # which bans nothing with ignore_eos and no stop ids (benchmark clients send it so).
+        argmax = (p.temperature == 0 and not p.has_penalties and not p.logit_bias and not p.has_token_masks
+                  and p.logprobs is None)  # fmt: skip
+        bans = not (p.ignore_eos and not p.stop_token_ids)
+        self.argmax_from = (p.min_tokens if bans else 0) if argmax else _NEVER
+        self.reads_known_outputs = p.has_penalties or reads_output(self.bad_words_token_ids)
 
     @property
     def sample_seed(self) -> int | None:
