@@ -323,12 +323,13 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
     """Relay SSE chunks, one write per turn of the event loop; an engine failure mid-stream becomes a final error
     event, not a dropped socket.
 
-    A stream often has several chunks ready at once (n choices per step, the role chunks, several prompts). Written
-    in one turn, the first write that finds the client gone (a reset, or a close racing the step) only marks the
-    socket lost; uvicorn hears of it in the next turn, so the rest of the burst went to the dead socket, each
-    write past the fifth logging asyncio's "socket.send() raised exception." (n=64: ~60 lines per disconnect, a
-    log flood any client could cause). Yielding to the loop after each chunk lets the loss be heard first: the
-    next send is dropped, and the disconnect cancels the stream (aborting its requests) a turn later."""
+    A piece of the stream holds one step's events (n choices' chunks, or the n role chunks, joined by the stream:
+    one write where n writes cost n system calls and n loop turns). Pieces are also often ready at once (several
+    prompts' steps). Written in one turn, the first write that finds the client gone (a reset, or a close racing
+    the step) only marks the socket lost; uvicorn hears of it in the next turn, so the rest of the burst went to
+    the dead socket, each write past the fifth logging asyncio's "socket.send() raised exception." (a log flood
+    any client could cause). Yielding to the loop after each piece lets the loss be heard first: the next send is
+    dropped, and the disconnect cancels the stream (aborting its requests) a turn later."""
     try:
         async for chunk in stream:
             yield chunk
