@@ -311,3 +311,15 @@ def test_a_body_that_is_not_json_is_a_400_without_a_param(server):
     assert_openai_400(response)
     error = response.json()["error"]
     assert error["param"] is None and "not valid JSON" in error["message"] and "character 11" in error["message"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": 5}, {"type": "function", "function": "f"},
+                                    {"type": "function"}, {"type": "tool"}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_that_is_not_shaped_as_one_is_a_400(server, choice, stream):
+    # {"function": 5} was read as a dict: an AttributeError, a plain-text 500 (found by fuzzing the real server)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": stream,
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": choice}
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert_openai_400(response, "tool_choice")
+    assert "function" in response.json()["error"]["message"]
