@@ -204,6 +204,7 @@ def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
     [
         ("/v1/completions", "use_beam_search", True),
         ("/v1/chat/completions", "logits_processors", ["my.module:Processor"]),
+        ("/v1/completions", "prompt_embeds", "AAAAAA=="),  # a base64 tensor: vLLM needs --enable-prompt-embeds
     ],
 )
 def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server, path, field, value):
@@ -214,7 +215,7 @@ def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server
     response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
     assert_openai_400(response, field)
     # Their off values change nothing and stay accepted (clients send defaults).
-    off = {"use_beam_search": False, "logits_processors": []}[field]
+    off = {"use_beam_search": False, "logits_processors": [], "prompt_embeds": None}[field]
     ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
     assert ok.status_code == 200, ok.text
 
