@@ -341,15 +341,15 @@ async def _until_disconnect(stream: AsyncIterator[str], request: Request) -> Asy
     """Relay SSE chunks, one write per turn of the event loop; an engine failure mid-stream becomes a final error
     event, not a dropped socket.
 
-    A stream often has several chunks ready at once (n choices per step, the role chunks, several prompts). Written
-    in one turn, the first write that finds the client gone (a reset, or a close racing the step) only marks the
-    socket lost; uvicorn hears of it in the next turn, so the rest of the burst went to the dead socket, each
-    write past the fifth logging asyncio's "socket.send() raised exception." (n=64: ~60 lines per disconnect, a
-    log flood any client could cause). Yielding to the loop between two chunks of a burst lets the loss be heard
-    first: the next send is dropped, and the disconnect cancels the stream (aborting its requests) a turn later.
-    A chunk that had to wait for its step comes a turn (or many) after the one before already, and is written
-    without one more (a task switch per stream per step is a few percent of the event loop at hundreds of
-    streams)."""
+    A piece of the stream holds one step's events (n choices' chunks, or the n role chunks, joined by the stream:
+    one write where n writes cost n system calls and n loop turns). Pieces are also often ready at once (several
+    prompts' steps). Written in one turn, the first write that finds the client gone (a reset, or a close racing
+    the step) only marks the socket lost; uvicorn hears of it in the next turn, so the rest of the burst went to
+    the dead socket, each write past the fifth logging asyncio's "socket.send() raised exception." (a log flood
+    any client could cause). Yielding to the loop between two pieces of a burst lets the loss be heard first: the
+    next send is dropped, and the disconnect cancels the stream (aborting its requests) a turn later. A piece that
+    had to wait for its step comes a turn (or many) after the one before already, and is written without one more
+    (a task switch per stream per step is a few percent of the event loop at hundreds of streams)."""
     turn = _LoopTurn(asyncio.get_running_loop())
     try:
         async for chunk in stream:

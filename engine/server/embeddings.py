@@ -48,6 +48,9 @@ class EmbeddingRequest(_RequestBody):
     model: str | None = None
     input: EmbeddingInput | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    # vLLM's extras for base64: the dtype of each value and the byte order (native: this machine's, little here)
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
     dimensions: int | None = None
     user: str | None = None
     # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
@@ -94,7 +97,7 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
         "object": "list",
         "created": int(time.time()),
         "model": model,
-        "data": [{"object": "embedding", "index": i, "embedding": _encode(o.embedding, body.encoding_format)}
+        "data": [{"object": "embedding", "index": i, "embedding": _encode(o.embedding, body)}
                  for i, o in enumerate(outputs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
@@ -163,10 +166,19 @@ async def _conversation_ids(state: ServerState, body: EmbeddingRequest) -> list[
     return (await state.serving.chat_prompt(chat)).token_ids
 
 
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "float":
+def _encode(vector: list[float], body: EmbeddingRequest) -> list[float] | str:
+    """The vector as floats, or (base64) as the bytes of `embed_dtype` values in `endianness` order, as vLLM encodes
+    them (float32 little-endian by default, the bytes OpenAI sends and its client decodes)."""
+    if body.encoding_format == "float":
         return vector
-    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    order = {"native": "=", "little": "<", "big": ">"}[body.endianness]
+    values = np.asarray(vector, dtype=np.float32)
+    if body.embed_dtype == "bfloat16":  # numpy has no bfloat16: float32's top half, rounded to nearest even as torch
+        bits = values.view(np.uint32).astype(np.uint64)
+        data = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(order + "u2").tobytes()
+    else:
+        data = values.astype(order + ("f4" if body.embed_dtype == "float32" else "f2")).tobytes()
+    return base64.b64encode(data).decode("ascii")
 
 
 def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any, until_disconnect: Any) -> None:

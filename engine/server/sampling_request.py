@@ -82,8 +82,10 @@ def _fitted(params: list[SamplingParams], room: int) -> list[SamplingParams]:
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
 # ignoring them would answer 200 with output the client asked to be different.
-# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.)
-UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors")
+# (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.) `prompt_embeds`: vLLM embeds them in
+# place of (or beside) the prompt's tokens with --enable-prompt-embeds, and refuses them without it; ignored, the
+# completion was the `prompt`'s alone.
+UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors", "prompt_embeds")
 
 
 def refuse_unsupported_fields(req: _SamplingFields) -> None:

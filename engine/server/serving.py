@@ -114,17 +114,16 @@ def chat_echo(req: ChatCompletionRequest) -> str:
 async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id: str, created: int,
                       model: str, usage: dict[str, int] | None = None) -> AsyncIterator[str]:
     """A chat stream with the echoed text as each choice's first content, after its role chunk (as vLLM sends it);
-    `usage`: each echo chunk's (continuous_usage_stats)."""
+    `usage`: each echo chunk's (continuous_usage_stats). The n role chunks come first, in one piece."""
     extra = {} if usage is None else {"usage": usage}
-    sent = 0
+    first = True
     async for chunk in chunks:
         yield chunk
-        sent += 1
-        if sent == n:  # the n role chunks come first
-            for i in range(n):
-                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
-                                        "finish_reason": None}], **extra})
+        if first:
+            first = False
+            yield "".join(sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
+                               "model": model, "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                                            "finish_reason": None}], **extra}) for i in range(n))
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
@@ -338,6 +337,7 @@ class OpenAIServing:
         # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
+            step = []  # one SSE event per choice, written together (one transport write per step, not n)
             for c, new_text, first in states[i].deltas(output):
                 index = i * req.n + c.index
                 text, token_ids, entries = self._echoed(req, prompts[i], output, c, new_text, first)
@@ -349,7 +349,10 @@ class OpenAIServing:
                     ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
                            "token_ids": list(c.token_ids[first:])}
                     ids_sent.add(index)
-                yield fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None, ids)
+                step.append(fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None,
+                                           ids))
+            if step:
+                yield "".join(step)
             if output.finished:
                 for k, v in usage(output).items():
                     total[k] += v
@@ -476,10 +479,10 @@ class OpenAIServing:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": choices, **extra})
 
-        for i in range(req.n):
-            yield chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
-                          "finish_reason": None}], **({} if opening is None else {"usage": opening}),
-                        **({} if prompt_ids is None else {"prompt_token_ids": prompt_ids}))
+        # One SSE event per choice, as OpenAI and vLLM; the events of one step are written together
+        yield "".join(chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
+                              "finish_reason": None}], **({} if opening is None else {"usage": opening}),
+                            **({} if prompt_ids is None else {"prompt_token_ids": prompt_ids})) for i in range(req.n))
         state = StreamState(req.n)
         last = None
         top = req.top_logprobs or 0
@@ -487,10 +490,12 @@ class OpenAIServing:
         as_ids, continuous = req.return_tokens_as_token_ids, _continuous_usage(req)
         async for output in stream:
             last = output
-            for c, text, first in state.deltas(output):
-                yield fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                               choice_usage(output, c) if continuous else None,
-                               None if prompt_ids is None else {"token_ids": list(c.token_ids[first:])})
+            step = [fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
+                             choice_usage(output, c) if continuous else None,
+                             None if prompt_ids is None else {"token_ids": list(c.token_ids[first:])})
+                    for c, text, first in state.deltas(output)]
+            if step:
+                yield "".join(step)
         if req.stream_options and req.stream_options.include_usage and last is not None:
             yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
         yield "data: [DONE]\n\n"

@@ -106,7 +106,11 @@ def _checked_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _named(choice: dict[str, Any], tools: list[dict[str, Any]]) -> ToolPlan:
-    name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+    function = choice.get("function") if choice.get("type") == "function" else None
+    if not isinstance(function, dict):  # e.g. {"function": 5}: read as a dict, it was a 500
+        raise APIError(400, 'a named tool_choice is {"type": "function", "function": {"name": ...}}',
+                       param="tool_choice")
+    name = function.get("name")
     match = [t for t in tools if t["function"]["name"] == name]
     if not match:
         raise APIError(400, f"tool_choice names function {name!r}, which is not among the request's tools",

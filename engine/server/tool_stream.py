@@ -79,13 +79,13 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
             usage += f', "prompt_token_ids": {json.dumps(prompt_ids)}'
         return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]{usage}}}\n\n"
 
-    for i in range(n):
-        yield chunk(i, {"role": role, "content": ""})
+    yield "".join(chunk(i, {"role": role, "content": ""}) for i in range(n))  # one write, n events
     choices = [_Choice() for _ in range(n)]
     last = None
     try:
         async for output in stream:
             last = output
+            step: list[str] = []  # the step's events, all choices', written together
             for c in output.outputs:
                 state = choices[c.index]
                 if state.done:
@@ -98,13 +98,14 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                     split = reasoning.split(c.text, finished=c.finish_reason is not None)
                     thought = split.reasoning or ""
                     if len(thought) > state.sent_reasoning:
-                        yield chunk(c.index, thinking(thought[state.sent_reasoning :]))
+                        step.append(chunk(c.index, thinking(thought[state.sent_reasoning :])))
                         state.sent_reasoning = len(thought)
                     text = split.content or ""
-                for piece in _choice_chunks(plan, c, text, state, chunk):
-                    yield piece
+                step += _choice_chunks(plan, c, text, state, chunk)
                 if unsent[c.index]:  # the parser held this step's text back: its ids still go out
-                    yield chunk(c.index, {})
+                    step.append(chunk(c.index, {}))
+            if step:
+                yield "".join(step)
     finally:
         await stream.aclose()
     if stream_options and stream_options.include_usage and last is not None:

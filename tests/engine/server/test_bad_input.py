@@ -204,6 +204,7 @@ def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
     [
         ("/v1/completions", "use_beam_search", True),
         ("/v1/chat/completions", "logits_processors", ["my.module:Processor"]),
+        ("/v1/completions", "prompt_embeds", "AAAAAA=="),  # a base64 tensor: vLLM needs --enable-prompt-embeds
     ],
 )
 def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server, path, field, value):
@@ -214,7 +215,7 @@ def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server
     response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
     assert_openai_400(response, field)
     # Their off values change nothing and stay accepted (clients send defaults).
-    off = {"use_beam_search": False, "logits_processors": []}[field]
+    off = {"use_beam_search": False, "logits_processors": [], "prompt_embeds": None}[field]
     ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
     assert ok.status_code == 200, ok.text
 
@@ -311,3 +312,15 @@ def test_a_body_that_is_not_json_is_a_400_without_a_param(server):
     assert_openai_400(response)
     error = response.json()["error"]
     assert error["param"] is None and "not valid JSON" in error["message"] and "character 11" in error["message"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": 5}, {"type": "function", "function": "f"},
+                                    {"type": "function"}, {"type": "tool"}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_that_is_not_shaped_as_one_is_a_400(server, choice, stream):
+    # {"function": 5} was read as a dict: an AttributeError, a plain-text 500 (found by fuzzing the real server)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": stream,
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": choice}
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert_openai_400(response, "tool_choice")
+    assert "function" in response.json()["error"]["message"]

@@ -155,6 +155,8 @@ def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
     ({"input": "x", "padding": "max_length"}, "padding"),
     ({"input": "x", "truncation_side": "middle"}, "truncation_side"),
     ({"input": "x", "normalize": True, "use_activation": False}, "use_activation"),
+    ({"input": "x", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"}, "embed_dtype"),  # no fp8 encoder here
+    ({"input": "x", "encoding_format": "base64", "endianness": "middle"}, "endianness"),
     # a conversation's rendering options with input: there is no conversation to render
     ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt"),
     ({"input": "x", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
@@ -263,3 +265,19 @@ def test_a_conversation_continued_is_embedded_open_ended(pooling_server, hf):
     assert text.endswith("Three ships")
     ids = hf[1].encode(text, add_special_tokens=False)
     np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("endianness", ["native", "little", "big"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_base64_in_vllms_embed_dtype_and_endianness(pooling_server, dtype, endianness):
+    # vLLM's extras: base64 of the vector cast to `embed_dtype` (as torch casts it), in `endianness` byte order. They
+    # were logged and ignored: a client asking float16 decoded float32 bytes as twice as many garbage halves.
+    floats = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float"})
+    vector = torch.tensor(floats.json()["data"][0]["embedding"], dtype=torch.float32)
+    answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "base64",
+                                   "embed_dtype": dtype, "endianness": endianness})
+    assert answer.status_code == 200, answer.text
+    data = base64.b64decode(answer.json()["data"][0]["embedding"])
+    expected = vector.to(getattr(torch, dtype)).view(torch.int16 if dtype != "float32" else torch.int32).numpy()
+    order = {"native": "=", "little": "<", "big": ">"}[endianness]
+    assert data == expected.astype(expected.dtype.newbyteorder(order)).tobytes()

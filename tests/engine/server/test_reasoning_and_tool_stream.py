@@ -46,7 +46,9 @@ def _stream(plan, reasoning, text) -> list[dict]:
 
     chunks = asyncio.run(collect())
     assert chunks[-1] == "data: [DONE]\n\n"
-    return [json.loads(c.removeprefix("data: "))["choices"][0] for c in chunks[:-1]]
+    # a piece holds one step's events (one write), each event `data: {...}\n\n`
+    events = [e for c in chunks[:-1] for e in c.split("\n\n") if e]
+    return [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
 
 
 def test_thinking_then_hermes_call_stream_as_openai_deltas():
