@@ -24,7 +24,7 @@ from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOV
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
-from flotilla.operator.pod_problems import PodProblem, pod_problem
+from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
@@ -120,6 +120,8 @@ class Reconciler:
         # Per child, the resourceVersions of its last write (one write may take several requests: a handover of
         # `replicas`, the apply, a reset), each echoed by the watch.
         self._written: dict[tuple[str, str, str], frozenset[str]] = {}
+        # Per InferenceService, the reason its Ready condition gives as last read or written here.
+        self._ready_reasons: dict[tuple[str, str], str | None] = {}
 
     def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post through kopf's queue inside its handlers; elsewhere (the periodic resync, in a task kopf's startup
@@ -162,8 +164,21 @@ class Reconciler:
         """Drop what is remembered about a deleted InferenceService."""
         with self._guard:
             self._locks.pop((namespace, name), None)
+            self._ready_reasons.pop((namespace, name), None)
             for key in [key for key in self._written if key[1:] == (namespace, name)]:
                 del self._written[key]
+
+    def shown_pod_problems(self) -> dict[tuple[str, str], str]:
+        """The pod problem each InferenceService's Ready condition names (pod_problems.REASONS), where it names one,
+        by (namespace, name): as this reconciler last read or wrote it. The operator alone writes that condition, so
+        this is the status without listing it (the serving reader compares it with the pods each period)."""
+        with self._guard:
+            return {key: reason for key, reason in self._ready_reasons.items() if reason in REASONS}
+
+    def _note_ready(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        with self._guard:
+            self._ready_reasons[(namespace, name)] = ready.get("reason")
 
     def reconcile(self, namespace: str, name: str) -> Review | None:
         """Converge one InferenceService; returns its review, or None when it is gone.
@@ -424,8 +439,10 @@ class Reconciler:
                            pod_problem=self._pod_problem(meta["namespace"], meta["name"], deployment))
         new = build_status(old, seen)
         patch = merge_patch(old, new)
+        self._note_ready(meta["namespace"], meta["name"], old)
         if patch is None:
             return
         self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
+        self._note_ready(meta["namespace"], meta["name"], new)
         for event in condition_events(old, new):
             self.post_event(body, event.type, event.reason, event.message)
