@@ -505,6 +505,8 @@ def test_removing_autoscaling_keeps_the_replicas_it_left_until_spec_replicas_is_
                       "a ReplicasKept Event")
     assert "keeps its 4 replicas" in events[0]["message"] and events[0]["type"] == "Normal"
     assert op.kube.get(child_path("PodDisruptionBudget", namespace, "kept")) is not None  # 4 replicas: one kept
+    # `kubectl scale` (no --current-replicas) patches the scale subresource, which works with spec.replicas unset
+    # (a GET of it answers 500 until spec.replicas is set: README).
     op.kube.request("PATCH", f"{fis_path(namespace, 'kept')}/scale", {"spec": {"replicas": 2}}, None,
                     "application/merge-patch+json")
     wait_for(lambda: op.kube.get(path)["spec"]["replicas"] == 2, 30, "spec.replicas 2 applied")
