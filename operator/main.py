@@ -214,7 +214,8 @@ def main(argv: list[str]) -> int:
     optional_kinds.register(registry)
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,
-                                                        on_pod_problem=reconciler.reconcile))
+                                                        on_pod_problem=reconciler.reconcile,
+                                                        shown_problems=reconciler.shown_pod_problems))
     if not args.no_webhook:
         webhook.register(registry, args.policy, args.namespaces)
         if args.engine_image:

@@ -24,7 +24,7 @@ from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOV
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
-from flotilla.operator.pod_problems import PodProblem, pod_problem
+from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
@@ -39,6 +39,8 @@ REFUSALS = {400, 403, 404, 422}
 # Server-side apply answers 500 when it cannot build the object's typed form (a list keyed by name, such as a
 # container's env or the pod's imagePullSecrets, holding one name twice): that too is the object's fault.
 TYPED_PATCH_REFUSAL = "failed to create typed patch object"
+# The autoscalers the operator makes; when one goes, the replica count it left may be kept.
+AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
 # Reconciles started over at once when an orphan changed between the adoption check and the adoption's write; past
 # them the reconcile fails as an API error would (the caller retries with backoff).
 ADOPTION_ATTEMPTS = 3
@@ -118,6 +120,8 @@ class Reconciler:
         # Per child, the resourceVersions of its last write (one write may take several requests: a handover of
         # `replicas`, the apply, a reset), each echoed by the watch.
         self._written: dict[tuple[str, str, str], frozenset[str]] = {}
+        # Per InferenceService, the reason its Ready condition gives as last read or written here.
+        self._ready_reasons: dict[tuple[str, str], str | None] = {}
 
     def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post through kopf's queue inside its handlers; elsewhere (the periodic resync, in a task kopf's startup
@@ -160,8 +164,21 @@ class Reconciler:
         """Drop what is remembered about a deleted InferenceService."""
         with self._guard:
             self._locks.pop((namespace, name), None)
+            self._ready_reasons.pop((namespace, name), None)
             for key in [key for key in self._written if key[1:] == (namespace, name)]:
                 del self._written[key]
+
+    def shown_pod_problems(self) -> dict[tuple[str, str], str]:
+        """The pod problem each InferenceService's Ready condition names (pod_problems.REASONS), where it names one,
+        by (namespace, name): as this reconciler last read or wrote it. The operator alone writes that condition, so
+        this is the status without listing it (the serving reader compares it with the pods each period)."""
+        with self._guard:
+            return {key: reason for key, reason in self._ready_reasons.items() if reason in REASONS}
+
+    def _note_ready(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        with self._guard:
+            self._ready_reasons[(namespace, name)] = ready.get("reason")
 
     def reconcile(self, namespace: str, name: str) -> Review | None:
         """Converge one InferenceService; returns its review, or None when it is gone.
@@ -198,15 +215,34 @@ class Reconciler:
                 deployment = self._scale_refused_to_zero(body, deployment)
         else:
             assert result.spec is not None
+            kept = self._settle_replicas(body, result)
             plan = plan_children(result.spec, name, namespace, discover(self.kube))
             try:
-                deployment = self._apply(body, plan)
+                deployment = self._apply(body, plan, kept)
             except ChildrenBlocked as e:
                 blocked, deployment = e, self._own_deployment(body)
         self._write_status(body, result, plan, deployment, blocked)
         if blocked is not None:
             raise blocked
         return result
+
+    def _settle_replicas(self, owner: dict[str, Any], result: Review) -> int | None:
+        """Without autoscaling and with spec.replicas unset, put the live Deployment's replica count in the reviewed
+        spec (1 when there is none yet) and return it (None when spec.replicas or autoscaling decides).
+
+        So removing spec.autoscaling hands the count the autoscaler left over to the operator, as deleting an HPA
+        leaves its Deployment's count alone: the CRD default of 1 dropped an autoscaled Deployment of N to 1 at once.
+        Set spec.replicas to choose the count instead (Kubernetes' advice is the same: a manifest without
+        spec.replicas leaves the count to whoever scales the object)."""
+        spec = result.spec
+        assert spec is not None
+        if spec.replicas is not None or spec.autoscaling is not None:
+            return None
+        meta = owner["metadata"]
+        live = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
+        kept = None if live is None else (live.get("spec") or {}).get("replicas", 1)
+        result.spec = spec.model_copy(update={"replicas": 1 if kept is None else kept})
+        return kept
 
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -245,7 +281,7 @@ class Reconciler:
                 self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: spec.replicas is 0, "
                                 "which suspends autoscaling")
 
-    def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+    def _apply(self, owner: dict[str, Any], plan: Plan, kept: int | None = None) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
 
         All or nothing: every child is first checked to be absent or owned by this InferenceService,
@@ -253,12 +289,13 @@ class Reconciler:
         ChildrenBlocked otherwise, with nothing created or modified. The unwanted children go before the
         rest is written: an autoscaler the spec drops (spec.replicas 0 suspends it, or autoscaling is turned
         off) must not scale the Deployment between its new replica count and its deletion (KEDA scales a
-        Deployment at 0 back up to minReplicaCount).
+        Deployment at 0 back up to minReplicaCount). `kept`: the Deployment's replica count the spec keeps
+        (_settle_replicas), announced when an autoscaler goes.
         """
         live = self._live_children(owner, plan)
         for child in plan.apply:
             self._dry_run(child)
-        self._remove_unwanted(owner, plan)
+        self._remove_unwanted(owner, plan, kept)
         deployment = None
         for child in plan.apply:
             applied = self._write_child(owner, child, live[k.path_of(child)], plan.min_replicas)
@@ -344,9 +381,10 @@ class Reconciler:
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
 
-    def _remove_unwanted(self, owner: dict[str, Any], plan: Plan) -> None:
+    def _remove_unwanted(self, owner: dict[str, Any], plan: Plan, kept: int | None = None) -> None:
         """Delete the children the spec no longer asks for: `owner`'s own, and orphans it would adopt (an orphaned
-        HPA left by a deleted autoscaled InferenceService would otherwise keep scaling the adopted Deployment)."""
+        HPA left by a deleted autoscaled InferenceService would otherwise keep scaling the adopted Deployment). When
+        `owner`'s autoscaler goes and the Deployment keeps its `kept` replicas, an Event says so."""
         meta = owner["metadata"]
         for api_version, kind in plan.remove:
             path = k.object_path(api_version, kind, meta["namespace"], meta["name"])
@@ -369,6 +407,10 @@ class Reconciler:
                     raise AdoptionRaced(f"{kind} {meta['name']} changed before its deletion: {e.message}") from e
                 raise
             self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
+            if kept is not None and kind in AUTOSCALER_KINDS and version is None:
+                self.post_event(owner, "Normal", "ReplicasKept",
+                                f"autoscaling removed: Deployment {meta['name']} keeps its {kept} replicas, as "
+                                "spec.replicas is not set; set spec.replicas to choose the count")
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
         """Why the engine pods are not coming up, read only while replicas are missing (one list of one
@@ -397,8 +439,10 @@ class Reconciler:
                            pod_problem=self._pod_problem(meta["namespace"], meta["name"], deployment))
         new = build_status(old, seen)
         patch = merge_patch(old, new)
+        self._note_ready(meta["namespace"], meta["name"], old)
         if patch is None:
             return
         self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
+        self._note_ready(meta["namespace"], meta["name"], new)
         for event in condition_events(old, new):
             self.post_event(body, event.type, event.reason, event.message)

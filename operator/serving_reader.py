@@ -8,9 +8,10 @@ A pod that does not answer is counted as unreachable, never waited for; a failin
 logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
 
 The same listing tells what problem an InferenceService's pods have (pod_problems.py: an image that
-does not pull, a crash loop, no node); where it is not the one its Ready condition names (a listing of
-the InferenceServices), `on_pod_problem` (the reconciler) is called for it, so Ready names the problem,
-or stops naming a cleared one, within a period rather than at the next resync, without watching pods.
+does not pull, a crash loop, no node); where it is not the one its Ready condition names (`shown_problems`:
+the reconciler's record of the conditions it wrote, so no listing of the InferenceServices), `on_pod_problem`
+(the reconciler) is called for it, so Ready names the problem, or stops naming a cleared one, within a period
+rather than at the next resync, without watching pods.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pydantic import BaseModel, Field
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
 from flotilla.operator.kube import Kube, KubeError
-from flotilla.operator.pod_problems import REASONS, pod_problem
+from flotilla.operator.pod_problems import pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 from flotilla.operator.spec import GROUP, VERSION
 
@@ -107,21 +108,6 @@ def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[t
     return {key: problem.reason for key, problem in found.items() if problem is not None}
 
 
-def shown_problems(inferenceservices: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
-    """The pod problem each watched InferenceService's Ready condition names, where it names one (a pure
-    function)."""
-    out = {}
-    for body in inferenceservices:
-        meta = body["metadata"]
-        if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
-            continue
-        conditions = (body.get("status") or {}).get("conditions", [])
-        ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-        if ready.get("reason") in REASONS:
-            out[(meta["namespace"], meta["name"])] = ready["reason"]
-    return out
-
-
 def wanted_lines(text: str) -> str:
     """The sample lines the figures need (comments and other series dropped before parsing)."""
     return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
@@ -163,6 +149,8 @@ class ServingReader:
     # Called with (namespace, InferenceService) when its pods' problem is not the one its Ready condition names
     # (synchronous, in a thread).
     on_pod_problem: Callable[[str, str], object] | None = None
+    # The pod problem each InferenceService's Ready condition names, where it names one (the reconciler's record).
+    shown_problems: Callable[[], dict[tuple[str, str], str]] = dict
     # (namespace, InferenceService) -> (the pods' problem, the one Ready names) of a disagreement already reconciled.
     disagreements: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
 
@@ -176,11 +164,6 @@ class ServingReader:
         """The engine pods of every watched namespace (synchronous: call it in a thread)."""
         return [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path,
                                                                                      names.INFERENCESERVICE_LABEL)]
-
-    def list_inferenceservices(self) -> list[dict[str, Any]]:
-        """The InferenceServices of every watched namespace (synchronous: call it in a thread)."""
-        return [body for path in self._paths(f"/apis/{GROUP}/{VERSION}", "inferenceservices")
-                for body in self.kube.list(path)]
 
     async def _scrape(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target,
                       ) -> sm.Scrape | None:
@@ -258,14 +241,15 @@ class ServingReader:
         self.writes += 1
         return True
 
-    def announce_problems(self, pods: list[dict[str, Any]], inferenceservices: list[dict[str, Any]]) -> None:
+    def announce_problems(self, pods: list[dict[str, Any]], shown: dict[tuple[str, str], str]) -> None:
         """Call `on_pod_problem` for each InferenceService whose pods' problem is not the one its Ready condition
-        names (synchronous). Compared with the status, not with the last listing: a problem that came and went
-        between two listings, written meanwhile by a reconcile of another trigger, would stay named until the
+        names, `shown` (synchronous). Compared with the status, not with the last listing: a problem that came and
+        went between two listings, written meanwhile by a reconcile of another trigger, would stay named until the
         resync. Once per disagreement: the reconciler does not read the pods of a Deployment with every replica
         ready (a failing surge pod of a rollout), and that disagreement must not cost a reconcile every period."""
         seen = problem_reasons(pods, self.namespaces)
-        shown = shown_problems(inferenceservices, self.namespaces)
+        shown = {key: reason for key, reason in shown.items()
+                 if not self.namespaces or any(fnmatch.fnmatchcase(key[0], ns) for ns in self.namespaces)}
         disagreements = {key: (seen.get(key), shown.get(key)) for key in seen.keys() | shown.keys()
                          if seen.get(key) != shown.get(key)}
         new = {key for key, pair in disagreements.items() if self.disagreements.get(key) != pair}
@@ -284,12 +268,7 @@ class ServingReader:
         run = contextvars.copy_context().run
         pods = await loop.run_in_executor(None, run, self.list_pods)
         if self.on_pod_problem is not None:
-            try:
-                inferenceservices = await loop.run_in_executor(None, run, self.list_inferenceservices)
-            except KubeError as e:  # the figures are still worth writing; the resync is the backstop
-                log.warning(f"listing the InferenceServices failed: {e}")
-            else:
-                await loop.run_in_executor(None, run, self.announce_problems, pods, inferenceservices)
+            await loop.run_in_executor(None, run, self.announce_problems, pods, self.shown_problems())
         targets = targets_of(pods, self.namespaces)
         gate = asyncio.Semaphore(self.settings.concurrency)
         flat = [t for pods_ in targets.values() for t in pods_]

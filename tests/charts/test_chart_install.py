@@ -292,7 +292,8 @@ def test_children_come_and_go_under_the_chart_service_account(installed: Install
 
     apply(admin, fis("scaler", **scaling, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: present(hpa) and present(pdb), 30, "the HPA and the PDB")
-    apply(admin, fis("scaler", monitoring={"serviceMonitor": False}))
+    # spec.replicas 1 with autoscaling removed (unset, the Deployment would keep the autoscaler's 2, and its PDB).
+    apply(admin, fis("scaler", replicas=1, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: not present(hpa) and not present(pdb), 30, "the HPA and the PDB to be deleted")
 
     Cluster(admin).set_optional_crds(True)
@@ -300,7 +301,7 @@ def test_children_come_and_go_under_the_chart_service_account(installed: Install
     installed.wait(lambda: present(scaled) and present(monitor) and present(pdb), 60,
              "the ScaledObject, ServiceMonitor and PDB")
     assert not present(hpa), "KEDA makes its own HPA"
-    apply(admin, fis("scaler", monitoring={"serviceMonitor": False}))
+    apply(admin, fis("scaler", replicas=1, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: not present(scaled) and not present(monitor) and not present(pdb), 30,
              "the ScaledObject, ServiceMonitor and PDB to be deleted")
 

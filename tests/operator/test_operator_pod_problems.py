@@ -11,8 +11,9 @@ import json
 import time
 from typing import Any
 
+from ..k8s_fixtures import service_account_token, token_kubeconfig
 from .conftest import wait_for
-from .test_operator_reconcile import condition, fis_path, fixed, set_pods_ready
+from .test_operator_reconcile import child_path, condition, fis_path, fixed, set_pods_ready
 
 IMAGE = "ghcr.io/flotilla-dev/engine:no-such-tag"
 
@@ -136,25 +137,79 @@ def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(ope
         operator_process.start()
 
 
-def test_a_problem_ready_still_names_after_it_cleared_is_cleared_by_the_serving_reader(operator_process, cluster,
-                                                                                    namespace):
-    # A reconcile of another trigger may write a problem that comes and goes between two listings of the serving
-    # reader: its listings never change, yet Ready keeps naming the problem. Written here into the status directly
-    # (nothing reconciles on a status write), with the resync off: only the reader, comparing the pods with what
-    # Ready names, can clear it.
+def test_a_problem_another_triggers_reconcile_wrote_is_cleared_by_the_serving_reader(operator_process, cluster,
+                                                                                     namespace):
+    # A reconcile of another trigger (here a hand edit of the Deployment) may write a problem that the serving reader's
+    # listings never showed (it came and went between two of them), so they never change, yet Ready names it. The
+    # reader compares the pods with what Ready names as the reconciler last wrote it (no listing of the
+    # InferenceServices): with the resync off, it alone clears the problem once the pods no longer have it.
     operator_process.stop()
     try:
         operator_process.start(extra_args=("--resync-seconds", "0"))
         cluster.apply(fixed("stale", namespace, replicas=1))
-        engine_pod(cluster, namespace, "stale")
+        pod = engine_pod(cluster, namespace, "stale")
         ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
         time.sleep(3)  # the Deployment's and ReplicaSet's own status changes (which reconcile) are over
-        body = cluster.kube.get(fis_path(namespace, "stale"))
-        stale = [{**c, "reason": "CrashLoopBackOff", "message": "0 of 1 replicas ready; pod p container engine: "
-                  "back-off 40s; restarted 3 times"} if c["type"] == "Ready" else c
-                 for c in body["status"]["conditions"]]
-        cluster.kube.patch_status(fis_path(namespace, "stale"), {"conditions": stale})
+        report(cluster, namespace, pod, containerStatuses=engine_status(
+            {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}, 3))
+        cluster.kube.request("PATCH", child_path("Deployment", namespace, "stale"),
+                             {"metadata": {"annotations": {"example.com/touched": "by hand"}}}, None,
+                             "application/merge-patch+json")
+        ready_condition(cluster, namespace, "stale", "CrashLoopBackOff", "restarted 3 times")
+        report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
         ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
     finally:
         operator_process.stop()
+        operator_process.start()
+
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+READER = "serving-reader"
+# The operator's reach, under a ServiceAccount so that the apiserver's audit log records its requests.
+EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+# The serving reader's listing of the engine pods (the label's existence; a reconcile lists one InferenceService's).
+READER_PODS = "/pods?labelSelector=serving.flotilla.dev/inferenceservice"
+
+
+def _audited(control_plane: Any, user: str) -> list[str]:
+    """The `verb requestURI` of each request `user` made, in order."""
+    lines = (control_plane.run / "audit.log").read_text().splitlines()
+    return [f"{e['verb']} {e['requestURI']}" for e in map(json.loads, lines) if e["user"]["username"] == user]
+
+
+def test_the_serving_reader_lists_no_inferenceservices(operator_process, cluster, control_plane, namespace, tmp_path):
+    # What Ready names comes from the reconciler, which wrote it: the reader's periods list the engine pods alone
+    # (one call per watched namespace), where they also listed every InferenceService to read it back.
+    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": READER}})
+    name = f"{READER}-{namespace}"
+    cluster.kube.request("POST", f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": EVERYTHING})
+    cluster.kube.request("POST", f"{RBAC}/clusterrolebindings", {
+        "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": namespace}]})
+    token = wait_for(lambda: service_account_token(cluster.kube, namespace, READER), 30, f"{READER}'s token")
+    user = f"system:serviceaccount:{namespace}:{READER}"
+    operator_process.stop()
+    try:
+        operator_process.start(webhook=False, kubeconfig=token_kubeconfig(
+            control_plane.kubeconfig, token, tmp_path / "reader.kubeconfig"), extra_args=(
+                "-n", namespace, "--resync-seconds", "0"))
+        cluster.apply(fixed("listed", namespace, replicas=1))
+        engine_pod(cluster, namespace, "listed")
+
+        def periods() -> int:
+            return sum(r.startswith("list ") and r.endswith(READER_PODS) for r in _audited(control_plane, user))
+
+        def inferenceservice_lists() -> int:
+            return sum("/inferenceservices" in r for r in _audited(control_plane, user) if r.startswith("list "))
+
+        wait_for(lambda: periods() >= 2, 30, f"two serving periods (log: {operator_process.log_path})")
+        before, started = inferenceservice_lists(), periods()
+        wait_for(lambda: periods() >= started + 3, 30, "three more serving periods")
+        assert inferenceservice_lists() == before, [r for r in _audited(control_plane, user)
+                                                    if r.startswith("list ") and "/inferenceservices" in r]
+    finally:
+        operator_process.stop()
+        cluster.kube.delete(f"{RBAC}/clusterrolebindings/{name}")
+        cluster.kube.delete(f"{RBAC}/clusterroles/{name}")
         operator_process.start()

@@ -469,6 +469,49 @@ def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
     assert [rs["spec"]["replicas"] for rs in replica_sets if rs["metadata"]["name"].startswith("grows-")] == [3]
 
 
+def test_removing_autoscaling_keeps_the_replicas_it_left_until_spec_replicas_is_set(op, namespace):
+    """spec.replicas unset and autoscaling removed: the Deployment keeps the count the autoscaler left (as deleting an
+    HPA leaves its Deployment alone), with a ReplicasKept Event; the CRD's default of 1 dropped it to 1 at once. Set
+    afterwards (kubectl scale, the scale subresource), spec.replicas decides."""
+    op.set_optional_crds(False)  # an HPA, which this control plane's controller leaves alone with no metrics API
+    autoscaling = {"minReplicas": 2, "maxReplicas": 6, "target": 4}
+    op.apply(fis("kept", namespace, replicas=None, autoscaling=autoscaling))
+    wait_children(op, namespace, "kept", ["Deployment", "HorizontalPodAutoscaler"])
+    path = child_path("Deployment", namespace, "kept")
+
+    def operator_applies_replicas() -> bool:
+        return any(e["manager"] == "flotilla-operator" and "f:replicas" in (e.get("fieldsV1") or {}).get("f:spec", {})
+                   for e in op.kube.get(path)["metadata"]["managedFields"])
+
+    # Created at minReplicas by the operator's apply, then handed over: only then is the count the autoscaler's (a
+    # reconcile still under way could otherwise hand over the count it read before the scale-up below).
+    wait_for(lambda: not operator_applies_replicas(), 30, "replicas handed over to the autoscaler")
+    # The autoscaler scales up, through the Deployment's scale subresource as the HPA controller does.
+    scaled = op.kube.request("PATCH", f"{path}/scale", {"spec": {"replicas": 4}}, None, "application/merge-patch+json")
+    generation = op.kube.get(path)["metadata"]["generation"]
+    assert scaled["spec"]["replicas"] == 4
+    op.apply(fis("kept", namespace, replicas=None, autoscaling=None))
+    observed = op.kube.get(fis_path(namespace, "kept"))["metadata"]["generation"]
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "kept")).get("status") or {}).get("observedGeneration")
+             == observed and op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "kept")) is None,
+             30, "autoscaling removed")
+    deployment = op.kube.get(path)
+    assert deployment["spec"]["replicas"] == 4, deployment["metadata"]["managedFields"]
+    # Not even for a moment at 1: the Deployment's spec never changed (a drop and a return would count 2 generations).
+    assert deployment["metadata"]["generation"] == generation
+    assert "replicas" not in op.kube.get(fis_path(namespace, "kept"))["spec"]
+    events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "kept" and e["reason"] == "ReplicasKept"], 15,
+                      "a ReplicasKept Event")
+    assert "keeps its 4 replicas" in events[0]["message"] and events[0]["type"] == "Normal"
+    assert op.kube.get(child_path("PodDisruptionBudget", namespace, "kept")) is not None  # 4 replicas: one kept
+    # `kubectl scale` (no --current-replicas) patches the scale subresource, which works with spec.replicas unset
+    # (a GET of it answers 500 until spec.replicas is set: README).
+    op.kube.request("PATCH", f"{fis_path(namespace, 'kept')}/scale", {"spec": {"replicas": 2}}, None,
+                    "application/merge-patch+json")
+    wait_for(lambda: op.kube.get(path)["spec"]["replicas"] == 2, 30, "spec.replicas 2 applied")
+
+
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
 # stored while the operator was down is met by every later reconcile.
 ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numHiddenLayers": 1,

@@ -70,28 +70,28 @@ def test_the_serving_reader_reconciles_an_inferenceservice_whose_ready_names_ano
         p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": "x"})
         return p
 
-    def fis(namespace: str, reason: str) -> dict[str, Any]:
-        return {"metadata": {"namespace": namespace, "name": "x"},
-                "status": {"conditions": [{"type": "Ready", "status": "False", "reason": reason}]}}
-
+    # What Ready names (the reconciler's record, Reconciler.shown_pod_problems): nothing, or a pod problem.
     calls: list[tuple[str, str]] = []
     reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
-    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")],
-                             [fis("team-a", "ReplicasNotReady"), fis("other", "ReplicasNotReady")])
+    reader.announce_problems([pod("team-a", "ErrImagePull"), pod("other", "ErrImagePull")], {})
     assert calls == [("team-a", "x")]  # an unwatched namespace's pods are not its business
     # The same disagreement (the reconciler does not read the pods of a Deployment with every replica ready, say):
     # reconciled once, not every period.
-    reader.announce_problems([pod("team-a", "ImagePullBackOff")], [fis("team-a", "ReplicasNotReady")])
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")], {})
     assert calls == [("team-a", "x")]
-    reader.announce_problems([pod("team-a", "ImagePullBackOff")], [fis("team-a", "ImagePullBackOff")])  # agreed
+    reader.announce_problems([pod("team-a", "ImagePullBackOff")], {("team-a", "x"): "ImagePullBackOff"})  # agreed
     assert calls == [("team-a", "x")]
     # Past it: reconcile to clear Ready's reason.
-    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "ImagePullBackOff")])
+    reader.announce_problems([pod("team-a", "ContainerCreating")], {("team-a", "x"): "ImagePullBackOff"})
     assert calls == [("team-a", "x")] * 2
     # A problem this reader never saw (it came and went between two listings, written by another trigger's
     # reconcile) is still named by Ready: reconcile, as its own listings never changed.
     reader = ServingReader(kube=None, namespaces=[], on_pod_problem=lambda ns, name: calls.append((ns, name)))
-    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "ReplicasNotReady")])
+    reader.announce_problems([pod("team-a", "ContainerCreating")], {})
     assert calls == [("team-a", "x")] * 2
-    reader.announce_problems([pod("team-a", "ContainerCreating")], [fis("team-a", "CrashLoopBackOff")])
+    reader.announce_problems([pod("team-a", "ContainerCreating")], {("team-a", "x"): "CrashLoopBackOff"})
+    assert calls == [("team-a", "x")] * 3
+    # Ready in an unwatched namespace is not its business either.
+    reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
+    reader.announce_problems([], {("other", "x"): "CrashLoopBackOff"})
     assert calls == [("team-a", "x")] * 3
