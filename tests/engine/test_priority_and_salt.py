@@ -163,7 +163,7 @@ def test_engine_preempts_for_an_urgent_request_and_greedy_tokens_still_match_hf(
 def test_block_hashes_chain_hash_block_over_the_prompt():
     """The prompt's blocks are hashed from slices of one tuple (`_block_hashes`): the same chain as `hash_block`
     block by block, salt on the first block only; hashing up to a later block extends the chain."""
-    from flotilla.engine.block_manager import hash_block
+    from flotilla.engine.block_hash import hash_block
 
     manager = BlockManager(64, 4)
     request = _request("r", 23, salt="tenant-a")
