@@ -3,7 +3,8 @@
 Plain Python (no torch): it hands out block ids; the model runner owns the tensors they index.
 
 Prefix caching works on full blocks. A full block's hash chains its parent's hash, its token ids
-and extra keys (e.g. a LoRA id), so equal hashes mean equal whole prefixes. A block whose last user
+and extra keys (e.g. a LoRA id), so equal hashes mean equal whole prefixes (`block_hash`: by default
+SHA-256, which no client can make collide). A block whose last user
 finished keeps its hash and sits in the free queue; a later request with the same prefix takes it
 back ("hit") instead of recomputing it. When a fresh block is needed, the least recently freed one is
 evicted first.
@@ -12,9 +13,10 @@ evicted first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flotilla.engine.block_hash import BlockHash, HashAlgo, hash_block, hash_blocks
 from flotilla.engine.request import Request
 
 
@@ -24,27 +26,24 @@ class Block:
 
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
-
-
-def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_keys: tuple[Hashable, ...] = ()) -> int:
-    """The prefix-cache key of a full block: parent hash + its tokens + extra keys."""
-    return hash((parent_hash, tuple(token_ids), extra_keys))
+    block_hash: BlockHash | None = None
 
 
 class BlockManager:
     """Owns every block: which are free, who references which, and the prefix-cache index."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_algo: HashAlgo = "sha256") -> None:
         if num_blocks <= 0:
             raise ValueError("the KV cache needs at least one block")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.hash_algo = hash_algo  # --prefix-caching-hash-algo
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order (least recently freed first); cached ones keep their hash.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
-        self._hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
+        self._cached: dict[BlockHash, int] = {}  # block hash -> block id
+        self._hashes: dict[str, list[BlockHash]] = {}  # request id -> hashes of its full blocks
         self._num_indexed: dict[str, int] = {}  # request id -> how many of its blocks are indexed
         # Copy-on-write copies (source block, destination block) the runner must do before the next step.
         self.pending_copies: list[tuple[int, int]] = []
@@ -213,11 +212,11 @@ class BlockManager:
                 del self._cached[block.block_hash]
             block.block_hash = None
 
-    def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Hashes of the request's full blocks (prompt and output), computed at least up to block
         `num_blocks` (or every full one, if fewer); each block is hashed once, as tokens arrive."""
         hashes = self._hashes.setdefault(request.request_id, [])
-        size = self.block_size
+        size, algo = self.block_size, self.hash_algo
         # The adapter changes every layer's K/V: its id is part of each block's key.
         extra = (request.lora_request.lora_int_id,) if request.lora_request is not None else ()
         end = min(num_blocks, request.num_tokens // size)
@@ -225,24 +224,18 @@ class BlockManager:
         if not hashes and end > 0:
             # The salt keys the first block only: every later hash chains it through its parent.
             salt = (request.cache_salt,) if request.cache_salt is not None else ()
-            parent = hash_block(None, request.token_ids(0, size), extra + salt)
+            parent = hash_block(None, request.token_ids(0, size), extra + salt, algo)
             hashes.append(parent)
-        # Blocks wholly inside the prompt are sliced from it directly: a long prompt's blocks are
-        # hashed on the way to its first token (125 for 2,000 tokens). Later ones take slices of the
+        # Blocks wholly inside the prompt are hashed as one run over a slice of it: a long prompt's blocks
+        # are hashed on the way to its first token (125 for 2,000 tokens). Later ones take slices of the
         # request's tokens, not `all_token_ids`: that copies the whole sequence each call.
         prompt = request.prompt_token_ids
         in_prompt = min(end, len(prompt) // size)
         if in_prompt > len(hashes):
-            # `hash_block`'s key built inline, each block's tokens a tuple that zip cuts from one iterator over the
-            # prompt (in C): the same values, no per-block slice, copy or call (125 blocks of a 2,000-token prefix,
-            # hashed on the way to a prefix hit's first token: 54 us as a loop of hash_block calls, 24 with slices of
-            # one tuple, 19 so; isolated, hot caches)
-            append = hashes.append
-            for block in zip(*[iter(prompt[len(hashes) * size : in_prompt * size])] * size, strict=True):
-                parent = hash((parent, block, extra))
-                append(parent)
+            hashes += hash_blocks(parent, prompt[len(hashes) * size : in_prompt * size], size, extra, algo)
+            parent = hashes[-1]
         for i in range(len(hashes), end):
-            parent = hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra)
+            parent = hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra, algo)
             hashes.append(parent)
         return hashes
 

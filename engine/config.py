@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.engine.block_hash import HashAlgo
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
@@ -87,6 +88,8 @@ class CacheConfig(_Component):
     calculate_kv_scales: bool = False
     num_gpu_blocks_override: int | None = Field(None, gt=0)
     enable_prefix_caching: bool = True
+    # --prefix-caching-hash-algo: how a full block's prefix-cache key is computed (`engine/block_hash.py`)
+    prefix_caching_hash_algo: HashAlgo = "sha256"
     cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES
 
 
@@ -382,6 +385,7 @@ def _cache_config(v: dict[str, Any]) -> CacheConfig:
         calculate_kv_scales=v["calculate_kv_scales"],
         num_gpu_blocks_override=v["num_gpu_blocks_override"],
         enable_prefix_caching=v["enable_prefix_caching"],
+        prefix_caching_hash_algo=v["prefix_caching_hash_algo"],
     )
 
 

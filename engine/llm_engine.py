@@ -72,7 +72,8 @@ class LLMEngine:
                                                         config.model.override_generation_config)
         self.runner = build_executor(config)  # this process's model runner, or tp x pp workers
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
+            config.cache.prefix_caching_hash_algo,
         )
         max_loras = config.lora.max_loras if config.lora.enable_lora else None
         self.scheduler = Scheduler(config.scheduler, self.block_manager, max_loras)
@@ -301,9 +302,11 @@ class LLMEngine:
         Ids inside the prompt's blocks that the prefix cache holds are not checked again: equal block hashes mean
         equal tokens, checked when the request that computed those blocks came in, and a hit's cached tokens are
         never fed to the model. Over a 2,000-token cached prefix the two C loops of the check held its first token
-        back by ~0.04 ms (CPU). The block hashes computed here serve the scheduler's prefix look-up."""
+        back by ~0.04 ms (CPU). The block hashes computed here serve the scheduler's prefix look-up. Only sha256 keys
+        make equal hashes mean equal ids: with `--prefix-caching-hash-algo builtin` an id past the vocabulary can
+        collide with a valid one (`hash(2**61 - 1 + t) == hash(t)`), so every id is checked."""
         ids = request.prompt_token_ids
-        known = self.block_manager.cached_prompt_tokens(request)
+        known = self.block_manager.cached_prompt_tokens(request) if self.block_manager.hash_algo == "sha256" else 0
         if known:
             ids = ids[known:]
         vocab = self.vocab_size

@@ -273,6 +273,17 @@ FLAGS: tuple[Flag, ...] = (
         crd_field="kvCache.prefixCaching",
         negatable=True,
     ),
+    Flag(
+        "--prefix-caching-hash-algo",
+        "str",
+        "sha256",
+        "How a full KV block's prefix-cache key is computed: sha256 (collision-resistant: SHA-256 over the "
+        "parent's key, the block's token ids and extra keys, from a random per-process root) or builtin (Python's "
+        "hash: faster, but a client can craft a block that collides with another prompt's and read its cached "
+        "K/V; trusted single-tenant clients only).",
+        "cache",
+        choices=("sha256", "builtin"),
+    ),
     # --- scheduler ---------------------------------------------------------------------------------
     Flag(
         "--max-num-seqs", "int", 256, "Maximum sequences in one step.", "scheduler", crd_field="scheduling.maxNumSeqs",

@@ -157,6 +157,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--root-path",
     # GET /load reports the requests in progress (vLLM's flag): what a probe may read, nothing served changes.
     "--enable-server-load-tracking",
+    # How prefix-cache keys are computed (vLLM's flag; sha256 by default): builtin trades this service's own
+    # clients' isolation from each other for speed, the owner's choice; the pod's cache is its own.
+    "--prefix-caching-hash-algo",
 })
 
 

@@ -160,16 +160,22 @@ def test_engine_preempts_for_an_urgent_request_and_greedy_tokens_still_match_hf(
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "a block leaked"
 
 
-def test_block_hashes_chain_hash_block_over_the_prompt():
-    """The prompt's blocks are hashed from slices of one tuple (`_block_hashes`): the same chain as `hash_block`
-    block by block, salt on the first block only; hashing up to a later block extends the chain."""
-    from flotilla.engine.block_manager import hash_block
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
+def test_block_hashes_chain_hash_block_over_the_prompt(algo):
+    """The prompt's blocks are hashed as one run (`_block_hashes`, `hash_blocks`): the same chain as `hash_block`
+    block by block, salt on the first block only; hashing up to a later block extends the chain, and blocks that
+    output tokens fill continue it."""
+    from flotilla.engine.block_hash import hash_block
 
-    manager = BlockManager(64, 4)
+    manager = BlockManager(64, 4, hash_algo=algo)
     request = _request("r", 23, salt="tenant-a")
     prompt = request.prompt_token_ids
-    expected = [hash_block(None, prompt[0:4], ("tenant-a",))]
+    expected = [hash_block(None, prompt[0:4], ("tenant-a",), algo)]
     for i in range(1, 5):
-        expected.append(hash_block(expected[-1], prompt[4 * i : 4 * i + 4]))
+        expected.append(hash_block(expected[-1], prompt[4 * i : 4 * i + 4], (), algo))
     assert manager._block_hashes(request, 2) == expected[:2]
     assert manager._block_hashes(request, 5) == expected
+    request.output_token_ids += [7, 8, 9, 10, 11]  # blocks 5 (prompt ids 20-22, output 7) and 6
+    expected.append(hash_block(expected[-1], prompt[20:23] + [7], (), algo))
+    expected.append(hash_block(expected[-1], [8, 9, 10, 11], (), algo))
+    assert manager._block_hashes(request, 7) == expected

@@ -227,6 +227,10 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                                 "engine read no file of its pod into prompts; put the file's text in "
                                                 "the value"),
     (["--default-chat-template-kwargs", '{"enable_thinking": false}'], None),
+    # How prefix-cache keys are computed: the owner's choice, among the engine's algorithms.
+    (["--prefix-caching-hash-algo", "builtin"], None),
+    (["--prefix-caching-hash-algo", "md5"], "spec.engineArgs: --prefix-caching-hash-algo='md5' is not one of: "
+                                            "sha256, builtin"),
 ])
 def test_engine_args_are_checked_against_the_flag_contract(extra, error):
     errors = engine_args_errors(extra)

@@ -1,0 +1,84 @@
+"""Prefix-cache keys (engine/block_hash.py): blocks a client crafts to collide under Python's `hash` get distinct
+keys under the default sha256, so no request is served another prompt's cached K/V."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from flotilla.engine.block_hash import ROOT, HashAlgo, hash_block, hash_blocks
+from flotilla.engine.block_manager import BlockManager
+from flotilla.engine.llm import LLM
+from flotilla.engine.request import Request
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.flags import FLAGS
+
+WRAP = 2**61 - 1  # CPython hashes an int modulo this prime: hash(WRAP + t) == hash(t)
+
+
+def test_blocks_whose_builtin_hashes_collide_get_distinct_sha256_keys():
+    """hash(-1) == hash(-2) in CPython, and a wrapped id hashes as the valid one, so these tuples collide under
+    `builtin` (whatever the parent: the tokens' tuple hash ignores it); sha256 tells every pair apart."""
+    pairs = [((5, -1, 9), (5, -2, 9)), ((7, 8, 9), (7 + WRAP, 8, 9)), ((3, 4), (3, 4 + 2 * WRAP))]
+    for a, b in pairs:
+        assert hash_block(None, a, algo="builtin") == hash_block(None, b, algo="builtin")
+        assert hash_block(None, a) != hash_block(None, b)
+        assert hash_block(ROOT, a) != hash_block(ROOT, b)
+    # ids past int64 are hashed too (the engine refuses them after the look-up), and still told apart
+    assert hash_block(None, (1, 2**70)) != hash_block(None, (1, 2**70 + 1))
+
+
+def test_sha256_keys_chain_and_separate_extra_keys():
+    """A run of blocks is the chain of single-block keys; extra keys (LoRA id, salt) and their types are part of
+    the key, and keys are 16 bytes."""
+    tokens = list(range(100, 164))
+    keys = hash_blocks(None, tokens, 16, (3,))
+    chain = [hash_block(None, tokens[:16], (3,))]
+    for i in range(1, 4):
+        chain.append(hash_block(chain[-1], tokens[16 * i : 16 * i + 16], (3,)))
+    assert keys == chain and all(isinstance(k, bytes) and len(k) == 16 for k in keys)
+    variants = [(), (3,), ("3",), (b"3",), (3, "a"), ("3a",), ("a", 3), (33,)]
+    assert len({hash_block(None, tokens[:16], extra) for extra in variants}) == len(variants)
+    with pytest.raises(TypeError, match="extra key"):
+        hash_block(None, tokens[:16], (1.5,))
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
+def test_a_crafted_colliding_block_hits_only_under_builtin(algo):
+    """A prompt whose first id is a victim's plus 2**61 - 1 is the victim's prompt to Python's hash: under builtin
+    the look-up finds the victim's cached blocks (the probe vLLM's GHSA-rm76-4mrf-v9r8 describes); under sha256
+    it finds none, while the victim's own prompt still hits."""
+    manager = BlockManager(32, 4, hash_algo=algo)
+    greedy = SamplingParams(max_tokens=1)
+    victim = Request("victim", list(range(10, 22)) + [1], greedy)
+    assert manager.allocate(victim, victim.num_tokens)
+    manager.free(victim)
+    crafted = Request("crafted", [10 + WRAP] + list(range(11, 22)) + [1], greedy)
+    again = Request("again", list(range(10, 22)) + [2], greedy)
+    assert len(manager.find_cached_prefix(again)) == 3
+    assert len(manager.find_cached_prefix(crafted)) == (3 if algo == "builtin" else 0)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
+def test_a_colliding_prompt_is_refused_and_ordinary_prefixes_still_hit(tiny_model_dirs, algo):
+    """End to end, each algorithm: greedy output equal with and without a prefix hit, the hit counted; a prompt
+    that collides with the cached prefix under Python's hash (an id past the vocabulary) is refused, as with no
+    cache, since only sha256 lets the engine skip checking cached ids."""
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, block_size=16, prefix_caching_hash_algo=algo)
+    manager = llm.engine.block_manager
+    assert manager.hash_algo == algo
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prefix = list(range(3, 51))  # three whole blocks
+    cold = llm.generate([prefix + [60, 61]], greedy, use_tqdm=False)[0]
+    warm = llm.generate([prefix + [60, 61]], greedy, use_tqdm=False)[0]
+    assert warm.num_cached_tokens == 48 and warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"outside the vocabulary"):
+        llm.generate([[prefix[0] + WRAP] + prefix[1:] + [60, 61]], greedy, use_tqdm=False)
+    assert manager.num_free_blocks == manager.num_blocks and not manager._hashes
+
+
+def test_the_flag_offers_the_algorithms_the_engine_has():
+    """--prefix-caching-hash-algo's choices are the key functions', sha256 (vLLM's default) first and default."""
+    flag = next(f for f in FLAGS if f.name == "--prefix-caching-hash-algo")
+    assert flag.choices == get_args(HashAlgo) and flag.default == "sha256" == get_args(HashAlgo)[0]
