@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -31,6 +30,8 @@ from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
+from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
+from flotilla.engine.server.request_id_header import checked_request_id
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -72,6 +73,13 @@ class EmbeddingRequest(_RequestBody):
     padding: Literal["max_length", "do_not_pad"] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    # vLLM's pooling request extras, with completions' bounds: `request_id` names the response (`embd-<id>`; the
+    # X-Request-Id header wins, as on completions); `cache_salt` keeps prefix-cache blocks apart per salt, which
+    # holds here as the pooling pass never reuses a cached block; `priority` other than 0 is refused
+    # (`_refuse_unservable`): a pooling pass runs between steps, outside the scheduler's queue it would order.
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
+    priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
 
     @field_validator("input", mode="wrap")
     @classmethod
@@ -93,7 +101,7 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
         outputs += await state.engine.call(EngineCall("embed", (chunk, params)))
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
-        "id": f"embd-{uuid.uuid4().hex}",
+        "id": response_ids("embd", body.request_id)[0],
         "object": "list",
         "created": int(time.time()),
         "model": model,
@@ -107,11 +115,14 @@ def _refuse_unservable(body: EmbeddingRequest) -> None:
     """400 naming the first vLLM extra this server cannot honour: the multimodal ones (this server embeds text:
     there is no HF processor or media loader to pass them to; empty is accepted) and `padding` "max_length" (for
     encoders trained on fixed-length input without an attention mask, e.g. SigLIP: a decoder's last-token
-    embedding of a padded prompt would be the pad token's)."""
+    embedding of a padded prompt would be the pad token's) and a `priority` other than 0 (nothing to order)."""
     for name, value in (("mm_processor_kwargs", body.mm_processor_kwargs), ("media_io_kwargs", body.media_io_kwargs)):
         if value:
             raise APIError(400, f"{name} is not supported: this server embeds text only, so there is no multimodal "
                                 "processor to pass it to (leave it out)", param=name)
+    if body.priority != 0:
+        raise APIError(400, "priority is not supported on /v1/embeddings: the pooling pass runs between engine steps, "
+                            "outside the scheduler's queue that priority orders (leave it out, or 0)", param="priority")
     if body.padding == "max_length":
         raise APIError(400, 'padding "max_length" is not supported: it is for encoders trained on fixed-length '
                             'input, and this server pools a decoder\'s last token (leave it out, or "do_not_pad")',
@@ -187,6 +198,8 @@ def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any, until_
 
     @app.post("/v1/embeddings", response_model=None)
     async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
+        header = checked_request_id(request.headers)  # names the response, as on completions (the header wins)
+        body = body if header is None else body.model_copy(update={"request_id": header})
         # As vLLM's route (with_cancellation): a client that leaves stops the list between two engine calls.
         return await until_disconnect(create_embeddings(state, body, model_of(state, body.model)), request)
 

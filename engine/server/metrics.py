@@ -59,9 +59,11 @@ class EngineMetrics:
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", labels, registry=r)
         cache = config.cache
+        # vLLM labels it with every CacheConfig field; these are the ones this engine has (the hash algo: which
+        # prefix-cache keys, so a scrape tells a sha256 pool from a builtin-hash one).
         info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
                      ["block_size", "cache_dtype", "calculate_kv_scales", "enable_prefix_caching",
-                      "gpu_memory_utilization", "num_gpu_blocks"], registry=r)
+                      "gpu_memory_utilization", "num_gpu_blocks", "prefix_caching_hash_algo"], registry=r)
         self._cache_info = (info, cache)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", labels, registry=r)
@@ -140,7 +142,7 @@ class EngineMetrics:
                     calculate_kv_scales=str(cache.calculate_kv_scales),
                     enable_prefix_caching=str(cache.enable_prefix_caching),
                     gpu_memory_utilization=str(cache.gpu_memory_utilization),
-                    num_gpu_blocks=str(num_blocks)).set(1)
+                    num_gpu_blocks=str(num_blocks), prefix_caching_hash_algo=cache.prefix_caching_hash_algo).set(1)
 
     def update(self, s: StatsSnapshot) -> None:
         """Copy a snapshot's gauges, counters and samples into the registry (after a step, or idle)."""

@@ -292,6 +292,8 @@ class ChatCompletionRequest(_SamplingFields):
     documents: list[dict[str, str]] | None = None
     add_special_tokens: bool = False  # vLLM's default for chat: the template already holds them
     echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
+    # vLLM's: false leaves the reasoning parser's thinking out of the reply and the stream (the answer is unchanged)
+    include_reasoning: bool = True
 
 
 class TokenizeRequest(_RequestBody):

@@ -444,7 +444,8 @@ class OpenAIServing:
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
-                                          self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids)
+                                          self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids,
+                                          include_reasoning=req.include_reasoning)
             else:
                 chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
@@ -455,6 +456,9 @@ class OpenAIServing:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
             message["role"] = reply_role(req)
+            if not req.include_reasoning:  # vLLM's: the thinking is left out, the answer stays as parsed
+                message.pop("reasoning", None)
+                message.pop("reasoning_content", None)
             if req.echo:
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,

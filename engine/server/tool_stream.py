@@ -52,7 +52,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                            stream_options: StreamOptions | None,
                            prompt_tokens_details: bool = False, role: str = "assistant",
                            opening: dict[str, int] | None = None,
-                           prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
+                           prompt_ids: list[int] | None = None, *,
+                           include_reasoning: bool = True) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
     ChunkFormat); thinking streams as `delta.reasoning` (and `delta.reasoning_content`) before the answer.
     `prompt_tokens_details`: the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is
@@ -60,7 +61,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     (serving.opening_usage), and then every chunk carries its choice's usage so far, as vLLM's (the role chunks
     included); `prompt_ids`: with return_token_ids, the prompt's ids, sent on the role chunks, and then each choice's
     new token ids ride on its first chunk of each step (an empty-delta chunk when the parser holds the text back), as
-    vLLM sends every step's ids."""
+    vLLM sends every step's ids. `include_reasoning` false (vLLM's field): the thinking is parsed apart but not sent."""
     tokens = [0] * n  # each choice's completion tokens so far, for the continuous usage
     unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
 
@@ -97,7 +98,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                 if reasoning is not None:
                     split = reasoning.split(c.text, finished=c.finish_reason is not None)
                     thought = split.reasoning or ""
-                    if len(thought) > state.sent_reasoning:
+                    if len(thought) > state.sent_reasoning and include_reasoning:
                         step.append(chunk(c.index, thinking(thought[state.sent_reasoning :])))
                         state.sent_reasoning = len(thought)
                     text = split.content or ""

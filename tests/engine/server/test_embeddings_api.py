@@ -153,6 +153,10 @@ def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
     ({"messages": [{"role": "user", "content": "x"}], "media_io_kwargs": {"image": {"x": 1}}}, "media_io_kwargs"),
     ({"input": "x", "mm_processor_kwargs": {"num_crops": 4}}, "mm_processor_kwargs"),
     ({"input": "x", "padding": "max_length"}, "padding"),
+    ({"input": "x", "priority": 1}, "priority"),  # the pooling pass is outside the scheduler's queue
+    ({"input": "x", "priority": 2**40}, "priority"),
+    ({"input": "x", "cache_salt": ""}, "cache_salt"),
+    ({"input": "x", "request_id": ""}, "request_id"),
     ({"input": "x", "truncation_side": "middle"}, "truncation_side"),
     ({"input": "x", "normalize": True, "use_activation": False}, "use_activation"),
     ({"input": "x", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"}, "embed_dtype"),  # no fp8 encoder here
@@ -253,6 +257,23 @@ def test_vllm_pooling_extras_are_honoured(pooling_server, hf):
                                    "use_activation": True, "padding": "do_not_pad", "mm_processor_kwargs": {}})
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_vllm_request_extras_name_the_response_and_keep_the_vector(pooling_server, hf):
+    """vLLM's pooling extras `request_id` (the response's id, `embd-<id>`; the X-Request-Id header wins, as on
+    completions), `cache_salt` and `priority` 0 are honoured; all three were logged and ignored (a random id)."""
+    ids = hf[1].encode(TEXTS[0])
+    answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float",
+                                   "request_id": "batch-7", "cache_salt": "tenant-a", "priority": 0})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == "embd-batch-7"
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+    named = httpx.post(f"{pooling_server.url}/v1/embeddings", json={"model": "tiny", "input": "x", "request_id": "b"},
+                       headers={**HEADERS, "X-Request-Id": "from-header"}, timeout=120)
+    assert named.status_code == 200, named.text
+    assert named.json()["id"] == "embd-from-header"
+    unnamed = [post(pooling_server, {"model": "tiny", "input": "x"}).json()["id"] for _ in range(2)]
+    assert unnamed[0] != unnamed[1] and all(i.startswith("embd-") for i in unnamed)
 
 
 def test_a_conversation_continued_is_embedded_open_ended(pooling_server, hf):

@@ -116,6 +116,26 @@ def test_the_shared_server_serves_the_documented_families(server):
     assert sorted(family(name, exposed) for name in doc if family(name, exposed) not in exposed) == sorted(OPTIONAL)
 
 
+def test_cache_config_info_carries_the_prefix_caching_hash_algo_as_vllm(server, tiny_model_dirs):
+    """vLLM labels vllm:cache_config_info with its CacheConfig's fields, `prefix_caching_hash_algo` among them: the
+    shared server's default (sha256) on its /metrics, and the configured one where it is set."""
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.server.metrics import EngineMetrics
+    from flotilla.engine.stats import StatsSnapshot
+
+    def info(text: str) -> dict[str, str]:
+        (fam,) = [f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info"]
+        (sample,) = fam.samples
+        return sample.labels
+
+    assert info(httpx.get(f"{server.url}/metrics", timeout=10).text)["prefix_caching_hash_algo"] == "sha256"
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64,
+                                      prefix_caching_hash_algo="builtin")
+    metrics = EngineMetrics(config, "tiny")
+    metrics.update(StatsSnapshot(num_gpu_blocks=8))
+    assert info(metrics.render().decode())["prefix_caching_hash_algo"] == "builtin"
+
+
 def test_every_vllm_name_the_docs_rules_and_operator_use_is_served(every_family):
     """Names in the README, docs/*.md, the chart (rules, dashboard, values) and the operator's readers."""
     sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "operator").glob("*.py")),

@@ -154,6 +154,27 @@ def test_reasoning_is_returned_as_reasoning_and_reasoning_content(thinking_serve
     assert all(d["reasoning_content"] == d["reasoning"] for d in streamed)
 
 
+def test_include_reasoning_false_leaves_the_thinking_out_as_vllm(thinking_server):
+    # vLLM's chat field include_reasoning (default true): false drops the reasoning parser's thinking from the reply
+    # and from the stream's deltas, the answer unchanged. It was logged and ignored (the thinking was returned).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    shown = oai.chat.completions.create(**kw, extra_body={"min_tokens": 4}).choices[0].message
+    hidden = oai.chat.completions.create(**kw, extra_body={"min_tokens": 4, "include_reasoning": False})
+    message = hidden.choices[0].message
+    assert shown.model_extra["reasoning"]  # the tiny model's whole answer is thinking (deepseek_r1)
+    assert "reasoning" not in message.model_extra and "reasoning_content" not in message.model_extra
+    assert message.content == shown.content and hidden.usage.completion_tokens == 4
+    chunks = list(oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True},
+                                              extra_body={"min_tokens": 4, "include_reasoning": False}))
+    deltas = [c.choices[0].delta.model_extra or {} for c in chunks if c.choices]
+    assert not any(d.get("reasoning") or d.get("reasoning_content") for d in deltas)
+    assert chunks[-1].usage.completion_tokens == 4
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
 def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_content(thinking_server):
     # vLLM hands a message's `reasoning` to the chat template as `reasoning_content` too (the name templates such
     # as Qwen3's read), so a client sending back what it was given keeps the thinking in the prompt.
