@@ -757,6 +757,27 @@ def test_a_child_created_by_someone_else_after_the_check_is_not_taken_over(opera
     assert condition(op.kube.get(fis_path(namespace, "raced")), "Progressing")["reason"] == "OwnershipConflict"
 
 
+def test_an_orphan_created_after_the_check_is_adopted_on_the_next_attempt(operator_process, op, namespace):
+    """When what appeared between the check and the create is an orphan with this InferenceService's labels, the
+    attempt that starts over adopts it (same object, an Adopted Event), rather than blocking."""
+    operator_process.stop()
+    op.apply(fixed("late", namespace, replicas=1))
+    spec = InferenceServiceSpec.model_validate(op.kube.get(fis_path(namespace, "late"))["spec"])
+    path = child_path("Deployment", namespace, "late")
+    made: list[dict[str, Any]] = []
+
+    def create() -> None:
+        made.append(op.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                                    build_deployment(spec, "late", namespace)))
+
+    events: list[tuple[str, str]] = []
+    _quiet_reconciler(_CreatedAfterDryRun(op.kube.api, path, create), events).reconcile(namespace, "late")
+    live = op.kube.get(path)
+    assert live["metadata"]["uid"] == made[0]["metadata"]["uid"]
+    assert [r["name"] for r in live["metadata"]["ownerReferences"]] == ["late"]
+    assert [reason for reason, message in events if "Deployment late" in message] == ["Adopted"], events
+
+
 def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, namespace):
     """A child is created (POST), then applied: only the apply's entry of the operator is left in managedFields, so a
     field the spec drops later is removed from the child (here a pod label), as on a child only ever applied."""
