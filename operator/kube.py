@@ -118,6 +118,11 @@ class Kube:
         query = {"fieldManager": manager, "force": "true", **({"dryRun": "All"} if dry_run else {})}
         return self.request("PATCH", path_of(obj), obj, query, "application/apply-patch+yaml")
 
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create `obj` (POST) as the operator's field manager: only create, so a name someone else took since it was
+        read answers 409 (AlreadyExists) instead of being written over, as an apply would."""
+        return self.request("POST", path_of(obj).rsplit("/", 1)[0], obj, {"fieldManager": FIELD_MANAGER})
+
     def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         """The items of a collection (`/api/v1/namespaces/ns/pods`), optionally by label selector."""
         query = {"labelSelector": label_selector} if label_selector else None

@@ -41,8 +41,9 @@ REFUSALS = {400, 403, 404, 422}
 TYPED_PATCH_REFUSAL = "failed to create typed patch object"
 # The autoscalers the operator makes; when one goes, the replica count it left may be kept.
 AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
-# Reconciles started over at once when an orphan changed between the adoption check and the adoption's write; past
-# them the reconcile fails as an API error would (the caller retries with backoff).
+# Reconciles started over at once when a child changed between the ownership check and the write (an orphan claimed
+# while being adopted, an absent child created by someone else); past them the reconcile fails as an API error would
+# (the caller retries with backoff).
 ADOPTION_ATTEMPTS = 3
 
 log = logging.getLogger(__name__)
@@ -88,18 +89,19 @@ class ChildrenBlocked(Exception):
 
 
 class AdoptionRaced(Exception):
-    """An orphan changed between its adoption check and a write that adopts it (the write's resourceVersion
-    precondition failed): someone may have claimed it meanwhile, so the reconcile starts over and checks again."""
+    """A child changed between its ownership check and the write: an orphan being adopted (the write's resourceVersion
+    precondition failed), or a child found absent that someone else created meanwhile (the create answered
+    AlreadyExists). It may be someone else's now, so the reconcile starts over and checks again."""
 
 
 @contextlib.contextmanager
 def _adoption_guard(child: dict[str, Any]) -> Iterator[None]:
-    """Turn the 409 of a write that adopts `child` (its precondition: the resourceVersion the check read) into
-    AdoptionRaced. Writes are forced applies, so a 409 can only be that precondition."""
+    """Turn the 409 of a write with a precondition on `child` (the resourceVersion the check read, or the uid of the
+    object just created) into AdoptionRaced. Writes are forced applies, so a 409 can only be that precondition."""
     try:
         yield
     except k.KubeError as e:
-        if e.status == 409 and "resourceVersion" in child["metadata"]:
+        if e.status == 409 and ("resourceVersion" in child["metadata"] or "uid" in child["metadata"]):
             what = f"{child['kind']} {child['metadata']['name']}"
             raise AdoptionRaced(f"{what} changed while being adopted: {e.message}") from e
         raise
@@ -294,7 +296,7 @@ class Reconciler:
         """
         live = self._live_children(owner, plan)
         for child in plan.apply:
-            self._dry_run(child)
+            self._dry_run(child, live[k.path_of(child)] is None)
         self._remove_unwanted(owner, plan, kept)
         deployment = None
         for child in plan.apply:
@@ -322,9 +324,11 @@ class Reconciler:
                 child["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
         return live
 
-    def _dry_run(self, child: dict[str, Any]) -> None:
+    def _dry_run(self, child: dict[str, Any], absent: bool) -> None:
         """Apply `child` as a dry run (once more without the fields an older CRD lacks, if that is the
-        trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it."""
+        trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it. A child found `absent` that exists
+        by the time of a refusal was made by someone else meanwhile (the refusal is about their object): AdoptionRaced,
+        so the reconcile checks again whose it is."""
         try:
             try:
                 with _adoption_guard(child):
@@ -338,6 +342,8 @@ class Reconciler:
             if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
                 raise
             what = f"{child['kind']} {child['metadata']['name']}"
+            if absent and self.kube.get(k.path_of(child)) is not None:
+                raise AdoptionRaced(f"{what} was created by someone else since it was found absent") from e
             raise ChildrenBlocked("ApplyRefused", f"the API server refused {what}: {e.message}") from e
 
     def _write_child(self, owner: dict[str, Any], child: dict[str, Any],
@@ -352,6 +358,11 @@ class Reconciler:
             child = {**child, "spec": {"replicas": min_replicas, **child["spec"]}}
         handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
         written = []
+        if before is None:  # absent at the check: only created, never written over (someone may have made it since)
+            written.append(self._create(child))
+            # The apply that follows is of this very object (its uid a precondition) and owns the child's fields as
+            # on any applied child; the create's own record of them goes after it (_drop_create_entry).
+            child = {**child, "metadata": {**child["metadata"], "uid": written[-1]["metadata"]["uid"]}}
         if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
             adopting = "resourceVersion" in child["metadata"]
             if adopting:  # the same precondition; the apply then expects what the handover left
@@ -364,6 +375,9 @@ class Reconciler:
         with _adoption_guard(child):
             applied = self.kube.apply(child)
         written.append(applied)
+        if before is None:
+            applied = self._drop_create_entry(applied)
+            written.append(applied)
         reset = host_namespaces_reset(applied) if deployment else None
         if reset is not None:  # fields the apply cannot own (sandbox.py): a hand edit turned them on
             applied = self.kube.request("PATCH", k.path_of(child), reset,
@@ -380,6 +394,39 @@ class Reconciler:
         elif _visible(before) != _visible(applied):
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
+
+    def _create(self, child: dict[str, Any]) -> dict[str, Any]:
+        """Create `child`, found absent by the check; AdoptionRaced when its name was taken since (AlreadyExists), so
+        the reconcile checks again whose it is instead of taking it over."""
+        try:
+            return self.kube.create(child)
+        except k.KubeError as e:
+            if e.status == 409:
+                what = f"{child['kind']} {child['metadata']['name']}"
+                raise AdoptionRaced(f"{what} was created by someone else since it was found absent: {e.message}") from e
+            raise
+
+    def _drop_create_entry(self, applied: dict[str, Any]) -> dict[str, Any]:
+        """Remove the managedFields entry the create left (the operator's, operation Update), now that the apply owns
+        the same fields: left there, it would keep every field the spec drops later. Returns the child as written;
+        as it was when someone else changed the entries meanwhile (the patch's test fails), which costs only that."""
+        entries = applied["metadata"].get("managedFields") or []
+        index = next((i for i, entry in enumerate(entries)
+                      if entry.get("manager") == k.FIELD_MANAGER and entry.get("operation") == "Update"), None)
+        if index is None:
+            return applied
+        entry = f"/metadata/managedFields/{index}"
+        patch = [{"op": "test", "path": f"{entry}/manager", "value": k.FIELD_MANAGER},
+                 {"op": "test", "path": f"{entry}/operation", "value": "Update"}, {"op": "remove", "path": entry}]
+        try:
+            return self.kube.request("PATCH", k.path_of(applied), patch, {"fieldManager": k.FIELD_MANAGER},
+                                     "application/json-patch+json")
+        except k.KubeError as e:
+            if e.status not in (409, 422):
+                raise
+            log.warning(f"dropping the create's field ownership of {applied['kind']} "
+                        f"{applied['metadata']['name']} failed: {e}")
+            return applied
 
     def _remove_unwanted(self, owner: dict[str, Any], plan: Plan, kept: int | None = None) -> None:
         """Delete the children the spec no longer asks for: `owner`'s own, and orphans it would adopt (an orphaned

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from flotilla.operator.deployment import build_deployment
-from flotilla.operator.kube import Kube, object_path
+from flotilla.operator.kube import FIELD_MANAGER, Kube, object_path
 from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -703,6 +703,100 @@ def test_an_orphan_left_unchanged_is_still_adopted_with_the_precondition(operato
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
     assert ("Adopted", "adopted Deployment kept: it had no owner and carries this InferenceService's labels; updated "
             "it to match the spec") in events
+
+
+def _someones_deployment(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A minimal Deployment made by hand (no owner)."""
+    pod = {"metadata": {"labels": {"app": "someone"}},
+           "spec": {"containers": [{"name": "c", "image": "registry.local/someone:1"}]}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "someone"}}, "template": pod}}
+
+
+class _CreatedAfterDryRun(Kube):
+    """The real API server, where someone else creates an object right after the reconciler's dry run of it: between
+    the dry run and the write."""
+
+    def __init__(self, api: Any, path: str, create: Any):
+        super().__init__(api)
+        self.path, self.create_theirs = path, create
+
+    def apply(self, obj: dict[str, Any], dry_run: bool = False, manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        answer = super().apply(obj, dry_run, manager)
+        if dry_run and object_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"],
+                                   obj["metadata"]["name"]) == self.path and self.create_theirs is not None:
+            create, self.create_theirs = self.create_theirs, None
+            create()
+        return answer
+
+
+@pytest.mark.parametrize("window", [_ClaimedAfterRead, _CreatedAfterDryRun], ids=["before-dry-run", "before-write"])
+def test_a_child_created_by_someone_else_after_the_check_is_not_taken_over(operator_process, op, namespace, window):
+    """A child found absent is only created: one that someone else created between the check and the write (here
+    with no labels, so not an orphan to adopt) makes the create answer AlreadyExists (or the dry run find their
+    object and fail on it) and the reconcile start over, which reads OwnershipConflict. A forced apply took it over
+    instead (its owner reference added, its spec replaced), or was refused as ApplyRefused (their selector is
+    immutable), which misnames the obstacle."""
+    operator_process.stop()  # this test's reconciler is the only one
+    op.apply(fixed("raced", namespace, replicas=1))
+    path = child_path("Deployment", namespace, "raced")
+    theirs = _someones_deployment(namespace, "raced", {"team": "someone"})
+
+    def create() -> None:
+        op.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", theirs)
+
+    events: list[tuple[str, str]] = []
+    with pytest.raises(ChildrenBlocked) as blocked:
+        _quiet_reconciler(window(op.kube.api, path, create), events).reconcile(namespace, "raced")
+    assert blocked.value.reason == "OwnershipConflict", blocked.value.message
+    live = op.kube.get(path)
+    assert not live["metadata"].get("ownerReferences")
+    assert live["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/someone:1"
+    assert not [e for e in events if e[0] in ("Created", "Adopted")], events
+    assert condition(op.kube.get(fis_path(namespace, "raced")), "Progressing")["reason"] == "OwnershipConflict"
+
+
+def test_an_orphan_created_after_the_check_is_adopted_on_the_next_attempt(operator_process, op, namespace):
+    """When what appeared between the check and the create is an orphan with this InferenceService's labels, the
+    attempt that starts over adopts it (same object, an Adopted Event), rather than blocking."""
+    operator_process.stop()
+    op.apply(fixed("late", namespace, replicas=1))
+    spec = InferenceServiceSpec.model_validate(op.kube.get(fis_path(namespace, "late"))["spec"])
+    path = child_path("Deployment", namespace, "late")
+    made: list[dict[str, Any]] = []
+
+    def create() -> None:
+        made.append(op.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                                    build_deployment(spec, "late", namespace)))
+
+    events: list[tuple[str, str]] = []
+    _quiet_reconciler(_CreatedAfterDryRun(op.kube.api, path, create), events).reconcile(namespace, "late")
+    live = op.kube.get(path)
+    assert live["metadata"]["uid"] == made[0]["metadata"]["uid"]
+    assert [r["name"] for r in live["metadata"]["ownerReferences"]] == ["late"]
+    assert [reason for reason, message in events if "Deployment late" in message] == ["Adopted"], events
+
+
+def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, namespace):
+    """A child is created (POST), then applied: only the apply's entry of the operator is left in managedFields, so a
+    field the spec drops later is removed from the child (here a pod label), as on a child only ever applied."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    doc = fixed("owned", namespace, replicas=1)
+    doc["spec"]["pod"] = {"labels": {"team": "ml"}}
+    op.apply(doc)
+    kube = _Recording(op.kube.api)
+    reconciler = _quiet_reconciler(kube, [])
+    reconciler.reconcile(namespace, "owned")
+    path = child_path("Deployment", namespace, "owned")
+    entries = [(e["manager"], e["operation"]) for e in op.kube.get(path)["metadata"]["managedFields"]]
+    assert ("flotilla-operator", "Apply") in entries and ("flotilla-operator", "Update") not in entries, entries
+    assert all(reconciler.is_own_write(w) for w in kube.writes if w["kind"] == "Deployment")
+    del doc["spec"]["pod"]
+    op.apply(doc)
+    reconciler.reconcile(namespace, "owned")
+    assert "team" not in op.kube.get(path)["spec"]["template"]["metadata"]["labels"]
 
 
 class _Recording(Kube):
