@@ -77,13 +77,7 @@ class BlockManager:
         """
         if not self._may_hit(request):
             return []
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[int] = []
-        for block_hash in self._block_hashes(request, max_blocks)[:max_blocks]:
-            block_id = self._cached.get(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
+        hits = self._held_prefix(request)
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
@@ -92,11 +86,19 @@ class BlockManager:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as
         `find_cached_prefix` would find them (0 when it would find none), counting no query. The request's block
         hashes computed for it are kept: the scheduler's look-up reuses them, `free` drops them."""
-        if not self._may_hit(request):
-            return 0
+        return len(self._held_prefix(request)) * self.block_size if self._may_hit(request) else 0
+
+    def _held_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest run of the request's first blocks that the prefix cache holds, leaving at
+        least one token to compute."""
         max_blocks = (request.num_tokens - 1) // self.block_size
-        held = list(map(self._cached.__contains__, self._block_hashes(request, max_blocks)[:max_blocks]))
-        return (held.index(False) if False in held else len(held)) * self.block_size
+        held: list[int] = []
+        for block_hash in self._block_hashes(request, max_blocks)[:max_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            held.append(block_id)
+        return held
 
     def _may_hit(self, request: Request) -> bool:
         """Whether a request may take blocks from the prefix cache. Prompt logprobs need every prompt position's
