@@ -40,6 +40,7 @@ from flotilla.engine.server.responses_items import (
 )
 from flotilla.engine.server.sampling_request import sampling_params
 from flotilla.engine.server.serving import OpenAIServing, admitted
+from flotilla.engine.server.sse import json_text
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
 from flotilla.engine.server.tool_stream import constrain_for_tools
@@ -340,4 +341,4 @@ def _usage(output: RequestOutput) -> dict[str, Any]:
 def _event(kind: str, sequence_number: int, **fields: Any) -> str:
     """One server-sent event of the Responses stream (`event:` names its type, as OpenAI's)."""
     payload = {"type": kind, "sequence_number": sequence_number, **fields}
-    return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"event: {kind}\ndata: {json_text(payload)}\n\n"

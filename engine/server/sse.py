@@ -46,7 +46,7 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
-def _js(value: Any) -> str:
+def json_text(value: Any) -> str:
     """`json.dumps(value, ensure_ascii=False)`, with a chunk's usual values (a text, a null) written directly."""
     if value is None:
         return "null"
@@ -61,30 +61,30 @@ class ChunkFormat:
     The text is the same JSON that `sse` writes for the equivalent dict."""
 
     def __init__(self, request_id: str, obj: str, created: int, model: str) -> None:
-        self.head = (f'data: {{"id": {_js(request_id)}, "object": {_js(obj)}, "created": {created}, '
-                     f'"model": {_js(model)}, "choices": [')
+        self.head = (f'data: {{"id": {json_text(request_id)}, "object": {json_text(obj)}, "created": {created}, '
+                     f'"model": {json_text(model)}, "choices": [')
 
     def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
                    usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats); `ids`: the
         choice's extra fields (return_token_ids: prompt_token_ids, token_ids)."""
-        return (f'{self.head}{{"index": {index}, "text": {_js(text)}, "finish_reason": {_js(c.finish_reason)}, '
-                f'"stop_reason": {_js(c.stop_reason)}, "logprobs": {_js(logprobs)}{_fields(ids)}}}]'
-                f'{_usage(usage)}}}\n\n')
+        return (f'{self.head}{{"index": {index}, "text": {json_text(text)}, '
+                f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}, '
+                f'"logprobs": {json_text(logprobs)}{_fields(ids)}}}]{_usage(usage)}}}\n\n')
 
     def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
              usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty); `ids`: the
         choice's extra fields (return_token_ids: token_ids)."""
-        delta = f'{{"content": {_js(text)}}}' if text else "{}"
-        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {_js(logprobs)}, '
-                f'"finish_reason": {_js(c.finish_reason)}, "stop_reason": {_js(c.stop_reason)}{_fields(ids)}}}]'
-                f'{_usage(usage)}}}\n\n')
+        delta = f'{{"content": {json_text(text)}}}' if text else "{}"
+        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {json_text(logprobs)}, '
+                f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}'
+                f'{_fields(ids)}}}]{_usage(usage)}}}\n\n')
 
 
 def _fields(fields: dict[str, Any] | None) -> str:
-    return "" if not fields else "".join(f', {_js(k)}: {_js(v)}' for k, v in fields.items())
+    return "" if not fields else "".join(f', {json_text(k)}: {json_text(v)}' for k, v in fields.items())
 
 
 def _usage(usage: dict[str, int] | None) -> str:
-    return "" if usage is None else f', "usage": {_js(usage)}'
+    return "" if usage is None else f', "usage": {json_text(usage)}'

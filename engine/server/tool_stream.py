@@ -18,7 +18,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.sse import ChunkFormat
+from flotilla.engine.server.sse import ChunkFormat, json_text
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
@@ -78,7 +78,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                      f'"total_tokens": {prompt + tokens[index]}}}')
         if prompt_ids is not None and "role" in delta:
             usage += f', "prompt_token_ids": {json.dumps(prompt_ids)}'
-        return f"{head.head}{json.dumps(choice, ensure_ascii=False)}]{usage}}}\n\n"
+        return f"{head.head}{json_text(choice)}]{usage}}}\n\n"
 
     yield "".join(chunk(i, {"role": role, "content": ""}) for i in range(n))  # one write, n events
     choices = [_Choice() for _ in range(n)]
