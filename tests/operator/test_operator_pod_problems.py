@@ -7,8 +7,10 @@ termination, the PodScheduled condition). The operator under test (a subprocess,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..k8s_fixtures import service_account_token, token_kubeconfig
@@ -33,6 +35,18 @@ def report(cluster: Any, namespace: str, pod: str, **status: Any) -> None:
 def engine_status(state: dict[str, Any], restarts: int = 0, last: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return [{"name": "engine", "image": IMAGE, "imageID": "", "ready": False, "restartCount": restarts,
              "state": state, "lastState": last or {}}]
+
+
+@contextlib.contextmanager
+def resync_off(operator_process: Any) -> Iterator[None]:
+    """The operator under test restarted with its resync off for the block, then as it was."""
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--resync-seconds", "0"))
+        yield
+    finally:
+        operator_process.stop()
+        operator_process.start()
 
 
 def ready_condition(cluster: Any, namespace: str, name: str, reason: str, text: str) -> dict[str, Any]:
@@ -117,9 +131,7 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
 def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
     # No pod is watched, and a container's waiting state changes nothing on the ReplicaSet or the Deployment: with
     # the resync off, only the serving reader's periodic listing (every second here) can bring the problem in.
-    operator_process.stop()
-    try:
-        operator_process.start(extra_args=("--resync-seconds", "0"))
+    with resync_off(operator_process):
         cluster.apply(fixed("quiet", namespace, replicas=1))
         pod = engine_pod(cluster, namespace, "quiet")
         ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
@@ -132,9 +144,6 @@ def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(ope
         report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
         ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
         assert [e["type"] for e in events(cluster, namespace, "quiet", "ReplicasNotReady")] == ["Normal"]
-    finally:
-        operator_process.stop()
-        operator_process.start()
 
 
 def test_a_problem_another_triggers_reconcile_wrote_is_cleared_by_the_serving_reader(operator_process, cluster,
@@ -143,9 +152,7 @@ def test_a_problem_another_triggers_reconcile_wrote_is_cleared_by_the_serving_re
     # listings never showed (it came and went between two of them), so they never change, yet Ready names it. The
     # reader compares the pods with what Ready names as the reconciler last wrote it (no listing of the
     # InferenceServices): with the resync off, it alone clears the problem once the pods no longer have it.
-    operator_process.stop()
-    try:
-        operator_process.start(extra_args=("--resync-seconds", "0"))
+    with resync_off(operator_process):
         cluster.apply(fixed("stale", namespace, replicas=1))
         pod = engine_pod(cluster, namespace, "stale")
         ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
@@ -158,9 +165,6 @@ def test_a_problem_another_triggers_reconcile_wrote_is_cleared_by_the_serving_re
         ready_condition(cluster, namespace, "stale", "CrashLoopBackOff", "restarted 3 times")
         report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
         ready_condition(cluster, namespace, "stale", "ReplicasNotReady", "0 of 1 replicas ready")
-    finally:
-        operator_process.stop()
-        operator_process.start()
 
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
