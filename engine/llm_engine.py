@@ -235,9 +235,11 @@ class LLMEngine:
             self._compiling.wait(COMPILE_POLL_S)
             self._admit_compiled()
 
-    def embed(self, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
-        """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once)."""
-        return embed_prompts(self, prompts, params)
+    def embed(self, prompts: list[list[int]], params: PoolingParams,
+              cache_salt: str | None = None) -> list[EmbeddingOutput]:
+        """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once); `cache_salt`
+        keeps their prefix-cache blocks apart from other salts', as on `add_request`."""
+        return embed_prompts(self, prompts, params, cache_salt)
 
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot

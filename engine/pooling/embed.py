@@ -3,8 +3,15 @@
 Runs on the engine's thread (`AsyncEngine.call`, or the offline `LLM`), between steps, so it never
 races a generation step for the model or the block manager. Each batch takes KV blocks for its
 prompts, runs one forward pass over them (paged attention writes and reads the prompts' K/V as in
-any prefill), pools each prompt's last hidden state and frees the blocks before returning: nothing
-is kept beyond the request, whatever happens in between.
+any prefill), pools each prompt's last hidden state and frees the blocks before returning: no block
+stays referenced beyond the call, whatever happens in between.
+
+The prefix cache works here as for generation (last-token pooling over causal attention reads the
+same K/V): a prompt's full blocks that an earlier pass (or an earlier prompt of the same pass) cached
+are taken, not computed, and the blocks this pass fills are indexed for later ones. Every block is
+keyed with the request's `cache_salt` (on the first block, as a generate request's), so prompts share
+blocks only within one salt: without it, an embedding's blocks would be hits, measurable by their
+latency, for a request of another tenant.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ if TYPE_CHECKING:
     from flotilla.engine.llm_engine import LLMEngine
 
 
-def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams) -> list[EmbeddingOutput]:
-    """Embeddings of token-id prompts, in order (runs on the engine's thread)."""
+def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams,
+                  cache_salt: str | None = None) -> list[EmbeddingOutput]:
+    """Embeddings of token-id prompts, in order (runs on the engine's thread); `cache_salt` keys their
+    prefix-cache blocks (see the module docstring)."""
     if engine.config.model.runner != "pooling":
         raise InvalidParamError("this server runs the generate runner; start it with --runner pooling "
                                 "(or --task embed) to serve embeddings", param="model")
@@ -44,7 +53,7 @@ def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingPa
     scheduler = engine.config.scheduler
     out: list[EmbeddingOutput] = []
     for batch in prompt_batches(prompts, scheduler.max_num_batched_tokens, scheduler.max_num_seqs):
-        out += _embed_batch(engine, runner, batch, params)
+        out += _embed_batch(engine, runner, batch, params, cache_salt)
     return out
 
 
@@ -77,37 +86,48 @@ def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int |
         yield batch
 
 
-def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]],
-                 params: PoolingParams) -> list[EmbeddingOutput]:
+def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], params: PoolingParams,
+                 cache_salt: str | None) -> list[EmbeddingOutput]:
     blocks = engine.block_manager
-    holders = [Request(f"pooling-{i}", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(batch)]
+    holders = [Request(f"pooling-{i}", ids, SamplingParams(max_tokens=1), cache_salt=cache_salt)
+               for i, ids in enumerate(batch)]
     taken: list[Request] = []
+    computed = False
     try:
         for holder in holders:
-            if not blocks.allocate(holder, len(holder.prompt_token_ids)):
+            # After the previous holder's allocation: a prompt repeated in one batch hits the blocks the same
+            # forward pass fills (each layer writes every token's K/V before any attends).
+            cached = blocks.find_cached_prefix(holder)
+            holder.num_cached_tokens = len(cached) * blocks.block_size
+            if not blocks.allocate(holder, holder.num_tokens - holder.num_cached_tokens, cached):
+                blocks.free(holder)  # drops the prompt's block hashes
                 raise InvalidParamError("the KV cache has no room for this input now; retry or send fewer inputs",
                                         param="input")
             taken.append(holder)
         pooled = _forward(runner, holders, params)
+        computed = True
     finally:
         for holder in taken:
+            if not computed:  # indexed as if computed: a later prompt must not take K/V never written
+                blocks.uncache(holder, holder.num_cached_tokens)
             blocks.free(holder)
     return [EmbeddingOutput(vec, len(ids)) for vec, ids in zip(pooled.tolist(), batch, strict=True)]
 
 
 @torch.inference_mode()
 def _forward(runner: ModelRunner, holders: list[Request], params: PoolingParams) -> torch.Tensor:
-    """One prefill pass over the prompts (eager: CUDA graphs hold decode-sized steps) and the pooling."""
+    """One prefill pass over the prompts' tokens past their cached prefix (eager: CUDA graphs hold decode-sized
+    steps) and the pooling."""
     size = runner.block_size
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     starts = [0]
     for holder in holders:
-        prompt = holder.prompt_token_ids
-        ids += prompt
-        positions += range(len(prompt))
-        slots += [holder.block_ids[p // size] * size + p % size for p in range(len(prompt))]
+        prompt, first = holder.prompt_token_ids, holder.num_cached_tokens
+        ids += prompt[first:]
+        positions += range(first, len(prompt))
+        slots += [holder.block_ids[p // size] * size + p % size for p in range(first, len(prompt))]
         starts.append(len(ids))
     lens = [len(h.prompt_token_ids) for h in holders]
     width = max(len(h.block_ids) for h in holders)
@@ -118,7 +138,7 @@ def _forward(runner: ModelRunner, holders: list[Request], params: PoolingParams)
         block_tables=device_tensor(tables, torch.int32, device),
         query_start_loc=device_tensor(starts, torch.int32, device),
         seq_lens=device_tensor(lens, torch.int32, device),
-        max_query_len=max(lens),
+        max_query_len=max(n - h.num_cached_tokens for n, h in zip(lens, holders, strict=True)),
         max_seq_len=max(lens),
     )
     with forward_context(metadata):

@@ -74,8 +74,8 @@ class EmbeddingRequest(_RequestBody):
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     # vLLM's pooling request extras, with completions' bounds: `request_id` names the response (`embd-<id>`; the
-    # X-Request-Id header wins, as on completions); `cache_salt` keeps prefix-cache blocks apart per salt, which
-    # holds here as the pooling pass never reuses a cached block; `priority` other than 0 is refused
+    # X-Request-Id header wins, as on completions); `cache_salt` keys the pooling pass's prefix-cache blocks, so
+    # they are shared within one salt only (engine/pooling/embed.py); `priority` other than 0 is refused
     # (`_refuse_unservable`): a pooling pass runs between steps, outside the scheduler's queue it would order.
     request_id: str | None = Field(None, min_length=1, max_length=256)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
@@ -98,7 +98,7 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
     params = PoolingParams(dimensions=body.dimensions, normalize=_normalize(body))
     outputs: list[EmbeddingOutput] = []
     for chunk in prompt_batches(prompts, state.max_model_len):
-        outputs += await state.engine.call(EngineCall("embed", (chunk, params)))
+        outputs += await state.engine.call(EngineCall("embed", (chunk, params, body.cache_salt)))
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
         "id": response_ids("embd", body.request_id)[0],

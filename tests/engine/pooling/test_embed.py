@@ -11,6 +11,7 @@ import torch
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.llm import LLM
+from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.sampling_params import SamplingParams
 
 PROMPTS = [[1, 2, 3, 4, 5], [7] * 40, [11, 12], list(range(100, 133))]
@@ -149,3 +150,47 @@ def test_truncate_prompt_tokens_embeds_the_last_tokens_as_vllm(pooling_llm):
         with pytest.raises(InvalidParamError) as err:
             pooling_llm.embed([long], truncate_prompt_tokens=bad)
         assert err.value.param == "truncate_prompt_tokens"
+
+
+def _hits_of(llm: LLM, prompts: list[list[int]], salt: str | None) -> tuple[int, list[list[float]]]:
+    """Prefix-cache tokens one pooling call over `prompts` found, and its embeddings."""
+    blocks = llm.engine.block_manager
+    before = blocks.prefix_cache_hits
+    out = llm.engine.embed(prompts, PoolingParams(), salt)
+    return blocks.prefix_cache_hits - before, [o.embedding for o in out]
+
+
+def test_the_pooling_pass_reuses_cached_blocks_within_one_salt_only(pooling_llm, qwen3_dir):
+    # Two full 16-token blocks and a tail. Seen first unsalted, then under salt "a": a later call hits those
+    # blocks under the same salt only (no salt, "a"), never across (another salt, or none after a salt).
+    prompt = list(range(400, 440))
+    assert _hits_of(pooling_llm, [prompt], None)[0] == 0
+    hits, [unsalted] = _hits_of(pooling_llm, [prompt], None)
+    assert hits == 32
+    assert _hits_of(pooling_llm, [prompt], "a")[0] == 0  # an unsalted embedding's blocks are no hit for "a"
+    hits, [salted] = _hits_of(pooling_llm, [prompt], "a")
+    assert hits == 32
+    assert _hits_of(pooling_llm, [prompt], "b")[0] == 0
+    # The cached prefix's K/V give the vector a full prefill gives (HF's, one prompt at a time).
+    expected = hf_embeddings(qwen3_dir, [prompt])
+    for got in (unsalted, salted):
+        torch.testing.assert_close(torch.tensor([got]), expected, atol=1e-4, rtol=1e-4)
+    # A prompt repeated within one call hits the blocks the same forward pass fills.
+    fresh = list(range(500, 540))
+    hits, [first, second] = _hits_of(pooling_llm, [fresh, fresh], "c")
+    assert hits == 32
+    torch.testing.assert_close(torch.tensor([first, second]), hf_embeddings(qwen3_dir, [fresh, fresh]),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_a_pooling_batch_that_finds_no_room_leaves_no_block_held_or_indexed(qwen3_dir):
+    # 5 blocks of 16 tokens; two 40-token prompts (3 blocks each) go in one batch: the second finds no room.
+    llm = LLM(str(qwen3_dir), runner="pooling", max_num_batched_tokens=128, max_model_len=64,
+              num_gpu_blocks_override=5, device="cpu")
+    blocks = llm.engine.block_manager
+    first, second = list(range(600, 640)), list(range(700, 740))
+    with pytest.raises(InvalidParamError, match="no room"):
+        llm.engine.embed([first, second], PoolingParams())
+    assert blocks.num_free_blocks == blocks.num_blocks
+    # The first prompt's blocks were indexed when allocated but never computed: no later call may take them.
+    assert _hits_of(llm, [first], None)[0] == 0

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +88,29 @@ def wait_until_engine_idle(server: Server, deadline_s: float = 120) -> None:
            + server.metric("vllm:kv_cache_usage_perc")):
         assert time.monotonic() < deadline, "requests stayed in the engine"
         time.sleep(0.1)
+
+
+def prefix_cache_hits_of(server: Server, send: Callable[[], object], deadline_s: float = 60) -> float:
+    """Prefix-cache tokens `send()` (one request) found, from /metrics. The engine publishes its counts after a step
+    or call and every half second when idle, so they are read once still for a second (an earlier request's look-up
+    published late would count as this one's), and again once this request's look-up is in
+    (`vllm:prefix_cache_queries_total` grew)."""
+    def counts() -> tuple[float, float]:
+        return server.metric("vllm:prefix_cache_queries_total"), server.metric("vllm:prefix_cache_hits_total")
+
+    deadline = time.monotonic() + deadline_s
+    before = counts()
+    while True:
+        time.sleep(1.0)
+        if (now := counts()) == before:
+            break
+        assert time.monotonic() < deadline, "the prefix-cache counts never settled"
+        before = now
+    send()
+    while (after := counts())[0] == before[0]:
+        assert time.monotonic() < deadline, "the request's prefix-cache look-up never reached /metrics"
+        time.sleep(0.05)
+    return after[1] - before[1]
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from .conftest import API_KEY, wait_until_engine_idle
+from .conftest import API_KEY, prefix_cache_hits_of, wait_until_engine_idle
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The harbour at dawn was quiet, and the boats"
@@ -105,19 +105,41 @@ def test_priority_needs_the_priority_policy(server):
                                             "priority": 0}).status_code == 200
 
 
-def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(server):
-    prompt = "salted prefix " * 12  # several full 8-token blocks
+@pytest.mark.parametrize("route", ["completions", "chat", "responses"])
+def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(server, route):
+    """A salted request's blocks are hits for the same salt only: not for another salt nor for none, and an unsalted
+    request's blocks are no hits for a salted one (the timing side channel cache_salt closes), on every route."""
+    import openai
 
-    def hits_after(salt: str | None) -> float:
-        before = server.metric("vllm:prefix_cache_hits_total")
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, **({"cache_salt": salt} if salt else {})}
-        assert post(server, "/v1/completions", body).status_code == 200
-        return server.metric("vllm:prefix_cache_hits_total") - before
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    # Several full 8-token blocks of this route's own from the first block on (a system message's: the chat
+    # template's opening tokens before a user's message would be hits from any earlier unsalted chat request).
+    prompt = f"{route} salted prefix " * 12
 
-    hits_after("tenant-a")
-    assert hits_after("tenant-a") > 0
-    assert hits_after("tenant-b") == 0
-    assert post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "cache_salt": ""}).status_code == 400
+    def send(salt: str | None) -> None:
+        extra = {"cache_salt": salt} if salt is not None else None
+        if route == "completions":
+            oai.completions.create(model="tiny", prompt=prompt, max_tokens=1, extra_body=extra)
+        elif route == "chat":
+            oai.chat.completions.create(model="tiny", messages=[{"role": "system", "content": prompt},
+                                                                {"role": "user", "content": "x"}],
+                                        max_tokens=1, extra_body=extra)
+        else:
+            oai.responses.create(model="tiny", instructions=prompt, input="x", max_output_tokens=1, store=False,
+                                 extra_body=extra)
+
+    def hits(salt: str | None) -> float:
+        # Salts of this route's own: the chat template's opening tokens are the same on chat and responses.
+        return prefix_cache_hits_of(server, lambda: send(None if salt is None else f"{route}-{salt}"))
+
+    assert hits("a") == 0
+    assert hits("a") > 0
+    assert hits("b") == 0
+    assert hits(None) == 0  # the salted blocks are no hits unsalted ...
+    assert hits(None) > 0
+    assert hits("c") == 0  # ... nor the unsalted blocks salted
+    with pytest.raises(openai.BadRequestError):
+        send("")
 
 
 # --- 3. echo, prompt logprobs, text offsets, continuous usage, GET /v1/models/{id} -------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import API_KEY, cpu_seconds, start_tiny_server, stop_server, wait_until_idle
+from .conftest import API_KEY, cpu_seconds, prefix_cache_hits_of, start_tiny_server, stop_server, wait_until_idle
 
 openai = pytest.importorskip("openai")
 
@@ -274,6 +274,27 @@ def test_vllm_request_extras_name_the_response_and_keep_the_vector(pooling_serve
     assert named.json()["id"] == "embd-from-header"
     unnamed = [post(pooling_server, {"model": "tiny", "input": "x"}).json()["id"] for _ in range(2)]
     assert unnamed[0] != unnamed[1] and all(i.startswith("embd-") for i in unnamed)
+
+
+def test_cache_salt_keys_the_pooling_pass_blocks_as_on_generate(pooling_server, pooling_client, hf):
+    """An embedding's prefix-cache blocks are hits for later embeddings of the same salt only: not for another salt
+    nor for none, and unsalted blocks are no hits for a salted request; the vector stays HF's when they hit."""
+    ids = list(range(300, 340))  # token ids: several full 8-token blocks, a prompt no other test sends
+
+    def hits(salt: str | None) -> float:
+        extra = {"cache_salt": salt} if salt is not None else None
+        sent = []
+        found = prefix_cache_hits_of(pooling_server, lambda: sent.append(
+            pooling_client.embeddings.create(model="tiny", input=[ids], extra_body=extra)))
+        np.testing.assert_allclose(sent[0].data[0].embedding, hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
+        return found
+
+    assert hits("tenant-a") == 0
+    assert hits("tenant-a") > 0
+    assert hits("tenant-b") == 0
+    assert hits(None) == 0
+    assert hits(None) > 0
+    assert hits("tenant-c") == 0
 
 
 def test_a_conversation_continued_is_embedded_open_ended(pooling_server, hf):
