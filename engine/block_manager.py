@@ -65,6 +65,16 @@ class BlockManager:
         """Fraction of blocks referenced by requests (vllm:kv_cache_usage_perc)."""
         return 1.0 - len(self._free) / len(self.blocks)
 
+    @property
+    def keys_imply_equal_tokens(self) -> bool:
+        """Whether two blocks with equal prefix-cache keys surely hold equal token ids (and extra keys).
+
+        True for sha256 keys: no client can make them collide, so a prompt's blocks that the cache holds are the
+        tokens the request that computed them sent, checked then (the engine skips checking them again). False for
+        `builtin`: Python's hash of an int wraps modulo 2**61 - 1, so an id past the vocabulary can have a valid
+        one's key (`block_hash`); every id must be checked."""
+        return self.hash_algo == "sha256"
+
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)

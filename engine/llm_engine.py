@@ -301,14 +301,14 @@ class LLMEngine:
     def _check_prompt_ids(self, request: Request) -> None:
         """Every prompt id the model may be fed lies in the vocabulary (InvalidParamError).
 
-        Ids inside the prompt's blocks that the prefix cache holds are not checked again: equal block hashes mean
-        equal tokens, checked when the request that computed those blocks came in, and a hit's cached tokens are
-        never fed to the model. Over a 2,000-token cached prefix the two C loops of the check held its first token
-        back by ~0.04 ms (CPU). The block hashes computed here serve the scheduler's prefix look-up. Only sha256 keys
-        make equal hashes mean equal ids: with `--prefix-caching-hash-algo builtin` an id past the vocabulary can
-        collide with a valid one (`hash(2**61 - 1 + t) == hash(t)`), so every id is checked."""
+        Ids inside the prompt's blocks that the prefix cache holds are not checked again where equal block keys
+        imply equal tokens (`BlockManager.keys_imply_equal_tokens`: sha256 keys, not `builtin`): they were checked
+        when the request that computed those blocks came in, and a hit's cached tokens are never fed to the model.
+        Over a 2,000-token cached prefix the two C loops of the check held its first token back by ~0.04 ms (CPU).
+        The block hashes computed here serve the scheduler's prefix look-up."""
         ids = request.prompt_token_ids
-        known = self.block_manager.cached_prompt_tokens(request) if self.block_manager.hash_algo == "sha256" else 0
+        blocks = self.block_manager
+        known = blocks.cached_prompt_tokens(request) if blocks.keys_imply_equal_tokens else 0
         if known:
             ids = ids[known:]
         vocab = self.vocab_size

@@ -68,6 +68,7 @@ def test_a_colliding_prompt_is_refused_and_ordinary_prefixes_still_hit(tiny_mode
     llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, block_size=16, prefix_caching_hash_algo=algo)
     manager = llm.engine.block_manager
     assert manager.hash_algo == algo
+    assert manager.keys_imply_equal_tokens == (algo == "sha256")
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     prefix = list(range(3, 51))  # three whole blocks
     cold = llm.generate([prefix + [60, 61]], greedy, use_tqdm=False)[0]
