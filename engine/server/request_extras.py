@@ -8,9 +8,13 @@ import uuid
 from typing import Any
 
 # Bounds on the extras (vLLM leaves them open): a priority is a 32-bit integer, as Kubernetes'
-# PriorityClass values; a salt is a short key, not a payload the server hashes and keeps per block.
+# PriorityClass values.
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
-CACHE_SALT_MAX_CHARS = 256
+# vLLM checks only that a cache_salt is a non-empty string. The bound here is far past any salt a client or gateway
+# derives (vLLM's docs suggest 43 base64 characters, 256 bits; a hex SHA-512 is 128, a signed token a few hundred to
+# ~2,000), so a salt vLLM takes is taken here, while a request still cannot make the engine keep and hash (once, into
+# its first block's key: no block stores it) a body-sized string beside its prompt: a salt is a key, not a payload.
+CACHE_SALT_MAX_CHARS = 4096
 
 
 def response_ids(prefix: str, request_id: str | None) -> tuple[str, str]:

@@ -317,8 +317,9 @@ def test_models_by_id(server):
     ("/v1/completions", "priority", 2**31),
     ("/v1/chat/completions", "priority", -(2**31) - 1),
     ("/v1/responses", "priority", 10**30),
-    ("/v1/completions", "cache_salt", "s" * 257),
-    ("/v1/responses", "cache_salt", "s" * 257),
+    ("/v1/completions", "cache_salt", "s" * 4097),
+    ("/v1/chat/completions", "cache_salt", "s" * 4097),
+    ("/v1/responses", "cache_salt", "s" * 4097),
     ("/v1/completions", "truncate_prompt_tokens", 0),
     ("/v1/chat/completions", "truncate_prompt_tokens", -2),
     ("/v1/completions", "truncate_prompt_tokens", 257),  # the model's context is 256
@@ -336,7 +337,7 @@ def test_out_of_range_request_extras_are_a_400_naming_the_field(server, route, f
 
 
 def test_request_extras_at_their_bounds_are_served(server):
-    for extras in ({"priority": 0, "cache_salt": "s" * 256, "truncate_prompt_tokens": 1},
+    for extras in ({"priority": 0, "cache_salt": "s" * 4096, "truncate_prompt_tokens": 1},
                    {"truncate_prompt_tokens": 256}, {"truncate_prompt_tokens": -1}):
         response = post(server, "/v1/completions", {"model": "tiny", "prompt": "a b c", "max_tokens": 1, **extras})
         assert response.status_code == 200, (extras, response.text)

@@ -156,6 +156,7 @@ def test_a_bad_input_late_in_a_list_is_refused_naming_its_index(pooling_server):
     ({"input": "x", "priority": 1}, "priority"),  # the pooling pass is outside the scheduler's queue
     ({"input": "x", "priority": 2**40}, "priority"),
     ({"input": "x", "cache_salt": ""}, "cache_salt"),
+    ({"input": "x", "cache_salt": "s" * 4097}, "cache_salt"),  # CACHE_SALT_MAX_CHARS: vLLM has no bound
     ({"input": "x", "request_id": ""}, "request_id"),
     ({"input": "x", "truncation_side": "middle"}, "truncation_side"),
     ({"input": "x", "normalize": True, "use_activation": False}, "use_activation"),
@@ -264,7 +265,7 @@ def test_vllm_request_extras_name_the_response_and_keep_the_vector(pooling_serve
     completions), `cache_salt` and `priority` 0 are honoured; all three were logged and ignored (a random id)."""
     ids = hf[1].encode(TEXTS[0])
     answer = post(pooling_server, {"model": "tiny", "input": TEXTS[0], "encoding_format": "float",
-                                   "request_id": "batch-7", "cache_salt": "tenant-a", "priority": 0})
+                                   "request_id": "batch-7", "cache_salt": "t" * 4096, "priority": 0})
     assert answer.status_code == 200, answer.text
     assert answer.json()["id"] == "embd-batch-7"
     np.testing.assert_allclose(answer.json()["data"][0]["embedding"], hf_embedding(hf, ids), atol=1e-4, rtol=1e-4)
