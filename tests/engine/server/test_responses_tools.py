@@ -130,6 +130,22 @@ def test_x_request_id_names_the_response_and_comes_back_as_a_header(tool_server)
     assert response.json()["id"].startswith("resp_trace-43-") and response.headers["x-request-id"] == "trace-43"
 
 
+def test_the_x_request_id_header_never_echoes_the_bodys_request_id_as_vllm(oai):
+    """vLLM's XRequestIdMiddleware echoes the request's own X-Request-Id header, else a random uuid4 hex: the body's
+    `request_id` names the response (`chatcmpl-<id>`, `cmpl-<id>`, a Responses id as given) and the engine's request,
+    never the header."""
+    raw = oai.chat.completions.with_raw_response.create(
+        model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, extra_body={"request_id": "from-body"})
+    assert raw.parse().id == "chatcmpl-from-body"
+    assert re.fullmatch(r"[0-9a-f]{32}", raw.headers["x-request-id"])
+    raw = oai.completions.with_raw_response.create(model="x", prompt="Hi", max_tokens=2,
+                                                   extra_body={"request_id": "from-body"})
+    assert raw.parse().id == "cmpl-from-body" and re.fullmatch(r"[0-9a-f]{32}", raw.headers["x-request-id"])
+    raw = oai.responses.with_raw_response.create(model="x", input="Hi", max_output_tokens=2, store=False,
+                                                 extra_body={"request_id": "from-body"})
+    assert raw.parse().id == "from-body" and re.fullmatch(r"[0-9a-f]{32}", raw.headers["x-request-id"])
+
+
 def test_cached_prompt_tokens_are_reported_in_usage(oai):
     prompt = "Harbours of the Baltic: " + ", ".join(f"harbour number {i}" for i in range(16))
     chat = [oai.chat.completions.create(model="x", messages=[{"role": "user", "content": prompt}], max_tokens=1)
