@@ -83,6 +83,19 @@ class ResponsesRequest(_RequestBody):
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)
+    # Chat's vLLM field. vLLM's ResponsesRequest has no such field (it logs it as ignored); here the Responses path
+    # runs no reasoning parser (the thinking stays in the output text, there are no reasoning items), so false cannot
+    # be honoured, and ignoring it would answer 200 with the thinking the client asked to leave out: a 400
+    # (`_refuse_unservable`). True is what this route does anyway.
+    include_reasoning: bool = True
+
+
+def _refuse_unservable(req: ResponsesRequest) -> None:
+    """400 for `include_reasoning: false` (see the field): the thinking cannot be left out of this route's output."""
+    if not req.include_reasoning:
+        raise APIError(400, "include_reasoning false is not supported on /v1/responses: this route does not parse the "
+                            "reasoning apart from the answer, so the thinking cannot be left out (use "
+                            "/v1/chat/completions with --reasoning-parser, or leave it out)", param="include_reasoning")
 
 
 @dataclass
@@ -138,6 +151,7 @@ class ResponsesServing:
                      header_id: str | None = None) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/responses: the finished response, or its event stream (`header_id`: the request's
         X-Request-Id, which leads the response's id)."""
+        _refuse_unservable(req)
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
