@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +196,25 @@ def test_a_pooling_batch_that_finds_no_room_leaves_no_block_held_or_indexed(qwen
     assert blocks.num_free_blocks == blocks.num_blocks
     # The first prompt's blocks were indexed when allocated but never computed: no later call may take them.
     assert _hits_of(llm, [first], None)[0] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_embeddings_from_a_cached_prefix_equal_hf(tmp_path):
+    """On the GPU kernels, a pooling pass that takes a cached prefix (within one call, then across calls and
+    salts) computes only the rest and still gives HF's vectors; the last prompt's new positions (112..141) straddle
+    the prefill kernel's key-split boundary at 128. The tiny Llama of bench/model_dirs.py, as tests/engine/test_gpu.py
+    (no embedded model to convert on the GPU machine)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from model_dirs import make_model_dir
+
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    prefix = list(range(300, 412))  # 7 full 16-token blocks
+    prompts = [prefix + [7, 8, 9], prefix + [10, 11, 12, 13], prefix + list(range(20, 50))]
+    expected = hf_embeddings(model, prompts)
+    llm = LLM(str(model), runner="pooling", device="cuda", dtype="float32", max_model_len=256,
+              gpu_memory_utilization=0.3)
+    for salt in (None, None, "a"):
+        hits, got = _hits_of(llm, prompts, salt)
+        torch.testing.assert_close(torch.tensor(got), expected, atol=1e-3, rtol=1e-3)
+        assert hits >= 2 * len(prefix)  # the second and third prompts take the first's blocks at least
