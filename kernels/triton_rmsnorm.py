@@ -50,6 +50,46 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (w * h).to(out_ptr.dtype.element_ty), mask=ok)
 
 
+# The prologue of a one-row GEMV that takes an RMSNorm's place (`layernorm.RMSNormPrologue`; the GEMVs of
+# `triton_gemv_rope.py` and `triton_gated_gemv.py` with NORM): every program reads the whole un-normalised row
+# (a few KB, L2-resident) for its sum of squares, then normalises each K tile of x as its loop loads it, with this
+# kernel's rounding points. Sums of squares are in K-tile order, not `_rms_norm_kernel`'s one-block order, so the
+# normalised row may differ from the standalone kernel's by one rounding step where the fp32 rstd differs.
+
+
+@triton.jit
+def _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, HAS_RESIDUAL: tl.constexpr,
+                   BLOCK_K: tl.constexpr):  # fmt: skip
+    """`rsqrt(mean((x + residual)^2) + eps)` of the row (the sum rounded to x's dtype first, as the norm kernel);
+    program 0 (`pid`) also stores that sum (the next residual) into `residual_out`."""
+    store_k = K - K * tl.minimum(pid, 1)  # K in program 0, 0 elsewhere (an integer bound: no scalar-bool mask)
+    acc = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok = ks < K
+        x = tl.load(x_ptr + ks, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(residual_ptr + ks, mask=ok, other=0.0).to(tl.float32)
+            summed = (x + r).to(residual_out_ptr.dtype.element_ty)
+            tl.store(residual_out_ptr + ks, summed, mask=ks < store_k)
+            x = summed.to(tl.float32)
+        acc += x * x
+    return tl.rsqrt(tl.sum(acc, 0) / K + eps)
+
+
+@triton.jit
+def _prologue_tile(x_ptr, residual_ptr, gamma_ptr, offs, ok, rstd, HAS_RESIDUAL: tl.constexpr):
+    """The normalised x at `offs` (masked by `ok`, any shape), rounded as `_rms_norm_kernel` rounds: the residual
+    sum, the scaled row, and its product with gamma each to x's dtype."""
+    act = x_ptr.dtype.element_ty
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        x = (x + tl.load(residual_ptr + offs, mask=ok, other=0.0).to(tl.float32)).to(act).to(tl.float32)
+    h = (x * rstd).to(act).to(tl.float32)
+    w = tl.load(gamma_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    return (w * h).to(act)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
