@@ -23,6 +23,9 @@ Every choice is made from shapes alone (a call never syncs with the host and can
 `FLOTILLA_GATED_GEMV_CONFIG` (`bn=4,bk=512,w=4,s=3`, any subset) replaces `default_config`'s knobs for every
 call (read at import: bench/results/gated12-gpu.sh passed its sweep's winner to the engine this way; that winner
 is now the one-row default).
+
+With `norm` (one row; FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the post-attention
+RMSNorm (+ the residual add) in its prologue, as `triton_gemv_rope.py` does the input one.
 """
 
 from __future__ import annotations

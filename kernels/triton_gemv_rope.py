@@ -17,6 +17,10 @@ the PDL peel are the plain GEMV's at the same `default_config`, so the sums are 
 `q` and the cache rows equal the unfused pair's bit for bit (the PyTorch oracle is `gemv_rope_ref`, the unfused
 pair's references). `fuses_rope` says where this applies (one row, bf16/fp16, the plain GEMV's config one K range
 of FMA tiles no wider than a head).
+
+With `norm` (FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the layer's input RMSNorm (+ the
+residual add): x is the un-normalised row, each program computes its sum of squares and normalises each K tile as it
+loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_tile`), and program 0 stores the next residual.
 """
 
 from __future__ import annotations
