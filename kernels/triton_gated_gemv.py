@@ -42,7 +42,7 @@ from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_gemv import _gemv_step
-from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile
+from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
 from flotilla.kernels.triton_utils import device_sms
 
 # accumulator elements a thread may hold, gate and up together (triton_gemv's FMA budget)
@@ -139,6 +139,7 @@ def _gated_gemv_kernel(
     PDL_GDC: tl.constexpr = True,
     NORM: tl.constexpr = False,
     NORM_RESIDUAL: tl.constexpr = False,
+    NORM_BLOCK: tl.constexpr = 16,
 ):
     """One program: outputs `cols` (of N) for every row, from weight rows `cols` (gate) and `N + cols` (up).
     NORM (one row): x is normalised in the prologue (`triton_rmsnorm._prologue_rstd`), program 0 storing the
@@ -165,7 +166,8 @@ def _gated_gemv_kernel(
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
     # the post-attention RMSNorm in the prologue (after the wait: x and the residual are predecessors')
-    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL, BLOCK_K) if NORM else 1.0
+    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL,
+                          NORM_BLOCK) if NORM else 1.0
     if PDL:
         k_ok = ks < K
         if NORM:
@@ -257,7 +259,7 @@ def gated_gemv(
         residual, norm.weight if norm is not None else x, residual_out, norm.eps if norm is not None else 0.0,
         HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages, NORM=norm is not None,
-        NORM_RESIDUAL=norm is not None and norm.residual is not None, **extra,
+        NORM_RESIDUAL=norm is not None and norm.residual is not None, NORM_BLOCK=prologue_block(k), **extra,
     )  # fmt: skip
     return out
 

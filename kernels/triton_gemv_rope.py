@@ -36,7 +36,7 @@ from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_gemv import _gemv_step, default_config
 from flotilla.kernels.triton_kv_write import is_fp8, to_cache
-from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile
+from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
 from flotilla.kernels.triton_utils import device_sms
 
 
@@ -123,6 +123,7 @@ def _gemv_rope_kernel(
     PDL_GDC: tl.constexpr = True,
     NORM: tl.constexpr = False,
     NORM_RESIDUAL: tl.constexpr = False,
+    NORM_BLOCK: tl.constexpr = 16,
 ):
     PAIRS: tl.constexpr = BLOCK_N // 2
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -148,7 +149,8 @@ def _gemv_rope_kernel(
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
     # the input RMSNorm in the prologue (after the wait: x and the residual are predecessors' outputs)
-    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL, BLOCK_K) if NORM else 1.0
+    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL,
+                          NORM_BLOCK) if NORM else 1.0
     if PDL:
         k_ok = ks < K
         if NORM:
@@ -279,6 +281,7 @@ def gemv_rope(
         num_stages=cfg.num_stages,
         NORM=norm is not None,
         NORM_RESIDUAL=norm is not None and norm.residual is not None,
+        NORM_BLOCK=prologue_block(k),
         **consts,
     )
     return q_out

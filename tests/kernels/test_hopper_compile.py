@@ -381,7 +381,7 @@ def _compile_norm_prologue() -> dict[str, dict[str, object]]:
     pointers = {n: "*bf16" for n in _gemv_rope_kernel.arg_names if n.endswith("_ptr")}
     pointers |= {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"}
     consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2, PDL=True,
-                  NORM=True)  # fmt: skip
+                  NORM=True, NORM_BLOCK=1024)  # fmt: skip
     for name, residual in (("gemv_rope bf16 m1 pdl norm", True), ("gemv_rope bf16 m1 pdl norm first", False)):
         out[name] = _compile_for_hopper(_gemv_rope_kernel, pointers, dict(consts, NORM_RESIDUAL=residual), aligned,
                                         num_warps=4, num_stages=2)  # fmt: skip
@@ -390,7 +390,7 @@ def _compile_norm_prologue() -> dict[str, dict[str, object]]:
                     if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))  # fmt: skip
     pointers = {n: "*bf16" for n in _gated_gemv_kernel.arg_names if n.endswith("_ptr")}
     consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
-                  PDL=True, NORM=True, NORM_RESIDUAL=True)  # fmt: skip
+                  PDL=True, NORM=True, NORM_RESIDUAL=True, NORM_BLOCK=1024)  # fmt: skip
     out["gated_gemv bf16 m1 pdl norm"] = _compile_for_hopper(_gated_gemv_kernel, pointers, consts, aligned,
                                                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
