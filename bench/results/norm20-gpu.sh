@@ -3,16 +3,18 @@
 # add) in the prologue of the one-row qkv-rope and gated GEMVs (FLOTILLA_NORM_GEMV, docs/decode-gemm.md), on against
 # off in ONE engine, the switch flipped in-process (bench/norm_ab.py). One call (BUDGET_S, default 200 s),
 # Llama-3.1-8B shape, bf16, random (dummy) weights, each stage in its own process under its own limit:
-#   check  (45 s; no engine) the fused kernels at Llama-3.1-8B's shapes against the norm kernel + the same GEMV:
+#   check  (40 s; no engine) the fused kernels at Llama-3.1-8B's shapes against the norm kernel + the same GEMV:
 #          share of bit-equal outputs, largest difference, next residual bit-equal; plain-launch times of each pair
-#   ab     (what is left - 15 s; start-up ~40-60 s) one engine: bs1 profiles off/on (launches a step, expected 236 ->
+#   ab     (what is left - 40 s; start-up ~40-60 s) one engine: bs1 profiles off/on (launches a step, expected 236 ->
 #          172; _rms_norm_kernel 65 -> 1), bs1 ctx 512 in the order on/off/off/on, greedy tokens on vs off, bs64
 #          ctx 512 in the same order (a control: 64-row steps never take the prologue), then bs1 with one site each
 #          (qkv/gated/gated/qkv). Its JSON is rewritten after each job: a stage cut short keeps what finished.
+#   tests  (30 s) tests/kernels/test_norm_prologue.py on the GPU (the kernels against the norm kernel + GEMV, and the
+#          PDL chain with both prologues captured in a CUDA graph against plain launches)
 #   summary (always) DECISION lines -> the TOP of $OUT/norm20.log
 # $OUT: norm20.log (read first), norm20-sides.log (each stage's whole output), norm20.json (both JSONs + summary).
 # Run from the repository root (branch norm20, or main after the merge) carrying .whl (the pydantic stack):
-#   OUT=... bash bench/results/norm20-gpu.sh            (STAGES="check ab summary" by default)
+#   OUT=... bash bench/results/norm20-gpu.sh            (STAGES="check ab tests summary" by default)
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 W=/tmp/n20; rm -rf $W; mkdir -p $W; L=$OUT/norm20.log; S=$OUT/norm20-sides.log; : > $L; : > $S
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >> $L 2>&1
@@ -25,12 +27,18 @@ run() {  # label limit -- norm_ab.py arguments
   cat $W/$label.log >> $S
   grep -E "^(CHECK|PROFILE|TOKENS|startup)|phase|Error|error" $W/$label.log | tail -24 | cut -c1-300 | tee -a $L
 }
-for s in ${STAGES:-check ab summary}; do
+for s in ${STAGES:-check ab tests summary}; do
   echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
   [ $s != summary ] && [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
-    check) run check 45 -- --jobs check ;;
-    ab) run ab $((END - SECONDS - 15)) -- --jobs profile,ab1,tokens,ab64,sites ;;
+    check) run check 40 -- --jobs check ;;
+    ab) run ab $((END - SECONDS - 40)) -- --jobs profile,ab1,tokens,ab64,sites ;;
+    tests) echo "--- tests $(date +%T) limit $(left 30) s" | tee -a $L >> $S
+      timeout $(left 30) python3 -m pytest $R/tests/kernels/test_norm_prologue.py -q -p no:cacheprovider \
+        -c $R/pyproject.toml --rootdir=$R > $W/tests.log 2>&1
+      echo "rc=$?" | tee -a $L
+      cat $W/tests.log >> $S
+      grep -E "Error|error:|passed|failed|FAILED" $W/tests.log | tail -8 | cut -c1-300 | tee -a $L ;;
     summary) python3 - > $W/summary.txt 2>&1 <<'PY'
 import json, os
 out, w = os.environ.get("OUT", "/tmp/out"), "/tmp/n20"
@@ -88,6 +96,11 @@ for site, r in (runs["check"].get("check") or {}).items():
 for label, r in runs.items():
     if "error" in r:
         print(f"STAGE {label}: {r['error']}")
+try:
+    tail = [l for l in open(f"{w}/tests.log").read().splitlines() if "passed" in l or "failed" in l or "error" in l]
+    print(f"TESTS tests/kernels/test_norm_prologue.py on the GPU: {tail[-1] if tail else 'no summary line'}")
+except OSError:
+    print("TESTS not run")
 if "startup_s" in ab:
     print(f"STAGE ab: startup {ab['startup_s']:.1f} s")
 json.dump({"summary": s, "runs": runs}, open(f"{out}/norm20.json", "w"), indent=1)

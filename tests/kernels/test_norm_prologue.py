@@ -50,7 +50,7 @@ def _check(got, want, got_res, want_res):
     if INTERPRETING:
         assert torch.equal(got, want)
     else:
-        assert rel_err(got.float(), want.float()) < 1e-2 and (got == want).float().mean().item() > 0.9
+        assert rel_err(got.float(), want.float()) < 1e-2 and (got == want).float().mean().item() > 0.75
 
 
 # (K, dtype, bias, residual, peeled PDL step)
@@ -219,3 +219,42 @@ def test_greedy_tokens_equal_with_the_norms_in_the_gemv_prologues(tiny_model_dir
     sites = dispatch.NORM_GEMV_SITES["1"]
     assert run() == want
     assert taken == {"qkv": 2 * 5 * 2, "gated": 2 * 5 * 2}, taken  # 2 prompts x 5 one-row steps x 2 layers
+
+
+@pytest.mark.gpu
+def test_pdl_chain_with_the_prologue_in_a_cuda_graph_equals_plain_launches():
+    """On Hopper: o_proj GEMV -> gated GEMV with the norm prologue (by PDL) -> down GEMV -> qkv-rope GEMV with the
+    next layer's norm prologue, captured in a CUDA graph and replayed, gives the plain launches' outputs and residuals
+    bit for bit (every activation read and the residual store come after the wait)."""
+    from flotilla.kernels.triton_gated_gemv import gated_gemv
+    from flotilla.kernels.triton_gemv import gemv
+    from flotilla.kernels.triton_gemv_rope import gemv_rope
+
+    if not _hopper():
+        pytest.skip("PDL needs sm_90")
+    k, heads, kv_heads, head_dim = 512, 4, 2, 64
+    x, o_w, _ = linear_case(1, k, k, torch.bfloat16, bias=False, seed=21)
+    _, gu_w, _ = linear_case(1, 2 * 1024, k, torch.bfloat16, bias=False, seed=22)
+    _, down_w, _ = linear_case(1, k, 1024, torch.bfloat16, bias=False, seed=23)
+    _, qkv_w, _ = linear_case(1, (heads + 2 * kv_heads) * head_dim, k, torch.bfloat16, bias=False, seed=24)
+    _, gamma, res = _norm_case(k, torch.bfloat16, True, seed=25)
+    cos_sin = _cos_sin_table(head_dim, 256, 10000.0, "null", torch.device("cpu")).to(DEVICE)
+    caches = [torch.zeros(2, 16, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2)]
+    pos, slot = torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE)
+
+    def chain(pdl: bool) -> tuple[torch.Tensor, ...]:
+        post = RMSNormPrologue.of(x, gamma, 1e-5, res)
+        h = gemv(x, o_w, pdl=pdl)
+        down = gemv(gated_gemv(h, gu_w, norm=post, pdl=pdl), down_w, pdl=pdl)
+        nxt = RMSNormPrologue.of(down, gamma, 1e-5, post.residual_out)
+        q = gemv_rope(down, qkv_w, None, pos, cos_sin, *caches, slot, heads, kv_heads, norm=nxt, pdl=pdl)
+        return q, post.residual_out, nxt.residual_out
+
+    plain = chain(False)
+    chain(True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(out, plain, strict=True))
