@@ -16,6 +16,7 @@ from flotilla.kernels.dispatch import (
     rotary_and_write_kv,
     write_kv_cache,
 )
+from flotilla.kernels.packed_int_linear import PackedInt4
 
 
 class Attention(nn.Module):
@@ -71,15 +72,16 @@ class Attention(nn.Module):
     def forward_projected(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: torch.Tensor | PackedInt4,
         bias: torch.Tensor | None,
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
         weight_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, or an fp8
-        `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`): the projection, rotary and
-        the KV write in one kernel (`qkv_rotary_and_write_kv`), then attention."""
+        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, an fp8
+        `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`, or an int4 `PackedInt4` where
+        `dispatch.int4_qkv_rope_takes`): the projection, rotary and the KV write in one kernel
+        (`qkv_rotary_and_write_kv`), then attention."""
         meta = current_attention_metadata()
         if meta is None:  # memory profiling, as `forward`
             return torch.zeros(x.shape[0], self.num_heads * self.head_dim, dtype=x.dtype, device=x.device)
