@@ -1,7 +1,7 @@
 """The int4 (W4A16) batch-1 decode step with the wide GEMV's fused forms (FLOTILLA_INT4_GATED: gate/up + SiLU-and-mul;
 FLOTILLA_INT4_QKV_ROPE: qkv + rotary + KV write; `kernels/triton_int4_gemv_fused.py`) flipped in-process, in ONE engine.
 
-    python3 bench/int4_fused_ab.py --model /tmp/llama8b-w4a16 --json int4-fused.json [--steps 48]
+    python3 bench/int4_fused_ab.py --model /tmp/llama8b-w4a16 --json int4-fused.json [--steps 64]
 
 The engine (Llama-3.1-8B shape, compressed-tensors W4A16 g128 from bench/results/w4a16-model.sh, random codes under
 `--load-format dummy`) starts once. A variant is the pair of switches (`none`, `gated`, `rope`, `both`), set as the
@@ -80,7 +80,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--json", required=True)
-    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--steps", type=int, default=64)
     p.add_argument("--profile-steps", type=int, default=6)
     p.add_argument("--jobs", default="ab,launches,tokens")
     a = p.parse_args()

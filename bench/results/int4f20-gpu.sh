@@ -4,9 +4,9 @@
 # int4 engine, and a bf16 baseline in its own process of the same call, so that the ratio is within one call.
 # Llama-3.1-8B shape, random weights (compressed-tensors W4A16 g128 symmetric, bench/results/w4a16-model.sh; bf16:
 # bench/model_dirs.py). One call (BUDGET_S, default 240 s), each stage under its own limit (capped by what is left):
-#   int4  (150 s; start-up ~55 s in session 14) bench/int4_fused_ab.py: variants none / gated (FLOTILLA_INT4_GATED) /
-#         rope (FLOTILLA_INT4_QKV_ROPE) / both, flipped in-process (decode graphs captured again), phases in the
-#         order none gated rope both both rope gated none, 48 timed steps each at context 512 (a fresh request per
+#   int4  (150 s; start-up ~30 s in session 16 call 3, recaptures ~0.1 s) bench/int4_fused_ab.py: variants none /
+#         gated (FLOTILLA_INT4_GATED) / rope (FLOTILLA_INT4_QKV_ROPE) / both, flipped in-process (decode graphs
+#         captured again), phases in the order none gated rope both both rope gated none, 64 timed steps each at context 512 (a fresh request per
 #         phase); launches a step per variant (profiler: counts only); 32 greedy tokens per variant (equal expected)
 #   bf16  (70 s) bench/decode_ab.py, bf16 defaults: bs1 ctx 512 step (the ratio's denominator)
 #   summary (always) SUMMARY lines -> the TOP of $OUT/int4f20.log; every figure -> $OUT/int4f20.json
