@@ -280,3 +280,38 @@ def test_int4_llama_decodes_through_both_fused_forms(int4_checkpoints, monkeypat
 def _zeros(w: PackedInt4) -> torch.Tensor:
     """The reference's zero points: the weight's, or the middle code 8 (symmetric)."""
     return w.zeros if w.zeros is not None else torch.full(w.scales.shape, 8, dtype=torch.uint8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")
+def test_llama_shapes_on_the_gpu():
+    """Llama-3.1-8B's gate/up (28,672 x 4,096) and qkv (6,144 x 4,096, 32 + 2 x 8 heads of 128) at the measured tiles,
+    compiled: the fused forms against the plain wide GEMV then the pair's kernel (equal up to the order of the final
+    sum over chunks, which the compiler may pick apart for the two kernels), and the PDL launch against the plain
+    launch of the same form (bit-equal where sm_90 runs griddepcontrol)."""
+    from flotilla.engine.layers.rotary import _cos_sin_table
+    from flotilla.kernels.triton_activation import silu_and_mul
+    from flotilla.kernels.triton_int4_gemv_fused import int4_gemv_wide_gated, int4_gemv_wide_rope
+    from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
+    from flotilla.kernels.triton_rotary_kv_write import rotary_and_write_kv
+
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    x = torch.randn(1, 4096, device=DEVICE).to(torch.bfloat16)
+    w, _ = _weight(28672, 4096, 128, torch.bfloat16, True, seed=5)
+    got = int4_gemv_wide_gated(x, *w, pdl="")
+    assert rel_err(got.float(), silu_and_mul(int4_gemv_wide(x, *w, pdl="")).float()) < 1e-2
+    if hopper:
+        assert torch.equal(int4_gemv_wide_gated(x, *w, pdl="top"), got)
+    w, _ = _weight(6144, 4096, 128, torch.bfloat16, False, seed=6)
+    cos_sin = _cos_sin_table(128, 1024, 500000.0, "null", torch.device("cpu")).to(DEVICE)
+    kc, vc = (torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    positions, slots = torch.tensor([513], device=DEVICE), torch.tensor([37], device=DEVICE)
+    q, k, v = int4_gemv_wide(x, *w, pdl="").split([4096, 1024, 1024], dim=-1)
+    want_k, want_v = kc.clone(), vc.clone()
+    want_q = rotary_and_write_kv(positions, q.reshape(1, 32, 128), k.reshape(1, 8, 128), v.reshape(1, 8, 128), cos_sin,
+                                 want_k, want_v, slots)  # fmt: skip
+    for pdl in ("", "top") if hopper else ("",):
+        got_k, got_v = kc.clone(), vc.clone()
+        got_q = int4_gemv_wide_rope(x, *w, None, positions, cos_sin, got_k, got_v, slots, 32, 8, pdl=pdl)
+        assert rel_err(got_q.float(), want_q.float()) < 1e-2 and rel_err(got_k.float(), want_k.float()) < 1e-2
+        assert rel_err(got_v.float(), want_v.float()) < 1e-2
