@@ -22,7 +22,7 @@ from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.layernorm import RMSNormPrologue, prologue_fits, rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
-from flotilla.kernels.packed_int_linear import packed_int_linear_ref
+from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.switches import env_choice, env_flag, parse_choice
@@ -158,7 +158,7 @@ def qkv_rope_takes(x: torch.Tensor, weight: torch.Tensor, head_dim: int, gemv_ma
 
 def qkv_rotary_and_write_kv(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | PackedInt4,
     bias: torch.Tensor | None,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
@@ -174,12 +174,18 @@ def qkv_rotary_and_write_kv(
 ) -> torch.Tensor:
     """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
     returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot. With `weight_scale`
-    the weight is fp8 (W8A16, where `fp8_qkv_rope_takes`): the one-row fp8 GEMV's rope form. With `norm` (bf16/fp16
-    weights, where `norm_gemv_takes("qkv", ...)` too) `x` is the un-normalised row: the GEMV's prologue applies the
-    input RMSNorm and stores the next residual into `norm.residual_out`."""
+    the weight is fp8 (W8A16, where `fp8_qkv_rope_takes`): the one-row fp8 GEMV's rope form; a `PackedInt4` weight
+    (W4A16, where `int4_qkv_rope_takes`): the wide int4 GEMV's. With `norm` (bf16/fp16 weights, where
+    `norm_gemv_takes("qkv", ...)` too) `x` is the un-normalised row: the GEMV's prologue applies the input RMSNorm
+    and stores the next residual into `norm.residual_out`."""
+    if isinstance(weight, PackedInt4):
+        assert norm is None, "the int4 qkv GEMV has no norm prologue"
+        from flotilla.kernels.triton_int4_gemv_fused import int4_gemv_wide_rope
+
+        return int4_gemv_wide_rope(x, *weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                   num_heads, num_kv_heads, k_scale, v_scale)  # fmt: skip
     if weight_scale is not None:
         assert norm is None, "the fp8 qkv GEMV has no norm prologue"
-
         from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope
 
         return fp8_row_gemv_rope(x, weight, weight_scale, bias, positions, cos_sin_cache, k_cache, v_cache,
@@ -536,6 +542,50 @@ def packed_int_linear(
             return int4_linear(x, packed, scales, zeros, group_size, bias)
         return F.linear(x, int4_dequantize(packed, scales, zeros, group_size, x.dtype), bias)
     return packed_int_linear_ref(x, packed, scales, zeros, bits, group_size, bias)
+
+
+# One-row int4 decode (W4A16, the wide GEMV above) with the work of the kernel behind in its epilogue
+# (`triton_int4_gemv_fused.py`): the merged gate/up projection with SiLU-and-mul (FLOTILLA_INT4_GATED) and the qkv
+# projection with rotary + the K/V cache write (FLOTILLA_INT4_QKV_ROPE): 2 launches a layer fewer. Read at import; the
+# module globals at every call (bench/results/int4f20-gpu.sh flips them in-process): "1" (default) the fused form
+# where `int4_gated_gemv_takes` / `int4_qkv_rope_takes`; "0" the pair. Outputs equal the pair's bit for bit.
+INT4_GATED = env_flag("FLOTILLA_INT4_GATED", True)
+INT4_QKV_ROPE = env_flag("FLOTILLA_INT4_QKV_ROPE", True)
+
+
+def _int4_one_row(x: torch.Tensor) -> bool:
+    """One CUDA row that `packed_int_linear` gives the wide GEMV, in a single-process engine (tensor/pipeline
+    parallel keep the pairs)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return x.is_cuda and x.dim() == 2 and x.shape[0] == 1 <= INT4_GEMV_WIDE_ROWS
+
+
+def int4_gated_gemv_takes(x: torch.Tensor, weight: PackedInt4, bias: torch.Tensor | None) -> bool:
+    """Whether an int4 merged gate/up projection of `x` runs as `int4_gated_gemv` (FLOTILLA_INT4_GATED)."""
+    if not (INT4_GATED and _int4_one_row(x)):
+        return False
+    from flotilla.kernels.triton_int4_gemv_fused import fuses_gated
+
+    return fuses_gated(x, *weight, bias)
+
+
+def int4_gated_gemv(x: torch.Tensor, weight: PackedInt4, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`silu_and_mul(packed_int_linear(x, ...))` in one launch (where `int4_gated_gemv_takes`), rounded as the pair."""
+    from flotilla.kernels.triton_int4_gemv_fused import int4_gemv_wide_gated
+
+    return int4_gemv_wide_gated(x, *weight, bias)
+
+
+def int4_qkv_rope_takes(x: torch.Tensor, weight: PackedInt4, bias: torch.Tensor | None, head_dim: int) -> bool:
+    """Whether an int4 qkv projection of `x` runs with rotary + the KV write in its epilogue
+    (`qkv_rotary_and_write_kv` given the `PackedInt4`; FLOTILLA_INT4_QKV_ROPE): one CUDA row, tiles that hold whole
+    rotation pairs of a head."""
+    if not (INT4_QKV_ROPE and _int4_one_row(x)):
+        return False
+    from flotilla.kernels.triton_int4_gemv_fused import fuses_rope
+
+    return fuses_rope(x, *weight, bias, head_dim)
 
 
 # LoRA kernel sets (FLOTILLA_LORA_KERNELS in the environment, read at start-up; the module global

@@ -10,8 +10,21 @@ in `0 .. 2^bits - 1`; `scales` `[out, in / group]` in the activation dtype; `zer
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+
+class PackedInt4(NamedTuple):
+    """A 4-bit weight as the int4 kernels take it (a layer's, handed to the fused one-row forms of
+    `kernels/dispatch.py`): the packed codes, the group scales, the zero points (None: symmetric, every zero
+    point the middle code 8) and the group size."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group_size: int
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -3,8 +3,9 @@
 Same contract as `fp8_linear.fp8_weight_only_linear_ref` at one row (bf16/fp16 activations read as they are, a
 float8_e4m3fn weight `[N, K]` with one fp32 scale per output feature, fp32 sums); optionally the gated form
 (`silu(x @ gate^T) * (x @ up^T)` from the merged `[2N, K]` gate/up weight, as `triton_gated_gemv.py`), so that the
-fp8 MLP needs no SiLU launch either; and the qkv form with `triton_gemv_rope.py`'s epilogue (`fp8_row_gemv_rope`: the
-rotary embedding and the K/V cache write done by the GEMV's programs, no `rotary_and_write_kv` launch).
+fp8 MLP needs no SiLU launch either; and the qkv form with the shared rotary/KV-write epilogue
+(`triton_rope_epilogue.py`, `fp8_row_gemv_rope`: the rotary embedding and the K/V cache write done by the GEMV's
+programs, no `rotary_and_write_kv` launch).
 
 Why a second fp8 GEMV beside `triton_gemv.fp8_gemv` (which stays the path for 2..16 rows and the default): at
 batch 1 on the H200 that kernel streams the fp8 weight at 2.2-3.4 TB/s where the bf16 GEMV of the same tiles
@@ -54,10 +55,16 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
-from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.pdl import pdl_active
-from flotilla.kernels.rotary import apply_rotary_ref
-from flotilla.kernels.triton_kv_write import is_fp8, to_cache
+from flotilla.kernels.triton_rope_epilogue import (
+    check_rope_operands,
+    fits_rope,
+    qkv_rope_ref,
+    rope_constexprs,
+    rope_kv_store,
+    rope_launch_args,
+    rope_rows,
+)
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 # weight bytes a thread loads a K step at the default rows (one 16-byte word load each of 4 rows at 16 x 512)
@@ -438,15 +445,15 @@ def _fp8_row_gemv_rope_kernel(
     w_ptr,
     scale_ptr,
     bias_ptr,
+    N,
+    KW,
+    stride_wn,
     positions_ptr,
     cos_sin_ptr,
     slot_mapping_ptr,
     q_out_ptr,
     k_cache_ptr,
     v_cache_ptr,
-    N,
-    KW,
-    stride_wn,
     stride_cs,
     stride_kcb,
     stride_kcs,
@@ -472,51 +479,22 @@ def _fp8_row_gemv_rope_kernel(
     PDL_GDC: tl.constexpr = True,
     TRIGGER: tl.constexpr = 0,
 ):
-    """The qkv projection's program with `triton_gemv_rope.py`'s epilogue: rows are BLOCK_N / 2 features of one
-    head's first half and the same features D/2 further on (every pair the program rotates), the sums are
-    `_row_sums`' (the plain kernel's), rounded to the activation dtype, rotated (q, k) and stored: q into `q_out`,
-    k and v into the caches at `slot_mapping[0]` (-1: nothing written; an fp8 cache stores K / k_scale, V / v_scale)."""
-    PAIRS: tl.constexpr = BLOCK_N // 2
-    HALF: tl.constexpr = HEAD_DIM // 2
-    pid = tl.program_id(0)
-    head = pid // (HALF // PAIRS)
-    first = (pid % (HALF // PAIRS)) * PAIRS  # the program's first pair index within the head
-    r = tl.arange(0, BLOCK_N)
-    rows = (head * HEAD_DIM + first + (r % PAIRS) + (r // PAIRS) * HALF).to(tl.int64)  # all < N (whole heads)
+    """The qkv projection's program with the rotary/KV-write epilogue (`triton_rope_epilogue.py`): rows are
+    BLOCK_N / 2 features of one head's first half and the same features D/2 further on (`rope_rows`: every pair the
+    program rotates), the sums are `_row_sums`' (the plain kernel's), scaled, biased, then `rope_kv_store`: rounded to
+    the activation dtype, rotated (q, k) and stored: q into `q_out`, k and v into the caches at `slot_mapping[0]`
+    (-1: nothing written; an fp8 cache stores K / k_scale, V / v_scale)."""
+    head, first, rows = rope_rows(tl.program_id(0), BLOCK_N, HEAD_DIM)
+    rows = rows.to(tl.int64)  # all < N (whole heads)
     scale, bias, _, _ = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, False)  # before the loop (and wait)
     res, _ = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, False, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
                        PDL, PDL_GDC, TRIGGER)  # fmt: skip
     res = res * scale
     if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += bias
-    act = q_out_ptr.dtype.element_ty
-    y = res.to(act).to(tl.float32)  # what the plain GEMV stores and the rotary kernel loads
-    y1, y2 = tl.split(tl.trans(tl.reshape(y, [2, PAIRS])))  # the pairs' first and second halves, [PAIRS] each
-    i = first + tl.arange(0, PAIRS)  # the pairs' index within the head's half
-    pos = tl.load(positions_ptr).to(tl.int64)
-    cs_row = cos_sin_ptr + pos * stride_cs + i
-    cos = tl.load(cs_row).to(act).to(tl.float32)
-    sin = tl.load(cs_row + HALF).to(act).to(tl.float32)
-    if head < num_q_heads:
-        q_dst = q_out_ptr + head * HEAD_DIM + i
-        tl.store(q_dst, (y1 * cos - y2 * sin).to(act))
-        tl.store(q_dst + HALF, (y2 * cos + y1 * sin).to(act))
-    else:
-        slot = tl.load(slot_mapping_ptr).to(tl.int64)
-        if slot >= 0:
-            block, offset = slot // PAGE, slot % PAGE
-            kv_head = head - num_q_heads
-            if kv_head < num_kv_heads:  # a key head: rotated, rounded to the activation dtype, then stored
-                k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_head * stride_kch + i
-                tl.store(k_dst, to_cache((y1 * cos - y2 * sin).to(act), inv_k_scale, k_cache_ptr.dtype.element_ty,
-                                         FP8_CACHE))  # fmt: skip
-                tl.store(k_dst + HALF, to_cache((y2 * cos + y1 * sin).to(act), inv_k_scale,
-                                                k_cache_ptr.dtype.element_ty, FP8_CACHE))  # fmt: skip
-            else:  # a value head: stored as the GEMV rounded it
-                v_head = kv_head - num_kv_heads
-                v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + v_head * stride_vch + i
-                tl.store(v_dst, to_cache(y1.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8_CACHE))
-                tl.store(v_dst + HALF, to_cache(y2.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8_CACHE))
+    rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
+                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
 
 
 def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -595,13 +573,9 @@ def fp8_row_gemv_rope_ref(
 ) -> torch.Tensor:
     """The unfused pair in PyTorch: the W8A16 projection rounded to x's dtype, split into q/k/v heads, q and k
     rotated, k and v stored at `slot_mapping`; returns the rotated query `[T, H, D]`."""
-    head_dim = cos_sin_cache.shape[-1]
     qkv = fp8_weight_only_linear_ref(x, w_fp8, w_scale, bias)
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q, k = apply_rotary_ref(positions, q.reshape(-1, num_heads, head_dim), k.reshape(-1, num_kv_heads, head_dim),
-                            cos_sin_cache)  # fmt: skip
-    write_kv_cache_ref(k, v.reshape(-1, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    return q
+    return qkv_rope_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+                        k_scale, v_scale)
 
 
 def fuses_rope(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
@@ -612,7 +586,7 @@ def fuses_rope(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias
         return False
     n, k = w_fp8.shape
     cfg = default_config(n, k, device_sms(x), gated=False, **env_knobs(n, k))
-    return 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0
+    return fits_rope(cfg.block_n, head_dim)
 
 
 def fp8_row_gemv_rope(
@@ -640,25 +614,21 @@ def fp8_row_gemv_rope(
     head_dim = cos_sin_cache.shape[-1]
     n, k = w_fp8.shape
     assert fuses_rope(x, w_fp8, w_scale, bias, head_dim), "fp8_row_gemv_rope needs fuses_rope()"
-    assert n == (num_heads + 2 * num_kv_heads) * head_dim and cos_sin_cache.stride(-1) == 1
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape[2:] == (num_kv_heads, head_dim)
+    check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k) | knobs))
-    assert 2 <= cfg.block_n <= head_dim and (head_dim // 2) % (cfg.block_n // 2) == 0, f"tile {cfg.block_n} vs heads"
+    assert fits_rope(cfg.block_n, head_dim), f"tile {cfg.block_n} vs heads"
     extra: dict[str, bool | int] = {}
     if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
         extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)
     _fp8_row_gemv_rope_kernel[(n // cfg.block_n,)](
-        x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, positions, cos_sin_cache,
-        slot_mapping, q_out, k_cache, v_cache, n, k // 4, words.stride(0), cos_sin_cache.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), num_heads, num_kv_heads, 1.0 / k_scale, 1.0 / v_scale,
-        HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
-        FP8_CACHE=is_fp8(k_cache), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch,
-        EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING, num_warps=cfg.num_warps, num_stages=1,
-        **extra,
+        x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, n, k // 4, words.stride(0),
+        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                          k_scale, v_scale),
+        HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        PREFETCH=cfg.prefetch, EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING,
+        num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache), **extra,
     )  # fmt: skip
     return q_out
 

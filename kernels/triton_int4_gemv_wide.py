@@ -351,52 +351,18 @@ def _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, strid
 
 
 @triton.jit
-def _int4_gemv_wide_kernel(
-    x_ptr,
-    packed_ptr,
-    scales_ptr,
-    zeros_ptr,
-    bias_ptr,
-    out_ptr,
-    part_ptr,
-    counter_ptr,
-    M,
-    N,
-    KW,
-    stride_xm,
-    stride_pn,
-    stride_sn,
-    stride_zn,
-    stride_om,
-    words_per_split,
-    GROUP: tl.constexpr,
-    HAS_ZEROS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    FIXUP: tl.constexpr,
-    ROWS: tl.constexpr,  # M itself (1..4): each row has its own accumulator
-    BLOCK_M: tl.constexpr,  # ROWS rounded up to a power of two (the epilogue's tile)
-    BLOCK_N: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    X_KIND: tl.constexpr,  # activations: 0 bf16, 1 fp16, 2 fp32 (read as int64 units: `x_ptr`, `stride_xm`)
-    USE_ASM: tl.constexpr,
-    EVEN: tl.constexpr = False,  # whole row tiles, whole word steps in every range
-    PDL: tl.constexpr = False,  # launched by PDL: the first step's weights loaded before the wait
-    PDL_GDC: tl.constexpr = True,  # the griddepcontrol instructions (False: the interpreter's test of the peel)
-    TRIGGER_LATE: tl.constexpr = 0,  # with PDL: let the dependents start at the top (0) or after the loop (1)
-    LAYOUT: tl.constexpr = 0,  # the word tile and scale loads (`_step_loads`): 0 main's, 1 [rows, words] + PTX scales
-):
+def tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm, stride_pn, stride_sn, stride_zn,
+              w_start, w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_W: tl.constexpr, NUM_STAGES: tl.constexpr, X_KIND: tl.constexpr, USE_ASM: tl.constexpr,
+              EVEN: tl.constexpr, PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER_LATE: tl.constexpr,
+              LAYOUT: tl.constexpr):  # fmt: skip
+    """A program's K loop over words `w_start..w_end` of weight rows `cols` (`[BLOCK_N]`, `col_ok` those < N; any
+    rows: `_int4_gemv_wide_kernel`'s consecutive tile, or the fused forms' gate/up or rotation-pair rows): each
+    activation row's `[BLOCK_N, C]` accumulator (`acc0..acc3`; 1/16 of the dot per chunk lane). The PDL peel and
+    trigger happen inside (`_int4_gemv_wide_kernel`'s comments)."""
     C: tl.constexpr = BLOCK_W // 4  # 16-byte chunks of a row per step
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cs = tl.arange(0, C)
-    col_ok = cols < N
     cols64 = cols.to(tl.int64)
-    w_start = split * words_per_split
-    w_end = tl.minimum(w_start + words_per_split, KW)
     if LAYOUT == 0:
         words4 = 4 * cs[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]
         p_ptrs = packed_ptr + cols64[:, None, None] * stride_pn + words4[None, :, :]
@@ -437,6 +403,57 @@ def _int4_gemv_wide_kernel(
         # the kernel behind may start once every program is past its loop: its programs then take the SMs this
         # launch's programs leave, not the ones its later programs need
         tl.extra.cuda.gdc_launch_dependents()
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _int4_gemv_wide_kernel(
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    zeros_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    counter_ptr,
+    M,
+    N,
+    KW,
+    stride_xm,
+    stride_pn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    words_per_split,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FIXUP: tl.constexpr,
+    ROWS: tl.constexpr,  # M itself (1..4): each row has its own accumulator
+    BLOCK_M: tl.constexpr,  # ROWS rounded up to a power of two (the epilogue's tile)
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    X_KIND: tl.constexpr,  # activations: 0 bf16, 1 fp16, 2 fp32 (read as int64 units: `x_ptr`, `stride_xm`)
+    USE_ASM: tl.constexpr,
+    EVEN: tl.constexpr = False,  # whole row tiles, whole word steps in every range
+    PDL: tl.constexpr = False,  # launched by PDL: the first step's weights loaded before the wait
+    PDL_GDC: tl.constexpr = True,  # the griddepcontrol instructions (False: the interpreter's test of the peel)
+    TRIGGER_LATE: tl.constexpr = 0,  # with PDL: let the dependents start at the top (0) or after the loop (1)
+    LAYOUT: tl.constexpr = 0,  # the word tile and scale loads (`_step_loads`): 0 main's, 1 [rows, words] + PTX scales
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_start = split * words_per_split
+    w_end = tl.minimum(w_start + words_per_split, KW)
+    acc0, acc1, acc2, acc3 = tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm,
+                                       stride_pn, stride_sn, stride_zn, w_start, w_end, GROUP, HAS_ZEROS, ROWS,
+                                       BLOCK_N, BLOCK_W, NUM_STAGES, X_KIND, USE_ASM, EVEN, PDL, PDL_GDC,
+                                       TRIGGER_LATE, LAYOUT)  # fmt: skip
     res = tl.where(rows[:, None] == 0, tl.sum(acc0, 1)[None, :], 0.0)
     if ROWS > 1:
         res = tl.where(rows[:, None] == 1, tl.sum(acc1, 1)[None, :], res)

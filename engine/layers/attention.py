@@ -17,6 +17,7 @@ from flotilla.kernels.dispatch import (
     rotary_and_write_kv,
     write_kv_cache,
 )
+from flotilla.kernels.packed_int_linear import PackedInt4
 
 
 class Attention(nn.Module):
@@ -72,17 +73,18 @@ class Attention(nn.Module):
     def forward_projected(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: torch.Tensor | PackedInt4,
         bias: torch.Tensor | None,
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
         weight_scale: torch.Tensor | None = None,
         norm: RMSNormPrologue | None = None,
     ) -> torch.Tensor:
-        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, or an fp8
-        `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`): the projection, rotary and
-        the KV write in one kernel (`qkv_rotary_and_write_kv`), then attention. `norm`: `x` is the un-normalised
-        row, the input RMSNorm applied in that kernel's prologue (`dispatch.norm_gemv_takes`)."""
+        """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, an fp8
+        `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`, or an int4 `PackedInt4` where
+        `dispatch.int4_qkv_rope_takes`): the projection, rotary and the KV write in one kernel
+        (`qkv_rotary_and_write_kv`), then attention. `norm`: `x` is the un-normalised row, the input RMSNorm applied
+        in that kernel's prologue (`dispatch.norm_gemv_takes`)."""
         meta = current_attention_metadata()
         if meta is None:  # memory profiling, as `forward` (the next residual still stored: later layers read it)
             if norm is not None and norm.residual is not None and norm.residual_out is not None:

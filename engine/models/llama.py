@@ -36,6 +36,7 @@ from flotilla.engine.parallel_state import (
     tp_size,
 )
 from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
+from flotilla.engine.quantization.packed_int import int4_weight
 from flotilla.engine_rules import rope_scaled_length
 from flotilla.kernels.dispatch import (
     RMSNormPrologue,
@@ -43,6 +44,9 @@ from flotilla.kernels.dispatch import (
     fp8_gated_gemv_takes,
     fp8_qkv_rope_takes,
     gated_gemv_takes,
+    int4_gated_gemv,
+    int4_gated_gemv_takes,
+    int4_qkv_rope_takes,
     norm_gemv_takes,
     qkv_rope_takes,
     rms_norm_silu_and_mul_linear,
@@ -163,6 +167,12 @@ class LlamaAttention(nn.Module):
             # the same with fp8 weights (W8A16 at one row; FLOTILLA_FP8_ROW_GEMV and FLOTILLA_QKV_ROPE)
             cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
             return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin, scale))
+        int4 = int4_weight(qkv) if type(qkv) is QKVParallelLinear else None
+        if (int4 is not None and self.q_norm is None and tp_size() == 1 and not self.attn._forward_pre_hooks
+                and int4_qkv_rope_takes(hidden, int4, qkv.bias, self.head_dim)):  # fmt: skip
+            # the same with int4 weights (the wide W4A16 GEMV at one row; FLOTILLA_INT4_QKV_ROPE)
+            cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
+            return self.o_proj(self.attn.forward_projected(hidden, int4, qkv.bias, positions, cos_sin))
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
@@ -196,6 +206,11 @@ class LlamaMLP(nn.Module):
             # fp8 weights (W8A16 at one row, every fp8 scheme): gate/up and SiLU-and-mul in one launch
             # (FLOTILLA_FP8_ROW_GEMV, kernels/dispatch.py)
             return self.down_proj(fp8_gated_gemv(x, gate_up.weight, scale, gate_up.bias))
+        int4 = int4_weight(gate_up) if type(gate_up) is MergedColumnParallelLinear else None
+        if int4 is not None and int4_gated_gemv_takes(x, int4, gate_up.bias):
+            # int4 weights (the wide W4A16 GEMV at one row): gate/up and SiLU-and-mul in one launch
+            # (FLOTILLA_INT4_GATED)
+            return self.down_proj(int4_gated_gemv(x, int4, gate_up.bias))
         return self.down_proj(self.act(gate_up(x)))
 
     def fuses_norm(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None) -> bool:

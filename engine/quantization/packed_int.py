@@ -16,6 +16,7 @@ import torch
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
 from flotilla.kernels.cpu_int_linear import cpu_int_weight
 from flotilla.kernels.dispatch import packed_int_linear
+from flotilla.kernels.packed_int_linear import PackedInt4
 
 
 class PackedIntMethod(LinearMethod):
@@ -64,3 +65,15 @@ class PackedIntMethod(LinearMethod):
         return packed_int_linear(x, layer.weight_packed, layer.weight_scale, layer.weight_zero_point,
                                  self.bits, group, bias, symmetric=self.symmetric,
                                  cpu_weight=getattr(layer, "cpu_int_weight", None))
+
+
+def int4_weight(layer: Any) -> PackedInt4 | None:
+    """A linear layer's weight as the int4 kernels' operands when it is a 4-bit packed weight (any checkpoint format:
+    they all load into one layout), else None: what the model hands to the fused one-row forms of `kernels/dispatch.py`
+    (`int4_gated_gemv_takes`, `int4_qkv_rope_takes`), as it hands an fp8 layer's weight and scales."""
+    method = getattr(layer, "quant_method", None)
+    if not (isinstance(method, PackedIntMethod) and method.bits == 4):
+        return None
+    group = layer.weight_packed.shape[1] * 8 // layer.weight_scale.shape[1]
+    return PackedInt4(layer.weight_packed, layer.weight_scale, None if method.symmetric else layer.weight_zero_point,
+                      group)

@@ -275,7 +275,19 @@ def _compile_int4() -> dict[str, dict[str, object]]:
     wide4 = dict(wide, HAS_ZEROS=True, HAS_BIAS=True, SPLIT_K=2, FIXUP=True, ROWS=4, BLOCK_M=4, NUM_STAGES=1)
     # FLOTILLA_INT4_WIDE_PDL's launch at the measured one-row tile (split-K 2 with arrival counters, one stage)
     wide_pdl = dict(wide, SPLIT_K=2, FIXUP=True, NUM_STAGES=1, PDL=True, TRIGGER_LATE=0)
+    # the fused one-row forms (`triton_int4_gemv_fused.py`) at the measured tiles by PDL: gate/up + SiLU (one range),
+    # qkv + rotary + KV write (split-K 2: the last range's fixup runs the epilogue)
+    from flotilla.kernels.triton_int4_gemv_fused import _int4_gated_kernel, _int4_rope_kernel
+
+    fused = {k: v for k, v in wide_pdl.items() if k not in ("FIXUP", "ROWS", "BLOCK_M")} | {"LAYOUT": 1}
+    rope_ptrs = dict(wide_ptrs, positions_ptr="*i64", cos_sin_ptr="*fp32", slot_mapping_ptr="*i64",
+                     q_out_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16")  # fmt: skip
+    rope = dict(fused, HEAD_DIM=128, PAGE=16, FP8_CACHE=False)
     return {
+        "int4_gemv_wide gated pdl": _compile_for_hopper(_int4_gated_kernel, wide_ptrs, dict(fused, SPLIT_K=1),
+                                                        aligned, num_warps=4, num_stages=1),
+        "int4_gemv_wide rope pdl": _compile_for_hopper(_int4_rope_kernel, rope_ptrs, rope, aligned, num_warps=4,
+                                                       num_stages=1),
         "int4_gemv_wide m1 pdl": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide_pdl, aligned, num_warps=4,
                                                      num_stages=1),
         "int4_gemv_wide m1 pdl late": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs,
@@ -524,6 +536,13 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
         assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["launch_before_wait"] == before, (name, r)
         assert r["loads16_before_wait"] >= 4 and r["loads_before_wait"] > r["loads16_before_wait"], (name, r)
     assert result["int4_gemv_wide m1"]["gdc_wait"] == 0 and result["int4_gemv_wide m1"]["gdc_launch"] == 0
+    # the fused forms keep the wide GEMV's loop (16-byte words, PTX nibbles, FMA) and its PDL peel; the rope form's
+    # split-K fixup counts arrivals
+    for name in ("int4_gemv_wide gated pdl", "int4_gemv_wide rope pdl"):
+        r = result[name]
+        assert r["loads16"] >= 4 and r["lop3"] >= 8 and not r["mma"] and not r["i2f"], (name, r)
+        assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["loads16_before_wait"] >= 4, (name, r)
+    assert result["int4_gemv_wide rope pdl"]["atomics"] and not result["int4_gemv_wide gated pdl"]["atomics"]
     rows = result["int4_gemv_wide m1 rows pdl"]  # its loop's SASS (449 instructions under 3.6): bench/sass_loop.py
     assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"], rows
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
