@@ -833,6 +833,24 @@ def test_an_orphan_created_after_the_check_is_adopted_on_the_next_attempt(operat
     assert [reason for reason, message in events if "Deployment late" in message] == ["Adopted"], events
 
 
+class _Recording(Kube):
+    """The real API server, with every request kept (method, path, query) and the answers to every write (each one's
+    watch echo carries its resourceVersion)."""
+
+    def __init__(self, api: Any):
+        super().__init__(api)
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.writes: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        self.requests.append((method, path, dict(query or {})))
+        answer = super().request(method, path, body, query, content_type)
+        if method == "PATCH" and not path.endswith("/status") and "dryRun" not in (query or {}):
+            self.writes.append(answer)
+        return answer
+
+
 def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, namespace):
     """A child is created (POST), then applied: only the apply's entry of the operator is left in managedFields, so a
     field the spec drops later is removed from the child (here a pod label), as on a child only ever applied."""
@@ -854,19 +872,21 @@ def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, names
     assert "team" not in op.kube.get(path)["spec"]["template"]["metadata"]["labels"]
 
 
-class _Recording(Kube):
-    """The real API server, with the answers to every write kept (each one's watch echo carries its resourceVersion)."""
-
-    def __init__(self, api: Any):
-        super().__init__(api)
-        self.writes: list[dict[str, Any]] = []
-
-    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-                content_type: str | None = None) -> dict[str, Any]:
-        answer = super().request(method, path, body, query, content_type)
-        if method == "PATCH" and not path.endswith("/status") and "dryRun" not in (query or {}):
-            self.writes.append(answer)
-        return answer
+@pytest.mark.parametrize("autoscaling", [None, {"minReplicas": 2, "maxReplicas": 5, "target": 4}],
+                         ids=["fixed", "autoscaled"])
+def test_a_reconcile_reads_the_deployment_once(operator_process, op, namespace, autoscaling):
+    """With spec.replicas left out, a reconcile read the live Deployment twice (once to keep its count, once for the
+    ownership check); one read serves the whole reconcile, at creation and after."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    op.apply(fis("once", namespace, replicas=None, autoscaling=autoscaling))
+    kube = _Recording(op.kube.api)
+    reconciler = _quiet_reconciler(kube, [])
+    path = child_path("Deployment", namespace, "once")
+    for _ in range(3):  # the creation, then reconciles of what exists (a handover of the replicas, with autoscaling)
+        kube.requests.clear()
+        reconciler.reconcile(namespace, "once")
+        assert [method for method, at, _ in kube.requests if at == path].count("GET") == 1, kube.requests
 
 
 def test_every_write_of_a_replicas_handover_is_known_as_the_operators_own(operator_process, op, namespace):
