@@ -376,6 +376,17 @@ class Reconciler:
         handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
         written = []
         if before is None:  # absent at the check: only created, never written over (someone may have made it since)
+            # Three writes (create, apply, _drop_create_entry), once per child. Fewer lose something:
+            # - an apply alone cannot say "create only": carrying a resourceVersion no object has, it creates a missing
+            #   Deployment, PDB or HPA and fails on an existing one (409), but a 1.20 apiserver answers 500 for a
+            #   Service (its storage creates through a path that refuses any resourceVersion); a uid precondition
+            #   refuses a missing object.
+            # - an apply cannot carry managedFields, and a create records every field as an Update of its manager
+            #   whatever managedFields it carries, so that entry goes in a write of its own.
+            # - turning that entry into an Apply (one JSON patch instead of the apply and the removal) would record the
+            #   fields the apiserver defaulted as applied by the operator: the next apply prunes them (the apiserver
+            #   defaults them again) and so writes, giving the saved write back, and until then managedFields misstates
+            #   who set what.
             written.append(self._create(child))
             # The apply that follows is of this very object (its uid a precondition) and owns the child's fields as
             # on any applied child; the create's own record of them goes after it (_drop_create_entry).

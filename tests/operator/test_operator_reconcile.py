@@ -851,6 +851,13 @@ class _Recording(Kube):
         return answer
 
 
+def _writes(kube: _Recording, path: str) -> list[str]:
+    """The methods of the requests `kube` made that wrote the object at `path` (a POST to its collection included; dry
+    runs not)."""
+    return [method for method, at, query in kube.requests if method != "GET" and "dryRun" not in query
+            and (at == path or at.startswith(f"{path}/") or (method == "POST" and at == path.rsplit("/", 1)[0]))]
+
+
 def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, namespace):
     """A child is created (POST), then applied: only the apply's entry of the operator is left in managedFields, so a
     field the spec drops later is removed from the child (here a pod label), as on a child only ever applied."""
@@ -863,6 +870,8 @@ def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, names
     reconciler = _quiet_reconciler(kube, [])
     reconciler.reconcile(namespace, "owned")
     path = child_path("Deployment", namespace, "owned")
+    # The create, the apply of that object, the removal of the create's entry (reconciler._write_child says why three).
+    assert _writes(kube, path) == ["POST", "PATCH", "PATCH"], kube.requests
     entries = [(e["manager"], e["operation"]) for e in op.kube.get(path)["metadata"]["managedFields"]]
     assert ("flotilla-operator", "Apply") in entries and ("flotilla-operator", "Update") not in entries, entries
     assert all(reconciler.is_own_write(w) for w in kube.writes if w["kind"] == "Deployment")
