@@ -240,21 +240,22 @@ class Reconciler:
                 deployment = self._apply(body, plan)
             except ChildrenBlocked as e:
                 blocked, deployment = e, self._own_deployment(body)
-        self._write_status(body, result, plan, deployment, blocked)
+        written = self._write_status(body, result, plan, deployment, blocked)
         if blocked is not None:
             raise blocked
         if plan is not None and result.spec is not None:
-            self._copy_autoscaled_replicas(body, autoscaled_replicas(result.spec, deployment))
+            self._copy_autoscaled_replicas(body, written or body, autoscaled_replicas(result.spec, deployment))
         return result
 
-    def _copy_autoscaled_replicas(self, owner: dict[str, Any], count: int | None) -> None:
+    def _copy_autoscaled_replicas(self, owner: dict[str, Any], now: dict[str, Any], count: int | None) -> None:
         """Write the autoscaler's `count` (autoscaling.autoscaled_replicas) into `owner`'s spec.replicas through its
-        scale subresource, as an HPA aimed at the InferenceService would, with the resourceVersion read as a
-        precondition: a spec changed since (kubectl scale, an edit) is not written over, and its own reconcile
-        follows."""
-        if count is None:
+        scale subresource, as an HPA aimed at the InferenceService would. Only on the spec this reconcile read: with
+        the resourceVersion of `now` (`owner` as this reconcile's status patch left it, which changes that and not the
+        generation) as a precondition, and not at all when the generation moved on, so a spec changed since
+        (kubectl scale, an edit) is not written over; its own reconcile follows."""
+        meta = now["metadata"]
+        if count is None or meta.get("generation") != owner["metadata"].get("generation"):
             return
-        meta = owner["metadata"]
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": count}}
         try:
             self.kube.request("PATCH", f"{inferenceservice_path(meta['namespace'], meta['name'])}/scale", patch,
@@ -505,7 +506,8 @@ class Reconciler:
             return None
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
-                      deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:
+                      deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> dict[str, Any] | None:
+        """Patch the status when it changed; returns the InferenceService as the patch left it (None: unchanged)."""
         meta = body["metadata"]
         old = body.get("status") or {}
         seen = Observation(name=meta["name"], namespace=meta["namespace"], generation=meta.get("generation", 1),
@@ -516,8 +518,9 @@ class Reconciler:
         patch = merge_patch(old, new)
         self._note_ready(meta["namespace"], meta["name"], old)
         if patch is None:
-            return
-        self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
+            return None
+        written = self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
         self._note_ready(meta["namespace"], meta["name"], new)
         for event in condition_events(old, new):
             self.post_event(body, event.type, event.reason, event.message)
+        return written

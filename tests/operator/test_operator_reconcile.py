@@ -898,6 +898,24 @@ def test_a_reconcile_reads_the_deployment_once(operator_process, op, namespace, 
         assert [method for method, at, _ in kube.requests if at == path].count("GET") == 1, kube.requests
 
 
+def test_one_reconcile_copies_the_autoscalers_count_though_it_writes_the_status_too(operator_process, op, namespace):
+    """The copy into spec.replicas carries the InferenceService's resourceVersion as a precondition; the status patch
+    of the same reconcile changes that resourceVersion (not the spec), so the copy must expect the new one, or it is
+    refused each time the status changes too (a new count mostly comes with new replica figures) and waits for a
+    reconcile that changes no status."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    op.apply(fis("copied", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 5, "target": 4}))
+    reconciler = _quiet_reconciler(op.kube, [])
+    reconciler.reconcile(namespace, "copied")  # creates the Deployment at minReplicas and writes the first status
+    assert op.kube.get(fis_path(namespace, "copied"))["spec"]["replicas"] == 2
+    reconciler.reconcile(namespace, "copied")  # hands the replicas over to the HPA
+    op.kube.request("PATCH", f"{child_path('Deployment', namespace, 'copied')}/scale", {"spec": {"replicas": 4}},
+                    None, "application/merge-patch+json")
+    reconciler.reconcile(namespace, "copied")
+    assert op.kube.get(fis_path(namespace, "copied"))["spec"]["replicas"] == 4
+
+
 def test_every_write_of_a_replicas_handover_is_known_as_the_operators_own(operator_process, op, namespace):
     """Turning autoscaling on hands `replicas` over (one apply by the handover manager, then the operator's apply):
     the watch echoes both writes, and both must read as the operator's own, or the first costs a reconcile that
