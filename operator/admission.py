@@ -207,7 +207,7 @@ def _replicas_notes(spec: InferenceServiceSpec) -> list[str]:
     """A warning when spec.replicas asks for more than the autoscaler may keep (`kubectl scale --replicas 20`), which
     would otherwise change nothing visible: only 0 overrides the autoscaler."""
     a = spec.autoscaling
-    if a is None or not spec.autoscaled or spec.replica_count <= a.max_replicas:
+    if a is None or not spec.autoscaled or spec.replicas <= a.max_replicas:
         return []
     return [f"spec.replicas ({spec.replicas}) has no effect while autoscaling is set: the autoscaler keeps "
             f"{a.min_replicas} to {a.max_replicas} replicas (raise autoscaling.maxReplicas instead); only "

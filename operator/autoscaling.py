@@ -120,6 +120,25 @@ def replicas_handover(applied: dict[str, Any], live: dict[str, Any] | None, mana
             "spec": {"replicas": live["spec"].get("replicas", 1) or min_replicas}}
 
 
+# Who copies the autoscaler's count into the InferenceService's spec.replicas (through its scale subresource).
+AUTOSCALED_REPLICAS_MANAGER = "flotilla-operator-autoscaled"
+
+
+def autoscaled_replicas(spec: InferenceServiceSpec, deployment: dict[str, Any] | None) -> int | None:
+    """The count to copy into spec.replicas: the Deployment's, while an autoscaler owns it and it differs; None
+    otherwise.
+
+    So spec.replicas always holds the count serving now, as the scale subresource of an HPA's Deployment does: `kubectl
+    scale --current-replicas`, `kubectl get --subresource=scale` and an HPA or KEDA aimed at the InferenceService read
+    it (the apiserver cannot answer that subresource when spec.replicas is absent), and removing spec.autoscaling
+    keeps it instead of going back to whatever spec.replicas held before. 0 (KEDA's scale to zero) is not copied:
+    spec.replicas 0 means "suspend autoscaling"."""
+    if deployment is None or not spec.autoscaled:
+        return None
+    live = (deployment.get("spec") or {}).get("replicas", 1)
+    return live if live and live != spec.replicas else None
+
+
 def _applies_replicas(obj: dict[str, Any], manager: str, operation: str = "Apply") -> bool:
     return any(entry.get("manager") == manager and entry.get("operation") == operation
                and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})

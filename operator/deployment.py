@@ -190,6 +190,6 @@ def build_deployment(spec: InferenceServiceSpec, name: str, namespace: str) -> d
         "template": {"metadata": _pod_metadata(spec, name), "spec": pod_spec},
     }
     if not spec.autoscaled:
-        deployment_spec = {"replicas": spec.replica_count, **deployment_spec}
+        deployment_spec = {"replicas": spec.replicas, **deployment_spec}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": names.metadata(name, namespace),
             "spec": deployment_spec}

@@ -17,7 +17,7 @@ def build_pdb(spec: InferenceServiceSpec, name: str, namespace: str,
     With one replica a PDB would either block node drains forever (maxUnavailable 0) or protect
     nothing, so none is made. Use policy/v1beta1 only where the cluster lacks policy/v1 (< 1.21).
     """
-    least = spec.autoscaling.min_replicas if spec.autoscaling and spec.autoscaled else spec.replica_count
+    least = spec.autoscaling.min_replicas if spec.autoscaling and spec.autoscaled else spec.replicas
     if least <= 1:
         return None
     if api_version not in PDB_API_VERSIONS:

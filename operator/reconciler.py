@@ -20,7 +20,13 @@ import kopf
 from flotilla.operator import kube as k
 from flotilla.operator import names
 from flotilla.operator.admission import Review, review
-from flotilla.operator.autoscaling import REFUSED_SCALE_MANAGER, REPLICAS_HANDOVER_MANAGER, replicas_handover
+from flotilla.operator.autoscaling import (
+    AUTOSCALED_REPLICAS_MANAGER,
+    REFUSED_SCALE_MANAGER,
+    REPLICAS_HANDOVER_MANAGER,
+    autoscaled_replicas,
+    replicas_handover,
+)
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
@@ -39,7 +45,7 @@ REFUSALS = {400, 403, 404, 422}
 # Server-side apply answers 500 when it cannot build the object's typed form (a list keyed by name, such as a
 # container's env or the pod's imagePullSecrets, holding one name twice): that too is the object's fault.
 TYPED_PATCH_REFUSAL = "failed to create typed patch object"
-# The autoscalers the operator makes; when one goes, the replica count it left may be kept.
+# The autoscalers the operator makes; when one goes, the Deployment keeps spec.replicas (the count it last set).
 AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
 # Reconciles started over at once when a child changed between the ownership check and the write (an orphan claimed
 # while being adopted, an absent child created by someone else); past them the reconcile fails as an API error would
@@ -67,6 +73,18 @@ def inferenceservice_path(namespace: str, name: str) -> str:
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     meta = obj["metadata"]
     return obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def _kept_replicas(plan: Plan, live: dict[str, dict[str, Any] | None]) -> int | None:
+    """With autoscaling removed, the count the live Deployment keeps: spec.replicas when the Deployment has it already
+    (the autoscaler's last count, copied there while it ran); None otherwise (the spec asks for another count, or
+    autoscaling is on or suspended)."""
+    if plan.autoscaler != "none":
+        return None
+    deployment = next(child for child in plan.apply if child["kind"] == "Deployment")
+    found = live[k.path_of(deployment)]
+    replicas = deployment["spec"].get("replicas")
+    return replicas if found is not None and (found.get("spec") or {}).get("replicas", 1) == replicas else None
 
 
 def _visible(obj: dict[str, Any]) -> tuple[Any, Any]:
@@ -217,34 +235,35 @@ class Reconciler:
                 deployment = self._scale_refused_to_zero(body, deployment)
         else:
             assert result.spec is not None
-            kept = self._settle_replicas(body, result)
             plan = plan_children(result.spec, name, namespace, discover(self.kube))
             try:
-                deployment = self._apply(body, plan, kept)
+                deployment = self._apply(body, plan)
             except ChildrenBlocked as e:
                 blocked, deployment = e, self._own_deployment(body)
-        self._write_status(body, result, plan, deployment, blocked)
+        written = self._write_status(body, result, plan, deployment, blocked)
         if blocked is not None:
             raise blocked
+        if plan is not None and result.spec is not None:
+            self._copy_autoscaled_replicas(body, written or body, autoscaled_replicas(result.spec, deployment))
         return result
 
-    def _settle_replicas(self, owner: dict[str, Any], result: Review) -> int | None:
-        """Without autoscaling and with spec.replicas unset, put the live Deployment's replica count in the reviewed
-        spec (1 when there is none yet) and return it (None when spec.replicas or autoscaling decides).
-
-        So removing spec.autoscaling hands the count the autoscaler left over to the operator, as deleting an HPA
-        leaves its Deployment's count alone: the CRD default of 1 dropped an autoscaled Deployment of N to 1 at once.
-        Set spec.replicas to choose the count instead (Kubernetes' advice is the same: a manifest without
-        spec.replicas leaves the count to whoever scales the object)."""
-        spec = result.spec
-        assert spec is not None
-        if spec.replicas is not None or spec.autoscaling is not None:
-            return None
-        meta = owner["metadata"]
-        live = self.kube.get(k.object_path("apps/v1", "Deployment", meta["namespace"], meta["name"]))
-        kept = None if live is None else (live.get("spec") or {}).get("replicas", 1)
-        result.spec = spec.model_copy(update={"replicas": 1 if kept is None else kept})
-        return kept
+    def _copy_autoscaled_replicas(self, owner: dict[str, Any], now: dict[str, Any], count: int | None) -> None:
+        """Write the autoscaler's `count` (autoscaling.autoscaled_replicas) into `owner`'s spec.replicas through its
+        scale subresource, as an HPA aimed at the InferenceService would. Only on the spec this reconcile read: with
+        the resourceVersion of `now` (`owner` as this reconcile's status patch left it, which changes that and not the
+        generation) as a precondition, and not at all when the generation moved on, so a spec changed since
+        (kubectl scale, an edit) is not written over; its own reconcile follows."""
+        meta = now["metadata"]
+        if count is None or meta.get("generation") != owner["metadata"].get("generation"):
+            return
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": count}}
+        try:
+            self.kube.request("PATCH", f"{inferenceservice_path(meta['namespace'], meta['name'])}/scale", patch,
+                              {"fieldManager": AUTOSCALED_REPLICAS_MANAGER}, "application/merge-patch+json")
+        except k.KubeError as e:
+            if e.status != 409:
+                raise
+            log.info(f"not copying {count} replicas into {meta['namespace']}/{meta['name']}: it changed since")
 
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -283,7 +302,7 @@ class Reconciler:
                 self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: spec.replicas is 0, "
                                 "which suspends autoscaling")
 
-    def _apply(self, owner: dict[str, Any], plan: Plan, kept: int | None = None) -> dict[str, Any] | None:
+    def _apply(self, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
         """Apply every planned child (owned by `owner`), remove unwanted ones; returns the Deployment.
 
         All or nothing: every child is first checked to be absent or owned by this InferenceService,
@@ -291,13 +310,12 @@ class Reconciler:
         ChildrenBlocked otherwise, with nothing created or modified. The unwanted children go before the
         rest is written: an autoscaler the spec drops (spec.replicas 0 suspends it, or autoscaling is turned
         off) must not scale the Deployment between its new replica count and its deletion (KEDA scales a
-        Deployment at 0 back up to minReplicaCount). `kept`: the Deployment's replica count the spec keeps
-        (_settle_replicas), announced when an autoscaler goes.
+        Deployment at 0 back up to minReplicaCount).
         """
         live = self._live_children(owner, plan)
         for child in plan.apply:
             self._dry_run(child, live[k.path_of(child)] is None)
-        self._remove_unwanted(owner, plan, kept)
+        self._remove_unwanted(owner, plan, _kept_replicas(plan, live))
         deployment = None
         for child in plan.apply:
             applied = self._write_child(owner, child, live[k.path_of(child)], plan.min_replicas)
@@ -359,6 +377,17 @@ class Reconciler:
         handover = replicas_handover(child, before, k.FIELD_MANAGER, min_replicas) if deployment else None
         written = []
         if before is None:  # absent at the check: only created, never written over (someone may have made it since)
+            # Three writes (create, apply, _drop_create_entry), once per child. Fewer lose something:
+            # - an apply alone cannot say "create only": carrying a resourceVersion no object has, it creates a missing
+            #   Deployment, PDB or HPA and fails on an existing one (409), but a 1.20 apiserver answers 500 for a
+            #   Service (its storage creates through a path that refuses any resourceVersion); a uid precondition
+            #   refuses a missing object.
+            # - an apply cannot carry managedFields, and a create records every field as an Update of its manager
+            #   whatever managedFields it carries, so that entry goes in a write of its own.
+            # - turning that entry into an Apply (one JSON patch instead of the apply and the removal) would record the
+            #   fields the apiserver defaulted as applied by the operator: the next apply prunes them (the apiserver
+            #   defaults them again) and so writes, giving the saved write back, and until then managedFields misstates
+            #   who set what.
             written.append(self._create(child))
             # The apply that follows is of this very object (its uid a precondition) and owns the child's fields as
             # on any applied child; the create's own record of them goes after it (_drop_create_entry).
@@ -428,7 +457,7 @@ class Reconciler:
                         f"{applied['metadata']['name']} failed: {e}")
             return applied
 
-    def _remove_unwanted(self, owner: dict[str, Any], plan: Plan, kept: int | None = None) -> None:
+    def _remove_unwanted(self, owner: dict[str, Any], plan: Plan, kept: int | None) -> None:
         """Delete the children the spec no longer asks for: `owner`'s own, and orphans it would adopt (an orphaned
         HPA left by a deleted autoscaled InferenceService would otherwise keep scaling the adopted Deployment). When
         `owner`'s autoscaler goes and the Deployment keeps its `kept` replicas, an Event says so."""
@@ -456,8 +485,8 @@ class Reconciler:
             self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
             if kept is not None and kind in AUTOSCALER_KINDS and version is None:
                 self.post_event(owner, "Normal", "ReplicasKept",
-                                f"autoscaling removed: Deployment {meta['name']} keeps its {kept} replicas, as "
-                                "spec.replicas is not set; set spec.replicas to choose the count")
+                                f"autoscaling removed: Deployment {meta['name']} keeps its {kept} replicas, the "
+                                "autoscaler's last count, which spec.replicas holds; set spec.replicas to change it")
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
         """Why the engine pods are not coming up, read only while replicas are missing (one list of one
@@ -477,7 +506,8 @@ class Reconciler:
             return None
 
     def _write_status(self, body: dict[str, Any], result: Review, plan: Plan | None,
-                      deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> None:
+                      deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> dict[str, Any] | None:
+        """Patch the status when it changed; returns the InferenceService as the patch left it (None: unchanged)."""
         meta = body["metadata"]
         old = body.get("status") or {}
         seen = Observation(name=meta["name"], namespace=meta["namespace"], generation=meta.get("generation", 1),
@@ -488,8 +518,9 @@ class Reconciler:
         patch = merge_patch(old, new)
         self._note_ready(meta["namespace"], meta["name"], old)
         if patch is None:
-            return
-        self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
+            return None
+        written = self.kube.patch_status(inferenceservice_path(meta["namespace"], meta["name"]), patch)
         self._note_ready(meta["namespace"], meta["name"], new)
         for event in condition_events(old, new):
             self.post_event(body, event.type, event.reason, event.message)
+        return written

@@ -550,12 +550,11 @@ class InferenceServiceSpec(_Model):
     """Desired state of an InferenceService: one model served by a set of engine replicas."""
 
     model: ModelSpec = Field(description="The checkpoint and its served name.")
-    replicas: int | None = Field(
-        default=None, ge=0, le=1000,
-        description="Engine pods. Unset: a new InferenceService starts with 1 and then keeps the count its "
-                    "Deployment has (what the autoscaler left when autoscaling is removed). While autoscaling is "
-                    "set the autoscaler decides and this is ignored, but for 0: scaled to zero with the autoscaler "
-                    "suspended until it is 1 or more again (kubectl scale).")
+    replicas: int = Field(
+        default=1, ge=0, le=1000,
+        description="Engine pods. While autoscaling is set the autoscaler decides and the operator copies its count "
+                    "here (so the scale subresource reads it and removing autoscaling keeps it), but for 0: scaled to "
+                    "zero with the autoscaler suspended until it is 1 or more again (kubectl scale).")
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Engine container image.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="Weight and activation dtype (--dtype); auto takes the checkpoint's.")
@@ -633,11 +632,6 @@ class InferenceServiceSpec(_Model):
         not express it.
         """
         return self.autoscaling is not None and self.replicas != 0
-
-    @property
-    def replica_count(self) -> int:
-        """spec.replicas, or 1 when unset (the reconciler first settles an unset count on the live Deployment's)."""
-        return 1 if self.replicas is None else self.replicas
 
     @property
     def gpus_per_replica(self) -> int:

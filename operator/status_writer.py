@@ -123,7 +123,7 @@ def build_status(old: dict[str, Any], seen: Observation) -> dict[str, Any]:
         url=names.service_url(seen.name, seen.namespace),
         conditions=conditions,
         gpus=None if spec is None else
-        spec.gpus_per_replica * (rollout.desired if seen.deployment is not None else spec.replica_count),
+        spec.gpus_per_replica * (rollout.desired if seen.deployment is not None else spec.replicas),
         fit=None if fit is None else fit.to_status(),
         autoscaler=None if seen.plan is None else seen.plan.autoscaler,
         monitoring=None if seen.plan is None else seen.plan.monitoring,

@@ -292,7 +292,8 @@ def test_children_come_and_go_under_the_chart_service_account(installed: Install
 
     apply(admin, fis("scaler", **scaling, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: present(hpa) and present(pdb), 30, "the HPA and the PDB")
-    # spec.replicas 1 with autoscaling removed (unset, the Deployment would keep the autoscaler's 2, and its PDB).
+    # spec.replicas 1 with autoscaling removed (left out, it holds the autoscaler's 2, copied in through the scale
+    # subresource, and the Deployment would keep them, and its PDB).
     apply(admin, fis("scaler", replicas=1, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: not present(hpa) and not present(pdb), 30, "the HPA and the PDB to be deleted")
 

@@ -6,6 +6,7 @@ import pytest
 
 from flotilla.operator.autoscaling import (
     REFUSED_SCALE_MANAGER,
+    autoscaled_replicas,
     build_hpa,
     build_scaled_object,
     desired_replicas,
@@ -139,3 +140,18 @@ def test_a_deployment_scaled_to_zero_while_its_spec_was_refused_is_handed_back_t
     live["metadata"]["managedFields"][0]["operation"] = "Update"  # a merge patch, not an apply
     handover = replicas_handover(applied, live, "op", min_replicas=3)
     assert handover is not None and handover["spec"] == {"replicas": 3}
+
+
+@pytest.mark.parametrize(("spec_replicas", "autoscaling", "live", "copied"), [
+    (1, {"maxReplicas": 8}, 4, 4),      # the autoscaler's count goes into spec.replicas
+    (4, {"maxReplicas": 8}, 4, None),   # already there: no write
+    (1, {"maxReplicas": 8}, 0, None),   # KEDA's scale to zero: 0 in spec.replicas would suspend the autoscaler
+    (0, {"maxReplicas": 8}, 3, None),   # suspended by spec.replicas 0: the operator's own count, nothing to copy
+    (1, None, 4, None),                 # no autoscaler: spec.replicas decides
+])
+def test_the_autoscalers_count_is_copied_into_spec_replicas_while_it_owns_the_deployment(
+        spec_replicas, autoscaling, live, copied):
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://m"}, "replicas": spec_replicas,
+                                                "autoscaling": autoscaling})
+    assert autoscaled_replicas(spec, {"spec": {"replicas": live}}) == copied
+    assert autoscaled_replicas(spec, None) is None

@@ -221,7 +221,7 @@ def test_apiserver_fills_defaults_of_a_minimal_spec(crd_installed, namespace):
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": "tiny"},
         "spec": {"model": {"source": "hostPath:///models/tiny"}}})
     spec = stored["spec"]
-    assert "replicas" not in spec  # unset: 1 for a new Deployment, then its own count (README)
+    assert spec["replicas"] == 1  # always present, so the scale subresource can answer (README)
     assert spec["quantization"] == "none"
     assert spec["kvCache"] == {"dtype": "auto", "blockSize": 16, "gpuMemoryUtilization": 0.9, "prefixCaching": True,
                                "calculateScales": False}

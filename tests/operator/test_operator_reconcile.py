@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from flotilla.operator.deployment import build_deployment
-from flotilla.operator.kube import FIELD_MANAGER, Kube, object_path
+from flotilla.operator.kube import FIELD_MANAGER, Kube, KubeError, object_path
 from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -308,10 +308,10 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
     # The autoscaler owns the replicas again: the operator applies none.
     assert "flotilla-operator" not in replicas_managers()
 
+    # A count set by hand changes nothing (the webhook warns: test_admission.py); the autoscaler's is copied over it.
     _scale(op, namespace, "auto", 9)
-    valid = wait_for(lambda: "has no effect" in (c := condition({"status": fis_status()}, "Valid")).get("message", "")
-                     and c, 20, "the Valid warning")
-    assert valid["status"] == "True" and valid["message"].startswith("spec.replicas (9) has no effect")
+    wait_for(lambda: op.kube.get(fis_path(namespace, "auto"))["spec"]["replicas"] == 2, 20,
+             "the autoscaler's count copied over the hand-set 9")
     assert op.kube.get(deployment_path)["spec"]["replicas"] == 2
 
 
@@ -469,27 +469,36 @@ def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
     assert [rs["spec"]["replicas"] for rs in replica_sets if rs["metadata"]["name"].startswith("grows-")] == [3]
 
 
-def test_removing_autoscaling_keeps_the_replicas_it_left_until_spec_replicas_is_set(op, namespace):
-    """spec.replicas unset and autoscaling removed: the Deployment keeps the count the autoscaler left (as deleting an
-    HPA leaves its Deployment alone), with a ReplicasKept Event; the CRD's default of 1 dropped it to 1 at once. Set
-    afterwards (kubectl scale, the scale subresource), spec.replicas decides."""
-    op.set_optional_crds(False)  # an HPA, which this control plane's controller leaves alone with no metrics API
-    autoscaling = {"minReplicas": 2, "maxReplicas": 6, "target": 4}
-    op.apply(fis("kept", namespace, replicas=None, autoscaling=autoscaling))
-    wait_children(op, namespace, "kept", ["Deployment", "HorizontalPodAutoscaler"])
-    path = child_path("Deployment", namespace, "kept")
+def _deployment_scaled_by_the_autoscaler(op, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+    """Once the operator has handed the Deployment's replicas over (only then is the count the autoscaler's: a
+    reconcile still under way could otherwise hand over the count it read before), scale it to `replicas` through its
+    scale subresource, as the HPA controller does (this control plane runs none); returns the Deployment."""
+    path = child_path("Deployment", namespace, name)
 
     def operator_applies_replicas() -> bool:
         return any(e["manager"] == "flotilla-operator" and "f:replicas" in (e.get("fieldsV1") or {}).get("f:spec", {})
                    for e in op.kube.get(path)["metadata"]["managedFields"])
 
-    # Created at minReplicas by the operator's apply, then handed over: only then is the count the autoscaler's (a
-    # reconcile still under way could otherwise hand over the count it read before the scale-up below).
     wait_for(lambda: not operator_applies_replicas(), 30, "replicas handed over to the autoscaler")
-    # The autoscaler scales up, through the Deployment's scale subresource as the HPA controller does.
-    scaled = op.kube.request("PATCH", f"{path}/scale", {"spec": {"replicas": 4}}, None, "application/merge-patch+json")
-    generation = op.kube.get(path)["metadata"]["generation"]
-    assert scaled["spec"]["replicas"] == 4
+    scaled = op.kube.request("PATCH", f"{path}/scale", {"spec": {"replicas": replicas}}, None,
+                             "application/merge-patch+json")
+    assert scaled["spec"]["replicas"] == replicas
+    return op.kube.get(path)
+
+
+def test_removing_autoscaling_keeps_the_autoscalers_count_which_spec_replicas_holds(op, namespace):
+    """While autoscaling is on, the operator copies the autoscaler's count into spec.replicas (through the scale
+    subresource, as an HPA aimed at the InferenceService would), so removing autoscaling keeps it: the Deployment stays
+    at that count (as deleting an HPA leaves its Deployment alone), with a ReplicasKept Event. Before, spec.replicas
+    kept its default of 1 and the Deployment dropped to 1 at once. Scaled afterwards, spec.replicas decides."""
+    op.set_optional_crds(False)  # an HPA, which this control plane's controller leaves alone with no metrics API
+    autoscaling = {"minReplicas": 2, "maxReplicas": 6, "target": 4}
+    op.apply(fis("kept", namespace, replicas=None, autoscaling=autoscaling))  # spec.replicas left out, as advised
+    wait_children(op, namespace, "kept", ["Deployment", "HorizontalPodAutoscaler"])
+    path = child_path("Deployment", namespace, "kept")
+    generation = _deployment_scaled_by_the_autoscaler(op, namespace, "kept", 4)["metadata"]["generation"]
+    wait_for(lambda: op.kube.get(fis_path(namespace, "kept"))["spec"]["replicas"] == 4, 30,
+             "the autoscaler's count copied into spec.replicas")
     op.apply(fis("kept", namespace, replicas=None, autoscaling=None))
     observed = op.kube.get(fis_path(namespace, "kept"))["metadata"]["generation"]
     wait_for(lambda: (op.kube.get(fis_path(namespace, "kept")).get("status") or {}).get("observedGeneration")
@@ -499,17 +508,63 @@ def test_removing_autoscaling_keeps_the_replicas_it_left_until_spec_replicas_is_
     assert deployment["spec"]["replicas"] == 4, deployment["metadata"]["managedFields"]
     # Not even for a moment at 1: the Deployment's spec never changed (a drop and a return would count 2 generations).
     assert deployment["metadata"]["generation"] == generation
-    assert "replicas" not in op.kube.get(fis_path(namespace, "kept"))["spec"]
     events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                                if e["involvedObject"]["name"] == "kept" and e["reason"] == "ReplicasKept"], 15,
                       "a ReplicasKept Event")
     assert "keeps its 4 replicas" in events[0]["message"] and events[0]["type"] == "Normal"
     assert op.kube.get(child_path("PodDisruptionBudget", namespace, "kept")) is not None  # 4 replicas: one kept
-    # `kubectl scale` (no --current-replicas) patches the scale subresource, which works with spec.replicas unset
-    # (a GET of it answers 500 until spec.replicas is set: README).
-    op.kube.request("PATCH", f"{fis_path(namespace, 'kept')}/scale", {"spec": {"replicas": 2}}, None,
-                    "application/merge-patch+json")
+    _scale(op, namespace, "kept", 2)
     wait_for(lambda: op.kube.get(path)["spec"]["replicas"] == 2, 30, "spec.replicas 2 applied")
+
+
+def _get_scale(op, namespace: str, name: str) -> dict[str, Any]:
+    """`kubectl get fis NAME --subresource scale` (an autoscaling/v1 Scale)."""
+    return op.kube.request("GET", f"{fis_path(namespace, name)}/scale")
+
+
+def test_the_scale_subresource_answers_whether_or_not_the_manifest_sets_replicas(op, namespace):
+    """GET of the scale subresource answered 500 when spec.replicas was absent (the apiserver has no count to read):
+    `kubectl scale --current-replicas`, `kubectl get --subresource scale` and any HPA or KEDA aimed at the
+    InferenceService failed. Now spec.replicas is always there: a default for a manifest without it, the autoscaler's
+    count while one runs."""
+    op.set_optional_crds(False)
+    op.apply(fis("plain", namespace, autoscaling=None, replicas=None))
+    op.apply(fis("fixed", namespace, autoscaling=None, replicas=2))
+    op.apply(fis("auto", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
+    assert _get_scale(op, namespace, "plain")["spec"]["replicas"] == 1
+    assert _get_scale(op, namespace, "fixed")["spec"]["replicas"] == 2
+
+    # status.replicas and status.selector: what an HPA reads next to spec.replicas (the pods it averages over).
+    for name, count in (("plain", 1), ("fixed", 2)):
+        scale = wait_for(lambda n=name, c=count: (s := _get_scale(op, namespace, n))["status"]["replicas"] == c
+                         and s, 30, f"status.replicas of {name}")
+        assert scale["kind"] == "Scale" and scale["apiVersion"] == "autoscaling/v1"
+        pods = op.kube.list(f"/api/v1/namespaces/{namespace}/pods", scale["status"]["selector"])
+        assert len(pods) == count and {p["metadata"]["labels"]["serving.flotilla.dev/inferenceservice"]
+                                       for p in pods} == {name}
+
+    # `kubectl scale --current-replicas 1 --replicas 3`: a PUT of the Scale read, its resourceVersion a precondition.
+    scale = _get_scale(op, namespace, "plain")
+    scale["spec"]["replicas"] = 3
+    assert op.kube.request("PUT", f"{fis_path(namespace, 'plain')}/scale", scale)["spec"]["replicas"] == 3
+    wait_for(lambda: op.kube.get(child_path("Deployment", namespace, "plain"))["spec"]["replicas"] == 3, 30,
+             "3 replicas applied")
+    with pytest.raises(KubeError) as stale:  # the same PUT again: the InferenceService changed since it was read
+        op.kube.request("PUT", f"{fis_path(namespace, 'plain')}/scale", scale)
+    assert stale.value.status == 409
+
+    # Autoscaled: the Deployment starts at minReplicas and the scale subresource says so, then follows the autoscaler.
+    wait_children(op, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])
+    wait_for(lambda: _get_scale(op, namespace, "auto")["spec"]["replicas"] == 2, 30, "minReplicas in the Scale")
+    _deployment_scaled_by_the_autoscaler(op, namespace, "auto", 5)
+    wait_for(lambda: _get_scale(op, namespace, "auto")["spec"]["replicas"] == 5, 30, "the autoscaler's 5 in the Scale")
+    # KEDA's scale to zero (minReplicaCount 0) is not copied: spec.replicas 0 would suspend the autoscaler.
+    op.kube.request("PATCH", f"{child_path('Deployment', namespace, 'auto')}/scale", {"spec": {"replicas": 0}}, None,
+                    "application/merge-patch+json")
+    wait_for(lambda: (op.kube.get(fis_path(namespace, "auto")).get("status") or {}).get("phase") == "ScaledToZero",
+             30, "the Deployment at 0 reconciled")
+    assert _get_scale(op, namespace, "auto")["spec"]["replicas"] == 5
+    assert op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "auto")) is not None
 
 
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one
@@ -778,6 +833,31 @@ def test_an_orphan_created_after_the_check_is_adopted_on_the_next_attempt(operat
     assert [reason for reason, message in events if "Deployment late" in message] == ["Adopted"], events
 
 
+class _Recording(Kube):
+    """The real API server, with every request kept (method, path, query) and the answers to every write (each one's
+    watch echo carries its resourceVersion)."""
+
+    def __init__(self, api: Any):
+        super().__init__(api)
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.writes: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        self.requests.append((method, path, dict(query or {})))
+        answer = super().request(method, path, body, query, content_type)
+        if method == "PATCH" and not path.endswith("/status") and "dryRun" not in (query or {}):
+            self.writes.append(answer)
+        return answer
+
+
+def _writes(kube: _Recording, path: str) -> list[str]:
+    """The methods of the requests `kube` made that wrote the object at `path` (a POST to its collection included; dry
+    runs not)."""
+    return [method for method, at, query in kube.requests if method != "GET" and "dryRun" not in query
+            and (at == path or at.startswith(f"{path}/") or (method == "POST" and at == path.rsplit("/", 1)[0]))]
+
+
 def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, namespace):
     """A child is created (POST), then applied: only the apply's entry of the operator is left in managedFields, so a
     field the spec drops later is removed from the child (here a pod label), as on a child only ever applied."""
@@ -790,6 +870,8 @@ def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, names
     reconciler = _quiet_reconciler(kube, [])
     reconciler.reconcile(namespace, "owned")
     path = child_path("Deployment", namespace, "owned")
+    # The create, the apply of that object, the removal of the create's entry (reconciler._write_child says why three).
+    assert _writes(kube, path) == ["POST", "PATCH", "PATCH"], kube.requests
     entries = [(e["manager"], e["operation"]) for e in op.kube.get(path)["metadata"]["managedFields"]]
     assert ("flotilla-operator", "Apply") in entries and ("flotilla-operator", "Update") not in entries, entries
     assert all(reconciler.is_own_write(w) for w in kube.writes if w["kind"] == "Deployment")
@@ -799,19 +881,39 @@ def test_a_created_child_is_owned_by_the_apply_alone(operator_process, op, names
     assert "team" not in op.kube.get(path)["spec"]["template"]["metadata"]["labels"]
 
 
-class _Recording(Kube):
-    """The real API server, with the answers to every write kept (each one's watch echo carries its resourceVersion)."""
+@pytest.mark.parametrize("autoscaling", [None, {"minReplicas": 2, "maxReplicas": 5, "target": 4}],
+                         ids=["fixed", "autoscaled"])
+def test_a_reconcile_reads_the_deployment_once(operator_process, op, namespace, autoscaling):
+    """With spec.replicas left out, a reconcile read the live Deployment twice (once to keep its count, once for the
+    ownership check); one read serves the whole reconcile, at creation and after."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    op.apply(fis("once", namespace, replicas=None, autoscaling=autoscaling))
+    kube = _Recording(op.kube.api)
+    reconciler = _quiet_reconciler(kube, [])
+    path = child_path("Deployment", namespace, "once")
+    for _ in range(3):  # the creation, then reconciles of what exists (a handover of the replicas, with autoscaling)
+        kube.requests.clear()
+        reconciler.reconcile(namespace, "once")
+        assert [method for method, at, _ in kube.requests if at == path].count("GET") == 1, kube.requests
 
-    def __init__(self, api: Any):
-        super().__init__(api)
-        self.writes: list[dict[str, Any]] = []
 
-    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-                content_type: str | None = None) -> dict[str, Any]:
-        answer = super().request(method, path, body, query, content_type)
-        if method == "PATCH" and not path.endswith("/status") and "dryRun" not in (query or {}):
-            self.writes.append(answer)
-        return answer
+def test_one_reconcile_copies_the_autoscalers_count_though_it_writes_the_status_too(operator_process, op, namespace):
+    """The copy into spec.replicas carries the InferenceService's resourceVersion as a precondition; the status patch
+    of the same reconcile changes that resourceVersion (not the spec), so the copy must expect the new one, or it is
+    refused each time the status changes too (a new count mostly comes with new replica figures) and waits for a
+    reconcile that changes no status."""
+    operator_process.stop()
+    op.set_optional_crds(False)
+    op.apply(fis("copied", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 5, "target": 4}))
+    reconciler = _quiet_reconciler(op.kube, [])
+    reconciler.reconcile(namespace, "copied")  # creates the Deployment at minReplicas and writes the first status
+    assert op.kube.get(fis_path(namespace, "copied"))["spec"]["replicas"] == 2
+    reconciler.reconcile(namespace, "copied")  # hands the replicas over to the HPA
+    op.kube.request("PATCH", f"{child_path('Deployment', namespace, 'copied')}/scale", {"spec": {"replicas": 4}},
+                    None, "application/merge-patch+json")
+    reconciler.reconcile(namespace, "copied")
+    assert op.kube.get(fis_path(namespace, "copied"))["spec"]["replicas"] == 4
 
 
 def test_every_write_of_a_replicas_handover_is_known_as_the_operators_own(operator_process, op, namespace):

@@ -91,6 +91,10 @@ in Roles and in the webhooks' namespaceSelector; a glob matches namespaces made 
 - apiGroups: [serving.flotilla.dev]
   resources: [inferenceservices/status]
   verbs: [patch]
+# While an autoscaler owns the Deployment's count, it is copied into spec.replicas through the scale subresource.
+- apiGroups: [serving.flotilla.dev]
+  resources: [inferenceservices/scale]
+  verbs: [patch]
 # Children carry an owner reference with blockOwnerDeletion, which the OwnerReferencesPermission-
 # Enforcement admission plugin allows only to those who may update the owner's finalizers.
 - apiGroups: [serving.flotilla.dev]
