@@ -9,7 +9,8 @@ GEMV (`kernels/triton_gemv.py`) and its knobs. Per shape, each variant is timed 
 calls rotating over weight copies (`bench/kernels.py`'s `graph_ms`; one copy already exceeds any L2 ~20 times, two
 keep consecutive calls on different memory), so that every call streams its weight from HBM as a decode step does:
 
-- `cublas`: `F.linear`, what the engine runs today;
+- `cublas`: `F.linear`, what the engine runs today; `cublas mv`: `torch.mv(W, x)`, the same product as a
+  matrix-vector call (cuBLAS may pick another kernel);
 - `gemv default`: the GEMV at `default_config`'s tiles (FLOTILLA_LM_HEAD_GEMV=1), plain launches;
 - `gemv bn=.. bk=.. w=.. s=..`: a grid of FMA tiles (rows a program, K a step, warps, pipeline depth) within twice
   the 64-register accumulator budget, and a few `tl.dot` tiles (the row padded to 16), the first shape only
@@ -82,12 +83,14 @@ def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) ->
                     "default_config": {f: getattr(dflt, f) for f in SHORT}, "skipped": []}  # fmt: skip
     variants: dict[str, Callable[[int], torch.Tensor]] = {
         "cublas": lambda i: F.linear(xs[i % COPIES], weights[i % COPIES]),
+        # the matrix-vector form (W @ x): may make cuBLAS pick another kernel than F.linear's one-row GEMM
+        "cublas mv": lambda i: torch.mv(weights[i % COPIES], xs[i % COPIES, 0]).unsqueeze(0),
         "gemv default": lambda i: gemv(xs[i % COPIES], weights[i % COPIES], pdl=False),
     }
     for cfg in cfgs:
         variants["gemv " + spec(cfg)] = lambda i, c=cfg: gemv(xs[i % COPIES], weights[i % COPIES], pdl=False, **c)
     for tag, fn in variants.items():
-        if time.monotonic() > deadline and tag not in ("cublas", "gemv default"):
+        if time.monotonic() > deadline and tag not in ("cublas", "cublas mv", "gemv default"):
             result["skipped"].append(tag)
             continue
         try:  # a config that fails (resources) is recorded, not fatal
@@ -138,7 +141,7 @@ def main() -> None:
         torch.cuda.empty_cache()  # the shape's weight copies
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
         ranked = sorted((v["us"], t) for t, v in r.items() if isinstance(v, dict) and "us" in v and "+" not in t)
-        for us, tag in ranked[:8] + [x for x in ranked[8:] if x[1] in ("cublas", "gemv default")]:
+        for us, tag in ranked[:8] + [x for x in ranked[8:] if x[1] in ("cublas", "cublas mv", "gemv default")]:
             v = r[tag]
             print(f"LMHEAD {name} {tag}: {us:.1f} us {v['gbps']:.0f} GB/s ({v['gbps'] / copy:.2f} copy) "
                   f"err {v['rel_err']:.1e} argmax {'=' if v['argmax_equal'] else 'DIFFERS'}", flush=True)

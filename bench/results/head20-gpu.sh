@@ -55,9 +55,10 @@ print(f"SUMMARY head20 on {mi.get('device', bf.get('device', '?'))}: the one-row
 copy = (mi.get("copy") or {}).get("gbps")
 for c in mi.get("cases", []):
     cb, b = c.get("cublas", {}), c.get("best_gemv")
-    d = c.get("gemv default", {})
+    d, mv = c.get("gemv default", {}), c.get("cublas mv", {})
     line = (f"SUMMARY micro {c['name']} ({c['n']}x{c['k']}): cuBLAS {cb.get('us', float('nan')):.1f} us "
-            f"{cb.get('gbps', 0):.0f} GB/s; GEMV default {d.get('us', float('nan')):.1f} us")
+            f"{cb.get('gbps', 0):.0f} GB/s (torch.mv {mv.get('us', float('nan')):.1f}); GEMV default "
+            f"{d.get('us', float('nan')):.1f} us")
     if b:
         line += (f"; best {b['tag']} {b['us']:.1f} us = {b['vs_cublas']:.3f}x cuBLAS; with argmax "
                  f"{c['gemv+argmax']['us']:.1f} vs {c['cublas+argmax']['us']:.1f} us")
