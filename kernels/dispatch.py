@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -320,6 +321,55 @@ def linear(
         # the weight's first part is asked of L2 while the kernel ahead runs (no-op otherwise)
         l2_prefetch(weight, x)
     return F.linear(x, weight, bias)
+
+
+# The LM head at one row (`ParallelLMHead` -> `lm_head_linear`; Llama-3.1-8B: `[128,256, 4,096]` bf16, 1.05 GB a
+# decode step, run eagerly after the step's graph). `linear` leaves it to cuBLAS: the head is no `_Linear`
+# (--triton-gemv-max-rows never reaches it) and its rows exceed TRITON_GEMV_MAX_OUT. On an H100 cuBLAS's
+# `nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT` streams it at ~2.83 TB/s (370.8 us, 14 % of the int4 bs1 step).
+# FLOTILLA_LM_HEAD_GEMV (read at import; the module global LM_HEAD_GEMV at every call, so that a benchmark flips it
+# in-process): "0" (default until a GPU A/B: bench/results/head20-gpu.sh) cuBLAS; "1" the Triton GEMV at
+# `default_config`'s tiles; or knobs, any subset of "bn=16,bk=512,sk=1,w=4,s=2,dot=0" (bench/lm_head_gemv.py prints
+# its sweep's winner in this form), the GEMV with those tiles.
+LM_HEAD_GEMV_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages",
+                      "dot": "use_dot"}  # fmt: skip
+
+
+def lm_head_gemv_knobs(value: str) -> dict[str, Any] | None:
+    """A FLOTILLA_LM_HEAD_GEMV value as `triton_gemv.gemv`'s keyword knobs: None for cuBLAS ("0", unset), `{}` for
+    the default tiles ("1"), else the "key=int" pairs; a ValueError naming the variable for anything else."""
+    spec = value.strip().lower()
+    if "=" not in spec:
+        return {} if parse_choice("FLOTILLA_LM_HEAD_GEMV", spec, {"0": False, "1": True}, False) else None
+    knobs: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        key, _, number = (t.strip() for t in part.partition("="))
+        if not (key in LM_HEAD_GEMV_KNOBS and number.isdigit() and int(number) in ((0, 1) if key == "dot" else
+                                                                                   range(1, 1 << 16))):
+            raise ValueError(f"FLOTILLA_LM_HEAD_GEMV={value!r}: expected 0, 1 or pairs key=N of "
+                             f"{', '.join(LM_HEAD_GEMV_KNOBS)} (N a positive integer; dot 0 or 1)")  # fmt: skip
+        name = LM_HEAD_GEMV_KNOBS[key]
+        knobs[name] = bool(int(number)) if name == "use_dot" else int(number)
+    return knobs
+
+
+LM_HEAD_GEMV = lm_head_gemv_knobs(os.environ.get("FLOTILLA_LM_HEAD_GEMV", ""))
+
+
+def lm_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits `x @ weight.T`: one CUDA row takes the Triton GEMV with LM_HEAD_GEMV's knobs where the
+    switch is on (above); everything else `linear` (cuBLAS, the skinny GEMM at decode batches where switched on)."""
+    knobs = LM_HEAD_GEMV
+    if knobs is not None and lm_head_gemv_takes(x):
+        from flotilla.kernels.triton_gemv import gemv
+
+        return gemv(x, weight, **knobs)
+    return linear(x, weight)
+
+
+def lm_head_gemv_takes(x: torch.Tensor) -> bool:
+    """Whether `lm_head_linear` gives the hidden rows `x` to the Triton GEMV: switched on, one CUDA row."""
+    return LM_HEAD_GEMV is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
 
 
 def silu_and_mul_linear(

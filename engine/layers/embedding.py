@@ -14,7 +14,7 @@ from torch import nn
 
 from flotilla.engine.parallel_state import all_gather, all_reduce, tp_rank, tp_size
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
-from flotilla.kernels.dispatch import linear
+from flotilla.kernels.dispatch import lm_head_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -57,7 +57,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         packed = self.cpu_int_weight
         if packed is not None and not hidden.is_cuda and hidden.dtype == packed.scales.dtype:
             return cpu_int_linear(hidden, packed)  # one rank only: the loader attaches it at tp 1
-        logits = linear(hidden, self.weight)  # the skinny GEMM at decode batches, where switched on
+        logits = lm_head_linear(hidden, self.weight)  # one row: the Triton GEMV where FLOTILLA_LM_HEAD_GEMV is on
         if tp_size() == 1:
             return logits
         return all_gather(logits)[..., : self.vocab_size]
