@@ -328,9 +328,11 @@ def linear(
 # (--triton-gemv-max-rows never reaches it) and its rows exceed TRITON_GEMV_MAX_OUT. On an H100 cuBLAS's
 # `nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT` streams it at ~2.83 TB/s (370.8 us, 14 % of the int4 bs1 step).
 # FLOTILLA_LM_HEAD_GEMV (read at import; the module global LM_HEAD_GEMV at every call, so that a benchmark flips it
-# in-process): "0" (default until a GPU A/B: bench/results/head20-gpu.sh) cuBLAS; "1" the Triton GEMV at
-# `default_config`'s tiles; or knobs, any subset of "bn=16,bk=512,sk=1,w=4,s=2,dot=0" (bench/lm_head_gemv.py prints
-# its sweep's winner in this form), the GEMV with those tiles.
+# in-process): "0" cuBLAS; "1" the Triton GEMV at `default_config`'s tiles; or knobs, any subset of
+# "bn=16,bk=512,sk=1,w=4,s=2,dot=0" (bench/lm_head_gemv.py prints its sweep's winner in this form), the GEMV with those
+# tiles. Unset: LM_HEAD_GEMV_MEASURED, the sweep's winner on an H100 (session 20, bench/results/head20-gpu.sh): 335.4
+# vs cuBLAS's 372.3 us at Llama-3.1-8B's head (the same tiles won at 128,256 x 3,072 / 2,048; Qwen2.5-7B's head 353.3
+# vs 382.6 us), a bs1 ctx 512 step 5.706 -> 5.673 ms bf16 and 2.633 -> 2.597 ms int4, greedy tokens equal.
 LM_HEAD_GEMV_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages",
                       "dot": "use_dot"}  # fmt: skip
 
@@ -353,7 +355,8 @@ def lm_head_gemv_knobs(value: str) -> dict[str, Any] | None:
     return knobs
 
 
-LM_HEAD_GEMV = lm_head_gemv_knobs(os.environ.get("FLOTILLA_LM_HEAD_GEMV", ""))
+LM_HEAD_GEMV_MEASURED = "bn=16,bk=1024,w=4,s=2,dot=0"
+LM_HEAD_GEMV = lm_head_gemv_knobs(os.environ.get("FLOTILLA_LM_HEAD_GEMV", LM_HEAD_GEMV_MEASURED))
 
 
 def lm_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

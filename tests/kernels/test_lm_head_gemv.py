@@ -33,8 +33,9 @@ def test_the_switch_is_off_by_default_and_reads_its_values():
             dispatch.lm_head_gemv_knobs(bad)
 
 
-def test_off_by_default_in_a_clean_environment():
-    """The module default, read in a fresh interpreter without the variable: cuBLAS until a GPU A/B says otherwise."""
+def test_measured_tiles_by_default_in_a_clean_environment():
+    """The module default, read in a fresh interpreter without the variable: the GEMV at the tiles session 20's GPU
+    sweep chose (LM_HEAD_GEMV_MEASURED), not cuBLAS."""
     import os
     import subprocess
     import sys
@@ -42,7 +43,8 @@ def test_off_by_default_in_a_clean_environment():
     env = {k: v for k, v in os.environ.items() if k != "FLOTILLA_LM_HEAD_GEMV"}
     code = "from flotilla.kernels import dispatch; print(dispatch.LM_HEAD_GEMV)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "None"
+    want = {"block_n": 16, "block_k": 1024, "num_warps": 4, "num_stages": 2, "use_dot": False}
+    assert out.stdout.strip() == str(want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
