@@ -132,8 +132,8 @@ async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id:
 
 
 def _streamed(sp: SamplingParams) -> SamplingParams:
-    """A plain stream's parameters: delta outputs, each step's news only (what `StreamState(delta=True)` reads), so
-    that a step's cost does not grow with the outputs' length."""
+    """A stream's parameters: delta outputs, each step's news only (what `StreamState(delta=True)` and
+    `stream_tool_chat` read), so that a step's cost does not grow with the outputs' length."""
     return sp.model_copy(update={"output_kind": "delta"})
 
 
@@ -455,10 +455,9 @@ class OpenAIServing:
             prompt_ids = list(prompt.token_ids) if req.return_token_ids else None  # vLLM's, on the role chunks
             lora = self.lora_for(model)
             reasoning = self.reasoning if sp.structured_outputs is None else None
-            parsed = plan.mode != "none" or reasoning is not None  # the parsers re-read the whole text: cumulative
-            stream = await admitted(self.engine.generate(prompt.token_ids, sp if parsed else _streamed(sp), engine_id,
-                                                         prompt.text, lora, **extras))
-            if parsed:
+            stream = await admitted(self.engine.generate(prompt.token_ids, _streamed(sp), engine_id, prompt.text, lora,
+                                                         **extras))
+            if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
                                           self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids,

@@ -2,6 +2,7 @@
 per choice once joined (only `created`, `sequence_number` and random ids normalised).
 
     python server_compare.py MODEL_DIR BASE_TREE NEW_TREE
+    SERVER_FLAGS="--reasoning-parser deepseek_r1" python server_compare.py ...   # chat through the parser's stream
 """
 import json
 import os
@@ -33,7 +34,7 @@ def start(tree, port):
     log = Path(tempfile.gettempdir()) / f"server-{port}.log"
     cmd = [sys.executable, "-m", "flotilla.engine.server", MODEL, "--port", str(port), "--host", "127.0.0.1",
            "--served-model-name", "tiny", "--max-model-len", "512", "--disable-log-stats", "--uvicorn-log-level",
-           "warning"]
+           "warning", *os.environ.get("SERVER_FLAGS", "").split()]
     with log.open("w") as out:
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/tmp")
     deadline = time.time() + 400
@@ -83,13 +84,19 @@ def joined(s):
             out["usage"] = ev.get("usage")
             continue
         for ch in ev["choices"]:
-            d = out.setdefault(ch["index"], {"text": "", "ids": [], "lp": [], "end": None})
-            d["text"] += ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+            d = out.setdefault(ch["index"], {"text": "", "reasoning": "", "reasoning_content": "", "ids": [], "lp": [],
+                                             "end": None})
+            delta = ch.get("delta") or {}
+            d["text"] += ch.get("text") or delta.get("content") or ""
+            d["reasoning"] += delta.get("reasoning") or ""
+            d["reasoning_content"] += delta.get("reasoning_content") or ""
             d["ids"] += ch.get("token_ids") or []
             lp = ch.get("logprobs")
             if lp:
-                legacy = zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True)
-                d["lp"] += lp.get("content") or list(legacy)
+                if "content" in lp:  # chat's
+                    d["lp"] += lp["content"]
+                else:  # completions': text_offset left out (it counts the text sent before each chunk)
+                    d["lp"] += list(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True))
             d["end"] = (ch.get("finish_reason"), ch.get("stop_reason"))
     return json.dumps({str(k): ("".join(v) if k == "text" else v) for k, v in out.items()}, sort_keys=True)
 
