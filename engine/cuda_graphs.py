@@ -164,6 +164,7 @@ class StepGraphs:
         # list only ever grows (the block manager replaces the list on any other change), so the same list at the
         # same offset needs only its new ids: a decode step's staging stays O(new blocks), not O(blocks so far).
         self._rows: list[tuple[list[int] | None, int, int]] = [(None, 0, -1)] * s
+        self._rows_width = 0  # the table width they were written at (a wider row overwrites others' old places)
         self.table_ids_staged = 0  # block ids written into the table area so far (what the above saves shows here)
         # The buffers' slices a step reads or copies, made once per shape (slicing costs microseconds).
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -280,6 +281,9 @@ class StepGraphs:
             h32[s + 1 : key.seqs + 1] = self._decode_starts[s + 1 : key.seqs + 1] if key.decode else n
             h32[lens + s : lens + key.seqs] = 0
         first, width, written = self._table, key.width, self._rows
+        if width != self._rows_width:  # rows of another width overlap the old ones: nothing written is known
+            written[:] = [(None, 0, -1)] * len(written)
+            self._rows_width = width
         tables, i = flat.block_tables, 0
         while i < s:  # a request's verification rows share its table (one list): written at once
             blocks, j = tables[i], i + 1

@@ -85,6 +85,9 @@ def test_a_grown_table_is_staged_by_its_new_ids_and_a_new_list_whole():
     trimmed = a[:2] + [9]  # the block manager's trim or copy-on-write: a new list
     assert stage([trimmed, b]) == 3
     assert stage([b, trimmed]) == 5  # rows moved (a request before them finished): written whole
+    wide = list(range(10, 10 + 200))  # a longer context: a wider table (512 blocks, not 128), its rows overlapping
+    assert stage([b, trimmed, wide]) == 2 + 3 + 200
+    assert stage([b, trimmed]) == 5  # back to the narrow width: its rows were overwritten, written again
 
 
 def test_the_block_manager_never_changes_a_table_list_but_by_appending():
