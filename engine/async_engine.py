@@ -162,7 +162,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop has stopped") from self.dead
         if self._stop.is_set():  # after shutdown() no loop would ever answer this request
             raise EngineDeadError("the engine is shutting down")
-        stream = RequestStream(asyncio.get_running_loop())
+        stream = RequestStream(asyncio.get_running_loop(), delta=params.output_kind == "delta")
         self._commands.put(_Add(request_id, prompt, params, prompt_text, stream, lora_request, priority,
                                 cache_salt))
         self._wake.set()

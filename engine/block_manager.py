@@ -163,12 +163,15 @@ class BlockManager:
         """Return the request's blocks beyond those holding its first `num_tokens` tokens (slots that
         held only rejected draft tokens: never hashed, so they go to the front of the eviction order)."""
         keep = self.blocks_needed(num_tokens)
-        while len(request.block_ids) > keep:
-            block = self.blocks[request.block_ids.pop()]
+        if len(request.block_ids) <= keep:
+            return
+        for block_id in reversed(request.block_ids[keep:]):
+            block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block.block_id] = None
                 self._free.move_to_end(block.block_id, last=False)
+        request.block_ids = request.block_ids[:keep]  # a new list: see `Request.block_ids`
 
     def uncache(self, request: Request, num_computed: int) -> None:
         """Drop the prefix-cache entries of the request's blocks from the one holding token `num_computed` on:
@@ -189,7 +192,7 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
-        request.block_ids.clear()
+        request.block_ids = []  # a new list: see `Request.block_ids`
         self._hashes.pop(request.request_id, None)
         self._num_indexed.pop(request.request_id, None)
 
@@ -206,8 +209,10 @@ class BlockManager:
         last = request.num_computed_tokens // self.block_size
         source = request.block_ids[last]
         self.blocks[source].ref_count -= 1
-        request.block_ids[last] = self._take_fresh()
-        self.pending_copies.append((source, request.block_ids[last]))
+        blocks = list(request.block_ids)  # a new list: see `Request.block_ids`
+        blocks[last] = self._take_fresh()
+        request.block_ids = blocks
+        self.pending_copies.append((source, blocks[last]))
 
     def _take_fresh(self) -> int:
         block_id, _ = self._free.popitem(last=False)

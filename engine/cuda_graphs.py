@@ -160,6 +160,12 @@ class StepGraphs:
         self._host_i64, self._host_i32 = _split(self._host_buf, t, num_ints)
         self._h64, self._h32 = self._host_i64.numpy(), self._host_i32.numpy()
         self._decode_starts = np.arange(s + 1, dtype=np.int32)  # query start locations, one token a sequence
+        # Per sequence row: (the block table list, ids written, the row's offset) of the last write there. A table
+        # list only ever grows (the block manager replaces the list on any other change), so the same list at the
+        # same offset needs only its new ids: a decode step's staging stays O(new blocks), not O(blocks so far).
+        self._rows: list[tuple[list[int] | None, int, int]] = [(None, 0, -1)] * s
+        self._rows_width = 0  # the table width they were written at (a wider row overwrites others' old places)
+        self.table_ids_staged = 0  # block ids written into the table area so far (what the above saves shows here)
         # The buffers' slices a step reads or copies, made once per shape (slicing costs microseconds).
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._input_views: dict[GraphKey, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -274,17 +280,30 @@ class StepGraphs:
             # Padding sequences: one query token each in a decode graph, none in a mixed one.
             h32[s + 1 : key.seqs + 1] = self._decode_starts[s + 1 : key.seqs + 1] if key.decode else n
             h32[lens + s : lens + key.seqs] = 0
-        first, width = self._table, key.width
+        first, width, written = self._table, key.width, self._rows
+        if width != self._rows_width:  # rows of another width overlap the old ones: nothing written is known
+            written[:] = [(None, 0, -1)] * len(written)
+            self._rows_width = width
         tables, i = flat.block_tables, 0
         while i < s:  # a request's verification rows share its table (one list): written at once
             blocks, j = tables[i], i + 1
             while j < s and tables[j] is blocks:
                 j += 1
-            row = first + i * width
+            row, n = first + i * width, len(blocks)
             if j == i + 1:  # a row of its own: a flat slice (no reshaped view; see the padding above)
-                h32[row : row + len(blocks)] = blocks
+                table, done, at = written[i]
+                if table is blocks and at == row and done <= n:  # written here before: only its new ids
+                    if done < n:
+                        h32[row + done : row + n] = blocks[done:]
+                        self.table_ids_staged += n - done
+                else:
+                    h32[row : row + n] = blocks
+                    self.table_ids_staged += n
+                written[i] = (blocks, n, row)
             else:
-                h32[row : row + (j - i) * width].reshape(j - i, width)[:, : len(blocks)] = blocks
+                h32[row : row + (j - i) * width].reshape(j - i, width)[:, :n] = blocks
+                written[i:j] = [(None, 0, -1)] * (j - i)
+                self.table_ids_staged += (j - i) * n
             i = j
         dst, src = self._copy_views(self._table + s * key.width)
         dst.copy_(src, non_blocking=True)

@@ -17,6 +17,10 @@ class IncrementalDetokenizer:
 
     `spaces_between_special_tokens=False` (vLLM's, with special tokens kept) writes an added token that follows
     another one as its bare text, without the space a decoder such as WordPiece's puts before it.
+
+    The text is kept as the list of its deltas, joined only when read whole (`text`): `self.text += delta` on an
+    attribute copies the whole text every step, O(output length) per request per step. `text_between` reads the
+    tail that stop strings search and delta outputs send, in time proportional to that tail.
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
@@ -32,7 +36,8 @@ class IncrementalDetokenizer:
         self.token_ids = list(prompt_token_ids[-6:])
         self.prefix_offset = max(len(self.token_ids) - 5, 0)
         self.read_offset = len(self.token_ids)
-        self.text = ""
+        self._pieces: list[str] = []
+        self.num_chars = 0  # len(self.text)
         self._rust = _plain_rust_tokenizer(tokenizer) if decode_stream else None
         if self._rust is not None and self._decode(self.token_ids).endswith("\ufffd"):
             # A prompt cut inside a character: the stream would hold its tail back as incomplete and emit it
@@ -51,8 +56,42 @@ class IncrementalDetokenizer:
             delta = "".join(self._add_unspaced(token) for token in new_token_ids)
         else:
             delta = self._add(new_token_ids)
-        self.text += delta
+        if delta:  # `_append`, inline: this runs per request per step
+            self._pieces.append(delta)
+            self.num_chars += len(delta)
         return delta
+
+    @property
+    def text(self) -> str:
+        """The whole text so far (joined once, then kept as one piece)."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    def text_between(self, start: int, end: int) -> str:
+        """`self.text[start:end]` for a `start` near the end, joining only the pieces from there."""
+        pieces = self._pieces
+        if not pieces or start >= end:
+            return ""
+        last = pieces[-1]
+        offset = self.num_chars - len(last)
+        if start >= offset:  # within the last piece (a step's delta): no join
+            return last[start - offset : end - offset]
+        i = len(pieces) - 1
+        while i > 0 and offset > start:
+            i -= 1
+            offset -= len(pieces[i])
+        return "".join(pieces[i:])[start - offset : end - offset]
+
+    def cut(self, keep: int) -> None:
+        """Keep only the text's first `keep` characters (a stop string and what follows it are cut)."""
+        text = self.text[:keep]
+        self._pieces, self.num_chars = [text], len(text)
+
+    def _append(self, delta: str) -> None:
+        if delta:
+            self._pieces.append(delta)
+            self.num_chars += len(delta)
 
     def _add(self, new_token_ids: list[int]) -> str:
         if self._stream is not None:
@@ -97,7 +136,7 @@ class IncrementalDetokenizer:
         delta = full[len(prefix) :] if len(full) > len(prefix) else ""
         self.read_offset = len(self.token_ids)
         self.prefix_offset = self.read_offset
-        self.text += delta
+        self._append(delta)
         return delta
 
 

@@ -4,7 +4,8 @@
 Three parties in this process touch it: the event loop (generate, call, abort), a sender thread
 that batches the commands queued since its last send into one pipe write (so a burst of new requests
 never blocks the event loop on a full pipe), and the output-handler thread, which receives one message
-per step, rebuilds each request's cumulative output from its delta (`OutputDecoder`) and hands the
+per step, turns each request's delta into its output (`OutputDecoder`: the delta, or the cumulative output
+rebuilt when the request asked for that) and hands the
 step's outputs to each event loop in a single callback, as `AsyncEngine` does. Prometheus metrics are
 fed here, from the stats snapshot each step message carries.
 
@@ -29,7 +30,7 @@ from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.engine_core import EngineFactory, run_engine_core
 from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.lora.request import LoRARequest
-from flotilla.engine.output_delta import OutputDecoder, OutputDelta
+from flotilla.engine.output_delta import OutputDecoder, OutputDelta, core_params
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.queue_batch import take_batch
 from flotilla.engine.request_stream import Handoffs, RequestStream, StreamItem, hand_over, queue_item
@@ -46,9 +47,9 @@ class _CoreStream(RequestStream):
 
     __slots__ = ("decoder",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self.decoder = OutputDecoder()
+    def __init__(self, loop: asyncio.AbstractEventLoop, output_kind: str) -> None:
+        super().__init__(loop, delta=output_kind == "delta")
+        self.decoder = OutputDecoder(cumulative=output_kind == "cumulative")
 
 
 class EngineCoreClient:
@@ -171,9 +172,10 @@ class EngineCoreClient:
         params = await ready_off_the_loop(params)  # a schema crosses the pipe as text, its key made and checked
         if request_id in self._streams:  # the live request's stream must stay its own (the core refuses it too)
             raise ValueError(f"duplicate request id {request_id!r}")
-        stream = _CoreStream(asyncio.get_running_loop())
+        stream = _CoreStream(asyncio.get_running_loop(), params.output_kind)
         self._streams[request_id] = stream
-        self._queue.put(("add", request_id, prompt, params, prompt_text, lora_request, priority, cache_salt))
+        self._queue.put(("add", request_id, prompt, core_params(params), prompt_text, lora_request, priority,
+                         cache_salt))
         try:
             while not stream.done:
                 yield await stream.next()

@@ -526,16 +526,16 @@ class LLMEngine:
                 continue
             self._record_timing(child, now)
         self._record(plan, len(result.tokens) + sum(map(len, result.verified.values())))
-        # An output is due every step (streaming), or once every completion has finished; a final-only
-        # request can have finished only if a completion that got a token this step did.
-        due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind == "cumulative")
+        # An output is due every step (streaming: cumulative or delta), or once every completion has finished; a
+        # final-only request can have finished only if a completion that got a token this step did.
+        due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind != "final_only")
         outputs = []
         for parent_id in dict.fromkeys(due):
             group = self._groups.get(parent_id)
             if group is None:
                 continue
             finished = all(c.status.finished for c in group)
-            if finished or group[0].sampling_params.output_kind == "cumulative":
+            if finished or group[0].sampling_params.output_kind != "final_only":
                 try:
                     outputs.append(self._output(parent_id, group, finished))
                 except Exception as exc:
@@ -593,7 +593,7 @@ class LLMEngine:
         params = child.sampling_params
         num_output = child.num_output_tokens
         for i in range(first, num_output):
-            searched_from = len(detok.text)
+            searched_from = detok.num_chars
             last = i == num_output - 1
             if not (last and unrendered):
                 detok.add(child.output_token_ids[i : i + 1])
@@ -637,20 +637,22 @@ class LLMEngine:
         # may stop the request is number min_tokens + 1.
         if not stops or num_output <= child.sampling_params.min_tokens:
             return None
-        text = detok.text
+        # The tail that the searches span (the new text and a stop string's length before it), not the whole text.
+        base = max(0, searched_from - max(map(len, stops)) + 1)
+        tail = detok.text_between(base, detok.num_chars)
         best: tuple[str, int] | None = None
         for stop in stops:
             # Only an occurrence that ends in the new text (vLLM's window, per stop string): a long stop string
             # does not widen the short ones' searches.
-            index = text.find(stop, max(0, searched_from - len(stop) + 1))
+            index = tail.find(stop, max(0, searched_from - len(stop) + 1) - base)
             # The earliest; of stops found at one index, the first listed (vLLM's rule), not the smallest string.
-            if index >= 0 and (best is None or index < best[1]):
-                best = stop, index
+            if index >= 0 and (best is None or index + base < best[1]):
+                best = stop, index + base
         return best
 
     def _stop_on_string(self, child: Request, detok: IncrementalDetokenizer, stop: str, index: int) -> None:
         keep = index + len(stop) if child.sampling_params.include_stop_str_in_output else index
-        detok.text = detok.text[:keep]
+        detok.cut(keep)
         child.stop_reason = stop
         if child.status.finished:  # the same token also hit a length limit: the stop string wins
             child.status = RequestStatus.FINISHED_STOPPED
@@ -681,18 +683,41 @@ class LLMEngine:
         )
 
     def _completion(self, child: Request) -> CompletionOutput:
-        text = self._detokenizers[child.request_id].text
+        detok = self._detokenizers[child.request_id]
         params = child.sampling_params
+        end = detok.num_chars
         if params.stop and not params.include_stop_str_in_output and not child.status.finished:
             # Hold back what could be the start of a stop string, so a stream never shows it (a kept stop
             # string is shown anyway: nothing held back, as vLLM).
-            text = text[: max(0, len(text) - max(map(len, params.stop)) + 1)]
-        wants_logprobs = params.logprobs is not None
+            end = max(0, end - max(map(len, params.stop)) + 1)
+        if params.output_kind != "delta":
+            return self._snapshot(child, detok, end)
+        # What the previous output did not hold (vLLM's DELTA outputs): O(new tokens), whatever the output's length.
+        sent = child.sent
+        text = ""
+        if end > sent.chars:  # text already out stays out (a cut stop string never reaches it)
+            text = detok.text_between(sent.chars, end)
+            sent.chars = end
+        tokens = child.output_token_ids
+        token_ids = tokens[sent.tokens :]
+        sent.tokens = len(tokens)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = child.logprobs[sent.logprobs :]
+            sent.logprobs = len(child.logprobs)
+        return CompletionOutput(child.index, text, token_ids, child.finish_reason, child.stop_reason,
+                                child.cumulative_logprob if logprobs is not None else None, logprobs)
+
+    @staticmethod
+    def _snapshot(child: Request, detok: IncrementalDetokenizer, end: int) -> CompletionOutput:
+        """A completion's whole output so far, its text up to `end` (cumulative and final outputs)."""
+        wants_logprobs = child.sampling_params.logprobs is not None
         return CompletionOutput(
             index=child.index,
-            text=text,
+            text=detok.text[:end],
             # A copy: the output is a snapshot, read (on the server, on another thread) while the
-            # request keeps growing. It makes streaming O(output length) per request per step.
+            # request keeps growing. It makes a cumulative stream O(output length) per request per step,
+            # which is why the server streams deltas.
             token_ids=list(child.output_token_ids),
             finish_reason=child.finish_reason,
             stop_reason=child.stop_reason,

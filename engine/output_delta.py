@@ -1,10 +1,11 @@
 """A step's request outputs as deltas, for the trip from the engine-core process to the API process.
 
-The engine's outputs are cumulative snapshots (all text, token ids and logprobs so far); pickling them
-whole every step would make the IPC cost grow with every request's length, and the prompt (hundreds
-of token ids) would travel every step. The core's `OutputEncoder` sends, per completion, how much of
-the previous text/tokens/logprobs to keep and what is new, and the prompt once; the API process's
-`OutputDecoder` (one per request) rebuilds the cumulative `RequestOutput` its readers expect.
+The core's outputs for the API process are deltas (output_kind "delta": each completion's new text, token ids and
+logprobs) or final ones, never cumulative snapshots: copying and pickling every request's whole output every step
+would make the step's cost grow with each request's length, and the prompt (hundreds of token ids) would travel
+every step. A request that asks for cumulative outputs is sent to the core as a delta one (`core_params`), and the
+API process's `OutputDecoder` (one per request) rebuilds the snapshots its reader expects; a delta request's
+decoder passes the deltas on. The prompt travels with a request's first output only (`OutputEncoder`).
 """
 
 from __future__ import annotations
@@ -13,88 +14,62 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.sampling_params import SamplingParams
 
 # (prompt, prompt token ids, prompt logprobs, cached prompt tokens): sent with a request's first output only.
 Head = tuple[str | None, list[int], Any, int]
-# (text kept, new text, tokens kept, new tokens, logprobs kept, new logprobs or None, cumulative
-# logprob, finish reason, stop reason)
-CompletionDelta = tuple[int, str, int, list[int], int, list[Any] | None, float | None, str | None, Any]
+# (new text, new token ids, new logprobs or None, cumulative logprob, finish reason, stop reason)
+CompletionDelta = tuple[str, list[int], list[Any] | None, float | None, str | None, Any]
 # (request id, finished, head or None, completions)
 OutputDelta = tuple[str, bool, Head | None, list[CompletionDelta]]
 
 
-@dataclass
-class _Sent:
-    """What the API process holds of one completion."""
-
-    text: str = ""
-    num_tokens: int = 0
-    num_logprobs: int = 0
+def core_params(params: SamplingParams) -> SamplingParams:
+    """What the core is asked for: deltas in place of cumulative outputs (the decoder rebuilds those)."""
+    return params.model_copy(update={"output_kind": "delta"}) if params.output_kind == "cumulative" else params
 
 
 class OutputEncoder:
-    """The core's side: what each live request's receiver already has, so that only news travels."""
+    """The core's side: its delta (or final) outputs as messages, each request's prompt with its first one."""
 
     def __init__(self) -> None:
-        self._sent: dict[str, list[_Sent]] = {}
+        self._started: set[str] = set()  # requests whose head has gone and that have not finished
 
     def encode(self, output: RequestOutput) -> OutputDelta:
-        """The delta of `output` against what was sent of its request before (all of it the first time)."""
-        sent = self._sent.get(output.request_id)
+        """`output` (a delta or final output) for the wire; the head too if it is the request's first."""
+        request_id = output.request_id
         head: Head | None = None
-        if sent is None:
+        if request_id not in self._started:
             head = (output.prompt, output.prompt_token_ids, output.prompt_logprobs, output.num_cached_tokens)
-            sent = [_Sent() for _ in output.outputs]
-        completions = [_completion_delta(c, s) for c, s in zip(output.outputs, sent, strict=True)]
-        if output.finished:
-            self._sent.pop(output.request_id, None)
-        else:
-            self._sent[output.request_id] = sent
-        return output.request_id, output.finished, head, completions
+            if not output.finished:
+                self._started.add(request_id)
+        elif output.finished:
+            self._started.discard(request_id)
+        completions = [(c.text, c.token_ids, c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                       for c in output.outputs]
+        return request_id, output.finished, head, completions
 
     def forget(self, request_id: str) -> None:
         """The request was aborted or failed: nothing more will be sent for it."""
-        self._sent.pop(request_id, None)
+        self._started.discard(request_id)
 
     def __len__(self) -> int:
-        return len(self._sent)
-
-
-def _completion_delta(c: CompletionOutput, sent: _Sent) -> CompletionDelta:
-    # Text can shrink when a stop string is cut off, so keep the common prefix; tokens and logprobs
-    # only lose entries of this step (never sent), so their previous count is a prefix.
-    keep_text = len(sent.text) if c.text.startswith(sent.text) else _common_prefix(c.text, sent.text)
-    keep_tokens = min(sent.num_tokens, len(c.token_ids))
-    new_logprobs = None
-    keep_logprobs = 0
-    if c.logprobs is not None:
-        keep_logprobs = min(sent.num_logprobs, len(c.logprobs))
-        new_logprobs = c.logprobs[keep_logprobs:]
-        sent.num_logprobs = len(c.logprobs)
-    sent.text, sent.num_tokens = c.text, len(c.token_ids)
-    return (keep_text, c.text[keep_text:], keep_tokens, c.token_ids[keep_tokens:], keep_logprobs, new_logprobs,
-            c.cumulative_logprob, c.finish_reason, c.stop_reason)
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+        return len(self._started)
 
 
 @dataclass
 class OutputDecoder:
-    """The API process's side, for one request: its outputs so far, rebuilt from deltas."""
+    """The API process's side, for one request: its delta outputs, or (`cumulative`) its outputs so far rebuilt
+    from the deltas (each call then returns new lists: earlier outputs stay as they were)."""
 
+    cumulative: bool = False
     head: Head | None = None
     texts: list[str] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[Any] | None] = field(default_factory=list)
 
     def decode(self, delta: OutputDelta) -> RequestOutput:
-        """The cumulative output after `delta` (each call returns new lists: earlier outputs stay as they were)."""
+        """The request's output after `delta`: the delta itself, or the whole output so far (`cumulative`)."""
         request_id, finished, head, completions = delta
         if head is not None:
             self.head = head
@@ -104,15 +79,14 @@ class OutputDecoder:
         if self.head is None:
             raise ValueError(f"an output delta of request {request_id} arrived before its first output")
         outputs = []
-        for i, delta_i in enumerate(completions):
-            keep_text, text, keep_tokens, tokens, keep_lp, new_lp, cumulative, finish, stop = delta_i
-            self.texts[i] = self.texts[i][:keep_text] + text
-            self.tokens[i] = self.tokens[i][:keep_tokens] + tokens
-            previous = self.logprobs[i]
-            self.logprobs[i] = None if new_lp is None else (previous or [])[:keep_lp] + new_lp
-            outputs.append(CompletionOutput(index=i, text=self.texts[i], token_ids=self.tokens[i],
-                                            finish_reason=finish, stop_reason=stop, cumulative_logprob=cumulative,
-                                            logprobs=self.logprobs[i]))
+        for i, (text, tokens, logprobs, cumulative, finish, stop) in enumerate(completions):
+            if self.cumulative:  # O(output length): only readers that re-read the whole text ask for it
+                text = self.texts[i] = self.texts[i] + text
+                tokens = self.tokens[i] = self.tokens[i] + tokens
+                if logprobs is not None:
+                    logprobs = self.logprobs[i] = (self.logprobs[i] or []) + logprobs
+            outputs.append(CompletionOutput(index=i, text=text, token_ids=tokens, finish_reason=finish,
+                                            stop_reason=stop, cumulative_logprob=cumulative, logprobs=logprobs))
         prompt, prompt_token_ids, prompt_logprobs, cached = self.head
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
                              prompt_logprobs=prompt_logprobs, num_cached_tokens=cached, outputs=outputs,

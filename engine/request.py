@@ -38,6 +38,15 @@ class RequestStatus(enum.Enum):
         self.finished = value in ("stop", "length", "abort")
 
 
+@dataclass(slots=True)
+class SentCounts:
+    """How much of a completion its delta outputs have carried: characters of text, token ids, logprob entries."""
+
+    chars: int = 0
+    tokens: int = 0
+    logprobs: int = 0
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request.
@@ -74,6 +83,8 @@ class Request:
     # Prompt tokens found in the prefix cache when first scheduled (-1 until then): usage's cached_tokens.
     num_cached_tokens: int = -1
     num_pending: int = 0
+    # Only ever appended to: any other change (trim, free, copy-on-write) makes a new list, so that a list seen
+    # before holds the same ids in its first entries (the CUDA-graph staging writes only a table's new ids).
     block_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
     parent_id: str = ""
@@ -83,6 +94,8 @@ class Request:
     # Per generated token: {token id: (logprob, rank)} for the drawn token and the top-N.
     logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
+    # What this completion's delta outputs (output_kind "delta") have carried so far.
+    sent: SentCounts = field(default_factory=SentCounts, repr=False)
     # Per prompt token (None for the first): as `logprobs`, filled while the prompt is computed.
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] = field(default_factory=list)
     # Structured output: this completion's grammar state (None = unconstrained).

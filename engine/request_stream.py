@@ -3,8 +3,9 @@
 Both front ends of the engine (`AsyncEngine`, `EngineCoreClient`) produce outputs on a thread of their
 own and hand each event loop a step's items in a single callback (a per-token `call_soon_threadsafe`
 per request cost the GIL-shared event loop more than the step itself at hundreds of streams). Outputs
-are cumulative snapshots, so a stream whose reader falls behind keeps only the latest one: a slow reader
-then sends fewer, larger deltas instead of queueing work.
+are cumulative snapshots or deltas (`SamplingParams.output_kind`); a stream whose reader falls behind keeps one
+unread output, the latest snapshot or the unread deltas joined into one: a slow reader then sends fewer, larger
+deltas instead of queueing work.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.outputs import CompletionOutput, RequestOutput
 
 StreamItem = RequestOutput | BaseException
 
@@ -24,10 +25,12 @@ class RequestStream:
     holds it only to name where an output goes.
     """
 
-    __slots__ = ("done", "error", "latest", "loop", "ready")
+    __slots__ = ("delta", "done", "error", "latest", "loop", "ready")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, delta: bool = False) -> None:
+        """`delta`: the request's outputs are deltas (output_kind "delta"), joined while unread; else snapshots."""
         self.loop = loop
+        self.delta = delta
         self.latest: RequestOutput | None = None
         self.error: BaseException | None = None
         self.ready = asyncio.Event()
@@ -37,9 +40,11 @@ class RequestStream:
         self.done = False
 
     def put(self, item: StreamItem) -> None:
-        """Store an output (superseding an unread one: outputs are cumulative) or an error."""
+        """Store an output (superseding an unread snapshot, or joined to unread deltas) or an error."""
         if isinstance(item, BaseException):
             self.error = item
+        elif self.delta and self.latest is not None:
+            self.latest = joined(self.latest, item)
         else:
             self.latest = item
         self.ready.set()
@@ -79,3 +84,19 @@ def _put_all(batch: list[tuple[RequestStream, StreamItem]]) -> None:
     """On an event loop: a step's items for that loop's streams."""
     for stream, item in batch:
         stream.put(item)
+
+
+def joined(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """Two successive delta outputs of one request as one: each completion's text, token ids and logprobs
+    concatenated, the later finish and cumulative logprob."""
+    outputs = [_joined(a, b) for a, b in zip(first.outputs, then.outputs, strict=True)]
+    return RequestOutput(request_id=then.request_id, prompt=then.prompt, prompt_token_ids=then.prompt_token_ids,
+                         prompt_logprobs=first.prompt_logprobs, outputs=outputs, finished=then.finished,
+                         num_cached_tokens=then.num_cached_tokens)
+
+
+def _joined(a: CompletionOutput, b: CompletionOutput) -> CompletionOutput:
+    logprobs = None if b.logprobs is None else (a.logprobs or []) + b.logprobs
+    return CompletionOutput(index=b.index, text=a.text + b.text, token_ids=a.token_ids + b.token_ids,
+                            finish_reason=b.finish_reason, stop_reason=b.stop_reason,
+                            cumulative_logprob=b.cumulative_logprob, logprobs=logprobs)

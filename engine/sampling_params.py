@@ -46,7 +46,7 @@ class SamplingParams(BaseModel):
       `include_stop_str_in_output`), `max_tokens`; none before `min_tokens` tokens.
     - `n` completions share the prompt's KV blocks; `logprobs` returns the top-N log-probabilities
       per generated token, `prompt_logprobs` per prompt token.
-    - `output_kind` as vLLM's: every step, or only the final output.
+    - `output_kind` as vLLM's: every step (the whole output so far, or only what is new), or only the final output.
     - `structured_outputs` constrains the output to a JSON schema, regex, choice or EBNF grammar.
     - `allowed_token_ids` (vLLM's) restricts every draw to the given ids; `bad_words` (vLLM's) are words
       never to complete: a word's last token is banned whenever the tokens before it end the output so far
@@ -77,9 +77,11 @@ class SamplingParams(BaseModel):
     skip_special_tokens: bool = True
     # vLLM's: False writes an added token that follows another without the space some decoders put between them
     spaces_between_special_tokens: bool = True
-    # "cumulative": an output every step (streaming); "final_only": one output when the request ends,
-    # which spares per-token detokenization when no stop string needs it (the offline LLM uses it).
-    output_kind: Literal["cumulative", "final_only"] = "cumulative"
+    # "cumulative": an output every step with the whole output so far (copied: O(output length) a step);
+    # "delta": an output every step with only its new text, token ids and logprobs (the server's streams);
+    # "final_only": one output when the request ends, which spares per-token detokenization when no stop
+    # string needs it (the offline LLM uses it).
+    output_kind: Literal["cumulative", "delta", "final_only"] = "cumulative"
     structured_outputs: StructuredOutputsParams | None = None
     allowed_token_ids: list[int] | None = None  # ids bounded by the vocabulary: `check_vocab`
     bad_words: list[str] | None = None

@@ -14,7 +14,7 @@ from flotilla.engine.chat_content import ContentFormatOption, final_text
 from flotilla.engine.chat_rendering import check_prompt_end, history_for_template, render_trusted, template_variables
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
-from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import (
@@ -74,9 +74,14 @@ def usage(output: RequestOutput) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def choice_usage(output: RequestOutput, choice: CompletionOutput) -> dict[str, int]:
-    """The usage of one choice so far (vLLM's continuous_usage_stats: each chunk counts its own choice's tokens)."""
-    prompt, completion = len(output.prompt_token_ids), len(choice.token_ids)
+def choice_usage(output: RequestOutput, num_tokens: int) -> dict[str, int]:
+    """The usage of one choice so far, `num_tokens` generated (vLLM's continuous_usage_stats: each chunk counts its
+    own choice's tokens)."""
+    return counted_usage(len(output.prompt_token_ids), num_tokens)
+
+
+def counted_usage(prompt: int, completion: int) -> dict[str, int]:
+    """OpenAI's usage block of `prompt` and `completion` tokens."""
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -124,6 +129,12 @@ async def _echo_first(chunks: AsyncIterator[str], n: int, echo: str, request_id:
             yield "".join(sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
                                "model": model, "choices": [{"index": i, "delta": {"content": echo}, "logprobs": None,
                                                             "finish_reason": None}], **extra}) for i in range(n))
+
+
+def _streamed(sp: SamplingParams) -> SamplingParams:
+    """A stream's parameters: delta outputs, each step's news only (what `StreamState(delta=True)` and
+    `stream_tool_chat` read), so that a step's cost does not grow with the outputs' length."""
+    return sp.model_copy(update={"output_kind": "delta"})
 
 
 def _continuous_usage(req: _SamplingFields) -> bool:
@@ -291,7 +302,8 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             lora = self.lora_for(model)
-            streams = [await admitted(self.engine.generate(p.token_ids, sp, f"{engine_id}-{i}", p.text, lora, **extras))
+            streams = [await admitted(self.engine.generate(p.token_ids, _streamed(sp), f"{engine_id}-{i}", p.text, lora,
+                                                           **extras))
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
             return self._stream_completions(req, prompts, streams, request_id, created, model)
         finals = [asyncio.ensure_future(self._final(p, sp, f"{engine_id}-{i}", model, extras))
@@ -308,7 +320,7 @@ class OpenAIServing:
         choices = []
         for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             for c in output.outputs:
-                text, token_ids, entries = self._echoed(req, prompt, output, c, c.text, 0)
+                text, token_ids, entries = self._echoed(req, prompt, output, c.text, c.token_ids, c.logprobs, 0)
                 logprobs = self._completion_logprobs(req, token_ids, entries, 0) if req.logprobs is not None else None
                 choices.append({"index": i * req.n + c.index, "text": text, "finish_reason": c.finish_reason,
                                 "stop_reason": c.stop_reason, "logprobs": logprobs,
@@ -328,7 +340,7 @@ class OpenAIServing:
                                   model: str) -> AsyncIterator[str]:
         total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         cached = 0  # prompt tokens found in the prefix cache, as the non-streamed reply reports them
-        states = [StreamState(req.n) for _ in streams]
+        states = [StreamState(req.n, delta=True) for _ in streams]  # the engine sends deltas (`_streamed`)
         fmt = ChunkFormat(request_id, "text_completion", created, model)
         wants_logprobs = req.logprobs is not None
         continuous = _continuous_usage(req)
@@ -338,23 +350,25 @@ class OpenAIServing:
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
             step = []  # one SSE event per choice, written together (one transport write per step, not n)
-            for c, new_text, first in states[i].deltas(output):
+            for d in states[i].deltas(output):
+                c = d.choice
                 index = i * req.n + c.index
-                text, token_ids, entries = self._echoed(req, prompts[i], output, c, new_text, first)
+                text, token_ids, entries = self._echoed(req, prompts[i], output, d.text, d.token_ids, d.logprobs,
+                                                        d.first)
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
                 ids = None
                 if req.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then null
                     ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
-                           "token_ids": list(c.token_ids[first:])}
+                           "token_ids": list(d.token_ids)}
                     ids_sent.add(index)
-                step.append(fmt.completion(index, text, c, logprobs, choice_usage(output, c) if continuous else None,
-                                           ids))
+                step.append(fmt.completion(index, text, c, logprobs,
+                                           choice_usage(output, d.num_tokens) if continuous else None, ids))
             if step:
                 yield "".join(step)
             if output.finished:
-                for k, v in usage(output).items():
+                for k, v in counted_usage(len(output.prompt_token_ids), states[i].completion_tokens).items():
                     total[k] += v
                 cached += output.num_cached_tokens
         if req.stream_options and req.stream_options.include_usage:
@@ -362,12 +376,13 @@ class OpenAIServing:
                        "choices": [], "usage": self._cached(total, cached)})
         yield "data: [DONE]\n\n"
 
-    def _echoed(self, req: CompletionRequest, prompt: Prompt, output: RequestOutput, c: CompletionOutput,
-                text: str, first: int) -> tuple[str, list[int], list[dict[int, tuple[float, int]] | None]]:
-        """A choice's new `text`, tokens and logprob entries from token `first` on; from the start with
-        `echo`, the prompt comes first (its first token has no logprob: nothing precedes it)."""
-        token_ids: list[int] = list(c.token_ids[first:])
-        entries: list[dict[int, tuple[float, int]] | None] = list((c.logprobs or [])[first:])
+    def _echoed(self, req: CompletionRequest, prompt: Prompt, output: RequestOutput, text: str, new_ids: list[int],
+                new_entries: list[dict[int, tuple[float, int]]] | None,
+                first: int) -> tuple[str, list[int], list[dict[int, tuple[float, int]] | None]]:
+        """A choice's new `text`, token ids and logprob entries, the first of them its token `first`; from the start
+        with `echo`, the prompt comes first (its first token has no logprob: nothing precedes it)."""
+        token_ids: list[int] = list(new_ids)
+        entries: list[dict[int, tuple[float, int]] | None] = list(new_entries or [])
         if req.echo and req.max_tokens == 0:  # the prompt alone (its one generated token is not returned)
             text, token_ids, entries = "", [], []
         if req.echo and first == 0:
@@ -439,8 +454,9 @@ class OpenAIServing:
             opening = opening_usage(len(prompt.token_ids)) if _continuous_usage(req) else None
             prompt_ids = list(prompt.token_ids) if req.return_token_ids else None  # vLLM's, on the role chunks
             lora = self.lora_for(model)
-            stream = await admitted(self.engine.generate(prompt.token_ids, sp, engine_id, prompt.text, lora, **extras))
             reasoning = self.reasoning if sp.structured_outputs is None else None
+            stream = await admitted(self.engine.generate(prompt.token_ids, _streamed(sp), engine_id, prompt.text, lora,
+                                                         **extras))
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
@@ -462,7 +478,8 @@ class OpenAIServing:
             if req.echo:
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": c.index, "message": message,
-                            "logprobs": self._chat_logprobs(c, 0, top or 0, as_ids) if req.logprobs else None,
+                            "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, top or 0, as_ids)
+                            if req.logprobs else None,
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason,
                             **({"token_ids": list(c.token_ids)} if req.return_token_ids else {})})
         reply = {"id": request_id, "object": "chat.completion", "created": created, "model": model,
@@ -487,26 +504,29 @@ class OpenAIServing:
         yield "".join(chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
                               "finish_reason": None}], **({} if opening is None else {"usage": opening}),
                             **({} if prompt_ids is None else {"prompt_token_ids": prompt_ids})) for i in range(req.n))
-        state = StreamState(req.n)
+        state = StreamState(req.n, delta=True)  # the engine sends deltas (`_streamed`)
         last = None
         top = req.top_logprobs or 0
         fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
         as_ids, continuous = req.return_tokens_as_token_ids, _continuous_usage(req)
         async for output in stream:
             last = output
-            step = [fmt.chat(text, c, self._chat_logprobs(c, first, top, as_ids) if req.logprobs else None,
-                             choice_usage(output, c) if continuous else None,
-                             None if prompt_ids is None else {"token_ids": list(c.token_ids[first:])})
-                    for c, text, first in state.deltas(output)]
+            step = [fmt.chat(d.text, d.choice,
+                             self._chat_logprobs(d.token_ids, d.logprobs, top, as_ids) if req.logprobs else None,
+                             choice_usage(output, d.num_tokens) if continuous else None,
+                             None if prompt_ids is None else {"token_ids": list(d.token_ids)})
+                    for d in state.deltas(output)]
             if step:
                 yield "".join(step)
         if req.stream_options and req.stream_options.include_usage and last is not None:
-            yield chunk([], usage=self._cached(usage(last), last.num_cached_tokens))
+            total = counted_usage(len(last.prompt_token_ids), state.completion_tokens)
+            yield chunk([], usage=self._cached(total, last.num_cached_tokens))
         yield "data: [DONE]\n\n"
 
-    def _chat_logprobs(self, c: CompletionOutput, first: int, top: int, as_ids: bool = False) -> dict[str, Any]:
+    def _chat_logprobs(self, token_ids: list[int], entries: list[dict[int, tuple[float, int]]] | None, top: int,
+                       as_ids: bool = False) -> dict[str, Any]:
         content = []
-        for token, entry in zip(c.token_ids[first:], (c.logprobs or [])[first:], strict=False):
+        for token, entry in zip(token_ids, entries or [], strict=False):
             best = sorted(entry.items(), key=lambda kv: kv[1][1])[:top]
             content.append({**self._token_info(token, entry[token][0], as_ids),
                             "top_logprobs": [self._token_info(t, lp, as_ids) for t, (lp, _) in best]})

@@ -1,37 +1,60 @@
-"""Server-sent events of streamed completions and chat completions: the engine's cumulative outputs turned
-into each choice's new text, written as OpenAI's `data:` chunks."""
+"""Server-sent events of streamed completions and chat completions: the engine's outputs (deltas, or cumulative
+snapshots) turned into each choice's new text, written as OpenAI's `data:` chunks."""
 
 from __future__ import annotations
 
 import json
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, NamedTuple
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 
 
-class StreamState:
-    """Per-choice text already sent, to turn cumulative outputs into deltas."""
+class ChoiceDelta(NamedTuple):
+    """What one choice's chunk carries: its news since the previous chunk."""
 
-    def __init__(self, n: int) -> None:
+    choice: CompletionOutput  # the output's choice (index, finish and stop reasons)
+    text: str  # new text
+    token_ids: list[int]  # new token ids
+    logprobs: list[dict[int, tuple[float, int]]] | None  # their logprob entries (None: not asked for)
+    first: int  # the index of the first new token in the whole output (0: the choice's first chunk)
+    num_tokens: int  # the choice's tokens so far (continuous usage)
+
+
+class StreamState:
+    """Per-choice text and tokens already sent, to turn outputs into each choice's news: the outputs are deltas
+    (`delta`: output_kind "delta", O(new tokens) a step) or cumulative snapshots."""
+
+    def __init__(self, n: int, delta: bool = False) -> None:
+        self.delta = delta
         self.sent_text = [0] * n
         self.sent_tokens = [0] * n
         self.finished = [False] * n
 
-    def deltas(self, output: RequestOutput) -> list[tuple[CompletionOutput, str, int]]:
-        """(choice, new text, index of its first new token) for choices that changed."""
+    def deltas(self, output: RequestOutput) -> list[ChoiceDelta]:
+        """The news of choices that changed."""
         changes = []
         for c in output.outputs:
-            if self.finished[c.index]:
+            i = c.index
+            if self.finished[i]:
                 continue
-            new_text = c.text[self.sent_text[c.index] :]
-            first_new_token = self.sent_tokens[c.index]
-            if new_text or c.finish_reason is not None or len(c.token_ids) > first_new_token:
-                changes.append((c, new_text, first_new_token))
-                self.sent_text[c.index] = len(c.text)
-                self.sent_tokens[c.index] = len(c.token_ids)
-                self.finished[c.index] = c.finish_reason is not None
+            first = self.sent_tokens[i]
+            if self.delta:
+                text, token_ids, logprobs = c.text, c.token_ids, c.logprobs
+            else:
+                text, token_ids = c.text[self.sent_text[i] :], c.token_ids[first:]
+                logprobs = None if c.logprobs is None else c.logprobs[first:]
+            if text or c.finish_reason is not None or token_ids:
+                self.sent_tokens[i] = first + len(token_ids)
+                changes.append(ChoiceDelta(c, text, token_ids, logprobs, first, self.sent_tokens[i]))
+                self.sent_text[i] = self.sent_text[i] + len(text) if self.delta else len(c.text)
+                self.finished[i] = c.finish_reason is not None
         return changes
+
+    @property
+    def completion_tokens(self) -> int:
+        """Every choice's tokens so far."""
+        return sum(self.sent_tokens)
 
 
 # `json.dumps(value, ensure_ascii=False)` builds a new encoder at every call (only the default arguments reuse

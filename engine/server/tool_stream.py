@@ -62,7 +62,9 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     included); `prompt_ids`: with return_token_ids, the prompt's ids, sent on the role chunks, and then each choice's
     new token ids ride on its first chunk of each step (an empty-delta chunk when the parser holds the text back), as
     vLLM sends every step's ids. `include_reasoning` false (vLLM's field): the thinking is parsed apart but not sent."""
-    tokens = [0] * n  # each choice's completion tokens so far, for the continuous usage
+    # `stream` yields delta outputs (each step's news): the parsers re-read each choice's whole text, kept here
+    tokens = [0] * n  # each choice's completion tokens so far, for the usage
+    texts = [""] * n  # each choice's text so far
     unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
@@ -92,11 +94,11 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                 if state.done:
                     continue
                 if prompt_ids is not None:
-                    unsent[c.index] += c.token_ids[tokens[c.index] :]
-                tokens[c.index] = len(c.token_ids)
-                text = c.text
+                    unsent[c.index] += c.token_ids
+                tokens[c.index] += len(c.token_ids)
+                text = texts[c.index] = texts[c.index] + c.text
                 if reasoning is not None:
-                    split = reasoning.split(c.text, finished=c.finish_reason is not None)
+                    split = reasoning.split(text, finished=c.finish_reason is not None)
                     thought = split.reasoning or ""
                     if len(thought) > state.sent_reasoning and include_reasoning:
                         step.append(chunk(c.index, thinking(thought[state.sent_reasoning :])))
@@ -111,7 +113,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
         await stream.aclose()
     if stream_options and stream_options.include_usage and last is not None:
         prompt = len(last.prompt_token_ids)
-        completion = sum(len(c.token_ids) for c in last.outputs)
+        completion = sum(tokens)
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                                  "total_tokens": prompt + completion}
         if prompt_tokens_details and last.num_cached_tokens:  # as the other paths: only when some were cached

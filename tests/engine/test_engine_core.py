@@ -18,7 +18,7 @@ from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.errors import EngineDeadError, InvalidParamError, RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
-from flotilla.engine.output_delta import OutputDecoder, OutputEncoder
+from flotilla.engine.output_delta import OutputDecoder, OutputEncoder, core_params
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -37,25 +37,44 @@ def _output(texts: list[str], tokens: list[list[int]], finished: bool = False, l
 
 
 def test_deltas_rebuild_every_cumulative_output_and_earlier_ones_stay_unchanged():
-    # Two completions, logprobs on, text that shrinks when a stop string is cut off (step 3).
-    steps = [
+    # Two completions, logprobs on; the core sends each step's news (delta outputs).
+    deltas = [
         _output(["He", ""], [[1], []], logprobs=True),
-        _output(["Hello wo", "Hi"], [[1, 2], [3]], logprobs=True),
+        _output(["llo", "Hi"], [[2], [3]], logprobs=True),
+        _output(["", " there"], [[4], [8]], logprobs=True),
+        _output(["!", ""], [[9], []], finished=True, logprobs=True),
+    ]
+    cumulative = [
+        _output(["He", ""], [[1], []], logprobs=True),
+        _output(["Hello", "Hi"], [[1, 2], [3]], logprobs=True),
         _output(["Hello", "Hi there"], [[1, 2, 4], [3, 8]], logprobs=True),
         _output(["Hello!", "Hi there"], [[1, 2, 4, 9], [3, 8]], finished=True, logprobs=True),
     ]
-    encoder, decoder = OutputEncoder(), OutputDecoder()
-    decoded = []
-    for step in steps:
-        delta = pickle.loads(pickle.dumps(encoder.encode(step)))
-        decoded.append(decoder.decode(delta))
-    assert decoded == steps  # every snapshot as it was when decoded: later steps did not mutate it
+    encoder, rebuilt, passed = OutputEncoder(), OutputDecoder(cumulative=True), OutputDecoder()
+    decoded, messages = [], []
+    for step in deltas:
+        message = pickle.loads(pickle.dumps(encoder.encode(step)))
+        messages.append(message)
+        decoded.append(rebuilt.decode(message))
+        assert passed.decode(message) == step  # a delta request's output is the core's delta
+    for got, want, delta in zip(decoded, cumulative, deltas, strict=True):
+        assert [(c.text, c.token_ids, c.logprobs) for c in got.outputs] == [
+            (c.text, c.token_ids, c.logprobs) for c in want.outputs]  # as they were: later steps did not mutate them
+        # the engine's cumulative logprob, as sent
+        assert [c.cumulative_logprob for c in got.outputs] == [c.cumulative_logprob for c in delta.outputs]
+        assert got.prompt_logprobs == want.prompt_logprobs and got.finished == want.finished
     assert len(encoder) == 0  # finished: the core keeps nothing of it
-    first, later = encoder.encode(steps[0]), encoder.encode(steps[1])
-    assert first[2] is not None and later[2] is None  # the prompt travels once
-    assert later[3][0][3] == [2] and later[3][0][1] == "llo wo"  # only the news
+    assert messages[0][2] is not None and all(m[2] is None for m in messages[1:])  # the prompt travels once
+    assert messages[1][3][0][:2] == ("llo", [2])  # only the news
+    encoder.encode(deltas[0])
     encoder.forget("r")
     assert len(encoder) == 0
+
+
+def test_the_core_is_asked_for_deltas_in_place_of_cumulative_outputs():
+    assert core_params(GREEDY).output_kind == "delta" and GREEDY.output_kind == "cumulative"
+    final = GREEDY.model_copy(update={"output_kind": "final_only"})
+    assert core_params(final) is final
 
 
 def test_errors_keep_their_type_and_fields_across_the_process_boundary():
