@@ -41,6 +41,7 @@ import triton.language as tl
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_gemv import _gemv_step
 from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
 from flotilla.kernels.triton_utils import device_sms
@@ -196,11 +197,9 @@ def _gated_gemv_kernel(
     if HAS_BIAS:
         gate += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
+    # main's rounding points (`silu_mul`): each projection stored (rounded), SiLU in fp32 rounded, the product rounded
     out_ty = out_ptr.dtype.element_ty
-    gate = gate.to(out_ty).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)
-    res = act * up.to(out_ty).to(tl.float32)
+    res = silu_mul(gate, up, out_ty)
     o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     tl.store(o_ptrs, res.to(out_ty), mask=row_ok[:, None] & col_ok[None, :])
 

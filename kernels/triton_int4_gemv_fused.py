@@ -32,6 +32,7 @@ import triton.language as tl
 
 from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.split_k_counters import arrival_counters
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_int4_gemv_wide import (
     _X_KINDS,
     WideConfig,
@@ -78,11 +79,10 @@ def _silu_mul_store(total, out_ptr, pid, NH, HALF: tl.constexpr):
     """The gated program's outputs from its fp32 sums (`[2 HALF]`: gate rows, then up rows; bias added) at the pair's
     rounding points: each projection rounded, SiLU in fp32 rounded, the product rounded (`triton_activation.py`)."""
     out_ty = out_ptr.dtype.element_ty
-    y = total.to(out_ty).to(tl.float32)  # what the plain GEMV stores and the SiLU kernel loads
-    gate, up = tl.split(tl.trans(tl.reshape(y, [2, HALF])))
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)
+    gate, up = tl.split(tl.trans(tl.reshape(total, [2, HALF])))
+    res = silu_mul(gate, up, out_ty)
     o = pid * HALF + tl.arange(0, HALF)
-    tl.store(out_ptr + o, (act * up).to(out_ty), mask=o < NH)
+    tl.store(out_ptr + o, res.to(out_ty), mask=o < NH)
 
 
 @triton.jit
