@@ -18,7 +18,7 @@ row, bf16/fp16, the plain GEMV's config one K range of FMA tiles holding whole r
 
 With `norm` (FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the layer's input RMSNorm (+ the
 residual add): x is the un-normalised row, each program computes its sum of squares and normalises each K tile as it
-loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_tile`), and program 0 stores the next residual.
+loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_x`), and program 0 stores the next residual.
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_gemv import _gemv_step, default_config
 from flotilla.kernels.triton_kv_write import is_fp8
-from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
+from flotilla.kernels.triton_rmsnorm import (
+    _prologue_rstd,
+    _prologue_x,
+    prologue_constexprs,
+    prologue_launch_args,
+)
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
     fits_rope,
@@ -145,11 +150,8 @@ def _gemv_rope_kernel(
                           NORM_BLOCK) if NORM else 1.0
     if PDL:
         k_ok = ks < K
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, x_offs, row_ok[:, None] & k_ok[None, :], rstd, NORM,
+                        NORM_RESIDUAL)  # fmt: skip
         acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
         k_loop = BLOCK_K
     else:
@@ -157,11 +159,8 @@ def _gemv_rope_kernel(
     for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
         k_ok = (k0 + ks) < K
         w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs + k0, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
+                        NORM, NORM_RESIDUAL)  # fmt: skip
         acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
     res = tl.sum(acc, 2)  # [1, BLOCK_N]
     if HAS_BIAS:  # added before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
@@ -203,19 +202,15 @@ def gemv_rope(
     check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
     assert norm is None or norm.fits(x), "the norm prologue needs RMSNormPrologue.fits(x)"
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    residual = norm.residual if norm is not None and norm.residual is not None else x  # unused without one
-    residual_out = norm.residual_out if norm is not None and norm.residual_out is not None else x
     cfg = default_config(1, n, k, device_sms(x))
     consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gemv_rope_kernel[(n // cfg.block_n,)](
         x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)
         *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                           k_scale, v_scale),
-        residual, norm.weight if norm is not None else x, residual_out, norm.eps if norm is not None else 0.0,
-        HAS_BIAS=bias is not None, HEAD_DIM=head_dim, PAGE=k_cache.shape[1], FP8=is_fp8(k_cache),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, NORM=norm is not None, NORM_RESIDUAL=norm is not None and norm.residual is not None,
-        NORM_BLOCK=prologue_block(k), **consts,
+        *prologue_launch_args(norm, x), HAS_BIAS=bias is not None, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
+        FP8=is_fp8(k_cache), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **prologue_constexprs(norm, k), **consts,
     )  # fmt: skip
     return q_out
 
