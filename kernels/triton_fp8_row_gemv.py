@@ -56,6 +56,7 @@ import triton.language as tl
 
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
 from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
     fits_rope,
@@ -431,9 +432,7 @@ def _fp8_row_gemv_kernel(
         up = up * scale_u
         if HAS_BIAS:
             up += bias_u
-        g = gate.to(out_ty).to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
-        res = act * up.to(out_ty).to(tl.float32)
+        res = silu_mul(gate, up, out_ty)
     else:
         res = gate
     tl.store(out_ptr + cols, res.to(out_ty), mask=col_ok)

@@ -41,8 +41,14 @@ import triton.language as tl
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_gemv import _gemv_step
-from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
+from flotilla.kernels.triton_rmsnorm import (
+    _prologue_rstd,
+    _prologue_x,
+    prologue_constexprs,
+    prologue_launch_args,
+)
 from flotilla.kernels.triton_utils import device_sms
 
 # accumulator elements a thread may hold, gate and up together (triton_gemv's FMA budget)
@@ -170,11 +176,8 @@ def _gated_gemv_kernel(
                           NORM_BLOCK) if NORM else 1.0
     if PDL:
         k_ok = ks < K
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, x_offs, row_ok[:, None] & k_ok[None, :], rstd, NORM,
+                        NORM_RESIDUAL)  # fmt: skip
         acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
         acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
         k_loop = BLOCK_K
@@ -184,11 +187,8 @@ def _gated_gemv_kernel(
         k_ok = (k0 + ks) < K
         wg = tl.load(g_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         wu = tl.load(u_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs + k0, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
+                        NORM, NORM_RESIDUAL)  # fmt: skip
         acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
         acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
     gate = tl.sum(acc_g, 2)  # [BLOCK_M, BLOCK_N]
@@ -196,11 +196,9 @@ def _gated_gemv_kernel(
     if HAS_BIAS:
         gate += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         up += tl.load(bias_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
+    # main's rounding points (`silu_mul`): each projection stored (rounded), SiLU in fp32 rounded, the product rounded
     out_ty = out_ptr.dtype.element_ty
-    gate = gate.to(out_ty).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)
-    res = act * up.to(out_ty).to(tl.float32)
+    res = silu_mul(gate, up, out_ty)
     o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     tl.store(o_ptrs, res.to(out_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -252,14 +250,11 @@ def gated_gemv(
         return out
     cfg = default_config(m, n, k, device_sms(x), **(ENV_KNOBS | knobs))
     extra = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
-    residual = norm.residual if norm is not None and norm.residual is not None else x  # unused without one
-    residual_out = norm.residual_out if norm is not None and norm.residual_out is not None else x
     _gated_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, bias if bias is not None else out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        residual, norm.weight if norm is not None else x, residual_out, norm.eps if norm is not None else 0.0,
-        HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages, NORM=norm is not None,
-        NORM_RESIDUAL=norm is not None and norm.residual is not None, NORM_BLOCK=prologue_block(k), **extra,
+        *prologue_launch_args(norm, x), HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **prologue_constexprs(norm, k), **extra,
     )  # fmt: skip
     return out
 

@@ -2,25 +2,23 @@
 
 At batch 1 each Llama layer runs the qkv GEMV (`triton_gemv.py`) and then `_rotary_kv_write_kernel`
 (`triton_rotary_kv_write.py`), a ~2 us kernel plus a launch gap: ~70-74 us a step over 32 layers on the H200.
-Here the GEMV's programs finish the job themselves. The NeoX rotation pairs element d of a head with element
-d + D/2, so a program does not take BLOCK_N consecutive output features as the plain GEMV does, but BLOCK_N / 2
-consecutive features of one head's first half and the BLOCK_N / 2 features D/2 further on: it then holds both
-halves of every pair it rotates, with no split-K, no arrival counter and no other program's values. The weight is
-read as before (a program's rows are still whole rows, each contiguous along K) and the grid is as large (N /
-BLOCK_N programs: 384 for Llama-3.1-8B's 6,144 x 4,096 at 16 rows a program).
+Here the GEMV's programs finish the job themselves, with the epilogue the fp8 and int4 one-row GEMVs share
+(`triton_rope_epilogue.py`): a program takes the rows of `rope_rows` (BLOCK_N / 2 consecutive features of one head's
+first half and the BLOCK_N / 2 features D/2 further on, not BLOCK_N consecutive output features as the plain GEMV
+does), so it holds both halves of every pair it rotates, with no split-K, no arrival counter and no other program's
+values. The weight is read as before (a program's rows are still whole rows, each contiguous along K) and the grid
+is as large (N / BLOCK_N programs: 384 for Llama-3.1-8B's 6,144 x 4,096 at 16 rows a program).
 
-The epilogue rounds each output to the activation dtype (the plain GEMV's store), rotates a query or key pair by
-the cos/sin row of the token's position (rounded to the activation dtype, as `apply_rotary_ref`), and stores the
-query into a new `[1, H, D]` tensor and the key and value into their caches at `slot_mapping[0]` (-1: nothing
-written; an fp8 cache stores K / k_scale and V / v_scale, as `triton_rotary_kv_write`). The tiles, the K loop and
-the PDL peel are the plain GEMV's at the same `default_config`, so the sums are the same sums in the same order:
-`q` and the cache rows equal the unfused pair's bit for bit (the PyTorch oracle is `gemv_rope_ref`, the unfused
-pair's references). `fuses_rope` says where this applies (one row, bf16/fp16, the plain GEMV's config one K range
-of FMA tiles no wider than a head).
+Its sums then go through `rope_kv_store`: each output rounded to the activation dtype (the plain GEMV's store), a
+query or key pair rotated, the query stored into a new `[1, H, D]` tensor and the key and value into their caches at
+`slot_mapping[0]`. The tiles, the K loop and the PDL peel are the plain GEMV's at the same `default_config`, so the
+sums are the same sums in the same order: `q` and the cache rows equal the unfused pair's bit for bit (the PyTorch
+oracle is `gemv_rope_ref`: `gemv_ref`, then the shared `qkv_rope_ref`). `fuses_rope` says where this applies (one
+row, bf16/fp16, the plain GEMV's config one K range of FMA tiles holding whole rotation pairs of one head).
 
 With `norm` (FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the layer's input RMSNorm (+ the
 residual add): x is the un-normalised row, each program computes its sum of squares and normalises each K tile as it
-loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_tile`), and program 0 stores the next residual.
+loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_x`), and program 0 stores the next residual.
 """
 
 from __future__ import annotations
@@ -31,12 +29,23 @@ import triton.language as tl
 
 from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.linear import gemv_ref
-from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
-from flotilla.kernels.rotary import apply_rotary_ref
 from flotilla.kernels.triton_gemv import _gemv_step, default_config
-from flotilla.kernels.triton_kv_write import is_fp8, to_cache
-from flotilla.kernels.triton_rmsnorm import _prologue_rstd, _prologue_tile, prologue_block
+from flotilla.kernels.triton_kv_write import is_fp8
+from flotilla.kernels.triton_rmsnorm import (
+    _prologue_rstd,
+    _prologue_x,
+    prologue_constexprs,
+    prologue_launch_args,
+)
+from flotilla.kernels.triton_rope_epilogue import (
+    check_rope_operands,
+    fits_rope,
+    qkv_rope_ref,
+    rope_kv_store,
+    rope_launch_args,
+    rope_rows,
+)
 from flotilla.kernels.triton_utils import device_sms
 
 
@@ -60,27 +69,21 @@ def gemv_rope_ref(
     normalised by it (`RMSNormPrologue.apply_ref`, which stores the next residual)."""
     if norm is not None:
         x = norm.apply_ref(x)
-    head_dim = cos_sin_cache.shape[-1]
-    qkv = gemv_ref(x, weight, bias)
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q, k = apply_rotary_ref(positions, q.reshape(-1, num_heads, head_dim), k.reshape(-1, num_kv_heads, head_dim),
-                            cos_sin_cache)  # fmt: skip
-    write_kv_cache_ref(k, v.reshape(-1, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    return q
+    return qkv_rope_ref(gemv_ref(x, weight, bias), positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
+                        num_kv_heads, k_scale, v_scale)  # fmt: skip
 
 
 def fuses_rope(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
     """Whether `gemv_rope` takes `x @ weight.T` with `head_dim`-wide heads: one row of bf16/fp16 activations, a
-    weight of the same dtype, and the plain GEMV's configuration one K range of FMA tiles whose half (the pairs
-    a program rotates) divides a head's half (so that the fused kernel runs the plain GEMV's own sums)."""
+    weight of the same dtype, and the plain GEMV's configuration one K range of FMA tiles holding whole rotation
+    pairs of one head (`fits_rope`; so that the fused kernel runs the plain GEMV's own sums)."""
     if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1 and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1
             and weight.shape[1] > 0 and head_dim % 2 == 0 and weight.shape[0] % head_dim == 0):  # fmt: skip
         return False
     n, k = weight.shape
     cfg = default_config(1, n, k, device_sms(x))
-    half = head_dim // 2
-    return not cfg.use_dot and cfg.split_k == 1 and cfg.block_n <= head_dim and half % (cfg.block_n // 2) == 0
+    return not cfg.use_dot and cfg.split_k == 1 and fits_rope(cfg.block_n, head_dim)
 
 
 @triton.jit
@@ -88,15 +91,15 @@ def _gemv_rope_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
-    positions_ptr,
+    N,
+    K,
+    stride_wn,
+    positions_ptr,  # the epilogue's arguments (`rope_launch_args`), through inv_v_scale
     cos_sin_ptr,
     slot_mapping_ptr,
     q_out_ptr,
     k_cache_ptr,
     v_cache_ptr,
-    N,
-    K,
-    stride_wn,
     stride_cs,
     stride_kcb,
     stride_kcs,
@@ -125,14 +128,8 @@ def _gemv_rope_kernel(
     NORM_RESIDUAL: tl.constexpr = False,
     NORM_BLOCK: tl.constexpr = 16,
 ):
-    PAIRS: tl.constexpr = BLOCK_N // 2
-    HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
-    head = pid // (HALF // PAIRS)
-    first = (pid % (HALF // PAIRS)) * PAIRS  # the program's first pair index within the head
-    r = tl.arange(0, BLOCK_N)
-    # rows [0, PAIRS): features first..first+PAIRS-1 of the head; rows [PAIRS, BLOCK_N): the same + HALF
-    cols = head * HEAD_DIM + first + (r % PAIRS) + (r // PAIRS) * HALF
+    head, first, cols = rope_rows(pid, BLOCK_N, HEAD_DIM)  # whole rotation pairs of one head
     col_ok = cols < N  # always true (N is a whole number of heads); the plain GEMV's masks, for its code
     rows = tl.arange(0, 1)
     row_ok = rows < 1
@@ -153,11 +150,8 @@ def _gemv_rope_kernel(
                           NORM_BLOCK) if NORM else 1.0
     if PDL:
         k_ok = ks < K
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, x_offs, row_ok[:, None] & k_ok[None, :], rstd, NORM,
+                        NORM_RESIDUAL)  # fmt: skip
         acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
         k_loop = BLOCK_K
     else:
@@ -165,44 +159,15 @@ def _gemv_rope_kernel(
     for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
         k_ok = (k0 + ks) < K
         w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
-                               NORM_RESIDUAL)  # fmt: skip
-        else:
-            x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs + k0, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
+                        NORM, NORM_RESIDUAL)  # fmt: skip
         acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
     res = tl.sum(acc, 2)  # [1, BLOCK_N]
     if HAS_BIAS:  # added before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    act = x_ptr.dtype.element_ty
-    y = res.to(act).to(tl.float32)  # what the plain GEMV stores and the rotary kernel loads
-    y1, y2 = tl.split(tl.trans(tl.reshape(y, [2, PAIRS])))  # the pairs' first and second halves, [PAIRS] each
-    i = first + tl.arange(0, PAIRS)  # the pairs' index within the head's half
-    pos = tl.load(positions_ptr).to(tl.int64)
-    cs_row = cos_sin_ptr + pos * stride_cs + i
-    cos = tl.load(cs_row).to(act).to(tl.float32)
-    sin = tl.load(cs_row + HALF).to(act).to(tl.float32)
-    if head < num_q_heads:
-        q_dst = q_out_ptr + head * HEAD_DIM + i
-        tl.store(q_dst, (y1 * cos - y2 * sin).to(act))
-        tl.store(q_dst + HALF, (y2 * cos + y1 * sin).to(act))
-    else:
-        slot = tl.load(slot_mapping_ptr).to(tl.int64)
-        if slot >= 0:
-            block, offset = slot // PAGE, slot % PAGE
-            kv_head = head - num_q_heads
-            # (no tl.dtype locals inside the branches: the compiler yields a branch's locals out of it)
-            if kv_head < num_kv_heads:  # a key head: rotated, rounded to the activation dtype, then stored
-                k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_head * stride_kch + i
-                tl.store(k_dst, to_cache((y1 * cos - y2 * sin).to(act), inv_k_scale, k_cache_ptr.dtype.element_ty,
-                                         FP8))  # fmt: skip
-                tl.store(k_dst + HALF, to_cache((y2 * cos + y1 * sin).to(act), inv_k_scale,
-                                                k_cache_ptr.dtype.element_ty, FP8))  # fmt: skip
-            else:  # a value head: stored as the GEMV rounded it
-                v_head = kv_head - num_kv_heads
-                v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + v_head * stride_vch + i
-                tl.store(v_dst, to_cache(y1.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8))
-                tl.store(v_dst + HALF, to_cache(y2.to(act), inv_v_scale, v_cache_ptr.dtype.element_ty, FP8))
+    rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
+                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8, BLOCK_N)  # fmt: skip
 
 
 def gemv_rope(
@@ -232,58 +197,21 @@ def gemv_rope(
     head_dim = cos_sin_cache.shape[-1]
     n, k = weight.shape
     assert fuses_rope(x, weight, head_dim), "gemv_rope needs fuses_rope()"
-    assert n == (num_heads + 2 * num_kv_heads) * head_dim and x.shape[1] == k and x.stride(-1) == 1
+    assert x.shape[1] == k and x.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
-    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape[2:] == (num_kv_heads, head_dim)
+    check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
     assert norm is None or norm.fits(x), "the norm prologue needs RMSNormPrologue.fits(x)"
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    residual = norm.residual if norm is not None and norm.residual is not None else x  # unused without one
-    residual_out = norm.residual_out if norm is not None and norm.residual_out is not None else x
     cfg = default_config(1, n, k, device_sms(x))
     consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gemv_rope_kernel[(n // cfg.block_n,)](
-        x,
-        weight,
-        bias if bias is not None else x,  # unused without a bias
-        positions,
-        cos_sin_cache,
-        slot_mapping,
-        q_out,
-        k_cache,
-        v_cache,
-        n,
-        k,
-        weight.stride(0),
-        cos_sin_cache.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        num_heads,
-        num_kv_heads,
-        1.0 / k_scale,
-        1.0 / v_scale,
-        residual,
-        norm.weight if norm is not None else x,
-        residual_out,
-        norm.eps if norm is not None else 0.0,
-        HAS_BIAS=bias is not None,
-        HEAD_DIM=head_dim,
-        PAGE=k_cache.shape[1],
-        FP8=is_fp8(k_cache),
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        NORM=norm is not None,
-        NORM_RESIDUAL=norm is not None and norm.residual is not None,
-        NORM_BLOCK=prologue_block(k),
-        **consts,
-    )
+        x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)
+        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                          k_scale, v_scale),
+        *prologue_launch_args(norm, x), HAS_BIAS=bias is not None, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
+        FP8=is_fp8(k_cache), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **prologue_constexprs(norm, k), **consts,
+    )  # fmt: skip
     return q_out
 
 

@@ -30,12 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.split_k_counters import arrival_counters
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_int4_gemv_wide import (
     _X_KINDS,
     WideConfig,
-    _pdl_options,
+    launch_constexprs,
+    pdl_mode,
     tile_sums,
     wide_config,
     wide_supported,
@@ -48,7 +49,7 @@ from flotilla.kernels.triton_rope_epilogue import (
     rope_launch_args,
     rope_rows,
 )
-from flotilla.kernels.triton_utils import INTERPRETING, device_sms
+from flotilla.kernels.triton_utils import device_sms
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}  # this module's arrival counters (`split_k_counters.py` says why)
 _COUNTER_SLOTS = 1 << 14
@@ -78,11 +79,10 @@ def _silu_mul_store(total, out_ptr, pid, NH, HALF: tl.constexpr):
     """The gated program's outputs from its fp32 sums (`[2 HALF]`: gate rows, then up rows; bias added) at the pair's
     rounding points: each projection rounded, SiLU in fp32 rounded, the product rounded (`triton_activation.py`)."""
     out_ty = out_ptr.dtype.element_ty
-    y = total.to(out_ty).to(tl.float32)  # what the plain GEMV stores and the SiLU kernel loads
-    gate, up = tl.split(tl.trans(tl.reshape(y, [2, HALF])))
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)
+    gate, up = tl.split(tl.trans(tl.reshape(total, [2, HALF])))
+    res = silu_mul(gate, up, out_ty)
     o = pid * HALF + tl.arange(0, HALF)
-    tl.store(out_ptr + o, (act * up).to(out_ty), mask=o < NH)
+    tl.store(out_ptr + o, res.to(out_ty), mask=o < NH)
 
 
 @triton.jit
@@ -215,17 +215,12 @@ class _Launch:
     splits: int
     part: torch.Tensor  # fp32 partials [splits, N] (a stand-in pointer with one range)
     counters: torch.Tensor  # arrival counters (a stand-in with one range)
-    even: bool
 
     @classmethod
     def plan(cls, x: torch.Tensor, n: int, k: int, pdl: str | None, knobs: dict) -> _Launch:
         """The plain kernel's launch for an `[n, k]` weight at one row (`wide_config`), split-K kept where counters
         are to be had."""
-        if pdl is None:
-            from flotilla.kernels import triton_int4_gemv_wide as wide  # the module global, read at every call
-
-            pdl = wide.WIDE_PDL if wide.WIDE_PDL and pdl_active(x) else ""
-        assert pdl in ("", "top", "late"), pdl
+        pdl = pdl_mode(x, pdl)
         cfg = wide_config(1, n, k, device_sms(x), pdl=bool(pdl), **knobs)
         words = k // 8
         wps = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
@@ -236,18 +231,13 @@ class _Launch:
             if counters is None:  # one range (the plain kernel would reduce in a second launch)
                 wps, splits = triton.cdiv(words, cfg.block_w) * cfg.block_w, 1
         part = torch.empty(splits, n, dtype=torch.float32, device=x.device) if splits > 1 else x
-        even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and wps % cfg.block_w == 0
-        return cls(cfg, pdl, wps, splits, part, counters if counters is not None else x, even)
+        return cls(cfg, pdl, wps, splits, part, counters if counters is not None else x)
 
-    def constexprs(self, x: torch.Tensor, zeros: torch.Tensor | None, bias: torch.Tensor | None, group: int,
+    def constexprs(self, x: torch.Tensor, n: int, zeros: torch.Tensor | None, bias: torch.Tensor | None, group: int,
                    pdl_gdc: bool, use_asm: bool | None) -> dict:  # fmt: skip
-        """The kernels' shared compile-time arguments and launch options."""
-        cfg = self.cfg
-        return dict(GROUP=group, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=self.splits,
-                    BLOCK_N=cfg.block_n, BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
-                    USE_ASM=(not INTERPRETING) if use_asm is None else use_asm, EVEN=self.even,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_options(self.pdl, pdl_gdc),
-                    **({"LAYOUT": cfg.layout} if cfg.layout else {}))  # fmt: skip
+        """The kernels' compile-time arguments and launch options (the plain kernel's, `launch_constexprs`)."""
+        return launch_constexprs(self.cfg, x, n, self.words_per_split, zeros, bias, group, self.pdl, pdl_gdc,
+                                 use_asm) | {"SPLIT_K": self.splits}  # fmt: skip
 
 
 def _operands_ok(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -310,7 +300,7 @@ def int4_gemv_wide_gated(
         x.view(torch.int64), packed, scales, zeros if zeros is not None else packed,
         bias if bias is not None else out, out, launch.part, launch.counters, n, k // 8, packed.stride(0),
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
-        **launch.constexprs(x, zeros, bias, group_size, pdl_gdc, use_asm),
+        **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm),
     )  # fmt: skip
     return out
 
@@ -353,7 +343,7 @@ def int4_gemv_wide_rope(
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
         *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                           k_scale, v_scale),
-        **rope_constexprs(cos_sin_cache, k_cache), **launch.constexprs(x, zeros, bias, group_size, pdl_gdc, use_asm),
+        **rope_constexprs(cos_sin_cache, k_cache), **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm),
     )  # fmt: skip
     return q_out
 

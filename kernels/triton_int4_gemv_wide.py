@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import torch
 import triton
@@ -507,27 +508,47 @@ def int4_gemv_wide(
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    if pdl is None:
-        pdl = WIDE_PDL if WIDE_PDL and pdl_active(x) else ""
-    assert pdl in ("", "top", "late"), pdl
+    pdl = pdl_mode(x, pdl)
     cfg = wide_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
                       num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl), layout=layout)  # fmt: skip
     assert cfg.block_w % 4 == 0, cfg
     words = k // 8
     out2 = out.view(-1, n)
     split = _SplitK.plan(out2, bias, words, cfg.block_n, cfg.block_w, cfg.split_k)
-    even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and split.words_per_split % cfg.block_w == 0
     _int4_gemv_wide_kernel[split.grid](
         *split.kernel_args(x8, packed, scales, zeros, out2, words),
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split.grid[1],
-        FIXUP=split.counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
-        BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages, X_KIND=_X_KINDS[x.dtype],
-        USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
-        EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_options(pdl, pdl_gdc),
-        **({"LAYOUT": cfg.layout} if cfg.layout else {}),
+        SPLIT_K=split.grid[1], FIXUP=split.counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m),
+        **launch_constexprs(cfg, x, n, split.words_per_split, zeros, bias, group_size, pdl, pdl_gdc, use_asm),
     )  # fmt: skip
     split.reduce(out2, bias is not None)
     return out
+
+
+def pdl_mode(x: torch.Tensor, pdl: str | None) -> str:
+    """A call's PDL launch, "" (plain), "top" or "late" (`int4_gemv_wide`'s `pdl`): as given, or by default `WIDE_PDL`
+    where `pdl_active(x)` (the module global, read at every call: the benchmarks flip it)."""
+    if pdl is None:
+        pdl = WIDE_PDL if WIDE_PDL and pdl_active(x) else ""
+    assert pdl in ("", "top", "late"), pdl
+    return pdl
+
+
+def launch_constexprs(cfg: WideConfig, x: torch.Tensor, n: int, words_per_split: int, zeros: torch.Tensor | None,
+                      bias: torch.Tensor | None, group_size: int, pdl: str, pdl_gdc: bool,
+                      use_asm: bool | None) -> dict[str, Any]:  # fmt: skip
+    """The compile-time arguments and launch options every kernel on `tile_sums` takes (this module's and
+    `triton_int4_gemv_fused`'s), for `n` weight rows of `x`'s K in ranges of `words_per_split` words: the tile, the
+    operands' kinds, EVEN (whole row tiles and word steps in every range: unmasked loads), the PDL launch (`pdl`,
+    from `pdl_mode`; `pdl_gdc` False: without the griddepcontrol instructions) and the layout."""
+    words = x.shape[-1] // 8
+    even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and words_per_split % cfg.block_w == 0
+    options: dict[str, Any] = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+                                   BLOCK_N=cfg.block_n, BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages,
+                                   X_KIND=_X_KINDS[x.dtype], USE_ASM=(not INTERPRETING) if use_asm is None else use_asm,
+                                   EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
+    if cfg.layout:
+        options["LAYOUT"] = cfg.layout
+    return options | _pdl_options(pdl, pdl_gdc)
 
 
 def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
@@ -540,4 +561,5 @@ def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
     return options
 
 
-__all__ = ["MAX_ROWS", "WIDE_PDL", "WideConfig", "int4_gemv_wide", "wide_config", "wide_supported"]
+__all__ = ["MAX_ROWS", "WIDE_PDL", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode", "wide_config",
+           "wide_supported"]

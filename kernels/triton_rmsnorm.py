@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.pdl import pdl_launch_options
 
 
@@ -93,12 +94,42 @@ def _prologue_tile(x_ptr, residual_ptr, gamma_ptr, offs, ok, rstd, HAS_RESIDUAL:
     return (w * h).to(act)
 
 
+@triton.jit
+def _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, offs, ok, rstd, NORM: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """A one-row GEMV's x tile (masked by `ok`): with NORM the normalised row at `offs` (`_prologue_tile`), else x
+    as it is, at `x_ptrs` (only one of the two addresses is used; the other is dead code)."""
+    if NORM:
+        x = _prologue_tile(x_ptr, residual_ptr, gamma_ptr, offs, ok, rstd, HAS_RESIDUAL)
+    else:
+        x = tl.load(x_ptrs, mask=ok, other=0.0)
+    return x
+
+
 def prologue_block(k: int) -> int:
     """The `BLOCK_K` of `_prologue_rstd` for a `k`-wide row: up to 1,024 a step (4 rounds of L2 loads at Llama's
     4,096). Wider steps cost registers the GEMV's occupancy needs (ptxas for sm_90, 4 warps, by PDL: the gated GEMV
     uses 64 registers a thread at 1,024, as without the prologue, 80 at 2,048 and 96 at 4,096; the qkv-rope GEMV
     124 at 1,024 or 2,048, 154 at 4,096, 119 without)."""
     return min(triton.next_power_of_2(max(k, 16)), 1024)
+
+
+def prologue_launch_args(norm: RMSNormPrologue | None,
+                         x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:  # fmt: skip
+    """The prologue's run-time arguments of a GEMV kernel, in its order (`residual_ptr, gamma_ptr, residual_out_ptr,
+    eps`): `norm`'s, with `x` standing in for the pointers it has not (never read)."""
+    if norm is None:
+        return x, x, x, 0.0
+    residual = norm.residual if norm.residual is not None else x
+    residual_out = norm.residual_out if norm.residual_out is not None else x
+    return residual, norm.weight, residual_out, norm.eps
+
+
+def prologue_constexprs(norm: RMSNormPrologue | None, k: int) -> dict[str, bool | int]:
+    """The prologue's compile-time arguments of a GEMV kernel over a `k`-wide row (`NORM`, `NORM_RESIDUAL`,
+    `NORM_BLOCK`)."""
+    return {"NORM": norm is not None, "NORM_RESIDUAL": norm is not None and norm.residual is not None,
+            "NORM_BLOCK": prologue_block(k)}  # fmt: skip
 
 
 def rms_norm(
@@ -152,4 +183,4 @@ def rms_norm(
     return out, res_out
 
 
-__all__ = ["prologue_block", "rms_norm"]
+__all__ = ["prologue_block", "prologue_constexprs", "prologue_launch_args", "rms_norm"]

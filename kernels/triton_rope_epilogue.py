@@ -10,9 +10,9 @@ dtype, as `apply_rotary_ref`), the query stored into a new `[1, H, D]` tensor an
 at `slot_mapping[0]` (-1: nothing written; an fp8 cache stores K / k_scale and V / v_scale, as
 `triton_rotary_kv_write`): the same values as the unfused pair, bit for bit, when the sums are the plain GEMV's.
 
-Used by the fp8 row GEMV (`triton_fp8_row_gemv.fp8_row_gemv_rope`) and the wide int4 GEMV
-(`triton_int4_gemv_fused.int4_gemv_wide_rope`). `rope_launch_args` / `rope_constexprs` build the kernels' arguments
-of the epilogue; `qkv_rope_ref` is the PyTorch reference of the part after the projection.
+Used by the bf16/fp16 GEMV (`triton_gemv_rope.gemv_rope`), the fp8 row GEMV (`triton_fp8_row_gemv.fp8_row_gemv_rope`)
+and the wide int4 GEMV (`triton_int4_gemv_fused.int4_gemv_wide_rope`). `rope_launch_args` / `rope_constexprs` build
+the kernels' arguments of the epilogue; `qkv_rope_ref` is the PyTorch reference of the part after the projection.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ def rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr
                   stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
                   num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                   FP8_CACHE: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Store a program's qkv outputs `res` (fp32, BLOCK_N values in `rope_rows` order, bias added) for `head`:
-    rounded to the activation dtype (`q_out`'s), rotated (q, k) and stored (module docstring)."""
+    """Store a program's qkv outputs `res` (fp32, BLOCK_N values in `rope_rows` order, `[BLOCK_N]` or `[1, BLOCK_N]`,
+    bias added) for `head`: rounded to the activation dtype (`q_out`'s), rotated (q, k) and stored (module
+    docstring)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     act = q_out_ptr.dtype.element_ty
@@ -104,7 +105,8 @@ def rope_launch_args(positions: torch.Tensor, cos_sin_cache: torch.Tensor, slot_
 
 
 def rope_constexprs(cos_sin_cache: torch.Tensor, k_cache: torch.Tensor) -> dict[str, int | bool]:
-    """`rope_kv_store`'s compile-time arguments, by the names the kernels give them."""
+    """`rope_kv_store`'s compile-time arguments, by the names the fp8 and int4 kernels give them (the bf16 kernel's
+    is `FP8`, not `FP8_CACHE`: `gemv_rope` passes its own)."""
     return {"HEAD_DIM": cos_sin_cache.shape[-1], "PAGE": k_cache.shape[1], "FP8_CACHE": is_fp8(k_cache)}
 
 

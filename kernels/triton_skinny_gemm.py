@@ -45,6 +45,7 @@ import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.split_k_counters import arrival_counters
+from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 
 # Shared memory a program may use for its pipeline (bytes; an H200 SM has 228 KB, 227 KB per block).
@@ -198,9 +199,7 @@ def _finish(acc, up, cols, bias_ptr, N, OUT_DTYPE: tl.constexpr, HAS_BIAS: tl.co
         if GATED:
             up += tl.load(bias_ptr + N + cols).to(tl.float32)[:, None]
     if GATED:
-        gate = acc.to(OUT_DTYPE).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(OUT_DTYPE).to(tl.float32)
-        acc = act * up.to(OUT_DTYPE).to(tl.float32)
+        acc = silu_mul(acc, up, OUT_DTYPE)
     return acc.to(OUT_DTYPE)
 
 
