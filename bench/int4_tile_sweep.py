@@ -214,8 +214,8 @@ def _describe(v):
     return ("V", v)
 
 
-def _rebuild(d):
-    """`_describe`'s tensor again on this process's GPU (zeros; a tensor over 256 MiB, the KV cache, cut to 2 rows of
+def _rebuild(d, device: str = "cuda"):
+    """`_describe`'s tensor again on `device` (zeros; a tensor over 256 MiB, the KV cache, cut to 2 rows of
     its first dimension: same strides), with the same address modulo 16."""
     import torch
 
@@ -228,7 +228,7 @@ def _rebuild(d):
     if shape and size * max(1, 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))) > 2**28:
         shape[0] = min(shape[0], 2)
     elems = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) if all(shape) else 1
-    base = torch.zeros(elems * size + 32, dtype=torch.uint8, device="cuda")
+    base = torch.zeros(elems * size + 32, dtype=torch.uint8, device=device)
     off = (align - base.data_ptr() % 16) % 16
     return base[off:off + elems * size].view(dtype).as_strided(shape, stride)
 
@@ -270,17 +270,18 @@ def _warm_one(job) -> str:
 
     import torch
 
-    mod_name, fn_name, args, kwargs, tiles = job
+    mod_name, fn_name, args, kwargs, tiles, device = job
     fn = getattr(importlib.import_module(f"flotilla.kernels.{mod_name}"), fn_name)
-    a = [_rebuild(d) for d in args]
-    kw = {k: _rebuild(d) for k, d in kwargs.items()}
+    a = [_rebuild(d, device) for d in args]
+    kw = {k: _rebuild(d, device) for k, d in kwargs.items()}
     failed = []
     for tile in tiles:
         try:
             fn(*a, **kw, **tile)
         except Exception as exc:  # the engine process compiles (or fails) it again
             failed.append(f"{_short(tile)}: {exc!r:.120}")
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     return f"{fn_name} {len(tiles)} tiles, {len(failed)} failed {failed[:2]}"
 
 
@@ -293,7 +294,7 @@ def warm(seen: dict, cands: dict[str, list[Tile]], jobs: int) -> list[str]:
     for shape, tiles in cands.items():
         if shape in seen:
             mod_name, fn_name, args, kwargs = seen[shape]
-            work += [(mod_name, fn_name, args, kwargs, tiles[i:i + 2]) for i in range(0, len(tiles), 2)]
+            work += [(mod_name, fn_name, args, kwargs, tiles[i:i + 2], "cuda") for i in range(0, len(tiles), 2)]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max(1, jobs), mp_context=ctx) as pool:
         return list(pool.map(_warm_one, work))
@@ -336,7 +337,9 @@ def main() -> None:
                    "the final A/B (--reserve-s)")
     p.add_argument("--reserve-s", type=float, default=15.0)
     p.add_argument("--rounds", type=int, default=3, help="descent rounds at most (a round without a change ends it)")
-    p.add_argument("--warm-jobs", type=int, default=min(16, os.cpu_count() or 1))
+    p.add_argument("--warm-jobs", type=int, default=max(1, min(12, (os.cpu_count() or 1) - 2)),
+                   help="worker processes compiling the candidates (each holds a CUDA context: ~0.5 GB)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="the engine's (the rest: the workers)")
     p.add_argument("--dry-run", action="store_true", help="the descent on dry_cost (no GPU, no engine)")
     a = p.parse_args()
     t0 = time.perf_counter()
@@ -374,7 +377,8 @@ def run_engine(a, shapes: list[str], t0: float) -> None:
     from flotilla.kernels.triton_utils import num_sms
 
     llm = LLM(a.model, load_format="dummy", max_model_len=512 + max(a.steps, a.ab_steps) + 128, max_num_seqs=4,
-              max_num_batched_tokens=4096, enable_prefix_caching=False)  # fmt: skip
+              max_num_batched_tokens=4096, enable_prefix_caching=False,
+              gpu_memory_utilization=a.gpu_memory_utilization)  # fmt: skip
     engine = llm.engine
     vocab = engine.config.model.hf_config["vocab_size"]
     out: dict = {"command": " ".join(sys.argv), "startup_s": time.perf_counter() - t0,

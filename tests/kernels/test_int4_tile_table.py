@@ -168,3 +168,26 @@ def test_rounds_revisit_only_the_shapes_that_changed():
                                lambda c: seen.append(list(c)))  # fmt: skip
     assert seen == [["o", "down"], ["o", "down"], ["down"]]
     assert final["down"]["num_warps"] == 8 and final["down"]["split_k"] == 4  # two knobs away: found in round 2
+
+
+def test_warm_job_rebuilds_the_recorded_operands():
+    """The warm-up's worker side: operands described in the engine process (dtype, shape, strides, address modulo 16:
+    what Triton specializes on) come back alike, a KV-cache-sized one cut to 2 rows of its first dimension (same
+    strides); a job launches each candidate through the recorded host function (plain and gated) and counts the
+    tiles that fail."""
+    args, _ = _operands()
+    x = torch.zeros(1, K + 4, dtype=torch.bfloat16, device=DEVICE)[:, 4:]  # 8 bytes past a 16-byte boundary
+    desc = [sweep._describe(v) for v in (x, *args[1:])]
+    assert desc[3] == ("V", None) and desc[4] == ("V", GROUP)
+    again = sweep._rebuild(desc[0], DEVICE)
+    assert (again.dtype, again.shape, again.stride()) == (x.dtype, x.shape, x.stride())
+    assert again.data_ptr() % 16 == x.data_ptr() % 16 == 8
+    cache = sweep._rebuild(("T", "bfloat16", (100_000, 16, 8, 128), (16384, 1024, 128, 1), 0), DEVICE)
+    assert cache.shape == (2, 16, 8, 128) and cache.stride() == (16384, 1024, 128, 1) and cache.data_ptr() % 16 == 0
+    done = sweep._warm_one(("triton_int4_gemv_wide", "int4_gemv_wide", desc, {}, [TILE, dict(TILE, block_w=6)],
+                            DEVICE))  # fmt: skip
+    assert "2 tiles, 1 failed" in done
+    gate_up, _ = _operands(64)
+    desc = [sweep._describe(v) for v in gate_up]
+    assert "1 tiles, 0 failed" in sweep._warm_one(("triton_int4_gemv_fused", "int4_gemv_wide_gated", desc, {}, [TILE],
+                                                   DEVICE))  # fmt: skip
