@@ -135,6 +135,8 @@ def sweep_rounds(table: Table, shapes: list[str], time_table: Callable[[Table], 
     `before(cands)` runs ahead of each round's descent (the engine side compiles the candidates there)."""
     todo = list(shapes)
     for _ in range(rounds):
+        if out_of_time():
+            break
         cands = {s: candidates(table[s], limit) for s in todo}
         before(cands)
         new = descend(table, cands, time_table, out_of_time, margin, log)
@@ -401,7 +403,11 @@ def run_engine(a, shapes: list[str], t0: float) -> None:
     deadline = t0 + a.budget_s - a.reserve_s
 
     def time_table(table: Table) -> float:
-        ph = phase(engine, table, vocab, a.steps, rng)
+        try:
+            ph = phase(engine, table, vocab, a.steps, rng)
+        except Exception as exc:  # a tile that fails to compile or capture: never taken, the sweep goes on
+            ph = {"ms_median": float("inf"), "error": f"{exc!r:.300}", "graphed": 0, "recapture_s": 0.0}
+            print(f"  phase failed: {ph['error']}", flush=True)
         out["phases"].append(ph)
         return ph["ms_median"]
 

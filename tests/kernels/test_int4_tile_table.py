@@ -129,6 +129,10 @@ def test_descent_finds_each_shapes_best_and_keeps_ties():
     assert [r["shape"] for r in log if r["role"] == "taken"] == ["o", "qkv", "down", "gate_up"]
     flat = sweep.descend(table, cands, lambda t: 2.6, lambda: False, 0.001)
     assert flat == table
+    # a tile whose phase failed (the engine side times it as inf) is never taken; the others still are
+    failing = sweep.descend(table, cands, lambda t: float("inf") if t["down"]["num_warps"] == 8 else sweep.dry_cost(t),
+                            lambda: False, 0.001)  # fmt: skip
+    assert failing["down"] == table["down"] and failing["gate_up"] == final["gate_up"]
     spec = sweep.tile_spec(final, {"block_n": 16})
     from flotilla.kernels.triton_int4_gemv import _parse_tiles
 
