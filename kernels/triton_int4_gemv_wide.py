@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -75,6 +76,33 @@ WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "top")
 # Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
 # the wait is one step, so a wider step (block_w) preloads more. Read at import.
 _PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))
+
+
+TileTable = dict[tuple[int, int] | None, dict[str, int]]
+
+
+def set_wide_tiles(entries: Mapping[tuple[int, int], Mapping[str, int]]) -> tuple[TileTable, TileTable]:
+    """Replace the tile-table entries of the given `(n, k)` weight shapes in-process (benchmarks:
+    bench/int4_tile_sweep.py times tiles inside the engine, capturing its decode graphs again after each change).
+    Every launch of those shapes takes them: the plain table's, and the PDL table's too where it has entries of its
+    own (FLOTILLA_INT4_WIDE_PDL_CONFIG, looked up first for PDL launches); the fused forms
+    (`triton_int4_gemv_fused.py`) look their tiles up through `wide_config` and follow. An entry is whole knobs (a
+    shape's entry wins whole: knobs it lacks come from the lead, not from the every-shape entry). Returns the previous
+    tables, for `restore_wide_tiles`. A qkv tile the rope form cannot take (`fuses_rope`) makes the engine run the
+    unfused pair there."""
+    global _WIDE_TILES, _PDL_TILES
+    previous = (dict(_WIDE_TILES), dict(_PDL_TILES))
+    new: TileTable = {shape: dict(knobs) for shape, knobs in entries.items()}
+    _WIDE_TILES = {**_WIDE_TILES, **new}
+    if _PDL_TILES:
+        _PDL_TILES = {**_PDL_TILES, **new}
+    return previous
+
+
+def restore_wide_tiles(previous: tuple[TileTable, TileTable]) -> None:
+    """Put back the tables `set_wide_tiles` returned."""
+    global _WIDE_TILES, _PDL_TILES
+    _WIDE_TILES, _PDL_TILES = dict(previous[0]), dict(previous[1])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -561,5 +589,5 @@ def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
     return options
 
 
-__all__ = ["MAX_ROWS", "WIDE_PDL", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode", "wide_config",
-           "wide_supported"]
+__all__ = ["MAX_ROWS", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode",
+           "restore_wide_tiles", "set_wide_tiles", "wide_config", "wide_supported"]
