@@ -54,12 +54,16 @@ _X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 # Layout 1 at those four shapes since session 16 (call 3, an H100, bench/results/gpu-2026-12-05-s16/call3): with the
 # PDL launch ("top", below) the int4 bs1 ctx 512 step 2.714 vs 3.597 ms in one engine (0.476x the bf16 step), greedy
 # tokens equal; the projections alone qkv 8.5 vs 11.8 us, o 7.8 vs 9.0, gate_up 24.5 vs 35.5, down 15.3 vs 23.5.
+# gate_up at 2 warps and down at 32 rows a program since session 20's in-engine coordinate descent (call 4, an H100,
+# bench/results/tile20-gpu.sh: each shape's one-knob neighbours timed inside the int4 engine's PDL graph, where the
+# fused gated/rope forms run): bs1 ctx 512 2.609 -> 2.541 ms (orig/new/new/orig, 64 steps each; 0.449x the same
+# call's bf16 5.659), greedy tokens equal; qkv and o kept theirs. Measured at one row only (the table serves 1-4).
 MEASURED_TILES = (
     "block_n=16,block_w=128,num_warps=4,num_stages=1;"
     "6144x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
     "4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
-    "28672x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,layout=1;"
-    "4096x14336:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=4,layout=1"
+    "28672x4096:block_n=16,block_w=128,num_warps=2,num_stages=1,layout=1;"
+    "4096x14336:block_n=32,block_w=128,num_warps=4,num_stages=1,split_k=4,layout=1"
 )
 # Tiles from the environment (`triton_int4_gemv._parse_tiles` syntax, e.g. "block_n=32,block_w=128;4096x14336:
 # split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; unset, the measured table.
