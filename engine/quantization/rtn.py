@@ -33,7 +33,11 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None) -> tup
     """Unsigned codes `[out, in]` (uint8) and fp32 scales `[out, in / group]` of a dense weight."""
     rows, cols = weight.shape
     groups = weight.float().reshape(rows, -1, group_size or cols)
-    scale = groups.abs().amax(dim=-1, keepdim=True) * 2.0 / (2**bits - 1)
+    # One fp32 product with a constant, never a division by a Python number: CUDA divides by one as a product with
+    # its fp32 reciprocal, the CPU exactly, and the scale's last bit decides the code of each group's largest weight,
+    # which sits on a rounding tie (+-7.5 steps for 4 bits): the two devices ran different models (tests:
+    # test_rtn_rounds_alike_on_every_device). `groups / scale` (two tensors) is IEEE division on both.
+    scale = groups.abs().amax(dim=-1, keepdim=True) * (2.0 / (2**bits - 1))
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero group: codes at the middle
     codes = (groups / scale).round() + 2 ** (bits - 1)
     return codes.clamp(0, 2**bits - 1).to(torch.uint8).reshape(rows, cols), scale.squeeze(-1)
