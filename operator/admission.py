@@ -13,6 +13,7 @@ check's hopeless cases. A spec that fits with a warning is admitted, with the wa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,11 +204,19 @@ def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> l
     return [f"spec.autoscaling.prometheusAddress: {problem}"] if problem else []
 
 
-def _replicas_notes(spec: InferenceServiceSpec) -> list[str]:
-    """A warning when spec.replicas asks for more than the autoscaler may keep (`kubectl scale --replicas 20`), which
-    would otherwise change nothing visible: only 0 overrides the autoscaler."""
+def replicas_notes(spec: InferenceServiceSpec, old: Mapping[str, Any] | None) -> list[str]:
+    """The webhook's warning when a request sets spec.replicas above what the autoscaler may keep (an edit or apply
+    of `replicas: 20`), which would otherwise change nothing visible: only 0 overrides the autoscaler.
+
+    `old` is the stored spec on an UPDATE (None on a CREATE). A spec.replicas the request leaves as stored is not the
+    user's to be warned about: while autoscaling is on, the operator copies the autoscaler's count there, so an update
+    lowering only autoscaling.maxReplicas under it would draw the warning. Only the webhook sees the request; the
+    reconciler's review (and so the Valid condition) cannot tell who set the count, and does not warn.
+    """
     a = spec.autoscaling
     if a is None or not spec.autoscaled or spec.replicas <= a.max_replicas:
+        return []
+    if old is not None and old.get("replicas") == spec.replicas:
         return []
     return [f"spec.replicas ({spec.replicas}) has no effect while autoscaling is set: the autoscaler keeps "
             f"{a.min_replicas} to {a.max_replicas} replicas (raise autoscaling.maxReplicas instead); only "
@@ -238,7 +247,6 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))
-    result.warnings.extend(_replicas_notes(parsed))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":
         result.errors.append(f"fit check: {result.fit.message}")

@@ -93,7 +93,7 @@ def _phase(conditions: list[Condition], seen: Observation) -> str:
     if status_of["Ready"] == "True":
         return "Ready"
     if reason_of["Progressing"] == "ScaledToZero":
-        # spec.replicas 0 by hand (kubectl scale): nothing to roll out or wait for, so not "Progressing".
+        # spec.replicas 0 by hand (kubectl scale), or the autoscaler's zero: nothing to roll out or wait for.
         return "ScaledToZero"
     if seen.deployment is None:
         return "Pending"
@@ -184,15 +184,27 @@ def _kept(seen: Observation) -> str:
     if seen.deployment is None:
         return ""
     if seen.deployment.get("spec", {}).get("replicas", 1) == 0:
+        spec = seen.review.spec
+        if spec is not None and spec.replicas != 0:  # scaling up waits for a valid spec; only 0 is applied
+            return " (the last valid configuration is kept, at 0 replicas until the spec is valid)"
         return " (the last valid configuration is kept, scaled to zero as spec.replicas asks)"
     return " (the last valid configuration keeps running)"
 
 
 def _zero(seen: Observation) -> str:
-    """Why no replica is wanted, for the ScaledToZero messages."""
+    """Why the Deployment is at 0, for the ScaledToZero messages. The reason stays ScaledToZero whoever scaled it
+    (a condition's reason is a stable category that the phase, the REASON column and tooling match on); the message
+    tells spec.replicas 0 apart from a Deployment scaled to 0 under a spec.replicas that is not (KEDA, or by hand)."""
     spec = seen.review.spec
-    suspended = "; autoscaling is suspended until it is 1 or more" if spec and spec.autoscaling else ""
-    return f"no replicas requested (spec.replicas is 0){suspended}"
+    if spec is None:
+        return "the Deployment is at 0 replicas"
+    if spec.replicas == 0:
+        suspended = "; autoscaling is suspended until it is 1 or more" if spec.autoscaling else ""
+        return f"no replicas requested (spec.replicas is 0){suspended}"
+    if spec.autoscaling:
+        return (f"the Deployment was scaled to 0 by its autoscaler (or by hand) while autoscaling is set; "
+                f"spec.replicas is {spec.replicas}")
+    return f"the Deployment is at 0 replicas, not the {spec.replicas} spec.replicas asks for"
 
 
 def _progressing(seen: Observation, r: _Rollout) -> _Verdict:

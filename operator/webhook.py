@@ -22,7 +22,7 @@ import kopf
 from pydantic import ValidationError
 
 from flotilla.engine_rules import world_size
-from flotilla.operator.admission import review
+from flotilla.operator.admission import replicas_notes, review
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.spec import GROUP, PLURAL, VERSION, ParallelismSpec
 
@@ -66,6 +66,9 @@ def register(registry: kopf.OperatorRegistry, policy: AdmissionPolicy, namespace
         name = _name(body)
         result = review(dict(body.get("spec") or {}), name, policy)
         warnings.extend(result.warnings)
+        if result.spec is not None:
+            old = kwargs.get("old")
+            warnings.extend(replicas_notes(result.spec, None if old is None else old.get("spec") or {}))
         if result.errors:
             raise kopf.AdmissionError(f"InferenceService {name} is invalid: {result.message}", code=422)
 

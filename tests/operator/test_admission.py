@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flotilla.operator.admission import review
+from flotilla.operator.admission import replicas_notes, review
 from flotilla.operator.engine_args import engine_args
 
 BASE = {"model": {"source": "pvc://m"}}
@@ -34,16 +34,29 @@ def test_low_concurrency_is_a_warning_not_an_error():
     assert result.errors == [] and result.warnings[0].startswith("fit check: only ")
 
 
-@pytest.mark.parametrize(("replicas", "warned"), [(0, False), (1, False), (4, False), (20, True)])
-def test_replicas_past_the_autoscalers_maximum_are_a_warning_that_they_change_nothing(replicas, warned):
-    """`kubectl scale --replicas 20` on an autoscaled InferenceService changes nothing (only 0 overrides the
-    autoscaler): the Valid condition's message says so instead of nothing visible happening."""
-    result = review({**BASE, "replicas": replicas, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "x")
-    assert result.errors == []
-    notes = [w for w in result.warnings if w.startswith("spec.replicas")]
-    assert notes == ([f"spec.replicas ({replicas}) has no effect while autoscaling is set: the autoscaler keeps 2 to 4 "
-                      "replicas (raise autoscaling.maxReplicas instead); only spec.replicas 0 overrides it, scaling "
-                      "to zero until it is 1 or more again"] if warned else [])
+NOTE_20 = ("spec.replicas (20) has no effect while autoscaling is set: the autoscaler keeps 2 to 4 replicas (raise "
+           "autoscaling.maxReplicas instead); only spec.replicas 0 overrides it, scaling to zero until it is 1 or more "
+           "again")
+
+
+@pytest.mark.parametrize(("replicas", "old", "warned"), [
+    (0, None, False), (1, None, False), (4, None, False), (20, None, True),  # a CREATE
+    (20, {"replicas": 3}, True),  # an UPDATE setting it
+    (20, {"replicas": 20}, False),  # an UPDATE leaving it as stored (the operator's copy of the autoscaler's count)
+])
+def test_replicas_past_the_autoscalers_maximum_set_by_the_request_are_a_warning_that_they_change_nothing(
+        replicas, old, warned):
+    """An edit setting spec.replicas 20 on an autoscaled InferenceService changes nothing (only 0 overrides the
+    autoscaler): the webhook says so. A count the request leaves as stored is the operator's copy of the autoscaler's,
+    not the user's: lowering maxReplicas under it drew the warning."""
+    spec = review({**BASE, "replicas": replicas, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "x").spec
+    assert spec is not None
+    assert replicas_notes(spec, old) == ([NOTE_20] if warned else [])
+
+
+def test_the_reconcilers_review_does_not_warn_about_a_count_it_cannot_tell_the_writer_of():
+    result = review({**BASE, "replicas": 20, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "x")
+    assert (result.errors, result.warnings) == ([], [])
 
 
 @pytest.mark.parametrize(("name", "problem"), [

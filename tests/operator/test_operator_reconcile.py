@@ -482,7 +482,7 @@ def _deployment_scaled_by_the_autoscaler(op, namespace: str, name: str, replicas
     wait_for(lambda: not operator_applies_replicas(), 30, "replicas handed over to the autoscaler")
     scaled = op.kube.request("PATCH", f"{path}/scale", {"spec": {"replicas": replicas}}, None,
                              "application/merge-patch+json")
-    assert scaled["spec"]["replicas"] == replicas
+    assert scaled["spec"].get("replicas", 0) == replicas  # a Scale's 0 is left out of the JSON (omitempty)
     return op.kube.get(path)
 
 
@@ -565,6 +565,27 @@ def test_the_scale_subresource_answers_whether_or_not_the_manifest_sets_replicas
              30, "the Deployment at 0 reconciled")
     assert _get_scale(op, namespace, "auto")["spec"]["replicas"] == 5
     assert op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "auto")) is not None
+
+
+def test_a_deployment_the_autoscaler_scaled_to_zero_reads_scaled_to_zero_saying_so(op, namespace):
+    """KEDA scaling the Deployment to 0 under spec.autoscaling (spec.replicas still 2) read "no replicas requested
+    (spec.replicas is 0)". The reason stays ScaledToZero; the message says the autoscaler (or a hand) scaled it."""
+    op.set_optional_crds(True)
+    op.apply(fis("keda", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
+    wait_children(op, namespace, "keda", ["Deployment", "ScaledObject"])
+    _deployment_scaled_by_the_autoscaler(op, namespace, "keda", 0)
+
+    def fis_status():
+        return op.kube.get(fis_path(namespace, "keda")).get("status") or {}
+
+    status = wait_for(lambda: (s := fis_status()).get("phase") == "ScaledToZero" and s, 30, "phase ScaledToZero")
+    expected = ("the Deployment was scaled to 0 by its autoscaler (or by hand) while autoscaling is set; "
+                "spec.replicas is 2")
+    for type_ in ("Ready", "Progressing"):
+        c = condition({"status": status}, type_)
+        assert (c["status"], c["reason"], c["message"]) == ("False", "ScaledToZero", expected)
+    assert op.kube.get(fis_path(namespace, "keda"))["spec"]["replicas"] == 2
+    assert op.kube.get(child_path("ScaledObject", namespace, "keda")) is not None  # not suspended
 
 
 # Model numbers whose head size (hiddenSize / numAttentionHeads) rounds to 0: the webhook refuses them, but one

@@ -10,8 +10,8 @@ import pytest
 
 from flotilla.operator.kube import KubeError
 
-from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION
-from .test_operator_reconcile import fis, fis_path, fixed
+from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
+from .test_operator_reconcile import _deployment_scaled_by_the_autoscaler, fis, fis_path, fixed, wait_children
 
 DENIED = f'admission webhook "validate.{WEBHOOK_CONFIGURATION}" denied the request: InferenceService bad is invalid: '
 INVALID = {
@@ -93,6 +93,35 @@ def test_an_update_to_an_invalid_spec_is_refused_and_nothing_changes(operator_pr
         cluster.apply(fis("bad", namespace, autoscaling={"minReplicas": 3, "maxReplicas": 1}))
     assert refused.value.message == DENIED + "autoscaling.minReplicas (3) must not exceed autoscaling.maxReplicas (1)"
     assert "autoscaling" not in cluster.kube.get(fis_path(namespace, "bad"))["spec"]
+
+
+def _patch_warnings(cluster, path: str, patch: dict[str, Any]) -> str:
+    """A merge patch of `path`, as `kubectl patch --type merge` sends it; returns the response's Warning headers (the
+    admission webhooks' warnings, which kubectl prints), joined."""
+    serialized = cluster.kube.api.param_serialize(
+        "PATCH", path, header_params={"Accept": "application/json", "Content-Type": "application/merge-patch+json"},
+        body=patch, auth_settings=["BearerToken"])
+    response = cluster.kube.api.call_api(*serialized, _request_timeout=30)
+    response.read()
+    assert response.status == 200, response.data
+    return ", ".join(response.headers.getlist("Warning"))
+
+
+def test_the_replicas_warning_comes_only_with_a_request_that_sets_spec_replicas(operator_process, cluster, namespace):
+    """While autoscaling is on, the operator copies the autoscaler's count into spec.replicas. An update lowering only
+    maxReplicas under that count drew "spec.replicas (5) has no effect", though the user never set 5."""
+    cluster.set_optional_crds(False)
+    cluster.apply(fis("auto", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
+    wait_children(cluster, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])
+    _deployment_scaled_by_the_autoscaler(cluster, namespace, "auto", 5)
+    wait_for(lambda: cluster.kube.get(fis_path(namespace, "auto"))["spec"]["replicas"] == 5, 30,
+             "the autoscaler's 5 copied into spec.replicas")
+
+    path = fis_path(namespace, "auto")
+    assert _patch_warnings(cluster, path, {"spec": {"autoscaling": {"maxReplicas": 4}}}) == ""
+    assert cluster.kube.get(path)["spec"]["autoscaling"]["maxReplicas"] == 4
+    warned = _patch_warnings(cluster, path, {"spec": {"replicas": 9}})
+    assert "spec.replicas (9) has no effect while autoscaling is set: the autoscaler keeps 2 to 4 replicas" in warned
 
 
 def test_defaulting_webhook_fills_served_name_and_gpus(operator_process, cluster, namespace):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flotilla.operator.admission import review
 from flotilla.operator.capabilities import Capabilities
 from flotilla.operator.children import plan_children
@@ -144,6 +146,37 @@ def test_scaled_to_zero_with_autoscaling_says_the_autoscaler_is_suspended():
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["message"] == ("no replicas requested (spec.replicas is 0); autoscaling is suspended until it is 1 "
                                 "or more")
+
+
+AT_ZERO = {"metadata": {"generation": 1}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"replicas": 0}, "no replicas requested (spec.replicas is 0)"),
+    ({"replicas": 3, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}},
+     "the Deployment was scaled to 0 by its autoscaler (or by hand) while autoscaling is set; spec.replicas is 3"),
+    ({"replicas": 3}, "the Deployment is at 0 replicas, not the 3 spec.replicas asks for"),
+])
+def test_scaled_to_zero_says_who_scaled_it_under_one_stable_reason(spec, message):
+    """A Deployment at 0 under a spec.replicas that is not 0 (KEDA scaling to zero, a hand `kubectl scale
+    deployment`) read "no replicas requested (spec.replicas is 0)". The reason stays ScaledToZero (the phase, the
+    REASON column and Normal Events go by it); the message says what happened."""
+    status = _status({}, AT_ZERO, spec={"model": {"source": "pvc://m"}, **spec})
+    assert status["phase"] == "ScaledToZero"
+    by_type = {c["type"]: c for c in status["conditions"]}
+    for type_ in ("Ready", "Progressing"):
+        assert (by_type[type_]["status"], by_type[type_]["reason"], by_type[type_]["message"]) == (
+            "False", "ScaledToZero", message)
+    assert {e.type for e in condition_events({}, status)} <= {"Normal"}
+
+
+def test_a_refused_spec_kept_at_zero_says_so_only_when_spec_replicas_asks_for_zero():
+    # A refused spec applies nothing but spec.replicas 0: any other count waits for a valid spec.
+    refused = {"model": {"source": "pvc://m"}, "dtype": "float32", "kvCache": {"dtype": "fp8"}}
+    for replicas, kept in ((0, "scaled to zero as spec.replicas asks"), (3, "at 0 replicas until the spec is valid")):
+        status = _status({}, AT_ZERO, spec={**refused, "replicas": replicas})
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert degraded["message"].endswith(f"(the last valid configuration is kept, {kept})")
 
 
 def test_a_pod_problem_is_the_ready_reason_with_one_warning_and_a_normal_event_once_past_it():
