@@ -110,17 +110,19 @@ def test_int4_gemv_wide_strided_rows():
 
 def test_wide_config_takes_the_measured_table(monkeypatch):
     """The measured table (what an unset FLOTILLA_INT4_GEMV_WIDE_CONFIG gives): Llama-3.1-8B's projections take
-    the H200 grid's one-row winners (16 x 128-word tiles, one stage; split-K 2 on qkv and o, 4 on down; layout 1),
+    the measured one-row winners (128-word tiles, one stage; split-K 2 on qkv and o, 4 on down; layout 1),
     other shapes the table's every-shape entry with split-K by the lead's rule; given knobs are kept; groups must be
     whole 32-input chunks."""
     from flotilla.kernels import triton_int4_gemv, triton_int4_gemv_wide
     from flotilla.kernels.triton_int4_gemv_wide import MEASURED_TILES, wide_config, wide_supported
 
     monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", triton_int4_gemv._parse_tiles(MEASURED_TILES))
-    splits = {(6144, 4096): 2, (4096, 4096): 2, (28672, 4096): 1, (4096, 14336): 4}
-    for (n, k), split_k in splits.items():
+    # (block_n, num_warps, split_k): gate_up at 2 warps and down at 32 rows since session 20's in-engine sweep
+    tiles = {(6144, 4096): (16, 4, 2), (4096, 4096): (16, 4, 2), (28672, 4096): (16, 2, 1), (4096, 14336): (32, 4, 4)}
+    for (n, k), (block_n, warps, split_k) in tiles.items():
         cfg = wide_config(1, n, k, 132)
-        assert (cfg.block_n, cfg.block_w, cfg.num_warps, cfg.num_stages, cfg.split_k) == (16, 128, 4, 1, split_k)
+        assert (cfg.block_n, cfg.block_w, cfg.num_warps, cfg.num_stages, cfg.split_k) == (block_n, 128, warps, 1,
+                                                                                            split_k)
         assert cfg.layout == 1  # the row-contiguous word tile, measured there (session 16)
     other = wide_config(1, 2048, 8192, 132)  # 128 row tiles: split by the lead's rule
     assert (other.block_n, other.block_w, other.num_stages, other.split_k, other.layout) == (16, 128, 1, 4, 0)

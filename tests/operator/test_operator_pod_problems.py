@@ -125,7 +125,9 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
     set_pods_ready(op, namespace, "llama", True, 1)
     c = ready_condition(op, namespace, "llama", "AllReplicasReady", "1 of 1 replicas ready")
     assert c["status"] == "True"
-    assert {e["type"] for e in events(op, namespace, "llama", "AllReplicasReady")} == {"Normal"}
+    # The Event follows the status patch through kopf's asynchronous event queue: wait for it.
+    recovered = wait_for(lambda: events(op, namespace, "llama", "AllReplicasReady"), 10, "the AllReplicasReady Event")
+    assert {e["type"] for e in recovered} == {"Normal"}
 
 
 def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
