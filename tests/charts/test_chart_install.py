@@ -292,6 +292,14 @@ def test_children_come_and_go_under_the_chart_service_account(installed: Install
 
     apply(admin, fis("scaler", **scaling, monitoring={"serviceMonitor": False}))
     installed.wait(lambda: present(hpa) and present(pdb), 30, "the HPA and the PDB")
+
+    def copied() -> bool:  # the autoscaled count (minReplicas 2) written into spec.replicas through /scale
+        return ((admin.get(f"{FIS}/namespaces/{DEMO}/inferenceservices/scaler") or {}).get("spec", {})
+                .get("replicas") == 2)
+
+    # Wait for it, so that the role's inferenceservices/scale patch is used in every run (a copy refused with a 409
+    # waits for the next reconcile, which the next apply could otherwise pre-empt).
+    installed.wait(copied, 30, "the autoscaler's count copied into spec.replicas")
     # spec.replicas 1 with autoscaling removed (left out, it holds the autoscaler's 2, copied in through the scale
     # subresource, and the Deployment would keep them, and its PDB).
     apply(admin, fis("scaler", replicas=1, monitoring={"serviceMonitor": False}))
