@@ -67,6 +67,7 @@ def spec(knobs: dict) -> str:
 def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) -> dict:
     """cuBLAS and the GEMV configs `cfgs` at one LM-head shape: us a call, GB/s of weight bytes, errors."""
     import torch.nn.functional as F
+    from timing import fastest, time_variant  # bench/timing.py
 
     from flotilla.kernels.triton_argmax import argmax_rows
     from flotilla.kernels.triton_gemv import default_config, gemv
@@ -93,21 +94,14 @@ def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) ->
         if time.monotonic() > deadline and tag not in ("cublas", "cublas mv", "gemv default"):
             result["skipped"].append(tag)
             continue
-        try:  # a config that fails (resources) is recorded, not fatal
-            out = fn(0)
-            err = float((out.double() - ref.double()).norm() / ref.double().norm())
-            same = bool(torch.equal(out.argmax(dim=-1), want))
-            ms = graph_ms(fn, calls, replays=7)
-            result[tag] = {"us": 1e3 * ms, "gbps": n * k * 2 / ms / 1e6, "rel_err": err, "argmax_equal": same}
-        except Exception as exc:
-            result[tag] = {"error": repr(exc)[:300]}
-    timed = {t: v["us"] for t, v in result.items() if t.startswith("gemv") and isinstance(v, dict) and "us" in v
-             and v["rel_err"] < 1e-2}  # fmt: skip
-    if timed:
-        best = min(timed, key=timed.__getitem__)
+        result[tag] = time_variant(fn, calls, ref, n * k * 2, replays=7, checks=lambda out: {
+            "argmax_equal": bool(torch.equal(out.argmax(dim=-1), want))})  # fmt: skip
+    best = fastest(result, "gemv")
+    if best:
+        us = result[best]["us"]
         knobs = next((c for c in cfgs if "gemv " + spec(c) == best), {})
-        result["best_gemv"] = {"tag": best, "us": timed[best], "switch": spec(knobs),
-                               "vs_cublas": timed[best] / result["cublas"].get("us", float("nan"))}  # fmt: skip
+        result["best_gemv"] = {"tag": best, "us": us, "switch": spec(knobs),
+                               "vs_cublas": us / result["cublas"].get("us", float("nan"))}  # fmt: skip
         for tag, fn in (("gemv+argmax", variants[best]), ("cublas+argmax", variants["cublas"])):
             ms = graph_ms(lambda i, f=fn: argmax_rows(f(i)), calls, replays=7)
             result[tag] = {"us": 1e3 * ms, "gbps": n * k * 2 / ms / 1e6}

@@ -1,53 +1,55 @@
-"""Does a two-micro-batch overlap pay on this GPU? (issue 19; measured in session 11: no, see docs/decode-gemm.md)
+"""Can a decode step's GEMMs and its paged attention overlap on this GPU? (issue 19; NanoFlow-style nano-batches)
 
 A large pure-decode step runs each layer's GEMMs (compute-bound at hundreds of rows) and then its attention
-(memory-bound: every row reads its whole context's K/V) one after the other. Split into two halves A and B, the
-attention of one half can run on a second CUDA stream beside the GEMMs of the other, so that the HBM traffic of
-attention hides under the tensor-core time of the GEMMs (NanoFlow). The price: each half's GEMMs read the
-weights again (at 256 rows a GEMM is only ~1.5x past the H200's ridge), and two kernels share the SMs.
+(memory-bound: every row reads its whole context's K/V) one after the other; issue 19's FLOP bound assumes the two
+overlap. Split into two nano-batches A and B, the attention of one can run on a second CUDA stream beside the GEMMs
+of the other, so that the HBM traffic of attention hides under the tensor-core time of the GEMMs (NanoFlow). The
+price: each half's GEMMs read the weights again, and two kernels share the SMs.
 
-This probe answers in ~30 s, without an engine, at Llama-3.1-8B's layer shapes (bf16; the engine's own kernels
-through `flotilla.kernels.dispatch`: Triton RMSNorm, cuBLAS projections, the Triton paged decode attention over
-a paged pool of `--cache-layers` layers, cycled) and `--rows` rows x `--ctx` tokens of context:
+This probe answers without an engine, at Llama-3.1-8B's layer shapes (random bf16; the engine's own kernels through
+`flotilla.kernels.dispatch`: Triton RMSNorm, cuBLAS projections with the SiLU-and-mul, the Triton paged decode
+attention over `--cache-layers` paged pools, cycled, block tables shuffled over the pool). For each R of `--rows`
+decode rows x `--ctx` tokens of context, `--layers` layers, timed eagerly with CUDA events (median of `--reps`):
 
-- `attn_half`, `gemm_half`: `--layers` layers of attention alone, of the GEMM chain alone, at rows/2;
-- `both_free`: the two at once on two streams (independent: the best case for overlap);
-- `serial_full`: the layer as the engine runs it today: rows rows, GEMMs then attention, one stream;
-- `serial_halves`: the same work as two halves on one stream (what splitting costs without overlap);
-- `ring`: the engine schedule: half A on the main stream, half B on a side stream, each running whole
-  layers; attention calls alternate A(l), B(l), A(l+1), ... (an event chain), so each half's attention runs
-  beside the other half's o_proj, MLP and next qkv;
-- `ring_att`: every attention on one attention stream, each half's GEMMs on its own stream (the same order);
-- `*_prio_eager`: the GEMM streams at high priority, attention at the default (lowest), so the GEMMs take
-  SMs first (eager only: a CUDA graph replays its kernels at its launch stream's priority unless
-  instantiated with node priorities, which torch does not ask for);
-- `ring_chunkN`: the ring with each half's attention launched as N row chunks, so the attention kernel holds
-  fewer CTAs at a time (its grid is rows x KV heads: 2,048 programs at 256 rows, more than the SMs hold, so
-  one launch takes every SM until it drains);
-- `*_carveN`: cuBLAS told to leave N SMs free (`torch._C._set_sm_carveout_experimental`), so that attention
-  keeps at least those while a GEMM runs;
-- `*_greenN` (only with `--green-sms`): attention on a stream of a CUDA green context of N SMs, plus the carve-out:
-  a fixed partition of the SMs. On the H200 (session 11, device call 2) the first of them destroyed the CUDA
-  context ("context is destroyed": Triton's kernels are loaded in the primary context) and every variant after it
-  failed, so they are off by default and, asked for, run last.
+- (a) `gemm`: the GEMM chain alone (RMSNorm, qkv, o, RMSNorm, gate_up + SiLU, down) at R rows;
+- (b) `attn`: the paged decode attention alone at R rows;
+- (c) `serial`: a then b, layer by layer, on one stream (the engine today);
+- (d) `two_stream`: two nano-batches of R/2 rows, A's layers on the current stream, B's on a second one;
+  attention calls take turns A(l), B(l), A(l+1), ... (an event chain), so each half's attention runs beside the
+  other half's o_proj, MLP and next qkv: the half-layer offset of NanoFlow;
+- `both_free` (with `gemm_half`, `attn_half`): the GEMM chain of A and the attention of B at R/2 rows on two
+  streams with no dependency at all (the best case for overlap);
+- (e) `mixed`: a mixed step's shape, the GEMM chain of `--mixed-tokens` tokens on the current stream while
+  `--mixed-rows` rows' decode attention runs on a second one, each layer's attention started with that layer's
+  GEMMs (`gemm`, `attn`, `concurrent`).
 
-Each is timed as a CUDA graph (median of `--reps` replays, ms) and, where it says so, eagerly. Printed last:
-`overlap ratio` = both_free / (attn_half + gemm_half) (0.5 would be perfect overlap of equal halves, 1.0
-none) and `ring speed-up` = serial_full / ring (> 1: the engine path can pay; the verdict line says so).
+Every R case is also captured in a CUDA graph (multi-stream capture: the side stream forks from the capture stream
+and joins it by events) and timed as replays. `overlap fraction = (a + b - concurrent) / min(a, b)`: 1 the shorter
+one hides entirely under the other, 0 none (serial), < 0 slower than serial (for `two_stream` a and b are R rows'
+`gemm` and `attn`, which also charges it the second weight read; for `both_free` the halves'). `--extras` adds
+session 11's variants at the first R (below), last. The JSON (`--out`) is rewritten after every case, so a run cut by a
+time limit keeps what it measured; a summary block is printed last. `--smoke`: tiny shapes, two layers, on the CPU
+where there is no GPU (streams and events are no-ops there, no graphs): the code path and the JSON's schema
+(tests/test_bench_overlap_probe.py).
 
-    python bench/overlap_probe.py --json /tmp/probe.json
+    python bench/overlap_probe.py --out probe.json [--rows 488,244] [--extras]
+    OUT=... bash bench/results/probe21-gpu.sh     # the device call (<= 240 s)
 
-Measured on the H200 (session 11, device call 2: bench/results/gpu-2026-12-04-s11/call2/): **no overlap**.
-attn_half 4.66 ms (4.15 TB/s), gemm_half 6.07 ms (589 TFLOP/s), both_free 10.88 ms: overlap ratio 1.015 where 0.566
-was the ideal. The two kernels on two streams ran one after the other: each fills every SM (the attention grid is
-2,048 CTAs at 256 rows; cuBLAS's grids cover the GPU), so one only gets SMs as the other drains. serial_full 20.37,
-serial_halves 23.17 (+2.8 ms: the weights read twice by GEMMs of half the rows), ring 22.12, ring_att 22.02,
-ring_chunk2 / 4 22.29 / 22.41, best ring_carve32 22.00 (x0.926 of serial); eager ring 24.01 vs 20.78, the priority
-variants no better. The carve-out is honoured (gemm_half_carve32 6.97 ms) and gives a little overlap
-(both_free_carve32 10.95 vs 4.66 + 6.97 = 11.63), not enough to pay for the slower GEMMs. What overlap would need:
-attention confined to a few SMs (a persistent grid, or a green context that works with Triton) that still pulls
-most of its 4.2 TB/s there, beside GEMMs carved out of those SMs; and even then the halves' second weight read
-(~1 ms a step at 512 rows) comes off the gain.
+`--extras` (session 11's schedules): `serial_halves` (the halves one after the other on one stream: what splitting
+costs without overlap), `ring_att` (every attention on one attention stream, each half's GEMMs on its own),
+`ring_chunkN` (each half's attention in N row launches, so it holds fewer CTAs at a time), eager variants with the
+GEMM streams at high priority (`*_prio_eager`: a graph replays its kernels at its launch stream's priority),
+`*_carveN` (cuBLAS told to leave N SMs free, `torch._C._set_sm_carveout_experimental`) and, with `--green-sms`,
+attention on a stream of a CUDA green context of N SMs (on the H200 in session 11 the first of them destroyed the
+CUDA context: Triton's kernels live in the primary one; they run last).
+
+Measured on the H200 (session 11, device call 2, bench/results/gpu-2026-12-04-s11/call2/, then one R of 512):
+**no overlap**. attn_half 4.66 ms (4.15 TB/s), gemm_half 6.07 ms (589 TFLOP/s), both_free 10.88 ms (ideal 6.07).
+Each kernel fills every SM (the attention grid is 2,048 CTAs at 256 rows; cuBLAS's grids cover the GPU), so one
+only gets SMs as the other drains. serial 20.37, serial_halves 23.17 (the weights read twice), ring 22.12, ring_att
+22.02, chunks 22.29 / 22.41, best ring_carve32 22.00 (x0.926 of serial); eager ring 24.01 vs 20.78, priorities no
+better. The carve-out is honoured (gemm_half_carve32 6.97 ms) and gives a little overlap, not enough to pay for the
+slower GEMMs.
 """
 
 from __future__ import annotations
@@ -55,19 +57,82 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from flotilla.kernels.dispatch import linear, paged_attention, rms_norm, silu_and_mul_linear
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 4096, 32, 8, 128, 14336, 16
+
+@dataclass(frozen=True)
+class Shapes:
+    """One decoder layer's sizes."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    page: int = 16
+
+    def params(self) -> int:
+        """Weights of one layer's projections (qkv, o, gate_up, down)."""
+        h, d = self.hidden, self.head_dim
+        return (self.heads + 2 * self.kv_heads) * d * h + h * self.heads * d + 3 * self.inter * h
+
+
+LLAMA_8B = Shapes(hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=14336)
+SMOKE = Shapes(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=128)
+# --smoke's arguments (tiny, CPU-sized) and the GPU defaults
+SMOKE_ARGS = dict(rows="8,4", ctx=40, layers=2, cache_layers=2, weight_sets=2, mixed_tokens=32, mixed_rows=6, reps=2)
+GPU_ARGS = dict(rows="488,244", ctx=576, layers=32, cache_layers=8, weight_sets=4, mixed_tokens=16384, mixed_rows=449,
+                reps=10)  # fmt: skip
+
+
+class NoStream:
+    """A CPU stand-in for a CUDA stream or event: the CPU runs every op in order, so waits and records are no-ops."""
+
+    def wait_stream(self, other: Any) -> None:
+        """No-op."""
+
+    def wait_event(self, event: Any) -> None:
+        """No-op."""
+
+    def record(self, stream: Any = None) -> None:
+        """No-op."""
+
+
+class Lanes:
+    """Streams and events on the probe's device: CUDA's, or `NoStream`s on the CPU."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def stream(self, priority: int = 0) -> Any:
+        return torch.cuda.Stream(priority=priority) if self.cuda else NoStream()
+
+    def current(self) -> Any:
+        return torch.cuda.current_stream() if self.cuda else NoStream()
+
+    def on(self, stream: Any) -> AbstractContextManager:
+        return torch.cuda.stream(stream) if self.cuda else nullcontext()
+
+    def event(self) -> Any:
+        return torch.cuda.Event() if self.cuda else NoStream()
+
+    def keep(self, t: torch.Tensor, stream: Any) -> None:
+        """Tell the caching allocator that `t` is used on `stream` too (CUDA only)."""
+        if self.cuda:
+            t.record_stream(stream)
 
 
 @dataclass
 class Half:
-    """One micro-batch's persistent inputs: its hidden rows, residual, block table and lengths."""
+    """One (nano-)batch's persistent inputs: its hidden rows, residual, block table and lengths."""
 
     x: torch.Tensor
     res: torch.Tensor
@@ -76,174 +141,184 @@ class Half:
     lens: torch.Tensor
 
 
-class Probe:
-    """Weights, a paged KV pool and the schedules to time."""
+class Model:
+    """What every batch shares: the shapes, `weight_sets` layers' weights (cycled), the streams."""
 
-    def __init__(
-        self, rows: int, ctx: int, layers: int, cache_layers: int, weight_sets: int, device: str = "cuda"
-    ) -> None:
-        dev, dt = torch.device(device), torch.bfloat16
-        self.layers = layers
-        g = torch.Generator(device=dev).manual_seed(0)
-
-        def rand(*shape: int) -> torch.Tensor:
-            return (torch.randn(*shape, device=dev, dtype=dt, generator=g) * 0.02).contiguous()
-
-        self.weights = [dict(qkv=rand((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), o=rand(HIDDEN, HEADS * HEAD_DIM),
-                             gate_up=rand(2 * INTER, HIDDEN), down=rand(HIDDEN, INTER))
+    def __init__(self, shapes: Shapes, layers: int, weight_sets: int, device: torch.device) -> None:
+        self.shapes, self.layers, self.device = shapes, layers, device
+        self.lanes = Lanes(device.type == "cuda")
+        self.gen = torch.Generator(device=device).manual_seed(0)
+        s = shapes
+        self.weights = [dict(qkv=self.rand((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden),
+                             o=self.rand(s.hidden, s.heads * s.head_dim), gate_up=self.rand(2 * s.inter, s.hidden),
+                             down=self.rand(s.hidden, s.inter))
                         for _ in range(weight_sets)]  # fmt: skip
-        self.norm = torch.ones(HIDDEN, device=dev, dtype=dt)
-        blocks_per_seq = -(-ctx // PAGE)
+        self.norm = torch.ones(s.hidden, device=device, dtype=torch.bfloat16)
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=self.device, dtype=torch.bfloat16, generator=self.gen) * 0.02
+
+    def rows(self, n: int) -> Half:
+        """`n` rows for the GEMM chain only (no attention: empty table)."""
+        empty = torch.zeros(0, dtype=torch.int32, device=self.device)
+        return Half(self.rand(n, self.shapes.hidden), self.rand(n, self.shapes.hidden), empty, empty, empty)
+
+    def gemms_pre(self, half: Half, layer: int) -> torch.Tensor:
+        """RMSNorm + qkv projection; returns the query `[rows, heads, dim]`."""
+        s, w = self.shapes, self.weights[layer % len(self.weights)]
+        x, _ = rms_norm(half.x, self.norm, 1e-5, half.res)
+        return linear(x, w["qkv"])[:, : s.heads * s.head_dim].reshape(-1, s.heads, s.head_dim)
+
+    def gemms_post(self, half: Half, attn: torch.Tensor, layer: int) -> None:
+        """o_proj, RMSNorm, gate/up + SiLU, down; the result becomes the half's next hidden rows."""
+        w = self.weights[layer % len(self.weights)]
+        o = linear(attn.reshape(attn.shape[0], -1), w["o"])
+        x, _ = rms_norm(o, self.norm, 1e-5, half.res)
+        half.x.copy_(linear(silu_and_mul_linear(x, w["gate_up"]), w["down"]))  # a graph replays on the same buffers
+
+    def gemm_only(self, half: Half) -> None:
+        """(a) The GEMM chain of every layer; the query stands in for attention's output (the same shape)."""
+        for layer in range(self.layers):
+            self.gemms_post(half, self.gemms_pre(half, layer), layer)
+
+
+class Probe:
+    """`rows` decode rows x `ctx` tokens over `cache_layers` paged K/V pools, and the schedules to time."""
+
+    def __init__(self, model: Model, rows: int, ctx: int, cache_layers: int) -> None:
+        self.model, s, dev = model, model.shapes, model.device
+        blocks_per_seq = -(-ctx // s.page)
         num_blocks = rows * blocks_per_seq + 1
-        # K and V of `cache_layers` layers; each sequence's blocks scattered over the pool as an allocator
-        # leaves them after many requests
-        self.caches = [(rand(num_blocks, PAGE, KV_HEADS, HEAD_DIM), rand(num_blocks, PAGE, KV_HEADS, HEAD_DIM))
-                       for _ in range(cache_layers)]  # fmt: skip
-        perm = torch.randperm(num_blocks - 1, device=dev, generator=g).to(torch.int32) + 1
+        # each sequence's blocks scattered over the pool as an allocator leaves them after many requests
+        pool = (num_blocks, s.page, s.kv_heads, s.head_dim)
+        self.caches = [(model.rand(*pool), model.rand(*pool)) for _ in range(cache_layers)]
+        perm = torch.randperm(num_blocks - 1, device=dev, generator=model.gen).to(torch.int32) + 1
         tables = perm[: rows * blocks_per_seq].view(rows, blocks_per_seq)
         lens = torch.full((rows,), ctx, dtype=torch.int32, device=dev)
         starts = torch.arange(rows + 1, dtype=torch.int32, device=dev)
-        x, res = rand(rows, HIDDEN), rand(rows, HIDDEN)
+        x, res = model.rand(rows, s.hidden), model.rand(rows, s.hidden)
         self.full = Half(x, res, tables, starts, lens)
         h = rows // 2
         # a decode step's query start locations are 0..n, so the second half's are the first n/2 + 1 of them too
         self.halves = [Half(x[:h], res[:h], tables[:h], starts[: h + 1], lens[:h]),
                        Half(x[h:], res[h:], tables[h:], starts[: rows - h + 1], lens[h:])]  # fmt: skip
-        self.scale = HEAD_DIM**-0.5
-
-    # --- one layer's parts ----------------------------------------------------------------------
-
-    def gemms_pre(self, half: Half, layer: int) -> torch.Tensor:
-        """RMSNorm + qkv projection; returns the query `[rows, heads, dim]`."""
-        w = self.weights[layer % len(self.weights)]
-        x, _ = rms_norm(half.x, self.norm, 1e-5, half.res)
-        return linear(x, w["qkv"])[:, : HEADS * HEAD_DIM].reshape(-1, HEADS, HEAD_DIM)
+        self.scale = s.head_dim**-0.5
 
     def attention(self, half: Half, q: torch.Tensor, layer: int, chunks: int = 1) -> torch.Tensor:
         """Paged decode attention of the half's rows over this layer's pool, in `chunks` launches."""
         k, v = self.caches[layer % len(self.caches)]
         n = q.shape[0]
-        if chunks == 1:
-            return paged_attention(q, k, v, half.tables, half.starts, half.lens, self.scale, max_query_len=1)
         step = -(-n // chunks)
         outs = [paged_attention(q[i : i + step], k, v, half.tables[i : i + step], half.starts[: min(step, n - i) + 1],
                                 half.lens[i : i + step], self.scale, max_query_len=1)
                 for i in range(0, n, step)]  # fmt: skip
-        return torch.cat(outs)
-
-    def gemms_post(self, half: Half, attn: torch.Tensor, layer: int) -> None:
-        """o_proj, RMSNorm, gate/up + SiLU, down; the result becomes the half's next hidden rows."""
-        w = self.weights[layer % len(self.weights)]
-        o = linear(attn.reshape(-1, HEADS * HEAD_DIM), w["o"])
-        x, _ = rms_norm(o, self.norm, 1e-5, half.res)
-        out = linear(silu_and_mul_linear(x, w["gate_up"]), w["down"])
-        half.x.copy_(out)  # persistent rows: a graph replays on the same buffers
+        return outs[0] if chunks == 1 else torch.cat(outs)
 
     def layer(self, half: Half, layer: int) -> None:
-        """One whole layer of one (micro-)batch, as the engine runs it."""
-        q = self.gemms_pre(half, layer)
-        self.gemms_post(half, self.attention(half, q, layer), layer)
-
-    # --- schedules ------------------------------------------------------------------------------
+        """One whole layer of one (nano-)batch, as the engine runs it."""
+        q = self.model.gemms_pre(half, layer)
+        self.model.gemms_post(half, self.attention(half, q, layer), layer)
 
     def attn_only(self, half: Half) -> None:
-        q = torch.zeros(half.x.shape[0], HEADS, HEAD_DIM, device=half.x.device, dtype=half.x.dtype)
-        for layer in range(self.layers):
+        """(b) Every layer's attention (a zero query: the values do not change the time)."""
+        s = self.model.shapes
+        q = torch.zeros(half.x.shape[0], s.heads, s.head_dim, device=half.x.device, dtype=half.x.dtype)
+        for layer in range(self.model.layers):
             self.attention(half, q, layer)
 
-    def gemm_only(self, half: Half) -> None:
-        for layer in range(self.layers):
-            q = self.gemms_pre(half, layer)
-            self.gemms_post(half, q, layer)  # the query stands in for attention's output (same shape)
-
     def serial(self, halves: list[Half]) -> None:
-        for layer in range(self.layers):
+        """(c) The layers one after the other on one stream, each (nano-)batch in turn."""
+        for layer in range(self.model.layers):
             for half in halves:
                 self.layer(half, layer)
 
-    def both_free(self, attn_stream: torch.cuda.Stream, gemm_stream: torch.cuda.Stream | None = None) -> None:
+    def both_free(self, attn_stream: Any, gemm_stream: Any = None) -> None:
         """Attention of half B on `attn_stream` beside the GEMMs of half A (on `gemm_stream`, else the current
         stream): no dependency between them, the best case for overlap."""
-        main = torch.cuda.current_stream()
+        lanes = self.model.lanes
+        main = lanes.current()
         gemm = gemm_stream or main
-        for s in {attn_stream, gemm}:
-            if s != main:
-                s.wait_stream(main)
-        with torch.cuda.stream(attn_stream):
+        for s in {attn_stream, gemm} - {main}:
+            s.wait_stream(main)
+        with lanes.on(attn_stream):
             self.attn_only(self.halves[1])
-        with torch.cuda.stream(gemm):
-            self.gemm_only(self.halves[0])
-        for s in {attn_stream, gemm}:
-            if s != main:
-                main.wait_stream(s)
+        with lanes.on(gemm):
+            self.model.gemm_only(self.halves[0])
+        for s in {attn_stream, gemm} - {main}:
+            main.wait_stream(s)
 
-    def ring(self, side: torch.cuda.Stream, chunks: int = 1) -> None:
-        """Half A's layers on the current stream, half B's on `side` (the engine's schedule); attention calls
-        alternate A(l), B(l), A(l+1), ... (each waits for the one before), so each half's attention runs beside
-        the other half's o_proj, MLP and next qkv. No tensor crosses streams."""
-        main = torch.cuda.current_stream()
+    def ring(self, side: Any, chunks: int = 1) -> None:
+        """(d) Half A's layers on the current stream, half B's on `side`; attention calls alternate A(l), B(l),
+        A(l+1), ... (each waits for the one before), so each half's attention runs beside the other half's o_proj,
+        MLP and next qkv. No tensor crosses streams."""
+        lanes, model = self.model.lanes, self.model
+        main = lanes.current()
         side.wait_stream(main)
-        streams = (main, side)
-        last: torch.cuda.Event | None = None
-        for layer in range(self.layers):
-            for half, stream in zip(self.halves, streams, strict=True):
-                with torch.cuda.stream(stream):
-                    q = self.gemms_pre(half, layer)
+        last = None
+        for layer in range(model.layers):
+            for half, stream in zip(self.halves, (main, side), strict=True):
+                with lanes.on(stream):
+                    q = model.gemms_pre(half, layer)
                     if last is not None:
                         stream.wait_event(last)
                     attn = self.attention(half, q, layer, chunks)
-                    last = torch.cuda.Event()
+                    last = lanes.event()
                     last.record(stream)
-                    self.gemms_post(half, attn, layer)
+                    model.gemms_post(half, attn, layer)
         main.wait_stream(side)
 
-    def ring_att(
-        self, att: torch.cuda.Stream, gemm: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None, chunks: int = 1
-    ) -> None:
+    def ring_att(self, att: Any, gemm: tuple[Any, Any] | None = None, chunks: int = 1) -> None:
         """Every attention on one stream `att` (so they run one after another, A(l), B(l), A(l+1), ...), each
         half's GEMMs on its own stream (default: the current one and a fresh one), joined by events; with
         `att` at low priority and the GEMM streams high, the GEMMs take the SMs first."""
-        main = torch.cuda.current_stream()
-        gemm = gemm or (main, torch.cuda.Stream())
-        for s in {att, *gemm}:
-            if s != main:
-                s.wait_stream(main)
-        for layer in range(self.layers):
+        lanes, model = self.model.lanes, self.model
+        main = lanes.current()
+        gemm = gemm or (main, lanes.stream())
+        for s in {att, *gemm} - {main}:
+            s.wait_stream(main)
+        for layer in range(model.layers):
             for half, g in zip(self.halves, gemm, strict=True):
-                with torch.cuda.stream(g):
-                    q = self.gemms_pre(half, layer)
+                with lanes.on(g):
+                    q = model.gemms_pre(half, layer)
                 att.wait_stream(g)
-                with torch.cuda.stream(att):
+                with lanes.on(att):
                     out = self.attention(half, q, layer, chunks)
-                q.record_stream(att)  # q was made on g and read on att; out the other way round
+                lanes.keep(q, att)  # q was made on g and read on att; out the other way round
                 g.wait_stream(att)
-                with torch.cuda.stream(g):
-                    self.gemms_post(half, out, layer)
-                out.record_stream(g)
-        for s in {att, *gemm}:
-            if s != main:
-                main.wait_stream(s)
+                with lanes.on(g):
+                    model.gemms_post(half, out, layer)
+                lanes.keep(out, g)
+        for s in {att, *gemm} - {main}:
+            main.wait_stream(s)
+
+    def mixed(self, big: Half, att: Any) -> None:
+        """(e) `big`'s GEMM chain on the current stream; this probe's rows' attention on `att`, each layer's
+        started when that layer's GEMMs start (as a nano-batched mixed step would pair them)."""
+        lanes, model, s = self.model.lanes, self.model, self.model.shapes
+        main = lanes.current()
+        att.wait_stream(main)
+        q = torch.zeros(self.full.x.shape[0], s.heads, s.head_dim, device=big.x.device, dtype=big.x.dtype)
+        for layer in range(model.layers):
+            start = lanes.event()
+            start.record(main)
+            with lanes.on(att):
+                att.wait_event(start)
+                self.attention(self.full, q, layer)
+            model.gemms_post(big, model.gemms_pre(big, layer), layer)
+        main.wait_stream(att)
 
 
-def time_graph(fn: Callable[[], None], reps: int) -> float:
-    """Median ms of `reps` replays of `fn` captured as one CUDA graph."""
-    fn()  # compile and warm outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _median_ms(graph.replay, reps)
+# --- timing ---------------------------------------------------------------------------------------------------------
 
 
-def time_eager(fn: Callable[[], None], reps: int) -> float:
-    """Median ms of `reps` eager calls of `fn` (GPU time between events; the launches must keep ahead)."""
+def time_eager(fn: Callable[[], None], reps: int, cuda: bool) -> float:
+    """Median ms of `reps` calls of `fn` after two warm ones: GPU time between CUDA events (the launches must keep
+    ahead), or wall time on the CPU."""
     fn()
-    torch.cuda.synchronize()
-    return _median_ms(fn, reps)
-
-
-def _median_ms(fn: Callable[[], None], reps: int) -> float:
     fn()
+    if not cuda:
+        return statistics.median(_wall_ms(fn) for _ in range(reps))
+    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -253,6 +328,23 @@ def _median_ms(fn: Callable[[], None], reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def _wall_ms(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def time_graph(fn: Callable[[], None], reps: int) -> float:
+    """Median ms of `reps` replays of `fn` captured as one CUDA graph (its side streams fork from the capture
+    stream and join it)."""
+    fn()  # compile and warm outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_eager(graph.replay, reps, cuda=True)
 
 
 def carved(fn: Callable[[], None], sms: int) -> Callable[[], None]:
@@ -268,14 +360,116 @@ def carved(fn: Callable[[], None], sms: int) -> Callable[[], None]:
     return call
 
 
-def carve_variants(probe: Probe, run: Callable[..., None], sms: int, side: torch.cuda.Stream) -> None:
-    """The GEMMs leave `sms` SMs to attention (which may still take any SM)."""
-    run(f"gemm_half_carve{sms}", carved(lambda: probe.gemm_only(probe.halves[0]), sms))
-    run(f"both_free_carve{sms}", carved(lambda: probe.both_free(side), sms))
-    run(f"ring_carve{sms}", carved(lambda: probe.ring(side), sms))
+# --- the run --------------------------------------------------------------------------------------------------------
 
 
-def green_variants(probe: Probe, run: Callable[..., None], sms: int, side: torch.cuda.Stream) -> None:
+class Run:
+    """The results, the JSON file they are rewritten to after every case, and the timing switches."""
+
+    def __init__(self, args: argparse.Namespace, model: Model) -> None:
+        self.args, self.model, self.cuda = args, model, model.lanes.cuda
+        self.results: dict[str, Any] = {
+            "device": torch.cuda.get_device_name() if self.cuda else "cpu", "torch": torch.__version__,
+            "smoke": args.smoke, "args": {k: v for k, v in vars(args).items() if k != "out"},
+            "rows": {}, "mixed": {}, "extras": {}, "overlap": {}, "summary": [],
+        }  # fmt: skip
+
+    def time(self, where: dict, name: str, fn: Callable[[], None], graph: bool = True) -> None:
+        """`where[name]` = {"eager": ms, "graph": ms or None}; a failure is printed and recorded as None."""
+        modes = {"eager": lambda: time_eager(fn, self.args.reps, self.cuda)}
+        if graph and self.cuda:
+            modes["graph"] = lambda: time_graph(fn, self.args.reps)
+        row = where.setdefault(name, {"eager": None, "graph": None})
+        for mode, timer in modes.items():
+            try:
+                row[mode] = timer()
+            except Exception as e:
+                print(f"{name} {mode}: failed: {type(e).__name__}: {e}"[:300], flush=True)
+        print(f"  {name:22s} eager {_ms(row['eager'])}  graph {_ms(row['graph'])}", flush=True)
+        self.save()
+
+    def save(self) -> None:
+        """The summary as it stands, then the JSON file (a run cut short keeps both)."""
+        self.results["summary"] = summary(self)
+        if self.args.out:
+            with open(self.args.out, "w") as f:
+                json.dump(self.results, f, indent=1)
+
+
+def _ms(v: float | None) -> str:
+    return f"{v:9.3f} ms" if v is not None else "        - ms"
+
+
+def overlap_fraction(a: float | None, b: float | None, both: float | None) -> float | None:
+    """(a + b - both) / min(a, b): 1 the shorter of a and b hides entirely under the other, 0 none, < 0 slower than
+    running them one after the other; None where a time is missing."""
+    if a is None or b is None or both is None:
+        return None
+    return (a + b - both) / min(a, b)
+
+
+def run_rows(run: Run, rows: int) -> None:
+    """Cases (a)-(d) and both_free at `rows` decode rows, eager and graphed; their overlap fractions."""
+    a, model = run.args, run.model
+    probe = Probe(model, rows, a.ctx, a.cache_layers)
+    side = model.lanes.stream()
+    rec = run.results["rows"][str(rows)] = {}
+    print(f"R={rows} x ctx {a.ctx}, {a.layers} layers (halves {rows // 2} / {rows - rows // 2})", flush=True)
+    run.time(rec, "gemm", lambda: model.gemm_only(probe.full))
+    run.time(rec, "attn", lambda: probe.attn_only(probe.full))
+    run.time(rec, "serial", lambda: probe.serial([probe.full]))
+    run.time(rec, "two_stream", lambda: probe.ring(side))
+    run.time(rec, "gemm_half", lambda: model.gemm_only(probe.halves[0]))
+    run.time(rec, "attn_half", lambda: probe.attn_only(probe.halves[1]))
+    run.time(rec, "both_free", lambda: probe.both_free(side))
+    fr = run.results["overlap"][str(rows)] = {}
+    for mode in ("eager", "graph"):
+        fr[f"two_stream_{mode}"] = overlap_fraction(rec["gemm"][mode], rec["attn"][mode], rec["two_stream"][mode])
+        fr[f"both_free_{mode}"] = overlap_fraction(rec["gemm_half"][mode], rec["attn_half"][mode],
+                                                   rec["both_free"][mode])  # fmt: skip
+    run.save()
+
+
+def run_mixed(run: Run) -> None:
+    """Case (e): the mixed step's GEMM chain of `--mixed-tokens` tokens beside `--mixed-rows` rows' attention."""
+    a, model = run.args, run.model
+    probe = Probe(model, a.mixed_rows, a.ctx, a.cache_layers)
+    big = model.rows(a.mixed_tokens)
+    side = model.lanes.stream()
+    rec = run.results["mixed"]
+    print(f"mixed: {a.mixed_tokens}-token GEMM chain beside {a.mixed_rows} rows x ctx {a.ctx} attention", flush=True)
+    run.time(rec, "gemm", lambda: model.gemm_only(big), graph=False)
+    run.time(rec, "attn", lambda: probe.attn_only(probe.full), graph=False)
+    run.time(rec, "concurrent", lambda: probe.mixed(big, side), graph=False)
+    run.results["overlap"]["mixed_eager"] = overlap_fraction(rec["gemm"]["eager"], rec["attn"]["eager"],
+                                                             rec["concurrent"]["eager"])  # fmt: skip
+    run.save()
+
+
+def run_extras(run: Run, rows: int) -> None:
+    """Session 11's variants (see the module docstring) at `rows` rows, into results["extras"]."""
+    a, model, lanes = run.args, run.model, run.model.lanes
+    probe = Probe(model, rows, a.ctx, a.cache_layers)
+    rec = run.results["extras"]
+    side, side2 = lanes.stream(), lanes.stream()
+    run.time(rec, "serial_halves", lambda: probe.serial(probe.halves))
+    run.time(rec, "ring_att", lambda: probe.ring_att(side, (lanes.current(), side2)))
+    for c in [int(x) for x in a.chunks.split(",") if x]:
+        run.time(rec, f"ring_chunk{c}", lambda c=c: probe.ring(side, c))
+    if lanes.cuda:
+        _, high = torch.cuda.Stream.priority_range()  # (least, greatest): the default stream is the least
+        gemm_hi = (lanes.stream(high), lanes.stream(high))
+        run.time(rec, "both_free_prio", lambda: probe.both_free(side, gemm_hi[0]), graph=False)
+        run.time(rec, "ring_att_prio", lambda: probe.ring_att(side, gemm_hi), graph=False)
+        for n in [int(x) for x in a.sms.split(",") if x]:
+            run.time(rec, f"gemm_half_carve{n}", carved(lambda: model.gemm_only(probe.halves[0]), n))
+            run.time(rec, f"both_free_carve{n}", carved(lambda: probe.both_free(side), n))
+            run.time(rec, f"ring_carve{n}", carved(lambda: probe.ring(side), n))
+        for n in [int(x) for x in a.green_sms.split(",") if x]:  # last: they may leave the device unusable
+            green_variants(run, probe, n, side2)
+
+
+def green_variants(run: Run, probe: Probe, sms: int, side: Any) -> None:
     """Attention on a stream of a green context of `sms` SMs and cuBLAS told to leave them: the two kernels
     partition the GPU instead of taking SMs from each other wave by wave. Beta torch APIs (and Triton's kernels
     are loaded in the primary context): a failure is printed and skipped."""
@@ -294,108 +488,92 @@ def green_variants(probe: Probe, run: Callable[..., None], sms: int, side: torch
             probe.attn_only(probe.halves[1])
         main.wait_stream(green)
 
-    for eager in (True, False):  # eager first: a failed capture can leave the device unusable for what follows
-        tail = "_eager" if eager else ""
-        run(f"attn_half_green{sms}{tail}", attn_green, eager)
-        run(f"both_free_green{sms}{tail}", carved(lambda: probe.both_free(green), sms), eager)
-        run(
-            f"ring_att_green{sms}{tail}",
-            carved(lambda: probe.ring_att(green, (torch.cuda.current_stream(), side)), sms),
-            eager,
-        )
+    rec = run.results["extras"]
+    run.time(rec, f"attn_half_green{sms}", attn_green)
+    run.time(rec, f"both_free_green{sms}", carved(lambda: probe.both_free(green), sms))
+    run.time(rec, f"ring_att_green{sms}", carved(lambda: probe.ring_att(green, (torch.cuda.current_stream(), side)),
+                                                 sms))  # fmt: skip
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=512, help="the whole step's decode rows (halves: rows/2)")
-    p.add_argument("--ctx", type=int, default=576, help="context tokens a row")
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--cache-layers", type=int, default=8, help="distinct KV pools, cycled (~1.2 GB each at 512 rows)")
-    p.add_argument("--weight-sets", type=int, default=4, help="distinct layer weights, cycled (436 MB each)")
-    p.add_argument("--chunks", default="2,4", help="attention row chunks to try in the ring")
-    p.add_argument("--sms", default="16,32,48", help="SMs cuBLAS leaves to attention (its SM carve-out)")
-    p.add_argument("--green-sms", default="", help="SMs of attention's green context (crashed the H200's context)")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
-    probe = Probe(a.rows, a.ctx, a.layers, a.cache_layers, a.weight_sets)
-    side, side2 = torch.cuda.Stream(), torch.cuda.Stream()
-    # (least, greatest): the default stream is the least
-    low, high = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
-    gemm_hi = (torch.cuda.Stream(priority=high), torch.cuda.Stream(priority=high))
-    A, B = probe.halves
-    r: dict[str, float] = {}
-
-    def run(name: str, fn: Callable[[], None], eager: bool = False) -> None:
-        try:
-            r[name] = time_eager(fn, a.reps) if eager else time_graph(fn, a.reps)
-        except Exception as e:
-            print(f"{name}: failed: {type(e).__name__}: {e}"[:300], flush=True)
-            return
-        print(f"{name:24s} {r[name]:8.3f} ms", flush=True)
-        save(r)  # after each schedule: a run cut short keeps what it measured
-
-    def save(results: dict) -> None:
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(dict(args=vars(a), device=torch.cuda.get_device_name(), results=results), f, indent=1)
-
-    print(
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, stream priorities {low}..{high}; "
-        f"{a.rows} rows x {a.ctx} ctx, {a.layers} layers",
-        flush=True,
-    )
-    run("attn_half", lambda: probe.attn_only(B))
-    run("gemm_half", lambda: probe.gemm_only(A))
-    run("attn_full", lambda: probe.attn_only(probe.full))
-    run("gemm_full", lambda: probe.gemm_only(probe.full))
-    run("both_free", lambda: probe.both_free(side))
-    run("serial_full", lambda: probe.serial([probe.full]))
-    run("serial_halves", lambda: probe.serial(probe.halves))
-    run("ring", lambda: probe.ring(side))
-    run("ring_att", lambda: probe.ring_att(side, (torch.cuda.current_stream(), side2)))
-    for c in [int(x) for x in a.chunks.split(",") if x]:
-        run(f"ring_chunk{c}", lambda c=c: probe.ring(side, c))
-    run("serial_full_eager", lambda: probe.serial([probe.full]), eager=True)
-    run("ring_eager", lambda: probe.ring(side), eager=True)
-    run("both_free_eager", lambda: probe.both_free(side), eager=True)
-    run("both_free_prio_eager", lambda: probe.both_free(side, gemm_hi[0]), eager=True)
-    run("ring_att_eager", lambda: probe.ring_att(side, (side2, torch.cuda.Stream())), eager=True)
-    run("ring_att_prio_eager", lambda: probe.ring_att(side, gemm_hi), eager=True)
-    for n in [int(x) for x in a.sms.split(",") if x]:
-        carve_variants(probe, run, n, side)
-    for n in [int(x) for x in a.green_sms.split(",") if x]:  # last: they may leave the device unusable
-        green_variants(probe, run, n, side2)
-    summary: dict[str, float | str] = dict(r)
-    if "attn_half" in r and "gemm_half" in r and "both_free" in r:
-        summary["overlap_ratio"] = r["both_free"] / (r["attn_half"] + r["gemm_half"])
-        summary["overlap_ideal"] = max(r["attn_half"], r["gemm_half"]) / (r["attn_half"] + r["gemm_half"])
-    for base, eager in (("serial_full", False), ("serial_full_eager", True)):
-        overlapped = {k: v for k, v in r.items() if k.startswith("ring") and k.endswith("_eager") == eager}
-        if base in r and overlapped:
-            best = min(overlapped, key=overlapped.get)
-            tag = "_eager" if eager else ""
-            summary[f"best_ring{tag}"] = best
-            summary[f"ring_speedup{tag}"] = r[base] / overlapped[best]
-    params = (HEADS + 2 * KV_HEADS) * HEAD_DIM * HIDDEN + HIDDEN * HEADS * HEAD_DIM + 3 * INTER * HIDDEN
-    for name, rows in (("half", a.rows // 2), ("full", a.rows)):
-        if f"attn_{name}" in r and f"gemm_{name}" in r:
-            gbs = rows * a.ctx * KV_HEADS * HEAD_DIM * 4 * a.layers / r[f"attn_{name}"] / 1e6
-            tflops = 2 * rows * params * a.layers / r[f"gemm_{name}"] / 1e9
-            summary[f"attn_{name}_gbs"], summary[f"gemm_{name}_tflops"] = gbs, tflops
-            print(f"rates at {rows} rows: attention {gbs:.0f} GB/s, GEMM chain {tflops:.0f} TFLOP/s")
-    for k in ("overlap_ratio", "overlap_ideal", "ring_speedup", "ring_speedup_eager"):
-        if k in summary:
-            print(f"{k:24s} {summary[k]:8.3f}")
-    for tag in ("", "_eager"):
-        if f"ring_speedup{tag}" in summary:
-            gain, best, base = summary[f"ring_speedup{tag}"], summary[f"best_ring{tag}"], f"serial_full{tag}"
+def summary(run: Run) -> list[str]:
+    """The lines a reader can quote: per R the four cases, rates, fractions and a verdict; the mixed step."""
+    a, s, res = run.args, run.model.shapes, run.results
+    lines = [f"=== overlap probe: {res['device']}, torch {res['torch']}, {a.layers} layers, ctx {a.ctx}, "
+             f"median of {a.reps}{' (SMOKE: tiny shapes)' if a.smoke else ''}"]  # fmt: skip
+    for rows, rec in res["rows"].items():
+        fr = res["overlap"].get(rows, {})
+        for mode in ("eager", "graph"):
+            t = {k: rec.get(k, {}).get(mode) for k in ("gemm", "attn", "serial", "two_stream", "gemm_half", "attn_half",
+                                                       "both_free")}  # fmt: skip
+            if None in t.values():  # a case failed, or is still to run
+                continue
+            gain = t["serial"] / t["two_stream"]
             verdict = "PAYS" if gain > 1.05 else "MARGINAL" if gain > 1.0 else "DOES NOT PAY"
-            print(
-                f"VERDICT{tag} overlap {verdict}: {base} {r[base]:.3f} ms vs {best} {r[best]:.3f} ms "
-                f"(x{gain:.3f}) at {a.rows} rows x {a.ctx} ctx, {a.layers} layers"
-            )
-    save(summary)
+            lines.append(f"R={rows} {mode}: (a) gemm {t['gemm']:.3f} ms, (b) attn {t['attn']:.3f}, (c) serial "
+                         f"{t['serial']:.3f}, (d) two-stream {t['two_stream']:.3f} -> overlap fraction "
+                         f"{_frac(fr.get(f'two_stream_{mode}'))}, x{gain:.3f} of serial: {verdict}; halves free "
+                         f"{_frac(fr.get(f'both_free_{mode}'))} ({t['gemm_half']:.3f} + {t['attn_half']:.3f} -> "
+                         f"{t['both_free']:.3f})")  # fmt: skip
+        if rec.get("attn", {}).get("eager") and rec.get("gemm", {}).get("eager"):
+            gbs = int(rows) * a.ctx * s.kv_heads * s.head_dim * 4 * a.layers / rec["attn"]["eager"] / 1e6
+            tflops = 2 * int(rows) * s.params() * a.layers / rec["gemm"]["eager"] / 1e9
+            lines.append(f"R={rows} rates (eager): attention {gbs:.0f} GB/s of K+V, GEMM chain {tflops:.0f} TFLOP/s")
+    m = {k: v["eager"] for k, v in res["mixed"].items()}
+    if len(m) == 3 and None not in m.values() and "mixed_eager" in res["overlap"]:
+        lines.append(f"(e) mixed eager: gemm {a.mixed_tokens} tokens {m['gemm']:.3f} ms, attn {a.mixed_rows} rows "
+                     f"{m['attn']:.3f}, concurrent {m['concurrent']:.3f} (serial sum {m['gemm'] + m['attn']:.3f}) -> "
+                     f"overlap fraction {_frac(res['overlap']['mixed_eager'])}")  # fmt: skip
+    lines.append("overlap fraction = (a + b - concurrent) / min(a, b): 1 = the shorter fully hidden, 0 = serial")
+    return lines
+
+
+def _frac(v: float | None) -> str:
+    return f"{v:.3f}" if v is not None else "-"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", "--json", dest="out", default=None, help="JSON results, rewritten after every case")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (the CPU without a GPU): the code path only")
+    p.add_argument("--rows", help="decode rows R of cases (a)-(d), comma-separated (halves: R/2); default 488,244")
+    p.add_argument("--ctx", type=int, help="context tokens a row (576)")
+    p.add_argument("--layers", type=int, help="layers a timed call runs (32)")
+    p.add_argument("--cache-layers", type=int, help="distinct K/V pools, cycled (8: ~1.15 GB each at 488 rows)")
+    p.add_argument("--weight-sets", type=int, help="distinct layer weights, cycled (4: 436 MB each)")
+    p.add_argument("--mixed-tokens", type=int, help="case (e)'s GEMM chain tokens (16,384); 0: no case (e)")
+    p.add_argument("--mixed-rows", type=int, help="case (e)'s decode rows (449)")
+    p.add_argument("--reps", type=int, help="timed calls or replays a case (10)")
+    p.add_argument("--extras", action="store_true", help="session 11's variants at the first R, after the rest")
+    p.add_argument("--chunks", default="2,4", help="--extras: attention row chunks to try in the ring")
+    p.add_argument("--sms", default="16,32,48", help="--extras: SMs cuBLAS leaves to attention (its SM carve-out)")
+    p.add_argument("--green-sms", default="", help="--extras: SMs of attention's green context (crashed the H200)")
+    a = p.parse_args(argv)
+    for k, v in (SMOKE_ARGS if a.smoke else GPU_ARGS).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the probe; returns the results (None where it was skipped)."""
+    a = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not a.smoke:
+        print("skipped: needs a CUDA GPU (or --smoke)")
+        return None
+    model = Model(SMOKE if a.smoke else LLAMA_8B, a.layers, a.weight_sets, torch.device("cuda" if cuda else "cpu"))
+    run = Run(a, model)
+    for rows in [int(r) for r in a.rows.split(",") if r]:
+        run_rows(run, rows)
+        if cuda:
+            torch.cuda.empty_cache()
+    if a.mixed_tokens:
+        run_mixed(run)
+    if a.extras:  # last: the brief's cases first, should a time limit cut the run
+        run_extras(run, int(a.rows.split(",")[0]))
+    run.save()
+    print("\n".join(run.results["summary"]), flush=True)
+    return run.results
 
 
 if __name__ == "__main__":

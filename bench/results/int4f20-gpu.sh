@@ -17,45 +17,29 @@
 #   OUT=... bash bench/results/int4f20-gpu.sh
 # STAGES="int4 summary" runs a subset.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
-W=/tmp/i4f20; rm -rf $W; mkdir -p $W; L=$OUT/int4f20.log; S=$OUT/int4f20-sides.log; : > $L; : > $S
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >> $L 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L 2>&1
+source $R/bench/results/bf16-stages.sh int4f20 /tmp/i4f20  # W, L, S, stage_head, stage_tail, bf16_stage, summary_first
 for s in ${STAGES:-int4 bf16 summary}; do
-  echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
+  stage_head $s
   [ $s != summary ] && [ $((END - SECONDS)) -lt 20 ] && { echo "skipped: out of time" | tee -a $L; continue; }
   case $s in
     int4) source $R/bench/results/w4a16-model.sh >> $S 2>&1  # /tmp/llama8b-w4a16 (and /tmp/llama8b)
       echo "--- int4 $(date +%T) limit $(left 150) s" | tee -a $L >> $S
       timeout $(left 150) python3 $R/bench/int4_fused_ab.py --model /tmp/llama8b-w4a16 --json $W/int4.json \
         > $W/int4.log 2>&1
-      echo "rc=$?" | tee -a $L
-      cat $W/int4.log >> $S
-      grep -E "^startup|variant|phase|^AB|launches|tokens|Traceback|Error" $W/int4.log | tail -30 | cut -c1-300 \
-        | tee -a $L ;;
-    bf16) echo "--- bf16 $(date +%T) limit $(left 70) s" | tee -a $L >> $S
-      timeout $(left 70) python3 $R/bench/decode_ab.py --label bf16 --batch-sizes 1 --token-batch 1 --tokens 4 \
-        --profile-batch-sizes "" --json $W/bf16.json > $W/bf16.log 2>&1
-      echo "rc=$?" | tee -a $L
-      cat $W/bf16.log >> $S
-      grep -E "^bf16:|Traceback|Error" $W/bf16.log | tail -4 | cut -c1-300 | tee -a $L ;;
+      stage_tail $? $W/int4.log "^startup|variant|phase|^AB|launches|tokens|Traceback|Error" 30 300 ;;
+    bf16) bf16_stage 70 ;;
     summary) python3 - > $W/summary.txt 2>&1 <<'PY'
 import json, os
+from stage_runs import bf16_bs1, bf16_line, load_runs  # bench/stage_runs.py
 out, w = os.environ.get("OUT", "/tmp/out"), "/tmp/i4f20"
-runs = {}
-for label in ("int4", "bf16"):
-    try:
-        runs[label] = json.load(open(f"{w}/{label}.json"))
-    except (OSError, ValueError) as e:
-        runs[label] = {"error": f"no result ({e.__class__.__name__})"}
+runs = load_runs(w, ("int4", "bf16"))
 i4, bf = runs["int4"], runs["bf16"]
-bf1 = next((r for r in bf.get("latency", []) if r["batch"] == 1), None)
-bf_ms = bf1["ms_per_step"] if bf1 else None
+bf1, bf_ms = bf16_bs1(bf)
 ms = (i4.get("ab") or {}).get("ms_per_step") or {}
 s = {"bf16_bs1_ms": bf_ms, "int4_bs1_ms": ms, "target_ratio": 0.45, "before": "2.702 ms = 0.473x of 5.710 (H100)"}
 print(f"SUMMARY int4f20 on {i4.get('device', bf.get('device', '?'))}: int4 W4A16 bs1 ctx512 step by fused forms "
       f"(one engine, in-process switches) against bf16 bs1 ctx512 (own process, same call); target <= 0.45x")
-print(f"SUMMARY bf16 bs1 ctx512: {f'{bf_ms:.3f} ms' if bf_ms else bf.get('error', 'no latency row')}"
-      + (f" (graphed {bf1['graphed_steps']}/{bf1['steps']})" if bf1 else ""))
+print(bf16_line(bf, graphed=True))
 s["ratio"] = {}
 for name in ("none", "gated", "rope", "both"):
     if name not in ms:
@@ -94,6 +78,4 @@ PY
       cat $W/summary.txt ;;
   esac
 done
-echo "=== done $(date +%T)" >> $L
-# the summary block first (a call cut before this line leaves the stage lines alone in int4f20.log)
-{ cat $W/summary.txt 2>/dev/null; echo; echo "--- stages"; cat $L; } > $W/final.log && cp $W/final.log $L
+summary_first  # the summary block first (a call cut before this line leaves the stage lines alone in int4f20.log)

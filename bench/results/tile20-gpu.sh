@@ -17,42 +17,28 @@
 #   OUT=... bash bench/results/tile20-gpu.sh
 # STAGES="sweep summary" runs a subset; SWEEP_ARGS adds options (e.g. "--shapes o,down --steps 32").
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
-W=/tmp/tile20; rm -rf $W; mkdir -p $W; L=$OUT/tile20.log; S=$OUT/tile20-sides.log; : > $L; : > $S
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >> $L 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L 2>&1
+source $R/bench/results/bf16-stages.sh tile20 /tmp/tile20  # W, L, S, stage_head, stage_tail, bf16_stage, summary_first
 for s in ${STAGES:-sweep bf16 summary}; do
-  echo "=== $s $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
+  stage_head $s
   case $s in
     sweep) [ $((END - SECONDS)) -lt 60 ] && { echo "skipped: out of time" | tee -a $L; continue; }
       source $R/bench/results/w4a16-model.sh >> $S 2>&1  # /tmp/llama8b-w4a16 (and /tmp/llama8b)
       lim=$(left 175); echo "--- sweep $(date +%T) limit $lim s" | tee -a $L >> $S
       timeout $lim python3 $R/bench/int4_tile_sweep.py --model /tmp/llama8b-w4a16 --json $W/sweep.json \
         --budget-s $((lim - 10)) ${SWEEP_ARGS:-} > $W/sweep.log 2>&1
-      echo "rc=$?" | tee -a $L
-      cat $W/sweep.log >> $S
-      grep -E "^startup|^warm|^SWEEP|  ab |Traceback|Error" $W/sweep.log | tail -30 | cut -c1-600 | tee -a $L ;;
+      stage_tail $? $W/sweep.log "^startup|^warm|^SWEEP|  ab |Traceback|Error" 30 600 ;;
     bf16) [ $((END - SECONDS)) -lt 40 ] && { echo "skipped: out of time" | tee -a $L; continue; }
-      echo "--- bf16 $(date +%T) limit $(left 60) s" | tee -a $L >> $S
-      timeout $(left 60) python3 $R/bench/decode_ab.py --label bf16 --batch-sizes 1 --token-batch 1 --tokens 4 \
-        --profile-batch-sizes "" --json $W/bf16.json > $W/bf16.log 2>&1
-      echo "rc=$?" | tee -a $L
-      cat $W/bf16.log >> $S
-      grep -E "^bf16:|Traceback|Error" $W/bf16.log | tail -4 | cut -c1-300 | tee -a $L ;;
+      bf16_stage 60 ;;
     summary) python3 - > $W/summary.txt 2>&1 <<'PY'
 import json, os
+from stage_runs import bf16_bs1, bf16_line, load_runs  # bench/stage_runs.py
 out, w = os.environ.get("OUT", "/tmp/out"), "/tmp/tile20"
-runs = {}
-for label in ("sweep", "bf16"):
-    try:
-        runs[label] = json.load(open(f"{w}/{label}.json"))
-    except (OSError, ValueError) as e:
-        runs[label] = {"error": f"no result ({e.__class__.__name__})"}
+runs = load_runs(w, ("sweep", "bf16"))
 sw, bf = runs["sweep"], runs["bf16"]
-bf1 = next((r for r in bf.get("latency", []) if r["batch"] == 1), None)
-bf_ms = bf1["ms_per_step"] if bf1 else None
+_, bf_ms = bf16_bs1(bf)
 print(f"SUMMARY tile20 on {sw.get('device', bf.get('device', '?'))}: int4 W4A16 bs1 ctx512 wide-GEMV tiles by in-engine "
       f"coordinate descent; target <= 0.45x bf16 (before: 2.597 / 5.673 ms = 0.458x, H100)")
-print(f"SUMMARY bf16 bs1 ctx512: {f'{bf_ms:.3f} ms' if bf_ms else bf.get('error', 'no latency row')}")
+print(bf16_line(bf))
 ab = sw.get("ab")
 if ab:
     for name in ("orig", "new"):
@@ -76,5 +62,4 @@ PY
       cat $W/summary.txt ;;
   esac
 done
-echo "=== done $(date +%T)" >> $L
-{ cat $W/summary.txt 2>/dev/null; echo; echo "--- stages"; cat $L; } > $W/final.log && cp $W/final.log $L
+summary_first
