@@ -17,33 +17,35 @@ decode rows x `--ctx` tokens of context, `--layers` layers, timed eagerly with C
 - (d) `two_stream`: two nano-batches of R/2 rows, A's layers on the current stream, B's on a second one;
   attention calls take turns A(l), B(l), A(l+1), ... (an event chain), so each half's attention runs beside the
   other half's o_proj, MLP and next qkv: the half-layer offset of NanoFlow;
+- (d') `two_stream_att`: the same order with every attention on one attention stream and each half's GEMMs on a
+  stream of its own (NanoFlow's split by operation kind);
 - `both_free` (with `gemm_half`, `attn_half`): the GEMM chain of A and the attention of B at R/2 rows on two
   streams with no dependency at all (the best case for overlap);
 - (e) `mixed`: a mixed step's shape, the GEMM chain of `--mixed-tokens` tokens on the current stream while
   `--mixed-rows` rows' decode attention runs on a second one, each layer's attention started with that layer's
   GEMMs (`gemm`, `attn`, `concurrent`).
 
-Every R case is also captured in a CUDA graph (multi-stream capture: the side stream forks from the capture stream
-and joins it by events) and timed as replays. `overlap fraction = (a + b - concurrent) / min(a, b)`: 1 the shorter
-one hides entirely under the other, 0 none (serial), < 0 slower than serial (for `two_stream` a and b are R rows'
-`gemm` and `attn`, which also charges it the second weight read; for `both_free` the halves'). `--extras` adds
-session 11's variants at the first R (below), last. The JSON (`--out`) is rewritten after every case, so a run cut by a
-time limit keeps what it measured; a summary block is printed last. `--smoke`: tiny shapes, two layers, on the CPU
-where there is no GPU (streams and events are no-ops there, no graphs): the code path and the JSON's schema
-(tests/test_bench_overlap_probe.py).
+Every R case is also captured in a CUDA graph (multi-stream capture: the side streams fork from the capture stream
+and join it by events) and timed as replays. `overlap fraction = (a + b - concurrent) / min(a, b)`: 1 the shorter
+one hides entirely under the other, 0 none (serial), < 0 slower than serial (for `two_stream` and `two_stream_att`
+a and b are R rows' `gemm` and `attn`, which also charges them the second weight read; for `both_free` the
+halves'). `--extras` adds session 11's variants at the first R (below), last. The JSON (`--out`) is rewritten after
+every case, so a run cut by a time limit keeps what it measured; a summary block is printed last. `--smoke`: tiny
+shapes, two layers, on the CPU where there is no GPU (streams and events are no-ops there, no graphs): the code path
+and the JSON's schema (tests/test_bench_overlap_probe.py).
 
     python bench/overlap_probe.py --out probe.json [--rows 488,244] [--extras]
     OUT=... bash bench/results/probe21-gpu.sh     # the device call (<= 240 s)
 
 `--extras` (session 11's schedules): `serial_halves` (the halves one after the other on one stream: what splitting
-costs without overlap), `ring_att` (every attention on one attention stream, each half's GEMMs on its own),
-`ring_chunkN` (each half's attention in N row launches, so it holds fewer CTAs at a time), eager variants with the
-GEMM streams at high priority (`*_prio_eager`: a graph replays its kernels at its launch stream's priority),
-`*_carveN` (cuBLAS told to leave N SMs free, `torch._C._set_sm_carveout_experimental`) and, with `--green-sms`,
-attention on a stream of a CUDA green context of N SMs (on the H200 in session 11 the first of them destroyed the
-CUDA context: Triton's kernels live in the primary one; they run last).
+costs without overlap), `ring_chunkN` (each half's attention in N row launches, so it holds fewer CTAs at a time),
+`both_free_prio` / `ring_att_prio` (eager only: the GEMM streams at high priority; a graph replays its kernels at its
+launch stream's priority), `*_carveN` (cuBLAS told to leave N SMs free, `torch._C._set_sm_carveout_experimental`)
+and, with `--green-sms`, attention on a stream of a CUDA green context of N SMs (on the H200 in session 11 the first
+of them destroyed the CUDA context: Triton's kernels live in the primary one; they run last).
 
-Measured on the H200 (session 11, device call 2, bench/results/gpu-2026-12-04-s11/call2/, then one R of 512):
+Measured on the H200 (session 11, call 2, bench/results/gpu-2026-12-04-s11/call2/; one R of 512; its `ring` and
+`ring_att` are `two_stream` and `two_stream_att`):
 **no overlap**. attn_half 4.66 ms (4.15 TB/s), gemm_half 6.07 ms (589 TFLOP/s), both_free 10.88 ms (ideal 6.07).
 Each kernel fills every SM (the attention grid is 2,048 CTAs at 256 rows; cuBLAS's grids cover the GPU), so one
 only gets SMs as the other drains. serial 20.37, serial_halves 23.17 (the weights read twice), ring 22.12, ring_att
@@ -412,19 +414,21 @@ def run_rows(run: Run, rows: int) -> None:
     """Cases (a)-(d) and both_free at `rows` decode rows, eager and graphed; their overlap fractions."""
     a, model = run.args, run.model
     probe = Probe(model, rows, a.ctx, a.cache_layers)
-    side = model.lanes.stream()
+    side, side2 = model.lanes.stream(), model.lanes.stream()
     rec = run.results["rows"][str(rows)] = {}
     print(f"R={rows} x ctx {a.ctx}, {a.layers} layers (halves {rows // 2} / {rows - rows // 2})", flush=True)
     run.time(rec, "gemm", lambda: model.gemm_only(probe.full))
     run.time(rec, "attn", lambda: probe.attn_only(probe.full))
     run.time(rec, "serial", lambda: probe.serial([probe.full]))
     run.time(rec, "two_stream", lambda: probe.ring(side))
+    run.time(rec, "two_stream_att", lambda: probe.ring_att(side, (model.lanes.current(), side2)))
     run.time(rec, "gemm_half", lambda: model.gemm_only(probe.halves[0]))
     run.time(rec, "attn_half", lambda: probe.attn_only(probe.halves[1]))
     run.time(rec, "both_free", lambda: probe.both_free(side))
     fr = run.results["overlap"][str(rows)] = {}
     for mode in ("eager", "graph"):
-        fr[f"two_stream_{mode}"] = overlap_fraction(rec["gemm"][mode], rec["attn"][mode], rec["two_stream"][mode])
+        for case in ("two_stream", "two_stream_att"):
+            fr[f"{case}_{mode}"] = overlap_fraction(rec["gemm"][mode], rec["attn"][mode], rec[case][mode])
         fr[f"both_free_{mode}"] = overlap_fraction(rec["gemm_half"][mode], rec["attn_half"][mode],
                                                    rec["both_free"][mode])  # fmt: skip
     run.save()
@@ -453,7 +457,6 @@ def run_extras(run: Run, rows: int) -> None:
     rec = run.results["extras"]
     side, side2 = lanes.stream(), lanes.stream()
     run.time(rec, "serial_halves", lambda: probe.serial(probe.halves))
-    run.time(rec, "ring_att", lambda: probe.ring_att(side, (lanes.current(), side2)))
     for c in [int(x) for x in a.chunks.split(",") if x]:
         run.time(rec, f"ring_chunk{c}", lambda c=c: probe.ring(side, c))
     if lanes.cuda:
@@ -503,17 +506,18 @@ def summary(run: Run) -> list[str]:
     for rows, rec in res["rows"].items():
         fr = res["overlap"].get(rows, {})
         for mode in ("eager", "graph"):
-            t = {k: rec.get(k, {}).get(mode) for k in ("gemm", "attn", "serial", "two_stream", "gemm_half", "attn_half",
-                                                       "both_free")}  # fmt: skip
+            t = {k: rec.get(k, {}).get(mode) for k in ("gemm", "attn", "serial", "two_stream", "two_stream_att",
+                                                       "gemm_half", "attn_half", "both_free")}  # fmt: skip
             if None in t.values():  # a case failed, or is still to run
                 continue
-            gain = t["serial"] / t["two_stream"]
+            gain = t["serial"] / min(t["two_stream"], t["two_stream_att"])
             verdict = "PAYS" if gain > 1.05 else "MARGINAL" if gain > 1.0 else "DOES NOT PAY"
             lines.append(f"R={rows} {mode}: (a) gemm {t['gemm']:.3f} ms, (b) attn {t['attn']:.3f}, (c) serial "
-                         f"{t['serial']:.3f}, (d) two-stream {t['two_stream']:.3f} -> overlap fraction "
-                         f"{_frac(fr.get(f'two_stream_{mode}'))}, x{gain:.3f} of serial: {verdict}; halves free "
-                         f"{_frac(fr.get(f'both_free_{mode}'))} ({t['gemm_half']:.3f} + {t['attn_half']:.3f} -> "
-                         f"{t['both_free']:.3f})")  # fmt: skip
+                         f"{t['serial']:.3f}, (d) two-stream {t['two_stream']:.3f} (overlap fraction "
+                         f"{_frac(fr.get(f'two_stream_{mode}'))}), (d') attention stream {t['two_stream_att']:.3f} "
+                         f"({_frac(fr.get(f'two_stream_att_{mode}'))}): best x{gain:.3f} of serial, {verdict}; "
+                         f"halves free {_frac(fr.get(f'both_free_{mode}'))} ({t['gemm_half']:.3f} + "
+                         f"{t['attn_half']:.3f} -> {t['both_free']:.3f})")  # fmt: skip
         if rec.get("attn", {}).get("eager") and rec.get("gemm", {}).get("eager"):
             gbs = int(rows) * a.ctx * s.kv_heads * s.head_dim * 4 * a.layers / rec["attn"]["eager"] / 1e6
             tflops = 2 * int(rows) * s.params() * a.layers / rec["gemm"]["eager"] / 1e9

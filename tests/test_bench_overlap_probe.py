@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import overlap_probe as op
 
-CASES = {"gemm", "attn", "serial", "two_stream", "gemm_half", "attn_half", "both_free"}
+CASES = {"gemm", "attn", "serial", "two_stream", "two_stream_att", "gemm_half", "attn_half", "both_free"}
 
 
 def test_smoke_writes_every_case_fraction_and_summary(tmp_path: Path) -> None:
@@ -29,18 +29,19 @@ def test_smoke_writes_every_case_fraction_and_summary(tmp_path: Path) -> None:
             assert times["eager"] > 0
             assert (times["graph"] is not None) == graphed
         fractions = results["overlap"][rows]
-        assert set(fractions) == {"two_stream_eager", "two_stream_graph", "both_free_eager", "both_free_graph"}
+        assert set(fractions) == {f"{case}_{mode}" for case in ("two_stream", "two_stream_att", "both_free")
+                                  for mode in ("eager", "graph")}  # fmt: skip
         assert isinstance(fractions["two_stream_eager"], float)
     assert {k: v["eager"] > 0 for k, v in results["mixed"].items()} == {"gemm": True, "attn": True, "concurrent": True}
     assert isinstance(results["overlap"]["mixed_eager"], float)
-    assert {"serial_halves", "ring_att", "ring_chunk2", "ring_chunk4"} <= set(results["extras"])
+    assert {"serial_halves", "ring_chunk2", "ring_chunk4"} <= set(results["extras"])
     summary = "\n".join(results["summary"])
     for line in ("R=8 eager: (a) gemm", "R=4 eager: (a) gemm", "(e) mixed eager: gemm 32 tokens", "overlap fraction"):
         assert line in summary
 
 
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_two_nano_batches_compute_what_the_serial_step_does(chunks: int) -> None:
+@pytest.mark.parametrize(("schedule", "chunks"), [("ring", 1), ("ring", 3), ("ring_att", 1)])
+def test_two_nano_batches_compute_what_the_serial_step_does(schedule: str, chunks: int) -> None:
     model = op.Model(op.SMOKE, layers=3, weight_sets=2, device=torch.device("cpu"))
     probe = op.Probe(model, rows=10, ctx=40, cache_layers=2)
     x0, res0 = probe.full.x.clone(), probe.full.res.clone()
@@ -49,7 +50,10 @@ def test_two_nano_batches_compute_what_the_serial_step_does(chunks: int) -> None
     assert not torch.equal(serial, x0)  # the layers did change the rows
     probe.full.x.copy_(x0)
     probe.full.res.copy_(res0)
-    probe.ring(model.lanes.stream(), chunks)
+    if schedule == "ring":
+        probe.ring(model.lanes.stream(), chunks)
+    else:
+        probe.ring_att(model.lanes.stream(), chunks=chunks)
     torch.testing.assert_close(probe.full.x, serial, rtol=1e-2, atol=1e-4)  # |x| <= ~0.01
 
 

@@ -4,8 +4,9 @@
 # the engine? bench/overlap_probe.py at Llama-3.1-8B's layer shapes (random bf16, the engine's kernels through
 # kernels/dispatch.py, shuffled block tables), 32 layers, context 576: for R = 488 and 244 decode rows (a) the GEMM
 # chain, (b) the attention, (c) both serially, (d) two nano-batches of R/2 on two streams (attention calls taking
-# turns: the half-layer offset), each eager (CUDA events) and CUDA-graphed; then (e) a 16,384-token GEMM chain beside
-# 449 rows' attention (a mixed step); then session 11's variants (--extras: ring_att, row chunks, stream priorities,
+# turns: the half-layer offset; (d') the same with every attention on a third stream), each eager (CUDA events) and
+# CUDA-graphed, with overlap fractions (a + b - concurrent) / min(a, b); then (e) a 16,384-token GEMM chain beside
+# 449 rows' attention (a mixed step); then session 11's variants (--extras: row chunks, stream priorities,
 # cuBLAS SM carve-outs of 16/32/48). Session 11 measured R = 512 on the H200: no overlap.
 # One call (BUDGET_S, default 240 s): the probe under `timeout` (its JSON, summary included, is rewritten after every
 # case, so a cut run keeps what it measured).
