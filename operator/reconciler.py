@@ -269,10 +269,11 @@ class Reconciler:
 
     def _copy_settled(self, owner: dict[str, Any], now: dict[str, Any], count: int) -> bool:
         """One try of `_copy_autoscaled_replicas` on `now`, as read: True when settled (written, or not to be written:
-        the spec moved on from the generation this reconcile read, or the object is being deleted), False when the
-        write's resourceVersion precondition failed (a 409)."""
-        meta = now["metadata"]
-        if meta.get("generation") != owner["metadata"].get("generation") or meta.get("deletionTimestamp"):
+        the spec moved on from the generation this reconcile read, or the object is being deleted or is another one
+        of the same name), False when the write's resourceVersion precondition failed (a 409)."""
+        meta, read = now["metadata"], owner["metadata"]
+        if (meta.get("generation"), meta.get("uid")) != (read.get("generation"), read.get("uid")) \
+                or meta.get("deletionTimestamp"):
             return True
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": count}}
         try:
