@@ -18,7 +18,7 @@ from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
-from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
@@ -47,9 +47,10 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order.
 
-        A prompt is text, a list of token ids, or `{"prompt": ...}` / `{"prompt_token_ids": [...]}`.
-        `lora_request` (one for all prompts, or one per prompt, None for the base model) needs
-        `enable_lora=True`.
+        A prompt is text, a list of token ids, or `{"prompt": ...}` / `{"prompt_token_ids": [...]}`; a dict's
+        `"cache_salt"` (vLLM's TextPrompt / TokensPrompt key) keeps its prefix-cache blocks apart from other
+        salts', as the server's `cache_salt` does. `lora_request` (one for all prompts, or one per prompt, None
+        for the base model) needs `enable_lora=True`.
         """
         prompt_list = _as_prompt_list(prompts)
         # Offline callers see only final outputs, so the engine need not build one per step.
@@ -60,7 +61,8 @@ class LLM:
         try:
             for prompt, p, lora in zip(prompt_list, params, loras, strict=True):
                 text = prompt.get("prompt") if isinstance(prompt, dict) else None
-                ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text, lora_request=lora).request_id)
+                ids.append(self.engine.add_request(_unwrap(prompt), p, prompt_text=text, lora_request=lora,
+                                                   cache_salt=_salt_of(prompt)).request_id)
         except BaseException:
             self.engine.abort(ids)  # one bad prompt queues none of the batch
             raise
@@ -70,12 +72,26 @@ class LLM:
               truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
         """Embeddings of every prompt (needs `runner="pooling"`): last-token pooled, L2-normalised,
         cut to `dimensions` on matryoshka models; `truncate_prompt_tokens` (vLLM's) embeds each prompt's
-        last N tokens (-1: the context length)."""
-        ids = [_unwrap(p) for p in _as_prompt_list(prompts)]
+        last N tokens (-1: the context length). A prompt dict's `"cache_salt"` keys its prefix-cache blocks,
+        as on `generate`."""
+        prompt_list = _as_prompt_list(prompts)
+        salts = [_salt_of(p) for p in prompt_list]
         max_len = self.engine.config.model.max_model_len
         token_ids = [truncate_prompt(self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p),
-                                     truncate_prompt_tokens, max_len) for p in ids]
-        return embed_prompts(self.engine, token_ids, PoolingParams(dimensions=dimensions))
+                                     truncate_prompt_tokens, max_len) for p in map(_unwrap, prompt_list)]
+        params = PoolingParams(dimensions=dimensions)
+        by_salt = _indices_by_salt(salts)
+        if len(by_salt) <= 1:
+            return embed_prompts(self.engine, token_ids, params, salts[0] if salts else None)
+        # One pooling call per salt (a call keys all its prompts alike). Every prompt is checked first, by its
+        # index in this call, so a bad one fails the whole call before any is embedded.
+        for i, ids in enumerate(token_ids):
+            check_prompt(i, ids, max_len, self.engine.vocab_size)
+        outputs: dict[int, EmbeddingOutput] = {}
+        for salt, indices in by_salt.items():
+            group = embed_prompts(self.engine, [token_ids[i] for i in indices], params, salt)
+            outputs.update(zip(indices, group, strict=True))
+        return [outputs[i] for i in range(len(token_ids))]
 
     def chat(
         self,
@@ -89,6 +105,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation (one, or a list of them) with the chat template and generate; vLLM's arguments.
 
@@ -101,6 +118,8 @@ class LLM:
         message open for the model to continue (both true is a ValueError, as in vLLM). `tools` (OpenAI function
         definitions) and `chat_template_kwargs` (extra template variables; the renderer's own argument names are
         refused) reach the template. `lora_request` generates with that adapter (needs `enable_lora=True`).
+        `cache_salt` keys every conversation's prefix-cache blocks, as a prompt dict's `"cache_salt"` on
+        `generate` and the server's chat completions' field (vLLM's `chat` has no such argument).
         """
         check_prompt_end(add_generation_prompt, continue_final_message)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -116,7 +135,8 @@ class LLM:
         # The template already carries the BOS/special tokens: tokenize without adding them again.
         token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(
-            [{"prompt_token_ids": t, "prompt": p} for t, p in zip(token_lists, prompts, strict=True)],
+            [{"prompt_token_ids": t, "prompt": p, "cache_salt": cache_salt}
+             for t, p in zip(token_lists, prompts, strict=True)],
             sampling_params,
             use_tqdm,
             lora_request,
@@ -171,6 +191,22 @@ def _unwrap(prompt: Prompt) -> str | list[int]:
     if "prompt" in prompt:
         return prompt["prompt"]
     raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+
+
+def _salt_of(prompt: Prompt) -> str | None:
+    """A prompt dict's `cache_salt`, or None; as the server's field, a salt is a non-empty string."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("a prompt's 'cache_salt' must be a non-empty string")
+    return salt
+
+
+def _indices_by_salt(salts: list[str | None]) -> dict[str | None, list[int]]:
+    """Each distinct salt (first seen first) and the indices of the prompts under it."""
+    groups: dict[str | None, list[int]] = {}
+    for i, salt in enumerate(salts):
+        groups.setdefault(salt, []).append(i)
+    return groups
 
 
 def _progress_bar(total: int) -> Any:

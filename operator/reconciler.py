@@ -252,10 +252,29 @@ class Reconciler:
         scale subresource, as an HPA aimed at the InferenceService would. Only on the spec this reconcile read: with
         the resourceVersion of `now` (`owner` as this reconcile's status patch left it, which changes that and not the
         generation) as a precondition, and not at all when the generation moved on, so a spec changed since
-        (kubectl scale, an edit) is not written over; its own reconcile follows."""
-        meta = now["metadata"]
-        if count is None or meta.get("generation") != owner["metadata"].get("generation"):
+        (kubectl scale, an edit) is not written over; its own reconcile follows.
+
+        A 409 is retried once, on a fresh read, again with its resourceVersion as the precondition: a status write of
+        someone else's between this reconcile's status patch and the copy (the serving reader's status.serving, every
+        few seconds) changes the resourceVersion alone, and would otherwise hold the copy back a whole reconcile."""
+        if count is None:
             return
+        if self._copy_settled(owner, now, count):
+            return
+        fresh = self.kube.get(inferenceservice_path(owner["metadata"]["namespace"], owner["metadata"]["name"]))
+        if fresh is not None and self._copy_settled(owner, fresh, count):
+            return
+        meta = owner["metadata"]
+        log.info(f"not copying {count} replicas into {meta['namespace']}/{meta['name']} now: it changed since")
+
+    def _copy_settled(self, owner: dict[str, Any], now: dict[str, Any], count: int) -> bool:
+        """One try of `_copy_autoscaled_replicas` on `now`, as read: True when settled (written, or not to be written:
+        the spec moved on from the generation this reconcile read, or the object is being deleted or is another one
+        of the same name), False when the write's resourceVersion precondition failed (a 409)."""
+        meta, read = now["metadata"], owner["metadata"]
+        if (meta.get("generation"), meta.get("uid")) != (read.get("generation"), read.get("uid")) \
+                or meta.get("deletionTimestamp"):
+            return True
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": count}}
         try:
             self.kube.request("PATCH", f"{inferenceservice_path(meta['namespace'], meta['name'])}/scale", patch,
@@ -263,7 +282,8 @@ class Reconciler:
         except k.KubeError as e:
             if e.status != 409:
                 raise
-            log.info(f"not copying {count} replicas into {meta['namespace']}/{meta['name']}: it changed since")
+            return False
+        return True
 
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]

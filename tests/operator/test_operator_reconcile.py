@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flotilla.operator.autoscaling import AUTOSCALED_REPLICAS_MANAGER
 from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import FIELD_MANAGER, Kube, KubeError, object_path
 from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
@@ -515,6 +516,66 @@ def test_removing_autoscaling_keeps_the_autoscalers_count_which_spec_replicas_ho
     assert op.kube.get(child_path("PodDisruptionBudget", namespace, "kept")) is not None  # 4 replicas: one kept
     _scale(op, namespace, "kept", 2)
     wait_for(lambda: op.kube.get(path)["spec"]["replicas"] == 2, 30, "spec.replicas 2 applied")
+
+
+class _WrittenBeforeScaleCopies(Kube):
+    """The real API server, where someone else writes the InferenceService right before each of the reconciler's
+    copies of the autoscaled count through /scale (one write from `before` per copy, while any are left)."""
+
+    def __init__(self, api: Any, before: list[Any]):
+        super().__init__(api)
+        self.before = before
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        if method == "PATCH" and path.endswith("/scale") and (query or {}).get("fieldManager") == \
+                AUTOSCALED_REPLICAS_MANAGER and self.before:
+            self.before.pop(0)()
+        return super().request(method, path, body, query, content_type)
+
+
+def test_a_status_write_before_the_autoscaled_count_is_copied_is_retried_in_the_same_reconcile(
+        operator_process, op, namespace):
+    """The serving reader patches status.serving every few seconds. One that lands between a reconcile's status patch
+    and its copy of the autoscaler's count through /scale failed the copy's resourceVersion precondition (409), and the
+    count waited a whole reconcile. The copy is now retried once on a fresh read, with its resourceVersion as the
+    precondition again: a second write in between still defers it, and a spec changed meanwhile (the generation moved:
+    `kubectl scale`) is still not written over."""
+    operator_process.stop()  # this test's reconcilers are the only writers (the next test's fixture starts it again)
+    op.set_optional_crds(False)  # an HPA, which this control plane's controller leaves alone with no metrics API
+    op.apply(fis("busy", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
+    path = fis_path(namespace, "busy")
+    events: list[tuple[str, str]] = []
+    for _ in range(2):  # created at minReplicas, then the Deployment's replicas handed over to the autoscaler
+        _quiet_reconciler(Kube(op.kube.api), events).reconcile(namespace, "busy")
+    assert op.kube.get(path)["spec"]["replicas"] == 2  # minReplicas, copied
+
+    def serving_written(running: int) -> Any:
+        block = {"running": running, "waiting": 0, "windowSeconds": 60, "observedAt": "2026-12-05T20:00:00Z",
+                 "scraped": 1}
+        return lambda: op.kube.patch_status(path, {"serving": block})
+
+    def reconcile_with(*before: Any) -> list[Any]:
+        left = list(before)
+        _quiet_reconciler(_WrittenBeforeScaleCopies(op.kube.api, left), events).reconcile(namespace, "busy")
+        return left
+
+    # One status write in between: copied within the same reconcile, the reader's status.serving kept.
+    _deployment_scaled_by_the_autoscaler(op, namespace, "busy", 4)
+    assert reconcile_with(serving_written(1)) == []
+    body = op.kube.get(path)
+    assert body["spec"]["replicas"] == 4
+    assert body["status"]["serving"]["running"] == 1
+    # One before each try: retried once only, left to the next reconcile, which copies it.
+    _deployment_scaled_by_the_autoscaler(op, namespace, "busy", 5)
+    assert reconcile_with(serving_written(2), serving_written(3)) == []
+    assert op.kube.get(path)["spec"]["replicas"] == 4
+    _quiet_reconciler(Kube(op.kube.api), events).reconcile(namespace, "busy")
+    assert op.kube.get(path)["spec"]["replicas"] == 5
+    # `kubectl scale fis busy --replicas 3` in between: the retry reads the new generation and writes nothing.
+    _deployment_scaled_by_the_autoscaler(op, namespace, "busy", 6)
+    assert reconcile_with(lambda: _scale(op, namespace, "busy", 3)) == []
+    assert op.kube.get(path)["spec"]["replicas"] == 3
 
 
 def _get_scale(op, namespace: str, name: str) -> dict[str, Any]:

@@ -185,6 +185,34 @@ def test_the_pooling_pass_reuses_cached_blocks_within_one_salt_only(pooling_llm,
                                atol=1e-4, rtol=1e-4)
 
 
+def test_offline_embed_takes_each_prompt_dicts_cache_salt(pooling_llm, qwen3_dir):
+    # vLLM's prompt dict key on `LLM.embed`: one call mixing salts keys each prompt by its own and keeps the
+    # prompts' order; a repeat hits every prompt's two full blocks under its own salt, a new salt none.
+    a, b, c = list(range(800, 840)), list(range(900, 940)), list(range(1000, 1040))
+    mixed = [{"prompt_token_ids": a, "cache_salt": "m"}, {"prompt_token_ids": b, "cache_salt": "n"}, c,
+             {"prompt_token_ids": a, "cache_salt": "n"}]
+    blocks = pooling_llm.engine.block_manager
+
+    def run(prompts) -> tuple[int, list[list[float]]]:
+        before = blocks.prefix_cache_hits
+        out = pooling_llm.embed(prompts)
+        return blocks.prefix_cache_hits - before, [o.embedding for o in out]
+
+    hits, first = run(mixed)
+    assert hits == 0  # `a` under "m" is no hit for `a` under "n"
+    hits, again = run(mixed)
+    assert hits == 4 * 32
+    assert run([{"prompt_token_ids": a, "cache_salt": "o"}])[0] == 0
+    expected = hf_embeddings(qwen3_dir, [a, b, c, a])
+    for got in (first, again):
+        torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(InvalidParamError, match="input 2 is empty"):  # indexed in the whole call, not its salt's
+        pooling_llm.embed(mixed[:2] + [{"prompt_token_ids": [], "cache_salt": "n"}])
+    with pytest.raises(ValueError, match="cache_salt"):
+        pooling_llm.embed({"prompt": "x", "cache_salt": ""})
+    assert blocks.num_free_blocks == blocks.num_blocks
+
+
 def test_a_pooling_batch_that_finds_no_room_leaves_no_block_held_or_indexed(qwen3_dir):
     # 5 blocks of 16 tokens; two 40-token prompts (3 blocks each) go in one batch: the second finds no room.
     llm = LLM(str(qwen3_dir), runner="pooling", max_num_batched_tokens=128, max_model_len=64,
