@@ -171,8 +171,8 @@ class ResponsesServing:
                                                        self.serving.max_model_len, None,
                                                        defaults=self.serving.default_sampling,
                                                        max_tokens_cap=self.serving.max_tokens_cap))
-        if not req.stream:  # only the end is read: spare the per-step outputs
-            sp = sp.model_copy(update={"output_kind": "final_only"})
+        # Only the end is read, or each step's news (which the stream's parsers take in turn): never the output so far
+        sp = sp.model_copy(update={"output_kind": "delta" if req.stream else "final_only"})
         response_id = _response_id(req.request_id, header_id)
         base = _response(req, response_id, model)
         stream = await admitted(self.serving.engine.generate(
@@ -192,19 +192,19 @@ class ResponsesServing:
         status = _status(final)
         items = _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
                               [function_call_item(c, status) for c in calls], status)
-        return self._finish(req, base, items, final, conversation)
+        return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
         """GET /v1/responses/{id}."""
         return self.store.get(response_id).response
 
     def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
-                output: RequestOutput, conversation: list[dict[str, Any]]) -> dict[str, Any]:
-        """The finished response object (stored unless `store` is false)."""
+                output: RequestOutput, usage: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        """The finished response object (stored unless `store` is false); `output` is the last one."""
         complete = _status(output) == "completed"
         response = {**base, "status": "completed" if complete else "incomplete",
                     "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-                    "output": items, "usage": _usage(output)}
+                    "output": items, "usage": usage}
         if req.store:
             self.store.put(response, [*conversation, assistant_turn(items)])
         return response
@@ -214,40 +214,39 @@ class ResponsesServing:
         """The Responses event stream, numbered by `sequence_number`. Text that is surely content streams
         as `output_text.delta`s of a message item; a named function's arguments stream as
         `function_call_arguments.delta`s as they are generated; calls the parser or the `required`
-        grammar yields are sent when the output ends, each as its own function_call item."""
+        grammar yields are sent when the output ends, each as its own function_call item. `stream` yields delta
+        outputs (each step's news): the answer's parser state (`ToolPlan.stream`) takes them in turn, and the whole
+        text is joined and parsed once, at the end."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
-        message_id, opened, named, sent, final = f"msg_{uuid.uuid4().hex}", False, None, 0, None
+        message_id, opened, named, final, tokens = f"msg_{uuid.uuid4().hex}", False, None, None, 0
+        answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         try:
             async for output in stream:
                 final = output
-                text = output.outputs[0].text
+                tokens += len(output.outputs[0].token_ids)
+                news = answer.feed(output.outputs[0].text)
                 if plan.mode == "named":
                     if named is None:
                         assert plan.function is not None
                         named = function_call_item(ToolCall(plan.function, ""), "in_progress")
                         yield ev("response.output_item.added", output_index=0, item=named)
-                    if len(text) > sent:
+                    if news:
                         yield ev("response.function_call_arguments.delta", item_id=named["id"], output_index=0,
-                                 delta=text[sent:])
-                        sent = len(text)
+                                 delta=news)
                     continue
-                if plan.mode == "required":  # the calls' JSON list is shown once it is whole
-                    continue
-                safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser else len(text)
-                if safe > sent:
+                if news:
                     if not opened:
                         opened = True
                         for event in _open_message(ev, message_id):
                             yield event
                     yield ev("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
-                             delta=text[sent:safe], logprobs=[])
-                    sent = safe
+                             delta=news, logprobs=[])
         finally:
             await stream.aclose()
         assert final is not None
-        text, status = final.outputs[0].text, _status(final)
+        text, status, sent = answer.text, _status(final), answer.sent
         content, calls = _split(plan, text)
         if named is not None:
             call_items = [{**named, "arguments": text, "status": status}]
@@ -255,7 +254,7 @@ class ResponsesServing:
             call_items = [function_call_item(c, status) for c in calls]
         message_text = (text[:sent] if opened else content) if calls else text
         items = _output_items(message_id, message_text, call_items, status)
-        response = self._finish(req, base, items, final, conversation)
+        response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
             if item["type"] == "message":
                 for event in _close_message(ev, item, opened, sent):
@@ -345,8 +344,9 @@ def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, 
             "user": req.user, "output": [], "usage": None}
 
 
-def _usage(output: RequestOutput) -> dict[str, Any]:
-    prompt, generated = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
+def _usage(output: RequestOutput, generated: int) -> dict[str, Any]:
+    """The usage of a response whose last output is `output`, `generated` tokens in all."""
+    prompt = len(output.prompt_token_ids)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
             "output_tokens": generated,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + generated}
