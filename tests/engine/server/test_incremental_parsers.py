@@ -151,7 +151,7 @@ def test_each_steps_parsing_reads_its_news_and_a_bounded_tail(step):
     assert thinker.scanned < 3 * len(text)  # linear in the output, where a re-read per step is quadratic
 
 
-def _response_events(plan: ToolPlan, pieces: list[str]) -> list[dict]:
+def _response_events(plan: ToolPlan, reasoning: ReasoningParser | None, pieces: list[str]) -> list[dict]:
     from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing, _response
 
     req = ResponsesRequest(input="x", stream=True, store=False)
@@ -162,7 +162,7 @@ def _response_events(plan: ToolPlan, pieces: list[str]) -> list[dict]:
 
     async def collect():
         serving = ResponsesServing(serving=None)  # type: ignore[arg-type]  # _events needs no engine
-        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, gen(), [])]
+        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, reasoning, gen(), [])]
 
     return [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
 
@@ -171,30 +171,45 @@ def _without_ids(items: list[dict]) -> list[dict]:
     return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
 
 
+def _streamed_items_add_up(events: list[dict], items: list[dict]) -> None:
+    """Each item's deltas add up to its finished text, at its output index."""
+    for index, item in enumerate(items):
+        of_item = [e for e in events if e.get("item_id", e.get("item", {}).get("id")) == item["id"]]
+        assert all(e["output_index"] == index for e in of_item)
+        kind, text = {"message": ("response.output_text.delta", lambda i: i["content"][0]["text"]),
+                      "reasoning": ("response.reasoning_text.delta", lambda i: i["content"][0]["text"]),
+                      "function_call": ("response.function_call_arguments.delta", lambda i: i["arguments"])}[
+            item["type"]]
+        assert "".join(e["delta"] for e in of_item if e["type"] == kind) == text(item)
+        assert [e["item"]["type"] for e in of_item if e["type"] == "response.output_item.done"] == [item["type"]]
+
+
+@pytest.mark.parametrize("reasoning", [None, "deepseek_r1", "qwen3"])
 @pytest.mark.parametrize("mode, parser, function", [("none", None, None), ("required", None, None),
                                                     ("auto", "hermes", None), ("auto", "mistral", None),
                                                     ("auto", "llama3_json", None), ("named", None, "get_weather")])
-def test_responses_stream_reads_deltas_and_sends_the_same_items_whatever_the_steps(mode, parser, function):
-    """The Responses stream takes delta outputs: its deltas add up to the finished items, which are the same
-    however the text was cut into steps, and its usage counts every step's tokens."""
+def test_responses_stream_reads_deltas_and_sends_the_same_items_whatever_the_steps(reasoning, mode, parser,
+                                                                                    function):
+    """The Responses stream takes delta outputs: its deltas add up to the finished items (a reasoning item first when
+    there was thinking), which are the same however the text was cut into steps, and its usage counts every step's
+    tokens."""
     plan = ToolPlan(mode, [], parser=tool_parser(parser) if parser else None, function=function)
+    thinker = ReasoningParser(reasoning) if reasoning and mode in ("none", "auto") else None  # as served: no grammar
     texts = ["Checking.\n<tool_call>\n" + _CALL + "\n</tool_call>", "Sure. [TOOL_CALLS][" + _CALL + "]",
              "<|python_tag|>" + _LLAMA_CALL, '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
-             '{"city": "Paris"}', "Just text, <tool_ no call."]
+             '{"city": "Paris"}', "Just text, <tool_ no call.", "<think>Hmm.</think>\n\nSure. [TOOL_CALLS][" + _CALL +
+             "]", "All thinking</think>\n\n<tool_call>" + _CALL + "</tool_call>", "<think>only thinking"]
     for text in texts:
         outputs = []
         for how, pieces in _splits(text, seed=3).items():
-            events = _response_events(plan, pieces)
+            events = _response_events(plan, thinker, pieces)
             assert [e["sequence_number"] for e in events] == list(range(len(events)))
             response = events[-1]["response"]
             assert response["usage"]["output_tokens"] == len(pieces), how
-            for item in response["output"]:
-                if item["type"] == "message":
-                    streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-                    assert streamed == item["content"][0]["text"], how
-                else:
-                    streamed = "".join(e["delta"] for e in events if e["type"] ==
-                                       "response.function_call_arguments.delta" and e["item_id"] == item["id"])
-                    assert streamed == item["arguments"], how
+            _streamed_items_add_up(events, response["output"])
             outputs.append(_without_ids(response["output"]))
         assert outputs[0] == outputs[1] == outputs[2], text
+        if thinker is not None:
+            thought = thinker.split(text).reasoning
+            assert [i["content"][0]["text"] for i in outputs[0] if i["type"] == "reasoning"] == (
+                [thought] if thought else [])

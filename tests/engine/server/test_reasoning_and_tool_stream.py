@@ -107,7 +107,7 @@ def test_responses_stream_sends_content_then_each_parsed_call_as_a_function_call
 
     async def collect():
         serving = ResponsesServing(serving=None)  # type: ignore[arg-type]  # _events needs no engine
-        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, gen(), [])]
+        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, None, gen(), [])]
 
     events = [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
     kinds = [e["type"] for e in events]
