@@ -7,6 +7,10 @@ and `message.content` the rest, streamed as `delta.reasoning` (and `delta.reason
   `</think>` (a leading `<think>` is dropped if the model writes it anyway);
 - `qwen3`: the model writes `<think>` itself; an output that does not start with it is all answer
   (thinking switched off with `enable_thinking: false`).
+
+`split` parses a whole output; a stream parses each choice with a `ReasoningStream` of its own, which looks at each
+step's new text plus the few held-back characters a marker could straddle, and sends exactly what `split` gives for
+the whole output (thinking, then the answer).
 """
 
 from __future__ import annotations
@@ -50,6 +54,69 @@ class ReasoningParser:
         if finished:
             return Split(body, None)
         return Split(body[: _safe_len(body, END)], None)
+
+
+class ReasoningStream:
+    """One streamed choice's thinking and answer, parsed as its text grows: each `feed` returns the new thinking and
+    the new answer that can no longer change, and their concatenations over the stream are `split`'s parts of the
+    whole text. Per step it reads the new text and a held-back tail shorter than a marker (`scanned` counts the
+    characters read), so a step's work does not grow with the output."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        self.qwen3 = parser.name == "qwen3"
+        self.phase = "start"  # start: <think> may still open; think; answer (after </think>); plain (qwen3, no <think>)
+        self.lead: list[str] = []  # the text read in the start phase (a qwen3 answer is all of it)
+        self.body = ""  # the start phase's text without leading whitespace: a proper prefix of <think>
+        self.held = ""  # thinking not yet sent: a tail that may be the start of </think>
+        self.scanned = 0  # characters read so far (tests bound each step's share)
+
+    def feed(self, new: str, finished: bool = False) -> Split:
+        """The parts of `new` (and of what was held back) that are settled; `finished`: `new` ends the output, so
+        nothing is held back any more."""
+        self.scanned += len(new)
+        if self.phase == "start":
+            return self._start(new, finished)
+        if self.phase == "think":
+            return self._think(new, finished)
+        if self.phase == "answer":
+            return Split("", self._answer(new))
+        return Split("", new)
+
+    def _start(self, new: str, finished: bool) -> Split:
+        """Before the output is known to open with <think> or not (qwen3 holds it back; so does deepseek_r1, whose
+        leading <think> is dropped)."""
+        self.lead.append(new)
+        self.body = self.body + new if self.body else new.lstrip()
+        self.scanned += len(self.body)
+        if self.body.startswith(START):
+            self.phase = "think"
+            return self._think(self.body[len(START) :], finished)
+        if START.startswith(self.body) and not finished:
+            return Split("", "")  # could still become "<think>"
+        if self.qwen3:
+            self.phase = "plain"
+            return Split("", "".join(self.lead))
+        self.phase = "think"
+        return self._think(self.body, finished)
+
+    def _think(self, new: str, finished: bool) -> Split:
+        window = self.held + new
+        self.scanned += len(self.held)
+        end = window.find(END)
+        if end >= 0:
+            self.held, self.phase = "", "answer"
+            return Split(window[:end], self._answer(window[end + len(END) :]))
+        keep = len(window) if finished else _safe_len(window, END)
+        self.held = window[keep:]
+        return Split(window[:keep], "")
+
+    def _answer(self, new: str) -> str:
+        """The answer's newlines after </think> are dropped, as `split` drops them."""
+        if self.phase == "answer":
+            new = new.lstrip("\n")
+            if new:
+                self.phase = "plain"
+        return new
 
 
 def _safe_len(text: str, marker: str) -> int:

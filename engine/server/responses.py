@@ -6,8 +6,9 @@ conversation of `previous_response_id`, then `input`: a text, or message, `funct
 completion, function tools and `text.format` included (responses_items.py maps them to chat's shapes,
 so the chat path's grammar keeps `required` and named calls parseable). Streaming sends the Responses
 event sequence (`response.created` ... `response.output_text.delta` / `response.function_call_arguments.delta`
-... `response.completed`). Responses are kept in a bounded in-memory store (the oldest is dropped first)
-for `previous_response_id` and GET; `store: false` keeps one out.
+... `response.completed`). With `--reasoning-parser`, the thinking is a `reasoning` output item before the message
+(streamed as `response.reasoning_text.delta`s), as vLLM's. Responses are kept in a bounded in-memory store (the
+oldest is dropped first) for `previous_response_id` and GET; `store: false` keeps one out.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
+from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
 from flotilla.engine.server.responses_items import (
     assistant_turn,
@@ -36,6 +38,8 @@ from flotilla.engine.server.responses_items import (
     function_call_item,
     input_messages,
     message_item,
+    reasoning_item,
+    reasoning_part,
     text_part,
 )
 from flotilla.engine.server.sampling_request import sampling_params
@@ -83,18 +87,17 @@ class ResponsesRequest(_RequestBody):
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)
-    # Chat's vLLM field. vLLM's ResponsesRequest has no such field (it logs it as ignored); here the Responses path
-    # runs no reasoning parser (the thinking stays in the output text, there are no reasoning items), so false cannot
-    # be honoured, and ignoring it would answer 200 with the thinking the client asked to leave out: a 400
-    # (`_refuse_unservable`). True is what this route does anyway.
+    # Chat's vLLM field. vLLM's ResponsesRequest has no such field nor any equivalent (it logs it as ignored and
+    # returns the reasoning item all the same); ignoring it would answer 200 with the thinking the client asked to
+    # leave out: a 400 (`_refuse_unservable`). True is what this route does anyway.
     include_reasoning: bool = True
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
-    """400 for `include_reasoning: false` (see the field): the thinking cannot be left out of this route's output."""
+    """400 for `include_reasoning: false` (see the field): vLLM's Responses API has no way to leave the thinking out."""
     if not req.include_reasoning:
-        raise APIError(400, "include_reasoning false is not supported on /v1/responses: this route does not parse the "
-                            "reasoning apart from the answer, so the thinking cannot be left out (use "
+        raise APIError(400, "include_reasoning false is not supported on /v1/responses: it is a chat completions "
+                            "field; the Responses API (vLLM's too) returns the thinking as a reasoning item (use "
                             "/v1/chat/completions with --reasoning-parser, or leave it out)", param="include_reasoning")
 
 
@@ -171,15 +174,16 @@ class ResponsesServing:
                                                        self.serving.max_model_len, None,
                                                        defaults=self.serving.default_sampling,
                                                        max_tokens_cap=self.serving.max_tokens_cap))
-        if not req.stream:  # only the end is read: spare the per-step outputs
-            sp = sp.model_copy(update={"output_kind": "final_only"})
+        # Only the end is read, or each step's news (which the stream's parsers take in turn): never the output so far
+        sp = sp.model_copy(update={"output_kind": "delta" if req.stream else "final_only"})
         response_id = _response_id(req.request_id, header_id)
         base = _response(req, response_id, model)
         stream = await admitted(self.serving.engine.generate(
             prompt.token_ids, sp, f"{response_id}-{uuid.uuid4().hex[:8]}", prompt.text, self.serving.lora_for(model),
             **engine_kwargs(req.priority, req.cache_salt)))
+        reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
         if req.stream:
-            return self._events(req, base, plan, stream, conversation)
+            return self._events(req, base, plan, reasoning, stream, conversation)
         final = None
         try:
             async for output in stream:
@@ -187,78 +191,94 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        text = final.outputs[0].text
+        text, thought = final.outputs[0].text, None
+        if reasoning is not None:
+            split = reasoning.split(text)
+            text, thought = split.content or "", split.reasoning
         content, calls = _split(plan, text)
         status = _status(final)
         items = _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
-                              [function_call_item(c, status) for c in calls], status)
-        return self._finish(req, base, items, final, conversation)
+                              [function_call_item(c, status) for c in calls], status, reasoning_item(thought))
+        return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
         """GET /v1/responses/{id}."""
         return self.store.get(response_id).response
 
     def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
-                output: RequestOutput, conversation: list[dict[str, Any]]) -> dict[str, Any]:
-        """The finished response object (stored unless `store` is false)."""
+                output: RequestOutput, usage: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        """The finished response object (stored unless `store` is false); `output` is the last one."""
         complete = _status(output) == "completed"
         response = {**base, "status": "completed" if complete else "incomplete",
                     "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-                    "output": items, "usage": _usage(output)}
+                    "output": items, "usage": usage}
         if req.store:
             self.store.put(response, [*conversation, assistant_turn(items)])
         return response
 
-    async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, stream: Any,
+    async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
+                      reasoning: ReasoningParser | None, stream: Any,
                       conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
-        """The Responses event stream, numbered by `sequence_number`. Text that is surely content streams
-        as `output_text.delta`s of a message item; a named function's arguments stream as
+        """The Responses event stream, numbered by `sequence_number`. Thinking (with a reasoning parser) streams as
+        `reasoning_text.delta`s of a reasoning item, closed before the answer's first event. Text that is surely
+        content streams as `output_text.delta`s of a message item; a named function's arguments stream as
         `function_call_arguments.delta`s as they are generated; calls the parser or the `required`
-        grammar yields are sent when the output ends, each as its own function_call item."""
+        grammar yields are sent when the output ends, each as its own function_call item. `stream` yields delta
+        outputs (each step's news): the parsers' state (`ReasoningStream`, `ToolPlan.stream`) takes them in turn,
+        and the answer is joined and parsed once, at the end."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
-        message_id, opened, named, sent, final = f"msg_{uuid.uuid4().hex}", False, None, 0, None
+        message_id, opened, named, final, tokens = f"msg_{uuid.uuid4().hex}", False, None, None, 0
+        thinking = _StreamedReasoning(reasoning) if reasoning is not None else None
+        answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         try:
             async for output in stream:
                 final = output
-                text = output.outputs[0].text
+                tokens += len(output.outputs[0].token_ids)
+                new = output.outputs[0].text
+                if thinking is not None:
+                    events, new = thinking.feed(ev, new, output.outputs[0].finish_reason is not None)
+                    for event in events:
+                        yield event
+                news = answer.feed(new)
                 if plan.mode == "named":
                     if named is None:
                         assert plan.function is not None
                         named = function_call_item(ToolCall(plan.function, ""), "in_progress")
                         yield ev("response.output_item.added", output_index=0, item=named)
-                    if len(text) > sent:
+                    if news:
                         yield ev("response.function_call_arguments.delta", item_id=named["id"], output_index=0,
-                                 delta=text[sent:])
-                        sent = len(text)
+                                 delta=news)
                     continue
-                if plan.mode == "required":  # the calls' JSON list is shown once it is whole
-                    continue
-                safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser else len(text)
-                if safe > sent:
+                if news:
+                    index = int(thinking is not None and thinking.opened)  # after the reasoning item, if any
                     if not opened:
                         opened = True
-                        for event in _open_message(ev, message_id):
+                        for event in _open_message(ev, message_id, index):
                             yield event
-                    yield ev("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
-                             delta=text[sent:safe], logprobs=[])
-                    sent = safe
+                    yield ev("response.output_text.delta", item_id=message_id, output_index=index, content_index=0,
+                             delta=news, logprobs=[])
         finally:
             await stream.aclose()
         assert final is not None
-        text, status = final.outputs[0].text, _status(final)
+        for event in thinking.close(ev) if thinking is not None else []:
+            yield event
+        text, status, sent = answer.text, _status(final), answer.sent
         content, calls = _split(plan, text)
         if named is not None:
             call_items = [{**named, "arguments": text, "status": status}]
         else:
             call_items = [function_call_item(c, status) for c in calls]
         message_text = (text[:sent] if opened else content) if calls else text
-        items = _output_items(message_id, message_text, call_items, status)
-        response = self._finish(req, base, items, final, conversation)
+        thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None else None
+        items = _output_items(message_id, message_text, call_items, status, thought)
+        response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
+            if item["type"] == "reasoning":  # streamed and closed already
+                continue
             if item["type"] == "message":
-                for event in _close_message(ev, item, opened, sent):
+                for event in _close_message(ev, item, index, opened, sent):
                     yield event
                 continue
             where = {"item_id": item["id"], "output_index": index}
@@ -272,6 +292,52 @@ class ResponsesServing:
                  response=response)
 
 
+class _StreamedReasoning:
+    """A stream's reasoning item (output 0): opened by the first thinking, closed before the answer's first event
+    (or at the end), as vLLM streams it: `output_item.added`, `content_part.added` (a `reasoning_text` part),
+    `reasoning_text.delta`s, then `reasoning_text.done`, `content_part.done`, `output_item.done`."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        self.stream = ReasoningStream(parser)
+        self.item_id = f"rs_{uuid.uuid4().hex}"
+        self.parts: list[str] = []
+        self.opened = self.closed = False
+
+    @property
+    def text(self) -> str:
+        """The thinking so far."""
+        return "".join(self.parts)
+
+    def feed(self, ev: _Numbered, new: str, finished: bool) -> tuple[list[str], str]:
+        """The events for a step's new text (`finished`: the output's last), and the answer text it settles."""
+        split = self.stream.feed(new, finished)
+        events = []
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        if split.reasoning:
+            if not self.opened:
+                self.opened = True
+                events += [ev("response.output_item.added", output_index=0, item={
+                               "id": self.item_id, "type": "reasoning", "summary": [], "content": [],
+                               "status": "in_progress"}),
+                           ev("response.content_part.added", **where, part=reasoning_part(""))]
+            self.parts.append(split.reasoning)
+            events.append(ev("response.reasoning_text.delta", **where, delta=split.reasoning))
+        if split.content:
+            events += self.close(ev)
+        return events, split.content or ""
+
+    def close(self, ev: _Numbered) -> list[str]:
+        """The item's done events, once (none when there was no thinking)."""
+        if not self.opened or self.closed:
+            return []
+        self.closed = True
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        text = self.text
+        return [ev("response.reasoning_text.done", **where, text=text),
+                ev("response.content_part.done", **where, part=reasoning_part(text)),
+                ev("response.output_item.done", output_index=0, item=reasoning_item(text, self.item_id, "completed"))]
+
+
 class _Numbered:
     """Server-sent events of one Responses stream, numbered by `sequence_number` from 0."""
 
@@ -283,22 +349,24 @@ class _Numbered:
         return _event(kind, self.next - 1, **fields)
 
 
-def _open_message(ev: _Numbered, message_id: str) -> list[str]:
-    return [ev("response.output_item.added", output_index=0, item=message_item(message_id, None, "in_progress")),
-            ev("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
+def _open_message(ev: _Numbered, item_id: str, output_index: int) -> list[str]:
+    return [ev("response.output_item.added", output_index=output_index,
+               item=message_item(item_id, None, "in_progress")),
+            ev("response.content_part.added", item_id=item_id, output_index=output_index, content_index=0,
                part=text_part(""))]
 
 
-def _close_message(ev: _Numbered, item: dict[str, Any], opened: bool, sent: int) -> list[str]:
-    """The message item's last events: its unsent text (opened now if nothing streamed), then the dones."""
-    where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool, sent: int) -> list[str]:
+    """The message item's (output `index`) last events: its unsent text (opened now if nothing streamed), then the
+    dones."""
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
     text = item["content"][0]["text"]
-    events = [] if opened else _open_message(ev, item["id"])
+    events = [] if opened else _open_message(ev, item["id"], index)
     if len(text) > (sent if opened else 0):
         events.append(ev("response.output_text.delta", **where, delta=text[sent if opened else 0:], logprobs=[]))
     events += [ev("response.output_text.done", **where, text=text, logprobs=[]),
                ev("response.content_part.done", **where, part=text_part(text)),
-               ev("response.output_item.done", output_index=0, item=item)]
+               ev("response.output_item.done", output_index=index, item=item)]
     return events
 
 
@@ -312,10 +380,12 @@ def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
 
 
 def _output_items(message_id: str, message_text: str | None, call_items: list[dict[str, Any]],
-                  status: str) -> list[dict[str, Any]]:
-    """The response's output: the message (when it has text, or when nothing was called), then the calls."""
-    message = [message_item(message_id, message_text or "", status)] if message_text or not call_items else []
-    return message + call_items
+                  status: str, thought: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The response's output: the reasoning item (when there was thinking), the message (when it has text, or when
+    there is nothing else), then the calls; vLLM's order."""
+    alone = not call_items and thought is None
+    message = [message_item(message_id, message_text or "", status)] if message_text or alone else []
+    return ([thought] if thought else []) + message + call_items
 
 
 def _response_id(body_id: str | None, header_id: str | None) -> str:
@@ -345,8 +415,9 @@ def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, 
             "user": req.user, "output": [], "usage": None}
 
 
-def _usage(output: RequestOutput) -> dict[str, Any]:
-    prompt, generated = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
+def _usage(output: RequestOutput, generated: int) -> dict[str, Any]:
+    """The usage of a response whose last output is `output`, `generated` tokens in all."""
+    prompt = len(output.prompt_token_ids)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
             "output_tokens": generated,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + generated}

@@ -66,14 +66,17 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `input` field as chat messages: a text is one user message; message items keep their role and
     their content (a text, or its list of text parts); `function_call` items become the assistant's `tool_calls`
-    (consecutive ones join one assistant message), `function_call_output` items become `tool` messages."""
+    (consecutive ones join one assistant message), `function_call_output` items become `tool` messages; a
+    `reasoning` item (a response's output sent back whole) is the assistant message's `reasoning`, as vLLM's."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, f"input[{i}].content"))
+            _add_message(messages, _message(item, f"input[{i}].content"))
+        elif kind == "reasoning":
+            _add_reasoning(messages, item, i)
         elif kind == "function_call":
             _add_call(messages, item)
         elif kind == "function_call_output":
@@ -85,8 +88,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             content = output if isinstance(output, str) else _text_parts(output, f"input[{i}].output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         else:
-            raise APIError(400, f"input items of type {kind!r} are not supported (only message, function_call and "
-                                "function_call_output)", param="input")
+            raise APIError(400, f"input items of type {kind!r} are not supported (only message, reasoning, "
+                                "function_call and function_call_output)", param="input")
     return messages
 
 
@@ -113,6 +116,34 @@ def _text_parts(parts: list[Any], where: str) -> list[dict[str, Any]]:
         if part.get("text") is not None and not isinstance(part["text"], str):
             raise APIError(400, f"{where}[{j}].text must be a string", param="input")
     return parts
+
+
+def _add_message(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """A message, or (an assistant message after a reasoning item) the answer of the reasoning's message."""
+    last = messages[-1] if messages else None
+    if (message["role"] == "assistant" and last is not None and last["role"] == "assistant"
+            and last["content"] is None and "tool_calls" not in last):
+        last["content"] = message["content"]
+    else:
+        messages.append(message)
+
+
+def _add_reasoning(messages: list[dict[str, Any]], item: dict[str, Any], index: int) -> None:
+    """A `reasoning` input item as the `reasoning` of the assistant message it follows (or of a new one): its
+    first content part's text (or its first summary's), as vLLM reads it; encrypted content is a 400, as vLLM's."""
+    if item.get("encrypted_content"):
+        raise APIError(400, f"input[{index}]: encrypted reasoning content is not supported", param="input")
+    parts = item.get("content") or item.get("summary") or [{"text": ""}]  # none: an empty thinking, as vLLM's
+    first = parts[0] if isinstance(parts, list) else None
+    text = first.get("text") if isinstance(first, dict) else None
+    if not isinstance(text, str):
+        raise APIError(400, f"input[{index}]: a reasoning item's content (or summary) is a list of parts with a text",
+                       param="input")
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and "reasoning" not in last:
+        last["reasoning"] = text
+    else:
+        messages.append({"role": "assistant", "content": None, "reasoning": text})
 
 
 def _add_call(messages: list[dict[str, Any]], item: dict[str, Any]) -> None:
@@ -146,6 +177,22 @@ def message_item(message_id: str, text: str | None, status: str) -> dict[str, An
     """The assistant's `message` output item (no content part yet when `text` is None)."""
     content = [] if text is None else [text_part(text)]
     return {"id": message_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(text: str | None, item_id: str | None = None,
+                   status: str | None = None) -> dict[str, Any] | None:
+    """vLLM's `reasoning` output item: the thinking as one `reasoning_text` part, no summary (None when there is no
+    thinking). Its status is None in a response, as vLLM's (only the last item has one); "completed" in the
+    stream's `output_item.done`."""
+    if not text:
+        return None
+    return {"id": item_id or f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [],
+            "content": [reasoning_part(text)], "status": status}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    """A `reasoning_text` content part."""
+    return {"type": "reasoning_text", "text": text}
 
 
 def function_call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.reasoning import ReasoningParser
-from flotilla.engine.server.tool_parsers.base import ParsedOutput, ToolCall, ToolParser
+from flotilla.engine.server.tool_parsers.base import ContentStream, HeldStream, ParsedOutput, ToolCall, ToolParser
 from flotilla.engine.server.tool_parsers.registry import tool_parser
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 
@@ -45,6 +45,15 @@ class ToolPlan:
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools the chat template renders (None for none)."""
         return self.tools or None
+
+    def stream(self) -> ContentStream:
+        """A streamed choice's answer: all of it streams (none; a named call's arguments), up to the parser's marker
+        (auto), or none of it until the parse (required)."""
+        if self.mode == "required":
+            return HeldStream()
+        if self.mode == "auto" and self.parser is not None:
+            return self.parser.stream()
+        return ContentStream()
 
     def parse(self, text: str) -> ParsedOutput:
         """Split a finished output into content and tool calls."""

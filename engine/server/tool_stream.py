@@ -17,7 +17,7 @@ from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
-from flotilla.engine.server.reasoning import ReasoningParser
+from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.sse import ChunkFormat, json_text
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
@@ -38,11 +38,11 @@ def constrain_for_tools(plan: ToolPlan, sp: SamplingParams) -> SamplingParams:
 
 
 class _Choice:
-    """What one choice has streamed so far."""
+    """What one choice has streamed so far: its parsers' state (each step parses only the step's news)."""
 
-    def __init__(self) -> None:
-        self.sent = 0  # characters of the answer already sent (as content or as arguments)
-        self.sent_reasoning = 0  # characters of the thinking already sent
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None) -> None:
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
+        self.answer = plan.stream()
         self.call: ToolCall | None = None  # the named call, once its first chunk is out
         self.done = False
 
@@ -62,9 +62,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     included); `prompt_ids`: with return_token_ids, the prompt's ids, sent on the role chunks, and then each choice's
     new token ids ride on its first chunk of each step (an empty-delta chunk when the parser holds the text back), as
     vLLM sends every step's ids. `include_reasoning` false (vLLM's field): the thinking is parsed apart but not sent."""
-    # `stream` yields delta outputs (each step's news): the parsers re-read each choice's whole text, kept here
+    # `stream` yields delta outputs (each step's news), which each choice's parsers take in turn
     tokens = [0] * n  # each choice's completion tokens so far, for the usage
-    texts = [""] * n  # each choice's text so far
     unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
@@ -83,7 +82,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
         return f"{head.head}{json_text(choice)}]{usage}}}\n\n"
 
     yield "".join(chunk(i, {"role": role, "content": ""}) for i in range(n))  # one write, n events
-    choices = [_Choice() for _ in range(n)]
+    choices = [_Choice(plan, reasoning) for _ in range(n)]
     last = None
     try:
         async for output in stream:
@@ -96,15 +95,13 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                 if prompt_ids is not None:
                     unsent[c.index] += c.token_ids
                 tokens[c.index] += len(c.token_ids)
-                text = texts[c.index] = texts[c.index] + c.text
-                if reasoning is not None:
-                    split = reasoning.split(text, finished=c.finish_reason is not None)
-                    thought = split.reasoning or ""
-                    if len(thought) > state.sent_reasoning and include_reasoning:
-                        step.append(chunk(c.index, thinking(thought[state.sent_reasoning :])))
-                        state.sent_reasoning = len(thought)
-                    text = split.content or ""
-                step += _choice_chunks(plan, c, text, state, chunk)
+                answer = c.text
+                if state.thinking is not None:
+                    split = state.thinking.feed(c.text, finished=c.finish_reason is not None)
+                    if split.reasoning and include_reasoning:
+                        step.append(chunk(c.index, thinking(split.reasoning)))
+                    answer = split.content or ""
+                step += _choice_chunks(plan, c, answer, state, chunk)
                 if unsent[c.index]:  # the parser held this step's text back: its ids still go out
                     step.append(chunk(c.index, {}))
             if step:
@@ -122,33 +119,33 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     yield "data: [DONE]\n\n"
 
 
-def _choice_chunks(plan: ToolPlan, c: CompletionOutput, text: str, state: _Choice, chunk: Any) -> list[str]:
-    """Chunks for one choice's new answer text (`text` is the whole answer so far)."""
+def _choice_chunks(plan: ToolPlan, c: CompletionOutput, new: str, state: _Choice, chunk: Any) -> list[str]:
+    """Chunks for one choice's step (`new`: the step's new answer text)."""
     out = []
+    sent = state.answer.sent  # before this step: a finishing step's text goes out after the parse
+    content = state.answer.feed(new)
     if plan.mode == "named":
         assert plan.function is not None
-        new = text[state.sent :]
         if state.call is None:
-            state.call = ToolCall(name=plan.function, arguments=new)
+            state.call = ToolCall(name=plan.function, arguments=content)
             out.append(chunk(c.index, {"tool_calls": tool_call_deltas([state.call])}))
-        elif new:
-            out.append(chunk(c.index, {"tool_calls": [{"index": 0, "function": {"arguments": new}}]}))
-        state.sent = len(text)
-    elif plan.mode in ("auto", "none") and c.finish_reason is None:
-        safe = plan.parser.safe_prefix(text) if plan.mode == "auto" and plan.parser is not None else len(text)
-        if safe > state.sent:
-            out.append(chunk(c.index, {"content": text[state.sent : safe]}))
-            state.sent = safe
+        elif content:
+            out.append(chunk(c.index, {"tool_calls": [{"index": 0, "function": {"arguments": content}}]}))
+    elif content and c.finish_reason is None:
+        out.append(chunk(c.index, {"content": content}))
     if c.finish_reason is None:
         return out
     state.done = True
     finish: str | None = c.finish_reason
     if plan.mode != "named":  # a named call's finish stays "stop" (tool_calls_finish)
+        text = state.answer.text  # the whole answer, parsed once
         parsed = plan.parse(text)
         if parsed.tool_calls:
+            if content:  # text before the calls that came with the last step (it used to be dropped)
+                out.append(chunk(c.index, {"content": content}))
             out.append(chunk(c.index, {"tool_calls": tool_call_deltas(parsed.tool_calls)}))
             finish = tool_calls_finish(plan, finish)
-        elif text[state.sent :]:
-            out.append(chunk(c.index, {"content": text[state.sent :]}))
+        elif text[sent:]:
+            out.append(chunk(c.index, {"content": text[sent:]}))
     out.append(chunk(c.index, {}, finish, c.stop_reason))
     return out

@@ -63,16 +63,80 @@ class ToolParser:
         """How much of a partial output is surely content (streaming): up to a started marker, or to a
         tail that could still grow into one."""
         index = self.call_start(text)
-        if index is not None:
-            return index
-        for keep in range(min(len(self.start) - 1, len(text)), 0, -1):
-            if self.start.startswith(text[-keep:]):
-                return len(text) - keep
-        return len(text)
+        return index if index is not None else _unsure_from(text, self.start)
 
     def parse_calls(self, text: str) -> list[ToolCall]:
         """The calls in `text`, which starts at the marker."""
         raise NotImplementedError
+
+    def stream(self) -> ContentStream:
+        """A choice's streamed answer, sending what `safe_prefix` allows, incrementally."""
+        return MarkerStream(self.start)
+
+
+class ContentStream:
+    """One streamed choice's answer: `feed` takes each step's new text and returns the part of it (and of what was
+    held back) that is surely content, so that the text sent after each step is `safe_prefix` of the text so far.
+    `scanned` counts the characters read: a tail shorter than the marker plus the new text, so that a step's work
+    does not grow with the output. `text` is the whole answer (joined once, when it is parsed)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.sent = 0  # characters sent as content
+        self.scanned = 0
+
+    @property
+    def text(self) -> str:
+        """The answer so far."""
+        return "".join(self.parts)
+
+    def feed(self, new: str) -> str:
+        """Content to send after `new`: everything (no parser, tool_choice none)."""
+        self.parts.append(new)
+        self.scanned += len(new)
+        self.sent += len(new)
+        return new
+
+
+class HeldStream(ContentStream):
+    """An answer that is not content until it is parsed whole (tool_choice required): nothing streams."""
+
+    def feed(self, new: str) -> str:
+        """Nothing."""
+        self.parts.append(new)
+        return ""
+
+
+class MarkerStream(ContentStream):
+    """Content up to a marker that opens the calls (the marker and all after it are held for the parse)."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+        self.held = ""  # unsent text before the marker is found: a tail that may grow into it
+        self.found = False
+
+    def feed(self, new: str) -> str:
+        """`new`, or the part of it before the marker (or before a tail that may become one)."""
+        self.parts.append(new)
+        if self.found:
+            return ""
+        window = self.held + new
+        self.scanned += len(window)
+        index = window.find(self.start)
+        keep = index if index >= 0 else _unsure_from(window, self.start)
+        self.found = index >= 0
+        self.held = "" if self.found else window[keep:]
+        self.sent += keep
+        return window[:keep]
+
+
+def _unsure_from(text: str, marker: str) -> int:
+    """Where the tail of `text` that is a proper prefix of `marker` starts (`len(text)` when there is none)."""
+    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-keep:]):
+            return len(text) - keep
+    return len(text)
 
 
 def arguments_text(value: Any) -> str:

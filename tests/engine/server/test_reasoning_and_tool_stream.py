@@ -28,13 +28,6 @@ def test_reasoning_parser_splits_thinking_from_answer(name, text, reasoning, con
     assert (split.reasoning, split.content) == (reasoning, content)
 
 
-def _outputs(text: str) -> list[RequestOutput]:
-    """The cumulative outputs of a completion that grows one character per step (what Responses streams read)."""
-    return [RequestOutput("r", None, [1, 2, 3], outputs=[CompletionOutput(
-        0, text[:i], list(range(i)), finish_reason="stop" if i == len(text) else None)], finished=i == len(text))
-        for i in range(1, len(text) + 1)]
-
-
 def _deltas(text: str) -> list[RequestOutput]:
     """The delta outputs of the same completion (what chat streams read): one character and token per step."""
     return [RequestOutput("r", None, [1, 2, 3], outputs=[CompletionOutput(
@@ -109,12 +102,12 @@ def test_responses_stream_sends_content_then_each_parsed_call_as_a_function_call
     req = ResponsesRequest(input="x", stream=True, store=False)
 
     async def gen():
-        for o in _outputs(text):
+        for o in _deltas(text):
             yield o
 
     async def collect():
         serving = ResponsesServing(serving=None)  # type: ignore[arg-type]  # _events needs no engine
-        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, gen(), [])]
+        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, None, gen(), [])]
 
     events = [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
     kinds = [e["type"] for e in events]

@@ -117,8 +117,8 @@ def test_unsupported_input_is_a_400_that_names_it(client):
 
 
 def test_include_reasoning_false_is_a_400_naming_it_and_true_is_served(client):
-    """Chat's vLLM field `include_reasoning`: this route parses no reasoning apart (the thinking stays in the output
-    text), so false cannot be honoured and is refused rather than logged and ignored (vLLM ignores it here)."""
+    """Chat's vLLM field `include_reasoning`: vLLM's Responses request has no such field nor an equivalent (it ignores
+    it and returns the reasoning item), so false is refused rather than logged and ignored."""
     with pytest.raises(openai.BadRequestError, match="include_reasoning") as err:
         client.responses.create(model="tiny", input="x", max_output_tokens=2, extra_body={"include_reasoning": False})
     assert err.value.body["param"] == "include_reasoning"
@@ -179,3 +179,27 @@ def test_a_function_call_output_part_that_is_not_text_is_a_400_naming_it(client,
     message = [{"role": "user", "content": [part]}]  # a message item's parts alike
     with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.content\[0\]"):
         client.responses.create(model="tiny", input=message, max_output_tokens=2)
+
+
+def test_reasoning_input_items_become_the_assistant_messages_reasoning_as_vllm():
+    """A response's output sent back as input (reasoning item, message, calls) is one assistant message whose
+    `reasoning` the template reads (vLLM's mapping); encrypted reasoning is a 400 naming the input."""
+    from flotilla.engine.server.errors import APIError
+    from flotilla.engine.server.responses_items import input_messages
+
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hm"}]}
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Blue."}]}
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    user = {"role": "user", "content": "Sea?"}
+    assert input_messages([user, thought, answer, call]) == [
+        {"role": "user", "content": "Sea?"},
+        {"role": "assistant", "content": answer["content"], "reasoning": "Hm", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    # after an answer the thinking joins it; a summary stands in for missing content; none at all is an empty one
+    summary = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "S"}]}
+    assert input_messages([user, answer, summary])[1]["reasoning"] == "S"
+    assert input_messages([user, {"type": "reasoning", "summary": []}])[1] == {
+        "role": "assistant", "content": None, "reasoning": ""}
+    with pytest.raises(APIError, match="encrypted") as err:
+        input_messages([user, {**thought, "encrypted_content": "gAAA"}])
+    assert err.value.status == 400 and err.value.param == "input"

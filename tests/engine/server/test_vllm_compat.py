@@ -175,6 +175,46 @@ def test_include_reasoning_false_leaves_the_thinking_out_as_vllm(thinking_server
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_responses_return_the_thinking_as_a_reasoning_item_as_vllm(thinking_server):
+    # vLLM's Responses API with --reasoning-parser: a `reasoning` output item (one `reasoning_text` content part, no
+    # summary) before the message, streamed as response.reasoning_text.delta / .done; the route kept the thinking
+    # in the output text. deepseek_r1 on the tiny model: its whole answer is thinking (no message item then).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    question = [{"role": "user", "content": "Name a colour of the sea."}]
+    chat = oai.chat.completions.create(model="tiny", messages=question, max_tokens=8, temperature=0)
+    thought = chat.choices[0].message.model_extra["reasoning"]
+    assert thought and chat.usage.completion_tokens == 8  # the tiny model does not stop before 8 tokens here
+    kw = {"model": "tiny", "input": question, "max_output_tokens": 8, "temperature": 0}
+    whole = oai.responses.create(**kw)
+    assert [item.type for item in whole.output] == ["reasoning"]
+    assert whole.output[0].id.startswith("rs_") and whole.output[0].summary == []
+    assert [(c.type, c.text) for c in whole.output[0].content] == [("reasoning_text", thought)]
+    assert whole.output_text == "" and whole.usage.output_tokens == 8
+
+    events = list(oai.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[2:5] == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"]
+    assert events[2].item.type == "reasoning" and events[3].part.type == "reasoning_text"
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    done = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert [d.text for d in done] == [thought] and kinds[-2:] == ["response.output_item.done", "response.incomplete"]
+    assert [(i.type, i.content[0].text) for i in events[-1].response.output] == [("reasoning", thought)]
+    with oai.responses.stream(**kw) as stream:  # the SDK's helper reads the reasoning events into its snapshot
+        helped = list(stream)
+    assert "".join(e.delta for e in helped if e.type == "response.reasoning_text.delta") == thought
+    assert helped[-1].response.output[0].content[0].text == thought  # response.incomplete (max_output_tokens)
+
+    # A client that sends the output back as input (the stateless pattern) is served, as vLLM reads reasoning items
+    again = [*question, *[item.model_dump(exclude_none=True) for item in whole.output],
+             {"role": "user", "content": "And another?"}]
+    assert oai.responses.create(model="tiny", input=again, max_output_tokens=2).status in ("completed", "incomplete")
+    chained = oai.responses.create(model="tiny", input="And another?", previous_response_id=whole.id,
+                                   max_output_tokens=2)
+    assert chained.previous_response_id == whole.id
+
+
 def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_content(thinking_server):
     # vLLM hands a message's `reasoning` to the chat template as `reasoning_content` too (the name templates such
     # as Qwen3's read), so a client sending back what it was given keeps the thinking in the prompt.
