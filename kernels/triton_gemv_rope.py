@@ -26,11 +26,11 @@ import triton.language as tl
 from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_gemv import _gemv_step, default_config
-from flotilla.kernels.triton_kv_write import is_fp8
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
     fits_rope,
     qkv_rope_ref,
+    rope_constexprs,
     rope_kv_store,
     rope_launch_args,
     rope_rows,
@@ -99,7 +99,7 @@ def _gemv_rope_kernel(
     HAS_BIAS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -137,7 +137,7 @@ def _gemv_rope_kernel(
         res += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
     rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                   stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8, BLOCK_N)  # fmt: skip
+                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
 
 
 def gemv_rope(
@@ -174,8 +174,8 @@ def gemv_rope(
         x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)
         *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                           k_scale, v_scale),
-        HAS_BIAS=bias is not None, HEAD_DIM=head_dim, PAGE=k_cache.shape[1], FP8=is_fp8(k_cache), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **rope_constexprs(cos_sin_cache, k_cache), **consts,
     )  # fmt: skip
     return q_out
 

@@ -342,14 +342,14 @@ def _compile_gemv_rope() -> dict[str, dict[str, object]]:
     pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "positions_ptr": "*i64",
                 "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
                 "v_cache_ptr": "*bf16"}  # fmt: skip
-    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2)
+    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8_CACHE=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2)
     fp8 = dict(pointers, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
     launch = dict(num_warps=4, num_stages=2)
     return {
         "gemv_rope bf16 m1": _compile_for_hopper(fn, pointers, consts, aligned, **launch),
         "gemv_rope bf16 m1 pdl": _compile_for_hopper(fn, pointers, dict(consts, PDL=True), aligned, **launch),
-        "gemv_rope bf16 m1 bias *fp8e4nv": _compile_for_hopper(fn, fp8, dict(consts, HAS_BIAS=True, FP8=True), aligned,
-                                                               **launch),
+        "gemv_rope bf16 m1 bias *fp8e4nv": _compile_for_hopper(fn, fp8, dict(consts, HAS_BIAS=True, FP8_CACHE=True),
+                                                               aligned, **launch),
     }
 
 
