@@ -9,10 +9,10 @@ intermediate disappear, and the kernel can be launched by programmatic dependent
 cuBLAS cannot: its first gate and up weight tiles are loaded before `griddepcontrol.wait`, while the RMSNorm
 ahead of it still runs, and the down projection's GEMV may start its own weight stream while this one drains.
 
-The K loop is `triton_gemv.py`'s FMA path (`_gemv_step`): `[BLOCK_M, BLOCK_N, BLOCK_K]` fp32 accumulators of
-element-wise products (two of them here, gate and up), summed over K once after the loop; at one row the default
-tiles are the H200 sweep's winner, 4 + 4 weight rows x 512 K, 4 warps, 3 stages (`default_config`). No split-K:
-14,336 columns are 3,584 programs at one row.
+The K loop is `triton_gemv.py`'s FMA path (`_fma_sums`, shared with `triton_gemv_rope.py`): `[BLOCK_M, BLOCK_N,
+BLOCK_K]` fp32 accumulators of element-wise products (two of them here, gate and up), summed over K once after the
+loop; at one row the default tiles are the H200 sweep's winner, 4 + 4 weight rows x 512 K, 4 warps, 3 stages
+(`default_config`). No split-K: 14,336 columns are 3,584 programs at one row.
 
 Rounding: as `F.linear` followed by the SiLU kernel (`triton_activation.py`), so the engine's arithmetic keeps its
 rounding points: each fp32 sum (bias added) is rounded to the output dtype, SiLU is computed in fp32 on the rounded
@@ -38,7 +38,7 @@ import triton.language as tl
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
-from flotilla.kernels.triton_gemv import _gemv_step
+from flotilla.kernels.triton_gemv import _fma_sums
 from flotilla.kernels.triton_utils import device_sms
 
 # accumulator elements a thread may hold, gate and up together (triton_gemv's FMA budget)
@@ -140,30 +140,10 @@ def _gated_gemv_kernel(
     g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     u_ptrs = w_ptr + (cols + N).to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    if PDL:
-        # launched by PDL (kernels/pdl.py): the first K step peeled, its gate and up tiles (weights: never a
-        # predecessor's output) loaded before the wait, `x` (the RMSNorm's output) after it; same steps, same order
-        k_ok = ks < K
-        wg = tl.load(g_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        wu = tl.load(u_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
-        acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
-        k_loop = BLOCK_K
-    else:
-        k_loop = 0
-    for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (k0 + ks) < K
-        wg = tl.load(g_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        wu = tl.load(u_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
-        acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
+    # launched by PDL (kernels/pdl.py): the first gate and up tiles (weights: never a predecessor's output) loaded
+    # before the wait, `x` (the RMSNorm's output) after it
+    acc_g, acc_u = _fma_sums(x_ptrs, g_ptrs, u_ptrs, row_ok, col_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, PDL,
+                             PDL_GDC, True)  # fmt: skip
     gate = tl.sum(acc_g, 2)  # [BLOCK_M, BLOCK_N]
     up = tl.sum(acc_u, 2)
     if HAS_BIAS:

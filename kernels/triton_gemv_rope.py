@@ -25,7 +25,7 @@ import triton.language as tl
 
 from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
-from flotilla.kernels.triton_gemv import _gemv_step, default_config
+from flotilla.kernels.triton_gemv import _fma_sums, default_config
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
     fits_rope,
@@ -114,24 +114,10 @@ def _gemv_rope_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * 0 + ks[None, :]
-    acc = tl.zeros([1, BLOCK_N, BLOCK_K], tl.float32)
-    # The plain GEMV's loop (`_gemv_kernel`, one row, one K range, FMA): the same tiles in the same order.
-    if PDL:  # the first weight tile before the wait, as the plain GEMV's PDL launch
-        k_ok = ks < K
-        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
-        k_loop = BLOCK_K
-    else:
-        k_loop = 0
-    for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (k0 + ks) < K
-        w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
+    # The plain GEMV's loop (`_gemv_kernel`, one row, one K range, FMA; by PDL the first weight tile before the wait):
+    # the same tiles in the same order.
+    acc, _ = _fma_sums(x_ptrs, w_ptrs, w_ptrs, row_ok, col_ok, K, 1, BLOCK_N, BLOCK_K, NUM_STAGES, PDL, PDL_GDC,
+                       False)  # fmt: skip
     res = tl.sum(acc, 2)  # [1, BLOCK_N]
     if HAS_BIAS:  # added before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
