@@ -21,7 +21,7 @@ from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
-from flotilla.kernels.layernorm import RMSNormPrologue, prologue_fits, rms_norm_ref
+from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
@@ -171,22 +171,17 @@ def qkv_rotary_and_write_kv(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     weight_scale: torch.Tensor | None = None,
-    norm: RMSNormPrologue | None = None,
 ) -> torch.Tensor:
     """`rotary_and_write_kv` of `linear(x, weight, bias)`'s q/k/v heads in one launch (where `qkv_rope_takes`):
     returns the rotated query `[1, H, D]`, the rotated key and the value stored at their slot. With `weight_scale`
     the weight is fp8 (W8A16, where `fp8_qkv_rope_takes`): the one-row fp8 GEMV's rope form; a `PackedInt4` weight
-    (W4A16, where `int4_qkv_rope_takes`): the wide int4 GEMV's. With `norm` (bf16/fp16 weights, where
-    `norm_gemv_takes("qkv", ...)` too) `x` is the un-normalised row: the GEMV's prologue applies the input RMSNorm
-    and stores the next residual into `norm.residual_out`."""
+    (W4A16, where `int4_qkv_rope_takes`): the wide int4 GEMV's."""
     if isinstance(weight, PackedInt4):
-        assert norm is None, "the int4 qkv GEMV has no norm prologue"
         from flotilla.kernels.triton_int4_gemv_fused import int4_gemv_wide_rope
 
         return int4_gemv_wide_rope(x, *weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, k_scale, v_scale)  # fmt: skip
     if weight_scale is not None:
-        assert norm is None, "the fp8 qkv GEMV has no norm prologue"
         from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_rope
 
         return fp8_row_gemv_rope(x, weight, weight_scale, bias, positions, cos_sin_cache, k_cache, v_cache,
@@ -194,27 +189,7 @@ def qkv_rotary_and_write_kv(
     from flotilla.kernels.triton_gemv_rope import gemv_rope
 
     return gemv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
-                     num_kv_heads, k_scale, v_scale, norm=norm)  # fmt: skip
-
-
-# One-row decode: the RMSNorm (+ residual add) ahead of the qkv GEMV (`qkv_rotary_and_write_kv`) and of the gated
-# gate/up GEMV (`rms_norm_silu_and_mul_linear`) moved into the GEMV's prologue (`layernorm.RMSNormPrologue`,
-# `triton_rmsnorm._prologue_rstd`): every program reads the whole row for its sum of squares and normalises x as it
-# streams; program 0 stores the next residual. 64 norm launches fewer a Llama-3.1-8B step (the final norm stays).
-# FLOTILLA_NORM_GEMV (read at import; the module global NORM_GEMV, the sites taken, at every call, so that a
-# benchmark flips it in-process): "0" (the default until a GPU A/B: bench/results/norm20-gpu.sh) the standalone
-# norm kernel; "1" both sites; "qkv" or "gated" one of them. docs/decode-gemm.md.
-NORM_GEMV_SITES = {"0": frozenset(), "1": frozenset({"qkv", "gated"}), "qkv": frozenset({"qkv"}),
-                   "gated": frozenset({"gated"})}  # fmt: skip
-NORM_GEMV: frozenset[str] = env_choice("FLOTILLA_NORM_GEMV", NORM_GEMV_SITES, frozenset())
-
-
-def norm_gemv_takes(site: str, x: torch.Tensor, norm_weight: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """Whether the RMSNorm of `x` (gamma `norm_weight`, plus `residual`) runs in the prologue of the one-row GEMV
-    at `site` ("qkv" or "gated"; above): switched on there, CUDA, one row of operands it computes exactly
-    (`prologue_fits`). The caller also checks that the GEMV itself takes the call (`qkv_rope_takes`,
-    `gated_gemv_takes`)."""
-    return site in NORM_GEMV and x.is_cuda and prologue_fits(x, norm_weight, residual)
+                     num_kv_heads, k_scale, v_scale)  # fmt: skip
 
 
 def rms_norm(
@@ -390,21 +365,6 @@ def silu_and_mul_linear(
 
         return gated_gemv(x, weight, bias)
     return silu_and_mul(linear(x, weight, bias, gemv_max_rows))
-
-
-def rms_norm_silu_and_mul_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: RMSNormPrologue
-) -> torch.Tensor:
-    """`silu_and_mul_linear` of the RMSNorm `norm` of `x` in one gated-GEMV launch (where `gated_gemv_takes` and
-    `norm_gemv_takes("gated", ...)`): the norm in the prologue, the next residual stored into `norm.residual_out`."""
-    from flotilla.kernels.triton_gated_gemv import gated_gemv
-
-    return gated_gemv(x, weight, bias, norm=norm)
-
-
-def gated_gemv_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv_max_rows: int) -> bool:
-    """Whether `silu_and_mul_linear` runs this gate/up projection as the one-row gated GEMV (below)."""
-    return not _skinny_gemm_takes(x, weight, gated=True) and _gated_gemv_takes(x, weight, bias, gemv_max_rows)
 
 
 # FLOTILLA_GATED_GEMV=1 (default on: measured on the H200, bf16 bs1 ctx512 4.490 -> 4.440 ms/step; "0" keeps

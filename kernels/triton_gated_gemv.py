@@ -9,10 +9,10 @@ intermediate disappear, and the kernel can be launched by programmatic dependent
 cuBLAS cannot: its first gate and up weight tiles are loaded before `griddepcontrol.wait`, while the RMSNorm
 ahead of it still runs, and the down projection's GEMV may start its own weight stream while this one drains.
 
-The K loop is `triton_gemv.py`'s FMA path (`_gemv_step`): `[BLOCK_M, BLOCK_N, BLOCK_K]` fp32 accumulators of
-element-wise products (two of them here, gate and up), summed over K once after the loop; at one row the default
-tiles are the H200 sweep's winner, 4 + 4 weight rows x 512 K, 4 warps, 3 stages (`default_config`). No split-K:
-14,336 columns are 3,584 programs at one row.
+The K loop is `triton_gemv.py`'s FMA path (`_fma_sums`, shared with `triton_gemv_rope.py`): `[BLOCK_M, BLOCK_N,
+BLOCK_K]` fp32 accumulators of element-wise products (two of them here, gate and up), summed over K once after the
+loop; at one row the default tiles are the H200 sweep's winner, 4 + 4 weight rows x 512 K, 4 warps, 3 stages
+(`default_config`). No split-K: 14,336 columns are 3,584 programs at one row.
 
 Rounding: as `F.linear` followed by the SiLU kernel (`triton_activation.py`), so the engine's arithmetic keeps its
 rounding points: each fp32 sum (bias added) is rounded to the output dtype, SiLU is computed in fp32 on the rounded
@@ -23,9 +23,6 @@ Every choice is made from shapes alone (a call never syncs with the host and can
 `FLOTILLA_GATED_GEMV_CONFIG` (`bn=4,bk=512,w=4,s=3`, any subset) replaces `default_config`'s knobs for every
 call (read at import: bench/results/gated12-gpu.sh passed its sweep's winner to the engine this way; that winner
 is now the one-row default).
-
-With `norm` (one row; FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the post-attention
-RMSNorm (+ the residual add) in its prologue, as `triton_gemv_rope.py` does the input one.
 """
 
 from __future__ import annotations
@@ -39,16 +36,9 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
-from flotilla.kernels.triton_gemv import _gemv_step
-from flotilla.kernels.triton_rmsnorm import (
-    _prologue_rstd,
-    _prologue_x,
-    prologue_constexprs,
-    prologue_launch_args,
-)
+from flotilla.kernels.triton_gemv import _fma_sums
 from flotilla.kernels.triton_utils import device_sms
 
 # accumulator elements a thread may hold, gate and up together (triton_gemv's FMA budget)
@@ -132,10 +122,6 @@ def _gated_gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
-    residual_ptr,
-    gamma_ptr,
-    residual_out_ptr,
-    eps,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -143,13 +129,8 @@ def _gated_gemv_kernel(
     NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
     PDL_GDC: tl.constexpr = True,
-    NORM: tl.constexpr = False,
-    NORM_RESIDUAL: tl.constexpr = False,
-    NORM_BLOCK: tl.constexpr = 16,
 ):
-    """One program: outputs `cols` (of N) for every row, from weight rows `cols` (gate) and `N + cols` (up).
-    NORM (one row): x is normalised in the prologue (`triton_rmsnorm._prologue_rstd`), program 0 storing the
-    next residual."""
+    """One program: outputs `cols` (of N) for every row, from weight rows `cols` (gate) and `N + cols` (up)."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -159,38 +140,10 @@ def _gated_gemv_kernel(
     g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     u_ptrs = w_ptr + (cols + N).to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    x_offs = rows[:, None] * 0 + ks[None, :]  # NORM: one row
-    if PDL:
-        # launched by PDL (kernels/pdl.py): the first K step peeled, its gate and up tiles (weights: never a
-        # predecessor's output) loaded before the wait, `x` (the RMSNorm's output) after it; same steps, same order
-        k_ok = ks < K
-        wg = tl.load(g_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        wu = tl.load(u_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-    # the post-attention RMSNorm in the prologue (after the wait: x and the residual are predecessors')
-    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL,
-                          NORM_BLOCK) if NORM else 1.0
-    if PDL:
-        k_ok = ks < K
-        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, x_offs, row_ok[:, None] & k_ok[None, :], rstd, NORM,
-                        NORM_RESIDUAL)  # fmt: skip
-        acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
-        acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
-        k_loop = BLOCK_K
-    else:
-        k_loop = 0
-    for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (k0 + ks) < K
-        wg = tl.load(g_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        wu = tl.load(u_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs + k0, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
-                        NORM, NORM_RESIDUAL)  # fmt: skip
-        acc_g = _gemv_step(acc_g, wg, x, False, tl.float32, "ieee")
-        acc_u = _gemv_step(acc_u, wu, x, False, tl.float32, "ieee")
+    # launched by PDL (kernels/pdl.py): the first gate and up tiles (weights: never a predecessor's output) loaded
+    # before the wait, `x` (the RMSNorm's output) after it
+    acc_g, acc_u = _fma_sums(x_ptrs, g_ptrs, u_ptrs, row_ok, col_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, PDL,
+                             PDL_GDC, True)  # fmt: skip
     gate = tl.sum(acc_g, 2)  # [BLOCK_M, BLOCK_N]
     up = tl.sum(acc_u, 2)
     if HAS_BIAS:
@@ -203,12 +156,8 @@ def _gated_gemv_kernel(
     tl.store(o_ptrs, res.to(out_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def gated_gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   norm: RMSNormPrologue | None = None) -> torch.Tensor:  # fmt: skip
-    """The PyTorch reference: `F.linear` on the merged `[2N, K]` weight, then `silu_and_mul_ref`; with `norm`, `x`
-    normalised by it first (`RMSNormPrologue.apply_ref`, which stores the next residual)."""
-    if norm is not None:
-        x = norm.apply_ref(x)
+def gated_gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The PyTorch reference: `F.linear` on the merged `[2N, K]` weight, then `silu_and_mul_ref`."""
     return silu_and_mul_ref(F.linear(x, weight, bias))
 
 
@@ -226,7 +175,6 @@ def gated_gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    norm: RMSNormPrologue | None = None,
     pdl: bool | None = None,
     pdl_gdc: bool = True,
     **knobs: int,
@@ -236,25 +184,21 @@ def gated_gemv(
 
     `knobs` (block_n, block_k, num_warps, num_stages) override FLOTILLA_GATED_GEMV_CONFIG's, which override
     `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row chain on
-    sm_90+); `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions.
-    `norm` (one row, where `norm.fits(x)`): `x` is the un-normalised row, normalised in the kernel's prologue (every
-    program), and program 0 stores the next residual into `norm.residual_out`."""
+    sm_90+); `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions."""
     assert supported(x, weight, bias), f"unsupported operands {tuple(x.shape)} x {tuple(weight.shape)}"
-    assert norm is None or norm.fits(x), "the norm prologue needs RMSNormPrologue.fits(x) (one row)"
     m, k = x.shape
     n = weight.shape[0] // 2
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if k == 0 or (norm is not None and n == 0):  # no K loop (the sums are the bias or zero), or no program
-        return gated_gemv_ref(x, weight, bias, norm)
+    if k == 0:  # no K loop: the sums are the bias or zero
+        return gated_gemv_ref(x, weight, bias)
     if m == 0 or n == 0:
         return out
     cfg = default_config(m, n, k, device_sms(x), **(ENV_KNOBS | knobs))
     extra = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gated_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, bias if bias is not None else out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        *prologue_launch_args(norm, x), HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **prologue_constexprs(norm, k), **extra,
+        HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )  # fmt: skip
     return out
 

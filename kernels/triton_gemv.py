@@ -293,6 +293,47 @@ def _gemv_step(acc, w, x, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PR
 
 
 @triton.jit
+def _fma_sums(x_ptrs, w_ptrs, u_ptrs, row_ok, col_ok, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr, PDL_GDC: tl.constexpr,
+              GATED: tl.constexpr):  # fmt: skip
+    """`_gemv_kernel`'s FMA loop over the whole of K (one range), for the one-row GEMVs that fuse an epilogue
+    (`triton_gated_gemv.py`, `triton_gemv_rope.py`): `[BLOCK_M, BLOCK_N, BLOCK_K]` fp32 accumulators of the
+    element-wise products of x's rows (`x_ptrs`, `[BLOCK_M, BLOCK_K]` pointers at K = 0, masked by `row_ok`) with
+    the weight rows at `w_ptrs` (`[BLOCK_N, BLOCK_K]`, masked by `col_ok`) and, with GATED, with a second set of
+    rows at `u_ptrs` in the same steps (else `u_ptrs` is never read and the second accumulator stays zero).
+    Returns both. By PDL (`_gemv_kernel`'s peel): the first step's weight tiles are loaded before the wait, x after
+    it; the same steps in the same order."""
+    ks = tl.arange(0, BLOCK_K)
+    acc_w = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    if PDL:
+        k_ok = ks < K
+        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if GATED:
+            u = tl.load(u_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_w = _gemv_step(acc_w, w, x, False, tl.float32, "ieee")
+        if GATED:
+            acc_u = _gemv_step(acc_u, u, x, False, tl.float32, "ieee")
+        k_loop = BLOCK_K
+    else:
+        k_loop = 0
+    for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
+        k_ok = (k0 + ks) < K
+        w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if GATED:
+            u = tl.load(u_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_w = _gemv_step(acc_w, w, x, False, tl.float32, "ieee")
+        if GATED:
+            acc_u = _gemv_step(acc_u, u, x, False, tl.float32, "ieee")
+    return acc_w, acc_u
+
+
+@triton.jit
 def _prefetch_rows_l2(w_ptr, cols, N, stride_wn, BLOCK_N: tl.constexpr, PREFETCH_K: tl.constexpr, SEGS: tl.constexpr):
     """Ask L2 for the first `PREFETCH_K` weights of each of this program's rows, in `SEGS` bulk prefetches a
     row (about one a thread; Hopper's `cp.async.bulk.prefetch.L2`, sizes and addresses 16-byte aligned: the

@@ -15,10 +15,6 @@ query or key pair rotated, the query stored into a new `[1, H, D]` tensor and th
 sums are the same sums in the same order: `q` and the cache rows equal the unfused pair's bit for bit (the PyTorch
 oracle is `gemv_rope_ref`: `gemv_ref`, then the shared `qkv_rope_ref`). `fuses_rope` says where this applies (one
 row, bf16/fp16, the plain GEMV's config one K range of FMA tiles holding whole rotation pairs of one head).
-
-With `norm` (FLOTILLA_NORM_GEMV, `layernorm.RMSNormPrologue`) the kernel also takes the layer's input RMSNorm (+ the
-residual add): x is the un-normalised row, each program computes its sum of squares and normalises each K tile as it
-loads it (`triton_rmsnorm._prologue_rstd` / `_prologue_x`), and program 0 stores the next residual.
 """
 
 from __future__ import annotations
@@ -27,21 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.layernorm import RMSNormPrologue
 from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
-from flotilla.kernels.triton_gemv import _gemv_step, default_config
-from flotilla.kernels.triton_kv_write import is_fp8
-from flotilla.kernels.triton_rmsnorm import (
-    _prologue_rstd,
-    _prologue_x,
-    prologue_constexprs,
-    prologue_launch_args,
-)
+from flotilla.kernels.triton_gemv import _fma_sums, default_config
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
     fits_rope,
     qkv_rope_ref,
+    rope_constexprs,
     rope_kv_store,
     rope_launch_args,
     rope_rows,
@@ -62,13 +51,9 @@ def gemv_rope_ref(
     num_kv_heads: int,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    norm: RMSNormPrologue | None = None,
 ) -> torch.Tensor:
     """The unfused pair in PyTorch: `x @ weight.T (+ bias)` rounded to x's dtype, split into q/k/v heads, q and
-    k rotated, k and v stored at `slot_mapping`; returns the rotated query `[T, H, D]`. With `norm`, `x` is first
-    normalised by it (`RMSNormPrologue.apply_ref`, which stores the next residual)."""
-    if norm is not None:
-        x = norm.apply_ref(x)
+    k rotated, k and v stored at `slot_mapping`; returns the rotated query `[T, H, D]`."""
     return qkv_rope_ref(gemv_ref(x, weight, bias), positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
                         num_kv_heads, k_scale, v_scale)  # fmt: skip
 
@@ -111,22 +96,15 @@ def _gemv_rope_kernel(
     num_kv_heads,
     inv_k_scale,
     inv_v_scale,
-    residual_ptr,
-    gamma_ptr,
-    residual_out_ptr,
-    eps,
     HAS_BIAS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
     PDL_GDC: tl.constexpr = True,
-    NORM: tl.constexpr = False,
-    NORM_RESIDUAL: tl.constexpr = False,
-    NORM_BLOCK: tl.constexpr = 16,
 ):
     pid = tl.program_id(0)
     head, first, cols = rope_rows(pid, BLOCK_N, HEAD_DIM)  # whole rotation pairs of one head
@@ -136,38 +114,16 @@ def _gemv_rope_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * 0 + ks[None, :]
-    x_offs = rows[:, None] * 0 + ks[None, :]
-    acc = tl.zeros([1, BLOCK_N, BLOCK_K], tl.float32)
-    # The plain GEMV's loop (`_gemv_kernel`, one row, one K range, FMA): the same tiles in the same order.
-    if PDL:  # the first weight tile before the wait, as the plain GEMV's PDL launch
-        k_ok = ks < K
-        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if PDL_GDC:  # False only in the interpreter's test of the peeled step (no griddepcontrol there)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-    # the input RMSNorm in the prologue (after the wait: x and the residual are predecessors' outputs)
-    rstd = _prologue_rstd(x_ptr, residual_ptr, residual_out_ptr, K, eps, pid, NORM_RESIDUAL,
-                          NORM_BLOCK) if NORM else 1.0
-    if PDL:
-        k_ok = ks < K
-        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs, x_offs, row_ok[:, None] & k_ok[None, :], rstd, NORM,
-                        NORM_RESIDUAL)  # fmt: skip
-        acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
-        k_loop = BLOCK_K
-    else:
-        k_loop = 0
-    for k0 in tl.range(k_loop, K, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (k0 + ks) < K
-        w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = _prologue_x(x_ptr, residual_ptr, gamma_ptr, x_ptrs + k0, x_offs + k0, row_ok[:, None] & k_ok[None, :], rstd,
-                        NORM, NORM_RESIDUAL)  # fmt: skip
-        acc = _gemv_step(acc, w, x, False, tl.float32, "ieee")
+    # The plain GEMV's loop (`_gemv_kernel`, one row, one K range, FMA; by PDL the first weight tile before the wait):
+    # the same tiles in the same order.
+    acc, _ = _fma_sums(x_ptrs, w_ptrs, w_ptrs, row_ok, col_ok, K, 1, BLOCK_N, BLOCK_K, NUM_STAGES, PDL, PDL_GDC,
+                       False)  # fmt: skip
     res = tl.sum(acc, 2)  # [1, BLOCK_N]
     if HAS_BIAS:  # added before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
     rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                   stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8, BLOCK_N)  # fmt: skip
+                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
 
 
 def gemv_rope(
@@ -184,14 +140,11 @@ def gemv_rope(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     *,
-    norm: RMSNormPrologue | None = None,
     pdl: bool | None = None,
     pdl_gdc: bool = True,
 ) -> torch.Tensor:
     """`gemv_rope_ref` in one launch for one row `x` `[1, K]` (where `fuses_rope`): returns the rotated query
     `[1, H, D]` (new); the rotated key and the value land in the `[blocks, page, Hkv, D]` caches.
-    `norm` (where `norm.fits(x)`): `x` is the un-normalised row, normalised in the kernel's prologue (every
-    program), and program 0 stores the next residual into `norm.residual_out`.
     `pdl`: launched by programmatic dependent launch, as the plain GEMV (default: FLOTILLA_PDL where capable);
     `pdl_gdc=False` (tests only) keeps the peeled first step without griddepcontrol (the interpreter has none)."""
     head_dim = cos_sin_cache.shape[-1]
@@ -200,7 +153,6 @@ def gemv_rope(
     assert x.shape[1] == k and x.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
     check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
-    assert norm is None or norm.fits(x), "the norm prologue needs RMSNormPrologue.fits(x)"
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     cfg = default_config(1, n, k, device_sms(x))
     consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
@@ -208,9 +160,8 @@ def gemv_rope(
         x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)
         *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                           k_scale, v_scale),
-        *prologue_launch_args(norm, x), HAS_BIAS=bias is not None, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
-        FP8=is_fp8(k_cache), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **prologue_constexprs(norm, k), **consts,
+        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **rope_constexprs(cos_sin_cache, k_cache), **consts,
     )  # fmt: skip
     return q_out
 

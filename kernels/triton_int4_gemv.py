@@ -166,6 +166,13 @@ def default_config(
     return Int4GemvConfig(block_n, block_w, split_k, num_warps, num_stages, use_dot)
 
 
+def split_ranges(words: int, split_k: int, block_w: int) -> tuple[int, int]:
+    """K cut into at most `split_k` ranges of whole `block_w`-word steps (only the last range ragged, no empty range):
+    `(words a range, ranges)`. The int4 GEMVs' second grid axis (`_SplitK`, `triton_int4_gemv_fused`)."""
+    words_per_split = triton.cdiv(triton.cdiv(words, split_k), block_w) * block_w
+    return words_per_split, triton.cdiv(words, words_per_split)
+
+
 def _counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """The device's split-K arrival counters (`_COUNTERS`), or None where the call must use the reduce
     launch: too many row tiles, or the first use inside a CUDA-graph capture."""
@@ -188,9 +195,7 @@ class _SplitK:
              split_k: int) -> _SplitK:
         """Ranges for the `[M, N]` output `out2` over `words` packed words, `split_k` at most."""
         m, n = out2.shape
-        # Whole steps per range, so only the last range is ragged; empty ranges are not launched.
-        words_per_split = triton.cdiv(triton.cdiv(words, split_k), block_w) * block_w
-        splits = triton.cdiv(words, words_per_split)
+        words_per_split, splits = split_ranges(words, split_k, block_w)
         part = torch.empty(splits, m, n, dtype=torch.float32, device=out2.device) if splits > 1 else out2
         grid = (triton.cdiv(n, block_n), splits)
         counters = _counters(out2.device, grid[0]) if splits > 1 else None
@@ -225,32 +230,59 @@ def _load(ptrs, mask, other, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _partials(part_ptr, split, rows, cols, M, N):
+    """Where K range `split` keeps its fp32 partial of outputs `cols`: `[SPLIT_K, M, N]` partials at `rows` (a
+    `[BLOCK_M, BLOCK_N]` tile), or `[SPLIT_K, N]` where `rows` is None (a one-row program's `[BLOCK_N]`)."""
+    if rows is None:
+        ptrs = part_ptr + split * N + cols
+    else:
+        ptrs = part_ptr + (split * M + rows).to(tl.int64)[:, None] * N + cols[None, :]
+    return ptrs
+
+
+@triton.jit
+def _split_k_fixup(res, ok, part_ptr, counter_ptr, tile, split, rows, cols, M, N, SPLIT_K: tl.constexpr):
+    """Split-K without a reduce launch, for a program's fp32 sums `res` over K range `split`: its partial stored
+    (`_partials`, masked by `ok`), then its arrival counted by the program's counter `counter_ptr + tile` (atomic,
+    acquire/release at GPU scope). The last of the SPLIT_K ranges to arrive sums every range's partial in range order
+    (a fixed order: the same sum every run, read from L2). Returns `(total, last)`: the sum over all ranges where
+    `last`, else `res`. Where `last` the caller resets the counter to 0 for the next launch on the stream, after its
+    own stores (there, not here: the compiled code stays what was measured)."""
+    tl.store(_partials(part_ptr, split, rows, cols, M, N), res, mask=ok)
+    tl.debug_barrier()  # every thread's partial is written before the counter's release
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    total = res
+    if last:
+        total = tl.zeros_like(res)
+        for s in tl.static_range(SPLIT_K):  # a fixed order: the sum is the same every run
+            total += tl.load(_partials(part_ptr, s, rows, cols, M, N), mask=ok, other=0.0,
+                             cache_modifier=".cg")  # from L2: other SMs wrote them
+    return total, last
+
+
+@triton.jit
 def _epilogue(res, rows, cols, row_ok, col_ok, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, stride_om, pid_n,
               split, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, FIXUP: tl.constexpr):
     """Store a program's `[BLOCK_M, BLOCK_N]` fp32 result: the output (plus bias) without split-K; else its
-    partial, and with FIXUP the last of a row tile's K ranges to arrive (an atomic counter per row tile)
-    sums the partials in a fixed order, adds the bias, stores the output and resets the counter: no
-    reduce launch. Without FIXUP `_split_k_reduce_kernel` runs after."""
+    partial (`[SPLIT_K, M, N]`), and with FIXUP the last of a row tile's K ranges to arrive (`_split_k_fixup`, a
+    counter per row tile) adds the bias to the sum of the partials and stores the output: no reduce launch.
+    Without FIXUP `_split_k_reduce_kernel` runs after."""
     ok = row_ok[:, None] & col_ok[None, :]
     o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
             res += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=ok)
+    elif FIXUP:
+        total, last = _split_k_fixup(res, ok, part_ptr, counter_ptr, pid_n, split, rows, cols, M, N, SPLIT_K)
+        if last:
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
+            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch on this stream
     else:
-        tl.store(part_ptr + (split * M + rows).to(tl.int64)[:, None] * N + cols[None, :], res, mask=ok)
-        if FIXUP:
-            tl.debug_barrier()  # every thread's partial is written before the counter's release
-            arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros_like(res)
-                for s in tl.static_range(SPLIT_K):  # a fixed order: the sum is the same every run
-                    total += tl.load(part_ptr + (s * M + rows).to(tl.int64)[:, None] * N + cols[None, :], mask=ok,
-                                     other=0.0, cache_modifier=".cg")  # from L2: other SMs wrote them
-                if HAS_BIAS:
-                    total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
-                tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch on this stream
+        tl.store(_partials(part_ptr, split, rows, cols, M, N), res, mask=ok)
 
 
 @triton.jit

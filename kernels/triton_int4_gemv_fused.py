@@ -32,6 +32,7 @@ import triton.language as tl
 
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_activation import silu_mul
+from flotilla.kernels.triton_int4_gemv import _split_k_fixup, split_ranges
 from flotilla.kernels.triton_int4_gemv_wide import (
     _X_KINDS,
     WideConfig,
@@ -57,19 +58,14 @@ _COUNTER_SLOTS = 1 << 14
 
 @triton.jit
 def _k_total(res, cols, col_ok, part_ptr, counter_ptr, N, pid, split, SPLIT_K: tl.constexpr):
-    """A program's fp32 sums over all K ranges and whether it finishes the rows: one range, its own `res`; else its
-    partial stored, and the last range to arrive (the counter) sums the partials in range order and resets it."""
+    """A program's fp32 sums over all K ranges and whether it finishes the rows: one range, its own `res`; else the
+    plain kernel's arrival fix-up (`_split_k_fixup`: partials `[SPLIT_K, N]`, a counter per program, summed in range
+    order by the last range to arrive)."""
     total = res
     last = pid >= 0  # one range: always
     if SPLIT_K > 1:
-        tl.store(part_ptr + split * N + cols, res, mask=col_ok)
-        tl.debug_barrier()  # every thread's partial is written before the counter's release
-        arrived = tl.atomic_add(counter_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        last = arrived == SPLIT_K - 1
+        total, last = _split_k_fixup(res, col_ok, part_ptr, counter_ptr, pid, split, None, cols, None, N, SPLIT_K)
         if last:
-            total = tl.zeros_like(res)
-            for s in tl.static_range(SPLIT_K):  # a fixed order: the plain kernel's sum
-                total += tl.load(part_ptr + s * N + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + pid, 0)  # ready for the next launch on this stream
     return total, last
 
@@ -223,13 +219,12 @@ class _Launch:
         pdl = pdl_mode(x, pdl)
         cfg = wide_config(1, n, k, device_sms(x), pdl=bool(pdl), **knobs)
         words = k // 8
-        wps = triton.cdiv(triton.cdiv(words, cfg.split_k), cfg.block_w) * cfg.block_w
-        splits = triton.cdiv(words, wps)
+        wps, splits = split_ranges(words, cfg.split_k, cfg.block_w)
         counters = None
         if splits > 1:
             counters = arrival_counters(_COUNTERS, x.device, triton.cdiv(n, cfg.block_n), _COUNTER_SLOTS)
             if counters is None:  # one range (the plain kernel would reduce in a second launch)
-                wps, splits = triton.cdiv(words, cfg.block_w) * cfg.block_w, 1
+                wps, splits = split_ranges(words, 1, cfg.block_w)
         part = torch.empty(splits, n, dtype=torch.float32, device=x.device) if splits > 1 else x
         return cls(cfg, pdl, wps, splits, part, counters if counters is not None else x)
 

@@ -105,8 +105,7 @@ def rope_launch_args(positions: torch.Tensor, cos_sin_cache: torch.Tensor, slot_
 
 
 def rope_constexprs(cos_sin_cache: torch.Tensor, k_cache: torch.Tensor) -> dict[str, int | bool]:
-    """`rope_kv_store`'s compile-time arguments, by the names the fp8 and int4 kernels give them (the bf16 kernel's
-    is `FP8`, not `FP8_CACHE`: `gemv_rope` passes its own)."""
+    """`rope_kv_store`'s compile-time arguments, by the names the bf16, fp8 and int4 rope kernels give them."""
     return {"HEAD_DIM": cos_sin_cache.shape[-1], "PAGE": k_cache.shape[1], "FP8_CACHE": is_fp8(k_cache)}
 
 

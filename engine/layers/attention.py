@@ -11,7 +11,6 @@ from torch import nn
 
 from flotilla.engine.forward_context import AttentionMetadata, current_attention_metadata
 from flotilla.kernels.dispatch import (
-    RMSNormPrologue,
     paged_attention,
     qkv_rotary_and_write_kv,
     rotary_and_write_kv,
@@ -78,22 +77,18 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
         weight_scale: torch.Tensor | None = None,
-        norm: RMSNormPrologue | None = None,
     ) -> torch.Tensor:
         """`forward` of `x @ weight.T (+ bias)`'s q/k/v heads (one row, where `dispatch.qkv_rope_takes`, an fp8
         `weight` with its per-row `weight_scale` where `dispatch.fp8_qkv_rope_takes`, or an int4 `PackedInt4` where
         `dispatch.int4_qkv_rope_takes`): the projection, rotary and the KV write in one kernel
-        (`qkv_rotary_and_write_kv`), then attention. `norm`: `x` is the un-normalised row, the input RMSNorm applied
-        in that kernel's prologue (`dispatch.norm_gemv_takes`)."""
+        (`qkv_rotary_and_write_kv`), then attention."""
         meta = current_attention_metadata()
-        if meta is None:  # memory profiling, as `forward` (the next residual still stored: later layers read it)
-            if norm is not None and norm.residual is not None and norm.residual_out is not None:
-                torch.add(x, norm.residual, out=norm.residual_out)
+        if meta is None:  # memory profiling, as `forward`
             return torch.zeros(x.shape[0], self.num_heads * self.head_dim, dtype=x.dtype, device=x.device)
         fp8 = {} if weight_scale is None else {"weight_scale": weight_scale}
         q = qkv_rotary_and_write_kv(x, weight, bias, positions, cos_sin_cache, self.k_cache, self.v_cache,
                                     meta.slot_mapping, self.num_heads, self.num_kv_heads, self.k_scale, self.v_scale,
-                                    norm=norm, **fp8)  # fmt: skip
+                                    **fp8)  # fmt: skip
         return self._attend(q, meta)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -39,17 +39,13 @@ from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
 from flotilla.engine.quantization.packed_int import int4_weight
 from flotilla.engine_rules import rope_scaled_length
 from flotilla.kernels.dispatch import (
-    RMSNormPrologue,
     fp8_gated_gemv,
     fp8_gated_gemv_takes,
     fp8_qkv_rope_takes,
-    gated_gemv_takes,
     int4_gated_gemv,
     int4_gated_gemv_takes,
     int4_qkv_rope_takes,
-    norm_gemv_takes,
     qkv_rope_takes,
-    rms_norm_silu_and_mul_linear,
     silu_and_mul_linear,
 )
 
@@ -142,18 +138,6 @@ class LlamaAttention(nn.Module):
                 and not self.attn._forward_pre_hooks
                 and qkv_rope_takes(hidden, qkv.weight, self.head_dim, qkv.gemv_max_rows))  # fmt: skip
 
-    def fuses_norm(self, hidden: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None) -> bool:
-        """Whether `forward_normed` takes the un-normalised `hidden` (FLOTILLA_NORM_GEMV, kernels/dispatch.py)."""
-        return norm_gemv_takes("qkv", hidden, norm.weight, residual) and self._rope_fused(hidden)
-
-    def forward_normed(self, positions: torch.Tensor, hidden: torch.Tensor, norm: RMSNormPrologue
-                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """`forward` of `norm` applied to `hidden` by the rotary qkv GEMV's prologue (where `fuses_norm`): returns
-        the output and the next residual."""
-        qkv, cos_sin = self.qkv_proj, cast(torch.Tensor, self.rotary.cos_sin_cache)
-        out = self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin, norm=norm)
-        return self.o_proj(out), norm.next_residual(hidden)
-
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """`[T, hidden]` -> `[T, hidden]`."""
         qkv = self.qkv_proj
@@ -213,21 +197,6 @@ class LlamaMLP(nn.Module):
             return self.down_proj(int4_gated_gemv(x, int4, gate_up.bias))
         return self.down_proj(self.act(gate_up(x)))
 
-    def fuses_norm(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None) -> bool:
-        """Whether `forward_normed` takes the un-normalised `x`: plain weights run by the one-row gated GEMV, the
-        norm switched into its prologue (FLOTILLA_NORM_GEMV, kernels/dispatch.py)."""
-        gate_up = self.gate_up_proj
-        return (type(gate_up) is MergedColumnParallelLinear and gate_up.quant_method is None
-                and norm_gemv_takes("gated", x, norm.weight, residual)
-                and gated_gemv_takes(x, gate_up.weight, gate_up.bias, gate_up.gemv_max_rows))  # fmt: skip
-
-    def forward_normed(self, x: torch.Tensor, norm: RMSNormPrologue) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` of `norm` applied to `x` by the gated GEMV's prologue (where `fuses_norm`): returns the output
-        and the next residual."""
-        gate_up = self.gate_up_proj
-        out = rms_norm_silu_and_mul_linear(x, gate_up.weight, gate_up.bias, norm)
-        return self.down_proj(out), norm.next_residual(x)
-
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP; the residual stream is carried beside the hidden states."""
@@ -242,22 +211,13 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the layer's output and the residual stream, not yet added together. At one row each RMSNorm may
-        run in the prologue of the GEMV after it (`fuses_norm`, FLOTILLA_NORM_GEMV): one launch fewer each."""
-        norm = self.input_layernorm
-        if self.self_attn.fuses_norm(hidden, norm, residual):
-            prologue = RMSNormPrologue.of(hidden, norm.weight, norm.eps, residual)
-            hidden, residual = self.self_attn.forward_normed(positions, hidden, prologue)
+        """Returns the layer's output and the residual stream, not yet added together."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
         else:
-            if residual is None:
-                residual, hidden = hidden, norm(hidden)
-            else:
-                hidden, residual = norm(hidden, residual)
-            hidden = self.self_attn(positions, hidden)
-        norm = self.post_attention_layernorm
-        if self.mlp.fuses_norm(hidden, norm, residual):
-            return self.mlp.forward_normed(hidden, RMSNormPrologue.of(hidden, norm.weight, norm.eps, residual))
-        hidden, residual = norm(hidden, residual)
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 

@@ -125,8 +125,7 @@ def test_greedy_tokens_equal_through_the_model_path(tiny_model_dirs, monkeypatch
         return [list(llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0].outputs[0].token_ids)
                 for p in prompts]  # fmt: skip
 
-    def pair(x, weight, b, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale, norm=None):
-        assert norm is None  # FLOTILLA_NORM_GEMV's prologue: test_norm_prologue.py
+    def pair(x, weight, b, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale):
         return _unfused(x, weight, b, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, (k_scale, v_scale))
 
     monkeypatch.setattr(llama, "qkv_rope_takes", takes)

@@ -332,10 +332,6 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     }
 
 
-# the RMSNorm prologue's operands (`triton_rmsnorm._prologue_rstd`), in the one-row GEMVs that take it
-_NORM_POINTERS = {"residual_ptr": "*bf16", "gamma_ptr": "*bf16", "residual_out_ptr": "*bf16"}
-
-
 def _compile_gemv_rope() -> dict[str, dict[str, object]]:
     """The one-row qkv GEMV with rotary + KV write in its epilogue (`triton_gemv_rope.py`) at Llama-3.1-8B's shape
     (16-row tiles of 8 pairs, 512-wide K steps, 2 stages): plain, by PDL, and into an fp8 cache."""
@@ -345,15 +341,15 @@ def _compile_gemv_rope() -> dict[str, dict[str, object]]:
     aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_wn"))
     pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "positions_ptr": "*i64",
                 "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
-                "v_cache_ptr": "*bf16"} | _NORM_POINTERS  # fmt: skip
-    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2)
+                "v_cache_ptr": "*bf16"}  # fmt: skip
+    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8_CACHE=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2)
     fp8 = dict(pointers, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
     launch = dict(num_warps=4, num_stages=2)
     return {
         "gemv_rope bf16 m1": _compile_for_hopper(fn, pointers, consts, aligned, **launch),
         "gemv_rope bf16 m1 pdl": _compile_for_hopper(fn, pointers, dict(consts, PDL=True), aligned, **launch),
-        "gemv_rope bf16 m1 bias *fp8e4nv": _compile_for_hopper(fn, fp8, dict(consts, HAS_BIAS=True, FP8=True), aligned,
-                                                               **launch),
+        "gemv_rope bf16 m1 bias *fp8e4nv": _compile_for_hopper(fn, fp8, dict(consts, HAS_BIAS=True, FP8_CACHE=True),
+                                                               aligned, **launch),
     }
 
 
@@ -373,59 +369,12 @@ def _compile_gated_gemv() -> dict[str, dict[str, object]]:
 
     fn = _gated_gemv_kernel
     aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))
-    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr")} | _NORM_POINTERS
+    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr")}
     cfg = default_config(1, 14336, 4096, 132)
     consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages)
     launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return {name: _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned, **launch)
             for name, extra in (("gated_gemv bf16 m1", {}), ("gated_gemv bf16 m1 pdl", dict(PDL=True)))}
-
-
-def _compile_norm_prologue() -> dict[str, dict[str, object]]:
-    """The one-row qkv-rope and gated GEMVs with the RMSNorm (+ residual) in their prologue (FLOTILLA_NORM_GEMV),
-    launched by PDL as in the decode chain, beside the same launches without it."""
-    rope, gated = _compile_gemv_rope(), _compile_gated_gemv()
-    from flotilla.kernels.triton_gated_gemv import _gated_gemv_kernel, default_config
-    from flotilla.kernels.triton_gemv_rope import _gemv_rope_kernel
-
-    out = {name: (rope | gated)[name] for name in ("gemv_rope bf16 m1 pdl", "gated_gemv bf16 m1 pdl")}
-    aligned = tuple(n for n in _gemv_rope_kernel.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_wn"))
-    pointers = {n: "*bf16" for n in _gemv_rope_kernel.arg_names if n.endswith("_ptr")}
-    pointers |= {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"}
-    consts = dict(HAS_BIAS=False, HEAD_DIM=128, PAGE=16, FP8=False, BLOCK_N=16, BLOCK_K=512, NUM_STAGES=2, PDL=True,
-                  NORM=True, NORM_BLOCK=1024)  # fmt: skip
-    for name, residual in (("gemv_rope bf16 m1 pdl norm", True), ("gemv_rope bf16 m1 pdl norm first", False)):
-        out[name] = _compile_for_hopper(_gemv_rope_kernel, pointers, dict(consts, NORM_RESIDUAL=residual), aligned,
-                                        num_warps=4, num_stages=2)  # fmt: skip
-    cfg = default_config(1, 14336, 4096, 132)
-    aligned = tuple(n for n in _gated_gemv_kernel.arg_names
-                    if n.endswith("_ptr") or n in ("N", "K", "stride_xm", "stride_wn"))  # fmt: skip
-    pointers = {n: "*bf16" for n in _gated_gemv_kernel.arg_names if n.endswith("_ptr")}
-    consts = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
-                  PDL=True, NORM=True, NORM_RESIDUAL=True, NORM_BLOCK=1024)  # fmt: skip
-    out["gated_gemv bf16 m1 pdl norm"] = _compile_for_hopper(_gated_gemv_kernel, pointers, consts, aligned,
-                                                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out
-
-
-@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_norm_prologue_compiles_for_hopper(tmp_path):
-    """The RMSNorm prologue compiles into both one-row GEMVs (this file run as a script with `norm`); launched by
-    PDL each still waits once and triggers once, and loads before the wait exactly what the launch without the
-    norm loads there (the first weight tile: x, the residual and gamma only after it) and stores nothing there."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, __file__, "norm"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    for name, plain in (("gemv_rope bf16 m1 pdl norm", "gemv_rope bf16 m1 pdl"),
-                        ("gemv_rope bf16 m1 pdl norm first", "gemv_rope bf16 m1 pdl"),
-                        ("gated_gemv bf16 m1 pdl norm", "gated_gemv bf16 m1 pdl")):  # fmt: skip
-        r, p = result[name], result[plain]
-        assert r["cubin_bytes"] > 0 and not r["mma"] and r["loads16"] > 0, (name, r)
-        assert r["gdc_wait"] == 1 and r["gdc_launch"] == 1 and r["stores_before_wait"] == 0, (name, r)
-        assert r["loads_before_wait"] == p["loads_before_wait"] > 0, (name, r, p)
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
@@ -594,6 +543,5 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 if __name__ == "__main__":
     # `gated` / `rope`: one fused batch-1 kernel alone (quick; e.g. under the H200's Triton 3.6 put first on
     # PYTHONPATH, bench/sass_loop.py's docstring)
-    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
-             "norm": _compile_norm_prologue}
+    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv}
     print(json.dumps(modes.get(" ".join(sys.argv[1:]), _compile_all)()))

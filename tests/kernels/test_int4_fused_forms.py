@@ -257,8 +257,8 @@ def test_int4_llama_decodes_through_both_fused_forms(int4_checkpoints, monkeypat
         errors["gated"].append(rel_err(out, ref))
         return out
 
-    def rope(x, w, bias, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale, norm=None):
-        assert isinstance(w, PackedInt4) and norm is None
+    def rope(x, w, bias, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale):
+        assert isinstance(w, PackedInt4)
         ref_k, ref_v = k_cache.clone(), v_cache.clone()
         q = real_rope(x, w, bias, positions, cos_sin, k_cache, v_cache, slots, heads, kv_heads, k_scale, v_scale)
         qkv = dispatch.packed_int_linear(x, w.packed, w.scales, _zeros(w), 4, w.group_size, bias)
