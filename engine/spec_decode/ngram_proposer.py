@@ -52,8 +52,8 @@ class NgramIndex:
         self._packed = 0  # the last max_n tokens, _BITS bits each (the latest the lowest)
         self._masks = {n: (1 << (_BITS * n)) - 1 for n in range(min_n, max_n + 1)}
         self._latest: dict[int, dict[int, int]] = {n: {} for n in self._masks}  # packed n-gram -> its latest start
-        self._previous = {n: array("q") for n in self._masks}  # start -> the same n-gram's start before (-1: none)
-        self._first = {n: array("q") for n in self._masks}  # start -> the same n-gram's first start
+        self._previous = {n: array("i") for n in self._masks}  # start -> the same n-gram's start before (-1: none)
+        self._first = {n: array("i") for n in self._masks}  # start -> the same n-gram's first start
 
     def extend(self, tokens: list[int]) -> None:
         """Take in the sequence's next tokens."""
