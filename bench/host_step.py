@@ -12,11 +12,11 @@ runs it: `LLMEngine.step()`, the outputs encoded as deltas (`OutputEncoder`) and
 the core's sender thread writes to the API process). The model's forward and LM head are timed apart and
 left out: on a GPU they are a graph replay and a GEMM's launch, not the Python this measures.
 
-Per step (ms, median of the steps): `schedule`, `propose` (the n-gram lookup, with `--ngram`), `flatten`, `stage`, `draw` (the rows' logits picked, argmax,
-sampling batch; without the LM head), `collect`, `update` (tokens appended, stops), `post`
-(detokenization, outputs), `encode`, `pickle`; `host`: the whole step minus forward and LM head. Then the
-API process's side of the same message, `api`: unpickled (`api_loads`), each request's cumulative output
-rebuilt (`OutputDecoder`) and its /v1/completions SSE chunk formatted (`ChunkFormat.completion`).
+Per step (ms, median of the steps): `schedule`, `propose` (the n-gram lookup, with `--ngram`), `flatten`,
+`stage`, `draw` (the rows' logits picked, argmax, sampling batch; without the LM head), `collect`, `update` (tokens
+appended, stops), `post` (detokenization, outputs), `encode`, `pickle`; `host`: the whole step minus forward and
+LM head. Then the API process's side of the same message, `api`: unpickled (`api_loads`), each request's
+cumulative output rebuilt (`OutputDecoder`) and its /v1/completions SSE chunk formatted (`ChunkFormat.completion`).
 
 `--output-kind stream` (default) is a plain streaming server request's step: the core's outputs are deltas
 where the tree has them (`SamplingParams.output_kind` "delta"), else cumulative; `cumulative` is a request that
