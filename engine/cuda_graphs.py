@@ -166,6 +166,9 @@ class StepGraphs:
         self._rows: list[tuple[list[int] | None, int, int]] = [(None, 0, -1)] * s
         self._rows_width = 0  # the table width they were written at (a wider row overwrites others' old places)
         self.table_ids_staged = 0  # block ids written into the table area so far (what the above saves shows here)
+        # Rows whose table moved up with the rows before it (a request before them finished): copied in the host
+        # buffer by the run, not written again from their lists (`_move_rows`).
+        self.table_rows_moved = 0
         # The buffers' slices a step reads or copies, made once per shape (slicing costs microseconds).
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._input_views: dict[GraphKey, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -285,6 +288,7 @@ class StepGraphs:
             written[:] = [(None, 0, -1)] * len(written)
             self._rows_width = width
         tables, i = flat.block_tables, 0
+        moves: dict[int, int] | None = None  # id(table list) -> its row last step, made at the first row that moved
         while i < s:  # a request's verification rows share its table (one list): written at once
             blocks, j = tables[i], i + 1
             while j < s and tables[j] is blocks:
@@ -296,9 +300,17 @@ class StepGraphs:
                     if done < n:
                         h32[row + done : row + n] = blocks[done:]
                         self.table_ids_staged += n - done
-                else:
-                    h32[row : row + n] = blocks
-                    self.table_ids_staged += n
+                    written[i] = (blocks, n, row)
+                    i = j
+                    continue
+                if moves is None:
+                    moves = {id(t): k for k, (t, _, _) in enumerate(written) if t is not None}
+                moved = self._move_rows(tables, i, moves.get(id(blocks), -1))
+                if moved:
+                    i += moved
+                    continue
+                h32[row : row + n] = blocks
+                self.table_ids_staged += n
                 written[i] = (blocks, n, row)
             else:
                 h32[row : row + (j - i) * width].reshape(j - i, width)[:, :n] = blocks
@@ -309,6 +321,32 @@ class StepGraphs:
         dst.copy_(src, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+
+    def _move_rows(self, tables: list[list[int]], i: int, k: int) -> int:
+        """Rows from `i` on whose table lists sat alone at rows from `k` (> i) last step (requests before them
+        finished; the rows after moved up): the run's old rows copied to their new place in the host buffer at once
+        (a memmove of bytes the step copies to the device anyway, not a Python list per row), then each row's new
+        ids. The rows keep the scheduler's order, as every other part of the step. Returns how many rows moved
+        (0: the table was not at a later row last step)."""
+        written, s = self._rows, len(tables)
+        if k <= i or written[k][0] is not tables[i]:  # not written last step, or at a row rewritten already
+            return 0
+        m = 1  # the run: each row's list alone at the next row last step
+        while (i + m < s and k + m < len(written) and written[k + m][0] is tables[i + m]
+               and (i + m + 1 == s or tables[i + m + 1] is not tables[i + m])):
+            m += 1
+        first, width, h32 = self._table, self._rows_width, self._h32
+        h32[first + i * width : first + (i + m) * width] = h32[first + k * width : first + (k + m) * width]
+        done = [written[k + r][1] for r in range(m)]  # read before the rows from i are overwritten
+        for r in range(m):
+            blocks, row = tables[i + r], first + (i + r) * width
+            n = len(blocks)
+            if done[r] < n:
+                h32[row + done[r] : row + n] = blocks[done[r] :]
+                self.table_ids_staged += n - done[r]
+            written[i + r] = (blocks, n, row)
+        self.table_rows_moved += m
+        return m
 
     def _copy_views(self, num_ints: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(device, pinned host) spans of one staging copy: the int64 rows and the first `num_ints`

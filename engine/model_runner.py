@@ -24,6 +24,7 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
+from flotilla.engine.penalty_counts import PenaltyCounts
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample, token_ranks
@@ -108,6 +109,8 @@ class ModelRunner:
         # The runner's only randomness; dummy weights draw from their own seeded generator, so the
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
+        # The penalised requests' token counts, kept on the device and updated with new tokens only.
+        self.penalty_counts = PenaltyCounts(self.device)
         started = time.perf_counter()
         self.model = load_model(config.model, self.device)
         logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
@@ -356,14 +359,14 @@ class ModelRunner:
             drawn = SamplerOutput(token_ids=greedy_tokens(logits))
         elif step.draft_groups:
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator,
-                                         self.config.model.logprobs_mode)
+                                         self.config.model.logprobs_mode, self.penalty_counts)
             drawn = verify(logits.float(), batch, step.draft_groups)
         elif all(_plain_greedy(r) for r in rows):
             drawn = SamplerOutput(token_ids=greedy_tokens(logits))  # bf16 argmax = fp32 argmax, ties too
         else:
             logits = logits.float()
             batch = build_sampling_batch(rows, logits.shape[1], self.device, self.generator,
-                                         self.config.model.logprobs_mode)
+                                         self.config.model.logprobs_mode, self.penalty_counts)
             drawn = sample(logits, batch)
         # The next launch reads these ids on the device for inputs it does not know yet.
         self._last_drawn = drawn.token_ids

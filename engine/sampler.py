@@ -41,8 +41,10 @@ class SamplingBatch:
     presence_penalty: torch.Tensor  # [B] float32
     frequency_penalty: torch.Tensor  # [B] float32
     repetition_penalty: torch.Tensor  # [B] float32
-    output_tokens: torch.Tensor  # [B, L] int64, padded with vocab_size
-    prompt_tokens: torch.Tensor  # [B, P] int64, padded with vocab_size
+    # The penalties' inputs (engine/penalty_counts.py): each row's row of two tables kept up to date step by step.
+    penalty_rows: torch.Tensor  # [B] int64 (empty when no row has penalties)
+    output_counts: torch.Tensor  # [u, V + 1] int32: occurrences of each token in a request's output so far
+    prompt_seen: torch.Tensor  # [u, V + 1] bool: the tokens of a request's prompt
     # Per-request [V] rows (logit_bias, min_tokens bans, allowed_token_ids), each distinct row once in a table
     # and a row index into it per batch row that has one: a request's n completions share theirs, so a
     # vocabulary-long bias costs a step one [V] row, not n (nor n x its length in (row, token) pairs).
@@ -133,18 +135,11 @@ def apply_token_masks(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def token_counts(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """`[B, V]` occurrences of each token in each row of a padded (pad = vocab_size) token matrix."""
-    counts = torch.zeros(tokens.shape[0], vocab_size + 1, dtype=torch.float32, device=tokens.device)
-    counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
-    return counts[:, :vocab_size]
-
-
 def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """vLLM's penalties: repetition over prompt and output tokens, then frequency and presence over output."""
     vocab = logits.shape[1]
-    out_counts = token_counts(b.output_tokens, vocab)
-    seen = (token_counts(b.prompt_tokens, vocab) > 0) | (out_counts > 0)
+    out_counts = b.output_counts[b.penalty_rows, :vocab].float()  # exact integers, as a recount's float sums
+    seen = b.prompt_seen[b.penalty_rows, :vocab] | (out_counts > 0)
     rep = b.repetition_penalty.unsqueeze(1)
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flotilla.engine.bad_words import banned_next
+from flotilla.engine.penalty_counts import PenaltyCounts
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplingBatch
 from flotilla.engine.sampling_params import (
@@ -16,6 +17,9 @@ from flotilla.engine.sampling_params import (
     REPETITION_PENALTY_FLOOR,
 )
 from flotilla.engine.staging import device_tensor
+
+# The penalty tables of a step without penalties (never read).
+_NO_TABLE = torch.zeros(0, 0)
 
 
 @dataclass
@@ -35,16 +39,27 @@ def build_sampling_batch(
     device: torch.device,
     generator: torch.Generator,
     logprobs_mode: str = "raw_logprobs",
+    counts: PenaltyCounts | None = None,
 ) -> SamplingBatch:
     """Per-row parameters as tensors; requests without a seed get a fresh stream from `generator`.
-    `logprobs_mode`: --logprobs-mode (what the rows' logprobs report)."""
+    `logprobs_mode`: --logprobs-mode (what the rows' logprobs report). `counts`: the runner's persistent token
+    counts for the penalties (None: counted from scratch, for this batch only)."""
     params = [r.request.sampling_params for r in rows]
     seeds, positions = _seeds_and_positions(rows, generator)
     sparse = _gather_sparse(rows, vocab_size, device)
     to = _DeviceLists(device, vocab_size)
     any_penalties = any(p.has_penalties for p in params)
-    # The penalties read every token a row has seen; without any, the step copies none.
-    seen = rows if any_penalties else []
+    # The penalties read the counts of the tokens a row has seen; without any, the step touches none. A row without
+    # penalties of its own reads the zero row: with repetition 1 and frequency and presence 0 the counts change
+    # nothing.
+    if any_penalties:
+        counts = counts if counts is not None else PenaltyCounts(device)
+        penalised = [r.request if p.has_penalties else None for r, p in zip(rows, params, strict=True)]
+        penalty_rows = counts.rows(penalised, vocab_size)
+        output_counts, prompt_seen = counts.output, counts.prompt
+    else:
+        penalty_rows = to.tensor([], torch.long)
+        output_counts = prompt_seen = _NO_TABLE
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     penalties = [min(max(p.repetition_penalty, REPETITION_PENALTY_FLOOR), REPETITION_PENALTY_CEILING) for p in params]
     temperatures = [0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature for p in params]
@@ -59,8 +74,9 @@ def build_sampling_batch(
         presence_penalty=to.tensor([p.presence_penalty for p in params], torch.float32),
         frequency_penalty=to.tensor([p.frequency_penalty for p in params], torch.float32),
         repetition_penalty=to.tensor(penalties, torch.float32),
-        output_tokens=to.padded([r.request.output_token_ids for r in seen], len(rows)),
-        prompt_tokens=to.padded([r.request.prompt_token_ids for r in seen], len(rows)),
+        penalty_rows=penalty_rows,
+        output_counts=output_counts,
+        prompt_seen=prompt_seen,
         bias_rows=to.tensor(sparse.bias.rows, torch.long),
         bias_index=to.tensor(sparse.bias.index, torch.long),
         bias_table=to.table(sparse.bias.table, torch.float32),
@@ -150,12 +166,6 @@ class _DeviceLists:
     def tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """`values` as one tensor."""
         return device_tensor(values, dtype, self.device)
-
-    def padded(self, lists: list[list[int]], n: int) -> torch.Tensor:
-        """`[n, width]` token ids padded with `vocab_size` (a column the penalties ignore); `[n, 0]` for no lists."""
-        width = max((len(x) for x in lists), default=0)
-        padded = [x + [self.vocab_size] * (width - len(x)) for x in lists]
-        return self.tensor(padded, torch.long).reshape(n, width)
 
     def table(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         """`[u, vocab_size]`: the distinct per-request rows (a view of the one row when there is one)."""

@@ -84,10 +84,36 @@ def test_a_grown_table_is_staged_by_its_new_ids_and_a_new_list_whole():
     assert stage([a, b]) == 1  # a's new block only
     trimmed = a[:2] + [9]  # the block manager's trim or copy-on-write: a new list
     assert stage([trimmed, b]) == 3
-    assert stage([b, trimmed]) == 5  # rows moved (a request before them finished): written whole
+    assert stage([b, trimmed]) == 3  # b moved up (copied in the buffer); trimmed moved down: its old row is b's now
     wide = list(range(10, 10 + 200))  # a longer context: a wider table (512 blocks, not 128), its rows overlapping
     assert stage([b, trimmed, wide]) == 2 + 3 + 200
     assert stage([b, trimmed]) == 5  # back to the narrow width: its rows were overwritten, written again
+
+
+def test_rows_after_a_finished_one_move_in_the_buffer_and_only_new_ids_are_written():
+    graphs = StepGraphs(torch.nn.Identity(), 8, 256, 4096, 8, torch.device("cpu"))
+    tables = [list(range(100 * r, 100 * r + 60 + r)) for r in range(7)]
+
+    def stage(step: list[list[int]]) -> tuple[int, int]:
+        flat = _decode_step(step)
+        key = graphs.pick(flat)
+        ids, rows = graphs.table_ids_staged, graphs.table_rows_moved
+        graphs._stage(flat, key)
+        staged = graphs._metadata(key).block_tables
+        assert [staged[i, : len(t)].tolist() for i, t in enumerate(step)] == step  # what the graph reads
+        return graphs.table_ids_staged - ids, graphs.table_rows_moved - rows
+
+    assert stage(tables) == (sum(map(len, tables)), 0)
+    tables[4].append(7777)
+    # rows 0 and 2 finished: 1 moves to 0, 3.. to 2..; one new id; writing the moved lists took 300+ ids
+    assert stage([tables[1], *tables[3:]]) == (1, 5)
+    assert stage([tables[1], *tables[3:]]) == (0, 0)
+    # one finished, and a table that was never staged joins at the end: the rows after the hole move, the new one
+    # is written whole
+    step = [tables[1], tables[3], *tables[5:], list(range(900, 950))]
+    assert stage(step) == (50, 2)
+    # a row moved down (a request scheduled before it): written from its list
+    assert stage([tables[5], tables[1]]) == (len(tables[1]), 1)
 
 
 def test_the_block_manager_never_changes_a_table_list_but_by_appending():
