@@ -4,6 +4,7 @@ request's whole output again at each step."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from flotilla.engine.llm_engine import LLMEngine
@@ -12,14 +13,18 @@ from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 
 V = 40
+# The tables live on the sampler's device.
+NEEDS_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)]
 
 
 def _request(name: str, prompt: list[int]) -> Request:
     return Request(name, prompt, SamplingParams(repetition_penalty=1.2))
 
 
-def test_rows_hold_each_requests_counts_and_take_only_new_tokens():
-    counts = PenaltyCounts(torch.device("cpu"))
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_hold_each_requests_counts_and_take_only_new_tokens(device):
+    counts = PenaltyCounts(torch.device(device))
     a, b = _request("a", [1, 2, 2]), _request("b", [5])
     rng = np.random.default_rng(0)
     for step in range(30):
@@ -62,18 +67,35 @@ def _generate(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]
     return [done[i] for i in ids]
 
 
-def test_kept_counts_give_the_tokens_of_a_recount_at_every_step(tiny_model_dirs):
+@pytest.mark.parametrize("device", DEVICES)
+def test_kept_counts_give_the_tokens_of_a_recount_at_every_step(tiny_model_dirs, device):
     # Greedy and seeded draws, n=2, a request without penalties beside them, and preemptions (a tight pool).
-    kwargs = dict(max_model_len=96, block_size=8, max_num_seqs=6, num_gpu_blocks_override=16,
-                  enable_prefix_caching=False)
+    kwargs = dict(
+        max_model_len=96,
+        block_size=8,
+        max_num_seqs=6,
+        num_gpu_blocks_override=16,
+        enable_prefix_caching=False,
+        device=device,
+    )
     rng = np.random.default_rng(1)
     requests = []
     for i in range(6):
         prompt = rng.integers(3, 900, size=8 + 3 * i).tolist()
-        penalties = [{"repetition_penalty": 1.6}, {"frequency_penalty": 1.1, "presence_penalty": 0.7},
-                     {"repetition_penalty": 0.7, "frequency_penalty": -0.8}, {}][i % 4]
-        params = SamplingParams(temperature=0 if i % 2 else 1.0, seed=i, n=2 if i == 2 else 1,
-                                max_tokens=24 + 4 * i, ignore_eos=True, **penalties)
+        penalties = [
+            {"repetition_penalty": 1.6},
+            {"frequency_penalty": 1.1, "presence_penalty": 0.7},
+            {"repetition_penalty": 0.7, "frequency_penalty": -0.8},
+            {},
+        ][i % 4]
+        params = SamplingParams(
+            temperature=0 if i % 2 else 1.0,
+            seed=i,
+            n=2 if i == 2 else 1,
+            max_tokens=24 + 4 * i,
+            ignore_eos=True,
+            **penalties,
+        )
         requests.append((prompt, params))
     kept = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), **kwargs)
     got = _generate(kept, requests)
