@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -461,7 +461,8 @@ class OpenAIServing:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
                                           self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids,
-                                          include_reasoning=req.include_reasoning)
+                                          include_reasoning=req.include_reasoning,
+                                          logprobs_of=self._logprobs_of(req) if req.logprobs else None)
             else:
                 chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
@@ -522,6 +523,11 @@ class OpenAIServing:
             total = counted_usage(len(last.prompt_token_ids), state.completion_tokens)
             yield chunk([], usage=self._cached(total, last.num_cached_tokens))
         yield "data: [DONE]\n\n"
+
+    def _logprobs_of(self, req: ChatCompletionRequest) -> Callable[[list[int], list[Any]], dict[str, Any]]:
+        """A chat stream's chunk logprobs of some tokens, as `_chat_logprobs` gives them for this request."""
+        top, as_ids = req.top_logprobs or 0, req.return_tokens_as_token_ids
+        return lambda token_ids, entries: self._chat_logprobs(token_ids, entries, top, as_ids)
 
     def _chat_logprobs(self, token_ids: list[int], entries: list[dict[int, tuple[float, int]]] | None, top: int,
                        as_ids: bool = False) -> dict[str, Any]:

@@ -10,7 +10,7 @@ choice finishes, one `delta.tool_calls` entry per call, and the choice ends with
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
@@ -21,6 +21,9 @@ from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.sse import ChunkFormat, json_text
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
+
+# A step's token ids and their logprob entries as a chunk's `logprobs` (OpenAI's `{"content": [...]}`).
+LogprobsOf = Callable[[list[int], list[Any]], dict[str, Any]]
 
 
 def constrain_for_tools(plan: ToolPlan, sp: SamplingParams) -> SamplingParams:
@@ -53,7 +56,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                            prompt_tokens_details: bool = False, role: str = "assistant",
                            opening: dict[str, int] | None = None,
                            prompt_ids: list[int] | None = None, *,
-                           include_reasoning: bool = True) -> AsyncIterator[str]:
+                           include_reasoning: bool = True,
+                           logprobs_of: LogprobsOf | None = None) -> AsyncIterator[str]:
     """SSE chunks for a chat request with tools or a reasoning parser (`head` is the response's
     ChunkFormat); thinking streams as `delta.reasoning` (and `delta.reasoning_content`) before the answer.
     `prompt_tokens_details`: the usage chunk reports cached prompt tokens (--enable-prompt-tokens-details); `role` is
@@ -61,10 +65,14 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     (serving.opening_usage), and then every chunk carries its choice's usage so far, as vLLM's (the role chunks
     included); `prompt_ids`: with return_token_ids, the prompt's ids, sent on the role chunks, and then each choice's
     new token ids ride on its first chunk of each step (an empty-delta chunk when the parser holds the text back), as
-    vLLM sends every step's ids. `include_reasoning` false (vLLM's field): the thinking is parsed apart but not sent."""
+    vLLM sends every step's ids. `include_reasoning` false (vLLM's field): the thinking is parsed apart but not sent.
+    `logprobs_of` (the request asked for logprobs): each step's tokens' logprobs ride on the choice's first chunk of
+    that step, as the ids do (an empty-delta chunk when the parsers hold the text back), so that joined they are the
+    non-streamed reply's."""
     # `stream` yields delta outputs (each step's news), which each choice's parsers take in turn
     tokens = [0] * n  # each choice's completion tokens so far, for the usage
     unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
+    unlogged: list[tuple[list[int], list[Any]]] = [([], []) for _ in range(n)]  # the same for the logprobs
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
               stop_reason: int | str | None = None) -> str:
@@ -72,6 +80,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                   "stop_reason": stop_reason}
         if prompt_ids is not None and "role" not in delta:
             choice["token_ids"], unsent[index] = unsent[index], []
+        if logprobs_of is not None and unlogged[index][0]:
+            choice["logprobs"], unlogged[index] = logprobs_of(*unlogged[index]), ([], [])
         usage = ""
         if opening is not None:
             prompt = opening["prompt_tokens"]
@@ -94,6 +104,9 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                     continue
                 if prompt_ids is not None:
                     unsent[c.index] += c.token_ids
+                if logprobs_of is not None:
+                    unlogged[c.index][0].extend(c.token_ids)
+                    unlogged[c.index][1].extend(c.logprobs or [])
                 tokens[c.index] += len(c.token_ids)
                 answer = c.text
                 if state.thinking is not None:
@@ -102,7 +115,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                         step.append(chunk(c.index, thinking(split.reasoning)))
                     answer = split.content or ""
                 step += _choice_chunks(plan, c, answer, state, chunk)
-                if unsent[c.index]:  # the parser held this step's text back: its ids still go out
+                if unsent[c.index] or unlogged[c.index][0]:  # the parser held this step's text back: its ids
+                    # and logprobs still go out
                     step.append(chunk(c.index, {}))
             if step:
                 yield "".join(step)

@@ -175,6 +175,26 @@ def test_include_reasoning_false_leaves_the_thinking_out_as_vllm(thinking_server
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+@pytest.mark.parametrize("parsed", ["reasoning", "tools"])
+def test_a_parsed_chat_stream_carries_the_logprobs_the_reply_has_as_vllm(thinking_server, tool_server, parsed):
+    # vLLM streams each step's logprobs on its chunk when a reasoning or tool parser reads the stream too; these
+    # streams (every chat stream on a --reasoning-parser server, any with tools on an auto-tool-choice one) sent
+    # logprobs null on every chunk, while the non-streamed reply had them. Joined, they are the reply's.
+    from openai import OpenAI
+
+    server, model = (thinking_server, "tiny") if parsed == "reasoning" else (tool_server, "x")
+    oai = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}] if parsed == "tools" else None
+    kw = {"model": model, "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "logprobs": True,
+          "top_logprobs": 2, "extra_body": {"min_tokens": 6}, **({"tools": tools} if tools else {})}
+    oai.chat.completions.create(**kw)  # puts the prompt in the prefix cache for both compared replies (numerics alike)
+    whole = oai.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = [c.choices[0] for c in oai.chat.completions.create(**kw, stream=True) if c.choices]
+    streamed = [entry for c in chunks if c.logprobs for entry in c.logprobs.content]
+    assert len(whole) == 6 and streamed == whole
+
+
 def test_responses_return_the_thinking_as_a_reasoning_item_as_vllm(thinking_server):
     # vLLM's Responses API with --reasoning-parser: a `reasoning` output item (one `reasoning_text` content part, no
     # summary) before the message, streamed as response.reasoning_text.delta / .done; the route kept the thinking
