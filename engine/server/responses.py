@@ -20,7 +20,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
@@ -35,6 +35,7 @@ from flotilla.engine.server.responses_items import (
     chat_response_format,
     chat_tool_choice,
     chat_tools,
+    event_logprobs,
     function_call_item,
     input_messages,
     message_item,
@@ -42,12 +43,12 @@ from flotilla.engine.server.responses_items import (
     reasoning_part,
     text_part,
 )
-from flotilla.engine.server.sampling_request import sampling_params
+from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.serving import OpenAIServing, admitted
 from flotilla.engine.server.sse import json_text
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
-from flotilla.engine.server.tool_stream import constrain_for_tools
+from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools
 from flotilla.validation_messages import describe
 
 # Responses kept for `previous_response_id` and GET; each holds its conversation's text.
@@ -56,6 +57,11 @@ STORE_CAPACITY = 1024
 # of up to a body's 8 MiB each (a whole conversation, `metadata`, `instructions`) could otherwise hold 8 GiB.
 STORE_MAX_BYTES = 256 * 2**20
 STORE_MAX_BYTES_ENV = "FLOTILLA_RESPONSES_STORE_BYTES"
+# The `include` value asking for the output text's logprobs; the others are vLLM's accepted set (OpenAI's).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+IncludeValue = Literal["code_interpreter_call.outputs", "computer_call_output.output.image_url",
+                       "file_search_call.results", "message.input_image.image_url", "message.output_text.logprobs",
+                       "reasoning.encrypted_content"]
 
 
 class ResponsesRequest(_RequestBody):
@@ -91,14 +97,28 @@ class ResponsesRequest(_RequestBody):
     # returns the reasoning item all the same); ignoring it would answer 200 with the thinking the client asked to
     # leave out: a 400 (`_refuse_unservable`). True is what this route does anyway.
     include_reasoning: bool = True
+    # Output logprobs, as vLLM's: asked for by `include` naming OUTPUT_LOGPROBS, each token with `top_logprobs`
+    # alternatives (0: the token alone). vLLM's other `include` values are accepted and add nothing here: this
+    # server makes none of the items they name (no built-in tool calls, no images, no encrypted reasoning).
+    include: list[IncludeValue] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's --max-logprobs default, chat's bound
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
-    """400 for `include_reasoning: false` (see the field): vLLM's Responses API has no way to leave the thinking out."""
+    """400 for `include_reasoning: false` (see the field): vLLM's Responses API has no way to leave the thinking out;
+    and for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
+    `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked)."""
+    if req.top_logprobs and not _wants_logprobs(req):
+        raise APIError(400, f"top_logprobs needs include: [\"{OUTPUT_LOGPROBS}\"] (the Responses API returns "
+                            "logprobs only when include asks for them)", param="top_logprobs")
     if not req.include_reasoning:
         raise APIError(400, "include_reasoning false is not supported on /v1/responses: it is a chat completions "
                             "field; the Responses API (vLLM's too) returns the thinking as a reasoning item (use "
                             "/v1/chat/completions with --reasoning-parser, or leave it out)", param="include_reasoning")
+
+
+def _wants_logprobs(req: ResponsesRequest) -> bool:
+    return OUTPUT_LOGPROBS in (req.include or [])
 
 
 @dataclass
@@ -164,16 +184,22 @@ class ResponsesServing:
                 messages=[ChatMessage(**m) for m in system + conversation], temperature=req.temperature,
                 top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
                 seed=req.seed, tools=tools, tool_choice=chat_tool_choice(req.tool_choice, bool(tools)),
-                parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text))
+                parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text),
+                logprobs=_wants_logprobs(req), top_logprobs=req.top_logprobs)
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
         plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser,
                           self.serving.exclude_tools_when_tool_choice_none)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
-                                                       self.serving.max_model_len, None,
+                                                       self.serving.max_model_len,
+                                                       (req.top_logprobs or 0) if chat.logprobs else None,
                                                        defaults=self.serving.default_sampling,
                                                        max_tokens_cap=self.serving.max_tokens_cap))
+        [sp] = check_logprob_entries([len(prompt.token_ids)], [sp], 1, "input", "top_logprobs",
+                                     max_tokens_given=req.max_output_tokens is not None)
+        # The output text's logprobs, chat's conversion: every generated token's, the thinking's and calls' too (vLLM)
+        logprobs = self.serving.logprobs_of(chat) if chat.logprobs else None
         # Only the end is read, or each step's news (which the stream's parsers take in turn): never the output so far
         sp = sp.model_copy(update={"output_kind": "delta" if req.stream else "final_only"})
         response_id = _response_id(req.request_id, header_id)
@@ -183,7 +209,7 @@ class ResponsesServing:
             **engine_kwargs(req.priority, req.cache_salt)))
         reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
         if req.stream:
-            return self._events(req, base, plan, reasoning, stream, conversation)
+            return self._events(req, base, plan, reasoning, stream, conversation, logprobs)
         final = None
         try:
             async for output in stream:
@@ -197,8 +223,11 @@ class ResponsesServing:
             text, thought = split.content or "", split.reasoning
         content, calls = _split(plan, text)
         status = _status(final)
+        out = final.outputs[0]
+        entries = logprobs(out.token_ids, out.logprobs or [])["content"] if logprobs is not None else None
         items = _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
-                              [function_call_item(c, status) for c in calls], status, reasoning_item(thought))
+                              [function_call_item(c, status) for c in calls], status, reasoning_item(thought),
+                              entries)
         return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
@@ -217,25 +246,31 @@ class ResponsesServing:
         return response
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
-                      reasoning: ReasoningParser | None, stream: Any,
-                      conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
+                      reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],
+                      logprobs: LogprobsOf | None = None) -> AsyncIterator[str]:
         """The Responses event stream, numbered by `sequence_number`. Thinking (with a reasoning parser) streams as
         `reasoning_text.delta`s of a reasoning item, closed before the answer's first event. Text that is surely
         content streams as `output_text.delta`s of a message item; a named function's arguments stream as
         `function_call_arguments.delta`s as they are generated; calls the parser or the `required`
         grammar yields are sent when the output ends, each as its own function_call item. `stream` yields delta
         outputs (each step's news): the parsers' state (`ReasoningStream`, `ToolPlan.stream`) takes them in turn,
-        and the answer is joined and parsed once, at the end."""
+        and the answer is joined and parsed once, at the end. With `logprobs`, each text delta carries the logprobs of
+        the tokens generated since the last one (the thinking's and calls' included, as the message's part holds
+        them all); those left at the end ride on the message's last delta (one with no text if none is left)."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
         message_id, opened, named, final, tokens = f"msg_{uuid.uuid4().hex}", False, None, None, 0
         thinking = _StreamedReasoning(reasoning) if reasoning is not None else None
         answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
+        entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
+        logged = 0
         try:
             async for output in stream:
                 final = output
                 tokens += len(output.outputs[0].token_ids)
+                if logprobs is not None:
+                    entries += logprobs(output.outputs[0].token_ids, output.outputs[0].logprobs or [])["content"]
                 new = output.outputs[0].text
                 if thinking is not None:
                     events, new = thinking.feed(ev, new, output.outputs[0].finish_reason is not None)
@@ -258,7 +293,8 @@ class ResponsesServing:
                         for event in _open_message(ev, message_id, index):
                             yield event
                     yield ev("response.output_text.delta", item_id=message_id, output_index=index, content_index=0,
-                             delta=news, logprobs=[])
+                             delta=news, logprobs=event_logprobs(entries[logged:]))
+                    logged = len(entries)
         finally:
             await stream.aclose()
         assert final is not None
@@ -272,13 +308,14 @@ class ResponsesServing:
             call_items = [function_call_item(c, status) for c in calls]
         message_text = (text[:sent] if opened else content) if calls else text
         thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None else None
-        items = _output_items(message_id, message_text, call_items, status, thought)
+        items = _output_items(message_id, message_text, call_items, status, thought,
+                              entries if logprobs is not None else None)
         response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
             if item["type"] == "reasoning":  # streamed and closed already
                 continue
             if item["type"] == "message":
-                for event in _close_message(ev, item, index, opened, sent):
+                for event in _close_message(ev, item, index, opened, sent, entries[logged:]):
                     yield event
                 continue
             where = {"item_id": item["id"], "output_index": index}
@@ -356,15 +393,17 @@ def _open_message(ev: _Numbered, item_id: str, output_index: int) -> list[str]:
                part=text_part(""))]
 
 
-def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool, sent: int) -> list[str]:
-    """The message item's (output `index`) last events: its unsent text (opened now if nothing streamed), then the
-    dones."""
+def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool, sent: int,
+                   unlogged: list[dict[str, Any]]) -> list[str]:
+    """The message item's (output `index`) last events: its unsent text and `unlogged` logprobs (opened now if
+    nothing streamed), then the dones."""
     where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-    text = item["content"][0]["text"]
+    text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
     events = [] if opened else _open_message(ev, item["id"], index)
-    if len(text) > (sent if opened else 0):
-        events.append(ev("response.output_text.delta", **where, delta=text[sent if opened else 0:], logprobs=[]))
-    events += [ev("response.output_text.done", **where, text=text, logprobs=[]),
+    if len(text) > (sent if opened else 0) or unlogged:
+        events.append(ev("response.output_text.delta", **where, delta=text[sent if opened else 0:],
+                         logprobs=event_logprobs(unlogged)))
+    events += [ev("response.output_text.done", **where, text=text, logprobs=event_logprobs(logprobs)),
                ev("response.content_part.done", **where, part=text_part(text)),
                ev("response.output_item.done", output_index=index, item=item)]
     return events
@@ -380,11 +419,12 @@ def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
 
 
 def _output_items(message_id: str, message_text: str | None, call_items: list[dict[str, Any]],
-                  status: str, thought: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  status: str, thought: dict[str, Any] | None = None,
+                  logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The response's output: the reasoning item (when there was thinking), the message (when it has text, or when
-    there is nothing else), then the calls; vLLM's order."""
+    there is nothing else; its text's part carries `logprobs`), then the calls; vLLM's order."""
     alone = not call_items and thought is None
-    message = [message_item(message_id, message_text or "", status)] if message_text or alone else []
+    message = [message_item(message_id, message_text or "", status, logprobs)] if message_text or alone else []
     return ([thought] if thought else []) + message + call_items
 
 

@@ -168,15 +168,24 @@ def assistant_turn(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"role": "assistant", "content": text or (None if calls else ""), **({"tool_calls": calls} if calls else {})}
 
 
-def text_part(text: str) -> dict[str, Any]:
-    """An `output_text` content part."""
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An `output_text` content part; `logprobs`: its tokens' (chat's entries), when the request included them."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(message_id: str, text: str | None, status: str) -> dict[str, Any]:
+def message_item(message_id: str, text: str | None, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The assistant's `message` output item (no content part yet when `text` is None)."""
-    content = [] if text is None else [text_part(text)]
+    content = [] if text is None else [text_part(text, logprobs)]
     return {"id": message_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def event_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat's logprob entries as an `output_text.delta`/`.done` event's, vLLM's shape: token, logprob and the
+    alternatives' token and logprob (no `bytes`, which only the content part's entries have)."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]]}
+            for e in entries]
 
 
 def reasoning_item(text: str | None, item_id: str | None = None,

@@ -462,7 +462,7 @@ class OpenAIServing:
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
                                           self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids,
                                           include_reasoning=req.include_reasoning,
-                                          logprobs_of=self._logprobs_of(req) if req.logprobs else None)
+                                          logprobs_of=self.logprobs_of(req) if req.logprobs else None)
             else:
                 chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
@@ -524,8 +524,9 @@ class OpenAIServing:
             yield chunk([], usage=self._cached(total, last.num_cached_tokens))
         yield "data: [DONE]\n\n"
 
-    def _logprobs_of(self, req: ChatCompletionRequest) -> Callable[[list[int], list[Any]], dict[str, Any]]:
-        """A chat stream's chunk logprobs of some tokens, as `_chat_logprobs` gives them for this request."""
+    def logprobs_of(self, req: ChatCompletionRequest) -> Callable[[list[int], list[Any]], dict[str, Any]]:
+        """Chat's logprobs (`{"content": [...]}`) of some tokens, as `_chat_logprobs` gives them for this request: a
+        chat stream's chunks' and the Responses API's output text's."""
         top, as_ids = req.top_logprobs or 0, req.return_tokens_as_token_ids
         return lambda token_ids, entries: self._chat_logprobs(token_ids, entries, top, as_ids)
 
