@@ -452,6 +452,8 @@ def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, 
             "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice,
             "tools": req.tools or [], "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "truncation": "disabled", "store": req.store,
+            # vLLM's echo: the logprobs asked for (null when `include` does not ask)
+            "top_logprobs": (req.top_logprobs or 0) if _wants_logprobs(req) else None,
             "user": req.user, "output": [], "usage": None}
 
 

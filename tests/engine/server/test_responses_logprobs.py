@@ -35,6 +35,7 @@ def test_output_text_logprobs_equal_chats_with_top_logprobs_alternatives(client)
     assert all(len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode()) for e in part.logprobs)
     assert all(e.top_logprobs[0].logprob >= e.logprob for e in part.logprobs)  # greedy: the token is the best
     _same(part.logprobs, _chat_logprobs(client, 3, 6))
+    assert response.top_logprobs == 3  # echoed, as vLLM's
 
 
 def test_include_alone_gives_the_tokens_logprobs_without_alternatives(client):
@@ -46,6 +47,7 @@ def test_include_alone_gives_the_tokens_logprobs_without_alternatives(client):
     # Not asked for: none, as before (and as vLLM)
     plain = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=4, temperature=0)
     assert plain.output[0].content[0].logprobs == []
+    assert response.top_logprobs == 0 and plain.top_logprobs is None
 
 
 def test_stream_deltas_carry_the_logprobs_of_their_tokens(client):
