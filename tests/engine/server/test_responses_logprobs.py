@@ -95,3 +95,19 @@ def test_vllms_other_include_values_are_accepted(client):
     response = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=2, store=False,
                                        include=["reasoning.encrypted_content", "file_search_call.results"])
     assert response.output[0].content[0].logprobs == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_function_call_with_logprobs_asked_is_served_without_a_message(client, stream):
+    # The call's tokens have no output_text to ride on (vLLM's too): the call is served as without them
+    tool = {"type": "function", "name": "paint", "parameters": {"type": "object", "properties": {
+        "colour": {"type": "string"}}, "required": ["colour"]}}
+    kw = {"model": "tiny", "input": QUESTION, "max_output_tokens": 40, "temperature": 0, "tools": [tool],
+          "tool_choice": {"type": "function", "name": "paint"}, "include": INCLUDE, "top_logprobs": 2}
+    if stream:
+        events = list(client.responses.create(**kw, stream=True))
+        assert not [e for e in events if e.type.startswith("response.output_text")]
+        response = events[-1].response
+    else:
+        response = client.responses.create(**kw)
+    assert [item.type for item in response.output] == ["function_call"]
