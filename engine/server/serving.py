@@ -302,9 +302,10 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             lora = self.lora_for(model)
-            streams = [await admitted(self.engine.generate(p.token_ids, _streamed(sp), f"{engine_id}-{i}", p.text, lora,
-                                                           **extras))
-                       for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+            # Every prompt is submitted before any is waited on (their prefills can share engine steps), as vLLM
+            streams = await admitted_all([self.engine.generate(p.token_ids, _streamed(sp), f"{engine_id}-{i}", p.text,
+                                                               lora, **extras)
+                                          for i, (p, sp) in enumerate(zip(prompts, params, strict=True))])
             return self._stream_completions(req, prompts, streams, request_id, created, model)
         finals = [asyncio.ensure_future(self._final(p, sp, f"{engine_id}-{i}", model, extras))
                   for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
@@ -576,17 +577,38 @@ async def admitted(stream: AsyncGenerator[RequestOutput]) -> AsyncGenerator[Requ
     The engine validates prompts when it queues them; waiting for the first output turns a refusal
     into an error before the response starts (a 400, not an error event inside a 200 stream).
     """
-    first = await anext(stream)
+    return _from_first(await anext(stream), stream)
 
-    async def from_first() -> AsyncGenerator[RequestOutput]:
-        try:
-            yield first
-            async for item in stream:
-                yield item
-        finally:
-            await stream.aclose()  # aborts the request when the client leaves early
 
-    return from_first()
+async def admitted_all(streams: list[AsyncGenerator[RequestOutput]]) -> list[AsyncGenerator[RequestOutput]]:
+    """`admitted` for several requests at once: all are submitted before any output is awaited, and the streams
+    come back once the engine has accepted every one. When any is refused (or the caller is cancelled), every
+    request is closed (aborted, its KV blocks freed) before the error is raised."""
+    firsts = [asyncio.ensure_future(_first(stream)) for stream in streams]
+    try:
+        outputs = await asyncio.gather(*firsts)
+    except BaseException:
+        for task in firsts:  # gather leaves the others running: a request admitted meanwhile must not generate on
+            task.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)
+        for stream in streams:  # aborts a request whose first output was in (a cancelled one is closed already)
+            await stream.aclose()
+        raise
+    return [_from_first(first, stream) for first, stream in zip(outputs, streams, strict=True)]
+
+
+async def _first(stream: AsyncGenerator[RequestOutput]) -> RequestOutput:
+    return await anext(stream)
+
+
+async def _from_first(first: RequestOutput, stream: AsyncGenerator[RequestOutput]) -> AsyncGenerator[RequestOutput]:
+    """`stream` again from its `first` output, already taken; closing it closes (aborts) the request."""
+    try:
+        yield first
+        async for item in stream:
+            yield item
+    finally:
+        await stream.aclose()  # aborts the request when the client leaves early
 
 
 async def merge(streams: list[AsyncGenerator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
