@@ -827,12 +827,31 @@ def test_an_orphan_claimed_while_being_adopted_is_left_to_its_new_owner(operator
     assert condition(op.kube.get(fis_path(namespace, "claimed")), "Progressing")["reason"] == "OwnershipConflict"
 
 
+def _settled(op, path: str) -> dict[str, Any]:
+    """The Deployment at `path` once the Deployment controller is done with it: its status describes this generation
+    and its ReplicaSet's replicas. Until then each of the controller's writes (the revision annotation, the status
+    once the ReplicaSet exists, again once it has its pods) changes the resourceVersion an adoption expects, so every
+    attempt of a reconcile may fail its precondition (on a loaded machine those writes come late and spread out)."""
+    def settled() -> dict[str, Any] | None:
+        found = op.kube.get(path)
+        status = (found or {}).get("status") or {}
+        if found is None or status.get("observedGeneration") != found["metadata"]["generation"]:
+            return None
+        replicas = found["spec"]["replicas"]
+        done = status.get("replicas", 0) == status.get("updatedReplicas", 0) == replicas
+        return found if done and {c["type"] for c in status.get("conditions", [])} >= {"Available", "Progressing"} \
+            else None
+
+    return wait_for(settled, 60, f"the Deployment controller to settle {path}")
+
+
 def test_an_orphan_left_unchanged_is_still_adopted_with_the_precondition(operator_process, op, namespace):
     """The precondition holds when nothing changed: the orphan is adopted (same object, this owner reference)."""
     operator_process.stop()
     op.apply(fixed("kept", namespace, replicas=1))
     body = op.kube.get(fis_path(namespace, "kept"))
     orphan = op.apply(build_deployment(InferenceServiceSpec.model_validate(body["spec"]), "kept", namespace))
+    _settled(op, child_path("Deployment", namespace, "kept"))
     events: list[tuple[str, str]] = []
     _quiet_reconciler(Kube(op.kube.api), events).reconcile(namespace, "kept")
     adopted = op.kube.get(child_path("Deployment", namespace, "kept"))
@@ -906,6 +925,7 @@ def test_an_orphan_created_after_the_check_is_adopted_on_the_next_attempt(operat
     def create() -> None:
         made.append(op.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments",
                                     build_deployment(spec, "late", namespace)))
+        _settled(op, path)  # the next attempt then reads the orphan as it stays
 
     events: list[tuple[str, str]] = []
     _quiet_reconciler(_CreatedAfterDryRun(op.kube.api, path, create), events).reconcile(namespace, "late")
