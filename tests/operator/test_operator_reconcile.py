@@ -165,9 +165,10 @@ def test_status_conditions_and_printer_columns(op, namespace):
     # No engine pod runs here, so there are no serving figures yet: those cells are empty.
     assert doc["rows"][0]["cells"][:11] == ["llama", "False", "ReplicasNotReady", 0, "llama-8b", 2, None, None, None,
                                             None, f"http://llama.{namespace}.svc.cluster.local:8000"]
-    events = op.kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
-    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "llama"}
-    assert {"Created", "SpecAccepted", "Fits"} <= reasons
+    # Events are posted through kopf's queue, a moment after the writes they tell of.
+    wait_for(lambda: {"Created", "SpecAccepted", "Fits"} <= {
+        e["reason"] for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+        if e["involvedObject"]["name"] == "llama"}, 30, "the Created, SpecAccepted and Fits Events")
 
 
 def test_simulated_readiness_turns_ready_true_and_back(op, namespace):
