@@ -467,6 +467,10 @@ def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
              20, "the autoscaled spec reconciled")
     deployment = op.kube.get(path)
     assert deployment["spec"]["replicas"] == 3
+    # The Deployment controller makes and scales the ReplicaSet on its own time: read it once that controller has
+    # acted on the Deployment as it is now.
+    wait_for(lambda: (op.kube.get(path).get("status") or {}).get("observedGeneration", 0)
+             >= deployment["metadata"]["generation"], 30, "the Deployment controller to catch up")
     replica_sets = op.kube.list(f"/apis/apps/v1/namespaces/{namespace}/replicasets")
     assert [rs["spec"]["replicas"] for rs in replica_sets if rs["metadata"]["name"].startswith("grows-")] == [3]
 
