@@ -145,7 +145,10 @@ def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(ope
         time.sleep(3)  # three periods of the serving reader: it has seen the problem
         report(cluster, namespace, pod, containerStatuses=engine_status({"waiting": {"reason": "ContainerCreating"}}))
         ready_condition(cluster, namespace, "quiet", "ReplicasNotReady", "0 of 1 replicas ready")
-        assert [e["type"] for e in events(cluster, namespace, "quiet", "ReplicasNotReady")] == ["Normal"]
+        # The Event is posted after the status patch (through kopf's queue, or by the reader's thread): wait for it.
+        notready = wait_for(lambda: events(cluster, namespace, "quiet", "ReplicasNotReady"), 30,
+                            "the ReplicasNotReady Event")
+        assert [e["type"] for e in notready] == ["Normal"]
 
 
 def test_a_problem_another_triggers_reconcile_wrote_is_cleared_by_the_serving_reader(operator_process, cluster,
