@@ -273,7 +273,7 @@ def _blocked(cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
     assert condition(body, "Degraded")["status"] == "True"
     # Events are posted through kopf's queue, a moment after the status.
     warnings = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                                 if e["involvedObject"]["name"] == name and e["reason"] == reason], 10,
+                                 if e["involvedObject"]["name"] == name and e["reason"] == reason], 30,
                         f"a {reason} Event")
     assert warnings[0]["type"] == "Warning"
     assert warnings[0]["message"] == f"Degraded=True: {condition(body, 'Degraded')['message']}"
@@ -364,7 +364,7 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
                     == "False" and b, 20, "Valid=False")
     assert condition(body, "Valid")["message"] == CORPUS["zero-head-size"][3]
     events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 10,
+                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 30,
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")

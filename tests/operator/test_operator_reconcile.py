@@ -112,7 +112,7 @@ def test_children_and_owner_references_without_prometheus_operator_or_keda(op, n
     assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
     assert objs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
     status = wait_for(lambda: (op.kube.get(fis_path(namespace, "llama")).get("status") or {}).get("autoscaler")
-                      and op.kube.get(fis_path(namespace, "llama"))["status"], 10, "status")
+                      and op.kube.get(fis_path(namespace, "llama"))["status"], 30, "status")
     assert status["autoscaler"] == "HPA (autoscaling/v2beta2)"
     assert status["monitoring"] == "no ServiceMonitor: monitoring.coreos.com/v1 is not installed"
 
@@ -128,7 +128,7 @@ def test_servicemonitor_and_keda_scaledobject_when_their_crds_exist(op, namespac
         f'sum(vllm:num_requests_waiting{{namespace="{namespace}",serving_flotilla_dev_inferenceservice="llama"}})'
     assert all(o["metadata"]["ownerReferences"][0]["name"] == "llama" for o in objs.values())
     status = wait_for(lambda: (op.kube.get(fis_path(namespace, "llama")).get("status") or {}).get("autoscaler"),
-                      10, "status")
+                      30, "status")
     assert status == "KEDA ScaledObject (keda.sh/v1alpha1)"
     # KEDA makes its own HPA from the ScaledObject: the operator makes none.
     assert op.kube.get(child_path("HorizontalPodAutoscaler", namespace, "llama")) is None
@@ -212,7 +212,7 @@ def test_scaled_to_zero_by_hand_reads_scaled_to_zero_not_progressing(op, namespa
                     "Degraded": ("False", "AsExpected")}
     events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                                if e["involvedObject"]["name"] == "llama" and e["reason"] == "ScaledToZero"],
-                      10, "the ScaledToZero Event")
+                      30, "the ScaledToZero Event")
     assert {e["type"] for e in events} == {"Normal"}
 
     op.kube.request("PATCH", f"{fis_path(namespace, 'llama')}/scale", {"spec": {"replicas": 1}}, None,
@@ -301,7 +301,7 @@ def test_scaling_an_autoscaled_inferenceservice_to_zero_suspends_the_autoscaler_
     assert condition({"status": status}, "Ready")["message"].endswith("autoscaling is suspended until it is 1 or more")
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "auto" and e["reason"] == "Deleted"
-                      and autoscaler in e["message"]], 10, "the Event of the autoscaler's removal")
+                      and autoscaler in e["message"]], 30, "the Event of the autoscaler's removal")
 
     _scale(op, namespace, "auto", 1)
     wait_children(op, namespace, "auto", [autoscaler])
@@ -336,7 +336,7 @@ def test_spec_update_rolls_the_deployment_under_the_same_name(op, namespace):
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
     body = op.kube.get(fis_path(namespace, "llama"))
     wait_for(lambda: op.kube.get(fis_path(namespace, "llama"))["status"]["observedGeneration"]
-             == body["metadata"]["generation"], 10, "observedGeneration")
+             == body["metadata"]["generation"], 30, "observedGeneration")
     # The Deployment controller starts a new ReplicaSet for the new pod template (a rollout).
     wait_for(lambda: len(op.kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/replicasets")["items"]) == 2,
              20, "a second ReplicaSet")
@@ -355,7 +355,7 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
     for kind in ("Service", "PodDisruptionBudget", "Deployment"):
         op.kube.delete(child_path(kind, namespace, "llama"))
         back = wait_for(lambda k=kind: (o := op.kube.get(child_path(k, namespace, "llama")))
-                        and o["metadata"]["uid"] != objs[k]["metadata"]["uid"] and o, 10, f"{kind} back")
+                        and o["metadata"]["uid"] != objs[k]["metadata"]["uid"] and o, 30, f"{kind} back")
         assert back["metadata"]["ownerReferences"][0]["name"] == "llama"
     # Hand edits, as `kubectl edit`/`kubectl scale` would make them.
     path = child_path("Deployment", namespace, "llama")
@@ -363,14 +363,14 @@ def test_hand_deleted_and_hand_edited_children_are_put_back(op, namespace):
         {"name": "engine", "image": "evil:latest"}]}}}}, content_type="application/strategic-merge-patch+json")
     wait_for(lambda: (d := op.kube.get(path))["spec"]["replicas"] == 2
              and d["spec"]["template"]["spec"]["containers"][0]["image"] == LLAMA["spec"].get(
-                 "image", ENGINE_IMAGE), 10, "the Deployment restored")
+                 "image", ENGINE_IMAGE), 30, "the Deployment restored")
     # Server-side apply takes back every field the operator sets; fields it does not set (an extra
     # port added by hand under another key) are left to whoever added them.
     svc = child_path("Service", namespace, "llama")
     op.kube.request("PATCH", svc, {"spec": {"selector": {"serving.flotilla.dev/inferenceservice": "other"}}},
                     content_type="application/merge-patch+json")
     wait_for(lambda: op.kube.get(svc)["spec"]["selector"] == {"serving.flotilla.dev/inferenceservice": "llama"},
-             10, "the Service restored")
+             30, "the Service restored")
 
 
 def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
@@ -428,7 +428,7 @@ def test_pods_the_apiserver_refuses_reach_status_and_an_event(op, namespace, obs
     assert condition(body, "Progressing")["status"] == "False"
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "refused" and e["reason"] == "PodsRefused"
-                      and e["type"] == "Warning" and fragment in e["message"]], 15, "a PodsRefused Event")
+                      and e["type"] == "Warning" and fragment in e["message"]], 30, "a PodsRefused Event")
 
 
 def test_a_rollout_past_its_progress_deadline_reaches_status_and_an_event(op, namespace):
@@ -449,7 +449,7 @@ def test_a_rollout_past_its_progress_deadline_reaches_status_and_an_event(op, na
     assert body["status"]["phase"] == "Degraded"
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "stuck" and e["reason"] == "ProgressDeadlineExceeded"
-                      and e["type"] == "Warning"], 15, "a ProgressDeadlineExceeded Event")
+                      and e["type"] == "Warning"], 30, "a ProgressDeadlineExceeded Event")
 
 
 def test_turning_autoscaling_on_keeps_the_replicas_that_serve(op, namespace):
@@ -515,7 +515,7 @@ def test_removing_autoscaling_keeps_the_autoscalers_count_which_spec_replicas_ho
     # Not even for a moment at 1: the Deployment's spec never changed (a drop and a return would count 2 generations).
     assert deployment["metadata"]["generation"] == generation
     events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "kept" and e["reason"] == "ReplicasKept"], 15,
+                               if e["involvedObject"]["name"] == "kept" and e["reason"] == "ReplicasKept"], 30,
                       "a ReplicasKept Event")
     assert "keeps its 4 replicas" in events[0]["message"] and events[0]["type"] == "Normal"
     assert op.kube.get(child_path("PodDisruptionBudget", namespace, "kept")) is not None  # 4 replicas: one kept
@@ -705,7 +705,7 @@ def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
     wait_children(op, namespace, "late", ["ServiceMonitor"], timeout=30)
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "late" and e["reason"] == "Created"
-                      and e["message"] == "created ServiceMonitor late"], 15, "the resync's Created Event")
+                      and e["message"] == "created ServiceMonitor late"], 30, "the resync's Created Event")
     wait_for(lambda: op.kube.get(fis_path(namespace, "late"))["status"].get("monitoring") == "ServiceMonitor", 60,
              "status.monitoring written by the resync")
 
@@ -775,7 +775,7 @@ def test_children_orphaned_by_a_cascade_orphan_delete_are_adopted_by_the_next_in
     assert condition(body, "Progressing")["reason"] != "OwnershipConflict"
     assert body["status"]["phase"] != "Failed"
     events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"].get("uid") == uid and e["reason"] == "Adopted"], 10,
+                               if e["involvedObject"].get("uid") == uid and e["reason"] == "Adopted"], 30,
                       "the Adopted Events")
     assert {e["message"].split(":")[0] for e in events} == {"adopted Deployment moved", "adopted Service moved",
                                                              "adopted PodDisruptionBudget moved"}
