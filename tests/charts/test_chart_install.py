@@ -231,13 +231,11 @@ def test_helm_upgrade_keeps_the_webhook_certificate(installed: Installed) -> Non
     assert before is not None and after is not None and after["data"] == before["data"]
 
 
-def test_webhooks_answer_through_the_chart_service(installed: Installed) -> None:
-    if installed.host_ip is None:
-        pytest.skip("this machine has no non-loopback IPv4 address for the webhook Service's Endpoints")
+def _webhooks_answering(admin: Any) -> str:
+    """Once the operator's webhooks answer through the chart's Service (the operator serves them a moment after its
+    liveness endpoint): the validating webhook's refusal of a bad spec (a dry run in DEMO, which must exist)."""
     from flotilla.operator.kube import KubeError
 
-    admin = installed.admin
-    admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": DEMO}})
     bad = fis("bad", parallelism={"tensor": 2}, resources={"gpusPerReplica": 3})
 
     def refused() -> str | None:
@@ -247,14 +245,22 @@ def test_webhooks_answer_through_the_chart_service(installed: Installed) -> None
             return e.message if "denied the request" in e.message else None
         return None  # admitted: with failure policy Ignore, a webhook not answering yet lets it through
 
-    message = wait_for(refused, 30, "the validating webhook to refuse through the Service", interval=0.3)
-    assert "resources.gpusPerReplica (3) must equal" in message
+    return wait_for(refused, 30, "the validating webhook to refuse through the Service", interval=0.3)
+
+
+def test_webhooks_answer_through_the_chart_service(installed: Installed) -> None:
+    if installed.host_ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address for the webhook Service's Endpoints")
+    installed.admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": DEMO}})
+    assert "resources.gpusPerReplica (3) must equal" in _webhooks_answering(installed.admin)
 
 
 def test_sample_is_reconciled_under_the_chart_service_account(installed: Installed) -> None:
     admin = installed.admin
     if admin.get(f"/api/v1/namespaces/{DEMO}") is None:
         admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": DEMO}})
+    if installed.host_ip is not None:
+        _webhooks_answering(admin)  # else, with failure policy Ignore, the apply goes through unmutated
     created = apply(admin, fis("smollm2"))
     if installed.host_ip is not None:
         # The mutating webhooks: servedName defaulted, and the chart's engine image in place of the stock one.

@@ -23,6 +23,7 @@ from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import (
     KINDS,
     ZERO_HEAD_MODEL,
+    _optional_crds_removed,
     changes_since,
     child_path,
     collection,
@@ -273,7 +274,7 @@ def _blocked(cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
     assert condition(body, "Degraded")["status"] == "True"
     # Events are posted through kopf's queue, a moment after the status.
     warnings = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                                 if e["involvedObject"]["name"] == name and e["reason"] == reason], 10,
+                                 if e["involvedObject"]["name"] == name and e["reason"] == reason], 30,
                         f"a {reason} Event")
     assert warnings[0]["type"] == "Warning"
     assert warnings[0]["message"] == f"Degraded=True: {condition(body, 'Degraded')['message']}"
@@ -364,7 +365,7 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
                     == "False" and b, 20, "Valid=False")
     assert condition(body, "Valid")["message"] == CORPUS["zero-head-size"][3]
     events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 10,
+                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 30,
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")
@@ -376,7 +377,7 @@ def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator
     the GPUs: the Deployment goes to 0 and its autoscaler is deleted (nothing else changes); fixed, the spec brings
     the autoscaler back and the Deployment restarts at minReplicas."""
     autoscaling = {"minReplicas": 2, "maxReplicas": 4, "target": 4}
-    cluster.set_optional_crds(False)
+    _optional_crds_removed(cluster, operator_process)
     cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))
     deployment_path = child_path("Deployment", namespace, "frozen")
     before = wait_children(cluster, namespace, "frozen", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]
