@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flotilla.engine.server.marker_tail import safe_len
+
 START, END = "<think>", "</think>"
 
 
@@ -53,7 +55,7 @@ class ReasoningParser:
             return Split(body[:end], answer or None)
         if finished:
             return Split(body, None)
-        return Split(body[: _safe_len(body, END)], None)
+        return Split(body[: safe_len(body, END)], None)
 
 
 class ReasoningStream:
@@ -106,7 +108,7 @@ class ReasoningStream:
         if end >= 0:
             self.held, self.phase = "", "answer"
             return Split(window[:end], self._answer(window[end + len(END) :]))
-        keep = len(window) if finished else _safe_len(window, END)
+        keep = len(window) if finished else safe_len(window, END)
         self.held = window[keep:]
         return Split(window[:keep], "")
 
@@ -118,10 +120,3 @@ class ReasoningStream:
                 self.phase = "plain"
         return new
 
-
-def _safe_len(text: str, marker: str) -> int:
-    """Length of `text` without a tail that is a proper prefix of `marker`."""
-    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)

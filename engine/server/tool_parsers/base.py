@@ -8,6 +8,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from flotilla.engine.server.marker_tail import safe_len
+
 
 @dataclass
 class ToolCall:
@@ -63,7 +65,7 @@ class ToolParser:
         """How much of a partial output is surely content (streaming): up to a started marker, or to a
         tail that could still grow into one."""
         index = self.call_start(text)
-        return index if index is not None else _unsure_from(text, self.start)
+        return index if index is not None else safe_len(text, self.start)
 
     def parse_calls(self, text: str) -> list[ToolCall]:
         """The calls in `text`, which starts at the marker."""
@@ -124,19 +126,12 @@ class MarkerStream(ContentStream):
         window = self.held + new
         self.scanned += len(window)
         index = window.find(self.start)
-        keep = index if index >= 0 else _unsure_from(window, self.start)
+        keep = index if index >= 0 else safe_len(window, self.start)
         self.found = index >= 0
         self.held = "" if self.found else window[keep:]
         self.sent += keep
         return window[:keep]
 
-
-def _unsure_from(text: str, marker: str) -> int:
-    """Where the tail of `text` that is a proper prefix of `marker` starts (`len(text)` when there is none)."""
-    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
 
 
 def arguments_text(value: Any) -> str:
