@@ -84,14 +84,15 @@ class PenaltyCounts:
         self._free.clear()
 
     def _take(self, request: Request, slot: _Slot | None, batch: set[int]) -> _Slot:
-        """A row for `request`: its old one when it had one (recounted from scratch), else a free one."""
-        if slot is None or slot.owner() not in (request, None):
+        """A row for `request`: the row kept under its id (its own, recounted from scratch, or a gone request's whose
+        id it now has: two live objects never share an id), else a free one."""
+        if slot is None:
             if not self._free:
                 self._sweep(batch)
             if not self._free:
                 self._grow()
-            slot = _Slot(weakref.ref(request), self._free.pop())
-        self._slots[id(request)] = slot = _Slot(weakref.ref(request), slot.row)
+        row = slot.row if slot is not None else self._free.pop()
+        self._slots[id(request)] = slot = _Slot(weakref.ref(request), row)
         return slot
 
     def _sweep(self, batch: set[int]) -> None:
