@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 from decode_steps import start_decoding
@@ -39,6 +40,28 @@ def group_of(name: str) -> str:
     """The kernel's group by name fragment; 'other' for the rest (copies, argmax, indexing)."""
     lowered = name.lower()
     return next((g for fragment, g in GROUPS if fragment.lower() in lowered), "other")
+
+
+def kernel_times(prof: Any, device_type: Any = torch.autograd.DeviceType.CUDA) -> dict[str, list[float]]:
+    """[us, launches] of each kernel name the profiler `prof` saw on `device_type` (on the CPU, a smoke run's
+    operators, each its own time)."""
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == device_type:
+            entry = kernels[event.name]
+            entry[0] += (
+                event.device_time_total if device_type == torch.autograd.DeviceType.CUDA else event.self_cpu_time_total
+            )
+            entry[1] += 1
+    return kernels
+
+
+def grouped(kernels: dict[str, list[float]]) -> dict[str, float]:
+    """us of each group of `kernel_times`' kernels."""
+    groups: dict[str, float] = defaultdict(float)
+    for name, (us, _) in kernels.items():
+        groups[group_of(name)] += us
+    return groups
 
 
 def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: random.Random) -> dict:
@@ -64,16 +87,9 @@ def profile_batch(engine: LLMEngine, batch: int, context: int, steps: int, rng: 
         wall = time.perf_counter() - start
     rows = sum(1 for r in reqs if not r.status.finished)
     engine.abort([r.request_id for r in reqs])
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels[event.name]
-            entry[0] += event.device_time_total
-            entry[1] += 1
+    kernels = kernel_times(prof)
     busy = sum(v[0] for v in kernels.values()) / steps
-    by_group: dict[str, float] = defaultdict(float)
-    for name, (us, _) in kernels.items():
-        by_group[group_of(name)] += us / steps
+    by_group = {g: us / steps for g, us in grouped(kernels).items()}
     top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:25]
     return {
         "batch": batch,

@@ -18,10 +18,9 @@ import logging
 import random
 import sys
 import tempfile
-from collections import defaultdict
 
 import torch
-from decode_profile import group_of
+from decode_profile import grouped, kernel_times
 from decode_steps import start_decoding
 from model_dirs import SHAPES, make_model_dir
 from report import report
@@ -55,14 +54,8 @@ def profile_step(engine: LLMEngine, prompts: list[list[int]], params: SamplingPa
     with torch.profiler.profile(activities=[ACTIVITY]) as prof:
         engine.step()
         sync()
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
-        if event.device_type == DEVICE_TYPE:
-            kernels[event.name][0] += event.device_time_total if ON_GPU else event.self_cpu_time_total
-            kernels[event.name][1] += 1
-    groups: dict[str, float] = defaultdict(float)
-    for name, (us, _) in kernels.items():
-        groups[group_of(name)] += us
+    kernels = kernel_times(prof, DEVICE_TYPE)
+    groups = grouped(kernels)
     top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:20]
     return {"busy_us": sum(v[0] for v in kernels.values()), "launches": sum(v[1] for v in kernels.values()),
             "groups_us": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
