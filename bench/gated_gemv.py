@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -94,37 +93,25 @@ def mlp(ops: Operands, i: int, gate_up) -> torch.Tensor:
     return gemv(gate_up(x, ops.w[i % len(ops.w)]), ops.down[i % len(ops.down)])
 
 
-def time_us(fn, n_copies: int, calls: int, reps: int) -> float:
-    """Median per-call time of `calls` calls `fn(i)` (i = call index: weight copy i % n_copies) in one CUDA graph."""
-    for i in range(n_copies):
-        fn(i)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn(0)
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(calls):
-                fn(i)
-    torch.cuda.synchronize()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+def time_row(fn, ref: torch.Tensor, a: argparse.Namespace, per_weight: bool = True) -> dict:
+    """`fn(0)` against `ref` (relative error, share of bit-equal outputs, max abs difference; "ok" under 1e-2), then
+    the median per-call time of `a.calls` calls `fn(i)` (weight copy i % copies) in one CUDA graph replayed `a.reps`
+    times (bench/timing.py): "us", and "gbps" of the gate/up weight (None where `per_weight` is off: the MLP reads
+    more); {"error": ...} where anything fails."""
+    from timing import time_variant  # bench/timing.py
+
+    row = time_variant(fn, a.calls, ref, N_GATE_UP * K * 2, a.reps, checks=lambda out: agreement(out, ref))
+    if "ms" in row:  # timed
+        del row["ms"]  # this script's rows carry "us" alone
+        row["ok"] = row["rel_err"] < 1e-2
+        row["gbps"] = row["gbps"] if per_weight else None
+    return row
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    o, r = out.double(), ref.double()
-    return {"rel_err": float((o - r).norm() / r.norm()), "equal_share": float((out == ref).double().mean()),
-            "max_abs": float((o - r).abs().max())}  # fmt: skip
+def agreement(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """Share of bit-equal outputs and the max abs difference (the relative error is time_variant's)."""
+    return {"equal_share": float((out == ref).double().mean()),
+            "max_abs": float((out.double() - ref.double()).abs().max())}  # fmt: skip
 
 
 def compile_part(part: int, parts: int) -> None:
@@ -170,24 +157,16 @@ def main() -> None:
 
     ref = pair(ops.x, ops.w[0])
     mlp_ref = mlp(ops, 0, pair)
-    cases = {
-        "pair": (lambda i: pair(ops.x, ops.w[i % n]), lambda: pair(ops.x, ops.w[0]), ref),
-        "gemv_pair": (lambda i: gemv_pair(ops.x, ops.w[i % n]), lambda: gemv_pair(ops.x, ops.w[0]), ref),
-        "gated_plain": (lambda i: gated(ops.x, ops.w[i % n], pdl=False), lambda: gated(ops.x, ops.w[0], pdl=False),
-                        ref),
-        "gated": (lambda i: gated(ops.x, ops.w[i % n]), lambda: gated(ops.x, ops.w[0]), ref),
-        "mlp_pair": (lambda i: mlp(ops, i, pair), lambda: mlp(ops, 0, pair), mlp_ref),
-        "mlp_gated": (lambda i: mlp(ops, i, gated), lambda: mlp(ops, 0, gated), mlp_ref),
+    cases = {  # each checked on its first call (weight copy 0) against the pair's output
+        "pair": (lambda i: pair(ops.x, ops.w[i % n]), ref),
+        "gemv_pair": (lambda i: gemv_pair(ops.x, ops.w[i % n]), ref),
+        "gated_plain": (lambda i: gated(ops.x, ops.w[i % n], pdl=False), ref),
+        "gated": (lambda i: gated(ops.x, ops.w[i % n]), ref),
+        "mlp_pair": (lambda i: mlp(ops, i, pair), mlp_ref),
+        "mlp_gated": (lambda i: mlp(ops, i, gated), mlp_ref),
     }  # fmt: skip
-    for name, (fn, once, expect) in cases.items():
-        row: dict = {}
-        try:
-            row |= compare(once(), expect)
-            row["ok"] = row["rel_err"] < 1e-2
-            row["us"] = time_us(fn, n, a.calls, a.reps)
-            row["gbps"] = gb / row["us"] * 1e6 if not name.startswith("mlp") else None
-        except Exception as e:  # reported; the other cases still run
-            row["error"] = f"{e.__class__.__name__}: {str(e)[:300]}"
+    for name, (fn, expect) in cases.items():  # a failure is reported; the other cases still run
+        row = time_row(fn, expect, a, per_weight=not name.startswith("mlp"))
         result["cases"][name] = row
         extra = f" {row['gbps']:.0f} GB/s" if row.get("gbps") else ""
         print(f"CASE {name:12s} " + (f"{row['us']:8.2f} us{extra} | vs pair: rel {row['rel_err']:.1e}, "
@@ -203,16 +182,11 @@ def main() -> None:
     default = default_config(1, N_GATE_UP // 2, K, torch.cuda.get_device_properties(0).multi_processor_count)
     default_cfg = (default.block_n, default.block_k, default.num_warps, default.num_stages)
     for cfg in GRID if a.sweep else []:
-        row = {"config": spec(cfg)}
-        try:
-            row |= compare(gated(ops.x, ops.w[0], **knobs(cfg)), ref)
-            row["ok"] = row["rel_err"] < 1e-2
-            row["us"] = time_us(lambda i, c=cfg: gated(ops.x, ops.w[i % n], **knobs(c)), n, a.calls, a.reps)
-            row["gbps"] = gb / row["us"] * 1e6
+        row = {"config": spec(cfg)} | time_row(lambda i, c=cfg: gated(ops.x, ops.w[i % n], **knobs(c)), ref, a)
+        if "us" in row:
             print(f"SWEEP {spec(cfg):24s} {row['us']:8.2f} us {row['gbps']:5.0f} GB/s rel {row['rel_err']:.1e}"
                   + ("" if row["ok"] else " FAILED"), flush=True)  # fmt: skip
-        except Exception as e:  # reported; the next config still runs
-            row["error"] = f"{e.__class__.__name__}: {str(e)[:300]}"
+        else:  # reported; the next config still runs
             print(f"SWEEP {spec(cfg):24s} {row['error']}", flush=True)
         result["sweep"].append(row)
         save()

@@ -61,32 +61,6 @@ def check(weights, x, cos_sin) -> list[dict]:
     return rows
 
 
-def time_graph(fn, iters: int, repeats: int) -> float:
-    """us per replay of a CUDA graph of `fn` (warmed up, captured once), best of `repeats` runs of `iters`."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / iters)
-    return best
-
-
 def save(result: dict, path: str) -> None:
     """The JSON rewritten after each part, so that a run cut short keeps what it measured."""
     with open(path, "w") as f:
@@ -100,6 +74,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", required=True)
     a = p.parse_args()
+    from kernels import graph_ms  # bench/kernels.py
+
     torch.manual_seed(0)
     n = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     weights = [(torch.randn(n, HIDDEN, device="cuda") / HIDDEN**0.5).to(torch.bfloat16) for _ in range(a.layers)]
@@ -115,12 +91,14 @@ def main() -> None:
     positions = torch.tensor([511], device="cuda")
     slots = torch.tensor([511], device="cuda")
 
-    def run(f):
-        return lambda: [f(x, w, positions, cos_sin, *c, slots) for w, c in zip(weights, caches, strict=True)]
+    def run(f):  # layer i's call: its weight and caches
+        return lambda i: f(x, weights[i % a.layers], positions, cos_sin, *caches[i % a.layers], slots)
 
     times = {}
-    for name, fn in (("pair", run(pair)), ("fused", run(fused)), ("gemv_only", lambda: [gemv(x, w) for w in weights])):
-        times[name] = time_graph(fn, a.iters, a.repeats) / a.layers
+    for name, fn in (("pair", run(pair)), ("fused", run(fused)),
+                     ("gemv_only", lambda i: gemv(x, weights[i % a.layers]))):  # fmt: skip
+        # the `--layers` calls in one graph, best of `--repeats` timings of `--iters` replays (bench/kernels.py)
+        times[name] = 1e3 * graph_ms(fn, a.layers, a.repeats, a.iters, min)
         print(f"{name}: {times[name]:.2f} us/layer")
         result["us_per_layer"] = times
         save(result, a.json)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from decode_profile import group_of
+from decode_profile import grouped, kernel_times
 from decode_steps import start_decoding
 from model_dirs import SHAPES, make_model_dir
 
@@ -158,14 +158,8 @@ def replay_alone(engine: LLMEngine, batch: int, steps: int) -> dict:
             for _ in range(profiled):
                 once(True)
             torch.cuda.synchronize()
-        kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                kernels[event.name][0] += event.device_time_total
-                kernels[event.name][1] += 1
-        groups: dict[str, float] = defaultdict(float)
-        for name, (us, _) in kernels.items():
-            groups[group_of(name)] += us / profiled
+        kernels = kernel_times(prof)
+        groups = {g: us / profiled for g, us in grouped(kernels).items()}
         result["profile_busy_us"] = round(sum(v[0] for v in kernels.values()) / profiled, 1)
         result["profile_groups_us"] = {g: round(us, 1) for g, us in sorted(groups.items(), key=lambda kv: -kv[1])}
         top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:12]
@@ -197,12 +191,9 @@ def profile_mixed(engine: LLMEngine, batch: int, context: int, rng: random.Rando
         sync()
     wall = time.perf_counter() - start
     tokens = engine.runner.num_tokens_fed - fed
-    groups: dict[str, float] = defaultdict(float)
-    launches = 0
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            groups[group_of(event.name)] += event.device_time_total / 1e3 / steps
-            launches += 1
+    kernels = kernel_times(prof)  # CUDA kernels only: none on the CPU
+    groups = {g: us / 1e3 / steps for g, us in grouped(kernels).items()}
+    launches = sum(n for _, n in kernels.values())
     cfg = engine.config.model.hf_config
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]

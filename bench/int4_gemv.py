@@ -130,11 +130,6 @@ def prewarm(rows: list[int], jobs: int) -> None:
     print(f"warm: {len(work)} jobs in {time.perf_counter() - started:.0f} s ({done[0]})", flush=True)
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out − ref‖ / ‖ref‖ in fp64."""
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
-
-
 def int4_bytes(n: int, k: int) -> int:
     """Bytes an int4 call must read: the packed codes and the bf16 group scales."""
     return n * k // 2 + n * (k // GROUP) * 2
@@ -155,13 +150,13 @@ def bench_shape(name: str, n: int, k: int, m: int, grid_cfgs: list[dict], paths:
                 wide_cfgs: list[dict] | None = None) -> dict:
     """All paths of one projection at `m` rows (and the GEMV over `grid_cfgs`): us per call, GB/s, errors."""
     import torch.nn.functional as F
+    from timing import time_variant  # bench/timing.py
 
     from flotilla.kernels.packed_int_linear import packed_int_linear_ref
     from flotilla.kernels.triton_int4_gemm import int4_dequantize, int4_linear
     from flotilla.kernels.triton_int4_gemv import default_config, int4_gemv
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide, wide_config
     from flotilla.kernels.triton_utils import num_sms
-    from kernels import graph_ms  # bench/kernels.py
 
     nbytes = int4_bytes(n, k)
     sets = max(3, -(-L2_ROTATION_BYTES // nbytes))
@@ -200,13 +195,11 @@ def bench_shape(name: str, n: int, k: int, m: int, grid_cfgs: list[dict], paths:
         tag = "int4_gemv_wide " + " ".join(f"{key}={v}" for key, v in knobs.items())
         variants[tag] = (lambda i, c=knobs: int4_gemv_wide(xs[i % sets], ws[i % sets][0], ws[i % sets][1], None, GROUP,
                                                            **c), ref, nbytes)  # fmt: skip
-    for tag, (fn, expect, read) in variants.items():
-        try:  # a config that fails (resources) is recorded, not fatal
-            err = rel_err(fn(0).float(), expect)
-            ms = graph_ms(fn, calls if read == nbytes else max(3, calls // 4), replays=5 if " " in tag else 15)
-            result[tag] = {"us": 1e3 * ms, "gbps": read / ms / 1e6, "rel_err": err}
-        except Exception as exc:
-            result[tag] = {"error": repr(exc)[:300]}
+    for tag, (fn, expect, read) in variants.items():  # a config that fails (resources) is recorded, not fatal
+        row = time_variant(fn, calls if read == nbytes else max(3, calls // 4), expect, read,
+                           replays=5 if " " in tag else 15)
+        row.pop("ms", None)  # this script's rows carry "us" alone
+        result[tag] = row
     if "us" in result.get("bf16_cublas", {}):
         for tag in ("int4_gemv", "int4_gemv_dot", "int4_gemv_wide", "int4_gemm", "int4_dequant_cublas"):
             if "us" in result.get(tag, {}):

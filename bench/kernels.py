@@ -82,8 +82,10 @@ def bench_ms(fn: Callable[[], object], repeats: int = 3) -> float:
     return statistics.median(float(do_bench(fn, warmup=25, rep=200, return_mode="median")) for _ in range(repeats))
 
 
-def graph_ms(fn: Callable[[int], object], calls: int, replays: int = 15) -> float:
-    """Median ms per call of `calls` invocations `fn(0..calls-1)` captured in one CUDA graph."""
+def graph_ms(fn: Callable[[int], object], calls: int, replays: int = 15, iters: int = 1,
+             stat: Callable[[list[float]], float] = statistics.median) -> float:
+    """ms per call of `calls` invocations `fn(0..calls-1)` captured in one CUDA graph: `stat` (the median, or e.g.
+    `min`) of `replays` timings, each of `iters` back-to-back replays between two CUDA events."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -100,12 +102,13 @@ def graph_ms(fn: Callable[[int], object], calls: int, replays: int = 15) -> floa
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        for _ in range(iters):
+            graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
+        times.append(start.elapsed_time(end) / (iters * calls))
     del graph
-    return statistics.median(times)
+    return stat(times)
 
 
 def copy_bandwidth() -> dict:

@@ -25,7 +25,6 @@ import gc
 import json
 import random
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -80,16 +79,14 @@ def step_ms(engine, batch: int, context: int, steps: int, loras: list, profile_s
 def kernel_us_per_step(engine, steps: int) -> dict:
     """`steps` engine steps under torch.profiler: each GPU kernel name's time and launches per step,
     largest first (the top 16, then "busy": all kernels together)."""
+    from decode_profile import kernel_times
+
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name][0] += event.device_time_total
-            totals[event.name][1] += 1
+    totals = kernel_times(prof)
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
     out = {name[:60]: [round(us / steps, 1), round(n / steps, 1)] for name, (us, n) in ranked[:16]}
     out["busy"] = [round(sum(us for us, _ in totals.values()) / steps, 1), sum(n for _, n in totals.values()) / steps]

@@ -92,24 +92,16 @@ def _profile_cached_request(engine: LLMEngine, prefix: list[int], tokens) -> dic
     kernels grouped as bench/decode_profile.py groups them, the summed kernel time (busy), the span
     from the first kernel's start to the last one's end, and the wall time of the whole request."""
     import torch
-    from decode_profile import group_of
+    from decode_profile import grouped, kernel_times
 
     run_batch(engine, [prefix + tokens(20)], 1)  # the prefix is cached now
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         wall = run_batch(engine, [prefix + tokens(20)], 1)["ttft_mean_s"]
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    starts, ends = [], []
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels.setdefault(event.name, [0.0, 0])
-            entry[0] += event.device_time_total
-            entry[1] += 1
-            starts.append(event.time_range.start)
-            ends.append(event.time_range.end)
-    groups: dict[str, float] = {}
-    for name, (us, _) in kernels.items():
-        groups[group_of(name)] = groups.get(group_of(name), 0.0) + us
+    kernels = kernel_times(prof)
+    spans = [e.time_range for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    starts, ends = [s.start for s in spans], [s.end for s in spans]
+    groups = grouped(kernels)
     top = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:30]
     return {
         "ttft_ms_profiled": 1e3 * wall,

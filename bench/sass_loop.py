@@ -11,7 +11,8 @@ its opcodes by count, the whole kernel's instructions (`total`: for kernels with
 loads and stores (SASS `LDG*.128`, cp.async included, and `STG.128`), and the PTX's 16-byte loads and barriers.
 `--int NAME=value` specialises an integer argument as the JIT does for that value (1: a constant, a multiple of 16:
 aligned); constexprs left out take their defaults; `--const X=tl.bfloat16` passes a dtype; `--dump F` keeps the SASS
-(and F.ttgir: the layouts).
+(and F.ttgir: the layouts). A name the kernel does not take, or a constexpr with no default left out, is an error: a
+renamed argument would otherwise compile another variant without a word.
 bench/results/audit10-sass.sh runs it over the decode path's kernels at the engine's launches under both Tritons.
 
 Why: the H200 runs Triton 3.6 while the CPU machines install 3.9, and the two lay out the same kernel differently
@@ -85,9 +86,16 @@ def main() -> None:
 
     module, _, name = a.kernel.partition(":")
     fn = getattr(importlib.import_module(module), name)
+    named = [item.split("=", 1)[0] for item in a.ptr + a.const + a.int] + (a.aligned.split(",") if a.aligned else [])
+    unknown = [n for n in named if n not in fn.arg_names]
+    if unknown:  # a renamed or removed argument would otherwise compile another variant without a word
+        raise SystemExit(f"not arguments of {name}: {', '.join(unknown)}")
     # constexprs left out take their defaults from the signature (the launcher's behaviour)
     consts = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
     consts |= {k: _value(v) for k, v in (c.split("=", 1) for c in a.const)}
+    unset = [p.name for p in fn.params if p.is_constexpr and p.name not in consts]
+    if unset:  # Triton would compile them as i32 arguments
+        raise SystemExit(f"constexprs of {name} without a value: {', '.join(unset)}")
     ints = {k: int(v) for k, v in (c.split("=", 1) for c in a.int)}
     consts |= {k: 1 for k, v in ints.items() if v == 1}
     ptrs = dict(item.split("=", 1) for item in a.ptr)

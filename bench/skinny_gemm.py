@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -129,30 +128,12 @@ def torch_call(ops: Operands, w: torch.Tensor) -> torch.Tensor:
 
 
 def time_us(fn, ops: Operands, calls: int, reps: int) -> float:
-    """Median per-launch time of `calls` launches (weights rotated) captured in one CUDA graph."""
-    for w in ops.weights:  # warm-up: compile / load, allocate the split-K counters outside the capture
-        fn(w)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn(ops.weights[0])
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(calls):
-                fn(ops.weights[i % len(ops.weights)])
-    torch.cuda.synchronize()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+    """Median per-launch us of `calls` launches `fn(w)` captured in one CUDA graph, the weight rotated over
+    `ops.weights` (bench/kernels.py's `graph_ms`, as bench/timing.py times the GEMVs; its warm-up launches compile /
+    load and allocate the split-K counters outside the capture)."""
+    from kernels import graph_ms  # bench/kernels.py
+
+    return 1e3 * graph_ms(lambda i: fn(ops.weights[i % len(ops.weights)]), calls, reps)
 
 
 def check(ops: Operands, cfg) -> float:

@@ -233,6 +233,7 @@ def kernel_profile(engine: LLMEngine, prompt: list[int], max_tokens: int, timer:
     step. It reruns request "0" (the oracles look their drafts up by request id); its prefill runs before
     the profile starts, and `max_tokens` stays small (the profiler's events cost host time to read)."""
     import torch
+    from decode_profile import kernel_times
 
     engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), "0")
     while engine.has_unfinished_requests() and not engine.step():
@@ -244,10 +245,9 @@ def kernel_profile(engine: LLMEngine, prompt: list[int], max_tokens: int, timer:
         while engine.has_unfinished_requests():
             engine.step()
     steps = max(timer.launches, 1)
-    totals: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:100]] += event.device_time_total
+    totals: dict[str, float] = defaultdict(float)  # by the name's first 100 characters, as reported
+    for name, (us, _) in kernel_times(prof).items():
+        totals[name[:100]] += us
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:20]
     return {"kernel_profile_steps": timer.launches, "gpu_busy_us_per_step": round(sum(totals.values()) / steps, 1),
             "kernels_us_per_step": {name: round(us / steps, 1) for name, us in top}}

@@ -1,6 +1,8 @@
-"""How the GEMV benchmarks (bench/fp8_gemv.py, bench/lm_head_gemv.py) time a variant: its first output checked against
-a reference, then many calls in one CUDA graph rotating over weight copies (bench/kernels.py's `graph_ms`), and the
-fastest accurate variant of a family picked from the rows."""
+"""How the GEMV benchmarks (bench/fp8_gemv.py, bench/lm_head_gemv.py, bench/int4_gemv.py, bench/gated_gemv.py) time a
+variant: its first output checked against a reference, then many calls in one CUDA graph rotating over weight copies
+(bench/kernels.py's `graph_ms`, which bench/skinny_gemm.py and bench/gemv_rope.py call directly: they check one
+configuration, or bit for bit, apart from the timing), and the fastest accurate variant of a family picked from the
+rows."""
 
 from __future__ import annotations
 

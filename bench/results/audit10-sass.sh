@@ -1,4 +1,12 @@
 #!/usr/bin/env bash
+# HISTORICAL: session 10's record, not a tool for today's tree. It ran at d188643 (branch audit10); its three
+# gemv_rope cases were added and run (ONLY="qkv m1") on session 12's rope12, merged as 294c13f. The kernels moved on:
+# `_gemv_rope_kernel`'s FP8 is FP8_CACHE since 16ee5ae (session 21), the decode kernel takes GROUP_P2 and MERGE_CHUNK
+# (no defaults) since before 294c13f, and the engine's launches changed (tests/kernels/test_hopper_compile.py holds
+# today's). bench/sass_loop.py now refuses a name a kernel lacks or a constexpr left without a value, so on today's
+# tree those cases print an error where they used to compile another variant silently. To rerun it as it ran (PY: a
+# venv with torch and Triton; the gemv_rope cases: 294c13f with ONLY="gemv_rope"):
+#   git worktree add /tmp/audit10 d188643 && cd /tmp/audit10 && PY=.../.venv/bin/python bash bench/results/audit10-sass.sh
 # The decode path's Triton kernels compiled for sm_90 on the CPU under Triton 3.6 (the H200's) and 3.9 (CI's), at
 # the launch configurations the engine uses for Llama-3.1-8B (bench/sass_loop.py per kernel): main-loop length,
 # registers, spills, 16-byte global loads. Prints one table, 3.6 against 3.9, a `!` where 3.6 is materially worse.
