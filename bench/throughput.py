@@ -8,7 +8,8 @@ runs random weights of that shape (bench/model_dirs.py). Prompts are random toke
 batch through `generate` (greedy, exactly output-len new tokens), on the same weights and dtype;
 `--hf-cb` runs HF continuous batching (`generate_batch`) on the first `--hf-num-prompts` prompts, in
 a subprocess with HF's own random init of the shape. `bound_s` is the workload's lower bound on the
-H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K/V written and read).
+H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K/V written and read);
+`serial_s` is the best an engine running a layer's kernels one after another can do (`serial_seconds`).
 """
 
 from __future__ import annotations
@@ -151,7 +152,25 @@ def bound_seconds(cfg: dict, prompts: list[list[int]], output_len: int, max_num_
     kv_read = sum(kv_token * sum(range(len(p), len(p) + output_len)) for p in prompts)
     bytes_moved = 2 * params * waves * output_len + kv_read + kv_token * tokens
     return {"flops": flops, "bytes": bytes_moved, "compute_s": flops / 790e12, "memory_s": bytes_moved / 4.28e12,
-            "bound_s": max(flops / 790e12, bytes_moved / 4.28e12)}
+            "bound_s": max(flops / 790e12, bytes_moved / 4.28e12),
+            "serial": serial_seconds(cfg, params, tokens, len(prompts) * output_len, attn_flops, kv_read)}
+
+
+def serial_seconds(cfg: dict, params: int, tokens: int, sampled: int, attn_flops: int, kv_read: int) -> dict:
+    """The best time of an engine that runs a layer's kernels one after another (as Flotilla does): every GEMM
+    FLOP at 790 TFLOP/s, and the decode steps' K/V reads and the elementwise kernels' bytes (two add+RMSNorms,
+    SiLU-mul, rotary, K/V write) at 4.28 TB/s on top of them, not hidden under them. The LM head runs for sampled
+    tokens only (the bound above counts it for every token). `fraction_of_bound` cannot exceed
+    `bound_s / seconds` of this, whatever the kernels, unless attention or elementwise work overlaps the GEMMs."""
+    h, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // heads
+    linear = params - cfg["vocab_size"] * h
+    gemm_s = (2 * linear * tokens + 2 * cfg["vocab_size"] * h * sampled + attn_flops) / 790e12
+    elementwise = layers * (2 * 4 * h + 3 * inter + 2 * (heads + kv) * d + 2 * kv * d) * 2  # bf16 bytes a token
+    kv_s, elementwise_s = kv_read / 4.28e12, elementwise * tokens / 4.28e12
+    return {"gemm_s": gemm_s, "kv_read_s": kv_s, "elementwise_s": elementwise_s,
+            "serial_s": gemm_s + kv_s + elementwise_s}
 
 
 def run_hf(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int) -> dict:
@@ -248,6 +267,7 @@ def main() -> None:
     result["flotilla"] = run_flotilla(a.model, prompts, a.output_len, engine_args, a.tokens_out)
     result["bound"] = bound_seconds(hf_config, prompts, a.output_len, a.max_num_seqs)
     result["fraction_of_bound"] = result["bound"]["bound_s"] / result["flotilla"]["seconds"]
+    result["fraction_of_serial"] = result["bound"]["serial"]["serial_s"] / result["flotilla"]["seconds"]
     cb = result.get("hf_continuous_batching", {})
     if "output_tokens_per_s" in cb:
         result["speedup_vs_hf_cb"] = result["flotilla"]["output_tokens_per_s"] / cb["output_tokens_per_s"]
