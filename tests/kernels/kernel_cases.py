@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from flotilla.kernels.packed_int_linear import pack_codes
+
 # Under the interpreter, kernels run on CPU tensors; compiled, on the GPU.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "") == "1"
 DEVICE = torch.device("cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda")
@@ -31,6 +33,17 @@ def linear_case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool, seed:
     weight = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
     return x, weight, b
+
+
+def int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype,
+                symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random int4 weight `[n, k]` drawn from `g` (codes, then scales, then zero points), on the CPU: packed
+    codes, scales `[n, k / group]` in `dtype` and uint8 zero points (all 8 when `symmetric`)."""
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
+    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
+        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
+    return pack_codes(codes, 4), scales, zeros
 
 
 def paged_pool(

@@ -13,22 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
+from kernel_cases import DEVICE, INTERPRETING, int4_weight, rel_err, tolerance
 
 from flotilla.kernels import dispatch
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.packed_int_linear import PackedInt4, pack_codes, packed_int_linear_ref
+from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.triton_rope_epilogue import qkv_rope_ref
 
 
 def _weight(n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, seed: int):
     """A random int4 weight `[n, k]` (`PackedInt4` on DEVICE) and its zero points for the reference (8: symmetric)."""
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    w = PackedInt4(pack_codes(codes, 4).to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group)
+    packed, scales, zeros = int4_weight(n, k, group, torch.Generator().manual_seed(seed), dtype, symmetric)
+    w = PackedInt4(packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group)
     return w, zeros
 
 

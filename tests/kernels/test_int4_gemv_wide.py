@@ -9,22 +9,14 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, int4_weight, rel_err, tolerance
 
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
-
-
-def _int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype, symmetric: bool = False):
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    return pack_codes(codes, 4), scales, zeros
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 
 
 def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
-    packed, scales, zeros = _int4_weight(n, k, group, g, dtype, symmetric)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype, symmetric)
     x = torch.randn(m, k, generator=g).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
     args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group,
@@ -187,7 +179,7 @@ def test_dispatch_int4_gemv_wide(monkeypatch, m):
     monkeypatch.setattr(triton_int4_gemv_wide, "int4_gemv_wide", lambda *a, **kw: called.append(1) or real(*a, **kw))
     monkeypatch.setattr(dispatch, "INT4_GEMV_WIDE_ROWS", 4)
     g = torch.Generator().manual_seed(m)
-    packed, scales, zeros = _int4_weight(96, 512, 128, g, torch.bfloat16)
+    packed, scales, zeros = int4_weight(96, 512, 128, g, torch.bfloat16)
     x = torch.randn(m, 512, generator=g).bfloat16()
     ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, 128)
     out = dispatch.packed_int_linear(*(t.to(DEVICE) for t in (x, packed, scales, zeros)), 4, 128)

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, int4_weight, rel_err, tolerance
 
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 
 
 def _hopper() -> bool:
@@ -22,15 +22,12 @@ def _hopper() -> bool:
 
 def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype, symmetric)
     x = torch.randn(m, k, generator=g).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
-    args = (x.to(DEVICE), pack_codes(codes, 4).to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE),
+    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE),
             group, b.to(DEVICE) if bias else None)  # fmt: skip
-    ref = packed_int_linear_ref(x.float(), pack_codes(codes, 4), scales.float(), zeros, 4, group,
+    ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, group,
                                 b.float() if bias else None)  # fmt: skip
     return args, ref
 
