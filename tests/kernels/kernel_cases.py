@@ -111,3 +111,19 @@ def attention_case(
     query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
     qsl, lens = batch_meta(q_lens, seq_lens)
     return query, k_cache, v_cache, tables, qsl, lens
+
+
+def assert_same_rope_writes(got: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                            want: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                            caches: tuple[torch.Tensor, torch.Tensor], slot: int, dtype: torch.dtype) -> None:
+    """A fused projection + rotary + KV write (`got`: rotated query `[1, heads, head_dim]`, key and value caches)
+    equals the unfused kernels' (`want`) bit for bit, caches compared as bytes (fp8 included); a padding slot
+    (`slot < 0`) leaves both `caches` (as they were before the call) untouched."""
+    (got_q, got_k, got_v), (want_q, want_k, want_v) = got, want
+    assert got_q.shape == want_q.shape and got_q.dtype == dtype
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+    if slot < 0:
+        assert torch.equal(got_k.view(torch.uint8), caches[0].view(torch.uint8))
+        assert torch.equal(got_v.view(torch.uint8), caches[1].view(torch.uint8))

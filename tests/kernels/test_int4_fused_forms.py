@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import DEVICE, INTERPRETING, int4_weight, rel_err, tolerance
+from kernel_cases import DEVICE, INTERPRETING, assert_same_rope_writes, int4_weight, rel_err, tolerance
 
 from flotilla.kernels import dispatch
 from flotilla.kernels.activation import silu_and_mul_ref
@@ -113,12 +113,8 @@ def test_rope_form_equals_the_plain_gemv_then_rotary_bit_for_bit(heads, kv_heads
     got_k, got_v = kc.clone(), vc.clone()
     got_q = int4_gemv_wide_rope(x, *w, b, positions, cos_sin, got_k, got_v, slots, heads, kv_heads, *scales, pdl=pdl,
                                 pdl_gdc=False, **knobs)  # fmt: skip
-    assert got_q.shape == (1, heads, head_dim) and got_q.dtype == dtype
-    assert torch.equal(got_q, want_q)
-    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
-    if slot < 0:
-        assert torch.equal(got_k.view(torch.uint8), kc.view(torch.uint8))
+    assert got_q.shape == (1, heads, head_dim)
+    assert_same_rope_writes((got_q, got_k, got_v), (want_q, want_k, want_v), (kc, vc), slot, dtype)
     ref_k, ref_v = kc.clone().cpu(), vc.clone().cpu()
     ref_q = qkv_rope_ref(_ref_linear(x, w, zeros, b), positions.cpu(), cos_sin.cpu(), ref_k, ref_v, slots.cpu(), heads,
                          kv_heads, *scales)  # fmt: skip
