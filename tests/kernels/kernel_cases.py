@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from flotilla.kernels.packed_int_linear import pack_codes
+from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
 
 # Under the interpreter, kernels run on CPU tensors; compiled, on the GPU.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -45,6 +45,20 @@ def int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dty
         torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
     return pack_codes(codes, 4), scales, zeros
 
+
+def int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
+    """A seeded int4 W4A16 case: the arguments of the int4 linears `(x, packed, scales, zeros or None, group,
+    bias or None)` on DEVICE, and `packed_int_linear_ref`'s output (fp32, on the CPU) to check them against."""
+    g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype, symmetric)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group,
+            b.to(DEVICE) if bias else None)  # fmt: skip
+    # the reference where the kernel runs (a Llama-sized weight dequantized on the CPU takes seconds)
+    ref = packed_int_linear_ref(args[0].float(), args[1], args[2].float(), zeros.to(DEVICE), 4, group,
+                                args[5].float() if bias else None)  # fmt: skip
+    return args, ref.cpu()
 
 def paged_pool(
     seq_lens: list[int],
