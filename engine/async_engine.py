@@ -22,7 +22,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -238,24 +238,24 @@ class AsyncEngine:
 
     def _fail_calls(self, error: EngineDeadError) -> None:
         """Answer the calls still queued when the loop ends, so that no caller waits forever."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued_commands():
             if isinstance(command, _Call):
                 command.fail(error)
+
+    def _queued_commands(self) -> Iterator[_Add | _Call | tuple[str, str]]:
+        """Take the commands queued so far, oldest first, without waiting for more."""
+        while True:
+            try:
+                yield self._commands.get_nowait()
+            except queue.Empty:
+                return
 
     def _report(self) -> None:
         if self._on_step is not None:
             self._on_step(self.engine.stats_snapshot())
 
     def _drain_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued_commands():
             if isinstance(command, _Add):
                 self._add(command)
             elif isinstance(command, _Call):

@@ -173,34 +173,21 @@ def _plane_pair(words, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
     """Nibbles `i` and `i + 1` of each word (`SHIFT` = 15 - 4i moves nibble i to bits 15..18, so i + 1 sits at
     19..22) as the fp32 `16 + c_i/16` and `1 + c_(i+1)/16`: exact, no int->float conversion."""
     if USE_ASM:
-        if SHIFT >= 0:
-            lo, hi = tl.inline_asm_elementwise(
-                asm=f"""{{
-                .reg .b32 t;
-                shl.b32 t, $2, {SHIFT};
-                lop3.b32 $0, t, 0x00078000, 0x41800000, 0xEA;
-                lop3.b32 $1, t, 0x00780000, 0x3F800000, 0xEA;
-                }}""",
-                constraints="=r,=r,r",
-                args=[words],
-                dtype=(tl.float32, tl.float32),
-                is_pure=True,
-                pack=1,
-            )
-        else:
-            lo, hi = tl.inline_asm_elementwise(
-                asm=f"""{{
-                .reg .b32 t;
-                shr.u32 t, $2, {-SHIFT};
-                lop3.b32 $0, t, 0x00078000, 0x41800000, 0xEA;
-                lop3.b32 $1, t, 0x00780000, 0x3F800000, 0xEA;
-                }}""",
-                constraints="=r,=r,r",
-                args=[words],
-                dtype=(tl.float32, tl.float32),
-                is_pure=True,
-                pack=1,
-            )
+        # PTX shifts take no negative count: nibbles above bit 15 move right, the others left
+        SHIFT_OP: tl.constexpr = f"shl.b32 t, $2, {SHIFT}" if SHIFT >= 0 else f"shr.u32 t, $2, {-SHIFT}"
+        lo, hi = tl.inline_asm_elementwise(
+            asm=f"""{{
+            .reg .b32 t;
+            {SHIFT_OP};
+            lop3.b32 $0, t, 0x00078000, 0x41800000, 0xEA;
+            lop3.b32 $1, t, 0x00780000, 0x3F800000, 0xEA;
+            }}""",
+            constraints="=r,=r,r",
+            args=[words],
+            dtype=(tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
     else:
         if SHIFT >= 0:  # noqa: SIM108 - a compile-time branch
             t = words << SHIFT

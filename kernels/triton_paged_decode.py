@@ -188,6 +188,30 @@ def _attend_streams(
 
 
 @triton.jit
+def _tile_t(
+    k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """One tile of the transposed streams' loop (`_attend_streams_t`, `_attend_heads_t`): the keys and values at
+    `kv_off` ([WS, keys]) scored against `qt3` ([WS, BLOCK_D, G]), transposed (`K Q^T`: keys on the rows), and
+    folded into each stream's online softmax (`m`, `l` [WS, G]; `acc` [WS, BLOCK_D, G]). A stream with no key yet
+    (the last tile's tail) keeps m = -inf. Returns the new (m, l, acc)."""
+    k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+    k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+    s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, keys, G]
+    s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(s - m_use[:, None, :])
+    l = l * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+    v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+    acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _attend_streams_t(
     q, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_head, stride_b, stride_s, stride_h, d, d_ok,
     WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -229,20 +253,8 @@ def _attend_streams_t(
             in_page = _in_page(tok, PAGE)
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
         kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h
-        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, SUB, G]
-        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # a stream with no key yet (the last tile's tail)
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None, :])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
-                                               input_precision=DOT_PRECISION)  # fmt: skip
-        m = m_new
+        m, l, acc = _tile_t(k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc,
+                            DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT)  # fmt: skip
     m_all = tl.max(m, 0)
     m_use = tl.where(m_all > float("-inf"), m_all, 0.0)
     wgt = tl.exp2(m - m_use[None, :])  # 0 for a stream that saw no key
@@ -302,20 +314,8 @@ def _attend_heads_t(
             in_page = _in_page(tok, PAGE)
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # KS = 1: [1, BLOCK_N, BLOCK_D], broadcast over heads
         kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
-        k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-        k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-        s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, BLOCK_N, G]
-        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None, :])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-        v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
-        acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE),
-                                               input_precision=DOT_PRECISION)  # fmt: skip
-        m = m_new
+        m, l, acc = _tile_t(k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc,
+                            DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT)  # fmt: skip
     if KS > 1:  # each head's KS streams into one (weights 0 for a stream that saw no key)
         m4 = tl.reshape(m, (HS, KS, GROUP_PAD))
         m_all = tl.max(m4, 1)

@@ -148,3 +148,17 @@ def int4_checkpoint(src: Path, dst: Path, fmt: str, group: int = 32, bits: int =
     model.save_pretrained(dst / "dequantized")
     AutoTokenizer.from_pretrained(src).save_pretrained(dst / "dequantized")
     return dst
+
+
+def with_kv_scales(src: Path, dst: Path, scales: dict[str, torch.Tensor]) -> Path:
+    """A copy at `dst` of the sharded HF checkpoint `src` with `scales` (KV-cache scale tensors by their checkpoint
+    names) added in a file of their own, `kv-scales.safetensors`, listed in the index (only listed files load, as
+    in HF and vLLM). Returns `dst`."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    save_file(scales, str(dst / "kv-scales.safetensors"))
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    index["weight_map"] |= dict.fromkeys(scales, "kv-scales.safetensors")
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dst

@@ -44,6 +44,21 @@ def _assert_all_blocks_free(engine: AsyncEngine) -> None:
     assert not engine.engine.has_unfinished_requests()
 
 
+def _assert_only_the_victim_fails(engine: AsyncEngine, victim_prompt: str, fault: str) -> None:
+    """Request "victim" (`victim_prompt`) and "bystander" at once: the victim fails with the injected `fault`,
+    the bystander gets all its tokens, and the loop lives on with every block back in the pool."""
+
+    async def run() -> list:
+        return await asyncio.gather(_collect(engine, "victim", victim_prompt), _collect(engine, "bystander"),
+                                    return_exceptions=True)
+
+    victim, bystander = asyncio.run(run())
+    assert isinstance(victim, RequestFailedError) and fault in str(victim)
+    assert len(bystander) == 8
+    assert engine.is_alive
+    _assert_all_blocks_free(engine)
+
+
 def test_a_failure_while_processing_one_request_fails_that_request_only(build, monkeypatch):
     original = LLMEngine._process_token
 
@@ -54,16 +69,7 @@ def test_a_failure_while_processing_one_request_fails_that_request_only(build, m
 
     monkeypatch.setattr(LLMEngine, "_process_token", faulty)
     engine = build()
-
-    async def run() -> list:
-        return await asyncio.gather(_collect(engine, "victim"), _collect(engine, "bystander"),
-                                    return_exceptions=True)
-
-    victim, bystander = asyncio.run(run())
-    assert isinstance(victim, RequestFailedError) and "injected fault" in str(victim)
-    assert len(bystander) == 8
-    assert engine.is_alive
-    _assert_all_blocks_free(engine)
+    _assert_only_the_victim_fails(engine, "Hello there", "injected fault")
     assert len(asyncio.run(_collect(engine, "after"))) == 8
 
 
@@ -77,16 +83,7 @@ def test_a_failure_while_adding_one_request_fails_that_request_only(build, monke
         return original(text, *args, **kwargs)
 
     monkeypatch.setattr(engine.engine.tokenizer, "encode", faulty)
-
-    async def run() -> list:
-        return await asyncio.gather(_collect(engine, "victim", "poison"), _collect(engine, "bystander"),
-                                    return_exceptions=True)
-
-    victim, bystander = asyncio.run(run())
-    assert isinstance(victim, RequestFailedError) and "injected tokenizer fault" in str(victim)
-    assert len(bystander) == 8
-    assert engine.is_alive
-    _assert_all_blocks_free(engine)
+    _assert_only_the_victim_fails(engine, "poison", "injected tokenizer fault")
 
 
 def test_a_loop_failure_calls_on_dead_and_fails_every_waiter(tiny_model_dirs, monkeypatch):

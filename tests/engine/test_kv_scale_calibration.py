@@ -8,7 +8,6 @@ is what the engine's fp8 cache stores and every attention of it (prefill and dec
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -31,6 +30,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.kernels.fp8_linear import FP8_DTYPE, FP8_MAX
 
 from .hf_reference import _hf_model, hf_greedy
+from .quant_checkpoints import with_kv_scales
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10]
 TOKENS = 8
@@ -130,17 +130,9 @@ def test_fp8_cache_with_calculated_scales_matches_hf_with_the_same_rounding(smal
 
 
 def test_checkpoint_scales_are_kept_and_the_other_layers_calculated(tiny_model_dirs, tmp_path):
-    from safetensors.torch import save_file
-
-    path = tmp_path / "with-kv-scales"
-    shutil.copytree(tiny_model_dirs["llama"], path)
-    scales = {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
-              "model.layers.0.self_attn.v_scale": torch.tensor(2.0)}
-    save_file(scales, str(path / "kv-scales.safetensors"))
-    # a sharded checkpoint lists every file in its index (only listed files load, as in HF and vLLM)
-    index = json.loads((path / "model.safetensors.index.json").read_text())
-    index["weight_map"] |= dict.fromkeys(scales, "kv-scales.safetensors")
-    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    path = with_kv_scales(tiny_model_dirs["llama"], tmp_path / "with-kv-scales",
+                          {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+                           "model.layers.0.self_attn.v_scale": torch.tensor(2.0)})
     layers = LLM(str(path), max_model_len=LENGTH, max_num_batched_tokens=LENGTH, kv_cache_dtype="fp8",
                  calculate_kv_scales=True).engine.runner.attention_layers
     assert (layers[0].k_scale, layers[0].v_scale) == (0.5, 2.0)

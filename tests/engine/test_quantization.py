@@ -31,7 +31,7 @@ from flotilla.kernels.fp8_linear import FP8_DTYPE, fp8_linear_ref, quantize_fp8_
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
 
 from .hf_reference import hf_greedy, model_greedy
-from .quant_checkpoints import compressed_tensors_checkpoint, int4_checkpoint
+from .quant_checkpoints import compressed_tensors_checkpoint, int4_checkpoint, with_kv_scales
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13] * 10]
 TOKENS = 8
@@ -193,20 +193,10 @@ def test_fp8_kv_cache_halves_block_bytes_and_keeps_greedy_tokens(tiny_model_dirs
 def test_checkpoint_kv_scales_apply_to_an_fp8_cache_only(tiny_model_dirs, tmp_path):
     """`self_attn.k_scale` / `v_scale` (llm-compressor's names) and `k_proj.output_scale` (older
     compressed-tensors) land on the layer's attention; a bf16 cache ignores them, as vLLM does."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    path = tmp_path / "with-kv-scales"
-    shutil.copytree(tiny_model_dirs["llama"], path)
-    scales = {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
-              "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
-              "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])}
-    save_file(scales, str(path / "kv-scales.safetensors"))
-    # a sharded checkpoint lists every file in its index (only listed files load, as in HF and vLLM)
-    index = json.loads((path / "model.safetensors.index.json").read_text())
-    index["weight_map"] |= dict.fromkeys(scales, "kv-scales.safetensors")
-    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    path = with_kv_scales(tiny_model_dirs["llama"], tmp_path / "with-kv-scales",
+                          {"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+                           "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
+                           "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25])})
     fp8 = LLM(str(path), max_model_len=256, kv_cache_dtype="fp8").engine.runner.attention_layers
     assert [(a.k_scale, a.v_scale) for a in fp8] == [(0.5, 2.0), (0.25, 1.0)]
     plain = LLM(str(path), max_model_len=256).engine.runner.attention_layers

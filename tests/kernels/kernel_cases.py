@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
+
 # Under the interpreter, kernels run on CPU tensors; compiled, on the GPU.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "") == "1"
 DEVICE = torch.device("cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda")
@@ -32,6 +34,31 @@ def linear_case(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool, seed:
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
     return x, weight, b
 
+
+def int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype,
+                symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random int4 weight `[n, k]` drawn from `g` (codes, then scales, then zero points), on the CPU: packed
+    codes, scales `[n, k / group]` in `dtype` and uint8 zero points (all 8 when `symmetric`)."""
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
+    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
+        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
+    return pack_codes(codes, 4), scales, zeros
+
+
+def int4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
+    """A seeded int4 W4A16 case: the arguments of the int4 linears `(x, packed, scales, zeros or None, group,
+    bias or None)` on DEVICE, and `packed_int_linear_ref`'s output (fp32, on the CPU) to check them against."""
+    g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype, symmetric)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group,
+            b.to(DEVICE) if bias else None)  # fmt: skip
+    # the reference where the kernel runs (a Llama-sized weight dequantized on the CPU takes seconds)
+    ref = packed_int_linear_ref(args[0].float(), args[1], args[2].float(), zeros.to(DEVICE), 4, group,
+                                args[5].float() if bias else None)  # fmt: skip
+    return args, ref.cpu()
 
 def paged_pool(
     seq_lens: list[int],
@@ -98,3 +125,19 @@ def attention_case(
     query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
     qsl, lens = batch_meta(q_lens, seq_lens)
     return query, k_cache, v_cache, tables, qsl, lens
+
+
+def assert_same_rope_writes(got: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                            want: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                            caches: tuple[torch.Tensor, torch.Tensor], slot: int, dtype: torch.dtype) -> None:
+    """A fused projection + rotary + KV write (`got`: rotated query `[1, heads, head_dim]`, key and value caches)
+    equals the unfused kernels' (`want`) bit for bit, caches compared as bytes (fp8 included); a padding slot
+    (`slot < 0`) leaves both `caches` (as they were before the call) untouched."""
+    (got_q, got_k, got_v), (want_q, want_k, want_v) = got, want
+    assert got_q.shape == want_q.shape and got_q.dtype == dtype
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+    if slot < 0:
+        assert torch.equal(got_k.view(torch.uint8), caches[0].view(torch.uint8))
+        assert torch.equal(got_v.view(torch.uint8), caches[1].view(torch.uint8))

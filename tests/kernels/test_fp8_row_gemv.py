@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
+from kernel_cases import DEVICE, INTERPRETING, assert_same_rope_writes, rel_err, tolerance
 
 from flotilla.kernels import dispatch
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref, quantize_fp8_rows
@@ -363,12 +363,8 @@ def test_rope_form_equals_the_plain_kernel_then_rotary_bit_for_bit(heads, kv_hea
     got_k, got_v = kc.clone(), vc.clone()
     got_q = fp8_row_gemv_rope(x, w8, scale, b, positions, cos_sin, got_k, got_v, slots, heads, kv_heads, *scales,
                               pdl=pdl, pdl_gdc=False)  # fmt: skip
-    assert got_q.shape == (1, heads, head_dim) and got_q.dtype == dtype
-    assert torch.equal(got_q, want_q)
-    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
-    if slot < 0:
-        assert torch.equal(got_k.view(torch.uint8), kc.view(torch.uint8))
+    assert got_q.shape == (1, heads, head_dim)
+    assert_same_rope_writes((got_q, got_k, got_v), (want_q, want_k, want_v), (kc, vc), slot, dtype)
     ref_k, ref_v = kc.clone(), vc.clone()
     ref_q = fp8_row_gemv_rope_ref(x, w8, scale, b, positions, cos_sin, ref_k, ref_v, slots, heads, kv_heads, *scales)
     assert rel_err(got_q, ref_q) < 1.5e-2

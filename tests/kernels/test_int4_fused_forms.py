@@ -13,22 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import DEVICE, INTERPRETING, rel_err, tolerance
+from kernel_cases import DEVICE, INTERPRETING, assert_same_rope_writes, int4_weight, rel_err, tolerance
 
 from flotilla.kernels import dispatch
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.packed_int_linear import PackedInt4, pack_codes, packed_int_linear_ref
+from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.triton_rope_epilogue import qkv_rope_ref
 
 
 def _weight(n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, seed: int):
     """A random int4 weight `[n, k]` (`PackedInt4` on DEVICE) and its zero points for the reference (8: symmetric)."""
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    w = PackedInt4(pack_codes(codes, 4).to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group)
+    packed, scales, zeros = int4_weight(n, k, group, torch.Generator().manual_seed(seed), dtype, symmetric)
+    w = PackedInt4(packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group)
     return w, zeros
 
 
@@ -117,12 +113,8 @@ def test_rope_form_equals_the_plain_gemv_then_rotary_bit_for_bit(heads, kv_heads
     got_k, got_v = kc.clone(), vc.clone()
     got_q = int4_gemv_wide_rope(x, *w, b, positions, cos_sin, got_k, got_v, slots, heads, kv_heads, *scales, pdl=pdl,
                                 pdl_gdc=False, **knobs)  # fmt: skip
-    assert got_q.shape == (1, heads, head_dim) and got_q.dtype == dtype
-    assert torch.equal(got_q, want_q)
-    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
-    if slot < 0:
-        assert torch.equal(got_k.view(torch.uint8), kc.view(torch.uint8))
+    assert got_q.shape == (1, heads, head_dim)
+    assert_same_rope_writes((got_q, got_k, got_v), (want_q, want_k, want_v), (kc, vc), slot, dtype)
     ref_k, ref_v = kc.clone().cpu(), vc.clone().cpu()
     ref_q = qkv_rope_ref(_ref_linear(x, w, zeros, b), positions.cpu(), cos_sin.cpu(), ref_k, ref_v, slots.cpu(), heads,
                          kv_heads, *scales)  # fmt: skip

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, int4_weight, rel_err, tolerance
 
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
-
-
-def _int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype):
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    return pack_codes(codes, 4), scales, zeros
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -24,7 +17,7 @@ def test_int4_gemm_matches_reference(dtype, m, group):
 
     g = torch.Generator().manual_seed(m)
     n, k = 80, 256
-    packed, scales, zeros = _int4_weight(n, k, group, g, dtype)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype)
     x = torch.randn(m, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype)
     ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, group, bias.float())
@@ -41,7 +34,7 @@ def test_int4_dequantize_matches_reference(dtype, group):
     from flotilla.kernels.triton_int4_gemm import int4_dequantize
 
     g = torch.Generator().manual_seed(group)
-    packed, scales, zeros = _int4_weight(40, 384, group, g, dtype)
+    packed, scales, zeros = int4_weight(40, 384, group, g, dtype)
     ref = dequantize_packed(packed, scales.float(), zeros, 4, group)
     out = int4_dequantize(*(t.to(DEVICE) for t in (packed, scales, zeros)), group, dtype)
     assert out.dtype == dtype and out.shape == (40, 384)
@@ -53,7 +46,7 @@ def test_int4_gemm_wide_row_tiles():
     from flotilla.kernels.triton_int4_gemm import int4_linear
 
     g = torch.Generator().manual_seed(70)
-    packed, scales, zeros = _int4_weight(48, 128, 64, g, torch.float32)
+    packed, scales, zeros = int4_weight(48, 128, 64, g, torch.float32)
     x = torch.randn(70, 128, generator=g)
     ref = packed_int_linear_ref(x, packed, scales, zeros, 4, 64)
     out = int4_linear(*(t.to(DEVICE) for t in (x, packed, scales, zeros)), 64)
@@ -67,7 +60,7 @@ def test_dispatch_int4_paths(m, symmetric):
     from flotilla.kernels.dispatch import packed_int_linear
 
     g = torch.Generator().manual_seed(m)
-    packed, scales, zeros = _int4_weight(96, 512, 128, g, torch.bfloat16)
+    packed, scales, zeros = int4_weight(96, 512, 128, g, torch.bfloat16)
     if symmetric:
         zeros.fill_(8)
     x = torch.randn(m, 512, generator=g).bfloat16()

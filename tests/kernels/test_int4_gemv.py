@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, int4_weight, rel_err, tolerance
 
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
-
-
-def _int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype, symmetric: bool = False):
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    return pack_codes(codes, 4), scales, zeros
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 
 
 def _check(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, **knobs) -> None:
     from flotilla.kernels.triton_int4_gemv import int4_gemv
 
     g = torch.Generator().manual_seed(m * 1000 + n + k)
-    packed, scales, zeros = _int4_weight(n, k, group, g, dtype, symmetric)
+    packed, scales, zeros = int4_weight(n, k, group, g, dtype, symmetric)
     x = torch.randn(m, k, generator=g).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
     ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, group, b.float() if bias else None)
@@ -80,7 +72,7 @@ def test_int4_gemv_split_fixup_equals_reduce_launch(monkeypatch, use_dot):
     from flotilla.kernels.triton_int4_gemv import int4_gemv
 
     g = torch.Generator().manual_seed(11)
-    packed, scales, zeros = _int4_weight(48, 512, 128, g, torch.float32)
+    packed, scales, zeros = int4_weight(48, 512, 128, g, torch.float32)
     x = torch.randn(2, 512, generator=g)
     bias = torch.randn(48, generator=g)
     args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE), 128, bias.to(DEVICE))
@@ -99,7 +91,7 @@ def test_int4_gemv_split_is_deterministic():
     from flotilla.kernels.triton_int4_gemv import int4_gemv
 
     g = torch.Generator().manual_seed(7)
-    packed, scales, zeros = _int4_weight(16, 512, 128, g, torch.float32)
+    packed, scales, zeros = int4_weight(16, 512, 128, g, torch.float32)
     x = torch.randn(1, 512, generator=g)
     args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE), 128)
     assert torch.equal(int4_gemv(*args, split_k=4, block_w=16), int4_gemv(*args, split_k=4, block_w=16))

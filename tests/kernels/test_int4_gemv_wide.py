@@ -9,36 +9,15 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
+from kernel_cases import DEVICE, int4_case, int4_weight, rel_err, tolerance
 
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
-
-
-def _int4_weight(n: int, k: int, group: int, g: torch.Generator, dtype: torch.dtype, symmetric: bool = False):
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    return pack_codes(codes, 4), scales, zeros
-
-
-def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
-    g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
-    packed, scales, zeros = _int4_weight(n, k, group, g, dtype, symmetric)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    b = torch.randn(n, generator=g).to(dtype) if bias else None
-    args = (x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE), group,
-            b.to(DEVICE) if bias else None)  # fmt: skip
-    # the reference where the kernel runs (a Llama-sized weight dequantized on the CPU takes seconds)
-    ref = packed_int_linear_ref(args[0].float(), args[1], args[2].float(), zeros.to(DEVICE), 4, group,
-                                args[5].float() if bias else None)  # fmt: skip
-    return args, ref.cpu()
+from flotilla.kernels.packed_int_linear import packed_int_linear_ref
 
 
 def _check(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, **knobs) -> None:
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(m, n, k, group, dtype, symmetric, bias)
+    args, ref = int4_case(m, n, k, group, dtype, symmetric, bias)
     out = int4_gemv_wide(*args, **knobs)
     assert out.dtype == dtype and out.shape == (m, n)
     assert rel_err(out.cpu(), ref) < tolerance(dtype)
@@ -81,7 +60,7 @@ def test_int4_gemv_wide_split_fixup_equals_reduce_launch(monkeypatch):
     from flotilla.kernels import triton_int4_gemv
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(1, 48, 512, 128, torch.float32, False, True, seed=11)
+    args, ref = int4_case(1, 48, 512, 128, torch.float32, False, True, seed=11)
     knobs = {"split_k": 4, "block_n": 16, "block_w": 16}
     fixed = int4_gemv_wide(*args, **knobs)
     assert not triton_int4_gemv._COUNTERS[args[0].device].any()
@@ -95,7 +74,7 @@ def test_int4_gemv_wide_strided_rows():
     """Rows that are not contiguous (a slice of a wider tensor) read the same as a contiguous copy."""
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(2, 32, 256, 128, torch.bfloat16, True, False, seed=3)
+    args, ref = int4_case(2, 32, 256, 128, torch.bfloat16, True, False, seed=3)
     wide = torch.zeros(2, 512, dtype=torch.bfloat16, device=DEVICE)
     wide[:, 128:384] = args[0]
     out = int4_gemv_wide(wide[:, 128:384], *args[1:], block_n=16, block_w=32)
@@ -162,7 +141,7 @@ def test_int4_gemv_wide_asm_matches_plain():
     """The PTX nibble path (lop3 by inline asm) and the plain Triton one give the same bits."""
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(1, 4096, 4096, 128, torch.bfloat16, True, False, seed=5)
+    args, ref = int4_case(1, 4096, 4096, 128, torch.bfloat16, True, False, seed=5)
     out = int4_gemv_wide(*args, use_asm=True)
     assert torch.equal(out, int4_gemv_wide(*args, use_asm=False))
     assert rel_err(out.cpu(), ref) < tolerance(torch.bfloat16)
@@ -187,7 +166,7 @@ def test_dispatch_int4_gemv_wide(monkeypatch, m):
     monkeypatch.setattr(triton_int4_gemv_wide, "int4_gemv_wide", lambda *a, **kw: called.append(1) or real(*a, **kw))
     monkeypatch.setattr(dispatch, "INT4_GEMV_WIDE_ROWS", 4)
     g = torch.Generator().manual_seed(m)
-    packed, scales, zeros = _int4_weight(96, 512, 128, g, torch.bfloat16)
+    packed, scales, zeros = int4_weight(96, 512, 128, g, torch.bfloat16)
     x = torch.randn(m, 512, generator=g).bfloat16()
     ref = packed_int_linear_ref(x.float(), packed, scales.float(), zeros, 4, 128)
     out = dispatch.packed_int_linear(*(t.to(DEVICE) for t in (x, packed, scales, zeros)), 4, 128)

@@ -11,28 +11,11 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import DEVICE, rel_err, tolerance
-
-from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
+from kernel_cases import DEVICE, int4_case, rel_err, tolerance
 
 
 def _hopper() -> bool:
     return DEVICE.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
-
-
-def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, symmetric: bool, bias: bool, seed: int = 0):
-    g = torch.Generator().manual_seed(seed * 7919 + m * 1000 + n + k)
-    codes = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.full((n, k // group), 8, dtype=torch.uint8) if symmetric else \
-        torch.randint(0, 16, (n, k // group), generator=g).to(torch.uint8)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    b = torch.randn(n, generator=g).to(dtype) if bias else None
-    args = (x.to(DEVICE), pack_codes(codes, 4).to(DEVICE), scales.to(DEVICE), None if symmetric else zeros.to(DEVICE),
-            group, b.to(DEVICE) if bias else None)  # fmt: skip
-    ref = packed_int_linear_ref(x.float(), pack_codes(codes, 4), scales.float(), zeros, 4, group,
-                                b.float() if bias else None)  # fmt: skip
-    return args, ref
 
 
 # (m, n, k, group, dtype, symmetric, bias, knobs): one step a range (the peel is the whole range), several steps,
@@ -54,7 +37,7 @@ def test_peeled_first_step_is_bit_equal(trigger, layout, m, n, k, group, dtype, 
     without the griddepcontrol instructions (`pdl_gdc=False`); on a Hopper GPU with them, launched by PDL."""
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(m, n, k, group, dtype, symmetric, bias)
+    args, ref = int4_case(m, n, k, group, dtype, symmetric, bias)
     plain = int4_gemv_wide(*args, pdl="", layout=layout, **knobs)
     peeled = int4_gemv_wide(*args, pdl=trigger, pdl_gdc=_hopper(), layout=layout, **knobs)
     assert torch.equal(peeled, plain)
@@ -68,7 +51,7 @@ def test_row_layout_matches_main_layout(m, n, k, group, dtype, symmetric, bias, 
     GPU within the reference tolerance (the final reduction over chunks may run in another order)."""
     from flotilla.kernels.triton_int4_gemv_wide import int4_gemv_wide
 
-    args, ref = _case(m, n, k, group, dtype, symmetric, bias, seed=2)
+    args, ref = int4_case(m, n, k, group, dtype, symmetric, bias, seed=2)
     main = int4_gemv_wide(*args, pdl="", **knobs)
     rows = int4_gemv_wide(*args, pdl="", layout=1, **knobs)
     assert rel_err(rows.cpu(), ref) < tolerance(dtype)
@@ -101,7 +84,7 @@ def test_default_launch_is_plain_where_pdl_cannot_run(monkeypatch):
     real = triton_int4_gemv_wide._pdl_options
     monkeypatch.setattr(triton_int4_gemv_wide, "_pdl_options", lambda pdl, gdc: seen.append(pdl) or real(pdl, gdc))
     monkeypatch.setattr(triton_int4_gemv_wide, "WIDE_PDL", "top")
-    args, _ = _case(1, 32, 256, 128, torch.bfloat16, True, False)
+    args, _ = int4_case(1, 32, 256, 128, torch.bfloat16, True, False)
     triton_int4_gemv_wide.int4_gemv_wide(*args, block_n=16, block_w=32)
     assert seen == (["top"] if _hopper() and triton_int4_gemv_wide.pdl_active(args[0]) else [""])
     assert real("", True) == {}

@@ -5,31 +5,11 @@ a stop string found after its next step was launched leaves no block behind."""
 
 from __future__ import annotations
 
-import pytest
-
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
-from ..hf_reference import hf_greedy
 from .conftest import assert_same_completions
-from .test_speculative_engine import GREEDY, MAX_TOKENS, NGRAM, SYSTEM, _prompts, _run, _tokens
-
-
-@pytest.mark.parametrize("proposer", ["ngram", "draft"])
-def test_async_greedy_output_matches_hf_under_chunking_prefix_hits_and_preemption(tiny_model_dirs, proposer):
-    model = tiny_model_dirs["qwen3"]
-    prompts = _prompts(2, n=4, shared_prefix=SYSTEM)
-    config = NGRAM if proposer == "ngram" else {"model": str(model), "num_speculative_tokens": 3}
-    outs, llm = _run(
-        model, prompts, config, async_scheduling=True,
-        num_gpu_blocks_override=16, enable_chunked_prefill=True, max_num_batched_tokens=24, max_num_seqs=5,
-    )
-    assert _tokens(outs) == hf_greedy(model, prompts, MAX_TOKENS)
-    assert llm.engine.scheduler.num_preemptions > 0
-    counts = llm.engine.speculator.counts
-    assert counts.num_drafts > 0
-    if proposer == "draft":
-        assert counts.num_accepted_tokens == counts.num_draft_tokens
+from .test_speculative_engine import GREEDY, MAX_TOKENS, _prompts, _run
 
 
 def test_async_stops_penalties_and_logprobs_as_without_speculation(tiny_model_dirs):

@@ -68,13 +68,16 @@ def test_a_poor_draft_model_changes_nothing(tiny_model_dirs):
     assert counts.num_accepted_tokens < counts.num_draft_tokens
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("proposer", ["ngram", "draft"])
-def test_chunked_prefill_prefix_hits_and_preemption(tiny_model_dirs, proposer):
+def test_chunked_prefill_prefix_hits_and_preemption(tiny_model_dirs, proposer, async_scheduling):
+    """Greedy output equals HF's with chunked prefill, prefix-cache hits and preemption, with the scheduler
+    synchronous or asynchronous (a step's drafts taken in before the next step is launched)."""
     model = tiny_model_dirs["qwen3"]
     prompts = _prompts(2, n=4, shared_prefix=SYSTEM)
     config = NGRAM if proposer == "ngram" else {"model": str(model), "num_speculative_tokens": 3}
     outs, llm = _run(
-        model, prompts, config,
+        model, prompts, config, async_scheduling=async_scheduling,
         num_gpu_blocks_override=16, enable_chunked_prefill=True, max_num_batched_tokens=24, max_num_seqs=5,
     )
     assert _tokens(outs) == hf_greedy(model, prompts, MAX_TOKENS)
