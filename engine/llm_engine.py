@@ -29,6 +29,7 @@ from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_rules import check_prompt_ids, check_prompt_length
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
@@ -159,14 +160,14 @@ class LLMEngine:
     def _prompt_tokens(self, prompt: str | list[int], prompt_text: str | None,
                        params: SamplingParams) -> tuple[str | None, list[int]]:
         """(text, token ids) of a new request's prompt: tokenized if text, truncated as `params` ask, checked
-        against the context length (InvalidParamError; its ids: `_check_prompt_ids`)."""
+        against the context length (`prompt_rules.check_prompt_length`; its ids: `_check_prompt_ids`)."""
         text: str | None
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = prompt_text, list(prompt)
         token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens, self.config.model.max_model_len)
-        self._validate_prompt(token_ids)
+        check_prompt_length(token_ids, self.config.model.max_model_len)
         return text, token_ids
 
     def _check_options(self, params: SamplingParams, lora_request: LoRARequest | None,
@@ -285,21 +286,8 @@ class LLMEngine:
     def max_pending_compiles(self, value: int | None) -> None:
         self._compiling.max_pending = value
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
-        """The prompt's length rules: not empty, room for at least one generated token."""
-        max_len = self.config.model.max_model_len
-        if not token_ids:
-            raise InvalidParamError("the prompt is empty", "prompt")
-        if len(token_ids) >= max_len:
-            # vLLM's words (the prompt must leave room for one generated token): clients match them
-            raise InvalidParamError(
-                f"This model's maximum context length is {max_len} tokens. However, your request has "
-                f"{len(token_ids)} input tokens. Please reduce the length of the input messages.",
-                "prompt",
-            )
-
     def _check_prompt_ids(self, request: Request) -> None:
-        """Every prompt id the model may be fed lies in the vocabulary (InvalidParamError).
+        """Every prompt id the model may be fed lies in the vocabulary (`prompt_rules.check_prompt_ids`).
 
         Ids inside the prompt's blocks that the prefix cache holds are not checked again where equal block keys
         imply equal tokens (`BlockManager.keys_imply_equal_tokens`: sha256 keys, not `builtin`): they were checked
@@ -309,14 +297,7 @@ class LLMEngine:
         ids = request.prompt_token_ids
         blocks = self.block_manager
         known = blocks.cached_prompt_tokens(request) if blocks.keys_imply_equal_tokens else 0
-        if known:
-            ids = ids[known:]
-        vocab = self.vocab_size
-        if min(ids) >= 0 and max(ids) < vocab:  # two C loops: a long prompt's first token waits on them
-            return
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidParamError(f"prompt token id(s) {bad[:5]} are outside the vocabulary (size {vocab})", "prompt")
+        check_prompt_ids(ids[known:] if known else ids, self.vocab_size)
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (all their completions) at any time; their blocks return to the pool at once."""

@@ -24,7 +24,7 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
-from flotilla.engine.penalty_counts import PenaltyCounts
+from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample, token_ranks
@@ -110,7 +110,7 @@ class ModelRunner:
         # process-wide torch seed is left alone.
         self.generator = torch.Generator().manual_seed(config.model.seed)
         # The penalised requests' token counts, kept on the device and updated with new tokens only.
-        self.penalty_counts = PenaltyCounts(self.device)
+        self.penalty_counts = PenaltyCounts(self.device, config.scheduler.max_num_seqs)
         started = time.perf_counter()
         self.model = load_model(config.model, self.device)
         logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
@@ -185,7 +185,9 @@ class ModelRunner:
 
     def _profile_gpu_blocks(self, per_seq: int) -> int:
         """vLLM's start-up rule: the KV pool gets what is left of `gpu_memory_utilization` of the GPU
-        after the weights, the peak of a dummy step at the full token budget, and memory outside torch."""
+        after the weights, the peak of a dummy step at the full token budget, and memory outside torch; and,
+        on the stage that draws, after the penalties' tables (engine/penalty_counts.py), made at the first
+        penalised draw and kept beside every later step's peak, which the dummy step's does not hold."""
         torch.cuda.synchronize()
         weights = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -196,9 +198,11 @@ class ModelRunner:
         with torch.inference_mode(), forward_context(None):
             hidden = self.model(ids, torch.arange(n, device=self.device))
             logits = None
+            penalties = 0
             if is_last_stage():  # the only stage that holds the LM head and draws
                 logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :]).float()
                 logits.softmax(dim=-1).sort(dim=-1)  # the sampler's largest intermediates
+                penalties = table_bytes(self.penalty_counts.max_requests, logits.shape[1])
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         del hidden, logits
@@ -206,13 +210,14 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info()
         non_torch = max(total - free - torch.cuda.memory_reserved(), 0)
         usable = total * self.config.cache.gpu_memory_utilization
-        budget = usable - peak - non_torch
+        budget = usable - peak - non_torch - penalties
         gib = 2**30
         logger.info(
             "memory profile: GPU %.2f GiB x %.2f = %.2f GiB usable; weights %.2f GiB, activation peak %.2f GiB "
-            "(dummy step of %d tokens, %.1f s), outside torch %.2f GiB -> KV cache %.2f GiB",
+            "(dummy step of %d tokens, %.1f s), outside torch %.2f GiB, penalty tables %.2f GiB -> KV cache %.2f GiB",
             total / gib, self.config.cache.gpu_memory_utilization, usable / gib, weights / gib,
-            (peak - weights) / gib, n, time.perf_counter() - started, non_torch / gib, max(budget, 0) / gib,
+            (peak - weights) / gib, n, time.perf_counter() - started, non_torch / gib, penalties / gib,
+            max(budget, 0) / gib,
         )
         num_blocks = max(int(budget // self.bytes_per_block), 0)
         if num_blocks < per_seq:
@@ -221,8 +226,9 @@ class ModelRunner:
                 f"{per_seq * self.bytes_per_block / gib:.2f} GiB of KV cache, but only {max(budget, 0) / gib:.2f} GiB "
                 f"is left of --gpu-memory-utilization {self.config.cache.gpu_memory_utilization} x "
                 f"{total / gib:.1f} GiB after weights ({weights / gib:.2f} GiB), activations "
-                f"({(peak - weights) / gib:.2f} GiB) and memory outside torch ({non_torch / gib:.2f} GiB); "
-                "lower --max-model-len or --max-num-batched-tokens, or raise --gpu-memory-utilization"
+                f"({(peak - weights) / gib:.2f} GiB), memory outside torch ({non_torch / gib:.2f} GiB) and the "
+                f"penalty tables ({penalties / gib:.2f} GiB); lower --max-model-len, --max-num-batched-tokens or "
+                "--max-num-seqs, or raise --gpu-memory-utilization"
             )
         return num_blocks
 

@@ -7,8 +7,13 @@ at its first penalised draw (its prompt marked then, once), and a step adds only
 since: one indexed add for the whole batch. The counts are the same integers as a recount (int32, exact), so the
 penalised logits are bit for bit those of a recount.
 
-A row is taken back when its request has finished (or is gone) and a new request needs one; the tables grow
-by doubling when none is free. Rows whose own parameters have no penalty read row 0, which stays all zero.
+The tables have a row for each of `max_num_seqs` requests (the most one batch holds) besides row 0, which rows
+whose own parameters have no penalty read and which stays all zero. They are made at the first penalised draw,
+whole, and never grow, so the KV cache's sizing can set their bytes aside (`table_bytes`, subtracted from the
+memory profile's budget in model_runner.py): 5 bytes a token of the vocabulary a row (int32 counts, bool marks),
+e.g. 330 MB at 512 rows and a 128k vocabulary. A row is taken back when its request has finished (or is gone) and
+a new request needs one; when every row is held by a live request, one outside the batch (preempted, say) gives its
+row up and is counted again from scratch at its next draw.
 """
 
 from __future__ import annotations
@@ -31,12 +36,19 @@ class _Slot:
     counted: int = 0
 
 
-class PenaltyCounts:
-    """Persistent `[rows, V + 1]` tables: each penalised request's output token counts and its prompt's tokens
-    (column V is the pad column of the sampler's conventions; nothing reads it)."""
+def table_bytes(max_requests: int, vocab_size: int) -> int:
+    """The two tables' bytes for `max_requests` rows (and row 0) over a `vocab_size`-wide vocabulary."""
+    per_cell = torch.empty(0, dtype=torch.int32).element_size() + torch.empty(0, dtype=torch.bool).element_size()
+    return (max_requests + 1) * (vocab_size + 1) * per_cell
 
-    def __init__(self, device: torch.device) -> None:
+
+class PenaltyCounts:
+    """Persistent `[max_requests + 1, V + 1]` tables: each penalised request's output token counts and its prompt's
+    tokens (column V is the pad column of the sampler's conventions; nothing reads it)."""
+
+    def __init__(self, device: torch.device, max_requests: int) -> None:
         self.device = device
+        self.max_requests = max_requests  # distinct requests one batch may hold: the scheduler's max_num_seqs
         self.vocab_size = -1
         self.output = torch.zeros(0, 0, dtype=torch.int32, device=device)  # [rows, V + 1] occurrences in outputs
         self.prompt = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [rows, V + 1] occurs in the prompt
@@ -55,6 +67,11 @@ class PenaltyCounts:
         out_rows: list[int] = []
         out_tokens: list[int] = []
         batch = {id(r) for r in requests if r is not None}
+        # A request's completions draw their first tokens together, each as a row of the batch, before the
+        # scheduler runs them (`Request.fork_children`); with no output yet, their counts are their shared prompt's
+        # alone: those of one row. So they read the row of the first of them, and a batch holds at most as many
+        # rows of its own as requests run at once (max_num_seqs), whatever their n.
+        first_draws: dict[int, int] = {}  # id(prompt ids) -> the row of this batch's request with them and no output
         rows = []
         for r in requests:
             if r is None:
@@ -62,6 +79,9 @@ class PenaltyCounts:
                 continue
             slot = self._slots.get(id(r))
             outputs = r.output_token_ids
+            if not outputs and (slot is None or slot.owner() is not r) and id(r.prompt_token_ids) in first_draws:
+                rows.append(first_draws[id(r.prompt_token_ids)])
+                continue
             if slot is None or slot.owner() is not r or len(outputs) < slot.counted:
                 slot = self._take(r, slot, batch)
                 fresh.append(slot.row)
@@ -72,16 +92,20 @@ class PenaltyCounts:
                 out_rows += [slot.row] * len(new)
                 out_tokens += new
                 slot.counted = len(outputs)
+            if not outputs:
+                first_draws.setdefault(id(r.prompt_token_ids), slot.row)
             rows.append(slot.row)
         self._write(fresh, prompt_rows, prompt_tokens, out_rows, out_tokens)
         return device_tensor(rows, torch.long, self.device)
 
     def _reset(self, vocab_size: int) -> None:
+        """The tables at their full size (their bytes: `table_bytes`), every row but row 0 free."""
+        rows = self.max_requests + 1
         self.vocab_size = vocab_size
-        self.output = torch.zeros(1, vocab_size + 1, dtype=torch.int32, device=self.device)
-        self.prompt = torch.zeros(1, vocab_size + 1, dtype=torch.bool, device=self.device)
+        self.output = torch.zeros(rows, vocab_size + 1, dtype=torch.int32, device=self.device)
+        self.prompt = torch.zeros(rows, vocab_size + 1, dtype=torch.bool, device=self.device)
         self._slots.clear()
-        self._free.clear()
+        self._free = list(range(rows - 1, 0, -1))  # the lowest first
 
     def _take(self, request: Request, slot: _Slot | None, batch: set[int]) -> _Slot:
         """A row for `request`: the row kept under its id (its own, recounted from scratch, or a gone request's whose
@@ -90,7 +114,7 @@ class PenaltyCounts:
             if not self._free:
                 self._sweep(batch)
             if not self._free:
-                self._grow()
+                self._evict(batch)
         row = slot.row if slot is not None else self._free.pop()
         self._slots[id(request)] = slot = _Slot(weakref.ref(request), row)
         return slot
@@ -103,12 +127,13 @@ class PenaltyCounts:
                 del self._slots[key]
                 self._free.append(slot.row)
 
-    def _grow(self) -> None:
-        """Twice the rows (row 0 stays the zero row)."""
-        old = self.output.shape[0]
-        self.output = torch.cat([self.output, torch.zeros_like(self.output)])
-        self.prompt = torch.cat([self.prompt, torch.zeros_like(self.prompt)])
-        self._free = list(range(2 * old - 1, old - 1, -1))  # the lowest first
+    def _evict(self, batch: set[int]) -> None:
+        """Free the row of a live request outside the batch (the earliest taken): its counts are taken again, from
+        scratch, at its next draw. A batch of more requests than the tables have rows is a caller's error."""
+        key = next((k for k in self._slots if k not in batch), None)
+        if key is None:
+            raise RuntimeError(f"a batch holds more than {self.max_requests} penalised requests (max_num_seqs)")
+        self._free.append(self._slots.pop(key).row)
 
     def _write(self, fresh: list[int], prompt_rows: list[int], prompt_tokens: list[int], out_rows: list[int],
                out_tokens: list[int]) -> None:

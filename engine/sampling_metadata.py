@@ -53,7 +53,7 @@ def build_sampling_batch(
     # penalties of its own reads the zero row: with repetition 1 and frequency and presence 0 the counts change
     # nothing.
     if any_penalties:
-        counts = counts if counts is not None else PenaltyCounts(device)
+        counts = counts if counts is not None else PenaltyCounts(device, len(rows))
         penalised = [r.request if p.has_penalties else None for r, p in zip(rows, params, strict=True)]
         penalty_rows = counts.rows(penalised, vocab_size)
         output_counts, prompt_seen = counts.output, counts.prompt

@@ -173,9 +173,11 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
     model's sampling defaults, and what the routes report of the model (`model_path`: MODEL as given, else the
     model directory served; `chat_template`: --chat-template's text)."""
     defaults = _default_sampling(config)
+    vocab_size = int(config.model.hf_config["vocab_size"])
     return ServerState(
         engine=engine,
-        serving=OpenAIServing(engine, tokenizer, config.model.max_model_len, server.trust_request_chat_template,
+        serving=OpenAIServing(engine, tokenizer, config.model.max_model_len, vocab_size,
+                              server.trust_request_chat_template,
                               loras=loras, enable_auto_tool_choice=server.enable_auto_tool_choice,
                               exclude_tools_when_tool_choice_none=server.exclude_tools_when_tool_choice_none,
                               tool_call_parser=server.tool_call_parser,
@@ -191,7 +193,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
         metrics=metrics,
         api_key=server.api_key,
         max_model_len=config.model.max_model_len,
-        vocab_size=int(config.model.hf_config["vocab_size"]),
+        vocab_size=vocab_size,
         # the runner's rule (fp8 caches are e4m3, else the model dtype), named as its start-up log does
         kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
         quantization=config.model.quantization,

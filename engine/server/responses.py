@@ -217,17 +217,7 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        text, thought = final.outputs[0].text, None
-        if reasoning is not None:
-            split = reasoning.split(text)
-            text, thought = split.content or "", split.reasoning
-        content, calls = _split(plan, text)
-        status = _status(final)
-        out = final.outputs[0]
-        entries = logprobs(out.token_ids, out.logprobs or [])["content"] if logprobs is not None else None
-        items = _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
-                              [function_call_item(c, status) for c in calls], status, reasoning_item(thought),
-                              entries)
+        items = _reply_items(plan, reasoning, final, logprobs)
         return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
@@ -256,7 +246,10 @@ class ResponsesServing:
         outputs (each step's news): the parsers' state (`ReasoningStream`, `ToolPlan.stream`) takes them in turn,
         and the answer is joined and parsed once, at the end. With `logprobs`, each text delta carries the logprobs of
         the tokens generated since the last one (the thinking's and calls' included, as the message's part holds
-        them all); those left at the end ride on the message's last delta (one with no text if none is left)."""
+        them all); those left at the end ride on the message's last delta (one with no text if none is left).
+        Under auto tool choice, whitespace that opens the answer is held until text that is more than whitespace
+        follows (it goes out with it), or calls do (it is no message, as the reply's parse makes it: vLLM's rule),
+        or the output ends (it is the message)."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
@@ -265,6 +258,7 @@ class ResponsesServing:
         answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
         logged = 0
+        held = ""  # whitespace that opened the answer, sent with the first text that is more (auto tool choice)
         try:
             async for output in stream:
                 final = output
@@ -286,7 +280,11 @@ class ResponsesServing:
                         yield ev("response.function_call_arguments.delta", item_id=named["id"], output_index=0,
                                  delta=news)
                     continue
+                if news and not opened and plan.mode == "auto" and (held + news).isspace():
+                    held += news  # no message yet: vLLM sends none for whitespace that only calls follow
+                    continue
                 if news:
+                    news, held = held + news, ""
                     index = int(thinking is not None and thinking.opened)  # after the reasoning item, if any
                     if not opened:
                         opened = True
@@ -407,6 +405,22 @@ def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool
                ev("response.content_part.done", **where, part=text_part(text)),
                ev("response.output_item.done", output_index=index, item=item)]
     return events
+
+
+def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: RequestOutput,
+                 logprobs: LogprobsOf | None) -> list[dict[str, Any]]:
+    """A finished (not streamed) output's items: its thinking, its text, its calls. Text beside calls is the
+    parser's content, which is None when only whitespace came before them (vLLM's rule: no message item)."""
+    out = final.outputs[0]
+    text, thought = out.text, None
+    if reasoning is not None:
+        split = reasoning.split(text)
+        text, thought = split.content or "", split.reasoning
+    content, calls = _split(plan, text)
+    status = _status(final)
+    entries = logprobs(out.token_ids, out.logprobs or [])["content"] if logprobs is not None else None
+    return _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
+                         [function_call_item(c, status) for c in calls], status, reasoning_item(thought), entries)
 
 
 def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:

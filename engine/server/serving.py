@@ -15,6 +15,7 @@ from flotilla.engine.chat_rendering import check_prompt_end, history_for_templat
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.prompt_rules import check_prompt
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.chat_template import (
@@ -146,13 +147,15 @@ def _continuous_usage(req: _SamplingFields) -> bool:
 class OpenAIServing:
     """The two generation endpoints; the app supplies tokenization and the chosen model name.
 
-    Prompt rules live in the engine (`LLMEngine._validate_prompt`); what the server adds is cheap and
-    happens before any expensive work: a bound on characters (a text longer than `max_prompt_chars`
-    cannot fit `max_model_len` tokens), then template rendering and tokenization on worker threads,
-    so that a large prompt or a slow template never holds the event loop (and /health) up.
+    Prompt rules are the engine's (engine/prompt_rules.py, applied when it queues a request); the server applies
+    them too to every prompt of a multi-prompt completions request before it submits any, so one bad prompt
+    refuses the request with nothing run. What the server adds is cheap and happens before any expensive work:
+    a bound on characters (a text longer than `max_prompt_chars` cannot fit `max_model_len` tokens), then
+    template rendering and tokenization on worker threads, so that a large prompt or a slow template never
+    holds the event loop (and /health) up.
     """
 
-    def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int,
+    def __init__(self, engine: ServingEngine, tokenizer: Any, max_model_len: int, vocab_size: int,
                  trust_request_chat_template: bool = False, loras: LoRARegistry | None = None,
                  enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                  exclude_tools_when_tool_choice_none: bool = False,
@@ -174,6 +177,7 @@ class OpenAIServing:
         self.tool_call_parser = tool_call_parser
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size  # the model's logits' width: prompt ids lie below it (prompt_rules.py)
         self.trust_request_chat_template = trust_request_chat_template
         self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
         self._decode = decoder_without_gil(tokenizer)
@@ -203,8 +207,10 @@ class OpenAIServing:
                                 "of the input messages.", param=param)
 
     async def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
-        """The `prompt` field in any of its four shapes (the engine validates the token ids), cut to
-        `truncate_prompt_tokens` when asked."""
+        """The `prompt` field in any of its four shapes, cut to `truncate_prompt_tokens` when asked. Several prompts
+        are each checked by the engine's rules here (a 400 before any is submitted: the engine would refuse a bad
+        one only once the others were queued, and they could prefill a step before their abort); a single prompt
+        is left to the engine, whose refusal comes before it runs."""
         p = req.prompt
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
@@ -220,7 +226,11 @@ class OpenAIServing:
                            param="prompt")
         prompts = [Prompt(await self.encode(x, req.add_special_tokens), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
-        return [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
+        prompts = [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
+        if len(prompts) > 1:
+            for prompt in prompts:
+                check_prompt(prompt.token_ids, self.max_model_len, self.vocab_size)
+        return prompts
 
     def _truncated(self, prompt: Prompt, keep: int | None) -> Prompt:
         ids = truncate_prompt(prompt.token_ids, keep, self.max_model_len)

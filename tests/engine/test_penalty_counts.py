@@ -3,12 +3,15 @@ request's whole output again at each step."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from flotilla.engine.llm_engine import LLMEngine
-from flotilla.engine.penalty_counts import PenaltyCounts
+from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
 from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -24,7 +27,7 @@ def _request(name: str, prompt: list[int]) -> Request:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_rows_hold_each_requests_counts_and_take_only_new_tokens(device):
-    counts = PenaltyCounts(torch.device(device))
+    counts = PenaltyCounts(torch.device(device), 2)
     a, b = _request("a", [1, 2, 2]), _request("b", [5])
     rng = np.random.default_rng(0)
     for step in range(30):
@@ -41,20 +44,46 @@ def test_rows_hold_each_requests_counts_and_take_only_new_tokens(device):
         assert not counts.output[0].any() and not counts.prompt[0].any()
 
 
-def test_a_finished_requests_row_is_cleared_for_the_next_and_the_tables_grow_when_none_is_free():
-    counts = PenaltyCounts(torch.device("cpu"))
+def test_a_finished_requests_row_is_cleared_for_the_next_and_a_live_one_outside_the_batch_gives_its_row_up():
+    counts = PenaltyCounts(torch.device("cpu"), 2)
     a, b = _request("a", [3]), _request("b", [4])
     a.output_token_ids = [7, 7]
     (row_a,) = counts.rows([a], V).tolist()
     a.status = RequestStatus.FINISHED_STOPPED
     (row_b,) = counts.rows([b], V).tolist()
-    assert row_b == row_a and counts.output.shape[0] == 2  # a's row, cleared
-    assert not counts.output[row_b].any() and counts.prompt[row_b, :V].nonzero().flatten().tolist() == [4]
     c = _request("c", [9])
     c.output_token_ids = [1]
     rows = counts.rows([b, c], V).tolist()
-    assert rows[0] == row_b and rows[1] not in (0, row_b) and counts.output.shape[0] == 4
-    assert counts.output[rows[1], 1] == 1 and not counts.output[row_b].any()
+    assert rows[0] == row_b and rows[1] == row_a  # a's row, cleared for c
+    assert counts.output[row_a, :V].tolist() == np.bincount([1], minlength=V).tolist()
+    assert counts.prompt[row_a, :V].nonzero().flatten().tolist() == [9]
+    # Both rows held by live requests: d takes the row of one outside its batch (b's, the earliest taken), and b is
+    # counted again from scratch when it is drawn next.
+    d = _request("d", [5])
+    d.output_token_ids = [2, 2]
+    b.output_token_ids = [6, 6, 6]
+    (row_d,) = counts.rows([d], V).tolist()
+    assert row_d == row_b and counts.output[row_d, :V].tolist() == np.bincount([2, 2], minlength=V).tolist()
+    rows = counts.rows([b, d], V).tolist()
+    assert rows == [row_a, row_d]  # c, outside this batch, gave its row up to b
+    assert counts.output[row_a, :V].tolist() == np.bincount([6, 6, 6], minlength=V).tolist()
+    assert counts.prompt[row_a, :V].nonzero().flatten().tolist() == [4]
+    assert counts.output[row_d, :V].tolist() == np.bincount([2, 2], minlength=V).tolist()
+
+
+def test_the_tables_never_outgrow_their_reserved_bytes():
+    # The KV cache's sizing sets `table_bytes(max_num_seqs, V)` aside (model_runner._profile_gpu_blocks): the tables
+    # are made at that size at the first penalised draw and stay so, however many requests come and go.
+    counts = PenaltyCounts(torch.device("cpu"), 4)
+    reserved = table_bytes(4, V)
+    live: list[Request] = []
+    for i in range(40):
+        live = live[-3:] + [_request(f"r{i}", [i % V])]
+        counts.rows(live, V)
+        used = sum(t.numel() * t.element_size() for t in (counts.output, counts.prompt))
+        assert used == reserved == 5 * 5 * (V + 1)
+    with pytest.raises(RuntimeError, match="more than 4 penalised requests"):
+        counts.rows([_request(f"s{i}", [1]) for i in range(5)], V)
 
 
 def _generate(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]]) -> list[list[list[int]]]:
@@ -106,3 +135,61 @@ def test_kept_counts_give_the_tokens_of_a_recount_at_every_step(tiny_model_dirs,
     # Each penalised completion's prompt and outputs added once (all but its last token: no draw read it).
     penalised = [(p, o) for (p, params), outs in zip(requests, got, strict=True) if params.has_penalties for o in outs]
     assert kept.runner.penalty_counts.tokens_counted == sum(len(p) + len(o) - 1 for p, o in penalised)
+
+
+def _run_with_an_urgent_arrival(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """Two requests of priority 5 run a few steps; one of priority 0 then preempts one of them; all run to the end."""
+    ids = [engine.add_request(p, params, priority=5).request_id for p in prompts[:2]]
+    done: dict[str, list[int]] = {}
+    for step in range(10**4):
+        if step == 6:
+            ids.append(engine.add_request(prompts[2], params, priority=0).request_id)
+        elif step > 6 and not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = output.outputs[0].token_ids
+    return [done[i] for i in ids]
+
+
+def test_a_preempted_requests_row_goes_to_the_urgent_one_and_its_tokens_stay_a_recounts(tiny_model_dirs):
+    # Two rows (--max-num-seqs 2), both held when the urgent request comes: the preempted request, outside the
+    # batch, gives its row up, and is counted again from scratch when it runs again (more tokens counted than once
+    # each); the tokens are those of counting every request's whole output at each step.
+    kwargs = dict(max_model_len=96, block_size=8, max_num_seqs=2, num_gpu_blocks_override=24,
+                  enable_prefix_caching=False, scheduling_policy="priority")
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 900, size=10).tolist() for _ in range(3)]
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=20, ignore_eos=True, repetition_penalty=1.5,
+                            frequency_penalty=0.5)
+    kept = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), **kwargs)
+    got = _run_with_an_urgent_arrival(kept, prompts, params)
+    assert kept.scheduler.num_preemptions > 0
+    assert kept.runner.penalty_counts.output.shape[0] == 3  # row 0 and one a sequence
+    once = sum(len(p) + len(o) - 1 for p, o in zip(prompts, got, strict=True))
+    assert kept.runner.penalty_counts.tokens_counted > once
+    recount = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), **kwargs)
+    recount.runner.penalty_counts = None  # type: ignore[assignment]
+    assert _run_with_an_urgent_arrival(recount, prompts, params) == got
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_kv_sizing_sets_the_tables_bytes_aside_and_the_tables_take_no_more(tiny_model_dirs, caplog):
+    # The profile's line: KV cache = usable - weights - activation peak - outside torch - penalty tables (each
+    # rounded to 0.01 GiB), the tables' share being table_bytes(max_num_seqs, logits' width); the tables a penalised
+    # draw makes have those bytes.
+    with caplog.at_level(logging.INFO, logger="flotilla.engine.model_runner"):
+        engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), device="cuda", max_model_len=256,
+                                       max_num_seqs=512, gpu_memory_utilization=0.3, enforce_eager=True)
+    line = next(r.getMessage() for r in caplog.records if "penalty tables" in r.getMessage())
+    gib = {name: float(re.search(rf"{name} ([\d.]+) GiB", line).group(1))  # type: ignore[union-attr]
+           for name in ("weights", "activation peak", "outside torch", "penalty tables", "KV cache")}
+    usable = float(re.search(r"= ([\d.]+) GiB usable", line).group(1))  # type: ignore[union-attr]
+    _generate(engine, [([5, 6, 7], SamplingParams(max_tokens=4, repetition_penalty=1.3))])
+    counts = engine.runner.penalty_counts
+    width = counts.output.shape[1] - 1  # the logits' width
+    assert sum(t.numel() * t.element_size() for t in (counts.output, counts.prompt)) == table_bytes(512, width)
+    assert gib["penalty tables"] == round(table_bytes(512, width) / 2**30, 2) > 0
+    left = usable - gib["weights"] - gib["activation peak"] - gib["outside torch"] - gib["penalty tables"]
+    assert abs(gib["KV cache"] - left) < 0.05, line

@@ -1,7 +1,8 @@
 """A completions request with several prompts, with the real `openai` client against the real server: as vLLM,
 every prompt is submitted before any is waited on (their prefills can share engine steps, and the client's first
 byte does not wait for each prompt's first token in turn), the streams merge with choice index = prompt x n + i,
-and a refused prompt or a client that leaves aborts every one of them."""
+a prompt the engine's rules refuse is a 400 before any prompt is submitted, and a client that leaves aborts every
+one of them."""
 
 from __future__ import annotations
 
@@ -85,22 +86,35 @@ def test_a_multi_prompt_stream_equals_the_reply(traced_client, prompt):
     assert chunks[-1].usage == reply.usage and not chunks[-1].choices
 
 
-def test_a_refused_prompt_among_several_is_a_400_and_leaks_nothing(traced, traced_client):
-    # The third prompt is longer than the context (256): the engine refuses it (LLMEngine._validate_prompt: the
-    # server leaves a prompt with no room to it) while the others are admitted; the answer is a 400 before any
-    # chunk, and the admitted prompts are aborted, not run on to their 200 tokens (an aborted request is not counted
-    # as finished), their KV blocks freed.
-    server, _ = traced
+# A prompt only the engine's rules refuse (engine/prompt_rules.py): empty, no room in the 256-token context for a
+# generated token, an id outside the vocabulary.
+BAD_PROMPTS = {"empty": ([], "the prompt is empty"), "too-long": (list(range(10, 310)), "300 input tokens"),
+               "out-of-vocabulary": ([11, 12, 10**6], "outside the vocabulary")}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "reply"])
+@pytest.mark.parametrize("bad", list(BAD_PROMPTS))
+def test_a_refused_prompt_among_several_is_a_400_before_any_prompt_runs(traced, traced_client, stream, bad):
+    # Was: the engine refused the third prompt only once the first two were queued; they could prefill a step (and
+    # take KV blocks) before their abort. Now the server checks every prompt by the engine's rules first: the answer
+    # is a 400 before any chunk, and the engine never received a request (the trace's `adds`, up to and including
+    # the next request's step, count that one alone), so nothing was prefilled and no KV block was taken.
+    server, trace = traced
     wait_until_engine_idle(server)
-    finished = server.metric("vllm:request_success_total")
-    generated = server.metric("vllm:generation_tokens_total")
-    too_long = list(range(10, 310))
-    with pytest.raises(openai.BadRequestError, match="300 input tokens"):
-        traced_client.completions.create(model="tiny", prompt=[PROMPTS[0], PROMPTS[1], too_long], max_tokens=200,
-                                         stream=True, extra_body={"min_tokens": 200})
-    wait_until_engine_idle(server)  # the snapshot with nothing running also holds any finish
-    assert server.metric("vllm:request_success_total") == finished
-    assert server.metric("vllm:generation_tokens_total") - generated < 2 * 200
+    seen = len(_steps(trace))
+    queries = server.metric("vllm:prefix_cache_queries_total")
+    prompt, message = BAD_PROMPTS[bad]
+    with pytest.raises(openai.BadRequestError, match=message) as refused:
+        traced_client.completions.create(model="tiny", prompt=[PROMPTS[0], PROMPTS[1], prompt], max_tokens=200,
+                                         stream=stream, extra_body={"min_tokens": 200})
+    assert refused.value.body["param"] == "prompt"
+    assert server.metric("vllm:kv_cache_usage_perc") == 0
+    assert server.metric("vllm:prefix_cache_queries_total") == queries
+    follow_up = [(5 * j) % 700 + 20 for j in range(12)]
+    traced_client.completions.create(model="tiny", prompt=follow_up, max_tokens=1)
+    steps = _steps(trace)[seen:]
+    assert sum(s.get("adds", 0) for s in steps) == 1, steps
+    assert sum(s.get("prefill_tokens", 0) for s in steps) <= len(follow_up), steps
 
 
 def test_a_client_leaving_a_multi_prompt_stream_aborts_every_prompt(traced):
