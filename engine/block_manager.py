@@ -238,19 +238,20 @@ class BlockManager:
         extra = (request.lora_request.lora_int_id,) if request.lora_request is not None else ()
         end = min(num_blocks, request.num_tokens // size)
         parent = hashes[-1] if hashes else None
-        if not hashes and end > 0:
-            # The salt keys the first block only: every later hash chains it through its parent.
-            salt = (request.cache_salt,) if request.cache_salt is not None else ()
-            parent = hash_block(None, request.token_ids(0, size), extra + salt, algo)
-            hashes.append(parent)
-        # Blocks wholly inside the prompt are hashed as one run over a slice of it: a long prompt's blocks
-        # are hashed on the way to its first token (125 for 2,000 tokens). Later ones take slices of the
-        # request's tokens, not `all_token_ids`: that copies the whole sequence each call.
+        # The salt keys the first block only: every later hash chains it through its parent.
+        first = extra + (request.cache_salt,) if request.cache_salt is not None else extra
+        # Blocks wholly inside the prompt are hashed as one run over a slice of it, the first block's included: a
+        # long prompt's blocks are hashed on the way to its first token (126 for 2,020 tokens). Later ones take
+        # slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
         prompt = request.prompt_token_ids
         in_prompt = min(end, len(prompt) // size)
         if in_prompt > len(hashes):
-            hashes += hash_blocks(parent, prompt[len(hashes) * size : in_prompt * size], size, extra, algo)
+            run = prompt[len(hashes) * size : in_prompt * size] if hashes or in_prompt * size < len(prompt) else prompt
+            hashes += hash_blocks(parent, run, size, extra, algo, None if hashes else first)
             parent = hashes[-1]
+        if not hashes and end > 0:  # a prompt shorter than a block: its first block holds output tokens
+            parent = hash_block(None, request.token_ids(0, size), first, algo)
+            hashes.append(parent)
         for i in range(len(hashes), end):
             parent = hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra, algo)
             hashes.append(parent)

@@ -45,6 +45,23 @@ def test_sha256_keys_chain_and_separate_extra_keys():
 
 
 @pytest.mark.parametrize("algo", ["sha256", "builtin"])
+@pytest.mark.parametrize("big", [False, True])
+def test_a_run_with_first_block_keys_is_the_chain_of_single_blocks(algo, big):
+    """`first_extra_keys` keys the run's first block alone (a prompt's salt), as `hash_block` of that block with them
+    and then of each later block with the extra keys; an id outside int64 takes the per-block encoding throughout,
+    and a partial last block is left out."""
+    tokens = list(range(100, 150))
+    if big:
+        tokens[20] = 2**64  # in the second block
+    keys = hash_blocks(None, tokens, 16, (3,), algo, first_extra_keys=(3, "salt"))
+    chain = [hash_block(None, tokens[:16], (3, "salt"), algo)]
+    for i in range(1, len(tokens) // 16):
+        chain.append(hash_block(chain[-1], tokens[16 * i : 16 * i + 16], (3,), algo))
+    assert keys == chain and len(keys) == 3
+    assert keys[1:] != hash_blocks(None, tokens, 16, (3,), algo)[1:]  # the first block's keys chain on
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
 def test_a_crafted_colliding_block_hits_only_under_builtin(algo):
     """A prompt whose first id is a victim's plus 2**61 - 1 is the victim's prompt to Python's hash: under builtin
     the look-up finds the victim's cached blocks (the probe vLLM's GHSA-rm76-4mrf-v9r8 describes); under sha256
