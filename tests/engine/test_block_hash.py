@@ -100,3 +100,30 @@ def test_the_flag_offers_the_algorithms_the_engine_has():
     """--prefix-caching-hash-algo's choices are the key functions', sha256 (vLLM's default) first and default."""
     flag = next(f for f in FLAGS if f.name == "--prefix-caching-hash-algo")
     assert flag.choices == get_args(HashAlgo) and flag.default == "sha256" == get_args(HashAlgo)[0]
+
+
+def test_the_schedulers_look_up_sees_what_changed_since_add_requests():
+    """The blocks `cached_prompt_tokens` found at add_request serve the scheduler's look-up only while the index is
+    unchanged: evicted since, the scheduler finds none (their ids hold other tokens now); indexed since (a prompt
+    planned before it), it finds them."""
+    greedy = SamplingParams(max_tokens=1)
+    prompt = list(range(10, 22))
+    manager = BlockManager(4, 4)
+    first = Request("first", prompt + [1], greedy)
+    assert manager.allocate(first, first.num_tokens)
+    held = first.block_ids[:3]
+    manager.free(first)  # its 3 full blocks stay cached
+    hit = Request("hit", prompt + [2], greedy)
+    assert manager.cached_prompt_tokens(hit) == 12
+    same = Request("same", prompt + [3], greedy)
+    assert manager.cached_prompt_tokens(same) == 12
+    assert manager.find_cached_prefix(same) == held  # nothing changed: the blocks add_request found
+    other = Request("other", list(range(100, 116)), greedy)
+    assert manager.allocate(other, other.num_tokens)  # every block: the cached ones evicted
+    assert manager.find_cached_prefix(hit) == []
+    manager.free(other)
+    late = Request("late", list(range(200, 212)) + [1], greedy)
+    assert manager.cached_prompt_tokens(late) == 0
+    again = Request("again", list(range(200, 212)) + [2], greedy)
+    assert manager.allocate(again, again.num_tokens)  # planned first: its full blocks indexed
+    assert len(manager.find_cached_prefix(late)) == 3
