@@ -9,7 +9,8 @@
 #         the GPU path (the id check with the prompt's block keys, add_request, the look-up, the allocation, schedule,
 #         flatten, the staging, the replay's call, the draw's launches, collect's wait, update, post-processing) (~50 s)
 #   base  the same without the kernel profile, on this tree with session 22's engine changes reversed
-#         (bench/results/cpu-ttft22-2026-12-05-s22/engine.patch applied with -R to a copy of engine/): the A/B (~45 s)
+#         (bench/results/cpu-ttft22-2026-12-05-s22/engine.patch applied with -R to a copy of engine/; without `patch` or
+#         `git`, that folder's base-97d0748/ files copied over): the A/B (~45 s)
 #   host  bench/prefix_host.py --phases --clock cpu on this machine's CPU (quiet, unlike the 2-core box the CPU figures
 #         came from): the tiny model, the graph path's staging run eagerly, a stub forward; base vs this tree,
 #         3 rounds interleaved (~40 s)
@@ -25,7 +26,11 @@ ARGS="--shape llama-3.1-8b --load-format dummy --skip-batch --single-engine --pr
 base_tree() {
   [ -d /tmp/ttft22-base/engine ] && return 0
   mkdir -p /tmp/ttft22-base && cp -r $R/engine $R/flotilla $R/bench /tmp/ttft22-base/ && ln -sfn $R/kernels /tmp/ttft22-base/kernels
-  (cd /tmp/ttft22-base && patch -s -R -p1 < $R/bench/results/cpu-ttft22-2026-12-05-s22/engine.patch) || return 1
+  local P=$R/bench/results/cpu-ttft22-2026-12-05-s22
+  # Without `patch` or `git` on the machine: the three files as of 97d0748 (other branches' changes to them go too).
+  (cd /tmp/ttft22-base && { patch -s -R -p1 < $P/engine.patch 2>/dev/null || git apply -R $P/engine.patch 2>/dev/null \
+    || { echo "base tree: engine.patch did not apply; the files of 97d0748 instead" | tee -a $L
+         cp $P/base-97d0748/*.py engine/; }; })
   mkdir -p /tmp/pb/flotilla && cp /tmp/ttft22-base/flotilla/*.py /tmp/pb/flotilla/ \
     && ln -sfn /tmp/ttft22-base/engine /tmp/pb/flotilla/engine && ln -sfn $R/kernels /tmp/pb/flotilla/kernels
 }
@@ -40,7 +45,7 @@ run() {  # run NAME PYTHONPATH TIME_LIMIT_S [EXTRA ARGS]
 for s in ${STAGES:-on base host}; do
   case $s in
     on) run on $PYTHONPATH 60 --profile-kernels ;;
-    base) base_tree && run base /tmp/site:/tmp/pb:$R/bench 55 || echo "base tree: the patch did not apply" | tee -a $L ;;
+    base) base_tree && run base /tmp/site:/tmp/pb:$R/bench 55 ;;
     host) echo "=== host $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
       base_tree && OMP_NUM_THREADS=1 timeout $(left 60) python3 $R/bench/prefix_host.py --trees /tmp/ttft22-base $R \
         --rounds 3 --repeats 30 --phases --clock cpu --json $OUT/ttft22-host.json 2>&1 | tail -6 | tee -a $L ;;
@@ -60,7 +65,8 @@ for name in ("base", "on"):
     t = r.get("cached_host_timeline", {}).get("median_ms", {})
     if t:
         print("   host timeline (ms from add_request): " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
-        d = lambda a, b: t.get(b, float("nan")) - t.get(a, 0.0)  # noqa: E731
+        t.setdefault("sync_end", t.get("collect_start", float("nan")))  # the wait's end (collect's start: no GPU)
+        d = lambda a, b: t.get(b, float("nan")) - t.get(a, float("nan"))  # noqa: E731
         print(f"   phases (ms): add {t.get('add_end', float('nan')):.3f} (id check + block keys "
               f"{t.get('check_ids_end', float('nan')):.3f}), schedule {d('add_end', 'schedule_end'):.3f} (look-up end "
               f"{t.get('lookup_end', float('nan')):.3f}, allocation end {t.get('allocate_end', float('nan')):.3f}), "
