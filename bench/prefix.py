@@ -122,7 +122,9 @@ def _cached_host_timeline(engine: LLMEngine, prefix_len: int, suffix_len: int, t
     Scheduler.schedule (prefix lookup, allocation), of flatten (the step's host lists), of the graph's input
     staging, the moment the replay (or, eagerly, the forward) is called and returns (the GPU's work starts at
     the call), the end of the draw's launches (LM head, argmax, copy: overlapping the GPU), of launch(), of
-    the wait for the drawn ids (`sync_end`: the GPU is done), of Scheduler.update and of post-processing."""
+    the wait for the drawn ids (`sync_end`: the GPU is done), of Scheduler.update and of post-processing. Also
+    the end of add_request's `_check_prompt_ids` (the prompt's block hashes, their look-up, the id check), of the
+    scheduler's prefix look-up and allocation, and collect()'s start and end."""
     from flotilla.engine import model_runner as model_runner_module
 
     marks: dict[str, float] = {}
@@ -144,7 +146,11 @@ def _cached_host_timeline(engine: LLMEngine, prefix_len: int, suffix_len: int, t
 
         setattr(owner, name, timed)
 
+    wrap(engine, "_check_prompt_ids", None, "check_ids_end")  # the prompt's block hashes, look-up, id check
     wrap(engine.scheduler, "schedule", None, "schedule_end")
+    wrap(engine.block_manager, "find_cached_prefix", None, "lookup_end")
+    wrap(engine.block_manager, "allocate", None, "allocate_end")
+    wrap(runner, "collect", "collect_start", "collect_end")  # the wait for the drawn ids, then the ids read
     wrap(model_runner_module, "flatten", None, "flatten_end")
     wrap(runner, "launch", None, "launch_end")
     wrap(runner, "_draw", "draw_start", "draw_end")

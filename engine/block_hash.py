@@ -20,6 +20,7 @@ that seed instead, as vLLM does, so processes sharing the seed share keys.
 from __future__ import annotations
 
 import os
+import struct
 from array import array
 from collections.abc import Hashable, Sequence
 from hashlib import sha256
@@ -66,41 +67,53 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
 
 
 def hash_blocks(parent: BlockHash | None, token_ids: Sequence[int], block_size: int,
-                extra_keys: tuple[Hashable, ...] = (), algo: HashAlgo = "sha256") -> list[BlockHash]:
+                extra_keys: tuple[Hashable, ...] = (), algo: HashAlgo = "sha256",
+                first_extra_keys: tuple[Hashable, ...] | None = None) -> list[BlockHash]:
     """The chained keys of the full blocks of `token_ids` (consecutive blocks of `block_size` ids) after the
-    block keyed `parent` (None: the first blocks of a prompt), each with the same extra keys."""
+    block keyed `parent` (None: the first blocks of a prompt), each with the same extra keys, but the first block
+    with `first_extra_keys` when given (a prompt's first block with its cache salt: one run for the whole prompt)."""
     whole = len(token_ids) // block_size * block_size
     ids = token_ids if whole == len(token_ids) else token_ids[:whole]
+    first = extra_keys if first_extra_keys is None else first_extra_keys
     if algo == "builtin":
         if isinstance(parent, bytes):
             raise TypeError("a builtin block key is an int")
-        return _chain_builtin(_ROOT_INT if parent is None else parent, ids, block_size, extra_keys)
+        return _chain_builtin(_ROOT_INT if parent is None else parent, ids, block_size, extra_keys, first)
     if isinstance(parent, int):
         raise TypeError("a sha256 block key is bytes")
-    return _chain_sha256(ROOT if parent is None else parent, ids, block_size, _extra_bytes(extra_keys))
+    return _chain_sha256(ROOT if parent is None else parent, ids, block_size, _extra_bytes(extra_keys),
+                         _extra_bytes(first))
 
 
-def _chain_builtin(key: int, ids: Sequence[int], block_size: int, extra_keys: tuple[Hashable, ...]) -> list[BlockHash]:
+def _chain_builtin(key: int, ids: Sequence[int], block_size: int, extra_keys: tuple[Hashable, ...],
+                   first: tuple[Hashable, ...]) -> list[BlockHash]:
     keys: list[BlockHash] = []
     # each block's tokens a tuple that zip cuts from one iterator (in C): no per-block slice or call
     for block in zip(*[iter(ids)] * block_size, strict=True):
-        key = hash((key, block, extra_keys))
+        key = hash((key, block, first if not keys else extra_keys))
         keys.append(key)
     return keys
 
 
-def _chain_sha256(key: bytes, ids: Sequence[int], block_size: int, extra: bytes) -> list[BlockHash]:
+def _chain_sha256(key: bytes, ids: Sequence[int], block_size: int, extra: bytes, first: bytes) -> list[BlockHash]:
     keys: list[BlockHash] = []
-    try:  # one conversion for the run, then a slice per block: 125 blocks on the way to a 2,000-token hit's first token
-        data = array("q", ids).tobytes()
-    except OverflowError:
-        for start in range(0, len(ids), block_size):  # the same message per block as below, when its ids fit
-            key = sha256(key + extra + _token_bytes(ids[start : start + block_size])).digest()[:KEY_BYTES]
+    # One conversion for the run, then a slice per block: 126 blocks on the way to a 2,020-token hit's first token.
+    # struct.pack of the ids as arguments converts them ~2.5x faster than array("q", ids) (9 vs 23 us for 2,000
+    # ids, CPU): the same bytes, native int64 as `array("q")` (`_token_bytes`).
+    try:
+        data = struct.pack(f"={len(ids)}q", *ids)
+    except struct.error:  # an id outside int64 (or not an int): `_token_bytes` per block, its message or its error
+        for start in range(0, len(ids), block_size):
+            head = first if not keys else extra
+            key = sha256(key + head + _token_bytes(ids[start : start + block_size])).digest()[:KEY_BYTES]
             keys.append(key)
         return keys
     width = 8 * block_size
+    if data and first != extra:
+        key = sha256(key + first + b"q" + data[:width]).digest()[:KEY_BYTES]
+        keys.append(key)
     head = extra + b"q"  # + the block's slice of `data`: `_token_bytes` of its ids
-    for start in range(0, len(data), width):
+    for start in range(len(keys) * width, len(data), width):
         key = sha256(key + head + data[start : start + width]).digest()[:KEY_BYTES]
         keys.append(key)
     return keys

@@ -45,6 +45,11 @@ class BlockManager:
         self._cached: dict[BlockHash, int] = {}  # block hash -> block id
         self._hashes: dict[str, list[BlockHash]] = {}  # request id -> hashes of its full blocks
         self._num_indexed: dict[str, int] = {}  # request id -> how many of its blocks are indexed
+        # The prefix-cache index's version: bumped whenever an entry comes or goes. A new request's held prefix
+        # found at `add_request` (`cached_prompt_tokens`) is still the one its scheduling would find while the
+        # version is unchanged (a lone request's way to its first token): request id -> (version, block ids).
+        self._index_version = 0
+        self._held: dict[str, tuple[int, list[int]]] = {}
         # Copy-on-write copies (source block, destination block) the runner must do before the next step.
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_cache_queries = 0  # tokens looked up (vllm:prefix_cache_queries)
@@ -87,7 +92,8 @@ class BlockManager:
         """
         if not self._may_hit(request):
             return []
-        hits = self._held_prefix(request)
+        found = self._held.pop(request.request_id, None)
+        hits = found[1] if found is not None and found[0] == self._index_version else self._held_prefix(request)
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
@@ -95,8 +101,14 @@ class BlockManager:
     def cached_prompt_tokens(self, request: Request) -> int:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as
         `find_cached_prefix` would find them (0 when it would find none), counting no query. The request's block
-        hashes computed for it are kept: the scheduler's look-up reuses them, `free` drops them."""
-        return len(self._held_prefix(request)) * self.block_size if self._may_hit(request) else 0
+        hashes computed for it are kept, and the blocks found while the index stays as it is: the scheduler's look-up
+        reuses them (125 dictionary look-ups for a 2,000-token cached prefix, on the way to its first token), `free`
+        drops them."""
+        if not self._may_hit(request):
+            return 0
+        held = self._held_prefix(request)
+        self._held[request.request_id] = (self._index_version, held)
+        return len(held) * self.block_size
 
     def _held_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest run of the request's first blocks that the prefix cache holds, leaving at
@@ -186,15 +198,18 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references; its blocks stay cached until evicted."""
-        # Tail blocks are freed first so they are evicted first: prefixes are the valuable part.
+        # Tail blocks are freed first so they are evicted first: prefixes are the valuable part. (127 blocks for a
+        # 2,020-token request whose first token is its last: on its way to that token; the pool and queue local.)
+        blocks, free = self.blocks, self._free
         for block_id in reversed(request.block_ids):
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
+                free[block_id] = None
         request.block_ids = []  # a new list: see `Request.block_ids`
         self._hashes.pop(request.request_id, None)
         self._num_indexed.pop(request.request_id, None)
+        self._held.pop(request.request_id, None)
 
     # --- internals ---------------------------------------------------------------------------------
 
@@ -227,6 +242,7 @@ class BlockManager:
         if block.block_hash is not None:
             if self._cached.get(block.block_hash) == block.block_id:
                 del self._cached[block.block_hash]
+                self._index_version += 1
             block.block_hash = None
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
@@ -238,19 +254,20 @@ class BlockManager:
         extra = (request.lora_request.lora_int_id,) if request.lora_request is not None else ()
         end = min(num_blocks, request.num_tokens // size)
         parent = hashes[-1] if hashes else None
-        if not hashes and end > 0:
-            # The salt keys the first block only: every later hash chains it through its parent.
-            salt = (request.cache_salt,) if request.cache_salt is not None else ()
-            parent = hash_block(None, request.token_ids(0, size), extra + salt, algo)
-            hashes.append(parent)
-        # Blocks wholly inside the prompt are hashed as one run over a slice of it: a long prompt's blocks
-        # are hashed on the way to its first token (125 for 2,000 tokens). Later ones take slices of the
-        # request's tokens, not `all_token_ids`: that copies the whole sequence each call.
+        # The salt keys the first block only: every later hash chains it through its parent.
+        first = extra + (request.cache_salt,) if request.cache_salt is not None else extra
+        # Blocks wholly inside the prompt are hashed as one run over a slice of it, the first block's included: a
+        # long prompt's blocks are hashed on the way to its first token (126 for 2,020 tokens). Later ones take
+        # slices of the request's tokens, not `all_token_ids`: that copies the whole sequence each call.
         prompt = request.prompt_token_ids
         in_prompt = min(end, len(prompt) // size)
         if in_prompt > len(hashes):
-            hashes += hash_blocks(parent, prompt[len(hashes) * size : in_prompt * size], size, extra, algo)
+            run = prompt[len(hashes) * size : in_prompt * size] if hashes or in_prompt * size < len(prompt) else prompt
+            hashes += hash_blocks(parent, run, size, extra, algo, None if hashes else first)
             parent = hashes[-1]
+        if not hashes and end > 0:  # a prompt shorter than a block: its first block holds output tokens
+            parent = hash_block(None, request.token_ids(0, size), first, algo)
+            hashes.append(parent)
         for i in range(len(hashes), end):
             parent = hash_block(parent, request.token_ids(i * size, (i + 1) * size), extra, algo)
             hashes.append(parent)
@@ -266,6 +283,7 @@ class BlockManager:
             return
         end = min(end, request.num_tokens // self.block_size)  # only blocks whose tokens all exist
         hashes = self._block_hashes(request, end)
+        self._index_version += 1  # entries may come (`_held`)
         for i in range(start, end):
             block = self.blocks[request.block_ids[i]]
             if block.block_hash is None:

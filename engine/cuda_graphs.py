@@ -165,6 +165,9 @@ class StepGraphs:
         # same offset needs only its new ids: a decode step's staging stays O(new blocks), not O(blocks so far).
         self._rows: list[tuple[list[int] | None, int, int]] = [(None, 0, -1)] * s
         self._rows_width = 0  # the table width they were written at (a wider row overwrites others' old places)
+        # Rows from this one on hold nothing written (steps had fewer rows since): a step's search for the rows its
+        # tables held last step looks at these only (a lone request's step: one row, not `max_num_seqs`).
+        self._rows_end = 0
         self.table_ids_staged = 0  # block ids written into the table area so far (what the above saves shows here)
         # Rows whose table moved up with the rows before it (a request before them finished): copied in the host
         # buffer by the run, not written again from their lists (`_move_rows`).
@@ -286,7 +289,8 @@ class StepGraphs:
         first, width, written = self._table, key.width, self._rows
         if width != self._rows_width:  # rows of another width overlap the old ones: nothing written is known
             written[:] = [(None, 0, -1)] * len(written)
-            self._rows_width = width
+            self._rows_width, self._rows_end = width, 0
+        rows_end = self._rows_end = max(self._rows_end, s)
         tables, i = flat.block_tables, 0
         moves: dict[int, int] | None = None  # id(table list) -> its row last step, made at the first row that moved
         while i < s:  # a request's verification rows share its table (one list): written at once
@@ -304,7 +308,7 @@ class StepGraphs:
                     i = j
                     continue
                 if moves is None:
-                    moves = {id(t): k for k, (t, _, _) in enumerate(written) if t is not None}
+                    moves = {id(t): k for k, (t, _, _) in enumerate(written[:rows_end]) if t is not None}
                 moved = self._move_rows(tables, i, moves.get(id(blocks), -1))
                 if moved:
                     i += moved

@@ -45,6 +45,23 @@ def test_sha256_keys_chain_and_separate_extra_keys():
 
 
 @pytest.mark.parametrize("algo", ["sha256", "builtin"])
+@pytest.mark.parametrize("big", [False, True])
+def test_a_run_with_first_block_keys_is_the_chain_of_single_blocks(algo, big):
+    """`first_extra_keys` keys the run's first block alone (a prompt's salt), as `hash_block` of that block with them
+    and then of each later block with the extra keys; an id outside int64 takes the per-block encoding throughout,
+    and a partial last block is left out."""
+    tokens = list(range(100, 150))
+    if big:
+        tokens[20] = 2**64  # in the second block
+    keys = hash_blocks(None, tokens, 16, (3,), algo, first_extra_keys=(3, "salt"))
+    chain = [hash_block(None, tokens[:16], (3, "salt"), algo)]
+    for i in range(1, len(tokens) // 16):
+        chain.append(hash_block(chain[-1], tokens[16 * i : 16 * i + 16], (3,), algo))
+    assert keys == chain and len(keys) == 3
+    assert keys[1:] != hash_blocks(None, tokens, 16, (3,), algo)[1:]  # the first block's keys chain on
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
 def test_a_crafted_colliding_block_hits_only_under_builtin(algo):
     """A prompt whose first id is a victim's plus 2**61 - 1 is the victim's prompt to Python's hash: under builtin
     the look-up finds the victim's cached blocks (the probe vLLM's GHSA-rm76-4mrf-v9r8 describes); under sha256
@@ -83,3 +100,30 @@ def test_the_flag_offers_the_algorithms_the_engine_has():
     """--prefix-caching-hash-algo's choices are the key functions', sha256 (vLLM's default) first and default."""
     flag = next(f for f in FLAGS if f.name == "--prefix-caching-hash-algo")
     assert flag.choices == get_args(HashAlgo) and flag.default == "sha256" == get_args(HashAlgo)[0]
+
+
+def test_the_schedulers_look_up_sees_what_changed_since_add_requests():
+    """The blocks `cached_prompt_tokens` found at add_request serve the scheduler's look-up only while the index is
+    unchanged: evicted since, the scheduler finds none (their ids hold other tokens now); indexed since (a prompt
+    planned before it), it finds them."""
+    greedy = SamplingParams(max_tokens=1)
+    prompt = list(range(10, 22))
+    manager = BlockManager(4, 4)
+    first = Request("first", prompt + [1], greedy)
+    assert manager.allocate(first, first.num_tokens)
+    held = first.block_ids[:3]
+    manager.free(first)  # its 3 full blocks stay cached
+    hit = Request("hit", prompt + [2], greedy)
+    assert manager.cached_prompt_tokens(hit) == 12
+    same = Request("same", prompt + [3], greedy)
+    assert manager.cached_prompt_tokens(same) == 12
+    assert manager.find_cached_prefix(same) == held  # nothing changed: the blocks add_request found
+    other = Request("other", list(range(100, 116)), greedy)
+    assert manager.allocate(other, other.num_tokens)  # every block: the cached ones evicted
+    assert manager.find_cached_prefix(hit) == []
+    manager.free(other)
+    late = Request("late", list(range(200, 212)) + [1], greedy)
+    assert manager.cached_prompt_tokens(late) == 0
+    again = Request("again", list(range(200, 212)) + [2], greedy)
+    assert manager.allocate(again, again.num_tokens)  # planned first: its full blocks indexed
+    assert len(manager.find_cached_prefix(late)) == 3
