@@ -8,10 +8,10 @@
 #   kernel  bench/mixed_attention.py at the step's shape: one launch / split / its decode and prefill halves (us a
 #           layer and x32 ms), then the prompt-launch sweep (block_m 128/64 x block_n 32/64/128 x warps 4/8 x
 #           stages 3/2, each split output checked against the one launch): SWEEP lines, one BEST line;
-#   tests   the CPU tests compiled + the gpu-marked ones: tests/kernels/test_mixed_attention.py (expect 11 passed)
-#           and tests/engine/test_gpu.py -k mixed_decode_split (expect 2 passed: graphs and eager, CPU tokens);
 #   off     bench/mixed_step_profile.py --steps 2 --enforce-eager, switch off (the before);
 #   on      the same with FLOTILLA_MIXED_DECODE_SPLIT=1 (compare "busy" and "attention" in the step lines);
+#   tests   the CPU tests compiled + the gpu-marked ones: tests/kernels/test_mixed_attention.py (expect 11 passed)
+#           and tests/engine/test_gpu.py's mixed_decode_split test (expect 2 passed: graphs and eager, CPU tokens);
 #   best    on + FLOTILLA_PREFILL_LAUNCH = the kernel stage's BEST (skipped without one, or when it is the default);
 #   regress the decode/prefill/fp8 kernel tests (the decode kernel and merge now skip sequences of != 1 token).
 # $OUT: mixattn22.log (read first: GPU, each stage's rc and key lines), kernel.json, off/on/best.json.
@@ -33,17 +33,17 @@ run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the 
 }
 pytest() { python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt "$@"; }
 PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
-for s in ${STAGES:-kernel tests off on best regress}; do
+for s in ${STAGES:-kernel off on tests best regress}; do
   case $s in
-    kernel) run kernel 110 "us a layer|rel_err|^SWEEP|^BEST" python3 $B/mixed_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 80 "passed|failed|skipped|FAILED|assert" pytest $R/tests/kernels/test_mixed_attention.py \
+    kernel) run kernel 100 "us a layer|rel_err|^SWEEP|^BEST" python3 $B/mixed_attention.py --json $OUT/kernel.json ;;
+    tests) run tests 60 "passed|failed|skipped|FAILED|assert" pytest $R/tests/kernels/test_mixed_attention.py \
              "$R/tests/engine/test_gpu.py::test_cuda_mixed_decode_split_keeps_greedy_tokens" ;;
-    off) run off 60 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=0 python3 $PROFILE --json $OUT/off.json ;;
-    on) run on 60 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 python3 $PROFILE --json $OUT/on.json ;;
+    off) run off 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=0 python3 $PROFILE --json $OUT/off.json ;;
+    on) run on 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 python3 $PROFILE --json $OUT/on.json ;;
     best) BEST=$(python3 -c "import json; b = json.load(open('$OUT/kernel.json')).get('best'); print(b['env'] if b else '')" 2>/dev/null)
           if [ -z "$BEST" ] || [ "$BEST" = "128,32,4,3" ]; then echo "=== best: skipped (BEST '$BEST')" | tee -a $L
           else echo "FLOTILLA_PREFILL_LAUNCH=$BEST" | tee -a $L
-            run best 60 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 FLOTILLA_PREFILL_LAUNCH=$BEST \
+            run best 50 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 FLOTILLA_PREFILL_LAUNCH=$BEST \
               python3 $PROFILE --json $OUT/best.json; fi ;;
     regress) run regress 90 "passed|failed|FAILED" pytest -x $R/tests/kernels/test_paged_decode.py \
                $R/tests/kernels/test_paged_prefill.py $R/tests/kernels/test_fp8_kv_cache.py ;;
