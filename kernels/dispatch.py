@@ -63,8 +63,9 @@ def mixed_split_takes(is_cuda: bool, num_seqs: int, max_query_len: int | None, e
     here so that a test may set it on the module), on CUDA, a step the host knows (`max_query_len`) to hold a
     sequence of more than one new token, and more than one sequence (one alone is a prompt with no decode row
     beside it). A pure decode step takes the decode kernel alone."""
-    several = max_query_len is not None and max_query_len > 1 and num_seqs > 1
-    return bool(MIXED_DECODE_SPLIT if enabled is None else enabled) and is_cuda and several
+    if not (MIXED_DECODE_SPLIT if enabled is None else enabled) or not is_cuda:
+        return False
+    return max_query_len is not None and max_query_len > 1 and num_seqs > 1
 
 
 def paged_attention(

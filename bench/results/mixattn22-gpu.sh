@@ -10,7 +10,7 @@
 #           stages 3/2, each split output checked against the one launch): SWEEP lines, one BEST line;
 #   off     bench/mixed_step_profile.py --steps 2 --enforce-eager, switch off (the before);
 #   on      the same with FLOTILLA_MIXED_DECODE_SPLIT=1 (compare "busy" and "attention" in the step lines);
-#   tests   the CPU tests compiled + the gpu-marked ones: tests/kernels/test_mixed_attention.py (expect 11 passed)
+#   tests   the CPU tests compiled + the gpu-marked ones: tests/kernels/test_mixed_attention.py (expect 13 passed)
 #           and tests/engine/test_gpu.py's mixed_decode_split test (expect 2 passed: graphs and eager, CPU tokens);
 #   best    on + FLOTILLA_PREFILL_LAUNCH = the kernel stage's BEST (skipped without one, or when it is the default);
 #   regress the decode/prefill/fp8 kernel tests (the decode kernel and merge now skip sequences of != 1 token).

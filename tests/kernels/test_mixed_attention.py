@@ -125,3 +125,19 @@ def test_split_at_llama_heads_with_default_launches(kv_dtype):
     one = 2.0 * paged_prefill_attention(*args, 0.1)
     split = mixed_split_attention(*args, 0.1, 2.0)
     assert rel_err(split, one) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8])
+def test_dispatch_with_the_switch_on_equals_it_off(monkeypatch, kv_dtype):
+    """`dispatch.paged_attention`, the engine's call (K/V scales, the step memo), with FLOTILLA_MIXED_DECODE_SPLIT
+    on (set on the module) gives what it gives off."""
+    from flotilla.kernels import dispatch
+
+    args = attention_case(MIXED_Q, MIXED_LENS, 32, 8, torch.bfloat16, head_dim=128, seed=16)
+    args = (args[0], args[1].to(kv_dtype), args[2].to(kv_dtype), *args[3:])
+    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype == FP8 else {}
+    off = dispatch.paged_attention(*args, 0.1, max_query_len=21, step_memo={}, **scales)
+    monkeypatch.setattr(dispatch, "MIXED_DECODE_SPLIT", True)
+    on = dispatch.paged_attention(*args, 0.1, max_query_len=21, step_memo={}, **scales)
+    assert rel_err(on, off) < tolerance(torch.bfloat16)
