@@ -31,12 +31,12 @@ run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the 
   grep -E "$pat|Traceback|Error" $OUT/$stage.out | tail -40 | cut -c1-400 | tee -a $L
   return $rc
 }
-pytest() { python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt "$@"; }
+PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
 PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
 for s in ${STAGES:-kernel off on tests best regress}; do
   case $s in
     kernel) run kernel 100 "us a layer|rel_err|^SWEEP|^BEST" python3 $B/mixed_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 60 "passed|failed|skipped|FAILED|assert" pytest $R/tests/kernels/test_mixed_attention.py \
+    tests) run tests 60 "passed|failed|skipped|FAILED|assert" $PYTEST $R/tests/kernels/test_mixed_attention.py \
              "$R/tests/engine/test_gpu.py::test_cuda_mixed_decode_split_keeps_greedy_tokens" ;;
     off) run off 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=0 python3 $PROFILE --json $OUT/off.json ;;
     on) run on 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 python3 $PROFILE --json $OUT/on.json ;;
@@ -45,7 +45,7 @@ for s in ${STAGES:-kernel off on tests best regress}; do
           else echo "FLOTILLA_PREFILL_LAUNCH=$BEST" | tee -a $L
             run best 50 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 FLOTILLA_PREFILL_LAUNCH=$BEST \
               python3 $PROFILE --json $OUT/best.json; fi ;;
-    regress) run regress 90 "passed|failed|FAILED" pytest -x $R/tests/kernels/test_paged_decode.py \
+    regress) run regress 90 "passed|failed|FAILED" $PYTEST -x $R/tests/kernels/test_paged_decode.py \
                $R/tests/kernels/test_paged_prefill.py $R/tests/kernels/test_fp8_kv_cache.py ;;
   esac
 done
