@@ -52,6 +52,22 @@ def write_kv_cache(
     write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
+# A mixed step's attention as two launches (`mixed_attention.py`): the decode rows through the decode kernel, the
+# prompts through the prefill kernel, instead of the prefill kernel for all (issue 19). Off until measured
+# (bench/results/mixattn22-gpu.sh).
+MIXED_DECODE_SPLIT = env_flag("FLOTILLA_MIXED_DECODE_SPLIT", False)
+
+
+def mixed_split_takes(is_cuda: bool, num_seqs: int, max_query_len: int | None, enabled: bool | None = None) -> bool:
+    """Whether a step's attention runs as `mixed_split_attention`'s two launches: `enabled` (None: the switch, read
+    here so that a test may set it on the module), on CUDA, a step the host knows (`max_query_len`) to hold a
+    sequence of more than one new token, and more than one sequence (one alone is a prompt with no decode row
+    beside it). A pure decode step takes the decode kernel alone."""
+    if not (MIXED_DECODE_SPLIT if enabled is None else enabled) or not is_cuda:
+        return False
+    return max_query_len is not None and max_query_len > 1 and num_seqs > 1
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -71,7 +87,8 @@ def paged_attention(
 
     `max_query_len` is the caller's host-side knowledge of the longest new-token run in the batch.
     On CUDA, `1` (a pure decode step) selects the split-KV decode kernel; anything else, or `None`,
-    the general prefill/extend kernel, which is correct for every batch, decode included. The hint
+    the general prefill/extend kernel, which is correct for every batch, decode included (with
+    FLOTILLA_MIXED_DECODE_SPLIT, a mixed step's decode rows go to the decode kernel: `mixed_split_takes`). The hint
     exists because deriving it from `query_start_loc` would sync with the host. `step_memo`: the
     step's `AttentionMetadata.derived`, where values every layer would derive alike are kept.
     """
@@ -84,6 +101,11 @@ def paged_attention(
         return paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                                       scale * k_scale, v_scale=v_scale,
                                       pdl_merge=pdl_active(query) or None)  # fmt: skip
+    if mixed_split_takes(query.is_cuda, seq_lens.shape[0], max_query_len):
+        from flotilla.kernels.mixed_attention import mixed_split_attention
+
+        return mixed_split_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
+                                     v_scale, step_memo)  # fmt: skip
     out = _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale * k_scale,
                            max_query_len, step_memo)
     return out if v_scale == 1.0 else out * v_scale

@@ -330,9 +330,11 @@ def _attend_heads_t(
 
 @triton.jit
 def _query_and_length(query_start_loc_ptr, seq_lens_ptr, seq):
-    """(the sequence's first query row, whether it has a query, its length: 0 for a padding sequence)."""
+    """(the sequence's first query row, whether it has a decode row, its length: 0 for a sequence without one)."""
     q_row = tl.load(query_start_loc_ptr + seq)
-    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_row  # padding sequences have none
+    # exactly one new token: a padding sequence has none, and a mixed step's prompts (more than one) are the
+    # prefill kernel's (`kernels/mixed_attention.py`)
+    has_query = tl.load(query_start_loc_ptr + seq + 1) == q_row + 1
     return q_row, has_query, tl.where(has_query, tl.load(seq_lens_ptr + seq), 0)
 
 
@@ -789,11 +791,14 @@ def paged_decode_attention(
     dependents: bool | None = None,
     dynamic_splits: bool | None = None,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention (at most one new token per sequence) over the paged KV pool.
 
     Arguments as `paged_attention_ref`; each sequence has `query_start_loc[i + 1] -
-    query_start_loc[i]` in {0, 1}. `num_splits` defaults to a choice from shapes only (no host
+    query_start_loc[i]` in {0, 1}, or any other count when `out` is given: then only the sequences of one new
+    token are attended (their rows of `out` written, the others' left as they are; a mixed step's decode rows,
+    `kernels/mixed_attention.py`). `num_splits` defaults to a choice from shapes only (no host
     sync); the tile and launch knobs are exposed for tests and the benchmark. `fp8_kv` picks how an
     fp8 pool's tiles become tensor-core operands (default `_FP8_LAUNCH`; see `_kv_operand`; all but "cvt"
     round a bf16 query to fp16): "asm", "perm" or "bits" (integer bit moves to fp16: four values per PTX
@@ -829,7 +834,7 @@ def paged_decode_attention(
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
     max_context = block_tables.shape[1] * page

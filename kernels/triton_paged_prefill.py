@@ -53,6 +53,22 @@ def extend_launch(value: str) -> tuple[int, int, int, int, bool] | None:
 EXTEND_LAUNCH = extend_launch(os.environ.get("FLOTILLA_EXTEND_ATTN", ""))
 
 
+def prefill_launch(value: str) -> tuple[int, int, int, int] | None:
+    """`FLOTILLA_PREFILL_LAUNCH="block_m,block_n,warps,stages"`: the launch of calls that do not split their keys
+    (whole prompts, a mixed step's prompt tiles), for the sweep of bench/mixed_attention.py in the engine. Empty:
+    the defaults (128-row tiles, 32-key tiles, 4 warps, 3 stages)."""
+    if not value.strip():
+        return None
+    fields = [int(x) for x in value.split(",")]
+    if len(fields) != 4:
+        raise ValueError(f"FLOTILLA_PREFILL_LAUNCH={value!r}: expected block_m,block_n,warps,stages")
+    block_m, block_n, warps, stages = fields
+    return block_m, block_n, warps, stages
+
+
+PREFILL_LAUNCH = prefill_launch(os.environ.get("FLOTILLA_PREFILL_LAUNCH", ""))
+
+
 @triton.jit
 def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Page numbers of tokens `n0 .. n0 + BLOCK_N` (0 past `limit`, where nothing is read)."""
@@ -293,12 +309,17 @@ def default_num_splits(
 SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
 
 
-def tile_map(query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_map(
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each program's sequence (`num_seqs` past the last tile) and each sequence's first tile, on
     the device: tiles per sequence, their exclusive prefix sum, and a `searchsorted` of the program
-    ids into it. About eight small kernels, the same for every layer of a step."""
+    ids into it. About eight small kernels, the same for every layer of a step. `skip_decode_rows`: a
+    sequence of one new token gets no tile (the decode kernel attends to it)."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
+    if skip_decode_rows:
+        tiles = torch.where(q_lens == 1, 0, tiles)
     tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
     tile_ids = torch.arange(grid_tiles, device=query_start_loc.device, dtype=tile_start.dtype)
     tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
@@ -306,18 +327,19 @@ def tile_map(query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: in
 
 
 def _memoized_tile_map(
-    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None,
+    skip_decode_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`tile_map`, computed by the step's first attention layer and reused by the others: inside a
     mixed CUDA graph that is eight graph nodes a step instead of eight a layer (256 for a 32-layer
     model, each a kernel boundary on the critical path of a short extend). FLOTILLA_PREFILL_TILE_MEMO=0
     recomputes it in every layer (the before of the A/B)."""
     if step_memo is None or not TILE_MEMO:
-        return tile_map(query_start_loc, tokens_per_tile, grid_tiles)
-    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles)
+        return tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
+    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles, skip_decode_rows)
     found = step_memo.get(key)
     if found is None:
-        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles)
+        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
     return found
 
 
@@ -330,14 +352,16 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
-    block_m: int = 128,
-    block_n: int = 32,
+    block_m: int | None = None,
+    block_n: int | None = None,
     pack_heads: bool = True,
     num_splits: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 3,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     step_memo: dict | None = None,
     half_partials: bool = False,
+    skip_decode_rows: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -348,30 +372,43 @@ def paged_prefill_attention(
     defaults suit an H200 at head_dim 128. `step_memo`: a dict that lives for one step (the step's
     `AttentionMetadata.derived`), where the first layer leaves the tile map for the others.
     `half_partials`: split partial outputs in the query's 16-bit dtype (half the bytes written and merged).
+    `skip_decode_rows`: sequences of one new token get no tile (a mixed step's decode rows, which the decode
+    kernel attends to: `kernels/mixed_attention.py`); their rows of `out` are then undefined (left as they are,
+    or, where the keys are split, the merge's values of no partials), for the decode kernel to write after.
+    Launch knobs left None: 128-row tiles of 32 keys, 4 warps, 3 stages, or FLOTILLA_PREFILL_LAUNCH's
+    (`PREFILL_LAUNCH`) where the keys are not split; `SPLIT_LAUNCH`'s where they are.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
+    launch = None if block_m or block_n or num_warps or num_stages else PREFILL_LAUNCH
+    block_m, block_n = block_m or 128, block_n or 32
+    num_warps, num_stages = num_warps or 4, num_stages or 3
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
-    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
-    grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
-    tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo)
     head_blocks = num_heads // packed
     max_context = block_tables.shape[1] * page
     if num_splits is None:
         num_splits = default_num_splits(
             num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n
         )
-        if num_splits > 1 and EXTEND_LAUNCH is not None:
+        if num_splits == 1 and launch is not None:
+            block_m, block_n, num_warps, num_stages = launch
+            packed = heads_per_tile(group, block_m) if pack_heads else 1
+            tokens_per_tile, head_blocks = block_m // packed, num_heads // packed
+        elif num_splits > 1 and EXTEND_LAUNCH is not None:
             block_n, num_splits, num_warps, num_stages, half_partials = EXTEND_LAUNCH
         elif num_splits > 1 and SPLIT_LAUNCH is not None:
             block_n, min_tiles, num_warps, num_stages, half_partials = SPLIT_LAUNCH
             num_splits = default_num_splits(
                 num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n, min_tiles
             )
+    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
+    grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
+    tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo,
+                                              skip_decode_rows)  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
@@ -423,4 +460,4 @@ def paged_prefill_attention(
     return out
 
 
-__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention", "tile_map"]
+__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention", "prefill_launch", "tile_map"]

@@ -80,8 +80,8 @@ def split_merge_kernel(
     head = tl.program_id(1)
     if ROWS_ARE_SEQS:
         q_row = tl.load(query_start_loc_ptr + row)
-        if tl.load(query_start_loc_ptr + row + 1) == q_row:  # a padding sequence: no query
-            return
+        if tl.load(query_start_loc_ptr + row + 1) != q_row + 1:  # no decode row: a padding sequence (no query),
+            return  # or a mixed step's prompt (the prefill kernel's rows, `kernels/mixed_attention.py`)
     else:
         q_row = row
     sp = tl.arange(0, SPLITS_PAD)

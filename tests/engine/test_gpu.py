@@ -200,6 +200,32 @@ def test_cuda_larger_mixed_graphs_keep_greedy_tokens(tiny_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["cuda-graphs", "eager"])
+def test_cuda_mixed_decode_split_keeps_greedy_tokens(tiny_dir, monkeypatch, enforce_eager):
+    """FLOTILLA_MIXED_DECODE_SPLIT on (set on the module, as the switch would): mixed steps (a 128-token budget
+    chunks the prompts, so early requests decode beside later prompts) attend through the two launches of
+    `kernels/mixed_attention.py`, captured in the mixed graphs or eagerly, and keep the CPU reference's tokens."""
+    from flotilla.kernels import dispatch, mixed_attention
+
+    calls = []
+    split = mixed_attention.mixed_split_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "MIXED_DECODE_SPLIT", True)
+    monkeypatch.setattr(mixed_attention, "mixed_split_attention", counted)
+    prompts = _prompts(24, seed=5)
+    cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=16), prompts)
+    llm = LLM(str(tiny_dir), device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16,
+              max_num_batched_tokens=128, enforce_eager=enforce_eager, gpu_memory_utilization=0.3)  # fmt: skip
+    assert _greedy(llm, prompts) == cpu
+    assert calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
     "enforce_eager,async_scheduling",
     [(False, True), (False, False), (True, True)],
