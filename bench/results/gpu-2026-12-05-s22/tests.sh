@@ -7,7 +7,8 @@
 O=${OUT:-/tmp/out}; R=$PWD; mkdir -p $O
 source bench/results/gpu-env.sh 300
 timeout $(left 295) python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R \
-  $R/tests/engine/test_penalty_counts.py $R/tests/kernels/test_paged_decode.py \
+  $R/tests/engine/test_penalty_counts.py $R/tests/kernels/test_paged_decode.py $R/tests/kernels/test_paged_prefill.py \
+  $R/tests/kernels/test_fp8_kv_cache.py $R/tests/kernels/test_mixed_attention.py \
   $R/tests/kernels/test_gemv_rope.py $R/tests/kernels/test_gated_gemv.py $R/tests/kernels/test_gemv.py \
   $R/tests/kernels/test_fp8_row_gemv.py $R/tests/kernels/test_int4_fused_forms.py $R/tests/kernels/test_int4_gemv.py \
   $R/tests/kernels/test_int4_gemv_wide.py $R/tests/kernels/test_int4_wide_pdl.py $R/tests/kernels/test_pdl.py \
