@@ -21,7 +21,7 @@ import yaml
 from flotilla.operator.autoscaling import AUTOSCALED_REPLICAS_MANAGER
 from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import FIELD_MANAGER, Kube, KubeError, object_path
-from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
+from flotilla.operator.reconciler import ADOPTION_ATTEMPTS, ChildrenBlocked, Reconciler
 from flotilla.operator.spec import InferenceServiceSpec
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
@@ -865,6 +865,47 @@ def test_an_orphan_left_unchanged_is_still_adopted_with_the_precondition(operato
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
     assert ("Adopted", "adopted Deployment kept: it had no owner and carries this InferenceService's labels; updated "
             "it to match the spec") in events
+
+
+class _BusyOrphan(Kube):
+    """The real API server, where another controller writes one object (an annotation of its own, leaving it an orphan)
+    right before each of the reconciler's first `writes` writes of it, dry runs included: as the
+    kube-controller-manager keeps writing a Deployment whose pods churn (status, revision annotation), each write
+    moving the resourceVersion that the adoption's precondition expects."""
+
+    def __init__(self, api: Any, path: str, writes: int):
+        super().__init__(api)
+        self.path, self.writes = path, writes
+
+    def apply(self, obj: dict[str, Any], dry_run: bool = False, manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        meta = obj["metadata"]
+        if object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]) == self.path and self.writes:
+            self.writes -= 1
+            Kube(self.api).request("PATCH", self.path, {"metadata": {"annotations": {
+                "tests.flotilla.dev/busy": str(self.writes)}}}, None, "application/merge-patch+json")
+        return super().apply(obj, dry_run, manager)
+
+
+def test_a_busy_orphan_is_adopted_within_one_reconcile(operator_process, op, namespace):
+    """Each write of someone else's between the adoption's read and its write failed the precondition and started the
+    reconcile over; as many as it has attempts (ADOPTION_ATTEMPTS) failed it, and the adoption waited kopf's backoff.
+    A failed precondition is now tried once more on a fresh read that is still an orphan to adopt, as the /scale copy
+    of the autoscaler's count is: the same writes leave it adopted by the one reconcile."""
+    operator_process.stop()  # this test's reconciler is the only one (the next test's fixture starts it again)
+    op.apply(fixed("busy", namespace, replicas=1))
+    body = op.kube.get(fis_path(namespace, "busy"))
+    orphan = op.apply(build_deployment(InferenceServiceSpec.model_validate(body["spec"]), "busy", namespace))
+    path = child_path("Deployment", namespace, "busy")
+    _settled(op, path)  # the real controller's writes done: the racer's are the only ones
+    events: list[tuple[str, str]] = []
+    _quiet_reconciler(_BusyOrphan(op.kube.api, path, ADOPTION_ATTEMPTS), events).reconcile(namespace, "busy")
+    adopted = op.kube.get(path)
+    assert adopted["metadata"]["uid"] == orphan["metadata"]["uid"]
+    assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
+    assert adopted["metadata"]["annotations"]["tests.flotilla.dev/busy"] == "0"  # every write of the other's came
+    assert [e for e in events if e[0] == "Adopted"] == [
+        ("Adopted", "adopted Deployment busy: it had no owner and carries this InferenceService's labels; updated it "
+         "to match the spec")]
 
 
 def _someones_deployment(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
