@@ -110,6 +110,7 @@ class OptionalKinds:
     def fresh_insights(self) -> Any:
         """A new Insights for the next `kopf.run` (its asyncio primitives belong to one event loop), or None."""
         self.current = INTERNALS[0]() if INTERNALS is not None else None
+        self.gone.clear()  # the new run's kopf scans discovery afresh
         return self.current
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
@@ -156,7 +157,7 @@ class OptionalKinds:
                     self.gone.add(kind)
                     if self.wake is not None:
                         self.wake.set()
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(self.interval if self.interval > 0 else CHECK_S)  # 0: no check, still no spin
 
         queueing.watcher = watcher
 
