@@ -12,6 +12,8 @@ Credentials: in-cluster when run in a pod, else the kubeconfig ($KUBECONFIG). Ru
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import functools
 import logging
 import tempfile
@@ -174,6 +176,8 @@ logger = logging.getLogger(__name__)
 CERTIFICATE_CHECK_S = 300.0
 # A run that lasted this long was healthy: its failure starts a fresh count of quick failures.
 HEALTHY_RUN_S = 60.0
+# How often a running kopf looks at its restart flag (set by the certificate check).
+RESTART_POLL_S = 1.0
 
 
 def run_resiliently(run: Callable[[], None], *, quick_failures: int = 5, backoff_s: float = 2.0) -> None:
@@ -228,14 +232,36 @@ def main(argv: list[str]) -> int:
             _restart_on_new_certificate(Path(server.certfile), restart, CERTIFICATE_CHECK_S)
 
         def run_kopf(settings: kopf.OperatorSettings = settings, restart: threading.Event = restart) -> None:
-            kopf.run(registry=registry, settings=settings, standalone=True, clusterwide=not args.namespaces,
-                     namespaces=args.namespaces, liveness_endpoint=args.liveness or None, stop_flag=restart,
-                     insights=optional_kinds.fresh_insights())
+            with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
+                asyncio.run(operate(restart, registry=registry, settings=settings, standalone=True,
+                                    clusterwide=not args.namespaces, namespaces=args.namespaces,
+                                    liveness_endpoint=args.liveness or None, insights=optional_kinds.fresh_insights()))
 
         run_resiliently(run_kopf)
         if not restart.is_set():
             return 0  # stopped by a signal
         logger.info("the webhook certificate changed or is due for renewal: restarting the operator on it")
+
+
+async def operate(restart: threading.Event, **kwargs: Any) -> None:
+    """kopf's operator (`kopf.operator(**kwargs)`, what `kopf.run` runs) until it stops, or until `restart` is set.
+
+    kopf waits for a threading.Event stop flag in a thread of the event loop's default executor, and nothing releases
+    that thread when kopf stops of an error: `asyncio.run` then waited for it on shutdown until kopf's
+    `ultimate_exiting_timeout` SIGKILLed the process (seen: a 404 of a watch, then 15 s without webhook and exit -9,
+    never `run_resiliently`'s restart). So kopf gets a flag of its own event loop, raised from here."""
+    stop = asyncio.Event()
+
+    async def follow() -> None:
+        while not restart.is_set():
+            await asyncio.sleep(RESTART_POLL_S)
+        stop.set()
+
+    follower = asyncio.create_task(follow())  # before kopf starts: kopf leaves the tasks it found alone
+    try:
+        await kopf.operator(stop_flag=stop, **kwargs)
+    finally:
+        follower.cancel()
 
 
 def _restart_on_new_certificate(cert: Path, restart: threading.Event, interval: float) -> None:

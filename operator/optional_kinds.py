@@ -10,15 +10,26 @@ differ, hands kopf the rescan it makes for a CRD event (no restart: the webhook 
 reconciles every InferenceService once when a kind was added (its children can be made at once, and an edit made
 while the kind was unwatched is undone).
 
-Two kopf internals are used: the Insights object that `kopf.run(insights=...)` fills, and
-`observation.process_discovered_resource_event`, the function kopf calls for a CRD event. When a kopf release
-moves them the operator says so at start-up and such a CRD is picked up by the resync or a restart, as before.
+The same kinds can go away under a running operator (the Prometheus Operator or KEDA uninstalled): the apiserver
+then closes the kind's watch, and kopf's reconnect gets a 404 unless a CRD event made kopf drop the kind first
+(kopf without `watch` on CRDs never does; with it, under load, the reconnect can win). kopf treats any error of a
+watch as fatal: the whole operator stopped, webhooks and Events of reconciles in flight with it. So the watch of
+an optional kind is wrapped: its 404 ends no operator, the watch tries again every CHECK_S (it resumes when the
+CRD returns), and the check runs at once, so kopf's rescan drops the kind until discovery serves it again.
+
+Three kopf internals are used: the Insights object that `kopf.run(insights=...)` fills,
+`observation.process_discovered_resource_event`, the function kopf calls for a CRD event, and `queueing.watcher`,
+the task kopf runs per watched kind (wrapped, as its module attribute, which kopf's orchestrator looks up for each
+new watch). When a kopf release moves them the operator says so at start-up: a CRD installed later is then picked
+up by the resync or a restart, and one removed stops kopf, which `main.run_resiliently` starts again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,14 +39,19 @@ import kopf
 from flotilla.operator.kube import Kube, KubeError
 
 
-def _kopf_internals() -> tuple[Any, Any] | None:
-    """(Insights, process_discovered_resource_event), or None where this kopf release moved them."""
+def _kopf_internals() -> tuple[Any, Any, Any, type[Exception]] | None:
+    """(Insights, process_discovered_resource_event, the queueing module, APINotFoundError), or None where this kopf
+    release moved them."""
     try:
+        from kopf._cogs.clients.errors import APINotFoundError
         from kopf._cogs.structs.references import Insights
+        from kopf._core.reactor import queueing
         from kopf._core.reactor.observation import process_discovered_resource_event
     except ImportError:  # pragma: no cover - depends on the kopf release
         return None
-    return Insights, process_discovered_resource_event
+    if not callable(getattr(queueing, "watcher", None)):  # pragma: no cover - depends on the kopf release
+        return None
+    return Insights, process_discovered_resource_event, queueing, APINotFoundError
 
 
 INTERNALS = _kopf_internals()
@@ -86,10 +102,15 @@ class OptionalKinds:
     def __init__(self, kube: Kube, on_added: Callable[[], None], interval: float = CHECK_S):
         self.kube, self.on_added, self.interval = kube, on_added, interval
         self.current: Any = None
+        # The kinds whose watch got a 404 (their CRD was removed) since discovery last served them.
+        self.gone: set[Kind] = set()
+        # Set by such a watch: compare discovery with kopf's watches now (the event loop's own, made at start-up).
+        self.wake: asyncio.Event | None = None
 
     def fresh_insights(self) -> Any:
         """A new Insights for the next `kopf.run` (its asyncio primitives belong to one event loop), or None."""
         self.current = INTERNALS[0]() if INTERNALS is not None else None
+        self.gone.clear()  # the new run's kopf scans discovery afresh
         return self.current
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
@@ -98,11 +119,13 @@ class OptionalKinds:
             log.warning("this kopf release lacks the internals the operator uses to watch a ServiceMonitor or KEDA "
                         "CRD installed after start-up: such a CRD is picked up by the resync or a restart")
             return
+        self.guard_watches()
         tasks: list[asyncio.Task[None]] = []
 
         @kopf.on.startup(id="watch-optional-kinds", registry=registry)
         async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
             """Start comparing discovery with kopf's watches (in kopf's context: its requests need it)."""
+            self.wake = asyncio.Event()
             if self.current is not None and self.interval > 0:
                 tasks.append(asyncio.create_task(self.keep_in_step(self.current, settings, registry)))
 
@@ -112,21 +135,48 @@ class OptionalKinds:
             for task in tasks:
                 task.cancel()
 
+    def guard_watches(self) -> None:
+        """Wrap kopf's watch task: a 404 of an optional kind's watch (its CRD was removed) is not fatal to kopf; the
+        watch tries again every `interval` and wakes the check."""
+        assert INTERNALS is not None  # register() calls this only with them
+        queueing, not_found = INTERNALS[2], INTERNALS[3]
+        original = getattr(queueing.watcher, "__wrapped__", queueing.watcher)  # one wrapper, however often called
+
+        @functools.wraps(original)
+        async def watcher(*, resource: Any, **kwargs: Any) -> None:
+            kind = (resource.group, resource.version, resource.plural)
+            while True:
+                try:
+                    return await original(resource=resource, **kwargs)
+                except not_found:
+                    if kind not in OPTIONAL_KINDS:
+                        raise  # our own CRD or a built-in kind: kopf stops, main.run_resiliently starts it again
+                    if kind not in self.gone:
+                        log.info(f"the apiserver no longer serves {describe(frozenset({kind}))} (its CRD was "
+                                 f"removed): kopf's watch of it tries again every {self.interval:g} s")
+                    self.gone.add(kind)
+                    if self.wake is not None:
+                        self.wake.set()
+                await asyncio.sleep(self.interval if self.interval > 0 else CHECK_S)  # 0: no check, still no spin
+
+        queueing.watcher = watcher
+
     async def keep_in_step(self, insights: Any, settings: kopf.OperatorSettings,
                            registry: kopf.OperatorRegistry) -> None:
         """Every `interval`: where discovery and kopf's watches differ, rescan the kinds' groups as kopf does for
         a CRD event; reconcile everything once when kopf starts watching a kind (whoever's rescan did it)."""
         loop = asyncio.get_running_loop()
         await insights.ready_resources.wait()  # kopf's initial scan
-        known = watched(insights)
+        known = watched(insights) - self.gone
         tried: tuple[frozenset[Kind], int] = (frozenset(), 0)
         while True:
-            await asyncio.sleep(self.interval)
+            await self._next_check()
             try:
                 now = await loop.run_in_executor(None, served, self.kube)
             except KubeError as e:
                 log.debug(f"discovery unavailable, next check in {self.interval:g} s: {e}")
                 continue
+            self.gone -= now  # served again: the watch's next try resumes it
             if now != watched(insights):
                 attempts = tried[1] + 1 if tried[0] == now else 1
                 tried = (now, attempts)
@@ -150,7 +200,7 @@ class OptionalKinds:
                     if attempts == ATTEMPTS and now != watched(insights):
                         log.warning(f"kopf still does not follow discovery for {describe(now ^ watched(insights))};"
                                     " hand edits of those children are undone by the resync")
-            current = watched(insights)
+            current = watched(insights) - self.gone
             if current - known:
                 log.info(f"now watching {describe(current - known)}: reconciling every InferenceService")
                 try:
@@ -160,3 +210,10 @@ class OptionalKinds:
             if known - current:
                 log.info(f"no longer watching {describe(known - current)}: the apiserver stopped serving them")
             known = current
+
+    async def _next_check(self) -> None:
+        """Sleep `interval`, or less when a watch got a 404."""
+        assert self.wake is not None  # made at start-up, before this task
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), self.interval)
+        self.wake.clear()

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import kopf
 
@@ -32,6 +33,7 @@ from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.preconditions import on_fresh_read, unless_conflict
 from flotilla.operator.sandbox import host_namespaces_reset
 from flotilla.operator.servicemonitor import drop_fields_an_older_crd_lacks
 from flotilla.operator.spec import GROUP, KIND, VERSION
@@ -114,15 +116,18 @@ class AdoptionRaced(Exception):
 
 @contextlib.contextmanager
 def _adoption_guard(child: dict[str, Any]) -> Iterator[None]:
-    """Turn the 409 of a write with a precondition on `child` (the resourceVersion the check read, or the uid of the
-    object just created) into AdoptionRaced. Writes are forced applies, so a 409 can only be that precondition."""
+    """Turn the 409 of a write with a precondition on `child` (the uid of the object just created) into AdoptionRaced.
+    Writes are forced applies, so a 409 can only be that precondition."""
     try:
         yield
     except k.KubeError as e:
-        if e.status == 409 and ("resourceVersion" in child["metadata"] or "uid" in child["metadata"]):
+        if e.status == 409 and "uid" in child["metadata"]:
             what = f"{child['kind']} {child['metadata']['name']}"
-            raise AdoptionRaced(f"{what} changed while being adopted: {e.message}") from e
+            raise AdoptionRaced(f"{what} was replaced since it was created: {e.message}") from e
         raise
+
+
+T = TypeVar("T")
 
 
 class Reconciler:
@@ -254,36 +259,30 @@ class Reconciler:
         generation) as a precondition, and not at all when the generation moved on, so a spec changed since
         (kubectl scale, an edit) is not written over; its own reconcile follows.
 
-        A 409 is retried once, on a fresh read, again with its resourceVersion as the precondition: a status write of
-        someone else's between this reconcile's status patch and the copy (the serving reader's status.serving, every
-        few seconds) changes the resourceVersion alone, and would otherwise hold the copy back a whole reconcile."""
+        A 409 is tried once more on a fresh read, again with its resourceVersion as the precondition (preconditions.py):
+        a status write of someone else's between this reconcile's status patch and the copy (the serving reader's
+        status.serving, every few seconds) changes the resourceVersion alone, and would otherwise hold the copy back a
+        whole reconcile."""
         if count is None:
             return
-        if self._copy_settled(owner, now, count):
-            return
-        fresh = self.kube.get(inferenceservice_path(owner["metadata"]["namespace"], owner["metadata"]["name"]))
-        if fresh is not None and self._copy_settled(owner, fresh, count):
-            return
         meta = owner["metadata"]
-        log.info(f"not copying {count} replicas into {meta['namespace']}/{meta['name']} now: it changed since")
+        path = inferenceservice_path(meta["namespace"], meta["name"])
+        if on_fresh_read(lambda read: self._copy_settled(owner, read, count), now, lambda: self.kube.get(path)) is None:
+            log.info(f"not copying {count} replicas into {meta['namespace']}/{meta['name']} now: it changed since")
 
-    def _copy_settled(self, owner: dict[str, Any], now: dict[str, Any], count: int) -> bool:
+    def _copy_settled(self, owner: dict[str, Any], now: dict[str, Any], count: int) -> bool | None:
         """One try of `_copy_autoscaled_replicas` on `now`, as read: True when settled (written, or not to be written:
         the spec moved on from the generation this reconcile read, or the object is being deleted or is another one
-        of the same name), False when the write's resourceVersion precondition failed (a 409)."""
+        of the same name), None when the write's resourceVersion precondition failed (a 409)."""
         meta, read = now["metadata"], owner["metadata"]
         if (meta.get("generation"), meta.get("uid")) != (read.get("generation"), read.get("uid")) \
                 or meta.get("deletionTimestamp"):
             return True
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": count}}
-        try:
-            self.kube.request("PATCH", f"{inferenceservice_path(meta['namespace'], meta['name'])}/scale", patch,
-                              {"fieldManager": AUTOSCALED_REPLICAS_MANAGER}, "application/merge-patch+json")
-        except k.KubeError as e:
-            if e.status != 409:
-                raise
-            return False
-        return True
+        written = unless_conflict(lambda: self.kube.request(
+            "PATCH", f"{inferenceservice_path(meta['namespace'], meta['name'])}/scale", patch,
+            {"fieldManager": AUTOSCALED_REPLICAS_MANAGER}, "application/merge-patch+json"))
+        return True if written is not None else None
 
     def _own_deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -334,7 +333,7 @@ class Reconciler:
         """
         live = self._live_children(owner, plan)
         for child in plan.apply:
-            self._dry_run(child, live[k.path_of(child)] is None)
+            self._dry_run(child, live[k.path_of(child)])
         self._remove_unwanted(owner, plan, _kept_replicas(plan, live))
         deployment = None
         for child in plan.apply:
@@ -347,8 +346,7 @@ class Reconciler:
         """The planned children as they are now, by path (None: absent), each given `owner`'s owner reference;
         ChildrenBlocked (OwnershipConflict) when one exists, is not `owner`'s and is no orphan it may adopt
         (ownership.py). An orphan to adopt is written only as it was read: its child carries the resourceVersion read
-        as a precondition, so another controller claiming it meanwhile fails the write (AdoptionRaced) instead of
-        being overridden by the forced apply."""
+        as a precondition (`_adopting`)."""
         meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
@@ -362,20 +360,23 @@ class Reconciler:
                 child["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
         return live
 
-    def _dry_run(self, child: dict[str, Any], absent: bool) -> None:
-        """Apply `child` as a dry run (once more without the fields an older CRD lacks, if that is the
-        trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it. A child found `absent` that exists
+    def _dry_run(self, child: dict[str, Any], found: dict[str, Any] | None) -> None:
+        """Apply `child` (live as `found`) as a dry run (once more without the fields an older CRD lacks, if that is
+        the trouble); ChildrenBlocked (ApplyRefused) when the API server refuses it. A child found absent that exists
         by the time of a refusal was made by someone else meanwhile (the refusal is about their object): AdoptionRaced,
         so the reconcile checks again whose it is."""
+        absent = found is None
+
+        def dry_run(obj: dict[str, Any]) -> dict[str, Any]:
+            return self.kube.apply(obj, dry_run=True)
+
         try:
             try:
-                with _adoption_guard(child):
-                    self.kube.apply(child, dry_run=True)
+                self._precondition_write(child, found, dry_run)
             except k.KubeError as e:
                 if not (e.status == 500 and drop_fields_an_older_crd_lacks(child, e.message)):
                     raise
-                with _adoption_guard(child):
-                    self.kube.apply(child, dry_run=True)  # once more, without them
+                self._precondition_write(child, found, dry_run)  # once more, without them
         except k.KubeError as e:
             if e.status not in REFUSALS and not (e.status == 500 and TYPED_PATCH_REFUSAL in e.message):
                 raise
@@ -412,17 +413,18 @@ class Reconciler:
             # The apply that follows is of this very object (its uid a precondition) and owns the child's fields as
             # on any applied child; the create's own record of them goes after it (_drop_create_entry).
             child = {**child, "metadata": {**child["metadata"], "uid": written[-1]["metadata"]["uid"]}}
+        current = before  # the child as the next write expects it, where it is an orphan being adopted
         if handover is not None:  # autoscaling turned on or resumed: the autoscaler takes the replicas over from here
             adopting = "resourceVersion" in child["metadata"]
             if adopting:  # the same precondition; the apply then expects what the handover left
                 handover["metadata"]["resourceVersion"] = child["metadata"]["resourceVersion"]
-            with _adoption_guard(child):
-                written.append(self.kube.apply(handover, manager=REPLICAS_HANDOVER_MANAGER))
+            written.append(self._precondition_write(
+                handover, before, lambda obj: self.kube.apply(obj, manager=REPLICAS_HANDOVER_MANAGER)))
+            current = written[-1]
             if adopting:
                 child = {**child, "metadata": {**child["metadata"],
-                                               "resourceVersion": written[-1]["metadata"]["resourceVersion"]}}
-        with _adoption_guard(child):
-            applied = self.kube.apply(child)
+                                               "resourceVersion": current["metadata"]["resourceVersion"]}}
+        applied = self._precondition_write(child, current, self.kube.apply)
         written.append(applied)
         if before is None:
             applied = self._drop_create_entry(applied)
@@ -443,6 +445,37 @@ class Reconciler:
         elif _visible(before) != _visible(applied):
             self.post_event(owner, "Normal", "Updated", f"updated {what} to match the spec")
         return applied
+
+    def _precondition_write(self, child: dict[str, Any], found: dict[str, Any] | None,
+                            write: Callable[[dict[str, Any]], T]) -> T:
+        """`write(child)`, where `child` may carry a precondition: the resourceVersion of an orphan being adopted,
+        found as `found` (`_adopting`), or the uid of the object just created (its 409 is AdoptionRaced)."""
+        if "resourceVersion" in child["metadata"]:
+            assert found is not None  # only an orphan found by the check carries one
+            return self._adopting(child, found, write)
+        with _adoption_guard(child):
+            return write(child)
+
+    def _adopting(self, child: dict[str, Any], found: dict[str, Any], write: Callable[[dict[str, Any]], T]) -> T:
+        """`write(child)` of an orphan being adopted, found as `found`: only on the orphan as read (its resourceVersion
+        the precondition), so another controller claiming it meanwhile fails the write instead of being overridden by
+        the forced apply. A failed precondition is tried once more on a fresh read that is still an orphan this
+        InferenceService (whose name its children bear) may adopt: the kube-controller-manager writes a busy orphan
+        Deployment's status and revision annotation again and again, and starting the reconcile over for each write
+        left its adoption to kopf's backoff. AdoptionRaced otherwise: the reconcile starts over and checks again."""
+        name = child["metadata"]["name"]
+        what = f"{child['kind']} {name}"
+
+        def attempt(current: dict[str, Any]) -> T | None:
+            if current is not found and not adoptable(current, name):
+                raise AdoptionRaced(f"{what} was claimed, relabelled or deleted while being adopted")
+            at = {**child, "metadata": {**child["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+            return unless_conflict(lambda: write(at))
+
+        written = on_fresh_read(attempt, found, lambda: self.kube.get(k.path_of(child)))
+        if written is None:
+            raise AdoptionRaced(f"{what} changed while being adopted, and again since")
+        return written
 
     def _create(self, child: dict[str, Any]) -> dict[str, Any]:
         """Create `child`, found absent by the check; AdoptionRaced when its name was taken since (AlreadyExists), so
@@ -487,26 +520,26 @@ class Reconciler:
             found = self.kube.get(path)
             if found is None:
                 continue
-            version = None
-            if owned_by(found, meta["uid"]):
+            orphan = not owned_by(found, meta["uid"])
+            if not orphan:
                 why = "the spec no longer asks for it"
+                self.kube.delete(path, uid=found["metadata"]["uid"])
             elif adoptable(found, meta["name"]):
                 why = "an orphan with this InferenceService's labels that the spec does not ask for"
                 # Deleted only as it was read: one claimed meanwhile is someone else's (AdoptionRaced: check again).
-                version = found["metadata"]["resourceVersion"]
+                self._adopting(found, found, functools.partial(self._delete_as_read, path))
             else:
                 continue
-            try:
-                self.kube.delete(path, uid=found["metadata"]["uid"], resource_version=version)
-            except k.KubeError as e:
-                if e.status == 409 and version is not None:
-                    raise AdoptionRaced(f"{kind} {meta['name']} changed before its deletion: {e.message}") from e
-                raise
             self.post_event(owner, "Normal", "Deleted", f"deleted {kind} {meta['name']}: {why}")
-            if kept is not None and kind in AUTOSCALER_KINDS and version is None:
+            if kept is not None and kind in AUTOSCALER_KINDS and not orphan:
                 self.post_event(owner, "Normal", "ReplicasKept",
                                 f"autoscaling removed: Deployment {meta['name']} keeps its {kept} replicas, the "
                                 "autoscaler's last count, which spec.replicas holds; set spec.replicas to change it")
+
+    def _delete_as_read(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Delete the object at `path` only as `obj` was read (its uid and resourceVersion); returns `obj`."""
+        self.kube.delete(path, uid=obj["metadata"]["uid"], resource_version=obj["metadata"]["resourceVersion"])
+        return obj
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
         """Why the engine pods are not coming up, read only while replicas are missing (one list of one

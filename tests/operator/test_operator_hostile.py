@@ -23,7 +23,6 @@ from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import (
     KINDS,
     ZERO_HEAD_MODEL,
-    _optional_crds_removed,
     changes_since,
     child_path,
     collection,
@@ -377,7 +376,7 @@ def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator
     the GPUs: the Deployment goes to 0 and its autoscaler is deleted (nothing else changes); fixed, the spec brings
     the autoscaler back and the Deployment restarts at minReplicas."""
     autoscaling = {"minReplicas": 2, "maxReplicas": 4, "target": 4}
-    _optional_crds_removed(cluster, operator_process)
+    cluster.set_optional_crds(False)
     cluster.apply(fis("frozen", namespace, replicas=1, autoscaling=autoscaling))
     deployment_path = child_path("Deployment", namespace, "frozen")
     before = wait_children(cluster, namespace, "frozen", ["Deployment", "HorizontalPodAutoscaler"])["Deployment"]

@@ -21,10 +21,9 @@ import yaml
 from flotilla.operator.autoscaling import AUTOSCALED_REPLICAS_MANAGER
 from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import FIELD_MANAGER, Kube, KubeError, object_path
-from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
+from flotilla.operator.reconciler import ADOPTION_ATTEMPTS, ChildrenBlocked, Reconciler
 from flotilla.operator.spec import InferenceServiceSpec
 
-from ..k8s_fixtures import OPTIONAL_CRDS
 from .conftest import ENGINE_IMAGE, FIS_PATH, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,21 +88,8 @@ def op(operator_process, cluster):
     return cluster
 
 
-def _optional_crds_removed(op, operator_process) -> None:
-    """Remove the ServiceMonitor and ScaledObject CRDs; when they were there, restart the operator after. Its watch of
-    a removed kind may reconnect before kopf drops it and get a 404, which stops kopf in-process until
-    main.run_resiliently starts it again; the Events of a reconcile finishing meanwhile are lost (seen under load: no
-    ReplicasKept Event, no Created Event of the resync) and nothing reconciles for a while. An operator started
-    without those kinds watches none of them."""
-    present = any(op.served(f"{group}/{version}") for group, version, _, _ in OPTIONAL_CRDS.values())
+def test_children_and_owner_references_without_prometheus_operator_or_keda(op, namespace):
     op.set_optional_crds(False)
-    if present:
-        operator_process.stop()
-        operator_process.start()
-
-
-def test_children_and_owner_references_without_prometheus_operator_or_keda(operator_process, op, namespace):
-    _optional_crds_removed(op, operator_process)
     op.apply(fis("llama", namespace))
     objs = wait_children(op, namespace, "llama", ["Deployment", "Service", "HorizontalPodAutoscaler",
                                                   "PodDisruptionBudget"])
@@ -506,14 +492,13 @@ def _deployment_scaled_by_the_autoscaler(op, namespace: str, name: str, replicas
     return op.kube.get(path)
 
 
-def test_removing_autoscaling_keeps_the_autoscalers_count_which_spec_replicas_holds(operator_process, op,
-                                                                                   namespace):
+def test_removing_autoscaling_keeps_the_autoscalers_count_which_spec_replicas_holds(op, namespace):
     """While autoscaling is on, the operator copies the autoscaler's count into spec.replicas (through the scale
     subresource, as an HPA aimed at the InferenceService would), so removing autoscaling keeps it: the Deployment stays
     at that count (as deleting an HPA leaves its Deployment alone), with a ReplicasKept Event. Before, spec.replicas
     kept its default of 1 and the Deployment dropped to 1 at once. Scaled afterwards, spec.replicas decides."""
     # An HPA, which this control plane's controller leaves alone with no metrics API.
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     autoscaling = {"minReplicas": 2, "maxReplicas": 6, "target": 4}
     op.apply(fis("kept", namespace, replicas=None, autoscaling=autoscaling))  # spec.replicas left out, as advised
     wait_children(op, namespace, "kept", ["Deployment", "HorizontalPodAutoscaler"])
@@ -604,12 +589,12 @@ def _get_scale(op, namespace: str, name: str) -> dict[str, Any]:
     return op.kube.request("GET", f"{fis_path(namespace, name)}/scale")
 
 
-def test_the_scale_subresource_answers_whether_or_not_the_manifest_sets_replicas(operator_process, op, namespace):
+def test_the_scale_subresource_answers_whether_or_not_the_manifest_sets_replicas(op, namespace):
     """GET of the scale subresource answered 500 when spec.replicas was absent (the apiserver has no count to read):
     `kubectl scale --current-replicas`, `kubectl get --subresource scale` and any HPA or KEDA aimed at the
     InferenceService failed. Now spec.replicas is always there: a default for a manifest without it, the autoscaler's
     count while one runs."""
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     op.apply(fis("plain", namespace, autoscaling=None, replicas=None))
     op.apply(fis("fixed", namespace, autoscaling=None, replicas=2))
     op.apply(fis("auto", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
@@ -680,7 +665,7 @@ ZERO_HEAD_MODEL = {"source": "pvc://models/m", "config": {"hiddenSize": 7, "numH
 def test_the_resync_reaches_every_inferenceservice_past_one_it_cannot_reconcile(operator_process, op, namespace):
     # A ServiceMonitor CRD installed after an InferenceService is noticed by the periodic resync alone (no event
     # names the InferenceService). The resync lists InferenceServices by name, so a-zero comes before b-good.
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     op.apply(fixed("b-good", namespace))
     wait_children(op, namespace, "b-good", ["Deployment"])
     operator_process.kill()
@@ -709,11 +694,11 @@ def test_the_reconciler_posts_events_outside_kopfs_handlers_as_the_resync_calls_
     assert events[0]["message"] == "created Deployment announced"
 
 
-def test_what_the_resync_changes_is_announced_and_reaches_status(operator_process, op, namespace):
+def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
     # The ServiceMonitor CRD installed after the InferenceService: no event names it, so the periodic resync alone
     # makes the ServiceMonitor, and must post its Event and write status.monitoring as a handler-driven reconcile
     # does (the resync runs outside kopf's per-object tasks, whose event queue kopf.event needs).
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     op.apply(fixed("late", namespace, replicas=1))
     wait_for(lambda: (op.kube.get(fis_path(namespace, "late")).get("status") or {}).get("monitoring", "").startswith(
         "no ServiceMonitor"), 20, "status.monitoring without a ServiceMonitor")
@@ -766,7 +751,7 @@ def test_children_orphaned_by_a_cascade_orphan_delete_are_adopted_by_the_next_in
     name adopts the orphans that carry its labels (same objects, same pods, its owner reference, an Adopted Event)
     instead of reading OwnershipConflict for ever; an orphaned HPA the new spec does not ask for is deleted, or it
     would keep scaling the adopted Deployment."""
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     op.apply(fis("moved", namespace, autoscaling={"minReplicas": 2, "maxReplicas": 3, "target": 4}))
     kinds = ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
     before = wait_children(op, namespace, "moved", kinds)
@@ -880,6 +865,47 @@ def test_an_orphan_left_unchanged_is_still_adopted_with_the_precondition(operato
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
     assert ("Adopted", "adopted Deployment kept: it had no owner and carries this InferenceService's labels; updated "
             "it to match the spec") in events
+
+
+class _BusyOrphan(Kube):
+    """The real API server, where another controller writes one object (an annotation of its own, leaving it an orphan)
+    right before each of the reconciler's first `writes` writes of it, dry runs included: as the
+    kube-controller-manager keeps writing a Deployment whose pods churn (status, revision annotation), each write
+    moving the resourceVersion that the adoption's precondition expects."""
+
+    def __init__(self, api: Any, path: str, writes: int):
+        super().__init__(api)
+        self.path, self.writes = path, writes
+
+    def apply(self, obj: dict[str, Any], dry_run: bool = False, manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        meta = obj["metadata"]
+        if object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]) == self.path and self.writes:
+            self.writes -= 1
+            Kube(self.api).request("PATCH", self.path, {"metadata": {"annotations": {
+                "tests.flotilla.dev/busy": str(self.writes)}}}, None, "application/merge-patch+json")
+        return super().apply(obj, dry_run, manager)
+
+
+def test_a_busy_orphan_is_adopted_within_one_reconcile(operator_process, op, namespace):
+    """Each write of someone else's between the adoption's read and its write failed the precondition and started the
+    reconcile over; as many as it has attempts (ADOPTION_ATTEMPTS) failed it, and the adoption waited kopf's backoff.
+    A failed precondition is now tried once more on a fresh read that is still an orphan to adopt, as the /scale copy
+    of the autoscaler's count is: the same writes leave it adopted by the one reconcile."""
+    operator_process.stop()  # this test's reconciler is the only one (the next test's fixture starts it again)
+    op.apply(fixed("busy", namespace, replicas=1))
+    body = op.kube.get(fis_path(namespace, "busy"))
+    orphan = op.apply(build_deployment(InferenceServiceSpec.model_validate(body["spec"]), "busy", namespace))
+    path = child_path("Deployment", namespace, "busy")
+    _settled(op, path)  # the real controller's writes done: the racer's are the only ones
+    events: list[tuple[str, str]] = []
+    _quiet_reconciler(_BusyOrphan(op.kube.api, path, ADOPTION_ATTEMPTS), events).reconcile(namespace, "busy")
+    adopted = op.kube.get(path)
+    assert adopted["metadata"]["uid"] == orphan["metadata"]["uid"]
+    assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
+    assert adopted["metadata"]["annotations"]["tests.flotilla.dev/busy"] == "0"  # every write of the other's came
+    assert [e for e in events if e[0] == "Adopted"] == [
+        ("Adopted", "adopted Deployment busy: it had no owner and carries this InferenceService's labels; updated it "
+         "to match the spec")]
 
 
 def _someones_deployment(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -1126,13 +1152,13 @@ def _service_monitor_crd(follow_redirects: bool) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("follow_redirects_in_schema", [True, False])
-def test_the_servicemonitor_tells_prometheus_not_to_follow_redirects_where_its_schema_can(
-        operator_process, op, namespace, follow_redirects_in_schema):
+def test_the_servicemonitor_tells_prometheus_not_to_follow_redirects_where_its_schema_can(op, namespace,
+                                                                                          follow_redirects_in_schema):
     # The engine image is the InferenceService author's: a 3xx from its /metrics sent Prometheus (which
     # follows redirects by default) to any address the author chose, from Prometheus' network position. Prometheus
     # Operator v0.55+ takes endpoints[].followRedirects; an older CRD lacks it, and server-side apply refuses a
     # field its schema lacks ("field not declared in schema"), so there the ServiceMonitor goes without it.
-    _optional_crds_removed(op, operator_process)
+    op.set_optional_crds(False)
     op.apply_crd(_service_monitor_crd(follow_redirects_in_schema))
     try:
         op.apply(fis("llama", namespace))
@@ -1147,4 +1173,4 @@ def test_the_servicemonitor_tells_prometheus_not_to_follow_redirects_where_its_s
                           20, "status.monitoring")
         assert status == "ServiceMonitor"
     finally:
-        _optional_crds_removed(op, operator_process)
+        op.set_optional_crds(False)

@@ -60,3 +60,92 @@ def test_apiserver_restart_under_the_operator_then_it_converges(operator_process
     except AssertionError as e:  # the operator's own account is what tells why it did not converge
         raise AssertionError(f"{e}\noperator log:\n{operator_process.tail(80)}") from e
     assert operator_process.proc.poll() is None, "the operator exited after the apiserver came back"
+
+
+
+def _operate_in_a_thread(registry, restart):
+    """main.operate (kopf) with `registry` in a daemon thread; returns the thread and the list its outcome goes to (the
+    exception, or None)."""
+    import asyncio
+    import threading
+
+    import kopf
+
+    from flotilla.operator import main
+
+    settings = kopf.OperatorSettings()
+    settings.process.ultimate_exiting_timeout = None  # a regression must fail the test, not SIGKILL pytest
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(main.operate(restart, registry=registry, settings=settings, standalone=True, clusterwide=True))
+        except BaseException as e:  # the outcome is what is asserted
+            outcome.append(e)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _registry():
+    import kopf
+
+    from flotilla.operator import main
+
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(id="login", registry=registry)(main.login)
+    return registry
+
+
+def test_kopf_stopped_by_an_error_returns_at_once_for_the_restart_in_process(control_plane, monkeypatch):
+    """main.run_resiliently starts kopf again when it stops of an error, but only once kopf's run returns. With the
+    certificate check's threading.Event as kopf's stop flag, kopf waited for it in a thread of the event loop's
+    executor that nothing released on such a stop, and the loop's shutdown waited for that thread until kopf's
+    exit timeout SIGKILLed the operator (a removed CRD's 404: 15 s without webhook, then exit -9). Here kopf fails
+    at start-up; the run must end with its error."""
+    import threading
+
+    import kopf
+
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+    registry = _registry()
+
+    @kopf.on.startup(id="fail", registry=registry)
+    def fail(**_):
+        raise kopf.PermanentError("a fatal error")
+
+    restart = threading.Event()
+    thread, outcome = _operate_in_a_thread(registry, restart)
+    thread.join(60)
+    hung = thread.is_alive()
+    restart.set()  # releases what a regression leaves waiting on it (the interpreter's exit joins executor threads)
+    assert not hung, "kopf's run did not return after its error"
+    # The failed start-up, as kopf reports it (ActivityError: "One or more handlers failed.").
+    assert len(outcome) == 1 and type(outcome[0]).__name__ == "ActivityError", outcome
+
+
+def test_the_restart_flag_stops_kopf(control_plane, monkeypatch):
+    """The certificate check sets the restart flag (main._restart_on_new_certificate): kopf stops, and its run returns
+    without an error, for main to start it again on the new certificate."""
+    import threading
+
+    import kopf
+
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+    registry = _registry()
+    started = threading.Event()
+
+    @kopf.on.startup(id="started", registry=registry)
+    def start(**_):
+        started.set()
+
+    restart = threading.Event()
+    thread, outcome = _operate_in_a_thread(registry, restart)
+    wait_for(started.is_set, 60, "kopf started")
+    restart.set()
+    thread.join(60)
+    assert not thread.is_alive(), "kopf did not stop on the restart flag"
+    assert outcome == [None]

@@ -11,14 +11,7 @@ import pytest
 from flotilla.operator.kube import KubeError
 
 from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
-from .test_operator_reconcile import (
-    _deployment_scaled_by_the_autoscaler,
-    _optional_crds_removed,
-    fis,
-    fis_path,
-    fixed,
-    wait_children,
-)
+from .test_operator_reconcile import _deployment_scaled_by_the_autoscaler, fis, fis_path, fixed, wait_children
 
 DENIED = f'admission webhook "validate.{WEBHOOK_CONFIGURATION}" denied the request: InferenceService bad is invalid: '
 INVALID = {
@@ -117,7 +110,7 @@ def _patch_warnings(cluster, path: str, patch: dict[str, Any]) -> str:
 def test_the_replicas_warning_comes_only_with_a_request_that_sets_spec_replicas(operator_process, cluster, namespace):
     """While autoscaling is on, the operator copies the autoscaler's count into spec.replicas. An update lowering only
     maxReplicas under that count drew "spec.replicas (5) has no effect", though the user never set 5."""
-    _optional_crds_removed(cluster, operator_process)
+    cluster.set_optional_crds(False)
     cluster.apply(fis("auto", namespace, replicas=None, autoscaling={"minReplicas": 2, "maxReplicas": 6, "target": 4}))
     wait_children(cluster, namespace, "auto", ["Deployment", "HorizontalPodAutoscaler"])
     _deployment_scaled_by_the_autoscaler(cluster, namespace, "auto", 5)
