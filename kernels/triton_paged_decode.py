@@ -829,7 +829,8 @@ def paged_decode_attention(
     the same with the streams over `key_streams` neighbouring KV heads on the same keys (`_attend_heads_t`: one
     program reads a key's heads side by side; no fused merge), "h<N>" over N neighbouring KV heads with
     key_streams / N interleaved key streams a head (so a 4-warp program covers 2 heads at one split: "h2" with
-    key_streams 4), "" the row form; default: the pool's launch.
+    key_streams 4), "" the row form; default: the pool's launch (its form where a caller's `key_streams` can carry
+    the form's heads, else the row form).
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -851,7 +852,10 @@ def paged_decode_attention(
     if key_streams is None:  # the default's streams, unless a caller's smaller tile leaves them < 16 keys each
         sub = tile[4] // _form_heads(tile[5], tile[4]) if tile[4] else 1
         key_streams = tile[4] if tile[4] and block_n // sub >= 16 else 0
-    form = (tile[5] if form is None else form) if key_streams else ""
+    if form is None:  # the pool's form, where a caller's own stream count can carry its heads (else the row form)
+        heads = _form_heads(tile[5], key_streams or 1)
+        form = tile[5] if key_streams and key_streams % heads == 0 and num_kv_heads % heads == 0 else ""
+    form = form if key_streams else ""
     assert re.fullmatch(r"t?|h\d*", form), f"form {form!r}"
     head_streams = form.startswith("h")
     prog_heads = _form_heads(form, key_streams)

@@ -237,6 +237,23 @@ def test_decode_streams_over_heads_and_keys_match_reference(dtype):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=16, key_streams=4, form="h2")
 
 
+def test_decode_default_form_fits_the_callers_key_streams():
+    """A caller's own `key_streams` without a form takes the fp8 pool's form ("h2": 2 KV heads a program) where the
+    streams can carry its heads, else the row form: one stream was refused ("2 heads a program must divide 1
+    streams"), which the GPU test of the operand paths hit."""
+    from flotilla.kernels.triton_paged_decode import _FP8_FORM, paged_decode_attention
+
+    assert _FP8_FORM == "h2"
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1, 1], [37, 130, 5], 8, 4, torch.float32, seed=3)
+    k, v = k_cache.to(FP8), v_cache.to(FP8)
+    ref = paged_attention_ref(query, k.float(), v.float(), tables, qsl, lens, 0.5)
+    for streams, same_as in ((1, ""), (4, "h2")):
+        kw = {"num_splits": 1, "block_n": 64, "num_warps": 4, "key_streams": streams, "fp8_kv": "cvtpx"}
+        out = paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, **kw)
+        assert torch.equal(out, paged_decode_attention(query, k, v, tables, qsl, lens, 0.5, form=same_as, **kw))
+        assert rel_err(out, ref) < 1e-5, streams
+
+
 def _llama_fp8_case(seed: int) -> tuple[torch.Tensor, ...]:
     """On the GPU: Llama-3-8B heads (32 query, 8 KV, 128 dims), sequences of 4,000, 300 and 17 tokens on an fp8
     pool (K scaled to ~30 % subnormal values), one bf16 query row each, scale 0.3; returns (query, k8, v8, tables,
