@@ -14,7 +14,7 @@ Two families of graphs, each captured per (padded token count, block-table width
   beside decodes), by default up to `MIXED_SIZES[-1]` tokens. Sequence slots are min(tokens,
   max_num_seqs) and attention is the prefill kernel, which derives its tiles on the device (once a
   step: the first layer leaves the tile map in the step's metadata for the others); with
-  FLOTILLA_MIXED_DECODE_SPLIT, the prefill kernel for the prompts and the decode kernel for the sequences
+  FLOTILLA_MIXED_DECODE_SPLIT (default on), the prefill kernel for the prompts and the decode kernel for the sequences
   of one new token, told apart on the device too (`kernels/mixed_attention.py`). Sizes up to
   `ONE_SEQ_MAX_TOKENS` have a second graph of one sequence slot, for a lone prompt or extend. Steps of
   hundreds of decode rows beside a few short prompts (requests that arrive one by one) are not

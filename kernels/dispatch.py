@@ -53,9 +53,10 @@ def write_kv_cache(
 
 
 # A mixed step's attention as two launches (`mixed_attention.py`): the decode rows through the decode kernel, the
-# prompts through the prefill kernel, instead of the prefill kernel for all (issue 19). Off until measured
-# (bench/results/mixattn22-gpu.sh).
-MIXED_DECODE_SPLIT = env_flag("FLOTILLA_MIXED_DECODE_SPLIT", False)
+# prompts through the prefill kernel, instead of the prefill kernel for all (issue 19). On: measured on the H100
+# (session 22, bench/results/gpu-2026-12-05-s22/call2/mixattn): a 16,320-token offline step's attention 33-35 ->
+# 25-26 ms, the step 371-377 -> 365-369 ms busy; "0" restores the one launch.
+MIXED_DECODE_SPLIT = env_flag("FLOTILLA_MIXED_DECODE_SPLIT", True)
 
 
 def mixed_split_takes(is_cuda: bool, num_seqs: int, max_query_len: int | None, enabled: bool | None = None) -> bool:

@@ -97,7 +97,7 @@ def test_the_split_takes_mixed_cuda_steps_of_several_sequences_when_switched_on(
     assert not dispatch.mixed_split_takes(True, 5, 1, enabled=True)  # pure decode: the decode kernel alone
     assert not dispatch.mixed_split_takes(True, 5, None, enabled=True)  # unknown: the one launch
     assert not dispatch.mixed_split_takes(True, 1, 512, enabled=True)  # one prompt alone
-    assert dispatch.mixed_split_takes(True, 5, 512) is dispatch.MIXED_DECODE_SPLIT  # the switch (default off)
+    assert dispatch.mixed_split_takes(True, 5, 512) is dispatch.MIXED_DECODE_SPLIT  # the switch (default on)
 
 
 def test_prefill_launch_override_parses_four_fields():
