@@ -120,10 +120,12 @@ class PenaltyCounts:
         return slot
 
     def _sweep(self, batch: set[int]) -> None:
-        """Free the rows of requests that have finished or are gone (none of this batch's)."""
+        """Free the rows of requests that are gone, and of those that have finished outside this batch. A gone
+        request's row is freed even where a request of this batch now has its id: that one may be a completion
+        reading its leader's row at its first draw, which never claims the row kept under its id."""
         for key, slot in list(self._slots.items()):
             owner = slot.owner()
-            if key not in batch and (owner is None or owner.status.finished):
+            if owner is None or (key not in batch and owner.status.finished):
                 del self._slots[key]
                 self._free.append(slot.row)
 

@@ -71,6 +71,29 @@ def test_a_finished_requests_row_is_cleared_for_the_next_and_a_live_one_outside_
     assert counts.output[row_d, :V].tolist() == np.bincount([2, 2], minlength=V).tolist()
 
 
+def test_a_gone_requests_row_is_free_though_a_completion_at_its_first_draw_has_its_id():
+    # Rows are kept under id(request). A request that finished and was collected leaves its row under its id until a
+    # sweep; CPython gives the next object of its size its address, here a completion of a new request (n = 2). At
+    # the pair's first draw the completion reads its leader's row and never claims the one under its id, so that
+    # row must still be free for the leader when every other row is held by this batch.
+    params = SamplingParams(repetition_penalty=1.2)
+    counts = PenaltyCounts(torch.device("cpu"), 2)
+    running, gone = Request("a", [3], params), Request("gone", [4], params)
+    running.output_token_ids, gone.output_token_ids = [1], [2]
+    counts.rows([running, gone], V)
+    prompt = [5, 6]
+    leader = Request("b", prompt, params)
+    gone_id = id(gone)
+    del gone
+    child = Request("b#1", prompt, params)
+    if id(child) != gone_id:
+        pytest.skip("this interpreter did not give the completion the gone request's address")
+    leader.fork_children = [child]
+    rows = counts.rows([running, leader, child], V).tolist()  # a batch of max_num_seqs requests and one completion
+    assert rows[1] == rows[2] not in (0, rows[0])
+    assert counts.prompt[rows[1], :V].nonzero().flatten().tolist() == prompt and not counts.output[rows[1]].any()
+
+
 def test_the_tables_never_outgrow_their_reserved_bytes():
     # The KV cache's sizing sets `table_bytes(max_num_seqs, V)` aside (model_runner._profile_gpu_blocks): the tables
     # are made at that size at the first penalised draw and stay so, however many requests come and go.
