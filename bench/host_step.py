@@ -242,25 +242,33 @@ def _layout(tree: Path) -> Path:
     return root
 
 
+def tree_rounds(script: str, trees: list[str], args: list[str], rounds: int,
+                label: Callable[[dict[str, Any]], str] = str) -> dict[Path, list[dict[str, Any]]]:
+    """`script --one ARGS` for each source tree in its own subprocess (the tree's own flotilla first on the path, one
+    thread), `rounds` times with the trees interleaved; each run's result is the JSON of its last stdout line."""
+    paths = [Path(t).resolve() for t in trees]
+    layouts = [_layout(t) for t in paths]
+    results: dict[Path, list[dict[str, Any]]] = {t: [] for t in paths}
+    for r in range(rounds):
+        for tree, layout in zip(paths, layouts, strict=True):
+            # The tree first; what the path held already (e.g. gpu-env.sh's wheels) after it.
+            path = ":".join(p for p in (str(layout), str(tree / "bench"), os.environ.get("PYTHONPATH", "")) if p)
+            env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+            out = subprocess.run([sys.executable, str(Path(script).resolve()), "--one", *args], env=env,
+                                 cwd="/tmp", capture_output=True, text=True, check=True)
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            results[tree].append(result)
+            print(f"round {r}: {tree}: {label(result)}", flush=True)
+    return results
+
+
 def compare(a: argparse.Namespace) -> None:
     """Each tree in its own subprocess, rounds interleaved; the median round per tree and phase."""
-    trees = [Path(t).resolve() for t in a.trees]
-    layouts = [_layout(t) for t in trees]
-    rounds: dict[Path, list[dict[str, Any]]] = {t: [] for t in trees}
     args = ["--batch", str(a.batch), "--context", str(a.context), "--steps", str(a.steps),
             "--generated", str(a.generated), "--output-kind", a.output_kind, "--clock", a.clock,
             "--ngram", str(a.ngram), *(["--penalties"] if a.penalties else []),
             *(["--finishing"] if a.finishing else [])]  # fmt: skip
-    for r in range(a.rounds):
-        for tree, layout in zip(trees, layouts, strict=True):
-            # The tree first; what the path held already (e.g. gpu-env.sh's wheels) after it.
-            path = ":".join(p for p in (str(layout), str(tree / "bench"), os.environ.get("PYTHONPATH", "")) if p)
-            env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", *args], env=env,
-                                 cwd="/tmp", capture_output=True, text=True, check=True)
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            rounds[tree].append(result)
-            print(f"round {r}: {tree}: {result}", flush=True)
+    rounds = tree_rounds(__file__, a.trees, args, a.rounds)
     summary = {str(t): {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]} for t, rs in rounds.items()}
     for tree, s in summary.items():
         print(f"{tree}: host {s['host']:.2f} ms/step, api {s['api']:.2f} ms/step; "

@@ -38,11 +38,9 @@ import argparse
 import cProfile
 import json
 import logging
-import os
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -230,23 +228,14 @@ def report(label: str, a: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def compare(a: argparse.Namespace) -> None:
     """Each tree in its own subprocess, rounds interleaved; the median round per tree."""
-    from host_step import _layout
+    from host_step import tree_rounds
 
-    trees = [Path(t).resolve() for t in a.trees]
-    layouts = [_layout(t) for t in trees]
-    rounds: dict[Path, list[dict[str, Any]]] = {t: [] for t in trees}
     args = ["--prefix-len", str(a.prefix_len), "--suffix-len", str(a.suffix_len), "--block-size", str(a.block_size),
             "--repeats", str(a.repeats), "--clock", a.clock, *(["--phases"] if a.phases else [])]  # fmt: skip
-    for r in range(a.rounds):
-        for tree, layout in zip(trees, layouts, strict=True):
-            path = ":".join(p for p in (str(layout), str(tree / "bench"), os.environ.get("PYTHONPATH", "")) if p)
-            env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", *args], env=env,
-                                 cwd="/tmp", capture_output=True, text=True, check=True)
-            result = json.loads(out.stdout.strip().splitlines()[-1])
+    rounds = tree_rounds(__file__, a.trees, args, a.rounds, lambda x: f"critical {x['median_ms']['critical']:.3f} ms")
+    for rs in rounds.values():
+        for result in rs:
             result.pop("timelines_ms")
-            rounds[tree].append(result)
-            print(f"round {r}: {tree}: critical {result['median_ms']['critical']:.3f} ms", flush=True)
     summary = {}
     for tree, rs in rounds.items():
         summary[str(tree)] = {part: {k: round(statistics.median(x[part][k] for x in rs), 4) for k in rs[0][part]}
