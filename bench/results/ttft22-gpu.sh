@@ -10,7 +10,7 @@
 #         flatten, the staging, the replay's call, the draw's launches, collect's wait, update, post-processing) (~50 s)
 #   base  the same without the kernel profile, on this tree with session 22's engine changes reversed
 #         (bench/results/cpu-ttft22-2026-12-05-s22/engine.patch applied with -R to a copy of engine/; without `patch` or
-#         `git`, that folder's base-97d0748/ files copied over): the A/B (~45 s)
+#         `git` on the machine the base stages are skipped): the A/B (~45 s)
 #   host  bench/prefix_host.py --phases --clock cpu on this machine's CPU (quiet, unlike the 2-core box the CPU figures
 #         came from): the tiny model, the graph path's staging run eagerly, a stub forward; base vs this tree,
 #         3 rounds interleaved (~40 s)
@@ -27,10 +27,10 @@ base_tree() {
   [ -d /tmp/ttft22-base/engine ] && return 0
   mkdir -p /tmp/ttft22-base && cp -r $R/engine $R/flotilla $R/bench /tmp/ttft22-base/ && ln -sfn $R/kernels /tmp/ttft22-base/kernels
   local P=$R/bench/results/cpu-ttft22-2026-12-05-s22
-  # Without `patch` or `git` on the machine: the three files as of 97d0748 (other branches' changes to them go too).
-  (cd /tmp/ttft22-base && { patch -s -R -p1 < $P/engine.patch 2>/dev/null || git apply -R $P/engine.patch 2>/dev/null \
-    || { echo "base tree: engine.patch did not apply; the files of 97d0748 instead" | tee -a $L
-         cp $P/base-97d0748/*.py engine/; }; })
+  # Without `patch` or `git` on the machine there is no base: the A/B stages say so and stop
+  (cd /tmp/ttft22-base && { patch -s -R -p1 < $P/engine.patch 2>/dev/null || git apply -R $P/engine.patch 2>/dev/null; }) \
+    || { echo "base tree: engine.patch did not apply (no patch or git here?): no base stages" | tee -a $L
+         rm -rf /tmp/ttft22-base; return 1; }
   mkdir -p /tmp/pb/flotilla && cp /tmp/ttft22-base/flotilla/*.py /tmp/pb/flotilla/ \
     && ln -sfn /tmp/ttft22-base/engine /tmp/pb/flotilla/engine && ln -sfn $R/kernels /tmp/pb/flotilla/kernels
 }
