@@ -13,6 +13,8 @@ token): kopf lists a kind before it watches it, and the reconciler never lists S
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,25 @@ def _account_without_crd_watch(cluster: Any, control_plane: Any, namespace: str,
     return token_kubeconfig(control_plane.kubeconfig, token, workdir / "no-crd-watch.kubeconfig")
 
 
+@contextmanager
+def _operator_without_crd_watch(operator_process: Any, cluster: Any, control_plane: Any, namespace: str,
+                                workdir: Path, **start: Any) -> Iterator[None]:
+    """The operator under the ServiceAccount that may not watch CRDs (started with `start`) instead of the session's;
+    afterwards the account gone, the optional CRDs removed and the session's operator back."""
+    kubeconfig = _account_without_crd_watch(cluster, control_plane, namespace, workdir)
+    operator_process.stop()
+    try:
+        operator_process.start(kubeconfig=kubeconfig, **start)
+        yield
+    finally:
+        operator_process.stop()
+        name = f"{ACCOUNT}-{namespace}"
+        cluster.kube.delete(f"{RBAC}/clusterrolebindings/{name}")
+        cluster.kube.delete(f"{RBAC}/clusterroles/{name}")
+        cluster.set_optional_crds(False)
+        operator_process.start()
+
+
 def _requests(control_plane: Any, namespace: str, resource: str, verb: str, code: int | None = None) -> int:
     """How many `verb` requests of `resource` the ServiceAccount has made (answered with `code`, if given)."""
     user = f"system:serviceaccount:{namespace}:{ACCOUNT}"
@@ -61,11 +82,8 @@ def _listed(control_plane: Any, namespace: str, resource: str) -> bool:
 def test_a_servicemonitor_crd_installed_after_start_up_is_watched(operator_process, cluster, control_plane,
                                                                   namespace, tmp_path):
     cluster.set_optional_crds(False)
-    kubeconfig = _account_without_crd_watch(cluster, control_plane, namespace, tmp_path)
-    operator_process.stop()
-    try:
-        operator_process.start(webhook=False, kubeconfig=kubeconfig, extra_args=(
-            "-n", namespace, "--resync-seconds", "0", "--serving-period", "0"))
+    with _operator_without_crd_watch(operator_process, cluster, control_plane, namespace, tmp_path, webhook=False,
+                                     extra_args=("-n", namespace, "--resync-seconds", "0", "--serving-period", "0")):
         cluster.apply(fis("llama", namespace, autoscaling=None))  # the sample asks for a ServiceMonitor
         wait_children(cluster, namespace, "llama", ["Deployment", "Service"])
         # Installed as a user would (no extra touch of the CRD, unlike the fixtures' apply_crd).
@@ -81,13 +99,6 @@ def test_a_servicemonitor_crd_installed_after_start_up_is_watched(operator_proce
                                  content_type="application/merge-patch+json")
             wait_for(lambda: cluster.kube.get(path)["spec"]["endpoints"][0].get("path") == "/metrics", 30,
                      f"the hand-edited ServiceMonitor ({attempt}) put back (log: {operator_process.log_path})")
-    finally:
-        operator_process.stop()
-        name = f"{ACCOUNT}-{namespace}"
-        cluster.kube.delete(f"{RBAC}/clusterrolebindings/{name}")
-        cluster.kube.delete(f"{RBAC}/clusterroles/{name}")
-        cluster.set_optional_crds(False)
-        operator_process.start()
 
 
 def test_this_kopf_release_has_the_internals_the_rescan_uses():
@@ -118,11 +129,9 @@ def test_the_operator_keeps_running_while_the_servicemonitor_crd_goes_and_comes_
     21, under load: kopf stopped in-process, Events of reconciles in flight were lost, no webhook for ~30 s). Without
     the right to watch CRDs kopf sees no such event, so here the 404 comes every time."""
     cluster.set_optional_crds(True)
-    kubeconfig = _account_without_crd_watch(cluster, control_plane, namespace, tmp_path)
-    operator_process.stop()
-    try:
-        # Every namespace: the webhook probe of operator_process.start is made in "default".
-        operator_process.start(kubeconfig=kubeconfig, extra_args=("--resync-seconds", "0", "--serving-period", "0"))
+    # Every namespace: the webhook probe of operator_process.start is made in "default".
+    with _operator_without_crd_watch(operator_process, cluster, control_plane, namespace, tmp_path,
+                                     extra_args=("--resync-seconds", "0", "--serving-period", "0")):
         cluster.apply(fis("llama", namespace, autoscaling=None))
         wait_children(cluster, namespace, "llama", ["Deployment", "ServiceMonitor"], timeout=30)
         wait_for(lambda: _listed(control_plane, namespace, "servicemonitors"), 30,
@@ -152,10 +161,3 @@ def test_the_operator_keeps_running_while_the_servicemonitor_crd_goes_and_comes_
                  f"the hand-edited ServiceMonitor put back (log: {operator_process.log_path})")
         log = operator_process.log_path.read_text(errors="replace")
         assert "has failed" not in log and "the operator stopped on an error" not in log, operator_process.tail(80)
-    finally:
-        operator_process.stop()
-        name = f"{ACCOUNT}-{namespace}"
-        cluster.kube.delete(f"{RBAC}/clusterrolebindings/{name}")
-        cluster.kube.delete(f"{RBAC}/clusterroles/{name}")
-        cluster.set_optional_crds(False)
-        operator_process.start()
