@@ -45,11 +45,6 @@ class BlockManager:
         self._cached: dict[BlockHash, int] = {}  # block hash -> block id
         self._hashes: dict[str, list[BlockHash]] = {}  # request id -> hashes of its full blocks
         self._num_indexed: dict[str, int] = {}  # request id -> how many of its blocks are indexed
-        # The prefix-cache index's version: bumped whenever an entry comes or goes. A new request's held prefix
-        # found at `add_request` (`cached_prompt_tokens`) is still the one its scheduling would find while the
-        # version is unchanged (a lone request's way to its first token): request id -> (version, block ids).
-        self._index_version = 0
-        self._held: dict[str, tuple[int, list[int]]] = {}
         # Copy-on-write copies (source block, destination block) the runner must do before the next step.
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_cache_queries = 0  # tokens looked up (vllm:prefix_cache_queries)
@@ -92,8 +87,7 @@ class BlockManager:
         """
         if not self._may_hit(request):
             return []
-        found = self._held.pop(request.request_id, None)
-        hits = found[1] if found is not None and found[0] == self._index_version else self._held_prefix(request)
+        hits = self._held_prefix(request)
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
@@ -101,14 +95,8 @@ class BlockManager:
     def cached_prompt_tokens(self, request: Request) -> int:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as
         `find_cached_prefix` would find them (0 when it would find none), counting no query. The request's block
-        hashes computed for it are kept, and the blocks found while the index stays as it is: the scheduler's look-up
-        reuses them (125 dictionary look-ups for a 2,000-token cached prefix, on the way to its first token), `free`
-        drops them."""
-        if not self._may_hit(request):
-            return 0
-        held = self._held_prefix(request)
-        self._held[request.request_id] = (self._index_version, held)
-        return len(held) * self.block_size
+        hashes computed for it are kept: the scheduler's look-up reuses them, `free` drops them."""
+        return len(self._held_prefix(request)) * self.block_size if self._may_hit(request) else 0
 
     def _held_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest run of the request's first blocks that the prefix cache holds, leaving at
@@ -209,7 +197,6 @@ class BlockManager:
         request.block_ids = []  # a new list: see `Request.block_ids`
         self._hashes.pop(request.request_id, None)
         self._num_indexed.pop(request.request_id, None)
-        self._held.pop(request.request_id, None)
 
     # --- internals ---------------------------------------------------------------------------------
 
@@ -242,7 +229,6 @@ class BlockManager:
         if block.block_hash is not None:
             if self._cached.get(block.block_hash) == block.block_id:
                 del self._cached[block.block_hash]
-                self._index_version += 1
             block.block_hash = None
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
@@ -283,7 +269,6 @@ class BlockManager:
             return
         end = min(end, request.num_tokens // self.block_size)  # only blocks whose tokens all exist
         hashes = self._block_hashes(request, end)
-        self._index_version += 1  # entries may come (`_held`)
         for i in range(start, end):
             block = self.blocks[request.block_ids[i]]
             if block.block_hash is None:

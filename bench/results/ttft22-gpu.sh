@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 19, "TTFT of a request whose 2,000-token prefix is cached >= 10x lower than uncached" (session 22, branch
 # ttft22): the host's part of a lone cached-prefix request's TTFT on the GPU path, before and after session 22's host
-# cuts (the prompt's block keys as one run with struct.pack, the scheduler's look-up reusing add_request's, the staging's
+# cuts (the prompt's block keys as one run with struct.pack, the staging's
 # row search bounded, BlockManager.free with locals), in ONE device call on the Llama-3.1-8B shape, random bf16 weights.
 # Stages (STAGES="on base host" by default, ~150 s; BUDGET_S=180):
 #   on    prefix7's `on` stage (bench/prefix.py, 2,000 cached + 20 new tokens, one engine, every lever on, the step trace,
