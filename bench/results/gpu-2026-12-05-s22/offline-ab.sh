@@ -3,7 +3,7 @@
 # then on (mixattn22: a mixed step's decode rows through the decode kernel), same engine settings as offline10-gpu.sh;
 # then the fp8 operand-path test the second call found failing (a caller's key_streams=1 under the pool's "h2" form).
 # From the repository root of main, carrying .whl:   OUT=... bash bench/results/gpu-2026-12-05-s22/offline-ab.sh
-source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 240
+source bench/results/gpu-env.sh 240
 L=$OUT/offline-ab.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $L
 python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
