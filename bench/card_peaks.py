@@ -90,9 +90,9 @@ def measured() -> Peaks | None:
     return peaks
 
 
-def peaks_json(card: Peaks | None) -> dict:
+def peaks_json(card: Peaks | None, skipped: str = "no CUDA device") -> dict:
     """The JSON every roofline script records under "peaks": the H200 reference and this card (or why not)."""
-    return {"h200": H200.to_json(), "card": card.to_json() if card else {"skipped": "no CUDA device"}}
+    return {"h200": H200.to_json(), "card": card.to_json() if card else {"skipped": skipped}}
 
 
 def ratio(value: float | None, bound: float | None) -> float | None:

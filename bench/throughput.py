@@ -12,7 +12,8 @@ H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K
 `serial_s` is the best an engine running a layer's kernels one after another can do (`serial_seconds`).
 `bound` and `fraction_of_bound` / `fraction_of_serial` are against the H200's peaks (issue 19's floor is stated
 against them, whatever card ran); `bound.card` and `fraction_of_bound_card` / `fraction_of_serial_card` the same
-at this card's peaks, measured before the engine starts (bench/card_peaks.py; the JSON's "peaks"; null on the CPU).
+at this card's peaks, measured before the engine starts (bench/card_peaks.py; the JSON's "peaks"; null on the CPU
+and with -tp/-pp above 1).
 """
 
 from __future__ import annotations
@@ -241,7 +242,10 @@ def main() -> None:
     p.add_argument("--tokens-out", default=None, help="write the timed run's greedy tokens here (JSON)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    card = measured()  # before any engine or HF model takes the GPU's memory
+    # Before any engine or HF model takes the GPU's memory. Not with spawned workers: this process's CUDA context
+    # would sit on their first GPU (memory their KV pool would not get), and the bounds are one card's anyway.
+    one_card = a.tensor_parallel_size * a.pipeline_parallel_size == 1
+    card = measured() if one_card else None
     torch.manual_seed(a.seed)
     if a.shape:
         from model_dirs import make_model_dir
@@ -279,7 +283,7 @@ def main() -> None:
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
-        "peaks": peaks_json(card),
+        "peaks": peaks_json(card) if one_card else peaks_json(None, "tp x pp > 1: one card's peaks, not measured"),
     }
     if a.hf_cb:  # first, in its own process, so its memory is gone before the engine sizes its KV cache
         cmd = [sys.executable, __file__, "--hf-cb-only", "--model", a.model, "--num-prompts", str(a.num_prompts),
