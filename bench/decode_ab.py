@@ -11,7 +11,8 @@ Here, one engine (Llama-3.1-8B shape, dummy weights, context 512 by default) mea
   every row), for the caller to compare across sides (levers that keep every rounding point must give
   identical tokens);
 - `latency`: ms per whole decode step at each batch size (bench/latency.py's `step_latency`, with its
-  roofline at bf16 bytes);
+  roofline at bf16 bytes: `roofline_ms_bf16` at the H200's peaks, `roofline_ms_bf16_card` at this card's, measured
+  before the engine starts (bench/card_peaks.py; the JSON's "peaks"; null on the CPU));
 - `profiles`: kernel time per step by kernel and group, launches and idle GPU time per step, at the
   `--profile-batch-sizes` (bench/decode_profile.py's `profile_batch`, under torch.profiler).
 The JSON is rewritten after each part, so a run cut short keeps what it measured.
@@ -28,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from card_peaks import measured, peaks_json
 from decode_profile import profile_batch
 from latency import roofline_ms, step_latency
 from model_dirs import SHAPES, make_model_dir
@@ -76,6 +78,7 @@ def main() -> None:
     prof_sizes = [int(x) for x in prof.split(",") if x]
     token_batches = [int(x) for x in a.token_batch.split(",")]
     model_dir = make_model_dir(a.shape, tempfile.mkdtemp(prefix=a.shape))
+    card = measured()  # before the engine takes the GPU's memory
     t0 = time.perf_counter()
     engine = LLMEngine.from_kwargs(
         str(model_dir), load_format="dummy", max_model_len=a.context + 4 * a.steps + 64,
@@ -86,7 +89,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     out: dict = {
         "label": a.label, "quantization": a.quantization, "kv_cache_dtype": a.kv_cache_dtype, "context": a.context,
-        "device": device,
+        "device": device, "peaks": peaks_json(card),
         "switches": {k: os.environ.get(k) for k in SWITCHES}, "startup_s": time.perf_counter() - t0,
         "latency": [], "profiles": [],
     }  # fmt: skip
@@ -101,9 +104,11 @@ def main() -> None:
     for batch in sizes:
         row = step_latency(engine, batch, a.context, a.steps, rng)
         row["roofline_ms_bf16"] = roofline_ms(cfg, batch, a.context)
+        row["roofline_ms_bf16_card"] = roofline_ms(cfg, batch, a.context, card) if card else None
         out["latency"].append(row)
+        on_card = f", card's {row['roofline_ms_bf16_card']:.2f}" if card else ""
         print(f"{a.label}: batch {batch} ctx {a.context}: {row['ms_per_step']:.3f} ms/step "
-              f"(bf16 roofline {row['roofline_ms_bf16']:.2f}, graphed {row['graphed_steps']}/{row['steps']})",
+              f"(bf16 roofline {row['roofline_ms_bf16']:.2f}{on_card}, graphed {row['graphed_steps']}/{row['steps']})",
               flush=True)  # fmt: skip
         save()
     for batch in prof_sizes:

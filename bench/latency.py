@@ -12,8 +12,11 @@ state a call lasts one GPU step whenever the host work is shorter.
 HF: transformers `generate` with a static cache, compiled (torch.compile, "reduce-overhead"), in a
 subprocess with its own random init of the same shape (speed does not depend on the values); ms/step
 is the mean gap between streamed tokens after the first 8. Roofline: the bytes one decode step must
-read (weights except the embedding table, plus the batch's K/V) at the measured copy bandwidth
-4.28 TB/s, or its FLOPs at 790 TFLOP/s, whichever is longer.
+read (weights except the embedding table, plus the batch's K/V) at a copy bandwidth, or its FLOPs at
+a bf16 GEMM rate, whichever is longer: `roofline_ms` / `x_roofline` at the H200's measured 4.28 TB/s
+and 790 TFLOP/s (the figures the issues' floors are stated against, whatever card ran), and
+`roofline_ms_card` / `x_roofline_card` at this card's own, measured in this process before the engine
+starts (bench/card_peaks.py; both under "peaks" in the JSON; null on the CPU).
 """
 
 from __future__ import annotations
@@ -30,24 +33,32 @@ import time
 from pathlib import Path
 
 import torch
+from card_peaks import H200, Peaks, measured, peaks_json
 from decode_steps import start_decoding, timed_steps
 from model_dirs import SHAPES, make_model_dir
 from report import report
 
 from flotilla.flags import flag
 
-COPY_BW = 4.28e12
-BF16_FLOPS = 790e12
 
-
-def roofline_ms(cfg: dict, batch: int, context: int) -> float:
-    """Lower bound of one decode step's time on the H200 (bf16 weights and KV)."""
+def roofline_ms(cfg: dict, batch: int, context: int, peaks: Peaks = H200) -> float:
+    """Lower bound of one decode step's time on a card of these `peaks` (bf16 weights and KV)."""
     h, layers, inter, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
     d, kv = cfg.get("head_dim") or h // cfg["num_attention_heads"], cfg["num_key_value_heads"]
     per_layer = h * (cfg["num_attention_heads"] * d + 2 * kv * d) + cfg["num_attention_heads"] * d * h + 3 * h * inter
     params = layers * per_layer + vocab * h  # matmul weights + LM head (the embedding is a lookup)
     kv_bytes = batch * context * layers * 2 * kv * d * 2
-    return 1e3 * max((2 * params + kv_bytes) / COPY_BW, 2 * params * batch / BF16_FLOPS)
+    return 1e3 * max((2 * params + kv_bytes) / peaks.copy_bytes_per_s, 2 * params * batch / peaks.bf16_flops_per_s)
+
+
+def add_rooflines(row: dict, cfg: dict, card: Peaks | None) -> dict:
+    """`row` (a `step_latency` result) with its rooflines: `roofline_ms` / `x_roofline` against the H200's peaks,
+    `roofline_ms_card` / `x_roofline_card` against `card`'s (None without a measured card)."""
+    row["roofline_ms"] = roofline_ms(cfg, row["batch"], row["context"])
+    row["x_roofline"] = row["ms_per_step"] / row["roofline_ms"]
+    row["roofline_ms_card"] = roofline_ms(cfg, row["batch"], row["context"], card) if card else None
+    row["x_roofline_card"] = row["ms_per_step"] / row["roofline_ms_card"] if card else None
+    return row
 
 
 def step_latency(engine, batch: int, context: int, steps: int, rng: random.Random) -> dict:
@@ -188,6 +199,8 @@ def main() -> None:
     result = {"command": "python bench/latency.py " + " ".join(sys.argv[1:]), "shape": a.shape,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__}
+    card = measured()  # before HF's subprocess and the engine take the GPU's memory
+    result["peaks"] = peaks_json(card)
     if hf_sizes:  # first, in its own process, so its compiled graphs and memory are gone before ours
         cmd = [sys.executable, __file__, "--hf-only", "--model", model_dir, "--hf-batch-sizes", a.hf_batch_sizes,
                "--hf-context", str(a.hf_context), "--steps", str(a.steps)]
@@ -201,19 +214,20 @@ def main() -> None:
           if isinstance(r, dict) and "ms_per_step" in r}
     for r in rows:
         if "ms_per_step" in r:
-            r["roofline_ms"] = roofline_ms(cfg, r["batch"], r["context"])
-            r["x_roofline"] = r["ms_per_step"] / r["roofline_ms"]
+            add_rooflines(r, cfg, card)
             if (r["batch"], r["context"]) in hf:
                 r["hf_ms_per_step"] = hf[(r["batch"], r["context"])]
                 r["speedup_vs_hf"] = r["hf_ms_per_step"] / r["ms_per_step"]
     result.update(flotilla=rows, engine=info)
-    print(f"{'batch':>5} {'ctx':>5} {'ms/step':>8} {'host ms':>8} {'roofline':>8} {'x roof':>6} {'HF ms':>7}"
-          f" {'runner':>7}")
+    print(f"{'batch':>5} {'ctx':>5} {'ms/step':>8} {'host ms':>8} {'roofline':>8} {'x roof':>6} {'card rf':>7}"
+          f" {'x card':>6} {'HF ms':>7} {'runner':>7}")
+    nan = float("nan")
     for r in rows:
         if "ms_per_step" in r:
             print(f"{r['batch']:>5} {r['context']:>5} {r['ms_per_step']:>8.2f} {r['runner_host_ms']:>8.2f} "
-                  f"{r['roofline_ms']:>8.2f} {r['x_roofline']:>6.2f} {r.get('hf_ms_per_step', float('nan')):>7.2f}"
-                  f" {r['runner_total_ms']:>7.2f}")
+                  f"{r['roofline_ms']:>8.2f} {r['x_roofline']:>6.2f} {r['roofline_ms_card'] or nan:>7.2f} "
+                  f"{r['x_roofline_card'] or nan:>6.2f} {r.get('hf_ms_per_step', nan):>7.2f} "
+                  f"{r['runner_total_ms']:>7.2f}")
     report(result, a.json, echo=False)
 
 

@@ -14,8 +14,9 @@ random prompts of 512 tokens, 128 out (bench/throughput.py's workload); `greedy`
 fixed 64-token prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
 Each step figure comes with its roofline at the
 configuration's own byte counts (fp8 weights 1 byte, int4 W4A16 g128 0.5 + a bf16 scale per 128;
-the LM head and embeddings stay bf16; fp8 KV 1 byte). The `bs1` job runs first, so a stage cut by its
-time limit still leaves its batch-1 figure.
+the LM head and embeddings stay bf16; fp8 KV 1 byte): `roofline_ms` / `x_roofline` at the H200's peaks,
+`roofline_ms_card` / `x_roofline_card` at this card's, measured before the engine starts (bench/card_peaks.py;
+the JSON's "peaks"). The `bs1` job runs first, so a stage cut by its time limit still leaves its batch-1 figure.
 
 With int4 weights `int4_paths` lists the same for the int4 GEMV (`int4_gemv_wide` too, the wide GEMV
 taken with FLOTILLA_INT4_GEMV_WIDE=1), GEMM and dequantize + cuBLAS paths.
@@ -38,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from latency import BF16_FLOPS, COPY_BW, step_latency
+from card_peaks import H200, Peaks, measured, peaks_json, ratio
+from latency import step_latency
 from throughput import make_prompts, timed_generate
 
 from flotilla.engine.llm import LLM
@@ -47,15 +49,28 @@ from flotilla.engine.llm import LLM
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
 
 
-def roofline_ms(cfg: dict, batch: int, context: int, weight_bytes: float, kv_bytes: float) -> float:
-    """Lower bound of one decode step on the H200 at these weight and KV element sizes."""
+def roofline_ms(cfg: dict, batch: int, context: int, weight_bytes: float, kv_bytes: float,
+                peaks: Peaks = H200) -> float:  # fmt: skip
+    """Lower bound of one decode step on a card of these `peaks` at these weight and KV element sizes."""
     h, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
     matmul = layers * (h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * inter)
     lm_head = cfg["vocab_size"] * h
     read = matmul * weight_bytes + lm_head * 2 + batch * context * layers * 2 * kv * d * kv_bytes
-    return 1e3 * max(read / COPY_BW, 2 * (matmul + lm_head) * batch / BF16_FLOPS)
+    return 1e3 * max(read / peaks.copy_bytes_per_s, 2 * (matmul + lm_head) * batch / peaks.bf16_flops_per_s)
+
+
+def rooflines(row: dict, cfg: dict, weight_bytes: float, kv_bytes: float, card: Peaks | None) -> dict:
+    """`row` (a step figure of `batch` x `context`) with `roofline_ms` and `x_roofline` at the H200's peaks,
+    `roofline_ms_card` and `x_roofline_card` at `card`'s (None without one; the x columns None for a row without
+    one `ms_per_step`, as the A/B's)."""
+    batch, context, ms = row["batch"], row["context"], row.get("ms_per_step")
+    row["roofline_ms"] = roofline_ms(cfg, batch, context, weight_bytes, kv_bytes)
+    row["x_roofline"] = ratio(ms, row["roofline_ms"])
+    row["roofline_ms_card"] = roofline_ms(cfg, batch, context, weight_bytes, kv_bytes, card) if card else None
+    row["x_roofline_card"] = ratio(ms, row["roofline_ms_card"])
+    return row
 
 
 def record_paths() -> dict[str, set[int]]:
@@ -194,6 +209,7 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.DEBUG)
     jobs = a.jobs.split(",")
     paths = record_paths() if torch.cuda.is_available() else None
+    card = measured()  # before the engine takes the GPU's memory
     logging.getLogger("quant_gpu").info("%s: starting the engine (%s)", a.name, a.model)
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format="dummy", max_model_len=4096 + 4 * a.steps + 64, max_num_seqs=a.max_num_seqs,
@@ -224,6 +240,7 @@ def main() -> None:
         "num_blocks": engine.runner.num_blocks,
         "block_size": engine.config.cache.block_size,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "peaks": peaks_json(card),
     }
 
     def save() -> None:
@@ -239,9 +256,8 @@ def main() -> None:
     for job in jobs:
         if job in ("bs1", "bs64"):
             batch, context = (1, 512) if job == "bs1" else (64, 4096)
-            row = step_latency(engine, batch, context, a.steps, rng)
-            row["roofline_ms"] = roofline_ms(cfg, batch, context, weight_bytes, kv_bytes)
-            result[job] = row
+            result[job] = rooflines(step_latency(engine, batch, context, a.steps, rng), cfg, weight_bytes, kv_bytes,
+                                    card)  # fmt: skip
         elif job == "greedy":
             from flotilla.engine.sampling_params import SamplingParams
 
@@ -254,12 +270,12 @@ def main() -> None:
             result[job] = timed_generate(llm, prompts, 128)
         save()
     if "bs64ab" in jobs:  # the start-up launch against the first --relaunch spec, same requests (`ab_bs64`)
-        result["bs64ab"] = ab_bs64(engine, a.relaunch.split(";")[0] or "default", a.steps, rng)
-        result["bs64ab"]["roofline_ms"] = roofline_ms(cfg, 64, 4096, weight_bytes, kv_bytes)
+        result["bs64ab"] = rooflines(ab_bs64(engine, a.relaunch.split(";")[0] or "default", a.steps, rng), cfg,
+                                     weight_bytes, kv_bytes, card)  # fmt: skip
         save()
     for spec in a.relaunch.split(";") if a.relaunch and "bs64ab" not in jobs else ():
-        result.setdefault("relaunch", {})[spec] = relaunch_bs64(engine, spec, a.steps, rng)
-        result["relaunch"][spec]["roofline_ms"] = roofline_ms(cfg, 64, 4096, weight_bytes, kv_bytes)
+        row = relaunch_bs64(engine, spec, a.steps, rng)
+        result.setdefault("relaunch", {})[spec] = rooflines(row, cfg, weight_bytes, kv_bytes, card)
         save()
     # Everything is saved: skip the engine's teardown (a stage's time limit once ran out in it).
     sys.stdout.flush()

@@ -10,6 +10,10 @@ batch through `generate` (greedy, exactly output-len new tokens), on the same we
 a subprocess with HF's own random init of the shape. `bound_s` is the workload's lower bound on the
 H200: max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) (weights read once per step, K/V written and read);
 `serial_s` is the best an engine running a layer's kernels one after another can do (`serial_seconds`).
+`bound` and `fraction_of_bound` / `fraction_of_serial` are against the H200's peaks (issue 19's floor is stated
+against them, whatever card ran); `bound.card` and `fraction_of_bound_card` / `fraction_of_serial_card` the same
+at this card's peaks, measured before the engine starts (bench/card_peaks.py; the JSON's "peaks"; null on the CPU
+and with -tp/-pp above 1).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from card_peaks import H200, Peaks, measured, peaks_json
 from report import report
 
 from flotilla.engine.llm import LLM
@@ -137,8 +142,10 @@ def run_hf_cb(model_dir: str, prompts: list[list[int]], output_len: int) -> dict
     return {"error": errors}
 
 
-def bound_seconds(cfg: dict, prompts: list[list[int]], output_len: int, max_num_seqs: int) -> dict:
-    """max(FLOPs / 790 TFLOP/s, bytes / 4.28 TB/s) for the workload (bf16 weights and KV)."""
+def bound_seconds(cfg: dict, prompts: list[list[int]], output_len: int, max_num_seqs: int,
+                  peaks: Peaks = H200) -> dict:  # fmt: skip
+    """max(FLOPs / GEMM rate, bytes / copy bandwidth) for the workload (bf16 weights and KV) at `peaks` (the H200's:
+    790 TFLOP/s, 4.28 TB/s)."""
     h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
@@ -151,26 +158,42 @@ def bound_seconds(cfg: dict, prompts: list[list[int]], output_len: int, max_num_
     kv_token = layers * 2 * kv * d * 2
     kv_read = sum(kv_token * sum(range(len(p), len(p) + output_len)) for p in prompts)
     bytes_moved = 2 * params * waves * output_len + kv_read + kv_token * tokens
-    return {"flops": flops, "bytes": bytes_moved, "compute_s": flops / 790e12, "memory_s": bytes_moved / 4.28e12,
-            "bound_s": max(flops / 790e12, bytes_moved / 4.28e12),
-            "serial": serial_seconds(cfg, params, tokens, len(prompts) * output_len, attn_flops, kv_read)}
+    compute_s, memory_s = flops / peaks.bf16_flops_per_s, bytes_moved / peaks.copy_bytes_per_s
+    return {"flops": flops, "bytes": bytes_moved, "compute_s": compute_s, "memory_s": memory_s,
+            "bound_s": max(compute_s, memory_s),
+            "serial": serial_seconds(cfg, params, tokens, len(prompts) * output_len, attn_flops, kv_read, peaks)}
 
 
-def serial_seconds(cfg: dict, params: int, tokens: int, sampled: int, attn_flops: int, kv_read: int) -> dict:
+def serial_seconds(cfg: dict, params: int, tokens: int, sampled: int, attn_flops: int, kv_read: int,
+                   peaks: Peaks = H200) -> dict:  # fmt: skip
     """The best time of an engine that runs a layer's kernels one after another (as Flotilla does): every GEMM
-    FLOP at 790 TFLOP/s, and the decode steps' K/V reads and the elementwise kernels' bytes (two add+RMSNorms,
-    SiLU-mul, rotary, K/V write) at 4.28 TB/s on top of them, not hidden under them. The LM head runs for sampled
+    FLOP at the GEMM rate of `peaks`, and the decode steps' K/V reads and the elementwise kernels' bytes (two
+    add+RMSNorms, SiLU-mul, rotary, K/V write) at its copy bandwidth on top of them, not hidden under them (the
+    H200's: 790 TFLOP/s, 4.28 TB/s). The LM head runs for sampled
     tokens only (the bound above counts it for every token). `fraction_of_bound` cannot exceed
     `bound_s / seconds` of this, whatever the kernels, unless attention or elementwise work overlaps the GEMMs."""
     h, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
     linear = params - cfg["vocab_size"] * h
-    gemm_s = (2 * linear * tokens + 2 * cfg["vocab_size"] * h * sampled + attn_flops) / 790e12
+    gemm_s = (2 * linear * tokens + 2 * cfg["vocab_size"] * h * sampled + attn_flops) / peaks.bf16_flops_per_s
     elementwise = layers * (2 * 4 * h + 3 * inter + 2 * (heads + kv) * d + 2 * kv * d) * 2  # bf16 bytes a token
-    kv_s, elementwise_s = kv_read / 4.28e12, elementwise * tokens / 4.28e12
+    kv_s, elementwise_s = kv_read / peaks.copy_bytes_per_s, elementwise * tokens / peaks.copy_bytes_per_s
     return {"gemm_s": gemm_s, "kv_read_s": kv_s, "elementwise_s": elementwise_s,
             "serial_s": gemm_s + kv_s + elementwise_s}
+
+
+def fractions(cfg: dict, prompts: list[list[int]], output_len: int, max_num_seqs: int, seconds: float,
+              card: Peaks | None) -> dict:  # fmt: skip
+    """The JSON's bounds of a run that took `seconds`: `bound` at the H200's peaks with `bound.card` (the same
+    seconds at `card`'s peaks, None without one) inside, and the fractions of each that the run reached."""
+    bound = bound_seconds(cfg, prompts, output_len, max_num_seqs)
+    on_card = bound_seconds(cfg, prompts, output_len, max_num_seqs, card) if card else None
+    bound["card"] = {k: v for k, v in on_card.items() if k not in ("flops", "bytes")} if on_card else None
+    return {"bound": bound, "fraction_of_bound": bound["bound_s"] / seconds,
+            "fraction_of_serial": bound["serial"]["serial_s"] / seconds,
+            "fraction_of_bound_card": on_card["bound_s"] / seconds if on_card else None,
+            "fraction_of_serial_card": on_card["serial"]["serial_s"] / seconds if on_card else None}  # fmt: skip
 
 
 def run_hf(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int) -> dict:
@@ -219,6 +242,10 @@ def main() -> None:
     p.add_argument("--tokens-out", default=None, help="write the timed run's greedy tokens here (JSON)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Before any engine or HF model takes the GPU's memory. Not with spawned workers: this process's CUDA context
+    # would sit on their first GPU (memory their KV pool would not get), and the bounds are one card's anyway.
+    one_card = a.tensor_parallel_size * a.pipeline_parallel_size == 1
+    card = measured() if one_card else None
     torch.manual_seed(a.seed)
     if a.shape:
         from model_dirs import make_model_dir
@@ -256,6 +283,7 @@ def main() -> None:
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
+        "peaks": peaks_json(card) if one_card else peaks_json(None, "tp x pp > 1: one card's peaks, not measured"),
     }
     if a.hf_cb:  # first, in its own process, so its memory is gone before the engine sizes its KV cache
         cmd = [sys.executable, __file__, "--hf-cb-only", "--model", a.model, "--num-prompts", str(a.num_prompts),
@@ -265,9 +293,7 @@ def main() -> None:
         lines = [x for x in proc.stdout.splitlines() if x.startswith("HF_JSON ")]
         result["hf_continuous_batching"] = json.loads(lines[-1][8:]) if lines else {"error": proc.stderr[-3000:]}
     result["flotilla"] = run_flotilla(a.model, prompts, a.output_len, engine_args, a.tokens_out)
-    result["bound"] = bound_seconds(hf_config, prompts, a.output_len, a.max_num_seqs)
-    result["fraction_of_bound"] = result["bound"]["bound_s"] / result["flotilla"]["seconds"]
-    result["fraction_of_serial"] = result["bound"]["serial"]["serial_s"] / result["flotilla"]["seconds"]
+    result.update(fractions(hf_config, prompts, a.output_len, a.max_num_seqs, result["flotilla"]["seconds"], card))
     cb = result.get("hf_continuous_batching", {})
     if "output_tokens_per_s" in cb:
         result["speedup_vs_hf_cb"] = result["flotilla"]["output_tokens_per_s"] / cb["output_tokens_per_s"]

@@ -1,13 +1,17 @@
 """bench/throughput.py's bounds: the FLOP/byte bound issue 19's offline floor is stated against, and the serial
-estimate beside it (what a layer-serial engine can reach with every kernel at its peak)."""
+estimate beside it (what a layer-serial engine can reach with every kernel at its peak), at the H200's peaks and at
+a card's (bench/card_peaks.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import throughput
+from card_peaks import Peaks
 
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
             "intermediate_size": 14336, "vocab_size": 128256}
@@ -35,3 +39,21 @@ def test_serial_estimate_counts_the_lm_head_for_sampled_tokens_only() -> None:
     extra_bound = wide_s["compute_s"] - narrow_s["compute_s"]
     assert abs(extra_serial - 2 * 1000 * 4096 * 1000 * 128 / 790e12) < 1e-9
     assert abs(extra_bound - 2 * 1000 * 4096 * 1000 * 640 / 790e12) < 1e-9
+
+
+def test_the_cards_bound_beside_the_h200s() -> None:
+    slow_gemm = Peaks(4.28e12, 395e12, "half the H200's GEMM rate")
+    f = throughput.fractions(LLAMA_8B, ISSUE_19, 128, 512, 20.0, slow_gemm)
+    bound, card = f["bound"], f["bound"]["card"]
+    assert f["fraction_of_bound"] == bound["bound_s"] / 20.0  # the H200's, as before
+    assert card["compute_s"] == pytest.approx(2 * bound["compute_s"]) and card["memory_s"] == bound["memory_s"]
+    assert card["serial"]["gemm_s"] == pytest.approx(2 * bound["serial"]["gemm_s"])
+    assert card["serial"]["kv_read_s"] == bound["serial"]["kv_read_s"]
+    assert f["fraction_of_bound_card"] == pytest.approx(2 * f["fraction_of_bound"])
+    assert f["fraction_of_serial_card"] == card["serial"]["serial_s"] / 20.0
+
+
+def test_without_a_measured_card_its_bound_is_null() -> None:
+    f = throughput.fractions(LLAMA_8B, ISSUE_19, 128, 512, 20.0, None)
+    assert f["bound"]["card"] is None and f["fraction_of_bound_card"] is None and f["fraction_of_serial_card"] is None
+    assert f["fraction_of_serial"] == f["bound"]["serial"]["serial_s"] / 20.0

@@ -42,9 +42,13 @@ brief() { python3 - $1 <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 line = [r["name"]]
+def roof(row):  # the H200's roofline (the issue's), then the measured card's (bench/card_peaks.py), where there is one
+    card = row.get("roofline_ms_card")
+    return (f"roofline {row['roofline_ms']:.2f} = {row['ms_per_step'] / row['roofline_ms']:.3f}x"
+            + (f", card's {card:.2f} = {row['ms_per_step'] / card:.3f}x" if card else ""))
 for job in ("bs1", "bs64"):
     if job in r:
-        line.append(f"{job} {r[job]['ms_per_step']:.2f} ms/step (roofline {r[job]['roofline_ms']:.2f}, graphed {r[job]['graphed_steps']}/{r[job]['steps']})")
+        line.append(f"{job} {r[job]['ms_per_step']:.2f} ms/step ({roof(r[job])}, graphed {r[job]['graphed_steps']}/{r[job]['steps']})")
 if "throughput" in r:
     line.append(f"offline {r['throughput']['output_tokens_per_s']:.0f} out tok/s")
 line.append(f"blocks {r.get('num_blocks')}, startup {r.get('startup_s', 0):.0f} s")
@@ -102,11 +106,17 @@ summary = {"runs": runs, "ratios": {
     "offline_output_tok_s_fp8": [ratio("fp8", "throughput", "output_tokens_per_s"), ">= 1.35"],
 }}
 json.dump(summary, open(f"{out}/quant-gpu-summary.json", "w"), indent=1)
+def roof(row):  # the H200's roofline (the issue's), then the measured card's (bench/card_peaks.py), where there is one
+    card = row.get("roofline_ms_card")
+    return (f"roofline {row['roofline_ms']:.2f} = {row['ms_per_step'] / row['roofline_ms']:.3f}x"
+            + (f", card's {card:.2f} = {row['ms_per_step'] / card:.3f}x" if card else ""))
+if base.get("peaks"):
+    print(f"peaks: {json.dumps(base['peaks']['card'])}")
 for name, r in runs.items():
     line = [name, f"blocks {r.get('num_blocks')}", f"startup {r.get('startup_s', 0):.0f} s"]
     for job in ("bs1", "bs64"):
         if job in r:
-            line.append(f"{job} {r[job]['ms_per_step']:.2f} ms/step (roofline {r[job]['roofline_ms']:.2f})")
+            line.append(f"{job} {r[job]['ms_per_step']:.2f} ms/step ({roof(r[job])})")
     if "throughput" in r:
         line.append(f"offline {r['throughput']['output_tokens_per_s']:.0f} out tok/s")
     print("  ".join(line) if "error" not in r else f"{name}: {r['error']}")

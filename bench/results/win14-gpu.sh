@@ -103,7 +103,8 @@ if prof:
     print("DECISION on bs1 profile (launches/step; expected 32 32 0 0): "
           + ", ".join(f"{n} x{c:.0f}" for n, c in counts.items()) + f": {'switches took' if ok else 'CHECK'}; "
           f"{prof['launches_per_step']:.0f} launches/step (main 300)")
-print("HEADLINE (ms/step; x-roofline = over bench/latency.py's bf16-bytes roofline (int4: quant_gpu.py's int4 bytes); "
+print("HEADLINE (ms/step; x-roofline = over bench/latency.py's bf16-bytes roofline at the H200's peaks (int4: "
+      "quant_gpu.py's int4 bytes), card's = the same at this card's measured peaks (bench/card_peaks.py); "
       "x-bf16 = over this call's bf16 bs1 on)")
 for name, r, prev in (("bf16 bs1 ctx512 (on)", on1, "4.490"), ("bf16 bs1 ctx512 (off)", off1, "4.490"),
                       ("bf16 bs64 ctx512", on64, "5.715-5.729"), ("bf16 bs64 ctx4096", ctx64, "12.571 (s12)"),
@@ -112,9 +113,11 @@ for name, r, prev in (("bf16 bs1 ctx512 (on)", on1, "4.490"), ("bf16 bs1 ctx512 
         print(f"HEADLINE {name:22s} no result")
         continue
     ms, roof = r["ms_per_step"], r.get("roofline_ms_bf16") or r.get("roofline_ms")
+    card = r.get("roofline_ms_bf16_card") or r.get("roofline_ms_card")  # the measured card's (bench/card_peaks.py)
     s["ms_per_step"][name] = ms
     kind = "int4-bytes roofline" if "int4" in name else "roofline"
     xr = f"{kind} {roof:.2f} = {ms / roof:.3f}x" if roof else "roofline n/a"
+    xr += f", card's {card:.2f} = {ms / card:.3f}x" if card else ""
     xb = f", {ms / bf16:.3f}x bf16" if bf16 and ("fp8" in name or "int4" in name) else ""
     graphed = f", graphed {r['graphed_steps']}/{r['steps']}" if "steps" in r else ""
     print(f"HEADLINE {name:22s} {ms:7.3f} ms ({xr}{xb}{graphed}); session 14 main before: {prev}")
