@@ -80,27 +80,41 @@ def test_a_finished_requests_row_is_cleared_for_the_next_and_a_live_one_outside_
     assert counts.output[row_d, :V].tolist() == np.bincount([2, 2], minlength=V).tolist()
 
 
-def test_a_gone_requests_row_is_free_though_a_completion_at_its_first_draw_has_its_id():
-    # Rows are kept under id(request). A request that finished and was collected leaves its row under its id until a
-    # sweep; CPython gives the next object of its size its address, here a completion of a new request (n = 2). At
-    # the pair's first draw the completion reads its leader's row and never claims the one under its id, so that
-    # row must still be free for the leader when every other row is held by this batch.
+@pytest.mark.parametrize("earlier", ["gone", "finished"])
+def test_a_row_is_free_though_a_completion_at_its_first_draw_reuses_its_earlier_holders_id(earlier):
+    # Rows are kept under the request id. An earlier request's completion `b#1` holds a row, then is collected
+    # ("gone") or finishes; a new request `b` (n = 2) brings a completion `b#1` again. At the pair's first draw the
+    # completion reads its leader's row and never claims the one under its id, so that row must still be free for
+    # the leader when every other row is held by this batch.
     params = SamplingParams(repetition_penalty=1.2)
     counts = PenaltyCounts(torch.device("cpu"), 2)
-    running, gone = Request("a", [3], params), Request("gone", [4], params)
-    running.output_token_ids, gone.output_token_ids = [1], [2]
-    counts.rows([running, gone], V)
+    running, old = Request("a", [3], params), Request("b#1", [4], params)
+    running.output_token_ids, old.output_token_ids = [1], [2]
+    counts.rows([running, old], V)
+    if earlier == "gone":
+        del old
+    else:
+        old.status = RequestStatus.FINISHED_LENGTH
     prompt = [5, 6]
-    leader = Request("b", prompt, params)
-    gone_id = id(gone)
-    del gone
-    child = Request("b#1", prompt, params)
-    if id(child) != gone_id:
-        pytest.skip("this interpreter did not give the completion the gone request's address")
+    leader, child = Request("b", prompt, params), Request("b#1", prompt, params)
     leader.fork_children = [child]
     rows = counts.rows([running, leader, child], V).tolist()  # a batch of max_num_seqs requests and one completion
     assert rows[1] == rows[2] not in (0, rows[0])
     assert counts.prompt[rows[1], :V].nonzero().flatten().tolist() == prompt and not counts.output[rows[1]].any()
+
+
+def test_a_request_that_reuses_a_finished_ones_id_is_counted_from_scratch():
+    counts = PenaltyCounts(torch.device("cpu"), 4)
+    first = _request("x", [3, 4])
+    first.output_token_ids = [7]
+    counts.rows([first], V)
+    first.status = RequestStatus.FINISHED_STOPPED
+    again = _request("x", [9])  # the same id, a new request (the first is still referenced)
+    again.output_token_ids = [1, 2, 2]  # more tokens than the first's row has counted
+    (row_again,) = counts.rows([again], V).tolist()
+    assert row_again != 0
+    assert counts.output[row_again, :V].tolist() == np.bincount([1, 2, 2], minlength=V).tolist()
+    assert counts.prompt[row_again, :V].nonzero().flatten().tolist() == [9]
 
 
 def test_the_tables_never_outgrow_their_reserved_bytes():
