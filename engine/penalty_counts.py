@@ -9,8 +9,8 @@ penalised logits are bit for bit those of a recount.
 
 The tables have a row for each of `max_num_seqs` requests (the most one batch holds) besides row 0, which rows
 whose own parameters have no penalty read and which stays all zero. They are made at the first penalised draw,
-whole, and never grow, so the KV cache's sizing can set their bytes aside (`table_bytes`, subtracted from the
-memory profile's budget in model_runner.py): 5 bytes a token of the vocabulary a row (int32 counts, bool marks),
+whole, and never grow, so the KV cache's sizing can set their bytes aside (`table_bytes`, charged to the engine's
+memory budget in engine/memory_profile.py): 5 bytes a token of the vocabulary a row (int32 counts, bool marks),
 e.g. 330 MB at 512 rows and a 128k vocabulary. A row is taken back when its request has finished (or is gone) and
 a new request needs one; when every row is held by a live request, one outside the batch (preempted, say) gives its
 row up and is counted again from scratch at its next draw. Rows are kept under the request's id (its completion id:
