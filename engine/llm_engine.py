@@ -356,9 +356,12 @@ class LLMEngine:
             self.runner.check_health()
 
     def shutdown(self) -> None:
-        """Stop the worker processes, if any (the engine cannot step afterwards)."""
+        """Stop the worker processes, if any, or free this process's KV pool and CUDA graphs (the engine cannot
+        step afterwards)."""
         if isinstance(self.runner, MultiprocExecutor):
             self.runner.shutdown()
+        else:
+            self.runner.release()
         self._compiling.shutdown()
 
     def has_unfinished_requests(self) -> bool:

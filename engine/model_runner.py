@@ -7,6 +7,7 @@ with positions, slots in the pool and a row of the block table.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
+from flotilla.engine.memory_profile import GIB, MemoryProfile, MemorySnapshot, memory_profile, requested_bytes
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
@@ -111,6 +113,9 @@ class ModelRunner:
         self.generator = torch.Generator().manual_seed(config.model.seed)
         # The penalised requests' token counts, kept on the device and updated with new tokens only.
         self.penalty_counts = PenaltyCounts(self.device, config.scheduler.max_num_seqs)
+        # The device before this engine adds anything: what is held then is not charged to its budget.
+        self.start_memory = self._memory_at_start()
+        self.memory_profile: MemoryProfile | None = None  # the start-up profile's accounting (GPU, no override)
         started = time.perf_counter()
         self.model = load_model(config.model, self.device)
         logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
@@ -183,14 +188,28 @@ class ModelRunner:
         )
         return num_blocks
 
+    def _memory_at_start(self) -> MemorySnapshot | None:
+        """The device's memory before loading (CUDA, when a profile will size the pool), after collecting what
+        unreachable objects (an engine dropped in a reference cycle, say) still hold; raises at once when less than
+        --gpu-memory-utilization of the device is free, before the weights take a minute to load."""
+        if self.device.type != "cuda" or self.config.cache.num_gpu_blocks_override is not None:
+            return None
+        gc.collect()
+        torch.cuda.empty_cache()
+        start = MemorySnapshot.measure(self.device)
+        requested_bytes(start, self.config.cache.gpu_memory_utilization)
+        return start
+
     def _profile_gpu_blocks(self, per_seq: int) -> int:
-        """vLLM's start-up rule: the KV pool gets what is left of `gpu_memory_utilization` of the GPU
-        after the weights, the peak of a dummy step at the full token budget, and memory outside torch; and,
-        on the stage that draws, after the penalties' tables (engine/penalty_counts.py), made at the first
-        penalised draw and kept beside every later step's peak, which the dummy step's does not hold."""
+        """vLLM's start-up rule (engine/memory_profile.py): the KV pool gets what is left of this engine's
+        `gpu_memory_utilization` budget after its weights, the peak of a dummy step at the full token budget, the
+        growth of memory outside torch, and, on the stage that draws, the penalties' tables
+        (engine/penalty_counts.py), made at the first penalised draw and kept beside every later step's peak, which
+        the dummy step's does not hold. Memory held before the engine started is not charged."""
+        assert self.start_memory is not None
         torch.cuda.synchronize()
-        weights = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        loaded = MemorySnapshot.measure(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
         n = self.config.scheduler.max_num_batched_tokens
         logger.info("memory profile: a dummy step of %d tokens", n)  # a start-up cut short says where it was
         started = time.perf_counter()
@@ -204,31 +223,20 @@ class ModelRunner:
                 logits.softmax(dim=-1).sort(dim=-1)  # the sampler's largest intermediates
                 penalties = table_bytes(self.penalty_counts.max_requests, logits.shape[1])
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        del hidden, logits
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del ids, hidden, logits
         torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
-        non_torch = max(total - free - torch.cuda.memory_reserved(), 0)
-        usable = total * self.config.cache.gpu_memory_utilization
-        budget = usable - peak - non_torch - penalties
-        gib = 2**30
-        logger.info(
-            "memory profile: GPU %.2f GiB x %.2f = %.2f GiB usable; weights %.2f GiB, activation peak %.2f GiB "
-            "(dummy step of %d tokens, %.1f s), outside torch %.2f GiB, penalty tables %.2f GiB -> KV cache %.2f GiB",
-            total / gib, self.config.cache.gpu_memory_utilization, usable / gib, weights / gib,
-            (peak - weights) / gib, n, time.perf_counter() - started, non_torch / gib, penalties / gib,
-            max(budget, 0) / gib,
-        )
-        num_blocks = max(int(budget // self.bytes_per_block), 0)
+        end = MemorySnapshot.measure(self.device)
+        utilization = self.config.cache.gpu_memory_utilization
+        self.memory_profile = profile = memory_profile(self.start_memory, loaded, end, peak, utilization, penalties)
+        figures = profile.describe(utilization, end.total)
+        logger.info("memory profile: %s (dummy step of %d tokens, %.1f s)", figures, n, time.perf_counter() - started)
+        num_blocks = max(profile.kv_cache // self.bytes_per_block, 0)
         if num_blocks < per_seq:
             raise ValueError(
                 f"one sequence of --max-model-len {self.config.model.max_model_len} needs "
-                f"{per_seq * self.bytes_per_block / gib:.2f} GiB of KV cache, but only {max(budget, 0) / gib:.2f} GiB "
-                f"is left of --gpu-memory-utilization {self.config.cache.gpu_memory_utilization} x "
-                f"{total / gib:.1f} GiB after weights ({weights / gib:.2f} GiB), activations "
-                f"({(peak - weights) / gib:.2f} GiB), memory outside torch ({non_torch / gib:.2f} GiB) and the "
-                f"penalty tables ({penalties / gib:.2f} GiB); lower --max-model-len, --max-num-batched-tokens or "
-                "--max-num-seqs, or raise --gpu-memory-utilization"
+                f"{per_seq * self.bytes_per_block / GIB:.2f} GiB of KV cache, more than is left: {figures}; lower "
+                "--max-model-len, --max-num-batched-tokens or --max-num-seqs, or raise --gpu-memory-utilization"
             )
         return num_blocks
 
@@ -241,6 +249,19 @@ class ModelRunner:
             if self.kv_dtype != torch.float8_e4m3fn:  # checkpoint KV scales apply to fp8 caches only
                 attn.k_scale = attn.v_scale = 1.0
         return kv_cache
+
+    def release(self) -> None:
+        """Give the KV pool, the CUDA graphs and the penalties' tables back to the device (the runner cannot run a
+        step afterwards): a shut-down engine frees them though something (a caller, a reference cycle) still holds
+        it. Dropping the last reference to an engine frees them too."""
+        self.graphs = None
+        for attn in self.attention_layers:
+            attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
+        self.kv_cache = torch.empty(0, dtype=self.kv_dtype, device=self.device)
+        self.penalty_counts = PenaltyCounts(self.device, self.config.scheduler.max_num_seqs)
+        self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _calibrate_kv_scales(self) -> None:
         sched = self.config.scheduler

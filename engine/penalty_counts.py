@@ -9,11 +9,13 @@ penalised logits are bit for bit those of a recount.
 
 The tables have a row for each of `max_num_seqs` requests (the most one batch holds) besides row 0, which rows
 whose own parameters have no penalty read and which stays all zero. They are made at the first penalised draw,
-whole, and never grow, so the KV cache's sizing can set their bytes aside (`table_bytes`, subtracted from the
-memory profile's budget in model_runner.py): 5 bytes a token of the vocabulary a row (int32 counts, bool marks),
+whole, and never grow, so the KV cache's sizing can set their bytes aside (`table_bytes`, charged to the engine's
+memory budget in engine/memory_profile.py): 5 bytes a token of the vocabulary a row (int32 counts, bool marks),
 e.g. 330 MB at 512 rows and a 128k vocabulary. A row is taken back when its request has finished (or is gone) and
 a new request needs one; when every row is held by a live request, one outside the batch (preempted, say) gives its
-row up and is counted again from scratch at its next draw.
+row up and is counted again from scratch at its next draw. Rows are kept under the request's id (its completion id:
+unique among live requests, `LLMEngine._check_unique`), with a weak reference to the request that holds it, so a new
+request that reuses a finished one's id is told apart and counted from scratch.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class PenaltyCounts:
         self.vocab_size = -1
         self.output = torch.zeros(0, 0, dtype=torch.int32, device=device)  # [rows, V + 1] occurrences in outputs
         self.prompt = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [rows, V + 1] occurs in the prompt
-        self._slots: dict[int, _Slot] = {}  # id(request) -> its row
+        self._slots: dict[str, _Slot] = {}  # request id -> its row
         self._free: list[int] = []
         self.tokens_counted = 0  # prompt and output tokens added to the tables so far (what a recount would redo)
 
@@ -66,18 +68,19 @@ class PenaltyCounts:
         prompt_tokens: list[int] = []
         out_rows: list[int] = []
         out_tokens: list[int] = []
-        batch = {id(r) for r in requests if r is not None}
+        batch = {r.request_id: r for r in requests if r is not None}
         # A request's completions draw their first tokens together, each as a row of the batch, before the
         # scheduler runs them (`Request.fork_children`); with no output yet, their counts are their shared prompt's
         # alone: those of one row. So they read the row of the first of them, and a batch holds at most as many
         # rows of its own as requests run at once (max_num_seqs), whatever their n.
-        first_draws: dict[int, int] = {}  # id(prompt ids) -> the row of this batch's request with them and no output
+        # id(prompt ids) -> the row of this batch's request with them and no output (the lists live through this call)
+        first_draws: dict[int, int] = {}
         rows = []
         for r in requests:
             if r is None:
                 rows.append(0)
                 continue
-            slot = self._slots.get(id(r))
+            slot = self._slots.get(r.request_id)
             outputs = r.output_token_ids
             if not outputs and (slot is None or slot.owner() is not r) and id(r.prompt_token_ids) in first_draws:
                 rows.append(first_draws[id(r.prompt_token_ids)])
@@ -107,32 +110,31 @@ class PenaltyCounts:
         self._slots.clear()
         self._free = list(range(rows - 1, 0, -1))  # the lowest first
 
-    def _take(self, request: Request, slot: _Slot | None, batch: set[int]) -> _Slot:
-        """A row for `request`: the row kept under its id (its own, recounted from scratch, or a gone request's whose
-        id it now has: two live objects never share an id), else a free one."""
+    def _take(self, request: Request, slot: _Slot | None, batch: dict[str, Request]) -> _Slot:
+        """A row for `request`: the row kept under its id (its own, recounted from scratch, or that of a finished
+        request whose id it reuses), else a free one."""
         if slot is None:
             if not self._free:
                 self._sweep(batch)
             if not self._free:
                 self._evict(batch)
         row = slot.row if slot is not None else self._free.pop()
-        self._slots[id(request)] = slot = _Slot(weakref.ref(request), row)
+        self._slots[request.request_id] = slot = _Slot(weakref.ref(request), row)
         return slot
 
-    def _sweep(self, batch: set[int]) -> None:
-        """Free the rows of requests that are gone, and of those that have finished outside this batch. A gone
-        request's row is freed even where a request of this batch now has its id: that one may be a completion
-        reading its leader's row at its first draw, which never claims the row kept under its id."""
+    def _sweep(self, batch: dict[str, Request]) -> None:
+        """Free the rows of requests that are gone, and of those that have finished outside this batch (a request of
+        this batch may reuse a finished one's id: the row's holder is told by identity)."""
         for key, slot in list(self._slots.items()):
             owner = slot.owner()
-            if owner is None or (key not in batch and owner.status.finished):
+            if owner is None or (batch.get(key) is not owner and owner.status.finished):
                 del self._slots[key]
                 self._free.append(slot.row)
 
-    def _evict(self, batch: set[int]) -> None:
+    def _evict(self, batch: dict[str, Request]) -> None:
         """Free the row of a live request outside the batch (the earliest taken): its counts are taken again, from
         scratch, at its next draw. A batch of more requests than the tables have rows is a caller's error."""
-        key = next((k for k in self._slots if k not in batch), None)
+        key = next((k for k, slot in self._slots.items() if batch.get(k) is not slot.owner()), None)
         if key is None:
             raise RuntimeError(f"a batch holds more than {self.max_requests} penalised requests (max_num_seqs)")
         self._free.append(self._slots.pop(key).row)

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -104,11 +105,12 @@ def test_extend_after_a_prefix_hit_runs_from_a_mixed_graph_on_cpu(tiny_dir):
 
 
 def _picked_keys(graphs: StepGraphs) -> list:
-    """Record every key `graphs.pick` returns."""
-    picked, pick = [], graphs.pick
+    """Record every key `graphs.pick` returns. The recorder, kept on `graphs`, reaches it through a weak proxy: a
+    bound method would make a reference cycle that holds the engine's KV pool until a garbage collection."""
+    picked, owner = [], weakref.proxy(graphs)
 
     def recording(flat, *args):
-        key = pick(flat, *args)
+        key = StepGraphs.pick(owner, flat, *args)
         picked.append(key)
         return key
 

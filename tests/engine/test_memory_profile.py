@@ -1,0 +1,148 @@
+"""--gpu-memory-utilization is this engine's budget (vLLM's rule): its own weights, activation peak and growth outside
+torch are charged, memory held before it started is not, and it refuses to start when the budget is not free. An
+engine that is shut down or dropped gives its KV pool back."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from flotilla.engine.llm import LLM
+from flotilla.engine.llm_engine import LLMEngine
+from flotilla.engine.memory_profile import GIB, MemorySnapshot, memory_profile, requested_bytes
+from flotilla.engine.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from model_dirs import make_model_dir
+
+TOTAL = 80 * GIB
+CONTEXT = GIB // 2  # the CUDA context: outside torch, held before any engine
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def _snapshot(allocated: int, reserved: int, non_torch: int) -> MemorySnapshot:
+    return MemorySnapshot(TOTAL - reserved - non_torch, TOTAL, allocated, reserved)
+
+
+def _start_engine(held: int, held_non_torch: int) -> tuple[int, int]:
+    """One engine's profile on a device where `held` torch bytes and `held_non_torch` other bytes are in use:
+    weights 2 GiB, a 3 GiB activation peak, 0.25 GiB of cuBLAS workspace. Returns (its KV bytes, all it holds)."""
+    start = _snapshot(held, held, held_non_torch)
+    loaded = _snapshot(held + 2 * GIB, held + 2 * GIB, held_non_torch)
+    end = _snapshot(held + 2 * GIB, held + 2 * GIB, held_non_torch + GIB // 4)
+    profile = memory_profile(start, loaded, end, held + 5 * GIB, 0.3, penalty_tables=GIB // 8)
+    assert (profile.weights, profile.activations, profile.non_torch) == (2 * GIB, 3 * GIB, GIB // 4)
+    assert profile.held_before == held + held_non_torch
+    return profile.kv_cache, profile.requested
+
+
+def test_two_engines_at_0_3_on_one_gpu_each_get_the_pool_one_alone_would():
+    first_kv, first_holds = _start_engine(0, CONTEXT)
+    assert first_kv == int(0.3 * TOTAL) - 2 * GIB - 3 * GIB - GIB // 4 - GIB // 8
+    # The first engine holds its whole budget (weights, pool, workspace); the second starts beside it.
+    second_kv, second_holds = _start_engine(first_holds - GIB // 4, CONTEXT + GIB // 4)
+    assert second_kv == first_kv
+    assert CONTEXT + first_holds + second_holds <= TOTAL  # both fit on the device
+
+
+def test_a_budget_the_device_does_not_have_free_refuses_to_start():
+    held = 60 * GIB  # another engine or process: 20 GiB free, less than 0.3 x 80 GiB
+    with pytest.raises(ValueError, match=r"free memory on the device at start-up \(19\.50 of 80\.00 GiB\) is less "
+                                         r"than --gpu-memory-utilization 0\.3 asks for \(24\.00 GiB\)"):
+        _start_engine(held, CONTEXT)
+    assert requested_bytes(_snapshot(held, held, CONTEXT), 0.2) == int(0.2 * TOTAL)  # a smaller budget fits
+
+
+def test_the_weights_are_the_growth_across_loading_not_what_was_held():
+    start = _snapshot(7 * GIB, 8 * GIB, CONTEXT)  # an earlier engine's tensors, and the allocator's cache
+    loaded = _snapshot(8 * GIB, 9 * GIB, CONTEXT)
+    end = _snapshot(8 * GIB, 9 * GIB, CONTEXT)
+    profile = memory_profile(start, loaded, end, 8 * GIB + GIB // 2, 0.5, 0)
+    assert (profile.weights, profile.activations, profile.non_torch) == (GIB, GIB // 2, 0)
+    assert profile.kv_cache == 40 * GIB - GIB - GIB // 2
+
+
+def _pool_freed_on(engine: LLMEngine, act) -> bool:
+    pool = weakref.ref(engine.runner.kv_cache)
+    act()
+    return pool() is None
+
+
+def test_a_shut_down_engine_frees_its_pool_though_a_cycle_holds_it(tmp_path):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    llm = LLM(str(model), device="cpu", max_model_len=128)
+    llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    vars(llm.engine.runner)["cycle"] = llm  # a reference cycle: dropping `llm` alone would free nothing
+    gc.disable()
+    try:
+        assert _pool_freed_on(llm.engine, llm.engine.shutdown)
+    finally:
+        gc.enable()
+
+
+def test_a_dropped_engine_frees_its_pool_without_a_collection(tmp_path):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    llm = LLM(str(model), device="cpu", max_model_len=128)
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=1.3), use_tqdm=False)
+    engine = weakref.ref(llm.engine)
+    gc.disable()
+    try:
+        pool = weakref.ref(llm.engine.runner.kv_cache)
+        del llm
+        assert pool() is None and engine() is None  # no reference cycle keeps an engine alive
+    finally:
+        gc.enable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_two_engines_in_one_process_at_0_3_each_get_their_own_budget(tmp_path, caplog):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
+    with caplog.at_level(logging.INFO, logger="flotilla.engine.model_runner"):
+        first = LLM(str(model), **kwargs)
+        second = LLM(str(model), **kwargs)
+    profiles = [llm.engine.runner.memory_profile for llm in (first, second)]
+    assert profiles[0] is not None and profiles[1] is not None
+    # The second engine is charged its own (tiny) weights, not the first engine's pool.
+    assert profiles[1].weights < GIB and profiles[1].held_before > 0.9 * profiles[0].kv_cache
+    assert abs(profiles[1].kv_cache - profiles[0].kv_cache) < GIB
+    line = next(r.getMessage() for r in caplog.records if "was in use before it started" in r.getMessage())
+    assert "KV cache" in line
+    prompts = [[5, 6, 7, 8], list(range(20, 60))]
+    first_tokens, second_tokens = ([o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+                                   for llm in (first, second))
+    assert first_tokens == second_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("how", ["shutdown", "del"])
+def test_cuda_an_engine_shut_down_or_dropped_gives_its_pool_and_graphs_back(tmp_path, how):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = MemorySnapshot.measure(torch.device("cuda"))
+    llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
+    assert llm.engine.runner.graphs is not None  # captured graphs, freed with the pool
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=1.3), use_tqdm=False)
+    pool_bytes = llm.engine.runner.kv_cache.numel() * llm.engine.runner.kv_cache.element_size()
+    gc.disable()  # freed by reference counting alone
+    try:
+        if how == "shutdown":
+            llm.engine.shutdown()
+        else:
+            del llm
+        torch.cuda.empty_cache()
+        after = MemorySnapshot.measure(torch.device("cuda"))
+    finally:
+        gc.enable()
+    assert pool_bytes > GIB
+    # What stays: the weights until the engine is dropped, and small per-device caches (rotary tables, counters).
+    assert after.torch_reserved - before.torch_reserved < GIB, (before, after)
