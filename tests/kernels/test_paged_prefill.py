@@ -156,3 +156,76 @@ def test_the_split_launch_default_gives_the_measured_launch_at_the_benchmark_sha
     block_n, min_tiles, warps, stages, half = SPLIT_LAUNCH
     assert (block_n, warps, stages, half) == (64, 8, 3, False)
     assert default_num_splits(32, 8, 32, 2064, 132, block_n, min_tiles) == 16
+
+
+# (q_lens, seq_lens, heads, kv_heads, share, splits): fresh prompts ending mid-page and mid-tile; an extend over a
+# cached prefix with shared pages (chunked prefill); decode rows, a padding sequence and an extend in one batch;
+# a short extend whose keys are split (splits that start after some rows' positions)
+LOOP_CASES = [
+    ([21, 40, 7], [21, 40, 7], 8, 2, 0, 1),
+    ([19, 9], [83, 45], 4, 1, 2, 1),
+    ([1, 0, 17, 1, 33], [50, 0, 30, 9, 70], 4, 2, 0, 1),
+    ([20, 3], [100, 150], 4, 1, 0, 4),
+]
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_lean_loop_equals_the_old_one(case):
+    """FLOTILLA_PREFILL_LEAN's loop (32-bit indices, the scale on each row's max, shared K/V offsets) does the
+    old loop's arithmetic: the same output bit for bit under the interpreter (compiled, the fused multiply-add
+    may round the exponent's argument once where the old loop rounded it twice), both the reference's."""
+    from kernel_cases import INTERPRETING
+
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=21)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    old = paged_prefill_attention(*args, 0.2, lean=False, rescale_tau=0.0, **knobs)
+    lean = paged_prefill_attention(*args, 0.2, lean=True, rescale_tau=0.0, **knobs)
+    ref = paged_attention_ref(*args, 0.2)
+    assert rel_err(old, ref) < 1e-5 and rel_err(lean, ref) < 1e-5
+    if INTERPRETING:
+        assert torch.equal(lean, old)
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+@pytest.mark.parametrize("tau", [0.5, 8.0])
+def test_lazy_rescaling_keeps_the_reference(case, tau):
+    """FLOTILLA_PREFILL_LAZY_RESCALE: a tile rescales only when a row's max grew by more than tau. Scores
+    spread wide (scale 2: maxima grow by more than 8 across tiles, and by less) take both branches; rows that
+    see no key in a split stay empty, not NaN; the output is the reference's, lean loop or old. At tau 8 some
+    tile kept its old max (else the output would equal the eager rescale's bit for bit)."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=22)
+    ref = paged_attention_ref(*args, 2.0)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    for lean in (True, False):
+        out = paged_prefill_attention(*args, 2.0, lean=lean, rescale_tau=tau, **knobs)
+        assert rel_err(out, ref) < 1e-5
+    if tau == 8.0:
+        assert not torch.equal(out, paged_prefill_attention(*args, 2.0, lean=False, rescale_tau=0.0, **knobs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lazy_rescaling_at_the_default_launch(dtype):
+    """The default 128-row, 32-key launch with lazy rescaling at FlashAttention-4's threshold: prompts of
+    lengths off the tiles and a chunk over a cached prefix, within the dtype's bound of the reference."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([45, 70, 1], [45, 130, 60], 8, 2, dtype, seed=23)
+    out = paged_prefill_attention(*args, 0.3, rescale_tau=8.0)
+    assert rel_err(out, paged_attention_ref(*args, 0.3)) < tolerance(dtype)
+
+
+def test_the_lazy_rescale_switch_reads_a_threshold():
+    """FLOTILLA_PREFILL_LAZY_RESCALE: empty is off (0), a threshold in [0, 16] is taken, anything else raises
+    naming the variable (a typo must not benchmark the wrong loop)."""
+    from flotilla.kernels.triton_paged_prefill import lazy_rescale_tau
+
+    assert lazy_rescale_tau("") == 0.0 and lazy_rescale_tau(" 8 ") == 8.0
+    for bad in ("-1", "32", "on"):
+        with pytest.raises(ValueError, match="FLOTILLA_PREFILL_LAZY_RESCALE"):
+            lazy_rescale_tau(bad)

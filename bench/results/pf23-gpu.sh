@@ -1,0 +1,49 @@
+#!/bin/bash
+# Session 23, helper pf23: the prefill kernel's prompt half (issue 19's offline step: 31 prompts of 512 tokens beside
+# 448 decode rows, ~150 TFLOP/s in `_prefill_kernel`, bench/results/gpu-2026-12-05-s22/README.md). New key-loop forms,
+# each a switch and a launch parameter (docs/decode-gemm.md, "The prefill kernel's key loop"):
+#   FLOTILLA_PREFILL_LEAN (default on: 32-bit indices, the scale on each row's max, one set of K/V offsets; the old
+#     loop's arithmetic, bit-equal under the interpreter; =0 is the old loop), sm_90 SASS (Triton 3.6) at the default
+#     launch: 685 -> 534 instructions a 32-key tile in the unmasked loop, 1,037 -> 674 on the diagonal;
+#   FLOTILLA_PREFILL_LAZY_RESCALE=tau (default off): rescale the accumulator only when a row's max grew by > tau;
+#   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3).
+# Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
+#   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
+#           layer, x32 ms, TFLOP/s, rel_err against the old loop (first variant) and the old loop against the reference;
+#   tests   tests/kernels/test_paged_prefill.py + test_mixed_attention.py compiled (the lean and lazy tests included;
+#           expect 0 failed);
+#   old     bench/mixed_step_profile.py --steps 2 --enforce-eager with FLOTILLA_PREFILL_LEAN=0 (the before);
+#   lean    the same with the defaults (compare "_prefill_kernel" and "busy" in the step lines);
+#   lazy    the same with FLOTILLA_PREFILL_LAZY_RESCALE=8 (if time is left).
+# $OUT: pf23.log (read first: GPU, each stage's rc and key lines), kernel.json, old/lean/lazy.json.
+# Run from the repository root carrying .whl (the pydantic stack), as the other scripts:
+#   OUT=... bash bench/results/pf23-gpu.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
+L=$OUT/pf23.log
+B=$R/bench
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > $L 2>&1
+python3 -c "import triton; print('triton', triton.__version__)" >> $L 2>&1
+run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the command
+  local stage=$1 lim=$2 pat=$3; shift 3
+  echo "=== $stage $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
+  [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; return 1; }
+  timeout $(left $lim) "$@" > $OUT/$stage.out 2>&1
+  local rc=$?
+  echo "rc=$rc" | tee -a $L
+  grep -E "$pat|Traceback|Error" $OUT/$stage.out | tail -40 | cut -c1-400 | tee -a $L
+  return $rc
+}
+PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
+PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
+for s in ${STAGES:-kernel tests old lean lazy}; do
+  case $s in
+    kernel) run kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
+    tests) run tests 80 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
+             $R/tests/kernels/test_mixed_attention.py ;;
+    old) run old 50 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 python3 $PROFILE --json $OUT/old.json ;;
+    lean) run lean 50 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
+    lazy) run lazy 50 "^step of|_kernel" env FLOTILLA_PREFILL_LAZY_RESCALE=8 python3 $PROFILE \
+            --json $OUT/lazy.json ;;
+  esac
+done
+echo "=== done $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
