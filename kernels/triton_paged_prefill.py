@@ -89,6 +89,9 @@ def lazy_rescale_tau(value: str) -> float:
 
 
 RESCALE_TAU = lazy_rescale_tau(os.environ.get("FLOTILLA_PREFILL_LAZY_RESCALE", ""))
+# The output's normalisation by one reciprocal a row (`paged_prefill_attention`'s `reciprocal`; off by default: an
+# fp32 ulp from the division, so not the old arithmetic bit for bit).
+RECIPROCAL = env_flag("FLOTILLA_PREFILL_RECIPROCAL", False)
 
 
 @triton.jit
@@ -275,6 +278,7 @@ def _prefill_kernel(
     LEAN: tl.constexpr = False,
     RESCALE_TAU: tl.constexpr = 0.0,
     SHARED_KV: tl.constexpr = False,
+    RECIPROCAL: tl.constexpr = False,
 ):
     # Reverse the launch order: the last tiles of a sequence see the most keys, so start them
     # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
@@ -333,7 +337,7 @@ def _prefill_kernel(
     # Partials are `[tokens, heads, splits]`.
     store_attention_rows(
         acc, m, l, out_ptr, q_rows * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
-        (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D,
+        (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D, RECIPROCAL,
     )  # fmt: skip
 
 
@@ -426,6 +430,7 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     lean: bool | None = None,
     rescale_tau: float | None = None,
+    reciprocal: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -449,6 +454,8 @@ def paged_prefill_attention(
     accumulator only when some row's max grew by more than `rescale_tau` (log2 units; FlashAttention-4's lazy
     rescaling), else keeps the old max as the reference. Not bit-equal (the weights are rounded at another
     scale), within bf16's bound; it costs the tile a block-wide vote (a barrier).
+    `reciprocal` (None: `RECIPROCAL`, FLOTILLA_PREFILL_RECIPROCAL, off): the output normalised by one reciprocal a
+    row instead of a division an element (~400 of the epilogue's ~900 instructions at the default launch).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -460,6 +467,7 @@ def paged_prefill_attention(
     num_warps, num_stages = num_warps or 4, num_stages or 3
     lean = (LEAN if lean is None else lean) and scale > 0  # the row max is scaled after: the scale must be > 0
     rescale_tau = RESCALE_TAU if rescale_tau is None else rescale_tau
+    reciprocal = RECIPROCAL if reciprocal is None else reciprocal
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -529,6 +537,7 @@ def paged_prefill_attention(
         LEAN=lean,
         RESCALE_TAU=float(rescale_tau),
         SHARED_KV=lean and k_cache.stride()[:3] == v_cache.stride()[:3],
+        RECIPROCAL=reciprocal,
         num_warps=num_warps,
         num_stages=num_stages,
     )

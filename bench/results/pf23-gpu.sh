@@ -6,6 +6,8 @@
 #     loop's arithmetic, bit-equal under the interpreter; =0 is the old loop), sm_90 SASS (Triton 3.6) at the default
 #     launch: 685 -> 534 instructions a 32-key tile in the unmasked loop, 1,037 -> 674 on the diagonal;
 #   FLOTILLA_PREFILL_LAZY_RESCALE=tau (default off): rescale the accumulator only when a row's max grew by > tau;
+#   FLOTILLA_PREFILL_RECIPROCAL=1 (default off): the output times one reciprocal a row, not divided an element
+#     (epilogue 891 -> 515 instructions);
 #   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3).
 # Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
 #   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
@@ -14,8 +16,10 @@
 #           expect 0 failed);
 #   old     bench/mixed_step_profile.py --steps 2 --enforce-eager with FLOTILLA_PREFILL_LEAN=0 (the before);
 #   lean    the same with the defaults (compare "_prefill_kernel" and "busy" in the step lines);
-#   lazy    the same with FLOTILLA_PREFILL_LAZY_RESCALE=8 (if time is left).
-# $OUT: pf23.log (read first: GPU, each stage's rc and key lines), kernel.json, old/lean/lazy.json.
+#   best    the same with the kernel stage's fastest variant at the step's shape (within 2e-2 of the old loop) as
+#           switches (FLOTILLA_PREFILL_LEAN / _LAZY_RESCALE / _RECIPROCAL / _LAUNCH, printed); skipped when that is
+#           plain `lean` (the default) or `old`, or without kernel.json.
+# $OUT: pf23.log (read first: GPU, each stage's rc and key lines), kernel.json, old/lean/best.json.
 # Run from the repository root carrying .whl (the pydantic stack), as the other scripts:
 #   OUT=... bash bench/results/pf23-gpu.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
@@ -35,15 +39,31 @@ run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the 
 }
 PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
 PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
-for s in ${STAGES:-kernel tests old lean lazy}; do
+best_env() {  # the step shape's fastest variant within 2e-2 of the first, as env assignments ('' for lean / old)
+  python3 - "$OUT/kernel.json" <<'PY' 2>/dev/null
+import json, sys
+rows = json.load(open(sys.argv[1]))["shapes"]["step"]["variants"]
+ok = {v: r for v, r in rows.items() if "us" in r and r["rel_err_vs_first"] < 2e-2}
+best = min(ok, key=lambda v: ok[v]["us"])
+k = ok[best]["knobs"]
+env = [f"FLOTILLA_PREFILL_LEAN={int(k['lean'])}", f"FLOTILLA_PREFILL_LAZY_RESCALE={k['rescale_tau']:g}",
+       f"FLOTILLA_PREFILL_RECIPROCAL={int(k['reciprocal'])}"]
+if "block_m" in k:
+    env.append(f"FLOTILLA_PREFILL_LAUNCH={k['block_m']},{k['block_n']},{k['num_warps']},{k['num_stages']}")
+print("" if best in ("lean", "old") else " ".join(env))
+PY
+}
+for s in ${STAGES:-kernel tests old lean best}; do
   case $s in
-    kernel) run kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 80 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
+    kernel) run kernel 120 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
+    tests) run tests 70 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
              $R/tests/kernels/test_mixed_attention.py ;;
-    old) run old 50 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 python3 $PROFILE --json $OUT/old.json ;;
-    lean) run lean 50 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
-    lazy) run lazy 50 "^step of|_kernel" env FLOTILLA_PREFILL_LAZY_RESCALE=8 python3 $PROFILE \
-            --json $OUT/lazy.json ;;
+    old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 python3 $PROFILE --json $OUT/old.json ;;
+    lean) run lean 45 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
+    best) BEST=$(best_env)
+          if [ -z "$BEST" ]; then echo "=== best: skipped (the fastest variant is lean or old, or no kernel.json)" | tee -a $L
+          else echo "best: $BEST" | tee -a $L
+            run best 45 "^step of|_kernel" env $BEST python3 $PROFILE --json $OUT/best.json; fi ;;
   esac
 done
 echo "=== done $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L

@@ -542,8 +542,9 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 
 def _compile_prefill() -> dict[str, dict[str, object]]:
     """The prefill kernel at Llama-3.1-8B's heads (GQA 4, head_dim 128, 16-token pages, bf16) in its loop forms: the
-    old loop, the lean one (FLOTILLA_PREFILL_LEAN), lazy rescaling (FLOTILLA_PREFILL_LAZY_RESCALE) on each, at the
-    default launch (128-row tiles of 32 keys, 4 warps, 3 stages) and the lean loop at 64 keys with 8 warps."""
+    old loop, the lean one (FLOTILLA_PREFILL_LEAN), lazy rescaling (FLOTILLA_PREFILL_LAZY_RESCALE) on each, the
+    lean one with the reciprocal normalisation (FLOTILLA_PREFILL_RECIPROCAL), at the default launch (128-row tiles
+    of 32 keys, 4 warps, 3 stages) and the lean loop at 64 keys with 8 warps."""
     import triton.language as tl
 
     from flotilla.kernels.triton_paged_prefill import _prefill_kernel
@@ -557,7 +558,8 @@ def _compile_prefill() -> dict[str, dict[str, object]]:
                   BLOCK_N=32, NUM_HEADS=32, NUM_SPLITS=1, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
     forms = {"old": dict(LEAN=False), "lean": dict(LEAN=True, SHARED_KV=True),
              "old lazy": dict(LEAN=False, RESCALE_TAU=8.0),
-             "lean lazy": dict(LEAN=True, SHARED_KV=True, RESCALE_TAU=8.0)}
+             "lean lazy": dict(LEAN=True, SHARED_KV=True, RESCALE_TAU=8.0),
+             "lean rcp": dict(LEAN=True, SHARED_KV=True, RECIPROCAL=True)}
     out = {f"prefill {name}": _compile_for_hopper(fn, pointers, common | form, aligned, num_warps=4, num_stages=3)
            for name, form in forms.items()}  # fmt: skip
     out["prefill lean n64 w8"] = _compile_for_hopper(fn, pointers, common | forms["lean"] | dict(BLOCK_N=64), aligned,
@@ -579,6 +581,7 @@ def test_prefill_loop_forms_compile_for_hopper(tmp_path):
     assert all(r["cubin_bytes"] > 0 and r["wgmma"] for r in result.values()), result
     assert result["prefill lean"]["cubin_bytes"] < 0.9 * result["prefill old"]["cubin_bytes"]
     assert result["prefill lean lazy"]["cubin_bytes"] < result["prefill old lazy"]["cubin_bytes"]
+    assert result["prefill lean rcp"]["cubin_bytes"] < result["prefill lean"]["cubin_bytes"]
 
 
 if __name__ == "__main__":

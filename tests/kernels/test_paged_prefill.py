@@ -209,15 +209,33 @@ def test_lazy_rescaling_keeps_the_reference(case, tau):
         assert not torch.equal(out, paged_prefill_attention(*args, 2.0, lean=False, rescale_tau=0.0, **knobs))
 
 
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_reciprocal_normalisation_keeps_the_division(case):
+    """FLOTILLA_PREFILL_RECIPROCAL: the output times one reciprocal a row, an fp32 rounding from the division an
+    element (split partials included), with the lean loop and the old; empty rows (padding) stay zero."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=24)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    divided = paged_prefill_attention(*args, 0.2, lean=False, reciprocal=False, **knobs)
+    for lean in (True, False):
+        out = paged_prefill_attention(*args, 0.2, lean=lean, reciprocal=True, **knobs)
+        assert rel_err(out, divided) < 1e-6 and not torch.isnan(out).any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lazy_rescaling_at_the_default_launch(dtype):
-    """The default 128-row, 32-key launch with lazy rescaling at FlashAttention-4's threshold: prompts of
-    lengths off the tiles and a chunk over a cached prefix, within the dtype's bound of the reference."""
+    """The default 128-row, 32-key launch with lazy rescaling at FlashAttention-4's threshold (alone and with the
+    reciprocal normalisation): prompts of lengths off the tiles, a chunk over a cached prefix and a decode row,
+    within the dtype's bound of the reference."""
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
     args = attention_case([45, 70, 1], [45, 130, 60], 8, 2, dtype, seed=23)
-    out = paged_prefill_attention(*args, 0.3, rescale_tau=8.0)
-    assert rel_err(out, paged_attention_ref(*args, 0.3)) < tolerance(dtype)
+    ref = paged_attention_ref(*args, 0.3)
+    for reciprocal in (False, True):  # and with the reciprocal normalisation: every new form at once
+        out = paged_prefill_attention(*args, 0.3, rescale_tau=8.0, reciprocal=reciprocal)
+        assert rel_err(out, ref) < tolerance(dtype)
 
 
 def test_the_lazy_rescale_switch_reads_a_threshold():
