@@ -8,13 +8,14 @@ Two shapes at Llama-3.1-8B heads (32 query / 8 KV / 128), bf16, 16-token pages s
   step    the offline run's large mixed step: 448 decode rows at context 576 + 31 prompts of 512 tokens, the prompt
           half only (`skip_decode_rows`: what `kernels/mixed_attention.py` launches; the decode rows get no tile);
   prompt  one uncached prompt of 2,000 tokens (a long prompt's time to first token pays it in every layer).
-Variants are `;`-separated, each of fields joined by commas: `old` (FLOTILLA_PREFILL_LEAN=0's loop), `lean` (the
-default loop), `tau=X` (FLOTILLA_PREFILL_LAZY_RESCALE=X), `rcp` (FLOTILLA_PREFILL_RECIPROCAL=1), `launch=M/N/W/S`
-(block_m/block_n/warps/stages, as FLOTILLA_PREFILL_LAUNCH). Each is timed in a CUDA graph (bench/kernels.py
-`graph_ms`, the step's tile map computed once: the memo) and its output's prompt rows compared with the first
-variant's (rel_err; the first's against `paged_attention_ref`). TFLOP/s counts the causal prompts' useful work:
-4 x heads x head_dim x q(q+1)/2 a prompt. Without a GPU it runs each variant once under the Triton interpreter at
-a small shape (`--small`): a check of the script, no timing.
+Variants are `;`-separated, each of fields joined by commas: `old` (FLOTILLA_PREFILL_LEAN=0's loop and
+FLOTILLA_PREFILL_DEAD_LAST=0's tile map), `lean` (the defaults: the lean loop, the listed map), `nolist` / `list`
+(the map alone: FLOTILLA_PREFILL_DEAD_LAST=0 / 1), `tau=X` (FLOTILLA_PREFILL_LAZY_RESCALE=X), `rcp`
+(FLOTILLA_PREFILL_RECIPROCAL=1), `launch=M/N/W/S` (block_m/block_n/warps/stages, as FLOTILLA_PREFILL_LAUNCH). Each
+is timed in a CUDA graph (bench/kernels.py `graph_ms`, the step's tile map computed once: the memo) and its output's
+prompt rows compared with the first variant's (rel_err; the first's against `paged_attention_ref`). TFLOP/s counts
+the causal prompts' useful work: 4 x heads x head_dim x q(q+1)/2 a prompt. Without a GPU it runs each variant once
+under the Triton interpreter at a small shape (`--small`): a check of the script, no timing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mixed_attention import HEAD_DIM, HEADS, LAYERS, batch, rel
 
 from flotilla.kernels.paged_attention import paged_attention_ref
 
-VARIANTS = ("old;lean;lean,rcp;lean,tau=8;lean,tau=8,rcp;old,tau=8;lean,launch=128/64/8/3;lean,rcp,launch=128/64/8/3;"
+VARIANTS = ("old;lean,nolist;lean;lean,rcp;lean,tau=8;lean,tau=8,rcp;lean,launch=128/64/8/3;lean,rcp,launch=128/64/8/3;"
             "lean,launch=128/64/8/2;lean,launch=128/32/8/3;lean,tau=8,rcp,launch=128/64/8/3")
 SHAPES = {"step": (448, 576, 31, 512), "prompt": (0, 0, 1, 2000)}  # decode rows, their context, prompts, length
 SMALL = {"step": (6, 40, 3, 48), "prompt": (0, 0, 1, 100)}
@@ -37,11 +38,13 @@ SMALL = {"step": (6, 40, 3, 48), "prompt": (0, 0, 1, 100)}
 
 def knobs(variant: str) -> dict:
     """`paged_prefill_attention` keyword arguments of one variant (`old,tau=8,launch=128/64/8/3`)."""
-    out: dict = {"lean": True, "rescale_tau": 0.0, "reciprocal": False}
+    out: dict = {"lean": True, "rescale_tau": 0.0, "reciprocal": False, "dead_last": True}
     for field in variant.split(","):
         name, _, value = field.strip().partition("=")
         if name in ("old", "lean"):
-            out["lean"] = name == "lean"
+            out["lean"] = out["dead_last"] = name == "lean"
+        elif name in ("list", "nolist"):
+            out["dead_last"] = name == "list"
         elif name == "rcp":
             out["reciprocal"] = True
         elif name == "tau":

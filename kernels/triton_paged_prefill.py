@@ -92,6 +92,10 @@ RESCALE_TAU = lazy_rescale_tau(os.environ.get("FLOTILLA_PREFILL_LAZY_RESCALE", "
 # The output's normalisation by one reciprocal a row (`paged_prefill_attention`'s `reciprocal`; off by default: an
 # fp32 ulp from the division, so not the old arithmetic bit for bit).
 RECIPROCAL = env_flag("FLOTILLA_PREFILL_RECIPROCAL", False)
+# The tile map as a list of (sequence, tile) a program, live tiles first (`tile_map`'s `dead_last`): the same tiles
+# in the same order, without the dead programs ahead of them or a second, dependent load a program;
+# FLOTILLA_PREFILL_DEAD_LAST=0 restores the old map for the A/B.
+DEAD_LAST = env_flag("FLOTILLA_PREFILL_DEAD_LAST", True)
 
 
 @triton.jit
@@ -279,16 +283,26 @@ def _prefill_kernel(
     RESCALE_TAU: tl.constexpr = 0.0,
     SHARED_KV: tl.constexpr = False,
     RECIPROCAL: tl.constexpr = False,
+    DEAD_LAST: tl.constexpr = False,
 ):
-    # Reverse the launch order: the last tiles of a sequence see the most keys, so start them
-    # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
-    # too, and exit at once).
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head_block = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + pid)
-    if seq >= num_seqs:
-        return
-    tile = pid - tl.load(tile_start_ptr + seq)
+    if DEAD_LAST:
+        # `tile_map(dead_last=True)` lists each program's sequence and tile, live tiles first (in the order
+        # below), the grid's dead programs after them: two independent loads, and no dead program ahead of
+        # a live one (each held an SM slot for a load's latency before exiting).
+        seq = tl.load(tile_seq_ptr + tl.program_id(0))
+        tile = tl.load(tile_start_ptr + tl.program_id(0))
+        if seq >= num_seqs:
+            return
+    else:
+        # Reverse the launch order: the last tiles of a sequence see the most keys, so start them
+        # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
+        # too, and exit at once).
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = tl.load(tile_seq_ptr + pid)
+        if seq >= num_seqs:
+            return
+        tile = pid - tl.load(tile_start_ptr + seq)
     if LEAN:  # the tile map is int64 (torch's cumsum); token and key indices fit 32 bits, and 64-bit index
         # arithmetic (two instructions an add, a sign-corrected division by the page) filled the key loop
         tile = tile.to(tl.int32)
@@ -376,36 +390,47 @@ SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
 
 
 def tile_map(
-    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False,
+    dead_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each program's sequence (`num_seqs` past the last tile) and each sequence's first tile, on
     the device: tiles per sequence, their exclusive prefix sum, and a `searchsorted` of the program
     ids into it. About eight small kernels, the same for every layer of a step. `skip_decode_rows`: a
-    sequence of one new token gets no tile (the decode kernel attends to it)."""
+    sequence of one new token gets no tile (the decode kernel attends to it).
+
+    `dead_last`: instead, each program's sequence and tile within it (int32), the live tiles first in the
+    old launch order (the last sequence's last tile first: the tiles that see the most keys start first),
+    the dead programs (sequence `num_seqs`) after them."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
     if skip_decode_rows:
         tiles = torch.where(q_lens == 1, 0, tiles)
     tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
     tile_ids = torch.arange(grid_tiles, device=query_start_loc.device, dtype=tile_start.dtype)
-    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
-    return tile_seq, tile_start
+    if not dead_last:
+        tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+        return tile_seq, tile_start
+    batch = q_lens.shape[0]
+    live = tiles.sum() - 1 - tile_ids  # the live tile program i runs, counted from the first; < 0: dead
+    seq = torch.searchsorted(tile_start + tiles, live.clamp(min=0), right=True).clamp(max=batch - 1)
+    tile = live - tile_start[seq]
+    return torch.where(live >= 0, seq, batch).to(torch.int32), tile.to(torch.int32)
 
 
 def _memoized_tile_map(
     query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None,
-    skip_decode_rows: bool = False,
+    skip_decode_rows: bool = False, dead_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`tile_map`, computed by the step's first attention layer and reused by the others: inside a
     mixed CUDA graph that is eight graph nodes a step instead of eight a layer (256 for a 32-layer
     model, each a kernel boundary on the critical path of a short extend). FLOTILLA_PREFILL_TILE_MEMO=0
     recomputes it in every layer (the before of the A/B)."""
     if step_memo is None or not TILE_MEMO:
-        return tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
-    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles, skip_decode_rows)
+        return tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
+    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
     found = step_memo.get(key)
     if found is None:
-        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
+        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
     return found
 
 
@@ -431,6 +456,7 @@ def paged_prefill_attention(
     lean: bool | None = None,
     rescale_tau: float | None = None,
     reciprocal: bool | None = None,
+    dead_last: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -456,6 +482,8 @@ def paged_prefill_attention(
     scale), within bf16's bound; it costs the tile a block-wide vote (a barrier).
     `reciprocal` (None: `RECIPROCAL`, FLOTILLA_PREFILL_RECIPROCAL, off): the output normalised by one reciprocal a
     row instead of a division an element (~400 of the epilogue's ~900 instructions at the default launch).
+    `dead_last` (None: `DEAD_LAST`, FLOTILLA_PREFILL_DEAD_LAST, on): the tile map as a list of each program's
+    sequence and tile, live tiles first (`tile_map`); the same tiles in the same order.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -468,6 +496,7 @@ def paged_prefill_attention(
     lean = (LEAN if lean is None else lean) and scale > 0  # the row max is scaled after: the scale must be > 0
     rescale_tau = RESCALE_TAU if rescale_tau is None else rescale_tau
     reciprocal = RECIPROCAL if reciprocal is None else reciprocal
+    dead_last = DEAD_LAST if dead_last is None else dead_last
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -490,7 +519,7 @@ def paged_prefill_attention(
     # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
     grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
     tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo,
-                                              skip_decode_rows)  # fmt: skip
+                                              skip_decode_rows, dead_last)  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
@@ -538,6 +567,7 @@ def paged_prefill_attention(
         RESCALE_TAU=float(rescale_tau),
         SHARED_KV=lean and k_cache.stride()[:3] == v_cache.stride()[:3],
         RECIPROCAL=reciprocal,
+        DEAD_LAST=dead_last,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -8,13 +8,17 @@
 #   FLOTILLA_PREFILL_LAZY_RESCALE=tau (default off): rescale the accumulator only when a row's max grew by > tau;
 #   FLOTILLA_PREFILL_RECIPROCAL=1 (default off): the output times one reciprocal a row, not divided an element
 #     (epilogue 891 -> 515 instructions);
+#   FLOTILLA_PREFILL_DEAD_LAST (default on: the same tiles; =0 the old map): the tile map lists each program's
+#     (sequence, tile), live tiles first: the step's ~3,900 dead programs (of ~7,900) no longer run ahead of the
+#     live ones, and a live one makes two independent loads instead of two dependent ones;
 #   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3).
 # Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
 #   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
 #           layer, x32 ms, TFLOP/s, rel_err against the old loop (first variant) and the old loop against the reference;
 #   tests   tests/kernels/test_paged_prefill.py + test_mixed_attention.py compiled (the lean and lazy tests included;
 #           expect 0 failed);
-#   old     bench/mixed_step_profile.py --steps 2 --enforce-eager with FLOTILLA_PREFILL_LEAN=0 (the before);
+#   old     bench/mixed_step_profile.py --steps 2 --enforce-eager with FLOTILLA_PREFILL_LEAN=0 and
+#           FLOTILLA_PREFILL_DEAD_LAST=0 (the before);
 #   lean    the same with the defaults (compare "_prefill_kernel" and "busy" in the step lines);
 #   best    the same with the kernel stage's fastest variant at the step's shape (within 2e-2 of the old loop) as
 #           switches (FLOTILLA_PREFILL_LEAN / _LAZY_RESCALE / _RECIPROCAL / _LAUNCH, printed); skipped when that is
@@ -47,7 +51,7 @@ ok = {v: r for v, r in rows.items() if "us" in r and r["rel_err_vs_first"] < 2e-
 best = min(ok, key=lambda v: ok[v]["us"])
 k = ok[best]["knobs"]
 env = [f"FLOTILLA_PREFILL_LEAN={int(k['lean'])}", f"FLOTILLA_PREFILL_LAZY_RESCALE={k['rescale_tau']:g}",
-       f"FLOTILLA_PREFILL_RECIPROCAL={int(k['reciprocal'])}"]
+       f"FLOTILLA_PREFILL_RECIPROCAL={int(k['reciprocal'])}", f"FLOTILLA_PREFILL_DEAD_LAST={int(k['dead_last'])}"]
 if "block_m" in k:
     env.append(f"FLOTILLA_PREFILL_LAUNCH={k['block_m']},{k['block_n']},{k['num_warps']},{k['num_stages']}")
 print("" if best in ("lean", "old") else " ".join(env))
@@ -58,7 +62,8 @@ for s in ${STAGES:-kernel tests old lean best}; do
     kernel) run kernel 120 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
     tests) run tests 70 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
              $R/tests/kernels/test_mixed_attention.py ;;
-    old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 python3 $PROFILE --json $OUT/old.json ;;
+    old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 FLOTILLA_PREFILL_DEAD_LAST=0 python3 $PROFILE \
+           --json $OUT/old.json ;;
     lean) run lean 45 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
     best) BEST=$(best_env)
           if [ -z "$BEST" ]; then echo "=== best: skipped (the fastest variant is lean or old, or no kernel.json)" | tee -a $L

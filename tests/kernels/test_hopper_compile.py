@@ -543,8 +543,9 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
 def _compile_prefill() -> dict[str, dict[str, object]]:
     """The prefill kernel at Llama-3.1-8B's heads (GQA 4, head_dim 128, 16-token pages, bf16) in its loop forms: the
     old loop, the lean one (FLOTILLA_PREFILL_LEAN), lazy rescaling (FLOTILLA_PREFILL_LAZY_RESCALE) on each, the
-    lean one with the reciprocal normalisation (FLOTILLA_PREFILL_RECIPROCAL), at the default launch (128-row tiles
-    of 32 keys, 4 warps, 3 stages) and the lean loop at 64 keys with 8 warps."""
+    lean one with the reciprocal normalisation (FLOTILLA_PREFILL_RECIPROCAL) or the listed tile map
+    (FLOTILLA_PREFILL_DEAD_LAST), at the default launch (128-row tiles of 32 keys, 4 warps, 3 stages) and the lean
+    loop at 64 keys with 8 warps."""
     import triton.language as tl
 
     from flotilla.kernels.triton_paged_prefill import _prefill_kernel
@@ -562,6 +563,9 @@ def _compile_prefill() -> dict[str, dict[str, object]]:
              "lean rcp": dict(LEAN=True, SHARED_KV=True, RECIPROCAL=True)}
     out = {f"prefill {name}": _compile_for_hopper(fn, pointers, common | form, aligned, num_warps=4, num_stages=3)
            for name, form in forms.items()}  # fmt: skip
+    listed = pointers | {"tile_seq_ptr": "*i32", "tile_start_ptr": "*i32"}  # tile_map(dead_last=True)'s int32 list
+    out["prefill lean listed"] = _compile_for_hopper(fn, listed, common | forms["lean"] | dict(DEAD_LAST=True), aligned,
+                                                     num_warps=4, num_stages=3)  # fmt: skip
     out["prefill lean n64 w8"] = _compile_for_hopper(fn, pointers, common | forms["lean"] | dict(BLOCK_N=64), aligned,
                                                      num_warps=8, num_stages=3)  # fmt: skip
     return out

@@ -93,11 +93,20 @@ def test_the_step_memo_keeps_one_tile_map_for_every_layer():
 
     args = attention_case([20, 0, 3], [150, 0, 40], 4, 1, torch.float32, seed=8)
     memo: dict = {}
-    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=False)
     assert len(memo) == 1
     (tile_seq, tile_start), = memo.values()
     # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
     assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    listed = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=True)
+    assert len(memo) == 2 and torch.equal(first, listed)
+    (tile_seq, tile), = (v for k, v in memo.items() if k[-1])
+    # the old launch ran the map backwards (its program i took tile slot 4 - i): dead, dead, (2, 0), (0, 1),
+    # (0, 0); listed, the live tiles come first in that order
+    assert tile_seq.tolist() == [2, 0, 0, 3, 3] and tile.tolist()[:3] == [0, 1, 0]
+    memo.clear()
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1
     second = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
     assert len(memo) == 1 and torch.equal(first, second)
     assert torch.equal(first, prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16))
@@ -207,6 +216,24 @@ def test_lazy_rescaling_keeps_the_reference(case, tau):
         assert rel_err(out, ref) < 1e-5
     if tau == 8.0:
         assert not torch.equal(out, paged_prefill_attention(*args, 2.0, lean=False, rescale_tau=0.0, **knobs))
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_listed_tile_map_computes_the_same_tiles(case):
+    """FLOTILLA_PREFILL_DEAD_LAST: programs read their (sequence, tile) from the listed map, dead programs
+    last; every tile is computed as before (bit for bit, compiled too), the mixed step's decode rows skipped
+    or not, keys split or not."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=25)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    for skip in (False, True):
+        old = torch.zeros_like(args[0])
+        paged_prefill_attention(*args, 0.2, dead_last=False, skip_decode_rows=skip, out=old, **knobs)
+        listed = torch.zeros_like(args[0])
+        paged_prefill_attention(*args, 0.2, dead_last=True, skip_decode_rows=skip, out=listed, **knobs)
+        assert torch.equal(listed, old)
 
 
 @pytest.mark.parametrize("case", LOOP_CASES)
