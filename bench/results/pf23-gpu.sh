@@ -11,7 +11,8 @@
 #   FLOTILLA_PREFILL_DEAD_LAST (default on: the same tiles; =0 the old map): the tile map lists each program's
 #     (sequence, tile), live tiles first: the step's ~3,900 dead programs (of ~7,900) no longer run ahead of the
 #     live ones, and a live one makes two independent loads instead of two dependent ones;
-#   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3).
+#   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3) and
+#   at 256-row tiles (64 tokens x 4 heads, 8 warps: 467 instructions a warp a 32-key tile for twice the rows).
 # Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
 #   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
 #           layer, x32 ms, TFLOP/s, rel_err against the old loop (first variant) and the old loop against the reference;
@@ -59,8 +60,8 @@ PY
 }
 for s in ${STAGES:-kernel tests old lean best}; do
   case $s in
-    kernel) run kernel 120 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 70 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
+    kernel) run kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
+    tests) run tests 90 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
              $R/tests/kernels/test_mixed_attention.py ;;
     old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 FLOTILLA_PREFILL_DEAD_LAST=0 python3 $PROFILE \
            --json $OUT/old.json ;;

@@ -265,6 +265,18 @@ def test_lazy_rescaling_at_the_default_launch(dtype):
         assert rel_err(out, ref) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_256_row_tiles_keep_the_reference(dtype):
+    """The launch bench/prefill_attention.py tries for whole prompts, 256-row tiles (GQA 4: 64 tokens x 4 heads,
+    two diagonal key tiles of 32) with 8 warps, the lean loop: prompts off the tiles, a chunk over a cached prefix,
+    a decode row."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([100, 45, 1], [100, 170, 60], 8, 2, dtype, seed=26)
+    out = paged_prefill_attention(*args, 0.3, block_m=256, block_n=32, num_warps=8, num_stages=3, lean=True)
+    assert rel_err(out, paged_attention_ref(*args, 0.3)) < tolerance(dtype)
+
+
 def test_the_lazy_rescale_switch_reads_a_threshold():
     """FLOTILLA_PREFILL_LAZY_RESCALE: empty is off (0), a threshold in [0, 16] is taken, anything else raises
     naming the variable (a typo must not benchmark the wrong loop)."""
