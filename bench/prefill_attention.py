@@ -30,9 +30,8 @@ from mixed_attention import HEAD_DIM, HEADS, LAYERS, batch, rel
 
 from flotilla.kernels.paged_attention import paged_attention_ref
 
-VARIANTS = ("old;lean,nolist;lean;lean,rcp;lean,tau=8;lean,tau=8,rcp;lean,launch=128/64/8/3;lean,rcp,launch=128/64/8/3;"
-            "lean,launch=128/64/8/2;lean,launch=128/32/8/3;lean,launch=256/32/8/3;lean,rcp,launch=256/32/8/3;"
-            "lean,tau=8,rcp,launch=128/64/8/3")
+VARIANTS = ("old;lean,nolist;lean;lean,rcp;lean,tau=8;lean,launch=128/64/8/3;lean,launch=128/64/8/2;"
+            "lean,launch=256/32/8/3;lean,rcp,launch=256/32/8/3;lean,tau=8,rcp,launch=128/64/8/3")
 SHAPES = {"step": (448, 576, 31, 512), "prompt": (0, 0, 1, 2000)}  # decode rows, their context, prompts, length
 SMALL = {"step": (6, 40, 3, 48), "prompt": (0, 0, 1, 100)}
 

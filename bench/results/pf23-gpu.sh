@@ -11,7 +11,7 @@
 #   FLOTILLA_PREFILL_DEAD_LAST (default on: the same tiles; =0 the old map): the tile map lists each program's
 #     (sequence, tile), live tiles first: the step's ~3,900 dead programs (of ~7,900) no longer run ahead of the
 #     live ones, and a live one makes two independent loads instead of two dependent ones;
-#   and the lean loop at the launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2, 128/32/8/3) and
+#   and the lean loop at launches session 22's sweep measured before it (128/64/8/3, 128/64/8/2) and
 #   at 256-row tiles (64 tokens x 4 heads, 8 warps: 467 instructions a warp a 32-key tile for twice the rows).
 # Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
 #   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
