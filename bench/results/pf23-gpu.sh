@@ -16,8 +16,9 @@
 # Stages (STAGES, in this order, each under its own limit inside BUDGET_S, default 300 s; rc=124: cut):
 #   kernel  bench/prefill_attention.py: every variant at the step's prompt half and at one 2,000-token prompt: us a
 #           layer, x32 ms, TFLOP/s, rel_err against the old loop (first variant) and the old loop against the reference;
-#   tests   tests/kernels/test_paged_prefill.py + test_mixed_attention.py compiled (the lean and lazy tests included;
-#           expect 0 failed);
+#   tests   tests/kernels/test_paged_prefill.py + test_mixed_attention.py compiled (the lean and lazy tests included)
+#           and two engine tests of greedy tokens through the prefill kernel's new defaults (mixed graphs, the split
+#           mixed step, eager and graphs): expect 0 failed;
 #   old     bench/mixed_step_profile.py --steps 2 --enforce-eager with FLOTILLA_PREFILL_LEAN=0 and
 #           FLOTILLA_PREFILL_DEAD_LAST=0 (the before);
 #   lean    the same with the defaults (compare "_prefill_kernel" and "busy" in the step lines);
@@ -62,7 +63,8 @@ for s in ${STAGES:-kernel tests old lean best}; do
   case $s in
     kernel) run kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
     tests) run tests 90 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
-             $R/tests/kernels/test_mixed_attention.py ;;
+             $R/tests/kernels/test_mixed_attention.py "$R/tests/engine/test_gpu.py::test_cuda_mixed_decode_split_keeps_greedy_tokens" \
+             "$R/tests/engine/test_gpu.py::test_cuda_larger_mixed_graphs_keep_greedy_tokens" ;;
     old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 FLOTILLA_PREFILL_DEAD_LAST=0 python3 $PROFILE \
            --json $OUT/old.json ;;
     lean) run lean 45 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
