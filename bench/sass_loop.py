@@ -55,7 +55,7 @@ def loop_ops(sass: str) -> tuple[int, dict[str, int]]:
         if label:
             labels[label.group(1)] = len(seq)
             continue
-        ins = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
+        ins = re.search(r"/\*[0-9a-f]{4,6}\*/\s+(.*?);", line)
         if ins:
             seq.append(ins.group(1).strip())
     best = (0, 0)
@@ -121,7 +121,7 @@ def main() -> None:
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     length, ops = loop_ops(sass)
-    every = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)", sass)
+    every = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)", sass)
     ptx = kernel.asm["ptx"]
     print(json.dumps({
         "triton": triton.__version__, "regs": int(regs.group(1)) if regs else None,

@@ -38,14 +38,20 @@ def mixed_split_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     num_splits: int | None = None,
+    lean: bool | None = None,
+    rescale_tau: float | None = None,
+    reciprocal: bool | None = None,
+    dead_last: bool | None = None,
 ) -> torch.Tensor:
     """`paged_attention`'s result for any flattened batch (arguments as `paged_attention_ref`; `scale` with an
     fp8 pool's K scale folded in), as the prefill kernel over the sequences of several new tokens and the decode
-    kernel over those of one. `block_m` .. `num_splits`: the prefill kernel's launch knobs (the benchmark's sweep,
-    the tests), its defaults where None."""
+    kernel over those of one. `block_m` .. `dead_last`: the prefill kernel's launch knobs and loop forms (the
+    benchmark's sweep, the tests), its defaults where None."""
     out = paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                   block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                                  num_splits=num_splits, step_memo=step_memo, skip_decode_rows=True)  # fmt: skip
+                                  num_splits=num_splits, step_memo=step_memo, skip_decode_rows=True, lean=lean,
+                                  rescale_tau=rescale_tau, reciprocal=reciprocal,
+                                  dead_last=dead_last)  # fmt: skip
     # PDL stays off: the decode kernel must not store before the prefill kernel's merge is done, and the
     # one-launch path it replaces has none either
     paged_decode_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out=out,

@@ -68,11 +68,42 @@ def prefill_launch(value: str) -> tuple[int, int, int, int] | None:
 
 PREFILL_LAUNCH = prefill_launch(os.environ.get("FLOTILLA_PREFILL_LAUNCH", ""))
 
+# The key loop's lean form (`paged_prefill_attention`'s `lean`): 32-bit token indices, the scale applied to each
+# row's max instead of every score, one set of K/V offsets. The same arithmetic with fewer instructions (the same
+# outputs bit for bit under the interpreter); FLOTILLA_PREFILL_LEAN=0 restores the old loop for the A/B.
+LEAN = env_flag("FLOTILLA_PREFILL_LEAN", True)
+
+
+def lazy_rescale_tau(value: str) -> float:
+    """`FLOTILLA_PREFILL_LAZY_RESCALE=tau`: lazy rescaling's threshold in log2 units (`paged_prefill_attention`'s
+    `rescale_tau`; 8 is FlashAttention-4's); empty or 0: rescale at every key tile (the default)."""
+    if not value.strip():
+        return 0.0
+    try:
+        tau = float(value)
+    except ValueError:
+        tau = -1.0
+    if not 0.0 <= tau <= 16.0:  # weights up to 2**tau must stay far from fp32's and bf16's range
+        raise ValueError(f"FLOTILLA_PREFILL_LAZY_RESCALE={value!r}: expected a threshold in [0, 16]")
+    return tau
+
+
+RESCALE_TAU = lazy_rescale_tau(os.environ.get("FLOTILLA_PREFILL_LAZY_RESCALE", ""))
+# The output's normalisation by one reciprocal a row (`paged_prefill_attention`'s `reciprocal`; off by default: an
+# fp32 ulp from the division, so not the old arithmetic bit for bit).
+RECIPROCAL = env_flag("FLOTILLA_PREFILL_RECIPROCAL", False)
+# The tile map as a list of (sequence, tile) a program, live tiles first (`tile_map`'s `dead_last`): the same tiles
+# in the same order, without the dead programs ahead of them or a second, dependent load a program;
+# FLOTILLA_PREFILL_DEAD_LAST=0 restores the old map for the A/B.
+DEAD_LAST = env_flag("FLOTILLA_PREFILL_DEAD_LAST", True)
+
 
 @triton.jit
-def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, LEAN: tl.constexpr):
     """Page numbers of tokens `n0 .. n0 + BLOCK_N` (0 past `limit`, where nothing is read)."""
     tok = n0 + tl.arange(0, BLOCK_N)
+    if LEAN:  # token indices are >= 0: an unsigned division by a power-of-two page is one shift
+        return tl.load(table + tok.to(tl.uint32) // PAGE, mask=tok < limit, other=0)
     return tl.load(table + tok // PAGE, mask=tok < limit, other=0)
 
 
@@ -103,33 +134,62 @@ def _attend_tile(
     MASKED: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LEAN: tl.constexpr,
+    RESCALE_TAU: tl.constexpr,
+    SHARED_KV: tl.constexpr,
 ):
     """One K/V tile (tokens `n0 ..`, on pages `page`) of the online softmax; `MASKED` tiles apply
-    causality and the context end."""
+    causality and the context end. `LEAN` (`paged_prefill_attention`'s `lean`) and `RESCALE_TAU` (its
+    `rescale_tau`): see there; `SHARED_KV`: the K and V pages have the same strides (one set of offsets)."""
     tok = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         tok_ok = tok < seq_len
         kv_mask = tok_ok[:, None] & d_ok[None, :]
     else:
         kv_mask = d_ok[None, :]
+    in_page = (tok.to(tl.uint32) if LEAN else tok) % PAGE  # unsigned: `%` by a power-of-two page is a mask
     page = page.to(tl.int64)
-    in_page = tok % PAGE
     k_off = page * stride_kb + in_page * stride_ks + kv_head * stride_kh
     k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-    if MASKED:
-        s = tl.where((tok[None, :] <= q_pos[:, None]) & tok_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    # A row that has seen no key yet (every key so far masked: a split that starts after the row's
-    # position, in a short extend whose keys are split) keeps m = -inf; subtracting 0 instead keeps
-    # alpha and p at 0 rather than exp2(-inf - -inf) = NaN, so its split ends empty (l = 0, no weight).
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    v_off = page * stride_vb + in_page * stride_vs + kv_head * stride_vh
+    if LEAN:
+        # The max of the raw scores times the (positive) scale is the max of the scaled scores, bit for bit
+        # (rounding is monotonic): one multiply a row instead of one a score; the scale goes into the
+        # exponent's fused multiply-add below.
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if MASKED:
+            s = tl.where((tok[None, :] <= q_pos[:, None]) & tok_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+        if MASKED:
+            s = tl.where((tok[None, :] <= q_pos[:, None]) & tok_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+    if RESCALE_TAU > 0:
+        # Lazy rescaling: keep the old reference max (and skip the accumulator's rescale, a multiply per
+        # element of the [rows, head_dim] accumulator) unless some row's max grew by more than RESCALE_TAU
+        # (log2 units): the weights then stay <= 2**RESCALE_TAU, exact in fp32 and as relative in bf16.
+        # A row that has seen no key keeps m = -inf, and its first key always grows it.
+        if tl.max((m_new > m + RESCALE_TAU).to(tl.int32), 0) > 0:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_ref)
+            l = l * alpha
+            acc = acc * alpha[:, None]
+            m = m_new
+        m_new = m
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        # A row that has seen no key yet (every key so far masked: a split that starts after the row's
+        # position, in a short extend whose keys are split) keeps m = -inf; subtracting 0 instead keeps
+        # alpha and p at 0 rather than exp2(-inf - -inf) = NaN, so its split ends empty (l = 0, no weight).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        l = l * alpha
+        acc = acc * alpha[:, None]
+    p = tl.exp2(s * qk_scale - m_ref[:, None] if LEAN else s - m_ref[:, None])
+    l = l + tl.sum(p, 1)
+    v_off = k_off if SHARED_KV else page * stride_vb + in_page * stride_vs + kv_head * stride_vh
     v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    acc = acc + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l, acc
 
 
@@ -161,17 +221,20 @@ def _attend_range(
     MASKED: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LEAN: tl.constexpr,
+    RESCALE_TAU: tl.constexpr,
+    SHARED_KV: tl.constexpr,
 ):
     """Keys `lo .. hi` (`lo` on a tile boundary) through the online softmax, tile by tile. Each step
     fetches the next tile's page numbers before attending to the current tile, so the K/V addresses
     never wait on a table read."""
-    page = _pages(table, lo, hi, PAGE, BLOCK_N)
+    page = _pages(table, lo, hi, PAGE, BLOCK_N, LEAN)
     for n0 in range(lo, hi, BLOCK_N):
-        next_page = _pages(table, n0 + BLOCK_N, hi, PAGE, BLOCK_N)
+        next_page = _pages(table, n0 + BLOCK_N, hi, PAGE, BLOCK_N, LEAN)
         m, l, acc = _attend_tile(
             q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-            PAGE, BLOCK_N, MASKED, DOT_DTYPE, DOT_PRECISION,
+            PAGE, BLOCK_N, MASKED, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
         )  # fmt: skip
         page = next_page
     return m, l, acc
@@ -216,16 +279,33 @@ def _prefill_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LEAN: tl.constexpr = False,
+    RESCALE_TAU: tl.constexpr = 0.0,
+    SHARED_KV: tl.constexpr = False,
+    RECIPROCAL: tl.constexpr = False,
+    DEAD_LAST: tl.constexpr = False,
 ):
-    # Reverse the launch order: the last tiles of a sequence see the most keys, so start them
-    # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
-    # too, and exit at once).
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head_block = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + pid)
-    if seq >= num_seqs:
-        return
-    tile = pid - tl.load(tile_start_ptr + seq)
+    if DEAD_LAST:
+        # `tile_map(dead_last=True)` lists each program's sequence and tile, live tiles first (in the order
+        # below), the grid's dead programs after them: two independent loads, and no dead program ahead of
+        # a live one (each held an SM slot for a load's latency before exiting).
+        seq = tl.load(tile_seq_ptr + tl.program_id(0))
+        tile = tl.load(tile_start_ptr + tl.program_id(0))
+        if seq >= num_seqs:
+            return
+    else:
+        # Reverse the launch order: the last tiles of a sequence see the most keys, so start them
+        # first and let the short ones fill in behind (the dead, beyond-the-end programs go first
+        # too, and exit at once).
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = tl.load(tile_seq_ptr + pid)
+        if seq >= num_seqs:
+            return
+        tile = pid - tl.load(tile_start_ptr + seq)
+    if LEAN:  # the tile map is int64 (torch's cumsum); token and key indices fit 32 bits, and 64-bit index
+        # arithmetic (two instructions an add, a sign-corrected division by the page) filled the key loop
+        tile = tile.to(tl.int32)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -261,17 +341,17 @@ def _prefill_kernel(
     m, l, acc = _attend_range(
         q, m, l, acc, table, key_lo, tl.minimum(visible_end, key_hi), q_pos, seq_len, k_cache_ptr, v_cache_ptr,
         kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-        PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION,
+        PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
     )  # fmt: skip
     m, l, acc = _attend_range(
         q, m, l, acc, table, tl.maximum(visible_end, key_lo), key_hi, q_pos, seq_len, k_cache_ptr, v_cache_ptr,
         kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-        PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION,
+        PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
     )  # fmt: skip
     # Partials are `[tokens, heads, splits]`.
     store_attention_rows(
         acc, m, l, out_ptr, q_rows * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
-        (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D,
+        (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D, RECIPROCAL,
     )  # fmt: skip
 
 
@@ -310,36 +390,47 @@ SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
 
 
 def tile_map(
-    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False
+    query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False,
+    dead_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each program's sequence (`num_seqs` past the last tile) and each sequence's first tile, on
     the device: tiles per sequence, their exclusive prefix sum, and a `searchsorted` of the program
     ids into it. About eight small kernels, the same for every layer of a step. `skip_decode_rows`: a
-    sequence of one new token gets no tile (the decode kernel attends to it)."""
+    sequence of one new token gets no tile (the decode kernel attends to it).
+
+    `dead_last`: instead, each program's sequence and tile within it (int32), the live tiles first in the
+    old launch order (the last sequence's last tile first: the tiles that see the most keys start first),
+    the dead programs (sequence `num_seqs`) after them."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     tiles = (q_lens + tokens_per_tile - 1) // tokens_per_tile
     if skip_decode_rows:
         tiles = torch.where(q_lens == 1, 0, tiles)
     tile_start = torch.cumsum(tiles, 0) - tiles  # exclusive prefix sum
     tile_ids = torch.arange(grid_tiles, device=query_start_loc.device, dtype=tile_start.dtype)
-    tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
-    return tile_seq, tile_start
+    if not dead_last:
+        tile_seq = torch.searchsorted(tile_start + tiles, tile_ids, right=True)
+        return tile_seq, tile_start
+    batch = q_lens.shape[0]
+    live = tiles.sum() - 1 - tile_ids  # the live tile program i runs, counted from the first; < 0: dead
+    seq = torch.searchsorted(tile_start + tiles, live.clamp(min=0), right=True).clamp(max=batch - 1)
+    tile = live - tile_start[seq]
+    return torch.where(live >= 0, seq, batch).to(torch.int32), tile.to(torch.int32)
 
 
 def _memoized_tile_map(
     query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, step_memo: dict | None,
-    skip_decode_rows: bool = False,
+    skip_decode_rows: bool = False, dead_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`tile_map`, computed by the step's first attention layer and reused by the others: inside a
     mixed CUDA graph that is eight graph nodes a step instead of eight a layer (256 for a 32-layer
     model, each a kernel boundary on the critical path of a short extend). FLOTILLA_PREFILL_TILE_MEMO=0
     recomputes it in every layer (the before of the A/B)."""
     if step_memo is None or not TILE_MEMO:
-        return tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
-    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles, skip_decode_rows)
+        return tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
+    key = ("prefill_tile_map", query_start_loc.data_ptr(), tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
     found = step_memo.get(key)
     if found is None:
-        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows)
+        found = step_memo[key] = tile_map(query_start_loc, tokens_per_tile, grid_tiles, skip_decode_rows, dead_last)
     return found
 
 
@@ -362,6 +453,10 @@ def paged_prefill_attention(
     half_partials: bool = False,
     skip_decode_rows: bool = False,
     out: torch.Tensor | None = None,
+    lean: bool | None = None,
+    rescale_tau: float | None = None,
+    reciprocal: bool | None = None,
+    dead_last: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -377,6 +472,18 @@ def paged_prefill_attention(
     or, where the keys are split, the merge's values of no partials), for the decode kernel to write after.
     Launch knobs left None: 128-row tiles of 32 keys, 4 warps, 3 stages, or FLOTILLA_PREFILL_LAUNCH's
     (`PREFILL_LAUNCH`) where the keys are not split; `SPLIT_LAUNCH`'s where they are.
+    `lean` (None: `LEAN`, FLOTILLA_PREFILL_LEAN, on): the key loop with 32-bit token indices (the tile map is
+    int64, and 64-bit index arithmetic took a fifth of the loop's instructions), the row max taken over the raw
+    scores and scaled once a row (equal bit for bit: rounding is monotonic), the scale folded into the
+    exponent's multiply-add, and one set of offsets for K and V where their pages share strides.
+    `rescale_tau` (None: `RESCALE_TAU`, FLOTILLA_PREFILL_LAZY_RESCALE, 0): above 0, a key tile rescales the
+    accumulator only when some row's max grew by more than `rescale_tau` (log2 units; FlashAttention-4's lazy
+    rescaling), else keeps the old max as the reference. Not bit-equal (the weights are rounded at another
+    scale), within bf16's bound; it costs the tile a block-wide vote (a barrier).
+    `reciprocal` (None: `RECIPROCAL`, FLOTILLA_PREFILL_RECIPROCAL, off): the output normalised by one reciprocal a
+    row instead of a division an element (~400 of the epilogue's ~900 instructions at the default launch).
+    `dead_last` (None: `DEAD_LAST`, FLOTILLA_PREFILL_DEAD_LAST, on): the tile map as a list of each program's
+    sequence and tile, live tiles first (`tile_map`); the same tiles in the same order.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -386,6 +493,10 @@ def paged_prefill_attention(
     launch = None if block_m or block_n or num_warps or num_stages else PREFILL_LAUNCH
     block_m, block_n = block_m or 128, block_n or 32
     num_warps, num_stages = num_warps or 4, num_stages or 3
+    lean = (LEAN if lean is None else lean) and scale > 0  # the row max is scaled after: the scale must be > 0
+    rescale_tau = RESCALE_TAU if rescale_tau is None else rescale_tau
+    reciprocal = RECIPROCAL if reciprocal is None else reciprocal
+    dead_last = DEAD_LAST if dead_last is None else dead_last
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -408,7 +519,7 @@ def paged_prefill_attention(
     # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
     grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
     tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo,
-                                              skip_decode_rows)  # fmt: skip
+                                              skip_decode_rows, dead_last)  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
     block_d = triton.next_power_of_2(head_dim)
     part_out, part_lse = split_buffers(out, num_tokens, num_splits)
@@ -452,6 +563,11 @@ def paged_prefill_attention(
         NUM_SPLITS=num_splits,
         DOT_DTYPE=dot_dtype(query.dtype),
         DOT_PRECISION=dot_precision(query.dtype),
+        LEAN=lean,
+        RESCALE_TAU=float(rescale_tau),
+        SHARED_KV=lean and k_cache.stride()[:3] == v_cache.stride()[:3],
+        RECIPROCAL=reciprocal,
+        DEAD_LAST=dead_last,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -460,4 +576,5 @@ def paged_prefill_attention(
     return out
 
 
-__all__ = ["default_num_splits", "heads_per_tile", "paged_prefill_attention", "prefill_launch", "tile_map"]
+__all__ = ["default_num_splits", "heads_per_tile", "lazy_rescale_tau", "paged_prefill_attention", "prefill_launch",
+           "tile_map"]  # fmt: skip

@@ -85,6 +85,11 @@ def test_tile_map_gives_decode_rows_no_tile():
     assert start.tolist() == [0, 0, 3, 3, 3]
     seq, _ = tile_map(qsl, 8, 10)
     assert seq.tolist() == [0, 1, 1, 1, 2, 4, 4, 5, 5, 5]
+    # listed (FLOTILLA_PREFILL_DEAD_LAST): each program's (sequence, tile), the old launch order's live tiles
+    # first (its program i ran the map's entry 9 - i), the dead programs after them
+    seq, tile = tile_map(qsl, 8, 10, skip_decode_rows=True, dead_last=True)
+    assert seq.tolist() == [4, 4, 1, 1, 1, 5, 5, 5, 5, 5] and tile.tolist()[:5] == [1, 0, 2, 1, 0]
+    assert seq.dtype == tile.dtype == torch.int32
 
 
 def test_the_split_takes_mixed_cuda_steps_of_several_sequences_when_switched_on():

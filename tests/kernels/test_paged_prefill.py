@@ -93,11 +93,20 @@ def test_the_step_memo_keeps_one_tile_map_for_every_layer():
 
     args = attention_case([20, 0, 3], [150, 0, 40], 4, 1, torch.float32, seed=8)
     memo: dict = {}
-    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=False)
     assert len(memo) == 1
     (tile_seq, tile_start), = memo.values()
     # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
     assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    listed = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=True)
+    assert len(memo) == 2 and torch.equal(first, listed)
+    (tile_seq, tile), = (v for k, v in memo.items() if k[-1])
+    # the old launch ran the map backwards (its program i took tile slot 4 - i): dead, dead, (2, 0), (0, 1),
+    # (0, 0); listed, the live tiles come first in that order
+    assert tile_seq.tolist() == [2, 0, 0, 3, 3] and tile.tolist()[:3] == [0, 1, 0]
+    memo.clear()
+    first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
+    assert len(memo) == 1
     second = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
     assert len(memo) == 1 and torch.equal(first, second)
     assert torch.equal(first, prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16))
@@ -156,3 +165,124 @@ def test_the_split_launch_default_gives_the_measured_launch_at_the_benchmark_sha
     block_n, min_tiles, warps, stages, half = SPLIT_LAUNCH
     assert (block_n, warps, stages, half) == (64, 8, 3, False)
     assert default_num_splits(32, 8, 32, 2064, 132, block_n, min_tiles) == 16
+
+
+# (q_lens, seq_lens, heads, kv_heads, share, splits): fresh prompts ending mid-page and mid-tile; an extend over a
+# cached prefix with shared pages (chunked prefill); decode rows, a padding sequence and an extend in one batch;
+# a short extend whose keys are split (splits that start after some rows' positions)
+LOOP_CASES = [
+    ([21, 40, 7], [21, 40, 7], 8, 2, 0, 1),
+    ([19, 9], [83, 45], 4, 1, 2, 1),
+    ([1, 0, 17, 1, 33], [50, 0, 30, 9, 70], 4, 2, 0, 1),
+    ([20, 3], [100, 150], 4, 1, 0, 4),
+]
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_lean_loop_equals_the_old_one(case):
+    """FLOTILLA_PREFILL_LEAN's loop (32-bit indices, the scale on each row's max, shared K/V offsets) does the
+    old loop's arithmetic: the same output bit for bit under the interpreter (compiled, the fused multiply-add
+    may round the exponent's argument once where the old loop rounded it twice), both the reference's."""
+    from kernel_cases import INTERPRETING
+
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=21)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    old = paged_prefill_attention(*args, 0.2, lean=False, rescale_tau=0.0, **knobs)
+    lean = paged_prefill_attention(*args, 0.2, lean=True, rescale_tau=0.0, **knobs)
+    ref = paged_attention_ref(*args, 0.2)
+    assert rel_err(old, ref) < 1e-5 and rel_err(lean, ref) < 1e-5
+    if INTERPRETING:
+        assert torch.equal(lean, old)
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+@pytest.mark.parametrize("tau", [0.5, 8.0])
+def test_lazy_rescaling_keeps_the_reference(case, tau):
+    """FLOTILLA_PREFILL_LAZY_RESCALE: a tile rescales only when a row's max grew by more than tau. Scores
+    spread wide (scale 2: maxima grow by more than 8 across tiles, and by less) take both branches; rows that
+    see no key in a split stay empty, not NaN; the output is the reference's, lean loop or old. At tau 8 some
+    tile kept its old max (else the output would equal the eager rescale's bit for bit)."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=22)
+    ref = paged_attention_ref(*args, 2.0)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    for lean in (True, False):
+        out = paged_prefill_attention(*args, 2.0, lean=lean, rescale_tau=tau, **knobs)
+        assert rel_err(out, ref) < 1e-5
+    if tau == 8.0:
+        assert not torch.equal(out, paged_prefill_attention(*args, 2.0, lean=False, rescale_tau=0.0, **knobs))
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_listed_tile_map_computes_the_same_tiles(case):
+    """FLOTILLA_PREFILL_DEAD_LAST: programs read their (sequence, tile) from the listed map, dead programs
+    last; every tile is computed as before (bit for bit, compiled too), the mixed step's decode rows skipped
+    or not, keys split or not."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=25)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    for skip in (False, True):
+        old = torch.zeros_like(args[0])
+        paged_prefill_attention(*args, 0.2, dead_last=False, skip_decode_rows=skip, out=old, **knobs)
+        listed = torch.zeros_like(args[0])
+        paged_prefill_attention(*args, 0.2, dead_last=True, skip_decode_rows=skip, out=listed, **knobs)
+        assert torch.equal(listed, old)
+
+
+@pytest.mark.parametrize("case", LOOP_CASES)
+def test_the_reciprocal_normalisation_keeps_the_division(case):
+    """FLOTILLA_PREFILL_RECIPROCAL: the output times one reciprocal a row, an fp32 rounding from the division an
+    element (split partials included), with the lean loop and the old; empty rows (padding) stay zero."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    q_lens, seq_lens, heads, kv_heads, share, splits = case
+    args = attention_case(q_lens, seq_lens, heads, kv_heads, torch.float32, share=share, seed=24)
+    knobs = {"block_m": 32, "block_n": 16, "num_splits": splits}
+    divided = paged_prefill_attention(*args, 0.2, lean=False, reciprocal=False, **knobs)
+    for lean in (True, False):
+        out = paged_prefill_attention(*args, 0.2, lean=lean, reciprocal=True, **knobs)
+        assert rel_err(out, divided) < 1e-6 and not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lazy_rescaling_at_the_default_launch(dtype):
+    """The default 128-row, 32-key launch with lazy rescaling at FlashAttention-4's threshold (alone and with the
+    reciprocal normalisation): prompts of lengths off the tiles, a chunk over a cached prefix and a decode row,
+    within the dtype's bound of the reference."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([45, 70, 1], [45, 130, 60], 8, 2, dtype, seed=23)
+    ref = paged_attention_ref(*args, 0.3)
+    for reciprocal in (False, True):  # and with the reciprocal normalisation: every new form at once
+        out = paged_prefill_attention(*args, 0.3, rescale_tau=8.0, reciprocal=reciprocal)
+        assert rel_err(out, ref) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_256_row_tiles_keep_the_reference(dtype):
+    """The launch bench/prefill_attention.py tries for whole prompts, 256-row tiles (GQA 4: 64 tokens x 4 heads,
+    two diagonal key tiles of 32) with 8 warps, the lean loop: prompts off the tiles, a chunk over a cached prefix,
+    a decode row."""
+    from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
+
+    args = attention_case([100, 45, 1], [100, 170, 60], 8, 2, dtype, seed=26)
+    out = paged_prefill_attention(*args, 0.3, block_m=256, block_n=32, num_warps=8, num_stages=3, lean=True)
+    assert rel_err(out, paged_attention_ref(*args, 0.3)) < tolerance(dtype)
+
+
+def test_the_lazy_rescale_switch_reads_a_threshold():
+    """FLOTILLA_PREFILL_LAZY_RESCALE: empty is off (0), a threshold in [0, 16] is taken, anything else raises
+    naming the variable (a typo must not benchmark the wrong loop)."""
+    from flotilla.kernels.triton_paged_prefill import lazy_rescale_tau
+
+    assert lazy_rescale_tau("") == 0.0 and lazy_rescale_tau(" 8 ") == 8.0
+    for bad in ("-1", "32", "on"):
+        with pytest.raises(ValueError, match="FLOTILLA_PREFILL_LAZY_RESCALE"):
+            lazy_rescale_tau(bad)
