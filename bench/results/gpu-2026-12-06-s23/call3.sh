@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.." || exit 1
 O=${OUT:-/tmp/out}; mkdir -p $O/pf23 $O/tests $O/roof
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $O/summary.txt
 ( OUT=$O/pf23 BUDGET_S=200 STAGES="kernel tests" bash bench/results/pf23-gpu.sh ) > $O/pf23/stdout.txt 2>&1
-( OUT=$O; source bench/results/gpu-env.sh 150; L=$OUT/offline.log
+( OUT=$O; source bench/results/gpu-env.sh 140; L=$OUT/offline.log
   python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
   for s in 0 1; do
     echo "=== lean/dead_last=$s $(date +%T) ($((END - SECONDS)) s left)" >> $L
@@ -21,11 +21,11 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee $O/summary.txt
     echo "rc=$?" >> $L; grep -E "Traceback|Error" /tmp/off$s.out | tail -3 >> $L
     python3 -c "import json; d=json.load(open('$OUT/offline-pf$s.json')); f=d['flotilla']; print('output tok/s', round(f['output_tokens_per_s']), 's', round(f['seconds'], 3), 'steps', f['num_steps'], 'fraction_of_bound', round(d['fraction_of_bound'], 4), 'fraction_of_serial', round(d['fraction_of_serial'], 4), 'card', d.get('fraction_of_bound_card'), d.get('fraction_of_serial_card'))" >> $L 2>&1
   done ) > /dev/null 2>&1
-( OUT=$O/tests BUDGET_S=140 R=$PWD; source bench/results/gpu-env.sh 140
-  timeout $(left 135) python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R \
+( OUT=$O/tests; source bench/results/gpu-env.sh 120
+  timeout $(left 115) python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R \
     $R/tests/engine/test_memory_profile.py $R/tests/engine/test_penalty_counts.py \
     "$R/tests/engine/pooling/test_embed.py" "$R/tests/engine/test_gpu.py" > $OUT/gpu-tests.log 2>&1
   echo "rc=$?" >> $OUT/gpu-tests.log ) > /dev/null 2>&1
-( OUT=$O/roof BUDGET_S=90 STAGES=decode bash bench/results/roof23-gpu.sh ) > $O/roof/stdout.txt 2>&1
+( OUT=$O/roof BUDGET_S=75 STAGES=decode bash bench/results/roof23-gpu.sh ) > $O/roof/stdout.txt 2>&1
 { grep -v "^$" $O/pf23/pf23.log | tail -40; cat $O/offline.log; tail -4 $O/tests/gpu-tests.log; cat $O/roof/roof23.log; } >> $O/summary.txt
 cat $O/summary.txt
