@@ -4,6 +4,7 @@ engine that is shut down or dropped gives its KV pool back."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.llm import LLM
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.memory_profile import GIB, MemorySnapshot, memory_profile, requested_bytes
@@ -84,6 +86,21 @@ def test_a_shut_down_engine_frees_its_pool_though_a_cycle_holds_it(tmp_path):
         assert _pool_freed_on(llm.engine, llm.engine.shutdown)
     finally:
         gc.enable()
+
+
+def test_a_shut_down_async_engine_shuts_its_engine_down_and_frees_the_pool(tmp_path):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    engine = AsyncEngine.build(lambda: LLMEngine.from_kwargs(str(model), device="cpu", max_model_len=128))
+
+    async def generate() -> list[int]:
+        outputs = [o async for o in engine.generate([5, 6, 7], GREEDY, "r")]
+        return outputs[-1].outputs[0].token_ids
+
+    assert len(asyncio.run(generate())) == 8
+    pool = weakref.ref(engine.engine.runner.kv_cache)
+    engine.shutdown()
+    assert not engine.is_alive
+    assert pool() is None  # the AsyncEngine (and its LLMEngine) is still referenced here: shutdown freed the pool
 
 
 def test_a_dropped_engine_frees_its_pool_without_a_collection(tmp_path):
