@@ -161,5 +161,5 @@ def test_cuda_an_engine_shut_down_or_dropped_gives_its_pool_and_graphs_back(tmp_
     finally:
         gc.enable()
     assert pool_bytes > GIB
-    # What stays: the weights until the engine is dropped, and small per-device caches (rotary tables, counters).
+    # What stays: the weights and their rotary tables until the engine is dropped, and small per-device caches.
     assert after.torch_reserved - before.torch_reserved < GIB, (before, after)
