@@ -25,6 +25,7 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.memory_profile import GIB, MemoryProfile, MemorySnapshot, memory_profile, requested_bytes
 from flotilla.engine.model_loader import load_model, torch_dtype
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
@@ -125,8 +126,14 @@ class ModelRunner:
             else None
         use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        # A draft model (speculative decoding) is loaded before the profile too: its weights, dummy step and KV pool
+        # count against the same budget, as vLLM's runner loads and profiles its drafter.
+        self.draft_model = self._load_draft_model()
+        self.draft_layers = [m for m in self.draft_model.modules() if isinstance(m, Attention)] \
+            if self.draft_model is not None else []
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_kv_cache()
+        self.draft_kv_cache = self._allocate_draft_kv_cache()
         if config.cache.calculate_kv_scales:  # before any graph capture: graphs bake the scales in
             self._calibrate_kv_scales()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
@@ -155,10 +162,30 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes one block takes over all layers (K and V)."""
-        layer = self.attention_layers[0]
-        elem = torch.empty(0, dtype=self.kv_dtype).element_size()
-        return len(self.attention_layers) * 2 * self.block_size * layer.num_kv_heads * layer.head_dim * elem
+        """KV bytes one block takes over all layers (K and V), the draft model's included: a block id owns a block in
+        both pools."""
+        target = self._block_bytes(self.attention_layers, self.kv_dtype)
+        return target + self._block_bytes(self.draft_layers, self.dtype)
+
+    def _block_bytes(self, layers: list[Attention], dtype: torch.dtype) -> int:
+        if not layers:
+            return 0
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return len(layers) * 2 * self.block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
+
+    def _load_draft_model(self) -> CausalLM | None:
+        """The draft model of `--speculative-config`'s draft-model method, or None. Not on tensor/pipeline-parallel
+        workers: the engine refuses a draft model with them (`build_speculator`)."""
+        spec, parallel = self.config.speculative, self.config.parallel
+        if spec is None or spec.method != "draft_model" or \
+                parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+            return None
+        from flotilla.engine.spec_decode.draft_model_proposer import load_draft_model
+
+        started = time.perf_counter()
+        model = load_draft_model(self.config, self.device)
+        logger.info("draft model loaded in %.1f s", time.perf_counter() - started)
+        return model
 
     def _decide_num_blocks(self) -> int:
         cache = self.config.cache
@@ -178,11 +205,12 @@ class ModelRunner:
                 "lower --max-model-len or give the cache more memory"
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens, %s (%.2f GiB); max concurrency at %d tokens per request: %.1f",
+            "KV cache: %d blocks x %d tokens, %s (%.2f GiB%s); max concurrency at %d tokens per request: %.1f",
             num_blocks,
             self.block_size,
             str(self.kv_dtype).removeprefix("torch."),
             num_blocks * self.bytes_per_block / 2**30,
+            ", the draft model's pool included" if self.draft_layers else "",
             self.config.model.max_model_len,
             num_blocks * self.block_size / self.config.model.max_model_len,
         )
@@ -215,6 +243,10 @@ class ModelRunner:
         started = time.perf_counter()
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
+            if self.draft_model is not None:  # it runs before the target's pass, on the step's tokens
+                draft_hidden = self.draft_model(ids, torch.arange(n, device=self.device))
+                self.draft_model.compute_logits(draft_hidden[-self.config.scheduler.max_num_seqs :]).argmax(dim=-1)
+                del draft_hidden
             hidden = self.model(ids, torch.arange(n, device=self.device))
             logits = None
             penalties = 0
@@ -240,6 +272,18 @@ class ModelRunner:
             )
         return num_blocks
 
+    def _allocate_draft_kv_cache(self) -> torch.Tensor:
+        """The draft model's pool: as many blocks as the target's, indexed by the same block ids (empty without a
+        draft model)."""
+        if not self.draft_layers:
+            return torch.empty(0, dtype=self.dtype, device=self.device)
+        first = self.draft_layers[0]
+        shape = (len(self.draft_layers), 2, self.num_blocks, self.block_size, first.num_kv_heads, first.head_dim)
+        pool = _zeros(shape, self.dtype, self.device)
+        for i, attn in enumerate(self.draft_layers):
+            attn.k_cache, attn.v_cache = pool[i, 0], pool[i, 1]
+        return pool
+
     def _allocate_kv_cache(self) -> torch.Tensor:
         layer = self.attention_layers[0]
         shape = (len(self.attention_layers), 2, self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
@@ -251,13 +295,15 @@ class ModelRunner:
         return kv_cache
 
     def release(self) -> None:
-        """Give the KV pool, the CUDA graphs and the penalties' tables back to the device (the runner cannot run a
-        step afterwards): a shut-down engine frees them though something (a caller, a reference cycle) still holds
-        it. Dropping the last reference to an engine frees them too."""
+        """Give the KV pools, the CUDA graphs, the penalties' tables and the draft model back to the device (the
+        runner cannot run a step afterwards): a shut-down engine frees them though something (a caller, a reference
+        cycle) still holds it. Dropping the last reference to an engine frees them too."""
         self.graphs = None
-        for attn in self.attention_layers:
+        for attn in [*self.attention_layers, *self.draft_layers]:
             attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
         self.kv_cache = torch.empty(0, dtype=self.kv_dtype, device=self.device)
+        self.draft_kv_cache = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.draft_model, self.draft_layers = None, []  # the draft's weights: nothing else holds them
         self.penalty_counts = PenaltyCounts(self.device, self.config.scheduler.max_num_seqs)
         self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
         if self.device.type == "cuda":

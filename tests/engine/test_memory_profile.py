@@ -117,6 +117,58 @@ def test_a_dropped_engine_frees_its_pool_without_a_collection(tmp_path):
         gc.enable()
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _draft_engine(tmp_path, **kwargs) -> LLM:
+    """The tiny Llama with itself as its draft model (the speculative-decoding tests' draft)."""
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    return LLM(str(model), max_model_len=128, speculative_config={"model": str(model), "num_speculative_tokens": 2},
+               **kwargs)
+
+
+def test_a_block_s_bytes_cover_the_draft_model_s_pool_too(tmp_path):
+    llm = _draft_engine(tmp_path, device="cpu")
+    runner = llm.engine.runner
+    assert runner.draft_model is not None and len(runner.draft_layers) == len(runner.attention_layers)
+    # The model drafts for itself: a block costs twice the target's, and the two pools are what the blocks cost.
+    assert runner.bytes_per_block == 2 * _nbytes(runner.kv_cache) // runner.num_blocks
+    assert _nbytes(runner.kv_cache) + _nbytes(runner.draft_kv_cache) == runner.num_blocks * runner.bytes_per_block
+    outs = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 8 and llm.engine.speculator.counts.num_drafts > 0
+
+
+def test_a_shut_down_engine_frees_its_draft_model_and_the_draft_pool(tmp_path):
+    llm = _draft_engine(tmp_path, device="cpu")
+    llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    runner = llm.engine.runner
+    pool, weights = weakref.ref(runner.draft_kv_cache), weakref.ref(next(runner.draft_model.parameters()))
+    gc.disable()  # freed by reference counting alone
+    try:
+        llm.engine.shutdown()
+        assert pool() is None and weights() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_the_draft_model_is_charged_to_the_engine_s_budget(tmp_path):
+    llm = _draft_engine(tmp_path, device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    runner = llm.engine.runner
+    profile = runner.memory_profile
+    assert profile is not None and runner.draft_model is not None
+    target = sum(_nbytes(p) for p in runner.model.parameters())
+    draft = sum(_nbytes(p) for p in runner.draft_model.parameters())
+    assert profile.weights >= target + draft  # both loaded before the profile
+    pools = _nbytes(runner.kv_cache) + _nbytes(runner.draft_kv_cache)
+    assert pools <= profile.kv_cache < pools + runner.bytes_per_block  # the budget's rest, shared by the two pools
+    assert _nbytes(runner.draft_kv_cache) == _nbytes(runner.kv_cache)  # float32 both: the model drafts for itself
+    outs = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 8 and llm.engine.speculator.counts.num_drafts > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_two_engines_in_one_process_at_0_3_each_get_their_own_budget(tmp_path, caplog):
