@@ -23,7 +23,14 @@ from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
-from flotilla.engine.memory_profile import GIB, MemoryProfile, MemorySnapshot, memory_profile, requested_bytes
+from flotilla.engine.memory_profile import (
+    GIB,
+    MemoryProfile,
+    MemorySnapshot,
+    graph_bytes,
+    memory_profile,
+    requested_bytes,
+)
 from flotilla.engine.model_loader import load_model, torch_dtype
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
@@ -147,16 +154,50 @@ class ModelRunner:
         spec = config.speculative
         # A verification step runs as a decode step of one row per token (`as_decode_rows`).
         self.verify_query_len = 1 + spec.num_speculative_tokens if spec is not None else 1
-        if self.device.type == "cuda" and not config.model.enforce_eager:
-            sched = config.scheduler
-            rows = sched.max_num_seqs if spec is None else \
-                max_decode_rows(sched.max_num_seqs, spec.num_speculative_tokens, spec.disable_by_batch_size)
-            self.graphs = StepGraphs(
-                self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
-                self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
-                max_capture_size=config.model.max_cudagraph_capture_size,
-            )
-            self.graphs.capture()
+        self.graph_bytes = 0  # what the capture took on the device (the profile charged its own capture's)
+        if self._captures_graphs:
+            self.graphs, self.graph_bytes = self._measured_capture()
+
+    @property
+    def _captures_graphs(self) -> bool:
+        return self.device.type == "cuda" and not self.config.model.enforce_eager
+
+    def _step_graphs(self) -> StepGraphs:
+        """The graphs this runner captures (not captured yet)."""
+        sched, spec = self.config.scheduler, self.config.speculative
+        rows = sched.max_num_seqs if spec is None else \
+            max_decode_rows(sched.max_num_seqs, spec.num_speculative_tokens, spec.disable_by_batch_size)
+        return StepGraphs(
+            self.model, sched.max_num_seqs, sched.max_num_batched_tokens, self.config.model.max_model_len,
+            self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
+            max_capture_size=self.config.model.max_cudagraph_capture_size,
+        )
+
+    def _profile_graph_memory(self) -> int:
+        """What capturing the CUDA graphs takes on the device, measured by capturing them once before the KV pool is
+        sized (vLLM's `profile_cudagraph_memory`, which also captures before sizing), over a pool of one block: the
+        capture's steps are all padding, which reads and writes no KV, so the graphs' memory (their pool, kept
+        outputs, input buffers and the driver's share) does not depend on the pool's size. They are then dropped;
+        the real capture, after the pool, takes the same again."""
+        if not self._captures_graphs:
+            return 0
+        self.kv_cache = self._allocate_kv_cache(num_blocks=1)
+        graphs, taken = self._measured_capture()
+        del graphs
+        self.kv_cache = self._release_kv_cache()
+        torch.cuda.empty_cache()
+        return taken
+
+    def _measured_capture(self) -> tuple[StepGraphs, int]:
+        """The captured graphs and what building and capturing them took on the device (`graph_bytes`)."""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = MemorySnapshot.measure(self.device)
+        graphs = self._step_graphs()
+        graphs.capture()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the eager warm-up passes' activations: charged with the dummy step's peak
+        return graphs, graph_bytes(before, MemorySnapshot.measure(self.device))
 
     # --- KV pool --------------------------------------------------------------------------------
 
@@ -259,8 +300,10 @@ class ModelRunner:
         del ids, hidden, logits
         torch.cuda.empty_cache()
         end = MemorySnapshot.measure(self.device)
+        graphs = self._profile_graph_memory()
         utilization = self.config.cache.gpu_memory_utilization
-        self.memory_profile = profile = memory_profile(self.start_memory, loaded, end, peak, utilization, penalties)
+        self.memory_profile = profile = memory_profile(self.start_memory, loaded, end, peak, utilization, penalties,
+                                                       graphs)
         figures = profile.describe(utilization, end.total)
         logger.info("memory profile: %s (dummy step of %d tokens, %.1f s)", figures, n, time.perf_counter() - started)
         num_blocks = max(profile.kv_cache // self.bytes_per_block, 0)
@@ -284,9 +327,11 @@ class ModelRunner:
             attn.k_cache, attn.v_cache = pool[i, 0], pool[i, 1]
         return pool
 
-    def _allocate_kv_cache(self) -> torch.Tensor:
+    def _allocate_kv_cache(self, num_blocks: int | None = None) -> torch.Tensor:
+        """The target's pool of `num_blocks` (by default the runner's), bound to its attention layers."""
         layer = self.attention_layers[0]
-        shape = (len(self.attention_layers), 2, self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        num_blocks = self.num_blocks if num_blocks is None else num_blocks
+        shape = (len(self.attention_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
         kv_cache = _zeros(shape, self.kv_dtype, self.device)
         for i, attn in enumerate(self.attention_layers):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
@@ -299,15 +344,21 @@ class ModelRunner:
         runner cannot run a step afterwards): a shut-down engine frees them though something (a caller, a reference
         cycle) still holds it. Dropping the last reference to an engine frees them too."""
         self.graphs = None
-        for attn in [*self.attention_layers, *self.draft_layers]:
+        self.kv_cache = self._release_kv_cache()
+        for attn in self.draft_layers:
             attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
-        self.kv_cache = torch.empty(0, dtype=self.kv_dtype, device=self.device)
         self.draft_kv_cache = torch.empty(0, dtype=self.dtype, device=self.device)
         self.draft_model, self.draft_layers = None, []  # the draft's weights: nothing else holds them
         self.penalty_counts = PenaltyCounts(self.device, self.config.scheduler.max_num_seqs)
         self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _release_kv_cache(self) -> torch.Tensor:
+        """Unbind the target's pool from its attention layers; returns the empty tensor that takes its place."""
+        for attn in self.attention_layers:
+            attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
+        return torch.empty(0, dtype=self.kv_dtype, device=self.device)
 
     def _calibrate_kv_scales(self) -> None:
         sched = self.config.scheduler

@@ -17,7 +17,7 @@ import torch
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.llm import LLM
 from flotilla.engine.llm_engine import LLMEngine
-from flotilla.engine.memory_profile import GIB, MemorySnapshot, memory_profile, requested_bytes
+from flotilla.engine.memory_profile import GIB, MemorySnapshot, graph_bytes, memory_profile, requested_bytes
 from flotilla.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -68,6 +68,23 @@ def test_the_weights_are_the_growth_across_loading_not_what_was_held():
     profile = memory_profile(start, loaded, end, 8 * GIB + GIB // 2, 0.5, 0)
     assert (profile.weights, profile.activations, profile.non_torch) == (GIB, GIB // 2, 0)
     assert profile.kv_cache == 40 * GIB - GIB - GIB // 2
+
+
+def test_the_graphs_captured_before_the_pool_is_sized_are_charged_so_their_capture_after_it_fits():
+    # At 0.95, with the CUDA graphs' capture (after the pool) taking 1.5 GiB, 0.25 GiB of it outside torch.
+    start = _snapshot(0, 0, CONTEXT)
+    loaded = end = _snapshot(2 * GIB, 2 * GIB, CONTEXT)
+    captured = _snapshot(2 * GIB + GIB // 4, 3 * GIB + GIB // 4, CONTEXT + GIB // 4)
+    assert graph_bytes(end, captured) == GIB + GIB // 2
+    assert graph_bytes(captured, end) == 0  # a capture never gives memory back
+    profile = memory_profile(start, loaded, end, 3 * GIB, 0.95, 0, cuda_graphs=graph_bytes(end, captured))
+    assert profile.kv_cache == int(0.95 * TOTAL) - 2 * GIB - GIB - GIB - GIB // 2
+    assert "CUDA graphs 1.50 GiB" in profile.describe(0.95, TOTAL)
+    # Weights, pool and graphs, all held after start-up, stay within the budget; the activation peak's room is left.
+    assert CONTEXT + profile.weights + profile.kv_cache + profile.cuda_graphs == \
+        CONTEXT + int(0.95 * TOTAL) - profile.activations
+    uncharged = memory_profile(start, loaded, end, 3 * GIB, 0.95, 0)
+    assert uncharged.kv_cache - profile.kv_cache == GIB + GIB // 2  # what a capture after the pool would overrun
 
 
 def _pool_freed_on(engine: LLMEngine, act) -> bool:
@@ -215,3 +232,24 @@ def test_cuda_an_engine_shut_down_or_dropped_gives_its_pool_and_graphs_back(tmp_
     assert pool_bytes > GIB
     # What stays: the weights and their rotary tables until the engine is dropped, and small per-device caches.
     assert after.torch_reserved - before.torch_reserved < GIB, (before, after)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_captured_after_the_pool_stay_within_a_0_9_budget(tmp_path):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.9)
+    runner = llm.engine.runner
+    profile = runner.memory_profile
+    assert profile is not None and runner.graphs is not None
+    # The profile captured the graphs before sizing the pool; the real capture after it took no more than that (the
+    # driver counts in 2 MiB pages, and either capture may fill a partly used segment of the allocator's: 16 MiB).
+    assert profile.cuda_graphs > 0, profile
+    assert runner.graph_bytes <= profile.cuda_graphs + 16 * 2**20, (runner.graph_bytes, profile)
+    outs = llm.generate([[5, 6, 7], list(range(20, 60))],
+                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
+                        use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    torch.cuda.synchronize()
+    used = MemorySnapshot.measure(torch.device("cuda")).used
+    assert used <= profile.held_before + profile.requested, (used, profile)
