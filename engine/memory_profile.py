@@ -2,15 +2,15 @@
 
 The flag is a budget for this engine, not a share of what the device has left: `utilization x total` bytes,
 charged with what the engine itself adds, namely its weights (torch's allocation growth across loading, the
-LoRA slots included), the peak a dummy step of the full token budget reaches above them, the growth of memory
-outside torch (cuBLAS workspaces, NCCL buffers), the CUDA graphs (captured once before the pool is sized and
-measured, as recent vLLM does, since the real capture comes after the pool) and, on the stage that draws, the
-penalties' tables (engine/penalty_counts.py). The KV cache gets the rest, so an engine at 0.9-0.95 does not run out
-of memory capturing its graphs after allocating its pool. Memory already held when the engine starts (another
-engine of this process, another process, the CUDA context) is reported, never charged: two engines at 0.3 on
-one GPU each get the pool one alone would. What is held still limits what the budget may be: the engine
-refuses to start when less than the budget is free, as vLLM does, so the pool never asks for memory that is
-not there.
+LoRA slots and a draft model included), the peak a dummy step of the full token budget reaches above them, the
+growth of memory outside torch (cuBLAS workspaces, NCCL buffers), the CUDA graphs (the two largest captured before
+the pool is sized, the rest estimated from them, as recent vLLM does: the real capture comes after the pool) and,
+on the stage that draws, the penalties' tables (engine/penalty_counts.py). The KV cache gets the rest, so an engine
+at 0.9-0.95 does not run out of memory capturing its graphs after allocating its pool. Memory already held when
+the engine starts (another engine of this process, another process, the CUDA context) is reported, never charged:
+two engines at 0.3 on one GPU each get the pool one alone would. What is held still limits what the budget may
+be: the engine refuses to start when less than the budget is free, as vLLM does, so the pool never asks for memory
+that is not there.
 
 The arithmetic is pure (`memory_profile`, over three `MemorySnapshot`s), so it is checked with given numbers
 on the CPU; `MemorySnapshot.measure` reads a CUDA device.
@@ -61,7 +61,7 @@ class MemoryProfile:
     activations: int  # the dummy step's peak above the allocations it started from
     non_torch: int  # growth of memory outside torch since the engine started
     penalty_tables: int
-    cuda_graphs: int = 0  # what capturing the CUDA graphs took (0: eager)
+    cuda_graphs: int = 0  # what capturing the CUDA graphs takes (`graph_estimate`; 0: eager)
 
     @property
     def kv_cache(self) -> int:
@@ -93,6 +93,21 @@ def requested_bytes(start: MemorySnapshot, utilization: float) -> int:
     return requested
 
 
+# vLLM's floor for one more graph's cost (the driver's own share of it).
+MIN_GRAPH_BYTES = 1 << 20
+
+
+def graph_estimate(samples: list[int], num_graphs: int) -> int:
+    """What capturing `num_graphs` graphs into one pool takes, from what the first two (the largest: captured most
+    tokens first) took, as vLLM's `profile_cudagraph_memory` estimates it: the first's cost (the pool's shared
+    memory and the input buffers) plus the second's, at least `MIN_GRAPH_BYTES`, for each of the others (each keeps
+    its output and its driver memory; a smaller graph costs no more than the second)."""
+    if num_graphs == 0:
+        return 0
+    per_graph = max(samples[1] if len(samples) > 1 else 0, MIN_GRAPH_BYTES)
+    return samples[0] + per_graph * (num_graphs - 1)
+
+
 def graph_bytes(before: MemorySnapshot, after: MemorySnapshot) -> int:
     """What a capture of the CUDA graphs took: the device's free memory before it less after it (the allocator's
     cache emptied both times), so the graphs' private memory pool, their kept outputs and input buffers, and the
@@ -104,7 +119,7 @@ def memory_profile(start: MemorySnapshot, loaded: MemorySnapshot, end: MemorySna
                    utilization: float, penalty_tables: int, cuda_graphs: int = 0) -> MemoryProfile:
     """The accounting of one engine's start-up: `start` before it loaded anything, `loaded` as the dummy step
     began, `end` after it (its tensors freed and the allocator's cache emptied), `peak` the allocator's peak
-    during the step, `cuda_graphs` what the profile's capture took (`graph_bytes`)."""
+    during the step, `cuda_graphs` what capturing the graphs takes (`graph_estimate`)."""
     return MemoryProfile(
         requested=requested_bytes(start, utilization),
         held_before=start.used,

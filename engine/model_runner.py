@@ -28,6 +28,7 @@ from flotilla.engine.memory_profile import (
     MemoryProfile,
     MemorySnapshot,
     graph_bytes,
+    graph_estimate,
     memory_profile,
     requested_bytes,
 )
@@ -154,7 +155,7 @@ class ModelRunner:
         spec = config.speculative
         # A verification step runs as a decode step of one row per token (`as_decode_rows`).
         self.verify_query_len = 1 + spec.num_speculative_tokens if spec is not None else 1
-        self.graph_bytes = 0  # what the capture took on the device (the profile charged its own capture's)
+        self.graph_bytes = 0  # what the capture took on the device (the profile charged an estimate of it)
         if self._captures_graphs:
             self.graphs, self.graph_bytes = self._measured_capture()
 
@@ -174,19 +175,33 @@ class ModelRunner:
         )
 
     def _profile_graph_memory(self) -> int:
-        """What capturing the CUDA graphs takes on the device, measured by capturing them once before the KV pool is
-        sized (vLLM's `profile_cudagraph_memory`, which also captures before sizing), over a pool of one block: the
-        capture's steps are all padding, which reads and writes no KV, so the graphs' memory (their pool, kept
-        outputs, input buffers and the driver's share) does not depend on the pool's size. They are then dropped;
-        the real capture, after the pool, takes the same again."""
+        """What capturing the CUDA graphs will take on the device, estimated before the KV pool is sized as vLLM's
+        `profile_cudagraph_memory` does (`graph_estimate`): the two largest graphs are captured over a pool of one
+        block and dropped again. The capture's steps are all padding, which reads and writes no KV, so what the
+        graphs take (their pool, kept outputs, input buffers and the driver's share) does not depend on the pool."""
         if not self._captures_graphs:
             return 0
         self.kv_cache = self._allocate_kv_cache(num_blocks=1)
-        graphs, taken = self._measured_capture()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = MemorySnapshot.measure(self.device)
+        graphs = self._step_graphs()
+        keys = graphs.keys()
+        samples = []
+        for key in keys[:2]:
+            graphs.capture([key])
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the eager warm-up pass's activations: charged with the dummy step's peak
+            after = MemorySnapshot.measure(self.device)
+            samples.append(graph_bytes(before, after))
+            before = after
         del graphs
         self.kv_cache = self._release_kv_cache()
         torch.cuda.empty_cache()
-        return taken
+        estimate = graph_estimate(samples, len(keys))
+        logger.info("CUDA graph memory: %.2f GiB estimated for %d graphs from the first two's %s MiB", estimate / GIB,
+                    len(keys), [round(b / 2**20, 1) for b in samples])
+        return estimate
 
     def _measured_capture(self) -> tuple[StepGraphs, int]:
         """The captured graphs and what building and capturing them took on the device (`graph_bytes`)."""

@@ -17,7 +17,15 @@ import torch
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.llm import LLM
 from flotilla.engine.llm_engine import LLMEngine
-from flotilla.engine.memory_profile import GIB, MemorySnapshot, graph_bytes, memory_profile, requested_bytes
+from flotilla.engine.memory_profile import (
+    GIB,
+    MIN_GRAPH_BYTES,
+    MemorySnapshot,
+    graph_bytes,
+    graph_estimate,
+    memory_profile,
+    requested_bytes,
+)
 from flotilla.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -85,6 +93,15 @@ def test_the_graphs_captured_before_the_pool_is_sized_are_charged_so_their_captu
         CONTEXT + int(0.95 * TOTAL) - profile.activations
     uncharged = memory_profile(start, loaded, end, 3 * GIB, 0.95, 0)
     assert uncharged.kv_cache - profile.kv_cache == GIB + GIB // 2  # what a capture after the pool would overrun
+
+
+def test_the_graphs_estimate_is_the_largest_s_cost_and_the_second_s_for_each_other_one():
+    mib = 2**20
+    # The first graph sets up the pool (its intermediates) and the input buffers; each further one keeps its output.
+    assert graph_estimate([300 * mib, 6 * mib], 40) == 300 * mib + 39 * 6 * mib
+    assert graph_estimate([300 * mib, 0], 40) == 300 * mib + 39 * MIN_GRAPH_BYTES  # vLLM's floor of 1 MiB a graph
+    assert graph_estimate([300 * mib], 1) == 300 * mib
+    assert graph_estimate([], 0) == 0
 
 
 def _pool_freed_on(engine: LLMEngine, act) -> bool:
@@ -242,7 +259,7 @@ def test_cuda_graphs_captured_after_the_pool_stay_within_a_0_9_budget(tmp_path):
     runner = llm.engine.runner
     profile = runner.memory_profile
     assert profile is not None and runner.graphs is not None
-    # The profile captured the graphs before sizing the pool; the real capture after it took no more than that (the
+    # The profile estimated the graphs before sizing the pool; the real capture after it took no more than that (the
     # driver counts in 2 MiB pages, and either capture may fill a partly used segment of the allocator's: 16 MiB).
     assert profile.cuda_graphs > 0, profile
     assert runner.graph_bytes <= profile.cuda_graphs + 16 * 2**20, (runner.graph_bytes, profile)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 22 (~5 min; up to 7 since shut23: start-up captures the graphs twice): the GPU-marked tests of sessions 21-22's changes on sm_90, none of which has run on a GPU:
+# Session 22 (~5 min; up to 7 allowed since shut23's tests): the GPU-marked tests of sessions 21-22's changes on sm_90, none of which has run on a GPU:
 # session 21's call3.sh list (kern21's restructured kernels, host21's device penalty tables, the engine's graph /
 # staging tests, pooling) plus rev22's kernel folds (paged decode `_tile_t`, the wide int4 `_plane_pair`; SASS
 # compared equal on the CPU) and srv22's penalty tables reserved in the KV sizing (test_penalty_counts -k cuda);
