@@ -254,7 +254,8 @@ def test_cuda_an_engine_shut_down_or_dropped_gives_its_pool_and_graphs_back(tmp_
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graphs_captured_after_the_pool_stay_within_a_0_9_budget(tmp_path):
-    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    # small-llama: 256 KiB of KV a block, so a 0.9 pool is ~3e5 blocks (the tiny one's would be millions).
+    model = make_model_dir("small-llama", tmp_path / "small-llama", weights_seed=0)
     llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.9)
     runner = llm.engine.runner
     profile = runner.memory_profile
