@@ -131,7 +131,9 @@ class AsyncEngine:
             raise RuntimeError("the engine failed to start") from self.dead
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """`ServingEngine.shutdown`: waits up to `timeout` s for the loop thread to end."""
+        """`ServingEngine.shutdown`: waits up to `timeout` s for the loop thread to end. The loop thread shuts the
+        engine down as it ends (`LLMEngine.shutdown`: the KV pool, graphs and grammar workers are freed, as the core
+        process frees them when it exits), so a server stopped in-process gives its device memory back."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
@@ -227,6 +229,7 @@ class AsyncEngine:
             self._streams.clear()
             self._flush()
             self._fail_calls(EngineDeadError(f"the engine loop died: {exc!r}"))
+            self._shut_engine_down()
             if self._on_dead is not None:
                 self._on_dead(exc)
             return
@@ -235,6 +238,15 @@ class AsyncEngine:
             self._send(stream, EngineDeadError("the engine is shutting down"))
         self._flush()
         self._fail_calls(EngineDeadError("the engine is shutting down"))
+        self._shut_engine_down()
+
+    def _shut_engine_down(self) -> None:
+        """Free the engine's device memory on the thread that ran its torch ops; after a device error this may fail
+        too, which is logged: the waiters have their answers already."""
+        try:
+            self.engine.shutdown()
+        except Exception:
+            logger.exception("shutting the engine down failed")
 
     def _fail_calls(self, error: EngineDeadError) -> None:
         """Answer the calls still queued when the loop ends, so that no caller waits forever."""

@@ -49,6 +49,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,6 +59,9 @@ from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.input_batch import FlatBatch
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.kernels.switches import env_flag
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +184,7 @@ class StepGraphs:
         # Marks the last staging copy: the host buffers are rewritten only once it has landed.
         self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool: _POOL_HANDLE | None = None  # the memory pool every graph of these captures into
         self.capture_seconds = 0.0
         self._eager_logged: set[str] = set()  # kinds of eager steps already explained in the log
         self.last_tokens = 0  # padded token count of the last step `run` held (the step trace reads it)
@@ -370,13 +375,17 @@ class StepGraphs:
     # --- capture and replay ---------------------------------------------------------------------
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every graph, sharing one memory pool."""
+    def capture(self, keys: list[GraphKey] | None = None) -> None:
+        """Capture every graph (or `keys`, a prefix of `keys()`: the memory profile's samples), sharing one memory
+        pool across calls."""
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        pool = self._pool
         before = torch.cuda.memory_allocated()
-        keys = self.keys()
-        logger.info("capturing %d CUDA graphs", len(keys))
+        log = logger.info if keys is None else logger.debug  # the memory profile's samples: not worth a line each
+        keys = self.keys() if keys is None else keys
+        log("capturing %d CUDA graphs", len(keys))
         for i, key in enumerate(keys):
             logger.debug("graph %d/%d %s at %.1f s", i + 1, len(keys), key, time.perf_counter() - start)
             ids, pos = self._i64[0, : key.tokens], self._i64[1, : key.tokens]
@@ -393,7 +402,7 @@ class StepGraphs:
             self._graphs[key] = (graph, out)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        logger.info(
+        log(
             "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, one-sequence mixed %s, x table "
             "widths %s tokens%s) in %.1f s, %.2f GiB",
             len(self._graphs),

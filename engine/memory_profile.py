@@ -2,13 +2,15 @@
 
 The flag is a budget for this engine, not a share of what the device has left: `utilization x total` bytes,
 charged with what the engine itself adds, namely its weights (torch's allocation growth across loading, the
-LoRA slots included), the peak a dummy step of the full token budget reaches above them, the growth of memory
-outside torch (cuBLAS workspaces, NCCL buffers) and, on the stage that draws, the penalties' tables
-(engine/penalty_counts.py). The KV cache gets the rest. Memory already held when the engine starts (another
-engine of this process, another process, the CUDA context) is reported, never charged: two engines at 0.3 on
-one GPU each get the pool one alone would. What is held still limits what the budget may be: the engine
-refuses to start when less than the budget is free, as vLLM does, so the pool never asks for memory that is
-not there.
+LoRA slots and a draft model included), the peak a dummy step of the full token budget reaches above them, the
+growth of memory outside torch (cuBLAS workspaces, NCCL buffers), the CUDA graphs (the two largest captured before
+the pool is sized, the rest estimated from them, as recent vLLM does: the real capture comes after the pool) and,
+on the stage that draws, the penalties' tables (engine/penalty_counts.py). The KV cache gets the rest, so an engine
+at 0.9-0.95 does not run out of memory capturing its graphs after allocating its pool. Memory already held when
+the engine starts (another engine of this process, another process, the CUDA context) is reported, never charged:
+two engines at 0.3 on one GPU each get the pool one alone would. What is held still limits what the budget may
+be: the engine refuses to start when less than the budget is free, as vLLM does, so the pool never asks for memory
+that is not there.
 
 The arithmetic is pure (`memory_profile`, over three `MemorySnapshot`s), so it is checked with given numbers
 on the CPU; `MemorySnapshot.measure` reads a CUDA device.
@@ -59,11 +61,13 @@ class MemoryProfile:
     activations: int  # the dummy step's peak above the allocations it started from
     non_torch: int  # growth of memory outside torch since the engine started
     penalty_tables: int
+    cuda_graphs: int = 0  # what capturing the CUDA graphs takes (`graph_estimate`; 0: eager)
 
     @property
     def kv_cache(self) -> int:
         """What the budget leaves for the KV cache (negative: it does not fit)."""
-        return self.requested - self.weights - self.activations - self.non_torch - self.penalty_tables
+        charged = self.weights + self.activations + self.non_torch + self.penalty_tables + self.cuda_graphs
+        return self.requested - charged
 
     def describe(self, utilization: float, total: int) -> str:
         """The start-up log line's figures."""
@@ -71,7 +75,8 @@ class MemoryProfile:
             f"GPU {total / GIB:.2f} GiB x {utilization:.2f} = {self.requested / GIB:.2f} GiB for this engine "
             f"({self.held_before / GIB:.2f} GiB was in use before it started, not charged); weights "
             f"{self.weights / GIB:.2f} GiB, activation peak {self.activations / GIB:.2f} GiB, outside torch "
-            f"{self.non_torch / GIB:.2f} GiB, penalty tables {self.penalty_tables / GIB:.2f} GiB -> KV cache "
+            f"{self.non_torch / GIB:.2f} GiB, penalty tables {self.penalty_tables / GIB:.2f} GiB, CUDA graphs "
+            f"{self.cuda_graphs / GIB:.2f} GiB -> KV cache "
             f"{max(self.kv_cache, 0) / GIB:.2f} GiB"
         )
 
@@ -88,11 +93,33 @@ def requested_bytes(start: MemorySnapshot, utilization: float) -> int:
     return requested
 
 
+# vLLM's floor for one more graph's cost (the driver's own share of it).
+MIN_GRAPH_BYTES = 1 << 20
+
+
+def graph_estimate(samples: list[int], num_graphs: int) -> int:
+    """What capturing `num_graphs` graphs into one pool takes, from what the first two (the largest: captured most
+    tokens first) took, as vLLM's `profile_cudagraph_memory` estimates it: the first's cost (the pool's shared
+    memory and the input buffers) plus the second's, at least `MIN_GRAPH_BYTES`, for each of the others (each keeps
+    its output and its driver memory; a smaller graph costs no more than the second)."""
+    if num_graphs == 0:
+        return 0
+    per_graph = max(samples[1] if len(samples) > 1 else 0, MIN_GRAPH_BYTES)
+    return samples[0] + per_graph * (num_graphs - 1)
+
+
+def graph_bytes(before: MemorySnapshot, after: MemorySnapshot) -> int:
+    """What a capture of the CUDA graphs took: the device's free memory before it less after it (the allocator's
+    cache emptied both times), so the graphs' private memory pool, their kept outputs and input buffers, and the
+    driver's own memory for the graphs and the kernels they load all count."""
+    return max(before.free - after.free, 0)
+
+
 def memory_profile(start: MemorySnapshot, loaded: MemorySnapshot, end: MemorySnapshot, peak: int,
-                   utilization: float, penalty_tables: int) -> MemoryProfile:
+                   utilization: float, penalty_tables: int, cuda_graphs: int = 0) -> MemoryProfile:
     """The accounting of one engine's start-up: `start` before it loaded anything, `loaded` as the dummy step
     began, `end` after it (its tensors freed and the allocator's cache emptied), `peak` the allocator's peak
-    during the step."""
+    during the step, `cuda_graphs` what capturing the graphs takes (`graph_estimate`)."""
     return MemoryProfile(
         requested=requested_bytes(start, utilization),
         held_before=start.used,
@@ -100,4 +127,5 @@ def memory_profile(start: MemorySnapshot, loaded: MemorySnapshot, end: MemorySna
         activations=max(peak - loaded.torch_allocated, 0),
         non_torch=max(end.non_torch - start.non_torch, 0),
         penalty_tables=penalty_tables,
+        cuda_graphs=cuda_graphs,
     )

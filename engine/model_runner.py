@@ -23,8 +23,17 @@ from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.linear import use_triton_gemv
 from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
-from flotilla.engine.memory_profile import GIB, MemoryProfile, MemorySnapshot, memory_profile, requested_bytes
+from flotilla.engine.memory_profile import (
+    GIB,
+    MemoryProfile,
+    MemorySnapshot,
+    graph_bytes,
+    graph_estimate,
+    memory_profile,
+    requested_bytes,
+)
 from flotilla.engine.model_loader import load_model, torch_dtype
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
 from flotilla.engine.quantization.kv_scale_calibration import CALIBRATION_TOKENS, calibrate_kv_scales
@@ -125,8 +134,14 @@ class ModelRunner:
             else None
         use_triton_gemv(self.model, config.device.triton_gemv_max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        # A draft model (speculative decoding) is loaded before the profile too: its weights, dummy step and KV pool
+        # count against the same budget, as vLLM's runner loads and profiles its drafter.
+        self.draft_model = self._load_draft_model()
+        self.draft_layers = [m for m in self.draft_model.modules() if isinstance(m, Attention)] \
+            if self.draft_model is not None else []
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_kv_cache()
+        self.draft_kv_cache = self._allocate_draft_kv_cache()
         if config.cache.calculate_kv_scales:  # before any graph capture: graphs bake the scales in
             self._calibrate_kv_scales()
         self.num_tokens_fed = 0  # tokens that went through the model, for tests and stats
@@ -140,25 +155,93 @@ class ModelRunner:
         spec = config.speculative
         # A verification step runs as a decode step of one row per token (`as_decode_rows`).
         self.verify_query_len = 1 + spec.num_speculative_tokens if spec is not None else 1
-        if self.device.type == "cuda" and not config.model.enforce_eager:
-            sched = config.scheduler
-            rows = sched.max_num_seqs if spec is None else \
-                max_decode_rows(sched.max_num_seqs, spec.num_speculative_tokens, spec.disable_by_batch_size)
-            self.graphs = StepGraphs(
-                self.model, sched.max_num_seqs, sched.max_num_batched_tokens, config.model.max_model_len,
-                self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
-                max_capture_size=config.model.max_cudagraph_capture_size,
-            )
-            self.graphs.capture()
+        self.graph_bytes = 0  # what the capture took on the device (the profile charged an estimate of it)
+        if self._captures_graphs:
+            self.graphs, self.graph_bytes = self._measured_capture()
+
+    @property
+    def _captures_graphs(self) -> bool:
+        return self.device.type == "cuda" and not self.config.model.enforce_eager
+
+    def _step_graphs(self) -> StepGraphs:
+        """The graphs this runner captures (not captured yet)."""
+        sched, spec = self.config.scheduler, self.config.speculative
+        rows = sched.max_num_seqs if spec is None else \
+            max_decode_rows(sched.max_num_seqs, spec.num_speculative_tokens, spec.disable_by_batch_size)
+        return StepGraphs(
+            self.model, sched.max_num_seqs, sched.max_num_batched_tokens, self.config.model.max_model_len,
+            self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
+            max_capture_size=self.config.model.max_cudagraph_capture_size,
+        )
+
+    def _profile_graph_memory(self) -> int:
+        """What capturing the CUDA graphs will take on the device, estimated before the KV pool is sized as vLLM's
+        `profile_cudagraph_memory` does (`graph_estimate`): the two largest graphs are captured over a pool of one
+        block and dropped again. The capture's steps are all padding, which reads and writes no KV, so what the
+        graphs take (their pool, kept outputs, input buffers and the driver's share) does not depend on the pool."""
+        if not self._captures_graphs:
+            return 0
+        self.kv_cache = self._allocate_kv_cache(num_blocks=1)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = MemorySnapshot.measure(self.device)
+        graphs = self._step_graphs()
+        keys = graphs.keys()
+        samples = []
+        for key in keys[:2]:
+            graphs.capture([key])
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the eager warm-up pass's activations: charged with the dummy step's peak
+            after = MemorySnapshot.measure(self.device)
+            samples.append(graph_bytes(before, after))
+            before = after
+        del graphs
+        self.kv_cache = self._release_kv_cache()
+        torch.cuda.empty_cache()
+        estimate = graph_estimate(samples, len(keys))
+        logger.info("CUDA graph memory: %.2f GiB estimated for %d graphs from the first two's %s MiB", estimate / GIB,
+                    len(keys), [round(b / 2**20, 1) for b in samples])
+        return estimate
+
+    def _measured_capture(self) -> tuple[StepGraphs, int]:
+        """The captured graphs and what building and capturing them took on the device (`graph_bytes`)."""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = MemorySnapshot.measure(self.device)
+        graphs = self._step_graphs()
+        graphs.capture()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the eager warm-up passes' activations: charged with the dummy step's peak
+        return graphs, graph_bytes(before, MemorySnapshot.measure(self.device))
 
     # --- KV pool --------------------------------------------------------------------------------
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes one block takes over all layers (K and V)."""
-        layer = self.attention_layers[0]
-        elem = torch.empty(0, dtype=self.kv_dtype).element_size()
-        return len(self.attention_layers) * 2 * self.block_size * layer.num_kv_heads * layer.head_dim * elem
+        """KV bytes one block takes over all layers (K and V), the draft model's included: a block id owns a block in
+        both pools."""
+        target = self._block_bytes(self.attention_layers, self.kv_dtype)
+        return target + self._block_bytes(self.draft_layers, self.dtype)
+
+    def _block_bytes(self, layers: list[Attention], dtype: torch.dtype) -> int:
+        if not layers:
+            return 0
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return len(layers) * 2 * self.block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
+
+    def _load_draft_model(self) -> CausalLM | None:
+        """The draft model of `--speculative-config`'s draft-model method, or None. Not on tensor/pipeline-parallel
+        workers: the engine refuses a draft model with them (`build_speculator`)."""
+        spec, parallel = self.config.speculative, self.config.parallel
+        if spec is None or spec.method != "draft_model" or \
+                parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+            return None
+        from flotilla.engine.spec_decode.draft_model_proposer import load_draft_model
+
+        started = time.perf_counter()
+        model = load_draft_model(self.config, self.device)
+        logger.info("draft model loaded in %.1f s", time.perf_counter() - started)
+        return model
 
     def _decide_num_blocks(self) -> int:
         cache = self.config.cache
@@ -178,11 +261,12 @@ class ModelRunner:
                 "lower --max-model-len or give the cache more memory"
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens, %s (%.2f GiB); max concurrency at %d tokens per request: %.1f",
+            "KV cache: %d blocks x %d tokens, %s (%.2f GiB%s); max concurrency at %d tokens per request: %.1f",
             num_blocks,
             self.block_size,
             str(self.kv_dtype).removeprefix("torch."),
             num_blocks * self.bytes_per_block / 2**30,
+            ", the draft model's pool included" if self.draft_layers else "",
             self.config.model.max_model_len,
             num_blocks * self.block_size / self.config.model.max_model_len,
         )
@@ -215,6 +299,10 @@ class ModelRunner:
         started = time.perf_counter()
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         with torch.inference_mode(), forward_context(None):
+            if self.draft_model is not None:  # it runs before the target's pass, on the step's tokens
+                draft_hidden = self.draft_model(ids, torch.arange(n, device=self.device))
+                self.draft_model.compute_logits(draft_hidden[-self.config.scheduler.max_num_seqs :]).argmax(dim=-1)
+                del draft_hidden
             hidden = self.model(ids, torch.arange(n, device=self.device))
             logits = None
             penalties = 0
@@ -227,8 +315,10 @@ class ModelRunner:
         del ids, hidden, logits
         torch.cuda.empty_cache()
         end = MemorySnapshot.measure(self.device)
+        graphs = self._profile_graph_memory()
         utilization = self.config.cache.gpu_memory_utilization
-        self.memory_profile = profile = memory_profile(self.start_memory, loaded, end, peak, utilization, penalties)
+        self.memory_profile = profile = memory_profile(self.start_memory, loaded, end, peak, utilization, penalties,
+                                                       graphs)
         figures = profile.describe(utilization, end.total)
         logger.info("memory profile: %s (dummy step of %d tokens, %.1f s)", figures, n, time.perf_counter() - started)
         num_blocks = max(profile.kv_cache // self.bytes_per_block, 0)
@@ -240,9 +330,23 @@ class ModelRunner:
             )
         return num_blocks
 
-    def _allocate_kv_cache(self) -> torch.Tensor:
+    def _allocate_draft_kv_cache(self) -> torch.Tensor:
+        """The draft model's pool: as many blocks as the target's, indexed by the same block ids (empty without a
+        draft model)."""
+        if not self.draft_layers:
+            return torch.empty(0, dtype=self.dtype, device=self.device)
+        first = self.draft_layers[0]
+        shape = (len(self.draft_layers), 2, self.num_blocks, self.block_size, first.num_kv_heads, first.head_dim)
+        pool = _zeros(shape, self.dtype, self.device)
+        for i, attn in enumerate(self.draft_layers):
+            attn.k_cache, attn.v_cache = pool[i, 0], pool[i, 1]
+        return pool
+
+    def _allocate_kv_cache(self, num_blocks: int | None = None) -> torch.Tensor:
+        """The target's pool of `num_blocks` (by default the runner's), bound to its attention layers."""
         layer = self.attention_layers[0]
-        shape = (len(self.attention_layers), 2, self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        num_blocks = self.num_blocks if num_blocks is None else num_blocks
+        shape = (len(self.attention_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
         kv_cache = _zeros(shape, self.kv_dtype, self.device)
         for i, attn in enumerate(self.attention_layers):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
@@ -251,17 +355,25 @@ class ModelRunner:
         return kv_cache
 
     def release(self) -> None:
-        """Give the KV pool, the CUDA graphs and the penalties' tables back to the device (the runner cannot run a
-        step afterwards): a shut-down engine frees them though something (a caller, a reference cycle) still holds
-        it. Dropping the last reference to an engine frees them too."""
+        """Give the KV pools, the CUDA graphs, the penalties' tables and the draft model back to the device (the
+        runner cannot run a step afterwards): a shut-down engine frees them though something (a caller, a reference
+        cycle) still holds it. Dropping the last reference to an engine frees them too."""
         self.graphs = None
-        for attn in self.attention_layers:
+        self.kv_cache = self._release_kv_cache()
+        for attn in self.draft_layers:
             attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
-        self.kv_cache = torch.empty(0, dtype=self.kv_dtype, device=self.device)
+        self.draft_kv_cache = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.draft_model, self.draft_layers = None, []  # the draft's weights: nothing else holds them
         self.penalty_counts = PenaltyCounts(self.device, self.config.scheduler.max_num_seqs)
         self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _release_kv_cache(self) -> torch.Tensor:
+        """Unbind the target's pool from its attention layers; returns the empty tensor that takes its place."""
+        for attn in self.attention_layers:
+            attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
+        return torch.empty(0, dtype=self.kv_dtype, device=self.device)
 
     def _calibrate_kv_scales(self) -> None:
         sched = self.config.scheduler

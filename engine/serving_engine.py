@@ -61,5 +61,6 @@ class ServingEngine(Protocol):
         ...
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the step loop: in-flight requests are aborted and answered with `EngineDeadError`."""
+        """Stop the step loop: in-flight requests are aborted and answered with `EngineDeadError`, and the engine
+        gives its device memory back (`LLMEngine.shutdown`)."""
         ...

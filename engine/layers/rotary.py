@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -79,9 +79,23 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-@functools.cache
+# The tables of live models, held weakly: every layer of a model (and every model of one shape) shares one table, and
+# a table goes with the last model that holds it, so a process that builds engines of different shapes one after
+# another keeps only the live ones' tables.
+_TABLES: weakref.WeakValueDictionary[tuple[int, int, float, str, torch.device], torch.Tensor] = \
+    weakref.WeakValueDictionary()
+
+
 def _cos_sin_table(head_dim: int, max_position: int, base: float, scaling: str, device: torch.device) -> torch.Tensor:
     """`[max_position, D]` fp32 cos|sin rows, one tensor shared by every layer (Llama 3.1: 64 MiB, not 2 GiB)."""
+    key = (head_dim, max_position, base, scaling, device)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = _compute_table(head_dim, max_position, base, scaling, device)
+    return table
+
+
+def _compute_table(head_dim: int, max_position: int, base: float, scaling: str, device: torch.device) -> torch.Tensor:
     with torch.device("cpu"):  # frequencies on the CPU, as HF computes them at init
         inv_freq = inverse_frequencies(head_dim, base, json.loads(scaling)).to(device)
     freqs = torch.arange(max_position, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]

@@ -1,7 +1,8 @@
 """Draft-model proposals: a smaller model with the target's tokenizer guesses k tokens greedily.
 
 The draft keeps its own KV pool, indexed by the same block ids as the target's: the block manager
-hands out one set of ids per request, and each id owns a block in both pools. Whatever the target
+hands out one set of ids per request, and each id owns a block in both pools (the runner sizes the
+pools together: a block's bytes are the target's and the draft's). Whatever the target
 computes, the draft computes too, in the same slots, before the target's pass (its "catch-up"); a
 speculating request then runs k - 1 more one-token draft passes into its reserved lookahead slots.
 Draft tokens are the draft's argmax, a deterministic proposal, which the rejection sampler verifies
@@ -19,8 +20,8 @@ import torch
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.forward_context import forward_context
 from flotilla.engine.input_batch import FlatBatch
-from flotilla.engine.layers.attention import Attention
 from flotilla.engine.model_loader import load_model
+from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.request import Request
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -28,31 +29,33 @@ if TYPE_CHECKING:
     from flotilla.engine.model_runner import ModelRunner
 
 
-class DraftModelProposer:
-    """Loads the draft model and its KV pool beside the target's runner and proposes drafts."""
+def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
+    """The draft model `--speculative-config` names, loaded on `device`. The target's runner loads it beside the
+    target, before its memory profile, so its weights, its dummy step and its KV pool are charged to the engine's
+    budget (as vLLM's runner loads and profiles its drafter)."""
+    spec = config.speculative
+    assert spec is not None and spec.model is not None, "built for a draft-model config"
+    draft_dir = Path(spec.model)
+    if not (draft_dir / "config.json").is_file():
+        raise ConfigError(f"--speculative-config: draft model {draft_dir}: no config.json")
+    hf_config = json.loads((draft_dir / "config.json").read_text())
+    target_vocab = config.model.hf_config["vocab_size"]
+    if hf_config.get("vocab_size") != target_vocab:
+        raise ConfigError(
+            f"--speculative-config: the draft model's vocabulary ({hf_config.get('vocab_size')} tokens) "
+            f"differs from the target's ({target_vocab}); a draft model must share the target's tokenizer"
+        )
+    model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config})
+    return load_model(model_config, device)
 
-    def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
-        spec = config.speculative
-        assert spec is not None and spec.model is not None, "built for a draft-model config"
-        draft_dir = Path(spec.model)
-        if not (draft_dir / "config.json").is_file():
-            raise ConfigError(f"--speculative-config: draft model {draft_dir}: no config.json")
-        hf_config = json.loads((draft_dir / "config.json").read_text())
-        target_vocab = config.model.hf_config["vocab_size"]
-        if hf_config.get("vocab_size") != target_vocab:
-            raise ConfigError(
-                f"--speculative-config: the draft model's vocabulary ({hf_config.get('vocab_size')} tokens) "
-                f"differs from the target's ({target_vocab}); a draft model must share the target's tokenizer"
-            )
-        model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config})
+
+class DraftModelProposer:
+    """Proposes drafts with the draft model that the target's runner holds (`ModelRunner.draft_model`, with its KV
+    pool `draft_kv_cache`): the runner owns every tensor of the engine, so its shutdown frees the draft's too."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        assert runner.draft_model is not None, "the runner loads the draft model of a draft-model config"
         self.runner = runner
-        self.model = load_model(model_config, runner.device)
-        self.layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        first = self.layers[0]
-        shape = (len(self.layers), 2, runner.num_blocks, runner.block_size, first.num_kv_heads, first.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
-        for i, attn in enumerate(self.layers):
-            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         # Per request: how many of its first positions hold valid draft K/V (an upper bound; each
         # step takes the minimum with the target's computed count, which rollback keeps exact).
         # Steps without drafts do not call the proposer (the load rule's saving); a request then
@@ -105,14 +108,17 @@ class DraftModelProposer:
             flat.block_tables.append(req.block_ids)
             flat.max_query_len = max(flat.max_query_len, len(tokens))
         inputs = self.runner.prepare_inputs(flat)
+        model = self.runner.draft_model
+        assert model is not None, "the engine has been shut down"
         with forward_context(inputs.metadata):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+            hidden = model(inputs.input_ids, inputs.positions)
         last = torch.tensor([i - 1 for i in flat.query_start_loc[1:]], dtype=torch.long, device=hidden.device)
-        return self.model.compute_logits(hidden[last]).argmax(dim=-1).tolist()
+        return model.compute_logits(hidden[last]).argmax(dim=-1).tolist()
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """The target's copy-on-write copies, mirrored in the draft pool."""
         if copies:
-            src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=self.kv_cache.device)
-            dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=self.kv_cache.device)
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            pool = self.runner.draft_kv_cache
+            src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=pool.device)
+            dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=pool.device)
+            pool[:, :, dst] = pool[:, :, src]

@@ -81,4 +81,4 @@ def build_speculator(config: EngineConfig, runner: object) -> Speculator | None:
     if not isinstance(runner, ModelRunner):
         raise ConfigError("--speculative-config: a draft model is not supported with tensor or pipeline "
                           "parallelism yet; use the ngram method")
-    return Speculator(spec, DraftModelProposer(config, runner))
+    return Speculator(spec, DraftModelProposer(runner))

@@ -4,6 +4,7 @@ engine that is shut down or dropped gives its KV pool back."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
@@ -13,9 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.llm import LLM
 from flotilla.engine.llm_engine import LLMEngine
-from flotilla.engine.memory_profile import GIB, MemorySnapshot, memory_profile, requested_bytes
+from flotilla.engine.memory_profile import (
+    GIB,
+    MIN_GRAPH_BYTES,
+    MemorySnapshot,
+    graph_bytes,
+    graph_estimate,
+    memory_profile,
+    requested_bytes,
+)
 from flotilla.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -68,6 +78,32 @@ def test_the_weights_are_the_growth_across_loading_not_what_was_held():
     assert profile.kv_cache == 40 * GIB - GIB - GIB // 2
 
 
+def test_the_graphs_captured_before_the_pool_is_sized_are_charged_so_their_capture_after_it_fits():
+    # At 0.95, with the CUDA graphs' capture (after the pool) taking 1.5 GiB, 0.25 GiB of it outside torch.
+    start = _snapshot(0, 0, CONTEXT)
+    loaded = end = _snapshot(2 * GIB, 2 * GIB, CONTEXT)
+    captured = _snapshot(2 * GIB + GIB // 4, 3 * GIB + GIB // 4, CONTEXT + GIB // 4)
+    assert graph_bytes(end, captured) == GIB + GIB // 2
+    assert graph_bytes(captured, end) == 0  # a capture never gives memory back
+    profile = memory_profile(start, loaded, end, 3 * GIB, 0.95, 0, cuda_graphs=graph_bytes(end, captured))
+    assert profile.kv_cache == int(0.95 * TOTAL) - 2 * GIB - GIB - GIB - GIB // 2
+    assert "CUDA graphs 1.50 GiB" in profile.describe(0.95, TOTAL)
+    # Weights, pool and graphs, all held after start-up, stay within the budget; the activation peak's room is left.
+    assert CONTEXT + profile.weights + profile.kv_cache + profile.cuda_graphs == \
+        CONTEXT + int(0.95 * TOTAL) - profile.activations
+    uncharged = memory_profile(start, loaded, end, 3 * GIB, 0.95, 0)
+    assert uncharged.kv_cache - profile.kv_cache == GIB + GIB // 2  # what a capture after the pool would overrun
+
+
+def test_the_graphs_estimate_is_the_largest_s_cost_and_the_second_s_for_each_other_one():
+    mib = 2**20
+    # The first graph sets up the pool (its intermediates) and the input buffers; each further one keeps its output.
+    assert graph_estimate([300 * mib, 6 * mib], 40) == 300 * mib + 39 * 6 * mib
+    assert graph_estimate([300 * mib, 0], 40) == 300 * mib + 39 * MIN_GRAPH_BYTES  # vLLM's floor of 1 MiB a graph
+    assert graph_estimate([300 * mib], 1) == 300 * mib
+    assert graph_estimate([], 0) == 0
+
+
 def _pool_freed_on(engine: LLMEngine, act) -> bool:
     pool = weakref.ref(engine.runner.kv_cache)
     act()
@@ -86,6 +122,21 @@ def test_a_shut_down_engine_frees_its_pool_though_a_cycle_holds_it(tmp_path):
         gc.enable()
 
 
+def test_a_shut_down_async_engine_shuts_its_engine_down_and_frees_the_pool(tmp_path):
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    engine = AsyncEngine.build(lambda: LLMEngine.from_kwargs(str(model), device="cpu", max_model_len=128))
+
+    async def generate() -> list[int]:
+        outputs = [o async for o in engine.generate([5, 6, 7], GREEDY, "r")]
+        return outputs[-1].outputs[0].token_ids
+
+    assert len(asyncio.run(generate())) == 8
+    pool = weakref.ref(engine.engine.runner.kv_cache)
+    engine.shutdown()
+    assert not engine.is_alive
+    assert pool() is None  # the AsyncEngine (and its LLMEngine) is still referenced here: shutdown freed the pool
+
+
 def test_a_dropped_engine_frees_its_pool_without_a_collection(tmp_path):
     model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
     llm = LLM(str(model), device="cpu", max_model_len=128)
@@ -98,6 +149,58 @@ def test_a_dropped_engine_frees_its_pool_without_a_collection(tmp_path):
         assert pool() is None and engine() is None  # no reference cycle keeps an engine alive
     finally:
         gc.enable()
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _draft_engine(tmp_path, **kwargs) -> LLM:
+    """The tiny Llama with itself as its draft model (the speculative-decoding tests' draft)."""
+    model = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
+    return LLM(str(model), max_model_len=128, speculative_config={"model": str(model), "num_speculative_tokens": 2},
+               **kwargs)
+
+
+def test_a_block_s_bytes_cover_the_draft_model_s_pool_too(tmp_path):
+    llm = _draft_engine(tmp_path, device="cpu")
+    runner = llm.engine.runner
+    assert runner.draft_model is not None and len(runner.draft_layers) == len(runner.attention_layers)
+    # The model drafts for itself: a block costs twice the target's, and the two pools are what the blocks cost.
+    assert runner.bytes_per_block == 2 * _nbytes(runner.kv_cache) // runner.num_blocks
+    assert _nbytes(runner.kv_cache) + _nbytes(runner.draft_kv_cache) == runner.num_blocks * runner.bytes_per_block
+    outs = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 8 and llm.engine.speculator.counts.num_drafts > 0
+
+
+def test_a_shut_down_engine_frees_its_draft_model_and_the_draft_pool(tmp_path):
+    llm = _draft_engine(tmp_path, device="cpu")
+    llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    runner = llm.engine.runner
+    pool, weights = weakref.ref(runner.draft_kv_cache), weakref.ref(next(runner.draft_model.parameters()))
+    gc.disable()  # freed by reference counting alone
+    try:
+        llm.engine.shutdown()
+        assert pool() is None and weights() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_the_draft_model_is_charged_to_the_engine_s_budget(tmp_path):
+    llm = _draft_engine(tmp_path, device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    runner = llm.engine.runner
+    profile = runner.memory_profile
+    assert profile is not None and runner.draft_model is not None
+    target = sum(_nbytes(p) for p in runner.model.parameters())
+    draft = sum(_nbytes(p) for p in runner.draft_model.parameters())
+    assert profile.weights >= target + draft  # both loaded before the profile
+    pools = _nbytes(runner.kv_cache) + _nbytes(runner.draft_kv_cache)
+    assert pools <= profile.kv_cache < pools + runner.bytes_per_block  # the budget's rest, shared by the two pools
+    assert _nbytes(runner.draft_kv_cache) == _nbytes(runner.kv_cache)  # float32 both: the model drafts for itself
+    outs = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 8 and llm.engine.speculator.counts.num_drafts > 0
 
 
 @pytest.mark.gpu
@@ -144,5 +247,27 @@ def test_cuda_an_engine_shut_down_or_dropped_gives_its_pool_and_graphs_back(tmp_
     finally:
         gc.enable()
     assert pool_bytes > GIB
-    # What stays: the weights until the engine is dropped, and small per-device caches (rotary tables, counters).
+    # What stays: the weights and their rotary tables until the engine is dropped, and small per-device caches.
     assert after.torch_reserved - before.torch_reserved < GIB, (before, after)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_captured_after_the_pool_stay_within_a_0_9_budget(tmp_path):
+    # small-llama: 256 KiB of KV a block, so a 0.9 pool is ~3e5 blocks (the tiny one's would be millions).
+    model = make_model_dir("small-llama", tmp_path / "small-llama", weights_seed=0)
+    llm = LLM(str(model), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.9)
+    runner = llm.engine.runner
+    profile = runner.memory_profile
+    assert profile is not None and runner.graphs is not None
+    # The profile estimated the graphs before sizing the pool; the real capture after it took no more than that (the
+    # driver counts in 2 MiB pages, and either capture may fill a partly used segment of the allocator's: 16 MiB).
+    assert profile.cuda_graphs > 0, profile
+    assert runner.graph_bytes <= profile.cuda_graphs + 16 * 2**20, (runner.graph_bytes, profile)
+    outs = llm.generate([[5, 6, 7], list(range(20, 60))],
+                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
+                        use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    torch.cuda.synchronize()
+    used = MemorySnapshot.measure(torch.device("cuda")).used
+    assert used <= profile.held_before + profile.requested, (used, profile)
