@@ -179,10 +179,11 @@ FLAGS: tuple[Flag, ...] = (
         "--load-format",
         "str",
         "auto",
-        "How to get the weights: auto reads the safetensors; dummy fills random weights on the device "
-        "(benchmarks of a model's shape without its checkpoint, as vLLM's --load-format dummy).",
+        "How to get the weights: auto reads the safetensors (or the .gguf file), and so does safetensors, vLLM's name "
+        "for it (refused for a .gguf model); dummy fills random weights on the device (benchmarks of a model's shape "
+        "without its checkpoint, as vLLM's --load-format dummy).",
         "model",
-        choices=("auto", "dummy"),
+        choices=("auto", "safetensors", "dummy"),
     ),
     Flag(
         "--generation-config",

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
-from flotilla.engine.config import EngineConfig
+from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.generate_cli import build_parser
 from flotilla.flags import FLAGS
 from tests.test_engine_rules import HUMAN_READABLE_INTS, NOT_HUMAN_READABLE_INTS
@@ -66,6 +66,12 @@ def test_lengths_in_vllms_human_readable_form():
     for text in NOT_HUMAN_READABLE_INTS:
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--max-model-len", text])
+
+
+def test_load_format_safetensors_is_refused_for_a_gguf_model():
+    """vLLM's --load-format safetensors names what auto reads of an HF directory; a .gguf model has none to read."""
+    with pytest.raises(ConfigError, match="--load-format safetensors reads an HF directory"):
+        EngineConfig.from_kwargs(None, quantization="gguf", load_format="safetensors")
 
 
 def test_flag_declaration_covers_every_config_field():
