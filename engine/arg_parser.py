@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from flotilla.engine.config import ENGINE_COMPONENTS
-from flotilla.flags import FLAGS, Flag
+from flotilla.flags import FLAGS, Flag, human_readable_int
 
 __all__ = ["ENGINE_COMPONENTS", "add_flags", "flag_values"]
 
@@ -30,14 +30,23 @@ def _kind(f: Flag) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
     if f.type == "list":
         return {"nargs": "+"}
-    kind: dict[str, Any] = {"type": _TYPES[f.type]}
+    kind: dict[str, Any] = {"type": _human_int if f.human_readable else _TYPES[f.type]}
     if f.choices is not None:
         kind["choices"] = f.choices
     return kind
 
 
+def _human_int(text: str) -> int:
+    try:
+        return human_readable_int(text)
+    except ValueError as exc:  # argparse shows an ArgumentTypeError's own words
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _help(f: Flag) -> str:
     text = f"{f.help} (default: {f.default})"
+    if f.human_readable:
+        text += "; also as vLLM's 32k (32,000) or 32K (32,768)"
     if f.env:
         text += f" [env {f.env}]"
     if not f.implemented:

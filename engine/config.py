@@ -62,7 +62,7 @@ class ModelConfig(_Component):
     seed: int = 0
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = Field(None, ge=1)  # None: decode to max_num_seqs, mixed to 512
-    load_format: Literal["auto", "dummy"] = "auto"
+    load_format: Literal["auto", "safetensors", "dummy"] = "auto"  # safetensors: what auto reads, by vLLM's name
     # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
     generation_config: str = "auto"
     # --override-generation-config: generation_config.json-named fields set over --generation-config's
@@ -238,6 +238,9 @@ class EngineConfig(_Component):
         values = _check_flags(kwargs)
         gguf = _gguf_model(model, values)
         if gguf is not None:
+            if values["load_format"] == "safetensors":
+                raise ConfigError("--load-format safetensors reads an HF directory's .safetensors files; a .gguf model "
+                                  "is read from its own file (leave --load-format out)")
             model_dir, hf_config = gguf
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()

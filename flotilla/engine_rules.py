@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flotilla.flags import FLAGS, Flag
+from flotilla.flags import FLAGS, Flag, human_readable_int
 
 # Engine default of --max-num-batched-tokens with chunked prefill (and its floor without).
 DEFAULT_BATCHED_TOKENS = 8192
@@ -62,7 +62,7 @@ def parse_value(f: Flag, text: str) -> Any:
     """A flag's value from its text, by the flag's declared type; RuleError when it is not one."""
     try:
         if f.type == "int":
-            return int(text)
+            return human_readable_int(text) if f.human_readable else int(text)
         if f.type == "float":
             value = float(text)
             if not math.isfinite(value):

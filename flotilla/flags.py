@@ -11,6 +11,7 @@ Flag names and meanings mirror `vllm serve`, so users' muscle memory carries ove
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +46,8 @@ class Flag:
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    # An int flag that also takes vLLM's human-readable forms (`32k`, `1K`; `human_readable_int`).
+    human_readable: bool = False
 
     @property
     def dest(self) -> str:
@@ -89,6 +92,26 @@ class Flag:
         return " and ".join(bounds)
 
 
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+def human_readable_int(text: str) -> int:
+    """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens: plain (`8192`), or with a
+    lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an upper-case one in powers of
+    1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else."""
+    match = _HUMAN_INT.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not an integer (nor one like 32k = 32,000 or 32K = 32,768)")
+    number, suffix = match.groups()
+    if suffix in _DECIMAL_SUFFIXES:
+        return int(float(number) * _DECIMAL_SUFFIXES[suffix])
+    if "." in number:
+        raise ValueError(f"{text!r}: a fraction takes a decimal suffix (k, m, g, t), not a binary one")
+    return int(number) * _BINARY_SUFFIXES.get(suffix, 1)
+
+
 FLAGS: tuple[Flag, ...] = (
     # --- model -----------------------------------------------------------------------------------
     Flag(
@@ -120,6 +143,7 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         crd_field="scheduling.maxModelLen",
         ge=1,
+        human_readable=True,
     ),
     Flag("--seed", "int", 0, "Seed for random sampling of requests that give no seed of their own.", "model"),
     Flag(
@@ -155,10 +179,11 @@ FLAGS: tuple[Flag, ...] = (
         "--load-format",
         "str",
         "auto",
-        "How to get the weights: auto reads the safetensors; dummy fills random weights on the device "
-        "(benchmarks of a model's shape without its checkpoint, as vLLM's --load-format dummy).",
+        "How to get the weights: auto reads the safetensors (or the .gguf file), and so does safetensors, vLLM's name "
+        "for it (refused for a .gguf model); dummy fills random weights on the device (benchmarks of a model's shape "
+        "without its checkpoint, as vLLM's --load-format dummy).",
         "model",
-        choices=("auto", "dummy"),
+        choices=("auto", "safetensors", "dummy"),
     ),
     Flag(
         "--generation-config",
@@ -297,6 +322,7 @@ FLAGS: tuple[Flag, ...] = (
         "scheduler",
         crd_field="scheduling.maxNumBatchedTokens",
         ge=1,
+        human_readable=True,
     ),
     Flag(
         "--enable-chunked-prefill",

@@ -26,6 +26,22 @@ def test_argv_forms_the_engine_parser_reads_alike():
         ("--served-model-name", ["a"]), ("--tensor-parallel-size", 1)]
 
 
+# `vllm serve`'s forms of --max-model-len and --max-num-batched-tokens (tests/engine/test_cli.py reads them too):
+# k/m/g/t powers of 1,000 (fractions allowed), K/M/G/T powers of 1,024 (whole numbers only).
+HUMAN_READABLE_INTS = {"8192": 8192, "32k": 32_000, "25.6k": 25_600, "32K": 32_768, "1M": 1_048_576, " 2k ": 2_000}
+NOT_HUMAN_READABLE_INTS = ("1.5K", "32x", "k", "-1k", "1e3")
+
+
+def test_lengths_in_vllms_human_readable_form():
+    for text, value in HUMAN_READABLE_INTS.items():
+        parsed, problems = parse_argv(["--max-model-len", text, "--max-num-batched-tokens", text])
+        assert problems == [] and [p.value for p in parsed] == [value, value]
+    for text in NOT_HUMAN_READABLE_INTS:
+        assert parse_argv(["--max-model-len", text])[1] != []
+    # only these two, as vLLM: the rest of the int flags stay plain ints
+    assert parse_argv(["--max-num-seqs", "1k"])[1] == ["--max-num-seqs: '1k' is not a valid int"]
+
+
 def test_default_batch_budget():
     assert default_max_num_batched_tokens(4096, chunked_prefill=False) == 8192
     assert default_max_num_batched_tokens(32768, chunked_prefill=False) == 32768

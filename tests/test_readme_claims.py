@@ -94,3 +94,18 @@ def test_json_flag_examples_use_the_configs_keys():
     section = README.split("\n## Speculative decoding\n")[1].split("\n## ")[0]
     keys = set(re.findall(r'"(\w+)":', section.split("Figures (")[0]))
     assert keys and keys <= set(SpeculativeConfig.model_fields), keys - set(SpeculativeConfig.model_fields)
+
+
+def test_every_serve_command_the_docs_give_without_a_model_starts_on_the_embedded_model(embedded_model_dir):
+    """`flotilla serve --flags` in the README or docs/ (no MODEL: the embedded model) is a configuration the engine
+    accepts, as a reader would paste it (`-tp 2` was refused: the model's 9 query and 3 KV heads)."""
+    from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.server.cli import build_parser
+
+    texts = [README, *(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))]
+    commands = {c for text in texts for c in re.findall(r"`flotilla serve( -[^`]+)`", text)}
+    assert any("-tp" in c for c in commands)
+    for command in sorted(commands):
+        args = build_parser().parse_args(command.split())
+        EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))

@@ -178,6 +178,9 @@ class ResponsesServing:
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
         conversation = history + input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        if not system and not conversation:  # else the chat request's own refusal would name its `messages`
+            raise APIError(400, "input must not be empty (or give instructions or a previous_response_id)",
+                           param="input")
         tools = chat_tools(req.tools)
         try:
             chat = ChatCompletionRequest(

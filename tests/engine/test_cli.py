@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
-from flotilla.engine.config import EngineConfig
+from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.generate_cli import build_parser
 from flotilla.flags import FLAGS
+from tests.test_engine_rules import HUMAN_READABLE_INTS, NOT_HUMAN_READABLE_INTS
 
 
 def test_every_engine_flag_parses_to_a_config_argument(tiny_model_dirs):
@@ -53,6 +56,22 @@ def test_every_engine_flag_parses_to_a_config_argument(tiny_model_dirs):
     assert config.scheduler.max_num_batched_tokens == 64 and config.scheduler.enable_chunked_prefill
     assert config.model.served_model_name == ["a", "b"]
     assert config.model.max_cudagraph_capture_size == 1024
+
+
+def test_lengths_in_vllms_human_readable_form():
+    """The engine's parser reads `vllm serve`'s 32k / 32K forms as the operator's grammar does."""
+    for text, value in HUMAN_READABLE_INTS.items():
+        args = build_parser().parse_args(["--max-model-len", text, "--max-num-batched-tokens", text])
+        assert (args.max_model_len, args.max_num_batched_tokens) == (value, value)
+    for text in NOT_HUMAN_READABLE_INTS:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--max-model-len", text])
+
+
+def test_load_format_safetensors_is_refused_for_a_gguf_model():
+    """vLLM's --load-format safetensors names what auto reads of an HF directory; a .gguf model has none to read."""
+    with pytest.raises(ConfigError, match="--load-format safetensors reads an HF directory"):
+        EngineConfig.from_kwargs(None, quantization="gguf", load_format="safetensors")
 
 
 def test_flag_declaration_covers_every_config_field():

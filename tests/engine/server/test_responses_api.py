@@ -116,6 +116,16 @@ def test_unsupported_input_is_a_400_that_names_it(client):
         client.responses.create(model="nope", input="x")
 
 
+def test_an_empty_input_is_a_400_in_the_responses_words(client, server):
+    """`input: []` (no instructions, no earlier response) names `input`, not the chat request built from it."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny", input=[], max_output_tokens=3)
+    assert refused.value.body["param"] == "input" and "messages" not in refused.value.body["message"]
+    assert "input must not be empty" in refused.value.body["message"]
+    assert server.metric("vllm:kv_cache_usage_perc") == 0
+    assert client.responses.create(model="tiny", input=[], instructions="Be brief.", max_output_tokens=3).output
+
+
 def test_include_reasoning_false_is_a_400_naming_it_and_true_is_served(client):
     """Chat's vLLM field `include_reasoning`: vLLM's Responses request has no such field nor an equivalent (it ignores
     it and returns the reasoning item), so false is refused rather than logged and ignored."""
