@@ -196,3 +196,36 @@ def test_fit_weights_under_model_parallelism_equal_what_the_ranks_allocate(tmp_p
         "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, "tieWordEmbeddings": tied})
     assert weight_bytes(arch, quantization, "bfloat16", tensor=tensor, pipeline=pipeline) == pytest.approx(
         engine, rel=0.005)
+
+
+def test_fit_draft_model_kv_equals_what_the_engine_allocates(tmp_path):
+    """A draft model's KV bytes a token in the fit check against the engine's block (`bytes_per_block`: a block id owns
+    a block in the target's pool and one in the draft's), with an fp8 target cache: the engine keeps the draft's pool
+    in the model dtype (`ModelRunner._allocate_draft_kv_cache`), so the draft's share is 2 bytes an element."""
+    from flotilla.operator.fit import check_fit
+    from flotilla.operator.spec import InferenceServiceSpec
+
+    draft = {**CONFIG, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "head_dim": 64}
+    for name, config in (("target", CONFIG), ("draft", draft)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    speculative = {"model": str(tmp_path / "draft"), "num_speculative_tokens": 2}
+    flags = {"kv_cache_dtype": "fp8", "speculative_config": speculative}
+    _, engine_per_token = _engine_bytes(tmp_path / "target", flags)
+
+    def arch(c: dict) -> dict:
+        return {"hiddenSize": c["hidden_size"], "numHiddenLayers": c["num_hidden_layers"],
+                "numAttentionHeads": c["num_attention_heads"], "numKeyValueHeads": c["num_key_value_heads"],
+                "headDim": c["head_dim"], "intermediateSize": c["intermediate_size"], "vocabSize": c["vocab_size"]}
+
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": "pvc://models/m", "config": arch(CONFIG)},
+        "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "kvCache": {"dtype": "fp8"},
+        "scheduling": {"maxModelLen": 256},
+        "speculative": {"method": "draft_model", "numTokens": 2, "draftModel": "/model/draft",
+                        "draftConfig": arch(draft)},
+    })
+    target_per_token = kv_bytes_per_token(ModelArchitecture.model_validate(arch(CONFIG)), "fp8", "bfloat16")
+    assert engine_per_token == target_per_token + 2 * LAYERS * 2 * KV_HEADS * 64  # the draft's K and V in bf16
+    assert check_fit(spec).kv_bytes_per_token == engine_per_token
