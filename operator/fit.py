@@ -35,8 +35,9 @@ What is counted, per replica:
   holds one: max(KV heads, tensor) heads in all. One sequence takes maxModelLen rounded up to a
   whole KV block.
 - A draft model (speculative.method draft_model with speculative.draftConfig): its weights at the
-  model dtype (drafts are not quantized) and its KV per token, since the engine gives it a block in
-  its own pool for every block of the target's. An n-gram proposer costs no GPU memory.
+  model dtype (drafts are not quantized) and its KV per token at the model dtype (an fp8 cache is the
+  target's only), since the engine gives it a block in its own pool for every block of the target's.
+  An n-gram proposer costs no GPU memory.
 - Activation allowance (documented estimate of vLLM's profiling peak plus what lives outside
   torch): 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and CUDA-graph pools, plus per
   GPU a step of `maxNumBatchedTokens` tokens through the MLP (gate and up outputs,
@@ -244,7 +245,8 @@ def _memory(spec: InferenceServiceSpec, arch: ModelArchitecture, gpu: GPU, max_m
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:
         weights += weight_bytes(draft, "none", spec.dtype, tensor=tensor, pipeline=pipeline)
-        per_token += kv_bytes_per_token(draft, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
+        # the engine keeps the draft's pool in the model dtype whatever the target's cache dtype (fp8 included)
+        per_token += kv_bytes_per_token(draft, "auto", spec.dtype, spec.parallelism.tensor)
     activations = activation_bytes(arch, spec, max_model_len)
     budget = int(spec.gpus_per_replica * gpu.memory_bytes * spec.kv_cache.gpu_memory_utilization)
     return _Memory(weights, per_token, activations, budget, budget - weights - activations, max_model_len)

@@ -226,8 +226,9 @@ def test_a_draft_model_adds_its_weights_and_kv():
         "method": "draft_model", "numTokens": 4, "draftModel": "/model/draft", "draftConfig": LLAMA_1B}))
     # Llama-3.2-1B: 0.97e9 linear + 0.26e9 tied embedding parameters in bf16 = ~2.47 GB.
     assert drafted.weight_bytes - alone.weight_bytes == pytest.approx(2.47e9, rel=0.01)
-    # Its KV (fp8 like the target's): 2 x 16 layers x 8 heads x 64 x 1 byte per token.
-    assert drafted.kv_bytes_per_token - alone.kv_bytes_per_token == 2 * 16 * 8 * 64
+    # Its KV in the model dtype (the engine's draft pool; an fp8 cache is the target's only): 2 x 16 layers x 8 heads
+    # x 64 x 2 bytes per token.
+    assert drafted.kv_bytes_per_token - alone.kv_bytes_per_token == 2 * 16 * 8 * 64 * 2
     assert drafted.max_concurrency < alone.max_concurrency
     ngram = check_fit(spec("llama70b", "H200", 1, "fp8", speculative={"method": "ngram", "numTokens": 4}))
     assert ngram.weight_bytes == alone.weight_bytes and ngram.kv_bytes_per_token == alone.kv_bytes_per_token
