@@ -484,9 +484,11 @@ FLAGS: tuple[Flag, ...] = (
         "--enable-log-requests",
         "bool",
         False,
-        "Log a line when a generation request reaches the engine (its prompt, token ids and sampling parameters) "
-        "and one when it finishes, fails or is aborted, as vLLM's request logger; off by default, as in vLLM.",
+        "Log a line when a generation request reaches the engine (its id, sampling parameters and LoRA adapter) and "
+        "one when it finishes, fails or is aborted; its prompt text and token ids at DEBUG only "
+        "(VLLM_LOGGING_LEVEL=DEBUG), as vLLM; off by default, as in vLLM.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--disable-log-requests",

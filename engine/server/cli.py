@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_log_level(name: str) -> None:
+    """VLLM_LOGGING_LEVEL, as vLLM's: the level of this process's `flotilla` loggers (DEBUG adds, among others,
+    the prompts of --enable-log-requests); other libraries stay at INFO. ValueError for an unknown name."""
+    level = logging.getLevelName(name.strip().upper())
+    if not isinstance(level, int):
+        raise ValueError(f"VLLM_LOGGING_LEVEL={name!r} is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    logging.getLogger("flotilla").setLevel(level)
+
+
 def _model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """MODEL, given as the positional or as --model (vLLM takes either); both given and different: a usage error."""
     if args.model is not None and args.model_option is not None and args.model != args.model_option:
@@ -136,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args.model = _model_argument(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
+        _set_log_level(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         server = ServerConfig.from_kwargs(**flag_values(args, ("server",)))
         chat_template = load_chat_template(server.chat_template)

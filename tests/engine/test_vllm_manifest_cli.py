@@ -95,6 +95,7 @@ def test_request_log_flags():
 
     assert not server().enable_log_requests  # off by default, as vLLM's
     assert server("--enable-log-requests").enable_log_requests
+    assert not server("--no-enable-log-requests").enable_log_requests  # vLLM's negation
     assert not server("--disable-log-requests").enable_log_requests
     with pytest.raises(ConfigError, match="--enable-log-requests and --disable-log-requests contradict"):
         server("--enable-log-requests", "--disable-log-requests")
@@ -125,3 +126,9 @@ def test_output_into_a_closed_pipe_ends_without_a_traceback(args):
     finally:
         os.close(write_end)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
+def test_an_unknown_vllm_logging_level_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "flotilla.cli", "serve"], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "chatty"})
+    assert result.returncode == 2 and "VLLM_LOGGING_LEVEL='chatty' is not a log level" in result.stderr, result.stderr

@@ -18,7 +18,7 @@ def manifest_server(tiny_model_dirs, tmp_path_factory):
     s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("manifest") / "server.log",
                      "--model", str(tiny_model_dirs["llama"]), "--max-logprobs", str(CAP), "--enable-log-requests",
                      "--trust-remote-code", "--served-model-name", "tiny", "--disable-log-stats",
-                     env={"VLLM_API_KEY": API_KEY})
+                     env={"VLLM_API_KEY": API_KEY, "VLLM_LOGGING_LEVEL": "debug"})
     yield s
     stop_server(s)
 
@@ -68,9 +68,23 @@ def test_enable_log_requests_logs_each_request_and_its_end(capped, manifest_serv
                                            extra_body={"request_id": "manifest-log-check"})
     assert completion.id.endswith("manifest-log-check")
     log = _log_with(manifest_server, "Finished request cmpl-manifest-log-check")
-    received = [line for line in log.splitlines() if "Received request cmpl-manifest-log-check" in line]
-    assert len(received) == 1 and "'The lighthouse keeper counted'" in received[0] and "max_tokens=3" in received[0]
-    assert "Finished request cmpl-manifest-log-check" in log
+    lines = [line for line in log.splitlines() if "cmpl-manifest-log-check" in line]
+    received = [line for line in lines if "Received request" in line]
+    assert len(received) == 1 and received[0].startswith("INFO ") and "max_tokens=3" in received[0]
+    # As vLLM: the prompt only at DEBUG (this server runs with VLLM_LOGGING_LEVEL=debug), never in the INFO lines.
+    prompts = [line for line in lines if "'The lighthouse keeper counted'" in line]
+    assert len(prompts) == 1 and prompts[0].startswith("DEBUG ") and "prompt_token_ids: [" in prompts[0]
+    assert any(line.startswith("INFO ") and "Finished request" in line for line in lines)
+
+
+def test_a_request_whose_client_goes_away_is_logged_as_aborted(capped, manifest_server):
+    stream = capped.completions.create(model="tiny", prompt="Tell a long story", max_tokens=400, stream=True,
+                                       extra_body={"request_id": "manifest-abort-check", "ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    log = _log_with(manifest_server, "Aborted request cmpl-manifest-abort-check")
+    assert "Aborted request cmpl-manifest-abort-check" in log
+    assert "Finished request cmpl-manifest-abort-check" not in log
 
 
 def test_requests_are_not_logged_by_default(client, server):
