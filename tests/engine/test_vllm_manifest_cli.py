@@ -132,3 +132,18 @@ def test_an_unknown_vllm_logging_level_is_a_usage_error():
     result = subprocess.run([sys.executable, "-m", "flotilla.cli", "serve"], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "chatty"})
     assert result.returncode == 2 and "VLLM_LOGGING_LEVEL='chatty' is not a log level" in result.stderr, result.stderr
+
+
+def test_the_offline_engine_applies_max_logprobs(tiny_model_dirs):
+    """The engine's own check (what LLM and any front end share): up to --max-logprobs served, above it refused."""
+    from flotilla.engine.llm import LLM
+
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, device="cpu", max_logprobs=2)
+    [out] = llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=2, temperature=0), use_tqdm=False)
+    assert all(len(entry) >= 2 for entry in out.outputs[0].logprobs)
+    with pytest.raises(InvalidParamError, match="Requested sample logprobs of 3, which is greater than max allowed: 2"):
+        llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=3), use_tqdm=False)
+    with pytest.raises(InvalidParamError, match="Requested prompt logprobs of 3"):
+        llm.generate("Hello", SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)
+    [again] = llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # still serving
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
