@@ -484,8 +484,8 @@ FLAGS: tuple[Flag, ...] = (
         "--enable-log-requests",
         "bool",
         False,
-        "Log a line when a generation request reaches the engine (its id, sampling parameters and LoRA adapter) and "
-        "one when it finishes, fails or is aborted; its prompt text and token ids at DEBUG only "
+        "Log a line when a generation or embedding request reaches the engine (its id, parameters and LoRA "
+        "adapter) and one when it finishes, fails or is aborted; its prompt text and token ids at DEBUG only "
         "(VLLM_LOGGING_LEVEL=DEBUG), as vLLM; off by default, as in vLLM.",
         "server",
         negatable=True,

@@ -92,3 +92,20 @@ def test_requests_are_not_logged_by_default(client, server):
     client.completions.create(model="tiny", prompt="Once more", max_tokens=2)  # the first one's end is logged by now
     assert "Received request" not in server.log.read_text()
     assert "Finished request" not in server.log.read_text()
+
+
+def test_enable_log_requests_logs_embedding_requests_too(tiny_model_dirs, tmp_path):
+    pooling = start_server(tiny_model_dirs["qwen3"], tmp_path / "server.log", "--runner", "pooling",
+                           "--served-model-name", "tiny", "--enable-log-requests", "--disable-log-stats",
+                           env={"VLLM_API_KEY": API_KEY})
+    try:
+        client = openai.OpenAI(base_url=f"{pooling.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        response = client.embeddings.create(model="tiny", input=["a quiet harbour", "two"],
+                                            extra_body={"request_id": "manifest-embed-check"})
+        assert response.usage.prompt_tokens > 0
+        log = _log_with(pooling, "Finished request embd-manifest-embed-check")
+    finally:
+        stop_server(pooling)
+    received = [line for line in log.splitlines() if "Received request embd-manifest-embed-check" in line]
+    assert len(received) == 1 and "normalize=True" in received[0]
+    assert "quiet harbour" not in log  # the prompts only at DEBUG, which this server is not at
