@@ -28,6 +28,7 @@ from flotilla.engine_rules import (
     default_max_num_batched_tokens,
     flag_name,
     kv_scales_problem,
+    log_requests_problem,
     override_generation_config_problem,
     parallel_split_problem,
     pooling_problem,
@@ -69,12 +70,19 @@ class ModelConfig(_Component):
     override_generation_config: dict[str, Any] = Field(default_factory=dict)
     # --logprobs-mode: which logits `logprobs` report (engine/sampler.py `reported_values`)
     logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = "raw_logprobs"
+    # --max-logprobs: the most logprobs / prompt_logprobs a request may ask for; -1: up to the vocabulary
+    max_logprobs: int = Field(20, ge=-1)
     # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
     runner: Literal["generate", "pooling"] = "generate"
     convert: Literal["none", "embed"] = "none"
     # The weight scheme (`engine/quantization`): --quantization, or the checkpoint's quantization_config.
     quantization: str | None = None
     hf_config: dict[str, Any]
+
+    @property
+    def logprobs_cap(self) -> int:
+        """--max-logprobs as a number: -1 means the vocabulary size, as vLLM's."""
+        return int(self.hf_config["vocab_size"]) if self.max_logprobs == -1 else self.max_logprobs
 
 
 class CacheConfig(_Component):
@@ -145,6 +153,8 @@ class ServerConfig(_Component):
     shutdown_timeout: float = Field(30.0, ge=0)
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
+    enable_log_requests: bool = False  # engine/server/request_log.py
+    disable_log_requests: bool = False  # vLLM's older spelling of the default (no request log lines)
     trust_request_chat_template: bool = False
     # --chat-template as given (a path or the text: engine/server/server_chat_template.py reads it at start-up)
     chat_template: str | None = None
@@ -180,6 +190,12 @@ class ServerConfig(_Component):
         if self.max_body_bytes_in_flight is not None and self.max_body_bytes_in_flight < self.max_request_body_size:
             raise ValueError(f"--max-body-bytes-in-flight ({self.max_body_bytes_in_flight}) must be at least "
                              f"--max-request-body-size ({self.max_request_body_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _request_log_switched_one_way(self) -> ServerConfig:
+        if problem := log_requests_problem(self.enable_log_requests, self.disable_log_requests):
+            raise ValueError(problem)
         return self
 
     @field_validator("default_chat_template_kwargs")
@@ -329,6 +345,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     with _as_config_error(ValueError):
         quantization = resolve_quantization(v["quantization"], hf_config)
     _check_flag_combinations(v, hf_config)
+    if problem := _custom_code_problem(model_dir, hf_config, bool(v["trust_remote_code"])):
+        raise ConfigError(problem)
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     with _as_config_error(ValueError):
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
@@ -350,6 +368,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         generation_config=v["generation_config"],
         override_generation_config=v["override_generation_config"] or {},
         logprobs_mode=v["logprobs_mode"],
+        max_logprobs=v["max_logprobs"],
         runner=runner,
         convert=convert,
         quantization=quantization,
@@ -430,6 +449,22 @@ def _check_flag_combinations(v: dict[str, Any], hf_config: dict[str, Any]) -> No
         raise ConfigError(problem)
     if problem := kv_scales_problem(bool(v["calculate_kv_scales"]), v["kv_cache_dtype"]):
         raise ConfigError(problem)
+
+
+def _custom_code_problem(model_dir: Path, hf_config: dict[str, Any], trust_remote_code: bool) -> str | None:
+    """Why a model whose config.json maps its architecture to the checkpoint's own code (auto_map) cannot be
+    served: none of its architectures is built in. One that is (say a Qwen2 checkpoint that also ships code) is
+    served by the built-in implementation, as vLLM prefers its own. --trust-remote-code changes neither: no
+    checkpoint code runs here (the message says so when it was given)."""
+    from flotilla.engine.models.registry import supported_architectures  # torch: imported only by the engine
+
+    archs = hf_config.get("architectures") or []
+    if not hf_config.get("auto_map") or set(archs) & set(supported_architectures()):
+        return None
+    given = "--trust-remote-code does not change this: " if trust_remote_code else ""
+    return (f"model {model_dir}: config.json's auto_map asks for the checkpoint's own Python code for "
+            f"{', '.join(archs) or 'its architecture'}; {given}Flotilla never runs a checkpoint's code and serves "
+            f"only: {', '.join(supported_architectures())}")
 
 
 def _served_names(given: str | list[str] | tuple[str, ...] | None, default: str) -> list[str]:

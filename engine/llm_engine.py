@@ -175,6 +175,7 @@ class LLMEngine:
         """Check a new request's token ids, bad words, adapter and priority against this engine (the first
         problem raised); returns its bad words as token ids."""
         params.check_vocab(self.vocab_size)
+        params.check_logprobs(self.config.model.logprobs_cap)
         bad_words = bad_word_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else ()
         if lora_request is not None:
             self.add_lora(lora_request)  # read (and checked) now, so a bad adapter fails this request alone

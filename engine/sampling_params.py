@@ -18,7 +18,7 @@ LOGIT_BIAS_MAX = 100.0
 # past these bounds would slow every stream (vLLM has none; TGI allows 4 by default, OpenAI 4).
 MAX_STOP_STRINGS = 128
 MAX_STOP_CHARS = 8192  # in all
-# vLLM caps the number of logprobs a request may ask for (--max-logprobs, default 20).
+# vLLM's --max-logprobs default: the most logprobs (or prompt_logprobs) a request may ask for (`check_logprobs`).
 MAX_LOGPROBS = 20
 # Seeds are signed 64-bit integers, as vLLM's API edge bounds them (torch.long's range).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -72,8 +72,8 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     max_tokens: int | None = Field(16, ge=1)
     min_tokens: int = Field(0, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0)  # the upper bound is --max-logprobs: `check_logprobs`
+    prompt_logprobs: int | None = Field(None, ge=0)
     skip_special_tokens: bool = True
     # vLLM's: False writes an added token that follows another without the space some decoders put between them
     spaces_between_special_tokens: bool = True
@@ -169,6 +169,15 @@ class SamplingParams(BaseModel):
             if bad:
                 raise InvalidParamError(f"{name}: token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})",
                                         name)
+
+    def check_logprobs(self, max_logprobs: int) -> None:
+        """Refuse more logprobs or prompt_logprobs than `max_logprobs` (--max-logprobs, its -1 resolved to the
+        vocabulary size: ModelConfig.logprobs_cap), in vLLM's words."""
+        for param, kind, asked in (("logprobs", "sample", self.logprobs),
+                                   ("prompt_logprobs", "prompt", self.prompt_logprobs)):
+            if asked is not None and asked > max_logprobs:
+                raise InvalidParamError(f"Requested {kind} logprobs of {asked}, which is greater than max allowed: "
+                                        f"{max_logprobs}", param)
 
     @property
     def has_token_masks(self) -> bool:

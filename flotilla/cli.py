@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
@@ -23,7 +24,20 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch `flotilla <command> ...` to the subcommand's own `main(argv)`."""
+    """Dispatch `flotilla <command> ...` to the subcommand's own `main(argv)`. Output to a pipe closed early
+    (`flotilla serve --help | head`) ends quietly, as with any Unix tool, not with a BrokenPipeError traceback."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be caught, rather than at exit
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null so that flush has nowhere to fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -281,6 +281,15 @@ def auto_tool_choice_problem(enabled: bool, parser: str | None, name_of: NameOf 
     return None
 
 
+def log_requests_problem(enable: bool, disable: bool, name_of: NameOf = flag_name) -> str | None:
+    """--disable-log-requests is vLLM's older spelling of the default: given with --enable-log-requests, the
+    command says both things."""
+    if enable and disable:
+        return (f"{name_of('enable_log_requests')} and {name_of('disable_log_requests')} contradict each other: "
+                "give one")
+    return None
+
+
 def _positive_seconds(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
@@ -399,6 +408,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                      name_of)
     if tools:
         problems.append(tools)
+    log_requests = log_requests_problem(bool(values.get("enable_log_requests")),
+                                        bool(values.get("disable_log_requests")), name_of)
+    if log_requests:
+        problems.append(log_requests)
     structured = structured_outputs_problem(values.get("structured_outputs_config"), name_of)
     if structured:
         problems.append(structured)

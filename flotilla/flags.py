@@ -101,6 +101,10 @@ def human_readable_int(text: str) -> int:
     """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens: plain (`8192`), or with a
     lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an upper-case one in powers of
     1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else."""
+    if text.strip() in ("auto", "-1"):
+        raise ValueError(f"{text.strip()} (vLLM's --max-model-len auto: the longest context the KV cache holds after "
+                         "memory profiling) is not supported yet: give a number, or leave --max-model-len out for the "
+                         "model's own limit")
     match = _HUMAN_INT.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not an integer (nor one like 32k = 32,000 or 32K = 32,768)")
@@ -121,6 +125,16 @@ FLAGS: tuple[Flag, ...] = (
         "Model name(s) the API answers to (default: the model path).",
         "model",
         crd_field="model.servedName",
+    ),
+    Flag(
+        "--trust-remote-code",
+        "bool",
+        False,
+        "vLLM's permission to run a checkpoint's own Python code (config.json's auto_map). Accepted so that vLLM "
+        "commands carry over, but Flotilla never runs a checkpoint's code: it serves its built-in architectures, "
+        "and a model whose config.json needs custom code for any other is refused at start-up, with or without "
+        "this flag.",
+        "model",
     ),
     Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model",
          crd_field="model.tokenizer"),
@@ -216,6 +230,16 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
     ),
+    Flag(
+        "--max-logprobs",
+        "int",
+        20,
+        "The most logprobs a request may ask for per token (completions' logprobs, chat's and the Responses API's "
+        "top_logprobs, prompt_logprobs), as vLLM's: a request asking for more gets a 400; -1 allows up to the "
+        "vocabulary size (a request's logprob entries in all stay bounded either way).",
+        "model",
+        ge=-1,
+    ),
     # --- pooling runner (engine/pooling, /v1/embeddings) -------------------------------------------
     Flag(
         "--runner",
@@ -305,9 +329,11 @@ FLAGS: tuple[Flag, ...] = (
         "How a full KV block's prefix-cache key is computed: sha256 (collision-resistant: SHA-256 over the "
         "parent's key, the block's token ids and extra keys, from a random per-process root) or builtin (Python's "
         "hash: faster, but a client can craft a block that collides with another prompt's and read its cached "
-        "K/V; trusted single-tenant clients only).",
+        "K/V; trusted single-tenant clients only; vLLM's earlier choice). vLLM's sha256_cbor, xxhash and "
+        "xxhash_cbor are refused: their keys are not computed here.",
         "cache",
-        choices=("sha256", "builtin"),
+        choices=("sha256", "builtin", "sha256_cbor", "xxhash", "xxhash_cbor"),
+        supported_values=("sha256", "builtin"),
     ),
     # --- scheduler ---------------------------------------------------------------------------------
     Flag(
@@ -454,6 +480,24 @@ FLAGS: tuple[Flag, ...] = (
     # --- server ------------------------------------------------------------------------------------
     Flag("--host", "str", None, "Address to listen on (default: all).", "server"),
     Flag("--disable-log-stats", "bool", False, "Do not log the periodic stats line.", "server"),
+    Flag(
+        "--enable-log-requests",
+        "bool",
+        False,
+        "Log a line when a generation or embedding request reaches the engine (its id, parameters and LoRA "
+        "adapter) and one when it finishes, fails or is aborted; its prompt text and token ids at DEBUG only "
+        "(VLLM_LOGGING_LEVEL=DEBUG), as vLLM; off by default, as in vLLM.",
+        "server",
+        negatable=True,
+    ),
+    Flag(
+        "--disable-log-requests",
+        "bool",
+        False,
+        "vLLM's older spelling (deprecated there since --enable-log-requests): requests are not logged, which is "
+        "the default; refused together with --enable-log-requests.",
+        "server",
+    ),
     Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(
         "--api-key",
@@ -682,6 +726,10 @@ FLAGS: tuple[Flag, ...] = (
     ),
 )
 
+# vLLM's option spelling of MODEL (`vllm serve --model X`): `flotilla serve` takes it beside the positional (both
+# given must agree); not a flag of the table above, since MODEL is no engine component's setting but what is loaded.
+MODEL_FLAG = "--model"
+
 _BY_NAME = {f.name: f for f in FLAGS}
 _BY_CRD_FIELD = {f.crd_field: f for f in FLAGS if f.crd_field}
 
@@ -701,7 +749,8 @@ def flag_for_crd_field(path: str) -> Flag | None:
 
 def markdown_table() -> str:
     """The flag reference as a Markdown table (the README embeds it; a test keeps them equal)."""
-    rows = ["| flag | type | default | InferenceService field | status |", "|---|---|---|---|---|"]
+    rows = ["| flag | type | default | InferenceService field | status |", "|---|---|---|---|---|",
+            f"| MODEL, `{MODEL_FLAG}` | str | the embedded model | `spec.model.source` | yes |"]
     for f in FLAGS:
         names = ", ".join(f"`{n}`" for n in (*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
         status = "yes" if f.implemented else "not yet"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, looks_like_chat_template, parse_argv
-from flotilla.flags import FLAGS, Flag, flag, flag_for_crd_field
+from flotilla.flags import FLAGS, MODEL_FLAG, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
@@ -160,14 +160,34 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # How prefix-cache keys are computed (vLLM's flag; sha256 by default): builtin trades this service's own
     # clients' isolation from each other for speed, the owner's choice; the pod's cache is its own.
     "--prefix-caching-hash-algo",
+    # What vLLM manifests carry over unchanged: the most logprobs a request may ask for (a per-request bound), the
+    # request log lines (this pod's log), and --trust-remote-code, which runs no checkpoint code here either way.
+    "--max-logprobs", "--enable-log-requests", "--disable-log-requests", "--trust-remote-code",
 })
+
+
+def _without_model_flag(extra: list[str]) -> tuple[list[str], list[str]]:
+    """engineArgs without vLLM's `--model X` / `--model=X` (MODEL, which engine_args renders from spec.model), and
+    the refusal of each one found."""
+    rest, errors, i = [], [], 0
+    while i < len(extra):
+        token = extra[i]
+        i += 1
+        if token == MODEL_FLAG or token.startswith(MODEL_FLAG + "="):
+            errors.append(f"spec.engineArgs: {MODEL_FLAG} is set by the operator: it serves spec.model.source")
+            if token == MODEL_FLAG and i < len(extra) and not extra[i].startswith("-"):
+                i += 1  # its value
+            continue
+        rest.append(token)
+    return rest, errors
 
 
 def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
     """spec.engineArgs parsed by the engine's grammar and checked by the contract, and why any of
     them cannot be used (grammar, ownership, type, range, implemented)."""
+    extra, errors = _without_model_flag(extra)
     parsed, problems = parse_argv(extra)
-    errors = [f"spec.engineArgs: {p}" for p in problems]
+    errors += [f"spec.engineArgs: {p}" for p in problems]
     usable, seen = [], set()
     for p in parsed:
         f = p.flag

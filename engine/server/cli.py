@@ -34,6 +34,7 @@ from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
+from flotilla.flags import MODEL_FLAG
 
 logger = logging.getLogger("flotilla.serve")
 # uvicorn's own graceful-shutdown wait, after the drain: only connections that are not engine
@@ -52,8 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     """Arguments of `flotilla serve`: MODEL plus every engine and server flag."""
     parser = argparse.ArgumentParser(prog="flotilla serve", description="OpenAI-compatible LLM server")
     parser.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded model)")
+    parser.add_argument(MODEL_FLAG, dest="model_option", default=None, metavar="MODEL",
+                        help="the same as MODEL (vLLM's --model); given with MODEL, the two must agree")
     add_flags(parser, (*ENGINE_COMPONENTS, "server"))
     return parser
+
+
+def _set_log_level(name: str) -> None:
+    """VLLM_LOGGING_LEVEL, as vLLM's: the level of this process's `flotilla` loggers (DEBUG adds, among others,
+    the prompts of --enable-log-requests); other libraries stay at INFO. ValueError for an unknown name."""
+    level = logging.getLevelName(name.strip().upper())
+    if not isinstance(level, int):
+        raise ValueError(f"VLLM_LOGGING_LEVEL={name!r} is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    logging.getLogger("flotilla").setLevel(level)
+
+
+def _model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """MODEL, given as the positional or as --model (vLLM takes either); both given and different: a usage error."""
+    if args.model is not None and args.model_option is not None and args.model != args.model_option:
+        parser.error(f"MODEL {args.model!r} and {MODEL_FLAG} {args.model_option!r} differ: give the model once")
+    return args.model if args.model is not None else args.model_option
 
 
 class DrainingServer(uvicorn.Server):
@@ -121,9 +140,12 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, build everything once, serve until shut down."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.model = _model_argument(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
+        _set_log_level(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         server = ServerConfig.from_kwargs(**flag_values(args, ("server",)))
         chat_template = load_chat_template(server.chat_template)
@@ -187,6 +209,8 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               chat_template_content_format=server.chat_template_content_format,
                               chat_template=chat_template,
                               default_chat_template_kwargs=server.default_chat_template_kwargs,
+                              max_logprobs=config.model.logprobs_cap,
+                              log_requests=server.enable_log_requests,
                               max_tokens_cap=max_tokens_cap(config.model.generation_config, defaults,
                                                             config.model.override_generation_config)),
         model_names=config.model.served_model_name,

@@ -32,6 +32,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
 from flotilla.engine.server.request_id_header import checked_request_id
+from flotilla.engine.server.request_log import log_aborted, log_failed, log_finished, log_received
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -96,12 +97,12 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
     for i, ids in enumerate(prompts):
         check_prompt(i, ids, state.max_model_len, state.vocab_size)
     params = PoolingParams(dimensions=body.dimensions, normalize=_normalize(body))
-    outputs: list[EmbeddingOutput] = []
-    for chunk in prompt_batches(prompts, state.max_model_len):
-        outputs += await state.engine.call(EngineCall("embed", (chunk, params, body.cache_salt)))
+    response_id = response_ids("embd", body.request_id)[0]
+    outputs = await (_logged_embed(state, prompts, params, body.cache_salt, response_id)
+                     if state.serving.log_requests else _embed(state, prompts, params, body.cache_salt))
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
-        "id": response_ids("embd", body.request_id)[0],
+        "id": response_id,
         "object": "list",
         "created": int(time.time()),
         "model": model,
@@ -109,6 +110,31 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
                  for i, o in enumerate(outputs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def _embed(state: ServerState, prompts: list[list[int]], params: PoolingParams,
+                 cache_salt: str | None) -> list[EmbeddingOutput]:
+    """Every prompt's embedding, batch by batch on the engine thread."""
+    outputs: list[EmbeddingOutput] = []
+    for chunk in prompt_batches(prompts, state.max_model_len):
+        outputs += await state.engine.call(EngineCall("embed", (chunk, params, cache_salt)))
+    return outputs
+
+
+async def _logged_embed(state: ServerState, prompts: list[list[int]], params: PoolingParams, cache_salt: str | None,
+                        response_id: str) -> list[EmbeddingOutput]:
+    """`_embed`, its arrival and end logged (--enable-log-requests: request_log.py)."""
+    log_received(response_id, params, None, None, prompts)
+    try:
+        outputs = await _embed(state, prompts, params, cache_salt)
+    except Exception as exc:
+        log_failed(response_id, exc)
+        raise
+    except BaseException:  # cancelled: the client went away
+        log_aborted(response_id)
+        raise
+    log_finished(response_id)
+    return outputs
 
 
 def _refuse_unservable(body: EmbeddingRequest) -> None:

@@ -152,7 +152,7 @@ class _SamplingFields(_RequestBody):
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -192,7 +192,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     # OpenAI's and vLLM's default for completions (chat's is the context left); 0 only with echo: the prompt alone
     max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -278,7 +278,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
     response_format: dict[str, Any] | None = None
     tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] | None = None

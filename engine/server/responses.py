@@ -101,7 +101,7 @@ class ResponsesRequest(_RequestBody):
     # alternatives (0: the token alone). vLLM's other `include` values are accepted and add nothing here: this
     # server makes none of the items they name (no built-in tool calls, no images, no encrypted reasoning).
     include: list[IncludeValue] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's --max-logprobs default, chat's bound
+    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs, as chat's
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
@@ -200,14 +200,14 @@ class ResponsesServing:
                                                        defaults=self.serving.default_sampling,
                                                        max_tokens_cap=self.serving.max_tokens_cap))
         [sp] = check_logprob_entries([len(prompt.token_ids)], [sp], 1, "input", "top_logprobs",
-                                     max_tokens_given=req.max_output_tokens is not None)
+                                     self.serving.max_logprobs, max_tokens_given=req.max_output_tokens is not None)
         # The output text's logprobs, chat's conversion: every generated token's, the thinking's and calls' too (vLLM)
         logprobs = self.serving.logprobs_of(chat) if chat.logprobs else None
         # Only the end is read, or each step's news (which the stream's parsers take in turn): never the output so far
         sp = sp.model_copy(update={"output_kind": "delta" if req.stream else "final_only"})
         response_id = _response_id(req.request_id, header_id)
         base = _response(req, response_id, model)
-        stream = await admitted(self.serving.engine.generate(
+        stream = await admitted(self.serving.generate(
             prompt.token_ids, sp, f"{response_id}-{uuid.uuid4().hex[:8]}", prompt.text, self.serving.lora_for(model),
             **engine_kwargs(req.priority, req.cache_salt)))
         reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar

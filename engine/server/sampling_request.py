@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import _SamplingFields
@@ -32,18 +33,25 @@ def max_tokens_cap(generation_config: str, defaults: dict[str, Any], override: d
 # bytes a token: an 8 MiB body with prompt_logprobs=20 made ~16 GB; and n=128 x max_tokens 128k x 21 is 344M
 # generated entries from a 100-byte body. One request could take the server down. 4M entries (~2.5 GB) leave room
 # for 20 logprobs on one prompt, or one completion, of 128k tokens. vLLM has no such bound; its --max-logprobs
-# (20, MAX_LOGPROBS) bounds the entries of one token, which this bound leaves as it is.
+# (default 20) bounds the entries of one token, which check_logprob_entries applies first.
 MAX_LOGPROB_ENTRIES = 1 << 22
 
 
 def check_logprob_entries(prompt_lens: list[int], params: list[SamplingParams], prompt_copies: int,
-                          prompt_param: str, param: str, max_tokens_given: bool = True) -> list[SamplingParams]:
+                          prompt_param: str, param: str, max_logprobs: int,
+                          max_tokens_given: bool = True) -> list[SamplingParams]:
     """`params` (one per prompt) with the request's logprobs within MAX_LOGPROB_ENTRIES: the prompt's (a 400 naming
-    `prompt_param` when they alone pass it) plus the generated ones at max_tokens (a 400 naming `param`).
+    `prompt_param` when they alone pass it) plus the generated ones at max_tokens (a 400 naming `param`). First, a
+    token's logprobs or prompt_logprobs above `max_logprobs` (--max-logprobs) are vLLM's 400, naming the field.
 
     Without `max_tokens_given`, max_tokens is the server's choice (the context left, or a default), so it is
     lowered to what fits rather than refused: a request vLLM serves (say n=2 with 20 logprobs on a 128k context)
     is served, its completions ending with finish_reason "length" past ~100k tokens."""
+    for sp in params[:1]:
+        try:
+            sp.check_logprobs(max_logprobs)
+        except InvalidParamError as exc:
+            raise APIError(400, str(exc), param=prompt_param if exc.param == "prompt_logprobs" else param) from None
     prompt_logprobs = params[0].prompt_logprobs if params else None
     tokens = sum(prompt_lens)
     prompt_entries = 0 if prompt_logprobs is None else tokens * (prompt_logprobs + 1) * prompt_copies

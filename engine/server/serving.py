@@ -17,7 +17,7 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.prompt_rules import check_prompt
 from flotilla.engine.prompt_truncation import truncate_prompt
-from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
     render_untrusted,
@@ -32,6 +32,7 @@ from flotilla.engine.server.protocol import (
 )
 from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
+from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs
 from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
@@ -162,8 +163,11 @@ class OpenAIServing:
                  reasoning_parser: str | None = None, enable_prompt_tokens_details: bool = False,
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None,
                  chat_template_content_format: ContentFormatOption = "auto", chat_template: str | None = None,
-                 default_chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 default_chat_template_kwargs: dict[str, Any] | None = None,
+                 max_logprobs: int = MAX_LOGPROBS, log_requests: bool = False) -> None:
         self.engine = engine
+        self.log_requests = log_requests  # --enable-log-requests: request_log.py
+        self.max_logprobs = max_logprobs  # --max-logprobs (-1 resolved to the vocabulary size)
         self.chat_template = chat_template  # --chat-template's text (None: the tokenizer's template)
         self.default_chat_template_kwargs = default_chat_template_kwargs  # under each request's chat_template_kwargs
         self.content_format = chat_template_content_format  # chat_content.py: how message content reaches templates
@@ -306,14 +310,14 @@ class OpenAIServing:
         # Every choice carries its prompt's entries (echoed logprobs and `prompt_logprobs` alike).
         params = check_logprob_entries([len(p.token_ids) for p in prompts], params, req.n,
                                        "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs", "logprobs",
-                                       max_tokens_given=max_tokens is not None)
+                                       self.max_logprobs, max_tokens_given=max_tokens is not None)
         request_id, engine_id = response_ids("cmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
         if req.stream:
             lora = self.lora_for(model)
             # Every prompt is submitted before any is waited on (their prefills can share engine steps), as vLLM
-            streams = await admitted_all([self.engine.generate(p.token_ids, _streamed(sp), f"{engine_id}-{i}", p.text,
+            streams = await admitted_all([self.generate(p.token_ids, _streamed(sp), f"{engine_id}-{i}", p.text,
                                                                lora, **extras)
                                           for i, (p, sp) in enumerate(zip(prompts, params, strict=True))])
             return self._stream_completions(req, prompts, streams, request_id, created, model)
@@ -454,7 +458,7 @@ class OpenAIServing:
                                                        defaults=self.default_sampling,
                                                        max_tokens_cap=self.max_tokens_cap))
         [sp] = check_logprob_entries([len(prompt.token_ids)], [sp], 1,  # the prompt's: one copy, beside the choices
-                                     "prompt_logprobs", "top_logprobs" if top else "logprobs",
+                                     "prompt_logprobs", "top_logprobs" if top else "logprobs", self.max_logprobs,
                                      max_tokens_given=max_tokens is not None)
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
@@ -466,7 +470,7 @@ class OpenAIServing:
             prompt_ids = list(prompt.token_ids) if req.return_token_ids else None  # vLLM's, on the role chunks
             lora = self.lora_for(model)
             reasoning = self.reasoning if sp.structured_outputs is None else None
-            stream = await admitted(self.engine.generate(prompt.token_ids, _streamed(sp), engine_id, prompt.text, lora,
+            stream = await admitted(self.generate(prompt.token_ids, _streamed(sp), engine_id, prompt.text, lora,
                                                          **extras))
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
@@ -557,6 +561,12 @@ class OpenAIServing:
     def _cached(self, block: dict[str, Any], cached: int) -> dict[str, Any]:
         return with_cached_tokens(block, cached) if self.enable_prompt_tokens_details else block
 
+    def generate(self, token_ids: list[int], sp: SamplingParams, request_id: str, text: str | None,
+                 lora: LoRARequest | None, **extras: Any) -> AsyncGenerator[RequestOutput]:
+        """The engine's `generate`, its arrival and end logged with --enable-log-requests."""
+        stream = self.engine.generate(token_ids, sp, request_id, text, lora, **extras)
+        return logged(stream, request_id, token_ids, text, sp, lora) if self.log_requests else stream
+
     def lora_for(self, model: str) -> LoRARequest | None:
         """The adapter a served name stands for (None: the base model)."""
         return self.loras.get(model) if self.loras is not None else None
@@ -565,7 +575,7 @@ class OpenAIServing:
                      extras: dict[str, Any] | None = None) -> RequestOutput:
         final = None
         sp = sp.model_copy(update={"output_kind": "final_only"})  # a non-streaming reply needs only the end
-        async for output in self.engine.generate(prompt.token_ids, sp, request_id, prompt.text, self.lora_for(model),
+        async for output in self.generate(prompt.token_ids, sp, request_id, prompt.text, self.lora_for(model),
                                                  **(extras or {})):
             final = output
         assert final is not None and final.finished

@@ -97,9 +97,12 @@ def test_a_colliding_prompt_is_refused_and_ordinary_prefixes_still_hit(tiny_mode
 
 
 def test_the_flag_offers_the_algorithms_the_engine_has():
-    """--prefix-caching-hash-algo's choices are the key functions', sha256 (vLLM's default) first and default."""
+    """--prefix-caching-hash-algo's supported values are the key functions', sha256 (vLLM's default) first and
+    default; its other choices are vLLM's newer names, refused by name (their keys are not computed here)."""
     flag = next(f for f in FLAGS if f.name == "--prefix-caching-hash-algo")
-    assert flag.choices == get_args(HashAlgo) and flag.default == "sha256" == get_args(HashAlgo)[0]
+    assert flag.supported_values == get_args(HashAlgo) and flag.default == "sha256" == get_args(HashAlgo)[0]
+    assert flag.choices is not None and set(flag.choices) - set(get_args(HashAlgo)) == {"sha256_cbor", "xxhash",
+                                                                                          "xxhash_cbor"}
 
 
 def test_the_schedulers_look_up_sees_what_changed_since_add_requests():

@@ -27,7 +27,7 @@ from flotilla.engine.sampling_params import SamplingParams
         ({"temperature": float("inf")}, "temperature"),
         ({"top_k": -2}, "top_k"),
         ({"n": 0}, "n"),
-        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),  # the upper bound is the engine's --max-logprobs: check_logprobs
         ({"logit_bias": {3: float("nan")}}, "logit_bias"),
         ({"presence_penalty": float("-inf")}, "presence_penalty"),
     ],

@@ -230,7 +230,16 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     # How prefix-cache keys are computed: the owner's choice, among the engine's algorithms.
     (["--prefix-caching-hash-algo", "builtin"], None),
     (["--prefix-caching-hash-algo", "md5"], "spec.engineArgs: --prefix-caching-hash-algo='md5' is not one of: "
-                                            "sha256, builtin"),
+                                            "sha256, builtin, sha256_cbor, xxhash, xxhash_cbor"),
+    # vLLM's newer algorithms: named, but their keys are not computed here.
+    (["--prefix-caching-hash-algo", "xxhash"], "spec.engineArgs: --prefix-caching-hash-algo='xxhash' is not "
+                                               "supported yet (supported: sha256, builtin)"),
+    # What vLLM manifests carry: a per-request logprobs bound, request log lines, remote code (never run here).
+    (["--max-logprobs", "5", "--enable-log-requests", "--trust-remote-code"], None),
+    (["--max-logprobs", "-1", "--disable-log-requests"], None),
+    (["--max-logprobs", "-2"], "spec.engineArgs: --max-logprobs=-2 is out of range (>= -1)"),
+    (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
+    (["--model=/elsewhere", "--seed", "1"], OWNED.format("--model") + "it serves spec.model.source"),
 ])
 def test_engine_args_are_checked_against_the_flag_contract(extra, error):
     errors = engine_args_errors(extra)
@@ -238,6 +247,12 @@ def test_engine_args_are_checked_against_the_flag_contract(extra, error):
         assert errors == []
     else:
         assert errors[0] == error
+
+
+def test_both_request_log_flags_are_refused_as_the_engine_refuses_them():
+    assert unsupported(make(engineArgs=["--enable-log-requests"]), "x") == []
+    assert unsupported(make(engineArgs=["--enable-log-requests", "--disable-log-requests"]), "x") == [
+        "--enable-log-requests and --disable-log-requests contradict each other: give one"]
 
 
 def test_every_flag_is_classified_for_engine_args():

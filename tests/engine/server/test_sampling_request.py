@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import CompletionRequest
 from flotilla.engine.server.sampling_request import (
@@ -63,22 +63,25 @@ def test_generated_logprobs_past_the_entry_bound_are_a_400_naming_the_field():
     # the engine until the request ends and built whole into a non-streamed reply.
     sp = SamplingParams(n=8, max_tokens=131_000, logprobs=20)
     with pytest.raises(APIError) as err:
-        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs")
+        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs", MAX_LOGPROBS)
     assert (err.value.status, err.value.param) == (400, "top_logprobs")
     assert f"at most {MAX_LOGPROB_ENTRIES}" in err.value.message and "8 completions" in err.value.message
     # One completion of 128k tokens with 20 logprobs a token fits (vLLM's --max-logprobs 20 stays servable).
-    check_logprob_entries([10], [SamplingParams(max_tokens=131_000, logprobs=20)], 1, "prompt_logprobs", "logprobs")
+    check_logprob_entries([10], [SamplingParams(max_tokens=131_000, logprobs=20)], 1,
+                          "prompt_logprobs", "logprobs", MAX_LOGPROBS)
     # No logprobs asked for: no bound.
-    check_logprob_entries([10], [SamplingParams(n=128, max_tokens=131_000)], 1, "prompt_logprobs", "logprobs")
+    check_logprob_entries([10], [SamplingParams(n=128, max_tokens=131_000)], 1,
+                          "prompt_logprobs", "logprobs", MAX_LOGPROBS)
 
 
 def test_prompt_and_generated_logprobs_share_the_bound():
     # 100k prompt tokens x 21 is 2.1M entries, and 100k generated tokens x 21 another 2.1M: together past 4M.
     both = SamplingParams(max_tokens=100_000, logprobs=20, prompt_logprobs=20)
     with pytest.raises(APIError) as err:
-        check_logprob_entries([100_000], [both], 1, "prompt_logprobs", "logprobs")
+        check_logprob_entries([100_000], [both], 1, "prompt_logprobs", "logprobs", MAX_LOGPROBS)
     assert err.value.param == "logprobs" and "2100000 of them the prompt's" in err.value.message
-    check_logprob_entries([100_000], [both.model_copy(update={"logprobs": None})], 1, "prompt_logprobs", "logprobs")
+    check_logprob_entries([100_000], [both.model_copy(update={"logprobs": None})], 1,
+                          "prompt_logprobs", "logprobs", MAX_LOGPROBS)
 
 
 def test_logprobs_without_max_tokens_are_served_within_the_bound_not_refused():
@@ -86,19 +89,22 @@ def test_logprobs_without_max_tokens_are_served_within_the_bound_not_refused():
     # (131,000), 2 x 131,000 x 21 = 5.5M. The client set no limit to lower, so the one the server chose is lowered
     # to what fits (vLLM serves this request; refusing it asked the client to fix a value it never sent).
     sp = SamplingParams(n=2, max_tokens=131_000, logprobs=20)
-    [fitted] = check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs", max_tokens_given=False)
+    [fitted] = check_logprob_entries([10], [sp], 1,
+                                     "prompt_logprobs", "top_logprobs", MAX_LOGPROBS, max_tokens_given=False)
     assert fitted.max_tokens == MAX_LOGPROB_ENTRIES // (2 * 21)
     assert fitted.model_copy(update={"max_tokens": sp.max_tokens}) == sp  # nothing else changes
     # Within the bound already: unchanged. Several prompts share the room.
     one = SamplingParams(max_tokens=131_000, logprobs=20)
-    assert check_logprob_entries([10], [one], 1, "prompt_logprobs", "logprobs", max_tokens_given=False) == [one]
-    fitted = check_logprob_entries([10, 10], [sp, sp], 2, "prompt_logprobs", "logprobs", max_tokens_given=False)
+    assert check_logprob_entries([10], [one], 1,
+                                 "prompt_logprobs", "logprobs", MAX_LOGPROBS, max_tokens_given=False) == [one]
+    fitted = check_logprob_entries([10, 10], [sp, sp], 2,
+                                   "prompt_logprobs", "logprobs", MAX_LOGPROBS, max_tokens_given=False)
     assert [p.max_tokens for p in fitted] == [MAX_LOGPROB_ENTRIES // (4 * 21)] * 2
     # A max_tokens the client gave is never changed: still the 400 naming the field.
     with pytest.raises(APIError) as err:
-        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs")
+        check_logprob_entries([10], [sp], 1, "prompt_logprobs", "top_logprobs", MAX_LOGPROBS)
     assert err.value.param == "top_logprobs"
     # No room left for even min_tokens: the 400 as before.
     tight = SamplingParams(n=128, max_tokens=131_000, min_tokens=2000, logprobs=20)
     with pytest.raises(APIError):
-        check_logprob_entries([10], [tight], 1, "prompt_logprobs", "logprobs", max_tokens_given=False)
+        check_logprob_entries([10], [tight], 1, "prompt_logprobs", "logprobs", MAX_LOGPROBS, max_tokens_given=False)

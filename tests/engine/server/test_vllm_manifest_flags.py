@@ -1,0 +1,111 @@
+"""`vllm serve` flags that existing commands and manifests carry, given to the real server: --model beside MODEL,
+--max-logprobs (vLLM's 400 above it), --enable-log-requests (a line per request), --trust-remote-code."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+from .conftest import API_KEY, start_server, stop_server
+
+CAP = 3  # --max-logprobs
+
+
+@pytest.fixture(scope="module")
+def manifest_server(tiny_model_dirs, tmp_path_factory):
+    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("manifest") / "server.log",
+                     "--model", str(tiny_model_dirs["llama"]), "--max-logprobs", str(CAP), "--enable-log-requests",
+                     "--trust-remote-code", "--served-model-name", "tiny", "--disable-log-stats",
+                     env={"VLLM_API_KEY": API_KEY, "VLLM_LOGGING_LEVEL": "debug"})
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture
+def capped(manifest_server):
+    return openai.OpenAI(base_url=f"{manifest_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _log_with(server, text: str, deadline_s: float = 30) -> str:
+    """The server's log once it holds `text` (log lines are flushed as they are written, but not instantly)."""
+    end = time.monotonic() + deadline_s
+    while text not in (log := server.log.read_text()) and time.monotonic() < end:
+        time.sleep(0.2)
+    return log
+
+
+def test_logprobs_up_to_max_logprobs_are_served(capped):
+    chat = capped.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                          logprobs=True, top_logprobs=CAP)
+    assert all(len(t.top_logprobs) == CAP for t in chat.choices[0].logprobs.content)
+    completion = capped.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=CAP)
+    assert all(len(top) >= CAP for top in completion.choices[0].logprobs.top_logprobs)
+
+
+@pytest.mark.parametrize(("call", "param", "kind"), [
+    (lambda c: c.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=CAP + 1), "logprobs",
+     "sample"),
+    (lambda c: c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                         logprobs=True, top_logprobs=CAP + 1), "top_logprobs", "sample"),
+    (lambda c: c.completions.create(model="tiny", prompt="Hello", max_tokens=2,
+                                    extra_body={"prompt_logprobs": CAP + 1}), "prompt_logprobs", "prompt"),
+    (lambda c: c.responses.create(model="tiny", input="Hi", max_output_tokens=2, top_logprobs=CAP + 1,
+                                  include=["message.output_text.logprobs"]), "top_logprobs", "sample"),
+])
+def test_more_logprobs_than_max_logprobs_are_vllms_400(capped, manifest_server, call, param, kind):
+    with pytest.raises(openai.BadRequestError) as err:
+        call(capped)
+    error = err.value.body
+    assert error["param"] == param, error
+    assert error["message"] == f"Requested {kind} logprobs of {CAP + 1}, which is greater than max allowed: {CAP}"
+    assert manifest_server.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def test_enable_log_requests_logs_each_request_and_its_end(capped, manifest_server):
+    completion = capped.completions.create(model="tiny", prompt="The lighthouse keeper counted", max_tokens=3,
+                                           extra_body={"request_id": "manifest-log-check"})
+    assert completion.id.endswith("manifest-log-check")
+    log = _log_with(manifest_server, "Finished request cmpl-manifest-log-check")
+    lines = [line for line in log.splitlines() if "cmpl-manifest-log-check" in line]
+    received = [line for line in lines if "Received request" in line]
+    assert len(received) == 1 and received[0].startswith("INFO ") and "max_tokens=3" in received[0]
+    # As vLLM: the prompt only at DEBUG (this server runs with VLLM_LOGGING_LEVEL=debug), never in the INFO lines.
+    prompts = [line for line in lines if "'The lighthouse keeper counted'" in line]
+    assert len(prompts) == 1 and prompts[0].startswith("DEBUG ") and "prompt_token_ids: [" in prompts[0]
+    assert any(line.startswith("INFO ") and "Finished request" in line for line in lines)
+
+
+def test_a_request_whose_client_goes_away_is_logged_as_aborted(capped, manifest_server):
+    stream = capped.completions.create(model="tiny", prompt="Tell a long story", max_tokens=400, stream=True,
+                                       extra_body={"request_id": "manifest-abort-check", "ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    log = _log_with(manifest_server, "Aborted request cmpl-manifest-abort-check")
+    assert "Aborted request cmpl-manifest-abort-check" in log
+    assert "Finished request cmpl-manifest-abort-check" not in log
+
+
+def test_requests_are_not_logged_by_default(client, server):
+    client.completions.create(model="tiny", prompt="The lighthouse keeper counted", max_tokens=2)
+    client.completions.create(model="tiny", prompt="Once more", max_tokens=2)  # the first one's end is logged by now
+    assert "Received request" not in server.log.read_text()
+    assert "Finished request" not in server.log.read_text()
+
+
+def test_enable_log_requests_logs_embedding_requests_too(tiny_model_dirs, tmp_path):
+    pooling = start_server(tiny_model_dirs["qwen3"], tmp_path / "server.log", "--runner", "pooling",
+                           "--served-model-name", "tiny", "--enable-log-requests", "--disable-log-stats",
+                           env={"VLLM_API_KEY": API_KEY})
+    try:
+        client = openai.OpenAI(base_url=f"{pooling.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        response = client.embeddings.create(model="tiny", input=["a quiet harbour", "two"],
+                                            extra_body={"request_id": "manifest-embed-check"})
+        assert response.usage.prompt_tokens > 0
+        log = _log_with(pooling, "Finished request embd-manifest-embed-check")
+    finally:
+        stop_server(pooling)
+    received = [line for line in log.splitlines() if "Received request embd-manifest-embed-check" in line]
+    assert len(received) == 1 and "normalize=True" in received[0]
+    assert "quiet harbour" not in log  # the prompts only at DEBUG, which this server is not at

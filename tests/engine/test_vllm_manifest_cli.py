@@ -1,0 +1,149 @@
+"""`vllm serve` flags that existing commands and manifests carry, as the command line and the config read them.
+What a running server does with them: tests/engine/server/test_vllm_manifest_flags.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
+from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.cli import build_parser
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flotilla.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _config(model, *argv: str) -> EngineConfig:
+    return EngineConfig.from_kwargs(str(model), **flag_values(build_parser().parse_args(argv), ENGINE_COMPONENTS))
+
+
+def test_model_flag_is_model(tmp_path):
+    """vLLM's --model X is MODEL: the missing directory it names is the one the error reports."""
+    result = _serve("--model", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and f"model {tmp_path / 'nowhere'}: no config.json" in result.stderr, result.stderr
+
+
+def test_model_given_twice_must_agree(tmp_path):
+    result = _serve(str(tmp_path / "a"), "--model", str(tmp_path / "b"))
+    assert result.returncode == 2
+    assert f"MODEL '{tmp_path / 'a'}' and --model '{tmp_path / 'b'}' differ" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_trust_remote_code_is_accepted_for_a_built_in_architecture(tiny_model_dirs):
+    config = _config(tiny_model_dirs["llama"], "--trust-remote-code")
+    assert config.model.hf_config["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.fixture
+def custom_code_model(tiny_model_dirs, tmp_path):
+    """A config.json that maps an architecture not built in to the checkpoint's own code."""
+    hf_config = json.loads((tiny_model_dirs["llama"] / "config.json").read_text())
+    hf_config |= {"architectures": ["MyLMForCausalLM"], "auto_map": {"AutoModelForCausalLM": "modeling_my.MyLM"}}
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    return tmp_path
+
+
+@pytest.mark.parametrize("flags", [(), ("--trust-remote-code",)])
+def test_a_model_needing_its_own_code_is_refused_with_or_without_trust_remote_code(custom_code_model, flags):
+    with pytest.raises(ConfigError, match="auto_map asks for the checkpoint's own Python code for MyLMForCausalLM; "
+                                          r"(--trust-remote-code does not change this: )?Flotilla never runs") as err:
+        _config(custom_code_model, *flags)
+    assert ("--trust-remote-code does not change this" in str(err.value)) == bool(flags)
+    assert "LlamaForCausalLM" in str(err.value)  # the architectures it does serve
+
+
+def test_a_built_in_architecture_shipping_code_too_is_served_by_the_built_in_one(tiny_model_dirs, tmp_path):
+    shutil.copytree(tiny_model_dirs["llama"], tmp_path / "m")
+    hf_config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(hf_config | {"auto_map": {"AutoConfig": "x.Y"}}))
+    assert _config(tmp_path / "m").model.hf_config["auto_map"] == {"AutoConfig": "x.Y"}
+
+
+def test_max_logprobs_default_and_minus_one(tiny_model_dirs):
+    assert _config(tiny_model_dirs["llama"]).model.logprobs_cap == 20  # vLLM's default
+    vocab = json.loads((tiny_model_dirs["llama"] / "config.json").read_text())["vocab_size"]
+    assert _config(tiny_model_dirs["llama"], "--max-logprobs", "-1").model.logprobs_cap == vocab
+    with pytest.raises(ConfigError, match=r"--max-logprobs=-2 is out of range \(>= -1\)"):
+        _config(tiny_model_dirs["llama"], "--max-logprobs", "-2")
+
+
+def test_the_engine_refuses_logprobs_above_the_cap_in_vllms_words():
+    SamplingParams(logprobs=50, prompt_logprobs=50).check_logprobs(50)
+    with pytest.raises(InvalidParamError, match="^Requested sample logprobs of 51, which is greater than max "
+                                                "allowed: 50$") as err:
+        SamplingParams(logprobs=51).check_logprobs(50)
+    assert err.value.param == "logprobs"
+    with pytest.raises(InvalidParamError, match="^Requested prompt logprobs of 21") as err:
+        SamplingParams(prompt_logprobs=21).check_logprobs(20)
+    assert err.value.param == "prompt_logprobs"
+
+
+def test_request_log_flags():
+    def server(*argv: str) -> ServerConfig:
+        return ServerConfig.from_kwargs(**flag_values(build_parser().parse_args(argv), ("server",)))
+
+    assert not server().enable_log_requests  # off by default, as vLLM's
+    assert server("--enable-log-requests").enable_log_requests
+    assert not server("--no-enable-log-requests").enable_log_requests  # vLLM's negation
+    assert not server("--disable-log-requests").enable_log_requests
+    with pytest.raises(ConfigError, match="--enable-log-requests and --disable-log-requests contradict"):
+        server("--enable-log-requests", "--disable-log-requests")
+
+
+@pytest.mark.parametrize("value", ["auto", "-1"])
+def test_max_model_len_auto_is_refused_saying_what_it_means(value, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-model-len", value])
+    error = capsys.readouterr().err
+    assert "vLLM's --max-model-len auto" in error and "not supported yet" in error, error
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_vllms_newer_hash_algorithms_are_refused_naming_the_ones_run_here(tiny_model_dirs, algo):
+    with pytest.raises(ConfigError, match=f"--prefix-caching-hash-algo='{algo}' is not supported yet "
+                                          r"\(supported: sha256, builtin\)"):
+        _config(tiny_model_dirs["llama"], "--prefix-caching-hash-algo", algo)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["version"]])  # (argparse's own --help already ignores a closed pipe)
+def test_output_into_a_closed_pipe_ends_without_a_traceback(args):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`| head`) is gone before anything is written
+    try:
+        result = subprocess.run([sys.executable, "-m", "flotilla.cli", *args], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
+def test_an_unknown_vllm_logging_level_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "flotilla.cli", "serve"], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "chatty"})
+    assert result.returncode == 2 and "VLLM_LOGGING_LEVEL='chatty' is not a log level" in result.stderr, result.stderr
+
+
+def test_the_offline_engine_applies_max_logprobs(tiny_model_dirs):
+    """The engine's own check (what LLM and any front end share): up to --max-logprobs served, above it refused."""
+    from flotilla.engine.llm import LLM
+
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, device="cpu", max_logprobs=2)
+    [out] = llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=2, temperature=0), use_tqdm=False)
+    assert all(len(entry) >= 2 for entry in out.outputs[0].logprobs)
+    with pytest.raises(InvalidParamError, match="Requested sample logprobs of 3, which is greater than max allowed: 2"):
+        llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=3), use_tqdm=False)
+    with pytest.raises(InvalidParamError, match="Requested prompt logprobs of 3"):
+        llm.generate("Hello", SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)
+    [again] = llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # still serving
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
