@@ -81,8 +81,10 @@ class ModelConfig(_Component):
 
     @property
     def logprobs_cap(self) -> int:
-        """--max-logprobs as a number: -1 means the vocabulary size, as vLLM's."""
-        return int(self.hf_config["vocab_size"]) if self.max_logprobs == -1 else self.max_logprobs
+        """--max-logprobs as a number: -1 means the vocabulary size, as vLLM's; a larger number is the vocabulary
+        size too, since a step cannot rank more tokens than there are (its top-k would fail the whole step)."""
+        vocab = int(self.hf_config["vocab_size"])
+        return vocab if self.max_logprobs == -1 else min(self.max_logprobs, vocab)
 
 
 class CacheConfig(_Component):

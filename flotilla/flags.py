@@ -235,8 +235,9 @@ FLAGS: tuple[Flag, ...] = (
         "int",
         20,
         "The most logprobs a request may ask for per token (completions' logprobs, chat's and the Responses API's "
-        "top_logprobs, prompt_logprobs), as vLLM's: a request asking for more gets a 400; -1 allows up to the "
-        "vocabulary size (a request's logprob entries in all stay bounded either way).",
+        "top_logprobs, prompt_logprobs), as vLLM's: a request asking for more gets a 400; -1 (or a number above "
+        "the vocabulary size) allows up to the vocabulary size (a request's logprob entries in all stay bounded "
+        "either way).",
         "model",
         ge=-1,
     ),

@@ -147,3 +147,20 @@ def test_the_offline_engine_applies_max_logprobs(tiny_model_dirs):
         llm.generate("Hello", SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)
     [again] = llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # still serving
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_a_max_logprobs_above_the_vocabulary_caps_requests_at_the_vocabulary(tiny_model_dirs):
+    """--max-logprobs larger than the vocabulary: a request asking for more logprobs than there are tokens is
+    refused in vLLM's words at the vocabulary size, not taken into a step whose top-k then fails (in a server,
+    the engine loop and every request with it)."""
+    from flotilla.engine.llm import LLM
+
+    vocab = json.loads((tiny_model_dirs["llama"] / "config.json").read_text())["vocab_size"]
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, device="cpu", max_logprobs=10 * vocab)
+    with pytest.raises(InvalidParamError, match=f"Requested sample logprobs of {vocab + 1}, which is greater than "
+                                                f"max allowed: {vocab}"):
+        llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=vocab + 1), use_tqdm=False)
+    with pytest.raises(InvalidParamError, match=f"Requested prompt logprobs of {vocab + 1}"):
+        llm.generate("Hello there", SamplingParams(max_tokens=2, prompt_logprobs=vocab + 1), use_tqdm=False)
+    [out] = llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=vocab, temperature=0), use_tqdm=False)
+    assert all(len(entry) >= vocab for entry in out.outputs[0].logprobs)  # the whole vocabulary, as asked
