@@ -106,7 +106,7 @@ def human_readable_int(text: str) -> int:
                          "memory profiling) is not supported yet: give a number, or leave --max-model-len out for the "
                          "model's own limit")
     match = _HUMAN_INT.fullmatch(text.strip())
-    if match is None:
+    if match is None or ("." in match[1] and not match[2]):  # a plain fraction (`0.5`) is no integer either
         raise ValueError(f"{text!r} is not an integer (nor one like 32k = 32,000 or 32K = 32,768)")
     number, suffix = match.groups()
     if suffix in _DECIMAL_SUFFIXES:

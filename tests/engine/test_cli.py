@@ -68,6 +68,16 @@ def test_lengths_in_vllms_human_readable_form():
             build_parser().parse_args(["--max-model-len", text])
 
 
+@pytest.mark.parametrize(("text", "words"), [("0.5", "'0.5' is not an integer"),
+                                             ("1.5K", "'1.5K': a fraction takes a decimal suffix")])
+def test_a_fraction_is_refused_in_words_that_fit_it(capsys, text, words):
+    """A plain fraction is no integer (vLLM's int() refuses it too); only one with a binary suffix is told to take
+    a decimal suffix instead, since it has a suffix to change."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-model-len", text])
+    assert f"argument --max-model-len: {words}" in capsys.readouterr().err
+
+
 def test_load_format_safetensors_is_refused_for_a_gguf_model():
     """vLLM's --load-format safetensors names what auto reads of an HF directory; a .gguf model has none to read."""
     with pytest.raises(ConfigError, match="--load-format safetensors reads an HF directory"):
