@@ -496,8 +496,10 @@ FLAGS: tuple[Flag, ...] = (
         "bool",
         False,
         "vLLM's older spelling (deprecated there since --enable-log-requests): requests are not logged, which is "
-        "the default; refused together with --enable-log-requests.",
+        "the default; refused together with --enable-log-requests. Negatable, as vLLM's: --no-disable-log-requests "
+        "is the default too.",
         "server",
+        negatable=True,
     ),
     Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(

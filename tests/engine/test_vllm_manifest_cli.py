@@ -97,6 +97,10 @@ def test_request_log_flags():
     assert server("--enable-log-requests").enable_log_requests
     assert not server("--no-enable-log-requests").enable_log_requests  # vLLM's negation
     assert not server("--disable-log-requests").enable_log_requests
+    # vLLM's --disable-log-requests is a BooleanOptionalAction too: its negation is the default, and says nothing
+    # against --enable-log-requests
+    assert not server("--no-disable-log-requests").enable_log_requests
+    assert server("--enable-log-requests", "--no-disable-log-requests").enable_log_requests
     with pytest.raises(ConfigError, match="--enable-log-requests and --disable-log-requests contradict"):
         server("--enable-log-requests", "--disable-log-requests")
 

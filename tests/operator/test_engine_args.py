@@ -237,6 +237,7 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     # What vLLM manifests carry: a per-request logprobs bound, request log lines, remote code (never run here).
     (["--max-logprobs", "5", "--enable-log-requests", "--trust-remote-code"], None),
     (["--max-logprobs", "-1", "--disable-log-requests"], None),
+    (["--enable-log-requests", "--no-disable-log-requests"], None),  # vLLM's negation of its older spelling
     (["--max-logprobs", "-2"], "spec.engineArgs: --max-logprobs=-2 is out of range (>= -1)"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
     (["--model=/elsewhere", "--seed", "1"], OWNED.format("--model") + "it serves spec.model.source"),
