@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -30,15 +31,16 @@ def _kind(f: Flag) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
     if f.type == "list":
         return {"nargs": "+"}
-    kind: dict[str, Any] = {"type": _human_int if f.human_readable else _TYPES[f.type]}
+    kind: dict[str, Any] = {"type": functools.partial(_human_int, name=f.name) if f.human_readable
+                            else _TYPES[f.type]}
     if f.choices is not None:
         kind["choices"] = f.choices
     return kind
 
 
-def _human_int(text: str) -> int:
+def _human_int(text: str, name: str) -> int:
     try:
-        return human_readable_int(text)
+        return human_readable_int(text, name)
     except ValueError as exc:  # argparse shows an ArgumentTypeError's own words
         raise argparse.ArgumentTypeError(str(exc)) from None
 

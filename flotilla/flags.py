@@ -97,11 +97,12 @@ _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
 
 
-def human_readable_int(text: str) -> int:
-    """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens: plain (`8192`), or with a
-    lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an upper-case one in powers of
-    1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else."""
-    if text.strip() in ("auto", "-1"):
+def human_readable_int(text: str, name: str = "--max-model-len") -> int:
+    """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens (`name`, the flag given): plain
+    (`8192`), or with a lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an upper-case one
+    in powers of 1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else, saying what vLLM's
+    `auto` / -1 would mean where it is --max-model-len's."""
+    if name == "--max-model-len" and text.strip() in ("auto", "-1"):
         raise ValueError(f"{text.strip()} (vLLM's --max-model-len auto: the longest context the KV cache holds after "
                          "memory profiling) is not supported yet: give a number, or leave --max-model-len out for the "
                          "model's own limit")

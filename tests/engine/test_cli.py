@@ -127,3 +127,13 @@ def test_generate_command_reports_bad_flags_clearly(tiny_model_dirs):
     assert result.returncode == 2
     assert "--quantization='int8' is not supported yet" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["auto", "-1"])
+def test_auto_for_the_step_budget_is_no_integer_rather_than_max_model_len_auto(capsys, value):
+    """vLLM's `auto` / -1 is --max-model-len's (fit the context to memory); --max-num-batched-tokens has no such
+    value, so its refusal must not speak of --max-model-len."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-num-batched-tokens", value])
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after the usage lines
+    assert f"argument --max-num-batched-tokens: '{value}' is not an integer" in error and "max-model-len" not in error
