@@ -62,7 +62,7 @@ def parse_value(f: Flag, text: str) -> Any:
     """A flag's value from its text, by the flag's declared type; RuleError when it is not one."""
     try:
         if f.type == "int":
-            return human_readable_int(text) if f.human_readable else int(text)
+            return human_readable_int(text, f.name) if f.human_readable else int(text)
         if f.type == "float":
             value = float(text)
             if not math.isfinite(value):

@@ -105,7 +105,7 @@ class StreamOptions(BaseModel):
 
 
 # Fields vLLM's completions or chat request takes as null (its default then) that have a non-null default here.
-NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "return_tokens_as_token_ids", "n",
+NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "n",
                               "logprobs", "echo"})
 
 
@@ -144,7 +144,8 @@ class _SamplingFields(_RequestBody):
     bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
-    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
+    # logprob tokens as "token_id:<id>"; None (unset or null): --return-tokens-as-token-ids (OpenAIServing.as_token_ids)
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: the prompt's and each choice's token ids beside the text (streams: the prompt's first, then each chunk's)
     return_token_ids: bool | None = None
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
