@@ -153,7 +153,8 @@ class _SamplingFields(_RequestBody):
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
-    prompt_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
+    # at most --max-logprobs: check_logprob_entries; -1 (vLLM's): the whole vocabulary (OpenAIServing.whole_vocabulary)
+    prompt_logprobs: int | None = Field(None, ge=-1)
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -279,7 +280,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
+    top_logprobs: int | None = Field(None, ge=-1)  # as prompt_logprobs (-1: the whole vocabulary)
     response_format: dict[str, Any] | None = None
     tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] | None = None

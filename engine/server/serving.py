@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from flotilla.engine.chat_content import ContentFormatOption, final_text
 from flotilla.engine.chat_rendering import check_prompt_end, history_for_template, render_trusted, template_variables
@@ -40,6 +40,8 @@ from flotilla.engine.server.tool_calls import chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
+
+_Req = TypeVar("_Req", CompletionRequest, ChatCompletionRequest)
 
 
 @dataclass
@@ -293,8 +295,17 @@ class OpenAIServing:
 
     # --- completions ---------------------------------------------------------------------------------
 
+    def whole_vocabulary(self, req: _Req) -> _Req:
+        """`req` with vLLM's -1 for top_logprobs or prompt_logprobs (every vocabulary entry) as the vocabulary size,
+        which --max-logprobs then bounds as any count (vLLM's rule: only --max-logprobs -1, or one at least the
+        vocabulary size, lets it through)."""
+        update = {name: self.vocab_size for name in ("top_logprobs", "prompt_logprobs")
+                  if getattr(req, name, None) == -1}
+        return req.model_copy(update=update) if update else req
+
     async def completions(self, req: CompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/completions (with `echo`: the prompt's text, and its logprobs, before the completion)."""
+        req = self.whole_vocabulary(req)
         if req.suffix is not None:
             raise APIError(400, "suffix and best_of are not supported", param="suffix")
         if req.best_of not in (None, req.n):
@@ -453,6 +464,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
+        req = self.whole_vocabulary(req)
         if req.tools == []:  # vLLM's (and OpenAI's) refusal, whatever the tool_choice
             raise APIError(400, "`tools` must not be an empty array. Either provide at least one tool or omit the "
                                 "field entirely.", param="tools")
