@@ -4,6 +4,7 @@ What a running server does with them: tests/engine/server/test_vllm_manifest_fla
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -194,3 +195,13 @@ def test_the_offline_engine_applies_max_logprobs(tiny_model_dirs):
         llm.generate("Hello", SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)
     [again] = llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # still serving
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_max_log_len_cuts_each_prompt_of_an_embeddings_batch(caplog):
+    from flotilla.engine.server.request_log import log_received
+
+    caplog.set_level(logging.DEBUG, logger="flotilla.serve.requests")
+    log_received("embd-cut", None, None, None, [[1, 2, 3, 4], [5, 6, 7]], 2)
+    log_received("cmpl-cut", None, None, "abcdef", [1, 2, 3, 4], 3)
+    assert "Request embd-cut prompt: None, prompt_token_ids: [[1, 2], [5, 6]]." in caplog.text
+    assert "Request cmpl-cut prompt: 'abc', prompt_token_ids: [1, 2, 3]." in caplog.text
