@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flotilla.engine.config import ENGINE_COMPONENTS
@@ -31,18 +30,20 @@ def _kind(f: Flag) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
     if f.type == "list":
         return {"nargs": "+"}
-    kind: dict[str, Any] = {"type": functools.partial(_human_int, name=f.name) if f.human_readable
-                            else _TYPES[f.type]}
+    kind: dict[str, Any] = {"type": _human_int(f.name) if f.human_readable else _TYPES[f.type]}
     if f.choices is not None:
         kind["choices"] = f.choices
     return kind
 
 
-def _human_int(text: str, name: str) -> int:
-    try:
-        return human_readable_int(text, name)
-    except ValueError as exc:  # argparse shows an ArgumentTypeError's own words
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _human_int(name: str) -> Callable[[str], int]:
+    """argparse's type for the human-readable int flag `name` (its refusals name that flag's own rules)."""
+    def parse(text: str) -> int:
+        try:
+            return human_readable_int(text, name)
+        except ValueError as exc:  # argparse shows an ArgumentTypeError's own words
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
 
 
 def _help(f: Flag) -> str:

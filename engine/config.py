@@ -157,6 +157,10 @@ class ServerConfig(_Component):
     disable_log_stats: bool = False
     enable_log_requests: bool = False  # engine/server/request_log.py
     disable_log_requests: bool = False  # vLLM's older spelling of the default (no request log lines)
+    max_log_len: int | None = Field(None, ge=0)  # the request log's prompt characters / ids (None: all)
+    disable_uvicorn_access_log: bool = False  # vLLM's flag; uvicorn's access log is off here either way
+    response_role: str = "assistant"  # the chat reply's role after a generation prompt (serving.reply_role)
+    return_tokens_as_token_ids: bool = False  # the default of requests' own return_tokens_as_token_ids
     trust_request_chat_template: bool = False
     # --chat-template as given (a path or the text: engine/server/server_chat_template.py reads it at start-up)
     chat_template: str | None = None

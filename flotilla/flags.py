@@ -48,6 +48,9 @@ class Flag:
     le: float | None = None
     # An int flag that also takes vLLM's human-readable forms (`32k`, `1K`; `human_readable_int`).
     human_readable: bool = False
+    # Why a vLLM value cannot be honoured here (a flag not implemented, or a value outside supported_values): the
+    # refusal says so instead of "not implemented yet".
+    refusal: str | None = None
 
     @property
     def dest(self) -> str:
@@ -59,13 +62,16 @@ class Flag:
         if value is None or value == self.default:
             return None
         if not self.implemented:
+            if self.refusal:
+                return f"{self.name} is not supported: {self.refusal}"
             return f"{self.name} is not implemented yet in this Flotilla version"
         if self.choices is not None and value not in self.choices:
             allowed = ", ".join(str(c) for c in self.choices)
             return f"{self.name}={value!r} is not one of: {allowed}"
         if self.supported_values is not None and value not in self.supported_values:
             allowed = ", ".join(str(c) for c in self.supported_values)
-            return f"{self.name}={value!r} is not supported yet (supported: {allowed})"
+            reason = f": {self.refusal}" if self.refusal else ""
+            return f"{self.name}={value!r} is not supported yet (supported: {allowed}){reason}"
         return self._type_problem(value) or self._range_problem(value)
 
     def _type_problem(self, value: Any) -> str | None:
@@ -98,14 +104,17 @@ _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
 
 
 def human_readable_int(text: str, name: str = "--max-model-len") -> int:
-    """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens (`name`, the flag given): plain
-    (`8192`), or with a lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an upper-case one
-    in powers of 1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else, saying what vLLM's
-    `auto` / -1 would mean where it is --max-model-len's."""
-    if name == "--max-model-len" and text.strip() in ("auto", "-1"):
+    """An int as `vllm serve` reads --max-model-len and --max-num-batched-tokens (`name`, the flag being read):
+    plain (`8192`), or with a lower-case suffix in powers of 1,000 (`32k` = 32,000, `25.6k` = 25,600) or an
+    upper-case one in powers of 1,024 (`32K` = 32,768; whole numbers only). ValueError for anything else,
+    and for --max-model-len's `auto` / -1, which vLLM takes (the longest context the KV cache holds after memory
+    profiling) but this engine cannot honour before it has profiled."""
+    if name == "--max-model-len" and (text.strip() == "-1" or text.strip().lower() == "auto"):
         raise ValueError(f"{text.strip()} (vLLM's --max-model-len auto: the longest context the KV cache holds after "
                          "memory profiling) is not supported yet: give a number, or leave --max-model-len out for the "
                          "model's own limit")
+    if re.fullmatch(r"-\d+", text.strip()):
+        return int(text)  # a negative number: the flag's range refuses it, naming the range
     match = _HUMAN_INT.fullmatch(text.strip())
     if match is None or ("." in match[1] and not match[2]):  # a plain fraction (`0.5`) is no integer either
         raise ValueError(f"{text!r} is not an integer (nor one like 32k = 32,000 or 32K = 32,768)")
@@ -116,6 +125,10 @@ def human_readable_int(text: str, name: str = "--max-model-len") -> int:
         raise ValueError(f"{text!r}: a fraction takes a decimal suffix (k, m, g, t), not a binary one")
     return int(number) * _BINARY_SUFFIXES.get(suffix, 1)
 
+
+# Why vLLM's Hub download flags are refused (--revision, --tokenizer-revision, --download-dir).
+LOCAL_ONLY = ("Flotilla loads the model and tokenizer from local directories only (the operator downloads "
+              "spec.model.source into the pod)")
 
 FLAGS: tuple[Flag, ...] = (
     # --- model -----------------------------------------------------------------------------------
@@ -139,6 +152,48 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model",
          crd_field="model.tokenizer"),
+    Flag(
+        "--tokenizer-mode",
+        "str",
+        "auto",
+        "Which tokenizer implementation (vLLM's flag): auto and hf load the Hugging Face tokenizer as vLLM does "
+        "for a model without Mistral's own format (the fast one where the model has one); slow (always the "
+        "Python tokenizer), mistral (mistral_common's files) and custom are refused.",
+        "model",
+        choices=("auto", "hf", "slow", "mistral", "custom"),
+        supported_values=("auto", "hf"),
+        refusal="the tokenizer is loaded only as vLLM's auto and hf modes load it (Hugging Face's, fast where the "
+                "model has one)",
+    ),
+    Flag(
+        "--revision",
+        "str",
+        None,
+        "vLLM's Hub branch, tag or commit of the model to download: refused, since " + LOCAL_ONLY + ".",
+        "model",
+        implemented=False,
+        refusal="it picks a Hugging Face Hub version to download, and " + LOCAL_ONLY + "; give the directory of "
+                "that revision as MODEL",
+    ),
+    Flag(
+        "--tokenizer-revision",
+        "str",
+        None,
+        "vLLM's Hub version of the tokenizer to download: refused, since " + LOCAL_ONLY + ".",
+        "model",
+        implemented=False,
+        refusal="it picks a Hugging Face Hub version of the tokenizer to download, and " + LOCAL_ONLY + "; give "
+                "that revision's directory as --tokenizer",
+    ),
+    Flag(
+        "--download-dir",
+        "str",
+        None,
+        "vLLM's directory to download Hub weights into: refused, since " + LOCAL_ONLY + ".",
+        "model",
+        implemented=False,
+        refusal="it is where vLLM downloads Hub weights, and " + LOCAL_ONLY,
+    ),
     Flag(
         "--dtype",
         "str",
@@ -502,6 +557,39 @@ FLAGS: tuple[Flag, ...] = (
         "server",
         negatable=True,
     ),
+    Flag(
+        "--max-log-len",
+        "int",
+        None,
+        "With --enable-log-requests: the most prompt characters and prompt token ids a request's log line holds "
+        "(vLLM's flag; each prompt of an embeddings batch cut alike); default: all of them.",
+        "server",
+        ge=0,
+    ),
+    Flag(
+        "--disable-uvicorn-access-log",
+        "bool",
+        False,
+        "vLLM's flag: no uvicorn access log line per HTTP request. Flotilla's server logs none by default (the "
+        "request log is --enable-log-requests), so this keeps that default.",
+        "server",
+    ),
+    Flag(
+        "--response-role",
+        "str",
+        "assistant",
+        "The role of chat completions' reply message when the request's add_generation_prompt is true (vLLM's "
+        "flag; with add_generation_prompt false the reply continues the last message, in its role).",
+        "server",
+    ),
+    Flag(
+        "--return-tokens-as-token-ids",
+        "bool",
+        False,
+        "Name logprobs' tokens `token_id:<id>` (vLLM's flag) in completions and chat completions, for requests "
+        "that do not set return_tokens_as_token_ids themselves.",
+        "server",
+    ),
     Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(
         "--api-key",
@@ -757,7 +845,7 @@ def markdown_table() -> str:
             f"| MODEL, `{MODEL_FLAG}` | str | the embedded model | `spec.model.source` | yes |"]
     for f in FLAGS:
         names = ", ".join(f"`{n}`" for n in (*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
-        status = "yes" if f.implemented else "not yet"
+        status = "yes" if f.implemented else "refused" if f.refusal else "not yet"  # refused: vLLM's, not honoured here
         if f.implemented and f.supported_values is not None:
             status = "only " + ", ".join(str(v) for v in f.supported_values)
         env = f" (env `{f.env}`)" if f.env else ""

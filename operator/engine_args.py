@@ -117,6 +117,13 @@ OPERATOR_OWNED: dict[str, str] = {
     # spec.runner chooses the runner; pooling implies embed, the only conversion the engine has.
     "--convert": "spec.runner sets the runner, and pooling always converts with embed",
     "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",
+    # vLLM's Hub download flags: the operator fetches spec.model.source (hf://org/name: the repository's default
+    # branch) into the pod, and the engine reads local directories only.
+    "--revision": "it downloads spec.model.source into the pod; the engine reads local directories only",
+    "--tokenizer-revision": "it downloads spec.model.source (and spec.model.tokenizer) into the pod; the engine reads "
+                            "local directories only",
+    "--download-dir": "it downloads spec.model.source into the pod's model volume; the engine reads local "
+                      "directories only",
 }
 # Flags spec.engineArgs may carry: settings with no field of their own that change neither where
 # the engine listens nor what it loads. A flag in neither table (e.g. one added to the contract
@@ -163,6 +170,10 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # What vLLM manifests carry over unchanged: the most logprobs a request may ask for (a per-request bound), the
     # request log lines (this pod's log), and --trust-remote-code, which runs no checkpoint code here either way.
     "--max-logprobs", "--enable-log-requests", "--disable-log-requests", "--trust-remote-code",
+    # More of them: the request log's prompt length, uvicorn's access log (off either way), the chat reply's role,
+    # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
+    "--max-log-len", "--disable-uvicorn-access-log", "--response-role", "--return-tokens-as-token-ids",
+    "--tokenizer-mode",
 })
 
 

@@ -124,7 +124,7 @@ async def _embed(state: ServerState, prompts: list[list[int]], params: PoolingPa
 async def _logged_embed(state: ServerState, prompts: list[list[int]], params: PoolingParams, cache_salt: str | None,
                         response_id: str) -> list[EmbeddingOutput]:
     """`_embed`, its arrival and end logged (--enable-log-requests: request_log.py)."""
-    log_received(response_id, params, None, None, prompts)
+    log_received(response_id, params, None, None, prompts, state.serving.max_log_len)
     try:
         outputs = await _embed(state, prompts, params, cache_salt)
     except Exception as exc:

@@ -105,7 +105,7 @@ class StreamOptions(BaseModel):
 
 
 # Fields vLLM's completions or chat request takes as null (its default then) that have a non-null default here.
-NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "return_tokens_as_token_ids", "n",
+NULL_MEANS_UNSET = frozenset({"presence_penalty", "frequency_penalty", "stream", "n",
                               "logprobs", "echo"})
 
 
@@ -144,7 +144,8 @@ class _SamplingFields(_RequestBody):
     bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
-    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>"
+    # logprob tokens as "token_id:<id>"; None (unset or null): --return-tokens-as-token-ids (OpenAIServing.as_token_ids)
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: the prompt's and each choice's token ids beside the text (streams: the prompt's first, then each chunk's)
     return_token_ids: bool | None = None
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
@@ -152,7 +153,8 @@ class _SamplingFields(_RequestBody):
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
-    prompt_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
+    # at most --max-logprobs: check_logprob_entries; -1 (vLLM's): the whole vocabulary (OpenAIServing.whole_vocabulary)
+    prompt_logprobs: int | None = Field(None, ge=-1)
     # Structured output (engine/server/structured_request.py): vLLM's object and its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -278,7 +280,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs: check_logprob_entries
+    top_logprobs: int | None = Field(None, ge=-1)  # as prompt_logprobs (-1: the whole vocabulary)
     response_format: dict[str, Any] | None = None
     tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] | None = None

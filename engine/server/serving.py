@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from flotilla.engine.chat_content import ContentFormatOption, final_text
 from flotilla.engine.chat_rendering import check_prompt_end, history_for_template, render_trusted, template_variables
@@ -40,6 +40,8 @@ from flotilla.engine.server.tool_calls import chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
+
+_Req = TypeVar("_Req", CompletionRequest, ChatCompletionRequest)
 
 
 @dataclass
@@ -99,19 +101,19 @@ def with_cached_tokens(block: dict[str, Any], cached: int) -> dict[str, Any]:
     return {**block, "prompt_tokens_details": {"cached_tokens": cached}} if cached else block
 
 
-def reply_role(req: ChatCompletionRequest) -> str:
-    """The reply's role, as vLLM's get_chat_request_role: the assistant's after a generation prompt, else the last
-    message's (the model continues that message)."""
-    return "assistant" if req.add_generation_prompt or not req.messages else req.messages[-1].role
+def reply_role(req: ChatCompletionRequest, response_role: str = "assistant") -> str:
+    """The reply's role, as vLLM's get_chat_request_role: `response_role` (--response-role) after a generation
+    prompt, else the last message's (the model continues that message)."""
+    return response_role if req.add_generation_prompt or not req.messages else req.messages[-1].role
 
 
-def chat_echo(req: ChatCompletionRequest) -> str:
+def chat_echo(req: ChatCompletionRequest, response_role: str = "assistant") -> str:
     """vLLM's chat `echo`: the text a reply starts with, the last message's content when its role is the reply's
     (the assistant's, or with add_generation_prompt false the last message's own: a continued message); else ""."""
     if not req.echo or not req.messages:
         return ""
     last = req.messages[-1]
-    if last.role != reply_role(req) or last.content is None:
+    if last.role != reply_role(req, response_role) or last.content is None:
         return ""
     if isinstance(last.content, str):
         return last.content
@@ -164,9 +166,13 @@ class OpenAIServing:
                  default_sampling: dict[str, Any] | None = None, max_tokens_cap: int | None = None,
                  chat_template_content_format: ContentFormatOption = "auto", chat_template: str | None = None,
                  default_chat_template_kwargs: dict[str, Any] | None = None,
-                 max_logprobs: int = MAX_LOGPROBS, log_requests: bool = False) -> None:
+                 max_logprobs: int = MAX_LOGPROBS, log_requests: bool = False, max_log_len: int | None = None,
+                 response_role: str = "assistant", return_tokens_as_token_ids: bool = False) -> None:
         self.engine = engine
         self.log_requests = log_requests  # --enable-log-requests: request_log.py
+        self.max_log_len = max_log_len  # --max-log-len: the logged prompt's characters / ids
+        self.response_role = response_role  # --response-role: the chat reply's role after a generation prompt
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids  # --return-tokens-as-token-ids
         self.max_logprobs = max_logprobs  # --max-logprobs (-1 resolved to the vocabulary size)
         self.chat_template = chat_template  # --chat-template's text (None: the tokenizer's template)
         self.default_chat_template_kwargs = default_chat_template_kwargs  # under each request's chat_template_kwargs
@@ -289,8 +295,17 @@ class OpenAIServing:
 
     # --- completions ---------------------------------------------------------------------------------
 
+    def whole_vocabulary(self, req: _Req) -> _Req:
+        """`req` with vLLM's -1 for top_logprobs or prompt_logprobs (every vocabulary entry) as the vocabulary size,
+        which --max-logprobs then bounds as any count (vLLM's rule: only --max-logprobs -1, or one at least the
+        vocabulary size, lets it through)."""
+        update = {name: self.vocab_size for name in ("top_logprobs", "prompt_logprobs")
+                  if getattr(req, name, None) == -1}
+        return req.model_copy(update=update) if update else req
+
     async def completions(self, req: CompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/completions (with `echo`: the prompt's text, and its logprobs, before the completion)."""
+        req = self.whole_vocabulary(req)
         if req.suffix is not None:
             raise APIError(400, "suffix and best_of are not supported", param="suffix")
         if req.best_of not in (None, req.n):
@@ -407,27 +422,33 @@ class OpenAIServing:
             entries = list(output.prompt_logprobs or [None] * len(prompt.token_ids)) + entries
         return text, token_ids, entries
 
+    def as_token_ids(self, req: CompletionRequest | ChatCompletionRequest) -> bool:
+        """Whether logprobs name tokens `token_id:<id>`: the request's return_tokens_as_token_ids, else (unset or
+        null) --return-tokens-as-token-ids, as vLLM."""
+        asked = req.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if asked is None else asked
+
     def _completion_logprobs(self, req: CompletionRequest, token_ids: list[int],
                              entries: list[dict[int, tuple[float, int]] | None], offset: int) -> dict[str, Any]:
         """The legacy completions logprobs block; `text_offset` counts characters from `offset` (the
         text already sent), each token's text after the previous one's, as vLLM counts."""
-        n = req.logprobs or 0
+        n, as_ids = req.logprobs or 0, self.as_token_ids(req)
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for token, entry in zip(token_ids, entries, strict=False):
-            piece = token_label(self.tokenizer, token, req.return_tokens_as_token_ids)
+            piece = token_label(self.tokenizer, token, as_ids)
             tokens.append(piece)
             offsets.append(offset)
-            offset += len(self.tokenizer.decode([token])) if req.return_tokens_as_token_ids else len(piece)
+            offset += len(self.tokenizer.decode([token])) if as_ids else len(piece)
             if entry is None:
                 token_logprobs.append(None)
                 top.append(None)
                 continue
             token_logprobs.append(max(entry[token][0], -9999.0))
             # The prompt's entries may hold more than `n` (prompt_logprobs asked for more): keep the top n.
-            top.append({token_label(self.tokenizer, t, req.return_tokens_as_token_ids): max(lp, -9999.0)
+            top.append({token_label(self.tokenizer, t, as_ids): max(lp, -9999.0)
                         for t, (lp, rank) in entry.items() if rank <= n or t == token})
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
@@ -443,6 +464,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
+        req = self.whole_vocabulary(req)
         if req.tools == []:  # vLLM's (and OpenAI's) refusal, whatever the tool_choice
             raise APIError(400, "`tools` must not be an empty array. Either provide at least one tool or omit the "
                                 "field entirely.", param="tools")
@@ -463,7 +485,7 @@ class OpenAIServing:
         request_id, engine_id = response_ids("chatcmpl", req.request_id)
         extras = engine_kwargs(req.priority, req.cache_salt)
         created = int(time.time())
-        echo = chat_echo(req)
+        echo = chat_echo(req, self.response_role)
         if req.stream:
             # vLLM's continuous usage covers the chunks sent before any token too (role, echo): the prompt, 0 tokens
             opening = opening_usage(len(prompt.token_ids)) if _continuous_usage(req) else None
@@ -475,19 +497,20 @@ class OpenAIServing:
             if plan.mode != "none" or reasoning is not None:
                 fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
                 chunks = stream_tool_chat(plan, reasoning, req.n, stream, fmt, req.stream_options,
-                                          self.enable_prompt_tokens_details, reply_role(req), opening, prompt_ids,
+                                          self.enable_prompt_tokens_details, reply_role(req, self.response_role),
+                                          opening, prompt_ids,
                                           include_reasoning=req.include_reasoning,
                                           logprobs_of=self.logprobs_of(req) if req.logprobs else None)
             else:
                 chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
-        as_ids = req.return_tokens_as_token_ids
+        as_ids = self.as_token_ids(req)
         choices = []
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
                                                   self.reasoning if sp.structured_outputs is None else None)
-            message["role"] = reply_role(req)
+            message["role"] = reply_role(req, self.response_role)
             if not req.include_reasoning:  # vLLM's: the thinking is left out, the answer stays as parsed
                 message.pop("reasoning", None)
                 message.pop("reasoning_content", None)
@@ -517,14 +540,15 @@ class OpenAIServing:
                         "choices": choices, **extra})
 
         # One SSE event per choice, as OpenAI and vLLM; the events of one step are written together
-        yield "".join(chunk([{"index": i, "delta": {"role": reply_role(req), "content": ""}, "logprobs": None,
+        role = reply_role(req, self.response_role)
+        yield "".join(chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
                               "finish_reason": None}], **({} if opening is None else {"usage": opening}),
                             **({} if prompt_ids is None else {"prompt_token_ids": prompt_ids})) for i in range(req.n))
         state = StreamState(req.n, delta=True)  # the engine sends deltas (`_streamed`)
         last = None
         top = req.top_logprobs or 0
         fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
-        as_ids, continuous = req.return_tokens_as_token_ids, _continuous_usage(req)
+        as_ids, continuous = self.as_token_ids(req), _continuous_usage(req)
         async for output in stream:
             last = output
             step = [fmt.chat(d.text, d.choice,
@@ -542,7 +566,7 @@ class OpenAIServing:
     def logprobs_of(self, req: ChatCompletionRequest) -> Callable[[list[int], list[Any]], dict[str, Any]]:
         """Chat's logprobs (`{"content": [...]}`) of some tokens, as `_chat_logprobs` gives them for this request: a
         chat stream's chunks' and the Responses API's output text's."""
-        top, as_ids = req.top_logprobs or 0, req.return_tokens_as_token_ids
+        top, as_ids = req.top_logprobs or 0, self.as_token_ids(req)
         return lambda token_ids, entries: self._chat_logprobs(token_ids, entries, top, as_ids)
 
     def _chat_logprobs(self, token_ids: list[int], entries: list[dict[int, tuple[float, int]]] | None, top: int,
@@ -565,7 +589,7 @@ class OpenAIServing:
                  lora: LoRARequest | None, **extras: Any) -> AsyncGenerator[RequestOutput]:
         """The engine's `generate`, its arrival and end logged with --enable-log-requests."""
         stream = self.engine.generate(token_ids, sp, request_id, text, lora, **extras)
-        return logged(stream, request_id, token_ids, text, sp, lora) if self.log_requests else stream
+        return logged(stream, request_id, token_ids, text, sp, lora, self.max_log_len) if self.log_requests else stream
 
     def lora_for(self, model: str) -> LoRARequest | None:
         """The adapter a served name stands for (None: the base model)."""

@@ -129,11 +129,15 @@ def test_generate_command_reports_bad_flags_clearly(tiny_model_dirs):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("value", ["auto", "-1"])
-def test_auto_for_the_step_budget_is_no_integer_rather_than_max_model_len_auto(capsys, value):
+def test_auto_for_the_step_budget_is_no_integer_rather_than_max_model_len_auto(capsys):
     """vLLM's `auto` / -1 is --max-model-len's (fit the context to memory); --max-num-batched-tokens has no such
-    value, so its refusal must not speak of --max-model-len."""
+    value, so its refusal must not speak of --max-model-len: `auto` is no integer, -1 is out of the flag's range."""
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["--max-num-batched-tokens", value])
+        build_parser().parse_args(["--max-num-batched-tokens", "auto"])
     error = capsys.readouterr().err.strip().splitlines()[-1]  # after the usage lines
-    assert f"argument --max-num-batched-tokens: '{value}' is not an integer" in error and "max-model-len" not in error
+    assert "argument --max-num-batched-tokens: 'auto' is not an integer" in error and "max-model-len" not in error
+    result = subprocess.run([sys.executable, "-m", "flotilla.cli", "serve", "--max-num-batched-tokens", "-1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--max-num-batched-tokens=-1 is out of range (>= 1)" in result.stderr
+    assert "max-model-len" not in result.stderr.strip().splitlines()[-1]

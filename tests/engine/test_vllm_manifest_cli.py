@@ -4,6 +4,7 @@ What a running server does with them: tests/engine/server/test_vllm_manifest_fla
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -113,6 +114,53 @@ def test_max_model_len_auto_is_refused_saying_what_it_means(value, capsys):
     assert "vLLM's --max-model-len auto" in error and "not supported yet" in error, error
 
 
+def test_max_num_batched_tokens_auto_is_not_max_model_lens(capsys):
+    """vLLM takes `auto` / -1 for --max-model-len only: --max-num-batched-tokens auto is no integer there, -1 out of
+    range; neither refusal speaks of --max-model-len."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-num-batched-tokens", "auto"])
+    error = capsys.readouterr().err.splitlines()[-1]  # (the usage lines above it list every flag)
+    assert "--max-num-batched-tokens: 'auto' is not an integer" in error and "--max-model-len" not in error, error
+    with pytest.raises(ConfigError, match=r"^--max-num-batched-tokens=-1 is out of range \(>= 1\)$"):
+        EngineConfig.from_kwargs(None, **flag_values(build_parser().parse_args(["--max-num-batched-tokens", "-1"]),
+                                                     ENGINE_COMPONENTS))
+
+
+@pytest.mark.parametrize("mode", ["auto", "hf"])
+def test_tokenizer_mode_auto_and_hf_are_accepted(tiny_model_dirs, mode):
+    assert _config(tiny_model_dirs["llama"], "--tokenizer-mode", mode).model.tokenizer
+
+
+@pytest.mark.parametrize("mode", ["slow", "mistral", "custom"])
+def test_other_tokenizer_modes_are_refused_saying_why(tiny_model_dirs, mode):
+    with pytest.raises(ConfigError, match=f"--tokenizer-mode='{mode}' is not supported yet \\(supported: auto, hf\\): "
+                                          "the tokenizer is loaded only as vLLM's auto and hf modes load it"):
+        _config(tiny_model_dirs["llama"], "--tokenizer-mode", mode)
+
+
+@pytest.mark.parametrize(("flag", "why"), [("--revision", "picks a Hugging Face Hub version to download"),
+                                           ("--tokenizer-revision", "version of the tokenizer to download"),
+                                           ("--download-dir", "where vLLM downloads Hub weights")])
+def test_hub_download_flags_are_refused_by_name(tiny_model_dirs, flag, why):
+    with pytest.raises(ConfigError, match=f"^{flag} is not supported: it .*{why}.*local directories only"):
+        _config(tiny_model_dirs["llama"], flag, "main")
+
+
+def test_server_flags_of_vllm_manifests():
+    def server(*argv: str) -> ServerConfig:
+        return ServerConfig.from_kwargs(**flag_values(build_parser().parse_args(argv), ("server",)))
+
+    default = server()
+    assert (default.max_log_len, default.response_role, default.return_tokens_as_token_ids) == (None, "assistant",
+                                                                                                  False)
+    given = server("--max-log-len", "0", "--response-role", "tool", "--return-tokens-as-token-ids",
+                   "--disable-uvicorn-access-log")
+    assert (given.max_log_len, given.response_role, given.return_tokens_as_token_ids) == (0, "tool", True)
+    assert given.disable_uvicorn_access_log
+    with pytest.raises(ConfigError, match="--max-log-len: Input should be greater than or equal to 0"):
+        server("--max-log-len", "-1")
+
+
 @pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash", "xxhash_cbor"])
 def test_vllms_newer_hash_algorithms_are_refused_naming_the_ones_run_here(tiny_model_dirs, algo):
     with pytest.raises(ConfigError, match=f"--prefix-caching-hash-algo='{algo}' is not supported yet "
@@ -168,3 +216,13 @@ def test_a_max_logprobs_above_the_vocabulary_caps_requests_at_the_vocabulary(tin
         llm.generate("Hello there", SamplingParams(max_tokens=2, prompt_logprobs=vocab + 1), use_tqdm=False)
     [out] = llm.generate("Hello", SamplingParams(max_tokens=2, logprobs=vocab, temperature=0), use_tqdm=False)
     assert all(len(entry) >= vocab for entry in out.outputs[0].logprobs)  # the whole vocabulary, as asked
+
+
+def test_max_log_len_cuts_each_prompt_of_an_embeddings_batch(caplog):
+    from flotilla.engine.server.request_log import log_received
+
+    caplog.set_level(logging.DEBUG, logger="flotilla.serve.requests")
+    log_received("embd-cut", None, None, None, [[1, 2, 3, 4], [5, 6, 7]], 2)
+    log_received("cmpl-cut", None, None, "abcdef", [1, 2, 3, 4], 3)
+    assert "Request embd-cut prompt: None, prompt_token_ids: [[1, 2], [5, 6]]." in caplog.text
+    assert "Request cmpl-cut prompt: 'abc', prompt_token_ids: [1, 2, 3]." in caplog.text

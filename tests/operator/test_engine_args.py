@@ -239,6 +239,23 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--max-logprobs", "-1", "--disable-log-requests"], None),
     (["--enable-log-requests", "--no-disable-log-requests"], None),  # vLLM's negation of its older spelling
     (["--max-logprobs", "-2"], "spec.engineArgs: --max-logprobs=-2 is out of range (>= -1)"),
+    # More of what vLLM manifests carry: the request log's prompt length, uvicorn's access log (off), the chat reply's
+    # role, logprobs' token ids by default, the tokenizer modes loaded here; the Hub download flags are the operator's.
+    (["--max-log-len", "100", "--disable-uvicorn-access-log", "--response-role", "bot", "--return-tokens-as-token-ids",
+      "--tokenizer-mode", "hf"], None),
+    (["--max-log-len", "-1"], "spec.engineArgs: --max-log-len=-1 is out of range (>= 0)"),
+    (["--tokenizer-mode", "mistral"], "spec.engineArgs: --tokenizer-mode='mistral' is not supported yet (supported: "
+                                      "auto, hf): the tokenizer is loaded only as vLLM's auto and hf modes load it "
+                                      "(Hugging Face's, fast where the model has one)"),
+    (["--revision", "v2"], OWNED.format("--revision") + "it downloads spec.model.source into the pod; the engine "
+                                                        "reads local directories only"),
+    (["--download-dir", "/cache"], OWNED.format("--download-dir") + "it downloads spec.model.source into the pod's "
+                                                                    "model volume; the engine reads local directories "
+                                                                    "only"),
+    (["--tokenizer-revision", "v2"], OWNED.format("--tokenizer-revision") + "it downloads spec.model.source (and "
+                                     "spec.model.tokenizer) into the pod; the engine reads local directories only"),
+    # vLLM takes auto only for --max-model-len; this one's refusal names its own flag.
+    (["--max-num-batched-tokens", "auto"], "spec.engineArgs: --max-num-batched-tokens: 'auto' is not a valid int"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
     (["--model=/elsewhere", "--seed", "1"], OWNED.format("--model") + "it serves spec.model.source"),
 ])

@@ -1,16 +1,23 @@
 """`vllm serve` flags that existing commands and manifests carry, given to the real server: --model beside MODEL,
---max-logprobs (vLLM's 400 above it), --enable-log-requests (a line per request), --trust-remote-code."""
+--max-logprobs (vLLM's 400 above it), --enable-log-requests (a line per request) with --max-log-len (its prompts
+cut), --trust-remote-code, --response-role, --return-tokens-as-token-ids, --disable-uvicorn-access-log and
+--tokenizer-mode hf."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
+import httpx
 import openai
 import pytest
 
 from .conftest import API_KEY, start_server, stop_server
 
 CAP = 3  # --max-logprobs
+LOG_LEN = 12  # --max-log-len
+ROLE = "navigator"  # --response-role
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +25,8 @@ def manifest_server(tiny_model_dirs, tmp_path_factory):
     s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("manifest") / "server.log",
                      "--model", str(tiny_model_dirs["llama"]), "--max-logprobs", str(CAP), "--enable-log-requests",
                      "--trust-remote-code", "--served-model-name", "tiny", "--disable-log-stats",
+                     "--max-log-len", str(LOG_LEN), "--response-role", ROLE, "--return-tokens-as-token-ids",
+                     "--disable-uvicorn-access-log", "--tokenizer-mode", "hf",
                      env={"VLLM_API_KEY": API_KEY, "VLLM_LOGGING_LEVEL": "debug"})
     yield s
     stop_server(s)
@@ -64,17 +73,52 @@ def test_more_logprobs_than_max_logprobs_are_vllms_400(capped, manifest_server, 
 
 
 def test_enable_log_requests_logs_each_request_and_its_end(capped, manifest_server):
-    completion = capped.completions.create(model="tiny", prompt="The lighthouse keeper counted", max_tokens=3,
+    prompt = "The lighthouse keeper counted the ships that passed the rocks every night of the year"
+    completion = capped.completions.create(model="tiny", prompt=prompt, max_tokens=3,
                                            extra_body={"request_id": "manifest-log-check"})
-    assert completion.id.endswith("manifest-log-check")
+    assert completion.id.endswith("manifest-log-check") and completion.usage.prompt_tokens > LOG_LEN
     log = _log_with(manifest_server, "Finished request cmpl-manifest-log-check")
     lines = [line for line in log.splitlines() if "cmpl-manifest-log-check" in line]
     received = [line for line in lines if "Received request" in line]
     assert len(received) == 1 and received[0].startswith("INFO ") and "max_tokens=3" in received[0]
-    # As vLLM: the prompt only at DEBUG (this server runs with VLLM_LOGGING_LEVEL=debug), never in the INFO lines.
-    prompts = [line for line in lines if "'The lighthouse keeper counted'" in line]
-    assert len(prompts) == 1 and prompts[0].startswith("DEBUG ") and "prompt_token_ids: [" in prompts[0]
+    # As vLLM: the prompt only at DEBUG (this server runs with VLLM_LOGGING_LEVEL=debug), never in the INFO lines,
+    # and cut to --max-log-len characters and token ids.
+    prompts = [line for line in lines if "prompt_token_ids: [" in line]
+    assert len(prompts) == 1 and prompts[0].startswith("DEBUG "), lines
+    assert f"prompt: {prompt[:LOG_LEN]!r}," in prompts[0] and "keeper" not in prompts[0]
+    logged_ids = re.search(r"prompt_token_ids: \[([^\]]*)\]", prompts[0]).group(1).split(",")
+    assert len(logged_ids) == LOG_LEN
     assert any(line.startswith("INFO ") and "Finished request" in line for line in lines)
+    assert "POST /v1/completions" not in log  # --disable-uvicorn-access-log: no access log line
+
+
+def test_response_role_names_the_reply_after_a_generation_prompt(capped, manifest_server):
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = capped.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert chat.choices[0].message.role == ROLE
+    stream = capped.chat.completions.create(model="tiny", messages=messages, max_tokens=2, stream=True)
+    assert next(iter(stream)).choices[0].delta.role == ROLE
+    stream.close()
+    # Without a generation prompt the reply continues the last message, in its role (vLLM's rule).
+    started = [*messages, {"role": "assistant", "content": "He"}]
+    continued = capped.chat.completions.create(model="tiny", messages=started, max_tokens=2,
+                                               extra_body={"add_generation_prompt": False})
+    assert continued.choices[0].message.role == "assistant"
+
+
+def test_return_tokens_as_token_ids_is_the_default_of_requests(capped, manifest_server):
+    default = capped.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=1)
+    assert all(re.fullmatch(r"token_id:\d+", t) for t in default.choices[0].logprobs.tokens)
+    chat = capped.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                          logprobs=True, top_logprobs=1)
+    assert all(t.token.startswith("token_id:") for t in chat.choices[0].logprobs.content)
+    null = httpx.post(f"{manifest_server.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={"model": "tiny", "prompt": "Hello", "max_tokens": 2, "logprobs": 1,
+                            "return_tokens_as_token_ids": None}, timeout=120).json()
+    assert all(t.startswith("token_id:") for t in null["choices"][0]["logprobs"]["tokens"])  # null: the flag's
+    text = capped.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=1,
+                                     extra_body={"return_tokens_as_token_ids": False})
+    assert not any(t.startswith("token_id:") for t in text.choices[0].logprobs.tokens)
 
 
 def test_a_request_whose_client_goes_away_is_logged_as_aborted(capped, manifest_server):
@@ -109,3 +153,47 @@ def test_enable_log_requests_logs_embedding_requests_too(tiny_model_dirs, tmp_pa
     received = [line for line in log.splitlines() if "Received request embd-manifest-embed-check" in line]
     assert len(received) == 1 and "normalize=True" in received[0]
     assert "quiet harbour" not in log  # the prompts only at DEBUG, which this server is not at
+
+
+def _vocab_size(model_dir) -> int:
+    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
+def test_minus_one_logprobs_are_the_vocabulary_bounded_by_max_logprobs(capped, manifest_server, tiny_model_dirs):
+    """vLLM's -1 for chat's top_logprobs and for prompt_logprobs means every vocabulary entry: a count of the
+    vocabulary size, which --max-logprobs 3 refuses in vLLM's words; completions' logprobs takes no -1 (as vLLM)."""
+    vocab = _vocab_size(tiny_model_dirs["llama"])
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        capped.chat.completions.create(model="tiny", messages=messages, max_tokens=1, logprobs=True, top_logprobs=-1)
+    refusal = "Requested {} logprobs of " + f"{vocab}, which is greater than max allowed: {CAP}"
+    assert err.value.body["message"] == refusal.format("sample")
+    assert err.value.body["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as err:
+        capped.completions.create(model="tiny", prompt="Hello", max_tokens=1, extra_body={"prompt_logprobs": -1})
+    assert err.value.body["message"] == refusal.format("prompt")
+    for call in (lambda: capped.completions.create(model="tiny", prompt="Hello", max_tokens=1, logprobs=-1),
+                 lambda: capped.chat.completions.create(model="tiny", messages=messages, max_tokens=1, logprobs=True,
+                                                        top_logprobs=-2)):
+        with pytest.raises(openai.BadRequestError):
+            call()
+    assert manifest_server.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def test_minus_one_logprobs_with_max_logprobs_minus_one_return_the_whole_vocabulary(tiny_model_dirs, tmp_path):
+    vocab = _vocab_size(tiny_model_dirs["llama"])
+    s = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--max-logprobs", "-1",
+                     "--served-model-name", "tiny", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+        chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                              logprobs=True, top_logprobs=-1)
+        [token] = chat.choices[0].logprobs.content
+        assert len(token.top_logprobs) == vocab
+        completion = client.completions.create(model="tiny", prompt="Hello there", max_tokens=1,
+                                               extra_body={"prompt_logprobs": -1})
+        entries = completion.choices[0].model_extra["prompt_logprobs"]
+        assert entries[0] is None and len(entries) > 1
+        assert all(len(entry) == vocab for entry in entries[1:])
+    finally:
+        stop_server(s)
