@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -38,6 +39,21 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     if torch.isnan(out).any():
         return float("inf")
     return float((out - ref).norm() / ref.norm())
+
+
+def layer_timer(gpu: bool, calls: int, replays: int) -> Callable[[Callable[[int], object]], float]:
+    """µs of one call of `fn(i)` captured in a CUDA graph (bench/kernels.py `graph_ms`); without a GPU, one call
+    under the interpreter and NaN (a check of the script, no timing)."""
+    if gpu:
+        from kernels import graph_ms  # bench/kernels.py
+
+        return lambda fn: 1e3 * graph_ms(fn, calls, replays)
+
+    def run_once(fn: Callable[[int], object]) -> float:
+        fn(0)
+        return float("nan")
+
+    return run_once
 
 
 def batch(a: argparse.Namespace, dev: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -72,17 +88,7 @@ def main() -> None:
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    if gpu:
-        from kernels import graph_ms  # bench/kernels.py
-
-        def time_us(fn) -> float:
-            return 1e3 * graph_ms(fn, a.calls, a.replays)
-    else:
-
-        def time_us(fn) -> float:
-            fn(0)
-            return float("nan")
-
+    time_us = layer_timer(gpu, a.calls, a.replays)
     dev = torch.device("cuda" if gpu else "cpu")
     torch.manual_seed(0)
     args = batch(a, dev, torch.bfloat16)

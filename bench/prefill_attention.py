@@ -26,7 +26,7 @@ import os
 import sys
 
 import torch
-from mixed_attention import HEAD_DIM, HEADS, LAYERS, batch, rel
+from mixed_attention import HEAD_DIM, HEADS, LAYERS, batch, layer_timer, rel
 
 from flotilla.kernels.paged_attention import paged_attention_ref
 
@@ -76,17 +76,7 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
     from flotilla.kernels.triton_paged_prefill import paged_prefill_attention
 
-    if gpu:
-        from kernels import graph_ms  # bench/kernels.py
-
-        def time_us(fn) -> float:
-            return 1e3 * graph_ms(fn, a.calls, a.replays)
-    else:
-
-        def time_us(fn) -> float:
-            fn(0)
-            return float("nan")
-
+    time_us = layer_timer(gpu, a.calls, a.replays)
     dev = torch.device("cuda" if gpu else "cpu")
     shapes = SMALL if a.small or not gpu else SHAPES
     result: dict = {"command": "python bench/prefill_attention.py " + " ".join(sys.argv[1:]),

@@ -21,31 +21,21 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 300
 L=$OUT/mixattn22.log
 B=$R/bench
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > $L 2>&1
-run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the command
-  local stage=$1 lim=$2 pat=$3; shift 3
-  echo "=== $stage $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
-  [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; return 1; }
-  timeout $(left $lim) "$@" > $OUT/$stage.out 2>&1
-  local rc=$?
-  echo "rc=$rc" | tee -a $L
-  grep -E "$pat|Traceback|Error" $OUT/$stage.out | tail -40 | cut -c1-400 | tee -a $L
-  return $rc
-}
 PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
 PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
 for s in ${STAGES:-kernel off on tests best regress}; do
   case $s in
-    kernel) run kernel 100 "us a layer|rel_err|^SWEEP|^BEST" python3 $B/mixed_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 60 "passed|failed|skipped|FAILED|assert" $PYTEST $R/tests/kernels/test_mixed_attention.py \
+    kernel) run_stage kernel 100 "us a layer|rel_err|^SWEEP|^BEST" python3 $B/mixed_attention.py --json $OUT/kernel.json ;;
+    tests) run_stage tests 60 "passed|failed|skipped|FAILED|assert" $PYTEST $R/tests/kernels/test_mixed_attention.py \
              "$R/tests/engine/test_gpu.py::test_cuda_mixed_decode_split_keeps_greedy_tokens" ;;
-    off) run off 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=0 python3 $PROFILE --json $OUT/off.json ;;
-    on) run on 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 python3 $PROFILE --json $OUT/on.json ;;
+    off) run_stage off 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=0 python3 $PROFILE --json $OUT/off.json ;;
+    on) run_stage on 55 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 python3 $PROFILE --json $OUT/on.json ;;
     best) BEST=$(python3 -c "import json; b = json.load(open('$OUT/kernel.json')).get('best'); print(b['env'] if b else '')" 2>/dev/null)
           if [ -z "$BEST" ] || [ "$BEST" = "128,32,4,3" ]; then echo "=== best: skipped (BEST '$BEST')" | tee -a $L
           else echo "FLOTILLA_PREFILL_LAUNCH=$BEST" | tee -a $L
-            run best 50 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 FLOTILLA_PREFILL_LAUNCH=$BEST \
+            run_stage best 50 "^step of|_kernel" env FLOTILLA_MIXED_DECODE_SPLIT=1 FLOTILLA_PREFILL_LAUNCH=$BEST \
               python3 $PROFILE --json $OUT/best.json; fi ;;
-    regress) run regress 90 "passed|failed|FAILED" $PYTEST -x $R/tests/kernels/test_paged_decode.py \
+    regress) run_stage regress 90 "passed|failed|FAILED" $PYTEST -x $R/tests/kernels/test_paged_decode.py \
                $R/tests/kernels/test_paged_prefill.py $R/tests/kernels/test_fp8_kv_cache.py ;;
   esac
 done

@@ -33,16 +33,6 @@ L=$OUT/pf23.log
 B=$R/bench
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > $L 2>&1
 python3 -c "import triton; print('triton', triton.__version__)" >> $L 2>&1
-run() {  # $1: stage; $2: limit (s); $3: lines to keep (grep -E); the rest: the command
-  local stage=$1 lim=$2 pat=$3; shift 3
-  echo "=== $stage $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
-  [ $((END - SECONDS)) -lt 15 ] && { echo "skipped: out of time" | tee -a $L; return 1; }
-  timeout $(left $lim) "$@" > $OUT/$stage.out 2>&1
-  local rc=$?
-  echo "rc=$rc" | tee -a $L
-  grep -E "$pat|Traceback|Error" $OUT/$stage.out | tail -40 | cut -c1-400 | tee -a $L
-  return $rc
-}
 PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
 PROFILE="$B/mixed_step_profile.py --decode-rows 448 --prompts 31 --prompt-len 512 --steps 2 --enforce-eager"
 best_env() {  # the step shape's fastest variant within 2e-2 of the first, as env assignments ('' for lean / old)
@@ -61,17 +51,17 @@ PY
 }
 for s in ${STAGES:-kernel tests old lean best}; do
   case $s in
-    kernel) run kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
-    tests) run tests 90 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
+    kernel) run_stage kernel 110 "us a layer|rel_err|error" python3 $B/prefill_attention.py --json $OUT/kernel.json ;;
+    tests) run_stage tests 90 "passed|failed|FAILED|assert" $PYTEST $R/tests/kernels/test_paged_prefill.py \
              $R/tests/kernels/test_mixed_attention.py "$R/tests/engine/test_gpu.py::test_cuda_mixed_decode_split_keeps_greedy_tokens" \
              "$R/tests/engine/test_gpu.py::test_cuda_larger_mixed_graphs_keep_greedy_tokens" ;;
-    old) run old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 FLOTILLA_PREFILL_DEAD_LAST=0 python3 $PROFILE \
+    old) run_stage old 45 "^step of|_kernel" env FLOTILLA_PREFILL_LEAN=0 FLOTILLA_PREFILL_DEAD_LAST=0 python3 $PROFILE \
            --json $OUT/old.json ;;
-    lean) run lean 45 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
+    lean) run_stage lean 45 "^step of|_kernel" python3 $PROFILE --json $OUT/lean.json ;;
     best) BEST=$(best_env)
           if [ -z "$BEST" ]; then echo "=== best: skipped (the fastest variant is lean or old, or no kernel.json)" | tee -a $L
           else echo "best: $BEST" | tee -a $L
-            run best 45 "^step of|_kernel" env $BEST python3 $PROFILE --json $OUT/best.json; fi ;;
+            run_stage best 45 "^step of|_kernel" env $BEST python3 $PROFILE --json $OUT/best.json; fi ;;
   esac
 done
 echo "=== done $(date +%T) ($((END - SECONDS)) s left)" | tee -a $L
