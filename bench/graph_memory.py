@@ -110,12 +110,15 @@ def main() -> None:
     fig = {
         "name": args.name, "graphs": num_graphs, "samples_mib": costs, "sample_outputs_mib": outputs,
         "estimate_gib": profile.cuda_graphs / GIB, "captured_gib": runner.graph_bytes / GIB, "old_rule_gib": old / GIB,
+        "profile_kept_gib": runner.graph_profile_kept / GIB,
         "kv_blocks": runner.num_blocks, "kv_gib": runner.num_blocks * block / GIB,
         "old_rule_kv_blocks": runner.num_blocks - -(-(old - profile.cuda_graphs) // block), "startup_s": startup,
         "capture_s": runner.graphs.capture_seconds,
     }
+    held = runner.graph_bytes + runner.graph_profile_kept
     print(f"{args.name}: {num_graphs} graphs, estimate {fig['estimate_gib']:.2f} GiB vs captured "
-          f"{fig['captured_gib']:.2f} GiB ({profile.cuda_graphs / max(runner.graph_bytes, 1):.2f}x; old rule "
+          f"{fig['captured_gib']:.2f} GiB + {fig['profile_kept_gib']:.2f} GiB the profile's captures kept "
+          f"({profile.cuda_graphs / max(held, 1):.2f}x; old rule "
           f"{fig['old_rule_gib']:.2f} GiB); KV {runner.num_blocks} blocks = {fig['kv_gib']:.2f} GiB (old rule "
           f"{fig['old_rule_kv_blocks']}); samples {costs} MiB, outputs {outputs} MiB; start-up {startup:.0f} s, "
           f"capture {fig['capture_s']:.1f} s", flush=True)

@@ -147,15 +147,19 @@ def graph_estimate(samples: list[GraphSample], other_tokens: list[int]) -> int:
     return sum(s.cost for s in samples) + sum(t * per_token + per_graph for t in other_tokens)
 
 
-def graph_capture_note(estimate: int, captured: int, block_bytes: int) -> str:
-    """The log line after the real capture: what it took against what the profile charged for it."""
-    if captured > estimate:
-        return (f"the CUDA graphs took {captured / GIB:.2f} GiB, {(captured - estimate) / GIB:.2f} GiB more than "
-                f"the {estimate / GIB:.2f} GiB the memory profile charged (the engine holds that much beyond its "
-                "--gpu-memory-utilization budget)")
-    spare = estimate - captured
-    return (f"the CUDA graphs took {captured / GIB:.2f} GiB of the {estimate / GIB:.2f} GiB the memory profile "
-            f"charged: {spare / GIB:.2f} GiB ({spare // max(block_bytes, 1)} KV blocks) charged and not used")
+def graph_capture_note(estimate: int, captured: int, profile_kept: int, block_bytes: int) -> str:
+    """The log line after the real capture: what it took, and what the profile's captures left held (`profile_kept`:
+    the kernels they loaded, cuBLAS's workspace for the capture stream; the real capture found it done), against
+    what the profile charged for both."""
+    held = captured + profile_kept
+    took = f"the CUDA graphs took {captured / GIB:.2f} GiB" + \
+        (f" (and the profile's captures kept {profile_kept / GIB:.2f} GiB)" if profile_kept else "")
+    if held > estimate:
+        return (f"{took}, {(held - estimate) / GIB:.2f} GiB more than the {estimate / GIB:.2f} GiB the memory profile "
+                "charged (the engine holds that much beyond its --gpu-memory-utilization budget)")
+    spare = estimate - held
+    return (f"{took} of the {estimate / GIB:.2f} GiB the memory profile charged: {spare / GIB:.2f} GiB "
+            f"({spare // max(block_bytes, 1)} KV blocks) charged and not used")
 
 
 def graph_bytes(before: MemorySnapshot, after: MemorySnapshot) -> int:

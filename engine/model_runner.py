@@ -128,6 +128,9 @@ class ModelRunner:
         # The device before this engine adds anything: what is held then is not charged to its budget.
         self.start_memory = self._memory_at_start()
         self.memory_profile: MemoryProfile | None = None  # the start-up profile's accounting (GPU, no override)
+        # What the profile's graph captures left held after they were dropped (the kernels they loaded, cuBLAS's
+        # workspace for the capture stream): the real capture finds it done, and the estimate charged it.
+        self.graph_profile_kept = 0
         started = time.perf_counter()
         self.model = load_model(config.model, self.device)
         logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
@@ -186,6 +189,9 @@ class ModelRunner:
         driver's share) does not depend on the pool."""
         if not self._captures_graphs:
             return 0
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        start = MemorySnapshot.measure(self.device)
         self.kv_cache = self._allocate_kv_cache(num_blocks=1)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -205,7 +211,9 @@ class ModelRunner:
             before = after
         del graphs
         self.kv_cache = self._release_kv_cache()
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        self.graph_profile_kept = graph_bytes(start, MemorySnapshot.measure(self.device))
         sampled = set(picked)
         estimate = graph_estimate(samples, [key.tokens for i, key in enumerate(keys) if i not in sampled])
         logger.info("CUDA graph memory: %.2f GiB estimated for %d graphs from %d captured first (%s MiB, %s MiB of "
@@ -230,9 +238,10 @@ class ModelRunner:
         if profile is None:  # no profile sized the pool (--num-gpu-blocks-override)
             logger.info("CUDA graph memory: %.2f GiB on the device", self.graph_bytes / GIB)
             return
-        over = self.graph_bytes > profile.cuda_graphs
+        over = self.graph_bytes + self.graph_profile_kept > profile.cuda_graphs
         logger.log(logging.WARNING if over else logging.INFO, "CUDA graph memory: %s",
-                   graph_capture_note(profile.cuda_graphs, self.graph_bytes, self.bytes_per_block))
+                   graph_capture_note(profile.cuda_graphs, self.graph_bytes, self.graph_profile_kept,
+                                      self.bytes_per_block))
 
     # --- KV pool --------------------------------------------------------------------------------
 
