@@ -114,6 +114,13 @@ class GraphKey:
     width: int
     lora: bool = False
 
+    @property
+    def kind(self) -> tuple[str, int, bool]:
+        """The graph's family (decode, mixed, one-sequence mixed), table width and LoRA: graphs of one kind run the
+        same kernels over buffers that shrink with the token count (the memory profile samples each kind's largest)."""
+        family = "decode" if self.decode else "one-sequence mixed" if self.seqs == 1 else "mixed"
+        return family, self.width, self.lora
+
 
 class StepGraphs:
     """Persistent input buffers, the captured graphs, and their replay."""
@@ -376,8 +383,8 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self, keys: list[GraphKey] | None = None) -> None:
-        """Capture every graph (or `keys`, a prefix of `keys()`: the memory profile's samples), sharing one memory
-        pool across calls."""
+        """Capture every graph (or `keys`, some of `keys()` in its order: the memory profile's samples), sharing one
+        memory pool across calls."""
         start = time.perf_counter()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -404,7 +411,7 @@ class StepGraphs:
         self.capture_seconds = time.perf_counter() - start
         log(
             "captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s, one-sequence mixed %s, x table "
-            "widths %s tokens%s) in %.1f s, %.2f GiB",
+            "widths %s tokens%s) in %.1f s (their outputs: %.2f GiB)",
             len(self._graphs),
             self.decode_sizes,
             self.mixed_sizes,
@@ -414,6 +421,11 @@ class StepGraphs:
             self.capture_seconds,
             (torch.cuda.memory_allocated() - before) / 2**30,
         )
+
+    def output_bytes(self, key: GraphKey) -> int:
+        """The bytes of a captured graph's output, which it keeps for its replays."""
+        out = self._graphs[key][1]
+        return out.numel() * out.element_size()
 
     def _lora_slots(self, key: GraphKey) -> torch.Tensor | None:
         """The staged per-token adapter slots a LoRA graph reads (None: the graph skips LoRA)."""

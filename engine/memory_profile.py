@@ -1,16 +1,16 @@
 """How much GPU memory the KV cache gets: vLLM's per-instance reading of `--gpu-memory-utilization`.
 
-The flag is a budget for this engine, not a share of what the device has left: `utilization x total` bytes,
-charged with what the engine itself adds, namely its weights (torch's allocation growth across loading, the
-LoRA slots and a draft model included), the peak a dummy step of the full token budget reaches above them, the
-growth of memory outside torch (cuBLAS workspaces, NCCL buffers), the CUDA graphs (the two largest captured before
-the pool is sized, the rest estimated from them, as recent vLLM does: the real capture comes after the pool) and,
-on the stage that draws, the penalties' tables (engine/penalty_counts.py). The KV cache gets the rest, so an engine
-at 0.9-0.95 does not run out of memory capturing its graphs after allocating its pool. Memory already held when
-the engine starts (another engine of this process, another process, the CUDA context) is reported, never charged:
-two engines at 0.3 on one GPU each get the pool one alone would. What is held still limits what the budget may
-be: the engine refuses to start when less than the budget is free, as vLLM does, so the pool never asks for memory
-that is not there.
+The flag is a budget for this engine, not a share of what the device has left: `utilization x total` bytes, charged
+with what the engine itself adds, namely its weights (torch's allocation growth across loading, the LoRA slots and
+a draft model included), the peak a dummy step of the full token budget reaches above them, the growth of memory
+outside torch (cuBLAS workspaces, NCCL buffers), the CUDA graphs (captured before the pool is sized as recent vLLM
+does, since the real capture comes after the pool, but only the largest of each kind and two more, the rest charged
+their outputs: `graph_estimate`) and, on the stage that draws, the penalties' tables (engine/penalty_counts.py).
+The KV cache gets the rest, so an engine at 0.9-0.95 does not run out of memory capturing its graphs after
+allocating its pool. Memory already held when the engine starts (another engine of this process, another process,
+the CUDA context) is reported, never charged: two engines at 0.3 on one GPU each get the pool one alone would. What
+is held still limits what the budget may be: the engine refuses to start when less than the budget is free, as vLLM
+does, so the pool never asks for memory that is not there.
 
 The arithmetic is pure (`memory_profile`, over three `MemorySnapshot`s), so it is checked with given numbers
 on the CPU; `MemorySnapshot.measure` reads a CUDA device.
@@ -18,6 +18,7 @@ on the CPU; `MemorySnapshot.measure` reads a CUDA device.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -93,19 +94,72 @@ def requested_bytes(start: MemorySnapshot, utilization: float) -> int:
     return requested
 
 
-# vLLM's floor for one more graph's cost (the driver's own share of it).
+# The least one more graph is charged beyond its output (vLLM's floor: the driver's own share of a graph).
 MIN_GRAPH_BYTES = 1 << 20
+# Graphs of a kind sampled already that the profile captures too: what they take beyond their outputs is what one
+# more graph costs.
+REPEAT_SAMPLES = 2
 
 
-def graph_estimate(samples: list[int], num_graphs: int) -> int:
-    """What capturing `num_graphs` graphs into one pool takes, from what the first two (the largest: captured most
-    tokens first) took, as vLLM's `profile_cudagraph_memory` estimates it: the first's cost (the pool's shared
-    memory and the input buffers) plus the second's, at least `MIN_GRAPH_BYTES`, for each of the others (each keeps
-    its output and its driver memory; a smaller graph costs no more than the second)."""
-    if num_graphs == 0:
+@dataclass(frozen=True)
+class GraphSample:
+    """One graph the memory profile captured: its padded token count, what its capture took on the device
+    (`graph_bytes`) and the bytes of its output, which it keeps for its replays (the pool never reuses them)."""
+
+    tokens: int
+    cost: int
+    output: int
+    repeat: bool  # a kind (family, table width, LoRA) captured before: its one-off memory is paid already
+
+
+def graph_sample_indices(kinds: list[Hashable], repeats: int = REPEAT_SAMPLES) -> list[int]:
+    """Which graphs of a capture order (the most tokens first; `kinds[i]` the i-th graph's family, table width
+    and LoRA) the profile captures: the first of each kind, where the shared pool grows for what that kind's
+    largest graph holds in flight (later, smaller ones reuse it), and the first `repeats` graphs of a kind
+    already captured, which show what one more graph costs beyond its output."""
+    seen: set[Hashable] = set()
+    picked, repeated = [], 0
+    for i, kind in enumerate(kinds):
+        if kind not in seen:
+            seen.add(kind)
+            picked.append(i)
+        elif repeated < repeats:
+            repeated += 1
+            picked.append(i)
+    return picked
+
+
+def graph_estimate(samples: list[GraphSample], other_tokens: list[int]) -> int:
+    """What capturing every graph into one pool takes: what the sampled ones took (`graph_sample_indices`; the
+    first of them also sets up the input buffers and the pool's shared memory), plus for each other graph (of
+    `other_tokens` tokens) its output, at the largest output a token any sample kept, and the least a repeated
+    sample took beyond its output, at least `MIN_GRAPH_BYTES`.
+
+    Not vLLM's `samples[0] + samples[1] x (n - 1)`: the graphs share one pool, where a later, smaller graph
+    reuses what an earlier one held in flight, so a second sample that grew the pool (a new table width, a new
+    kernel) is a one-off, not the cost of each further graph (on an H100, the 8B shape's 110 server graphs were
+    estimated at 12.53 GiB from [618, 112] MiB; their outputs are 0.75 GiB)."""
+    if not samples:
         return 0
-    per_graph = max(samples[1] if len(samples) > 1 else 0, MIN_GRAPH_BYTES)
-    return samples[0] + per_graph * (num_graphs - 1)
+    per_token = max(-(-s.output // s.tokens) for s in samples)
+    rest = min((s.cost - s.output for s in samples if s.repeat), default=0)
+    per_graph = max(rest, MIN_GRAPH_BYTES)
+    return sum(s.cost for s in samples) + sum(t * per_token + per_graph for t in other_tokens)
+
+
+def graph_capture_note(estimate: int, captured: int, profile_kept: int, block_bytes: int) -> str:
+    """The log line after the real capture: what it took, and what the profile's captures left held (`profile_kept`:
+    the kernels they loaded, cuBLAS's workspace for the capture stream; the real capture found it done), against
+    what the profile charged for both."""
+    held = captured + profile_kept
+    took = f"the CUDA graphs took {captured / GIB:.2f} GiB" + \
+        (f" (and the profile's captures kept {profile_kept / GIB:.2f} GiB)" if profile_kept else "")
+    if held > estimate:
+        return (f"{took}, {(held - estimate) / GIB:.2f} GiB more than the {estimate / GIB:.2f} GiB the memory profile "
+                "charged (the engine holds that much beyond its --gpu-memory-utilization budget)")
+    spare = estimate - held
+    return (f"{took} of the {estimate / GIB:.2f} GiB the memory profile charged: {spare / GIB:.2f} GiB "
+            f"({spare // max(block_bytes, 1)} KV blocks) charged and not used")
 
 
 def graph_bytes(before: MemorySnapshot, after: MemorySnapshot) -> int:

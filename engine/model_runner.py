@@ -25,10 +25,13 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.slots import lora_slots
 from flotilla.engine.memory_profile import (
     GIB,
+    GraphSample,
     MemoryProfile,
     MemorySnapshot,
     graph_bytes,
+    graph_capture_note,
     graph_estimate,
+    graph_sample_indices,
     memory_profile,
     requested_bytes,
 )
@@ -125,6 +128,9 @@ class ModelRunner:
         # The device before this engine adds anything: what is held then is not charged to its budget.
         self.start_memory = self._memory_at_start()
         self.memory_profile: MemoryProfile | None = None  # the start-up profile's accounting (GPU, no override)
+        # What the profile's graph captures left held after they were dropped (the kernels they loaded, cuBLAS's
+        # workspace for the capture stream): the real capture finds it done, and the estimate charged it.
+        self.graph_profile_kept = 0
         started = time.perf_counter()
         self.model = load_model(config.model, self.device)
         logger.info("model loaded in %.1f s (%s weights%s)", time.perf_counter() - started,
@@ -158,6 +164,7 @@ class ModelRunner:
         self.graph_bytes = 0  # what the capture took on the device (the profile charged an estimate of it)
         if self._captures_graphs:
             self.graphs, self.graph_bytes = self._measured_capture()
+            self._log_graph_memory()
 
     @property
     def _captures_graphs(self) -> bool:
@@ -175,32 +182,43 @@ class ModelRunner:
         )
 
     def _profile_graph_memory(self) -> int:
-        """What capturing the CUDA graphs will take on the device, estimated before the KV pool is sized as vLLM's
-        `profile_cudagraph_memory` does (`graph_estimate`): the two largest graphs are captured over a pool of one
-        block and dropped again. The capture's steps are all padding, which reads and writes no KV, so what the
-        graphs take (their pool, kept outputs, input buffers and the driver's share) does not depend on the pool."""
+        """What capturing the CUDA graphs will take on the device, estimated before the KV pool is sized
+        (`graph_estimate`): some of the graphs (`graph_sample_indices`: each kind's largest and two more) are captured
+        in the real capture's order over a pool of one block and dropped again. The capture's steps are all padding,
+        which reads and writes no KV, so what the graphs take (their pool, kept outputs, input buffers and the
+        driver's share) does not depend on the pool."""
         if not self._captures_graphs:
             return 0
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        start = MemorySnapshot.measure(self.device)
         self.kv_cache = self._allocate_kv_cache(num_blocks=1)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         before = MemorySnapshot.measure(self.device)
         graphs = self._step_graphs()
         keys = graphs.keys()
-        samples = []
-        for key in keys[:2]:
+        picked = graph_sample_indices([key.kind for key in keys])
+        samples, kinds = [], set()
+        for key in (keys[i] for i in picked):
             graphs.capture([key])
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the eager warm-up pass's activations: charged with the dummy step's peak
             after = MemorySnapshot.measure(self.device)
-            samples.append(graph_bytes(before, after))
+            samples.append(GraphSample(key.tokens, graph_bytes(before, after), graphs.output_bytes(key),
+                                       key.kind in kinds))
+            kinds.add(key.kind)
             before = after
         del graphs
         self.kv_cache = self._release_kv_cache()
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        estimate = graph_estimate(samples, len(keys))
-        logger.info("CUDA graph memory: %.2f GiB estimated for %d graphs from the first two's %s MiB", estimate / GIB,
-                    len(keys), [round(b / 2**20, 1) for b in samples])
+        self.graph_profile_kept = graph_bytes(start, MemorySnapshot.measure(self.device))
+        sampled = set(picked)
+        estimate = graph_estimate(samples, [key.tokens for i, key in enumerate(keys) if i not in sampled])
+        logger.info("CUDA graph memory: %.2f GiB estimated for %d graphs from %d captured first (%s MiB, %s MiB of "
+                    "it outputs)", estimate / GIB, len(keys), len(samples),
+                    [round(s.cost / 2**20, 1) for s in samples], [round(s.output / 2**20, 1) for s in samples])
         return estimate
 
     def _measured_capture(self) -> tuple[StepGraphs, int]:
@@ -213,6 +231,17 @@ class ModelRunner:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the eager warm-up passes' activations: charged with the dummy step's peak
         return graphs, graph_bytes(before, MemorySnapshot.measure(self.device))
+
+    def _log_graph_memory(self) -> None:
+        """Say what the real capture took against what the memory profile charged for it (a warning when more)."""
+        profile = self.memory_profile
+        if profile is None:  # no profile sized the pool (--num-gpu-blocks-override)
+            logger.info("CUDA graph memory: %.2f GiB on the device", self.graph_bytes / GIB)
+            return
+        over = self.graph_bytes + self.graph_profile_kept > profile.cuda_graphs
+        logger.log(logging.WARNING if over else logging.INFO, "CUDA graph memory: %s",
+                   graph_capture_note(profile.cuda_graphs, self.graph_bytes, self.graph_profile_kept,
+                                      self.bytes_per_block))
 
     # --- KV pool --------------------------------------------------------------------------------
 

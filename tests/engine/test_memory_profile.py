@@ -15,14 +15,18 @@ import pytest
 import torch
 
 from flotilla.engine.async_engine import AsyncEngine
+from flotilla.engine.cuda_graphs import GraphKey, StepGraphs
 from flotilla.engine.llm import LLM
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.memory_profile import (
     GIB,
     MIN_GRAPH_BYTES,
+    GraphSample,
     MemorySnapshot,
     graph_bytes,
+    graph_capture_note,
     graph_estimate,
+    graph_sample_indices,
     memory_profile,
     requested_bytes,
 )
@@ -95,13 +99,95 @@ def test_the_graphs_captured_before_the_pool_is_sized_are_charged_so_their_captu
     assert uncharged.kv_cache - profile.kv_cache == GIB + GIB // 2  # what a capture after the pool would overrun
 
 
-def test_the_graphs_estimate_is_the_largest_s_cost_and_the_second_s_for_each_other_one():
-    mib = 2**20
-    # The first graph sets up the pool (its intermediates) and the input buffers; each further one keeps its output.
-    assert graph_estimate([300 * mib, 6 * mib], 40) == 300 * mib + 39 * 6 * mib
-    assert graph_estimate([300 * mib, 0], 40) == 300 * mib + 39 * MIN_GRAPH_BYTES  # vLLM's floor of 1 MiB a graph
-    assert graph_estimate([300 * mib], 1) == 300 * mib
-    assert graph_estimate([], 0) == 0
+MIB = 2**20
+HIDDEN_BYTES = 4096 * 2  # a Llama-3.1-8B token's bf16 hidden state: what a graph keeps as its output, a token
+
+
+def _server_keys() -> list[GraphKey]:
+    """The 110 graphs `flotilla serve --max-model-len 4096 --max-num-seqs 512 --max-num-batched-tokens 16384
+    --max-cudagraph-capture-size 4096` captures, in capture order."""
+    graphs = StepGraphs(torch.nn.Identity(), 512, 16384, 4096, 16, torch.device("cpu"), max_capture_size=4096,
+                        one_seq_graphs=True)
+    return graphs.keys()
+
+
+def _samples(keys: list[GraphKey], costs_mib: list[float]) -> tuple[list[GraphSample], list[int]]:
+    """The profile's samples of `keys` (their costs given, their outputs a hidden state a token) and the other
+    graphs' token counts."""
+    picked = graph_sample_indices([key.kind for key in keys])
+    assert len(picked) == len(costs_mib)
+    samples, kinds = [], set()
+    for i, cost in zip(picked, costs_mib, strict=True):
+        samples.append(GraphSample(keys[i].tokens, int(cost * MIB), keys[i].tokens * HIDDEN_BYTES,
+                                   keys[i].kind in kinds))
+        kinds.add(keys[i].kind)
+    return samples, [key.tokens for i, key in enumerate(keys) if i not in picked]
+
+
+def test_the_profile_samples_each_kind_s_largest_graph_and_two_more():
+    keys = _server_keys()
+    assert len(keys) == 110
+    picked = [keys[i] for i in graph_sample_indices([key.kind for key in keys])]
+    # Mixed at 4,096 tokens at both table widths, two more of them (3,840), then the first decode and the first
+    # one-sequence graphs at each width: every kind's largest, in the capture's order.
+    assert [(k.kind[0], k.tokens, k.width * 16) for k in picked] == [
+        ("mixed", 4096, 4096), ("mixed", 4096, 1024), ("mixed", 3840, 4096), ("mixed", 3840, 1024),
+        ("decode", 512, 4096), ("decode", 512, 1024),
+        ("one-sequence mixed", 128, 4096), ("one-sequence mixed", 128, 1024),
+    ]
+    assert graph_sample_indices(["a", "a", "b", "a", "b", "a"], repeats=1) == [0, 1, 2]
+    assert graph_sample_indices([]) == []
+
+
+def test_the_graphs_estimate_charges_the_graphs_not_sampled_their_outputs_not_the_second_s_cost():
+    # On an H100 the 8B shape's 110 server graphs were estimated at 12.53 GiB from the first two's [618, 112] MiB
+    # (vLLM's first + second x 109); their capture kept 0.75 GiB of outputs. The second grew the shared pool once
+    # (a new table width); the third and fourth took their outputs' 30 MiB; the first decode and one-sequence
+    # graphs took a little more than theirs.
+    keys = _server_keys()
+    outputs = sum(key.tokens for key in keys) * HIDDEN_BYTES
+    assert round(outputs / GIB, 2) == 0.75
+    samples, others = _samples(keys, [618, 112, 30, 30, 6, 6, 2, 2])
+    estimate = graph_estimate(samples, others)
+    assert estimate == sum(s.cost for s in samples) + sum(t * HIDDEN_BYTES for t in others) \
+        + len(others) * MIN_GRAPH_BYTES
+    assert 618 * MIB + outputs - 4096 * HIDDEN_BYTES < estimate < 1.6 * GIB  # every output charged; 0.75 GiB + pool
+    assert 618 * MIB + 112 * MIB * 109 > 12.5 * GIB  # what the old rule charged
+    # The offline run's 31 graphs (mixed up to 512 tokens): 0.64 GiB estimated from [172, 16] MiB, 0.04 GiB of outputs.
+    offline = StepGraphs(torch.nn.Identity(), 512, 16384, 656, 16, torch.device("cpu"), one_seq_graphs=True).keys()
+    samples, others = _samples(offline, [172, 16, 3.5, 3, 2])
+    assert len(offline) == 31 and graph_estimate(samples, others) < 0.25 * GIB
+
+
+def test_what_a_repeated_graph_takes_beyond_its_output_is_charged_to_each_graph_not_sampled():
+    def repeat(cost_mib: float, tokens: int = 64) -> GraphSample:
+        return GraphSample(tokens, int(cost_mib * MIB), tokens * HIDDEN_BYTES, repeat=True)
+
+    first = GraphSample(512, 300 * MIB, 4 * MIB, repeat=False)
+    # A repeat that took 0.5 MiB beyond its output: at least vLLM's 1 MiB floor is charged for the driver's share.
+    assert graph_estimate([first, repeat(1)], [16, 16]) == 301 * MIB + 2 * (16 * HIDDEN_BYTES + MIN_GRAPH_BYTES)
+    # Its output fit in the pool's free memory (it took nothing): its output is still charged to the others.
+    assert graph_estimate([first, repeat(0)], [16]) == 300 * MIB + 16 * HIDDEN_BYTES + MIN_GRAPH_BYTES
+    # Repeats that took 3.5 and 8.5 MiB beyond their outputs: the smaller is the steady cost (the larger grew the
+    # pool once, and is charged once, as sampled).
+    assert graph_estimate([first, repeat(4), repeat(9)], [16]) == 313 * MIB + 16 * HIDDEN_BYTES + 3.5 * MIB
+    # No repeat sampled: the floor; one graph in all: what it took.
+    assert graph_estimate([first], [16]) == 300 * MIB + 16 * HIDDEN_BYTES + MIN_GRAPH_BYTES
+    assert graph_estimate([first], []) == 300 * MIB
+    assert graph_estimate([], []) == 0
+
+
+def test_the_real_capture_is_reported_against_what_the_profile_charged():
+    block = 2 * MIB
+    assert graph_capture_note(int(1.5 * GIB), GIB, 0, block) == (
+        "the CUDA graphs took 1.00 GiB of the 1.50 GiB the memory profile charged: 0.50 GiB (256 KV blocks) charged "
+        "and not used")
+    # What the profile's captures left held (loaded kernels, cuBLAS's workspace) counts with the capture.
+    assert graph_capture_note(int(1.5 * GIB), GIB, GIB // 4, block) == (
+        "the CUDA graphs took 1.00 GiB (and the profile's captures kept 0.25 GiB) of the 1.50 GiB the memory profile "
+        "charged: 0.25 GiB (128 KV blocks) charged and not used")
+    assert graph_capture_note(GIB, int(1.25 * GIB), 0, block).startswith(
+        "the CUDA graphs took 1.25 GiB, 0.25 GiB more than the 1.00 GiB the memory profile charged")
 
 
 def _pool_freed_on(engine: LLMEngine, act) -> bool:
@@ -260,10 +346,16 @@ def test_cuda_graphs_captured_after_the_pool_stay_within_a_0_9_budget(tmp_path):
     runner = llm.engine.runner
     profile = runner.memory_profile
     assert profile is not None and runner.graphs is not None
-    # The profile estimated the graphs before sizing the pool; the real capture after it took no more than that (the
-    # driver counts in 2 MiB pages, and either capture may fill a partly used segment of the allocator's: 16 MiB).
+    # The profile estimated the graphs before sizing the pool; the real capture after it, with what the profile's
+    # captures left held (loaded kernels, cuBLAS's workspace), took no more than that (the driver counts in 2 MiB
+    # pages, and either capture may fill a partly used segment of the allocator's: 16 MiB).
     assert profile.cuda_graphs > 0, profile
-    assert runner.graph_bytes <= profile.cuda_graphs + 16 * 2**20, (runner.graph_bytes, profile)
+    assert runner.graph_bytes + runner.graph_profile_kept <= profile.cuda_graphs + 16 * 2**20, \
+        (runner.graph_bytes, runner.graph_profile_kept, profile)
+    # Nor far more: the graphs not sampled are charged their outputs and a MiB or so each, not a sampled graph's cost
+    # each.
+    assert profile.cuda_graphs <= 2 * (runner.graph_bytes + runner.graph_profile_kept) + 128 * 2**20, \
+        (runner.graph_bytes, runner.graph_profile_kept, profile)
     outs = llm.generate([[5, 6, 7], list(range(20, 60))],
                         SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
                         use_tqdm=False)
