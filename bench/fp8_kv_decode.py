@@ -132,13 +132,15 @@ KV15_SEQUENTIAL = (MAIN_FP8, ("h2", 32, 4, 4, 1), ("h2", 32, 4, 6, 1))
 
 # Session 24 (kvfp8, `--grid kvfp8`): the fp8 pool's default since session 16 (h2 32/4/3, one split), then
 # `_attend_heads_t`'s LEAN loop (FLOTILLA_DECODE_FP8_LEAN: full tiles unmasked, a 32-key stream's pages a page at a
-# time), the last field. Triton 3.6 sm_90 (bench/sass_loop.py, the loop over full tiles): h2 32/4 297 -> 273
-# instructions (16 keys a warp), h2 64/4 560 -> 452 (32 keys a warp): 18.6 -> 17.1 / 14.1 warp instructions a
-# (key, KV head); the bf16 pool's 64/4/2 loop is 27.1 for twice the bytes.
+# time, a pointer a page and 32-bit offsets in it), the last field. Triton 3.6 sm_90 (bench/sass_loop.py, the loop
+# over full tiles; registers): h2 32/4 297 -> 269 instructions (130 -> 128), h2 64/4 560 -> 431 (183 -> 176): 18.6
+# -> 16.8 / 13.5 warp instructions a (key, KV head); the bf16 pool's 64/4/2 loop is 27.1 for twice the bytes. h2
+# 64/4 at 4 stages would take 128 KB of shared memory (one program an SM: two waves), so 2 and 3; h4 64/8 (247
+# registers, 128 programs: one an SM) at 2 and 3.
 KVFP8_MAIN = ("h2", 32, 4, 3, 1)
 KVFP8_GRID = (("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, False), ("h2", 64, 4, 3, 1, True),
-              ("h2", 64, 4, 2, 1, True), ("h2", 64, 4, 4, 1, True), ("h2", 32, 4, 4, 1, True),
-              ("h2", 64, 8, 2, 1, True), ("h4", 64, 8, 3, 1, True))  # fmt: skip
+              ("h2", 64, 4, 2, 1, True), ("h2", 32, 4, 4, 1, True), ("h2", 64, 8, 2, 1, True),
+              ("h4", 64, 8, 3, 1, True), ("h4", 64, 8, 2, 1, True))  # fmt: skip
 KVFP8_SEQUENTIAL = (KVFP8_MAIN, ("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, True))
 
 

@@ -282,10 +282,11 @@ def _heads_tile(
     n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok, qt3,
     qk_scale, m, l, acc, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, ONE_PAGE: tl.constexpr,
     PAGES: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-    K_LOAD_LAYOUT: tl.constexpr, MASKED: tl.constexpr, D_FULL: tl.constexpr,
+    K_LOAD_LAYOUT: tl.constexpr, MASKED: tl.constexpr, D_FULL: tl.constexpr, PAGE_PTRS: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of `_attend_heads_t`'s loop at key `n0`: the next tile's pages asked for, this tile's (`next_page`)
-    attended (`_tile_t`). Returns (the next tile's pages, m, l, acc)."""
+    attended (`_tile_t`). PAGE_PTRS: K and V addressed as a pointer a page + 32-bit offsets (LEAN). Returns (the next
+    tile's pages, m, l, acc)."""
     # KS = 1: [1, BLOCK_N], the same keys for every stream; else [WS, SUB]
     tok = n0 + t if KS == 1 else n0 + sub0 + t
     tok_ok = tok < end
@@ -301,10 +302,16 @@ def _heads_tile(
     else:
         next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
         in_page = _in_page(tok, PAGE)
-    kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+    if PAGE_PTRS:  # a page's pointer, then 32-bit offsets in the page (the same every tile)
+        kv_off = in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k_base = k_cache_ptr + (page * stride_b)[:, :, None]  # expanded before the pointer: no layout conversion
+        v_base = v_cache_ptr + (page * stride_b)[:, :, None]
+    else:
+        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k_base, v_base = k_cache_ptr, v_cache_ptr
     # KS = 1: [1, BLOCK_N, BLOCK_D], broadcast over heads; unmasked: the head dims only (unused with D_FULL)
     kv_mask = tok_ok[:, :, None] & d_ok[None, None, :] if MASKED else d_ok[None, None, :]
-    m, l, acc = _tile_t(k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc, DOT_DTYPE,
+    m, l, acc = _tile_t(k_base, v_base, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc, DOT_DTYPE,
                         DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, MASKED, MASKED or not D_FULL)  # fmt: skip
     return next_page, m, l, acc
 
@@ -331,7 +338,8 @@ def _attend_heads_t(
     head dim a power of two: no load predicate at all), the last partial tile after them with the masks; and a
     stream of several whole pages (`BLOCK_N // KS` a multiple of PAGE: 32-key streams, 64-key tiles) finds its pages
     as its first page plus `t // PAGE` (one table entry a page, `t % PAGE` in the page) instead of dividing every
-    key's position."""
+    key's position; and the loads address a pointer a page plus 32-bit offsets in the page, the same every tile (one
+    64-bit add an address, not a 64-bit product and two adds)."""
     HS: tl.constexpr = WS // KS
     SUB: tl.constexpr = BLOCK_N // KS
     w = tl.arange(0, WS)[:, None]
@@ -367,13 +375,13 @@ def _attend_heads_t(
             next_page, m, l, acc = _heads_tile(
                 n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok,
                 qt3, qk_scale, m, l, acc, PAGE, BLOCK_N, KS, ONE_PAGE, PAGES, DOT_DTYPE, DOT_PRECISION, KV_FP8,
-                K_LOAD_LAYOUT, False, D_FULL,
+                K_LOAD_LAYOUT, False, D_FULL, LEAN,
             )  # fmt: skip
     for n0 in range(tail, end, BLOCK_N):  # every tile (LEAN: the partial last one, if any)
         next_page, m, l, acc = _heads_tile(
             n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok, qt3,
             qk_scale, m, l, acc, PAGE, BLOCK_N, KS, ONE_PAGE, PAGES, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
-            True, D_FULL,
+            True, D_FULL, LEAN,
         )  # fmt: skip
     if KS > 1:  # each head's KS streams into one (weights 0 for a stream that saw no key)
         m4 = tl.reshape(m, (HS, KS, GROUP_PAD))

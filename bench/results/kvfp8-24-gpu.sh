@@ -2,16 +2,16 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 # Issue 22's fp8-KV floor on the H200, one call (BUDGET_S, default 200 s of device time): with --kv-cache-dtype fp8
 # the decode step at batch 64 x context 4,096 <= 0.70x the bf16-KV step (session 23: 9.233 vs 12.150 ms = 0.760x).
 # Branch kvfp8 (session 24): `_attend_heads_t`'s LEAN loop (kernels/triton_paged_decode.py, switch
-# FLOTILLA_DECODE_FP8_LEAN, default off): the full tiles without key masks, the partial last tile masked, and a
-# 32-key stream's pages found a page at a time, so that 64-key tiles (2 streams of 32 a head) no longer pay a
-# division and a 64-bit product a key. The same numbers (bit-equal under the interpreter). Triton 3.6 sm_90 SASS of
-# the loop over full tiles: h2 32/4 297 -> 273 instructions, h2 64/4 560 -> 452: 18.6 -> 17.1 / 14.1 warp
-# instructions a (key, KV head), no spills (docs/quantization.md, session 24).
+# FLOTILLA_DECODE_FP8_LEAN, default off): the full tiles without key masks, the partial last tile masked, a 32-key
+# stream's pages found a page at a time (64-key tiles, 2 streams of 32 a head, no longer pay a division and a 64-bit
+# product a key), a pointer a page and 32-bit offsets in it. The same numbers (bit-equal under the interpreter).
+# Triton 3.6 sm_90 SASS of the loop over full tiles: h2 32/4 297 -> 269 instructions, h2 64/4 560 -> 431: 18.6 ->
+# 16.8 / 13.5 warp instructions a (key, KV head), no spills (docs/quantization.md, session 24).
 # Stages, each under its own limit (capped by what is left):
 #   sweep  bench/fp8_kv_decode.py --batches 64 --grid kvfp8 --workers 8 (limit 50 s): the attention kernel at
 #          64 x 4,096 in one process: the bf16 pool (default), the fp8 pool's default (h2 32/4/3, one split), then
-#          fp8_kv_decode.KVFP8_GRID (lean at h2 32/4/3, h2 64/4/3 plain and lean, lean h2 64/4 at 2 and 4 stages,
-#          h2 32/4/4, h2 64/8/2, h4 64/8/3), then bf16 and the default / lean 32/4/3 / lean 64/4/3 on a table of
+#          fp8_kv_decode.KVFP8_GRID (lean at h2 32/4/3, h2 64/4/3 plain and lean, lean h2 64/4/2, h2 32/4/4,
+#          h2 64/8/2, h4 64/8/3 and 64/8/2), then bf16 and the default / lean 32/4/3 / lean 64/4/3 on a table of
 #          consecutive pages. us, GB/s (each pool's own bytes), rel_err per row (the `lean` field marks the switch).
 #   step   bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64ab (limit 110 s; one engine): the fp8 pool's default
 #          launch (A) against the sweep's fastest lean row with FLOTILLA_DECODE_FP8_LEAN=1 (B), the same 64 requests
