@@ -8,18 +8,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 # Triton 3.6 sm_90 SASS of the loop over full tiles: h2 32/4 297 -> 269 instructions, h2 64/4 560 -> 431: 18.6 ->
 # 16.8 / 13.5 warp instructions a (key, KV head), no spills (docs/quantization.md, session 24).
 # Stages, each under its own limit (capped by what is left):
-#   sweep  bench/fp8_kv_decode.py --batches 64 --grid kvfp8 --workers 8 (limit 50 s): the attention kernel at
+#   sweep  bench/fp8_kv_decode.py --batches 64 --grid kvfp8 --workers 8 (limit 45 s): the attention kernel at
 #          64 x 4,096 in one process: the bf16 pool (default), the fp8 pool's default (h2 32/4/3, one split), then
 #          fp8_kv_decode.KVFP8_GRID (lean at h2 32/4/3, h2 64/4/3 plain and lean, lean h2 64/4/2, h2 32/4/4,
 #          h2 64/8/2, h4 64/8/3 and 64/8/2), then bf16 and the default / lean 32/4/3 / lean 64/4/3 on a table of
 #          consecutive pages. us, GB/s (each pool's own bytes), rel_err per row (the `lean` field marks the switch).
-#   step   bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64ab (limit 110 s; one engine): the fp8 pool's default
+#   step   bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64ab (limit 100 s; one engine): the fp8 pool's default
 #          launch (A) against the sweep's fastest lean row with FLOTILLA_DECODE_FP8_LEAN=1 (B), the same 64 requests
 #          of 4,096 tokens, A B B A (`ab_bs64`); KVFP8_SPEC="LAUNCH@WAVE@lean" overrides the pick, fallback
 #          64,4,3,cvtpx,4h2@2@lean. The ratio is quoted against session 23's bf16-KV step (12.150 ms, H200).
-#   tests  the fp8 KV GPU kernel tests with FLOTILLA_DECODE_FP8_LEAN=1 (limit 40 s): the lean test (lean vs masked
-#          loop vs the reference at 1-3 splits, 32- and 64-key tiles), kv15's launches at Llama heads in CUDA graphs,
-#          the operand paths, the graph replay with scales.
+#   tests  the fp8 KV GPU kernel tests of the "h" forms with FLOTILLA_DECODE_FP8_LEAN=1 (limit 45 s): kv15's launches
+#          (h2 32/4 and 64/4 and 64/8, h4, h; 1-2 splits) and the "h" rows of the transposed-streams test at Llama
+#          heads (sequences of 4,000, 300 and 17 keys) against the reference, called and replayed from CUDA graphs,
+#          now through the lean loop. (The CPU lean-vs-masked test compiles ~50 variants: left to the interpreter.)
 #   summary (always) kernel us / GB/s per row, the A/B step, a VERDICT line.
 # Output: $OUT/kvfp8.log (summary first, then every stage's lines), $OUT/sweep.json, $OUT/step.json,
 # $OUT/{sweep,step,tests}.out (each stage's whole output).
@@ -46,16 +47,16 @@ PY
 }
 for s in ${STAGES:-sweep step tests summary}; do
   case $s in
-    sweep) run_stage sweep 50 "^  |^b64|compiled" python3 $R/bench/fp8_kv_decode.py --json $OUT/sweep.json \
+    sweep) run_stage sweep 45 "^  |^b64|compiled" python3 $R/bench/fp8_kv_decode.py --json $OUT/sweep.json \
         --batches 64 --grid kvfp8 --workers 8 ;;
     step) spec=${KVFP8_SPEC:-$(pick)}
       echo "step: B = $spec" | tee -a $L
       python3 $R/bench/model_dirs.py llama-3.1-8b /tmp/llama8b > /dev/null
-      run_stage step 110 "quant_gpu|bs64ab" env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE \
+      run_stage step 100 "quant_gpu|bs64ab" env -u FLOTILLA_DECODE_FP8_LAUNCH -u FLOTILLA_DECODE_WAVE \
         -u FLOTILLA_DECODE_FP8_LEAN python3 $R/bench/quant_gpu.py --model /tmp/llama8b --name fp8kv-lean \
         --kv-cache-dtype fp8 --jobs bs64ab --relaunch "$spec" --json $OUT/step.json ;;
-    tests) run_stage tests 40 "passed|failed|FAILED|error" env FLOTILLA_DECODE_FP8_LEAN=1 $PYTEST \
-        $R/tests/kernels/test_fp8_kv_cache.py -k "lean or cuda_fp8" ;;
+    tests) run_stage tests 45 "passed|failed|FAILED|error" env FLOTILLA_DECODE_FP8_LEAN=1 $PYTEST -m gpu \
+        $R/tests/kernels/test_fp8_kv_cache.py -k "streams_over_heads or transposed_streams" ;;
     summary) python3 - $OUT > $OUT/summary.txt <<'PY'
 import json, sys
 from pathlib import Path
