@@ -136,11 +136,12 @@ KV15_SEQUENTIAL = (MAIN_FP8, ("h2", 32, 4, 4, 1), ("h2", 32, 4, 6, 1))
 # over full tiles; registers): h2 32/4 297 -> 269 instructions (130 -> 128), h2 64/4 560 -> 431 (183 -> 176): 18.6
 # -> 16.8 / 13.5 warp instructions a (key, KV head); the bf16 pool's 64/4/2 loop is 27.1 for twice the bytes. h2
 # 64/4 at 4 stages would take 128 KB of shared memory (one program an SM: two waves), so 2 and 3; h4 64/8 (247
-# registers, 128 programs: one an SM) at 2 and 3.
+# registers, 128 programs: one an SM) at 2 and 3. Lean h2 32/4/3 takes 128 registers (the masked loop 130-132) and
+# 48 KB, so 4 programs fit an SM: 2 splits (512 programs, 16 warps an SM, the merge kernel) in one wave.
 KVFP8_MAIN = ("h2", 32, 4, 3, 1)
 KVFP8_GRID = (("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, False), ("h2", 64, 4, 3, 1, True),
-              ("h2", 64, 4, 2, 1, True), ("h2", 32, 4, 4, 1, True), ("h2", 64, 8, 2, 1, True),
-              ("h4", 64, 8, 3, 1, True), ("h4", 64, 8, 2, 1, True))  # fmt: skip
+              ("h2", 64, 4, 2, 1, True), ("h2", 32, 4, 4, 1, True), ("h2", 32, 4, 3, 2, True),
+              ("h2", 64, 8, 2, 1, True), ("h4", 64, 8, 3, 1, True), ("h4", 64, 8, 2, 1, True))  # fmt: skip
 KVFP8_SEQUENTIAL = (KVFP8_MAIN, ("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, True))
 
 

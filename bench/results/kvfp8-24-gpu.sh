@@ -11,7 +11,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh" 200
 #   sweep  bench/fp8_kv_decode.py --batches 64 --grid kvfp8 --workers 8 (limit 45 s): the attention kernel at
 #          64 x 4,096 in one process: the bf16 pool (default), the fp8 pool's default (h2 32/4/3, one split), then
 #          fp8_kv_decode.KVFP8_GRID (lean at h2 32/4/3, h2 64/4/3 plain and lean, lean h2 64/4/2, h2 32/4/4,
-#          h2 64/8/2, h4 64/8/3 and 64/8/2), then bf16 and the default / lean 32/4/3 / lean 64/4/3 on a table of
+#          h2 32/4/3 at 2 splits (128 registers: 4 programs an SM, the merge kernel), h2 64/8/2, h4 64/8/3 and
+#          64/8/2), then bf16 and the default / lean 32/4/3 / lean 64/4/3 on a table of
 #          consecutive pages. us, GB/s (each pool's own bytes), rel_err per row (the `lean` field marks the switch).
 #   step   bench/quant_gpu.py --kv-cache-dtype fp8 --jobs bs64ab (limit 100 s; one engine): the fp8 pool's default
 #          launch (A) against the sweep's fastest lean row with FLOTILLA_DECODE_FP8_LEAN=1 (B), the same 64 requests
