@@ -63,7 +63,7 @@ ENGINE_CTX = 4160  # ... and a length in its timed steps (4,097-4,224): a split 
 WIDE = 16384  # a batch-1 row's block table sized for this many tokens (the engine's graph buckets: 4,096, 16,384)
 
 
-def cases(batch: int) -> list[tuple[str, str | None, dict]]:
+def cases(batch: int, grid: str = "kv15") -> list[tuple[str, str | None, dict]]:
     """(pool, fp8_kv, launch) rows. Batch 64 (512 programs at one split): the bf16 pool at its default, the fp8
     plain loop (cvtpx, perm 64/4/3) and around 2026-12-04 s7 call 4's fastest, one key stream a warp at 32/2/4
     (146.3 us): depth, 2- and 4-warp tiles. Batch 1 (issue 19: >= 2,000 GB/s, <= 8.4 us; s7's best 11.16 us at
@@ -75,7 +75,7 @@ def cases(batch: int) -> list[tuple[str, str | None, dict]]:
     64/8 tiles; call 4 (@d97ebf7) also one batched stream (key_streams 1: 268 us) and a 128-register cap
     (maxnreg: 201-1,577 us), both dropped."""
     if batch > 1:
-        return batch64_rows()
+        return batch64_rows(grid)
     # attn11 (session 11): the fused merge in one online pass (`_merge_group`), so more splits no longer pay two L2
     # round trips a chunk. First the engine's conditions (pool "bf16_engine": bench/decode_ab.py's 4,288-token table
     # at a context of 4,160, where a split count that divides 4,096 gets one split more): the default, every fused
@@ -130,14 +130,36 @@ MAIN_FP8 = ("t", 32, 2, 4, 1)
 KV15_SEQUENTIAL = (MAIN_FP8, ("h2", 32, 4, 4, 1), ("h2", 32, 4, 6, 1))
 
 
-def _fp8_row(form: str, block_n: int, warps: int, stages: int, splits: int, **more) -> tuple[str, str, dict]:
+# Session 24 (kvfp8, `--grid kvfp8`): the fp8 pool's default since session 16 (h2 32/4/3, one split), then
+# `_attend_heads_t`'s LEAN loop (FLOTILLA_DECODE_FP8_LEAN: full tiles unmasked, a 32-key stream's pages a page at a
+# time, a pointer a page and 32-bit offsets in it), the last field. Triton 3.6 sm_90 (bench/sass_loop.py, the loop
+# over full tiles; registers): h2 32/4 297 -> 269 instructions (130 -> 128), h2 64/4 560 -> 431 (183 -> 176): 18.6
+# -> 16.8 / 13.5 warp instructions a (key, KV head); the bf16 pool's 64/4/2 loop is 27.1 for twice the bytes. h2
+# 64/4 at 4 stages would take 128 KB of shared memory (one program an SM: two waves), so 2 and 3; h4 64/8 (247
+# registers, 128 programs: one an SM) at 2 and 3. Lean h2 32/4/3 takes 128 registers (the masked loop 130-132) and
+# 48 KB, so 4 programs fit an SM: 2 splits (512 programs, 16 warps an SM, the merge kernel) in one wave.
+KVFP8_MAIN = ("h2", 32, 4, 3, 1)
+KVFP8_GRID = (("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, False), ("h2", 64, 4, 3, 1, True),
+              ("h2", 64, 4, 2, 1, True), ("h2", 32, 4, 4, 1, True), ("h2", 32, 4, 3, 2, True),
+              ("h2", 64, 8, 2, 1, True), ("h4", 64, 8, 3, 1, True), ("h4", 64, 8, 2, 1, True))  # fmt: skip
+KVFP8_SEQUENTIAL = (KVFP8_MAIN, ("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, True))
+
+
+def _fp8_row(form: str, block_n: int, warps: int, stages: int, splits: int, lean: bool = False,
+             **more) -> tuple[str, str, dict]:  # fmt: skip
+    more |= {"lean": True} if lean else {}
     return ("fp8", "cvtpx", _launch(block_n, warps, stages, key_streams=warps, form=form, num_splits=splits, **more))
 
 
-def batch64_rows() -> list[tuple[str, str | None, dict]]:
+def batch64_rows(grid: str = "kv15") -> list[tuple[str, str | None, dict]]:
     """The batch-64 rows: the bf16 pool at its default, main's fp8 default (the baseline), `KV15_GRID`, then
-    `KV15_SEQUENTIAL` on a table of consecutive pages."""
-    rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), _fp8_row(*MAIN_FP8)]
+    `KV15_SEQUENTIAL` on a table of consecutive pages; `grid` "kvfp8": the same with `KVFP8_*`."""
+    if grid == "kvfp8":
+        rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), _fp8_row(*KVFP8_MAIN)]
+        rows += [_fp8_row(*g) for g in KVFP8_GRID]
+        rows += [("bf16", None, {"table": "seq"})]
+        return rows + [_fp8_row(*g, table="seq") for g in KVFP8_SEQUENTIAL]
+    rows = [("bf16", None, {}), _fp8_row(*MAIN_FP8)]
     rows += [_fp8_row(*g) for g in KV15_GRID]
     rows += [("bf16", None, {"table": "seq"})]
     rows += [_fp8_row(*g, table="seq") for g in KV15_SEQUENTIAL]
@@ -156,7 +178,8 @@ def small_launch(row: dict) -> str:
     return f"{row['block_n']},{row['num_warps']},{row['num_stages']},{tokens},{merge}{chunk}"
 
 
-def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int, int] | None = None) -> None:
+def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int, int] | None = None,
+                grid: str = "kv15") -> None:  # fmt: skip
     """Every configuration on the bf16 pool and on the same values in fp8, each fp8 operand path. `part` (i, n):
     only compile rows i, i + n, ... (one call each on a small pool; `--workers`), no timing."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -191,7 +214,7 @@ def bench_batch(batch: int, ctx: int, results: dict, path: Path, part: tuple[int
         return lambda i: paged_decode_attention(query[i % sets], k, v, table[i % sets], qsl, seq_lens, HEAD_DIM**-0.5,
                                                 **cfg)  # fmt: skip
 
-    for index, (pool, mode, cfg) in enumerate(cases(batch)):
+    for index, (pool, mode, cfg) in enumerate(cases(batch, grid)):
         if part and index % part[1] != part[0]:
             continue
         k, v = pools[pool]
@@ -240,7 +263,7 @@ def summarize(results: dict, batch: int) -> list[str]:
         best = min(rows, key=lambda r: r["us"])
         knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "num_splits", "split_tokens", "pdl_merge",
                                       "fused_merge", "merge_chunk", "early_start", "prefetch", "dynamic_splits",
-                                      "key_streams", "form")
+                                      "key_streams", "form", "lean")
                  if k in best}  # fmt: skip
         results.setdefault("best", {})[f"b{batch}_{pool}"] = best
         lines.append(f"b{batch} ctx{best['ctx']} {pool}: default {default['us']:.2f} us {default['gbps']:.0f} GB/s; "
@@ -273,6 +296,8 @@ def main() -> None:
                    "FLOTILLA_DECODE_FP8_LAUNCH reads it (block_n,warps,stages,fp8_kv)")  # fmt: skip
     p.add_argument("--workers", type=int, default=0, help="child processes that compile every row first (Triton's "
                    "cache), each its share, so that the timing process only loads them")  # fmt: skip
+    p.add_argument("--grid", default="kv15", choices=("kv15", "kvfp8"), help="the batch-64 rows: session 16's "
+                   "`KV15_GRID` or session 24's `KVFP8_GRID` (the lean loop)")  # fmt: skip
     p.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -284,7 +309,7 @@ def main() -> None:
     if a.compile_part:
         i, n = (int(x) for x in a.compile_part.split("/"))
         for batch in batches:
-            bench_batch(batch, a.ctx, {}, Path(a.json), part=(i, n))
+            bench_batch(batch, a.ctx, {}, Path(a.json), part=(i, n), grid=a.grid)
         return
     if a.workers > 1:
         t0 = time.perf_counter()
@@ -295,7 +320,7 @@ def main() -> None:
         print(f"compiled in {a.workers} processes: {time.perf_counter() - t0:.1f} s", flush=True)
     results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "cases": []}
     for batch in batches:
-        bench_batch(batch, a.ctx, results, Path(a.json))
+        bench_batch(batch, a.ctx, results, Path(a.json), grid=a.grid)
         torch.cuda.empty_cache()
         if a.best_fp8_launch:  # after each batch: a later one cut by a time limit still leaves it
             _write_best_fp8_launch(results["cases"], Path(a.best_fp8_launch))

@@ -98,15 +98,19 @@ def record_paths() -> dict[str, set[int]]:
     return seen
 
 
-_LAUNCH_ENV = ("FLOTILLA_DECODE_FP8_LAUNCH", "FLOTILLA_DECODE_WAVE", "FLOTILLA_DECODE_FUSED_MERGE")
+_LAUNCH_ENV = ("FLOTILLA_DECODE_FP8_LAUNCH", "FLOTILLA_DECODE_WAVE", "FLOTILLA_DECODE_FUSED_MERGE",
+               "FLOTILLA_DECODE_FP8_LEAN")  # fmt: skip
 
 
 def _set_launch(spec: str) -> dict[str, str]:
-    """Set the decode launch's environment from `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE[@fused]]
-    (fused: FLOTILLA_DECODE_FUSED_MERGE=1; `default`: all three unset); returns what it set."""
-    launch, wave, fused = (("" if spec == "default" else spec).split("@") + ["", ""])[:3]
-    assert fused in ("", "fused"), f"--relaunch {spec!r}: LAUNCH[@WAVE[@fused]]"
-    env = dict(zip(_LAUNCH_ENV, (launch, wave, "1" if fused else ""), strict=True))
+    """Set the decode launch's environment from `spec` = FLOTILLA_DECODE_FP8_LAUNCH[@FLOTILLA_DECODE_WAVE[@fused]
+    [@lean]] (fused: FLOTILLA_DECODE_FUSED_MERGE=1; lean: FLOTILLA_DECODE_FP8_LEAN=1; `default`: all unset);
+    returns what it set."""
+    launch, wave, *flags = (("" if spec == "default" else spec).split("@") + [""])[:4]
+    flags = [f for f in flags if f]
+    assert set(flags) <= {"fused", "lean"}, f"--relaunch {spec!r}: LAUNCH[@WAVE[@fused][@lean]]"
+    env = dict(zip(_LAUNCH_ENV, (launch, wave, "1" if "fused" in flags else "", "1" if "lean" in flags else ""),
+                   strict=True))  # fmt: skip
     for name, value in env.items():
         if value:
             os.environ[name] = value
@@ -160,7 +164,8 @@ def ab_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
 
     start = {name: os.environ.get(name) for name in _LAUNCH_ENV}
     a_spec = "@".join([start[_LAUNCH_ENV[0]] or "", start[_LAUNCH_ENV[1]] or ""] +
-                      (["fused"] if start[_LAUNCH_ENV[2]] == "1" else [])).rstrip("@") or "default"  # fmt: skip
+                      (["fused"] if start[_LAUNCH_ENV[2]] == "1" else []) +
+                      (["lean"] if start[_LAUNCH_ENV[3]] == "1" else [])).rstrip("@") or "default"  # fmt: skip
     vocab = engine.config.model.hf_config["vocab_size"]
     params = SamplingParams(temperature=0.0, max_tokens=4 * (steps + 3) + 32, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(4096)], params) for _ in range(64)]
@@ -197,8 +202,8 @@ def main() -> None:
     p.add_argument(
         "--relaunch",
         default="",
-        help="after the jobs, ';'-separated LAUNCH[@WAVE[@fused]]: for each, FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH, "
-        "FLOTILLA_DECODE_WAVE=WAVE, FLOTILLA_DECODE_FUSED_MERGE (`default`: all unset), the "
+        help="after the jobs, ';'-separated LAUNCH[@WAVE[@fused][@lean]]: for each, FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH, "
+        "FLOTILLA_DECODE_WAVE=WAVE, FLOTILLA_DECODE_FUSED_MERGE, FLOTILLA_DECODE_FP8_LEAN (`default`: all unset), the "
         "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`)",
     )
     a = p.parse_args()
@@ -232,6 +237,7 @@ def main() -> None:
                 "FLOTILLA_DECODE_FP8_LAUNCH",
                 "FLOTILLA_DECODE_WAVE",
                 "FLOTILLA_DECODE_FUSED_MERGE",
+                "FLOTILLA_DECODE_FP8_LEAN",
             )
         },
         "quantization": engine.config.model.quantization,

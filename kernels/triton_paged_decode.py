@@ -75,7 +75,9 @@ cvt.rn.f16x2.e4m3x2 $1, hi;
 
 
 @triton.jit
-def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAYOUT: tl.constexpr):
+def _kv_operand(
+    x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAYOUT: tl.constexpr, SELECT: tl.constexpr = True
+):
     """A loaded K/V tile as a `tl.dot` operand. KV_FP8 0: `x` is already a float tile (bf16/fp16/fp32,
     or fp8 upcast by Triton's conversion, which goes through shared memory byte by byte and, to bf16,
     converts each value twice). 1, 2 and 4: `x` is raw e4m3 bytes (the fp8 pool viewed as uint8) made
@@ -95,17 +97,18 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
     contiguous along the reduction, so by default K keeps the moved conversion; kept in its load layout
     too, both operands are plain fp16 tiles and the query's fragments come by ldmatrix (four registers
     an instruction) instead of 8-byte reads and register moves, at the cost of K's own fp16 round trip
-    through shared memory.
+    through shared memory. SELECT False (the lean loop's unpredicated tiles, `_attend_heads_t`): no select, so modes
+    1-3 then leave V's conversion to Triton's placement (the lean loop is meant for the PTX modes).
     """
     if KV_FP8 == 1:
         b = x.to(tl.int16)
         h = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
-        if KEEP_LAYOUT:
+        if KEEP_LAYOUT and SELECT:
             h = tl.where(mask, h, 0.0)
         return h.to(DOT_DTYPE)
     elif KV_FP8 == 2:
         h = tl.inline_asm_elementwise(_E4M3X4_TO_F16X4, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-        if KEEP_LAYOUT:
+        if KEEP_LAYOUT and SELECT:
             h = tl.where(mask, h, 0.0)
         return h.to(DOT_DTYPE)
     elif KV_FP8 == 4:
@@ -118,7 +121,7 @@ def _kv_operand(x, mask, DOT_DTYPE: tl.constexpr, KV_FP8: tl.constexpr, KEEP_LAY
         return h.to(DOT_DTYPE)
     elif KV_FP8 == 3:
         h = x.to(tl.float16)  # the hardware conversion, two values per cvt, no bf16 step
-        if KEEP_LAYOUT:
+        if KEEP_LAYOUT and SELECT:
             h = tl.where(mask, h, 0.0)
         return h.to(DOT_DTYPE)
     else:
@@ -188,25 +191,38 @@ def _attend_streams(
 
 
 @triton.jit
+def _load_tile(cache_ptr, kv_off, d, kv_mask, PREDICATED: tl.constexpr):
+    """The K or V tile at `kv_off` ([WS, keys]) x head dims `d`; PREDICATED False: every element, no mask."""
+    if not PREDICATED:
+        return tl.load(cache_ptr + kv_off[:, :, None] + d[None, None, :])
+    return tl.load(cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
+
+
+@triton.jit
 def _tile_t(
     k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+    MASKED: tl.constexpr = True, PREDICATED: tl.constexpr = True,
 ):  # fmt: skip
     """One tile of the transposed streams' loop (`_attend_streams_t`, `_attend_heads_t`): the keys and values at
     `kv_off` ([WS, keys]) scored against `qt3` ([WS, BLOCK_D, G]), transposed (`K Q^T`: keys on the rows), and
     folded into each stream's online softmax (`m`, `l` [WS, G]; `acc` [WS, BLOCK_D, G]). A stream with no key yet
-    (the last tile's tail) keeps m = -inf. Returns the new (m, l, acc)."""
-    k = tl.load(k_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-    k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+    (the last tile's tail) keeps m = -inf. MASKED False (a tile whose keys are all below the split's end: the lean
+    loop's full tiles): no key mask and no -inf scores (`kv_mask` then masks only the head dims), the same numbers
+    without a compare and select per key; PREDICATED False (with MASKED False, a power-of-two head dim): no load
+    predicate and no V select at all (`kv_mask` unused). Returns the new (m, l, acc)."""
+    k = _load_tile(k_cache_ptr, kv_off, d, kv_mask, PREDICATED)
+    k = _kv_operand(k, kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT, PREDICATED)
     s = tl.dot(k, qt3, input_precision=DOT_PRECISION) * qk_scale  # [WS, keys, G]
-    s = tl.where(tok_ok[:, :, None], s, float("-inf"))
+    if MASKED:
+        s = tl.where(tok_ok[:, :, None], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+    m_use = tl.where(m_new > float("-inf"), m_new, 0.0) if MASKED else m_new  # unmasked: every stream has keys
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(s - m_use[:, None, :])
     l = l * alpha + tl.sum(p, 1)
-    v = tl.load(v_cache_ptr + kv_off[:, :, None] + d[None, None, :], mask=kv_mask, other=0.0)
-    v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
+    v = _load_tile(v_cache_ptr, kv_off, d, kv_mask, PREDICATED)
+    v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True, PREDICATED)
     acc = acc * alpha[:, None, :] + tl.dot(tl.permute(v, (0, 2, 1)), p.to(DOT_DTYPE), input_precision=DOT_PRECISION)
     return m_new, l, acc
 
@@ -262,11 +278,51 @@ def _attend_streams_t(
 
 
 @triton.jit
+def _heads_tile(
+    n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok, qt3,
+    qk_scale, m, l, acc, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, ONE_PAGE: tl.constexpr,
+    PAGES: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    K_LOAD_LAYOUT: tl.constexpr, MASKED: tl.constexpr, D_FULL: tl.constexpr, PAGE_PTRS: tl.constexpr = False,
+):  # fmt: skip
+    """One tile of `_attend_heads_t`'s loop at key `n0`: the next tile's pages asked for, this tile's (`next_page`)
+    attended (`_tile_t`). PAGE_PTRS: K and V addressed as a pointer a page + 32-bit offsets (LEAN). Returns (the next
+    tile's pages, m, l, acc)."""
+    # KS = 1: [1, BLOCK_N], the same keys for every stream; else [WS, SUB]
+    tok = n0 + t if KS == 1 else n0 + sub0 + t
+    tok_ok = tok < end
+    page = next_page.to(tl.int64)
+    if ONE_PAGE:
+        first = n0 + sub0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
+        next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
+        in_page = _in_page(first, PAGE) + t
+    elif PAGES:  # whole pages a stream: the first key's page + t // PAGE
+        first = n0 + BLOCK_N + sub0  # [WS, 1]
+        next_page = tl.load(table + _page_of(first, PAGE) + t // PAGE, mask=first + (t // PAGE) * PAGE < end, other=0)
+        in_page = t % PAGE
+    else:
+        next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+        in_page = _in_page(tok, PAGE)
+    if PAGE_PTRS:  # a page's pointer, then 32-bit offsets in the page (the same every tile)
+        kv_off = in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k_base = k_cache_ptr + (page * stride_b)[:, :, None]  # expanded before the pointer: no layout conversion
+        v_base = v_cache_ptr + (page * stride_b)[:, :, None]
+    else:
+        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
+        k_base, v_base = k_cache_ptr, v_cache_ptr
+    # KS = 1: [1, BLOCK_N, BLOCK_D], broadcast over heads; unmasked: the head dims only (unused with D_FULL)
+    kv_mask = tok_ok[:, :, None] & d_ok[None, None, :] if MASKED else d_ok[None, None, :]
+    m, l, acc = _tile_t(k_base, v_base, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc, DOT_DTYPE,
+                        DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, MASKED, MASKED or not D_FULL)  # fmt: skip
+    return next_page, m, l, acc
+
+
+@triton.jit
 def _attend_heads_t(
     q3, k_cache_ptr, v_cache_ptr, table, start, end, qk_scale, kv_base, stride_b, stride_s, stride_h, d, d_ok,
     WS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr, KS: tl.constexpr = 1,
+    KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr, KS: tl.constexpr = 1, LEAN: tl.constexpr = False,
+    D_FULL: tl.constexpr = False,
 ):  # fmt: skip
     """`_attend_streams_t`'s products with the streams over WS / KS neighbouring KV heads (`kv_base + w // KS`)
     instead of over keys only: KS = 1, every stream reads the same `BLOCK_N` keys of its own head; KS > 1, each head's
@@ -275,16 +331,28 @@ def _attend_heads_t(
     contiguous bytes for the fp8 pool instead of 128) and the program's warps ask for them in the same iteration, so
     DRAM serves each row segment to one program at once instead of to several programs at different times. `q3` is
     [WS, GROUP_PAD, BLOCK_D] (each stream's head's query); returns (acc [WS / KS * GROUP_PAD, BLOCK_D], m, l), one row
-    a query head (KS > 1: each head's KS streams merged at the end, as `_attend_streams_t` merges its streams)."""
+    a query head (KS > 1: each head's KS streams merged at the end, as `_attend_streams_t` merges its streams).
+
+    LEAN (FLOTILLA_DECODE_FP8_LEAN, the fp8 pool): the same numbers in fewer instructions a key. The tiles whose keys
+    all lie below `end` run without key masks (no compare and select per key on the loads and scores; `D_FULL`, the
+    head dim a power of two: no load predicate at all), the last partial tile after them with the masks; and a
+    stream of several whole pages (`BLOCK_N // KS` a multiple of PAGE: 32-key streams, 64-key tiles) finds its pages
+    as its first page plus `t // PAGE` (one table entry a page, `t % PAGE` in the page) instead of dividing every
+    key's position; and the loads address a pointer a page plus 32-bit offsets in the page, the same every tile (one
+    64-bit add an address, not a 64-bit product and two adds)."""
     HS: tl.constexpr = WS // KS
     SUB: tl.constexpr = BLOCK_N // KS
     w = tl.arange(0, WS)[:, None]
     t = tl.arange(0, SUB)[None, :]
     sub0 = (w % KS) * SUB  # [WS, 1]: a stream's first key in a tile (0 for every stream when KS = 1)
     ONE_PAGE: tl.constexpr = PAGE % SUB == 0  # a stream's keys of a tile in one page: one table entry a stream
+    PAGES: tl.constexpr = LEAN and SUB % PAGE == 0 and SUB > PAGE  # whole pages a stream (tiles start on a page)
     if ONE_PAGE:
         first = start + sub0  # [WS, 1], as in the loop
         next_page = tl.load(table + _page_of(first, PAGE), mask=first < end, other=0)
+    elif PAGES:
+        first = start + sub0 + (t // PAGE) * PAGE  # [WS, SUB]: each key's page's first position
+        next_page = tl.load(table + _page_of(start + sub0, PAGE) + t // PAGE, mask=first < end, other=0)
     elif KS == 1:
         tok = start + t
         next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < end, other=0)
@@ -300,22 +368,21 @@ def _attend_heads_t(
     l = tl.zeros([WS, GROUP_PAD], tl.float32)
     acc = tl.zeros([WS, BLOCK_D, GROUP_PAD], tl.float32)
     head_off = (kv_base + w // KS) * stride_h  # [WS, 1]
-    for n0 in range(start, end, BLOCK_N):
-        # KS = 1: [1, BLOCK_N], the same keys for every stream; else [WS, SUB]
-        tok = n0 + t if KS == 1 else n0 + sub0 + t
-        tok_ok = tok < end
-        page = next_page.to(tl.int64)
-        if ONE_PAGE:
-            first = n0 + sub0  # [WS, 1]: a tensor also where the interpreter's loop index is an int
-            next_page = tl.load(table + _page_of(first + BLOCK_N, PAGE), mask=first + BLOCK_N < end, other=0)
-            in_page = _in_page(first, PAGE) + t
-        else:
-            next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
-            in_page = _in_page(tok, PAGE)
-        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]  # KS = 1: [1, BLOCK_N, BLOCK_D], broadcast over heads
-        kv_off = page * stride_b + in_page * stride_s + head_off  # [WS, BLOCK_N]
-        m, l, acc = _tile_t(k_cache_ptr, v_cache_ptr, kv_off, d, kv_mask, tok_ok, qt3, qk_scale, m, l, acc,
-                            DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT)  # fmt: skip
+    tail = start
+    if LEAN:  # the full tiles, unmasked
+        tail = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(start, tail, BLOCK_N):
+            next_page, m, l, acc = _heads_tile(
+                n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok,
+                qt3, qk_scale, m, l, acc, PAGE, BLOCK_N, KS, ONE_PAGE, PAGES, DOT_DTYPE, DOT_PRECISION, KV_FP8,
+                K_LOAD_LAYOUT, False, D_FULL, LEAN,
+            )  # fmt: skip
+    for n0 in range(tail, end, BLOCK_N):  # every tile (LEAN: the partial last one, if any)
+        next_page, m, l, acc = _heads_tile(
+            n0, next_page, table, end, t, sub0, head_off, k_cache_ptr, v_cache_ptr, stride_b, stride_s, d, d_ok, qt3,
+            qk_scale, m, l, acc, PAGE, BLOCK_N, KS, ONE_PAGE, PAGES, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT,
+            True, D_FULL, LEAN,
+        )  # fmt: skip
     if KS > 1:  # each head's KS streams into one (weights 0 for a stream that saw no key)
         m4 = tl.reshape(m, (HS, KS, GROUP_PAD))
         m_all = tl.max(m4, 1)
@@ -406,6 +473,7 @@ def _decode_split_kernel(
     TRANSPOSED: tl.constexpr = False,
     HEAD_STREAMS: tl.constexpr = False,
     KEY_SUB: tl.constexpr = 1,
+    LEAN: tl.constexpr = False,
 ):
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -465,7 +533,7 @@ def _decode_split_kernel(
         acc, m, l = _attend_heads_t(
             tl.reshape(q, (HP, GROUP_PAD, BLOCK_D)), k_cache_ptr, v_cache_ptr, table, start, end, qk_scale,
             kv_head * HP, stride_b, stride_s, stride_h, d, d_ok, KEY_STREAMS, GROUP_PAD, BLOCK_D, PAGE,
-            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, KEY_SUB,
+            BLOCK_N, DOT_DTYPE, DOT_PRECISION, KV_FP8, K_LOAD_LAYOUT, KEY_SUB, LEAN, HEAD_DIM == BLOCK_D,
         )  # fmt: skip
         acc = acc * out_scale
         store_attention_rows(
@@ -712,6 +780,13 @@ def _small_launch() -> tuple[int, int, int, int, str, int] | None:
     return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
 
 
+def _fp8_lean_env() -> bool:
+    """FLOTILLA_DECODE_FP8_LEAN: "1" runs the fp8 pool's "h" forms with `_attend_heads_t`'s LEAN loop (unmasked full
+    tiles, a stream's pages a page at a time); unset or "0": the loop as before. Off until the H200 times it
+    (bench/results/kvfp8-24-gpu.sh)."""
+    return bool(env_flag("FLOTILLA_DECODE_FP8_LEAN", False))
+
+
 def _fused_merge_env() -> bool | None:
     """FLOTILLA_DECODE_FUSED_MERGE: "1" merges in the split kernel whenever a launch splits, "0" never; unset:
     the launch's own choice."""
@@ -790,6 +865,7 @@ def paged_decode_attention(
     prefetch: bool | None = None,
     dependents: bool | None = None,
     dynamic_splits: bool | None = None,
+    lean: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -831,6 +907,8 @@ def paged_decode_attention(
     key_streams / N interleaved key streams a head (so a 4-warp program covers 2 heads at one split: "h2" with
     key_streams 4), "" the row form; default: the pool's launch (its form where a caller's `key_streams` can carry
     the form's heads, else the row form).
+    `lean` (the "h" forms): the loop's full tiles without key masks and a stream's pages found a page at a time
+    (`_attend_heads_t`'s LEAN; the same numbers); default: FLOTILLA_DECODE_FP8_LEAN on an fp8 pool, else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -866,6 +944,8 @@ def paged_decode_attention(
     if key_streams and block_n // key_sub < 16:
         raise ValueError(f"key_streams {key_streams} leaves < 16 keys a stream in a {block_n}-key tile")
     programs_kv = num_kv_heads // prog_heads
+    if lean is None:
+        lean = fp8 and _fp8_lean_env()
     if num_splits is None and split_tokens:
         num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
@@ -948,6 +1028,7 @@ def paged_decode_attention(
         TRANSPOSED=form == "t",
         HEAD_STREAMS=head_streams,
         KEY_SUB=key_sub if head_streams else 1,
+        LEAN=bool(lean) and head_streams,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

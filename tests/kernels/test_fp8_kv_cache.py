@@ -237,6 +237,42 @@ def test_decode_streams_over_heads_and_keys_match_reference(dtype):
         paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5, block_n=16, key_streams=4, form="h2")
 
 
+@pytest.mark.parametrize("head_dim", [32, 40])
+def test_decode_lean_heads_loop_gives_the_same_numbers(monkeypatch, head_dim):
+    """`lean` (FLOTILLA_DECODE_FP8_LEAN): the "h" forms' full tiles without key masks, the partial last tile masked,
+    and a stream of whole pages (32-key streams: 64-key tiles at 2 streams a head, or "h" with one stream a head)
+    finding its pages a page at a time give exactly the numbers of the masked loop, on a float and an fp8 pool, with
+    sequences of 37, 130 and 5 keys (tails in every stream position, a stream with no key in the last tile), a
+    padding sequence, 1 to 3 splits, and a head dim of 40 (the head dims still masked). The switch reads on/off
+    spellings, refuses others, and leaves a float pool's default alone."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 0, 1, 1], [37, 0, 130, 5], 8, 4, torch.float32,
+                                                                head_dim=head_dim, seed=24)  # fmt: skip
+    args = (tables, qsl, lens, 0.5)
+    for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
+        ref = paged_attention_ref(query, k.float(), v.float(), *args)
+        for block_n, streams, form, splits in ((32, 4, "h2", 1), (32, 4, "h2", 3), (64, 4, "h2", 1), (64, 4, "h2", 2),
+                                               (64, 8, "h2", 1), (32, 8, "h4", 2), (64, 2, "h", 1)):  # fmt: skip
+            kw = dict(num_splits=splits, block_n=block_n, num_warps=streams, key_streams=streams, fp8_kv=mode,
+                      form=form)  # fmt: skip
+            lean = paged_decode_attention(query, k, v, *args, lean=True, **kw)
+            plain = paged_decode_attention(query, k, v, *args, lean=False, **kw)
+            # compiled, the two loops may contract a multiply-add differently
+            assert torch.equal(lean, plain) if INTERPRETING else rel_err(lean, plain) < 1e-6, kw
+            assert rel_err(lean, ref) < 1e-5, kw
+    k8, v8 = k_cache.to(FP8), v_cache.to(FP8)
+    kw = dict(num_splits=1, block_n=64, num_warps=4, key_streams=4, form="h2")
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LEAN", "on")
+    switched = paged_decode_attention(query, k8, v8, *args, fp8_kv="cvtpx", **kw)
+    assert torch.equal(switched, paged_decode_attention(query, k8, v8, *args, fp8_kv="cvtpx", lean=True, **kw))
+    assert torch.equal(paged_decode_attention(query, k_cache, v_cache, *args, **kw),
+                       paged_decode_attention(query, k_cache, v_cache, *args, lean=False, **kw))  # fmt: skip
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LEAN", "fast")
+    with pytest.raises(ValueError, match="FLOTILLA_DECODE_FP8_LEAN"):
+        paged_decode_attention(query, k8, v8, *args, fp8_kv="cvtpx", **kw)
+
+
 def test_decode_default_form_fits_the_callers_key_streams():
     """A caller's own `key_streams` without a form takes the fp8 pool's form ("h2": 2 KV heads a program) where the
     streams can carry its heads, else the row form: one stream was refused ("2 heads a program must divide 1

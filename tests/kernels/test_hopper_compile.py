@@ -211,6 +211,11 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
             constexprs = dict(constexprs, BLOCK_N=32, KEY_STREAMS=4, KEY_SUB=2, NUM_SPLITS=1, SPLITS_PAD=1)
             out[f"paged_decode {name} streams4h2"] = _compile_for_hopper(fn, pointers, constexprs, aligned,
                                                                           num_warps=4, num_stages=4)  # fmt: skip
+            if name == "fp8 cvtpx":  # the lean loop (FLOTILLA_DECODE_FP8_LEAN) at the engine's tile and at 64 keys
+                for block_n in (32, 64):
+                    lean = dict(constexprs, BLOCK_N=block_n, LEAN=True)
+                    out[f"paged_decode fp8 cvtpx streams4h2 lean{block_n}"] = _compile_for_hopper(
+                        fn, pointers, lean, aligned, num_warps=4, num_stages=3)  # fmt: skip
     # batch 1's small launch: 128 splits of 32 keys, the fused merge in four chunks of 32 splits
     constexprs = dict(common, NUM_SPLITS=128, SPLITS_PAD=128, BLOCK_N=32, DOT_DTYPE=tl.bfloat16, KV_FP8=0,
                       K_LOAD_LAYOUT=False, KEY_STREAMS=0, EARLY_DEPENDENTS=False)  # fmt: skip
@@ -508,10 +513,15 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     for name in ("paged_decode fp8 perm", "paged_decode fp8 cvtpx", "paged_decode fp8 cvtpx_k",
                  "paged_decode fp8 cvtpx streams1", "paged_decode fp8 cvtpx streams4",
                  "paged_decode fp8 cvtpx streams2t", "paged_decode fp8 cvtpx streams2h",
-                 "paged_decode fp8 cvtpx streams4h2"):  # fmt: skip
+                 "paged_decode fp8 cvtpx streams4h2", "paged_decode fp8 cvtpx streams4h2 lean32",
+                 "paged_decode fp8 cvtpx streams4h2 lean64"):  # fmt: skip
         assert result[name]["mma"] and result[name]["byte_smem_reads"] == 0, name
         assert result[name]["selp"] < result["paged_decode fp8 asm"]["selp"] - 32, name
     assert not result["paged_decode fp8 perm"]["e4m3_cvt"] and result["paged_decode fp8 cvtpx"]["e4m3_cvt"]
+    # the lean loop: an unmasked loop over the full tiles and a masked one for the last, so more 16-byte loads and
+    # fewer selects than the masked loop alone (its SASS per key: docs/quantization.md)
+    plain, lean = result["paged_decode fp8 cvtpx streams4h2"], result["paged_decode fp8 cvtpx streams4h2 lean32"]
+    assert lean["loads16"] > plain["loads16"] and lean["e4m3_cvt"], (lean, plain)
     assert result["paged_decode fp8 cvtpx_k"]["ldmatrix"] > result["paged_decode fp8 cvtpx"]["ldmatrix"]
     # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
     assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
