@@ -358,6 +358,46 @@ def _prefetch_split(
 
 
 @triton.jit
+def _eager_tile(
+    k_cache_ptr, v_cache_ptr, page, tok, limit, num_pages, kv_head, stride_b, stride_s, stride_h, d, d_ok,
+    PAGE: tl.constexpr,
+):  # fmt: skip
+    """A split's first tile of keys and values (tokens `tok` on pages `page`) as plain register loads, issued before
+    the sequence's length and the query arrive (`EAGER_TILE`): lanes below `limit` (the split's end within the
+    table, not yet the length) load, so a lane past the length may read a padding page, clamped into the pool."""
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    off = page * stride_b + _in_page(tok, PAGE) * stride_s + kv_head * stride_h
+    mask = (tok < limit)[:, None] & d_ok[None, :]
+    # volatile: LLVM would otherwise sink the loads past the inactive split's return to their first use
+    k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=mask, other=0.0, volatile=True)
+    v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=mask, other=0.0, volatile=True)
+    return k, v
+
+
+@triton.jit
+def _fold_tile(
+    q, k, v, tok_ok, d_ok, qk_scale, m, l, acc,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
+):  # fmt: skip
+    """One loaded tile (`_eager_tile`) folded into the plain loop's online softmax (m, l [GROUP_PAD], acc
+    [GROUP_PAD, BLOCK_D]) after the loop: keys at or past the length (`tok_ok` false) score -inf and their values
+    are zeroed (a padding page may hold anything), and a state that saw no key keeps m = -inf. The selects also
+    keep both tiles in registers until here: without one, Triton stores K to shared memory at its load, which
+    waits there for DRAM."""
+    kv_mask = tok_ok[:, None] & d_ok[None, :]
+    k = _kv_operand(tl.where(kv_mask, k, 0.0), kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(tok_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    v = _kv_operand(tl.where(kv_mask, v, 0.0), kv_mask, DOT_DTYPE, KV_FP8, True)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -381,6 +421,7 @@ def _decode_split_kernel(
     stride_oh,
     split_len,
     table_tokens,
+    num_pages,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
@@ -406,7 +447,9 @@ def _decode_split_kernel(
     TRANSPOSED: tl.constexpr = False,
     HEAD_STREAMS: tl.constexpr = False,
     KEY_SUB: tl.constexpr = 1,
+    EAGER_TILE: tl.constexpr = False,
 ):
+    tl.static_assert(not EAGER_TILE or (KEY_STREAMS == 0 and not DYN_SPLIT), "EAGER_TILE: the plain loop's static cut")
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
@@ -427,6 +470,19 @@ def _decode_split_kernel(
     # table's width, and are used only for tokens below the length.
     tok = start + tl.arange(0, BLOCK_N)
     next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    if EAGER_TILE:
+        # (the plain loop, no DYN_SPLIT) the first tile's K/V asked for before the length and the query (two
+        # dependent round trips) instead of after them, and the second tile's pages with the first's: the loop
+        # starts at the second tile and the first is folded in after it (`_fold_tile`)
+        tok0 = tok
+        eager_end = tl.minimum(start + split_len, table_tokens)
+        tok1 = tok + BLOCK_N
+        pages1 = tl.load(table + _page_of(tok1, PAGE), mask=tok1 < eager_end, other=0)
+        if not EARLY_START:  # else after the wait: the newest token's K/V is the kernel ahead's write
+            k0, v0 = _eager_tile(k_cache_ptr, v_cache_ptr, next_page, tok0, eager_end, num_pages, kv_head, stride_b,
+                                 stride_s, stride_h, d, d_ok, PAGE)  # fmt: skip
     if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
         pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
         pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
@@ -447,9 +503,10 @@ def _decode_split_kernel(
         # prefetch of its keys and values) may overlap the kernel ahead; the query, and the newest token's K/V,
         # are that kernel's writes, read only after it completes.
         tl.extra.cuda.gdc_wait()
+        if EAGER_TILE:
+            k0, v0 = _eager_tile(k_cache_ptr, v_cache_ptr, next_page, tok0, eager_end, num_pages, kv_head, stride_b,
+                                 stride_s, stride_h, d, d_ok, PAGE)  # fmt: skip
 
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
     if HEAD_STREAMS:  # KEY_STREAMS / KEY_SUB neighbouring KV heads a program (`_attend_heads_t`), KEY_SUB streams
         # a head: the query rows stream * GROUP_PAD + g (a head's query once for each of its streams)
         HP: tl.constexpr = KEY_STREAMS // KEY_SUB
@@ -498,7 +555,11 @@ def _decode_split_kernel(
             m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-            for n0 in range(start, end, BLOCK_N):
+            loop_start = start
+            if EAGER_TILE:
+                loop_start = start + BLOCK_N
+                next_page = pages1
+            for n0 in range(loop_start, end, BLOCK_N):
                 tok = n0 + tl.arange(0, BLOCK_N)
                 tok_ok = tok < end
                 page = next_page.to(tl.int64)
@@ -518,6 +579,9 @@ def _decode_split_kernel(
                 v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
                 acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
                 m = m_new
+            if EAGER_TILE:
+                m, l, acc = _fold_tile(q, k0, v0, tok0 < end, d_ok, qk_scale, m, l, acc, DOT_DTYPE, DOT_PRECISION,
+                                       KV_FP8, K_LOAD_LAYOUT)  # fmt: skip
 
         acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
         # Partials are `[batch, heads, splits]`.
@@ -718,6 +782,12 @@ def _fused_merge_env() -> bool | None:
     return env_flag("FLOTILLA_DECODE_FUSED_MERGE", None)
 
 
+def _eager_tile_env() -> bool:
+    """FLOTILLA_DECODE_EAGER_TILE: "1" asks for each split's first K/V tile before its length and query (the plain
+    loop; `paged_decode_attention`'s `eager_tile`); unset or "0": off (issue 19, to be measured on the H200)."""
+    return env_flag("FLOTILLA_DECODE_EAGER_TILE", False)
+
+
 def _merge_chunk(num_splits: int, group: int, block_d: int, num_warps: int) -> int:
     """Splits per tile of the fused merge: all of them when the `[group, splits, block_d]` fp32 tile is at most 128
     values a thread (one L2 round trip; sm_90 compile at 4 warps, group 4, 32 splits: 160 registers against the
@@ -790,6 +860,7 @@ def paged_decode_attention(
     prefetch: bool | None = None,
     dependents: bool | None = None,
     dynamic_splits: bool | None = None,
+    eager_tile: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -831,6 +902,9 @@ def paged_decode_attention(
     key_streams / N interleaved key streams a head (so a 4-warp program covers 2 heads at one split: "h2" with
     key_streams 4), "" the row form; default: the pool's launch (its form where a caller's `key_streams` can carry
     the form's heads, else the row form).
+    `eager_tile` (the plain loop, not with `dynamic_splits`): each split program asks for its first tile of K/V
+    before the sequence's length and the query arrive and folds it in after the loop (`_eager_tile`, `_fold_tile`;
+    issue 19's batch-1 start-up); default FLOTILLA_DECODE_EAGER_TILE, else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -888,6 +962,8 @@ def paged_decode_attention(
     # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
     dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
     dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
+    eager_tile = _eager_tile_env() if eager_tile is None else eager_tile
+    eager_tile = eager_tile and not key_streams and not dynamic_splits
     split_len = split_length(max_context, num_splits, block_n)
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
@@ -922,6 +998,7 @@ def paged_decode_attention(
         out.stride(1),
         split_tokens if dynamic_splits else split_len,
         max_context,
+        k_cache.shape[0],
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=splits_pad,
@@ -948,6 +1025,7 @@ def paged_decode_attention(
         TRANSPOSED=form == "t",
         HEAD_STREAMS=head_streams,
         KEY_SUB=key_sub if head_streams else 1,
+        EAGER_TILE=eager_tile,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

@@ -122,6 +122,49 @@ def test_dynamic_splits_cut_each_length_into_equal_page_ranges(seq_len):
         assert torch.equal(out, paged_decode_attention(query, k, v, wide, qsl, lens, 0.2))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("launch", [{"num_splits": 3, "block_n": 16}, {"num_splits": 1, "block_n": 32},
+                                    {"num_splits": 5, "block_n": 16, "fused_merge": True},
+                                    {"split_tokens": 64, "block_n": 32, "fused_merge": True}])  # fmt: skip
+def test_eager_tile_equals_the_plain_loop(dtype, launch):
+    """`eager_tile` (the split's first tile loaded before the length and the query, folded in after the loop)
+    against the reference and within rounding of the plain loop: ragged lengths (a split of one partial tile, empty
+    splits, a 1-key context), a padding sequence, a GQA group of 4, the merge kernel and the fused merge, in a table
+    wider than every context (the first tile's lanes past a length read padding pages, whose values must not
+    count), twice in a row (the fused merge's tickets are zero again)."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([1, 37, 0, 100, 150], 8, 2, dtype, q_lens=[1, 1, 0, 1, 1], seed=21)
+    spare = sorted(set(range(k.shape[0])) - set(tables.flatten().tolist()))[0]  # a block no sequence owns
+    k[spare], v[spare] = float("nan"), float("nan")  # NaN in the output if a padding key or value counted
+    wide = torch.full((tables.shape[0], 320 // 16), spare, dtype=tables.dtype, device=tables.device)
+    wide[1::2, tables.shape[1] :] = k.shape[0] + 7  # past the pool: the eager load clamps it (and -1 entries)
+    wide[:, : tables.shape[1]] = tables
+    wide[0::2][wide[0::2] < 0] = spare  # the unused entries of even rows NaN too, of odd rows -1
+    args = (query, k, v, wide, qsl, lens, 0.2)
+    ref = paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)
+    plain = paged_decode_attention(*args, **launch)
+    out = paged_decode_attention(*args, eager_tile=True, **launch)
+    again = paged_decode_attention(*args, eager_tile=True, **launch)
+    assert out.shape[0] == 4 and not out.isnan().any()  # one row a query token (the padding sequence has none)
+    assert rel_err(out, ref) < tolerance(dtype)
+    assert rel_err(out, plain) < tolerance(dtype)
+    assert torch.equal(out, again)
+
+
+def test_eager_tile_env(monkeypatch):
+    """FLOTILLA_DECODE_EAGER_TILE turns the eager first tile on for the plain loop (off by default); a value it does
+    not know is refused."""
+    from flotilla.kernels.triton_paged_decode import _eager_tile_env
+
+    assert _eager_tile_env() is False
+    monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "1")
+    assert _eager_tile_env() is True
+    monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "maybe")
+    with pytest.raises(ValueError, match="FLOTILLA_DECODE_EAGER_TILE"):
+        _eager_tile_env()
+
+
 def test_small_launch_env_is_checked(monkeypatch):
     """A malformed FLOTILLA_DECODE_SMALL_LAUNCH is refused; "0" is the general launch."""
     from flotilla.kernels.triton_paged_decode import _SMALL_LAUNCH, _small_launch
@@ -200,7 +243,11 @@ def test_decode_head_dims_padded_and_full(head_dim):
                                     {"fused_merge": True, "split_tokens": 256, "dynamic_splits": True,
                                      "dependents": True, "num_stages": 5},
                                     {"fused_merge": True, "split_tokens": 64, "dynamic_splits": True,
-                                     "early_start": True, "num_stages": 2}])  # fmt: skip
+                                     "early_start": True, "num_stages": 2},
+                                    {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
+                                     "dependents": True, "eager_tile": True},
+                                    {"fused_merge": True, "split_tokens": 128, "block_n": 32, "num_stages": 3,
+                                     "early_start": True, "eager_tile": True}])  # fmt: skip
 def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
     programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
@@ -208,7 +255,8 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     for the split programs' partials, though the split kernel lets it start at once; the tickets are zero
     again after every call); also with the split kernel itself started early by PDL and its keys and values
     prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
-    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys)."""
+    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys), and with the eager first tile (`eager_tile`:
+    the engine's small launch, and by PDL)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
