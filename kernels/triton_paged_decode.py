@@ -783,8 +783,10 @@ def _fused_merge_env() -> bool | None:
 
 
 def _eager_tile_env() -> bool:
-    """FLOTILLA_DECODE_EAGER_TILE: "1" asks for each split's first K/V tile before its length and query (the plain
-    loop; `paged_decode_attention`'s `eager_tile`); unset or "0": off (issue 19, to be measured on the H200)."""
+    """FLOTILLA_DECODE_EAGER_TILE: "1" asks for each split's first K/V tile before its length and query in the
+    small-grid launch (the plain loop; `paged_decode_attention`'s `eager_tile`: 255 registers at 64-key tiles, which
+    would cost the general launch its third program an SM); unset or "0": off (issue 19, to be measured on the
+    H200)."""
     return env_flag("FLOTILLA_DECODE_EAGER_TILE", False)
 
 
@@ -904,7 +906,7 @@ def paged_decode_attention(
     the form's heads, else the row form).
     `eager_tile` (the plain loop, not with `dynamic_splits`): each split program asks for its first tile of K/V
     before the sequence's length and the query arrive and folds it in after the loop (`_eager_tile`, `_fold_tile`;
-    issue 19's batch-1 start-up); default FLOTILLA_DECODE_EAGER_TILE, else off.
+    issue 19's batch-1 start-up); default FLOTILLA_DECODE_EAGER_TILE at small grids (`_SMALL_LAUNCH`), else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -962,7 +964,7 @@ def paged_decode_attention(
     # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
     dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
     dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
-    eager_tile = _eager_tile_env() if eager_tile is None else eager_tile
+    eager_tile = (_eager_tile_env() and small is not None) if eager_tile is None else eager_tile  # env: small grids
     eager_tile = eager_tile and not key_streams and not dynamic_splits
     split_len = split_length(max_context, num_splits, block_n)
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)

@@ -153,13 +153,21 @@ def test_eager_tile_equals_the_plain_loop(dtype, launch):
 
 
 def test_eager_tile_env(monkeypatch):
-    """FLOTILLA_DECODE_EAGER_TILE turns the eager first tile on for the plain loop (off by default); a value it does
-    not know is refused."""
-    from flotilla.kernels.triton_paged_decode import _eager_tile_env
+    """FLOTILLA_DECODE_EAGER_TILE turns the eager first tile on in the small-grid launch only (off by default: the
+    general launch at batch 3 x 8 KV heads keeps the plain loop); a value it does not know is refused."""
+    from flotilla.kernels.triton_paged_decode import _eager_tile_env, paged_decode_attention
 
+    monkeypatch.delenv("FLOTILLA_DECODE_EAGER_TILE", raising=False)
     assert _eager_tile_env() is False
+    one = _decode_case([300], 32, 8, torch.float32, head_dim=32, seed=22)
+    three = _decode_case([300, 20, 150], 32, 8, torch.float32, head_dim=32, seed=23)
+    plain = [paged_decode_attention(*a, 0.2, eager_tile=False) for a in (one, three)]
+    eager = [paged_decode_attention(*a, 0.2, eager_tile=True) for a in (one, three)]
+    assert not torch.equal(plain[0], eager[0]) and not torch.equal(plain[1], eager[1])  # other roundings
     monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "1")
     assert _eager_tile_env() is True
+    assert torch.equal(paged_decode_attention(*one, 0.2), eager[0])  # small grid: the eager tile
+    assert torch.equal(paged_decode_attention(*three, 0.2), plain[1])  # general launch: unchanged
     monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "maybe")
     with pytest.raises(ValueError, match="FLOTILLA_DECODE_EAGER_TILE"):
         _eager_tile_env()

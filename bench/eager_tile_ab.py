@@ -1,0 +1,151 @@
+"""Paged decode attention with and without the eager first tile (`FLOTILLA_DECODE_EAGER_TILE`, issue 19), one process.
+
+    python3 bench/eager_tile_ab.py --json attn24.json [--shapes b1e,b1,b64s,b64l] [--pairs 2] [--workers 12]
+
+Each split program of `kernels/triton_paged_decode.py` asks for its first tile of K/V before the sequence's length
+and the query arrive (two dependent L2 round trips at the start of every program) and folds it in after its loop.
+Shapes (Llama-3.1-8B heads, bf16 pool, 16-token pages, tables shuffled over pools larger than the L2, CUDA graphs of
+back-to-back calls, `bench/kernels.py::graph_ms`): "b1e" batch 1 in the engine's conditions (context 4,160 in a
+4,288-token table: the figure issue 19 quotes, 9.77 us on the H200 in session 23), "b1" batch 1 x 4,096 in a 4,096
+table, "b64s" batch 64 x 512 and "b64l" batch 64 x 4,096 (the general launch: the switch does not apply there; the
+rows with `eager_tile=True` passed explicitly show what it would cost). At batch 1 every small launch in `B1_LAUNCHES`
+runs with the eager tile off and on, in A B B A order (`--pairs` times) so that drift falls on both; each row prints
+us, GB/s of K+V and its error against the default's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/decode_pool.py
+
+# FLOTILLA_DECODE_SMALL_LAUNCH values timed at batch 1 ("" = the module's default, the engine's launch)
+B1_LAUNCHES = ("", "32,4,3,128,fused", "64,4,3,128,fused", "32,4,3,128,fused+early", "64,4,2,256,fused+dep",
+               "64,4,3,256,fused+early+dep")  # fmt: skip
+SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512), "b64l": (64, 4096, 4096)}
+
+
+def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
+    sets = l2_sets(batch, ctx)
+    pool = decode_pool(batch, ctx, sets)
+    tables = pool["tables"]
+    width = table_tokens // PAGE
+    if width > tables.shape[2]:  # the engine's graphs pad the table (with page 0, as model_runner does)
+        wide = torch.zeros(sets, batch, width, device="cuda", dtype=tables.dtype)
+        wide[:, :, : tables.shape[2]] = tables
+        pool["tables"] = wide
+    pool["sets"] = sets
+    return pool
+
+
+def _time(pool: dict, launch: str | None, eager: bool | None, calls: int) -> tuple[float, torch.Tensor]:
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+    from kernels import graph_ms  # bench/kernels.py
+
+    if launch is None:
+        os.environ.pop("FLOTILLA_DECODE_SMALL_LAUNCH", None)
+    else:
+        os.environ["FLOTILLA_DECODE_SMALL_LAUNCH"] = launch
+    sets = pool["sets"]
+
+    def fn(i: int) -> torch.Tensor:
+        return paged_decode_attention(pool["q"][i % sets], pool["k"], pool["v"], pool["tables"][i % sets], pool["qsl"],
+                                      pool["lens"], HEAD_DIM**-0.5, eager_tile=eager)  # fmt: skip
+
+    out = fn(0).float()
+    return graph_ms(fn, calls), out
+
+
+def _compile(pool: dict, launch: str | None, eager: bool) -> None:
+    """One call (a compile worker: Triton's on-disk cache, so that the timing process only loads the kernel)."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    if launch is None:
+        os.environ.pop("FLOTILLA_DECODE_SMALL_LAUNCH", None)
+    else:
+        os.environ["FLOTILLA_DECODE_SMALL_LAUNCH"] = launch
+    paged_decode_attention(pool["q"][0], pool["k"], pool["v"], pool["tables"][0], pool["qsl"], pool["lens"],
+                           HEAD_DIM**-0.5, eager_tile=eager)  # fmt: skip
+    torch.cuda.synchronize()
+
+
+def run_shape(name: str, pairs: int, results: dict, part: tuple[int, int] | None = None) -> None:
+    """Time every launch of shape `name` with the eager tile off and on; `part` (i, n): only compile the
+    configurations i, i + n, ... of this shape."""
+    batch, ctx, table_tokens = SHAPES[name]
+    pool = _pool(batch, ctx, table_tokens)
+    nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2
+    calls = 100 if batch == 1 else 20
+    launches = B1_LAUNCHES if batch * KV_HEADS <= 16 else ("",)
+    if part:
+        jobs = [(launch, eager) for launch in launches for eager in (False, True)]
+        for launch, eager in jobs[part[0] :: part[1]]:
+            _compile(pool, launch or None, eager)
+        return
+    _, ref = _time(pool, None, False, 1)  # the default launch's output (the switch off)
+    for launch in launches:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        errs = {}
+        for _ in range(pairs):
+            for eager in (False, True, True, False):
+                ms, out = _time(pool, launch or None, eager, calls)
+                times[eager].append(ms)
+                errs[eager] = ((out - ref).norm() / ref.norm()).item()
+        for eager in (False, True):
+            us = 1e3 * statistics.median(times[eager])
+            row = {"shape": name, "batch": batch, "ctx": ctx, "table": table_tokens, "launch": launch or "default",
+                   "eager_tile": eager, "us": us, "gbps": nbytes / us / 1e3, "us_all": [1e3 * t for t in times[eager]],
+                   "rel_err_vs_default": errs[eager]}  # fmt: skip
+            results["rows"].append(row)
+            print(f"{name:5s} {launch or 'default':28s} eager {int(eager)}: {us:7.2f} us {row['gbps']:6.0f} GB/s "
+                  f"(err vs default {errs[eager]:.1e})", flush=True)  # fmt: skip
+        off, on = (statistics.median(times[e]) for e in (False, True))
+        print(f"AB {name} {launch or 'default'}: eager/plain {on / off:.3f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--shapes", default="b1e,b1,b64s,b64l")
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0, help="child processes that compile every row first")
+    parser.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.pop("FLOTILLA_DECODE_EAGER_TILE", None)
+    torch.manual_seed(0)
+    if args.compile_part:
+        i, n = (int(x) for x in args.compile_part.split("/"))
+        for name in args.shapes.split(","):
+            run_shape(name, 0, {}, part=(i, n))
+        return
+    if args.workers > 1:
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--workers", "0", "--compile-part",
+                                   f"{i}/{args.workers}"]) for i in range(args.workers)]  # fmt: skip
+        for proc in procs:
+            proc.wait()
+        print(f"compiled in {args.workers} processes: {time.perf_counter() - t0:.1f} s", flush=True)
+    results: dict = {"gpu": torch.cuda.get_device_name(), "rows": []}
+    for name in args.shapes.split(","):
+        run_shape(name, args.pairs, results)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    best = {}
+    for r in results["rows"]:
+        if r["shape"] not in best or r["us"] < best[r["shape"]]["us"]:
+            best[r["shape"]] = r
+    for name, r in best.items():
+        print(f"BEST {name}: {r['launch']} eager {int(r['eager_tile'])} {r['us']:.2f} us {r['gbps']:.0f} GB/s")
+    results["best"] = best
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
