@@ -8,7 +8,9 @@ Shapes (Llama-3.1-8B heads, bf16 pool, 16-token pages, tables shuffled over pool
 back-to-back calls, `bench/kernels.py::graph_ms`): "b1e" batch 1 in the engine's conditions (context 4,160 in a
 4,288-token table: the figure issue 19 quotes, 9.77 us on the H200 in session 23), "b1" batch 1 x 4,096 in a 4,096
 table, "b64s" batch 64 x 512 and "b64l" batch 64 x 4,096 (the general launch: the switch does not apply there; the
-rows with `eager_tile=True` passed explicitly show what it would cost). At batch 1 every small launch in `B1_LAUNCHES`
+rows with `eager_tile=True` passed explicitly show what it would cost), "b1fix" the engine launch's grid and merge
+with one tile a program (its fixed cost; b1e minus it: the streaming of the other three tiles), and first the
+floors of one launch in the same timing (`floors`). At batch 1 every small launch in `B1_LAUNCHES`
 runs with the eager tile off and on, in A B B A order (`--pairs` times) so that drift falls on both; each row prints
 us, GB/s of K+V and its error against the default's output.
 """
@@ -30,7 +32,11 @@ from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/
 # FLOTILLA_DECODE_SMALL_LAUNCH values timed at batch 1 ("" = the module's default, the engine's launch)
 B1_LAUNCHES = ("", "32,4,3,128,fused", "64,4,3,128,fused", "32,4,3,128,fused+early", "64,4,2,256,fused+dep",
                "64,4,3,256,fused+early+dep")  # fmt: skip
-SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512), "b64l": (64, 4096, 4096)}
+SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512), "b64l": (64, 4096, 4096),
+          "b1fix": (1, 1088, 1088)}  # fmt: skip
+# b1fix: the engine launch's grid and merge (17 splits x 8 KV heads, 17 partials a head) with one 64-key tile a
+# program instead of four: its time is the launch's fixed cost, b1e's minus it the streaming of 3 tiles a program
+SHAPE_LAUNCHES = {"b1fix": ("64,4,3,64,fused+dep",)}
 
 
 def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
@@ -84,7 +90,7 @@ def run_shape(name: str, pairs: int, results: dict, part: tuple[int, int] | None
     pool = _pool(batch, ctx, table_tokens)
     nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2
     calls = 100 if batch == 1 else 20
-    launches = B1_LAUNCHES if batch * KV_HEADS <= 16 else ("",)
+    launches = SHAPE_LAUNCHES.get(name, B1_LAUNCHES if batch * KV_HEADS <= 16 else ("",))
     if part:
         jobs = [(launch, eager) for launch in launches for eager in (False, True)]
         for launch, eager in jobs[part[0] :: part[1]]:
@@ -111,10 +117,33 @@ def run_shape(name: str, pairs: int, results: dict, part: tuple[int, int] | None
         print(f"AB {name} {launch or 'default'}: eager/plain {on / off:.3f}", flush=True)
 
 
+def floors(results: dict) -> None:
+    """What one launch of this size costs without attention, in the same CUDA-graph timing: a one-element add (the
+    launch floor), a sum of 16.8 MB of bf16 (a read of b1's K+V bytes by torch's reduction) and a copy of 8.4 MB
+    (16.8 MB moved)."""
+    from kernels import graph_ms  # bench/kernels.py
+
+    nbytes = 2 * 4096 * KV_HEADS * HEAD_DIM * 2
+    tiny = torch.zeros(1, device="cuda")
+    src = torch.randn(l2_sets(1, 4096), nbytes // 2, device="cuda", dtype=torch.bfloat16)  # rotated past the L2
+    half = src[:, : nbytes // 4]
+    dst = torch.empty_like(half[0])
+    sums = torch.empty(src.shape[0], device="cuda")
+    sets = src.shape[0]
+    rows = {"launch (1-element add)": lambda i: tiny.add_(1.0),
+            "sum 16.8 MB": lambda i: torch.sum(src[i % sets], 0, dtype=torch.float32, out=sums[i % sets]),
+            "copy 8.4 MB": lambda i: dst.copy_(half[i % sets])}  # fmt: skip
+    for label, fn in rows.items():
+        us = 1e3 * graph_ms(fn, 100)
+        results.setdefault("floors", {})[label] = us
+        print(f"FLOOR {label}: {us:.2f} us ({nbytes / us / 1e3:.0f} GB/s of 16.8 MB)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--shapes", default="b1e,b1,b64s,b64l")
+    parser.add_argument("--shapes", default="b1e,b1fix,b64s,b64l,b1")
+    parser.add_argument("--no-floors", action="store_true")
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=0, help="child processes that compile every row first")
     parser.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
@@ -134,6 +163,8 @@ def main() -> None:
             proc.wait()
         print(f"compiled in {args.workers} processes: {time.perf_counter() - t0:.1f} s", flush=True)
     results: dict = {"gpu": torch.cuda.get_device_name(), "rows": []}
+    if not args.no_floors:
+        floors(results)
     for name in args.shapes.split(","):
         run_shape(name, args.pairs, results)
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -9,7 +9,11 @@
 #           4,096 in a 4,096 table, each small launch (the default 64,4,3,256,fused+dep and five others) with the
 #           switch off and on in A B B A order (x2), then batch 64 x 512 and 64 x 4,096 (the general launch: the
 #           env switch leaves it alone; the rows pass eager_tile explicitly to show what it would cost there).
-#           Lines: "<shape> <launch> eager 0|1: us GB/s (err vs default)", "AB <shape> <launch>: eager/plain", BEST.
+#           Also where the 9.77 us go: FLOOR lines (in the same graph timing: a 1-element add = one launch, a torch
+#           sum of 16.8 MB = a read of the K+V bytes, a copy of 8.4 MB), and b1fix (the engine launch's grid and
+#           merge, 17 splits x 8 KV heads, with one 64-key tile a program: b1e default minus it = the streaming of
+#           the other 12.75 MB). Lines: "<shape> <launch> eager 0|1: us GB/s (err vs default)",
+#           "AB <shape> <launch>: eager/plain", FLOOR, BEST.
 #   tests   (40 s) tests/kernels/test_paged_decode.py on the GPU with FLOTILLA_DECODE_EAGER_TILE=1 (expect 49 passed:
 #           the compiled eager tests, the graph replays of the eager launches, every small-launch test with the switch
 #           on; test_small_launch_with_wide_tiles_equals_the_default_at_short_context asks for bit equality with the
@@ -26,7 +30,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > $L
 PYTEST="python3 -m pytest -p no:cacheprovider -c $R/pyproject.toml --rootdir=$R -q -rs --basetemp=/tmp/pt"
 for s in ${STAGES:-kernel tests}; do
   case $s in
-    kernel) run_stage kernel 100 "eager [01]:|^AB |^BEST|compiled" python3 $R/bench/eager_tile_ab.py --workers 12 \
+    kernel) run_stage kernel 100 "eager [01]:|^AB |^BEST|^FLOOR|compiled" python3 $R/bench/eager_tile_ab.py --workers 12 \
               --json $OUT/attn24.json ;;
     tests) run_stage tests 40 "passed|failed|FAILED|assert" env FLOTILLA_DECODE_EAGER_TILE=1 $PYTEST \
              $R/tests/kernels/test_paged_decode.py ;;
