@@ -1,18 +1,20 @@
-"""Paged decode attention with and without the eager first tile (`FLOTILLA_DECODE_EAGER_TILE`, issue 19), one process.
+"""Paged decode attention's start-up forms against the plain kernel, one process (issue 19: batch 1 x 4,096).
 
-    python3 bench/eager_tile_ab.py --json attn24.json [--shapes b1e,b1,b64s,b64l] [--pairs 2] [--workers 12]
+    python3 bench/eager_tile_ab.py --json attn24.json [--shapes b1e,b1fix,b64s,b64l,b1] [--pairs 2] [--workers 12]
 
-Each split program of `kernels/triton_paged_decode.py` asks for its first tile of K/V before the sequence's length
-and the query arrive (two dependent L2 round trips at the start of every program) and folds it in after its loop.
-Shapes (Llama-3.1-8B heads, bf16 pool, 16-token pages, tables shuffled over pools larger than the L2, CUDA graphs of
-back-to-back calls, `bench/kernels.py::graph_ms`): "b1e" batch 1 in the engine's conditions (context 4,160 in a
-4,288-token table: the figure issue 19 quotes, 9.77 us on the H200 in session 23), "b1" batch 1 x 4,096 in a 4,096
-table, "b64s" batch 64 x 512 and "b64l" batch 64 x 4,096 (the general launch: the switch does not apply there; the
-rows with `eager_tile=True` passed explicitly show what it would cost), "b1fix" the engine launch's grid and merge
-with one tile a program (its fixed cost; b1e minus it: the streaming of the other three tiles), and first the
-floors of one launch in the same timing (`floors`). At batch 1 every small launch in `B1_LAUNCHES`
-runs with the eager tile off and on, in A B B A order (`--pairs` times) so that drift falls on both; each row prints
-us, GB/s of K+V and its error against the default's output.
+A split program of `kernels/triton_paged_decode.py` asks for its first K/V only after two dependent L2 round trips
+(the sequence's length, then its query row and the query, which the compiled kernel stores to shared memory ahead
+of the loop's first cp.async). Forms (`FORMS`): "tile" (FLOTILLA_DECODE_EAGER_TILE: the first tile as register
+loads issued first, folded in after the loop), "query" (FLOTILLA_DECODE_EARLY_QUERY: the query read at the
+sequence's index in the first round trip), "both", against "plain". Shapes (Llama-3.1-8B heads, bf16 pool, 16-token
+pages, tables shuffled over pools larger than the L2, CUDA graphs of back-to-back calls, `bench/kernels.py::graph_ms`):
+"b1e" batch 1 in the engine's conditions (context 4,160 in a 4,288-token table: the figure issue 19 quotes, 9.77 us
+on the H200 in session 23), "b1fix" the engine launch's grid and merge with one tile a program (its fixed cost; b1e
+minus it: the streaming of the other three tiles), "b64s" batch 64 x 512 and "b64l" batch 64 x 4,096 (the general
+launch: the env switches leave it alone; the rows pass the forms explicitly to show what they would do there), "b1"
+batch 1 x 4,096 in a 4,096 table; first the floors of one launch in the same timing (`floors`). At batch 1 each small
+launch in `B1_LAUNCHES` runs in every form, A B C D D C B A (`--pairs` times) so that drift falls on all; each row
+prints us, GB/s of K+V, the ratio to "plain" at the same launch and its error against the default's output.
 """
 
 from __future__ import annotations
@@ -29,14 +31,22 @@ from pathlib import Path
 import torch
 from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/decode_pool.py
 
-# FLOTILLA_DECODE_SMALL_LAUNCH values timed at batch 1 ("" = the module's default, the engine's launch)
-B1_LAUNCHES = ("", "32,4,3,128,fused", "64,4,3,128,fused", "32,4,3,128,fused+early", "64,4,2,256,fused+dep",
-               "64,4,3,256,fused+early+dep")  # fmt: skip
+# FLOTILLA_DECODE_SMALL_LAUNCH values timed at batch 1 ("" = the module's default, the engine's launch; session 23's
+# H200 call 5 at 4,096: 32,4,3,128,fused+early 9.63 us, 32,4,3,128,fused 9.71, 64,4,3,128,fused 10.01)
+B1_LAUNCHES = ("", "32,4,3,128,fused", "64,4,3,128,fused", "32,4,3,128,fused+early", "64,4,2,256,fused+dep")
 SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512), "b64l": (64, 4096, 4096),
           "b1fix": (1, 1088, 1088)}  # fmt: skip
 # b1fix: the engine launch's grid and merge (17 splits x 8 KV heads, 17 partials a head) with one 64-key tile a
 # program instead of four: its time is the launch's fixed cost, b1e's minus it the streaming of 3 tiles a program
 SHAPE_LAUNCHES = {"b1fix": ("64,4,3,64,fused+dep",)}
+# the forms, as `paged_decode_attention` keywords (FLOTILLA_DECODE_EAGER_TILE, FLOTILLA_DECODE_EARLY_QUERY)
+FORMS = {"plain": {"eager_tile": False, "early_query": False}, "tile": {"eager_tile": True, "early_query": False},
+         "query": {"eager_tile": False, "early_query": True}, "both": {"eager_tile": True, "early_query": True}}
+
+
+def _forms(launch: str) -> list[str]:
+    """The forms that differ at `launch`: by PDL ("+early") the query is read after the wait, so no early query."""
+    return ["plain", "tile"] if "early" in launch.split(",")[-1] else list(FORMS)
 
 
 def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
@@ -52,69 +62,59 @@ def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
     return pool
 
 
-def _time(pool: dict, launch: str | None, eager: bool | None, calls: int) -> tuple[float, torch.Tensor]:
+def _call(pool: dict, launch: str, form: str):
+    """`paged_decode_attention` on copy `i` of the pool at `launch` ("": the default) in `form`."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
-    from kernels import graph_ms  # bench/kernels.py
 
-    if launch is None:
-        os.environ.pop("FLOTILLA_DECODE_SMALL_LAUNCH", None)
-    else:
+    if launch:
         os.environ["FLOTILLA_DECODE_SMALL_LAUNCH"] = launch
+    else:
+        os.environ.pop("FLOTILLA_DECODE_SMALL_LAUNCH", None)
     sets = pool["sets"]
 
     def fn(i: int) -> torch.Tensor:
         return paged_decode_attention(pool["q"][i % sets], pool["k"], pool["v"], pool["tables"][i % sets], pool["qsl"],
-                                      pool["lens"], HEAD_DIM**-0.5, eager_tile=eager)  # fmt: skip
+                                      pool["lens"], HEAD_DIM**-0.5, **FORMS[form])  # fmt: skip
 
-    out = fn(0).float()
-    return graph_ms(fn, calls), out
-
-
-def _compile(pool: dict, launch: str | None, eager: bool) -> None:
-    """One call (a compile worker: Triton's on-disk cache, so that the timing process only loads the kernel)."""
-    from flotilla.kernels.triton_paged_decode import paged_decode_attention
-
-    if launch is None:
-        os.environ.pop("FLOTILLA_DECODE_SMALL_LAUNCH", None)
-    else:
-        os.environ["FLOTILLA_DECODE_SMALL_LAUNCH"] = launch
-    paged_decode_attention(pool["q"][0], pool["k"], pool["v"], pool["tables"][0], pool["qsl"], pool["lens"],
-                           HEAD_DIM**-0.5, eager_tile=eager)  # fmt: skip
-    torch.cuda.synchronize()
+    return fn
 
 
 def run_shape(name: str, pairs: int, results: dict, part: tuple[int, int] | None = None) -> None:
-    """Time every launch of shape `name` with the eager tile off and on; `part` (i, n): only compile the
-    configurations i, i + n, ... of this shape."""
+    """Time every launch of shape `name` in every form, in A B .. B A order `pairs` times; `part` (i, n): only
+    compile the configurations i, i + n, ... of this shape (one call each)."""
+    from kernels import graph_ms  # bench/kernels.py
+
     batch, ctx, table_tokens = SHAPES[name]
     pool = _pool(batch, ctx, table_tokens)
     nbytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * 2
     calls = 100 if batch == 1 else 20
     launches = SHAPE_LAUNCHES.get(name, B1_LAUNCHES if batch * KV_HEADS <= 16 else ("",))
     if part:
-        jobs = [(launch, eager) for launch in launches for eager in (False, True)]
-        for launch, eager in jobs[part[0] :: part[1]]:
-            _compile(pool, launch or None, eager)
+        jobs = [(launch, form) for launch in launches for form in _forms(launch)]
+        for launch, form in jobs[part[0] :: part[1]]:
+            _call(pool, launch, form)(0)
+            torch.cuda.synchronize()
         return
-    _, ref = _time(pool, None, False, 1)  # the default launch's output (the switch off)
+    ref = _call(pool, "", "plain")(0).float()  # the default launch's output (the switches off)
     for launch in launches:
-        times: dict[bool, list[float]] = {False: [], True: []}
+        forms = _forms(launch)
+        times: dict[str, list[float]] = {form: [] for form in forms}
         errs = {}
         for _ in range(pairs):
-            for eager in (False, True, True, False):
-                ms, out = _time(pool, launch or None, eager, calls)
-                times[eager].append(ms)
-                errs[eager] = ((out - ref).norm() / ref.norm()).item()
-        for eager in (False, True):
-            us = 1e3 * statistics.median(times[eager])
+            for form in forms + forms[::-1]:
+                fn = _call(pool, launch, form)
+                out = fn(0).float()
+                errs[form] = ((out - ref).norm() / ref.norm()).item()
+                times[form].append(graph_ms(fn, calls))
+        plain = statistics.median(times["plain"])
+        for form in forms:
+            us = 1e3 * statistics.median(times[form])
             row = {"shape": name, "batch": batch, "ctx": ctx, "table": table_tokens, "launch": launch or "default",
-                   "eager_tile": eager, "us": us, "gbps": nbytes / us / 1e3, "us_all": [1e3 * t for t in times[eager]],
-                   "rel_err_vs_default": errs[eager]}  # fmt: skip
+                   "form": form, "us": us, "gbps": nbytes / us / 1e3, "us_all": [1e3 * t for t in times[form]],
+                   "over_plain": us / (1e3 * plain), "rel_err_vs_default": errs[form]}  # fmt: skip
             results["rows"].append(row)
-            print(f"{name:5s} {launch or 'default':28s} eager {int(eager)}: {us:7.2f} us {row['gbps']:6.0f} GB/s "
-                  f"(err vs default {errs[eager]:.1e})", flush=True)  # fmt: skip
-        off, on = (statistics.median(times[e]) for e in (False, True))
-        print(f"AB {name} {launch or 'default'}: eager/plain {on / off:.3f}", flush=True)
+            print(f"{name:5s} {launch or 'default':24s} {form:5s}: {us:7.2f} us {row['gbps']:6.0f} GB/s "
+                  f"x{row['over_plain']:.3f} plain (err vs default {errs[form]:.1e})", flush=True)  # fmt: skip
 
 
 def floors(results: dict) -> None:
@@ -148,7 +148,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="child processes that compile every row first")
     parser.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.environ.pop("FLOTILLA_DECODE_EAGER_TILE", None)
+    for env in ("FLOTILLA_DECODE_EAGER_TILE", "FLOTILLA_DECODE_EARLY_QUERY", "FLOTILLA_DECODE_SMALL_LAUNCH"):
+        os.environ.pop(env, None)
     torch.manual_seed(0)
     if args.compile_part:
         i, n = (int(x) for x in args.compile_part.split("/"))
@@ -173,7 +174,7 @@ def main() -> None:
         if r["shape"] not in best or r["us"] < best[r["shape"]]["us"]:
             best[r["shape"]] = r
     for name, r in best.items():
-        print(f"BEST {name}: {r['launch']} eager {int(r['eager_tile'])} {r['us']:.2f} us {r['gbps']:.0f} GB/s")
+        print(f"BEST {name}: {r['launch']} {r['form']} {r['us']:.2f} us {r['gbps']:.0f} GB/s")
     results["best"] = best
     args.json.write_text(json.dumps(results, indent=1) + "\n")
 

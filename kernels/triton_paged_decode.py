@@ -422,6 +422,7 @@ def _decode_split_kernel(
     split_len,
     table_tokens,
     num_pages,
+    num_tokens,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
@@ -448,8 +449,10 @@ def _decode_split_kernel(
     HEAD_STREAMS: tl.constexpr = False,
     KEY_SUB: tl.constexpr = 1,
     EAGER_TILE: tl.constexpr = False,
+    EARLY_QUERY: tl.constexpr = False,
 ):
     tl.static_assert(not EAGER_TILE or (KEY_STREAMS == 0 and not DYN_SPLIT), "EAGER_TILE: the plain loop's static cut")
+    tl.static_assert(not EARLY_QUERY or not (EARLY_START or HEAD_STREAMS), "EARLY_QUERY: not by PDL, not over heads")
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
@@ -472,6 +475,13 @@ def _decode_split_kernel(
     next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
+    if EARLY_QUERY:
+        # the query read at row `seq` (a decode batch's row: one token a sequence) in the first round trip, with the
+        # pages and the length, instead of after the row's offset arrives; another row is read again below
+        g_spec = tl.arange(0, GROUP_PAD)
+        q_spec = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + (kv_head * GROUP + g_spec)[:, None] * stride_qh
+                         + d[None, :], mask=(g_spec < tl.where(seq < num_tokens, GROUP, 0))[:, None] & d_ok[None, :],
+                         other=0.0)  # fmt: skip
     if EAGER_TILE:
         # (the plain loop, no DYN_SPLIT) the first tile's K/V asked for before the length and the query (two
         # dependent round trips) instead of after them, and the second tile's pages with the first's: the loop
@@ -533,11 +543,18 @@ def _decode_split_kernel(
         g = tl.arange(0, GROUP_PAD)
         heads = kv_head * GROUP + g
         head_ok = g < tl.where(has_query, GROUP, 0)  # no rows at all for a padding sequence
-        q = tl.load(
-            q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-            mask=head_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
+        if EARLY_QUERY:
+            q = q_spec
+            if q_row != seq:  # a padded or mixed batch: the sequence's query is another row
+                q = tl.load(q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                            mask=head_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+            q = tl.where(head_ok[:, None], q, 0.0).to(DOT_DTYPE)
+        else:
+            q = tl.load(
+                q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=head_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            ).to(DOT_DTYPE)
 
         if KEY_STREAMS > 0 and TRANSPOSED:
             acc, m, l = _attend_streams_t(
@@ -790,6 +807,13 @@ def _eager_tile_env() -> bool:
     return env_flag("FLOTILLA_DECODE_EAGER_TILE", False)
 
 
+def _early_query_env() -> bool:
+    """FLOTILLA_DECODE_EARLY_QUERY: "1" reads each program's query at the row of its sequence's index with the
+    pages and the length, in the small-grid launch (`paged_decode_attention`'s `early_query`); unset or "0": off
+    (issue 19, to be measured on the H200)."""
+    return env_flag("FLOTILLA_DECODE_EARLY_QUERY", False)
+
+
 def _merge_chunk(num_splits: int, group: int, block_d: int, num_warps: int) -> int:
     """Splits per tile of the fused merge: all of them when the `[group, splits, block_d]` fp32 tile is at most 128
     values a thread (one L2 round trip; sm_90 compile at 4 warps, group 4, 32 splits: 160 registers against the
@@ -863,6 +887,7 @@ def paged_decode_attention(
     dependents: bool | None = None,
     dynamic_splits: bool | None = None,
     eager_tile: bool | None = None,
+    early_query: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -907,6 +932,11 @@ def paged_decode_attention(
     `eager_tile` (the plain loop, not with `dynamic_splits`): each split program asks for its first tile of K/V
     before the sequence's length and the query arrive and folds it in after the loop (`_eager_tile`, `_fold_tile`;
     issue 19's batch-1 start-up); default FLOTILLA_DECODE_EAGER_TILE at small grids (`_SMALL_LAUNCH`), else off.
+    `early_query` (not with `early_start`, nor over heads): each program reads its query at the row of its
+    sequence's index (a decode batch's layout) in the first round trip, with the pages and the length, and again at
+    the real row only when that differs (a padded or mixed batch); the compiled kernel otherwise waits for the row's
+    offset, then for the query, before the loop's first K/V request. Default FLOTILLA_DECODE_EARLY_QUERY at small
+    grids, else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -966,6 +996,8 @@ def paged_decode_attention(
     dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
     eager_tile = (_eager_tile_env() and small is not None) if eager_tile is None else eager_tile  # env: small grids
     eager_tile = eager_tile and not key_streams and not dynamic_splits
+    early_query = (_early_query_env() and small is not None) if early_query is None else early_query
+    early_query = early_query and not early_start and not head_streams
     split_len = split_length(max_context, num_splits, block_n)
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
@@ -1001,6 +1033,7 @@ def paged_decode_attention(
         split_tokens if dynamic_splits else split_len,
         max_context,
         k_cache.shape[0],
+        num_tokens,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=splits_pad,
@@ -1028,6 +1061,7 @@ def paged_decode_attention(
         HEAD_STREAMS=head_streams,
         KEY_SUB=key_sub if head_streams else 1,
         EAGER_TILE=eager_tile,
+        EARLY_QUERY=early_query,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

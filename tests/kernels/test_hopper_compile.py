@@ -71,7 +71,11 @@ def _compile_for_hopper(
             # 16-byte register loads in program order before the first cp.async and the first 2-byte load (the
             # decode kernel's query): the eager first tile of K/V
             "eager_loads16": ptx[: min(i for i in (ptx.find("cp.async.cg"), ptx.find("ld.global.b16"), len(ptx))
-                                      if i >= 0)].count("ld.volatile.global.v4")}  # fmt: skip
+                                      if i >= 0)].count("ld.volatile.global.v4"),
+            # 2-byte loads (the decode kernel's query, `stride_qh` not aligned here) before the first branch (its
+            # inactive split's return)
+            "loads2_before_branch": ptx[: re.search(r"\bbra\b", ptx).start() if re.search(r"\bbra\b", ptx)
+                                        else len(ptx)].count("ld.global.b16")}  # fmt: skip
 
 
 def _compile_all() -> dict[str, dict[str, object]]:
@@ -232,6 +236,13 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
     constexprs |= dict(EARLY_START=True)
     out["paged_decode bf16 eager early"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
                                                                 num_stages=3)  # fmt: skip
+    # ... with the early query (FLOTILLA_DECODE_EARLY_QUERY) instead, and with both
+    constexprs |= dict(EARLY_START=False, EAGER_TILE=False, EARLY_QUERY=True)
+    out["paged_decode bf16 early query"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
+                                                                num_stages=3)  # fmt: skip
+    constexprs |= dict(EAGER_TILE=True)
+    out["paged_decode bf16 eager tile query"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
+                                                                     num_stages=3)  # fmt: skip
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
@@ -534,6 +545,10 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     assert result["paged_decode bf16"]["eager_loads16"] == 0
     assert eager_early["gdc_wait"] == 1 and eager_early["eager_loads16"] == 16, eager_early
     assert eager_early["volatile16_before_wait"] == 0 and eager_early["loads_before_wait"] > 0, eager_early
+    # the early query: its loads before the inactive split's return (the plain kernel's come after it)
+    query, both = result["paged_decode bf16 early query"], result["paged_decode bf16 eager tile query"]
+    assert query["loads2_before_branch"] > 0 and result["paged_decode bf16 eager"]["loads2_before_branch"] == 0, query
+    assert query["mma"] and query["eager_loads16"] == 0 and both["mma"] and both["loads2_before_branch"] > 0, both
     # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
     assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
     assert result["split_merge pdl"]["gdc_wait"] == 1 and result["split_merge pdl"]["gdc_launch"] == 1
