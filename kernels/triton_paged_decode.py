@@ -397,7 +397,9 @@ def _fold_tile(
     return m_new, l * alpha + tl.sum(p, 1), acc
 
 
-@triton.jit
+# num_pages and num_tokens (read only by EAGER_TILE and EARLY_QUERY) unspecialised: a batch of one token would else
+# compile the kernel once more for num_tokens == 1 (and each divisibility by 16), whatever the switches
+@triton.jit(do_not_specialize=["num_pages", "num_tokens"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
