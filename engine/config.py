@@ -27,6 +27,7 @@ from flotilla.engine_rules import (
     default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
     flag_name,
+    gguf_load_format_problem,
     kv_scales_problem,
     log_requests_problem,
     override_generation_config_problem,
@@ -260,9 +261,8 @@ class EngineConfig(_Component):
         values = _check_flags(kwargs)
         gguf = _gguf_model(model, values)
         if gguf is not None:
-            if values["load_format"] == "safetensors":
-                raise ConfigError("--load-format safetensors reads an HF directory's .safetensors files; a .gguf model "
-                                  "is read from its own file (leave --load-format out)")
+            if problem := gguf_load_format_problem(values["load_format"]):
+                raise ConfigError(problem)
             model_dir, hf_config = gguf
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()

@@ -290,6 +290,15 @@ def log_requests_problem(enable: bool, disable: bool, name_of: NameOf = flag_nam
     return None
 
 
+def gguf_load_format_problem(load_format: str, name_of: NameOf = flag_name) -> str | None:
+    """A .gguf model is read from its own file: --load-format safetensors (an HF directory's .safetensors files)
+    cannot load it."""
+    if load_format == "safetensors":
+        return (f"{name_of('load_format')} safetensors reads an HF directory's .safetensors files; a .gguf model is "
+                f"read from its own file (leave {name_of('load_format')} out)")
+    return None
+
+
 def _positive_seconds(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 

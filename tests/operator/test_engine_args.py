@@ -196,8 +196,12 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                                      "address"),
     (["--host=127.0.0.1"], OWNED.format("--host") + "the probes and the Service reach the engine on every pod "
                                                     "address"),
-    (["--load-format", "dummy"], OWNED.format("--load-format") + "the weights come from spec.model.source "
-                                                                 "(dummy would serve random weights)"),
+    (["--load-format", "dummy"], "spec.engineArgs: --load-format dummy is the operator's to refuse: the weights come "
+                                 "from spec.model.source (dummy would serve random weights); it may be auto or "
+                                 "safetensors"),
+    # vLLM manifests' --load-format safetensors loads spec.model.source's weights, as the engine's auto does.
+    (["--load-format", "safetensors"], None),
+    (["--load-format=auto"], None),
     (["--device", "cpu"], OWNED.format("--device") + "engine pods run on the GPUs they request"),
     (["--num-gpu-blocks-override", "1"], OWNED.format("--num-gpu-blocks-override")
      + "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit check reads"),
@@ -271,6 +275,15 @@ def test_both_request_log_flags_are_refused_as_the_engine_refuses_them():
     assert unsupported(make(engineArgs=["--enable-log-requests"]), "x") == []
     assert unsupported(make(engineArgs=["--enable-log-requests", "--disable-log-requests"]), "x") == [
         "--enable-log-requests and --disable-log-requests contradict each other: give one"]
+
+
+def test_load_format_safetensors_is_refused_for_a_gguf_model_as_the_engine_refuses_it():
+    gguf = {"source": "pvc://models/gguf/llama.Q4_1.gguf"}
+    assert unsupported(make(model=gguf, engineArgs=["--load-format", "auto"]), "x") == []
+    assert unsupported(make(model=gguf, engineArgs=["--load-format", "safetensors"]), "x") == [
+        "spec.engineArgs: --load-format safetensors reads an HF directory's .safetensors files; a .gguf model is read "
+        "from its own file (leave --load-format out)"]
+    assert unsupported(make(engineArgs=["--load-format", "safetensors"]), "x") == []
 
 
 def test_every_flag_is_classified_for_engine_args():
