@@ -26,6 +26,7 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
+    draft_model_parallel_problem,
     flag_name,
     gguf_load_format_problem,
     kv_scales_problem,
@@ -360,6 +361,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         structured_outputs = parse_structured_outputs_config(v["structured_outputs_config"])
     if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
                                   v["pipeline_parallel_size"]):
+        raise ConfigError(problem)
+    if speculative is not None and (problem := draft_model_parallel_problem(
+            speculative.model_dump(), v["tensor_parallel_size"], v["pipeline_parallel_size"])):
         raise ConfigError(problem)
     model = ModelConfig(
         model=str(model_dir),

@@ -242,6 +242,21 @@ def pooling_problem(runner: str, enable_lora: bool, speculative: bool, tensor: i
             f"decoding: {', '.join(fixes)}")
 
 
+def draft_model_parallel_problem(speculative_config: Any, tensor: int, pipeline: int,
+                                 name_of: NameOf = flag_name) -> str | None:
+    """A draft model runs beside the target's runner in one process (engine/spec_decode/speculator.py), not beside
+    tensor- or pipeline-parallel workers: refused before anything loads. `speculative_config` is the flag's value
+    as a dict (a draft model given without a method means the draft-model method, as vLLM's)."""
+    if not isinstance(speculative_config, dict) or tensor * pipeline == 1:
+        return None
+    method = speculative_config.get("method") or ("draft_model" if speculative_config.get("model") else None)
+    if method != "draft_model":
+        return None
+    return (f"{name_of('speculative_config')} with a draft model runs on one GPU, not beside tensor or pipeline "
+            f"parallelism yet: use the ngram method, or set {name_of('tensor_parallel_size')} and "
+            f"{name_of('pipeline_parallel_size')} to 1")
+
+
 def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameOf = flag_name) -> str | None:
     """Why asynchronous scheduling cannot run with these settings, or None: an earlier pipeline stage
     never holds the tokens the last stage drew, so the next step could not read them."""
@@ -405,6 +420,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                               values.get("pipeline_parallel_size") or 1, name_of)
     if pooling:
         problems.append(pooling)
+    draft = draft_model_parallel_problem(values.get("speculative_config"), values.get("tensor_parallel_size") or 1,
+                                         values.get("pipeline_parallel_size") or 1, name_of)
+    if draft:
+        problems.append(draft)
     asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:

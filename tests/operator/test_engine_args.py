@@ -286,6 +286,15 @@ def test_load_format_safetensors_is_refused_for_a_gguf_model_as_the_engine_refus
     assert unsupported(make(engineArgs=["--load-format", "safetensors"]), "x") == []
 
 
+def test_a_draft_model_beside_parallel_workers_is_refused_as_the_engine_refuses_it():
+    draft = {"method": "draft_model", "draftModel": "pvc://models/d"}
+    assert unsupported(make(speculative=draft), "x") == []
+    assert unsupported(make(speculative=draft, parallelism={"tensor": 2}), "x") == [
+        "spec.speculative with a draft model runs on one GPU, not beside tensor or pipeline parallelism yet: use the "
+        "ngram method, or set spec.parallelism.tensor and spec.parallelism.pipeline to 1"]
+    assert unsupported(make(speculative={"method": "ngram"}, parallelism={"pipeline": 2}), "x") == []
+
+
 def test_every_flag_is_classified_for_engine_args():
     # A new flag must be decided on (a CRD field, owned by the operator, or allowed) before release;
     # until then engineArgs refuses it, and this test says so.

@@ -54,6 +54,18 @@ def test_engine_config_carries_it_and_refuses_a_foreign_draft(tiny_model_dirs, t
         LLM(model, max_model_len=64, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
 
 
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_a_draft_model_with_parallel_workers_is_refused_by_the_config(tiny_model_dirs, parallel):
+    """Before anything loads (the workers and the target's weights took minutes before the speculator said so)."""
+    model = str(tiny_model_dirs["llama"])
+    with pytest.raises(ConfigError, match="--speculative-config with a draft model runs on one GPU, not beside tensor "
+                                          "or pipeline parallelism yet"):
+        EngineConfig.from_kwargs(model, speculative_config={"model": model, "num_speculative_tokens": 2}, **parallel)
+    ngram = EngineConfig.from_kwargs(model, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+                                     **parallel)
+    assert ngram.speculative is not None
+
+
 def test_load_rule():
     assert step_lookahead(4, None, 500) == 4
     assert step_lookahead(4, 8, 7) == 4
