@@ -110,7 +110,8 @@ def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
             continue
         if f.type == "bool":
             if has_inline:
-                problems.append(f"{f.name} takes no value (use {f.name} or --no-{f.name[2:]})")
+                either = f"{f.name} or --no-{f.name[2:]}" if f.negatable else f"{f.name} alone, or leave it out"
+                problems.append(f"{f.name} takes no value (use {either})")
                 continue
             parsed.append(ParsedFlag(f, not name.startswith("--no-"), token))
             continue

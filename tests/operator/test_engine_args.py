@@ -218,6 +218,10 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                       "error, warning, info, debug, trace"),
     (["--enforce-eager=false"], "spec.engineArgs: --enforce-eager takes no value (use --enforce-eager or "
                                 "--no-enforce-eager)"),
+    (["--no-enforce-eager"], None),  # vLLM's form, which the refusal above suggests
+    (["--no-trust-remote-code"], None),
+    (["--disable-log-stats=true"], "spec.engineArgs: --disable-log-stats takes no value (use --disable-log-stats "
+                                   "alone, or leave it out)"),  # no --no- form, in vLLM either
     (["--seed", "1", "--seed", "2"], "spec.engineArgs: --seed is given more than once"),
     (["stray"], "spec.engineArgs: 'stray' is not a flag (a value must follow its flag)"),
     (["--seed", "1", "extra"], "spec.engineArgs: 'extra' is not a flag (a value must follow its flag)"),
