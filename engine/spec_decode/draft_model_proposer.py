@@ -20,6 +20,7 @@ import torch
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.forward_context import forward_context
 from flotilla.engine.input_batch import FlatBatch
+from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.model_loader import load_model
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.quantization import resolve_quantization
@@ -54,7 +55,17 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
         raise ConfigError(f"--speculative-config: draft model {draft_dir}: {exc}") from None
     model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config,
                                                    "quantization": quantization})
-    return load_model(model_config, device)
+    model = load_model(model_config, device)
+    # The draft computes every position the target does: past its rotary table a step would read beyond it (an
+    # IndexError that killed the engine loop on the CPU, an out-of-bounds read on a GPU).
+    positions = min(m.max_position for m in model.modules() if isinstance(m, RotaryEmbedding))
+    if positions < config.model.max_model_len:
+        raise ConfigError(
+            f"--speculative-config: draft model {draft_dir} has positions for {positions} tokens (its config.json's "
+            f"max_position_embeddings), fewer than --max-model-len {config.model.max_model_len}; lower "
+            f"--max-model-len to {positions} or use a draft model with a context at least that long"
+        )
+    return model
 
 
 class DraftModelProposer:

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine.spec_decode.policy import step_lookahead
@@ -64,6 +65,30 @@ def test_a_draft_model_with_parallel_workers_is_refused_by_the_config(tiny_model
     ngram = EngineConfig.from_kwargs(model, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
                                      **parallel)
     assert ngram.speculative is not None
+
+
+def test_a_draft_model_shorter_than_max_model_len_is_refused_at_start(tiny_model_dirs, tmp_path):
+    """Its rotary table ends at its own context: a longer prompt killed the engine loop (an IndexError on the CPU;
+    on a GPU, a read past the table)."""
+    import json
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    target = tiny_model_dirs["llama"]
+    draft = tmp_path / "short-draft"
+    shutil.copytree(target, draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    with pytest.raises(ConfigError, match=f"--speculative-config: draft model {draft} has positions for 64 tokens "
+                                          r"\(its config.json's max_position_embeddings\), fewer than "
+                                          "--max-model-len 256; lower --max-model-len to 64"):
+        LLM(str(target), max_model_len=256, speculative_config=spec)
+    llm = LLM(str(target), max_model_len=64, speculative_config=spec)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    [out] = llm.generate([list(range(100, 160))], greedy, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
 
 
 def test_load_rule():
