@@ -148,6 +148,22 @@ def rope_scaled_length(hf_config: dict[str, Any], max_position: int) -> int:
     return int(max_position * rope["factor"])
 
 
+def rope_positions(hf_config: dict[str, Any]) -> int:
+    """The positions a model's rotary table covers (engine/models/llama.py builds it this long): its
+    max_position_embeddings, or the rope-scaled length where that is longer."""
+    max_position = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
+    return max(max_position, rope_scaled_length(hf_config, max_position))
+
+
+def draft_length_problem(draft_positions: int, max_model_len: int, name_of: NameOf = flag_name) -> str | None:
+    """A draft model computes every position the target does, so its rotary table must cover the target's length."""
+    if draft_positions >= max_model_len:
+        return None
+    return (f"{name_of('speculative_config')}: the draft model has positions for {draft_positions} tokens (its "
+            f"config.json's max_position_embeddings), fewer than {name_of('max_model_len')} {max_model_len}; lower "
+            f"{name_of('max_model_len')} to {draft_positions} or use a draft model with a context at least that long")
+
+
 def model_len_limit(hf_config: dict[str, Any]) -> int:
     """The model's usable length: max_position_embeddings (rope-scaled, `rope_scaled_length`), or the sliding
     window when one applies.

@@ -22,6 +22,7 @@ from typing import Any, get_args
 from flotilla.engine_rules import (
     ParsedFlag,
     cross_flag_problems,
+    draft_length_problem,
     flag_name,
     gguf_load_format_problem,
     looks_like_chat_template,
@@ -307,4 +308,19 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     values.update({p.flag.dest: p.value for p in usable})
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")
+    if problem := _draft_length_problem(spec):
+        errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
+
+
+def _draft_length_problem(spec: InferenceServiceSpec) -> str | None:
+    """The engine's refusal of a draft model shorter than the length served, where the spec states both: its
+    speculative.draftConfig's maxPositionEmbeddings, and scheduling.maxModelLen or the model's own length."""
+    s = spec.speculative
+    draft = s.draft_config if s is not None and s.method == "draft_model" else None
+    positions = draft.rope_positions if draft is not None else None
+    target = spec.model.config.length_limit if spec.model.config is not None else None
+    max_model_len = spec.scheduling.max_model_len or target
+    if positions is None or max_model_len is None:
+        return None
+    return draft_length_problem(positions, max_model_len, _spec_name)

@@ -26,6 +26,7 @@ from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.quantization import resolve_quantization
 from flotilla.engine.request import Request
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
+from flotilla.engine_rules import draft_length_problem
 
 if TYPE_CHECKING:
     from flotilla.engine.model_runner import ModelRunner
@@ -59,12 +60,8 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
     # The draft computes every position the target does: past its rotary table a step would read beyond it (an
     # IndexError that killed the engine loop on the CPU, an out-of-bounds read on a GPU).
     positions = min(m.max_position for m in model.modules() if isinstance(m, RotaryEmbedding))
-    if positions < config.model.max_model_len:
-        raise ConfigError(
-            f"--speculative-config: draft model {draft_dir} has positions for {positions} tokens (its config.json's "
-            f"max_position_embeddings), fewer than --max-model-len {config.model.max_model_len}; lower "
-            f"--max-model-len to {positions} or use a draft model with a context at least that long"
-        )
+    if problem := draft_length_problem(positions, config.model.max_model_len):
+        raise ConfigError(f"{problem} ({draft_dir})")
     return model
 
 

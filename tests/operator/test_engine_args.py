@@ -299,6 +299,20 @@ def test_a_draft_model_beside_parallel_workers_is_refused_as_the_engine_refuses_
     assert unsupported(make(speculative={"method": "ngram"}, parallelism={"pipeline": 2}), "x") == []
 
 
+def test_a_draft_model_shorter_than_the_length_served_is_refused_as_the_engine_refuses_it():
+    arch = {"hiddenSize": 2048, "numHiddenLayers": 16, "numAttentionHeads": 16, "numKeyValueHeads": 4,
+            "intermediateSize": 8192, "vocabSize": 32000}
+    draft = {"method": "draft_model", "draftModel": "/model/draft",
+             "draftConfig": {**arch, "maxPositionEmbeddings": 2048}}
+    target = {"source": "pvc://models/m", "config": {**arch, "maxPositionEmbeddings": 8192}}
+    assert unsupported(make(model=target, speculative=draft), "x") == [
+        "spec.speculative: the draft model has positions for 2048 tokens (its config.json's max_position_embeddings), "
+        "fewer than spec.scheduling.maxModelLen 8192; lower spec.scheduling.maxModelLen to 2048 or use a draft model "
+        "with a context at least that long"]
+    assert unsupported(make(model=target, speculative=draft, scheduling={"maxModelLen": 2048}), "x") == []
+    assert unsupported(make(speculative=draft), "x") == []  # the length served is not known here: the engine checks
+
+
 def test_every_flag_is_classified_for_engine_args():
     # A new flag must be decided on (a CRD field, owned by the operator, or allowed) before release;
     # until then engineArgs refuses it, and this test says so.

@@ -4,6 +4,7 @@ vllm:spec_decode_* counters and the acceptance log line."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -81,9 +82,10 @@ def test_a_draft_model_shorter_than_max_model_len_is_refused_at_start(tiny_model
     config = json.loads((draft / "config.json").read_text())
     (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     spec = {"model": str(draft), "num_speculative_tokens": 2}
-    with pytest.raises(ConfigError, match=f"--speculative-config: draft model {draft} has positions for 64 tokens "
-                                          r"\(its config.json's max_position_embeddings\), fewer than "
-                                          "--max-model-len 256; lower --max-model-len to 64"):
+    message = ("--speculative-config: the draft model has positions for 64 tokens (its config.json's "
+               "max_position_embeddings), fewer than --max-model-len 256; lower --max-model-len to 64 or use a draft "
+               f"model with a context at least that long ({draft})")
+    with pytest.raises(ConfigError, match=re.escape(message)):
         LLM(str(target), max_model_len=256, speculative_config=spec)
     llm = LLM(str(target), max_model_len=64, speculative_config=spec)
     greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
