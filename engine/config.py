@@ -26,7 +26,9 @@ from flotilla.engine_rules import (
     batch_budget_problem,
     default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
+    draft_model_parallel_problem,
     flag_name,
+    gguf_load_format_problem,
     kv_scales_problem,
     log_requests_problem,
     override_generation_config_problem,
@@ -260,9 +262,8 @@ class EngineConfig(_Component):
         values = _check_flags(kwargs)
         gguf = _gguf_model(model, values)
         if gguf is not None:
-            if values["load_format"] == "safetensors":
-                raise ConfigError("--load-format safetensors reads an HF directory's .safetensors files; a .gguf model "
-                                  "is read from its own file (leave --load-format out)")
+            if problem := gguf_load_format_problem(values["load_format"]):
+                raise ConfigError(problem)
             model_dir, hf_config = gguf
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()
@@ -360,6 +361,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         structured_outputs = parse_structured_outputs_config(v["structured_outputs_config"])
     if problem := pooling_problem(runner, v["enable_lora"], speculative is not None, v["tensor_parallel_size"],
                                   v["pipeline_parallel_size"]):
+        raise ConfigError(problem)
+    if speculative is not None and (problem := draft_model_parallel_problem(
+            speculative.model_dump(), v["tensor_parallel_size"], v["pipeline_parallel_size"])):
         raise ConfigError(problem)
     model = ModelConfig(
         model=str(model_dir),

@@ -110,7 +110,8 @@ def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
             continue
         if f.type == "bool":
             if has_inline:
-                problems.append(f"{f.name} takes no value (use {f.name} or --no-{f.name[2:]})")
+                either = f"{f.name} or --no-{f.name[2:]}" if f.negatable else f"{f.name} alone, or leave it out"
+                problems.append(f"{f.name} takes no value (use {either})")
                 continue
             parsed.append(ParsedFlag(f, not name.startswith("--no-"), token))
             continue
@@ -145,6 +146,22 @@ def rope_scaled_length(hf_config: dict[str, Any], max_position: int) -> int:
         max_position = int(hf_config.get("original_max_position_embeddings")
                            or rope.get("original_max_position_embeddings") or max_position)
     return int(max_position * rope["factor"])
+
+
+def rope_positions(hf_config: dict[str, Any]) -> int:
+    """The positions a model's rotary table covers (engine/models/llama.py builds it this long): its
+    max_position_embeddings, or the rope-scaled length where that is longer."""
+    max_position = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
+    return max(max_position, rope_scaled_length(hf_config, max_position))
+
+
+def draft_length_problem(draft_positions: int, max_model_len: int, name_of: NameOf = flag_name) -> str | None:
+    """A draft model computes every position the target does, so its rotary table must cover the target's length."""
+    if draft_positions >= max_model_len:
+        return None
+    return (f"{name_of('speculative_config')}: the draft model has positions for {draft_positions} tokens (its "
+            f"config.json's max_position_embeddings), fewer than {name_of('max_model_len')} {max_model_len}; lower "
+            f"{name_of('max_model_len')} to {draft_positions} or use a draft model with a context at least that long")
 
 
 def model_len_limit(hf_config: dict[str, Any]) -> int:
@@ -242,6 +259,21 @@ def pooling_problem(runner: str, enable_lora: bool, speculative: bool, tensor: i
             f"decoding: {', '.join(fixes)}")
 
 
+def draft_model_parallel_problem(speculative_config: Any, tensor: int, pipeline: int,
+                                 name_of: NameOf = flag_name) -> str | None:
+    """A draft model runs beside the target's runner in one process (engine/spec_decode/speculator.py), not beside
+    tensor- or pipeline-parallel workers: refused before anything loads. `speculative_config` is the flag's value
+    as a dict (a draft model given without a method means the draft-model method, as vLLM's)."""
+    if not isinstance(speculative_config, dict) or tensor * pipeline == 1:
+        return None
+    method = speculative_config.get("method") or ("draft_model" if speculative_config.get("model") else None)
+    if method != "draft_model":
+        return None
+    return (f"{name_of('speculative_config')} with a draft model runs on one GPU, not beside tensor or pipeline "
+            f"parallelism yet: use the ngram method, or set {name_of('tensor_parallel_size')} and "
+            f"{name_of('pipeline_parallel_size')} to 1")
+
+
 def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameOf = flag_name) -> str | None:
     """Why asynchronous scheduling cannot run with these settings, or None: an earlier pipeline stage
     never holds the tokens the last stage drew, so the next step could not read them."""
@@ -287,6 +319,15 @@ def log_requests_problem(enable: bool, disable: bool, name_of: NameOf = flag_nam
     if enable and disable:
         return (f"{name_of('enable_log_requests')} and {name_of('disable_log_requests')} contradict each other: "
                 "give one")
+    return None
+
+
+def gguf_load_format_problem(load_format: str, name_of: NameOf = flag_name) -> str | None:
+    """A .gguf model is read from its own file: --load-format safetensors (an HF directory's .safetensors files)
+    cannot load it."""
+    if load_format == "safetensors":
+        return (f"{name_of('load_format')} safetensors reads an HF directory's .safetensors files; a .gguf model is "
+                f"read from its own file (leave {name_of('load_format')} out)")
     return None
 
 
@@ -396,6 +437,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                               values.get("pipeline_parallel_size") or 1, name_of)
     if pooling:
         problems.append(pooling)
+    draft = draft_model_parallel_problem(values.get("speculative_config"), values.get("tensor_parallel_size") or 1,
+                                         values.get("pipeline_parallel_size") or 1, name_of)
+    if draft:
+        problems.append(draft)
     asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:

@@ -149,6 +149,7 @@ FLAGS: tuple[Flag, ...] = (
         "and a model whose config.json needs custom code for any other is refused at start-up, with or without "
         "this flag.",
         "model",
+        negatable=True,
     ),
     Flag("--tokenizer", "str", None, "Tokenizer directory (default: the model directory).", "model",
          crd_field="model.tokenizer"),
@@ -232,7 +233,7 @@ FLAGS: tuple[Flag, ...] = (
         choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
         supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
     ),
-    Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model"),
+    Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
     Flag(
         "--max-cudagraph-capture-size",
         "int",
@@ -573,6 +574,7 @@ FLAGS: tuple[Flag, ...] = (
         "vLLM's flag: no uvicorn access log line per HTTP request. Flotilla's server logs none by default (the "
         "request log is --enable-log-requests), so this keeps that default.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--response-role",
@@ -589,6 +591,7 @@ FLAGS: tuple[Flag, ...] = (
         "Name logprobs' tokens `token_id:<id>` (vLLM's flag) in completions and chat completions, for requests "
         "that do not set return_tokens_as_token_ids themselves.",
         "server",
+        negatable=True,
     ),
     Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(
@@ -618,6 +621,7 @@ FLAGS: tuple[Flag, ...] = (
         "Accept a chat template sent in a request (chat_template, or chat_template_kwargs.chat_template); "
         "refused with 400 unless set, as vLLM.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--chat-template",
@@ -653,6 +657,7 @@ FLAGS: tuple[Flag, ...] = (
         "Add X-Request-Id to every response: the request's own X-Request-Id (which also names the response, "
         "as vLLM), or a random one.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--enable-prompt-tokens-details",
@@ -661,6 +666,7 @@ FLAGS: tuple[Flag, ...] = (
         "Report prompt tokens served from the prefix cache in chat and completions usage "
         "(usage.prompt_tokens_details.cached_tokens), as vLLM; Responses usage always has them.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--enable-auto-tool-choice",
@@ -669,6 +675,7 @@ FLAGS: tuple[Flag, ...] = (
         'Let the model decide when to call tools (tool_choice "auto", the default when a request has tools); '
         "needs --tool-call-parser.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--exclude-tools-when-tool-choice-none",
@@ -677,6 +684,7 @@ FLAGS: tuple[Flag, ...] = (
         'Leave a request\'s tools out of the prompt when its tool_choice is "none" (by default the chat template '
         "renders them whatever the tool_choice, as vLLM).",
         "server",
+        negatable=True,
     ),
     Flag(
         "--tool-call-parser",
@@ -771,6 +779,7 @@ FLAGS: tuple[Flag, ...] = (
         "Count the generation and embedding requests in progress for GET /load ({\"server_load\": N}; 0 without "
         "this flag), as vLLM.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--root-path",
@@ -807,6 +816,7 @@ FLAGS: tuple[Flag, ...] = (
         False,
         "CORS: allow credentials (cookies, HTTP auth) on cross-origin requests.",
         "server",
+        negatable=True,
     ),
     Flag(
         "--uvicorn-log-level",

@@ -19,7 +19,15 @@ import json
 from collections.abc import Callable
 from typing import Any, get_args
 
-from flotilla.engine_rules import ParsedFlag, cross_flag_problems, flag_name, looks_like_chat_template, parse_argv
+from flotilla.engine_rules import (
+    ParsedFlag,
+    cross_flag_problems,
+    draft_length_problem,
+    flag_name,
+    gguf_load_format_problem,
+    looks_like_chat_template,
+    parse_argv,
+)
 from flotilla.flags import FLAGS, MODEL_FLAG, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
@@ -110,7 +118,6 @@ def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
 OPERATOR_OWNED: dict[str, str] = {
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
-    "--load-format": "the weights come from spec.model.source (dummy would serve random weights)",
     "--device": "engine pods run on the GPUs they request",
     "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
                                  "check reads",
@@ -124,6 +131,13 @@ OPERATOR_OWNED: dict[str, str] = {
                             "local directories only",
     "--download-dir": "it downloads spec.model.source into the pod's model volume; the engine reads local "
                       "directories only",
+}
+# Flags spec.engineArgs may carry with these values only (the others are the operator's, for the reason given).
+OPERATOR_OWNED_VALUES: dict[str, tuple[tuple[str, ...], str]] = {
+    # auto and safetensors (vLLM's name for what auto reads, which vLLM manifests carry) load spec.model.source's
+    # weights; dummy would not.
+    "--load-format": (("auto", "safetensors"), "the weights come from spec.model.source (dummy would serve random "
+                                               "weights)"),
 }
 # Flags spec.engineArgs may carry: settings with no field of their own that change neither where
 # the engine listens nor what it loads. A flag in neither table (e.g. one added to the contract
@@ -174,6 +188,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
     "--max-log-len", "--disable-uvicorn-access-log", "--response-role", "--return-tokens-as-token-ids",
     "--tokenizer-mode",
+    # With the values OPERATOR_OWNED_VALUES allows.
+    *OPERATOR_OWNED_VALUES,
 })
 
 
@@ -210,7 +226,7 @@ def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
             errors.append(f"spec.engineArgs: {f.name} cannot be set through engineArgs by this operator version")
         elif f.name in seen:
             errors.append(f"spec.engineArgs: {f.name} is given more than once")
-        elif problem := f.check_value(p.value) or _pod_file_problem(p):
+        elif problem := f.check_value(p.value) or _pod_file_problem(p) or _owned_value_problem(p):
             errors.append(f"spec.engineArgs: {problem}")
         else:
             seen.add(f.name)
@@ -225,6 +241,14 @@ def _pod_file_problem(p: ParsedFlag) -> str | None:
         return None
     return ("--chat-template must be the template's text (holding {, } or a newline), not a file path: the operator "
             "lets the engine read no file of its pod into prompts; put the file's text in the value")
+
+
+def _owned_value_problem(p: ParsedFlag) -> str | None:
+    """Why a flag of OPERATOR_OWNED_VALUES cannot have this value."""
+    if p.flag.name not in OPERATOR_OWNED_VALUES or p.value in OPERATOR_OWNED_VALUES[p.flag.name][0]:
+        return None
+    allowed, why = OPERATOR_OWNED_VALUES[p.flag.name]
+    return f"{p.flag.name} {p.value} is the operator's to refuse: {why}; it may be {' or '.join(allowed)}"
 
 
 def engine_args_errors(extra: list[str]) -> list[str]:
@@ -282,4 +306,21 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     usable, extra_errors = _extra_flags(spec.engine_args)
     errors += extra_errors
     values.update({p.flag.dest: p.value for p in usable})
+    if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
+        errors.append(f"spec.engineArgs: {problem}")
+    if problem := _draft_length_problem(spec):
+        errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
+
+
+def _draft_length_problem(spec: InferenceServiceSpec) -> str | None:
+    """The engine's refusal of a draft model shorter than the length served, where the spec states both: its
+    speculative.draftConfig's maxPositionEmbeddings, and scheduling.maxModelLen or the model's own length."""
+    s = spec.speculative
+    draft = s.draft_config if s is not None and s.method == "draft_model" else None
+    positions = draft.rope_positions if draft is not None else None
+    target = spec.model.config.length_limit if spec.model.config is not None else None
+    max_model_len = spec.scheduling.max_model_len or target
+    if positions is None or max_model_len is None:
+        return None
+    return draft_length_problem(positions, max_model_len, _spec_name)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from flotilla.engine_rules import model_len_limit, world_size
+from flotilla.engine_rules import model_len_limit, rope_positions, world_size
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -142,6 +142,18 @@ class ModelArchitecture(_Model):
     def length_limit(self) -> int | None:
         """The model's length as the engine derives it from these config.json numbers (engine_rules.model_len_limit:
         rope scaling, then the sliding window), or None without maxPositionEmbeddings."""
+        hf_config = self._length_numbers()
+        return None if hf_config is None else model_len_limit(hf_config)
+
+    @property
+    def rope_positions(self) -> int | None:
+        """The positions the engine's rotary table covers for these numbers (engine_rules.rope_positions: no
+        sliding-window cap), or None without maxPositionEmbeddings."""
+        hf_config = self._length_numbers()
+        return None if hf_config is None else rope_positions(hf_config)
+
+    def _length_numbers(self) -> dict[str, Any] | None:
+        """The config.json keys the model's length is derived from (None without maxPositionEmbeddings)."""
         if self.max_position_embeddings is None:
             return None
         hf_config: dict[str, Any] = {"max_position_embeddings": self.max_position_embeddings,
@@ -150,7 +162,7 @@ class ModelArchitecture(_Model):
             hf_config["use_sliding_window"] = self.use_sliding_window
         if self.rope_scaling is not None:
             hf_config["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
-        return model_len_limit(hf_config)
+        return hf_config
 
     @model_validator(mode="after")
     def _heads_have_a_size(self) -> ModelArchitecture:

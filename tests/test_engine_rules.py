@@ -105,6 +105,18 @@ def test_async_scheduling_with_pipeline_parallelism_is_refused_by_the_shared_rul
     assert problem in cross_flag_problems({"async_scheduling": True, "pipeline_parallel_size": 2}, None)
 
 
+def test_a_draft_model_with_parallel_workers_is_refused_by_the_shared_rule():
+    from flotilla.engine_rules import cross_flag_problems, draft_model_parallel_problem
+
+    draft = {"method": "draft_model", "model": "/d", "num_speculative_tokens": 2}
+    assert draft_model_parallel_problem(draft, 1, 1) is None
+    assert draft_model_parallel_problem({"method": "ngram", "num_speculative_tokens": 2}, 2, 1) is None
+    problem = draft_model_parallel_problem({"model": "/d"}, 1, 2)  # vLLM's: a model without a method is a draft
+    assert problem is not None and "--speculative-config with a draft model" in problem
+    assert problem == draft_model_parallel_problem(draft, 2, 1)
+    assert problem in cross_flag_problems({"speculative_config": draft, "tensor_parallel_size": 2}, None)
+
+
 def test_structured_outputs_keys_are_the_engines():
     from flotilla.engine.structured_output.config import StructuredOutputsConfig
     from flotilla.engine_rules import STRUCTURED_OUTPUTS_KEYS, structured_outputs_problem

@@ -113,3 +113,4 @@ class RotaryEmbedding(nn.Module):
         scaling_key = json.dumps(scaling, sort_keys=True)
         table = _cos_sin_table(head_dim, max_position, base, scaling_key, torch.get_default_device())
         self.register_buffer("cos_sin_cache", table, persistent=False)
+        self.max_position = max_position  # the table's rows: positions 0 .. max_position - 1

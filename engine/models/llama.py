@@ -37,7 +37,7 @@ from flotilla.engine.parallel_state import (
 )
 from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
 from flotilla.engine.quantization.packed_int import int4_weight
-from flotilla.engine_rules import rope_scaled_length
+from flotilla.engine_rules import rope_positions
 from flotilla.kernels.dispatch import (
     fp8_gated_gemv,
     fp8_gated_gemv_takes,
@@ -104,8 +104,7 @@ class LlamaArch:
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             rope_scaling=scaling,
             # the rotary table covers the scaled length too (YaRN: original length x factor, as vLLM allows)
-            max_position=max(c.get("max_position_embeddings", 2048),
-                             rope_scaled_length(c, c.get("max_position_embeddings", 2048))),
+            max_position=rope_positions(c),
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_bias=attention_bias if qkv_bias is None else False,
             mlp_bias=bool(c.get("mlp_bias", False)),

@@ -20,10 +20,13 @@ import torch
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.forward_context import forward_context
 from flotilla.engine.input_batch import FlatBatch
+from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.model_loader import load_model
 from flotilla.engine.models.causal_lm import CausalLM
+from flotilla.engine.quantization import resolve_quantization
 from flotilla.engine.request import Request
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
+from flotilla.engine_rules import draft_length_problem
 
 if TYPE_CHECKING:
     from flotilla.engine.model_runner import ModelRunner
@@ -45,8 +48,21 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
             f"--speculative-config: the draft model's vocabulary ({hf_config.get('vocab_size')} tokens) "
             f"differs from the target's ({target_vocab}); a draft model must share the target's tokenizer"
         )
-    model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config})
-    return load_model(model_config, device)
+    # The draft's own checkpoint says how it is quantized (a dense draft beside a GPTQ target is dense), as vLLM's
+    # draft config: the target's scheme, read from its checkpoint or applied at load (fp8, rtn), is not the draft's.
+    try:
+        quantization = resolve_quantization(None, hf_config)
+    except ValueError as exc:
+        raise ConfigError(f"--speculative-config: draft model {draft_dir}: {exc}") from None
+    model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config,
+                                                   "quantization": quantization})
+    model = load_model(model_config, device)
+    # The draft computes every position the target does: past its rotary table a step would read beyond it (an
+    # IndexError that killed the engine loop on the CPU, an out-of-bounds read on a GPU).
+    positions = min(m.max_position for m in model.modules() if isinstance(m, RotaryEmbedding))
+    if problem := draft_length_problem(positions, config.model.max_model_len):
+        raise ConfigError(f"{problem} ({draft_dir})")
+    return model
 
 
 class DraftModelProposer:

@@ -120,6 +120,16 @@ def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt,
     assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
+def test_a_dense_draft_model_beside_a_gptq_target_is_loaded_dense(wide_llama, tmp_path):
+    """The draft's checkpoint says how it is quantized, as vLLM's draft config: a dense draft beside a GPTQ target
+    (a quantized large model with a small draft) is loaded dense; it was loaded as GPTQ and failed the start-up."""
+    path = int4_checkpoint(wide_llama, tmp_path / "gptq", "gptq")
+    llm = LLM(str(path), max_model_len=256, speculative_config={"model": str(wide_llama), "num_speculative_tokens": 2})
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert tokens == _engine_tokens(path)  # speculation is exact: the target's own greedy tokens
+    assert llm.engine.speculator is not None and llm.engine.speculator.counts.num_drafts > 0
+
+
 def test_packers_write_the_published_bit_layouts_by_hand():
     """Hand-computed words. GPTQ packs 8 consecutive *inputs* of one output column into a word, lowest
     nibble first: codes 1..8 -> 0x87654321. AWQ packs 8 *outputs* of one input row in the order

@@ -226,3 +226,23 @@ def test_max_log_len_cuts_each_prompt_of_an_embeddings_batch(caplog):
     log_received("cmpl-cut", None, None, "abcdef", [1, 2, 3, 4], 3)
     assert "Request embd-cut prompt: None, prompt_token_ids: [[1, 2], [5, 6]]." in caplog.text
     assert "Request cmpl-cut prompt: 'abc', prompt_token_ids: [1, 2, 3]." in caplog.text
+
+
+# `vllm serve`'s switches with a --no- form (argparse.BooleanOptionalAction in vLLM's arg_utils and frontend args);
+# --disable-log-stats has none there either. The flags of spec fields (--calculate-kv-scales, --enable-lora) are
+# left as they are: the operator renders a negatable switch's false as --no-X in every pod.
+VLLM_NEGATABLE = ["--trust-remote-code", "--enforce-eager", "--disable-uvicorn-access-log",
+                  "--return-tokens-as-token-ids", "--trust-request-chat-template", "--enable-request-id-headers",
+                  "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
+                  "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--allow-credentials",
+                  "--enable-prefix-caching",
+                  "--enable-chunked-prefill", "--async-scheduling", "--enable-log-requests", "--disable-log-requests"]
+
+
+@pytest.mark.parametrize("name", VLLM_NEGATABLE)
+def test_vllms_negated_switches_parse_as_vllm_serve_takes_them(name):
+    """A manifest's --no-enforce-eager or --no-trust-remote-code was a usage error (and the operator's refusal of
+    --enforce-eager=false suggested --no-enforce-eager, which it then refused as not an engine flag)."""
+    dest = name[2:].replace("-", "_")
+    assert getattr(build_parser().parse_args([f"--no-{name[2:]}"]), dest) is False
+    assert getattr(build_parser().parse_args([name]), dest) is True

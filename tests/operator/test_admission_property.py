@@ -30,6 +30,7 @@ EXTRA_ARGS = [["--seed", "3"], ["--seed", "-1"], ["--seed", "x"], ["--enforce-ea
               ["--no-async-scheduling"], ["--disable-log-stats"], ["--shutdown-timeout", "2.5"],
               ["--shutdown-timeout", "-1"], ["--shutdown-timeout=4000"], ["--uvicorn-log-level", "debug"],
               ["--uvicorn-log-level", "loud"], ["--port", "1"], ["--host", "::"], ["--load-format", "dummy"],
+              ["--load-format", "safetensors"],
               ["--device", "cpu"], ["--num-gpu-blocks-override", "1"], ["--help"], ["-h"], ["--"], ["stray"],
               ["--max-model-len", "16"], ["--enable-chunked-prefill"], ["--tokenizer", "/etc"],
               ["--structured-outputs-config", '{"disable_any_whitespace": true}'],

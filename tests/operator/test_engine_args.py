@@ -196,8 +196,12 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                                      "address"),
     (["--host=127.0.0.1"], OWNED.format("--host") + "the probes and the Service reach the engine on every pod "
                                                     "address"),
-    (["--load-format", "dummy"], OWNED.format("--load-format") + "the weights come from spec.model.source "
-                                                                 "(dummy would serve random weights)"),
+    (["--load-format", "dummy"], "spec.engineArgs: --load-format dummy is the operator's to refuse: the weights come "
+                                 "from spec.model.source (dummy would serve random weights); it may be auto or "
+                                 "safetensors"),
+    # vLLM manifests' --load-format safetensors loads spec.model.source's weights, as the engine's auto does.
+    (["--load-format", "safetensors"], None),
+    (["--load-format=auto"], None),
     (["--device", "cpu"], OWNED.format("--device") + "engine pods run on the GPUs they request"),
     (["--num-gpu-blocks-override", "1"], OWNED.format("--num-gpu-blocks-override")
      + "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit check reads"),
@@ -214,6 +218,10 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                       "error, warning, info, debug, trace"),
     (["--enforce-eager=false"], "spec.engineArgs: --enforce-eager takes no value (use --enforce-eager or "
                                 "--no-enforce-eager)"),
+    (["--no-enforce-eager"], None),  # vLLM's form, which the refusal above suggests
+    (["--no-trust-remote-code"], None),
+    (["--disable-log-stats=true"], "spec.engineArgs: --disable-log-stats takes no value (use --disable-log-stats "
+                                   "alone, or leave it out)"),  # no --no- form, in vLLM either
     (["--seed", "1", "--seed", "2"], "spec.engineArgs: --seed is given more than once"),
     (["stray"], "spec.engineArgs: 'stray' is not a flag (a value must follow its flag)"),
     (["--seed", "1", "extra"], "spec.engineArgs: 'extra' is not a flag (a value must follow its flag)"),
@@ -271,6 +279,38 @@ def test_both_request_log_flags_are_refused_as_the_engine_refuses_them():
     assert unsupported(make(engineArgs=["--enable-log-requests"]), "x") == []
     assert unsupported(make(engineArgs=["--enable-log-requests", "--disable-log-requests"]), "x") == [
         "--enable-log-requests and --disable-log-requests contradict each other: give one"]
+
+
+def test_load_format_safetensors_is_refused_for_a_gguf_model_as_the_engine_refuses_it():
+    gguf = {"source": "pvc://models/gguf/llama.Q4_1.gguf"}
+    assert unsupported(make(model=gguf, engineArgs=["--load-format", "auto"]), "x") == []
+    assert unsupported(make(model=gguf, engineArgs=["--load-format", "safetensors"]), "x") == [
+        "spec.engineArgs: --load-format safetensors reads an HF directory's .safetensors files; a .gguf model is read "
+        "from its own file (leave --load-format out)"]
+    assert unsupported(make(engineArgs=["--load-format", "safetensors"]), "x") == []
+
+
+def test_a_draft_model_beside_parallel_workers_is_refused_as_the_engine_refuses_it():
+    draft = {"method": "draft_model", "draftModel": "pvc://models/d"}
+    assert unsupported(make(speculative=draft), "x") == []
+    assert unsupported(make(speculative=draft, parallelism={"tensor": 2}), "x") == [
+        "spec.speculative with a draft model runs on one GPU, not beside tensor or pipeline parallelism yet: use the "
+        "ngram method, or set spec.parallelism.tensor and spec.parallelism.pipeline to 1"]
+    assert unsupported(make(speculative={"method": "ngram"}, parallelism={"pipeline": 2}), "x") == []
+
+
+def test_a_draft_model_shorter_than_the_length_served_is_refused_as_the_engine_refuses_it():
+    arch = {"hiddenSize": 2048, "numHiddenLayers": 16, "numAttentionHeads": 16, "numKeyValueHeads": 4,
+            "intermediateSize": 8192, "vocabSize": 32000}
+    draft = {"method": "draft_model", "draftModel": "/model/draft",
+             "draftConfig": {**arch, "maxPositionEmbeddings": 2048}}
+    target = {"source": "pvc://models/m", "config": {**arch, "maxPositionEmbeddings": 8192}}
+    assert unsupported(make(model=target, speculative=draft), "x") == [
+        "spec.speculative: the draft model has positions for 2048 tokens (its config.json's max_position_embeddings), "
+        "fewer than spec.scheduling.maxModelLen 8192; lower spec.scheduling.maxModelLen to 2048 or use a draft model "
+        "with a context at least that long"]
+    assert unsupported(make(model=target, speculative=draft, scheduling={"maxModelLen": 2048}), "x") == []
+    assert unsupported(make(speculative=draft), "x") == []  # the length served is not known here: the engine checks
 
 
 def test_every_flag_is_classified_for_engine_args():

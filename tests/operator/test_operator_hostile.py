@@ -117,7 +117,7 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "engine-port-abbreviated": ("bad", {"engineArgs": ["--por", "9000"]}, WEBHOOK, "--por is not an engine flag"),
     "engine-host": ("bad", {"engineArgs": ["--host", "0.0.0.0"]}, WEBHOOK, "--host is set by the operator"),
     "engine-dummy-weights": ("bad", {"engineArgs": ["--load-format", "dummy"]}, WEBHOOK,
-                             "--load-format is set by the operator"),
+                             "--load-format dummy is the operator's to refuse"),
     "engine-cpu": ("bad", {"engineArgs": ["--device", "cpu"]}, WEBHOOK, "--device is set by the operator"),
     "engine-block-override": ("bad", {"engineArgs": ["--num-gpu-blocks-override", "100000"]}, WEBHOOK,
                               "--num-gpu-blocks-override is set by the operator"),

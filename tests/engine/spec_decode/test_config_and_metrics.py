@@ -4,10 +4,12 @@ vllm:spec_decode_* counters and the acceptance log line."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine.spec_decode.policy import step_lookahead
@@ -52,6 +54,43 @@ def test_engine_config_carries_it_and_refuses_a_foreign_draft(tiny_model_dirs, t
 
     with pytest.raises(ConfigError, match="vocabulary"):
         LLM(model, max_model_len=64, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_a_draft_model_with_parallel_workers_is_refused_by_the_config(tiny_model_dirs, parallel):
+    """Before anything loads (the workers and the target's weights took minutes before the speculator said so)."""
+    model = str(tiny_model_dirs["llama"])
+    with pytest.raises(ConfigError, match="--speculative-config with a draft model runs on one GPU, not beside tensor "
+                                          "or pipeline parallelism yet"):
+        EngineConfig.from_kwargs(model, speculative_config={"model": model, "num_speculative_tokens": 2}, **parallel)
+    ngram = EngineConfig.from_kwargs(model, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+                                     **parallel)
+    assert ngram.speculative is not None
+
+
+def test_a_draft_model_shorter_than_max_model_len_is_refused_at_start(tiny_model_dirs, tmp_path):
+    """Its rotary table ends at its own context: a longer prompt killed the engine loop (an IndexError on the CPU;
+    on a GPU, a read past the table)."""
+    import json
+    import shutil
+
+    from flotilla.engine.llm import LLM
+
+    target = tiny_model_dirs["llama"]
+    draft = tmp_path / "short-draft"
+    shutil.copytree(target, draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    message = ("--speculative-config: the draft model has positions for 64 tokens (its config.json's "
+               "max_position_embeddings), fewer than --max-model-len 256; lower --max-model-len to 64 or use a draft "
+               f"model with a context at least that long ({draft})")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        LLM(str(target), max_model_len=256, speculative_config=spec)
+    llm = LLM(str(target), max_model_len=64, speculative_config=spec)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    [out] = llm.generate([list(range(100, 160))], greedy, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
 
 
 def test_load_rule():
