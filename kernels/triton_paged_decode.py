@@ -424,49 +424,9 @@ def _prefetch_split(
                               dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
 
 
-@triton.jit
-def _eager_tile(
-    k_cache_ptr, v_cache_ptr, page, tok, limit, num_pages, kv_head, stride_b, stride_s, stride_h, d, d_ok,
-    PAGE: tl.constexpr,
-):  # fmt: skip
-    """A split's first tile of keys and values (tokens `tok` on pages `page`) as plain register loads, issued before
-    the sequence's length and the query arrive (`EAGER_TILE`): lanes below `limit` (the split's end within the
-    table, not yet the length) load, so a lane past the length may read a padding page, clamped into the pool."""
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-    off = page * stride_b + _in_page(tok, PAGE) * stride_s + kv_head * stride_h
-    mask = (tok < limit)[:, None] & d_ok[None, :]
-    # volatile: LLVM would otherwise sink the loads past the inactive split's return to their first use
-    k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=mask, other=0.0, volatile=True)
-    v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=mask, other=0.0, volatile=True)
-    return k, v
-
-
-@triton.jit
-def _fold_tile(
-    q, k, v, tok_ok, d_ok, qk_scale, m, l, acc,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, K_LOAD_LAYOUT: tl.constexpr,
-):  # fmt: skip
-    """One loaded tile (`_eager_tile`) folded into the plain loop's online softmax (m, l [GROUP_PAD], acc
-    [GROUP_PAD, BLOCK_D]) after the loop: keys at or past the length (`tok_ok` false) score -inf and their values
-    are zeroed (a padding page may hold anything), and a state that saw no key keeps m = -inf. The selects also
-    keep both tiles in registers until here: without one, Triton stores K to shared memory at its load, which
-    waits there for DRAM."""
-    kv_mask = tok_ok[:, None] & d_ok[None, :]
-    k = _kv_operand(tl.where(kv_mask, k, 0.0), kv_mask, DOT_DTYPE, KV_FP8, K_LOAD_LAYOUT)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(tok_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
-    alpha = tl.exp2(m - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    v = _kv_operand(tl.where(kv_mask, v, 0.0), kv_mask, DOT_DTYPE, KV_FP8, True)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-    return m_new, l * alpha + tl.sum(p, 1), acc
-
-
-# num_pages and num_tokens (read only by EAGER_TILE and EARLY_QUERY) unspecialised: a batch of one token would else
-# compile the kernel once more for num_tokens == 1 (and each divisibility by 16), whatever the switches
-@triton.jit(do_not_specialize=["num_pages", "num_tokens"])
+# num_tokens (read only by EARLY_QUERY) unspecialised: a batch of one token would else compile the kernel once more
+# for num_tokens == 1 (and each divisibility by 16), whatever the switch
+@triton.jit(do_not_specialize=["num_tokens"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -490,7 +450,6 @@ def _decode_split_kernel(
     stride_oh,
     split_len,
     table_tokens,
-    num_pages,
     num_tokens,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -518,10 +477,8 @@ def _decode_split_kernel(
     HEAD_STREAMS: tl.constexpr = False,
     KEY_SUB: tl.constexpr = 1,
     LEAN: tl.constexpr = False,
-    EAGER_TILE: tl.constexpr = False,
     EARLY_QUERY: tl.constexpr = False,
 ):
-    tl.static_assert(not EAGER_TILE or (KEY_STREAMS == 0 and not DYN_SPLIT), "EAGER_TILE: the plain loop's static cut")
     tl.static_assert(not EARLY_QUERY or not (EARLY_START or HEAD_STREAMS), "EARLY_QUERY: not by PDL, not over heads")
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
@@ -552,17 +509,6 @@ def _decode_split_kernel(
         q_spec = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + (kv_head * GROUP + g_spec)[:, None] * stride_qh
                          + d[None, :], mask=(g_spec < tl.where(seq < num_tokens, GROUP, 0))[:, None] & d_ok[None, :],
                          other=0.0)  # fmt: skip
-    if EAGER_TILE:
-        # (the plain loop, no DYN_SPLIT) the first tile's K/V asked for before the length and the query (two
-        # dependent round trips) instead of after them, and the second tile's pages with the first's: the loop
-        # starts at the second tile and the first is folded in after it (`_fold_tile`)
-        tok0 = tok
-        eager_end = tl.minimum(start + split_len, table_tokens)
-        tok1 = tok + BLOCK_N
-        pages1 = tl.load(table + _page_of(tok1, PAGE), mask=tok1 < eager_end, other=0)
-        if not EARLY_START:  # else after the wait: the newest token's K/V is the kernel ahead's write
-            k0, v0 = _eager_tile(k_cache_ptr, v_cache_ptr, next_page, tok0, eager_end, num_pages, kv_head, stride_b,
-                                 stride_s, stride_h, d, d_ok, PAGE)  # fmt: skip
     if PREFETCH_TOKENS > 0:  # the split's pages for the L2 prefetch, in the same round trip
         pf_tok = start + tl.arange(0, PREFETCH_TOKENS)
         pf_ok = (pf_tok < start + split_len) & (pf_tok < table_tokens)
@@ -583,9 +529,6 @@ def _decode_split_kernel(
         # prefetch of its keys and values) may overlap the kernel ahead; the query, and the newest token's K/V,
         # are that kernel's writes, read only after it completes.
         tl.extra.cuda.gdc_wait()
-        if EAGER_TILE:
-            k0, v0 = _eager_tile(k_cache_ptr, v_cache_ptr, next_page, tok0, eager_end, num_pages, kv_head, stride_b,
-                                 stride_s, stride_h, d, d_ok, PAGE)  # fmt: skip
 
     if HEAD_STREAMS:  # KEY_STREAMS / KEY_SUB neighbouring KV heads a program (`_attend_heads_t`), KEY_SUB streams
         # a head: the query rows stream * GROUP_PAD + g (a head's query once for each of its streams)
@@ -642,11 +585,7 @@ def _decode_split_kernel(
             m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-            loop_start = start
-            if EAGER_TILE:
-                loop_start = start + BLOCK_N
-                next_page = pages1
-            for n0 in range(loop_start, end, BLOCK_N):
+            for n0 in range(start, end, BLOCK_N):
                 tok = n0 + tl.arange(0, BLOCK_N)
                 tok_ok = tok < end
                 page = next_page.to(tl.int64)
@@ -666,9 +605,6 @@ def _decode_split_kernel(
                 v = _kv_operand(v, kv_mask, DOT_DTYPE, KV_FP8, True)
                 acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
                 m = m_new
-            if EAGER_TILE:
-                m, l, acc = _fold_tile(q, k0, v0, tok0 < end, d_ok, qk_scale, m, l, acc, DOT_DTYPE, DOT_PRECISION,
-                                       KV_FP8, K_LOAD_LAYOUT)  # fmt: skip
 
         acc = acc * out_scale  # v_scale, and 2^8 after the e4m3 -> fp16 bit moves (V at 2^-8 of its value)
         # Partials are `[batch, heads, splits]`.
@@ -876,14 +812,6 @@ def _fused_merge_env() -> bool | None:
     return env_flag("FLOTILLA_DECODE_FUSED_MERGE", None)
 
 
-def _eager_tile_env() -> bool:
-    """FLOTILLA_DECODE_EAGER_TILE: "1" asks for each split's first K/V tile before its length and query in the
-    small-grid launch (the plain loop; `paged_decode_attention`'s `eager_tile`: 255 registers at 64-key tiles, which
-    would cost the general launch its third program an SM); unset or "0": off (issue 19, to be measured on the
-    H200)."""
-    return env_flag("FLOTILLA_DECODE_EAGER_TILE", False)
-
-
 def _early_query_env() -> bool:
     """FLOTILLA_DECODE_EARLY_QUERY: "1" reads each program's query at the row of its sequence's index with the
     pages and the length, in the small-grid launch (`paged_decode_attention`'s `early_query`); unset or "0": off
@@ -964,7 +892,6 @@ def paged_decode_attention(
     dependents: bool | None = None,
     dynamic_splits: bool | None = None,
     lean: bool | None = None,
-    eager_tile: bool | None = None,
     early_query: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
@@ -1009,9 +936,6 @@ def paged_decode_attention(
     the form's heads, else the row form).
     `lean` (the "h" forms): the loop's full tiles without key masks and a stream's pages found a page at a time
     (`_attend_heads_t`'s LEAN; the same numbers); default: FLOTILLA_DECODE_FP8_LEAN on an fp8 pool, else off.
-    `eager_tile` (the plain loop, not with `dynamic_splits`): each split program asks for its first tile of K/V
-    before the sequence's length and the query arrive and folds it in after the loop (`_eager_tile`, `_fold_tile`;
-    issue 19's batch-1 start-up); default FLOTILLA_DECODE_EAGER_TILE at small grids (`_SMALL_LAUNCH`), else off.
     `early_query` (not with `early_start`, nor over heads): each program reads its query at the row of its
     sequence's index (a decode batch's layout) in the first round trip, with the pages and the length, and again at
     the real row only when that differs (a padded or mixed batch); the compiled kernel otherwise waits for the row's
@@ -1076,8 +1000,6 @@ def paged_decode_attention(
     # only where the split kernel merges: the merge kernel's ACTIVE_ONLY reads the static cut's splits
     dynamic_splits = bool(dynamic_splits if dynamic_splits is not None else "dyn" in flags)
     dynamic_splits = dynamic_splits and bool(fused_merge and split_tokens) and num_splits > 1
-    eager_tile = (_eager_tile_env() and small is not None) if eager_tile is None else eager_tile  # env: small grids
-    eager_tile = eager_tile and not key_streams and not dynamic_splits
     early_query = (_early_query_env() and small is not None) if early_query is None else early_query
     early_query = early_query and not early_start and not head_streams
     split_len = split_length(max_context, num_splits, block_n)
@@ -1114,7 +1036,6 @@ def paged_decode_attention(
         out.stride(1),
         split_tokens if dynamic_splits else split_len,
         max_context,
-        k_cache.shape[0],
         num_tokens,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
@@ -1143,7 +1064,6 @@ def paged_decode_attention(
         HEAD_STREAMS=head_streams,
         KEY_SUB=key_sub if head_streams else 1,
         LEAN=bool(lean) and head_streams,
-        EAGER_TILE=eager_tile,
         EARLY_QUERY=early_query,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -56,7 +56,6 @@ def _compile_for_hopper(
     wait_at = ptx.find("griddepcontrol.wait")
     return {"loads_before_wait": ptx[:wait_at].count("ld.global") if wait_at >= 0 else 0,
             "loads16_before_wait": ptx[:wait_at].count("ld.global.v4") if wait_at >= 0 else 0,
-            "volatile16_before_wait": ptx[:wait_at].count("ld.volatile.global.v4") if wait_at >= 0 else 0,
             "launch_before_wait": ptx[:wait_at].count("griddepcontrol.launch_dependents") if wait_at >= 0 else 0,
             "stores_before_wait": ptx[:wait_at].count("st.global") if wait_at >= 0 else 0,
             "l2_prefetch": ptx.count("cp.async.bulk.prefetch.L2"),
@@ -68,10 +67,6 @@ def _compile_for_hopper(
             "wgmma": "wgmma.mma_async" in ptx, "atomics": "atom." in ptx, "prefetch": ptx.count("prefetch.global.L2"),
             "tma": "cp.async.bulk.tensor" in ptx, "lop3": ptx.count("lop3.b32"),
             "loads16": len(re.findall(_LOAD16, ptx)),
-            # 16-byte register loads in program order before the first cp.async and the first 2-byte load (the
-            # decode kernel's query): the eager first tile of K/V
-            "eager_loads16": ptx[: min(i for i in (ptx.find("cp.async.cg"), ptx.find("ld.global.b16"), len(ptx))
-                                      if i >= 0)].count("ld.volatile.global.v4"),
             # 2-byte loads (the decode kernel's query, `stride_qh` not aligned here) before the first branch (its
             # inactive split's return)
             "loads2_before_branch": ptx[: re.search(r"\bbra\b", ptx).start() if re.search(r"\bbra\b", ptx)
@@ -233,21 +228,14 @@ def _compile_paged_decode() -> dict[str, dict[str, object]]:
     # ... started early by PDL (waits for the kernel ahead), its 128 keys and values prefetched into L2
     constexprs |= dict(EARLY_START=True, EARLY_DEPENDENTS=True, PREFETCH_TOKENS=128, LINE_ELEMS=64)
     out["paged_decode bf16 early"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4, num_stages=2)
-    # the engine's small launch (64-key tiles, 4 warps, 3 stages, 17 splits of 256 keys, fused merge) with the eager
-    # first tile (FLOTILLA_DECODE_EAGER_TILE), plain and started by PDL
+    # the engine's small launch (64-key tiles, 4 warps, 3 stages, 17 splits of 256 keys, fused merge), plain and with
+    # the early query (FLOTILLA_DECODE_EARLY_QUERY)
     constexprs = dict(common, NUM_SPLITS=17, SPLITS_PAD=32, DOT_DTYPE=tl.bfloat16, KV_FP8=0, K_LOAD_LAYOUT=False,
-                      KEY_STREAMS=0, EARLY_DEPENDENTS=True, EAGER_TILE=True)  # fmt: skip
-    out["paged_decode bf16 eager"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4, num_stages=3)
-    constexprs |= dict(EARLY_START=True)
-    out["paged_decode bf16 eager early"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
-                                                                num_stages=3)  # fmt: skip
-    # ... with the early query (FLOTILLA_DECODE_EARLY_QUERY) instead, and with both
-    constexprs |= dict(EARLY_START=False, EAGER_TILE=False, EARLY_QUERY=True)
+                      KEY_STREAMS=0, EARLY_DEPENDENTS=True)  # fmt: skip
+    out["paged_decode bf16 small"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4, num_stages=3)
+    constexprs |= dict(EARLY_QUERY=True)
     out["paged_decode bf16 early query"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
                                                                 num_stages=3)  # fmt: skip
-    constexprs |= dict(EAGER_TILE=True)
-    out["paged_decode bf16 eager tile query"] = _compile_for_hopper(fn, bf16, constexprs, aligned, num_warps=4,
-                                                                     num_stages=3)  # fmt: skip
     # the split merge as launched by programmatic dependent launch after the bf16 decode above
     from flotilla.kernels.triton_split_merge import split_merge_kernel
 
@@ -547,18 +535,10 @@ def test_fp8_kernels_compile_for_hopper(tmp_path):
     plain, lean = result["paged_decode fp8 cvtpx streams4h2"], result["paged_decode fp8 cvtpx streams4h2 lean32"]
     assert lean["loads16"] > plain["loads16"] and lean["e4m3_cvt"], (lean, plain)
     assert result["paged_decode fp8 cvtpx_k"]["ldmatrix"] > result["paged_decode fp8 cvtpx"]["ldmatrix"]
-    # the eager first tile: its 16 KB of K and of V (8 + 8 16-byte loads a thread at 4 warps) asked for before the
-    # query's loads and the loop's cp.async (volatile, so LLVM does not sink them past the inactive split's return);
-    # by PDL after the wait (the kernel ahead writes the newest token's K/V)
-    eager, eager_early = result["paged_decode bf16 eager"], result["paged_decode bf16 eager early"]
-    assert eager["mma"] and eager["atomics"] and eager["eager_loads16"] == 16, eager
-    assert result["paged_decode bf16"]["eager_loads16"] == 0
-    assert eager_early["gdc_wait"] == 1 and eager_early["eager_loads16"] == 16, eager_early
-    assert eager_early["volatile16_before_wait"] == 0 and eager_early["loads_before_wait"] > 0, eager_early
     # the early query: its loads before the inactive split's return (the plain kernel's come after it)
-    query, both = result["paged_decode bf16 early query"], result["paged_decode bf16 eager tile query"]
-    assert query["loads2_before_branch"] > 0 and result["paged_decode bf16 eager"]["loads2_before_branch"] == 0, query
-    assert query["mma"] and query["eager_loads16"] == 0 and both["mma"] and both["loads2_before_branch"] > 0, both
+    query = result["paged_decode bf16 early query"]
+    assert query["mma"] and query["loads2_before_branch"] > 0, query
+    assert result["paged_decode bf16 small"]["loads2_before_branch"] == 0
     # the batch-1 merge by programmatic dependent launch: the split kernel lets it start, it waits
     assert result["paged_decode bf16"]["gdc_launch"] == 1 and result["paged_decode fp8 asm"]["gdc_launch"] == 0
     assert result["split_merge pdl"]["gdc_wait"] == 1 and result["split_merge pdl"]["gdc_launch"] == 1

@@ -126,36 +126,27 @@ def test_dynamic_splits_cut_each_length_into_equal_page_ranges(seq_len):
 @pytest.mark.parametrize("launch", [{"num_splits": 3, "block_n": 16}, {"num_splits": 1, "block_n": 32},
                                     {"num_splits": 5, "block_n": 16, "fused_merge": True},
                                     {"split_tokens": 64, "block_n": 32, "fused_merge": True}])  # fmt: skip
-@pytest.mark.parametrize("form", [{"eager_tile": True}, {"early_query": True},
-                                  {"eager_tile": True, "early_query": True}])  # fmt: skip
-def test_eager_tile_equals_the_plain_loop(dtype, launch, form):
-    """`eager_tile` (the split's first tile loaded before the length and the query, folded in after the loop) and
-    `early_query` (the query read at the sequence's index first, again at its row where that differs) against the
-    reference and within rounding of the plain loop (`early_query` alone: bit for bit): ragged lengths (a split of
-    one partial tile, empty splits, a 1-key context), a padding sequence (so the later sequences' rows are not
-    their indices, and the last index is past the query's rows), a GQA group of 4, the merge kernel and the fused
-    merge, in a table wider than every context (the first tile's lanes past a length read padding pages, whose
-    values must not count), twice in a row (the fused merge's tickets are zero again)."""
+def test_early_query_equals_the_plain_loop(dtype, launch):
+    """`early_query` (the query read at the sequence's index first, again at its row where that differs) bit for bit
+    the plain loop, and against the reference: ragged lengths (a split of one partial tile, empty splits, a 1-key
+    context), a padding sequence (so the later sequences' rows are not their indices, and the last index is past
+    the query's rows), a GQA group of 4, the merge kernel and the fused merge, in a table wider than every context
+    (whose padding pages hold NaN), twice in a row (the fused merge's tickets are zero again)."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
     query, k, v, tables, qsl, lens = _decode_case([1, 37, 0, 100, 150], 8, 2, dtype, q_lens=[1, 1, 0, 1, 1], seed=21)
     spare = sorted(set(range(k.shape[0])) - set(tables.flatten().tolist()))[0]  # a block no sequence owns
     k[spare], v[spare] = float("nan"), float("nan")  # NaN in the output if a padding key or value counted
     wide = torch.full((tables.shape[0], 320 // 16), spare, dtype=tables.dtype, device=tables.device)
-    wide[1::2, tables.shape[1] :] = k.shape[0] + 7  # past the pool: the eager load clamps it (and -1 entries)
     wide[:, : tables.shape[1]] = tables
     wide[0::2][wide[0::2] < 0] = spare  # the unused entries of even rows NaN too, of odd rows -1
     args = (query, k, v, wide, qsl, lens, 0.2)
-    ref = paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)
     plain = paged_decode_attention(*args, **launch)
-    out = paged_decode_attention(*args, **form, **launch)
-    again = paged_decode_attention(*args, **form, **launch)
+    out = paged_decode_attention(*args, early_query=True, **launch)
+    again = paged_decode_attention(*args, early_query=True, **launch)
     assert out.shape[0] == 4 and not out.isnan().any()  # one row a query token (the padding sequence has none)
-    assert rel_err(out, ref) < tolerance(dtype)
-    assert rel_err(out, plain) < tolerance(dtype)
-    assert torch.equal(out, again)
-    if "eager_tile" not in form:
-        assert torch.equal(out, plain)
+    assert rel_err(out, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(dtype)
+    assert torch.equal(out, plain) and torch.equal(out, again)
 
 
 def test_early_query_in_a_mixed_step():
@@ -174,33 +165,17 @@ def test_early_query_in_a_mixed_step():
     assert rel_err(early[[0, 4, 5]], ref[[0, 4, 5]]) < tolerance(torch.float32)
 
 
-def test_eager_tile_env(monkeypatch):
-    """FLOTILLA_DECODE_EAGER_TILE turns the eager first tile on in the small-grid launch only (off by default: the
-    general launch at batch 3 x 8 KV heads keeps the plain loop); a value it does not know is refused. Likewise
-    FLOTILLA_DECODE_EARLY_QUERY."""
-    from flotilla.kernels.triton_paged_decode import _eager_tile_env, _early_query_env, paged_decode_attention
+def test_early_query_env(monkeypatch):
+    """FLOTILLA_DECODE_EARLY_QUERY is off by default, "1" turns it on, and a value it does not know is refused."""
+    from flotilla.kernels.triton_paged_decode import _early_query_env
 
-    monkeypatch.delenv("FLOTILLA_DECODE_EAGER_TILE", raising=False)
     monkeypatch.delenv("FLOTILLA_DECODE_EARLY_QUERY", raising=False)
-    assert _eager_tile_env() is False and _early_query_env() is False
+    assert _early_query_env() is False
     monkeypatch.setenv("FLOTILLA_DECODE_EARLY_QUERY", "1")
     assert _early_query_env() is True
     monkeypatch.setenv("FLOTILLA_DECODE_EARLY_QUERY", "2")
     with pytest.raises(ValueError, match="FLOTILLA_DECODE_EARLY_QUERY"):
         _early_query_env()
-    monkeypatch.delenv("FLOTILLA_DECODE_EARLY_QUERY")
-    one = _decode_case([300], 32, 8, torch.float32, head_dim=32, seed=22)
-    three = _decode_case([300, 20, 150], 32, 8, torch.float32, head_dim=32, seed=23)
-    plain = [paged_decode_attention(*a, 0.2, eager_tile=False) for a in (one, three)]
-    eager = [paged_decode_attention(*a, 0.2, eager_tile=True) for a in (one, three)]
-    assert not torch.equal(plain[0], eager[0]) and not torch.equal(plain[1], eager[1])  # other roundings
-    monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "1")
-    assert _eager_tile_env() is True
-    assert torch.equal(paged_decode_attention(*one, 0.2), eager[0])  # small grid: the eager tile
-    assert torch.equal(paged_decode_attention(*three, 0.2), plain[1])  # general launch: unchanged
-    monkeypatch.setenv("FLOTILLA_DECODE_EAGER_TILE", "maybe")
-    with pytest.raises(ValueError, match="FLOTILLA_DECODE_EAGER_TILE"):
-        _eager_tile_env()
 
 
 def test_small_launch_env_is_checked(monkeypatch):
@@ -283,13 +258,9 @@ def test_decode_head_dims_padded_and_full(head_dim):
                                     {"fused_merge": True, "split_tokens": 64, "dynamic_splits": True,
                                      "early_start": True, "num_stages": 2},
                                     {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
-                                     "dependents": True, "eager_tile": True},
-                                    {"fused_merge": True, "split_tokens": 128, "block_n": 32, "num_stages": 3,
-                                     "early_start": True, "eager_tile": True},
-                                    {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
                                      "dependents": True, "early_query": True},
                                     {"fused_merge": True, "split_tokens": 128, "block_n": 32, "num_stages": 3,
-                                     "early_query": True, "eager_tile": True}])  # fmt: skip
+                                     "early_query": True}])  # fmt: skip
 def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
     programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
@@ -297,8 +268,8 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     for the split programs' partials, though the split kernel lets it start at once; the tickets are zero
     again after every call); also with the split kernel itself started early by PDL and its keys and values
     prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
-    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys), and with the eager first tile (`eager_tile`:
-    the engine's small launch, and by PDL) and the early query (`early_query`)."""
+    272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys), and with the early query (`early_query`: the
+    engine's small launch, and at 32-key tiles)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention

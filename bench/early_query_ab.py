@@ -1,19 +1,18 @@
-"""Paged decode attention's start-up forms against the plain kernel, one process (issue 19: batch 1 x 4,096).
+"""Paged decode attention's early query against the plain kernel, one process (issue 19: batch 1 x 4,096).
 
-    python3 bench/eager_tile_ab.py --json attn24.json [--shapes b1e,b1fix,b64s,b64l,b1] [--pairs 2] [--workers 12]
+    python3 bench/early_query_ab.py --json attn24.json [--shapes b1e,b1fix,b64s,b64l,b1] [--pairs 2] [--workers 12]
 
 A split program of `kernels/triton_paged_decode.py` asks for its first K/V only after two dependent L2 round trips
 (the sequence's length, then its query row and the query, which the compiled kernel stores to shared memory ahead
-of the loop's first cp.async). Forms (`FORMS`): "tile" (FLOTILLA_DECODE_EAGER_TILE: the first tile as register
-loads issued first, folded in after the loop), "query" (FLOTILLA_DECODE_EARLY_QUERY: the query read at the
-sequence's index in the first round trip), "both", against "plain". Shapes (Llama-3.1-8B heads, bf16 pool, 16-token
+of the loop's first cp.async). Forms (`FORMS`): "query" (FLOTILLA_DECODE_EARLY_QUERY: the query read at the
+sequence's index in the first round trip) against "plain". Shapes (Llama-3.1-8B heads, bf16 pool, 16-token
 pages, tables shuffled over pools larger than the L2, CUDA graphs of back-to-back calls, `bench/kernels.py::graph_ms`):
 "b1e" batch 1 in the engine's conditions (context 4,160 in a 4,288-token table: the figure issue 19 quotes, 9.77 us
 on the H200 in session 23), "b1fix" the engine launch's grid and merge with one tile a program (its fixed cost; b1e
 minus it: the streaming of the other three tiles), "b64s" batch 64 x 512 and "b64l" batch 64 x 4,096 (the general
 launch: the env switches leave it alone; the rows pass the forms explicitly to show what they would do there), "b1"
 batch 1 x 4,096 in a 4,096 table; first the floors of one launch in the same timing (`floors`). At batch 1 each small
-launch in `B1_LAUNCHES` runs in every form, A B C D D C B A (`--pairs` times) so that drift falls on all; each row
+launch in `B1_LAUNCHES` runs in both forms, A B B A (`--pairs` times) so that drift falls on all; each row
 prints us, GB/s of K+V, the ratio to "plain" at the same launch and its error against the default's output.
 """
 
@@ -39,14 +38,13 @@ SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512),
 # b1fix: the engine launch's grid and merge (17 splits x 8 KV heads, 17 partials a head) with one 64-key tile a
 # program instead of four: its time is the launch's fixed cost, b1e's minus it the streaming of 3 tiles a program
 SHAPE_LAUNCHES = {"b1fix": ("64,4,3,64,fused+dep",)}
-# the forms, as `paged_decode_attention` keywords (FLOTILLA_DECODE_EAGER_TILE, FLOTILLA_DECODE_EARLY_QUERY)
-FORMS = {"plain": {"eager_tile": False, "early_query": False}, "tile": {"eager_tile": True, "early_query": False},
-         "query": {"eager_tile": False, "early_query": True}, "both": {"eager_tile": True, "early_query": True}}
+# the forms, as `paged_decode_attention` keywords (FLOTILLA_DECODE_EARLY_QUERY)
+FORMS = {"plain": {"early_query": False}, "query": {"early_query": True}}
 
 
 def _forms(launch: str) -> list[str]:
     """The forms that differ at `launch`: by PDL ("+early") the query is read after the wait, so no early query."""
-    return ["plain", "tile"] if "early" in launch.split(",")[-1] else list(FORMS)
+    return ["plain"] if "early" in launch.split(",")[-1] else list(FORMS)
 
 
 def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
@@ -148,7 +146,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="child processes that compile every row first")
     parser.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for env in ("FLOTILLA_DECODE_EAGER_TILE", "FLOTILLA_DECODE_EARLY_QUERY", "FLOTILLA_DECODE_SMALL_LAUNCH"):
+    for env in ("FLOTILLA_DECODE_EARLY_QUERY", "FLOTILLA_DECODE_SMALL_LAUNCH"):
         os.environ.pop(env, None)
     torch.manual_seed(0)
     if args.compile_part:
