@@ -145,6 +145,7 @@ class LLMEngine:
         if self.config.model.runner == "pooling":
             raise InvalidParamError("this model is served by the pooling runner (--runner pooling): it computes "
                                     "embeddings on /v1/embeddings and does not generate text", "model")
+        params = params.with_whole_vocabulary(self.vocab_size)
         text, token_ids = self._prompt_tokens(prompt, prompt_text, params)
         bad_words = self._check_options(params, lora_request, priority)
         request_id = request_id if request_id is not None else str(next(self._ids))
