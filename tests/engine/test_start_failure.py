@@ -5,8 +5,11 @@ and build again in the same process) must not find the first attempt's weights a
 from __future__ import annotations
 
 import gc
+import json
+import shutil
 
 import pytest
+import torch
 
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, EngineConfig
@@ -15,6 +18,7 @@ from flotilla.engine.llm import LLM
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import ModelRunner
 from flotilla.engine.models.causal_lm import CausalLM
+from flotilla.engine.sampling_params import SamplingParams
 
 
 def _live_ids() -> set[int]:
@@ -43,3 +47,27 @@ def test_an_engine_that_fails_after_its_runner_is_built_is_freed(tiny_model_dirs
         engine.start()
     assert isinstance(engine.dead, ConfigError)
     assert _live_ids() <= before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_failed_gpu_start_gives_the_device_its_memory_back_for_the_retry(tiny_model_dirs, tmp_path):
+    """The notebook's retry on a GPU: a start that fails once the target and its draft are loaded (a draft shorter
+    than --max-model-len) leaves nothing allocated while its exception is kept, and the next start in the process
+    serves."""
+    target = tiny_model_dirs["llama"]
+    draft = tmp_path / "short-draft"
+    shutil.copytree(target, draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    spec = {"model": str(draft), "num_speculative_tokens": 2}
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ConfigError, match="fewer than --max-model-len 256") as caught:
+        LLM(str(target), device="cuda", max_model_len=256, gpu_memory_utilization=0.3, speculative_config=spec)
+    torch.cuda.synchronize()
+    assert caught.value.__traceback__ is not None
+    assert torch.cuda.memory_allocated() == before
+    llm = LLM(str(target), device="cuda", max_model_len=64, gpu_memory_utilization=0.3, speculative_config=spec)
+    [out] = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
