@@ -198,6 +198,8 @@ class AsyncEngine:
                 self.engine = self._build()
             self._report()  # the first snapshot (e.g. the pool size) is published before serving starts
         except BaseException as exc:
+            if self._build is not None and self.engine is not None:  # built here, then failed: free it here
+                self._shut_engine_down()
             self.dead = exc
             self.engine = None  # type: ignore[assignment]  # start() sees None and raises
             return

@@ -354,6 +354,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     _check_flag_combinations(v, hf_config)
     if problem := _custom_code_problem(model_dir, hf_config, bool(v["trust_remote_code"])):
         raise ConfigError(problem)
+    if problem := _architecture_problem(hf_config):
+        raise ConfigError(f"model {model_dir}: {problem}")
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     with _as_config_error(ValueError):
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
@@ -364,6 +366,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if speculative is not None and (problem := draft_model_parallel_problem(
             speculative.model_dump(), v["tensor_parallel_size"], v["pipeline_parallel_size"])):
+        raise ConfigError(problem)
+    if speculative is not None and speculative.model is not None and \
+            (problem := draft_architecture_problem(Path(speculative.model))):
         raise ConfigError(problem)
     model = ModelConfig(
         model=str(model_dir),
@@ -475,6 +480,22 @@ def _custom_code_problem(model_dir: Path, hf_config: dict[str, Any], trust_remot
     return (f"model {model_dir}: config.json's auto_map asks for the checkpoint's own Python code for "
             f"{', '.join(archs) or 'its architecture'}; {given}Flotilla never runs a checkpoint's code and serves "
             f"only: {', '.join(supported_architectures())}")
+
+
+def _architecture_problem(hf_config: dict[str, Any]) -> str | None:
+    from flotilla.engine.models.registry import architecture_problem  # torch: imported only by the engine
+
+    return architecture_problem(hf_config)
+
+
+def draft_architecture_problem(draft_dir: Path) -> str | None:
+    """Why the draft model in `draft_dir` cannot be served, in the target's words, or None; a draft directory
+    without a config.json is the draft loader's to refuse (at start-up: it may be written after the config)."""
+    config_path = draft_dir / "config.json"
+    if not config_path.is_file():
+        return None
+    problem = _architecture_problem(json.loads(config_path.read_text()))
+    return f"--speculative-config: draft model {draft_dir}: {problem}" if problem else None
 
 
 def _served_names(given: str | list[str] | tuple[str, ...] | None, default: str) -> list[str]:

@@ -36,6 +36,7 @@ from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
+from flotilla.engine.start_failure import forget_frames
 
 if TYPE_CHECKING:  # imported by the API process too (EngineFactory), which must not pay for torch
     from flotilla.engine.llm_engine import LLMEngine
@@ -66,7 +67,13 @@ class EngineFactory:
         from flotilla.engine.llm_engine import LLMEngine  # in the process that runs it (torch and the model)
 
         engine = LLMEngine(self.config)
-        self.load_adapters(engine, self.adapters)
+        try:
+            self.load_adapters(engine, self.adapters)
+        except BaseException as exc:
+            engine.shutdown()
+            del engine  # this frame stays in the traceback: it must not hold the engine's weights
+            forget_frames(exc)
+            raise
         return engine
 
     @staticmethod

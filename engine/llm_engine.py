@@ -7,6 +7,7 @@ imports a front end.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -36,6 +37,7 @@ from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
+from flotilla.engine.start_failure import forget_frames
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
 from flotilla.engine.step_trace import StepTrace
 from flotilla.engine.structured_output.compile_queue import PendingGrammar  # stdlib only: no xgrammar import
@@ -60,6 +62,14 @@ class LLMEngine:
     """Holds the scheduler, the block manager and the model runner, and drives them step by step."""
 
     def __init__(self, config: EngineConfig) -> None:
+        try:
+            self._start(config)
+        except BaseException as exc:
+            self._abandon()
+            forget_frames(exc)  # the caller keeps the exception: it must not keep the half-built runner with it
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
@@ -94,6 +104,21 @@ class LLMEngine:
                                              config.structured_outputs)
         self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
 
+    def _abandon(self) -> None:
+        """Free what a failed start built: its workers, KV pool and graphs, its weights (this half-built engine
+        is never returned, so nothing may reach them through it), and give the device its cached memory back."""
+        try:
+            if (runner := self.__dict__.get("runner")) is not None:
+                runner.shutdown() if isinstance(runner, MultiprocExecutor) else runner.release()
+            if (compiling := self.__dict__.get("_compiling")) is not None:
+                compiling.shutdown()
+        except Exception:  # the start's own error is the one to raise
+            logger.exception("freeing the engine of a failed start failed")
+        self.__dict__.clear()
+        gc.collect()  # a model's reference cycles, so that the cache below holds nothing of it
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
         """Build from `vllm serve`-style keyword arguments."""
@@ -120,6 +145,7 @@ class LLMEngine:
         if self.config.model.runner == "pooling":
             raise InvalidParamError("this model is served by the pooling runner (--runner pooling): it computes "
                                     "embeddings on /v1/embeddings and does not generate text", "model")
+        params = params.with_whole_vocabulary(self.vocab_size)
         text, token_ids = self._prompt_tokens(prompt, prompt_text, params)
         bad_words = self._check_options(params, lora_request, priority)
         request_id = request_id if request_id is not None else str(next(self._ids))

@@ -72,8 +72,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     max_tokens: int | None = Field(16, ge=1)
     min_tokens: int = Field(0, ge=0)
-    logprobs: int | None = Field(None, ge=0)  # the upper bound is --max-logprobs: `check_logprobs`
-    prompt_logprobs: int | None = Field(None, ge=0)
+    # -1 (vLLM's): every vocabulary entry (`with_whole_vocabulary`); the upper bound is --max-logprobs: `check_logprobs`
+    logprobs: int | None = None  # >= -1: `_logprobs_count`
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # vLLM's: False writes an added token that follows another without the space some decoders put between them
     spaces_between_special_tokens: bool = True
@@ -119,6 +120,13 @@ class SamplingParams(BaseModel):
             raise ValueError(f"temperature must be non-negative, got {value}.")
         if value > MAX_TEMPERATURE:
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {value}.")
+        return value
+
+    @field_validator("logprobs", "prompt_logprobs")
+    @classmethod
+    def _logprobs_count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < -1:  # vLLM's wording
+            raise ValueError(f"{info.field_name} must be non-negative or -1, got {value}.")
         return value
 
     @field_validator("logit_bias")
@@ -169,6 +177,12 @@ class SamplingParams(BaseModel):
             if bad:
                 raise InvalidParamError(f"{name}: token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})",
                                         name)
+
+    def with_whole_vocabulary(self, vocab_size: int) -> SamplingParams:
+        """These params with logprobs / prompt_logprobs -1 (vLLM's: every vocabulary entry) as `vocab_size`, the
+        count that --max-logprobs then bounds (`check_logprobs`) and the sampler ranks; self when neither is -1."""
+        update = {name: vocab_size for name in ("logprobs", "prompt_logprobs") if getattr(self, name) == -1}
+        return self.model_copy(update=update) if update else self
 
     def check_logprobs(self, max_logprobs: int) -> None:
         """Refuse more logprobs or prompt_logprobs than `max_logprobs` (--max-logprobs, its -1 resolved to the

@@ -23,13 +23,19 @@ def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(hf_config: dict[str, Any]) -> CausalLM:
-    """Instantiate (uninitialised) the model class for `hf_config`; unknown architectures are an error."""
+def architecture_problem(hf_config: dict[str, Any]) -> str | None:
+    """Why no architecture of config.json's `architectures` is served here, or None."""
     archs = hf_config.get("architectures") or []
-    for arch in archs:
+    if any(arch in _REGISTRY for arch in archs):
+        return None
+    return (f"unsupported model architecture {archs or '(none in config.json)'}; "
+            f"supported: {', '.join(supported_architectures())}")
+
+
+def build_model(hf_config: dict[str, Any]) -> CausalLM:
+    """Instantiate (uninitialised) the model class for `hf_config`; unknown architectures are an error (the
+    engine's config refuses them before: `architecture_problem`)."""
+    for arch in hf_config.get("architectures") or []:
         if arch in _REGISTRY:
             return _REGISTRY[arch](hf_config)
-    raise ValueError(
-        f"unsupported model architecture {archs or '(none in config.json)'}; "
-        f"supported: {', '.join(supported_architectures())}"
-    )
+    raise ValueError(architecture_problem(hf_config))

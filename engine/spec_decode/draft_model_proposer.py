@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.config import ConfigError, EngineConfig, draft_architecture_problem
 from flotilla.engine.forward_context import forward_context
 from flotilla.engine.input_batch import FlatBatch
 from flotilla.engine.layers.rotary import RotaryEmbedding
@@ -41,6 +41,8 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
     draft_dir = Path(spec.model)
     if not (draft_dir / "config.json").is_file():
         raise ConfigError(f"--speculative-config: draft model {draft_dir}: no config.json")
+    if problem := draft_architecture_problem(draft_dir):  # checked by the config too; written since?
+        raise ConfigError(problem)
     hf_config = json.loads((draft_dir / "config.json").read_text())
     target_vocab = config.model.hf_config["vocab_size"]
     if hf_config.get("vocab_size") != target_vocab:

@@ -27,7 +27,8 @@ from flotilla.engine.sampling_params import SamplingParams
         ({"temperature": float("inf")}, "temperature"),
         ({"top_k": -2}, "top_k"),
         ({"n": 0}, "n"),
-        ({"logprobs": -1}, "logprobs"),  # the upper bound is the engine's --max-logprobs: check_logprobs
+        ({"logprobs": -2}, "logprobs"),  # -1 is vLLM's whole vocabulary; the upper bound is --max-logprobs
+        ({"prompt_logprobs": -2}, "prompt_logprobs"),
         ({"logit_bias": {3: float("nan")}}, "logit_bias"),
         ({"presence_penalty": float("-inf")}, "presence_penalty"),
     ],

@@ -218,6 +218,32 @@ def test_a_max_logprobs_above_the_vocabulary_caps_requests_at_the_vocabulary(tin
     assert all(len(entry) >= vocab for entry in out.outputs[0].logprobs)  # the whole vocabulary, as asked
 
 
+def test_the_offline_sampling_params_take_minus_one_logprobs_as_vllms(tiny_model_dirs):
+    """vLLM's SamplingParams takes logprobs and prompt_logprobs -1, every vocabulary entry: a count of the vocabulary
+    size against --max-logprobs (served under --max-logprobs -1, else refused in vLLM's words, naming that size), as
+    the server's chat top_logprobs / prompt_logprobs -1. Below -1 is refused in vLLM's words."""
+    from flotilla.engine.llm import LLM
+
+    vocab = json.loads((tiny_model_dirs["llama"] / "config.json").read_text())["vocab_size"]
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{field} must be non-negative or -1, got -2."):
+            SamplingParams(**{field: -2})
+    capped = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, device="cpu")
+    with pytest.raises(InvalidParamError, match=f"Requested sample logprobs of {vocab}, which is greater than max "
+                                                "allowed: 20"):
+        capped.generate("Hello", SamplingParams(max_tokens=1, logprobs=-1), use_tqdm=False)
+    with pytest.raises(InvalidParamError, match=f"Requested prompt logprobs of {vocab}, which is greater than max "
+                                                "allowed: 20"):
+        capped.generate("Hello", SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)
+    whole = LLM(str(tiny_model_dirs["llama"]), max_model_len=64, device="cpu", max_logprobs=-1)
+    params = SamplingParams(max_tokens=2, logprobs=-1, prompt_logprobs=-1, temperature=0)
+    [out] = whole.generate([1, 5, 9], params, use_tqdm=False)
+    assert [len(entry) for entry in out.outputs[0].logprobs] == [vocab, vocab]
+    assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
+    assert [len(entry) for entry in out.prompt_logprobs[1:]] == [vocab, vocab]
+    assert params.logprobs == -1  # the caller's params are left as given
+
+
 def test_max_log_len_cuts_each_prompt_of_an_embeddings_batch(caplog):
     from flotilla.engine.server.request_log import log_received
 

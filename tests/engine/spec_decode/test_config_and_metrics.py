@@ -3,6 +3,7 @@ vllm:spec_decode_* counters and the acceptance log line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -117,3 +118,50 @@ def test_counters_and_log_line(tiny_model_dirs, caplog):
         log.maybe_log(StatsSnapshot(num_running=1, generation_tokens=22, spec_decode=counts))
     assert "Mean acceptance length: 2.20" in caplog.text
     assert "Per-position acceptance rate: 0.600, 0.400, 0.200" in caplog.text
+
+
+def _with_architecture(src, dst, arch: str):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
+    return dst
+
+
+def test_a_draft_of_an_unsupported_architecture_is_refused_as_the_target_is(tiny_model_dirs, tmp_path, capsys):
+    """As the target's: a usage error naming the architecture and those served, before anything loads (it was a
+    ValueError traceback from the draft's build, after the target's weights had loaded)."""
+    from flotilla.engine.server.cli import main
+
+    target = tiny_model_dirs["llama"]
+    draft = _with_architecture(target, tmp_path / "gpt2-draft", "GPT2LMHeadModel")
+    spec = json.dumps({"model": str(draft), "num_speculative_tokens": 2})
+    message = (f"--speculative-config: draft model {draft}: unsupported model architecture ['GPT2LMHeadModel']; "
+               "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        EngineConfig.from_kwargs(str(target), max_model_len=64, speculative_config=spec)
+    assert main([str(target), "--max-model-len", "64", "--speculative-config", spec]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"flotilla serve: error: {message}")
+    target_message = f"model {draft}: unsupported model architecture ['GPT2LMHeadModel']; supported: "
+    assert main([str(draft), "--max-model-len", "64"]) == 2  # the target's refusal, in the same form
+    assert f"flotilla serve: error: {target_message}" in capsys.readouterr().err
+
+
+def test_a_draft_whose_architecture_changed_after_the_config_is_refused_at_start(tiny_model_dirs, tmp_path):
+    """The engine checks again when it loads the draft (its directory may be written after the config is built)."""
+    import shutil
+
+    from flotilla.engine.llm_engine import LLMEngine
+
+    target = tiny_model_dirs["llama"]
+    draft = tmp_path / "draft"
+    shutil.copytree(target, draft)
+    config = EngineConfig.from_kwargs(str(target), max_model_len=64,
+                                      speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+    shutil.rmtree(draft)
+    _with_architecture(target, draft, "GPT2LMHeadModel")
+    with pytest.raises(ConfigError, match=re.escape(f"--speculative-config: draft model {draft}: unsupported model "
+                                                    "architecture ['GPT2LMHeadModel']")):
+        LLMEngine(config)
