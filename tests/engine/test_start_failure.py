@@ -49,6 +49,7 @@ def test_an_engine_that_fails_after_its_runner_is_built_is_freed(tiny_model_dirs
     assert _live_ids() <= before
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_failed_gpu_start_gives_the_device_its_memory_back_for_the_retry(tiny_model_dirs, tmp_path):
     """The notebook's retry on a GPU: a start that fails once the target and its draft are loaded (a draft shorter
