@@ -137,6 +137,24 @@ def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body)
     assert "r" * 256 in response.json()["id"]
 
 
+@pytest.mark.parametrize("calls", [5, True, "f", {"id": "c1"}, [5], ["c1"], [None]])
+@pytest.mark.parametrize("stream", [False, True])
+def test_assistant_tool_calls_that_are_not_a_list_of_objects_are_a_400(server, calls, stream):
+    """A history message's `tool_calls` of 5 was iterated for the chat template: a TypeError, a plain-text 500 (found
+    by fuzzing the real server); a string or an object reached the template as characters or keys. vLLM's message
+    schema takes a list of call objects or null."""
+    body = {"model": "tiny", "max_tokens": 2, "stream": stream, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": calls},
+        {"role": "user", "content": "and?"}]}
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert_openai_400(response, "messages")
+    assert "tool_calls" in response.json()["error"]["message"]
+    for fine in (None, []):  # null and an empty list are no calls, as before
+        body["messages"][1]["tool_calls"] = fine
+        response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+        assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("depth", [5000, 100000])
 def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server, depth):
     """History tool-call arguments are parsed for the chat template; JSON nested past the parser's depth
