@@ -323,6 +323,24 @@ def test_prompt_logprobs_on_a_completions_stream_is_a_400(server):
         assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_a_body_sent_as_another_media_type_is_a_400_that_says_so(server, content_type, path):
+    """A JSON body sent without the JSON Content-Type (curl's -d sends a form's) was not read, and the 400 said only
+    "Input should be a valid dictionary". vLLM's words name the media type; the same body as JSON is served."""
+    body = (b'{"prompt": "Hi", "max_tokens": 2}' if path != "/v1/chat/completions"
+            else b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}')
+    headers = {"Authorization": HEADERS["Authorization"], **({"Content-Type": content_type} if content_type else {})}
+    response = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=120)
+    assert_openai_400(response)
+    assert "Only 'application/json' is allowed" in response.json()["error"]["message"]
+    assert (content_type or "missing") in response.json()["error"]["message"]
+    for fine in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+        response = httpx.post(f"{server.url}{path}", content=body, timeout=120,
+                              headers={"Authorization": HEADERS["Authorization"], "Content-Type": fine})
+        assert response.status_code == 200, response.text
+
+
 def test_a_body_that_is_not_json_is_a_400_without_a_param(server):
     # FastAPI's location of a JSON syntax error is a character position: it came back as param "11" and the message
     # "invalid request: 11: JSON decode error". vLLM's param is null there.
