@@ -155,6 +155,21 @@ def test_assistant_tool_calls_that_are_not_a_list_of_objects_are_a_400(server, c
         assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize(("field", "value"), [("tool_call_id", 5), ("tool_call_id", ["c1"]), ("reasoning", 5),
+                                            ("reasoning", {"text": "hmm"})])
+def test_a_message_field_the_template_reads_as_text_that_is_not_text_is_a_400(server, field, value):
+    """vLLM's message schema types a tool message's `tool_call_id` and a reply's `reasoning` as strings; here they
+    reached the chat template as numbers or objects (a 200). A string is served."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+                {"role": "tool", "content": "ok"}]
+    messages[1 if field == "reasoning" else 2][field] = value
+    body = {"model": "tiny", "max_tokens": 2, "messages": messages}
+    assert_openai_400(raw_post(server, "/v1/chat/completions", json.dumps(body)), "messages")
+    messages[1 if field == "reasoning" else 2][field] = "c1"
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("depth", [5000, 100000])
 def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server, depth):
     """History tool-call arguments are parsed for the chat template; JSON nested past the parser's depth
