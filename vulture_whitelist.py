@@ -41,6 +41,7 @@ _.initializer_range  # transformers: read when a model initialises its weights (
 
 # --- fields of an external format, read and written by pydantic or dataclasses.asdict by name ---------
 _.continuous_usage_stats  # OpenAI `stream_options` (engine/server/protocol.py): accepted, as vLLM does
+_.tool_call_id  # a chat message's (engine/server/protocol.py): typed as vLLM's, read by the chat template
 _.effect  # Kubernetes toleration fields (operator/spec.py), copied into the pod spec
 _.toleration_seconds
 _.adapters  # the CRD's LoRA spec (operator/spec.py); refused until --enable-lora is implemented

@@ -41,14 +41,19 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     reply field) is also its `reasoning_content`, the name templates read (Qwen3's), as vLLM passes it; and the
     other way round. Changes `messages` in place.
 
-    Raises ValueError for a tool call whose arguments are not JSON.
+    Raises ValueError for `tool_calls` that are not a list of objects, or a tool call whose arguments are not JSON.
     """
     for m in messages:
         for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
             if m.get(name) is not None and m.get(other) is None:
                 m[other] = m[name]
-        for call in m.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
+        calls = m.get("tool_calls")
+        # As vLLM's message schema: a list of call objects or null. A number was iterated (a TypeError: a plain-text
+        # 500); a string or an object reached the template as characters or keys.
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise ValueError("an assistant message's tool_calls must be a list of tool call objects")
+        for call in calls or []:
+            function = call.get("function")
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 try:
                     function["arguments"] = json.loads(function["arguments"])

@@ -267,6 +267,9 @@ class ChatMessage(BaseModel):
     role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # Text for the template, as vLLM's message schema types them (a number reached the template as is)
+    tool_call_id: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -54,7 +54,13 @@ class BodyParsedOffTheLoop(APIRoute):
                 raw = await request.body()
             except ClientDisconnect:  # the client left mid-body: the request's end, not an error of the app
                 return error_response(499, "client disconnected")  # (which uvicorn logged with a traceback)
-            if raw and _is_json(request.headers.get("content-type")):
+            content_type = request.headers.get("content-type")
+            if raw and not _is_json(content_type):
+                # FastAPI does not read such a body as JSON and said only "Input should be a valid dictionary"
+                # (curl's -d sends application/x-www-form-urlencoded); vLLM's words, also a 400.
+                return error_response(400, f"Unsupported Media Type: Only 'application/json' is allowed (the "
+                                           f"request's Content-Type is {content_type or 'missing'})")
+            if raw:
                 # FastAPI's own `await request.json()` returns this; validating an instance of the model is a
                 # pass-through.
                 request._json = await asyncio.to_thread(_parsed, raw, model)

@@ -34,9 +34,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
 
 
 def chat_tool_choice(choice: str | dict[str, Any], has_tools: bool) -> str | dict[str, Any]:
-    """`auto` / `required` / `none`, or a named function in chat's shape (`none` when there are no tools,
-    as Responses' default `auto` means nothing then)."""
-    if not has_tools:
+    """`auto` / `required` / `none`, or a named function in chat's shape (`none` for `auto` when there are no tools,
+    as Responses' default `auto` means nothing then). Without tools, a choice that asks for a call (`required`, a
+    named function) or is no choice at all (`"bogus"`) goes on as it is, for plan_tools' 400: it was served without
+    a call (vLLM refuses a named function not among `tools`, and an unknown choice)."""
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if not has_tools and (choice in ("auto", "none") or (isinstance(choice, dict) and not named)):
         return "none"
     if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
         return {"type": "function", "function": {"name": choice.get("name")}}

@@ -137,6 +137,39 @@ def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body)
     assert "r" * 256 in response.json()["id"]
 
 
+@pytest.mark.parametrize("calls", [5, True, "f", {"id": "c1"}, [5], ["c1"], [None]])
+@pytest.mark.parametrize("stream", [False, True])
+def test_assistant_tool_calls_that_are_not_a_list_of_objects_are_a_400(server, calls, stream):
+    """A history message's `tool_calls` of 5 was iterated for the chat template: a TypeError, a plain-text 500 (found
+    by fuzzing the real server); a string or an object reached the template as characters or keys. vLLM's message
+    schema takes a list of call objects or null."""
+    body = {"model": "tiny", "max_tokens": 2, "stream": stream, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": calls},
+        {"role": "user", "content": "and?"}]}
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert_openai_400(response, "messages")
+    assert "tool_calls" in response.json()["error"]["message"]
+    for fine in (None, []):  # null and an empty list are no calls, as before
+        body["messages"][1]["tool_calls"] = fine
+        response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("tool_call_id", 5), ("tool_call_id", ["c1"]), ("reasoning", 5),
+                                            ("reasoning", {"text": "hmm"})])
+def test_a_message_field_the_template_reads_as_text_that_is_not_text_is_a_400(server, field, value):
+    """vLLM's message schema types a tool message's `tool_call_id` and a reply's `reasoning` as strings; here they
+    reached the chat template as numbers or objects (a 200). A string is served."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+                {"role": "tool", "content": "ok"}]
+    messages[1 if field == "reasoning" else 2][field] = value
+    body = {"model": "tiny", "max_tokens": 2, "messages": messages}
+    assert_openai_400(raw_post(server, "/v1/chat/completions", json.dumps(body)), "messages")
+    messages[1 if field == "reasoning" else 2][field] = "c1"
+    response = raw_post(server, "/v1/chat/completions", json.dumps(body))
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("depth", [5000, 100000])
 def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server, depth):
     """History tool-call arguments are parsed for the chat template; JSON nested past the parser's depth
@@ -303,6 +336,24 @@ def test_prompt_logprobs_on_a_completions_stream_is_a_400(server):
         response = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt_logprobs": value},
                               headers=HEADERS, timeout=120)
         assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]"), response.text
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_a_body_sent_as_another_media_type_is_a_400_that_says_so(server, content_type, path):
+    """A JSON body sent without the JSON Content-Type (curl's -d sends a form's) was not read, and the 400 said only
+    "Input should be a valid dictionary". vLLM's words name the media type; the same body as JSON is served."""
+    body = (b'{"prompt": "Hi", "max_tokens": 2}' if path != "/v1/chat/completions"
+            else b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}')
+    headers = {"Authorization": HEADERS["Authorization"], **({"Content-Type": content_type} if content_type else {})}
+    response = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=120)
+    assert_openai_400(response)
+    assert "Only 'application/json' is allowed" in response.json()["error"]["message"]
+    assert (content_type or "missing") in response.json()["error"]["message"]
+    for fine in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+        response = httpx.post(f"{server.url}{path}", content=body, timeout=120,
+                              headers={"Authorization": HEADERS["Authorization"], "Content-Type": fine})
+        assert response.status_code == 200, response.text
 
 
 def test_a_body_that_is_not_json_is_a_400_without_a_param(server):

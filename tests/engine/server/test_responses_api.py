@@ -213,3 +213,18 @@ def test_reasoning_input_items_become_the_assistant_messages_reasoning_as_vllm()
     with pytest.raises(APIError, match="encrypted") as err:
         input_messages([user, {**thought, "encrypted_content": "gAAA"}])
     assert err.value.status == 400 and err.value.param == "input"
+
+
+@pytest.mark.parametrize(("choice", "words"), [({"type": "function", "name": "paint"}, "not among the request's tools"),
+                                               ("required", "needs tools"), ("bogus", "is not one of")])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_choice_that_asks_for_a_call_without_tools_is_a_400(client, choice, words, stream):
+    """Without `tools`, every tool_choice was served as `none`: a named function (vLLM: "has not been passed in
+    `tools`"), `required` and a choice that is none of the kinds came back 200 with text and no call. `auto` and
+    `none` (the defaults' meaning) are still served."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny", input="x", tool_choice=choice, max_output_tokens=2, stream=stream)
+    assert refused.value.body["param"] == "tool_choice" and words in refused.value.body["message"]
+    for fine in ("auto", "none"):
+        served = client.responses.create(model="tiny", input="x", tool_choice=fine, max_output_tokens=2)
+        assert served.usage.output_tokens >= 1 and all(item.type == "message" for item in served.output)
