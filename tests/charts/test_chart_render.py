@@ -119,6 +119,17 @@ def test_image_tags_default_to_the_app_version() -> None:
     assert f"--engine-image=r/en:{app_version}" in container["args"]
 
 
+def test_image_digests_pin_both_images() -> None:
+    # A digest pins the exact image (supply-chain policies ask for it); the tag then plays no part.
+    digest = "sha256:" + "ab" * 32
+    objects, notes = render_chart({"operator": {"image": {"repository": "r/op", "tag": "t", "digest": digest}},
+                                   "engine": {"image": {"repository": "r/en", "digest": digest}}})
+    container = operator_container(objects)
+    assert container["image"] == f"r/op@{digest}"
+    assert f"--engine-image=r/en@{digest}" in container["args"]
+    assert f"r/op@{digest}" in notes and f"r/en@{digest}" in notes
+
+
 def test_non_default_values_reach_the_objects() -> None:
     objects, notes = render_chart(NON_DEFAULT)
     deployment = find(objects, "Deployment", "llm-serving-operator")
@@ -242,6 +253,8 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"tls": {"mode": "secret"}}}, "webhook.tls.secretName is required"),
     ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
     ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
+    ({"operator": {"image": {"digest": "ab12"}}}, "operator.image.digest must be sha256:<64 hex digits>"),
+    ({"engine": {"image": {"digest": "sha256:AB"}}}, "engine.image.digest must be sha256:<64 hex digits>"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
     ({"operator": {"watchNamespaces": ["!kube-system"]}}, "one namespace or glob per entry"),
     ({"operator": {"watchNamespaces": ["team-a,team-b"]}}, "one namespace or glob per entry"),
