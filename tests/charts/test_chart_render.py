@@ -253,6 +253,8 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"tls": {"mode": "secret"}}}, "webhook.tls.secretName is required"),
     ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
     ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
+    ({"operator": {"podLabels": {"app.kubernetes.io/component": "llm"}}},
+     'operator.podLabels: "app.kubernetes.io/component" is a label of the Deployment\'s selector'),
     ({"operator": {"image": {"digest": "ab12"}}}, "operator.image.digest must be sha256:<64 hex digits>"),
     ({"engine": {"image": {"digest": "sha256:AB"}}}, "engine.image.digest must be sha256:<64 hex digits>"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
