@@ -162,6 +162,21 @@ def test_non_default_values_reach_the_objects() -> None:
     assert "team-a, team-*" in notes and "failure policy Fail" in notes
 
 
+@pytest.mark.parametrize(("namespaces", "example", "create"), [
+    (["team-a", "team-b"], "team-a", False),  # its Role is there: it exists
+    (["team-*", "team-x"], "team-x", True),
+    (["team-*"], "NAMESPACE", True),
+])
+def test_notes_serve_the_example_in_a_watched_namespace(namespaces: list[str], example: str, create: bool) -> None:
+    # Applied in a namespace the operator does not watch, the example InferenceService would never be reconciled.
+    _, notes = render_chart({"operator": {"watchNamespaces": namespaces}})
+    commands = [line.strip() for line in notes.splitlines() if line.strip().startswith("kubectl")]
+    namespaced = [c for c in commands if " -n " in c and "rollout status" not in c]
+    assert namespaced and all(f"-n {example} " in c + " " for c in namespaced), namespaced
+    assert ("kubectl create namespace " + example in commands) == create
+    assert not [c for c in commands if c.startswith("kubectl create namespace") and not c.endswith(example)]
+
+
 def test_without_watched_namespaces_the_role_has_no_namespace_access() -> None:
     rules = find(render_chart()[0], "ClusterRole")["rules"]
     assert not [r for r in rules if "namespaces" in r["resources"]]
