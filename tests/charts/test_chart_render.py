@@ -4,6 +4,7 @@ operator (its CLI flags, its webhook handler ids, its CRD)."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -291,6 +292,40 @@ def _leaf_paths(values: Any, prefix: str = "") -> list[str]:
             ("resources", "podSecurityContext", "securityContext")):
         return [p for k, v in values.items() for p in _leaf_paths(v, f"{prefix}.{k}" if prefix else k)]
     return [prefix]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    # A misspelt watchNamespaces would otherwise install a cluster-wide operator, silently.
+    ({"operator": {"watchNamespace": ["team-a"]}},
+     "at '/operator': additional properties 'watchNamespace' not allowed"),
+    ({"serviceaccount": {"create": False}}, "at '': additional properties 'serviceaccount' not allowed"),
+    ({"webhook": {"tls": {"secret": "cert"}}}, "at '/webhook/tls': additional properties 'secret' not allowed"),
+    ({"rbac": {"create": "false"}}, "at '/rbac/create': got string, want boolean"),
+    ({"operator": {"watchNamespaces": "team-a"}}, "at '/operator/watchNamespaces': got string, want array"),
+])
+def test_misspelt_or_mistyped_values_are_refused_by_the_schema(values: dict[str, Any], message: str) -> None:
+    import helm_python
+
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render_chart(values)
+
+
+def _schema_keys(schema: dict[str, Any], values: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(path, problem) wherever values.yaml's keys and the schema's properties of a closed object differ."""
+    if "properties" not in schema or not isinstance(values, dict):
+        return []
+    properties = schema["properties"]
+    problems = [(f"{prefix}.{k}", "not in the schema") for k in values if k not in properties]
+    problems += [(f"{prefix}.{k}", "not in values.yaml") for k in properties if k not in values]
+    return problems + [p for k in properties.keys() & values.keys()
+                       for p in _schema_keys(properties[k], values[k], f"{prefix}.{k}")]
+
+
+def test_values_schema_has_exactly_the_values_of_values_yaml() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # `global` is Helm's own: a parent chart passes it to every dependency.
+    assert _schema_keys(schema, values) == [(".global", "not in values.yaml")]
 
 
 def test_every_value_is_documented_in_values_yaml_and_docs() -> None:
