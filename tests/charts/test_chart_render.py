@@ -4,6 +4,7 @@ operator (its CLI flags, its webhook handler ids, its CRD)."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -119,6 +120,17 @@ def test_image_tags_default_to_the_app_version() -> None:
     assert f"--engine-image=r/en:{app_version}" in container["args"]
 
 
+def test_image_digests_pin_both_images() -> None:
+    # A digest pins the exact image (supply-chain policies ask for it); the tag then plays no part.
+    digest = "sha256:" + "ab" * 32
+    objects, notes = render_chart({"operator": {"image": {"repository": "r/op", "tag": "t", "digest": digest}},
+                                   "engine": {"image": {"repository": "r/en", "digest": digest}}})
+    container = operator_container(objects)
+    assert container["image"] == f"r/op@{digest}"
+    assert f"--engine-image=r/en@{digest}" in container["args"]
+    assert f"r/op@{digest}" in notes and f"r/en@{digest}" in notes
+
+
 def test_non_default_values_reach_the_objects() -> None:
     objects, notes = render_chart(NON_DEFAULT)
     deployment = find(objects, "Deployment", "llm-serving-operator")
@@ -149,6 +161,21 @@ def test_non_default_values_reach_the_objects() -> None:
     adapter = yaml.safe_load(find(objects, "ConfigMap", "llm-serving-prometheus-adapter")["data"]["config.yaml"])
     assert [r["name"]["as"] for r in adapter["rules"]] == ["vllm:num_requests_waiting"]
     assert "team-a, team-*" in notes and "failure policy Fail" in notes
+
+
+@pytest.mark.parametrize(("namespaces", "example", "create"), [
+    (["team-a", "team-b"], "team-a", False),  # its Role is there: it exists
+    (["team-*", "team-x"], "team-x", True),
+    (["team-*"], "NAMESPACE", True),
+])
+def test_notes_serve_the_example_in_a_watched_namespace(namespaces: list[str], example: str, create: bool) -> None:
+    # Applied in a namespace the operator does not watch, the example InferenceService would never be reconciled.
+    _, notes = render_chart({"operator": {"watchNamespaces": namespaces}})
+    commands = [line.strip() for line in notes.splitlines() if line.strip().startswith("kubectl")]
+    namespaced = [c for c in commands if " -n " in c and "rollout status" not in c]
+    assert namespaced and all(f"-n {example} " in c + " " for c in namespaced), namespaced
+    assert ("kubectl create namespace " + example in commands) == create
+    assert not [c for c in commands if c.startswith("kubectl create namespace") and not c.endswith(example)]
 
 
 def test_without_watched_namespaces_the_role_has_no_namespace_access() -> None:
@@ -242,6 +269,13 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"tls": {"mode": "secret"}}}, "webhook.tls.secretName is required"),
     ({"webhook": {"tls": {"mode": "secret", "secretName": "s"}}}, "needs webhook.tls.caBundle"),
     ({"operator": {"logLevel": "trace"}}, "operator.logLevel must be info, verbose or debug"),
+    ({"webhook": {"timeoutSeconds": 60}}, "webhook.timeoutSeconds must be a whole number of seconds from 1 to 30"),
+    ({"webhook": {"timeoutSeconds": 0}}, "webhook.timeoutSeconds must be a whole number of seconds from 1 to 30"),
+    ({"webhook": {"timeoutSeconds": 2.5}}, "webhook.timeoutSeconds must be a whole number of seconds from 1 to 30"),
+    ({"operator": {"podLabels": {"app.kubernetes.io/component": "llm"}}},
+     'operator.podLabels: "app.kubernetes.io/component" is a label of the Deployment\'s selector'),
+    ({"operator": {"image": {"digest": "ab12"}}}, "operator.image.digest must be sha256:<64 hex digits>"),
+    ({"engine": {"image": {"digest": "sha256:AB"}}}, "engine.image.digest must be sha256:<64 hex digits>"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
     ({"operator": {"watchNamespaces": ["!kube-system"]}}, "one namespace or glob per entry"),
     ({"operator": {"watchNamespaces": ["team-a,team-b"]}}, "one namespace or glob per entry"),
@@ -258,6 +292,40 @@ def _leaf_paths(values: Any, prefix: str = "") -> list[str]:
             ("resources", "podSecurityContext", "securityContext")):
         return [p for k, v in values.items() for p in _leaf_paths(v, f"{prefix}.{k}" if prefix else k)]
     return [prefix]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    # A misspelt watchNamespaces would otherwise install a cluster-wide operator, silently.
+    ({"operator": {"watchNamespace": ["team-a"]}},
+     "at '/operator': additional properties 'watchNamespace' not allowed"),
+    ({"serviceaccount": {"create": False}}, "at '': additional properties 'serviceaccount' not allowed"),
+    ({"webhook": {"tls": {"secret": "cert"}}}, "at '/webhook/tls': additional properties 'secret' not allowed"),
+    ({"rbac": {"create": "false"}}, "at '/rbac/create': got string, want boolean"),
+    ({"operator": {"watchNamespaces": "team-a"}}, "at '/operator/watchNamespaces': got string, want array"),
+])
+def test_misspelt_or_mistyped_values_are_refused_by_the_schema(values: dict[str, Any], message: str) -> None:
+    import helm_python
+
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render_chart(values)
+
+
+def _schema_keys(schema: dict[str, Any], values: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(path, problem) wherever values.yaml's keys and the schema's properties of a closed object differ."""
+    if "properties" not in schema or not isinstance(values, dict):
+        return []
+    properties = schema["properties"]
+    problems = [(f"{prefix}.{k}", "not in the schema") for k in values if k not in properties]
+    problems += [(f"{prefix}.{k}", "not in values.yaml") for k in properties if k not in values]
+    return problems + [p for k in properties.keys() & values.keys()
+                       for p in _schema_keys(properties[k], values[k], f"{prefix}.{k}")]
+
+
+def test_values_schema_has_exactly_the_values_of_values_yaml() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # `global` is Helm's own: a parent chart passes it to every dependency.
+    assert _schema_keys(schema, values) == [(".global", "not in values.yaml")]
 
 
 def test_every_value_is_documented_in_values_yaml_and_docs() -> None:

@@ -56,12 +56,29 @@ app.kubernetes.io/part-of: flotilla
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{- /*
+An image reference from (list <image values> <value path> <root>): "repository@digest" when a digest
+is set (the tag is then not used: a digest pins the exact image), else "repository:tag", the tag
+defaulting to the chart's appVersion.
+*/ -}}
+{{- define "flotilla.image" -}}
+{{- $image := index . 0 }}
+{{- with $image.digest }}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
+{{- fail (printf "%s.digest must be sha256:<64 hex digits>, not %q" (index $ 1) .) }}
+{{- end }}
+{{- printf "%s@%s" $image.repository . }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default (index $ 2).Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
 {{- define "flotilla.operatorImage" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- include "flotilla.image" (list .Values.operator.image "operator.image" .) }}
 {{- end }}
 
 {{- define "flotilla.engineImage" -}}
-{{- printf "%s:%s" .Values.engine.image.repository (default .Chart.AppVersion .Values.engine.image.tag) }}
+{{- include "flotilla.image" (list .Values.engine.image "engine.image" .) }}
 {{- end }}
 
 {{/* The DNS name the webhook certificate is made for (what the apiserver checks). */}}
