@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -324,8 +325,29 @@ def _schema_keys(schema: dict[str, Any], values: Any, prefix: str = "") -> list[
 def test_values_schema_has_exactly_the_values_of_values_yaml() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    # `global` is Helm's own: a parent chart passes it to every dependency.
-    assert _schema_keys(schema, values) == [(".global", "not in values.yaml")]
+    # `global` is Helm's own: a parent chart passes it to every dependency; `enabled` is a parent's condition switch.
+    assert _schema_keys(schema, values) == [(".global", "not in values.yaml"), (".enabled", "not in values.yaml")]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_chart_is_a_dependency_a_parent_switches_by_flotilla_enabled(tmp_path, enabled) -> None:
+    """Helm's pattern for an optional dependency (`condition: flotilla.enabled` in the parent's Chart.yaml,
+    `flotilla: {enabled: true}` in its values) hands `enabled` to Flotilla's values: the closed schema refused
+    it ("at '': additional properties 'enabled' not allowed"), so no parent could include the chart that way."""
+    import helm_python
+
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "flotilla")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 0.1.0\ndependencies:\n"
+        "  - name: flotilla\n    version: \">=0.0.0-0\"\n    condition: flotilla.enabled\n")
+    (parent / "values.yaml").write_text("flotilla:\n  enabled: true\n")
+    with helm_python.Chart.load(parent) as chart:
+        rendered = chart.render({"flotilla": {"enabled": enabled}}, name="platform", namespace=NAMESPACE,
+                                is_install=True)
+    kinds = {doc["kind"] for path, text in rendered.items() if path.endswith(".yaml")
+             for doc in yaml.safe_load_all(text) if doc}
+    assert ("Deployment" in kinds) is enabled
 
 
 def test_every_value_is_documented_in_values_yaml_and_docs() -> None:
