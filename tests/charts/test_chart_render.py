@@ -415,3 +415,20 @@ def test_a_release_name_that_makes_no_service_name_is_refused_with_a_message() -
         render_chart(name="my.release")
     objects, _ = render_chart({"fullnameOverride": "my-release"}, name="my.release")  # the way out
     assert find(objects, "Service")["metadata"]["name"] == "my-release-operator-webhook"
+
+
+@pytest.mark.parametrize(("kind", "key"), [("ConfigMap", "dashboard"), ("PrometheusRule", "prometheusRule")])
+def test_observability_labels_that_repeat_a_chart_label_override_it_written_once(kind: str, key: str) -> None:
+    """A user label with a chart label's key wins and is written once (written twice, the YAML reader chose)."""
+    import helm_python
+
+    labels = {"app.kubernetes.io/part-of": "ml-platform", "release": "kube-prometheus-stack"}
+    values = {"observability": {key: {"enabled": True, "labels": labels}}}
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name="flotilla", namespace=NAMESPACE, is_install=True)
+    [text] = [t for t in rendered.values() if f"kind: {kind}\n" in t and "component: observability" in t]
+    assert text.count("app.kubernetes.io/part-of:") == 1
+    made = find(render_chart(values)[0], kind, {"ConfigMap": "flotilla-dashboard", "PrometheusRule": "flotilla-engine"}[
+        kind])["metadata"]["labels"]
+    assert made["app.kubernetes.io/part-of"] == "ml-platform" and made["release"] == "kube-prometheus-stack"
+    assert made["app.kubernetes.io/component"] == "observability" and made["app.kubernetes.io/managed-by"] == "Helm"
