@@ -22,6 +22,8 @@ _.pytest_collection_modifyitems  # pytest: a conftest hook
 _.remove_lora  # engine/engine_call.py: EngineCall("remove_lora") runs it by name in the engine core
 _.do_GET  # http.server: BaseHTTPRequestHandler runs do_<METHOD> (tests/operator/test_operator_hostile.py)
 _.log_message  # http.server: BaseHTTPRequestHandler logs through it (silenced in the same test)
+_.effort  # pydantic: engine/server/responses.py's ReasoningOptions fields, validated and echoed by model_dump
+_.generate_summary
 
 # --- attributes a library reads after we set them ----------------------------------------------------
 # kopf's OperatorSettings (operator/main.py, settings_for)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
@@ -64,6 +64,16 @@ IncludeValue = Literal["code_interpreter_call.outputs", "computer_call_output.ou
                        "reasoning.encrypted_content"]
 
 
+class ReasoningOptions(BaseModel):
+    """`reasoning`, OpenAI's shape (vLLM types it with the openai package's `Reasoning`; extra keys are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(_RequestBody):
     """POST /v1/responses: the fields Flotilla acts on (others are accepted and logged, as elsewhere)."""
 
@@ -101,16 +111,34 @@ class ResponsesRequest(_RequestBody):
     # alternatives (0: the token alone). vLLM's other `include` values are accepted and add nothing here: this
     # server makes none of the items they name (no built-in tool calls, no images, no encrypted reasoning).
     include: list[IncludeValue] | None = None
-    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs, as chat's
+    # at most --max-logprobs, as chat's; -1 is vLLM's "the whole vocabulary" (SamplingParams' logprobs=-1)
+    top_logprobs: int | None = Field(None, ge=-1)
+    # OpenAI's fields that vLLM's request types (so a wrong type is a 400 naming the field, as there) and this server
+    # serves as vLLM's chat-template path does: `truncation` "auto" is echoed and a prompt too long is still a 400;
+    # `reasoning`, `service_tier` and `max_tool_calls` change nothing here. `background: true` and `prompt` are
+    # refused (`_refuse_unservable`).
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    reasoning: ReasoningOptions | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
+    max_tool_calls: int | None = None
+    background: bool | None = False
+    prompt: dict[str, Any] | None = None
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
     """400 for `include_reasoning: false` (see the field): vLLM's Responses API has no way to leave the thinking out;
     and for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
-    `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked)."""
+    `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked); for
+    `background: true`, which vLLM runs as a task the client polls (this server would answer it in the request all the
+    same, not what the client asked for); and for `prompt`, which vLLM refuses too."""
     if req.top_logprobs and not _wants_logprobs(req):
         raise APIError(400, f"top_logprobs needs include: [\"{OUTPUT_LOGPROBS}\"] (the Responses API returns "
                             "logprobs only when include asks for them)", param="top_logprobs")
+    if req.background:
+        raise APIError(400, "background is not supported: this server answers every response in the request that "
+                            "creates it (leave background out, or stream)", param="background")
+    if req.prompt is not None:  # vLLM's words
+        raise APIError(400, "prompt template is not supported", param="prompt")
     if not req.include_reasoning:
         raise APIError(400, "include_reasoning false is not supported on /v1/responses: it is a chat completions "
                             "field; the Responses API (vLLM's too) returns the thinking as a reasoning item (use "
@@ -191,12 +219,13 @@ class ResponsesServing:
                 logprobs=_wants_logprobs(req), top_logprobs=req.top_logprobs)
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
+        chat = self.serving.whole_vocabulary(chat)  # top_logprobs -1, as chat's
         plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser,
                           self.serving.exclude_tools_when_tool_choice_none)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
                                                        self.serving.max_model_len,
-                                                       (req.top_logprobs or 0) if chat.logprobs else None,
+                                                       (chat.top_logprobs or 0) if chat.logprobs else None,
                                                        defaults=self.serving.default_sampling,
                                                        max_tokens_cap=self.serving.max_tokens_cap))
         [sp] = check_logprob_entries([len(prompt.token_ids)], [sp], 1, "input", "top_logprobs",
@@ -468,7 +497,10 @@ def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, 
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice,
             "tools": req.tools or [], "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
-            "truncation": "disabled", "store": req.store,
+            "truncation": req.truncation or "disabled", "store": req.store, "background": False,
+            # vLLM's echoes of the fields that change nothing here
+            "reasoning": req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
+            "service_tier": req.service_tier, "max_tool_calls": req.max_tool_calls,
             # vLLM's echo: the logprobs asked for (null when `include` does not ask)
             "top_logprobs": (req.top_logprobs or 0) if _wants_logprobs(req) else None,
             "user": req.user, "output": [], "usage": None}

@@ -21,7 +21,7 @@ from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.spec import DEFAULT_PROMETHEUS_ADDRESS
 
 from ..k8s_fixtures import REPO
-from .conftest import CHART, NAMESPACE, find, render_chart
+from .conftest import CHART, NAMESPACE, RELEASE, find, render_chart
 
 # Values that change every branch of the templates.
 NON_DEFAULT = {
@@ -280,6 +280,12 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
     ({"operator": {"watchNamespaces": ["!kube-system"]}}, "one namespace or glob per entry"),
     ({"operator": {"watchNamespaces": ["team-a,team-b"]}}, "one namespace or glob per entry"),
+    # Service names are DNS-1035 labels: the apiserver refused these part-way through an install
+    ({"fullnameOverride": "LLM-serving"}, 'the chart\'s object names start with "LLM-serving"'),
+    ({"fullnameOverride": "llm.serving"}, 'the chart\'s object names start with "llm.serving"'),
+    ({"fullnameOverride": "7llm"}, 'the chart\'s object names start with "7llm"'),
+    ({"nameOverride": "Flotilla"}, f'the chart\'s object names start with "{RELEASE}-Flotilla"'),
+    ({"nameOverride": "flo.tilla"}, f'the chart\'s object names start with "{RELEASE}-flo.tilla"'),
 ])
 def test_bad_values_are_refused_with_a_message(values: dict[str, Any], message: str) -> None:
     import helm_python
@@ -421,3 +427,30 @@ def test_webhooks_select_the_watched_namespaces_where_they_can(namespaces: list[
              for hook in find(objects, kind)["webhooks"]]
     expected = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
     assert [hook.get("namespaceSelector") for hook in hooks] == [expected if selected else None] * len(hooks)
+
+
+def test_a_release_name_that_makes_no_service_name_is_refused_with_a_message() -> None:
+    """Helm takes release names with dots (and a leading digit); the chart's Service name made from one would not do."""
+    import helm_python
+
+    with pytest.raises(helm_python.HelmError, match=re.escape('object names start with "my.release-flotilla"')):
+        render_chart(name="my.release")
+    objects, _ = render_chart({"fullnameOverride": "my-release"}, name="my.release")  # the way out
+    assert find(objects, "Service")["metadata"]["name"] == "my-release-operator-webhook"
+
+
+@pytest.mark.parametrize(("kind", "key"), [("ConfigMap", "dashboard"), ("PrometheusRule", "prometheusRule")])
+def test_observability_labels_that_repeat_a_chart_label_override_it_written_once(kind: str, key: str) -> None:
+    """A user label with a chart label's key wins and is written once (written twice, the YAML reader chose)."""
+    import helm_python
+
+    labels = {"app.kubernetes.io/part-of": "ml-platform", "release": "kube-prometheus-stack"}
+    values = {"observability": {key: {"enabled": True, "labels": labels}}}
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name="flotilla", namespace=NAMESPACE, is_install=True)
+    [text] = [t for t in rendered.values() if f"kind: {kind}\n" in t and "component: observability" in t]
+    assert text.count("app.kubernetes.io/part-of:") == 1
+    made = find(render_chart(values)[0], kind, {"ConfigMap": "flotilla-dashboard", "PrometheusRule": "flotilla-engine"}[
+        kind])["metadata"]["labels"]
+    assert made["app.kubernetes.io/part-of"] == "ml-platform" and made["release"] == "kube-prometheus-stack"
+    assert made["app.kubernetes.io/component"] == "observability" and made["app.kubernetes.io/managed-by"] == "Helm"

@@ -57,6 +57,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{- /*
+The labels of an observability object from (list <root> <user labels>): the chart's labels (component
+"observability") with the user's merged over them, a user's value winning for a key both set (written once:
+a key written twice would leave the winner to the YAML reader). Sorted by key.
+*/ -}}
+{{- define "flotilla.observabilityLabels" -}}
+{{- $chart := include "flotilla.labels" (index . 0) | fromYaml }}
+{{- $_ := set $chart "app.kubernetes.io/component" "observability" }}
+{{- merge (deepCopy (index . 1 | default dict)) $chart | toYaml }}
+{{- end }}
+
+{{- /*
 An image reference from (list <image values> <value path> <root>): "repository@digest" when a digest
 is set (the tag is then not used: a digest pins the exact image), else "repository:tag", the tag
 defaulting to the chart's appVersion.

@@ -228,3 +228,36 @@ def test_a_tool_choice_that_asks_for_a_call_without_tools_is_a_400(client, choic
     for fine in ("auto", "none"):
         served = client.responses.create(model="tiny", input="x", tool_choice=fine, max_output_tokens=2)
         assert served.usage.output_tokens >= 1 and all(item.type == "message" for item in served.output)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("truncation", 5), ("truncation", "middle"), ("reasoning", 5), ("reasoning", {"effort": "extreme"}),
+    ("reasoning", {"summary": 1}), ("service_tier", "gold"), ("max_tool_calls", "many"), ("background", "soon"),
+])
+def test_openai_fields_that_vllm_types_are_a_400_naming_them_when_of_the_wrong_type(client, field, value):
+    """vLLM's request types these (OpenAI's) fields: a wrong type is a 400 naming the field, not a body served."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", input="x", max_output_tokens=2, extra_body={field: value})
+    assert field in err.value.body["message"]
+
+
+def test_openai_fields_that_vllm_types_are_served_with_their_values(client):
+    response = client.responses.create(model="tiny", input="x", max_output_tokens=2, store=False, truncation="auto",
+                                       reasoning={"effort": "low", "summary": "auto"}, service_tier="flex",
+                                       max_tool_calls=3, background=False)
+    assert response.status in ("completed", "incomplete") and response.truncation == "auto"
+    assert response.reasoning.effort == "low" and response.service_tier == "flex" and response.max_tool_calls == 3
+    assert client.responses.create(model="tiny", input="x", max_output_tokens=2, store=False).truncation == "disabled"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"background": True}, "background"),  # vLLM runs it as a task polled with GET: not answered in the request
+    ({"background": True, "store": False}, "background"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),  # vLLM: "prompt template is not supported"
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_background_and_prompt_are_a_400_naming_them(client, server, body, param, stream):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", input="x", max_output_tokens=2, stream=stream, extra_body=body)
+    assert err.value.body["param"] == param
+    assert server.metric("vllm:kv_cache_usage_perc") == 0

@@ -172,6 +172,10 @@ def test_minus_one_logprobs_are_the_vocabulary_bounded_by_max_logprobs(capped, m
     with pytest.raises(openai.BadRequestError) as err:
         capped.completions.create(model="tiny", prompt="Hello", max_tokens=1, extra_body={"prompt_logprobs": -1})
     assert err.value.body["message"] == refusal.format("prompt")
+    with pytest.raises(openai.BadRequestError) as err:  # the Responses API's top_logprobs, as chat's
+        capped.responses.create(model="tiny", input="Hi", max_output_tokens=1, top_logprobs=-1,
+                                include=["message.output_text.logprobs"])
+    assert err.value.body["message"] == refusal.format("sample")
     for call in (lambda: capped.completions.create(model="tiny", prompt="Hello", max_tokens=1, logprobs=-1),
                  lambda: capped.chat.completions.create(model="tiny", messages=messages, max_tokens=1, logprobs=True,
                                                         top_logprobs=-2)):
@@ -195,5 +199,9 @@ def test_minus_one_logprobs_with_max_logprobs_minus_one_return_the_whole_vocabul
         entries = completion.choices[0].model_extra["prompt_logprobs"]
         assert entries[0] is None and len(entries) > 1
         assert all(len(entry) == vocab for entry in entries[1:])
+        response = client.responses.create(model="tiny", input="Hi", max_output_tokens=1, top_logprobs=-1,
+                                           include=["message.output_text.logprobs"])
+        [token] = response.output[0].content[0].logprobs
+        assert len(token.top_logprobs) == vocab and response.top_logprobs == -1
     finally:
         stop_server(s)
