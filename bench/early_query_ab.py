@@ -22,12 +22,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
+from compile_workers import compile_in_workers  # bench/compile_workers.py
 from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/decode_pool.py
 
 # FLOTILLA_DECODE_SMALL_LAUNCH values timed at batch 1 ("" = the module's default, the engine's launch; session 23's
@@ -155,12 +153,7 @@ def main() -> None:
             run_shape(name, 0, {}, part=(i, n))
         return
     if args.workers > 1:
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--workers", "0", "--compile-part",
-                                   f"{i}/{args.workers}"]) for i in range(args.workers)]  # fmt: skip
-        for proc in procs:
-            proc.wait()
-        print(f"compiled in {args.workers} processes: {time.perf_counter() - t0:.1f} s", flush=True)
+        compile_in_workers(__file__, args.workers)
     results: dict = {"gpu": torch.cuda.get_device_name(), "rows": []}
     if not args.no_floors:
         floors(results)

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from compile_workers import compile_in_workers  # bench/compile_workers.py
 from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/decode_pool.py
 
 
@@ -312,12 +311,7 @@ def main() -> None:
             bench_batch(batch, a.ctx, {}, Path(a.json), part=(i, n), grid=a.grid)
         return
     if a.workers > 1:
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--workers", "0", "--compile-part",
-                                   f"{i}/{a.workers}"]) for i in range(a.workers)]  # fmt: skip
-        for proc in procs:
-            proc.wait()
-        print(f"compiled in {a.workers} processes: {time.perf_counter() - t0:.1f} s", flush=True)
+        compile_in_workers(__file__, a.workers)
     results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "cases": []}
     for batch in batches:
         bench_batch(batch, a.ctx, results, Path(a.json), grid=a.grid)
