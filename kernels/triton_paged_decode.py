@@ -698,7 +698,10 @@ _BF16_LAUNCH = (64, 4, 2)
 # four-warp program over 2 neighbouring KV heads, a token's 256 contiguous fp8 bytes asked for in one iteration) at
 # 32/4/3 with one wave of 2 programs an SM: kernel 185.0 vs 196.1 us (t 32/2/4), engine step bs64 x ctx 4,096
 # 11.834 vs 12.240 ms, 0.679x the bf16-KV step (17.421) vs 0.703x; greedy tokens identical. Was (32, 2, 4) "t".
-_FP8_LAUNCH = (32, 4, 3, "cvtpx", 4)
+# Session 25 (an H200, bench/results/gpu-2026-12-06-s25/call2/kvfp8): h2 64/4/3 129.3-129.4 us (4,150 GB/s, lean or
+# not) vs 32/4/3 146.7; engine step bs64 x ctx 4,096 A B B A 8.721 (64/4/3 lean) vs 9.212 ms (0.947x). On the H100,
+# where the kernel is bandwidth-bound, 64/4/3 costs ~1 % (s24 call 6: 181.0 vs 179.5 us, step 1.009x). Was 32/4/3.
+_FP8_LAUNCH = (64, 4, 3, "cvtpx", 4)
 # The key streams' form (`paged_decode_attention`'s `form`): "" rows, "t" transposed, "h" over KV heads. "t" since
 # session 11: the H200's kernel at batch 64 x 4,096 134.7-135.2 us vs 141.9-142.0 for "" (calls 3 and 4), the engine
 # step 9.411 vs 9.765 ms (call 3, two engines) and 9.227 vs 9.479 (call 4, one engine, A B B A): 0.753x / 0.740x
@@ -801,9 +804,9 @@ def _small_launch() -> tuple[int, int, int, int, str, int] | None:
 
 def _fp8_lean_env() -> bool:
     """FLOTILLA_DECODE_FP8_LEAN: "1" runs the fp8 pool's "h" forms with `_attend_heads_t`'s LEAN loop (unmasked full
-    tiles, a stream's pages a page at a time); unset or "0": the loop as before. Off until the H200 times it
-    (bench/results/kvfp8-24-gpu.sh)."""
-    return bool(env_flag("FLOTILLA_DECODE_FP8_LEAN", False))
+    tiles, a stream's pages a page at a time); "0": the masked loop. On by default since session 25: the H200's
+    engine step was timed with it at `_FP8_LAUNCH` (the kernel is as fast without it there: 129.3 vs 129.4 us)."""
+    return bool(env_flag("FLOTILLA_DECODE_FP8_LEAN", True))
 
 
 def _fused_merge_env() -> bool | None:
