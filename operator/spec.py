@@ -118,6 +118,11 @@ class ModelArchitecture(_Model):
         default=None, ge=1, le=MAX_POSITIONS,
         description="max_position_embeddings: with ropeScaling and slidingWindow, the model's length limit as the "
                     "engine derives it, which is the default for scheduling.maxModelLen and its upper bound.")
+    original_max_position_embeddings: int | None = Field(
+        default=None, ge=1, le=MAX_POSITIONS,
+        description="original_max_position_embeddings at config.json's top level (Phi-3 style): YaRN's pretraining "
+                    "length, read before ropeScaling.originalMaxPositionEmbeddings, as transformers and the engine "
+                    "read it.")
     rope_scaling: RopeScaling | None = Field(
         default=None,
         description="rope_scaling of config.json: YaRN reaches originalMaxPositionEmbeddings x factor (Qwen2.5: 4 x "
@@ -160,6 +165,8 @@ class ModelArchitecture(_Model):
                                      "sliding_window": self.sliding_window}
         if self.use_sliding_window is not None:
             hf_config["use_sliding_window"] = self.use_sliding_window
+        if self.original_max_position_embeddings is not None:
+            hf_config["original_max_position_embeddings"] = self.original_max_position_embeddings
         if self.rope_scaling is not None:
             hf_config["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
         return hf_config
