@@ -147,17 +147,17 @@ class ModelArchitecture(_Model):
     def length_limit(self) -> int | None:
         """The model's length as the engine derives it from these config.json numbers (engine_rules.model_len_limit:
         rope scaling, then the sliding window), or None without maxPositionEmbeddings."""
-        hf_config = self._length_numbers()
+        hf_config = self.length_numbers()
         return None if hf_config is None else model_len_limit(hf_config)
 
     @property
     def rope_positions(self) -> int | None:
         """The positions the engine's rotary table covers for these numbers (engine_rules.rope_positions: no
         sliding-window cap), or None without maxPositionEmbeddings."""
-        hf_config = self._length_numbers()
+        hf_config = self.length_numbers()
         return None if hf_config is None else rope_positions(hf_config)
 
-    def _length_numbers(self) -> dict[str, Any] | None:
+    def length_numbers(self) -> dict[str, Any] | None:
         """The config.json keys the model's length is derived from (None without maxPositionEmbeddings)."""
         if self.max_position_embeddings is None:
             return None
