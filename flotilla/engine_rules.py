@@ -134,18 +134,31 @@ def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
 
 # --- rules across flags ----------------------------------------------------------------------------
 
+def _rope_scaling(hf_config: dict[str, Any], max_position: int) -> tuple[str, int, str, float] | None:
+    """How rope scaling lengthens the model, as vLLM derives it: (the config.json key of the length its factor
+    multiplies, that length, the key of the factor, the factor); None when it does not (unscaled, or llama3 and
+    longrope, whose max_position_embeddings already counts the factor)."""
+    key = "rope_scaling" if hf_config.get("rope_scaling") else "rope_parameters"
+    rope = hf_config.get(key) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("default", "llama3", "longrope", "su") or not rope.get("factor"):
+        return None
+    base: tuple[str, int] = ("max_position_embeddings", max_position)
+    if rope_type == "yarn":
+        # transformers settles YaRN's pretraining length so: a top-level original_max_position_embeddings first
+        if hf_config.get("original_max_position_embeddings"):
+            base = ("original_max_position_embeddings", int(hf_config["original_max_position_embeddings"]))
+        elif rope.get("original_max_position_embeddings"):
+            base = (f"{key}.original_max_position_embeddings", int(rope["original_max_position_embeddings"]))
+    return (*base, f"{key}.factor", float(rope["factor"]))
+
+
 def rope_scaled_length(hf_config: dict[str, Any], max_position: int) -> int:
     """The length a scaled rotary embedding reaches, as vLLM derives it: YaRN's original_max_position_embeddings
     times its factor, max_position_embeddings times the factor for linear/dynamic scaling; llama3 (whose
     max_position_embeddings already counts its factor) and unscaled models keep `max_position`."""
-    rope = hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in ("default", "llama3", "longrope", "su") or not rope.get("factor"):
-        return max_position
-    if rope_type == "yarn":
-        max_position = int(hf_config.get("original_max_position_embeddings")
-                           or rope.get("original_max_position_embeddings") or max_position)
-    return int(max_position * rope["factor"])
+    scaling = _rope_scaling(hf_config, max_position)
+    return max_position if scaling is None else int(scaling[1] * scaling[3])
 
 
 def rope_positions(hf_config: dict[str, Any]) -> int:
@@ -155,13 +168,31 @@ def rope_positions(hf_config: dict[str, Any]) -> int:
     return max(max_position, rope_scaled_length(hf_config, max_position))
 
 
-def draft_length_problem(draft_positions: int, max_model_len: int, name_of: NameOf = flag_name) -> str | None:
-    """A draft model computes every position the target does, so its rotary table must cover the target's length."""
+def rope_positions_origin(hf_config: dict[str, Any], name_of: NameOf = str) -> str:
+    """The config.json numbers `rope_positions` comes from, for a message ("max_position_embeddings", or e.g.
+    "rope_scaling.original_max_position_embeddings 32768 x rope_scaling.factor 4"); `name_of` renames a dotted
+    config.json key (the operator: its spec field)."""
+    max_position = int(hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
+    scaling = _rope_scaling(hf_config, max_position)
+    if scaling is None or rope_scaled_length(hf_config, max_position) <= max_position:
+        return name_of("max_position_embeddings")
+    base_key, base, factor_key, factor = scaling
+    return f"{name_of(base_key)} {base} x {name_of(factor_key)} {factor:g}"
+
+
+def draft_length_problem(draft_positions: int, positions_from: str, max_model_len: int, max_model_len_set: bool,
+                         name_of: NameOf = flag_name) -> str | None:
+    """A draft model computes every position the target does, so its rotary table must cover the target's length:
+    `max_model_len`, which is the target model's own length when `max_model_len_set` is false. `positions_from`
+    says where `draft_positions` comes from (`rope_positions_origin`)."""
     if draft_positions >= max_model_len:
         return None
-    return (f"{name_of('speculative_config')}: the draft model has positions for {draft_positions} tokens (its "
-            f"config.json's max_position_embeddings), fewer than {name_of('max_model_len')} {max_model_len}; lower "
-            f"{name_of('max_model_len')} to {draft_positions} or use a draft model with a context at least that long")
+    flag_ = name_of("max_model_len")
+    served = (f"{flag_} {max_model_len}" if max_model_len_set else
+              f"the target model's length {max_model_len}, which is served while {flag_} is unset")
+    return (f"{name_of('speculative_config')}: the draft model has positions for {draft_positions} tokens "
+            f"({positions_from}), fewer than {served}; {'lower' if max_model_len_set else 'set'} {flag_} to "
+            f"{draft_positions} or use a draft model with a context at least that long")
 
 
 def model_len_limit(hf_config: dict[str, Any]) -> int:

@@ -24,7 +24,7 @@ from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
-from flotilla.operator.names import common_labels, name_problem
+from flotilla.operator.names import common_labels, label_key_problem, label_problems, name_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
 from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
@@ -58,15 +58,28 @@ SANDBOX_ANNOTATION_PREFIXES = (
 )
 
 
+def _label_rules(spec: InferenceServiceSpec) -> list[str]:
+    # Kubernetes' own rules on what becomes labels and annotations: the apiserver would refuse the children after
+    # admission (ApplyRefused in status), where `kubectl apply` should have said so.
+    return (label_problems("spec.pod.labels", spec.pod.labels)
+            + label_problems("spec.pod.annotations", spec.pod.annotations, kind="annotation")
+            + label_problems("spec.monitoring.labels", spec.monitoring.labels)
+            + label_problems("spec.resources.nodeSelector", spec.resources.node_selector))
+
+
 def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     own = set(common_labels("x"))
     for key in spec.pod.labels:
+        if label_key_problem(key):  # no key at all: _label_rules says so
+            continue
         if key in own:  # whatever the admin allows: the selector and app.kubernetes.io labels are the operator's
             errors.append(f"spec.pod.labels: {key} is set by the operator")
         elif problem := policy.pod_label_problem(key):
             errors.append(f"spec.pod.labels: {problem}")
     for key in spec.pod.annotations:
+        if label_key_problem(key.lower()):
+            continue
         if key.startswith(SANDBOX_ANNOTATION_PREFIXES):  # whatever the admin allows: the operator sets these
             errors.append(f"spec.pod.annotations: {key} would change the pods' seccomp or AppArmor profile, which "
                           "the operator sets")
@@ -243,7 +256,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
-                    + _autoscaling_rules(parsed, policy) + _pod_rules(parsed, policy)
+                    + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))

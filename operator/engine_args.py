@@ -19,6 +19,8 @@ import json
 from collections.abc import Callable
 from typing import Any, get_args
 
+from pydantic.alias_generators import to_camel
+
 from flotilla.engine_rules import (
     ParsedFlag,
     cross_flag_problems,
@@ -27,6 +29,7 @@ from flotilla.engine_rules import (
     gguf_load_format_problem,
     looks_like_chat_template,
     parse_argv,
+    rope_positions_origin,
 )
 from flotilla.flags import FLAGS, MODEL_FLAG, Flag, flag, flag_for_crd_field
 from flotilla.operator.lora_volumes import lora_modules
@@ -315,12 +318,16 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
 
 def _draft_length_problem(spec: InferenceServiceSpec) -> str | None:
     """The engine's refusal of a draft model shorter than the length served, where the spec states both: its
-    speculative.draftConfig's maxPositionEmbeddings, and scheduling.maxModelLen or the model's own length."""
+    speculative.draftConfig's maxPositionEmbeddings (rope-scaled), and scheduling.maxModelLen or the model's own
+    length."""
     s = spec.speculative
     draft = s.draft_config if s is not None and s.method == "draft_model" else None
-    positions = draft.rope_positions if draft is not None else None
+    numbers = draft.length_numbers() if draft is not None else None
     target = spec.model.config.length_limit if spec.model.config is not None else None
     max_model_len = spec.scheduling.max_model_len or target
-    if positions is None or max_model_len is None:
+    if draft is None or draft.rope_positions is None or numbers is None or max_model_len is None:
         return None
-    return draft_length_problem(positions, max_model_len, _spec_name)
+    # config.json's keys as draftConfig spells them (rope_scaling.factor: ropeScaling.factor)
+    origin = rope_positions_origin(numbers, lambda key: ".".join(to_camel(part) for part in key.split(".")))
+    return draft_length_problem(draft.rope_positions, f"spec.speculative.draftConfig.{origin}", max_model_len,
+                                spec.scheduling.max_model_len is not None, _spec_name)

@@ -7,6 +7,7 @@ Kept in one place so the Deployment's selector, the Service's selector, the Serv
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from flotilla.operator.spec import GROUP
 
@@ -24,6 +25,10 @@ MANAGED_BY = "flotilla-operator"
 NAME_SUFFIXES: tuple[str, ...] = ()
 MAX_NAME_LENGTH = 63 - max((len(s) for s in NAME_SUFFIXES), default=0)
 _DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# Kubernetes' rules on label and annotation keys ([prefix/]name, a "qualified name") and label values.
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_CHARACTERS = "letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 
 ENGINE_CONTAINER = "engine"
 HTTP_PORT = 8000
@@ -59,6 +64,45 @@ def name_problem(name: str) -> str | None:
         return (f"metadata.name {name!r} must be a DNS-1035 label, as a Service name: lower-case letters, "
                 "digits and '-', starting with a letter and ending with a letter or digit")
     return None
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is no label or annotation key by Kubernetes' rules (an optional DNS-subdomain prefix and '/', then
+    a name of at most 63 characters), or None when it is one."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return "a key has at most one '/' ([prefix/]name)"
+    if len(parts) == 2 and not (len(parts[0]) <= 253 and _DNS_1123_SUBDOMAIN.fullmatch(parts[0])):
+        return (f"its prefix {parts[0]!r} must be a DNS subdomain: at most 253 lower-case letters, digits, '-' and "
+                "'.', starting and ending with a letter or digit")
+    name = parts[-1]
+    if len(name) > 63:
+        return f"its name {name!r} is {len(name)} characters long; the limit is 63"
+    if not _LABEL_NAME.fullmatch(name):
+        return f"its name {name!r} must be 1 to 63 {_LABEL_CHARACTERS}"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why `value` is no label value by Kubernetes' rules (empty, or at most 63 characters of a name), or None."""
+    if len(value) > 63:
+        return f"it is {len(value)} characters long; the limit is 63"
+    if value and not _LABEL_NAME.fullmatch(value):
+        return f"it must be empty or {_LABEL_CHARACTERS}"
+    return None
+
+
+def label_problems(field: str, labels: Mapping[str, str], kind: str = "label") -> list[str]:
+    """What the apiserver would refuse in a map the spec passes on as labels (or, kind "annotation", annotations:
+    their keys only), one message per key that names `field`."""
+    errors = []
+    for key, value in labels.items():
+        # the apiserver checks an annotation's key lower-cased (a prefix may have capitals there, not on a label)
+        if problem := label_key_problem(key.lower() if kind == "annotation" else key):
+            errors.append(f"{field}: {key!r} is not a valid {kind} key: {problem}")
+        elif kind == "label" and (problem := label_value_problem(value)):
+            errors.append(f"{field}: the value of {key}, {value!r}, is not a valid label value: {problem}")
+    return errors
 
 
 def metadata(name: str, namespace: str) -> dict:

@@ -118,6 +118,11 @@ class ModelArchitecture(_Model):
         default=None, ge=1, le=MAX_POSITIONS,
         description="max_position_embeddings: with ropeScaling and slidingWindow, the model's length limit as the "
                     "engine derives it, which is the default for scheduling.maxModelLen and its upper bound.")
+    original_max_position_embeddings: int | None = Field(
+        default=None, ge=1, le=MAX_POSITIONS,
+        description="original_max_position_embeddings at config.json's top level (Phi-3 style): YaRN's pretraining "
+                    "length, read before ropeScaling.originalMaxPositionEmbeddings, as transformers and the engine "
+                    "read it.")
     rope_scaling: RopeScaling | None = Field(
         default=None,
         description="rope_scaling of config.json: YaRN reaches originalMaxPositionEmbeddings x factor (Qwen2.5: 4 x "
@@ -142,17 +147,17 @@ class ModelArchitecture(_Model):
     def length_limit(self) -> int | None:
         """The model's length as the engine derives it from these config.json numbers (engine_rules.model_len_limit:
         rope scaling, then the sliding window), or None without maxPositionEmbeddings."""
-        hf_config = self._length_numbers()
+        hf_config = self.length_numbers()
         return None if hf_config is None else model_len_limit(hf_config)
 
     @property
     def rope_positions(self) -> int | None:
         """The positions the engine's rotary table covers for these numbers (engine_rules.rope_positions: no
         sliding-window cap), or None without maxPositionEmbeddings."""
-        hf_config = self._length_numbers()
+        hf_config = self.length_numbers()
         return None if hf_config is None else rope_positions(hf_config)
 
-    def _length_numbers(self) -> dict[str, Any] | None:
+    def length_numbers(self) -> dict[str, Any] | None:
         """The config.json keys the model's length is derived from (None without maxPositionEmbeddings)."""
         if self.max_position_embeddings is None:
             return None
@@ -160,6 +165,8 @@ class ModelArchitecture(_Model):
                                      "sliding_window": self.sliding_window}
         if self.use_sliding_window is not None:
             hf_config["use_sliding_window"] = self.use_sliding_window
+        if self.original_max_position_embeddings is not None:
+            hf_config["original_max_position_embeddings"] = self.original_max_position_embeddings
         if self.rope_scaling is not None:
             hf_config["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
         return hf_config

@@ -25,7 +25,7 @@ from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.quantization import resolve_quantization
 from flotilla.engine.request import Request
 from flotilla.engine.scheduler import ScheduledRequest, SchedulerOutput
-from flotilla.engine_rules import draft_length_problem, rope_positions
+from flotilla.engine_rules import draft_length_problem, model_len_limit, rope_positions, rope_positions_origin
 
 if TYPE_CHECKING:
     from flotilla.engine.model_runner import ModelRunner
@@ -58,7 +58,11 @@ def load_draft_model(config: EngineConfig, device: torch.device) -> CausalLM:
     # The draft computes every position the target does: past its rotary table (`rope_positions` long, as the model
     # builds it) a step would read beyond it (an IndexError that killed the engine loop on the CPU, an out-of-bounds
     # read on a GPU). Refused from its config.json, before its weights load.
-    if problem := draft_length_problem(rope_positions(hf_config), config.model.max_model_len):
+    # --max-model-len equal to the target's own length reads as unset: the message then names the model's length.
+    max_model_len = config.model.max_model_len
+    origin = f"its config.json's {rope_positions_origin(hf_config)}"
+    if problem := draft_length_problem(rope_positions(hf_config), origin, max_model_len,
+                                       max_model_len != model_len_limit(config.model.hf_config)):
         raise ConfigError(f"{problem} ({draft_dir})")
     model_config = config.model.model_copy(update={"model": str(draft_dir), "hf_config": hf_config,
                                                    "quantization": quantization})

@@ -275,6 +275,9 @@ def test_chart_made_certificate_is_for_the_service_and_signed_by_the_ca_bundle(t
     ({"webhook": {"timeoutSeconds": 2.5}}, "webhook.timeoutSeconds must be a whole number of seconds from 1 to 30"),
     ({"operator": {"podLabels": {"app.kubernetes.io/component": "llm"}}},
      'operator.podLabels: "app.kubernetes.io/component" is a label of the Deployment\'s selector'),
+    # the chart's own: written twice, a winning user value would keep the operator on a renewed-away certificate
+    ({"operator": {"podAnnotations": {"serving.flotilla.dev/webhook-certificate": "pinned"}}},
+     'operator.podAnnotations: "serving.flotilla.dev/webhook-certificate" is set by the chart'),
     ({"operator": {"image": {"digest": "ab12"}}}, "operator.image.digest must be sha256:<64 hex digits>"),
     ({"engine": {"image": {"digest": "sha256:AB"}}}, "engine.image.digest must be sha256:<64 hex digits>"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
@@ -454,3 +457,29 @@ def test_observability_labels_that_repeat_a_chart_label_override_it_written_once
         kind])["metadata"]["labels"]
     assert made["app.kubernetes.io/part-of"] == "ml-platform" and made["release"] == "kube-prometheus-stack"
     assert made["app.kubernetes.io/component"] == "observability" and made["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_large_and_small_numbers_reach_the_operator_flags_as_numbers() -> None:
+    """Helm reads a values file's numbers as floats, which a template prints as 1e+06 from a million on: the int flag
+    --serving-concurrency then refused it and the operator could not start."""
+    serving = {"concurrency": 1000000, "periodSeconds": 12345678, "windowSeconds": 2000000, "timeoutSeconds": 0.00001}
+    container = operator_container(render_chart({"operator": {"resyncSeconds": 1000000, "serving": serving}})[0])
+    assert {"--serving-concurrency=1000000", "--resync-seconds=1000000", "--serving-period=12345678",
+            "--serving-window=2000000", "--serving-timeout=0.00001"} <= set(container["args"])
+    args = operator_main.parse_args(container["args"])
+    assert (args.serving_concurrency, args.resync_seconds, args.serving_timeout) == (1000000, 1e6, 1e-5)
+
+
+def test_a_user_webhook_certificate_annotation_is_written_once_without_a_chart_made_certificate() -> None:
+    """With webhook.tls.mode secret the chart writes no certificate annotation, so a user's is the only one."""
+    import helm_python
+
+    key = "serving.flotilla.dev/webhook-certificate"
+    values = {"operator": {"podAnnotations": {key: "2027-01-01", "example.com/owner": "ml"}},
+              "webhook": {"tls": {"mode": "secret", "secretName": "s", "caBundle": "Y2E="}}}
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    [text] = [t for path, t in rendered.items() if path.endswith("/deployment.yaml")]
+    assert text.count(key + ":") == 1
+    annotations = find(render_chart(values)[0], "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {key: "2027-01-01", "example.com/owner": "ml"}

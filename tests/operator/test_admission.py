@@ -97,6 +97,27 @@ def test_pod_extras_that_would_override_the_operator_are_refused(pod, error):
     assert error in review({**BASE, "pod": pod}, "x").message
 
 
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"pod": {"labels": {"team": "ml/x"}}},
+     "spec.pod.labels: the value of team, 'ml/x', is not a valid label value"),
+    ({"pod": {"labels": {"example.com/bad key": "x"}}},
+     "spec.pod.labels: 'example.com/bad key' is not a valid label key: its name 'bad key' must be 1 to 63"),
+    ({"pod": {"annotations": {"bad key": "any text"}}},
+     "spec.pod.annotations: 'bad key' is not a valid annotation key"),
+    ({"monitoring": {"labels": {"release": "kube prometheus"}}},
+     "spec.monitoring.labels: the value of release, 'kube prometheus', is not a valid label value"),
+    ({"resources": {"nodeSelector": {"bad key!": "x"}}},
+     "spec.resources.nodeSelector: 'bad key!' is not a valid label key"),
+    ({"resources": {"nodeSelector": {"pool": "v" * 64}}},
+     "spec.resources.nodeSelector: the value of pool, '" + "v" * 64 + "', is not a valid label value: it is 64 "
+     "characters long; the limit is 63"),
+])
+def test_labels_the_apiserver_would_refuse_in_the_children_are_refused_naming_the_field(spec, error):
+    # Admitted, they reached status as ApplyRefused; each is one error (not also a policy one for a key that is none).
+    errors = review({**BASE, **spec}, "x").errors
+    assert len(errors) == 1 and errors[0].startswith(error), errors
+
+
 def test_a_rollout_that_cannot_start_a_pod_is_refused():
     assert "rollout.maxSurge and rollout.maxUnavailable cannot both be 0" in review(
         {**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "x").message

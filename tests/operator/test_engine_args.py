@@ -305,10 +305,30 @@ def test_a_draft_model_shorter_than_the_length_served_is_refused_as_the_engine_r
     draft = {"method": "draft_model", "draftModel": "/model/draft",
              "draftConfig": {**arch, "maxPositionEmbeddings": 2048}}
     target = {"source": "pvc://models/m", "config": {**arch, "maxPositionEmbeddings": 8192}}
+    # maxModelLen unset: the length served is the model's own
     assert unsupported(make(model=target, speculative=draft), "x") == [
-        "spec.speculative: the draft model has positions for 2048 tokens (its config.json's max_position_embeddings), "
-        "fewer than spec.scheduling.maxModelLen 8192; lower spec.scheduling.maxModelLen to 2048 or use a draft model "
-        "with a context at least that long"]
+        "spec.speculative: the draft model has positions for 2048 tokens "
+        "(spec.speculative.draftConfig.maxPositionEmbeddings), fewer than the target model's length 8192, which is "
+        "served while spec.scheduling.maxModelLen is unset; set spec.scheduling.maxModelLen to 2048 or use a draft "
+        "model with a context at least that long"]
+    assert unsupported(make(model=target, speculative=draft, scheduling={"maxModelLen": 4096}), "x") == [
+        "spec.speculative: the draft model has positions for 2048 tokens "
+        "(spec.speculative.draftConfig.maxPositionEmbeddings), fewer than spec.scheduling.maxModelLen 4096; lower "
+        "spec.scheduling.maxModelLen to 2048 or use a draft model with a context at least that long"]
+    # rope-scaled positions name the numbers they come from
+    yarn = {**draft, "draftConfig": {**arch, "maxPositionEmbeddings": 1024, "ropeScaling": {
+        "type": "yarn", "factor": 2.5, "originalMaxPositionEmbeddings": 1024}}}
+    assert unsupported(make(model=target, speculative=yarn, scheduling={"maxModelLen": 4096}), "x") == [
+        "spec.speculative: the draft model has positions for 2560 tokens (spec.speculative.draftConfig.ropeScaling."
+        "originalMaxPositionEmbeddings 1024 x ropeScaling.factor 2.5), fewer than spec.scheduling.maxModelLen 4096; "
+        "lower spec.scheduling.maxModelLen to 2560 or use a draft model with a context at least that long"]
+    top = {**draft, "draftConfig": {**arch, "maxPositionEmbeddings": 1024, "originalMaxPositionEmbeddings": 512,
+                                    "ropeScaling": {"type": "yarn", "factor": 4.0,
+                                                    "originalMaxPositionEmbeddings": 1024}}}
+    assert unsupported(make(model=target, speculative=top, scheduling={"maxModelLen": 4096}), "x") == [
+        "spec.speculative: the draft model has positions for 2048 tokens (spec.speculative.draftConfig."
+        "originalMaxPositionEmbeddings 512 x ropeScaling.factor 4), fewer than spec.scheduling.maxModelLen 4096; "
+        "lower spec.scheduling.maxModelLen to 2048 or use a draft model with a context at least that long"]
     assert unsupported(make(model=target, speculative=draft, scheduling={"maxModelLen": 2048}), "x") == []
     assert unsupported(make(speculative=draft), "x") == []  # the length served is not known here: the engine checks
 

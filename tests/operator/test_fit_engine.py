@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic.alias_generators import to_camel
 
 from flotilla.operator.fit import kv_bytes_per_token, weight_bytes
 from flotilla.operator.spec import ModelArchitecture
@@ -122,6 +123,13 @@ LENGTHS = {
               "ropeScaling": {"type": "yarn", "factor": 4.0, "originalMaxPositionEmbeddings": 32768}}),
     "linear": ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
                {"maxPositionEmbeddings": 4096, "ropeScaling": {"ropeType": "linear", "factor": 2.0}}),
+    # original_max_position_embeddings at the top level (Phi-3 style), which transformers and the engine read first:
+    # without originalMaxPositionEmbeddings the operator counted 4 x 131072 and admitted a maxModelLen the engine
+    # refused.
+    "yarn-top-level": ({"max_position_embeddings": 131072, "original_max_position_embeddings": 32768,
+                        "rope_scaling": {"type": "yarn", "factor": 4.0}},
+                       {"maxPositionEmbeddings": 131072, "originalMaxPositionEmbeddings": 32768,
+                        "ropeScaling": {"type": "yarn", "factor": 4.0}}),
     # Llama 3.1: max_position_embeddings counts the factor already.
     "llama3": ({"max_position_embeddings": 131072,
                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
@@ -157,6 +165,44 @@ def test_the_fit_checks_default_length_is_the_engines_and_admission_refuses_only
             assert not engine_takes_it
         errors = [e for e in review(spec, "m").errors if "maxModelLen" in e]
         assert (errors == []) == engine_takes_it, (length, errors)
+
+
+# YaRN's pretraining length in config.json -> the one transformers computes the rotary frequencies from
+YARN_ORIGINALS = {
+    "top-level": ({"original_max_position_embeddings": 8192, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 8192),
+    "in-rope-scaling": ({"rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16384}},
+                        16384),
+    "both": ({"original_max_position_embeddings": 8192,
+              "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16384}}, 8192),
+    "neither": ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, 32768),
+}
+
+
+def _camel(numbers: dict) -> dict:
+    return {to_camel(k): _camel(v) if isinstance(v, dict) else v for k, v in numbers.items()}
+
+
+@pytest.mark.parametrize("case", list(YARN_ORIGINALS))
+def test_yarns_pretraining_length_is_the_one_transformers_reads_in_the_engine_and_the_operator(tmp_path, case):
+    """YaRN reaches original x factor: the operator's length (fit check, admission, a draft's positions), the
+    engine's and the rotary table's all take original_max_position_embeddings where transformers does."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine_rules import rope_positions
+
+    changes, original = YARN_ORIGINALS[case]
+    config = CONFIG | {"max_position_embeddings": 32768} | changes
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = AutoConfig.from_pretrained(tmp_path)
+    ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")  # as the model does: its rope parameters are settled here
+    assert hf.rope_parameters["original_max_position_embeddings"] == original
+    engine_len = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16",
+                                          enable_chunked_prefill=True).model.max_model_len
+    arch = ModelArchitecture.model_validate(_camel({k: v for k, v in config.items() if k not in (
+        "architectures", "model_type", "rms_norm_eps", "torch_dtype")}))
+    assert engine_len == arch.length_limit == arch.rope_positions == rope_positions(config) == original * 4
 
 
 def _per_rank_weight_bytes(model) -> int:

@@ -152,6 +152,15 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "name-dot": ("llama.3", {}, WEBHOOK, "metadata.name 'llama.3' must be a DNS-1035 label"),
     "name-64": ("a" * 64, {}, WEBHOOK, "is 64 characters long; the limit is 63"),
     "name-200": ("a" * 200, {}, WEBHOOK, "is 200 characters long; the limit is 63"),
+    # Labels and annotations the apiserver would refuse in the children (it did, after admission: ApplyRefused)
+    "node-selector-key": ("bad", {"resources": {"nodeSelector": {"bad key!": "x"}}}, WEBHOOK,
+                          "spec.resources.nodeSelector: 'bad key!' is not a valid label key"),
+    "pod-label-value": ("bad", {"pod": {"labels": {"team": "ml/x"}}}, WEBHOOK,
+                        "spec.pod.labels: the value of team, 'ml/x', is not a valid label value"),
+    "service-monitor-label-value": ("bad", {"monitoring": {"labels": {"release": "kube prometheus"}}}, WEBHOOK,
+                                    "spec.monitoring.labels: the value of release, 'kube prometheus', is not a valid"),
+    "pod-annotation-key": ("bad", {"pod": {"annotations": {"bad key": "x"}}}, WEBHOOK,
+                           "spec.pod.annotations: 'bad key' is not a valid annotation key"),
     # 18.7: a product that is no label value
     "gpu-product-space": ("bad", {"resources": {"gpuProduct": "NVIDIA H200"}}, SCHEMA, "spec.resources.gpuProduct"),
     # 18.8: engine rules across fields, decided as the engine decides them
@@ -332,20 +341,23 @@ def test_an_object_owned_by_another_owner_is_named_in_the_conflict(operator_proc
 
 def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothing_is_half_built(
         operator_process, cluster, namespace):
-    # Admitted (a node selector is free-form in the CRD), but no valid label key: the Deployment is refused.
+    # Admitted (an affinity is the core/v1 object, passed through unchecked), but one the apiserver refuses: a
+    # required node affinity with no term. The Deployment is refused.
     doc = fis("picky", namespace, autoscaling=None)
-    doc["spec"]["resources"] = {**doc["spec"]["resources"], "nodeSelector": {"bad key!": "x"}}
+    doc["spec"]["pod"] = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}}}
     cluster.apply(doc)
     body = _blocked(cluster, namespace, "picky", "ApplyRefused")
     message = condition(body, "Progressing")["message"]
     assert message.startswith("nothing applied: the API server refused Deployment picky: ")
-    assert "spec.template.spec.nodeSelector" in message
+    assert "spec.template.spec.affinity.nodeAffinity" in message
     for kind in KINDS:
         if kind in ("ServiceMonitor", "ScaledObject"):
             continue
         assert cluster.kube.get(child_path(kind, namespace, "picky")) is None, kind
     # Fixing the spec converges: the backoff retries, and the update triggers a reconcile at once.
-    doc["spec"]["resources"]["nodeSelector"] = {"pool": "gpu"}
+    doc["spec"]["pod"] = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}}}
     cluster.apply(doc)
     wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "picky")), 60, "the Deployment")
     wait_for(lambda: condition(cluster.kube.get(fis_path(namespace, "picky")), "Degraded").get("status") == "False",

@@ -88,6 +88,17 @@ def test_a_draft_model_shorter_than_max_model_len_is_refused_at_start(tiny_model
                f"model with a context at least that long ({draft})")
     with pytest.raises(ConfigError, match=re.escape(message)):
         LLM(str(target), max_model_len=256, speculative_config=spec)
+    # unset, the length served is the target's own (and a rope-scaled draft's positions say what they come from)
+    (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64,
+                                                   "rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
+    own = json.loads((target / "config.json").read_text())["max_position_embeddings"]
+    message = ("--speculative-config: the draft model has positions for 128 tokens (its config.json's "
+               f"max_position_embeddings 64 x rope_scaling.factor 2), fewer than the target model's length {own}, "
+               "which is served while --max-model-len is unset; set --max-model-len to 128 or use a draft model with "
+               f"a context at least that long ({draft})")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        LLM(str(target), speculative_config=spec)
+    (draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     llm = LLM(str(target), max_model_len=64, speculative_config=spec)
     greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     [out] = llm.generate([list(range(100, 160))], greedy, use_tqdm=False)
