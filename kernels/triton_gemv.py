@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, H200, Table, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, Table, device_card, for_card, parsed
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
@@ -107,7 +107,7 @@ def tiles_spec(table: Table) -> str:
 # plain GEMV and of its rope form (`triton_gemv_rope.py`, the qkv projection); a shape without an entry takes
 # `default_config`'s lead (which every card did before session 25). In-engine tile descent: bench/tile_sweep.py
 # --family bf16 (bench/results/sweep25-gpu.sh) prints the entry to put here for the card it ran on.
-ONE_ROW_TILES: dict[str, str] = {DEFAULT: "", H200: ""}
+ONE_ROW_TILES: dict[str, str] = {DEFAULT: ""}
 # FLOTILLA_GEMV_CONFIG (`parse_tiles`; read at import) replaces the table on every card.
 _ENV_TILES = os.environ.get("FLOTILLA_GEMV_CONFIG", "")
 _ONE_ROW: dict[str, Table] = parsed({DEFAULT: _ENV_TILES} if _ENV_TILES else ONE_ROW_TILES, parse_tiles)

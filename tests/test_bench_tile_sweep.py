@@ -91,3 +91,31 @@ def test_dry_run_finds_the_made_up_optimum_and_prints_the_tables(name):
     assert f"SWEEP dry-run {name}: " in out and "-> 2.600 ms" in out and len(adopt) >= 2
     key = {"bf16": "FLOTILLA_GEMV_CONFIG=", "fp8": "FLOTILLA_FP8_ROW_GEMV_CONFIG="}[name]
     assert key in adopt[-1]
+
+
+def test_compile_worker_calls_each_host_with_a_candidates_knobs():
+    """The warm-up's worker (`tile_sweep._warm_one`) launches a recorded host call once per candidate, the tile given
+    as keywords: the bf16 GEMV (a split-K tile), the gated GEMV and the fp8 row GEMV's gated form (its recorded
+    `gated=True` kept); a tile the kernel cannot take is counted as failed, not raised."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent / "kernels"))
+    import tile_sweep
+    from kernel_cases import DEVICE
+
+    from flotilla.kernels.fp8_linear import quantize_fp8_rows
+
+    x = torch.randn(1, 256).to(torch.bfloat16).to(DEVICE)
+    w = torch.randn(64, 256).to(torch.bfloat16).to(DEVICE)
+    w8, scale = (t.to(DEVICE) for t in quantize_fp8_rows(torch.randn(64, 256) / 16))
+    gemv = {"block_n": 16, "block_k": 64, "split_k": 2, "num_warps": 2, "num_stages": 1}
+    gated = {"block_n": 8, "block_k": 64, "num_warps": 2, "num_stages": 1}
+    row = {"block_n": 8, "block_k": 128, "num_warps": 2, "prefetch": 1, "trigger": 0, "use_pdl": 0}
+    jobs = [("triton_gemv", "gemv", [x, w], {"pdl": False}, [gemv, dict(gemv, block_k=48)]),
+            ("triton_gated_gemv", "gated_gemv", [x, w], {"pdl": False}, [gated]),
+            ("triton_fp8_row_gemv", "fp8_row_gemv", [x, w8, scale], {"gated": True}, [row])]  # fmt: skip
+    done = [tile_sweep._warm_one((mod, fn, [tile_sweep._describe(a) for a in args],
+                                  {k: tile_sweep._describe(v) for k, v in kw.items()}, tiles, str(DEVICE)))
+            for mod, fn, args, kw, tiles in jobs]  # fmt: skip
+    assert "gemv 2 tiles, 1 failed" in done[0]
+    assert "gated_gemv 1 tiles, 0 failed" in done[1] and "fp8_row_gemv 1 tiles, 0 failed" in done[2]
