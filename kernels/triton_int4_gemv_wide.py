@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, H200, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, H200, device_card
 from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.switches import env_choice
 from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
@@ -127,7 +127,7 @@ def restore_wide_tiles(previous: tuple[TileTable, TileTable, dict[str, TileTable
 
 def wide_tiles(card: str | None) -> TileTable:
     """The plain launches' table on `card`: its own measured table, else DEFAULT's (or the environment's)."""
-    return for_card({DEFAULT: _WIDE_TILES, **_CARD_TILES}, card)
+    return _CARD_TILES.get(card, _WIDE_TILES) if card is not None else _WIDE_TILES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
