@@ -74,9 +74,11 @@ def set_variant(engine, mode: str, config: str, pdl_on: bool = True) -> float:
     from quant_gpu import _recapture_decode
 
     from flotilla.kernels import pdl, triton_int4_gemv, triton_int4_gemv_wide, triton_paged_decode
+    from flotilla.kernels.card_tables import card_name
 
-    if not _START_TILES:
-        _START_TILES.update(triton_int4_gemv_wide._WIDE_TILES)
+    if not _START_TILES:  # the card's table (`card_tables.py`), then the one table every card looks up here
+        _START_TILES.update(triton_int4_gemv_wide.wide_tiles(card_name(torch.cuda.current_device())))
+        triton_int4_gemv_wide._CARD_TILES = {}
     tiles = triton_int4_gemv._parse_tiles(config)
     triton_int4_gemv_wide.WIDE_PDL = mode
     triton_int4_gemv_wide._PDL_TILES = tiles if mode else {}

@@ -727,11 +727,12 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, gemv_max_rows: int, a: to
     if not (LORA_KERNELS != "pair" and x.is_cuda and x.dim() == 2 and 0 < rows <= gemv_max_rows
             and weight.shape[0] <= TRITON_GEMV_MAX_OUT):
         return None
+    from flotilla.kernels.card_tables import device_card
     from flotilla.kernels.triton_gemv import LoRAEpilogue, fuses_lora, gemv
     from flotilla.kernels.triton_lora import lora_shrink
     from flotilla.kernels.triton_utils import device_sms
 
-    if not fuses_lora(rows, weight.shape[0], k, device_sms(x)):
+    if not fuses_lora(rows, weight.shape[0], k, device_sms(x), device_card(x)):
         return None
     part = lora_shrink(x, a, token_slots)
     return gemv(x, weight, lora=LoRAEpilogue(part, b, token_slots, slice_sizes, max_rank))

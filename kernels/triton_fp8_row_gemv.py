@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import DEFAULT, device_card, for_card, parsed
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
 from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.triton_activation import silu_mul
@@ -122,16 +123,20 @@ def parse_configs(text: str) -> dict[tuple[int, int] | None, dict[str, int]]:
 
 
 ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
-# Per-shape winners of the micro sweep (bench/fp8_row_gemv.py) at Llama-3.1-8B's shapes, session 16 call 2 (an H100;
-# bench/results/gpu-2026-12-05-s16/call2/fp8g15): qkv 9.57 vs 10.46 us at the default, o_proj 7.45 vs 7.90, down
-# 21.61 vs 23.23; the gated gate_up form's default was within 0.4 us of its best. The environment's entries win.
-MEASURED_CONFIGS = parse_configs("6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024")
+# Per card (`card_tables.py`; `parse_configs` syntax). DEFAULT: the per-shape winners of the micro sweep
+# (bench/fp8_row_gemv.py) at Llama-3.1-8B's shapes, session 16 call 2 (an H100; bench/results/gpu-2026-12-05-s16/
+# call2/fp8g15): qkv 9.57 vs 10.46 us at the default, o_proj 7.45 vs 7.90, down 21.61 vs 23.23; the gated gate_up
+# form's default was within 0.4 us of its best. bench/tile_sweep.py --family fp8 (bench/results/sweep25-gpu.sh) times
+# tiles inside the engine and prints the entry for the card it ran on. The environment's entries win on every card.
+MEASURED_CONFIGS: dict[str, str] = {DEFAULT: "6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024"}
+_MEASURED = parsed(MEASURED_CONFIGS, parse_configs)
 
 
-def env_knobs(rows: int, k: int) -> dict[str, int]:
-    """The knobs for a `[rows, k]` weight: the measured table's, then FLOTILLA_FP8_ROW_GEMV_CONFIG's global knobs,
-    then its shape's."""
-    return MEASURED_CONFIGS.get((rows, k), {}) | ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
+def env_knobs(rows: int, k: int, card: str | None = None) -> dict[str, int]:
+    """The knobs for a `[rows, k]` weight on `card`: the card's measured table's (`DEFAULT`'s for a card without
+    one), then FLOTILLA_FP8_ROW_GEMV_CONFIG's global knobs, then its shape's."""
+    measured = for_card(_MEASURED, card).get((rows, k), {})
+    return measured | ENV_CONFIGS.get(None, {}) | ENV_CONFIGS.get((rows, k), {})
 
 
 def default_config(
@@ -539,7 +544,7 @@ def fp8_row_gemv(
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k) | knobs))
+    cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k, device_card(x)) | knobs))
     assert cfg.block_k % 4 == 0
     extra: dict[str, bool | int] = {}
     if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
@@ -584,7 +589,7 @@ def fuses_rope(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias
     if not (supported(x, w_fp8, w_scale, bias) and head_dim % 2 == 0 and w_fp8.shape[0] % head_dim == 0):
         return False
     n, k = w_fp8.shape
-    cfg = default_config(n, k, device_sms(x), gated=False, **env_knobs(n, k))
+    cfg = default_config(n, k, device_sms(x), gated=False, **env_knobs(n, k, device_card(x)))
     return fits_rope(cfg.block_n, head_dim)
 
 
@@ -615,7 +620,7 @@ def fp8_row_gemv_rope(
     assert fuses_rope(x, w_fp8, w_scale, bias, head_dim), "fp8_row_gemv_rope needs fuses_rope()"
     check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k) | knobs))
+    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k, device_card(x)) | knobs))
     assert fits_rope(cfg.block_n, head_dim), f"tile {cfg.block_n} vs heads"
     extra: dict[str, bool | int] = {}
     if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:

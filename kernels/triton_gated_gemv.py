@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.card_tables import DEFAULT, device_card, for_card
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_gemv import _fma_sums
@@ -76,6 +77,16 @@ def parse_config(knobs: str) -> dict[str, int]:
 
 
 ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_GATED_GEMV_CONFIG", ""))
+# One-row knobs per card (`card_tables.py`; `parse_config` syntax), under FLOTILLA_GATED_GEMV_CONFIG's: empty, the
+# lead (`default_config`: session 14's H200 sweep winner) on every card until bench/tile_sweep.py --family bf16
+# (bench/results/sweep25-gpu.sh) prints an in-engine winner for a card.
+ONE_ROW_CONFIGS: dict[str, str] = {DEFAULT: ""}
+_ONE_ROW = {card: parse_config(spec) for card, spec in ONE_ROW_CONFIGS.items()}
+
+
+def one_row_knobs(m: int, card: str | None) -> dict[str, int]:
+    """The card's one-row knobs (`{}` at other row counts)."""
+    return dict(for_card(_ONE_ROW, card)) if m == 1 else {}
 
 
 def default_config(
@@ -182,9 +193,10 @@ def gated_gemv(
     """`silu(x @ weight[:N].T + bias[:N]) * (x @ weight[N:].T + bias[N:])` `[M, N]` for `x` `[M, K]` (few rows)
     and the merged gate/up weight `[2N, K]`; fp32 sums, rounded as `gated_gemv_ref` on the GPU rounds.
 
-    `knobs` (block_n, block_k, num_warps, num_stages) override FLOTILLA_GATED_GEMV_CONFIG's, which override
-    `default_config`. `pdl`: launched by programmatic dependent launch (default: `pdl_active`, the one-row chain on
-    sm_90+); `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions."""
+    `knobs` (block_n, block_k, num_warps, num_stages) override FLOTILLA_GATED_GEMV_CONFIG's, which override the
+    card's one-row knobs (`ONE_ROW_CONFIGS`), which override `default_config`. `pdl`: launched by programmatic
+    dependent launch (default: `pdl_active`, the one-row chain on sm_90+); `pdl_gdc=False` (tests only) keeps the
+    peeled first step without the griddepcontrol instructions."""
     assert supported(x, weight, bias), f"unsupported operands {tuple(x.shape)} x {tuple(weight.shape)}"
     m, k = x.shape
     n = weight.shape[0] // 2
@@ -193,7 +205,7 @@ def gated_gemv(
         return gated_gemv_ref(x, weight, bias)
     if m == 0 or n == 0:
         return out
-    cfg = default_config(m, n, k, device_sms(x), **(ENV_KNOBS | knobs))
+    cfg = default_config(m, n, k, device_sms(x), **(one_row_knobs(m, device_card(x)) | ENV_KNOBS | knobs))
     extra = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gated_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, bias if bias is not None else out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
@@ -203,5 +215,5 @@ def gated_gemv(
     return out
 
 
-__all__ = ["ENV_KNOBS", "GatedGemvConfig", "default_config", "gated_gemv", "gated_gemv_ref", "parse_config",
-           "supported"]  # fmt: skip
+__all__ = ["ENV_KNOBS", "ONE_ROW_CONFIGS", "GatedGemvConfig", "default_config", "gated_gemv", "gated_gemv_ref",
+           "one_row_knobs", "parse_config", "supported"]  # fmt: skip

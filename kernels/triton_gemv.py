@@ -49,12 +49,15 @@ prefetch of the first part of the program's rows before the wait.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import DEFAULT, Table, device_card, for_card, parsed
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
@@ -71,6 +74,67 @@ _MAX_K_STEP_BYTES = 1024
 # M = 4 on `tl.dot` with 64-row tiles and split-K beats FMA (qkv 24.9 -> 15.1 us) and the 16-row dot tiles
 # (M = 16, qkv 35.7 -> 14.9 us).
 _FP8_MAX_K = 512
+_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages"}
+
+
+def parse_tiles(spec: str) -> Table:
+    """FLOTILLA_GEMV_CONFIG's syntax: `;`-separated `NxK:knobs` entries, knobs any of `bn=,bk=,sk=,w=,s=`
+    (`"4096x4096:bn=8,bk=512,w=4,s=2;4096x14336:bn=16"`); a ValueError naming the variable for anything else."""
+    out: Table = {}
+    for entry in (e.strip() for e in spec.split(";") if e.strip()):
+        shape, _, knobs = entry.rpartition(":")
+        n, _, k = shape.partition("x")
+        if not (n.strip().isdigit() and k.strip().isdigit()):
+            raise ValueError(f"FLOTILLA_GEMV_CONFIG: bad shape {shape!r} (expected NxK:knobs, e.g. 4096x4096:bn=8)")
+        values = {}
+        for item in (i.strip() for i in knobs.split(",") if i.strip()):
+            name, _, value = (t.strip() for t in item.partition("="))
+            if name not in _KNOBS or not value.isdigit() or int(value) < 1:
+                raise ValueError(f"FLOTILLA_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, sk=, w=, s= integers)")
+            values[_KNOBS[name]] = int(value)
+        out[(int(n), int(k))] = values
+    return out
+
+
+def tiles_spec(table: Table) -> str:
+    """`table` in `parse_tiles`' syntax."""
+    names = {v: key for key, v in _KNOBS.items()}
+    return ";".join(f"{shape[0]}x{shape[1]}:" + ",".join(f"{names[key]}={v}" for key, v in knobs.items())
+                    for shape, knobs in table.items() if shape is not None)  # fmt: skip
+
+
+# One-row bf16/fp16 tiles per card (`card_tables.py`): `{(N, K): default_config knobs}` for a one-row call of the
+# plain GEMV and of its rope form (`triton_gemv_rope.py`, the qkv projection); a shape without an entry takes
+# `default_config`'s lead (which every card did before session 25). In-engine tile descent: bench/tile_sweep.py
+# --family bf16 (bench/results/sweep25-gpu.sh) prints the entry to put here for the card it ran on.
+ONE_ROW_TILES: dict[str, str] = {DEFAULT: ""}
+# FLOTILLA_GEMV_CONFIG (`parse_tiles`; read at import) replaces the table on every card.
+_ENV_TILES = os.environ.get("FLOTILLA_GEMV_CONFIG", "")
+_ONE_ROW: dict[str, Table] = parsed({DEFAULT: _ENV_TILES} if _ENV_TILES else ONE_ROW_TILES, parse_tiles)
+
+
+def set_one_row_tiles(entries: Mapping[tuple[int, int], Mapping[str, int]]) -> dict[str, Table]:
+    """Replace the one-row table's entries of the given `(n, k)` shapes on every card, in-process (benchmarks:
+    bench/tile_sweep.py, which captures the decode graphs again after each change); returns the previous tables for
+    `restore_one_row_tiles`."""
+    global _ONE_ROW
+    previous = {card: dict(t) for card, t in _ONE_ROW.items()}
+    _ONE_ROW = {card: {**t, **{s: dict(v) for s, v in entries.items()}} for card, t in _ONE_ROW.items()}
+    return previous
+
+
+def restore_one_row_tiles(previous: dict[str, Table]) -> None:
+    """Put back the tables `set_one_row_tiles` returned."""
+    global _ONE_ROW
+    _ONE_ROW = {card: dict(t) for card, t in previous.items()}
+
+
+def one_row_knobs(m: int, n: int, k: int, card: str | None, weight_bytes: int = 2) -> dict[str, int]:
+    """The card's one-row table entry for an `[n, k]` bf16/fp16 weight (`{}` at other row counts, for fp8 weights and
+    for shapes without one)."""
+    if m != 1 or weight_bytes != 2:
+        return {}
+    return dict(for_card(_ONE_ROW, card).get((n, k), {}))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,9 +162,10 @@ def default_config(
     num_stages: int | None = None,
     use_dot: bool | None = None,
     weight_bytes: int = 2,
+    card: str | None = None,
 ) -> GemvConfig:
-    """The launch configuration for an `[m, k] x [n, k]^T` GEMV; given knobs are kept, the rest chosen.
-    `weight_bytes` is the weight's element size (2 for bf16/fp16, 1 for fp8).
+    """The launch configuration for an `[m, k] x [n, k]^T` GEMV; given knobs are kept, then the card's one-row table's
+    (`one_row_knobs`), the rest chosen. `weight_bytes` is the weight's element size (2 for bf16/fp16, 1 for fp8).
 
     A lead from first principles, measured only at these defaults (kernels-gemv-s2.json), not swept:
     - FMA up to M = 4, dot above, where the FMA accumulator would not fit the register budget.
@@ -116,6 +181,10 @@ def default_config(
       cuBLAS's), a large share of an ~8-12 us call. For Llama-3.1-8B on 132 SMs this leaves
       split_k = 1 for all four projections; smaller N (tensor-parallel shards, small models) split.
     """
+    table = one_row_knobs(m, n, k, card, weight_bytes)
+    block_n, block_k, split_k = block_n or table.get("block_n"), block_k or table.get("block_k"), \
+        split_k or table.get("split_k")
+    num_warps, num_stages = num_warps or table.get("num_warps"), num_stages or table.get("num_stages")
     block_m = triton.next_power_of_2(max(m, 1))
     k_pow2 = max(16, triton.next_power_of_2(k))
     fp8 = weight_bytes == 1
@@ -173,10 +242,10 @@ class LoRAEpilogue:
                 "LORA_BLOCK_S": max(2, triton.next_power_of_2(self.part.shape[0]))}
 
 
-def fuses_lora(m: int, n: int, k: int, num_sms: int) -> bool:
+def fuses_lora(m: int, n: int, k: int, num_sms: int, card: str | None = None) -> bool:
     """True when a GEMV of these shapes can take a `LoRAEpilogue`: the FMA path (few rows; the
     epilogue gathers `[rows, BLOCK_N, rank]` of B per program) without a split-K reduce."""
-    cfg = default_config(m, n, k, num_sms)
+    cfg = default_config(m, n, k, num_sms, card=card)
     return not cfg.use_dot and cfg.split_k == 1
 
 
@@ -469,6 +538,7 @@ def gemv(
     cfg = default_config(
         m, n, k, device_sms(x), block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
         num_stages=num_stages, use_dot=use_dot, weight_bytes=min(weight.element_size(), 2),
+        card=device_card(x) if weight_scale is None else None,
     )  # fmt: skip
     block_m = triton.next_power_of_2(m)
     if cfg.use_dot:
@@ -561,4 +631,6 @@ def fp8_gemv(
     return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
 
 
-__all__ = ["GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv", "l2_prefetch_k"]
+__all__ = ["ONE_ROW_TILES", "GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv",
+           "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles", "set_one_row_tiles",
+           "tiles_spec"]

@@ -19,10 +19,13 @@ row, bf16/fp16, the plain GEMV's config one K range of FMA tiles holding whole r
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import device_card
 from flotilla.kernels.linear import gemv_ref
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_gemv import _fma_sums, default_config
@@ -67,7 +70,7 @@ def fuses_rope(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
             and weight.shape[1] > 0 and head_dim % 2 == 0 and weight.shape[0] % head_dim == 0):  # fmt: skip
         return False
     n, k = weight.shape
-    cfg = default_config(1, n, k, device_sms(x))
+    cfg = default_config(1, n, k, device_sms(x), card=device_card(x))
     return not cfg.use_dot and cfg.split_k == 1 and fits_rope(cfg.block_n, head_dim)
 
 
@@ -142,11 +145,14 @@ def gemv_rope(
     *,
     pdl: bool | None = None,
     pdl_gdc: bool = True,
+    **knobs: Any,
 ) -> torch.Tensor:
     """`gemv_rope_ref` in one launch for one row `x` `[1, K]` (where `fuses_rope`): returns the rotated query
     `[1, H, D]` (new); the rotated key and the value land in the `[blocks, page, Hkv, D]` caches.
     `pdl`: launched by programmatic dependent launch, as the plain GEMV (default: FLOTILLA_PDL where capable);
-    `pdl_gdc=False` (tests only) keeps the peeled first step without griddepcontrol (the interpreter has none)."""
+    `pdl_gdc=False` (tests only) keeps the peeled first step without griddepcontrol (the interpreter has none).
+    `knobs` (block_n, block_k, num_warps, num_stages; benchmarks) override the plain GEMV's configuration, which
+    `fuses_rope` checked: a tile that splits a rotation pair fails the launch."""
     head_dim = cos_sin_cache.shape[-1]
     n, k = weight.shape
     assert fuses_rope(x, weight, head_dim), "gemv_rope needs fuses_rope()"
@@ -154,7 +160,8 @@ def gemv_rope(
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
     check_rope_operands(n, cos_sin_cache, k_cache, v_cache, num_heads, num_kv_heads)
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    cfg = default_config(1, n, k, device_sms(x))
+    cfg = default_config(1, n, k, device_sms(x), card=device_card(x), **knobs)
+    assert not cfg.use_dot and cfg.split_k == 1 and fits_rope(cfg.block_n, head_dim), f"tile {cfg} vs heads"
     consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gemv_rope_kernel[(n // cfg.block_n,)](
         x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import device_card
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_int4_gemv import _split_k_fixup, split_ranges
@@ -217,7 +218,7 @@ class _Launch:
         """The plain kernel's launch for an `[n, k]` weight at one row (`wide_config`), split-K kept where counters
         are to be had."""
         pdl = pdl_mode(x, pdl)
-        cfg = wide_config(1, n, k, device_sms(x), pdl=bool(pdl), **knobs)
+        cfg = wide_config(1, n, k, device_sms(x), pdl=bool(pdl), card=device_card(x), **knobs)
         words = k // 8
         wps, splits = split_ranges(words, cfg.split_k, cfg.block_w)
         counters = None
@@ -254,7 +255,7 @@ def fuses_gated(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zer
     if not (_operands_ok(x, packed, scales, zeros, group_size, bias) and packed.shape[0] % 2 == 0):
         return False
     n, k = packed.shape[0], x.shape[-1]
-    return wide_config(1, n, k, device_sms(x)).block_n >= 2
+    return wide_config(1, n, k, device_sms(x), card=device_card(x)).block_n >= 2
 
 
 def fuses_rope(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -266,7 +267,9 @@ def fuses_rope(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero
             and packed.shape[0] % head_dim == 0):  # fmt: skip
         return False
     n, k = packed.shape[0], x.shape[-1]
-    return all(fits_rope(wide_config(1, n, k, device_sms(x), pdl=pdl).block_n, head_dim) for pdl in (False, True))
+    card = device_card(x)
+    return all(fits_rope(wide_config(1, n, k, device_sms(x), pdl=pdl, card=card).block_n, head_dim)
+               for pdl in (False, True))
 
 
 def int4_gemv_wide_gated(

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import DEFAULT, H200, device_card
 from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.switches import env_choice
 from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
@@ -58,17 +59,28 @@ _X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 # bench/results/tile20-gpu.sh: each shape's one-knob neighbours timed inside the int4 engine's PDL graph, where the
 # fused gated/rope forms run): bs1 ctx 512 2.609 -> 2.541 ms (orig/new/new/orig, 64 steps each; 0.449x the same
 # call's bf16 5.659), greedy tokens equal; qkv and o kept theirs. Measured at one row only (the table serves 1-4).
-MEASURED_TILES = (
+# Per card since session 25 (`card_tables.py`): the table above is DEFAULT's (every card without its own); the H200's
+# differs at o_proj, where session 25's in-engine descent on the H200 (call 4, bench/results/gpu-2026-12-06-s25/
+# call4/tile20.log) took 8 rows x 256 words without split-K: bs1 ctx 512 2.262 -> 2.203 ms (orig/new/new/orig, 64 steps
+# each), greedy tokens equal; qkv, gate_up and down kept theirs.
+_H100_TILES = (
     "block_n=16,block_w=128,num_warps=4,num_stages=1;"
     "6144x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
     "4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1;"
     "28672x4096:block_n=16,block_w=128,num_warps=2,num_stages=1,layout=1;"
     "4096x14336:block_n=32,block_w=128,num_warps=4,num_stages=1,split_k=4,layout=1"
 )
+MEASURED_TILES: dict[str, str] = {
+    DEFAULT: _H100_TILES,
+    H200: _H100_TILES.replace("4096x4096:block_n=16,block_w=128,num_warps=4,num_stages=1,split_k=2,layout=1",
+                              "4096x4096:block_n=8,block_w=256,num_warps=4,num_stages=1,split_k=1,layout=1"),
+}
 # Tiles from the environment (`triton_int4_gemv._parse_tiles` syntax, e.g. "block_n=32,block_w=128;4096x14336:
-# split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; unset, the measured table.
-# Read once at import.
-_WIDE_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "") or MEASURED_TILES)
+# split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; it replaces every card's table.
+# Unset, the measured tables: `_WIDE_TILES` DEFAULT's, `_CARD_TILES` the other cards'. Read once at import.
+_ENV_TILES = os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "")
+_WIDE_TILES = _parse_tiles(_ENV_TILES or MEASURED_TILES[DEFAULT])
+_CARD_TILES = {} if _ENV_TILES else {c: _parse_tiles(t) for c, t in MEASURED_TILES.items() if c != DEFAULT}
 # FLOTILLA_INT4_WIDE_PDL (default "1" since session 16's call 3, above; "0" turns it off): a one-row call launched by
 # programmatic dependent launch (`kernels/pdl.py`; only where `pdl_active`, i.e. FLOTILLA_PDL on, sm_90+, one row)
 # with its first step's words and scales loaded before `griddepcontrol.wait`, so that they stream while the kernel
@@ -85,7 +97,9 @@ _PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))
 TileTable = dict[tuple[int, int] | None, dict[str, int]]
 
 
-def set_wide_tiles(entries: Mapping[tuple[int, int], Mapping[str, int]]) -> tuple[TileTable, TileTable]:
+def set_wide_tiles(
+    entries: Mapping[tuple[int, int], Mapping[str, int]],
+) -> tuple[TileTable, TileTable, dict[str, TileTable]]:
     """Replace the tile-table entries of the given `(n, k)` weight shapes in-process (benchmarks:
     bench/int4_tile_sweep.py times tiles inside the engine, capturing its decode graphs again after each change).
     Every launch of those shapes takes them: the plain table's, and the PDL table's too where it has entries of its
@@ -93,20 +107,27 @@ def set_wide_tiles(entries: Mapping[tuple[int, int], Mapping[str, int]]) -> tupl
     (`triton_int4_gemv_fused.py`) look their tiles up through `wide_config` and follow. An entry is whole knobs (a
     shape's entry wins whole: knobs it lacks come from the lead, not from the every-shape entry). Returns the previous
     tables, for `restore_wide_tiles`. A qkv tile the rope form cannot take (`fuses_rope`) makes the engine run the
-    unfused pair there."""
-    global _WIDE_TILES, _PDL_TILES
-    previous = (dict(_WIDE_TILES), dict(_PDL_TILES))
+    unfused pair there. Every card's table takes the entries (a benchmark runs on one)."""
+    global _WIDE_TILES, _PDL_TILES, _CARD_TILES
+    previous = (dict(_WIDE_TILES), dict(_PDL_TILES), {c: dict(t) for c, t in _CARD_TILES.items()})
     new: TileTable = {shape: dict(knobs) for shape, knobs in entries.items()}
     _WIDE_TILES = {**_WIDE_TILES, **new}
+    _CARD_TILES = {c: {**t, **new} for c, t in _CARD_TILES.items()}
     if _PDL_TILES:
         _PDL_TILES = {**_PDL_TILES, **new}
     return previous
 
 
-def restore_wide_tiles(previous: tuple[TileTable, TileTable]) -> None:
+def restore_wide_tiles(previous: tuple[TileTable, TileTable, dict[str, TileTable]]) -> None:
     """Put back the tables `set_wide_tiles` returned."""
-    global _WIDE_TILES, _PDL_TILES
+    global _WIDE_TILES, _PDL_TILES, _CARD_TILES
     _WIDE_TILES, _PDL_TILES = dict(previous[0]), dict(previous[1])
+    _CARD_TILES = {c: dict(t) for c, t in previous[2].items()}
+
+
+def wide_tiles(card: str | None) -> TileTable:
+    """The plain launches' table on `card`: its own measured table, else DEFAULT's (or the environment's)."""
+    return _CARD_TILES.get(card, _WIDE_TILES) if card is not None else _WIDE_TILES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,16 +160,19 @@ def wide_config(
     num_stages: int | None = None,
     pdl: bool = False,
     layout: int | None = None,
+    card: str | None = None,
 ) -> WideConfig:
     """The launch of an `[m, k] x [n, k]^T` call; given knobs (then FLOTILLA_INT4_GEMV_WIDE_CONFIG's) are kept.
     `pdl`: a PDL launch, whose knobs come from FLOTILLA_INT4_WIDE_PDL_CONFIG first (when set).
 
-    The table (`MEASURED_TILES`, or FLOTILLA_INT4_GEMV_WIDE_CONFIG) gives the knobs it has; the rest follow the
+    The table (`card`'s `MEASURED_TILES` entry, else DEFAULT's, or FLOTILLA_INT4_GEMV_WIDE_CONFIG; `wide_tiles`)
+    gives the knobs it has; the rest follow the
     first lead (CPU-inspected sm_90 code): 4 warps with one row of 128 words (512 contiguous bytes) a warp and
     step, 32 rows a program, 16 while the row tiles are fewer than 2 per SM, 3 stages; split-K by powers of two
     while the programs are fewer than 2 per SM and each range keeps 2 steps.
     """
-    tables = (_PDL_TILES, _WIDE_TILES) if pdl else (_WIDE_TILES,)
+    plain = wide_tiles(card)
+    tables = (_PDL_TILES, plain) if pdl else (plain,)
     given = next((t[key] for t in tables for key in ((n, k), None) if key in t), {})
     block_w = block_w or given.get("block_w") or min(128, max(32, triton.next_power_of_2(k // 8) // 2))
     num_warps = num_warps or given.get("num_warps") or 4
@@ -529,7 +553,8 @@ def int4_gemv_wide(
         return out
     pdl = pdl_mode(x, pdl)
     cfg = wide_config(m, n, k, device_sms(x), block_n=block_n, block_w=block_w, split_k=split_k,
-                      num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl), layout=layout)  # fmt: skip
+                      num_warps=num_warps, num_stages=num_stages, pdl=bool(pdl), layout=layout,
+                      card=device_card(x))  # fmt: skip
     assert cfg.block_w % 4 == 0, cfg
     words = k // 8
     out2 = out.view(-1, n)

@@ -171,6 +171,7 @@ def test_dispatch_decisions(monkeypatch):
     from flotilla.kernels import triton_fp8_row_gemv as mod
 
     monkeypatch.setattr(mod, "device_sms", lambda t: 132)  # the fake CUDA tensor's SM count
+    monkeypatch.setattr(mod, "device_card", lambda t: None)  # and its card: DEFAULT's tables
     x, w8, scale, _ = _case(6 * 32, 64, torch.bfloat16, bias=False)
     fake = x.as_subclass(_FakeCuda)
     monkeypatch.setattr(dispatch, "FP8_ROW_GEMV", False)  # FLOTILLA_FP8_ROW_GEMV=0

@@ -144,7 +144,7 @@ def test_fused_forms_apply_at_llama_shapes_of_the_tile_table(monkeypatch):
     assert not mod.fuses_gated(x, gate_up.packed, torch.ones(28672, 256, dtype=torch.bfloat16), None, 16, None)
     monkeypatch.setattr(wide, "_WIDE_TILES", _parse_tiles("6144x4096:block_n=256"))
     assert not mod.fuses_rope(x, *qkv, None, 128)  # a tile wider than a head
-    monkeypatch.setattr(wide, "_WIDE_TILES", _parse_tiles(wide.MEASURED_TILES))
+    monkeypatch.setattr(wide, "_WIDE_TILES", _parse_tiles(wide.MEASURED_TILES[wide.DEFAULT]))
     monkeypatch.setattr(wide, "_PDL_TILES", _parse_tiles("6144x4096:block_n=256"))
     assert not mod.fuses_rope(x, *qkv, None, 128)  # the PDL launch's tile too
 
@@ -167,6 +167,7 @@ def test_dispatch_switches(monkeypatch):
     assert dispatch.INT4_GATED is (os.environ.get("FLOTILLA_INT4_GATED", "1").lower() not in off)
     assert dispatch.INT4_QKV_ROPE is (os.environ.get("FLOTILLA_INT4_QKV_ROPE", "1").lower() not in off)
     monkeypatch.setattr(mod, "device_sms", lambda t: 132)
+    monkeypatch.setattr(mod, "device_card", lambda t: None)  # the fake CUDA tensor's card: DEFAULT's tables
     monkeypatch.setattr(dispatch, "INT4_GATED", True)
     monkeypatch.setattr(dispatch, "INT4_QKV_ROPE", True)
     w, _ = _weight(256, 256, 128, torch.bfloat16, False, seed=1)

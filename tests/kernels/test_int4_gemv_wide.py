@@ -93,9 +93,10 @@ def test_wide_config_takes_the_measured_table(monkeypatch):
     other shapes the table's every-shape entry with split-K by the lead's rule; given knobs are kept; groups must be
     whole 32-input chunks."""
     from flotilla.kernels import triton_int4_gemv, triton_int4_gemv_wide
+    from flotilla.kernels.card_tables import DEFAULT
     from flotilla.kernels.triton_int4_gemv_wide import MEASURED_TILES, wide_config, wide_supported
 
-    monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", triton_int4_gemv._parse_tiles(MEASURED_TILES))
+    monkeypatch.setattr(triton_int4_gemv_wide, "_WIDE_TILES", triton_int4_gemv._parse_tiles(MEASURED_TILES[DEFAULT]))
     # (block_n, num_warps, split_k): gate_up at 2 warps and down at 32 rows since session 20's in-engine sweep
     tiles = {(6144, 4096): (16, 4, 2), (4096, 4096): (16, 4, 2), (28672, 4096): (16, 2, 1), (4096, 14336): (32, 4, 4)}
     for (n, k), (block_n, warps, split_k) in tiles.items():

@@ -18,7 +18,11 @@ from flotilla.kernels.packed_int_linear import pack_codes, packed_int_linear_ref
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-import int4_tile_sweep as sweep  # noqa: E402 - bench/ is not a package
+import tile_descent  # noqa: E402 - bench/ is not a package
+import tile_sweep as sweep  # noqa: E402
+from tile_families import INT4, INT4_KNOBS, int4_spec, int4_valid, rope_fits  # noqa: E402
+
+dry_cost = tile_descent.bowl_cost(INT4.dry_best)
 
 N, K, GROUP = 48, 256, 128
 TILE = {"block_n": 16, "block_w": 32, "num_warps": 4, "num_stages": 1, "split_k": 2, "layout": 1}
@@ -43,7 +47,7 @@ def _operands(n: int = N, k: int = K):
 
 def _cfg(tile_n: int = N, pdl: bool = False) -> dict:
     c = wide.wide_config(1, tile_n, K, 132, pdl=pdl)
-    return {key: getattr(c, key) for key in sweep.KNOBS}
+    return {key: getattr(c, key) for key in INT4_KNOBS}
 
 
 def test_replaced_tile_is_looked_up_and_launched(tables):
@@ -101,39 +105,38 @@ def test_gated_form_follows_the_replaced_tile(tables):
 def test_candidates_are_the_current_tile_then_valid_neighbours():
     """The incumbent first, no duplicates, only tiles the kernel compiles; the rope form's head rule."""
     start = {"block_n": 16, "block_w": 128, "num_warps": 4, "num_stages": 1, "split_k": 2, "layout": 1}
-    cands = sweep.candidates(start)
+    cands = INT4.candidates("o", start)
     assert cands[0] == start and len(cands) == len({tuple(sorted(c.items())) for c in cands}) > 8
-    assert all(sweep._valid(c) for c in cands)
+    assert all(int4_valid("o", c) for c in cands)
     assert {"block_n": 16, "block_w": 128, "num_warps": 4, "num_stages": 1, "split_k": 4, "layout": 1} in cands
-    assert len(sweep.candidates(start, limit=3)) == 3
-    assert not sweep._valid(dict(start, block_w=96)) and not sweep._valid(dict(start, split_k=16))
-    assert sweep.rope_fits(start) and sweep.rope_fits(dict(start, block_n=64)) and not sweep.rope_fits(
-        dict(start, block_n=256))
+    assert len(INT4.candidates("o", start, limit=3)) == 3
+    assert not int4_valid("o", dict(start, block_w=96)) and not int4_valid("o", dict(start, split_k=16))
+    assert rope_fits(16) and rope_fits(64) and not rope_fits(256)
 
 
 def _start() -> dict:
     return {s: {"block_n": 16, "block_w": 128, "num_warps": 4, "num_stages": 1, "split_k": 2, "layout": 1}
-            for s in sweep.SHAPES}  # fmt: skip
+            for s in INT4.shapes}  # fmt: skip
 
 
 def test_descent_finds_each_shapes_best_and_keeps_ties():
     """On a separable cost (`dry_cost`) the descent takes each shape's cheaper neighbour, shape after shape, each
     through a confirming pair; a cost where nothing beats the incumbent by the margin leaves the table alone."""
     table = _start()
-    cands = {s: sweep.candidates(table[s]) for s in ("o", "qkv", "down", "gate_up")}
+    cands = {s: INT4.candidates(s, table[s]) for s in ("o", "qkv", "down", "gate_up")}
     log: list[dict] = []
-    final = sweep.descend(table, cands, sweep.dry_cost, lambda: False, 0.001, log.append)
+    final = tile_descent.descend(table, cands, dry_cost, lambda: False, 0.001, log.append)
     assert final["down"]["num_warps"] == 8 and final["gate_up"]["block_n"] == 32
     assert final["o"]["split_k"] == 4 and final["qkv"]["split_k"] == 4
-    assert sweep.dry_cost(final) < sweep.dry_cost(table) and table == _start()  # the input is not changed
+    assert dry_cost(final) < dry_cost(table) and table == _start()  # the input is not changed
     assert [r["shape"] for r in log if r["role"] == "taken"] == ["o", "qkv", "down", "gate_up"]
-    flat = sweep.descend(table, cands, lambda t: 2.6, lambda: False, 0.001)
+    flat = tile_descent.descend(table, cands, lambda t: 2.6, lambda: False, 0.001)
     assert flat == table
     # a tile whose phase failed (the engine side times it as inf) is never taken; the others still are
-    failing = sweep.descend(table, cands, lambda t: float("inf") if t["down"]["num_warps"] == 8 else sweep.dry_cost(t),
+    failing = tile_descent.descend(table, cands, lambda t: float("inf") if t["down"]["num_warps"] == 8 else dry_cost(t),
                             lambda: False, 0.001)  # fmt: skip
     assert failing["down"] == table["down"] and failing["gate_up"] == final["gate_up"]
-    spec = sweep.tile_spec(final, {"block_n": 16})
+    spec = int4_spec(final, {"block_n": 16})
     from flotilla.kernels.triton_int4_gemv import _parse_tiles
 
     parsed = _parse_tiles(spec)
@@ -143,17 +146,17 @@ def test_descent_finds_each_shapes_best_and_keeps_ties():
 def test_descent_stops_when_out_of_time():
     """The budget: no phase after `out_of_time()`; what was taken before stays, nothing after."""
     table = _start()
-    cands = {s: sweep.candidates(table[s]) for s in ("o", "qkv")}
+    cands = {s: INT4.candidates(s, table[s]) for s in ("o", "qkv")}
     phases = []
 
     def cost(t):
         phases.append(1)
-        return sweep.dry_cost(t)
+        return dry_cost(t)
 
-    final = sweep.descend(table, cands, cost, lambda: len(phases) >= 16, 0.001)
+    final = tile_descent.descend(table, cands, cost, lambda: len(phases) >= 16, 0.001)
     assert len(phases) == 16  # o's 15 phases (incumbent, 11 candidates, incumbent, confirm pair), then qkv's first
     assert final["o"]["split_k"] == 4 and final["qkv"] == table["qkv"]
-    assert sweep.descend(table, cands, cost, lambda: True, 0.001) == table
+    assert tile_descent.descend(table, cands, cost, lambda: True, 0.001) == table
 
 
 def test_dry_run_prints_the_config():
@@ -167,9 +170,9 @@ def test_rounds_revisit_only_the_shapes_that_changed():
     """`sweep_rounds`: round 1 over every shape; a later round over those whose tile changed (their new neighbourhood),
     until a round changes nothing; `before` sees each round's candidates (where the engine side compiles them)."""
     seen: list[list[str]] = []
-    cost = lambda t: sweep.dry_cost(t) - (0.002 if t["down"]["num_warps"] == 8 and t["down"]["split_k"] == 4 else 0)  # noqa: E731
-    final = sweep.sweep_rounds(_start(), ["o", "down"], cost, lambda: False, 0.001, 12, 5,
-                               lambda c: seen.append(list(c)))  # fmt: skip
+    cost = lambda t: dry_cost(t) - (0.002 if t["down"]["num_warps"] == 8 and t["down"]["split_k"] == 4 else 0)  # noqa: E731
+    final = tile_descent.sweep_rounds(_start(), ["o", "down"], INT4.candidates, cost, lambda: False, 0.001, 5,
+                                      lambda c: seen.append(list(c)))  # fmt: skip
     assert seen == [["o", "down"], ["o", "down"], ["down"]]
     assert final["down"]["num_warps"] == 8 and final["down"]["split_k"] == 4  # two knobs away: found in round 2
 

@@ -1,0 +1,317 @@
+"""The kernel families bench/tile_sweep.py tunes inside the engine: for each, the projections it serves at batch 1
+(Llama-3.1-8B's shapes), each shape's knobs and the moves to its neighbours, which tiles the kernel takes, the host
+functions the engine launches it through (recorded, then called by the compile workers with a candidate's knobs as
+keywords), how a table is set in-process, and the lines that adopt a table for a card.
+
+- int4: the wide W4A16 GEMV (`triton_int4_gemv_wide.py`; the fused gated and rope forms look up the same table).
+- bf16: the one-row bf16 GEMV (`triton_gemv.py`: o_proj, down; its rope form for qkv, `triton_gemv_rope.py`), the
+  gated GEMV (`triton_gated_gemv.py`: gate_up) and the LM head's GEMV (`dispatch.LM_HEAD_GEMV`, run after the graph).
+- fp8: the one-row W8A16 GEMV (`triton_fp8_row_gemv.py`: plain, gated for gate_up, rope for qkv).
+
+The pure parts (shapes, moves, validity, the dry-run's made-up optimum) import nothing from the engine; `start`,
+`apply` and `adopt` import the kernel modules when called (the engine side).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tile_descent import Tile, neighbours
+
+Table = dict[str, Tile]
+LLAMA = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+HEAD_DIM = 128  # Llama-3.1-8B: a rope form takes a qkv tile only if it holds whole rotation pairs of one head
+
+
+def pow2(v: int) -> bool:
+    """A positive power of two."""
+    return v > 0 and v & (v - 1) == 0
+
+
+def rope_fits(block_n: int) -> bool:
+    """Whether a qkv tile of `block_n` rows holds whole rotation pairs of one head (`triton_rope_epilogue.fits_rope`
+    at Llama's head width): else the engine runs the unfused pair there (GEMV + rotary/KV kernel)."""
+    return 2 <= block_n <= HEAD_DIM and (HEAD_DIM // 2) % (block_n // 2) == 0
+
+
+def _other_warps(w: int) -> list[int]:
+    return [8, 2] if w == 4 else [4]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One kernel family's knob space and its hooks into the engine (module docstring)."""
+
+    name: str
+    shapes: dict[str, tuple[int, int]]  # projection -> (weight rows, K): the table's keys
+    moves: Callable[[str, Tile], list[Tile]]  # a shape's tile -> the knobs of each neighbour
+    valid: Callable[[str, Tile], bool]  # whether the kernel takes the tile for that shape
+    hosts: tuple[tuple[str, str], ...]  # (kernels module, host function) the engine launches these shapes through
+    quantization: str | None  # the engine's --quantization
+    model: str  # default --model (bench/results/w4a16-model.sh and model_dirs.py write them)
+    dry_best: dict[str, Tile]  # --dry-run: the knobs of each shape's made-up optimum
+    start: Callable[[str | None, int], Table]  # (card, SMs) -> each shape's tile as the engine launches it now
+    apply: Callable[[Table], None]  # set a table in-process (then the decode graphs are captured again)
+    adopt: Callable[[Table, str | None], list[str]]  # the lines that make a table the card's
+    knob_names: tuple[str, ...]  # every knob a host function takes as a keyword (stripped from recorded calls)
+    note: Callable[[str, Tile], str] = lambda shape, tile: ""  # what the engine does differently with a tile
+
+    def candidates(self, shape: str, tile: Tile, limit: int = 12) -> list[Tile]:
+        """`tile` first, then its valid neighbours (at most `limit` in all)."""
+        return neighbours(tile, self.moves(shape, tile), lambda t: self.valid(shape, t), limit)
+
+
+# ---- int4: the wide W4A16 GEMV ----
+
+INT4_KNOBS = ("block_n", "block_w", "num_warps", "num_stages", "split_k", "layout")
+
+
+def _int4_moves(shape: str, t: Tile) -> list[Tile]:
+    """Split-K halved/doubled, rows a program halved/doubled, words a step halved/doubled, warps 2/8, one more stage,
+    the other word layout, and split-K doubled with half the words a step."""
+    return [
+        {"split_k": t["split_k"] * 2}, {"split_k": t["split_k"] // 2},
+        {"block_n": t["block_n"] // 2}, {"block_n": t["block_n"] * 2},
+        {"block_w": t["block_w"] // 2}, {"block_w": t["block_w"] * 2},
+        {"num_warps": 8 if t["num_warps"] == 4 else 4}, {"num_warps": 2 if t["num_warps"] == 4 else 4},
+        {"num_stages": t["num_stages"] + 1}, {"layout": 1 - t["layout"]},
+        {"split_k": t["split_k"] * 2, "block_w": t["block_w"] // 2},
+    ]  # fmt: skip
+
+
+def int4_valid(shape: str, t: Tile) -> bool:
+    """A tile the wide kernel compiles: power-of-two rows (8..64) and words (32..256, whole 16-byte chunks), 2-8 warps,
+    1-4 stages, split-K 1..8, layout 0/1. (A qkv tile the rope form rejects is timed: the engine runs the pair.)"""
+    return (pow2(t["block_n"]) and 8 <= t["block_n"] <= 64 and pow2(t["block_w"]) and 32 <= t["block_w"] <= 256
+            and t["num_warps"] in (2, 4, 8) and 1 <= t["num_stages"] <= 4 and 1 <= t["split_k"] <= 8
+            and t["layout"] in (0, 1))  # fmt: skip
+
+
+def int4_spec(table: Table, every_shape: Tile | None) -> str:
+    """FLOTILLA_INT4_GEMV_WIDE_CONFIG (and a `MEASURED_TILES` entry) selecting `table` (`_parse_tiles` syntax): the
+    every-shape entry, then `NxK:` whole knobs per shape."""
+    entries = [",".join(f"{k}={every_shape[k]}" for k in every_shape)] if every_shape else []
+    for shape, tile in table.items():
+        n, k = LLAMA[shape]
+        entries.append(f"{n}x{k}:" + ",".join(f"{key}={tile[key]}" for key in INT4_KNOBS))
+    return ";".join(entries)
+
+
+def _int4_start(card: str | None, sms: int) -> Table:
+    from flotilla.kernels.triton_int4_gemv_wide import wide_config
+
+    out = {}
+    for shape, (n, k) in LLAMA.items():
+        c = wide_config(1, n, k, sms, pdl=True, card=card)  # the PDL launch's lookup, as the engine's
+        out[shape] = {key: int(getattr(c, key)) for key in INT4_KNOBS}
+    return out
+
+
+def _int4_apply(table: Table) -> None:
+    from flotilla.kernels.triton_int4_gemv_wide import set_wide_tiles
+
+    set_wide_tiles({LLAMA[s]: t for s, t in table.items()})
+
+
+def _int4_adopt(table: Table, card: str | None) -> list[str]:
+    from flotilla.kernels.triton_int4_gemv_wide import wide_tiles
+
+    spec = int4_spec(table, wide_tiles(card).get(None))
+    return [f'triton_int4_gemv_wide.MEASURED_TILES["{card}"] = "{spec}"', f'FLOTILLA_INT4_GEMV_WIDE_CONFIG="{spec}"']
+
+
+INT4 = Family(
+    name="int4", shapes=dict(LLAMA), moves=_int4_moves, valid=int4_valid,
+    hosts=(("triton_int4_gemv_wide", "int4_gemv_wide"), ("triton_int4_gemv_fused", "int4_gemv_wide_gated"),
+           ("triton_int4_gemv_fused", "int4_gemv_wide_rope")),
+    quantization=None, model="/tmp/llama8b-w4a16",
+    dry_best={"qkv": {"split_k": 4}, "o": {"split_k": 4, "block_w": 64}, "gate_up": {"block_n": 32},
+              "down": {"num_warps": 8}},
+    start=_int4_start, apply=_int4_apply, adopt=_int4_adopt, knob_names=INT4_KNOBS,
+    note=lambda s, t: "" if s != "qkv" or rope_fits(t["block_n"]) else "rope form rejects it: unfused pair",
+)  # fmt: skip
+
+
+# ---- bf16: the one-row GEMV, its rope form, the gated GEMV, the LM head ----
+
+BF16_SHAPES = {**LLAMA, "lm_head": (128256, 4096)}
+GEMV_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages")
+GATED_KNOBS = ("block_n", "block_k", "num_warps", "num_stages")
+
+
+def _bf16_moves(shape: str, t: Tile) -> list[Tile]:
+    """Rows a program halved/doubled, K a step halved/doubled, warps 2/8 (or back to 4), a stage more/less, rows
+    doubled with half the K step and the reverse, then split-K doubled/halved (the shapes that may split)."""
+    moves = [
+        {"block_n": t["block_n"] // 2}, {"block_n": t["block_n"] * 2},
+        {"block_k": t["block_k"] // 2}, {"block_k": t["block_k"] * 2},
+        *({"num_warps": w} for w in _other_warps(t["num_warps"])),
+        {"num_stages": t["num_stages"] + 1}, {"num_stages": t["num_stages"] - 1},
+        {"block_n": t["block_n"] * 2, "block_k": t["block_k"] // 2},
+        {"block_n": t["block_n"] // 2, "block_k": t["block_k"] * 2},
+    ]  # fmt: skip
+    if "split_k" in t:
+        moves += [{"split_k": t["split_k"] * 2}, {"split_k": t["split_k"] // 2}]
+    return moves
+
+
+def bf16_valid(shape: str, t: Tile) -> bool:
+    """A tile of the FMA path: power-of-two rows (2..128) and K steps (64..2048), 2-8 warps, 1-5 stages, split-K
+    1..8, the fp32 accumulator (gate and up: two) at most 128 values a thread; qkv (the rope form): one K range and
+    whole rotation pairs of a head."""
+    halves = 2 if shape == "gate_up" else 1
+    ok = (pow2(t["block_n"]) and 2 <= t["block_n"] <= 128 and pow2(t["block_k"]) and 64 <= t["block_k"] <= 2048
+          and t["num_warps"] in (2, 4, 8) and 1 <= t["num_stages"] <= 5 and 1 <= t.get("split_k", 1) <= 8
+          and halves * t["block_n"] * t["block_k"] <= 128 * 32 * t["num_warps"])  # fmt: skip
+    return ok and (shape != "qkv" or (t.get("split_k", 1) == 1 and rope_fits(t["block_n"])))
+
+
+def _bf16_start(card: str | None, sms: int) -> Table:
+    from flotilla.kernels import dispatch, triton_gated_gemv
+    from flotilla.kernels.triton_gemv import default_config
+
+    out = {}
+    for shape in ("qkv", "o", "down"):
+        n, k = LLAMA[shape]
+        c = default_config(1, n, k, sms, card=card)
+        out[shape] = {key: int(getattr(c, key)) for key in GEMV_KNOBS}
+    n, k = LLAMA["gate_up"]
+    g = triton_gated_gemv.default_config(1, n // 2, k, sms,
+                                         **(triton_gated_gemv.one_row_knobs(1, card) | triton_gated_gemv.ENV_KNOBS))
+    out["gate_up"] = {key: int(getattr(g, key)) for key in GATED_KNOBS}
+    if dispatch.LM_HEAD_GEMV is not None:  # else cuBLAS runs the head: nothing to tune
+        n, k = BF16_SHAPES["lm_head"]
+        c = default_config(1, n, k, sms, **dispatch.LM_HEAD_GEMV)
+        out["lm_head"] = {key: int(getattr(c, key)) for key in GEMV_KNOBS}
+    return out
+
+
+def _bf16_apply(table: Table) -> None:
+    from flotilla.kernels import dispatch, triton_gated_gemv
+    from flotilla.kernels.triton_gemv import set_one_row_tiles
+
+    set_one_row_tiles({LLAMA[s]: t for s, t in table.items() if s in ("qkv", "o", "down")})
+    if "gate_up" in table:
+        triton_gated_gemv.ENV_KNOBS = dict(table["gate_up"])
+    if "lm_head" in table:
+        dispatch.LM_HEAD_GEMV = {**table["lm_head"], "use_dot": False}
+
+
+def _short_spec(t: Tile, names: dict[str, str]) -> str:
+    return ",".join(f"{short}={t[key]}" for short, key in names.items() if key in t)
+
+
+def _bf16_adopt(table: Table, card: str | None) -> list[str]:
+    from flotilla.kernels.triton_gemv import tiles_spec
+
+    gemv = tiles_spec({LLAMA[s]: table[s] for s in ("qkv", "o", "down") if s in table})
+    gated = _short_spec(table.get("gate_up", {}), {"bn": "block_n", "bk": "block_k", "w": "num_warps",
+                                                   "s": "num_stages"})  # fmt: skip
+    head = _short_spec(table.get("lm_head", {}), {"bn": "block_n", "bk": "block_k", "sk": "split_k",
+                                                  "w": "num_warps", "s": "num_stages"})  # fmt: skip
+    return [f'triton_gemv.ONE_ROW_TILES["{card}"] = "{gemv}"',
+            f'triton_gated_gemv.ONE_ROW_CONFIGS["{card}"] = "{gated}"',
+            f'FLOTILLA_GEMV_CONFIG="{gemv}" FLOTILLA_GATED_GEMV_CONFIG="{gated}"'
+            + (f' FLOTILLA_LM_HEAD_GEMV="{head},dot=0"' if head else "")]  # fmt: skip
+
+
+BF16 = Family(
+    name="bf16", shapes=BF16_SHAPES, moves=_bf16_moves, valid=bf16_valid,
+    hosts=(("triton_gemv", "gemv"), ("triton_gemv_rope", "gemv_rope"), ("triton_gated_gemv", "gated_gemv")),
+    quantization=None, model="/tmp/llama8b",
+    dry_best={"qkv": {"num_stages": 3}, "o": {"block_n": 16}, "gate_up": {"block_k": 256}, "down": {"num_warps": 8},
+              "lm_head": {"split_k": 2}},
+    start=_bf16_start, apply=_bf16_apply, adopt=_bf16_adopt, knob_names=GEMV_KNOBS,
+)  # fmt: skip
+
+
+# ---- fp8: the one-row W8A16 GEMV (plain, gated, rope) ----
+
+FP8_KNOBS = ("block_n", "block_k", "num_warps", "prefetch", "trigger", "use_pdl")
+FP8_NAMES = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
+
+
+def _fp8_moves(shape: str, t: Tile) -> list[Tile]:
+    """Rows a program halved/doubled, K a step halved/doubled, warps 2/8 (or back to 4), a tile more/less in flight,
+    rows doubled with half the K step and the reverse, the other PDL trigger point, the plain launch."""
+    return [
+        {"block_n": t["block_n"] // 2}, {"block_n": t["block_n"] * 2},
+        {"block_k": t["block_k"] // 2}, {"block_k": t["block_k"] * 2},
+        *({"num_warps": w} for w in _other_warps(t["num_warps"])),
+        {"prefetch": t["prefetch"] + 1}, {"prefetch": t["prefetch"] - 1},
+        {"block_n": t["block_n"] * 2, "block_k": t["block_k"] // 2},
+        {"block_n": t["block_n"] // 2, "block_k": t["block_k"] * 2},
+        {"trigger": 1 - t["trigger"]}, {"use_pdl": 1 - t["use_pdl"]},
+    ]  # fmt: skip
+
+
+def fp8_valid(shape: str, t: Tile) -> bool:
+    """A tile the row kernel takes: power-of-two rows (2..64) and K steps (128..2048 bytes, at most K), 2-8 warps, 1-3
+    tiles in flight, trigger and use_pdl 0/1, at most 256 weight bytes a thread a step (gate and up: both); qkv (the
+    rope form): whole rotation pairs of a head."""
+    halves = 2 if shape == "gate_up" else 1
+    ok = (pow2(t["block_n"]) and 2 <= t["block_n"] <= 64 and pow2(t["block_k"])
+          and 128 <= t["block_k"] <= min(2048, LLAMA[shape][1]) and t["num_warps"] in (2, 4, 8)
+          and 1 <= t["prefetch"] <= 3 and t["trigger"] in (0, 1) and t["use_pdl"] in (0, 1)
+          and halves * t["block_n"] * t["block_k"] <= 256 * 32 * t["num_warps"])  # fmt: skip
+    return ok and (shape != "qkv" or rope_fits(t["block_n"]))
+
+
+def fp8_spec(table: Table) -> str:
+    """`triton_fp8_row_gemv.parse_configs` syntax: `ROWSxK:bn=..,bk=..,w=..,p=..,t=..,d=..` per shape."""
+    return ";".join(f"{LLAMA[s][0]}x{LLAMA[s][1]}:{_short_spec(t, FP8_NAMES)}" for s, t in table.items())
+
+
+def _fp8_start(card: str | None, sms: int) -> Table:
+    from flotilla.kernels.triton_fp8_row_gemv import default_config, env_knobs
+
+    out = {}
+    for shape, (rows, k) in LLAMA.items():
+        gated = shape == "gate_up"
+        c = default_config(rows // 2 if gated else rows, k, sms, gated=gated, **env_knobs(rows, k, card))
+        out[shape] = {key: int(getattr(c, key)) for key in FP8_KNOBS}
+    return out
+
+
+_FP8_START_ENV: list = []
+
+
+def _fp8_apply(table: Table) -> None:
+    from flotilla.kernels import triton_fp8_row_gemv as row
+
+    if not _FP8_START_ENV:
+        _FP8_START_ENV.append(dict(row.ENV_CONFIGS))
+    row.ENV_CONFIGS = {**_FP8_START_ENV[0], **{LLAMA[s]: dict(t) for s, t in table.items()}}
+
+
+def _fp8_adopt(table: Table, card: str | None) -> list[str]:
+    spec = fp8_spec(table)
+    return [f'triton_fp8_row_gemv.MEASURED_CONFIGS["{card}"] = "{spec}"', f'FLOTILLA_FP8_ROW_GEMV_CONFIG="{spec}"']
+
+
+FP8 = Family(
+    name="fp8", shapes=dict(LLAMA), moves=_fp8_moves, valid=fp8_valid,
+    hosts=(("triton_fp8_row_gemv", "fp8_row_gemv"), ("triton_fp8_row_gemv", "fp8_row_gemv_rope")),
+    quantization="fp8", model="/tmp/llama8b",
+    dry_best={"qkv": {"prefetch": 2}, "o": {"block_n": 8}, "gate_up": {"num_warps": 8}, "down": {"block_k": 1024}},
+    start=_fp8_start, apply=_fp8_apply, adopt=_fp8_adopt, knob_names=FP8_KNOBS,
+)  # fmt: skip
+
+FAMILIES = {f.name: f for f in (INT4, BF16, FP8)}
+
+
+def dry_start(family: Family) -> Table:
+    """--dry-run's start: every shape at one tile of the family's knob space (no engine to ask)."""
+    tiles = {
+        "int4": {"block_n": 16, "block_w": 128, "num_warps": 4, "num_stages": 1, "split_k": 2, "layout": 1},
+        "bf16": {"block_n": 8, "block_k": 512, "split_k": 1, "num_warps": 4, "num_stages": 2},
+        "fp8": {"block_n": 16, "block_k": 512, "num_warps": 4, "prefetch": 2, "trigger": 0, "use_pdl": 1},
+    }[family.name]
+    out = {s: dict(tiles) for s in family.shapes}
+    if family.name == "bf16":
+        out["gate_up"] = {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 3}
+        out["qkv"] = dict(tiles, block_n=16)
+    if family.name == "fp8":
+        out["qkv"] = dict(tiles, block_n=8, prefetch=3)
+    return out
