@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
 from flotilla.kernels.pdl import pdl_active
 from flotilla.kernels.triton_activation import silu_mul
@@ -128,7 +128,15 @@ ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
 # call2/fp8g15): qkv 9.57 vs 10.46 us at the default, o_proj 7.45 vs 7.90, down 21.61 vs 23.23; the gated gate_up
 # form's default was within 0.4 us of its best. bench/tile_sweep.py --family fp8 (bench/results/sweep25-gpu.sh) times
 # tiles inside the engine and prints the entry for the card it ran on. The environment's entries win on every card.
-MEASURED_CONFIGS: dict[str, str] = {DEFAULT: "6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024"}
+# H100: session 25 call 5 (bench/results/gpu-2026-12-06-s25/call5/sweep25.log, from `OUT=... bash
+# bench/results/sweep25-gpu.sh`):
+# the fp8 bs1 ctx 512 step A B B A 3.398 -> 3.150 ms (-247.6 us), greedy tokens equal; 0.583x the same call's bf16
+# step (5.404, its new tiles).
+MEASURED_CONFIGS: dict[str, str] = {
+    DEFAULT: "6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024",
+    H100: "6144x4096:bn=8,bk=512,w=2,p=3,t=0,d=1;4096x4096:bn=16,bk=1024,w=4,p=3,t=1,d=1;"
+    "28672x4096:bn=4,bk=512,w=4,p=2,t=0,d=1;4096x14336:bn=8,bk=1024,w=4,p=2,t=0,d=1",
+}
 _MEASURED = parsed(MEASURED_CONFIGS, parse_configs)
 
 

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.card_tables import DEFAULT, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_gemv import _fma_sums
@@ -80,7 +80,9 @@ ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_GATED_GEMV_CONFIG", ""))
 # One-row knobs per card (`card_tables.py`; `parse_config` syntax), under FLOTILLA_GATED_GEMV_CONFIG's: empty, the
 # lead (`default_config`: session 14's H200 sweep winner) on every card until bench/tile_sweep.py --family bf16
 # (bench/results/sweep25-gpu.sh) prints an in-engine winner for a card.
-ONE_ROW_CONFIGS: dict[str, str] = {DEFAULT: ""}
+# H100: session 25 call 5 (bench/results/gpu-2026-12-06-s25/call5/sweep25.log, `OUT=... bash
+# bench/results/sweep25-gpu.sh`), with triton_gemv.ONE_ROW_TILES' entry.
+ONE_ROW_CONFIGS: dict[str, str] = {DEFAULT: "", H100: "bn=4,bk=1024,w=4,s=3"}
 _ONE_ROW = {card: parse_config(spec) for card, spec in ONE_ROW_CONFIGS.items()}
 
 

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, Table, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, H100, Table, device_card, for_card, parsed
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
@@ -107,7 +107,13 @@ def tiles_spec(table: Table) -> str:
 # plain GEMV and of its rope form (`triton_gemv_rope.py`, the qkv projection); a shape without an entry takes
 # `default_config`'s lead (which every card did before session 25). In-engine tile descent: bench/tile_sweep.py
 # --family bf16 (bench/results/sweep25-gpu.sh) prints the entry to put here for the card it ran on.
-ONE_ROW_TILES: dict[str, str] = {DEFAULT: ""}
+# H100: session 25 call 5 (bench/results/gpu-2026-12-06-s25/call5/sweep25.log, from `OUT=... bash
+# bench/results/sweep25-gpu.sh`): with the gated entry below, the bf16 bs1 ctx 512 step A B B A 5.534 -> 5.404 ms
+# (greedy tokens of the random model differ: another K order sums each output differently).
+ONE_ROW_TILES: dict[str, str] = {
+    DEFAULT: "",
+    H100: "6144x4096:bn=16,bk=512,sk=1,w=2,s=2;4096x4096:bn=8,bk=512,sk=1,w=4,s=3;4096x14336:bn=8,bk=1024,sk=1,w=4,s=2",
+}
 # FLOTILLA_GEMV_CONFIG (`parse_tiles`; read at import) replaces the table on every card.
 _ENV_TILES = os.environ.get("FLOTILLA_GEMV_CONFIG", "")
 _ONE_ROW: dict[str, Table] = parsed({DEFAULT: _ENV_TILES} if _ENV_TILES else ONE_ROW_TILES, parse_tiles)

@@ -79,17 +79,19 @@ def test_fp8_row_knobs_per_card(monkeypatch):
     assert row.env_knobs(6144, 4096, OTHER) == row.env_knobs(6144, 4096)
     monkeypatch.setattr(row, "_MEASURED", {**row._MEASURED, H200: row.parse_configs("6144x4096:bn=16,w=8")})
     assert row.env_knobs(6144, 4096, H200) == {"block_n": 16, "num_warps": 8}
-    assert row.env_knobs(6144, 4096, H100) == {"block_n": 8, "prefetch": 3}
+    h100 = {"block_n": 8, "block_k": 512, "num_warps": 2, "prefetch": 3, "trigger": 0, "use_pdl": 1}  # session 25
+    assert row.env_knobs(6144, 4096, H100) == h100
     monkeypatch.setattr(row, "ENV_CONFIGS", row.parse_configs("6144x4096:w=2"))
     assert row.env_knobs(6144, 4096, H200) == {"block_n": 16, "num_warps": 2}
 
 
 def test_gated_one_row_knobs_per_card(monkeypatch):
-    """The gated GEMV's one-row knobs: none measured yet (the lead on every card); a card's entry applies at one row
-    only, under FLOTILLA_GATED_GEMV_CONFIG's."""
+    """The gated GEMV's one-row knobs: the card's entry (the H100's since session 25), else the lead; it applies at
+    one row only, under FLOTILLA_GATED_GEMV_CONFIG's."""
     from flotilla.kernels import triton_gated_gemv as gated
 
     assert gated.one_row_knobs(1, H200) == gated.one_row_knobs(1, None) == {}
+    assert gated.one_row_knobs(1, H100) == {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 3}
     monkeypatch.setattr(gated, "_ONE_ROW", {DEFAULT: {}, H200: gated.parse_config("bn=8,s=2")})
     assert gated.one_row_knobs(1, H200) == {"block_n": 8, "num_stages": 2}
     assert gated.one_row_knobs(2, H200) == {} and gated.one_row_knobs(1, OTHER) == {}
