@@ -447,23 +447,7 @@ def _fp8_row_gemv_rope_kernel(
     N,
     KW,
     stride_wn,
-    positions_ptr,
-    cos_sin_ptr,
-    slot_mapping_ptr,
-    q_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    stride_cs,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_q_heads,
-    num_kv_heads,
-    inv_k_scale,
-    inv_v_scale,
+    rope,  # the epilogue's operands (`rope_launch_args`)
     HAS_BIAS: tl.constexpr,
     BF16: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -491,9 +475,7 @@ def _fp8_row_gemv_rope_kernel(
     res = res * scale
     if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += bias
-    rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
+    rope_kv_store(res, head, first, rope, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)
 
 
 def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -623,8 +605,8 @@ def fp8_row_gemv_rope(
     words = w_fp8.view(torch.int32)
     _fp8_row_gemv_rope_kernel[(n // cfg.block_n,)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, n, k // 4, words.stride(0),
-        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
-                          k_scale, v_scale),
+        rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                         k_scale, v_scale),
         HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.prefetch, EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING,
         num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache), **extra,
