@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
-from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
@@ -495,6 +495,14 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias:
             and (bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)))  # fmt: skip
 
 
+def _pdl_options(x: torch.Tensor, cfg: RowGemvConfig, pdl: bool | None, pdl_gdc: bool) -> dict[str, bool | int]:
+    """The kernels' PDL constexprs and launch option (`fp8_row_gemv`'s `pdl` and `pdl_gdc`; by default PDL where
+    `pdl_active(x)` unless the config says use_pdl=0), the trigger at the config's place; none for a plain launch."""
+    if not ((pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl):
+        return {}
+    return peeled_pdl_options(pdl_gdc) | {"TRIGGER": cfg.trigger}
+
+
 def fp8_row_gemv(
     x: torch.Tensor,
     w_fp8: torch.Tensor,
@@ -523,16 +531,13 @@ def fp8_row_gemv(
         return out
     cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k) | knobs))
     assert cfg.block_k % 4 == 0
-    extra: dict[str, bool | int] = {}
-    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
-        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
     even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads
     _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=even_k, ASM=not INTERPRETING, num_warps=cfg.num_warps,
-        num_stages=1, **extra,
+        num_stages=1, **_pdl_options(x, cfg, pdl, pdl_gdc),
     )  # fmt: skip
     return out
 
@@ -599,9 +604,6 @@ def fp8_row_gemv_rope(
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k) | knobs))
     assert fits_rope(cfg.block_n, head_dim), f"tile {cfg.block_n} vs heads"
-    extra: dict[str, bool | int] = {}
-    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
-        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)
     _fp8_row_gemv_rope_kernel[(n // cfg.block_n,)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, n, k // 4, words.stride(0),
@@ -609,7 +611,8 @@ def fp8_row_gemv_rope(
                          k_scale, v_scale),
         HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.prefetch, EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING,
-        num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache), **extra,
+        num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache),
+        **_pdl_options(x, cfg, pdl, pdl_gdc),
     )  # fmt: skip
     return q_out
 
