@@ -56,7 +56,7 @@ import triton.language as tl
 
 from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
-from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_rope_epilogue import (
     check_rope_operands,
@@ -460,23 +460,7 @@ def _fp8_row_gemv_rope_kernel(
     N,
     KW,
     stride_wn,
-    positions_ptr,
-    cos_sin_ptr,
-    slot_mapping_ptr,
-    q_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    stride_cs,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_q_heads,
-    num_kv_heads,
-    inv_k_scale,
-    inv_v_scale,
+    rope,  # the epilogue's operands (`rope_launch_args`)
     HAS_BIAS: tl.constexpr,
     BF16: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -504,9 +488,7 @@ def _fp8_row_gemv_rope_kernel(
     res = res * scale
     if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += bias
-    rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
+    rope_kv_store(res, head, first, rope, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)
 
 
 def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -524,6 +506,14 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias:
         return False
     return (w_scale.dtype == torch.float32 and w_scale.numel() == n and w_scale.is_contiguous()
             and (bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)))  # fmt: skip
+
+
+def _pdl_options(x: torch.Tensor, cfg: RowGemvConfig, pdl: bool | None, pdl_gdc: bool) -> dict[str, bool | int]:
+    """The kernels' PDL constexprs and launch option (`fp8_row_gemv`'s `pdl` and `pdl_gdc`; by default PDL where
+    `pdl_active(x)` unless the config says use_pdl=0), the trigger at the config's place; none for a plain launch."""
+    if not ((pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl):
+        return {}
+    return peeled_pdl_options(pdl_gdc) | {"TRIGGER": cfg.trigger}
 
 
 def fp8_row_gemv(
@@ -554,16 +544,13 @@ def fp8_row_gemv(
         return out
     cfg = default_config(n, k, device_sms(x), gated=gated, **(env_knobs(n_w, k, device_card(x)) | knobs))
     assert cfg.block_k % 4 == 0
-    extra: dict[str, bool | int] = {}
-    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
-        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
     even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads
     _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=even_k, ASM=not INTERPRETING, num_warps=cfg.num_warps,
-        num_stages=1, **extra,
+        num_stages=1, **_pdl_options(x, cfg, pdl, pdl_gdc),
     )  # fmt: skip
     return out
 
@@ -630,17 +617,15 @@ def fp8_row_gemv_rope(
     q_out = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k, device_card(x)) | knobs))
     assert fits_rope(cfg.block_n, head_dim), f"tile {cfg.block_n} vs heads"
-    extra: dict[str, bool | int] = {}
-    if (pdl_active(x) and cfg.use_pdl == 1) if pdl is None else pdl:
-        extra = {"PDL": True, "PDL_GDC": pdl_gdc, "TRIGGER": cfg.trigger} | ({"launch_pdl": True} if pdl_gdc else {})
     words = w_fp8.view(torch.int32)
     _fp8_row_gemv_rope_kernel[(n // cfg.block_n,)](
         x.view(torch.int64), words, w_scale, bias if bias is not None else q_out, n, k // 4, words.stride(0),
-        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
-                          k_scale, v_scale),
+        rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                         k_scale, v_scale),
         HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.prefetch, EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, ASM=not INTERPRETING,
-        num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache), **extra,
+        num_warps=cfg.num_warps, num_stages=1, **rope_constexprs(cos_sin_cache, k_cache),
+        **_pdl_options(x, cfg, pdl, pdl_gdc),
     )  # fmt: skip
     return q_out
 

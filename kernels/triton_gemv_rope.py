@@ -82,23 +82,7 @@ def _gemv_rope_kernel(
     N,
     K,
     stride_wn,
-    positions_ptr,  # the epilogue's arguments (`rope_launch_args`), through inv_v_scale
-    cos_sin_ptr,
-    slot_mapping_ptr,
-    q_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    stride_cs,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_q_heads,
-    num_kv_heads,
-    inv_k_scale,
-    inv_v_scale,
+    rope,  # the epilogue's operands (`rope_launch_args`)
     HAS_BIAS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
@@ -124,9 +108,7 @@ def _gemv_rope_kernel(
     res = tl.sum(acc, 2)  # [1, BLOCK_N]
     if HAS_BIAS:  # added before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)  # fmt: skip
+    rope_kv_store(res, head, first, rope, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)
 
 
 def gemv_rope(
@@ -165,8 +147,8 @@ def gemv_rope(
     consts = peeled_pdl_options(pdl_gdc) if (pdl_active(x) if pdl is None else pdl) else {}
     _gemv_rope_kernel[(n // cfg.block_n,)](
         x, weight, bias if bias is not None else x, n, k, weight.stride(0),  # (no bias: an unused stand-in)
-        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
-                          k_scale, v_scale),
+        rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                         k_scale, v_scale),
         HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **rope_constexprs(cos_sin_cache, k_cache), **consts,
     )  # fmt: skip

@@ -148,23 +148,7 @@ def _int4_rope_kernel(
     stride_sn,
     stride_zn,
     words_per_split,
-    positions_ptr,
-    cos_sin_ptr,
-    slot_mapping_ptr,
-    q_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    stride_cs,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_q_heads,
-    num_kv_heads,
-    inv_k_scale,
-    inv_v_scale,
+    rope,  # the epilogue's operands (`rope_launch_args`)
     GROUP: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -196,10 +180,7 @@ def _int4_rope_kernel(
     if last:
         if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
             total += tl.load(bias_ptr + cols).to(tl.float32)
-        rope_kv_store(total, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr,
-                      v_cache_ptr, stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                      num_q_heads, num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM, PAGE, FP8_CACHE,
-                      BLOCK_N)  # fmt: skip
+        rope_kv_store(total, head, first, rope, HEAD_DIM, PAGE, FP8_CACHE, BLOCK_N)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -339,8 +320,8 @@ def int4_gemv_wide_rope(
         x.view(torch.int64), packed, scales, zeros if zeros is not None else packed,
         bias if bias is not None else q_out, launch.part, launch.counters, n, k // 8, packed.stride(0),
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
-        *rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
-                          k_scale, v_scale),
+        rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
+                         k_scale, v_scale),
         **rope_constexprs(cos_sin_cache, k_cache), **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm),
     )  # fmt: skip
     return q_out

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.card_tables import DEFAULT, H200, device_card
-from flotilla.kernels.pdl import pdl_active
+from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.switches import env_choice
 from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
@@ -599,10 +599,7 @@ def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
     """The kernel's PDL constexprs and launch option for `pdl` ("", "top", "late"); none for a plain launch."""
     if not pdl:
         return {}
-    options: dict[str, bool | int] = {"PDL": True, "PDL_GDC": gdc, "TRIGGER_LATE": int(pdl == "late")}
-    if gdc:
-        options["launch_pdl"] = True
-    return options
+    return peeled_pdl_options(gdc) | {"TRIGGER_LATE": int(pdl == "late")}
 
 
 __all__ = ["MAX_ROWS", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode",

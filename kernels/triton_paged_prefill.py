@@ -108,39 +108,14 @@ def _pages(table, n0, limit, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, LEAN: tl
 
 
 @triton.jit
-def _attend_tile(
-    q,
-    m,
-    l,
-    acc,
-    n0,
-    page,
-    q_pos,
-    seq_len,
-    k_cache_ptr,
-    v_cache_ptr,
-    kv_head,
-    qk_scale,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    d,
-    d_ok,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    LEAN: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
-    SHARED_KV: tl.constexpr,
-):
+def _attend_tile(q, m, l, acc, n0, page, q_pos, seq_len, kv, qk_scale, d, d_ok, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 LEAN: tl.constexpr, RESCALE_TAU: tl.constexpr, SHARED_KV: tl.constexpr):  # fmt: skip
     """One K/V tile (tokens `n0 ..`, on pages `page`) of the online softmax; `MASKED` tiles apply
     causality and the context end. `LEAN` (`paged_prefill_attention`'s `lean`) and `RESCALE_TAU` (its
-    `rescale_tau`): see there; `SHARED_KV`: the K and V pages have the same strides (one set of offsets)."""
+    `rescale_tau`): see there; `SHARED_KV`: the K and V pages have the same strides (one set of offsets). `kv`: the
+    program's K/V pages (`_prefill_kernel`'s tuple: the caches, the KV head, their strides)."""
+    k_cache_ptr, v_cache_ptr, kv_head, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = kv
     tok = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         tok_ok = tok < seq_len
@@ -194,48 +169,17 @@ def _attend_tile(
 
 
 @triton.jit
-def _attend_range(
-    q,
-    m,
-    l,
-    acc,
-    table,
-    lo,
-    hi,
-    q_pos,
-    seq_len,
-    k_cache_ptr,
-    v_cache_ptr,
-    kv_head,
-    qk_scale,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    d,
-    d_ok,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    LEAN: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
-    SHARED_KV: tl.constexpr,
-):
+def _attend_range(q, m, l, acc, table, lo, hi, q_pos, seq_len, kv, qk_scale, d, d_ok, PAGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  LEAN: tl.constexpr, RESCALE_TAU: tl.constexpr, SHARED_KV: tl.constexpr):  # fmt: skip
     """Keys `lo .. hi` (`lo` on a tile boundary) through the online softmax, tile by tile. Each step
     fetches the next tile's page numbers before attending to the current tile, so the K/V addresses
     never wait on a table read."""
     page = _pages(table, lo, hi, PAGE, BLOCK_N, LEAN)
     for n0 in range(lo, hi, BLOCK_N):
         next_page = _pages(table, n0 + BLOCK_N, hi, PAGE, BLOCK_N, LEAN)
-        m, l, acc = _attend_tile(
-            q, m, l, acc, n0, page, q_pos, seq_len, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
-            PAGE, BLOCK_N, MASKED, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
-        )  # fmt: skip
+        m, l, acc = _attend_tile(q, m, l, acc, n0, page, q_pos, seq_len, kv, qk_scale, d, d_ok, PAGE, BLOCK_N, MASKED,
+                                 DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV)  # fmt: skip
         page = next_page
     return m, l, acc
 
@@ -338,14 +282,13 @@ def _prefill_kernel(
     key_lo = tl.program_id(2) * split_len
     key_hi = tl.minimum(key_lo + split_len, diag_end)
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
+    kv = (k_cache_ptr, v_cache_ptr, kv_head, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh)
     m, l, acc = _attend_range(
-        q, m, l, acc, table, key_lo, tl.minimum(visible_end, key_hi), q_pos, seq_len, k_cache_ptr, v_cache_ptr,
-        kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
+        q, m, l, acc, table, key_lo, tl.minimum(visible_end, key_hi), q_pos, seq_len, kv, qk_scale, d, d_ok,
         PAGE, BLOCK_N, False, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
     )  # fmt: skip
     m, l, acc = _attend_range(
-        q, m, l, acc, table, tl.maximum(visible_end, key_lo), key_hi, q_pos, seq_len, k_cache_ptr, v_cache_ptr,
-        kv_head, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, d, d_ok,
+        q, m, l, acc, table, tl.maximum(visible_end, key_lo), key_hi, q_pos, seq_len, kv, qk_scale, d, d_ok,
         PAGE, BLOCK_N, True, DOT_DTYPE, DOT_PRECISION, LEAN, RESCALE_TAU, SHARED_KV,
     )  # fmt: skip
     # Partials are `[tokens, heads, splits]`.

@@ -11,8 +11,10 @@ at `slot_mapping[0]` (-1: nothing written; an fp8 cache stores K / k_scale and V
 `triton_rotary_kv_write`): the same values as the unfused pair, bit for bit, when the sums are the plain GEMV's.
 
 Used by the bf16/fp16 GEMV (`triton_gemv_rope.gemv_rope`), the fp8 row GEMV (`triton_fp8_row_gemv.fp8_row_gemv_rope`)
-and the wide int4 GEMV (`triton_int4_gemv_fused.int4_gemv_wide_rope`). `rope_launch_args` / `rope_constexprs` build
-the kernels' arguments of the epilogue; `qkv_rope_ref` is the PyTorch reference of the part after the projection.
+and the wide int4 GEMV (`triton_int4_gemv_fused.int4_gemv_wide_rope`). `rope_launch_args` builds the epilogue's
+run-time operands, which each kernel takes as one tuple argument `rope` and hands on to `rope_kv_store` whole (Triton
+passes a tuple's members as separate kernel parameters: the machine code is that of seventeen named ones);
+`rope_constexprs` its compile-time ones; `qkv_rope_ref` is the PyTorch reference of the part after the projection.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ def rope_rows(pid, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def rope_kv_store(res, head, first, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                  stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads,
-                  num_kv_heads, inv_k_scale, inv_v_scale, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                  FP8_CACHE: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def rope_kv_store(res, head, first, rope, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, FP8_CACHE: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
     """Store a program's qkv outputs `res` (fp32, BLOCK_N values in `rope_rows` order, `[BLOCK_N]` or `[1, BLOCK_N]`,
     bias added) for `head`: rounded to the activation dtype (`q_out`'s), rotated (q, k) and stored (module
-    docstring)."""
+    docstring). `rope`: the epilogue's run-time operands as one kernel argument (`rope_launch_args`, in its order)."""
+    (positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, stride_cs, stride_kcb,
+     stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_q_heads, num_kv_heads, inv_k_scale,
+     inv_v_scale) = rope  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     act = q_out_ptr.dtype.element_ty
@@ -98,7 +101,8 @@ def check_rope_operands(n: int, cos_sin_cache: torch.Tensor, k_cache: torch.Tens
 def rope_launch_args(positions: torch.Tensor, cos_sin_cache: torch.Tensor, slot_mapping: torch.Tensor,
                      q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
                      num_kv_heads: int, k_scale: float, v_scale: float) -> tuple:  # fmt: skip
-    """`rope_kv_store`'s run-time arguments after `res, head, first`, in its order (a kernel passes them through)."""
+    """`rope_kv_store`'s run-time operands, the one tuple argument `rope` of every kernel that fuses the epilogue (a
+    kernel passes it through; Triton hands a tuple's members to the kernel as separate parameters, in this order)."""
     return (positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, cos_sin_cache.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), num_heads, num_kv_heads, 1.0 / k_scale, 1.0 / v_scale)  # fmt: skip

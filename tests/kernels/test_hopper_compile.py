@@ -22,18 +22,49 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
-    """Pointer args by name, constexprs as given, `inv_*`, `qk_scale`, `out_scale` and `eps` fp32, every other argument
-    i32."""
-    sig = {}
+# The fused qkv kernels' one tuple argument `rope`: `rope_kv_store`'s operands, in `rope_launch_args`' order (a
+# tuple's members are typed and aligned here by these names, as the other arguments by theirs)
+_TUPLE_MEMBERS = {"rope": ("positions_ptr", "cos_sin_ptr", "slot_mapping_ptr", "q_out_ptr", "k_cache_ptr",
+                           "v_cache_ptr", "stride_cs", "stride_kcb", "stride_kcs", "stride_kch", "stride_vcb",
+                           "stride_vcs", "stride_vch", "num_q_heads", "num_kv_heads", "inv_k_scale",
+                           "inv_v_scale")}  # fmt: skip
+
+
+def _arg_names(fn) -> list[str]:
+    """`fn`'s argument names, a tuple argument's members (`_TUPLE_MEMBERS`) in its place."""
+    return [member for name in fn.arg_names for member in _TUPLE_MEMBERS.get(name, (name,))]
+
+
+def _arg_type(name: str, pointers: dict[str, str]) -> str:
+    """Pointer args by name, `inv_*`, `qk_scale`, `out_scale` and `eps` fp32, every other argument i32."""
+    if name.endswith("_ptr") or name in pointers:  # pointers, and tensor descriptors ("tensordesc<...>")
+        return pointers[name]
+    return "fp32" if name.startswith("inv_") or name in ("qk_scale", "out_scale", "eps") else "i32"
+
+
+def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> dict[str, object]:
+    """Constexprs as given, a tuple argument as its members' types, every other argument `_arg_type`."""
+    sig: dict[str, object] = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name.endswith("_ptr") or name in pointers:  # pointers, and tensor descriptors ("tensordesc<...>")
-            sig[name] = pointers[name]
+        elif name in _TUPLE_MEMBERS:
+            sig[name] = tuple(_arg_type(member, pointers) for member in _TUPLE_MEMBERS[name])
         else:
-            sig[name] = "fp32" if name.startswith("inv_") or name in ("qk_scale", "out_scale", "eps") else "i32"
+            sig[name] = _arg_type(name, pointers)
     return sig
+
+
+def _aligned_paths(fn, aligned: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """The argument paths (`(i,)`, or `(i, j)` for a tuple argument's member j) of the names in `aligned`."""
+    paths = []
+    for i, name in enumerate(fn.arg_names):
+        members = _TUPLE_MEMBERS.get(name)
+        if members is None:
+            paths += [(i,)] if name in aligned else []
+        else:
+            paths += [(i, j) for j, member in enumerate(members) if member in aligned]
+    return paths
 
 
 # 16-byte global loads: cp.async of 16 bytes (a pipelined load) or ld.global.v4 of 32-bit elements
@@ -49,7 +80,7 @@ def _compile_for_hopper(
 
     # constexprs left out take their defaults (else they would be typed as i32 arguments)
     constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
+    attrs = {path: [["tt.divisibility", 16]] for path in _aligned_paths(fn, aligned)}
     src = triton.compiler.ASTSource(fn, _signature(fn, pointers, constexprs), constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options or None)
     ptx = kernel.asm["ptx"]
@@ -355,7 +386,7 @@ def _compile_gemv_rope() -> dict[str, dict[str, object]]:
     from flotilla.kernels.triton_gemv_rope import _gemv_rope_kernel
 
     fn = _gemv_rope_kernel
-    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "K", "stride_wn"))
+    aligned = tuple(n for n in _arg_names(fn) if n.endswith("_ptr") or n in ("N", "K", "stride_wn"))
     pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "positions_ptr": "*i64",
                 "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
                 "v_cache_ptr": "*bf16"}  # fmt: skip
@@ -431,7 +462,7 @@ def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
     from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_rope_kernel
 
     fn = _fp8_row_gemv_rope_kernel
-    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("N", "KW", "stride_wn"))
+    aligned = tuple(n for n in _arg_names(fn) if n.endswith("_ptr") or n in ("N", "KW", "stride_wn"))
     cfg = default_config(6144, 4096, 132)
     consts = dict(HAS_BIAS=False, BF16=True, HEAD_DIM=128, PAGE=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   PREFETCH=cfg.prefetch, EVEN_K=True)  # fmt: skip
