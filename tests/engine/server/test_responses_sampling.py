@@ -116,6 +116,22 @@ def test_truncation_auto_keeps_the_inputs_last_tokens_that_leave_max_output_toke
     assert short[0] == short[1]  # nothing cut from an input that fits
 
 
+def test_a_text_past_the_character_bound_is_truncated_not_refused_when_truncation_is_asked(client, server):
+    # The server refuses a text longer than max_model_len x the longest token's characters (256 x 81 here) before
+    # tokenizing it: no such text fits. Cut to its tail it may, so vLLM bounds a text only when it is not truncated;
+    # this one (24,000 characters) was a 400 with truncation "auto" and with chat's truncate_prompt_tokens.
+    huge = "harbour " * 3000
+    with pytest.raises(openai.BadRequestError, match="characters"):
+        client.responses.create(model="tiny", input=huge, max_output_tokens=2)
+    cut = client.responses.create(model="tiny", input=huge, max_output_tokens=2, truncation="auto", store=False)
+    assert cut.usage.input_tokens == 254
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+                       ("/v1/completions", {"prompt": huge})):
+        answer = _post(server, path, {"model": "tiny", "max_tokens": 2, "truncate_prompt_tokens": 200, **body})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["prompt_tokens"] == 200
+
+
 @pytest.mark.parametrize("max_output_tokens", [None, 256, 300])
 def test_truncation_auto_without_room_to_generate_is_a_400_naming_max_output_tokens(client, max_output_tokens):
     kw = {} if max_output_tokens is None else {"max_output_tokens": max_output_tokens}
