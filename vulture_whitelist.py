@@ -24,6 +24,7 @@ _.do_GET  # http.server: BaseHTTPRequestHandler runs do_<METHOD> (tests/operator
 _.log_message  # http.server: BaseHTTPRequestHandler logs through it (silenced in the same test)
 _.effort  # pydantic: engine/server/responses.py's ReasoningOptions fields, validated and echoed by model_dump
 _.generate_summary
+_.prompt_cache_key  # pydantic: engine/server/responses.py's ResponsesRequest field, typed as vLLM's, which ignores it
 
 # --- attributes a library reads after we set them ----------------------------------------------------
 # kopf's OperatorSettings (operator/main.py, settings_for)

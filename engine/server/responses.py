@@ -103,9 +103,25 @@ class ResponsesRequest(_RequestBody):
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256)
-    # Chat's vLLM field. vLLM's ResponsesRequest has no such field nor any equivalent (it logs it as ignored and
-    # returns the reasoning item all the same); ignoring it would answer 200 with the thinking the client asked to
-    # leave out: a 400 (`_refuse_unservable`). True is what this route does anyway.
+    # vLLM's sampling and output fields of its Responses request, with its types and bounds, applied as chat's
+    # (the chat request built from this one carries them to the one SamplingParams builder, sampling_request.py).
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # vLLM's object (structured_request.py reads it as chat's); not beside `text.format` (vLLM refuses both)
+    structured_outputs: dict[str, Any] | None = None
+    # Typed as vLLM's and accepted: vLLM ignores `prompt_cache_key`; the multimodal kwargs shape media only, and
+    # this route reads text input (an image part is a 400 naming it), so they change nothing here.
+    prompt_cache_key: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    # As chat's: false leaves the reasoning parser's thinking out of the output (no reasoning item, streamed or
+    # not); it is still generated and split off, so the message is the answer alone (vLLM issue #56428 asked
+    # this of vLLM's Responses API).
     include_reasoning: bool = True
     # Output logprobs, as vLLM's: asked for by `include` naming OUTPUT_LOGPROBS, each token with `top_logprobs`
     # alternatives (0: the token alone). vLLM's other `include` values are accepted and add nothing here: this
@@ -113,10 +129,11 @@ class ResponsesRequest(_RequestBody):
     include: list[IncludeValue] | None = None
     # at most --max-logprobs, as chat's; -1 is vLLM's "the whole vocabulary" (SamplingParams' logprobs=-1)
     top_logprobs: int | None = Field(None, ge=-1)
-    # OpenAI's fields that vLLM's request types (so a wrong type is a 400 naming the field, as there) and this server
-    # serves as vLLM's chat-template path does: `truncation` "auto" is echoed and a prompt too long is still a 400;
-    # `reasoning`, `service_tier` and `max_tool_calls` change nothing here. `background: true` and `prompt` are
-    # refused (`_refuse_unservable`).
+    # OpenAI's fields that vLLM's request types (so a wrong type is a 400 naming the field, as there), served as
+    # vLLM's chat-template path serves them: `truncation` "auto" keeps the prompt's last max_model_len -
+    # max_output_tokens tokens (`_truncation`); `reasoning.effort` is the chat template's `reasoning_effort`
+    # variable; `reasoning.summary`, `service_tier` and `max_tool_calls` change nothing here. `background: true` and
+    # `prompt` are refused (`_refuse_unservable`).
     truncation: Literal["auto", "disabled"] | None = "disabled"
     reasoning: ReasoningOptions | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
@@ -126,11 +143,11 @@ class ResponsesRequest(_RequestBody):
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
-    """400 for `include_reasoning: false` (see the field): vLLM's Responses API has no way to leave the thinking out;
-    and for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
+    """400 for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
     `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked); for
     `background: true`, which vLLM runs as a task the client polls (this server would answer it in the request all the
-    same, not what the client asked for); and for `prompt`, which vLLM refuses too."""
+    same, not what the client asked for); for `prompt`, which vLLM refuses too; and for `structured_outputs` beside a
+    `text.format` (vLLM's refusal, its words)."""
     if req.top_logprobs and not _wants_logprobs(req):
         raise APIError(400, f"top_logprobs needs include: [\"{OUTPUT_LOGPROBS}\"] (the Responses API returns "
                             "logprobs only when include asks for them)", param="top_logprobs")
@@ -139,14 +156,45 @@ def _refuse_unservable(req: ResponsesRequest) -> None:
                             "creates it (leave background out, or stream)", param="background")
     if req.prompt is not None:  # vLLM's words
         raise APIError(400, "prompt template is not supported", param="prompt")
-    if not req.include_reasoning:
-        raise APIError(400, "include_reasoning false is not supported on /v1/responses: it is a chat completions "
-                            "field; the Responses API (vLLM's too) returns the thinking as a reasoning item (use "
-                            "/v1/chat/completions with --reasoning-parser, or leave it out)", param="include_reasoning")
+    if req.structured_outputs is not None and (req.text or {}).get("format") is not None:
+        raise APIError(400, "Cannot specify both structured_outputs and text.format", param="structured_outputs")
 
 
 def _wants_logprobs(req: ResponsesRequest) -> bool:
     return OUTPUT_LOGPROBS in (req.include or [])
+
+
+def _template_kwargs(req: ResponsesRequest) -> dict[str, Any] | None:
+    """The chat template's variables: `reasoning.effort` as `reasoning_effort`, the name vLLM passes it by (over the
+    server's --default-chat-template-kwargs, as a request's own kwargs are); none when no effort is given."""
+    effort = req.reasoning.effort if req.reasoning else None
+    return {"reasoning_effort": effort} if effort is not None else None
+
+
+def _truncation(req: ResponsesRequest, max_model_len: int) -> int | None:
+    """The prompt tokens `truncation` keeps (chat's `truncate_prompt_tokens`): "auto" keeps the last max_model_len -
+    max_output_tokens (all of max_model_len when it is not given, which leaves no room to generate, so a prompt cut
+    to it is still refused: vLLM's count, TokenizeParams' max_input_tokens); "disabled" none (a prompt too long is a
+    400)."""
+    if req.truncation != "auto":
+        return None
+    keep = max_model_len - (req.max_output_tokens or 0)
+    if keep < 1:  # vLLM: max_output_tokens above max_model_len is a 400 naming it (equal: an empty prompt)
+        raise APIError(400, f"max_output_tokens={req.max_output_tokens} leaves no room for the input in this model's "
+                            f"maximum context length of {max_model_len} tokens (truncation \"auto\" keeps the input's "
+                            "last max_model_len - max_output_tokens tokens); request fewer output tokens",
+                       param="max_output_tokens")
+    return keep
+
+
+def _refuse_a_full_context(kept: int | None, prompt_len: int, max_model_len: int) -> None:
+    """400 for truncation "auto" without max_output_tokens on an input cut to the whole context (vLLM's count): no
+    room is left to generate. Named here, not by the engine's generic too-long refusal, as the fix is another field."""
+    if kept == prompt_len == max_model_len:
+        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens: truncation \"auto\" "
+                            "keeps the input's last max_model_len - max_output_tokens tokens, and without "
+                            "max_output_tokens that leaves no room to generate (give max_output_tokens)",
+                       param="max_output_tokens")
 
 
 @dataclass
@@ -214,15 +262,23 @@ class ResponsesServing:
             chat = ChatCompletionRequest(
                 messages=[ChatMessage(**m) for m in system + conversation], temperature=req.temperature,
                 top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
-                seed=req.seed, tools=tools, tool_choice=chat_tool_choice(req.tool_choice, bool(tools)),
+                seed=req.seed, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                logit_bias=req.logit_bias, stop=req.stop, ignore_eos=req.ignore_eos,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                structured_outputs=req.structured_outputs, tools=tools,
+                tool_choice=chat_tool_choice(req.tool_choice, bool(tools)),
                 parallel_tool_calls=req.parallel_tool_calls, response_format=chat_response_format(req.text),
-                logprobs=_wants_logprobs(req), top_logprobs=req.top_logprobs)
+                logprobs=_wants_logprobs(req), top_logprobs=req.top_logprobs,
+                chat_template_kwargs=_template_kwargs(req),
+                truncate_prompt_tokens=_truncation(req, self.serving.max_model_len))
         except ValidationError as exc:
             raise APIError(400, "invalid request: " + "; ".join(describe(exc.errors())), param="input") from None
         chat = self.serving.whole_vocabulary(chat)  # top_logprobs -1, as chat's
         plan = plan_tools(chat, self.serving.enable_auto_tool_choice, self.serving.tool_call_parser,
                           self.serving.exclude_tools_when_tool_choice_none)
         prompt = await self.serving.chat_prompt(chat, plan.template_tools)
+        _refuse_a_full_context(chat.truncate_prompt_tokens, len(prompt.token_ids), self.serving.max_model_len)
         sp = constrain_for_tools(plan, sampling_params(chat, req.max_output_tokens, len(prompt.token_ids),
                                                        self.serving.max_model_len,
                                                        (chat.top_logprobs or 0) if chat.logprobs else None,
@@ -249,7 +305,7 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        items = _reply_items(plan, reasoning, final, logprobs)
+        items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
         return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
@@ -286,7 +342,7 @@ class ResponsesServing:
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
         message_id, opened, named, final, tokens = f"msg_{uuid.uuid4().hex}", False, None, None, 0
-        thinking = _StreamedReasoning(reasoning) if reasoning is not None else None
+        thinking = _StreamedReasoning(reasoning, req.include_reasoning) if reasoning is not None else None
         answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
         logged = 0
@@ -337,7 +393,7 @@ class ResponsesServing:
         else:
             call_items = [function_call_item(c, status) for c in calls]
         message_text = (text[:sent] if opened else content) if calls else text
-        thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None else None
+        thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None and thinking.shown else None
         items = _output_items(message_id, message_text, call_items, status, thought,
                               entries if logprobs is not None else None)
         response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
@@ -362,10 +418,12 @@ class ResponsesServing:
 class _StreamedReasoning:
     """A stream's reasoning item (output 0): opened by the first thinking, closed before the answer's first event
     (or at the end), as vLLM streams it: `output_item.added`, `content_part.added` (a `reasoning_text` part),
-    `reasoning_text.delta`s, then `reasoning_text.done`, `content_part.done`, `output_item.done`."""
+    `reasoning_text.delta`s, then `reasoning_text.done`, `content_part.done`, `output_item.done`. Not `shown`
+    (`include_reasoning: false`), the thinking is split off the answer all the same but sends no event."""
 
-    def __init__(self, parser: ReasoningParser) -> None:
+    def __init__(self, parser: ReasoningParser, shown: bool = True) -> None:
         self.stream = ReasoningStream(parser)
+        self.shown = shown
         self.item_id = f"rs_{uuid.uuid4().hex}"
         self.parts: list[str] = []
         self.opened = self.closed = False
@@ -378,6 +436,8 @@ class _StreamedReasoning:
     def feed(self, ev: _Numbered, new: str, finished: bool) -> tuple[list[str], str]:
         """The events for a step's new text (`finished`: the output's last), and the answer text it settles."""
         split = self.stream.feed(new, finished)
+        if not self.shown:
+            return [], split.content or ""
         events = []
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         if split.reasoning:
@@ -440,9 +500,10 @@ def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool
 
 
 def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: RequestOutput,
-                 logprobs: LogprobsOf | None) -> list[dict[str, Any]]:
-    """A finished (not streamed) output's items: its thinking, its text, its calls. Text beside calls is the
-    parser's content, which is None when only whitespace came before them (vLLM's rule: no message item)."""
+                 logprobs: LogprobsOf | None, include_reasoning: bool = True) -> list[dict[str, Any]]:
+    """A finished (not streamed) output's items: its thinking (unless not `include_reasoning`), its text, its calls.
+    Text beside calls is the parser's content, which is None when only whitespace came before them (vLLM's rule: no
+    message item)."""
     out = final.outputs[0]
     text, thought = out.text, None
     if reasoning is not None:
@@ -452,7 +513,8 @@ def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: Reque
     status = _status(final)
     entries = logprobs(out.token_ids, out.logprobs or [])["content"] if logprobs is not None else None
     return _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
-                         [function_call_item(c, status) for c in calls], status, reasoning_item(thought), entries)
+                         [function_call_item(c, status) for c in calls], status,
+                         reasoning_item(thought) if include_reasoning else None, entries)
 
 
 def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:

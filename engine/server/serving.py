@@ -153,7 +153,8 @@ class OpenAIServing:
     Prompt rules are the engine's (engine/prompt_rules.py, applied when it queues a request); the server applies
     them too to every prompt of a multi-prompt completions request before it submits any, so one bad prompt
     refuses the request with nothing run. What the server adds is cheap and happens before any expensive work:
-    a bound on characters (a text longer than `max_prompt_chars` cannot fit `max_model_len` tokens), then
+    a bound on characters (a text longer than `max_prompt_chars` cannot fit `max_model_len` tokens; not on a text
+    that `truncate_prompt_tokens` cuts, whose tail may fit, as vLLM's), then
     template rendering and tokenization on worker threads, so that a large prompt or a slow template never
     holds the event loop (and /health) up.
     """
@@ -195,9 +196,12 @@ class OpenAIServing:
 
     # --- prompts ------------------------------------------------------------------------------------
 
-    async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
-        """Tokenize on the front end's own tokenizer (the engine thread has its own), off the event loop."""
-        self.check_chars(len(text), param)
+    async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
+                     truncated: bool = False) -> list[int]:
+        """Tokenize on the front end's own tokenizer (the engine thread has its own), off the event loop. A text
+        that will be `truncated` (`truncate_prompt_tokens`) is not bounded in characters: its tail may fit."""
+        if not truncated:
+            self.check_chars(len(text), param)
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
         # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
@@ -234,7 +238,8 @@ class OpenAIServing:
             raise APIError(400, f"{len(items)} prompts with n={req.n} ask for {len(items) * req.n} completions; at "
                                 f"most {MAX_SEQUENCES_PER_REQUEST} are served per request (send more requests)",
                            param="prompt")
-        prompts = [Prompt(await self.encode(x, req.add_special_tokens), x) if isinstance(x, str) else
+        cut = req.truncate_prompt_tokens is not None
+        prompts = [Prompt(await self.encode(x, req.add_special_tokens, truncated=cut), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
         prompts = [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
         if len(prompts) > 1:
@@ -253,7 +258,10 @@ class OpenAIServing:
             messages = history_for_template([m.model_dump(exclude_none=True) for m in req.messages])
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        self.check_chars(message_text_chars(messages, "messages"), "messages")
+        chars = message_text_chars(messages, "messages")
+        cut = req.truncate_prompt_tokens is not None  # vLLM bounds a text's length only when it is not truncated
+        if not cut:
+            self.check_chars(chars, "messages")
         try:
             check_prompt_end(req.add_generation_prompt, req.continue_final_message)
         except ValueError as exc:
@@ -272,7 +280,7 @@ class OpenAIServing:
         else:  # a request's template: a child process of bounded memory each, so a bounded number at once
             async with self._request_template_renders:
                 text = await asyncio.to_thread(render)
-        prompt = Prompt(await self.encode(text, add_special_tokens=req.add_special_tokens, param="messages"), text)
+        prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", truncated=cut), text)
         return self._truncated(prompt, req.truncate_prompt_tokens)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,

@@ -125,6 +125,41 @@ def test_responses_stream_sends_content_then_each_parsed_call_as_a_function_call
         ["message", "function_call", "function_call"]
 
 
+@pytest.mark.parametrize("include_reasoning", [True, False])
+def test_responses_thinking_then_answer_with_and_without_the_reasoning_item(include_reasoning):
+    # include_reasoning false: the thinking is split off the answer as before, but no reasoning event or item is sent,
+    # and the message is output 0 (its answer, not the thinking); true: the reasoning item comes first (output 0).
+    from flotilla.engine.outputs import CompletionOutput, RequestOutput
+    from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing, _reply_items, _response
+
+    text, plan, parser = "two plus two</think>\n\n4", ToolPlan("none", []), ReasoningParser("deepseek_r1")
+    req = ResponsesRequest(input="x", stream=True, store=False, include_reasoning=include_reasoning)
+
+    async def gen():
+        for o in _deltas(text):
+            yield o
+
+    async def collect():
+        serving = ResponsesServing(serving=None)  # type: ignore[arg-type]  # _events needs no engine
+        return [e async for e in serving._events(req, _response(req, "resp_1", "m"), plan, parser, gen(), [])]
+
+    events = [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
+    reasoning_events = [e for e in events if "reasoning" in e["type"] or e.get("item", {}).get("type") == "reasoning"]
+    output = events[-1]["response"]["output"]
+    answer = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    whole = RequestOutput("r", None, [1], outputs=[CompletionOutput(0, text, list(range(len(text))),
+                                                                    finish_reason="stop")], finished=True)
+    replied = _reply_items(plan, parser, whole, None, include_reasoning)
+    assert answer == "4" and [i["type"] for i in replied] == [i["type"] for i in output]
+    if include_reasoning:
+        assert reasoning_events and [i["type"] for i in output] == ["reasoning", "message"]
+        assert [e["output_index"] for e in events if e["type"] == "response.output_text.delta"] == [1]
+    else:
+        assert not reasoning_events and [i["type"] for i in output] == ["message"]
+        assert [e["output_index"] for e in events if e["type"] == "response.output_text.delta"] == [0]
+    assert output[-1]["content"][0]["text"] == replied[-1]["content"][0]["text"] == "4"
+
+
 @pytest.mark.parametrize("name, text, content", [
     ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>', "Sure."),

@@ -126,20 +126,6 @@ def test_an_empty_input_is_a_400_in_the_responses_words(client, server):
     assert client.responses.create(model="tiny", input=[], instructions="Be brief.", max_output_tokens=3).output
 
 
-def test_include_reasoning_false_is_a_400_naming_it_and_true_is_served(client):
-    """Chat's vLLM field `include_reasoning`: vLLM's Responses request has no such field nor an equivalent (it ignores
-    it and returns the reasoning item), so false is refused rather than logged and ignored."""
-    with pytest.raises(openai.BadRequestError, match="include_reasoning") as err:
-        client.responses.create(model="tiny", input="x", max_output_tokens=2, extra_body={"include_reasoning": False})
-    assert err.value.body["param"] == "include_reasoning"
-    with pytest.raises(openai.BadRequestError, match="include_reasoning"):
-        client.responses.create(model="tiny", input="x", max_output_tokens=2, stream=True,
-                                extra_body={"include_reasoning": False})
-    served = client.responses.create(model="tiny", input="x", max_output_tokens=2, store=False,
-                                     extra_body={"include_reasoning": True})
-    assert served.status in ("completed", "incomplete") and served.output[0].type == "message"
-
-
 def test_the_store_is_bounded_in_bytes_and_drops_the_oldest_first(tiny_model_dirs, tmp_path):
     """The store was bounded by count only (1,024): each entry keeps its whole conversation, `instructions` and
     `metadata` (no size bound), so 1,024 bodies of 8 MiB could hold 8 GiB in the API process. Now also by bytes

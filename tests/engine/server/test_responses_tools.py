@@ -111,6 +111,12 @@ def test_text_format_json_schema_parses_into_the_pydantic_model(oai):
 def test_tools_and_formats_outside_the_subset_are_400s_that_name_them(oai):
     with pytest.raises(openai.BadRequestError, match="only function tools"):
         oai.responses.create(model="x", input="x", tools=[{"type": "web_search"}])
+    # Built-in tools alone under `required`: the tools' 400, before any choice is weighed. (vLLM's non-gpt-oss path
+    # renders them as nameless functions, adds no grammar to `required` and parses the whole output as a JSON call
+    # list after generating it: free text fails then.)
+    with pytest.raises(openai.BadRequestError, match="only function tools") as refused:
+        oai.responses.create(model="x", input="x", tools=[{"type": "web_search"}], tool_choice="required")
+    assert refused.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError, match="not among the request's tools"):
         oai.responses.create(model="x", input="x", tools=TOOLS, tool_choice={"type": "function", "name": "nope"})
     with pytest.raises(openai.BadRequestError, match="text.format"):

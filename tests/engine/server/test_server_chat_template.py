@@ -20,7 +20,8 @@ openai = pytest.importorskip("openai")
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 # Nothing like the tiny models' own (ChatML) template, so a prompt rendered by it shows which template ran.
 TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}: {{ m['content'] }}>>{% endfor %}"
-            "{% if add_generation_prompt %}[reply as {{ persona }}]{% endif %}")
+            "{% if add_generation_prompt %}[reply as {{ persona }}]{% endif %}"
+            "{% if reasoning_effort is defined %}(effort {{ reasoning_effort }}){% endif %}")
 DEFAULTS = '{"persona": "a sailor"}'
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -124,3 +125,14 @@ def test_embeddings_of_messages_use_the_inline_template(tiny_model_dirs, tmp_pat
                                                                            abs=1e-5)
     finally:
         stop_server(s)
+
+
+def test_responses_reasoning_effort_is_the_templates_reasoning_effort_as_vllm(server, tokenizer):
+    # vLLM passes a Responses request's reasoning.effort to the chat template as `reasoning_effort` (templates such as
+    # gpt-oss's and Qwen's read it); it changed nothing here. No effort: no variable (the defaults' persona stays).
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    high = client.responses.create(model="tiny", input="hi", max_output_tokens=1, reasoning={"effort": "high"})
+    assert high.usage.input_tokens == len(tokens(tokenizer, rendered("a sailor") + "(effort high)"))
+    assert high.reasoning.effort == "high"
+    plain = client.responses.create(model="tiny", input="hi", max_output_tokens=1, reasoning={"summary": "auto"})
+    assert plain.usage.input_tokens == len(tokens(tokenizer, rendered("a sailor")))

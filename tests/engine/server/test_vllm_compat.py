@@ -235,6 +235,26 @@ def test_responses_return_the_thinking_as_a_reasoning_item_as_vllm(thinking_serv
     assert chained.previous_response_id == whole.id
 
 
+def test_responses_include_reasoning_false_leaves_the_reasoning_item_out(thinking_server):
+    # Chat's include_reasoning on /v1/responses (vLLM issue #56428 asked it of vLLM's): false leaves the thinking out
+    # of the output, streamed or not; it is still generated and split off (the same tokens, no message text from it).
+    # It was a 400. deepseek_r1 on the tiny model: its whole answer is thinking, so the output is one empty message.
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    kw = {"model": "tiny", "input": "Name a colour of the sea.", "max_output_tokens": 6, "temperature": 0}
+    shown = oai.responses.create(**kw)
+    assert [item.type for item in shown.output] == ["reasoning"]
+    hidden = oai.responses.create(**kw, extra_body={"include_reasoning": False})
+    assert [(item.type, item.content[0].text) for item in hidden.output] == [("message", "")]
+    assert hidden.usage.output_tokens == shown.usage.output_tokens == 6 and hidden.status == "incomplete"
+    events = list(oai.responses.create(**kw, stream=True, extra_body={"include_reasoning": False}))
+    assert not [e for e in events if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") ==
+                "reasoning"]
+    assert [(i.type, i.content[0].text) for i in events[-1].response.output] == [("message", "")]
+    assert events[-1].response.usage.output_tokens == 6
+
+
 def test_an_assistant_messages_reasoning_reaches_the_template_as_reasoning_content(thinking_server):
     # vLLM hands a message's `reasoning` to the chat template as `reasoning_content` too (the name templates such
     # as Qwen3's read), so a client sending back what it was given keeps the thinking in the prompt.
