@@ -1,0 +1,113 @@
+"""JSON replies too large for the event loop: built and encoded on a worker thread, the body in pieces.
+
+A legal non-streamed request can ask for a reply of millions of values (n choices, each echoing a long prompt
+with its logprobs and prompt_logprobs: 1.4M entries, a 125 MB body). Built on the event loop (Python) and encoded
+there by Starlette's JSONResponse (one `json.dumps`: a single C call that holds the GIL), it held every stream,
+/health and every other request for as long as both took (~9 s here; past a liveness probe's timeout).
+
+Here a reply of more than `OFF_LOOP_VALUES` JSON values is built (`built`) and encoded (`json_response`) on a
+worker thread, and the encoding is cut into pieces of at most about `PIECE_VALUES` values, one `json.dumps`
+each: between two pieces the thread runs Python, where the event loop takes the GIL back (at the switch
+interval, 5 ms). The bytes are JSONResponse's. A small reply (nearly every one) is built and encoded on the
+loop as before: a thread hop costs more than its whole encoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from fastapi.responses import JSONResponse, Response
+
+# A reply of more values than this is built and encoded on a worker thread (a few milliseconds of work on the
+# loop; the thread hop, ~0.1 ms, is a few percent of that).
+OFF_LOOP_VALUES = 4096
+
+# The most values one `json.dumps` call of a large reply encodes (about 1-2 ms holding the GIL), unless a
+# single container holds more scalars than this (such a list or dict is cut too).
+PIECE_VALUES = 4096
+
+_T = TypeVar("_T")
+_CONTAINERS = (dict, list, tuple)
+
+
+def json_values(content: Any, limit: int) -> int:
+    """How many JSON values `content` holds (itself and, in its containers, every member at every depth),
+    counted only until the count passes `limit`: a large reply costs no more to size than `limit` values."""
+    if isinstance(content, dict):
+        members: Any = content.values()
+    elif isinstance(content, list | tuple):
+        members = content
+    else:
+        return 1
+    count = 1 + len(members)
+    for member in members:
+        if count > limit:
+            break
+        if isinstance(member, _CONTAINERS):
+            count += json_values(member, limit - count) - 1
+    return count
+
+
+async def built(build: Callable[[], _T], values: int) -> _T:
+    """`build()`, on a worker thread when what it builds holds more than `OFF_LOOP_VALUES` values (`values`:
+    the caller's estimate, from the engine's outputs, before building)."""
+    return await asyncio.to_thread(build) if values > OFF_LOOP_VALUES else build()
+
+
+async def json_response(content: Any) -> Response:
+    """JSONResponse(content), its body encoded on a worker thread in pieces when `content` is large."""
+    if json_values(content, OFF_LOOP_VALUES) <= OFF_LOOP_VALUES:
+        return JSONResponse(content)
+    return Response(await asyncio.to_thread(json_body, content), media_type=JSONResponse.media_type)
+
+
+def json_body(content: Any) -> bytes:
+    """JSONResponse's body of `content`, encoded in pieces (blocking: call it on a worker thread)."""
+    return b"".join(piece.encode("utf-8") for piece in json_pieces(content))
+
+
+def json_pieces(value: Any) -> Iterator[str]:
+    """The text JSONResponse encodes `value` to (`_dumps`), as consecutive pieces of at most about
+    `PIECE_VALUES` values each: a container too large for one piece opens, its members follow (small ones
+    batched into one piece, large ones cut in turn), and it closes."""
+    if json_values(value, PIECE_VALUES) <= PIECE_VALUES:
+        yield _dumps(value)
+    elif isinstance(value, dict):
+        yield "{"
+        for i, (key, member) in enumerate(value.items()):
+            yield ("," if i else "") + _dumps({key: 0})[1:-3] + ":"  # the key as json.dumps converts it
+            yield from json_pieces(member)
+        yield "}"
+    else:
+        yield "["
+        yield from _list_members(value)
+        yield "]"
+
+
+def _list_members(items: list[Any] | tuple[Any, ...]) -> Iterator[str]:
+    """A large list's members, comma-separated: runs of small ones as one piece, each large one cut."""
+    run: list[Any] = []
+    size = 0
+    first = True
+    for item in items:
+        values = json_values(item, PIECE_VALUES) if isinstance(item, _CONTAINERS) else 1
+        if run and (size + values > PIECE_VALUES or values > PIECE_VALUES):
+            yield ("" if first else ",") + _dumps(run)[1:-1]
+            run, size, first = [], 0, False
+        if values > PIECE_VALUES:
+            yield "" if first else ","
+            yield from json_pieces(item)
+            first = False
+        else:
+            run.append(item)
+            size += values
+    if run:
+        yield ("" if first else ",") + _dumps(run)[1:-1]
+
+
+def _dumps(value: Any) -> str:
+    """Starlette's JSONResponse encoding (its `render`, before the UTF-8 bytes)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
