@@ -36,7 +36,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs
-from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
+from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, sse
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -405,11 +405,11 @@ class OpenAIServing:
         continuous = _continuous_usage(req)
         sent_chars: dict[int, int] = {}  # per choice: text sent so far, where the next text_offset starts
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
-        # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
-        outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
-        async for i, output in outputs:
-            step = []  # one SSE event per choice, written together (one transport write per step, not n)
-            for d in states[i].deltas(output):
+
+        def step_of(i: int, output: RequestOutput, deltas: list[ChoiceDelta]) -> str:
+            """One SSE event per choice that changed, written together (one transport write per step, not n)."""
+            step = []
+            for d in deltas:
                 c = d.choice
                 index = i * req.n + c.index
                 text, token_ids, entries = self._echoed(req, prompts[i], output, d.text, d.token_ids, d.logprobs,
@@ -424,8 +424,21 @@ class OpenAIServing:
                     ids_sent.add(index)
                 step.append(fmt.completion(index, text, c, logprobs,
                                            choice_usage(output, d.num_tokens) if continuous else None, ids))
+            return "".join(step)
+
+        # A choice's first chunk carries its prompt (echo, return_token_ids): n of them can hold millions of values
+        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M), built off the loop as a large reply is
+        per_prompt_token = (1 + (req.logprobs or 0) if wants_logprobs and req.echo else 0) + bool(req.return_token_ids)
+        # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
+        outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
+        async for i, output in outputs:
+            deltas = states[i].deltas(output)
+            build = functools.partial(step_of, i, output, deltas)
+            openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
+            step = (await built(build, openers * len(output.prompt_token_ids) * per_prompt_token) if openers
+                    else build())
             if step:
-                yield "".join(step)
+                yield step
             if output.finished:
                 for k, v in counted_usage(len(output.prompt_token_ids), states[i].completion_tokens).items():
                     total[k] += v

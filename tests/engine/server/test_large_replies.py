@@ -47,6 +47,9 @@ BIG = {
                                       "top_logprobs": 20, "prompt_logprobs": 500}),
 }
 
+# 64 choices, each echoing the prompt with 20 logprobs a token, in their first chunks: ~540k entries
+STREAMED = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": 2 * N, "echo": True, "logprobs": 20}
+
 
 def _wait_for_log(server: Server, pattern: str, since: int, thread: threading.Thread) -> None:
     """Until the server's log (from offset `since`) matches `pattern` (a wait: the test's clock decides nothing)."""
@@ -99,3 +102,44 @@ def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(lo
         assert all(len(t["top_logprobs"]) == 20 for c in reply["choices"] for t in c["logprobs"]["content"])
         assert len(reply["prompt_logprobs"]) == reply["usage"]["prompt_tokens"]
         assert all(len(entry) >= 500 for entry in reply["prompt_logprobs"][1:])
+
+
+def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chunk_is_built(logging_server):
+    # Streamed (without prompt_logprobs, which a stream cannot carry), the same request's first step holds every
+    # choice's echoed prompt with its logprobs: the head goes out once the engine's first output is in, and that
+    # step is built after it (on the event loop, every other request waited for it).
+    url = logging_server.url
+    head, first_chunk = threading.Event(), threading.Event()
+    chunks: list[bytes] = []
+
+    def big() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**STREAMED, "stream": True},
+                          headers=AUTH, timeout=600) as response:
+            assert response.status_code == 200
+            head.set()
+            for chunk in response.iter_bytes():
+                first_chunk.set()
+                chunks.append(chunk)
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        while not head.is_set():  # a wait: the test's clock decides nothing
+            assert thread.is_alive(), "the stream ended before its head came"
+            time.sleep(0.01)
+        before_first_chunk = []
+        for _ in range(3):
+            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+            before_first_chunk.append(not first_chunk.is_set())
+        small = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                           headers=AUTH, timeout=600)
+        assert small.status_code == 200, small.text
+        before_first_chunk.append(not first_chunk.is_set())
+    finally:
+        thread.join(600)
+    assert before_first_chunk == [True] * 4, before_first_chunk
+    events = [json.loads(line[len("data: "):]) for line in b"".join(chunks).decode().split("\n\n")
+              if line.startswith("data: {")]
+    echoed = [e["choices"][0] for e in events if len(e["choices"][0]["logprobs"]["tokens"]) > 1]
+    assert sorted(c["index"] for c in echoed) == list(range(2 * N))
+    assert all(len(c["logprobs"]["tokens"]) > 400 for c in echoed)
