@@ -36,6 +36,16 @@ def logging_server(tiny_model_dirs, tmp_path_factory):
     stop_server(s)
 
 
+@pytest.fixture(scope="module")
+def logging_pooling_server(tiny_model_dirs, tmp_path_factory):
+    """The tiny Llama as an embedding model (--runner pooling), logging each request's end."""
+    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("large-embeddings") / "server.log",
+                     "--served-model-name", "tiny", "--max-model-len", "512", "--runner", "pooling",
+                     "--enable-log-requests", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
+    yield s
+    stop_server(s)
+
+
 BIG = {
     # 32 choices, each echoing the prompt with 20 logprobs a token and 20 prompt_logprobs: ~540k entries
     "completions": ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": N, "echo": True,
@@ -143,3 +153,38 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
     echoed = [e["choices"][0] for e in events if len(e["choices"][0]["logprobs"]["tokens"]) > 1]
     assert sorted(c["index"] for c in echoed) == list(range(2 * N))
     assert all(len(c["logprobs"]["tokens"]) > 400 for c in echoed)
+
+
+def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server):
+    # 20,000 one-token inputs: 1.3M floats (hidden size 64). FastAPI encoded the reply on the event loop
+    # (jsonable_encoder, Python over every float, then json.dumps): /health and every other request waited.
+    server = logging_pooling_server
+    tag = f"big-embeddings-{time.monotonic_ns()}"
+    head = threading.Event()
+    result: dict[str, object] = {}
+
+    def big() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, timeout=600,
+                          json={"model": "tiny", "input": [[5]] * 20_000, "request_id": tag}) as response:
+            head.set()
+            result["status"], result["body"] = response.status_code, response.read()
+
+    since = len(server.log.read_text())
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        _wait_for_log(server, rf"Finished request embd-{tag}\.", since, thread)
+        before_head = []
+        for _ in range(3):
+            assert httpx.get(f"{server.url}/health", timeout=600).status_code == 200
+            before_head.append(not head.is_set())
+        small = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": "hi"}, headers=AUTH,
+                           timeout=600)
+        assert small.status_code == 200, small.text
+        before_head.append(not head.is_set())
+    finally:
+        thread.join(600)
+    assert before_head == [True] * 4, before_head
+    assert result["status"] == 200
+    data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
+    assert [d["index"] for d in data] == list(range(20_000)) and all(len(d["embedding"]) == 64 for d in data)
