@@ -15,8 +15,10 @@ loop as before: a thread hop costs more than its whole encoding.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse, Response
@@ -51,17 +53,30 @@ def json_values(content: Any, limit: int) -> int:
     return count
 
 
+# Large replies' own threads. On asyncio's default executor (`asyncio.to_thread`), a few large replies at once took
+# every one of its threads (6 on 2 cores) for seconds, and the work every request hands it (its body's parse, its
+# tokenization) waited behind them. Two: a reply's work is Python under the GIL, so more threads would not make
+# replies faster, and a second keeps one very large reply from holding up the next.
+_REPLY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="json-reply")
+
+
+async def off_the_loop(work: Callable[[], _T]) -> _T:
+    """`work()` on one of the large replies' threads."""
+    return await asyncio.get_running_loop().run_in_executor(_REPLY_THREADS, work)
+
+
 async def built(build: Callable[[], _T], values: int) -> _T:
-    """`build()`, on a worker thread when what it builds holds more than `OFF_LOOP_VALUES` values (`values`:
-    the caller's estimate, from the engine's outputs, before building)."""
-    return await asyncio.to_thread(build) if values > OFF_LOOP_VALUES else build()
+    """`build()`, on a large replies' thread when what it builds holds more than `OFF_LOOP_VALUES` values
+    (`values`: the caller's estimate, from the engine's outputs, before building)."""
+    return await off_the_loop(build) if values > OFF_LOOP_VALUES else build()
 
 
 async def json_response(content: Any) -> Response:
-    """JSONResponse(content), its body encoded on a worker thread in pieces when `content` is large."""
+    """JSONResponse(content), its body encoded on a large replies' thread in pieces when `content` is large."""
     if json_values(content, OFF_LOOP_VALUES) <= OFF_LOOP_VALUES:
         return JSONResponse(content)
-    return Response(await asyncio.to_thread(json_body, content), media_type=JSONResponse.media_type)
+    body = await off_the_loop(functools.partial(json_body, content))
+    return Response(body, media_type=JSONResponse.media_type)
 
 
 def json_body(content: Any) -> bytes:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import random
+import threading
 
 import pytest
 from fastapi.responses import JSONResponse
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from flotilla.engine.server.json_reply import (
     OFF_LOOP_VALUES,
     PIECE_VALUES,
+    built,
     json_body,
     json_pieces,
     json_response,
@@ -90,3 +92,19 @@ def test_what_jsonresponse_refuses_is_refused():
         json_body({"logprob": [math.nan] * (2 * PIECE_VALUES)})
     with pytest.raises(TypeError):
         json_body({"x": [object()] * (2 * PIECE_VALUES)})
+
+
+def test_large_replies_leave_the_default_executors_threads_free():
+    # Every request's body parse and tokenization run on asyncio's default executor (6 threads on 2 cores): large
+    # replies blocked there would hold them all up. Forty large builds held at once leave it free.
+    async def main() -> None:
+        release = threading.Event()
+        held = [asyncio.ensure_future(built(release.wait, OFF_LOOP_VALUES + 1)) for _ in range(40)]
+        try:
+            # A wait, not a timing bound: with the builds on the default executor this never came back
+            assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 120) == 42
+        finally:
+            release.set()
+            assert await asyncio.gather(*held) == [True] * 40
+
+    asyncio.run(main())
