@@ -31,6 +31,9 @@ OFF_LOOP_VALUES = 4096
 # single container holds more scalars than this (such a list or dict is cut too).
 PIECE_VALUES = 4096
 
+# Starlette's JSONResponse encoding (its `render`, before the UTF-8 bytes).
+REPLY_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+
 _T = TypeVar("_T")
 _CONTAINERS = (dict, list, tuple)
 
@@ -84,45 +87,43 @@ def json_body(content: Any) -> bytes:
     return b"".join(piece.encode("utf-8") for piece in json_pieces(content))
 
 
-def json_pieces(value: Any) -> Iterator[str]:
-    """The text JSONResponse encodes `value` to (`_dumps`), as consecutive pieces of at most about
-    `PIECE_VALUES` values each: a container too large for one piece opens, its members follow (small ones
-    batched into one piece, large ones cut in turn), and it closes."""
+def json_pieces(value: Any, encoder: json.JSONEncoder | None = None) -> Iterator[str]:
+    """The text `encoder` (JSONResponse's, `REPLY_ENCODER`, when None) writes for `value`, as consecutive pieces
+    of at most about `PIECE_VALUES` values each: a container too large for one piece opens, its members follow
+    (small ones batched into one piece, large ones cut in turn), and it closes."""
+    encoder = encoder or REPLY_ENCODER
     if json_values(value, PIECE_VALUES) <= PIECE_VALUES:
-        yield _dumps(value)
+        yield encoder.encode(value)
     elif isinstance(value, dict):
         yield "{"
+        key_end = -len(encoder.key_separator) - 2  # after a key, in `{key: 0}`
         for i, (key, member) in enumerate(value.items()):
-            yield ("," if i else "") + _dumps({key: 0})[1:-3] + ":"  # the key as json.dumps converts it
-            yield from json_pieces(member)
+            # the key as the encoder converts it (a number, a boolean, null), then its separator
+            yield (encoder.item_separator if i else "") + encoder.encode({key: 0})[1:key_end] + encoder.key_separator
+            yield from json_pieces(member, encoder)
         yield "}"
     else:
         yield "["
-        yield from _list_members(value)
+        yield from _list_members(value, encoder)
         yield "]"
 
 
-def _list_members(items: list[Any] | tuple[Any, ...]) -> Iterator[str]:
-    """A large list's members, comma-separated: runs of small ones as one piece, each large one cut."""
+def _list_members(items: list[Any] | tuple[Any, ...], encoder: json.JSONEncoder) -> Iterator[str]:
+    """A large list's members, separated: runs of small ones as one piece, each large one cut."""
     run: list[Any] = []
     size = 0
     first = True
     for item in items:
         values = json_values(item, PIECE_VALUES) if isinstance(item, _CONTAINERS) else 1
         if run and (size + values > PIECE_VALUES or values > PIECE_VALUES):
-            yield ("" if first else ",") + _dumps(run)[1:-1]
+            yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
             run, size, first = [], 0, False
         if values > PIECE_VALUES:
-            yield "" if first else ","
-            yield from json_pieces(item)
+            yield "" if first else encoder.item_separator
+            yield from json_pieces(item, encoder)
             first = False
         else:
             run.append(item)
             size += values
     if run:
-        yield ("" if first else ",") + _dumps(run)[1:-1]
-
-
-def _dumps(value: Any) -> str:
-    """Starlette's JSONResponse encoding (its `render`, before the UTF-8 bytes)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+        yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]

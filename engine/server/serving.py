@@ -24,7 +24,7 @@ from flotilla.engine.server.chat_template import (
     request_template,
 )
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.json_reply import built
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -36,7 +36,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs
-from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, sse
+from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, encoded_logprobs, sse
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -406,8 +406,9 @@ class OpenAIServing:
         sent_chars: dict[int, int] = {}  # per choice: text sent so far, where the next text_offset starts
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
 
-        def step_of(i: int, output: RequestOutput, deltas: list[ChoiceDelta]) -> str:
-            """One SSE event per choice that changed, written together (one transport write per step, not n)."""
+        def step_of(i: int, output: RequestOutput, deltas: list[ChoiceDelta], off_loop: bool = False) -> str:
+            """One SSE event per choice that changed, written together (one transport write per step, not n);
+            `off_loop`: built on a worker thread, each choice's logprobs encoded in pieces (`encoded_logprobs`)."""
             step = []
             for d in deltas:
                 c = d.choice
@@ -417,12 +418,13 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
+                chunk_logprobs = encoded_logprobs(logprobs) if off_loop and logprobs is not None else logprobs
                 ids = None
                 if req.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then null
                     ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
                            "token_ids": list(d.token_ids)}
                     ids_sent.add(index)
-                step.append(fmt.completion(index, text, c, logprobs,
+                step.append(fmt.completion(index, text, c, chunk_logprobs,
                                            choice_usage(output, d.num_tokens) if continuous else None, ids))
             return "".join(step)
 
@@ -433,10 +435,10 @@ class OpenAIServing:
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
             deltas = states[i].deltas(output)
-            build = functools.partial(step_of, i, output, deltas)
             openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
-            step = (await built(build, openers * len(output.prompt_token_ids) * per_prompt_token) if openers
-                    else build())
+            values = openers * len(output.prompt_token_ids) * per_prompt_token
+            step = (await built(functools.partial(step_of, i, output, deltas, True), values)
+                    if values > OFF_LOOP_VALUES else step_of(i, output, deltas))
             if step:
                 yield step
             if output.finished:

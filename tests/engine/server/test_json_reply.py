@@ -108,3 +108,19 @@ def test_large_replies_leave_the_default_executors_threads_free():
             assert await asyncio.gather(*held) == [True] * 40
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pieces_follow_the_encoders_separators(seed):
+    # A stream's chunks are written with json's default separators (", ", ": ") and NaN allowed
+    encoder = json.JSONEncoder(ensure_ascii=False)
+    value = _random_value(random.Random(seed), 0)
+    assert "".join(json_pieces(value, encoder)) == encoder.encode(value)
+
+
+def test_a_streamed_choices_large_logprobs_are_encoded_in_pieces_as_json_text_writes_them():
+    from flotilla.engine.server.sse import encoded_logprobs, json_text
+
+    logprobs = _logprob_reply(choices=1, tokens=2000, top=20)["choices"][0]["logprobs"]
+    assert json_values(logprobs, 10**9) > 10 * PIECE_VALUES
+    assert encoded_logprobs(logprobs) == json_text(logprobs)
