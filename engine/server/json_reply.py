@@ -3,13 +3,14 @@
 A legal non-streamed request can ask for a reply of millions of values (n choices, each echoing a long prompt
 with its logprobs and prompt_logprobs: 1.4M entries, a 125 MB body). Built on the event loop (Python) and encoded
 there by Starlette's JSONResponse (one `json.dumps`: a single C call that holds the GIL), it held every stream,
-/health and every other request for as long as both took (~9 s here; past a liveness probe's timeout).
+/health and every other request for as long as both took (/health waited 8.5-15.6 s here; past a liveness
+probe's timeout).
 
 Here a reply of more than `OFF_LOOP_VALUES` JSON values is built (`built`) and encoded (`json_response`) on a
-worker thread, and the encoding is cut into pieces of at most about `PIECE_VALUES` values, one `json.dumps`
-each: between two pieces the thread runs Python, where the event loop takes the GIL back (at the switch
-interval, 5 ms). The bytes are JSONResponse's. A small reply (nearly every one) is built and encoded on the
-loop as before: a thread hop costs more than its whole encoding.
+thread of its own (garbage collection paused meanwhile), and the encoding is cut into pieces of at most about
+`PIECE_VALUES` values, one `json.dumps` each: between two pieces the thread runs Python, where the event loop
+takes the GIL back (at the switch interval, 5 ms). The bytes are JSONResponse's. A small reply (nearly every
+one) is built and encoded on the loop as before: a thread hop costs more than its whole encoding.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse, Response
+
+from flotilla.engine.server.request_body import gc_paused
 
 # A reply of more values than this is built and encoded on a worker thread (a few milliseconds of work on the
 # loop; the thread hop, ~0.1 ms, is a few percent of that).
@@ -65,7 +68,16 @@ _REPLY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="json-repl
 
 async def off_the_loop(work: Callable[[], _T]) -> _T:
     """`work()` on one of the large replies' threads."""
-    return await asyncio.get_running_loop().run_in_executor(_REPLY_THREADS, work)
+    return await asyncio.get_running_loop().run_in_executor(_REPLY_THREADS, functools.partial(_without_gc, work))
+
+
+def _without_gc(work: Callable[[], _T]) -> _T:
+    """`work()` with garbage collection paused, as a large body's parse (`request_body.gc_paused`): a reply's
+    build allocates its containers by the million, and each collection that set off walked them all in one C
+    call holding the GIL (an in-process build of 670k entries: 0.88 s and a 0.1 s loop stall with collection,
+    0.15 s and 6 ms without). What it builds is alive until sent: collecting meanwhile frees nothing."""
+    with gc_paused():
+        return work()
 
 
 async def built(build: Callable[[], _T], values: int) -> _T:

@@ -124,3 +124,12 @@ def test_a_streamed_choices_large_logprobs_are_encoded_in_pieces_as_json_text_wr
     logprobs = _logprob_reply(choices=1, tokens=2000, top=20)["choices"][0]["logprobs"]
     assert json_values(logprobs, 10**9) > 10 * PIECE_VALUES
     assert encoded_logprobs(logprobs) == json_text(logprobs)
+
+
+def test_a_large_build_runs_with_garbage_collection_paused():
+    # Each collection a build of millions of containers set off walked them all, holding the GIL (and so the loop)
+    import gc
+
+    assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES + 1)) is False
+    assert gc.isenabled()
+    assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES)) is True  # a small one, on the loop, leaves it alone
