@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import Headers
 
 from flotilla import __version__
@@ -20,6 +20,7 @@ from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
+from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.model_cards import model_card
@@ -315,7 +316,7 @@ async def _respond(result: dict[str, Any] | AsyncIterator[str] | Response, reque
     if isinstance(result, Response):
         return result
     if isinstance(result, dict):
-        return JSONResponse(result)
+        return await json_response(result)  # a large one encoded off the loop
     return StreamingResponse(_until_disconnect(result, request), media_type="text/event-stream")
 
 

@@ -29,6 +29,7 @@ from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
 from flotilla.engine.server.request_id_header import checked_request_id
@@ -223,11 +224,14 @@ def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any, until_
     `until_disconnect(work, request)` awaits the work, cancelling it if the client goes away first."""
 
     @app.post("/v1/embeddings", response_model=None)
-    async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         header = checked_request_id(request.headers)  # names the response, as on completions (the header wins)
         body = body if header is None else body.model_copy(update={"request_id": header})
         # As vLLM's route (with_cancellation): a client that leaves stops the list between two engine calls.
-        return await until_disconnect(create_embeddings(state, body, model_of(state, body.model)), request)
+        result = await until_disconnect(create_embeddings(state, body, model_of(state, body.model)), request)
+        # Encoded here, not by FastAPI (jsonable_encoder and json.dumps on the event loop): a long list's vectors
+        # are millions of floats, encoded off the loop (json_reply.py)
+        return await json_response(result) if isinstance(result, dict) else result
 
 
 

@@ -121,11 +121,12 @@ _gc_parses = 0  # large-body parses running now
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """No garbage collection while a large body is parsed: a parse allocates its containers by the million, and
     each collection it set off walked every live object in one C call (a few tenths of a second each, the event
     loop's thread waiting on the GIL; a third of the parse's time). What the parse builds is alive: collecting
-    during it frees nothing; the first collection after it does what was put off.
+    during it frees nothing; the first collection after it does what was put off. A large reply's build and
+    encoding (json_reply.py) pause it the same way, for the same reason.
 
     Only a parse that starts with no other large parse running pauses collection, and it alone turns it back on
     when it ends: GC is never off for longer than one parse. (A count of pausers kept it off for as long as
@@ -151,7 +152,7 @@ def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """`raw` as the model, or FastAPI's RequestValidationError for it (blocking: call it on a worker thread)."""
     if len(raw) < GC_PAUSE_MIN_BYTES:  # too few containers to set a costly collection off
         return _parse_and_validate(raw, model)
-    with _gc_paused():
+    with gc_paused():
         return _parse_and_validate(raw, model)
 
 

@@ -24,6 +24,7 @@ from flotilla.engine.server.chat_template import (
     request_template,
 )
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,8 +36,8 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs
-from flotilla.engine.server.sse import ChunkFormat, StreamState, sse
-from flotilla.engine.server.tool_calls import chat_message, plan_tools
+from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, encoded_logprobs, sse
+from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
@@ -76,6 +77,21 @@ def usage(output: RequestOutput) -> dict[str, int]:
     completion = sum(len(c.token_ids) for c in output.outputs)
     prompt = len(output.prompt_token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def reply_values(outputs: list[RequestOutput], per_token: int, carries_prompt: bool = False) -> int:
+    """About how many JSON values a non-streamed reply of `outputs` holds, before it is built: `per_token` for
+    each token a choice carries (its own; its prompt's too when `carries_prompt`) and a few per choice."""
+    values = 0
+    for output in outputs:
+        prompt = len(output.prompt_token_ids) if carries_prompt else 0
+        values += sum(CHOICE_VALUES + (prompt + len(c.token_ids)) * per_token for c in output.outputs)
+    return values
+
+
+# The JSON values of a choice without per-token data (its index, text, finish reason, ...), as `reply_values`
+# counts them.
+CHOICE_VALUES = 8
 
 
 def choice_usage(output: RequestOutput, num_tokens: int) -> dict[str, int]:
@@ -355,6 +371,24 @@ class OpenAIServing:
                 task.cancel()
             await asyncio.gather(*finals, return_exceptions=True)
             raise
+        # Each choice carries its prompt's tokens (echo, prompt_logprobs, token ids); a large reply is built off the
+        # loop
+        logprobs = req.logprobs is not None or req.prompt_logprobs is not None
+        ids = bool(req.return_token_ids)
+        per_token = (1 + max(req.logprobs or 0, req.prompt_logprobs or 0) if logprobs else 0) + ids
+        carries_prompt = req.echo or req.prompt_logprobs is not None or ids
+        choices = await built(functools.partial(self._completion_choices, req, prompts, outputs),
+                              reply_values(outputs, per_token, carries_prompt))
+        total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for output in outputs:
+            for k, v in usage(output).items():
+                total[k] += v
+        return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                "choices": choices, "usage": self._cached(total, sum(o.num_cached_tokens for o in outputs))}
+
+    def _completion_choices(self, req: CompletionRequest, prompts: list[Prompt],
+                            outputs: list[RequestOutput]) -> list[dict[str, Any]]:
+        """A non-streamed reply's choices, prompt by prompt (blocking: a large reply's run on a worker thread)."""
         choices = []
         for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             for c in output.outputs:
@@ -366,12 +400,7 @@ class OpenAIServing:
                                 if req.prompt_logprobs is not None else None,
                                 **({"prompt_token_ids": list(output.prompt_token_ids),
                                     "token_ids": list(c.token_ids)} if req.return_token_ids else {})})
-        total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        for output in outputs:
-            for k, v in usage(output).items():
-                total[k] += v
-        return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                "choices": choices, "usage": self._cached(total, sum(o.num_cached_tokens for o in outputs))}
+        return choices
 
     async def _stream_completions(self, req: CompletionRequest, prompts: list[Prompt],
                                   streams: list[AsyncGenerator[RequestOutput]], request_id: str, created: int,
@@ -384,11 +413,12 @@ class OpenAIServing:
         continuous = _continuous_usage(req)
         sent_chars: dict[int, int] = {}  # per choice: text sent so far, where the next text_offset starts
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
-        # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
-        outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
-        async for i, output in outputs:
-            step = []  # one SSE event per choice, written together (one transport write per step, not n)
-            for d in states[i].deltas(output):
+
+        def step_of(i: int, output: RequestOutput, deltas: list[ChoiceDelta], off_loop: bool = False) -> str:
+            """One SSE event per choice that changed, written together (one transport write per step, not n);
+            `off_loop`: built on a worker thread, each choice's logprobs encoded in pieces (`encoded_logprobs`)."""
+            step = []
+            for d in deltas:
                 c = d.choice
                 index = i * req.n + c.index
                 text, token_ids, entries = self._echoed(req, prompts[i], output, d.text, d.token_ids, d.logprobs,
@@ -396,15 +426,29 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
+                chunk_logprobs = encoded_logprobs(logprobs) if off_loop and logprobs is not None else logprobs
                 ids = None
                 if req.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then null
                     ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
                            "token_ids": list(d.token_ids)}
                     ids_sent.add(index)
-                step.append(fmt.completion(index, text, c, logprobs,
+                step.append(fmt.completion(index, text, c, chunk_logprobs,
                                            choice_usage(output, d.num_tokens) if continuous else None, ids))
+            return "".join(step)
+
+        # A choice's first chunk carries its prompt (echo, return_token_ids): n of them can hold millions of values
+        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M), built off the loop as a large reply is
+        per_prompt_token = (1 + (req.logprobs or 0) if wants_logprobs and req.echo else 0) + bool(req.return_token_ids)
+        # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
+        outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
+        async for i, output in outputs:
+            deltas = states[i].deltas(output)
+            openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
+            values = openers * len(output.prompt_token_ids) * per_prompt_token
+            step = (await built(functools.partial(step_of, i, output, deltas, True), values)
+                    if values > OFF_LOOP_VALUES else step_of(i, output, deltas))
             if step:
-                yield "".join(step)
+                yield step
             if output.finished:
                 for k, v in counted_usage(len(output.prompt_token_ids), states[i].completion_tokens).items():
                     total[k] += v
@@ -513,6 +557,18 @@ class OpenAIServing:
                 chunks = self._stream_chat(req, stream, request_id, created, model, opening, prompt_ids)
             return _echo_first(chunks, req.n, echo, request_id, created, model, opening) if echo else chunks
         output = await self._final(prompt, sp, engine_id, model, extras)
+        # The prompt's entries come once, beside the choices (prompt_logprobs, prompt_token_ids); a large reply is
+        # built off the loop
+        ids = bool(req.return_token_ids)
+        per_prompt_token = (1 + req.prompt_logprobs if req.prompt_logprobs is not None else 0) + ids
+        values = (reply_values([output], (1 + (top or 0) if req.logprobs else 0) + ids)
+                  + len(output.prompt_token_ids) * per_prompt_token)
+        return await built(functools.partial(self._chat_reply, req, plan, sp, output, echo, top, request_id, created,
+                                             model), values)
+
+    def _chat_reply(self, req: ChatCompletionRequest, plan: ToolPlan, sp: SamplingParams, output: RequestOutput,
+                    echo: str, top: int | None, request_id: str, created: int, model: str) -> dict[str, Any]:
+        """A non-streamed chat reply (blocking: a large one is built on a worker thread)."""
         as_ids = self.as_token_ids(req)
         choices = []
         for c in output.outputs:

@@ -8,6 +8,7 @@ from json.encoder import encode_basestring
 from typing import Any, NamedTuple
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.server.json_reply import json_pieces
 
 
 class ChoiceDelta(NamedTuple):
@@ -69,6 +70,12 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
+def encoded_logprobs(logprobs: dict[str, Any]) -> str:
+    """`json_text(logprobs)` in pieces of bounded size (json_reply.py), for a chunk built off the event loop: one
+    choice's echoed prompt can hold ~700k entries, a single `json.dumps` of seconds that holds the GIL."""
+    return "".join(json_pieces(logprobs, _ENCODER))
+
+
 def json_text(value: Any) -> str:
     """`json.dumps(value, ensure_ascii=False)`, with a chunk's usual values (a text, a null) written directly."""
     if value is None:
@@ -87,13 +94,15 @@ class ChunkFormat:
         self.head = (f'data: {{"id": {json_text(request_id)}, "object": {json_text(obj)}, "created": {created}, '
                      f'"model": {json_text(model)}, "choices": [')
 
-    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
+    def completion(self, index: int, text: str, c: CompletionOutput, logprobs: dict[str, Any] | str | None,
                    usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats); `ids`: the
-        choice's extra fields (return_token_ids: prompt_token_ids, token_ids)."""
+        choice's extra fields (return_token_ids: prompt_token_ids, token_ids); `logprobs` as a str: their JSON
+        already (`encoded_logprobs`)."""
+        logprobs_json = logprobs if isinstance(logprobs, str) else json_text(logprobs)
         return (f'{self.head}{{"index": {index}, "text": {json_text(text)}, '
                 f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}, '
-                f'"logprobs": {json_text(logprobs)}{_fields(ids)}}}]{_usage(usage)}}}\n\n')
+                f'"logprobs": {logprobs_json}{_fields(ids)}}}]{_usage(usage)}}}\n\n')
 
     def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
              usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:

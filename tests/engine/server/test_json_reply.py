@@ -1,0 +1,135 @@
+"""engine/server/json_reply.py alone: a large reply's body, encoded in pieces, is JSONResponse's to the byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import threading
+
+import pytest
+from fastapi.responses import JSONResponse
+
+from flotilla.engine.server.json_reply import (
+    OFF_LOOP_VALUES,
+    PIECE_VALUES,
+    built,
+    json_body,
+    json_pieces,
+    json_response,
+    json_values,
+)
+
+SCALARS = [None, True, False, 0, -7, 12345678901234567890, 0.1, -9999.0, 1e300, "", "hello", "é\u2028\"\\\n", "🙂"]
+
+
+def _random_value(rng: random.Random, depth: int) -> object:
+    """Nested lists and dicts of every JSON scalar, some of them far larger than a piece."""
+    if depth > 2 or rng.random() < 0.3:
+        return rng.choice(SCALARS)
+    width = rng.choice([[0, 1, 3000, 9000], [0, 1, 3, 40], [0, 1, 3]][depth])
+    if rng.random() < 0.5:
+        return [_random_value(rng, depth + 1) for _ in range(width)]
+    # keys of every kind json.dumps converts (numbers, booleans, None) besides strings
+    return {rng.choice([f"k{i}", i, 2.5, True, None]): _random_value(rng, depth + 1) for i in range(width)}
+
+
+def _logprob_reply(choices: int, tokens: int, top: int) -> dict:
+    """A completions reply's shape: choices, each with per-token logprobs and prompt_logprobs."""
+    entry = {str(t): {"logprob": -1.25 - t, "rank": t + 1, "decoded_token": f" tok{t}é"} for t in range(top)}
+    return {"id": "cmpl-1", "object": "text_completion", "choices": [
+        {"index": c, "text": "hello " * tokens, "logprobs": {
+            "tokens": ["hello"] * tokens, "token_logprobs": [None] + [-0.5] * (tokens - 1),
+            "top_logprobs": [None] + [{f"t{t}": -t / 3 for t in range(top)}] * (tokens - 1),
+            "text_offset": list(range(tokens))},
+         "prompt_logprobs": [None] + [entry] * (tokens - 1)} for c in range(choices)],
+        "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_pieces_join_to_jsonresponses_body(seed):
+    value = _random_value(random.Random(seed), 0)
+    assert json_body(value) == JSONResponse(value).body
+
+
+def test_a_large_reply_is_cut_into_pieces_of_bounded_size():
+    reply = _logprob_reply(choices=8, tokens=300, top=20)
+    assert json_values(reply, 10**9) > 40 * PIECE_VALUES
+    pieces = list(json_pieces(reply))
+    assert "".join(pieces).encode() == JSONResponse(reply).body
+    # Every piece is one json.dumps of at most PIECE_VALUES values: none holds more than a piece's worth of entries
+    biggest = max(len(piece) for piece in pieces)
+    entry_chars = len(json.dumps(reply["choices"][0]["prompt_logprobs"][1], separators=(",", ":"))) / 20
+    assert len(pieces) > 40 and biggest < PIECE_VALUES * entry_chars, (len(pieces), biggest)
+
+
+def test_a_long_list_of_scalars_is_cut_too():
+    ids = list(range(10 * PIECE_VALUES))
+    pieces = list(json_pieces({"token_ids": ids}))
+    assert len(pieces) > 10 and "".join(pieces) == json.dumps({"token_ids": ids}, separators=(",", ":"))
+
+
+def test_values_are_counted_only_up_to_the_limit():
+    assert json_values(5, 10) == 1
+    assert json_values({"a": [1, 2, {"b": None}]}, 100) == 6  # the dict, the list, 1, 2, the inner dict, None
+    assert 10 < json_values([[0] * 1000] * 1000, 10) < 1100  # stopped once past the limit
+
+
+def test_a_small_reply_is_jsonresponse_and_a_large_one_has_its_bytes():
+    small = {"choices": [{"text": "hi"}]}
+    response = asyncio.run(json_response(small))
+    assert type(response) is JSONResponse and response.body == JSONResponse(small).body
+    large = _logprob_reply(choices=2, tokens=100, top=20)
+    assert json_values(large, OFF_LOOP_VALUES) > OFF_LOOP_VALUES
+    response = asyncio.run(json_response(large))
+    assert response.body == JSONResponse(large).body and response.media_type == "application/json"
+    assert response.headers["content-length"] == str(len(response.body))
+
+
+def test_what_jsonresponse_refuses_is_refused():
+    with pytest.raises(ValueError, match="JSON compliant"):
+        json_body({"logprob": [math.nan] * (2 * PIECE_VALUES)})
+    with pytest.raises(TypeError):
+        json_body({"x": [object()] * (2 * PIECE_VALUES)})
+
+
+def test_large_replies_leave_the_default_executors_threads_free():
+    # Every request's body parse and tokenization run on asyncio's default executor (6 threads on 2 cores): large
+    # replies blocked there would hold them all up. Forty large builds held at once leave it free.
+    async def main() -> None:
+        release = threading.Event()
+        held = [asyncio.ensure_future(built(release.wait, OFF_LOOP_VALUES + 1)) for _ in range(40)]
+        try:
+            # A wait, not a timing bound: with the builds on the default executor this never came back
+            assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 120) == 42
+        finally:
+            release.set()
+            assert await asyncio.gather(*held) == [True] * 40
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pieces_follow_the_encoders_separators(seed):
+    # A stream's chunks are written with json's default separators (", ", ": ") and NaN allowed
+    encoder = json.JSONEncoder(ensure_ascii=False)
+    value = _random_value(random.Random(seed), 0)
+    assert "".join(json_pieces(value, encoder)) == encoder.encode(value)
+
+
+def test_a_streamed_choices_large_logprobs_are_encoded_in_pieces_as_json_text_writes_them():
+    from flotilla.engine.server.sse import encoded_logprobs, json_text
+
+    logprobs = _logprob_reply(choices=1, tokens=2000, top=20)["choices"][0]["logprobs"]
+    assert json_values(logprobs, 10**9) > 10 * PIECE_VALUES
+    assert encoded_logprobs(logprobs) == json_text(logprobs)
+
+
+def test_a_large_build_runs_with_garbage_collection_paused():
+    # Each collection a build of millions of containers set off walked them all, holding the GIL (and so the loop)
+    import gc
+
+    assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES + 1)) is False
+    assert gc.isenabled()
+    assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES)) is True  # a small one, on the loop, leaves it alone

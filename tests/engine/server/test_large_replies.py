@@ -1,0 +1,190 @@
+"""A large non-streamed reply (engine/server/json_reply.py) is built and encoded while the server goes on answering.
+
+One legal request (n choices, each echoing a long prompt with its logprobs) asks for a reply of hundreds of
+thousands of values. Its choices were built on the event loop and its body encoded there by one json.dumps, so
+/health and every other request waited for both (~9 s for 1.4M entries here). The tests prove the order, not a
+time: the engine's part of the big request is over once the server logs its end (--enable-log-requests); what
+follows is the front end's, and /health and a small request sent from then on must be answered before the big
+reply's head comes back (on the event loop, none was: they waited for the whole reply to be built and encoded).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, Server, start_server, stop_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "hello " * 400  # ~400 tokens of the 512-token context
+N = 32
+
+
+@pytest.fixture(scope="module")
+def logging_server(tiny_model_dirs, tmp_path_factory):
+    """The tiny Llama with a 512-token context, logging each engine request's end, up to 1000 logprobs a token."""
+    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("large-replies") / "server.log",
+                     "--served-model-name", "tiny", "--max-model-len", "512", "--enable-log-requests",
+                     "--max-logprobs", "1000",
+                     "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def logging_pooling_server(tiny_model_dirs, tmp_path_factory):
+    """The tiny Llama as an embedding model (--runner pooling), logging each request's end."""
+    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("large-embeddings") / "server.log",
+                     "--served-model-name", "tiny", "--max-model-len", "512", "--runner", "pooling",
+                     "--enable-log-requests", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
+    yield s
+    stop_server(s)
+
+
+BIG = {
+    # 32 choices, each echoing the prompt with 20 logprobs a token and 20 prompt_logprobs: ~540k entries
+    "completions": ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": N, "echo": True,
+                                        "logprobs": 20, "prompt_logprobs": 20}),
+    # The prompt's 500 most likely tokens at each of its ~400 positions (prompt_logprobs, beside the choices), and
+    # 4 choices of 8 tokens with their 20 most likely: ~200k entries
+    "chat": ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
+                                      "max_tokens": 8, "ignore_eos": True, "n": 4, "logprobs": True,
+                                      "top_logprobs": 20, "prompt_logprobs": 500}),
+}
+
+# 64 choices, each echoing the prompt with 20 logprobs a token, in their first chunks: ~540k entries
+STREAMED = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": 2 * N, "echo": True, "logprobs": 20}
+
+
+def _wait_for_log(server: Server, pattern: str, since: int, thread: threading.Thread) -> None:
+    """Until the server's log (from offset `since`) matches `pattern` (a wait: the test's clock decides nothing)."""
+    while not re.search(pattern, server.log.read_text()[since:]):
+        assert thread.is_alive(), "the big request ended before its engine request was logged as finished"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", list(BIG))
+def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(logging_server, kind):
+    url = logging_server.url
+    path, body = BIG[kind]
+    tag = f"big-{kind}-{time.monotonic_ns()}"
+    head = threading.Event()
+    result: dict[str, object] = {}
+
+    def big() -> None:
+        with httpx.stream("POST", f"{url}{path}", json={**body, "request_id": tag}, headers=AUTH,
+                          timeout=600) as response:
+            head.set()
+            result["status"], result["body"] = response.status_code, response.read()
+
+    since = len(logging_server.log.read_text())
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        # From its engine request's end on, the big request is the front end's alone: building, encoding
+        _wait_for_log(logging_server, rf"Finished request \w*cmpl-{tag}-", since, thread)
+        before_head = []
+        for _ in range(3):
+            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+            before_head.append(not head.is_set())
+        small = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                           headers=AUTH, timeout=600)
+        assert small.status_code == 200, small.text
+        before_head.append(not head.is_set())
+    finally:
+        thread.join(600)
+    # On the event loop, each waited for the big reply to be built and encoded: none came before its head
+    assert before_head == [True] * 4, before_head
+    assert result["status"] == 200
+    reply = json.loads(result["body"])  # type: ignore[arg-type]
+    assert len(reply["choices"]) == body["n"]
+    if kind == "completions":
+        prompt_tokens = reply["usage"]["prompt_tokens"]
+        assert all(len(c["logprobs"]["tokens"]) == prompt_tokens + 1 for c in reply["choices"])
+        assert all(len(c["prompt_logprobs"]) == prompt_tokens for c in reply["choices"])
+    else:
+        assert all(len(c["logprobs"]["content"]) == 8 for c in reply["choices"])
+        assert all(len(t["top_logprobs"]) == 20 for c in reply["choices"] for t in c["logprobs"]["content"])
+        assert len(reply["prompt_logprobs"]) == reply["usage"]["prompt_tokens"]
+        assert all(len(entry) >= 500 for entry in reply["prompt_logprobs"][1:])
+
+
+def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chunk_is_built(logging_server):
+    # Streamed (without prompt_logprobs, which a stream cannot carry), the same request's first step holds every
+    # choice's echoed prompt with its logprobs: the head goes out once the engine's first output is in, and that
+    # step is built after it (on the event loop, every other request waited for it).
+    url = logging_server.url
+    head, first_chunk = threading.Event(), threading.Event()
+    chunks: list[bytes] = []
+
+    def big() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**STREAMED, "stream": True},
+                          headers=AUTH, timeout=600) as response:
+            assert response.status_code == 200
+            head.set()
+            for chunk in response.iter_bytes():
+                first_chunk.set()
+                chunks.append(chunk)
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        while not head.is_set():  # a wait: the test's clock decides nothing
+            assert thread.is_alive(), "the stream ended before its head came"
+            time.sleep(0.01)
+        before_first_chunk = []
+        for _ in range(3):
+            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+            before_first_chunk.append(not first_chunk.is_set())
+        small = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                           headers=AUTH, timeout=600)
+        assert small.status_code == 200, small.text
+        before_first_chunk.append(not first_chunk.is_set())
+    finally:
+        thread.join(600)
+    assert before_first_chunk == [True] * 4, before_first_chunk
+    events = [json.loads(line[len("data: "):]) for line in b"".join(chunks).decode().split("\n\n")
+              if line.startswith("data: {")]
+    echoed = [e["choices"][0] for e in events if len(e["choices"][0]["logprobs"]["tokens"]) > 1]
+    assert sorted(c["index"] for c in echoed) == list(range(2 * N))
+    assert all(len(c["logprobs"]["tokens"]) > 400 for c in echoed)
+
+
+def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server):
+    # 20,000 one-token inputs: 1.3M floats (hidden size 64). FastAPI encoded the reply on the event loop
+    # (jsonable_encoder, Python over every float, then json.dumps): /health and every other request waited.
+    server = logging_pooling_server
+    tag = f"big-embeddings-{time.monotonic_ns()}"
+    head = threading.Event()
+    result: dict[str, object] = {}
+
+    def big() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, timeout=600,
+                          json={"model": "tiny", "input": [[5]] * 20_000, "request_id": tag}) as response:
+            head.set()
+            result["status"], result["body"] = response.status_code, response.read()
+
+    since = len(server.log.read_text())
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        _wait_for_log(server, rf"Finished request embd-{tag}\.", since, thread)
+        before_head = []
+        for _ in range(3):
+            assert httpx.get(f"{server.url}/health", timeout=600).status_code == 200
+            before_head.append(not head.is_set())
+        small = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": "hi"}, headers=AUTH,
+                           timeout=600)
+        assert small.status_code == 200, small.text
+        before_head.append(not head.is_set())
+    finally:
+        thread.join(600)
+    assert before_head == [True] * 4, before_head
+    assert result["status"] == 200
+    data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
+    assert [d["index"] for d in data] == list(range(20_000)) and all(len(d["embedding"]) == 64 for d in data)
