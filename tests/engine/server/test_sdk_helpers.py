@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Literal
 
 import openai
@@ -23,6 +24,14 @@ class Weather(BaseModel):
 class Forecast(BaseModel):
     city: str = Field(max_length=12)
     sky: Literal["sunny", "rainy", "cloudy"]
+
+
+Unit = StrEnum("Unit", ["celsius", "fahrenheit"])
+
+
+class Place(BaseModel):
+    weather: Weather  # a nested model and an enum: pydantic puts both under the tool's `$defs`
+    unit: Unit
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -63,3 +72,23 @@ def test_instructors_responses_tools_request_is_served(oai):
     [call] = response.output
     assert call.type == "function_call" and call.name == "Weather"
     assert Weather.model_validate(json.loads(call.arguments))
+
+
+def test_required_tool_calls_whose_parameters_have_defs_are_served_as_vllm(oai):
+    """`tool_choice: required` nests each tool's parameters in one list schema; a pydantic tool with a nested model or
+    an enum refers to its `$defs` from its root (`#/$defs/Unit`), so vLLM hoists every tool's `$defs` to the list's
+    root (a name two tools define differently is a 400). The SDK's `pydantic_function_tool` sends such tools."""
+    tools = [openai.pydantic_function_tool(Place), openai.pydantic_function_tool(Weather)]
+    answer = oai.chat.completions.parse(model="x", messages=ASK, tools=tools, tool_choice="required", max_tokens=80,
+                                        temperature=0)
+    calls = answer.choices[0].message.tool_calls
+    assert calls
+    for call in calls:  # a Place's nested Weather is parsed as one (the grammar followed its $ref)
+        arguments = call.function.parsed_arguments
+        assert isinstance(arguments.weather if isinstance(arguments, Place) else arguments, Weather)
+    clash = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"w": {"$ref": "#/$defs/Weather"}}, "$defs": {"Weather": {"type": "string"}}}}}
+    with pytest.raises(openai.BadRequestError, match="Weather") as refused:
+        oai.chat.completions.create(model="x", messages=ASK, tools=[*tools, clash], tool_choice="required",
+                                    max_tokens=8)
+    assert refused.value.body["param"] == "tools"
