@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -144,6 +144,7 @@ class _SamplingFields(_RequestBody):
     bad_words: list[str] | None = None  # words never completed (engine/bad_words.py)
     # vLLM's request extras (engine/server/request_extras.py applies them)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1: max_model_len
+    truncation_side: Literal["left", "right"] | None = None  # vLLM's: "right" keeps the first N instead (cuts the end)
     # logprob tokens as "token_id:<id>"; None (unset or null): --return-tokens-as-token-ids (OpenAIServing.as_token_ids)
     return_tokens_as_token_ids: bool | None = None
     # vLLM's: the prompt's and each choice's token ids beside the text (streams: the prompt's first, then each chunk's)

@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from flotilla.engine.chat_content import ContentFormatOption, final_text
 from flotilla.engine.chat_rendering import check_prompt_end, history_for_template, render_trusted, template_variables
@@ -257,14 +257,14 @@ class OpenAIServing:
         cut = req.truncate_prompt_tokens is not None
         prompts = [Prompt(await self.encode(x, req.add_special_tokens, truncated=cut), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
-        prompts = [self._truncated(p, req.truncate_prompt_tokens) for p in prompts]
+        prompts = [self._truncated(p, req.truncate_prompt_tokens, req.truncation_side) for p in prompts]
         if len(prompts) > 1:
             for prompt in prompts:
                 check_prompt(prompt.token_ids, self.max_model_len, self.vocab_size)
         return prompts
 
-    def _truncated(self, prompt: Prompt, keep: int | None) -> Prompt:
-        ids = truncate_prompt(prompt.token_ids, keep, self.max_model_len)
+    def _truncated(self, prompt: Prompt, keep: int | None, side: Literal["left", "right"] | None) -> Prompt:
+        ids = truncate_prompt(prompt.token_ids, keep, self.max_model_len, side or "left")
         return prompt if len(ids) == len(prompt.token_ids) else Prompt(ids, None)
 
     async def chat_prompt(self, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None) -> Prompt:
@@ -297,7 +297,7 @@ class OpenAIServing:
             async with self._request_template_renders:
                 text = await asyncio.to_thread(render)
         prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", truncated=cut), text)
-        return self._truncated(prompt, req.truncate_prompt_tokens)
+        return self._truncated(prompt, req.truncate_prompt_tokens, req.truncation_side)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
                 variables: dict[str, Any], continue_final_message: bool = False) -> str:

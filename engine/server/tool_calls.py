@@ -128,15 +128,41 @@ def _named(choice: dict[str, Any], tools: list[dict[str, Any]]) -> ToolPlan:
     return ToolPlan("named", tools, function=name, constraint=StructuredOutputsParams(json_schema=schema))
 
 
+# Where a schema keeps the subschemas its `$ref`s name from its root (`#/$defs/X`; `definitions` before draft 2019).
+_DEFS_KEYS = ("$defs", "definitions")
+
+
 def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
-    """A list of at least one `{"name": <a tool>, "parameters": <its schema>}` (at most one if not parallel)."""
+    """A list of at least one `{"name": <a tool>, "parameters": <its schema>}` (at most one if not parallel). Each
+    tool's `$defs` move to the list's root, where its `#/$defs/...` references now point, as vLLM's."""
     calls = [{"type": "object", "properties": {"name": {"enum": [t["function"]["name"]]},
-                                               "parameters": t["function"]["parameters"]},
+                                               "parameters": _without_defs(t["function"]["parameters"])},
               "required": ["name", "parameters"]} for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **_merged_defs(tools)}
     if not parallel:
         schema["maxItems"] = 1
     return schema
+
+
+def _without_defs(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in parameters.items() if key not in _DEFS_KEYS or not isinstance(value, dict)}
+
+
+def _merged_defs(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every tool's `$defs` (and `definitions`) in one table each; a name two tools define differently is a 400,
+    as vLLM's (one root cannot hold both)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        for key in _DEFS_KEYS:
+            defs = tool["function"]["parameters"].get(key)
+            if not isinstance(defs, dict):
+                continue
+            table = merged.setdefault(key, {})
+            for name, definition in defs.items():
+                if table.setdefault(name, definition) != definition:
+                    raise APIError(400, f"tool_choice 'required': tools define {key} {name!r} differently; one "
+                                        "list of calls cannot hold both", param="tools")
+    return merged
 
 
 def thinking(text: str | None) -> dict[str, str | None]:

@@ -10,17 +10,19 @@ choice finishes, one `delta.tool_calls` entry per call, and the choice ends with
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
-from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.sse import ChunkFormat, json_text
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
+
+logger = logging.getLogger(__name__)
 
 # A step's token ids and their logprob entries as a chunk's `logprobs` (OpenAI's `{"content": [...]}`).
 LogprobsOf = Callable[[list[int], list[Any]], dict[str, Any]]
@@ -28,12 +30,14 @@ LogprobsOf = Callable[[list[int], list[Any]], dict[str, Any]]
 
 def constrain_for_tools(plan: ToolPlan, sp: SamplingParams) -> SamplingParams:
     """The request's sampling parameters with its tool grammar (required / named), and special tokens
-    kept when the parser's marker is one."""
+    kept when the parser's marker is one. A forced call is the whole reply, so a reply format beside it
+    (response_format, text.format, structured_outputs) has nothing to constrain: the tool grammar replaces it, as
+    vLLM's tool parsers do (`adjust_request`) and OpenAI serves the pair (the SDK's `parse` with a pydantic tool,
+    instructor's Responses tools mode)."""
     update: dict[str, Any] = {}
     if plan.constraint is not None:
         if sp.structured_outputs is not None:
-            raise APIError(400, f"tool_choice {plan.mode!r} constrains the output itself; drop response_format "
-                                "or the structured output fields", param="tool_choice")
+            logger.info("tool_choice %r forces a tool call: the request's reply format does not apply", plan.mode)
         update["structured_outputs"] = plan.constraint
     if plan.mode == "auto" and plan.parser is not None and plan.parser.keeps_special_tokens:
         update["skip_special_tokens"] = False

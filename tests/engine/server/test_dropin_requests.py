@@ -457,3 +457,20 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone_with_its_logprobs(serve
     assert text == PROMPT and len(tokens) == len(prompt_ids) and first_logprob is None
     refused = post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 0})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+def test_truncation_side_right_keeps_the_first_tokens_as_vllm(server, client):
+    """vLLM's `truncation_side` (beside `truncate_prompt_tokens`): "right" cuts the end, keeping the first N tokens;
+    "left" (and unset) the last N. It was ignored (logged), so "right" got the last N."""
+    long = "one two three four five six seven eight nine ten " * 4
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": long}, headers=HEADERS).json()["tokens"]
+    for side, kept in (("right", ids[:12]), ("left", ids[-12:])):
+        cut = client.completions.create(model="tiny", prompt=long, max_tokens=2, temperature=0,
+                                        extra_body={"truncate_prompt_tokens": 12, "truncation_side": side})
+        same = client.completions.create(model="tiny", prompt=kept, max_tokens=2, temperature=0)
+        assert cut.usage.prompt_tokens == 12 and cut.choices[0].text == same.choices[0].text, side
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": long}],
+                                                 "max_tokens": 1, "truncate_prompt_tokens": 7,
+                                                 "truncation_side": "right", "return_token_ids": True})
+    assert len(chat.json()["prompt_token_ids"]) == 7
+    assert "truncation_side" not in server.log.read_text()  # served, not in the ignored-fields line
