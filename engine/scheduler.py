@@ -234,6 +234,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             if request.num_cached_tokens < 0:  # the first admission's hit, not a resumed one's (as vLLM)
                 request.num_cached_tokens = num_computed
+                self.block_manager.record_lookup(request, len(cached))
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._plan(out, request, num_new, num_computed)

@@ -61,3 +61,16 @@ def test_every_series_exists_at_zero_before_any_event(tiny_model_dirs):
                    'vllm:num_requests_swapped{model_name="tiny"} 0.0',
                    'vllm:request_max_num_generation_tokens_count{model_name="tiny"} 0.0'):
         assert series in text, series
+
+
+def test_prefix_cache_counters_count_each_request_once_at_admission(tiny_model_dirs):
+    """vllm:prefix_cache_queries / _hits count a request's look-up once, when it is admitted (vLLM PR #48860):
+    not again at each step it waits for blocks, and not when a preempted request resumes on its own blocks (vLLM
+    counts those apart, in counters no metric reads). Four prompts that share nothing: 160 tokens queried, 0 hit."""
+    prompts = [[100 + 40 * i + j for j in range(40)] for i in range(4)]
+    # 18 blocks of 8 tokens: two requests of 70 tokens at most fit, so the others wait and the batch preempts.
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=128, block_size=8, num_gpu_blocks_override=18)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    snapshot = llm.engine.stats_snapshot()
+    assert snapshot.num_preemptions > 0
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (160, 0)
