@@ -536,7 +536,10 @@ class LLMEngine:
                 self._fail(child.parent_id, exc)
                 continue
             self._record_timing(child, now)
-        self._record(plan, len(result.tokens) + sum(map(len, result.verified.values())))
+        # The tokens requests received: not a token drawn for one that had finished (or was aborted) while the step
+        # ran, which asynchronous scheduling discards, as vLLM drops it before its counters see it.
+        verified = result.verified
+        self._record(plan, sum(len(verified[c.request_id]) if c.request_id in verified else 1 for c in touched))
         # An output is due every step (streaming: cumulative or delta), or once every completion has finished; a
         # final-only request can have finished only if a completion that got a token this step did.
         due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind != "final_only")

@@ -74,3 +74,20 @@ def test_prefix_cache_counters_count_each_request_once_at_admission(tiny_model_d
     snapshot = llm.engine.stats_snapshot()
     assert snapshot.num_preemptions > 0
     assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (160, 0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_generation_tokens_count_the_tokens_requests_received(tiny_model_dirs, async_scheduling):
+    """A request that stops on a token while its next step is already in flight (asynchronous scheduling) gets
+    no token from that step: vllm:generation_tokens does not count it (vLLM drops a finished request's output of
+    such a step before any counter sees it)."""
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=96, async_scheduling=async_scheduling)
+    prompt = [5, 900, 31, 4000, 77, 12345]
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    tokens = free[0].outputs[0].token_ids
+    stop = next(i for i in range(2, 10) if tokens[i] not in tokens[:i])  # the first new token from the third on
+    before = llm.engine.stats.generation_tokens
+    params = SamplingParams(temperature=0, max_tokens=10, n=2, stop_token_ids=[tokens[stop]])
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [tokens[: stop + 1]] * 2
+    assert llm.engine.stats.generation_tokens - before == 2 * (stop + 1)
