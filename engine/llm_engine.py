@@ -635,7 +635,14 @@ class LLMEngine:
             raise InvalidParamError(
                 f"the structured output constraint reaches a dead end after {grammar.num_accepted} tokens "
                 "of output: it allows no next token (no text completes it from there)", "structured_outputs")
-        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
+        params = child.sampling_params
+        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(params, f)]
+        short = grammar.num_accepted < params.min_tokens  # stop tokens were banned for min_tokens
+        if short and not masks:  # the grammar allowed only stop tokens: its text was complete
+            raise InvalidParamError(
+                f"min_tokens {params.min_tokens} bans the stop tokens that the structured output constraint allows "
+                f"alone after {grammar.num_accepted} tokens of output (its text is complete there)", "min_tokens")
+        masks += ["min_tokens"] if short else []
         if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
             raise InvalidParamError(
                 f"{' and '.join(masks)} leave no token that the structured output constraint allows after "
