@@ -83,14 +83,19 @@ class BlockManager:
         """Block ids holding the longest cached prefix of a request that has nothing computed yet.
 
         At least one token is always left to compute, since the step that computes it yields the
-        next token's logits.
+        next token's logits. Counts nothing: the caller records the look-up once the request is admitted
+        (`record_lookup`).
         """
-        if not self._may_hit(request):
-            return []
-        hits = self._held_prefix(request)
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
-        return hits
+        return self._held_prefix(request) if self._may_hit(request) else []
+
+    def record_lookup(self, request: Request, num_hit_blocks: int) -> None:
+        """Count an admitted request's prefix-cache look-up in vllm:prefix_cache_queries / _hits. As vLLM (PR
+        #48860), a look-up counts once, when its request is admitted: not at each step it waited for blocks before
+        (each would count its tokens again), and not when a preempted request resumes (vLLM counts those apart, in
+        counters no metric reads: its own blocks coming back are no hit for a client's prompt)."""
+        if self._may_hit(request):
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit_blocks * self.block_size
 
     def cached_prompt_tokens(self, request: Request) -> int:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as

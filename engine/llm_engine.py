@@ -536,7 +536,10 @@ class LLMEngine:
                 self._fail(child.parent_id, exc)
                 continue
             self._record_timing(child, now)
-        self._record(plan, len(result.tokens) + sum(map(len, result.verified.values())))
+        # The tokens requests received: not a token drawn for one that had finished (or was aborted) while the step
+        # ran, which asynchronous scheduling discards, as vLLM drops it before its counters see it.
+        verified = result.verified
+        self._record(plan, sum(len(verified[c.request_id]) if c.request_id in verified else 1 for c in touched))
         # An output is due every step (streaming: cumulative or delta), or once every completion has finished; a
         # final-only request can have finished only if a completion that got a token this step did.
         due = (c.parent_id for c in touched if c.status.finished or c.sampling_params.output_kind != "final_only")
@@ -632,7 +635,14 @@ class LLMEngine:
             raise InvalidParamError(
                 f"the structured output constraint reaches a dead end after {grammar.num_accepted} tokens "
                 "of output: it allows no next token (no text completes it from there)", "structured_outputs")
-        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(child.sampling_params, f)]
+        params = child.sampling_params
+        masks = [f for f in ("allowed_token_ids", "bad_words") if getattr(params, f)]
+        short = grammar.num_accepted < params.min_tokens  # stop tokens were banned for min_tokens
+        if short and not masks:  # the grammar allowed only stop tokens: its text was complete
+            raise InvalidParamError(
+                f"min_tokens {params.min_tokens} bans the stop tokens that the structured output constraint allows "
+                f"alone after {grammar.num_accepted} tokens of output (its text is complete there)", "min_tokens")
+        masks += ["min_tokens"] if short else []
         if masks:  # with the grammar's bitmask they forbade every token: the sampler had nothing to draw
             raise InvalidParamError(
                 f"{' and '.join(masks)} leave no token that the structured output constraint allows after "

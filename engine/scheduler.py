@@ -11,7 +11,10 @@ order, lower values first, running requests are planned in that order, and the r
 the largest (priority, arrival) is the one preempted. A waiting request that cannot be admitted for
 want of a sequence slot or blocks preempts running requests of a strictly lower priority (larger
 value) until it fits, as vLLM's V0 scheduler did (V1 only preempts for running requests: vLLM issue
-#40004); equal priorities never preempt each other, so two requests cannot evict each other in turn.
+#40004); equal priorities never preempt each other, so two requests cannot evict each other in turn. Its
+adapter counts too: a request that --max-loras keeps out preempts lower-priority requests until their adapters
+make room, and none when higher-priority ones hold the adapter slots (the victims would be taken back at once
+and preempted again, step after step).
 """
 
 from __future__ import annotations
@@ -172,6 +175,8 @@ class Scheduler:
         if not self.waiting:
             return
         head = self.waiting[0]
+        if self._adapter_kept_out(head):  # no preemption would let it in: the victims would only recompute
+            return
         while not self._fits(head):
             candidates = [r for r in self.running if r not in self.busy] if self.busy else self.running
             if not candidates or candidates[-1].priority <= head.priority:
@@ -181,10 +186,20 @@ class Scheduler:
             self._preempt(victim)
             out.preempted.append(victim)
 
+    def _adapter_kept_out(self, request: Request) -> bool:
+        """Priority policy: whether a waiting request's adapter would exceed --max-loras beside the running requests
+        that no preemption for it may remove (its priority or a higher one, or in a step in flight)."""
+        kept = {r.lora_request.lora_int_id for r in self.running
+                if r.lora_request is not None and (r.priority <= request.priority or r in self.busy)}
+        return self._lora_full(request, kept)
+
     def _fits(self, request: Request) -> bool:
         """Whether a waiting request could be admitted next to the running ones (an estimate: its
         prompt's cached prefix is not counted, so it errs towards preempting)."""
         if len(self.running) >= self.config.max_num_seqs:  # one slot to start, as `_schedule_waiting` admits
+            return False
+        running_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        if self._lora_full(request, running_loras):  # as `_schedule_waiting` would skip it
             return False
         bm = self.block_manager
         first = request.num_tokens - request.num_computed_tokens
@@ -234,6 +249,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             if request.num_cached_tokens < 0:  # the first admission's hit, not a resumed one's (as vLLM)
                 request.num_cached_tokens = num_computed
+                self.block_manager.record_lookup(request, len(cached))
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._plan(out, request, num_new, num_computed)

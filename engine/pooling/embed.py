@@ -103,6 +103,7 @@ def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]],
                 blocks.free(holder)  # drops the prompt's block hashes
                 raise InvalidParamError("the KV cache has no room for this input now; retry or send fewer inputs",
                                         param="input")
+            blocks.record_lookup(holder, len(cached))
             taken.append(holder)
         pooled = _forward(runner, holders, params)
         computed = True

@@ -61,3 +61,33 @@ def test_every_series_exists_at_zero_before_any_event(tiny_model_dirs):
                    'vllm:num_requests_swapped{model_name="tiny"} 0.0',
                    'vllm:request_max_num_generation_tokens_count{model_name="tiny"} 0.0'):
         assert series in text, series
+
+
+def test_prefix_cache_counters_count_each_request_once_at_admission(tiny_model_dirs):
+    """vllm:prefix_cache_queries / _hits count a request's look-up once, when it is admitted (vLLM PR #48860):
+    not again at each step it waits for blocks, and not when a preempted request resumes on its own blocks (vLLM
+    counts those apart, in counters no metric reads). Four prompts that share nothing: 160 tokens queried, 0 hit."""
+    prompts = [[100 + 40 * i + j for j in range(40)] for i in range(4)]
+    # 18 blocks of 8 tokens: two requests of 70 tokens at most fit, so the others wait and the batch preempts.
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=128, block_size=8, num_gpu_blocks_override=18)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    snapshot = llm.engine.stats_snapshot()
+    assert snapshot.num_preemptions > 0
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (160, 0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_generation_tokens_count_the_tokens_requests_received(tiny_model_dirs, async_scheduling):
+    """A request that stops on a token while its next step is already in flight (asynchronous scheduling) gets
+    no token from that step: vllm:generation_tokens does not count it (vLLM drops a finished request's output of
+    such a step before any counter sees it)."""
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=96, async_scheduling=async_scheduling)
+    prompt = [5, 900, 31, 4000, 77, 12345]
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    tokens = free[0].outputs[0].token_ids
+    stop = next(i for i in range(2, 10) if tokens[i] not in tokens[:i])  # the first new token from the third on
+    before = llm.engine.stats.generation_tokens
+    params = SamplingParams(temperature=0, max_tokens=10, n=2, stop_token_ids=[tokens[stop]])
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [tokens[: stop + 1]] * 2
+    assert llm.engine.stats.generation_tokens - before == 2 * (stop + 1)

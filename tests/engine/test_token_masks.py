@@ -188,6 +188,23 @@ def test_masks_that_leave_the_grammar_no_token_refuse_the_request_and_free_it(sm
     assert _out(smol, FRANCE, temperature=0, max_tokens=3)[0].text
 
 
+
+def test_min_tokens_past_the_grammars_end_refuse_the_request_and_free_it(smol):
+    """choice yes/no with min_tokens 5: after at most three tokens the choice is complete and the grammar allows
+    only a stop token, which min_tokens bans. A refusal naming min_tokens (a 400 through the server), not an
+    engine failure (it was RuntimeError "a drawn token does not fit the request's grammar", a 500)."""
+    for n in (1, 2):
+        params = SamplingParams(temperature=0.7, seed=1, n=n, max_tokens=20, min_tokens=5,
+                                structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+        with pytest.raises(InvalidParamError, match="min_tokens 5 bans the stop tokens") as refused:
+            smol.generate(["Answer:"], params, use_tqdm=False)
+        assert refused.value.param == "min_tokens"
+        blocks = smol.engine.block_manager
+        assert not smol.engine.has_unfinished_requests() and blocks.num_free_blocks == blocks.num_blocks
+    fits = SamplingParams(temperature=0, max_tokens=20, min_tokens=1,
+                          structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    assert smol.generate(["Answer:"], fits, use_tqdm=False)[0].outputs[0].text in ("yes", "no")
+
 def test_the_highest_temperature_still_draws_only_allowed_tokens(tiny):
     # 2 is vLLM's highest temperature (SamplingParams refuses more); the flattest draw still keeps to the masks.
     temperature = 2.0

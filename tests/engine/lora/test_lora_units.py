@@ -81,6 +81,51 @@ def test_scheduler_caps_distinct_adapters_and_lets_others_pass():
     assert [r.request_id for r in s.waiting] == ["2"]
 
 
+
+def _priority_scheduler(max_num_seqs: int) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, max_model_len=64,
+                             scheduling_policy="priority")
+    return Scheduler(config, BlockManager(64, 4), max_loras=1)
+
+
+def _steps(s: Scheduler, n: int) -> list[list[str]]:
+    """Run n steps (every sampled token is 5): the ids each step scheduled."""
+    planned = []
+    for _ in range(n):
+        out = s.schedule()
+        planned.append([x.request.request_id for x in out.scheduled])
+        s.update(out, {x.request.request_id: 5 for x in out.scheduled})
+    return planned
+
+
+def test_priority_preempts_nobody_for_a_request_whose_adapter_could_not_run_anyway():
+    """--max-loras 1, two sequence slots: a waiting request of adapter b (priority 1) cannot run beside a running
+    request of adapter a with a higher priority (0), so preempting the base-model request of priority 2 for it only
+    makes that one recompute its prompt, step after step (it was preempted and taken back every step)."""
+    s = _priority_scheduler(max_num_seqs=2)
+    high, low, mid = (_request(i, lora) for i, lora in enumerate([LoRARequest("a", 1, "/p"), None,
+                                                                   LoRARequest("b", 2, "/p")]))
+    high.priority, low.priority, mid.priority = 0, 2, 1
+    s.add(high)
+    s.add(low)
+    _steps(s, 1)
+    s.add(mid)
+    assert _steps(s, 3) == [["0", "1"]] * 3
+    assert s.num_preemptions == 0
+
+
+def test_priority_preempts_a_lower_request_whose_adapter_keeps_a_higher_one_waiting():
+    """--max-loras 1 and slots to spare: a waiting request of adapter b (priority 1) takes the adapter slot of a
+    running request of adapter a with a lower priority (2), as it would take its blocks or its sequence slot."""
+    s = _priority_scheduler(max_num_seqs=8)
+    low, mid = _request(0, LoRARequest("a", 1, "/p")), _request(1, LoRARequest("b", 2, "/p"))
+    low.priority, mid.priority = 2, 1
+    s.add(low)
+    _steps(s, 1)
+    s.add(mid)
+    assert _steps(s, 1) == [["1"]]
+    assert s.num_preemptions == 1 and [r.request_id for r in s.waiting] == ["0"]
+
 def test_prefix_cache_key_includes_the_adapter():
     bm = BlockManager(16, 4)
     base, lora = _request(0, None), _request(1, LoRARequest("a", 7, "/p"))
