@@ -7,6 +7,8 @@ then a few settling steps, so the timed steps are pure decode at a steady batch)
 
 from __future__ import annotations
 
+import random
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,3 +36,19 @@ def timed_steps(engine: Any, steps: int, after_step: Callable[[], None] | None =
         if after_step is not None:
             after_step()
     return times
+
+
+def one_request_phase(engine: Any, vocab: int, steps: int, rng: random.Random) -> dict[str, Any]:
+    """One A/B phase of a batch-1 decode comparison (bench/tile_sweep.py, bench/int4_fused_ab.py): a fresh greedy
+    request of 512 random tokens, settled, then `steps` timed steps, then aborted; the median and mean ms a step and
+    how many ran as a CUDA graph."""
+    from flotilla.engine.sampling_params import SamplingParams
+
+    req = engine.add_request([rng.randrange(100, vocab) for _ in range(512)],
+                             SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True))  # fmt: skip
+    start_decoding(engine, [req])
+    graphed: list[bool] = []
+    times = timed_steps(engine, steps, lambda: graphed.append(engine.runner.last_step.graphed))
+    engine.abort([req.request_id])
+    return {"ms_median": 1e3 * statistics.median(times), "ms_mean": 1e3 * statistics.fmean(times),
+            "graphed": sum(graphed), "steps": steps}  # fmt: skip

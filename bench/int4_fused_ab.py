@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from decode_steps import start_decoding, timed_steps
+from decode_steps import one_request_phase
 
 VARIANTS = {"none": (False, False), "gated": (True, False), "rope": (False, True), "both": (True, True)}
 ORDER = ("none", "gated", "rope", "both", "both", "rope", "gated", "none")
@@ -51,17 +51,9 @@ def set_variant(engine, name: str) -> float:
 
 def phase(engine, name: str, vocab: int, steps: int, rng: random.Random) -> dict:
     """One timed phase of `name`: a fresh request of 512 tokens, 3 settling steps, `steps` timed steps."""
-    from flotilla.engine.sampling_params import SamplingParams
-
     capture_s = set_variant(engine, name)
-    req = engine.add_request([rng.randrange(100, vocab) for _ in range(512)],
-                             SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True))  # fmt: skip
-    start_decoding(engine, [req])
-    graphed: list[bool] = []
-    times = timed_steps(engine, steps, lambda: graphed.append(engine.runner.last_step.graphed))
-    engine.abort([req.request_id])
-    return {"name": name, "ms_per_step": 1e3 * statistics.fmean(times), "ms_median": 1e3 * statistics.median(times),
-            "graphed": sum(graphed), "steps": steps, "recapture_s": capture_s}  # fmt: skip
+    row = one_request_phase(engine, vocab, steps, rng)
+    return {"name": name, "ms_per_step": row.pop("ms_mean"), **row, "recapture_s": capture_s}
 
 
 def launches(engine, name: str, vocab: int, steps: int, rng: random.Random) -> dict:

@@ -54,21 +54,12 @@ def short(t: Tile) -> str:
 def phase(engine, family: Family, table: Table, vocab: int, steps: int, rng: random.Random) -> dict:
     """One timed phase under `table`: set in-process, graphs captured again, a fresh request of 512 tokens, 3
     settling steps, `steps` timed steps."""
-    from decode_steps import start_decoding, timed_steps
+    from decode_steps import one_request_phase
     from quant_gpu import _recapture_decode
-
-    from flotilla.engine.sampling_params import SamplingParams
 
     family.apply(table)
     capture_s = _recapture_decode(engine, 1)
-    req = engine.add_request([rng.randrange(100, vocab) for _ in range(512)],
-                             SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True))  # fmt: skip
-    start_decoding(engine, [req])
-    graphed: list[bool] = []
-    times = timed_steps(engine, steps, lambda: graphed.append(engine.runner.last_step.graphed))
-    engine.abort([req.request_id])
-    return {"ms_median": 1e3 * statistics.median(times), "ms_mean": 1e3 * statistics.fmean(times),
-            "graphed": sum(graphed), "steps": steps, "recapture_s": capture_s}  # fmt: skip
+    return one_request_phase(engine, vocab, steps, rng) | {"recapture_s": capture_s}
 
 
 def _describe(v):
