@@ -141,9 +141,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         result = await _cancel_on_disconnect(work, request)
         return await _respond(result, request)
 
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> dict[str, Any]:
-        return responses.get(response_id)
+    @app.get("/v1/responses/{response_id}", response_model=None)
+    async def get_response(response_id: str) -> Response:
+        # a stored response with many logprobs is encoded off the loop, as the POST that made it
+        return await json_response(responses.get(response_id))
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -212,6 +212,17 @@ def test_truncate_prompt_tokens_embeds_the_last_tokens(pooling_server, hf):
     assert answer.json()["usage"]["prompt_tokens"] == 256
 
 
+def test_a_text_past_the_character_bound_is_truncated_not_refused(pooling_server):
+    # As on completions and chat: a text longer than max_model_len x the longest token's characters is refused before
+    # tokenizing, unless truncate_prompt_tokens will cut it (its tail may fit; vLLM bounds only untruncated text).
+    huge = "harbour " * 6000
+    refused = post(pooling_server, {"model": "tiny", "input": huge})
+    assert refused.status_code == 400 and "characters" in refused.text, refused.text
+    answer = post(pooling_server, {"model": "tiny", "input": huge, "truncate_prompt_tokens": 200})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == 200
+
+
 CONVERSATION = [{"role": "system", "content": "Rank ships."}, {"role": "user", "content": "The harbour at dawn"}]
 
 
