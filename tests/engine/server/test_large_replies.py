@@ -59,6 +59,7 @@ BIG = {
 
 # 64 choices, each echoing the prompt with 20 logprobs a token, in their first chunks: ~540k entries
 STREAMED = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": 2 * N, "echo": True, "logprobs": 20}
+SMALL = {"model": "tiny", "prompt": "hi", "max_tokens": 2}  # the small request answered beside a big one
 
 
 def _wait_for_log(server: Server, pattern: str, since: int, thread: threading.Thread) -> None:
@@ -66,6 +67,19 @@ def _wait_for_log(server: Server, pattern: str, since: int, thread: threading.Th
     while not re.search(pattern, server.log.read_text()[since:]):
         assert thread.is_alive(), "the big request ended before its engine request was logged as finished"
         time.sleep(0.01)
+
+
+def _answered_before(url: str, done: threading.Event, path: str, body: dict) -> list[bool]:
+    """/health three times, then one small request to `path`: for each, whether `done` (the big reply's head or first
+    chunk) was still unset when it was answered."""
+    answered = []
+    for _ in range(3):
+        assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+        answered.append(not done.is_set())
+    small = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=600)
+    assert small.status_code == 200, small.text
+    answered.append(not done.is_set())
+    return answered
 
 
 @pytest.mark.parametrize("kind", list(BIG))
@@ -88,14 +102,7 @@ def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(lo
     try:
         # From its engine request's end on, the big request is the front end's alone: building, encoding
         _wait_for_log(logging_server, rf"Finished request \w*cmpl-{tag}-", since, thread)
-        before_head = []
-        for _ in range(3):
-            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
-            before_head.append(not head.is_set())
-        small = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
-                           headers=AUTH, timeout=600)
-        assert small.status_code == 200, small.text
-        before_head.append(not head.is_set())
+        before_head = _answered_before(url, head, "/v1/completions", SMALL)
     finally:
         thread.join(600)
     # On the event loop, each waited for the big reply to be built and encoded: none came before its head
@@ -137,14 +144,7 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
         while not head.is_set():  # a wait: the test's clock decides nothing
             assert thread.is_alive(), "the stream ended before its head came"
             time.sleep(0.01)
-        before_first_chunk = []
-        for _ in range(3):
-            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
-            before_first_chunk.append(not first_chunk.is_set())
-        small = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
-                           headers=AUTH, timeout=600)
-        assert small.status_code == 200, small.text
-        before_first_chunk.append(not first_chunk.is_set())
+        before_first_chunk = _answered_before(url, first_chunk, "/v1/completions", SMALL)
     finally:
         thread.join(600)
     assert before_first_chunk == [True] * 4, before_first_chunk
@@ -174,14 +174,7 @@ def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encod
     thread.start()
     try:
         _wait_for_log(server, rf"Finished request embd-{tag}\.", since, thread)
-        before_head = []
-        for _ in range(3):
-            assert httpx.get(f"{server.url}/health", timeout=600).status_code == 200
-            before_head.append(not head.is_set())
-        small = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": "hi"}, headers=AUTH,
-                           timeout=600)
-        assert small.status_code == 200, small.text
-        before_head.append(not head.is_set())
+        before_head = _answered_before(server.url, head, "/v1/embeddings", {"model": "tiny", "input": "hi"})
     finally:
         thread.join(600)
     assert before_head == [True] * 4, before_head
