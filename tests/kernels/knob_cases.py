@@ -74,8 +74,8 @@ INT4 = [
     "4096x4096:block_n=x", "ax4096:block_n=1", "4096x4096:block_n",
 ]
 LM_HEAD = [
-    "bn=16,bk=1024,w=4,s=2,dot=0", "bn=16,bk=1024,sk=1,w=4,s=1,dot=0", "", " 0 ", "1", "bn=8,bk=1024,w=8,s=3,sk=1,dot=0",
-    "dot=1, bn=64", "bn=256,bk=64,w=4,s=2", "BN=8", "bn=65535",
+    "bn=16,bk=1024,w=4,s=2,dot=0", "bn=16,bk=1024,sk=1,w=4,s=1,dot=0", "", " 0 ", "1",
+    "bn=8,bk=1024,w=8,s=3,sk=1,dot=0", "dot=1, bn=64", "bn=256,bk=64,w=4,s=2", "BN=8", "bn=65535",
     # refused
     "2", "on=1", "bn=0", "bn=x", "dot=2", "bn", "bn=65536", "bn=8,w",
 ]
@@ -84,14 +84,21 @@ LM_HEAD = [
 def _parsed(parse: Any, text: str) -> str:
     try:
         return repr(parse(text))
-    except Exception:  # noqa: BLE001 - every refusal counts, whatever it raised before
+    except Exception:  # every refusal counts, whatever it raised before
         return "refused"
 
 
 def parse_cases() -> dict[str, str]:
     """Each parser's result on each string."""
-    from flotilla.kernels import dispatch, triton_fp8_row_gemv, triton_gated_gemv, triton_gemv, triton_int4_gemv
-    from flotilla.kernels import triton_int4_gemv_wide, triton_skinny_gemm
+    from flotilla.kernels import (
+        dispatch,
+        triton_fp8_row_gemv,
+        triton_gated_gemv,
+        triton_gemv,
+        triton_int4_gemv,
+        triton_int4_gemv_wide,
+        triton_skinny_gemm,
+    )
 
     parsers = {
         "gemv": (triton_gemv.parse_tiles, GEMV + list(triton_gemv.ONE_ROW_TILES.values())),
