@@ -35,11 +35,11 @@ def _describe(values: range) -> str:
     return f"{values.start}..{values.stop - 1}"
 
 
-def parse_shape(variable: str, shape: str) -> tuple[int, int]:
-    """`"NxK"` as `(N, K)`; a ValueError naming `variable` for anything else."""
+def parse_shape(variable: str, shape: str, entry: str = "NxK:knobs, e.g. 4096x4096:bn=8") -> tuple[int, int]:
+    """`"NxK"` as `(N, K)`; a ValueError naming `variable` and the `entry` it expects for anything else."""
     n, _, k = shape.partition("x")
     if not (n.strip().isdigit() and k.strip().isdigit()):
-        raise ValueError(f"{variable}: bad shape {shape!r} (expected NxK, e.g. 4096x4096)")
+        raise ValueError(f"{variable}: bad shape {shape!r} (expected {entry})")
     return int(n), int(k)
 
 

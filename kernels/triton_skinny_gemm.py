@@ -88,9 +88,10 @@ def _table_key(key: str) -> tuple[int, int, int, bool]:
     shape, _, bm = key.replace(" ", "").partition("@")
     gated = bm.endswith("+silu")
     bm = bm.removesuffix("+silu")
+    expected = "NxK@BM:knobs, e.g. 4096x4096@64:bn=64"
     if not bm.isdigit():
-        raise ValueError(f"{KNOBS.variable}: bad batch tile in {key!r} (expected NxK@BM, e.g. 4096x4096@64)")
-    return (*parse_shape(KNOBS.variable, shape), int(bm), gated)
+        raise ValueError(f"{KNOBS.variable}: bad batch tile in {key!r} (expected {expected})")
+    return (*parse_shape(KNOBS.variable, shape, expected), int(bm), gated)
 
 
 def parse_configs(spec: str) -> dict[tuple[int, int, int, bool], SkinnyGemmConfig | None]:
