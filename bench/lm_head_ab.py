@@ -4,7 +4,8 @@
 
 The engine (default: Llama-3.1-8B shape, bf16, random weights under `--load-format dummy`, bench/model_dirs.py; or
 `--model`, e.g. the W4A16 directory of bench/results/w4a16-model.sh, whose LM head stays bf16) starts once. The switch
-is the module global `dispatch.LM_HEAD_GEMV` (read at every call), set in-process to `--on`'s knobs or None (cuBLAS).
+is the module global `dispatch.LM_HEAD_GEMV` (read at every call), set in-process to `--on`'s knobs or None (cuBLAS)
+on every card.
 The LM head runs eagerly after the step's CUDA graph (`ModelRunner._draw`), so no graph is captured again. Jobs, in
 order (the JSON is rewritten after each):
 - `ab`: one request of 512 random tokens, then the phases on, off, off, on (each: 3 settling steps, `--steps` timed
@@ -36,10 +37,11 @@ PHASES = ("on", "off", "off", "on")
 
 
 def set_switch(value: str, on: str) -> None:
-    """`dispatch.LM_HEAD_GEMV` in-process: `on`'s knobs ("on") or None ("off")."""
+    """`dispatch.LM_HEAD_GEMV` in-process, on every card: `on`'s knobs ("on") or None ("off")."""
     from flotilla.kernels import dispatch
+    from flotilla.kernels.card_tables import DEFAULT
 
-    dispatch.LM_HEAD_GEMV = dispatch.lm_head_gemv_knobs(on) if value == "on" else None
+    dispatch.LM_HEAD_GEMV = {DEFAULT: dispatch.lm_head_gemv_knobs(on) if value == "on" else None}
 
 
 def ab(engine, on: str, vocab: int, steps: int, rng: random.Random) -> dict:

@@ -43,8 +43,6 @@ SHAPES = {"llama-3.1-8b": (128256, 4096), "qwen2.5-7b": (152064, 3584), "llama-3
 DEV = "cuda"
 COPIES = 2
 GRAPH_BYTES = 6 * 2**30  # weight bytes a graph replay streams (~2 ms at HBM rate)
-# the knobs' short names: FLOTILLA_LM_HEAD_GEMV's (kernels/dispatch.py LM_HEAD_GEMV_KNOBS)
-SHORT = {"block_n": "bn", "block_k": "bk", "split_k": "sk", "num_warps": "w", "num_stages": "s", "use_dot": "dot"}
 
 
 def grid() -> list[dict]:
@@ -61,7 +59,9 @@ def grid() -> list[dict]:
 
 def spec(knobs: dict) -> str:
     """`knobs` as FLOTILLA_LM_HEAD_GEMV's value ("1" for the default tiles)."""
-    return ",".join(f"{SHORT[k]}={int(v)}" for k, v in knobs.items()) or "1"
+    from flotilla.kernels.dispatch import LM_HEAD_KNOBS
+
+    return LM_HEAD_KNOBS.spec(knobs) or "1"
 
 
 def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) -> dict:
@@ -69,6 +69,7 @@ def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) ->
     import torch.nn.functional as F
     from timing import fastest, time_variant  # bench/timing.py
 
+    from flotilla.kernels.dispatch import LM_HEAD_KNOBS
     from flotilla.kernels.triton_argmax import argmax_rows
     from flotilla.kernels.triton_gemv import default_config, gemv
     from flotilla.kernels.triton_utils import num_sms
@@ -80,8 +81,9 @@ def bench_shape(name: str, n: int, k: int, cfgs: list[dict], deadline: float) ->
     ref = (weights[0].float() @ xs[0, 0].float()).unsqueeze(0)
     want = F.linear(xs[0], weights[0]).argmax(dim=-1)
     dflt = default_config(1, n, k, num_sms(0))
+    knobs = {f: getattr(dflt, f) for f in LM_HEAD_KNOBS.names.values()}
     result: dict = {"name": name, "n": n, "k": k, "calls_per_graph": calls, "weight_bytes": n * k * 2,
-                    "default_config": {f: getattr(dflt, f) for f in SHORT}, "skipped": []}  # fmt: skip
+                    "default_config": knobs, "skipped": []}  # fmt: skip
     variants: dict[str, Callable[[int], torch.Tensor]] = {
         "cublas": lambda i: F.linear(xs[i % COPIES], weights[i % COPIES]),
         # the matrix-vector form (W @ x): may make cuBLAS pick another kernel than F.linear's one-row GEMM

@@ -180,40 +180,38 @@ def _bf16_start(card: str | None, sms: int) -> Table:
     g = triton_gated_gemv.default_config(1, n // 2, k, sms,
                                          **(triton_gated_gemv.one_row_knobs(1, card) | triton_gated_gemv.ENV_KNOBS))
     out["gate_up"] = {key: int(getattr(g, key)) for key in GATED_KNOBS}
-    if dispatch.LM_HEAD_GEMV is not None:  # else cuBLAS runs the head: nothing to tune
+    head = dispatch.lm_head_gemv_for(card)
+    if head is not None:  # else cuBLAS runs the head: nothing to tune
         n, k = BF16_SHAPES["lm_head"]
-        c = default_config(1, n, k, sms, **dispatch.LM_HEAD_GEMV)
+        c = default_config(1, n, k, sms, **head)
         out["lm_head"] = {key: int(getattr(c, key)) for key in GEMV_KNOBS}
     return out
 
 
 def _bf16_apply(table: Table) -> None:
     from flotilla.kernels import dispatch, triton_gated_gemv
+    from flotilla.kernels.card_tables import DEFAULT
     from flotilla.kernels.triton_gemv import set_one_row_tiles
 
     set_one_row_tiles({LLAMA[s]: t for s, t in table.items() if s in ("qkv", "o", "down")})
     if "gate_up" in table:
         triton_gated_gemv.ENV_KNOBS = dict(table["gate_up"])
-    if "lm_head" in table:
-        dispatch.LM_HEAD_GEMV = {**table["lm_head"], "use_dot": False}
-
-
-def _short_spec(t: Tile, names: dict[str, str]) -> str:
-    return ",".join(f"{short}={t[key]}" for short, key in names.items() if key in t)
+    if "lm_head" in table:  # every card's
+        dispatch.LM_HEAD_GEMV = {DEFAULT: {**table["lm_head"], "use_dot": False}}
 
 
 def _bf16_adopt(table: Table, card: str | None) -> list[str]:
-    from flotilla.kernels.triton_gemv import tiles_spec
+    from flotilla.kernels import triton_gated_gemv, triton_gemv
+    from flotilla.kernels.dispatch import LM_HEAD_KNOBS
 
-    gemv = tiles_spec({LLAMA[s]: table[s] for s in ("qkv", "o", "down") if s in table})
-    gated = _short_spec(table.get("gate_up", {}), {"bn": "block_n", "bk": "block_k", "w": "num_warps",
-                                                   "s": "num_stages"})  # fmt: skip
-    head = _short_spec(table.get("lm_head", {}), {"bn": "block_n", "bk": "block_k", "sk": "split_k",
-                                                  "w": "num_warps", "s": "num_stages"})  # fmt: skip
+    gemv = triton_gemv.tiles_spec({LLAMA[s]: table[s] for s in ("qkv", "o", "down") if s in table})
+    gated = triton_gated_gemv.KNOBS.spec(table.get("gate_up", {}))
+    head = LM_HEAD_KNOBS.spec({**table["lm_head"], "use_dot": 0}) if "lm_head" in table else ""
     return [f'triton_gemv.ONE_ROW_TILES["{card}"] = "{gemv}"',
             f'triton_gated_gemv.ONE_ROW_CONFIGS["{card}"] = "{gated}"',
+            *([f'dispatch.LM_HEAD_GEMV_MEASURED["{card}"] = "{head}"'] if head else []),
             f'FLOTILLA_GEMV_CONFIG="{gemv}" FLOTILLA_GATED_GEMV_CONFIG="{gated}"'
-            + (f' FLOTILLA_LM_HEAD_GEMV="{head},dot=0"' if head else "")]  # fmt: skip
+            + (f' FLOTILLA_LM_HEAD_GEMV="{head}"' if head else "")]  # fmt: skip
 
 
 BF16 = Family(
@@ -229,7 +227,6 @@ BF16 = Family(
 # ---- fp8: the one-row W8A16 GEMV (plain, gated, rope) ----
 
 FP8_KNOBS = ("block_n", "block_k", "num_warps", "prefetch", "trigger", "use_pdl")
-FP8_NAMES = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
 
 
 def _fp8_moves(shape: str, t: Tile) -> list[Tile]:
@@ -260,7 +257,9 @@ def fp8_valid(shape: str, t: Tile) -> bool:
 
 def fp8_spec(table: Table) -> str:
     """`triton_fp8_row_gemv.parse_configs` syntax: `ROWSxK:bn=..,bk=..,w=..,p=..,t=..,d=..` per shape."""
-    return ";".join(f"{LLAMA[s][0]}x{LLAMA[s][1]}:{_short_spec(t, FP8_NAMES)}" for s, t in table.items())
+    from flotilla.kernels.triton_fp8_row_gemv import KNOBS
+
+    return KNOBS.table_spec({LLAMA[s]: t for s, t in table.items()})
 
 
 def _fp8_start(card: str | None, sms: int) -> Table:

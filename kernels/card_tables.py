@@ -2,9 +2,9 @@
 wide GEMV's o_proj tile from an H100 cost 59.6 us a batch-1 step on an H200), so the tables the kernels measured are
 kept per device name, as vLLM keys its tuned kernel configs, with one entry for every other card.
 
-A table here is what the kernel modules already parse: `{(n, k) or None: {knob: int}}` (a weight shape's knobs, or
-every shape's). Each module keeps `{DEFAULT: ..., "NVIDIA H200": ...}`; `DEFAULT` is the card the table was measured
-on before there were several (an H100 for all of them) and serves every card without an entry of its own.
+A table here is what `launch_knobs.KnobSyntax.table` parses: `{(n, k) or None: {knob: int}}` (a weight shape's
+knobs, or every shape's). Each module keeps `{DEFAULT: ..., "NVIDIA H200": ...}`; `DEFAULT` is the card the table was
+measured on before there were several (an H100 for all of them) and serves every card without an entry of its own.
 
 The card is looked up once per device (`card_name`, cached like `triton_utils.num_sms`), never per launch: a launch's
 choice stays a function of shapes and that name, so decode steps stay CUDA-graph capturable. Tensors off CUDA (the
@@ -19,11 +19,12 @@ from typing import TypeVar
 
 import torch
 
+from flotilla.kernels.launch_knobs import Table
+
 DEFAULT = "default"
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 T = TypeVar("T")
-Table = dict[tuple[int, int] | None, dict[str, int]]
 
 
 @functools.cache

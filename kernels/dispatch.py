@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
+from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
@@ -325,52 +327,74 @@ def linear(
 # decode step, run eagerly after the step's graph). `linear` leaves it to cuBLAS: the head is no `_Linear`
 # (--triton-gemv-max-rows never reaches it) and its rows exceed TRITON_GEMV_MAX_OUT. On an H100 cuBLAS's
 # `nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT` streams it at ~2.83 TB/s (370.8 us, 14 % of the int4 bs1 step).
-# FLOTILLA_LM_HEAD_GEMV (read at import; the module global LM_HEAD_GEMV at every call, so that a benchmark flips it
-# in-process): "0" cuBLAS; "1" the Triton GEMV at `default_config`'s tiles; or knobs, any subset of
-# "bn=16,bk=512,sk=1,w=4,s=2,dot=0" (bench/lm_head_gemv.py prints its sweep's winner in this form), the GEMV with those
-# tiles. Unset: LM_HEAD_GEMV_MEASURED, the sweep's winner on an H100 (session 20, bench/results/head20-gpu.sh): 335.4
-# vs cuBLAS's 372.3 us at Llama-3.1-8B's head (the same tiles won at 128,256 x 3,072 / 2,048; Qwen2.5-7B's head 353.3
-# vs 382.6 us), a bs1 ctx 512 step 5.706 -> 5.673 ms bf16 and 2.633 -> 2.597 ms int4, greedy tokens equal.
-LM_HEAD_GEMV_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages",
-                      "dot": "use_dot"}  # fmt: skip
+# FLOTILLA_LM_HEAD_GEMV (read at import): "0" cuBLAS; "1" the Triton GEMV at `default_config`'s tiles; or knobs, any
+# subset of "bn=16,bk=512,sk=1,w=4,s=2,dot=0" (`LM_HEAD_KNOBS`; bench/lm_head_gemv.py prints its sweep's winner in
+# this form), the GEMV with those tiles, on every card. Unset: the card's entry of LM_HEAD_GEMV_MEASURED
+# (`card_tables.py`). DEFAULT: the sweep's winner on an H100 (session 20, bench/results/head20-gpu.sh): 335.4 vs
+# cuBLAS's 372.3 us at Llama-3.1-8B's head (the same tiles won at 128,256 x 3,072 / 2,048; Qwen2.5-7B's head 353.3 vs
+# 382.6 us), a bs1 ctx 512 step 5.706 -> 5.673 ms bf16 and 2.633 -> 2.597 ms int4, greedy tokens equal.
+# H100: session 25 call 5's in-engine descent (bench/results/gpu-2026-12-06-s25/call5/sweep25-sides.log, from `OUT=...
+# bash bench/results/sweep25-gpu.sh`) took one stage for the head (confirm 5.405 vs 5.411 ms a bf16 bs1 ctx 512 step,
+# 24 steps each; kept in the second round), part of the table its A/B measured 5.534 -> 5.404 ms (orig new new orig,
+# 64 steps each; sweep25.log), whose GEMV and gated entries are the H100's since session 25.
+LM_HEAD_KNOBS = KnobSyntax("FLOTILLA_LM_HEAD_GEMV", {"bn": "block_n", "bk": "block_k", "sk": "split_k",
+                                                     "w": "num_warps", "s": "num_stages", "dot": "use_dot"},
+                           values=range(1, 1 << 16), ranges={"dot": range(2)})  # fmt: skip
 
 
 def lm_head_gemv_knobs(value: str) -> dict[str, Any] | None:
     """A FLOTILLA_LM_HEAD_GEMV value as `triton_gemv.gemv`'s keyword knobs: None for cuBLAS ("0", unset), `{}` for
-    the default tiles ("1"), else the "key=int" pairs; a ValueError naming the variable for anything else."""
+    the default tiles ("1"), else the knob list (`LM_HEAD_KNOBS`, any case); a ValueError naming the variable for
+    anything else."""
     spec = value.strip().lower()
     if "=" not in spec:
         return {} if parse_choice("FLOTILLA_LM_HEAD_GEMV", spec, {"0": False, "1": True}, False) else None
-    knobs: dict[str, Any] = {}
-    for part in filter(None, spec.split(",")):
-        key, _, number = (t.strip() for t in part.partition("="))
-        if not (key in LM_HEAD_GEMV_KNOBS and number.isdigit() and int(number) in ((0, 1) if key == "dot" else
-                                                                                   range(1, 1 << 16))):
-            raise ValueError(f"FLOTILLA_LM_HEAD_GEMV={value!r}: expected 0, 1 or pairs key=N of "
-                             f"{', '.join(LM_HEAD_GEMV_KNOBS)} (N a positive integer; dot 0 or 1)")  # fmt: skip
-        name = LM_HEAD_GEMV_KNOBS[key]
-        knobs[name] = bool(int(number)) if name == "use_dot" else int(number)
+    knobs: dict[str, Any] = LM_HEAD_KNOBS.knobs(spec)
+    if "use_dot" in knobs:
+        knobs["use_dot"] = bool(knobs["use_dot"])
     return knobs
 
 
-LM_HEAD_GEMV_MEASURED = "bn=16,bk=1024,w=4,s=2,dot=0"
-LM_HEAD_GEMV = lm_head_gemv_knobs(os.environ.get("FLOTILLA_LM_HEAD_GEMV", LM_HEAD_GEMV_MEASURED))
+LM_HEAD_GEMV_MEASURED: dict[str, str] = {
+    DEFAULT: "bn=16,bk=1024,w=4,s=2,dot=0",
+    H100: "bn=16,bk=1024,sk=1,w=4,s=1,dot=0",
+}
+# The knobs per card (None: cuBLAS), the environment's on every card where set. The module global is read at every
+# call: a benchmark sets `{DEFAULT: knobs}` in-process (every card's knobs).
+LM_HEAD_GEMV: dict[str, dict[str, Any] | None] = {
+    card: lm_head_gemv_knobs(spec)
+    for card, spec in ({DEFAULT: os.environ["FLOTILLA_LM_HEAD_GEMV"]} if "FLOTILLA_LM_HEAD_GEMV" in os.environ
+                       else LM_HEAD_GEMV_MEASURED).items()
+}  # fmt: skip
+
+
+def lm_head_gemv_for(card: str | None) -> dict[str, Any] | None:
+    """The LM head's GEMV knobs on `card` (its own entry, else DEFAULT's); None: cuBLAS."""
+    return for_card(LM_HEAD_GEMV, card)
 
 
 def lm_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The LM head's logits `x @ weight.T`: one CUDA row takes the Triton GEMV with LM_HEAD_GEMV's knobs where the
-    switch is on (above); everything else `linear` (cuBLAS, the skinny GEMM at decode batches where switched on)."""
-    knobs = LM_HEAD_GEMV
-    if knobs is not None and lm_head_gemv_takes(x):
+    """The LM head's logits `x @ weight.T`: one CUDA row takes the Triton GEMV with its card's knobs where the switch
+    is on (above); everything else `linear` (cuBLAS, the skinny GEMM at decode batches where switched on)."""
+    knobs = _lm_head_gemv_knobs(x)
+    if knobs is not None:
         from flotilla.kernels.triton_gemv import gemv
 
         return gemv(x, weight, **knobs)
     return linear(x, weight)
 
 
+def _lm_head_gemv_knobs(x: torch.Tensor) -> dict[str, Any] | None:
+    """The GEMV's knobs for the hidden rows `x`: one CUDA row on a card where the switch is on (the card's name is
+    looked up once per device); else None."""
+    if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1):
+        return None
+    return lm_head_gemv_for(device_card(x))
+
+
 def lm_head_gemv_takes(x: torch.Tensor) -> bool:
-    """Whether `lm_head_linear` gives the hidden rows `x` to the Triton GEMV: switched on, one CUDA row."""
-    return LM_HEAD_GEMV is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
+    """Whether `lm_head_linear` gives the hidden rows `x` to the Triton GEMV: one CUDA row, switched on for its card."""
+    return _lm_head_gemv_knobs(x) is not None
 
 
 def silu_and_mul_linear(
@@ -727,7 +751,6 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, gemv_max_rows: int, a: to
     if not (LORA_KERNELS != "pair" and x.is_cuda and x.dim() == 2 and 0 < rows <= gemv_max_rows
             and weight.shape[0] <= TRITON_GEMV_MAX_OUT):
         return None
-    from flotilla.kernels.card_tables import device_card
     from flotilla.kernels.triton_gemv import LoRAEpilogue, fuses_lora, gemv
     from flotilla.kernels.triton_lora import lora_shrink
     from flotilla.kernels.triton_utils import device_sms

@@ -56,6 +56,7 @@ import triton.language as tl
 
 from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
+from flotilla.kernels.launch_knobs import KnobSyntax, Table
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_rope_epilogue import (
@@ -71,7 +72,12 @@ from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 # weight bytes a thread loads a K step at the default rows (one 16-byte word load each of 4 rows at 16 x 512)
 _STEP_BYTES = 64
-_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch", "t": "trigger", "d": "use_pdl"}
+# FLOTILLA_FP8_ROW_GEMV_CONFIG's syntax (`launch_knobs.py`): knobs for every call (a bare entry) and/or per weight
+# shape, `;`-separated `ROWSxK:knobs` entries (ROWS counts the weight's rows: the gated form's gate and up halves
+# together), knobs any of `bn=,bk=,w=,p=,t=,d=`.
+KNOBS = KnobSyntax("FLOTILLA_FP8_ROW_GEMV_CONFIG", {"bn": "block_n", "bk": "block_k", "w": "num_warps",
+                                                    "p": "prefetch", "t": "trigger", "d": "use_pdl"},
+                   shapeless=True)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,40 +92,20 @@ class RowGemvConfig:
     use_pdl: int  # 1: launched by PDL where the one-row chain is (`pdl_active`); 0: a plain launch even there
 
     def spec(self) -> str:
-        """The `bn=..,bk=..,w=..,p=..,t=..` form `parse_config` reads."""
-        return (
-            f"bn={self.block_n},bk={self.block_k},w={self.num_warps},p={self.prefetch},t={self.trigger},"
-            f"d={self.use_pdl}"
-        )
+        """The `bn=..,bk=..,w=..,p=..,t=..,d=..` form `parse_config` reads."""
+        return KNOBS.spec(dataclasses.asdict(self))
 
 
 def parse_config(knobs: str) -> dict[str, int]:
     """`"bn=16,bk=512,w=4,p=2,t=0,d=1"` (any subset) as `default_config` keywords; a ValueError for unknown
     knobs."""
-    out = {}
-    for item in (i.strip() for i in knobs.split(",") if i.strip()):
-        name, _, value = item.partition("=")
-        if name.strip() not in _KNOBS or not value.strip().isdigit():
-            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, p=, t=, d=)")
-        out[_KNOBS[name.strip()]] = int(value)
-    return out
+    return KNOBS.knobs(knobs)
 
 
-def parse_configs(text: str) -> dict[tuple[int, int] | None, dict[str, int]]:
-    """FLOTILLA_FP8_ROW_GEMV_CONFIG: knobs for every call (`"bn=8,p=3"`, key None) or per weight shape, `;`-separated
-    `ROWSxK:knobs` entries (`"6144x4096:bn=16;28672x4096:bn=8,p=3"`; ROWS counts the weight's rows: the gated form's
-    gate and up halves together), a shape's entry over the global one."""
-    out: dict[tuple[int, int] | None, dict[str, int]] = {}
-    for entry in (e.strip() for e in text.split(";") if e.strip()):
-        shape, sep, knobs = entry.rpartition(":")
-        if not sep:
-            out[None] = parse_config(knobs)
-            continue
-        rows, _, k = shape.strip().partition("x")
-        if not (rows.strip().isdigit() and k.strip().isdigit()):
-            raise ValueError(f"FLOTILLA_FP8_ROW_GEMV_CONFIG: bad shape {shape!r} (expected ROWSxK, e.g. 6144x4096)")
-        out[(int(rows), int(k))] = parse_config(knobs)
-    return out
+def parse_configs(text: str) -> Table:
+    """FLOTILLA_FP8_ROW_GEMV_CONFIG (`KNOBS`): knobs for every call (`"bn=8,p=3"`, key None) or per weight shape
+    (`"6144x4096:bn=16;28672x4096:bn=8,p=3"`), a shape's entry over the global one."""
+    return KNOBS.table(text)
 
 
 ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
 from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card
+from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_gemv import _fma_sums
@@ -45,7 +46,9 @@ from flotilla.kernels.triton_utils import device_sms
 # accumulator elements a thread may hold, gate and up together (triton_gemv's FMA budget)
 _ACC_PER_THREAD = 64
 _MAX_K = 512  # the widest K step (bf16: 1 KB a weight row, triton_gemv's measured step)
-_KNOBS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
+# FLOTILLA_GATED_GEMV_CONFIG's syntax (`launch_knobs.py`): one knob list, any of `bn=,bk=,w=,s=`, for every call.
+KNOBS = KnobSyntax("FLOTILLA_GATED_GEMV_CONFIG", {"bn": "block_n", "bk": "block_k", "w": "num_warps",
+                                                  "s": "num_stages"})  # fmt: skip
 # one row: the H200 sweep's winner (`default_config`'s docstring)
 _ONE_ROW_BLOCK_N = 4
 _ONE_ROW_STAGES = 3
@@ -62,18 +65,12 @@ class GatedGemvConfig:
 
     def spec(self) -> str:
         """The `bn=..,bk=..,w=..,s=..` form `parse_config` reads."""
-        return f"bn={self.block_n},bk={self.block_k},w={self.num_warps},s={self.num_stages}"
+        return KNOBS.spec(dataclasses.asdict(self))
 
 
 def parse_config(knobs: str) -> dict[str, int]:
     """`"bn=8,bk=512,w=4,s=2"` (any subset) as `default_config` keywords; a ValueError for unknown knobs."""
-    out = {}
-    for item in (i.strip() for i in knobs.split(",") if i.strip()):
-        name, _, value = item.partition("=")
-        if name not in _KNOBS or not value.strip().isdigit():
-            raise ValueError(f"FLOTILLA_GATED_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, w=, s= integers)")
-        out[_KNOBS[name]] = int(value)
-    return out
+    return KNOBS.knobs(knobs)
 
 
 ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_GATED_GEMV_CONFIG", ""))

@@ -57,7 +57,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, H100, Table, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
+from flotilla.kernels.launch_knobs import POSITIVE, KnobSyntax, Table
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms, dot_dtype, dot_precision
@@ -74,33 +75,20 @@ _MAX_K_STEP_BYTES = 1024
 # M = 4 on `tl.dot` with 64-row tiles and split-K beats FMA (qkv 24.9 -> 15.1 us) and the 16-row dot tiles
 # (M = 16, qkv 35.7 -> 14.9 us).
 _FP8_MAX_K = 512
-_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages"}
+# FLOTILLA_GEMV_CONFIG's syntax (`launch_knobs.py`): `;`-separated `NxK:knobs` entries, knobs any of `bn=,bk=,sk=,w=,s=`
+# (`"4096x4096:bn=8,bk=512,w=4,s=2;4096x14336:bn=16"`), each at least 1; no every-shape entry.
+KNOBS = KnobSyntax("FLOTILLA_GEMV_CONFIG", {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps",
+                                            "s": "num_stages"}, values=POSITIVE)  # fmt: skip
 
 
 def parse_tiles(spec: str) -> Table:
-    """FLOTILLA_GEMV_CONFIG's syntax: `;`-separated `NxK:knobs` entries, knobs any of `bn=,bk=,sk=,w=,s=`
-    (`"4096x4096:bn=8,bk=512,w=4,s=2;4096x14336:bn=16"`); a ValueError naming the variable for anything else."""
-    out: Table = {}
-    for entry in (e.strip() for e in spec.split(";") if e.strip()):
-        shape, _, knobs = entry.rpartition(":")
-        n, _, k = shape.partition("x")
-        if not (n.strip().isdigit() and k.strip().isdigit()):
-            raise ValueError(f"FLOTILLA_GEMV_CONFIG: bad shape {shape!r} (expected NxK:knobs, e.g. 4096x4096:bn=8)")
-        values = {}
-        for item in (i.strip() for i in knobs.split(",") if i.strip()):
-            name, _, value = (t.strip() for t in item.partition("="))
-            if name not in _KNOBS or not value.isdigit() or int(value) < 1:
-                raise ValueError(f"FLOTILLA_GEMV_CONFIG: bad knob {item!r} (expected bn=, bk=, sk=, w=, s= integers)")
-            values[_KNOBS[name]] = int(value)
-        out[(int(n), int(k))] = values
-    return out
+    """A FLOTILLA_GEMV_CONFIG string (`KNOBS`) as a table; a ValueError naming the variable for anything else."""
+    return KNOBS.table(spec)
 
 
 def tiles_spec(table: Table) -> str:
     """`table` in `parse_tiles`' syntax."""
-    names = {v: key for key, v in _KNOBS.items()}
-    return ";".join(f"{shape[0]}x{shape[1]}:" + ",".join(f"{names[key]}={v}" for key, v in knobs.items())
-                    for shape, knobs in table.items() if shape is not None)  # fmt: skip
+    return KNOBS.table_spec(table)
 
 
 # One-row bf16/fp16 tiles per card (`card_tables.py`): `{(N, K): default_config knobs}` for a one-row call of the

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.launch_knobs import KnobSyntax, Table
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_gemv import _split_k_reduce_kernel
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
@@ -56,17 +57,18 @@ from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
 _REDUCE_BLOCK = 1024
 
 
-def _parse_tiles(spec: str) -> dict[tuple[int, int] | None, dict[str, int]]:
-    """FLOTILLA_INT4_GEMV_TILES: `;`-separated knob lists, each for every shape or, prefixed `NxK:`, for
-    the `[N, K]` weights only, e.g. "use_dot=0,block_n=32,block_w=64;4096x4096:use_dot=1,block_n=64"."""
-    tiles: dict[tuple[int, int] | None, dict[str, int]] = {}
-    for entry in spec.replace(" ", "").split(";"):
-        shape, _, knobs = entry.rpartition(":")
-        n, _, k = shape.partition("x")
-        values = {name: int(v) for name, v in (item.split("=") for item in knobs.split(",") if item)}
-        if values:
-            tiles[(int(n), int(k)) if shape else None] = values
-    return tiles
+# The int4 GEMVs' tile syntax (`launch_knobs.py`; FLOTILLA_INT4_GEMV_TILES, FLOTILLA_INT4_GEMV_WIDE_CONFIG,
+# FLOTILLA_INT4_WIDE_PDL_CONFIG): `;`-separated knob lists, each for every shape or, prefixed `NxK:`, for the `[N, K]`
+# weights only, the knobs named by their keywords, e.g. "use_dot=0,block_n=32,block_w=64;4096x4096:use_dot=1,
+# block_n=64". `layout` is the wide kernel's alone; `split_k` this kernel takes from its arguments only.
+KNOBS = KnobSyntax("FLOTILLA_INT4_GEMV_TILES",
+                   {k: k for k in ("block_n", "block_w", "split_k", "num_warps", "num_stages", "use_dot", "layout")},
+                   shapeless=True)  # fmt: skip
+
+
+def _parse_tiles(spec: str, variable: str = KNOBS.variable) -> Table:
+    """An int4 tile string (`KNOBS`) as a table; a ValueError naming `variable` for anything else."""
+    return dataclasses.replace(KNOBS, variable=variable).table(spec)
 
 
 # Tiles for one-row calls from the environment (`_parse_tiles`): bench/results/int4g-gpu.sh times a grid

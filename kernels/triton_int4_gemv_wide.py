@@ -79,7 +79,7 @@ MEASURED_TILES: dict[str, str] = {
 # split_k=4"): bench/results/qgemv10-gpu.sh passes a grid's winners to the engine; it replaces every card's table.
 # Unset, the measured tables: `_WIDE_TILES` DEFAULT's, `_CARD_TILES` the other cards'. Read once at import.
 _ENV_TILES = os.environ.get("FLOTILLA_INT4_GEMV_WIDE_CONFIG", "")
-_WIDE_TILES = _parse_tiles(_ENV_TILES or MEASURED_TILES[DEFAULT])
+_WIDE_TILES = _parse_tiles(_ENV_TILES or MEASURED_TILES[DEFAULT], "FLOTILLA_INT4_GEMV_WIDE_CONFIG")
 _CARD_TILES = {} if _ENV_TILES else {c: _parse_tiles(t) for c, t in MEASURED_TILES.items() if c != DEFAULT}
 # FLOTILLA_INT4_WIDE_PDL (default "1" since session 16's call 3, above; "0" turns it off): a one-row call launched by
 # programmatic dependent launch (`kernels/pdl.py`; only where `pdl_active`, i.e. FLOTILLA_PDL on, sm_90+, one row)
@@ -91,7 +91,7 @@ WIDE_PDL_VALUES = {"0": "", "1": "top", "late": "late"}
 WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "top")
 # Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
 # the wait is one step, so a wider step (block_w) preloads more. Read at import.
-_PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""))
+_PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""), "FLOTILLA_INT4_WIDE_PDL_CONFIG")
 
 
 TileTable = dict[tuple[int, int] | None, dict[str, int]]

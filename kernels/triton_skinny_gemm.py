@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.launch_knobs import KnobSyntax, parse_shape
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_activation import silu_mul
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision
@@ -68,18 +69,29 @@ class SkinnyGemmConfig:
 
     def spec(self) -> str:
         """The `knob=value,...` form `parse_configs` reads."""
-        return (f"bn={self.block_n},bk={self.block_k},sk={self.split_k},w={self.num_warps},"
-                f"s={self.num_stages},t={self.tma}")  # fmt: skip
+        return KNOBS.spec(dataclasses.asdict(self))
 
 
 CUBLAS = "cublas"  # a table entry's knobs that keep its shape on cuBLAS
-_KNOBS = {"bn": "block_n", "bk": "block_k", "sk": "split_k", "w": "num_warps", "s": "num_stages", "t": "tma"}
+# The knobs of FLOTILLA_SKINNY_GEMM_CONFIGS's entries (`launch_knobs.py`): any of `bn=,bk=,sk=,w=,s=,t=`.
+KNOBS = KnobSyntax("FLOTILLA_SKINNY_GEMM_CONFIGS", {"bn": "block_n", "bk": "block_k", "sk": "split_k",
+                                                    "w": "num_warps", "s": "num_stages", "t": "tma"})  # fmt: skip
 
 
 def parse_config(knobs: str) -> SkinnyGemmConfig:
     """`"bn=128,bk=64,sk=2,w=4,s=5"` (any subset; the rest default) as a configuration."""
-    values = {_KNOBS[name]: int(v) for name, v in (item.split("=") for item in knobs.split(",") if item)}
-    return SkinnyGemmConfig(**values)
+    return SkinnyGemmConfig(**KNOBS.knobs(knobs))
+
+
+def _table_key(key: str) -> tuple[int, int, int, bool]:
+    """`"NxK@BM"` or `"NxK@BM+silu"` as `(N, K, BM, gated)`."""
+    shape, _, bm = key.replace(" ", "").partition("@")
+    gated = bm.endswith("+silu")
+    bm = bm.removesuffix("+silu")
+    expected = "NxK@BM:knobs, e.g. 4096x4096@64:bn=64"
+    if not bm.isdigit():
+        raise ValueError(f"{KNOBS.variable}: bad batch tile in {key!r} (expected {expected})")
+    return (*parse_shape(KNOBS.variable, shape, expected), int(bm), gated)
 
 
 def parse_configs(spec: str) -> dict[tuple[int, int, int, bool], SkinnyGemmConfig | None]:
@@ -87,14 +99,9 @@ def parse_configs(spec: str) -> dict[tuple[int, int, int, bool], SkinnyGemmConfi
     weight's rows, BLOCK_M `block_m(M)`, `+silu` the gated epilogue on a merged gate/up weight; `cublas`
     (None in the table): the shape stays on cuBLAS (`cublas_preferred`)."""
     table = {}
-    for entry in spec.replace(" ", "").split(";"):
-        if not entry:
-            continue
-        shape, _, knobs = entry.partition(":")
-        nk, _, bm = shape.partition("@")
-        n, _, k = nk.partition("x")
-        gated = bm.endswith("+silu")
-        table[(int(n), int(k), int(bm.removesuffix("+silu")), gated)] = None if knobs == CUBLAS else parse_config(knobs)
+    for entry in (e.strip() for e in spec.split(";") if e.strip()):
+        key, _, knobs = entry.partition(":")
+        table[_table_key(key)] = None if knobs.strip() == CUBLAS else parse_config(knobs)
     return table
 
 

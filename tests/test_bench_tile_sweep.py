@@ -62,7 +62,7 @@ def test_apply_reaches_the_lookups(monkeypatch):
 
     monkeypatch.setattr(triton_gemv, "_ONE_ROW", dict(triton_gemv._ONE_ROW))
     monkeypatch.setattr(triton_gated_gemv, "ENV_KNOBS", {})
-    monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", dict(dispatch.LM_HEAD_GEMV or {}))
+    monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", dict(dispatch.LM_HEAD_GEMV))
     monkeypatch.setattr(triton_fp8_row_gemv, "ENV_CONFIGS", {})
     start = BF16.start(None, 132)
     new = {**start, "o": dict(start["o"], block_n=16), "gate_up": dict(start["gate_up"], num_stages=2),

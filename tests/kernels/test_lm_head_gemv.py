@@ -33,18 +33,34 @@ def test_the_switch_is_off_by_default_and_reads_its_values():
             dispatch.lm_head_gemv_knobs(bad)
 
 
-def test_measured_tiles_by_default_in_a_clean_environment():
-    """The module default, read in a fresh interpreter without the variable: the GEMV at the tiles session 20's GPU
-    sweep chose (LM_HEAD_GEMV_MEASURED), not cuBLAS."""
+def _in_fresh_interpreter(code: str, **env: str) -> str:
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "FLOTILLA_LM_HEAD_GEMV"}
-    code = "from flotilla.kernels import dispatch; print(dispatch.LM_HEAD_GEMV)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    want = {"block_n": 16, "block_k": 1024, "num_warps": 4, "num_stages": 2, "use_dot": False}
-    assert out.stdout.strip() == str(want)
+    clean = {k: v for k, v in os.environ.items() if k != "FLOTILLA_LM_HEAD_GEMV"} | env
+    return subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True,
+                          timeout=300).stdout.strip()  # fmt: skip
+
+
+_PER_CARD = ("from flotilla.kernels import dispatch; "
+             "print([dispatch.lm_head_gemv_for(c) for c in (None, 'NVIDIA H100 80GB HBM3', 'NVIDIA H200', 'X')])")
+
+
+def test_measured_tiles_by_default_in_a_clean_environment():
+    """The module default, read in a fresh interpreter without the variable: the GEMV at the tiles session 20's GPU
+    sweep chose on every card without an entry (DEFAULT: what every card ran before), the H100 at session 25's
+    in-engine winner (one stage); never cuBLAS."""
+    default = {"block_n": 16, "block_k": 1024, "num_warps": 4, "num_stages": 2, "use_dot": False}
+    h100 = {"block_n": 16, "block_k": 1024, "split_k": 1, "num_warps": 4, "num_stages": 1, "use_dot": False}
+    assert _in_fresh_interpreter(_PER_CARD) == str([default, h100, default, default])
+
+
+def test_the_variable_replaces_every_cards_knobs():
+    """FLOTILLA_LM_HEAD_GEMV, where set (even empty: cuBLAS, as before), is every card's, the H100's too."""
+    assert _in_fresh_interpreter(_PER_CARD, FLOTILLA_LM_HEAD_GEMV="0") == str([None] * 4)
+    assert _in_fresh_interpreter(_PER_CARD, FLOTILLA_LM_HEAD_GEMV="") == str([None] * 4)
+    assert _in_fresh_interpreter(_PER_CARD, FLOTILLA_LM_HEAD_GEMV="bn=8") == str([{"block_n": 8}] * 4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -68,17 +84,24 @@ def test_gemv_with_the_switch_knobs_matches_the_reference(dtype, knobs):
 
 def test_dispatch_takes_the_gemv_only_where_switched_on_for_one_cuda_row(monkeypatch):
     """`lm_head_linear`: CPU tensors and more than one row always take `linear` (bit for bit F.linear here); a CUDA row
-    takes the GEMV only with the switch on (the decision, on a tensor that says it is on CUDA)."""
+    takes the GEMV only where its card's knobs switch it on: the card's own entry by its name, else DEFAULT's (the
+    decision, on a tensor that says it is on CUDA of the card named)."""
     from flotilla.kernels import dispatch
+    from flotilla.kernels.card_tables import DEFAULT, H200
 
     x, weight, _ = linear_case(1, 300, 64, torch.float32, bias=False, seed=9)
     x, weight = x.cpu(), weight.cpu()
+    fake = x.as_subclass(_FakeCuda)
     for knobs in (None, {}, {"block_n": 8}):
-        monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", knobs)
+        monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", {DEFAULT: knobs})
+        monkeypatch.setattr(dispatch, "device_card", lambda t: "NVIDIA A100-SXM4-80GB")
         assert torch.equal(dispatch.lm_head_linear(x, weight), F.linear(x, weight))
         assert not dispatch.lm_head_gemv_takes(x)
         assert not dispatch.lm_head_gemv_takes(torch.cat([x, x]).as_subclass(_FakeCuda))
-        assert dispatch.lm_head_gemv_takes(x.as_subclass(_FakeCuda)) == (knobs is not None)
+        assert dispatch.lm_head_gemv_takes(fake) == (knobs is not None)
+        monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", {DEFAULT: knobs, H200: None if knobs is not None else {}})
+        monkeypatch.setattr(dispatch, "device_card", lambda t: H200)
+        assert dispatch.lm_head_gemv_takes(fake) == (knobs is None)
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter on CPU tensors stands in for the GPU here")
@@ -121,7 +144,7 @@ def test_llama_head_shape_against_cublas(monkeypatch, spec):
 
     x, weight, _ = linear_case(1, 128256, 4096, torch.bfloat16, bias=False, seed=2)
     ref = F.linear(x, weight)
-    monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", dispatch.lm_head_gemv_knobs(spec))
+    monkeypatch.setattr(dispatch, "LM_HEAD_GEMV", {dispatch.DEFAULT: dispatch.lm_head_gemv_knobs(spec)})
     out = dispatch.lm_head_linear(x, weight)
     assert rel_err(out, ref) < 4e-3 and (out == ref).float().mean().item() > 0.9
     top2 = ref[0].float().topk(2).values
