@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, device_card, for_card
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
@@ -333,10 +333,9 @@ def linear(
 # (`card_tables.py`). DEFAULT: the sweep's winner on an H100 (session 20, bench/results/head20-gpu.sh): 335.4 vs
 # cuBLAS's 372.3 us at Llama-3.1-8B's head (the same tiles won at 128,256 x 3,072 / 2,048; Qwen2.5-7B's head 353.3 vs
 # 382.6 us), a bs1 ctx 512 step 5.706 -> 5.673 ms bf16 and 2.633 -> 2.597 ms int4, greedy tokens equal.
-# H100: session 25 call 5's in-engine descent (bench/results/gpu-2026-12-06-s25/call5/sweep25-sides.log, from `OUT=...
-# bash bench/results/sweep25-gpu.sh`) took one stage for the head (confirm 5.405 vs 5.411 ms a bf16 bs1 ctx 512 step,
-# 24 steps each; kept in the second round), part of the table its A/B measured 5.534 -> 5.404 ms (orig new new orig,
-# 64 steps each; sweep25.log), whose GEMV and gated entries are the H100's since session 25.
+# No card has an entry of its own: session 25 call 5's H100 descent took one stage for the head (5.405 vs 5.411 ms a
+# bf16 bs1 ctx 512 step in its confirm), and fresh engines on one H100 (session 26 call 3,
+# bench/results/gpu-2026-12-06-s26/call3/) gave 5.427 ms with it against 5.416 without: nothing, not adopted.
 LM_HEAD_KNOBS = KnobSyntax("FLOTILLA_LM_HEAD_GEMV", {"bn": "block_n", "bk": "block_k", "sk": "split_k",
                                                      "w": "num_warps", "s": "num_stages", "dot": "use_dot"},
                            values=range(1, 1 << 16), ranges={"dot": range(2)})  # fmt: skip
@@ -357,7 +356,6 @@ def lm_head_gemv_knobs(value: str) -> dict[str, Any] | None:
 
 LM_HEAD_GEMV_MEASURED: dict[str, str] = {
     DEFAULT: "bn=16,bk=1024,w=4,s=2,dot=0",
-    H100: "bn=16,bk=1024,sk=1,w=4,s=1,dot=0",
 }
 # The knobs per card (None: cuBLAS), the environment's on every card where set. The module global is read at every
 # call: a benchmark sets `{DEFAULT: knobs}` in-process (every card's knobs).
