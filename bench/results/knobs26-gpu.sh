@@ -2,7 +2,7 @@
 # Session 26, helper knobs26 (~3 min): the shared launch-knob parser (kernels/launch_knobs.py) and the LM head's knobs
 # per card (dispatch.LM_HEAD_GEMV_MEASURED) on a GPU, where the card is a real CUDA device name:
 #   card  (30 s) the card's name as the tables key it, and the knobs the LM head and each one-row table resolve for it
-#         (an H100 must give the head's one-stage entry, an H200 DEFAULT's)
+#         (every card gives DEFAULT's head knobs since session 26 call 3; the H100 its own one-row entries)
 #   tests (150 s) the GPU-marked tests of the touched files (the LM head through `lm_head_linear` at Llama-3.1-8B's
 #         head with the switch's knobs, the dispatch decisions) and the snapshot test of every string and launch
 # From the repository root, carrying .whl:   OUT=... bash bench/results/knobs26-gpu.sh
