@@ -24,8 +24,15 @@ from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
-from flotilla.operator.names import common_labels, label_key_problem, label_problems, name_problem
+from flotilla.operator.names import (
+    annotations_size_problem,
+    common_labels,
+    label_key_problem,
+    label_problems,
+    name_problem,
+)
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.scheduling_rules import affinity_problems, toleration_problems, topology_spread_problems
 from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
@@ -61,10 +68,17 @@ SANDBOX_ANNOTATION_PREFIXES = (
 def _label_rules(spec: InferenceServiceSpec) -> list[str]:
     # Kubernetes' own rules on what becomes labels and annotations: the apiserver would refuse the children after
     # admission (ApplyRefused in status), where `kubectl apply` should have said so.
+    size = annotations_size_problem("spec.pod.annotations", spec.pod.annotations)
     return (label_problems("spec.pod.labels", spec.pod.labels)
-            + label_problems("spec.pod.annotations", spec.pod.annotations, kind="annotation")
+            + label_problems("spec.pod.annotations", spec.pod.annotations, kind="annotation") + ([size] if size else [])
             + label_problems("spec.monitoring.labels", spec.monitoring.labels)
             + label_problems("spec.resources.nodeSelector", spec.resources.node_selector))
+
+
+def _scheduling_rules(spec: InferenceServiceSpec) -> list[str]:
+    # The core/v1 scheduling objects passed through to the pods, as the apiserver checks them (scheduling_rules.py).
+    return (affinity_problems(spec.pod.affinity) + topology_spread_problems(spec.pod.topology_spread_constraints)
+            + toleration_problems(spec.resources.tolerations))
 
 
 def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
@@ -256,7 +270,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
-                    + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _pod_rules(parsed, policy)
+                    + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _scheduling_rules(parsed)
+                    + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))
