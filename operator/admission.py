@@ -32,6 +32,7 @@ from flotilla.operator.names import (
     name_problem,
 )
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.sandbox import GPU_RUNTIME_ENV_REASON, is_gpu_runtime_name
 from flotilla.operator.scheduling_rules import affinity_problems, toleration_problems, topology_spread_problems
 from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
@@ -81,8 +82,22 @@ def _scheduling_rules(spec: InferenceServiceSpec) -> list[str]:
             + toleration_problems(spec.resources.tolerations))
 
 
-def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
+    errors += [f"spec.pod.env: {e.name} cannot be set: {GPU_RUNTIME_ENV_REASON}; the pods get the GPUs they request"
+               for e in spec.pod.env if is_gpu_runtime_name(e.name)]
+    # A Secret's or ConfigMap's keys are not known here (and change later): only a prefix keeps them off NVIDIA_*.
+    for i, source in enumerate(spec.pod.env_from):
+        if is_gpu_runtime_name(source.prefix or "", prefix=True):
+            given = f"with the prefix {source.prefix!r}" if source.prefix else "without a prefix"
+            errors.append(f"spec.pod.envFrom[{i}]: {given}, a key of the Secret or ConfigMap could name an NVIDIA_* "
+                          f"variable, and {GPU_RUNTIME_ENV_REASON}; give a prefix (e.g. APP_), or name each variable "
+                          "in spec.pod.env with valueFrom")
+    return errors
+
+
+def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    errors = _env_rules(spec)
     own = set(common_labels("x"))
     for key in spec.pod.labels:
         if label_key_problem(key):  # no key at all: _label_rules says so

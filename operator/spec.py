@@ -518,11 +518,13 @@ class PodSpec(_Model):
                     "(operator flag --pod-annotation); seccomp and AppArmor keys never.")
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "
+        description="Extra environment variables of the engine (names the operator sets, and NVIDIA_* names, which "
+                    "the container runtime reads as GPU requests, are refused). HF_TOKEN, "
                     "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
         default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "
-                                          "engine (not of the hf:// downloads: name HF_TOKEN in env).")
+                                          "engine (not of the hf:// downloads: name HF_TOKEN in env), each under a "
+                                          "prefix that keeps them off NVIDIA_* names (e.g. APP_).")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
     affinity: dict[str, Any] | None = Field(

@@ -191,6 +191,17 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "toleration-seconds-no-execute": ("bad", {"resources": {"tolerations": [{
         "key": "pool", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 60}]}}, WEBHOOK,
         "spec.resources.tolerations[0].effect: must be NoExecute when tolerationSeconds is set"),
+    # The NVIDIA container toolkit reads NVIDIA_VISIBLE_DEVICES from the container's environment, and the kubelet puts
+    # the pod's variables after the device plugin's (the last wins): all would expose every GPU of the node.
+    "gpu-runtime-env": ("bad", {"pod": {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}}, WEBHOOK,
+                        "spec.pod.env: NVIDIA_VISIBLE_DEVICES cannot be set: the NVIDIA container toolkit reads"),
+    "gpu-runtime-env-from-secret": ("bad", {"pod": {"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}}, WEBHOOK, "spec.pod.env: NVIDIA_DRIVER_CAPABILITIES cannot be"),
+    "gpu-runtime-env-from-configmap": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}}]}}, WEBHOOK,
+                                       "spec.pod.envFrom[0]: without a prefix, a key of the Secret or ConfigMap could "
+                                       "name an NVIDIA_* variable"),
+    "gpu-runtime-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}, "prefix": "NVIDIA"}]}},
+                               WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'NVIDIA', a key"),
     # 18.7: a product that is no label value
     "gpu-product-space": ("bad", {"resources": {"gpuProduct": "NVIDIA H200"}}, SCHEMA, "spec.resources.gpuProduct"),
     # 18.8: engine rules across fields, decided as the engine decides them
