@@ -232,11 +232,22 @@ def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[s
         sources += [(f"spec.lora.adapters[{i}].source", a.source) for i, a in enumerate(spec.lora.adapters)]
     errors = []
     for where, source in sources:
-        scheme, location, _ = parse_source(source)
-        problem = policy.host_path_problem(location) if scheme == "hostPath" else None
+        scheme, location, sub_path = parse_source(source)
+        problem = policy.host_path_problem(location) if scheme == "hostPath" else _mounted_path_problem(
+            scheme, location, sub_path)
         if problem:
             errors.append(f"{where}: {problem}")
     return errors
+
+
+def _mounted_path_problem(scheme: str, location: str, sub_path: str) -> str | None:
+    # A pvc:// sub-path is the mount's subPath, and an hf:// repository's org/name that of the download cache's claim
+    # (hf/<org>/<name>): the apiserver refuses a '..' segment in a subPath, and '.' or '..' is no repository name.
+    if scheme == "pvc" and ".." in sub_path.split("/"):
+        return f"the sub-path {sub_path} has a '..' segment: a claim is mounted only within itself"
+    if scheme == "hf" and {".", ".."} & set(location.split("/")):
+        return f"{location} is no Hugging Face repository: its organisation or name is '.' or '..'"
+    return None
 
 
 def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:

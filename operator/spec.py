@@ -226,7 +226,7 @@ class ModelSpec(_Model):
     @classmethod
     def _file_path_in_normal_form(cls, source: str) -> str:
         # The file of an hf:// GGUF source lands under the download directory by this path: no `.`/`..` segment
-        # may lead it elsewhere (pvc:// sub-paths are checked by the apiserver, hostPath:// by the policy).
+        # may lead it elsewhere (pvc:// sub-paths and hostPath:// are checked by the review, admission.py).
         scheme, _, file_path = parse_source(source)
         if scheme == "hf" and {".", ".."} & set(file_path.split("/")):
             raise ValueError(f"{source}: the file path has a '.' or '..' segment")

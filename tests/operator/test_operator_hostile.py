@@ -202,6 +202,9 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                        "name an NVIDIA_* variable"),
     "gpu-runtime-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}, "prefix": "NVIDIA"}]}},
                                WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'NVIDIA', a key"),
+    # A pvc:// sub-path is the mount's subPath, where the apiserver refuses '..' (ApplyRefused after admission).
+    "pvc-sub-path-dotdot": ("bad", {"model": {"source": "pvc://models/llama/../../x"}}, WEBHOOK,
+                            "spec.model.source: the sub-path llama/../../x has a '..' segment"),
     # 18.7: a product that is no label value
     "gpu-product-space": ("bad", {"resources": {"gpuProduct": "NVIDIA H200"}}, SCHEMA, "spec.resources.gpuProduct"),
     # 18.8: engine rules across fields, decided as the engine decides them
