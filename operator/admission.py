@@ -82,6 +82,14 @@ def _scheduling_rules(spec: InferenceServiceSpec) -> list[str]:
             + toleration_problems(spec.resources.tolerations))
 
 
+def _image_rules(spec: InferenceServiceSpec) -> list[str]:
+    # The apiserver checks this in pods only, not in a Deployment's template: the Deployment was applied and the
+    # ReplicaSet controller's every pod refused.
+    if spec.image != spec.image.strip():
+        return [f"spec.image {spec.image!r} has leading or trailing whitespace, which a pod's image may not have"]
+    return []
+
+
 def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     errors += [f"spec.pod.env: {e.name} cannot be set: {GPU_RUNTIME_ENV_REASON}; the pods get the GPUs they request"
@@ -97,7 +105,7 @@ def _env_rules(spec: InferenceServiceSpec) -> list[str]:
 
 
 def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
-    errors = _env_rules(spec)
+    errors = _image_rules(spec) + _env_rules(spec)
     own = set(common_labels("x"))
     for key in spec.pod.labels:
         if label_key_problem(key):  # no key at all: _label_rules says so

@@ -494,7 +494,8 @@ class NameRef(_Model):
 class EnvFromSource(_Model):
     """Every key of a Secret or ConfigMap as environment variables."""
 
-    prefix: str | None = Field(default=None, max_length=253, description="Prepended to every variable name.")
+    prefix: str | None = Field(default=None, max_length=253, pattern=ENV_NAME_PATTERN,
+                               description="Prepended to every variable name (itself a variable name).")
     secret_ref: NameRef | None = Field(default=None, description="A Secret.")
     config_map_ref: NameRef | None = Field(default=None, description="A ConfigMap.")
 
