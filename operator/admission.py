@@ -24,8 +24,16 @@ from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
-from flotilla.operator.names import common_labels, label_key_problem, label_problems, name_problem
+from flotilla.operator.names import (
+    annotations_size_problem,
+    common_labels,
+    label_key_problem,
+    label_problems,
+    name_problem,
+)
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
+from flotilla.operator.sandbox import GPU_RUNTIME_ENV_REASON, is_gpu_runtime_name
+from flotilla.operator.scheduling_rules import affinity_problems, toleration_problems, topology_spread_problems
 from flotilla.operator.spec import DEFAULT_IMAGE, InferenceServiceSpec, parse_source
 from flotilla.validation_messages import Location, describe, dotted
 
@@ -61,14 +69,43 @@ SANDBOX_ANNOTATION_PREFIXES = (
 def _label_rules(spec: InferenceServiceSpec) -> list[str]:
     # Kubernetes' own rules on what becomes labels and annotations: the apiserver would refuse the children after
     # admission (ApplyRefused in status), where `kubectl apply` should have said so.
+    size = annotations_size_problem("spec.pod.annotations", spec.pod.annotations)
     return (label_problems("spec.pod.labels", spec.pod.labels)
-            + label_problems("spec.pod.annotations", spec.pod.annotations, kind="annotation")
+            + label_problems("spec.pod.annotations", spec.pod.annotations, kind="annotation") + ([size] if size else [])
             + label_problems("spec.monitoring.labels", spec.monitoring.labels)
             + label_problems("spec.resources.nodeSelector", spec.resources.node_selector))
 
 
-def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+def _scheduling_rules(spec: InferenceServiceSpec) -> list[str]:
+    # The core/v1 scheduling objects passed through to the pods, as the apiserver checks them (scheduling_rules.py).
+    return (affinity_problems(spec.pod.affinity) + topology_spread_problems(spec.pod.topology_spread_constraints)
+            + toleration_problems(spec.resources.tolerations))
+
+
+def _image_rules(spec: InferenceServiceSpec) -> list[str]:
+    # The apiserver checks this in pods only, not in a Deployment's template: the Deployment was applied and the
+    # ReplicaSet controller's every pod refused.
+    if spec.image != spec.image.strip():
+        return [f"spec.image {spec.image!r} has leading or trailing whitespace, which a pod's image may not have"]
+    return []
+
+
+def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
+    errors += [f"spec.pod.env: {e.name} cannot be set: {GPU_RUNTIME_ENV_REASON}; the pods get the GPUs they request"
+               for e in spec.pod.env if is_gpu_runtime_name(e.name)]
+    # A Secret's or ConfigMap's keys are not known here (and change later): only a prefix keeps them off NVIDIA_*.
+    for i, source in enumerate(spec.pod.env_from):
+        if is_gpu_runtime_name(source.prefix or "", prefix=True):
+            given = f"with the prefix {source.prefix!r}" if source.prefix else "without a prefix"
+            errors.append(f"spec.pod.envFrom[{i}]: {given}, a key of the Secret or ConfigMap could name an NVIDIA_* "
+                          f"variable, and {GPU_RUNTIME_ENV_REASON}; give a prefix (e.g. APP_), or name each variable "
+                          "in spec.pod.env with valueFrom")
+    return errors
+
+
+def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
+    errors = _image_rules(spec) + _env_rules(spec)
     own = set(common_labels("x"))
     for key in spec.pod.labels:
         if label_key_problem(key):  # no key at all: _label_rules says so
@@ -203,11 +240,22 @@ def _source_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[s
         sources += [(f"spec.lora.adapters[{i}].source", a.source) for i, a in enumerate(spec.lora.adapters)]
     errors = []
     for where, source in sources:
-        scheme, location, _ = parse_source(source)
-        problem = policy.host_path_problem(location) if scheme == "hostPath" else None
+        scheme, location, sub_path = parse_source(source)
+        problem = policy.host_path_problem(location) if scheme == "hostPath" else _mounted_path_problem(
+            scheme, location, sub_path)
         if problem:
             errors.append(f"{where}: {problem}")
     return errors
+
+
+def _mounted_path_problem(scheme: str, location: str, sub_path: str) -> str | None:
+    # A pvc:// sub-path is the mount's subPath, and an hf:// repository's org/name that of the download cache's claim
+    # (hf/<org>/<name>): the apiserver refuses a '..' segment in a subPath, and '.' or '..' is no repository name.
+    if scheme == "pvc" and ".." in sub_path.split("/"):
+        return f"the sub-path {sub_path} has a '..' segment: a claim is mounted only within itself"
+    if scheme == "hf" and {".", ".."} & set(location.split("/")):
+        return f"{location} is no Hugging Face repository: its organisation or name is '.' or '..'"
+    return None
 
 
 def _autoscaling_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]:
@@ -256,7 +304,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     except ValidationError as e:
         return Review(errors=name_errors + describe(e.errors(), _spec_path))
     result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
-                    + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _pod_rules(parsed, policy)
+                    + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _scheduling_rules(parsed)
+                    + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name))

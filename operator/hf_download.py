@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flotilla.operator.sandbox import container_security_context
+from flotilla.operator.sandbox import NO_GPUS_ENV, container_security_context
 from flotilla.operator.spec import InferenceServiceSpec
 
 # What huggingface_hub reads for a download: the token (HF_TOKEN, or its older name HUGGING_FACE_HUB_TOKEN) and
@@ -24,10 +24,11 @@ _DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
 
 
 def download_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The download container's environment: HOME on the writable /tmp, then spec.pod.env's HF_DOWNLOAD_ENV
-    entries in their order there."""
+    """The download container's environment: HOME on the writable /tmp, no GPUs (it requests none, and the image is
+    the InferenceService author's: sandbox.NO_GPUS_ENV), then spec.pod.env's HF_DOWNLOAD_ENV entries in their order
+    there."""
     forwarded = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env if e.name in HF_DOWNLOAD_ENV]
-    return [{"name": "HOME", "value": "/tmp"}, *forwarded]
+    return [{"name": "HOME", "value": "/tmp"}, dict(NO_GPUS_ENV), *forwarded]
 
 
 def download_container(spec: InferenceServiceSpec, name: str, repo: str, target: str,

@@ -105,6 +105,20 @@ def label_problems(field: str, labels: Mapping[str, str], kind: str = "label") -
     return errors
 
 
+# The apiserver's limit on one object's annotations: every key and value together, counted in bytes (UTF-8).
+ANNOTATIONS_SIZE_LIMIT = 256 * 1024
+
+
+def annotations_size_problem(field: str, annotations: Mapping[str, str]) -> str | None:
+    """Why the apiserver would refuse `annotations` as an object's annotations for their size (keys and values
+    together over 256 KiB), naming `field`; None when they fit."""
+    size = sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+    if size <= ANNOTATIONS_SIZE_LIMIT:
+        return None
+    return (f"{field}: the keys and values come to {size} bytes; Kubernetes allows at most {ANNOTATIONS_SIZE_LIMIT} "
+            "(256 KiB) of annotations on an object")
+
+
 def metadata(name: str, namespace: str) -> dict:
     """`metadata` for a child object: same name as the InferenceService, common labels."""
     return {"name": name, "namespace": namespace, "labels": common_labels(name)}

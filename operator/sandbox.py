@@ -41,6 +41,26 @@ def pod_sandbox() -> dict[str, Any]:
     }
 
 
+# The NVIDIA container toolkit reads the container's NVIDIA_* environment as device requests: with the device plugin's
+# default (envvar) strategy, NVIDIA_VISIBLE_DEVICES=all in the pod spec exposes every GPU of the node, since the kubelet
+# puts the pod's variables after the device plugin's, and the last wins. So spec.pod.env may set none of them, and
+# envFrom only under a prefix that cannot spell one (admission.py).
+GPU_RUNTIME_ENV_PREFIX = "NVIDIA_"
+# An init container requests no GPU, so the device plugin sets nothing there, and an image built on a CUDA base image
+# says NVIDIA_VISIBLE_DEVICES=all: the toolkit would hand it every GPU of the node. void: no GPU support at all.
+NO_GPUS_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+GPU_RUNTIME_ENV_REASON = ("the NVIDIA container toolkit reads NVIDIA_* variables as device requests "
+                          "(NVIDIA_VISIBLE_DEVICES=all would expose every GPU of the node)")
+
+
+def is_gpu_runtime_name(name: str, prefix: bool = False) -> bool:
+    """Whether the environment variable `name` (`prefix` True: some name that an envFrom prefix `name` makes) is one
+    the NVIDIA container toolkit reads."""
+    return name.startswith(GPU_RUNTIME_ENV_PREFIX) or (prefix and GPU_RUNTIME_ENV_PREFIX.startswith(name))
+
+
 HOST_NAMESPACE_FIELDS = ("hostNetwork", "hostPID", "hostIPC")
 
 

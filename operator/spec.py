@@ -226,7 +226,7 @@ class ModelSpec(_Model):
     @classmethod
     def _file_path_in_normal_form(cls, source: str) -> str:
         # The file of an hf:// GGUF source lands under the download directory by this path: no `.`/`..` segment
-        # may lead it elsewhere (pvc:// sub-paths are checked by the apiserver, hostPath:// by the policy).
+        # may lead it elsewhere (pvc:// sub-paths and hostPath:// are checked by the review, admission.py).
         scheme, _, file_path = parse_source(source)
         if scheme == "hf" and {".", ".."} & set(file_path.split("/")):
             raise ValueError(f"{source}: the file path has a '.' or '..' segment")
@@ -494,7 +494,8 @@ class NameRef(_Model):
 class EnvFromSource(_Model):
     """Every key of a Secret or ConfigMap as environment variables."""
 
-    prefix: str | None = Field(default=None, max_length=253, description="Prepended to every variable name.")
+    prefix: str | None = Field(default=None, max_length=253, pattern=ENV_NAME_PATTERN,
+                               description="Prepended to every variable name (itself a variable name).")
     secret_ref: NameRef | None = Field(default=None, description="A Secret.")
     config_map_ref: NameRef | None = Field(default=None, description="A ConfigMap.")
 
@@ -518,11 +519,13 @@ class PodSpec(_Model):
                     "(operator flag --pod-annotation); seccomp and AppArmor keys never.")
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables of the engine (names the operator sets are refused). HF_TOKEN, "
+        description="Extra environment variables of the engine (names the operator sets, and NVIDIA_* names, which "
+                    "the container runtime reads as GPU requests, are refused). HF_TOKEN, "
                     "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
         default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "
-                                          "engine (not of the hf:// downloads: name HF_TOKEN in env).")
+                                          "engine (not of the hf:// downloads: name HF_TOKEN in env), each under a "
+                                          "prefix that keeps them off NVIDIA_* names (e.g. APP_).")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
     affinity: dict[str, Any] | None = Field(

@@ -172,6 +172,11 @@ def test_engine_runs_flotilla_serve_on_the_mounted_model():
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
 
 
+# An init container requests no GPU, so the device plugin sets no NVIDIA_VISIBLE_DEVICES there, and the NVIDIA container
+# toolkit would follow the image's own (a CUDA base image says all): every GPU of the node for the author's image.
+NO_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
 HF_ENV = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
           {"name": "HF_ENDPOINT", "value": "https://hub.mirror.local"},
           {"name": "HUGGING_FACE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-old", "key": "t"}}}]
@@ -191,7 +196,7 @@ def test_hf_downloads_get_the_hub_token_and_endpoint_of_pod_env_and_nothing_else
     inits = pod(d)["initContainers"]
     assert [c["name"] for c in inits] == ["download-model", "download-tokenizer", "download-lora-sql"]
     for c in inits:
-        assert c["env"] == [{"name": "HOME", "value": "/tmp"}, *HF_ENV], c["name"]
+        assert c["env"] == [{"name": "HOME", "value": "/tmp"}, NO_GPUS, *HF_ENV], c["name"]
         assert "envFrom" not in c
     assert engine(d)["env"][-6:] == env and engine(d)["envFrom"] == [{"secretRef": {"name": "creds"}}]
     validate_manifest(d)
@@ -200,7 +205,13 @@ def test_hf_downloads_get_the_hub_token_and_endpoint_of_pod_env_and_nothing_else
 def test_hf_downloads_without_hub_variables_get_only_home():
     d = build(model={"source": "hf://org/public-model"}, lora={"adapters": [{"name": "a", "source": "hf://org/a"}]},
               pod={"env": OTHER_ENV})
-    assert [c["env"] for c in pod(d)["initContainers"]] == [[{"name": "HOME", "value": "/tmp"}]] * 2
+    assert [c["env"] for c in pod(d)["initContainers"]] == [[{"name": "HOME", "value": "/tmp"}, NO_GPUS]] * 2
+
+
+def test_the_download_containers_get_no_gpus_and_the_engine_only_the_device_plugins():
+    d = build(model={"source": "hf://org/public-model"}, pod={"env": OTHER_ENV})
+    assert all(NO_GPUS in c["env"] for c in pod(d)["initContainers"])
+    assert not [e for e in engine(d)["env"] if e["name"].startswith("NVIDIA_")]
 
 
 def test_labels_select_the_pods_of_this_inferenceservice_only():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flotilla.operator.kube import KubeError
-from flotilla.operator.names import label_key_problem, label_problems, label_value_problem
+from flotilla.operator.names import annotations_size_problem, label_key_problem, label_problems, label_value_problem
 
 KEYS = ["team", "Team_1.x", "a" * 63, "a" * 64, "example.com/team", "Example.com/team", "example.com/", "/team",
         "a/b/c", "bad key!", "-team", "team-", "x" * 253 + "/team", "x" * 254 + "/team", "example..com/team", ""]
@@ -44,3 +44,31 @@ def test_each_problem_names_the_field_and_the_key():
         "letters, digits, '-', '_' and '.', starting and ending with a letter or digit"]
     assert label_problems("spec.pod.annotations", {"note": "free text: anything", "Example.com/x": "y"},
                           kind="annotation") == []
+
+
+@pytest.mark.parametrize("size", [256 * 1024, 256 * 1024 + 1])
+@pytest.mark.parametrize("character", ["x", "é"])
+def test_annotations_are_refused_for_their_size_exactly_when_the_apiserver_refuses_them(cluster, namespace, size,
+                                                                                        character):
+    # Keys and values together, counted in bytes: 'é' is two in UTF-8 (an odd size ends in an 'x').
+    width = len(character.encode())
+    annotations = {"note": character * ((size - 4) // width) + "x" * ((size - 4) % width)}
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) == size
+    problem = annotations_size_problem("spec.pod.annotations", annotations)
+    assert (problem is not None) == _apiserver_refuses(cluster, namespace, {"annotations": annotations}) == \
+        (size > 256 * 1024)
+    assert problem is None or problem.startswith(f"spec.pod.annotations: the keys and values come to {size} bytes")
+
+
+def test_an_annotation_value_that_is_no_string_is_refused_by_the_schema(cluster, namespace):
+    # The CRD types spec.pod.annotations as strings: a number or a list never reaches the webhook or the pods.
+    from .conftest import FIS_PATH
+
+    for value in (1, True, ["a"], {"a": "b"}):
+        body = {"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
+                "metadata": {"name": "typed"}, "spec": {"model": {"source": "pvc://m"}, "pod": {"annotations": {
+                    "note": value}}}}
+        with pytest.raises(KubeError) as refused:
+            cluster.kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices", body,
+                                 {"dryRun": "All"})
+        assert refused.value.status == 422 and "spec.pod.annotations.note" in refused.value.message, value

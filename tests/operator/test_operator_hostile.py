@@ -161,6 +161,50 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                     "spec.monitoring.labels: the value of release, 'kube prometheus', is not a valid"),
     "pod-annotation-key": ("bad", {"pod": {"annotations": {"bad key": "x"}}}, WEBHOOK,
                            "spec.pod.annotations: 'bad key' is not a valid annotation key"),
+    # Annotations past the apiserver's 256 KiB (keys and values, in bytes: 'é' is two), and the scheduling objects
+    # passed through to the pods as the apiserver checks them: each was admitted, then refused as ApplyRefused.
+    "pod-annotations-too-large": ("bad", {"pod": {"annotations": {"notes": "é" * 131_067, "more": "xx"}}}, WEBHOOK,
+                                  "spec.pod.annotations: the keys and values come to 262145 bytes"),
+    "affinity-no-node-term": ("bad", {"pod": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}}}, WEBHOOK,
+        "spec.pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms: must "
+        "have at least one node selector term"),
+    "affinity-weight": ("bad", {"pod": {"affinity": {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1000, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname"}}]}}}}, WEBHOOK,
+        "preferredDuringSchedulingIgnoredDuringExecution[0].weight: 1000 is not in the range 1-100"),
+    "affinity-no-topology-key": ("bad", {"pod": {"affinity": {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "x"}}}]}}}},
+        WEBHOOK, "spec.pod.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: must "
+                 "be given"),
+    "affinity-wrong-type": ("bad", {"pod": {"affinity": {"nodeAffinity": "gpu-nodes"}}}, WEBHOOK,
+                            "spec.pod.affinity.nodeAffinity: must be an object"),
+    "spread-skew-zero": ("bad", {"pod": {"topologySpreadConstraints": [{
+        "maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}}, WEBHOOK,
+        "spec.pod.topologySpreadConstraints[0].maxSkew: 0 must be at least 1"),
+    "spread-action": ("bad", {"pod": {"topologySpreadConstraints": [{
+        "maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Never"}]}}, WEBHOOK,
+        "spec.pod.topologySpreadConstraints[0].whenUnsatisfiable: 'Never' is not one of DoNotSchedule"),
+    "toleration-empty-key-equal": ("bad", {"resources": {"tolerations": [{"operator": "Equal", "value": "gpu"}]}},
+                                   WEBHOOK, "spec.resources.tolerations[0].operator: must be Exists when key is "
+                                            "empty"),
+    "toleration-seconds-no-execute": ("bad", {"resources": {"tolerations": [{
+        "key": "pool", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 60}]}}, WEBHOOK,
+        "spec.resources.tolerations[0].effect: must be NoExecute when tolerationSeconds is set"),
+    # The NVIDIA container toolkit reads NVIDIA_VISIBLE_DEVICES from the container's environment, and the kubelet puts
+    # the pod's variables after the device plugin's (the last wins): all would expose every GPU of the node.
+    "gpu-runtime-env": ("bad", {"pod": {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}}, WEBHOOK,
+                        "spec.pod.env: NVIDIA_VISIBLE_DEVICES cannot be set: the NVIDIA container toolkit reads"),
+    "gpu-runtime-env-from-secret": ("bad", {"pod": {"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}}, WEBHOOK, "spec.pod.env: NVIDIA_DRIVER_CAPABILITIES cannot be"),
+    "gpu-runtime-env-from-configmap": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}}]}}, WEBHOOK,
+                                       "spec.pod.envFrom[0]: without a prefix, a key of the Secret or ConfigMap could "
+                                       "name an NVIDIA_* variable"),
+    "gpu-runtime-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}, "prefix": "NVIDIA"}]}},
+                               WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'NVIDIA', a key"),
+    # A pvc:// sub-path is the mount's subPath, where the apiserver refuses '..' (ApplyRefused after admission).
+    "pvc-sub-path-dotdot": ("bad", {"model": {"source": "pvc://models/llama/../../x"}}, WEBHOOK,
+                            "spec.model.source: the sub-path llama/../../x has a '..' segment"),
     # 18.7: a product that is no label value
     "gpu-product-space": ("bad", {"resources": {"gpuProduct": "NVIDIA H200"}}, SCHEMA, "spec.resources.gpuProduct"),
     # 18.8: engine rules across fields, decided as the engine decides them
@@ -341,16 +385,18 @@ def test_an_object_owned_by_another_owner_is_named_in_the_conflict(operator_proc
 
 def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothing_is_half_built(
         operator_process, cluster, namespace):
-    # Admitted (an affinity is the core/v1 object, passed through unchecked), but one the apiserver refuses: a
-    # required node affinity with no term. The Deployment is refused.
+    # Admitted (an affinity is the core/v1 object, free-form so that a newer Kubernetes's fields pass; the review
+    # checks the fields it knows), but one this 1.20 apiserver refuses: a node selector term with a field of
+    # Kubernetes 1.2x. Server-side apply refuses the Deployment.
     doc = fis("picky", namespace, autoscaling=None)
     doc["spec"]["pod"] = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": []}}}}
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}],
+                               "matchNewer": True}]}}}}
     cluster.apply(doc)
     body = _blocked(cluster, namespace, "picky", "ApplyRefused")
     message = condition(body, "Progressing")["message"]
     assert message.startswith("nothing applied: the API server refused Deployment picky: ")
-    assert "spec.template.spec.affinity.nodeAffinity" in message
+    assert "matchNewer" in message
     for kind in KINDS:
         if kind in ("ServiceMonitor", "ScaledObject"):
             continue

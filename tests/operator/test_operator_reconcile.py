@@ -379,7 +379,10 @@ def test_hand_edits_that_loosen_the_pods_sandbox_are_put_back(op, namespace):
     even where the field's value is the API's default, which server-side apply would not otherwise own."""
     op.apply(fis("sandboxed", namespace, autoscaling=None, model={"source": "hf://org/name"}))
     path = child_path("Deployment", namespace, "sandboxed")
-    wait_children(op, namespace, "sandboxed", ["Deployment"])
+    live = wait_children(op, namespace, "sandboxed", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+    # The download runs the InferenceService author's image without a GPU request: the NVIDIA container toolkit is told
+    # no GPUs, or it would follow the image's NVIDIA_VISIBLE_DEVICES (all, on a CUDA base image).
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in live["initContainers"][0]["env"]
     # (privileged: true is refused by this apiserver's --allow-privileged=false, and beside allowPrivilegeEscalation
     # false, which the operator sets: it cannot be tried here.)
     loose = {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
@@ -1089,7 +1092,7 @@ def test_pod_extras_reach_the_live_deployment(op, namespace):
     doc["spec"]["pod"] = {
         "labels": {"team": "ml"}, "annotations": {"owner": "ml"},
         "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
-        "envFrom": [{"configMapRef": {"name": "engine-env"}}], "imagePullSecrets": ["regcred"],
+        "envFrom": [{"configMapRef": {"name": "engine-env"}, "prefix": "ENGINE_"}], "imagePullSecrets": ["regcred"],
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                              "labelSelector": {"matchLabels": {"team": "ml"}}}}]}},
@@ -1108,7 +1111,8 @@ def test_pod_extras_reach_the_live_deployment(op, namespace):
     assert template["metadata"]["labels"]["team"] == "ml"
     assert template["metadata"]["annotations"] == {"owner": "ml"}
     engine = template["spec"]["containers"][0]
-    assert engine["env"][-1]["name"] == "HF_TOKEN" and engine["envFrom"] == [{"configMapRef": {"name": "engine-env"}}]
+    assert engine["env"][-1]["name"] == "HF_TOKEN"
+    assert engine["envFrom"] == [{"configMapRef": {"name": "engine-env"}, "prefix": "ENGINE_"}]
     assert engine["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}  # the sample sets them
     assert live["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
