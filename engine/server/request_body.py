@@ -112,6 +112,17 @@ def _float(text: str) -> float:
     return float(text)
 
 
+class _NotJSON(ValueError):
+    """A constant Python's json.loads reads but JSON does not have (NaN, Infinity, -Infinity)."""
+
+
+def _constant(text: str) -> float:
+    # Refused, not read: RFC 8259's numbers are finite. Kept, a NaN in a free-form field (a tool's schema, template
+    # kwargs) came back in replies, where json.dumps refused it (a plain-text 500) or a stream wrote `NaN` into its
+    # events, which standard parsers (JavaScript's, Go's) cannot read.
+    raise _NotJSON(text)
+
+
 # Bodies from this size on parse with garbage collection paused: only large ones allocate enough containers for a
 # full collection to start during the parse, and small ones (nearly every request) leave the collector alone, so
 # that a steady stream of parses never keeps it off for long.
@@ -158,7 +169,10 @@ def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
 
 def _parse_and_validate(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
-        data = json.loads(raw, object_hook=_yield_point, parse_int=_int, parse_float=_float)
+        data = json.loads(raw, object_hook=_yield_point, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except _NotJSON as exc:  # OpenAI's API refuses such a body as not JSON too
+        raise RequestValidationError([{"type": "value_error", "loc": ("body",), "input": {}, "msg": (
+            f"the body is not valid JSON: {exc} is not a JSON value (JSON numbers are finite)")}]) from None
     except json.JSONDecodeError as exc:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None
