@@ -35,13 +35,17 @@ if TYPE_CHECKING:
     from flotilla.engine.llm_engine import LLMEngine
 
 
+# Why a server of the generate runner answers /v1/embeddings with a 400 (its front end says so before any work).
+GENERATE_RUNNER_REFUSAL = ("this server runs the generate runner; start it with --runner pooling (or --task embed) to "
+                           "serve embeddings")
+
+
 def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams,
                   cache_salt: str | None = None) -> list[EmbeddingOutput]:
     """Embeddings of token-id prompts, in order (runs on the engine's thread); `cache_salt` keys their
     prefix-cache blocks (see the module docstring)."""
     if engine.config.model.runner != "pooling":
-        raise InvalidParamError("this server runs the generate runner; start it with --runner pooling "
-                                "(or --task embed) to serve embeddings", param="model")
+        raise InvalidParamError(GENERATE_RUNNER_REFUSAL, param="model")
     runner = engine.runner
     if not isinstance(runner, ModelRunner):
         raise InvalidParamError("embeddings are not supported with tensor or pipeline parallelism yet")

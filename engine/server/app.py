@@ -54,6 +54,7 @@ class ServerState:
     vocab_size: int = 0
     kv_cache_dtype: str = ""  # what a KV element is stored as, as the start-up log names it
     quantization: str | None = None
+    runner: str = "generate"  # the engine's --runner: "pooling" serves /v1/embeddings
     draining: bool = False
     created: int = 0
     # The model as given (vLLM's model card `root`: the path or repository, not a served name); "" for the first name

@@ -223,6 +223,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
         # the runner's rule (fp8 caches are e4m3, else the model dtype), named as its start-up log does
         kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
         quantization=config.model.quantization,
+        runner=config.model.runner,
         created=int(time.time()),
         model_path=model_path,
         track_load=server.enable_server_load_tracking,

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import Field, StrictInt, ValidatorFunctionWrapHandler, field_validator
 
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.pooling.embed import check_prompt, prompt_batches
+from flotilla.engine.pooling.embed import GENERATE_RUNNER_REFUSAL, check_prompt, prompt_batches
 from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
@@ -92,6 +92,8 @@ class EmbeddingRequest(_RequestBody):
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
     """Tokenize, check, embed on the engine thread call by call (see the module docstring), and shape the
     OpenAI response."""
+    if state.runner != "pooling":  # before the input is read: a long list took seconds to tokenize, then this 400
+        raise APIError(400, GENERATE_RUNNER_REFUSAL, param="model")
     _refuse_unservable(body)
     prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left")
                for ids in await _token_ids(state, body)]

@@ -21,6 +21,7 @@ import contextlib
 import email.message
 import gc
 import json
+import math
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -109,7 +110,22 @@ def _int(text: str) -> int:
 
 
 def _float(text: str) -> float:
-    return float(text)
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: read as infinity, which no reply can carry (see _constant)
+        raise _NonFinite(f"the body holds {text[:40]}, a number past the range of a double: JSON numbers here are "
+                         "finite")
+    return value
+
+
+class _NonFinite(ValueError):
+    """A value Python's json.loads reads as NaN or an infinity: refused (the message says why)."""
+
+
+def _constant(text: str) -> float:
+    # Refused, not read: RFC 8259's numbers are finite. Kept, a NaN in a free-form field (a tool's schema, template
+    # kwargs) came back in replies, where json.dumps refused it (a plain-text 500) or a stream wrote `NaN` into its
+    # events, which standard parsers (JavaScript's, Go's) cannot read.
+    raise _NonFinite(f"the body is not valid JSON: {text} is not a JSON value (JSON numbers are finite)")
 
 
 # Bodies from this size on parse with garbage collection paused: only large ones allocate enough containers for a
@@ -158,7 +174,10 @@ def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
 
 def _parse_and_validate(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
-        data = json.loads(raw, object_hook=_yield_point, parse_int=_int, parse_float=_float)
+        data = json.loads(raw, object_hook=_yield_point, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except _NonFinite as exc:  # OpenAI's API refuses NaN as not JSON too
+        error = {"type": "value_error", "loc": ("body",), "input": {}, "msg": str(exc)}
+        raise RequestValidationError([error]) from None
     except json.JSONDecodeError as exc:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None

@@ -76,7 +76,7 @@ class GrammarCompiler:
         try:
             return self._grammar(params)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidParamError(f"invalid {params.kind} constraint for structured output: {exc}",
+            raise InvalidParamError(f"invalid {params.kind} constraint for structured output: {_reason(exc)}",
                                     "structured_outputs") from None
 
     def compile_prepared(self, key: CacheKey, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
@@ -85,7 +85,7 @@ class GrammarCompiler:
         try:
             compiled = self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidParamError(f"invalid {key[0]} constraint for structured output: {exc}",
+            raise InvalidParamError(f"invalid {key[0]} constraint for structured output: {_reason(exc)}",
                                     "structured_outputs") from None
         if not _allows_a_first_token(compiled, self.vocab_size):
             # Masked sampling would have nothing to draw from: the request's fault, not the engine's.
@@ -128,6 +128,14 @@ class GrammarCompiler:
             return xgr.Grammar.from_ebnf(choice_grammar(p.choice))
         assert p.grammar is not None
         return xgr.Grammar.from_ebnf(p.grammar)
+
+
+def _reason(exc: Exception) -> str:
+    """Why xgrammar refused a constraint: its message, or what is known to make it refuse without one."""
+    # xgrammar 0.2.9's JSON reader raises RuntimeError('') on an integer past a double's range (1e309) anywhere in a
+    # schema, `default` and `enum` included; the 400 said nothing after its opening.
+    return str(exc) or ("xgrammar refused it without a reason (it does so for an integer past a double's range, "
+                        "about 1.8e308, anywhere in a JSON schema)")
 
 
 def _allows_a_first_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:

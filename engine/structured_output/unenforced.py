@@ -92,6 +92,9 @@ def _dropped_here(node: dict[str, Any]) -> tuple[str, str] | None:
         for keyword in ("minLength", "maxLength"):
             if keyword in node:
                 return keyword, "lengths are dropped beside a pattern or format"
+    missing = _unlisted_required(node)
+    if missing is not None and _applies(types, "object"):
+        return "required", f"'{missing}' is not among properties, so the object may leave it out"
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         return "allOf", "with more than one schema it allows any value"
     for combinator in _COMBINATORS:
@@ -101,6 +104,15 @@ def _dropped_here(node: dict[str, Any]) -> tuple[str, str] | None:
             if beside:
                 return beside[0], f"keywords beside '{combinator}' are dropped"
     return None
+
+
+def _unlisted_required(node: dict[str, Any]) -> str | None:
+    """The first `required` name that `properties` does not list (xgrammar enforces only listed ones, whatever
+    additionalProperties or patternProperties allow), or None; malformed forms are xgrammar's to judge."""
+    required, listed = node.get("required"), node.get("properties", {})
+    if not isinstance(required, list) or not isinstance(listed, dict):
+        return None
+    return next((name for name in required if isinstance(name, str) and name not in listed), None)
 
 
 def _enforced_format(node: dict[str, Any]) -> bool:

@@ -375,3 +375,41 @@ def test_a_named_tool_choice_that_is_not_shaped_as_one_is_a_400(server, choice, 
     response = raw_post(server, "/v1/chat/completions", json.dumps(body))
     assert_openai_400(response, "tool_choice")
     assert "function" in response.json()["error"]["message"]
+
+
+TOOL_WITH = '[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "number", "default": VALUE}}}}]'  # noqa: E501
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+@pytest.mark.parametrize(("path", "raw"), [
+    # A Responses reply echoes its tools: json.dumps refused the float on the way out, a plain-text 500 (the stream
+    # wrote `Infinity` into its events, text no standard JSON parser reads).
+    ("/v1/responses", '{"input": "Hi", "max_output_tokens": 2, "tool_choice": "none", "tools": ' + TOOL_WITH + '}'),
+    ("/v1/responses", '{"input": "Hi", "max_output_tokens": 2, "tool_choice": "none", "stream": true, "tools": '
+     + TOOL_WITH + '}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, '
+     '"chat_template_kwargs": {"x": VALUE}}'),
+    ("/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "vllm_xargs": {"x": VALUE}}'),
+])
+def test_nan_or_infinity_anywhere_in_a_body_is_a_400_naming_it(server, path, raw, literal):
+    # Python's json.loads reads NaN and Infinity, which JSON (RFC 8259) does not have, and reads 1e999 as infinity;
+    # the sampling fields refused them (non-finite), but in free-form fields they were kept and came back in replies
+    # (found by fuzzing the real server). The body is refused.
+    response = raw_post(server, path, raw.replace("VALUE", literal))
+    assert_openai_400(response)
+    assert literal.lstrip("-") in response.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("where", ['{"type": "integer", "minimum": HUGE}', '{"type": "string", "default": HUGE}',
+                                   '{"enum": [1, HUGE]}'])
+def test_a_schema_number_past_a_doubles_range_is_a_400_that_says_why(server, where):
+    # xgrammar's JSON reader raises RuntimeError('') on such an integer anywhere in a schema: the 400 said
+    # "invalid json constraint for structured output: " and nothing more (found by fuzzing the real server)
+    schema = where.replace("HUGE", "1" + "0" * 309)
+    raw = ('{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "response_format": '
+           '{"type": "json_schema", "json_schema": {"name": "x", "schema": ' + schema + '}}}')
+    response = raw_post(server, "/v1/chat/completions", raw)
+    assert_openai_400(response, "structured_outputs")
+    reason = response.json()["error"]["message"].partition("structured output:")[2]
+    assert "range" in reason, response.text

@@ -189,6 +189,15 @@ def test_embeddings_on_a_generate_server_is_a_clear_400(client):
         client.embeddings.create(model="tiny", input="hello")
 
 
+@pytest.mark.parametrize("given", [[[10**9]], "", ["ok"] * 5000 + [""]], ids=["outside the vocabulary", "empty",
+                                                                          "5,000 texts then an empty one"])
+def test_a_generate_server_refuses_embeddings_before_reading_the_input(server, given):
+    # It tokenized and checked every input first and refused only at the engine: a bad input was named instead, and a
+    # list of 100,000 short texts took 22 s of tokenizing before the refusal (found by fuzzing the real server).
+    response = post(server, {"model": "tiny", "input": given})
+    assert response.status_code == 400 and "--runner pooling" in response.json()["error"]["message"], response.text
+
+
 def test_unknown_model_is_404(pooling_client):
     with pytest.raises(openai.NotFoundError):
         pooling_client.embeddings.create(model="nope", input="hello")

@@ -37,6 +37,15 @@ REFUSED = [
     ({**INT, "anyOf": [{"minimum": 5}, {"maximum": 1}]}, "maximum", "/", {"anyOf": [{"minimum": 5}, {"maximum": 1}]}),
     ({"type": "integer", "oneOf": [{"type": "integer"}, {"type": "string"}]}, "type", "/",
      {"oneOf": [{"type": "integer"}, {"type": "string"}]}),
+    # A required name that `properties` does not list: the grammar lets the object leave it out, with additional
+    # properties off (strict), allowed or typed, and where a patternProperties key matches it. Alone, it makes `{}`
+    # the only object (found by fuzzing the server: {"type": "object", "required": ["a"]} gave `{}`).
+    ({"type": "object", "required": ["a"]}, "required", "/", {"type": "object", "additionalProperties": False}),
+    ({**OBJ_AB, "required": ["a", "c"]}, "required", "/", {**OBJ_AB, "required": ["a"]}),
+    ({"type": "object", "additionalProperties": INT, "required": ["c"]}, "required", "/",
+     {"type": "object", "additionalProperties": INT}),
+    ({"type": "object", "patternProperties": {"^c": INT}, "required": ["c"]}, "required", "/",
+     {"type": "object", "patternProperties": {"^c": INT}}),
 ]
 
 
@@ -70,6 +79,7 @@ def test_the_keyword_is_found_where_it_stands_and_named_by_its_pointer():
     {"$defs": {"d": INT}, "$ref": "#/$defs/d", "description": "d", "title": "t", "default": 1},
     {"anyOf": [INT, {"type": "null"}], "default": None, "title": "pydantic's Optional[int]"},
     {"allOf": [INT]}, {"enum": [{"not": 1}, {"uniqueItems": True}]}, {"const": {"if": 1}},
+    {**OBJ_AB, "required": ["b", "a"]}, {"type": "string", "required": ["c"]},  # listed; cannot apply
     {"type": "string", "format": ["odd"], "maxLength": 3, "properties": []},  # malformed: xgrammar's to judge
 ], ids=str)
 def test_what_xgrammar_enforces_or_cannot_apply_is_accepted(schema):
