@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from flotilla.engine.errors import InvalidParamError, RequestFailedError
 from flotilla.engine.llm_engine import LLMEngine
@@ -226,6 +227,18 @@ class References:
                                                       **kept)
         alone = Job(job.request_id, job.prompt, job.params, job.lora)
         return run(self.engines[key], [alone], self.adapters)[job.request_id]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Torch on one thread while the mixes run and their adapters are made (autouse: first in its scope). The tiny
+    model's ops are too small to gain from a second thread, and on a shared two-core box one spin-waits on a busy
+    core: a (3, 49152) shift took 2.9 ms on two threads and 0.08 ms on one under load 7, and eight seeds
+    (FLOTILLA_MIX_SEEDS=0:8) 209 s against 38 s."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
