@@ -288,6 +288,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
         self._enqueue(request, front=True)
         self.num_preemptions += 1
 
