@@ -94,24 +94,22 @@ class BlockManager:
         (each would count its tokens again), and not when a preempted request resumes (vLLM counts those apart, in
         counters no metric reads: its own blocks coming back are no hit for a client's prompt)."""
         if self._may_hit(request):
-            # Its prompt: a completion queued by its leader (`fork_lookup`) has its first token already.
-            num_prompt = len(request.prompt_token_ids)
-            self.prefix_cache_queries += num_prompt
-            self.prefix_cache_hits += min(num_hit_blocks, (num_prompt - 1) // self.block_size) * self.block_size
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit_blocks * self.block_size
 
-    def fork_lookup(self, leader: Request, child: Request) -> int:
-        """Count the look-up of a completion that starts on its leader's computed prompt (forked now, or queued
-        for a slot), and return the prompt tokens it found. vLLM runs a request's n completions as n requests, each
-        looked up once: the prompt queried, and the first one's full blocks found below the prompt's last token
-        (which it recomputes to draw its first token). Counted alike whether the child forks at once or waits for a
-        slot; its admission after is a resume, counted by neither."""
+    def fork_lookup(self, child: Request) -> int:
+        """Count the look-up of a completion whose first token its leader's prompt gave (it forks now, or waits for
+        a slot or for its preempted leader's blocks), and return the prompt tokens it found. vLLM runs a request's
+        n completions as n requests, each looked up once: the prompt queried, and the cached full blocks found
+        below its last token (recomputed to draw the first token); here the leader's, indexed as it computed them.
+        Counted when the first token is drawn, so alike whether the child forks at once, waits, or ends on that
+        token; its admission after is a resume, counted by neither."""
         if not self._may_hit(child):
             return 0
-        num_prompt = len(child.prompt_token_ids)
-        found = min(self._num_indexed.get(leader.request_id, 0), (num_prompt - 1) // self.block_size)
-        self.prefix_cache_queries += num_prompt
-        self.prefix_cache_hits += found * self.block_size
-        return found * self.block_size
+        found = len(self._held_prefix(child)) * self.block_size
+        self.prefix_cache_queries += len(child.prompt_token_ids)
+        self.prefix_cache_hits += found
+        return found
 
     def cached_prompt_tokens(self, request: Request) -> int:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as

@@ -363,16 +363,12 @@ class Scheduler:
         False when the child cannot run yet: the caller queues it."""
         child.prompt_logprobs = leader.prompt_logprobs
         self.requests[child.request_id] = child
-        if leader.status == RequestStatus.PREEMPTED:
-            # Preempted while this step ran (asynchronous scheduling): its blocks are back in the pool, so the
-            # child has none to share and waits, like its leader, to be recomputed from its prompt (its look-up
-            # counted when admitted).
-            child.status = RequestStatus.PREEMPTED
-            return False
-        child.num_cached_tokens = self.block_manager.fork_lookup(leader, child)
-        if len(self.running) >= self.config.max_num_seqs:
-            # n > the sequences left under --max-num-seqs: it waits for a slot (vLLM queues each completion as a
-            # request of its own), holding no blocks; the prompt's are in the prefix cache for it.
+        child.num_cached_tokens = self.block_manager.fork_lookup(child)  # before its first token is appended
+        if leader.status == RequestStatus.PREEMPTED or len(self.running) >= self.config.max_num_seqs:
+            # Preempted while this step ran (asynchronous scheduling): its blocks are back in the pool, so
+            # the child has none to share and waits, like its leader, to be recomputed from its prompt. Or
+            # n > the sequences left under --max-num-seqs: it waits for a slot (vLLM queues each completion as
+            # a request of its own), holding no blocks; the prompt's are in the prefix cache for it.
             child.status = RequestStatus.PREEMPTED
             return False
         self.block_manager.fork(leader, child, num_prompt_computed)
