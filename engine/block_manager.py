@@ -97,6 +97,20 @@ class BlockManager:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit_blocks * self.block_size
 
+    def fork_lookup(self, child: Request) -> int:
+        """Count the look-up of a completion whose first token its leader's prompt gave (it forks now, or waits for
+        a slot or for its preempted leader's blocks), and return the prompt tokens it found. vLLM runs a request's
+        n completions as n requests, each looked up once: the prompt queried, and the cached full blocks found
+        below its last token (recomputed to draw the first token); here the leader's, indexed as it computed them.
+        Counted when the first token is drawn, so alike whether the child forks at once, waits, or ends on that
+        token; its admission after is a resume, counted by neither."""
+        if not self._may_hit(child):
+            return 0
+        found = len(self._held_prefix(child)) * self.block_size
+        self.prefix_cache_queries += len(child.prompt_token_ids)
+        self.prefix_cache_hits += found
+        return found
+
     def cached_prompt_tokens(self, request: Request) -> int:
         """Tokens at the start of a new request's prompt whose blocks the prefix cache holds now, as
         `find_cached_prefix` would find them (0 when it would find none), counting no query. The request's block

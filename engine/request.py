@@ -83,6 +83,7 @@ class Request:
     # Prompt tokens found in the prefix cache when first scheduled (-1 until then): usage's cached_tokens.
     num_cached_tokens: int = -1
     num_pending: int = 0
+    num_preemptions: int = 0  # times its blocks were taken back (it resumes in others, recomputed)
     # Only ever appended to: any other change (trim, free, copy-on-write) makes a new list, so that a list seen
     # before holds the same ids in its first entries (the CUDA-graph staging writes only a table's new ids).
     block_ids: list[int] = field(default_factory=list)

@@ -288,6 +288,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
         self._enqueue(request, front=True)
         self.num_preemptions += 1
 
@@ -362,6 +363,7 @@ class Scheduler:
         False when the child cannot run yet: the caller queues it."""
         child.prompt_logprobs = leader.prompt_logprobs
         self.requests[child.request_id] = child
+        child.num_cached_tokens = self.block_manager.fork_lookup(child)  # before its first token is appended
         if leader.status == RequestStatus.PREEMPTED or len(self.running) >= self.config.max_num_seqs:
             # Preempted while this step ran (asynchronous scheduling): its blocks are back in the pool, so
             # the child has none to share and waits, like its leader, to be recomputed from its prompt. Or

@@ -77,10 +77,11 @@ class DraftModelProposer:
         assert runner.draft_model is not None, "the runner loads the draft model of a draft-model config"
         self.runner = runner
         # Per request: how many of its first positions hold valid draft K/V (an upper bound; each
-        # step takes the minimum with the target's computed count, which rollback keeps exact).
-        # Steps without drafts do not call the proposer (the load rule's saving); a request then
-        # catches up from here the next time it is drafted for.
-        self._valid: dict[str, tuple[Request, int]] = {}
+        # step takes the minimum with the target's computed count, which rollback keeps exact), and its
+        # preemption count then. Steps without drafts do not call the proposer (the load rule's saving); a
+        # request then catches up from here the next time it is drafted for, from 0 if it was preempted
+        # since: it resumed in other blocks, which the target may have refilled in steps without drafts.
+        self._valid: dict[str, tuple[Request, int, int]] = {}
 
     @torch.inference_mode()
     def propose(self, plan: SchedulerOutput, speculating: list[ScheduledRequest]) -> list[list[int]]:
@@ -90,15 +91,13 @@ class DraftModelProposer:
         feeds: list[tuple[Request, int, list[int]]] = []
         for s in plan.scheduled:
             req = s.request
-            # A request the draft has not seen yet starts at 0, prefix-cache hits included: steps
-            # without drafts skip the draft entirely, so the pool's blocks may lack its K/V.
-            start = min(self._valid.get(req.request_id, (req, 0))[1], s.num_computed_tokens)
+            start = min(self._valid_prefix(req), s.num_computed_tokens)
             end = min(s.num_computed_tokens + s.num_new_tokens - s.num_lookahead, req.num_tokens)
             if s.num_lookahead:
                 end = req.num_tokens  # through the last known token, whose logits give the first draft
             if end > start:
                 feeds.append((req, start, req.token_ids(start, end)))
-            self._valid[req.request_id] = (req, max(end, start))
+            self._valid[req.request_id] = (req, max(end, start), req.num_preemptions)
         last_tokens = self._feed(feeds)
         lookahead = {s.request.request_id: s.num_lookahead for s in speculating}
         drafts = {rid: [tok] for (req, _, _), tok in zip(feeds, last_tokens, strict=True)
@@ -108,8 +107,15 @@ class DraftModelProposer:
                     for s in speculating if s.request.request_id in drafts and s.num_lookahead > j]
             for (req, pos, _), tok in zip(step, self._feed(step), strict=True):
                 drafts[req.request_id].append(tok)
-                self._valid[req.request_id] = (req, pos + 1)
+                self._valid[req.request_id] = (req, pos + 1, req.num_preemptions)
         return [drafts.get(s.request.request_id, []) for s in speculating]
+
+    def _valid_prefix(self, req: Request) -> int:
+        """How many of the request's first positions hold its draft K/V. A request the draft has not seen yet
+        starts at 0, prefix-cache hits included: steps without drafts skip the draft entirely, so the pool's
+        blocks may lack its K/V. So does one preempted since it was last seen (its blocks are others now)."""
+        seen = self._valid.get(req.request_id)
+        return seen[1] if seen is not None and seen[2] == req.num_preemptions else 0
 
     def _feed(self, feeds: list[tuple[Request, int, list[int]]]) -> list[int]:
         """One draft forward pass over each (request, first position, tokens); the argmax after each

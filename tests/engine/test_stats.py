@@ -76,6 +76,36 @@ def test_prefix_cache_counters_count_each_request_once_at_admission(tiny_model_d
     assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (160, 0)
 
 
+def test_a_forked_completion_resumed_after_preemption_counts_no_second_look_up(tiny_model_dirs):
+    """Completions forked off their leader are preempted under a small pool and resume on their own prompt: each
+    counted its look-up once, when it forked (it was counted again when it resumed, as if new)."""
+    prompts = [[100 + 40 * i + j for j in range(40)] for i in range(3)]
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=128, block_size=8, num_gpu_blocks_override=18)
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=30, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    snapshot = llm.engine.stats_snapshot()
+    assert snapshot.num_preemptions > 0
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (3 * 2 * 40, 3 * 32)
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 1], ids=["forked", "queued"])
+def test_each_of_n_completions_counts_a_prefix_cache_look_up(tiny_model_dirs, max_num_seqs):
+    """vLLM runs a request's n completions as n engine requests (vllm/v1/engine/parallel_sampling.py), each looked
+    up in the prefix cache once (kv_cache_manager.record_prefix_cache_stats): n x the prompt queried, and the later
+    completions hit the first one's full blocks below the prompt's last token. The counters read the same whether
+    the completions fork off the first one's prompt at once (slots free) or wait for a slot and find its blocks in
+    the cache; forked ones share the prompt's blocks and compute none of it."""
+    prompt = [100 + j for j in range(29)]  # 3 full blocks of 8 and 5 tokens
+    llm = LLM(str(tiny_model_dirs["qwen3"]), max_model_len=64, block_size=8, max_num_seqs=max_num_seqs)
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=4, ignore_eos=True)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    snapshot = llm.engine.stats_snapshot()
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (3 * 29, 2 * 24)
+    assert out.num_cached_tokens == 0  # the first completion's look-up: usage's cached_tokens
+    if max_num_seqs == 8:  # the prompt once, then 3 completions x 3 tokens fed after their first
+        assert llm.engine.runner.num_tokens_fed == 29 + 3 * 3
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_generation_tokens_count_the_tokens_requests_received(tiny_model_dirs, async_scheduling):
     """A request that stops on a token while its next step is already in flight (asynchronous scheduling) gets

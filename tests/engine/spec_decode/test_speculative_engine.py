@@ -189,3 +189,21 @@ def test_a_seeded_request_draws_the_same_tokens_with_or_without_speculation_what
     beside = spec.generate([prompt, [5, 6, 7]], [seeded, GREEDY], use_tqdm=False)[0].outputs[0].token_ids
     assert accepted > 0
     assert alone == want and beside == want
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_draft_model_recomputes_a_preempted_requests_kv_when_it_resumes(tiny_model_dirs, async_scheduling):
+    """A preempted request resumes in fresh blocks, recomputed by the target in steps where nothing speculates
+    (its prompt again, alone): the draft's K/V there must be recomputed too before it drafts, or its drafts come
+    from another request's K/V and are rejected. The model as its own draft keeps every draft accepted."""
+    model = tiny_model_dirs["qwen3"]
+    prompts = _prompts(5, n=2)[:2]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm = LLM(str(model), max_model_len=80, block_size=8, speculative_config={"model": str(model),
+              "num_speculative_tokens": 3}, enable_prefix_caching=False, num_gpu_blocks_override=11, max_num_seqs=2,
+              async_scheduling=async_scheduling)
+    outs, _ = _run(model, prompts, None, params=params, llm=llm)
+    assert _tokens(outs) == hf_greedy(model, prompts, 40)
+    assert llm.engine.scheduler.num_preemptions > 0
+    counts = llm.engine.speculator.counts
+    assert counts.num_accepted_tokens == counts.num_draft_tokens > 0
