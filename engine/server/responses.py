@@ -43,8 +43,13 @@ from flotilla.engine.server.responses_items import (
     reasoning_part,
     text_part,
 )
-from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
-from flotilla.engine.server.serving import OpenAIServing, admitted
+from flotilla.engine.server.sampling_request import (
+    RESPONSES_UNSUPPORTED_FIELDS,
+    check_logprob_entries,
+    refuse_unsupported_fields,
+    sampling_params,
+)
+from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted
 from flotilla.engine.server.sse import json_text
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
@@ -140,14 +145,26 @@ class ResponsesRequest(_RequestBody):
     max_tool_calls: int | None = None
     background: bool | None = False
     prompt: dict[str, Any] | None = None
+    # vLLM's extras of its Responses request. `enable_response_messages` adds the raw prompt and output to the
+    # response (`_raw_messages`). `previous_input_messages` (gpt-oss Harmony messages) and `previous_response` (a whole
+    # response whose Harmony state rides in its reasoning items' encrypted_content) carry a conversation only on
+    # vLLM's gpt-oss path; this server renders every model with its chat template, so they are refused
+    # (`_refuse_unservable`), as are `vllm_xargs` and `kv_transfer_params` (left undeclared: chat's rule,
+    # sampling_request.UNSUPPORTED_VLLM_FIELDS).
+    enable_response_messages: bool = False
+    previous_input_messages: list[Any] | None = None
+    previous_response: dict[str, Any] | None = None
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
     """400 for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
     `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked); for
     `background: true`, which vLLM runs as a task the client polls (this server would answer it in the request all the
-    same, not what the client asked for); for `prompt`, which vLLM refuses too; and for `structured_outputs` beside a
-    `text.format` (vLLM's refusal, its words)."""
+    same, not what the client asked for); for `prompt`, which vLLM refuses too; for `structured_outputs` beside a
+    `text.format` (vLLM's refusal, its words); for `previous_input_messages` and `previous_response`, which carry a
+    conversation as gpt-oss Harmony state (vLLM reads them on that path only; its chat-template path drops them
+    unsaid); and for `vllm_xargs` and `kv_transfer_params`, as chat and completions refuse them."""
+    refuse_unsupported_fields(req, RESPONSES_UNSUPPORTED_FIELDS)
     if req.top_logprobs and not _wants_logprobs(req):
         raise APIError(400, f"top_logprobs needs include: [\"{OUTPUT_LOGPROBS}\"] (the Responses API returns "
                             "logprobs only when include asks for them)", param="top_logprobs")
@@ -158,6 +175,16 @@ def _refuse_unservable(req: ResponsesRequest) -> None:
         raise APIError(400, "prompt template is not supported", param="prompt")
     if req.structured_outputs is not None and (req.text or {}).get("format") is not None:
         raise APIError(400, "Cannot specify both structured_outputs and text.format", param="structured_outputs")
+    if req.previous_input_messages:
+        raise APIError(400, "previous_input_messages is not supported: it carries gpt-oss Harmony messages, and this "
+                            "server renders every conversation with the model's chat template (send the earlier "
+                            "turns as input items, or continue with previous_response_id)",
+                       param="previous_input_messages")
+    if req.previous_response:
+        raise APIError(400, "previous_response is not supported: it continues from gpt-oss Harmony state in the "
+                            "response's reasoning encrypted_content, which this server does not produce (continue "
+                            "with previous_response_id, or send the earlier turns as input items)",
+                       param="previous_response")
 
 
 def _wants_logprobs(req: ResponsesRequest) -> bool:
@@ -297,7 +324,7 @@ class ResponsesServing:
             **engine_kwargs(req.priority, req.cache_salt)))
         reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
         if req.stream:
-            return self._events(req, base, plan, reasoning, stream, conversation, logprobs)
+            return self._events(req, base, plan, reasoning, stream, conversation, prompt, logprobs)
         final = None
         try:
             async for output in stream:
@@ -306,7 +333,9 @@ class ResponsesServing:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
         items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
-        return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
+        out = final.outputs[0]
+        raw = _raw_messages(prompt, out.text, out.token_ids) if req.enable_response_messages else {}
+        return self._finish(req, {**base, **raw}, items, final, _usage(final, len(out.token_ids)), conversation)
 
     def get(self, response_id: str) -> dict[str, Any]:
         """GET /v1/responses/{id}."""
@@ -325,7 +354,7 @@ class ResponsesServing:
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
                       reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],
-                      logprobs: LogprobsOf | None = None) -> AsyncIterator[str]:
+                      prompt: Prompt, logprobs: LogprobsOf | None = None) -> AsyncIterator[str]:
         """The Responses event stream, numbered by `sequence_number`. Thinking (with a reasoning parser) streams as
         `reasoning_text.delta`s of a reasoning item, closed before the answer's first event. Text that is surely
         content streams as `output_text.delta`s of a message item; a named function's arguments stream as
@@ -337,7 +366,8 @@ class ResponsesServing:
         them all); those left at the end ride on the message's last delta (one with no text if none is left).
         Under auto tool choice, whitespace that opens the answer is held until text that is more than whitespace
         follows (it goes out with it), or calls do (it is no message, as the reply's parse makes it: vLLM's rule),
-        or the output ends (it is the message)."""
+        or the output ends (it is the message). With `enable_response_messages`, the completed response carries the
+        raw `prompt` and output, as the reply's does."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
@@ -347,10 +377,15 @@ class ResponsesServing:
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
         logged = 0
         held = ""  # whitespace that opened the answer, sent with the first text that is more (auto tool choice)
+        raw_text: list[str] = []  # the whole output, kept only for enable_response_messages
+        raw_ids: list[int] = []
         try:
             async for output in stream:
                 final = output
                 tokens += len(output.outputs[0].token_ids)
+                if req.enable_response_messages:
+                    raw_text.append(output.outputs[0].text)
+                    raw_ids += output.outputs[0].token_ids
                 if logprobs is not None:
                     entries += logprobs(output.outputs[0].token_ids, output.outputs[0].logprobs or [])["content"]
                 new = output.outputs[0].text
@@ -396,7 +431,8 @@ class ResponsesServing:
         thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None and thinking.shown else None
         items = _output_items(message_id, message_text, call_items, status, thought,
                               entries if logprobs is not None else None)
-        response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
+        raw = _raw_messages(prompt, "".join(raw_text), raw_ids) if req.enable_response_messages else {}
+        response = self._finish(req, {**base, **raw}, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
             if item["type"] == "reasoning":  # streamed and closed already
                 continue
@@ -515,6 +551,17 @@ def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: Reque
     return _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
                          [function_call_item(c, status) for c in calls], status,
                          reasoning_item(thought) if include_reasoning else None, entries)
+
+
+def _raw_messages(prompt: Prompt, text: str, token_ids: list[int]) -> dict[str, Any]:
+    """vLLM's `enable_response_messages` fields for a chat-template model: `input_messages`, the rendered prompt, and
+    `output_messages`, the output as generated (before the reasoning and tool parsers split it; none when nothing was
+    generated), each a `raw_message_tokens` entry of its text and token ids (vLLM: the ids are the truth where the
+    two differ)."""
+    def raw(message: str | None, tokens: list[int]) -> dict[str, Any]:
+        return {"type": "raw_message_tokens", "message": message or "", "tokens": list(tokens)}
+    return {"input_messages": [raw(prompt.text, prompt.token_ids)],
+            "output_messages": [raw(text, token_ids)] if text or token_ids else []}
 
 
 def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
