@@ -13,6 +13,7 @@ oldest is dropped first) for `previous_response_id` and GET; `store: false` keep
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import built, json_body
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
@@ -49,7 +51,7 @@ from flotilla.engine.server.sampling_request import (
     refuse_unsupported_fields,
     sampling_params,
 )
-from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted
+from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
 from flotilla.engine.server.sse import json_text
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
@@ -225,10 +227,26 @@ def _refuse_a_full_context(kept: int | None, prompt_len: int, max_model_len: int
 
 
 @dataclass
-class _Stored:
-    response: dict[str, Any]
+class StoredResponse:
+    """A finished response as the store keeps it: its JSON body, as GET sends it, and the conversation it ends."""
+
+    response_id: str
+    # Bytes, not the response's dicts: a response with output logprobs is millions of objects (1.57M logprob entries
+    # for 32 tokens of whole-vocabulary alternatives), and kept alive in the store each of the garbage collector's
+    # full passes, on the event loop, walked them all (/health waited 12 s behind a 133 MB one, 1 s unstored)
+    body: bytes
     conversation: list[dict[str, Any]]  # user/assistant messages, without the instructions
-    size: int = 0  # what it counts against the store's byte bound
+    # What it counts against the store's byte bound: the body's bytes and the conversation's JSON (ASCII escapes:
+    # never fewer than its UTF-8 bytes). The whole conversation counts, though a chain's entries share their earlier
+    # messages: an over-count that drops a long chain's older entries sooner (continuing it needs only the newest).
+    size: int
+
+
+def stored(response: dict[str, Any], conversation: list[dict[str, Any]]) -> StoredResponse:
+    """`response` and its `conversation` as the store keeps them (blocking: a large one is encoded on a worker
+    thread)."""
+    body = json_body(response)
+    return StoredResponse(response["id"], body, conversation, len(body) + len(json.dumps(conversation)))
 
 
 class ResponseStore:
@@ -240,23 +258,20 @@ class ResponseStore:
         self.max_bytes = max_bytes if max_bytes is not None else int(
             os.environ.get(STORE_MAX_BYTES_ENV, STORE_MAX_BYTES))
         self.num_bytes = 0
-        self._items: OrderedDict[str, _Stored] = OrderedDict()
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        """Keep a finished response and the conversation that ends with it."""
-        # The whole conversation counts, though a chain's entries share their earlier messages: an over-count
-        # that drops a long chain's older entries sooner (continuing it needs only the newest).
-        size = len(json.dumps([response, conversation]))  # ASCII escapes: never fewer than the UTF-8 bytes
-        old = self._items.pop(response["id"], None)
+    def put(self, entry: StoredResponse) -> None:
+        """Keep a finished response (`stored`'s form)."""
+        old = self._items.pop(entry.response_id, None)
         if old is not None:
             self.num_bytes -= old.size
-        self._items[response["id"]] = _Stored(response, conversation, size)
-        self.num_bytes += size
+        self._items[entry.response_id] = entry
+        self.num_bytes += entry.size
         while len(self._items) > self.capacity or (self.num_bytes > self.max_bytes and len(self._items) > 1):
             _, dropped = self._items.popitem(last=False)
             self.num_bytes -= dropped.size
 
-    def get(self, response_id: str) -> _Stored:
+    def get(self, response_id: str) -> StoredResponse:
         """The stored response; 404 (OpenAI's error JSON) when unknown or dropped."""
         stored = self._items.get(response_id)
         if stored is None:
@@ -324,7 +339,7 @@ class ResponsesServing:
             **engine_kwargs(req.priority, req.cache_salt)))
         reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
         if req.stream:
-            return self._events(req, base, plan, reasoning, stream, conversation, prompt, logprobs)
+            return self._events(req, base, plan, reasoning, stream, conversation, logprobs, prompt)
         final = None
         try:
             async for output in stream:
@@ -332,29 +347,31 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
-        out = final.outputs[0]
-        raw = _raw_messages(prompt, out.text, out.token_ids) if req.enable_response_messages else {}
-        return self._finish(req, {**base, **raw}, items, final, _usage(final, len(out.token_ids)), conversation)
+        # A large reply (output logprobs: up to --max-logprobs alternatives a token, the whole vocabulary with -1) is
+        # built, and its stored size measured, off the loop: on it, /health waited 42 s for a 133 MB one
+        per_token = (1 + (chat.top_logprobs or 0) if logprobs is not None else 0) + req.enable_response_messages
+        values = reply_values([final], per_token) + (len(prompt.token_ids) if req.enable_response_messages else 0)
+        reply = await built(functools.partial(_reply, req, base, plan, reasoning, final, logprobs, prompt,
+                                              conversation), values)
+        if reply.stored is not None:
+            self.store.put(reply.stored)
+        return reply.response
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        """GET /v1/responses/{id}."""
-        return self.store.get(response_id).response
+    def get(self, response_id: str) -> bytes:
+        """GET /v1/responses/{id}: the stored response's JSON body."""
+        return self.store.get(response_id).body
 
     def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
                 output: RequestOutput, usage: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
         """The finished response object (stored unless `store` is false); `output` is the last one."""
-        complete = _status(output) == "completed"
-        response = {**base, "status": "completed" if complete else "incomplete",
-                    "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-                    "output": items, "usage": usage}
+        response = _finished(base, items, output, usage)
         if req.store:
-            self.store.put(response, [*conversation, assistant_turn(items)])
+            self.store.put(stored(response, [*conversation, assistant_turn(items)]))
         return response
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
                       reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],
-                      prompt: Prompt, logprobs: LogprobsOf | None = None) -> AsyncIterator[str]:
+                      logprobs: LogprobsOf | None = None, prompt: Prompt | None = None) -> AsyncIterator[str]:
         """The Responses event stream, numbered by `sequence_number`. Thinking (with a reasoning parser) streams as
         `reasoning_text.delta`s of a reasoning item, closed before the answer's first event. Text that is surely
         content streams as `output_text.delta`s of a message item; a named function's arguments stream as
@@ -431,7 +448,7 @@ class ResponsesServing:
         thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None and thinking.shown else None
         items = _output_items(message_id, message_text, call_items, status, thought,
                               entries if logprobs is not None else None)
-        raw = _raw_messages(prompt, "".join(raw_text), raw_ids) if req.enable_response_messages else {}
+        raw = _raw_messages(prompt, "".join(raw_text), raw_ids) if prompt and req.enable_response_messages else {}
         response = self._finish(req, {**base, **raw}, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
             if item["type"] == "reasoning":  # streamed and closed already
@@ -449,6 +466,35 @@ class ResponsesServing:
             yield ev("response.output_item.done", output_index=index, item=item)
         yield ev("response.completed" if response["status"] == "completed" else "response.incomplete",
                  response=response)
+
+
+@dataclass
+class _Reply:
+    """A non-streamed response, and what the store keeps of it (None: `store` false)."""
+
+    response: dict[str, Any]
+    stored: StoredResponse | None
+
+
+def _reply(req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, reasoning: ReasoningParser | None,
+           final: RequestOutput, logprobs: LogprobsOf | None, prompt: Prompt,
+           conversation: list[dict[str, Any]]) -> _Reply:
+    """The finished response of a non-streamed request whose last output is `final` (blocking: a large one is built
+    on a worker thread), with what the store needs when `store` is true."""
+    items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
+    out = final.outputs[0]
+    raw = _raw_messages(prompt, out.text, out.token_ids) if req.enable_response_messages else {}
+    response = _finished({**base, **raw}, items, final, _usage(final, len(out.token_ids)))
+    return _Reply(response, stored(response, [*conversation, assistant_turn(items)]) if req.store else None)
+
+
+def _finished(base: dict[str, Any], items: list[dict[str, Any]], output: RequestOutput,
+              usage: dict[str, Any]) -> dict[str, Any]:
+    """The response object of `items`, `output` being the last output."""
+    complete = _status(output) == "completed"
+    return {**base, "status": "completed" if complete else "incomplete",
+            "incomplete_details": None if complete else {"reason": "max_output_tokens"}, "output": items,
+            "usage": usage}
 
 
 class _StreamedReasoning:
