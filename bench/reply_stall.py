@@ -7,6 +7,11 @@ while they ran on the event loop, /health and every other request waited for the
 the longest /health wait (the stall a liveness probe sees), for each endpoint; first the reply alone, unprobed.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/reply_stall.py [--n 128] [--words 500] [--logprobs 20]
+
+The Responses API has no `n`: its largest reply is one output's logprobs, `--responses-tokens` tokens of
+`--logprobs` alternatives each (-1, the whole vocabulary, with `--max-logprobs -1`):
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/reply_stall.py --cases responses --max-logprobs -1 --logprobs -1
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(max_model_len: int) -> tuple[subprocess.Popen, str]:
+def start(max_model_len: int, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "flotilla.engine.server", str(embedded_model_dir()),
                                 "--port", str(port), "--max-model-len", str(max_model_len), "--served-model-name",
-                                "m", "--disable-log-stats", "--uvicorn-log-level", "warning"])
+                                "m", "--disable-log-stats", "--uvicorn-log-level", "warning", *flags])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -82,8 +87,12 @@ def main() -> None:
     parser.add_argument("--probe-every", type=float, default=0.02, help="seconds between two /health asks")
     parser.add_argument("--cases", default="completions,chat")
     parser.add_argument("--chat-tokens", type=int, default=32, help="each chat choice's tokens (with their logprobs)")
+    parser.add_argument("--responses-tokens", type=int, default=32, help="the Responses output's tokens")
+    parser.add_argument("--max-logprobs", type=int, default=None, help="the server's --max-logprobs")
+    parser.add_argument("--no-store", action="store_true", help="the Responses request's store: false")
     args = parser.parse_args()
-    process, url = start(max_model_len=2 * args.words + 64)
+    flags = ["--max-logprobs", str(args.max_logprobs)] if args.max_logprobs is not None else []
+    process, url = start(2 * args.words + max(64, args.responses_tokens + 16), *flags)
     prompt = "hello " * args.words
     k = args.logprobs
     cases = {
@@ -92,6 +101,9 @@ def main() -> None:
         "chat": ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": prompt}],
                                           "max_tokens": args.chat_tokens, "ignore_eos": True, "n": args.n,
                                           "logprobs": True, "top_logprobs": k}),
+        "responses": ("/v1/responses", {"model": "m", "input": prompt, "max_output_tokens": args.responses_tokens,
+                                        "ignore_eos": True, "include": ["message.output_text.logprobs"],
+                                        "top_logprobs": k, "store": not args.no_store}),
     }
     try:
         for name in args.cases.split(","):

@@ -144,8 +144,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/responses/{response_id}", response_model=None)
     async def get_response(response_id: str) -> Response:
-        # a stored response with many logprobs is encoded off the loop, as the POST that made it
-        return await json_response(responses.get(response_id))
+        # stored encoded (responses.StoredResponse): sent as it is
+        return Response(responses.get(response_id), media_type="application/json")
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:

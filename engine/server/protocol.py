@@ -300,6 +300,9 @@ class ChatCompletionRequest(_SamplingFields):
     echo: bool = False  # vLLM's: the reply starts with the last message's content when the roles match
     # vLLM's: false leaves the reasoning parser's thinking out of the reply and the stream (the answer is unchanged)
     include_reasoning: bool = True
+    # OpenAI's field, served as vLLM serves it: the chat template's `reasoning_effort` variable, over the request's
+    # own chat_template_kwargs (server_chat_template.request_template_kwargs)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class TokenizeRequest(_RequestBody):

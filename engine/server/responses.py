@@ -13,6 +13,7 @@ oldest is dropped first) for `previous_response_id` and GET; `store: false` keep
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import built, json_body
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
@@ -43,8 +45,13 @@ from flotilla.engine.server.responses_items import (
     reasoning_part,
     text_part,
 )
-from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
-from flotilla.engine.server.serving import OpenAIServing, admitted
+from flotilla.engine.server.sampling_request import (
+    RESPONSES_UNSUPPORTED_FIELDS,
+    check_logprob_entries,
+    refuse_unsupported_fields,
+    sampling_params,
+)
+from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
 from flotilla.engine.server.sse import json_text
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
@@ -140,14 +147,26 @@ class ResponsesRequest(_RequestBody):
     max_tool_calls: int | None = None
     background: bool | None = False
     prompt: dict[str, Any] | None = None
+    # vLLM's extras of its Responses request. `enable_response_messages` adds the raw prompt and output to the
+    # response (`_raw_messages`). `previous_input_messages` (gpt-oss Harmony messages) and `previous_response` (a whole
+    # response whose Harmony state rides in its reasoning items' encrypted_content) carry a conversation only on
+    # vLLM's gpt-oss path; this server renders every model with its chat template, so they are refused
+    # (`_refuse_unservable`), as are `vllm_xargs` and `kv_transfer_params` (left undeclared: chat's rule,
+    # sampling_request.UNSUPPORTED_VLLM_FIELDS).
+    enable_response_messages: bool = False
+    previous_input_messages: list[Any] | None = None
+    previous_response: dict[str, Any] | None = None
 
 
 def _refuse_unservable(req: ResponsesRequest) -> None:
     """400 for `top_logprobs` above 0 without `include` asking for logprobs, which vLLM drops unsaid (as chat's
     `top_logprobs` without `logprobs: true`, a 400 there too, rather than a response without what was asked); for
     `background: true`, which vLLM runs as a task the client polls (this server would answer it in the request all the
-    same, not what the client asked for); for `prompt`, which vLLM refuses too; and for `structured_outputs` beside a
-    `text.format` (vLLM's refusal, its words)."""
+    same, not what the client asked for); for `prompt`, which vLLM refuses too; for `structured_outputs` beside a
+    `text.format` (vLLM's refusal, its words); for `previous_input_messages` and `previous_response`, which carry a
+    conversation as gpt-oss Harmony state (vLLM reads them on that path only; its chat-template path drops them
+    unsaid); and for `vllm_xargs` and `kv_transfer_params`, as chat and completions refuse them."""
+    refuse_unsupported_fields(req, RESPONSES_UNSUPPORTED_FIELDS)
     if req.top_logprobs and not _wants_logprobs(req):
         raise APIError(400, f"top_logprobs needs include: [\"{OUTPUT_LOGPROBS}\"] (the Responses API returns "
                             "logprobs only when include asks for them)", param="top_logprobs")
@@ -158,6 +177,16 @@ def _refuse_unservable(req: ResponsesRequest) -> None:
         raise APIError(400, "prompt template is not supported", param="prompt")
     if req.structured_outputs is not None and (req.text or {}).get("format") is not None:
         raise APIError(400, "Cannot specify both structured_outputs and text.format", param="structured_outputs")
+    if req.previous_input_messages:
+        raise APIError(400, "previous_input_messages is not supported: it carries gpt-oss Harmony messages, and this "
+                            "server renders every conversation with the model's chat template (send the earlier "
+                            "turns as input items, or continue with previous_response_id)",
+                       param="previous_input_messages")
+    if req.previous_response:
+        raise APIError(400, "previous_response is not supported: it continues from gpt-oss Harmony state in the "
+                            "response's reasoning encrypted_content, which this server does not produce (continue "
+                            "with previous_response_id, or send the earlier turns as input items)",
+                       param="previous_response")
 
 
 def _wants_logprobs(req: ResponsesRequest) -> bool:
@@ -198,10 +227,26 @@ def _refuse_a_full_context(kept: int | None, prompt_len: int, max_model_len: int
 
 
 @dataclass
-class _Stored:
-    response: dict[str, Any]
+class StoredResponse:
+    """A finished response as the store keeps it: its JSON body, as GET sends it, and the conversation it ends."""
+
+    response_id: str
+    # Bytes, not the response's dicts: a response with output logprobs is millions of objects (1.57M logprob entries
+    # for 32 tokens of whole-vocabulary alternatives), and kept alive in the store each of the garbage collector's
+    # full passes, on the event loop, walked them all (/health waited 12 s behind a 133 MB one, 1 s unstored)
+    body: bytes
     conversation: list[dict[str, Any]]  # user/assistant messages, without the instructions
-    size: int = 0  # what it counts against the store's byte bound
+    # What it counts against the store's byte bound: the body's bytes and the conversation's JSON (ASCII escapes:
+    # never fewer than its UTF-8 bytes). The whole conversation counts, though a chain's entries share their earlier
+    # messages: an over-count that drops a long chain's older entries sooner (continuing it needs only the newest).
+    size: int
+
+
+def stored(response: dict[str, Any], conversation: list[dict[str, Any]]) -> StoredResponse:
+    """`response` and its `conversation` as the store keeps them (blocking: a large one is encoded on a worker
+    thread)."""
+    body = json_body(response)
+    return StoredResponse(response["id"], body, conversation, len(body) + len(json.dumps(conversation)))
 
 
 class ResponseStore:
@@ -213,23 +258,20 @@ class ResponseStore:
         self.max_bytes = max_bytes if max_bytes is not None else int(
             os.environ.get(STORE_MAX_BYTES_ENV, STORE_MAX_BYTES))
         self.num_bytes = 0
-        self._items: OrderedDict[str, _Stored] = OrderedDict()
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        """Keep a finished response and the conversation that ends with it."""
-        # The whole conversation counts, though a chain's entries share their earlier messages: an over-count
-        # that drops a long chain's older entries sooner (continuing it needs only the newest).
-        size = len(json.dumps([response, conversation]))  # ASCII escapes: never fewer than the UTF-8 bytes
-        old = self._items.pop(response["id"], None)
+    def put(self, entry: StoredResponse) -> None:
+        """Keep a finished response (`stored`'s form)."""
+        old = self._items.pop(entry.response_id, None)
         if old is not None:
             self.num_bytes -= old.size
-        self._items[response["id"]] = _Stored(response, conversation, size)
-        self.num_bytes += size
+        self._items[entry.response_id] = entry
+        self.num_bytes += entry.size
         while len(self._items) > self.capacity or (self.num_bytes > self.max_bytes and len(self._items) > 1):
             _, dropped = self._items.popitem(last=False)
             self.num_bytes -= dropped.size
 
-    def get(self, response_id: str) -> _Stored:
+    def get(self, response_id: str) -> StoredResponse:
         """The stored response; 404 (OpenAI's error JSON) when unknown or dropped."""
         stored = self._items.get(response_id)
         if stored is None:
@@ -297,7 +339,7 @@ class ResponsesServing:
             **engine_kwargs(req.priority, req.cache_salt)))
         reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
         if req.stream:
-            return self._events(req, base, plan, reasoning, stream, conversation, logprobs)
+            return self._events(req, base, plan, reasoning, stream, conversation, logprobs, prompt)
         final = None
         try:
             async for output in stream:
@@ -305,27 +347,31 @@ class ResponsesServing:
         finally:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
-        items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
-        return self._finish(req, base, items, final, _usage(final, len(final.outputs[0].token_ids)), conversation)
+        # A large reply (output logprobs: up to --max-logprobs alternatives a token, the whole vocabulary with -1) is
+        # built, and its stored size measured, off the loop: on it, /health waited 42 s for a 133 MB one
+        per_token = (1 + (chat.top_logprobs or 0) if logprobs is not None else 0) + req.enable_response_messages
+        values = reply_values([final], per_token) + (len(prompt.token_ids) if req.enable_response_messages else 0)
+        reply = await built(functools.partial(_reply, req, base, plan, reasoning, final, logprobs, prompt,
+                                              conversation), values)
+        if reply.stored is not None:
+            self.store.put(reply.stored)
+        return reply.response
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        """GET /v1/responses/{id}."""
-        return self.store.get(response_id).response
+    def get(self, response_id: str) -> bytes:
+        """GET /v1/responses/{id}: the stored response's JSON body."""
+        return self.store.get(response_id).body
 
     def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
                 output: RequestOutput, usage: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
         """The finished response object (stored unless `store` is false); `output` is the last one."""
-        complete = _status(output) == "completed"
-        response = {**base, "status": "completed" if complete else "incomplete",
-                    "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-                    "output": items, "usage": usage}
+        response = _finished(base, items, output, usage)
         if req.store:
-            self.store.put(response, [*conversation, assistant_turn(items)])
+            self.store.put(stored(response, [*conversation, assistant_turn(items)]))
         return response
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
                       reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],
-                      logprobs: LogprobsOf | None = None) -> AsyncIterator[str]:
+                      logprobs: LogprobsOf | None = None, prompt: Prompt | None = None) -> AsyncIterator[str]:
         """The Responses event stream, numbered by `sequence_number`. Thinking (with a reasoning parser) streams as
         `reasoning_text.delta`s of a reasoning item, closed before the answer's first event. Text that is surely
         content streams as `output_text.delta`s of a message item; a named function's arguments stream as
@@ -337,7 +383,8 @@ class ResponsesServing:
         them all); those left at the end ride on the message's last delta (one with no text if none is left).
         Under auto tool choice, whitespace that opens the answer is held until text that is more than whitespace
         follows (it goes out with it), or calls do (it is no message, as the reply's parse makes it: vLLM's rule),
-        or the output ends (it is the message)."""
+        or the output ends (it is the message). With `enable_response_messages`, the completed response carries the
+        raw `prompt` and output, as the reply's does."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
@@ -347,10 +394,15 @@ class ResponsesServing:
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
         logged = 0
         held = ""  # whitespace that opened the answer, sent with the first text that is more (auto tool choice)
+        raw_text: list[str] = []  # the whole output, kept only for enable_response_messages
+        raw_ids: list[int] = []
         try:
             async for output in stream:
                 final = output
                 tokens += len(output.outputs[0].token_ids)
+                if req.enable_response_messages:
+                    raw_text.append(output.outputs[0].text)
+                    raw_ids += output.outputs[0].token_ids
                 if logprobs is not None:
                     entries += logprobs(output.outputs[0].token_ids, output.outputs[0].logprobs or [])["content"]
                 new = output.outputs[0].text
@@ -396,7 +448,8 @@ class ResponsesServing:
         thought = reasoning_item(thinking.text, thinking.item_id) if thinking is not None and thinking.shown else None
         items = _output_items(message_id, message_text, call_items, status, thought,
                               entries if logprobs is not None else None)
-        response = self._finish(req, base, items, final, _usage(final, tokens), conversation)
+        raw = _raw_messages(prompt, "".join(raw_text), raw_ids) if prompt and req.enable_response_messages else {}
+        response = self._finish(req, {**base, **raw}, items, final, _usage(final, tokens), conversation)
         for index, item in enumerate(items):
             if item["type"] == "reasoning":  # streamed and closed already
                 continue
@@ -413,6 +466,35 @@ class ResponsesServing:
             yield ev("response.output_item.done", output_index=index, item=item)
         yield ev("response.completed" if response["status"] == "completed" else "response.incomplete",
                  response=response)
+
+
+@dataclass
+class _Reply:
+    """A non-streamed response, and what the store keeps of it (None: `store` false)."""
+
+    response: dict[str, Any]
+    stored: StoredResponse | None
+
+
+def _reply(req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, reasoning: ReasoningParser | None,
+           final: RequestOutput, logprobs: LogprobsOf | None, prompt: Prompt,
+           conversation: list[dict[str, Any]]) -> _Reply:
+    """The finished response of a non-streamed request whose last output is `final` (blocking: a large one is built
+    on a worker thread), with what the store needs when `store` is true."""
+    items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
+    out = final.outputs[0]
+    raw = _raw_messages(prompt, out.text, out.token_ids) if req.enable_response_messages else {}
+    response = _finished({**base, **raw}, items, final, _usage(final, len(out.token_ids)))
+    return _Reply(response, stored(response, [*conversation, assistant_turn(items)]) if req.store else None)
+
+
+def _finished(base: dict[str, Any], items: list[dict[str, Any]], output: RequestOutput,
+              usage: dict[str, Any]) -> dict[str, Any]:
+    """The response object of `items`, `output` being the last output."""
+    complete = _status(output) == "completed"
+    return {**base, "status": "completed" if complete else "incomplete",
+            "incomplete_details": None if complete else {"reason": "max_output_tokens"}, "output": items,
+            "usage": usage}
 
 
 class _StreamedReasoning:
@@ -515,6 +597,17 @@ def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: Reque
     return _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
                          [function_call_item(c, status) for c in calls], status,
                          reasoning_item(thought) if include_reasoning else None, entries)
+
+
+def _raw_messages(prompt: Prompt, text: str, token_ids: list[int]) -> dict[str, Any]:
+    """vLLM's `enable_response_messages` fields for a chat-template model: `input_messages`, the rendered prompt, and
+    `output_messages`, the output as generated (before the reasoning and tool parsers split it; none when nothing was
+    generated), each a `raw_message_tokens` entry of its text and token ids (vLLM: the ids are the truth where the
+    two differ)."""
+    def raw(message: str | None, tokens: list[int]) -> dict[str, Any]:
+        return {"type": "raw_message_tokens", "message": message or "", "tokens": list(tokens)}
+    return {"input_messages": [raw(prompt.text, prompt.token_ids)],
+            "output_messages": [raw(text, token_ids)] if text or token_ids else []}
 
 
 def _split(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:

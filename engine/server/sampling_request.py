@@ -7,12 +7,13 @@ does not implement are refused; a value SamplingParams refuses is a 400 that nam
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.protocol import _SamplingFields
+from flotilla.engine.server.protocol import _RequestBody, _SamplingFields
 from flotilla.engine.server.structured_request import structured_outputs
 
 
@@ -89,19 +90,37 @@ def _fitted(params: list[SamplingParams], room: int) -> list[SamplingParams]:
 
 # vLLM request fields that change what is generated or returned, which this server does not implement: set
 # (to anything but their off value) they are refused, where other unknown fields are logged and ignored, since
-# ignoring them would answer 200 with output the client asked to be different.
+# ignoring them would answer 200 with output the client asked to be different. Each with why, for the 400.
 # (allowed_token_ids and bad_words, once here, are implemented: SamplingParams.) `prompt_embeds`: vLLM embeds them in
 # place of (or beside) the prompt's tokens with --enable-prompt-embeds, and refuses them without it; ignored, the
-# completion was the `prompt`'s alone.
-UNSUPPORTED_VLLM_FIELDS = ("use_beam_search", "logits_processors", "prompt_embeds")
+# completion was the `prompt`'s alone. `vllm_xargs` is SamplingParams.extra_args, which only custom extensions read
+# (vLLM's --logits-processors plugins): one sent means such an extension is expected. `kv_transfer_params` and
+# `ec_transfer_params` drive a disaggregated-serving connector (vLLM's --kv-transfer-config / --ec-transfer-config):
+# a P/D proxy sends them to a prefill or decode instance and reads the reply's own back; a server that ignores them
+# answers as a whole instance, which the proxy's next step cannot use.
+UNSUPPORTED_VLLM_FIELDS = {
+    "use_beam_search": "",
+    "logits_processors": "",
+    "prompt_embeds": "",
+    "vllm_xargs": "it is read by custom extensions (vLLM's logits-processor plugins), and this server loads none",
+    "kv_transfer_params": "it drives a disaggregated-prefill KV connector (vLLM's --kv-transfer-config), which this "
+                          "server does not have: every request is prefilled and decoded here",
+    "ec_transfer_params": "it drives a disaggregated encoder-cache connector (vLLM's --ec-transfer-config), which this "
+                          "server does not have",
+}
+# The ones vLLM's Responses request declares too (the others are chat's and completions')
+RESPONSES_UNSUPPORTED_FIELDS = ("vllm_xargs", "kv_transfer_params")
 
 
-def refuse_unsupported_fields(req: _SamplingFields) -> None:
-    """400 naming the first of `UNSUPPORTED_VLLM_FIELDS` the request sets (None, false and empty are off)."""
-    for name in UNSUPPORTED_VLLM_FIELDS:
+def refuse_unsupported_fields(req: _RequestBody, names: Iterable[str] = tuple(UNSUPPORTED_VLLM_FIELDS)) -> None:
+    """400 naming the first of `names` (of `UNSUPPORTED_VLLM_FIELDS`) the request sets (None, false and empty are
+    off), and why it is not served."""
+    for name in names:
         value = (req.model_extra or {}).get(name)
         if value is not None and value is not False and value != [] and value != {}:
-            raise APIError(400, f"{name} is not supported by this server (leave it out)", param=name)
+            why = UNSUPPORTED_VLLM_FIELDS[name]
+            raise APIError(400, f"{name} is not supported by this server ({why + '; ' if why else ''}leave it out)",
+                           param=name)
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,

@@ -8,7 +8,9 @@ or a newline (what a path never has), and refused at start-up otherwise (a misty
 template is trusted as the model's own is: transformers renders it, not the request sandbox.
 
 `--default-chat-template-kwargs` are template variables under each request's `chat_template_kwargs`: a request's
-key wins unless its value is null or "auto" (vLLM's merge), which leaves the default.
+key wins unless its value is null or "auto" (vLLM's merge), which leaves the default. A chat request's top-level
+`reasoning_effort` is the template's `reasoning_effort` over both, and switches `enable_thinking` (off for "none")
+unless the request's own kwargs set it (vLLM's ChatCompletionRequest.build_chat_params).
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ def load_chat_template(value: str | None) -> str | None:
             return value
         raise ValueError(f"--chat-template {value!r} looks like a file path, but it could not be read ({exc}); "
                          "give a readable file or the template's text") from None
+
+
+def request_template_kwargs(request: dict[str, Any] | None, reasoning_effort: str | None) -> dict[str, Any] | None:
+    """A chat request's template variables: its `chat_template_kwargs`, with its top-level `reasoning_effort` over
+    them and, unless they name `enable_thinking`, `enable_thinking` false for effort "none", true for any other
+    (templates such as Gemma's think only when asked; a template that reads neither renders as before)."""
+    if reasoning_effort is None:
+        return request
+    switch = {} if "enable_thinking" in (request or {}) else {"enable_thinking": reasoning_effort != "none"}
+    return (request or {}) | {"reasoning_effort": reasoning_effort} | switch
 
 
 def merged_template_kwargs(defaults: dict[str, Any] | None, request: dict[str, Any] | None) -> dict[str, Any] | None:

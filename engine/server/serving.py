@@ -35,7 +35,7 @@ from flotilla.engine.server.reasoning import ReasoningParser
 from flotilla.engine.server.request_extras import engine_kwargs, response_ids, token_label
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
-from flotilla.engine.server.server_chat_template import merged_template_kwargs
+from flotilla.engine.server.server_chat_template import merged_template_kwargs, request_template_kwargs
 from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, encoded_logprobs, sse
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
@@ -284,7 +284,8 @@ class OpenAIServing:
             raise APIError(400, str(exc), param="continue_final_message") from None
         try:
             template = request_template(req.chat_template, req.chat_template_kwargs, self.trust_request_chat_template)
-            kwargs = merged_template_kwargs(self.default_chat_template_kwargs, req.chat_template_kwargs)
+            kwargs = merged_template_kwargs(self.default_chat_template_kwargs,
+                                            request_template_kwargs(req.chat_template_kwargs, req.reasoning_effort))
             variables = (template_variables(kwargs) | ({"tools": tools} if tools else {})
                          | ({"documents": req.documents} if req.documents else {}))
         except ValueError as exc:

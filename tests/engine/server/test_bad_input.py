@@ -238,6 +238,11 @@ def test_a_constraint_that_matches_no_text_is_a_400(server, constraint, stream):
         ("/v1/completions", "use_beam_search", True),
         ("/v1/chat/completions", "logits_processors", ["my.module:Processor"]),
         ("/v1/completions", "prompt_embeds", "AAAAAA=="),  # a base64 tensor: vLLM needs --enable-prompt-embeds
+        # SamplingParams.extra_args, for custom extensions (vLLM's logits-processor plugins): this server loads none
+        ("/v1/completions", "vllm_xargs", {"target_token": 7}),
+        # a P/D proxy's prefill request: it reads the reply's kv_transfer_params back for the decode instance
+        ("/v1/chat/completions", "kv_transfer_params", {"do_remote_decode": True, "do_remote_prefill": False}),
+        ("/v1/completions", "ec_transfer_params", {"do_remote_encode": True}),
     ],
 )
 def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server, path, field, value):
@@ -248,7 +253,8 @@ def test_a_vllm_field_that_would_change_the_output_is_refused_not_ignored(server
     response = httpx.post(f"{server.url}{path}", json=body, headers=HEADERS, timeout=120)
     assert_openai_400(response, field)
     # Their off values change nothing and stay accepted (clients send defaults).
-    off = {"use_beam_search": False, "logits_processors": [], "prompt_embeds": None}[field]
+    off = {"use_beam_search": False, "logits_processors": [], "prompt_embeds": None, "vllm_xargs": {},
+           "kv_transfer_params": None, "ec_transfer_params": {}}[field]
     ok = httpx.post(f"{server.url}{path}", json={**body, field: off}, headers=HEADERS, timeout=120)
     assert ok.status_code == 200, ok.text
 

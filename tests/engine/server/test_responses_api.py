@@ -247,3 +247,42 @@ def test_background_and_prompt_are_a_400_naming_them(client, server, body, param
         client.responses.create(model="tiny", input="x", max_output_tokens=2, stream=stream, extra_body=body)
     assert err.value.body["param"] == param
     assert server.metric("vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.mark.parametrize(("field", "value", "off"), [
+    # gpt-oss Harmony messages / a response whose Harmony state rides in encrypted_content: vLLM reads them on its
+    # gpt-oss path only and dropped them unsaid on the chat-template path, the only path here
+    ("previous_input_messages", [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], []),
+    ("previous_response", {"id": "resp_1", "object": "response", "output": []}, None),
+    ("vllm_xargs", {"target_token": 7}, {}),  # for custom extensions: this server loads none (as chat's)
+    ("kv_transfer_params", {"do_remote_decode": True}, None),  # a P/D connector's: none here (as chat's)
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllms_responses_extras_this_server_cannot_serve_are_a_400_naming_them(client, server, field, value, off,
+                                                                                stream):
+    # They were undeclared: logged and ignored, a 200 answering a different request than the one sent.
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", input="x", max_output_tokens=2, stream=stream, extra_body={field: value})
+    assert err.value.body["param"] == field and field in err.value.body["message"]
+    assert server.metric("vllm:kv_cache_usage_perc") == 0
+    served = client.responses.create(model="tiny", input="x", max_output_tokens=2, extra_body={field: off})
+    assert served.usage.output_tokens == 2  # their off values are accepted (clients send defaults)
+
+
+def test_enable_response_messages_returns_the_raw_prompt_and_output_as_vllm(client, server):
+    # vLLM's extra: the rendered prompt and the output as generated, each one raw_message_tokens entry (text and ids).
+    rendered = httpx.post(f"{server.url}/tokenize", headers=HEADERS, timeout=60,
+                          json={"model": "tiny", "messages": [{"role": "user", "content": QUESTION}]}).json()
+    ask = {"model": "tiny", "input": QUESTION, "max_output_tokens": 6, "temperature": 0,
+           "extra_body": {"enable_response_messages": True}}
+    reply = client.responses.create(**ask)
+    streamed = list(client.responses.create(**ask, stream=True))[-1].response
+    for response in (reply, streamed, client.responses.retrieve(reply.id)):
+        body = response.to_dict()
+        [prompt], [output] = body["input_messages"], body["output_messages"]
+        assert prompt["type"] == output["type"] == "raw_message_tokens"
+        assert prompt["tokens"] == rendered["tokens"] and len(prompt["tokens"]) == response.usage.input_tokens
+        assert "<|im_start|>user" in prompt["message"] and QUESTION in prompt["message"]
+        assert output["message"] == reply.output_text and len(output["tokens"]) == response.usage.output_tokens == 6
+    assert streamed.to_dict()["output_messages"] == reply.to_dict()["output_messages"]
+    assert "input_messages" not in client.responses.create(model="tiny", input=QUESTION, max_output_tokens=2).to_dict()

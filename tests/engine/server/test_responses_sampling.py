@@ -116,6 +116,15 @@ def test_truncation_auto_keeps_the_inputs_last_tokens_that_leave_max_output_toke
     assert short[0] == short[1]  # nothing cut from an input that fits
 
 
+def test_truncation_null_is_disabled_as_openai_documents_it(client):
+    # OpenAI's SDK types truncation Optional and documents "disabled" as the default; vLLM's check (`!= "disabled"`)
+    # would cut on null, then fail to echo it (its response types truncation without null). docs/server.md says why.
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.responses.create(model="tiny", input=LONG, max_output_tokens=4, truncation=None)
+    assert client.responses.create(model="tiny", input="x", max_output_tokens=2, truncation=None).truncation == \
+        "disabled"
+
+
 def test_a_text_past_the_character_bound_is_truncated_not_refused_when_truncation_is_asked(client, server):
     # The server refuses a text longer than max_model_len x the longest token's characters (256 x 81 here) before
     # tokenizing it: no such text fits. Cut to its tail it may, so vLLM bounds a text only when it is not truncated;

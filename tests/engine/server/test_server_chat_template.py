@@ -11,7 +11,11 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from flotilla.engine.server.server_chat_template import load_chat_template, merged_template_kwargs
+from flotilla.engine.server.server_chat_template import (
+    load_chat_template,
+    merged_template_kwargs,
+    request_template_kwargs,
+)
 
 from .conftest import API_KEY, start_tiny_server, stop_server
 
@@ -21,7 +25,8 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 # Nothing like the tiny models' own (ChatML) template, so a prompt rendered by it shows which template ran.
 TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}: {{ m['content'] }}>>{% endfor %}"
             "{% if add_generation_prompt %}[reply as {{ persona }}]{% endif %}"
-            "{% if reasoning_effort is defined %}(effort {{ reasoning_effort }}){% endif %}")
+            "{% if reasoning_effort is defined %}(effort {{ reasoning_effort }}){% endif %}"
+            "{% if enable_thinking is defined %}(thinking {{ enable_thinking }}){% endif %}")
 DEFAULTS = '{"persona": "a sailor"}'
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -136,3 +141,34 @@ def test_responses_reasoning_effort_is_the_templates_reasoning_effort_as_vllm(se
     assert high.reasoning.effort == "high"
     plain = client.responses.create(model="tiny", input="hi", max_output_tokens=1, reasoning={"summary": "auto"})
     assert plain.usage.input_tokens == len(tokens(tokenizer, rendered("a sailor")))
+
+
+def test_chat_reasoning_effort_is_the_templates_reasoning_effort_over_the_requests_kwargs_as_vllm(server, tokenizer):
+    # vLLM's chat request: a top-level reasoning_effort goes to the template as `reasoning_effort` (over the request's
+    # chat_template_kwargs) and sets `enable_thinking` (false for "none") unless those kwargs name it; it was ignored.
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+    def prompt_tokens(**fields) -> int:
+        reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1, **fields)
+        return reply.usage.prompt_tokens
+
+    assert prompt_tokens(reasoning_effort="high") == len(tokens(tokenizer, rendered("a sailor")
+                                                                + "(effort high)(thinking True)"))
+    assert prompt_tokens(reasoning_effort="none") == len(tokens(tokenizer, rendered("a sailor")
+                                                                + "(effort none)(thinking False)"))
+    mine = {"chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": False}}
+    assert prompt_tokens(reasoning_effort="low", extra_body=mine) == len(tokens(tokenizer, rendered("a sailor")
+                                                                               + "(effort low)(thinking False)"))
+    kwargs_only = {"chat_template_kwargs": {"reasoning_effort": "medium"}}
+    assert prompt_tokens(extra_body=kwargs_only) == len(tokens(tokenizer, rendered("a sailor") + "(effort medium)"))
+    assert prompt_tokens(extra_body={"reasoning_effort": None}) == len(tokens(tokenizer, rendered("a sailor")))
+    bad = post(server, "/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "reasoning_effort": "extreme"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort", bad.text
+
+
+def test_request_template_kwargs_put_the_effort_over_the_requests_own():
+    assert request_template_kwargs(None, None) is None
+    assert request_template_kwargs({"x": 1}, None) == {"x": 1}
+    assert request_template_kwargs(None, "low") == {"reasoning_effort": "low", "enable_thinking": True}
+    assert request_template_kwargs({"reasoning_effort": "high", "enable_thinking": None}, "none") == {
+        "reasoning_effort": "none", "enable_thinking": None}  # null: the server's default, as vLLM
