@@ -4,7 +4,9 @@ Offline (`LLM.generate`, in this process) and/or over a server (`openai` client,
 prompts x 64 tokens with no logprobs, `logprobs` 0 / 5 / 20, and `prompt_logprobs`; each case run `--repeat`
 times, the cases interleaved (load on a shared machine drifts), reporting each case's median wall seconds and
 CPU seconds (this process offline; the server's processes summed over the server) and their ratios to the
-no-logprobs case. CPU seconds are the steadier figure on a loaded machine.
+no-logprobs case. CPU seconds are the steadier figure on a loaded machine; offline, the CPU milliseconds a step
+spends in the sampler (`sample()` as the runner calls it: the pipeline and the logprobs, not the argmax-only path
+that rows without logprobs take) isolate the engine's logprobs work from the forward's noise.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/logprobs_cost.py [--mode offline,server] [--out FILE.json]
 
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import types
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,11 +52,23 @@ def prompts(count: int) -> list[str]:
 
 def offline_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Callable[[], float], Callable[[], None]]:
     """(run one case, CPU seconds so far, close) for the offline API."""
-    from flotilla.engine import sampler
+    from flotilla.engine import model_runner, sampler
     from flotilla.engine.llm import LLM
     from flotilla.engine.sampling_params import SamplingParams
 
     llm = LLM(str(embedded_model_dir()), max_model_len=512, dtype=args.dtype)
+    spent = [0.0, 0]  # CPU seconds in sample(), steps that drew with it
+
+    def timed_sample(*call: Any) -> Any:
+        started = time.process_time()
+        try:
+            return sample(*call)
+        finally:
+            spent[0] += time.process_time() - started
+            spent[1] += 1
+
+    sample = model_runner.sample
+    model_runner.sample = timed_sample
     texts = prompts(args.prompts)
 
     variants = {None: sampler.add_logprobs}
@@ -66,12 +81,16 @@ def offline_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Cal
         params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, seed=0, ignore_eos=True,
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         sampler.add_logprobs = variants[ref or None]  # sample() looks it up in its module at each call
+        spent[:] = [0.0, 0]
         try:
             outputs = llm.generate(texts, params, use_tqdm=False)
         finally:
             sampler.add_logprobs = variants[None]
         assert all(len(o.outputs[0].token_ids) == args.tokens for o in outputs)
+        sampler_ms[case].append(1e3 * spent[0] / args.tokens)  # per step (a step draws each prompt's token)
 
+    sampler_ms: dict[str, list[float]] = defaultdict(list)
+    run.sampler_ms = sampler_ms  # type: ignore[attr-defined]
     return run, time.process_time, lambda: None
 
 
@@ -163,8 +182,13 @@ def measure(run: Callable[[str], None], cpu: Callable[[], float], cases: list[st
             cpus[case].append(cpu() - used)
     base_wall, base_cpu = statistics.median(walls["none"]), statistics.median(cpus["none"])
     report = {}
+    sampler_ms = getattr(run, "sampler_ms", None)
     for case in cases:
         wall, used = statistics.median(walls[case]), statistics.median(cpus[case])
+        if sampler_ms is not None:
+            in_sampler = statistics.median(sampler_ms[case][1:])  # the rounds after the warm-up
+            report.setdefault("sampler_cpu_ms_per_step", {})[case] = round(in_sampler, 2)
+            print(f"{case:18s} sampler {in_sampler:6.2f} CPU ms a step", flush=True)
         report[case] = {"wall_s": round(wall, 3), "cpu_s": round(used, 3), "wall_x": round(wall / base_wall, 3),
                         "cpu_x": round(used / base_cpu, 3), "walls": [round(w, 3) for w in walls[case]],
                         "cpus": [round(c, 3) for c in cpus[case]]}
