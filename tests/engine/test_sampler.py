@@ -146,6 +146,31 @@ def test_logprobs_are_log_softmax_of_the_raw_or_processed_logits(mode):
     assert out.ranks.tolist() == [int((expected[i] > expected[i, chosen[i]]).sum()) + 1 for i in range(2)]
 
 
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_ranks_and_top_n_match_a_full_count_with_ties_and_tokens_outside_the_top(n):
+    """The ranks count every value >= the chosen one (vLLM's ties rule) whether they come from the top-n values
+    (each row's chosen token above its n-th) or from the whole row (a chosen token at or below it), and the
+    top-n are the sanitized row's (NaN and -inf at the floor)."""
+    from flotilla.engine.sampler import LOGPROB_FLOOR, SamplerOutput, add_logprobs
+
+    values = torch.tensor([[0.0, -1.0, -1.0, -2.0, -3.0, float("nan")],  # chosen 0: alone on top
+                           [-1.0, -1.0, -0.5, -2.0, float("-inf"), -3.0],  # chosen 1: tied, below the top
+                           [-5.0, -1.0, -1.0, -2.0, -3.0, -4.0],  # chosen 0: far outside any top-n
+                           [-2.0, -2.0, -2.0, -2.0, -2.0, -2.0]])  # chosen 3: all tied
+    chosen = torch.tensor([0, 1, 0, 3])
+    sanitized = values.nan_to_num(nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
+    expected_ranks = [int((sanitized[i] >= sanitized[i, t]).sum()) for i, t in enumerate(chosen.tolist())]
+    assert expected_ranks == [1, 3, 6, 6]
+    for rows in ([0], [0, 1], [0, 1, 2, 3]):  # a batch whose ranks the top-n decide, then ones they cannot
+        out = SamplerOutput(token_ids=chosen[rows])
+        add_logprobs(out, values[rows].clone(), n)
+        assert out.ranks is not None and out.top_logprobs is not None and out.top_ids is not None
+        assert out.ranks.tolist() == [expected_ranks[i] for i in rows]
+        assert out.logprobs.tolist() == [sanitized[i, chosen[i]].item() for i in rows]
+        top = sanitized[rows].topk(n, dim=-1)
+        assert torch.equal(out.top_logprobs, top.values) and torch.equal(out.top_ids, top.indices)
+
+
 def test_seeded_noise_depends_only_on_seed_position_and_token():
     a = exponential_noise(torch.tensor([7, 8, 7]), torch.tensor([3, 3, 4]), V)
     b = exponential_noise(torch.tensor([9, 7]), torch.tensor([0, 3]), V)

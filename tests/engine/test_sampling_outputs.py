@@ -145,6 +145,32 @@ def test_generated_logprobs_are_consistent(llm):
     )
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_generated_logprobs_are_the_log_softmax_of_hfs_logits(llm, tiny_model_dirs, temperature):
+    """Each generated token's logprob and rank, and its top-5, are those of HF's log_softmax at that position:
+    the drawn token's (greedy, or sampled wherever it falls) and the top-k's, in HF's order."""
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=temperature, seed=11, max_tokens=8, logprobs=5, ignore_eos=True)
+    out = _text(llm, PROMPT, params)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32)
+    with torch.inference_mode():
+        logits = hf(torch.tensor([PROMPT + out.token_ids[:-1]])).logits[0, len(PROMPT) - 1 :]
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    assert len(out.logprobs) == len(out.token_ids) == 8
+    for row, token, entry in zip(expected, out.token_ids, out.logprobs, strict=True):
+        logprob, rank = entry[token]
+        assert logprob == pytest.approx(row[token].item(), abs=1e-4)
+        # The rank counts the values >= the token's: within the tolerance, as HF's and the engine's sums differ.
+        assert int((row > row[token] + 1e-4).sum()) + 1 <= rank <= int((row >= row[token] - 1e-4).sum())
+        top = row.topk(5)
+        # The top-5 by their ranks 1..5 (the drawn token, when outside them, ranks 6 or more).
+        listed = sorted((r, t, lp) for t, (lp, r) in entry.items() if r <= 5)
+        assert [r for r, _, _ in listed] == [1, 2, 3, 4, 5]
+        assert [lp for _, _, lp in listed] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert {t for _, t, _ in listed} == set(top.indices.tolist())
+
+
 def test_multibyte_characters_stream_intact(embedded_model_dir):
     from transformers import AutoTokenizer
 
