@@ -62,6 +62,22 @@ def test_the_variable_replaces_every_cards_knobs():
     assert _in_fresh_interpreter(_PER_CARD, FLOTILLA_LM_HEAD_GEMV="bn=8") == str([{"block_n": 8}] * 4)
 
 
+def test_the_docs_switch_row_names_the_cards_entries_the_table_has():
+    """docs/decode-gemm.md's FLOTILLA_LM_HEAD_GEMV row lists the knobs each card runs unset: exactly
+    LM_HEAD_GEMV_MEASURED's entries (it once kept an H100 entry the table no longer had)."""
+    import re
+    from pathlib import Path
+
+    from flotilla.kernels import card_tables, dispatch
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "decode-gemm.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith("| `FLOTILLA_LM_HEAD_GEMV` |"))
+    listed = row.split("`LM_HEAD_GEMV_MEASURED` entry (", 1)[1].split(");", 1)[0]
+    cards = {"DEFAULT": card_tables.DEFAULT, "H100": card_tables.H100, "H200": card_tables.H200}
+    named = {cards[name]: knobs for name, knobs in re.findall(r"`?(DEFAULT|H100|H200)`?: `([^`]+)`", listed)}
+    assert named == dispatch.LM_HEAD_GEMV_MEASURED
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("knobs", [{}, dict(block_n=8, block_k=64, num_warps=4, num_stages=3),
                                    dict(block_n=16, block_k=128, num_warps=8, num_stages=2),
