@@ -46,6 +46,9 @@ def pod_sandbox() -> dict[str, Any]:
 # puts the pod's variables after the device plugin's, and the last wins. So spec.pod.env may set none of them, and
 # envFrom only under a prefix that cannot spell one (admission.py).
 GPU_RUNTIME_ENV_PREFIX = "NVIDIA_"
+# NVIDIA_* names the toolkit does not read: cuBLAS/cuDNN read NVIDIA_TF32_OVERRIDE in the process (a precision switch
+# that requests no device), which users set on CUDA pods.
+LIBRARY_ENV = frozenset({"NVIDIA_TF32_OVERRIDE"})
 # An init container requests no GPU, so the device plugin sets nothing there, and an image built on a CUDA base image
 # says NVIDIA_VISIBLE_DEVICES=all: the toolkit would hand it every GPU of the node. void: no GPU support at all.
 NO_GPUS_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
@@ -58,7 +61,9 @@ GPU_RUNTIME_ENV_REASON = ("the NVIDIA container toolkit reads NVIDIA_* variables
 def is_gpu_runtime_name(name: str, prefix: bool = False) -> bool:
     """Whether the environment variable `name` (`prefix` True: some name that an envFrom prefix `name` makes) is one
     the NVIDIA container toolkit reads."""
-    return name.startswith(GPU_RUNTIME_ENV_PREFIX) or (prefix and GPU_RUNTIME_ENV_PREFIX.startswith(name))
+    if prefix:
+        return name.startswith(GPU_RUNTIME_ENV_PREFIX) or GPU_RUNTIME_ENV_PREFIX.startswith(name)
+    return name.startswith(GPU_RUNTIME_ENV_PREFIX) and name not in LIBRARY_ENV
 
 
 HOST_NAMESPACE_FIELDS = ("hostNetwork", "hostPID", "hostIPC")

@@ -520,7 +520,8 @@ class PodSpec(_Model):
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment variables of the engine (names the operator sets, and NVIDIA_* names, which "
-                    "the container runtime reads as GPU requests, are refused). HF_TOKEN, "
+                    "the container runtime reads as GPU requests, are refused; NVIDIA_TF32_OVERRIDE, which "
+                    "cuBLAS reads, is allowed). HF_TOKEN, "
                     "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
         default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "

@@ -269,3 +269,14 @@ def test_a_gguf_file_on_a_node_is_checked_by_the_host_path_policy():
     assert review({"model": {"source": "hostPath:///models/gguf/other.gguf"}}, "x", policy).errors == [
         "spec.model.source: /models/gguf/other.gguf is outside the host directories this cluster allows "
         "(/models/gguf/llama.gguf)"]
+
+
+@pytest.mark.parametrize(("name", "refused"), [
+    ("NVIDIA_VISIBLE_DEVICES", True), ("NVIDIA_DRIVER_CAPABILITIES", True), ("NVIDIA_REQUIRE_CUDA", True),
+    ("NVIDIA_MIG_CONFIG_DEVICES", True), ("NVIDIA_TF32_OVERRIDE", False), ("CUDA_VISIBLE_DEVICES", False),
+])
+def test_only_the_nvidia_variables_the_container_toolkit_reads_are_refused(name, refused):
+    """NVIDIA_* variables are device requests to the container toolkit, refused; NVIDIA_TF32_OVERRIDE is read by
+    cuBLAS/cuDNN in the process (a precision switch, no device), so a user may set it as on any CUDA pod."""
+    errors = review({**BASE, "pod": {"env": [{"name": name, "value": "0"}]}}, "x").errors
+    assert bool([e for e in errors if name in e]) == refused, errors
