@@ -614,9 +614,21 @@ def test_the_scale_subresource_answers_whether_or_not_the_manifest_sets_replicas
                                        for p in pods} == {name}
 
     # `kubectl scale --current-replicas 1 --replicas 3`: a PUT of the Scale read, its resourceVersion a precondition.
-    scale = _get_scale(op, namespace, "plain")
-    scale["spec"]["replicas"] = 3
-    assert op.kube.request("PUT", f"{fis_path(namespace, 'plain')}/scale", scale)["spec"]["replicas"] == 3
+    # The operator's own status writes move the resourceVersion too, so a PUT may meet a 409 as kubectl's would:
+    # read again and retry, as a user would (CI saw one such race).
+    def put_three() -> dict | None:
+        read = _get_scale(op, namespace, "plain")
+        read["spec"]["replicas"] = 3
+        try:
+            op.kube.request("PUT", f"{fis_path(namespace, 'plain')}/scale", read)
+        except KubeError as e:
+            if e.status != 409:
+                raise
+            return None
+        return read
+
+    scale = wait_for(put_three, 30, "a PUT of the Scale not overtaken by a status write")
+    assert _get_scale(op, namespace, "plain")["spec"]["replicas"] == 3
     wait_for(lambda: op.kube.get(child_path("Deployment", namespace, "plain"))["spec"]["replicas"] == 3, 30,
              "3 replicas applied")
     with pytest.raises(KubeError) as stale:  # the same PUT again: the InferenceService changed since it was read
