@@ -14,6 +14,7 @@ skipped, unless FLOTILLA_K8S_REQUIRED is set (as in CI), when they fail instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -76,6 +77,13 @@ class ControlPlane:
     def __init__(self, run: Path, env: dict[str, str]):
         self.run, self.env = run, env
         self.kubeconfig = run / "kubeconfig"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit log's events so far (requests made with service-account tokens). The apiserver appends to the
+        file while it is read: a last line without its newline is still being written and is left for the next read
+        (json.loads failed on it under load)."""
+        text = (self.run / "audit.log").read_text()
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
     def restart_apiserver(self) -> None:
         """Kill kube-apiserver and start it again (same port, same etcd); returns once it is ready."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import os
 import socket
 import subprocess
@@ -159,8 +158,7 @@ class Installed:
         On this apiserver a watch appears when it ends.
         """
         events = []
-        for line in (self.control_plane.run / "audit.log").read_text().splitlines():
-            event = json.loads(line)
+        for event in self.control_plane.audit_events():
             if event["user"]["username"] == self.user and "objectRef" in event:
                 events.append(event)
         return events

@@ -47,6 +47,14 @@ def cluster(kube_api: Any) -> Cluster:
     return c
 
 
+# What kopf's servers (liveness, webhook) log when their port is taken (asyncio's bind error).
+PORT_TAKEN = "address already in use"
+
+
+class _PortTaken(AssertionError):
+    """The operator could not bind its liveness or webhook port."""
+
+
 class OperatorProcess:
     """`python -m flotilla.cli operator` as a real subprocess, so it can be SIGKILLed and restarted."""
 
@@ -64,6 +72,20 @@ class OperatorProcess:
         """Start it and return once it serves: liveness answers and the webhook refuses a bad spec (with
         `webhook` False: --no-webhook, and liveness alone). `extra_args` come last (argparse: the last of a
         repeated option wins); `kubeconfig` replaces the admin's (an operator with fewer rights)."""
+        for attempt in range(3):
+            try:
+                self._start_once(webhook, extra_args, kubeconfig)
+                return
+            except _PortTaken:
+                # The ports were free when chosen, but the operator stopped in between (a test's stop or kill): any
+                # outgoing connection on the machine may take one as its local port meanwhile, and then kopf cannot
+                # bind it, stopping and restarting in-process for ever. Other free ports, then.
+                self.stop()
+                if attempt == 2:
+                    raise
+                self.webhook_port, self.liveness_port = free_ports(2)
+
+    def _start_once(self, webhook: bool, extra_args: tuple[str, ...], kubeconfig: Path | None) -> None:
         self.starts += 1
         serving = (["--webhook-host", "127.0.0.1", "--webhook-listen", "127.0.0.1", "--webhook-port",
                     str(self.webhook_port), "--webhook-cert-dir", str(self.workdir / "certs")] if webhook
@@ -94,10 +116,14 @@ class OperatorProcess:
 
     def _alive(self) -> bool:
         assert self.proc is not None
+        if PORT_TAKEN in self.log_path.read_text(errors="replace"):
+            raise _PortTaken(self.tail())
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).close()
+            # Generous: on a loaded 2-core machine kopf's event loop may take seconds to answer, and a test may ask
+            # once (test_optional_kinds.py) where a short timeout reads as "not serving".
+            urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=10).close()
         except OSError:
             return False
         return True

@@ -23,10 +23,10 @@ from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import (
     KINDS,
     ZERO_HEAD_MODEL,
-    changes_since,
     child_path,
     collection,
     condition,
+    first_change,
     fis,
     fis_path,
     revision,
@@ -453,11 +453,11 @@ def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator
     wait_for(lambda: cluster.kube.get(child_path("HorizontalPodAutoscaler", namespace, "frozen")) is None, 20,
              "the HPA deleted")
     # The autoscaler goes first (KEDA would scale a Deployment at 0 back up while it exists).
-    deleted = [e["object"] for e in changes_since(cluster, "HorizontalPodAutoscaler", namespace,
-                                                  since["HorizontalPodAutoscaler"]) if e["type"] == "DELETED"]
-    at_zero = [e["object"] for e in changes_since(cluster, "Deployment", namespace, since["Deployment"])
-               if e["object"]["spec"]["replicas"] == 0]
-    assert deleted and at_zero and revision(deleted[0]) < revision(at_zero[0])
+    deleted = first_change(cluster, "HorizontalPodAutoscaler", namespace, since["HorizontalPodAutoscaler"],
+                           lambda e: e["type"] == "DELETED")
+    at_zero = first_change(cluster, "Deployment", namespace, since["Deployment"],
+                           lambda e: e["object"]["spec"]["replicas"] == 0)
+    assert revision(deleted) < revision(at_zero)
     deployment = cluster.kube.get(deployment_path)
     assert deployment["spec"]["template"] == before["spec"]["template"]  # the last valid configuration, kept
     body = wait_for(lambda: "scaled to zero" in condition(b := cluster.kube.get(fis_path(namespace, "frozen")),
@@ -601,7 +601,9 @@ def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(opera
                                   {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
         serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "redirect")).get("status") or {}).get(
             "serving"), 30, "status.serving")
-        assert engine.asked and engine.asked[0] == "/metrics"
+        # (A scrape that ran past the reader's timeout on a loaded machine is written as unreachable too, maybe before
+        # the server's thread recorded the request: a wait.)
+        assert wait_for(lambda: list(engine.asked), 30, "the engine's /metrics to be asked")[0] == "/metrics"
         assert elsewhere.asked == [], "the operator followed the engine's redirect"
         assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
 
@@ -616,6 +618,10 @@ def _engine_pod(cluster, namespace: str, name: str, port: int) -> None:
             "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}})
     cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}-0",
                               {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+
+
+def _serving_of(cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return (cluster.kube.get(fis_path(namespace, name)).get("status") or {}).get("serving")
 
 
 @pytest.mark.parametrize("hostile", [
@@ -636,11 +642,13 @@ def test_one_engines_hostile_metrics_keep_no_other_inferenceservice_from_its_ser
                  "the default ServiceAccount")
         _engine_pod(cluster, namespace, "hostile", bad.server_port)
         _engine_pod(cluster, namespace, "fine", fine.server_port)
-        serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "fine")).get("status") or {}).get(
-            "serving"), 20, "the other InferenceService's status.serving")
+        # Its figures, not its first status.serving: a period whose scrape of this loaded machine's tiny server ran
+        # past the reader's timeout writes the pod as unreachable, and the next one reads it.
+        serving = wait_for(lambda: (s := _serving_of(cluster, namespace, "fine")) and s["scraped"] and s, 60,
+                           "the other InferenceService's status.serving with its figures")
         assert (serving["scraped"], serving["running"], serving["waiting"]) == (1, 7, 3), serving
-        hostile_serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "hostile")).get("status") or {}).get(
-            "serving"), 20, "the hostile InferenceService's status.serving")
+        hostile_serving = wait_for(lambda: _serving_of(cluster, namespace, "hostile"), 60,
+                                   "the hostile InferenceService's status.serving")
         assert (hostile_serving["scraped"], hostile_serving["unreachable"]) == (0, 1), hostile_serving
 
 

@@ -182,8 +182,7 @@ READER_PODS = "/pods?labelSelector=serving.flotilla.dev/inferenceservice"
 
 def _audited(control_plane: Any, user: str) -> list[str]:
     """The `verb requestURI` of each request `user` made, in order."""
-    lines = (control_plane.run / "audit.log").read_text().splitlines()
-    return [f"{e['verb']} {e['requestURI']}" for e in map(json.loads, lines) if e["user"]["username"] == user]
+    return [f"{e['verb']} {e['requestURI']}" for e in control_plane.audit_events() if e["user"]["username"] == user]
 
 
 def test_the_serving_reader_lists_no_inferenceservices(operator_process, cluster, control_plane, namespace, tmp_path):

@@ -12,7 +12,6 @@ token): kopf lists a kind before it watches it, and the reconciler never lists S
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,8 +64,7 @@ def _requests(control_plane: Any, namespace: str, resource: str, verb: str, code
     """How many `verb` requests of `resource` the ServiceAccount has made (answered with `code`, if given)."""
     user = f"system:serviceaccount:{namespace}:{ACCOUNT}"
     count = 0
-    for line in (control_plane.run / "audit.log").read_text().splitlines():
-        event = json.loads(line)
+    for event in control_plane.audit_events():
         if (event["user"]["username"] == user and event["verb"] == verb and event["stage"] == "ResponseComplete"
                 and event.get("objectRef", {}).get("resource") == resource
                 and code in (None, event.get("responseStatus", {}).get("code"))):
