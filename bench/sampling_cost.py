@@ -110,8 +110,9 @@ def engine(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, A
     from flotilla.engine.embedded_model import embedded_model_dir
     from flotilla.engine.llm import LLM
 
-    extra = {"quantization": args.quantization} if args.quantization else {}
-    llm = LLM(str(embedded_model_dir()), max_model_len=512, enable_prefix_caching=False, **extra)
+    # --quantization gguf serves the embedded model's own GGUF when no model is named; else its bf16 HF directory.
+    model, extra = (None, {"quantization": "gguf"}) if args.quantization == "gguf" else (str(embedded_model_dir()), {})
+    llm = LLM(model, max_model_len=512, enable_prefix_caching=False, **extra)
     texts = [f"Story {i}: write a short tale about a cat called {i * 7919 % 1000} who lives by the sea."
              for i in range(args.prompts)]
     params = [SamplingParams(max_tokens=args.tokens, temperature=0.8, seed=i, ignore_eos=True)
@@ -166,7 +167,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="engine: requests at once (streams)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quantization", default="gguf", help="engine: --quantization ('' for bf16)")
+    parser.add_argument("--quantization", default="gguf", help="engine: 'gguf' (the embedded GGUF) or '' (bf16)")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     variants: dict[str, Sample] = {"current": sampler.sample}

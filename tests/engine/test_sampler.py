@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from flotilla.engine import sampler
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, exponential_noise, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
@@ -185,12 +186,16 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-@pytest.mark.parametrize(("rows", "vocab"), [(3, V), (5, 50_000), (2, 140_000), (4, 50_000), (0, 10)])
-def test_noise_is_splitmix64_of_seed_position_and_token_whatever_the_chunking(rows, vocab):
+@pytest.mark.parametrize(("rows", "vocab", "chunk"),
+                         [(3, V, None), (5, 50_000, 1 << 17), (2, 140_000, 1 << 17), (4, 50_000, None), (0, 10, None)])
+def test_noise_is_splitmix64_of_seed_position_and_token_whatever_the_chunking(rows, vocab, chunk, monkeypatch):
     """The noise as documented, from an independent uint64 definition: v = (hash >> 11 + 1) / 2^53 with hash =
-    mix(mix(seed * golden + position) + (token + 1) * golden), E = -log1p(-v). The shapes cover one CPU chunk, rows
-    in chunks of two with a partial last one, a vocabulary wider than a chunk, and the thread's buffers reused by
-    a smaller call (the values must not depend on how the rows are cut)."""
+    mix(mix(seed * golden + position) + (token + 1) * golden), E = -log1p(-v). With the CPU chunk at 2^17 elements
+    (None: the default) the cases cover one chunk, rows in chunks of two with a partial last one, a vocabulary
+    wider than a chunk, and the thread's buffers reused by a smaller call: the values must not depend on how the
+    rows are cut."""
+    if chunk is not None:
+        monkeypatch.setattr(sampler, "_CPU_CHUNK", chunk)
     seeds = np.array([0, 1, 2**62 - 1, 12345, 987654321][:rows], dtype=np.uint64)
     positions = np.array([0, 7, 3, 100_000, 1][:rows], dtype=np.uint64)
     golden = np.uint64(0x9E3779B97F4A7C15)
@@ -219,9 +224,12 @@ def test_noise_is_the_same_from_threads_sampling_at_once():
             assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
 
 
-def test_a_seeded_row_draws_the_same_token_alone_and_anywhere_in_a_batch():
+@pytest.mark.parametrize("chunk", [None, 1 << 17])
+def test_a_seeded_row_draws_the_same_token_alone_and_anywhere_in_a_batch(chunk, monkeypatch):
     """Batch composition changes neither the noise nor the draw: a seeded row at a position, alone or at any place
-    of a batch that spans several CPU chunks (two rows each at this vocabulary), next to greedy and unseeded rows."""
+    of a batch, next to greedy and unseeded rows; in one CPU chunk (the default) and in chunks of two rows."""
+    if chunk is not None:
+        monkeypatch.setattr(sampler, "_CPU_CHUNK", chunk)
     vocab = 50_000
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(5))
     ours = SamplingParams(temperature=0.9, seed=77)
@@ -264,8 +272,7 @@ def test_a_token_of_negligible_probability_is_not_drawn_on_the_noise_floor():
 
 
 def test_sampling_at_temperature_one_follows_softmax():
-    """Chi-square goodness of fit of 20,000 draws (distinct seeds) against softmax(logits); the noise comes in
-    CPU chunks of 2,621 rows here, so the draws span 8 of them."""
+    """Chi-square goodness of fit of 20,000 draws (distinct seeds) against softmax(logits)."""
     torch.manual_seed(0)
     logits = torch.randn(1, V) * 1.5
     n = 20_000
