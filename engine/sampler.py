@@ -230,7 +230,10 @@ def _buffers(elements: int, device: torch.device) -> tuple[torch.Tensor, torch.T
                 torch.empty(elements, dtype=torch.int64, device=device))
     held: tuple[torch.Tensor, torch.Tensor] | None = getattr(_CPU_BUFFERS, "held", None)
     if held is None or held[0].numel() < elements:
-        held = (torch.empty(elements, dtype=torch.int64), torch.empty(elements, dtype=torch.int64))
+        # Plain tensors even when made under inference mode (the runner's): an inference tensor cannot be written
+        # outside it, and the same thread may sample there later (a test, an offline caller).
+        with torch.inference_mode(False):
+            held = (torch.empty(elements, dtype=torch.int64), torch.empty(elements, dtype=torch.int64))
         _CPU_BUFFERS.held = held
     return held
 

@@ -224,6 +224,24 @@ def test_noise_is_the_same_from_threads_sampling_at_once():
             assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
 
 
+def test_a_thread_that_sampled_under_inference_mode_samples_outside_it():
+    """The runner samples under torch.inference_mode; the thread's CPU buffers made there must stay writable
+    outside it (an offline caller or a test sampling on the same thread): they were inference tensors, and the
+    next call outside raised 'Inplace update to inference tensor outside InferenceMode'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seeds, positions = torch.tensor([4, 5]), torch.tensor([0, 9])
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            inside = exponential_noise(seeds, positions, 3000)  # a fresh thread: its buffers are made here
+        return inside, exponential_noise(seeds, positions, 3000)
+
+    with ThreadPoolExecutor(1) as pool:
+        inside, outside = pool.submit(both).result()
+    assert torch.equal(inside, outside)
+
+
 @pytest.mark.parametrize("chunk", [None, 1 << 17])
 def test_a_seeded_row_draws_the_same_token_alone_and_anywhere_in_a_batch(chunk, monkeypatch):
     """Batch composition changes neither the noise nor the draw: a seeded row at a position, alone or at any place
