@@ -18,6 +18,8 @@ token at the same position whatever else shares the batch, with no per-request g
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +67,7 @@ class SamplingBatch:
     any_truncation: bool
     max_logprobs: int | None  # largest top-N any row asked for; None = no logprobs this step
     logprobs_mode: str = "raw_logprobs"  # --logprobs-mode: which logits the logprobs report
+    any_greedy: bool = True  # some row has temperature 0 (False: no row needs the argmax of its logits)
 
 
 @dataclass
@@ -186,16 +189,109 @@ def _mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """`[B, V]` Exp(1) draws that depend only on (seed, position, token id)."""
-    row = _mix64(seeds * _GOLDEN + positions)
-    tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix64(row.unsqueeze(1) + (tokens.unsqueeze(0) + 1) * _GOLDEN)
+def _shr_into(x: torch.Tensor, s: int, out: torch.Tensor) -> torch.Tensor:
+    """`_shr(x, s)` written into `out` (no new tensor)."""
+    return torch.bitwise_right_shift(x, s, out=out).bitwise_and_((1 << (64 - s)) - 1)
+
+
+def _mix64_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """`_mix64` in place on `x`, with `scratch` (same shape) for the shifted copies: the same values, but two
+    [B, V] int64 buffers in all instead of a fresh one per operation."""
+    x.bitwise_xor_(_shr_into(x, 30, scratch)).mul_(_MIX1)
+    x.bitwise_xor_(_shr_into(x, 27, scratch)).mul_(_MIX2)
+    return x.bitwise_xor_(_shr_into(x, 31, scratch))
+
+
+_TOKEN_KEYS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """`[V]` int64: token t's offset (t + 1) * golden in the hash's input, made once per vocabulary and device."""
+    key = (vocab_size, device)
+    if key not in _TOKEN_KEYS:
+        _TOKEN_KEYS[key] = (torch.arange(vocab_size, device=device, dtype=torch.int64) + 1) * _GOLDEN
+    return _TOKEN_KEYS[key]
+
+
+# Most elements of a CPU chunk: what bounds the two int64 buffers a sampling thread keeps (`_buffers`) to 16 MiB each.
+# Not smaller: every chunk's ~20 passes are ~20 parallel regions, and with 2 threads on loaded cores each one can stall
+# (1 MiB chunks, 8 at B 16 x V 49,152: 1.3 s wall a call vs 0.33 s in one chunk at load ~18); at 1 thread the
+# chunk size made no difference (in-cache 1 MiB chunks saved nothing measurable).
+_CPU_CHUNK = 1 << 21
+_CPU_BUFFERS = threading.local()
+
+
+def _buffers(elements: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two flat int64 buffers of at least `elements`: on the CPU the calling thread's own, reused from call to
+    call (a fresh multi-MiB tensor is fresh pages: the kernel zeroing them cost twice the hash itself); elsewhere
+    new ones (a caching allocator hands memory back without that cost)."""
+    if device.type != "cpu":
+        return (torch.empty(elements, dtype=torch.int64, device=device),
+                torch.empty(elements, dtype=torch.int64, device=device))
+    held: tuple[torch.Tensor, torch.Tensor] | None = getattr(_CPU_BUFFERS, "held", None)
+    if held is None or held[0].numel() < elements:
+        # Plain tensors even when made under inference mode (the runner's): an inference tensor cannot be written
+        # outside it, and the same thread may sample there later (a test, an offline caller).
+        with torch.inference_mode(False):
+            held = (torch.empty(elements, dtype=torch.int64), torch.empty(elements, dtype=torch.int64))
+        _CPU_BUFFERS.held = held
+    return held
+
+
+def _noise_rows(
+    row_keys: torch.Tensor, token_keys: torch.Tensor, bits: torch.Tensor, scratch: torch.Tensor
+) -> torch.Tensor:
+    """`[r, V]` float32 Exp(1) draws for hashed rows `row_keys` [r], computed in place in the flat int64 buffers
+    `bits` and `scratch`: the result is a view of `bits`' memory, valid until they are reused."""
+    shape = (row_keys.shape[0], token_keys.shape[0])
+    n = shape[0] * shape[1]
+    x = torch.add(row_keys.unsqueeze(1), token_keys, out=bits[:n].view(shape))
+    shifted = scratch[:n].view(shape)
+    _mix64_(x, shifted)
     # E = -log(1 - v), v uniform in (0, 1) from 53 bits: float32 keeps v's relative precision near 0, where a
     # draw decides the race (a small E lets an unlikely token win). A 24-bit grid put one token in 2^24 at
     # E = 0 (clamped to 1e-10): it beat any likely token, ~0.8% of draws at a 128k vocabulary.
-    v = ((_shr(bits, 11) + 1).float() * 2.0**-53).clamp_(max=1.0 - 2.0**-24)
-    return -torch.log1p(-v)
+    ulp53 = _shr_into(x, 11, shifted).add_(1)
+    # The float32 values go to the first half of the hash's memory (the hash is spent); copy_ rounds as .float().
+    v = bits[:n].view(torch.float32)[:n].view(shape).copy_(ulp53)
+    v.mul_(2.0**-53).clamp_(max=1.0 - 2.0**-24)
+    return v.neg_().log1p_().neg_()
+
+
+def _noise_chunks(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """`exponential_noise` by row chunks: (rows, their draws, a view valid until the next chunk). On the CPU a
+    chunk is as many rows as `_CPU_CHUNK` holds (all of a decode batch of the embedded model's up to 42 rows),
+    in the thread's reused buffers; elsewhere all rows."""
+    rows = seeds.shape[0]
+    step = max(1, _CPU_CHUNK // max(vocab_size, 1)) if seeds.device.type == "cpu" else max(rows, 1)
+    row_keys = _mix64(seeds * _GOLDEN + positions)
+    token_keys = _token_keys(vocab_size, seeds.device)
+    bits, scratch = _buffers(min(step, rows) * vocab_size, seeds.device)
+    for start in range(0, rows, step):
+        chunk = slice(start, min(start + step, rows))
+        yield chunk, _noise_rows(row_keys[chunk], token_keys, bits, scratch)
+
+
+def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`[B, V]` Exp(1) draws that depend only on (seed, position, token id)."""
+    # Each [B, V] step of the hash writes into one of two buffers, not a fresh tensor (~20 of those: on the CPU
+    # the kernel zeroing their new pages cost more than the arithmetic).
+    noise = torch.empty(seeds.shape[0], vocab_size, device=seeds.device)
+    for rows, draws in _noise_chunks(seeds, positions, vocab_size):
+        if seeds.device.type != "cpu":
+            return draws  # a single chunk, in memory of its own
+        noise[rows] = draws
+    return noise
+
+
+def race(drawn_from: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Each row's draw from softmax(`drawn_from`): the exponential race, argmax of p / E (`exponential_noise`)."""
+    probs = torch.softmax(drawn_from, dim=-1)
+    for rows, draws in _noise_chunks(b.seeds, b.positions, drawn_from.shape[1]):
+        probs[rows].div_(draws)
+    return probs.argmax(dim=-1)
 
 
 def sampling_logits(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -236,13 +332,14 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     if b.any_penalties:
         logits = apply_penalties(logits, b)
     logits = apply_token_masks(logits, b)
-    token_ids = logits.argmax(dim=-1)
     drawn_from = None
-    if not b.all_greedy:
+    if b.all_greedy:
+        token_ids = logits.argmax(dim=-1)
+    else:
         drawn_from = sampling_logits(logits, b)
-        probs = torch.softmax(drawn_from, dim=-1)
-        drawn = (probs / exponential_noise(b.seeds, b.positions, logits.shape[1])).argmax(dim=-1)
-        token_ids = torch.where(b.temperature == 0, token_ids, drawn)
+        token_ids = race(drawn_from, b)
+        if b.any_greedy:
+            token_ids = torch.where(b.temperature == 0, logits.argmax(dim=-1), token_ids)
     out = SamplerOutput(token_ids=token_ids)
     if b.max_logprobs is not None:
         add_logprobs(out, reported_values(b, raw, logits, drawn_from), b.max_logprobs, b.logprobs_mode)

@@ -89,6 +89,7 @@ def build_sampling_batch(
         bad_rows=to.tensor(sparse.bad_rows, torch.long),
         bad_tokens=to.tensor(sparse.bad_tokens, torch.long),
         all_greedy=all(t == 0 for t in temperatures),
+        any_greedy=any(t == 0 for t in temperatures),
         any_penalties=any_penalties,
         any_truncation=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         max_logprobs=max(logprobs) if logprobs else None,

@@ -30,7 +30,7 @@ from flotilla.engine.sampler import (
     apply_logit_bias,
     apply_penalties,
     apply_token_masks,
-    exponential_noise,
+    race,
     raw_values,
     reported_values,
     sampling_logits,
@@ -58,15 +58,14 @@ def verify(logits: torch.Tensor, b: SamplingBatch, groups: list[DraftGroup]) -> 
         logits = apply_penalties(logits, b)
     logits = apply_token_masks(logits, b)
     rows, drafts = _draft_rows(groups, logits.device)
-    greedy = logits.argmax(dim=-1)
     accepted = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     drawn_from = None
     if b.all_greedy:
-        tokens = greedy
-        accepted[rows] = greedy[rows] == drafts
+        tokens = logits.argmax(dim=-1)
+        accepted[rows] = tokens[rows] == drafts
     else:
         drawn_from = sampling_logits(logits, b)
-        tokens, accepted = _verify_random(drawn_from, b, greedy, rows, drafts, accepted)
+        tokens, accepted = _verify_random(drawn_from, b, logits, rows, drafts, accepted)
     out = SamplerOutput(token_ids=tokens, accepted=accepted)
     if b.max_logprobs is not None:  # the target's logprobs of whatever each row outputs
         add_logprobs(out, reported_values(b, raw, logits, drawn_from), b.max_logprobs, b.logprobs_mode)
@@ -76,15 +75,15 @@ def verify(logits: torch.Tensor, b: SamplingBatch, groups: list[DraftGroup]) -> 
 def _verify_random(
     drawn_from: torch.Tensor,
     b: SamplingBatch,
-    greedy: torch.Tensor,
+    logits: torch.Tensor,
     rows: torch.Tensor,
     drafts: torch.Tensor,
     accepted: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Every row draws as `sample()` draws (greedy rows their argmax); a draft is accepted iff it was drawn.
-    probs = torch.softmax(drawn_from, dim=-1)
-    drawn = (probs / exponential_noise(b.seeds, b.positions, drawn_from.shape[1])).argmax(dim=-1)
-    tokens = torch.where(b.temperature == 0, greedy, drawn)
+    tokens = race(drawn_from, b)
+    if b.any_greedy:
+        tokens = torch.where(b.temperature == 0, logits.argmax(dim=-1), tokens)
     if rows.numel():
         accepted[rows] = tokens[rows] == drafts
     return tokens, accepted

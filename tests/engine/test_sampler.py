@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from flotilla.engine import sampler
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, exponential_noise, sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
@@ -176,6 +177,98 @@ def test_seeded_noise_depends_only_on_seed_position_and_token():
     b = exponential_noise(torch.tensor([9, 7]), torch.tensor([0, 3]), V)
     assert torch.equal(a[0], b[1])
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (NumPy wraps array arithmetic modulo 2^64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@pytest.mark.parametrize(("rows", "vocab", "chunk"),
+                         [(3, V, None), (5, 50_000, 1 << 17), (2, 140_000, 1 << 17), (4, 50_000, None), (0, 10, None)])
+def test_noise_is_splitmix64_of_seed_position_and_token_whatever_the_chunking(rows, vocab, chunk, monkeypatch):
+    """The noise as documented, from an independent uint64 definition: v = (hash >> 11 + 1) / 2^53 with hash =
+    mix(mix(seed * golden + position) + (token + 1) * golden), E = -log1p(-v). With the CPU chunk at 2^17 elements
+    (None: the default) the cases cover one chunk, rows in chunks of two with a partial last one, a vocabulary
+    wider than a chunk, and the thread's buffers reused by a smaller call: the values must not depend on how the
+    rows are cut."""
+    if chunk is not None:
+        monkeypatch.setattr(sampler, "_CPU_CHUNK", chunk)
+    seeds = np.array([0, 1, 2**62 - 1, 12345, 987654321][:rows], dtype=np.uint64)
+    positions = np.array([0, 7, 3, 100_000, 1][:rows], dtype=np.uint64)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    row = _splitmix64(seeds * golden + positions)
+    bits = _splitmix64(row[:, None] + (np.arange(vocab, dtype=np.uint64)[None, :] + np.uint64(1)) * golden)
+    v = np.minimum(((bits >> np.uint64(11)) + np.uint64(1)).astype(np.float32) * np.float32(2.0**-53),
+                   np.float32(1.0 - 2.0**-24))
+    expected = -torch.log1p(-torch.from_numpy(v))  # torch's log1p: the same rounding as the sampler's
+    got = exponential_noise(torch.from_numpy(seeds.astype(np.int64)), torch.from_numpy(positions.astype(np.int64)),
+                            vocab)
+    assert got.dtype == torch.float32 and got.shape == (rows, vocab)
+    assert torch.equal(got, expected)
+
+
+def test_noise_is_the_same_from_threads_sampling_at_once():
+    """Each thread has its own CPU buffers: threads hashing at the same time (torch releases the GIL in its
+    kernels) get the noise a lone call gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [(torch.arange(k, dtype=torch.long) * 31 + k, torch.full((k,), k, dtype=torch.long), 20_000 + k)
+             for k in range(1, 7)]
+    expected = [exponential_noise(*case) for case in cases]
+    with ThreadPoolExecutor(len(cases)) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda case: exponential_noise(*case), cases))
+            assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def test_a_thread_that_sampled_under_inference_mode_samples_outside_it():
+    """The runner samples under torch.inference_mode; the thread's CPU buffers made there must stay writable
+    outside it (an offline caller or a test sampling on the same thread): they were inference tensors, and the
+    next call outside raised 'Inplace update to inference tensor outside InferenceMode'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seeds, positions = torch.tensor([4, 5]), torch.tensor([0, 9])
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            inside = exponential_noise(seeds, positions, 3000)  # a fresh thread: its buffers are made here
+        return inside, exponential_noise(seeds, positions, 3000)
+
+    with ThreadPoolExecutor(1) as pool:
+        inside, outside = pool.submit(both).result()
+    assert torch.equal(inside, outside)
+
+
+@pytest.mark.parametrize("chunk", [None, 1 << 17])
+def test_a_seeded_row_draws_the_same_token_alone_and_anywhere_in_a_batch(chunk, monkeypatch):
+    """Batch composition changes neither the noise nor the draw: a seeded row at a position, alone or at any place
+    of a batch, next to greedy and unseeded rows; in one CPU chunk (the default) and in chunks of two rows."""
+    if chunk is not None:
+        monkeypatch.setattr(sampler, "_CPU_CHUNK", chunk)
+    vocab = 50_000
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(5))
+    ours = SamplingParams(temperature=0.9, seed=77)
+    others = [SamplingParams(temperature=0), SamplingParams(temperature=1.3), SamplingParams(temperature=0.5, seed=3)]
+
+    def draw(params: list[SamplingParams]) -> list[int]:
+        rows = []
+        for i, p in enumerate(params):
+            r = Request(str(i), [1, 2, 3], p)
+            rows.append(SamplingRow(r, i, 40))
+        b = build_sampling_batch(rows, vocab, torch.device("cpu"), torch.Generator().manual_seed(len(params)))
+        return sample(logits.expand(len(params), vocab).clone(), b).token_ids.tolist()
+
+    alone = draw([ours])[0]
+    assert draw([SamplingParams(temperature=0)])[0] == int(logits.argmax())
+    for place in (0, 3, 6):
+        batch = [others[i % 3] for i in range(6)]
+        batch.insert(place, ours)
+        tokens = draw(batch)
+        assert tokens[place] == alone
+        assert all(t == int(logits.argmax()) for t, p in zip(tokens, batch, strict=True) if p.temperature == 0)
 
 
 def test_a_token_of_negligible_probability_is_not_drawn_on_the_noise_floor():
