@@ -33,6 +33,7 @@ from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
 from flotilla.operator.spec import DEFAULT_IMAGE, DEFAULT_PROMETHEUS_ADDRESS, GROUP, PLURAL, VERSION
+from flotilla.operator.webhook_server import WebhookServer
 
 WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
 
@@ -136,7 +137,7 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
         host = args.webhook_host or "127.0.0.1"
         cert_dir = args.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="flotilla-webhook-"))
         cert, key = ensure_certificate(cert_dir, [host, "127.0.0.1", "localhost"])
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = WebhookServer(
             addr=args.webhook_listen, port=args.webhook_port, host=host, certfile=str(cert), pkeyfile=str(key))
         if args.webhook_configuration:
             settings.admission.managed = args.webhook_configuration
