@@ -124,6 +124,8 @@ def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]
             errors.append(f"spec.pod.annotations: {problem}")
     if spec.pod.priority_class_name and (problem := policy.priority_class_problem(spec.pod.priority_class_name)):
         errors.append(f"spec.pod.priorityClassName: {problem}")
+    if spec.pod.service_account_name and (problem := policy.service_account_problem(spec.pod.service_account_name)):
+        errors.append(f"spec.pod.serviceAccountName: {problem}")
     return errors
 
 

@@ -74,6 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--priority-class", action="append", default=[], dest="priority_classes",
                    help="a PriorityClass that engine pods may use (repeatable); default: any but the built-in "
                         "system-* classes")
+    p.add_argument("--service-account", action="append", default=[], dest="service_accounts",
+                   help="a ServiceAccount that engine pods may run as (spec.pod.serviceAccountName; repeatable); "
+                        "default: any of the namespace's")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -95,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                       pod_annotations=tuple(args.pod_annotations),
                                       pod_labels=tuple(args.pod_labels),
                                       priority_classes=tuple(args.priority_classes),
+                                      service_accounts=tuple(args.service_accounts),
                                       engine_image=args.engine_image or DEFAULT_IMAGE)
         args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
                                       concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)

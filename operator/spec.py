@@ -540,8 +540,9 @@ class PodSpec(_Model):
                     "system-* classes).")
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
-        description="ServiceAccount the pods run as (its token is not mounted; for workload identity). "
-                    "Default: the namespace's default ServiceAccount.")
+        description="ServiceAccount the pods run as (its token is not mounted; for workload identity): one the "
+                    "cluster admin allows (default: any of the namespace's). Default: the namespace's default "
+                    "ServiceAccount.")
 
 
 class RolloutSpec(_Model):

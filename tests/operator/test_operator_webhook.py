@@ -174,3 +174,27 @@ def test_an_update_too_large_for_kopfs_default_limit_is_still_reviewed(operator_
                                      + "autoscaling.minReplicas (3) must not exceed autoscaling.maxReplicas (1)")
     stored = cluster.kube.get(path)["spec"]
     assert "autoscaling" not in stored and stored["engineArgs"][1].endswith("a")
+
+
+def test_an_admin_list_of_service_accounts_is_kept_at_admission(operator_process, cluster, namespace):
+    """With --service-account (chart: operator.serviceAccounts.allowed) the engine pods may run only as a listed
+    account: workload identity gives them its cloud role although no token is mounted."""
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--service-account", "model-reader"))
+        with pytest.raises(KubeError) as refused:
+            _create(cluster, fis("bad", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))
+        assert refused.value.status == 422
+        assert refused.value.message == DENIED + (
+            "spec.pod.serviceAccountName: cloud-admin is not a ServiceAccount this cluster allows InferenceServices "
+            "(model-reader): a cloud's workload identity gives the pods the account's role; leave the field out for "
+            "the namespace's default, or ask the cluster admin to allow it (operator flag --service-account, chart "
+            "value operator.serviceAccounts.allowed)")
+        _create(cluster, fis("good", namespace, autoscaling=None, pod={"serviceAccountName": "model-reader"}))
+        pods = wait_children(cluster, namespace, "good", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+        assert pods["serviceAccountName"] == "model-reader" and pods["automountServiceAccountToken"] is False
+    finally:
+        operator_process.stop()
+        operator_process.start()
+    # The session's operator (no list): any account of the namespace, as for a Pod.
+    _create(cluster, fis("any", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))
