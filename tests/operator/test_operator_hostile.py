@@ -202,6 +202,16 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                        "name an NVIDIA_* variable"),
     "gpu-runtime-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}, "prefix": "NVIDIA"}]}},
                                WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'NVIDIA', a key"),
+    # The engine's own environment switches (operator/engine_env.py): what engineArgs governs, set around it.
+    "runtime-lora-env": ("bad", {"pod": {"env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"}]}},
+                         WEBHOOK, "spec.pod.env: VLLM_ALLOW_RUNTIME_LORA_UPDATING would turn on the engine's runtime "
+                                  "adapter routes"),
+    "engine-flag-env": ("bad", {"pod": {"env": [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "-1"}]}}, WEBHOOK,
+                        "spec.pod.env: VLLM_HTTP_TIMEOUT_KEEP_ALIVE is the engine's --timeout-keep-alive: give "
+                        "--timeout-keep-alive in spec.engineArgs instead"),
+    "engine-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "VLLM_"}]}},
+                          WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'VLLM_', a key of the Secret or ConfigMap "
+                                   "could name VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
     # A pvc:// sub-path is the mount's subPath, where the apiserver refuses '..' (ApplyRefused after admission).
     "pvc-sub-path-dotdot": ("bad", {"model": {"source": "pvc://models/llama/../../x"}}, WEBHOOK,
                             "spec.model.source: the sub-path llama/../../x has a '..' segment"),
