@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_settings
 from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
+from flotilla.operator.engine_env import engine_env_problem, env_from_prefix_problem
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.names import (
@@ -94,6 +95,9 @@ def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     errors = [f"spec.pod.env: {e.name} is set by the operator" for e in spec.pod.env if e.name in OPERATOR_ENV]
     errors += [f"spec.pod.env: {e.name} cannot be set: {GPU_RUNTIME_ENV_REASON}; the pods get the GPUs they request"
                for e in spec.pod.env if is_gpu_runtime_name(e.name)]
+    # The engine's own switches (engine_env.py): a flag's variable would skip the engineArgs allow-list and checks.
+    errors += [f"spec.pod.env: {problem}" for e in spec.pod.env
+               if e.name not in OPERATOR_ENV and (problem := engine_env_problem(e.name))]
     # A Secret's or ConfigMap's keys are not known here (and change later): only a prefix keeps them off NVIDIA_*.
     for i, source in enumerate(spec.pod.env_from):
         if is_gpu_runtime_name(source.prefix or "", prefix=True):
@@ -101,6 +105,8 @@ def _env_rules(spec: InferenceServiceSpec) -> list[str]:
             errors.append(f"spec.pod.envFrom[{i}]: {given}, a key of the Secret or ConfigMap could name an NVIDIA_* "
                           f"variable, and {GPU_RUNTIME_ENV_REASON}; give a prefix (e.g. APP_), or name each variable "
                           "in spec.pod.env with valueFrom")
+        elif problem := env_from_prefix_problem(source.prefix or ""):
+            errors.append(f"spec.pod.envFrom[{i}]: {problem}")
     return errors
 
 
@@ -124,6 +130,8 @@ def _pod_rules(spec: InferenceServiceSpec, policy: AdmissionPolicy) -> list[str]
             errors.append(f"spec.pod.annotations: {problem}")
     if spec.pod.priority_class_name and (problem := policy.priority_class_problem(spec.pod.priority_class_name)):
         errors.append(f"spec.pod.priorityClassName: {problem}")
+    if spec.pod.service_account_name and (problem := policy.service_account_problem(spec.pod.service_account_name)):
+        errors.append(f"spec.pod.serviceAccountName: {problem}")
     return errors
 
 

@@ -33,6 +33,7 @@ from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
 from flotilla.operator.spec import DEFAULT_IMAGE, DEFAULT_PROMETHEUS_ADDRESS, GROUP, PLURAL, VERSION
+from flotilla.operator.webhook_server import WebhookServer
 
 WEBHOOK_CONFIGURATION = f"flotilla.{GROUP}"
 
@@ -73,6 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--priority-class", action="append", default=[], dest="priority_classes",
                    help="a PriorityClass that engine pods may use (repeatable); default: any but the built-in "
                         "system-* classes")
+    p.add_argument("--service-account", action="append", default=[], dest="service_accounts",
+                   help="a ServiceAccount that engine pods may run as (spec.pod.serviceAccountName; repeatable); "
+                        "default: any of the namespace's")
     p.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL (empty: none)")
@@ -94,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                       pod_annotations=tuple(args.pod_annotations),
                                       pod_labels=tuple(args.pod_labels),
                                       priority_classes=tuple(args.priority_classes),
+                                      service_accounts=tuple(args.service_accounts),
                                       engine_image=args.engine_image or DEFAULT_IMAGE)
         args.reading = ReaderSettings(period_s=args.serving_period or 1.0, window_s=args.serving_window,
                                       concurrency=args.serving_concurrency, timeout_s=args.serving_timeout)
@@ -136,7 +141,7 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
         host = args.webhook_host or "127.0.0.1"
         cert_dir = args.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="flotilla-webhook-"))
         cert, key = ensure_certificate(cert_dir, [host, "127.0.0.1", "localhost"])
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = WebhookServer(
             addr=args.webhook_listen, port=args.webhook_port, host=host, certfile=str(cert), pkeyfile=str(key))
         if args.webhook_configuration:
             settings.admission.managed = args.webhook_configuration

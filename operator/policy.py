@@ -40,6 +40,13 @@ The fourth is the pods' priority class. The built-in `system-node-critical` and 
 nodes, and since Kubernetes 1.17 the apiserver no longer keeps them to kube-system unless the admin configures
 a quota for them. So `system-*` classes are refused unless the admin lists them, and when the admin lists
 classes (`--priority-class`), only those are allowed.
+
+The fifth is the pods' ServiceAccount. The pods never mount its token, but a cloud's workload identity (EKS IRSA,
+GKE Workload Identity, Azure Workload Identity) keys on the ServiceAccount alone, so the engine gets the cloud role
+of whichever account spec.pod.serviceAccountName names. By default any ServiceAccount of the namespace may be named,
+as a Pod (or a KServe InferenceService) may name one: the namespace's accounts are its owner's to police. An admin
+who binds cloud roles to accounts in tenant namespaces lists the accounts engine pods may use (`--service-account`);
+then only those may be named (leaving the field out, the namespace's `default`, always may).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class AdmissionPolicy:
     pod_annotations: tuple[str, ...] = ()
     pod_labels: tuple[str, ...] = ()
     priority_classes: tuple[str, ...] = ()
+    service_accounts: tuple[str, ...] = ()
     # What spec.image's schema default stands for (--engine-image: a mirror, a vetted build). The mutating webhook
     # writes it into the spec; the review settles it too, for a spec admitted while the webhook was away.
     engine_image: str = DEFAULT_IMAGE
@@ -110,6 +118,16 @@ class AdmissionPolicy:
         allowed = ", ".join(self.priority_classes) or f"any but {SYSTEM_PRIORITY_PREFIX}*"
         return (f"{name} is not a priority class this cluster allows InferenceServices ({allowed}; operator flag "
                 "--priority-class, chart value operator.priorityClasses.allowed)")
+
+    def service_account_problem(self, name: str) -> str | None:
+        """Why the engine pods may not run as ServiceAccount `name`, or None when the policy allows it (any, unless
+        the admin lists some)."""
+        if not self.service_accounts or name in self.service_accounts:
+            return None
+        return (f"{name} is not a ServiceAccount this cluster allows InferenceServices "
+                f"({', '.join(self.service_accounts)}): a cloud's workload identity gives the pods the account's "
+                "role; leave the field out for the namespace's default, or ask the cluster admin to allow it "
+                "(operator flag --service-account, chart value operator.serviceAccounts.allowed)")
 
     def prometheus_address_problem(self, address: str) -> str | None:
         """Why KEDA may not query `address`, or None when the policy allows it (the schema's default always)."""

@@ -1,7 +1,8 @@
 """The periodic reader of engine `/metrics` that writes each InferenceService's `status.serving`.
 
 Every `period_s` it lists the engine pods (one call per watched namespace, or one cluster-wide, by
-the InferenceService label), fetches every running pod's `/metrics` with at most `concurrency`
+the InferenceService label; of those, only the pods the InferenceService's Deployment made: `targets_of`), fetches
+every running pod's `/metrics` on the engine's port with at most `concurrency`
 requests in flight and `timeout_s` each, keeps each pod's scrapes over the last `window_s`, and
 writes the figures (serving_metrics.py) into status when they moved enough (serving_status.py).
 A pod that does not answer is counted as unreachable, never waited for; a failing API server is
@@ -68,22 +69,37 @@ class Target:
     url: str
 
 
-def _metrics_port(pod: dict[str, Any]) -> int:
-    for container in pod.get("spec", {}).get("containers", []):
-        if container.get("name") == names.ENGINE_CONTAINER:
-            for port in container.get("ports", []):
-                if port.get("name") == names.HTTP_PORT_NAME:
-                    return int(port["containerPort"])
-    return names.HTTP_PORT
+# The label the Deployment controller gives a ReplicaSet's pods, whose value ends the ReplicaSet's name.
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+
+def made_by_the_deployment(pod: dict[str, Any], owner: str) -> bool:
+    """Whether `pod` is one of InferenceService `owner`'s engine pods: controlled by a ReplicaSet of its Deployment
+    (named `owner`), which the Deployment controller names `<deployment>-<pod-template-hash>`, and not on the node's
+    network (the operator never sets hostNetwork, and puts it back when a hand edit does).
+
+    The label alone is not enough: anyone who may create pods in a watched namespace could label one, and its
+    status.podIP and ports (a hostNetwork pod's address is its node's) would point the operator's scrape anywhere."""
+    meta = pod["metadata"]
+    template_hash = meta.get("labels", {}).get(POD_TEMPLATE_HASH_LABEL)
+    controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+    if not template_hash or len(controllers) != 1 or pod.get("spec", {}).get("hostNetwork"):
+        return False
+    ref = controllers[0]
+    return (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) == (
+        "apps/v1", "ReplicaSet", f"{owner}-{template_hash}")
 
 
 def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], list[Target]]:
-    """Running engine pods with an address, by (namespace, InferenceService) (a pure function)."""
+    """Running engine pods with an address, by (namespace, InferenceService) (a pure function): those its Deployment
+    made, on the port the operator gives the engine (names.HTTP_PORT), never one a pod's own spec names."""
     out: dict[tuple[str, str], list[Target]] = {}
     for pod in pods:
         meta, status = pod["metadata"], pod.get("status", {})
         owner = meta.get("labels", {}).get(names.INFERENCESERVICE_LABEL)
         if not owner or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if not made_by_the_deployment(pod, owner):
             continue
         if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
             continue
@@ -92,7 +108,7 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
             continue
         host = f"[{ip}]" if ":" in ip else ip
         out.setdefault((meta["namespace"], owner), []).append(
-            Target(meta["namespace"], meta["name"], f"http://{host}:{_metrics_port(pod)}/metrics"))
+            Target(meta["namespace"], meta["name"], f"http://{host}:{names.HTTP_PORT}/metrics"))
     return out
 
 

@@ -521,12 +521,14 @@ class PodSpec(_Model):
         default_factory=list,
         description="Extra environment variables of the engine (names the operator sets, and NVIDIA_* names, which "
                     "the container runtime reads as GPU requests, are refused; NVIDIA_TF32_OVERRIDE, which "
-                    "cuBLAS reads, is allowed). HF_TOKEN, "
+                    "cuBLAS reads, is allowed; so are an engine flag's variable, such as "
+                    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, and VLLM_ALLOW_RUNTIME_LORA_UPDATING). HF_TOKEN, "
                     "HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT also reach the hf:// download init containers.")
     env_from: list[EnvFromSource] = Field(
         default_factory=list, description="Secrets or ConfigMaps whose keys become environment variables of the "
                                           "engine (not of the hf:// downloads: name HF_TOKEN in env), each under a "
-                                          "prefix that keeps them off NVIDIA_* names (e.g. APP_).")
+                                          "prefix that keeps them off NVIDIA_* names and the engine's refused "
+                                          "ones (e.g. APP_).")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Names of Secrets with registry credentials for the engine image.")
     affinity: dict[str, Any] | None = Field(
@@ -540,8 +542,9 @@ class PodSpec(_Model):
                     "system-* classes).")
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
-        description="ServiceAccount the pods run as (its token is not mounted; for workload identity). "
-                    "Default: the namespace's default ServiceAccount.")
+        description="ServiceAccount the pods run as (its token is not mounted; for workload identity): one the "
+                    "cluster admin allows (default: any of the namespace's). Default: the namespace's default "
+                    "ServiceAccount.")
 
 
 class RolloutSpec(_Model):

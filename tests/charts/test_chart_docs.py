@@ -147,6 +147,7 @@ def test_each_value_reaches_the_operator_flag_its_row_names(render):
     samples = {"operator.hostPath.allowedPrefixes": ["/models"],
                "operator.engineAnnotations.allowed": ["prometheus.io/"],
                "operator.engineLabels.allowed": ["example.com/team"], "operator.priorityClasses.allowed": ["inference"],
+               "operator.serviceAccounts.allowed": ["model-reader"],
                "operator.keda.prometheusAddresses": ["http://prom.monitoring.svc:9090"], "operator.logLevel": "debug"}
     table = (REPO / "docs" / "helm.md").read_text().split("\n## Values\n")[1]
     rows = re.findall(r"^\| `([\w.]+)` \| `.*?` \| .*?(--[a-z][\w-]+)", table, re.M)

@@ -36,6 +36,7 @@ NON_DEFAULT = {
         "engineAnnotations": {"allowed": ["prometheus.io/", "sidecar.istio.io/inject"]},
         "engineLabels": {"allowed": ["example.com/", "sidecar.istio.io/inject"]},
         "priorityClasses": {"allowed": ["inference", "inference-batch"]},
+        "serviceAccounts": {"allowed": ["model-reader", "default"]},
         "keda": {"prometheusAddresses": ["http://prometheus.obs.svc:9090", "https://thanos.obs.svc/query"]},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "podLabels": {"team": "ml"},
@@ -220,6 +221,8 @@ def test_deployment_args_are_accepted_by_the_operator_cli() -> None:
                                                   "allowed", [])),
                                               pod_labels=tuple(operator.get("engineLabels", {}).get("allowed", [])),
                                               priority_classes=tuple(operator.get("priorityClasses", {}).get(
+                                                  "allowed", [])),
+                                              service_accounts=tuple(operator.get("serviceAccounts", {}).get(
                                                   "allowed", [])),
                                               engine_image=args.engine_image)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import http.server
+import random
 import threading
 from typing import Any
 
 import pytest
 
 from flotilla.operator.kube import KubeError
+from flotilla.operator.names import HTTP_PORT
 from flotilla.operator.spec import DEFAULT_IMAGE
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
@@ -202,6 +204,16 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                        "name an NVIDIA_* variable"),
     "gpu-runtime-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "gpus"}, "prefix": "NVIDIA"}]}},
                                WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'NVIDIA', a key"),
+    # The engine's own environment switches (operator/engine_env.py): what engineArgs governs, set around it.
+    "runtime-lora-env": ("bad", {"pod": {"env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"}]}},
+                         WEBHOOK, "spec.pod.env: VLLM_ALLOW_RUNTIME_LORA_UPDATING would turn on the engine's runtime "
+                                  "adapter routes"),
+    "engine-flag-env": ("bad", {"pod": {"env": [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "-1"}]}}, WEBHOOK,
+                        "spec.pod.env: VLLM_HTTP_TIMEOUT_KEEP_ALIVE is the engine's --timeout-keep-alive: give "
+                        "--timeout-keep-alive in spec.engineArgs instead"),
+    "engine-env-prefix": ("bad", {"pod": {"envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "VLLM_"}]}},
+                          WEBHOOK, "spec.pod.envFrom[0]: with the prefix 'VLLM_', a key of the Secret or ConfigMap "
+                                   "could name VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
     # A pvc:// sub-path is the mount's subPath, where the apiserver refuses '..' (ApplyRefused after admission).
     "pvc-sub-path-dotdot": ("bad", {"model": {"source": "pvc://models/llama/../../x"}}, WEBHOOK,
                             "spec.model.source: the sub-path llama/../../x has a '..' segment"),
@@ -568,8 +580,18 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def _http_server(answer):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+def _http_server(answer, port: int = 0):
+    """A recording HTTP server on 127.0.0.1 (`port` 0: a free one), or, with a `port`, on a loopback address of its
+    own (127.x.y.z: the engine pods' port is the operator's 8000, which several pods on one machine cannot share)."""
+    for _ in range(20):
+        host = "127.{}.{}.{}".format(*(random.randint(1, 254) for _ in range(3))) if port else "127.0.0.1"
+        try:
+            server = http.server.ThreadingHTTPServer((host, port), _Recorder)
+            break
+        except OSError:  # that address's port is taken (another test of this machine): another address
+            continue
+    else:
+        raise AssertionError(f"no loopback address with port {port} free")
     server.asked, server.answer = [], answer  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -580,25 +602,35 @@ def _http_server(answer):
         server.server_close()
 
 
+def _running(cluster, namespace: str, pod: str, ip: str) -> None:
+    """Report `pod` Running at `ip`, as a kubelet would (pods never run on the test control plane)."""
+    cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{pod}",
+                              {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]})
+
+
+def _engine_pod(cluster, namespace: str, name: str, ip: str) -> str:
+    """One of InferenceService `name`'s engine pods, made by its Deployment's ReplicaSet (the real controllers),
+    reported Running at `ip`; its name."""
+    wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
+             "the default ServiceAccount")
+    pods = wait_for(lambda: cluster.kube.list(f"/api/v1/namespaces/{namespace}/pods",
+                                              f"serving.flotilla.dev/inferenceservice={name}"), 60,
+                    f"the ReplicaSet's pods of {name}")
+    pod = sorted(p["metadata"]["name"] for p in pods)[0]
+    _running(cluster, namespace, pod, ip)
+    return pod
+
+
 def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(operator_process, cluster, namespace):
     # The engine image is the InferenceService author's choice, so its /metrics may answer with a redirect to what
     # only the operator reaches (another namespace's engine behind a NetworkPolicy, an internal service): the
-    # operator must read the pod it listed, nothing else. Pods never run here: the engine's Pod is made by hand
-    # with its status patched to Running on 127.0.0.1, as a kubelet would report it.
+    # operator must read the pod it listed, nothing else.
     figures = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
     with _http_server(lambda path: (200, {}, figures)) as elsewhere, _http_server(
-            lambda path: (302, {"Location": f"http://127.0.0.1:{elsewhere.server_port}/secret"}, b"")) as engine:
+            lambda path: (302, {"Location": f"http://127.0.0.1:{elsewhere.server_port}/secret"}, b""),
+            port=HTTP_PORT) as engine:
         cluster.apply(fis("redirect", namespace, autoscaling=None))
-        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
-                 "the default ServiceAccount")
-        cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "redirect-0", "labels": {"serving.flotilla.dev/inferenceservice": "redirect"}},
-            "spec": {"automountServiceAccountToken": False, "containers": [{
-                "name": "engine", "image": "hostile:latest",
-                "ports": [{"name": "http", "containerPort": engine.server_port, "protocol": "TCP"}]}]}})
-        cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/redirect-0",
-                                  {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+        _engine_pod(cluster, namespace, "redirect", engine.server_address[0])
         serving = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "redirect")).get("status") or {}).get(
             "serving"), 30, "status.serving")
         # (A scrape that ran past the reader's timeout on a loaded machine is written as unreachable too, maybe before
@@ -608,16 +640,31 @@ def test_the_operator_reads_an_engine_pods_metrics_and_follows_no_redirect(opera
         assert serving["scraped"] == 0 and serving["unreachable"] == 1, serving
 
 
-def _engine_pod(cluster, namespace: str, name: str, port: int) -> None:
-    """An engine Pod of the InferenceService `name`, Running on 127.0.0.1:`port` as a kubelet would report it."""
-    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{name}-0", "labels": {"serving.flotilla.dev/inferenceservice": name}},
-        "spec": {"automountServiceAccountToken": False, "containers": [{
-            "name": "engine", "image": "x:latest",
-            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}})
-    cluster.kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}-0",
-                              {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
+def test_the_operator_reads_only_the_pods_its_deployment_made_on_the_engines_port(operator_process, cluster,
+                                                                                  namespace):
+    """Anyone who may create pods in a watched namespace can give one the InferenceService label, and choose its
+    ports and (with hostNetwork) its address. The operator scraped such a pod at the port its spec named; now it
+    reads only pods of the InferenceService's own ReplicaSet, on the engine's port (8000), whatever a pod says."""
+    figures = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
+    with _http_server(lambda path: (200, {}, figures), port=HTTP_PORT) as engine, _http_server(
+            lambda path: (200, {}, figures)) as lure:
+        cluster.apply(fis("owned", namespace, autoscaling=None))
+        real = _engine_pod(cluster, namespace, "owned", engine.server_address[0])
+        # A forged pod: the label alone, on the lure's port. (A pod with the ReplicaSet's selector labels is adopted
+        # by its controller, Kubernetes' own rule, and deleted as one too many; other owners and hostNetwork:
+        # test_serving_metrics.py.)
+        cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "label-only", "labels": {"serving.flotilla.dev/inferenceservice": "owned"}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{
+                "name": "engine", "image": "x:latest",
+                "ports": [{"name": "http", "containerPort": lure.server_port, "protocol": "TCP"}]}]}})
+        _running(cluster, namespace, "label-only", "127.0.0.1")
+        asked = len(engine.asked)
+        wait_for(lambda: len(engine.asked) >= asked + 3, 30, "three more scrapes of the real engine pod")
+        serving = cluster.kube.get(fis_path(namespace, "owned"))["status"]["serving"]
+        assert [r["pod"] for r in serving["replicas"]] == [real] and serving["unreachable"] == 0, serving
+        assert lure.asked == [], "the operator scraped a pod its Deployment did not make, at the port it named"
 
 
 def _serving_of(cluster, namespace: str, name: str) -> dict[str, Any] | None:
@@ -635,13 +682,12 @@ def test_one_engines_hostile_metrics_keep_no_other_inferenceservice_from_its_ser
     # The engine image is its author's: its /metrics may say anything. A value no figure can be made of must cost
     # that InferenceService its figures (the pod counted unreachable), never every other team's status.serving.
     good = b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n"
-    with _http_server(lambda path: (200, {}, good)) as fine, _http_server(lambda path: (200, {}, hostile)) as bad:
+    with _http_server(lambda path: (200, {}, good), port=HTTP_PORT) as fine, _http_server(
+            lambda path: (200, {}, hostile), port=HTTP_PORT) as bad:
         for name in ("fine", "hostile"):
             cluster.apply(fis(name, namespace, autoscaling=None))
-        wait_for(lambda: cluster.kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
-                 "the default ServiceAccount")
-        _engine_pod(cluster, namespace, "hostile", bad.server_port)
-        _engine_pod(cluster, namespace, "fine", fine.server_port)
+        _engine_pod(cluster, namespace, "hostile", bad.server_address[0])
+        _engine_pod(cluster, namespace, "fine", fine.server_address[0])
         # Its figures, not its first status.serving: a period whose scrape of this loaded machine's tiny server ran
         # past the reader's timeout writes the pod as unreachable, and the next one reads it.
         serving = wait_for(lambda: (s := _serving_of(cluster, namespace, "fine")) and s["scraped"] and s, 60,

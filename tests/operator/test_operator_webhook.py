@@ -150,3 +150,51 @@ def test_the_webhooks_serve_the_operators_namespaces_and_an_unnamed_one(namespac
     from flotilla.operator.webhook import serves
 
     assert serves(namespace, namespaces) is served
+
+
+def _template(fill: str, size: int) -> str:
+    """A chat template of `size` characters (the text of one, as --chat-template wants: it holds a '{')."""
+    head = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    return head + fill * (size - len(head))
+
+
+@pytest.mark.parametrize("size", [600_000, 1_300_000], ids=["600kB", "1.3MB"])
+def test_an_update_too_large_for_kopfs_default_limit_is_still_reviewed(operator_process, cluster, namespace, size):
+    """An UPDATE's review carries the object twice. With kopf's (aiohttp's) 1 MiB request limit, two 600 kB specs drew
+    a 413 and failurePolicy Ignore admitted the invalid update unreviewed. Now a review of two objects near etcd's
+    1.5 MiB limit (1.3 MB each) is read and refused like any other (webhook_server.py)."""
+    path = fis_path(namespace, "big")
+    cluster.apply({**fixed("big", namespace), "spec": {**fixed("big", namespace)["spec"],
+                                                       "engineArgs": ["--chat-template", _template("a", size)]}})
+    patch = {"spec": {"autoscaling": {"minReplicas": 3, "maxReplicas": 1},
+                      "engineArgs": ["--chat-template", _template("b", size)]}}
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
+    assert refused.value.message == (DENIED.replace("InferenceService bad", "InferenceService big")
+                                     + "autoscaling.minReplicas (3) must not exceed autoscaling.maxReplicas (1)")
+    stored = cluster.kube.get(path)["spec"]
+    assert "autoscaling" not in stored and stored["engineArgs"][1].endswith("a")
+
+
+def test_an_admin_list_of_service_accounts_is_kept_at_admission(operator_process, cluster, namespace):
+    """With --service-account (chart: operator.serviceAccounts.allowed) the engine pods may run only as a listed
+    account: workload identity gives them its cloud role although no token is mounted."""
+    operator_process.stop()
+    try:
+        operator_process.start(extra_args=("--service-account", "model-reader"))
+        with pytest.raises(KubeError) as refused:
+            _create(cluster, fis("bad", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))
+        assert refused.value.status == 422
+        assert refused.value.message == DENIED + (
+            "spec.pod.serviceAccountName: cloud-admin is not a ServiceAccount this cluster allows InferenceServices "
+            "(model-reader): a cloud's workload identity gives the pods the account's role; leave the field out for "
+            "the namespace's default, or ask the cluster admin to allow it (operator flag --service-account, chart "
+            "value operator.serviceAccounts.allowed)")
+        _create(cluster, fis("good", namespace, autoscaling=None, pod={"serviceAccountName": "model-reader"}))
+        pods = wait_children(cluster, namespace, "good", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+        assert pods["serviceAccountName"] == "model-reader" and pods["automountServiceAccountToken"] is False
+    finally:
+        operator_process.stop()
+        operator_process.start()
+    # The session's operator (no list): any account of the namespace, as for a Pod.
+    _create(cluster, fis("any", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))

@@ -120,6 +120,24 @@ def test_priority_classes_are_any_but_the_system_ones_or_the_admins_list(flags, 
     assert (errors == []) == allowed, errors
 
 
+@pytest.mark.parametrize(("flags", "name", "allowed"), [
+    ([], "cloud-admin", True), ([], None, True),  # by default any account of the namespace, as for a Pod
+    (["--service-account", "model-reader"], "model-reader", True),
+    (["--service-account", "model-reader"], "cloud-admin", False),
+    (["--service-account", "model-reader"], "default", False),  # named, the default account is an account like any
+    (["--service-account", "model-reader"], None, True),  # left out: the namespace's default account, always
+])
+def test_service_accounts_are_any_or_the_admins_list(flags, name, allowed):
+    spec = {"model": {"source": "pvc://m"}, "pod": {} if name is None else {"serviceAccountName": name}}
+    errors = review(spec, "x", parse_args(flags).policy).errors
+    assert (errors == []) == allowed, errors
+    if not allowed:
+        assert errors == [f"spec.pod.serviceAccountName: {name} is not a ServiceAccount this cluster allows "
+                          "InferenceServices (model-reader): a cloud's workload identity gives the pods the account's "
+                          "role; leave the field out for the namespace's default, or ask the cluster admin to allow "
+                          "it (operator flag --service-account, chart value operator.serviceAccounts.allowed)"]
+
+
 @pytest.mark.parametrize("pattern", ["!kube-system", "team-a,team-b", "team-*, !team-x"])
 def test_the_operator_refuses_kopfs_negated_or_listed_namespace_patterns(pattern, capsys):
     # kopf reads "!x" as "every namespace but x" and "a,b" as two patterns; the resync, the serving reader and the

@@ -180,16 +180,39 @@ def test_status_is_written_only_when_a_figure_moves_enough(change, written):
     assert worth_writing(None, _block(), age_s=0, thresholds=t)
 
 
+def _pod(name, phase="Running", ip="10.0.0.1", ns="a", port=8000, label="svc", owner="svc-5d9f", hash_="5d9f",
+         host_network=False, kind="ReplicaSet", controller=True):
+    """A pod as the apiserver lists it: by default one that Deployment svc's ReplicaSet svc-5d9f made."""
+    labels = {"serving.flotilla.dev/inferenceservice": label}
+    if hash_:
+        labels["pod-template-hash"] = hash_
+    ref = {"apiVersion": "apps/v1", "kind": kind, "name": owner, "uid": "u", "controller": controller}
+    refs = [ref] if owner else []
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": refs},
+            "spec": {"hostNetwork": host_network,
+                     "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
+            "status": {"phase": phase, "podIP": ip}}
+
+
 def test_targets_are_running_engine_pods_with_an_address():
-    def pod(name, phase="Running", ip="10.0.0.1", ns="a", port=8000, label="svc"):
-        return {"metadata": {"name": name, "namespace": ns, "labels": {"serving.flotilla.dev/inferenceservice": label}},
-                "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
-                "status": {"phase": phase, "podIP": ip}}
-    pods = [pod("p1"), pod("p2", port=9000, ip="fd00::1"), pod("pending", phase="Pending", ip=""),
-            pod("other-ns", ns="b")]
+    pods = [_pod("p1"), _pod("p2", ip="fd00::1"), _pod("pending", phase="Pending", ip=""), _pod("other-ns", ns="b")]
     targets = targets_of(pods, ["a"])
     assert list(targets) == [("a", "svc")]
-    assert [t.url for t in targets[("a", "svc")]] == ["http://10.0.0.1:8000/metrics", "http://[fd00::1]:9000/metrics"]
+    assert [t.url for t in targets[("a", "svc")]] == ["http://10.0.0.1:8000/metrics", "http://[fd00::1]:8000/metrics"]
+
+
+@pytest.mark.parametrize("pod", [
+    _pod("no-owner", owner=None), _pod("no-hash", hash_=None), _pod("another-replicaset", owner="other-5d9f"),
+    _pod("hash-of-another", hash_="77aa"), _pod("not-a-replicaset", kind="StatefulSet"),
+    _pod("not-the-controller", controller=False), _pod("host-network", host_network=True),
+], ids=lambda p: p["metadata"]["name"])
+def test_a_labelled_pod_its_deployment_did_not_make_is_no_target(pod):
+    # Anyone with pod create in a watched namespace can label a pod, and choose its port and (hostNetwork) address.
+    assert targets_of([pod], []) == {}
+
+
+def test_the_engines_port_is_the_operators_whatever_the_pod_says():
+    assert [t.url for t in targets_of([_pod("p", port=9000)], [])[("a", "svc")]] == ["http://10.0.0.1:8000/metrics"]
 
 
 def _apply_merge_patch(target: dict, patch: dict) -> dict:

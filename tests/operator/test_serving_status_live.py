@@ -2,9 +2,10 @@
 reads a real engine (the tiny random Llama on CPU) through a Pod on the test control plane, and a
 real Prometheus (Debian's) scrapes the same engine with the chart's rules loaded.
 
-Pods never run on the test control plane: the engine's Pod is created by hand and its status
-patched to Running with podIP 127.0.0.1 and the engine's port, which is what a kubelet would
-report. The operator reads every second over a 5 s window (conftest.py's flags).
+Pods never run on the test control plane: a pod the Deployment's ReplicaSet made has its status
+patched to Running with the engine's address as podIP (a loopback address of its own, the engine on
+the operator's port 8000), which is what a kubelet would report. The operator reads every second over
+a 5 s window (conftest.py's flags).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import math
+import random
 import shutil
 import sys
 import threading
@@ -26,13 +28,14 @@ from typing import Any
 import pytest
 
 from flotilla.operator.autoscaling import desired_replicas, keda_query
+from flotilla.operator.names import HTTP_PORT
 from flotilla.operator.spec import InferenceServiceSpec
 
 from .conftest import FIS_PATH, REPO, SERVING_WINDOW_S, Cluster, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
-NAME, POD, MODEL = "live", "live-engine-0", "tiny"
+NAME, MODEL = "live", "tiny"
 MAX_NUM_SEQS, CLIENTS = 2, 6
 TARGET_S = 0.2  # TTFT p95 SLO: queueing behind 2 running requests breaks it, an idle engine keeps it
 # How long a wait for a first token inside a 5 s window may take under load: several whole requests (see below).
@@ -68,6 +71,7 @@ class Live:
     namespace: str
     engine: Any
     prometheus: Any
+    pod: str
 
     def serving(self) -> dict[str, Any]:
         body = self.cluster.kube.get(f"{FIS_PATH}/namespaces/{self.namespace}/inferenceservices/{NAME}")
@@ -81,20 +85,17 @@ class Live:
         return float(result[0]["value"][1]) if result else None
 
 
-def _scrape_config(engine_port: int, namespace: str) -> dict[str, Any]:
+def _scrape_config(engine: Any, namespace: str, pod: str) -> dict[str, Any]:
     # The labels the Prometheus Operator's relabeling gives an engine pod of InferenceService `live`.
-    labels = {"namespace": namespace, "pod": POD, "serving_flotilla_dev_inferenceservice": NAME}
+    labels = {"namespace": namespace, "pod": pod, "serving_flotilla_dev_inferenceservice": NAME}
     return {"job_name": f"serviceMonitor/{namespace}/{NAME}/0", "scrape_interval": "1s",
-            "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"], "labels": labels}]}
+            "static_configs": [{"targets": [f"{engine.host}:{engine.port}"], "labels": labels}]}
 
 
-def _engine_pod(namespace: str, port: int) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": POD, "namespace": namespace,
-                         "labels": {"serving.flotilla.dev/inferenceservice": NAME}},
-            "spec": {"automountServiceAccountToken": False, "containers": [{
-                "name": "engine", "image": "flotilla-engine:test",
-                "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}}
+def _pod_address() -> tuple[str, int]:
+    """A loopback address of the engine's own, on the port the operator gives engines (it reads no other): the
+    pod's IP, as a kubelet would report it."""
+    return "127.{}.{}.{}".format(*(random.randint(1, 254) for _ in range(3))), HTTP_PORT
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     engine = obs.helpers.start_server(
         tiny_model_dirs["llama"], work / "engine.log", "--served-model-name", MODEL, "--max-model-len", "256",
         "--block-size", "8", "--num-gpu-blocks-override", "48", "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--disable-log-stats")
+        "--disable-log-stats", address=_pod_address)
     prometheus = None
     try:
         kube = cluster.kube
@@ -121,12 +122,16 @@ def live(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
         # The namespace's default ServiceAccount (which Pod admission wants) comes a moment after it.
         wait_for(lambda: kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), 30,
                  "the default ServiceAccount")
-        kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", _engine_pod(namespace, engine.port))
-        kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{POD}",
-                          {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
-        prometheus = obs.start_prometheus(work, obs.free_port(), _scrape_config(engine.port, namespace),
+        # One of the pods the Deployment's ReplicaSet made (the operator reads no other), reported Running at the
+        # engine's address.
+        pods = wait_for(lambda: kube.list(f"/api/v1/namespaces/{namespace}/pods",
+                                          f"serving.flotilla.dev/inferenceservice={NAME}"), 60, "the engine pods")
+        pod = sorted(p["metadata"]["name"] for p in pods)[0]
+        kube.patch_status(f"/api/v1/namespaces/{namespace}/pods/{pod}",
+                          {"phase": "Running", "podIP": engine.host, "podIPs": [{"ip": engine.host}]})
+        prometheus = obs.start_prometheus(work, obs.free_port(), _scrape_config(engine, namespace, pod),
                                         [obs.fast_rules(work)])
-        yield Live(cluster, namespace, engine, prometheus)
+        yield Live(cluster, namespace, engine, prometheus, pod)
     finally:
         if prometheus is not None:
             prometheus.process.terminate()
@@ -190,7 +195,7 @@ def _reported(live: Live) -> dict[str, Any]:
 def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, operator_process: OperatorProcess,
                                                                 ) -> None:
     before = _reported(live)
-    assert [r["pod"] for r in before["replicas"]] == [POD]
+    assert [r["pod"] for r in before["replicas"]] == [live.pod]
     assert before["running"] == before["waiting"] == 0 and before["windowSeconds"] == SERVING_WINDOW_S
 
     # Under a load that breaks the SLO: 6 clients on an engine that runs 2 at a time.
@@ -212,7 +217,7 @@ def test_serving_figures_and_the_slo_autoscaler_follow_the_load(live: Live, oper
         now = live.serving()
         assert not load.errors, load.errors[:3]
         assert 0 <= now["running"] <= MAX_NUM_SEQS and now["running"] + now["waiting"] <= CLIENTS
-        assert now["replicas"][0]["pod"] == POD and now["scraped"] == 1 and now["unreachable"] == 0
+        assert now["replicas"][0]["pod"] == live.pod and now["scraped"] == 1 and now["unreachable"] == 0
         engine_rates = wait_for(lambda: trace.rates(now["observedAt"], now["windowSeconds"]), 30,
                                 "the engine's counter to be sampled past observedAt")
         assert 0.5 * min(engine_rates) <= now["generationTokensPerSecond"] <= 2 * max(engine_rates), (

@@ -26,10 +26,11 @@ class Server:
     process: subprocess.Popen
     port: int
     log: Path
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def metrics(self) -> dict[str, float]:
         """Unlabelled view of /metrics: `name{labels}` -> value."""
@@ -124,38 +125,39 @@ _PORT_TAKEN = "address already in use"
 
 
 def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
-                 launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server")) -> Server:
+                 launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server"),
+                 address: Callable[[], tuple[str, int]] | None = None) -> Server:
     """Start the server (`python -m flotilla.engine.server`, or `launcher` taking the same arguments)
-    and wait until /health answers 200.
+    and wait until /health answers 200. It listens on what `address()` gives (default: 127.0.0.1 and a free port).
 
     The free port is closed again before the server binds it: another process (or a client's outgoing
     connection, which takes its local port from the same range) may take it in between. The server then exits
-    at its bind, and is started again on another port."""
+    at its bind, and is started again on another address."""
     for _ in range(3):
-        server = _start_server_once(model, log, flags, env, launcher)
+        server = _start_server_once(model, log, flags, env, launcher, address or (lambda: ("127.0.0.1", free_port())))
         if server is not None:
             return server
     raise RuntimeError(f"three free ports were taken before the server bound them:\n{log.read_text()[-3000:]}")
 
 
 def _start_server_once(model: Path, log: Path, flags: Sequence[str], env: dict[str, str] | None,
-                       launcher: Sequence[str]) -> Server | None:
+                       launcher: Sequence[str], address: Callable[[], tuple[str, int]]) -> Server | None:
     """The server started and healthy, or None when its port was taken before it bound it."""
-    port = free_port()
+    host, port = address()
     cmd = [
         *launcher,
         str(model),
         "--port",
         str(port),
         "--host",
-        "127.0.0.1",
+        host,
         "--uvicorn-log-level",
         "warning",
         *flags,
     ]
     handle = log.open("w")
     process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = Server(process, port, log)
+    server = Server(process, port, log, host)
     # A wait, not an assertion (a crashed server is caught at once by poll()): the API process and its
     # engine-core process each import torch, and on the shared 2-core CI machine under load a start
     # has taken over 180 s.
