@@ -19,6 +19,8 @@ _.intercepted_binops  # jinja2: the sandbox routes these operators to call_binop
 _.call_binop
 _.pytestmark  # pytest: a module's marks
 _.pytest_collection_modifyitems  # pytest: a conftest hook
+_.pytest_collection_finish  # pytest: a conftest hook (tests/images: starts the image build)
+_.pytest_sessionfinish  # pytest: a conftest hook
 _.remove_lora  # engine/engine_call.py: EngineCall("remove_lora") runs it by name in the engine core
 _.do_GET  # http.server: BaseHTTPRequestHandler runs do_<METHOD> (tests/operator/test_operator_hostile.py)
 _.log_message  # http.server: BaseHTTPRequestHandler logs through it (silenced in the same test)

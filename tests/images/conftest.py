@@ -1,10 +1,11 @@
 """The images, built once per test run by scripts/build-images.sh (buildah, chroot isolation, FROM the
 local debootstrap base), and containers of them run with `buildah run`.
 
-A rebuild is skipped when the inputs are unchanged (the script labels each image with their hash), so
-a second run only exports nothing and starts containers. Building needs root (buildah and
-debootstrap; the script apt-installs them when missing); without it the tests are skipped, unless
-FLOTILLA_K8S_REQUIRED or FLOTILLA_IMAGES_REQUIRED is set (as in CI), when they fail instead.
+The build starts in the background as soon as collection ends (when a selected test needs `images`), so that it
+overlaps the tests that run first; the `images` fixture waits for it. A rebuild is skipped when the inputs are
+unchanged (the script labels each image with their hash), so a second run only exports nothing and starts containers.
+Building needs root (buildah and debootstrap; the script apt-installs them when missing); without it the tests are
+skipped, unless FLOTILLA_K8S_REQUIRED or FLOTILLA_IMAGES_REQUIRED is set (as in CI), when they fail instead.
 Under chroot isolation `buildah run` shares the host's network namespace: a server inside binds
 127.0.0.1 and the test reaches it there.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -54,24 +57,86 @@ class Images:
         return json.loads(out)
 
 
+def _can_build() -> bool:
+    """Root, or buildah and debootstrap already installed (the script apt-installs them as root)."""
+    return os.geteuid() == 0 or bool(shutil.which("buildah") and shutil.which("debootstrap"))
+
+
+@dataclass
+class _Build:
+    """build-images.sh running in the background: its output goes to files, read when it ends."""
+
+    process: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    started: float
+
+    @classmethod
+    def start(cls) -> _Build:
+        logs = Path(tempfile.mkdtemp(prefix="flotilla-images-build-"))
+        stdout, stderr = logs / "stdout", logs / "stderr"
+        with stdout.open("wb") as out, stderr.open("wb") as err:
+            process = subprocess.Popen(["bash", str(SCRIPT)], env={**os.environ, "OUT_DIR": str(CACHE / "oci")},
+                                       stdout=out, stderr=err, start_new_session=True)
+        return cls(process, stdout, stderr, time.monotonic())
+
+    def wait(self, timeout: float) -> tuple[int, str, str]:
+        """Exit status, stdout and stderr; the script is ended if it outlasts `timeout` seconds."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        return self.process.returncode, self.stdout.read_text(errors="replace"), self.stderr.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """End the script and whatever it started (its own process group)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+# The build started when collection ends (`pytest_collection_finish`), so that its ~3.5 min (mostly one core: pip,
+# the layer copies, gzip) overlap the tests that run before this directory's; `images` waits for it.
+_early: list[_Build] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the image build now when a selected test needs the `images` fixture and the build can run here."""
+    if session.config.option.collectonly or not _can_build():
+        return
+    if any("images" in getattr(item, "fixturenames", ()) for item in session.items):
+        _early.append(_Build.start())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A build that no test waited for (a run ended early) is not left running."""
+    for build in _early:
+        build.stop()
+
+
 @pytest.fixture(scope="session")
 def images() -> Images:
-    """Both images built (or found up to date) and exported as OCI archives."""
+    """Both images built (or found up to date) and exported as OCI archives: the build started at the end of
+    collection, else one started now."""
     required = os.environ.get("FLOTILLA_K8S_REQUIRED") or os.environ.get("FLOTILLA_IMAGES_REQUIRED")
-    if os.geteuid() != 0 and not (shutil.which("buildah") and shutil.which("debootstrap")):
+    if not _can_build():
         reason = "building images needs root (buildah, debootstrap)"
         if required:
             pytest.fail(reason)
         pytest.skip(reason)
+    build = _early[0] if _early else _Build.start()
+    returncode, stdout, stderr = build.wait(1800 - (time.monotonic() - build.started))
+    seconds = time.monotonic() - build.started
+    assert returncode == 0, f"build-images.sh failed:\n{stdout[-4000:]}\n{stderr[-6000:]}"
     out_dir = CACHE / "oci"
-    t0 = time.monotonic()
-    done = subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "OUT_DIR": str(out_dir)},
-                          capture_output=True, text=True, timeout=1800)
-    seconds = time.monotonic() - t0
-    assert done.returncode == 0, f"build-images.sh failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     archives = {"engine": out_dir / f"flotilla-engine-{VERSION}-cpu.oci.tar",
                 "operator": out_dir / f"flotilla-operator-{VERSION}.oci.tar"}
-    return Images(ENGINE, OPERATOR, archives, done.stderr, seconds)
+    return Images(ENGINE, OPERATOR, archives, stderr, seconds)
 
 
 class Container:

@@ -16,6 +16,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -104,7 +106,50 @@ def _compile_for_hopper(
                                         else len(ptx)].count("ld.global.b16")}  # fmt: skip
 
 
-def _compile_all() -> dict[str, dict[str, object]]:
+# The script modes each test reads (`MODES`, at the end of the file).
+_TEST_MODES = {"test_gated_gemv_compiles_for_hopper": ("gated",),
+               "test_fp8_row_gemv_compiles_for_hopper": ("fp8row",),
+               "test_fp8_kernels_compile_for_hopper": ("all-a", "all-b"),
+               "test_prefill_loop_forms_compile_for_hopper": ("prefill",)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable]:
+    """`compiled(mode)`: the JSON this file prints run as a script in `mode`, with the interpreter off. The modes of
+    every selected test of this file start at once, each a child process with a Triton cache of its own: Triton's
+    passes and ptxas run on one core, so on the 2-core CI machine they share the cores instead of queueing."""
+    root = tmp_path_factory.mktemp("hopper")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    jobs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+
+    def start(mode: str) -> None:
+        folder = root / mode
+        folder.mkdir()
+        with (folder / "stdout").open("wb") as out, (folder / "stderr").open("wb") as err:
+            jobs[mode] = (subprocess.Popen([sys.executable, __file__, mode], cwd=folder, stdout=out, stderr=err,
+                                           env={**env, "TRITON_CACHE_DIR": str(folder / "cache")}), folder)  # fmt: skip
+
+    for mode in dict.fromkeys(m for item in request.session.items if getattr(item, "module", None) is request.module
+                              for m in _TEST_MODES.get(getattr(item, "originalname", ""), ())):  # fmt: skip
+        start(mode)
+
+    def result(mode: str) -> dict[str, dict[str, object]]:
+        if mode not in jobs:
+            start(mode)
+        process, folder = jobs[mode]
+        process.wait(600)  # the modes share the cores: each takes longer than alone
+        assert process.returncode == 0, (folder / "stderr").read_text()[-4000:]
+        return json.loads((folder / "stdout").read_text().strip().splitlines()[-1])
+
+    yield result
+    for process, _ in jobs.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _compile_kv_writes() -> dict[str, dict[str, object]]:
+    """The fp8 KV-cache writes: the plain one and the one with the rotary embedding."""
     from flotilla.kernels.triton_kv_write import _kv_write_kernel
     from flotilla.kernels.triton_rotary_kv_write import _rotary_kv_write_kernel
 
@@ -125,14 +170,12 @@ def _compile_all() -> dict[str, dict[str, object]]:
                  "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # fmt: skip
     constexprs = dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64, PAGE=16, FP8=True)
     out["rotary_kv_write *fp8e4nv"] = _compile_for_hopper(_rotary_kv_write_kernel, pointers, constexprs)
-    out.update(_compile_fp8_gemv())
-    out.update(_compile_gemv_rope())
-    out.update(_compile_lora())
-    out.update(_compile_int4())
-    out.update(_compile_paged_decode())
-    out.update(_compile_skinny_gemm())
-    out.update(_compile_pdl())
     return out
+
+
+def _compile_all() -> dict[str, dict[str, object]]:
+    """Every kernel `test_fp8_kernels_compile_for_hopper` checks (the script with no mode)."""
+    return {name: r for part in _ALL_PARTS.values() for name, r in part().items()}
 
 
 def _compile_pdl() -> dict[str, dict[str, object]]:
@@ -426,15 +469,10 @@ def _compile_gated_gemv() -> dict[str, dict[str, object]]:
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_gated_gemv_compiles_for_hopper(tmp_path):
+def test_gated_gemv_compiles_for_hopper(compiled):
     """The one-row gated GEMV alone (this file run as a script with `gated`): FMA work in 16-byte weight loads;
     launched by PDL one wait and one trigger, with weight loads before the wait."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, __file__, "gated"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = compiled("gated")
     gated, gated_pdl = result["gated_gemv bf16 m1"], result["gated_gemv bf16 m1 pdl"]
     assert gated["cubin_bytes"] > 0 and gated_pdl["cubin_bytes"] > 0
     assert not gated["mma"] and gated["loads16"] > 0 and gated["gdc_wait"] == 0 and gated["gdc_launch"] == 0
@@ -477,16 +515,11 @@ def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_fp8_row_gemv_compiles_for_hopper(tmp_path):
+def test_fp8_row_gemv_compiles_for_hopper(compiled):
     """The one-row fp8 GEMV (this file run as a script with `fp8row`): the e4m3 pairs by the hardware cvt (inline
     PTX), FMA only, 16-byte weight loads straight to registers (no cp.async, no byte reads from shared memory);
     by PDL one wait and one trigger, the first tiles loaded before the wait (both trigger positions)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, __file__, "fp8row"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = compiled("fp8row")
     for name, r in result.items():
         assert r["cubin_bytes"] > 0 and r["e4m3_cvt"] and not r["mma"] and r["byte_smem_reads"] == 0, name
         assert r["loads16"] >= (8 if "gated" in name else 4), name  # 2 tiles (x2 gated) of 16-byte words a thread
@@ -496,13 +529,8 @@ def test_fp8_row_gemv_compiles_for_hopper(tmp_path):
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_fp8_kernels_compile_for_hopper(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, __file__], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+def test_fp8_kernels_compile_for_hopper(compiled):
+    result = compiled("all-a") | compiled("all-b")  # `_compile_all`'s two parts
     assert all(r["cubin_bytes"] > 0 for r in result.values())
     # the fp32 -> e4m3 stores and the GEMV's e4m3 loads use the hardware conversions (cvt ... e4m3x2),
     # not a software one
@@ -629,25 +657,27 @@ def _compile_prefill() -> dict[str, dict[str, object]]:
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
-def test_prefill_loop_forms_compile_for_hopper(tmp_path):
+def test_prefill_loop_forms_compile_for_hopper(compiled):
     """The prefill kernel's loop forms (this file run as a script with `prefill`) compile for sm_90 on Hopper's
     asynchronous tensor cores; the lean loop is the smaller kernel (its SASS, bench/sass_loop.py under Triton 3.6:
     3,152 instructions against 4,224)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, __file__, "prefill"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = compiled("prefill")
     assert all(r["cubin_bytes"] > 0 and r["wgmma"] for r in result.values()), result
     assert result["prefill lean"]["cubin_bytes"] < 0.9 * result["prefill old"]["cubin_bytes"]
     assert result["prefill lean lazy"]["cubin_bytes"] < result["prefill old lazy"]["cubin_bytes"]
     assert result["prefill lean rcp"]["cubin_bytes"] < result["prefill lean"]["cubin_bytes"]
 
 
+# The script's modes: one kernel family each, and `_compile_all` in two parts of about equal compile time (the
+# fixture below runs them at once). Filled in here, where every function above is defined.
+_ALL_PARTS = {"all-a": lambda: _compile_kv_writes() | _compile_fp8_gemv() | _compile_gemv_rope() | _compile_lora()
+              | _compile_int4() | _compile_skinny_gemm() | _compile_pdl(),
+              "all-b": _compile_paged_decode}  # fmt: skip
+MODES = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
+         "prefill": _compile_prefill, **_ALL_PARTS}  # fmt: skip
+
+
 if __name__ == "__main__":
     # `gated` / `rope`: one fused batch-1 kernel alone (quick; e.g. under the H200's Triton 3.6 put first on
     # PYTHONPATH, bench/sass_loop.py's docstring)
-    modes = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
-             "prefill": _compile_prefill}
-    print(json.dumps(modes.get(" ".join(sys.argv[1:]), _compile_all)()))
+    print(json.dumps(MODES.get(" ".join(sys.argv[1:]), _compile_all)()))

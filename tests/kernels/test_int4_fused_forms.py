@@ -193,8 +193,9 @@ def test_dispatch_switches(monkeypatch):
 
 @pytest.fixture(scope="module")
 def int4_checkpoints(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -> dict[str, Path]:
-    """A tiny random Llama (hidden 128, MLP 256, 4 heads of 32, 2 KV heads, fp32) as int4 checkpoints: compressed-
-    tensors W4A16 (symmetric, group 128, packed by the library) and GPTQ (zero points, group 32)."""
+    """A tiny random Llama (hidden 128, MLP 128, 4 heads of 32, 2 KV heads, fp32) as int4 checkpoints: compressed-
+    tensors W4A16 (symmetric, group 128, packed by the library) and GPTQ (zero points, group 32). MLP 128 (the
+    gate/up kernel's 256 rows, 16 programs of 16 under the interpreter) keeps the decode test's time down."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "engine"))
@@ -202,7 +203,7 @@ def int4_checkpoints(tmp_path_factory: pytest.TempPathFactory, embedded_model_di
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     torch.manual_seed(7)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=False, initializer_range=0.1, bos_token_id=1, eos_token_id=2)  # fmt: skip
     root = tmp_path_factory.mktemp("int4-fused")

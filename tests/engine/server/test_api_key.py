@@ -86,7 +86,8 @@ def test_load_counts_requests_in_progress_with_server_load_tracking(tiny_model_d
                           "--enable-server-load-tracking", env={"VLLM_API_KEY": KEY})
     try:
         assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
-        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 480, "n": 16, "ignore_eos": True}
+        # A quarter of the 16 x 480 tokens it took (~25 s in CI): seconds of work, still tens of /load polls in it.
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 240, "n": 8, "ignore_eos": True}
         work = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=120,
                                                           headers={"Authorization": f"Bearer {KEY}"}))
         work.start()
