@@ -93,7 +93,12 @@ def measure(url: str, path: str, body: dict, probe_every: float) -> tuple[float,
         with httpx.Client(timeout=600) as client:
             while probe_every and not done.is_set():
                 asked = time.monotonic()
-                client.get(f"{url}/health")
+                while True:
+                    try:
+                        client.get(f"{url}/health")
+                        break
+                    except httpx.TransportError:  # the keep-alive connection closed meanwhile (after a stall of
+                        pass  # more than uvicorn's 5 s keep-alive): asked again, the wait still counted from here
                 probes.append((asked, time.monotonic()))
                 time.sleep(probe_every)
 
