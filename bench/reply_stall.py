@@ -12,6 +12,13 @@ The Responses API has no `n`: its largest reply is one output's logprobs, `--res
 `--logprobs` alternatives each (-1, the whole vocabulary, with `--max-logprobs -1`):
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/reply_stall.py --cases responses --max-logprobs -1 --logprobs -1
+
+Streamed (`responses-stream`, `chat-stream`), each step's events carry that step's logprobs, and a Responses stream's
+closing events (`response.output_text.done`, `response.output_item.done`, `response.completed`) each carry the
+whole output's; the longest /health wait is printed for the whole stream and for its end alone (from the last
+event before the closing ones until the stream ends):
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/reply_stall.py --cases responses-stream --max-logprobs -1 --logprobs -1
 """
 
 from __future__ import annotations
@@ -53,30 +60,60 @@ def start(max_model_len: int, *flags: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start")
 
 
-def measure(url: str, path: str, body: dict, probe_every: float) -> tuple[float, int, float, int]:
-    """(the request's seconds, its body's bytes, the longest /health wait meanwhile, /health answers meanwhile);
-    `probe_every` 0: no /health asked (the wait reads 0)."""
-    waits: list[float] = [0.0]
+# A stream's end: its first closing event (each of a Responses stream's carries the whole output's logprobs)
+END_MARKS = ("event: response.output_text.done", "data: [DONE]")
+
+
+def posted(url: str, path: str, body: dict) -> tuple[int, float | None]:
+    """POST `body` (read to its end): its bytes, and for a stream when its end began (the arrival of the piece of
+    the stream before the one that holds the first closing event, `END_MARKS`; the events are hundreds of MB, so each
+    piece is only searched, never kept)."""
+    if not body.get("stream"):
+        response = httpx.post(f"{url}{path}", json=body, timeout=600)
+        response.raise_for_status()
+        return len(response.content), None
+    size, end_began, before, tail = 0, None, None, ""
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for text in response.iter_text():
+            size += len(text.encode())
+            if end_began is None and any(mark in tail + text for mark in END_MARKS):
+                end_began = before
+            tail, before = text[-40:], time.monotonic()
+    return size, end_began
+
+
+def measure(url: str, path: str, body: dict, probe_every: float) -> tuple[float, int, float, float, int]:
+    """(the request's seconds, its body's bytes, the longest /health wait meanwhile, the longest one that overlapped a
+    stream's end (`posted`), /health answers meanwhile); `probe_every` 0: no /health asked (the waits read 0)."""
+    probes: list[tuple[float, float]] = []  # (asked, answered)
     done = threading.Event()
 
     def ticker() -> None:
         with httpx.Client(timeout=600) as client:
             while probe_every and not done.is_set():
                 asked = time.monotonic()
-                client.get(f"{url}/health")
-                waits.append(time.monotonic() - asked)
+                while True:
+                    try:
+                        client.get(f"{url}/health")
+                        break
+                    except httpx.TransportError:  # the keep-alive connection closed meanwhile (after a stall of
+                        pass  # more than uvicorn's 5 s keep-alive): asked again, the wait still counted from here
+                probes.append((asked, time.monotonic()))
                 time.sleep(probe_every)
 
     thread = threading.Thread(target=ticker)
     thread.start()
     time.sleep(0.2)
     started = time.monotonic()
-    response = httpx.post(f"{url}{path}", json=body, timeout=600)
-    took = time.monotonic() - started
+    size, end_began = posted(url, path, body)
+    ended = time.monotonic()
     done.set()
     thread.join()
-    response.raise_for_status()
-    return took, len(response.content), max(waits), len(waits) - 1
+    waits = [answered - asked for asked, answered in probes]
+    at_end = [answered - asked for asked, answered in probes
+              if end_began is not None and answered > end_began and asked < ended]
+    return ended - started, size, max(waits, default=0.0), max(at_end, default=0.0), len(probes)
 
 
 def main() -> None:
@@ -105,13 +142,16 @@ def main() -> None:
                                         "ignore_eos": True, "include": ["message.output_text.logprobs"],
                                         "top_logprobs": k, "store": not args.no_store}),
     }
+    cases["responses-stream"] = (cases["responses"][0], {**cases["responses"][1], "stream": True})
+    cases["chat-stream"] = (cases["chat"][0], {**cases["chat"][1], "stream": True})
     try:
         for name in args.cases.split(","):
             path, body = cases[name]
             alone = measure(url, path, body, 0)[0]
-            took, size, stall, answers = measure(url, path, body, args.probe_every)
-            print(f"{name:12s} reply {alone:6.2f} s alone, {took:6.2f} s probed  body {size / 1e6:7.1f} MB  "
-                  f"longest /health wait {stall:6.3f} s ({answers} answers)", flush=True)
+            took, size, stall, at_end, answers = measure(url, path, body, args.probe_every)
+            end = f", at the stream's end {at_end:6.3f} s" if body.get("stream") else ""
+            print(f"{name:16s} reply {alone:6.2f} s alone, {took:6.2f} s probed  body {size / 1e6:7.1f} MB  "
+                  f"longest /health wait {stall:6.3f} s{end} ({answers} answers)", flush=True)
     finally:
         process.terminate()
         process.wait(60)

@@ -23,12 +23,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.json_reply import built, json_body
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built, json_body
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
@@ -52,7 +53,7 @@ from flotilla.engine.server.sampling_request import (
     sampling_params,
 )
 from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
-from flotilla.engine.server.sse import json_text
+from flotilla.engine.server.sse import json_text, json_text_in_pieces
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
 from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools
@@ -242,10 +243,10 @@ class StoredResponse:
     size: int
 
 
-def stored(response: dict[str, Any], conversation: list[dict[str, Any]]) -> StoredResponse:
+def stored(response: dict[str, Any], conversation: list[dict[str, Any]], body: bytes | None = None) -> StoredResponse:
     """`response` and its `conversation` as the store keeps them (blocking: a large one is encoded on a worker
-    thread)."""
-    body = json_body(response)
+    thread); `body`: the response's JSON body (`json_body`) when it is encoded already."""
+    body = json_body(response) if body is None else body
     return StoredResponse(response["id"], body, conversation, len(body) + len(json.dumps(conversation)))
 
 
@@ -289,9 +290,9 @@ class ResponsesServing:
         self.store = store or ResponseStore()
 
     async def create(self, req: ResponsesRequest, model: str,
-                     header_id: str | None = None) -> dict[str, Any] | AsyncIterator[str]:
-        """POST /v1/responses: the finished response, or its event stream (`header_id`: the request's
-        X-Request-Id, which leads the response's id)."""
+                     header_id: str | None = None) -> Response | AsyncIterator[str]:
+        """POST /v1/responses: the finished response (its JSON body), or its event stream (`header_id`: the
+        request's X-Request-Id, which leads the response's id)."""
         _refuse_unservable(req)
         history = self.store.get(req.previous_response_id).conversation if req.previous_response_id else []
         conversation = history + input_messages(req.input)
@@ -348,26 +349,19 @@ class ResponsesServing:
             await stream.aclose()  # aborts the request if this task is cancelled (the client left)
         assert final is not None and final.finished
         # A large reply (output logprobs: up to --max-logprobs alternatives a token, the whole vocabulary with -1) is
-        # built, and its stored size measured, off the loop: on it, /health waited 42 s for a 133 MB one
+        # built and encoded off the loop: on it, /health waited 42 s for a 133 MB one. Encoded once: the store keeps
+        # the very bytes the reply sends (encoded twice, once for each, it took 2 s more of a worker's time and GIL)
         per_token = (1 + (chat.top_logprobs or 0) if logprobs is not None else 0) + req.enable_response_messages
         values = reply_values([final], per_token) + (len(prompt.token_ids) if req.enable_response_messages else 0)
         reply = await built(functools.partial(_reply, req, base, plan, reasoning, final, logprobs, prompt,
                                               conversation), values)
         if reply.stored is not None:
             self.store.put(reply.stored)
-        return reply.response
+        return Response(reply.body, media_type="application/json")  # JSONResponse's bytes and headers
 
     def get(self, response_id: str) -> bytes:
         """GET /v1/responses/{id}: the stored response's JSON body."""
         return self.store.get(response_id).body
-
-    def _finish(self, req: ResponsesRequest, base: dict[str, Any], items: list[dict[str, Any]],
-                output: RequestOutput, usage: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
-        """The finished response object (stored unless `store` is false); `output` is the last one."""
-        response = _finished(base, items, output, usage)
-        if req.store:
-            self.store.put(stored(response, [*conversation, assistant_turn(items)]))
-        return response
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
                       reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],
@@ -449,43 +443,69 @@ class ResponsesServing:
         items = _output_items(message_id, message_text, call_items, status, thought,
                               entries if logprobs is not None else None)
         raw = _raw_messages(prompt, "".join(raw_text), raw_ids) if prompt and req.enable_response_messages else {}
-        response = self._finish(req, {**base, **raw}, items, final, _usage(final, tokens), conversation)
-        for index, item in enumerate(items):
-            if item["type"] == "reasoning":  # streamed and closed already
-                continue
-            if item["type"] == "message":
-                for event in _close_message(ev, item, index, opened, sent, entries[logged:]):
-                    yield event
-                continue
-            where = {"item_id": item["id"], "output_index": index}
-            if item is not call_items[0] or named is None:
-                yield ev("response.output_item.added", output_index=index, item={**item, "arguments": "",
-                                                                                  "status": "in_progress"})
-                yield ev("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            yield ev("response.function_call_arguments.done", **where, arguments=item["arguments"])
-            yield ev("response.output_item.done", output_index=index, item=item)
-        yield ev("response.completed" if response["status"] == "completed" else "response.incomplete",
-                 response=response)
+        response = _finished({**base, **raw}, items, final, _usage(final, tokens))
+        # The closing events each carry the whole output (its logprobs: 1.57M entries for 32 tokens of the whole
+        # vocabulary), and so does the stored copy: a large end is built and encoded off the loop, in pieces
+        values = sum(2 + len(e["top_logprobs"]) for e in entries)
+        values += len(raw_ids) + len(prompt.token_ids) if raw and prompt else 0
+        end = functools.partial(_stream_end, ev, response, named["id"] if named else None, unlogged=entries[logged:],
+                                opened=opened, sent=sent, conversation=conversation if req.store else None,
+                                pieces=values > OFF_LOOP_VALUES)
+        closing, entry = await built(end, values)
+        if entry is not None:  # stored before the client hears the end: a GET after response.completed finds it
+            self.store.put(entry)
+        for event in closing:
+            yield event
+
+
+def _stream_end(ev: _Numbered, response: dict[str, Any], named_id: str | None, *,
+                unlogged: list[dict[str, Any]], opened: bool, sent: int,
+                conversation: list[dict[str, Any]] | None, pieces: bool) -> tuple[list[str], StoredResponse | None]:
+    """A stream's closing events for its finished `response` (the items' last events, then `response.completed` or
+    `.incomplete`), and what the store keeps of it (`conversation` None: not stored). Blocking: a large end is built
+    on a worker thread, each event encoded in `pieces` (json_reply.py). `named_id`: the call item a named tool choice
+    added while streaming; `opened`, `sent`, `unlogged`: the message's state (`_close_message`)."""
+    ev.pieces = pieces
+    items = response["output"]
+    events: list[str] = []
+    for index, item in enumerate(items):
+        if item["type"] == "reasoning":  # streamed and closed already
+            continue
+        if item["type"] == "message":
+            events += _close_message(ev, item, index, opened, sent, unlogged)
+            continue
+        where = {"item_id": item["id"], "output_index": index}
+        if item["id"] != named_id:
+            events += [ev("response.output_item.added", output_index=index, item={**item, "arguments": "",
+                                                                                 "status": "in_progress"}),
+                       ev("response.function_call_arguments.delta", **where, delta=item["arguments"])]
+        events += [ev("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+                   ev("response.output_item.done", output_index=index, item=item)]
+    events.append(ev("response.completed" if response["status"] == "completed" else "response.incomplete",
+                     response=response))
+    entry = None if conversation is None else stored(response, [*conversation, assistant_turn(items)])
+    return events, entry
 
 
 @dataclass
 class _Reply:
-    """A non-streamed response, and what the store keeps of it (None: `store` false)."""
+    """A non-streamed response's JSON body, and what the store keeps of it (None: `store` false)."""
 
-    response: dict[str, Any]
+    body: bytes
     stored: StoredResponse | None
 
 
 def _reply(req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, reasoning: ReasoningParser | None,
            final: RequestOutput, logprobs: LogprobsOf | None, prompt: Prompt,
            conversation: list[dict[str, Any]]) -> _Reply:
-    """The finished response of a non-streamed request whose last output is `final` (blocking: a large one is built
-    on a worker thread), with what the store needs when `store` is true."""
+    """The finished response of a non-streamed request whose last output is `final`, encoded (blocking: a large one
+    is built and encoded on a worker thread), with what the store needs when `store` is true: the same bytes."""
     items = _reply_items(plan, reasoning, final, logprobs, req.include_reasoning)
     out = final.outputs[0]
     raw = _raw_messages(prompt, out.text, out.token_ids) if req.enable_response_messages else {}
     response = _finished({**base, **raw}, items, final, _usage(final, len(out.token_ids)))
-    return _Reply(response, stored(response, [*conversation, assistant_turn(items)]) if req.store else None)
+    body = json_body(response)  # JSONResponse's bytes, in pieces when large
+    return _Reply(body, stored(response, [*conversation, assistant_turn(items)], body) if req.store else None)
 
 
 def _finished(base: dict[str, Any], items: list[dict[str, Any]], output: RequestOutput,
@@ -548,14 +568,16 @@ class _StreamedReasoning:
 
 
 class _Numbered:
-    """Server-sent events of one Responses stream, numbered by `sequence_number` from 0."""
+    """Server-sent events of one Responses stream, numbered by `sequence_number` from 0; each encoded in `pieces`
+    (json_reply.py: the same text) when set, for events built on a worker thread."""
 
     def __init__(self) -> None:
         self.next = 0
+        self.pieces = False
 
     def __call__(self, kind: str, **fields: Any) -> str:
         self.next += 1
-        return _event(kind, self.next - 1, **fields)
+        return _event(kind, self.next - 1, self.pieces, **fields)
 
 
 def _open_message(ev: _Numbered, item_id: str, output_index: int) -> list[str]:
@@ -669,7 +691,8 @@ def _usage(output: RequestOutput, generated: int) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + generated}
 
 
-def _event(kind: str, sequence_number: int, **fields: Any) -> str:
-    """One server-sent event of the Responses stream (`event:` names its type, as OpenAI's)."""
+def _event(kind: str, sequence_number: int, pieces: bool = False, **fields: Any) -> str:
+    """One server-sent event of the Responses stream (`event:` names its type, as OpenAI's); `pieces`: encoded in
+    pieces (the same text), for a large one built on a worker thread."""
     payload = {"type": kind, "sequence_number": sequence_number, **fields}
-    return f"event: {kind}\ndata: {json_text(payload)}\n\n"
+    return f"event: {kind}\ndata: {json_text_in_pieces(payload) if pieces else json_text(payload)}\n\n"

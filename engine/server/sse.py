@@ -76,6 +76,13 @@ def encoded_logprobs(logprobs: dict[str, Any]) -> str:
     return "".join(json_pieces(logprobs, _ENCODER))
 
 
+def json_text_in_pieces(value: Any) -> str:
+    """`json_text(value)` encoded in pieces of bounded size (json_reply.py), for a large value on a worker thread: the
+    event loop takes the GIL between two (a Responses stream's closing events each carry the whole output's
+    logprobs)."""
+    return "".join(json_pieces(value, _ENCODER))
+
+
 def json_text(value: Any) -> str:
     """`json.dumps(value, ensure_ascii=False)`, with a chunk's usual values (a text, a null) written directly."""
     if value is None:

@@ -181,3 +181,46 @@ def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encod
     assert result["status"] == 200
     data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
     assert [d["index"] for d in data] == list(range(20_000)) and all(len(d["embedding"]) == 64 for d in data)
+
+
+def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server):
+    # A Responses stream's closing events (response.output_text.done, response.output_item.done, response.completed)
+    # and its stored copy each carry the whole output's logprobs: 400 tokens of 1000 alternatives, 400k entries. Built
+    # and encoded on the event loop once the engine's part was over, they held /health and every other request.
+    url = logging_server.url
+    tag = f"resp_big-{time.monotonic_ns()}"
+    end = threading.Event()  # the first closing event came
+    lines: list[str] = []
+
+    def big() -> None:
+        with httpx.stream("POST", f"{url}/v1/responses", headers=AUTH, timeout=600,
+                          json={"model": "tiny", "input": "hi", "max_output_tokens": 400, "ignore_eos": True,
+                                "include": ["message.output_text.logprobs"], "top_logprobs": 1000, "stream": True,
+                                "request_id": tag}) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line == "event: response.output_text.done":
+                    end.set()
+                lines.append(line)
+
+    since = len(logging_server.log.read_text())
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        # From its engine request's end on, the stream is the front end's alone: its end's events and stored copy
+        _wait_for_log(logging_server, rf"Finished request {tag}-", since, thread)
+        before_end = _answered_before(url, end, "/v1/completions", SMALL)
+    finally:
+        thread.join(600)
+    assert before_end == [True] * 4, before_end
+    events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    streamed = [entry for e in events if e["type"] == "response.output_text.delta" for entry in e["logprobs"]]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    part = events[-1]["response"]["output"][0]["content"][0]
+    assert events[-1]["type"] == "response.incomplete" and len(part["logprobs"]) == 400
+    assert all(len(entry["top_logprobs"]) == 1000 for entry in part["logprobs"])
+    assert done["logprobs"] == streamed == [{"token": e["token"], "logprob": e["logprob"], "top_logprobs": [
+        {"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]]} for e in part["logprobs"]]
+    stored = httpx.get(f"{url}/v1/responses/{tag}", headers=AUTH, timeout=600).json()
+    assert stored == events[-1]["response"]

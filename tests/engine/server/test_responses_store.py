@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import gc
 import json
+import re
+import sys
 
+import openai
 import pytest
 
 from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES
 from flotilla.engine.server.responses import ResponseStore, stored
+
+from .conftest import API_KEY, start_server, stop_server
 
 ENTRIES = 50_000
 
@@ -49,3 +55,67 @@ def test_the_byte_bound_drops_the_oldest_by_their_stored_size():
         store.get("resp_1")
     assert dropped.value.status == 404
     assert store.get("resp_2").body == b'{"id":"resp_2","output":[]}' and store.num_bytes == store.get("resp_2").size
+
+
+# The real server, reporting from inside its process the bytes of every reply body encoded: each call of the encoder
+# that json_reply.py encodes bodies with (whole, or in pieces) and of Starlette's JSONResponse (a small reply's, as
+# FastAPI sends it). A test-only hook around the real `flotilla serve` entry point, not part of the product.
+COUNTING_SERVER = '''
+import json
+import sys
+from starlette.responses import JSONResponse
+from flotilla.engine.server import json_reply
+
+class CountingEncoder(json.JSONEncoder):
+    def encode(self, o):
+        text = super().encode(o)
+        print(f"encoded {len(text.encode())} bytes", flush=True)
+        return text
+
+json_reply.REPLY_ENCODER = CountingEncoder(**{k: getattr(json_reply.REPLY_ENCODER, k) for k in (
+    "ensure_ascii", "allow_nan", "indent")}, separators=(",", ":"))
+render = JSONResponse.render
+
+def counting_render(self, content):
+    body = render(self, content)
+    print(f"encoded {len(body)} bytes", flush=True)
+    return body
+
+JSONResponse.render = counting_render
+if __name__ == "__main__":
+    from flotilla.engine.server.cli import main
+    sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.fixture(scope="module")
+def counting_server(tiny_model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("counting-server")
+    script = root / "counting_server.py"
+    script.write_text(COUNTING_SERVER)
+    s = start_server(tiny_model_dirs["llama"], root / "server.log", "--served-model-name", "tiny", "--max-model-len",
+                     "512", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY},
+                     launcher=(sys.executable, str(script)))
+    yield s
+    stop_server(s)
+
+
+@pytest.mark.parametrize("store", [True, False])
+@pytest.mark.parametrize("tokens", [8, 300])  # a small reply, encoded on the loop; a large one, on a worker thread
+def test_a_non_streamed_responses_reply_is_encoded_once(counting_server, store, tokens):
+    # The reply was encoded twice when stored: once for the store (its body, which GET sends) and once again to
+    # send it. The same bytes serve both now.
+    client = openai.OpenAI(base_url=f"{counting_server.url}/v1", api_key=API_KEY)
+    since = len(counting_server.log.read_text())
+    raw = client.responses.with_raw_response.create(
+        model="tiny", input="hi", max_output_tokens=tokens, store=store, top_logprobs=20,
+        include=["message.output_text.logprobs"], extra_body={"ignore_eos": True})
+    body = raw.http_response.content
+    encoded = sum(int(n) for n in re.findall(r"encoded (\d+) bytes", counting_server.log.read_text()[since:]))
+    response = raw.parse()
+    assert len(response.output[0].content[0].logprobs) == tokens
+    assert (tokens * 21 > OFF_LOOP_VALUES) == (tokens == 300)  # the two paths (the entries alone decide it)
+    # once: the whole body (a large one also encodes each of its large dicts' keys apart, a few bytes each)
+    assert len(body) <= encoded < len(body) + 1000, (encoded, len(body))
+    if store:
+        assert client.responses.with_raw_response.retrieve(response.id).http_response.content == body
