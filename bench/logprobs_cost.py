@@ -73,7 +73,7 @@ def offline_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Cal
 
     variants = {None: sampler.add_logprobs}
     if args.baseline_ref:
-        variants[args.baseline_ref] = baseline_add_logprobs(args.baseline_ref)
+        variants[args.baseline_ref] = sampler_at(args.baseline_ref).add_logprobs
 
     def run(case: str) -> None:
         name, _, ref = case.partition("@")
@@ -94,14 +94,14 @@ def offline_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Cal
     return run, time.process_time, lambda: None
 
 
-def baseline_add_logprobs(ref: str) -> Callable[..., None]:
-    """`add_logprobs` as engine/sampler.py of git revision `ref` defines it (with that module's helpers)."""
+def sampler_at(ref: str) -> types.ModuleType:
+    """engine/sampler.py as git revision `ref` defines it, as its own module (bench/sampling_cost.py uses it too)."""
     source = subprocess.run(["git", "show", f"{ref}:engine/sampler.py"], check=True, capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1]).stdout
     module = types.ModuleType(f"sampler_at_{ref}")
     sys.modules[module.__name__] = module  # its dataclasses look their module up
     exec(compile(source, f"{ref}:engine/sampler.py", "exec"), module.__dict__)  # the project's own source
-    return module.add_logprobs
+    return module
 
 
 def free_port() -> int:

@@ -21,13 +21,10 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
-import types
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,16 +40,6 @@ MICRO_CASES: dict[str, dict[str, Any]] = {
     "unseeded": {"temperature": 0.8},
     "top_p0.9": {"temperature": 0.8, "top_p": 0.9},
 }
-
-
-def baseline_sample(ref: str) -> Sample:
-    """`sample` as engine/sampler.py of git revision `ref` defines it (with that module's helpers)."""
-    source = subprocess.run(["git", "show", f"{ref}:engine/sampler.py"], check=True, capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout
-    module = types.ModuleType(f"sampler_at_{ref}")
-    sys.modules[module.__name__] = module  # its dataclasses look their module up
-    exec(compile(source, f"{ref}:engine/sampler.py", "exec"), module.__dict__)  # the project's own source
-    return module.sample
 
 
 def micro_batch(case: str, rows: int, vocab: int, device: torch.device) -> sampler.SamplingBatch:
@@ -172,7 +159,9 @@ def main() -> None:
     args = parser.parse_args()
     variants: dict[str, Sample] = {"current": sampler.sample}
     if args.baseline_ref:
-        variants[args.baseline_ref] = baseline_sample(args.baseline_ref)
+        from logprobs_cost import sampler_at  # needs git (and httpx/psutil): only here, not on a device machine
+
+        variants[args.baseline_ref] = sampler_at(args.baseline_ref).sample
     results: dict[str, Any] = {"command": " ".join(sys.argv), "args": vars(args),
                                "threads": torch.get_num_threads()}
     parts = args.parts.split(",")
