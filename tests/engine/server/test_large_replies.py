@@ -18,11 +18,16 @@ import time
 import httpx
 import pytest
 
+from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS
+
 from .conftest import API_KEY, Server, start_server, stop_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "hello " * 400  # ~400 tokens of the 512-token context
 N = 32
+# The embedding model's hidden size: each vector is WIDE floats, so 2,048 inputs (OpenAI's cap on one request's
+# list) make a reply of 1.3M floats
+WIDE = 640
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +43,20 @@ def logging_server(tiny_model_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def logging_pooling_server(tiny_model_dirs, tmp_path_factory):
-    """The tiny Llama as an embedding model (--runner pooling), logging each request's end."""
-    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("large-embeddings") / "server.log",
+    """A wide tiny Llama (hidden size WIDE) as an embedding model (--runner pooling), logging each request's end."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = tiny_model_dirs["llama"]
+    config = AutoConfig.from_pretrained(source)
+    # Heads of 64; tied, so the checkpoint holds the vocabulary's rows once (~126 MB)
+    config.update({"hidden_size": WIDE, "num_attention_heads": WIDE // 64, "head_dim": 64,
+                   "tie_word_embeddings": True})
+    torch.manual_seed(11)
+    path = tmp_path_factory.mktemp("wide") / "llama"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    s = start_server(path, path.parent / "server.log",
                      "--served-model-name", "tiny", "--max-model-len", "512", "--runner", "pooling",
                      "--enable-log-requests", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
     yield s
@@ -156,16 +173,17 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
 
 
 def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server):
-    # 20,000 one-token inputs: 1.3M floats (hidden size 64). FastAPI encoded the reply on the event loop
-    # (jsonable_encoder, Python over every float, then json.dumps): /health and every other request waited.
+    # 2,048 one-token inputs (the most one request may list): 1.3M floats (hidden size 640). FastAPI encoded the
+    # reply on the event loop (jsonable_encoder, Python over every float, then json.dumps): /health and every other
+    # request waited.
     server = logging_pooling_server
     tag = f"big-embeddings-{time.monotonic_ns()}"
     head = threading.Event()
     result: dict[str, object] = {}
 
     def big() -> None:
-        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, timeout=600,
-                          json={"model": "tiny", "input": [[5]] * 20_000, "request_id": tag}) as response:
+        body = {"model": "tiny", "input": [[5]] * MAX_EMBEDDING_INPUTS, "request_id": tag}
+        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, json=body, timeout=600) as response:
             head.set()
             result["status"], result["body"] = response.status_code, response.read()
 
@@ -180,7 +198,8 @@ def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encod
     assert before_head == [True] * 4, before_head
     assert result["status"] == 200
     data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
-    assert [d["index"] for d in data] == list(range(20_000)) and all(len(d["embedding"]) == 64 for d in data)
+    assert [d["index"] for d in data] == list(range(MAX_EMBEDDING_INPUTS))
+    assert all(len(d["embedding"]) == WIDE for d in data)
 
 
 def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server):
