@@ -8,8 +8,8 @@ The pooling pass runs on the engine's thread between steps (`engine/pooling/embe
 checked first (length, vocabulary), so a bad one is refused before any is embedded; then a list is embedded
 in engine calls of at most `--max-model-len` tokens each (one longest prompt's prefill), and whatever other
 requests queued meanwhile (another embeddings request, an abort, an adapter load) runs between two calls:
-a long list never holds the engine for longer than one such call at a time. There is no cap on the list's
-length beyond the request-body limit (docs/embeddings.md).
+a long list never holds the engine for longer than one such call at a time. A list holds at most
+`MAX_EMBEDDING_INPUTS` inputs, OpenAI's cap (docs/embeddings.md).
 `encoding_format` base64 is the little-endian float32 bytes of each vector, as OpenAI sends them.
 """
 
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
 
 EmbeddingInput = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+
+# Inputs one request may list (texts or token-id lists), OpenAI's cap; completions cap prompts x n at 2,048 too
+# (serving.MAX_SEQUENCES_PER_REQUEST). Without it an 8 MiB body of one-character texts was ~1.6M inputs, each
+# tokenized in its own worker-thread call before any was embedded (vLLM has no cap).
+MAX_EMBEDDING_INPUTS = 2048
 
 
 # vLLM's chat-embedding extras that change how `messages` are rendered (set with `input`: a 400).
@@ -183,6 +188,9 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
         raise APIError(400, "input must not be empty", param="input")
     if all(isinstance(x, int) for x in given):  # one prompt as token ids
         return [list(given)]  # type: ignore[arg-type]  # every item is an int: checked just above
+    if len(given) > MAX_EMBEDDING_INPUTS:  # before any input is tokenized
+        raise APIError(400, f"input lists {len(given)} inputs; at most {MAX_EMBEDDING_INPUTS} are embedded per "
+                            "request (send more requests)", param="input")
     prompts = []
     for item in given:
         if isinstance(item, str):

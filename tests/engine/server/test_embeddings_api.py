@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS
+
 from .conftest import API_KEY, cpu_seconds, prefix_cache_hits_of, start_tiny_server, stop_server, wait_until_idle
 
 openai = pytest.importorskip("openai")
@@ -110,18 +112,37 @@ def test_a_client_that_leaves_an_embeddings_request_stops_its_work(pooling_serve
     before = cpu_seconds(pid)
     assert post(pooling_server, {"model": "tiny", "input": sample}).status_code == 200
     per_input = (cpu_seconds(pid) - before) / len(sample)
-    # 3,000 such inputs: one engine call each, ~60 CPU s of work. The client gives up after 1 s.
-    prompts = [[5 + i % 100] * 200 for i in range(3000)]
+    # 2,048 such inputs (the most a request may list): one engine call each, ~40 CPU s of work. The client gives up
+    # after 1 s.
+    prompts = [[5 + i % 100] * 200 for i in range(MAX_EMBEDDING_INPUTS)]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{pooling_server.url}/v1/embeddings", json={"model": "tiny", "input": prompts},
                    headers=HEADERS, timeout=httpx.Timeout(60, read=1.0))
     left = cpu_seconds(pid)
     assert wait_until_idle(pid), "the server was still computing a minute after the client left"
     # The disconnect cancels the list between two engine calls: the call in flight ends, no other starts (measured:
-    # ~10 inputs' worth, whatever the machine's load). Going on would cost the rest of the 3,000.
+    # ~10 inputs' worth, whatever the machine's load). Going on would cost the rest of the 2,048.
     after = cpu_seconds(pid) - left
     assert after < 100 * per_input, f"the server computed {after:.1f} CPU s ({after / per_input:.0f} inputs' worth) " \
         "after the client left"
+    assert post(pooling_server, {"model": "tiny", "input": "ok"}).status_code == 200
+
+
+def test_a_request_lists_at_most_openais_2048_inputs(pooling_server, pooling_client):
+    # There was no cap: an 8 MiB body of one-character texts is ~1.6M inputs, each tokenized on its own before any
+    # was embedded (found by fuzzing the real server). OpenAI caps a list at 2,048 inputs; so does this server now.
+    assert MAX_EMBEDDING_INPUTS == 2048
+    full = pooling_client.embeddings.create(model="tiny", input=[[5 + i % 50] for i in range(2048)])
+    assert [d.index for d in full.data] == list(range(2048))
+    for given in (["x"] * 2049, [[5]] * 2049, ["x"] * 1_000_000):
+        with pytest.raises(openai.BadRequestError) as info:
+            pooling_client.embeddings.create(model="tiny", input=given)
+        error = info.value.body
+        assert error["param"] == "input" and "at most 2048" in error["message"], error
+        assert f"lists {len(given)} inputs" in error["message"]
+    # One prompt of token ids is one input, however long (here cut to the context by truncate_prompt_tokens).
+    one = post(pooling_server, {"model": "tiny", "input": [5] * 3000, "truncate_prompt_tokens": 100})
+    assert one.status_code == 200 and one.json()["usage"]["prompt_tokens"] == 100, one.text
     assert post(pooling_server, {"model": "tiny", "input": "ok"}).status_code == 200
 
 

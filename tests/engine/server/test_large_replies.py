@@ -14,15 +14,21 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
+
+from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS
 
 from .conftest import API_KEY, Server, start_server, stop_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "hello " * 400  # ~400 tokens of the 512-token context
 N = 32
+# The embedding model's hidden size: each vector is WIDE floats, so 2,048 inputs (OpenAI's cap on one request's
+# list) make a reply of 1.3M floats
+WIDE = 640
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,20 @@ def logging_server(tiny_model_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def logging_pooling_server(tiny_model_dirs, tmp_path_factory):
-    """The tiny Llama as an embedding model (--runner pooling), logging each request's end."""
-    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("large-embeddings") / "server.log",
+    """A wide tiny Llama (hidden size WIDE) as an embedding model (--runner pooling), logging each request's end."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = tiny_model_dirs["llama"]
+    config = AutoConfig.from_pretrained(source)
+    # Heads of 64; tied, so the checkpoint holds the vocabulary's rows once (~126 MB)
+    config.update({"hidden_size": WIDE, "num_attention_heads": WIDE // 64, "head_dim": 64,
+                   "tie_word_embeddings": True})
+    torch.manual_seed(11)
+    path = tmp_path_factory.mktemp("wide") / "llama"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    s = start_server(path, path.parent / "server.log",
                      "--served-model-name", "tiny", "--max-model-len", "512", "--runner", "pooling",
                      "--enable-log-requests", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
     yield s
@@ -62,24 +80,50 @@ STREAMED = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": 2 * N, "ech
 SMALL = {"model": "tiny", "prompt": "hi", "max_tokens": 2}  # the small request answered beside a big one
 
 
-def _wait_for_log(server: Server, pattern: str, since: int, thread: threading.Thread) -> None:
-    """Until the server's log (from offset `since`) matches `pattern` (a wait: the test's clock decides nothing)."""
-    while not re.search(pattern, server.log.read_text()[since:]):
-        assert thread.is_alive(), "the big request ended before its engine request was logged as finished"
-        time.sleep(0.01)
+def _until_logged(server: Server, pattern: str) -> Callable[[threading.Thread], None]:
+    """A wait until the server's log, from its length now (before the big request is sent), matches `pattern`: the
+    big request's engine part is over (a wait: the test's clock decides nothing)."""
+    since = len(server.log.read_text())
+
+    def wait(thread: threading.Thread) -> None:
+        while not re.search(pattern, server.log.read_text()[since:]):
+            assert thread.is_alive(), "the big request ended before its engine request was logged as finished"
+            time.sleep(0.01)
+
+    return wait
 
 
-def _answered_before(url: str, done: threading.Event, path: str, body: dict) -> list[bool]:
-    """/health three times, then one small request to `path`: for each, whether `done` (the big reply's head or first
-    chunk) was still unset when it was answered."""
-    answered = []
-    for _ in range(3):
-        assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+def _until_set(event: threading.Event, what: str) -> Callable[[threading.Thread], None]:
+    """A wait until `event` is set (`what`: the big request's stage it marks)."""
+
+    def wait(thread: threading.Thread) -> None:
+        while not event.is_set():  # a wait: the test's clock decides nothing
+            assert thread.is_alive(), f"the big request ended before {what}"
+            time.sleep(0.01)
+
+    return wait
+
+
+def _answered_before(url: str, big: Callable[[threading.Event], None], until: Callable[[threading.Thread], None],
+                     path: str, body: dict) -> list[bool]:
+    """Send the big request (`big(done)` in a thread, setting `done` once the big reply's head, first chunk or
+    closing event is in) and wait `until` its engine part is over; then /health three times and one small request to
+    `path`: for each, whether `done` was still unset when it was answered."""
+    done = threading.Event()
+    thread = threading.Thread(target=big, args=(done,))
+    thread.start()
+    try:
+        until(thread)
+        answered = []
+        for _ in range(3):
+            assert httpx.get(f"{url}/health", timeout=600).status_code == 200
+            answered.append(not done.is_set())
+        small = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=600)
+        assert small.status_code == 200, small.text
         answered.append(not done.is_set())
-    small = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=600)
-    assert small.status_code == 200, small.text
-    answered.append(not done.is_set())
-    return answered
+        return answered
+    finally:
+        thread.join(600)
 
 
 @pytest.mark.parametrize("kind", list(BIG))
@@ -87,24 +131,17 @@ def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(lo
     url = logging_server.url
     path, body = BIG[kind]
     tag = f"big-{kind}-{time.monotonic_ns()}"
-    head = threading.Event()
     result: dict[str, object] = {}
 
-    def big() -> None:
+    def big(head: threading.Event) -> None:
         with httpx.stream("POST", f"{url}{path}", json={**body, "request_id": tag}, headers=AUTH,
                           timeout=600) as response:
             head.set()
             result["status"], result["body"] = response.status_code, response.read()
 
-    since = len(logging_server.log.read_text())
-    thread = threading.Thread(target=big)
-    thread.start()
-    try:
-        # From its engine request's end on, the big request is the front end's alone: building, encoding
-        _wait_for_log(logging_server, rf"Finished request \w*cmpl-{tag}-", since, thread)
-        before_head = _answered_before(url, head, "/v1/completions", SMALL)
-    finally:
-        thread.join(600)
+    # From its engine request's end on, the big request is the front end's alone: building, encoding
+    before_head = _answered_before(url, big, _until_logged(logging_server, rf"Finished request \w*cmpl-{tag}-"),
+                                   "/v1/completions", SMALL)
     # On the event loop, each waited for the big reply to be built and encoded: none came before its head
     assert before_head == [True] * 4, before_head
     assert result["status"] == 200
@@ -126,10 +163,10 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
     # choice's echoed prompt with its logprobs: the head goes out once the engine's first output is in, and that
     # step is built after it (on the event loop, every other request waited for it).
     url = logging_server.url
-    head, first_chunk = threading.Event(), threading.Event()
+    head = threading.Event()
     chunks: list[bytes] = []
 
-    def big() -> None:
+    def big(first_chunk: threading.Event) -> None:
         with httpx.stream("POST", f"{url}/v1/completions", json={**STREAMED, "stream": True},
                           headers=AUTH, timeout=600) as response:
             assert response.status_code == 200
@@ -138,15 +175,7 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
                 first_chunk.set()
                 chunks.append(chunk)
 
-    thread = threading.Thread(target=big)
-    thread.start()
-    try:
-        while not head.is_set():  # a wait: the test's clock decides nothing
-            assert thread.is_alive(), "the stream ended before its head came"
-            time.sleep(0.01)
-        before_first_chunk = _answered_before(url, first_chunk, "/v1/completions", SMALL)
-    finally:
-        thread.join(600)
+    before_first_chunk = _answered_before(url, big, _until_set(head, "its head came"), "/v1/completions", SMALL)
     assert before_first_chunk == [True] * 4, before_first_chunk
     events = [json.loads(line[len("data: "):]) for line in b"".join(chunks).decode().split("\n\n")
               if line.startswith("data: {")]
@@ -156,31 +185,26 @@ def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chun
 
 
 def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server):
-    # 20,000 one-token inputs: 1.3M floats (hidden size 64). FastAPI encoded the reply on the event loop
-    # (jsonable_encoder, Python over every float, then json.dumps): /health and every other request waited.
+    # 2,048 one-token inputs (the most one request may list): 1.3M floats (hidden size 640). FastAPI encoded the
+    # reply on the event loop (jsonable_encoder, Python over every float, then json.dumps): /health and every other
+    # request waited.
     server = logging_pooling_server
     tag = f"big-embeddings-{time.monotonic_ns()}"
-    head = threading.Event()
     result: dict[str, object] = {}
 
-    def big() -> None:
-        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, timeout=600,
-                          json={"model": "tiny", "input": [[5]] * 20_000, "request_id": tag}) as response:
+    def big(head: threading.Event) -> None:
+        body = {"model": "tiny", "input": [[5]] * MAX_EMBEDDING_INPUTS, "request_id": tag}
+        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, json=body, timeout=600) as response:
             head.set()
             result["status"], result["body"] = response.status_code, response.read()
 
-    since = len(server.log.read_text())
-    thread = threading.Thread(target=big)
-    thread.start()
-    try:
-        _wait_for_log(server, rf"Finished request embd-{tag}\.", since, thread)
-        before_head = _answered_before(server.url, head, "/v1/embeddings", {"model": "tiny", "input": "hi"})
-    finally:
-        thread.join(600)
+    before_head = _answered_before(server.url, big, _until_logged(server, rf"Finished request embd-{tag}\."),
+                                   "/v1/embeddings", {"model": "tiny", "input": "hi"})
     assert before_head == [True] * 4, before_head
     assert result["status"] == 200
     data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
-    assert [d["index"] for d in data] == list(range(20_000)) and all(len(d["embedding"]) == 64 for d in data)
+    assert [d["index"] for d in data] == list(range(MAX_EMBEDDING_INPUTS))
+    assert all(len(d["embedding"]) == WIDE for d in data)
 
 
 def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server):
@@ -189,10 +213,9 @@ def test_health_and_a_small_request_are_answered_while_a_large_responses_streams
     # and encoded on the event loop once the engine's part was over, they held /health and every other request.
     url = logging_server.url
     tag = f"resp_big-{time.monotonic_ns()}"
-    end = threading.Event()  # the first closing event came
     lines: list[str] = []
 
-    def big() -> None:
+    def big(end: threading.Event) -> None:  # `end`: the first closing event came
         with httpx.stream("POST", f"{url}/v1/responses", headers=AUTH, timeout=600,
                           json={"model": "tiny", "input": "hi", "max_output_tokens": 400, "ignore_eos": True,
                                 "include": ["message.output_text.logprobs"], "top_logprobs": 1000, "stream": True,
@@ -203,15 +226,9 @@ def test_health_and_a_small_request_are_answered_while_a_large_responses_streams
                     end.set()
                 lines.append(line)
 
-    since = len(logging_server.log.read_text())
-    thread = threading.Thread(target=big)
-    thread.start()
-    try:
-        # From its engine request's end on, the stream is the front end's alone: its end's events and stored copy
-        _wait_for_log(logging_server, rf"Finished request {tag}-", since, thread)
-        before_end = _answered_before(url, end, "/v1/completions", SMALL)
-    finally:
-        thread.join(600)
+    # From its engine request's end on, the stream is the front end's alone: its end's events and stored copy
+    before_end = _answered_before(url, big, _until_logged(logging_server, rf"Finished request {tag}-"),
+                                  "/v1/completions", SMALL)
     assert before_end == [True] * 4, before_end
     events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
