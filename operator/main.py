@@ -28,6 +28,7 @@ import kopf
 
 from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
+from flotilla.operator.diffbase import DigestDiffBaseStorage
 from flotilla.operator.kube import Kube
 from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
@@ -120,8 +121,8 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     """kopf settings: our own annotation prefix, quiet event posting, the webhook server."""
     settings = kopf.OperatorSettings()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
+    # A digest, not kopf's full copy of the spec: a large spec does not fit in an annotation (diffbase.py).
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # The reconciler posts one Event per decision itself; kopf's own "handler succeeded" chatter
     # would bury them, so only its warnings and errors become Events.
