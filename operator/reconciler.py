@@ -30,6 +30,7 @@ from flotilla.operator.autoscaling import (
 )
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
+from flotilla.operator.engine_pods import made_by_the_deployment
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
@@ -542,8 +543,9 @@ class Reconciler:
         return obj
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
-        """Why the engine pods are not coming up, read only while replicas are missing (one list of one
-        InferenceService's pods); the serving reader and the resync reconcile when the kubelet reports more."""
+        """Why the engine pods (those the Deployment made) are not coming up, read only while replicas are missing
+        (one list of one InferenceService's pods); the serving reader and the resync reconcile when the kubelet
+        reports more."""
         if deployment is None:
             return None
         desired = (deployment.get("spec") or {}).get("replicas", 1)
@@ -551,7 +553,9 @@ class Reconciler:
             return None
         selector = ",".join(f"{k}={v}" for k, v in names.selector_labels(name).items())
         try:
-            return pod_problem(self.kube.list(f"/api/v1/namespaces/{namespace}/pods", selector))
+            pods = self.kube.list(f"/api/v1/namespaces/{namespace}/pods", selector)
+            # Only its Deployment's pods: a pod anyone labelled must not put its reason into the Ready condition.
+            return pod_problem([pod for pod in pods if made_by_the_deployment(pod, name)])
         except k.KubeError as e:
             # 403: the chart grants pods/list only with the serving reader on; then the progress deadline tells.
             # Either way a status without the pods' reason beats no status.

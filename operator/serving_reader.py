@@ -8,11 +8,11 @@ writes the figures (serving_metrics.py) into status when they moved enough (serv
 A pod that does not answer is counted as unreachable, never waited for; a failing API server is
 logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
 
-The same listing tells what problem an InferenceService's pods have (pod_problems.py: an image that
-does not pull, a crash loop, no node); where it is not the one its Ready condition names (`shown_problems`:
-the reconciler's record of the conditions it wrote, so no listing of the InferenceServices), `on_pod_problem`
-(the reconciler) is called for it, so Ready names the problem, or stops naming a cleared one, within a period
-rather than at the next resync, without watching pods.
+The same listing tells what problem an InferenceService's pods (again only those its Deployment made) have
+(pod_problems.py: an image that does not pull, a crash loop, no node); where it is not the one its Ready
+condition names (`shown_problems`: the reconciler's record of the conditions it wrote, so no listing of the
+InferenceServices), `on_pod_problem` (the reconciler) is called for it, so Ready names the problem, or stops
+naming a cleared one, within a period rather than at the next resync, without watching pods.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
+from flotilla.operator.engine_pods import made_by_the_deployment
 from flotilla.operator.kube import Kube, KubeError
 from flotilla.operator.pod_problems import pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
@@ -69,27 +70,6 @@ class Target:
     url: str
 
 
-# The label the Deployment controller gives a ReplicaSet's pods, whose value ends the ReplicaSet's name.
-POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
-
-
-def made_by_the_deployment(pod: dict[str, Any], owner: str) -> bool:
-    """Whether `pod` is one of InferenceService `owner`'s engine pods: controlled by a ReplicaSet of its Deployment
-    (named `owner`), which the Deployment controller names `<deployment>-<pod-template-hash>`, and not on the node's
-    network (the operator never sets hostNetwork, and puts it back when a hand edit does).
-
-    The label alone is not enough: anyone who may create pods in a watched namespace could label one, and its
-    status.podIP and ports (a hostNetwork pod's address is its node's) would point the operator's scrape anywhere."""
-    meta = pod["metadata"]
-    template_hash = meta.get("labels", {}).get(POD_TEMPLATE_HASH_LABEL)
-    controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-    if not template_hash or len(controllers) != 1 or pod.get("spec", {}).get("hostNetwork"):
-        return False
-    ref = controllers[0]
-    return (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) == (
-        "apps/v1", "ReplicaSet", f"{owner}-{template_hash}")
-
-
 def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], list[Target]]:
     """Running engine pods with an address, by (namespace, InferenceService) (a pure function): those its Deployment
     made, on the port the operator gives the engine (names.HTTP_PORT), never one a pod's own spec names."""
@@ -113,12 +93,14 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
 
 
 def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
-    """The pod problem's reason of each watched (namespace, InferenceService) that has one (a pure function)."""
+    """The pod problem's reason of each watched (namespace, InferenceService) that has one, from the pods its
+    Deployment made (a pure function)."""
     by_owner: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for pod in pods:
         owner = pod["metadata"].get("labels", {}).get(names.INFERENCESERVICE_LABEL)
         watched = not namespaces or any(fnmatch.fnmatchcase(pod["metadata"]["namespace"], ns) for ns in namespaces)
-        if owner and watched:
+        # Only its Deployment's pods: a pod anyone labelled must not put its reason into the Ready condition.
+        if owner and watched and made_by_the_deployment(pod, owner):
             by_owner.setdefault((pod["metadata"]["namespace"], owner), []).append(pod)
     found = {key: pod_problem(group) for key, group in by_owner.items()}
     return {key: problem.reason for key, problem in found.items() if problem is not None}

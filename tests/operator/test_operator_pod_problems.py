@@ -130,6 +130,27 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
     assert {e["type"] for e in recovered} == {"Normal"}
 
 
+def test_a_labelled_pod_its_deployment_did_not_make_never_names_the_ready_reason(operator_process, cluster,
+                                                                                 namespace):
+    """A pod anyone made with the InferenceService's label (no owner: the ReplicaSet, whose selector also wants
+    pod-template-hash, does not adopt it) reports ImagePullBackOff: neither the reconciler's listing (every resync)
+    nor the serving reader's (every second) puts it into Ready. The real engine pod's problem still shows."""
+    cluster.apply(fixed("owned", namespace, replicas=1))
+    pod = engine_pod(cluster, namespace, "owned")
+    ready_condition(cluster, namespace, "owned", "ReplicasNotReady", "0 of 1 replicas ready")
+    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "metadata": {"name": "stray", "labels": {"serving.flotilla.dev/inferenceservice": "owned"}},
+        "spec": {"containers": [{"name": "engine", "image": IMAGE}]}})
+    report(cluster, namespace, "stray", containerStatuses=engine_status(
+        {"waiting": {"reason": "ImagePullBackOff", "message": "the stray pod's lure"}}))
+    time.sleep(12)  # two resyncs (every 5 s) and a dozen periods of the serving reader
+    assert condition(cluster.kube.get(fis_path(namespace, "owned")), "Ready")["reason"] == "ReplicasNotReady"
+    assert cluster.kube.get(f"/api/v1/namespaces/{namespace}/pods/stray") is not None  # still there, not adopted
+    report(cluster, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "owned-key" not found'}}))
+    ready_condition(cluster, namespace, "owned", "CreateContainerConfigError", f"pod {pod} container engine")
+
+
 def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
     # No pod is watched, and a container's waiting state changes nothing on the ReplicaSet or the Deployment: with
     # the resync off, only the serving reader's periodic listing (every second here) can bring the problem in.
