@@ -226,7 +226,8 @@ def main(argv: list[str]) -> int:
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,
                                                         on_pod_problem=reconciler.reconcile,
-                                                        shown_problems=reconciler.shown_pod_problems))
+                                                        shown_problems=reconciler.shown_pod_problems,
+                                                        deployments=reconciler.own_deployments))
     register_stop_flag_raiser(registry)
     if not args.no_webhook:
         webhook.register(registry, args.policy, args.namespaces)

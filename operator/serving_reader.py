@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
-from flotilla.operator.engine_pods import made_by_the_deployment
+from flotilla.operator.engine_pods import engine_pods
 from flotilla.operator.kube import Kube, KubeError
 from flotilla.operator.pod_problems import pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
@@ -71,15 +71,14 @@ class Target:
 
 
 def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], list[Target]]:
-    """Running engine pods with an address, by (namespace, InferenceService) (a pure function): those its Deployment
-    made, on the port the operator gives the engine (names.HTTP_PORT), never one a pod's own spec names."""
+    """Running engine pods with an address, by (namespace, InferenceService) (a pure function; `pods` are those
+    their Deployments made, engine_pods.py), on the port the operator gives the engine (names.HTTP_PORT), never one a
+    pod's own spec names."""
     out: dict[tuple[str, str], list[Target]] = {}
     for pod in pods:
         meta, status = pod["metadata"], pod.get("status", {})
         owner = meta.get("labels", {}).get(names.INFERENCESERVICE_LABEL)
         if not owner or meta.get("deletionTimestamp") or status.get("phase") != "Running":
-            continue
-        if not made_by_the_deployment(pod, owner):
             continue
         if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
             continue
@@ -93,14 +92,13 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
 
 
 def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
-    """The pod problem's reason of each watched (namespace, InferenceService) that has one, from the pods its
-    Deployment made (a pure function)."""
+    """The pod problem's reason of each watched (namespace, InferenceService) that has one (a pure function; `pods`
+    are those their Deployments made, engine_pods.py)."""
     by_owner: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for pod in pods:
         owner = pod["metadata"].get("labels", {}).get(names.INFERENCESERVICE_LABEL)
         watched = not namespaces or any(fnmatch.fnmatchcase(pod["metadata"]["namespace"], ns) for ns in namespaces)
-        # Only its Deployment's pods: a pod anyone labelled must not put its reason into the Ready condition.
-        if owner and watched and made_by_the_deployment(pod, owner):
+        if owner and watched:
             by_owner.setdefault((pod["metadata"]["namespace"], owner), []).append(pod)
     found = {key: pod_problem(group) for key, group in by_owner.items()}
     return {key: problem.reason for key, problem in found.items() if problem is not None}
@@ -149,6 +147,9 @@ class ServingReader:
     on_pod_problem: Callable[[str, str], object] | None = None
     # The pod problem each InferenceService's Ready condition names, where it names one (the reconciler's record).
     shown_problems: Callable[[], dict[tuple[str, str], str]] = dict
+    # Each InferenceService's own Deployment's uid, by (namespace, InferenceService) (the reconciler's record): only
+    # the pods it made are read.
+    deployments: Callable[[], dict[tuple[str, str], str]] = dict
     # (namespace, InferenceService) -> (the pods' problem, the one Ready names) of a disagreement already reconciled.
     disagreements: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
 
@@ -159,9 +160,12 @@ class ServingReader:
         return [f"{prefix}/namespaces/{ns}/{plural}" for ns in self.namespaces]
 
     def list_pods(self) -> list[dict[str, Any]]:
-        """The engine pods of every watched namespace (synchronous: call it in a thread)."""
-        return [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path,
-                                                                                     names.INFERENCESERVICE_LABEL)]
+        """The engine pods of every watched namespace: the labelled pods that each InferenceService's own Deployment
+        made (engine_pods.py; one more listing, of ReplicaSets); synchronous: call it in a thread."""
+        label = names.INFERENCESERVICE_LABEL
+        pods = [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path, label)]
+        replicasets = [rs for path in self._paths("/apis/apps/v1", "replicasets") for rs in self.kube.list(path, label)]
+        return engine_pods(pods, replicasets, self.deployments())
 
     async def _scrape(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target,
                       ) -> sm.Scrape | None:

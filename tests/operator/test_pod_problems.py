@@ -62,34 +62,34 @@ def test_unschedulable_comes_with_the_schedulers_message_truncated():
     assert len(found.message) == MAX_MESSAGE and found.message.endswith("...")
 
 
-def _engine_pod(namespace: str, owner: str, reason: str, made_by: str | None = None) -> dict[str, Any]:
-    """A pod labelled for InferenceService `owner`, controlled by ReplicaSet `<made_by>-h` (default: its own
-    Deployment's, as the Deployment controller names it)."""
-    p = _pod("p", [_waiting(reason)])
-    p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": owner,
-                                                      "pod-template-hash": "h"},
-                         ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                           "name": f"{made_by or owner}-h", "uid": "u", "controller": True}])
-    return p
-
-
 def test_a_labelled_pod_its_deployment_did_not_make_has_no_problem_for_ready():
     """Ready's reason comes from the pods the serving reader would scrape, never from a pod anyone labelled."""
-    from flotilla.operator.serving_reader import problem_reasons
+    from flotilla.operator.engine_pods import engine_pods
 
-    stray = _engine_pod("a", "x", "ImagePullBackOff")
-    stray["metadata"].pop("ownerReferences")
-    other = _engine_pod("a", "x", "CrashLoopBackOff", made_by="y")
-    assert problem_reasons([stray, other], []) == {}
-    assert problem_reasons([stray, other, _engine_pod("a", "x", "InvalidImageName")], []) == {
-        ("a", "x"): "InvalidImageName"}
+    def pod(reason: str, replicaset: str | None) -> dict[str, Any]:
+        p = _pod("p", [_waiting(reason)])
+        refs = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x-h", "uid": replicaset, "controller": True}]
+        p["metadata"].update(namespace="a", labels={"serving.flotilla.dev/inferenceservice": "x"},
+                             ownerReferences=refs if replicaset else [])
+        return p
+
+    replicasets = [{"metadata": {"name": "x-h", "namespace": "a", "uid": uid, "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": deployment, "controller": True}]}}
+        for uid, deployment in (("rs-x", "deploy-x"), ("rs-forged", "deploy-forged"))]
+    stray, forged, engine = pod("ImagePullBackOff", None), pod("CrashLoopBackOff", "rs-forged"), pod("InvalidImageName",
+                                                                                                       "rs-x")
+    assert pod_problem(engine_pods([stray, forged], replicasets, {("a", "x"): "deploy-x"})) is None
+    found = pod_problem(engine_pods([stray, forged, engine], replicasets, {("a", "x"): "deploy-x"}))
+    assert found is not None and found.reason == "InvalidImageName"
 
 
 def test_the_serving_reader_reconciles_an_inferenceservice_whose_ready_names_another_problem_once():
     from flotilla.operator.serving_reader import ServingReader
 
     def pod(namespace: str, reason: str) -> dict[str, Any]:
-        return _engine_pod(namespace, "x", reason)
+        p = _pod("p", [_waiting(reason)])
+        p["metadata"].update(namespace=namespace, labels={"serving.flotilla.dev/inferenceservice": "x"})
+        return p
 
     # What Ready names (the reconciler's record, Reconciler.shown_pod_problems): nothing, or a pod problem.
     calls: list[tuple[str, str]] = []
