@@ -76,8 +76,9 @@ def test_a_labelled_pod_its_deployment_did_not_make_has_no_problem_for_ready():
     replicasets = [{"metadata": {"name": "x-h", "namespace": "a", "uid": uid, "ownerReferences": [
         {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": deployment, "controller": True}]}}
         for uid, deployment in (("rs-x", "deploy-x"), ("rs-forged", "deploy-forged"))]
-    stray, forged, engine = pod("ImagePullBackOff", None), pod("CrashLoopBackOff", "rs-forged"), pod("InvalidImageName",
-                                                                                                       "rs-x")
+    stray = pod("ImagePullBackOff", None)  # no owner
+    forged = pod("CrashLoopBackOff", "rs-forged")  # a ReplicaSet named alike, another Deployment's
+    engine = pod("InvalidImageName", "rs-x")  # the Deployment's own
     assert pod_problem(engine_pods([stray, forged], replicasets, {("a", "x"): "deploy-x"})) is None
     found = pod_problem(engine_pods([stray, forged, engine], replicasets, {("a", "x"): "deploy-x"}))
     assert found is not None and found.reason == "InvalidImageName"
