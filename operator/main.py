@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import tempfile
@@ -27,6 +28,7 @@ import kopf
 
 from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
+from flotilla.operator.diffbase import DigestDiffBaseStorage
 from flotilla.operator.kube import Kube
 from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
@@ -119,8 +121,8 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     """kopf settings: our own annotation prefix, quiet event posting, the webhook server."""
     settings = kopf.OperatorSettings()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
+    # A digest, not kopf's full copy of the spec: a large spec does not fit in an annotation (diffbase.py).
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # The reconciler posts one Event per decision itself; kopf's own "handler succeeded" chatter
     # would bury them, so only its warnings and errors become Events.
@@ -224,7 +226,9 @@ def main(argv: list[str]) -> int:
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,
                                                         on_pod_problem=reconciler.reconcile,
-                                                        shown_problems=reconciler.shown_pod_problems))
+                                                        shown_problems=reconciler.shown_pod_problems,
+                                                        deployments=reconciler.own_deployments))
+    register_stop_flag_raiser(registry)
     if not args.no_webhook:
         webhook.register(registry, args.policy, args.namespaces)
         if args.engine_image:
@@ -248,14 +252,21 @@ def main(argv: list[str]) -> int:
         logger.info("the webhook certificate changed or is due for renewal: restarting the operator on it")
 
 
+# The stop flag `operate` gave the kopf running in this context (kopf's tasks copy the context of the one that
+# started them), for `register_stop_flag_raiser`'s clean-up handler.
+_STOP_FLAG: contextvars.ContextVar[asyncio.Event] = contextvars.ContextVar("stop_flag")
+
+
 async def operate(restart: threading.Event, **kwargs: Any) -> None:
     """kopf's operator (`kopf.operator(**kwargs)`, what `kopf.run` runs) until it stops, or until `restart` is set.
 
     kopf waits for a threading.Event stop flag in a thread of the event loop's default executor, and nothing releases
     that thread when kopf stops of an error: `asyncio.run` then waited for it on shutdown until kopf's
     `ultimate_exiting_timeout` SIGKILLed the process (seen: a 404 of a watch, then 15 s without webhook and exit -9,
-    never `run_resiliently`'s restart). So kopf gets a flag of its own event loop, raised from here."""
+    never `run_resiliently`'s restart). So kopf gets a flag of its own event loop, raised from here (and by
+    `register_stop_flag_raiser`'s clean-up handler when kopf stops for a signal)."""
     stop = asyncio.Event()
+    _STOP_FLAG.set(stop)
 
     async def follow() -> None:
         while not restart.is_set():
@@ -267,6 +278,22 @@ async def operate(restart: threading.Event, **kwargs: Any) -> None:
         await kopf.operator(stop_flag=stop, **kwargs)
     finally:
         follower.cancel()
+
+
+def register_stop_flag_raiser(registry: kopf.OperatorRegistry) -> None:
+    """A clean-up handler that raises `operate`'s stop flag once kopf stops for another reason (SIGTERM).
+
+    kopf waits for its stop flag in a task of its own, which only the flag ends; stopping for a signal, kopf
+    leaves that task waiting and, once everything else has stopped, gives such leftover tasks 5 s before cancelling
+    them: every SIGTERM cost 5 s of nothing. Clean-up handlers run after the watches and handlers have stopped, so
+    raising the flag there ends nothing early; the reconciles still running in threads are waited for all the same
+    (`asyncio.run` joins its executor)."""
+
+    @kopf.on.cleanup(id="raise-stop-flag", registry=registry)
+    async def raise_stop_flag(**_: Any) -> None:
+        stop = _STOP_FLAG.get(None)
+        if stop is not None:
+            stop.set()
 
 
 def _restart_on_new_certificate(cert: Path, restart: threading.Event, interval: float) -> None:

@@ -30,6 +30,7 @@ from flotilla.operator.autoscaling import (
 )
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
+from flotilla.operator.engine_pods import engine_pods
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
@@ -147,6 +148,8 @@ class Reconciler:
         self._written: dict[tuple[str, str, str], frozenset[str]] = {}
         # Per InferenceService, the reason its Ready condition gives as last read or written here.
         self._ready_reasons: dict[tuple[str, str], str | None] = {}
+        # Per InferenceService, the uid of its own Deployment as last read or applied here.
+        self._deployments: dict[tuple[str, str], str] = {}
 
     def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post through kopf's queue inside its handlers; elsewhere (the periodic resync, in a task kopf's startup
@@ -190,6 +193,7 @@ class Reconciler:
         with self._guard:
             self._locks.pop((namespace, name), None)
             self._ready_reasons.pop((namespace, name), None)
+            self._deployments.pop((namespace, name), None)
             for key in [key for key in self._written if key[1:] == (namespace, name)]:
                 del self._written[key]
 
@@ -199,6 +203,19 @@ class Reconciler:
         this is the status without listing it (the serving reader compares it with the pods each period)."""
         with self._guard:
             return {key: reason for key, reason in self._ready_reasons.items() if reason in REASONS}
+
+    def own_deployments(self) -> dict[tuple[str, str], str]:
+        """The uid of each InferenceService's own Deployment, by (namespace, name), as this reconciler last read or
+        applied it (the serving reader reads only the pods it made)."""
+        with self._guard:
+            return dict(self._deployments)
+
+    def _note_deployment(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> None:
+        with self._guard:
+            if deployment is None:
+                self._deployments.pop((namespace, name), None)
+            else:
+                self._deployments[(namespace, name)] = deployment["metadata"]["uid"]
 
     def _note_ready(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
@@ -542,8 +559,9 @@ class Reconciler:
         return obj
 
     def _pod_problem(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> PodProblem | None:
-        """Why the engine pods are not coming up, read only while replicas are missing (one list of one
-        InferenceService's pods); the serving reader and the resync reconcile when the kubelet reports more."""
+        """Why the engine pods (those the Deployment made) are not coming up, read only while replicas are missing
+        (one list of one InferenceService's pods); the serving reader and the resync reconcile when the kubelet
+        reports more."""
         if deployment is None:
             return None
         desired = (deployment.get("spec") or {}).get("replicas", 1)
@@ -551,9 +569,13 @@ class Reconciler:
             return None
         selector = ",".join(f"{k}={v}" for k, v in names.selector_labels(name).items())
         try:
-            return pod_problem(self.kube.list(f"/api/v1/namespaces/{namespace}/pods", selector))
+            pods = self.kube.list(f"/api/v1/namespaces/{namespace}/pods", selector)
+            replicasets = self.kube.list(f"/apis/apps/v1/namespaces/{namespace}/replicasets", selector)
+            # Only its Deployment's pods: a pod anyone labelled must not put its reason into the Ready condition.
+            return pod_problem(engine_pods(pods, replicasets, {(namespace, name): deployment["metadata"]["uid"]}))
         except k.KubeError as e:
-            # 403: the chart grants pods/list only with the serving reader on; then the progress deadline tells.
+            # 403: the chart grants pods and replicasets list only with the serving reader on; then the progress
+            # deadline tells.
             # Either way a status without the pods' reason beats no status.
             (log.debug if e.status == 403 else log.warning)(f"listing the pods of {namespace}/{name} failed: {e}")
             return None
@@ -562,6 +584,7 @@ class Reconciler:
                       deployment: dict[str, Any] | None, blocked: ChildrenBlocked | None) -> dict[str, Any] | None:
         """Patch the status when it changed; returns the InferenceService as the patch left it (None: unchanged)."""
         meta = body["metadata"]
+        self._note_deployment(meta["namespace"], meta["name"], deployment)
         old = body.get("status") or {}
         seen = Observation(name=meta["name"], namespace=meta["namespace"], generation=meta.get("generation", 1),
                            review=result, plan=plan, deployment=deployment, now=self.now(),

@@ -8,11 +8,11 @@ writes the figures (serving_metrics.py) into status when they moved enough (serv
 A pod that does not answer is counted as unreachable, never waited for; a failing API server is
 logged and tried again next period. It runs in kopf's event loop, started at operator start-up.
 
-The same listing tells what problem an InferenceService's pods have (pod_problems.py: an image that
-does not pull, a crash loop, no node); where it is not the one its Ready condition names (`shown_problems`:
-the reconciler's record of the conditions it wrote, so no listing of the InferenceServices), `on_pod_problem`
-(the reconciler) is called for it, so Ready names the problem, or stops naming a cleared one, within a period
-rather than at the next resync, without watching pods.
+The same listing tells what problem an InferenceService's pods (again only those its Deployment made) have
+(pod_problems.py: an image that does not pull, a crash loop, no node); where it is not the one its Ready
+condition names (`shown_problems`: the reconciler's record of the conditions it wrote, so no listing of the
+InferenceServices), `on_pod_problem` (the reconciler) is called for it, so Ready names the problem, or stops
+naming a cleared one, within a period rather than at the next resync, without watching pods.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from flotilla.operator import names
 from flotilla.operator import serving_metrics as sm
+from flotilla.operator.engine_pods import engine_pods
 from flotilla.operator.kube import Kube, KubeError
 from flotilla.operator.pod_problems import pod_problem
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
@@ -69,37 +70,15 @@ class Target:
     url: str
 
 
-# The label the Deployment controller gives a ReplicaSet's pods, whose value ends the ReplicaSet's name.
-POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
-
-
-def made_by_the_deployment(pod: dict[str, Any], owner: str) -> bool:
-    """Whether `pod` is one of InferenceService `owner`'s engine pods: controlled by a ReplicaSet of its Deployment
-    (named `owner`), which the Deployment controller names `<deployment>-<pod-template-hash>`, and not on the node's
-    network (the operator never sets hostNetwork, and puts it back when a hand edit does).
-
-    The label alone is not enough: anyone who may create pods in a watched namespace could label one, and its
-    status.podIP and ports (a hostNetwork pod's address is its node's) would point the operator's scrape anywhere."""
-    meta = pod["metadata"]
-    template_hash = meta.get("labels", {}).get(POD_TEMPLATE_HASH_LABEL)
-    controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-    if not template_hash or len(controllers) != 1 or pod.get("spec", {}).get("hostNetwork"):
-        return False
-    ref = controllers[0]
-    return (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) == (
-        "apps/v1", "ReplicaSet", f"{owner}-{template_hash}")
-
-
 def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], list[Target]]:
-    """Running engine pods with an address, by (namespace, InferenceService) (a pure function): those its Deployment
-    made, on the port the operator gives the engine (names.HTTP_PORT), never one a pod's own spec names."""
+    """Running engine pods with an address, by (namespace, InferenceService) (a pure function; `pods` are those
+    their Deployments made, engine_pods.py), on the port the operator gives the engine (names.HTTP_PORT), never one a
+    pod's own spec names."""
     out: dict[tuple[str, str], list[Target]] = {}
     for pod in pods:
         meta, status = pod["metadata"], pod.get("status", {})
         owner = meta.get("labels", {}).get(names.INFERENCESERVICE_LABEL)
         if not owner or meta.get("deletionTimestamp") or status.get("phase") != "Running":
-            continue
-        if not made_by_the_deployment(pod, owner):
             continue
         if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
             continue
@@ -113,7 +92,8 @@ def targets_of(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[
 
 
 def problem_reasons(pods: list[dict[str, Any]], namespaces: list[str]) -> dict[tuple[str, str], str]:
-    """The pod problem's reason of each watched (namespace, InferenceService) that has one (a pure function)."""
+    """The pod problem's reason of each watched (namespace, InferenceService) that has one (a pure function; `pods`
+    are those their Deployments made, engine_pods.py)."""
     by_owner: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for pod in pods:
         owner = pod["metadata"].get("labels", {}).get(names.INFERENCESERVICE_LABEL)
@@ -167,6 +147,9 @@ class ServingReader:
     on_pod_problem: Callable[[str, str], object] | None = None
     # The pod problem each InferenceService's Ready condition names, where it names one (the reconciler's record).
     shown_problems: Callable[[], dict[tuple[str, str], str]] = dict
+    # Each InferenceService's own Deployment's uid, by (namespace, InferenceService) (the reconciler's record): only
+    # the pods it made are read.
+    deployments: Callable[[], dict[tuple[str, str], str]] = dict
     # (namespace, InferenceService) -> (the pods' problem, the one Ready names) of a disagreement already reconciled.
     disagreements: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
 
@@ -177,9 +160,12 @@ class ServingReader:
         return [f"{prefix}/namespaces/{ns}/{plural}" for ns in self.namespaces]
 
     def list_pods(self) -> list[dict[str, Any]]:
-        """The engine pods of every watched namespace (synchronous: call it in a thread)."""
-        return [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path,
-                                                                                     names.INFERENCESERVICE_LABEL)]
+        """The engine pods of every watched namespace: the labelled pods that each InferenceService's own Deployment
+        made (engine_pods.py; one more listing, of ReplicaSets); synchronous: call it in a thread."""
+        label = names.INFERENCESERVICE_LABEL
+        pods = [pod for path in self._paths("/api/v1", "pods") for pod in self.kube.list(path, label)]
+        replicasets = [rs for path in self._paths("/apis/apps/v1", "replicasets") for rs in self.kube.list(path, label)]
+        return engine_pods(pods, replicasets, self.deployments())
 
     async def _scrape(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target,
                       ) -> sm.Scrape | None:

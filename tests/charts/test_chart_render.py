@@ -186,15 +186,17 @@ def test_without_watched_namespaces_the_role_has_no_namespace_access() -> None:
 
 
 @pytest.mark.parametrize("namespaces", [[], ["team-a"]], ids=["cluster-wide", "team-a"])
-def test_pods_are_listable_only_while_the_serving_reader_runs(namespaces: list[str]) -> None:
-    # The serving reader is the one user of pods/list; off (periodSeconds 0), no role may read every pod's spec
-    # (literal env values included) in the watched namespaces, or cluster-wide.
-    def pod_rules(period: int) -> list[dict[str, Any]]:
+@pytest.mark.parametrize("resource", ["pods", "replicasets"])
+def test_pods_are_listable_only_while_the_serving_reader_runs(namespaces: list[str], resource: str) -> None:
+    # The serving reader is the one user of pods/list (and of replicasets/list, to keep the pods the InferenceService's
+    # own Deployment made); off (periodSeconds 0), no role may read every pod's spec (literal env values included) in
+    # the watched namespaces, or cluster-wide, nor a ReplicaSet's pod template.
+    def rules(period: int) -> list[dict[str, Any]]:
         objects = render_chart({"operator": {"watchNamespaces": namespaces, "serving": {"periodSeconds": period}}})[0]
         return [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]
-                if "pods" in rule["resources"]]
+                if resource in rule["resources"]]
 
-    assert pod_rules(10) and pod_rules(0) == []
+    assert [rule["verbs"] for rule in rules(10)] == [["list"]] * len(rules(10)) and rules(10) and rules(0) == []
 
 
 def test_rbac_has_no_wildcards() -> None:

@@ -130,6 +130,57 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
     assert {e["type"] for e in recovered} == {"Normal"}
 
 
+def test_a_labelled_pod_its_deployment_did_not_make_never_names_the_ready_reason(operator_process, cluster,
+                                                                                 namespace):
+    """A pod anyone made with the InferenceService's label (no owner: the ReplicaSet, whose selector also wants
+    pod-template-hash, does not adopt it) reports ImagePullBackOff: neither the reconciler's listing (every resync)
+    nor the serving reader's (every second) puts it into Ready. The real engine pod's problem still shows."""
+    cluster.apply(fixed("owned", namespace, replicas=1))
+    pod = engine_pod(cluster, namespace, "owned")
+    ready_condition(cluster, namespace, "owned", "ReplicasNotReady", "0 of 1 replicas ready")
+    cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "metadata": {"name": "stray", "labels": {"serving.flotilla.dev/inferenceservice": "owned"}},
+        "spec": {"containers": [{"name": "engine", "image": IMAGE}]}})
+    report(cluster, namespace, "stray", containerStatuses=engine_status(
+        {"waiting": {"reason": "ImagePullBackOff", "message": "the stray pod's lure"}}))
+    time.sleep(12)  # two resyncs (every 5 s) and a dozen periods of the serving reader
+    assert condition(cluster.kube.get(fis_path(namespace, "owned")), "Ready")["reason"] == "ReplicasNotReady"
+    assert cluster.kube.get(f"/api/v1/namespaces/{namespace}/pods/stray") is not None  # still there, not adopted
+    report(cluster, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "owned-key" not found'}}))
+    ready_condition(cluster, namespace, "owned", "CreateContainerConfigError", f"pod {pod} container engine")
+
+
+def test_a_replicaset_named_as_the_deployments_but_not_its_own_never_names_the_ready_reason(operator_process, cluster,
+                                                                                             namespace):
+    """Whoever may create ReplicaSets names one `<name>-<hash>`, as the Deployment controller would, with another
+    controller (here a ConfigMap of theirs), so the Deployment does not adopt it: the real ReplicaSet controller makes
+    its pod, labelled and owned as an engine pod by name. The operator checks owner uids (pod -> ReplicaSet -> the
+    Deployment it owns), so that pod's ImagePullBackOff never reaches Ready."""
+    cluster.apply(fixed("named", namespace, replicas=1))
+    pod = engine_pod(cluster, namespace, "named")
+    ready_condition(cluster, namespace, "named", "ReplicasNotReady", "0 of 1 replicas ready")
+    theirs = cluster.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "mine"}})
+    labels = {"serving.flotilla.dev/inferenceservice": "named", "pod-template-hash": "f0f0f0"}
+    cluster.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/replicasets", {
+        "metadata": {"name": "named-f0f0f0", "labels": labels, "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": theirs["metadata"]["uid"],
+             "controller": True}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "engine",
+                                                                                       "image": IMAGE}]}}}})
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    forged = wait_for(lambda: cluster.kube.list(path, "pod-template-hash=f0f0f0"), 30, "the forged ReplicaSet's pod")
+    assert forged[0]["metadata"]["ownerReferences"][0]["name"] == "named-f0f0f0"
+    report(cluster, namespace, forged[0]["metadata"]["name"], containerStatuses=engine_status(
+        {"waiting": {"reason": "ImagePullBackOff", "message": "the forged pod's lure"}}))
+    time.sleep(12)  # two resyncs (every 5 s) and a dozen periods of the serving reader
+    assert condition(cluster.kube.get(fis_path(namespace, "named")), "Ready")["reason"] == "ReplicasNotReady"
+    report(cluster, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "named-key" not found'}}))
+    ready_condition(cluster, namespace, "named", "CreateContainerConfigError", f"pod {pod} container engine")
+
+
 def test_without_a_resync_the_serving_readers_pod_listing_brings_the_problem(operator_process, cluster, namespace):
     # No pod is watched, and a container's waiting state changes nothing on the ReplicaSet or the Deployment: with
     # the resync off, only the serving reader's periodic listing (every second here) can bring the problem in.

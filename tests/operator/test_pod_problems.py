@@ -62,6 +62,28 @@ def test_unschedulable_comes_with_the_schedulers_message_truncated():
     assert len(found.message) == MAX_MESSAGE and found.message.endswith("...")
 
 
+def test_a_labelled_pod_its_deployment_did_not_make_has_no_problem_for_ready():
+    """Ready's reason comes from the pods the serving reader would scrape, never from a pod anyone labelled."""
+    from flotilla.operator.engine_pods import engine_pods
+
+    def pod(reason: str, replicaset: str | None) -> dict[str, Any]:
+        p = _pod("p", [_waiting(reason)])
+        refs = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x-h", "uid": replicaset, "controller": True}]
+        p["metadata"].update(namespace="a", labels={"serving.flotilla.dev/inferenceservice": "x"},
+                             ownerReferences=refs if replicaset else [])
+        return p
+
+    replicasets = [{"metadata": {"name": "x-h", "namespace": "a", "uid": uid, "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": deployment, "controller": True}]}}
+        for uid, deployment in (("rs-x", "deploy-x"), ("rs-forged", "deploy-forged"))]
+    stray = pod("ImagePullBackOff", None)  # no owner
+    forged = pod("CrashLoopBackOff", "rs-forged")  # a ReplicaSet named alike, another Deployment's
+    engine = pod("InvalidImageName", "rs-x")  # the Deployment's own
+    assert pod_problem(engine_pods([stray, forged], replicasets, {("a", "x"): "deploy-x"})) is None
+    found = pod_problem(engine_pods([stray, forged, engine], replicasets, {("a", "x"): "deploy-x"}))
+    assert found is not None and found.reason == "InvalidImageName"
+
+
 def test_the_serving_reader_reconciles_an_inferenceservice_whose_ready_names_another_problem_once():
     from flotilla.operator.serving_reader import ServingReader
 

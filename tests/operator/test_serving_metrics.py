@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from flotilla.operator import serving_metrics as sm
+from flotilla.operator.engine_pods import engine_pods
 from flotilla.operator.serving_reader import targets_of, wanted_lines
 from flotilla.operator.serving_status import Thresholds, as_merge_patch, build_serving, worth_writing
 
@@ -180,18 +181,27 @@ def test_status_is_written_only_when_a_figure_moves_enough(change, written):
     assert worth_writing(None, _block(), age_s=0, thresholds=t)
 
 
-def _pod(name, phase="Running", ip="10.0.0.1", ns="a", port=8000, label="svc", owner="svc-5d9f", hash_="5d9f",
-         host_network=False, kind="ReplicaSet", controller=True):
-    """A pod as the apiserver lists it: by default one that Deployment svc's ReplicaSet svc-5d9f made."""
-    labels = {"serving.flotilla.dev/inferenceservice": label}
-    if hash_:
-        labels["pod-template-hash"] = hash_
-    ref = {"apiVersion": "apps/v1", "kind": kind, "name": owner, "uid": "u", "controller": controller}
+def _pod(name, phase="Running", ip="10.0.0.1", ns="a", port=8000, label="svc", owner="rs-svc", host_network=False,
+         kind="ReplicaSet", controller=True):
+    """A pod as the apiserver lists it: by default one that Deployment svc's ReplicaSet (uid rs-svc) made."""
+    labels = {"serving.flotilla.dev/inferenceservice": label, "pod-template-hash": "5d9f"}
+    ref = {"apiVersion": "apps/v1", "kind": kind, "name": "svc-5d9f", "uid": owner, "controller": controller}
     refs = [ref] if owner else []
     return {"metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": refs},
             "spec": {"hostNetwork": host_network,
                      "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
             "status": {"phase": phase, "podIP": ip}}
+
+
+def _replicaset(uid, deployment_uid, ns="a", name="svc-5d9f"):
+    return {"metadata": {"name": name, "namespace": ns, "uid": uid, "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "svc", "uid": deployment_uid, "controller": True}]}}
+
+
+# Deployment svc's ReplicaSet; one named alike that another Deployment controls (its author's, made so that
+# Deployment svc does not adopt it); the uid of Deployment svc, which the operator owns.
+REPLICASETS = [_replicaset("rs-svc", "deploy-svc"), _replicaset("rs-forged", "deploy-someone-elses")]
+DEPLOYMENTS = {("a", "svc"): "deploy-svc", ("b", "svc"): "deploy-svc-b"}
 
 
 def test_targets_are_running_engine_pods_with_an_address():
@@ -202,13 +212,19 @@ def test_targets_are_running_engine_pods_with_an_address():
 
 
 @pytest.mark.parametrize("pod", [
-    _pod("no-owner", owner=None), _pod("no-hash", hash_=None), _pod("another-replicaset", owner="other-5d9f"),
-    _pod("hash-of-another", hash_="77aa"), _pod("not-a-replicaset", kind="StatefulSet"),
-    _pod("not-the-controller", controller=False), _pod("host-network", host_network=True),
+    _pod("no-owner", owner=None), _pod("an-unlisted-replicaset", owner="rs-other"),
+    _pod("a-replicaset-named-alike-of-another-deployment", owner="rs-forged"),
+    _pod("labelled-for-another-inferenceservice", label="other"), _pod("in-another-namespace", ns="b"),
+    _pod("not-a-replicaset", kind="StatefulSet"), _pod("not-the-controller", controller=False),
+    _pod("host-network", host_network=True),
 ], ids=lambda p: p["metadata"]["name"])
-def test_a_labelled_pod_its_deployment_did_not_make_is_no_target(pod):
-    # Anyone with pod create in a watched namespace can label a pod, and choose its port and (hostNetwork) address.
-    assert targets_of([pod], []) == {}
+def test_a_labelled_pod_its_deployment_did_not_make_is_no_engine_pod(pod):
+    # Anyone with pod create in a watched namespace can label a pod, and choose its port and (hostNetwork) address;
+    # with ReplicaSet create, name a ReplicaSet as the Deployment controller would.
+    assert engine_pods([pod], REPLICASETS, DEPLOYMENTS) == []
+    assert engine_pods([_pod("p")], REPLICASETS, DEPLOYMENTS) == [_pod("p")]
+    # Before the reconciler has read the Deployment (or once it is someone else's), no pod is its engine pod.
+    assert engine_pods([_pod("p")], REPLICASETS, {}) == []
 
 
 def test_the_engines_port_is_the_operators_whatever_the_pod_says():

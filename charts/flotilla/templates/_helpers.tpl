@@ -160,6 +160,11 @@ in Roles and in the webhooks' namespaceSelector; a glob matches namespaces made 
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
+# ...and their ReplicaSets (by label), to read only the pods the InferenceService's own Deployment made (owner
+# uids: a pod's ReplicaSet, that ReplicaSet's Deployment); read-only, and the same pod template pods/list shows.
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list]
 {{- end }}
 {{- end }}
 

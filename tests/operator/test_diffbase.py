@@ -1,0 +1,74 @@
+"""kopf's last-handled record as a digest (operator/diffbase.py): what kopf compares, and a spec too large for an
+annotation on the real apiserver."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import kopf
+
+from flotilla.operator.diffbase import DIGEST_KEY, DigestDiffBaseStorage
+
+from .conftest import wait_for
+from .test_operator_reconcile import child_path, fis_path, fixed, wait_children
+from .test_operator_webhook import _template
+
+ANNOTATION = "serving.flotilla.dev/last-handled-configuration"
+
+
+def _body(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> kopf.Body:
+    return kopf.Body({"apiVersion": "serving.flotilla.dev/v1alpha1", "kind": "InferenceService",
+                      "metadata": {"name": "m", "namespace": "n", "annotations": annotations or {}}, "spec": spec})
+
+
+def _stored(storage: DigestDiffBaseStorage, body: kopf.Body) -> dict[str, str]:
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    return {key: value for key, value in patch["metadata"]["annotations"].items() if value is not None}
+
+
+def test_the_stored_record_is_a_digest_that_tells_a_change_from_none() -> None:
+    storage = DigestDiffBaseStorage()
+    spec = {"model": {"source": "hf://m"}, "engineArgs": ["--chat-template", _template("a", 500_000)]}
+    annotations = _stored(storage, _body(spec))
+    assert len(annotations[ANNOTATION]) < 100 and set(json.loads(annotations[ANNOTATION])) == {DIGEST_KEY}
+    same = _body(copy.deepcopy(spec), annotations)
+    assert storage.fetch(body=same) == storage.build(body=same)  # no change: kopf sees no diff
+    changed = _body({**spec, "replicas": 3}, annotations)
+    assert storage.fetch(body=changed) not in (None, storage.build(body=changed))  # a change: a diff
+    assert storage.fetch(body=_body(spec)) is None  # never handled: kopf's creation
+
+
+def test_a_whole_essence_an_earlier_operator_stored_is_compared_as_before() -> None:
+    storage = DigestDiffBaseStorage()
+    spec = {"model": {"source": "hf://m"}}
+    whole = {ANNOTATION: json.dumps(storage.build(body=_body(spec)))}
+    assert storage.fetch(body=_body(spec, whole)) == storage.build(body=_body(spec, whole))
+    assert storage.fetch(body=_body({**spec, "replicas": 3}, whole)) == {"spec": spec}
+
+
+def test_a_spec_too_large_for_kopfs_annotation_is_handled_and_updated(operator_process, cluster, namespace) -> None:
+    """The largest spec the webhook admits (a 1.3 MB chat template, near etcd's 1.5 MiB): kopf's full copy of it
+    could not be annotated (422 Too long), so kopf logged an error and throttled the object at every event. Now its
+    record is a digest: stored, and replaced when kopf handles an update (the resync never writes it)."""
+    name = "huge"
+    body = fixed(name, namespace)
+    body["spec"]["engineArgs"] = ["--chat-template", _template("a", 1_300_000)]
+    cluster.apply(body)
+    wait_children(cluster, namespace, name, ["Deployment"])
+    path = fis_path(namespace, name)
+
+    def record() -> str | None:
+        return ((cluster.kube.get(path) or {})["metadata"].get("annotations") or {}).get(ANNOTATION)
+
+    first = wait_for(record, 30, "kopf's last-handled record of the large InferenceService")
+    assert len(first) < 100
+    cluster.kube.request("PATCH", path, {"spec": {"replicas": 3}}, content_type="application/merge-patch+json")
+    wait_for(lambda: (record() or first) != first, 30, "kopf's record of the update")
+    deployment = wait_for(lambda: (d := cluster.kube.get(child_path("Deployment", namespace, name)))
+                          and d["spec"]["replicas"] == 3 and d, 30, "the Deployment at 3 replicas")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][-1].endswith("a")
+    log = operator_process.log_path.read_text(errors="replace")
+    assert "metadata.annotations: Too long" not in log
