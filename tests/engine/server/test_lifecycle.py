@@ -204,7 +204,7 @@ def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_ze
 
 def test_sigterm_drains_an_embeddings_request_in_flight(tiny_model_dirs, tmp_path):
     # Embeddings run as engine calls, not engine requests: the drain must wait for them too (here two requests of
-    # 1,000 inputs of 200 tokens each, within OpenAI's 2,048 a request: tens of seconds here, more than uvicorn's own 5 s
+    # 1,000 inputs of 200 tokens each, within OpenAI's 2,048 a request: tens of seconds, more than uvicorn's own 5 s
     # grace after the drain). The drain may take its time: on a loaded 2-core machine this work took over 120 s, and
     # the drain's own timeout then answered 503 (a wait, not a timing assertion: 5 s is what it must outlast).
     server = start_server(tiny_model_dirs["llama"], tmp_path / "embed-drain.log", "--served-model-name", "tiny",
