@@ -27,6 +27,8 @@ _UNDERFLOW_GAP = 80.0
 # Largest k (ties with the k-th included) whose rows take `topk` rather than a sort of their values: at V 49,152
 # topk(4,096) costs ~2/3 of NumPy's sort.
 _TOPK_MAX = 4096
+# How many values past the largest k `topk` takes: ties with the k-th among them need no count over the row.
+_TIES_SEEN = 16
 
 
 def top_k_top_p_by_sort(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -37,17 +39,11 @@ def top_k_top_p_by_sort(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
     kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
-    drop = _top_p_drop(sorted_logits, top_p)
-    sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-
-
-def _top_p_drop(masked_sorted: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The sorted positions top-p drops: those whose cumulative probability stays <= 1 - p, never the last."""
-    cumulative = torch.softmax(masked_sorted, dim=-1).cumsum(dim=-1)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     drop = cumulative <= (1 - top_p).unsqueeze(1)
     drop[:, -1] = False
-    return drop
+    sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -60,22 +56,41 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
     small_k = (k < vocab) & (k <= _TOPK_MAX)
     kth = logits.new_full((rows,), _NEG_INF)  # -inf: top-k drops nothing
-    if bool(small_k.any()):
-        picked = small_k.nonzero().flatten()
-        top = logits[picked].topk(int(k[picked].max()), dim=-1).values
-        kth[picked] = top.gather(1, (k[picked] - 1).unsqueeze(1)).squeeze(1)
-    top_p_rows = _rows_top_p_may_change(logits, kth, top_p)
+    hi = logits.new_empty(rows)  # each row's max (NaN where it holds a NaN)
+    top = logits.new_empty(rows, 0)  # small-k rows: their largest values, descending (NaN first, as torch's max)
+    picked = small_k.nonzero().flatten()
+    if picked.numel():
+        # A few more than k: the count of ties with the k-th then rarely needs a pass over the row.
+        top = logits.new_full((rows, min(vocab, int(k[picked].max()) + _TIES_SEEN)), _NEG_INF)
+        top[picked] = _rows(logits, picked).topk(top.shape[1], dim=-1).values
+        kth[picked] = top[picked].gather(1, (k[picked] - 1).unsqueeze(1)).squeeze(1)
+        hi[picked] = top[picked, 0]
+    others = (~small_k).nonzero().flatten()
+    if others.numel():
+        hi[others] = _rows(logits, others).amax(dim=1)
+    top_p_rows = _rows_top_p_may_change(logits, kth, hi, top_p)
     cut = logits.new_full((rows,), _NEG_INF)  # top-p drops every token <= cut
     split: list[torch.Tensor] = []
-    groups = ((top_p_rows & small_k, False), ((top_p_rows | (k < vocab)) & ~small_k, True))
-    for picked, by_sort in groups:
-        if bool(picked.any()):
-            split.append(_top_p_cut(logits, picked.nonzero().flatten(), k, kth, cut, top_p, by_sort))
+    for group, by_sort in ((top_p_rows & small_k, False), ((top_p_rows | (k < vocab)) & ~small_k, True)):
+        picked = group.nonzero().flatten()
+        if picked.numel():
+            values = _rows(logits, picked)
+            if by_sort:
+                kth[picked], masked_sorted = _masked_sorted_by_sort(values, k[picked])
+            else:
+                masked_sorted = _masked_sorted_from_top(values, kth[picked], top[picked])
+            cut[picked], whole = _top_p_cut(masked_sorted, top_p[picked])
+            split.append(picked[~whole])
     out = _drop_below(logits, kth, cut)
-    tied = torch.cat(split) if split else torch.empty(0, dtype=torch.long)
+    tied = torch.cat(split) if split else picked[:0]
     if tied.numel():
         out[tied] = top_k_top_p_by_sort(logits[tied], top_k[tied], top_p[tied])
     return out
+
+
+def _rows(logits: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """`logits[picked]`, without the copy when `picked` is every row (in order, as `nonzero` lists them)."""
+    return logits if picked.numel() == logits.shape[0] else logits[picked]
 
 
 def _drop_below(logits: torch.Tensor, kth: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
@@ -90,46 +105,44 @@ def _drop_below(logits: torch.Tensor, kth: torch.Tensor, cut: torch.Tensor) -> t
     return out
 
 
-def _rows_top_p_may_change(logits: torch.Tensor, kth: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[B] bool: rows where top-p may drop a token that top-k keeps. Not where the max is not finite (NaN, +inf,
-    all -inf): the softmax is NaN and drops nothing. At p = 1 only a probability of exactly 0 drops, so only a
-    row whose smallest kept finite value is far below its max."""
-    lo, hi = logits.aminmax(dim=1)
-    changes = hi.isfinite() & (top_p < 1)
-    # The smallest value top-k keeps: the k-th largest when finite, else the row's smallest finite one.
-    lowest = torch.where(kth > _NEG_INF, kth, lo)
-    banned = (hi.isfinite() & (top_p >= 1) & (lowest == _NEG_INF)).nonzero().flatten()
-    if banned.numel():
-        values = logits[banned]
-        lowest[banned] = values.masked_fill(values == _NEG_INF, float("inf")).amin(dim=1)
-    return changes | (hi.isfinite() & (top_p >= 1) & (lowest - hi < -_UNDERFLOW_GAP))
+def _rows_top_p_may_change(logits: torch.Tensor, kth: torch.Tensor, hi: torch.Tensor,
+                           top_p: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows where top-p may drop a token that top-k keeps. Not where the max `hi` is not finite (NaN,
+    +inf, all -inf): the softmax is NaN and drops nothing. At p = 1 only a probability of exactly 0 drops, so only
+    a row whose smallest kept finite value is far below its max."""
+    unsure = hi.isfinite() & (top_p >= 1)
+    lowest = kth.clone()  # the smallest value top-k keeps: the k-th largest when finite, else the row's least finite
+    floorless = (unsure & (kth == _NEG_INF)).nonzero().flatten()
+    if floorless.numel():
+        values = _rows(logits, floorless)
+        lowest[floorless] = values.masked_fill(values == _NEG_INF, float("inf")).amin(dim=1)
+    return (hi.isfinite() & (top_p < 1)) | (unsure & (lowest - hi < -_UNDERFLOW_GAP))
 
 
-def _top_p_cut(logits: torch.Tensor, picked: torch.Tensor, k: torch.Tensor, kth: torch.Tensor, cut: torch.Tensor,
-               top_p: torch.Tensor, by_sort: bool) -> torch.Tensor:
-    """For rows `picked`: write top-p's cut into `cut` (and, `by_sort`, the k-th largest into `kth`) where it
-    drops whole groups of equal values; return the rows whose cut splits a group of tied tokens."""
-    values = logits[picked]
-    if by_sort:
-        kth[picked], masked_sorted = _masked_sorted_by_sort(values, k[picked])
-    else:
-        masked_sorted = _masked_sorted_from_top(values, kth[picked])
-    dropped = _top_p_drop(masked_sorted, top_p[picked]).sum(dim=1)
-    last = masked_sorted.gather(1, (dropped - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+def _top_p_cut(masked_sorted: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n] the value top-p's cut drops every token <= of (-inf: none beyond top-k's), [n] bool: the cut drops
+    whole groups of equal values, not part of a group of tied tokens) for rows whose max is finite."""
+    cumulative = torch.softmax(masked_sorted, dim=-1).cumsum(dim=-1)
+    # The count of `top_k_top_p_by_sort`'s drop mask: a cumulative of probabilities >= 0 never decreases.
+    threshold = (1 - top_p).unsqueeze(1)
+    dropped = torch.searchsorted(cumulative, threshold, right=True).clamp_(max=masked_sorted.shape[1] - 1)
+    last = masked_sorted.gather(1, (dropped - 1).clamp(min=0))
     # A last dropped value of -inf drops only tokens top-k dropped or that were -inf already.
     last = torch.where((dropped > 0) & (last > _NEG_INF), last, _NEG_INF)
-    cut[picked] = last
-    # The prefix ends after a whole group of equal values iff as many tokens are <= its last value.
-    whole = (values <= last.unsqueeze(1)).sum(dim=1) == dropped
-    return picked[(last > _NEG_INF) & ~whole]
+    # The prefix ends after a whole group of equal values iff as many sorted values are <= its last one (for a
+    # finite last one, masking the values below the k-th, which is <= it, changes no count).
+    whole = (last == _NEG_INF) | (torch.searchsorted(masked_sorted, last, right=True) == dropped)
+    return last.squeeze(1), whole.squeeze(1)
 
 
-def _masked_sorted_from_top(values: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+def _masked_sorted_from_top(values: torch.Tensor, kth: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     """[n, V]: each row ascending with the values below its k-th largest -inf, the same tensor bit for bit as the
-    full sort's, from the row's largest values (ties with the k-th make a row keep more than k)."""
+    full sort's, from the row's largest values `top` (a new topk when ties with the k-th outnumber them)."""
     vocab = values.shape[1]
-    width = int((values >= kth.unsqueeze(1)).sum(dim=1).max())
-    top = values.topk(width, dim=-1).values.flip(-1)
+    if bool((top[:, -1] >= kth).any()) and top.shape[1] < vocab:  # ties with the k-th may lie beyond `top`
+        top = values.topk(int((values >= kth.unsqueeze(1)).sum(dim=1).max()), dim=-1).values
+    width = int((top >= kth.unsqueeze(1)).sum(dim=1).max())
+    top = top[:, :width].flip(-1)
     out = torch.full_like(values, _NEG_INF)
     out[:, vocab - width :] = top.masked_fill(top < kth.unsqueeze(1), _NEG_INF)
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flotilla.engine.sampler import apply_top_k_top_p
+from flotilla.engine.sampler import apply_min_p, apply_top_k_top_p
 
 _NEG_INF = float("-inf")
 
@@ -125,3 +125,15 @@ def test_leaves_its_input_as_it_was():
 def test_an_empty_batch_gives_an_empty_batch():
     got = apply_top_k_top_p(torch.empty(0, 10), torch.empty(0, dtype=torch.long), torch.empty(0))
     assert got.shape == (0, 10)
+
+
+def test_min_p_of_zero_leaves_every_row_as_it_was():
+    # A batch with top-k or top-p but no min_p skips min-p's passes: which must change nothing, NaN rows included.
+    logits, _, _ = _rows_of_every_kind(1000, 50, 8)
+    _assert_same_bits(apply_min_p(logits.clone(), torch.zeros(50)), logits)
+    with_one = torch.zeros(50)
+    with_one[0] = 0.2
+    expected = logits.clone()
+    probs = torch.softmax(logits[0], dim=-1)
+    expected[0] = logits[0].masked_fill(probs < probs.max() * 0.2, _NEG_INF)
+    _assert_same_bits(apply_min_p(logits.clone(), with_one), expected)
