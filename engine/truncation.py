@@ -79,8 +79,11 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
                 kth[picked], masked_sorted = _masked_sorted_by_sort(values, k[picked])
             else:
                 masked_sorted = _masked_sorted_from_top(values, kth[picked], top[picked])
-            cut[picked], whole = _top_p_cut(masked_sorted, top_p[picked])
-            split.append(picked[~whole])
+            last, whole = _top_p_cut(masked_sorted, top_p[picked])
+            # Rows here only for their k-th (a large k) drop nothing more: a NaN softmax's cumulative holds no cut.
+            needed = top_p_rows[picked]
+            cut[picked] = torch.where(needed, last, _NEG_INF)
+            split.append(picked[needed & ~whole])
     out = _drop_below(logits, kth, cut)
     tied = torch.cat(split) if split else picked[:0]
     if tied.numel():
@@ -121,7 +124,7 @@ def _rows_top_p_may_change(logits: torch.Tensor, kth: torch.Tensor, hi: torch.Te
 
 def _top_p_cut(masked_sorted: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([n] the value top-p's cut drops every token <= of (-inf: none beyond top-k's), [n] bool: the cut drops
-    whole groups of equal values, not part of a group of tied tokens) for rows whose max is finite."""
+    whole groups of equal values, not part of a group of tied tokens); meaningful where the max is finite."""
     cumulative = torch.softmax(masked_sorted, dim=-1).cumsum(dim=-1)
     # The count of `top_k_top_p_by_sort`'s drop mask: a cumulative of probabilities >= 0 never decreases.
     threshold = (1 - top_p).unsqueeze(1)

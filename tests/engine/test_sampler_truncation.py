@@ -137,3 +137,16 @@ def test_min_p_of_zero_leaves_every_row_as_it_was():
     probs = torch.softmax(logits[0], dim=-1)
     expected[0] = logits[0].masked_fill(probs < probs.max() * 0.2, _NEG_INF)
     _assert_same_bits(apply_min_p(logits.clone(), with_one), expected)
+
+
+@pytest.mark.parametrize("p", [0.9, 1.0])
+def test_rows_without_a_finite_max_keep_top_k_alone_whatever_k(p):
+    # NaN, +inf or all -inf: the softmax is NaN, top-p drops nothing; top-k still applies, k small or large.
+    vocab = 10000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(5))
+    logits[0:2, 7] = float("nan")
+    logits[2:4, 9] = float("inf")
+    logits[4:6] = _NEG_INF
+    top_k = torch.tensor([5000, 20, 9000, 3, 5000, 20])
+    top_p = torch.full((6,), p)
+    _assert_same_bits(apply_top_k_top_p(logits.clone(), top_k, top_p), _by_full_sort(logits, top_k, top_p))
