@@ -90,7 +90,7 @@ def _rows_of_every_kind(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor,
     logits[kinds == 7, 5] = float("inf")
     logits[kinds == 8] = logits[kinds == 8] * 40  # exp underflows to 0 far below the max
     logits[kinds == 9] = logits[kinds == 9].bfloat16().float() * 10
-    k_choices = torch.tensor([0, 1, 2, 5, 20, 50, vocab - 1, vocab, vocab + 7])
+    k_choices = torch.tensor([0, 1, 2, 5, 20, 50, 5000, vocab - 1, vocab, vocab + 7])
     p_choices = torch.tensor([1.0, 1.0, 0.9, 0.5, 0.99, 0.3, 0.95, 0.05, 0.999999])
     top_k = k_choices[torch.randint(len(k_choices), (rows,), generator=g)]
     top_p = p_choices[torch.randint(len(p_choices), (rows,), generator=g)]
