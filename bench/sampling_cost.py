@@ -1,10 +1,12 @@
 """What drawing at temperature > 0 costs on the CPU: the sampler alone, and a whole offline generation.
 
 `micro`: `sample()` on `[B, V]` fp32 logits (default 16 x 49,152, the embedded model's vocabulary) at temperature
-0.8, seeded rows, unseeded rows, and with top-p 0.9; CPU milliseconds and minor page faults a call (medians).
+0.8, seeded rows, unseeded rows, and with top-p 0.9, top-k 50 and both; CPU milliseconds and minor page faults a
+call (medians). `--bf16-logits` rounds the logits to bf16 values, so that they tie as a bf16 model's do (top-p cuts
+through tied tokens then).
 `engine`: the embedded model offline (`LLM`, `--quantization gguf` by default), --prompts prompts x --tokens tokens
-at temperature 0.8, seeded; the run's CPU seconds, its output tok/s and the CPU milliseconds a step spent in
-`sample()`.
+at temperature 0.8 (with --top-p / --top-k when given), seeded; the run's CPU seconds, its output tok/s and the CPU
+milliseconds a step spent in `sample()`.
 
 `--baseline-ref REF` runs everything twice, rounds interleaved in one process: with this checkout's `sample()` and
 with engine/sampler.py of git revision REF (its own helpers and noise), so a before/after on a loaded machine is
@@ -39,6 +41,8 @@ MICRO_CASES: dict[str, dict[str, Any]] = {
     "seeded": {"temperature": 0.8},
     "unseeded": {"temperature": 0.8},
     "top_p0.9": {"temperature": 0.8, "top_p": 0.9},
+    "top_k50": {"temperature": 0.8, "top_k": 50},
+    "top_k50_top_p0.9": {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
 }
 
 
@@ -69,7 +73,10 @@ def _call(fn: Sample, logits: torch.Tensor, batch: sampler.SamplingBatch) -> tup
 def micro(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, Any]:
     """Each (case, variant)'s median ms and page faults a `sample()` call, rounds interleaved."""
     device = torch.device(args.device)
-    logits = (torch.randn(args.rows, args.vocab, generator=torch.Generator().manual_seed(0)) * 3).to(device)
+    logits = torch.randn(args.rows, args.vocab, generator=torch.Generator().manual_seed(0)) * 3
+    if args.bf16_logits:
+        logits = logits.bfloat16().float()
+    logits = logits.to(device)
     batches = {case: micro_batch(case, args.rows, args.vocab, device) for case in MICRO_CASES}
     ms: dict[str, list[float]] = defaultdict(list)
     faults: dict[str, list[int]] = defaultdict(list)
@@ -86,7 +93,7 @@ def micro(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, An
     for key in ms:
         report[key] = {"ms": round(statistics.median(ms[key]), 3), "minor_faults": statistics.median(faults[key])}
         print(f"micro {key:28s} {report[key]['ms']:8.3f} ms  {report[key]['minor_faults']:6.0f} faults", flush=True)
-    for case in ("seeded", "top_p0.9"):  # unseeded rows take fresh seeds from a generator per batch: same here too
+    for case in (c for c in MICRO_CASES if c != "unseeded"):  # unseeded rows draw fresh seeds: same here too
         names = [f"{case}/{name}" for name in variants]
         report[f"{case}_same_tokens"] = all(tokens[n] == tokens[names[0]] for n in names)
     return report
@@ -102,8 +109,8 @@ def engine(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, A
     llm = LLM(model, max_model_len=512, enable_prefix_caching=False, **extra)
     texts = [f"Story {i}: write a short tale about a cat called {i * 7919 % 1000} who lives by the sea."
              for i in range(args.prompts)]
-    params = [SamplingParams(max_tokens=args.tokens, temperature=0.8, seed=i, ignore_eos=True)
-              for i in range(args.prompts)]
+    params = [SamplingParams(max_tokens=args.tokens, temperature=0.8, top_p=args.top_p, top_k=args.top_k, seed=i,
+                             ignore_eos=True) for i in range(args.prompts)]
     spent = [0.0]
 
     def timed(fn: Sample) -> Sample:
@@ -154,6 +161,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="engine: requests at once (streams)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bf16-logits", action="store_true", help="micro: logits rounded to bf16 values (ties)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="engine: top_p of every request")
+    parser.add_argument("--top-k", type=int, default=0, help="engine: top_k of every request (0 = off)")
     parser.add_argument("--quantization", default="gguf", help="engine: 'gguf' (the embedded GGUF) or '' (bf16)")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flotilla.engine.truncation import apply_top_k_top_p
+
 _NEG_INF = float("-inf")
 # The lowest log-probability reported (vLLM's server clamps to the same): a banned token's -inf, or a
 # NaN from a pathological row, must never reach a response, where JSON has no spelling for either.
@@ -152,24 +154,11 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Drop tokens whose probability is below min_p times the top token's."""
+    if logits.device.type == "cpu" and not bool((min_p > 0).any()):
+        return logits  # nothing is below 0 (nor below NaN): a batch without min_p skips 4 passes over [B, V]
     probs = torch.softmax(logits, dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
     return logits.masked_fill(probs < threshold, _NEG_INF)
-
-
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's k most likely tokens (ties at the boundary kept), then its smallest set whose
-    probability reaches top_p (the most likely token always stays)."""
-    vocab = logits.shape[1]
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
-    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    drop = cumulative <= (1 - top_p).unsqueeze(1)
-    drop[:, -1] = False
-    sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9 as a signed 64-bit integer
