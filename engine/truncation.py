@@ -49,9 +49,10 @@ def top_k_top_p_by_sort(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Keep each row's k most likely tokens (ties at the boundary kept), then its smallest set whose
     probability reaches top_p (the most likely token always stays). A new tensor; the same as
-    `top_k_top_p_by_sort`, which other devices than the CPU run."""
+    `top_k_top_p_by_sort`, which other devices than the CPU and other dtypes than float32/float64 run."""
     rows, vocab = logits.shape
-    if logits.device.type != "cpu" or not rows or not vocab:
+    # Half-precision softmaxes underflow within `_UNDERFLOW_GAP` (and NumPy has no bfloat16): the full sort.
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or not rows or not vocab:
         return top_k_top_p_by_sort(logits, top_k, top_p)
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
     small_k = (k < vocab) & (k <= _TOPK_MAX)
