@@ -3,10 +3,10 @@
 A request whose grammar is not cached waits here (vLLM's WAITING_FOR_FSM) while compile_queue.py
 compiles it off the step loop: it holds no KV blocks and cannot be scheduled. At the start of each step
 the engine takes the requests whose compile is done (each completion given its own matcher) and those
-that must fail (their compile failed, ran past its bound, or could not start in time).
+that must fail (their compile failed or ran past its bound).
 
-The room also builds, on the first constrained request, the compiler and its compile threads: reading
-the vocabulary into xgrammar takes a moment that unconstrained serving should not pay.
+The room also builds, on the first constrained request, the compiler and its compile threads (and their
+processes): reading the vocabulary into xgrammar takes a moment that unconstrained serving should not pay.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class GrammarWaitingRoom:
         for request_id, waiting in list(self._waiting.items()):
             pending = waiting.pending
             if not pending.future.done():
-                error = compiles.check(pending, request_id, waiting.since, now)
+                error = compiles.check(pending, request_id, now)
                 if error is not None:
                     del self._waiting[request_id]
                     failed.append((request_id, error))
