@@ -11,19 +11,26 @@ back serialized (xgrammar's `serialize_json`); the engine reads it back against 
 (`deserialize_json`, which gives up the GIL). Costs, measured with xgrammar 0.2.9 on the embedded model's
 vocabulary (2 loaded cores): a `choice` or a small schema adds ~1 ms (0.2 ms serialize, 0.1-1 ms read back, a
 pipe round trip), a compile of seconds about half as much again (30 bound patterns: 5.4 s compile, 29 MB of
-JSON, 2.2 s to serialize, 0.7 s to read back). The bound covers the compile only: once the child says its
-grammar compiled, its transfer is not timed (it grows with the grammar's size, which the compile bounds).
+JSON, 2.2 s to serialize, 0.7 s to read back). The bound covers what the child does: the parse, the compile
+and the serialization (seconds for a big grammar: slow_schema(90) compiled in 6.5 s, then took 15 s to
+serialize to 155 MB on a loaded core); reading it back is not timed. A compile that no request waits for any
+more is killed too (compile_queue.py's `forget`).
 
 Children fork from multiprocessing's fork server, started once per process with this module (and so
-xgrammar and torch) preloaded: the first constrained request waits for that start (importing xgrammar: a
-few seconds), a respawn after a kill does not. Where the fork server already runs without it (a chat
-template rendered first in this process: server/chat_template.py), a child imports xgrammar itself.
+xgrammar and torch) preloaded. The server's engine starts it, and the compile processes, in the background
+at start (waiting_room.py's `warm_up`); elsewhere (the offline LLM) the first constrained request waits for
+that start (importing xgrammar: seconds). A respawn after a kill does not. Where the fork server already
+runs without it (a chat template rendered first in this process: server/chat_template.py), a child imports
+xgrammar itself.
 """
 
 from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.forkserver
+import threading
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -34,9 +41,16 @@ from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.compiler import GrammarCompiler
 from flotilla.engine.structured_output.params import StructuredOutputsParams
 
+# How often a compile's wait looks whether its requests all left (the kill's delay at most).
+ABANDON_POLL_S = 0.05
+
 
 class CompileTimeout(Exception):
     """A compile ran past its bound; its process was killed."""
+
+
+class CompileAbandoned(Exception):
+    """No request waited for a compile any more; its process was killed."""
 
 
 class CompileProcessDied(RuntimeError):
@@ -72,22 +86,40 @@ class CompileProcess:
             self._receive()  # the child's ("ready",)
             self._ready = True
 
-    def compile(self, params: StructuredOutputsParams, timeout_s: float) -> xgr.CompiledGrammar:
-        """`params` compiled in the child; CompileTimeout (the child killed and replaced) if it has not
-        compiled within `timeout_s`, InvalidParamError for a constraint xgrammar refuses."""
+    def compile(self, params: StructuredOutputsParams, timeout_s: float,
+                abandoned: threading.Event | None = None) -> xgr.CompiledGrammar:
+        """`params` compiled in the child. The child is killed and replaced if it has not sent the grammar back
+        within `timeout_s` (parse, compile and serialization: CompileTimeout) or once `abandoned` is set (no
+        request waits for it any more: CompileAbandoned); InvalidParamError for a constraint xgrammar refuses."""
         self.wait_ready()
+        if abandoned is not None and abandoned.is_set():  # left while queued behind this thread's start
+            raise CompileAbandoned
         assert self._conn is not None
         self._conn.send(params)
-        if not self._conn.poll(max(timeout_s, 0.0)):
-            self.restart()
-            raise CompileTimeout
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        self._await_reply(deadline, abandoned)
         reply = self._receive()
         if reply[0] == "refused":
             raise reply[1]
         if reply[0] == "failed":
             raise RuntimeError(f"the grammar compile failed: {reply[1]}")
+        # The child serializes the grammar before the first byte comes: seconds for a big one (slow_schema(90):
+        # 6.5 s of compile, then 155 MB and 15 s of serialize on a loaded core), under the same bound.
+        self._await_reply(deadline, abandoned)
         text = self._receive_bytes().decode()  # the compiled grammar, serialized
         return xgr.CompiledGrammar.deserialize_json(text, self._compiler.tokenizer_info)
+
+    def _await_reply(self, deadline: float, abandoned: threading.Event | None) -> None:
+        """Wait for the child's next message until `deadline` (CompileTimeout) or `abandoned` (CompileAbandoned),
+        killing and replacing the child in both cases."""
+        assert self._conn is not None
+        while not self._conn.poll(min(ABANDON_POLL_S, max(deadline - time.monotonic(), 0.0))):
+            if abandoned is not None and abandoned.is_set():
+                self.restart()
+                raise CompileAbandoned
+            if time.monotonic() >= deadline:
+                self.restart()
+                raise CompileTimeout
 
     def restart(self) -> None:
         """Kill the child (mid-compile or idle) and start a fresh one."""
@@ -128,6 +160,12 @@ def _context() -> Any:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
+
+
+def start_fork_server() -> None:
+    """Start the fork server (it preloads this module: seconds) and return at once."""
+    _context()
+    multiprocessing.forkserver.ensure_running()
 
 
 def _serve(conn: Connection, info_json: str, vocab_size: int, disable_any_whitespace: bool) -> None:

@@ -12,9 +12,11 @@ can be killed.
 
 Bounds:
 - requests that ask for a constraint already compiling share that compile (and the compiled-grammar
-  cache, which is the compiler's);
+  cache, which is the compiler's); once none of them waits any more (aborted, or failed at the bound), the
+  compile is dropped, killed with its process if it runs;
 - a compile that has run for `timeout_s` is killed with its process (a fresh one takes its place) and
-  fails the requests that wait for it with a 400 that says so; its constraint is refused at once from
+  fails the requests that wait for it with a 400 that says so (the bound covers the parse, the compile
+  and the grammar's serialization in the process); its constraint is refused at once from
   then on (the last 256 such constraints are remembered), so that no client can queue it again. The
   engine thread fails the waiters as soon as the bound passes, whether or not the kill has happened yet.
   So no compile holds a thread for much longer than the bound, and a queued compile waits its turn;
@@ -71,6 +73,8 @@ class PendingGrammar:
     future: Future[xgr.CompiledGrammar]
     started: float | None = None  # when a worker took it (time.monotonic())
     waiters: set[str] = field(default_factory=set)  # request ids waiting for it
+    # Set once no request waits for it while it runs: its worker kills its process (compile_process.py).
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
 
 class GrammarCompiles:
@@ -140,14 +144,21 @@ class GrammarCompiles:
         return self.too_slow()
 
     def forget(self, pending: PendingGrammar, request_id: str) -> None:
-        """`request_id` no longer waits (aborted, failed or served); a compile nobody waits for and no
-        worker has started is dropped (one already running finishes and fills the cache)."""
+        """`request_id` no longer waits (aborted, failed or served). A compile nobody waits for any more is
+        dropped: one no worker has started is cancelled, one running is killed with its process (within
+        `ABANDON_POLL_S`), rather than burn a core up to the bound and then ship back a grammar nobody wants
+        (slow_schema(90): 6.5 s of compile, then 15 s to serialize 155 MB, 5.7 s to read it back), holding its
+        compile thread from the requests that do wait. A request for that constraint later compiles it anew."""
         pending.waiters.discard(request_id)
         if pending.waiters:
             return
         with self._lock:
-            if pending.started is None and pending.future.cancel():
-                self._pending.pop(pending.key, None)
+            if self._pending.get(pending.key) is pending and not pending.future.done():
+                del self._pending[pending.key]  # a new request for the constraint queues a compile of its own
+            if pending.started is not None:
+                pending.abandoned.set()
+            else:
+                pending.future.cancel()
 
     def wait(self, timeout: float) -> None:
         """Block up to `timeout` s, or until some pending compile is done (the engine has nothing else to do)."""
@@ -185,6 +196,7 @@ class GrammarCompiles:
     def _work(self, process: CompileProcess) -> None:
         from flotilla.engine.structured_output.compile_process import CompileTimeout
 
+        self._start_process(process)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -201,24 +213,34 @@ class GrammarCompiles:
                     continue
                 pending.started = time.monotonic()
             try:
-                compiled = process.compile(params, self.timeout_s)
+                compiled = process.compile(params, self.timeout_s, pending.abandoned)
                 self.compiler.store(pending.key, compiled)
                 pending.future.set_result(compiled)
             except CompileTimeout:
                 self._mark_slow(pending)
                 pending.future.set_exception(self.too_slow())
-            except BaseException as exc:  # the waiting requests' error, not the worker's
+            except BaseException as exc:  # the waiting requests' error (CompileAbandoned: none wait), not the worker's
                 pending.future.set_exception(exc)
             finally:
                 with self._lock:
-                    self._pending.pop(pending.key, None)
+                    if self._pending.get(pending.key) is pending:
+                        del self._pending[pending.key]
+
+    def _start_process(self, process: CompileProcess) -> None:
+        """Start this worker's compile process before any job (the server's engine makes the compile threads at
+        start: structured_output/waiting_room.py); one that fails to start is started again by the first job."""
+        try:
+            process.wait_ready()
+        except Exception:
+            logger.exception("a structured-output compile process failed to start; the next compile starts another")
 
     def _finish(self, pending: PendingGrammar, exc: BaseException) -> None:
         """Fail a queued compile that could not be sent to its process (the process did not start)."""
         with self._lock:
             if pending.future.set_running_or_notify_cancel():
                 pending.future.set_exception(exc)
-            self._pending.pop(pending.key, None)
+            if self._pending.get(pending.key) is pending:
+                del self._pending[pending.key]
 
     def shutdown(self) -> None:
         """Let the worker threads end, and their compile processes with them, once their current compile

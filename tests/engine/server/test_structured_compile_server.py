@@ -7,6 +7,7 @@ while its grammar compiles leaves nothing waiting. Invalid schemas are 400s as b
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -40,6 +41,34 @@ def _wait_for(predicate, limit: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def compile_process_ids(server) -> set[int]:
+    """The server's grammar compile processes: the children of its engine core's fork server that preloads
+    compile_process.py (empty while there is none)."""
+    import psutil
+
+    for process in psutil.Process(server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            command = " ".join(process.cmdline())
+            if "multiprocessing.forkserver" in command and "structured_output.compile_process" in command:
+                return {child.pid for child in process.children()}
+    return set()
+
+
+def test_the_compile_processes_start_with_the_server_before_any_constrained_request(compile_server):
+    # (First in this module: no constrained request has reached this server yet.) They started on the first
+    # constrained request, which waited for the fork server's start (importing xgrammar and torch: 7-15 s here);
+    # now the engine starts them in the background once it has started.
+    from flotilla.engine.structured_output.compile_queue import default_workers
+
+    assert compile_server.metric("vllm:request_success_total") == 0
+    _wait_for(lambda: len(compile_process_ids(compile_server)) == default_workers(), limit=180)
+    started = compile_process_ids(compile_server)
+    reply = httpx.post(f"{compile_server.url}/v1/completions", headers=HEADERS, timeout=120, json={
+        "model": "tiny", "prompt": "Pick:", "max_tokens": 4, "structured_outputs": {"choice": ["yes", "no"]}})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"] in ("yes", "no"), reply.text
+    assert compile_process_ids(compile_server) == started  # the request compiled in them: none started for it
 
 
 def test_a_stream_flows_while_a_slow_schema_compiles_which_then_is_a_400(compile_server):

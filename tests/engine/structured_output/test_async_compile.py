@@ -60,14 +60,13 @@ class Gate:
         self.opened = threading.Event()
         self.entered = threading.Event()
 
-    def __call__(self, process, params, timeout_s):
+    def __call__(self, process, *args):
         self.entered.set()
         assert self.opened.wait(60), "the test never opened the gate"
-        return self.compile(process, params, timeout_s)
+        return self.compile(process, *args)
 
     def install(self, monkeypatch) -> Gate:
-        monkeypatch.setattr(CompileProcess, "compile", lambda process, params, timeout_s: self(process, params,
-                                                                                             timeout_s))
+        monkeypatch.setattr(CompileProcess, "compile", lambda process, *args: self(process, *args))
         return self
 
     def open(self) -> None:
@@ -139,11 +138,38 @@ def test_a_free_request_finishes_while_a_real_slow_schema_compiles(llm, monkeypa
     # tiny-model steps a small fraction of that; the step loop never waited for it.
     assert free.num_output_tokens == 12
     assert not waiting.future.done(), f"the compile ended within {time.monotonic() - start:.2f} s"
-    engine.abort([slow.request_id])  # aborting mid-compile: the compile finishes and fills the cache
+    engine.abort([slow.request_id])  # aborting mid-compile: nobody waits for it, it is killed
     _assert_nothing_held(engine)
-    _drain(engine, limit=300)
-    assert engine.grammar_compiler.lookup(spec.cache_key()) is not None
     assert engine.grammar_compiles.num_pending == 0
+    _drain(engine)
+
+
+def test_a_running_compile_that_no_request_waits_for_is_killed(llm, monkeypatch):
+    # A compile whose requests had all left ran on to the bound (10 s by default) or to its end, and then shipped its
+    # grammar back (slow_schema(90): 6.5 s of CPU to compile, 15 s to serialize 155 MB, 5.7 s to read back), burning
+    # cores and holding its compile thread from requests that wait. Now it is killed once its last request leaves.
+    engine = llm.engine
+    queue = engine.grammar_compiles
+    monkeypatch.setattr(queue, "timeout_s", 600)  # so that only the abort can end them early
+    specs = [StructuredOutputsParams(json=slow_schema(300 + next(_fresh))) for _ in range(queue.workers)]
+    slow = [engine.add_request("JSON:", SamplingParams(max_tokens=8, structured_outputs=s)) for s in specs]
+    pendings = [engine._compiling[r.request_id].pending for r in slow]
+    deadline = time.monotonic() + 120
+    while not all(p.started for p in pendings):  # each compile thread has taken one (a wait, not a timing check)
+        assert time.monotonic() < deadline, "the compile threads never took the compiles"
+        time.sleep(0.01)
+    processes = [process._process for process in queue._processes]
+    engine.abort([r.request_id for r in slow])
+    assert queue.num_pending == 0
+    spec = fresh_choice()
+    after = engine.add_request("Pick:", constrained(spec))  # before: queued behind the unwanted compiles
+    assert _drain(engine, limit=60)[after.request_id].outputs[0].text in spec.choice
+    from flotilla.engine.structured_output.compile_process import CompileAbandoned
+
+    assert all(isinstance(p.future.exception(timeout=10), CompileAbandoned) for p in pendings)
+    assert not any(process.is_alive() for process in processes)  # killed, fresh ones in their place
+    assert all(engine.grammar_compiler.lookup(s.cache_key()) is None for s in specs)
+    _assert_nothing_held(engine)
 
 
 def test_abort_while_compiling_leaves_nothing(llm, gate):
@@ -160,14 +186,15 @@ def test_abort_while_compiling_leaves_nothing(llm, gate):
     engine.abort([b.request_id])
     _assert_nothing_held(engine)
     assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+    assert engine.grammar_compiles.num_pending == 0  # nobody waits for its compile: dropped
     gate.open()
     assert not _drain(engine)  # nothing finishes: both were aborted
-    assert engine.grammar_compiler.num_compiled == before + 1  # the running compile finished, once
-    assert engine.grammar_compiles.num_pending == 0
-    # The next request for that constraint is served from the cache, at once.
+    assert engine.grammar_compiler.num_compiled == before  # the compile was dropped unfinished
+    # The next request for that constraint compiles it anew.
     c = engine.add_request("Pick:", constrained(spec))
-    assert c.request_id not in engine._compiling and c.grammar is not None
+    assert c.request_id in engine._compiling
     assert _drain(engine)[c.request_id].outputs[0].text in spec.choice
+    assert engine.grammar_compiler.num_compiled == before + 1
 
 
 def test_a_compile_past_the_bound_fails_that_request_alone(llm, gate, monkeypatch):
@@ -192,13 +219,11 @@ def test_a_compile_past_the_bound_fails_that_request_alone(llm, gate, monkeypatc
     # The same constraint is refused at once while its compile still runs: no second compile is queued.
     with pytest.raises(InvalidParamError, match="took longer than 0.3 s"):
         engine.add_request("Pick:", constrained(spec))
-    assert engine.grammar_compiles.num_pending == 1
+    assert engine.grammar_compiles.num_pending == 0  # nobody waits for that compile any more: dropped
     _assert_nothing_held(engine)
     gate.open()
     _drain(engine)
-    # Once it has compiled after all, the cache serves it.
-    ok = engine.add_request("Pick:", constrained(spec))
-    assert _drain(engine)[ok.request_id].outputs[0].text in spec.choice
+    assert engine.grammar_compiler.lookup(spec.cache_key()) is None  # killed, not compiled after all
 
 
 def test_a_compile_past_the_bound_is_killed_and_the_next_grammar_compiles_at_once(llm, monkeypatch):
@@ -239,7 +264,7 @@ def test_an_invalid_constraint_is_refused_when_added_and_a_late_failure_reaches_
         engine.add_request("x", constrained(StructuredOutputsParams(regex="(unclosed")))
     assert engine.grammar_compiles.num_pending == 0
 
-    def broken(process, params, timeout_s):
+    def broken(process, *args):
         raise InvalidParamError("invalid choice constraint for structured output: broken", "structured_outputs")
 
     monkeypatch.setattr(CompileProcess, "compile", broken)
@@ -271,8 +296,9 @@ def test_a_compile_queued_behind_one_past_the_bound_waits_its_turn_and_is_droppe
         assert queue.check(second, "b", now=now) is None
         # The first has run past the bound: refused (400), and so is its constraint from now on.
         assert isinstance(queue.check(first, "a", now=now), InvalidParamError)
+        assert queue.num_pending == 1  # its last request failed: the first is dropped (killed in its process)
         queue.forget(second, "b")  # its request went away: a queued compile nobody waits for is dropped
-        assert second.future.cancelled() and queue.num_pending == 1
+        assert second.future.cancelled() and queue.num_pending == 0
     finally:
         g.open()
         queue.shutdown()
@@ -325,11 +351,11 @@ def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_m
     release = threading.Event()
     original = CompileProcess.compile
 
-    def slow(process, params, timeout_s):
+    def slow(process, *args):
         # Held until the refusal was seen: past the 0.2 s bound however long a loaded machine stalls the step
         # loop (a fixed 1 s compile could end first, and then it was served).
         release.wait(60)
-        return original(process, params, timeout_s)
+        return original(process, *args)
 
     monkeypatch.setattr(CompileProcess, "compile", slow)
 
