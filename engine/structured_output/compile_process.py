@@ -177,7 +177,7 @@ def _serve(conn: Connection, info_json: str, vocab_size: int, disable_any_whites
     while True:
         try:
             params: StructuredOutputsParams = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # the engine's end closed (the server's engine core exits unwound)
             return
         try:
             compiled = compiler.build(params.kind, compiler.prepare(params))

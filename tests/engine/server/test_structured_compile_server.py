@@ -201,7 +201,11 @@ def test_a_stream_flows_while_a_slow_schema_converts_into_a_grammar(compile_serv
             last = now
     thread.join(300)
     assert len(gaps) > 100
-    assert max(gaps) < slow["duration"] / 2, (max(gaps), slow)
+    # On the step loop, the conversion stopped the stream for all of its time: at least the bound where it is a 400
+    # (killed there in its process; on the loop nothing could stop it: 8.9 s alone), at least half the request's
+    # duration where it is served. (The 400's duration also holds its wait for a compile thread and the refusal's
+    # way back, which no stall of the stream is measured against: half of it was 2.7-3.3 s on a loaded 2-core box.)
+    assert max(gaps) < (TIMEOUT_S if slow["status"] == 400 else slow["duration"] / 2), (max(gaps), slow)
     # Past the bound (4 s) where the conversion is that slow (a 400 naming it; the conversion runs in the compile
     # process, killed there), served where it is quicker. (Until compiles could be killed, the earlier tests' slow
     # compiles still held the compile threads here: a 503.)
