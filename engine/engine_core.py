@@ -119,6 +119,9 @@ def run_engine_core(factory: EngineFactory, commands: Connection, outputs: Conne
         logger.exception("the engine failed to start")
         outputs.send(("failed", portable(exc)))
         return
+    # After "ready", in the background: /health and the first requests do not wait for it, and the first
+    # constrained request no longer waits for the compile processes' start (seconds).
+    engine.warm_up_grammars()
     code = EngineCore(engine, outputs).run(commands)
     logging.shutdown()
     sys.stdout.flush()

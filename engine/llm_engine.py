@@ -303,6 +303,11 @@ class LLMEngine:
         """The compile threads in front of `grammar_compiler` (started on first use)."""
         return self._compiling.compiles
 
+    def warm_up_grammars(self) -> None:
+        """Start structured output's compiler and compile processes in the background now (the server's engine,
+        once started), not on the first constrained request (GrammarWaitingRoom.warm_up)."""
+        self._compiling.warm_up()
+
     @property
     def max_pending_compiles(self) -> int | None:
         """Distinct grammar compiles queued or running at most (past it, a new one is EngineBusyError, a 503);

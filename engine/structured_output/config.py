@@ -18,10 +18,9 @@ class StructuredOutputsConfig(BaseModel):
     run free between JSON tokens, which small models can fall into until max_tokens.
 
     `compile_timeout_s` (Flotilla's own key; vLLM has none for whole grammars) bounds a grammar's compile,
-    which runs off the step loop: a compile that has run that long fails its requests with a 400 (and its
-    constraint is refused at once from then on); a request whose compile has not started that long after
-    it came, while every compile thread is held by such a compile, fails with a 503. See
-    structured_output/compile_queue.py.
+    which runs off the step loop in a compile process (parse, compile and the grammar's serialization): a
+    compile that has run that long is killed and fails its requests with a 400 (and its constraint is refused
+    at once from then on). See structured_output/compile_queue.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

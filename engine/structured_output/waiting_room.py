@@ -3,14 +3,19 @@
 A request whose grammar is not cached waits here (vLLM's WAITING_FOR_FSM) while compile_queue.py
 compiles it off the step loop: it holds no KV blocks and cannot be scheduled. At the start of each step
 the engine takes the requests whose compile is done (each completion given its own matcher) and those
-that must fail (their compile failed, ran past its bound, or could not start in time).
+that must fail (their compile failed or ran past its bound).
 
-The room also builds, on the first constrained request, the compiler and its compile threads: reading
-the vocabulary into xgrammar takes a moment that unconstrained serving should not pay.
+The room also builds the compiler and its compile threads (and their processes): on the first constrained
+request (the offline LLM: reading the vocabulary into xgrammar takes a moment that unconstrained use should
+not pay), or, on the server, in the background once the engine has started (`warm_up`): there the compile
+processes' start (a fork server importing xgrammar and torch: 7-15 s on a loaded 2-core machine) would
+otherwise hold up the first constrained request.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +30,8 @@ if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
     from flotilla.engine.structured_output.compiler import GrammarCompiler
     from flotilla.engine.structured_output.config import StructuredOutputsConfig
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(eq=False)
 class WaitingForGrammar:
@@ -36,7 +43,8 @@ class WaitingForGrammar:
 
 
 class GrammarWaitingRoom:
-    """The requests waiting for a grammar, by request id, and the compiler they wait on. Engine thread only."""
+    """The requests waiting for a grammar, by request id, and the compiler they wait on. Engine thread only,
+    but for `warm_up`'s thread, which builds the compiler and its compile threads (under `_build_lock`)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
                  config: StructuredOutputsConfig) -> None:
@@ -50,26 +58,55 @@ class GrammarWaitingRoom:
         # None: no cap (the offline LLM). Read when the compile threads start.
         self.max_pending: int | None = MAX_PENDING
         self._waiting: dict[str, WaitingForGrammar] = {}
+        self._build_lock = threading.Lock()  # the engine thread and warm_up's may both build them
+        self._closed = False  # shut down: warm_up builds nothing more
 
     @property
     def compiler(self) -> GrammarCompiler:
         """Structured output's compiler and its cache of compiled grammars (built on first use)."""
         if self._compiler is None:
-            from flotilla.engine.structured_output.compiler import GrammarCompiler
+            with self._build_lock:
+                if self._compiler is None:
+                    from flotilla.engine.structured_output.compiler import GrammarCompiler
 
-            self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._stop_token_ids,
-                                             disable_any_whitespace=self._config.disable_any_whitespace)
+                    self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._stop_token_ids,
+                                                     disable_any_whitespace=self._config.disable_any_whitespace)
         return self._compiler
 
     @property
     def compiles(self) -> GrammarCompiles:
         """The compile threads in front of `compiler` (started on first use)."""
         if self._compiles is None:
-            from flotilla.engine.structured_output.compile_queue import GrammarCompiles
+            compiler = self.compiler
+            with self._build_lock:
+                if self._compiles is None:
+                    from flotilla.engine.structured_output.compile_queue import GrammarCompiles
 
-            self._compiles = GrammarCompiles(self.compiler, self._config.compile_timeout_s,
-                                             max_pending=self.max_pending)
+                    self._compiles = GrammarCompiles(compiler, self._config.compile_timeout_s,
+                                                     max_pending=self.max_pending)
         return self._compiles
+
+    def warm_up(self) -> threading.Thread:
+        """Build the compiler and start the compile threads and processes on a thread of their own, so that
+        they are ready before the first constrained request (the server's engine, once started). The engine
+        thread goes on meanwhile: the fork server imports xgrammar in a process of its own; this thread holds
+        the GIL for this process's xgrammar import and reading the vocabulary into it (~1 s in all, in pieces:
+        the longest pause a 1 ms probe thread saw was 0.2-0.9 s, on a loaded 2-core machine)."""
+        thread = threading.Thread(target=self._warm_up, name="grammar-warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm_up(self) -> None:
+        try:
+            from flotilla.engine.structured_output.compile_process import start_fork_server
+
+            start_fork_server()  # first: its import of xgrammar and torch is the long part, in its own process
+            if not self._closed:
+                compiles = self.compiles  # builds the compiler and the threads, which start their processes
+                if self._closed:  # shut down meanwhile
+                    compiles.shutdown()
+        except Exception:  # structured output then starts on the first constrained request, as offline
+            logger.exception("starting structured output's compile processes in the background failed")
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -99,7 +136,7 @@ class GrammarWaitingRoom:
         for request_id, waiting in list(self._waiting.items()):
             pending = waiting.pending
             if not pending.future.done():
-                error = compiles.check(pending, request_id, waiting.since, now)
+                error = compiles.check(pending, request_id, now)
                 if error is not None:
                     del self._waiting[request_id]
                     failed.append((request_id, error))
@@ -129,6 +166,7 @@ class GrammarWaitingRoom:
 
     def shutdown(self) -> None:
         """Let the compile threads, if any, end once their current compile returns."""
+        self._closed = True
         if self._compiles is not None:
             self._compiles.shutdown()
 

@@ -19,6 +19,8 @@ from flotilla.engine.structured_output.params import StructuredOutputsParams
 
 xgr = pytest.importorskip("xgrammar")
 
+from flotilla.engine.structured_output.compile_process import CompileProcess  # noqa: E402  # needs xgrammar
+
 _fresh = itertools.count()
 
 
@@ -50,17 +52,22 @@ def llm(request, tiny_model_dirs):
 
 
 class Gate:
-    """Holds every compile of the engine's compiler until `open()`; `entered` is set once one waits."""
+    """Holds every compile sent to a compile process until `open()` (then the process compiles it);
+    `entered` is set once one waits. Installed with `install`."""
 
-    def __init__(self, compiler) -> None:
-        self.compile = compiler.compile_prepared
+    def __init__(self) -> None:
+        self.compile = CompileProcess.compile
         self.opened = threading.Event()
         self.entered = threading.Event()
 
-    def __call__(self, key, grammar):
+    def __call__(self, process, *args):
         self.entered.set()
         assert self.opened.wait(60), "the test never opened the gate"
-        return self.compile(key, grammar)
+        return self.compile(process, *args)
+
+    def install(self, monkeypatch) -> Gate:
+        monkeypatch.setattr(CompileProcess, "compile", lambda process, *args: self(process, *args))
+        return self
 
     def open(self) -> None:
         self.opened.set()
@@ -68,8 +75,7 @@ class Gate:
 
 @pytest.fixture
 def gate(llm, monkeypatch):
-    g = Gate(llm.engine.grammar_compiler)
-    monkeypatch.setattr(llm.engine.grammar_compiler, "compile_prepared", g)
+    g = Gate().install(monkeypatch)
     yield g
     g.open()
     _drain(llm.engine)
@@ -118,8 +124,9 @@ def test_requests_decode_while_a_grammar_compiles(llm, gate):
     _assert_nothing_held(engine)
 
 
-def test_a_free_request_finishes_while_a_real_slow_schema_compiles(llm):
+def test_a_free_request_finishes_while_a_real_slow_schema_compiles(llm, monkeypatch):
     engine = llm.engine
+    monkeypatch.setattr(engine.grammar_compiles, "timeout_s", 600)  # a loaded machine's compile is not killed
     spec = StructuredOutputsParams(json=slow_schema(60 + next(_fresh)))  # a new schema, not cached
     slow = engine.add_request("JSON:", SamplingParams(max_tokens=8, temperature=0, structured_outputs=spec))
     waiting = engine._compiling[slow.request_id].pending
@@ -131,11 +138,38 @@ def test_a_free_request_finishes_while_a_real_slow_schema_compiles(llm):
     # tiny-model steps a small fraction of that; the step loop never waited for it.
     assert free.num_output_tokens == 12
     assert not waiting.future.done(), f"the compile ended within {time.monotonic() - start:.2f} s"
-    engine.abort([slow.request_id])  # aborting mid-compile: the compile finishes and fills the cache
+    engine.abort([slow.request_id])  # aborting mid-compile: nobody waits for it, it is killed
     _assert_nothing_held(engine)
-    _drain(engine, limit=300)
-    assert engine.grammar_compiler.lookup(spec.cache_key()) is not None
     assert engine.grammar_compiles.num_pending == 0
+    _drain(engine)
+
+
+def test_a_running_compile_that_no_request_waits_for_is_killed(llm, monkeypatch):
+    # A compile whose requests had all left ran on to the bound (10 s by default) or to its end, and then shipped its
+    # grammar back (slow_schema(90): 6.5 s of CPU to compile, 15 s to serialize 155 MB, 5.7 s to read back), burning
+    # cores and holding its compile thread from requests that wait. Now it is killed once its last request leaves.
+    engine = llm.engine
+    queue = engine.grammar_compiles
+    monkeypatch.setattr(queue, "timeout_s", 600)  # so that only the abort can end them early
+    specs = [StructuredOutputsParams(json=slow_schema(300 + next(_fresh))) for _ in range(queue.workers)]
+    slow = [engine.add_request("JSON:", SamplingParams(max_tokens=8, structured_outputs=s)) for s in specs]
+    pendings = [engine._compiling[r.request_id].pending for r in slow]
+    deadline = time.monotonic() + 120
+    while not all(p.started for p in pendings):  # each compile thread has taken one (a wait, not a timing check)
+        assert time.monotonic() < deadline, "the compile threads never took the compiles"
+        time.sleep(0.01)
+    processes = [process._process for process in queue._processes]
+    engine.abort([r.request_id for r in slow])
+    assert queue.num_pending == 0
+    spec = fresh_choice()
+    after = engine.add_request("Pick:", constrained(spec))  # before: queued behind the unwanted compiles
+    assert _drain(engine, limit=60)[after.request_id].outputs[0].text in spec.choice
+    from flotilla.engine.structured_output.compile_process import CompileAbandoned
+
+    assert all(isinstance(p.future.exception(timeout=10), CompileAbandoned) for p in pendings)
+    assert not any(process.is_alive() for process in processes)  # killed, fresh ones in their place
+    assert all(engine.grammar_compiler.lookup(s.cache_key()) is None for s in specs)
+    _assert_nothing_held(engine)
 
 
 def test_abort_while_compiling_leaves_nothing(llm, gate):
@@ -152,14 +186,15 @@ def test_abort_while_compiling_leaves_nothing(llm, gate):
     engine.abort([b.request_id])
     _assert_nothing_held(engine)
     assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+    assert engine.grammar_compiles.num_pending == 0  # nobody waits for its compile: dropped
     gate.open()
     assert not _drain(engine)  # nothing finishes: both were aborted
-    assert engine.grammar_compiler.num_compiled == before + 1  # the running compile finished, once
-    assert engine.grammar_compiles.num_pending == 0
-    # The next request for that constraint is served from the cache, at once.
+    assert engine.grammar_compiler.num_compiled == before  # the compile was dropped unfinished
+    # The next request for that constraint compiles it anew.
     c = engine.add_request("Pick:", constrained(spec))
-    assert c.request_id not in engine._compiling and c.grammar is not None
+    assert c.request_id in engine._compiling
     assert _drain(engine)[c.request_id].outputs[0].text in spec.choice
+    assert engine.grammar_compiler.num_compiled == before + 1
 
 
 def test_a_compile_past_the_bound_fails_that_request_alone(llm, gate, monkeypatch):
@@ -184,13 +219,43 @@ def test_a_compile_past_the_bound_fails_that_request_alone(llm, gate, monkeypatc
     # The same constraint is refused at once while its compile still runs: no second compile is queued.
     with pytest.raises(InvalidParamError, match="took longer than 0.3 s"):
         engine.add_request("Pick:", constrained(spec))
-    assert engine.grammar_compiles.num_pending == 1
+    assert engine.grammar_compiles.num_pending == 0  # nobody waits for that compile any more: dropped
     _assert_nothing_held(engine)
     gate.open()
     _drain(engine)
-    # Once it has compiled after all, the cache serves it.
-    ok = engine.add_request("Pick:", constrained(spec))
-    assert _drain(engine)[ok.request_id].outputs[0].text in spec.choice
+    assert engine.grammar_compiler.lookup(spec.cache_key()) is None  # killed, not compiled after all
+
+
+def test_a_compile_past_the_bound_is_killed_and_the_next_grammar_compiles_at_once(llm, monkeypatch):
+    # A compile past the bound held its thread until xgrammar returned (slow_schema(300): tens of seconds, ~90 s for
+    # the fuzzer's grammars), and with every thread so held each new grammar waited, then got a 503. Now the compile
+    # runs in a process that is killed at the bound, and the next compile starts in a fresh one.
+    engine = llm.engine
+    queue = engine.grammar_compiles
+    monkeypatch.setattr(queue, "timeout_s", 1.0)
+    slow_specs = [StructuredOutputsParams(json=slow_schema(300 + next(_fresh))) for _ in range(queue.workers)]
+    slow = [engine.add_request("JSON:", SamplingParams(max_tokens=8, structured_outputs=spec)) for spec in slow_specs]
+    spec = fresh_choice()
+    after = engine.add_request("Pick:", constrained(spec))  # queued behind every slow compile
+    finals, failures = {}, []
+    deadline = time.monotonic() + 120
+    while engine.has_unfinished_requests():
+        assert time.monotonic() < deadline, "the engine did not finish"
+        finals |= {out.request_id: out for out in engine.step() if out.finished}
+        failures += engine.take_failures()
+        if not engine.has_unfinished_requests() or engine.scheduler.has_unfinished():
+            continue
+        time.sleep(0.01)
+    assert sorted(f.request_id for f in failures) == sorted(r.request_id for r in slow)
+    assert all("took longer than 1 s to compile" in str(client_error(f)) for f in failures)
+    assert finals[after.request_id].outputs[0].text in spec.choice
+    # The slow compiles were killed, not left running: none is pending, none ever reaches the cache, and their
+    # constraints stay refused.
+    assert queue.num_pending == 0
+    assert all(engine.grammar_compiler.lookup(s.cache_key()) is None for s in slow_specs)
+    with pytest.raises(InvalidParamError, match="took longer than 1 s"):
+        engine.add_request("JSON:", SamplingParams(max_tokens=8, structured_outputs=slow_specs[0]))
+    _assert_nothing_held(engine)
 
 
 def test_an_invalid_constraint_is_refused_when_added_and_a_late_failure_reaches_the_caller(llm, monkeypatch):
@@ -199,47 +264,41 @@ def test_an_invalid_constraint_is_refused_when_added_and_a_late_failure_reaches_
         engine.add_request("x", constrained(StructuredOutputsParams(regex="(unclosed")))
     assert engine.grammar_compiles.num_pending == 0
 
-    def broken(key, grammar):
+    def broken(process, *args):
         raise InvalidParamError("invalid choice constraint for structured output: broken", "structured_outputs")
 
-    monkeypatch.setattr(engine.grammar_compiler, "compile_prepared", broken)
+    monkeypatch.setattr(CompileProcess, "compile", broken)
     with pytest.raises(InvalidParamError, match="broken") as info:
         llm.generate(["Pick:"], constrained(fresh_choice()), use_tqdm=False)
     assert info.value.param == "structured_outputs"
     _assert_nothing_held(engine)
 
 
-def _queue(engine, timeout_s: float, max_pending: int = 64):
+def _queue(engine, monkeypatch, timeout_s: float, max_pending: int = 64):
     """A one-thread compile queue over the engine's compiler, gated."""
     from flotilla.engine.structured_output.compile_queue import GrammarCompiles
 
-    compiler = engine.grammar_compiler
-    g = Gate(compiler)
-    queue = GrammarCompiles(compiler, timeout_s, workers=1, max_pending=max_pending)
-    queue.compiler = type("Gated", (), {"lookup": compiler.lookup, "prepare": compiler.prepare,
-                                        "compile_prepared": staticmethod(g)})()
-    return queue, g
+    g = Gate().install(monkeypatch)
+    return GrammarCompiles(engine.grammar_compiler, timeout_s, workers=1, max_pending=max_pending), g
 
 
-def test_a_compile_queued_behind_compiles_past_the_bound_is_a_503_and_is_dropped(llm):
-    queue, g = _queue(llm.engine, timeout_s=0.2)
+def test_a_compile_queued_behind_one_past_the_bound_waits_its_turn_and_is_dropped_unwanted(llm, monkeypatch):
+    # Until compiles could be killed, a queued compile behind threads held past the bound was a 503 at the bound;
+    # now no thread is held much past it (the kill: test_a_compile_past_the_bound_is_killed_...), so it waits.
+    queue, g = _queue(llm.engine, monkeypatch, timeout_s=0.2)
     try:
         first = queue.submit(fresh_choice(), "a")
-        assert g.entered.wait(30)
+        assert g.entered.wait(60)
         second = queue.submit(fresh_choice(), "b")
         assert queue.num_pending == 2 and second.started is None
-        # Queued past the bound behind a compile still within it: it waits its turn.
+        time.sleep(0.25)  # the one thread runs a compile past the bound (held by the gate, outside its process)
         now = time.monotonic()
-        if now - first.started < 0.2:
-            assert queue.check(second, "b", since=now - 1, now=now) is None
-        time.sleep(0.25)  # now the one thread runs a compile past the bound: the queue cannot move
-        now = time.monotonic()
-        assert queue.check(second, "b", since=now, now=now) is None  # within its own bound: waits on
-        error = queue.check(second, "b", since=now - 1, now=now)
-        assert isinstance(error, EngineBusyError) and "could not start compiling within 0.2 s" in str(error)
-        assert second.future.cancelled() and queue.num_pending == 1  # nobody waits for it: dropped
+        assert queue.check(second, "b", now=now) is None
         # The first has run past the bound: refused (400), and so is its constraint from now on.
-        assert isinstance(queue.check(first, "a", since=now - 1, now=now), InvalidParamError)
+        assert isinstance(queue.check(first, "a", now=now), InvalidParamError)
+        assert queue.num_pending == 1  # its last request failed: the first is dropped (killed in its process)
+        queue.forget(second, "b")  # its request went away: a queued compile nobody waits for is dropped
+        assert second.future.cancelled() and queue.num_pending == 0
     finally:
         g.open()
         queue.shutdown()
@@ -256,8 +315,8 @@ def test_the_offline_llm_queues_every_compile_of_its_batch(llm):
     assert all(o.outputs[0].text in s.choice for o, s in zip(outs, specs, strict=True))
 
 
-def test_pending_compiles_are_capped(llm):
-    queue, g = _queue(llm.engine, timeout_s=60, max_pending=2)
+def test_pending_compiles_are_capped(llm, monkeypatch):
+    queue, g = _queue(llm.engine, monkeypatch, timeout_s=60, max_pending=2)
     try:
         shared = fresh_choice()
         queue.submit(shared, "a")
@@ -281,7 +340,7 @@ def test_compile_timeout_must_be_a_positive_number(value):
         parse_structured_outputs_config(value)
 
 
-def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_model_dirs):
+def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_model_dirs, monkeypatch):
     """Through the server's in-process step loop: a compile past the bound reaches `generate`'s caller as
     the InvalidParamError (a 400), a full compile queue as EngineBusyError (a 503), not as a failure (500)."""
     import asyncio
@@ -290,19 +349,19 @@ def test_the_async_engine_hands_late_refusals_to_the_caller_as_themselves(tiny_m
     from flotilla.engine.llm_engine import LLMEngine
 
     release = threading.Event()
+    original = CompileProcess.compile
+
+    def slow(process, *args):
+        # Held until the refusal was seen: past the 0.2 s bound however long a loaded machine stalls the step
+        # loop (a fixed 1 s compile could end first, and then it was served).
+        release.wait(60)
+        return original(process, *args)
+
+    monkeypatch.setattr(CompileProcess, "compile", slow)
 
     def build() -> LLMEngine:
         engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64)
         engine.grammar_compiles.timeout_s = 0.2
-        original = engine.grammar_compiler.compile_prepared
-
-        def slow(key, grammar):
-            # Held until the refusal was seen: past the 0.2 s bound however long a loaded machine stalls the step
-            # loop (a fixed 1 s compile could end first, and then it was served).
-            release.wait(60)
-            return original(key, grammar)
-
-        engine.grammar_compiler.compile_prepared = slow
         return engine
 
     engine = AsyncEngine.build(build)
