@@ -407,6 +407,23 @@ def test_nan_or_infinity_anywhere_in_a_body_is_a_400_naming_it(server, path, raw
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+@pytest.mark.parametrize(("path", "raw"), [
+    ("/v1/completions", '{"prompt": "Hi", "max_tokens": VALUE}'),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "metadata": {"x": VALUE}}'),
+    ("/v1/responses", '{"input": "Hi", "max_output_tokens": 2, "tool_choice": "none", "tools": ' + TOOL_WITH + '}'),
+])
+def test_an_integer_of_more_digits_than_python_reads_is_a_400_that_says_why(server, path, raw):
+    # Python's int() refuses a decimal text of more than 4,300 digits (sys.get_int_max_str_digits); json.loads raised
+    # a ValueError that the body parser answered "There was an error parsing the body", no reason given (found by
+    # fuzzing the real server)
+    response = raw_post(server, path, raw.replace("VALUE", "1" * 5000))
+    assert_openai_400(response)
+    message = response.json()["error"]["message"]
+    assert "5000 digits" in message and "4300" in message, message
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
 @pytest.mark.parametrize("where", ['{"type": "integer", "minimum": HUGE}', '{"type": "string", "default": HUGE}',
                                    '{"enum": [1, HUGE]}'])
 def test_a_schema_number_past_a_doubles_range_is_a_400_that_says_why(server, where):
