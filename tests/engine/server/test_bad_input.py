@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 
 from .conftest import API_KEY, wait_until_engine_idle
@@ -168,6 +169,20 @@ def test_a_message_field_the_template_reads_as_text_that_is_not_text_is_a_400(se
     messages[1 if field == "reasoning" else 2][field] = "c1"
     response = raw_post(server, "/v1/chat/completions", json.dumps(body))
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("function", [{"name": 5, "arguments": "{}"}, {"name": None, "arguments": "{}"},
+                                      {"name": {"n": "f"}, "arguments": "{}"}, {"arguments": "{}"}, None, "f"])
+def test_an_assistant_tool_call_whose_function_name_is_not_a_string_is_a_400(client, function):
+    """A history tool call named 5 (or null, an object, no function at all) was rendered by the chat template as is
+    (found by fuzzing the real server); the Responses API's function_call item refused it already. vLLM's message
+    schema, and OpenAI, want the name as a string."""
+    call = {"id": "c1", "type": "function", "function": function}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=messages)
+    assert refused.value.body["param"] == "messages" and "string name" in refused.value.body["message"]
 
 
 @pytest.mark.parametrize("depth", [5000, 100000])
