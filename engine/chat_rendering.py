@@ -41,7 +41,8 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     reply field) is also its `reasoning_content`, the name templates read (Qwen3's), as vLLM passes it; and the
     other way round. Changes `messages` in place.
 
-    Raises ValueError for `tool_calls` that are not a list of objects, or a tool call whose arguments are not JSON.
+    Raises ValueError for `tool_calls` that are not a list of objects, a tool call without a function named by a
+    string, or one whose arguments are not JSON.
     """
     for m in messages:
         for name, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
@@ -54,7 +55,10 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             raise ValueError("an assistant message's tool_calls must be a list of tool call objects")
         for call in calls or []:
             function = call.get("function")
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            # As vLLM's message schema (and OpenAI's): the name is text; a number reached the template as is.
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ValueError("an assistant tool call's function must be an object with a string name")
+            if isinstance(function.get("arguments"), str):
                 try:
                     function["arguments"] = json.loads(function["arguments"])
                 except (ValueError, RecursionError):  # nested past the parser's depth: RecursionError

@@ -22,6 +22,7 @@ import email.message
 import gc
 import json
 import math
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -106,7 +107,11 @@ def _yield_point(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int(text: str) -> int:
-    return int(text)
+    try:
+        return int(text)
+    except ValueError:  # past Python's digit limit (sys.get_int_max_str_digits): json.loads would give no reason
+        raise _NonFinite(f"the body holds an integer of {len(text.lstrip('-'))} digits; JSON integers here have at "
+                         f"most {sys.get_int_max_str_digits()} digits") from None
 
 
 def _float(text: str) -> float:
@@ -118,7 +123,8 @@ def _float(text: str) -> float:
 
 
 class _NonFinite(ValueError):
-    """A value Python's json.loads reads as NaN or an infinity: refused (the message says why)."""
+    """A number the body may not hold: one Python's json.loads reads as NaN or an infinity, or an integer past
+    Python's digit limit; refused (the message says why)."""
 
 
 def _constant(text: str) -> float:

@@ -19,6 +19,12 @@ class ToolCall:
     arguments: str
     id: str = field(default_factory=lambda: "chatcmpl-tool-" + secrets.token_hex(16))
 
+    def __post_init__(self) -> None:
+        # A model can write any JSON as the name (`"name": 5`, null, an object); OpenAI's is a string, and a reply
+        # carrying another type breaks typed clients. The parsers' callers read the TypeError as "no call".
+        if not isinstance(self.name, str):
+            raise TypeError(f"a tool call's name must be a string, not {type(self.name).__name__}")
+
     def as_openai(self) -> dict[str, Any]:
         """`{"id", "type": "function", "function": {"name", "arguments"}}`."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -135,9 +141,11 @@ class MarkerStream(ContentStream):
 
 
 def arguments_text(value: Any) -> str:
-    """Arguments as JSON text (a model may already have written them as a string)."""
+    """Arguments as JSON text (a model may already have written them as a string): a JSON object's, as OpenAI's
+    `arguments` always is (a client reads them with `json.loads(...)` into keyword arguments)."""
     if isinstance(value, str):
-        json.loads(value)  # must be JSON
+        if not isinstance(json.loads(value), dict):
+            raise ValueError("tool arguments must be a JSON object")
         return value
     if not isinstance(value, dict):
         raise ValueError("tool arguments must be a JSON object")

@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 
 from .conftest import API_KEY, wait_until_engine_idle
@@ -168,6 +169,20 @@ def test_a_message_field_the_template_reads_as_text_that_is_not_text_is_a_400(se
     messages[1 if field == "reasoning" else 2][field] = "c1"
     response = raw_post(server, "/v1/chat/completions", json.dumps(body))
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("function", [{"name": 5, "arguments": "{}"}, {"name": None, "arguments": "{}"},
+                                      {"name": {"n": "f"}, "arguments": "{}"}, {"arguments": "{}"}, None, "f"])
+def test_an_assistant_tool_call_whose_function_name_is_not_a_string_is_a_400(client, function):
+    """A history tool call named 5 (or null, an object, no function at all) was rendered by the chat template as is
+    (found by fuzzing the real server); the Responses API's function_call item refused it already. vLLM's message
+    schema, and OpenAI, want the name as a string."""
+    call = {"id": "c1", "type": "function", "function": function}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=messages)
+    assert refused.value.body["param"] == "messages" and "string name" in refused.value.body["message"]
 
 
 @pytest.mark.parametrize("depth", [5000, 100000])
@@ -404,6 +419,23 @@ def test_nan_or_infinity_anywhere_in_a_body_is_a_400_naming_it(server, path, raw
     response = raw_post(server, path, raw.replace("VALUE", literal))
     assert_openai_400(response)
     assert literal.lstrip("-") in response.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize(("path", "raw"), [
+    ("/v1/completions", '{"prompt": "Hi", "max_tokens": VALUE}'),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "metadata": {"x": VALUE}}'),
+    ("/v1/responses", '{"input": "Hi", "max_output_tokens": 2, "tool_choice": "none", "tools": ' + TOOL_WITH + '}'),
+])
+def test_an_integer_of_more_digits_than_python_reads_is_a_400_that_says_why(server, path, raw):
+    # Python's int() refuses a decimal text of more than 4,300 digits (sys.get_int_max_str_digits); json.loads raised
+    # a ValueError that the body parser answered "There was an error parsing the body", no reason given (found by
+    # fuzzing the real server)
+    response = raw_post(server, path, raw.replace("VALUE", "1" * 5000))
+    assert_openai_400(response)
+    message = response.json()["error"]["message"]
+    assert "5000 digits" in message and "4300" in message, message
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 

@@ -199,3 +199,19 @@ def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_reply_does(oai
     stream = oai.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True})
     usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
     assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == cached
+
+
+def test_a_forced_call_named_by_a_number_is_text_not_a_tool_call(oai):
+    """The model writes a hermes call whose name is 5 (a regex forces it): chat and a Responses stream answer it as
+    text, as vLLM's parsers do, not as a call named 5 (before: `"name": 5` in both, which OpenAI's schema and typed
+    clients refuse)."""
+    text = '<tool_call>{"name": 5, "arguments": {}}</tool_call>'
+    forced = {"structured_outputs": {"regex": re.escape(text)}}
+    chat = oai.chat.completions.create(model="x", messages=[{"role": "user", "content": ASK}],
+                                       tools=[WEATHER],
+                                       max_tokens=60, extra_body=forced)
+    assert chat.choices[0].message.tool_calls is None and chat.choices[0].message.content == text
+    events = list(oai.responses.create(model="x", input=ASK, tools=TOOLS, max_output_tokens=60, stream=True,
+                                       extra_body=forced))
+    output = events[-1].response.output
+    assert [item.type for item in output] == ["message"] and output[0].content[0].text == text

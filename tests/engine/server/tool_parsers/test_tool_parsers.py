@@ -70,3 +70,19 @@ def test_broken_call_json_stays_content():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>'
     parsed = tool_parser("hermes").parse(text)
     assert parsed.content == text and not parsed.tool_calls
+
+
+# A call whose name is not a string, or whose arguments are not a JSON object, as a model can write it: each
+# family's format around the bad call. OpenAI's `name` is a string and its `arguments` an object's JSON text.
+_BAD_CALLS = ['{"name": 5, "arguments": {}}', '{"name": null, "arguments": {}}', '{"name": {"x": 1}, "arguments": {}}',
+              '{"name": ["get_time"], "arguments": {}}', '{"name": "get_time", "arguments": "5"}',
+              '{"name": "get_time", "arguments": "[1, 2]"}', '{"name": "get_time", "arguments": "null"}']
+_WRAPPED = {"hermes": "<tool_call>{}</tool_call>", "llama3_json": "{}", "mistral": "[TOOL_CALLS][{}]"}
+
+
+@pytest.mark.parametrize("call", _BAD_CALLS)
+@pytest.mark.parametrize("name", sorted(_WRAPPED))
+def test_a_call_named_by_a_non_string_or_with_non_object_arguments_stays_content(name, call):
+    text = _WRAPPED[name].replace("{}", call)
+    parsed = tool_parser(name).parse(text)
+    assert parsed.content == text and not parsed.tool_calls
