@@ -377,7 +377,8 @@ def test_runner_field_is_validated_and_owns_the_runner_flags():
     (["--chat-template", "{{ m }}" + "a" * (MAX_ARG_BYTES - 7)], [1]),
     (["--enforce-eager", "--chat-template=" + "{{ m }}" + "a" * MAX_ARG_BYTES], [1]),  # the whole string counts
     (["--chat-template", "{{ m }}" + "é" * (MAX_ARG_BYTES // 2)], [1]),  # UTF-8 bytes, not characters
-    (["--chat-template", "{{ m }}" + "a" * 100_000, "--served-model-name", "x" * 100_000], []),  # each string on its own (the length rule alone)
+    # Each string on its own (the length rule alone: other rules refuse --served-model-name here).
+    (["--chat-template", "{{ m }}" + "a" * 100_000, "--served-model-name", "x" * 100_000], []),
 ])
 def test_an_engine_argument_linux_cannot_exec_is_named_by_its_index(args, refused):
     # Linux's MAX_ARG_STRLEN is per string: execve fails with E2BIG on one of 131,072 bytes or more with its NUL.
