@@ -3,10 +3,13 @@
     .venv/bin/python bench/serving_reader_scale.py [--services 50] [--pods 4] [--period 10] [--periods 6]
 
 Fake engine pods (a separate process, so its CPU is not counted) each serve an engine-sized
-/metrics body on their own port: every vLLM histogram with its buckets, counters that grow and a
-`vllm:num_requests_waiting` that changes every period. The reader (operator/serving_reader.py,
-unchanged) lists the 200 pods from a stand-in for the API server, scrapes, computes and writes;
-writes are counted, not sent. Reported: the reader's CPU (user + system of this process) per
+/metrics body on their own loopback address, 127.77.x.y, at the engine's port (names.HTTP_PORT, the
+only one the reader scrapes; Linux routes all of 127/8 to lo): every vLLM histogram with its buckets,
+counters that grow and a `vllm:num_requests_waiting` that changes every period. The reader
+(operator/serving_reader.py, unchanged) lists the 200 pods and their ReplicaSets from a stand-in for
+the API server, keeps the pods its rule keeps (engine_pods.py: each pod controlled by a ReplicaSet
+controlled by its InferenceService's own Deployment, by uid), scrapes, computes and writes; writes
+are counted, not sent. Reported: the reader's CPU (user + system of this process) per
 second of wall time, each period's read time, and how stale the written figures are, in periods.
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from flotilla.operator.names import HTTP_PORT, INFERENCESERVICE_LABEL
 from flotilla.operator.serving_reader import ReaderSettings, ServingReader
 
 BUCKETS = {
@@ -65,14 +69,20 @@ def body(pod: int, requests: int, step: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def serve(ports: list[int], period: float, ready: Any) -> None:
-    """The fake engine pods: one listener per pod, 200 more requests counted every period. Bodies are
-    made once per pod and period, so the server's own CPU stays small next to the reader's."""
+def address(index: int) -> str:
+    """Pod `index`'s own loopback address (away from 127.0.0.x, where other servers of the box listen)."""
+    return f"127.77.{index // 250}.{index % 250 + 1}"
+
+
+def serve(addresses: list[str], period: float, ready: Any) -> None:
+    """The fake engine pods: one listener per pod at address:HTTP_PORT, 200 more requests counted every
+    period. Bodies are made once per pod and period, so the server's own CPU stays small next to the
+    reader's."""
     cache: dict[tuple[int, int], bytes] = {}
 
     async def main() -> None:
         runners = []
-        for i, port in enumerate(ports):
+        for i, host in enumerate(addresses):
             async def handler(_: web.Request, i: int = i) -> web.Response:
                 step = int(time.time() / period)
                 if (i, step) not in cache:
@@ -83,7 +93,7 @@ def serve(ports: list[int], period: float, ready: Any) -> None:
             app.router.add_get("/metrics", handler)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, host, HTTP_PORT).start()
             runners.append(runner)
         ready.set()
         await asyncio.Event().wait()
@@ -92,37 +102,51 @@ def serve(ports: list[int], period: float, ready: Any) -> None:
 
 
 class CountingKube:
-    """The API server's part: the pods listed, status writes counted (not sent)."""
+    """The API server's part: the pods and ReplicaSets listed, status writes counted (not sent)."""
 
-    def __init__(self, pods: list[dict[str, Any]]):
-        self.pods, self.writes = pods, []
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]):
+        self.objects, self.writes = objects, []
 
     def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-        return json.loads(json.dumps(self.pods))  # a fresh copy, as from the wire
+        plural = path.rsplit("/", 1)[-1]
+        return json.loads(json.dumps(self.objects[plural]))  # a fresh copy, as from the wire
 
     def patch_status(self, path: str, status: dict[str, Any]) -> dict[str, Any]:
         self.writes.append((time.time(), path, status))
         return {}
 
 
-def pods(services: int, per_service: int, first_port: int) -> list[dict[str, Any]]:
-    out = []
+def _controller(kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def cluster(services: int, per_service: int) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, str], str]]:
+    """What the API server holds: each InferenceService's engine pods, made through one ReplicaSet of its
+    Deployment, as the Deployment and ReplicaSet controllers write them; and the Deployments' uids by
+    (namespace, InferenceService), as the reconciler records them."""
+    pods, replicasets, deployments = [], [], {}
     for s in range(services):
+        name, labels = f"svc{s}", {INFERENCESERVICE_LABEL: f"svc{s}"}
+        deployments[("bench", name)] = f"deploy-uid-{s}"
+        replicasets.append({"metadata": {"name": f"{name}-5d8f", "namespace": "bench", "uid": f"rs-uid-{s}",
+                                         "labels": labels,
+                                         "ownerReferences": [_controller("Deployment", name, f"deploy-uid-{s}")]}})
         for p in range(per_service):
-            port = first_port + s * per_service + p
-            out.append({"metadata": {"name": f"svc{s}-{p}", "namespace": "bench",
-                                     "labels": {"serving.flotilla.dev/inferenceservice": f"svc{s}"}},
-                        "spec": {"containers": [{"name": "engine",
-                                                 "ports": [{"name": "http", "containerPort": port}]}]},
-                        "status": {"phase": "Running", "podIP": "127.0.0.1"}})
-    return out
+            pods.append({"metadata": {"name": f"{name}-5d8f-{p}", "namespace": "bench", "labels": labels,
+                                      "ownerReferences": [_controller("ReplicaSet", f"{name}-5d8f", f"rs-uid-{s}")]},
+                         "spec": {"containers": [{"name": "engine",
+                                                  "ports": [{"name": "http", "containerPort": HTTP_PORT}]}]},
+                         "status": {"phase": "Running", "podIP": address(s * per_service + p)}})
+    return {"pods": pods, "replicasets": replicasets}, deployments
 
 
-async def measure(reader: ServingReader, kube: CountingKube, periods: int, period: float) -> dict[str, Any]:
+async def measure(reader: ServingReader, kube: CountingKube, periods: int, period: float,
+                  per_service: int) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=reader.settings.timeout_s)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=reader.settings.concurrency)) as session:
         await reader.read_once(session)  # warm-up: the first scrape of every pod opens the windows
+        await asyncio.sleep(period)  # as the reader does: the next read is a period later, with counters moved
         usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         reads, staleness, complete, unreachable = [], [], True, 0
         for _ in range(periods):
@@ -131,12 +155,12 @@ async def measure(reader: ServingReader, kube: CountingKube, periods: int, perio
             reads.append(time.monotonic() - started)
             step = int(time.time() / period)
             for block in blocks.values():
-                complete &= block["scraped"] == 4 and "ttftP95Seconds" in block
+                complete &= block["scraped"] == per_service and "ttftP95Seconds" in block
                 unreachable += block["unreachable"]
             # Each pod's queue is `step % 7`: what the written block says tells which step it saw.
             latest = {}
             for _, path, status in kube.writes:
-                latest[path] = status["serving"]["waiting"] // 4
+                latest[path] = status["serving"]["waiting"] // per_service
             staleness += [(step - seen) % 7 for seen in latest.values()]
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
         usage1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
@@ -148,25 +172,31 @@ async def measure(reader: ServingReader, kube: CountingKube, periods: int, perio
             "writes_per_period": len(kube.writes) / (periods + 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the bench with the command line's (or `argv`'s) settings; print the figures as JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--services", type=int, default=50)
     p.add_argument("--pods", type=int, default=4)
     p.add_argument("--period", type=float, default=10.0)
     p.add_argument("--window", type=float, default=60.0)
     p.add_argument("--periods", type=int, default=6)
-    p.add_argument("--first-port", type=int, default=24000)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     n = args.services * args.pods
-    ports = list(range(args.first_port, args.first_port + n))
     ready = multiprocessing.Event()
-    server = multiprocessing.Process(target=serve, args=(ports, args.period, ready), daemon=True)
+    server = multiprocessing.Process(target=serve, args=([address(i) for i in range(n)], args.period, ready),
+                                     daemon=True)
     server.start()
-    ready.wait(60)
-    kube = CountingKube(pods(args.services, args.pods, args.first_port))
-    reader = ServingReader(kube, [], ReaderSettings(period_s=args.period, window_s=args.window))  # type: ignore[arg-type]  # a stand-in Kube
-    result = asyncio.run(measure(reader, kube, args.periods, args.period))
-    server.terminate()
+    try:
+        if not ready.wait(60):
+            raise SystemExit(f"the fake engine pods did not start (exit code {server.exitcode})")
+        objects, deployments = cluster(args.services, args.pods)
+        kube = CountingKube(objects)
+        reader = ServingReader(kube, [], ReaderSettings(period_s=args.period, window_s=args.window),  # type: ignore[arg-type]  # a stand-in Kube
+                               deployments=lambda: deployments)
+        result = asyncio.run(measure(reader, kube, args.periods, args.period, args.pods))
+    finally:
+        server.terminate()
+        server.join(10)
     print(json.dumps({"services": args.services, "pods": n, "period_s": args.period, "window_s": args.window,
                       "body_bytes": len(body(0, 10_000, 0)), **{k: round(v, 4) if isinstance(v, float) else v
                                                                  for k, v in result.items()}}, indent=2))

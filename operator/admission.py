@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_settings
 from flotilla.operator.deployment import OPERATOR_ENV
-from flotilla.operator.engine_args import unsupported
+from flotilla.operator.engine_args import exec_string_problem, unsupported
 from flotilla.operator.engine_env import engine_env_problem, env_from_prefix_problem
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
@@ -98,6 +98,9 @@ def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     # The engine's own switches (engine_env.py): a flag's variable would skip the engineArgs allow-list and checks.
     errors += [f"spec.pod.env: {problem}" for e in spec.pod.env
                if e.name not in OPERATOR_ENV and (problem := engine_env_problem(e.name))]
+    errors += [problem for i, e in enumerate(spec.pod.env) if e.value is not None
+               and (problem := exec_string_problem(f"spec.pod.env[{i}] ({e.name}=...)", f"{e.name}={e.value}",
+                                                   "environment string"))]
     # A Secret's or ConfigMap's keys are not known here (and change later): only a prefix keeps them off NVIDIA_*.
     for i, source in enumerate(spec.pod.env_from):
         if is_gpu_runtime_name(source.prefix or "", prefix=True):

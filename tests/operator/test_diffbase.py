@@ -13,7 +13,7 @@ from flotilla.operator.diffbase import DIGEST_KEY, DigestDiffBaseStorage
 
 from .conftest import wait_for
 from .test_operator_reconcile import child_path, fis_path, fixed, wait_children
-from .test_operator_webhook import _template
+from .test_operator_webhook import bulk_env
 
 ANNOTATION = "serving.flotilla.dev/last-handled-configuration"
 
@@ -31,7 +31,7 @@ def _stored(storage: DigestDiffBaseStorage, body: kopf.Body) -> dict[str, str]:
 
 def test_the_stored_record_is_a_digest_that_tells_a_change_from_none() -> None:
     storage = DigestDiffBaseStorage()
-    spec = {"model": {"source": "hf://m"}, "engineArgs": ["--chat-template", _template("a", 500_000)]}
+    spec = {"model": {"source": "hf://m"}, "pod": {"env": bulk_env("a", 500_000)}}
     annotations = _stored(storage, _body(spec))
     assert len(annotations[ANNOTATION]) < 100 and set(json.loads(annotations[ANNOTATION])) == {DIGEST_KEY}
     same = _body(copy.deepcopy(spec), annotations)
@@ -50,12 +50,12 @@ def test_a_whole_essence_an_earlier_operator_stored_is_compared_as_before() -> N
 
 
 def test_a_spec_too_large_for_kopfs_annotation_is_handled_and_updated(operator_process, cluster, namespace) -> None:
-    """The largest spec the webhook admits (a 1.3 MB chat template, near etcd's 1.5 MiB): kopf's full copy of it
-    could not be annotated (422 Too long), so kopf logged an error and throttled the object at every event. Now its
-    record is a digest: stored, and replaced when kopf handles an update (the resync never writes it)."""
+    """About the largest spec the webhook admits (1.3 MB of engine environment, near etcd's 1.5 MiB): kopf's full copy
+    of it could not be annotated (422 Too long), so kopf logged an error and throttled the object at every event. Now
+    its record is a digest: stored, and replaced when kopf handles an update (the resync never writes it)."""
     name = "huge"
     body = fixed(name, namespace)
-    body["spec"]["engineArgs"] = ["--chat-template", _template("a", 1_300_000)]
+    body["spec"]["pod"] = {"env": bulk_env("a", 1_300_000)}
     cluster.apply(body)
     wait_children(cluster, namespace, name, ["Deployment"])
     path = fis_path(namespace, name)
@@ -69,6 +69,7 @@ def test_a_spec_too_large_for_kopfs_annotation_is_handled_and_updated(operator_p
     wait_for(lambda: (record() or first) != first, 30, "kopf's record of the update")
     deployment = wait_for(lambda: (d := cluster.kube.get(child_path("Deployment", namespace, name)))
                           and d["spec"]["replicas"] == 3 and d, 30, "the Deployment at 3 replicas")
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][-1].endswith("a")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert sum(len(env[e["name"]]) for e in body["spec"]["pod"]["env"]) == 1_300_000
     log = operator_process.log_path.read_text(errors="replace")
     assert "metadata.annotations: Too long" not in log

@@ -11,7 +11,9 @@ from flotilla.operator.deployment import build_deployment
 from flotilla.operator.engine_args import (
     ENGINE_ARGS_ALLOWED,
     FIELD_VALUES,
+    MAX_ARG_BYTES,
     OPERATOR_OWNED,
+    argument_length_problems,
     engine_args,
     engine_args_errors,
     shutdown_timeout,
@@ -368,3 +370,19 @@ def test_runner_field_is_validated_and_owns_the_runner_flags():
     assert any("--convert" in e and "spec.runner" in e for e in errors)
     assert any("--runner is set by spec.runner" in e for e in errors)
     assert unsupported(make(runner="pooling"), "x") == []
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    (["--chat-template", "{{ m }}" + "a" * (MAX_ARG_BYTES - 8)], []),  # 131,071 bytes and the NUL: Linux starts it
+    (["--chat-template", "{{ m }}" + "a" * (MAX_ARG_BYTES - 7)], [1]),
+    (["--enforce-eager", "--chat-template=" + "{{ m }}" + "a" * MAX_ARG_BYTES], [1]),  # the whole string counts
+    (["--chat-template", "{{ m }}" + "é" * (MAX_ARG_BYTES // 2)], [1]),  # UTF-8 bytes, not characters
+    # Each string on its own (the length rule alone: other rules refuse --served-model-name here).
+    (["--chat-template", "{{ m }}" + "a" * 100_000, "--served-model-name", "x" * 100_000], []),
+])
+def test_an_engine_argument_linux_cannot_exec_is_named_by_its_index(args, refused):
+    # Linux's MAX_ARG_STRLEN is per string: execve fails with E2BIG on one of 131,072 bytes or more with its NUL.
+    problems = argument_length_problems(make(engineArgs=args), "m")
+    assert [int(p.split("[")[1].split("]")[0]) for p in problems] == refused
+    assert all(p.endswith(f"at most {MAX_ARG_BYTES} bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never "
+                          "start: shorten it") for p in problems)

@@ -440,6 +440,29 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
     _no_children(cluster, namespace, "zero")
 
 
+def test_an_engine_argument_past_linuxs_limit_stored_while_the_webhook_was_down_is_refused_in_status(
+        operator_process, cluster, namespace):
+    # A pod whose engine argument is 128 KiB or more never starts (execve: E2BIG): the reconciler refuses such a spec
+    # that failure policy Ignore let in, with the webhook's message, and makes no Deployment of it.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("long", namespace, autoscaling=None,
+                          engineArgs=["--chat-template", "{{ m }}" + "a" * (131_072 - 7)]))
+    finally:
+        operator_process.start()
+    message = ("spec.engineArgs[1] is 131073 bytes long with its closing NUL; Linux starts a program only with "
+               "arguments of at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never start: "
+               "shorten it")
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "long")), "Valid").get("status")
+                    == "False" and b, 20, "Valid=False")
+    assert condition(body, "Valid")["message"] == message
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "long" and e["reason"] == "InvalidSpec"], 30,
+                      "an InvalidSpec Event")
+    assert events[0]["type"] == "Warning" and message in events[0]["message"]
+    _no_children(cluster, namespace, "long")
+
+
 def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator_process, cluster, namespace):
     """A spec the rules refuse (stored while the webhook was down, or refused by an upgrade's stricter rules) keeps
     its last valid Deployment running, and nothing of it is applied. `kubectl scale fis --replicas 0` must still free

@@ -62,6 +62,15 @@ INVALID = {
     "flag-set-by-a-field": (
         {"engineArgs": ["--max-model-len=4096"]},
         "spec.engineArgs: --max-model-len is set by spec.scheduling.maxModelLen; set that field instead"),
+    "engine-arg-past-linux-limit": (
+        {"engineArgs": ["--chat-template", "{{ m }}" + "a" * (131_072 - 7)]},
+        "spec.engineArgs[1] is 131073 bytes long with its closing NUL; Linux starts a program only with arguments of "
+        "at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never start: shorten it"),
+    "env-string-past-linux-limit": (
+        {"pod": {"env": [{"name": "BULK", "value": "é" * 65_534}]}},
+        "spec.pod.env[0] (BULK=...) is 131074 bytes long with its closing NUL; Linux starts a program only with "
+        "environment strings of at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never "
+        "start: shorten it"),
     "does-not-fit": (
         {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
          "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.2}},
@@ -85,6 +94,15 @@ def test_invalid_spec_is_refused_with_the_exact_message(operator_process, cluste
     assert refused.value.status == 422
     assert refused.value.message == DENIED + message
     assert cluster.kube.get(fis_path(namespace, "bad")) is None
+
+
+def test_an_engine_argument_just_under_linuxs_limit_is_admitted_and_deployed(operator_process, cluster, namespace):
+    """The longest argument Linux starts a program with (131,071 bytes and the NUL; one byte more is refused above) is
+    admitted and reaches the Deployment's arguments unchanged."""
+    template = "{{ m }}" + "a" * (131_071 - 7)
+    _create(cluster, fis("edge", namespace, autoscaling=None, engineArgs=["--chat-template", template]))
+    pods = wait_children(cluster, namespace, "edge", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+    assert pods["containers"][0]["args"][-1] == template
 
 
 def test_an_update_to_an_invalid_spec_is_refused_and_nothing_changes(operator_process, cluster, namespace):
@@ -152,10 +170,12 @@ def test_the_webhooks_serve_the_operators_namespaces_and_an_unnamed_one(namespac
     assert serves(namespace, namespaces) is served
 
 
-def _template(fill: str, size: int) -> str:
-    """A chat template of `size` characters (the text of one, as --chat-template wants: it holds a '{')."""
-    head = "{% for m in messages %}{{ m.content }}{% endfor %}"
-    return head + fill * (size - len(head))
+def bulk_env(fill: str, size: int) -> list[dict[str, str]]:
+    """`size` characters of `fill` as engine environment variables (spec.pod.env), each well under Linux's 128 KiB
+    per exec string, which the webhook refuses beyond (exec_string_problem): the bulk of a large but startable spec."""
+    chunk = 100_000
+    return [{"name": f"BULK_{i}", "value": fill * min(chunk, size - start)}
+            for i, start in enumerate(range(0, size, chunk))]
 
 
 @pytest.mark.parametrize("size", [600_000, 1_300_000], ids=["600kB", "1.3MB"])
@@ -165,15 +185,15 @@ def test_an_update_too_large_for_kopfs_default_limit_is_still_reviewed(operator_
     1.5 MiB limit (1.3 MB each) is read and refused like any other (webhook_server.py)."""
     path = fis_path(namespace, "big")
     cluster.apply({**fixed("big", namespace), "spec": {**fixed("big", namespace)["spec"],
-                                                       "engineArgs": ["--chat-template", _template("a", size)]}})
-    patch = {"spec": {"autoscaling": {"minReplicas": 3, "maxReplicas": 1},
-                      "engineArgs": ["--chat-template", _template("b", size)]}}
+                                                       "pod": {"env": bulk_env("a", size)}}})
+    patch = {"spec": {"autoscaling": {"minReplicas": 3, "maxReplicas": 1}, "pod": {"env": bulk_env("b", size)}}}
     with pytest.raises(KubeError) as refused:
         cluster.kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
     assert refused.value.message == (DENIED.replace("InferenceService bad", "InferenceService big")
                                      + "autoscaling.minReplicas (3) must not exceed autoscaling.maxReplicas (1)")
     stored = cluster.kube.get(path)["spec"]
-    assert "autoscaling" not in stored and stored["engineArgs"][1].endswith("a")
+    assert "autoscaling" not in stored and stored["pod"]["env"][-1]["value"].endswith("a")
+    assert sum(len(e["value"]) for e in stored["pod"]["env"]) == size
 
 
 def test_an_admin_list_of_service_accounts_is_kept_at_admission(operator_process, cluster, namespace):
