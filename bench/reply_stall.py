@@ -83,6 +83,17 @@ def posted(url: str, path: str, body: dict) -> tuple[int, float | None]:
     return size, end_began
 
 
+def peak_rss(pid: int, reset: bool = False) -> int:
+    """The server's peak resident set (VmHWM) in bytes since it was last reset; `reset`: start a new peak (Linux's
+    clear_refs 5) and return the resident set now (VmRSS), where it starts."""
+    if reset:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:" if reset else "VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
 def measure(url: str, path: str, body: dict, probe_every: float) -> tuple[float, int, float, float, int]:
     """(the request's seconds, its body's bytes, the longest /health wait meanwhile, the longest one that overlapped a
     stream's end (`posted`), /health answers meanwhile); `probe_every` 0: no /health asked (the waits read 0)."""
@@ -147,11 +158,15 @@ def main() -> None:
     try:
         for name in args.cases.split(","):
             path, body = cases[name]
+            rss = peak_rss(process.pid, reset=True)
             alone = measure(url, path, body, 0)[0]
+            peak = peak_rss(process.pid)  # the server's peak memory over the request alone
             took, size, stall, at_end, answers = measure(url, path, body, args.probe_every)
             end = f", at the stream's end {at_end:6.3f} s" if body.get("stream") else ""
             print(f"{name:16s} reply {alone:6.2f} s alone, {took:6.2f} s probed  body {size / 1e6:7.1f} MB  "
-                  f"longest /health wait {stall:6.3f} s{end} ({answers} answers)", flush=True)
+                  f"longest /health wait {stall:6.3f} s{end} ({answers} answers)  RSS {rss / 1e9:.2f} GB, "
+                  f"{peak / 1e9:.2f} GB at most over the reply alone",
+                  flush=True)
     finally:
         process.terminate()
         process.wait(60)

@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
-from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built, json_body
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built, json_body, off_the_loop
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
@@ -53,10 +53,10 @@ from flotilla.engine.server.sampling_request import (
     sampling_params,
 )
 from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
-from flotilla.engine.server.sse import json_text, json_text_in_pieces
+from flotilla.engine.server.sse import json_text, json_text_pieces
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
-from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools
+from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools, logprob_values
 from flotilla.validation_messages import describe
 
 # Responses kept for `previous_response_id` and GET; each holds its conversation's text.
@@ -386,7 +386,7 @@ class ResponsesServing:
         thinking = _StreamedReasoning(reasoning, req.include_reasoning) if reasoning is not None else None
         answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
-        logged = 0
+        logged = unlogged_values = 0  # unlogged_values: the alternatives of those not sent yet
         held = ""  # whitespace that opened the answer, sent with the first text that is more (auto tool choice)
         raw_text: list[str] = []  # the whole output, kept only for enable_response_messages
         raw_ids: list[int] = []
@@ -398,7 +398,12 @@ class ResponsesServing:
                     raw_text.append(output.outputs[0].text)
                     raw_ids += output.outputs[0].token_ids
                 if logprobs is not None:
-                    entries += logprobs(output.outputs[0].token_ids, output.outputs[0].logprobs or [])["content"]
+                    # With the whole vocabulary's logprobs a step holds 49k alternatives a token: a large step's are
+                    # converted, and the delta that carries them encoded, off the loop (on it, /health waited 116 s)
+                    step_values = logprob_values(output)
+                    convert = functools.partial(logprobs, output.outputs[0].token_ids, output.outputs[0].logprobs or [])
+                    entries += (await built(convert, step_values))["content"]
+                    unlogged_values += step_values
                 new = output.outputs[0].text
                 if thinking is not None:
                     events, new = thinking.feed(ev, new, output.outputs[0].finish_reason is not None)
@@ -424,9 +429,10 @@ class ResponsesServing:
                         opened = True
                         for event in _open_message(ev, message_id, index):
                             yield event
-                    yield ev("response.output_text.delta", item_id=message_id, output_index=index, content_index=0,
-                             delta=news, logprobs=event_logprobs(entries[logged:]))
-                    logged = len(entries)
+                    delta = functools.partial(_text_delta, ev, unlogged_values > OFF_LOOP_VALUES, message_id, index,
+                                              news, entries[logged:])
+                    yield await built(delta, unlogged_values)
+                    logged, unlogged_values = len(entries), 0
         finally:
             await stream.aclose()
         assert final is not None
@@ -448,43 +454,74 @@ class ResponsesServing:
         # vocabulary), and so does the stored copy: a large end is built and encoded off the loop, in pieces
         values = sum(2 + len(e["top_logprobs"]) for e in entries)
         values += len(raw_ids) + len(prompt.token_ids) if raw and prompt else 0
-        end = functools.partial(_stream_end, ev, response, named["id"] if named else None, unlogged=entries[logged:],
-                                opened=opened, sent=sent, conversation=conversation if req.store else None,
-                                pieces=values > OFF_LOOP_VALUES)
-        closing, entry = await built(end, values)
-        if entry is not None:  # stored before the client hears the end: a GET after response.completed finds it
-            self.store.put(entry)
-        for event in closing:
-            yield event
+        closing = _closing(response, named["id"] if named else None, unlogged=entries[logged:], opened=opened,
+                           sent=sent)
+        turn = [*conversation, assistant_turn(items)]
+        if values <= OFF_LOOP_VALUES:
+            events = [ev(kind, **fields) for kind, fields in closing]
+            if req.store:  # stored before the client hears the end: a GET after response.completed finds it
+                self.store.put(stored(response, turn))
+            for event in events:
+                yield event
+            return
+        if req.store:
+            self.store.put(await off_the_loop(functools.partial(stored, response, turn)))
+        # Each event is built when its turn comes and sent in pieces of about SEND_CHARS: held whole, all at once
+        # (3 copies of the output's logprobs, each as text, then as bytes), the end of 1.57M entries took 3.3 GB
+        texts = (text for kind, fields in closing for text in ev.pieces(kind, **fields))
+        while batch := await off_the_loop(functools.partial(_joined, texts, SEND_CHARS)):
+            yield batch
 
 
-def _stream_end(ev: _Numbered, response: dict[str, Any], named_id: str | None, *,
-                unlogged: list[dict[str, Any]], opened: bool, sent: int,
-                conversation: list[dict[str, Any]] | None, pieces: bool) -> tuple[list[str], StoredResponse | None]:
+# A large stream end is sent in pieces of about this many characters (each joined on a worker thread)
+SEND_CHARS = 1 << 20
+
+
+def _closing(response: dict[str, Any], named_id: str | None, *, unlogged: list[dict[str, Any]], opened: bool,
+             sent: int) -> Iterator[tuple[str, dict[str, Any]]]:
     """A stream's closing events for its finished `response` (the items' last events, then `response.completed` or
-    `.incomplete`), and what the store keeps of it (`conversation` None: not stored). Blocking: a large end is built
-    on a worker thread, each event encoded in `pieces` (json_reply.py). `named_id`: the call item a named tool choice
-    added while streaming; `opened`, `sent`, `unlogged`: the message's state (`_close_message`)."""
-    ev.pieces = pieces
+    `.incomplete`), as (type, fields), each built when it is reached: a large end's events are encoded and sent one
+    piece at a time, never all held at once. `named_id`: the call item a named tool choice added while streaming;
+    `opened`, `sent`, `unlogged`: the message's state (`_close_message`)."""
     items = response["output"]
-    events: list[str] = []
     for index, item in enumerate(items):
         if item["type"] == "reasoning":  # streamed and closed already
             continue
         if item["type"] == "message":
-            events += _close_message(ev, item, index, opened, sent, unlogged)
+            yield from _close_message(item, index, opened, sent, unlogged)
             continue
         where = {"item_id": item["id"], "output_index": index}
         if item["id"] != named_id:
-            events += [ev("response.output_item.added", output_index=index, item={**item, "arguments": "",
-                                                                                 "status": "in_progress"}),
-                       ev("response.function_call_arguments.delta", **where, delta=item["arguments"])]
-        events += [ev("response.function_call_arguments.done", **where, arguments=item["arguments"]),
-                   ev("response.output_item.done", output_index=index, item=item)]
-    events.append(ev("response.completed" if response["status"] == "completed" else "response.incomplete",
-                     response=response))
-    entry = None if conversation is None else stored(response, [*conversation, assistant_turn(items)])
-    return events, entry
+            yield "response.output_item.added", {"output_index": index,
+                                                 "item": {**item, "arguments": "", "status": "in_progress"}}
+            yield "response.function_call_arguments.delta", {**where, "delta": item["arguments"]}
+        yield "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
+        yield "response.output_item.done", {"output_index": index, "item": item}
+    yield ("response.completed" if response["status"] == "completed" else "response.incomplete",
+           {"response": response})
+
+
+def _joined(texts: Iterator[str], chars: int) -> str:
+    """The next texts of `texts`, joined, until they hold at least `chars` characters or `texts` ends ("": ended).
+    Blocking: a large stream end's pieces are encoded on a worker thread as `texts` is read."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= chars:
+            break
+    return "".join(batch)
+
+
+def _text_delta(ev: _Numbered, pieces: bool, item_id: str, output_index: int, delta: str,
+                unlogged: list[dict[str, Any]]) -> str:
+    """A stream's `output_text.delta` event carrying the `unlogged` logprobs (blocking: a large one is built on a
+    worker thread and encoded in `pieces`)."""
+    fields = {"item_id": item_id, "output_index": output_index, "content_index": 0, "delta": delta,
+              "logprobs": event_logprobs(unlogged)}
+    return "".join(ev.pieces("response.output_text.delta", **fields)) if pieces else ev(
+        "response.output_text.delta", **fields)
 
 
 @dataclass
@@ -568,39 +605,51 @@ class _StreamedReasoning:
 
 
 class _Numbered:
-    """Server-sent events of one Responses stream, numbered by `sequence_number` from 0; each encoded in `pieces`
-    (json_reply.py: the same text) when set, for events built on a worker thread."""
+    """Server-sent events of one Responses stream, numbered by `sequence_number` from 0."""
 
     def __init__(self) -> None:
         self.next = 0
-        self.pieces = False
 
     def __call__(self, kind: str, **fields: Any) -> str:
         self.next += 1
-        return _event(kind, self.next - 1, self.pieces, **fields)
+        return _event(kind, self.next - 1, **fields)
+
+    def pieces(self, kind: str, **fields: Any) -> Iterator[str]:
+        """The next event's text in pieces of bounded size (json_reply.py: joined, the same text), for a large one
+        built on a worker thread."""
+        self.next += 1
+        payload = {"type": kind, "sequence_number": self.next - 1, **fields}
+        yield f"event: {kind}\ndata: "
+        yield from json_text_pieces(payload)
+        yield "\n\n"
 
 
 def _open_message(ev: _Numbered, item_id: str, output_index: int) -> list[str]:
-    return [ev("response.output_item.added", output_index=output_index,
-               item=message_item(item_id, None, "in_progress")),
-            ev("response.content_part.added", item_id=item_id, output_index=output_index, content_index=0,
-               part=text_part(""))]
+    return [ev(kind, **fields) for kind, fields in _message_opening(item_id, output_index)]
 
 
-def _close_message(ev: _Numbered, item: dict[str, Any], index: int, opened: bool, sent: int,
-                   unlogged: list[dict[str, Any]]) -> list[str]:
-    """The message item's (output `index`) last events: its unsent text and `unlogged` logprobs (opened now if
-    nothing streamed), then the dones."""
+def _message_opening(item_id: str, output_index: int) -> list[tuple[str, dict[str, Any]]]:
+    """A message item's first events, (type, fields)."""
+    return [("response.output_item.added", {"output_index": output_index,
+                                            "item": message_item(item_id, None, "in_progress")}),
+            ("response.content_part.added", {"item_id": item_id, "output_index": output_index, "content_index": 0,
+                                             "part": text_part("")})]
+
+
+def _close_message(item: dict[str, Any], index: int, opened: bool, sent: int,
+                   unlogged: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The message item's (output `index`) last events, (type, fields), each built when reached: its unsent text and
+    `unlogged` logprobs (opened now if nothing streamed), then the dones."""
     where = {"item_id": item["id"], "output_index": index, "content_index": 0}
     text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
-    events = [] if opened else _open_message(ev, item["id"], index)
+    if not opened:
+        yield from _message_opening(item["id"], index)
     if len(text) > (sent if opened else 0) or unlogged:
-        events.append(ev("response.output_text.delta", **where, delta=text[sent if opened else 0:],
-                         logprobs=event_logprobs(unlogged)))
-    events += [ev("response.output_text.done", **where, text=text, logprobs=event_logprobs(logprobs)),
-               ev("response.content_part.done", **where, part=text_part(text)),
-               ev("response.output_item.done", output_index=index, item=item)]
-    return events
+        yield "response.output_text.delta", {**where, "delta": text[sent if opened else 0:],
+                                             "logprobs": event_logprobs(unlogged)}
+    yield "response.output_text.done", {**where, "text": text, "logprobs": event_logprobs(logprobs)}
+    yield "response.content_part.done", {**where, "part": text_part(text)}
+    yield "response.output_item.done", {"output_index": index, "item": item}
 
 
 def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: RequestOutput,
@@ -691,8 +740,7 @@ def _usage(output: RequestOutput, generated: int) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + generated}
 
 
-def _event(kind: str, sequence_number: int, pieces: bool = False, **fields: Any) -> str:
-    """One server-sent event of the Responses stream (`event:` names its type, as OpenAI's); `pieces`: encoded in
-    pieces (the same text), for a large one built on a worker thread."""
+def _event(kind: str, sequence_number: int, **fields: Any) -> str:
+    """One server-sent event of the Responses stream (`event:` names its type, as OpenAI's)."""
     payload = {"type": kind, "sequence_number": sequence_number, **fields}
-    return f"event: {kind}\ndata: {json_text_in_pieces(payload) if pieces else json_text(payload)}\n\n"
+    return f"event: {kind}\ndata: {json_text(payload)}\n\n"

@@ -614,15 +614,29 @@ class OpenAIServing:
         top = req.top_logprobs or 0
         fmt = ChunkFormat(request_id, "chat.completion.chunk", created, model)
         as_ids, continuous = self.as_token_ids(req), _continuous_usage(req)
+
+        def step_of(output: RequestOutput, deltas: list[ChoiceDelta], off_loop: bool = False) -> str:
+            """One SSE event per choice that changed, written together; `off_loop`: built on a worker thread, each
+            choice's logprobs encoded in pieces (`encoded_logprobs`)."""
+            step = []
+            for d in deltas:
+                logprobs = self._chat_logprobs(d.token_ids, d.logprobs, top, as_ids) if req.logprobs else None
+                step.append(fmt.chat(d.text, d.choice,
+                                     encoded_logprobs(logprobs) if off_loop and logprobs is not None else logprobs,
+                                     choice_usage(output, d.num_tokens) if continuous else None,
+                                     None if prompt_ids is None else {"token_ids": list(d.token_ids)}))
+            return "".join(step)
+
         async for output in stream:
             last = output
-            step = [fmt.chat(d.text, d.choice,
-                             self._chat_logprobs(d.token_ids, d.logprobs, top, as_ids) if req.logprobs else None,
-                             choice_usage(output, d.num_tokens) if continuous else None,
-                             None if prompt_ids is None else {"token_ids": list(d.token_ids)})
-                    for d in state.deltas(output)]
+            deltas = state.deltas(output)
+            # A step of the whole vocabulary's logprobs holds 49k alternatives a token (each a few values): built on
+            # the loop, /health waited 116 s while steps queued behind one another. A large one is built off it.
+            values = sum(len(d.token_ids) for d in deltas) * (1 + top) if req.logprobs else 0
+            step = (await built(functools.partial(step_of, output, deltas, True), values)
+                    if values > OFF_LOOP_VALUES else step_of(output, deltas))
             if step:
-                yield "".join(step)
+                yield step
         if req.stream_options and req.stream_options.include_usage and last is not None:
             total = counted_usage(len(last.prompt_token_ids), state.completion_tokens)
             yield chunk([], usage=self._cached(total, last.num_cached_tokens))

@@ -4,6 +4,7 @@ snapshots) turned into each choice's new text, written as OpenAI's `data:` chunk
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from json.encoder import encode_basestring
 from typing import Any, NamedTuple
 
@@ -72,15 +73,21 @@ def sse(payload: dict[str, Any]) -> str:
 
 def encoded_logprobs(logprobs: dict[str, Any]) -> str:
     """`json_text(logprobs)` in pieces of bounded size (json_reply.py), for a chunk built off the event loop: one
-    choice's echoed prompt can hold ~700k entries, a single `json.dumps` of seconds that holds the GIL."""
+    choice's echoed prompt can hold ~700k entries, one step of a chat stream with the whole vocabulary's logprobs
+    49k alternatives a token; each a single `json.dumps` of up to seconds that holds the GIL."""
     return "".join(json_pieces(logprobs, _ENCODER))
 
 
 def json_text_in_pieces(value: Any) -> str:
     """`json_text(value)` encoded in pieces of bounded size (json_reply.py), for a large value on a worker thread: the
-    event loop takes the GIL between two (a Responses stream's closing events each carry the whole output's
-    logprobs)."""
-    return "".join(json_pieces(value, _ENCODER))
+    event loop takes the GIL between two (a chat stream's step with the whole vocabulary's logprobs)."""
+    return "".join(json_text_pieces(value))
+
+
+def json_text_pieces(value: Any) -> Iterator[str]:
+    """`json_text(value)` as consecutive pieces of bounded size (json_reply.py), for a large value on a worker thread,
+    read a piece at a time: a Responses stream's closing events each carry the whole output's logprobs."""
+    return json_pieces(value, _ENCODER)
 
 
 def json_text(value: Any) -> str:
@@ -111,12 +118,14 @@ class ChunkFormat:
                 f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}, '
                 f'"logprobs": {logprobs_json}{_fields(ids)}}}]{_usage(usage)}}}\n\n')
 
-    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | None,
+    def chat(self, text: str, c: CompletionOutput, logprobs: dict[str, Any] | str | None,
              usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty); `ids`: the
-        choice's extra fields (return_token_ids: token_ids)."""
+        choice's extra fields (return_token_ids: token_ids); `logprobs` as a str: their JSON already
+        (`encoded_logprobs`)."""
         delta = f'{{"content": {json_text(text)}}}' if text else "{}"
-        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {json_text(logprobs)}, '
+        logprobs_json = logprobs if isinstance(logprobs, str) else json_text(logprobs)
+        return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {logprobs_json}, '
                 f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}'
                 f'{_fields(ids)}}}]{_usage(usage)}}}\n\n')
 

@@ -9,6 +9,7 @@ choice finishes, one `delta.tool_calls` entry per call, and the choice ends with
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -16,9 +17,10 @@ from typing import Any
 
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
-from flotilla.engine.server.sse import ChunkFormat, json_text
+from flotilla.engine.server.sse import ChunkFormat, json_text, json_text_in_pieces
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
@@ -79,7 +81,8 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     unlogged: list[tuple[list[int], list[Any]]] = [([], []) for _ in range(n)]  # the same for the logprobs
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
-              stop_reason: int | str | None = None) -> str:
+              stop_reason: int | str | None = None, *, pieces: bool = False) -> str:
+        """One choice's chunk; `pieces`: built on a worker thread, encoded in pieces (the same text)."""
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
         if prompt_ids is not None and "role" not in delta:
@@ -93,37 +96,49 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
                      f'"total_tokens": {prompt + tokens[index]}}}')
         if prompt_ids is not None and "role" in delta:
             usage += f', "prompt_token_ids": {json.dumps(prompt_ids)}'
-        return f"{head.head}{json_text(choice)}]{usage}}}\n\n"
+        return f"{head.head}{json_text_in_pieces(choice) if pieces else json_text(choice)}]{usage}}}\n\n"
 
     yield "".join(chunk(i, {"role": role, "content": ""}) for i in range(n))  # one write, n events
     choices = [_Choice(plan, reasoning) for _ in range(n)]
+
+    def step_of(output: RequestOutput, off_loop: bool = False) -> str:
+        """The step's events, all choices', written together; `off_loop`: built on a worker thread, each chunk
+        encoded in pieces."""
+        step: list[str] = []
+        encoded = functools.partial(chunk, pieces=off_loop)
+        for c in output.outputs:
+            state = choices[c.index]
+            if state.done:
+                continue
+            if prompt_ids is not None:
+                unsent[c.index] += c.token_ids
+            if logprobs_of is not None:
+                unlogged[c.index][0].extend(c.token_ids)
+                unlogged[c.index][1].extend(c.logprobs or [])
+            tokens[c.index] += len(c.token_ids)
+            answer = c.text
+            if state.thinking is not None:
+                split = state.thinking.feed(c.text, finished=c.finish_reason is not None)
+                if split.reasoning and include_reasoning:
+                    step.append(encoded(c.index, thinking(split.reasoning)))
+                answer = split.content or ""
+            step += _choice_chunks(plan, c, answer, state, encoded)
+            if unsent[c.index] or unlogged[c.index][0]:  # the parser held this step's text back: its ids
+                # and logprobs still go out
+                step.append(encoded(c.index, {}))
+        return "".join(step)
+
     last = None
     try:
         async for output in stream:
             last = output
-            step: list[str] = []  # the step's events, all choices', written together
-            for c in output.outputs:
-                state = choices[c.index]
-                if state.done:
-                    continue
-                if prompt_ids is not None:
-                    unsent[c.index] += c.token_ids
-                if logprobs_of is not None:
-                    unlogged[c.index][0].extend(c.token_ids)
-                    unlogged[c.index][1].extend(c.logprobs or [])
-                tokens[c.index] += len(c.token_ids)
-                answer = c.text
-                if state.thinking is not None:
-                    split = state.thinking.feed(c.text, finished=c.finish_reason is not None)
-                    if split.reasoning and include_reasoning:
-                        step.append(chunk(c.index, thinking(split.reasoning)))
-                    answer = split.content or ""
-                step += _choice_chunks(plan, c, answer, state, chunk)
-                if unsent[c.index] or unlogged[c.index][0]:  # the parser held this step's text back: its ids
-                    # and logprobs still go out
-                    step.append(chunk(c.index, {}))
+            # With the whole vocabulary's logprobs a step holds 49k alternatives a token: a large one is built off
+            # the loop (serving.py's chat stream)
+            values = logprob_values(output) if logprobs_of is not None else 0
+            step = (await built(functools.partial(step_of, output, True), values)
+                    if values > OFF_LOOP_VALUES else step_of(output))
             if step:
-                yield "".join(step)
+                yield step
     finally:
         await stream.aclose()
     if stream_options and stream_options.include_usage and last is not None:
@@ -135,6 +150,12 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
             usage["prompt_tokens_details"] = {"cached_tokens": last.num_cached_tokens}
         yield head.head.removesuffix('"choices": [') + f'"choices": [], "usage": {json.dumps(usage)}}}\n\n'
     yield "data: [DONE]\n\n"
+
+
+def logprob_values(output: RequestOutput) -> int:
+    """About how many alternatives a step's logprob entries hold, all choices' (each entry: the sampled token and the
+    request's top ones)."""
+    return sum(len(entry) for c in output.outputs for entry in c.logprobs or ())
 
 
 def _choice_chunks(plan: ToolPlan, c: CompletionOutput, new: str, state: _Choice, chunk: Any) -> list[str]:

@@ -128,13 +128,17 @@ def test_a_streamed_choices_large_logprobs_are_encoded_in_pieces_as_json_text_wr
 
 def test_a_responses_streams_large_closing_event_is_encoded_in_pieces_as_on_the_loop():
     # A Responses stream's end, built on a worker thread, encodes its events in pieces: the same bytes
-    from flotilla.engine.server.responses import _event
+    from flotilla.engine.server.responses import _Numbered
 
     logprobs = _logprob_reply(choices=1, tokens=2000, top=20)["choices"][0]["logprobs"]
     item = {"id": "msg_1", "type": "message", "content": [{"text": "é🙂", "logprobs": logprobs}]}
     assert json_values(item, 10**9) > 10 * PIECE_VALUES
-    assert _event("response.output_item.done", 7, True, output_index=0, item=item) == \
-        _event("response.output_item.done", 7, output_index=0, item=item)
+    in_pieces, whole = _Numbered(), _Numbered()
+    whole.next = in_pieces.next = 7
+    pieces = list(in_pieces.pieces("response.output_item.done", output_index=0, item=item))
+    assert len(pieces) > 10  # read a piece at a time: the event is never held whole before it is sent
+    assert "".join(pieces) == whole("response.output_item.done", output_index=0, item=item)
+    assert in_pieces.next == whole.next == 8
 
 
 def test_a_large_build_runs_with_garbage_collection_paused():
