@@ -38,9 +38,10 @@ def vocab_server(embedded_model_dir, tmp_path_factory):
 
 
 # The longest /health wait allowed while a whole-vocabulary stream runs. On the loaded 2-core test machine (load ~6-8):
-# chat's steps built on the loop held it 14.1 s, off it 0.28 s; the Responses stream 4.8 s on the loop, 2.5 s off it
-# (its test guards the bound; that it went off the loop is proven by the byte test's count below, and by
-# bench/reply_stall.py: 39-51 s before, 1.5-2.2 s after, with a client that reads as fast as the server writes).
+# chat's steps built on the loop held it 14.1 s, off it 0.28 s. The Responses stream held it 4.8 s on the loop, 2.5 s
+# off it with the openai client here, which reads slower than the server writes: no test of that could tell the two
+# apart, so none is kept (a few minutes of CI); that its steps went off the loop is proven by the byte test's count
+# below, and bench/reply_stall.py shows the stall (39-51 s before, 1.5-2.2 s after).
 HEALTH_BOUND_S = 10.0
 TOKENS = 32
 
@@ -93,27 +94,6 @@ def test_health_is_answered_within_a_bound_while_a_whole_vocabulary_chat_stream_
 
     longest, answers, tokens = _longest_health_wait(vocab_server.url, stream, read)
     assert len(tokens) == TOKENS and all(len(t.top_logprobs) == VOCAB for t in tokens)
-    print(f"/health waited at most {longest:.2f} s ({answers} answers)")
-    assert longest < HEALTH_BOUND_S, f"/health waited {longest:.1f} s ({answers} answers)"
-
-
-def test_health_is_answered_within_a_bound_while_a_whole_vocabulary_responses_stream_runs(vocab_server):
-    client = openai.OpenAI(base_url=f"{vocab_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
-    stream = client.responses.create(
-        model="m", input="hello", max_output_tokens=TOKENS, include=["message.output_text.logprobs"],
-        top_logprobs=-1, stream=True, extra_body={"ignore_eos": True})
-
-    def read(events):
-        deltas, last = [], None
-        for event in events:
-            if event.type == "response.output_text.delta":
-                deltas += event.logprobs
-            last = event
-        return deltas, last
-
-    longest, answers, (deltas, last) = _longest_health_wait(vocab_server.url, stream, read)
-    assert last.type == "response.incomplete"
-    assert len(deltas) == TOKENS and all(len(t.top_logprobs) == VOCAB for t in deltas)
     print(f"/health waited at most {longest:.2f} s ({answers} answers)")
     assert longest < HEALTH_BOUND_S, f"/health waited {longest:.1f} s ({answers} answers)"
 
