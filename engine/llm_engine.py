@@ -177,7 +177,7 @@ class LLMEngine:
         group[0].fork_children = group[1:]
         try:
             self._check_prompt_ids(group[0])
-            self._admit(request_id, group, token_ids, now)
+            self._admit(request_id, group, token_ids)
         except BaseException:
             self.block_manager.free(group[0])  # holds no blocks yet: drops the prompt's block hashes
             raise
@@ -210,7 +210,7 @@ class LLMEngine:
                                     "--scheduling-policy priority to use `priority`", "priority")
         return bad_words
 
-    def _admit(self, request_id: str, group: list[Request], token_ids: list[int], now: float) -> None:
+    def _admit(self, request_id: str, group: list[Request], token_ids: list[int]) -> None:
         """Make a new request's completions known to the engine and queue them: in the scheduler, or in the
         grammar waiting room while their grammar compiles."""
         params = group[0].sampling_params
@@ -223,7 +223,7 @@ class LLMEngine:
         # Queued last: a request is either fully known to the engine or not at all.
         self._groups[request_id] = group
         if isinstance(grammar, PendingGrammar):
-            self._compiling.add(request_id, group, grammar, now)
+            self._compiling.add(request_id, group, grammar)
         else:  # free, or its grammar was cached
             attach_grammar(group, grammar)
             self.scheduler.add(group[0])

@@ -35,11 +35,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class WaitingForGrammar:
-    """A request (its completions) waiting, since `since`, for the compile of its grammar."""
+    """A request (its completions) waiting for the compile of its grammar."""
 
     group: list[Request]
     pending: PendingGrammar
-    since: float
 
 
 class GrammarWaitingRoom:
@@ -121,9 +120,9 @@ class GrammarWaitingRoom:
         """Each waiting request's first completion (the one the scheduler would be given)."""
         return (waiting.group[0] for waiting in self._waiting.values())
 
-    def add(self, request_id: str, group: list[Request], pending: PendingGrammar, since: float) -> None:
-        """Let `request_id` (its completions `group`, arrived at `since`) wait for `pending`."""
-        self._waiting[request_id] = WaitingForGrammar(group, pending, since)
+    def add(self, request_id: str, group: list[Request], pending: PendingGrammar) -> None:
+        """Let `request_id` (its completions `group`) wait for `pending`."""
+        self._waiting[request_id] = WaitingForGrammar(group, pending)
 
     def take_done(self, now: float) -> tuple[list[list[Request]], list[tuple[str, Exception]]]:
         """Take out the requests whose wait is over: those whose grammar has compiled (each completion given
