@@ -36,7 +36,7 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs, request_template_kwargs
-from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, encoded_logprobs, sse
+from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, json_text_in_pieces, sse
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -417,7 +417,7 @@ class OpenAIServing:
 
         def step_of(i: int, output: RequestOutput, deltas: list[ChoiceDelta], off_loop: bool = False) -> str:
             """One SSE event per choice that changed, written together (one transport write per step, not n);
-            `off_loop`: built on a worker thread, each choice's logprobs encoded in pieces (`encoded_logprobs`)."""
+            `off_loop`: built on a worker thread, each choice's logprobs encoded in pieces (`json_text_in_pieces`)."""
             step = []
             for d in deltas:
                 c = d.choice
@@ -427,7 +427,7 @@ class OpenAIServing:
                 logprobs = (self._completion_logprobs(req, token_ids, entries, sent_chars.get(index, 0))
                             if wants_logprobs else None)
                 sent_chars[index] = sent_chars.get(index, 0) + len(text)
-                chunk_logprobs = encoded_logprobs(logprobs) if off_loop and logprobs is not None else logprobs
+                chunk_logprobs = json_text_in_pieces(logprobs) if off_loop and logprobs is not None else logprobs
                 ids = None
                 if req.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then null
                     ids = {"prompt_token_ids": None if index in ids_sent else list(output.prompt_token_ids),
@@ -617,12 +617,12 @@ class OpenAIServing:
 
         def step_of(output: RequestOutput, deltas: list[ChoiceDelta], off_loop: bool = False) -> str:
             """One SSE event per choice that changed, written together; `off_loop`: built on a worker thread, each
-            choice's logprobs encoded in pieces (`encoded_logprobs`)."""
+            choice's logprobs encoded in pieces (`json_text_in_pieces`)."""
             step = []
             for d in deltas:
                 logprobs = self._chat_logprobs(d.token_ids, d.logprobs, top, as_ids) if req.logprobs else None
                 step.append(fmt.chat(d.text, d.choice,
-                                     encoded_logprobs(logprobs) if off_loop and logprobs is not None else logprobs,
+                                     json_text_in_pieces(logprobs) if off_loop and logprobs is not None else logprobs,
                                      choice_usage(output, d.num_tokens) if continuous else None,
                                      None if prompt_ids is None else {"token_ids": list(d.token_ids)}))
             return "".join(step)

@@ -71,16 +71,11 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
-def encoded_logprobs(logprobs: dict[str, Any]) -> str:
-    """`json_text(logprobs)` in pieces of bounded size (json_reply.py), for a chunk built off the event loop: one
-    choice's echoed prompt can hold ~700k entries, one step of a chat stream with the whole vocabulary's logprobs
-    49k alternatives a token; each a single `json.dumps` of up to seconds that holds the GIL."""
-    return "".join(json_pieces(logprobs, _ENCODER))
-
-
 def json_text_in_pieces(value: Any) -> str:
     """`json_text(value)` encoded in pieces of bounded size (json_reply.py), for a large value on a worker thread: the
-    event loop takes the GIL between two (a chat stream's step with the whole vocabulary's logprobs)."""
+    event loop takes the GIL between two, where a single `json.dumps` of up to seconds would hold it (one choice's
+    echoed prompt can hold ~700k logprob entries, one step of a chat stream with the whole vocabulary's logprobs 49k
+    alternatives a token)."""
     return "".join(json_text_pieces(value))
 
 
@@ -112,7 +107,7 @@ class ChunkFormat:
                    usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A /v1/completions chunk with one choice (and the usage so far, for continuous_usage_stats); `ids`: the
         choice's extra fields (return_token_ids: prompt_token_ids, token_ids); `logprobs` as a str: their JSON
-        already (`encoded_logprobs`)."""
+        already (`json_text_in_pieces`)."""
         logprobs_json = logprobs if isinstance(logprobs, str) else json_text(logprobs)
         return (f'{self.head}{{"index": {index}, "text": {json_text(text)}, '
                 f'"finish_reason": {json_text(c.finish_reason)}, "stop_reason": {json_text(c.stop_reason)}, '
@@ -122,7 +117,7 @@ class ChunkFormat:
              usage: dict[str, int] | None = None, ids: dict[str, Any] | None = None) -> str:
         """A chat.completion.chunk with one choice whose delta is `text` (no content key when empty); `ids`: the
         choice's extra fields (return_token_ids: token_ids); `logprobs` as a str: their JSON already
-        (`encoded_logprobs`)."""
+        (`json_text_in_pieces`)."""
         delta = f'{{"content": {json_text(text)}}}' if text else "{}"
         logprobs_json = logprobs if isinstance(logprobs, str) else json_text(logprobs)
         return (f'{self.head}{{"index": {c.index}, "delta": {delta}, "logprobs": {logprobs_json}, '

@@ -119,11 +119,11 @@ def test_pieces_follow_the_encoders_separators(seed):
 
 
 def test_a_streamed_choices_large_logprobs_are_encoded_in_pieces_as_json_text_writes_them():
-    from flotilla.engine.server.sse import encoded_logprobs, json_text
+    from flotilla.engine.server.sse import json_text, json_text_in_pieces
 
     logprobs = _logprob_reply(choices=1, tokens=2000, top=20)["choices"][0]["logprobs"]
     assert json_values(logprobs, 10**9) > 10 * PIECE_VALUES
-    assert encoded_logprobs(logprobs) == json_text(logprobs)
+    assert json_text_in_pieces(logprobs) == json_text(logprobs)
 
 
 def test_a_responses_streams_large_closing_event_is_encoded_in_pieces_as_on_the_loop():
