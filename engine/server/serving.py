@@ -446,8 +446,7 @@ class OpenAIServing:
             deltas = states[i].deltas(output)
             openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
             values = openers * len(output.prompt_token_ids) * per_prompt_token
-            step = (await built(functools.partial(step_of, i, output, deltas, True), values)
-                    if values > OFF_LOOP_VALUES else step_of(i, output, deltas))
+            step = await built(functools.partial(step_of, i, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
             if output.finished:
@@ -633,8 +632,7 @@ class OpenAIServing:
             # A step of the whole vocabulary's logprobs holds 49k alternatives a token (each a few values): built on
             # the loop, /health waited 116 s while steps queued behind one another. A large one is built off it.
             values = sum(len(d.token_ids) for d in deltas) * (1 + top) if req.logprobs else 0
-            step = (await built(functools.partial(step_of, output, deltas, True), values)
-                    if values > OFF_LOOP_VALUES else step_of(output, deltas))
+            step = await built(functools.partial(step_of, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
         if req.stream_options and req.stream_options.include_usage and last is not None:

@@ -135,8 +135,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
             # With the whole vocabulary's logprobs a step holds 49k alternatives a token: a large one is built off
             # the loop (serving.py's chat stream)
             values = logprob_values(output) if logprobs_of is not None else 0
-            step = (await built(functools.partial(step_of, output, True), values)
-                    if values > OFF_LOOP_VALUES else step_of(output))
+            step = await built(functools.partial(step_of, output, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
     finally:
