@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.card_tables import DEFAULT, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, H200, device_card, for_card
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
@@ -356,6 +356,8 @@ def lm_head_gemv_knobs(value: str) -> dict[str, Any] | None:
 
 LM_HEAD_GEMV_MEASURED: dict[str, str] = {
     DEFAULT: "bn=16,bk=1024,w=4,s=2,dot=0",
+    # session 29 call 1's in-engine descent (bench/results/gpu-2026-12-06-s29/call1/sweep25.log), with the bf16 tiles
+    H200: "bn=8,bk=2048,sk=1,w=4,s=2,dot=0",
 }
 # The knobs per card (None: cuBLAS), the environment's on every card where set. The module global is read at every
 # call: a benchmark sets `{DEFAULT: knobs}` in-process (every card's knobs).

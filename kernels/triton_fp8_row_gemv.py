@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, H100, H200, device_card, for_card, parsed
 from flotilla.kernels.fp8_linear import fp8_weight_only_linear_ref
 from flotilla.kernels.launch_knobs import KnobSyntax, Table
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
@@ -121,6 +121,10 @@ ENV_CONFIGS = parse_configs(os.environ.get("FLOTILLA_FP8_ROW_GEMV_CONFIG", ""))
 MEASURED_CONFIGS: dict[str, str] = {
     DEFAULT: "6144x4096:bn=8,p=3;4096x4096:bn=16,bk=1024;4096x14336:bn=16,bk=1024",
     H100: "6144x4096:bn=8,bk=512,w=2,p=3,t=0,d=1;4096x4096:bn=16,bk=1024,w=4,p=3,t=1,d=1;"
+    "28672x4096:bn=4,bk=512,w=4,p=2,t=0,d=1;4096x14336:bn=8,bk=1024,w=4,p=2,t=0,d=1",
+    # session 29 call 1 (bench/results/gpu-2026-12-06-s29/call1/sweep25.log): the H100's entry won on the H200 too,
+    # fp8 bs1 ctx 512 A B B A 2.784 -> 2.496 ms, greedy tokens equal; 0.599x the same call's bf16 step (4.170)
+    H200: "6144x4096:bn=8,bk=512,w=2,p=3,t=0,d=1;4096x4096:bn=16,bk=1024,w=4,p=3,t=1,d=1;"
     "28672x4096:bn=4,bk=512,w=4,p=2,t=0,d=1;4096x14336:bn=8,bk=1024,w=4,p=2,t=0,d=1",
 }
 _MEASURED = parsed(MEASURED_CONFIGS, parse_configs)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, H100, H200, device_card, for_card
 from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_activation import silu_mul
@@ -79,7 +79,8 @@ ENV_KNOBS = parse_config(os.environ.get("FLOTILLA_GATED_GEMV_CONFIG", ""))
 # (bench/results/sweep25-gpu.sh) prints an in-engine winner for a card.
 # H100: session 25 call 5 (bench/results/gpu-2026-12-06-s25/call5/sweep25.log, `OUT=... bash
 # bench/results/sweep25-gpu.sh`), with triton_gemv.ONE_ROW_TILES' entry.
-ONE_ROW_CONFIGS: dict[str, str] = {DEFAULT: "", H100: "bn=4,bk=1024,w=4,s=3"}
+# H200: session 29 call 1 (bench/results/gpu-2026-12-06-s29/call1/sweep25.log), with triton_gemv.ONE_ROW_TILES' entry.
+ONE_ROW_CONFIGS: dict[str, str] = {DEFAULT: "", H100: "bn=4,bk=1024,w=4,s=3", H200: "bn=4,bk=1024,w=4,s=3"}
 _ONE_ROW = {card: parse_config(spec) for card, spec in ONE_ROW_CONFIGS.items()}
 
 

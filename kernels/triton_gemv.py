@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flotilla.kernels.card_tables import DEFAULT, H100, device_card, for_card, parsed
+from flotilla.kernels.card_tables import DEFAULT, H100, H200, device_card, for_card, parsed
 from flotilla.kernels.launch_knobs import POSITIVE, KnobSyntax, Table
 from flotilla.kernels.pdl import L2_PREFETCH_MB, pdl_active, peeled_pdl_options
 from flotilla.kernels.triton_l2_prefetch import prefetch_l2
@@ -98,9 +98,14 @@ def tiles_spec(table: Table) -> str:
 # H100: session 25 call 5 (bench/results/gpu-2026-12-06-s25/call5/sweep25.log, from `OUT=... bash
 # bench/results/sweep25-gpu.sh`): with the gated entry below, the bf16 bs1 ctx 512 step A B B A 5.534 -> 5.404 ms
 # (greedy tokens of the random model differ: another K order sums each output differently).
+# H200: session 29 call 1 (bench/results/gpu-2026-12-06-s29/call1/sweep25.log, from `OUT=... bash
+# bench/results/gpu-2026-12-06-s25/try-h200-sweep.sh`):
+# with the gated and lm_head entries, the bf16 bs1 ctx 512 step A B B A 4.423 -> 4.170 ms (greedy tokens
+# differ, as above).
 ONE_ROW_TILES: dict[str, str] = {
     DEFAULT: "",
     H100: "6144x4096:bn=16,bk=512,sk=1,w=2,s=2;4096x4096:bn=8,bk=512,sk=1,w=4,s=3;4096x14336:bn=8,bk=1024,sk=1,w=4,s=2",
+    H200: "6144x4096:bn=16,bk=512,sk=1,w=4,s=2;4096x4096:bn=8,bk=512,sk=1,w=4,s=3;4096x14336:bn=8,bk=1024,sk=1,w=4,s=2",
 }
 # FLOTILLA_GEMV_CONFIG (`parse_tiles`; read at import) replaces the table on every card.
 _ENV_TILES = os.environ.get("FLOTILLA_GEMV_CONFIG", "")

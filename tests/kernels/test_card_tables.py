@@ -90,8 +90,9 @@ def test_gated_one_row_knobs_per_card(monkeypatch):
     one row only, under FLOTILLA_GATED_GEMV_CONFIG's."""
     from flotilla.kernels import triton_gated_gemv as gated
 
-    assert gated.one_row_knobs(1, H200) == gated.one_row_knobs(1, None) == {}
-    assert gated.one_row_knobs(1, H100) == {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 3}
+    assert gated.one_row_knobs(1, OTHER) == gated.one_row_knobs(1, None) == {}
+    for card in (H100, H200):  # session 25's and session 29's in-engine descents chose the same knobs
+        assert gated.one_row_knobs(1, card) == {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 3}
     monkeypatch.setattr(gated, "_ONE_ROW", {DEFAULT: {}, H200: gated.parse_config("bn=8,s=2")})
     assert gated.one_row_knobs(1, H200) == {"block_n": 8, "num_stages": 2}
     assert gated.one_row_knobs(2, H200) == {} and gated.one_row_knobs(1, OTHER) == {}
@@ -121,7 +122,9 @@ def test_bf16_one_row_table_applies_at_one_row_of_bf16_weights_only(monkeypatch)
 
     lead = default_config(1, 4096, 4096, 132)
     assert (lead.block_n, lead.block_k, lead.split_k, lead.num_warps, lead.num_stages) == (8, 512, 1, 4, 2)
-    assert default_config(1, 4096, 4096, 132, card=H200) == lead
+    assert default_config(1, 4096, 4096, 132, card=OTHER) == lead
+    h200 = default_config(1, 4096, 4096, 132, card=H200)  # session 29's descent: three stages
+    assert (h200.block_n, h200.block_k, h200.split_k, h200.num_warps, h200.num_stages) == (8, 512, 1, 4, 3)
     monkeypatch.setattr(triton_gemv, "_ONE_ROW", {c: dict(t) for c, t in triton_gemv._ONE_ROW.items()})
     previous = set_one_row_tiles({(4096, 4096): {"block_n": 32, "block_k": 256, "split_k": 2, "num_warps": 8}})
     for card in (None, H200, OTHER):

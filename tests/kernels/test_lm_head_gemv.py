@@ -49,10 +49,11 @@ _PER_CARD = ("from flotilla.kernels import dispatch; "
 
 def test_measured_tiles_by_default_in_a_clean_environment():
     """The module default, read in a fresh interpreter without the variable: the GEMV at the tiles session 20's GPU
-    sweep chose on every card without an entry (DEFAULT: what every card ran before; no card has one yet); never
-    cuBLAS."""
+    sweep chose on every card without an entry (DEFAULT: what every card ran before), the H200's own since session
+    29; never cuBLAS."""
     default = {"block_n": 16, "block_k": 1024, "num_warps": 4, "num_stages": 2, "use_dot": False}
-    assert _in_fresh_interpreter(_PER_CARD) == str([default] * 4)
+    h200 = {"block_n": 8, "block_k": 2048, "split_k": 1, "num_warps": 4, "num_stages": 2, "use_dot": False}
+    assert _in_fresh_interpreter(_PER_CARD) == str([default, default, h200, default])
 
 
 def test_the_variable_replaces_every_cards_knobs():
