@@ -36,7 +36,14 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs, request_template_kwargs
-from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, json_text_in_pieces, sse
+from flotilla.engine.server.sse import (
+    ChoiceDelta,
+    ChunkFormat,
+    StreamState,
+    json_text_in_pieces,
+    logprob_values,
+    sse,
+)
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -438,14 +445,17 @@ class OpenAIServing:
             return "".join(step)
 
         # A choice's first chunk carries its prompt (echo, return_token_ids): n of them can hold millions of values
-        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M), built off the loop as a large reply is
+        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M); and any step carries its tokens' logprobs, up to
+        # the whole vocabulary's (49k alternatives a token, with --max-logprobs -1). A large step is built off the
+        # loop, as a large reply is.
         per_prompt_token = (1 + (req.logprobs or 0) if wants_logprobs and req.echo else 0) + bool(req.return_token_ids)
         # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
             deltas = states[i].deltas(output)
             openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
-            values = openers * len(output.prompt_token_ids) * per_prompt_token
+            values = (openers * len(output.prompt_token_ids) * per_prompt_token
+                      + (logprob_values(output) if wants_logprobs else 0))
             step = await built(functools.partial(step_of, i, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
@@ -631,7 +641,7 @@ class OpenAIServing:
             deltas = state.deltas(output)
             # A step of the whole vocabulary's logprobs holds 49k alternatives a token (each a few values): built on
             # the loop, /health waited 116 s while steps queued behind one another. A large one is built off it.
-            values = sum(len(d.token_ids) for d in deltas) * (1 + top) if req.logprobs else 0
+            values = logprob_values(output) if req.logprobs else 0
             step = await built(functools.partial(step_of, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
