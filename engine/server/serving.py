@@ -16,7 +16,7 @@ from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.prompt_rules import check_prompt
-from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.prompt_truncation import kept_tokens, tokenized_part, truncate_prompt, truncated_parts
 from flotilla.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
@@ -213,18 +213,32 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's logits' width: prompt ids lie below it (prompt_rules.py)
         self.trust_request_chat_template = trust_request_chat_template
-        self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
+        self.token_chars = longest_token_chars(tokenizer)  # the most characters one token stands for
+        self.max_prompt_chars = max_model_len * self.token_chars
         self._decode = decoder_without_gil(tokenizer)
         self._request_template_renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
 
     # --- prompts ------------------------------------------------------------------------------------
 
     async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
-                     truncated: bool = False) -> list[int]:
+                     keep: int | None = None, side: Literal["left", "right"] | None = None) -> list[int]:
         """Tokenize on the front end's own tokenizer (the engine thread has its own), off the event loop. A text
-        that will be `truncated` (`truncate_prompt_tokens`) is not bounded in characters: its tail may fit."""
-        if not truncated:
+        that will be truncated to `keep` tokens (`truncate_prompt_tokens`, `side`: `truncation_side`) is not bounded
+        in characters (its tail may fit), and only its part that holds the kept tokens is tokenized, when that part
+        gives them as the whole text does (prompt_truncation.truncated_parts): a body-sized text took 20-140 s of one
+        Rust call, which went on after its client left."""
+        if keep is None:
             self.check_chars(len(text), param)
+            return await self._tokenized(text, add_special_tokens)
+        kept, side = kept_tokens(keep, self.max_model_len), side or "left"  # a bad `keep`: a 400 before any work
+        parts = truncated_parts(text, kept, side, self.token_chars)
+        if parts:  # each part's call bounded: a client gone meanwhile costs at most the one under way
+            ids = tokenized_part([await self._tokenized(part, add_special_tokens) for part in parts], kept, side)
+            if ids is not None:
+                return ids
+        return await self._tokenized(text, add_special_tokens)
+
+    async def _tokenized(self, text: str, add_special_tokens: bool) -> list[int]:
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
         # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
@@ -261,8 +275,8 @@ class OpenAIServing:
             raise APIError(400, f"{len(items)} prompts with n={req.n} ask for {len(items) * req.n} completions; at "
                                 f"most {MAX_SEQUENCES_PER_REQUEST} are served per request (send more requests)",
                            param="prompt")
-        cut = req.truncate_prompt_tokens is not None
-        prompts = [Prompt(await self.encode(x, req.add_special_tokens, truncated=cut), x) if isinstance(x, str) else
+        prompts = [Prompt(await self.encode(x, req.add_special_tokens, keep=req.truncate_prompt_tokens,
+                                            side=req.truncation_side), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
         prompts = [self._truncated(p, req.truncate_prompt_tokens, req.truncation_side) for p in prompts]
         if len(prompts) > 1:
@@ -304,7 +318,8 @@ class OpenAIServing:
         else:  # a request's template: a child process of bounded memory each, so a bounded number at once
             async with self._request_template_renders:
                 text = await asyncio.to_thread(render)
-        prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", truncated=cut), text)
+        prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", req.truncate_prompt_tokens,
+                                          req.truncation_side), text)
         return self._truncated(prompt, req.truncate_prompt_tokens, req.truncation_side)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
