@@ -18,12 +18,55 @@ def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int,
     a 400 on the server), as vLLM's `_validate_truncation_size` refuses the latter."""
     if keep is None:
         return token_ids
+    keep = kept_tokens(keep, max_model_len)
+    return token_ids[:keep] if side == "right" else token_ids[-keep:]
+
+
+def kept_tokens(keep: int, max_model_len: int) -> int:
+    """How many tokens `truncate_prompt_tokens` = `keep` keeps (-1: `max_model_len`); InvalidParamError for 0 and for
+    more than the context length."""
     if keep == -1:
-        keep = max_model_len
+        return max_model_len
     if keep == 0:
         raise InvalidParamError("truncate_prompt_tokens must be at least 1, or -1 for the model's maximum "
                                 "context length", param="truncate_prompt_tokens")
     if keep > max_model_len:
         raise InvalidParamError(f"truncate_prompt_tokens={keep} is larger than this model's maximum context "
                                 f"length ({max_model_len} tokens)", param="truncate_prompt_tokens")
-    return token_ids[:keep] if side == "right" else token_ids[-keep:]
+    return keep
+
+
+# Tokens a text's cut part holds beyond the kept ones: near the cut its tokens may differ from the whole text's (a word
+# cut in two), and the kept ones lie past them.
+CUT_SLACK_TOKENS = 64
+
+
+def truncated_parts(text: str, keep: int, side: Literal["left", "right"], longest_token_chars: int) -> list[str]:
+    """Two parts of `text` that hold its kept tokens (its last `keep`, or its first with `side` "right"), cut at two
+    places; none when the text is short enough to tokenize whole at about the same cost.
+
+    A token stands for at most `longest_token_chars` characters, so the first part tokenizes to `keep +
+    CUT_SLACK_TOKENS` tokens or more (unless a normalizer drops characters: `tokenized_part` counts them), its kept
+    ones past its first CUT_SLACK_TOKENS, away from the cut. They are the whole text's once the tokenization after the
+    cut is back in step with the whole text's (at the next word, for the usual tokenizers). Within one long run that
+    the tokenizer splits from its start (spaces, newlines) it may never be: the run's tokens are aligned by its length.
+    The second part, cut CUT_SLACK_TOKENS tokens' characters and one character further, shifts that alignment: the two
+    parts' kept tokens agree where the cut did not reach them. Their agreement is the evidence, not a proof
+    (tests/engine/test_prompt_truncation.py: words, code, Unicode and digits agree with the whole text, and so do long
+    runs cut at their end; cut at their start, runs of spaces, newlines and one letter disagree: tokenized whole)."""
+    chars = (keep + CUT_SLACK_TOKENS) * longest_token_chars
+    further = chars + CUT_SLACK_TOKENS * longest_token_chars + 1
+    if len(text) <= 2 * further:  # the two parts would cost about what the whole text does
+        return []
+    return [text[-chars:], text[-further:]] if side == "left" else [text[:chars], text[:further]]
+
+
+def tokenized_part(parts_ids: list[list[int]], keep: int, side: Literal["left", "right"]) -> list[int] | None:
+    """The first part's tokens (`truncated_parts`, tokenized) when its kept ones are the whole text's: past enough
+    tokens from its cut (a normalizer that drops characters can leave fewer), and the same in both parts. None: the
+    whole text must be tokenized."""
+    first, second = parts_ids
+    if len(first) < keep + CUT_SLACK_TOKENS:
+        return None
+    kept = (lambda ids: ids[:keep]) if side == "right" else (lambda ids: ids[-keep:])
+    return first if kept(first) == kept(second) else None

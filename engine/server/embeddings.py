@@ -195,7 +195,8 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
     for item in given:
         if isinstance(item, str):
             prompts.append(await state.serving.encode(item, add_special_tokens=body.add_special_tokens is not False,
-                                                      param="input", truncated=body.truncate_prompt_tokens is not None))
+                                                      param="input", keep=body.truncate_prompt_tokens,
+                                                      side=body.truncation_side))
         elif isinstance(item, list):
             prompts.append(list(item))
         else:

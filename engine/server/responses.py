@@ -53,10 +53,10 @@ from flotilla.engine.server.sampling_request import (
     sampling_params,
 )
 from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
-from flotilla.engine.server.sse import json_text, json_text_pieces
+from flotilla.engine.server.sse import json_text, json_text_pieces, logprob_values
 from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
-from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools, logprob_values
+from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools
 from flotilla.validation_messages import describe
 
 # Responses kept for `previous_response_id` and GET; each holds its conversation's text.

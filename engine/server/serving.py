@@ -16,7 +16,7 @@ from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.prompt_rules import check_prompt
-from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.prompt_truncation import kept_tokens, tokenized_part, truncate_prompt, truncated_parts
 from flotilla.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
@@ -36,7 +36,14 @@ from flotilla.engine.server.request_extras import engine_kwargs, response_ids, t
 from flotilla.engine.server.request_log import logged
 from flotilla.engine.server.sampling_request import check_logprob_entries, sampling_params
 from flotilla.engine.server.server_chat_template import merged_template_kwargs, request_template_kwargs
-from flotilla.engine.server.sse import ChoiceDelta, ChunkFormat, StreamState, json_text_in_pieces, sse
+from flotilla.engine.server.sse import (
+    ChoiceDelta,
+    ChunkFormat,
+    StreamState,
+    json_text_in_pieces,
+    logprob_values,
+    sse,
+)
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
@@ -206,18 +213,32 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's logits' width: prompt ids lie below it (prompt_rules.py)
         self.trust_request_chat_template = trust_request_chat_template
-        self.max_prompt_chars = max_model_len * longest_token_chars(tokenizer)
+        self.token_chars = longest_token_chars(tokenizer)  # the most characters one token stands for
+        self.max_prompt_chars = max_model_len * self.token_chars
         self._decode = decoder_without_gil(tokenizer)
         self._request_template_renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
 
     # --- prompts ------------------------------------------------------------------------------------
 
     async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
-                     truncated: bool = False) -> list[int]:
+                     keep: int | None = None, side: Literal["left", "right"] | None = None) -> list[int]:
         """Tokenize on the front end's own tokenizer (the engine thread has its own), off the event loop. A text
-        that will be `truncated` (`truncate_prompt_tokens`) is not bounded in characters: its tail may fit."""
-        if not truncated:
+        that will be truncated to `keep` tokens (`truncate_prompt_tokens`, `side`: `truncation_side`) is not bounded
+        in characters (its tail may fit), and only its part that holds the kept tokens is tokenized, when that part
+        gives them as the whole text does (prompt_truncation.truncated_parts): a body-sized text took 20-140 s of one
+        Rust call, which went on after its client left."""
+        if keep is None:
             self.check_chars(len(text), param)
+            return await self._tokenized(text, add_special_tokens)
+        kept, side = kept_tokens(keep, self.max_model_len), side or "left"  # a bad `keep`: a 400 before any work
+        parts = truncated_parts(text, kept, side, self.token_chars)
+        if parts:  # each part's call bounded: a client gone meanwhile costs at most the one under way
+            ids = tokenized_part([await self._tokenized(part, add_special_tokens) for part in parts], kept, side)
+            if ids is not None:
+                return ids
+        return await self._tokenized(text, add_special_tokens)
+
+    async def _tokenized(self, text: str, add_special_tokens: bool) -> list[int]:
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
         # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
@@ -254,8 +275,8 @@ class OpenAIServing:
             raise APIError(400, f"{len(items)} prompts with n={req.n} ask for {len(items) * req.n} completions; at "
                                 f"most {MAX_SEQUENCES_PER_REQUEST} are served per request (send more requests)",
                            param="prompt")
-        cut = req.truncate_prompt_tokens is not None
-        prompts = [Prompt(await self.encode(x, req.add_special_tokens, truncated=cut), x) if isinstance(x, str) else
+        prompts = [Prompt(await self.encode(x, req.add_special_tokens, keep=req.truncate_prompt_tokens,
+                                            side=req.truncation_side), x) if isinstance(x, str) else
                    Prompt(list(x), None) for x in items]
         prompts = [self._truncated(p, req.truncate_prompt_tokens, req.truncation_side) for p in prompts]
         if len(prompts) > 1:
@@ -297,7 +318,8 @@ class OpenAIServing:
         else:  # a request's template: a child process of bounded memory each, so a bounded number at once
             async with self._request_template_renders:
                 text = await asyncio.to_thread(render)
-        prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", truncated=cut), text)
+        prompt = Prompt(await self.encode(text, req.add_special_tokens, "messages", req.truncate_prompt_tokens,
+                                          req.truncation_side), text)
         return self._truncated(prompt, req.truncate_prompt_tokens, req.truncation_side)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None,
@@ -438,14 +460,17 @@ class OpenAIServing:
             return "".join(step)
 
         # A choice's first chunk carries its prompt (echo, return_token_ids): n of them can hold millions of values
-        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M), built off the loop as a large reply is
+        # (n 128, echo with 20 logprobs of a 500-token prompt: 1.3M); and any step carries its tokens' logprobs, up to
+        # the whole vocabulary's (49k alternatives a token, with --max-logprobs -1). A large step is built off the
+        # loop, as a large reply is.
         per_prompt_token = (1 + (req.logprobs or 0) if wants_logprobs and req.echo else 0) + bool(req.return_token_ids)
         # One prompt (the usual case) reads its stream directly: no pump task and queue per token.
         outputs = merge(streams) if len(streams) > 1 else _indexed(streams[0])
         async for i, output in outputs:
             deltas = states[i].deltas(output)
             openers = sum(d.first == 0 for d in deltas) if per_prompt_token else 0
-            values = openers * len(output.prompt_token_ids) * per_prompt_token
+            values = (openers * len(output.prompt_token_ids) * per_prompt_token
+                      + (logprob_values(output) if wants_logprobs else 0))
             step = await built(functools.partial(step_of, i, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step
@@ -631,7 +656,7 @@ class OpenAIServing:
             deltas = state.deltas(output)
             # A step of the whole vocabulary's logprobs holds 49k alternatives a token (each a few values): built on
             # the loop, /health waited 116 s while steps queued behind one another. A large one is built off it.
-            values = sum(len(d.token_ids) for d in deltas) * (1 + top) if req.logprobs else 0
+            values = logprob_values(output) if req.logprobs else 0
             step = await built(functools.partial(step_of, output, deltas, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step

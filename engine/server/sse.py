@@ -59,6 +59,12 @@ class StreamState:
         return sum(self.sent_tokens)
 
 
+def logprob_values(output: RequestOutput) -> int:
+    """About how many alternatives a step's logprob entries hold, all choices' (each entry: the sampled token and the
+    request's top ones): what a stream step's logprobs cost to build, the streams' one estimate of it (`built`)."""
+    return sum(len(entry) for c in output.outputs for entry in c.logprobs or ())
+
+
 # `json.dumps(value, ensure_ascii=False)` builds a new encoder at every call (only the default arguments reuse
 # json's cached one): a few microseconds a field, four fields a chunk, a chunk per stream per step. One encoder
 # with those arguments writes the same text.

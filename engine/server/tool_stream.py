@@ -20,7 +20,7 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
-from flotilla.engine.server.sse import ChunkFormat, json_text, json_text_in_pieces
+from flotilla.engine.server.sse import ChunkFormat, json_text, json_text_in_pieces, logprob_values
 from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
@@ -149,12 +149,6 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
             usage["prompt_tokens_details"] = {"cached_tokens": last.num_cached_tokens}
         yield head.head.removesuffix('"choices": [') + f'"choices": [], "usage": {json.dumps(usage)}}}\n\n'
     yield "data: [DONE]\n\n"
-
-
-def logprob_values(output: RequestOutput) -> int:
-    """About how many alternatives a step's logprob entries hold, all choices' (each entry: the sampled token and the
-    request's top ones)."""
-    return sum(len(entry) for c in output.outputs for entry in c.logprobs or ())
 
 
 def _choice_chunks(plan: ToolPlan, c: CompletionOutput, new: str, state: _Choice, chunk: Any) -> list[str]:

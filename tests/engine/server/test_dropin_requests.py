@@ -5,7 +5,10 @@ small endpoints and fields that lm-eval and SDKs read are there."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import string
+import threading
 
 import httpx
 import pytest
@@ -73,6 +76,28 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(server, client):
     assert chat.json()["usage"]["prompt_tokens"] == 7
     too_long = post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "truncate_prompt_tokens": 1000})
     assert too_long.status_code == 400 and "truncate_prompt_tokens" in too_long.json()["error"]["message"]
+
+
+def test_a_huge_truncated_prompt_is_served_before_its_whole_text_could_be_tokenized(client, embedded_model_dir):
+    # A body-sized prompt (7.5M characters) cut to its last tokens. Its whole text was tokenized, one Rust call of
+    # 20-140 s that went on after a client that left: the server now tokenizes only the part that holds the kept
+    # tokens. Order, not time: the reply comes before this process tokenizes even half the text (the server tokenized
+    # all of it, before it could reply).
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)  # the tiny models' tokenizer
+    rng = random.Random(7)
+    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 9))) for _ in range(500)]
+    text = " ".join(rng.choice(words) for _ in range(1_500_000))[:7_500_000]
+    replies = []
+    thread = threading.Thread(target=lambda: replies.append(client.with_options(timeout=600).completions.create(
+        model="tiny", prompt=text, max_tokens=1, extra_body={"truncate_prompt_tokens": 64})))
+    thread.start()
+    tokenizer.encode(text[:len(text) // 2])  # the clock: half the work the server did before
+    answered_first = bool(replies)
+    thread.join(600)
+    assert replies[0].usage.prompt_tokens == 64
+    assert answered_first
 
 
 def test_add_special_tokens_is_passed_to_the_tokenizer(server, tiny_model_dirs):

@@ -11,17 +11,22 @@ prove that /health is answered within a bound meanwhile, and that the stream's b
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 import subprocess
 import sys
+import threading
+import time
 
+import httpx
 import openai
 import pytest
 
 from .conftest import API_KEY, start_server, stop_server
 
 VOCAB = 49152  # the embedded model's
+DISTINCT_TEXTS = 48843  # its tokens' distinct decoded texts
 
 FLAGS = ("--served-model-name", "m", "--max-model-len", "512", "--max-logprobs", "-1", "--disable-log-stats")
 
@@ -96,6 +101,46 @@ def test_health_is_answered_within_a_bound_while_a_whole_vocabulary_chat_stream_
     assert len(tokens) == TOKENS and all(len(t.top_logprobs) == VOCAB for t in tokens)
     print(f"/health waited at most {longest:.2f} s ({answers} answers)")
     assert longest < HEALTH_BOUND_S, f"/health waited {longest:.1f} s ({answers} answers)"
+
+
+# Completions choices of one token each, their whole vocabulary's logprobs in the stream's one step: ~0.8 s of building
+# and encoding a choice here
+WIDE_N = 4
+
+
+def test_health_is_answered_before_a_whole_vocabulary_completions_streams_first_chunk(vocab_server):
+    # Order, not time: the stream's head goes out once the engine's one output (its last: max_tokens 1) is in, and its
+    # step is built after it. Built on the event loop, /health asked from then on was answered only after that step.
+    client = openai.OpenAI(base_url=f"{vocab_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    head, first_chunk = threading.Event(), threading.Event()
+    body: list[bytes] = []
+
+    def big() -> None:
+        with client.completions.with_streaming_response.create(model="m", prompt="hello", max_tokens=1, n=WIDE_N,
+                                                               logprobs=VOCAB, stream=True) as response:
+            head.set()
+            for chunk in response.iter_bytes():
+                first_chunk.set()
+                body.append(chunk)
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        while not head.is_set():  # a wait: the test's clock decides nothing
+            assert thread.is_alive(), "the stream ended before its head came"
+            time.sleep(0.01)
+        answered = []
+        for _ in range(3):
+            assert httpx.get(f"{vocab_server.url}/health", timeout=600).status_code == 200
+            answered.append(not first_chunk.is_set())
+    finally:
+        thread.join(600)
+    assert answered == [True] * 3, answered
+    events = [json.loads(e[len("data: "):]) for e in b"".join(body).decode().split("\n\n") if e.startswith("data: {")]
+    choices = [e["choices"][0] for e in events]
+    assert sorted(c["index"] for c in choices) == list(range(WIDE_N))
+    # keyed by their texts: the vocabulary's 48,843 distinct ones (some tokens decode alike)
+    assert all(len(c["logprobs"]["top_logprobs"][0]) == DISTINCT_TEXTS for c in choices)
 
 
 # --- the bytes: the same engine outputs streamed with large steps built off the loop, and all on it -----------------
@@ -200,6 +245,29 @@ def test_a_chat_streams_large_steps_are_the_loops_to_the_byte(tokenizer, monkeyp
     after = _chat_stream(tokenizer, tools)
     assert len(runs) == STEPS  # each step built off the loop
     assert [_same_ids(c) for c in after] == [_same_ids(c) for c in before]  # chunk by chunk
+    assert sum(piece.count('"top_logprobs": [{') for piece in after) == STEPS
+
+
+def _completion_stream(tokenizer) -> list[str]:
+    from flotilla.engine.server.protocol import CompletionRequest
+    from flotilla.engine.server.serving import Prompt
+
+    req = CompletionRequest(model="m", prompt="hello", logprobs=TOP, stream=True)  # no echo: each step its token's
+    return _collected(_serving(tokenizer)._stream_completions(req, [Prompt([1, 2, 3], "hello")],
+                                                              [_replayed(_outputs(tokenizer, seed=3))],
+                                                              "cmpl-1", 0, "m"))
+
+
+def test_a_completions_streams_large_steps_are_the_loops_to_the_byte(tokenizer, monkeypatch):
+    # Without echo, a step carries only its tokens' logprobs; counted as a large step only with echo's prompt, every
+    # step of the whole vocabulary's was built on the loop
+    with monkeypatch.context() as on_loop:
+        _on_loop(on_loop)
+        before = _completion_stream(tokenizer)
+    runs = _counting_off_loop(monkeypatch)
+    after = _completion_stream(tokenizer)
+    assert len(runs) == STEPS  # each step built off the loop
+    assert after == before  # chunk by chunk
     assert sum(piece.count('"top_logprobs": [{') for piece in after) == STEPS
 
 
