@@ -80,7 +80,8 @@ def download_cache_size(spec: InferenceServiceSpec) -> str:
     return DEFAULT_DOWNLOAD_SIZE if weights is None else f"{math.ceil(weights * 1.2 / GIB) + 1}Gi"
 
 
-def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+def container_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The engine container's env: the operator's variables, then spec.pod.env in order (exec_size.py sizes it)."""
     # The root filesystem is read-only: every cache (HF, torch, Triton) goes to the /tmp emptyDir.
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
@@ -135,7 +136,7 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "command": ENGINE_COMMAND,
         "args": engine_args(spec, name),
         "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
-        "env": _env(spec),
+        "env": container_env(spec),
         **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}
            if spec.pod.env_from else {}),
         "resources": _resources(spec),

@@ -71,6 +71,21 @@ INVALID = {
         "spec.pod.env[0] (BULK=...) is 131074 bytes long with its closing NUL; Linux starts a program only with "
         "environment strings of at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never "
         "start: shorten it"),
+    # The kubelet expands $(A) before the engine starts: 12 bytes in the spec, 200 kB in the pod.
+    "env-expanding-past-linux-limit": (
+        {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, {"name": "B", "value": "$(A)$(A)"}]}},
+        "spec.pod.env[1] (B=...) is 200003 bytes long with its closing NUL once the kubelet replaces its $(...) "
+        "references; Linux starts a program only with environment strings of at most 131072 bytes each (128 KiB, "
+        "MAX_ARG_STRLEN), so the engine would never start: shorten it"),
+    # Each string under 128 KiB, all of them past 2 MiB (ARG_MAX) once expanded, from 100 kB of spec.
+    "exec-total-past-linux-limit": (
+        {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, *({"name": f"R{i}", "value": "$(A)"}
+                                                                   for i in range(20))]}},
+        "the engine's arguments (599 bytes) and environment (2100339 bytes), counted as Linux counts them (each "
+        "string, its NUL and an 8-byte pointer) once the kubelet expands $(...), come to 2100938 bytes; Linux starts "
+        "a program with at most 2097152 (a quarter of the default 8 MiB stack limit, ARG_MAX), and 65536 of them are "
+        "left for the image's and the kubelet's variables, so the engine would never start: shorten spec.engineArgs "
+        "or spec.pod.env"),
     "does-not-fit": (
         {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
          "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.2}},
@@ -172,7 +187,7 @@ def test_the_webhooks_serve_the_operators_namespaces_and_an_unnamed_one(namespac
 
 def bulk_env(fill: str, size: int) -> list[dict[str, str]]:
     """`size` characters of `fill` as engine environment variables (spec.pod.env), each well under Linux's 128 KiB
-    per exec string, which the webhook refuses beyond (exec_string_problem): the bulk of a large but startable spec."""
+    per exec string, which the webhook refuses beyond (exec_size.py): the bulk of a large but startable spec."""
     chunk = 100_000
     return [{"name": f"BULK_{i}", "value": fill * min(chunk, size - start)}
             for i, start in enumerate(range(0, size, chunk))]
