@@ -47,8 +47,10 @@ PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0
 # The schema's default address: stands for "the cluster's Prometheus", the first the admin lists (policy.py).
 DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
-QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`), non-negative, as the apiserver's parser reads one
+# (resource.ParseQuantity): a number, then one binary or decimal suffix or a decimal exponent. A looser pattern
+# ("1..0", "5kk", "8gi") let specs in whose Deployment the apiserver then refused, so no pod was ever made.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 
 def parse_source(source: str) -> tuple[str, str, str]:

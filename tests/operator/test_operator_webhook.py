@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import KubeError
+from flotilla.operator.spec import InferenceServiceSpec
 
 from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import _deployment_scaled_by_the_autoscaler, fis, fis_path, fixed, wait_children
@@ -233,3 +235,31 @@ def test_an_admin_list_of_service_accounts_is_kept_at_admission(operator_process
         operator_process.start()
     # The session's operator (no list): any account of the namespace, as for a Pod.
     _create(cluster, fis("any", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))
+
+
+# Spellings the CRD's older quantity pattern let through that Kubernetes' quantity parser refuses: the apiserver then
+# refused the engine Deployment after admission, and no pod was ever made.
+NOT_QUANTITIES = ["1..0", "5kk", "1Gi5", "1e", "8gi", "1e1.5", "2Ki3"]
+
+
+def make_spec(**spec: Any) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"}, **spec})
+
+
+@pytest.mark.parametrize("text", NOT_QUANTITIES)
+def test_a_size_kubernetes_cannot_parse_is_refused_at_admission(operator_process, cluster, namespace, text):
+    deployment = build_deployment(make_spec(resources={**fis("q", namespace)["spec"]["resources"], "shmSize": "1Gi"}),
+                                  "q", namespace)
+    deployment["spec"]["template"]["spec"]["volumes"][1]["emptyDir"]["sizeLimit"] = text
+    with pytest.raises(KubeError) as refused:  # the apiserver's own parser refuses it in a pod template
+        cluster.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    assert refused.value.status == 400 and "cannot be handled as a Deployment" in refused.value.message
+    for field in ("shmSize", "tmpSize", "cpu", "memory"):
+        doc = fis("bad", namespace, autoscaling=None)
+        doc["spec"]["resources"][field] = text
+        with pytest.raises(KubeError) as refused:
+            _create(cluster, doc)
+        assert refused.value.status == 422, field
+        # The CRD's pattern (cpu and memory, int-or-string, by the webhook's review) refuses it, naming the value.
+        assert f'"{text}"' in refused.value.message or repr(text) in refused.value.message, refused.value.message
+        assert cluster.kube.get(fis_path(namespace, "bad")) is None
