@@ -95,6 +95,13 @@ def container_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env]
 
 
+def container_args(spec: InferenceServiceSpec, name: str) -> list[str]:
+    """The engine container's args: engine_args with every '$' doubled. The kubelet rewrites `$(NAME)` in args to the
+    variable's value and `$$` to `$` before the engine starts; doubled, the engine gets exactly the arguments the
+    review checked (a chat template's `$$` or `$(x)` included), never a value it did not see."""
+    return [arg.replace("$", "$$") for arg in engine_args(spec, name)]
+
+
 def _pod_extras(spec: InferenceServiceSpec) -> dict[str, Any]:
     pod = spec.pod
     out: dict[str, Any] = {
@@ -134,7 +141,7 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "name": names.ENGINE_CONTAINER,
         "image": spec.image,
         "command": ENGINE_COMMAND,
-        "args": engine_args(spec, name),
+        "args": container_args(spec, name),
         "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
         "env": container_env(spec),
         **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}

@@ -12,7 +12,8 @@ whose strings are too large; the pod then crash-loops before the engine logs a l
 What the engine gets is the pod's strings after the kubelet's `$(NAME)` expansion (kubelet_pods.go,
 third_party/forked/golang/expansion): an env value is expanded with the variables listed before it, and the
 arguments with the whole environment; `$$` is one `$`, and a reference to a name not defined stays as written. So
-`B=$(A)$(A)` is twice A's size although the spec holds 12 bytes of it; sizes are counted after expansion.
+`B=$(A)$(A)` is twice A's size although the spec holds 12 bytes of it; sizes are counted after expansion. (The
+operator doubles every '$' of the arguments, deployment.container_args, so they reach the engine as written.)
 
 The spec does not show everything: the image's ENV, the runtime's PATH and HOSTNAME, the kubelet's KUBERNETES_*
 variables of the API's Service (service links are off on engine pods, but these eight are always set), the
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from flotilla.operator.deployment import container_env
+from flotilla.operator.deployment import container_args, container_env
 from flotilla.operator.engine_args import ENGINE_COMMAND, engine_args
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -100,12 +101,13 @@ def _env_strings(spec: InferenceServiceSpec) -> tuple[list[ExecString], dict[str
 
 
 def _arg_strings(spec: InferenceServiceSpec, name: str, sizes: Mapping[str, int | None]) -> list[ExecString]:
-    rendered = ENGINE_COMMAND + engine_args(spec, name)
+    # The container's args are the engine's with '$' doubled (deployment.container_args): expanded, the engine's.
+    rendered, escaped = ENGINE_COMMAND + engine_args(spec, name), ENGINE_COMMAND + container_args(spec, name)
     first_extra = len(rendered) - len(spec.engine_args)
     strings = []
-    for i, arg in enumerate(rendered):
+    for i, (arg, in_pod) in enumerate(zip(rendered, escaped, strict=True)):
         where = f"spec.engineArgs[{i - first_extra}]" if i >= first_extra else f"the value of {rendered[i - 1]}"
-        size = expanded_bytes(arg, sizes, bool(spec.pod.env_from))
+        size = expanded_bytes(in_pod, sizes, bool(spec.pod.env_from))
         strings.append(ExecString(where, size + 1, size != _bytes(arg)))
     return strings
 

@@ -122,6 +122,18 @@ def test_an_engine_argument_just_under_linuxs_limit_is_admitted_and_deployed(ope
     assert pods["containers"][0]["args"][-1] == template
 
 
+def test_an_argument_with_dollars_reaches_the_pod_escaped_from_the_kubelets_expansion(
+        operator_process, cluster, namespace):
+    """The kubelet rewrites `$(NAME)` in a container's args to the variable's value and `$$` to `$`: a chat template
+    with LaTeX's `$$` or a `$(HOME)` would reach the engine changed (the operator's checks saw the text as written).
+    The Deployment carries each '$' doubled, which the kubelet turns back into the text as written."""
+    template = "{{ 'Display math: $$x$$; home: $(HOME); a lone $' }}"
+    _create(cluster, fis("dollars", namespace, autoscaling=None, engineArgs=["--chat-template", template]))
+    pods = wait_children(cluster, namespace, "dollars", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+    assert pods["containers"][0]["args"][-1] == (
+        "{{ 'Display math: $$$$x$$$$; home: $$(HOME); a lone $$' }}")
+
+
 def test_an_update_to_an_invalid_spec_is_refused_and_nothing_changes(operator_process, cluster, namespace):
     cluster.apply(fixed("bad", namespace))
     with pytest.raises(KubeError) as refused:
