@@ -152,6 +152,9 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
+        # A crash's last log lines (a traceback, runc's "argument list too long") become the termination message,
+        # which the Ready condition quotes (pod_problems.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
     }
 
