@@ -46,6 +46,22 @@ def test_expansion_follows_the_kubelets_rules(text, size):
     assert expanded_bytes(text, {"A": 5, "S": None}) == size
 
 
+# Inputs and what the kubelet makes of them, from Kubernetes' own expansion cases (third_party/forked/golang/expansion)
+# with A, B, C one letter each, REF holding the text "$(A)" and EMPTY empty.
+KUBERNETES_CASES = [
+    ("$(A)-$(A)", "A-A"), ("$$(B)_$(A)", "$(B)_A"), ("f000-$$A", "f000-$A"), ("$(A$(B))", "$(A$(B))"),
+    ("$(A$(B)", "$(A$(B)"), ("%%$(REF)--$(REF)%%", "%%$(A)--$(A)%%"), ("foo$(EMPTY)bar", "foobar"),
+    ("foo$(Awhoops!", "foo$(Awhoops!"), ("$?_boo_$!", "$?_boo_$!"), ("$$$$$$(NOPE)", "$$$(NOPE)"),
+    ("$$$$$$$(A)", "$$$A"), ("${A}", "${A}"), ("$(B)_______$(", "B_______$("), ("$(A)foobarzab$", "Afoobarzab$"),
+    ("--$($($($($--", "--$($($($($--"), ("$(foo$$var)", "$(foo$$var)"),
+]
+
+
+@pytest.mark.parametrize(("text", "expanded"), KUBERNETES_CASES)
+def test_expansion_sizes_match_kubernetes_own_cases(text, expanded):
+    assert expanded_bytes(text, {"A": 1, "B": 1, "C": 1, "REF": 4, "EMPTY": 0}) == len(expanded)
+
+
 def test_with_env_from_any_undefined_name_may_be_defined():
     # An envFrom source's keys are unknown: a reference to a name not listed may expand to anything (counted as 0).
     assert expanded_bytes("$(NOPE)", {}, any_defined=True) == 0
