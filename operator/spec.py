@@ -641,6 +641,9 @@ class InferenceServiceSpec(_Model):
         for quantity, where in ((self.resources.cpu, "cpu"), (self.resources.memory, "memory")):
             if isinstance(quantity, str) and not re.match(QUANTITY_PATTERN, quantity):
                 raise ValueError(f"resources.{where} {quantity!r} is not a Kubernetes quantity")
+            # The apiserver refuses a negative request or limit in the Deployment, after admission.
+            if isinstance(quantity, int) and quantity < 0:
+                raise ValueError(f"resources.{where} ({quantity}) must be at least 0")
         return self
 
     @property

@@ -88,6 +88,9 @@ INVALID = {
         "a program with at most 2097152 (a quarter of the default 8 MiB stack limit, ARG_MAX), and 65536 of them are "
         "left for the image's and the kubelet's variables, so the engine would never start: shorten spec.engineArgs "
         "or spec.pod.env"),
+    # The apiserver refuses a negative request or limit in the Deployment (422 "must be greater than or equal to 0").
+    "negative-cpu": ({"resources": {"cpu": -1}}, "resources.cpu (-1) must be at least 0"),
+    "negative-memory": ({"resources": {"memory": -5}}, "resources.memory (-5) must be at least 0"),
     "does-not-fit": (
         {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
          "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.2}},
