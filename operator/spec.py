@@ -47,6 +47,9 @@ PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0
 # The schema's default address: stands for "the cluster's Prometheus", the first the admin lists (policy.py).
 DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Secret's or ConfigMap's key as the apiserver checks a reference to one (IsConfigMapKey): letters, digits, '-', '_'
+# and '.', not '.' or '..' nor starting with '..'. The Deployment of a pod referring to another key is refused.
+CONFIG_KEY_PATTERN = r"^([-_a-zA-Z0-9][-._a-zA-Z0-9]*|\.[-_a-zA-Z0-9][-._a-zA-Z0-9]*)$"
 # A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`), non-negative, as the apiserver's parser reads one
 # (resource.ParseQuantity): a number, then one binary or decimal suffix or a decimal exponent. A looser pattern
 # ("1..0", "5kk", "8gi") let specs in whose Deployment the apiserver then refused, so no pod was ever made.
@@ -374,8 +377,9 @@ class LoraSpec(_Model):
 class SecretKeyRef(_Model):
     """A key of a Secret in the InferenceService's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(default="token", min_length=1, description="Key within the Secret.")
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret name.")
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN,
+                     description="Key within the Secret.")
 
 
 AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
@@ -460,7 +464,7 @@ class KeyRef(_Model):
     """A key of a Secret or ConfigMap in the InferenceService's namespace."""
 
     name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Object name.")
-    key: str = Field(min_length=1, max_length=253, description="Key within it.")
+    key: str = Field(min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="Key within it.")
 
 
 class EnvVarSource(_Model):

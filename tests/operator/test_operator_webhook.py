@@ -278,3 +278,39 @@ def test_a_size_kubernetes_cannot_parse_is_refused_at_admission(operator_process
         # The CRD's pattern (cpu and memory, int-or-string, by the webhook's review) refuses it, naming the value.
         assert f'"{text}"' in refused.value.message or repr(text) in refused.value.message, refused.value.message
         assert cluster.kube.get(fis_path(namespace, "bad")) is None
+
+
+# Secret and ConfigMap references the apiserver refuses in a pod (IsConfigMapKey, a DNS subdomain for the Secret's
+# name): admitted, their Deployment was refused after admission and no pod was made. (name, key) of each.
+BAD_REFS = {
+    "env-secret-key": ({"pod": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s",
+                                                                                     "key": "bad key"}}}]}},
+                       ("s", "bad key")),
+    "env-configmap-key": ({"pod": {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "c",
+                                                                                           "key": "a/b"}}}]}},
+                          ("c", "a/b")),
+    "env-key-dot-dot": ({"pod": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": ".."}}}]}},
+                        ("s", "..")),
+    "api-key-secret-key": ({"apiKeySecretRef": {"name": "s", "key": "a/b"}}, ("s", "a/b")),
+    "api-key-secret-name": ({"apiKeySecretRef": {"name": "Bad_Name"}}, ("Bad_Name", "token")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REFS, ids=list(BAD_REFS))
+def test_a_secret_or_configmap_reference_a_pod_cannot_hold_is_refused_at_admission(operator_process, cluster, namespace,
+                                                                                    case):
+    change, (name, key) = BAD_REFS[case]
+    # The apiserver's own rule: a pod template referring to that key (or Secret name) is refused.
+    deployment = build_deployment(make_spec(pod={"env": [{"name": "X", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}), "r", namespace)
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"][-1]["valueFrom"]["secretKeyRef"] = {
+        "name": name, "key": key}
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    assert refused.value.status == 422 and "valueFrom.secretKeyRef" in refused.value.message
+    # The InferenceService is refused at admission (the CRD's pattern, or the webhook's review).
+    with pytest.raises(KubeError) as refused:
+        _create(cluster, fis("bad", namespace, autoscaling=None, **change))
+    bad = name if case == "api-key-secret-name" else key
+    assert refused.value.status == 422 and f'"{bad}"' in refused.value.message, refused.value.message
+    assert cluster.kube.get(fis_path(namespace, "bad")) is None
