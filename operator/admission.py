@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 from flotilla.engine_rules import RuleError, parallel_split_problem, rtn_settings
 from flotilla.operator.deployment import OPERATOR_ENV
-from flotilla.operator.engine_args import exec_string_problem, unsupported
+from flotilla.operator.engine_args import unsupported
 from flotilla.operator.engine_env import engine_env_problem, env_from_prefix_problem
+from flotilla.operator.exec_size import exec_problems
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.names import (
@@ -98,9 +99,6 @@ def _env_rules(spec: InferenceServiceSpec) -> list[str]:
     # The engine's own switches (engine_env.py): a flag's variable would skip the engineArgs allow-list and checks.
     errors += [f"spec.pod.env: {problem}" for e in spec.pod.env
                if e.name not in OPERATOR_ENV and (problem := engine_env_problem(e.name))]
-    errors += [problem for i, e in enumerate(spec.pod.env) if e.value is not None
-               and (problem := exec_string_problem(f"spec.pod.env[{i}] ({e.name}=...)", f"{e.name}={e.value}",
-                                                   "environment string"))]
     # A Secret's or ConfigMap's keys are not known here (and change later): only a prefix keeps them off NVIDIA_*.
     for i, source in enumerate(spec.pod.env_from):
         if is_gpu_runtime_name(source.prefix or "", prefix=True):
@@ -319,7 +317,7 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
                     + _pod_rules(parsed, policy)
                     + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
-                    + unsupported(parsed, name))
+                    + unsupported(parsed, name) + exec_problems(parsed, name))
     result.fit = check_fit(parsed)
     if result.fit.verdict == "DoesNotFit":
         result.errors.append(f"fit check: {result.fit.message}")

@@ -80,7 +80,8 @@ def download_cache_size(spec: InferenceServiceSpec) -> str:
     return DEFAULT_DOWNLOAD_SIZE if weights is None else f"{math.ceil(weights * 1.2 / GIB) + 1}Gi"
 
 
-def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+def container_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The engine container's env: the operator's variables, then spec.pod.env in order (exec_size.py sizes it)."""
     # The root filesystem is read-only: every cache (HF, torch, Triton) goes to the /tmp emptyDir.
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
@@ -92,6 +93,13 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         env.append({"name": str(flag("--api-key").env),
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env]
+
+
+def container_args(spec: InferenceServiceSpec, name: str) -> list[str]:
+    """The engine container's args: engine_args with every '$' doubled. The kubelet rewrites `$(NAME)` in args to the
+    variable's value and `$$` to `$` before the engine starts; doubled, the engine gets exactly the arguments the
+    review checked (a chat template's `$$` or `$(x)` included), never a value it did not see."""
+    return [arg.replace("$", "$$") for arg in engine_args(spec, name)]
 
 
 def _pod_extras(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -133,9 +141,9 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "name": names.ENGINE_CONTAINER,
         "image": spec.image,
         "command": ENGINE_COMMAND,
-        "args": engine_args(spec, name),
+        "args": container_args(spec, name),
         "ports": [{"name": names.HTTP_PORT_NAME, "containerPort": names.HTTP_PORT, "protocol": "TCP"}],
-        "env": _env(spec),
+        "env": container_env(spec),
         **({"envFrom": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.pod.env_from]}
            if spec.pod.env_from else {}),
         "resources": _resources(spec),
@@ -144,6 +152,9 @@ def _engine_container(spec: InferenceServiceSpec, name: str, mounts: list[dict[s
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
+        # A crash's last log lines (a traceback, runc's "argument list too long") become the termination message,
+        # which the Ready condition quotes (pod_problems.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
     }
 

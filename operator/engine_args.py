@@ -259,34 +259,6 @@ def engine_args_errors(extra: list[str]) -> list[str]:
     return _extra_flags(extra)[1]
 
 
-# Linux's MAX_ARG_STRLEN: execve refuses (E2BIG) any one argument or environment string ("NAME=value") longer than
-# this, its closing NUL included, so a pod with one never starts its engine.
-MAX_ARG_BYTES = 131_072
-
-
-def exec_string_problem(where: str, text: str, what: str = "argument") -> str | None:
-    """Why `text`, one string of the engine's exec (`what`: argument or environment string, at `where` in the
-    spec), keeps the engine from starting; None when it fits Linux's MAX_ARG_BYTES (UTF-8 bytes and the NUL)."""
-    size = len(text.encode("utf-8", "surrogatepass")) + 1
-    if size <= MAX_ARG_BYTES:
-        return None
-    return (f"{where} is {size} bytes long with its closing NUL; Linux starts a program only with {what}s of at most "
-            f"{MAX_ARG_BYTES} bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never start: shorten it")
-
-
-def argument_length_problems(spec: InferenceServiceSpec, name: str) -> list[str]:
-    """Each argument of the engine's command line too long for Linux to start the engine with (exec_string_problem),
-    named by its spec.engineArgs index or, for a rendered field, the flag before it."""
-    rendered = ENGINE_COMMAND + engine_args(spec, name)
-    first_extra = len(rendered) - len(spec.engine_args)
-    problems = []
-    for i, arg in enumerate(rendered):
-        where = f"spec.engineArgs[{i - first_extra}]" if i >= first_extra else f"the value of {rendered[i - 1]}"
-        if problem := exec_string_problem(where, arg):
-            problems.append(problem)
-    return problems
-
-
 def shutdown_timeout(spec: InferenceServiceSpec) -> float:
     """The engine's drain time after SIGTERM: --shutdown-timeout from engineArgs, else its default."""
     usable, errors = _extra_flags(spec.engine_args)
@@ -341,7 +313,6 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
         errors.append(f"spec.engineArgs: {problem}")
     if problem := _draft_length_problem(spec):
         errors.append(problem)
-    errors += argument_length_problems(spec, name)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
 
 

@@ -29,6 +29,12 @@ _WAITING = {
 REASONS = frozenset({*_WAITING.values(), "Unschedulable"})
 # Messages of the kubelet and the scheduler can be long (one line per node); a condition is read by people.
 MAX_MESSAGE = 400
+# execve's E2BIG as runc writes it to the container's log ("exec /opt/flotilla/bin/flotilla: argument list too long",
+# the termination message under FallbackToLogsOnError) or a runtime into the waiting message. Admission checks the
+# spec's own strings (exec_size.py); values from Secrets and ConfigMaps are known only here, in the pod.
+E2BIG = "argument list too long"
+E2BIG_CAUSE = ("Linux refused to start the engine: its arguments and environment, Secret and ConfigMap values "
+               "included, pass execve's limits (128 KiB a string, 2 MiB in all); ")
 
 
 @dataclass(frozen=True)
@@ -45,10 +51,19 @@ def _clip(text: str) -> str:
 
 
 def _last_termination(status: dict[str, Any]) -> str:
+    """The last termination's reason and exit code, and the last line of its message (the engine's log tail: the
+    engine container's terminationMessagePolicy is FallbackToLogsOnError), e.g. a traceback's exception line."""
     last = (status.get("lastState") or {}).get("terminated") or {}
     if not last:
         return ""
-    return f"; last terminated: {last.get('reason') or 'unknown reason'} (exit code {last.get('exitCode', '?')})"
+    lines = [line for line in (last.get("message") or "").splitlines() if line.strip()]
+    said = f": {lines[-1].strip()}" if lines else ""
+    return f"; last terminated: {last.get('reason') or 'unknown reason'} (exit code {last.get('exitCode', '?')}){said}"
+
+
+def _cause(*texts: str) -> str:
+    # What the runtime's words mean for this pod, said first so that clipping keeps it.
+    return E2BIG_CAUSE if any(E2BIG in text for text in texts) else ""
 
 
 def _container_problem(pod: str, status: dict[str, Any]) -> PodProblem | None:
@@ -56,15 +71,16 @@ def _container_problem(pod: str, status: dict[str, Any]) -> PodProblem | None:
     waiting = (status.get("state") or {}).get("waiting") or {}
     reason = _WAITING.get(waiting.get("reason", ""))
     if reason is not None:
-        said = waiting.get("message") or waiting.get("reason")
+        said = str(waiting.get("message") or waiting["reason"])
         restarts = status.get("restartCount", 0)
         again = f"; restarted {restarts} times" if reason == "CrashLoopBackOff" and restarts else ""
-        return PodProblem(reason, _clip(f"{where}: {said}{again}{_last_termination(status)}"))
-    if status.get("restartCount", 0) and not status.get("ready") and _last_termination(status):
+        last = _last_termination(status)
+        return PodProblem(reason, _clip(f"{where}: {_cause(said, last)}{said}{again}{last}"))
+    if status.get("restartCount", 0) and not status.get("ready") and (last := _last_termination(status)):
         # Between two back-offs a crash-looping container runs (not ready) for a while: still the same crash loop,
         # so the reason does not flicker (and post an Event) on every restart.
         return PodProblem("CrashLoopBackOff", _clip(
-            f"{where}: restarted {status['restartCount']} times{_last_termination(status)}"))
+            f"{where}: {_cause(last)}restarted {status['restartCount']} times{last}"))
     return None
 
 

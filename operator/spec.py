@@ -47,8 +47,13 @@ PROMETHEUS_URL_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0
 # The schema's default address: stands for "the cluster's Prometheus", the first the admin lists (policy.py).
 DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`).
-QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A Secret's or ConfigMap's key as the apiserver checks a reference to one (IsConfigMapKey): letters, digits, '-', '_'
+# and '.', not '.' or '..' nor starting with '..'. The Deployment of a pod referring to another key is refused.
+CONFIG_KEY_PATTERN = r"^([-_a-zA-Z0-9][-._a-zA-Z0-9]*|\.[-_a-zA-Z0-9][-._a-zA-Z0-9]*)$"
+# A Kubernetes resource quantity (e.g. `8`, `500m`, `64Gi`), non-negative, as the apiserver's parser reads one
+# (resource.ParseQuantity): a number, then one binary or decimal suffix or a decimal exponent. A looser pattern
+# ("1..0", "5kk", "8gi") let specs in whose Deployment the apiserver then refused, so no pod was ever made.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 
 def parse_source(source: str) -> tuple[str, str, str]:
@@ -372,8 +377,9 @@ class LoraSpec(_Model):
 class SecretKeyRef(_Model):
     """A key of a Secret in the InferenceService's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(default="token", min_length=1, description="Key within the Secret.")
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret name.")
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN,
+                     description="Key within the Secret.")
 
 
 AutoscalingMetric = Literal["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
@@ -458,7 +464,7 @@ class KeyRef(_Model):
     """A key of a Secret or ConfigMap in the InferenceService's namespace."""
 
     name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Object name.")
-    key: str = Field(min_length=1, max_length=253, description="Key within it.")
+    key: str = Field(min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="Key within it.")
 
 
 class EnvVarSource(_Model):
@@ -639,6 +645,9 @@ class InferenceServiceSpec(_Model):
         for quantity, where in ((self.resources.cpu, "cpu"), (self.resources.memory, "memory")):
             if isinstance(quantity, str) and not re.match(QUANTITY_PATTERN, quantity):
                 raise ValueError(f"resources.{where} {quantity!r} is not a Kubernetes quantity")
+            # The apiserver refuses a negative request or limit in the Deployment, after admission.
+            if isinstance(quantity, int) and quantity < 0:
+                raise ValueError(f"resources.{where} ({quantity}) must be at least 0")
         return self
 
     @property

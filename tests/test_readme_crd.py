@@ -42,7 +42,9 @@ def _pattern(pattern: str) -> str:
     if "pvc://" in pattern:
         forms = "`pvc://claim/path`, `hostPath:///path`, `hf://org/name`"
         return forms + (" or one `.gguf` file of these" if "gguf" in pattern else "")
-    if "[eEinumkKMGTP]" in pattern:
+    if pattern.startswith("^([-_a-zA-Z0-9][-._a-zA-Z0-9]*"):
+        return "a Secret or ConfigMap key (letters, digits, `-`, `_`, `.`)"
+    if "[numkMGTPE]" in pattern:
         return "a quantity (`8Gi`)"
     if pattern.startswith("^[a-z0-9]([-a-z0-9]*[a-z0-9])?"):
         return "a DNS-1123 " + ("subdomain" if "\\." in pattern else "label")

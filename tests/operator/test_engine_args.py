@@ -11,14 +11,13 @@ from flotilla.operator.deployment import build_deployment
 from flotilla.operator.engine_args import (
     ENGINE_ARGS_ALLOWED,
     FIELD_VALUES,
-    MAX_ARG_BYTES,
     OPERATOR_OWNED,
-    argument_length_problems,
     engine_args,
     engine_args_errors,
     shutdown_timeout,
     unsupported,
 )
+from flotilla.operator.exec_size import MAX_ARG_BYTES, argument_length_problems
 from flotilla.operator.spec import InferenceServiceSpec
 
 

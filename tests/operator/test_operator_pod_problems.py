@@ -130,6 +130,25 @@ def test_pod_problems_show_in_ready_with_one_warning_per_reason_and_clear_on_rec
     assert {e["type"] for e in recovered} == {"Normal"}
 
 
+def test_an_engine_linux_will_not_exec_is_explained_in_ready(operator_process, cluster, namespace):
+    """Values from Secrets and ConfigMaps are not known at admission: a pod whose environment they push past execve's
+    limits fails in runc ("exec ...: argument list too long" in its log, which FallbackToLogsOnError makes the
+    termination message). Ready says what that means, not only "Error (exit code 1)"."""
+    cluster.apply(fixed("big-env", namespace, replicas=1))
+    deployment = wait_for(lambda: cluster.kube.get(child_path("Deployment", namespace, "big-env")), 30, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # stored as the operator wrote it
+    pod = engine_pod(cluster, namespace, "big-env")
+    e2big = {"terminated": {"reason": "Error", "exitCode": 1, "startedAt": "2026-01-01T00:00:00Z",
+                            "finishedAt": "2026-01-01T00:00:01Z",
+                            "message": "exec /opt/flotilla/bin/flotilla: argument list too long\n"}}
+    report(cluster, namespace, pod, containerStatuses=engine_status(
+        {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container"}}, 2, e2big))
+    c = ready_condition(cluster, namespace, "big-env", "CrashLoopBackOff", "Linux refused to start the engine")
+    assert c["message"].endswith("last terminated: Error (exit code 1): exec /opt/flotilla/bin/flotilla: argument "
+                                 "list too long")
+
+
 def test_a_labelled_pod_its_deployment_did_not_make_never_names_the_ready_reason(operator_process, cluster,
                                                                                  namespace):
     """A pod anyone made with the InferenceService's label (no owner: the ReplicaSet, whose selector also wants

@@ -797,11 +797,13 @@ def test_children_orphaned_by_a_cascade_orphan_delete_are_adopted_by_the_next_in
                     "the adopting InferenceService's status")
     assert condition(body, "Progressing")["reason"] != "OwnershipConflict"
     assert body["status"]["phase"] != "Failed"
-    events = wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"].get("uid") == uid and e["reason"] == "Adopted"], 30,
-                      "the Adopted Events")
-    assert {e["message"].split(":")[0] for e in events} == {"adopted Deployment moved", "adopted Service moved",
-                                                             "adopted PodDisruptionBudget moved"}
+    # The Events go through kopf's asynchronous queue: wait for all three, not the first.
+    adopted_events = {"adopted Deployment moved", "adopted Service moved", "adopted PodDisruptionBudget moved"}
+    events = wait_for(lambda: (found := [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                                         if e["involvedObject"].get("uid") == uid and e["reason"] == "Adopted"])
+                      and {e["message"].split(":")[0] for e in found} >= adopted_events and found, 30,
+                      "the three Adopted Events")
+    assert {e["message"].split(":")[0] for e in events} == adopted_events
     assert {e["type"] for e in events} == {"Normal"}
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from flotilla.operator.deployment import build_deployment
 from flotilla.operator.kube import KubeError
+from flotilla.operator.spec import InferenceServiceSpec
 
 from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import _deployment_scaled_by_the_autoscaler, fis, fis_path, fixed, wait_children
@@ -71,6 +73,24 @@ INVALID = {
         "spec.pod.env[0] (BULK=...) is 131074 bytes long with its closing NUL; Linux starts a program only with "
         "environment strings of at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never "
         "start: shorten it"),
+    # The kubelet expands $(A) before the engine starts: 12 bytes in the spec, 200 kB in the pod.
+    "env-expanding-past-linux-limit": (
+        {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, {"name": "B", "value": "$(A)$(A)"}]}},
+        "spec.pod.env[1] (B=...) is 200003 bytes long with its closing NUL once the kubelet replaces its $(...) "
+        "references; Linux starts a program only with environment strings of at most 131072 bytes each (128 KiB, "
+        "MAX_ARG_STRLEN), so the engine would never start: shorten it"),
+    # Each string under 128 KiB, all of them past 2 MiB (ARG_MAX) once expanded, from 100 kB of spec.
+    "exec-total-past-linux-limit": (
+        {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, *({"name": f"R{i}", "value": "$(A)"}
+                                                                   for i in range(20))]}},
+        "the engine's arguments (599 bytes) and environment (2100339 bytes), counted as Linux counts them (each "
+        "string, its NUL and an 8-byte pointer) once the kubelet expands $(...), come to 2100938 bytes; Linux starts "
+        "a program with at most 2097152 (a quarter of the default 8 MiB stack limit, ARG_MAX), and 65536 of them are "
+        "left for the image's and the kubelet's variables, so the engine would never start: shorten spec.engineArgs "
+        "or spec.pod.env"),
+    # The apiserver refuses a negative request or limit in the Deployment (422 "must be greater than or equal to 0").
+    "negative-cpu": ({"resources": {"cpu": -1}}, "resources.cpu (-1) must be at least 0"),
+    "negative-memory": ({"resources": {"memory": -5}}, "resources.memory (-5) must be at least 0"),
     "does-not-fit": (
         {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
          "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.2}},
@@ -103,6 +123,18 @@ def test_an_engine_argument_just_under_linuxs_limit_is_admitted_and_deployed(ope
     _create(cluster, fis("edge", namespace, autoscaling=None, engineArgs=["--chat-template", template]))
     pods = wait_children(cluster, namespace, "edge", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
     assert pods["containers"][0]["args"][-1] == template
+
+
+def test_an_argument_with_dollars_reaches_the_pod_escaped_from_the_kubelets_expansion(
+        operator_process, cluster, namespace):
+    """The kubelet rewrites `$(NAME)` in a container's args to the variable's value and `$$` to `$`: a chat template
+    with LaTeX's `$$` or a `$(HOME)` would reach the engine changed (the operator's checks saw the text as written).
+    The Deployment carries each '$' doubled, which the kubelet turns back into the text as written."""
+    template = "{{ 'Display math: $$x$$; home: $(HOME); a lone $' }}"
+    _create(cluster, fis("dollars", namespace, autoscaling=None, engineArgs=["--chat-template", template]))
+    pods = wait_children(cluster, namespace, "dollars", ["Deployment"])["Deployment"]["spec"]["template"]["spec"]
+    assert pods["containers"][0]["args"][-1] == (
+        "{{ 'Display math: $$$$x$$$$; home: $$(HOME); a lone $$' }}")
 
 
 def test_an_update_to_an_invalid_spec_is_refused_and_nothing_changes(operator_process, cluster, namespace):
@@ -172,7 +204,7 @@ def test_the_webhooks_serve_the_operators_namespaces_and_an_unnamed_one(namespac
 
 def bulk_env(fill: str, size: int) -> list[dict[str, str]]:
     """`size` characters of `fill` as engine environment variables (spec.pod.env), each well under Linux's 128 KiB
-    per exec string, which the webhook refuses beyond (exec_string_problem): the bulk of a large but startable spec."""
+    per exec string, which the webhook refuses beyond (exec_size.py): the bulk of a large but startable spec."""
     chunk = 100_000
     return [{"name": f"BULK_{i}", "value": fill * min(chunk, size - start)}
             for i, start in enumerate(range(0, size, chunk))]
@@ -218,3 +250,67 @@ def test_an_admin_list_of_service_accounts_is_kept_at_admission(operator_process
         operator_process.start()
     # The session's operator (no list): any account of the namespace, as for a Pod.
     _create(cluster, fis("any", namespace, autoscaling=None, pod={"serviceAccountName": "cloud-admin"}))
+
+
+# Spellings the CRD's older quantity pattern let through that Kubernetes' quantity parser refuses: the apiserver then
+# refused the engine Deployment after admission, and no pod was ever made.
+NOT_QUANTITIES = ["1..0", "5kk", "1Gi5", "1e", "8gi", "1e1.5", "2Ki3"]
+
+
+def make_spec(**spec: Any) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"}, **spec})
+
+
+@pytest.mark.parametrize("text", NOT_QUANTITIES)
+def test_a_size_kubernetes_cannot_parse_is_refused_at_admission(operator_process, cluster, namespace, text):
+    deployment = build_deployment(make_spec(resources={**fis("q", namespace)["spec"]["resources"], "shmSize": "1Gi"}),
+                                  "q", namespace)
+    deployment["spec"]["template"]["spec"]["volumes"][1]["emptyDir"]["sizeLimit"] = text
+    with pytest.raises(KubeError) as refused:  # the apiserver's own parser refuses it in a pod template
+        cluster.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    assert refused.value.status == 400 and "cannot be handled as a Deployment" in refused.value.message
+    for field in ("shmSize", "tmpSize", "cpu", "memory"):
+        doc = fis("bad", namespace, autoscaling=None)
+        doc["spec"]["resources"][field] = text
+        with pytest.raises(KubeError) as refused:
+            _create(cluster, doc)
+        assert refused.value.status == 422, field
+        # The CRD's pattern (cpu and memory, int-or-string, by the webhook's review) refuses it, naming the value.
+        assert f'"{text}"' in refused.value.message or repr(text) in refused.value.message, refused.value.message
+        assert cluster.kube.get(fis_path(namespace, "bad")) is None
+
+
+# Secret and ConfigMap references the apiserver refuses in a pod (IsConfigMapKey, a DNS subdomain for the Secret's
+# name): admitted, their Deployment was refused after admission and no pod was made. (name, key) of each.
+BAD_REFS = {
+    "env-secret-key": ({"pod": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s",
+                                                                                     "key": "bad key"}}}]}},
+                       ("s", "bad key")),
+    "env-configmap-key": ({"pod": {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "c",
+                                                                                           "key": "a/b"}}}]}},
+                          ("c", "a/b")),
+    "env-key-dot-dot": ({"pod": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": ".."}}}]}},
+                        ("s", "..")),
+    "api-key-secret-key": ({"apiKeySecretRef": {"name": "s", "key": "a/b"}}, ("s", "a/b")),
+    "api-key-secret-name": ({"apiKeySecretRef": {"name": "Bad_Name"}}, ("Bad_Name", "token")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REFS, ids=list(BAD_REFS))
+def test_a_secret_or_configmap_reference_a_pod_cannot_hold_is_refused_at_admission(operator_process, cluster, namespace,
+                                                                                    case):
+    change, (name, key) = BAD_REFS[case]
+    # The apiserver's own rule: a pod template referring to that key (or Secret name) is refused.
+    deployment = build_deployment(make_spec(pod={"env": [{"name": "X", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}), "r", namespace)
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"][-1]["valueFrom"]["secretKeyRef"] = {
+        "name": name, "key": key}
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    assert refused.value.status == 422 and "valueFrom.secretKeyRef" in refused.value.message
+    # The InferenceService is refused at admission (the CRD's pattern, or the webhook's review).
+    with pytest.raises(KubeError) as refused:
+        _create(cluster, fis("bad", namespace, autoscaling=None, **change))
+    bad = name if case == "api-key-secret-name" else key
+    assert refused.value.status == 422 and f'"{bad}"' in refused.value.message, refused.value.message
+    assert cluster.kube.get(fis_path(namespace, "bad")) is None

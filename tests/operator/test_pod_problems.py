@@ -117,3 +117,30 @@ def test_the_serving_reader_reconciles_an_inferenceservice_whose_ready_names_ano
     reader = ServingReader(kube=None, namespaces=["team-*"], on_pod_problem=lambda ns, name: calls.append((ns, name)))
     reader.announce_problems([], {("other", "x"): "CrashLoopBackOff"})
     assert calls == [("team-a", "x")] * 3
+
+
+def test_a_crash_quotes_the_last_line_of_its_termination_message():
+    # The engine container's terminationMessagePolicy is FallbackToLogsOnError: the message is its log's tail.
+    crash = {"terminated": {"reason": "Error", "exitCode": 1,
+                            "message": "Traceback (most recent call last):\n  ...\nValueError: bad config\n\n"}}
+    found = pod_problem([_pod("p", [_waiting("CrashLoopBackOff", "back-off 10s", restartCount=1, lastState=crash)])])
+    assert found.message == ("pod p container engine: back-off 10s; restarted 1 times; "
+                             "last terminated: Error (exit code 1): ValueError: bad config")
+
+
+def test_linuxs_argument_list_too_long_is_explained_first():
+    # runc's execve failure (E2BIG), in the log tail or a runtime's waiting message: values from Secrets and
+    # ConfigMaps are not known at admission, so the pod is where it shows.
+    e2big = {"terminated": {"reason": "Error", "exitCode": 1,
+                            "message": "exec /opt/flotilla/bin/flotilla: argument list too long\n"}}
+    for found in (
+        pod_problem([_pod("p", [_waiting("CrashLoopBackOff", "back-off 20s", restartCount=2, lastState=e2big)])]),
+        pod_problem([_pod("p", [{"name": "engine", "ready": False, "restartCount": 2, "state": {"running": {}},
+                                 "lastState": e2big}])]),
+        pod_problem([_pod("p", [_waiting("RunContainerError", "runc create failed: unable to start container "
+                                         "process: exec: argument list too long")])]),
+    ):
+        assert found.message.startswith(
+            "pod p container engine: Linux refused to start the engine: its arguments and environment, Secret and "
+            "ConfigMap values included, pass execve's limits (128 KiB a string, 2 MiB in all); "), found.message
+        assert "argument list too long" in found.message and len(found.message) <= MAX_MESSAGE
