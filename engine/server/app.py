@@ -123,7 +123,11 @@ def _add_model_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        return _model_card(state, _model(state, model_id, code="model_not_found"))
+        name = _model(state, model_id, code="model_not_found")
+        if name in state.model_names:
+            return _model_card(state, name)
+        # an adapter: its own card, as the list gives it (it was the base model's card under the adapter's name)
+        return next(card for card in adapter_models(state.serving.loras, state.created) if card["id"] == name)
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:

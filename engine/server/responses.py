@@ -375,10 +375,9 @@ class ResponsesServing:
         and the answer is joined and parsed once, at the end. With `logprobs`, each text delta carries the logprobs of
         the tokens generated since the last one (the thinking's and calls' included, as the message's part holds
         them all); those left at the end ride on the message's last delta (one with no text if none is left).
-        Under auto tool choice, whitespace that opens the answer is held until text that is more than whitespace
-        follows (it goes out with it), or calls do (it is no message, as the reply's parse makes it: vLLM's rule),
-        or the output ends (it is the message). With `enable_response_messages`, the completed response carries the
-        raw `prompt` and output, as the reply's does."""
+        Under auto tool choice the parser's stream holds whitespace that opens the answer (tool_parsers.base): calls
+        that follow it leave no message, as the reply's parse (vLLM's rule). With `enable_response_messages`, the
+        completed response carries the raw `prompt` and output, as the reply's does."""
         ev = _Numbered()
         yield ev("response.created", response=base)
         yield ev("response.in_progress", response=base)
@@ -387,7 +386,6 @@ class ResponsesServing:
         answer = plan.stream()  # none: all of it streams; auto: up to the parser's marker; required: nothing
         entries: list[dict[str, Any]] = []  # every token's logprobs (with `logprobs`), the first `logged` sent
         logged = unlogged_values = 0  # unlogged_values: the alternatives of those not sent yet
-        held = ""  # whitespace that opened the answer, sent with the first text that is more (auto tool choice)
         raw_text: list[str] = []  # the whole output, kept only for enable_response_messages
         raw_ids: list[int] = []
         try:
@@ -419,11 +417,7 @@ class ResponsesServing:
                         yield ev("response.function_call_arguments.delta", item_id=named["id"], output_index=0,
                                  delta=news)
                     continue
-                if news and not opened and plan.mode == "auto" and (held + news).isspace():
-                    held += news  # no message yet: vLLM sends none for whitespace that only calls follow
-                    continue
                 if news:
-                    news, held = held + news, ""
                     index = int(thinking is not None and thinking.opened)  # after the reasoning item, if any
                     if not opened:
                         opened = True

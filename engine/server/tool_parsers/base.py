@@ -59,8 +59,10 @@ class ToolParser:
             return ParsedOutput(content=text)
         if not calls:
             return ParsedOutput(content=text)
-        content = text[:index].strip()
-        return ParsedOutput(content=content or None, tool_calls=calls)
+        # The text before the calls as written, as vLLM's parsers give it (stripping it here made the whole reply
+        # differ from the stream, which sends it as it comes); whitespace alone is no content (vLLM's rule).
+        content = text[:index]
+        return ParsedOutput(content=content if content.strip() else None, tool_calls=calls)
 
     def call_start(self, text: str) -> int | None:
         """Where the tool calls begin in `text`, or None."""
@@ -69,9 +71,11 @@ class ToolParser:
 
     def safe_prefix(self, text: str) -> int:
         """How much of a partial output is surely content (streaming): up to a started marker, or to a
-        tail that could still grow into one."""
+        tail that could still grow into one; nothing while that is only whitespace (calls may follow it, and then it
+        is no content)."""
         index = self.call_start(text)
-        return index if index is not None else safe_len(text, self.start)
+        keep = index if index is not None else safe_len(text, self.start)
+        return keep if text[:keep].strip() else 0
 
     def parse_calls(self, text: str) -> list[ToolCall]:
         """The calls in `text`, which starts at the marker."""
@@ -116,12 +120,15 @@ class HeldStream(ContentStream):
 
 
 class MarkerStream(ContentStream):
-    """Content up to a marker that opens the calls (the marker and all after it are held for the parse)."""
+    """Content up to a marker that opens the calls (the marker and all after it are held for the parse). Whitespace
+    that opens the answer is held too, until text that is more than whitespace comes (it goes out with it): if only
+    calls follow it, the parse makes it no content."""
 
     def __init__(self, start: str) -> None:
         super().__init__()
         self.start = start
         self.held = ""  # unsent text before the marker is found: a tail that may grow into it
+        self.blank: list[str] = []  # the whitespace that opened the answer, while nothing is sent
         self.found = False
 
     def feed(self, new: str) -> str:
@@ -135,8 +142,13 @@ class MarkerStream(ContentStream):
         keep = index if index >= 0 else safe_len(window, self.start)
         self.found = index >= 0
         self.held = "" if self.found else window[keep:]
-        self.sent += keep
-        return window[:keep]
+        out = window[:keep]
+        if not self.sent and not out.strip():
+            self.blank.append(out)
+            return ""
+        out, self.blank = "".join(self.blank) + out, []
+        self.sent += len(out)
+        return out
 
 
 

@@ -63,6 +63,14 @@ def test_models_lists_adapters_with_their_parent(client, lora_adapters):
     assert models["all7"].max_model_len is None and models["all7"].permission[0]["allow_sampling"] is True
 
 
+def test_retrieving_an_adapter_gives_its_card_as_the_list_does(client):
+    """GET /v1/models/{id} of an adapter is its own card (root its directory, parent the base), the list's entry.
+    Before: the base model's card under the adapter's name (root the base's directory, parent null)."""
+    listed = {m.id: m.model_dump(exclude={"permission", "created"}) for m in client.models.list().data}
+    for name in ("all7", "attn", "tiny"):
+        assert client.models.retrieve(name).model_dump(exclude={"permission", "created"}) == listed[name], name
+
+
 def test_each_adapter_answers_as_peft_does(client, tiny_model_dirs, lora_adapters):
     model_dir = tiny_model_dirs["qwen3"]
     for name, adapter in (("tiny", None), ("all7", lora_adapters["qwen3"]["all7"])):

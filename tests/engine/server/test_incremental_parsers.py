@@ -110,16 +110,16 @@ def test_chat_stream_matches_the_non_streamed_message_whatever_the_steps(reasoni
     plan = ToolPlan(mode, [], parser=tool_parser(parser) if parser else None)
     thinker = ReasoningParser(reasoning) if reasoning else None
     texts = ["<think>Need it.</think>\n\nChecking.\n<tool_call>\n" + _CALL + "\n</tool_call>",
+             "\n \n<tool_call>" + _CALL + "</tool_call>", " \n[TOOL_CALLS][" + _CALL + "]", "  \n",
              "Thinking</think>Sure. [TOOL_CALLS][" + _CALL + "]", "<|python_tag|>" + _LLAMA_CALL,
              '[{"name": "get_weather", "parameters": {"city": "Paris"}}]', "<think>x</think>Just text."]
     for text in texts:
         message, finish = chat_message(plan, text, "stop", thinker)
-        # the stream sends content the whole text's parse leaves in front of the calls as it comes (unstripped)
         whole_calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
         for how, pieces in _splits(text, seed=7).items():
             thought, content, calls, streamed_finish = _streamed_message(plan, thinker, text, pieces)
             assert thought == (message.get("reasoning") or ""), how
-            assert content.strip() == (message["content"] or "").strip(), how
+            assert content == (message["content"] or ""), how
             assert [(n, json.loads(a)) for n, a in calls] == [(n, json.loads(a)) for n, a in whole_calls], how
             assert streamed_finish == finish, how
 
@@ -193,12 +193,15 @@ def test_responses_stream_reads_deltas_and_sends_the_same_items_whatever_the_ste
     """The Responses stream takes delta outputs: its deltas add up to the finished items (a reasoning item first when
     there was thinking), which are the same however the text was cut into steps, and its usage counts every step's
     tokens."""
+    from flotilla.engine.server.responses import _reply_items
+
     plan = ToolPlan(mode, [], parser=tool_parser(parser) if parser else None, function=function)
     thinker = ReasoningParser(reasoning) if reasoning and mode in ("none", "auto") else None  # as served: no grammar
     texts = ["Checking.\n<tool_call>\n" + _CALL + "\n</tool_call>", "Sure. [TOOL_CALLS][" + _CALL + "]",
              "<|python_tag|>" + _LLAMA_CALL, '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
              '{"city": "Paris"}', "Just text, <tool_ no call.", "<think>Hmm.</think>\n\nSure. [TOOL_CALLS][" + _CALL +
-             "]", "All thinking</think>\n\n<tool_call>" + _CALL + "</tool_call>", "<think>only thinking"]
+             "]", "All thinking</think>\n\n<tool_call>" + _CALL + "</tool_call>", "<think>only thinking",
+             " \n<tool_call>" + _CALL + "</tool_call>", "Text.\n \n[TOOL_CALLS][" + _CALL + "]", "  \n"]
     for text in texts:
         outputs = []
         for how, pieces in _splits(text, seed=3).items():
@@ -209,6 +212,7 @@ def test_responses_stream_reads_deltas_and_sends_the_same_items_whatever_the_ste
             _streamed_items_add_up(events, response["output"])
             outputs.append(_without_ids(response["output"]))
         assert outputs[0] == outputs[1] == outputs[2], text
+        assert _without_ids(_reply_items(plan, thinker, _deltas(text, [text])[0], None)) == outputs[0], text
         if thinker is not None:
             thought = thinker.split(text).reasoning
             assert [i["content"][0]["text"] for i in outputs[0] if i["type"] == "reasoning"] == (

@@ -215,3 +215,21 @@ def test_a_forced_call_named_by_a_number_is_text_not_a_tool_call(oai):
                                        extra_body=forced))
     output = events[-1].response.output
     assert [item.type for item in output] == ["message"] and output[0].content[0].text == text
+
+
+def test_text_before_a_hermes_call_is_the_same_streamed_and_whole(oai):
+    """The model writes text and then a hermes call (a regex forces it). The chat reply and the chat stream give the
+    same content: the text before `<tool_call>` as written, as vLLM's hermes parser gives it. Before: the reply
+    stripped it ('Ok.') while the stream sent it as written ('Ok.\\n'). Responses, and whitespace alone (no content):
+    test_incremental_parsers.py and test_responses_whitespace.py (the tiny model writes ~1 token/s under CI load)."""
+    before = "Ok.\n"
+    forced = {"structured_outputs": {"regex": re.escape(before + '<tool_call>{"name": "get_time", "arguments": {}}'
+                                                        "</tool_call>")}}
+    chat = {"model": "x", "messages": [{"role": "user", "content": ASK}], "tools": [WEATHER, TIME], "max_tokens": 100,
+            "extra_body": forced}
+    whole = oai.chat.completions.create(**chat).choices[0]
+    assert [c.function.name for c in whole.message.tool_calls] == ["get_time"]
+    assert whole.message.content == before
+    chunks = list(oai.chat.completions.create(**chat, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == before
+    assert [t.function.name for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []] == ["get_time"]

@@ -78,6 +78,9 @@ def test_text_after_leading_whitespace_keeps_it_and_streams_as_it_comes():
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     assert deltas[0] == "\n\nC" and "".join(deltas) == "\n\nChecking.\n"
     assert _kinds(events[-1]["response"]["output"]) == ["message", "function_call"]
+    # The reply's message is the same text (it used to be stripped: 'Checking.')
+    assert [item["content"][0]["text"] for item in _reply(plan, None, text) if item["type"] == "message"] == [
+        "\n\nChecking.\n"]
 
 
 @pytest.mark.parametrize("plan", [ToolPlan("auto", [], parser=tool_parser("hermes")), ToolPlan("none", [])],
