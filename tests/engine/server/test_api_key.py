@@ -91,8 +91,9 @@ def test_load_counts_requests_in_progress_with_server_load_tracking(prefixed_ser
     # flag did not start the server).
     server = prefixed_server
     assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
-    # A quarter of the 16 x 480 tokens it took (~25 s in CI): seconds of work, still tens of /load polls in it.
-    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 240, "n": 8, "ignore_eos": True}
+    # 8 x 60 tokens: seconds of work (8 x 240 took 65 s on a quiet 2-core machine and ran past the client's
+    # 120 s timeout at load 12), still hundreds of /load polls in it.
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 60, "n": 8, "ignore_eos": True}
     work = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=120,
                                                       headers={"Authorization": f"Bearer {KEY}"}))
     work.start()
