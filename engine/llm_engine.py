@@ -305,8 +305,10 @@ class LLMEngine:
 
     def warm_up_grammars(self) -> None:
         """Start structured output's compiler and compile processes in the background now (the server's engine,
-        once started), not on the first constrained request (GrammarWaitingRoom.warm_up)."""
-        self._compiling.warm_up()
+        once started), not on the first constrained request (GrammarWaitingRoom.warm_up), unless
+        --structured-outputs-config's `warm_up` is false."""
+        if self.config.structured_outputs.warm_up:
+            self._compiling.warm_up()
 
     @property
     def max_pending_compiles(self) -> int | None:

@@ -374,6 +374,7 @@ STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "backend": ('"auto" or "xgrammar"', lambda v: isinstance(v, str) and v in ("auto", "xgrammar")),
     "disable_any_whitespace": ("true or false", lambda v: isinstance(v, bool)),
     "compile_timeout_s": ("a number of seconds above 0", _positive_seconds),
+    "warm_up": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 

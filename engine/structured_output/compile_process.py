@@ -18,7 +18,8 @@ more is killed too (compile_queue.py's `forget`).
 
 Children fork from multiprocessing's fork server, started once per process with this module (and so
 xgrammar and torch) preloaded. The server's engine starts it, and the compile processes, in the background
-at start (waiting_room.py's `warm_up`); elsewhere (the offline LLM) the first constrained request waits for
+at start (waiting_room.py's `warm_up`; not with --structured-outputs-config's `warm_up` false); elsewhere
+(the offline LLM) the first constrained request waits for
 that start (importing xgrammar: seconds). A respawn after a kill does not. Where the fork server already
 runs without it (a chat template rendered first in this process: server/chat_template.py), a child imports
 xgrammar itself.

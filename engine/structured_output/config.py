@@ -21,6 +21,12 @@ class StructuredOutputsConfig(BaseModel):
     which runs off the step loop in a compile process (parse, compile and the grammar's serialization): a
     compile that has run that long is killed and fails its requests with a 400 (and its constraint is refused
     at once from then on). See structured_output/compile_queue.py.
+
+    `warm_up` (Flotilla's own key) starts the compiler and its compile processes in the background as soon as
+    the server's engine is ready, so that the first constrained request does not wait for their start (a fork
+    server importing xgrammar and torch: seconds). False starts them on the first constrained request instead,
+    as the offline LLM does: a server that never constrains output saves their ~230 MiB and ~2-3 s of CPU at
+    start (structured_output/waiting_room.py).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -28,6 +34,7 @@ class StructuredOutputsConfig(BaseModel):
     backend: Literal["auto", "xgrammar"] = "auto"
     disable_any_whitespace: StrictBool = False
     compile_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    warm_up: StrictBool = True
 
 
 def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:

@@ -9,7 +9,8 @@ The room also builds the compiler and its compile threads (and their processes):
 request (the offline LLM: reading the vocabulary into xgrammar takes a moment that unconstrained use should
 not pay), or, on the server, in the background once the engine has started (`warm_up`): there the compile
 processes' start (a fork server importing xgrammar and torch: 7-15 s on a loaded 2-core machine) would
-otherwise hold up the first constrained request.
+otherwise hold up the first constrained request (unless --structured-outputs-config's `warm_up` is false:
+then on the first constrained request, as offline).
 """
 
 from __future__ import annotations

@@ -126,13 +126,21 @@ _PORT_TAKEN = "address already in use"
 
 def start_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
                  launcher: Sequence[str] = (sys.executable, "-m", "flotilla.engine.server"),
-                 address: Callable[[], tuple[str, int]] | None = None) -> Server:
+                 address: Callable[[], tuple[str, int]] | None = None, warm_grammars: bool = False) -> Server:
     """Start the server (`python -m flotilla.engine.server`, or `launcher` taking the same arguments)
     and wait until /health answers 200. It listens on what `address()` gives (default: 127.0.0.1 and a free port).
+
+    Unless `flags` set --structured-outputs-config or `warm_grammars` is true, the server starts structured
+    output's compile processes on its first constrained request, not at start (`{"warm_up": false}`): most
+    servers here never constrain output, and the warm-up cost each start ~3 s of CPU and ~0.5 GiB while it
+    competed with the test on CI's 2 cores. The session's shared servers keep the default (warm), as does any
+    server started with its own structured-output settings.
 
     The free port is closed again before the server binds it: another process (or a client's outgoing
     connection, which takes its local port from the same range) may take it in between. The server then exits
     at its bind, and is started again on another address."""
+    if not warm_grammars and not any(flag.startswith("--structured-outputs-config") for flag in flags):
+        flags = (*flags, "--structured-outputs-config", '{"warm_up": false}')
     for _ in range(3):
         server = _start_server_once(model, log, flags, env, launcher, address or (lambda: ("127.0.0.1", free_port())))
         if server is not None:
@@ -186,9 +194,10 @@ def stop_server(server: Server) -> None:
             server.process.kill()
 
 
-def start_tiny_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
+def start_tiny_server(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
+                      warm_grammars: bool = False) -> Server:
     """The tiny Llama served as `tiny` and `tiny-alias`, API key required, 256-token context, plus `flags`
-    (and `env` for the server's process)."""
+    (and `env` for the server's process; `warm_grammars` as `start_server`'s)."""
     return start_server(
         model,
         log,
@@ -202,13 +211,15 @@ def start_tiny_server(model: Path, log: Path, *flags: str, env: dict[str, str] |
         "--disable-log-stats",
         *flags,
         env={"VLLM_API_KEY": API_KEY, **(env or {})},
+        warm_grammars=warm_grammars,
     )
 
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
-    """The shared server (`start_tiny_server`, no extra flags)."""
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("server") / "server.log")
+    """The shared server (`start_tiny_server`, no extra flags: structured output warmed at start, the default)."""
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("server") / "server.log",
+                          warm_grammars=True)
     yield s
     stop_server(s)
 

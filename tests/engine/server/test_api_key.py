@@ -59,44 +59,48 @@ def test_a_key_with_a_trailing_newline_works_with_the_trimmed_key(tiny_model_dir
         stop_server(server)
 
 
-def test_root_path_serves_the_api_behind_a_prefix_stripping_proxy_with_the_same_key_rules(tiny_model_dirs, tmp_path):
+@pytest.fixture(scope="module")
+def prefixed_server(tiny_model_dirs, tmp_path_factory):
+    """One server for the two flags below (a start each cost CI ~10 s): the key from the environment,
+    --root-path /api and --enable-server-load-tracking."""
+    server = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("prefixed") / "server.log",
+                          "--served-model-name", "tiny", "--root-path", "/api", "--enable-server-load-tracking",
+                          env={"VLLM_API_KEY": KEY})
+    yield server
+    stop_server(server)
+
+
+def test_root_path_serves_the_api_behind_a_prefix_stripping_proxy_with_the_same_key_rules(prefixed_server):
     # vLLM's --root-path (FastAPI's root_path: a proxy serves the API under a prefix and strips it; uvicorn puts the
     # prefix back in the ASGI path): not a flag here, so `vllm serve --root-path /api` did not start. The key check
     # must look below the prefix, or every path would miss "/v1" and go unchecked.
-    server = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--served-model-name", "tiny",
-                          "--root-path", "/api", env={"VLLM_API_KEY": KEY})
-    try:
-        key = {"Authorization": f"Bearer {KEY}"}
-        assert httpx.get(f"{server.url}/health").status_code == 200  # public, as the proxy forwards it
-        assert httpx.get(f"{server.url}/v1/models").status_code == 401
-        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}).status_code == 401
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["tiny"]
-        assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
-        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}, headers=key).status_code == 200
-        assert httpx.get(f"{server.url}/openapi.json").json()["servers"] == [{"url": "/api"}]  # links under the prefix
-    finally:
-        stop_server(server)
+    server = prefixed_server
+    key = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{server.url}/health").status_code == 200  # public, as the proxy forwards it
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}).status_code == 401
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}, headers=key).status_code == 200
+    assert httpx.get(f"{server.url}/openapi.json").json()["servers"] == [{"url": "/api"}]  # links under the prefix
 
 
-def test_load_counts_requests_in_progress_with_server_load_tracking(tiny_model_dirs, tmp_path):
+def test_load_counts_requests_in_progress_with_server_load_tracking(prefixed_server):
     # vLLM's GET /load ({"server_load": N}, public) and --enable-server-load-tracking: neither was here (404, and the
     # flag did not start the server).
-    server = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--served-model-name", "tiny",
-                          "--enable-server-load-tracking", env={"VLLM_API_KEY": KEY})
-    try:
-        assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
-        # A quarter of the 16 x 480 tokens it took (~25 s in CI): seconds of work, still tens of /load polls in it.
-        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 240, "n": 8, "ignore_eos": True}
-        work = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=120,
-                                                          headers={"Authorization": f"Bearer {KEY}"}))
-        work.start()
-        seen = set()
-        while work.is_alive():
-            seen.add(httpx.get(f"{server.url}/load").json()["server_load"])
-            time.sleep(0.02)
-        work.join()
-        assert 1 in seen and max(seen) == 1, seen  # the one completions request, while it ran
-        assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
-    finally:
-        stop_server(server)
+    server = prefixed_server
+    assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
+    # 8 x 60 tokens: seconds of work (8 x 240 took 65 s on a quiet 2-core machine and ran past the client's
+    # 120 s timeout at load 12), still hundreds of /load polls in it.
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 60, "n": 8, "ignore_eos": True}
+    work = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=120,
+                                                      headers={"Authorization": f"Bearer {KEY}"}))
+    work.start()
+    seen = set()
+    while work.is_alive():
+        seen.add(httpx.get(f"{server.url}/load").json()["server_load"])
+        time.sleep(0.02)
+    work.join()
+    assert 1 in seen and max(seen) == 1, seen  # the one completions request, while it ran
+    assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}

@@ -200,26 +200,28 @@ def test_an_assistant_tool_call_whose_arguments_nest_too_deeply_is_a_400(server,
 
 
 def test_a_required_tool_call_nested_past_the_json_depth_limit_is_content_not_a_500(tiny_model_dirs, tmp_path):
-    """tool_choice "required" with logit_bias on "[[" makes the model nest its call's arguments ~1,100 deep
-    until max_tokens: parsing the output raised RecursionError, a plain-text 500. The text (cut short by
-    max_tokens, not a call) now comes back as content, as other unparsable outputs do."""
+    """tool_choice "required" with logit_bias on "[[" makes the model nest its call's arguments ~1,170 deep
+    (greedy: nearly every token a "[[") until max_tokens: parsing the output raised RecursionError, a plain-text
+    500. The text (cut short by max_tokens, not a call) now comes back as content, as other unparsable outputs
+    do. Greedy and 600 tokens, not sampled 1,100: the sampling race's noise over the 49k vocabulary was ~40 % of
+    each step's CPU (60 s vs 37 s for 600 tokens on 2 loaded cores), and 600 "[[" already nest past the limit."""
     import json
     import shutil
 
     from .conftest import start_server, stop_server
 
-    model = tmp_path / "llama"  # the tiny Llama with room for 1,100 output tokens
+    model = tmp_path / "llama"  # the tiny Llama with room for 600 output tokens
     shutil.copytree(tiny_model_dirs["llama"], model)
     config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1400}))
-    server = start_server(model, tmp_path / "server.log", "--served-model-name", "tiny", "--max-model-len", "1400",
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 700}))
+    server = start_server(model, tmp_path / "server.log", "--served-model-name", "tiny", "--max-model-len", "700",
                           "--disable-log-stats", "--structured-outputs-config",
                           '{"backend": "xgrammar", "disable_any_whitespace": true}', env={"VLLM_API_KEY": API_KEY})
     try:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"]}}}]
-        body = {"model": "tiny", "max_tokens": 1100, "messages": [{"role": "user", "content": "hi"}], "tools": tools,
-                "tool_choice": "required", "logit_bias": {"32803": 100, "75": 90}}  # "[[" and "["
+        body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                "tool_choice": "required", "logit_bias": {"32803": 100, "75": 90}, "temperature": 0}  # "[[" and "["
         response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=300)
         assert response.status_code == 200, response.text[:300]
         choice = response.json()["choices"][0]

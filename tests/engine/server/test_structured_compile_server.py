@@ -71,6 +71,26 @@ def test_the_compile_processes_start_with_the_server_before_any_constrained_requ
     assert compile_process_ids(compile_server) == started  # the request compiled in them: none started for it
 
 
+def test_with_warm_up_off_the_compile_processes_start_on_the_first_constrained_request(tiny_model_dirs, tmp_path):
+    # `{"warm_up": false}` (a server that never constrains output skips their ~230 MiB and seconds of CPU):
+    # nothing of them runs once the server has started and gone idle; the first constrained request starts
+    # them and is served.
+    from flotilla.engine.structured_output.compile_queue import default_workers
+    from tests.engine.server.conftest import wait_until_idle
+
+    server = start_tiny_server(tiny_model_dirs["llama"], tmp_path / "server.log",
+                               "--structured-outputs-config", '{"warm_up": false}')
+    try:
+        assert wait_until_idle(server.process.pid, deadline_s=120)  # a warm-up would be running by now
+        assert compile_process_ids(server) == set()
+        reply = httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=300, json={
+            "model": "tiny", "prompt": "Pick:", "max_tokens": 4, "structured_outputs": {"choice": ["yes", "no"]}})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] in ("yes", "no"), reply.text
+        _wait_for(lambda: len(compile_process_ids(server)) == default_workers(), limit=180)
+    finally:
+        stop_server(server)
+
+
 def test_a_stream_flows_while_a_slow_schema_compiles_which_then_is_a_400(compile_server):
     from openai import OpenAI
 
