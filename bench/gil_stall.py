@@ -14,8 +14,9 @@ the stream's end; the worker thread's part), the end's length, and the small req
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/gil_stall.py [--switch-interval 0.005] [--json OUT.json]
 
-`--switch-interval`: the server process's `sys.setswitchinterval` (none: Python's, 5 ms). The server's stderr lines
-`GC-PAUSE` (collections of 20 ms or more) are counted per phase: a collection holds the GIL throughout.
+`--switch-interval`: the server process's `sys.setswitchinterval` (none: the server's own, cli.SWITCH_INTERVAL).
+The server's stderr lines `GC-PAUSE` (collections of 20 ms or more) are counted per phase: a collection holds the
+GIL throughout.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ from pathlib import Path
 
 import httpx
 
-# The server, with its switch interval set (argv[1]; "-": left alone) and each garbage collection of 20 ms or more
-# logged to stderr ("GC-PAUSE generation ms thread"): a collection holds the GIL throughout, on whichever thread set
-# it off, and its length grows with the tracked objects alive (a large reply's containers).
+# The server, with its switch interval set (argv[1]; "-": the server's own, cli.SWITCH_INTERVAL) and each garbage
+# collection of 20 ms or more logged to stderr ("GC-PAUSE generation ms thread"): a collection holds the GIL
+# throughout, on whichever thread set it off, and its length grows with the tracked objects alive.
 SERVER = """
 import gc, runpy, sys, threading, time
 interval = sys.argv.pop(1)
 if interval != "-":
-    sys.setswitchinterval(float(interval))
+    import flotilla.engine.server.cli as cli
+    cli.SWITCH_INTERVAL = float(interval)  # the server sets it once started
 began = [0.0]
 def timed(phase, info):
     if phase == "start":
@@ -171,6 +173,13 @@ def big_streams(url: str, rounds: int, tokens: int, top_logprobs: int) -> list[t
         return pool.starmap(big_stream, [(url, tokens, top_logprobs)] * rounds)
 
 
+def server_switch_interval() -> float:
+    """The switch interval the server sets (cli.SWITCH_INTERVAL; Python's before the server set one)."""
+    import flotilla.engine.server.cli as cli
+
+    return getattr(cli, "SWITCH_INTERVAL", sys.getswitchinterval())
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
@@ -214,7 +223,7 @@ def main() -> None:
     health, small = result["health"], result["small"]
     engine_part = [(sent, end_began) for sent, end_began, _, _ in bigs]
     ends = [(end_began, ended) for _, end_began, ended, _ in bigs]
-    figures: dict[str, object] = {"switch_interval": args.switch_interval or sys.getswitchinterval(),
+    figures: dict[str, object] = {"switch_interval": args.switch_interval or server_switch_interval(),
                                   "big_tokens": args.tokens, "top_logprobs": args.top_logprobs,
                                   "small_tokens": args.small_tokens, "cpus": os.cpu_count(),
                                   "big_bytes": bigs[0][3],
