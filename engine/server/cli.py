@@ -138,6 +138,16 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
     )
 
 
+# The GIL's switch interval in the API server's process (Python's default: 5 ms). A large reply is built on a worker
+# thread (json_reply.py) in Python that holds the GIL, and every other thread (the event loop's after each epoll
+# wait, the engine-output thread after each pipe read) waited up to the interval for it at each wake-up. Beside a
+# build of a Responses end's logprobs, a 1 ms sleep woke 11 ms late (p50) at 5 ms, 0.8-3.1 ms at 0.5 ms
+# (bench/gil_handoff.py); during a big stream, /health p50 7.5 -> 3.4 ms and small requests' tokens/s 53 -> 70
+# (bench/gil_stall.py); ordinary throughput (bench/serve.py, tiny Llama, 256 prompts, concurrency 32) 2,020 ->
+# 2,334 tokens/s (means of 3), no cost seen (bench/results/gil29-cpu-2026-12-06.txt).
+SWITCH_INTERVAL = 0.0005
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, build everything once, serve until shut down."""
     parser = build_parser()
@@ -177,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                           chat_template=chat_template)
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     freeze_startup_heap()  # the event loop's collections skip what start-up built (the core does the same)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
     logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None

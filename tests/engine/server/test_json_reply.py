@@ -148,3 +148,37 @@ def test_a_large_build_runs_with_garbage_collection_paused():
     assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES + 1)) is False
     assert gc.isenabled()
     assert asyncio.run(built(gc.isenabled, OFF_LOOP_VALUES)) is True  # a small one, on the loop, leaves it alone
+
+
+
+def test_the_event_loop_takes_the_gil_between_two_pieces_of_a_large_reply():
+    # Each piece is one json.dumps: a C call holding the GIL, which the switch interval cannot cut. The event loop's
+    # thread (after each epoll wait) and the engine-output thread (after each pipe read) waited for the interval
+    # (5 ms) at every hand-off while a large reply was encoded. Here the interval is longer than the whole encoding,
+    # so the loop's timer (every 0.2 ms) runs only where the encoder hands the GIL over itself: without the
+    # hand-overs, at most around the encoding's start (0-2 ticks), never during it.
+    import sys
+
+    reply = _logprob_reply(choices=8, tokens=300, top=20)
+
+    async def ticks_meanwhile() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        ticks = 0
+
+        def tick() -> None:
+            nonlocal ticks
+            ticks += 1
+            loop.call_later(0.0002, tick)
+
+        loop.call_soon(tick)
+        response = await json_response(reply)
+        return ticks, len(response.body)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        ticks, size = asyncio.run(ticks_meanwhile())
+    finally:
+        sys.setswitchinterval(interval)
+    assert size == len(JSONResponse(reply).body)
+    assert ticks >= 10, ticks
