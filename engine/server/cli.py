@@ -144,8 +144,9 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
 # build of a Responses end's logprobs, a 1 ms sleep woke 11 ms late (p50) at 5 ms, 0.8-3.1 ms at 0.5 ms
 # (bench/gil_handoff.py); during a big stream, /health p50 7.5 -> 3.4 ms and small requests' tokens/s 53 -> 70
 # (bench/gil_stall.py); ordinary throughput (bench/serve.py, tiny Llama, 256 prompts, concurrency 32) 2,020 ->
-# 2,334 tokens/s (means of 3), no cost seen (bench/results/gil29-cpu-2026-12-06.txt).
-SWITCH_INTERVAL = 0.0005
+# 2,334 tokens/s (means of 3), no cost seen (bench/results/gil29-cpu-2026-12-06.txt). Not yet measured on a GPU at
+# hundreds of streams: FLOTILLA_API_SWITCH_INTERVAL (seconds; 0.005 is Python's own) sets it for an A/B run.
+SWITCH_INTERVAL = float(os.environ.get("FLOTILLA_API_SWITCH_INTERVAL", "0.0005"))
 
 
 def main(argv: list[str] | None = None) -> int:
