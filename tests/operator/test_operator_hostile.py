@@ -440,50 +440,38 @@ def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(ope
     _no_children(cluster, namespace, "zero")
 
 
-def test_an_engine_argument_past_linuxs_limit_stored_while_the_webhook_was_down_is_refused_in_status(
-        operator_process, cluster, namespace):
-    # A pod whose engine argument is 128 KiB or more never starts (execve: E2BIG): the reconciler refuses such a spec
-    # that failure policy Ignore let in, with the webhook's message, and makes no Deployment of it.
+# Specs whose pod never starts (execve: E2BIG), as the reconciler finds them when failure policy Ignore let them in:
+# (name, spec fields, the webhook's message)
+PAST_LINUXS_LIMIT = [
+    # an engine argument of 128 KiB or more
+    ("long", {"engineArgs": ["--chat-template", "{{ m }}" + "a" * (131_072 - 7)]},
+     "spec.engineArgs[1] is 131073 bytes long with its closing NUL; Linux starts a program only with arguments of at "
+     "most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never start: shorten it"),
+    # B=$(A)$(A) is 12 bytes in the spec and 200 kB in the pod (the kubelet expands it before the engine starts)
+    ("expands", {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, {"name": "B", "value": "$(A)$(A)"}]}},
+     "spec.pod.env[1] (B=...) is 200003 bytes long with its closing NUL once the kubelet replaces its $(...) "
+     "references; Linux starts a program only with environment strings of at most 131072 bytes each (128 KiB, "
+     "MAX_ARG_STRLEN), so the engine would never start: shorten it"),
+]
+
+
+@pytest.mark.parametrize(("name", "fields", "message"), PAST_LINUXS_LIMIT, ids=[c[0] for c in PAST_LINUXS_LIMIT])
+def test_a_spec_past_linuxs_limit_stored_while_the_webhook_was_down_is_refused_in_status(
+        operator_process, cluster, namespace, name, fields, message):
+    # The reconciler refuses it with the webhook's message and makes no Deployment of it.
     operator_process.kill()
     try:
-        cluster.apply(fis("long", namespace, autoscaling=None,
-                          engineArgs=["--chat-template", "{{ m }}" + "a" * (131_072 - 7)]))
+        cluster.apply(fis(name, namespace, autoscaling=None, **fields))
     finally:
         operator_process.start()
-    message = ("spec.engineArgs[1] is 131073 bytes long with its closing NUL; Linux starts a program only with "
-               "arguments of at most 131072 bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never start: "
-               "shorten it")
-    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "long")), "Valid").get("status")
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, name)), "Valid").get("status")
                     == "False" and b, 20, "Valid=False")
     assert condition(body, "Valid")["message"] == message
     events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "long" and e["reason"] == "InvalidSpec"], 30,
+                               if e["involvedObject"]["name"] == name and e["reason"] == "InvalidSpec"], 30,
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning" and message in events[0]["message"]
-    _no_children(cluster, namespace, "long")
-
-
-def test_an_env_value_the_kubelet_expands_past_linuxs_limit_stored_while_the_webhook_was_down_is_refused_in_status(
-        operator_process, cluster, namespace):
-    # B=$(A)$(A) is 12 bytes in the spec and 200 kB in the pod (the kubelet expands it before the engine starts): the
-    # reconciler refuses it with the webhook's message, and makes no Deployment of it.
-    operator_process.kill()
-    try:
-        cluster.apply(fis("expands", namespace, autoscaling=None,
-                          pod={"env": [{"name": "A", "value": "a" * 100_000}, {"name": "B", "value": "$(A)$(A)"}]}))
-    finally:
-        operator_process.start()
-    message = ("spec.pod.env[1] (B=...) is 200003 bytes long with its closing NUL once the kubelet replaces its $(...) "
-               "references; Linux starts a program only with environment strings of at most 131072 bytes each "
-               "(128 KiB, MAX_ARG_STRLEN), so the engine would never start: shorten it")
-    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "expands")), "Valid").get("status")
-                    == "False" and b, 20, "Valid=False")
-    assert condition(body, "Valid")["message"] == message
-    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "expands" and e["reason"] == "InvalidSpec"], 30,
-                      "an InvalidSpec Event")
-    assert events[0]["type"] == "Warning" and message in events[0]["message"]
-    _no_children(cluster, namespace, "expands")
+    _no_children(cluster, namespace, name)
 
 
 def test_a_refused_spec_can_still_be_scaled_to_zero_and_back_once_fixed(operator_process, cluster, namespace):
