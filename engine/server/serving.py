@@ -216,6 +216,14 @@ class OpenAIServing:
         self.token_chars = longest_token_chars(tokenizer)  # the most characters one token stands for
         self.max_prompt_chars = max_model_len * self.token_chars
         self._decode = decoder_without_gil(tokenizer)
+        # Each token's logprobs label and bytes (by `as_ids`), kept for every later entry that names it. A stream of
+        # 400 tokens x 1,000 alternatives made 400k `bytes` lists (and decoded 400k labels); lists are always
+        # tracked by the garbage collector, so each entry's dict was too, and every full collection while the
+        # stream lived walked 800k objects (0.26 s each, on whichever thread held the GIL). A tuple of ints is
+        # untracked by the first collection it survives, and a dict whose values are all untracked is made
+        # untracked: an entry naming a known token costs the collector nothing. The JSON is the same (a tuple is
+        # an array). At most the vocabulary's size of entries each.
+        self._token_texts: dict[bool, dict[int, tuple[str, tuple[int, ...]]]] = {False: {}, True: {}}
         self._request_template_renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
 
     # --- prompts ------------------------------------------------------------------------------------
@@ -681,8 +689,17 @@ class OpenAIServing:
         return {"content": content}
 
     def _token_info(self, token: int, logprob: float, as_ids: bool = False) -> dict[str, Any]:
-        piece = token_label(self.tokenizer, token, as_ids)
-        return {"token": piece, "logprob": max(logprob, -9999.0), "bytes": list(piece.encode("utf-8"))}
+        piece, utf8 = self._token_text(token, as_ids)
+        return {"token": piece, "logprob": max(logprob, -9999.0), "bytes": utf8}
+
+    def _token_text(self, token: int, as_ids: bool) -> tuple[str, tuple[int, ...]]:
+        """A token's logprobs label and its UTF-8 bytes, made once per token (`_token_texts`)."""
+        known = self._token_texts[as_ids]
+        text = known.get(token)
+        if text is None:
+            piece = token_label(self.tokenizer, token, as_ids)
+            text = known[token] = (piece, tuple(piece.encode("utf-8")))
+        return text
 
     def _cached(self, block: dict[str, Any], cached: int) -> dict[str, Any]:
         return with_cached_tokens(block, cached) if self.enable_prompt_tokens_details else block
