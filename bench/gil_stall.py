@@ -234,9 +234,12 @@ def main() -> None:
         inside = [(s, a) for s, a in small if any(s >= b and a <= e for b, e in spans)]
         span_s = sum(e - b for b, e in spans)
         figures[name]["small_tokens_per_s"] = round(len(inside) * args.small_tokens / span_s, 1)
-        collections = [ms for at, _, ms, _ in GC_PAUSES if any(b <= at <= e for b, e in spans)]
+        logged = [(generation, ms) for at, generation, ms, _ in GC_PAUSES if any(b <= at <= e for b, e in spans)]
+        collections = [ms for _, ms in logged]
         figures[name]["gc_pauses_20ms"] = {"n": len(collections), "sum_ms": round(sum(collections)),
-                                           "max_ms": max(collections, default=0)}
+                                           "max_ms": max(collections, default=0),
+                                           # young (0, 1) or full (2): which the live heap's size drives
+                                           "by_generation": [sum(gen == g for gen, _ in logged) for g in range(3)]}
     print(json.dumps(figures, indent=1))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
