@@ -6,17 +6,23 @@ thousands of values. Its choices were built on the event loop and its body encod
 time: the engine's part of the big request is over once the server logs its end (--enable-log-requests); what
 follows is the front end's, and /health and a small request sent from then on must be answered before the big
 reply's head comes back (on the event loop, none was: they waited for the whole reply to be built and encoded).
+The big request is made and read by a process of its own (BigRequest), so that reading it takes none of the test
+process's GIL from the threads that time the others.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -79,86 +85,130 @@ BIG = {
 
 # 64 choices, each echoing the prompt with 20 logprobs a token, in their first chunks: ~540k entries
 STREAMED = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "n": 2 * N, "echo": True, "logprobs": 20}
+READER = Path(__file__).with_name("big_reply_reader.py")
 SMALL = {"model": "tiny", "prompt": "hi", "max_tokens": 2}  # the small request answered beside a big one
 
 
-def _until_logged(server: Server, pattern: str) -> Callable[[threading.Thread], None]:
+class BigRequest:
+    """The big request, made and read by a process of its own (big_reply_reader.py): read on a thread of the test's
+    process, a big reply (up to 118 MB of SSE, parsed line by line) held that process's GIL against the threads
+    that time the test's other requests, and ate the margin the order is proven by. `marker`: the stage of the big
+    reply the others are timed against ("head", "first-chunk" or "line:TEXT", see big_reply_reader.py); `out`: the
+    file its reply is written to."""
+
+    def __init__(self, url: str, body: dict, marker: str, out: Path) -> None:
+        self.out = out
+        self.stages: dict[str, list[str]] = {}  # stage reached: what the reader told of it (its time, ...)
+        self._told = b""
+        self._lock = threading.Lock()
+        self.process = subprocess.Popen([sys.executable, str(READER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps({"url": url, "body": body, "api_key": API_KEY, "marker": marker,
+                                             "out": str(out)}).encode())
+        self.process.stdin.close()
+        # Read without blocking: whether a stage is reached is asked, never waited for, by the threads timed
+        os.set_blocking(self.process.stdout.fileno(), False)
+
+    def reached(self, stage: str) -> bool:
+        """Whether the reader has told of `stage` by now."""
+        with self._lock:
+            assert self.process.stdout
+            while True:
+                try:
+                    told = os.read(self.process.stdout.fileno(), 65536)
+                except BlockingIOError:
+                    break
+                if not told:
+                    break
+                self._told += told
+            *lines, self._told = self._told.split(b"\n")
+            for line in lines:
+                name, *fields = line.decode().split()
+                self.stages[name] = fields
+            return stage in self.stages
+
+    def alive(self) -> bool:
+        """Whether the reader is still reading."""
+        return self.process.poll() is None
+
+    def finished(self) -> tuple[int, bytes]:
+        """The ended reader's big reply: its status and body."""
+        assert self.process.wait() == 0, "the big request's reader failed"
+        assert self.reached("head"), "the big request's reader ended before its reply's head"
+        return int(self.stages["head"][1]), self.out.read_bytes()
+
+
+def _until_logged(server: Server, pattern: str) -> Callable[[BigRequest], None]:
     """A wait until the server's log, from its length now (before the big request is sent), matches `pattern`: the
     big request's engine part is over (a wait: the test's clock decides nothing)."""
     since = len(server.log.read_text())
 
-    def wait(thread: threading.Thread) -> None:
+    def wait(big: BigRequest) -> None:
         while not re.search(pattern, server.log.read_text()[since:]):
-            assert thread.is_alive(), "the big request ended before its engine request was logged as finished"
+            assert big.alive(), "the big request ended before its engine request was logged as finished"
             time.sleep(0.01)
 
     return wait
 
 
-def _until_set(event: threading.Event, what: str) -> Callable[[threading.Thread], None]:
-    """A wait until `event` is set (`what`: the big request's stage it marks)."""
+def _until_reached(stage: str, what: str) -> Callable[[BigRequest], None]:
+    """A wait until the big request reaches `stage` with a 200 (`what`: that stage, in words)."""
 
-    def wait(thread: threading.Thread) -> None:
-        while not event.is_set():  # a wait: the test's clock decides nothing
-            assert thread.is_alive(), f"the big request ended before {what}"
+    def wait(big: BigRequest) -> None:
+        while not big.reached(stage):  # a wait: the test's clock decides nothing
+            assert big.alive(), f"the big request ended before {what}"
             time.sleep(0.01)
+        assert big.stages["head"][1] == "200", big.stages["head"]
 
     return wait
 
 
-def _answered_before(url: str, big: Callable[[threading.Event], None], until: Callable[[threading.Thread], None],
-                     path: str, body: dict) -> list[bool]:
-    """Send the big request (`big(done)` in a thread, setting `done` once the big reply's head, first chunk or
-    closing event is in) and wait `until` its engine part is over; then /health three times and one small request to
-    `path`, all at once: for each, whether `done` was still unset when it was answered."""
-    done = threading.Event()
-    thread = threading.Thread(target=big, args=(done,))
-    thread.start()
-    try:
-        until(thread)
-        return _all_at_once([functools.partial(httpx.get, f"{url}/health", timeout=600)] * 3 + [
-            functools.partial(httpx.post, f"{url}{path}", json=body, headers=AUTH, timeout=600)], done)
-    finally:
-        thread.join(600)
-
-
-def _all_at_once(calls: list[Callable[[], httpx.Response]], done: threading.Event) -> list[bool]:
-    """Make `calls` concurrently, each from its own thread (one after another, a slow answer would leave the next
-    call less of the big reply's build to be answered in: the order is what the tests prove, not the sum of four
-    requests' times): for each, in order, whether `done` was still unset when its answer (a 200) came."""
-    answered: list[bool | None] = [None] * len(calls)
+def _answered_before(url: str, big: BigRequest, until: Callable[[BigRequest], None], path: str,
+                     body: dict) -> list[bool]:
+    """Wait `until` the big request's engine part is over; then /health three times and one small request to
+    `path`, all at once (one after another, a slow answer would leave the next call less of the big reply's build to
+    be answered in: the order is what the tests prove, not the sum of four requests' times): for each, in order,
+    whether the big reply had not yet reached its marker when its answer (a 200) came. Prints each answer's margin,
+    seconds before the marker (negative: after it)."""
+    calls = [functools.partial(httpx.get, f"{url}/health", timeout=600)] * 3 + [
+        functools.partial(httpx.post, f"{url}{path}", json=body, headers=AUTH, timeout=600)]
+    answered: list[tuple[bool, float] | None] = [None] * len(calls)
 
     def call(i: int) -> None:
         reply = calls[i]()
+        at = time.monotonic()
         assert reply.status_code == 200, reply.text
-        answered[i] = not done.is_set()
+        answered[i] = not big.reached("marker"), at
 
-    with ThreadPoolExecutor(len(calls)) as pool:
-        for future in [pool.submit(call, i) for i in range(len(calls))]:
-            future.result()
-    return [bool(a) for a in answered]
+    try:
+        until(big)
+        with ThreadPoolExecutor(len(calls)) as pool:
+            for future in [pool.submit(call, i) for i in range(len(calls))]:
+                future.result()
+    finally:
+        try:
+            big.process.wait(600)
+        finally:
+            big.process.kill()  # (a no-op once it has ended)
+    if big.reached("marker"):
+        print("margins (s):", [round(float(big.stages["marker"][0]) - a[1], 3) for a in answered if a])
+    return [bool(a and a[0]) for a in answered]
 
 
 @pytest.mark.parametrize("kind", list(BIG))
-def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(logging_server, kind):
+def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(logging_server, kind, tmp_path):
     url = logging_server.url
     path, body = BIG[kind]
     tag = f"big-{kind}-{time.monotonic_ns()}"
-    result: dict[str, object] = {}
-
-    def big(head: threading.Event) -> None:
-        with httpx.stream("POST", f"{url}{path}", json={**body, "request_id": tag}, headers=AUTH,
-                          timeout=600) as response:
-            head.set()
-            result["status"], result["body"] = response.status_code, response.read()
-
+    until = _until_logged(logging_server, rf"Finished request \w*cmpl-{tag}-")
+    big = BigRequest(f"{url}{path}", {**body, "request_id": tag}, "head", tmp_path / "reply")
     # From its engine request's end on, the big request is the front end's alone: building, encoding
-    before_head = _answered_before(url, big, _until_logged(logging_server, rf"Finished request \w*cmpl-{tag}-"),
-                                   "/v1/completions", SMALL)
+    before_head = _answered_before(url, big, until, "/v1/completions", SMALL)
     # On the event loop, each waited for the big reply to be built and encoded: none came before its head
     assert before_head == [True] * 4, before_head
-    assert result["status"] == 200
-    reply = json.loads(result["body"])  # type: ignore[arg-type]
+    status, raw = big.finished()
+    assert status == 200
+    reply = json.loads(raw)
     assert len(reply["choices"]) == body["n"]
     if kind == "completions":
         prompt_tokens = reply["usage"]["prompt_tokens"]
@@ -171,78 +221,63 @@ def test_health_and_a_small_request_are_answered_while_a_large_reply_is_built(lo
         assert all(len(entry) >= 500 for entry in reply["prompt_logprobs"][1:])
 
 
-def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chunk_is_built(logging_server):
+def test_health_and_a_small_request_are_answered_while_a_large_first_stream_chunk_is_built(logging_server, tmp_path):
     # Streamed (without prompt_logprobs, which a stream cannot carry), the same request's first step holds every
     # choice's echoed prompt with its logprobs: the head goes out once the engine's first output is in, and that
     # step is built after it (on the event loop, every other request waited for it).
     url = logging_server.url
-    head = threading.Event()
-    chunks: list[bytes] = []
-
-    def big(first_chunk: threading.Event) -> None:
-        with httpx.stream("POST", f"{url}/v1/completions", json={**STREAMED, "stream": True},
-                          headers=AUTH, timeout=600) as response:
-            assert response.status_code == 200
-            head.set()
-            for chunk in response.iter_bytes():
-                first_chunk.set()
-                chunks.append(chunk)
-
-    before_first_chunk = _answered_before(url, big, _until_set(head, "its head came"), "/v1/completions", SMALL)
+    big = BigRequest(f"{url}/v1/completions", {**STREAMED, "stream": True}, "first-chunk", tmp_path / "reply")
+    before_first_chunk = _answered_before(url, big, _until_reached("head", "its head came"), "/v1/completions",
+                                          SMALL)
     assert before_first_chunk == [True] * 4, before_first_chunk
-    events = [json.loads(line[len("data: "):]) for line in b"".join(chunks).decode().split("\n\n")
+    status, raw = big.finished()
+    assert status == 200
+    events = [json.loads(line[len("data: "):]) for line in raw.decode().split("\n\n")
               if line.startswith("data: {")]
     echoed = [e["choices"][0] for e in events if len(e["choices"][0]["logprobs"]["tokens"]) > 1]
     assert sorted(c["index"] for c in echoed) == list(range(2 * N))
     assert all(len(c["logprobs"]["tokens"]) > 400 for c in echoed)
 
 
-def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server):
+def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encoded(logging_pooling_server,
+                                                                                  tmp_path):
     # 2,048 one-token inputs (the most one request may list): 1.3M floats (hidden size 640). FastAPI encoded the
     # reply on the event loop (jsonable_encoder, Python over every float, then json.dumps): /health and every other
     # request waited.
     server = logging_pooling_server
     tag = f"big-embeddings-{time.monotonic_ns()}"
-    result: dict[str, object] = {}
-
-    def big(head: threading.Event) -> None:
-        body = {"model": "tiny", "input": [[5]] * MAX_EMBEDDING_INPUTS, "request_id": tag}
-        with httpx.stream("POST", f"{server.url}/v1/embeddings", headers=AUTH, json=body, timeout=600) as response:
-            head.set()
-            result["status"], result["body"] = response.status_code, response.read()
-
-    before_head = _answered_before(server.url, big, _until_logged(server, rf"Finished request embd-{tag}\."),
-                                   "/v1/embeddings", {"model": "tiny", "input": "hi"})
+    until = _until_logged(server, rf"Finished request embd-{tag}\.")
+    big = BigRequest(f"{server.url}/v1/embeddings",
+                     {"model": "tiny", "input": [[5]] * MAX_EMBEDDING_INPUTS, "request_id": tag}, "head",
+                     tmp_path / "reply")
+    before_head = _answered_before(server.url, big, until, "/v1/embeddings", {"model": "tiny", "input": "hi"})
     assert before_head == [True] * 4, before_head
-    assert result["status"] == 200
-    data = json.loads(result["body"])["data"]  # type: ignore[arg-type]
+    status, raw = big.finished()
+    assert status == 200
+    data = json.loads(raw)["data"]
     assert [d["index"] for d in data] == list(range(MAX_EMBEDDING_INPUTS))
     assert all(len(d["embedding"]) == WIDE for d in data)
 
 
-def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server):
+def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server,
+                                                                                              tmp_path):
     # A Responses stream's closing events (response.output_text.done, response.output_item.done, response.completed)
     # and its stored copy each carry the whole output's logprobs: 400 tokens of 1000 alternatives, 400k entries. Built
     # and encoded on the event loop once the engine's part was over, they held /health and every other request.
     url = logging_server.url
     tag = f"resp_big-{time.monotonic_ns()}"
-    lines: list[str] = []
-
-    def big(end: threading.Event) -> None:  # `end`: the first closing event came
-        with httpx.stream("POST", f"{url}/v1/responses", headers=AUTH, timeout=600,
-                          json={"model": "tiny", "input": "hi", "max_output_tokens": 400, "ignore_eos": True,
-                                "include": ["message.output_text.logprobs"], "top_logprobs": 1000, "stream": True,
-                                "request_id": tag}) as response:
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if line == "event: response.output_text.done":
-                    end.set()
-                lines.append(line)
-
+    until = _until_logged(logging_server, rf"Finished request {tag}-")
+    # The marker: the first closing event came
+    big = BigRequest(f"{url}/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 400,
+                                             "ignore_eos": True, "include": ["message.output_text.logprobs"],
+                                             "top_logprobs": 1000, "stream": True, "request_id": tag},
+                     "line:event: response.output_text.done", tmp_path / "reply")
     # From its engine request's end on, the stream is the front end's alone: its end's events and stored copy
-    before_end = _answered_before(url, big, _until_logged(logging_server, rf"Finished request {tag}-"),
-                                  "/v1/completions", SMALL)
+    before_end = _answered_before(url, big, until, "/v1/completions", SMALL)
     assert before_end == [True] * 4, before_end
+    status, raw = big.finished()
+    assert status == 200
+    lines = raw.decode().split("\n")
     events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     streamed = [entry for e in events if e["type"] == "response.output_text.delta" for entry in e["logprobs"]]
