@@ -41,6 +41,7 @@ ENGINE_ENV_ALLOWED: dict[str, str] = {
     "TRITON_INTERPRET": "runs the Triton kernels in Triton's interpreter: slower, the same results",
     # The engine's A/B switches: each turns one speed-up off for its before/after figure, the results the same.
     "FLOTILLA_CORE_OUTPUT_THREAD": "the core's outputs sent from a thread or the step loop: the same messages",
+    "FLOTILLA_API_SWITCH_INTERVAL": "the API process's GIL switch interval (seconds): the same replies",
     "FLOTILLA_GGUF_CPU_HEAD": "a GGUF model's LM head on the CPU path or the dense one: the same logits",
     "FLOTILLA_CPU_DECODE_LAYERS": "the CPU decode memo or the module path: the same computation",
     "FLOTILLA_ONE_SEQ_GRAPHS": "whether one-sequence CUDA graphs are captured: the same computation",

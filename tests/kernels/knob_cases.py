@@ -2,6 +2,7 @@
 card resolves from the committed tables: the cases `test_launch_knobs.py` compares with the snapshot taken before the
 kernels shared one parser (`launch_knobs_before.json`, written by running this file on that commit:
 `python tests/kernels/knob_cases.py > tests/kernels/launch_knobs_before.json`, with no FLOTILLA_* tile variable set).
+Rewritten the same way when a card's table changes on purpose (session 29: the H200's own one-row entries).
 
 Each case is `"<parser> <string>"` -> the parsed value (repr) or "refused" (any exception); the resolved launches are
 `"<kernel> <card> <shape>"` -> the configuration's repr.

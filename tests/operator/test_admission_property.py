@@ -104,7 +104,8 @@ def test_every_admitted_spec_starts_the_engine_configuration(spec: dict[str, Any
     argv = engine_args(result.spec, "svc")
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(_hf_config(spec)))
-        argv = [model_dir if a == MODEL_PATH else a for a in argv]
+        # the model's own argument only: a served name may be the same text ('/model')
+        argv[argv.index(MODEL_PATH)] = model_dir
         args = build_parser().parse_args(argv)
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         ServerConfig.from_kwargs(**flag_values(args, ("server",)))
