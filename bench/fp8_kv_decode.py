@@ -144,15 +144,38 @@ KVFP8_GRID = (("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, False), ("h2", 64, 
 KVFP8_SEQUENTIAL = (KVFP8_MAIN, ("h2", 32, 4, 3, 1, True), ("h2", 64, 4, 3, 1, True))
 
 
-def _fp8_row(form: str, block_n: int, warps: int, stages: int, splits: int, lean: bool = False,
+# Session 30 (kv30, `--grid kv30`): warps an SM. Triton 3.6 sm_90 (bench/sass_loop.py, as the engine launches them at
+# batch 64 x 4,096 on 132 SMs; registers, shared memory): the bf16 pool's 64/4/2 takes 128 and 38 KB, so its 512
+# programs run 4 an SM in one wave, 16 warps an SM; the fp8 default (lean h2 64/4/3) takes 176 and 96 KB, so its 256
+# programs run 2 an SM, 8 warps an SM, each warp's loop a latency chain (cp.async wait -> byte LDS -> F2FP -> STS ->
+# CTA barrier -> LDSM -> 16 HMMA -> shuffles -> exp2 -> 16 HMMA): half the bf16 kernel's warps to hide latency, for
+# twice the keys a byte. Rows that keep the default's bytes in flight (2 x 2 K+V tiles of 32 KB ahead an SM, or
+# 4 x 2 of 16 KB) with more warps or more independent programs an SM: h2 64/8/3 (4 streams of 16 keys a head: 128,
+# 96 KB: 2 programs = 16 warps an SM), h1 64/4/3 (one KV head a program, 4 streams of 16: 128, 48 KB: 4 programs =
+# 16 warps an SM, 512 in one wave at FLOTILLA_DECODE_WAVE=4), h1 64/2/3 (2 streams of 32: 176, 48 KB: 4 programs,
+# 8 warps), h1 32/2/4 and 32/2/3 (132, 32 / 24 KB), h2 64/8/3 with the masked loop; the default again last (drift),
+# then the default and h2 64/8/3 on a table of consecutive pages. (h1 64/2/2 spills: 168 registers, 8 bytes of
+# stack.) Fields as KVFP8_GRID's (form, block_n, warps, stages, splits, lean).
+KV30_MAIN = ("h2", 64, 4, 3, 1, True)
+KV30_GRID = (("h2", 64, 8, 3, 1, True), ("h1", 64, 4, 3, 1, True), ("h1", 64, 2, 3, 1, True), ("h1", 32, 2, 4, 1, True),
+             ("h1", 32, 2, 3, 1, True), ("h2", 64, 8, 3, 1, False), KV30_MAIN)  # fmt: skip
+KV30_SEQUENTIAL = (KV30_MAIN, ("h2", 64, 8, 3, 1, True))
+
+
+def _fp8_row(form: str, block_n: int, warps: int, stages: int, splits: int, lean: bool | None = None,
              **more) -> tuple[str, str, dict]:  # fmt: skip
-    more |= {"lean": True} if lean else {}
+    """An fp8 (cvtpx) row, one key stream a warp; `lean` True / False runs `paged_decode_attention`'s lean loop or the
+    masked one, None (rows of five fields) the pool's default (FLOTILLA_DECODE_FP8_LEAN: on since session 25)."""
+    more |= {} if lean is None else {"lean": lean}
     return ("fp8", "cvtpx", _launch(block_n, warps, stages, key_streams=warps, form=form, num_splits=splits, **more))
 
 
 def batch64_rows(grid: str = "kv15") -> list[tuple[str, str | None, dict]]:
     """The batch-64 rows: the bf16 pool at its default, main's fp8 default (the baseline), `KV15_GRID`, then
-    `KV15_SEQUENTIAL` on a table of consecutive pages; `grid` "kvfp8": the same with `KVFP8_*`."""
+    `KV15_SEQUENTIAL` on a table of consecutive pages; `grid` "kvfp8": the same with `KVFP8_*`, "kv30" with `KV30_*`."""
+    if grid == "kv30":
+        rows = [("bf16", None, {}), _fp8_row(*KV30_MAIN)] + [_fp8_row(*g) for g in KV30_GRID]
+        return rows + [("bf16", None, {"table": "seq"})] + [_fp8_row(*g, table="seq") for g in KV30_SEQUENTIAL]
     if grid == "kvfp8":
         rows: list[tuple[str, str | None, dict]] = [("bf16", None, {}), _fp8_row(*KVFP8_MAIN)]
         rows += [_fp8_row(*g) for g in KVFP8_GRID]
@@ -295,8 +318,9 @@ def main() -> None:
                    "FLOTILLA_DECODE_FP8_LAUNCH reads it (block_n,warps,stages,fp8_kv)")  # fmt: skip
     p.add_argument("--workers", type=int, default=0, help="child processes that compile every row first (Triton's "
                    "cache), each its share, so that the timing process only loads them")  # fmt: skip
-    p.add_argument("--grid", default="kv15", choices=("kv15", "kvfp8"), help="the batch-64 rows: session 16's "
-                   "`KV15_GRID` or session 24's `KVFP8_GRID` (the lean loop)")  # fmt: skip
+    p.add_argument("--grid", default="kv15", choices=("kv15", "kvfp8", "kv30"), help="the batch-64 rows: session "
+                   "16's `KV15_GRID`, session 24's `KVFP8_GRID` (the lean loop) or session 30's `KV30_GRID` (warps an "
+                   "SM)")  # fmt: skip
     p.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if not torch.cuda.is_available():

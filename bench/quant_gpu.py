@@ -9,7 +9,8 @@ memory at start-up (the KV pool) and returns it only when its process ends, so
 bench/results/quant-gpu.sh starts one process each and compares their JSON files. Jobs:
 `bs1` decode step at batch 1, context 512; `bs64` at batch 64, context 4,096 (bench/latency.py's
 measure: whole engine steps once every request decodes); `bs64ab` the bs64 step under the start-up decode launch
-against `--relaunch`'s first spec on the same requests, in the order A B B A (`ab_bs64`); `throughput` 1,000
+against each of `--relaunch`'s specs on the same requests, in the order A B B A (A B1 B2 B2 B1 A for two specs:
+`ab_bs64`); `throughput` 1,000
 random prompts of 512 tokens, 128 out (bench/throughput.py's workload); `greedy` the 32 greedy tokens after a
 fixed 64-token prompt (the dummy weights are seeded: two runs of one model with different kernels should agree).
 Each step figure comes with its roofline at the
@@ -151,11 +152,18 @@ def relaunch_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
     return row
 
 
-def ab_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
-    """Job `bs64ab`: the start-up launch (A) against `spec` (B) on the same 64 requests of 4,096 tokens, prefilled
-    once, in the order A B B A (each phase: the batch-64 decode graphs captured again under its launch, 3 settling
-    steps, `steps` timed ones), so that the context's growth over the phases (~35 tokens each) weighs on both alike.
-    A's and B's figures are the means of their two phases."""
+def ab_phases(specs: list[str]) -> list[tuple[str, int]]:
+    """The phases of `ab_bs64` as (name, index into `specs`; -1: A): A, each spec, the specs again backwards, A, so
+    that a linear drift (the context grows ~35 tokens a phase) weighs on every side alike."""
+    named = [(f"B{i + 1}" if len(specs) > 1 else "B", i) for i in range(len(specs))]
+    return [("A", -1), *named, *named[::-1], ("A", -1)]
+
+
+def ab_bs64(engine, specs: list[str], steps: int, rng: random.Random) -> dict:
+    """Job `bs64ab`: the start-up launch (A) against each spec of `specs` (B; B1, B2, ... for several) on the same 64
+    requests of 4,096 tokens, prefilled once, in the order of `ab_phases` (A B B A for one spec; each phase: the
+    batch-64 decode graphs captured again under its launch, 3 settling steps, `steps` timed ones). A's and each B's
+    figures are the means of their two phases; `b_spec` / `b_ms` are the first spec's, `b` lists every spec's."""
     import statistics
 
     from decode_steps import start_decoding, timed_steps
@@ -166,12 +174,14 @@ def ab_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
     a_spec = "@".join([start[_LAUNCH_ENV[0]] or "", start[_LAUNCH_ENV[1]] or ""] +
                       (["fused"] if start[_LAUNCH_ENV[2]] == "1" else []) +
                       (["lean"] if start[_LAUNCH_ENV[3]] == "1" else [])).rstrip("@") or "default"  # fmt: skip
+    order = ab_phases(specs)
     vocab = engine.config.model.hf_config["vocab_size"]
-    params = SamplingParams(temperature=0.0, max_tokens=4 * (steps + 3) + 32, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=len(order) * (steps + 3) + 32, ignore_eos=True)
     reqs = [engine.add_request([rng.randrange(100, vocab) for _ in range(4096)], params) for _ in range(64)]
     start_decoding(engine, reqs, settle=0)
     phases = []
-    for name, which in (("A", a_spec), ("B", spec), ("B", spec), ("A", a_spec)):
+    for name, index in order:
+        which = a_spec if index < 0 else specs[index]
         env = _set_launch(which)
         capture_s = _recapture_decode(engine, 64) if phases and phases[-1]["name"] != name else 0.0
         graphed: list[bool] = []
@@ -183,9 +193,18 @@ def ab_bs64(engine, spec: str, steps: int, rng: random.Random) -> dict:
                        "recapture_s": capture_s})  # fmt: skip
     running = sum(1 for r in reqs if not r.status.finished)
     engine.abort([r.request_id for r in reqs])
-    mean = {k: statistics.fmean(p["ms_per_step"] for p in phases if p["name"] == k) for k in ("A", "B")}
-    return {"batch": 64, "context": 4096, "steps": steps, "a_spec": a_spec, "b_spec": spec, "a_ms": mean["A"],
-            "b_ms": mean["B"], "phases": phases, "running_at_end": running}  # fmt: skip
+    mean = {k: statistics.fmean(p["ms_per_step"] for p in phases if p["name"] == k) for k, _ in order}
+    b = [{"spec": specs[i], "ms": mean[k]} for k, i in order[1 : 1 + len(specs)]]
+    return {"batch": 64, "context": 4096, "steps": steps, "a_spec": a_spec, "b_spec": specs[0], "a_ms": mean["A"],
+            "b_ms": b[0]["ms"], "b": b, "phases": phases, "running_at_end": running}  # fmt: skip
+
+
+def model_len_extra(jobs: list[str], specs: list[str], steps: int) -> int:
+    """Tokens past the 4,096-token prompts the engine's max_model_len allows: 4 x steps + 64 (what every job has
+    had: A B B A's requests take 4 x (steps + 3) + 32), or 64 more than the requests take where `bs64ab` runs more
+    phases of steps + 3 on them (several specs)."""
+    phases = len(ab_phases(specs)) if "bs64ab" in jobs else 4
+    return 4 * steps + 64 if phases <= 4 else phases * (steps + 3) + 96
 
 
 def main() -> None:
@@ -204,7 +223,8 @@ def main() -> None:
         default="",
         help="after the jobs, ';'-separated LAUNCH[@WAVE[@fused][@lean]]: for each, FLOTILLA_DECODE_FP8_LAUNCH=LAUNCH, "
         "FLOTILLA_DECODE_WAVE=WAVE, FLOTILLA_DECODE_FUSED_MERGE, FLOTILLA_DECODE_FP8_LEAN (`default`: all unset), the "
-        "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`)",
+        "decode graphs of batch 64 captured again and the bs64 step measured again (JSON `relaunch`); with job bs64ab "
+        "every spec is a B side of one A/B on the same requests (`ab_bs64`)",
     )
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -217,9 +237,10 @@ def main() -> None:
     card = measured()  # before the engine takes the GPU's memory
     logging.getLogger("quant_gpu").info("%s: starting the engine (%s)", a.name, a.model)
     t0 = time.perf_counter()
-    llm = LLM(a.model, load_format="dummy", max_model_len=4096 + 4 * a.steps + 64, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=16384, enable_prefix_caching=False, quantization=a.quantization,
-              kv_cache_dtype=a.kv_cache_dtype)  # fmt: skip
+    specs = [spec or "default" for spec in a.relaunch.split(";")]
+    llm = LLM(a.model, load_format="dummy", max_model_len=4096 + model_len_extra(jobs, specs, a.steps),
+              max_num_seqs=a.max_num_seqs, max_num_batched_tokens=16384, enable_prefix_caching=False,
+              quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype)  # fmt: skip
     engine = llm.engine
     cfg = engine.config.model.hf_config
     weight_bytes = WEIGHT_BYTES[a.weights or ("int4" if "int4" in a.name else "fp8" if a.quantization else "bf16")]
@@ -275,8 +296,8 @@ def main() -> None:
             prompts = make_prompts(1000, 512, cfg["vocab_size"], 0, False)
             result[job] = timed_generate(llm, prompts, 128)
         save()
-    if "bs64ab" in jobs:  # the start-up launch against the first --relaunch spec, same requests (`ab_bs64`)
-        result["bs64ab"] = rooflines(ab_bs64(engine, a.relaunch.split(";")[0] or "default", a.steps, rng), cfg,
+    if "bs64ab" in jobs:  # the start-up launch against every --relaunch spec, same requests (`ab_bs64`)
+        result["bs64ab"] = rooflines(ab_bs64(engine, specs, a.steps, rng), cfg,
                                      weight_bytes, kv_bytes, card)  # fmt: skip
         save()
     for spec in a.relaunch.split(";") if a.relaunch and "bs64ab" not in jobs else ():

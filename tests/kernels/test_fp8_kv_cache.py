@@ -243,7 +243,8 @@ def test_decode_lean_heads_loop_gives_the_same_numbers(monkeypatch, head_dim):
     and a stream of whole pages (32-key streams: 64-key tiles at 2 streams a head, or "h" with one stream a head)
     finding its pages a page at a time give exactly the numbers of the masked loop, on a float and an fp8 pool, with
     sequences of 37, 130 and 5 keys (tails in every stream position, a stream with no key in the last tile), a
-    padding sequence, 1 to 3 splits, and a head dim of 40 (the head dims still masked). The switch reads on/off
+    padding sequence, 1 to 3 splits, one KV head a program ("h1", kv30's rows) or several, and a head dim of 40 (the
+    head dims still masked). The switch reads on/off
     spellings, refuses others, and leaves a float pool's default alone."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
 
@@ -253,7 +254,8 @@ def test_decode_lean_heads_loop_gives_the_same_numbers(monkeypatch, head_dim):
     for k, v, mode in ((k_cache, v_cache, None), (k_cache.to(FP8), v_cache.to(FP8), "cvtpx")):
         ref = paged_attention_ref(query, k.float(), v.float(), *args)
         for block_n, streams, form, splits in ((32, 4, "h2", 1), (32, 4, "h2", 3), (64, 4, "h2", 1), (64, 4, "h2", 2),
-                                               (64, 8, "h2", 1), (32, 8, "h4", 2), (64, 2, "h", 1)):  # fmt: skip
+                                               (64, 8, "h2", 1), (32, 8, "h4", 2), (64, 2, "h", 1),
+                                               (64, 2, "h1", 1), (64, 4, "h1", 1)):  # fmt: skip
             kw = dict(num_splits=splits, block_n=block_n, num_warps=streams, key_streams=streams, fp8_kv=mode,
                       form=form)  # fmt: skip
             lean = paged_decode_attention(query, k, v, *args, lean=True, **kw)
@@ -323,6 +325,17 @@ def test_cuda_fp8_streams_over_heads_and_keys_at_llama_heads():
                                         ("h2", 64, 4, 3, 1, False), ("h2", 64, 8, 2, 1, False),
                                         ("h4", 32, 8, 4, 1, False), ("h2", 32, 4, 2, 2, False),
                                         ("h", 32, 2, 3, 2, False)))  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_kv30_launches_at_llama_heads():
+    """On the GPU, as above: the launches bench/fp8_kv_decode.py's `--grid kv30` times for the engine (the lean loop,
+    the pool's default): h2 64/8/3 (4 key streams a head), h1 64/4/3 (one KV head a program, 4 streams), h1 64/2/3,
+    32/2/4 and 32/2/3 (2 streams), at 1 and 2 splits, equal the reference, also replayed from a CUDA graph."""
+    _check_fp8_launches_at_llama_heads((("h2", 64, 8, 3, 1, False), ("h1", 64, 4, 3, 1, False),
+                                        ("h1", 64, 2, 3, 1, False), ("h1", 32, 2, 4, 1, False),
+                                        ("h1", 32, 2, 3, 1, False), ("h2", 64, 8, 3, 2, False),
+                                        ("h1", 64, 2, 3, 2, False)))  # fmt: skip
 
 
 def _check_fp8_launches_at_llama_heads(launches: tuple[tuple[str, int, int, int, int, bool], ...]) -> None:
