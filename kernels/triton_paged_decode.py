@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.card_tables import DEFAULT, device_card, for_card
 from flotilla.kernels.fp8_linear import FP8_DTYPE
 from flotilla.kernels.pdl import PDL_ENABLED
 from flotilla.kernels.switches import env_flag
@@ -710,6 +711,13 @@ _FP8_FORM = "h2"
 # Programs an SM the fp8 pool's split count fills (None: `_wave()`, 4). The transposed streams' 128 registers let 8
 # two-warp programs share an SM: 8 gives 2 splits at batch 64 x 8 KV heads on 132 SMs (fp8kv11's grid).
 _FP8_WAVE: int | None = 2  # h2 at 32/4: 2 programs an SM, one split at batch 64 (session 16 call 2)
+# The fp8 pool's launch per card (`card_tables.py`): ((block_n, num_warps, num_stages, fp8_kv, key_streams), form,
+# wave). DEFAULT is the launch above, measured on both cards (its history above); a card's own entry holds only what
+# a call measured on that card (session 30 prepared bench/results/gpu-2026-12-07-s30/next.sh, whose `SUMMARY kv30
+# adopt:` line names an entry; the decode launch's warps an SM differ by card only through this table).
+FP8_LAUNCHES: dict[str, tuple[tuple[int, int, int, str, int], str, int | None]] = {
+    DEFAULT: (_FP8_LAUNCH, _FP8_FORM, _FP8_WAVE),
+}
 _PDL_MERGE = False  # the merge kernel by programmatic dependent launch (`paged_decode_attention`'s pdl_merge)
 
 
@@ -719,14 +727,14 @@ def _wave() -> int:
     return int(os.environ.get("FLOTILLA_DECODE_WAVE", "") or 4)
 
 
-def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
+def _launch_defaults(fp8: bool, card: str | None = None) -> tuple[int, int, int, str, int, str]:
     """The pool's launch defaults (block_n, num_warps, num_stages, fp8_kv, key_streams; 0: the plain loop,
     streams form: "" the row form, "t" transposed (`_attend_streams_t`), "h" transposed with the streams over
     neighbouring KV heads (`_attend_heads_t`), "h<N>" over N heads, key_streams / N streams a head).
     FLOTILLA_DECODE_FP8_LAUNCH="block_n,warps,stages,fp8_kv[,key_streams[t|h[N]]]" overrides the fp8 pool's and
     FLOTILLA_DECODE_BF16_LAUNCH="block_n,warps,stages[,key_streams[t|h[N]]]" the float pool's, so that one device
     call can time the engine step at what its kernel sweep found best (bench/results/kv7-gpu.sh, fp8kv11-gpu.sh,
-    kv15-gpu.sh)."""
+    kv15-gpu.sh). Unset, the fp8 pool's is `card`'s `FP8_LAUNCHES` entry (None, or a card without one: DEFAULT's)."""
     if not fp8:
         env = os.environ.get("FLOTILLA_DECODE_BF16_LAUNCH", "").strip()
         if env:
@@ -741,7 +749,13 @@ def _launch_defaults(fp8: bool) -> tuple[int, int, int, str, int, str]:
         assert len(more) <= 1, f"FLOTILLA_DECODE_FP8_LAUNCH: {more}: key_streams?"
         streams, form = _streams_field(more[0] if more else "0", "FLOTILLA_DECODE_FP8_LAUNCH")
         return int(block_n), int(warps), int(stages), mode, streams, form
-    return (*_FP8_LAUNCH, _FP8_FORM)
+    launch, form, _ = for_card(FP8_LAUNCHES, card)
+    return (*launch, form)
+
+
+def _fp8_wave(card: str | None) -> int | None:
+    """Programs an SM the fp8 pool's split count fills on `card` (its `FP8_LAUNCHES` entry's; None: `_wave()`)."""
+    return for_card(FP8_LAUNCHES, card)[2]
 
 
 def _streams_field(text: str, name: str) -> tuple[int, str]:
@@ -953,7 +967,8 @@ def paged_decode_attention(
         return out
     max_context = block_tables.shape[1] * page
     fp8 = k_cache.dtype == FP8_DTYPE
-    tile = _launch_defaults(fp8)
+    card = device_card(query)  # None off CUDA: DEFAULT's launch
+    tile = _launch_defaults(fp8, card)
     small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
     if small is not None:
         tile = (*small[:3], tile[3], 0, "")
@@ -984,7 +999,7 @@ def paged_decode_attention(
     if num_splits is None and split_tokens:
         num_splits = max(1, min(triton.cdiv(max_context, split_tokens), _MAX_SPLITS))
     if num_splits is None:
-        wave = _FP8_WAVE if fp8 and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
+        wave = _fp8_wave(card) if fp8 and not os.environ.get("FLOTILLA_DECODE_WAVE") else None
         num_splits = default_num_splits(batch, programs_kv, max_context, device_sms(query), block_n, wave)
     merge, *flags = (small[4] if small is not None else "").split("+")
     if fused_merge is None:

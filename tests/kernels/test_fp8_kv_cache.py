@@ -292,6 +292,54 @@ def test_decode_default_form_fits_the_callers_key_streams():
         assert rel_err(out, ref) < 1e-5, streams
 
 
+def test_decode_fp8_launch_per_card(monkeypatch):
+    """The fp8 pool's launch is its card's `FP8_LAUNCHES` entry where it has one (tile, form and the wave its split
+    count fills), DEFAULT's on any other card and off CUDA; FLOTILLA_DECODE_FP8_LAUNCH still overrides the tile, and
+    a float pool keeps its own launch. Seen at the kernel's launch (the grid and the compile knobs), with the card
+    made "NVIDIA H200" and a made-up H200 entry (one KV head a program, 2 streams, 2 warps, 3 stages, wave 4); the
+    numbers still match the reference."""
+    from flotilla.kernels import triton_paged_decode as tpd
+    from flotilla.kernels.card_tables import DEFAULT, H100, H200
+
+    entry = ((32, 2, 3, "cvtpx", 2), "h1", 4)
+    monkeypatch.setitem(tpd.FP8_LAUNCHES, H200, entry)
+    monkeypatch.delenv("FLOTILLA_DECODE_FP8_LAUNCH", raising=False)
+    monkeypatch.delenv("FLOTILLA_DECODE_WAVE", raising=False)
+    assert tpd._launch_defaults(True, H200) == (32, 2, 3, "cvtpx", 2, "h1")
+    assert tpd._launch_defaults(True, H100) == tpd._launch_defaults(True, None) == (*tpd.FP8_LAUNCHES[DEFAULT][0], "h2")
+    assert tpd._fp8_wave(H200) == 4 and tpd._fp8_wave(H100) == tpd._fp8_wave(None) == 2
+    launches = []
+
+    class Spy:  # records each launch of the split kernel, then runs it
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((grid, kwargs))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    real = tpd._decode_split_kernel
+    monkeypatch.setattr(tpd, "_decode_split_kernel", Spy())
+    monkeypatch.setattr(tpd, "device_card", lambda tensor: H200)
+    monkeypatch.setattr(tpd, "device_sms", lambda tensor: 4)
+    query, k_cache, v_cache, tables, qsl, lens = attention_case([1, 1], [70, 20], 8, 4, torch.float32, seed=30)
+    k8, v8 = k_cache.to(FP8), v_cache.to(FP8)
+    ref = paged_attention_ref(query, k8.float(), v8.float(), tables, qsl, lens, 0.5)
+    out = tpd.paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.5)
+    assert rel_err(out, ref) < 1e-5
+    grid, kw = launches[-1]
+    # 2 sequences x 4 KV heads, one a program; wave 4 x 4 SMs // 8 programs = 2 splits (DEFAULT's wave 2: 1)
+    assert grid == (2, 4, 2), grid
+    assert (kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], kw["KEY_STREAMS"]) == (32, 2, 3, 2)
+    assert kw["HEAD_STREAMS"] and kw["KEY_SUB"] == 2
+    monkeypatch.setenv("FLOTILLA_DECODE_FP8_LAUNCH", "64,4,3,cvtpx,4h2")  # the override wins over the card's tile
+    tpd.paged_decode_attention(query, k8, v8, tables, qsl, lens, 0.5)
+    grid, kw = launches[-1]
+    assert (grid[1], kw["BLOCK_N"], kw["num_warps"], kw["KEY_SUB"]) == (2, 64, 4, 2)
+    tpd.paged_decode_attention(query, k_cache, v_cache, tables, qsl, lens, 0.5)  # a float pool: its own launch
+    assert launches[-1][1]["KEY_STREAMS"] == 0 and launches[-1][0][1] == 4
+
+
 def _llama_fp8_case(seed: int) -> tuple[torch.Tensor, ...]:
     """On the GPU: Llama-3-8B heads (32 query, 8 KV, 128 dims), sequences of 4,000, 300 and 17 tokens on an fp8
     pool (K scaled to ~30 % subnormal values), one bf16 query row each, scale 0.3; returns (query, k8, v8, tables,

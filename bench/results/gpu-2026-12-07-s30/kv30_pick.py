@@ -116,11 +116,11 @@ def summary(work: Path) -> list[str]:
         launch, wave, _ = top["spec"].split("@")
         n, w, st, mode, streams = launch.split(",")
         form = streams.lstrip("0123456789")
-        lines.append(f"SUMMARY kv30 adopt: kernels/triton_paged_decode.py _FP8_LAUNCH = ({n}, {w}, {st}, \"{mode}\", "
-                     f"{streams[: len(streams) - len(form)]}), _FP8_FORM = \"{form}\", _FP8_WAVE = {wave} (the "
-                     f"engine step {top['ms'] / ab['a_ms']:.3f}x the default's; "
-                     f"{'MEETS' if top['ms'] / ref <= ISSUE_FLOOR else 'misses'} 0.70x {ref_name} bf16-KV); its "
-                     f"comment: this call's kernel and step numbers; on {device} only until an H100 call times "
+        tile = f"({n}, {w}, {st}, \"{mode}\", {streams[: len(streams) - len(form)]})"
+        lines.append(f"SUMMARY kv30 adopt: kernels/triton_paged_decode.FP8_LAUNCHES[\"{device}\"] = ({tile}, "
+                     f"\"{form}\", {wave}) (the engine step {top['ms'] / ab['a_ms']:.3f}x the default's; "
+                     f"{'MEETS' if top['ms'] / ref <= ISSUE_FLOOR else 'misses'} 0.70x {ref_name} bf16-KV), its "
+                     f"comment citing this call's kernel rows and A/B; DEFAULT stays until the other card times "
                      f"it")  # fmt: skip
     else:
         lines.append(f"SUMMARY kv30 adopt: nothing (best B {top['spec']} {top['ms'] / ab['a_ms']:.3f}x A: keep the "
@@ -165,7 +165,9 @@ def _selftest() -> None:
     (work / "bf16.json").write_text(json.dumps({"bs64": {"ms_per_step": 12.4}}))
     text = summary(work)
     print("\n".join(text))
-    assert any(line.startswith("SUMMARY kv30 adopt: kernels/") for line in text), text
+    adopt = next(line for line in text if line.startswith("SUMMARY kv30 adopt: "))
+    assert adopt.startswith('SUMMARY kv30 adopt: kernels/triton_paged_decode.FP8_LAUNCHES["selftest"] = ((64, 8, 3, '
+                            '"cvtpx", 8), "h2", 2)'), adopt
     _smoke(rows)
 
 
