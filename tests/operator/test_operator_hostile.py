@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from flotilla.operator.kube import KubeError
+from flotilla.operator.message_limit import MESSAGE_LIMIT
 from flotilla.operator.names import HTTP_PORT
 from flotilla.operator.spec import DEFAULT_IMAGE
 
@@ -753,3 +754,43 @@ def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_i
     assert WEBHOOK in refused.value.message and "minReplicas (4) must not exceed" in refused.value.message
     cluster.kube.request("DELETE", path, {"propagationPolicy": "Foreground"})
     wait_for(lambda: cluster.kube.get(path) is None, 30, "the foreground deletion to finish")
+
+
+# 20000 pod annotation keys with a dot (200 kB of keys and values, within the apiserver's 256 KiB of annotations),
+# each refused with a 300-character explanation: 6 MB of refusal from a 300 kB spec, past what one status write may
+# carry (the apiserver closes the connection).
+MANY_REFUSALS = {"annotations": {f"a.b{i:06d}": "x" for i in range(20_000)}}
+
+
+def _bounded_refusal(message: str) -> None:
+    assert len(message.encode()) <= MESSAGE_LIMIT, len(message)
+    assert message.startswith("spec.pod.annotations: a.b000000 is not a pod annotation this cluster allows"), message
+    assert message.endswith(" more (20000 errors in all, the first shown)"), message[-300:]
+
+
+def test_a_spec_refused_many_times_over_is_refused_with_a_bounded_message(operator_process, cluster, namespace):
+    doc = fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS)
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices", doc)
+    assert refused.value.status == 422 and WEBHOOK in refused.value.message, refused.value.message[:300]
+    _bounded_refusal(refused.value.message.split(" is invalid: ", 1)[1])
+    assert cluster.kube.get(fis_path(namespace, "many")) is None
+
+
+def test_a_spec_refused_many_times_over_stored_while_the_webhook_was_down_gets_its_refusal_in_status(
+        operator_process, cluster, namespace):
+    # The whole refusal did not fit one status write (the apiserver refused the patch), so such an InferenceService
+    # got no condition and no Event, and was retried for ever, each time building and sending megabytes.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "many")), "Valid").get("status")
+                    == "False" and b, 30, "Valid=False")
+    _bounded_refusal(condition(body, "Valid")["message"])
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "many" and e["reason"] == "InvalidSpec"], 30,
+                      "an InvalidSpec Event")
+    assert events[0]["type"] == "Warning"
+    _no_children(cluster, namespace, "many")
