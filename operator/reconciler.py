@@ -369,7 +369,9 @@ class Reconciler:
         meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
-            kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
+            # The owner reference alone: kopf.adopt would also copy the InferenceService's own labels onto the child,
+            # and those are its author's to set freely, while tools select Services and Deployments by label.
+            kopf.append_owner_reference(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
             path = k.path_of(child)
             live[path] = self.kube.get(path)
             found = live[path]

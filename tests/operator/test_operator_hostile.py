@@ -19,7 +19,7 @@ import pytest
 
 from flotilla.operator.kube import KubeError
 from flotilla.operator.message_limit import MESSAGE_LIMIT
-from flotilla.operator.names import HTTP_PORT
+from flotilla.operator.names import HTTP_PORT, common_labels
 from flotilla.operator.spec import DEFAULT_IMAGE
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
@@ -798,3 +798,16 @@ def test_a_spec_refused_many_times_over_stored_while_the_webhook_was_down_gets_i
                       "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "many")
+
+
+def test_the_inferenceservices_own_labels_reach_none_of_its_children(operator_process, cluster, namespace):
+    # An InferenceService's metadata.labels are its author's to set freely, and kopf.adopt copied them onto every child
+    # (Deployment, Service, PodDisruptionBudget, autoscaler, ServiceMonitor): a Service or Deployment then carried
+    # labels that tools select by (another team's ServiceMonitor picking Services by a label, an image updater picking
+    # Deployments), which its author could not have given them, nor spec.pod.labels' policy allows on the pods.
+    doc = fis("labelled", namespace, autoscaling=None, replicas=2)
+    doc["metadata"]["labels"] = {"team": "a", "example.com/scrape": "true", "keel.sh/policy": "force"}
+    cluster.apply(doc)
+    children = wait_children(cluster, namespace, "labelled", ["Deployment", "Service", "PodDisruptionBudget"])
+    for kind, child in children.items():
+        assert child["metadata"]["labels"] == common_labels("labelled"), kind
