@@ -811,3 +811,24 @@ def test_the_inferenceservices_own_labels_reach_none_of_its_children(operator_pr
     children = wait_children(cluster, namespace, "labelled", ["Deployment", "Service", "PodDisruptionBudget"])
     for kind, child in children.items():
         assert child["metadata"]["labels"] == common_labels("labelled"), kind
+
+
+@pytest.mark.parametrize("records", [
+    {"last-handled-configuration": "{not json", "reconcile": "[1"},
+    {"last-handled-configuration": "5", "reconcile": '{"retries": "many", "delayed": "tomorrow"}'},
+], ids=["not-json", "not-kopfs-shape"])
+def test_kopfs_records_written_by_the_author_are_read_as_absent_and_replaced(operator_process, cluster, namespace,
+                                                                             records):
+    # kopf keeps the last handled spec and each handler's progress in annotations of the InferenceService, which its
+    # author can write too; kopf decoded them unchecked, so on every event it raised, throttled the object for ever
+    # (an error and an Event each time) and never ran the reconcile or wrote its own record there.
+    doc = fis("records", namespace, autoscaling=None)
+    doc["metadata"]["annotations"] = {f"serving.flotilla.dev/{key}": value for key, value in records.items()}
+    cluster.apply(doc)
+
+    def replaced():
+        annotations = cluster.kube.get(fis_path(namespace, "records"))["metadata"].get("annotations") or {}
+        base = annotations.get("serving.flotilla.dev/last-handled-configuration", "")
+        return base.startswith('{"sha256":') and "serving.flotilla.dev/reconcile" not in annotations
+    wait_for(replaced, 60, "kopf's own records in place of the author's")
+    assert "unexpected error" not in operator_process.log_path.read_text(errors="replace")
