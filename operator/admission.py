@@ -26,6 +26,7 @@ from flotilla.operator.engine_env import engine_env_problem, env_from_prefix_pro
 from flotilla.operator.exec_size import exec_problems
 from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
+from flotilla.operator.message_limit import join_errors
 from flotilla.operator.names import (
     annotations_size_problem,
     common_labels,
@@ -51,8 +52,9 @@ class Review:
 
     @property
     def message(self) -> str:
-        """All errors in one line, as the webhook returns them and the Valid condition shows them."""
-        return "; ".join(self.errors)
+        """The errors in one line, as the webhook returns them and the Valid condition shows them: as many as fit
+        message_limit.MESSAGE_LIMIT, then how many more there are (a spec can hold thousands)."""
+        return join_errors(self.errors)
 
 
 def _spec_path(loc: Location) -> str:

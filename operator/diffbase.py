@@ -6,13 +6,20 @@ admits specs up to etcd's 1.5 MiB (a long chat template in spec.engineArgs): pas
 the annotation was refused (422 "metadata.annotations: Too long"), kopf logged an error, throttled the object and
 handled it as new again at every event, backing off for minutes. Every handler here runs the same idempotent
 reconcile and reads neither `old` nor `diff`, so a digest of the essence tells all that is needed: changed or not.
+
+Both of kopf's records (this one and each handler's progress) are annotations of the InferenceService, which its
+author may write too. kopf decodes them without a check, so `{not json` in one raised on every event: kopf throttled
+the object for ever (errors and Events each time) and never ran its handlers. A record that is no record of kopf's
+(not JSON, not an object, a field of the wrong type) is read here as absent: the object is handled as new, and
+kopf's next write puts its own record there.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
-from typing import cast
+from typing import Any, cast
 
 import kopf
 
@@ -41,8 +48,53 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         """The last handled essence as kopf compares it: the current one when the stored digest matches it (no
         change), the digest itself otherwise (a change, whose details no handler reads). An essence stored whole
         by an earlier operator is returned as it is."""
-        stored = super().fetch(body=body)
-        if stored is None or set(stored) != {DIGEST_KEY}:
+        try:
+            stored = super().fetch(body=body)
+        except ValueError:  # not JSON: not kopf's
+            return None
+        if not isinstance(stored, dict) or (not stored.get("spec") and set(stored) != {DIGEST_KEY}):
+            return None  # neither a digest nor an essence: not kopf's
+        if set(stored) != {DIGEST_KEY}:
             return stored
         current = self.build(body=body)
         return current if dict(stored).get(DIGEST_KEY) == digest(current) else stored
+
+
+# The fields of kopf's progress record (kopf.ProgressRecord) and the types kopf reads them as.
+_TIMES = ("started", "stopped", "delayed")
+_TEXTS = ("purpose", "message")
+
+
+def _is_progress_record(record: Any) -> bool:
+    """Whether `record`, decoded from a progress annotation, is one kopf can read."""
+    if not isinstance(record, dict):
+        return False
+    for key in _TIMES:
+        value = record.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                return False
+            try:
+                datetime.datetime.fromisoformat(value)
+            except ValueError:
+                return False
+    subrefs = record.get("subrefs")
+    return (all(record.get(key) is None or isinstance(record[key], str) for key in _TEXTS)
+            and (record.get("retries") is None or type(record["retries"]) is int)
+            and all(record.get(key) is None or isinstance(record[key], bool) for key in ("success", "failure"))
+            and (subrefs is None or (isinstance(subrefs, list) and all(isinstance(ref, str) for ref in subrefs))))
+
+
+class CheckedProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's annotation progress storage, reading a record kopf could not use as absent (the handler runs anew)."""
+
+    def __init__(self) -> None:
+        super().__init__(prefix=GROUP)
+
+    def fetch(self, *, key: kopf.HandlerId, body: kopf.Body) -> kopf.ProgressRecord | None:
+        """The handler's progress record, or None when there is none or it is not kopf's."""
+        try:
+            record = super().fetch(key=key, body=body)
+        except ValueError:
+            return None
+        return record if _is_progress_record(record) else None

@@ -26,6 +26,7 @@ from typing import Any
 import kopf
 
 from flotilla.operator.kube import KubeError
+from flotilla.operator.message_limit import clip
 from flotilla.operator.names import MANAGED_BY, MANAGED_BY_LABEL
 from flotilla.operator.reconciler import ChildrenBlocked, Reconciler
 from flotilla.operator.spec import GROUP, KIND, PLURAL, VERSION
@@ -72,7 +73,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces
         try:
             result = reconciler.reconcile(namespace, name)
         except KubeError as e:
-            raise kopf.TemporaryError(f"Kubernetes API error, retrying: {e}", delay=backoff(retry)) from e
+            # kopf keeps the message in an annotation (256 KiB with all the others); an API error may quote the object.
+            raise kopf.TemporaryError(clip(f"Kubernetes API error, retrying: {e}"), delay=backoff(retry)) from e
         except ChildrenBlocked as e:
             raise kopf.TemporaryError(f"{e.reason}, retrying: {e.message}", delay=backoff(retry)) from e
         if result is not None and result.errors:

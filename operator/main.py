@@ -28,7 +28,7 @@ import kopf
 
 from flotilla.operator import handlers, serving_reader, webhook
 from flotilla.operator.certificates import ensure_certificate, needs_restart
-from flotilla.operator.diffbase import DigestDiffBaseStorage
+from flotilla.operator.diffbase import CheckedProgressStorage, DigestDiffBaseStorage
 from flotilla.operator.kube import Kube
 from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
@@ -120,7 +120,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     """kopf settings: our own annotation prefix, quiet event posting, the webhook server."""
     settings = kopf.OperatorSettings()
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    # kopf's records are annotations the InferenceService's author can write too: read defensively (diffbase.py).
+    settings.persistence.progress_storage = CheckedProgressStorage()
     # A digest, not kopf's full copy of the spec: a large spec does not fit in an annotation (diffbase.py).
     settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.persistence.finalizer = f"{GROUP}/finalizer"

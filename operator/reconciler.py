@@ -31,6 +31,7 @@ from flotilla.operator.autoscaling import (
 from flotilla.operator.capabilities import discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.engine_pods import engine_pods
+from flotilla.operator.message_limit import clip
 from flotilla.operator.ownership import adoptable, conflict_message, owned_by
 from flotilla.operator.pod_problems import REASONS, PodProblem, pod_problem
 from flotilla.operator.policy import DEFAULT_POLICY, AdmissionPolicy
@@ -104,6 +105,7 @@ class ChildrenBlocked(Exception):
     """
 
     def __init__(self, reason: str, message: str):
+        message = clip(message)  # the apiserver's refusal lists every field it refuses, and the spec sets how many
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -367,7 +369,9 @@ class Reconciler:
         meta = owner["metadata"]
         live: dict[str, dict[str, Any] | None] = {}
         for child in plan.apply:
-            kopf.adopt(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
+            # The owner reference alone: kopf.adopt would also copy the InferenceService's own labels onto the child,
+            # and those are its author's to set freely, while tools select Services and Deployments by label.
+            kopf.append_owner_reference(child, owner=cast(kopf.Body, owner))  # kopf reads only the owner's identity
             path = k.path_of(child)
             live[path] = self.kube.get(path)
             found = live[path]

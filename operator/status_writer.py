@@ -14,6 +14,7 @@ from flotilla.operator import names
 from flotilla.operator.admission import Review
 from flotilla.operator.children import Plan
 from flotilla.operator.fit import FitReport
+from flotilla.operator.message_limit import clip
 from flotilla.operator.pod_problems import REASONS as POD_PROBLEMS
 from flotilla.operator.pod_problems import PodProblem
 from flotilla.operator.status import Condition, InferenceServiceStatus
@@ -42,7 +43,8 @@ def _condition(old: dict[str, dict[str, Any]], generation: int, now: str, type_:
     previous = old.get(type_)
     moved = previous is None or previous.get("status") != status
     since = now if moved or previous is None else previous.get("lastTransitionTime", now)
-    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
+    # Bounded whatever built it: a status write past the apiserver's limit would leave no condition at all.
+    return Condition(type=type_, status=status, reason=reason, message=clip(message), last_transition_time=since,
                      observed_generation=generation)
 
 

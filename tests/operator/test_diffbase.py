@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from flotilla.operator.diffbase import DIGEST_KEY, DigestDiffBaseStorage
+from flotilla.operator.diffbase import DIGEST_KEY, CheckedProgressStorage, DigestDiffBaseStorage
 
 from .conftest import wait_for
 from .test_operator_reconcile import child_path, fis_path, fixed, wait_children
@@ -73,3 +73,20 @@ def test_a_spec_too_large_for_kopfs_annotation_is_handled_and_updated(operator_p
     assert sum(len(env[e["name"]]) for e in body["spec"]["pod"]["env"]) == 1_300_000
     log = operator_process.log_path.read_text(errors="replace")
     assert "metadata.annotations: Too long" not in log
+
+
+def test_records_that_are_not_kopfs_read_as_absent():
+    # The author of an InferenceService can write kopf's annotations; kopf raised on every event decoding them.
+    spec = {"model": {"source": "pvc://m/x"}}
+    storage = DigestDiffBaseStorage()
+    for junk in ("{not json", "5", "[1]", '"text"', '{"other": 1}'):
+        assert storage.fetch(body=_body(spec, {ANNOTATION: junk})) is None, junk
+    progress = CheckedProgressStorage()
+    key = kopf.HandlerId("reconcile")
+    good = {"started": "2026-12-07T01:05:01.334000+00:00", "retries": 2, "success": False, "message": "x",
+            "subrefs": ["a"]}
+    assert progress.fetch(key=key, body=_body(spec, {"serving.flotilla.dev/reconcile": json.dumps(good)})) == good
+    for junk in ("[1", "[1]", '{"retries": "many"}', '{"delayed": "tomorrow"}', '{"started": 5}',
+                 '{"success": "yes"}', '{"subrefs": [1]}', '{"retries": true}'):
+        body = _body(spec, {"serving.flotilla.dev/reconcile": junk})
+        assert progress.fetch(key=key, body=body) is None, junk

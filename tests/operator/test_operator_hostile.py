@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from flotilla.operator.kube import KubeError
-from flotilla.operator.names import HTTP_PORT
+from flotilla.operator.message_limit import MESSAGE_LIMIT
+from flotilla.operator.names import HTTP_PORT, common_labels
 from flotilla.operator.spec import DEFAULT_IMAGE
 
 from .conftest import ENGINE_IMAGE, FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
@@ -710,7 +711,11 @@ def _serving_of(cluster, namespace: str, name: str) -> dict[str, Any] | None:
     b"vllm:num_requests_running 1\nvllm:num_requests_waiting +Inf\n",
     b"vllm:num_requests_running 1e308\nvllm:num_requests_running{model_name=\"b\"} 1e308\n"
     b"vllm:num_requests_waiting 0\n",
-], ids=["nan", "inf", "overflowing-sum"])
+    # 60 000 TTFT buckets (3.5 MB, within the 4 MiB read): parsing them took 2 s of CPU on the operator's event loop,
+    # which answers the admission webhooks too, every period; no engine has more than MAX_WANTED_LINES such lines.
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+    + b"".join(b'vllm:time_to_first_token_seconds_bucket{le="%d"} %d\n' % (i, i) for i in range(60_000)),
+], ids=["nan", "inf", "overflowing-sum", "too-many-samples"])
 def test_one_engines_hostile_metrics_keep_no_other_inferenceservice_from_its_serving_status(
         operator_process, cluster, namespace, hostile):
     # The engine image is its author's: its /metrics may say anything. A value no figure can be made of must cost
@@ -753,3 +758,77 @@ def test_a_stored_spec_that_the_rules_refuse_can_still_be_labelled_and_deleted_i
     assert WEBHOOK in refused.value.message and "minReplicas (4) must not exceed" in refused.value.message
     cluster.kube.request("DELETE", path, {"propagationPolicy": "Foreground"})
     wait_for(lambda: cluster.kube.get(path) is None, 30, "the foreground deletion to finish")
+
+
+# 20000 pod annotation keys with a dot (200 kB of keys and values, within the apiserver's 256 KiB of annotations),
+# each refused with a 300-character explanation: 6 MB of refusal from a 300 kB spec, past what one status write may
+# carry (the apiserver closes the connection).
+MANY_REFUSALS = {"annotations": {f"a.b{i:06d}": "x" for i in range(20_000)}}
+
+
+def _bounded_refusal(message: str) -> None:
+    assert len(message.encode()) <= MESSAGE_LIMIT, len(message)
+    assert message.startswith("spec.pod.annotations: a.b000000 is not a pod annotation this cluster allows"), message
+    assert message.endswith(" more (20000 errors in all, the first shown)"), message[-300:]
+
+
+def test_a_spec_refused_many_times_over_is_refused_with_a_bounded_message(operator_process, cluster, namespace):
+    doc = fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS)
+    with pytest.raises(KubeError) as refused:
+        cluster.kube.request("POST", f"{FIS_PATH}/namespaces/{namespace}/inferenceservices", doc)
+    assert refused.value.status == 422 and WEBHOOK in refused.value.message, refused.value.message[:300]
+    _bounded_refusal(refused.value.message.split(" is invalid: ", 1)[1])
+    assert cluster.kube.get(fis_path(namespace, "many")) is None
+
+
+def test_a_spec_refused_many_times_over_stored_while_the_webhook_was_down_gets_its_refusal_in_status(
+        operator_process, cluster, namespace):
+    # The whole refusal did not fit one status write (the apiserver refused the patch), so such an InferenceService
+    # got no condition and no Event, and was retried for ever, each time building and sending megabytes.
+    operator_process.kill()
+    try:
+        cluster.apply(fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS))
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "many")), "Valid").get("status")
+                    == "False" and b, 30, "Valid=False")
+    _bounded_refusal(condition(body, "Valid")["message"])
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == "many" and e["reason"] == "InvalidSpec"], 30,
+                      "an InvalidSpec Event")
+    assert events[0]["type"] == "Warning"
+    _no_children(cluster, namespace, "many")
+
+
+def test_the_inferenceservices_own_labels_reach_none_of_its_children(operator_process, cluster, namespace):
+    # An InferenceService's metadata.labels are its author's to set freely, and kopf.adopt copied them onto every child
+    # (Deployment, Service, PodDisruptionBudget, autoscaler, ServiceMonitor): a Service or Deployment then carried
+    # labels that tools select by (another team's ServiceMonitor picking Services by a label, an image updater picking
+    # Deployments), which its author could not have given them, nor spec.pod.labels' policy allows on the pods.
+    doc = fis("labelled", namespace, autoscaling=None, replicas=2)
+    doc["metadata"]["labels"] = {"team": "a", "example.com/scrape": "true", "keel.sh/policy": "force"}
+    cluster.apply(doc)
+    children = wait_children(cluster, namespace, "labelled", ["Deployment", "Service", "PodDisruptionBudget"])
+    for kind, child in children.items():
+        assert child["metadata"]["labels"] == common_labels("labelled"), kind
+
+
+@pytest.mark.parametrize("records", [
+    {"last-handled-configuration": "{not json", "reconcile": "[1"},
+    {"last-handled-configuration": "5", "reconcile": '{"retries": "many", "delayed": "tomorrow"}'},
+], ids=["not-json", "not-kopfs-shape"])
+def test_kopfs_records_written_by_the_author_are_read_as_absent_and_replaced(operator_process, cluster, namespace,
+                                                                             records):
+    # kopf keeps the last handled spec and each handler's progress in annotations of the InferenceService, which its
+    # author can write too; kopf decoded them unchecked, so on every event it raised, throttled the object for ever
+    # (an error and an Event each time) and never ran the reconcile or wrote its own record there.
+    doc = fis("records", namespace, autoscaling=None)
+    doc["metadata"]["annotations"] = {f"serving.flotilla.dev/{key}": value for key, value in records.items()}
+    cluster.apply(doc)
+
+    def replaced():
+        annotations = cluster.kube.get(fis_path(namespace, "records"))["metadata"].get("annotations") or {}
+        base = annotations.get("serving.flotilla.dev/last-handled-configuration", "")
+        return base.startswith('{"sha256":') and "serving.flotilla.dev/reconcile" not in annotations
+    wait_for(replaced, 60, "kopf's own records in place of the author's")
+    assert "unexpected error" not in operator_process.log_path.read_text(errors="replace")
