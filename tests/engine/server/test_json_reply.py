@@ -76,6 +76,20 @@ def test_values_are_counted_only_up_to_the_limit():
     assert 10 < json_values([[0] * 1000] * 1000, 10) < 1100  # stopped once past the limit
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_value_past_the_limit_is_counted_past_it_at_every_depth(seed):
+    # The count decides what is encoded whole: counted at the limit while past it, a Responses end's 2M values (its
+    # message item six containers deep) were taken for 4,095 and encoded by one json.dumps holding the GIL 2.7 s
+    rng = random.Random(seed)
+    value: object = [rng.choice(SCALARS) for _ in range(rng.randrange(1, 5))]
+    for _ in range(rng.randrange(1, 8)):  # nested, each level beside a few scalars
+        value = rng.choice([lambda v: [v, *SCALARS[:rng.randrange(3)]], lambda v: {"k": v, "s": 0}])(value)
+    total = json_values(value, 10**9)
+    for limit in range(total + 2):
+        counted = json_values(value, limit)
+        assert counted == total if total <= limit else counted > limit, (limit, counted, total)
+
+
 def test_a_small_reply_is_jsonresponse_and_a_large_one_has_its_bytes():
     small = {"choices": [{"text": "hi"}]}
     response = asyncio.run(json_response(small))
@@ -139,6 +153,21 @@ def test_a_responses_streams_large_closing_event_is_encoded_in_pieces_as_on_the_
     assert len(pieces) > 10  # read a piece at a time: the event is never held whole before it is sent
     assert "".join(pieces) == whole("response.output_item.done", output_index=0, item=item)
     assert in_pieces.next == whole.next == 8
+
+
+def test_a_responses_end_six_containers_deep_is_cut_into_pieces_of_bounded_size():
+    # The closing event's logprobs as the server builds them: response > output > message > content > part >
+    # logprobs > entry > top_logprobs; no piece holds more than a piece's worth of entries
+    from flotilla.engine.server.responses import _Numbered
+
+    entries = [{"token": f"t{i}", "logprob": -1.5, "bytes": (116, 49), "top_logprobs": [
+        {"token": f"a{j}", "logprob": -2.5, "bytes": (97,)} for j in range(500)]} for i in range(40)]
+    response = {"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": [
+        {"type": "output_text", "text": "é", "annotations": [], "logprobs": entries}]}]}
+    pieces = list(_Numbered().pieces("response.completed", response=response))
+    entry_chars = len(json.dumps(entries[0]["top_logprobs"][0]))
+    assert max(len(piece) for piece in pieces) < 2 * PIECE_VALUES * entry_chars / 3, max(map(len, pieces))
+    assert "".join(pieces) == _Numbered()("response.completed", response=response)
 
 
 def test_a_large_build_runs_with_garbage_collection_paused():
