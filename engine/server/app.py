@@ -123,6 +123,8 @@ def _add_model_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
+        if not model_id:  # /v1/models/: the list, where vLLM's redirect to /v1/models ends (not the first card)
+            return await models()
         name = _model(state, model_id, code="model_not_found")
         if name in state.model_names:
             return _model_card(state, name)

@@ -96,7 +96,7 @@ class ResponsesRequest(_RequestBody):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True
-    previous_response_id: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)  # "" names no response: a 400, as OpenAI's
     metadata: dict[str, str] | None = None
     tools: JSONObjects | None = None
     tool_choice: str | dict[str, Any] = "auto"

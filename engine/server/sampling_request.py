@@ -97,7 +97,9 @@ def _fitted(params: list[SamplingParams], room: int) -> list[SamplingParams]:
 # (vLLM's --logits-processors plugins): one sent means such an extension is expected. `kv_transfer_params` and
 # `ec_transfer_params` drive a disaggregated-serving connector (vLLM's --kv-transfer-config / --ec-transfer-config):
 # a P/D proxy sends them to a prefill or decode instance and reads the reply's own back; a server that ignores them
-# answers as a whole instance, which the proxy's next step cannot use.
+# answers as a whole instance, which the proxy's next step cannot use. `suffix` is OpenAI's completions field (its
+# own 400 there, serving.py): vLLM ignores it on chat with a log line, OpenAI refuses it as an unknown argument;
+# ignored, the client got text that does not lead up to its suffix.
 UNSUPPORTED_VLLM_FIELDS = {
     "use_beam_search": "",
     "logits_processors": "",
@@ -107,9 +109,11 @@ UNSUPPORTED_VLLM_FIELDS = {
                           "server does not have: every request is prefilled and decoded here",
     "ec_transfer_params": "it drives a disaggregated encoder-cache connector (vLLM's --ec-transfer-config), which this "
                           "server does not have",
+    "suffix": "it asks for text that ends where the suffix begins (the completions API's insertion), which this "
+              "endpoint does not do",
 }
-# The ones vLLM's Responses request declares too (the others are chat's and completions')
-RESPONSES_UNSUPPORTED_FIELDS = ("vllm_xargs", "kv_transfer_params")
+# The ones vLLM's Responses request declares too (the others are chat's and completions'), and suffix
+RESPONSES_UNSUPPORTED_FIELDS = ("vllm_xargs", "kv_transfer_params", "suffix")
 
 
 def refuse_unsupported_fields(req: _RequestBody, names: Iterable[str] = tuple(UNSUPPORTED_VLLM_FIELDS)) -> None:

@@ -453,3 +453,29 @@ def test_a_schema_number_past_a_doubles_range_is_a_400_that_says_why(server, whe
     assert_openai_400(response, "structured_outputs")
     reason = response.json()["error"]["message"].partition("structured output:")[2]
     assert "range" in reason, response.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
+])
+@pytest.mark.parametrize("suffix", ["the end", ""])
+def test_a_suffix_where_the_endpoint_has_none_is_a_400_not_ignored(server, path, body, suffix):
+    """`suffix` (the completions API's insertion point, refused there too) was ignored on chat and Responses: a 200
+    whose text did not lead up to it. A null suffix, what some clients send for none, is still served."""
+    assert_openai_400(httpx.post(f"{server.url}{path}", json={**body, "suffix": suffix}, headers=HEADERS,
+                                 timeout=120), "suffix")
+    served = httpx.post(f"{server.url}{path}", json={**body, "suffix": None}, headers=HEADERS, timeout=120)
+    assert served.status_code == 200, served.text
+
+
+def test_an_empty_previous_response_id_is_a_400(client, server):
+    """`previous_response_id: ""` names no response: it was taken as absent (a new conversation, and the reply echoed
+    the empty id), where OpenAI refuses an empty string and vLLM answers 404."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=2, previous_response_id="")
+    assert refused.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=2, previous_response_id="resp_nope",
+                                stream=True)
+    assert server.metric("vllm:num_requests_running") == 0

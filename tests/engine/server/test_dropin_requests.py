@@ -338,6 +338,21 @@ def test_models_by_id(server):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
+def test_an_empty_model_id_is_the_list_and_odd_ids_are_404s(server):
+    """`/v1/models/` answered the first served model's card, as if its id were that model's name: now the list, where
+    vLLM's redirect (to /v1/models) ends. Ids with slashes (encoded or not), NUL, spaces or invalid UTF-8 are names
+    this server does not serve: OpenAI's 404."""
+    listed = httpx.get(f"{server.url}/v1/models", headers=HEADERS).json()
+    empty = httpx.get(f"{server.url}/v1/models/", headers=HEADERS)
+    assert empty.status_code == 200, empty.text
+    assert empty.json()["object"] == "list" and [m["id"] for m in empty.json()["data"]] == [m["id"] for m in
+                                                                                          listed["data"]]
+    for odd in ("tiny%2Fx", "%2F", "a/b", "tiny/", "%00", "%ff", "%20", "..%2F..%2Fmetrics", "/"):
+        missing = httpx.get(f"{server.url}/v1/models/{odd}", headers=HEADERS)
+        assert missing.status_code == 404, (odd, missing.text)
+        assert missing.json()["error"]["code"] == "model_not_found", odd
+
+
 @pytest.mark.parametrize(("route", "field", "value"), [
     ("/v1/completions", "priority", 2**31),
     ("/v1/chat/completions", "priority", -(2**31) - 1),

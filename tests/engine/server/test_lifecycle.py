@@ -11,10 +11,11 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from flotilla.engine.config import ServerConfig
 
-from .conftest import API_KEY, start_server, stop_server
+from .conftest import API_KEY, start_server, stop_server, wait_until_engine_idle
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -70,6 +71,37 @@ def test_a_client_disconnect_mid_stream_frees_its_blocks(server):
         lambda: server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:kv_cache_usage_perc") == 0,
         timeout=10,
     )
+
+
+@pytest.mark.parametrize(("path", "stream"), [("/v1/chat/completions", True), ("/v1/chat/completions", False),
+                                              ("/v1/responses", True), ("/v1/responses", False)])
+def test_a_client_that_leaves_chat_or_responses_mid_generation_frees_the_engine(server, path, stream):
+    """The completions stream's disconnect is tested above; chat and Responses, streamed or not, have their own
+    routes to the engine. A client that hangs up while its 200 tokens generate: the engine ends idle, no KV block held,
+    and the request did not end at its length (a disconnect not heard ends it there, `min_tokens` forbidding a stop;
+    an aborted request is not counted in vllm:request_success_total)."""
+    wait_until_engine_idle(server)
+    length = {"max_output_tokens": 200} if path == "/v1/responses" else {"max_tokens": 200}
+    prompt = {"input": "A long story"} if path == "/v1/responses" else {
+        "messages": [{"role": "user", "content": "A long story"}]}
+    body = json.dumps({"model": "tiny", **prompt, **length, "min_tokens": 200, "temperature": 0,
+                       "stream": stream}).encode()
+    finished = _finished(server, "length")
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(head + body)
+        assert _wait_until(lambda: server.metric("vllm:num_requests_running") >= 1, timeout=120)
+        if stream:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    wait_until_engine_idle(server)  # a wait: nothing running or waiting, no KV block held
+    assert _finished(server, "length") == finished
+
+
+def _finished(server, reason: str) -> float:
+    """Requests finished for `reason` so far (vllm:request_success_total's finished_reason)."""
+    return sum(value for key, value in server.metrics().items()
+               if key.startswith("vllm:request_success_total{") and f'finished_reason="{reason}"' in key)
 
 
 def _drop_mid_burst(server, body: bytes, events: int, reset: bool) -> None:

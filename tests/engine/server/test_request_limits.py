@@ -185,6 +185,34 @@ def test_a_trickling_body_gets_408_and_is_closed(limited):
 
 
 
+def test_a_body_sent_a_byte_at_a_time_gets_408_while_it_is_still_coming(limited):
+    """Slow-loris on the body: a byte every 0.1 s keeps each read short, so a timeout per read (uvicorn has none for
+    the body at all) never fires and the connection is held as long as the client likes. The deadline is on the whole
+    body: the 408 comes while the client is still sending (it would go on for 12 s, 6x the flag)."""
+    sending = threading.Event()
+    sending.set()
+    with _connect(limited) as sock:
+        sock.sendall(_head("/v1/completions", length=1000) + b'{"prompt": "')
+
+        def trickle() -> None:
+            for _ in range(int(6 * TIMEOUT_S / 0.1)):
+                try:
+                    sock.send(b" ")
+                except OSError:  # the server answered and closed
+                    return
+                time.sleep(0.1)
+            sending.clear()
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        answer = _read_until_closed(sock)
+        still_sending = sending.is_set()
+        sender.join(timeout=30)
+    status, error = _status_and_error(answer)
+    assert status == 408 and "--body-read-timeout" in error["message"]
+    assert still_sending, "the 408 came only once the client stopped sending"
+
+
 def test_a_client_that_leaves_mid_body_leaves_no_traceback(limited):
     # The route reads the body itself (request_body.py, to parse it off the event loop), outside FastAPI's body
     # handling: a client that closed its connection mid-body made Starlette's ClientDisconnect escape the app, and
