@@ -16,11 +16,11 @@ kopf's next write puts its own record there.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 from typing import Any, cast
 
+import iso8601
 import kopf
 
 from flotilla.operator.spec import GROUP
@@ -65,22 +65,28 @@ _TIMES = ("started", "stopped", "delayed")
 _TEXTS = ("purpose", "message")
 
 
+def _is_aware_time(value: Any) -> bool:
+    """Whether kopf reads `value` as a time it can compare with its own: kopf parses with iso8601 (fewer forms than
+    datetime.fromisoformat: no week dates) and compares with aware times (a time without an offset raised)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return iso8601.parse_date(value, default_timezone=None).tzinfo is not None
+    except iso8601.ParseError:
+        return False
+
+
 def _is_progress_record(record: Any) -> bool:
     """Whether `record`, decoded from a progress annotation, is one kopf can read."""
     if not isinstance(record, dict):
         return False
-    for key in _TIMES:
-        value = record.get(key)
-        if value is not None:
-            if not isinstance(value, str):
-                return False
-            try:
-                datetime.datetime.fromisoformat(value)
-            except ValueError:
-                return False
+    if not all(record.get(key) is None or _is_aware_time(record[key]) for key in _TIMES):
+        return False
     subrefs = record.get("subrefs")
+    retries = record.get("retries")
     return (all(record.get(key) is None or isinstance(record[key], str) for key in _TEXTS)
-            and (record.get("retries") is None or type(record["retries"]) is int)
+            # kopf's backoff doubles per retry from 1 s: below 0, a retry comes at once (thousands in a row)
+            and (retries is None or (type(retries) is int and retries >= 0))
             and all(record.get(key) is None or isinstance(record[key], bool) for key in ("success", "failure"))
             and (subrefs is None or (isinstance(subrefs, list) and all(isinstance(ref, str) for ref in subrefs))))
 

@@ -57,7 +57,10 @@ def expanded_bytes(text: str, sizes: Mapping[str, int | None], any_defined: bool
     raw = text.encode("utf-8", "surrogatepass")
     total, i = 0, 0
     while i < len(raw):
-        if raw[i] != ord("$") or i + 1 == len(raw):
+        if (dollar := raw.find(b"$", i)) == -1:  # the rest holds no reference: skipped at C speed, not byte by byte
+            return total + len(raw) - i
+        total, i = total + dollar - i, dollar
+        if i + 1 == len(raw):
             total, i = total + 1, i + 1
         elif raw[i + 1] == ord("$"):  # an escaped operator: one '$'
             total, i = total + 1, i + 2

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 def backoff(retry: int) -> float:
     """Seconds before retry number `retry`: 1, 2, 4, ... up to a minute."""
-    return min(2.0 ** retry, MAX_BACKOFF_S)
+    # kopf counts retries without end (1,024 of them: 17 hours of API errors) and 2.0 ** 1024 overflows a float.
+    return min(2.0 ** min(retry, 16), MAX_BACKOFF_S)
 
 
 def owner_name(child: Any) -> str | None:

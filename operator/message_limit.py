@@ -36,7 +36,7 @@ def join_errors(errors: list[str], limit: int = MESSAGE_LIMIT) -> str:
     for error in errors:
         note = _more(len(errors) - len(shown) - 1, len(errors))
         grown = size + len(error.encode()) + (2 if shown else 0)
-        if grown + len(note.encode()) > limit:
+        if grown + 2 + len(note.encode()) > limit:  # the "; " before the note counts too
             break
         shown.append(error)
         size = grown

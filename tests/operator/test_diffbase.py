@@ -87,6 +87,10 @@ def test_records_that_are_not_kopfs_read_as_absent():
             "subrefs": ["a"]}
     assert progress.fetch(key=key, body=_body(spec, {"serving.flotilla.dev/reconcile": json.dumps(good)})) == good
     for junk in ("[1", "[1]", '{"retries": "many"}', '{"delayed": "tomorrow"}', '{"started": 5}',
-                 '{"success": "yes"}', '{"subrefs": [1]}', '{"retries": true}'):
+                 '{"success": "yes"}', '{"subrefs": [1]}', '{"retries": true}',
+                 # datetime.fromisoformat reads these, kopf does not: a time with no offset (kopf compared it with its
+                 # own and raised TypeError), a week date (iso8601's ParseError); and retries below 0 (no backoff)
+                 '{"delayed": "2026-12-07T01:05:01"}', '{"started": "2026-12-07T01:05:01"}',
+                 '{"started": "2026-W49-1"}', '{"retries": -100000}'):
         body = _body(spec, {"serving.flotilla.dev/reconcile": junk})
         assert progress.fetch(key=key, body=body) is None, junk

@@ -174,3 +174,18 @@ def test_the_counted_strings_are_the_containers():
     spec = make(**env(("A", "1")))
     assert [e["name"] for e in container_env(spec)][-1] == "A"
     assert build_deployment(spec, "m", "ns")["spec"]["template"]["spec"]["containers"][0]["command"] == ENGINE_COMMAND
+
+
+def test_text_without_references_is_sized_at_c_speed():
+    # Every review sizes each argument and value (a chat template of up to the 1.5 MiB etcd holds) on the webhook's
+    # path: text with no '$' is skipped by bytes.find, not walked byte by byte in Python (0.19 s of CPU a MB). An
+    # order, not a time: 2 MB without '$' cost less CPU than 200 kB of '$x' (14x less; 8x more when walked).
+    def cpu(text: str) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.process_time()
+            expanded_bytes(text, {})
+            best = min(best, time.process_time() - start)
+        return best
+
+    assert cpu("a" * 2_000_000) < cpu("$x" * 100_000)

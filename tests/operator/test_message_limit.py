@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flotilla.operator.message_limit import MESSAGE_LIMIT, clip, join_errors
 
 
@@ -17,6 +19,16 @@ def test_many_errors_show_the_first_whole_ones_and_count_the_rest():
     parts = shown.split("; ")
     assert parts == errors[:len(parts)] and len(parts) > 10  # whole errors, in order
     assert note == f"and {20_000 - len(parts)} more (20000 errors in all, the first shown)"
+
+
+@pytest.mark.parametrize("size", range(1, 40))
+def test_the_joined_errors_and_their_note_stay_within_the_limit_to_the_byte(size):
+    # Every error length against a small limit: some shown errors end exactly at the limit, and the '; ' before
+    # the note must be counted with them.
+    limit = 200
+    message = join_errors(["x" * size] * 100, limit)
+    assert len(message.encode()) <= limit
+    assert message.endswith(" errors in all, the first shown)")
 
 
 def test_a_first_error_too_long_alone_is_cut_within_the_limit():

@@ -816,7 +816,9 @@ def test_the_inferenceservices_own_labels_reach_none_of_its_children(operator_pr
 @pytest.mark.parametrize("records", [
     {"last-handled-configuration": "{not json", "reconcile": "[1"},
     {"last-handled-configuration": "5", "reconcile": '{"retries": "many", "delayed": "tomorrow"}'},
-], ids=["not-json", "not-kopfs-shape"])
+    # a time datetime.fromisoformat reads but kopf compares with its own aware ones (TypeError on every event)
+    {"reconcile": '{"started": "2026-12-07T01:05:01", "delayed": "2026-12-07T01:05:01"}'},
+], ids=["not-json", "not-kopfs-shape", "time-without-offset"])
 def test_kopfs_records_written_by_the_author_are_read_as_absent_and_replaced(operator_process, cluster, namespace,
                                                                              records):
     # kopf keeps the last handled spec and each handler's progress in annotations of the InferenceService, which its
