@@ -42,8 +42,8 @@ SERVER = """
 import gc, runpy, sys, threading, time
 interval = sys.argv.pop(1)
 if interval != "-":
-    import flotilla.engine.server.cli as cli
-    cli.SWITCH_INTERVAL = float(interval)  # the server sets it once started
+    import os
+    os.environ["FLOTILLA_API_SWITCH_INTERVAL"] = interval  # the server sets it once started
 began = [0.0]
 def timed(phase, info):
     if phase == "start":
@@ -174,10 +174,10 @@ def big_streams(url: str, rounds: int, tokens: int, top_logprobs: int) -> list[t
 
 
 def server_switch_interval() -> float:
-    """The switch interval the server sets (cli.SWITCH_INTERVAL; Python's before the server set one)."""
+    """The switch interval the server sets (cli.switch_interval(); Python's before the server set one)."""
     import flotilla.engine.server.cli as cli
 
-    return getattr(cli, "SWITCH_INTERVAL", sys.getswitchinterval())
+    return cli.switch_interval() if hasattr(cli, "switch_interval") else sys.getswitchinterval()
 
 
 def pct(values: list[float], q: float) -> float:

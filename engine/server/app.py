@@ -129,7 +129,11 @@ def _add_model_routes(app: FastAPI, state: ServerState) -> None:
         if name in state.model_names:
             return _model_card(state, name)
         # an adapter: its own card, as the list gives it (it was the base model's card under the adapter's name)
-        return next(card for card in adapter_models(state.serving.loras, state.created) if card["id"] == name)
+        for card in adapter_models(state.serving.loras, state.created):
+            if card["id"] == name:
+                return card
+        # (unloaded since _model looked: the registry is shared with other threads; a 404, not a 500)
+        raise APIError(404, f"The model `{name}` does not exist", param="model", code="model_not_found")
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -146,7 +147,24 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
 # (bench/gil_stall.py); ordinary throughput (bench/serve.py, tiny Llama, 256 prompts, concurrency 32) 2,020 ->
 # 2,334 tokens/s (means of 3), no cost seen (bench/results/gil29-cpu-2026-12-06.txt). Not yet measured on a GPU at
 # hundreds of streams: FLOTILLA_API_SWITCH_INTERVAL (seconds; 0.005 is Python's own) sets it for an A/B run.
-SWITCH_INTERVAL = float(os.environ.get("FLOTILLA_API_SWITCH_INTERVAL", "0.0005"))
+SWITCH_INTERVAL = 0.0005
+SWITCH_INTERVAL_ENV = "FLOTILLA_API_SWITCH_INTERVAL"
+
+
+def switch_interval() -> float:
+    """The API process's switch interval: FLOTILLA_API_SWITCH_INTERVAL's seconds, else SWITCH_INTERVAL. Checked here,
+    at start-up, with the flags: a bad value was a traceback (`abc`, `0`, `-1`), or silently 2**63 ns (`nan`: every
+    thread waits for the one holding the GIL to block) or 0 (`inf`)."""
+    text = os.environ.get(SWITCH_INTERVAL_ENV)
+    if text is None:
+        return SWITCH_INTERVAL
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 1e-6 <= seconds <= 1.0:  # (nan fails it too)
+        raise ValueError(f"{SWITCH_INTERVAL_ENV} is seconds from 0.000001 to 1 (Python's own is 0.005), not {text!r}")
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         server = ServerConfig.from_kwargs(**flag_values(args, ("server",)))
         chat_template = load_chat_template(server.chat_template)
+        interval = switch_interval()
     except ValueError as exc:
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
@@ -188,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                           chat_template=chat_template)
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     freeze_startup_heap()  # the event loop's collections skip what start-up built (the core does the same)
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    sys.setswitchinterval(interval)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
     logger.info(f"API key: required on every path but {', '.join(PUBLIC_PATHS)}" if server.api_key is not None

@@ -90,9 +90,9 @@ def test_an_argument_reaches_the_engine_as_written_whatever_its_dollars():
 def test_a_doubling_chain_is_sized_without_being_built():
     # B=$(A)$(A), C=$(B)$(B), ...: 2**40 bytes in the pod, from a spec of a few hundred bytes.
     pairs = [("V0", "a")] + [(f"V{i}", f"$(V{i - 1})$(V{i - 1})") for i in range(1, 41)]
-    start = time.perf_counter()
+    start = time.process_time()
     problems = exec_problems(make(**env(*pairs)), "m")
-    assert time.perf_counter() - start < 1
+    assert time.process_time() - start < 5  # (CPU time, not the clock; building the 2**40 bytes would never end)
     assert any(p.startswith(f"spec.pod.env[40] (V40=...) is {2 ** 40 + 5} bytes") for p in problems)
 
 
