@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flotilla.engine.truncation import apply_top_k_top_p
@@ -339,26 +340,27 @@ def _race_few(probs: torch.Tensor, candidates: torch.Tensor,
               row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the `candidates` rows whose tokens of probability > 0 are at most 1 / _FEW_KEPT of the vocabulary, their
     draws): argmax of p / E over those tokens alone. The same p / E values as the whole row's (the same elementwise
-    hash and division), hence the same winner, ties to the lowest token id as argmax breaks them."""
+    hash and division), hence the same winner, ties to the lowest token id as argmax breaks them. The finding and
+    gathering is NumPy's (its compare, nonzero and take cost a fraction of torch's on the CPU); the arithmetic
+    torch's, as the whole row's."""
     vocab = probs.shape[1]
-    i, token = (_some_rows(probs, candidates) > 0).nonzero(as_tuple=True)  # row-major: each row's in token order
-    counts = torch.bincount(i, minlength=candidates.numel())
+    values = _some_rows(probs, candidates).numpy()
+    kept = values > 0
+    counts = np.count_nonzero(kept, axis=1)
     # A row with nothing kept (no finite logit) takes the whole-row race: its argmax says what it draws.
     picked = (counts > 0) & (counts <= vocab // _FEW_KEPT)
-    if not bool(picked.all()):
-        keep = picked[i]
-        i, token = (picked.cumsum(0) - 1)[i[keep]], token[keep]  # renumbered among the picked rows
-    rows = candidates[picked]
-    row = rows[i]
-    bits, scratch = _buffers(row.numel(), probs.device)
-    draws = _noise_rows(row_keys[row], _token_keys(vocab, probs.device)[token], bits, scratch)
-    ratio = probs[row, token].div_(draws)
-    if rows.numel() == 1:
-        return rows, token[ratio.argmax()].unsqueeze(0)
-    best = ratio.new_zeros(rows.numel()).scatter_reduce_(0, i, ratio, "amax", include_self=False)
-    at_best = ratio == best[i]
-    first = torch.full((rows.numel(),), vocab, dtype=torch.long)
-    return rows, first.scatter_reduce_(0, i[at_best], token[at_best], "amin")
+    if not picked.all():
+        values, kept, counts = values[picked], kept[picked], counts[picked]
+    rows = candidates[torch.from_numpy(picked)]
+    flat = np.flatnonzero(kept)  # row-major: each row's kept tokens in id order
+    row, token = np.divmod(flat, vocab)
+    bits, scratch = _buffers(flat.size, probs.device)
+    draws = _noise_rows(row_keys[rows].index_select(0, torch.from_numpy(row)),
+                        _token_keys(vocab, probs.device).index_select(0, torch.from_numpy(token)), bits, scratch)
+    ratio = torch.from_numpy(values.reshape(-1).take(flat)).div_(draws).numpy()
+    starts = np.cumsum(counts) - counts
+    best = np.maximum.reduceat(ratio, starts)
+    return rows, torch.from_numpy(np.minimum.reduceat(np.where(ratio == best.repeat(counts), token, vocab), starts))
 
 
 def sampling_logits(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
