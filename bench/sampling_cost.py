@@ -1,12 +1,13 @@
 """What drawing at temperature > 0 costs on the CPU: the sampler alone, and a whole offline generation.
 
 `micro`: `sample()` on `[B, V]` fp32 logits (default 16 x 49,152, the embedded model's vocabulary) at temperature
-0.8, seeded rows, unseeded rows, and with top-p 0.9, top-k 50 and both; CPU milliseconds and minor page faults a
-call (medians). `--bf16-logits` rounds the logits to bf16 values, so that they tie as a bf16 model's do (top-p cuts
-through tied tokens then).
+0.8, seeded rows, unseeded rows, and with top-p 0.9, top-k 50 and both, at temperature 0.1 (`cold`) and with every
+other row greedy (`half_greedy`); CPU milliseconds and minor page faults a call (medians). `--bf16-logits` rounds
+the logits to bf16 values, so that they tie as a bf16 model's do (top-p cuts through tied tokens then).
 `engine`: the embedded model offline (`LLM`, `--quantization gguf` by default), --prompts prompts x --tokens tokens
-at temperature 0.8 (with --top-p / --top-k when given), seeded; the run's CPU seconds, its output tok/s and the CPU
-milliseconds a step spent in `sample()`.
+at --temperature (0.8; with --top-p / --top-k when given), seeded; the run's CPU seconds, its output tok/s, the CPU
+milliseconds a step spent in `sample()` and their share of the run's CPU; `--profile FILE` adds a cProfile of one
+more run (--prompts 1 and 8: the sampler's share of a decode step at batch 1 and 8).
 
 `--baseline-ref REF` runs everything twice, rounds interleaved in one process: with this checkout's `sample()` and
 with engine/sampler.py of git revision REF (its own helpers and noise), so a before/after on a loaded machine is
@@ -43,6 +44,8 @@ MICRO_CASES: dict[str, dict[str, Any]] = {
     "top_p0.9": {"temperature": 0.8, "top_p": 0.9},
     "top_k50": {"temperature": 0.8, "top_k": 50},
     "top_k50_top_p0.9": {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
+    "cold": {"temperature": 0.1},  # most probabilities underflow to 0
+    "half_greedy": {"temperature": 0.8},  # every other row at temperature 0
 }
 
 
@@ -51,7 +54,8 @@ def micro_batch(case: str, rows: int, vocab: int, device: torch.device) -> sampl
     requests = []
     for i in range(rows):
         seed = i if case != "unseeded" else None
-        r = Request(str(i), [1, 2, 3], SamplingParams(seed=seed, **MICRO_CASES[case]), eos_token_ids=frozenset({2}))
+        fields = {**MICRO_CASES[case], **({"temperature": 0.0} if case == "half_greedy" and i % 2 else {})}
+        r = Request(str(i), [1, 2, 3], SamplingParams(seed=seed, **fields), eos_token_ids=frozenset({2}))
         requests.append(SamplingRow(r, i, 40))
     return build_sampling_batch(requests, vocab, device, torch.Generator().manual_seed(0))
 
@@ -109,8 +113,8 @@ def engine(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, A
     llm = LLM(model, max_model_len=512, enable_prefix_caching=False, **extra)
     texts = [f"Story {i}: write a short tale about a cat called {i * 7919 % 1000} who lives by the sea."
              for i in range(args.prompts)]
-    params = [SamplingParams(max_tokens=args.tokens, temperature=0.8, top_p=args.top_p, top_k=args.top_k, seed=i,
-                             ignore_eos=True) for i in range(args.prompts)]
+    params = [SamplingParams(max_tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                             seed=i, ignore_eos=True) for i in range(args.prompts)]
     spent = [0.0]
 
     def timed(fn: Sample) -> Sample:
@@ -135,19 +139,37 @@ def engine(args: argparse.Namespace, variants: dict[str, Sample]) -> dict[str, A
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
                 outputs.setdefault(name, [list(o.outputs[0].token_ids) for o in done])
                 if round_:
-                    runs[name].append((cpu, args.prompts * args.tokens / wall, 1e3 * spent[0] / args.tokens))
+                    runs[name].append((cpu, args.prompts * args.tokens / wall, 1e3 * spent[0] / args.tokens,
+                                       spent[0] / cpu))
+        if args.profile:
+            model_runner.sample = sampler.sample
+            _profile(lambda: llm.generate(texts, params, use_tqdm=False), args.profile)
     finally:
         model_runner.sample = original
     report: dict[str, Any] = {}
     for name, rows in runs.items():
-        cpu, tok_s, in_sampler = (statistics.median(column) for column in zip(*rows, strict=True))
+        cpu, tok_s, in_sampler, share = (statistics.median(column) for column in zip(*rows, strict=True))
         report[name] = {"cpu_s": round(cpu, 3), "tok_s": round(tok_s, 2),
-                        "sampler_cpu_ms_per_step": round(in_sampler, 3),
-                        "rounds": [[round(x, 3) for x in row] for row in rows]}
-        print(f"engine {name:10s} cpu {cpu:7.2f} s  {tok_s:7.2f} tok/s  sampler {in_sampler:7.2f} CPU ms a step",
-              flush=True)
+                        "sampler_cpu_ms_per_step": round(in_sampler, 3), "sampler_share_of_run_cpu": round(share, 4),
+                        "rounds": [[round(x, 4) for x in row] for row in rows]}
+        print(f"engine {name:10s} cpu {cpu:7.2f} s  {tok_s:7.2f} tok/s  sampler {in_sampler:7.2f} CPU ms a step "
+              f"({100 * share:.1f}% of the run's CPU)", flush=True)
     report["same_tokens"] = all(o == outputs["current"] for o in outputs.values())
     return report
+
+
+def _profile(run: Callable[[], object], path: str) -> None:
+    """cProfile (CPU time) of one more run with this checkout's sampler: the functions by cumulative time, as text."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile(time.process_time)
+    profiler.runcall(run)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
 
 
 def main() -> None:
@@ -162,9 +184,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bf16-logits", action="store_true", help="micro: logits rounded to bf16 values (ties)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="engine: temperature of every request")
     parser.add_argument("--top-p", type=float, default=1.0, help="engine: top_p of every request")
     parser.add_argument("--top-k", type=int, default=0, help="engine: top_k of every request (0 = off)")
     parser.add_argument("--quantization", default="gguf", help="engine: 'gguf' (the embedded GGUF) or '' (bf16)")
+    parser.add_argument("--profile", help="engine: write a cProfile of one more run (this checkout's sampler) here")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     variants: dict[str, Sample] = {"current": sampler.sample}
