@@ -157,6 +157,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         # stored encoded (responses.StoredResponse): sent as it is
         return Response(responses.get(response_id), media_type="application/json")
 
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses.delete(response_id)
+
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         body = _named_by_header(body, request)

@@ -281,6 +281,11 @@ class ResponseStore:
                            param="previous_response_id", code="response_not_found")
         return stored
 
+    def delete(self, response_id: str) -> None:
+        """Forget a stored response (its bytes leave the bound); 404 as `get` when unknown or dropped."""
+        self.get(response_id)
+        self.num_bytes -= self._items.pop(response_id).size
+
 
 class ResponsesServing:
     """Responses on top of the chat path of `OpenAIServing` (template, tokenizer, tools, engine)."""
@@ -362,6 +367,12 @@ class ResponsesServing:
     def get(self, response_id: str) -> bytes:
         """GET /v1/responses/{id}: the stored response's JSON body."""
         return self.store.get(response_id).body
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        """DELETE /v1/responses/{id}: the stored response forgotten (then GET and `previous_response_id` of it are
+        404s), answered as OpenAI's API answers (the openai client reads no body: its `delete` returns None)."""
+        self.store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     async def _events(self, req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan,
                       reasoning: ReasoningParser | None, stream: Any, conversation: list[dict[str, Any]],

@@ -119,3 +119,40 @@ def test_a_non_streamed_responses_reply_is_encoded_once(counting_server, store, 
     assert len(body) <= encoded < len(body) + 1000, (encoded, len(body))
     if store:
         assert client.responses.with_raw_response.retrieve(response.id).http_response.content == body
+
+
+def test_a_deleted_response_leaves_the_store_and_its_bytes():
+    store = ResponseStore()
+    store.put(stored({"id": "resp_1", "output": []}, [{"role": "user", "content": "hi"}]))
+    store.put(stored({"id": "resp_2", "output": []}, []))
+    store.delete("resp_1")
+    assert store.num_bytes == store.get("resp_2").size
+    for call in (store.get, store.delete):
+        with pytest.raises(APIError) as gone:
+            call("resp_1")
+        assert gone.value.status == 404
+
+
+def test_delete_forgets_a_stored_response_for_the_openai_client(counting_server):
+    # DELETE /v1/responses/{id} was a 405. Now the SDK's responses.delete works (it reads no body: None), and the
+    # response is gone: GET, previous_response_id and a second DELETE are 404s in OpenAI's error JSON.
+    client = openai.OpenAI(base_url=f"{counting_server.url}/v1", api_key=API_KEY, max_retries=0)
+    first = client.responses.create(model="tiny", input="hi", max_output_tokens=2)
+    kept = client.responses.create(model="tiny", input="hi", max_output_tokens=2)
+    raw = client.responses.with_raw_response.delete(first.id)
+    assert raw.http_response.status_code == 200 and raw.parse() is None
+    assert raw.http_response.json() == {"id": first.id, "object": "response", "deleted": True}  # OpenAI's answer
+    for gone in (lambda: client.responses.retrieve(first.id), lambda: client.responses.delete(first.id),
+                 lambda: client.responses.create(model="tiny", input="and?", max_output_tokens=2,
+                                                 previous_response_id=first.id)):
+        with pytest.raises(openai.NotFoundError) as err:
+            gone()
+        assert err.value.body["code"] == "response_not_found" and first.id in err.value.body["message"]
+    assert client.responses.retrieve(kept.id).id == kept.id  # the others stay
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete("resp_never_was")
+    # the API key guards it as every /v1 route: without it, a 401 and the response stays
+    keyless = openai.OpenAI(base_url=f"{counting_server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        keyless.responses.delete(kept.id)
+    assert client.responses.retrieve(kept.id).id == kept.id
