@@ -423,20 +423,30 @@ def test_a_child_the_apiserver_refuses_reaches_status_with_its_message_and_nothi
              20, "Degraded=False")
 
 
+def _refused_while_down(operator_process, cluster, namespace: str, doc: dict,
+                        valid_timeout: float) -> tuple[dict, list[dict]]:
+    """Store `doc` while the operator (and so its webhook, failure policy Ignore) is down, then start it again: the
+    InferenceService once its reconcile has set Valid=False (within `valid_timeout` s), and its InvalidSpec Events."""
+    name = doc["metadata"]["name"]
+    operator_process.kill()
+    try:
+        cluster.apply(doc)
+    finally:
+        operator_process.start()
+    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, name)), "Valid").get("status")
+                    == "False" and b, valid_timeout, "Valid=False")
+    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
+                               if e["involvedObject"]["name"] == name and e["reason"] == "InvalidSpec"], 30,
+                      "an InvalidSpec Event")
+    return body, events
+
+
 def test_a_spec_stored_while_the_webhook_was_down_gets_its_refusal_in_status(operator_process, cluster, namespace):
     # Failure policy Ignore admits anything while the operator is away; the reconciler must then refuse it in
     # status (Valid=False and an Event), as the webhook would have, not fail on it at every retry.
-    operator_process.kill()
-    try:
-        cluster.apply(fis("zero", namespace, autoscaling=None, model=ZERO_HEAD_MODEL))
-    finally:
-        operator_process.start()
-    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "zero")), "Valid").get("status")
-                    == "False" and b, 20, "Valid=False")
+    body, events = _refused_while_down(operator_process, cluster, namespace,
+                                       fis("zero", namespace, autoscaling=None, model=ZERO_HEAD_MODEL), 20)
     assert condition(body, "Valid")["message"] == CORPUS["zero-head-size"][3]
-    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "zero" and e["reason"] == "InvalidSpec"], 30,
-                      "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "zero")
 
@@ -460,17 +470,9 @@ PAST_LINUXS_LIMIT = [
 def test_a_spec_past_linuxs_limit_stored_while_the_webhook_was_down_is_refused_in_status(
         operator_process, cluster, namespace, name, fields, message):
     # The reconciler refuses it with the webhook's message and makes no Deployment of it.
-    operator_process.kill()
-    try:
-        cluster.apply(fis(name, namespace, autoscaling=None, **fields))
-    finally:
-        operator_process.start()
-    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, name)), "Valid").get("status")
-                    == "False" and b, 20, "Valid=False")
+    body, events = _refused_while_down(operator_process, cluster, namespace,
+                                       fis(name, namespace, autoscaling=None, **fields), 20)
     assert condition(body, "Valid")["message"] == message
-    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == name and e["reason"] == "InvalidSpec"], 30,
-                      "an InvalidSpec Event")
     assert events[0]["type"] == "Warning" and message in events[0]["message"]
     _no_children(cluster, namespace, name)
 
@@ -785,17 +787,9 @@ def test_a_spec_refused_many_times_over_stored_while_the_webhook_was_down_gets_i
         operator_process, cluster, namespace):
     # The whole refusal did not fit one status write (the apiserver refused the patch), so such an InferenceService
     # got no condition and no Event, and was retried for ever, each time building and sending megabytes.
-    operator_process.kill()
-    try:
-        cluster.apply(fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS))
-    finally:
-        operator_process.start()
-    body = wait_for(lambda: condition(b := cluster.kube.get(fis_path(namespace, "many")), "Valid").get("status")
-                    == "False" and b, 30, "Valid=False")
+    body, events = _refused_while_down(operator_process, cluster, namespace,
+                                       fis("many", namespace, autoscaling=None, pod=MANY_REFUSALS), 30)
     _bounded_refusal(condition(body, "Valid")["message"])
-    events = wait_for(lambda: [e for e in cluster.kube.list(f"/api/v1/namespaces/{namespace}/events")
-                               if e["involvedObject"]["name"] == "many" and e["reason"] == "InvalidSpec"], 30,
-                      "an InvalidSpec Event")
     assert events[0]["type"] == "Warning"
     _no_children(cluster, namespace, "many")
 
