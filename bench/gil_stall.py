@@ -25,7 +25,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
+from local_server import free_port, wait_until_serving
 
 # The server, with its switch interval set (argv[1]; "-": the server's own, cli.SWITCH_INTERVAL) and each garbage
 # collection of 20 ms or more logged to stderr ("GC-PAUSE generation ms thread"): a collection holds the GIL
@@ -76,25 +76,15 @@ def tiny_llama(root: Path) -> Path:
 
 
 def start(model: Path, switch_interval: float | None) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-c", SERVER, str(switch_interval or "-"), str(model),
                                 "--port", str(port), "--max-model-len", "512",
                                 "--served-model-name", "tiny", "--max-logprobs", "1000", "--disable-log-stats",
                                 "--uvicorn-log-level", "warning"], stderr=subprocess.PIPE, text=True)
     threading.Thread(target=pauses, args=(process,), daemon=True).start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the server did not start")
+    wait_until_serving(process, url)
+    return process, url
 
 
 GC_PAUSES: list[tuple[float, int, float, str]] = []  # (logged at, generation, ms, thread) of the server's

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
+from local_server import free_port, wait_until_serving
 
 from flotilla.engine.embedded_model import embedded_model_dir
 
@@ -104,14 +104,6 @@ def sampler_at(ref: str) -> types.ModuleType:
     return module
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Callable[[], float], Callable[[], None]]:
     """(run one case, the server's CPU seconds so far, stop it) over a server and the `openai` client."""
     import openai
@@ -121,17 +113,7 @@ def server_runner(args: argparse.Namespace) -> tuple[Callable[[str], None], Call
                                 "--port", str(port), "--max-model-len", "512", "--served-model-name", "m",
                                 "--dtype", args.dtype, "--disable-log-stats", "--uvicorn-log-level", "warning"])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            raise RuntimeError("the server did not start")
-        time.sleep(0.5)
+    wait_until_serving(process, url)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
     texts = prompts(args.prompts)
     pool = ThreadPoolExecutor(args.prompts)

@@ -30,16 +30,9 @@ import threading
 import time
 
 import httpx
+from local_server import free_port, wait_until_serving
 
 from flotilla.engine.embedded_model import embedded_model_dir
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(max_model_len: int, *flags: str) -> tuple[subprocess.Popen, str]:
@@ -48,16 +41,8 @@ def start(max_model_len: int, *flags: str) -> tuple[subprocess.Popen, str]:
                                 "--port", str(port), "--max-model-len", str(max_model_len), "--served-model-name",
                                 "m", "--disable-log-stats", "--uvicorn-log-level", "warning", *flags])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the server did not start")
+    wait_until_serving(process, url)
+    return process, url
 
 
 # A stream's end: its first closing event (each of a Responses stream's carries the whole output's logprobs)
