@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -43,6 +43,8 @@ SCRIPT = REPO / "scripts" / "k8s-control-plane.sh"
 CRD = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
 SAMPLE = REPO / "crds" / "samples" / "llama-3.1-8b-h200.yaml"
 NAMESPACE = "resync-bench"
+FIS_PATH = f"/apis/serving.flotilla.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+APPLY = {"fieldManager": "bench", "force": "true"}
 
 
 def free_ports(count: int) -> list[int]:
@@ -155,7 +157,7 @@ def main() -> None:
     class TimedReconciler(Reconciler):
         """The operator's reconciler, noting when each reconcile ends."""
 
-        ends: dict[str, float] = {}
+        ends: ClassVar[dict[str, float]] = {}
 
         def reconcile(self, namespace: str, name: str) -> Any:
             try:
@@ -166,9 +168,9 @@ def main() -> None:
     extra = {} if args.concurrency is None else {"concurrency": args.concurrency}
     with tempfile.TemporaryDirectory(prefix="resync-bench-") as tmp, control_plane(Path(tmp) / "run") as kubeconfig:
         admin = Kube(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))
-        admin.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{yaml.safe_load(CRD.read_text())['metadata']['name']}",
-                      yaml.safe_load(CRD.read_text()), {"fieldManager": "bench", "force": "true"},
-                      "application/apply-patch+yaml")
+        crd = yaml.safe_load(CRD.read_text())
+        admin.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
+                      crd, APPLY, "application/apply-patch+yaml")
         admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         for _ in range(200):
             groups = admin.request("GET", "/apis")["groups"]
@@ -183,8 +185,7 @@ def main() -> None:
             name = f"is-{i:04d}"
             body = {"apiVersion": sample["apiVersion"], "kind": "InferenceService",
                     "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
-            admin.request("PATCH", f"/apis/serving.flotilla.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices/{name}",
-                          body, {"fieldManager": "bench", "force": "true"}, "application/apply-patch+yaml")
+            admin.request("PATCH", f"{FIS_PATH}/{name}", body, APPLY, "application/apply-patch+yaml")
 
         config = kubeconfig
         if args.rtt_ms:

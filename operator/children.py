@@ -77,6 +77,7 @@ def plan_children(spec: InferenceServiceSpec, name: str, namespace: str, caps: C
 
     if caps.pdb_version:
         # Ignored below: caps.pdb_version is a str that from_group_list picked from policy/v1, v1beta1.
-        want(build_pdb(spec, name, namespace, api_version=caps.pdb_version),  # type: ignore[arg-type]  # see above
+        want(build_pdb(spec, name, namespace, api_version=caps.pdb_version,  # type: ignore[arg-type]  # see above
+                       unhealthy_pod_eviction_policy=caps.pdb_unhealthy_pod_eviction_policy),
              caps.pdb_version, "PodDisruptionBudget")
     return plan

@@ -27,9 +27,10 @@ from typing import Any
 import kopf
 
 from flotilla.operator import handlers, serving_reader, webhook
+from flotilla.operator.capabilities import server_version
 from flotilla.operator.certificates import ensure_certificate, needs_restart
 from flotilla.operator.diffbase import CheckedProgressStorage, DigestDiffBaseStorage
-from flotilla.operator.kube import Kube
+from flotilla.operator.kube import Kube, KubeError
 from flotilla.operator.optional_kinds import OptionalKinds
 from flotilla.operator.policy import AdmissionPolicy
 from flotilla.operator.reconciler import Reconciler
@@ -186,6 +187,22 @@ CERTIFICATE_CHECK_S = 300.0
 HEALTHY_RUN_S = 60.0
 # How often a running kopf looks at its restart flag (set by the certificate check).
 RESTART_POLL_S = 1.0
+# Between tries to read the apiserver's version at start-up.
+VERSION_RETRY_S = 2.0
+
+
+def wait_for_server_version(kube: Kube, retry_s: float = VERSION_RETRY_S) -> tuple[int, int]:
+    """The apiserver's (major, minor), asked until it answers: an apiserver away at start-up delays the start, as
+    it would kopf's, rather than ending the process or guessing an old version (which would leave fields out)."""
+    while True:
+        try:
+            version = server_version(kube)
+        except KubeError as e:
+            logger.warning(f"reading the apiserver's version failed, again in {retry_s:g} s: {e}")
+            time.sleep(retry_s)
+            continue
+        logger.info(f"the apiserver is Kubernetes {version[0]}.{version[1]}")
+        return version
 
 
 def run_resiliently(run: Callable[[], None], *, quick_failures: int = 5, backoff_s: float = 2.0) -> None:
@@ -218,7 +235,8 @@ def main(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose, debug=args.debug)
     registry = kopf.OperatorRegistry()
     kopf.on.login(id="login", registry=registry)(login)
-    reconciler = Reconciler(Kube.from_environment(), policy=args.policy)
+    kube = Kube.from_environment()
+    reconciler = Reconciler(kube, policy=args.policy, server_version=wait_for_server_version(kube))
     handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
     # A ServiceMonitor or KEDA CRD installed after start-up: kopf may miss it (optional_kinds.py).
     optional_kinds = OptionalKinds(reconciler.kube,

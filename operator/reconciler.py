@@ -28,7 +28,7 @@ from flotilla.operator.autoscaling import (
     autoscaled_replicas,
     replicas_handover,
 )
-from flotilla.operator.capabilities import discover
+from flotilla.operator.capabilities import UNKNOWN_VERSION, discover
 from flotilla.operator.children import Plan, plan_children
 from flotilla.operator.engine_pods import engine_pods
 from flotilla.operator.message_limit import clip
@@ -138,9 +138,11 @@ class Reconciler:
     echoed back by the child watches, do not trigger another reconcile."""
 
     def __init__(self, kube: k.Kube, post_event: EventPoster | None = None, now: Callable[[], str] = _now,
-                 policy: AdmissionPolicy = DEFAULT_POLICY):
+                 policy: AdmissionPolicy = DEFAULT_POLICY, server_version: tuple[int, int] = UNKNOWN_VERSION):
         self.kube = kube
         self.policy = policy
+        # The apiserver's (major, minor), read once at start-up (capabilities.server_version): which fields it keeps.
+        self.server_version = server_version
         self.post_event = post_event or self._post_event
         self.now = now
         self._guard = threading.Lock()
@@ -259,7 +261,7 @@ class Reconciler:
                 deployment = self._scale_refused_to_zero(body, deployment)
         else:
             assert result.spec is not None
-            plan = plan_children(result.spec, name, namespace, discover(self.kube))
+            plan = plan_children(result.spec, name, namespace, discover(self.kube, self.server_version))
             try:
                 deployment = self._apply(body, plan)
             except ChildrenBlocked as e:
@@ -327,7 +329,7 @@ class Reconciler:
         """Delete `owner`'s HPA and KEDA ScaledObject, before its Deployment goes to 0: while one exists, KEDA with
         minReplicaCount >= 1 would scale the Deployment back up."""
         meta = owner["metadata"]
-        caps = discover(self.kube)
+        caps = discover(self.kube, self.server_version)
         autoscalers = [(caps.hpa_version, "HorizontalPodAutoscaler"), ("keda.sh/v1alpha1" if caps.keda else None,
                                                                        "ScaledObject")]
         for api_version, kind in autoscalers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flotilla.operator.capabilities import Capabilities, from_group_list
+from flotilla.operator.capabilities import UNKNOWN_VERSION, Capabilities, from_group_list, parse_server_version
 from flotilla.operator.children import plan_children
 from flotilla.operator.spec import InferenceServiceSpec
 
@@ -21,6 +21,36 @@ def test_capabilities_of_a_1_20_cluster_and_a_current_one():
     new = from_group_list(_groups("autoscaling/v2", "autoscaling/v2beta2", "policy/v1", "monitoring.coreos.com/v1",
                                   "keda.sh/v1alpha1"))
     assert new == Capabilities("autoscaling/v2", "policy/v1", service_monitor=True, keda=True)
+
+
+@pytest.mark.parametrize(("served", "version", "kept"), [
+    ("policy/v1", (1, 27), True),  # beta, on by default
+    ("policy/v1", (1, 31), True),  # GA
+    ("policy/v1", (2, 0), True),
+    ("policy/v1", (1, 26), False),  # alpha, off by default: the apiserver drops the field
+    ("policy/v1", (1, 21), False),  # not in the schema: server-side apply refuses the whole PDB
+    ("policy/v1beta1", (1, 20), False),
+    ("policy/v1", UNKNOWN_VERSION, False),  # an unreadable version: the field an older apiserver refuses is left out
+])
+def test_the_pdbs_unhealthy_pod_eviction_policy_needs_policy_v1_and_1_27(served, version, kept):
+    caps = from_group_list(_groups("autoscaling/v2", served), version)
+    assert caps.pdb_unhealthy_pod_eviction_policy is kept
+    pdb = plan_children(InferenceServiceSpec.model_validate({"model": {"source": "pvc://m"}, "replicas": 2}),
+                        "x", "ns", caps).apply[-1]
+    assert pdb["kind"] == "PodDisruptionBudget"
+    assert pdb["spec"].get("unhealthyPodEvictionPolicy") == ("AlwaysAllow" if kept else None)
+
+
+@pytest.mark.parametrize(("info", "version"), [
+    ({"major": "1", "minor": "20", "gitVersion": "v1.20.2"}, (1, 20)),
+    ({"major": "1", "minor": "27+", "gitVersion": "v1.27.3-eks-a5565ad"}, (1, 27)),  # EKS and GKE write "27+"
+    ({"major": "1", "minor": "31+"}, (1, 31)),
+    ({"gitVersion": "v1.30.0-rc.1"}, (1, 30)),
+    ({"major": "", "minor": "", "gitVersion": "v0.0.0-master+$Format:%H$"}, (0, 0)),  # a build without version
+    ({}, UNKNOWN_VERSION),
+])
+def test_the_apiservers_version_is_read_from_its_version_document(info, version):
+    assert parse_server_version(info) == version
 
 
 @pytest.mark.parametrize(("caps", "kinds", "autoscaler"), [
