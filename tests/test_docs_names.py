@@ -26,7 +26,7 @@ ABSENT_PATHS = {
 OTHER_FLAGS = {"--create-namespace", "--from-file", "--config", "--build-arg", "--gpus", "--ignorefile", "--variant",
                "--include", "--isolation", "--hf-overrides", "--swap-space",
                "--replicas", "--cascade", "--kube-version", "--type",
-               "--subresource", "--current-replicas"}
+               "--subresource", "--current-replicas", "--disable-eviction"}
 # Backticked names that are other projects' (xgrammar, vLLM, the Prometheus Operator's Prometheus and
 # ServiceMonitor fields) or a family of bench/serve.py's report keys.
 OTHER_NAMES = {"max_whitespace_cnt", "structural_tag", "whitespace_pattern", "send_delay_ms", "head_delay_ms",
