@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -140,10 +141,11 @@ def main() -> None:
     import urllib3
 
     from flotilla.operator import handlers
-    from flotilla.operator.kube import Kube
+    from flotilla.operator.kube import Kube, KubeError
     from flotilla.operator.reconciler import Reconciler
 
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still stops the control plane (finally)
 
     class CountingKube(Kube):
         """The operator's client, counting the requests it sends."""
@@ -172,11 +174,6 @@ def main() -> None:
         admin.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
                       crd, APPLY, "application/apply-patch+yaml")
         admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        for _ in range(200):
-            groups = admin.request("GET", "/apis")["groups"]
-            if any(g["name"] == "serving.flotilla.dev" for g in groups):
-                break
-            time.sleep(0.1)
         sample = yaml.safe_load(SAMPLE.read_text())
         spec = {**sample["spec"], "replicas": 2}
         spec.pop("autoscaling")
@@ -185,7 +182,14 @@ def main() -> None:
             name = f"is-{i:04d}"
             body = {"apiVersion": sample["apiVersion"], "kind": "InferenceService",
                     "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
-            admin.request("PATCH", f"{FIS_PATH}/{name}", body, APPLY, "application/apply-patch+yaml")
+            for attempt in range(300):  # the CRD's resource is served a moment after discovery lists it: 404 till then
+                try:
+                    admin.request("PATCH", f"{FIS_PATH}/{name}", body, APPLY, "application/apply-patch+yaml")
+                    break
+                except KubeError as e:
+                    if e.status != 404 or attempt == 299:
+                        raise
+                    time.sleep(0.1)
 
         config = kubeconfig
         if args.rtt_ms:

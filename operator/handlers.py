@@ -10,9 +10,10 @@
   are skipped.
 - delete: nothing to do but forget; the owner references let the garbage collector remove the
   children, and no finalizer is used, so deleting never waits for the operator.
-- a periodic resync (started at operator start-up, not a kopf timer: timers would add a finalizer)
-  catches what no event announces: events lost while the apiserver was away, a ServiceMonitor or
-  KEDA CRD installed later (optional_kinds.py also reconciles once when kopf starts watching one).
+- a periodic resync (started at operator start-up, not a kopf timer: timers would add a finalizer), a
+  bounded number of InferenceServices at a time, catches what no event announces: events lost while
+  the apiserver was away, a ServiceMonitor or KEDA CRD installed later (optional_kinds.py also
+  reconciles once when kopf starts watching one).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import asyncio
 import contextvars
 import fnmatch
 import logging
+import queue
+import threading
 from typing import Any
 
 import kopf
@@ -42,6 +45,8 @@ CHILD_RESOURCES = (
     ("keda.sh", "v1alpha1", "scaledobjects"),
 )
 MAX_BACKOFF_S = 60.0
+# InferenceServices the periodic resync reconciles at once (--resync-concurrency).
+RESYNC_CONCURRENCY = 8
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ def owner_name(child: Any) -> str | None:
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces: list[str],
-             resync_seconds: float) -> None:
+             resync_seconds: float, resync_concurrency: int = RESYNC_CONCURRENCY) -> None:
     """Add the lifecycle, child-watch and resync handlers to `registry`."""
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
@@ -111,7 +116,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces
     async def start_resync(**_: Any) -> None:
         """Start the periodic resync loop."""
         if resync_seconds > 0:
-            tasks.append(asyncio.create_task(_resync_forever(reconciler, namespaces, resync_seconds)))
+            tasks.append(asyncio.create_task(_resync_forever(reconciler, namespaces, resync_seconds,
+                                                             resync_concurrency)))
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(**_: Any) -> None:
@@ -128,29 +134,60 @@ def _resync_paths(namespaces: list[str]) -> list[str]:
     return [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
 
 
-def resync_once(reconciler: Reconciler, namespaces: list[str]) -> None:
-    """Reconcile every InferenceService in `namespaces` (all when empty) once; one's failure stops no other."""
+def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int = RESYNC_CONCURRENCY) -> None:
+    """Reconcile every InferenceService in `namespaces` (all when empty) once, `concurrency` at a time; one's failure
+    stops no other, and a slow one holds up only its own worker.
+
+    One after another, the resync of hundreds of InferenceServices took longer than its period against a distant
+    apiserver (bench/operator_resync.py), and one slow reconcile delayed every one listed after it. A fixed number of
+    threads (the client is synchronous) take the next InferenceService from the listing when they are done: at most
+    `concurrency` reconciles and as many connections at once, however many InferenceServices there are.
+    """
+    keys: list[tuple[str, str]] = []
     for path in _resync_paths(namespaces):
         for item in reconciler.kube.list(path):
             meta = item["metadata"]
-            if namespaces and not any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
-                continue
+            if not namespaces or any(fnmatch.fnmatchcase(meta["namespace"], ns) for ns in namespaces):
+                keys.append((meta["namespace"], meta["name"]))
+    pending = queue.SimpleQueue[tuple[str, str]]()
+    for key in keys:
+        pending.put(key)
+
+    def work() -> None:
+        while True:
             try:
-                reconciler.reconcile(meta["namespace"], meta["name"])
-            except (KubeError, ChildrenBlocked) as e:
-                log.warning(f"resync of {meta['namespace']}/{meta['name']} failed: {e}")
-            except Exception:
-                # A fault in one InferenceService's reconcile must not cost the ones listed after it their resync.
-                log.exception(f"resync of {meta['namespace']}/{meta['name']} failed")
+                namespace, name = pending.get_nowait()
+            except queue.Empty:
+                return
+            _resync_one(reconciler, namespace, name)
+
+    # Each worker in its own copy of the caller's context (kopf's, for its Events): a context runs in one thread.
+    workers = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"resync-{i}", daemon=True)
+               for i in range(min(max(concurrency, 1), len(keys)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
-async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float) -> None:
+def _resync_one(reconciler: Reconciler, namespace: str, name: str) -> None:
+    try:
+        reconciler.reconcile(namespace, name)
+    except (KubeError, ChildrenBlocked) as e:
+        log.warning(f"resync of {namespace}/{name} failed: {e}")
+    except Exception:
+        # A fault in one InferenceService's reconcile must not cost the others their resync.
+        log.exception(f"resync of {namespace}/{name} failed")
+
+
+async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float, concurrency: int) -> None:
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval)
         try:
             # In a thread (the client is synchronous), with kopf's context so events can be posted.
-            await loop.run_in_executor(None, contextvars.copy_context().run, resync_once, reconciler, namespaces)
+            await loop.run_in_executor(None, contextvars.copy_context().run, resync_once, reconciler, namespaces,
+                                       concurrency)
         except KubeError as e:
             log.warning(f"resync failed, next in {interval:g} s: {e}")
         except Exception:

@@ -85,6 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="liveness endpoint URL (empty: none)")
     p.add_argument("--resync-seconds", type=float, default=60.0,
                    help="reconcile every InferenceService this often, whatever the events (0: never)")
+    p.add_argument("--resync-concurrency", type=int, default=handlers.RESYNC_CONCURRENCY,
+                   help="InferenceServices the resync reconciles at once (threads and apiserver connections)")
     p.add_argument("--serving-period", type=float, default=10.0,
                    help="read every engine pod's /metrics this often, in seconds, for status.serving (0: never)")
     p.add_argument("--serving-window", type=float, default=60.0,
@@ -109,6 +111,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     if args.serving_period < 0:
         p.error("--serving-period must be 0 (off) or a positive number of seconds")
+    if args.resync_concurrency < 1:
+        p.error("--resync-concurrency must be at least 1")
     for pattern in args.namespaces:
         # kopf would read "!x" as every namespace but x and "a,b" as two patterns, while the resync, the serving
         # reader and the webhooks match one glob: they would list /namespaces/!x/... and serve nothing.
@@ -237,10 +241,11 @@ def main(argv: list[str]) -> int:
     kopf.on.login(id="login", registry=registry)(login)
     kube = Kube.from_environment()
     reconciler = Reconciler(kube, policy=args.policy, server_version=wait_for_server_version(kube))
-    handlers.register(registry, reconciler, args.namespaces, args.resync_seconds)
+    handlers.register(registry, reconciler, args.namespaces, args.resync_seconds, args.resync_concurrency)
     # A ServiceMonitor or KEDA CRD installed after start-up: kopf may miss it (optional_kinds.py).
     optional_kinds = OptionalKinds(reconciler.kube,
-                                   functools.partial(handlers.resync_once, reconciler, args.namespaces))
+                                   functools.partial(handlers.resync_once, reconciler, args.namespaces,
+                                                     args.resync_concurrency))
     optional_kinds.register(registry)
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,

@@ -32,6 +32,7 @@ NON_DEFAULT = {
         "watchNamespaces": ["team-a", "team-*"],
         "logLevel": "debug",
         "resyncSeconds": 30,
+        "resyncConcurrency": 4,
         "hostPath": {"allowedPrefixes": ["/models", "/mnt/checkpoints"]},
         "engineAnnotations": {"allowed": ["prometheus.io/", "sidecar.istio.io/inject"]},
         "engineLabels": {"allowed": ["example.com/", "sidecar.istio.io/inject"]},
@@ -148,6 +149,7 @@ def test_non_default_values_reach_the_objects() -> None:
     args = container["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-*"]
     assert "--debug" in args and "--resync-seconds=30" in args and "--webhook-port=8443" in args
+    assert "--resync-concurrency=4" in args
     assert "--engine-image=registry.local/flotilla-engine:0.1.0-mirror" in args
     assert "--liveness=http://0.0.0.0:8081/healthz" in args
     assert pod["volumes"][0]["secret"]["secretName"] == "flotilla-webhook-cert"

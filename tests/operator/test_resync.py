@@ -1,0 +1,82 @@
+"""The periodic resync (handlers.resync_once) on a real apiserver: a bounded number of reconciles at once, one slow
+or failing InferenceService holding up no other."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from flotilla.operator.handlers import resync_once
+from flotilla.operator.reconciler import Reconciler
+
+from .conftest import wait_for
+from .test_operator_reconcile import child_path, fixed
+
+OTHERS = [f"b-{i}" for i in range(6)]
+
+
+class CountingReconciler(Reconciler):
+    """The operator's reconciler, noting how many of its reconciles run at once and which it ran."""
+
+    def __init__(self, *args: Any, fail: str | None = None, **kwargs: Any):
+        super().__init__(*args, post_event=lambda *_: None, **kwargs)
+        self.fail, self.in_flight, self.most, self.done = fail, 0, 0, set[str]()
+        self.counting = threading.Lock()
+
+    def reconcile(self, namespace: str, name: str) -> Any:
+        with self.counting:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            if name == self.fail:
+                raise RuntimeError(f"a fault in the reconcile of {name}")
+            result = super().reconcile(namespace, name)
+            self.done.add(name)
+            return result
+        finally:
+            with self.counting:
+                self.in_flight -= 1
+
+
+def _apply(cluster: Any, namespace: str, names: list[str]) -> None:
+    for name in names:
+        cluster.apply(fixed(name, namespace, replicas=1))
+
+
+def test_a_slow_reconcile_holds_up_no_other(cluster, namespace):
+    """a-slow comes first in the listing (by name) and its reconcile cannot finish: it waits for the InferenceService's
+    lock, held here as a long reconcile of it in one of kopf's handler threads holds it. Every other one is reconciled
+    meanwhile (one after another, all waited behind it), and the resync ends once a-slow's turn ends."""
+    _apply(cluster, namespace, ["a-slow", *OTHERS])
+    reconciler = CountingReconciler(cluster.kube)
+    held = reconciler._lock(namespace, "a-slow")
+    held.acquire()
+    resync = threading.Thread(target=resync_once, args=(reconciler, [namespace], 2), daemon=True)
+    try:
+        resync.start()
+        wait_for(lambda: reconciler.done >= set(OTHERS), 60, "the others reconciled while a-slow is held up")
+        assert "a-slow" not in reconciler.done and resync.is_alive()
+        for name in OTHERS:
+            assert cluster.kube.get(child_path("Deployment", namespace, name)) is not None
+    finally:
+        held.release()
+    resync.join(60)
+    assert not resync.is_alive() and reconciler.done == {"a-slow", *OTHERS}
+    assert cluster.kube.get(child_path("Deployment", namespace, "a-slow")) is not None
+
+
+def test_no_more_reconciles_at_once_than_the_concurrency(cluster, namespace):
+    _apply(cluster, namespace, OTHERS)
+    for concurrency in (1, 3):
+        reconciler = CountingReconciler(cluster.kube)
+        resync_once(reconciler, [namespace], concurrency)
+        assert reconciler.done == set(OTHERS)
+        assert 1 <= reconciler.most <= concurrency
+
+
+def test_a_fault_in_one_reconcile_stops_no_other(cluster, namespace, caplog):
+    _apply(cluster, namespace, ["a-broken", *OTHERS])
+    reconciler = CountingReconciler(cluster.kube, fail="a-broken")
+    resync_once(reconciler, [namespace], 2)
+    assert reconciler.done == set(OTHERS)
+    assert f"resync of {namespace}/a-broken failed" in caplog.text
