@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from flotilla.operator.handlers import resync_once
 from flotilla.operator.reconciler import Reconciler
 
@@ -80,3 +82,15 @@ def test_a_fault_in_one_reconcile_stops_no_other(cluster, namespace, caplog):
     resync_once(reconciler, [namespace], 2)
     assert reconciler.done == set(OTHERS)
     assert f"resync of {namespace}/a-broken failed" in caplog.text
+
+
+def test_the_operator_takes_a_resync_concurrency_of_one_or_more(capsys):
+    from flotilla.operator.handlers import RESYNC_CONCURRENCY
+    from flotilla.operator.main import parse_args
+
+    assert parse_args([]).resync_concurrency == RESYNC_CONCURRENCY == 8
+    assert parse_args(["--resync-concurrency", "1"]).resync_concurrency == 1
+    for bad in ("0", "-3", "2.5"):
+        with pytest.raises(SystemExit):
+            parse_args(["--resync-concurrency", bad])
+    assert "--resync-concurrency" in capsys.readouterr().err
