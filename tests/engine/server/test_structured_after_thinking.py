@@ -145,3 +145,35 @@ def test_responses_give_the_thinking_as_a_reasoning_item_and_the_json_as_the_mes
     thought = response.output[0].content[0].text
     assert thought and thought == "maybe" * (len(thought) // 5)
     _valid(response.output_text)
+
+
+TOOL = {"type": "function", "function": {"name": "verdict", "parameters": SCHEMA}}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "verdict"}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_call_comes_after_the_thinking(client, thinking_model, tool_choice, stream):
+    # A forced call's grammar (required: a list of calls; named: the function's arguments) starts after </think> too.
+    _, end, _ = thinking_model
+    kw = dict(model="tiny", messages=MESSAGES, tools=[TOOL], tool_choice=tool_choice, seed=3, temperature=1.0,
+              max_tokens=64, logit_bias=_bias(thinking_model), extra_body={"return_token_ids": True})
+    if stream:
+        thought, names, arguments, ids = "", "", "", []
+        for chunk in client.chat.completions.create(**kw, stream=True):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is None:
+                continue
+            ids += chunk.choices[0].model_extra.get("token_ids") or []
+            thought += delta.model_extra.get("reasoning") or ""
+            for call in delta.tool_calls or []:
+                names += call.function.name or ""
+                arguments += call.function.arguments or ""
+    else:
+        choice = client.chat.completions.create(**kw).choices[0]
+        message, ids = choice.message, choice.model_extra["token_ids"]
+        thought = message.model_extra["reasoning"]
+        [call] = message.tool_calls
+        names, arguments = call.function.name, call.function.arguments
+    assert end in ids and thought == "maybe" * ids.index(end)  # the thinking ran free, then the call
+    assert names == "verdict"
+    _valid(arguments)
