@@ -177,3 +177,37 @@ def test_a_forced_tool_call_comes_after_the_thinking(client, thinking_model, too
     assert end in ids and thought == "maybe" * ids.index(end)  # the thinking ran free, then the call
     assert names == "verdict"
     _valid(arguments)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_offline_llm_waits_for_the_thinking_as_the_engine_rule(thinking_model, async_scheduling):
+    # The engine's rule, without the server: --structured-outputs-config's reasoning_parser (vLLM's key). A prompt
+    # opening <think> thinks first, one ending it is constrained at once; overlapped steps (async scheduling) too,
+    # whose bitmask is built after the step in flight's </think> has reached the grammar.
+    from transformers import AutoTokenizer
+
+    from flotilla.engine import LLM, SamplingParams, StructuredOutputsParams
+
+    path, end, word = thinking_model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    llm = LLM(str(path), device="cpu", max_model_len=256, block_size=8, async_scheduling=async_scheduling,
+              structured_outputs_config={"reasoning_parser": "deepseek_r1", "disable_any_whitespace": True})
+    try:
+        sp = SamplingParams(n=4, seed=7, temperature=1.0, max_tokens=64, logit_bias={word: 100, end: 99},
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+        thinking, answered = (tokenizer.encode(p, add_special_tokens=False)
+                              for p in ("Is the sky blue?<think>\n", "Is the sky blue?<think>\n\n</think>\n\n"))
+        [first, second] = llm.generate([thinking, answered], sp)
+    finally:
+        llm.engine.shutdown()
+    cuts = []
+    for out in first.outputs:
+        ids = list(out.token_ids)
+        cut = ids.index(end)
+        assert set(ids[:cut]) <= {word} and word not in ids[cut:]
+        _valid(tokenizer.decode(ids[cut + 1 :], skip_special_tokens=True))
+        cuts.append(cut)
+    assert max(cuts) > 0
+    for out in second.outputs:
+        assert word not in out.token_ids and end not in out.token_ids
+        _valid(out.text)
