@@ -211,3 +211,21 @@ def test_the_offline_llm_waits_for_the_thinking_as_the_engine_rule(thinking_mode
     for out in second.outputs:
         assert word not in out.token_ids and end not in out.token_ids
         _valid(out.text)
+
+
+def test_enable_in_reasoning_constrains_the_thinking_too(thinking_model):
+    # vLLM's enable_in_reasoning: the grammar applies from the first token whatever the prompt.
+    from flotilla.engine import LLM, SamplingParams, StructuredOutputsParams
+
+    path, end, word = thinking_model
+    llm = LLM(str(path), device="cpu", max_model_len=256, block_size=8, structured_outputs_config={
+        "reasoning_parser": "deepseek_r1", "enable_in_reasoning": True, "disable_any_whitespace": True})
+    try:
+        sp = SamplingParams(n=2, seed=7, temperature=1.0, max_tokens=64, logit_bias={word: 100, end: 99},
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+        [out] = llm.generate([llm.get_tokenizer().encode("Is the sky blue?<think>\n", add_special_tokens=False)], sp)
+    finally:
+        llm.engine.shutdown()
+    for choice in out.outputs:
+        assert word not in choice.token_ids and end not in choice.token_ids
+        _valid(choice.text)
