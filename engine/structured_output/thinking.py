@@ -32,7 +32,7 @@ class ThinkingMarkers:
     def ended(self, token_ids: Sequence[int]) -> bool:
         """True when `token_ids` (a prompt) has ended its thinking: its last marker is `</think>`."""
         ids = list(token_ids)
-        if self.end_id not in ids:  # (list scans run in C: a long prompt costs microseconds, not a Python loop)
+        if self.end_id not in ids:  # list scans run in C: no Python loop over a long prompt
             return False
         last_end = len(ids) - 1 - ids[::-1].index(self.end_id)
         return self.start_id not in ids[last_end + 1 :]
