@@ -225,7 +225,7 @@ class LLMEngine:
         if isinstance(grammar, PendingGrammar):
             self._compiling.add(request_id, group, grammar)
         else:  # free, or its grammar was cached
-            attach_grammar(group, grammar)
+            attach_grammar(group, grammar, self._compiling.thinking)
             self.scheduler.add(group[0])
 
     def _check_unique(self, completion_ids: list[str]) -> None:

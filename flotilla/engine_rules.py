@@ -375,6 +375,8 @@ STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "disable_any_whitespace": ("true or false", lambda v: isinstance(v, bool)),
     "compile_timeout_s": ("a number of seconds above 0", _positive_seconds),
     "warm_up": ("true or false", lambda v: isinstance(v, bool)),
+    "reasoning_parser": ('"deepseek_r1", "qwen3" or null', lambda v: v is None or v in ("deepseek_r1", "qwen3")),
+    "enable_in_reasoning": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 

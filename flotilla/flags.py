@@ -476,7 +476,9 @@ FLAGS: tuple[Flag, ...] = (
         '"disable_any_whitespace": true} compiles JSON schemas and tool-call grammars to compact JSON (no '
         "free whitespace, which small models can loop on); backend auto or xgrammar. Flotilla's own key "
         '"compile_timeout_s" (10) bounds a grammar\'s compile, which runs off the step loop: past it the '
-        "request is a 400 (a 503 if its compile could not start: slow compiles held every thread).",
+        "request is a 400 (a 503 if its compile could not start: slow compiles held every thread). With a "
+        'reasoning parser ("reasoning_parser", or --reasoning-parser) a grammar starts after </think>; '
+        '"enable_in_reasoning": true applies it from the first token.',
         "structured_outputs",
     ),
     Flag(

@@ -124,12 +124,13 @@ def test_structured_outputs_keys_are_the_engines():
     assert set(STRUCTURED_OUTPUTS_KEYS) == set(StructuredOutputsConfig.model_fields)
     # What the rule admits, the engine's model takes.
     for value in ({}, {"backend": "xgrammar", "disable_any_whitespace": True, "compile_timeout_s": 0.5},
-                  {"compile_timeout_s": 30}, {"warm_up": False}):
+                  {"compile_timeout_s": 30}, {"warm_up": False},
+                  {"reasoning_parser": "qwen3", "enable_in_reasoning": True}, {"reasoning_parser": None}):
         assert structured_outputs_problem(value) is None
         StructuredOutputsConfig(**value)
     for value in ([1], "x", {"bogus": 1}, {"backend": "outlines"}, {"disable_any_whitespace": "yes"},
                   {"compile_timeout_s": 0}, {"compile_timeout_s": True}, {"compile_timeout_s": float("inf")},
-                  {"warm_up": "no"}, {"warm_up": 0}):
+                  {"warm_up": "no"}, {"warm_up": 0}, {"reasoning_parser": "granite"}, {"enable_in_reasoning": 1}):
         assert structured_outputs_problem(value) is not None
 
 

@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         _set_log_level(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         config = EngineConfig.from_kwargs(args.model, **flag_values(args, ENGINE_COMPONENTS))
         server = ServerConfig.from_kwargs(**flag_values(args, ("server",)))
+        config, server = share_reasoning_parser(config, server)
         chat_template = load_chat_template(server.chat_template)
         interval = switch_interval()
     except ValueError as exc:
@@ -219,6 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def share_reasoning_parser(config: EngineConfig, server: ServerConfig) -> tuple[EngineConfig, ServerConfig]:
+    """One reasoning parser for the server's replies and the engine's grammars (which start after the thinking),
+    given as `--reasoning-parser` or as `--structured-outputs-config`'s `reasoning_parser` (vLLM takes both);
+    ValueError when the two name different parsers."""
+    flag, key = server.reasoning_parser, config.structured_outputs.reasoning_parser
+    if flag is not None and key is not None and flag != key:
+        raise ValueError(f"--reasoning-parser {flag} and --structured-outputs-config's reasoning_parser {key} differ")
+    name = flag or key
+    structured = config.structured_outputs.model_copy(update={"reasoning_parser": name})
+    return (config.model_copy(update={"structured_outputs": structured}),
+            server.model_copy(update={"reasoning_parser": name}))
+
+
 def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEngine, tokenizer: Any,
                   loras: LoRARegistry | None, metrics: EngineMetrics, model_path: str,
                   chat_template: str | None = None) -> ServerState:
@@ -244,6 +258,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               log_requests=server.enable_log_requests, max_log_len=server.max_log_len,
                               response_role=server.response_role,
                               return_tokens_as_token_ids=server.return_tokens_as_token_ids,
+                              grammar_after_thinking=not config.structured_outputs.enable_in_reasoning,
                               max_tokens_cap=max_tokens_cap(config.model.generation_config, defaults,
                                                             config.model.override_generation_config)),
         model_names=config.model.served_model_name,

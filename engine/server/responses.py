@@ -343,7 +343,7 @@ class ResponsesServing:
         stream = await admitted(self.serving.generate(
             prompt.token_ids, sp, f"{response_id}-{uuid.uuid4().hex[:8]}", prompt.text, self.serving.lora_for(model),
             **engine_kwargs(req.priority, req.cache_salt)))
-        reasoning = self.serving.reasoning if sp.structured_outputs is None else None  # as chat: not under a grammar
+        reasoning = self.serving.reasoning_for(sp, prompt.token_ids)  # as chat's
         if req.stream:
             return self._events(req, base, plan, reasoning, stream, conversation, logprobs, prompt)
         final = None

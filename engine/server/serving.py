@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -47,6 +47,7 @@ from flotilla.engine.server.sse import (
 from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
+from flotilla.engine.structured_output.thinking import thinking_markers
 from flotilla.engine.tokenizer import decoder_without_gil, longest_token_chars
 
 _Req = TypeVar("_Req", CompletionRequest, ChatCompletionRequest)
@@ -191,7 +192,8 @@ class OpenAIServing:
                  chat_template_content_format: ContentFormatOption = "auto", chat_template: str | None = None,
                  default_chat_template_kwargs: dict[str, Any] | None = None,
                  max_logprobs: int = MAX_LOGPROBS, log_requests: bool = False, max_log_len: int | None = None,
-                 response_role: str = "assistant", return_tokens_as_token_ids: bool = False) -> None:
+                 response_role: str = "assistant", return_tokens_as_token_ids: bool = False,
+                 grammar_after_thinking: bool = True) -> None:
         self.engine = engine
         self.log_requests = log_requests  # --enable-log-requests: request_log.py
         self.max_log_len = max_log_len  # --max-log-len: the logged prompt's characters / ids
@@ -206,6 +208,10 @@ class OpenAIServing:
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
+        # The markers as token ids (None: not single tokens of this vocabulary): a prompt that ends the thinking
+        self.thinking = thinking_markers(tokenizer) if reasoning_parser else None
+        # Whether the engine starts a thinking request's grammar after its </think> (not with enable_in_reasoning)
+        self.grammar_after_thinking = grammar_after_thinking and self.thinking is not None
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
         self.tool_call_parser = tool_call_parser
@@ -576,7 +582,7 @@ class OpenAIServing:
             opening = opening_usage(len(prompt.token_ids)) if _continuous_usage(req) else None
             prompt_ids = list(prompt.token_ids) if req.return_token_ids else None  # vLLM's, on the role chunks
             lora = self.lora_for(model)
-            reasoning = self.reasoning if sp.structured_outputs is None else None
+            reasoning = self.reasoning_for(sp, prompt.token_ids)
             stream = await admitted(self.generate(prompt.token_ids, _streamed(sp), engine_id, prompt.text, lora,
                                                          **extras))
             if plan.mode != "none" or reasoning is not None:
@@ -599,6 +605,17 @@ class OpenAIServing:
         return await built(functools.partial(self._chat_reply, req, plan, sp, output, echo, top, request_id, created,
                                              model), values)
 
+    def reasoning_for(self, sp: SamplingParams, prompt_ids: Sequence[int]) -> ReasoningParser | None:
+        """The parser that splits a request's output into thinking and answer, None when it is all answer: a prompt
+        that ended the thinking (its last marker is </think>: vLLM's prompt_is_reasoning_end), or a grammar that
+        applies from the first token (--structured-outputs-config enable_in_reasoning, or a vocabulary without the
+        markers as tokens); a grammar otherwise starts after the thinking (structured_output/thinking.py)."""
+        if self.reasoning is None or (self.thinking is not None and self.thinking.ended(prompt_ids)):
+            return None
+        if sp.structured_outputs is not None and not self.grammar_after_thinking:
+            return None
+        return self.reasoning
+
     def _chat_reply(self, req: ChatCompletionRequest, plan: ToolPlan, sp: SamplingParams, output: RequestOutput,
                     echo: str, top: int | None, request_id: str, created: int, model: str) -> dict[str, Any]:
         """A non-streamed chat reply (blocking: a large one is built on a worker thread)."""
@@ -606,7 +623,7 @@ class OpenAIServing:
         choices = []
         for c in output.outputs:
             message, finish_reason = chat_message(plan, c.text, c.finish_reason,
-                                                  self.reasoning if sp.structured_outputs is None else None)
+                                                  self.reasoning_for(sp, output.prompt_token_ids))
             message["role"] = reply_role(req, self.response_role)
             if not req.include_reasoning:  # vLLM's: the thinking is left out, the answer stays as parsed
                 message.pop("reasoning", None)

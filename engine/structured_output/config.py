@@ -27,6 +27,10 @@ class StructuredOutputsConfig(BaseModel):
     server importing xgrammar and torch: seconds). False starts them on the first constrained request instead,
     as the offline LLM does: a server that never constrains output saves their ~230 MiB and ~2-3 s of CPU at
     start (structured_output/waiting_room.py).
+
+    `reasoning_parser` (vLLM's key; the server's `--reasoning-parser` sets it) makes a thinking request's grammar
+    start after its `</think>`, so that the thinking runs free; `enable_in_reasoning` (vLLM's key) applies the
+    grammar from the first token all the same (structured_output/thinking.py).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -35,6 +39,8 @@ class StructuredOutputsConfig(BaseModel):
     disable_any_whitespace: StrictBool = False
     compile_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     warm_up: StrictBool = True
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    enable_in_reasoning: StrictBool = False
 
 
 def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:

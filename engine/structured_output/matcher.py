@@ -13,13 +13,21 @@ logger = logging.getLogger(__name__)
 class RequestGrammar:
     """An xgrammar matcher for one completion (each of a request's `n` completions has its own)."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, thinking_end: int | None = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
-        self.num_accepted = 0  # output tokens the matcher has consumed
+        self.num_accepted = 0  # output tokens the matcher has consumed (or passed over while thinking)
+        # The `</think>` id while the completion still thinks (thinking.py): until it comes, the matcher neither
+        # masks nor advances, and it starts at the token after it. None: constrained from the first output token.
+        self.thinking_end = thinking_end
         # Set once a bitmask allowed no token, a stop token included: the grammar has no sentence that goes on
         # from the text so far (`root ::= "a" b` with `b ::= b`, after "a"). The request's fault: its next token
         # cannot fit, and the caller refuses the request (a check of the start state alone cannot see this).
         self.dead_end = False
+
+    @property
+    def constraining(self) -> bool:
+        """False while the completion thinks: its next token is free."""
+        return self.thinking_end is None
 
     @property
     def is_terminated(self) -> bool:
@@ -32,6 +40,8 @@ class RequestGrammar:
         False when a token breaks the grammar, which masked sampling rules out; a caller treats it
         as the request's error.
         """
+        if self.thinking_end is not None:
+            self._pass_thinking(tokens, self.thinking_end)
         for token in tokens[self.num_accepted :]:
             if self._matcher.is_terminated():  # a token past the stop token (async scheduling): ignored
                 self.num_accepted += 1
@@ -44,10 +54,20 @@ class RequestGrammar:
             self.num_accepted += 1
         return True
 
+    def _pass_thinking(self, tokens: list[int], end_id: int) -> None:
+        """Pass over the thinking tokens not yet seen; at `</think>`, the grammar starts with the token after it."""
+        try:
+            end = tokens.index(end_id, self.num_accepted)
+        except ValueError:
+            self.num_accepted = len(tokens)
+            return
+        self.num_accepted, self.thinking_end = end + 1, None
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (a terminated grammar leaves it all-allowed:
-        its request is finished and the token is discarded; so does a dead end, see `dead_end`)."""
-        if not self._matcher.is_terminated():
+        its request is finished and the token is discarded; so does a dead end, see `dead_end`, and so does a
+        completion that still thinks)."""
+        if self.constraining and not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(bitmask, row)
             if not bool(bitmask[row].any()):
                 self.dead_end = True

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flotilla.engine.structured_output.compile_queue import MAX_PENDING, PendingGrammar  # stdlib only
+from flotilla.engine.structured_output.thinking import ThinkingMarkers, thinking_markers
 
 if TYPE_CHECKING:  # xgrammar is imported on the first constrained request only
     import xgrammar as xgr
@@ -60,6 +61,8 @@ class GrammarWaitingRoom:
         self._waiting: dict[str, WaitingForGrammar] = {}
         self._build_lock = threading.Lock()  # the engine thread and warm_up's may both build them
         self._closed = False  # shut down: warm_up builds nothing more
+        # The reasoning parser's markers: grammars start after the thinking (thinking.py); None: from the first token.
+        self.thinking = _grammar_waits_for(tokenizer, config)
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -148,7 +151,7 @@ class GrammarWaitingRoom:
             except Exception as exc:  # an invalid constraint (refused) or xgrammar failed: this request's problem
                 failed.append((request_id, exc))
                 continue
-            attach_grammar(waiting.group, compiled)
+            attach_grammar(waiting.group, compiled, self.thinking)
             ready.append(waiting.group)
         return ready, failed
 
@@ -171,11 +174,28 @@ class GrammarWaitingRoom:
             self._compiles.shutdown()
 
 
-def attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None) -> None:
-    """Give each completion its own matcher of the compiled grammar (None: unconstrained)."""
+def _grammar_waits_for(tokenizer: Any, config: StructuredOutputsConfig) -> ThinkingMarkers | None:
+    """The markers whose `</think>` starts a thinking request's grammar: with a reasoning parser, unless
+    `enable_in_reasoning`. A vocabulary without them as single tokens constrains from the first token (logged)."""
+    if config.reasoning_parser is None or config.enable_in_reasoning:
+        return None
+    markers = thinking_markers(tokenizer)
+    if markers is None:
+        logger.warning("--reasoning-parser %s: <think> and </think> are not single tokens of this vocabulary, so "
+                       "structured output is constrained from the first token (the thinking cannot run free)",
+                       config.reasoning_parser)
+    return markers
+
+
+def attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None,
+                   thinking: ThinkingMarkers | None = None) -> None:
+    """Give each completion its own matcher of the compiled grammar (None: unconstrained). With `thinking` (the
+    reasoning parser's markers), a completion whose prompt has not ended the thinking is constrained only after
+    its `</think>` (thinking.py)."""
     if compiled is None:
         return
     from flotilla.engine.structured_output.matcher import RequestGrammar
 
     for child in group:
-        child.grammar = RequestGrammar(compiled)
+        thinks = thinking is not None and not thinking.ended(child.prompt_token_ids)
+        child.grammar = RequestGrammar(compiled, thinking.end_id if thinking is not None and thinks else None)

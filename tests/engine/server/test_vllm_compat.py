@@ -175,6 +175,24 @@ def test_include_reasoning_false_leaves_the_thinking_out_as_vllm(thinking_server
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_a_vocabulary_without_think_tokens_constrains_from_the_first_token(thinking_server):
+    # This vocabulary spells </think> in pieces, so the engine cannot see the thinking end (it logs so at start): the
+    # grammar applies from the first token and the reply is all answer, not split into an empty `content` and a
+    # `reasoning` holding the JSON (docs/structured-output.md "Thinking models"; the markers' own case:
+    # test_structured_after_thinking.py).
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{thinking_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8, "extra_body": {"structured_outputs": {
+        "choice": ["yes", "no"]}}}
+    message = oai.chat.completions.create(**kw).choices[0].message
+    assert message.content in ("yes", "no") and "reasoning" not in message.model_extra
+    deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True) if c.choices]
+    assert "".join(d.content or "" for d in deltas) in ("yes", "no")
+    assert not any(d.model_extra.get("reasoning") for d in deltas)
+    assert "are not single tokens of this vocabulary" in thinking_server.log.read_text()
+
+
 @pytest.mark.parametrize("parsed", ["reasoning", "tools"])
 def test_a_parsed_chat_stream_carries_the_logprobs_the_reply_has_as_vllm(thinking_server, tool_server, parsed):
     # vLLM streams each step's logprobs on its chunk when a reasoning or tool parser reads the stream too; these
