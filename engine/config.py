@@ -191,6 +191,7 @@ class ServerConfig(_Component):
     allowed_methods: list[str] = Field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
+    disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json (no docs pages are served anyway)
 
     @model_validator(mode="after")
     def _a_whole_body_fits_the_budget(self) -> ServerConfig:

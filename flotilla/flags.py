@@ -820,6 +820,15 @@ FLAGS: tuple[Flag, ...] = (
         negatable=True,
     ),
     Flag(
+        "--disable-fastapi-docs",
+        "bool",
+        False,
+        "Serve no API schema (/openapi.json is a 404), as vLLM's flag; the Swagger UI and ReDoc pages vLLM also "
+        "turns off are never served here.",
+        "server",
+        negatable=True,
+    ),
+    Flag(
         "--uvicorn-log-level",
         "str",
         "info",

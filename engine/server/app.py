@@ -71,7 +71,9 @@ class ServerState:
 def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI:
     """Create the app for one engine, with the request limits of `config` (defaults when None)."""
     config = config or ServerConfig()
-    app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None)
+    # No Swagger UI or ReDoc page (they load scripts from a CDN); the schema unless --disable-fastapi-docs.
+    app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None if config.disable_fastapi_docs else "/openapi.json")
     app.state.flotilla = state
     # Every route declared below parses and validates its body on a worker thread (a few MB of small JSON values
     # took seconds, which on the event loop stopped every stream).
