@@ -153,7 +153,7 @@ class ServerConfig(_Component):
 
     host: str | None = None
     port: int = Field(8000, ge=0, le=65535)
-    api_key: str | None = None
+    api_key: list[str] | None = None  # --api-key's keys (each accepted), or VLLM_API_KEY's one
     shutdown_timeout: float = Field(30.0, ge=0)
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
@@ -191,6 +191,7 @@ class ServerConfig(_Component):
     allowed_methods: list[str] = Field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
+    disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json (no docs pages are served anyway)
 
     @model_validator(mode="after")
     def _a_whole_body_fits_the_budget(self) -> ServerConfig:
@@ -219,21 +220,24 @@ class ServerConfig(_Component):
             raise ValueError(problem)
         return self
 
-    @field_validator("api_key")
+    @field_validator("api_key", mode="before")
     @classmethod
-    def _trimmed_non_empty_key(cls, key: str | None) -> str | None:
+    def _trimmed_non_empty_keys(cls, keys: str | list[str] | None) -> list[str] | None:
+        # VLLM_API_KEY is one key (a string), --api-key one or more (vLLM's list: each is accepted, so a key can be
+        # rotated without a moment where clients holding either one are refused).
         # A Secret made with `kubectl create secret --from-file` ends in a newline that clients never
-        # send, so the key is trimmed here exactly as the Authorization header is. An empty key (an
-        # empty Secret, `--api-key ""`) must not quietly mean "no authentication": refuse it.
-        if key is None:
+        # send, so each key is trimmed here exactly as the Authorization header is. An empty key (an
+        # empty Secret, `--api-key ""`) must not quietly mean "no authentication": refuse it (vLLM drops
+        # empty keys, and with none left serves every path open).
+        if keys is None:
             return None
-        key = key.strip()
-        if not key:
+        trimmed = [key.strip() if isinstance(key, str) else key for key in ([keys] if isinstance(keys, str) else keys)]
+        if not trimmed or any(key == "" for key in trimmed):
             raise ValueError(
                 "the API key is empty (from --api-key or VLLM_API_KEY); give a non-empty key, or unset "
                 "both to serve without authentication"
             )
-        return key
+        return trimmed
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerConfig:

@@ -598,10 +598,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--port", "int", 8000, "Port to listen on.", "server", ge=0, le=65535),
     Flag(
         "--api-key",
-        "str",
+        "list",
         None,
-        "Require this key (Authorization: Bearer <key>) on every /v1 route; surrounding whitespace is "
-        "trimmed; an empty key is refused at start.",
+        "Require one of these keys (Authorization: Bearer <key>) on every path but the public probes; several "
+        "keys are each accepted (vLLM's list, e.g. an old and a new key while clients move over); given, it "
+        "replaces VLLM_API_KEY (one key); surrounding whitespace is trimmed; an empty key is refused at start.",
         "server",
         crd_field="apiKeySecretRef",
         env="VLLM_API_KEY",
@@ -817,6 +818,15 @@ FLAGS: tuple[Flag, ...] = (
         "bool",
         False,
         "CORS: allow credentials (cookies, HTTP auth) on cross-origin requests.",
+        "server",
+        negatable=True,
+    ),
+    Flag(
+        "--disable-fastapi-docs",
+        "bool",
+        False,
+        "Serve no API schema (/openapi.json is a 404), as vLLM's flag; the Swagger UI and ReDoc pages vLLM also "
+        "turns off are never served here.",
         "server",
         negatable=True,
     ),

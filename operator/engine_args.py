@@ -191,6 +191,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
     "--max-log-len", "--disable-uvicorn-access-log", "--response-role", "--return-tokens-as-token-ids",
     "--tokenizer-mode",
+    # No /openapi.json (vLLM's --disable-fastapi-docs): the probes and the scrape are other paths.
+    "--disable-fastapi-docs",
     # With the values OPERATOR_OWNED_VALUES allows.
     *OPERATOR_OWNED_VALUES,
 })

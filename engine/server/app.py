@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -49,7 +50,7 @@ class ServerState:
     serving: OpenAIServing
     model_names: list[str]
     metrics: EngineMetrics
-    api_key: str | None = None
+    api_keys: list[str] | None = None  # --api-key's (any one is accepted) or VLLM_API_KEY's
     max_model_len: int = 0
     vocab_size: int = 0
     kv_cache_dtype: str = ""  # what a KV element is stored as, as the start-up log names it
@@ -70,7 +71,9 @@ class ServerState:
 def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI:
     """Create the app for one engine, with the request limits of `config` (defaults when None)."""
     config = config or ServerConfig()
-    app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None)
+    # No Swagger UI or ReDoc page (they load scripts from a CDN); the schema unless --disable-fastapi-docs.
+    app = FastAPI(title="Flotilla", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None if config.disable_fastapi_docs else "/openapi.json")
     app.state.flotilla = state
     # Every route declared below parses and validates its body on a worker thread (a few MB of small JSON values
     # took seconds, which on the event loop stopped every stream).
@@ -247,8 +250,8 @@ class Gate:
         refusal = None
         if path.startswith("/v1") and self.state.draining:
             refusal = error_response(503, "the server is shutting down; retry on another replica")
-        elif (self.state.api_key is not None and not _public(path)
-              and not _authorised(Headers(scope=scope), self.state.api_key)):
+        elif (self.state.api_keys is not None and not _public(path)
+              and not _authorised(Headers(scope=scope), self.state.api_keys)):
             refusal = error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
                                      code="invalid_api_key")
         if refusal is not None:
@@ -288,11 +291,15 @@ def _public(path: str) -> bool:
     return any(path == public or path.startswith(public + "/") for public in PUBLIC_PATHS)
 
 
-def _authorised(headers: Headers, key: str) -> bool:
+def _authorised(headers: Headers, keys: list[str]) -> bool:
+    """Whether the request's `Authorization: Bearer <key>` names one of `keys`."""
     header = headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    # Constant-time comparison: response timing must not reveal how much of a guessed key matched.
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    # Constant-time: response timing must not reveal how much of a guessed key matched, nor (every key is compared,
+    # as SHA-256 digests of one length) which key came closest or how long the keys are.
+    digest = hashlib.sha256(given.strip().encode()).digest()
+    matches = [hmac.compare_digest(digest, hashlib.sha256(key.encode()).digest()) for key in keys]
+    return scheme.lower() == "bearer" and any(matches)
 
 
 def _model(state: ServerState, requested: str | None, code: str | None = None) -> str:

@@ -35,7 +35,7 @@ from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
-from flotilla.flags import MODEL_FLAG
+from flotilla.flags import FLAGS, MODEL_FLAG
 
 logger = logging.getLogger("flotilla.serve")
 # uvicorn's own graceful-shutdown wait, after the drain: only connections that are not engine
@@ -73,7 +73,20 @@ def _model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """MODEL, given as the positional or as --model (vLLM takes either); both given and different: a usage error."""
     if args.model is not None and args.model_option is not None and args.model != args.model_option:
         parser.error(f"MODEL {args.model!r} and {MODEL_FLAG} {args.model_option!r} differ: give the model once")
+    if args.model is None and args.model_option is None:
+        _refuse_swallowed_model(parser, args)
     return args.model if args.model is not None else args.model_option
+
+
+def _refuse_swallowed_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error when no MODEL was given but a list flag's last value is a directory: MODEL written after a
+    flag that takes several values (`--api-key KEY /models/llama`) is read as one more of them, as in vLLM, and
+    the embedded model would be served in its place (with the path as a key or a served name)."""
+    for f in FLAGS:
+        values = getattr(args, f.dest, None) if f.type == "list" else None
+        if values and len(values) > 1 and os.path.isdir(values[-1]):
+            parser.error(f"{f.name} took {values[-1]!r} as one of its values, and no MODEL was given: write MODEL "
+                         f"before the flags, or as {MODEL_FLAG} {values[-1]}")
 
 
 class DrainingServer(uvicorn.Server):
@@ -263,7 +276,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                                                             config.model.override_generation_config)),
         model_names=config.model.served_model_name,
         metrics=metrics,
-        api_key=server.api_key,
+        api_keys=server.api_key,
         max_model_len=config.model.max_model_len,
         vocab_size=vocab_size,
         # the runner's rule (fp8 caches are e4m3, else the model dtype), named as its start-up log does

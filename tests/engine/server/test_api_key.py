@@ -30,6 +30,7 @@ def _start_refused(model, *flags: str, env: dict[str, str]) -> subprocess.Comple
         ((), {"VLLM_API_KEY": ""}),  # a Secret with token: ""
         ((), {"VLLM_API_KEY": " \n"}),  # whitespace only: empty once trimmed
         (("--api-key", "\t"), {}),
+        (("--api-key", KEY, " "), {}),  # one of several keys
     ],
 )
 def test_an_empty_api_key_refuses_to_start(tiny_model_dirs, flags, env):
@@ -57,6 +58,66 @@ def test_a_key_with_a_trailing_newline_works_with_the_trimmed_key(tiny_model_dir
         assert "API key: required on every path but /health" in log.read_text()
     finally:
         stop_server(server)
+
+
+OLD_KEY, NEW_KEY, ENV_KEY = KEY, "n3w-key", "env-key"
+
+
+@pytest.fixture(scope="module")
+def two_key_server(tiny_model_dirs, tmp_path_factory):
+    """One server for the two flags below: --api-key with two keys beside VLLM_API_KEY, and --disable-fastapi-docs
+    (written after the keys' list, which ends at the next flag)."""
+    server = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("two-keys") / "server.log",
+                          "--served-model-name", "tiny", "--api-key", OLD_KEY, NEW_KEY + "\n",
+                          "--disable-fastapi-docs", env={"VLLM_API_KEY": ENV_KEY})
+    yield server
+    stop_server(server)
+
+
+def test_several_keys_are_each_accepted_and_replace_the_environment_key(two_key_server):
+    # vLLM's --api-key takes a list (any key is let in: an old and a new key while clients move over). Here it took
+    # one, so `--api-key OLD NEW` read NEW as MODEL and did not start ("model NEW: no config.json"). The flag's
+    # keys replace VLLM_API_KEY, as vLLM's.
+    server, old, new, env_key = two_key_server, OLD_KEY, NEW_KEY, ENV_KEY
+    for key in (old, new):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+        tokenized = httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"},
+                               headers={"Authorization": f"Bearer {key}"})
+        assert tokenized.status_code == 200, key
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401  # no key at all
+    for wrong in (env_key, f"{old} {new}", old + new, "n3w"):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=wrong, max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client.models.list()
+        assert refused.value.body["code"] == "invalid_api_key", wrong
+    assert httpx.get(f"{server.url}/health").status_code == 200  # the probes stay open
+
+
+def test_disable_fastapi_docs_serves_no_schema(two_key_server, prefixed_server):
+    # vLLM's --disable-fastapi-docs (no /openapi.json, /docs, /redoc) was not a flag here: the server did not start.
+    assert httpx.get(f"{two_key_server.url}/openapi.json").status_code == 404  # public path, nothing there
+    for page in ("/docs", "/redoc"):  # never served: 404 with the key (401 without, as any unknown path)
+        assert httpx.get(f"{two_key_server.url}{page}",
+                         headers={"Authorization": f"Bearer {OLD_KEY}"}).status_code == 404
+    assert httpx.get(f"{prefixed_server.url}/openapi.json").json()["info"]["title"] == "Flotilla"  # by default
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--served-model-name"])
+def test_model_after_a_list_flag_is_a_usage_error_not_the_embedded_model(tiny_model_dirs, flag, capsys):
+    # `--api-key KEY MODEL`: the flag takes every word after it (as vLLM's), so MODEL became a key and the embedded
+    # model would have been served under it. Refused before anything loads, naming the path.
+    from flotilla.engine.server.cli import main
+
+    model = str(tiny_model_dirs["llama"])
+    with pytest.raises(SystemExit) as exited:
+        # (the bad port: should the path be taken as MODEL, main returns at its check instead of serving)
+        main(["--port", "70000", flag, "k", model])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{flag} took {model!r} as one of its values, and no MODEL was given" in error
+    assert f"--model {model}" in error
 
 
 @pytest.fixture(scope="module")
