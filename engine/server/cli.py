@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             stats_log.maybe_log(snapshot)
 
     loras = LoRARegistry(config.model.served_model_name) if config.lora.enable_lora else None
-    signals = StartSignals().install()
+    signals = StartSignals()
+    if engine_in_own_process():  # an engine built on this process's thread cannot look: the default action stays
+        signals.install()
     try:
         factory = EngineFactory(config, register_startup_adapters(config.lora, loras) if loras is not None else ())
         async_engine, tokenizer = _start_engine(factory, on_step, signals)

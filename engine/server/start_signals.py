@@ -7,7 +7,8 @@ the pipe gone at its "ready" (two BrokenPipeError tracebacks), and until then it
 the signal is only recorded; start-up looks at it where stopping is safe (never in the middle of the core's spawn,
 whose data an interrupted write would truncate), kills the core that is still starting and exits 0, as a SIGTERM
 drain does. A signal before these handlers exist (while modules import) still takes the default action: no core
-exists yet.
+exists yet; so does one while an engine is built on a thread of the server's own process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), which could not look at it until its build ended.
 """
 
 from __future__ import annotations
