@@ -108,8 +108,11 @@ class EngineCoreClient:
         for end in self._child_ends:  # the child holds them now; ours would hide its exit from us
             end.close()
 
-    def wait_until_ready(self) -> None:
-        """Wait for the launched core to build its engine (RuntimeError from its error if it could not)."""
+    def wait_until_ready(self, check: Callable[[], None] | None = None) -> None:
+        """Wait for the launched core to build its engine (RuntimeError from its error if it could not). `check`
+        runs every 0.1 s meanwhile: what it raises ends the wait (the caller then stops the launch)."""
+        while check is not None and not self._outputs.poll(0.1):
+            check()
         try:
             message = self._outputs.recv()
         except (EOFError, OSError):

@@ -53,12 +53,41 @@ def truncated_parts(text: str, keep: int, side: Literal["left", "right"], longes
     The second part, cut CUT_SLACK_TOKENS tokens' characters and one character further, shifts that alignment: the two
     parts' kept tokens agree where the cut did not reach them. Their agreement is the evidence, not a proof
     (tests/engine/test_prompt_truncation.py: words, code, Unicode and digits agree with the whole text, and so do long
-    runs cut at their end; cut at their start, runs of spaces, newlines and one letter disagree: tokenized whole)."""
+    runs cut at their end; cut at their start, runs of spaces, newlines and one letter disagree: `run_parts`)."""
     chars = (keep + CUT_SLACK_TOKENS) * longest_token_chars
     further = chars + CUT_SLACK_TOKENS * longest_token_chars + 1
     if len(text) <= 2 * further:  # the two parts would cost about what the whole text does
         return []
     return [text[-chars:], text[-further:]] if side == "left" else [text[:chars], text[:further]]
+
+
+# A run of one character shortened by a multiple of this many characters keeps its last tokens: tokenized from its
+# start, a run repeats its tokens, of a few lengths (4 for letters and newlines, 64 for spaces and dashes with the
+# embedded SmolLM2's tokenizer). 20,160 = 2^6 * 3^2 * 5 * 7 is a multiple of each length up to 10 and of 12, 14, 16,
+# 18, 20, 24, 28, 32, 48 and 64.
+RUN_PERIOD = 20_160
+
+
+def run_parts(text: str, keep: int, side: Literal["left", "right"], longest_token_chars: int) -> list[str]:
+    """Two shortened copies of `text` that hold its last `keep` tokens when `truncated_parts`' cut falls in a long run
+    of one character (`"a" * 5_000_000`, spaces, newlines: its parts disagree there): the run loses as many whole
+    RUN_PERIODs as lie before the cut (the second copy one fewer), and the text before the run is kept for
+    CUT_SLACK_TOKENS tokens' characters, so that the run starts as in the whole text. If the run's tokens repeat
+    with a period dividing RUN_PERIOD, both copies end in the whole text's tokens; their agreement
+    (`tokenized_part`) is the evidence, as for `truncated_parts`. None for the right side (a run at the start
+    tokenizes from its start in any part), or when the cut is not that deep in a run."""
+    chars = (keep + CUT_SLACK_TOKENS) * longest_token_chars
+    cut = len(text) - chars
+    if side == "right" or cut < RUN_PERIOD:
+        return []
+    head = text[:cut]
+    start = len(head.rstrip(text[cut]))  # where the run holding the cut begins
+    removed = (cut - start) // RUN_PERIOD * RUN_PERIOD
+    if removed == 0:
+        return []
+    before = text[max(0, start - CUT_SLACK_TOKENS * longest_token_chars):start]
+    parts = [before + text[start + removed:], before + text[start + removed - RUN_PERIOD:]]
+    return parts if len(parts[0]) + len(parts[1]) < len(text) else []  # else the whole text costs less
 
 
 def tokenized_part(parts_ids: list[list[int]], keep: int, side: Literal["left", "right"]) -> list[int] | None:

@@ -32,6 +32,7 @@ from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
 from flotilla.engine.server.sampling_request import max_tokens_cap
 from flotilla.engine.server.server_chat_template import load_chat_template
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.server.start_signals import StartSignals, StartStopped
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
@@ -205,9 +206,15 @@ def main(argv: list[str] | None = None) -> int:
             stats_log.maybe_log(snapshot)
 
     loras = LoRARegistry(config.model.served_model_name) if config.lora.enable_lora else None
+    signals = StartSignals()
+    if engine_in_own_process():  # an engine built on this process's thread cannot look: the default action stays
+        signals.install()
     try:
         factory = EngineFactory(config, register_startup_adapters(config.lora, loras) if loras is not None else ())
-        async_engine, tokenizer = _start_engine(factory, on_step)
+        async_engine, tokenizer = _start_engine(factory, on_step, signals)
+    except StartStopped as exc:
+        logger.info("%s: the engine core is stopped, nothing was served", exc)
+        return 0
     except ConfigError as exc:  # a bad --lora-modules name
         print(f"flotilla serve: error: {exc}", file=sys.stderr)
         return 2
@@ -221,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                           chat_template=chat_template)
     http = DrainingServer(_uvicorn_config(build_app(state, server), server), state, server.shutdown_timeout)
     freeze_startup_heap()  # the event loop's collections skip what start-up built (the core does the same)
+    signals.restore()  # uvicorn's own handlers from http.run on
+    if signals.received is not None:
+        logger.info("%s while starting: the engine is shut down, nothing was served", signals.received.name)
+        async_engine.shutdown()
+        return 0
     sys.setswitchinterval(interval)
     logger.info("serving %s as %s on %s:%d", config.model.model, ", ".join(state.model_names),
                 server.host or "0.0.0.0", server.port)
@@ -302,21 +314,25 @@ def exit_process(exc: BaseException) -> None:
     os._exit(1)
 
 
-def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None]) -> tuple[ServingEngine, Any]:
+def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None],
+                  signals: StartSignals) -> tuple[ServingEngine, Any]:
     """The started engine and the server's tokenizer. With the core in its own process, this process loads
     the tokenizer (transformers, which imports torch) while the core imports torch and builds the engine:
-    on two or more cores the second process adds little to start-up."""
+    on two or more cores the second process adds little to start-up. A SIGTERM or SIGINT recorded in `signals`
+    stops the core that is starting (StartStopped)."""
     tokenizer_path = factory.config.model.tokenizer
     if not engine_in_own_process():
         return AsyncEngine.build(factory, on_step, on_dead=exit_process), load_tokenizer(tokenizer_path)
     client = EngineCoreClient(factory, on_step, on_dead=exit_process)
-    client.launch()
+    client.launch()  # a signal meanwhile is only recorded: the spawn data reaches the core whole
     try:
+        signals.check()
         tokenizer = load_tokenizer(tokenizer_path)
+        signals.check()
+        client.wait_until_ready(signals.check)
     except BaseException:
         client.stop_launch()
         raise
-    client.wait_until_ready()
     return client, tokenizer
 
 

@@ -32,7 +32,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
-from flotilla.engine.server.request_id_header import checked_request_id
+from flotilla.engine.server.request_id_header import BodyRequestId, checked_request_id
 from flotilla.engine.server.request_log import log_aborted, log_failed, log_finished, log_received
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class EmbeddingRequest(_RequestBody):
     # X-Request-Id header wins, as on completions); `cache_salt` keys the pooling pass's prefix-cache blocks, so
     # they are shared within one salt only (engine/pooling/embed.py); `priority` other than 0 is refused
     # (`_refuse_unservable`): a pooling pass runs between steps, outside the scheduler's queue it would order.
-    request_id: str | None = Field(None, min_length=1, max_length=256)
+    request_id: BodyRequestId | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
 

@@ -28,6 +28,7 @@ from flotilla.engine.chat_content import content_texts
 from flotilla.engine.sampling_params import SEED_MAX, SEED_MIN
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN
+from flotilla.engine.server.request_id_header import BodyRequestId
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class _SamplingFields(_RequestBody):
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)  # lower first, with --scheduling-policy priority
     # prefix-cache blocks are shared within one salt only
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
-    request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
+    request_id: BodyRequestId | None = None  # the response id's suffix
     # vLLM's: log-probabilities of the prompt's tokens (completions: per choice; chat: in the response)
     # at most --max-logprobs: check_logprob_entries; -1 (vLLM's): the whole vocabulary (OpenAIServing.whole_vocabulary)
     prompt_logprobs: int | None = Field(None, ge=-1)

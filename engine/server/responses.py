@@ -33,6 +33,7 @@ from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built, json_body,
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, JSONObjects, _RequestBody
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, engine_kwargs
+from flotilla.engine.server.request_id_header import BodyRequestId
 from flotilla.engine.server.responses_items import (
     assistant_turn,
     chat_response_format,
@@ -110,7 +111,7 @@ class ResponsesRequest(_RequestBody):
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
-    request_id: str | None = Field(None, min_length=1, max_length=256)
+    request_id: BodyRequestId | None = None
     # vLLM's sampling and output fields of its Responses request, with its types and bounds, applied as chat's
     # (the chat request built from this one carries them to the one SamplingParams builder, sampling_request.py).
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)

@@ -16,7 +16,13 @@ from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.prompt_rules import check_prompt
-from flotilla.engine.prompt_truncation import kept_tokens, tokenized_part, truncate_prompt, truncated_parts
+from flotilla.engine.prompt_truncation import (
+    kept_tokens,
+    run_parts,
+    tokenized_part,
+    truncate_prompt,
+    truncated_parts,
+)
 from flotilla.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from flotilla.engine.server.chat_template import (
     MAX_CONCURRENT_RENDERS,
@@ -245,11 +251,12 @@ class OpenAIServing:
             self.check_chars(len(text), param)
             return await self._tokenized(text, add_special_tokens)
         kept, side = kept_tokens(keep, self.max_model_len), side or "left"  # a bad `keep`: a 400 before any work
-        parts = truncated_parts(text, kept, side, self.token_chars)
-        if parts:  # each part's call bounded: a client gone meanwhile costs at most the one under way
-            ids = tokenized_part([await self._tokenized(part, add_special_tokens) for part in parts], kept, side)
-            if ids is not None:
-                return ids
+        for cut in (truncated_parts, run_parts):  # the second when the first's parts disagree (a long run)
+            parts = cut(text, kept, side, self.token_chars)
+            if parts:  # each part's call bounded: a client gone meanwhile costs at most the one under way
+                ids = tokenized_part([await self._tokenized(part, add_special_tokens) for part in parts], kept, side)
+                if ids is not None:
+                    return ids
         return await self._tokenized(text, add_special_tokens)
 
     async def _tokenized(self, text: str, add_special_tokens: bool) -> list[int]:

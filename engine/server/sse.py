@@ -59,10 +59,18 @@ class StreamState:
         return sum(self.sent_tokens)
 
 
+# JSON values one logprob alternative becomes in a stream step: chat's `{"token", "logprob", "bytes": [...]}` is an
+# object, two scalars, a list and the token's bytes (10,769 values for a token with 1,000 alternatives of the embedded
+# model's vocabulary); a Responses delta's is smaller but the step also builds chat's (the stored output's).
+VALUES_PER_ALTERNATIVE = 10
+
+
 def logprob_values(output: RequestOutput) -> int:
-    """About how many alternatives a step's logprob entries hold, all choices' (each entry: the sampled token and the
-    request's top ones): what a stream step's logprobs cost to build, the streams' one estimate of it (`built`)."""
-    return sum(len(entry) for c in output.outputs for entry in c.logprobs or ())
+    """About how many JSON values a step's logprob entries make, all choices' (each entry: the sampled token and the
+    request's top ones, VALUES_PER_ALTERNATIVE each): what a stream step's logprobs cost to build, the streams' one
+    estimate of it, against `OFF_LOOP_VALUES` (`built`). Counted as alternatives, a step of 1,000 (2.7 CPU ms of
+    build and encode) stayed on the event loop, 20-70 ms of it at load 10."""
+    return VALUES_PER_ALTERNATIVE * sum(len(entry) for c in output.outputs for entry in c.logprobs or ())
 
 
 # `json.dumps(value, ensure_ascii=False)` builds a new encoder at every call (only the default arguments reuse

@@ -37,6 +37,8 @@ TEXTS = {
     "spaces": " " * CHARS + "end",
     "newlines": "\n" * CHARS + "end",
     "letters": "a" * CHARS,
+    # a run after words and a space (" a" is a token of its own: the run's start must be tokenized in its context)
+    "words then letters": _words(rng, 20_000) + " " + "a" * CHARS,
     "code": "def f(x):\n    return {'k': [x, x + 1]}  # ok\n" * (CHARS // 44),
 }
 
@@ -47,9 +49,6 @@ def whole(tokenizer):
     return {name: tokenizer.encode(text) for name, text in TEXTS.items()}
 
 
-# Texts whose two parts' last tokens disagree (a run's alignment moves with a cut before it; its first tokens do not):
-# cut on the left, tokenized whole
-RUNS = {"spaces", "newlines", "letters"}
 
 
 def _counting(tokenizer, monkeypatch) -> list[int]:
@@ -70,7 +69,8 @@ def test_a_truncated_texts_kept_tokens_are_its_whole_tokenizations(tokenizer, wh
     tokenized = _counting(tokenizer, monkeypatch)
     ids = asyncio.run(serving.encode(TEXTS[name], keep=keep, side=side))
     assert truncate_prompt(ids, keep, CONTEXT, side) == truncate_prompt(whole[name], keep, CONTEXT, side)
-    assert (len(TEXTS[name]) in tokenized) == (name in RUNS and side == "left"), tokenized  # after disagreeing parts
+    # never whole: the runs (whose two parts disagree, cut on the left) are shortened by whole periods (run_parts)
+    assert len(TEXTS[name]) not in tokenized, tokenized
 
 
 def test_only_the_part_holding_the_kept_tokens_is_tokenized(tokenizer, monkeypatch):
@@ -85,3 +85,19 @@ def test_only_the_part_holding_the_kept_tokens_is_tokenized(tokenizer, monkeypat
     tokenized.clear()
     asyncio.run(serving.encode(text[:100_000], keep=CONTEXT))
     assert tokenized == [100_000]
+
+
+@pytest.mark.parametrize(("before", "run", "after"), [("", "a", ""), ("", " ", "end"), ("Hello there. ", "\n", "")])
+def test_a_long_run_of_one_character_is_not_tokenized_whole(tokenizer, monkeypatch, before, run, after):
+    """5M characters of one run, cut to its last 512 tokens: tokenized whole, ~0.6 s a million characters of one Rust
+    call; now two copies of the run shortened by whole RUN_PERIODs (prompt_truncation.run_parts), ~3 % of the text.
+    Its kept tokens are those of the same run 200k long (4.8M less: a multiple of 64), tokenized whole."""
+    from flotilla.engine.server.serving import OpenAIServing
+
+    serving = OpenAIServing(None, tokenizer, CONTEXT, VOCAB)
+    text = before + run * 5_000_000 + after
+    tokenized = _counting(tokenizer, monkeypatch)
+    ids = asyncio.run(serving.encode(text, keep=CONTEXT, side="left"))
+    assert len(ids) >= CONTEXT and sum(tokenized) < 0.05 * len(text), tokenized
+    shorter = tokenizer.encode(before + run * 200_000 + after)
+    assert truncate_prompt(ids, CONTEXT, CONTEXT) == truncate_prompt(shorter, CONTEXT, CONTEXT)

@@ -138,6 +138,39 @@ def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body)
     assert "r" * 256 in response.json()["id"]
 
 
+# Control bytes h11 lets through in a header (all but NUL, CR, LF and whitespace), as raw bytes: an ESC starting a
+# terminal escape, DEL, a C0 and a C1 control (latin-1, as the server decodes headers).
+CONTROL_HEADERS = [b"trace\x1b[2Jx", b"a\x7fb", b"a\x01b", b"id-\x9b31m"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 1}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+        ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 1}),
+    ],
+)
+def test_a_request_id_with_a_control_character_is_a_400(server, path, body):
+    """A client's id (the X-Request-Id header or the body's `request_id`) becomes the response id and the name of the
+    request in every log line: with a control character it is refused, not copied there (raw HTTP: the SDKs refuse
+    to send such a header). Printable non-ASCII ids are served as before."""
+    for value in CONTROL_HEADERS:
+        response = httpx.post(f"{server.url}{path}", json=body, headers={**HEADERS, "X-Request-Id": value},
+                              timeout=120)
+        assert_openai_400(response, "X-Request-Id")
+        assert "unprintable character" in response.json()["error"]["message"]
+        assert value.decode("latin-1") not in response.text
+    for value in ("trace\x1b[2Jx", "a\u202eb", "line\nbreak", "a\x85b"):  # an ESC, a bidi override, LF, NEL
+        response = httpx.post(f"{server.url}{path}", json={**body, "request_id": value}, headers=HEADERS, timeout=120)
+        assert_openai_400(response, "request_id")
+    for header, given in ((b"caf\xc3\xa9 42", "caf\xc3\xa9 42"), (None, "café-ü 42")):  # UTF-8 bytes, read as latin-1
+        response = httpx.post(f"{server.url}{path}", json=body if header else {**body, "request_id": given},
+                              headers={**HEADERS, "X-Request-Id": header} if header else HEADERS, timeout=120)
+        assert response.status_code == 200, response.text
+        assert given in response.json()["id"]
+
+
 @pytest.mark.parametrize("calls", [5, True, "f", {"id": "c1"}, [5], ["c1"], [None]])
 @pytest.mark.parametrize("stream", [False, True])
 def test_assistant_tool_calls_that_are_not_a_list_of_objects_are_a_400(server, calls, stream):

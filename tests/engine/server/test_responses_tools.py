@@ -136,6 +136,16 @@ def test_x_request_id_names_the_response_and_comes_back_as_a_header(tool_server)
     assert response.json()["id"].startswith("resp_trace-43-") and response.headers["x-request-id"] == "trace-43"
 
 
+def test_a_refused_x_request_id_is_not_echoed_back(tool_server):
+    """--enable-request-id-headers echoes the request's X-Request-Id; one refused for a control byte (a 400) gets a
+    random id instead, its bytes not sent back in the response head."""
+    body = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    refused = httpx.post(f"{tool_server.url}/v1/chat/completions", json=body,
+                         headers={**HEADERS, "X-Request-Id": b"trace\x1b[2J"}, timeout=120)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Request-Id"
+    assert re.fullmatch(r"[0-9a-f]{32}", refused.headers["x-request-id"])
+
+
 def test_the_x_request_id_header_never_echoes_the_bodys_request_id_as_vllm(oai):
     """vLLM's XRequestIdMiddleware echoes the request's own X-Request-Id header, else a random uuid4 hex: the body's
     `request_id` names the response (`chatcmpl-<id>`, `cmpl-<id>`, a Responses id as given) and the engine's request,

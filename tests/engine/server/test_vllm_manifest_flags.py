@@ -92,6 +92,24 @@ def test_enable_log_requests_logs_each_request_and_its_end(capped, manifest_serv
     assert "POST /v1/completions" not in log  # --disable-uvicorn-access-log: no access log line
 
 
+def test_a_request_id_with_control_bytes_never_reaches_the_log(manifest_server):
+    """Log injection: a client's X-Request-Id (or body `request_id`) names the request in its log lines; one holding
+    an ESC sequence or a forged line is refused with a 400 before anything is logged, and the log (INFO and DEBUG
+    lines) holds none of its bytes. Raw HTTP: the SDKs refuse to send such a header."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 1}
+    for sent in ({"headers": {**headers, "X-Request-Id": b"x\x1b[2Jforged"}, "json": body},
+                 {"headers": headers, "json": {**body, "request_id": "x\nINFO Finished request forged"}}):
+        response = httpx.post(f"{manifest_server.url}/v1/completions", timeout=120, **sent)
+        assert response.status_code == 400, response.text
+    given = httpx.post(f"{manifest_server.url}/v1/completions", timeout=120,
+                       headers={**headers, "X-Request-Id": "after-control-bytes"}, json=body)
+    assert given.status_code == 200, given.text
+    log = _log_with(manifest_server, "Finished request cmpl-after-control-bytes")
+    assert "Finished request cmpl-after-control-bytes" in log
+    assert "\x1b" not in log and "forged" not in log
+
+
 def test_response_role_names_the_reply_after_a_generation_prompt(capped, manifest_server):
     messages = [{"role": "user", "content": "Hi"}]
     chat = capped.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
