@@ -72,7 +72,7 @@ def test_gated_form_equals_the_plain_gemv_then_silu_and_mul_bit_for_bit(k, n, gr
 # (heads, kv_heads, head_dim, K, group, dtype, symmetric, bias, cache dtype, position, slot, knobs)
 ROPE_CASES = [
     (4, 2, 32, 256, 128, torch.bfloat16, True, False, torch.bfloat16, 7, 21, {"block_n": 16, "block_w": 32}),
-    (4, 2, 64, 512, 128, torch.bfloat16, False, True, torch.bfloat16, 130, 47,
+    (2, 1, 64, 512, 128, torch.bfloat16, False, True, torch.bfloat16, 130, 47,
      {"block_n": 16, "block_w": 16, "split_k": 2, "layout": 1, "pdl": "top"}),  # Qwen2's qkv bias, split-K + fixup
     (2, 1, 128, 384, 32, torch.float16, False, False, torch.float16, 0, 3,
      {"block_n": 32, "block_w": 16, "split_k": 3}),  # Llama's head_dim, a ragged last range
@@ -193,9 +193,10 @@ def test_dispatch_switches(monkeypatch):
 
 @pytest.fixture(scope="module")
 def int4_checkpoints(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -> dict[str, Path]:
-    """A tiny random Llama (hidden 128, MLP 128, 4 heads of 32, 2 KV heads, fp32) as int4 checkpoints: compressed-
-    tensors W4A16 (symmetric, group 128, packed by the library) and GPTQ (zero points, group 32). MLP 128 (the
-    gate/up kernel's 256 rows, 16 programs of 16 under the interpreter) keeps the decode test's time down."""
+    """A tiny random Llama (hidden 128, MLP 128, 2 heads of 64, 1 KV head, fp32) as int4 checkpoints: compressed-
+    tensors W4A16 (symmetric, group 128, packed by the library) and GPTQ (zero points, group 32). MLP 128 and heads
+    of 64 (qkv and gate/up both 256 rows: 4 programs of 64 under the interpreter, the decode test's tile) keep the
+    decode test's time down: the interpreter's time goes by programs, not by their size."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "engine"))
@@ -204,7 +205,7 @@ def int4_checkpoints(tmp_path_factory: pytest.TempPathFactory, embedded_model_di
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     torch.manual_seed(7)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                          tie_word_embeddings=False, initializer_range=0.1, bos_token_id=1, eos_token_id=2)  # fmt: skip
     root = tmp_path_factory.mktemp("int4-fused")
     LlamaForCausalLM(config).save_pretrained(root / "src")
@@ -226,11 +227,17 @@ def test_int4_llama_decodes_through_both_fused_forms(int4_checkpoints, monkeypat
     import flotilla.engine.layers.attention as attention
     import flotilla.engine.models.llama as llama
     import flotilla.engine.models.llama_cpu_decode as fast
+    import flotilla.kernels.triton_int4_gemv_wide as wide
     from flotilla.engine.llm import LLM
     from flotilla.engine.sampling_params import SamplingParams
     from flotilla.kernels.triton_int4_gemv_fused import fuses_gated, fuses_rope
 
     monkeypatch.setattr(fast, "CPU_DECODE_LAYERS", False)  # the module path, where the layers dispatch
+    # qkv and gate/up are both [256, 128]: a 64-row tile (a whole head of 64, so `fuses_rope` still holds) runs 4
+    # interpreted programs a launch, not the table's 16-row tile's 16 (the time goes by programs); the bit-for-bit
+    # tests above cover the smaller tiles
+    monkeypatch.setattr(wide, "_WIDE_TILES", {**wide._WIDE_TILES, (256, 128): {"block_n": 64, "block_w": 128,
+                                                                               "num_warps": 4, "num_stages": 1}})
     llm = LLM(str(int4_checkpoints[fmt]), max_model_len=128, enforce_eager=True, enable_prefix_caching=False,
               **({"quantization": "gptq"} if fmt == "gptq" else {}))  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
