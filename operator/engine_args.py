@@ -193,6 +193,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--tokenizer-mode",
     # No /openapi.json (vLLM's --disable-fastapi-docs): the probes and the scrape are other paths.
     "--disable-fastapi-docs",
+    # Fixed meanings here, accepted only at the value that runs (check_value refuses the rest, naming it): one
+    # engine per pod (-dp 1; more copies are spec.replicas), ranks as spawned processes (mp), NCCL's all-reduce.
+    "--data-parallel-size", "--distributed-executor-backend", "--disable-custom-all-reduce",
     # With the values OPERATOR_OWNED_VALUES allows.
     *OPERATOR_OWNED_VALUES,
 })
