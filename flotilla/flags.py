@@ -825,6 +825,21 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--ssl-certfile",
+        "str",
+        None,
+        "Serve HTTPS with this PEM certificate (chain) file, as vLLM's; with --ssl-keyfile when the key is a file of "
+        "its own. Checked at start-up: a file that cannot be loaded is a usage error.",
+        "server",
+    ),
+    Flag(
+        "--ssl-keyfile",
+        "str",
+        None,
+        "The PEM private key of --ssl-certfile (needs it).",
+        "server",
+    ),
+    Flag(
         "--allowed-origins",
         "json",
         ["*"],

@@ -119,6 +119,10 @@ def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
 # Flags that the operator sets itself, or that would undo what it guarantees: refused in
 # spec.engineArgs, with the reason shown to the user.
 OPERATOR_OWNED: dict[str, str] = {
+    "--ssl-certfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
+                      "at the gateway or a service mesh (docs/server.md)",
+    "--ssl-keyfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
+                     "at the gateway or a service mesh (docs/server.md)",
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
     "--device": "engine pods run on the GPUs they request",

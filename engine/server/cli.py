@@ -150,6 +150,8 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
         http=head_deadline_protocol(server.header_read_timeout),
         limit_concurrency=server.limit_concurrency,
         root_path=server.root_path or "",
+        ssl_certfile=server.ssl_certfile,
+        ssl_keyfile=server.ssl_keyfile,
         timeout_keep_alive=server.timeout_keep_alive,  # type: ignore[arg-type]  # a float works: call_later
         h11_max_incomplete_event_size=server.h11_max_incomplete_event_size,
         # Only a backstop: by the time uvicorn stops, the drain has answered every engine request.
