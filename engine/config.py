@@ -8,6 +8,7 @@ that are declared but not implemented yet are refused with a message that names 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +148,19 @@ class DeviceConfig(_Component):
     triton_gemv_max_rows: int = Field(1, ge=0)
 
 
+def _tls_files_problem(certfile: str | None, keyfile: str | None) -> str | None:
+    """Why --ssl-certfile / --ssl-keyfile cannot serve HTTPS (a key without a certificate, or files Python's ssl
+    cannot load as a certificate and its key), or None."""
+    if certfile is None:
+        return "--ssl-keyfile needs --ssl-certfile (the certificate it is the key of)" if keyfile else None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        files = f"--ssl-certfile {certfile}" + (f" and --ssl-keyfile {keyfile}" if keyfile else "")
+        return f"{files} cannot be loaded as a PEM certificate and its private key ({exc.strerror or exc})"
+    return None
+
+
 class ServerConfig(_Component):
     """The HTTP front end (not part of the engine core): address, API key and the limits that keep one
     client from freezing or bloating the server."""
@@ -192,6 +206,15 @@ class ServerConfig(_Component):
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json (no docs pages are served anyway)
+    ssl_certfile: str | None = None  # vLLM's --ssl-certfile / --ssl-keyfile: HTTPS (uvicorn's)
+    ssl_keyfile: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_files_load(self) -> ServerConfig:
+        # uvicorn loads them only once serving starts, after the model: a bad file was a traceback then.
+        if problem := _tls_files_problem(self.ssl_certfile, self.ssl_keyfile):
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _a_whole_body_fits_the_budget(self) -> ServerConfig:

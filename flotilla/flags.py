@@ -457,6 +457,38 @@ FLAGS: tuple[Flag, ...] = (
         aliases=("-pp",),
         ge=1,
     ),
+    Flag(
+        "--data-parallel-size",
+        "int",
+        1,
+        "Engine copies in one server (vLLM's data parallelism): 1 here.",
+        "parallel",
+        aliases=("-dp",),
+        ge=1,
+        supported_values=(1,),
+        refusal="one server runs one engine; for more copies of the model run more replicas "
+                "(an InferenceService's spec.replicas, or more pods behind one Service)",
+    ),
+    Flag(
+        "--distributed-executor-backend",
+        "str",
+        None,
+        "How tensor/pipeline ranks run: mp, one spawned worker process per rank (what runs here at -tp/-pp above "
+        "1; at 1 the model runs in the engine core's process).",
+        "parallel",
+        choices=("mp", "ray", "uni", "external_launcher"),
+        supported_values=("mp",),
+        refusal="Flotilla runs every tensor/pipeline rank as a worker process it spawns on this host (vLLM's mp); "
+                "there is no Ray or external launcher here",
+    ),
+    Flag(
+        "--disable-custom-all-reduce",
+        "bool",
+        False,
+        "Accepted as vLLM's: the tensor-parallel all-reduce here is always NCCL's (torch.distributed; gloo on the "
+        "CPU), never a custom kernel, so this changes nothing.",
+        "parallel",
+    ),
     # --- speculative decoding, LoRA --------------------------------------------------------------
     Flag(
         "--speculative-config",
@@ -793,6 +825,21 @@ FLAGS: tuple[Flag, ...] = (
         "server",
     ),
     Flag(
+        "--ssl-certfile",
+        "str",
+        None,
+        "Serve HTTPS with this PEM certificate (chain) file, as vLLM's; with --ssl-keyfile when the key is a file of "
+        "its own. Checked at start-up: a file that cannot be loaded is a usage error.",
+        "server",
+    ),
+    Flag(
+        "--ssl-keyfile",
+        "str",
+        None,
+        "The PEM private key of --ssl-certfile (needs it).",
+        "server",
+    ),
+    Flag(
         "--allowed-origins",
         "json",
         ["*"],
@@ -843,6 +890,9 @@ FLAGS: tuple[Flag, ...] = (
 # vLLM's option spelling of MODEL (`vllm serve --model X`): `flotilla serve` takes it beside the positional (both
 # given must agree); not a flag of the table above, since MODEL is no engine component's setting but what is loaded.
 MODEL_FLAG = "--model"
+# vLLM's YAML file of flags (`vllm serve --config FILE`, engine/server/config_file.py): not a setting either, but
+# where more of the command line is written.
+CONFIG_FLAG = "--config"
 
 _BY_NAME = {f.name: f for f in FLAGS}
 _BY_CRD_FIELD = {f.crd_field: f for f in FLAGS if f.crd_field}
@@ -864,7 +914,8 @@ def flag_for_crd_field(path: str) -> Flag | None:
 def markdown_table() -> str:
     """The flag reference as a Markdown table (the README embeds it; a test keeps them equal)."""
     rows = ["| flag | type | default | InferenceService field | status |", "|---|---|---|---|---|",
-            f"| MODEL, `{MODEL_FLAG}` | str | the embedded model | `spec.model.source` | yes |"]
+            f"| MODEL, `{MODEL_FLAG}` | str | the embedded model | `spec.model.source` | yes |",
+            f"| `{CONFIG_FLAG}` FILE | YAML file of these flags | none |  | yes |"]
     for f in FLAGS:
         names = ", ".join(f"`{n}`" for n in (*f.aliases, f.name)) + (f" / `--no-{f.name[2:]}`" if f.negatable else "")
         status = "yes" if f.implemented else "refused" if f.refusal else "not yet"  # refused: vLLM's, not honoured here

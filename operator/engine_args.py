@@ -119,6 +119,10 @@ def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
 # Flags that the operator sets itself, or that would undo what it guarantees: refused in
 # spec.engineArgs, with the reason shown to the user.
 OPERATOR_OWNED: dict[str, str] = {
+    "--ssl-certfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
+                      "at the gateway or a service mesh (docs/server.md)",
+    "--ssl-keyfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
+                     "at the gateway or a service mesh (docs/server.md)",
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
     "--device": "engine pods run on the GPUs they request",
@@ -193,6 +197,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--tokenizer-mode",
     # No /openapi.json (vLLM's --disable-fastapi-docs): the probes and the scrape are other paths.
     "--disable-fastapi-docs",
+    # Fixed meanings here, accepted only at the value that runs (check_value refuses the rest, naming it): one
+    # engine per pod (-dp 1; more copies are spec.replicas), ranks as spawned processes (mp), NCCL's all-reduce.
+    "--data-parallel-size", "--distributed-executor-backend", "--disable-custom-all-reduce",
     # With the values OPERATOR_OWNED_VALUES allows.
     *OPERATOR_OWNED_VALUES,
 })

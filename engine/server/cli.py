@@ -26,6 +26,7 @@ from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
+from flotilla.engine.server.config_file import ConfigFileError, ConfigFileParser, apply_config_file
 from flotilla.engine.server.http_protocol import head_deadline_protocol
 from flotilla.engine.server.lora_routes import register_startup_adapters
 from flotilla.engine.server.metrics import EngineMetrics, StatsLogger
@@ -36,7 +37,7 @@ from flotilla.engine.server.start_signals import StartSignals, StartStopped
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
 from flotilla.engine.tokenizer import load_tokenizer
-from flotilla.flags import FLAGS, MODEL_FLAG
+from flotilla.flags import CONFIG_FLAG, FLAGS, MODEL_FLAG
 
 logger = logging.getLogger("flotilla.serve")
 # uvicorn's own graceful-shutdown wait, after the drain: only connections that are not engine
@@ -51,12 +52,15 @@ def _default_sampling(config: EngineConfig) -> dict[str, Any]:
                                    config.model.override_generation_config)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Arguments of `flotilla serve`: MODEL plus every engine and server flag."""
-    parser = argparse.ArgumentParser(prog="flotilla serve", description="OpenAI-compatible LLM server")
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of `flotilla serve`: MODEL, --config, plus every engine and server flag."""
+    parser = parser_class(prog="flotilla serve", description="OpenAI-compatible LLM server")
     parser.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded model)")
     parser.add_argument(MODEL_FLAG, dest="model_option", default=None, metavar="MODEL",
                         help="the same as MODEL (vLLM's --model); given with MODEL, the two must agree")
+    parser.add_argument(CONFIG_FLAG, default=None, metavar="FILE",
+                        help="vLLM's YAML file of flags (`max-model-len: 4096`, a list for a list flag, true for a "
+                             "boolean one); a flag on the command line wins over the file's")
     add_flags(parser, (*ENGINE_COMPONENTS, "server"))
     return parser
 
@@ -146,6 +150,8 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
         http=head_deadline_protocol(server.header_read_timeout),
         limit_concurrency=server.limit_concurrency,
         root_path=server.root_path or "",
+        ssl_certfile=server.ssl_certfile,
+        ssl_keyfile=server.ssl_keyfile,
         timeout_keep_alive=server.timeout_keep_alive,  # type: ignore[arg-type]  # a float works: call_later
         h11_max_incomplete_event_size=server.h11_max_incomplete_event_size,
         # Only a backstop: by the time uvicorn stops, the drain has answered every engine request.
@@ -185,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags, build everything once, serve until shut down."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.config is not None:
+        try:
+            args = apply_config_file(args, build_parser(ConfigFileParser))
+        except ConfigFileError as exc:
+            parser.error(str(exc))
     args.model = _model_argument(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
