@@ -27,10 +27,12 @@ serve: setup
 k8s:
 	bash scripts/k8s-control-plane.sh build
 
-# Debian's Prometheus: the server tests scrape the engine with a real one.
+# Debian's Prometheus: the server tests scrape the engine with a real one; openssl makes test_tls's certificate.
 system-deps:
 	command -v prometheus >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+	command -v openssl >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl)
 
 # Static checks, also run by the pre-commit hooks (.pre-commit-config.yaml): style and imports
 # (ruff), dead code (vulture, configured in pyproject.toml; framework entry points it cannot see
