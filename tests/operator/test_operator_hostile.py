@@ -141,7 +141,8 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     # Admitted, then refused by the engine at start-up (a crash loop): the engine's own rules for these values.
     "engine-structured-outputs-unknown-key": ("bad", {"engineArgs": ["--structured-outputs-config", '{"bogus": 1}']},
                                               WEBHOOK, "--structured-outputs-config: bogus: not a key it takes "
-                                                       "(backend, disable_any_whitespace, compile_timeout_s, warm_up)"),
+                                                       "(backend, disable_any_whitespace, compile_timeout_s, warm_up, "
+                                                       "reasoning_parser, enable_in_reasoning)"),
     "engine-structured-outputs-backend": ("bad", {"engineArgs": ["--structured-outputs-config=" '{"backend": "x"}']},
                                           WEBHOOK, '--structured-outputs-config: backend must be "auto" or '
                                                    '"xgrammar", not "x"'),
