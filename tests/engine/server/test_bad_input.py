@@ -119,14 +119,15 @@ def test_a_refused_prompt_in_a_completions_batch_stops_the_others(server):
     assert server.metric("vllm:generation_tokens_total") - before < 100  # aborted, not run to its 250 tokens
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 1}),
-        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
-        ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 1}),
-    ],
-)
+# One-token requests on the three generation routes that take a client's request id.
+ONE_TOKEN_REQUESTS = [
+    ("/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 1}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 1}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ONE_TOKEN_REQUESTS)
 def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body):
     """The X-Request-Id header takes the body's `request_id` place (the response id, the engine's id), so
     the body's 256-character bound holds for it too: a 4,000-character header is refused, not used as the id."""
@@ -143,14 +144,7 @@ def test_an_x_request_id_longer_than_the_body_limit_is_a_400(server, path, body)
 CONTROL_HEADERS = [b"trace\x1b[2Jx", b"a\x7fb", b"a\x01b", b"id-\x9b31m"]
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 1}),
-        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
-        ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 1}),
-    ],
-)
+@pytest.mark.parametrize(("path", "body"), ONE_TOKEN_REQUESTS)
 def test_a_request_id_with_a_control_character_is_a_400(server, path, body):
     """A client's id (the X-Request-Id header or the body's `request_id`) becomes the response id and the name of the
     request in every log line: with a control character it is refused, not copied there (raw HTTP: the SDKs refuse
