@@ -108,6 +108,7 @@ def test_a_stopped_resync_starts_no_more_reconciles(cluster, namespace, caplog):
     assert f"{len(names) - len(reconciler.started)} of {len(names)} InferenceServices left" in caplog.text
 
 
+@pytest.mark.filterwarnings("ignore:the kubeconfig disables TLS verification")
 def test_no_connection_pool_warning_at_a_resync_concurrency_of_16(cluster, namespace, control_plane, monkeypatch,
                                                                    caplog):
     """The operator's client (Kube.from_environment, sized by main.apiserver_connections) keeps a connection for each
