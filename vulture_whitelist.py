@@ -80,3 +80,7 @@ _._json
 _._body
 # RopeScaling (operator/spec.py): read through model_dump into engine_rules.rope_scaled_length.
 _.original_max_position_embeddings
+# Settings read by the libraries they configure: the kubernetes client's pool size (operator/kube.py) and kopf's
+# handler threads (operator/main.py).
+_.connection_pool_maxsize
+_.max_workers

@@ -19,7 +19,6 @@ to resync_once only when given (the default is the operator's own).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -31,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +38,10 @@ from typing import Any, ClassVar
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slow_relay import through_relay  # noqa: E402  (the relay the operator's tests use too)
+
 SCRIPT = REPO / "scripts" / "k8s-control-plane.sh"
 CRD = REPO / "crds" / "inferenceservices.serving.flotilla.dev.yaml"
 SAMPLE = REPO / "crds" / "samples" / "llama-3.1-8b-h200.yaml"
@@ -72,55 +74,6 @@ def control_plane(run: Path) -> Iterator[Path]:
         yield run / "kubeconfig"
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
-
-
-class Relay:
-    """A TCP relay to the apiserver that holds every client-to-server chunk `delay` seconds (TLS passes through)."""
-
-    def __init__(self, upstream: tuple[str, int], delay: float):
-        self.upstream, self.delay = upstream, delay
-        self.port = free_ports(1)[0]
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _serve(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
-        ready.set()
-        self.loop.run_forever()
-
-    async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self.upstream)
-        await asyncio.gather(self._pipe(client_r, server_w, self.delay), self._pipe(server_r, client_w, 0.0),
-                             return_exceptions=True)
-
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-        try:
-            while data := await reader.read(65536):
-                if delay:
-                    await asyncio.sleep(delay)
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
-
-
-def through_relay(kubeconfig: Path, relay: Relay, path: Path) -> Path:
-    """A copy of `kubeconfig` whose server is the relay (same host name, so TLS still verifies as before)."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    server = config["clusters"][0]["cluster"]["server"]
-    config["clusters"][0]["cluster"]["server"] = server.rsplit(":", 1)[0] + f":{relay.port}"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def upstream_of(kubeconfig: Path) -> tuple[str, int]:
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    host, port = server.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
 
 
 def cpu_s() -> float:
@@ -193,7 +146,7 @@ def main() -> None:
 
         config = kubeconfig
         if args.rtt_ms:
-            config = through_relay(kubeconfig, Relay(upstream_of(kubeconfig), args.rtt_ms / 1000), Path(tmp) / "relay")
+            _, config = through_relay(kubeconfig, args.rtt_ms / 1000, Path(tmp) / "relay")
         reconciler = TimedReconciler(CountingKube(kubernetes.config.new_client_from_config(config_file=str(config))))
 
         rounds = []

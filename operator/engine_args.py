@@ -132,10 +132,11 @@ OPERATOR_OWNED: dict[str, str] = {
     "--convert": "spec.runner sets the runner, and pooling always converts with embed",
     "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",
     # vLLM's Hub download flags: the operator fetches spec.model.source (hf://org/name: the repository's default
-    # branch) into the pod, and the engine reads local directories only.
-    "--revision": "it downloads spec.model.source into the pod; the engine reads local directories only",
-    "--tokenizer-revision": "it downloads spec.model.source (and spec.model.tokenizer) into the pod; the engine reads "
-                            "local directories only",
+    # branch; hf://org/name:revision pins one) into the pod, and the engine reads local directories only.
+    "--revision": "it downloads spec.model.source into the pod (the engine reads local directories only); pin the "
+                  "revision there: hf://org/name:revision",
+    "--tokenizer-revision": "it downloads spec.model.source (and spec.model.tokenizer) into the pod (the engine reads "
+                            "local directories only); pin the revision there: hf://org/name:revision",
     "--download-dir": "it downloads spec.model.source into the pod's model volume; the engine reads local "
                       "directories only",
 }

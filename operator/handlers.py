@@ -13,7 +13,8 @@
 - a periodic resync (started at operator start-up, not a kopf timer: timers would add a finalizer), a
   bounded number of InferenceServices at a time, catches what no event announces: events lost while
   the apiserver was away, a ServiceMonitor or KEDA CRD installed later (optional_kinds.py also
-  reconciles once when kopf starts watching one).
+  reconciles once when kopf starts watching one). It stops between InferenceServices when the operator
+  stops, so a rolling update of the operator waits for the reconciles in flight, not for the round.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def owner_name(child: Any) -> str | None:
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces: list[str],
-             resync_seconds: float, resync_concurrency: int = RESYNC_CONCURRENCY) -> None:
-    """Add the lifecycle, child-watch and resync handlers to `registry`."""
+             resync_seconds: float, resync_concurrency: int = RESYNC_CONCURRENCY) -> threading.Event:
+    """Add the lifecycle, child-watch and resync handlers to `registry`; return the event that is set while kopf
+    stops (cleared when it starts), for other callers of `resync_once` (optional_kinds.py) to stop with it."""
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
@@ -111,19 +113,25 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, namespaces
         kopf.on.event(*selector, id=f"child-{plural}", labels=CHILD_LABELS, registry=registry)(child_changed)
 
     tasks: list[asyncio.Task[None]] = []
+    stopping = threading.Event()
 
     @kopf.on.startup(id="start-resync", registry=registry)
     async def start_resync(**_: Any) -> None:
         """Start the periodic resync loop."""
+        stopping.clear()  # kopf may run again in the same process (main.run_resiliently, a new certificate)
         if resync_seconds > 0:
             tasks.append(asyncio.create_task(_resync_forever(reconciler, namespaces, resync_seconds,
-                                                             resync_concurrency)))
+                                                             resync_concurrency, stopping)))
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(**_: Any) -> None:
-        """Stop the resync loop."""
+        """Stop the resync loop, and any resync running in a thread after the reconciles it has in flight."""
+        stopping.set()
         for task in tasks:
             task.cancel()
+        tasks.clear()
+
+    return stopping
 
 
 def _resync_paths(namespaces: list[str]) -> list[str]:
@@ -134,9 +142,11 @@ def _resync_paths(namespaces: list[str]) -> list[str]:
     return [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
 
 
-def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int = RESYNC_CONCURRENCY) -> None:
+def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int = RESYNC_CONCURRENCY,
+                stop: threading.Event | None = None) -> None:
     """Reconcile every InferenceService in `namespaces` (all when empty) once, `concurrency` at a time; one's failure
-    stops no other, and a slow one holds up only its own worker.
+    stops no other, and a slow one holds up only its own worker. Once `stop` is set no worker starts another: the
+    resync ends when the reconciles in flight do.
 
     One after another, the resync of hundreds of InferenceServices took longer than its period against a distant
     apiserver (bench/operator_resync.py), and one slow reconcile delayed every one listed after it. A fixed number of
@@ -152,9 +162,15 @@ def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int 
     pending = queue.SimpleQueue[tuple[str, str]]()
     for key in keys:
         pending.put(key)
+    if stop is None:
+        stop = threading.Event()
+    workers_n = min(max(concurrency, 1), len(keys))
+    log.info(f"resync: reconciling {len(keys)} InferenceServices, {workers_n} at a time")
 
     def work() -> None:
-        while True:
+        # Asked before each one: the operator's stop (a rolling update of hundreds of InferenceServices) would
+        # otherwise wait for the whole round, and past kopf's exit timeout be killed.
+        while not stop.is_set():
             try:
                 namespace, name = pending.get_nowait()
             except queue.Empty:
@@ -163,11 +179,14 @@ def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int 
 
     # Each worker in its own copy of the caller's context (kopf's, for its Events): a context runs in one thread.
     workers = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"resync-{i}", daemon=True)
-               for i in range(min(max(concurrency, 1), len(keys)))]
+               for i in range(workers_n)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
+    if stop.is_set() and not pending.empty():
+        log.info(f"resync stopped, the operator is stopping: {pending.qsize()} of {len(keys)} InferenceServices "
+                 "left for the next operator")
 
 
 def _resync_one(reconciler: Reconciler, namespace: str, name: str) -> None:
@@ -180,14 +199,19 @@ def _resync_one(reconciler: Reconciler, namespace: str, name: str) -> None:
         log.exception(f"resync of {namespace}/{name} failed")
 
 
-async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float, concurrency: int) -> None:
+async def _resync_forever(reconciler: Reconciler, namespaces: list[str], interval: float, concurrency: int,
+                          stop: threading.Event) -> None:
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval)
         try:
-            # In a thread (the client is synchronous), with kopf's context so events can be posted.
+            # In a thread (the client is synchronous), with kopf's context so events can be posted. Cancelling this
+            # task leaves the thread running (asyncio.run waits for it at exit): `stop` is what ends it early.
             await loop.run_in_executor(None, contextvars.copy_context().run, resync_once, reconciler, namespaces,
-                                       concurrency)
+                                       concurrency, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
         except KubeError as e:
             log.warning(f"resync failed, next in {interval:g} s: {e}")
         except Exception:

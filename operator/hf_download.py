@@ -21,6 +21,11 @@ HF_DOWNLOAD_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT")
 # The download; argv 3 on, when given, narrows it to those files (a GGUF source's one file, a tokenizer's files).
 _DOWNLOAD = ("import sys; from huggingface_hub import snapshot_download; "
              "snapshot_download(sys.argv[1], local_dir=sys.argv[2], allow_patterns=sys.argv[3:] or None)")
+# The same at a revision (argv 3; the files from argv 4). A program of its own, so the pods of unpinned sources keep
+# their template (an operator upgrade rolls no Deployment).
+_DOWNLOAD_AT = ("import sys; from huggingface_hub import snapshot_download; "
+                "snapshot_download(sys.argv[1], revision=sys.argv[3], local_dir=sys.argv[2], "
+                "allow_patterns=sys.argv[4:] or None)")
 
 
 def download_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
@@ -32,13 +37,16 @@ def download_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 
 def download_container(spec: InferenceServiceSpec, name: str, repo: str, target: str,
-                       mounts: list[dict[str, Any]], patterns: tuple[str, ...] = ()) -> dict[str, Any]:
-    """An init container named `name` that downloads `repo` (org/name) into `target` (only `patterns`, when
-    given); `mounts` are its volumeMounts besides /tmp."""
+                       mounts: list[dict[str, Any]], patterns: tuple[str, ...] = (),
+                       revision: str | None = None) -> dict[str, Any]:
+    """An init container named `name` that downloads `repo` (org/name) at `revision` (default: its default branch)
+    into `target` (only `patterns`, when given); `mounts` are its volumeMounts besides /tmp."""
+    command = ["python3", "-c", _DOWNLOAD, repo, target, *patterns] if revision is None else \
+        ["python3", "-c", _DOWNLOAD_AT, repo, target, revision, *patterns]
     return {
         "name": name,
         "image": spec.image,
-        "command": ["python3", "-c", _DOWNLOAD, repo, target, *patterns],
+        "command": command,
         "env": download_env(spec),
         "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": container_security_context(),

@@ -56,15 +56,25 @@ class Kube:
         self.api = api_client
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    def from_environment(cls, pool_size: int | None = None) -> Kube:
+        """In-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config); `pool_size`:
+        the apiserver connections kept for reuse, as many as threads may call at once (default: the client's, 5 per
+        CPU).
+
+        A thread that finds every kept connection in use opens another, and when it is done urllib3 discards it with
+        a warning ("Connection pool is full") if the pool is full: a connection (and a TLS handshake) per request
+        beyond the pool's size, and a warning for each."""
         import kubernetes
 
+        configuration = kubernetes.client.Configuration()
+        if pool_size is not None:
+            configuration.connection_pool_maxsize = pool_size
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = kubernetes.client.Configuration()
             kubernetes.config.load_incluster_config(client_configuration=configuration)
             return cls(kubernetes.client.ApiClient(configuration))
-        api_client = kubernetes.config.new_client_from_config()
+        # $KUBECONFIG read now (the client reads it once, at import), as it is passed to kubectl.
+        api_client = kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"),
+                                                              client_configuration=configuration)
         if not api_client.configuration.verify_ssl:
             # The kubeconfig asks for no TLS verification (local test clusters): warn once, not per call.
             import warnings

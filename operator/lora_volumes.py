@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from flotilla.operator.hf_download import download_container
-from flotilla.operator.spec import InferenceServiceSpec, LoraAdapter, parse_source
+from flotilla.operator.spec import InferenceServiceSpec, LoraAdapter, hf_revision, parse_source
 
 ADAPTER_ROOT = "/adapters"
 # An adapter is megabytes (rank 16 on all projections of an 8B model: ~170 MB in bf16).
@@ -60,7 +60,8 @@ def adapter_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], l
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": DOWNLOAD_SIZE}})
             inits.append(download_container(spec, names["init container"], location, "/adapter",
-                                            [{"name": volume, "mountPath": "/adapter"}]))
+                                            [{"name": volume, "mountPath": "/adapter"}],
+                                            revision=hf_revision(adapter.source)))
         mounts.append(mount)
     return volumes, mounts, inits
 

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -122,6 +123,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# Threads in which kopf runs the (synchronous) handlers: what Python's ThreadPoolExecutor picks by default.
+HANDLER_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+# Other threads that call the apiserver now and then: the serving reader, the optional kinds' discovery check, a
+# resync's listing.
+OTHER_CALLERS = 4
+
+
+def apiserver_connections(resync_concurrency: int) -> int:
+    """How many threads may call the apiserver at once, the size of the client's connection pool: kopf's handler
+    threads, the periodic resync's workers and those of a resync after a new optional kind (the two may overlap),
+    and a few others (OTHER_CALLERS). The client's own default, 5 per CPU (10 on 2 CPUs), was smaller than that at a
+    --resync-concurrency of 16 and every connection beyond it was discarded with a warning."""
+    return HANDLER_WORKERS + 2 * resync_concurrency + OTHER_CALLERS
+
+
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     """kopf settings: our own annotation prefix, quiet event posting, the webhook server."""
     settings = kopf.OperatorSettings()
@@ -145,6 +161,8 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     # can start it again.
     settings.networking.error_backoffs = [0.5, 1, 2, 4, 8]
     settings.process.ultimate_exiting_timeout = 15
+    # Python's own default for the executor, made explicit: the apiserver connection pool is sized from it.
+    settings.execution.max_workers = HANDLER_WORKERS
     if not args.no_webhook:
         host = args.webhook_host or "127.0.0.1"
         cert_dir = args.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="flotilla-webhook-"))
@@ -239,13 +257,13 @@ def main(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose, debug=args.debug)
     registry = kopf.OperatorRegistry()
     kopf.on.login(id="login", registry=registry)(login)
-    kube = Kube.from_environment()
+    kube = Kube.from_environment(pool_size=apiserver_connections(args.resync_concurrency))
     reconciler = Reconciler(kube, policy=args.policy, server_version=wait_for_server_version(kube))
-    handlers.register(registry, reconciler, args.namespaces, args.resync_seconds, args.resync_concurrency)
+    stopping = handlers.register(registry, reconciler, args.namespaces, args.resync_seconds, args.resync_concurrency)
     # A ServiceMonitor or KEDA CRD installed after start-up: kopf may miss it (optional_kinds.py).
     optional_kinds = OptionalKinds(reconciler.kube,
                                    functools.partial(handlers.resync_once, reconciler, args.namespaces,
-                                                     args.resync_concurrency))
+                                                     args.resync_concurrency, stopping))
     optional_kinds.register(registry)
     if args.serving_period > 0:
         serving_reader.register(registry, ServingReader(reconciler.kube, args.namespaces, args.reading,

@@ -3,7 +3,8 @@
 `pvc://claim/sub/path` mounts the claim read-only with the sub-path; `hostPath:///dir` mounts a
 node directory read-only (only where the admin allows it: policy.py); a `.gguf` file on either is mounted
 alone at /model/<file name>, the engine's MODEL argument; `hf://org/name` (or one file of it,
-`hf://org/name/path/model.gguf`, downloaded alone to /model/path/model.gguf) downloads with
+`hf://org/name/path/model.gguf`, downloaded alone to /model/path/model.gguf; `hf://org/name:revision` pins a
+revision, as KServe's storageUri does, so every replica and restart serves the same files) downloads with
 an init container that runs the engine image (hf_download.py: it gets spec.pod.env's HF_TOKEN,
 HUGGING_FACE_HUB_TOKEN and HF_ENDPOINT, nothing else), so the engine itself always starts offline: into
 `spec.model.cache.claimName` once, reused by every pod and restart, or else into a size-limited emptyDir of the pod.
@@ -19,7 +20,7 @@ from typing import Any
 
 from flotilla.operator.hf_download import download_container
 from flotilla.operator.names import MODEL_PATH, TOKENIZER_PATH
-from flotilla.operator.spec import InferenceServiceSpec, parse_source
+from flotilla.operator.spec import InferenceServiceSpec, hf_revision, parse_source
 
 VOLUME = "model"
 # Where the init container sees a download cache claim.
@@ -59,14 +60,17 @@ def model_volume(spec: InferenceServiceSpec, cache_size: str) -> tuple[dict[str,
     if scheme == "hostPath":
         return {"name": VOLUME, "hostPath": {"path": location, "type": "File" if gguf else "Directory"}}, mount, []
     claim = spec.model.cache.claim_name if spec.model.cache else None
-    # With a claim, the checkpoint lands once under hf/<org>/<name> and every later pod finds it there
-    # (snapshot_download skips files already complete); the engine mounts only that directory.
-    target = f"{CACHE_PATH}/hf/{location}" if claim else MODEL_PATH
+    revision = hf_revision(spec.model.source)
+    # With a claim, the checkpoint lands once under hf/<org>/<name> (hf/<org>/<name>@<revision> when pinned: no file
+    # of another revision beside it) and every later pod finds it there (snapshot_download skips files already
+    # complete); the engine mounts only that directory.
+    cached = f"hf/{location}" if revision is None else f"hf/{location}@{revision}"
+    target = f"{CACHE_PATH}/{cached}" if claim else MODEL_PATH
     download = download_container(spec, "download-model", location, target,
                                   [{"name": VOLUME, "mountPath": CACHE_PATH if claim else MODEL_PATH}],
-                                  (sub_path,) if sub_path else ())
+                                  (sub_path,) if sub_path else (), revision)
     if claim:
-        mount["subPath"] = f"hf/{location}"
+        mount["subPath"] = cached
         return {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}, mount, [download]
     return {"name": VOLUME, "emptyDir": {"sizeLimit": cache_size}}, mount, [download]
 
@@ -89,5 +93,6 @@ def tokenizer_volume(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], 
     if scheme == "hostPath":
         return [{"name": TOKENIZER_VOLUME, "hostPath": {"path": location, "type": "Directory"}}], [mount], []
     download = download_container(spec, "download-tokenizer", location, TOKENIZER_PATH,
-                                  [{"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH}], TOKENIZER_FILES)
+                                  [{"name": TOKENIZER_VOLUME, "mountPath": TOKENIZER_PATH}], TOKENIZER_FILES,
+                                  hf_revision(source))
     return [{"name": TOKENIZER_VOLUME, "emptyDir": {"sizeLimit": TOKENIZER_DOWNLOAD_SIZE}}], [mount], [download]

@@ -29,15 +29,18 @@ PLURAL = "inferenceservices"
 DEFAULT_IMAGE = "ghcr.io/flotilla-dev/flotilla-engine:0.1.0"
 
 # `pvc://claim/optional/sub/path`, `hostPath:///absolute/path`, `hf://org/name`.
+# A Hugging Face repository, optionally pinned to a revision as KServe writes it (`hf://org/name:revision`: a commit
+# hash, tag or branch without '/'); unpinned, its default branch at each download.
+HF_REPO_PATTERN = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(:[A-Za-z0-9][-A-Za-z0-9_.]{0,99})?"
 SOURCE_PATTERN = (
     r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^/]+)*/?"
     r"|hostPath:///[^\s]*"
-    r"|hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+    rf"|{HF_REPO_PATTERN})$"
 )
 # A model source may also name one GGUF file of a Hugging Face repository: `hf://org/name/path/file.gguf`
 # (pvc:// and hostPath:// name a file by their path already). No glob characters: the path is also the
 # download's allow pattern (model_volume.py).
-MODEL_SOURCE_PATTERN = SOURCE_PATTERN[:-2] + r"|hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(/[-A-Za-z0-9_.]+)+\.gguf)$"
+MODEL_SOURCE_PATTERN = SOURCE_PATTERN[:-2] + rf"|{HF_REPO_PATTERN}(/[-A-Za-z0-9_.]+)+\.gguf)$"
 GGUF_SUFFIX = ".gguf"
 # A Kubernetes label value (at most 63 characters, checked by the field's max_length).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
@@ -59,7 +62,8 @@ QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE
 def parse_source(source: str) -> tuple[str, str, str]:
     """(scheme, location, sub-path) of a model or adapter source.
 
-    ("pvc", claim, sub/path), ("hostPath", /path, "") or ("hf", org/name, path/of/a/file or "").
+    ("pvc", claim, sub/path), ("hostPath", /path, "") or ("hf", org/name, path/of/a/file or ""); an hf:// source's
+    revision is `hf_revision`'s.
     """
     scheme, _, rest = source.partition("://")
     if scheme == "pvc":
@@ -70,8 +74,17 @@ def parse_source(source: str) -> tuple[str, str, str]:
     if scheme == "hf":
         org, _, rest = rest.partition("/")
         name, _, file_path = rest.partition("/")
-        return "hf", f"{org}/{name}", file_path
+        return "hf", f"{org}/{name.partition(':')[0]}", file_path
     raise ValueError(f"model.source {source!r} is not pvc://claim/path, hostPath:///path or hf://org/name")
+
+
+def hf_revision(source: str) -> str | None:
+    """The revision an hf:// source is pinned to (`hf://org/name:revision`, also before a GGUF file's path), or
+    None: the repository's default branch."""
+    if not source.startswith("hf://"):
+        return None
+    name = source.removeprefix("hf://").split("/")[1]
+    return name.partition(":")[2] or None
 
 
 class _Model(BaseModel):
@@ -205,9 +218,11 @@ class ModelSpec(_Model):
 
     source: str = Field(
         pattern=MODEL_SOURCE_PATTERN,
-        description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name; "
+        description="Where the HF checkpoint directory lives: pvc://claim/path, hostPath:///path or hf://org/name "
+                    "(hf://org/name:revision pins a commit hash, tag or branch, as KServe's storageUri does; "
+                    "without one, the default branch as of each pod's download); "
                     "or one GGUF file (served with quantization gguf, which a .gguf source implies): "
-                    "pvc://claim/path/model.gguf, hostPath:///path/model.gguf or hf://org/name/path/model.gguf.")
+                    "pvc://claim/path/model.gguf, hostPath:///path/model.gguf or hf://org/name[:revision]/path/model.gguf.")
     tokenizer: str | None = Field(
         default=None, pattern=SOURCE_PATTERN,
         description="Where an HF tokenizer directory lives (same forms as a directory source; of an hf:// "

@@ -40,7 +40,9 @@ def _type(s: dict[str, Any]) -> str:
 def _pattern(pattern: str) -> str:
     """A pattern in words where it is one of the schema's long ones, else as written."""
     if "pvc://" in pattern:
-        forms = "`pvc://claim/path`, `hostPath:///path`, `hf://org/name`"
+        forms = "`pvc://claim/path`, `hostPath:///path`, " + (
+            "`hf://org/name[:revision]`" if "hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(:" in pattern
+            else "`hf://org/name`")
         return forms + (" or one `.gguf` file of these" if "gguf" in pattern else "")
     if pattern.startswith("^([-_a-zA-Z0-9][-._a-zA-Z0-9]*"):
         return "a Secret or ConfigMap key (letters, digits, `-`, `_`, `.`)"

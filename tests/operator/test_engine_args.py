@@ -256,13 +256,15 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--tokenizer-mode", "mistral"], "spec.engineArgs: --tokenizer-mode='mistral' is not supported yet (supported: "
                                       "auto, hf): the tokenizer is loaded only as vLLM's auto and hf modes load it "
                                       "(Hugging Face's, fast where the model has one)"),
-    (["--revision", "v2"], OWNED.format("--revision") + "it downloads spec.model.source into the pod; the engine "
-                                                        "reads local directories only"),
+    (["--revision", "v2"], OWNED.format("--revision") + "it downloads spec.model.source into the pod (the engine "
+                                                        "reads local directories only); pin the revision there: "
+                                                        "hf://org/name:revision"),
     (["--download-dir", "/cache"], OWNED.format("--download-dir") + "it downloads spec.model.source into the pod's "
                                                                     "model volume; the engine reads local directories "
                                                                     "only"),
     (["--tokenizer-revision", "v2"], OWNED.format("--tokenizer-revision") + "it downloads spec.model.source (and "
-                                     "spec.model.tokenizer) into the pod; the engine reads local directories only"),
+                                     "spec.model.tokenizer) into the pod (the engine reads local directories only); "
+                                     "pin the revision there: hf://org/name:revision"),
     # vLLM takes auto only for --max-model-len; this one's refusal names its own flag.
     (["--max-num-batched-tokens", "auto"], "spec.engineArgs: --max-num-batched-tokens: 'auto' is not a valid int"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),

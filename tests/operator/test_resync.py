@@ -1,5 +1,6 @@
 """The periodic resync (handlers.resync_once) on a real apiserver: a bounded number of reconciles at once, one slow
-or failing InferenceService holding up no other."""
+or failing InferenceService holding up no other, no more reconciles once the operator stops, and an apiserver
+connection for every thread that may call at once."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ class CountingReconciler(Reconciler):
     def __init__(self, *args: Any, fail: str | None = None, **kwargs: Any):
         super().__init__(*args, post_event=lambda *_: None, **kwargs)
         self.fail, self.in_flight, self.most, self.done = fail, 0, 0, set[str]()
+        self.started: list[str] = []
         self.counting = threading.Lock()
 
     def reconcile(self, namespace: str, name: str) -> Any:
         with self.counting:
+            self.started.append(name)
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
         try:
@@ -82,6 +85,57 @@ def test_a_fault_in_one_reconcile_stops_no_other(cluster, namespace, caplog):
     resync_once(reconciler, [namespace], 2)
     assert reconciler.done == set(OTHERS)
     assert f"resync of {namespace}/a-broken failed" in caplog.text
+
+
+def test_a_stopped_resync_starts_no_more_reconciles(cluster, namespace, caplog):
+    """The operator stopping (`stop` set) mid-round: each worker finishes the reconcile it has in flight and takes no
+    other, so the round ends early, with the rest left for the next operator."""
+    names = [f"s-{i:02d}" for i in range(16)]
+    _apply(cluster, namespace, names)
+    caplog.set_level("INFO", logger="flotilla.operator.handlers")
+    reconciler, stop = CountingReconciler(cluster.kube), threading.Event()
+    resync = threading.Thread(target=resync_once, args=(reconciler, [namespace], 2, stop), daemon=True)
+    resync.start()
+    wait_for(lambda: len(reconciler.done) >= 2, 60, "two reconciles of the resync")
+    with reconciler.counting:
+        stop.set()
+        started_before = len(reconciler.started)
+    resync.join(60)
+    assert not resync.is_alive()
+    # A worker that found `stop` unset just before it was set may start one more; no worker starts a second.
+    assert len(reconciler.started) - started_before <= 2, reconciler.started
+    assert len(reconciler.done) < len(names)
+    assert f"{len(names) - len(reconciler.started)} of {len(names)} InferenceServices left" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:the kubeconfig disables TLS verification")
+def test_no_connection_pool_warning_at_a_resync_concurrency_of_16(cluster, namespace, control_plane, monkeypatch,
+                                                                   caplog):
+    """The operator's client (Kube.from_environment, sized by main.apiserver_connections) keeps a connection for each
+    of 16 resync workers. The kubernetes client's own pool, 5 per CPU, is 10 on CI's 2 CPUs (pinned here, so this
+    holds on any machine): urllib3 then discarded the connections beyond it, "Connection pool is full" each time."""
+    import multiprocessing
+
+    import urllib3
+
+    from flotilla.operator.kube import Kube
+    from flotilla.operator.main import apiserver_connections, parse_args
+
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 2)
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    concurrency = parse_args(["--resync-concurrency", "16"]).resync_concurrency
+    kube = Kube.from_environment(pool_size=apiserver_connections(concurrency))
+    names = [f"p-{i:02d}" for i in range(2 * concurrency)]
+    _apply(cluster, namespace, names)
+    caplog.set_level("WARNING", logger="urllib3.connectionpool")
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    reconciler = CountingReconciler(kube)
+    for _ in range(2):  # making the children, then the converged round
+        resync_once(reconciler, [namespace], concurrency)
+    # More reconciles at once than the client's default pool here: the case that warned.
+    assert reconciler.done == set(names) and 10 < reconciler.most <= concurrency
+    assert "Connection pool is full" not in caplog.text
 
 
 def test_the_operator_takes_a_resync_concurrency_of_one_or_more(capsys):
