@@ -233,6 +233,17 @@ FLAGS: tuple[Flag, ...] = (
         choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
         supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
     ),
+    Flag(
+        "--hf-overrides",
+        "json",
+        None,
+        "Keys set over the model's config.json before anything is built from it (vLLM's flag), as a JSON object, "
+        'e.g. {"max_position_embeddings": 8192} or {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+        '"original_max_position_embeddings": 2048}}: each key replaces config.json\'s value whole (an object too, '
+        "as vLLM sets rope_scaling) or adds a key config.json lacks; the architecture, the length limit "
+        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result.",
+        "model",
+    ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
     Flag(
         "--max-cudagraph-capture-size",

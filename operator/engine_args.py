@@ -123,6 +123,9 @@ OPERATOR_OWNED: dict[str, str] = {
                       "at the gateway or a service mesh (docs/server.md)",
     "--ssl-keyfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
                      "at the gateway or a service mesh (docs/server.md)",
+    "--hf-overrides": "the fit check and the admission rules read the model's config as spec.model.config states "
+                      "it; an override would build another model behind them (a copy of the model with its "
+                      "config.json edited is a model of its own)",
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
     "--device": "engine pods run on the GPUs they request",

@@ -263,6 +263,11 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
                                                                     "only"),
     (["--tokenizer-revision", "v2"], OWNED.format("--tokenizer-revision") + "it downloads spec.model.source (and "
                                      "spec.model.tokenizer) into the pod; the engine reads local directories only"),
+    # config.json keys over the model's: the fit check reads the model as spec.model.config states it.
+    (["--hf-overrides", '{"max_position_embeddings": 8192}'],
+     OWNED.format("--hf-overrides") + "the fit check and the admission rules read the model's config as "
+     "spec.model.config states it; an override would build another model behind them (a copy of the model with "
+     "its config.json edited is a model of its own)"),
     # vLLM takes auto only for --max-model-len; this one's refusal names its own flag.
     (["--max-num-batched-tokens", "auto"], "spec.engineArgs: --max-num-batched-tokens: 'auto' is not a valid int"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
