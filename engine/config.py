@@ -161,6 +161,23 @@ def _tls_files_problem(certfile: str | None, keyfile: str | None) -> str | None:
     return None
 
 
+def _client_certificates_problem(certfile: str | None, ca_certs: str | None, cert_reqs: int) -> str | None:
+    """Why --ssl-ca-certs / --ssl-cert-reqs cannot check clients' certificates, or None. vLLM hands them to uvicorn
+    as they are, which ignores both without --ssl-certfile and, asking for a certificate with no CA loaded,
+    refuses every client: both are refused here at start-up instead."""
+    if (ca_certs is not None or cert_reqs) and certfile is None:
+        return ("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile (clients show certificates in the TLS "
+                "handshake of HTTPS)")
+    if ca_certs is None:
+        return (f"--ssl-cert-reqs {cert_reqs} needs --ssl-ca-certs (the CA certificates a client's certificate is "
+                "checked against; with none, every client would be refused)") if cert_reqs else None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        return f"--ssl-ca-certs {ca_certs} cannot be loaded as PEM CA certificates ({exc.strerror or exc})"
+    return None
+
+
 class ServerConfig(_Component):
     """The HTTP front end (not part of the engine core): address, API key and the limits that keep one
     client from freezing or bloating the server."""
@@ -208,11 +225,15 @@ class ServerConfig(_Component):
     disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json (no docs pages are served anyway)
     ssl_certfile: str | None = None  # vLLM's --ssl-certfile / --ssl-keyfile: HTTPS (uvicorn's)
     ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None  # vLLM's: the CAs of clients' certificates (uvicorn's ssl_ca_certs)
+    ssl_cert_reqs: Literal[0, 1, 2] = 0  # ssl.VerifyMode: 0 none asked, 1 optional, 2 required (mutual TLS)
+    disable_access_log_for_endpoints: str | None = None  # vLLM's flag; uvicorn's access log is off here either way
 
     @model_validator(mode="after")
     def _tls_files_load(self) -> ServerConfig:
         # uvicorn loads them only once serving starts, after the model: a bad file was a traceback then.
-        if problem := _tls_files_problem(self.ssl_certfile, self.ssl_keyfile):
+        if problem := _tls_files_problem(self.ssl_certfile, self.ssl_keyfile) or \
+                _client_certificates_problem(self.ssl_certfile, self.ssl_ca_certs, self.ssl_cert_reqs):
             raise ValueError(problem)
         return self
 

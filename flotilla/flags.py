@@ -622,6 +622,14 @@ FLAGS: tuple[Flag, ...] = (
         negatable=True,
     ),
     Flag(
+        "--disable-access-log-for-endpoints",
+        "str",
+        None,
+        "vLLM's flag: no uvicorn access log line for these paths (comma-separated, e.g. /health,/metrics). Flotilla's "
+        "server logs no access line for any path (see --disable-uvicorn-access-log), so these get none either.",
+        "server",
+    ),
+    Flag(
         "--response-role",
         "str",
         "assistant",
@@ -849,6 +857,25 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "The PEM private key of --ssl-certfile (needs it).",
         "server",
+    ),
+    Flag(
+        "--ssl-ca-certs",
+        "str",
+        None,
+        "With --ssl-certfile: the PEM file of CA certificates that clients' certificates are checked against (vLLM's "
+        "flag, uvicorn's ssl_ca_certs), for --ssl-cert-reqs 1 or 2. Checked at start-up: a file that cannot be "
+        "loaded is a usage error.",
+        "server",
+    ),
+    Flag(
+        "--ssl-cert-reqs",
+        "int",
+        0,
+        "With --ssl-certfile: whether clients must show a certificate (vLLM's flag, Python's ssl.VerifyMode): 0 none "
+        "is asked for; 1 optional (one shown must verify against --ssl-ca-certs); 2 required (mutual TLS: a client "
+        "without a certificate those CAs signed is refused in the TLS handshake). 1 and 2 need --ssl-ca-certs.",
+        "server",
+        choices=(0, 1, 2),
     ),
     Flag(
         "--allowed-origins",

@@ -126,6 +126,10 @@ OPERATOR_OWNED: dict[str, str] = {
     "--hf-overrides": "the fit check and the admission rules read the model's config as spec.model.config states "
                       "it; an override would build another model behind them (a copy of the model with its "
                       "config.json edited is a model of its own)",
+    "--ssl-ca-certs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
+                      "client certificate; verify clients at the gateway or a service mesh (docs/server.md)",
+    "--ssl-cert-reqs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
+                       "client certificate; verify clients at the gateway or a service mesh (docs/server.md)",
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
     "--device": "engine pods run on the GPUs they request",
@@ -196,8 +200,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--max-logprobs", "--enable-log-requests", "--disable-log-requests", "--trust-remote-code",
     # More of them: the request log's prompt length, uvicorn's access log (off either way), the chat reply's role,
     # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
-    "--max-log-len", "--disable-uvicorn-access-log", "--response-role", "--return-tokens-as-token-ids",
-    "--tokenizer-mode",
+    "--max-log-len", "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "--response-role",
+    "--return-tokens-as-token-ids", "--tokenizer-mode",
     # No /openapi.json (vLLM's --disable-fastapi-docs): the probes and the scrape are other paths.
     "--disable-fastapi-docs",
     # Fixed meanings here, accepted only at the value that runs (check_value refuses the rest, naming it): one

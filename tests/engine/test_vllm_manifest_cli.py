@@ -154,9 +154,9 @@ def test_server_flags_of_vllm_manifests():
     assert (default.max_log_len, default.response_role, default.return_tokens_as_token_ids) == (None, "assistant",
                                                                                                   False)
     given = server("--max-log-len", "0", "--response-role", "tool", "--return-tokens-as-token-ids",
-                   "--disable-uvicorn-access-log")
+                   "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "/health,/metrics")
     assert (given.max_log_len, given.response_role, given.return_tokens_as_token_ids) == (0, "tool", True)
-    assert given.disable_uvicorn_access_log
+    assert given.disable_uvicorn_access_log and given.disable_access_log_for_endpoints == "/health,/metrics"
     with pytest.raises(ConfigError, match="--max-log-len: Input should be greater than or equal to 0"):
         server("--max-log-len", "-1")
 

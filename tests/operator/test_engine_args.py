@@ -268,6 +268,12 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
      OWNED.format("--hf-overrides") + "the fit check and the admission rules read the model's config as "
      "spec.model.config states it; an override would build another model behind them (a copy of the model with "
      "its config.json edited is a model of its own)"),
+    # uvicorn's access log is off for every path here: vLLM manifests' probe and scrape paths carry over.
+    (["--disable-access-log-for-endpoints", "/health,/metrics,/ping"], None),
+    # Client certificates: the probes and the scrape speak plain HTTP and show none.
+    (["--ssl-cert-reqs", "2"], OWNED.format("--ssl-cert-reqs") + "the probes, the Service and the ServiceMonitor "
+     "speak plain HTTP to the engine, and show no client certificate; verify clients at the gateway or a service "
+     "mesh (docs/server.md)"),
     # vLLM takes auto only for --max-model-len; this one's refusal names its own flag.
     (["--max-num-batched-tokens", "auto"], "spec.engineArgs: --max-num-batched-tokens: 'auto' is not a valid int"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
