@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.compilation_config import compilation_problem, graph_plan
 from flotilla.engine.block_hash import HashAlgo
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -64,7 +65,10 @@ class ModelConfig(_Component):
     dtype: Literal["bfloat16", "float16", "float32"]
     max_model_len: int = Field(gt=0)
     seed: int = 0
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # also -O0 and --compilation-config's NONE / level 0 (flotilla/compilation_config.py)
+    # --compilation-config: only its cudagraph_capture_sizes reaches the runner (None: the engine's ladders)
+    compilation_config: dict[str, Any] = Field(default_factory=dict)
+    optimization_level: int = 2
     max_cudagraph_capture_size: int | None = Field(None, ge=1)  # None: decode to max_num_seqs, mixed to 512
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"  # safetensors: what auto reads, by vLLM's name
     # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
@@ -430,6 +434,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if speculative is not None and speculative.model is not None and \
             (problem := draft_architecture_problem(Path(speculative.model))):
         raise ConfigError(problem)
+    if problem := compilation_problem(v["compilation_config"], v["max_cudagraph_capture_size"], v["max_num_seqs"]):
+        raise ConfigError(problem)
+    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
+                        v["max_cudagraph_capture_size"])
     model = ModelConfig(
         model=str(model_dir),
         tokenizer=v["tokenizer"] or str(model_dir),
@@ -437,8 +445,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
         max_model_len=max_model_len,
         seed=v["seed"],
-        enforce_eager=v["enforce_eager"],
-        max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
+        enforce_eager=graphs.eager,
+        max_cudagraph_capture_size=graphs.max_capture_size,
+        compilation_config={"cudagraph_capture_sizes": list(graphs.capture_sizes)} if graphs.capture_sizes else {},
+        optimization_level=v["optimization_level"],
         load_format=v["load_format"],
         generation_config=v["generation_config"],
         override_generation_config=v["override_generation_config"] or {},

@@ -258,6 +258,30 @@ FLAGS: tuple[Flag, ...] = (
         ge=1,
     ),
     Flag(
+        "--compilation-config",
+        "json",
+        None,
+        "vLLM's compilation settings, as JSON; what maps onto CUDA graphs here (nothing is compiled with "
+        "torch.compile: graphs capture whole steps, as vLLM's full graphs): cudagraph_capture_sizes (exactly these "
+        "sizes: decode steps of up to that many rows, mixed steps of up to that many tokens), "
+        "max_cudagraph_capture_size (as the flag), cudagraph_mode NONE (no graphs), FULL or FULL_AND_PIECEWISE "
+        "(graphs), level/mode 0 (no compilation, so no graphs) or 3 (the graphs). Any other key is a usage error "
+        "naming it.",
+        "model",
+        aliases=("-cc",),
+    ),
+    Flag(
+        "--optimization-level",
+        "int",
+        2,
+        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 1, 2 (vLLM's default) and 3 "
+        "capture the graphs, as by default here (there is no torch.compile to tune). A --compilation-config key "
+        "wins over the level, as in vLLM.",
+        "model",
+        aliases=("-O",),
+        choices=(0, 1, 2, 3),
+    ),
+    Flag(
         "--load-format",
         "str",
         "auto",

@@ -164,6 +164,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # Which logits a request's logprobs report (vLLM's flag): what is returned, not what is drawn or loaded.
     "--logprobs-mode",
     "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
+    # vLLM's compilation settings, as far as they set the CUDA graphs (-O0: none; sizes), as --enforce-eager and
+    # --max-cudagraph-capture-size do; a key with no meaning here is refused (flotilla/compilation_config.py).
+    "--compilation-config", "--optimization-level",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",
     # The server's request limits and timeouts: they bound what clients may send, within the

@@ -268,6 +268,8 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
      OWNED.format("--hf-overrides") + "the fit check and the admission rules read the model's config as "
      "spec.model.config states it; an override would build another model behind them (a copy of the model with "
      "its config.json edited is a model of its own)"),
+    # vLLM's compilation settings as far as they set the CUDA graphs; a key with no meaning here is refused.
+    (["-O0", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'], None),
     # uvicorn's access log is off for every path here: vLLM manifests' probe and scrape paths carry over.
     (["--disable-access-log-for-endpoints", "/health,/metrics,/ping"], None),
     # Client certificates: the probes and the scrape speak plain HTTP and show none.
@@ -285,6 +287,14 @@ def test_engine_args_are_checked_against_the_flag_contract(extra, error):
         assert errors == []
     else:
         assert errors[0] == error
+
+
+def test_a_compilation_key_with_no_meaning_here_is_refused_as_the_engine_refuses_it():
+    assert unsupported(make(engineArgs=["-O0", "-cc", '{"cudagraph_capture_sizes": [1, 2]}']), "x") == []
+    assert unsupported(make(engineArgs=["--compilation-config", '{"backend": "inductor"}']), "x") == [
+        "--compilation-config: backend: not a key this engine maps (it takes cudagraph_capture_sizes, "
+        "max_cudagraph_capture_size, max_capture_size, cudagraph_mode, level, mode): nothing is compiled with "
+        "torch.compile here, and the CUDA graphs are all these set"]
 
 
 def test_both_request_log_flags_are_refused_as_the_engine_refuses_them():
