@@ -29,6 +29,7 @@ from flotilla.engine_rules import (
     default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
     draft_model_parallel_problem,
+    executor_backend_problem,
     flag_name,
     gguf_load_format_problem,
     kv_scales_problem,
@@ -526,6 +527,8 @@ def _check_flag_combinations(v: dict[str, Any], hf_config: dict[str, Any]) -> No
     if problem:
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
+        raise ConfigError(problem)
+    if problem := executor_backend_problem(v["distributed_executor_backend"], v["tensor_parallel_size"], pipeline):
         raise ConfigError(problem)
     gen = v["generation_config"]
     if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():

@@ -324,6 +324,17 @@ def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameO
     return None
 
 
+def executor_backend_problem(backend: str | None, tensor: int, pipeline: int,
+                             name_of: NameOf = flag_name) -> str | None:
+    """Why --distributed-executor-backend cannot run these ranks, or None: uni is the model in the engine core's own
+    process, a single rank (vLLM's UniProcExecutor), so more than one tensor or pipeline rank needs mp."""
+    if backend != "uni" or tensor * pipeline == 1:
+        return None
+    return (f"{name_of('distributed_executor_backend')} uni runs the model in the engine's own process, one rank; "
+            f"{name_of('tensor_parallel_size')} {tensor} x {name_of('pipeline_parallel_size')} {pipeline} ranks run "
+            "as worker processes: use mp (or leave it out)")
+
+
 def kv_scales_problem(calculate_kv_scales: bool, kv_cache_dtype: str, name_of: NameOf = flag_name) -> str | None:
     """Why --calculate-kv-scales cannot be used with this cache, or None: the scales exist only to
     store K and V in an fp8 cache. (vLLM accepted the flag on any cache and ignored it there; a flag
@@ -486,6 +497,11 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                          values.get("pipeline_parallel_size") or 1, name_of)
     if draft:
         problems.append(draft)
+    executor = executor_backend_problem(values.get("distributed_executor_backend"),
+                                        values.get("tensor_parallel_size") or 1,
+                                        values.get("pipeline_parallel_size") or 1, name_of)
+    if executor:
+        problems.append(executor)
     asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:

@@ -509,10 +509,11 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         None,
         "How tensor/pipeline ranks run: mp, one spawned worker process per rank (what runs here at -tp/-pp above "
-        "1; at 1 the model runs in the engine core's process).",
+        "1); uni, the model in the engine core's own process, one rank (what runs here at -tp 1 -pp 1, so only "
+        "there; mp there runs the same way).",
         "parallel",
         choices=("mp", "ray", "uni", "external_launcher"),
-        supported_values=("mp",),
+        supported_values=("mp", "uni"),
         refusal="Flotilla runs every tensor/pipeline rank as a worker process it spawns on this host (vLLM's mp); "
                 "there is no Ray or external launcher here",
     ),

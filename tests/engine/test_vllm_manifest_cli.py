@@ -146,6 +146,17 @@ def test_hub_download_flags_are_refused_by_name(tiny_model_dirs, flag, why):
         _config(tiny_model_dirs["llama"], flag, "main")
 
 
+def test_the_uni_executor_is_what_runs_at_one_rank_and_only_there(tiny_model_dirs):
+    # vLLM's uni: the model in the engine's own process, as here at -tp 1 -pp 1; more ranks are worker processes (mp).
+    assert _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni").parallel.tensor_parallel_size == 1
+    with pytest.raises(ConfigError, match=r"^--distributed-executor-backend uni runs the model in the engine's own "
+                                          r"process, one rank; --tensor-parallel-size 2 x --pipeline-parallel-size 1 "
+                                          r"ranks run as worker processes: use mp \(or leave it out\)$"):
+        _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni", "-tp", "2")
+    with pytest.raises(ConfigError, match="--pipeline-parallel-size 2 ranks run as worker processes"):
+        _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni", "-pp", "2")
+
+
 def test_server_flags_of_vllm_manifests():
     def server(*argv: str) -> ServerConfig:
         return ServerConfig.from_kwargs(**flag_values(build_parser().parse_args(argv), ("server",)))

@@ -289,6 +289,14 @@ def test_engine_args_are_checked_against_the_flag_contract(extra, error):
         assert errors[0] == error
 
 
+def test_the_uni_executor_is_refused_beside_parallel_ranks_as_the_engine_refuses_it():
+    assert unsupported(make(engineArgs=["--distributed-executor-backend", "uni"]), "x") == []
+    assert unsupported(make(parallelism={"tensor": 2}, engineArgs=["--distributed-executor-backend", "uni"]), "x") == [
+        "--distributed-executor-backend uni runs the model in the engine's own process, one rank; "
+        "spec.parallelism.tensor 2 x spec.parallelism.pipeline 1 ranks run as worker processes: use mp (or leave it "
+        "out)"]
+
+
 def test_a_compilation_key_with_no_meaning_here_is_refused_as_the_engine_refuses_it():
     assert unsupported(make(engineArgs=["-O0", "-cc", '{"cudagraph_capture_sizes": [1, 2]}']), "x") == []
     assert unsupported(make(engineArgs=["--compilation-config", '{"backend": "inductor"}']), "x") == [
