@@ -9,6 +9,7 @@ import torch
 from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.cuda_graphs import StepGraphs
+from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.server.cli import build_parser
 
 
@@ -36,8 +37,11 @@ def test_capture_sizes_are_the_sizes_the_runner_captures(tiny_model_dirs):
                      "-cc", '{"cudagraph_capture_sizes": [64, 1, 4, 2, 4]}')
     assert config.model.compilation_config == {"cudagraph_capture_sizes": [1, 2, 4, 64]}
     assert config.model.max_cudagraph_capture_size == 64  # vLLM's: the largest of them
-    sizes = config.model.compilation_config["cudagraph_capture_sizes"]
-    graphs = StepGraphs(torch.nn.Identity(), 8, 2048, 256, 16, torch.device("cpu"), sizes=sizes)
+    # the graphs the engine's runner would capture (on the CPU it builds them without capturing)
+    engine = LLMEngine.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=256, max_num_seqs=8,
+                                   max_num_batched_tokens=2048,
+                                   compilation_config={"cudagraph_capture_sizes": [64, 1, 4, 2, 4]})
+    graphs = engine.runner._step_graphs()
     # decode graphs: the sizes up to --max-num-seqs rows; mixed graphs: every size within the step's token budget
     assert (graphs.decode_sizes, graphs.mixed_sizes) == ([1, 2, 4], [1, 2, 4, 64])
     default = StepGraphs(torch.nn.Identity(), 8, 2048, 256, 16, torch.device("cpu"))
