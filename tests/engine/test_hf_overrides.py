@@ -47,6 +47,18 @@ def test_a_rope_override_builds_the_model_hf_builds_with_that_config(tiny_model_
     assert _greedy(source, hf_overrides=ROPE) == expected
 
 
+def test_fewer_layers_load_the_first_layers_as_hf_does(tiny_model_dirs, tmp_path):
+    # num_hidden_layers 1 over a 2-layer checkpoint: layer 1's tensors are left unread (HF, too, builds one layer and
+    # ignores them), so the engine runs the model HF builds from the same config.
+    source = tiny_model_dirs["llama"]
+    edited = Path(shutil.copytree(source, tmp_path / "one-layer"))
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 1}))
+    expected = hf_greedy(edited, [PROMPT], 8)[0]
+    assert expected != hf_greedy(source, [PROMPT], 8)[0]
+    assert _greedy(source, hf_overrides={"num_hidden_layers": 1}) == expected
+
+
 def test_an_object_replaces_the_value_whole_and_a_new_key_is_added(tiny_model_dirs):
     # vLLM sets a dict-valued key (rope_scaling, rope_parameters) whole; a key config.json lacks is added.
     path = str(tiny_model_dirs["llama3-rope-tied"])
