@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flotilla.compilation_config import compilation_problem, graph_plan
 from flotilla.engine.block_hash import HashAlgo
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -28,6 +29,7 @@ from flotilla.engine_rules import (
     default_chat_template_kwargs_problem,
     default_max_num_batched_tokens,
     draft_model_parallel_problem,
+    executor_backend_problem,
     flag_name,
     gguf_load_format_problem,
     kv_scales_problem,
@@ -64,7 +66,10 @@ class ModelConfig(_Component):
     dtype: Literal["bfloat16", "float16", "float32"]
     max_model_len: int = Field(gt=0)
     seed: int = 0
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # also -O0 and --compilation-config's NONE / level 0 (flotilla/compilation_config.py)
+    # --compilation-config: only its cudagraph_capture_sizes reaches the runner (None: the engine's ladders)
+    compilation_config: dict[str, Any] = Field(default_factory=dict)
+    optimization_level: int = 2
     max_cudagraph_capture_size: int | None = Field(None, ge=1)  # None: decode to max_num_seqs, mixed to 512
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"  # safetensors: what auto reads, by vLLM's name
     # --generation-config: auto (the model's generation_config.json), vllm (none) or a folder holding one
@@ -161,6 +166,23 @@ def _tls_files_problem(certfile: str | None, keyfile: str | None) -> str | None:
     return None
 
 
+def _client_certificates_problem(certfile: str | None, ca_certs: str | None, cert_reqs: int) -> str | None:
+    """Why --ssl-ca-certs / --ssl-cert-reqs cannot check clients' certificates, or None. vLLM hands them to uvicorn
+    as they are, which ignores both without --ssl-certfile and, asking for a certificate with no CA loaded,
+    refuses every client: both are refused here at start-up instead."""
+    if (ca_certs is not None or cert_reqs) and certfile is None:
+        return ("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile (clients show certificates in the TLS "
+                "handshake of HTTPS)")
+    if ca_certs is None:
+        return (f"--ssl-cert-reqs {cert_reqs} needs --ssl-ca-certs (the CA certificates a client's certificate is "
+                "checked against; with none, every client would be refused)") if cert_reqs else None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        return f"--ssl-ca-certs {ca_certs} cannot be loaded as PEM CA certificates ({exc.strerror or exc})"
+    return None
+
+
 class ServerConfig(_Component):
     """The HTTP front end (not part of the engine core): address, API key and the limits that keep one
     client from freezing or bloating the server."""
@@ -208,11 +230,15 @@ class ServerConfig(_Component):
     disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json (no docs pages are served anyway)
     ssl_certfile: str | None = None  # vLLM's --ssl-certfile / --ssl-keyfile: HTTPS (uvicorn's)
     ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None  # vLLM's: the CAs of clients' certificates (uvicorn's ssl_ca_certs)
+    ssl_cert_reqs: Literal[0, 1, 2] = 0  # ssl.VerifyMode: 0 none asked, 1 optional, 2 required (mutual TLS)
+    disable_access_log_for_endpoints: str | None = None  # vLLM's flag; uvicorn's access log is off here either way
 
     @model_validator(mode="after")
     def _tls_files_load(self) -> ServerConfig:
         # uvicorn loads them only once serving starts, after the model: a bad file was a traceback then.
-        if problem := _tls_files_problem(self.ssl_certfile, self.ssl_keyfile):
+        if problem := _tls_files_problem(self.ssl_certfile, self.ssl_keyfile) or \
+                _client_certificates_problem(self.ssl_certfile, self.ssl_ca_certs, self.ssl_cert_reqs):
             raise ValueError(problem)
         return self
 
@@ -295,6 +321,7 @@ class EngineConfig(_Component):
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()
             hf_config = _read_hf_config(model_dir)
+        hf_config = apply_hf_overrides(hf_config, values["hf_overrides"])
         try:
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
@@ -362,6 +389,17 @@ def _read_hf_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
+def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
+    """config.json with --hf-overrides' keys set over it, as vLLM sets them before building anything: each key
+    replaces the value whole (an object too: vLLM merges an object only into a nested model config such as a
+    multimodal model's text_config, which no architecture served here has) or adds a key config.json lacks."""
+    if overrides is None:
+        return hf_config
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"--hf-overrides must be a JSON object of config.json keys, not {json.dumps(overrides)}")
+    return hf_config | overrides
+
+
 def _embedded_model_name() -> str:
     from flotilla.engine.embedded_model import EMBEDDED_MODEL_NAME
 
@@ -397,6 +435,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if speculative is not None and speculative.model is not None and \
             (problem := draft_architecture_problem(Path(speculative.model))):
         raise ConfigError(problem)
+    if problem := compilation_problem(v["compilation_config"], v["max_cudagraph_capture_size"], v["max_num_seqs"]):
+        raise ConfigError(problem)
+    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
+                        v["max_cudagraph_capture_size"])
     model = ModelConfig(
         model=str(model_dir),
         tokenizer=v["tokenizer"] or str(model_dir),
@@ -404,8 +446,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         dtype=_resolve_dtype(v["dtype"], hf_config, device, quantization, runner=runner),
         max_model_len=max_model_len,
         seed=v["seed"],
-        enforce_eager=v["enforce_eager"],
-        max_cudagraph_capture_size=v["max_cudagraph_capture_size"],
+        enforce_eager=graphs.eager,
+        max_cudagraph_capture_size=graphs.max_capture_size,
+        compilation_config={"cudagraph_capture_sizes": list(graphs.capture_sizes)} if graphs.capture_sizes else {},
+        optimization_level=v["optimization_level"],
         load_format=v["load_format"],
         generation_config=v["generation_config"],
         override_generation_config=v["override_generation_config"] or {},
@@ -483,6 +527,8 @@ def _check_flag_combinations(v: dict[str, Any], hf_config: dict[str, Any]) -> No
     if problem:
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
+        raise ConfigError(problem)
+    if problem := executor_backend_problem(v["distributed_executor_backend"], v["tensor_parallel_size"], pipeline):
         raise ConfigError(problem)
     gen = v["generation_config"]
     if gen not in ("auto", "vllm") and not (Path(gen) / "generation_config.json").is_file():

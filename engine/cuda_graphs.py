@@ -137,6 +137,7 @@ class StepGraphs:
         max_decode_rows: int | None = None,
         max_capture_size: int | None = None,
         one_seq_graphs: bool | None = None,
+        sizes: list[int] | None = None,
     ) -> None:
         self.model = model
         self.lora = lora
@@ -145,8 +146,13 @@ class StepGraphs:
         self.device = device
         self.block_size = block_size
         # Speculative decoding's verification steps are decode steps of up to k + 1 rows a request.
-        self.decode_sizes = capture_sizes(max(max_num_seqs, max_decode_rows or 0), max_capture_size)
-        self.mixed_sizes = mixed_sizes(max_num_batched_tokens, max_capture_size)
+        rows = max(max_num_seqs, max_decode_rows or 0)
+        if sizes:  # vLLM's cudagraph_capture_sizes: exactly these (its config check keeps one within max_num_seqs)
+            self.decode_sizes = [s for s in sorted(sizes) if s <= rows]
+            self.mixed_sizes = [s for s in sorted(sizes) if s <= max_num_batched_tokens]
+        else:
+            self.decode_sizes = capture_sizes(rows, max_capture_size)
+            self.mixed_sizes = mixed_sizes(max_num_batched_tokens, max_capture_size)
         self.widths = table_widths(max_model_len, block_size)
         self.max_seqs = self.decode_sizes[-1]
         # Mixed sizes that also have a one-sequence graph (`ONE_SEQ_MAX_TOKENS`).

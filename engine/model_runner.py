@@ -179,6 +179,7 @@ class ModelRunner:
             self.model, sched.max_num_seqs, sched.max_num_batched_tokens, self.config.model.max_model_len,
             self.block_size, self.device, lora=self.lora is not None, max_decode_rows=rows,
             max_capture_size=self.config.model.max_cudagraph_capture_size,
+            sizes=self.config.model.compilation_config.get("cudagraph_capture_sizes"),
         )
 
     def _profile_graph_memory(self) -> int:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flotilla.flags import FLAGS, Flag, human_readable_int
+from flotilla.compilation_config import compilation_problem
+from flotilla.flags import FLAGS, Flag, flag, human_readable_int
 
 # Engine default of --max-num-batched-tokens with chunked prefill (and its floor without).
 DEFAULT_BATCHED_TOKENS = 8192
@@ -86,6 +87,14 @@ def _is_value(token: str) -> bool:
     return True
 
 
+def _attached(token: str) -> Flag | None:
+    """The flag of a one-letter alias written with its value attached (`-O0`, as argparse reads it), or None."""
+    if len(token) <= 2 or token[1] == "-" or "=" in token:
+        return None
+    f = find_flag(token[:2])
+    return f if f is not None and f.type != "bool" else None
+
+
 def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
     """Parse engine flags (`--flag value`, `--flag=value`, bare booleans) into (flags, problems).
 
@@ -100,6 +109,8 @@ def parse_argv(argv: list[str]) -> tuple[list[ParsedFlag], list[str]]:
         i += 1
         name, has_inline, inline = token.partition("=")
         f = find_flag(name) if token.startswith("-") else None
+        if f is None and _attached(token) is not None:  # `-O0`: a one-letter alias with its value attached
+            f, name, has_inline, inline = _attached(token), token[:2], "=", token[2:]
         if f is None:
             if not token.startswith("-"):
                 problems.append(f"{token!r} is not a flag (a value must follow its flag)")
@@ -313,6 +324,17 @@ def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameO
     return None
 
 
+def executor_backend_problem(backend: str | None, tensor: int, pipeline: int,
+                             name_of: NameOf = flag_name) -> str | None:
+    """Why --distributed-executor-backend cannot run these ranks, or None: uni is the model in the engine core's own
+    process, a single rank (vLLM's UniProcExecutor), so more than one tensor or pipeline rank needs mp."""
+    if backend != "uni" or tensor * pipeline == 1:
+        return None
+    return (f"{name_of('distributed_executor_backend')} uni runs the model in the engine's own process, one rank; "
+            f"{name_of('tensor_parallel_size')} {tensor} x {name_of('pipeline_parallel_size')} {pipeline} ranks run "
+            "as worker processes: use mp (or leave it out)")
+
+
 def kv_scales_problem(calculate_kv_scales: bool, kv_cache_dtype: str, name_of: NameOf = flag_name) -> str | None:
     """Why --calculate-kv-scales cannot be used with this cache, or None: the scales exist only to
     store K and V in an fp8 cache. (vLLM accepted the flag on any cache and ignored it there; a flag
@@ -475,6 +497,11 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                          values.get("pipeline_parallel_size") or 1, name_of)
     if draft:
         problems.append(draft)
+    executor = executor_backend_problem(values.get("distributed_executor_backend"),
+                                        values.get("tensor_parallel_size") or 1,
+                                        values.get("pipeline_parallel_size") or 1, name_of)
+    if executor:
+        problems.append(executor)
     asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:
@@ -497,6 +524,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
     overrides = override_generation_config_problem(values.get("override_generation_config"), name_of)
     if overrides:
         problems.append(overrides)
+    compilation = compilation_problem(values.get("compilation_config"), values.get("max_cudagraph_capture_size"),
+                                      values.get("max_num_seqs") or flag("--max-num-seqs").default)
+    if compilation:
+        problems.append(compilation)
     template_kwargs = default_chat_template_kwargs_problem(values.get("default_chat_template_kwargs"), name_of)
     if template_kwargs:
         problems.append(template_kwargs)

@@ -233,6 +233,17 @@ FLAGS: tuple[Flag, ...] = (
         choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
         supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
     ),
+    Flag(
+        "--hf-overrides",
+        "json",
+        None,
+        "Keys set over the model's config.json before anything is built from it (vLLM's flag), as a JSON object, "
+        'e.g. {"max_position_embeddings": 8192} or {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+        '"original_max_position_embeddings": 2048}}: each key replaces config.json\'s value whole (an object too, '
+        "as vLLM sets rope_scaling) or adds a key config.json lacks; the architecture, the length limit "
+        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result.",
+        "model",
+    ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
     Flag(
         "--max-cudagraph-capture-size",
@@ -245,6 +256,30 @@ FLAGS: tuple[Flag, ...] = (
         "a graph instead of launching every kernel from Python.",
         "model",
         ge=1,
+    ),
+    Flag(
+        "--compilation-config",
+        "json",
+        None,
+        "vLLM's compilation settings, as JSON; what maps onto CUDA graphs here (nothing is compiled with "
+        "torch.compile: graphs capture whole steps, as vLLM's full graphs): cudagraph_capture_sizes (exactly these "
+        "sizes: decode steps of up to that many rows, mixed steps of up to that many tokens), "
+        "max_cudagraph_capture_size (as the flag), cudagraph_mode NONE (no graphs), FULL or FULL_AND_PIECEWISE "
+        "(graphs), level/mode 0 (no compilation, so no graphs) or 3 (the graphs). Any other key is a usage error "
+        "naming it.",
+        "model",
+        aliases=("-cc",),
+    ),
+    Flag(
+        "--optimization-level",
+        "int",
+        2,
+        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 1, 2 (vLLM's default) and 3 "
+        "capture the graphs, as by default here (there is no torch.compile to tune). A --compilation-config key "
+        "wins over the level, as in vLLM.",
+        "model",
+        aliases=("-O",),
+        choices=(0, 1, 2, 3),
     ),
     Flag(
         "--load-format",
@@ -474,10 +509,11 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         None,
         "How tensor/pipeline ranks run: mp, one spawned worker process per rank (what runs here at -tp/-pp above "
-        "1; at 1 the model runs in the engine core's process).",
+        "1); uni, the model in the engine core's own process, one rank (what runs here at -tp 1 -pp 1, so only "
+        "there; mp there runs the same way).",
         "parallel",
         choices=("mp", "ray", "uni", "external_launcher"),
-        supported_values=("mp",),
+        supported_values=("mp", "uni"),
         refusal="Flotilla runs every tensor/pipeline rank as a worker process it spawns on this host (vLLM's mp); "
                 "there is no Ray or external launcher here",
     ),
@@ -609,6 +645,14 @@ FLAGS: tuple[Flag, ...] = (
         "request log is --enable-log-requests), so this keeps that default.",
         "server",
         negatable=True,
+    ),
+    Flag(
+        "--disable-access-log-for-endpoints",
+        "str",
+        None,
+        "vLLM's flag: no uvicorn access log line for these paths (comma-separated, e.g. /health,/metrics). Flotilla's "
+        "server logs no access line for any path (see --disable-uvicorn-access-log), so these get none either.",
+        "server",
     ),
     Flag(
         "--response-role",
@@ -838,6 +882,25 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "The PEM private key of --ssl-certfile (needs it).",
         "server",
+    ),
+    Flag(
+        "--ssl-ca-certs",
+        "str",
+        None,
+        "With --ssl-certfile: the PEM file of CA certificates that clients' certificates are checked against (vLLM's "
+        "flag, uvicorn's ssl_ca_certs), for --ssl-cert-reqs 1 or 2. Checked at start-up: a file that cannot be "
+        "loaded is a usage error.",
+        "server",
+    ),
+    Flag(
+        "--ssl-cert-reqs",
+        "int",
+        0,
+        "With --ssl-certfile: whether clients must show a certificate (vLLM's flag, Python's ssl.VerifyMode): 0 none "
+        "is asked for; 1 optional (one shown must verify against --ssl-ca-certs); 2 required (mutual TLS: a client "
+        "without a certificate those CAs signed is refused in the TLS handshake). 1 and 2 need --ssl-ca-certs.",
+        "server",
+        choices=(0, 1, 2),
     ),
     Flag(
         "--allowed-origins",

@@ -123,6 +123,13 @@ OPERATOR_OWNED: dict[str, str] = {
                       "at the gateway or a service mesh (docs/server.md)",
     "--ssl-keyfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
                      "at the gateway or a service mesh (docs/server.md)",
+    "--hf-overrides": "the fit check and the admission rules read the model's config as spec.model.config states "
+                      "it; an override would build another model behind them (a copy of the model with its "
+                      "config.json edited is a model of its own)",
+    "--ssl-ca-certs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
+                      "client certificate; verify clients at the gateway or a service mesh (docs/server.md)",
+    "--ssl-cert-reqs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
+                       "client certificate; verify clients at the gateway or a service mesh (docs/server.md)",
     "--port": "the probes, the Service and the ServiceMonitor reach the engine on port 8000",
     "--host": "the probes and the Service reach the engine on every pod address",
     "--device": "engine pods run on the GPUs they request",
@@ -158,6 +165,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # Which logits a request's logprobs report (vLLM's flag): what is returned, not what is drawn or loaded.
     "--logprobs-mode",
     "--uvicorn-log-level", "--triton-gemv-max-rows", "--max-cudagraph-capture-size",
+    # vLLM's compilation settings, as far as they set the CUDA graphs (-O0: none; sizes), as --enforce-eager and
+    # --max-cudagraph-capture-size do; a key with no meaning here is refused (flotilla/compilation_config.py).
+    "--compilation-config", "--optimization-level",
     # Request order only (fcfs or priority); requests still need `priority` to differ.
     "--scheduling-policy",
     # The server's request limits and timeouts: they bound what clients may send, within the
@@ -194,8 +204,8 @@ ENGINE_ARGS_ALLOWED = frozenset({
     "--max-logprobs", "--enable-log-requests", "--disable-log-requests", "--trust-remote-code",
     # More of them: the request log's prompt length, uvicorn's access log (off either way), the chat reply's role,
     # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
-    "--max-log-len", "--disable-uvicorn-access-log", "--response-role", "--return-tokens-as-token-ids",
-    "--tokenizer-mode",
+    "--max-log-len", "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "--response-role",
+    "--return-tokens-as-token-ids", "--tokenizer-mode",
     # No /openapi.json (vLLM's --disable-fastapi-docs): the probes and the scrape are other paths.
     "--disable-fastapi-docs",
     # Fixed meanings here, accepted only at the value that runs (check_value refuses the rest, naming it): one

@@ -24,7 +24,7 @@ ABSENT_PATHS = {
 # Flags of other tools (helm, kubectl, podman, buildah, debootstrap, the Prometheus Adapter) and vLLM flags named as
 # vLLM's.
 OTHER_FLAGS = {"--create-namespace", "--from-file", "--config", "--build-arg", "--gpus", "--ignorefile", "--variant",
-               "--include", "--isolation", "--hf-overrides", "--swap-space",
+               "--include", "--isolation", "--swap-space", "--max-seq-len-to-capture",
                "--replicas", "--cascade", "--kube-version", "--type",
                "--subresource", "--current-replicas", "--disable-eviction"}
 # Backticked names that are other projects' (xgrammar, vLLM, the Prometheus Operator's Prometheus and

@@ -152,6 +152,8 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
         root_path=server.root_path or "",
         ssl_certfile=server.ssl_certfile,
         ssl_keyfile=server.ssl_keyfile,
+        ssl_ca_certs=server.ssl_ca_certs,
+        ssl_cert_reqs=server.ssl_cert_reqs,
         timeout_keep_alive=server.timeout_keep_alive,  # type: ignore[arg-type]  # a float works: call_later
         h11_max_incomplete_event_size=server.h11_max_incomplete_event_size,
         # Only a backstop: by the time uvicorn stops, the drain has answered every engine request.

@@ -146,6 +146,17 @@ def test_hub_download_flags_are_refused_by_name(tiny_model_dirs, flag, why):
         _config(tiny_model_dirs["llama"], flag, "main")
 
 
+def test_the_uni_executor_is_what_runs_at_one_rank_and_only_there(tiny_model_dirs):
+    # vLLM's uni: the model in the engine's own process, as here at -tp 1 -pp 1; more ranks are worker processes (mp).
+    assert _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni").parallel.tensor_parallel_size == 1
+    with pytest.raises(ConfigError, match=r"^--distributed-executor-backend uni runs the model in the engine's own "
+                                          r"process, one rank; --tensor-parallel-size 2 x --pipeline-parallel-size 1 "
+                                          r"ranks run as worker processes: use mp \(or leave it out\)$"):
+        _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni", "-tp", "2")
+    with pytest.raises(ConfigError, match="--pipeline-parallel-size 2 ranks run as worker processes"):
+        _config(tiny_model_dirs["llama"], "--distributed-executor-backend", "uni", "-pp", "2")
+
+
 def test_server_flags_of_vllm_manifests():
     def server(*argv: str) -> ServerConfig:
         return ServerConfig.from_kwargs(**flag_values(build_parser().parse_args(argv), ("server",)))
@@ -154,9 +165,9 @@ def test_server_flags_of_vllm_manifests():
     assert (default.max_log_len, default.response_role, default.return_tokens_as_token_ids) == (None, "assistant",
                                                                                                   False)
     given = server("--max-log-len", "0", "--response-role", "tool", "--return-tokens-as-token-ids",
-                   "--disable-uvicorn-access-log")
+                   "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "/health,/metrics")
     assert (given.max_log_len, given.response_role, given.return_tokens_as_token_ids) == (0, "tool", True)
-    assert given.disable_uvicorn_access_log
+    assert given.disable_uvicorn_access_log and given.disable_access_log_for_endpoints == "/health,/metrics"
     with pytest.raises(ConfigError, match="--max-log-len: Input should be greater than or equal to 0"):
         server("--max-log-len", "-1")
 

@@ -265,6 +265,19 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--tokenizer-revision", "v2"], OWNED.format("--tokenizer-revision") + "it downloads spec.model.source (and "
                                      "spec.model.tokenizer) into the pod (the engine reads local directories only); "
                                      "pin the revision there: hf://org/name:revision"),
+    # config.json keys over the model's: the fit check reads the model as spec.model.config states it.
+    (["--hf-overrides", '{"max_position_embeddings": 8192}'],
+     OWNED.format("--hf-overrides") + "the fit check and the admission rules read the model's config as "
+     "spec.model.config states it; an override would build another model behind them (a copy of the model with "
+     "its config.json edited is a model of its own)"),
+    # vLLM's compilation settings as far as they set the CUDA graphs; a key with no meaning here is refused.
+    (["-O0", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'], None),
+    # uvicorn's access log is off for every path here: vLLM manifests' probe and scrape paths carry over.
+    (["--disable-access-log-for-endpoints", "/health,/metrics,/ping"], None),
+    # Client certificates: the probes and the scrape speak plain HTTP and show none.
+    (["--ssl-cert-reqs", "2"], OWNED.format("--ssl-cert-reqs") + "the probes, the Service and the ServiceMonitor "
+     "speak plain HTTP to the engine, and show no client certificate; verify clients at the gateway or a service "
+     "mesh (docs/server.md)"),
     # vLLM takes auto only for --max-model-len; this one's refusal names its own flag.
     (["--max-num-batched-tokens", "auto"], "spec.engineArgs: --max-num-batched-tokens: 'auto' is not a valid int"),
     (["--model", "/elsewhere"], OWNED.format("--model") + "it serves spec.model.source"),
@@ -276,6 +289,22 @@ def test_engine_args_are_checked_against_the_flag_contract(extra, error):
         assert errors == []
     else:
         assert errors[0] == error
+
+
+def test_the_uni_executor_is_refused_beside_parallel_ranks_as_the_engine_refuses_it():
+    assert unsupported(make(engineArgs=["--distributed-executor-backend", "uni"]), "x") == []
+    assert unsupported(make(parallelism={"tensor": 2}, engineArgs=["--distributed-executor-backend", "uni"]), "x") == [
+        "--distributed-executor-backend uni runs the model in the engine's own process, one rank; "
+        "spec.parallelism.tensor 2 x spec.parallelism.pipeline 1 ranks run as worker processes: use mp (or leave it "
+        "out)"]
+
+
+def test_a_compilation_key_with_no_meaning_here_is_refused_as_the_engine_refuses_it():
+    assert unsupported(make(engineArgs=["-O0", "-cc", '{"cudagraph_capture_sizes": [1, 2]}']), "x") == []
+    assert unsupported(make(engineArgs=["--compilation-config", '{"backend": "inductor"}']), "x") == [
+        "--compilation-config: backend: not a key this engine maps (it takes cudagraph_capture_sizes, "
+        "max_cudagraph_capture_size, max_capture_size, cudagraph_mode, level, mode): nothing is compiled with "
+        "torch.compile here, and the CUDA graphs are all these set"]
 
 
 def test_both_request_log_flags_are_refused_as_the_engine_refuses_them():

@@ -75,7 +75,7 @@ def test_a_missing_config_file_is_a_usage_error(tiny_model_dirs, tmp_path, capsy
     (["-dp", "2"], "--data-parallel-size=2 is not supported yet (supported: 1): one server runs one engine; for "
                    "more copies of the model run more replicas (an InferenceService's spec.replicas"),
     (["--distributed-executor-backend", "ray"],
-     "--distributed-executor-backend='ray' is not supported yet (supported: mp): Flotilla runs every "
+     "--distributed-executor-backend='ray' is not supported yet (supported: mp, uni): Flotilla runs every "
      "tensor/pipeline rank as a worker process it spawns on this host (vLLM's mp)"),
 ])
 def test_fixed_meaning_flags_refuse_other_values_naming_what_runs(tiny_model_dirs, capsys, flags, message):

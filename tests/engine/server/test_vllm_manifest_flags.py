@@ -1,7 +1,7 @@
 """`vllm serve` flags that existing commands and manifests carry, given to the real server: --model beside MODEL,
 --max-logprobs (vLLM's 400 above it), --enable-log-requests (a line per request) with --max-log-len (its prompts
-cut), --trust-remote-code, --response-role, --return-tokens-as-token-ids, --disable-uvicorn-access-log and
---tokenizer-mode hf."""
+cut), --trust-remote-code, --response-role, --return-tokens-as-token-ids, --disable-uvicorn-access-log,
+--disable-access-log-for-endpoints and --tokenizer-mode hf."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def manifest_server(tiny_model_dirs, tmp_path_factory):
                      "--model", str(tiny_model_dirs["llama"]), "--max-logprobs", str(CAP), "--enable-log-requests",
                      "--trust-remote-code", "--served-model-name", "tiny", "--disable-log-stats",
                      "--max-log-len", str(LOG_LEN), "--response-role", ROLE, "--return-tokens-as-token-ids",
-                     "--disable-uvicorn-access-log", "--tokenizer-mode", "hf",
+                     "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "/health,/metrics",
+                     "--tokenizer-mode", "hf",
                      env={"VLLM_API_KEY": API_KEY, "VLLM_LOGGING_LEVEL": "debug"})
     yield s
     stop_server(s)
@@ -90,6 +91,17 @@ def test_enable_log_requests_logs_each_request_and_its_end(capped, manifest_serv
     assert len(logged_ids) == LOG_LEN
     assert any(line.startswith("INFO ") and "Finished request" in line for line in lines)
     assert "POST /v1/completions" not in log  # --disable-uvicorn-access-log: no access log line
+
+
+def test_no_access_line_is_logged_for_the_endpoints_named(manifest_server, capped):
+    # vLLM's --disable-access-log-for-endpoints /health,/metrics (OpenShift AI's default): the probes and the scrape
+    # leave no access line; here no path does (uvicorn's access log is off), and the request log still works.
+    for path in ("/health", "/metrics", "/health?probe=1"):
+        assert httpx.get(f"{manifest_server.url}{path}", timeout=30).status_code == 200
+    capped.completions.create(model="tiny", prompt="Hi", max_tokens=1, extra_body={"request_id": "access-log-check"})
+    log = _log_with(manifest_server, "Finished request cmpl-access-log-check")
+    assert "Finished request cmpl-access-log-check" in log
+    assert "GET /health" not in log and "GET /metrics" not in log and "POST /v1/completions" not in log
 
 
 def test_a_request_id_with_control_bytes_never_reaches_the_log(manifest_server):

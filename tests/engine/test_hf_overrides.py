@@ -1,0 +1,76 @@
+"""--hf-overrides (vLLM's flag): keys set over config.json before the engine builds anything from it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.llm import LLM
+from flotilla.engine.pooling.params import matryoshka_dimensions
+from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.server.cli import main
+
+from .hf_reference import hf_greedy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+PROMPT = [5, 17, 230, 4000, 12, 9, 77, 301, 8, 1500, 42, 3]
+# config.json's rope as transformers 5 writes it, with another base: every rotary frequency changes
+ROPE = {"rope_parameters": {"rope_theta": 2.0, "rope_type": "default"}}
+
+
+def _greedy(path: Path, **kwargs) -> list[int]:
+    llm = LLM(str(path), max_model_len=128, **kwargs)
+    return llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_an_override_is_the_length_limit_the_engine_derives(tiny_model_dirs):
+    path = str(tiny_model_dirs["llama"])
+    assert EngineConfig.from_kwargs(path).model.max_model_len == 512  # config.json's max_position_embeddings
+    overridden = EngineConfig.from_kwargs(path, hf_overrides={"max_position_embeddings": 256})
+    assert overridden.model.max_model_len == 256
+    with pytest.raises(ConfigError, match="--max-model-len=300 exceeds the model's limit of 256 tokens"):
+        EngineConfig.from_kwargs(path, hf_overrides={"max_position_embeddings": 256}, max_model_len=300)
+
+
+def test_a_rope_override_builds_the_model_hf_builds_with_that_config(tiny_model_dirs, tmp_path):
+    # The same weights, config.json edited by hand for HF: the engine's override must build that model.
+    source = tiny_model_dirs["llama"]
+    edited = Path(shutil.copytree(source, tmp_path / "edited"))
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps(config | ROPE))
+    expected = hf_greedy(edited, [PROMPT], 8)[0]
+    assert expected != hf_greedy(source, [PROMPT], 8)[0]  # the override changes what is generated
+    assert _greedy(source, hf_overrides=ROPE) == expected
+
+
+def test_fewer_layers_load_the_first_layers_as_hf_does(tiny_model_dirs, tmp_path):
+    # num_hidden_layers 1 over a 2-layer checkpoint: layer 1's tensors are left unread (HF, too, builds one layer and
+    # ignores them), so the engine runs the model HF builds from the same config.
+    source = tiny_model_dirs["llama"]
+    edited = Path(shutil.copytree(source, tmp_path / "one-layer"))
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 1}))
+    expected = hf_greedy(edited, [PROMPT], 8)[0]
+    assert expected != hf_greedy(source, [PROMPT], 8)[0]
+    assert _greedy(source, hf_overrides={"num_hidden_layers": 1}) == expected
+
+
+def test_an_object_replaces_the_value_whole_and_a_new_key_is_added(tiny_model_dirs):
+    # vLLM sets a dict-valued key (rope_scaling, rope_parameters) whole; a key config.json lacks is added.
+    path = str(tiny_model_dirs["llama3-rope-tied"])
+    config = EngineConfig.from_kwargs(path, hf_overrides={"rope_parameters": {"rope_theta": 7.0},
+                                                          "is_matryoshka": True})
+    assert config.model.hf_config["rope_parameters"] == {"rope_theta": 7.0}  # llama3's scaling keys are gone
+    assert matryoshka_dimensions(config.model.hf_config) == []  # any size: the key the pooler reads
+    assert matryoshka_dimensions(EngineConfig.from_kwargs(path).model.hf_config) is None
+
+
+def test_an_override_that_is_no_object_is_a_usage_error(tiny_model_dirs, capsys):
+    # --port 70000 is refused after the engine's flags: nothing is ever served by this test
+    assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", "[1, 2]", "--port", "70000"]) == 2
+    assert "flotilla serve: error: --hf-overrides must be a JSON object of config.json keys, not [1, 2]" in \
+        capsys.readouterr().err
