@@ -80,3 +80,8 @@ _._json
 _._body
 # RopeScaling (operator/spec.py): read through model_dump into engine_rules.rope_scaled_length.
 _.original_max_position_embeddings
+# ScoreRequest's sides (engine/server/score.py): read by name through SCORE_SIDES.
+_.text_1
+_.text_2
+_.data_1
+_.data_2
