@@ -12,10 +12,12 @@ README = (ROOT / "README.md").read_text()
 
 
 def _routes() -> set[str]:
-    """Every path the server's FastAPI apps declare (engine/server/*.py), `{model_id:path}` as `{id}`."""
+    """Every path the server's FastAPI apps declare (engine/server/*.py: decorators and Starlette `Route`s),
+    `{model_id:path}` as `{id}`."""
     declared = set()
     for source in sorted((ROOT / "engine" / "server").glob("*.py")):
         declared |= set(re.findall(r"@app\.(?:get|post|api_route)\(\"([^\"]+)\"", source.read_text()))
+        declared |= set(re.findall(r"\bRoute\(\"([^\"]+)\"", source.read_text()))  # an ASGI endpoint (invocations.py)
     return {re.sub(r"\{\w+(?::\w+)?\}", "{id}", route) for route in declared}
 
 

@@ -21,10 +21,12 @@ from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
+from flotilla.engine.server.invocations import invocations_route
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.model_cards import model_card
+from flotilla.engine.server.pooling_route import add_pooling_route
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -87,6 +89,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     _add_token_routes(app, state)
     add_embedding_routes(app, state, _model, _cancel_on_disconnect)
     add_score_routes(app, state, _model, _cancel_on_disconnect)
+    add_pooling_route(app, state, _model, _cancel_on_disconnect)
+    app.router.routes.append(invocations_route(state))
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     _add_middleware(app, state, config)
@@ -288,10 +292,10 @@ PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.j
 
 # The routes whose requests vLLM's /load counts (load_aware_call), as far as this server has them.
 LOAD_AWARE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses",
-                              *SCORE_PATHS, *RERANK_PATHS})
+                              *SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
 
 # The API routes outside /v1 (vLLM's paths): refused while draining and counted in flight, as the /v1 routes.
-UNVERSIONED_API_PATHS = frozenset({*SCORE_PATHS, *RERANK_PATHS})
+UNVERSIONED_API_PATHS = frozenset({*SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
 
 
 def _api_path(path: str) -> bool:
