@@ -71,17 +71,24 @@ class Invocations:
             raw = await Request(scope, receive).body()
         except ClientDisconnect:
             return
-        # Parsed off the event loop as every body (request_body.py); the chosen route parses it again, as it came
-        body = await asyncio.to_thread(parsed_body, raw or b"{}", _AnyObject)
         runner = self.state.runner
-        target = invocation_target((body.model_extra or {}).keys(), runner)
+        target = await asyncio.to_thread(_target, raw, runner)
         if target is None:
             answer = error_response(400, f"/invocations found no route for this body: this server takes "
                                          f"{_EXPECTED[runner]}")
             await answer(scope, receive, send)
             return
         path = scope.get("root_path", "") + target
-        await scope["app"].router({**scope, "path": path, "raw_path": path.encode()}, _replayed(raw, receive), send)
+        replay = _replayed(raw, receive)
+        del raw  # from here the body is held only until the chosen route has parsed it (request_body.py)
+        await scope["app"].router({**scope, "path": path, "raw_path": path.encode()}, replay, send)
+
+
+def _target(raw: bytes, runner: str) -> str | None:
+    """The route for body `raw` (blocking: parsed as every body is, off the event loop; a 400 for one that is not a
+    JSON object); the parsed body is dropped here, not held while the chosen route answers."""
+    body = parsed_body(raw or b"{}", _AnyObject)
+    return invocation_target((body.model_extra or {}).keys(), runner)
 
 
 def invocations_route(state: ServerState) -> Route:
@@ -90,16 +97,13 @@ def invocations_route(state: ServerState) -> Route:
 
 
 def _replayed(raw: bytes, receive: Receive) -> Receive:
-    """A receive that gives `raw` as the whole body first, then what `receive` gives (a disconnect, for the chosen
-    route's cancellation)."""
-    sent = False
+    """A receive that gives `raw` as the whole body first (and lets go of it), then what `receive` gives (a
+    disconnect, for the chosen route's cancellation)."""
+    held = [raw]
 
     async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
+        if held:
+            return {"type": "http.request", "body": held.pop(), "more_body": False}
         return await receive()
 
     return replay
-

@@ -7,6 +7,8 @@ import httpx
 import numpy as np
 import pytest
 
+from flotilla.engine.server.invocations import invocation_target
+
 from .conftest import API_KEY, start_tiny_server, stop_server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -92,3 +94,15 @@ def test_pooling_server_refusals(pooling_server, body, param, words):
     answer = post(pooling_server, "/invocations", body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param and words in answer.json()["error"]["message"], answer.text
+
+
+def test_the_keys_choose_as_vllms_order_of_types():
+    # vLLM tries chat before completions, and embeddings, rerank, score in that order; each needs the keys below.
+    assert invocation_target(["messages", "prompt"], "generate") == "/v1/chat/completions"
+    assert invocation_target(["prompt", "max_tokens"], "generate") == "/v1/completions"
+    assert invocation_target(["text_1", "text_2"], "generate") is None  # no scoring on a generate server
+    assert invocation_target(["query", "documents", "input"], "pooling") == "/v1/embeddings"
+    assert invocation_target(["query", "documents"], "pooling") == "/rerank"
+    assert invocation_target(["queries", "documents"], "pooling") == "/score"  # rerank takes one `query`
+    assert invocation_target(["data_1", "data_2", "top_n"], "pooling") == "/score"
+    assert invocation_target(["prompt"], "pooling") is None
