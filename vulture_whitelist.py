@@ -84,3 +84,8 @@ _.original_max_position_embeddings
 # handler threads (operator/main.py).
 _.connection_pool_maxsize
 _.max_workers
+# ScoreRequest's sides (engine/server/score.py): read by name through SCORE_SIDES.
+_.text_1
+_.text_2
+_.data_1
+_.data_2

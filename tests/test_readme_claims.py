@@ -12,17 +12,19 @@ README = (ROOT / "README.md").read_text()
 
 
 def _routes() -> set[str]:
-    """Every path the server's FastAPI apps declare (engine/server/*.py), `{model_id:path}` as `{id}`."""
+    """Every path the server's FastAPI apps declare (engine/server/*.py: decorators and Starlette `Route`s),
+    `{model_id:path}` as `{id}`."""
     declared = set()
     for source in sorted((ROOT / "engine" / "server").glob("*.py")):
         declared |= set(re.findall(r"@app\.(?:get|post|api_route)\(\"([^\"]+)\"", source.read_text()))
+        declared |= set(re.findall(r"\bRoute\(\"([^\"]+)\"", source.read_text()))  # an ASGI endpoint (invocations.py)
     return {re.sub(r"\{\w+(?::\w+)?\}", "{id}", route) for route in declared}
 
 
 def test_every_route_is_in_the_readme_and_every_route_it_names_exists():
     routes = _routes()
     sections = [README.split(f"\n## {title}\n")[1].split("\n## ")[0] for title in ("Server", "LoRA adapters")]
-    named = {p for text in sections for p in re.findall(r"`(?:GET |POST )?(/(?:v1/)?[a-z_]+(?:/[a-z_{}]+)*)`", text)}
+    named = {p for text in sections for p in re.findall(r"`(?:GET |POST )?(/(?:v[12]/)?[a-z_]+(?:/[a-z_{}]+)*)`", text)}
     assert sorted(named - routes) == []
     assert sorted(routes - named) == []
 

@@ -61,17 +61,18 @@ def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingPa
     return out
 
 
-def check_prompt(index: int, ids: list[int], max_len: int, vocab: int) -> None:
-    """Non-empty, at most the context length (nothing is generated after it), ids in the vocabulary."""
+def check_prompt(index: int, ids: list[int], max_len: int, vocab: int, param: str = "input") -> None:
+    """Non-empty, at most the context length (nothing is generated after it), ids in the vocabulary; errors name
+    the request field `param` (/score's `text_2`, /rerank's `documents`) and the index in it."""
     if not ids:
-        raise InvalidParamError(f"input {index} is empty", param="input")
+        raise InvalidParamError(f"{param} {index} is empty", param=param)
     if len(ids) > max_len:
-        raise InvalidParamError(f"This model's maximum context length is {max_len} tokens. However, input {index} has "
-                                f"{len(ids)} tokens. Please reduce the length of the input.", param="input")
+        raise InvalidParamError(f"This model's maximum context length is {max_len} tokens. However, {param} {index} "
+                                f"has {len(ids)} tokens. Please reduce the length of the input.", param=param)
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise InvalidParamError(f"input {index}: token id(s) {bad[:5]} are outside the vocabulary (size {vocab})",
-                                param="input")
+        raise InvalidParamError(f"{param} {index}: token id(s) {bad[:5]} are outside the vocabulary (size {vocab})",
+                                param=param)
 
 
 def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int | None = None,

@@ -21,10 +21,12 @@ from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
+from flotilla.engine.server.invocations import invocations_route
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from flotilla.engine.server.model_cards import model_card
+from flotilla.engine.server.pooling_route import add_pooling_route
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,6 +37,7 @@ from flotilla.engine.server.request_body import BodyParsedOffTheLoop
 from flotilla.engine.server.request_id_header import RequestIdHeader, checked_request_id
 from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
+from flotilla.engine.server.score import RERANK_PATHS, SCORE_PATHS, add_score_routes
 from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.server.tool_calls import plan_tools
 from flotilla.engine.serving_engine import ServingEngine
@@ -63,8 +66,9 @@ class ServerState:
     # vLLM's /load: generation and embedding requests in progress (counted with --enable-server-load-tracking)
     track_load: bool = False
     server_load: int = 0
-    # /v1 requests being answered (Gate counts them): the drain waits for these too, not only for engine
-    # requests (an embeddings list runs as engine calls; a reply may still be sending).
+    # API requests being answered (/v1 and the unversioned API routes: `_api_path`; Gate counts them): the drain
+    # waits for these too, not only for engine requests (an embeddings list runs as engine calls; a reply may still
+    # be sending).
     in_flight: int = 0
 
 
@@ -84,6 +88,9 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     _add_generation_routes(app, state)
     _add_token_routes(app, state)
     add_embedding_routes(app, state, _model, _cancel_on_disconnect)
+    add_score_routes(app, state, _model, _cancel_on_disconnect)
+    add_pooling_route(app, state, _model, _cancel_on_disconnect)
+    app.router.routes.append(invocations_route(state))
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     _add_middleware(app, state, config)
@@ -228,8 +235,9 @@ def _add_middleware(app: FastAPI, state: ServerState, config: ServerConfig) -> N
 
 
 class Gate:
-    """ASGI middleware in front of the routes: 503 on /v1 while draining, 401 without the API key (all but
-    `PUBLIC_PATHS`); counts the /v1 requests it lets through (`ServerState.in_flight`) until their answers are sent.
+    """ASGI middleware in front of the routes: 503 on API routes (`_api_path`) while draining, 401 without the API
+    key (all but `PUBLIC_PATHS`); counts the API requests it lets through (`ServerState.in_flight`) until their
+    answers are sent.
 
     Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware reads the body
     through a task group, which would wrap a body-limit error (413/408) into a generic 400.
@@ -240,7 +248,7 @@ class Gate:
         self.state = state
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Refuse /v1 requests while draining; without the key, every request but the public probes (as
+        """Refuse API requests while draining; without the key, every request but the public probes (as
         vLLM's `PUBLIC_ENDPOINTS`); pass everything else on."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -248,7 +256,7 @@ class Gate:
         # uvicorn's path includes --root-path (the ASGI rule); the routes and these checks are below it
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         refusal = None
-        if path.startswith("/v1") and self.state.draining:
+        if _api_path(path) and self.state.draining:
             refusal = error_response(503, "the server is shutting down; retry on another replica")
         elif (self.state.api_keys is not None and not _public(path)
               and not _authorised(Headers(scope=scope), self.state.api_keys)):
@@ -257,7 +265,7 @@ class Gate:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        if path.startswith("/v1"):
+        if _api_path(path):
             load = int(self.state.track_load and scope["method"] == "POST" and path in LOAD_AWARE_PATHS)
             self.state.in_flight += 1
             self.state.server_load += load
@@ -283,7 +291,16 @@ PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.j
 
 
 # The routes whose requests vLLM's /load counts (load_aware_call), as far as this server has them.
-LOAD_AWARE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses"})
+LOAD_AWARE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses",
+                              *SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
+
+# The API routes outside /v1 (vLLM's paths): refused while draining and counted in flight, as the /v1 routes.
+UNVERSIONED_API_PATHS = frozenset({*SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
+
+
+def _api_path(path: str) -> bool:
+    """Whether `path` is an API route (under /v1, or one of UNVERSIONED_API_PATHS) rather than a probe or /tokenize."""
+    return path.startswith("/v1") or path in UNVERSIONED_API_PATHS
 
 
 def _public(path: str) -> bool:

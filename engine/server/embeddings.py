@@ -106,8 +106,7 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
         check_prompt(i, ids, state.max_model_len, state.vocab_size)
     params = PoolingParams(dimensions=body.dimensions, normalize=_normalize(body))
     response_id = response_ids("embd", body.request_id)[0]
-    outputs = await (_logged_embed(state, prompts, params, body.cache_salt, response_id)
-                     if state.serving.log_requests else _embed(state, prompts, params, body.cache_salt))
+    outputs = await embed_in_calls(state, prompts, params, body.cache_salt, response_id)
     tokens = sum(o.num_prompt_tokens for o in outputs)
     return {
         "id": response_id,
@@ -118,6 +117,15 @@ async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: s
                  for i, o in enumerate(outputs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def embed_in_calls(state: ServerState, prompts: list[list[int]], params: PoolingParams, cache_salt: str | None,
+                         response_id: str) -> list[EmbeddingOutput]:
+    """Checked prompts' embeddings, in engine calls of at most `--max-model-len` tokens (the module docstring), logged
+    under `response_id` with --enable-log-requests; /score and /rerank embed their texts here too."""
+    if state.serving.log_requests:
+        return await _logged_embed(state, prompts, params, cache_salt, response_id)
+    return await _embed(state, prompts, params, cache_salt)
 
 
 async def _embed(state: ServerState, prompts: list[list[int]], params: PoolingParams,

@@ -170,6 +170,12 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+def parsed_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """`raw` parsed and validated as `model` as a route's body is (the same errors); blocking: call it on a worker
+    thread. /invocations reads a body's keys with it."""
+    return _parsed(raw, model)
+
+
 def _parsed(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """`raw` as the model, or FastAPI's RequestValidationError for it (blocking: call it on a worker thread)."""
     if len(raw) < GC_PAUSE_MIN_BYTES:  # too few containers to set a costly collection off

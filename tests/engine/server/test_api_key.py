@@ -145,6 +145,10 @@ def test_root_path_serves_the_api_behind_a_prefix_stripping_proxy_with_the_same_
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
     assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}, headers=key).status_code == 200
     assert httpx.get(f"{server.url}/openapi.json").json()["servers"] == [{"url": "/api"}]  # links under the prefix
+    # /invocations hands a body on to its route under the same prefix (the router matches below root_path)
+    assert httpx.post(f"{server.url}/invocations", json={"prompt": "Hi"}).status_code == 401
+    invoked = httpx.post(f"{server.url}/invocations", json={"prompt": "Hi", "max_tokens": 2}, headers=key, timeout=60)
+    assert invoked.status_code == 200 and invoked.json()["usage"]["completion_tokens"] == 2, invoked.text
 
 
 def test_load_counts_requests_in_progress_with_server_load_tracking(prefixed_server):

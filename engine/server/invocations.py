@@ -1,0 +1,109 @@
+"""POST /invocations: SageMaker's one inference route, which vLLM dispatches by the body's shape.
+
+vLLM tries its request types in order and takes the first the body validates as: on a generate model chat (a body
+with `messages`), then completions (`prompt`); on an embedding model embeddings (`input`, or `messages`), then rerank
+(`query` and `documents`), then score (`text_1`/`text_2` or another spelling of the two sides). Its request types
+require exactly those fields, so the same keys choose the route here (`invocation_target`); the body then goes to
+that route as it came, with its own parsing, checks and answer (a stream too). A body of no such shape is a 400
+naming what it may hold. One difference: vLLM moves on to the next type when a body fails a type's validation for
+any field (a chat body with a bad `temperature` ends in its "cannot find a handler"); here the route chosen by the
+keys answers, naming the bad field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import ClientDisconnect, Request
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from flotilla.engine.server.errors import error_response
+from flotilla.engine.server.request_body import parsed_body
+from flotilla.engine.server.score import SCORE_SIDES
+
+if TYPE_CHECKING:
+    from flotilla.engine.server.app import ServerState
+
+# (keys the body must all hold, the route that answers it) in vLLM's order, per runner.
+_ROUTES = {
+    "generate": ((("messages",), "/v1/chat/completions"), (("prompt",), "/v1/completions")),
+    "pooling": ((("input",), "/v1/embeddings"), (("messages",), "/v1/embeddings"), (("query", "documents"), "/rerank"),
+                # either side of a score (the other missing: /score's 400 says what to send)
+                *(((side,), "/score") for side in {name for pair in SCORE_SIDES for name in pair})),
+}
+
+_EXPECTED = {
+    "generate": "a chat body (messages) or a completions body (prompt)",
+    "pooling": "an embeddings body (input or messages), a rerank body (query and documents) or a score body (text_1 "
+               "and text_2)",
+}
+
+
+def invocation_target(keys: Iterable[str], runner: str) -> str | None:
+    """The route that answers a body of top-level `keys` on `runner`'s server, or None."""
+    present = set(keys)
+    for needed, path in _ROUTES[runner]:
+        if present.issuperset(needed):
+            return path
+    return None
+
+
+class _AnyObject(BaseModel):
+    """A JSON object of any keys (what /invocations reads of a body before choosing its route)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Invocations:
+    """The ASGI endpoint of /invocations (an object, not a function: Starlette hands an object the raw ASGI call):
+    hands the request to the route its body's keys choose."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read and parse the body, choose the route, and call the app's router with the request sent there."""
+        try:
+            raw = await Request(scope, receive).body()
+        except ClientDisconnect:
+            return
+        runner = self.state.runner
+        target = await asyncio.to_thread(_target, raw, runner)
+        if target is None:
+            answer = error_response(400, f"/invocations found no route for this body: this server takes "
+                                         f"{_EXPECTED[runner]}")
+            await answer(scope, receive, send)
+            return
+        path = scope.get("root_path", "") + target
+        replay = _replayed(raw, receive)
+        del raw  # from here the body is held only until the chosen route has parsed it (request_body.py)
+        await scope["app"].router({**scope, "path": path, "raw_path": path.encode()}, replay, send)
+
+
+def _target(raw: bytes, runner: str) -> str | None:
+    """The route for body `raw` (blocking: parsed as every body is, off the event loop; a 400 for one that is not a
+    JSON object); the parsed body is dropped here, not held while the chosen route answers."""
+    body = parsed_body(raw or b"{}", _AnyObject)
+    return invocation_target((body.model_extra or {}).keys(), runner)
+
+
+def invocations_route(state: ServerState) -> Route:
+    """The /invocations route (POST)."""
+    return Route("/invocations", Invocations(state), methods=["POST"])
+
+
+def _replayed(raw: bytes, receive: Receive) -> Receive:
+    """A receive that gives `raw` as the whole body first (and lets go of it), then what `receive` gives (a
+    disconnect, for the chosen route's cancellation)."""
+    held = [raw]
+
+    async def replay() -> Message:
+        if held:
+            return {"type": "http.request", "body": held.pop(), "more_body": False}
+        return await receive()
+
+    return replay

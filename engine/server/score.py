@@ -1,0 +1,215 @@
+"""POST /score, /v1/score, /rerank, /v1/rerank and /v2/rerank: vLLM's bi-encoder scoring on the pooling runner.
+
+Each text is embedded as /v1/embeddings embeds it (the same tokenization, truncation, checks and engine calls:
+embeddings.embed_in_calls), and a pair's score is the cosine similarity of its two embeddings, as vLLM scores a pair
+on an embedding model. The two sides pair as vLLM pairs them: 1 to 1, 1 to N (the one first text against every
+second text, embedded once) or N to N (index by index); any other shape is a 400. /rerank is the same score of one
+query against each document, in the Jina/Cohere shape, sorted by relevance.
+
+vLLM registers these routes only for pooling models, so a generate server answers them 404 (here with a message
+saying how to start a pooling one, where vLLM's is FastAPI's bare "Not Found").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from pydantic import Field
+
+from flotilla.engine.pooling.embed import check_prompt
+from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS, embed_in_calls
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.server.json_reply import json_response
+from flotilla.engine.server.protocol import _RequestBody
+from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
+from flotilla.engine.server.request_id_header import BodyRequestId, checked_request_id
+
+if TYPE_CHECKING:
+    from flotilla.engine.server.app import ServerState
+
+# Texts one request embeds, both sides together (1 to N embeds the one first text once): the embeddings cap, so a
+# score or rerank request costs at most what one /v1/embeddings request may.
+MAX_SCORE_TEXTS = MAX_EMBEDDING_INPUTS
+
+# vLLM's four spellings of a score request's two sides, in the order it tries them.
+SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+
+ScoreInputs = str | list[str]
+
+
+class _ScoringRequest(_RequestBody):
+    """What /score and /rerank share: vLLM's pooling extras, with /v1/embeddings' meanings and bounds."""
+
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    request_id: BodyRequestId | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
+    priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    # vLLM's switch for a classifier's activation; a cosine score is the same with or without normalised vectors
+    use_activation: bool | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+
+class ScoreRequest(_ScoringRequest):
+    """POST /score: `text_1` against `text_2` (or vLLM's other spellings of the two sides, SCORE_SIDES)."""
+
+    text_1: ScoreInputs | None = None
+    text_2: ScoreInputs | None = None
+    queries: ScoreInputs | None = None
+    documents: ScoreInputs | None = None
+    items: ScoreInputs | None = None
+    data_1: ScoreInputs | None = None
+    data_2: ScoreInputs | None = None
+
+    def sides(self) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+        """The two sides as (field name, texts), a lone string as a list of one; a 400 unless exactly one of
+        SCORE_SIDES' pairs is given."""
+        given = {name for pair in SCORE_SIDES for name in pair if getattr(self, name) is not None}
+        for first, second in SCORE_SIDES:
+            if given == {first, second}:
+                return (first, _listed(getattr(self, first))), (second, _listed(getattr(self, second)))
+        raise APIError(400, f"give text_1 and text_2 (or vLLM's queries with documents or items, or data_1 with "
+                            f"data_2), one pair of them; got {sorted(given) or 'none'}", param="text_1")
+
+
+class RerankRequest(_ScoringRequest):
+    """POST /rerank (Jina's and Cohere's shape): `query` against each of `documents`."""
+
+    query: str
+    documents: list[str]
+    top_n: int = Field(0, ge=0)  # 0: every document, as vLLM
+    return_documents: bool = True  # Jina's; vLLM always returns them
+
+
+def _listed(value: ScoreInputs) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+def check_pairing(first: tuple[str, list[str]], second: tuple[str, list[str]]) -> None:
+    """vLLM's pairing rule: neither side empty, and 1 to 1, 1 to N or N to N."""
+    for name, texts in (first, second):
+        if not texts:
+            raise APIError(400, f"{name} must not be empty: give at least one text", param=name)
+    (name_1, texts_1), (name_2, texts_2) = first, second
+    if len(texts_1) > 1 and len(texts_1) != len(texts_2):
+        raise APIError(400, f"{name_1} has {len(texts_1)} texts and {name_2} {len(texts_2)}: the sides pair 1 to 1, "
+                            f"1 to N or N to N", param=name_2)
+    if len(texts_1) + len(texts_2) > MAX_SCORE_TEXTS:  # before any text is tokenized
+        raise APIError(400, f"{name_1} and {name_2} list {len(texts_1) + len(texts_2)} texts together; at most "
+                            f"{MAX_SCORE_TEXTS} are embedded per request (send more requests)", param=name_2)
+
+
+def cosine_scores(first: list[list[float]], second: list[list[float]]) -> list[float]:
+    """The cosine similarity of each pair, `first` having one vector (scored against each of `second`) or as many as
+    `second`; a zero vector scores 0 (torch's cosine_similarity clamps its norm too)."""
+    a = np.asarray(first, dtype=np.float64)
+    b = np.asarray(second, dtype=np.float64)
+    norms = np.maximum(np.linalg.norm(a, axis=1), 1e-8) * np.maximum(np.linalg.norm(b, axis=1), 1e-8)
+    return ((a * b).sum(axis=1) / norms).tolist()
+
+
+async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
+                      second: tuple[str, list[str]], response_id: str) -> tuple[list[float], int]:
+    """(each pair's score, the tokens embedded): every text tokenized and checked before any is embedded, then the
+    two sides embedded in one list of engine calls."""
+    if state.runner != "pooling":  # before any text is read
+        raise APIError(404, SCORE_NEEDS_POOLING, param="model")
+    _refuse_unservable(body)
+    check_pairing(first, second)
+    prompts = []
+    for name, texts in (first, second):
+        for i, text in enumerate(texts):
+            ids = await state.serving.encode(text, add_special_tokens=True, param=name,
+                                             keep=body.truncate_prompt_tokens, side=body.truncation_side)
+            ids = truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left")
+            check_prompt(i, ids, state.max_model_len, state.vocab_size, param=name)
+            prompts.append(ids)
+    outputs = await embed_in_calls(state, prompts, PoolingParams(), body.cache_salt, response_id)
+    vectors = [o.embedding for o in outputs]
+    split = len(first[1])
+    return cosine_scores(vectors[:split], vectors[split:]), sum(o.num_prompt_tokens for o in outputs)
+
+
+# A generate server's answer on these routes: vLLM does not register them there (a 404).
+SCORE_NEEDS_POOLING = ("scoring and reranking are served by the pooling runner (an embedding model's cosine "
+                       "similarity); start the server with --runner pooling (or --task embed)")
+
+
+def _refuse_unservable(body: _ScoringRequest) -> None:
+    """400 naming a vLLM extra that cannot be honoured here, as /v1/embeddings refuses it."""
+    if body.mm_processor_kwargs:
+        raise APIError(400, "mm_processor_kwargs is not supported: this server scores text only (leave it out)",
+                       param="mm_processor_kwargs")
+    if body.priority != 0:
+        raise APIError(400, "priority is not supported here: the pooling pass runs between engine steps, outside the "
+                            "scheduler's queue that priority orders (leave it out, or 0)", param="priority")
+
+
+async def create_score(state: ServerState, body: ScoreRequest, model: str) -> dict[str, Any]:
+    """vLLM's score response: one `{"index", "object": "score", "score"}` per pair, in pair order."""
+    first, second = body.sides()
+    response_id = response_ids("score", body.request_id)[0]
+    scores, tokens = await score_texts(state, body, first, second, response_id)
+    return {
+        "id": response_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }
+
+
+async def create_rerank(state: ServerState, body: RerankRequest, model: str) -> dict[str, Any]:
+    """vLLM's rerank response: the documents by descending score (their request index in `index`), the first
+    `top_n` of them when it is set."""
+    response_id = response_ids("score", body.request_id)[0]
+    scores, tokens = await score_texts(state, body, ("query", [body.query]), ("documents", body.documents),
+                                       response_id)
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:body.top_n or None]
+    results: list[dict[str, Any]] = []
+    for i in order:
+        result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if body.return_documents:
+            result["document"] = {"text": body.documents[i]}
+        results.append(result)
+    return {"id": response_id, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results}
+
+
+SCORE_PATHS = ("/score", "/v1/score")
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+
+
+def add_score_routes(app: FastAPI, state: ServerState, model_of: Any, until_disconnect: Any) -> None:
+    """Register SCORE_PATHS and RERANK_PATHS; `model_of` and `until_disconnect` as for /v1/embeddings (app.py)."""
+
+    async def answer(work: Any, request: Request) -> Response:
+        result = await until_disconnect(work, request)
+        return await json_response(result) if isinstance(result, dict) else result
+
+    # Each path written out (not a loop over SCORE_PATHS): tests/test_readme_claims.py reads the declared routes.
+    @app.post("/score", response_model=None)
+    @app.post("/v1/score", response_model=None)
+    async def score(body: ScoreRequest, request: Request) -> Response:
+        body = _named_by_header(body, request)
+        return await answer(create_score(state, body, model_of(state, body.model)), request)
+
+    @app.post("/rerank", response_model=None)
+    @app.post("/v1/rerank", response_model=None)
+    @app.post("/v2/rerank", response_model=None)
+    async def rerank(body: RerankRequest, request: Request) -> Response:
+        body = _named_by_header(body, request)
+        return await answer(create_rerank(state, body, model_of(state, body.model)), request)
+
+
+def _named_by_header(body: Any, request: Request) -> Any:
+    """The body named by the X-Request-Id header when one is sent (the header wins, as on /v1/embeddings)."""
+    header = checked_request_id(request.headers)
+    return body if header is None else body.model_copy(update={"request_id": header})
