@@ -61,7 +61,7 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
-def wait_children(cluster, namespace: str, name: str, kinds: list[str], timeout: float = 20) -> dict[str, Any]:
+def wait_children(cluster, namespace: str, name: str, kinds: list[str], timeout: float = 60) -> dict[str, Any]:
     def present():
         objs = {kind: cluster.kube.get(child_path(kind, namespace, name)) for kind in kinds}
         return objs if all(objs.values()) else None
@@ -696,7 +696,7 @@ def test_the_resync_reaches_every_inferenceservice_past_one_it_cannot_reconcile(
     finally:
         operator_process.start()
     op.set_optional_crds(True)
-    wait_children(op, namespace, "b-good", ["ServiceMonitor"], timeout=30)
+    wait_children(op, namespace, "b-good", ["ServiceMonitor"], timeout=60)
 
 
 def test_the_reconciler_posts_events_outside_kopfs_handlers_as_the_resync_calls_it(cluster, namespace):
@@ -725,7 +725,7 @@ def test_what_the_resync_changes_is_announced_and_reaches_status(op, namespace):
     wait_for(lambda: (op.kube.get(fis_path(namespace, "late")).get("status") or {}).get("monitoring", "").startswith(
         "no ServiceMonitor"), 20, "status.monitoring without a ServiceMonitor")
     op.set_optional_crds(True)
-    wait_children(op, namespace, "late", ["ServiceMonitor"], timeout=30)
+    wait_children(op, namespace, "late", ["ServiceMonitor"], timeout=60)
     wait_for(lambda: [e for e in op.kube.list(f"/api/v1/namespaces/{namespace}/events")
                       if e["involvedObject"]["name"] == "late" and e["reason"] == "Created"
                       and e["message"] == "created ServiceMonitor late"], 30, "the resync's Created Event")
