@@ -40,6 +40,7 @@ def cache_bytes_from_env() -> int:
 
 CacheKey = tuple[str, str, bool]
 _SOURCE_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: ")
+_COMMENT = re.compile(r"(#|//).*$")
 
 
 class GrammarCompiler:
@@ -162,7 +163,15 @@ class GrammarCompiler:
             assert p.structural_tag is not None
             return xgr.Grammar.from_structural_tag(format_text(p.structural_tag))
         assert p.grammar is not None
-        return xgr.Grammar.from_ebnf(p.grammar)
+        return xgr.Grammar.from_lark(p.grammar) if is_lark(p.grammar) else xgr.Grammar.from_ebnf(p.grammar)
+
+
+def is_lark(grammar: str) -> bool:
+    """Whether a `grammar` constraint is written in Lark (`start: "a" b`), not EBNF (`root ::= "a" b`): as vLLM
+    tells them apart, a non-empty grammar none of whose lines defines a rule with `::=` outside a `#` or `//`
+    comment. xgrammar parses Lark itself (its `start` rule is the root; `%import common.*` terminals included)."""
+    lines = (_COMMENT.sub("", line) for line in grammar.splitlines())
+    return bool(grammar.strip()) and not any("::=" in line for line in lines)
 
 
 def _reason(exc: Exception) -> str:
