@@ -29,6 +29,13 @@ _SCHEMA_FORMATS = ("json_schema", "qwen_xml_parameter")
 def format_text(text: str) -> str:
     """The structural tag `text` (either form) as the newer form's JSON text; ValueError says what is wrong."""
     try:
+        return _format_text(text)
+    except RecursionError:  # JSON nested past Python's stack (xgrammar itself refuses formats past 100 levels)
+        raise ValueError("the structural tag is nested too deeply") from None
+
+
+def _format_text(text: str) -> str:
+    try:
         tag = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"the structural tag is not JSON: {exc}") from None

@@ -138,7 +138,8 @@ def test_a_bad_tag_is_a_400_that_names_the_problem(client, tag, reason):
 
 @pytest.mark.parametrize("tag, reason", [("{not json", "the structural tag is not JSON"),
                                          ("[1, 2]", "must be a JSON object"),
-                                         (7, "structured_outputs.structural_tag")])
+                                         (7, "structured_outputs.structural_tag"),
+                                         ('{"format": ' + "[" * 3000 + "]" * 3000 + "}", "nested too deeply")])
 def test_a_structural_tag_that_is_not_a_json_object_is_a_400(client, tag, reason):
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="tiny", prompt="x", max_tokens=5,
