@@ -22,6 +22,7 @@ from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_p
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
+from flotilla.engine.structured_output.config import with_reasoning_parser
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -30,6 +31,13 @@ class LLM:
     """Offline batched generation. `model=None` loads the embedded SmolLM2-135M-Instruct."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        """`engine_args` are `vllm serve`'s flags by their Python names (`max_model_len=...`), and vLLM's
+        `reasoning_parser`: with it, a constrained request that thinks is constrained only after its thinking, the
+        same setting as `structured_outputs_config={"reasoning_parser": ...}` (both given must agree)."""
+        parser = engine_args.pop("reasoning_parser", None)
+        if parser is not None:
+            engine_args["structured_outputs_config"] = with_reasoning_parser(
+                engine_args.get("structured_outputs_config"), parser)
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
         # A batch of distinct schemas is this caller's own work, not a flood: queue every compile it needs.
         self.engine.max_pending_compiles = None

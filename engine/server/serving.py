@@ -214,8 +214,10 @@ class OpenAIServing:
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.loras = loras  # served LoRA adapters (None: --enable-lora is off)
         self.reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
+        # qwen3's parser for a prompt that opened the thinking (its template wrote <think>): the output starts in it
+        self.reasoning_opened = ReasoningParser(reasoning_parser, opened=True) if reasoning_parser else None
         # The markers as token ids (None: not single tokens of this vocabulary): a prompt that ends the thinking
-        self.thinking = thinking_markers(tokenizer) if reasoning_parser else None
+        self.thinking = thinking_markers(tokenizer, reasoning_parser) if reasoning_parser else None
         # Whether the engine starts a thinking request's grammar after its </think> (not with enable_in_reasoning)
         self.grammar_after_thinking = grammar_after_thinking and self.thinking is not None
         self.enable_auto_tool_choice = enable_auto_tool_choice
@@ -616,11 +618,15 @@ class OpenAIServing:
         """The parser that splits a request's output into thinking and answer, None when it is all answer: a prompt
         that ended the thinking (its last marker is </think>: vLLM's prompt_is_reasoning_end), or a grammar that
         applies from the first token (--structured-outputs-config enable_in_reasoning, or a vocabulary without the
-        markers as tokens); a grammar otherwise starts after the thinking (structured_output/thinking.py)."""
+        markers as tokens); a grammar otherwise starts after the thinking (structured_output/thinking.py). A prompt
+        that opened the thinking (its last marker is <think>) gets a parser whose output starts inside it, as the
+        engine's grammar does (qwen3 on Qwen3.5's and Qwen3-Thinking-2507's templates, as vLLM's qwen3 parser)."""
         if self.reasoning is None or (self.thinking is not None and self.thinking.ended(prompt_ids)):
             return None
         if sp.structured_outputs is not None and not self.grammar_after_thinking:
             return None
+        if self.thinking is not None and self.thinking.opened(prompt_ids):
+            return self.reasoning_opened
         return self.reasoning
 
     def _chat_reply(self, req: ChatCompletionRequest, plan: ToolPlan, sp: SamplingParams, output: RequestOutput,

@@ -1,13 +1,14 @@
 """A request's structured-output fields -> StructuredOutputsParams.
 
 Three spellings reach the same constraint, as in vLLM: OpenAI's `response_format` (`json_object`,
-`json_schema`), vLLM's `structured_outputs` object, and its older `guided_json` / `guided_regex` /
-`guided_choice` / `guided_grammar` fields. A request may use one of them; an unknown type, a
+`json_schema`, and vLLM's `structural_tag`), vLLM's `structured_outputs` object, and its older `guided_json` /
+`guided_regex` / `guided_choice` / `guided_grammar` fields. A request may use one of them; an unknown type, a
 malformed object or two constraints at once is a 400 that names the field.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -50,7 +51,9 @@ def structured_outputs(req: Any) -> StructuredOutputsParams | None:
 
 
 def _from_response_format(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    """OpenAI's response_format: text (free), json_object, or json_schema with its `schema`."""
+    """OpenAI's response_format: text (free), json_object, or json_schema with its `schema`; or vLLM's
+    structural_tag, the whole object (either form, `structures` + `triggers` or `format`) as the tag's JSON
+    text, as vLLM passes it on (structured_output/structural_tag.py reads it)."""
     kind = response_format.get("type")
     if kind in (None, "text"):
         return None
@@ -63,5 +66,7 @@ def _from_response_format(response_format: dict[str, Any]) -> dict[str, Any] | N
             raise APIError(400, "response_format json_schema needs json_schema.schema, a JSON schema object",
                            param="response_format")
         return {"json": schema}
-    raise APIError(400, f"response_format type {kind!r} is not one of text, json_object, json_schema",
-                   param="response_format")
+    if kind == "structural_tag":
+        return {"structural_tag": json.dumps(response_format)}
+    raise APIError(400, f"response_format type {kind!r} is not one of text, json_object, json_schema, "
+                   "structural_tag", param="response_format")

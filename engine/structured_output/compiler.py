@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -22,6 +23,7 @@ import xgrammar as xgr
 
 from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.structured_output.params import StructuredOutputsParams
+from flotilla.engine.structured_output.structural_tag import format_text
 from flotilla.engine.structured_output.unenforced import find_unenforced
 
 # Distinct compiled grammars kept; most hold a per-state token cache of a few hundred KB at most.
@@ -37,6 +39,8 @@ def cache_bytes_from_env() -> int:
     return int(os.environ.get("VLLM_XGRAMMAR_CACHE_MB", CACHE_MB_DEFAULT)) * 1024 * 1024
 
 CacheKey = tuple[str, str, bool]
+_SOURCE_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: ")
+_COMMENT = re.compile(r"(#|//).*$")
 
 
 class GrammarCompiler:
@@ -155,16 +159,30 @@ class GrammarCompiler:
         if kind == "choice":
             assert p.choice is not None
             return xgr.Grammar.from_ebnf(choice_grammar(p.choice))
+        if kind == "structural_tag":
+            assert p.structural_tag is not None
+            return xgr.Grammar.from_structural_tag(format_text(p.structural_tag))
         assert p.grammar is not None
-        return xgr.Grammar.from_ebnf(p.grammar)
+        return xgr.Grammar.from_lark(p.grammar) if is_lark(p.grammar) else xgr.Grammar.from_ebnf(p.grammar)
+
+
+def is_lark(grammar: str) -> bool:
+    """Whether a `grammar` constraint is written in Lark (`start: "a" b`), not EBNF (`root ::= "a" b`): as vLLM
+    tells them apart, a non-empty grammar none of whose lines defines a rule with `::=` outside a `#` or `//`
+    comment. xgrammar parses Lark itself (its `start` rule is the root; `%import common.*` terminals included)."""
+    lines = (_COMMENT.sub("", line) for line in grammar.splitlines())
+    return bool(grammar.strip()) and not any("::=" in line for line in lines)
 
 
 def _reason(exc: Exception) -> str:
     """Why xgrammar refused a constraint: its message, or what is known to make it refuse without one."""
     # xgrammar 0.2.9's JSON reader raises RuntimeError('') on an integer past a double's range (1e309) anywhere in a
     # schema, `default` and `enum` included; the 400 said nothing after its opening.
-    return str(exc) or ("xgrammar refused it without a reason (it does so for an integer past a double's range, "
-                        "about 1.8e308, anywhere in a JSON schema)")
+    # Its C++ checks prefix the time and their source line ("[07:06:06] /project/cpp/json_schema_converter.cc:1727: "):
+    # the client gets the reason without them.
+    return _SOURCE_PREFIX.sub("", str(exc)).strip() or (
+        "xgrammar refused it without a reason (it does so for an integer past a double's range, about 1.8e308, "
+        "anywhere in a JSON schema)")
 
 
 def _allows_a_first_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:

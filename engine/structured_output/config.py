@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from flotilla.engine.json_flag import parse_json_flag
+
+ReasoningParserName = Literal["deepseek_r1", "qwen3"]
 
 
 class StructuredOutputsConfig(BaseModel):
@@ -39,7 +41,7 @@ class StructuredOutputsConfig(BaseModel):
     disable_any_whitespace: StrictBool = False
     compile_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     warm_up: StrictBool = True
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    reasoning_parser: ReasoningParserName | None = None
     enable_in_reasoning: StrictBool = False
 
 
@@ -48,3 +50,16 @@ def parse_structured_outputs_config(value: str | dict[str, Any] | None) -> Struc
     if value is None:
         return StructuredOutputsConfig()
     return parse_json_flag(value, "--structured-outputs-config", StructuredOutputsConfig)
+
+
+def with_reasoning_parser(value: str | dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """The flag's value (as `parse_structured_outputs_config` takes it) with `reasoning_parser` set to `name`: vLLM's
+    `LLM(reasoning_parser=...)` sets the same key as the server's `--reasoning-parser`. A ValueError names an unknown
+    parser, or one that differs from the value's own `reasoning_parser`."""
+    if name not in get_args(ReasoningParserName):
+        raise ValueError(f"reasoning_parser {name!r} is not one of {', '.join(get_args(ReasoningParserName))}")
+    config = parse_structured_outputs_config(value)
+    if config.reasoning_parser not in (None, name):
+        raise ValueError(f"reasoning_parser {name} and --structured-outputs-config's reasoning_parser "
+                         f"{config.reasoning_parser} differ")
+    return config.model_dump(exclude_unset=True) | {"reasoning_parser": name}

@@ -7,18 +7,21 @@ import logging
 import torch
 import xgrammar as xgr
 
+from flotilla.engine.structured_output.thinking import ThinkingMarkers
+
 logger = logging.getLogger(__name__)
 
 
 class RequestGrammar:
     """An xgrammar matcher for one completion (each of a request's `n` completions has its own)."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar, thinking_end: int | None = None) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, thinking: ThinkingMarkers | None = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self.num_accepted = 0  # output tokens the matcher has consumed (or passed over while thinking)
-        # The `</think>` id while the completion still thinks (thinking.py): until it comes, the matcher neither
-        # masks nor advances, and it starts at the token after it. None: constrained from the first output token.
-        self.thinking_end = thinking_end
+        # The reasoning parser's markers while the completion still thinks (thinking.py): until its `</think>` (or,
+        # qwen3, a call opening), the matcher neither masks nor advances, and it starts at the token after it.
+        # None: constrained from the first output token.
+        self.thinking = thinking
         # Set once a bitmask allowed no token, a stop token included: the grammar has no sentence that goes on
         # from the text so far (`root ::= "a" b` with `b ::= b`, after "a"). The request's fault: its next token
         # cannot fit, and the caller refuses the request (a check of the start state alone cannot see this).
@@ -27,7 +30,7 @@ class RequestGrammar:
     @property
     def constraining(self) -> bool:
         """False while the completion thinks: its next token is free."""
-        return self.thinking_end is None
+        return self.thinking is None
 
     @property
     def is_terminated(self) -> bool:
@@ -40,8 +43,8 @@ class RequestGrammar:
         False when a token breaks the grammar, which masked sampling rules out; a caller treats it
         as the request's error.
         """
-        if self.thinking_end is not None:
-            self._pass_thinking(tokens, self.thinking_end)
+        if self.thinking is not None:
+            self._pass_thinking(tokens, self.thinking)
         for token in tokens[self.num_accepted :]:
             if self._matcher.is_terminated():  # a token past the stop token (async scheduling): ignored
                 self.num_accepted += 1
@@ -54,14 +57,13 @@ class RequestGrammar:
             self.num_accepted += 1
         return True
 
-    def _pass_thinking(self, tokens: list[int], end_id: int) -> None:
-        """Pass over the thinking tokens not yet seen; at `</think>`, the grammar starts with the token after it."""
-        try:
-            end = tokens.index(end_id, self.num_accepted)
-        except ValueError:
+    def _pass_thinking(self, tokens: list[int], markers: ThinkingMarkers) -> None:
+        """Pass over the thinking tokens not yet seen; where the thinking ends, the grammar starts with the next."""
+        end = markers.end_in(tokens, self.num_accepted)
+        if end is None:
             self.num_accepted = len(tokens)
             return
-        self.num_accepted, self.thinking_end = end + 1, None
+        self.num_accepted, self.thinking = end + 1, None
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (a terminated grammar leaves it all-allowed:

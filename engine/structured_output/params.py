@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 if TYPE_CHECKING:
     from flotilla.engine.sampling_params import SamplingParams
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class StructuredOutputsParams(BaseModel):
     """Exactly one of: `json` (a JSON schema, as a dict or its text), `regex`, `choice` (the output is one
-    of these strings), `grammar` (EBNF, xgrammar's dialect of GBNF), `json_object` (any JSON object).
+    of these strings), `grammar` (EBNF, xgrammar's dialect of GBNF), `json_object` (any JSON object),
+    `structural_tag` (xgrammar's structural tag, as JSON text as vLLM takes it, or a dict: structural_tag.py).
 
     `disable_any_whitespace` keeps JSON compact (no free whitespace between tokens), which spares small
     models from looping on whitespace. Objects admit only the properties their schema names (xgrammar's
@@ -30,6 +31,7 @@ class StructuredOutputsParams(BaseModel):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
     disable_any_whitespace: bool = False
     # cache_key(), once made: it crosses the pipe to the engine core with the params (pydantic pickles private
     # attributes), so that a front end that made it off its event loop spares the step loop the work.
@@ -40,13 +42,20 @@ class StructuredOutputsParams(BaseModel):
     _checked: bool = PrivateAttr(False)
     _unenforced: str | None = PrivateAttr(None)
 
+    @field_validator("structural_tag", mode="before")
+    @classmethod
+    def _tag_as_text(cls, value: Any) -> Any:
+        """A structural tag given as an object (the Python API, or a request's `structured_outputs`) as its JSON
+        text, the form vLLM's field takes."""
+        return json.dumps(value) if isinstance(value, dict) else value
+
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsParams:
         given = [k for k in _KINDS if self._value(k) not in (None, False)]
         if len(given) != 1:
             named = ", ".join(given) if given else "none"
-            raise ValueError(f"structured outputs take exactly one of json, regex, choice, grammar, json_object "
-                             f"(given: {named})")
+            raise ValueError(f"structured outputs take exactly one of json, regex, choice, grammar, json_object, "
+                             f"structural_tag (given: {named})")
         if self.choice is not None and not self.choice:
             raise ValueError("structured outputs: choice must list at least one string")
         return self
@@ -56,7 +65,7 @@ class StructuredOutputsParams(BaseModel):
 
     @property
     def kind(self) -> str:
-        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        """Which constraint this is: json, regex, choice, grammar, json_object or structural_tag."""
         return next(k for k in _KINDS if self._value(k) not in (None, False))
 
     def cache_key(self) -> tuple[str, str, bool]:

@@ -179,7 +179,7 @@ def _grammar_waits_for(tokenizer: Any, config: StructuredOutputsConfig) -> Think
     `enable_in_reasoning`. A vocabulary without them as single tokens constrains from the first token (logged)."""
     if config.reasoning_parser is None or config.enable_in_reasoning:
         return None
-    markers = thinking_markers(tokenizer)
+    markers = thinking_markers(tokenizer, config.reasoning_parser)
     if markers is None:
         logger.warning("--reasoning-parser %s: <think> and </think> are not single tokens of this vocabulary, so "
                        "structured output is constrained from the first token (the thinking cannot run free)",
@@ -198,4 +198,4 @@ def attach_grammar(group: list[Request], compiled: xgr.CompiledGrammar | None,
 
     for child in group:
         thinks = thinking is not None and not thinking.ended(child.prompt_token_ids)
-        child.grammar = RequestGrammar(compiled, thinking.end_id if thinking is not None and thinks else None)
+        child.grammar = RequestGrammar(compiled, thinking if thinks else None)

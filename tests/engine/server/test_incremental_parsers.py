@@ -52,10 +52,26 @@ def _splits(text: str, seed: int) -> dict[str, list[str]]:
     return {"whole": [text], "chars": list(text) or [""], "random": pieces}
 
 
-@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
-@pytest.mark.parametrize("text", REASONING_TEXTS + _random_texts(60, seed=1))
-def test_reasoning_stream_sends_the_whole_texts_split_whatever_the_steps(name, text):
-    parser = ReasoningParser(name)
+# qwen3's call opening ends its thinking (<tool_call>, whitespace, <function= or <function ); pieces of one.
+_CALL_FRAGMENTS = ["<tool_call>", "<tool_", "<function=", "<function", "<func", " ", "\n", "x", END, START, "f>",
+                   " " * 9, "{"]
+REASONING_CALL_TEXTS = [
+    "<think>Let me check.<tool_call>\n<function=get_weather>\n</function>\n</tool_call>",
+    "Hmm <tool_call> is a tag.</think>\n\nAnswer.", "a<tool_call>\n" + " " * 20 + "<function=f>", "<tool_call>",
+    "x<tool_call>\n<func", "x<tool_call><tool_call><function name=\"f\">", "<think>a<tool_call>{\"name\": 1}</think>b",
+]
+
+
+def _random_call_texts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(_CALL_FRAGMENTS) for _ in range(rng.randint(1, 14))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("name, opened", [("deepseek_r1", False), ("qwen3", False), ("qwen3", True)])
+@pytest.mark.parametrize("text", REASONING_TEXTS + REASONING_CALL_TEXTS + _random_texts(60, seed=1)
+                         + _random_call_texts(60, seed=3))
+def test_reasoning_stream_sends_the_whole_texts_split_whatever_the_steps(name, opened, text):
+    parser = ReasoningParser(name, opened=opened)
     whole = parser.split(text)
     for how, pieces in _splits(text, seed=len(text)).items():
         stream = ReasoningStream(parser)
@@ -217,3 +233,25 @@ def test_responses_stream_reads_deltas_and_sends_the_same_items_whatever_the_ste
             thought = thinker.split(text).reasoning
             assert [i["content"][0]["text"] for i in outputs[0] if i["type"] == "reasoning"] == (
                 [thought] if thought else [])
+
+
+_XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("name, opened, text, reasoning, content", [
+    # qwen3: a call opening ends the thinking; the answer (the tool parser's text) starts at its <tool_call>
+    ("qwen3", False, "<think>Let me check.\n" + _XML_CALL, "Let me check.\n", _XML_CALL),
+    ("qwen3", True, "Let me check.\n" + _XML_CALL, "Let me check.\n", _XML_CALL),
+    ("qwen3", True, "A <tool_call> is a tag.\n" + _XML_CALL, "A <tool_call> is a tag.\n", _XML_CALL),
+    ("qwen3", True, "Mention <tool_call> only.</think>\n\nYes.", "Mention <tool_call> only.", "Yes."),
+    ("qwen3", True, 'JSON: <tool_call>\n{"name": "f"}', 'JSON: <tool_call>\n{"name": "f"}', None),  # not XML
+    ("qwen3", True, "Done.</think>\n\n" + _XML_CALL, "Done.", _XML_CALL),
+    # the prompt opened the thinking: the output is thinking until its end, as deepseek_r1's (vLLM's qwen3 parser)
+    ("qwen3", True, "Hmm.</think>\n\nYes.", "Hmm.", "Yes."),
+    ("qwen3", True, "Still thinking", "Still thinking", None),
+    ("qwen3", False, "No think tag: all answer", None, "No think tag: all answer"),
+    ("deepseek_r1", False, "Let me check.\n" + _XML_CALL, "Let me check.\n" + _XML_CALL, None),  # qwen3's rule alone
+])
+def test_qwen3_thinking_ends_at_a_call_opening(name, opened, text, reasoning, content):
+    split = ReasoningParser(name, opened=opened).split(text)
+    assert (split.reasoning, split.content) == (reasoning, content)

@@ -213,6 +213,39 @@ def test_the_offline_llm_waits_for_the_thinking_as_the_engine_rule(thinking_mode
         _valid(out.text)
 
 
+def test_the_offline_llms_reasoning_parser_argument_feeds_the_same_rule(thinking_model):
+    # vLLM's LLM(reasoning_parser=...), an engine argument there: the same gate as structured_outputs_config's key.
+    from flotilla.engine import LLM, SamplingParams, StructuredOutputsParams
+
+    path, end, word = thinking_model
+    llm = LLM(str(path), device="cpu", max_model_len=256, block_size=8, reasoning_parser="deepseek_r1",
+              structured_outputs_config='{"disable_any_whitespace": true}')
+    try:
+        assert llm.engine.config.structured_outputs.reasoning_parser == "deepseek_r1"
+        assert llm.engine.config.structured_outputs.disable_any_whitespace  # the config's own keys are kept
+        sp = SamplingParams(n=3, seed=7, temperature=1.0, max_tokens=64, logit_bias={word: 100, end: 99},
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+        [out] = llm.generate([llm.get_tokenizer().encode("Is the sky blue?<think>\n", add_special_tokens=False)], sp)
+    finally:
+        llm.engine.shutdown()
+    cuts = []
+    for choice in out.outputs:
+        ids = list(choice.token_ids)
+        cut = ids.index(end)  # the biased </think> was drawn: the grammar waited for the thinking's end
+        assert set(ids[:cut]) <= {word} and word not in ids[cut:]
+        _valid(choice.text[choice.text.index("</think>") + len("</think>") :])
+        cuts.append(cut)
+    assert max(cuts) > 0
+
+
+@pytest.mark.parametrize("config, reason", [({"reasoning_parser": "qwen3"}, "differ"), (None, "not one of")])
+def test_the_offline_llms_reasoning_parser_is_refused_when_it_disagrees_or_is_unknown(config, reason):
+    from flotilla.engine import LLM
+
+    with pytest.raises(ValueError, match=reason):  # before any model is loaded
+        LLM(reasoning_parser="deepseek_r1" if config else "deepseek", structured_outputs_config=config)
+
+
 def test_enable_in_reasoning_constrains_the_thinking_too(thinking_model):
     # vLLM's enable_in_reasoning: the grammar applies from the first token whatever the prompt.
     from flotilla.engine import LLM, SamplingParams, StructuredOutputsParams
