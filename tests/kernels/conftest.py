@@ -22,6 +22,13 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 # builders (kernel_cases.py) are imported by name, so this folder goes on it.
 sys.path.insert(0, str(Path(__file__).parent))
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from interpreter_patches import skip_nested_lang_patches
+
+    # The interpreter's nested `tl` re-patching is a third to a half of an interpreted launch's CPU time
+    # (see interpreter_patches.py); the kernels compute the same either way.
+    skip_nested_lang_patches()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu`-marked tests skip without CUDA."""
