@@ -270,3 +270,20 @@ def test_cuda_cached_prefix_extends_keep_greedy_tokens(tiny_dir):
     assert one_by_one(llm) == cpu
     assert llm.engine.block_manager.prefix_cache_hits > 0
     assert sum(1 for k in picked if k is not None and not k.decode and k.seqs == 1) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_compilation_config_capture_sizes_keep_greedy_tokens(tiny_dir):
+    """vLLM's `--compilation-config '{"cudagraph_capture_sizes": [...]}'` captures exactly those sizes (decode graphs up
+    to 4 rows, mixed graphs of 1-64 tokens): steps of more rows run eagerly beside replays of the small graphs, and a
+    batch of 12 prompts keeps the CPU reference's greedy tokens."""
+    prompts = _prompts(12, seed=7)
+    cpu = _greedy(LLM(str(tiny_dir), device="cpu", max_model_len=256, max_num_seqs=8), prompts)
+    llm = LLM(str(tiny_dir), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8,
+              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 64]}, gpu_memory_utilization=0.3)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and (graphs.decode_sizes, graphs.mixed_sizes) == ([1, 2, 4], [1, 2, 4, 64])
+    assert _greedy(llm, prompts) == cpu
+    # the last steps (the batch draining to 1-4 rows) replay the captured decode graphs
+    assert llm.engine.runner.last_step.graphed
