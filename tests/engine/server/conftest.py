@@ -242,6 +242,18 @@ def tool_server(embedded_model_dir, tmp_path_factory) -> Iterator[Server]:
     stop_server(s)
 
 
+@pytest.fixture(scope="session")
+def pooling_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny Qwen3 as `start_tiny_server` serves it with `--runner pooling` (shared by the embeddings, /score and
+    /rerank, /pooling and /invocations tests: one start per run, not one per module). Its tests leave nothing that
+    another reads as an absolute: prefix-cache hits and CPU time are compared before and after, and a test that
+    stops or drains a pooling server starts its own."""
+    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("pooling-server") / "server.log",
+                          "--runner", "pooling")
+    yield s
+    stop_server(s)
+
+
 @pytest.fixture
 def client(server):
     from openai import OpenAI

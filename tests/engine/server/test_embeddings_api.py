@@ -14,20 +14,12 @@ import torch
 
 from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS
 
-from .conftest import API_KEY, cpu_seconds, prefix_cache_hits_of, start_tiny_server, stop_server, wait_until_idle
+from .conftest import API_KEY, cpu_seconds, prefix_cache_hits_of, wait_until_idle
 
 openai = pytest.importorskip("openai")
 
 TEXTS = ["The harbour master counts the boats.", "lanterns", "Ein Schiff wird kommen"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def pooling_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("pooling") / "server.log",
-                          "--runner", "pooling")
-    yield s
-    stop_server(s)
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,10 @@ import pytest
 
 from flotilla.engine.server.invocations import invocation_target
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = {"messages": [{"role": "user", "content": "Name a harbour."}], "max_tokens": 4, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def pooling_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("invocations") / "server.log",
-                          "--runner", "pooling")
-    yield s
-    stop_server(s)
 
 
 def post(server, path: str, body, headers: dict | None = None) -> httpx.Response:

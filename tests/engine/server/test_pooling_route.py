@@ -9,18 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TEXTS = ["The harbour master counts the boats.", "lanterns"]
-
-
-@pytest.fixture(scope="module")
-def pooling_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("pooling-route") / "server.log",
-                          "--runner", "pooling")
-    yield s
-    stop_server(s)
 
 
 def post(server, path: str, body: dict, headers: dict | None = None) -> httpx.Response:

@@ -14,21 +14,13 @@ import torch
 
 from flotilla.engine.server.score import MAX_SCORE_TEXTS, RERANK_PATHS, SCORE_PATHS
 
-from .conftest import API_KEY, prefix_cache_hits_of, start_server, start_tiny_server, stop_server
+from .conftest import API_KEY, prefix_cache_hits_of, start_server, stop_server
 
 openai = pytest.importorskip("openai")
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 QUERY = "Where do the boats sleep?"
 DOCUMENTS = ["The harbour master counts the boats.", "lanterns", "Ein Schiff wird kommen", "boats sleep in the harbour"]
-
-
-@pytest.fixture(scope="module")
-def pooling_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("score") / "server.log",
-                          "--runner", "pooling")
-    yield s
-    stop_server(s)
 
 
 @pytest.fixture(scope="module")
