@@ -361,8 +361,8 @@ def rtn_settings(env: Mapping[str, str]) -> tuple[int, int | None]:
 def auto_tool_choice_problem(enabled: bool, parser: str | None, name_of: NameOf = flag_name) -> str | None:
     """Automatic tool choice parses the model's tool calls, so it needs the model family's parser."""
     if enabled and parser is None:
-        return (f"{name_of('enable_auto_tool_choice')} needs {name_of('tool_call_parser')} (hermes, llama3_json or "
-                "mistral)")
+        return (f"{name_of('enable_auto_tool_choice')} needs {name_of('tool_call_parser')} (hermes, llama3_json, "
+                "mistral or qwen3_coder)")
     return None
 
 

@@ -770,9 +770,9 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         None,
         "How tool calls are written in this model family's output (tool_choice auto): hermes (Qwen, Hermes), "
-        "llama3_json (Llama 3.x), mistral.",
+        "llama3_json (Llama 3.x), mistral, qwen3_coder (Qwen3-Coder, Qwen3.5: XML calls).",
         "server",
-        choices=("hermes", "llama3_json", "mistral"),
+        choices=("hermes", "llama3_json", "mistral", "qwen3_coder"),
     ),
     Flag(
         "--reasoning-parser",

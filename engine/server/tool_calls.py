@@ -100,7 +100,8 @@ def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None,
     if not auto_tool_choice or parser_name is None:
         raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                        param="tool_choice")
-    return ToolPlan("auto", tools, parser=tool_parser(parser_name), parallel=req.parallel_tool_calls is not False)
+    return ToolPlan("auto", tools, parser=tool_parser(parser_name, tools),
+                    parallel=req.parallel_tool_calls is not False)
 
 
 def _checked_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:

@@ -148,7 +148,7 @@ CORPUS: dict[str, tuple[str, dict[str, Any], str, str]] = {
                                                    '"xgrammar", not "x"'),
     "engine-auto-tool-choice-without-parser": ("bad", {"engineArgs": ["--enable-auto-tool-choice"]}, WEBHOOK,
                                                "--enable-auto-tool-choice needs --tool-call-parser (hermes, "
-                                               "llama3_json or mistral)"),
+                                               "llama3_json, mistral or qwen3_coder)"),
     "engine-structured-outputs-not-an-object": ("bad", {"engineArgs": ["--structured-outputs-config", "[1]"]},
                                                 WEBHOOK, "--structured-outputs-config must be a JSON object"),
     # 18.6: names that make invalid Service names or label values

@@ -47,6 +47,10 @@ class ToolParser:
     # The start marker is a special token that must survive detokenization (Mistral's [TOOL_CALLS]).
     keeps_special_tokens = False
 
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        # The request's tools: a format that writes arguments as text (qwen3_coder) types them by their schemas.
+        self.tools = tools or []
+
     def parse(self, text: str) -> ParsedOutput:
         """Content before the calls, and the calls; text that does not parse stays content."""
         index = self.call_start(text)

@@ -90,3 +90,92 @@ def test_a_call_named_by_a_non_string_or_with_non_object_arguments_stays_content
     text = _WRAPPED[name].replace("{}", call)
     parsed = tool_parser(name).parse(text)
     assert parsed.content == text and not parsed.tool_calls
+
+
+# qwen3_coder: Qwen3-Coder's and Qwen3.5's XML calls, their values typed by the request's tool schemas.
+_QWEN3_TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
+    "query": {"type": "string"}, "limit": {"type": "integer"}, "score": {"type": "number"},
+    "exact": {"type": "boolean"}, "filters": {"type": "object"}, "tags": {"type": "array"},
+    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "since": {"type": ["integer", "null"]},
+    "free": {"description": "no type"}}}}}]
+
+
+def _xml_call(name, params):
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def _qwen3(text, tools=_QWEN3_TOOLS):
+    parsed = tool_parser("qwen3_coder", tools).parse(text)
+    return parsed.content, [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
+
+
+def test_qwen3_coder_types_values_by_the_tool_schema():
+    text = "I'll search.\n" + _xml_call("search", [
+        ("query", "42"), ("limit", "5"), ("score", "2.5"), ("exact", "True"), ("filters", '{"lang": "en"}'),
+        ("tags", "['a', 'b']"), ("note", "None"), ("since", "null"), ("free", "[1, 2]")])
+    assert _qwen3(text) == ("I'll search.\n", [("search", {
+        "query": "42", "limit": 5, "score": 2.5, "exact": True, "filters": {"lang": "en"}, "tags": ["a", "b"],
+        "note": None, "since": None, "free": "[1, 2]"})])
+
+
+@pytest.mark.parametrize("param, value, expected", [
+    ("limit", "five", "five"),  # an integer that is no integer stays the text, as vLLM's
+    ("score", "3.0", 3),  # a number with no fraction is an integer
+    ("score", "1e999", "1e999"),  # no JSON number: the text
+    ("score", "nan", "nan"),
+    ("exact", "yes", False),  # a boolean is true only for `true` (any case)
+    ("filters", "{'k': 'v'}", {"k": "v"}),  # a Python literal where JSON fails
+    ("filters", "{1, 2}", "{1, 2}"),  # a set is no JSON: the text
+    ("filters", "[" * 100_000, "[" * 100_000),  # nested past the parsers' depth: the text, no crash
+    ("query", "null", "null"),  # a string keeps `null`, unless the schema admits null (note above)
+    ("limit", "None", None),
+    ("unknown", "7", "7"),  # a parameter the schema does not name stays the text
+])
+def test_qwen3_coder_value_conversion_edges(param, value, expected):
+    assert _qwen3(_xml_call("search", [(param, value)]))[1] == [("search", {param: expected})]
+
+
+def test_qwen3_coder_trims_one_newline_each_side_and_keeps_the_rest():
+    text = ("<tool_call>\n<function=search>\n<parameter=query>\n\n  two\nlines  \n\n</parameter>\n</function>\n"
+            "</tool_call>")
+    assert _qwen3(text)[1] == [("search", {"query": "\n  two\nlines  \n"})]
+    inline = "<tool_call><function=search><parameter=query>x</parameter></function></tool_call>"
+    assert _qwen3(inline)[1] == [("search", {"query": "x"})]
+
+
+def test_qwen3_coder_several_calls_unknown_tools_and_no_tools():
+    text = _xml_call("search", [("limit", "3")]) + "\n" + _xml_call("get_time", [("tz", "UTC"), ("n", "4")])
+    assert _qwen3(text) == (None, [("search", {"limit": 3}), ("get_time", {"tz": "UTC", "n": "4"})])
+    # Without the request's tools every value is text.
+    assert _qwen3(text, tools=None)[1] == [("search", {"limit": "3"}), ("get_time", {"tz": "UTC", "n": "4"})]
+    assert _qwen3(_xml_call("ping", []))[1] == [("ping", {})]
+
+
+def test_qwen3_coder_unfinished_output_still_calls():
+    # Generation stopped (EOS, max_tokens) before the closing tags: what was written is the call.
+    text = "<tool_call>\n<function=search>\n<parameter=query>\nrust\n</parameter>\n<parameter=limit>\n2"
+    assert _qwen3(text)[1] == [("search", {"query": "rust", "limit": 2})]
+    # A parameter left open ends where the next begins.
+    text = "<tool_call>\n<function=search>\n<parameter=query>\nrust\n<parameter=limit>\n2\n</parameter>\n</function>"
+    assert _qwen3(text)[1] == [("search", {"query": "rust", "limit": 2})]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n</tool_call>",  # no function in it
+    "<tool_call>\n<function={{ tool.name }}>\n</function>\n</tool_call>",  # an unrendered template is no name
+    "<tool_call>\n<function=>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=search",  # the name never ended
+    '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>',  # hermes' JSON is not this format
+])
+def test_qwen3_coder_blocks_without_a_function_stay_content(text):
+    assert _qwen3(text) == (text, [])
+
+
+def test_qwen3_coder_streamed_prefixes_hold_the_calls():
+    text = "Let me look.\n" + _xml_call("search", [("query", "a <b> c")])
+    parser = tool_parser("qwen3_coder", _QWEN3_TOOLS)
+    stream, sent = parser.stream(), ""
+    for ch in text:
+        sent += stream.feed(ch)
+    assert sent == "Let me look.\n" == parser.parse(stream.text).content
