@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from flotilla.compilation_config import compilation_problem
 from flotilla.engine.config import ConfigError, EngineConfig
 
 
@@ -14,3 +15,12 @@ def test_a_wrong_typed_hf_override_is_a_config_error_naming_the_flag(tiny_model_
     # no flag; the CLI turns a ConfigError into a usage error.
     with pytest.raises(ConfigError, match="--hf-overrides"):
         EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), hf_overrides=overrides)
+
+
+@pytest.mark.parametrize("value", [{"level": [3]}, {"mode": {}}, {"cudagraph_mode": ["FULL"]},
+                                   {"cudagraph_mode": {"FULL": 1}}])
+def test_an_unhashable_compilation_config_value_is_a_problem_not_a_type_error(value):
+    # Before: `item in LEVELS` / `item in REFUSED_MODES` raised "unhashable type" (a traceback from `flotilla serve
+    # -cc '{"level": [3]}'`, and from the operator's check of spec.engineArgs, which shares this function).
+    problem = compilation_problem(value)
+    assert problem is not None and problem.startswith("--compilation-config: ") and next(iter(value)) in problem
