@@ -326,9 +326,10 @@ class EngineConfig(_Component):
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
-        except (TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError) as exc:
             # config.json's own types are trusted; an override of the wrong type (a string for a count, a null for
-            # a length) failed deep inside the build, a traceback or a message that did not name the flag.
+            # a length, a number for rope_scaling) failed deep inside the build, a traceback or a message that did
+            # not name the flag.
             if isinstance(exc, ConfigError) or not values["hf_overrides"]:
                 raise
             raise ConfigError(f"--hf-overrides {json.dumps(values['hf_overrides'])}: config.json with these keys "

@@ -9,7 +9,8 @@ from flotilla.engine.config import ConfigError, EngineConfig
 
 
 @pytest.mark.parametrize("overrides", [{"num_hidden_layers": "2"}, {"max_position_embeddings": None},
-                                       {"max_position_embeddings": "big"}])
+                                       {"max_position_embeddings": "big"}, {"rope_scaling": 5},
+                                       {"rope_parameters": [1]}])
 def test_a_wrong_typed_hf_override_is_a_config_error_naming_the_flag(tiny_model_dirs, overrides):
     # Before: a TypeError traceback from the pipeline-split check, or a bare "invalid literal for int()" that named
     # no flag; the CLI turns a ConfigError into a usage error.
