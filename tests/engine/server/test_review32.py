@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from flotilla.compilation_config import compilation_problem
 from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.server.score import cosine_scores
 
 
 @pytest.mark.parametrize("overrides", [{"num_hidden_layers": "2"}, {"max_position_embeddings": None},
@@ -25,3 +27,15 @@ def test_an_unhashable_compilation_config_value_is_a_problem_not_a_type_error(va
     # -cc '{"level": [3]}'`, and from the operator's check of spec.engineArgs, which shares this function).
     problem = compilation_problem(value)
     assert problem is not None and problem.startswith("--compilation-config: ") and next(iter(value)) in problem
+
+
+def test_a_cosine_score_stays_in_minus_one_to_one():
+    # Before: a vector against itself (or its negation) scored 1.0000000000000002 (or below -1) for some vectors,
+    # outside the [-1, 1] docs/embeddings.md promises for /score and /rerank.
+    rng = np.random.default_rng(0)
+    vectors = [rng.standard_normal(64).astype(np.float32).tolist() for _ in range(200)]
+    negated = [[-x for x in v] for v in vectors]
+    same, opposite = cosine_scores(vectors, vectors), cosine_scores(vectors, negated)
+    assert max(same) <= 1.0 and min(opposite) >= -1.0
+    np.testing.assert_allclose(same, 1.0, atol=1e-12)
+    np.testing.assert_allclose(opposite, -1.0, atol=1e-12)
