@@ -8,6 +8,8 @@ import pytest
 from flotilla.compilation_config import compilation_problem
 from flotilla.engine.config import ConfigError, EngineConfig
 from flotilla.engine.server.score import cosine_scores
+from flotilla.operator.engine_args import unsupported
+from flotilla.operator.spec import InferenceServiceSpec
 
 
 @pytest.mark.parametrize("overrides", [{"num_hidden_layers": "2"}, {"max_position_embeddings": None},
@@ -39,3 +41,12 @@ def test_a_cosine_score_stays_in_minus_one_to_one():
     assert max(same) <= 1.0 and min(opposite) >= -1.0
     np.testing.assert_allclose(same, 1.0, atol=1e-12)
     np.testing.assert_allclose(opposite, -1.0, atol=1e-12)
+
+
+def test_the_operator_refuses_an_unhashable_compilation_config_in_engine_args():
+    # The operator checks spec.engineArgs with the same function: before, this InferenceService's check raised
+    # TypeError (unhashable type: 'list') instead of listing the problem.
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"},
+                                                "engineArgs": ["-cc", '{"level": [3]}']})
+    assert any(problem.startswith("--compilation-config: level [3] is not supported")
+               for problem in unsupported(spec, "x"))
