@@ -50,3 +50,13 @@ def test_the_operator_refuses_an_unhashable_compilation_config_in_engine_args():
                                                 "engineArgs": ["-cc", '{"level": [3]}']})
     assert any(problem.startswith("--compilation-config: level [3] is not supported")
                for problem in unsupported(spec, "x"))
+
+
+@pytest.mark.parametrize("dimensions", [5, "12", [8, "x"], [0]])
+def test_an_unreadable_matryoshka_dimensions_is_refused_at_start(tiny_model_dirs, dimensions):
+    # Before: the config was accepted and each /v1/embeddings request with `dimensions` was a 500 ("'int' object is
+    # not iterable"; "12" allowed sizes 1 and 2). Seen on `flotilla serve --runner pooling --hf-overrides
+    # '{"matryoshka_dimensions": 5}'` with {"input": "a", "dimensions": 4}.
+    with pytest.raises(ConfigError, match="matryoshka_dimensions must be a list of positive integers"):
+        EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3"]), runner="pooling",
+                                 hf_overrides={"matryoshka_dimensions": dimensions})
