@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.compilation_config import compilation_problem, graph_plan
 from flotilla.engine.block_hash import HashAlgo
+from flotilla.engine.pooling.params import matryoshka_problem
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
@@ -326,6 +327,14 @@ class EngineConfig(_Component):
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
+        except (AttributeError, TypeError, ValueError) as exc:
+            # config.json's own types are trusted; an override of the wrong type (a string for a count, a null for
+            # a length, a number for rope_scaling) failed deep inside the build, a traceback or a message that did
+            # not name the flag.
+            if isinstance(exc, ConfigError) or not values["hf_overrides"]:
+                raise
+            raise ConfigError(f"--hf-overrides {json.dumps(values['hf_overrides'])}: config.json with these keys "
+                              f"cannot be built ({exc}); give each key the JSON type config.json gives it") from None
 
 
 ENGINE_COMPONENTS = ("model", "cache", "scheduler", "parallel", "device", "lora", "speculative", "structured_outputs")
@@ -436,6 +445,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
             (problem := draft_architecture_problem(Path(speculative.model))):
         raise ConfigError(problem)
     if problem := compilation_problem(v["compilation_config"], v["max_cudagraph_capture_size"], v["max_num_seqs"]):
+        raise ConfigError(problem)
+    if problem := matryoshka_problem(hf_config):
         raise ConfigError(problem)
     graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
                         v["max_cudagraph_capture_size"])

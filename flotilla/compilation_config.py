@@ -57,12 +57,12 @@ def _key_problem(key: str, item: Any) -> str | None:
         if not _is_int(item) or item < 1:
             return f"{FLAG}: {key} must be an integer >= 1, not {json.dumps(item)}"
     elif key == "cudagraph_mode":
-        if item in REFUSED_MODES:
+        if isinstance(item, str) and item in REFUSED_MODES:  # a list or object is unhashable: the message below
             return f"{FLAG}: cudagraph_mode {item} is not supported: {REFUSED_MODES[item]}"
-        if item not in GRAPH_MODES:
+        if not isinstance(item, str) or item not in GRAPH_MODES:
             return f"{FLAG}: cudagraph_mode must be one of {', '.join([*GRAPH_MODES, *REFUSED_MODES])}, not " \
                    f"{json.dumps(item)}"
-    elif item not in LEVELS or not _is_int(item):  # level, mode
+    elif not _is_int(item) or item not in LEVELS:  # level, mode (an int first: a list or object is unhashable)
         return (f"{FLAG}: {key} {json.dumps(item)} is not supported: 0 (no compilation, no CUDA graphs) or 3 (vLLM's "
                 "compilation and graphs; here the engine's graphs) are; 1 and 2 compile without graphs, and nothing "
                 "is compiled here")

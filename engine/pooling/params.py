@@ -29,6 +29,16 @@ def matryoshka_dimensions(hf_config: dict[str, Any]) -> list[int] | None:
     return [] if hf_config.get("is_matryoshka") else None
 
 
+def matryoshka_problem(hf_config: dict[str, Any]) -> str | None:
+    """Why config.json's (or --hf-overrides') `matryoshka_dimensions` cannot be read, or None: a request asking for
+    `dimensions` on such a model was a 500 (`'int' object is not iterable`), and a string was read digit by digit."""
+    listed = hf_config.get("matryoshka_dimensions")
+    if listed is None or (isinstance(listed, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                           for d in listed)):
+        return None
+    return f"matryoshka_dimensions must be a list of positive integers (config.json or --hf-overrides), not {listed!r}"
+
+
 def check_dimensions(params: PoolingParams, hf_config: dict[str, Any]) -> None:
     """Refuse a `dimensions` the model does not allow (InvalidParamError -> 400 on the server)."""
     dims = params.dimensions

@@ -107,11 +107,12 @@ def check_pairing(first: tuple[str, list[str]], second: tuple[str, list[str]]) -
 
 def cosine_scores(first: list[list[float]], second: list[list[float]]) -> list[float]:
     """The cosine similarity of each pair, `first` having one vector (scored against each of `second`) or as many as
-    `second`; a zero vector scores 0 (torch's cosine_similarity clamps its norm too)."""
+    `second`; a zero vector scores 0 (torch's cosine_similarity clamps its norm too). Clipped to [-1, 1]: rounding
+    put a text against itself at 1.0000000000000002, outside the range a client may check."""
     a = np.asarray(first, dtype=np.float64)
     b = np.asarray(second, dtype=np.float64)
     norms = np.maximum(np.linalg.norm(a, axis=1), 1e-8) * np.maximum(np.linalg.norm(b, axis=1), 1e-8)
-    return ((a * b).sum(axis=1) / norms).tolist()
+    return np.clip((a * b).sum(axis=1) / norms, -1.0, 1.0).tolist()
 
 
 async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
