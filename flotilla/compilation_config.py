@@ -28,6 +28,8 @@ REFUSED_MODES = {
 # level / mode: 0 compiles nothing and captures no graphs; 3 is vLLM's compilation with its graphs (the default).
 # 1 and 2 are torch.compile without vLLM's graphs: nothing here maps onto them.
 LEVELS = {0: False, 3: True}
+# vLLM's CompilationMode names, which `mode` takes as well as the numbers (case-insensitive, as vLLM's validator).
+MODE_NAMES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
 KEYS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size", "max_capture_size", "cudagraph_mode", "level",
         "mode")
 
@@ -44,6 +46,17 @@ class GraphPlan:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _normalized(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` with vLLM's spellings made canonical: cudagraph_mode in any case ("full"), mode by name
+    ("VLLM_COMPILE"); vLLM's validators read both so. Anything else stays as given (for the checks to name)."""
+    out = dict(value)
+    if isinstance(out.get("cudagraph_mode"), str):
+        out["cudagraph_mode"] = out["cudagraph_mode"].upper()
+    if isinstance(out.get("mode"), str) and out["mode"].upper() in MODE_NAMES:
+        out["mode"] = MODE_NAMES[out["mode"].upper()]
+    return out
 
 
 def _key_problem(key: str, item: Any) -> str | None:
@@ -76,6 +89,7 @@ def compilation_problem(value: Any, max_capture_flag: int | None = None, max_num
         return None
     if not isinstance(value, dict):
         return f"{FLAG} must be a JSON object"
+    value = _normalized(value)
     for key, item in value.items():
         if problem := _key_problem(key, item):
             return problem
@@ -98,7 +112,7 @@ def graph_plan(value: dict[str, Any] | None, optimization_level: int | None, enf
                max_capture_flag: int | None) -> GraphPlan:
     """The CUDA graphs asked for (a value `compilation_problem` accepts). As vLLM: --enforce-eager means none; a key
     the user set wins over the optimization level's default (-O0: none; -O1 to -O3: graphs)."""
-    value = value or {}
+    value = _normalized(value or {})
     if "cudagraph_mode" in value:
         graphs = GRAPH_MODES[value["cudagraph_mode"]]
     elif "mode" in value or "level" in value:

@@ -27,6 +27,11 @@ def _config(model, *argv: str) -> EngineConfig:
     (("--compilation-config", '{"level": 0}'), True),
     (("--compilation-config", '{"mode": 3}'), False),
     (("-O0", "-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'), False),  # a key set wins over the level's default
+    # vLLM's validators take cudagraph_mode in any case and mode by its CompilationMode name
+    (("-cc", '{"cudagraph_mode": "none"}'), True),
+    (("-O0", "-cc", '{"cudagraph_mode": "full"}'), False),
+    (("-cc", '{"mode": "none"}'), True),
+    (("-O0", "-cc", '{"mode": "VLLM_COMPILE"}'), False),
 ])
 def test_graphs_are_off_exactly_where_vllm_turns_them_off(tiny_model_dirs, argv, eager):
     assert _config(tiny_model_dirs["llama"], *argv).model.enforce_eager is eager
@@ -59,8 +64,11 @@ def test_max_cudagraph_capture_size_as_a_key_is_the_flag(tiny_model_dirs):
                                           "cudagraph_mode, level, mode): nothing is compiled with torch.compile here"),
     (("-cc", '{"cudagraph_mode": "PIECEWISE"}'), "--compilation-config: cudagraph_mode PIECEWISE is not supported: "
                                                   "graphs here capture whole steps"),
-    (("-cc", '{"cudagraph_mode": "full"}'), "--compilation-config: cudagraph_mode must be one of NONE, FULL, "
-                                             "FULL_AND_PIECEWISE, PIECEWISE, FULL_DECODE_ONLY, not \"full\""),
+    (("-cc", '{"cudagraph_mode": "partial"}'), "--compilation-config: cudagraph_mode must be one of NONE, FULL, "
+                                                "FULL_AND_PIECEWISE, PIECEWISE, FULL_DECODE_ONLY, not \"PARTIAL\""),
+    (("-cc", '{"cudagraph_mode": "piecewise"}'), "--compilation-config: cudagraph_mode PIECEWISE is not supported"),
+    (("-cc", '{"mode": "stock_torch_compile"}'), "--compilation-config: mode 1 is not supported"),
+    (("-cc", '{"mode": "FAST"}'), "--compilation-config: mode \"FAST\" is not supported"),
     (("-cc", '{"level": 1}'), "--compilation-config: level 1 is not supported: 0 (no compilation, no CUDA graphs) "
                               "or 3"),
     (("-cc", '{"cudagraph_capture_sizes": [1, 0]}'), "--compilation-config: cudagraph_capture_sizes must be a "
