@@ -165,6 +165,8 @@ def resync_once(reconciler: Reconciler, namespaces: list[str], concurrency: int 
     if stop is None:
         stop = threading.Event()
     workers_n = min(max(concurrency, 1), len(keys))
+    if not keys:  # an operator with nothing to serve says nothing every period
+        return
     log.info(f"resync: reconciling {len(keys)} InferenceServices, {workers_n} at a time")
 
     def work() -> None:

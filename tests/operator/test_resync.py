@@ -148,3 +148,14 @@ def test_the_operator_takes_a_resync_concurrency_of_one_or_more(capsys):
         with pytest.raises(SystemExit):
             parse_args(["--resync-concurrency", bad])
     assert "--resync-concurrency" in capsys.readouterr().err
+
+
+def test_a_resync_with_nothing_to_reconcile_logs_nothing(cluster, namespace, caplog):
+    """An operator watching namespaces with no InferenceService says nothing each period (review32 saw "resync:
+    reconciling 0 InferenceServices, 0 at a time" at INFO every minute)."""
+    caplog.set_level("INFO", logger="flotilla.operator.handlers")
+    resync_once(CountingReconciler(cluster.kube), [namespace], 2)
+    assert "resync" not in caplog.text, caplog.text
+    _apply(cluster, namespace, ["one"])
+    resync_once(reconciler := CountingReconciler(cluster.kube), [namespace], 2)
+    assert reconciler.done == {"one"} and "resync: reconciling 1 InferenceServices, 1 at a time" in caplog.text
