@@ -170,7 +170,7 @@ async def create_score(state: ServerState, body: ScoreRequest, model: str) -> di
 async def create_rerank(state: ServerState, body: RerankRequest, model: str) -> dict[str, Any]:
     """vLLM's rerank response: the documents by descending score (their request index in `index`), the first
     `top_n` of them when it is set."""
-    response_id = response_ids("score", body.request_id)[0]
+    response_id = response_ids("rerank", body.request_id)[0]
     scores, tokens = await score_texts(state, body, ("query", [body.query]), ("documents", body.documents),
                                        response_id)
     order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:body.top_n or None]

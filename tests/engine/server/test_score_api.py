@@ -121,7 +121,7 @@ def test_rerank_sorts_the_documents_by_their_scores(pooling_server, path):
     assert [r["index"] for r in body["results"]] == order
     np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], [scores[i] for i in order], atol=1e-6)
     assert [r["document"] for r in body["results"]] == [{"text": DOCUMENTS[i]} for i in order]
-    assert body["model"] == "tiny" and body["id"].startswith("score-")
+    assert body["model"] == "tiny" and body["id"].startswith("rerank-")  # vLLM names rerank replies rerank-
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
 
 
@@ -149,7 +149,7 @@ def test_request_id_names_the_response_and_the_header_wins(pooling_server):
     assert named.json()["id"] == "score-batch-7"
     header = post(pooling_server, "/rerank", {"query": "a", "documents": ["b"], "request_id": "x"},
                   headers={**HEADERS, "X-Request-Id": "from-header"})
-    assert header.json()["id"] == "score-from-header"
+    assert header.json()["id"] == "rerank-from-header"
 
 
 def test_a_repeated_score_hits_the_prefix_cache_as_embeddings_do(pooling_server):
