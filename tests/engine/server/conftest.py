@@ -12,11 +12,31 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 API_KEY = "test-key-0123456789"
+
+
+def tiny_llama_with_markers(embedded_model_dir: Path, path: Path, markers: Sequence[str], seed: int) -> Any:
+    """Save into `path` a tiny random Llama with the embedded model's tokenizer plus `markers` as added tokens (not
+    special: they stay in the text, as Qwen3's `<think>` and `<tool_call>`); return that tokenizer, for the markers'
+    ids. The reasoning and tool-call server tests steer such a model with logit_bias."""
+    import torch
+    from tokenizers import AddedToken
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    tokenizer.add_tokens([AddedToken(m, special=False) for m in markers])
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return tokenizer
 
 
 @dataclass

@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY, start_tiny_server, stop_server, tiny_llama_with_markers
 
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
           "additionalProperties": False}
@@ -33,19 +33,8 @@ BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 def tag_model(embedded_model_dir, tmp_path_factory):
     """A tiny random Llama with the embedded tokenizer plus `<tool_call>` and `</tool_call>` (added, not special),
     and the logit_bias that steers it (see the module's docstring)."""
-    import torch
-    from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
-    tokenizer.add_tokens([AddedToken("<tool_call>", special=False), AddedToken("</tool_call>", special=False)])
-    torch.manual_seed(32)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     path = tmp_path_factory.mktemp("structural-tag-model")
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    tokenizer = tiny_llama_with_markers(embedded_model_dir, path, ("<tool_call>", "</tool_call>"), seed=32)
     spaces = [i for i in range(len(tokenizer)) if tokenizer.decode([i]) and not tokenizer.decode([i]).strip()]
     bias = {str(i): -100 for i in spaces} | {str(tokenizer.convert_tokens_to_ids("<tool_call>")): 100}
     return path, bias

@@ -14,7 +14,7 @@ import json
 import pytest
 from openai import OpenAI
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY, start_tiny_server, stop_server, tiny_llama_with_markers
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
           "additionalProperties": False}
@@ -30,19 +30,8 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|i
 def thinking_model(embedded_model_dir, tmp_path_factory):
     """A tiny random Llama with the embedded tokenizer plus `<think>` and `</think>` (added, not special: they stay
     in the text, as Qwen3's), and the ids of the markers and of the steering word."""
-    import torch
-    from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
-    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
-    torch.manual_seed(31)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     path = tmp_path_factory.mktemp("thinking-model")
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    tokenizer = tiny_llama_with_markers(embedded_model_dir, path, ("<think>", "</think>"), seed=31)
     (path / "template.jinja").write_text(TEMPLATE)
     [word] = tokenizer.encode("maybe", add_special_tokens=False)
     return path, tokenizer.convert_tokens_to_ids("</think>"), word
