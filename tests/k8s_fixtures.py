@@ -226,8 +226,20 @@ class Cluster:
             if present:
                 self.apply_crd(_schemaless_crd(name), touch)
             else:
-                self.kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                wait_for(lambda g=f"{group}/{version}": not self.served(g), 60, f"{group}/{version} to go away")
+                self._remove_crd(name, f"{group}/{version}")
+
+    def _remove_crd(self, name: str, group_version: str) -> None:
+        """Delete a CRD and wait until its group/version is no longer served. The apiserver first deletes every
+        object of the kind, those in the namespaces that earlier tests left terminating too: late in a whole run on
+        2 cores that took over 60 s (session 32's CI check), so the wait is long and its failure says what held."""
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        self.kube.delete(path)
+        try:
+            wait_for(lambda: not self.served(group_version), 240, f"{group_version} to go away")
+        except AssertionError as e:
+            crd = self.kube.get(path) or {}
+            held = (crd.get("status") or {}).get("conditions")
+            raise AssertionError(f"{e}; the CRD's conditions: {held}") from None
 
 
 def token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
