@@ -39,6 +39,16 @@ def tiny_llama_with_markers(embedded_model_dir: Path, path: Path, markers: Seque
     return tokenizer
 
 
+def streamed_reasoning_and_content(stream: Any, n: int) -> tuple[list[str], list[str]]:
+    """The reasoning and the content each of a streamed chat completion's `n` choices sent, joined."""
+    reasoning, content = [""] * n, [""] * n
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning[choice.index] += choice.delta.model_extra.get("reasoning") or ""
+            content[choice.index] += choice.delta.content or ""
+    return reasoning, content
+
+
 @dataclass
 class Server:
     """A running server: where it listens and how to reach it."""

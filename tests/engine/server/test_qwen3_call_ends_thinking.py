@@ -17,7 +17,7 @@ import re
 import pytest
 from openai import OpenAI
 
-from .conftest import API_KEY, start_tiny_server, stop_server, tiny_llama_with_markers
+from .conftest import API_KEY, start_tiny_server, stop_server, streamed_reasoning_and_content, tiny_llama_with_markers
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
           "additionalProperties": False}
@@ -91,11 +91,7 @@ def test_a_streamed_reply_splits_at_the_call_opening_too(client, qwen_model):
     stream = client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=RESPONSE_FORMAT,
                                             n=3, seed=11, temperature=1.0, max_tokens=64, stream=True,
                                             logit_bias=_call_bias(ids))
-    reasoning, content = ["", "", ""], ["", "", ""]
-    for chunk in stream:
-        for choice in chunk.choices:
-            reasoning[choice.index] += choice.delta.model_extra.get("reasoning") or ""
-            content[choice.index] += choice.delta.content or ""
+    reasoning, content = streamed_reasoning_and_content(stream, 3)
     for thought, answer in zip(reasoning, content, strict=True):
         assert re.fullmatch("(<tool_call>|<function=)*", thought), thought
         assert answer.startswith("<tool_call><function=")

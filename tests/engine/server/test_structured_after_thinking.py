@@ -14,7 +14,7 @@ import json
 import pytest
 from openai import OpenAI
 
-from .conftest import API_KEY, start_tiny_server, stop_server, tiny_llama_with_markers
+from .conftest import API_KEY, start_tiny_server, stop_server, streamed_reasoning_and_content, tiny_llama_with_markers
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
           "additionalProperties": False}
@@ -80,11 +80,7 @@ def test_a_streamed_reply_sends_the_thinking_then_the_valid_json(client, thinkin
     stream = client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=RESPONSE_FORMAT,
                                             n=3, seed=11, temperature=1.0, max_tokens=64, stream=True,
                                             logit_bias=_bias(thinking_model))
-    reasoning, content = ["", "", ""], ["", "", ""]
-    for chunk in stream:
-        for choice in chunk.choices:
-            reasoning[choice.index] += choice.delta.model_extra.get("reasoning") or ""
-            content[choice.index] += choice.delta.content or ""
+    reasoning, content = streamed_reasoning_and_content(stream, 3)
     for thought, answer in zip(reasoning, content, strict=True):
         assert thought == "maybe" * (len(thought) // 5)
         _valid(answer)
