@@ -18,15 +18,10 @@ import pytest
 from openai import OpenAI
 
 from .conftest import API_KEY, start_tiny_server, stop_server, streamed_reasoning_and_content, tiny_llama_with_markers
+from .test_structured_after_thinking import MESSAGES, RESPONSE_FORMAT, TEMPLATE
 
-SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
-          "additionalProperties": False}
-RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
-MESSAGES = [{"role": "user", "content": "Is the sky blue?"}]
-# Qwen3.5's template shape: the prompt opens <think>; enable_thinking false writes an empty, closed one.
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-            "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-            "{% else %}<think>\n{% endif %}")
+# The verdict schema, the question and Qwen3.5's template shape (the prompt opens <think>; enable_thinking false
+# writes an empty, closed one) are the deepseek_r1 module's.
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<function=")
 
 
