@@ -295,10 +295,10 @@ def _skinny_gemm_takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = Fals
         return False
     from flotilla.kernels.triton_skinny_gemm import cublas_preferred, measured, supported
 
-    m, n_rows, k = x.shape[0], weight.shape[0], x.shape[1]
-    if not supported(x, weight, gated) or cublas_preferred(m, n_rows, k, gated):
+    m, n_rows, k, card = x.shape[0], weight.shape[0], x.shape[1], device_card(x)
+    if not supported(x, weight, gated) or cublas_preferred(m, n_rows, k, gated, card):
         return False
-    return SKINNY_GEMM_MODE == "all" or measured(m, n_rows, k, gated)
+    return SKINNY_GEMM_MODE == "all" or measured(m, n_rows, k, gated, card)
 
 
 def linear(

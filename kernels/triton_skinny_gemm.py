@@ -30,7 +30,8 @@ projection to the output dtype first), so the SiLU kernel and the `[M, 2N]` inte
 Every choice is made from shapes alone, never from tensor values: a call never syncs with the host and
 can be captured in a CUDA graph. `default_config` is a lead; bench/skinny_gemm.py times a grid of
 configurations per projection shape on the H200 and prints the winners in the form
-FLOTILLA_SKINNY_GEMM_CONFIGS reads (`parse_configs`).
+FLOTILLA_SKINNY_GEMM_CONFIGS reads (`parse_configs`); bench/tile_sweep.py --family skinny32 chooses the 32-row
+tiles inside the engine (a cached-prefix extend's graph replayed) and prints a card's `MEASURED_CONFIGS` entry.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
+from flotilla.kernels.card_tables import DEFAULT, H200, device_card, for_card
 from flotilla.kernels.launch_knobs import KnobSyntax, parse_shape
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_activation import silu_mul
@@ -115,7 +117,7 @@ def config_key(n_rows: int, k: int, bm: int, gated: bool) -> str:
 # batch tile, the fastest configuration where it beat cuBLAS, `cublas` where cuBLAS was faster (M = 128 on
 # qkv / o / down / LM head; plain gate_up at 32). At M = 64, us (cuBLAS -> skinny): qkv 16.41 -> 15.98,
 # o 12.21 -> 11.89, gate_up + SiLU 63.85 -> 58.97, down 36.16 -> 32.84, LM head 272.3 -> 250.5.
-MEASURED_CONFIGS = (
+H200_CONFIGS = (
     "128256x4096@128:cublas;128256x4096@32:bn=128,bk=128,sk=1,w=4,s=4,t=0;"
     "128256x4096@64:bn=256,bk=64,sk=1,w=4,s=5,t=1;28672x4096@128:bn=256,bk=64,sk=1,w=8,s=4,t=0;"
     "28672x4096@128+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;28672x4096@32:cublas;"
@@ -125,20 +127,55 @@ MEASURED_CONFIGS = (
     "4096x4096@128:cublas;4096x4096@32:bn=64,bk=128,sk=1,w=4,s=6,t=1;4096x4096@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
     "6144x4096@128:cublas;6144x4096@32:bn=64,bk=128,sk=1,w=4,s=5,t=0;6144x4096@64:bn=64,bk=128,sk=1,w=4,s=5,t=0"
 )
-# Per-shape configurations: FLOTILLA_SKINNY_GEMM_CONFIGS from the environment (bench/results/dec7-gpu.sh passes
-# a sweep's winners to the engine run of the same call), else the measured table; read once at import.
-CONFIGS = parse_configs(os.environ.get("FLOTILLA_SKINNY_GEMM_CONFIGS", "") or MEASURED_CONFIGS)
+# Per card (`card_tables.py`): the H200's table serves every card until another card's is measured (an H100 entry
+# from bench/tile_sweep.py --family skinny32 is added here by hand, as the GEMVs' are).
+MEASURED_CONFIGS: dict[str, str] = {DEFAULT: H200_CONFIGS, H200: H200_CONFIGS}
+# FLOTILLA_SKINNY_GEMM_CONFIGS from the environment (bench/results/dec7-gpu.sh passes a sweep's winners to the engine
+# run of the same call) replaces the table on every card; else the measured ones. Read once at import; benchmarks set
+# entries in-process (`set_configs`: bench/tile_sweep.py, which captures the graphs again after each change).
+ConfigTable = dict[tuple[int, int, int, bool], SkinnyGemmConfig | None]
+_ENV_CONFIGS = os.environ.get("FLOTILLA_SKINNY_GEMM_CONFIGS", "")
+_TABLES: dict[str, ConfigTable] = {card: parse_configs(spec) for card, spec in
+                                   ({DEFAULT: _ENV_CONFIGS} if _ENV_CONFIGS else MEASURED_CONFIGS).items()}
 
 
-def measured(m: int, n_rows: int, k: int, gated: bool = False) -> bool:
-    """Whether the table has a configuration (not `cublas`) for this shape and padded batch tile."""
-    return CONFIGS.get((n_rows, k, block_m(m), gated)) is not None
+def configs(card: str | None = None) -> ConfigTable:
+    """The card's table (`MEASURED_CONFIGS` or FLOTILLA_SKINNY_GEMM_CONFIGS; `DEFAULT`'s off CUDA): `{(N, K, BLOCK_M,
+    gated): config, or None for cuBLAS}`."""
+    return for_card(_TABLES, card)
 
 
-def cublas_preferred(m: int, n_rows: int, k: int, gated: bool = False) -> bool:
-    """Whether the table (`CONFIGS`) keeps this shape on cuBLAS (the sweep measured cuBLAS faster)."""
-    key = (n_rows, k, block_m(m), gated)
-    return key in CONFIGS and CONFIGS[key] is None
+def set_configs(entries: ConfigTable) -> dict[str, ConfigTable]:
+    """Replace the given entries on every card's table, in-process (benchmarks; the CUDA graphs that launched the old
+    ones must be captured again); returns the previous tables for `restore_configs`."""
+    global _TABLES
+    previous = {card: dict(t) for card, t in _TABLES.items()}
+    _TABLES = {card: {**t, **entries} for card, t in _TABLES.items()}
+    return previous
+
+
+def restore_configs(previous: dict[str, ConfigTable]) -> None:
+    """Put back the tables `set_configs` returned."""
+    global _TABLES
+    _TABLES = {card: dict(t) for card, t in previous.items()}
+
+
+def table_spec(table: ConfigTable) -> str:
+    """A table in the form `parse_configs` reads (FLOTILLA_SKINNY_GEMM_CONFIGS, a `MEASURED_CONFIGS` entry), keys
+    sorted as the measured table lists them."""
+    return ";".join(f"{config_key(n, k, bm, gated)}:{CUBLAS if cfg is None else cfg.spec()}"
+                    for (n, k, bm, gated), cfg in sorted(table.items(), key=lambda kv: config_key(*kv[0])))
+
+
+def measured(m: int, n_rows: int, k: int, gated: bool = False, card: str | None = None) -> bool:
+    """Whether the card's table has a configuration (not `cublas`) for this shape and padded batch tile."""
+    return configs(card).get((n_rows, k, block_m(m), gated)) is not None
+
+
+def cublas_preferred(m: int, n_rows: int, k: int, gated: bool = False, card: str | None = None) -> bool:
+    """Whether the card's table keeps this shape on cuBLAS (the sweep measured cuBLAS faster)."""
+    key, table = (n_rows, k, block_m(m), gated), configs(card)
+    return key in table and table[key] is None
 
 
 def block_m(m: int) -> int:
@@ -152,15 +189,15 @@ def smem_bytes(cfg: SkinnyGemmConfig, bm: int, gated: bool = False, elem: int = 
     return cfg.num_stages * (w_rows + bm) * cfg.block_k * elem
 
 
-def default_config(m: int, n: int, k: int, sms: int, gated: bool = False) -> SkinnyGemmConfig:
-    """The configuration for `[m, k] @ [n, k].T`: a table entry (`CONFIGS`) when the shape has one, else the
+def default_config(m: int, n: int, k: int, sms: int, gated: bool = False, card: str | None = None) -> SkinnyGemmConfig:
+    """The configuration for `[m, k] @ [n, k].T`: the card's table entry (`configs`) when the shape has one, else the
     shape of the H200 sweep's winners (64-wide column tiles 128 deep; gated 128-wide 64 deep), as many
     stages as shared memory holds up to 6, no split of K: on the H200 every split measured slower at M = 64
     (o_proj 11.9 us unsplit, 14.4 in two, 18.0 in three: the fix-up's latency at the end of a ~12 us kernel
     outweighs the SMs a 64-tile grid leaves idle)."""
     bm = block_m(m)
     rows = 2 * n if gated else n
-    found = CONFIGS.get((rows, k, bm, gated))  # None (`cublas`): the caller asked anyway; the default
+    found = configs(card).get((rows, k, bm, gated))  # None (`cublas`): the caller asked anyway; the default
     if found is not None:
         return found
     # the sweep's winners were 64-wide column tiles 128 deep (plain) and 128-wide 64 deep (gated), unsplit
@@ -339,7 +376,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg = config or default_config(m, n, k, device_sms(x), gated)
+    cfg = config or default_config(m, n, k, device_sms(x), gated, device_card(x))
     if n % cfg.block_n:  # columns are never masked: whole tiles only (n % 128 == 0 by `supported`)
         cfg = dataclasses.replace(cfg, block_n=128)
     bm = block_m(m)
@@ -368,7 +405,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 __all__ = [
-    "CONFIGS", "CUBLAS", "MEASURED_CONFIGS", "SkinnyGemmConfig", "block_m", "config_key", "cublas_preferred",
-    "default_config", "measured",
-    "parse_config", "parse_configs", "skinny_gemm", "skinny_gemm_ref", "smem_bytes", "supported",
+    "CUBLAS", "H200_CONFIGS", "MEASURED_CONFIGS", "ConfigTable", "SkinnyGemmConfig", "block_m", "config_key",
+    "configs", "cublas_preferred", "default_config", "measured", "parse_config", "parse_configs", "restore_configs",
+    "set_configs", "skinny_gemm", "skinny_gemm_ref", "smem_bytes", "supported", "table_spec",
 ]  # fmt: skip

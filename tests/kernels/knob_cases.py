@@ -106,7 +106,7 @@ def parse_cases() -> dict[str, str]:
         "fp8": (triton_fp8_row_gemv.parse_configs, FP8 + list(triton_fp8_row_gemv.MEASURED_CONFIGS.values())),
         "fp8-knobs": (triton_fp8_row_gemv.parse_config, [s for s in FP8 if ":" not in s and ";" not in s]),
         "gated": (triton_gated_gemv.parse_config, GATED + list(triton_gated_gemv.ONE_ROW_CONFIGS.values())),
-        "skinny": (triton_skinny_gemm.parse_configs, SKINNY + [triton_skinny_gemm.MEASURED_CONFIGS]),
+        "skinny": (triton_skinny_gemm.parse_configs, SKINNY + list(triton_skinny_gemm.MEASURED_CONFIGS.values())),
         "skinny-knobs": (triton_skinny_gemm.parse_config, SKINNY_KNOBS),
         "int4": (triton_int4_gemv._parse_tiles, INT4 + list(triton_int4_gemv_wide.MEASURED_TILES.values())),
         "lm_head": (dispatch.lm_head_gemv_knobs, LM_HEAD),

@@ -73,11 +73,12 @@ def test_default_config_follows_the_table_and_fits_shared_memory(monkeypatch):
     default fits the pipeline in shared memory. The measured table parses and covers Llama-3.1-8B's
     projections at the engine's batch tiles."""
     from flotilla.kernels import triton_skinny_gemm as sg
+    from flotilla.kernels.card_tables import DEFAULT
     from flotilla.kernels.triton_skinny_gemm import block_m, default_config, smem_bytes
 
-    monkeypatch.setattr(sg, "CONFIGS", {})
+    monkeypatch.setattr(sg, "_TABLES", {DEFAULT: {}})
     assert default_config(64, 4096, 4096, 132) == sg.SkinnyGemmConfig(block_n=64, block_k=128, num_stages=6)
-    monkeypatch.setattr(sg, "CONFIGS", sg.parse_configs(sg.MEASURED_CONFIGS))
+    monkeypatch.setattr(sg, "_TABLES", {DEFAULT: sg.parse_configs(sg.MEASURED_CONFIGS[DEFAULT])})
     assert default_config(64, 4096, 14336, 132) == sg.parse_config("bn=64,bk=128,sk=1,w=4,s=6,t=1")
     assert sg.measured(64, 28672, 4096, gated=True) and sg.cublas_preferred(128, 6144, 4096)
     assert not sg.measured(64, 1000, 4096)
@@ -104,10 +105,11 @@ def test_a_cublas_entry_keeps_its_shape_on_cublas(monkeypatch):
     """The sweep writes `cublas` for shapes where cuBLAS was faster: the dispatch then leaves them alone,
     per padded batch tile and per epilogue (gated or not)."""
     from flotilla.kernels import triton_skinny_gemm as sg
+    from flotilla.kernels.card_tables import DEFAULT
 
     table = sg.parse_configs("4096x4096@64:cublas;28672x4096@64+silu:bn=64")
     assert table == {(4096, 4096, 64, False): None, (28672, 4096, 64, True): sg.SkinnyGemmConfig(block_n=64)}
-    monkeypatch.setattr(sg, "CONFIGS", table)
+    monkeypatch.setattr(sg, "_TABLES", {DEFAULT: table})
     assert sg.cublas_preferred(64, 4096, 4096) and sg.cublas_preferred(48, 4096, 4096)
     assert not sg.cublas_preferred(32, 4096, 4096) and not sg.cublas_preferred(64, 28672, 4096, gated=True)
     assert sg.default_config(64, 14336, 4096, 132, gated=True) == sg.SkinnyGemmConfig(block_n=64)
@@ -129,3 +131,46 @@ def test_dispatch_takes_the_skinny_gemm_only_for_decode_batches(monkeypatch, m):
     gated = dispatch.silu_and_mul_linear(x, weight, b)
     assert rel_err(gated, triton_skinny_gemm.skinny_gemm_ref(x, weight, b, gated=True)) < 1.5e-2
     assert len(calls) == (2 if 17 <= m <= 128 else 0)
+
+
+def test_every_card_resolves_the_h200_table_until_it_has_its_own(monkeypatch):
+    """Per-card tables (`card_tables.py`): the H200's table is `DEFAULT`'s too, so every card (the H100, a card without
+    an entry, off CUDA) launches each Llama projection at every batch tile as before; a card given its own entry gets
+    it, the others keep theirs."""
+    from flotilla.kernels import triton_skinny_gemm as sg
+    from flotilla.kernels.card_tables import DEFAULT, H100, H200
+
+    assert sg.MEASURED_CONFIGS[DEFAULT] == sg.MEASURED_CONFIGS[H200] == sg.H200_CONFIGS
+    shapes = [(n, k, m, g) for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+              for m in (17, 20, 32, 64, 128) for g in (False, True)]  # fmt: skip
+
+    def launches(card):
+        return [(sg.default_config(m, n // 2 if g else n, k, 132, g, card), sg.measured(m, n, k, g, card),
+                 sg.cublas_preferred(m, n, k, g, card)) for n, k, m, g in shapes]  # fmt: skip
+
+    assert launches(H100) == launches(H200) == launches("NVIDIA B200") == launches(None)
+    own = sg.parse_configs("4096x4096@32:bn=128,bk=64,sk=2,w=8,s=3,t=0;6144x4096@32:cublas")
+    monkeypatch.setattr(sg, "_TABLES", {**sg._TABLES, H100: {**sg.configs(H200), **own}})
+    assert sg.default_config(20, 4096, 4096, 132, card=H100) == own[(4096, 4096, 32, False)]
+    assert sg.cublas_preferred(20, 6144, 4096, card=H100) and not sg.cublas_preferred(20, 6144, 4096, card=H200)
+    assert sg.default_config(20, 4096, 4096, 132, card=H200) == sg.parse_config("bn=64,bk=128,sk=1,w=4,s=6,t=1")
+
+
+def test_set_configs_reaches_every_card_and_restores(monkeypatch):
+    """`set_configs` (bench/tile_sweep.py's skinny32 family) replaces its entries on every card's table, keeping the
+    rest; `restore_configs` puts the tables back; `table_spec` writes a table `parse_configs` reads back equal."""
+    from flotilla.kernels import triton_skinny_gemm as sg
+    from flotilla.kernels.card_tables import H100, H200
+
+    monkeypatch.setattr(sg, "_TABLES", dict(sg._TABLES))
+    before = {card: dict(sg.configs(card)) for card in (None, H100, H200)}
+    new = {(4096, 14336, 32, False): sg.parse_config("bn=128,bk=128,sk=4,w=4,s=4,t=1"),
+           (28672, 4096, 32, True): None}  # fmt: skip
+    previous = sg.set_configs(new)
+    for card in (None, H100, H200):
+        assert sg.configs(card) == {**before[card], **new}
+        assert sg.cublas_preferred(32, 28672, 4096, gated=True, card=card)
+    assert sg.parse_configs(sg.table_spec(sg.configs(H200))) == sg.configs(H200)
+    sg.restore_configs(previous)
+    assert {card: sg.configs(card) for card in (None, H100, H200)} == before
+    assert sg.parse_configs(sg.table_spec(before[None])) == sg.parse_configs(sg.H200_CONFIGS)
