@@ -7,6 +7,8 @@ keywords), how a table is set in-process, and the lines that adopt a table for a
 - bf16: the one-row bf16 GEMV (`triton_gemv.py`: o_proj, down; its rope form for qkv, `triton_gemv_rope.py`), the
   gated GEMV (`triton_gated_gemv.py`: gate_up) and the LM head's GEMV (`dispatch.LM_HEAD_GEMV`, run after the graph).
 - fp8: the one-row W8A16 GEMV (`triton_fp8_row_gemv.py`: plain, gated for gate_up, rope for qkv).
+- skinny32: the skinny GEMM (`triton_skinny_gemm.py`, gated for gate_up) at 32-row batch tiles, or cuBLAS, per shape:
+  a cached-prefix extend's step (`Family.step` "extend", bench/extend_graph.py), not a batch-1 decode step.
 
 The pure parts (shapes, moves, validity, the dry-run's made-up optimum) import nothing from the engine; `start`,
 `apply` and `adopt` import the kernel modules when called (the engine side).
@@ -56,6 +58,10 @@ class Family:
     adopt: Callable[[Table, str | None], list[str]]  # the lines that make a table the card's
     knob_names: tuple[str, ...]  # every knob a host function takes as a keyword (stripped from recorded calls)
     note: Callable[[str, Tile], str] = lambda shape, tile: ""  # what the engine does differently with a tile
+    rows: int = 1  # the launch's input rows the family tunes (the GEMVs: one; the skinny GEMM: a 32-row batch tile)
+    step: str = "decode"  # what a phase times: "decode" (batch-1 steps) or "extend" (a cached-prefix extend's graph)
+    # a tile as the keywords its host function takes (compile workers), None where no kernel of the family runs it
+    launch: Callable[[Tile], dict | None] = lambda tile: dict(tile)
 
     def candidates(self, shape: str, tile: Tile, limit: int = 12) -> list[Tile]:
         """`tile` first, then its valid neighbours (at most `limit` in all)."""
@@ -297,7 +303,102 @@ FP8 = Family(
     start=_fp8_start, apply=_fp8_apply, adopt=_fp8_adopt, knob_names=FP8_KNOBS,
 )  # fmt: skip
 
-FAMILIES = {f.name: f for f in (INT4, BF16, FP8)}
+
+# ---- skinny32: the skinny GEMM at 32-row batch tiles (a cached-prefix extend's 20 new tokens, its mixed graph) ----
+
+SKINNY_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages", "tma", "cublas")
+SKINNY_BM = 32  # the batch tile: a 17..32-token step pads to the 32-row one-sequence mixed graph
+
+
+def skinny_key(shape: str) -> tuple[int, int, int, bool]:
+    """A projection's `triton_skinny_gemm` table key `(weight rows, K, BLOCK_M, gated)` (gate_up: the gated form)."""
+    n, k = LLAMA[shape]
+    return n, k, SKINNY_BM, shape == "gate_up"
+
+
+def _skinny_moves(shape: str, t: Tile) -> list[Tile]:
+    """From cuBLAS: back to the tile it carries. Else cuBLAS first (the table's other choice), the other load path
+    (TMA/pointers), split-K doubled/halved, columns halved/doubled, K a step halved/doubled, warps 8/4, a stage
+    more/less, columns doubled with half the K step and the reverse."""
+    if t["cublas"]:
+        return [{"cublas": 0}]
+    return [
+        {"cublas": 1}, {"tma": 1 - t["tma"]}, {"split_k": t["split_k"] * 2}, {"split_k": t["split_k"] // 2},
+        {"block_n": t["block_n"] // 2}, {"block_n": t["block_n"] * 2},
+        {"block_k": t["block_k"] // 2}, {"block_k": t["block_k"] * 2},
+        {"num_warps": 8 if t["num_warps"] == 4 else 4},
+        {"num_stages": t["num_stages"] + 1}, {"num_stages": t["num_stages"] - 1},
+        {"block_n": t["block_n"] * 2, "block_k": t["block_k"] // 2},
+        {"block_n": t["block_n"] // 2, "block_k": t["block_k"] * 2},
+    ]  # fmt: skip
+
+
+def skinny_valid(shape: str, t: Tile) -> bool:
+    """A tile the skinny GEMM compiles for the shape at 32 rows: power-of-two columns (32..256, whole tiles of the
+    output) and K steps (32..256, whole steps of K), split-K 1..8, 4 or 8 warps, 2..7 stages whose pipeline fits
+    `triton_skinny_gemm.SMEM_LIMIT` (gate_up: gate and up tiles), the fp32 accumulators (gate_up: two) at most 128
+    values a thread; `cublas` 0/1 (1: the shape stays on cuBLAS; the knobs are the tile it would go back to)."""
+    gated = shape == "gate_up"
+    n, k = LLAMA[shape]
+    cols = n // 2 if gated else n
+    smem = t["num_stages"] * (t["block_n"] * (2 if gated else 1) + SKINNY_BM) * t["block_k"] * 2
+    return (pow2(t["block_n"]) and 32 <= t["block_n"] <= 256 and cols % t["block_n"] == 0
+            and pow2(t["block_k"]) and 32 <= t["block_k"] <= 256 and k % t["block_k"] == 0
+            and 1 <= t["split_k"] <= 8 and t["num_warps"] in (4, 8) and 2 <= t["num_stages"] <= 7
+            and smem <= 220 * 1024 and t["tma"] in (0, 1) and t["cublas"] in (0, 1)
+            and (2 if gated else 1) * t["block_n"] * SKINNY_BM <= 128 * 32 * t["num_warps"])  # fmt: skip
+
+
+def skinny_config(tile: Tile):
+    """A tile as the `SkinnyGemmConfig` it launches, None for `cublas`."""
+    from flotilla.kernels.triton_skinny_gemm import SkinnyGemmConfig
+
+    return None if tile["cublas"] else SkinnyGemmConfig(**{k: v for k, v in tile.items() if k != "cublas"})
+
+
+def _skinny_start(card: str | None, sms: int) -> Table:
+    """Each shape's launch today at 32 rows: its table entry, `cublas` (with the lead tile) where the table keeps the
+    shape on cuBLAS or has no entry (the dispatch's `table` mode runs only measured shapes)."""
+    from flotilla.kernels.triton_skinny_gemm import configs, default_config
+
+    table, out = configs(card), {}
+    for shape in LLAMA:
+        n, k, bm, gated = skinny_key(shape)
+        c = default_config(bm, n // 2 if gated else n, k, sms, gated, card)
+        out[shape] = {key: int(getattr(c, key)) for key in SKINNY_KNOBS[:-1]} | {"cublas": int(table.get(
+            (n, k, bm, gated)) is None)}  # fmt: skip
+    return out
+
+
+def _skinny_apply(table: Table) -> None:
+    from flotilla.kernels.triton_skinny_gemm import set_configs
+
+    set_configs({skinny_key(s): skinny_config(t) for s, t in table.items()})
+
+
+def skinny_spec(table: Table, card: str | None) -> str:
+    """The card's whole skinny-GEMM table with the shapes of `table` replaced (`triton_skinny_gemm.table_spec`)."""
+    from flotilla.kernels.triton_skinny_gemm import configs, table_spec
+
+    return table_spec({**configs(card), **{skinny_key(s): skinny_config(t) for s, t in table.items()}})
+
+
+def _skinny_adopt(table: Table, card: str | None) -> list[str]:
+    spec = skinny_spec(table, card)
+    return [f'triton_skinny_gemm.MEASURED_CONFIGS["{card}"] = "{spec}"', f'FLOTILLA_SKINNY_GEMM_CONFIGS="{spec}"']
+
+
+SKINNY32 = Family(
+    name="skinny32", shapes=dict(LLAMA), moves=_skinny_moves, valid=skinny_valid,
+    hosts=(("triton_skinny_gemm", "skinny_gemm"),), quantization=None, model="/tmp/llama8b",
+    dry_best={"qkv": {"tma": 1}, "o": {"block_n": 128, "block_k": 64}, "gate_up": {"num_stages": 4},
+              "down": {"split_k": 4}},
+    start=_skinny_start, apply=_skinny_apply, adopt=_skinny_adopt, knob_names=("config",),
+    note=lambda s, t: "cuBLAS" if t["cublas"] else "", rows=SKINNY_BM, step="extend",
+    launch=lambda t: None if t["cublas"] else {"config": skinny_config(t)},
+)  # fmt: skip
+
+FAMILIES = {f.name: f for f in (INT4, BF16, FP8, SKINNY32)}
 
 
 def dry_start(family: Family) -> Table:
@@ -306,6 +407,8 @@ def dry_start(family: Family) -> Table:
         "int4": {"block_n": 16, "block_w": 128, "num_warps": 4, "num_stages": 1, "split_k": 2, "layout": 1},
         "bf16": {"block_n": 8, "block_k": 512, "split_k": 1, "num_warps": 4, "num_stages": 2},
         "fp8": {"block_n": 16, "block_k": 512, "num_warps": 4, "prefetch": 2, "trigger": 0, "use_pdl": 1},
+        "skinny32": {"block_n": 64, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 5, "tma": 0,
+                     "cublas": 0},
     }[family.name]
     out = {s: dict(tiles) for s in family.shapes}
     if family.name == "bf16":
@@ -313,4 +416,8 @@ def dry_start(family: Family) -> Table:
         out["qkv"] = dict(tiles, block_n=16)
     if family.name == "fp8":
         out["qkv"] = dict(tiles, block_n=8, prefetch=3)
+    if family.name == "skinny32":  # the H200 table's 32-row entries (`triton_skinny_gemm.H200_CONFIGS`)
+        out["o"] = dict(tiles, num_stages=6, tma=1)
+        out["gate_up"] = dict(tiles, block_n=128, block_k=64, num_warps=8)
+        out["down"] = dict(tiles, split_k=2)
     return out

@@ -5,6 +5,7 @@ launched by PDL back to back in a CUDA graph, the fused gated/rope forms as the 
     python3 bench/tile_sweep.py --family bf16 --json bf16-sweep.json [--budget-s 200]
     python3 bench/tile_sweep.py --family fp8 --json fp8-sweep.json          # the engine with --quantization fp8
     python3 bench/tile_sweep.py --family int4 --model /tmp/llama8b-w4a16    # bench/int4_tile_sweep.py
+    python3 bench/tile_sweep.py --family skinny32 --json skinny-sweep.json  # a cached-prefix extend's 32-row GEMMs
     python3 bench/tile_sweep.py --family fp8 --dry-run   # the descent on a made-up cost (no GPU): what it would try
 
 The engine (`--load-format dummy`: random weights of the model directory's shape; bench/model_dirs.py and
@@ -22,6 +23,11 @@ decode graphs are captured again (`quant_gpu._recapture_decode`, ~0.1 s once the
 - final: the start table against the descent's in the order orig new new orig (`--ab-steps` each), and the greedy
   tokens of a fixed prompt under both (a tile of another split or step sums in another order: equal expected, not
   bit-guaranteed).
+The `extend` family (skinny32: the skinny GEMM's 32-row tiles, `cublas` one of each shape's candidates) times
+instead a cached-prefix request's step, 20 new tokens over 2,000 cached ones (issue 19's TTFT), as replays of the
+engine's one-sequence mixed graph of 32 rows (bench/extend_graph.py: the step recorded once, each phase that one graph
+captured again and replayed `--steps` times between CUDA events); the engine runs with prefix caching on; its greedy
+check is a cached-prefix request's tokens (the first from that graph).
 Printed: SWEEP lines (the summary: each shape's pick, the A/B, the lines that adopt the table for the card it ran on:
 its per-card table entry and the environment variables that select it) and a line per phase. The JSON is rewritten
 after each phase.
@@ -51,15 +57,40 @@ def short(t: Tile) -> str:
 # ---- the engine side (CUDA) ----
 
 
-def phase(engine, family: Family, table: Table, vocab: int, steps: int, rng: random.Random) -> dict:
-    """One timed phase under `table`: set in-process, graphs captured again, a fresh request of 512 tokens, 3
-    settling steps, `steps` timed steps."""
-    from decode_steps import one_request_phase
-    from quant_gpu import _recapture_decode
+class DecodeSteps:
+    """What a phase of the GEMV families times: batch-1 decode steps (`recapture`: the batch-1 decode graphs; `time`:
+    a fresh request of 512 tokens, 3 settling steps, `steps` timed steps; `greedy`: a fixed prompt's tokens).
+    bench/extend_graph.py's `ExtendGraph` is the same for the `extend` families."""
 
+    def __init__(self, engine, vocab: int, rng: random.Random) -> None:
+        self.engine, self.vocab, self.rng = engine, vocab, rng
+
+    def recapture(self) -> float:
+        from quant_gpu import _recapture_decode
+
+        return _recapture_decode(self.engine, 1)
+
+    def time(self, steps: int) -> dict:
+        from decode_steps import one_request_phase
+
+        return one_request_phase(self.engine, self.vocab, steps, self.rng)
+
+    def greedy(self, tokens: int = 32) -> list[int]:
+        from int4_step_ab import greedy
+
+        return greedy(self.engine, self.vocab, tokens)
+
+    label = "bs1 ctx512"
+
+    def describe(self) -> dict:
+        return {"decode_batch": 1, "context": 512}
+
+
+def phase(bench, family: Family, table: Table, steps: int) -> dict:
+    """One timed phase under `table`: set in-process, the bench's graphs captured again, then timed (`bench.time`)."""
     family.apply(table)
-    capture_s = _recapture_decode(engine, 1)
-    return one_request_phase(engine, vocab, steps, rng) | {"recapture_s": capture_s}
+    capture_s = bench.recapture()
+    return bench.time(steps) | {"recapture_s": capture_s}
 
 
 def _describe(v):
@@ -91,13 +122,11 @@ def _rebuild(d, device: str = "cuda"):
     return base[off:off + elems * size].view(dtype).as_strided(shape, stride)
 
 
-def record(engine, family: Family, vocab: int) -> dict[str, tuple[str, str, list, dict]]:
+def record(bench, family: Family) -> dict[str, tuple[str, str, list, dict]]:
     """Per projection, the host call (module, function, operand descriptions; knob keywords left out) the engine
-    makes at one row, from one capture and one short greedy request with the family's host functions wrapped."""
+    makes at the family's rows (`Family.rows`), with the family's host functions wrapped: the decode families from
+    one capture and one short greedy request, the extend ones from one capture of the extend's graph."""
     import importlib
-
-    from int4_step_ab import greedy
-    from quant_gpu import _recapture_decode
 
     seen: dict[str, tuple[str, str, list, dict]] = {}
     names = {v: s for s, v in family.shapes.items()}
@@ -110,15 +139,16 @@ def record(engine, family: Family, vocab: int) -> dict[str, tuple[str, str, list
         def wrapped(*args, _fn=fn, _mod=mod_name, _name=fn_name, **kwargs):
             x, weight = args[0], args[1]
             shape = names.get((weight.shape[0], x.shape[-1]))
-            if shape and x.reshape(-1, x.shape[-1]).shape[0] == 1 and shape not in seen:
+            if shape and x.reshape(-1, x.shape[-1]).shape[0] == family.rows and shape not in seen:
                 kw = {k: _describe(v) for k, v in kwargs.items() if k not in family.knob_names}
                 seen[shape] = (_mod, _name, [_describe(a) for a in args], kw)
             return _fn(*args, **kwargs)
 
         setattr(mod, fn_name, wrapped)
     try:
-        _recapture_decode(engine, 1)
-        greedy(engine, vocab, tokens=2)
+        bench.recapture()
+        if family.step == "decode":
+            bench.greedy(tokens=2)
     finally:
         for mod, fn_name, fn in saved:
             setattr(mod, fn_name, fn)
@@ -147,8 +177,9 @@ def _warm_one(job) -> str:
     return f"{fn_name} {len(tiles)} tiles, {len(failed)} failed {failed[:2]}"
 
 
-def warm(seen: dict, cands: dict[str, list[Tile]], jobs: int) -> list[str]:
-    """Every candidate of every recorded projection launched in `jobs` worker processes (spawned: CUDA)."""
+def warm(seen: dict, cands: dict[str, list[Tile]], jobs: int, launch=dict) -> list[str]:
+    """Every candidate of every recorded projection launched in `jobs` worker processes (spawned: CUDA), each as the
+    keywords `launch` gives it (`Family.launch`; a candidate it maps to None runs no kernel of the family)."""
     import concurrent.futures
     import multiprocessing
 
@@ -156,7 +187,8 @@ def warm(seen: dict, cands: dict[str, list[Tile]], jobs: int) -> list[str]:
     for shape, tiles in cands.items():
         if shape in seen:
             mod_name, fn_name, args, kwargs = seen[shape]
-            work += [(mod_name, fn_name, args, kwargs, tiles[i:i + 2], "cuda") for i in range(0, len(tiles), 2)]
+            kws = [kw for kw in map(launch, tiles) if kw is not None]
+            work += [(mod_name, fn_name, args, kwargs, kws[i:i + 2], "cuda") for i in range(0, len(kws), 2)]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max(1, jobs), mp_context=ctx) as pool:
         return list(pool.map(_warm_one, work))
@@ -254,15 +286,19 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
         print("skipped: bench/tile_sweep.py needs a CUDA GPU (--dry-run runs the descent alone)")
         return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from int4_step_ab import greedy
-
     from flotilla.engine.llm import LLM
     from flotilla.kernels.card_tables import card_name
     from flotilla.kernels.triton_utils import num_sms
 
-    llm = LLM(a.model, load_format="dummy", quantization=fam.quantization,
-              max_model_len=512 + max(a.steps, a.ab_steps) + 128, max_num_seqs=4, max_num_batched_tokens=4096,
-              enable_prefix_caching=False, gpu_memory_utilization=a.gpu_memory_utilization)  # fmt: skip
+    extend = fam.step == "extend"
+    if extend:  # bench/prefix.py's engine of prefix7-gpu.sh: prefix caching on, its length and token budget
+        from extend_graph import MAX_MODEL_LEN
+
+        sizes = {"max_model_len": MAX_MODEL_LEN, "max_num_batched_tokens": 8192}
+    else:
+        sizes = {"max_model_len": 512 + max(a.steps, a.ab_steps) + 128, "max_num_batched_tokens": 4096}
+    llm = LLM(a.model, load_format="dummy", quantization=fam.quantization, max_num_seqs=4, **sizes,
+              enable_prefix_caching=extend, gpu_memory_utilization=a.gpu_memory_utilization)  # fmt: skip
     engine = llm.engine
     vocab = engine.config.model.hf_config["vocab_size"]
     card = card_name(torch.cuda.current_device())
@@ -270,6 +306,15 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
                  "device": card, "phases": [], "warm": [],
                  "env": {k: v for k, v in os.environ.items() if k.startswith("FLOTILLA_")}}  # fmt: skip
     print(f"startup {out['startup_s']:.1f} s on {card} ({fam.name})", flush=True)
+    rng = random.Random(0)
+    if extend:
+        from extend_graph import ExtendGraph
+
+        bench = ExtendGraph(engine, vocab, rng)
+    else:
+        bench = DecodeSteps(engine, vocab, rng)
+    out["timed"] = bench.describe()
+    print(f"timed: {out['timed']}", flush=True)
 
     def save() -> None:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
@@ -279,16 +324,15 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
     out["start_table"] = orig
     _counters_ready(fam)
     try:
-        seen = record(engine, fam, vocab)
+        seen = record(bench, fam)
         out["recorded"] = {s: f"{v[0]}.{v[1]}" for s, v in seen.items()}
     except Exception as exc:  # no warm-up then: the engine compiles each tile on first use
         seen, out["recorded"] = {}, f"failed: {exc!r:.300}"
-    rng = random.Random(0)
     deadline = t0 + a.budget_s - a.reserve_s
 
     def time_table(table: Table) -> float:
         try:
-            ph = phase(engine, fam, table, vocab, a.steps, rng)
+            ph = phase(bench, fam, table, a.steps)
         except Exception as exc:  # a tile that fails to compile or capture: never taken, the sweep goes on
             ph = {"ms_median": float("inf"), "error": f"{exc!r:.300}", "graphed": 0, "recapture_s": 0.0}
             print(f"  phase failed: {ph['error']}", flush=True)
@@ -314,7 +358,7 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
         warmed.update((s, tuple(t.items())) for s, ts in cands.items() for t in ts)
         t = time.perf_counter()
         try:
-            done = warm(seen, todo, a.warm_jobs) if a.warm_jobs > 0 and seen else ["none"]
+            done = warm(seen, todo, a.warm_jobs, fam.launch) if a.warm_jobs > 0 and seen else ["none"]
         except Exception as exc:  # only a head start: the engine compiles what is missing
             done = [f"failed: {exc!r:.300}"]
         out["warm"].append({"s": time.perf_counter() - t, "jobs": done})
@@ -333,14 +377,14 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
     save()
     if out["notes"]:
         print(f"SWEEP note: {out['notes']}", flush=True)
-    final_ab(engine, fam, orig, final, vocab, a, rng, out, greedy)
+    final_ab(bench, fam, orig, final, a, out)
     save()
     for s in shapes:
         note = fam.note(s, final[s])
         print(f"SWEEP {s} {fam.shapes[s][0]}x{fam.shapes[s][1]}: {short(orig[s])} -> {short(final[s])}"
               + (f" ({note})" if note else ""))  # fmt: skip
     o, n = out["ab"]["orig"], out["ab"]["new"]
-    print(f"SWEEP {fam.name} A/B bs1 ctx512 on {card} (orig new new orig, {a.ab_steps} steps each, median): orig "
+    print(f"SWEEP {fam.name} A/B {bench.label} on {card} (orig new new orig, {a.ab_steps} steps each, median): orig "
           f"{o:.3f} ms, new {n:.3f} ms ({1e3 * (n - o):+.1f} us); greedy tokens equal: {out['tokens_equal']}; descent "
           f"{'stopped by the budget' if out['descent_stopped_early'] else 'complete'}; {len(out['phases'])} phases")
     for line in out["adopt"]:
@@ -352,13 +396,11 @@ def run_engine(a: argparse.Namespace, fam: Family, t0: float) -> None:
     os._exit(0)  # skip the engine's teardown
 
 
-def final_ab(engine, fam: Family, orig: Table, final: Table, vocab: int, a, rng, out: dict, greedy) -> None:
+def final_ab(bench, fam: Family, orig: Table, final: Table, a, out: dict) -> None:
     """The start table against the descent's (orig new new orig, longer phases) and the greedy tokens under both."""
-    from quant_gpu import _recapture_decode
-
     ab: dict[str, list[float]] = {"orig": [], "new": []}
     for name in ("orig", "new", "new", "orig"):
-        ph = phase(engine, fam, orig if name == "orig" else final, vocab, a.ab_steps, rng)
+        ph = phase(bench, fam, orig if name == "orig" else final, a.ab_steps)
         ab[name].append(ph["ms_median"])
         print(f"  ab {name}: {ph['ms_median']:.3f} ms median (mean {ph['ms_mean']:.3f}, graphed "
               f"{ph['graphed']}/{a.ab_steps})", flush=True)  # fmt: skip
@@ -366,9 +408,10 @@ def final_ab(engine, fam: Family, orig: Table, final: Table, vocab: int, a, rng,
     tokens = {}
     for name, table in (("orig", orig), ("new", final)):
         fam.apply(table)
-        _recapture_decode(engine, 1)
-        tokens[name] = greedy(engine, vocab)
+        bench.recapture()
+        tokens[name] = bench.greedy()
     out["tokens_equal"] = tokens["orig"] == tokens["new"]
+    out["tokens"] = tokens
 
 
 if __name__ == "__main__":
