@@ -14,7 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 import tile_descent  # noqa: E402 - bench/ is not a package
-from tile_families import BF16, FAMILIES, FP8, dry_start, rope_fits  # noqa: E402
+from tile_families import BF16, FAMILIES, FP8, SKINNY32, dry_start, rope_fits, skinny_key  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -76,7 +76,7 @@ def test_apply_reaches_the_lookups(monkeypatch):
     assert FP8.start("NVIDIA H200", 132)["down"]["num_warps"] == 8
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8"])
+@pytest.mark.parametrize("name", ["bf16", "fp8", "skinny32"])
 def test_dry_run_finds_the_made_up_optimum_and_prints_the_tables(name):
     """`--dry-run` (no GPU): the descent reaches the bowl's bottom and prints the per-card entry and the environment
     line that select it."""
@@ -89,7 +89,8 @@ def test_dry_run_finds_the_made_up_optimum_and_prints_the_tables(name):
                          capture_output=True, text=True, check=True, timeout=300).stdout  # fmt: skip
     adopt = [line for line in out.splitlines() if line.startswith("SWEEP adopt:")]
     assert f"SWEEP dry-run {name}: " in out and "-> 2.600 ms" in out and len(adopt) >= 2
-    key = {"bf16": "FLOTILLA_GEMV_CONFIG=", "fp8": "FLOTILLA_FP8_ROW_GEMV_CONFIG="}[name]
+    key = {"bf16": "FLOTILLA_GEMV_CONFIG=", "fp8": "FLOTILLA_FP8_ROW_GEMV_CONFIG=",
+           "skinny32": "FLOTILLA_SKINNY_GEMM_CONFIGS="}[name]
     assert key in adopt[-1]
 
 
@@ -119,3 +120,108 @@ def test_compile_worker_calls_each_host_with_a_candidates_knobs():
             for mod, fn, args, kw, tiles in jobs]  # fmt: skip
     assert "gemv 2 tiles, 1 failed" in done[0]
     assert "gated_gemv 1 tiles, 0 failed" in done[1] and "fp8_row_gemv 1 tiles, 0 failed" in done[2]
+
+
+def test_skinny32_starts_from_the_committed_table_on_every_card():
+    """The skinny GEMM's start is what the engine launches at 32 rows today: the committed table's entries (the
+    H200's, serving every card), the same on the H100, the H200 and off CUDA; `dry_start` is that table."""
+    from flotilla.kernels.card_tables import H100, H200
+
+    start = SKINNY32.start(None, 132)
+    assert start == SKINNY32.start(H100, 132) == SKINNY32.start(H200, 132) == dry_start(SKINNY32)
+    assert start["o"] == {"block_n": 64, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 6, "tma": 1,
+                          "cublas": 0}  # fmt: skip
+    assert start["down"]["split_k"] == 2 and start["gate_up"]["block_n"] == 128
+    assert skinny_key("gate_up") == (28672, 4096, 32, True) and skinny_key("qkv") == (6144, 4096, 32, False)
+
+
+def test_skinny32_candidates_offer_cublas_and_fit_the_kernel():
+    """Each shape's first candidate after the incumbent is cuBLAS (launched by no worker: `launch` is None); a
+    cuBLAS incumbent's only neighbour is the tile it carries; every candidate's pipeline fits shared memory and its
+    columns and K steps divide the shape; a candidate launches as the SkinnyGemmConfig of its knobs."""
+    from flotilla.kernels.triton_skinny_gemm import SMEM_LIMIT, SkinnyGemmConfig, smem_bytes
+
+    for shape, tile in dry_start(SKINNY32).items():
+        cands = SKINNY32.candidates(shape, tile, 14)
+        assert cands[1] == dict(tile, cublas=1) and SKINNY32.launch(cands[1]) is None
+        assert len(cands) >= 10
+        for c in cands[2:]:
+            cfg = SKINNY32.launch(c)["config"]
+            assert cfg == SkinnyGemmConfig(**{k: v for k, v in c.items() if k != "cublas"})
+            assert smem_bytes(cfg, 32, shape == "gate_up") <= SMEM_LIMIT
+        assert SKINNY32.candidates(shape, cands[1]) == [cands[1], tile]
+    assert not SKINNY32.valid("o", dict(dry_start(SKINNY32)["o"], num_stages=12))  # 12 stages: past shared memory
+    assert not SKINNY32.valid("down", dict(dry_start(SKINNY32)["down"], block_n=512))
+
+
+def test_skinny32_apply_reaches_the_dispatch_on_every_card_and_adopt_round_trips(monkeypatch):
+    """A table set the family's way is what the dispatch's lookups give on every card (a `cublas` tile keeps its shape
+    on cuBLAS), `start` reads it back, and the adopt line's FLOTILLA_SKINNY_GEMM_CONFIGS parses to the card's whole
+    table with those entries."""
+    from flotilla.kernels import triton_skinny_gemm as sg
+    from flotilla.kernels.card_tables import H100, H200
+
+    monkeypatch.setattr(sg, "_TABLES", dict(sg._TABLES))
+    start = SKINNY32.start(None, 132)
+    new = {**start, "qkv": dict(start["qkv"], cublas=1), "down": dict(start["down"], split_k=4, tma=1)}
+    SKINNY32.apply(new)
+    for card in (None, H100, H200):
+        assert sg.cublas_preferred(20, 6144, 4096, card=card) and not sg.measured(20, 6144, 4096, card=card)
+        assert sg.default_config(20, 4096, 14336, 132, card=card) == sg.parse_config("bn=64,bk=128,sk=4,w=4,s=5,t=1")
+        now = SKINNY32.start(card, 132)  # a cuBLAS entry carries the lead tile (the table keeps no knobs for it)
+        assert now["qkv"]["cublas"] == 1 and {s: t for s, t in now.items() if s != "qkv"} == \
+            {s: t for s, t in new.items() if s != "qkv"}
+    SKINNY32.apply(start)
+    assert SKINNY32.start(H100, 132) == start
+    adopt = SKINNY32.adopt(new, H100)
+    assert adopt[0].startswith('triton_skinny_gemm.MEASURED_CONFIGS["NVIDIA H100 80GB HBM3"] = "')
+    spec = adopt[-1].removeprefix("FLOTILLA_SKINNY_GEMM_CONFIGS=").strip('"')
+    assert sg.parse_configs(spec) == {**sg.parse_configs(sg.H200_CONFIGS), (6144, 4096, 32, False): None,
+                                      (4096, 14336, 32, False): sg.parse_config("bn=64,bk=128,sk=4,w=4,s=5,t=1")}
+
+
+def test_compile_worker_launches_a_skinny_candidate_from_its_config():
+    """The warm-up's worker launches the recorded skinny-GEMM call (32 rows, the gated form) with a candidate's
+    `config` keyword (`Family.launch`)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent / "kernels"))
+    import tile_sweep
+    from kernel_cases import DEVICE
+
+    x = torch.randn(32, 128).to(torch.bfloat16).to(DEVICE)
+    w = torch.randn(256, 128).to(torch.bfloat16).to(DEVICE)
+    tile = {"block_n": 64, "block_k": 64, "split_k": 2, "num_warps": 4, "num_stages": 2, "tma": 0, "cublas": 0}
+    kws = [SKINNY32.launch(t) for t in (tile, dict(tile, cublas=1))]
+    assert kws[1] is None
+    done = tile_sweep._warm_one(("triton_skinny_gemm", "skinny_gemm", [tile_sweep._describe(a) for a in (x, w, None)],
+                                 {"gated": ("V", True)}, kws[:1], str(DEVICE)))  # fmt: skip
+    assert "skinny_gemm 1 tiles, 0 failed" in done
+
+
+def test_extend_graph_records_a_cached_prefix_extend_on_cpu(tmp_path):
+    """bench/extend_graph.py on the CPU (the graphs' padded buffers run eagerly): a request caches a prefix, the next
+    one's 20-token extend over it is recorded as the step the graphs ran, in the 32-row one-sequence mixed graph; the
+    greedy check's tokens are the same twice (its prefix cached the second time)."""
+    import random
+
+    from extend_graph import ExtendGraph
+    from model_dirs import make_model_dir
+
+    from flotilla.engine.cuda_graphs import GraphKey, StepGraphs
+    from flotilla.engine.llm import LLM
+
+    llm = LLM(str(make_model_dir("tiny-llama", tmp_path / "tiny", weights_seed=0)), device="cpu", max_model_len=256,
+              block_size=8, enable_prefix_caching=True)  # fmt: skip
+    engine, runner = llm.engine, llm.engine.runner
+    runner.graphs = StepGraphs(runner.model, 8, engine.config.scheduler.max_num_batched_tokens, 256, 8, runner.device)
+    vocab = engine.config.model.hf_config["vocab_size"]
+    hits = engine.block_manager.prefix_cache_hits
+    case = ExtendGraph(engine, vocab, random.Random(0), prefix_len=64, new=20)
+    assert engine.block_manager.prefix_cache_hits - hits == 64
+    assert case.describe() == {"new_tokens": 20, "context": 84, "graph_tokens": 32, "graph_seqs": 1,
+                               "graph_width": case.key.width}  # fmt: skip
+    assert case.key == GraphKey(False, 32, 1, case.key.width) and case.flat.positions == list(range(64, 84))
+    assert "run" not in vars(runner.graphs)  # the recording wrapper is gone
+    first = case.greedy(4)
+    assert len(first) == 4 and case.greedy(4) == first

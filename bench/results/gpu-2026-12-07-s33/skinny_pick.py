@@ -2,7 +2,8 @@
 
     python3 skinny_pick.py config SWEEP_JSON   the sweep's FLOTILLA_SKINNY_GEMM_CONFIGS value (the card's whole table
                                                with the descent's 32-row entries), or nothing when it changed nothing
-    python3 skinny_pick.py summary WORK_DIR    the SUMMARY lines from WORK_DIR's sweep.json, ttft-old.json, ttft-new.json
+    python3 skinny_pick.py summary WORK_DIR    the SUMMARY lines from WORK_DIR's sweep.json, ttft-old.json and
+                                               ttft-new.json
     python3 skinny_pick.py selftest            without a GPU (skinny.sh's DRY=1, TRITON_INTERPRET=1): every candidate of
                                                the descent's first round launched under the interpreter at small shapes
                                                against `skinny_gemm_ref`, the adopt spec parsed back, `config` and
@@ -120,8 +121,8 @@ def _selftest() -> None:
             cfg = skinny_config(cand)
             if cfg is None:
                 continue
-            n = max(2 * cfg.block_n, 256)  # whole 128-wide tiles (`supported`), two or more column tiles; K: two steps a split
-            k = 2 * cfg.block_k * cfg.split_k
+            n = max(2 * cfg.block_n, 256)  # whole 128-wide tiles (`supported`), two or more column tiles
+            k = 2 * cfg.block_k * cfg.split_k  # two K steps a split
             g = torch.Generator().manual_seed(launched)
             x = torch.randn(20, k, generator=g).to(torch.bfloat16)
             w = (torch.randn((2 if gated else 1) * n, k, generator=g) / k**0.5).to(torch.bfloat16)
