@@ -33,14 +33,14 @@ CONFIGS=${P12_CONFIGS:-}
 # The sweep's winners at M = 32 merged into main's table (stdout: the spec, empty when nothing changes).
 cat > $W/merge.py <<'PY'
 import json, sys
-from flotilla.kernels.triton_skinny_gemm import CUBLAS, MEASURED_CONFIGS, config_key, parse_config, parse_configs
+from flotilla.kernels.triton_skinny_gemm import CUBLAS, H200_CONFIGS, config_key, parse_config, parse_configs
 SHAPES = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up_silu": (28672, 4096, True),
           "down": (4096, 14336, False)}
 try:
     r = json.load(open(sys.argv[1]))
 except (OSError, ValueError):
     r = {}
-table, saved, changed = parse_configs(MEASURED_CONFIGS), 0.0, False
+table, saved, changed = parse_configs(H200_CONFIGS), 0.0, False
 for name, (n, k, gated) in SHAPES.items():
     rows = [x for x in r.get("rows", []) if x["shape"] == name and x["m"] == 32 and "us" in x]
     torch_us = next((x["us"] for x in rows if x["impl"] == "torch"), None)
