@@ -6,7 +6,8 @@
 #   OUT=$OUT bash bench/results/gpu-2026-12-07-s33/skinny.sh
 # Without a GPU, before spending device time (bash -n; py_compile; every first-round candidate launched under the
 # Triton interpreter against skinny_gemm_ref at small shapes, the adopt spec parsed back, config and summary on made-up
-# JSON; the descent's --dry-run; ~1 min on a loaded CPU):
+# JSON; every first-round candidate compiled for sm_90 within shared memory; the descent's --dry-run; ~2 min on a
+# loaded CPU):
 #   DRY=1 PY=.venv/bin/python bash bench/results/gpu-2026-12-07-s33/skinny.sh
 # Stages (BUDGET_S, default 520 s; each under its own limit, capped by what is left):
 #   sweep (300 s) bench/tile_sweep.py --family skinny32: one engine (Llama-3.1-8B shape, random bf16, prefix caching
@@ -34,6 +35,7 @@ if [ "${DRY:-}" = 1 ]; then
   D=/tmp/skinny33-dry; mkdir -p $D/p/flotilla && cp flotilla/*.py $D/p/flotilla/ \
     && ln -sfn "$PWD/engine" $D/p/flotilla/engine && ln -sfn "$PWD/kernels" $D/p/flotilla/kernels || exit 1
   TMPDIR=$D TRITON_INTERPRET=1 PYTHONPATH=$D/p:$PWD/bench $PY $HERE_REL/skinny_pick.py selftest || exit 1
+  TRITON_CACHE_DIR=$D/triton TRITON_INTERPRET= PYTHONPATH=$D/p:$PWD/bench $PY $HERE_REL/skinny_pick.py hopper || exit 1
   PYTHONPATH=$D/p:$PWD/bench $PY bench/tile_sweep.py --family skinny32 --dry-run | grep -E "^SWEEP (dry|o|qkv)" \
     && echo "DRY: ok"
   exit

@@ -4,6 +4,10 @@
                                                with the descent's 32-row entries), or nothing when it changed nothing
     python3 skinny_pick.py summary WORK_DIR    the SUMMARY lines from WORK_DIR's sweep.json, ttft-old.json and
                                                ttft-new.json
+    python3 skinny_pick.py hopper              without a GPU (skinny.sh's DRY=1, the interpreter off): every candidate
+                                               of the descent's first round compiled for sm_90 by Triton and ptxas
+                                               (tests/kernels/test_hopper_compile.py's way), its shared memory
+                                               within the H100/H200's 227 KB a block
     python3 skinny_pick.py selftest            without a GPU (skinny.sh's DRY=1, TRITON_INTERPRET=1): every candidate of
                                                the descent's first round launched under the interpreter at small shapes
                                                against `skinny_gemm_ref`, the adopt spec parsed back, `config` and
@@ -158,12 +162,56 @@ def _selftest() -> None:
     print("selftest: ok")
 
 
+def _hopper() -> None:
+    """skinny.sh's DRY=1 compile check (module docstring): the interpreter accepts code the compiler refuses, and a
+    tile's shared memory is known only from its compile."""
+    sys.path.insert(0, str(HERE.parents[2] / "tests" / "kernels"))
+    import test_hopper_compile as hopper
+    import triton
+    import triton.language as tl
+    from tile_families import SKINNY32, SKINNY_BM
+    from triton.backends.compiler import GPUTarget
+
+    from flotilla.kernels.triton_skinny_gemm import _skinny_gemm_kernel, _skinny_gemm_tma_kernel
+
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+                "counter_ptr": "*i32"}  # fmt: skip
+    compiled = 0
+    for shape, tile in SKINNY32.start(None, 132).items():
+        for c in (c for c in SKINNY32.candidates(shape, tile, 14) if not c["cublas"]):
+            constexprs = dict(BLOCK_N=c["block_n"], BLOCK_M=SKINNY_BM, BLOCK_K=c["block_k"], HAS_BIAS=False,
+                              DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", SPLIT=c["split_k"] > 1,
+                              GATED=shape == "gate_up")  # fmt: skip
+            fn = _skinny_gemm_tma_kernel if c["tma"] else _skinny_gemm_kernel
+            if c["tma"]:
+                aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("M", "N", "K", "k_per_split",
+                                                                                         "stride_om"))  # fmt: skip
+                args = pointers | {"x_desc": f"tensordesc<bf16[{SKINNY_BM}, {c['block_k']}]>",
+                                   "w_desc": f"tensordesc<bf16[{c['block_n']}, {c['block_k']}]>"}  # fmt: skip
+            else:
+                aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("M", "N", "K", "k_per_split")
+                                or n.startswith("stride_"))  # fmt: skip
+                args, constexprs = pointers, dict(constexprs, EVEN=True)
+            constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
+            attrs = {path: [["tt.divisibility", 16]] for path in hopper._aligned_paths(fn, aligned)}
+            src = triton.compiler.ASTSource(fn, hopper._signature(fn, args, constexprs), constexprs, attrs=attrs)
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                    options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})  # fmt: skip
+            assert kernel.metadata.shared <= 227 * 1024, (shape, c, kernel.metadata.shared)
+            compiled += 1
+    print(f"hopper: {compiled} candidate kernels (first round, every shape) compile for sm_90 within 227 KB")
+
+
 def main() -> None:
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "config":
         print(config(_load(Path(sys.argv[2]))))
     elif cmd == "summary":
         print("\n".join(summary(Path(sys.argv[2]))))
+    elif cmd == "hopper":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            sys.exit("hopper: run with the interpreter off (the compiler's kernels)")
+        _hopper()
     elif cmd == "selftest":
         if os.environ.get("TRITON_INTERPRET") != "1":
             sys.exit("selftest: run with TRITON_INTERPRET=1 (the candidates' launches on the CPU)")
