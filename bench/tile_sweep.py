@@ -62,27 +62,31 @@ class DecodeSteps:
     a fresh request of 512 tokens, 3 settling steps, `steps` timed steps; `greedy`: a fixed prompt's tokens).
     bench/extend_graph.py's `ExtendGraph` is the same for the `extend` families."""
 
+    label = "bs1 ctx512"  # the SWEEP A/B line's name for what is timed
+
     def __init__(self, engine, vocab: int, rng: random.Random) -> None:
         self.engine, self.vocab, self.rng = engine, vocab, rng
 
     def recapture(self) -> float:
+        """The batch-1 decode graphs captured again; the seconds it took."""
         from quant_gpu import _recapture_decode
 
         return _recapture_decode(self.engine, 1)
 
     def time(self, steps: int) -> dict:
+        """A fresh request's `steps` timed decode steps (`decode_steps.one_request_phase`)."""
         from decode_steps import one_request_phase
 
         return one_request_phase(self.engine, self.vocab, steps, self.rng)
 
     def greedy(self, tokens: int = 32) -> list[int]:
+        """A fixed prompt's greedy tokens."""
         from int4_step_ab import greedy
 
         return greedy(self.engine, self.vocab, tokens)
 
-    label = "bs1 ctx512"
-
     def describe(self) -> dict:
+        """What is timed."""
         return {"decode_batch": 1, "context": 512}
 
 
