@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from flotilla.kernels.activation import silu_and_mul_ref
-from flotilla.kernels.card_tables import DEFAULT, H200, device_card, for_card
+from flotilla.kernels.card_tables import DEFAULT, H100, H200, device_card, for_card
 from flotilla.kernels.launch_knobs import KnobSyntax, parse_shape
 from flotilla.kernels.split_k_counters import arrival_counters
 from flotilla.kernels.triton_activation import silu_mul
@@ -127,9 +127,23 @@ H200_CONFIGS = (
     "4096x4096@128:cublas;4096x4096@32:bn=64,bk=128,sk=1,w=4,s=6,t=1;4096x4096@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
     "6144x4096@128:cublas;6144x4096@32:bn=64,bk=128,sk=1,w=4,s=5,t=0;6144x4096@64:bn=64,bk=128,sk=1,w=4,s=5,t=0"
 )
-# Per card (`card_tables.py`): the H200's table serves every card until another card's is measured (an H100 entry
-# from bench/tile_sweep.py --family skinny32 is added here by hand, as the GEMVs' are).
-MEASURED_CONFIGS: dict[str, str] = {DEFAULT: H200_CONFIGS, H200: H200_CONFIGS}
+# The H100's entry (session 33, bench/results/gpu-2026-12-07-s33/call3/: bench/tile_sweep.py --family skinny32 on an
+# H100 80GB HBM3, the 32-row tiles chosen inside the engine, a 20-token extend over a 2,000-token cached prefix replayed
+# as its one-sequence mixed graph): the H200's table but, at M = 32, o_proj without TMA, gate_up + SiLU on 4 warps and
+# down on cuBLAS. A replay 5.822 -> 5.733 ms (orig new new orig; the random model's greedy tokens differ: another K
+# order), the cached-prefix TTFT 7.07 -> 6.95 ms.
+H100_CONFIGS = (
+    "128256x4096@128:cublas;128256x4096@32:bn=128,bk=128,sk=1,w=4,s=4,t=0;"
+    "128256x4096@64:bn=256,bk=64,sk=1,w=4,s=5,t=1;28672x4096@128:bn=256,bk=64,sk=1,w=8,s=4,t=0;"
+    "28672x4096@128+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;28672x4096@32:cublas;"
+    "28672x4096@32+silu:bn=128,bk=64,sk=1,w=4,s=5,t=0;28672x4096@64:bn=256,bk=64,sk=1,w=4,s=4,t=1;"
+    "28672x4096@64+silu:bn=128,bk=64,sk=1,w=8,s=5,t=0;4096x14336@128:cublas;"
+    "4096x14336@32:cublas;4096x14336@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
+    "4096x4096@128:cublas;4096x4096@32:bn=64,bk=128,sk=1,w=4,s=6,t=0;4096x4096@64:bn=64,bk=128,sk=1,w=4,s=6,t=1;"
+    "6144x4096@128:cublas;6144x4096@32:bn=64,bk=128,sk=1,w=4,s=5,t=0;6144x4096@64:bn=64,bk=128,sk=1,w=4,s=5,t=0"
+)
+# Per card (`card_tables.py`): the H200's table serves every card without an entry of its own.
+MEASURED_CONFIGS: dict[str, str] = {DEFAULT: H200_CONFIGS, H200: H200_CONFIGS, H100: H100_CONFIGS}
 # FLOTILLA_SKINNY_GEMM_CONFIGS from the environment (bench/results/dec7-gpu.sh passes a sweep's winners to the engine
 # run of the same call) replaces the table on every card; else the measured ones. Read once at import; benchmarks set
 # entries in-process (`set_configs`: bench/tile_sweep.py, which captures the graphs again after each change).
@@ -405,7 +419,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 __all__ = [
-    "CUBLAS", "H200_CONFIGS", "MEASURED_CONFIGS", "ConfigTable", "SkinnyGemmConfig", "block_m", "config_key",
-    "configs", "cublas_preferred", "default_config", "measured", "parse_config", "parse_configs", "restore_configs",
-    "set_configs", "skinny_gemm", "skinny_gemm_ref", "smem_bytes", "supported", "table_spec",
+    "CUBLAS", "H100_CONFIGS", "H200_CONFIGS", "MEASURED_CONFIGS", "ConfigTable", "SkinnyGemmConfig", "block_m",
+    "config_key", "configs", "cublas_preferred", "default_config", "measured", "parse_config", "parse_configs",
+    "restore_configs", "set_configs", "skinny_gemm", "skinny_gemm_ref", "smem_bytes", "supported", "table_spec",
 ]  # fmt: skip

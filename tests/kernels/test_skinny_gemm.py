@@ -134,8 +134,9 @@ def test_dispatch_takes_the_skinny_gemm_only_for_decode_batches(monkeypatch, m):
 
 
 def test_every_card_resolves_the_h200_table_until_it_has_its_own(monkeypatch):
-    """Per-card tables (`card_tables.py`): the H200's table is `DEFAULT`'s too, so every card (the H100, a card without
-    an entry, off CUDA) launches each Llama projection at every batch tile as before; a card given its own entry gets
+    """Per-card tables (`card_tables.py`): the H200's table is `DEFAULT`'s too, so a card without an entry and off CUDA
+    launch each Llama projection at every batch tile as the H200; the H100's own entry (session 33) differs at the
+    32-row tile only (o_proj without TMA, gate_up + SiLU on 4 warps, down on cuBLAS); a card given its own entry gets
     it, the others keep theirs."""
     from flotilla.kernels import triton_skinny_gemm as sg
     from flotilla.kernels.card_tables import DEFAULT, H100, H200
@@ -148,7 +149,13 @@ def test_every_card_resolves_the_h200_table_until_it_has_its_own(monkeypatch):
         return [(sg.default_config(m, n // 2 if g else n, k, 132, g, card), sg.measured(m, n, k, g, card),
                  sg.cublas_preferred(m, n, k, g, card)) for n, k, m, g in shapes]  # fmt: skip
 
-    assert launches(H100) == launches(H200) == launches("NVIDIA B200") == launches(None)
+    assert launches(H200) == launches("NVIDIA B200") == launches(None)
+    h100, h200 = launches(H100), launches(H200)
+    differ = {(n, k, g) for (n, k, m, g), a, b in zip(shapes, h100, h200, strict=True) if a != b}
+    assert differ == {(4096, 4096, False), (28672, 4096, True), (4096, 14336, False)}
+    assert all(a == b for (_, _, m, _), a, b in zip(shapes, h100, h200, strict=True) if m > 32)
+    assert sg.cublas_preferred(20, 4096, 14336, card=H100) and not sg.cublas_preferred(20, 4096, 14336, card=H200)
+    assert sg.default_config(20, 14336, 4096, 132, True, H100).num_warps == 4
     own = sg.parse_configs("4096x4096@32:bn=128,bk=64,sk=2,w=8,s=3,t=0;6144x4096@32:cublas")
     monkeypatch.setattr(sg, "_TABLES", {**sg._TABLES, H100: {**sg.configs(H200), **own}})
     assert sg.default_config(20, 4096, 4096, 132, card=H100) == own[(4096, 4096, 32, False)]
