@@ -16,6 +16,10 @@ _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     # Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads (HF and vLLM read it so)
     "Qwen3ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True)),
 }
+# The sequence classifiers (`--convert classify`): the same body, whose LM head the loader swaps for the `score` head
+# (engine/pooling/score_head.py).
+_REGISTRY |= {name.replace("ForCausalLM", "ForSequenceClassification"): build
+              for name, build in list(_REGISTRY.items())}
 
 
 def supported_architectures() -> list[str]:
