@@ -1,5 +1,5 @@
-"""A named call on the engine between steps (load or unload a LoRA adapter, embed or classify prompts), picklable so that it can
-cross into the engine-core process: a lambda could run on the in-process engine thread only."""
+"""A named call on the engine between steps (load or unload a LoRA adapter, embed or classify prompts), picklable so
+that it can cross into the engine-core process: a lambda could run on the in-process engine thread only."""
 
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ report a one-label model's single value for each pair's prompt."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
+from flotilla.engine.model_runner import ModelRunner
 from flotilla.engine.pooling.classifier_config import activation
 from flotilla.engine.pooling.embed import check_pooling, pool_prompts
 from flotilla.engine.pooling.output import ClassificationOutput
@@ -25,7 +26,8 @@ def classify_prompts(engine: LLMEngine, prompts: list[list[int]], use_activation
     how = activation(engine.config.model.hf_config) if use_activation else "identity"
 
     def head(last: torch.Tensor) -> torch.Tensor:  # called once pool_prompts has checked the runner holds the model
-        return activate(engine.runner.model.score(last.float()), how)
+        score = cast(ModelRunner, engine.runner).model.get_submodule("score")  # score_head.attach_score_head's
+        return activate(score(last.float()), how)
 
     rows = pool_prompts(engine, prompts, head, cache_salt)
     return [ClassificationOutput(probs, len(ids)) for probs, ids in zip(rows, prompts, strict=True)]

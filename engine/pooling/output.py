@@ -1,5 +1,5 @@
-"""What the pooling pass returns for one prompt (an embedding, or a classifier's scores): a module without torch, so that the API process can
-receive it from the engine-core process without importing the model stack."""
+"""What the pooling pass returns for one prompt (an embedding, or a classifier's scores): a module without torch, so
+that the API process can receive it from the engine-core process without importing the model stack."""
 
 from __future__ import annotations
 

@@ -18,21 +18,6 @@ QWEN3_RERANKER = {"architectures": ["Qwen3ForSequenceClassification"], "classifi
                   "is_original_qwen3_reranker": True}
 
 
-def save_classifier(base: Path, out: Path, labels: list[str], seed: int = 0) -> Path:
-    """A random HF `*ForSequenceClassification` of `base`'s tiny architecture, with `labels` as id2label."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(base)
-    config.id2label = dict(enumerate(labels))
-    config.label2id = {label: i for i, label in enumerate(labels)}
-    config.architectures = None
-    config.initializer_range = 0.2  # logits of some spread: a wrong row or activation shows
-    torch.manual_seed(seed)
-    AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    return out
-
-
 def hf_logits(model_dir: Path, prompts: list[list[int]]) -> torch.Tensor:
     from transformers import AutoModelForSequenceClassification
 
@@ -42,13 +27,8 @@ def hf_logits(model_dir: Path, prompts: list[list[int]]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def classifiers(tiny_model_dirs, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("classifiers")
-    return {
-        "qwen3": save_classifier(tiny_model_dirs["qwen3"], root / "qwen3", ["negative", "neutral", "positive"], 1),
-        "qwen2": save_classifier(tiny_model_dirs["qwen2"], root / "qwen2", ["spam", "ham"], 2),
-        "llama": save_classifier(tiny_model_dirs["llama"], root / "llama", ["relevant"], 3),
-    }
+def classifiers(tiny_classifier_dirs) -> dict[str, Path]:
+    return tiny_classifier_dirs
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
