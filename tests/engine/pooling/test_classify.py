@@ -138,3 +138,17 @@ def test_id2label_names_the_labels(classifiers):
     config = json.loads((classifiers["qwen3"] / "config.json").read_text())
     assert labels(config) == ["negative", "neutral", "positive"]
     assert labels({**config, **QWEN3_RERANKER}) == ["LABEL_0"]
+
+
+@pytest.mark.parametrize("runner", ["auto", "pooling"])
+def test_an_inference_service_runner_passes_a_classifier_through(classifiers, runner):
+    # The operator renders spec.runner as --runner (it owns --convert and --task); the engine resolves --convert
+    # auto from the architecture, so a *ForSequenceClassification model is served as a classifier.
+    from flotilla.operator.engine_args import engine_args
+    from flotilla.operator.spec import InferenceServiceSpec
+
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"}, "runner": runner})
+    args = engine_args(spec, "x")
+    assert "--convert" not in args and "--task" not in args
+    config = EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", runner=args[args.index("--runner") + 1])
+    assert (config.model.runner, config.model.convert) == ("pooling", "classify")
