@@ -190,3 +190,9 @@ def test_the_reranker_classifies_with_one_sigmoid_label(reranker_server, hf_rera
     np.testing.assert_allclose(item["probs"][0], 1 / (1 + np.exp(-margin(ids))), atol=1e-4)
     refused = post(reranker_server, "/score", {"text_1": "a", "text_2": "b", "truncation_side": "right"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "truncation_side", refused.text
+
+
+def test_the_api_key_guards_classify(classifier_server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        answer = httpx.post(f"{classifier_server.url}/classify", json={"input": "a"}, headers=headers, timeout=60)
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", answer.text
