@@ -5,7 +5,9 @@ cross-encoder /score and /rerank, /pooling's classify task and /invocations, aga
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -35,9 +37,27 @@ def classifier_server(tiny_classifier_dirs, tmp_path_factory) -> Iterator[Server
 
 
 @pytest.fixture(scope="module")
-def reranker_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+def reranker_dir(tiny_model_dirs, tmp_path_factory) -> Path:
+    """The tiny causal Qwen3 with a tokenizer whose pair encoding puts <|im_end|> between the two texts (as BERT's
+    [SEP]), so that a pair's prompt differs from its texts' encodings put end to end."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("reranker-model") / "qwen3"
+    shutil.copytree(tiny_model_dirs["qwen3"], path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    sep = "<|im_end|>"
+    template = TemplateProcessing(single="$A", pair=f"$A {sep} $B:1",
+                                  special_tokens=[(sep, tokenizer.convert_tokens_to_ids(sep))])
+    setattr(tokenizer.backend_tokenizer, "post_processor", template)  # noqa: B010 - a property vulture cannot see
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reranker_server(reranker_dir, tmp_path_factory) -> Iterator[Server]:
     """The tiny causal Qwen3 as vLLM serves Qwen3-Reranker: --hf-overrides make the yes-minus-no head."""
-    s = start_tiny_server(tiny_model_dirs["qwen3"], tmp_path_factory.mktemp("reranker") / "server.log",
+    s = start_tiny_server(reranker_dir, tmp_path_factory.mktemp("reranker") / "server.log",
                           "--runner", "pooling", "--hf-overrides", json.dumps(QWEN3_RERANKER))
     yield s
     stop_server(s)
@@ -56,11 +76,11 @@ def hf_classifier_logits(model_dir, ids_list: list[list[int]]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def hf_reranker(tiny_model_dirs):
+def hf_reranker(reranker_dir):
     """(the pair encoding of (query, document), HF's yes-minus-no logit of a token-id prompt) for the reranker."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = tiny_model_dirs["qwen3"]
+    path = reranker_dir
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     no, yes = tokenizer.convert_tokens_to_ids(["no", "yes"])
@@ -70,7 +90,13 @@ def hf_reranker(tiny_model_dirs):
             last = model(torch.tensor([ids])).logits[0, -1]
         return float(last[yes] - last[no])
 
-    return (lambda a, b, **cut: tokenizer(a, text_pair=b, **cut)["input_ids"]), margin
+    def pair_ids(a: str, b: str, **cut: object) -> list[int]:
+        ids = tokenizer(a, text_pair=b, **cut)["input_ids"]
+        if not cut:  # the separator is there: a pair is not its texts end to end
+            assert ids == tokenizer.encode(a) + [tokenizer.convert_tokens_to_ids("<|im_end|>")] + tokenizer.encode(b)
+        return ids
+
+    return pair_ids, margin
 
 
 def test_classify_answers_vllms_shape_with_hf_probabilities(classifier_server, tiny_classifier_dirs):
