@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.compilation_config import compilation_problem, graph_plan
 from flotilla.engine.block_hash import HashAlgo
+from flotilla.engine.pooling.classifier_config import classifier_problem
 from flotilla.engine.pooling.params import matryoshka_problem
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -81,9 +82,10 @@ class ModelConfig(_Component):
     logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = "raw_logprobs"
     # --max-logprobs: the most logprobs / prompt_logprobs a request may ask for; -1: up to the vocabulary
     max_logprobs: int = Field(20, ge=-1)
-    # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings.
+    # --runner/--convert/--task resolved (engine/pooling/runner_choice.py): pooling serves /v1/embeddings (embed)
+    # or /classify and cross-encoder /score and /rerank (classify).
     runner: Literal["generate", "pooling"] = "generate"
-    convert: Literal["none", "embed"] = "none"
+    convert: Literal["none", "embed", "classify"] = "none"
     # The weight scheme (`engine/quantization`): --quantization, or the checkpoint's quantization_config.
     quantization: str | None = None
     hf_config: dict[str, Any]
@@ -409,6 +411,13 @@ def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, A
     return hf_config | overrides
 
 
+def classify_problem(hf_config: dict[str, Any], quantization: str | None) -> str | None:
+    """Why `--convert classify` cannot build this model's head, or None (engine/pooling/classifier_config.py)."""
+    if quantization == "gguf":  # a GGUF file keeps the LM head as codes, and has no score.weight
+        return "--convert classify does not take a GGUF checkpoint (it has no score head to load)"
+    return classifier_problem(hf_config)
+
+
 def _embedded_model_name() -> str:
     from flotilla.engine.embedded_model import EMBEDDED_MODEL_NAME
 
@@ -448,6 +457,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if problem := matryoshka_problem(hf_config):
         raise ConfigError(problem)
+    if convert == "classify" and (problem := classify_problem(hf_config, quantization)):
+        raise ConfigError(f"model {model_dir}: {problem}")
     graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
                         v["max_cudagraph_capture_size"])
     model = ModelConfig(

@@ -1,5 +1,5 @@
-"""A named call on the engine between steps (load or unload a LoRA adapter, embed prompts), picklable so that it can
-cross into the engine-core process: a lambda could run on the in-process engine thread only."""
+"""A named call on the engine between steps (load or unload a LoRA adapter, embed or classify prompts), picklable so
+that it can cross into the engine-core process: a lambda could run on the in-process engine thread only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # the API process never imports the engine (nor torch): only 
     from flotilla.engine.llm_engine import LLMEngine
 
 # The engine methods a front end may call: the only ones the core process will run for it.
-CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed"})
+CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed", "classify"})
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from flotilla.engine.chat_content import ContentFormatOption
@@ -18,7 +18,9 @@ from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.pooling.classify import classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
+from flotilla.engine.pooling.output import ClassificationOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
@@ -82,23 +84,37 @@ class LLM:
         cut to `dimensions` on matryoshka models; `truncate_prompt_tokens` (vLLM's) embeds each prompt's
         last N tokens (-1: the context length). A prompt dict's `"cache_salt"` keys its prefix-cache blocks,
         as on `generate`."""
+        params = PoolingParams(dimensions=dimensions)
+        return self._pool(prompts, truncate_prompt_tokens,
+                          lambda ids, salt: embed_prompts(self.engine, ids, params, salt))
+
+    def classify(self, prompts: Prompt | Sequence[Prompt], *, use_activation: bool = True,
+                 truncate_prompt_tokens: int | None = None) -> list[ClassificationOutput]:
+        """A classifier's (`--convert classify`) class scores of every prompt, vLLM's `LLM.classify`: the `score`
+        head on the last token, softmax over the labels (sigmoid for one label) unless `use_activation=False`;
+        `truncate_prompt_tokens` and a prompt dict's `"cache_salt"` as on `embed`."""
+        return self._pool(prompts, truncate_prompt_tokens,
+                          lambda ids, salt: classify_prompts(self.engine, ids, use_activation, salt))
+
+    def _pool(self, prompts: Prompt | Sequence[Prompt], truncate_prompt_tokens: int | None,
+              run: Callable[[list[list[int]], str | None], list[Any]]) -> list[Any]:
+        """`run(token ids, cache salt)` over the prompts, tokenized and truncated, once per salt (a call keys all its
+        prompts alike), the outputs in prompt order."""
         prompt_list = _as_prompt_list(prompts)
         salts = [_salt_of(p) for p in prompt_list]
         max_len = self.engine.config.model.max_model_len
         token_ids = [truncate_prompt(self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p),
                                      truncate_prompt_tokens, max_len) for p in map(_unwrap, prompt_list)]
-        params = PoolingParams(dimensions=dimensions)
         by_salt = _indices_by_salt(salts)
         if len(by_salt) <= 1:
-            return embed_prompts(self.engine, token_ids, params, salts[0] if salts else None)
-        # One pooling call per salt (a call keys all its prompts alike). Every prompt is checked first, by its
-        # index in this call, so a bad one fails the whole call before any is embedded.
+            return run(token_ids, salts[0] if salts else None)
+        # Every prompt is checked first, by its index in this call, so a bad one fails the whole call before any
+        # is pooled.
         for i, ids in enumerate(token_ids):
             check_prompt(i, ids, max_len, self.engine.vocab_size)
-        outputs: dict[int, EmbeddingOutput] = {}
+        outputs: dict[int, Any] = {}
         for salt, indices in by_salt.items():
-            group = embed_prompts(self.engine, [token_ids[i] for i in indices], params, salt)
-            outputs.update(zip(indices, group, strict=True))
+            outputs.update(zip(indices, run([token_ids[i] for i in indices], salt), strict=True))
         return [outputs[i] for i in range(len(token_ids))]
 
     def chat(

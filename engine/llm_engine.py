@@ -28,7 +28,9 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
+from flotilla.engine.pooling.classify import classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.output import ClassificationOutput
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_rules import check_prompt_ids, check_prompt_length
 from flotilla.engine.prompt_truncation import truncate_prompt
@@ -144,7 +146,7 @@ class LLMEngine:
         """
         if self.config.model.runner == "pooling":
             raise InvalidParamError("this model is served by the pooling runner (--runner pooling): it computes "
-                                    "embeddings on /v1/embeddings and does not generate text", "model")
+                                    "embeddings or class scores and does not generate text", "model")
         params = params.with_whole_vocabulary(self.vocab_size)
         text, token_ids = self._prompt_tokens(prompt, prompt_text, params)
         bad_words = self._check_options(params, lora_request, priority)
@@ -268,6 +270,12 @@ class LLMEngine:
         """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once); `cache_salt`
         keeps their prefix-cache blocks apart from other salts', as on `add_request`."""
         return embed_prompts(self, prompts, params, cache_salt)
+
+    def classify(self, prompts: list[list[int]], use_activation: bool = True,
+                 cache_salt: str | None = None) -> list[ClassificationOutput]:
+        """A classifier's (--convert classify) class scores of tokenized prompts, as `embed` runs (prefill only,
+        blocks freed at once); `use_activation=False` gives the head's raw logits."""
+        return classify_prompts(self, prompts, use_activation, cache_salt)
 
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot

@@ -19,6 +19,7 @@ from torch import nn
 from flotilla.engine.config import ModelConfig
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.registry import build_model
+from flotilla.engine.pooling.score_head import attach_score_head, score_head_tensors
 from flotilla.engine.quantization import (
     attach_quant_method,
     convert_checkpoint,
@@ -26,6 +27,7 @@ from flotilla.engine.quantization import (
     process_quantized_weights,
 )
 from flotilla.engine.quantization.kv_scales import kv_scale_target, set_kv_scale
+from flotilla.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     try:
         with device:
             model = build_model(config.hf_config)
+            if config.convert == "classify":
+                attach_score_head(model, config.hf_config)
     finally:
         torch.set_default_dtype(previous)
     logger.debug("model built on %s", device)
@@ -74,6 +78,8 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
         load_state(model, gguf_checkpoint_tensors(config.model, config.hf_config, gguf_int4), where=config.model)
     else:
         tensors = _checkpoint_tensors(Path(config.model))
+        if config.convert == "classify":
+            tensors = score_head_tensors(tensors, config.hf_config, classifier_token_ids(config))
         if config.quantization is not None:
             tensors = convert_checkpoint(config.quantization, config.hf_config, tensors)
         load_state(model, tensors, where=config.model)
@@ -83,6 +89,21 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
 
         logger.debug("gguf: LM head as 8-bit codes: %s", attach_gguf_lm_head(model, config.model))
     return model.eval()
+
+
+@torch.no_grad()
+def classifier_token_ids(config: ModelConfig) -> list[int]:
+    """The tokenizer's ids of config.json's `classifier_from_token` ([] when it names none), as vLLM's loader reads
+    them; a token the vocabulary lacks is an error, not the unknown token's row."""
+    tokens = config.hf_config.get("classifier_from_token") or []
+    if not tokens:
+        return []
+    tokenizer = load_tokenizer(config.tokenizer)
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+    unknown = [t for t, i in zip(tokens, ids, strict=True) if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        raise ValueError(f"classifier_from_token: {unknown} are not tokens of the vocabulary of {config.tokenizer}")
+    return ids
 
 
 @torch.no_grad()

@@ -338,9 +338,10 @@ FLAGS: tuple[Flag, ...] = (
         "--runner",
         "str",
         "auto",
-        "Which runner serves the model: generate (text generation) or pooling (embeddings on "
-        "/v1/embeddings, prefill only); auto picks pooling for *Model / *EmbeddingModel / "
-        "*ForTextEncoding architectures, else generate (as vLLM).",
+        "Which runner serves the model: generate (text generation) or pooling (prefill only: embeddings on "
+        "/v1/embeddings, or a classifier's /classify and cross-encoder /score and /rerank); auto picks pooling for "
+        "*Model / *EmbeddingModel / *ForTextEncoding / *ForSequenceClassification architectures, else generate (as "
+        "vLLM).",
         "model",
         crd_field="runner",
         choices=("auto", "generate", "pooling", "draft"),
@@ -350,21 +351,24 @@ FLAGS: tuple[Flag, ...] = (
         "--convert",
         "str",
         "auto",
-        "How the pooling runner adapts a generative checkpoint: embed (last-token pooling, L2 "
-        "normalised); auto means embed with --runner pooling, none otherwise (as vLLM).",
+        "How the pooling runner adapts a checkpoint: embed (last-token pooling, L2 normalised) or classify "
+        "(a score head on the last token: checkpoint's score.weight, or config.json's classifier_from_token); auto "
+        "means classify for *ForSequenceClassification, embed for other architectures with --runner pooling, "
+        "none otherwise (as vLLM).",
         "model",
         choices=("auto", "none", "embed", "classify", "reward"),
-        supported_values=("auto", "none", "embed"),
+        supported_values=("auto", "none", "embed", "classify"),
     ),
     Flag(
         "--task",
         "str",
         "auto",
-        "vLLM's older spelling (deprecated there): embed/embedding = --runner pooling --convert embed, "
-        "generate = --runner generate.",
+        "vLLM's older spelling (deprecated there): embed/embedding = --runner pooling --convert embed, classify = "
+        "--runner pooling --convert classify, score = either by the architecture (classify for "
+        "*ForSequenceClassification), generate = --runner generate.",
         "model",
         choices=("auto", "generate", "embedding", "embed", "classify", "score", "reward"),
-        supported_values=("auto", "generate", "embedding", "embed"),
+        supported_values=("auto", "generate", "embedding", "embed", "classify", "score"),
     ),
     # --- KV cache ----------------------------------------------------------------------------------
     Flag(

@@ -135,8 +135,10 @@ OPERATOR_OWNED: dict[str, str] = {
     "--device": "engine pods run on the GPUs they request",
     "--num-gpu-blocks-override": "the KV cache is sized by spec.kvCache.gpuMemoryUtilization, which the fit "
                                  "check reads",
-    # spec.runner chooses the runner; pooling implies embed, the only conversion the engine has.
-    "--convert": "spec.runner sets the runner, and pooling always converts with embed",
+    # spec.runner chooses the runner; the engine's --convert auto then follows the architecture (classify for
+    # *ForSequenceClassification, else embed), as vLLM's.
+    "--convert": "spec.runner sets the runner, and pooling converts as the architecture implies (classify for "
+                 "*ForSequenceClassification, else embed)",
     "--task": "spec.runner sets the runner (--task is vLLM's older spelling of --runner/--convert)",
     # vLLM's Hub download flags: the operator fetches spec.model.source (hf://org/name: the repository's default
     # branch; hf://org/name:revision pins one) into the pod, and the engine reads local directories only.

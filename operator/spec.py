@@ -611,7 +611,9 @@ class InferenceServiceSpec(_Model):
         default_factory=ParallelismSpec, description="Model parallelism per replica.")
     runner: Literal["auto", "generate", "pooling"] = Field(
         default="auto", description="Runner (--runner): generate serves text, pooling serves /v1/embeddings "
-                                    "(last-token pooled, normalised); auto picks pooling for *Model architectures.")
+                                    "(last-token pooled, normalised), or /classify and cross-encoder /score for "
+                                    "*ForSequenceClassification architectures; auto picks pooling for *Model and "
+                                    "*ForSequenceClassification architectures.")
     quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"] = Field(
         default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
                                     "(awq, gptq, compressed-tensors) may also be left to the engine to detect. "

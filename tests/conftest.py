@@ -87,6 +87,31 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir
     return dirs
 
 
+# Tiny `*ForSequenceClassification` models (the pooling runner's classify convert): architecture -> labels.
+TINY_CLASSIFIERS = {"qwen3": ["negative", "neutral", "positive"], "qwen2": ["spam", "ham"], "llama": ["relevant"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_dirs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dirs: dict[str, Path]) -> dict[str, Path]:
+    """Random HF `*ForSequenceClassification` models of the tiny architectures (TINY_CLASSIFIERS: their id2label),
+    saved with save_pretrained beside the same tokenizer."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("tiny-classifiers")
+    dirs = {}
+    for seed, (arch, labels) in enumerate(TINY_CLASSIFIERS.items()):
+        base, path = tiny_model_dirs[arch], root / arch
+        # initializer_range: logits of some spread, so that a wrong row or activation shows
+        config = AutoConfig.from_pretrained(base, id2label=dict(enumerate(labels)), architectures=None,
+                                            label2id={label: i for i, label in enumerate(labels)},
+                                            initializer_range=0.2)
+        torch.manual_seed(seed)
+        AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).save_pretrained(path)
+        AutoTokenizer.from_pretrained(base).save_pretrained(path)
+        dirs[arch] = path
+    return dirs
+
+
 @pytest.fixture(params=TINY_ARCHS)
 def tiny_model_dir(request: pytest.FixtureRequest, tiny_model_dirs: dict[str, Path]) -> Path:
     """Each tiny architecture in turn."""

@@ -30,7 +30,10 @@ OTHER_FLAGS = {"--create-namespace", "--from-file", "--config", "--build-arg", "
 # Backticked names that are other projects' (xgrammar, vLLM, the Prometheus Operator's Prometheus and
 # ServiceMonitor fields) or a family of bench/serve.py's report keys.
 OTHER_NAMES = {"max_whitespace_cnt", "structural_tag", "whitespace_pattern", "send_delay_ms", "head_delay_ms",
-               "serviceMonitorSelector", "serviceMonitorNamespaceSelector", "enforcedSampleLimit", "honorLabels"}
+               "serviceMonitorSelector", "serviceMonitorNamespaceSelector", "enforcedSampleLimit", "honorLabels",
+               # vLLM's, named in docs/classify.md as vLLM's
+               "as_seq_cls_model", "get_classification_activation_function", "activation_fn",
+               "sentence_transformers.activation_fn", "sbert_ce_default_activation_function"}
 
 
 def _tracked() -> list[str]:

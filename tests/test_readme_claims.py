@@ -49,7 +49,7 @@ def test_the_supported_architectures_are_the_registrys():
     from flotilla.engine.models.registry import supported_architectures
 
     said = " ".join(README.split()).split("Supported architectures:")[1].split(". The table")[0]
-    assert sorted(re.findall(r"`(\w+ForCausalLM)`", said)) == supported_architectures()
+    assert sorted(re.findall(r"`(\w+For(?:CausalLM|SequenceClassification))`", said)) == supported_architectures()
 
 
 def test_every_benchmark_row_names_its_command():

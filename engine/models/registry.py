@@ -8,13 +8,31 @@ from typing import Any
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
 
-# HF `architectures[0]` -> builder from config.json
-_REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
-    "LlamaForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
-    "MistralForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
-    "Qwen2ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True)),
+
+def _llama(c: dict[str, Any]) -> CausalLM:
+    return LlamaForCausalLM(LlamaArch.from_hf(c))
+
+
+def _qwen2(c: dict[str, Any]) -> CausalLM:
+    return LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True))
+
+
+def _qwen3(c: dict[str, Any]) -> CausalLM:
     # Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads (HF and vLLM read it so)
-    "Qwen3ForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True)),
+    return LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True))
+
+
+# HF `architectures[0]` -> builder from config.json. The sequence classifiers (`--convert classify`) are the same
+# body, whose LM head the loader swaps for the `score` head (engine/pooling/score_head.py).
+_REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
+    "LlamaForCausalLM": _llama,
+    "MistralForCausalLM": _llama,
+    "Qwen2ForCausalLM": _qwen2,
+    "Qwen3ForCausalLM": _qwen3,
+    "LlamaForSequenceClassification": _llama,
+    "MistralForSequenceClassification": _llama,
+    "Qwen2ForSequenceClassification": _qwen2,
+    "Qwen3ForSequenceClassification": _qwen3,
 }
 
 

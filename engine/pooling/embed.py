@@ -1,4 +1,5 @@
-"""The pooling pass: prefill only, on the engine's own model and KV pool, blocks returned at once.
+"""The pooling pass: prefill only, on the engine's own model and KV pool, blocks returned at once; each prompt's
+last hidden state goes through a head (the embedding's normalisation here, the classifier's in classify.py).
 
 Runs on the engine's thread (`AsyncEngine.call`, or the offline `LLM`), between steps, so it never
 races a generation step for the model or the block manager. Each batch takes KV blocks for its
@@ -16,7 +17,7 @@ latency, for a request of another tenant.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,24 +41,51 @@ GENERATE_RUNNER_REFUSAL = ("this server runs the generate runner; start it with 
                            "serve embeddings")
 
 
+# A head: each prompt's last hidden state `[B, H]` -> the rows its task reports `[B, D]` (still on the device).
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+# The convert each task needs, and why a model of the other convert refuses it.
+_WRONG_CONVERT = {
+    "embed": "this model is a classifier (--convert classify): it serves /classify, /score and /rerank, not "
+             "embeddings",
+    "classify": "this model is an embedding model (--convert embed): it serves embeddings and bi-encoder /score, not "
+                "classification (serve a *ForSequenceClassification checkpoint, or --convert classify)",
+}
+
+
 def embed_prompts(engine: LLMEngine, prompts: list[list[int]], params: PoolingParams,
                   cache_salt: str | None = None) -> list[EmbeddingOutput]:
     """Embeddings of token-id prompts, in order (runs on the engine's thread); `cache_salt` keys their
     prefix-cache blocks (see the module docstring)."""
-    if engine.config.model.runner != "pooling":
+    check_pooling(engine, "embed")
+    check_dimensions(params, engine.config.model.hf_config)
+    rows = pool_prompts(engine, prompts, lambda last: last_token_pool(last, params), cache_salt)
+    return [EmbeddingOutput(vec, len(ids)) for vec, ids in zip(rows, prompts, strict=True)]
+
+
+def check_pooling(engine: LLMEngine, convert: str) -> None:
+    """Refuse a pooling task the engine does not serve: the generate runner, or the other convert."""
+    model = engine.config.model
+    if model.runner != "pooling":
         raise InvalidParamError(GENERATE_RUNNER_REFUSAL, param="model")
+    if model.convert != convert:
+        raise InvalidParamError(_WRONG_CONVERT[convert], param="model")
+
+
+def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_salt: str | None) -> list[list[float]]:
+    """`head`'s rows for token-id prompts, in order: every prompt checked, then batch by batch (one prefill pass
+    each, its blocks freed before the next)."""
     runner = engine.runner
     if not isinstance(runner, ModelRunner):
-        raise InvalidParamError("embeddings are not supported with tensor or pipeline parallelism yet")
-    check_dimensions(params, engine.config.model.hf_config)
+        raise InvalidParamError("pooling is not supported with tensor or pipeline parallelism yet")
     if not prompts:
         raise InvalidParamError("input must not be empty", param="input")
     for i, ids in enumerate(prompts):
         check_prompt(i, ids, engine.config.model.max_model_len, engine.vocab_size)
     scheduler = engine.config.scheduler
-    out: list[EmbeddingOutput] = []
+    out: list[list[float]] = []
     for batch in prompt_batches(prompts, scheduler.max_num_batched_tokens, scheduler.max_num_seqs):
-        out += _embed_batch(engine, runner, batch, params, cache_salt)
+        out += _pool_batch(engine, runner, batch, head, cache_salt)
     return out
 
 
@@ -91,8 +119,8 @@ def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int |
         yield batch
 
 
-def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], params: PoolingParams,
-                 cache_salt: str | None) -> list[EmbeddingOutput]:
+def _pool_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], head: Head,
+                cache_salt: str | None) -> list[list[float]]:
     blocks = engine.block_manager
     holders = [Request(f"pooling-{i}", ids, SamplingParams(max_tokens=1), cache_salt=cache_salt)
                for i, ids in enumerate(batch)]
@@ -110,20 +138,20 @@ def _embed_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]],
                                         param="input")
             blocks.record_lookup(holder, len(cached))
             taken.append(holder)
-        pooled = _forward(runner, holders, params)
+        pooled = _forward(runner, holders, head)
         computed = True
     finally:
         for holder in taken:
             if not computed:  # indexed as if computed: a later prompt must not take K/V never written
                 blocks.uncache(holder, holder.num_cached_tokens)
             blocks.free(holder)
-    return [EmbeddingOutput(vec, len(ids)) for vec, ids in zip(pooled.tolist(), batch, strict=True)]
+    return pooled.tolist()
 
 
 @torch.inference_mode()
-def _forward(runner: ModelRunner, holders: list[Request], params: PoolingParams) -> torch.Tensor:
+def _forward(runner: ModelRunner, holders: list[Request], head: Head) -> torch.Tensor:
     """One prefill pass over the prompts' tokens past their cached prefix (eager: CUDA graphs hold decode-sized
-    steps) and the pooling."""
+    steps), and `head` on each prompt's last hidden state."""
     size = runner.block_size
     ids: list[int] = []
     positions: list[int] = []
@@ -151,4 +179,4 @@ def _forward(runner: ModelRunner, holders: list[Request], params: PoolingParams)
         hidden = runner.model(device_tensor(ids, torch.long, device), device_tensor(positions, torch.long, device))
     runner.num_tokens_fed += len(ids)
     last = device_tensor([s - 1 for s in starts[1:]], torch.long, device)
-    return last_token_pool(hidden, last, params).cpu()
+    return head(hidden.index_select(0, last)).cpu()

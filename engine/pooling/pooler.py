@@ -8,9 +8,9 @@ import torch
 from flotilla.engine.pooling.params import PoolingParams
 
 
-def last_token_pool(hidden: torch.Tensor, last_positions: torch.Tensor, params: PoolingParams) -> torch.Tensor:
-    """hidden `[T, H]` of a flattened batch, `last_positions` `[B]` -> float32 embeddings `[B, D]`."""
-    pooled = hidden.index_select(0, last_positions).float()
+def last_token_pool(last_hidden: torch.Tensor, params: PoolingParams) -> torch.Tensor:
+    """Each prompt's last hidden state `[B, H]` -> float32 embeddings `[B, D]`."""
+    pooled = last_hidden.float()
     if params.dimensions is not None:
         pooled = pooled[:, : params.dimensions]  # matryoshka: cut before normalising, as vLLM
     if params.normalize:

@@ -8,7 +8,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +19,7 @@ from starlette.datastructures import Headers
 from flotilla import __version__
 from flotilla.engine.config import ServerConfig
 from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError
+from flotilla.engine.server.classify import add_classify_route
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
 from flotilla.engine.server.invocations import invocations_route
@@ -58,7 +59,11 @@ class ServerState:
     vocab_size: int = 0
     kv_cache_dtype: str = ""  # what a KV element is stored as, as the start-up log names it
     quantization: str | None = None
-    runner: str = "generate"  # the engine's --runner: "pooling" serves /v1/embeddings
+    runner: str = "generate"  # the engine's --runner: "pooling" serves /v1/embeddings or /classify
+    convert: str = "none"  # the pooling runner's --convert: "embed" (embeddings) or "classify" (/classify)
+    # a classifier's label names (config.json's id2label) and its activation (engine/pooling/classifier_config.py)
+    labels: list[str] = field(default_factory=list)
+    activation: str = "softmax"
     draining: bool = False
     created: int = 0
     # The model as given (vLLM's model card `root`: the path or repository, not a served name); "" for the first name
@@ -90,6 +95,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     add_embedding_routes(app, state, _model, _cancel_on_disconnect)
     add_score_routes(app, state, _model, _cancel_on_disconnect)
     add_pooling_route(app, state, _model, _cancel_on_disconnect)
+    add_classify_route(app, state, _model, _cancel_on_disconnect)
     app.router.routes.append(invocations_route(state))
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
@@ -292,10 +298,10 @@ PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/openapi.j
 
 # The routes whose requests vLLM's /load counts (load_aware_call), as far as this server has them.
 LOAD_AWARE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses",
-                              *SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
+                              *SCORE_PATHS, *RERANK_PATHS, "/pooling", "/classify", "/invocations"})
 
 # The API routes outside /v1 (vLLM's paths): refused while draining and counted in flight, as the /v1 routes.
-UNVERSIONED_API_PATHS = frozenset({*SCORE_PATHS, *RERANK_PATHS, "/pooling", "/invocations"})
+UNVERSIONED_API_PATHS = frozenset({*SCORE_PATHS, *RERANK_PATHS, "/pooling", "/classify", "/invocations"})
 
 
 def _api_path(path: str) -> bool:

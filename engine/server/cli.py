@@ -25,6 +25,7 @@ from flotilla.engine.engine_core import EngineFactory, freeze_startup_heap
 from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
+from flotilla.engine.pooling.classifier_config import activation, labels
 from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
 from flotilla.engine.server.config_file import ConfigFileError, ConfigFileParser, apply_config_file
 from flotilla.engine.server.http_protocol import head_deadline_protocol
@@ -308,6 +309,9 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
         kv_cache_dtype="float8_e4m3fn" if config.cache.kv_cache_dtype.startswith("fp8") else config.model.dtype,
         quantization=config.model.quantization,
         runner=config.model.runner,
+        convert=config.model.convert,
+        labels=labels(config.model.hf_config) if config.model.convert == "classify" else [],
+        activation=activation(config.model.hf_config) if config.model.convert == "classify" else "softmax",
         created=int(time.time()),
         model_path=model_path,
         track_load=server.enable_server_load_tracking,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -50,40 +51,32 @@ MAX_EMBEDDING_INPUTS = 2048
 CHAT_ONLY_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs")
 
 
-class EmbeddingRequest(_RequestBody):
-    """POST /v1/embeddings."""
+class PoolingInputs(_RequestBody):
+    """What a pooling request's prompts are made of (/v1/embeddings' and /classify's): `input` or `messages`, how they
+    are tokenized and truncated, and vLLM's pooling extras."""
 
     model: str | None = None
     input: EmbeddingInput | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    # vLLM's extras for base64: the dtype of each value and the byte order (native: this machine's, little here)
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    endianness: Literal["native", "little", "big"] = "native"
-    dimensions: int | None = None
     user: str | None = None
-    # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
-    normalize: bool = True
     add_special_tokens: bool | None = None  # vLLM's defaults: true for input, false for messages (in the template)
-    # vLLM's extra: embed each input's last N tokens (-1: the context length), as on completions
+    # vLLM's extra: pool each input's last N tokens (-1: the context length), as on completions
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    # vLLM's EmbeddingChatRequest: a conversation in place of input, and how the template renders it
+    # vLLM's chat pooling requests: a conversation in place of input, and how the template renders it
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # vLLM's pooling extras: `use_activation` is its newer name for `normalize` (None: normalize's value);
-    # `truncation_side` "right" keeps the first truncate_prompt_tokens instead of the last. The others cannot be
-    # honoured here and are refused when set (`_refuse_unservable`), rather than logged and ignored.
-    use_activation: bool | None = None
+    # vLLM's pooling extras: `truncation_side` "right" keeps the first truncate_prompt_tokens instead of the last.
+    # The multimodal ones cannot be honoured here and are refused when set (`refuse_unservable`), rather than logged
+    # and ignored.
     truncation_side: Literal["left", "right"] | None = None
-    padding: Literal["max_length", "do_not_pad"] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     # vLLM's pooling request extras, with completions' bounds: `request_id` names the response (`embd-<id>`; the
     # X-Request-Id header wins, as on completions); `cache_salt` keys the pooling pass's prefix-cache blocks, so
     # they are shared within one salt only (engine/pooling/embed.py); `priority` other than 0 is refused
-    # (`_refuse_unservable`): a pooling pass runs between steps, outside the scheduler's queue it would order.
+    # (`refuse_unservable`): a pooling pass runs between steps, outside the scheduler's queue it would order.
     request_id: BodyRequestId | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
@@ -94,16 +87,31 @@ class EmbeddingRequest(_RequestBody):
         return token_id_batch(value, handler)
 
 
+class EmbeddingRequest(PoolingInputs):
+    """POST /v1/embeddings."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    # vLLM's extras for base64: the dtype of each value and the byte order (native: this machine's, little here)
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
+    dimensions: int | None = None
+    # vLLM's extra: L2-normalise the pooled vector (the embed convert's default).
+    normalize: bool = True
+    # vLLM's newer name for `normalize` (None: normalize's value)
+    use_activation: bool | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+
+
 async def create_embeddings(state: ServerState, body: EmbeddingRequest, model: str) -> dict[str, Any]:
     """Tokenize, check, embed on the engine thread call by call (see the module docstring), and shape the
     OpenAI response."""
     if state.runner != "pooling":  # before the input is read: a long list took seconds to tokenize, then this 400
         raise APIError(400, GENERATE_RUNNER_REFUSAL, param="model")
-    _refuse_unservable(body)
-    prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left")
-               for ids in await _token_ids(state, body)]
-    for i, ids in enumerate(prompts):
-        check_prompt(i, ids, state.max_model_len, state.vocab_size)
+    if state.convert == "classify":
+        raise APIError(400, EMBED_NEEDS_EMBED_MODEL, param="model")
+    refuse_unservable(body, "/v1/embeddings")
+    _refuse_padding(body)
+    prompts = await checked_prompts(state, body)
     params = PoolingParams(dimensions=body.dimensions, normalize=_normalize(body))
     response_id = response_ids("embd", body.request_id)[0]
     outputs = await embed_in_calls(state, prompts, params, body.cache_salt, response_id)
@@ -123,26 +131,35 @@ async def embed_in_calls(state: ServerState, prompts: list[list[int]], params: P
                          response_id: str) -> list[EmbeddingOutput]:
     """Checked prompts' embeddings, in engine calls of at most `--max-model-len` tokens (the module docstring), logged
     under `response_id` with --enable-log-requests; /score and /rerank embed their texts here too."""
+    return await pool_in_calls(state, prompts, lambda chunk: EngineCall("embed", (chunk, params, cache_salt)), params,
+                               response_id)
+
+
+async def pool_in_calls(state: ServerState, prompts: list[list[int]], call: Callable[[list[list[int]]], EngineCall],
+                        logged: Any, response_id: str) -> list[Any]:
+    """Checked prompts' pooling outputs, in the engine calls `call(chunk)` makes of chunks of at most
+    `--max-model-len` tokens (the module docstring); with --enable-log-requests logged under `response_id` with
+    `logged` as its parameters (embeddings, and /classify's class scores)."""
     if state.serving.log_requests:
-        return await _logged_embed(state, prompts, params, cache_salt, response_id)
-    return await _embed(state, prompts, params, cache_salt)
+        return await _logged_pool(state, prompts, call, logged, response_id)
+    return await _pool(state, prompts, call)
 
 
-async def _embed(state: ServerState, prompts: list[list[int]], params: PoolingParams,
-                 cache_salt: str | None) -> list[EmbeddingOutput]:
-    """Every prompt's embedding, batch by batch on the engine thread."""
-    outputs: list[EmbeddingOutput] = []
+async def _pool(state: ServerState, prompts: list[list[int]],
+                call: Callable[[list[list[int]]], EngineCall]) -> list[Any]:
+    """Every prompt's output, batch by batch on the engine thread."""
+    outputs: list[Any] = []
     for chunk in prompt_batches(prompts, state.max_model_len):
-        outputs += await state.engine.call(EngineCall("embed", (chunk, params, cache_salt)))
+        outputs += await state.engine.call(call(chunk))
     return outputs
 
 
-async def _logged_embed(state: ServerState, prompts: list[list[int]], params: PoolingParams, cache_salt: str | None,
-                        response_id: str) -> list[EmbeddingOutput]:
-    """`_embed`, its arrival and end logged (--enable-log-requests: request_log.py)."""
-    log_received(response_id, params, None, None, prompts, state.serving.max_log_len)
+async def _logged_pool(state: ServerState, prompts: list[list[int]], call: Callable[[list[list[int]]], EngineCall],
+                       logged: Any, response_id: str) -> list[Any]:
+    """`_pool`, its arrival and end logged (--enable-log-requests: request_log.py)."""
+    log_received(response_id, logged, None, None, prompts, state.serving.max_log_len)
     try:
-        outputs = await _embed(state, prompts, params, cache_salt)
+        outputs = await _pool(state, prompts, call)
     except Exception as exc:
         log_failed(response_id, exc)
         raise
@@ -153,22 +170,41 @@ async def _logged_embed(state: ServerState, prompts: list[list[int]], params: Po
     return outputs
 
 
-def _refuse_unservable(body: EmbeddingRequest) -> None:
-    """400 naming the first vLLM extra this server cannot honour: the multimodal ones (this server embeds text:
-    there is no HF processor or media loader to pass them to; empty is accepted) and `padding` "max_length" (for
-    encoders trained on fixed-length input without an attention mask, e.g. SigLIP: a decoder's last-token
-    embedding of a padded prompt would be the pad token's) and a `priority` other than 0 (nothing to order)."""
+# Why a classifier's server refuses /v1/embeddings (vLLM does not serve embeddings from a classify model).
+EMBED_NEEDS_EMBED_MODEL = ("this server's model is a classifier (--convert classify): it serves /classify, and "
+                           "cross-encoder /score and /rerank, not embeddings")
+
+
+def refuse_unservable(body: PoolingInputs, route: str) -> None:
+    """400 naming the first vLLM extra this server cannot honour on `route`: the multimodal ones (this server pools
+    text: there is no HF processor or media loader to pass them to; empty is accepted) and a `priority` other than 0
+    (nothing to order)."""
     for name, value in (("mm_processor_kwargs", body.mm_processor_kwargs), ("media_io_kwargs", body.media_io_kwargs)):
         if value:
-            raise APIError(400, f"{name} is not supported: this server embeds text only, so there is no multimodal "
+            raise APIError(400, f"{name} is not supported: this server pools text only, so there is no multimodal "
                                 "processor to pass it to (leave it out)", param=name)
     if body.priority != 0:
-        raise APIError(400, "priority is not supported on /v1/embeddings: the pooling pass runs between engine steps, "
+        raise APIError(400, f"priority is not supported on {route}: the pooling pass runs between engine steps, "
                             "outside the scheduler's queue that priority orders (leave it out, or 0)", param="priority")
+
+
+def _refuse_padding(body: EmbeddingRequest) -> None:
+    """`padding` "max_length" is for encoders trained on fixed-length input without an attention mask (e.g. SigLIP):
+    a decoder's last-token embedding of a padded prompt would be the pad token's."""
     if body.padding == "max_length":
         raise APIError(400, 'padding "max_length" is not supported: it is for encoders trained on fixed-length '
                             'input, and this server pools a decoder\'s last token (leave it out, or "do_not_pad")',
                        param="padding")
+
+
+async def checked_prompts(state: ServerState, body: PoolingInputs) -> list[list[int]]:
+    """The request's prompts as token ids, truncated as asked and each checked (length, vocabulary) before any is
+    pooled."""
+    prompts = [truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len, body.truncation_side or "left")
+               for ids in await _token_ids(state, body)]
+    for i, ids in enumerate(prompts):
+        check_prompt(i, ids, state.max_model_len, state.vocab_size)
+    return prompts
 
 
 def _normalize(body: EmbeddingRequest) -> bool:
@@ -181,7 +217,7 @@ def _normalize(body: EmbeddingRequest) -> bool:
     return body.use_activation
 
 
-async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
+async def _token_ids(state: ServerState, body: PoolingInputs) -> list[list[int]]:
     if (body.input is None) == (body.messages is None):
         raise APIError(400, "give exactly one of input or messages", param="input")
     if body.messages is not None:
@@ -213,7 +249,7 @@ async def _token_ids(state: ServerState, body: EmbeddingRequest) -> list[list[in
     return prompts
 
 
-async def _conversation_ids(state: ServerState, body: EmbeddingRequest) -> list[int]:
+async def _conversation_ids(state: ServerState, body: PoolingInputs) -> list[int]:
     """The conversation as chat renders it (the template, its trust rule and limits), with vLLM's embedding
     defaults (no generation prompt, no special tokens beyond the template's)."""
     chat = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt,

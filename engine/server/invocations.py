@@ -1,10 +1,11 @@
 """POST /invocations: SageMaker's one inference route, which vLLM dispatches by the body's shape.
 
 vLLM tries its request types in order and takes the first the body validates as: on a generate model chat (a body
-with `messages`), then completions (`prompt`); on an embedding model embeddings (`input`, or `messages`), then rerank
-(`query` and `documents`), then score (`text_1`/`text_2` or another spelling of the two sides). Its request types
-require exactly those fields, so the same keys choose the route here (`invocation_target`); the body then goes to
-that route as it came, with its own parsing, checks and answer (a stream too). A body of no such shape is a 400
+with `messages`), then completions (`prompt`); on an embedding model embeddings (`input`, or `messages`), on a
+classifier /classify (the same keys), then rerank (`query` and `documents`), then score (`text_1`/`text_2` or
+another spelling of the two sides). Its request types require exactly those fields, so the same keys choose the
+route here (`invocation_target`); the body then goes to that route as it came, with its own parsing, checks and
+answer (a stream too). A body of no such shape is a 400
 naming what it may hold. One difference: vLLM moves on to the next type when a body fails a type's validation for
 any field (a chat body with a bad `temperature` ends in its "cannot find a handler"); here the route chosen by the
 keys answers, naming the bad field.
@@ -28,25 +29,36 @@ from flotilla.engine.server.score import SCORE_SIDES
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
 
-# (keys the body must all hold, the route that answers it) in vLLM's order, per runner.
+# Either side of a score (the other missing: /score's 400 says what to send).
+_SCORE_KEYS = tuple(((side,), "/score") for side in sorted({name for pair in SCORE_SIDES for name in pair}))
+
+# (keys the body must all hold, the route that answers it) in vLLM's order, per served task (`served_task`).
 _ROUTES = {
     "generate": ((("messages",), "/v1/chat/completions"), (("prompt",), "/v1/completions")),
-    "pooling": ((("input",), "/v1/embeddings"), (("messages",), "/v1/embeddings"), (("query", "documents"), "/rerank"),
-                # either side of a score (the other missing: /score's 400 says what to send)
-                *(((side,), "/score") for side in {name for pair in SCORE_SIDES for name in pair})),
+    "embed": ((("input",), "/v1/embeddings"), (("messages",), "/v1/embeddings"), (("query", "documents"), "/rerank"),
+              *_SCORE_KEYS),
+    "classify": ((("input",), "/classify"), (("messages",), "/classify"), (("query", "documents"), "/rerank"),
+                 *_SCORE_KEYS),
 }
 
 _EXPECTED = {
     "generate": "a chat body (messages) or a completions body (prompt)",
-    "pooling": "an embeddings body (input or messages), a rerank body (query and documents) or a score body (text_1 "
-               "and text_2)",
+    "embed": "an embeddings body (input or messages), a rerank body (query and documents) or a score body (text_1 "
+             "and text_2)",
+    "classify": "a classify body (input or messages), a rerank body (query and documents) or a score body (text_1 "
+                "and text_2)",
 }
 
 
-def invocation_target(keys: Iterable[str], runner: str) -> str | None:
-    """The route that answers a body of top-level `keys` on `runner`'s server, or None."""
+def served_task(runner: str, convert: str) -> str:
+    """What a server answers /invocations with: "generate", or its pooling runner's convert ("embed", "classify")."""
+    return convert if runner == "pooling" else "generate"
+
+
+def invocation_target(keys: Iterable[str], task: str) -> str | None:
+    """The route that answers a body of top-level `keys` on a server of `task` (`served_task`), or None."""
     present = set(keys)
-    for needed, path in _ROUTES[runner]:
+    for needed, path in _ROUTES[task]:
         if present.issuperset(needed):
             return path
     return None
@@ -71,11 +83,11 @@ class Invocations:
             raw = await Request(scope, receive).body()
         except ClientDisconnect:
             return
-        runner = self.state.runner
-        target = await asyncio.to_thread(_target, raw, runner)
+        task = served_task(self.state.runner, self.state.convert)
+        target = await asyncio.to_thread(_target, raw, task)
         if target is None:
             answer = error_response(400, f"/invocations found no route for this body: this server takes "
-                                         f"{_EXPECTED[runner]}")
+                                         f"{_EXPECTED[task]}")
             await answer(scope, receive, send)
             return
         path = scope.get("root_path", "") + target
@@ -84,11 +96,11 @@ class Invocations:
         await scope["app"].router({**scope, "path": path, "raw_path": path.encode()}, replay, send)
 
 
-def _target(raw: bytes, runner: str) -> str | None:
+def _target(raw: bytes, task: str) -> str | None:
     """The route for body `raw` (blocking: parsed as every body is, off the event loop; a 400 for one that is not a
     JSON object); the parsed body is dropped here, not held while the chosen route answers."""
     body = parsed_body(raw or b"{}", _AnyObject)
-    return invocation_target((body.model_extra or {}).keys(), runner)
+    return invocation_target((body.model_extra or {}).keys(), task)
 
 
 def invocations_route(state: ServerState) -> Route:

@@ -1,11 +1,12 @@
-"""POST /pooling: vLLM's raw pooling route, which on this server's one pooling task (embed) is /v1/embeddings in
-another envelope.
+"""POST /pooling: vLLM's raw pooling route, which on this server is /v1/embeddings (an embedding model) or /classify
+(a classifier) in another envelope.
 
 The request is /v1/embeddings' (input or messages, and every extra, with the same checks and limits) plus vLLM's
-`task`, which may be left out or be "embed": the other pooling tasks (token_embed, classify, token_classify, plugin)
-need poolers this server does not have, and are a 400 naming `task`. The response is vLLM's PoolingResponse: the
-vectors under `data[i].data`, `object` "pooling", the id `pool-...`. As /score, a generate server answers 404: vLLM
-registers the route only for pooling models.
+`task`, which may be left out (the model's task) or name the model's task, "embed" or "classify": the other pooling
+tasks (token_embed, token_classify, plugin, or the other of the two) need poolers this model does not have, and are a
+400 naming `task`. The response is vLLM's PoolingResponse: the vectors (embeddings, or class probabilities) under
+`data[i].data`, `object` "pooling", the id `pool-...`. As /score, a generate server answers 404: vLLM registers the
+route only for pooling models.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
+from flotilla.engine.server.classify import ClassificationRequest, create_classification
 from flotilla.engine.server.embeddings import EmbeddingRequest, create_embeddings
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 # Why a generate server answers /pooling with a 404 (vLLM does not register the route there).
 POOLING_NEEDS_POOLING = ("/pooling is served by the pooling runner; start the server with --runner pooling (or --task "
-                         "embed)")
+                         "embed, or a *ForSequenceClassification model)")
 
 
 class PoolingRequest(EmbeddingRequest):
@@ -37,15 +39,34 @@ async def create_pooling(state: ServerState, body: PoolingRequest, model: str) -
     """The embeddings of the request, in vLLM's PoolingResponse shape."""
     if state.runner != "pooling":
         raise APIError(404, POOLING_NEEDS_POOLING, param="model")
-    if body.task not in (None, "embed"):
-        raise APIError(400, f'task "{body.task}" is not served: this server\'s pooling runner has the embed task '
-                            'only (leave task out, or "embed")', param="task")
-    result = await create_embeddings(state, body, model)
+    task = state.convert  # "embed" or "classify": the pooling runner's one task
+    if body.task not in (None, task):
+        raise APIError(400, f'task "{body.task}" is not served: this model\'s pooling runner has the {task} task only '
+                            f'(leave task out, or "{task}")', param="task")
+    if task == "classify":
+        result = await create_classification(state, _classification_request(body), model)
+        prefix, key = "classify-", "probs"
+    else:
+        result = await create_embeddings(state, body, model)
+        prefix, key = "embd-", "embedding"
     return {
         **result,
-        "id": "pool-" + result["id"].removeprefix("embd-"),
-        "data": [{"index": item["index"], "object": "pooling", "data": item["embedding"]} for item in result["data"]],
+        "id": "pool-" + result["id"].removeprefix(prefix),
+        "data": [{"index": item["index"], "object": "pooling", "data": item[key]} for item in result["data"]],
     }
+
+
+# /v1/embeddings' fields that a classifier's /pooling cannot honour (they shape an embedding).
+_EMBEDDING_ONLY = ("encoding_format", "embed_dtype", "endianness", "dimensions", "normalize", "padding")
+
+
+def _classification_request(body: PoolingRequest) -> ClassificationRequest:
+    """The /classify request a classifier's /pooling body is; a 400 naming an embedding-only field it sets."""
+    for name in _EMBEDDING_ONLY:
+        if name in body.model_fields_set:
+            raise APIError(400, f"{name} shapes an embedding: this model is a classifier (leave it out)", param=name)
+    fields = set(ClassificationRequest.model_fields) & body.model_fields_set
+    return ClassificationRequest.model_validate({name: getattr(body, name) for name in fields})
 
 
 def add_pooling_route(app: FastAPI, state: ServerState, model_of: Any, until_disconnect: Any) -> None:

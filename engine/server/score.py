@@ -1,10 +1,13 @@
-"""POST /score, /v1/score, /rerank, /v1/rerank and /v2/rerank: vLLM's bi-encoder scoring on the pooling runner.
+"""POST /score, /v1/score, /rerank, /v1/rerank and /v2/rerank: vLLM's scoring on the pooling runner, a bi-encoder's
+or a cross-encoder's by the model.
 
-Each text is embedded as /v1/embeddings embeds it (the same tokenization, truncation, checks and engine calls:
-embeddings.embed_in_calls), and a pair's score is the cosine similarity of its two embeddings, as vLLM scores a pair
-on an embedding model. The two sides pair as vLLM pairs them: 1 to 1, 1 to N (the one first text against every
-second text, embedded once) or N to N (index by index); any other shape is a 400. /rerank is the same score of one
-query against each document, in the Jina/Cohere shape, sorted by relevance.
+On an embedding model (`--convert embed`) each text is embedded as /v1/embeddings embeds it (the same tokenization,
+truncation, checks and engine calls: embeddings.embed_in_calls), and a pair's score is the cosine similarity of its two
+embeddings, as vLLM scores a pair on an embedding model. On a classifier (`--convert classify`, one label: a reranker)
+each pair is one prompt, the tokenizer's pair encoding of the two texts, and its score the classifier's activated
+logit (classify.classify_in_calls), as vLLM scores a pair on a cross-encoder. The two sides pair as vLLM pairs them:
+1 to 1, 1 to N (the one first text against every second text) or N to N (index by index); any other shape is a 400.
+/rerank is the same score of one query against each document, in the Jina/Cohere shape, sorted by relevance.
 
 vLLM registers these routes only for pooling models, so a generate server answers them 404 (here with a message
 saying how to start a pooling one, where vLLM's is FastAPI's bare "Not Found").
@@ -22,6 +25,7 @@ from pydantic import Field
 from flotilla.engine.pooling.embed import check_prompt
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
+from flotilla.engine.server.classify import classify_in_calls
 from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS, embed_in_calls
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
@@ -51,7 +55,8 @@ class _ScoringRequest(_RequestBody):
     request_id: BodyRequestId | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX_CHARS)
     priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
-    # vLLM's switch for a classifier's activation; a cosine score is the same with or without normalised vectors
+    # vLLM's switch for a classifier's activation (false: a cross-encoder's raw logit); a cosine score is the same
+    # with or without normalised vectors
     use_activation: bool | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -123,6 +128,8 @@ async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[st
         raise APIError(404, SCORE_NEEDS_POOLING, param="model")
     _refuse_unservable(body)
     check_pairing(first, second)
+    if state.convert == "classify":
+        return await _cross_encoder_scores(state, body, first, second, response_id)
     prompts = []
     for name, texts in (first, second):
         for i, text in enumerate(texts):
@@ -137,9 +144,31 @@ async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[st
     return cosine_scores(vectors[:split], vectors[split:]), sum(o.num_prompt_tokens for o in outputs)
 
 
+async def _cross_encoder_scores(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
+                                second: tuple[str, list[str]], response_id: str) -> tuple[list[float], int]:
+    """(each pair's score, the tokens classified) on a one-label classifier: each pair as one prompt (the tokenizer's
+    pair encoding), its score the activated logit (a sigmoid, or the logit with `use_activation` false)."""
+    if len(state.labels) != 1:
+        raise APIError(400, f"this classifier has {len(state.labels)} labels: a cross-encoder score needs one (use "
+                            "/classify for its class probabilities)", param="model")
+    if body.truncation_side is not None:
+        raise APIError(400, "truncation_side is not supported on a cross-encoder: truncate_prompt_tokens cuts a pair "
+                            "as its tokenizer does, the longer text first (leave it out)", param="truncation_side")
+    (_, texts_1), (name_2, texts_2) = first, second
+    prompts = []
+    for i, (text_1, text_2) in enumerate(zip(texts_1 * len(texts_2) if len(texts_1) == 1 else texts_1, texts_2,
+                                             strict=True)):
+        ids = await state.serving.encode_pair(text_1, text_2, body.truncate_prompt_tokens, param=name_2)
+        check_prompt(i, ids, state.max_model_len, state.vocab_size, param=name_2)
+        prompts.append(ids)
+    outputs = await classify_in_calls(state, prompts, body.use_activation is not False, body.cache_salt, response_id)
+    return [o.probs[0] for o in outputs], sum(o.num_prompt_tokens for o in outputs)
+
+
 # A generate server's answer on these routes: vLLM does not register them there (a 404).
 SCORE_NEEDS_POOLING = ("scoring and reranking are served by the pooling runner (an embedding model's cosine "
-                       "similarity); start the server with --runner pooling (or --task embed)")
+                       "similarity, or a classifier's cross-encoder score); start the server with --runner pooling "
+                       "(or --task embed, or a *ForSequenceClassification model)")
 
 
 def _refuse_unservable(body: _ScoringRequest) -> None:

@@ -261,6 +261,18 @@ class OpenAIServing:
                     return ids
         return await self._tokenized(text, add_special_tokens)
 
+    async def encode_pair(self, text: str, pair: str, keep: int | None, param: str) -> list[int]:
+        """A cross-encoder's prompt: the tokenizer's pair encoding of (`text`, `pair`) with its special tokens, as vLLM
+        tokenizes a pair for a classifier; `keep` (truncate_prompt_tokens, -1: the context length) cuts it as the
+        tokenizer's own truncation does (the longer text first), as vLLM's `max_length` does."""
+        if keep is None:
+            self.check_chars(len(text) + len(pair), param)
+            options: dict[str, Any] = {}
+        else:
+            options = {"truncation": True, "max_length": kept_tokens(keep, self.max_model_len)}
+        encoded = await asyncio.to_thread(self.tokenizer, text, text_pair=pair, add_special_tokens=True, **options)
+        return list(encoded["input_ids"])
+
     async def _tokenized(self, text: str, add_special_tokens: bool) -> list[int]:
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile
         # (measured: 2.7 s of tokenization on a worker thread held the main thread up 44 ms at most).

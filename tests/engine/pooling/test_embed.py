@@ -102,6 +102,7 @@ def test_matryoshka_dimensions_cut_then_normalise(qwen3_dir, tmp_path):
     ({"task": "embed"}, "pooling"),
     ({"task": "embedding", "convert": "embed"}, "pooling"),
     ({"runner": "pooling", "convert": "auto"}, "pooling"),
+    ({"task": "score"}, "pooling"),  # a bi-encoder: the architecture is not a classifier's
 ])
 def test_runner_flags_resolve_as_vllm(qwen3_dir, kwargs, runner):
     config = EngineConfig.from_kwargs(str(qwen3_dir), device="cpu", **kwargs)
@@ -115,7 +116,7 @@ def test_runner_flags_resolve_as_vllm(qwen3_dir, kwargs, runner):
     {"runner": "pooling", "convert": "none"},
     {"convert": "classify"},
     {"runner": "draft"},
-    {"task": "score"},
+    {"task": "score", "convert": "classify"},
 ])
 def test_contradicting_or_unsupported_runner_flags_are_refused(qwen3_dir, kwargs):
     with pytest.raises(ConfigError):

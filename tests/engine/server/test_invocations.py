@@ -93,8 +93,13 @@ def test_the_keys_choose_as_vllms_order_of_types():
     assert invocation_target(["messages", "prompt"], "generate") == "/v1/chat/completions"
     assert invocation_target(["prompt", "max_tokens"], "generate") == "/v1/completions"
     assert invocation_target(["text_1", "text_2"], "generate") is None  # no scoring on a generate server
-    assert invocation_target(["query", "documents", "input"], "pooling") == "/v1/embeddings"
-    assert invocation_target(["query", "documents"], "pooling") == "/rerank"
-    assert invocation_target(["queries", "documents"], "pooling") == "/score"  # rerank takes one `query`
-    assert invocation_target(["data_1", "data_2", "top_n"], "pooling") == "/score"
-    assert invocation_target(["prompt"], "pooling") is None
+    assert invocation_target(["query", "documents", "input"], "embed") == "/v1/embeddings"
+    assert invocation_target(["query", "documents"], "embed") == "/rerank"
+    assert invocation_target(["queries", "documents"], "embed") == "/score"  # rerank takes one `query`
+    assert invocation_target(["data_1", "data_2", "top_n"], "embed") == "/score"
+    assert invocation_target(["prompt"], "embed") is None
+    # on a classifier vLLM's order is classify, rerank, score: the same keys, /classify in place of embeddings
+    assert invocation_target(["query", "documents", "input"], "classify") == "/classify"
+    assert invocation_target(["messages"], "classify") == "/classify"
+    assert invocation_target(["query", "documents"], "classify") == "/rerank"
+    assert invocation_target(["text_1", "text_2"], "classify") == "/score"

@@ -1,0 +1,154 @@
+"""The pooling runner's classifiers (`--convert classify`) against HF: tiny random `*ForSequenceClassification`
+models made with save_pretrained, and a causal Qwen3 turned into a reranker by vLLM's --hf-overrides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flotilla.engine.config import ConfigError, EngineConfig
+from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.llm import LLM
+
+PROMPTS = [[1, 2, 3, 4, 5], [7] * 40, [11, 12], list(range(100, 133))]  # no pad id (0): HF pools the last token
+QWEN3_RERANKER = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                  "is_original_qwen3_reranker": True}
+
+
+def hf_logits(model_dir: Path, prompts: list[list[int]]) -> torch.Tensor:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # one at a time: no padding in the oracle
+        return torch.stack([model(torch.tensor([ids])).logits[0] for ids in prompts])
+
+
+@pytest.fixture(scope="module")
+def classifiers(tiny_classifier_dirs) -> dict[str, Path]:
+    return tiny_classifier_dirs
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_classify_equals_hf_softmax_or_sigmoid_of_the_logits(classifiers, arch):
+    llm = LLM(str(classifiers[arch]), max_model_len=64, max_num_batched_tokens=64, device="cpu")
+    assert (llm.engine.config.model.runner, llm.engine.config.model.convert) == ("pooling", "classify")
+    blocks = llm.engine.block_manager
+    free_before = blocks.num_free_blocks
+    logits = hf_logits(classifiers[arch], PROMPTS)
+    expected = torch.sigmoid(logits) if logits.shape[1] == 1 else torch.softmax(logits, dim=-1)
+    out = llm.classify(PROMPTS)
+    torch.testing.assert_close(torch.tensor([o.probs for o in out]), expected, atol=1e-4, rtol=1e-4)
+    raw = llm.classify(PROMPTS, use_activation=False)
+    torch.testing.assert_close(torch.tensor([o.probs for o in raw]), logits, atol=1e-4, rtol=1e-4)
+    assert [o.num_prompt_tokens for o in out] == [len(p) for p in PROMPTS]
+    assert blocks.num_free_blocks == free_before
+    with pytest.raises(InvalidParamError, match="classifier"):
+        llm.embed(PROMPTS[:1])
+
+
+def test_qwen3_reranker_overrides_score_the_yes_minus_no_logit(tiny_model_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model_dirs["qwen3"]
+    llm = LLM(str(path), runner="pooling", hf_overrides=QWEN3_RERANKER, max_model_len=64, device="cpu")
+    assert llm.engine.config.model.convert == "classify"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    no, yes = tokenizer.convert_tokens_to_ids(["no", "yes"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        last = torch.stack([model(torch.tensor([ids])).logits[0, -1] for ids in PROMPTS])
+    margin = last[:, yes] - last[:, no]
+    out = llm.classify(PROMPTS, use_activation=False)
+    torch.testing.assert_close(torch.tensor([o.probs for o in out]), margin[:, None], atol=1e-4, rtol=1e-4)
+    probs = llm.classify(PROMPTS)
+    torch.testing.assert_close(torch.tensor([o.probs for o in probs]), torch.sigmoid(margin)[:, None], atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_a_tied_causal_lm_takes_the_head_from_the_embedding_rows(tiny_model_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model_dirs["llama3-rope-tied"]
+    overrides = {"classifier_from_token": ["no", "yes", "the"], "method": "no_post_processing"}
+    llm = LLM(str(path), runner="pooling", convert="classify", hf_overrides=overrides, max_model_len=64,
+              device="cpu")
+    ids = AutoTokenizer.from_pretrained(path).convert_tokens_to_ids(overrides["classifier_from_token"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        last = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in PROMPTS])
+    out = llm.classify(PROMPTS)
+    torch.testing.assert_close(torch.tensor([o.probs for o in out]), torch.softmax(last[:, ids], dim=-1), atol=1e-4,
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize(("kwargs", "convert"), [
+    ({}, "classify"),
+    ({"runner": "pooling"}, "classify"),
+    ({"task": "classify"}, "classify"),
+    ({"task": "score"}, "classify"),
+    ({"convert": "classify"}, "classify"),
+])
+def test_a_classifier_checkpoint_picks_the_pooling_runner_and_classify(classifiers, kwargs, convert):
+    config = EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", **kwargs)
+    assert (config.model.runner, config.model.convert) == ("pooling", convert)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"runner": "generate"},
+    {"task": "embed"},
+    {"runner": "pooling", "convert": "embed"},
+    {"task": "score", "convert": "embed"},
+])
+def test_a_classifier_checkpoint_refuses_other_runners(classifiers, kwargs):
+    with pytest.raises(ConfigError, match="sequence classifier|asks for"):
+        EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"classifier_from_token": ["no", "yes"]}, "needs a method"),
+    ({"classifier_from_token": ["no"], "method": "from_2_way_softmax"}, "two tokens"),
+    ({"classifier_from_token": "yes", "method": "no_post_processing"}, "non-empty list"),
+    ({"method": "from_3_way"}, "is not one of"),
+    ({"problem_type": "ranking"}, "problem_type"),
+])
+def test_bad_classifier_overrides_refuse_to_start(tiny_model_dirs, overrides, words):
+    with pytest.raises(ConfigError, match=words):
+        EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3"]), device="cpu", runner="pooling", convert="classify",
+                                 hf_overrides=overrides)
+
+
+def test_a_causal_checkpoint_without_a_score_head_refuses_to_load(tiny_model_dirs):
+    # vLLM would leave the head uninitialised; here the loader names what the checkpoint lacks
+    with pytest.raises(ValueError, match="score.weight"):
+        LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", convert="classify", max_model_len=64, device="cpu")
+
+
+def test_an_unknown_classifier_token_refuses_to_load(tiny_model_dirs):
+    with pytest.raises(ValueError, match="not tokens of the vocabulary"):
+        LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", max_model_len=64, device="cpu",
+            hf_overrides={**QWEN3_RERANKER, "classifier_from_token": ["no", "zzqqxxyy"]})
+
+
+def test_id2label_names_the_labels(classifiers):
+    from flotilla.engine.pooling.classifier_config import labels
+
+    config = json.loads((classifiers["qwen3"] / "config.json").read_text())
+    assert labels(config) == ["negative", "neutral", "positive"]
+    assert labels({**config, **QWEN3_RERANKER}) == ["LABEL_0"]
+
+
+@pytest.mark.parametrize("runner", ["auto", "pooling"])
+def test_an_inference_service_runner_passes_a_classifier_through(classifiers, runner):
+    # The operator renders spec.runner as --runner (it owns --convert and --task); the engine resolves --convert
+    # auto from the architecture, so a *ForSequenceClassification model is served as a classifier.
+    from flotilla.operator.engine_args import engine_args
+    from flotilla.operator.spec import InferenceServiceSpec
+
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "pvc://models/m"}, "runner": runner})
+    args = engine_args(spec, "x")
+    assert "--convert" not in args and "--task" not in args
+    config = EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", runner=args[args.index("--runner") + 1])
+    assert (config.model.runner, config.model.convert) == ("pooling", "classify")
