@@ -1,0 +1,68 @@
+"""vLLM's sleep-mode routes, `POST /sleep?level=N`, `POST /wake_up[?tags=weights&tags=kv_cache]` and
+`GET /is_sleeping`: served only in vLLM's development mode (VLLM_SERVER_DEV_MODE=1), as vLLM does, since any client
+of the API could otherwise take the model off the device. They need the API key like every route that is not a
+probe. The engine does the work (`LLMEngine.sleep` / `wake_up`, in the engine core's process); without
+--enable-sleep-mode it refuses (400) where vLLM's would answer 200 and free nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.server.errors import APIError
+from flotilla.engine.serving_engine import ServingEngine
+
+logger = logging.getLogger(__name__)
+
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+def server_dev_mode() -> bool:
+    """vLLM's switch for its development routes: VLLM_SERVER_DEV_MODE=1 or true."""
+    return os.environ.get(DEV_MODE_ENV, "0").strip().lower() in ("1", "true")
+
+
+def add_sleep_routes(app: FastAPI, engine: ServingEngine) -> None:
+    """Register /sleep, /wake_up and /is_sleeping on `app`."""
+    logger.warning("development routes /sleep, /wake_up and /is_sleeping are enabled (%s): do not expose this "
+                   "server to untrusted clients", DEV_MODE_ENV)
+
+    @app.post("/sleep")
+    async def sleep(request: Request) -> Response:
+        level = _level(request.query_params.get("level", "1"))
+        mode = request.query_params.get("mode", "abort")
+        if mode != "abort":  # vLLM's wait and keep modes hold requests across the sleep; here they are aborted
+            raise APIError(400, f"sleep mode {mode!r} is not supported: only 'abort' (requests in flight are "
+                                "aborted)", param="mode")
+        await _engine_call(engine, EngineCall("sleep", (level,)))
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up(request: Request) -> Response:
+        tags = request.query_params.getlist("tags") or None  # none named: wake everything, as vLLM
+        logger.info("wake up the engine with tags: %s", tags)
+        await _engine_call(engine, EngineCall("wake_up", (tags,)))
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> JSONResponse:
+        return JSONResponse({"is_sleeping": await engine.call(EngineCall("is_sleeping"))})
+
+
+def _level(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise APIError(400, f"sleep level must be 0, 1 or 2, not {text!r}", param="level") from None
+
+
+async def _engine_call(engine: ServingEngine, call: EngineCall) -> None:
+    """Run `call`; the engine's refusal (sleep mode off, a bad level or tag: a ValueError) as a 400."""
+    try:
+        await engine.call(call)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="level" if call.method == "sleep" else "tags") from None
