@@ -423,6 +423,7 @@ class ModelRunner:
                 self._sleeping.append(SleepingWeights([self.draft_model], keep_weights=True))
             self.asleep.add("weights")
         if self.device.type == "cuda":
+            gc.collect()  # the dropped graphs' pools go back only with the graph objects
             torch.cuda.empty_cache()  # the freed blocks back to the device, for others to use
 
     def wake_up(self, tags: Iterable[str]) -> None:
