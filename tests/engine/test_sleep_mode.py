@@ -157,3 +157,17 @@ def test_sleep_mode_needs_one_rank(tiny_model_dirs):
     with pytest.raises(ConfigError, match="--enable-sleep-mode works with --tensor-parallel-size 1"):
         LLM(str(tiny_model_dirs["llama"]), max_model_len=256, device="cpu", enable_sleep_mode=True,
             tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("method", ["fp8", "rtn"])
+def test_a_quantized_model_sleeps_and_wakes_but_does_not_reload(tiny_model_dirs, method, monkeypatch):
+    monkeypatch.setenv("RTN_GROUP_SIZE", "32")  # the tiny model's 64-wide layers (the default groups are 128)
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, device="cpu", enable_sleep_mode=True,
+              quantization=method)
+    tokens = _tokens(llm)
+    llm.sleep(level=1)
+    assert _resident_weight_bytes(llm) == 0
+    llm.wake_up()
+    assert _tokens(llm) == tokens
+    with pytest.raises(ValueError, match=f"unquantized checkpoints only, not --quantization {method}"):
+        llm.collective_rpc("reload_weights")
