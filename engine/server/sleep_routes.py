@@ -18,18 +18,15 @@ from flotilla.engine.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
 
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-
-
 def server_dev_mode() -> bool:
     """vLLM's switch for its development routes: VLLM_SERVER_DEV_MODE=1 or true."""
-    return os.environ.get(DEV_MODE_ENV, "0").strip().lower() in ("1", "true")
+    return os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower() in ("1", "true")
 
 
 def add_sleep_routes(app: FastAPI, engine: ServingEngine) -> None:
     """Register /sleep, /wake_up and /is_sleeping on `app`."""
-    logger.warning("development routes /sleep, /wake_up and /is_sleeping are enabled (%s): do not expose this "
-                   "server to untrusted clients", DEV_MODE_ENV)
+    logger.warning("development routes /sleep, /wake_up and /is_sleeping are enabled (VLLM_SERVER_DEV_MODE): do "
+                   "not expose this server to untrusted clients")
 
     @app.post("/sleep")
     async def sleep(request: Request) -> Response:
