@@ -171,3 +171,37 @@ def test_a_quantized_model_sleeps_and_wakes_but_does_not_reload(tiny_model_dirs,
     assert _tokens(llm) == tokens
     with pytest.raises(ValueError, match=f"unquantized checkpoints only, not --quantization {method}"):
         llm.collective_rpc("reload_weights")
+
+
+def test_async_scheduling_sleeps_with_a_step_in_flight(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, device="cpu", enable_sleep_mode=True,
+              async_scheduling=True)
+    engine = llm.engine
+    tokens = _tokens(llm)
+    engine.add_request(PROMPT["prompt_token_ids"], GREEDY, request_id="in-flight")
+    engine.step()
+    engine.step()
+    assert engine._in_flight is not None  # a launched step not yet collected
+    llm.sleep(level=1)
+    assert [f.request_id for f in engine.take_failures()] == ["in-flight"]
+    assert engine._in_flight is None and not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    llm.wake_up()
+    assert _tokens(llm) == tokens
+
+
+def test_a_draft_model_sleeps_with_the_target(tiny_model_dirs):
+    path = str(tiny_model_dirs["llama"])
+    llm = LLM(path, max_model_len=256, device="cpu", enable_sleep_mode=True,
+              speculative_config={"model": path, "num_speculative_tokens": 2})
+    runner = llm.engine.runner
+    tokens = _tokens(llm)
+    draft = {name: t.detach().clone() for name, t in runner.draft_model.state_dict().items()}
+    llm.sleep(level=2)
+    assert runner.draft_kv_cache.numel() == 0
+    assert all(p.untyped_storage().nbytes() == 0 for p in runner.draft_model.parameters())
+    llm.wake_up()
+    llm.collective_rpc("reload_weights")  # the target's; the draft's came back from its host copy
+    assert all(torch.equal(t, draft[name]) for name, t in runner.draft_model.state_dict().items())
+    assert runner.draft_kv_cache.numel() > 0
+    assert _tokens(llm) == tokens

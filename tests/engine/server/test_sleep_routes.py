@@ -19,10 +19,13 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The harbour master counts the ships"
 
 
-@pytest.fixture(scope="module")
-def sleepy(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["1", "0"], ids=["core-process", "in-thread"])
+def sleepy(request, tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny server in dev mode with --enable-sleep-mode: its engine core in a process of its own, then on a
+    thread of the server (VLLM_ENABLE_V1_MULTIPROCESSING=0), whose loop delivers the aborted requests alike."""
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": request.param}
     s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("sleepy") / "server.log",
-                          "--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "1"})
+                          "--enable-sleep-mode", env=env)
     yield s
     stop_server(s)
 
