@@ -105,6 +105,12 @@ def test_bad_arguments_are_400(sleepy, path, params, message):
     assert not _is_sleeping(sleepy)
 
 
+def test_the_start_up_log_says_sleep_mode_and_dev_mode(sleepy):
+    log = sleepy.log.read_text()
+    assert "sleep mode enabled (--enable-sleep-mode)" in log
+    assert "development routes /sleep, /wake_up and /is_sleeping are enabled" in log
+
+
 def test_the_routes_need_the_api_key(sleepy):
     assert httpx.post(f"{sleepy.url}/sleep", timeout=30).status_code == 401
     assert not _is_sleeping(sleepy)
