@@ -448,6 +448,8 @@ class ModelRunner:
         """Fill the target model's weights again from where start-up read them (after a level-2 sleep)."""
         if "weights" in self.asleep:
             raise RuntimeError("the weights are asleep: wake_up(tags=['weights']) before reload_weights")
+        if self.lora is not None:  # the adapters' wrappers rename the layers the checkpoint's tensors load into
+            raise ValueError("reload_weights does not support --enable-lora yet")
         reload_weights(self.model, self.config.model)
 
     def _release_kv_cache(self) -> torch.Tensor:

@@ -205,3 +205,13 @@ def test_a_draft_model_sleeps_with_the_target(tiny_model_dirs):
     assert all(torch.equal(t, draft[name]) for name, t in runner.draft_model.state_dict().items())
     assert runner.draft_kv_cache.numel() > 0
     assert _tokens(llm) == tokens
+
+
+def test_reload_weights_refuses_lora(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["llama"]), max_model_len=256, device="cpu", enable_sleep_mode=True,
+              enable_lora=True)
+    with pytest.raises(ValueError, match="does not support --enable-lora yet"):
+        llm.collective_rpc("reload_weights")
+    llm.sleep(level=1)  # sleeping and waking work: the adapter slots stay on the device
+    llm.wake_up()
+    assert _tokens(llm)
