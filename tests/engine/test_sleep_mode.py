@@ -215,3 +215,13 @@ def test_reload_weights_refuses_lora(tiny_model_dirs):
     llm.sleep(level=1)  # sleeping and waking work: the adapter slots stay on the device
     llm.wake_up()
     assert _tokens(llm)
+
+
+def test_the_embedded_gguf_model_sleeps_and_wakes():
+    llm = LLM(None, max_model_len=256, device="cpu", enable_sleep_mode=True)  # SmolLM2-135M's GGUF, 4-bit codes
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    before = llm.generate("The capital of France is", params, use_tqdm=False)[0].outputs[0].text
+    llm.sleep(level=1)
+    assert _resident_weight_bytes(llm) == 0
+    llm.wake_up()
+    assert llm.generate("The capital of France is", params, use_tqdm=False)[0].outputs[0].text == before
