@@ -6,6 +6,9 @@ the GPU's memory and CUDA graphs: test_sleep_mode_gpu.py."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -46,8 +49,11 @@ def _hits(llm: LLM) -> int:
 def test_level_1_frees_weights_and_kv_and_restores_them_exactly(llm):
     tokens, weights = _tokens(llm), _weights(llm)
     assert _hits(llm) == 32  # the prompt's two full blocks are cached before the sleep
-    llm.sleep(level=1)
     engine, runner = llm.engine, llm.engine.runner
+    pool = weakref.ref(runner.kv_cache)
+    llm.sleep(level=1)
+    gc.collect()
+    assert pool() is None  # nothing holds the old pool: its memory is really freed
     assert engine.is_sleeping() and runner.asleep == {"weights", "kv_cache"}
     assert _resident_weight_bytes(llm) == 0
     assert runner.kv_cache.numel() == 0 and all(a.k_cache.numel() == 0 for a in runner.attention_layers)
