@@ -1,11 +1,13 @@
-"""vLLM's sleep-mode routes, `POST /sleep?level=N`, `POST /wake_up[?tags=weights&tags=kv_cache]` and
-`GET /is_sleeping`: served only in vLLM's development mode (VLLM_SERVER_DEV_MODE=1), as vLLM does, since any client
-of the API could otherwise take the model off the device. They need the API key like every route that is not a
-probe. The engine does the work (`LLMEngine.sleep` / `wake_up`, in the engine core's process); without
---enable-sleep-mode it refuses (400) where vLLM's would answer 200 and free nothing."""
+"""vLLM's sleep-mode routes, `POST /sleep?level=N`, `POST /wake_up[?tags=weights&tags=kv_cache]`, `GET /is_sleeping`
+and `POST /collective_rpc` (`{"method": "reload_weights"}` only: level 2's weights read again): served only in
+vLLM's development mode (VLLM_SERVER_DEV_MODE=1), as vLLM does, since any client of the API could otherwise take the
+model off the device. They need the API key like every route that is not a probe. The engine does the work
+(`LLMEngine.sleep` / `wake_up`, in the engine core's process); without --enable-sleep-mode it refuses (400) where
+vLLM's would answer 200 and free nothing."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -13,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from flotilla.engine.engine_call import EngineCall
+from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.serving_engine import ServingEngine
 
@@ -48,6 +51,31 @@ def add_sleep_routes(app: FastAPI, engine: ServingEngine) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping() -> JSONResponse:
         return JSONResponse({"is_sleeping": await engine.call(EngineCall("is_sleeping"))})
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> JSONResponse:
+        # vLLM's worker call, for the one method sleep mode needs: level 2's weights read again after a wake-up.
+        method = await _rpc_method(request)
+        try:
+            await engine.call(EngineCall("reload_weights"))
+        except EngineDeadError:  # the engine's end: the server's usual 503, not this request's fault
+            raise
+        except (ValueError, RuntimeError) as exc:  # quantized or LoRA (ValueError); weights still asleep
+            raise APIError(400, f"{method}: {exc}", param="method") from None
+        return JSONResponse({"results": [None]})  # one result per worker, as vLLM's: this engine has one
+
+
+async def _rpc_method(request: Request) -> str:
+    """The body's `method` (vLLM's {"method": ...}); 400 unless it is reload_weights."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise APIError(400, "the body must be a JSON object naming a method") from None
+    method = body.get("method") if isinstance(body, dict) else None
+    if method != "reload_weights":
+        raise APIError(400, f"collective_rpc supports only the method 'reload_weights', not {method!r}",
+                       param="method")
+    return method
 
 
 def _level(text: str) -> int:

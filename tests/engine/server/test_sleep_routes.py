@@ -74,6 +74,34 @@ def test_sleep_and_wake_up_keep_the_answers(sleepy):
     assert answer == [before]
 
 
+def test_level_2_then_reload_weights_over_collective_rpc(sleepy):
+    before = _complete(sleepy)
+    assert _post(sleepy, "/sleep", level=2).status_code == 200
+    assert _post(sleepy, "/wake_up", tags="weights").status_code == 200
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH, timeout=120)
+    assert reply.status_code == 200 and reply.json() == {"results": [None]}
+    assert _post(sleepy, "/wake_up", tags="kv_cache").status_code == 200
+    assert _complete(sleepy) == before
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"method": "init_device"}, "only the method 'reload_weights'"),
+    ([], "only the method 'reload_weights'"),
+])
+def test_collective_rpc_runs_reload_weights_only(sleepy, body, message):
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json=body, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and message in reply.json()["error"]["message"]
+
+
+def test_reload_while_the_weights_sleep_is_400(sleepy):
+    assert _post(sleepy, "/sleep", level=2).status_code == 200
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and "wake_up(tags=['weights'])" in reply.json()["error"]["message"]
+    assert _post(sleepy, "/wake_up").status_code == 200
+    assert httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH,
+                      timeout=120).status_code == 200
+
+
 def test_a_stream_in_flight_ends_with_503(sleepy):
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
     events = []
@@ -120,3 +148,4 @@ def test_without_dev_mode_the_routes_are_404(server):
     assert httpx.post(f"{server.url}/sleep", headers=AUTH, timeout=30).status_code == 404
     assert httpx.post(f"{server.url}/wake_up", headers=AUTH, timeout=30).status_code == 404
     assert httpx.get(f"{server.url}/is_sleeping", headers=AUTH, timeout=30).status_code == 404
+    assert httpx.post(f"{server.url}/collective_rpc", headers=AUTH, timeout=30).status_code == 404
