@@ -208,7 +208,7 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._drain_commands()
-                if not self.engine.has_unfinished_requests():
+                if not self.engine.can_step():  # idle, or asleep (sleep mode): requests wait for wake_up
                     self._flush()
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
@@ -274,6 +274,8 @@ class AsyncEngine:
                 self._add(command)
             elif isinstance(command, _Call):
                 command.run(self.engine)
+                for failure in self.engine.take_failures():  # requests the call ended (sleep aborts them)
+                    self._fail(failure)
             else:
                 self._streams.pop(command[1], None)
                 self.engine.abort([command[1]])

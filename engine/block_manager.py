@@ -217,6 +217,16 @@ class BlockManager:
         self._hashes.pop(request.request_id, None)
         self._num_indexed.pop(request.request_id, None)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache: after the KV cache's contents are discarded).
+        Returns False, changing nothing, while any request holds a block."""
+        if len(self._free) != len(self.blocks):
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self._cached.clear()
+        return True
+
     # --- internals ---------------------------------------------------------------------------------
 
     def _needs_copy_on_write(self, request: Request) -> bool:

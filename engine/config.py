@@ -41,6 +41,7 @@ from flotilla.engine_rules import (
     pooling_problem,
     resolve_max_model_len,
     served_name_problem,
+    sleep_mode_problem,
 )
 from flotilla.flags import FLAGS, Flag
 from flotilla.validation_messages import describe
@@ -68,6 +69,7 @@ class ModelConfig(_Component):
     dtype: Literal["bfloat16", "float16", "float32"]
     max_model_len: int = Field(gt=0)
     seed: int = 0
+    enable_sleep_mode: bool = False  # --enable-sleep-mode: LLMEngine.sleep / wake_up (engine/sleep_mode.py)
     enforce_eager: bool = False  # also -O0 and --compilation-config's NONE / level 0 (flotilla/compilation_config.py)
     # --compilation-config: only its cudagraph_capture_sizes reaches the runner (None: the engine's ladders)
     compilation_config: dict[str, Any] = Field(default_factory=dict)
@@ -469,6 +471,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         max_model_len=max_model_len,
         seed=v["seed"],
         enforce_eager=graphs.eager,
+        enable_sleep_mode=bool(v["enable_sleep_mode"]),
         max_cudagraph_capture_size=graphs.max_capture_size,
         compilation_config={"cudagraph_capture_sizes": list(graphs.capture_sizes)} if graphs.capture_sizes else {},
         optimization_level=v["optimization_level"],
@@ -549,6 +552,8 @@ def _check_flag_combinations(v: dict[str, Any], hf_config: dict[str, Any]) -> No
     if problem:
         raise ConfigError(f"--tensor-parallel-size/--pipeline-parallel-size: {problem}")
     if problem := async_pipeline_problem(bool(v["async_scheduling"]), pipeline):
+        raise ConfigError(problem)
+    if problem := sleep_mode_problem(bool(v["enable_sleep_mode"]), v["tensor_parallel_size"], pipeline):
         raise ConfigError(problem)
     if problem := executor_backend_problem(v["distributed_executor_backend"], v["tensor_parallel_size"], pipeline):
         raise ConfigError(problem)

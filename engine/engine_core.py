@@ -145,7 +145,7 @@ class EngineCore:
         engine = self.engine
         try:
             while not self.stopping:
-                busy = engine.has_unfinished_requests()
+                busy = engine.can_step()  # not while asleep (sleep mode): its requests wait for wake_up
                 if commands.poll(0 if busy else IDLE_REPORT_S):
                     self._drain(commands)
                     continue  # re-check: the commands may have added work or asked to stop
@@ -214,6 +214,11 @@ class EngineCore:
         except Exception as exc:  # the caller's error to answer, not the loop's
             self.outputs.send(("call", call_id, False, portable(exc)))
             return
+        failures = self.engine.take_failures()  # requests the call ended (sleep aborts those in flight)
+        if failures:
+            for failure in failures:
+                self.encoder.forget(failure.request_id)
+            self.outputs.send(("step", [], [(f.request_id, portable(client_error(f))) for f in failures], None))
         self.outputs.send(("call", call_id, True, result))
 
     def _send_quietly(self, message: tuple[Any, ...]) -> None:

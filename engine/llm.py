@@ -44,6 +44,23 @@ class LLM:
         # A batch of distinct schemas is this caller's own work, not a flood: queue every compile it needs.
         self.engine.max_pending_compiles = None
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's `LLM.sleep` (needs `enable_sleep_mode=True`): level 1 moves the weights to host memory and frees
+        the KV cache; level 2 frees the weights too (`wake_up`, then `collective_rpc("reload_weights")`)."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's `LLM.wake_up`: take back the memory `tags` name ("weights", "kv_cache"; None: all)."""
+        self.engine.wake_up(tags)
+
+    def collective_rpc(self, method: str) -> list[Any]:
+        """vLLM's worker call, for the one method sleep mode needs: "reload_weights" (the weights read again from
+        the model's checkpoint). One result per worker: this engine has one."""
+        if method != "reload_weights":
+            raise ValueError(f"collective_rpc supports only 'reload_weights', not {method!r}")
+        self.engine.reload_weights()
+        return [None]
+
     def get_tokenizer(self) -> Any:
         """The engine's HF tokenizer."""
         return self.engine.tokenizer
@@ -170,6 +187,8 @@ class LLM:
         finals: dict[str, RequestOutput] = {}
         bar = _progress_bar(len(request_ids)) if use_tqdm and len(request_ids) > 1 else None
         try:
+            if self.engine.is_sleeping():  # nothing would run: fail rather than wait for a wake_up that cannot come
+                raise RuntimeError("the engine is asleep: call wake_up() before generating")
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     if output.finished:

@@ -38,6 +38,7 @@ from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
+from flotilla.engine.sleep_mode import check_sleep_level, wake_tags
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.start_failure import forget_frames
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
@@ -105,6 +106,9 @@ class LLMEngine:
         self._compiling = GrammarWaitingRoom(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
                                              config.structured_outputs)
         self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
+        self._paused = False  # asleep (sleep mode): steps run nothing until wake_up
+        if config.model.enable_sleep_mode:
+            logger.info("sleep mode enabled (--enable-sleep-mode)")
 
     def _abandon(self) -> None:
         """Free what a failed start built: its workers, KV pool and graphs, its weights (this half-built engine
@@ -269,6 +273,8 @@ class LLMEngine:
               cache_salt: str | None = None) -> list[EmbeddingOutput]:
         """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once); `cache_salt`
         keeps their prefix-cache blocks apart from other salts', as on `add_request`."""
+        if self._paused:
+            raise EngineBusyError("the engine is asleep (sleep mode): wake it up first")
         return embed_prompts(self, prompts, params, cache_salt)
 
     def classify(self, prompts: list[list[int]], use_activation: bool = True,
@@ -290,6 +296,52 @@ class LLMEngine:
         manager = self._lora_manager()
         if manager is not None:
             manager.remove(lora_int_id)
+
+    # --- sleep mode (--enable-sleep-mode; engine/sleep_mode.py) -------------------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's `sleep`: stop scheduling and give the device memory back. Level 0 only pauses; level 1 moves the
+        weights to host memory and frees the KV cache (the prefix cache forgets its blocks); level 2 frees the
+        weights too (`reload_weights`, or the caller's own update, refills them after `wake_up`). Requests in
+        flight are aborted, as vLLM's default mode does, each failing with EngineBusyError (a 503); requests
+        added while asleep wait until `wake_up`."""
+        runner = self._sleep_runner()
+        check_sleep_level(level)
+        if self._in_flight is not None:  # asynchronous scheduling: let the launched step finish with the device
+            runner.collect(self._in_flight[1])
+            self._in_flight = None
+        for request_id in list(self._groups):
+            self._fail(request_id, EngineBusyError("the engine was put to sleep (sleep mode) while this request ran"))
+        self._paused = True
+        if level >= 1:
+            self.block_manager.reset_prefix_cache()
+            runner.sleep(level)
+            logger.info("engine asleep (level %d)", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's `wake_up`: take back the memory `tags` name ("weights", "kv_cache"; None: all). Scheduling resumes
+        once nothing is asleep."""
+        runner = self._sleep_runner()
+        runner.wake_up(wake_tags(tags))
+        self._paused = bool(runner.asleep)
+        if not self._paused:
+            logger.info("engine awake")
+
+    def is_sleeping(self) -> bool:
+        """True from `sleep` until `wake_up` has brought everything back."""
+        return self._paused
+
+    def reload_weights(self) -> None:
+        """Fill the weights again from the model's checkpoint (vLLM's collective_rpc("reload_weights"), after a
+        level-2 sleep and a wake-up of the weights)."""
+        self._sleep_runner().reload_weights()
+
+    def _sleep_runner(self) -> ModelRunner:
+        if not self.config.model.enable_sleep_mode:
+            raise InvalidParamError("sleep mode is not enabled: start the engine with --enable-sleep-mode "
+                                    "(enable_sleep_mode=True)")
+        assert isinstance(self.runner, ModelRunner), "the config allows sleep mode at one rank only"
+        return self.runner
 
     def _lora_manager(self) -> LoRAManager | None:
         # LoRA runs in this process only (the config refuses it with tensor or pipeline parallelism).
@@ -406,6 +458,10 @@ class LLMEngine:
             self.runner.release()
         self._compiling.shutdown()
 
+    def can_step(self) -> bool:
+        """True when `step` has work to do now: unfinished requests and the engine awake."""
+        return not self._paused and self.has_unfinished_requests()
+
     def has_unfinished_requests(self) -> bool:
         """True while any request waits (for its grammar too) or runs, or a step's outputs are still to come."""
         return (self.scheduler.has_unfinished() or bool(self._compiling) or self._in_flight is not None
@@ -420,6 +476,8 @@ class LLMEngine:
         the one in flight, so the host's work overlaps the GPU's; the outputs it returns are those
         of the step launched by the call before.
         """
+        if self._paused:  # asleep: the model's memory may be gone; requests wait for wake_up
+            return []
         if self._compiling:
             self._admit_compiled()
             self._wait_for_grammars()

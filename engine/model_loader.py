@@ -107,6 +107,19 @@ def classifier_token_ids(config: ModelConfig) -> list[int]:
 
 
 @torch.no_grad()
+def reload_weights(model: CausalLM, config: ModelConfig) -> None:
+    """Fill `model`'s parameters again, in place, as `load_model` filled them: the checkpoint's tensors (or the dummy
+    weights of the same seed). Quantized models are refused: their run-time form is converted at load
+    (`process_quantized_weights`), not read."""
+    if config.quantization is not None:
+        raise ValueError(f"reload_weights reads unquantized checkpoints only, not --quantization {config.quantization}")
+    if config.load_format == "dummy":
+        fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
+        return
+    load_state(model, _checkpoint_tensors(Path(config.model)), where=config.model)
+
+
+@torch.no_grad()
 def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
     """Random weights in place: matrices ~ N(0, std), biases 0, norm weights left at 1. Quantized
     layers' parameters (`engine/quantization`): random packed codes, scales that give the same std."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +35,7 @@ from flotilla.engine.memory_profile import (
     memory_profile,
     requested_bytes,
 )
-from flotilla.engine.model_loader import load_model, torch_dtype
+from flotilla.engine.model_loader import load_model, reload_weights, torch_dtype
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.parallel_state import is_last_stage, min_over_ranks
 from flotilla.engine.penalty_counts import PenaltyCounts, table_bytes
@@ -44,6 +44,7 @@ from flotilla.engine.request import Request
 from flotilla.engine.sampler import SamplerOutput, apply_token_bitmask, sample, token_ranks
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.scheduler import SchedulerOutput
+from flotilla.engine.sleep_mode import SleepingWeights
 from flotilla.engine.spec_decode.decode_rows import as_decode_rows, max_decode_rows
 from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, greedy_accepted, verify
 from flotilla.engine.staging import device_tensor
@@ -161,6 +162,8 @@ class ModelRunner:
         spec = config.speculative
         # A verification step runs as a decode step of one row per token (`as_decode_rows`).
         self.verify_query_len = 1 + spec.num_speculative_tokens if spec is not None else 1
+        self.asleep: set[str] = set()  # sleep mode's tags whose memory is freed now
+        self._sleeping: list[SleepingWeights] = []
         self.graph_bytes = 0  # what the capture took on the device (the profile charged an estimate of it)
         if self._captures_graphs:
             self.graphs, self.graph_bytes = self._measured_capture()
@@ -398,6 +401,56 @@ class ModelRunner:
         self._last_drawn = torch.empty(0, dtype=torch.long, device=self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    # --- sleep mode (engine/sleep_mode.py) ---------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Give the device the KV pools (contents forgotten) and the weights (level 1: copied to host memory first;
+        level 2: discarded, but the buffers) and drop the CUDA graphs, which replay the freed addresses. What is
+        asleep already stays as it is."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # nothing launched may still read what is freed
+        self.graphs = None
+        if "kv_cache" not in self.asleep:
+            self.kv_cache = self._release_kv_cache()
+            for attn in self.draft_layers:
+                attn.k_cache = attn.v_cache = torch.empty(0, device=self.device)
+            self.draft_kv_cache = torch.empty(0, dtype=self.dtype, device=self.device)
+            self.asleep.add("kv_cache")
+        if "weights" not in self.asleep:
+            self._sleeping = [SleepingWeights([self.model], keep_weights=level == 1)]
+            if self.draft_model is not None:  # kept at level 2 too: reload_weights refills the target only
+                self._sleeping.append(SleepingWeights([self.draft_model], keep_weights=True))
+            self.asleep.add("weights")
+        if self.device.type == "cuda":
+            gc.collect()  # the dropped graphs' pools go back only with the graph objects
+            torch.cuda.empty_cache()  # the freed blocks back to the device, for others to use
+
+    def wake_up(self, tags: Iterable[str]) -> None:
+        """Take back what `tags` name ("weights", "kv_cache") of what is asleep; once nothing is, capture the CUDA
+        graphs again."""
+        if "weights" in tags and "weights" in self.asleep:
+            for weights in self._sleeping:
+                weights.restore()
+            self._sleeping = []
+            self.asleep.discard("weights")
+        if "kv_cache" in tags and "kv_cache" in self.asleep:
+            self.kv_cache = self._allocate_kv_cache()
+            self.draft_kv_cache = self._allocate_draft_kv_cache()
+            self.asleep.discard("kv_cache")
+        if not self.asleep and self._captures_graphs and self.graphs is None:
+            started = time.perf_counter()
+            self.graphs, self.graph_bytes = self._measured_capture()
+            logger.info("wake-up: CUDA graphs captured again in %.2f s (%.2f GiB)", time.perf_counter() - started,
+                        self.graph_bytes / GIB)
+
+    def reload_weights(self) -> None:
+        """Fill the target model's weights again from where start-up read them (after a level-2 sleep)."""
+        if "weights" in self.asleep:
+            raise RuntimeError("the weights are asleep: wake_up(tags=['weights']) before reload_weights")
+        if self.lora is not None:  # the adapters' wrappers rename the layers the checkpoint's tensors load into
+            raise ValueError("reload_weights does not support --enable-lora yet")
+        reload_weights(self.model, self.config.model)
 
     def _release_kv_cache(self) -> torch.Tensor:
         """Unbind the target's pool from its attention layers; returns the empty tensor that takes its place."""

@@ -324,6 +324,15 @@ def async_pipeline_problem(async_scheduling: bool, pipeline: int, name_of: NameO
     return None
 
 
+def sleep_mode_problem(enable_sleep_mode: bool, tensor: int, pipeline: int, name_of: NameOf = flag_name) -> str | None:
+    """Why sleep mode cannot run with these settings, or None: the engine moves and frees the model's memory in its
+    own process, so the model must run there (one tensor and one pipeline rank), not in spawned workers."""
+    if enable_sleep_mode and tensor * pipeline > 1:
+        return (f"{name_of('enable_sleep_mode')} works with {name_of('tensor_parallel_size')} 1 and "
+                f"{name_of('pipeline_parallel_size')} 1 only (the workers of more ranks cannot sleep yet)")
+    return None
+
+
 def executor_backend_problem(backend: str | None, tensor: int, pipeline: int,
                              name_of: NameOf = flag_name) -> str | None:
     """Why --distributed-executor-backend cannot run these ranks, or None: uni is the model in the engine core's own
@@ -502,6 +511,10 @@ def cross_flag_problems(values: dict[str, Any], hf_config: dict[str, Any] | None
                                         values.get("pipeline_parallel_size") or 1, name_of)
     if executor:
         problems.append(executor)
+    sleep = sleep_mode_problem(bool(values.get("enable_sleep_mode")), values.get("tensor_parallel_size") or 1,
+                               values.get("pipeline_parallel_size") or 1, name_of)
+    if sleep:
+        problems.append(sleep)
     asynchronous = async_pipeline_problem(bool(values.get("async_scheduling")),
                                           values.get("pipeline_parallel_size") or 1, name_of)
     if asynchronous:

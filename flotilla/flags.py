@@ -246,6 +246,15 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
     Flag(
+        "--enable-sleep-mode",
+        "bool",
+        False,
+        "Let the engine sleep (`LLM.sleep`, and POST /sleep with VLLM_SERVER_DEV_MODE=1): level 1 moves the weights "
+        "to host memory and frees the KV cache, level 2 frees both; wake_up restores them. One tensor and pipeline "
+        "rank only.",
+        "model",
+    ),
+    Flag(
         "--max-cudagraph-capture-size",
         "int",
         None,

@@ -148,6 +148,10 @@ OPERATOR_OWNED: dict[str, str] = {
                             "local directories only); pin the revision there: hf://org/name:revision",
     "--download-dir": "it downloads spec.model.source into the pod's model volume; the engine reads local "
                       "directories only",
+    # Sleep mode is driven through vLLM's development routes (VLLM_SERVER_DEV_MODE), which spec.pod.env may not turn
+    # on (engine_env.py): in an InferenceService the flag would only refuse tensor parallelism.
+    "--enable-sleep-mode": "an InferenceService never serves the development routes (/sleep, /wake_up) that drive "
+                           "it; sleep mode is for an engine an RL trainer runs itself (docs/server.md)",
 }
 # Flags spec.engineArgs may carry with these values only (the others are the operator's, for the reason given).
 OPERATOR_OWNED_VALUES: dict[str, tuple[tuple[str, ...], str]] = {

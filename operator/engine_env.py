@@ -9,7 +9,9 @@ that does what a flag does, or turns on what no allowed flag may, would get arou
   start-up); the refusal says where to set it instead;
 - VLLM_ALLOW_RUNTIME_LORA_UPDATING, vLLM's switch for the runtime adapter routes (/v1/load_lora_adapter): they let
   the model's API clients load any directory of the pod as an adapter, which no engineArgs flag may turn on.
-  Adapters are listed in spec.lora.adapters instead.
+  Adapters are listed in spec.lora.adapters instead;
+- VLLM_SERVER_DEV_MODE, vLLM's switch for its development routes (/sleep, /wake_up): they let the model's API
+  clients take the model off the GPU.
 
 Every other variable the engine reads is the pod's own business (ENGINE_ENV_ALLOWED says why, name by name); the
 kernels' FLOTILLA_* switches (kernels/) choose among implementations of the same computation, which their tests hold
@@ -26,6 +28,7 @@ from flotilla.flags import FLAGS, Flag
 from flotilla.operator.engine_args import ENGINE_ARGS_ALLOWED, OPERATOR_OWNED
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 # The engine's variables that spec.pod.env may set, and why each changes nothing the operator governs.
 ENGINE_ENV_ALLOWED: dict[str, str] = {
@@ -72,12 +75,15 @@ def engine_env_problem(name: str) -> str | None:
         return (f"{name} would turn on the engine's runtime adapter routes (/v1/load_lora_adapter), which let the "
                 "model's API clients load any directory of the pod as an adapter; list the adapters in "
                 "spec.lora.adapters instead")
+    if name == DEV_MODE_ENV:
+        return (f"{name} would turn on the engine's development routes (/sleep, /wake_up), which let the model's API "
+                "clients take the model off the GPU; no InferenceService serves them")
     return None
 
 
 def refused_names() -> list[str]:
     """Every engine variable spec.pod.env may not set (the flags' own, VLLM_API_KEY included)."""
-    return sorted([*_flag_env(), RUNTIME_LORA_ENV])
+    return sorted([*_flag_env(), RUNTIME_LORA_ENV, DEV_MODE_ENV])
 
 
 def env_from_prefix_problem(prefix: str) -> str | None:

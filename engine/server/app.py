@@ -40,6 +40,7 @@ from flotilla.engine.server.request_limits import RequestLimits
 from flotilla.engine.server.responses import ResponsesRequest, ResponsesServing
 from flotilla.engine.server.score import RERANK_PATHS, SCORE_PATHS, add_score_routes
 from flotilla.engine.server.serving import OpenAIServing
+from flotilla.engine.server.sleep_routes import add_sleep_routes, server_dev_mode
 from flotilla.engine.server.tool_calls import plan_tools
 from flotilla.engine.serving_engine import ServingEngine
 
@@ -99,6 +100,8 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     app.router.routes.append(invocations_route(state))
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
+    if server_dev_mode():
+        add_sleep_routes(app, state.engine)
     _add_middleware(app, state, config)
     return app
 

@@ -57,6 +57,9 @@ def _errors(**pod: object) -> list[str]:
     ("VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
      "spec.pod.env: VLLM_HTTP_TIMEOUT_KEEP_ALIVE is the engine's --timeout-keep-alive: give --timeout-keep-alive in "
      "spec.engineArgs instead, where its value is checked"),
+    ("VLLM_SERVER_DEV_MODE",
+     "spec.pod.env: VLLM_SERVER_DEV_MODE would turn on the engine's development routes (/sleep, /wake_up), which let "
+     "the model's API clients take the model off the GPU; no InferenceService serves them"),
     ("VLLM_API_KEY", "spec.pod.env: VLLM_API_KEY is set by the operator"),  # one message, the operator's
     ("VLLM_LOGGING_LEVEL", None), ("FLOTILLA_STEP_TRACE", None), ("MY_APP_SETTING", None),
 ])

@@ -1,0 +1,151 @@
+"""vLLM's sleep-mode routes on a real server (`--enable-sleep-mode`, VLLM_SERVER_DEV_MODE=1): POST /sleep, POST
+/wake_up, GET /is_sleeping over httpx, the completions through the openai client. Asleep, /health stays 200 and a
+new request waits (vllm:num_requests_waiting) until /wake_up, then answers what it answered before; a stream in flight
+at /sleep ends with a 503 error; bad arguments are 400s; without dev mode the routes are 404s (the shared server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.engine.server.conftest import API_KEY, Server, start_tiny_server, stop_server, wait_until_engine_idle
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "The harbour master counts the ships"
+
+
+@pytest.fixture(scope="module", params=["1", "0"], ids=["core-process", "in-thread"])
+def sleepy(request, tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny server in dev mode with --enable-sleep-mode: its engine core in a process of its own, then on a
+    thread of the server (VLLM_ENABLE_V1_MULTIPROCESSING=0), whose loop delivers the aborted requests alike."""
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": request.param}
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("sleepy") / "server.log",
+                          "--enable-sleep-mode", env=env)
+    yield s
+    stop_server(s)
+
+
+def _post(server: Server, path: str, **params: object) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", params=params, headers=AUTH, timeout=120)
+
+
+def _is_sleeping(server: Server) -> bool:
+    reply = httpx.get(f"{server.url}/is_sleeping", headers=AUTH, timeout=30)
+    assert reply.status_code == 200
+    return reply.json()["is_sleeping"]
+
+
+def _complete(server: Server) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    reply = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    return reply.choices[0].text
+
+
+def _wait_for(condition, what: str, deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_sleep_and_wake_up_keep_the_answers(sleepy):
+    before = _complete(sleepy)
+    assert not _is_sleeping(sleepy)
+    assert _post(sleepy, "/sleep", level=1).status_code == 200
+    assert _is_sleeping(sleepy)
+    assert httpx.get(f"{sleepy.url}/health", timeout=10).status_code == 200
+    answer: list[str] = []
+    waiter = threading.Thread(target=lambda: answer.append(_complete(sleepy)))
+    waiter.start()
+    _wait_for(lambda: sleepy.metric("vllm:num_requests_waiting") == 1, "the request never queued")
+    assert not answer  # it waits for the wake-up: nothing runs while asleep
+    assert _post(sleepy, "/wake_up", tags="weights").status_code == 200
+    assert _is_sleeping(sleepy)  # the KV cache still sleeps
+    assert _post(sleepy, "/wake_up", tags="kv_cache").status_code == 200
+    assert not _is_sleeping(sleepy)
+    waiter.join(300)
+    assert answer == [before]
+
+
+def test_level_2_then_reload_weights_over_collective_rpc(sleepy):
+    before = _complete(sleepy)
+    assert _post(sleepy, "/sleep", level=2).status_code == 200
+    assert _post(sleepy, "/wake_up", tags="weights").status_code == 200
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH, timeout=120)
+    assert reply.status_code == 200 and reply.json() == {"results": [None]}
+    assert _post(sleepy, "/wake_up", tags="kv_cache").status_code == 200
+    assert _complete(sleepy) == before
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"method": "init_device"}, "only the method 'reload_weights'"),
+    ([], "only the method 'reload_weights'"),
+])
+def test_collective_rpc_runs_reload_weights_only(sleepy, body, message):
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json=body, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and message in reply.json()["error"]["message"]
+
+
+def test_reload_while_the_weights_sleep_is_400(sleepy):
+    assert _post(sleepy, "/sleep", level=2).status_code == 200
+    reply = httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and "wake_up(tags=['weights'])" in reply.json()["error"]["message"]
+    assert _post(sleepy, "/wake_up").status_code == 200
+    assert httpx.post(f"{sleepy.url}/collective_rpc", json={"method": "reload_weights"}, headers=AUTH,
+                      timeout=120).status_code == 200
+
+
+def test_a_stream_in_flight_ends_with_503(sleepy):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{sleepy.url}/v1/completions", json=body, headers=AUTH, timeout=120) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            events.append(json.loads(line.removeprefix("data: ")))
+            if len(events) == 1:
+                assert _post(sleepy, "/sleep", level=1).status_code == 200
+    assert "error" in events[-1] and events[-1]["error"]["code"] == 503, events[-1]
+    assert len(events) < 240  # ended by the sleep, not by its length (here: 4 events of 240 at load 8)
+    assert _post(sleepy, "/wake_up").status_code == 200
+    wait_until_engine_idle(sleepy)
+    assert sleepy.metric("vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.mark.parametrize(("path", "params", "message"), [
+    ("/sleep", {"level": 3}, "sleep level must be 0, 1 or 2"),
+    ("/sleep", {"level": "deep"}, "sleep level must be 0, 1 or 2"),
+    ("/sleep", {"level": 1, "mode": "wait"}, "only 'abort'"),
+    ("/wake_up", {"tags": "weight"}, "unknown wake_up tag"),
+])
+def test_bad_arguments_are_400(sleepy, path, params, message):
+    reply = _post(sleepy, path, **params)
+    assert reply.status_code == 400
+    assert message in reply.json()["error"]["message"]
+    assert not _is_sleeping(sleepy)
+
+
+def test_the_start_up_log_says_sleep_mode_and_dev_mode(sleepy):
+    log = sleepy.log.read_text()
+    assert "sleep mode enabled (--enable-sleep-mode)" in log
+    assert "development routes /sleep, /wake_up and /is_sleeping are enabled" in log
+
+
+def test_the_routes_need_the_api_key(sleepy):
+    assert httpx.post(f"{sleepy.url}/sleep", timeout=30).status_code == 401
+    assert not _is_sleeping(sleepy)
+
+
+def test_without_dev_mode_the_routes_are_404(server):
+    assert httpx.post(f"{server.url}/sleep", headers=AUTH, timeout=30).status_code == 404
+    assert httpx.post(f"{server.url}/wake_up", headers=AUTH, timeout=30).status_code == 404
+    assert httpx.get(f"{server.url}/is_sleeping", headers=AUTH, timeout=30).status_code == 404
+    assert httpx.post(f"{server.url}/collective_rpc", headers=AUTH, timeout=30).status_code == 404
