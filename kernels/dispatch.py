@@ -25,6 +25,7 @@ from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_r
 from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
+from flotilla.kernels.moe import fused_experts_ref, topk_routing_ref
 from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
@@ -251,6 +252,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
+
+
+def moe_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's `top_k` experts and their fp32 weights (softmax, top-k, optionally renormalised): `[T, top_k]`
+    weights and expert ids. The reference on every device (a handful of small ops)."""
+    return topk_routing_ref(router_logits, top_k, renormalize)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    """The routed experts' gated MLPs summed per token (`kernels/moe.py`): `x` `[T, H]`, stacked `w13` `[E, 2I, H]`
+    and `w2` `[E, H, I]`. The PyTorch reference on every device for now: its per-expert loop reads the expert
+    counts on the host, so a CUDA graph cannot hold it (the engine runs MoE models eagerly); a Triton grouped GEMM
+    over expert-sorted token blocks (vLLM's fused_moe) fills this seam."""
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
