@@ -35,6 +35,8 @@ from flotilla.engine_rules import (
     gguf_load_format_problem,
     kv_scales_problem,
     log_requests_problem,
+    moe_expert_widths,
+    moe_problem,
     override_generation_config_problem,
     parallel_split_problem,
     pooling_problem,
@@ -430,6 +432,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if problem := _architecture_problem(hf_config):
         raise ConfigError(f"model {model_dir}: {problem}")
+    moe_widths = moe_expert_widths(hf_config)
+    if problem := moe_problem(moe_widths, quantization, bool(v["enable_lora"]), v["tensor_parallel_size"]):
+        raise ConfigError(f"model {model_dir}: {problem}")
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     with _as_config_error(ValueError):
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
@@ -448,7 +453,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if problem := matryoshka_problem(hf_config):
         raise ConfigError(problem)
-    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
+    # A MoE model runs eagerly: its experts' reference path reads the expert counts on the host, which a CUDA graph
+    # cannot capture (`kernels.dispatch.fused_experts`)
+    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"] or moe_widths is not None,
                         v["max_cudagraph_capture_size"])
     model = ModelConfig(
         model=str(model_dir),
