@@ -296,6 +296,14 @@ def moe_expert_widths(hf_config: Mapping[str, Any]) -> list[int] | None:
     return [int(width)] + ([int(shared)] if shared else [])
 
 
+def moe_dense_layers(num_layers: int, decoder_sparse_step: int | None, mlp_only_layers: list[int] | None) -> set[int]:
+    """The layers of a mixture-of-experts model that keep a dense MLP, as transformers' Qwen-MoE decoder picks them:
+    those in `mlp_only_layers`, and those where `(layer + 1) % decoder_sparse_step` is not 0 (Mixtral has neither
+    key: every layer is sparse)."""
+    step, only = decoder_sparse_step or 1, set(mlp_only_layers or [])
+    return {i for i in range(num_layers) if i in only or (i + 1) % step}
+
+
 def moe_problem(expert_widths: list[int] | None, quantization: str | None, enable_lora: bool, tensor: int,
                 name_of: NameOf = flag_name) -> str | None:
     """Why a mixture-of-experts model (`moe_expert_widths`) cannot serve with these settings, or None: its experts
@@ -305,7 +313,7 @@ def moe_problem(expert_widths: list[int] | None, quantization: str | None, enabl
     if expert_widths is None:
         return None
     if quantization is not None:
-        return (f"quantization {quantization} ({name_of('quantization')} or the checkpoint's quantization_config) is "
+        return (f"{name_of('quantization')} {quantization} (given, or the checkpoint's quantization_config) is "
                 "not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): their experts run "
                 "unquantized; serve an unquantized checkpoint without it")
     if enable_lora:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
+from flotilla.engine_rules import moe_dense_layers
 from flotilla.kernels.dispatch import fused_experts, moe_routing
 
 # A checkpoint expert tensor's name (after the model's own renames): layer prefix, expert, projection.
@@ -49,9 +50,6 @@ class MoeArch:
         num_experts = c.get("num_local_experts") or c.get("num_experts")
         if not num_experts:
             raise ValueError("config.json names no experts (num_local_experts / num_experts)")
-        step = int(c.get("decoder_sparse_step") or 1)
-        layers = int(c["num_hidden_layers"])
-        only_dense = set(c.get("mlp_only_layers") or [])
         return cls(
             num_experts=int(num_experts),
             top_k=int(c.get("num_experts_per_tok", 2)),
@@ -59,7 +57,8 @@ class MoeArch:
             renormalize=bool(c.get("norm_topk_prob", False)) if renormalize is None else renormalize,
             round_router_weights=round_router_weights,
             shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size") or 0),
-            dense_layers=frozenset(i for i in range(layers) if i in only_dense or (i + 1) % step),
+            dense_layers=frozenset(moe_dense_layers(int(c["num_hidden_layers"]), c.get("decoder_sparse_step"),
+                                                    c.get("mlp_only_layers"))),
         )
 
     def is_sparse(self, layer: int) -> bool:

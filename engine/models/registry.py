@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
 from dataclasses import replace
+from typing import Any
 
 from flotilla.engine.layers.moe import MoeArch
 from flotilla.engine.models.causal_lm import CausalLM
@@ -25,8 +24,6 @@ def _qwen_moe(c: dict[str, Any], *, qkv_bias: bool | None, qk_norm: bool) -> Cau
     return LlamaForCausalLM(replace(LlamaArch.from_hf(c, qkv_bias=qkv_bias, qk_norm=qk_norm), moe=MoeArch.from_hf(c)))
 
 
-_MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
-
 # HF `architectures[0]` -> builder from config.json
 _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     "LlamaForCausalLM": lambda c: LlamaForCausalLM(LlamaArch.from_hf(c)),
@@ -40,11 +37,6 @@ _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     # Qwen3-MoE's head_dim defaults to hidden_size / num_attention_heads (HF's attention reads it so), not 128
     "Qwen3MoeForCausalLM": lambda c: _qwen_moe(c, qkv_bias=None, qk_norm=True),
 }
-
-
-def is_moe(hf_config: dict[str, Any]) -> bool:
-    """Whether config.json's architecture is a mixture of experts served here."""
-    return any(arch in _MOE_ARCHITECTURES for arch in hf_config.get("architectures") or [])
 
 
 def supported_architectures() -> list[str]:

@@ -121,7 +121,8 @@ def _copy_without(src: Path, dst: Path, drop: str | None = None, reshape: str | 
 
 
 def test_a_missing_expert_tensor_is_named(tiny_model_dirs, tmp_path):
-    path = _copy_without(tiny_model_dirs["qwen3-moe"], tmp_path / "m", drop="model.layers.0.mlp.experts.2.up_proj.weight")
+    dropped = "model.layers.0.mlp.experts.2.up_proj.weight"
+    path = _copy_without(tiny_model_dirs["qwen3-moe"], tmp_path / "m", drop=dropped)
     with pytest.raises(ValueError, match=r"lacks tensors for: layers\.0\.mlp\.experts\.2\.up_proj\.weight$"):
         LLM(str(path), max_model_len=64)
 
@@ -174,3 +175,31 @@ def test_moe_models_run_eagerly(tiny_model_dirs):
     # the experts' reference path reads expert counts on the host, which a CUDA graph cannot capture
     assert EngineConfig.from_kwargs(str(tiny_model_dirs["mixtral"]), max_model_len=64).model.enforce_eager
     assert not EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64).model.enforce_eager
+
+
+@pytest.mark.parametrize(("spec_fields", "flags", "field"), [
+    ({"quantization": "fp8"}, {"quantization": "fp8"}, "spec.quantization"),
+    ({"lora": {"maxLoras": 1, "maxLoraRank": 8}}, {"enable_lora": True}, "spec.lora"),
+    ({"parallelism": {"tensor": 4}, "resources": {"gpusPerReplica": 4}}, {"tensor_parallel_size": 4},
+     "spec.parallelism.tensor 4"),
+])
+def test_admission_refuses_what_the_engine_refuses(tmp_path, tiny_model_dirs, spec_fields, flags, field):
+    # the same rule (engine_rules.moe_problem) on both sides, the operator's from spec.model.config's numbers
+    from flotilla.operator.admission import review
+
+    src = tiny_model_dirs["qwen3-moe"]
+    dst = tmp_path / "m"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    config = json.loads((dst / "config.json").read_text()) | {"moe_intermediate_size": 66, "num_key_value_heads": 4}
+    (dst / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="mixture-of-experts|expert width"):
+        EngineConfig.from_kwargs(str(dst), max_model_len=64, **flags)
+    numbers = {"hiddenSize": 64, "numHiddenLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 4, "headDim": 32,
+               "intermediateSize": 128, "vocabSize": config["vocab_size"], "numExperts": 4, "moeIntermediateSize": 66}
+    errors = review({"model": {"source": "pvc://m", "config": numbers}, **spec_fields}, "m").errors
+    assert any(e.startswith(field) and ("mixture-of-experts" in e or "expert width" in e) for e in errors), errors
+    # without numExperts the operator takes the model for a dense one and admits it
+    del numbers["numExperts"]
+    assert not review({"model": {"source": "pvc://m", "config": numbers}, **spec_fields}, "m").errors
