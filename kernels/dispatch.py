@@ -260,12 +260,20 @@ def moe_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> t
     return topk_routing_ref(router_logits, top_k, renormalize)
 
 
+# CUDA: the Triton grouped GEMMs (`triton_fused_moe.py`, tested against the reference under the interpreter) in
+# place of the reference's per-expert loop; off until measured on a GPU (FLOTILLA_FUSED_MOE=1 turns it on)
+FUSED_MOE = env_flag("FLOTILLA_FUSED_MOE", False)
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor) -> torch.Tensor:
     """The routed experts' gated MLPs summed per token (`kernels/moe.py`): `x` `[T, H]`, stacked `w13` `[E, 2I, H]`
-    and `w2` `[E, H, I]`. The PyTorch reference on every device for now: its per-expert loop reads the expert
-    counts on the host, so a CUDA graph cannot hold it (the engine runs MoE models eagerly); a Triton grouped GEMM
-    over expert-sorted token blocks (vLLM's fused_moe) fills this seam."""
+    and `w2` `[E, H, I]`. The PyTorch reference unless FUSED_MOE on CUDA: its per-expert loop reads the expert
+    counts on the host, so a CUDA graph cannot hold it (the engine runs MoE models eagerly)."""
+    if x.is_cuda and FUSED_MOE:
+        from flotilla.kernels.triton_fused_moe import fused_experts as fused_experts_triton
+
+        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
     return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
 
 
