@@ -453,9 +453,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if problem := matryoshka_problem(hf_config):
         raise ConfigError(problem)
-    # A MoE model runs eagerly: its experts' reference path reads the expert counts on the host, which a CUDA graph
-    # cannot capture (`kernels.dispatch.fused_experts`)
-    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"] or moe_widths is not None,
+    # A MoE model (or draft) runs eagerly: its experts' reference path reads the expert counts on the host, which a
+    # CUDA graph cannot capture (`kernels.dispatch.fused_experts`)
+    moe = moe_widths is not None or _draft_is_moe(speculative)
+    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"] or moe,
                         v["max_cudagraph_capture_size"])
     model = ModelConfig(
         model=str(model_dir),
@@ -577,6 +578,14 @@ def _architecture_problem(hf_config: dict[str, Any]) -> str | None:
     from flotilla.engine.models.registry import architecture_problem  # torch: imported only by the engine
 
     return architecture_problem(hf_config)
+
+
+def _draft_is_moe(speculative: SpeculativeConfig | None) -> bool:
+    """Whether the draft model's config.json (when it is there yet) is a mixture of experts."""
+    if speculative is None or speculative.model is None:
+        return False
+    config_path = Path(speculative.model) / "config.json"
+    return config_path.is_file() and moe_expert_widths(json.loads(config_path.read_text())) is not None
 
 
 def draft_architecture_problem(draft_dir: Path) -> str | None:

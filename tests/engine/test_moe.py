@@ -175,6 +175,10 @@ def test_moe_models_run_eagerly(tiny_model_dirs):
     # the experts' reference path reads expert counts on the host, which a CUDA graph cannot capture
     assert EngineConfig.from_kwargs(str(tiny_model_dirs["mixtral"]), max_model_len=64).model.enforce_eager
     assert not EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64).model.enforce_eager
+    # a MoE draft model runs in the target's steps: eager too
+    draft = json.dumps({"model": str(tiny_model_dirs["qwen3-moe"]), "num_speculative_tokens": 2})
+    assert EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), max_model_len=64,
+                                    speculative_config=draft).model.enforce_eager
 
 
 @pytest.mark.parametrize(("spec_fields", "flags", "field"), [
