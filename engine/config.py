@@ -36,6 +36,8 @@ from flotilla.engine_rules import (
     gguf_load_format_problem,
     kv_scales_problem,
     log_requests_problem,
+    moe_expert_widths,
+    moe_problem,
     override_generation_config_problem,
     parallel_split_problem,
     pooling_problem,
@@ -441,6 +443,9 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if problem := _architecture_problem(hf_config):
         raise ConfigError(f"model {model_dir}: {problem}")
+    moe_widths = moe_expert_widths(hf_config)
+    if problem := moe_problem(moe_widths, quantization, bool(v["enable_lora"]), v["tensor_parallel_size"]):
+        raise ConfigError(f"model {model_dir}: {problem}")
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     with _as_config_error(ValueError):
         runner, convert = resolve_runner(v["runner"], v["convert"], v["task"], hf_config)
@@ -461,7 +466,10 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     if convert == "classify" and (problem := classify_problem(hf_config, quantization)):
         raise ConfigError(f"model {model_dir}: {problem}")
-    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
+    # A MoE model (or draft) runs eagerly: its experts' reference path reads the expert counts on the host, which a
+    # CUDA graph cannot capture (`kernels.dispatch.fused_experts`)
+    moe = moe_widths is not None or _draft_is_moe(speculative)
+    graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"] or moe,
                         v["max_cudagraph_capture_size"])
     model = ModelConfig(
         model=str(model_dir),
@@ -586,6 +594,14 @@ def _architecture_problem(hf_config: dict[str, Any]) -> str | None:
     from flotilla.engine.models.registry import architecture_problem  # torch: imported only by the engine
 
     return architecture_problem(hf_config)
+
+
+def _draft_is_moe(speculative: SpeculativeConfig | None) -> bool:
+    """Whether the draft model's config.json (when it is there yet) is a mixture of experts."""
+    if speculative is None or speculative.model is None:
+        return False
+    config_path = Path(speculative.model) / "config.json"
+    return config_path.is_file() and moe_expert_widths(json.loads(config_path.read_text())) is not None
 
 
 def draft_architecture_problem(draft_dir: Path) -> str | None:

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from flotilla.engine.config import ModelConfig
+from flotilla.engine.layers.moe import expert_target, missing_experts
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.registry import build_model
 from flotilla.engine.pooling.score_head import attach_score_head, score_head_tensors
@@ -31,8 +32,11 @@ from flotilla.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
+# Where in a merged parameter a checkpoint tensor goes: a fragment's shard (`packed_modules`: "q", 0) or, in a
+# stacked experts' parameter, (expert, part) (`engine/layers/moe.py`).
+ShardId = str | int | tuple[int, int]
 # A layer's `weight_loader(param, checkpoint tensor, shard id)`: puts the tensor into its place in `param`.
-WeightLoader = Callable[[nn.Parameter, torch.Tensor, str | int | None], None]
+WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId | None], None]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -167,7 +171,7 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
     params = dict(model.named_parameters())
     loaders = _weight_loaders(model)
     loaded: set[str] = set()
-    shards: dict[str, set[str | int]] = {}  # merged parameter -> the shards loaded into it
+    shards: dict[str, set[ShardId]] = {}  # merged parameter -> the shards loaded into it
     tied = model.ties_lm_head
     skipped_head: torch.Tensor | None = None
     for hf_name, tensor in tensors:
@@ -181,7 +185,7 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
             if model.holds(kv_scale[0]):  # not another pipeline stage's layer
                 set_kv_scale(model, *kv_scale, tensor)
             continue
-        name, shard_id = packed_target(name, model.packed_modules)
+        name, shard_id = checkpoint_target(name, model.packed_modules)
         if not model.holds(name):  # another pipeline stage's layer
             continue
         if name not in params:
@@ -192,12 +196,12 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
             shards.setdefault(name, set()).add(shard_id)
     if skipped_head is not None:
         _warn_if_head_differs(skipped_head, params.get("embed_tokens.weight"), where)
-    missing = _missing(model, set(params) - loaded - ({"lm_head.weight"} if tied else set()), shards)
+    missing = _missing(model, set(params) - loaded - ({"lm_head.weight"} if tied else set()), shards, params)
     if missing:
         raise ValueError(f"checkpoint in {where} lacks tensors for: {', '.join(sorted(missing))}")
 
 
-def _load_tensor(loader: WeightLoader, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None,
+def _load_tensor(loader: WeightLoader, param: nn.Parameter, tensor: torch.Tensor, shard_id: ShardId | None,
                  hf_name: str, name: str) -> None:
     """Put checkpoint tensor `hf_name` (in the parameter's dtype) into parameter `name` by its loader; a ValueError
     that names both when the shapes disagree."""
@@ -210,13 +214,17 @@ def _load_tensor(loader: WeightLoader, param: nn.Parameter, tensor: torch.Tensor
                          f"{tuple(param.shape)} (do config.json and the checkpoint disagree?): {e}") from None
 
 
-def _missing(model: CausalLM, unloaded: set[str], shards: dict[str, set[str | int]]) -> set[str]:
+def _missing(model: CausalLM, unloaded: set[str], shards: dict[str, set[ShardId]],
+             params: dict[str, nn.Parameter]) -> set[str]:
     """What the checkpoint left empty: the `unloaded` parameters, and the missing parts (by their own names, as
-    `q_proj`) of merged parameters it filled in part."""
+    `q_proj`, `experts.3.up_proj`) of merged parameters it filled in part."""
     missing = set(unloaded)
-    # A merged parameter (q/k/v, gate/up) is loaded only when every part is: one missing part would leave its
-    # slice uninitialised.
+    # A merged parameter (q/k/v, gate/up, stacked experts) is loaded only when every part is: one missing part
+    # would leave its slice uninitialised.
     for name, got in shards.items():
+        if any(isinstance(shard, tuple) for shard in got):  # a stacked experts' parameter
+            missing |= missing_experts(name, got, int(params[name].shape[0]))
+            continue
         for fragment, (merged, shard_id) in model.packed_modules.items():
             if f".{merged}." in name and shard_id not in got:
                 missing.add(name.replace(f".{merged}.", f".{fragment}."))
@@ -250,10 +258,17 @@ def _weight_loaders(model: nn.Module) -> dict[str, WeightLoader]:
     return loaders
 
 
-def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+def _copy_weight(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)
+
+
+def checkpoint_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, ShardId | None]:
+    """The parameter a checkpoint tensor (by our name) loads into, and its shard there: one expert's projection
+    goes into its layer's stacked experts' parameter (`expert_target`), a fragment into its merged layer
+    (`packed_target`)."""
+    return expert_target(name) or packed_target(name, packed)
 
 
 def packed_target(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:

@@ -284,6 +284,48 @@ def parallel_split_problem(num_heads: int, num_kv_heads: int, intermediate_size:
     return None
 
 
+def moe_expert_widths(hf_config: Mapping[str, Any]) -> list[int] | None:
+    """A mixture-of-experts config.json's expert widths that tensor parallelism splits (the experts', and Qwen2-MoE's
+    shared expert's), or None for a dense model. Experts are counted by `num_local_experts` (Mixtral; transformers 5
+    writes Qwen3-MoE's so too) or `num_experts` (Qwen); their width is `moe_intermediate_size` (Qwen) or
+    `intermediate_size` (Mixtral)."""
+    if not (hf_config.get("num_local_experts") or hf_config.get("num_experts")):
+        return None
+    width = hf_config.get("moe_intermediate_size") or hf_config.get("intermediate_size") or 0
+    shared = hf_config.get("shared_expert_intermediate_size") or 0
+    return [int(width)] + ([int(shared)] if shared else [])
+
+
+def moe_dense_layers(num_layers: int, decoder_sparse_step: int | None, mlp_only_layers: list[int] | None) -> set[int]:
+    """The layers of a mixture-of-experts model that keep a dense MLP, as transformers' Qwen-MoE decoder picks them:
+    those in `mlp_only_layers`, and those where `(layer + 1) % decoder_sparse_step` is not 0 (Mixtral has neither
+    key: every layer is sparse)."""
+    step, only = decoder_sparse_step or 1, set(mlp_only_layers or [])
+    return {i for i in range(num_layers) if i in only or (i + 1) % step}
+
+
+def moe_problem(expert_widths: list[int] | None, quantization: str | None, enable_lora: bool, tensor: int,
+                name_of: NameOf = flag_name) -> str | None:
+    """Why a mixture-of-experts model (`moe_expert_widths`) cannot serve with these settings, or None: its experts
+    run unquantized and without adapters (a quantized or adapted model would quantize or adapt only its attention,
+    so the result would differ from what was asked without a word), and tensor parallelism splits every expert's
+    width evenly."""
+    if expert_widths is None:
+        return None
+    if quantization is not None:
+        return (f"{name_of('quantization')} {quantization} (given, or the checkpoint's quantization_config) is "
+                "not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): their experts run "
+                "unquantized; serve an unquantized checkpoint without it")
+    if enable_lora:
+        return (f"{name_of('enable_lora')} is not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, "
+                "Qwen3-MoE): adapters would reach the attention only, not the experts; remove it")
+    uneven = [width for width in expert_widths if width % tensor]
+    if uneven:
+        return (f"{name_of('tensor_parallel_size')} {tensor} does not divide the model's expert width "
+                f"{uneven[0]}")
+    return None
+
+
 def pooling_problem(runner: str, enable_lora: bool, speculative: bool, tensor: int, pipeline: int,
                     name_of: NameOf = flag_name) -> str | None:
     """Why the pooling runner cannot serve with these settings, or None. Its pass (engine/pooling/embed.py)

@@ -25,6 +25,7 @@ from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_r
 from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
+from flotilla.kernels.moe import fused_experts_ref, topk_routing_ref
 from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
@@ -251,6 +252,29 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
+
+
+def moe_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's `top_k` experts and their fp32 weights (softmax, top-k, optionally renormalised): `[T, top_k]`
+    weights and expert ids. The reference on every device (a handful of small ops)."""
+    return topk_routing_ref(router_logits, top_k, renormalize)
+
+
+# CUDA: the Triton grouped GEMMs (`triton_fused_moe.py`, tested against the reference under the interpreter) in
+# place of the reference's per-expert loop; off until measured on a GPU (FLOTILLA_FUSED_MOE=1 turns it on)
+FUSED_MOE = env_flag("FLOTILLA_FUSED_MOE", False)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    """The routed experts' gated MLPs summed per token (`kernels/moe.py`): `x` `[T, H]`, stacked `w13` `[E, 2I, H]`
+    and `w2` `[E, H, I]`. The PyTorch reference unless FUSED_MOE on CUDA: its per-expert loop reads the expert
+    counts on the host, so a CUDA graph cannot hold it (the engine runs MoE models eagerly)."""
+    if x.is_cuda and FUSED_MOE:
+        from flotilla.kernels.triton_fused_moe import fused_experts as fused_experts_triton
+
+        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from flotilla.engine_rules import (
     flag_name,
     gguf_load_format_problem,
     looks_like_chat_template,
+    moe_problem,
     parse_argv,
     rope_positions_origin,
 )
@@ -338,6 +339,10 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")
     if problem := _draft_length_problem(spec):
+        errors.append(problem)
+    if spec.model.config is not None and (problem := moe_problem(
+            spec.model.config.expert_widths, values.get("quantization"), bool(values.get("enable_lora")),
+            values.get("tensor_parallel_size") or 1, _spec_name)):
         errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
 

@@ -28,6 +28,13 @@ What is counted, per replica:
   The file itself (the hf:// download's emptyDir size, deployment.py): Q4_0 18 bytes a block of 32, Q4_1
   20 (counted: the larger), Q8_0 34; embeddings and an untied LM head as llama.cpp's Q4/Q8 files commonly
   hold them, counted at Q8_0 (the embedded SmolLM2 file's; Q6_K is smaller, F16 larger).
+- Mixture-of-experts models (model.config.numExperts; Mixtral, Qwen2-MoE, Qwen3-MoE): a sparse layer's MLP is
+  every expert's gate, up and down (numExperts x 3 x hidden x moeIntermediateSize, or intermediateSize for
+  Mixtral), Qwen2-MoE's shared expert (3 x hidden x sharedExpertIntermediateSize) and the router (numExperts x
+  hidden, plus the shared expert's one-logit gate), the router whole on every tensor-parallel rank; the layers
+  decoderSparseStep and mlpOnlyLayers leave dense keep the gated MLP of intermediateSize. The engine refuses
+  quantization and LoRA for them (admission too). The activation allowance below keeps intermediateSize (Mixtral's
+  expert width; above a Qwen-MoE expert's: an over-estimate).
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
@@ -103,19 +110,40 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 def parameter_counts(arch: ModelArchitecture, tensor: int = 1) -> tuple[int, int]:
-    """(linear-layer parameters, embedding + LM-head parameters) of a dense decoder, over `tensor` ranks: with more
-    ranks than KV heads each rank holds one KV head's k and v weights (the engine replicates them)."""
+    """(linear-layer parameters, embedding + LM-head parameters) of the decoder, over `tensor` ranks: with more
+    ranks than KV heads each rank holds one KV head's k and v weights (the engine replicates them), and every rank
+    a whole router of each sparse layer of a mixture-of-experts model."""
     head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
     kv_heads = max(arch.num_key_value_heads or arch.num_attention_heads, tensor)
     q_width, kv_width = arch.num_attention_heads * head_dim, kv_heads * head_dim
     attention = arch.hidden_size * (2 * q_width + 2 * kv_width)  # q and o, k and v
     mlp = 3 * arch.hidden_size * arch.intermediate_size  # gate, up, down
     embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    sparse = arch.sparse_layers
     if arch.num_parameters is not None:
         replicated = arch.num_hidden_layers * arch.hidden_size * 2 * (kv_heads - (arch.num_key_value_heads or
                                                                                arch.num_attention_heads)) * head_dim
+        replicated += sparse * (tensor - 1) * _router_parameters(arch)
         return max(arch.num_parameters - embeddings, 0) + replicated, embeddings
-    return arch.num_hidden_layers * (attention + mlp), embeddings
+    mlps = (arch.num_hidden_layers - sparse) * mlp + sparse * (_experts_parameters(arch) +
+                                                             tensor * _router_parameters(arch))
+    return arch.num_hidden_layers * attention + mlps, embeddings
+
+
+def _experts_parameters(arch: ModelArchitecture) -> int:
+    """One sparse layer's expert weights, split over tensor ranks (engine/layers/moe.py): every expert's gate, up
+    and down, and Qwen2-MoE's shared expert."""
+    width = arch.moe_intermediate_size or arch.intermediate_size
+    shared = arch.shared_expert_intermediate_size or 0
+    return 3 * arch.hidden_size * ((arch.num_experts or 0) * width + shared)
+
+
+def _router_parameters(arch: ModelArchitecture) -> int:
+    """One sparse layer's router (a logit an expert) and Qwen2-MoE's shared-expert gate (one logit): whole on every
+    tensor rank."""
+    if arch.num_experts is None:
+        return 0
+    return arch.hidden_size * (arch.num_experts + (1 if arch.shared_expert_intermediate_size else 0))
 
 
 def rtn_env(spec: InferenceServiceSpec) -> dict[str, str]:

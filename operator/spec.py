@@ -14,12 +14,12 @@ this model).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from flotilla.engine_rules import model_len_limit, rope_positions, world_size
+from flotilla.engine_rules import model_len_limit, moe_dense_layers, moe_expert_widths, rope_positions, world_size
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -155,6 +155,26 @@ class ModelArchitecture(_Model):
         default=None, ge=1, le=MAX_PARAMETERS,
         description="Total parameter count; overrides the count derived from the numbers above "
                     "(set it for mixture-of-experts or unusual architectures).")
+    num_experts: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT,
+        description="Experts of each sparse layer of a mixture-of-experts model (config.json num_local_experts for "
+                    "Mixtral, num_experts for Qwen2-MoE/Qwen3-MoE); unset for a dense model. The fit check counts "
+                    "every expert's weights and the router.")
+    moe_intermediate_size: int | None = Field(
+        default=None, ge=1, le=MAX_MLP_WIDTH,
+        description="Width of one expert (moe_intermediate_size, Qwen-MoE); defaults to intermediateSize (Mixtral's "
+                    "experts are intermediateSize wide).")
+    shared_expert_intermediate_size: int | None = Field(
+        default=None, ge=1, le=MAX_MLP_WIDTH,
+        description="Width of Qwen2-MoE's shared expert, a dense MLP beside the routed experts "
+                    "(shared_expert_intermediate_size).")
+    decoder_sparse_step: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT,
+        description="Qwen-MoE's decoder_sparse_step: layer i holds experts when (i + 1) is a multiple of it, the "
+                    "others a dense MLP of intermediateSize; 1 (the default): every layer.")
+    mlp_only_layers: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] | None = Field(
+        default=None, max_length=MAX_COUNT,
+        description="Qwen-MoE's mlp_only_layers: layers that keep a dense MLP of intermediateSize.")
     weight_bits: Literal[4, 8] | None = Field(
         default=None,
         description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
@@ -188,6 +208,23 @@ class ModelArchitecture(_Model):
         if self.rope_scaling is not None:
             hf_config["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
         return hf_config
+
+    @property
+    def sparse_layers(self) -> int:
+        """The layers holding experts (0 for a dense model; engine_rules.moe_dense_layers)."""
+        if self.num_experts is None:
+            return 0
+        return self.num_hidden_layers - len(moe_dense_layers(self.num_hidden_layers, self.decoder_sparse_step,
+                                                             self.mlp_only_layers))
+
+    @property
+    def expert_widths(self) -> list[int] | None:
+        """The widths tensor parallelism splits in the experts (engine_rules.moe_expert_widths), None if dense."""
+        if self.num_experts is None:
+            return None
+        return moe_expert_widths({"num_experts": self.num_experts, "intermediate_size": self.intermediate_size,
+                                  "moe_intermediate_size": self.moe_intermediate_size,
+                                  "shared_expert_intermediate_size": self.shared_expert_intermediate_size})
 
     @model_validator(mode="after")
     def _heads_have_a_size(self) -> ModelArchitecture:

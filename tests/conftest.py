@@ -18,11 +18,11 @@ try:
 except ImportError:  # the operator-only install has no torch
     torch = None
 
-TINY_ARCHS = ["llama", "llama3-rope-tied", "mistral", "qwen2", "qwen3"]
+TINY_ARCHS = ["llama", "llama3-rope-tied", "mistral", "qwen2", "qwen3", "mixtral", "qwen3-moe"]
 
 
 def _tiny_config(arch: str, vocab_size: int):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=vocab_size,
@@ -55,6 +55,13 @@ def _tiny_config(arch: str, vocab_size: int):
         return Qwen2Config(**common, tie_word_embeddings=False)
     if arch == "qwen3":
         return Qwen3Config(**{**common, "num_key_value_heads": 1}, head_dim=32, tie_word_embeddings=False)
+    # mixtures of experts: 4 experts, top 2 (Mixtral renormalises always; Qwen3-MoE here too, with layer 1 dense)
+    if arch == "mixtral":
+        return MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    if arch == "qwen3-moe":
+        return Qwen3MoeConfig(**{**common, "num_key_value_heads": 1}, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                              moe_intermediate_size=64, norm_topk_prob=True, mlp_only_layers=[1],
+                              tie_word_embeddings=False)
     raise ValueError(arch)
 
 

@@ -1,13 +1,14 @@
-"""The Llama family as one decoder: Llama 2/3, Mistral, Qwen2/2.5 (QKV bias) and Qwen3 (q/k norm).
+"""The Llama family as one decoder: Llama 2/3, Mistral, Qwen2/2.5 (QKV bias) and Qwen3 (q/k norm), and their
+mixture-of-experts forms: Mixtral, Qwen2-MoE and Qwen3-MoE (`engine/layers/moe.py` in place of a layer's MLP).
 
-Read top to bottom: an embedding, N decoder layers (attention then gated MLP, each behind an RMSNorm
+Read top to bottom: an embedding, N decoder layers (attention then gated MLP or MoE block, each behind an RMSNorm
 fused with the residual add), a final norm and the LM head. Attention metadata comes from the forward
 context, so every module keeps a plain `forward(positions, hidden)` signature.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
 import torch
@@ -18,6 +19,7 @@ from flotilla.engine.layers.activation import SiluAndMul
 from flotilla.engine.layers.attention import Attention
 from flotilla.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from flotilla.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from flotilla.engine.layers.moe import MoeArch, SparseMoeBlock
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
@@ -70,6 +72,7 @@ class LlamaArch:
     mlp_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
+    moe: MoeArch | None = None  # a mixture-of-experts model's numbers (its sparse layers' MLP is a MoE block)
 
     @classmethod
     def from_hf(cls, c: dict[str, Any], *, qkv_bias: bool | None = None, qk_norm: bool = False) -> LlamaArch:
@@ -197,15 +200,25 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(gate_up(x)))
 
 
+def feed_forward(a: LlamaArch, layer: int) -> nn.Module:
+    """Layer `layer`'s MLP: the gated MLP, or a MoE model's sparse block (with Qwen2-MoE's shared expert, a gated
+    MLP of its own width)."""
+    if a.moe is None or not a.moe.is_sparse(layer):
+        return LlamaMLP(a)
+    width = a.moe.shared_expert_intermediate_size
+    shared = LlamaMLP(replace(a, intermediate_size=width, mlp_bias=False)) if width else None
+    return SparseMoeBlock(a.hidden_size, a.moe, shared)
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP; the residual stream is carried beside the hidden states."""
 
-    def __init__(self, a: LlamaArch) -> None:
+    def __init__(self, a: LlamaArch, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.self_attn = LlamaAttention(a)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.mlp = LlamaMLP(a)
+        self.mlp = feed_forward(a, layer)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -245,7 +258,7 @@ class LlamaForCausalLM(CausalLM):
                                         if self.holds_embedding else nn.Identity())
         self.stage = stage_layers(arch.num_layers)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch) if i in self.stage else nn.Identity() for i in range(arch.num_layers)
+            LlamaDecoderLayer(arch, i) if i in self.stage else nn.Identity() for i in range(arch.num_layers)
         )
         self.norm: nn.Module = RMSNorm(arch.hidden_size, arch.rms_norm_eps) if self.last_stage else nn.Identity()
         self.lm_head: nn.Module = (ParallelLMHead(arch.vocab_size, arch.hidden_size) if self.last_stage
@@ -306,5 +319,6 @@ class LlamaForCausalLM(CausalLM):
 
     @staticmethod
     def checkpoint_name(hf_name: str) -> str:
-        """Our parameter name for an HF checkpoint tensor name (`model.` prefix dropped)."""
-        return hf_name.removeprefix("model.")
+        """Our parameter name for an HF checkpoint tensor name (`model.` prefix dropped; Mixtral's MoE block is
+        `block_sparse_moe`, ours `mlp` as Qwen's)."""
+        return hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")

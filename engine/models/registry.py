@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from flotilla.engine.layers.moe import MoeArch
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
 
@@ -22,6 +24,19 @@ def _qwen3(c: dict[str, Any]) -> CausalLM:
     return LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True))
 
 
+def _mixtral(c: dict[str, Any]) -> CausalLM:
+    """Mixtral: Mistral's attention; every layer's MLP is a MoE block of `intermediate_size`-wide experts, top-k
+    weights always renormalised and kept in fp32 (HF's MixtralTopKRouter)."""
+    moe = MoeArch.from_hf(c, renormalize=True, expert_width="intermediate_size", round_router_weights=False)
+    return LlamaForCausalLM(replace(LlamaArch.from_hf(c), moe=moe))
+
+
+def _qwen_moe(c: dict[str, Any], *, qkv_bias: bool | None, qk_norm: bool) -> CausalLM:
+    """Qwen2-MoE (QKV bias, a gated shared expert) and Qwen3-MoE (q/k norm): `moe_intermediate_size`-wide experts
+    on the layers `decoder_sparse_step`/`mlp_only_layers` choose, renormalised when `norm_topk_prob`."""
+    return LlamaForCausalLM(replace(LlamaArch.from_hf(c, qkv_bias=qkv_bias, qk_norm=qk_norm), moe=MoeArch.from_hf(c)))
+
+
 # HF `architectures[0]` -> builder from config.json. The sequence classifiers (`--convert classify`) are the same
 # body, whose LM head the loader swaps for the `score` head (engine/pooling/score_head.py).
 _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
@@ -33,6 +48,11 @@ _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     "MistralForSequenceClassification": _llama,
     "Qwen2ForSequenceClassification": _qwen2,
     "Qwen3ForSequenceClassification": _qwen3,
+    "MixtralForCausalLM": _mixtral,
+    # Qwen2MoeConfig's qkv_bias defaults to true (Qwen1.5-MoE's config.json leaves it out)
+    "Qwen2MoeForCausalLM": lambda c: _qwen_moe(c, qkv_bias=bool(c.get("qkv_bias", True)), qk_norm=False),
+    # Qwen3-MoE's head_dim defaults to hidden_size / num_attention_heads (HF's attention reads it so), not 128
+    "Qwen3MoeForCausalLM": lambda c: _qwen_moe(c, qkv_bias=None, qk_norm=True),
 }
 
 

@@ -114,6 +114,19 @@ def test_pipeline_parallel_tied_llama_matches_hf(tiny_model_dirs):
         _check_matches_hf(llm, tiny_model_dirs["llama3-rope-tied"], seed=6)
 
 
+def test_tensor_parallel_mixtral_matches_hf(tiny_model_dirs):
+    """Mixtral's experts at tp 2: each rank holds every expert's half of the width (and the whole router), and the
+    routed sum is reduced over the ranks."""
+    for llm in _engine(tiny_model_dirs["mixtral"], tensor_parallel_size=2):
+        _check_matches_hf(llm, tiny_model_dirs["mixtral"], seed=7)
+
+
+def test_pipeline_parallel_qwen3_moe_matches_hf(tiny_model_dirs):
+    """Qwen3-MoE on two stages: the first holds the sparse layer, the second the dense one (mlp_only_layers)."""
+    for llm in _engine(tiny_model_dirs["qwen3-moe"], pipeline_parallel_size=2):
+        _check_matches_hf(llm, tiny_model_dirs["qwen3-moe"], seed=8)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_gpus_short(4), reason="needs 4 GPUs")
 def test_tensor_times_pipeline_parallel_matches_hf(tiny_model_dirs):

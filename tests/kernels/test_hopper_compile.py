@@ -110,7 +110,8 @@ def _compile_for_hopper(
 _TEST_MODES = {"test_gated_gemv_compiles_for_hopper": ("gated",),
                "test_fp8_row_gemv_compiles_for_hopper": ("fp8row",),
                "test_fp8_kernels_compile_for_hopper": ("all-a", "all-b"),
-               "test_prefill_loop_forms_compile_for_hopper": ("prefill",)}  # fmt: skip
+               "test_prefill_loop_forms_compile_for_hopper": ("prefill",),
+               "test_fused_moe_compiles_for_hopper": ("moe",)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -668,13 +669,38 @@ def test_prefill_loop_forms_compile_for_hopper(compiled):
     assert result["prefill lean rcp"]["cubin_bytes"] < result["prefill lean"]["cubin_bytes"]
 
 
+def _compile_fused_moe() -> dict[str, dict[str, object]]:
+    """The fused MoE's grouped GEMM (`triton_fused_moe.py`) in bf16 at its default tiles: the gate/up form (rows
+    gathered by token) and the down form (each row weighted by its router weight)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_fused_moe import _grouped_gemm_kernel
+
+    fn = _grouped_gemm_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("n", "k") or n.startswith("stride_"))
+    pointers = {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "sorted_pairs_ptr": "*i64",
+                "block_experts_ptr": "*i64", "weights_ptr": "*fp32"}
+    common = dict(DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
+    return {name: _compile_for_hopper(fn, pointers, dict(common, A_ROW_DIV=div, MUL_WEIGHT=weighted), aligned,
+                                      num_warps=4, num_stages=2)
+            for name, div, weighted in (("fused_moe gate_up bf16", 8, False), ("fused_moe down bf16", 1, True))}
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_fused_moe_compiles_for_hopper(compiled):
+    """The fused MoE's grouped GEMM compiles for sm_90 (this file run as a script with `moe`), onto the tensor cores."""
+    result = compiled("moe")
+    for name, r in result.items():
+        assert r["cubin_bytes"] > 0 and r["mma"], name
+
+
 # The script's modes: one kernel family each, and `_compile_all` in two parts of about equal compile time (the
 # fixture below runs them at once). Filled in here, where every function above is defined.
 _ALL_PARTS = {"all-a": lambda: _compile_kv_writes() | _compile_fp8_gemv() | _compile_gemv_rope() | _compile_lora()
               | _compile_int4() | _compile_skinny_gemm() | _compile_pdl(),
               "all-b": _compile_paged_decode}  # fmt: skip
 MODES = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
-         "prefill": _compile_prefill, **_ALL_PARTS}  # fmt: skip
+         "prefill": _compile_prefill, "moe": _compile_fused_moe, **_ALL_PARTS}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -275,3 +275,44 @@ def test_fit_draft_model_kv_equals_what_the_engine_allocates(tmp_path):
     target_per_token = kv_bytes_per_token(ModelArchitecture.model_validate(arch(CONFIG)), "fp8", "bfloat16")
     assert engine_per_token == target_per_token + 2 * LAYERS * 2 * KV_HEADS * 64  # the draft's K and V in bf16
     assert check_fit(spec).kv_bytes_per_token == engine_per_token
+
+
+# mixture-of-experts config.json changes -> the same numbers as spec.model.config takes them
+MOE = {
+    "mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                 "num_experts_per_tok": 2}, {"numExperts": 4}),
+    "qwen2-moe-shared": ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 4,
+                          "num_experts_per_tok": 2, "moe_intermediate_size": 512,
+                          "shared_expert_intermediate_size": 1024},
+                         {"numExperts": 4, "moeIntermediateSize": 512, "sharedExpertIntermediateSize": 1024}),
+    "qwen3-moe-step2": ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+                         "num_experts_per_tok": 2, "moe_intermediate_size": 512, "decoder_sparse_step": 2},
+                        {"numExperts": 8, "moeIntermediateSize": 512, "decoderSparseStep": 2}),
+    "qwen3-moe-mlp-only": ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+                            "num_experts_per_tok": 2, "moe_intermediate_size": 512, "mlp_only_layers": [1]},
+                           {"numExperts": 8, "moeIntermediateSize": 512, "mlpOnlyLayers": [1]}),
+}
+
+
+@pytest.mark.parametrize("tensor", [1, 2])
+@pytest.mark.parametrize("case", list(MOE))
+def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_path, monkeypatch, case, tensor):
+    # Every expert of every sparse layer (stacked [E, 2I, H] and [E, H, I], split over ranks by width), the router
+    # whole on each rank, Qwen2-MoE's shared expert and its gate; a dense layer's MLP of intermediate_size. Counted
+    # as a dense MLP of intermediate_size, the fit check said up to 2.9 times less than the engine holds (Mixtral here).
+    from flotilla.engine import parallel_state
+    from flotilla.engine.config import EngineConfig
+    from flotilla.engine.model_loader import load_model
+
+    changes, numbers = MOE[case]
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG | changes))
+    config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
+                                      tensor_parallel_size=tensor)
+    engine = 0
+    for rank in range(tensor):
+        monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank.of(rank, tensor, 1))
+        engine += _per_rank_weight_bytes(load_model(config.model, torch.device("cpu")))
+    arch = ModelArchitecture.model_validate({
+        "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
+        "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, **numbers})
+    assert weight_bytes(arch, "none", "bfloat16", tensor=tensor) == pytest.approx(engine, rel=0.005)
