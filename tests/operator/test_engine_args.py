@@ -248,8 +248,9 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--max-logprobs", "-1", "--disable-log-requests"], None),
     (["--enable-log-requests", "--no-disable-log-requests"], None),  # vLLM's negation of its older spelling
     (["--max-logprobs", "-2"], "spec.engineArgs: --max-logprobs=-2 is out of range (>= -1)"),
-    # More of what vLLM manifests carry: the request log's prompt length, uvicorn's access log (a line per request), the
-    # chat reply's role, logprobs' token ids by default, the tokenizer modes loaded here; the Hub download flags are the operator's.
+    # More of what vLLM manifests carry: the request log's prompt length, uvicorn's access log (a line per request),
+    # the chat reply's role, logprobs' token ids by default, the tokenizer modes loaded here; the Hub download flags
+    # are the operator's.
     (["--max-log-len", "100", "--disable-uvicorn-access-log", "--response-role", "bot", "--return-tokens-as-token-ids",
       "--tokenizer-mode", "hf"], None),
     (["--max-log-len", "-1"], "spec.engineArgs: --max-log-len=-1 is out of range (>= 0)"),
