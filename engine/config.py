@@ -203,7 +203,7 @@ class ServerConfig(_Component):
     enable_log_requests: bool = False  # engine/server/request_log.py
     disable_log_requests: bool = False  # vLLM's older spelling of the default (no request log lines)
     max_log_len: int | None = Field(None, ge=0)  # the request log's prompt characters / ids (None: all)
-    disable_uvicorn_access_log: bool = False  # vLLM's flag; uvicorn's access log is off here either way
+    disable_uvicorn_access_log: bool = False  # vLLM's flag: no access log line (server/access_log.py)
     response_role: str = "assistant"  # the chat reply's role after a generation prompt (serving.reply_role)
     return_tokens_as_token_ids: bool = False  # the default of requests' own return_tokens_as_token_ids
     trust_request_chat_template: bool = False
@@ -239,7 +239,7 @@ class ServerConfig(_Component):
     ssl_keyfile: str | None = None
     ssl_ca_certs: str | None = None  # vLLM's: the CAs of clients' certificates (uvicorn's ssl_ca_certs)
     ssl_cert_reqs: Literal[0, 1, 2] = 0  # ssl.VerifyMode: 0 none asked, 1 optional, 2 required (mutual TLS)
-    disable_access_log_for_endpoints: str | None = None  # vLLM's flag; uvicorn's access log is off here either way
+    disable_access_log_for_endpoints: str | None = None  # vLLM's: paths without access lines, comma-separated
 
     @model_validator(mode="after")
     def _tls_files_load(self) -> ServerConfig:

@@ -654,8 +654,9 @@ FLAGS: tuple[Flag, ...] = (
         "--disable-uvicorn-access-log",
         "bool",
         False,
-        "vLLM's flag: no uvicorn access log line per HTTP request. Flotilla's server logs none by default (the "
-        "request log is --enable-log-requests), so this keeps that default.",
+        "No uvicorn access log line per HTTP request (vLLM's flag). By default each request leaves one on stdout, "
+        "as in vLLM: INFO:     127.0.0.1:5555 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK (at --uvicorn-log-level "
+        "info or lower).",
         "server",
         negatable=True,
     ),
@@ -663,8 +664,8 @@ FLAGS: tuple[Flag, ...] = (
         "--disable-access-log-for-endpoints",
         "str",
         None,
-        "vLLM's flag: no uvicorn access log line for these paths (comma-separated, e.g. /health,/metrics). Flotilla's "
-        "server logs no access line for any path (see --disable-uvicorn-access-log), so these get none either.",
+        "No uvicorn access log line for these paths (vLLM's flag; comma-separated, e.g. /health,/metrics). As "
+        "vLLM, a path matches exactly, without its query string: /health drops /health?x=1, not /health/.",
         "server",
     ),
     Flag(

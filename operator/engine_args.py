@@ -209,7 +209,7 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # What vLLM manifests carry over unchanged: the most logprobs a request may ask for (a per-request bound), the
     # request log lines (this pod's log), and --trust-remote-code, which runs no checkpoint code here either way.
     "--max-logprobs", "--enable-log-requests", "--disable-log-requests", "--trust-remote-code",
-    # More of them: the request log's prompt length, uvicorn's access log (off either way), the chat reply's role,
+    # More of them: the request log's prompt length, uvicorn's access log (this pod's log), the chat reply's role,
     # logprobs' token names by default, and the tokenizer mode (auto/hf, how the tokenizer is loaded anyway).
     "--max-log-len", "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "--response-role",
     "--return-tokens-as-token-ids", "--tokenizer-mode",

@@ -22,7 +22,7 @@ from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFail
 from flotilla.engine.server.classify import add_classify_route
 from flotilla.engine.server.embeddings import add_embedding_routes
 from flotilla.engine.server.errors import APIError, add_error_handlers, error_body, error_response
-from flotilla.engine.server.invocations import invocations_route
+from flotilla.engine.server.invocations import add_invocations_to_schema, invocations_route
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.lora_routes import adapter_models, add_lora_routes, runtime_lora_updating_allowed
 from flotilla.engine.server.metrics import CONTENT_TYPE, EngineMetrics
@@ -98,6 +98,7 @@ def build_app(state: ServerState, config: ServerConfig | None = None) -> FastAPI
     add_pooling_route(app, state, _model, _cancel_on_disconnect)
     add_classify_route(app, state, _model, _cancel_on_disconnect)
     app.router.routes.append(invocations_route(state))
+    add_invocations_to_schema(app)
     if state.serving.loras is not None and runtime_lora_updating_allowed():
         add_lora_routes(app, state.engine, state.serving.loras)
     if server_dev_mode():

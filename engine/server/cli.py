@@ -26,6 +26,7 @@ from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.pooling.classifier_config import activation, labels
+from flotilla.engine.server.access_log import uvicorn_log_config
 from flotilla.engine.server.app import PUBLIC_PATHS, ServerState, build_app
 from flotilla.engine.server.config_file import ConfigFileError, ConfigFileParser, apply_config_file
 from flotilla.engine.server.http_protocol import head_deadline_protocol
@@ -144,7 +145,9 @@ def _uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
         host=server.host or "0.0.0.0",
         port=server.port,
         log_level=server.uvicorn_log_level,
-        access_log=False,
+        # vLLM's: a line per request, on unless --disable-uvicorn-access-log (access_log.py).
+        access_log=not server.disable_uvicorn_access_log,
+        log_config=uvicorn_log_config(server.disable_access_log_for_endpoints),
         # Both pinned: uvicorn's "auto" would take uvloop/httptools whenever something else installs them
         # (test clients do), and the request limits are built on and tested under asyncio with h11.
         loop="asyncio",

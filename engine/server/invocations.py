@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
@@ -106,6 +109,31 @@ def _target(raw: bytes, task: str) -> str | None:
 def invocations_route(state: ServerState) -> Route:
     """The /invocations route (POST)."""
     return Route("/invocations", Invocations(state), methods=["POST"])
+
+
+def add_invocations_to_schema(app: FastAPI) -> None:
+    """List POST /invocations in `app`'s /openapi.json as vLLM's schema does (operation `invocations_invocations_post`,
+    no request body: any of the bodies above). FastAPI describes only its own routes, and this one is a Starlette
+    Route, so the schema is built from the app's routes plus a FastAPI route that only describes it."""
+    described = APIRoute("/invocations", _described, methods=["POST"], name="invocations",
+                         responses={400: {"description": "A body of no shape this server takes, or one the route it "
+                                                         "chose refuses (OpenAI's error JSON)"}})
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:  # built once, as FastAPI's own
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, openapi_version=app.openapi_version,
+                description=app.description, routes=[*app.routes, described], servers=app.servers,
+                separate_input_output_schemas=app.separate_input_output_schemas)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents this override (openapi_schema cache)
+
+
+async def _described() -> dict[str, Any]:
+    """SageMaker's inference route: the body's keys choose chat completions or completions (a generate model), or
+    embeddings, rerank or score (a pooling model); the answer is that route's."""
+    raise NotImplementedError  # only describes /invocations: invocations_route answers it
 
 
 def _replayed(raw: bytes, receive: Receive) -> Receive:

@@ -7,7 +7,9 @@ embeddings, as vLLM scores a pair on an embedding model. On a classifier (`--con
 each pair is one prompt, the tokenizer's pair encoding of the two texts, and its score the classifier's activated
 logit (classify.classify_in_calls), as vLLM scores a pair on a cross-encoder. The two sides pair as vLLM pairs them:
 1 to 1, 1 to N (the one first text against every second text) or N to N (index by index); any other shape is a 400.
-/rerank is the same score of one query against each document, in the Jina/Cohere shape, sorted by relevance.
+/rerank is the same score of one query against each document, in the Jina/Cohere shape, sorted by relevance. On an
+embedding model usage counts tokens per pair, as vLLM's (`pair_tokens`), not the tokens embedded; on a cross-encoder
+the tokens of each pair's encoding.
 
 vLLM registers these routes only for pooling models, so a generate server answers them 404 (here with a message
 saying how to start a pooling one, where vLLM's is FastAPI's bare "Not Found").
@@ -88,7 +90,7 @@ class RerankRequest(_ScoringRequest):
 
     query: str
     documents: list[str]
-    top_n: int = Field(0, ge=0)  # 0: every document, as vLLM
+    top_n: int = 0  # 0 or less: every document, as vLLM
     return_documents: bool = True  # Jina's; vLLM always returns them
 
 
@@ -120,10 +122,19 @@ def cosine_scores(first: list[list[float]], second: list[list[float]]) -> list[f
     return np.clip((a * b).sum(axis=1) / norms, -1.0, 1.0).tolist()
 
 
+def pair_tokens(first: list[int], second: list[int], pad_token_id: int | None) -> int:
+    """A request's usage as vLLM counts it: each pair's two texts' tokens, plus one between them when the tokenizer
+    has a pad token (vLLM joins the two prompts with it), summed over the pairs; in 1 to N the one first text counts
+    once per pair. `first` and `second`: each text's token count."""
+    pad = 0 if pad_token_id is None else 1
+    firsts = first * len(second) if len(first) == 1 else first
+    return sum(a + pad + b for a, b in zip(firsts, second, strict=True))
+
+
 async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
                       second: tuple[str, list[str]], response_id: str) -> tuple[list[float], int]:
-    """(each pair's score, the tokens embedded): every text tokenized and checked before any is embedded, then the
-    two sides embedded in one list of engine calls."""
+    """(each pair's score, the usage's tokens: `pair_tokens`): every text tokenized and checked before any is
+    embedded, then the two sides embedded in one list of engine calls."""
     if state.runner != "pooling":  # before any text is read
         raise APIError(404, SCORE_NEEDS_POOLING, param="model")
     _refuse_unservable(body)
@@ -141,7 +152,9 @@ async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[st
     outputs = await embed_in_calls(state, prompts, PoolingParams(), body.cache_salt, response_id)
     vectors = [o.embedding for o in outputs]
     split = len(first[1])
-    return cosine_scores(vectors[:split], vectors[split:]), sum(o.num_prompt_tokens for o in outputs)
+    counts = [len(ids) for ids in prompts]
+    return (cosine_scores(vectors[:split], vectors[split:]),
+            pair_tokens(counts[:split], counts[split:], state.serving.tokenizer.pad_token_id))
 
 
 async def _cross_encoder_scores(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
@@ -198,11 +211,11 @@ async def create_score(state: ServerState, body: ScoreRequest, model: str) -> di
 
 async def create_rerank(state: ServerState, body: RerankRequest, model: str) -> dict[str, Any]:
     """vLLM's rerank response: the documents by descending score (their request index in `index`), the first
-    `top_n` of them when it is set."""
+    `top_n` of them when it is above 0 (vLLM's: 0 or a negative number returns them all)."""
     response_id = response_ids("rerank", body.request_id)[0]
     scores, tokens = await score_texts(state, body, ("query", [body.query]), ("documents", body.documents),
                                        response_id)
-    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:body.top_n or None]
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:body.top_n if body.top_n > 0 else None]
     results: list[dict[str, Any]] = []
     for i in order:
         result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}

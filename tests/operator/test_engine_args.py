@@ -248,8 +248,9 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--max-logprobs", "-1", "--disable-log-requests"], None),
     (["--enable-log-requests", "--no-disable-log-requests"], None),  # vLLM's negation of its older spelling
     (["--max-logprobs", "-2"], "spec.engineArgs: --max-logprobs=-2 is out of range (>= -1)"),
-    # More of what vLLM manifests carry: the request log's prompt length, uvicorn's access log (off), the chat reply's
-    # role, logprobs' token ids by default, the tokenizer modes loaded here; the Hub download flags are the operator's.
+    # More of what vLLM manifests carry: the request log's prompt length, uvicorn's access log (a line per request),
+    # the chat reply's role, logprobs' token ids by default, the tokenizer modes loaded here; the Hub download flags
+    # are the operator's.
     (["--max-log-len", "100", "--disable-uvicorn-access-log", "--response-role", "bot", "--return-tokens-as-token-ids",
       "--tokenizer-mode", "hf"], None),
     (["--max-log-len", "-1"], "spec.engineArgs: --max-log-len=-1 is out of range (>= 0)"),
@@ -272,7 +273,7 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
      "its config.json edited is a model of its own)"),
     # vLLM's compilation settings as far as they set the CUDA graphs; a key with no meaning here is refused.
     (["-O0", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'], None),
-    # uvicorn's access log is off for every path here: vLLM manifests' probe and scrape paths carry over.
+    # vLLM manifests' probe and scrape paths without access lines carry over: only this pod's log changes.
     (["--disable-access-log-for-endpoints", "/health,/metrics,/ping"], None),
     # Client certificates: the probes and the scrape speak plain HTTP and show none.
     (["--ssl-cert-reqs", "2"], OWNED.format("--ssl-cert-reqs") + "the probes, the Service and the ServiceMonitor "

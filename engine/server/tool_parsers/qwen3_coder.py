@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from typing import Any
 
 from flotilla.engine.server.tool_parsers.base import ToolCall, ToolParser
+from flotilla.engine.server.tool_parsers.qwen3_coder_xml import call_blocks, function_body, function_open, parameters
 
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FUNCTION = re.compile(r"<function=([^>]*)>(.*?)(?:</function>|$)", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>]*)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 # Characters no function name has: a model that writes an unrendered template (`<function={{ name }}>`) calls nothing.
 _NOT_IN_NAMES = set("{}<>\"' \t\n\r")
 _STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
@@ -34,16 +31,18 @@ class Qwen3CoderToolParser(ToolParser):
 
     def parse_calls(self, text: str) -> list[ToolCall]:
         """Every `<tool_call>` block's function (the last may lack its closing tags when generation stopped); a block
-        with no `<function=NAME>`, or whose name is no name, is no call."""
+        with no `<function=NAME>`, or whose name is no name, is no call. The tags in a value's text are found as
+        vLLM finds them (qwen3_coder_xml.py), so a value may hold `</parameter>` or `</function>`."""
         calls = []
-        for block in _CALL.findall(text):
-            function = _FUNCTION.search(block)
-            if function is None or not _is_name(function.group(1)):
+        for block in call_blocks(text):
+            opened = function_open(block)
+            if opened is None or not _is_name(opened[0]):
                 continue
-            name, body = function.groups()
+            name, after_name = opened
             properties = self.properties(name)
+            names = set(properties) or None  # vLLM's: no schema names, no name check
             arguments = {param: _json_or_text(convert(_trimmed(value), properties.get(param)), _trimmed(value))
-                         for param, value in _PARAMETER.findall(body)}
+                         for param, value in parameters(function_body(after_name, names), names)}
             calls.append(ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
         return calls
 

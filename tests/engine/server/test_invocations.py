@@ -59,6 +59,20 @@ def test_the_api_key_guards_invocations(server):
     assert httpx.post(f"{server.url}/invocations", json=CHAT, timeout=60).status_code == 401
 
 
+@pytest.mark.parametrize("which", ["server", "pooling_server"])
+def test_the_schema_lists_invocations_as_vllms(request, which):
+    # vLLM's /openapi.json lists it (a FastAPI route there) as operation invocations_invocations_post, no request
+    # body; it was missing here (a Starlette route). --disable-fastapi-docs still serves no schema (test_api_key).
+    live = request.getfixturevalue(which)
+    schema = httpx.get(f"{live.url}/openapi.json", timeout=60).json()
+    operation = schema["paths"]["/invocations"]["post"]
+    assert operation["operationId"] == "invocations_invocations_post" and operation["summary"] == "Invocations"
+    assert "requestBody" not in operation and set(operation["responses"]) == {"200", "400"}
+    assert list(schema["paths"]["/invocations"]) == ["post"]
+    assert "/v1/chat/completions" in schema["paths"]  # the app's own routes still listed beside it
+    assert post(live, "/invocations", {}).status_code == 400  # the schema's route answers, never the description
+
+
 def test_pooling_bodies_go_to_embeddings_rerank_and_score(pooling_server):
     texts = ["The harbour master counts the boats.", "lanterns"]
     embedded = post(pooling_server, "/invocations", {"input": texts, "encoding_format": "float"})

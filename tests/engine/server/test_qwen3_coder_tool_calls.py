@@ -58,3 +58,21 @@ def test_a_responses_reply_types_the_call_too(oai):
                                     extra_body=FORCED)
     [call] = [item for item in response.output if item.type == "function_call"]
     assert call.name == "forecast" and json.loads(call.arguments) == ARGUMENTS
+
+
+def test_a_value_holding_the_formats_closers_is_the_whole_value(oai):
+    # A string value with the format's own closers mid-line (code that writes XML): vLLM's qwen3_coder reads a closer
+    # as structural only where the format could put one, so the value is whole; the first regex match cut it at the
+    # literal </parameter> (and a literal </function> cut the call's body before its later parameters).
+    city = "x = '</parameter>' + '</function>'"
+    call = (f"<tool_call>\n<function=forecast>\n<parameter=city>\n{city}\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n</function>\n</tool_call>")
+    chat = {"model": "x", "messages": [{"role": "user", "content": ASK}], "tools": [FORECAST], "max_tokens": 120,
+            "temperature": 0, "extra_body": {"structured_outputs": {"regex": re.escape(BEFORE + call)}}}
+    whole = oai.chat.completions.create(**chat).choices[0]
+    [made] = whole.message.tool_calls
+    assert json.loads(made.function.arguments) == {"city": city, "days": 3} and whole.message.content == BEFORE
+    chunks = [c for c in oai.chat.completions.create(**chat, stream=True) if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == BEFORE
+    [streamed] = [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
+    assert json.loads(streamed.function.arguments) == {"city": city, "days": 3}

@@ -54,6 +54,15 @@ def embeddings(server, texts: list[str]) -> list[list[float]]:
     return [d["embedding"] for d in answer.json()["data"]]
 
 
+def vllm_usage(hf, first: list[str], second: list[str]) -> int:
+    """vLLM's usage of a bi-encoder score or rerank: each pair's tokens (1 to N: the first text in every pair) with
+    one more between the two, the tokenizer's pad token that vLLM's pair output joins them with."""
+    tokenizer = hf[1]
+    assert tokenizer.pad_token_id is not None  # the tiny Qwen3 has one (<|endoftext|>): the + 1 is visible
+    firsts = first * len(second) if len(first) == 1 else first
+    return sum(len(tokenizer.encode(a)) + 1 + len(tokenizer.encode(b)) for a, b in zip(firsts, second, strict=True))
+
+
 def scores_of(answer: httpx.Response) -> list[float]:
     assert answer.status_code == 200, answer.text
     data = answer.json()["data"]
@@ -72,19 +81,21 @@ def test_one_to_n_scores_are_the_cosine_of_the_embeddings_and_of_hf(pooling_serv
                                atol=1e-4)
     body = answer.json()
     assert body["object"] == "list" and body["model"] == "tiny" and body["id"].startswith("score-")
-    tokens = sum(len(hf[1].encode(t)) for t in [QUERY, *DOCUMENTS])  # the query embedded once
-    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == tokens
+    assert body["usage"] == {"prompt_tokens": vllm_usage(hf, [QUERY], DOCUMENTS), "total_tokens":
+                             vllm_usage(hf, [QUERY], DOCUMENTS), "completion_tokens": 0}
     assert len(set(scores)) == len(scores)  # distinct texts, distinct scores: the pairing is visible
 
 
-def test_one_to_one_and_n_to_n_pair_as_vllm(pooling_server):
+def test_one_to_one_and_n_to_n_pair_as_vllm(pooling_server, hf):
     vectors = dict(zip([QUERY, *DOCUMENTS], embeddings(pooling_server, [QUERY, *DOCUMENTS]), strict=True))
     one = scores_of(post(pooling_server, "/score", {"text_1": QUERY, "text_2": DOCUMENTS[0]}))
     np.testing.assert_allclose(one, [cosine(vectors[QUERY], vectors[DOCUMENTS[0]])], atol=1e-5)
     listed = scores_of(post(pooling_server, "/score", {"text_1": [QUERY], "text_2": DOCUMENTS}))
     np.testing.assert_allclose(listed, [cosine(vectors[QUERY], vectors[d]) for d in DOCUMENTS], atol=1e-5)
     firsts, seconds = DOCUMENTS[:2], DOCUMENTS[2:]  # N to N: index by index
-    pairs = scores_of(post(pooling_server, "/score", {"text_1": firsts, "text_2": seconds}))
+    n_to_n = post(pooling_server, "/score", {"text_1": firsts, "text_2": seconds})
+    pairs = scores_of(n_to_n)
+    assert n_to_n.json()["usage"]["prompt_tokens"] == vllm_usage(hf, firsts, seconds)
     np.testing.assert_allclose(pairs, [cosine(vectors[a], vectors[b]) for a, b in zip(firsts, seconds, strict=True)],
                                atol=1e-5)
     # The same text on both sides scores 1.
@@ -112,7 +123,7 @@ def test_the_openai_client_reaches_v1_score_and_v1_rerank(pooling_server):
 
 
 @pytest.mark.parametrize("path", RERANK_PATHS)
-def test_rerank_sorts_the_documents_by_their_scores(pooling_server, path):
+def test_rerank_sorts_the_documents_by_their_scores(pooling_server, hf, path):
     scores = scores_of(post(pooling_server, "/score", {"text_1": QUERY, "text_2": DOCUMENTS}))
     answer = post(pooling_server, path, {"query": QUERY, "documents": DOCUMENTS})
     assert answer.status_code == 200, answer.text
@@ -122,7 +133,8 @@ def test_rerank_sorts_the_documents_by_their_scores(pooling_server, path):
     np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], [scores[i] for i in order], atol=1e-6)
     assert [r["document"] for r in body["results"]] == [{"text": DOCUMENTS[i]} for i in order]
     assert body["model"] == "tiny" and body["id"].startswith("rerank-")  # vLLM names rerank replies rerank-
-    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    assert body["usage"] == {"prompt_tokens": vllm_usage(hf, [QUERY], DOCUMENTS),
+                             "total_tokens": vllm_usage(hf, [QUERY], DOCUMENTS)}  # vLLM's, the query in each pair
 
 
 def test_rerank_top_n_and_return_documents(pooling_server):
@@ -131,6 +143,10 @@ def test_rerank_top_n_and_return_documents(pooling_server):
     assert [r["index"] for r in top] == [r["index"] for r in full[:2]]
     many = post(pooling_server, "/rerank", {"query": QUERY, "documents": DOCUMENTS, "top_n": 99}).json()["results"]
     assert [r["index"] for r in many] == [r["index"] for r in full]
+    for every in (0, -1, -5):  # vLLM's: 0 or below returns every document (it was a 400 here)
+        answer = post(pooling_server, "/rerank", {"query": QUERY, "documents": DOCUMENTS, "top_n": every})
+        assert answer.status_code == 200, answer.text
+        assert [r["index"] for r in answer.json()["results"]] == [r["index"] for r in full]
     bare = post(pooling_server, "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS, "return_documents": False})
     assert bare.status_code == 200, bare.text
     assert [set(r) for r in bare.json()["results"]] == [{"index", "relevance_score"}] * len(DOCUMENTS)
@@ -141,7 +157,7 @@ def test_truncate_prompt_tokens_scores_the_kept_tokens(pooling_server, hf):
     answer = post(pooling_server, "/score", {"text_1": QUERY, "text_2": DOCUMENTS[0], "truncate_prompt_tokens": 3})
     expected = cosine(hf_embedding(hf, ids[0][-3:]), hf_embedding(hf, ids[1][-3:]))
     np.testing.assert_allclose(scores_of(answer), [expected], atol=1e-4)
-    assert answer.json()["usage"]["prompt_tokens"] == 6
+    assert answer.json()["usage"]["prompt_tokens"] == 3 + 1 + 3  # the kept tokens and vLLM's pad between
 
 
 def test_request_id_names_the_response_and_the_header_wins(pooling_server):
@@ -187,7 +203,7 @@ TOO_LONG = "harbour " * 300  # past the server's 256-token context
     ("/rerank", {"query": ["a"], "documents": ["b"]}, "query", "string"),
     ("/rerank", {"documents": ["b"]}, "query", ""),
     ("/rerank", {"query": "a", "documents": "b"}, "documents", "list"),
-    ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n", ""),
+    ("/rerank", {"query": "a", "documents": ["b"], "top_n": 1.5}, "top_n", ""),
     ("/v2/rerank", {"query": "a", "documents": ["b"] * MAX_SCORE_TEXTS}, "documents", f"at most {MAX_SCORE_TEXTS}"),
 ])
 def test_bad_requests_get_openai_error_json(pooling_server, path, body, param, words):

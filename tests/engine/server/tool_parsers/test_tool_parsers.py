@@ -179,3 +179,37 @@ def test_qwen3_coder_streamed_prefixes_hold_the_calls():
     for ch in text:
         sent += stream.feed(ch)
     assert sent == "Let me look.\n" == parser.parse(stream.text).content
+
+
+@pytest.mark.parametrize("value", [
+    "x = '</parameter>'\nprint(x)",  # a closer mid-line, followed by text: not the value's end
+    "see </function> and </tool_call> here",  # the function's and the block's closers, mid-line
+    "<parameter=inner>\n1\n</parameter>",  # a literal parameter at a line start: nested, its closer its own
+    "</parameter> then more",  # a closer at the start of the value, then text
+    "# a whole call, as text\n<tool_call>\n<function=other>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+])
+def test_qwen3_coder_a_value_may_hold_the_formats_closers_as_vllm(value):
+    # vLLM's qwen3_coder reads a closer as the value's end only where the format could put one: followed by the next
+    # schema parameter, </function>, </tool_call> or the body's end; the first regex match cut these values short.
+    text = "Writing.\n" + _xml_call("search", [("query", value), ("limit", "2")]) + "\n"
+    assert _qwen3(text) == ("Writing.\n", [("search", {"query": value, "limit": 2})])
+    parser = tool_parser("qwen3_coder", _QWEN3_TOOLS)
+    stream, sent = parser.stream(), ""
+    for ch in text:  # streamed: the same calls from the whole text, the XML never content
+        sent += stream.feed(ch)
+    assert sent == "Writing.\n" and _qwen3(stream.text) == _qwen3(text)
+
+
+def test_qwen3_coder_a_closer_before_the_next_parameter_ends_the_value_as_vllm():
+    # Where the value's text itself holds "</parameter>" then a line-start schema parameter, vLLM takes that closer
+    # as the value's end (the text cannot say otherwise).
+    text = _xml_call("search", [("query", "a\n</parameter>\n<parameter=limit>\n7"), ("exact", "true")])
+    assert _qwen3(text)[1] == [("search", {"query": "a", "limit": 7, "exact": True})]
+    # A parameter of no schema name after it does not end it: that literal opener pairs with the value's real closer
+    # (vLLM counts line-start openers), so the value, left without one, ends at the next schema parameter.
+    text = _xml_call("search", [("query", "a\n</parameter>\n<parameter=nope>\n7"), ("exact", "true")])
+    assert _qwen3(text)[1] == [("search", {"query": "a\n</parameter>\n<parameter=nope>\n7\n</parameter>",
+                                           "exact": True})]
+    # Two blocks: the first ends at its </tool_call>, which the next <tool_call> follows.
+    two = _xml_call("search", [("limit", "1")]) + "\n" + _xml_call("search", [("limit", "2")])
+    assert [args for _, args in _qwen3(two)[1]] == [{"limit": 1}, {"limit": 2}]
