@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.compilation_config import compilation_problem, graph_plan
 from flotilla.engine.block_hash import HashAlgo
+from flotilla.engine.hf_overrides import apply_hf_overrides
 from flotilla.engine.pooling.params import matryoshka_problem
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -322,7 +323,8 @@ class EngineConfig(_Component):
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()
             hf_config = _read_hf_config(model_dir)
-        hf_config = apply_hf_overrides(hf_config, values["hf_overrides"])
+        with _as_config_error(ValueError):
+            hf_config = apply_hf_overrides(hf_config, values["hf_overrides"])
         try:
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
@@ -396,17 +398,6 @@ def _read_hf_config(model_dir: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise ConfigError(f"model {model_dir}: no config.json (expected a Hugging Face model directory)")
     return json.loads(config_path.read_text())
-
-
-def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
-    """config.json with --hf-overrides' keys set over it, as vLLM sets them before building anything: each key
-    replaces the value whole (an object too: vLLM merges an object only into a nested model config such as a
-    multimodal model's text_config, which no architecture served here has) or adds a key config.json lacks."""
-    if overrides is None:
-        return hf_config
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"--hf-overrides must be a JSON object of config.json keys, not {json.dumps(overrides)}")
-    return hf_config | overrides
 
 
 def _embedded_model_name() -> str:

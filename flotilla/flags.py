@@ -241,7 +241,9 @@ FLAGS: tuple[Flag, ...] = (
         'e.g. {"max_position_embeddings": 8192} or {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
         '"original_max_position_embeddings": 2048}}: each key replaces config.json\'s value whole (an object too, '
         "as vLLM sets rope_scaling) or adds a key config.json lacks; the architecture, the length limit "
-        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result.",
+        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result. A key the "
+        "engine reads must have a value it can run (a positive integer size, true/false flags, no more layers than "
+        "the checkpoint's, no change to a weight's shape); the error names the key.",
         "model",
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
