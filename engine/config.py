@@ -8,6 +8,7 @@ that are declared but not implemented yet are refused with a message that names 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flotilla.compilation_config import compilation_problem, graph_plan
+from flotilla.compilation_config import compilation_problem, graph_plan, level_note
 from flotilla.engine.block_hash import HashAlgo
 from flotilla.engine.hf_overrides import apply_hf_overrides
 from flotilla.engine.pooling.params import matryoshka_problem
@@ -45,6 +46,7 @@ from flotilla.engine_rules import (
 from flotilla.flags import FLAGS, Flag
 from flotilla.validation_messages import describe
 
+logger = logging.getLogger(__name__)
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 # On the CPU there is no GPU memory to profile; like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)
 # the KV pool gets a fixed budget, capped at what max_num_seqs full-length sequences could use.
@@ -441,6 +443,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
         raise ConfigError(problem)
     graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"],
                         v["max_cudagraph_capture_size"])
+    if note := level_note(v["compilation_config"], v["optimization_level"], v["enforce_eager"]):
+        logger.warning(note)
     model = ModelConfig(
         model=str(model_dir),
         tokenizer=v["tokenizer"] or str(model_dir),

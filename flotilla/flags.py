@@ -276,9 +276,10 @@ FLAGS: tuple[Flag, ...] = (
         "--optimization-level",
         "int",
         2,
-        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 1, 2 (vLLM's default) and 3 "
-        "capture the graphs, as by default here (there is no torch.compile to tune). A --compilation-config key "
-        "wins over the level, as in vLLM.",
+        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 2 (vLLM's default) and 3 "
+        "capture the engine's whole-step graphs, vLLM's FULL_AND_PIECEWISE at those levels (there is no "
+        "torch.compile to tune). 1 is PIECEWISE graphs in vLLM, which do not exist here: it captures the same graphs "
+        "as 2, and the start-up log says so. A --compilation-config key wins over the level, as in vLLM.",
         "model",
         aliases=("-O",),
         choices=(0, 1, 2, 3),
