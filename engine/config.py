@@ -222,6 +222,7 @@ class ServerConfig(_Component):
     exclude_tools_when_tool_choice_none: bool = False
     enable_request_id_headers: bool = False
     enable_prompt_tokens_details: bool = False
+    enable_force_include_usage: bool = False  # every stream's usage (serving.py `forced_usage`)
     tool_call_parser: Literal["hermes", "llama3_json", "mistral", "qwen3_coder"] | None = None
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
     enable_server_load_tracking: bool = False  # GET /load counts requests in progress (vLLM's flag)

@@ -751,6 +751,16 @@ FLAGS: tuple[Flag, ...] = (
         negatable=True,
     ),
     Flag(
+        "--enable-force-include-usage",
+        "bool",
+        False,
+        "Token usage on every streamed chat and completions response, whatever its stream_options ask (vLLM's flag, "
+        "as vLLM now reads it: the final usage chunk and each chunk's usage so far, as include_usage and "
+        "continuous_usage_stats); answers that are not streamed, and the Responses API, always carry usage.",
+        "server",
+        negatable=True,
+    ),
+    Flag(
         "--enable-auto-tool-choice",
         "bool",
         False,

@@ -185,8 +185,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # How this model family writes tool calls and thinking (docs/structured-output.md): a property of
     # the model the owner serves, parsed in the pod's own server.
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--exclude-tools-when-tool-choice-none",
-    # What responses report (an X-Request-Id header, cached prompt tokens in usage): no effect on serving.
-    "--enable-request-id-headers", "--enable-prompt-tokens-details",
+    # What responses report (an X-Request-Id header, cached prompt tokens in usage, usage on every stream): no
+    # effect on serving.
+    "--enable-request-id-headers", "--enable-prompt-tokens-details", "--enable-force-include-usage",
     # Compact JSON for this service's grammars (a small model that loops on whitespace): per pod.
     "--structured-outputs-config",
     # Which browser origins may call this service (CORS; the API key still applies): the owner's choice.

@@ -289,6 +289,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,
+                              force_include_usage=server.enable_force_include_usage,
                               default_sampling=defaults,
                               chat_template_content_format=server.chat_template_content_format,
                               chat_template=chat_template,
