@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 from flotilla.flags import FLAGS, human_readable_int
@@ -32,23 +30,10 @@ OLD_ALIASES = {"-O": "--compilation-config"}
 _OPTION = re.compile(r"-{1,2}[A-Za-z]")
 
 
-class DottedArgsParser(argparse.ArgumentParser):
-    """An ArgumentParser that reads vLLM's dotted forms of its JSON-object flags (a usage error for a dotted key on
-    any other flag)."""
-
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads it by namespace type
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        """argparse's parse, after the dotted forms are written as the JSON object they stand for."""
-        try:
-            argv = expand_dotted_args(list(sys.argv[1:] if args is None else args), self._object_options())
-        except ValueError as exc:
-            self.error(str(exc))
-        return super().parse_known_args(argv, namespace)
-
-    def _object_options(self) -> dict[str, str]:
-        """Each option string of this parser -> the flag's long name, for the JSON-object flags ("" for the rest)."""
-        return {option: (action.option_strings[-1] if action.dest in OBJECT_FLAGS else "")
-                for option, action in self._option_string_actions.items()}
+def object_options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option string of `parser` -> the flag's long name, for the JSON-object flags ("" for the rest)."""
+    return {option: (action.option_strings[-1] if action.dest in OBJECT_FLAGS else "")
+            for option, action in parser._option_string_actions.items()}
 
 
 def expand_dotted_args(argv: list[str], options: dict[str, str]) -> list[str]:

@@ -18,10 +18,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
+from flotilla.engine.arg_parser import ENGINE_COMPONENTS, FlagParser, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
-from flotilla.engine.dotted_args import DottedArgsParser
 from flotilla.engine.engine_core import EngineFactory, freeze_startup_heap
 from flotilla.engine.engine_core_client import EngineCoreClient
 from flotilla.engine.generation_defaults import default_sampling_fields
@@ -53,7 +52,7 @@ def _default_sampling(config: EngineConfig) -> dict[str, Any]:
                                    config.model.override_generation_config)
 
 
-def build_parser(parser_class: type[argparse.ArgumentParser] = DottedArgsParser) -> argparse.ArgumentParser:
+def build_parser(parser_class: type[argparse.ArgumentParser] = FlagParser) -> argparse.ArgumentParser:
     """Arguments of `flotilla serve`: MODEL, --config, plus every engine and server flag."""
     parser = parser_class(prog="flotilla serve", description="OpenAI-compatible LLM server")
     parser.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded model)")
