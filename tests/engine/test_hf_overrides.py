@@ -119,3 +119,9 @@ def test_heads_regrouped_over_the_same_widths_are_allowed(tiny_model_dirs):
     config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), hf_overrides={
         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8})
     assert config.model.hf_config["num_attention_heads"] == 8
+
+
+def test_an_activation_the_model_does_not_compute_is_a_usage_error(tiny_model_dirs, capsys):
+    # the loader refused it after the server had started ("the engine failed to start" and a traceback)
+    assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", '{"hidden_act": "gelu"}', "--port", "70000"]) == 2
+    assert "config.json hidden_act 'gelu' is not supported (only silu)" in capsys.readouterr().err
