@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from flotilla.dotted_args import expand_dotted_args, object_options
 from flotilla.engine.config import ENGINE_COMPONENTS
-from flotilla.engine.dotted_args import expand_dotted_args, object_options
-from flotilla.engine.removed_flags import removed_flag_problem
 from flotilla.flags import FLAGS, Flag, human_readable_int
+from flotilla.removed_flags import removed_flag_problem
 
 __all__ = ["ENGINE_COMPONENTS", "FlagParser", "add_flags", "flag_values"]
 
@@ -21,8 +21,8 @@ _TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
 
 class FlagParser(argparse.ArgumentParser):
     """An ArgumentParser that reads the command line as `vllm serve` does where argparse alone would not: the dotted
-    keys of a JSON-object flag (engine/dotted_args.py), and flags vLLM removed, refused saying so
-    (engine/removed_flags.py)."""
+    keys of a JSON-object flag (flotilla/dotted_args.py), and flags vLLM removed, refused saying so
+    (flotilla/removed_flags.py)."""
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads it by namespace type
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from pydantic.alias_generators import to_camel
 
+from flotilla.dotted_args import expand_dotted_args, flag_options
 from flotilla.engine_rules import (
     ParsedFlag,
     cross_flag_problems,
@@ -36,6 +37,7 @@ from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.removed_flags import removed_flag_problem
 
 ENGINE_COMMAND = ["flotilla", "serve"]
 
@@ -237,6 +239,12 @@ def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
     """spec.engineArgs parsed by the engine's grammar and checked by the contract, and why any of
     them cannot be used (grammar, ownership, type, range, implemented)."""
     extra, errors = _without_model_flag(extra)
+    if problem := removed_flag_problem(extra):
+        return [], [*errors, f"spec.engineArgs: {problem}"]
+    try:  # the engine's parser reads vLLM's dotted keys (`-cc.cudagraph_mode FULL`) as the flag's JSON object
+        extra = expand_dotted_args(extra, flag_options())
+    except ValueError as exc:
+        return [], [*errors, f"spec.engineArgs: {exc}"]
     parsed, problems = parse_argv(extra)
     errors += [f"spec.engineArgs: {p}" for p in problems]
     usable, seen = [], set()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flotilla.engine.removed_flags import REMOVED
+from flotilla.removed_flags import REMOVED
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts" / "flotilla" / "README.md"]

@@ -1,5 +1,5 @@
 """vLLM's dotted forms of a JSON-object flag (`--compilation-config.cudagraph_mode FULL`, `-cc.key value`,
-`--hf-overrides.key value`): each is the JSON object it spells (engine/dotted_args.py)."""
+`--hf-overrides.key value`): each is the JSON object it spells (flotilla/dotted_args.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`vllm serve` flags vLLM itself removed (--max-seq-len-to-capture, --guided-decoding-*): a usage error that says
-so and names what takes their place, not argparse's bare "unrecognized arguments" (engine/removed_flags.py)."""
+so and names what takes their place, not argparse's bare "unrecognized arguments" (flotilla/removed_flags.py)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,10 @@ are joined, as vLLM's merge). `-O.key` is `--compilation-config.key`, as vLLM's 
 --compilation-config's alias before it became the optimization level; vLLM's parser now reads `-O.mode` as a level
 and refuses it).
 
-Unlike vLLM, a dotted key on a flag that takes no JSON object (`--port.x`, `--allowed-origins.x`) is a usage error
-naming the flag, and so are a flag's JSON value and its dotted keys together: vLLM keeps the dotted keys alone and
-drops the JSON value's keys without a word.
+Standard library only (and the flag declaration): the operator expands spec.engineArgs with it, as the engine's
+parser does. Unlike vLLM, a dotted key on a flag that takes no JSON object (`--port.x`, `--allowed-origins.x`) is a
+usage error naming the flag, and so are a flag's JSON value and its dotted keys together: vLLM keeps the dotted keys
+alone and drops the JSON value's keys without a word.
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ OBJECT_FLAGS = {f.dest for f in FLAGS if f.type == "json" and not isinstance(f.d
 # vLLM's older spelling: -O was --compilation-config, so `-O.mode 3` is its key
 OLD_ALIASES = {"-O": "--compilation-config"}
 _OPTION = re.compile(r"-{1,2}[A-Za-z]")
+
+
+def flag_options() -> dict[str, str]:
+    """Each option string of the declared flags -> the flag's long name, for the JSON-object flags ("" for the rest):
+    what `expand_dotted_args` takes where there is no parser (the operator's check of spec.engineArgs)."""
+    options = {}
+    for f in FLAGS:
+        negated = ("--no-" + f.name[2:],) if f.negatable else ()
+        for option in (f.name, *f.aliases, *negated):
+            options[option] = f.name if f.dest in OBJECT_FLAGS else ""
+    return options
 
 
 def object_options(parser: argparse.ArgumentParser) -> dict[str, str]:
