@@ -5,15 +5,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from flotilla.dotted_args import expand_dotted_args, object_options
 from flotilla.engine.config import ENGINE_COMPONENTS
 from flotilla.flags import FLAGS, Flag, human_readable_int
+from flotilla.removed_flags import removed_flag_problem
 
-__all__ = ["ENGINE_COMPONENTS", "add_flags", "flag_values"]
+__all__ = ["ENGINE_COMPONENTS", "FlagParser", "add_flags", "flag_values"]
 
 _TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser that reads the command line as `vllm serve` does where argparse alone would not: the dotted
+    keys of a JSON-object flag (flotilla/dotted_args.py), and flags vLLM removed, refused saying so
+    (flotilla/removed_flags.py)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads it by namespace type
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's parse, after the dotted forms are written as the JSON object they stand for."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if problem := removed_flag_problem(argv):
+            self.error(problem)
+        try:
+            argv = expand_dotted_args(argv, object_options(self))
+        except ValueError as exc:
+            self.error(str(exc))
+        return super().parse_known_args(argv, namespace)
 
 
 def add_flags(parser: argparse.ArgumentParser, components: Iterable[str]) -> None:

@@ -8,6 +8,7 @@ that are declared but not implemented yet are refused with a message that names 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flotilla.compilation_config import compilation_problem, graph_plan
+from flotilla.compilation_config import compilation_problem, graph_plan, level_note
 from flotilla.engine.block_hash import HashAlgo
 from flotilla.engine.pooling.classifier_config import classifier_problem
+from flotilla.engine.hf_overrides import apply_hf_overrides
 from flotilla.engine.pooling.params import matryoshka_problem
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -48,6 +50,7 @@ from flotilla.engine_rules import (
 from flotilla.flags import FLAGS, Flag
 from flotilla.validation_messages import describe
 
+logger = logging.getLogger(__name__)
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 # On the CPU there is no GPU memory to profile; like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE)
 # the KV pool gets a fixed budget, capped at what max_num_seqs full-length sequences could use.
@@ -225,6 +228,7 @@ class ServerConfig(_Component):
     exclude_tools_when_tool_choice_none: bool = False
     enable_request_id_headers: bool = False
     enable_prompt_tokens_details: bool = False
+    enable_force_include_usage: bool = False  # every stream's usage (serving.py `forced_usage`)
     tool_call_parser: Literal["hermes", "llama3_json", "mistral", "qwen3_coder"] | None = None
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
     enable_server_load_tracking: bool = False  # GET /load counts requests in progress (vLLM's flag)
@@ -328,7 +332,8 @@ class EngineConfig(_Component):
         else:
             model_dir = Path(model) if model is not None else _embedded_model_dir()
             hf_config = _read_hf_config(model_dir)
-        hf_config = apply_hf_overrides(hf_config, values["hf_overrides"])
+        with _as_config_error(ValueError):
+            hf_config = apply_hf_overrides(hf_config, values["hf_overrides"])
         try:
             return _build(model_dir, hf_config, values, explicit_model=model is not None)
         except ValidationError as exc:
@@ -404,17 +409,6 @@ def _read_hf_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
-def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
-    """config.json with --hf-overrides' keys set over it, as vLLM sets them before building anything: each key
-    replaces the value whole (an object too: vLLM merges an object only into a nested model config such as a
-    multimodal model's text_config, which no architecture served here has) or adds a key config.json lacks."""
-    if overrides is None:
-        return hf_config
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"--hf-overrides must be a JSON object of config.json keys, not {json.dumps(overrides)}")
-    return hf_config | overrides
-
-
 def classify_problem(hf_config: dict[str, Any], quantization: str | None) -> str | None:
     """Why `--convert classify` cannot build this model's head, or None (engine/pooling/classifier_config.py)."""
     if quantization == "gguf":  # a GGUF file keeps the LM head as codes, and has no score.weight
@@ -471,6 +465,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     moe = moe_widths is not None or _draft_is_moe(speculative)
     graphs = graph_plan(v["compilation_config"], v["optimization_level"], v["enforce_eager"] or moe,
                         v["max_cudagraph_capture_size"])
+    if note := level_note(v["compilation_config"], v["optimization_level"], v["enforce_eager"]):
+        logger.warning(note)
     model = ModelConfig(
         model=str(model_dir),
         tokenizer=v["tokenizer"] or str(model_dir),

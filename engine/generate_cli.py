@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
+from flotilla.engine.arg_parser import ENGINE_COMPONENTS, FlagParser, add_flags, flag_values
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `flotilla generate` argument parser."""
-    parser = argparse.ArgumentParser(prog="flotilla generate", description=__doc__)
+    parser = FlagParser(prog="flotilla generate", description=__doc__)
     parser.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded model)")
     parser.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable)")
     parser.add_argument("--chat", action="store_true", help="treat each prompt as a user chat message")

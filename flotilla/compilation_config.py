@@ -6,8 +6,9 @@ a prefill), which is what vLLM's full graphs do. So of vLLM's compilation settin
 here: `cudagraph_capture_sizes` (the captured sizes), `max_cudagraph_capture_size` (the largest, as the flag of that
 name), `cudagraph_mode` NONE (no graphs) or FULL / FULL_AND_PIECEWISE (graphs of both kinds of step), and `level` /
 `mode` 0 (no compilation, hence no graphs, as vLLM) or 3 (vLLM's own compilation and graphs, its default); `-O0`
-is no compilation and no graphs, `-O1` to `-O3` compile and capture graphs (vLLM's default is 2). Every other key is
-refused by name rather than ignored. Standard library only: the operator checks spec.engineArgs with it.
+is no compilation and no graphs, `-O2` (vLLM's default) and `-O3` capture the engine's graphs, and so does `-O1`,
+whose PIECEWISE graphs do not exist here (`level_note`). Every other key is refused by name rather than ignored.
+Standard library only: the operator checks spec.engineArgs with it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ def compilation_problem(value: Any, max_capture_flag: int | None = None, max_num
         return (f"{FLAG}: cudagraph_capture_sizes has no size up to --max-num-seqs ({max_num_seqs}): no decode step "
                 "could replay a graph; add the decode batch sizes to capture")
     return None
+
+
+def level_note(value: dict[str, Any] | None, optimization_level: int | None, enforce_eager: bool) -> str | None:
+    """What the start-up log says where the optimization level means other graphs here than in vLLM, or None.
+
+    vLLM's levels (its OptimizationLevel): -O0 no compilation and no graphs; -O1 PIECEWISE graphs (attention runs
+    outside them); -O2 (the default) and -O3 FULL_AND_PIECEWISE (full graphs for decode steps, piecewise ones for
+    the rest). Piecewise graphs need vLLM's compiler, which does not exist here, so -O1 gets the nearest graphs there
+    are, the whole-step ones -O2 gets: every step vLLM's -O1 would replay from a graph replays one here too, with
+    attention inside. The log says so rather than let -O1 pass for vLLM's level.
+    """
+    if optimization_level != 1 or enforce_eager or any(k in _normalized(value or {}) for k in ("cudagraph_mode",
+                                                                                                  "mode", "level")):
+        return None
+    return ("-O1: vLLM captures PIECEWISE CUDA graphs at this level (attention outside the graphs); there are none "
+            "here, so the steps replay the engine's whole-step graphs, as at -O2 (give -O0 for no graphs)")
 
 
 def graph_plan(value: dict[str, Any] | None, optimization_level: int | None, enforce_eager: bool,

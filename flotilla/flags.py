@@ -241,7 +241,9 @@ FLAGS: tuple[Flag, ...] = (
         'e.g. {"max_position_embeddings": 8192} or {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
         '"original_max_position_embeddings": 2048}}: each key replaces config.json\'s value whole (an object too, '
         "as vLLM sets rope_scaling) or adds a key config.json lacks; the architecture, the length limit "
-        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result.",
+        "(default --max-model-len), the layers built and the pooling's matryoshka keys all read the result. A key the "
+        "engine reads must have a value it can run (a positive integer size, true/false flags, no more layers than "
+        "the checkpoint's, no change to a weight's shape); the error names the key.",
         "model",
     ),
     Flag("--enforce-eager", "bool", False, "Never capture CUDA graphs.", "model", negatable=True),
@@ -283,9 +285,10 @@ FLAGS: tuple[Flag, ...] = (
         "--optimization-level",
         "int",
         2,
-        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 1, 2 (vLLM's default) and 3 "
-        "capture the graphs, as by default here (there is no torch.compile to tune). A --compilation-config key "
-        "wins over the level, as in vLLM.",
+        "vLLM's -O: 0 compiles nothing and captures no CUDA graphs (as --enforce-eager); 2 (vLLM's default) and 3 "
+        "capture the engine's whole-step graphs, vLLM's FULL_AND_PIECEWISE at those levels (there is no "
+        "torch.compile to tune). 1 is PIECEWISE graphs in vLLM, which do not exist here: it captures the same graphs "
+        "as 2, and the start-up log says so. A --compilation-config key wins over the level, as in vLLM.",
         "model",
         aliases=("-O",),
         choices=(0, 1, 2, 3),
@@ -758,6 +761,16 @@ FLAGS: tuple[Flag, ...] = (
         False,
         "Report prompt tokens served from the prefix cache in chat and completions usage "
         "(usage.prompt_tokens_details.cached_tokens), as vLLM; Responses usage always has them.",
+        "server",
+        negatable=True,
+    ),
+    Flag(
+        "--enable-force-include-usage",
+        "bool",
+        False,
+        "Token usage on every streamed chat and completions response, whatever its stream_options ask (vLLM's flag, "
+        "as vLLM now reads it: the final usage chunk and each chunk's usage so far, as include_usage and "
+        "continuous_usage_stats); answers that are not streamed, and the Responses API, always carry usage.",
         "server",
         negatable=True,
     ),

@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from pydantic.alias_generators import to_camel
 
+from flotilla.dotted_args import expand_dotted_args, flag_options
 from flotilla.engine_rules import (
     ParsedFlag,
     cross_flag_problems,
@@ -37,6 +38,7 @@ from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.removed_flags import removed_flag_problem
 
 ENGINE_COMMAND = ["flotilla", "serve"]
 
@@ -192,8 +194,9 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # How this model family writes tool calls and thinking (docs/structured-output.md): a property of
     # the model the owner serves, parsed in the pod's own server.
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--exclude-tools-when-tool-choice-none",
-    # What responses report (an X-Request-Id header, cached prompt tokens in usage): no effect on serving.
-    "--enable-request-id-headers", "--enable-prompt-tokens-details",
+    # What responses report (an X-Request-Id header, cached prompt tokens in usage, usage on every stream): no
+    # effect on serving.
+    "--enable-request-id-headers", "--enable-prompt-tokens-details", "--enable-force-include-usage",
     # Compact JSON for this service's grammars (a small model that loops on whitespace): per pod.
     "--structured-outputs-config",
     # Which browser origins may call this service (CORS; the API key still applies): the owner's choice.
@@ -243,6 +246,12 @@ def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
     """spec.engineArgs parsed by the engine's grammar and checked by the contract, and why any of
     them cannot be used (grammar, ownership, type, range, implemented)."""
     extra, errors = _without_model_flag(extra)
+    if problem := removed_flag_problem(extra):
+        return [], [*errors, f"spec.engineArgs: {problem}"]
+    try:  # the engine's parser reads vLLM's dotted keys (`-cc.cudagraph_mode FULL`) as the flag's JSON object
+        extra = expand_dotted_args(extra, flag_options())
+    except ValueError as exc:
+        return [], [*errors, f"spec.engineArgs: {exc}"]
     parsed, problems = parse_argv(extra)
     errors += [f"spec.engineArgs: {p}" for p in problems]
     usable, seen = [], set()

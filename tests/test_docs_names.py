@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flotilla.removed_flags import REMOVED
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts" / "flotilla" / "README.md"]
 TOP = ("engine", "kernels", "operator", "flotilla", "bench", "tests", "docs", "charts", "crds", "images", "scripts",
@@ -24,7 +26,7 @@ ABSENT_PATHS = {
 # Flags of other tools (helm, kubectl, podman, buildah, debootstrap, the Prometheus Adapter) and vLLM flags named as
 # vLLM's.
 OTHER_FLAGS = {"--create-namespace", "--from-file", "--config", "--build-arg", "--gpus", "--ignorefile", "--variant",
-               "--include", "--isolation", "--swap-space", "--max-seq-len-to-capture",
+               "--include", "--isolation", "--swap-space",
                "--replicas", "--cascade", "--kube-version", "--type",
                "--subresource", "--current-replicas", "--disable-eviction"}
 # Backticked names that are other projects' (xgrammar, vLLM, the Prometheus Operator's Prometheus and
@@ -103,6 +105,7 @@ def _known_flags() -> set[str]:
     from flotilla.operator.main import parse_args
 
     flags = {o for parser in (serve_parser(), generate_parser()) for a in parser._actions for o in a.option_strings}
+    flags |= set(REMOVED) | {"--guided-decoding"}  # vLLM's removed flags, refused by name (`--guided-decoding-*`)
     help_text = io.StringIO()
     with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
         parse_args(["--help"])

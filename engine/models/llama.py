@@ -79,10 +79,8 @@ class LlamaArch:
         """Read config.json; `rope_parameters` (transformers 5) and `rope_theta`/`rope_scaling` both work."""
         rope = dict(c.get("rope_parameters") or {})
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        # The MLP computes SiLU only; another activation would run as SiLU and generate other tokens than HF.
-        act = c.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
-            raise ValueError(f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM")
+        if problem := activation_problem(c):
+            raise ValueError(problem)
         if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
             # transformers' defaults: the pretraining length is max_position_embeddings (a top-level
             # original_max_position_embeddings first), the factor their ratio
@@ -114,6 +112,15 @@ class LlamaArch:
             qk_norm=qk_norm,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         )
+
+
+def activation_problem(c: dict[str, Any]) -> str | None:
+    """Why config.json's `hidden_act` cannot run here, or None: the MLP computes SiLU only, and another activation
+    would run as SiLU and generate other tokens than HF."""
+    act = c.get("hidden_act", "silu")
+    if act in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
+        return None
+    return f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM"
 
 
 class LlamaAttention(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any
 
 from flotilla.engine.layers.moe import MoeArch
 from flotilla.engine.models.causal_lm import CausalLM
-from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
+from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM, activation_problem
 
 
 def _llama(c: dict[str, Any]) -> CausalLM:
@@ -64,10 +64,10 @@ def supported_architectures() -> list[str]:
 def architecture_problem(hf_config: dict[str, Any]) -> str | None:
     """Why no architecture of config.json's `architectures` is served here, or None."""
     archs = hf_config.get("architectures") or []
-    if any(arch in _REGISTRY for arch in archs):
-        return None
-    return (f"unsupported model architecture {archs or '(none in config.json)'}; "
-            f"supported: {', '.join(supported_architectures())}")
+    if not any(arch in _REGISTRY for arch in archs):
+        return (f"unsupported model architecture {archs or '(none in config.json)'}; "
+                f"supported: {', '.join(supported_architectures())}")
+    return activation_problem(hf_config)  # config.json's (or --hf-overrides'), before anything loads
 
 
 def build_model(hf_config: dict[str, Any]) -> CausalLM:

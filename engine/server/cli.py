@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from flotilla.engine.arg_parser import ENGINE_COMPONENTS, add_flags, flag_values
+from flotilla.engine.arg_parser import ENGINE_COMPONENTS, FlagParser, add_flags, flag_values
 from flotilla.engine.async_engine import AsyncEngine
 from flotilla.engine.config import ConfigError, EngineConfig, ServerConfig
 from flotilla.engine.engine_core import EngineFactory, freeze_startup_heap
@@ -54,7 +54,7 @@ def _default_sampling(config: EngineConfig) -> dict[str, Any]:
                                    config.model.override_generation_config)
 
 
-def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+def build_parser(parser_class: type[argparse.ArgumentParser] = FlagParser) -> argparse.ArgumentParser:
     """Arguments of `flotilla serve`: MODEL, --config, plus every engine and server flag."""
     parser = parser_class(prog="flotilla serve", description="OpenAI-compatible LLM server")
     parser.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded model)")
@@ -292,6 +292,7 @@ def _server_state(config: EngineConfig, server: ServerConfig, engine: ServingEng
                               tool_call_parser=server.tool_call_parser,
                               reasoning_parser=server.reasoning_parser,
                               enable_prompt_tokens_details=server.enable_prompt_tokens_details,
+                              force_include_usage=server.enable_force_include_usage,
                               default_sampling=defaults,
                               chat_template_content_format=server.chat_template_content_format,
                               chat_template=chat_template,

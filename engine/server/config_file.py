@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from flotilla.engine.arg_parser import FlagParser
 from flotilla.flags import CONFIG_FLAG, FLAGS, MODEL_FLAG, Flag
 
 
@@ -23,7 +24,7 @@ class ConfigFileError(ValueError):
     key)."""
 
 
-class ConfigFileParser(argparse.ArgumentParser):
+class ConfigFileParser(FlagParser):
     """The server's parser for a config file's flags: its usage errors raise ConfigFileError instead of exiting,
     so that the caller can name the file."""
 

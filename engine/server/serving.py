@@ -34,6 +34,7 @@ from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    StreamOptions,
     _SamplingFields,
     message_text_chars,
 )
@@ -199,8 +200,9 @@ class OpenAIServing:
                  default_chat_template_kwargs: dict[str, Any] | None = None,
                  max_logprobs: int = MAX_LOGPROBS, log_requests: bool = False, max_log_len: int | None = None,
                  response_role: str = "assistant", return_tokens_as_token_ids: bool = False,
-                 grammar_after_thinking: bool = True) -> None:
+                 grammar_after_thinking: bool = True, force_include_usage: bool = False) -> None:
         self.engine = engine
+        self.force_include_usage = force_include_usage  # --enable-force-include-usage: `forced_usage`
         self.log_requests = log_requests  # --enable-log-requests: request_log.py
         self.max_log_len = max_log_len  # --max-log-len: the logged prompt's characters / ids
         self.response_role = response_role  # --response-role: the chat reply's role after a generation prompt
@@ -385,9 +387,16 @@ class OpenAIServing:
                   if getattr(req, name, None) == -1}
         return req.model_copy(update=update) if update else req
 
+    def forced_usage(self, req: _Req) -> _Req:
+        """`req` as --enable-force-include-usage serves it: a stream carries the final usage chunk and each chunk's
+        usage so far, whatever its stream_options ask (vLLM's should_include_usage: (True, True) with the flag)."""
+        if not (self.force_include_usage and req.stream):
+            return req
+        return req.model_copy(update={"stream_options": StreamOptions(include_usage=True, continuous_usage_stats=True)})
+
     async def completions(self, req: CompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/completions (with `echo`: the prompt's text, and its logprobs, before the completion)."""
-        req = self.whole_vocabulary(req)
+        req = self.forced_usage(self.whole_vocabulary(req))
         if req.suffix is not None:
             raise APIError(400, "suffix and best_of are not supported", param="suffix")
         if req.best_of not in (None, req.n):
@@ -576,7 +585,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, model: str) -> dict[str, Any] | AsyncIterator[str]:
         """POST /v1/chat/completions."""
-        req = self.whole_vocabulary(req)
+        req = self.forced_usage(self.whole_vocabulary(req))
         if req.tools == []:  # vLLM's (and OpenAI's) refusal, whatever the tool_choice
             raise APIError(400, "`tools` must not be an empty array. Either provide at least one tool or omit the "
                                 "field entirely.", param="tools")

@@ -89,3 +89,21 @@ def test_an_optimization_level_outside_vllms_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["-O4"])
     assert "argument -O/--optimization-level: invalid choice: 4 (choose from 0, 1, 2, 3)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "warned"), [
+    (("-O1",), True),  # vLLM's -O1 is PIECEWISE graphs: here the whole-step ones, said in the log
+    (("-O2",), False),
+    (("-O3",), False),
+    (("-O0",), False),
+    (("-O1", "--enforce-eager"), False),
+    (("-O1", "-cc", '{"cudagraph_mode": "FULL"}'), False),  # the key, not the level, chose the graphs
+])
+def test_o1_captures_the_whole_step_graphs_and_the_log_says_so(tiny_model_dirs, caplog, argv, warned):
+    with caplog.at_level("WARNING", logger="flotilla.engine.config"):
+        config = _config(tiny_model_dirs["llama"], *argv)
+    notes = [r.getMessage() for r in caplog.records if "PIECEWISE" in r.getMessage()]
+    assert notes == (["-O1: vLLM captures PIECEWISE CUDA graphs at this level (attention outside the graphs); there "
+                      "are none here, so the steps replay the engine's whole-step graphs, as at -O2 (give -O0 for no "
+                      "graphs)"] if warned else [])
+    assert config.model.enforce_eager is (argv[0] == "-O0" or "--enforce-eager" in argv)

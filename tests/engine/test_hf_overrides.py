@@ -74,3 +74,54 @@ def test_an_override_that_is_no_object_is_a_usage_error(tiny_model_dirs, capsys)
     assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", "[1, 2]", "--port", "70000"]) == 2
     assert "flotilla serve: error: --hf-overrides must be a JSON object of config.json keys, not [1, 2]" in \
         capsys.readouterr().err
+
+
+# Each override crashed after the server had started ("the engine failed to start" and a traceback), or was served:
+# is_matryoshka "x" as true, rope_theta -1 as a rotary table of NaNs.
+BAD_OVERRIDES = [
+    ({"max_position_embeddings": 1e30},
+     "max_position_embeddings must be a positive integer up to 2147483647, not 1e+30"),
+    ({"max_position_embeddings": 10**30}, "max_position_embeddings must be a positive integer up to 2147483647"),
+    ({"num_hidden_layers": 5}, "num_hidden_layers 5 is more than the checkpoint's 2 layers"),
+    ({"hidden_size": "x"}, 'hidden_size must be a positive integer, not "x"'),
+    ({"num_attention_heads": -4}, "num_attention_heads must be a positive integer, not -4"),
+    ({"vocab_size": 0}, "vocab_size must be a positive integer, not 0"),
+    ({"intermediate_size": 64.5}, "intermediate_size must be a positive integer, not 64.5"),
+    ({"is_matryoshka": "x"}, 'is_matryoshka must be true or false, not "x"'),
+    ({"rms_norm_eps": "a"}, 'rms_norm_eps must be a positive number, not "a"'),
+    ({"rope_theta": -1}, "rope_theta must be a positive number, not -1"),
+    ({"rope_scaling": 2}, "rope_scaling must be a JSON object, not 2"),
+    ({"hidden_size": 128}, "the hidden_size would be 128, but the checkpoint's tensors were saved with 64"),
+    ({"num_key_value_heads": 3}, "the key/value width (num_key_value_heads x head_dim) would be 48, but the "
+                                 "checkpoint's tensors were saved with 32"),
+    ({"attention_bias": True}, "the attention_bias would be true, but the checkpoint's tensors were saved with false"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_OVERRIDES, ids=lambda v: json.dumps(v)[:40])
+def test_an_override_the_engine_cannot_run_is_a_usage_error_naming_the_key(tiny_model_dirs, capsys, overrides,
+                                                                           message):
+    # --port 70000 is refused after the engine's flags: without the check the port's message came instead
+    assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", json.dumps(overrides), "--port", "70000"]) == 2
+    assert f"flotilla serve: error: --hf-overrides: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_OVERRIDES[:3] + BAD_OVERRIDES[7:8],
+                         ids=lambda v: json.dumps(v)[:40])
+def test_the_python_api_refuses_the_same_overrides(tiny_model_dirs, overrides, message):
+    with pytest.raises(ValueError) as refused:
+        LLM(str(tiny_model_dirs["llama"]), hf_overrides=overrides)
+    assert f"--hf-overrides: {message}" in str(refused.value)
+
+
+def test_heads_regrouped_over_the_same_widths_are_allowed(tiny_model_dirs):
+    # 8 heads of 8 over a checkpoint of 4 heads of 16: every tensor keeps its shape, so the model builds (as HF's)
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["llama"]), hf_overrides={
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8})
+    assert config.model.hf_config["num_attention_heads"] == 8
+
+
+def test_an_activation_the_model_does_not_compute_is_a_usage_error(tiny_model_dirs, capsys):
+    # the loader refused it after the server had started ("the engine failed to start" and a traceback)
+    assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", '{"hidden_act": "gelu"}', "--port", "70000"]) == 2
+    assert "config.json hidden_act 'gelu' is not supported (only silu)" in capsys.readouterr().err

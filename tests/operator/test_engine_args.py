@@ -273,6 +273,18 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
      "its config.json edited is a model of its own)"),
     # vLLM's compilation settings as far as they set the CUDA graphs; a key with no meaning here is refused.
     (["-O0", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'], None),
+    # vLLM's dotted keys, read as the engine's parser reads them (flotilla/dotted_args.py)
+    (["-O0", "-cc.cudagraph_capture_sizes", "[1, 2, 4, 8]"], None),
+    (["--speculative-config.method", "ngram"], "spec.engineArgs: --speculative-config is set by spec.speculative; "
+                                               "set that field instead"),
+    (["--port.x", "1"], "spec.engineArgs: --port takes no dotted keys: only a flag whose value is a JSON object does "
+                        "(--compilation-config, --default-chat-template-kwargs, --hf-overrides, "
+                        "--override-generation-config, --speculative-config, --structured-outputs-config)"),
+    # flags vLLM removed: refused saying so, as the engine refuses them (flotilla/removed_flags.py)
+    (["--guided-decoding-backend", "xgrammar"], "spec.engineArgs: --guided-decoding-backend is not a flag of today's "
+     "vLLM: vLLM removed the --guided-decoding-* flags (its PR 22772, release 0.10.2) for --structured-outputs-config; "
+     "give --structured-outputs-config.backend VALUE (or the same key in --structured-outputs-config's JSON)"),
+    (["--enable-force-include-usage"], None),
     # vLLM manifests' probe and scrape paths without access lines carry over: only this pod's log changes.
     (["--disable-access-log-for-endpoints", "/health,/metrics,/ping"], None),
     # Client certificates: the probes and the scrape speak plain HTTP and show none.
@@ -302,6 +314,9 @@ def test_the_uni_executor_is_refused_beside_parallel_ranks_as_the_engine_refuses
 
 def test_a_compilation_key_with_no_meaning_here_is_refused_as_the_engine_refuses_it():
     assert unsupported(make(engineArgs=["-O0", "-cc", '{"cudagraph_capture_sizes": [1, 2]}']), "x") == []
+    assert unsupported(make(engineArgs=["-cc.cudagraph_mode", "piecewise"]), "x") == [
+        "--compilation-config: cudagraph_mode PIECEWISE is not supported: graphs here capture whole steps, attention "
+        "included (vLLM's FULL); none are captured piecewise"]
     assert unsupported(make(engineArgs=["--compilation-config", '{"backend": "inductor"}']), "x") == [
         "--compilation-config: backend: not a key this engine maps (it takes cudagraph_capture_sizes, "
         "max_cudagraph_capture_size, max_capture_size, cudagraph_mode, level, mode): nothing is compiled with "

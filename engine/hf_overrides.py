@@ -1,0 +1,101 @@
+"""--hf-overrides (vLLM's flag): keys set over config.json before the engine builds anything from it, and the checks
+that turn an override the engine cannot run into a usage error naming the key.
+
+config.json's own values are trusted (the checkpoint was saved with them); an override is not. Without these checks a
+string for a size, a float or a 31-digit length, more layers than the checkpoint holds, or a width its tensors do not
+have failed inside the engine process after the server had started (a traceback, "the engine failed to start"), and
+a string for a flag (`is_matryoshka: "x"`) was read as true. Only the keys the engine reads are checked; any other
+key is set as given, as vLLM sets it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+FLAG = "--hf-overrides"
+# Positions are 32-bit in the engine's kernels, and the rotary table has a row per position.
+MAX_POSITIONS = 2**31 - 1
+# Each key the engine reads: what its value must be. "?" after a kind: null is allowed too (the engine then derives
+# the value, as from a config.json without the key).
+KINDS = {
+    "vocab_size": "count", "hidden_size": "count", "intermediate_size": "count", "num_hidden_layers": "count",
+    "num_attention_heads": "count", "num_key_value_heads": "count?", "head_dim": "count?",
+    "max_position_embeddings": "length", "original_max_position_embeddings": "length?", "sliding_window": "count?",
+    "rms_norm_eps": "positive", "rope_theta": "positive", "initializer_range": "positive",
+    "is_matryoshka": "bool", "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool",
+    "use_sliding_window": "bool", "rope_scaling": "object?", "rope_parameters": "object?",
+    "quantization_config": "object", "hidden_act": "string", "architectures": "strings",
+}
+_WANTS = {"count": "a positive integer", "length": f"a positive integer up to {MAX_POSITIONS}",
+          "positive": "a positive number", "bool": "true or false", "object": "a JSON object",
+          "string": "a string", "strings": "a list of strings"}
+
+
+def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
+    """config.json with --hf-overrides' keys set over it, as vLLM sets them before building anything: each key
+    replaces the value whole (an object too: vLLM merges an object only into a nested model config such as a
+    multimodal model's text_config, which no architecture served here has) or adds a key config.json lacks.
+    ValueError naming the key for an override the engine cannot run (`hf_overrides_problem`)."""
+    if overrides is None:
+        return hf_config
+    if problem := hf_overrides_problem(hf_config, overrides):
+        raise ValueError(problem)
+    return hf_config | overrides
+
+
+def hf_overrides_problem(hf_config: dict[str, Any], overrides: Any) -> str | None:
+    """Why the engine cannot build `hf_config` (the checkpoint's config.json) with `overrides` set over it, or None."""
+    if not isinstance(overrides, dict):
+        return f"{FLAG} must be a JSON object of config.json keys, not {json.dumps(overrides)}"
+    for key, value in overrides.items():
+        if key in KINDS and not _is_kind(value, KINDS[key]):
+            return f"{FLAG}: {key} must be {_WANTS[KINDS[key].rstrip('?')]}, not {json.dumps(value)}"
+    return _checkpoint_problem(hf_config, hf_config | overrides)
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if value is None:
+        return kind.endswith("?")
+    kind = kind.rstrip("?")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "count":
+        return number and isinstance(value, int) and value > 0
+    if kind == "length":
+        return number and isinstance(value, int) and 0 < value <= MAX_POSITIONS
+    if kind == "positive":
+        return number and math.isfinite(value) and value > 0
+    if kind == "strings":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    return isinstance(value, {"bool": bool, "object": dict, "string": str}[kind])
+
+
+def _weight_shapes(c: dict[str, Any]) -> dict[str, Any]:
+    """The tensor shapes (and bias tensors) the engine builds from `c`: what the checkpoint's tensors must match."""
+    heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else None)
+    kv_heads = c.get("num_key_value_heads") or heads
+    return {"vocab_size": c.get("vocab_size"), "hidden_size": c.get("hidden_size"),
+            "intermediate_size": c.get("intermediate_size"),
+            "query width (num_attention_heads x head_dim)": heads * head_dim if heads and head_dim else None,
+            "key/value width (num_key_value_heads x head_dim)": kv_heads * head_dim if kv_heads and head_dim else None,
+            "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias", False))}
+
+
+def _checkpoint_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
+    """Why the checkpoint's tensors cannot be loaded into the model `merged` describes, or None."""
+    saved, wanted = _weight_shapes(checkpoint), _weight_shapes(merged)
+    for what, value in wanted.items():
+        if value != saved[what]:
+            return (f"{FLAG}: the {what} would be {json.dumps(value)}, but the checkpoint's tensors were saved with "
+                    f"{json.dumps(saved[what])}: an override may not change the shapes or the set of the weights")
+    layers, saved_layers = merged.get("num_hidden_layers"), checkpoint.get("num_hidden_layers")
+    if isinstance(saved_layers, int) and isinstance(layers, int) and layers > saved_layers:
+        return (f"{FLAG}: num_hidden_layers {layers} is more than the checkpoint's {saved_layers} layers: the others "
+                "have no weights (fewer layers load the first ones)")
+    heads, kv_heads = merged.get("num_attention_heads"), merged.get("num_key_value_heads") or 0
+    if isinstance(heads, int) and kv_heads and heads % kv_heads:
+        return (f"{FLAG}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: each "
+                "key/value head serves a whole group of query heads")
+    return None
