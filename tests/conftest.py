@@ -8,6 +8,14 @@ from pathlib import Path
 
 import pytest
 
+# One intra-op thread for torch in this process and in every process the tests start (servers, engine cores, CLIs
+# inherit the environment). The tiny models' ops gain nothing from a second thread, and on a two-core machine
+# where the test, an API process and an engine core share the cores, OpenMP's second thread spin-waits on a busy
+# core: the tiny Llama's 60 decode steps of 8 rows took 0.56 s of CPU on one thread and 4.9 to 8.3 s on two at
+# load ~7 (test_feature_mix.py's `one_thread` measured the same). Set before torch is imported, which reads it; an
+# explicit OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Triton kernels run under the interpreter on machines without CUDA; this must be set before any
 # `triton.jit` decorator executes, so it lives in the root conftest, loaded first.
 try:
