@@ -3,8 +3,8 @@
 #   OUT=... bash bench/results/gpu-2026-12-07-s33/tests.sh
 # The tiny models of tests/conftest.py take their tokenizer from the embedded model's converted directory, whose package
 # (93 MB) cannot be carried: carry that directory without its weights and point FLOTILLA_CACHE at it (call 5):
-#   mkdir -p .gpu-cache/models/SmolLM2-135M-Instruct && cp ~/.cache/flotilla/models/SmolLM2-135M-Instruct/*.json* \
-#     .gpu-cache/models/SmolLM2-135M-Instruct/      # config, tokenizer, chat template (3.4 MB; .gpu-cache/ gitignored)
+#   M=~/.cache/flotilla/models/SmolLM2-135M-Instruct; mkdir -p .gpu-cache/models/SmolLM2-135M-Instruct && cp $M/*.json \
+#     $M/chat_template.jinja .gpu-cache/models/SmolLM2-135M-Instruct/   # no weights: 3.4 MB (.gpu-cache/ gitignored)
 #   export FLOTILLA_CACHE=$PWD/.gpu-cache; OUT=... bash bench/results/gpu-2026-12-07-s33/tests.sh   (carry .whl, .gpu-cache)
 # Stages (each under its own limit, capped by what is left):
 #   gpu    the GPU-marked tests: sleep33's tests/engine/test_sleep_mode_gpu.py (level 1 frees >= KV pool + weights,
