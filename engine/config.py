@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flotilla.compilation_config import compilation_problem, graph_plan, level_note
 from flotilla.engine.block_hash import HashAlgo
-from flotilla.engine.pooling.classifier_config import classifier_problem
 from flotilla.engine.hf_overrides import apply_hf_overrides
+from flotilla.engine.pooling.classifier_config import classifier_problem
 from flotilla.engine.pooling.params import matryoshka_problem
 from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
