@@ -14,6 +14,8 @@ import json
 import math
 from typing import Any
 
+from flotilla.engine.pooling.classifier_config import head_method, num_labels
+
 FLAG = "--hf-overrides"
 # Positions are 32-bit in the engine's kernels, and the rotary table has a row per position.
 MAX_POSITIONS = 2**31 - 1
@@ -27,6 +29,9 @@ KINDS = {
     "is_matryoshka": "bool", "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool",
     "use_sliding_window": "bool", "rope_scaling": "object?", "rope_parameters": "object?",
     "quantization_config": "object", "hidden_act": "string", "architectures": "strings",
+    # a sequence classifier's head (engine/pooling/classifier_config.py)
+    "num_labels": "count", "id2label": "object", "classifier_from_token": "strings", "method": "string?",
+    "problem_type": "string?", "is_original_qwen3_reranker": "bool",
 }
 _WANTS = {"count": "a positive integer", "length": f"a positive integer up to {MAX_POSITIONS}",
           "positive": "a positive number", "bool": "true or false", "object": "a JSON object",
@@ -90,6 +95,8 @@ def _checkpoint_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> s
         if value != saved[what]:
             return (f"{FLAG}: the {what} would be {json.dumps(value)}, but the checkpoint's tensors were saved with "
                     f"{json.dumps(saved[what])}: an override may not change the shapes or the set of the weights")
+    if (problem := _score_head_problem(checkpoint, merged)):
+        return problem
     layers, saved_layers = merged.get("num_hidden_layers"), checkpoint.get("num_hidden_layers")
     if isinstance(saved_layers, int) and isinstance(layers, int) and layers > saved_layers:
         return (f"{FLAG}: num_hidden_layers {layers} is more than the checkpoint's {saved_layers} layers: the others "
@@ -98,4 +105,19 @@ def _checkpoint_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> s
     if isinstance(heads, int) and kv_heads and heads % kv_heads:
         return (f"{FLAG}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: each "
                 "key/value head serves a whole group of query heads")
+    return None
+
+
+def _score_head_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
+    """Why a sequence classifier's checkpoint `score.weight` (one row per label) cannot load into the head `merged`
+    describes, or None. A head made from the LM head's rows (`classifier_from_token`) is not read from the
+    checkpoint: its labels may be any number."""
+    if not any(a.endswith("ForSequenceClassification") for a in checkpoint.get("architectures") or []):
+        return None
+    if head_method(merged) is not None:
+        return None
+    saved, wanted = num_labels(checkpoint), num_labels(merged)
+    if wanted != saved:
+        return (f"{FLAG}: the classifier would have {wanted} labels (id2label or num_labels), but the checkpoint's "
+                f"score head was saved with {saved}: an override may not change the shapes of the weights")
     return None

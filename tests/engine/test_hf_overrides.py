@@ -125,3 +125,29 @@ def test_an_activation_the_model_does_not_compute_is_a_usage_error(tiny_model_di
     # the loader refused it after the server had started ("the engine failed to start" and a traceback)
     assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", '{"hidden_act": "gelu"}', "--port", "70000"]) == 2
     assert "config.json hidden_act 'gelu' is not supported (only silu)" in capsys.readouterr().err
+
+
+# A classifier's keys: a list for id2label crashed the config builder (AttributeError, a traceback), a string for
+# num_labels or is_original_qwen3_reranker was read as given, and fewer labels than the checkpoint's score head failed
+# in the engine process after the server had started.
+BAD_CLASSIFIER_OVERRIDES = [
+    ({"id2label": ["a", "b"]}, 'id2label must be a JSON object, not ["a", "b"]'),
+    ({"num_labels": "x"}, 'num_labels must be a positive integer, not "x"'),
+    ({"is_original_qwen3_reranker": "false"}, 'is_original_qwen3_reranker must be true or false, not "false"'),
+    ({"classifier_from_token": "yes"}, 'classifier_from_token must be a list of strings, not "yes"'),
+    ({"id2label": {"0": "only"}}, "the classifier would have 1 labels (id2label or num_labels), but the checkpoint's "
+                                  "score head was saved with 3"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_CLASSIFIER_OVERRIDES, ids=lambda v: json.dumps(v)[:40])
+def test_a_classifier_override_the_engine_cannot_run_is_a_usage_error(tiny_classifier_dirs, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig.from_kwargs(str(tiny_classifier_dirs["qwen3"]), hf_overrides=overrides)
+    assert f"--hf-overrides: {message}" in str(refused.value)
+
+
+def test_relabelling_a_classifier_keeps_its_head(tiny_classifier_dirs):
+    config = EngineConfig.from_kwargs(str(tiny_classifier_dirs["qwen3"]),
+                                      hf_overrides={"id2label": {"0": "bad", "1": "so-so", "2": "good"}})
+    assert config.model.convert == "classify"
