@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -213,3 +214,15 @@ def test_qwen3_coder_a_closer_before_the_next_parameter_ends_the_value_as_vllm()
     # Two blocks: the first ends at its </tool_call>, which the next <tool_call> follows.
     two = _xml_call("search", [("limit", "1")]) + "\n" + _xml_call("search", [("limit", "2")])
     assert [args for _, args in _qwen3(two)[1]] == [{"limit": 1}, {"limit": 2}]
+
+
+def test_qwen3_coder_parses_a_value_of_many_closers_in_linear_time():
+    # A value holding `</parameter>` 40,000 times (a model asked to repeat it, ~600 kB): each closer is read in place.
+    # Slicing the rest of the text at each one made the parse quadratic: ~17 s of CPU here before, ~0.1 s after;
+    # the bound sits a factor of 5 or more from either.
+    value = "x</parameter>y\n" * 40_000
+    text = _xml_call("search", [("query", value)])
+    started = time.process_time()
+    content, calls = _qwen3(text)
+    assert time.process_time() - started < 3.0
+    assert content is None and calls == [("search", {"query": value})]
