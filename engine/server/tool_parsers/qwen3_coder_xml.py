@@ -18,6 +18,7 @@ end (generation stopped: the text so far).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -25,8 +26,9 @@ FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 _NOT_SPACE = re.compile(r"[^ \t\n\r]")
 
-# Every helper reads the text in place, by offsets: slicing the rest of the text at each closer (to look at what
-# follows it) made a reply of many `</parameter>` quadratic to parse, seconds of the API process for one long reply.
+# Every helper reads the text in place, by offsets, and a body's `</parameter>` positions are found once: slicing
+# the rest of the text at each closer (to look at what follows it), or searching it again for each parameter, made a
+# reply of many `</parameter>` (or of many parameters) quadratic to parse, seconds of the API process for one reply.
 
 
 def call_blocks(text: str) -> Iterator[str]:
@@ -63,13 +65,13 @@ def function_body(after_name: str, names: set[str] | None) -> str:
 
 def parameters(body: str, names: set[str] | None) -> Iterator[tuple[str, str]]:
     """(name, raw value) of each parameter of a function body, in order."""
-    pos = 0
+    pos, closes = 0, _closers(body)
     while (start := _line_start_open(body, pos, 0, None)) >= 0:
         name_end = body.find(">", start + len(PARAM_OPEN))
         if name_end < 0:
             return
         value = name_end + 1
-        end = _value_end(body, value, names, at_body_end=True)
+        end = _value_end(body, value, names, closes, at_body_end=True)
         if end >= 0:
             pos = end + len(PARAM_CLOSE)
         elif (implicit := _line_start_open(body, value, value, names)) >= 0:  # left open: the next parameter ends it
@@ -82,7 +84,7 @@ def parameters(body: str, names: set[str] | None) -> Iterator[tuple[str, str]]:
 
 def _function_end(body: str, names: set[str] | None) -> int:
     """Index of the body's structural `</function>`, found by stepping over each parameter, or -1."""
-    pos, seen = 0, set[str]()
+    pos, seen, closes = 0, set[str](), _closers(body)
     while True:
         pos = _skip_space(body, pos)
         if pos >= len(body):
@@ -96,7 +98,7 @@ def _function_end(body: str, names: set[str] | None) -> int:
             return -1
         name = body[pos + len(PARAM_OPEN):name_end]
         value_start = name_end + 1 + body.startswith("\n", name_end + 1)
-        end = _value_end(body, value_start, names, at_body_end=False)
+        end = _value_end(body, value_start, names, closes, at_body_end=False)
         if end >= 0:
             pos = end + len(PARAM_CLOSE)
         else:  # left open: the next line-start parameter of a name not yet seen ends it
@@ -108,12 +110,18 @@ def _function_end(body: str, names: set[str] | None) -> int:
         seen.add(name)
 
 
-def _value_end(text: str, start: int, names: set[str] | None, at_body_end: bool) -> int:
+def _closers(text: str) -> list[int]:
+    """Every `</parameter>`'s index in `text`, in order."""
+    return [found.start() for found in re.finditer(re.escape(PARAM_CLOSE), text)]
+
+
+def _value_end(text: str, start: int, names: set[str] | None, closes: list[int], at_body_end: bool) -> int:
     """Index in `text` of the `</parameter>` that ends the value starting at `start` (see the module docstring), or
-    -1. `at_body_end`: `text` ends where the function body does, so a closer with nothing after it is structural."""
+    -1. `closes`: `_closers(text)`. `at_body_end`: `text` ends where the function body does, so a closer with nothing
+    after it is structural."""
     depth, pos = 0, start
     nested = _line_start_open(text, start, start, None)  # the next line-start open at or after `pos`: kept until passed
-    while (close := text.find(PARAM_CLOSE, pos)) >= 0:
+    while (close := _next(closes, pos)) >= 0:
         if 0 <= nested < pos:
             nested = _line_start_open(text, pos, start, None)
         if 0 <= nested < close:
@@ -144,11 +152,19 @@ def _opens_parameter(text: str, at: int, names: set[str] | None) -> bool:
 def _line_start_open(text: str, pos: int, line_start: int, names: set[str] | None) -> int:
     """Index of the next `<parameter=` from `pos` at the start of a line (or at `line_start`, where the text read
     begins), NAME in `names` when given; -1 when none."""
+    if names is not None and not names:  # no name left to open
+        return -1
     while (at := text.find(PARAM_OPEN, pos)) >= 0:
         if (at == line_start or text[at - 1] == "\n") and _opens_parameter(text, at, names):
             return at
         pos = at + 1
     return -1
+
+
+def _next(positions: list[int], pos: int) -> int:
+    """The first of the sorted `positions` at or after `pos`, or -1."""
+    i = bisect_left(positions, pos)
+    return positions[i] if i < len(positions) else -1
 
 
 def _skip_space(text: str, pos: int) -> int:
