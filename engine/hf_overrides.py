@@ -14,6 +14,9 @@ import json
 import math
 from typing import Any
 
+from flotilla.engine.pooling.classifier_config import head_method, num_labels
+from flotilla.engine_rules import moe_dense_layers, moe_expert_widths
+
 FLAG = "--hf-overrides"
 # Positions are 32-bit in the engine's kernels, and the rotary table has a row per position.
 MAX_POSITIONS = 2**31 - 1
@@ -27,10 +30,18 @@ KINDS = {
     "is_matryoshka": "bool", "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool",
     "use_sliding_window": "bool", "rope_scaling": "object?", "rope_parameters": "object?",
     "quantization_config": "object", "hidden_act": "string", "architectures": "strings",
+    # a sequence classifier's head (engine/pooling/classifier_config.py)
+    "num_labels": "count", "id2label": "object", "classifier_from_token": "strings", "method": "string?",
+    "problem_type": "string?", "is_original_qwen3_reranker": "bool",
+    # a mixture of experts' (engine/layers/moe.py)
+    "num_experts": "count?", "num_local_experts": "count?", "num_experts_per_tok": "count",
+    "moe_intermediate_size": "count", "shared_expert_intermediate_size": "count?", "decoder_sparse_step": "count?",
+    "mlp_only_layers": "indices?", "norm_topk_prob": "bool",
 }
 _WANTS = {"count": "a positive integer", "length": f"a positive integer up to {MAX_POSITIONS}",
           "positive": "a positive number", "bool": "true or false", "object": "a JSON object",
-          "string": "a string", "strings": "a list of strings"}
+          "string": "a string", "strings": "a list of strings",
+          "indices": "a list of layer numbers (integers from 0)"}
 
 
 def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
@@ -66,6 +77,9 @@ def _is_kind(value: Any, kind: str) -> bool:
         return number and isinstance(value, int) and 0 < value <= MAX_POSITIONS
     if kind == "positive":
         return number and math.isfinite(value) and value > 0
+    if kind == "indices":
+        return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                               for i in value)
     if kind == "strings":
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
     return isinstance(value, {"bool": bool, "object": dict, "string": str}[kind])
@@ -80,7 +94,9 @@ def _weight_shapes(c: dict[str, Any]) -> dict[str, Any]:
             "intermediate_size": c.get("intermediate_size"),
             "query width (num_attention_heads x head_dim)": heads * head_dim if heads and head_dim else None,
             "key/value width (num_key_value_heads x head_dim)": kv_heads * head_dim if kv_heads and head_dim else None,
-            "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias", False))}
+            "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias", False)),
+            "expert count (num_local_experts or num_experts)": c.get("num_local_experts") or c.get("num_experts"),
+            "expert widths (moe_intermediate_size, shared_expert_intermediate_size)": moe_expert_widths(c)}
 
 
 def _checkpoint_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
@@ -90,12 +106,52 @@ def _checkpoint_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> s
         if value != saved[what]:
             return (f"{FLAG}: the {what} would be {json.dumps(value)}, but the checkpoint's tensors were saved with "
                     f"{json.dumps(saved[what])}: an override may not change the shapes or the set of the weights")
+    if (problem := _score_head_problem(checkpoint, merged)):
+        return problem
     layers, saved_layers = merged.get("num_hidden_layers"), checkpoint.get("num_hidden_layers")
     if isinstance(saved_layers, int) and isinstance(layers, int) and layers > saved_layers:
         return (f"{FLAG}: num_hidden_layers {layers} is more than the checkpoint's {saved_layers} layers: the others "
                 "have no weights (fewer layers load the first ones)")
+    if problem := _experts_problem(checkpoint, merged):
+        return problem
     heads, kv_heads = merged.get("num_attention_heads"), merged.get("num_key_value_heads") or 0
     if isinstance(heads, int) and kv_heads and heads % kv_heads:
         return (f"{FLAG}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: each "
                 "key/value head serves a whole group of query heads")
+    return None
+
+
+def _score_head_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
+    """Why a sequence classifier's checkpoint `score.weight` (one row per label) cannot load into the head `merged`
+    describes, or None. A head made from the LM head's rows (`classifier_from_token`) is not read from the
+    checkpoint: its labels may be any number."""
+    if not any(a.endswith("ForSequenceClassification") for a in checkpoint.get("architectures") or []):
+        return None
+    if head_method(merged) is not None:
+        return None
+    saved, wanted = num_labels(checkpoint), num_labels(merged)
+    if wanted != saved:
+        return (f"{FLAG}: the classifier would have {wanted} labels (id2label or num_labels), but the checkpoint's "
+                f"score head was saved with {saved}: an override may not change the shapes of the weights")
+    return None
+
+
+def _experts_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
+    """Why a mixture of experts' overrides cannot route or load (top-k above the experts; layers whose MLP would be
+    dense where the checkpoint's holds experts, or the reverse), or None. Called once the shapes agree."""
+    experts = merged.get("num_local_experts") or merged.get("num_experts")
+    if not experts:
+        return None
+    top_k = merged.get("num_experts_per_tok", 2)
+    if isinstance(top_k, int) and top_k > experts:
+        return f"{FLAG}: num_experts_per_tok {top_k} is more than the model's {experts} experts"
+    layers = merged.get("num_hidden_layers")
+    if not isinstance(layers, int) or not isinstance(checkpoint.get("num_hidden_layers"), int):
+        return None
+    dense = moe_dense_layers(layers, merged.get("decoder_sparse_step"), merged.get("mlp_only_layers"))
+    saved = moe_dense_layers(checkpoint["num_hidden_layers"], checkpoint.get("decoder_sparse_step"),
+                             checkpoint.get("mlp_only_layers"))
+    if dense != {i for i in saved if i < layers}:
+        return (f"{FLAG}: decoder_sparse_step / mlp_only_layers would make layers {sorted(dense)} dense, but the "
+                f"checkpoint's dense layers are {sorted(saved)}: an override may not change the set of the weights")
     return None

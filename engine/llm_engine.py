@@ -273,8 +273,6 @@ class LLMEngine:
               cache_salt: str | None = None) -> list[EmbeddingOutput]:
         """Embeddings of tokenized prompts on the pooling runner (prefill only, blocks freed at once); `cache_salt`
         keeps their prefix-cache blocks apart from other salts', as on `add_request`."""
-        if self._paused:
-            raise EngineBusyError("the engine is asleep (sleep mode): wake it up first")
         return embed_prompts(self, prompts, params, cache_salt)
 
     def classify(self, prompts: list[list[int]], use_activation: bool = True,

@@ -120,7 +120,10 @@ def reload_weights(model: CausalLM, config: ModelConfig) -> None:
     if config.load_format == "dummy":
         fill_dummy_weights(model, float(config.hf_config.get("initializer_range", 0.02)), config.seed)
         return
-    load_state(model, _checkpoint_tensors(Path(config.model)), where=config.model)
+    tensors = _checkpoint_tensors(Path(config.model))
+    if config.convert == "classify":  # the score head made as load_model made it (the LM head's rows, or score.*)
+        tensors = score_head_tensors(tensors, config.hf_config, classifier_token_ids(config))
+    load_state(model, tensors, where=config.model)
 
 
 @torch.no_grad()

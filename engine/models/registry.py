@@ -9,6 +9,7 @@ from typing import Any
 from flotilla.engine.layers.moe import MoeArch
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM, activation_problem
+from flotilla.engine_rules import moe_expert_widths
 
 
 def _llama(c: dict[str, Any]) -> CausalLM:
@@ -55,6 +56,8 @@ _REGISTRY: dict[str, Callable[[dict[str, Any]], CausalLM]] = {
     "Qwen3MoeForCausalLM": lambda c: _qwen_moe(c, qkv_bias=None, qk_norm=True),
 }
 
+_MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
+
 
 def supported_architectures() -> list[str]:
     """Names accepted in config.json's `architectures`."""
@@ -64,9 +67,17 @@ def supported_architectures() -> list[str]:
 def architecture_problem(hf_config: dict[str, Any]) -> str | None:
     """Why no architecture of config.json's `architectures` is served here, or None."""
     archs = hf_config.get("architectures") or []
-    if not any(arch in _REGISTRY for arch in archs):
+    served = next((arch for arch in archs if arch in _REGISTRY), None)
+    if served is None:
         return (f"unsupported model architecture {archs or '(none in config.json)'}; "
                 f"supported: {', '.join(supported_architectures())}")
+    # An architecture and its experts must agree: --hf-overrides' architectures over a MoE checkpoint (a dense
+    # classifier's name, say) built a dense model whose loader found no place for the experts' tensors.
+    experts = moe_expert_widths(hf_config) is not None
+    if experts != (served in _MOE_ARCHITECTURES):
+        return (f"architecture {served} is {'not ' if experts else ''}a mixture of experts, but config.json "
+                f"{'names' if experts else 'names no'} experts (num_local_experts / num_experts); mixture-of-experts "
+                f"architectures: {', '.join(sorted(_MOE_ARCHITECTURES))}")
     return activation_problem(hf_config)  # config.json's (or --hf-overrides'), before anything loads
 
 

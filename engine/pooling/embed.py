@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flotilla.engine.errors import InvalidParamError
+from flotilla.engine.errors import EngineBusyError, InvalidParamError
 from flotilla.engine.forward_context import AttentionMetadata, forward_context
 from flotilla.engine.model_runner import ModelRunner
 from flotilla.engine.pooling.output import EmbeddingOutput
@@ -78,6 +78,8 @@ def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_
     runner = engine.runner
     if not isinstance(runner, ModelRunner):
         raise InvalidParamError("pooling is not supported with tensor or pipeline parallelism yet")
+    if engine.is_sleeping():  # sleep mode: the weights and the KV pool may be freed; embed and classify alike
+        raise EngineBusyError("the engine is asleep (sleep mode): wake it up first")
     if not prompts:
         raise InvalidParamError("input must not be empty", param="input")
     for i, ids in enumerate(prompts):

@@ -125,3 +125,59 @@ def test_an_activation_the_model_does_not_compute_is_a_usage_error(tiny_model_di
     # the loader refused it after the server had started ("the engine failed to start" and a traceback)
     assert main([str(tiny_model_dirs["llama"]), "--hf-overrides", '{"hidden_act": "gelu"}', "--port", "70000"]) == 2
     assert "config.json hidden_act 'gelu' is not supported (only silu)" in capsys.readouterr().err
+
+
+# A classifier's keys: a list for id2label crashed the config builder (AttributeError, a traceback), a string for
+# num_labels or is_original_qwen3_reranker was read as given, and fewer labels than the checkpoint's score head failed
+# in the engine process after the server had started.
+BAD_CLASSIFIER_OVERRIDES = [
+    ({"id2label": ["a", "b"]}, 'id2label must be a JSON object, not ["a", "b"]'),
+    ({"num_labels": "x"}, 'num_labels must be a positive integer, not "x"'),
+    ({"is_original_qwen3_reranker": "false"}, 'is_original_qwen3_reranker must be true or false, not "false"'),
+    ({"classifier_from_token": "yes"}, 'classifier_from_token must be a list of strings, not "yes"'),
+    ({"id2label": {"0": "only"}}, "the classifier would have 1 labels (id2label or num_labels), but the checkpoint's "
+                                  "score head was saved with 3"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_CLASSIFIER_OVERRIDES, ids=lambda v: json.dumps(v)[:40])
+def test_a_classifier_override_the_engine_cannot_run_is_a_usage_error(tiny_classifier_dirs, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig.from_kwargs(str(tiny_classifier_dirs["qwen3"]), hf_overrides=overrides)
+    assert f"--hf-overrides: {message}" in str(refused.value)
+
+
+def test_relabelling_a_classifier_keeps_its_head(tiny_classifier_dirs):
+    config = EngineConfig.from_kwargs(str(tiny_classifier_dirs["qwen3"]),
+                                      hf_overrides={"id2label": {"0": "bad", "1": "so-so", "2": "good"}})
+    assert config.model.convert == "classify"
+
+
+# A mixture of experts' keys (the tiny Qwen3-MoE: 4 experts of 64, top 2, layer 1 dense): each of these built a
+# config, then failed as the weights loaded (a ValueError in the engine process) or, top-k above the experts, at the
+# first request's routing.
+BAD_MOE_OVERRIDES = [
+    ({"num_experts_per_tok": "x"}, 'num_experts_per_tok must be a positive integer, not "x"'),
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than the model's 4 experts"),
+    ({"moe_intermediate_size": 32}, "the expert widths (moe_intermediate_size, shared_expert_intermediate_size) "
+                                    "would be [32], but the checkpoint's tensors were saved with [64]"),
+    ({"num_local_experts": 8}, "the expert count (num_local_experts or num_experts) would be 8, but the "
+                               "checkpoint's tensors were saved with 4"),
+    ({"mlp_only_layers": [0]}, "decoder_sparse_step / mlp_only_layers would make layers [0] dense, but the "
+                               "checkpoint's dense layers are [1]"),
+    ({"mlp_only_layers": "x"}, 'mlp_only_layers must be a list of layer numbers (integers from 0), not "x"'),
+    ({"norm_topk_prob": "no"}, 'norm_topk_prob must be true or false, not "no"'),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_MOE_OVERRIDES, ids=lambda v: json.dumps(v)[:40])
+def test_a_moe_override_the_engine_cannot_run_is_a_usage_error(tiny_model_dirs, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3-moe"]), hf_overrides=overrides)
+    assert f"--hf-overrides: {message}" in str(refused.value)
+
+
+def test_fewer_moe_layers_and_top_1_are_allowed(tiny_model_dirs):
+    config = EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3-moe"]),
+                                      hf_overrides={"num_hidden_layers": 1, "num_experts_per_tok": 1})
+    assert config.model.hf_config["num_experts_per_tok"] == 1

@@ -207,3 +207,26 @@ def test_admission_refuses_what_the_engine_refuses(tmp_path, tiny_model_dirs, sp
     # without numExperts the operator takes the model for a dense one and admits it
     del numbers["numExperts"]
     assert not review({"model": {"source": "pvc://m", "config": numbers}, **spec_fields}, "m").errors
+
+
+@pytest.mark.parametrize(("model", "overrides"), [
+    # a dense classifier's name over a MoE checkpoint (vLLM's Qwen3-Reranker overrides on the wrong model)
+    ("qwen3-moe", {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                   "is_original_qwen3_reranker": True}),
+    ("qwen3-moe", {"architectures": ["Qwen3ForCausalLM"]}),
+    ("qwen3", {"architectures": ["Qwen3MoeForCausalLM"]}),
+])
+def test_an_architecture_that_disagrees_with_the_experts_is_refused(tiny_model_dirs, model, overrides):
+    # each built a config, then failed as the weights loaded, in the engine process (the experts' tensors had no
+    # place in a dense model; a MoE model over a dense config found no experts)
+    with pytest.raises(ConfigError, match="a mixture of experts, but config.json names"):
+        EngineConfig.from_kwargs(str(tiny_model_dirs[model]), runner="pooling" if "classifier_from_token" in overrides
+                                 else "auto", hf_overrides=overrides)
+
+
+def test_a_moe_model_embeds_on_the_pooling_runner(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["qwen3-moe"]), runner="pooling", max_model_len=64, device="cpu")
+    blocks = llm.engine.block_manager
+    out = llm.embed([[1, 2, 3, 4], [5, 6, 7]])
+    assert [len(o.embedding) for o in out] == [64, 64]
+    assert blocks.num_free_blocks == blocks.num_blocks

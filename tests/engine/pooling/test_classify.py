@@ -110,7 +110,7 @@ def test_a_classifier_checkpoint_refuses_other_runners(classifiers, kwargs):
 @pytest.mark.parametrize(("overrides", "words"), [
     ({"classifier_from_token": ["no", "yes"]}, "needs a method"),
     ({"classifier_from_token": ["no"], "method": "from_2_way_softmax"}, "two tokens"),
-    ({"classifier_from_token": "yes", "method": "no_post_processing"}, "non-empty list"),
+    ({"classifier_from_token": "yes", "method": "no_post_processing"}, "must be a list of strings"),  # the kind first
     ({"method": "from_3_way"}, "is not one of"),
     ({"problem_type": "ranking"}, "problem_type"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -213,3 +214,22 @@ def test_qwen3_coder_a_closer_before_the_next_parameter_ends_the_value_as_vllm()
     # Two blocks: the first ends at its </tool_call>, which the next <tool_call> follows.
     two = _xml_call("search", [("limit", "1")]) + "\n" + _xml_call("search", [("limit", "2")])
     assert [args for _, args in _qwen3(two)[1]] == [{"limit": 1}, {"limit": 2}]
+
+
+@pytest.mark.parametrize("params", [
+    # a value holding `</parameter>` 40,000 times (a model asked to repeat it, ~600 kB): ~16 s before, ~0.1 s after
+    [("query", "x</parameter>y\n" * 40_000)],
+    # 60,000 parameters left open (no `</parameter>` at all, ~830 kB): each one searched the rest for a closer,
+    # ~18 s before, ~0.4 s after
+    [("query", "v\n<parameter=note>\nw")] * 30_000,
+], ids=["closers-in-a-value", "open-parameters"])
+def test_qwen3_coder_parses_in_linear_time(params):
+    # Each closer is read in place and a body's closers are found once: slicing the rest of the text at each closer,
+    # or searching it again for each parameter, made the parse quadratic. The bound sits 5x or more from either.
+    body = "".join(f"<parameter={k}>\n{v}\n" + ("</parameter>\n" if "</parameter>" in v else "") for k, v in params)
+    text = f"<tool_call>\n<function=search>\n{body}</function>\n</tool_call>"
+    started = time.process_time()
+    content, calls = _qwen3(text)
+    assert time.process_time() - started < 3.0
+    assert content is None and len(calls) == 1 and calls[0][0] == "search"
+    assert calls[0][1]["query"] == (params[0][1] if len(params) == 1 else "v")  # an open value ends at the next
