@@ -26,9 +26,10 @@ FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 _NOT_SPACE = re.compile(r"[^ \t\n\r]")
 
-# Every helper reads the text in place, by offsets, and a body's `</parameter>` positions are found once: slicing
-# the rest of the text at each closer (to look at what follows it), or searching it again for each parameter, made a
-# reply of many `</parameter>` (or of many parameters) quadratic to parse, seconds of the API process for one reply.
+# Every helper reads the text in place, by offsets, and a body's value ends are worked out once (_ValueEnds): slicing
+# the rest of the text at each closer (to look at what follows it), searching it again for each parameter, or
+# depth-matching each nested parameter's value over the rest made a reply quadratic to parse, seconds of the API
+# process for one reply of many `</parameter>`, many parameters, or many nested parameters.
 
 
 def call_blocks(text: str) -> Iterator[str]:
@@ -65,13 +66,13 @@ def function_body(after_name: str, names: set[str] | None) -> str:
 
 def parameters(body: str, names: set[str] | None) -> Iterator[tuple[str, str]]:
     """(name, raw value) of each parameter of a function body, in order."""
-    pos, closes = 0, _closers(body)
+    pos, ends = 0, _ValueEnds(body, names, at_body_end=True)
     while (start := _line_start_open(body, pos, 0, None)) >= 0:
         name_end = body.find(">", start + len(PARAM_OPEN))
         if name_end < 0:
             return
         value = name_end + 1
-        end = _value_end(body, value, names, closes, at_body_end=True)
+        end = ends.end(value)
         if end >= 0:
             pos = end + len(PARAM_CLOSE)
         elif (implicit := _line_start_open(body, value, value, names)) >= 0:  # left open: the next parameter ends it
@@ -84,7 +85,7 @@ def parameters(body: str, names: set[str] | None) -> Iterator[tuple[str, str]]:
 
 def _function_end(body: str, names: set[str] | None) -> int:
     """Index of the body's structural `</function>`, found by stepping over each parameter, or -1."""
-    pos, seen, closes = 0, set[str](), _closers(body)
+    pos, seen, ends = 0, set[str](), _ValueEnds(body, names, at_body_end=False)
     while True:
         pos = _skip_space(body, pos)
         if pos >= len(body):
@@ -98,7 +99,7 @@ def _function_end(body: str, names: set[str] | None) -> int:
             return -1
         name = body[pos + len(PARAM_OPEN):name_end]
         value_start = name_end + 1 + body.startswith("\n", name_end + 1)
-        end = _value_end(body, value_start, names, closes, at_body_end=False)
+        end = ends.end(value_start)
         if end >= 0:
             pos = end + len(PARAM_CLOSE)
         else:  # left open: the next line-start parameter of a name not yet seen ends it
@@ -110,31 +111,62 @@ def _function_end(body: str, names: set[str] | None) -> int:
         seen.add(name)
 
 
-def _closers(text: str) -> list[int]:
-    """Every `</parameter>`'s index in `text`, in order."""
-    return [found.start() for found in re.finditer(re.escape(PARAM_CLOSE), text)]
+class _ValueEnds:
+    """Where each value of a text ends (see the module docstring), worked out once for every start.
+
+    Reading from a value's start, a line-start `<parameter=` opens a nested parameter and a `</parameter>` closes the
+    innermost one; at depth 0 a closer ends the value if it is structural, and is passed over if not. So, with the
+    level of the text's opens minus closers before each event: the closers met at depth 0 are those that reach a level
+    lower than any before them since the start; each is the first later event one level lower than the one before
+    (a next-lower table, built with a stack), and the first structural one of that chain is listed for each event."""
+
+    def __init__(self, text: str, names: set[str] | None, at_body_end: bool) -> None:
+        """`names`: the schema's parameter names (None: any name). `at_body_end`: `text` ends where the function body
+        does, so a closer with nothing after it is structural."""
+        opens = [found.start() + 1 for found in re.finditer(re.escape("\n" + PARAM_OPEN), text)]
+        closes = [found.start() for found in re.finditer(re.escape(PARAM_CLOSE), text)]
+        events = sorted([(at, 1) for at in opens] + [(at, -1) for at in closes])
+        self._text, self._positions = text, [at for at, _ in events]
+        levels = [0]  # levels[i]: opens minus closers among the first i events
+        for _, step in events:
+            levels.append(levels[-1] + step)
+        self._lower = _next_lower(levels)
+        # each closer looked at once (many starts can meet the same one, and what follows it can be long whitespace)
+        ends = [step < 0 and _structural(text, at, names, at_body_end) for at, step in events]
+        # _stop[i]: the first structural closer that a value whose text begins after i events, at depth 0, meets
+        self._stop = [-1] * len(levels)
+        for i in reversed(range(len(levels))):
+            if (lower := self._lower[i]) >= 0:  # event `lower` is a closer met at depth 0
+                self._stop[i] = self._positions[lower - 1] if ends[lower - 1] else self._stop[lower]
+
+    def end(self, start: int) -> int:
+        """Index of the `</parameter>` that ends the value starting at `start`, or -1."""
+        base = bisect_left(self._positions, start)
+        text = self._text
+        if text.startswith(PARAM_OPEN, start) and (start == 0 or text[start - 1] != "\n"):
+            # an open at the value's start (not after a newline) is nested only for this value: its closer comes first
+            base = self._lower[base]
+            if base < 0:
+                return -1
+        return self._stop[base]
 
 
-def _value_end(text: str, start: int, names: set[str] | None, closes: list[int], at_body_end: bool) -> int:
-    """Index in `text` of the `</parameter>` that ends the value starting at `start` (see the module docstring), or
-    -1. `closes`: `_closers(text)`. `at_body_end`: `text` ends where the function body does, so a closer with nothing
-    after it is structural."""
-    depth, pos = 0, start
-    nested = _line_start_open(text, start, start, None)  # the next line-start open at or after `pos`: kept until passed
-    while (close := _next(closes, pos)) >= 0:
-        if 0 <= nested < pos:
-            nested = _line_start_open(text, pos, start, None)
-        if 0 <= nested < close:
-            depth, pos = depth + 1, nested + len(PARAM_OPEN)
-        elif depth:
-            depth, pos = depth - 1, close + len(PARAM_CLOSE)
-        else:
-            after = _skip_space(text, close + len(PARAM_CLOSE))
-            if (at_body_end and after == len(text)) or _opens_parameter(text, after, names) \
-                    or text.startswith((FUNCTION_CLOSE, CALL_CLOSE), after):
-                return close
-            pos = close + len(PARAM_CLOSE)
-    return -1
+def _next_lower(levels: list[int]) -> list[int]:
+    """For each index, the first later index whose level is lower (-1 when none)."""
+    lower, waiting = [-1] * len(levels), list[int]()
+    for i, level in enumerate(levels):
+        while waiting and levels[waiting[-1]] > level:
+            lower[waiting.pop()] = i
+        waiting.append(i)
+    return lower
+
+
+def _structural(text: str, close: int, names: set[str] | None, at_body_end: bool) -> bool:
+    """Whether the `</parameter>` at `close` ends a value at depth 0: what follows it (after whitespace) is the next
+    parameter, `</function>`, `</tool_call>`, or the body's end."""
+    after = _skip_space(text, close + len(PARAM_CLOSE))
+    return (at_body_end and after == len(text)) or _opens_parameter(text, after, names) \
+        or text.startswith((FUNCTION_CLOSE, CALL_CLOSE), after)
 
 
 def _opens_parameter(text: str, at: int, names: set[str] | None) -> bool:
@@ -159,12 +191,6 @@ def _line_start_open(text: str, pos: int, line_start: int, names: set[str] | Non
             return at
         pos = at + 1
     return -1
-
-
-def _next(positions: list[int], pos: int) -> int:
-    """The first of the sorted `positions` at or after `pos`, or -1."""
-    i = bisect_left(positions, pos)
-    return positions[i] if i < len(positions) else -1
 
 
 def _skip_space(text: str, pos: int) -> int:

@@ -233,3 +233,26 @@ def test_qwen3_coder_parses_in_linear_time(params):
     assert time.process_time() - started < 3.0
     assert content is None and len(calls) == 1 and calls[0][0] == "search"
     assert calls[0][1]["query"] == (params[0][1] if len(params) == 1 else "v")  # an open value ends at the next
+
+
+_NESTED = "<parameter=a>\n" * 4_000  # line-start opens of a function the request lacks: any name nests
+
+
+@pytest.mark.parametrize("body, value", [
+    # generation stopped: the first value holds the other opens, nested, and all but its own closer
+    (_NESTED + "</parameter>\n" * 4_000, _NESTED[14:] + "</parameter>\n" * 3_998 + "</parameter>"),
+    # closers followed by text end no value at depth 0: each parameter, left open, ends at the next; the last stays
+    (_NESTED + "</parameter>x\n" * 4_000 + "</function>\n</tool_call>", ("</parameter>x\n" * 4_000)[:-1]),
+    # every parameter closed, then a stray closer with 200 kB of spaces after it: what follows a closer is read once,
+    # not once for each parameter before it
+    ("<parameter=a>\n</parameter>\n" * 4_000 + "</parameter>" + " " * 200_000 + "x",
+     "</parameter>\n</parameter>" + " " * 200_000 + "x"),
+], ids=["unfinished", "closers-then-text", "closed-then-spaces"])
+def test_qwen3_coder_parses_nested_parameters_in_linear_time(body, value):
+    # 4,000 line-start `<parameter=a>` then 4,000 `</parameter>` (~110 kB): each open became a parameter whose value
+    # was depth-matched over the rest, ~18 s of CPU (quadratic); the depths are now matched once for the body, under
+    # 0.05 s. The bound sits 50x or more from either.
+    started = time.process_time()
+    content, calls = _qwen3(f"<tool_call>\n<function=nope>\n{body}")
+    assert time.process_time() - started < 3.0
+    assert content is None and calls == [("nope", {"a": value})]
