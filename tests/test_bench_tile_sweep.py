@@ -123,12 +123,16 @@ def test_compile_worker_calls_each_host_with_a_candidates_knobs():
 
 
 def test_skinny32_starts_from_the_committed_table_on_every_card():
-    """The skinny GEMM's start is what the engine launches at 32 rows today: the committed table's entries (the
-    H200's, serving every card), the same on the H100, the H200 and off CUDA; `dry_start` is that table."""
+    """The skinny GEMM's start is what the engine launches at 32 rows today on the card: the committed table's entries
+    (the H200's, serving every card without its own, and off CUDA: `dry_start`); the H100's own entry (session 33's
+    sweep) starts there from o_proj without TMA, gate_up on 4 warps and down on cuBLAS."""
     from flotilla.kernels.card_tables import H100, H200
 
     start = SKINNY32.start(None, 132)
-    assert start == SKINNY32.start(H100, 132) == SKINNY32.start(H200, 132) == dry_start(SKINNY32)
+    assert start == SKINNY32.start(H200, 132) == SKINNY32.start("NVIDIA B200", 132) == dry_start(SKINNY32)
+    h100 = SKINNY32.start(H100, 132)
+    assert h100["qkv"] == start["qkv"] and h100["o"] == dict(start["o"], tma=0)
+    assert h100["gate_up"] == dict(start["gate_up"], num_warps=4) and h100["down"]["cublas"] == 1
     assert start["o"] == {"block_n": 64, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 6, "tma": 1,
                           "cublas": 0}  # fmt: skip
     assert start["down"]["split_k"] == 2 and start["gate_up"]["block_n"] == 128

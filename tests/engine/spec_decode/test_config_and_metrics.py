@@ -150,8 +150,10 @@ def test_a_draft_of_an_unsupported_architecture_is_refused_as_the_target_is(tiny
     draft = _with_architecture(target, tmp_path / "gpt2-draft", "GPT2LMHeadModel")
     spec = json.dumps({"model": str(draft), "num_speculative_tokens": 2})
     message = (f"--speculative-config: draft model {draft}: unsupported model architecture ['GPT2LMHeadModel']; "
-               "supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
-               "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+               "supported: LlamaForCausalLM, LlamaForSequenceClassification, MistralForCausalLM, "
+               "MistralForSequenceClassification, MixtralForCausalLM, Qwen2ForCausalLM, "
+               "Qwen2ForSequenceClassification, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3ForSequenceClassification, "
+               "Qwen3MoeForCausalLM")
     with pytest.raises(ConfigError, match=re.escape(message)):
         EngineConfig.from_kwargs(str(target), max_model_len=64, speculative_config=spec)
     assert main([str(target), "--max-model-len", "64", "--speculative-config", spec]) == 2
