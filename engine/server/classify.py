@@ -21,7 +21,7 @@ from flotilla.engine.server.embeddings import PoolingInputs, checked_prompts, po
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.request_extras import response_ids
-from flotilla.engine.server.request_id_header import checked_request_id
+from flotilla.engine.server.request_id_header import named_by_header
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -77,7 +77,6 @@ def add_classify_route(app: FastAPI, state: ServerState, model_of: Any, until_di
 
     @app.post("/classify", response_model=None)
     async def classify(body: ClassificationRequest, request: Request) -> Response:
-        header = checked_request_id(request.headers)  # the header wins over the body's request_id, as on embeddings
-        body = body if header is None else body.model_copy(update={"request_id": header})
+        body = named_by_header(body, request.headers)
         result = await until_disconnect(create_classification(state, body, model_of(state, body.model)), request)
         return await json_response(result) if isinstance(result, dict) else result

@@ -33,7 +33,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.protocol import ChatCompletionRequest, ChatMessage, _RequestBody, token_id_batch
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
-from flotilla.engine.server.request_id_header import BodyRequestId, checked_request_id
+from flotilla.engine.server.request_id_header import BodyRequestId, named_by_header
 from flotilla.engine.server.request_log import log_aborted, log_failed, log_finished, log_received
 
 if TYPE_CHECKING:
@@ -280,8 +280,7 @@ def add_embedding_routes(app: FastAPI, state: ServerState, model_of: Any, until_
 
     @app.post("/v1/embeddings", response_model=None)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        header = checked_request_id(request.headers)  # names the response, as on completions (the header wins)
-        body = body if header is None else body.model_copy(update={"request_id": header})
+        body = named_by_header(body, request.headers)  # names the response, as on completions (the header wins)
         # As vLLM's route (with_cancellation): a client that leaves stops the list between two engine calls.
         result = await until_disconnect(create_embeddings(state, body, model_of(state, body.model)), request)
         # Encoded here, not by FastAPI (jsonable_encoder and json.dumps on the event loop): a long list's vectors

@@ -19,7 +19,7 @@ from flotilla.engine.server.classify import ClassificationRequest, create_classi
 from flotilla.engine.server.embeddings import EmbeddingRequest, create_embeddings
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
-from flotilla.engine.server.request_id_header import checked_request_id
+from flotilla.engine.server.request_id_header import named_by_header
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -74,7 +74,6 @@ def add_pooling_route(app: FastAPI, state: ServerState, model_of: Any, until_dis
 
     @app.post("/pooling", response_model=None)
     async def pooling(body: PoolingRequest, request: Request) -> Response:
-        header = checked_request_id(request.headers)  # the header wins over the body's request_id, as on embeddings
-        body = body if header is None else body.model_copy(update={"request_id": header})
+        body = named_by_header(body, request.headers)
         result = await until_disconnect(create_pooling(state, body, model_of(state, body.model)), request)
         return await json_response(result) if isinstance(result, dict) else result

@@ -15,12 +15,14 @@ byte but NUL, CR, LF and other whitespace through in a header, so the check is o
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.datastructures import Headers, MutableHeaders
 
 from flotilla.engine.server.errors import APIError
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
 
 HEADER = "X-Request-Id"
 # The body's `request_id` bound (protocol.py): the header takes its place in ids and logs, so it holds here too.
@@ -69,6 +71,13 @@ def checked_request_id(headers: Headers) -> str | None:
     if request_id is not None and (reason := _refusal(request_id)) is not None:
         raise APIError(400, reason, param=HEADER)
     return request_id
+
+
+def named_by_header(body: BodyT, headers: Headers) -> BodyT:
+    """A pooling route's request body named by the X-Request-Id header when one is sent: the header wins over the
+    body's `request_id` (checked as `checked_request_id` checks it)."""
+    header = checked_request_id(headers)
+    return body if header is None else body.model_copy(update={"request_id": header})
 
 
 class RequestIdHeader:

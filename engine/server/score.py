@@ -33,7 +33,7 @@ from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
 from flotilla.engine.server.protocol import _RequestBody
 from flotilla.engine.server.request_extras import CACHE_SALT_MAX_CHARS, PRIORITY_MAX, PRIORITY_MIN, response_ids
-from flotilla.engine.server.request_id_header import BodyRequestId, checked_request_id
+from flotilla.engine.server.request_id_header import BodyRequestId, named_by_header
 
 if TYPE_CHECKING:
     from flotilla.engine.server.app import ServerState
@@ -241,18 +241,13 @@ def add_score_routes(app: FastAPI, state: ServerState, model_of: Any, until_disc
     @app.post("/score", response_model=None)
     @app.post("/v1/score", response_model=None)
     async def score(body: ScoreRequest, request: Request) -> Response:
-        body = _named_by_header(body, request)
+        body = named_by_header(body, request.headers)
         return await answer(create_score(state, body, model_of(state, body.model)), request)
 
     @app.post("/rerank", response_model=None)
     @app.post("/v1/rerank", response_model=None)
     @app.post("/v2/rerank", response_model=None)
     async def rerank(body: RerankRequest, request: Request) -> Response:
-        body = _named_by_header(body, request)
+        body = named_by_header(body, request.headers)
         return await answer(create_rerank(state, body, model_of(state, body.model)), request)
 
-
-def _named_by_header(body: Any, request: Request) -> Any:
-    """The body named by the X-Request-Id header when one is sent (the header wins, as on /v1/embeddings)."""
-    header = checked_request_id(request.headers)
-    return body if header is None else body.model_copy(update={"request_id": header})
