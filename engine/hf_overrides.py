@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from flotilla.engine.pooling.classifier_config import head_method, num_labels
-from flotilla.engine_rules import moe_dense_layers, moe_expert_widths
+from flotilla.engine_rules import moe_dense_layers, moe_expert_widths, moe_num_experts
 
 FLAG = "--hf-overrides"
 # Positions are 32-bit in the engine's kernels, and the rotary table has a row per position.
@@ -95,7 +95,7 @@ def _weight_shapes(c: dict[str, Any]) -> dict[str, Any]:
             "query width (num_attention_heads x head_dim)": heads * head_dim if heads and head_dim else None,
             "key/value width (num_key_value_heads x head_dim)": kv_heads * head_dim if kv_heads and head_dim else None,
             "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias", False)),
-            "expert count (num_local_experts or num_experts)": c.get("num_local_experts") or c.get("num_experts"),
+            "expert count (num_local_experts or num_experts)": moe_num_experts(c),
             "expert widths (moe_intermediate_size, shared_expert_intermediate_size)": moe_expert_widths(c)}
 
 
@@ -139,7 +139,7 @@ def _score_head_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> s
 def _experts_problem(checkpoint: dict[str, Any], merged: dict[str, Any]) -> str | None:
     """Why a mixture of experts' overrides cannot route or load (top-k above the experts; layers whose MLP would be
     dense where the checkpoint's holds experts, or the reverse), or None. Called once the shapes agree."""
-    experts = merged.get("num_local_experts") or merged.get("num_experts")
+    experts = moe_num_experts(merged)
     if not experts:
         return None
     top_k = merged.get("num_experts_per_tok", 2)

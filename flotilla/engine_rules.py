@@ -284,12 +284,18 @@ def parallel_split_problem(num_heads: int, num_kv_heads: int, intermediate_size:
     return None
 
 
+def moe_num_experts(hf_config: Mapping[str, Any]) -> Any:
+    """A mixture-of-experts config.json's expert count as written — `num_local_experts` (Mixtral; transformers 5 writes
+    Qwen3-MoE's so too) or `num_experts` (Qwen) — or None (also 0) for a dense model."""
+    return hf_config.get("num_local_experts") or hf_config.get("num_experts")
+
+
 def moe_expert_widths(hf_config: Mapping[str, Any]) -> list[int] | None:
     """A mixture-of-experts config.json's expert widths that tensor parallelism splits (the experts', and Qwen2-MoE's
     shared expert's), or None for a dense model. Experts are counted by `num_local_experts` (Mixtral; transformers 5
     writes Qwen3-MoE's so too) or `num_experts` (Qwen); their width is `moe_intermediate_size` (Qwen) or
     `intermediate_size` (Mixtral)."""
-    if not (hf_config.get("num_local_experts") or hf_config.get("num_experts")):
+    if not moe_num_experts(hf_config):
         return None
     width = hf_config.get("moe_intermediate_size") or hf_config.get("intermediate_size") or 0
     shared = hf_config.get("shared_expert_intermediate_size") or 0

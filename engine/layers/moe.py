@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
-from flotilla.engine_rules import moe_dense_layers
+from flotilla.engine_rules import moe_dense_layers, moe_num_experts
 from flotilla.kernels.dispatch import fused_experts, moe_routing
 
 # A checkpoint expert tensor's name (after the model's own renames): layer prefix, expert, projection.
@@ -47,7 +47,7 @@ class MoeArch:
                 round_router_weights: bool = True) -> MoeArch:
         """Read config.json: the expert count is `num_local_experts` (Mixtral; transformers 5 writes Qwen3-MoE's so
         too) or `num_experts` (Qwen); `renormalize` None reads `norm_topk_prob` (transformers' default false)."""
-        num_experts = c.get("num_local_experts") or c.get("num_experts")
+        num_experts = moe_num_experts(c)
         if not num_experts:
             raise ValueError("config.json names no experts (num_local_experts / num_experts)")
         return cls(
