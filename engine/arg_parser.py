@@ -13,6 +13,7 @@ from flotilla.dotted_args import expand_dotted_args, object_options
 from flotilla.engine.config import ENGINE_COMPONENTS
 from flotilla.flags import FLAGS, Flag, human_readable_int
 from flotilla.removed_flags import removed_flag_problem
+from flotilla.underscore_flags import dashed_names
 
 __all__ = ["ENGINE_COMPONENTS", "FlagParser", "add_flags", "flag_values"]
 
@@ -20,14 +21,15 @@ _TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
 
 
 class FlagParser(argparse.ArgumentParser):
-    """An ArgumentParser that reads the command line as `vllm serve` does where argparse alone would not: the dotted
-    keys of a JSON-object flag (flotilla/dotted_args.py), and flags vLLM removed, refused saying so
-    (flotilla/removed_flags.py)."""
+    """An ArgumentParser that reads the command line as `vllm serve` does where argparse alone would not: a flag's
+    name with underscores (`--max_model_len`, flotilla/underscore_flags.py), the dotted keys of a JSON-object flag
+    (flotilla/dotted_args.py), and flags vLLM removed, refused saying so (flotilla/removed_flags.py)."""
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # typeshed overloads it by namespace type
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        """argparse's parse, after the dotted forms are written as the JSON object they stand for."""
-        argv = list(sys.argv[1:] if args is None else args)
+        """argparse's parse, after the underscore names are dashed and the dotted forms are written as the JSON
+        object they stand for."""
+        argv = dashed_names(list(sys.argv[1:] if args is None else args))
         if problem := removed_flag_problem(argv):
             self.error(problem)
         try:

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from flotilla.flags import FLAGS, human_readable_int
+from flotilla.underscore_flags import dashed_name
 
 # The flags whose value is a JSON object (a JSON list flag, such as --allowed-origins, takes no keys).
 OBJECT_FLAGS = {f.dest for f in FLAGS if f.type == "json" and not isinstance(f.default, list)}
@@ -80,7 +81,7 @@ def expand_dotted_args(argv: list[str], options: dict[str, str]) -> list[str]:
 
 def _object_flag(base: str, options: dict[str, str]) -> str:
     """The long name of the JSON-object flag `base` spells (`-cc`, `--hf_overrides`); ValueError otherwise."""
-    spelled = base if base in options else "--" + base[2:].replace("_", "-") if base.startswith("--") else base
+    spelled = base if base in options else dashed_name(base)
     if spelled not in options:
         raise ValueError(f"{base}: no such flag (a dotted key follows a JSON flag's name: "
                          f"--compilation-config.cudagraph_mode FULL)")

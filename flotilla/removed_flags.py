@@ -4,6 +4,8 @@ fails the same way on today's vLLM, but without the why)."""
 
 from __future__ import annotations
 
+from flotilla.underscore_flags import dashed_name
+
 _GUIDED = ("vLLM removed the --guided-decoding-* flags (its PR 22772, release 0.10.2) for --structured-outputs-config; "
            "give --structured-outputs-config.{key} VALUE (or the same key in --structured-outputs-config's JSON)")
 # Each removed flag -> why it is refused.
@@ -23,7 +25,7 @@ def removed_flag_problem(argv: list[str]) -> str | None:
     """Why the first removed vLLM flag in `argv` (as `--flag`, `--flag=value` or with underscores) is refused, or
     None."""
     for token in argv:
-        name = "--" + token.partition("=")[0].removeprefix("--").replace("_", "-") if token.startswith("--") else ""
+        name = dashed_name(token).partition("=")[0]
         if name in REMOVED:
             return f"{name} is not a flag of today's vLLM: {REMOVED[name]}"
     return None

@@ -39,6 +39,7 @@ from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
 from flotilla.removed_flags import removed_flag_problem
+from flotilla.underscore_flags import dashed_names
 
 ENGINE_COMMAND = ["flotilla", "serve"]
 
@@ -245,7 +246,7 @@ def _without_model_flag(extra: list[str]) -> tuple[list[str], list[str]]:
 def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
     """spec.engineArgs parsed by the engine's grammar and checked by the contract, and why any of
     them cannot be used (grammar, ownership, type, range, implemented)."""
-    extra, errors = _without_model_flag(extra)
+    extra, errors = _without_model_flag(dashed_names(extra))  # `--max_model_len` is the engine's --max-model-len
     if problem := removed_flag_problem(extra):
         return [], [*errors, f"spec.engineArgs: {problem}"]
     try:  # the engine's parser reads vLLM's dotted keys (`-cc.cudagraph_mode FULL`) as the flag's JSON object

@@ -1,10 +1,14 @@
 """`flotilla serve --config FILE`: vLLM's YAML file of flags, read as the command line it stands for.
 
-As in vLLM: each key is a flag's long name without its leading dashes (`max-model-len`, or `max_model_len`), a
-value true sets a boolean flag, a list gives a list flag its values, a mapping is a JSON flag's object, and a flag
-given on the command line wins over the file's (command line > file > defaults; the file's `model` is served only
-when the command line names none). Unlike vLLM, a key that is not a flag here, or a value of the wrong shape, is a
-usage error naming the key, rather than whatever argparse makes of the generated tokens.
+As in vLLM: each key is a flag's long name without its leading dashes (`max-model-len`, or `max_model_len` as
+flotilla/underscore_flags.py reads it), a value true sets a boolean flag, a list gives a list flag its values, a
+mapping is a JSON flag's object (`hf-overrides: {rope_theta: 1e6}`, nested as deep as the object is), a dotted key is
+the dotted form of a JSON-object flag (`compilation-config.mode: 3`, as `--compilation-config.mode 3`;
+flotilla/dotted_args.py), and a flag given on the command line wins over the file's (command line > file > defaults;
+the file's `model` is served only when the command line names none). Unlike vLLM, a key that is not a flag here, or a value of the wrong shape, is a
+usage error naming the key, rather than whatever argparse makes of the generated tokens; and a dotted key's value
+is given as JSON (`compilation-config.cudagraph_capture_sizes: [1, 2]`, `hf-overrides.is_matryoshka: true`), where
+vLLM's tokens would lose a list's later items or a true's value.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import yaml
 
 from flotilla.engine.arg_parser import FlagParser
 from flotilla.flags import CONFIG_FLAG, FLAGS, MODEL_FLAG, Flag
+from flotilla.underscore_flags import dashed_name
 
 
 class ConfigFileError(ValueError):
@@ -84,7 +89,9 @@ def _tokens(key: Any, value: Any) -> list[str]:
     shape."""
     if not isinstance(key, str):
         raise ValueError(f"key {key!r} is not a flag name")
-    name = "--" + key.lstrip("-").replace("_", "-")
+    name, dot, keys = dashed_name("--" + key.lstrip("-")).partition(".")
+    if dot:
+        return _dotted_tokens(key, name, keys, value)
     if name == MODEL_FLAG:
         return [MODEL_FLAG, _scalar(key, value)]
     if name == CONFIG_FLAG:
@@ -106,6 +113,16 @@ def _tokens(key: Any, value: Any) -> list[str]:
             raise ValueError(f"key {key!r} takes one value or more, not an empty list")
         return [name, *(_scalar(key, item) for item in items)]
     return [name, _scalar(key, value)]
+
+
+def _dotted_tokens(key: str, name: str, keys: str, value: Any) -> list[str]:
+    """A dotted key's tokens (`--compilation-config.mode`, then its value): the engine's parser gathers them
+    into the flag's object, and refuses a key of a flag that takes none (ValueError here for a name that is no flag)."""
+    if name not in _BY_NAME:
+        raise ValueError(f"key {key!r} is not a flag of flotilla serve (a dotted key follows a JSON flag's name: "
+                         "`compilation-config.mode: 3`)")
+    # text as vLLM passes it (JSON where it parses, `80k` a human-readable integer), the rest as its JSON
+    return [f"{name}.{keys}", value if isinstance(value, str) else json.dumps(value)]
 
 
 def _scalar(key: str, value: Any) -> str:
