@@ -26,6 +26,7 @@ from flotilla.engine.pooling.runner_choice import resolve_runner
 from flotilla.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from flotilla.engine.structured_output.config import StructuredOutputsConfig, parse_structured_outputs_config
 from flotilla.engine_rules import (
+    CHECKPOINT_DTYPES,
     RuleError,
     async_pipeline_problem,
     auto_tool_choice_problem,
@@ -636,7 +637,7 @@ def _resolve_dtype(dtype: str, hf_config: dict[str, Any], device: str = "cuda", 
     if dtype != "auto":
         return dtype
     checkpoint = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
-    resolved = checkpoint if checkpoint in ("bfloat16", "float16", "float32") else "bfloat16"
+    resolved = checkpoint if checkpoint in CHECKPOINT_DTYPES else "bfloat16"
     if resolved == "float32" and device == "cuda":
         return "float16" if runner == "pooling" else "bfloat16"
     if resolved == "bfloat16" and device == "cpu" and quantization is None and cpu_native_bf16(cpuinfo) is False:

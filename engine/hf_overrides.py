@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from flotilla.engine.pooling.classifier_config import head_method, num_labels
-from flotilla.engine_rules import moe_dense_layers, moe_expert_widths, moe_num_experts
+from flotilla.engine_rules import CHECKPOINT_DTYPES, moe_dense_layers, moe_expert_widths, moe_num_experts
+from flotilla.rope_scaling import rope_scaling_problem
 
 FLAG = "--hf-overrides"
 # Positions are 32-bit in the engine's kernels, and the rotary table has a row per position.
@@ -28,7 +29,9 @@ KINDS = {
     "max_position_embeddings": "length", "original_max_position_embeddings": "length?", "sliding_window": "count?",
     "rms_norm_eps": "positive", "rope_theta": "positive", "initializer_range": "positive",
     "is_matryoshka": "bool", "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool",
-    "use_sliding_window": "bool", "rope_scaling": "object?", "rope_parameters": "object?",
+    "use_sliding_window": "bool", "rope_scaling": "rope?", "rope_parameters": "rope?",
+    # the checkpoint's dtype, which --dtype auto serves (engine/config.py; transformers 5 writes `dtype`)
+    "torch_dtype": "dtype?", "dtype": "dtype?",
     "quantization_config": "object", "hidden_act": "string", "architectures": "strings",
     # a sequence classifier's head (engine/pooling/classifier_config.py)
     "num_labels": "count", "id2label": "object", "classifier_from_token": "strings", "method": "string?",
@@ -39,9 +42,10 @@ KINDS = {
     "mlp_only_layers": "indices?", "norm_topk_prob": "bool",
 }
 _WANTS = {"count": "a positive integer", "length": f"a positive integer up to {MAX_POSITIONS}",
-          "positive": "a positive number", "bool": "true or false", "object": "a JSON object",
+          "positive": "a positive number", "bool": "true or false", "object": "a JSON object", "rope": "a JSON object",
           "string": "a string", "strings": "a list of strings",
-          "indices": "a list of layer numbers (integers from 0)"}
+          "indices": "a list of layer numbers (integers from 0)",
+          "dtype": f"one of {', '.join(CHECKPOINT_DTYPES)}"}
 
 
 def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, Any]:
@@ -60,10 +64,22 @@ def hf_overrides_problem(hf_config: dict[str, Any], overrides: Any) -> str | Non
     """Why the engine cannot build `hf_config` (the checkpoint's config.json) with `overrides` set over it, or None."""
     if not isinstance(overrides, dict):
         return f"{FLAG} must be a JSON object of config.json keys, not {json.dumps(overrides)}"
-    for key, value in overrides.items():
-        if key in KINDS and not _is_kind(value, KINDS[key]):
-            return f"{FLAG}: {key} must be {_WANTS[KINDS[key].rstrip('?')]}, not {json.dumps(value)}"
+    if problem := override_values_problem(overrides):
+        return problem
     return _checkpoint_problem(hf_config, hf_config | overrides)
+
+
+def override_values_problem(overrides: dict[str, Any]) -> str | None:
+    """Why a key of `overrides` has a value the engine cannot run whatever the checkpoint (a string for a size, an
+    unknown rope type or dtype), or None: the part of `hf_overrides_problem` that needs no config.json, which the
+    operator's webhook applies to spec.engineArgs."""
+    for key, value in overrides.items():
+        kind = KINDS.get(key)
+        if kind is not None and not _is_kind(value, kind):
+            return f"{FLAG}: {key} must be {_WANTS[kind.rstrip('?')]}, not {json.dumps(value)}"
+        if kind == "rope?" and value is not None and (problem := rope_scaling_problem(value)):
+            return f"{FLAG}: {key}: {problem}"
+    return None
 
 
 def _is_kind(value: Any, kind: str) -> bool:
@@ -80,9 +96,11 @@ def _is_kind(value: Any, kind: str) -> bool:
     if kind == "indices":
         return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                for i in value)
+    if kind == "dtype":
+        return value in CHECKPOINT_DTYPES
     if kind == "strings":
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    return isinstance(value, {"bool": bool, "object": dict, "string": str}[kind])
+    return isinstance(value, {"bool": bool, "object": dict, "rope": dict, "string": str}[kind])
 
 
 def _weight_shapes(c: dict[str, Any]) -> dict[str, Any]:

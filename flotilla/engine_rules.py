@@ -28,6 +28,9 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 # transformers' config classes whose sliding_window has a default (a config.json without the key still slides)
 DEFAULT_SLIDING_WINDOW = {"MistralForCausalLM": 4096}
 
+# The checkpoint dtypes (config.json's torch_dtype, or dtype) the engine serves as they are with --dtype auto
+CHECKPOINT_DTYPES = ("bfloat16", "float16", "float32")
+
 NameOf = Callable[[str], str]
 
 

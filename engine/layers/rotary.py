@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from flotilla.rope_scaling import ROPE_TYPES
+
 
 def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """The D/2 rotary frequencies, computed exactly as HF transformers does (fp32)."""
@@ -25,7 +27,7 @@ def inverse_frequencies(head_dim: int, base: float, scaling: dict[str, Any] | No
         return _llama3_scale(inv_freq, scaling)
     if rope_type == "yarn":
         return _yarn_inverse_frequencies(head_dim, base, scaling)
-    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)")
+    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
 
 
 def attention_scaling(scaling: dict[str, Any] | None) -> float:
