@@ -177,7 +177,7 @@ def _rtn_rules(spec: InferenceServiceSpec) -> list[str]:
         _, group = rtn_settings(rtn_env(spec))
     except RuleError as e:
         return [f"spec.pod.env: {e}"]
-    arch = spec.model.config
+    arch = spec.architecture
     if group is None or arch is None:
         return []
     head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
@@ -205,7 +205,7 @@ def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
     if spec.speculative is not None and spec.speculative.method == "draft_model":
         errors.append("spec.speculative: a draft model beside a .gguf model is not supported yet (the engine loads "
                       "the draft with the target's GGUF loader); use method ngram")
-    arch = spec.model.config
+    arch = spec.architecture
     if arch is not None and arch.weight_bits != 8:
         # The engine's 4-bit layers split their inputs into blocks of 32 on every rank (GgufInt4Method).
         tensor = spec.parallelism.tensor
@@ -233,7 +233,7 @@ def _parallel_rules(spec: InferenceServiceSpec) -> list[str]:
         errors.append(f"spec.parallelism: tensor x pipeline = {spec.gpus_per_replica} GPUs, but a replica runs in "
                       f"one pod on one node (at most {MAX_GPUS_PER_NODE} GPUs); multi-node serving is not "
                       "supported yet")
-    arch = spec.model.config
+    arch = spec.architecture
     if arch is None:
         return errors
     heads = arch.num_attention_heads

@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, get_args
 
+from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from flotilla.dotted_args import expand_dotted_args, flag_options
@@ -34,10 +35,11 @@ from flotilla.engine_rules import (
     rope_positions_origin,
 )
 from flotilla.flags import FLAGS, MODEL_FLAG, Flag, flag, flag_for_crd_field
+from flotilla.hf_override_values import override_values_problem
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
-from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.operator.spec import InferenceServiceSpec, engine_args_hf_overrides
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
@@ -127,9 +129,6 @@ OPERATOR_OWNED: dict[str, str] = {
                       "at the gateway or a service mesh (docs/server.md)",
     "--ssl-keyfile": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine; terminate TLS "
                      "at the gateway or a service mesh (docs/server.md)",
-    "--hf-overrides": "the fit check and the admission rules read the model's config as spec.model.config states "
-                      "it; an override would build another model behind them (a copy of the model with its "
-                      "config.json edited is a model of its own)",
     "--ssl-ca-certs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
                       "client certificate; verify clients at the gateway or a service mesh (docs/server.md)",
     "--ssl-cert-reqs": "the probes, the Service and the ServiceMonitor speak plain HTTP to the engine, and show no "
@@ -222,6 +221,11 @@ ENGINE_ARGS_ALLOWED = frozenset({
     # Fixed meanings here, accepted only at the value that runs (check_value refuses the rest, naming it): one
     # engine per pod (-dp 1; more copies are spec.replicas), ranks as spawned processes (mp), NCCL's all-reduce.
     "--data-parallel-size", "--distributed-executor-backend", "--disable-custom-all-reduce",
+    # Keys set over the model's config.json (vLLM's flag): only that dict changes, which names no file and runs no
+    # code (an auto_map is refused, the architectures are the engine's own), as a checkpoint of the owner's own would
+    # (docs/operator.md); the values are checked by the engine's rules (flotilla/hf_override_values.py), and the
+    # fit check and the length rules read spec.model.config with the keys set over it (spec.architecture).
+    "--hf-overrides",
     # With the values OPERATOR_OWNED_VALUES allows.
     *OPERATOR_OWNED_VALUES,
 })
@@ -266,7 +270,8 @@ def _extra_flags(extra: list[str]) -> tuple[list[ParsedFlag], list[str]]:
             errors.append(f"spec.engineArgs: {f.name} cannot be set through engineArgs by this operator version")
         elif f.name in seen:
             errors.append(f"spec.engineArgs: {f.name} is given more than once")
-        elif problem := f.check_value(p.value) or _pod_file_problem(p) or _owned_value_problem(p):
+        elif problem := (f.check_value(p.value) or _pod_file_problem(p) or _owned_value_problem(p)
+                         or _hf_overrides_problem(p)):
             errors.append(f"spec.engineArgs: {problem}")
         else:
             seen.add(f.name)
@@ -281,6 +286,30 @@ def _pod_file_problem(p: ParsedFlag) -> str | None:
         return None
     return ("--chat-template must be the template's text (holding {, } or a newline), not a file path: the operator "
             "lets the engine read no file of its pod into prompts; put the file's text in the value")
+
+
+def _hf_overrides_problem(p: ParsedFlag) -> str | None:
+    """The engine's refusal of --hf-overrides values it cannot run whatever the checkpoint (the checks against the
+    checkpoint's own config.json wait for the engine, which reads it)."""
+    if p.flag.name != "--hf-overrides":
+        return None
+    if not isinstance(p.value, dict):
+        return f"--hf-overrides must be a JSON object of config.json keys, not {json.dumps(p.value)}"
+    return override_values_problem(p.value)
+
+
+def _overridden_config_problem(spec: InferenceServiceSpec) -> str | None:
+    """Why spec.model.config with --hf-overrides' keys set over it is no architecture the fit check can read (a
+    length beyond its bounds), or None."""
+    arch, overrides = spec.model.config, engine_args_hf_overrides(spec.engine_args)
+    if arch is None or not isinstance(overrides, dict):
+        return None
+    try:
+        arch.overridden(overrides)
+    except ValidationError as exc:
+        where = ", ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return f"spec.engineArgs: --hf-overrides set over spec.model.config: {where}"
+    return None
 
 
 def _owned_value_problem(p: ParsedFlag) -> str | None:
@@ -309,9 +338,9 @@ def _spec_name(dest: str) -> str:
 
 
 def _hf_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
-    # The model's length limit, when the spec states it (as the engine derives it: rope scaling, sliding window);
-    # the engine reads the rest from config.json.
-    arch = spec.model.config
+    # The model's length limit, when the spec states it (as the engine derives it: rope scaling, sliding window,
+    # with --hf-overrides' keys set over them); the engine reads the rest from config.json.
+    arch = spec.architecture
     limit = None if arch is None else arch.length_limit
     return None if limit is None else {"max_position_embeddings": limit}
 
@@ -345,13 +374,15 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
         values[flag_.dest] = value
     usable, extra_errors = _extra_flags(spec.engine_args)
     errors += extra_errors
+    if not extra_errors and (problem := _overridden_config_problem(spec)):
+        errors.append(problem)
     values.update({p.flag.dest: p.value for p in usable})
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")
     if problem := _draft_length_problem(spec):
         errors.append(problem)
-    if spec.model.config is not None and (problem := moe_problem(
-            spec.model.config.expert_widths, values.get("quantization"), bool(values.get("enable_lora")),
+    if (arch := spec.architecture) is not None and (problem := moe_problem(
+            arch.expert_widths, values.get("quantization"), bool(values.get("enable_lora")),
             values.get("tensor_parallel_size") or 1, _spec_name)):
         errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
@@ -364,7 +395,8 @@ def _draft_length_problem(spec: InferenceServiceSpec) -> str | None:
     s = spec.speculative
     draft = s.draft_config if s is not None and s.method == "draft_model" else None
     numbers = draft.length_numbers() if draft is not None else None
-    target = spec.model.config.length_limit if spec.model.config is not None else None
+    arch = spec.architecture
+    target = arch.length_limit if arch is not None else None
     max_model_len = spec.scheduling.max_model_len or target
     if draft is None or draft.rope_positions is None or numbers is None or max_model_len is None:
         return None

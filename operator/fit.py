@@ -231,8 +231,9 @@ def _gib(n: float) -> str:
 
 
 def check_fit(spec: InferenceServiceSpec, arch: ModelArchitecture | None = None) -> FitReport:
-    """Apply vLLM's start-up rule to a spec; `arch` defaults to spec.model.config."""
-    arch = arch or spec.model.config
+    """Apply vLLM's start-up rule to a spec; `arch` defaults to spec.architecture (model.config with engineArgs'
+    --hf-overrides set over it)."""
+    arch = arch or spec.architecture
     if arch is None:
         return FitReport(
             "Unknown", "ArchitectureUnknown",

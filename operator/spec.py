@@ -16,10 +16,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from flotilla.engine_rules import model_len_limit, moe_dense_layers, moe_expert_widths, rope_positions, world_size
+from flotilla.dotted_args import expand_dotted_args, flag_options
+from flotilla.engine_rules import (
+    model_len_limit,
+    moe_dense_layers,
+    moe_expert_widths,
+    parse_argv,
+    rope_positions,
+    world_size,
+)
+from flotilla.underscore_flags import dashed_names
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -85,6 +94,17 @@ def hf_revision(source: str) -> str | None:
         return None
     name = source.removeprefix("hf://").split("/")[1]
     return name.partition(":")[2] or None
+
+
+def engine_args_hf_overrides(engine_args: list[str]) -> Any:
+    """The value of --hf-overrides in `engine_args` as the engine's parser reads it (underscore names, dotted keys),
+    or None where it is not given or the flags cannot be read (the webhook refuses those; engine_args.py)."""
+    try:
+        argv = expand_dotted_args(dashed_names(engine_args), flag_options())
+    except ValueError:
+        return None
+    given = [p.value for p in parse_argv(argv)[0] if p.flag.name == "--hf-overrides"]
+    return given[-1] if given else None
 
 
 class _Model(BaseModel):
@@ -225,6 +245,21 @@ class ModelArchitecture(_Model):
         return moe_expert_widths({"num_experts": self.num_experts, "intermediate_size": self.intermediate_size,
                                   "moe_intermediate_size": self.moe_intermediate_size,
                                   "shared_expert_intermediate_size": self.shared_expert_intermediate_size})
+
+    def overridden(self, overrides: dict[str, Any]) -> ModelArchitecture:
+        """These numbers with --hf-overrides' keys set over them, as the engine sets them over config.json: each key
+        whole, and rope_parameters (transformers 5) as the rope scaling where no rope_scaling is left, as the engine
+        reads it; only what rope_scaling's fields hold of a rope object (the length it reaches). ValidationError for
+        a value the fields refuse."""
+        values = self.model_dump(exclude_none=True)
+        values.update({key: value for key, value in overrides.items()
+                       if key in ModelArchitecture.model_fields and key != "rope_scaling"})
+        rope = overrides["rope_scaling"] if "rope_scaling" in overrides else values.get("rope_scaling")
+        if not rope:
+            rope = overrides.get("rope_parameters")
+        values["rope_scaling"] = {key: value for key, value in rope.items() if key in RopeScaling.model_fields} \
+            if isinstance(rope, dict) and rope else None
+        return ModelArchitecture.model_validate(values)
 
     @model_validator(mode="after")
     def _heads_have_a_size(self) -> ModelArchitecture:
@@ -726,6 +761,19 @@ class InferenceServiceSpec(_Model):
     def gpus_per_replica(self) -> int:
         """GPUs each pod requests: tensor x pipeline (equal to resources.gpusPerReplica when set)."""
         return world_size(self.parallelism.tensor, self.parallelism.pipeline)
+
+    @property
+    def architecture(self) -> ModelArchitecture | None:
+        """The numbers of the model the engine builds, which the fit check and the admission rules read:
+        model.config with engineArgs' --hf-overrides set over them (`ModelArchitecture.overridden`). model.config
+        as stated where the overrides cannot be read or applied: the webhook refuses that spec (engine_args.py)."""
+        arch, overrides = self.model.config, engine_args_hf_overrides(self.engine_args)
+        if arch is None or not isinstance(overrides, dict):
+            return arch
+        try:
+            return arch.overridden(overrides)
+        except ValidationError:
+            return arch
 
     def served_name(self, name: str) -> str:
         """The model name the API answers to, given the InferenceService's metadata.name."""

@@ -5,10 +5,10 @@ flotilla/underscore_flags.py reads it), a value true sets a boolean flag, a list
 mapping is a JSON flag's object (`hf-overrides: {rope_theta: 1e6}`, nested as deep as the object is), a dotted key is
 the dotted form of a JSON-object flag (`compilation-config.mode: 3`, as `--compilation-config.mode 3`;
 flotilla/dotted_args.py), and a flag given on the command line wins over the file's (command line > file > defaults;
-the file's `model` is served only when the command line names none). Unlike vLLM, a key that is not a flag here, or a value of the wrong shape, is a
-usage error naming the key, rather than whatever argparse makes of the generated tokens; and a dotted key's value
-is given as JSON (`compilation-config.cudagraph_capture_sizes: [1, 2]`, `hf-overrides.is_matryoshka: true`), where
-vLLM's tokens would lose a list's later items or a true's value.
+the file's `model` is served only when the command line names none). Unlike vLLM, a key that is not a flag here,
+or a value of the wrong shape, is a usage error naming the key, rather than whatever argparse makes of the generated
+tokens; and a dotted key's list or true is given as JSON (`compilation-config.cudagraph_capture_sizes: [1, 2]`,
+`hf-overrides.is_matryoshka: true`), where vLLM's tokens would lose the list's later items or the true.
 """
 
 from __future__ import annotations
