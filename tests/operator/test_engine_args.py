@@ -266,11 +266,24 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--tokenizer-revision", "v2"], OWNED.format("--tokenizer-revision") + "it downloads spec.model.source (and "
                                      "spec.model.tokenizer) into the pod (the engine reads local directories only); "
                                      "pin the revision there: hf://org/name:revision"),
-    # config.json keys over the model's: the fit check reads the model as spec.model.config states it.
-    (["--hf-overrides", '{"max_position_embeddings": 8192}'],
-     OWNED.format("--hf-overrides") + "the fit check and the admission rules read the model's config as "
-     "spec.model.config states it; an override would build another model behind them (a copy of the model with "
-     "its config.json edited is a model of its own)"),
+    # config.json keys over the model's: only that dict changes, its values checked by the engine's rules
+    (["--hf-overrides", '{"max_position_embeddings": 8192, "rope_theta": 1e6}'], None),
+    (["--hf_overrides.rope_scaling.rope_type", "yarn", "--hf-overrides.rope_scaling.factor", "4"], None),
+    (["--hf-overrides", '{"rope_scaling": {"rope_type": "dynamic", "factor": 2}}'],
+     'spec.engineArgs: --hf-overrides: rope_scaling: rope type "dynamic" is not one the engine computes (default, '
+     "linear, llama3, yarn)"),
+    (["--hf-overrides.torch_dtype", "int8"],
+     'spec.engineArgs: --hf-overrides: torch_dtype must be one of bfloat16, float16, float32, not "int8"'),
+    (["--hf-overrides", '{"num_hidden_layers": "x"}'],
+     'spec.engineArgs: --hf-overrides: num_hidden_layers must be a positive integer, not "x"'),
+    (["--hf-overrides", "[1]"], "spec.engineArgs: --hf-overrides must be a JSON object of config.json keys, not [1]"),
+    # vLLM's underscore names are the dashed flags, owned or allowed as those are (flotilla/underscore_flags.py)
+    (["--enforce_eager", "--seed=1", "--max_log_len", "10"], None),
+    (["--max_model_len", "4096"], "spec.engineArgs: --max-model-len is set by spec.scheduling.maxModelLen; set that "
+                                  "field instead"),
+    (["--ssl_certfile=/c.pem"], OWNED.format("--ssl-certfile") + "the probes, the Service and the ServiceMonitor "
+                                "speak plain HTTP to the engine; terminate TLS at the gateway or a service mesh "
+                                "(docs/server.md)"),
     # vLLM's compilation settings as far as they set the CUDA graphs; a key with no meaning here is refused.
     (["-O0", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'], None),
     # vLLM's dotted keys, read as the engine's parser reads them (flotilla/dotted_args.py)
@@ -302,6 +315,31 @@ def test_engine_args_are_checked_against_the_flag_contract(extra, error):
         assert errors == []
     else:
         assert errors[0] == error
+
+
+ARCH = {"hiddenSize": 64, "numHiddenLayers": 2, "numAttentionHeads": 4, "intermediateSize": 128, "vocabSize": 256,
+        "maxPositionEmbeddings": 4096}
+
+
+def test_hf_overrides_set_over_model_config_are_the_length_the_webhook_checks():
+    # the engine derives its length from config.json with the overrides set over it; so does the webhook
+    yarn = '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}}'
+    spec = make(model={"source": "pvc://models/m", "config": ARCH}, scheduling={"maxModelLen": 16384},
+                engineArgs=["--hf-overrides", yarn])
+    assert spec.architecture is not None and spec.architecture.length_limit == 16384
+    assert unsupported(spec, "x") == []
+    shorter = make(model={"source": "pvc://models/m", "config": ARCH}, scheduling={"maxModelLen": 4096},
+                   engineArgs=["--hf_overrides.max_position_embeddings", "2048"])
+    assert [e for e in unsupported(shorter, "x") if "4096" in e and "2048" in e]
+    assert make(model={"source": "pvc://models/m", "config": ARCH}).architecture.length_limit == 4096
+
+
+def test_hf_overrides_beyond_model_configs_bounds_are_refused():
+    spec = make(model={"source": "pvc://models/m", "config": ARCH},
+                engineArgs=["--hf-overrides", '{"max_position_embeddings": 2147483647}'])
+    assert spec.architecture == spec.model.config  # as stated: the webhook refuses the spec
+    assert unsupported(spec, "x") == ["spec.engineArgs: --hf-overrides set over spec.model.config: "
+                                      "max_position_embeddings: Input should be less than or equal to 1073741824"]
 
 
 def test_the_uni_executor_is_refused_beside_parallel_ranks_as_the_engine_refuses_it():
