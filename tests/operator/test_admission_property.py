@@ -41,7 +41,14 @@ EXTRA_ARGS = [["--seed", "3"], ["--seed", "-1"], ["--seed", "x"], ["--enforce-ea
               ["--tool-call-parser", "hermes"],
               ["--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 64, "do_sample": true}'],
               ["--override-generation-config", '{"top_p": 0}'], ["--override-generation-config", '"x"'],
-              ["--override-generation-config", '{"max_new_tokens": 1.5}']]
+              ["--override-generation-config", '{"max_new_tokens": 1.5}'],
+              # config.json keys over the model's (a length override is left out: without spec.model.config the
+              # webhook cannot know the length, which this test's config.json then sets to the CRD's largest)
+              ["--hf-overrides", '{"rope_theta": 500000.0}'], ["--hf-overrides.rope_scaling.rope_type", "dynamic"],
+              ["--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}'],
+              ["--hf_overrides.torch_dtype", "int8"], ["--hf-overrides.torch_dtype", "float16"],
+              # vLLM's underscore names
+              ["--enforce_eager"], ["--max_model_len", "16"], ["--shutdown_timeout=2"]]
 LENGTHS = st.one_of(st.none(), st.sampled_from([16, 17, 2048, 4096, 8192, 8193, 32768, 131072, 200000]),
                     st.integers(16, 300_000))
 
