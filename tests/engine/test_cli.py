@@ -58,6 +58,39 @@ def test_every_engine_flag_parses_to_a_config_argument(tiny_model_dirs):
     assert config.model.max_cudagraph_capture_size == 1024
 
 
+UNDERSCORE_CASES = [
+    (["--max_model_len", "4096"], {"max_model_len": 4096}),
+    (["--max_model_len=4k"], {"max_model_len": 4000}),
+    (["--enable_prefix_caching"], {"enable_prefix_caching": True}),
+    (["--no_enable_prefix_caching"], {"enable_prefix_caching": False}),
+    (["--no-enable_prefix_caching"], {"enable_prefix_caching": False}),
+    # the name only: a value keeps its underscores, after `=` or as the next token, and so do a dotted flag's keys
+    (["--served_model_name", "my_model", "other_name"], {"served_model_name": ["my_model", "other_name"]}),
+    (["--logprobs_mode=raw_logits", "--seed", "1"], {"logprobs_mode": "raw_logits", "seed": 1}),
+    (["--hf_overrides.rope_scaling.rope_type", "linear", "--hf_overrides.rope_scaling.factor=2"],
+     {"hf_overrides": {"rope_scaling": {"rope_type": "linear", "factor": 2}}}),
+]
+
+
+@pytest.mark.parametrize(("argv", "values"), UNDERSCORE_CASES)
+def test_a_flag_name_with_underscores_is_the_dashed_flag_as_in_vllm(argv, values):
+    from flotilla.engine.server.cli import build_parser as serve_parser
+
+    assert flag_values(build_parser().parse_args(argv), ENGINE_COMPONENTS) == values  # flotilla generate
+    assert flag_values(serve_parser().parse_args(argv), ENGINE_COMPONENTS) == values  # flotilla serve
+
+
+def test_underscores_after_the_end_of_the_flags_are_left_alone():
+    args = build_parser().parse_args(["--max_model_len", "64", "--", "my_model_dir"])
+    assert (args.model, args.max_model_len) == ("my_model_dir", 64)
+
+
+def test_an_unknown_underscore_flag_is_refused_by_its_dashed_name(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max_model_lenn", "64"])
+    assert "unrecognized arguments: --max-model-lenn" in capsys.readouterr().err
+
+
 def test_lengths_in_vllms_human_readable_form():
     """The engine's parser reads `vllm serve`'s 32k / 32K forms as the operator's grammar does."""
     for text, value in HUMAN_READABLE_INTS.items():

@@ -17,6 +17,8 @@ from flotilla.engine.server.cli import build_parser
      "--guided-decoding-backend is not a flag of today's vLLM: vLLM removed the --guided-decoding-* flags (its PR "
      "22772, release 0.10.2) for --structured-outputs-config; give --structured-outputs-config.backend VALUE"),
     (("--guided_decoding_backend=outlines",), "--guided-decoding-backend is not a flag of today's vLLM"),
+    (("--max_seq_len_to_capture", "8192"), "--max-seq-len-to-capture is not a flag of today's vLLM"),
+    (("--guided-decoding_disable-fallback",), "--guided-decoding-disable-fallback is not a flag of today's vLLM"),
     (("--guided-decoding-disable-any-whitespace",),
      "--guided-decoding-disable-any-whitespace is not a flag of today's vLLM: vLLM removed the --guided-decoding-* "
      "flags (its PR 22772, release 0.10.2) for --structured-outputs-config; give "
