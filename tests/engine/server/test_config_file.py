@@ -8,7 +8,9 @@ import httpx
 import openai
 import pytest
 
-from flotilla.engine.server.cli import main
+from flotilla.engine.arg_parser import ENGINE_COMPONENTS, flag_values
+from flotilla.engine.server.cli import build_parser, main
+from flotilla.engine.server.config_file import ConfigFileError, ConfigFileParser, apply_config_file
 
 from .conftest import start_server, stop_server
 
@@ -61,6 +63,49 @@ def test_a_bad_config_file_is_a_usage_error_naming_the_file(tiny_model_dirs, tmp
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"flotilla serve: error: --config {config}: {message}" in err, err
+
+
+def _file_values(tmp_path, text: str, *argv: str) -> dict:
+    config = tmp_path / "serve.yaml"
+    config.write_text(text)
+    args = apply_config_file(build_parser().parse_args(["--config", str(config), *argv]),
+                             build_parser(ConfigFileParser))
+    return flag_values(args, (*ENGINE_COMPONENTS, "server"))
+
+
+@pytest.mark.parametrize(("text", "values"), [
+    # a mapping is the flag's JSON object, nested as deep as it goes
+    ("hf-overrides: {rope_theta: 20000.0, rope_scaling: {rope_type: linear, factor: 2.0}}\n",
+     {"hf_overrides": {"rope_theta": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}}),
+    # dotted keys are the flag's dotted form (underscores in the name too), merged into one object
+    ("compilation-config.mode: 3\ncompilation_config.cudagraph_capture_sizes: [1, 2]\n",
+     {"compilation_config": {"mode": 3, "cudagraph_capture_sizes": [1, 2]}}),
+    ("hf_overrides.rope_scaling: {rope_type: yarn, factor: 4}\nhf-overrides.is_matryoshka: true\n"
+     "hf-overrides.max_position_embeddings: 32k\n",
+     {"hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4}, "is_matryoshka": True,
+                       "max_position_embeddings": 32000}}),
+    ("max_model_len: 100\nenable_prefix_caching: false\n", {"max_model_len": 100, "enable_prefix_caching": False}),
+])
+def test_a_config_files_nested_dotted_and_underscore_keys_are_read_as_vllm_reads_them(tmp_path, text, values):
+    assert _file_values(tmp_path, text) == values
+
+
+def test_the_command_lines_object_wins_over_the_files_dotted_keys(tmp_path):
+    assert _file_values(tmp_path, "compilation-config.mode: 3\n", "-cc.cudagraph_mode", "NONE") == {
+        "compilation_config": {"cudagraph_mode": "NONE"}}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("no-such.x: 1\n", "key 'no-such.x' is not a flag of flotilla serve (a dotted key follows a JSON flag's name"),
+    ("port.x: 1\n", "--port takes no dotted keys"),
+    ("hf-overrides: {rope_theta: 1.0}\nhf-overrides.is_matryoshka: true\n",
+     "--hf-overrides is given both as a JSON value (--hf-overrides) and as dotted keys"),
+])
+def test_a_dotted_key_the_flag_cannot_take_is_a_usage_error_naming_the_file(tmp_path, text, message):
+    with pytest.raises(ConfigFileError) as refused:
+        _file_values(tmp_path, text)
+    assert message in str(refused.value)
+    assert str(refused.value).startswith(f"--config {tmp_path / 'serve.yaml'}: ")
 
 
 def test_a_missing_config_file_is_a_usage_error(tiny_model_dirs, tmp_path, capsys):
