@@ -95,6 +95,22 @@ BAD_OVERRIDES = [
     ({"num_key_value_heads": 3}, "the key/value width (num_key_value_heads x head_dim) would be 48, but the "
                                  "checkpoint's tensors were saved with 32"),
     ({"attention_bias": True}, "the attention_bias would be true, but the checkpoint's tensors were saved with false"),
+    # rope scalings the rotary embedding cannot compute (flotilla/rope_scaling.py) and dtypes the engine cannot serve
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+     'rope_scaling: rope type "dynamic" is not one the engine computes (default, linear, llama3, yarn)'),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+     'rope_parameters: rope type "longrope" is not one the engine computes'),
+    ({"rope_scaling": {"type": "linear"}}, "rope_scaling: rope type linear needs factor"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "rope_scaling: rope type llama3 needs low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 256}},
+     "rope_scaling: high_freq_factor 4.0 must be more than low_freq_factor 4.0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": "4"}}, 'rope_scaling: factor must be a positive number, not "4"'),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1.5}},
+     "rope_scaling: original_max_position_embeddings must be a positive integer, not 1.5"),
+    ({"torch_dtype": "int8"}, 'torch_dtype must be one of bfloat16, float16, float32, not "int8"'),
+    ({"dtype": "float64"}, 'dtype must be one of bfloat16, float16, float32, not "float64"'),
 ]
 
 
@@ -181,3 +197,26 @@ def test_fewer_moe_layers_and_top_1_are_allowed(tiny_model_dirs):
     config = EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3-moe"]),
                                       hf_overrides={"num_hidden_layers": 1, "num_experts_per_tok": 1})
     assert config.model.hf_config["num_experts_per_tok"] == 1
+
+
+def test_a_dtype_override_is_the_checkpoint_dtype_auto_serves(tiny_model_dirs):
+    path = str(tiny_model_dirs["llama"])
+    assert EngineConfig.from_kwargs(path, hf_overrides={"torch_dtype": "float16"}).model.dtype == "float16"
+
+
+def test_every_rope_type_the_check_admits_is_one_the_rotary_embedding_computes():
+    from flotilla.engine.layers.rotary import inverse_frequencies
+    from flotilla.operator.spec import RopeScaling
+    from flotilla.rope_scaling import ROPE_TYPES, rope_scaling_problem
+
+    minimal = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    for kind, needed in ROPE_TYPES.items():
+        scaling = {"rope_type": kind, **{key: minimal[key] for key in needed}}
+        if kind == "yarn":  # the model fills these in from its length (engine/models/llama.py)
+            scaling |= {"factor": 4.0, "original_max_position_embeddings": 64}
+        assert rope_scaling_problem(scaling) is None
+        assert inverse_frequencies(16, 10000.0, scaling).shape == (8,)
+    with pytest.raises(ValueError, match="not supported"):
+        inverse_frequencies(16, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    # the operator's spec.model.config.ropeScaling offers the same types
+    assert set(RopeScaling.model_fields["rope_type"].annotation.__args__[0].__args__) == set(ROPE_TYPES)
