@@ -5,7 +5,8 @@ config.json's own values are trusted (the checkpoint was saved with them); an ov
 string for a size, a float or a 31-digit length, more layers than the checkpoint holds, or a width its tensors do not
 have failed inside the engine process after the server had started (a traceback, "the engine failed to start"), and
 a string for a flag (`is_matryoshka: "x"`) was read as true. Only the keys the engine reads are checked; any other
-key is set as given, as vLLM sets it.
+key is set as given, as vLLM sets it. The checks of the values alone (flotilla/hf_override_values.py) come first and
+are the operator's too; those against the checkpoint's config.json are here.
 """
 
 from __future__ import annotations
