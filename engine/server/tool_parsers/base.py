@@ -128,9 +128,9 @@ class HeldStream(ContentStream):
 
 
 class MarkerStream(ContentStream):
-    """Content up to the first of the markers that open the calls (it and all after it are held for the parse). Whitespace
-    that opens the answer is held too, until text that is more than whitespace comes (it goes out with it): if only
-    calls follow it, the parse makes it no content."""
+    """Content up to the first of the markers that open the calls (it and all after it are held for the parse).
+    Whitespace that opens the answer is held too, until text that is more than whitespace comes (it goes out with
+    it): if only calls follow it, the parse makes it no content."""
 
     def __init__(self, markers: tuple[str, ...]) -> None:
         super().__init__()
