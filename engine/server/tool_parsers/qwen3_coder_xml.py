@@ -12,8 +12,8 @@ could put one:
   is followed by `</tool_call>` or the end of the text;
 - `</tool_call>` ends a block only when followed by another `<tool_call>` or the end of the text.
 Qwen3-Coder models also write a call without its `<tool_call>` wrapper: vLLM then reads the whole output as one
-block, every `<function=` in it a call. Bare, a function is read as a block is: it ends at a `</function>` followed
-by another `<function=`, a `<tool_call>` or the end of the text.
+block. In a block, or bare, every `<function=` is a call (vLLM's): a function ends at a `</function>` followed by
+another `<function=`, a `<tool_call>` or the end of the block.
 A value with no structural end ends at the next line-start parameter of another schema name, or at the function's
 end (generation stopped: the text so far).
 """
@@ -48,9 +48,10 @@ def call_blocks(text: str) -> Iterator[str]:
         pos = end + len(CALL_CLOSE)
 
 
-def bare_functions(text: str) -> Iterator[str]:
-    """Each unwrapped `<function=NAME>...</function>` of `text` (which has no `<tool_call>`), as a block holding it:
-    from its `<function=` up to the next one that a `</function>` is followed by, the last up to the end."""
+def functions(text: str) -> Iterator[str]:
+    """Each `<function=NAME>...</function>` of a block's inside, or of bare text (before any `<tool_call>`): from its
+    `<function=` up to a `</function>` that another `<function=` or the end (after whitespace) follows, the last up
+    to the end."""
     pos = text.find(FUNCTION_OPEN)
     while pos >= 0:
         end = _closer_followed_by(text, pos, FUNCTION_CLOSE, (FUNCTION_OPEN,))

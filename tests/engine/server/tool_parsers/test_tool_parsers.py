@@ -281,6 +281,9 @@ def _bare_call(name, params):
      (None, [("search", {"limit": 1}), ("search", {"limit": 2})])),
     # an unrendered template is no name: no call, all content
     ("Use <function={{ name }}> here.", ("Use <function={{ name }}> here.", [])),
+    # two functions in one block are two calls, as vLLM reads every <function= of a block (the second was dropped)
+    ("<tool_call>\n" + _bare_call("search", [("limit", "1")]) + "\n" + _bare_call("get_time", [("tz", "UTC")])
+     + "\n</tool_call>", (None, [("search", {"limit": 1}), ("get_time", {"tz": "UTC"})])),
 ])
 def test_qwen3_coder_reads_a_call_without_its_wrapper_as_vllm(text, expected):
     assert _qwen3(text) == expected
@@ -293,14 +296,16 @@ def test_qwen3_coder_reads_a_call_without_its_wrapper_as_vllm(text, expected):
 
 
 @pytest.mark.parametrize("text", [
-    # 8,000 bare calls in a row (~600 kB, ~0.5 s, as long as the same calls wrapped): each is read within its own
+    # 4,000 bare calls in a row (~270 kB, ~0.3 s, as long as the same calls wrapped): each is read within its own
     # text, not the rest of the reply's
-    _bare_call("search", [("limit", "1"), ("query", "q")]) * 8_000,
+    _bare_call("search", [("limit", "1"), ("query", "q")]) * 4_000,
+    # the same calls in one <tool_call> block
+    "<tool_call>\n" + _bare_call("search", [("limit", "1"), ("query", "q")]) * 4_000 + "\n</tool_call>",
     # one bare call whose value holds 60,000 `</function>` followed by text (~800 kB): each closer is looked at once
     "<function=search>\n<parameter=query>\n" + "</function>x\n" * 60_000,
     # 60,000 bare openings and no closer (~800 kB): one unfinished call whose value holds the rest
     "<function=search>\n<parameter=query>\n" + "<function=search>\n" * 45_000,
-], ids=["many-calls", "closers-in-a-value", "openings-without-closers"])
+], ids=["many-calls", "many-in-one-block", "closers-in-a-value", "openings-without-closers"])
 def test_qwen3_coder_parses_bare_calls_in_linear_time(text):
     # Each bare function is cut out first (a </function> that another <function= follows) and parsed within its own
     # text: read against the rest of the reply, as the value ends are worked out, many bare calls would be
