@@ -194,13 +194,20 @@ def _client_certificates_problem(certfile: str | None, ca_certs: str | None, cer
     return None
 
 
+def env_keys(value: str) -> list[str]:
+    """VLLM_API_KEY's keys, one a line (a value of one line is vLLM's one key), blank lines left out; all blank, the
+    value itself, which the key check refuses as empty. Lines, because no HTTP header can carry a line feed: a
+    value of several lines could never match as one key (vLLM's reading), so each line is one that can."""
+    return [line for line in value.split("\n") if line.strip()] or [value]
+
+
 class ServerConfig(_Component):
     """The HTTP front end (not part of the engine core): address, API key and the limits that keep one
     client from freezing or bloating the server."""
 
     host: str | None = None
     port: int = Field(8000, ge=0, le=65535)
-    api_key: list[str] | None = None  # --api-key's keys (each accepted), or VLLM_API_KEY's one
+    api_key: list[str] | None = None  # --api-key's keys (each accepted), or VLLM_API_KEY's, one a line
     shutdown_timeout: float = Field(30.0, ge=0)
     uvicorn_log_level: str = "info"
     disable_log_stats: bool = False
@@ -284,15 +291,17 @@ class ServerConfig(_Component):
     @field_validator("api_key", mode="before")
     @classmethod
     def _trimmed_non_empty_keys(cls, keys: str | list[str] | None) -> list[str] | None:
-        # VLLM_API_KEY is one key (a string), --api-key one or more (vLLM's list: each is accepted, so a key can be
-        # rotated without a moment where clients holding either one are refused).
+        # --api-key takes one or more (vLLM's list: each is accepted, so a key can be rotated without a moment where
+        # clients holding either one are refused); VLLM_API_KEY one a line (env_keys).
         # A Secret made with `kubectl create secret --from-file` ends in a newline that clients never
         # send, so each key is trimmed here exactly as the Authorization header is. An empty key (an
         # empty Secret, `--api-key ""`) must not quietly mean "no authentication": refuse it (vLLM drops
         # empty keys, and with none left serves every path open).
         if keys is None:
             return None
-        trimmed = [key.strip() if isinstance(key, str) else key for key in ([keys] if isinstance(keys, str) else keys)]
+        if isinstance(keys, str):  # VLLM_API_KEY: its lines (a Secret may hold several keys, one a line)
+            keys = env_keys(keys)
+        trimmed = [key.strip() if isinstance(key, str) else key for key in keys]
         if not trimmed or any(key == "" for key in trimmed):
             raise ValueError(
                 "the API key is empty (from --api-key or VLLM_API_KEY); give a non-empty key, or unset "

@@ -695,7 +695,8 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "Require one of these keys (Authorization: Bearer <key>) on every path but the public probes; several "
         "keys are each accepted (vLLM's list, e.g. an old and a new key while clients move over); given, it "
-        "replaces VLLM_API_KEY (one key); surrounding whitespace is trimmed; an empty key is refused at start.",
+        "replaces VLLM_API_KEY (its keys one a line); surrounding whitespace is trimmed; an empty key is refused at "
+        "start.",
         "server",
         crd_field="apiKeySecretRef",
         env="VLLM_API_KEY",

@@ -119,7 +119,38 @@ def engine_args(spec: InferenceServiceSpec, name: str) -> list[str]:
         value = value_of(spec, name)
         if _is_sent(flag, value):
             args += _render(flag, value)
-    return args + list(spec.engine_args)
+    return args + quiet_probe_args(spec.engine_args) + list(spec.engine_args)
+
+
+# What the kubelet's probes (/health, every 5 to 10 s per pod) and Prometheus' scrape (/metrics) request: their
+# access-log lines, one each time, would bury the API's requests in the pod's log.
+QUIET_PATHS = ("/health", "/metrics")
+# engineArgs that say what the access log keeps: then the operator adds nothing.
+ACCESS_LOG_FLAGS = frozenset({"--disable-uvicorn-access-log", "--no-disable-uvicorn-access-log",
+                              "--disable-access-log-for-endpoints"})
+ROOT_PATH_FLAG = "--root-path"
+
+
+def quiet_probe_args(extra: list[str]) -> list[str]:
+    """`--disable-access-log-for-endpoints` with the probes' and the scrape's paths (QUIET_PATHS), unless engineArgs
+    set an access-log flag of their own. uvicorn's access line shows a path under --root-path (`/svc/health` for the
+    probe's `/health`), so with one the paths under it are listed too."""
+    if any(token.split("=", 1)[0] in ACCESS_LOG_FLAGS for token in extra):
+        return []
+    root = _root_path(extra).rstrip("/")
+    paths = [*QUIET_PATHS, *(root + path for path in QUIET_PATHS if root)]
+    return ["--disable-access-log-for-endpoints", ",".join(paths)]
+
+
+def _root_path(extra: list[str]) -> str:
+    """engineArgs' --root-path (the last one given, as a parser reads it), or "" when none is."""
+    root = ""
+    for i, token in enumerate(extra):
+        if token == ROOT_PATH_FLAG and i + 1 < len(extra):
+            root = extra[i + 1]
+        elif token.startswith(ROOT_PATH_FLAG + "="):
+            root = token.removeprefix(ROOT_PATH_FLAG + "=")
+    return root
 
 
 # Flags that the operator sets itself, or that would undo what it guarantees: refused in

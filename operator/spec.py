@@ -700,9 +700,12 @@ class InferenceServiceSpec(_Model):
     engine_args: list[str] = Field(
         default_factory=list,
         description="Extra engine flags for settings that have no field (e.g. --enforce-eager); a flag "
-                    "that a field sets, or that the engine does not know, is refused.")
+                    "that a field sets, or that the engine does not know, is refused. The probes' /health and "
+                    "the scrape's /metrics write no access-log lines (--disable-access-log-for-endpoints) unless "
+                    "these set an access-log flag.")
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret holding the API key required on /v1 routes (VLLM_API_KEY).")
+        default=None, description="Secret holding the API key required on /v1 routes (VLLM_API_KEY); several "
+                                  "keys, one a line, are each accepted (a key rotated without downtime).")
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="Horizontal autoscaling; replicas is fixed when absent.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus scraping.")

@@ -470,3 +470,26 @@ def test_an_engine_argument_linux_cannot_exec_is_named_by_its_index(args, refuse
     assert [int(p.split("[")[1].split("]")[0]) for p in problems] == refused
     assert all(p.endswith(f"at most {MAX_ARG_BYTES} bytes each (128 KiB, MAX_ARG_STRLEN), so the engine would never "
                           "start: shorten it") for p in problems)
+
+
+def test_the_probes_and_the_scrape_write_no_access_lines_by_default():
+    # The kubelet's probes hit /health every few seconds and Prometheus scrapes /metrics: vLLM's filter keeps their
+    # lines out of the pod's log, as vLLM manifests set it.
+    container = build_deployment(make(), "x", "ns")["spec"]["template"]["spec"]["containers"][0]
+    assert flag_value(container["args"], "--disable-access-log-for-endpoints") == "/health,/metrics"
+    assert {container[probe]["httpGet"]["path"] for probe in ("startupProbe", "readinessProbe", "livenessProbe")} \
+        == {"/health"}
+    # under a --root-path, uvicorn's access line shows the path below it: both are listed
+    args = engine_args(make(engineArgs=["--root-path", "/svc/"]), "x")
+    assert flag_value(args, "--disable-access-log-for-endpoints") == "/health,/metrics,/svc/health,/svc/metrics"
+    assert args[-2:] == ["--root-path", "/svc/"]  # engineArgs still last
+
+
+@pytest.mark.parametrize("extra", [
+    ["--disable-uvicorn-access-log"], ["--no-disable-uvicorn-access-log"],
+    ["--disable-access-log-for-endpoints", "/ping"], ["--disable-access-log-for-endpoints=/health"],
+])
+def test_an_access_log_flag_in_engine_args_replaces_the_default(extra):
+    args = engine_args(make(engineArgs=extra), "x")
+    assert args.count("--disable-access-log-for-endpoints") == (extra[0] == "--disable-access-log-for-endpoints")
+    assert args[-len(extra):] == extra

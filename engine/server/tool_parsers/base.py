@@ -68,17 +68,21 @@ class ToolParser:
         content = text[:index]
         return ParsedOutput(content=content if content.strip() else None, tool_calls=calls)
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts that open the calls, the first found beginning them: `start` alone unless a format has more."""
+        return (self.start,)
+
     def call_start(self, text: str) -> int | None:
-        """Where the tool calls begin in `text`, or None."""
-        index = text.find(self.start)
-        return None if index < 0 else index
+        """Where the tool calls begin in `text` (its first marker), or None."""
+        return first_marker(text, self.markers)
 
     def safe_prefix(self, text: str) -> int:
         """How much of a partial output is surely content (streaming): up to a started marker, or to a
         tail that could still grow into one; nothing while that is only whitespace (calls may follow it, and then it
         is no content)."""
         index = self.call_start(text)
-        keep = index if index is not None else safe_len(text, self.start)
+        keep = index if index is not None else min(safe_len(text, marker) for marker in self.markers)
         return keep if text[:keep].strip() else 0
 
     def parse_calls(self, text: str) -> list[ToolCall]:
@@ -87,7 +91,7 @@ class ToolParser:
 
     def stream(self) -> ContentStream:
         """A choice's streamed answer, sending what `safe_prefix` allows, incrementally."""
-        return MarkerStream(self.start)
+        return MarkerStream(self.markers)
 
 
 class ContentStream:
@@ -124,13 +128,13 @@ class HeldStream(ContentStream):
 
 
 class MarkerStream(ContentStream):
-    """Content up to a marker that opens the calls (the marker and all after it are held for the parse). Whitespace
-    that opens the answer is held too, until text that is more than whitespace comes (it goes out with it): if only
-    calls follow it, the parse makes it no content."""
+    """Content up to the first of the markers that open the calls (it and all after it are held for the parse).
+    Whitespace that opens the answer is held too, until text that is more than whitespace comes (it goes out with
+    it): if only calls follow it, the parse makes it no content."""
 
-    def __init__(self, start: str) -> None:
+    def __init__(self, markers: tuple[str, ...]) -> None:
         super().__init__()
-        self.start = start
+        self.markers = markers
         self.held = ""  # unsent text before the marker is found: a tail that may grow into it
         self.blank: list[str] = []  # the whitespace that opened the answer, while nothing is sent
         self.found = False
@@ -142,9 +146,9 @@ class MarkerStream(ContentStream):
             return ""
         window = self.held + new
         self.scanned += len(window)
-        index = window.find(self.start)
-        keep = index if index >= 0 else safe_len(window, self.start)
-        self.found = index >= 0
+        index = first_marker(window, self.markers)
+        keep = index if index is not None else min(safe_len(window, marker) for marker in self.markers)
+        self.found = index is not None
         self.held = "" if self.found else window[keep:]
         out = window[:keep]
         if not self.sent and not out.strip():
@@ -154,6 +158,11 @@ class MarkerStream(ContentStream):
         self.sent += len(out)
         return out
 
+
+def first_marker(text: str, markers: tuple[str, ...]) -> int | None:
+    """Index of the first of `markers` in `text`, or None when none is there."""
+    found = [index for marker in markers if (index := text.find(marker)) >= 0]
+    return min(found, default=None)
 
 
 def arguments_text(value: Any) -> str:

@@ -6,16 +6,32 @@ Values are text; each becomes JSON by the type its parameter has in the request'
 fraction becomes an integer), booleans are `true` (any other text is false), objects and arrays are read as JSON
 and then as a Python literal; `null`/`None` is null for a non-string or a nullable parameter. A value that does not
 convert, and a parameter the schema does not name (or a tool the request does not have), stays the text.
+
+A model may leave out the `<tool_call>` wrapper (Qwen3-Coder models do): as vLLM's parser, a bare
+`<function=NAME>...</function>` is a call too, several in a row are several calls (as several functions in one
+block are), and the content is the text before the first. One difference: a bare function written before a
+`<tool_call>` block is a call here, where vLLM (which reads bare functions only when the output has no block)
+leaves it in the content; a stream sends content up to the first of the two openings, and cannot take back the text
+after it.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 from typing import Any
 
 from flotilla.engine.server.tool_parsers.base import ToolCall, ToolParser
-from flotilla.engine.server.tool_parsers.qwen3_coder_xml import call_blocks, function_body, function_open, parameters
+from flotilla.engine.server.tool_parsers.qwen3_coder_xml import (
+    CALL_OPEN,
+    FUNCTION_OPEN,
+    call_blocks,
+    function_body,
+    function_open,
+    functions,
+    parameters,
+)
 
 # Characters no function name has: a model that writes an unrendered template (`<function={{ name }}>`) calls nothing.
 _NOT_IN_NAMES = set("{}<>\"' \t\n\r")
@@ -27,15 +43,24 @@ class Qwen3CoderToolParser(ToolParser):
     """Qwen3-Coder and Qwen3.5 models (vLLM's `qwen3_coder`)."""
 
     name = "qwen3_coder"
-    start = "<tool_call>"
+    start = CALL_OPEN
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """`<tool_call>`, or a bare `<function=` (the model left the wrapper out)."""
+        return (CALL_OPEN, FUNCTION_OPEN)
 
     def parse_calls(self, text: str) -> list[ToolCall]:
-        """Every `<tool_call>` block's function (the last may lack its closing tags when generation stopped); a block
-        with no `<function=NAME>`, or whose name is no name, is no call. The tags in a value's text are found as
-        vLLM finds them (qwen3_coder_xml.py), so a value may hold `</parameter>` or `</function>`."""
+        """Every bare function before the first `<tool_call>`, then every function of each `<tool_call>` block (the
+        last may lack its closing tags when generation stopped); a block with no `<function=NAME>`, or whose name is
+        no name, is no call. The tags in a value's text are found as vLLM finds them (qwen3_coder_xml.py), so a value
+        may hold `</parameter>` or `</function>`."""
+        wrapped = text.find(CALL_OPEN)
+        bare = text if wrapped < 0 else text[:wrapped]
         calls = []
-        for block in call_blocks(text):
-            opened = function_open(block)
+        blocks = itertools.chain([bare], call_blocks(text[len(bare):]))
+        for function in (each for block in blocks for each in functions(block)):
+            opened = function_open(function)
             if opened is None or not _is_name(opened[0]):
                 continue
             name, after_name = opened

@@ -11,6 +11,9 @@ could put one:
 - `</function>` ends the function where the body's parameters end (each read as above), or, failing that, where it
   is followed by `</tool_call>` or the end of the text;
 - `</tool_call>` ends a block only when followed by another `<tool_call>` or the end of the text.
+Qwen3-Coder models also write a call without its `<tool_call>` wrapper: vLLM then reads the whole output as one
+block. In a block, or bare, every `<function=` is a call (vLLM's): a function ends at a `</function>` followed by
+another `<function=`, a `<tool_call>` or the end of the block.
 A value with no structural end ends at the next line-start parameter of another schema name, or at the function's
 end (generation stopped: the text so far).
 """
@@ -43,6 +46,20 @@ def call_blocks(text: str) -> Iterator[str]:
             return
         yield text[inside:end]
         pos = end + len(CALL_CLOSE)
+
+
+def functions(text: str) -> Iterator[str]:
+    """Each `<function=NAME>...</function>` of a block's inside, or of bare text (before any `<tool_call>`): from its
+    `<function=` up to a `</function>` that another `<function=` or the end (after whitespace) follows, the last up
+    to the end."""
+    pos = text.find(FUNCTION_OPEN)
+    while pos >= 0:
+        end = _closer_followed_by(text, pos, FUNCTION_CLOSE, (FUNCTION_OPEN,))
+        if end < 0:
+            yield text[pos:]
+            return
+        yield text[pos:end + len(FUNCTION_CLOSE)]
+        pos = text.find(FUNCTION_OPEN, end + len(FUNCTION_CLOSE))
 
 
 def function_open(block: str) -> tuple[str, str] | None:

@@ -120,13 +120,17 @@ def test_model_after_a_list_flag_is_a_usage_error_not_the_embedded_model(tiny_mo
     assert f"--model {model}" in error
 
 
+# A Secret of several keys, one a line (kubectl create secret --from-file keeps the file's last newline; a CRLF file)
+SECRET_KEYS = f"{KEY}\r\n{NEW_KEY}\n\n{ENV_KEY}\n"
+
+
 @pytest.fixture(scope="module")
 def prefixed_server(tiny_model_dirs, tmp_path_factory):
-    """One server for the two flags below (a start each cost CI ~10 s): the key from the environment,
-    --root-path /api and --enable-server-load-tracking."""
+    """One server for the tests below (a start each cost CI ~10 s): three keys from the environment, --root-path /api
+    and --enable-server-load-tracking."""
     server = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("prefixed") / "server.log",
                           "--served-model-name", "tiny", "--root-path", "/api", "--enable-server-load-tracking",
-                          env={"VLLM_API_KEY": KEY})
+                          env={"VLLM_API_KEY": SECRET_KEYS})
     yield server
     stop_server(server)
 
@@ -169,3 +173,17 @@ def test_load_counts_requests_in_progress_with_server_load_tracking(prefixed_ser
     work.join()
     assert 1 in seen and max(seen) == 1, seen  # the one completions request, while it ran
     assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
+
+
+def test_the_environment_key_holds_several_keys_one_a_line(prefixed_server):
+    # The operator sets VLLM_API_KEY from apiKeySecretRef: a Secret of several lines is several keys, each let in
+    # (vLLM's --api-key list, through the one variable a Secret can set), so a key can be rotated in the Secret.
+    server = prefixed_server
+    for key in (KEY, NEW_KEY, ENV_KEY):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny"], key
+    for wrong in (f"{KEY} {NEW_KEY}", KEY + NEW_KEY, "n3w", "env-ke"):  # never the lines joined, nor a part of one
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=wrong, max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client.models.list()
+        assert refused.value.status_code == 401 and refused.value.body["code"] == "invalid_api_key", wrong

@@ -32,6 +32,7 @@ TOOL_TEXTS = [
     "<tool_call>" + _CALL + "</tool_call><tool_call>" + _CALL, "a <tool_ b <tool_call>{bad", "[TOOL", "[TOOL_CALLS]",
     "Sure. [TOOL_CALLS][" + _CALL + "]", "x [TOOL_CALL [TOOL_CALLS] [" + _CALL + "]", "  {", "{" + _LLAMA_CALL[1:],
     "<|python_tag|>" + _LLAMA_CALL + "; " + _LLAMA_CALL, "  \n <|python", "<|python_ta x", "  It is sunny.", "<|pyt{",
+    "Ok.\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>", "x <functi", "a <function=f> b <tool_call>",
 ]
 
 _FRAGMENTS = ["<", ">", "think", "</", START, END, "<thi", "</thin", "<tool_call>", "<tool_", "</tool_call>",

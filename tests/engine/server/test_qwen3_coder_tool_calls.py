@@ -22,6 +22,8 @@ FORECAST = {"type": "function", "function": {"name": "forecast", "description": 
 BEFORE = "Ok.\n"
 CALL = ("<tool_call>\n<function=forecast>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
         "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>")
+# Qwen3-Coder models also leave the <tool_call> wrapper out: vLLM's parser reads the bare function as the call
+BARE = CALL.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
 ARGUMENTS = {"city": "42", "days": 3, "metric": True}
 FORCED = {"structured_outputs": {"regex": re.escape(BEFORE + CALL)}}
 ASK = "What will the weather be in Paris?"
@@ -37,9 +39,10 @@ def oai(embedded_model_dir, tmp_path_factory):
     stop_server(server)
 
 
-def test_an_xml_call_becomes_a_typed_tool_call_whole_and_streamed(oai):
+@pytest.mark.parametrize("call", [CALL, BARE], ids=["wrapped", "bare"])
+def test_an_xml_call_becomes_a_typed_tool_call_whole_and_streamed(oai, call):
     chat = {"model": "x", "messages": [{"role": "user", "content": ASK}], "tools": [FORECAST], "max_tokens": 120,
-            "temperature": 0, "extra_body": FORCED}
+            "temperature": 0, "extra_body": {"structured_outputs": {"regex": re.escape(BEFORE + call)}}}
     whole = oai.chat.completions.create(**chat).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.content == BEFORE
     [call] = whole.message.tool_calls

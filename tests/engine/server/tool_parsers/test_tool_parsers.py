@@ -256,3 +256,62 @@ def test_qwen3_coder_parses_nested_parameters_in_linear_time(body, value):
     content, calls = _qwen3(f"<tool_call>\n<function=nope>\n{body}")
     assert time.process_time() - started < 3.0
     assert content is None and calls == [("nope", {"a": value})]
+
+
+def _bare_call(name, params):
+    return _xml_call(name, params).removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
+
+
+@pytest.mark.parametrize("text, expected", [
+    # Qwen3-Coder models leave out the <tool_call> wrapper: vLLM's parser then reads every <function= as a call,
+    # and the content is the text before the first.
+    ("I'll search.\n" + _bare_call("search", [("query", "rust"), ("limit", "3")]),
+     ("I'll search.\n", [("search", {"query": "rust", "limit": 3})])),
+    (_bare_call("search", [("limit", "1")]) + "\n" + _bare_call("get_time", [("tz", "UTC")]) + "\n",
+     (None, [("search", {"limit": 1}), ("get_time", {"tz": "UTC"})])),
+    # generation stopped before </function>: what was written is the call
+    ("<function=search>\n<parameter=query>\nrust\n</parameter>\n<parameter=limit>\n2",
+     (None, [("search", {"query": "rust", "limit": 2})])),
+    # a value may hold </function> and <function= as text: a bare function ends only at a </function> that the end
+    # of the text, another <function= or a <tool_call> follows
+    (_bare_call("search", [("query", "a </function> b\n<function=x> c"), ("limit", "4")]),
+     (None, [("search", {"query": "a </function> b\n<function=x> c", "limit": 4})])),
+    # bare, then wrapped: both are calls (the stream holds the text from the first opening)
+    (_bare_call("search", [("limit", "1")]) + "\n" + _xml_call("search", [("limit", "2")]),
+     (None, [("search", {"limit": 1}), ("search", {"limit": 2})])),
+    # an unrendered template is no name: no call, all content
+    ("Use <function={{ name }}> here.", ("Use <function={{ name }}> here.", [])),
+    # two functions in one block are two calls, as vLLM reads every <function= of a block (the second was dropped)
+    ("<tool_call>\n" + _bare_call("search", [("limit", "1")]) + "\n" + _bare_call("get_time", [("tz", "UTC")])
+     + "\n</tool_call>", (None, [("search", {"limit": 1}), ("get_time", {"tz": "UTC"})])),
+])
+def test_qwen3_coder_reads_a_call_without_its_wrapper_as_vllm(text, expected):
+    assert _qwen3(text) == expected
+    parser = tool_parser("qwen3_coder", _QWEN3_TOOLS)
+    stream, sent = parser.stream(), ""
+    for ch in text:  # streamed: the function's XML is never content, and the content is the whole reply's
+        sent += stream.feed(ch)
+    # (with no call, the text from the opening on is held, and the stream's end sends it)
+    assert sent == (expected[0] or "" if expected[1] else text[: text.find("<function=")])
+
+
+@pytest.mark.parametrize("text", [
+    # 4,000 bare calls in a row (~270 kB, ~0.3 s, as long as the same calls wrapped): each is read within its own
+    # text, not the rest of the reply's
+    _bare_call("search", [("limit", "1"), ("query", "q")]) * 4_000,
+    # the same calls in one <tool_call> block
+    "<tool_call>\n" + _bare_call("search", [("limit", "1"), ("query", "q")]) * 4_000 + "\n</tool_call>",
+    # one bare call whose value holds 60,000 `</function>` followed by text (~800 kB): each closer is looked at once
+    "<function=search>\n<parameter=query>\n" + "</function>x\n" * 60_000,
+    # 60,000 bare openings and no closer (~800 kB): one unfinished call whose value holds the rest
+    "<function=search>\n<parameter=query>\n" + "<function=search>\n" * 45_000,
+], ids=["many-calls", "many-in-one-block", "closers-in-a-value", "openings-without-closers"])
+def test_qwen3_coder_parses_bare_calls_in_linear_time(text):
+    # Each bare function is cut out first (a </function> that another <function= follows) and parsed within its own
+    # text: read against the rest of the reply, as the value ends are worked out, many bare calls would be
+    # quadratic. The bound sits far above the linear parse's time.
+    started = time.process_time()
+    content, calls = _qwen3(text)
+    assert time.process_time() - started < 5.0
+    assert content is None and {name for name, _ in calls} == {"search"}
+    assert len(calls) == text.count("</function><function=") + 1
