@@ -20,7 +20,8 @@ from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.pooling.classify import classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
-from flotilla.engine.pooling.output import ClassificationOutput
+from flotilla.engine.pooling.output import ClassificationOutput, ScoringRequestOutput
+from flotilla.engine.pooling.pair_scores import ScoreItem, score_pairs
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
@@ -112,6 +113,17 @@ class LLM:
         `truncate_prompt_tokens` and a prompt dict's `"cache_salt"` as on `embed`."""
         return self._pool(prompts, truncate_prompt_tokens,
                           lambda ids, salt: classify_prompts(self.engine, ids, use_activation, salt))
+
+    def score(self, data_1: Prompt | Sequence[Prompt], data_2: Prompt | Sequence[Prompt], /, *,
+              use_activation: bool = True, truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
+        """vLLM's `LLM.score`: the score of each pair of `data_1` and `data_2` (each a prompt or a list of them;
+        1 to 1, 1 to N or N to N), one `ScoringRequestOutput` per pair (`.outputs.score`). A one-label classifier
+        (a cross-encoder) scores each pair's encoding by the tokenizer (a token-id prompt decoded first), activated
+        unless `use_activation=False` (vLLM's `PoolingParams.use_activation`); an embedding model scores the cosine
+        similarity of the two prompts' embeddings. `truncate_prompt_tokens` cuts each pair (a cross-encoder, as the
+        tokenizer truncates a pair) or each text (an embedding model, its last N tokens)."""
+        sides = [[_score_item(p) for p in _as_prompt_list(data)] for data in (data_1, data_2)]
+        return score_pairs(self.engine, sides[0], sides[1], use_activation, truncate_prompt_tokens)
 
     def _pool(self, prompts: Prompt | Sequence[Prompt], truncate_prompt_tokens: int | None,
               run: Callable[[list[list[int]], str | None], list[Any]]) -> list[Any]:
@@ -234,6 +246,12 @@ def _unwrap(prompt: Prompt) -> str | list[int]:
     if "prompt" in prompt:
         return prompt["prompt"]
     raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+
+
+def _score_item(prompt: Prompt) -> ScoreItem:
+    if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+        raise ValueError("multimodal prompts are not supported for scoring")
+    return _unwrap(prompt)
 
 
 def _salt_of(prompt: Prompt) -> str | None:

@@ -21,3 +21,22 @@ class ClassificationOutput:
 
     probs: list[float]
     num_prompt_tokens: int
+
+
+@dataclass
+class ScoringOutput:
+    """One pair's score (vLLM's ScoringOutput): a cross-encoder's activated logit, or a bi-encoder's cosine."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What `LLM.score` returns for one pair, vLLM's shape: `outputs.score`, the pair's `prompt_token_ids` (a
+    cross-encoder's pair encoding; a bi-encoder's two texts' tokens, scoring.pair_token_ids), its `request_id` (the
+    pair's index; a bi-encoder's "i_j", its two texts' indices among the embedded ones, as vLLM's) and `finished`."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
