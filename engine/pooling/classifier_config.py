@@ -80,7 +80,8 @@ def activation(hf_config: dict[str, Any]) -> str:
 
 def sentence_transformers_activation(hf_config: dict[str, Any]) -> str | None:
     """The activation class a sentence-transformers cross-encoder saved in config.json (None: none):
-    `sentence_transformers.activation_fn` when that key is there (even null), else `sbert_ce_default_activation_function`."""
+    `sentence_transformers.activation_fn` when that key is there (even null), else
+    `sbert_ce_default_activation_function`."""
     saved = hf_config.get("sentence_transformers")
     if isinstance(saved, dict) and "activation_fn" in saved:
         return saved["activation_fn"]

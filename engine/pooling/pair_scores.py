@@ -27,8 +27,8 @@ def score_pairs(engine: LLMEngine, first: list[ScoreItem], second: list[ScoreIte
     """One ScoringRequestOutput per pair, in pair order (InvalidParamError for a bad pairing or input)."""
     model = engine.config.model
     if model.runner != "pooling":
-        raise InvalidParamError("scoring needs the pooling runner: start the engine with runner='pooling' (an embedding "
-                                "model scores the cosine of two texts, a one-label classifier each pair)",
+        raise InvalidParamError("scoring needs the pooling runner: start the engine with runner='pooling' (an "
+                                "embedding model scores the cosine of two texts, a one-label classifier each pair)",
                                 param="model")
     scoring.check_pairing(("data_1", len(first)), ("data_2", len(second)))
     if model.convert == "classify":

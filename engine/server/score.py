@@ -8,8 +8,8 @@ each pair is one prompt, the tokenizer's pair encoding of the two texts, and its
 logit (classify.classify_in_calls), as vLLM scores a pair on a cross-encoder. The two sides pair as vLLM pairs them:
 1 to 1, 1 to N (the one first text against every second text) or N to N (index by index); any other shape is a 400.
 /rerank is the same score of one query against each document, in the Jina/Cohere shape, sorted by relevance. On an
-embedding model usage counts tokens per pair, as vLLM's (`scoring.pair_tokens`), not the tokens embedded; on a cross-encoder
-the tokens of each pair's encoding.
+embedding model usage counts tokens per pair, as vLLM's (`scoring.pair_tokens`), not the tokens embedded; on a
+cross-encoder the tokens of each pair's encoding.
 
 vLLM registers these routes only for pooling models, so a generate server answers them 404 (here with a message
 saying how to start a pooling one, where vLLM's is FastAPI's bare "Not Found").

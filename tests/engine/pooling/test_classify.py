@@ -4,6 +4,7 @@ models made with save_pretrained, and a causal Qwen3 turned into a reranker by v
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,59 @@ def test_an_inference_service_runner_passes_a_classifier_through(classifiers, ru
     assert "--convert" not in args and "--task" not in args
     config = EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", runner=args[args.index("--runner") + 1])
     assert (config.model.runner, config.model.convert) == ("pooling", "classify")
+
+
+ST_SIGMOID = "torch.nn.modules.activation.Sigmoid"
+
+
+@pytest.mark.parametrize(("overrides", "labels_of", "expected"), [
+    ({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, 1, "identity"),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}, 1,
+     "torch.nn.modules.activation.Tanh"),
+    # the sentence-transformers 4 key first, as vLLM; a null there means the default, whatever the older key says
+    ({"sentence_transformers": {"activation_fn": ST_SIGMOID},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "sigmoid"),
+    ({"sentence_transformers": {"activation_fn": None},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "sigmoid"),
+    ({"sentence_transformers": {"version": "4.1.0"},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "identity"),
+    # Sigmoid and Softmax mean the default: the label count picks (vLLM's PoolerActivation.wraps)
+    ({"sentence_transformers": {"activation_fn": ST_SIGMOID}}, 3, "softmax"),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Softmax"}, 1, "sigmoid"),
+    # a problem_type decides first, as transformers' loss
+    ({"problem_type": "single_label_classification",
+      "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, 3, "softmax"),
+    ({"problem_type": "regression", "sentence_transformers": {"activation_fn": ST_SIGMOID}}, 1, "identity"),
+])
+def test_a_sentence_transformers_activation_is_read_as_vllm_reads_it(overrides, labels_of, expected):
+    from flotilla.engine.pooling.classifier_config import activation, classifier_problem
+
+    config = {"architectures": ["LlamaForSequenceClassification"], "num_labels": labels_of, **overrides}
+    assert classifier_problem(config) is None
+    assert activation(config) == expected
+
+
+@pytest.mark.parametrize("name", ["torch.nn.modules.linear.Identity", "torch.nn.modules.activation.Tanh"])
+def test_a_sentence_transformers_activation_applies_to_hfs_logits(classifiers, tmp_path, name):
+    # One label (a cross-encoder): Identity gives the raw logit, Tanh is applied as it is; /score reports the same
+    # value (it classifies each pair through this path).
+    path = tmp_path / "st-cross-encoder"
+    shutil.copytree(classifiers["llama"], path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sentence_transformers": {"activation_fn": name}}))
+    llm = LLM(str(path), max_model_len=64, device="cpu")
+    logits = hf_logits(path, PROMPTS)
+    expected = torch.tanh(logits) if name.endswith("Tanh") else logits
+    torch.testing.assert_close(torch.tensor([o.probs for o in llm.classify(PROMPTS)]), expected, atol=1e-4,
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "error", "words"), [
+    ("os.system", ConfigError, "not a class of torch.nn.modules"),
+    ("torch.nn.modules.activation.NoSuchActivation", ValueError, "not a torch module class"),
+    ("torch.nn.modules.activation.F", ValueError, "not a torch module class"),  # a module there, not a class
+])
+def test_a_sentence_transformers_activation_outside_torch_modules_refuses(tiny_model_dirs, name, error, words):
+    with pytest.raises(error, match=words):
+        LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", max_model_len=64, device="cpu",
+            hf_overrides={**QWEN3_RERANKER, "sbert_ce_default_activation_function": name})
