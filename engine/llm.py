@@ -6,6 +6,8 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import torch
+
 from flotilla.engine.chat_content import ContentFormatOption
 from flotilla.engine.chat_rendering import (
     check_prompt_end,
@@ -18,9 +20,14 @@ from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
-from flotilla.engine.pooling.classify import classify_prompts
+from flotilla.engine.pooling.classify import classify_prompts, token_classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
-from flotilla.engine.pooling.output import ClassificationOutput, ScoringRequestOutput
+from flotilla.engine.pooling.output import (
+    ClassificationOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringRequestOutput,
+)
 from flotilla.engine.pooling.pair_scores import ScoreItem, score_pairs
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
@@ -124,6 +131,32 @@ class LLM:
         tokenizer truncates a pair) or each text (an embedding model, its last N tokens)."""
         sides = [[_score_item(p) for p in _as_prompt_list(data)] for data in (data_1, data_2)]
         return score_pairs(self.engine, sides[0], sides[1], use_activation, truncate_prompt_tokens)
+
+    def encode(self, prompts: Prompt | Sequence[Prompt], *, pooling_task: str | None = None,
+               use_activation: bool = True, truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's `LLM.encode`: one `PoolingRequestOutput` per prompt, its `outputs.data` a float32 tensor of the
+        `pooling_task` (required, as vLLM's): "token_classify" (a classifier's activated scores at every token,
+        `[num_tokens, num_labels]`), "classify" (`[num_labels]`) or "embed" (`[hidden]`). `use_activation` (vLLM's
+        `PoolingParams` field) as on `classify`; `truncate_prompt_tokens` and a dict's `"cache_salt"` as on `embed`."""
+        runs: dict[str, Callable[[list[list[int]], str | None], list[Any]]] = {
+            "token_classify": lambda ids, salt: token_classify_prompts(self.engine, ids, use_activation, salt),
+            "classify": lambda ids, salt: [o.probs for o in classify_prompts(self.engine, ids, use_activation, salt)],
+            "embed": lambda ids, salt: [o.embedding for o in embed_prompts(self.engine, ids, PoolingParams(), salt)],
+        }
+        if pooling_task not in runs:
+            raise ValueError(f"pooling_task must be one of {', '.join(runs)} (vLLM's token_embed and plugin tasks are "
+                             f"not served), not {pooling_task!r}")
+        run = runs[pooling_task]
+        pooled = self._pool(prompts, truncate_prompt_tokens,
+                            lambda ids, salt: list(zip(ids, run(ids, salt), strict=True)))
+        return [PoolingRequestOutput(str(i), PoolingOutput(torch.tensor(data, dtype=torch.float32)), ids)
+                for i, (ids, data) in enumerate(pooled)]
+
+    def reward(self, prompts: Prompt | Sequence[Prompt], *, use_activation: bool = True,
+               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's `LLM.reward`: `encode(prompts, pooling_task="token_classify")`, a score per token."""
+        return self.encode(prompts, pooling_task="token_classify", use_activation=use_activation,
+                           truncate_prompt_tokens=truncate_prompt_tokens)
 
     def _pool(self, prompts: Prompt | Sequence[Prompt], truncate_prompt_tokens: int | None,
               run: Callable[[list[list[int]], str | None], list[Any]]) -> list[Any]:

@@ -4,6 +4,7 @@ that the API process can receive it from the engine-core process without importi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -38,5 +39,23 @@ class ScoringRequestOutput:
 
     request_id: str
     outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class PoolingOutput:
+    """vLLM's raw pooling output: `data`, a torch tensor offline (token_classify: `[num_tokens, num_labels]`)."""
+
+    data: Any
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What `LLM.encode` and `LLM.reward` return for one prompt, vLLM's shape: `outputs.data`, the prompt's
+    `prompt_token_ids`, its `request_id` (its index in the call) and `finished`."""
+
+    request_id: str
+    outputs: PoolingOutput
     prompt_token_ids: list[int]
     finished: bool = True

@@ -209,3 +209,34 @@ def test_a_sentence_transformers_activation_outside_torch_modules_refuses(tiny_m
     with pytest.raises(error, match=words):
         LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", max_model_len=64, device="cpu",
             hf_overrides={**QWEN3_RERANKER, "sbert_ce_default_activation_function": name})
+
+
+def hf_token_logits(model_dir: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # the score head on every token's final hidden state (vLLM's token_classify)
+        return [model.score(model.model(torch.tensor([ids])).last_hidden_state[0]) for ids in prompts]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_token_classify_is_hfs_score_head_on_every_token(classifiers, arch):
+    llm = LLM(str(classifiers[arch]), max_model_len=64, max_num_batched_tokens=64, device="cpu")
+    blocks = llm.engine.block_manager
+    free_before = blocks.num_free_blocks
+    logits = hf_token_logits(classifiers[arch], PROMPTS)
+    llm.classify(PROMPTS)  # their full blocks cached: token_classify must compute every token all the same
+    out = llm.encode(PROMPTS + PROMPTS[:1], pooling_task="token_classify")  # a prompt repeated in one pass too
+    for got, want, ids in zip(out, [*logits, logits[0]], PROMPTS + PROMPTS[:1], strict=True):
+        expected = torch.sigmoid(want) if want.shape[1] == 1 else torch.softmax(want, dim=-1)
+        torch.testing.assert_close(got.outputs.data, expected, atol=1e-4, rtol=1e-4)
+        assert got.prompt_token_ids == ids and got.outputs.data.shape == (len(ids), want.shape[1])
+    raw = llm.reward(PROMPTS[1:2], use_activation=False)
+    torch.testing.assert_close(raw[0].outputs.data, logits[1], atol=1e-4, rtol=1e-4)
+    [last] = llm.encode(PROMPTS[3], pooling_task="classify")  # the sequence task: the last token's row
+    torch.testing.assert_close(last.outputs.data, out[3].outputs.data[-1], atol=1e-5, rtol=1e-5)
+    assert blocks.num_free_blocks == free_before
+    with pytest.raises(ValueError, match="pooling_task must be one of"):
+        llm.encode(PROMPTS[:1])
+    with pytest.raises(InvalidParamError, match="classifier"):
+        llm.encode(PROMPTS[:1], pooling_task="embed")
