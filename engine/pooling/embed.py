@@ -42,7 +42,8 @@ GENERATE_RUNNER_REFUSAL = ("this server runs the generate runner; start it with 
                            "serve embeddings")
 
 
-# A head: each prompt's last hidden state `[B, H]` -> the rows its task reports `[B, D]` (still on the device).
+# A head: hidden states `[N, H]` (each prompt's last, or every token's) -> the rows its task reports `[N, D]`
+# (still on the device).
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 # The convert each task needs, and why a model of the other convert refuses it.
