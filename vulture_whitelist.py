@@ -22,6 +22,7 @@ _.pytest_collection_modifyitems  # pytest: a conftest hook
 _.pytest_collection_finish  # pytest: a conftest hook (tests/images: starts the image build)
 _.pytest_sessionfinish  # pytest: a conftest hook
 _.remove_lora  # engine/engine_call.py: EngineCall("remove_lora") runs it by name in the engine core
+_.token_classify  # engine/engine_call.py: EngineCall("token_classify") runs it by name (the /pooling route)
 _.do_GET  # http.server: BaseHTTPRequestHandler runs do_<METHOD> (tests/operator/test_operator_hostile.py)
 _.log_message  # http.server: BaseHTTPRequestHandler logs through it (silenced in the same test)
 _.effort  # pydantic: engine/server/responses.py's ReasoningOptions fields, validated and echoed by model_dump

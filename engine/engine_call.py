@@ -10,8 +10,8 @@ if TYPE_CHECKING:  # the API process never imports the engine (nor torch): only 
     from flotilla.engine.llm_engine import LLMEngine
 
 # The engine methods a front end may call: the only ones the core process will run for it.
-CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed", "classify", "sleep", "wake_up", "is_sleeping",
-                              "reload_weights"})
+CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed", "classify", "token_classify", "sleep", "wake_up",
+                              "is_sleeping", "reload_weights"})
 
 
 @dataclass(frozen=True)

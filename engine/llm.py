@@ -6,6 +6,8 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import torch
+
 from flotilla.engine.chat_content import ContentFormatOption
 from flotilla.engine.chat_rendering import (
     check_prompt_end,
@@ -18,9 +20,15 @@ from flotilla.engine.errors import client_error
 from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
-from flotilla.engine.pooling.classify import classify_prompts
+from flotilla.engine.pooling.classify import classify_prompts, token_classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
-from flotilla.engine.pooling.output import ClassificationOutput
+from flotilla.engine.pooling.output import (
+    ClassificationOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringRequestOutput,
+)
+from flotilla.engine.pooling.pair_scores import ScoreItem, score_pairs
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
@@ -112,6 +120,43 @@ class LLM:
         `truncate_prompt_tokens` and a prompt dict's `"cache_salt"` as on `embed`."""
         return self._pool(prompts, truncate_prompt_tokens,
                           lambda ids, salt: classify_prompts(self.engine, ids, use_activation, salt))
+
+    def score(self, data_1: Prompt | Sequence[Prompt], data_2: Prompt | Sequence[Prompt], /, *,
+              use_activation: bool = True, truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
+        """vLLM's `LLM.score`: the score of each pair of `data_1` and `data_2` (each a prompt or a list of them;
+        1 to 1, 1 to N or N to N), one `ScoringRequestOutput` per pair (`.outputs.score`). A one-label classifier
+        (a cross-encoder) scores each pair's encoding by the tokenizer (a token-id prompt decoded first), activated
+        unless `use_activation=False` (vLLM's `PoolingParams.use_activation`); an embedding model scores the cosine
+        similarity of the two prompts' embeddings. `truncate_prompt_tokens` cuts each pair (a cross-encoder, as the
+        tokenizer truncates a pair) or each text (an embedding model, its last N tokens)."""
+        sides = [[_score_item(p) for p in _as_prompt_list(data)] for data in (data_1, data_2)]
+        return score_pairs(self.engine, sides[0], sides[1], use_activation, truncate_prompt_tokens)
+
+    def encode(self, prompts: Prompt | Sequence[Prompt], *, pooling_task: str | None = None,
+               use_activation: bool = True, truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's `LLM.encode`: one `PoolingRequestOutput` per prompt, its `outputs.data` a float32 tensor of the
+        `pooling_task` (required, as vLLM's): "token_classify" (a classifier's activated scores at every token,
+        `[num_tokens, num_labels]`), "classify" (`[num_labels]`) or "embed" (`[hidden]`). `use_activation` (vLLM's
+        `PoolingParams` field) as on `classify`; `truncate_prompt_tokens` and a dict's `"cache_salt"` as on `embed`."""
+        runs: dict[str, Callable[[list[list[int]], str | None], list[Any]]] = {
+            "token_classify": lambda ids, salt: token_classify_prompts(self.engine, ids, use_activation, salt),
+            "classify": lambda ids, salt: [o.probs for o in classify_prompts(self.engine, ids, use_activation, salt)],
+            "embed": lambda ids, salt: [o.embedding for o in embed_prompts(self.engine, ids, PoolingParams(), salt)],
+        }
+        if pooling_task not in runs:
+            raise ValueError(f"pooling_task must be one of {', '.join(runs)} (vLLM's token_embed and plugin tasks are "
+                             f"not served), not {pooling_task!r}")
+        run = runs[pooling_task]
+        pooled = self._pool(prompts, truncate_prompt_tokens,
+                            lambda ids, salt: list(zip(ids, run(ids, salt), strict=True)))
+        return [PoolingRequestOutput(str(i), PoolingOutput(torch.tensor(data, dtype=torch.float32)), ids)
+                for i, (ids, data) in enumerate(pooled)]
+
+    def reward(self, prompts: Prompt | Sequence[Prompt], *, use_activation: bool = True,
+               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's `LLM.reward`: `encode(prompts, pooling_task="token_classify")`, a score per token."""
+        return self.encode(prompts, pooling_task="token_classify", use_activation=use_activation,
+                           truncate_prompt_tokens=truncate_prompt_tokens)
 
     def _pool(self, prompts: Prompt | Sequence[Prompt], truncate_prompt_tokens: int | None,
               run: Callable[[list[list[int]], str | None], list[Any]]) -> list[Any]:
@@ -234,6 +279,12 @@ def _unwrap(prompt: Prompt) -> str | list[int]:
     if "prompt" in prompt:
         return prompt["prompt"]
     raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+
+
+def _score_item(prompt: Prompt) -> ScoreItem:
+    if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+        raise ValueError("multimodal prompts are not supported for scoring")
+    return _unwrap(prompt)
 
 
 def _salt_of(prompt: Prompt) -> str | None:

@@ -28,7 +28,7 @@ from flotilla.engine.lora.manager import LoRAManager
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.model_runner import LaunchedStep, ModelRunner, StepOutput
 from flotilla.engine.outputs import CompletionOutput, RequestOutput
-from flotilla.engine.pooling.classify import classify_prompts
+from flotilla.engine.pooling.classify import classify_prompts, token_classify_prompts
 from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.output import ClassificationOutput
 from flotilla.engine.pooling.params import PoolingParams
@@ -280,6 +280,12 @@ class LLMEngine:
         """A classifier's (--convert classify) class scores of tokenized prompts, as `embed` runs (prefill only,
         blocks freed at once); `use_activation=False` gives the head's raw logits."""
         return classify_prompts(self, prompts, use_activation, cache_salt)
+
+    def token_classify(self, prompts: list[list[int]], use_activation: bool = True,
+                       cache_salt: str | None = None) -> list[list[list[float]]]:
+        """A classifier's class scores at every token of tokenized prompts (vLLM's token_classify task), as `classify`
+        runs, every token computed (no prefix-cache block taken)."""
+        return token_classify_prompts(self, prompts, use_activation, cache_salt)
 
     def add_lora(self, lora: LoRARequest) -> None:
         """Load an adapter into the CPU cache, checked against the model (LoRAAdapterError if it cannot

@@ -36,7 +36,8 @@ OTHER_NAMES = {"max_whitespace_cnt", "structural_tag", "whitespace_pattern", "se
                "serviceMonitorSelector", "serviceMonitorNamespaceSelector", "enforcedSampleLimit", "honorLabels",
                # vLLM's, named in docs/classify.md as vLLM's
                "as_seq_cls_model", "get_classification_activation_function", "activation_fn",
-               "sentence_transformers.activation_fn", "sbert_ce_default_activation_function"}
+               "sentence_transformers.activation_fn", "sbert_ce_default_activation_function", "pooling_params",
+               "tokenization_kwargs"}
 
 
 def _tracked() -> list[str]:

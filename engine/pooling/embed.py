@@ -17,8 +17,9 @@ latency, for a request of another tenant.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,7 +42,8 @@ GENERATE_RUNNER_REFUSAL = ("this server runs the generate runner; start it with 
                            "serve embeddings")
 
 
-# A head: each prompt's last hidden state `[B, H]` -> the rows its task reports `[B, D]` (still on the device).
+# A head: hidden states `[N, H]` (each prompt's last, or every token's) -> the rows its task reports `[N, D]`
+# (still on the device).
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 # The convert each task needs, and why a model of the other convert refuses it.
@@ -72,9 +74,12 @@ def check_pooling(engine: LLMEngine, convert: str) -> None:
         raise InvalidParamError(_WRONG_CONVERT[convert], param="model")
 
 
-def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_salt: str | None) -> list[list[float]]:
+def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_salt: str | None,
+                 all_tokens: bool = False) -> list[Any]:
     """`head`'s rows for token-id prompts, in order: every prompt checked, then batch by batch (one prefill pass
-    each, its blocks freed before the next)."""
+    each, its blocks freed before the next). A prompt's answer is its last token's row, or with `all_tokens` (vLLM's
+    ALL pooling: the token_classify task) every token's rows, `[num_tokens, D]`; then no prefix-cache block is taken,
+    since a cached token's hidden state is not kept (its blocks are indexed for later passes all the same)."""
     runner = engine.runner
     if not isinstance(runner, ModelRunner):
         raise InvalidParamError("pooling is not supported with tensor or pipeline parallelism yet")
@@ -85,9 +90,9 @@ def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_
     for i, ids in enumerate(prompts):
         check_prompt(i, ids, engine.config.model.max_model_len, engine.vocab_size)
     scheduler = engine.config.scheduler
-    out: list[list[float]] = []
+    out: list[Any] = []
     for batch in prompt_batches(prompts, scheduler.max_num_batched_tokens, scheduler.max_num_seqs):
-        out += _pool_batch(engine, runner, batch, head, cache_salt)
+        out += _pool_batch(engine, runner, batch, head, cache_salt, all_tokens)
     return out
 
 
@@ -122,10 +127,12 @@ def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int |
 
 
 def _pool_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], head: Head,
-                cache_salt: str | None) -> list[list[float]]:
+                cache_salt: str | None, all_tokens: bool) -> list[Any]:
     blocks = engine.block_manager
-    holders = [Request(f"pooling-{i}", ids, SamplingParams(max_tokens=1), cache_salt=cache_salt)
-               for i, ids in enumerate(batch)]
+    # Every token's row needs every token computed: the block manager takes no cached prefix for a request that
+    # asks for prompt logprobs (the same need), so the holders ask for them (nothing reads them).
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0 if all_tokens else None)
+    holders = [Request(f"pooling-{i}", ids, params, cache_salt=cache_salt) for i, ids in enumerate(batch)]
     taken: list[Request] = []
     computed = False
     try:
@@ -140,20 +147,20 @@ def _pool_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], 
                                         param="input")
             blocks.record_lookup(holder, len(cached))
             taken.append(holder)
-        pooled = _forward(runner, holders, head)
+        pooled = _forward(runner, holders, head, all_tokens)
         computed = True
     finally:
         for holder in taken:
             if not computed:  # indexed as if computed: a later prompt must not take K/V never written
                 blocks.uncache(holder, holder.num_cached_tokens)
             blocks.free(holder)
-    return pooled.tolist()
+    return pooled
 
 
 @torch.inference_mode()
-def _forward(runner: ModelRunner, holders: list[Request], head: Head) -> torch.Tensor:
+def _forward(runner: ModelRunner, holders: list[Request], head: Head, all_tokens: bool) -> list[Any]:
     """One prefill pass over the prompts' tokens past their cached prefix (eager: CUDA graphs hold decode-sized
-    steps), and `head` on each prompt's last hidden state."""
+    steps), and `head` on each prompt's last hidden state (a row per prompt), or on all of them (rows per prompt)."""
     size = runner.block_size
     ids: list[int] = []
     positions: list[int] = []
@@ -180,5 +187,8 @@ def _forward(runner: ModelRunner, holders: list[Request], head: Head) -> torch.T
     with forward_context(metadata):
         hidden = runner.model(device_tensor(ids, torch.long, device), device_tensor(positions, torch.long, device))
     runner.num_tokens_fed += len(ids)
+    if all_tokens:
+        rows = head(hidden).cpu()
+        return [rows[start:end].tolist() for start, end in itertools.pairwise(starts)]
     last = device_tensor([s - 1 for s in starts[1:]], torch.long, device)
-    return head(hidden.index_select(0, last)).cpu()
+    return head(hidden.index_select(0, last)).cpu().tolist()

@@ -9,17 +9,25 @@ how). Either way no `lm_head.*` tensor reaches the model, which no longer has on
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from flotilla.engine.pooling.classifier_config import head_method, num_labels
+from flotilla.engine.pooling.classifier_config import ST_ACTIVATION_PACKAGE, activation, head_method, num_labels
+
+_BUILT_IN = ("sigmoid", "softmax", "identity")
 
 
 def attach_score_head(model: nn.Module, hf_config: dict[str, Any]) -> None:
-    """Replace the model's LM head with the classifier's `score` head (uninitialised until loaded)."""
+    """Replace the model's LM head with the classifier's `score` head (uninitialised until loaded); a
+    sentence-transformers activation config.json names is built here, so that one torch lacks refuses to load."""
+    how = activation(hf_config)
+    if how not in _BUILT_IN:
+        activation_module(how)
     model.lm_head = nn.Identity()
     model.score = nn.Linear(int(hf_config["hidden_size"]), num_labels(hf_config), bias=False, dtype=torch.float32)
 
@@ -50,4 +58,23 @@ def activate(logits: torch.Tensor, how: str) -> torch.Tensor:
         return torch.sigmoid(logits)
     if how == "softmax":
         return torch.softmax(logits, dim=-1)
-    return logits
+    if how == "identity":
+        return logits
+    return activation_module(how)(logits)
+
+
+@functools.cache
+def activation_module(qualname: str) -> nn.Module:
+    """The `torch.nn.modules` class `qualname` names (sentence-transformers' activation), built without arguments,
+    as vLLM's `resolve_obj_by_qualname`; ValueError when torch has no such module class."""
+    package, _, name = qualname.rpartition(".")
+    if not qualname.startswith(ST_ACTIVATION_PACKAGE):  # classifier_config refused it already; never import it
+        raise ValueError(f"the activation {qualname!r} is not a class of {ST_ACTIVATION_PACKAGE.rstrip('.')}")
+    try:
+        found = getattr(importlib.import_module(package), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"config.json's sentence-transformers activation {qualname!r} is not a torch module class"
+                         ) from exc
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise ValueError(f"config.json's sentence-transformers activation {qualname!r} is not a torch module class")
+    return found()

@@ -2,23 +2,33 @@
 (a classifier) in another envelope.
 
 The request is /v1/embeddings' (input or messages, and every extra, with the same checks and limits) plus vLLM's
-`task`, which may be left out (the model's task) or name the model's task, "embed" or "classify": the other pooling
-tasks (token_embed, token_classify, plugin, or the other of the two) need poolers this model does not have, and are a
-400 naming `task`. The response is vLLM's PoolingResponse: the vectors (embeddings, or class probabilities) under
-`data[i].data`, `object` "pooling", the id `pool-...`. As /score, a generate server answers 404: vLLM registers the
-route only for pooling models.
+`task`, which may be left out (the model's task) or name the model's task, "embed" or "classify"; a classifier also
+serves "token_classify" (vLLM's ALL pooling: the class scores at every token, `[num_tokens, num_labels]` per input).
+The other pooling tasks (token_embed, plugin, or the other of embed and classify) need poolers this model does not
+have, and are a 400 naming `task`. The response is vLLM's PoolingResponse: the vectors (embeddings, class
+probabilities, or per-token rows of them) under `data[i].data`, `object` "pooling", the id `pool-...`. As /score,
+a generate server answers 404: vLLM registers the route only for pooling models.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
+from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.server.classify import ClassificationRequest, create_classification
-from flotilla.engine.server.embeddings import EmbeddingRequest, create_embeddings
+from flotilla.engine.server.embeddings import (
+    EmbeddingRequest,
+    checked_prompts,
+    create_embeddings,
+    pool_in_calls,
+    refuse_unservable,
+)
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response
+from flotilla.engine.server.request_extras import response_ids
 from flotilla.engine.server.request_id_header import named_by_header
 
 if TYPE_CHECKING:
@@ -39,10 +49,14 @@ async def create_pooling(state: ServerState, body: PoolingRequest, model: str) -
     """The embeddings of the request, in vLLM's PoolingResponse shape."""
     if state.runner != "pooling":
         raise APIError(404, POOLING_NEEDS_POOLING, param="model")
-    task = state.convert  # "embed" or "classify": the pooling runner's one task
-    if body.task not in (None, task):
-        raise APIError(400, f'task "{body.task}" is not served: this model\'s pooling runner has the {task} task only '
-                            f'(leave task out, or "{task}")', param="task")
+    task = state.convert  # "embed" or "classify": the pooling runner's sequence task
+    served = (task, "token_classify") if task == "classify" else (task,)
+    if body.task not in (None, *served):
+        raise APIError(400, f'task "{body.task}" is not served: this model\'s pooling runner has the '
+                            f'{" and ".join(served)} task{"s" if len(served) > 1 else ""} only (leave task out, or '
+                            f'name one of them)', param="task")
+    if body.task == "token_classify":
+        return await _token_classification(state, _classification_request(body), model)
     if task == "classify":
         result = await create_classification(state, _classification_request(body), model)
         prefix, key = "classify-", "probs"
@@ -53,6 +67,28 @@ async def create_pooling(state: ServerState, body: PoolingRequest, model: str) -
         **result,
         "id": "pool-" + result["id"].removeprefix(prefix),
         "data": [{"index": item["index"], "object": "pooling", "data": item[key]} for item in result["data"]],
+    }
+
+
+async def _token_classification(state: ServerState, body: ClassificationRequest, model: str) -> dict[str, Any]:
+    """The class scores at every token of each input (the token_classify task), in vLLM's PoolingResponse shape;
+    the inputs' handling, checks and engine calls are /classify's."""
+    refuse_unservable(body, "/pooling")
+    prompts = await checked_prompts(state, body)
+    response_id = response_ids("pool", body.request_id)[0]
+    use_activation = body.use_activation is not False
+    rows = await pool_in_calls(
+        state, prompts, lambda chunk: EngineCall("token_classify", (chunk, use_activation, body.cache_salt)),
+        {"task": "token_classify", "use_activation": use_activation}, response_id)
+    tokens = sum(len(ids) for ids in prompts)
+    return {
+        "id": response_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [{"index": i, "object": "pooling", "data": r} for i, r in enumerate(rows)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                  "prompt_tokens_details": None},
     }
 
 

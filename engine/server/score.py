@@ -8,8 +8,8 @@ each pair is one prompt, the tokenizer's pair encoding of the two texts, and its
 logit (classify.classify_in_calls), as vLLM scores a pair on a cross-encoder. The two sides pair as vLLM pairs them:
 1 to 1, 1 to N (the one first text against every second text) or N to N (index by index); any other shape is a 400.
 /rerank is the same score of one query against each document, in the Jina/Cohere shape, sorted by relevance. On an
-embedding model usage counts tokens per pair, as vLLM's (`pair_tokens`), not the tokens embedded; on a cross-encoder
-the tokens of each pair's encoding.
+embedding model usage counts tokens per pair, as vLLM's (`scoring.pair_tokens`), not the tokens embedded; on a
+cross-encoder the tokens of each pair's encoding.
 
 vLLM registers these routes only for pooling models, so a generate server answers them 404 (here with a message
 saying how to start a pooling one, where vLLM's is FastAPI's bare "Not Found").
@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from fastapi import FastAPI, Request, Response
 from pydantic import Field
 
+from flotilla.engine.pooling import scoring
 from flotilla.engine.pooling.embed import check_prompt
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
@@ -99,41 +99,17 @@ def _listed(value: ScoreInputs) -> list[str]:
 
 
 def check_pairing(first: tuple[str, list[str]], second: tuple[str, list[str]]) -> None:
-    """vLLM's pairing rule: neither side empty, and 1 to 1, 1 to N or N to N."""
-    for name, texts in (first, second):
-        if not texts:
-            raise APIError(400, f"{name} must not be empty: give at least one text", param=name)
+    """vLLM's pairing rule (scoring.check_pairing), and at most MAX_SCORE_TEXTS texts together."""
     (name_1, texts_1), (name_2, texts_2) = first, second
-    if len(texts_1) > 1 and len(texts_1) != len(texts_2):
-        raise APIError(400, f"{name_1} has {len(texts_1)} texts and {name_2} {len(texts_2)}: the sides pair 1 to 1, "
-                            f"1 to N or N to N", param=name_2)
+    scoring.check_pairing((name_1, len(texts_1)), (name_2, len(texts_2)))
     if len(texts_1) + len(texts_2) > MAX_SCORE_TEXTS:  # before any text is tokenized
         raise APIError(400, f"{name_1} and {name_2} list {len(texts_1) + len(texts_2)} texts together; at most "
                             f"{MAX_SCORE_TEXTS} are embedded per request (send more requests)", param=name_2)
 
 
-def cosine_scores(first: list[list[float]], second: list[list[float]]) -> list[float]:
-    """The cosine similarity of each pair, `first` having one vector (scored against each of `second`) or as many as
-    `second`; a zero vector scores 0 (torch's cosine_similarity clamps its norm too). Clipped to [-1, 1]: rounding
-    put a text against itself at 1.0000000000000002, outside the range a client may check."""
-    a = np.asarray(first, dtype=np.float64)
-    b = np.asarray(second, dtype=np.float64)
-    norms = np.maximum(np.linalg.norm(a, axis=1), 1e-8) * np.maximum(np.linalg.norm(b, axis=1), 1e-8)
-    return np.clip((a * b).sum(axis=1) / norms, -1.0, 1.0).tolist()
-
-
-def pair_tokens(first: list[int], second: list[int], pad_token_id: int | None) -> int:
-    """A request's usage as vLLM counts it: each pair's two texts' tokens, plus one between them when the tokenizer
-    has a pad token (vLLM joins the two prompts with it), summed over the pairs; in 1 to N the one first text counts
-    once per pair. `first` and `second`: each text's token count."""
-    pad = 0 if pad_token_id is None else 1
-    firsts = first * len(second) if len(first) == 1 else first
-    return sum(a + pad + b for a, b in zip(firsts, second, strict=True))
-
-
 async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
                       second: tuple[str, list[str]], response_id: str) -> tuple[list[float], int]:
-    """(each pair's score, the usage's tokens: `pair_tokens`): every text tokenized and checked before any is
+    """(each pair's score, the usage's tokens: `scoring.pair_tokens`): every text tokenized and checked before any is
     embedded, then the two sides embedded in one list of engine calls."""
     if state.runner != "pooling":  # before any text is read
         raise APIError(404, SCORE_NEEDS_POOLING, param="model")
@@ -153,8 +129,8 @@ async def score_texts(state: ServerState, body: _ScoringRequest, first: tuple[st
     vectors = [o.embedding for o in outputs]
     split = len(first[1])
     counts = [len(ids) for ids in prompts]
-    return (cosine_scores(vectors[:split], vectors[split:]),
-            pair_tokens(counts[:split], counts[split:], state.serving.tokenizer.pad_token_id))
+    return (scoring.cosine_scores(vectors[:split], vectors[split:]),
+            scoring.pair_tokens(counts[:split], counts[split:], state.serving.tokenizer.pad_token_id))
 
 
 async def _cross_encoder_scores(state: ServerState, body: _ScoringRequest, first: tuple[str, list[str]],
@@ -169,8 +145,7 @@ async def _cross_encoder_scores(state: ServerState, body: _ScoringRequest, first
                             "as its tokenizer does, the longer text first (leave it out)", param="truncation_side")
     (_, texts_1), (name_2, texts_2) = first, second
     prompts = []
-    for i, (text_1, text_2) in enumerate(zip(texts_1 * len(texts_2) if len(texts_1) == 1 else texts_1, texts_2,
-                                             strict=True)):
+    for i, (text_1, text_2) in enumerate(scoring.pairs(texts_1, texts_2)):
         ids = await state.serving.encode_pair(text_1, text_2, body.truncate_prompt_tokens, param=name_2)
         check_prompt(i, ids, state.max_model_len, state.vocab_size, param=name_2)
         prompts.append(ids)

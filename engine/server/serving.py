@@ -15,6 +15,7 @@ from flotilla.engine.chat_rendering import check_prompt_end, history_for_templat
 from flotilla.engine.lora.registry import LoRARegistry
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
+from flotilla.engine.pooling.scoring import pair_encoding
 from flotilla.engine.prompt_rules import check_prompt
 from flotilla.engine.prompt_truncation import (
     kept_tokens,
@@ -264,16 +265,11 @@ class OpenAIServing:
         return await self._tokenized(text, add_special_tokens)
 
     async def encode_pair(self, text: str, pair: str, keep: int | None, param: str) -> list[int]:
-        """A cross-encoder's prompt: the tokenizer's pair encoding of (`text`, `pair`) with its special tokens, as vLLM
-        tokenizes a pair for a classifier; `keep` (truncate_prompt_tokens, -1: the context length) cuts it as the
-        tokenizer's own truncation does (the longer text first), as vLLM's `max_length` does."""
+        """A cross-encoder's prompt for a pair (scoring.pair_encoding) on a worker thread; without `keep`, a pair too
+        long in characters is a 400 before it is tokenized."""
         if keep is None:
             self.check_chars(len(text) + len(pair), param)
-            options: dict[str, Any] = {}
-        else:
-            options = {"truncation": True, "max_length": kept_tokens(keep, self.max_model_len)}
-        encoded = await asyncio.to_thread(self.tokenizer, text, text_pair=pair, add_special_tokens=True, **options)
-        return list(encoded["input_ids"])
+        return await asyncio.to_thread(pair_encoding, self.tokenizer, text, pair, keep, self.max_model_len)
 
     async def _tokenized(self, text: str, add_special_tokens: bool) -> list[int]:
         # The Rust tokenizer releases the GIL while it works, so the event loop keeps running meanwhile

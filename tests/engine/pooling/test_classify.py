@@ -4,6 +4,7 @@ models made with save_pretrained, and a causal Qwen3 turned into a reranker by v
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,90 @@ def test_an_inference_service_runner_passes_a_classifier_through(classifiers, ru
     assert "--convert" not in args and "--task" not in args
     config = EngineConfig.from_kwargs(str(classifiers["qwen2"]), device="cpu", runner=args[args.index("--runner") + 1])
     assert (config.model.runner, config.model.convert) == ("pooling", "classify")
+
+
+ST_SIGMOID = "torch.nn.modules.activation.Sigmoid"
+
+
+@pytest.mark.parametrize(("overrides", "labels_of", "expected"), [
+    ({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, 1, "identity"),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}, 1,
+     "torch.nn.modules.activation.Tanh"),
+    # the sentence-transformers 4 key first, as vLLM; a null there means the default, whatever the older key says
+    ({"sentence_transformers": {"activation_fn": ST_SIGMOID},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "sigmoid"),
+    ({"sentence_transformers": {"activation_fn": None},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "sigmoid"),
+    ({"sentence_transformers": {"version": "4.1.0"},
+      "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, 1, "identity"),
+    # Sigmoid and Softmax mean the default: the label count picks (vLLM's PoolerActivation.wraps)
+    ({"sentence_transformers": {"activation_fn": ST_SIGMOID}}, 3, "softmax"),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Softmax"}, 1, "sigmoid"),
+    # a problem_type decides first, as transformers' loss
+    ({"problem_type": "single_label_classification",
+      "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, 3, "softmax"),
+    ({"problem_type": "regression", "sentence_transformers": {"activation_fn": ST_SIGMOID}}, 1, "identity"),
+])
+def test_a_sentence_transformers_activation_is_read_as_vllm_reads_it(overrides, labels_of, expected):
+    from flotilla.engine.pooling.classifier_config import activation, classifier_problem
+
+    config = {"architectures": ["LlamaForSequenceClassification"], "num_labels": labels_of, **overrides}
+    assert classifier_problem(config) is None
+    assert activation(config) == expected
+
+
+@pytest.mark.parametrize("name", ["torch.nn.modules.linear.Identity", "torch.nn.modules.activation.Tanh"])
+def test_a_sentence_transformers_activation_applies_to_hfs_logits(classifiers, tmp_path, name):
+    # One label (a cross-encoder): Identity gives the raw logit, Tanh is applied as it is; /score reports the same
+    # value (it classifies each pair through this path).
+    path = tmp_path / "st-cross-encoder"
+    shutil.copytree(classifiers["llama"], path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sentence_transformers": {"activation_fn": name}}))
+    llm = LLM(str(path), max_model_len=64, device="cpu")
+    logits = hf_logits(path, PROMPTS)
+    expected = torch.tanh(logits) if name.endswith("Tanh") else logits
+    torch.testing.assert_close(torch.tensor([o.probs for o in llm.classify(PROMPTS)]), expected, atol=1e-4,
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "error", "words"), [
+    ("os.system", ConfigError, "not a class of torch.nn.modules"),
+    ("torch.nn.modules.activation.NoSuchActivation", ValueError, "not a torch module class"),
+    ("torch.nn.modules.activation.F", ValueError, "not a torch module class"),  # a module there, not a class
+])
+def test_a_sentence_transformers_activation_outside_torch_modules_refuses(tiny_model_dirs, name, error, words):
+    with pytest.raises(error, match=words):
+        LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", max_model_len=64, device="cpu",
+            hf_overrides={**QWEN3_RERANKER, "sbert_ce_default_activation_function": name})
+
+
+def hf_token_logits(model_dir: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # the score head on every token's final hidden state (vLLM's token_classify)
+        return [model.score(model.model(torch.tensor([ids])).last_hidden_state[0]) for ids in prompts]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_token_classify_is_hfs_score_head_on_every_token(classifiers, arch):
+    llm = LLM(str(classifiers[arch]), max_model_len=64, max_num_batched_tokens=64, device="cpu")
+    blocks = llm.engine.block_manager
+    free_before = blocks.num_free_blocks
+    logits = hf_token_logits(classifiers[arch], PROMPTS)
+    llm.classify(PROMPTS)  # their full blocks cached: token_classify must compute every token all the same
+    out = llm.encode(PROMPTS + PROMPTS[:1], pooling_task="token_classify")  # a prompt repeated in one pass too
+    for got, want, ids in zip(out, [*logits, logits[0]], PROMPTS + PROMPTS[:1], strict=True):
+        expected = torch.sigmoid(want) if want.shape[1] == 1 else torch.softmax(want, dim=-1)
+        torch.testing.assert_close(got.outputs.data, expected, atol=1e-4, rtol=1e-4)
+        assert got.prompt_token_ids == ids and got.outputs.data.shape == (len(ids), want.shape[1])
+    raw = llm.reward(PROMPTS[1:2], use_activation=False)
+    torch.testing.assert_close(raw[0].outputs.data, logits[1], atol=1e-4, rtol=1e-4)
+    [last] = llm.encode(PROMPTS[3], pooling_task="classify")  # the sequence task: the last token's row
+    torch.testing.assert_close(last.outputs.data, out[3].outputs.data[-1], atol=1e-5, rtol=1e-5)
+    assert blocks.num_free_blocks == free_before
+    with pytest.raises(ValueError, match="pooling_task must be one of"):
+        llm.encode(PROMPTS[:1])
+    with pytest.raises(InvalidParamError, match="classifier"):
+        llm.encode(PROMPTS[:1], pooling_task="embed")

@@ -7,7 +7,7 @@ import pytest
 
 from flotilla.compilation_config import compilation_problem
 from flotilla.engine.config import ConfigError, EngineConfig
-from flotilla.engine.server.score import cosine_scores
+from flotilla.engine.pooling.scoring import cosine_scores
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.spec import InferenceServiceSpec
 
