@@ -796,24 +796,54 @@ MERGES = ("kernel", "pdl", "fused")
 FLAGS = ("early", "prefetch", "dep", "dyn")
 
 
-def _small_launch() -> tuple[int, int, int, int, str, int] | None:
+# Short tables: a small grid whose block table holds at most `_SHORT_TABLE` tokens (the engine's 1,024-token graph
+# bucket; bench/latency.py's context-512 engine pads to 704) may take a launch of its own, `_SHORT_LAUNCH` (the small
+# launch's fields; None: the small launch at every width). Why: `_SMALL_LAUNCH`'s 256-key splits give a 704-key table
+# 3 splits x 8 KV heads = 24 programs of up to four 64-key tiles, the same serial chain a program runs at 4,096 keys,
+# and on the H200 that chain is the time: one tile a program at 4,096's grid took 6.79 us against four tiles' 10.26
+# (session 25 call 2, bench/early_query_ab.py's b1fix / b1e rows), and the engine's attention at context 512 took
+# 9.06 us a layer for 2.1 MB of K+V (session 14's bs1 profile) against 10.7 at 4,096. One-tile splits at a short table
+# (64 keys: 11 splits, 88 programs at 704; 16 splits at 1,024, one merge tile) should cut ~3 us a layer, ~100 us a
+# batch-1 step. Unmeasured in the engine: None until bench/results/gpu-2026-12-07-s34/short.sh times it (switch below).
+_SHORT_TABLE = 1024
+_SHORT_LAUNCH: tuple[int, int, int, int, str, int] | None = None
+
+
+def _parse_launch(env: str, name: str) -> tuple[int, int, int, int, str, int]:
+    """A small launch from its switch's text "block_n,warps,stages,split_tokens,merge[+flag...][,merge_chunk]"."""
+    fields = env.split(",")
+    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
+    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"{name}: {env!r}"
+    base, *flags = merge.split("+")
+    assert base in MERGES and set(flags) <= set(FLAGS), f"{name}: merge {merge!r}"
+    block_n, warps, stages, split_tokens = (int(x) for x in nums)
+    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+
+
+def _small_launch(table_tokens: int | None = None) -> tuple[int, int, int, int, str, int] | None:
     """The float pool's launch at small grids (`_SMALL_LAUNCH`; the last field the fused merge's chunk, 0: its
     default). FLOTILLA_DECODE_SMALL_LAUNCH=
     "block_n,warps,stages,split_tokens,merge[+early][+prefetch][+dep][,merge_chunk]" overrides it ("0": the general
     launch), so that one device call can time the engine step at what the batch-1 kernel rows
-    found (bench/results/kv10-gpu.sh)."""
+    found (bench/results/kv10-gpu.sh). A block table of at most `_SHORT_TABLE` tokens (`table_tokens`) takes
+    `_short_launch()` instead where that is set."""
     env = os.environ.get("FLOTILLA_DECODE_SMALL_LAUNCH", "").strip()
     if env == "0":
         return None
-    if not env:
-        return _SMALL_LAUNCH
-    fields = env.split(",")
-    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
-    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"FLOTILLA_DECODE_SMALL_LAUNCH: {env!r}"
-    base, *flags = merge.split("+")
-    assert base in MERGES and set(flags) <= set(FLAGS), f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
-    block_n, warps, stages, split_tokens = (int(x) for x in nums)
-    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+    short = _short_launch() if table_tokens is not None and table_tokens <= _SHORT_TABLE else None
+    if short is not None:
+        return short
+    return _parse_launch(env, "FLOTILLA_DECODE_SMALL_LAUNCH") if env else _SMALL_LAUNCH
+
+
+def _short_launch() -> tuple[int, int, int, int, str, int] | None:
+    """The small grid's launch at a block table of at most `_SHORT_TABLE` tokens: `_SHORT_LAUNCH`, or
+    FLOTILLA_DECODE_SHORT_LAUNCH in FLOTILLA_DECODE_SMALL_LAUNCH's syntax ("0": none, the small launch there too).
+    Read at each call: a benchmark sets it, then captures the decode graphs again."""
+    env = os.environ.get("FLOTILLA_DECODE_SHORT_LAUNCH", "").strip()
+    if env == "0":
+        return None
+    return _parse_launch(env, "FLOTILLA_DECODE_SHORT_LAUNCH") if env else _SHORT_LAUNCH
 
 
 def _fp8_lean_env() -> bool:
@@ -969,7 +999,7 @@ def paged_decode_attention(
     fp8 = k_cache.dtype == FP8_DTYPE
     card = device_card(query)  # None off CUDA: DEFAULT's launch
     tile = _launch_defaults(fp8, card)
-    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
+    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch(max_context)
     if small is not None:
         tile = (*small[:3], tile[3], 0, "")
         split_tokens = split_tokens or small[3]

@@ -205,6 +205,52 @@ def test_small_launch_env_is_checked(monkeypatch):
     assert _small_launch() == _SMALL_LAUNCH
 
 
+def test_short_launch_env_is_checked(monkeypatch):
+    """FLOTILLA_DECODE_SHORT_LAUNCH: taken by small grids whose block table holds at most `_SHORT_TABLE` tokens, in
+    FLOTILLA_DECODE_SMALL_LAUNCH's syntax; unset, the committed `_SHORT_LAUNCH` (None: the small launch everywhere,
+    main's behaviour); "0": none; FLOTILLA_DECODE_SMALL_LAUNCH=0 (the general launch) wins over it."""
+    from flotilla.kernels.triton_paged_decode import _SHORT_LAUNCH, _SHORT_TABLE, _SMALL_LAUNCH, _small_launch
+
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH", raising=False)
+    monkeypatch.delenv("FLOTILLA_DECODE_SHORT_LAUNCH", raising=False)
+    assert _small_launch(704) == (_SHORT_LAUNCH or _SMALL_LAUNCH)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "64,4,3,64,fused+dep")
+    assert _small_launch(704) == _small_launch(_SHORT_TABLE) == (64, 4, 3, 64, "fused+dep", 0)
+    assert _small_launch(_SHORT_TABLE + 16) == _small_launch() == _SMALL_LAUNCH
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
+    assert _small_launch(704) is None
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH")
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "0")
+    assert _small_launch(704) == _SMALL_LAUNCH
+    for bad in ("64,4,3,64", "64,4,3,64,fused+late", "64,4,3,x,fused"):
+        monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", bad)
+        with pytest.raises(AssertionError, match="FLOTILLA_DECODE_SHORT_LAUNCH"):
+            _small_launch(704)
+
+
+# bench/results/gpu-2026-12-07-s34/short.sh's candidates (`SHORT_CANDIDATES` in bench/short_launch_ab.py)
+@pytest.mark.parametrize("launch", ["64,4,3,64,fused+dep", "32,4,3,32,fused+dep", "128,8,2,128,fused+dep",
+                                    "64,4,3,128,fused+dep"])
+def test_short_launch_matches_reference_in_the_engines_short_table(monkeypatch, launch):
+    """Each short-table candidate at the engine's context-512 conditions scaled down: Llama's group of 4 query heads
+    a KV head, a context of 300 in a 704-token table (bench/latency.py's width at context 512: 44 pages), so that most
+    splits are empty and the live ones end mid-tile; one padding sequence would make the grid too large, so batch 1.
+    Equal to the reference within bf16's tolerance, and to the small launch (other split points: other roundings)."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([300], 8, 2, torch.bfloat16, seed=21)
+    wide = torch.zeros(1, 704 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    ref = paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH", raising=False)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "0")
+    small = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", launch)
+    out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    assert rel_err(out, ref) < tolerance(torch.bfloat16)
+    assert rel_err(out, small) < tolerance(torch.bfloat16)
+
+
 def test_decode_single_split_writes_output_directly():
     """With one split the merge kernel is skipped; shared prefix blocks read the same pages."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
