@@ -479,8 +479,10 @@ def _decode_split_kernel(
     KEY_SUB: tl.constexpr = 1,
     LEAN: tl.constexpr = False,
     EARLY_QUERY: tl.constexpr = False,
+    SPLIT_TILES: tl.constexpr = 0,
 ):
     tl.static_assert(not EARLY_QUERY or not (EARLY_START or HEAD_STREAMS), "EARLY_QUERY: not by PDL, not over heads")
+    tl.static_assert(SPLIT_TILES == 0 or not (DYN_SPLIT or HEAD_STREAMS or KEY_STREAMS > 0), "SPLIT_TILES: row form")
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
@@ -501,6 +503,12 @@ def _decode_split_kernel(
     # table's width, and are used only for tokens below the length.
     tok = start + tl.arange(0, BLOCK_N)
     next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+    if SPLIT_TILES > 0:
+        # every tile's page numbers of the split (`[SPLIT_TILES, BLOCK_N]`, a key's page each) in the same first round
+        # trip, so that the key loop holds no table read: the software pipeline then issues later tiles' K/V copies
+        # at once instead of one table round trip a tile (flag "pages")
+        split_tok = start + tl.arange(0, SPLIT_TILES)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        split_pages = tl.load(table + _page_of(split_tok, PAGE), mask=split_tok < table_tokens, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     if EARLY_QUERY:
@@ -589,8 +597,12 @@ def _decode_split_kernel(
             for n0 in range(start, end, BLOCK_N):
                 tok = n0 + tl.arange(0, BLOCK_N)
                 tok_ok = tok < end
-                page = next_page.to(tl.int64)
-                next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+                if SPLIT_TILES > 0:  # the tile's row of the split's pages: a select, no memory access
+                    row = (tl.arange(0, SPLIT_TILES) == (n0 - start) // BLOCK_N)[:, None]
+                    page = tl.sum(tl.where(row, split_pages, 0), 0).to(tl.int64)
+                else:
+                    page = next_page.to(tl.int64)
+                    next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
                 in_page = _in_page(tok, PAGE)
                 kv_mask = tok_ok[:, None] & d_ok[None, :]
                 kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
@@ -793,7 +805,8 @@ _SMALL_GRID = 16
 _SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = (64, 4, 3, 256, "fused+dep", 0)
 _MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
 MERGES = ("kernel", "pdl", "fused")
-FLAGS = ("early", "prefetch", "dep", "dyn")
+FLAGS = ("early", "prefetch", "dep", "dyn", "pages")
+_PAGES_TOKENS = 1024  # "pages": a split's keys at most (its page numbers held in registers: 8 a thread at 4 warps)
 
 
 # Short tables: a small grid whose block table holds at most `_SHORT_TABLE` tokens (the engine's 1,024-token graph
@@ -940,6 +953,7 @@ def paged_decode_attention(
     dynamic_splits: bool | None = None,
     lean: bool | None = None,
     early_query: bool | None = None,
+    pages_ahead: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -988,6 +1002,10 @@ def paged_decode_attention(
     the real row only when that differs (a padded or mixed batch); the compiled kernel otherwise waits for the row's
     offset, then for the query, before the loop's first K/V request. Default FLOTILLA_DECODE_EARLY_QUERY at small
     grids, else off.
+    `pages_ahead` (the row form without key streams, static splits of at most `_PAGES_TOKENS` keys; flag "pages"):
+    each program reads all of its split's page numbers in its first round trip and picks a tile's from registers in
+    the key loop, which then holds no table read (main's loop reads the next tile's pages in each iteration, and the
+    copy of a later tile waits for that round trip). Default: the small launch's flag, else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -1051,6 +1069,9 @@ def paged_decode_attention(
     early_query = (_early_query_env() and small is not None) if early_query is None else early_query
     early_query = early_query and not early_start and not head_streams
     split_len = split_length(max_context, num_splits, block_n)
+    pages_ahead = pages_ahead if pages_ahead is not None else "pages" in flags
+    row_form = not key_streams and not dynamic_splits and split_len <= _PAGES_TOKENS
+    split_tiles = triton.next_power_of_2(triton.cdiv(split_len, block_n)) if pages_ahead and row_form else 0
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     kv_fp8, k_load_layout = _fp8_mode(k_cache, fp8_kv)
@@ -1113,6 +1134,7 @@ def paged_decode_attention(
         KEY_SUB=key_sub if head_streams else 1,
         LEAN=bool(lean) and head_streams,
         EARLY_QUERY=early_query,
+        SPLIT_TILES=split_tiles,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

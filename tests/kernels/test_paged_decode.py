@@ -228,9 +228,10 @@ def test_short_launch_env_is_checked(monkeypatch):
             _small_launch(704)
 
 
-# bench/results/gpu-2026-12-07-s34/short.sh's candidates (`SHORT_CANDIDATES` in bench/short_launch_ab.py)
-@pytest.mark.parametrize("launch", ["64,4,3,64,fused+dep", "32,4,3,32,fused+dep", "128,8,2,128,fused+dep",
-                                    "64,4,3,128,fused+dep"])
+# bench/results/gpu-2026-12-07-s34/short.sh's candidates (`SHORT_CANDIDATES` in bench/early_query_ab.py)
+@pytest.mark.parametrize("launch", ["64,4,3,64,fused+dep", "64,4,2,64,fused+dep", "32,4,3,32,fused+dep",
+                                    "32,4,3,64,fused+dep", "128,8,2,128,fused+dep", "64,4,3,128,fused+dep",
+                                    "32,2,3,32,fused+dep"])
 def test_short_launch_matches_reference_in_the_engines_short_table(monkeypatch, launch):
     """Each short-table candidate at the engine's context-512 conditions scaled down: Llama's group of 4 query heads
     a KV head, a context of 300 in a 704-token table (bench/latency.py's width at context 512: 44 pages), so that most
@@ -249,6 +250,41 @@ def test_short_launch_matches_reference_in_the_engines_short_table(monkeypatch, 
     out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
     assert rel_err(out, ref) < tolerance(torch.bfloat16)
     assert rel_err(out, small) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("launch", ["64,4,3,256,fused+dep", "32,4,3,128,fused", "64,4,2,192,kernel",
+                                    "64,4,3,64,fused+dep"])
+@pytest.mark.parametrize("table_tokens", [704, 1088])
+def test_pages_ahead_equals_the_loop_that_reads_them(monkeypatch, launch, table_tokens):
+    """Flag "pages" (`SPLIT_TILES`): each program's split pages read up front and picked from registers in the key
+    loop give the same numbers, bit for bit, as the loop that reads the next tile's pages in each iteration (same
+    tiles, same order): at Llama's group of 4, a context of 300 (mid-tile, most splits empty) and of 700, in a
+    704-token table (bench/latency.py's at context 512) and a wider one; 4, 3 (padded to 4) and 1 tile a split."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    ctx = 300 if table_tokens == 704 else 700
+    query, k, v, tables, qsl, lens = _decode_case([ctx], 8, 2, torch.bfloat16, seed=23)
+    wide = torch.zeros(1, table_tokens // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    monkeypatch.delenv("FLOTILLA_DECODE_SHORT_LAUNCH", raising=False)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", launch)
+    plain = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    fields = launch.split(",")
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", ",".join([*fields[:4], fields[4] + "+pages"]))
+    assert torch.equal(paged_decode_attention(query, k, v, wide, qsl, lens, 0.2), plain)
+    assert rel_err(plain, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_pages_ahead_by_keyword_equals_without():
+    """`pages_ahead=True` outside the small launch: ignored with key streams (the plain loop), taken by one split of the
+    whole 208-token table (4 tiles); the same output as without it either way."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([200], 8, 2, torch.bfloat16, seed=29)
+    for kwargs in ({"key_streams": 2, "block_n": 32}, {"num_splits": 1}):
+        want = paged_decode_attention(query, k, v, tables, qsl, lens, 0.2, **kwargs)
+        got = paged_decode_attention(query, k, v, tables, qsl, lens, 0.2, pages_ahead=True, **kwargs)
+        assert torch.equal(got, want)
 
 
 def test_decode_single_split_writes_output_directly():
