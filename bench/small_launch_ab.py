@@ -10,10 +10,11 @@ bench/quant_gpu.py) starts once at bench/latency.py's context-512 sizes (max_mod
 44 pages, a short table). Variant `main` sets neither switch (main's launch); each `--variants` entry
 `SMALL=<launch>` or `SHORT=<launch>` sets that switch (FLOTILLA_DECODE_<NAME>_LAUNCH) to the launch. A phase: the
 variant's switch set in-process, the batch-1 decode graphs captured again (`quant_gpu._recapture_decode`: the decode
-kernel reads its launch at each call, so a graph holds its capture's), then a fresh 512-token request, 3 settling steps and `--steps` timed steps
-(`decode_steps.one_request_phase`). Order main B1 .. Bn Bn .. B1 main, `--pairs` times, so that drift falls on all.
-Then each variant's 32 greedy tokens of a fixed prompt (other split points round otherwise: the random model's tokens
-may differ, as every attention change before). Prints `AB` lines, the JSON is rewritten after each phase.
+kernel reads its launch at each call, so a graph holds its capture's), then a fresh 512-token request, 3 settling
+steps and `--steps` timed steps (`decode_steps.one_request_phase`). Order main B1 .. Bn Bn .. B1 main, `--pairs`
+times, so that drift falls on all. Then each variant's 32 greedy tokens of a fixed prompt (other split points round
+otherwise: the random model's tokens may differ, as every attention change before). Prints `AB` lines; the JSON is
+rewritten after each phase.
 """
 
 from __future__ import annotations

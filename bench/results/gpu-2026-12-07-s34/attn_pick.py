@@ -108,18 +108,15 @@ def summary(d: Path) -> list[str]:
 
 def selftest() -> None:
     """variants and summary on made-up JSON: an adopt, an int4 veto, a missing engine."""
-    kernel = {"rows": [{"shape": "e1s", "ctx": 530, "table": 704, "form": "plain", "launch": "default", "us": 9.8,
-                        "gbps": 230.0},
-                       {"shape": "e1s", "ctx": 530, "table": 704, "form": "plain", "launch": "64,4,3,64,fused+dep",
-                        "us": 6.9, "gbps": 320.0},
-                       {"shape": "e1s", "ctx": 530, "table": 704, "form": "plain", "launch": "64,4,3,256,fused+dep+pages",
-                        "us": 6.5, "gbps": 340.0},
-                       {"shape": "b1e", "ctx": 4160, "table": 4288, "form": "plain", "launch": "default", "us": 10.3,
-                        "gbps": 1661.0},
-                       {"shape": "b1e", "ctx": 4160, "table": 4288, "form": "plain", "launch": "32,4,4,256,fused+dep+pages",
-                        "us": 8.1, "gbps": 2110.0},
-                       {"shape": "b1e", "ctx": 4160, "table": 4288, "form": "query", "launch": "64,4,3,256,fused+dep+pages",
-                        "us": 7.0, "gbps": 2400.0}]}  # fmt: skip
+    def row(shape: str, launch: str, us: float, form: str = "plain") -> dict:
+        ctx, table = {"e1s": (530, 704), "b1e": (4160, 4288)}[shape]
+        return {"shape": shape, "ctx": ctx, "table": table, "form": form, "launch": launch, "us": us,
+                "gbps": 2 * ctx * 8 * 128 * 2 / us / 1e3}  # fmt: skip
+
+    kernel = {"rows": [row("e1s", "default", 9.8), row("e1s", "64,4,3,64,fused+dep", 6.9),
+                       row("e1s", "64,4,3,256,fused+dep+pages", 6.5), row("b1e", "default", 10.3),
+                       row("b1e", "32,4,4,256,fused+dep+pages", 8.1),
+                       row("b1e", "64,4,3,256,fused+dep+pages", 7.0, "query")]}  # fmt: skip
     got = variants(kernel)
     assert got == ["SMALL=32,4,4,256,fused+dep+pages", "SHORT=64,4,3,64,fused+dep"], got
     assert variants(None) == [f"SMALL={FALLBACK['SMALL']}", f"SHORT={FALLBACK['SHORT']}"]
@@ -128,13 +125,14 @@ def selftest() -> None:
         d = Path(tmp)
         (d / "kernel.json").write_text(json.dumps(kernel))
         b = "SMALL=32,4,4,256,fused+dep+pages"
-        bf16 = {"device": "NVIDIA H200", "summary": {"ms": {"main": 4.17, b: 4.07}, "best": b, "gain_us": 100.0,
-                                                     "clean": True, "tokens_equal": True, "verdict": "adopt"}}  # fmt: skip
+        verdict = {"best": b, "gain_us": 100.0, "clean": True, "tokens_equal": True, "verdict": "adopt"}
+        bf16 = {"device": "NVIDIA H200", "summary": {"ms": {"main": 4.17, b: 4.07}, **verdict}}
         (d / "bf16.json").write_text(json.dumps(bf16))
         int4 = {"device": "NVIDIA H200", "summary": {"ms": {"main": 2.20, b: 2.10}}}
         (d / "int4.json").write_text(json.dumps(int4))
         out = summary(d)
-        assert out[-1].startswith('ADOPT kernels/triton_paged_decode._SMALL_LAUNCH = (32, 4, 4, 256, "fused+dep+pages"'), out[-1]
+        want = 'ADOPT kernels/triton_paged_decode._SMALL_LAUNCH = (32, 4, 4, 256, "fused+dep+pages", 0)'
+        assert out[-1].startswith(want), out[-1]
         int4["summary"]["ms"][b] = 2.3
         (d / "int4.json").write_text(json.dumps(int4))
         assert summary(d)[-1].startswith("ADOPT nothing (int4")
