@@ -133,6 +133,8 @@ def main() -> None:
 
     run(engine, vocab, variants, a.steps, a.pairs, out, save)
     out["summary"] = s = summarize(out, a.margin_us)
+    if a.cpu_smoke:  # the CPU runs no Triton decode kernel: the switches change nothing there
+        s["verdict"] = "nothing (cpu smoke)"
     save()
     for name, ms in s["ms"].items():
         print(f"AB {name}: {ms:.3f} ms a step (phases {', '.join(f'{x:.3f}' for x in s['phases_ms'][name])})")

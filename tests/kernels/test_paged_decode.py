@@ -342,7 +342,11 @@ def test_decode_head_dims_padded_and_full(head_dim):
                                     {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
                                      "dependents": True, "early_query": True},
                                     {"fused_merge": True, "split_tokens": 128, "block_n": 32, "num_stages": 3,
-                                     "early_query": True}])  # fmt: skip
+                                     "early_query": True},
+                                    {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
+                                     "dependents": True, "pages_ahead": True},
+                                    {"fused_merge": True, "split_tokens": 256, "block_n": 32, "num_stages": 5,
+                                     "dependents": True, "pages_ahead": True}])  # fmt: skip
 def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
     programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
@@ -351,7 +355,7 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     again after every call); also with the split kernel itself started early by PDL and its keys and values
     prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
     272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys), and with the early query (`early_query`: the
-    engine's small launch, and at 32-key tiles)."""
+    engine's small launch, and at 32-key tiles), and with each split's pages read up front (`pages_ahead`)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
