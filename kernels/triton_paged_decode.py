@@ -504,10 +504,11 @@ def _decode_split_kernel(
     tok = start + tl.arange(0, BLOCK_N)
     next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
     if SPLIT_TILES > 0:
-        # every tile's page numbers of the split (`[SPLIT_TILES, BLOCK_N]`, a key's page each) in the same first round
+        # every tile's page numbers of the split (`[BLOCK_N, SPLIT_TILES]`, a key's page each) in the same first round
         # trip, so that the key loop holds no table read: the software pipeline then issues later tiles' K/V copies
-        # at once instead of one table round trip a tile (flag "pages")
-        split_tok = start + tl.arange(0, SPLIT_TILES)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        # at once instead of one table round trip a tile (flag "pages"). Tiles on the second axis: the loop's select
+        # then sums within a warp (sm_90, Triton 3.9: shuffles; on the first axis it crossed warps, 12 barriers more)
+        split_tok = start + tl.arange(0, SPLIT_TILES)[None, :] * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
         split_pages = tl.load(table + _page_of(split_tok, PAGE), mask=split_tok < table_tokens, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -598,8 +599,8 @@ def _decode_split_kernel(
                 tok = n0 + tl.arange(0, BLOCK_N)
                 tok_ok = tok < end
                 if SPLIT_TILES > 0:  # the tile's row of the split's pages: a select, no memory access
-                    row = (tl.arange(0, SPLIT_TILES) == (n0 - start) // BLOCK_N)[:, None]
-                    page = tl.sum(tl.where(row, split_pages, 0), 0).to(tl.int64)
+                    row = (tl.arange(0, SPLIT_TILES) == (n0 - start) // BLOCK_N)[None, :]
+                    page = tl.sum(tl.where(row, split_pages, 0), 1).to(tl.int64)
                 else:
                     page = next_page.to(tl.int64)
                     next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
