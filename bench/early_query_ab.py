@@ -1,6 +1,7 @@
 """Paged decode attention's early query against the plain kernel, one process (issue 19: batch 1 x 4,096).
 
     python3 bench/early_query_ab.py --json attn24.json [--shapes b1e,b1fix,b64s,b64l,b1] [--pairs 2] [--workers 12]
+    python3 bench/early_query_ab.py --json short.json --shapes e1s,e1k,b1fix   # the short-table launches (s34)
 
 A split program of `kernels/triton_paged_decode.py` asks for its first K/V only after two dependent L2 round trips
 (the sequence's length, then its query row and the query, which the compiled kernel stores to shared memory ahead
@@ -32,17 +33,32 @@ from decode_pool import HEAD_DIM, KV_HEADS, PAGE, decode_pool, l2_sets  # bench/
 # H200 call 5 at 4,096: 32,4,3,128,fused+early 9.63 us, 32,4,3,128,fused 9.71, 64,4,3,128,fused 10.01)
 B1_LAUNCHES = ("", "32,4,3,128,fused", "64,4,3,128,fused", "32,4,3,128,fused+early", "64,4,2,256,fused+dep")
 SHAPES = {"b1e": (1, 4160, 4288), "b1": (1, 4096, 4096), "b64s": (64, 512, 512), "b64l": (64, 4096, 4096),
-          "b1fix": (1, 1088, 1088)}  # fmt: skip
+          "b1fix": (1, 1088, 1088), "e1s": (1, 530, 704), "e1k": (1, 530, 1024)}  # fmt: skip
 # b1fix: the engine launch's grid and merge (17 splits x 8 KV heads, 17 partials a head) with one 64-key tile a
 # program instead of four: its time is the launch's fixed cost, b1e's minus it the streaming of 3 tiles a program
-SHAPE_LAUNCHES = {"b1fix": ("64,4,3,64,fused+dep",)}
+# (H200, session 25 call 2: 6.79 against b1e's 10.26 us).
+# e1s / e1k: batch 1 at context 530 in the block table of bench/latency.py's context-512 engine (704 tokens) and in
+# the server's 1,024-token graph bucket: the short-table launch (`FLOTILLA_DECODE_SHORT_LAUNCH`, taken at tables of
+# <= 1,024 tokens; the same kernel as these rows set through FLOTILLA_DECODE_SMALL_LAUNCH) against the small launch
+# (""), whose 256-key splits run up to four tiles a program there. Splits at 704: 64 keys 11, 32 keys 22, 128 keys 6.
+SHORT_CANDIDATES = ("64,4,3,64,fused+dep", "64,4,2,64,fused+dep", "32,4,3,32,fused+dep", "32,4,3,64,fused+dep",
+                    "128,8,2,128,fused+dep", "64,4,3,128,fused+dep", "32,2,3,32,fused+dep")  # fmt: skip
+# The "pages" flag (`SPLIT_TILES`: a split's page numbers read up front, no table read in the key loop, so the
+# software pipeline issues later tiles' copies at once; b1e - b1fix = 3.5 us for 3 tiles a program suggests a round
+# trip a tile) at the engine's launch and with deeper pipelines; at every table width (FLOTILLA_DECODE_SMALL_LAUNCH).
+PAGES_CANDIDATES = ("64,4,3,256,fused+dep+pages", "64,4,4,256,fused+dep+pages", "32,4,4,256,fused+dep+pages",
+                    "32,4,5,256,fused+dep+pages", "64,4,3,128,fused+dep+pages")  # fmt: skip
+SHAPE_LAUNCHES = {"b1fix": ("64,4,3,64,fused+dep",), "e1s": ("", *SHORT_CANDIDATES, *PAGES_CANDIDATES),
+                  "e1k": ("", *SHORT_CANDIDATES, *PAGES_CANDIDATES), "b1e": (*B1_LAUNCHES, *PAGES_CANDIDATES),
+                  "b1": (*B1_LAUNCHES, *PAGES_CANDIDATES)}  # fmt: skip
+PLAIN_ONLY = False  # --plain-only: the engine's form alone (FLOTILLA_DECODE_EARLY_QUERY off)
 # the forms, as `paged_decode_attention` keywords (FLOTILLA_DECODE_EARLY_QUERY)
 FORMS = {"plain": {"early_query": False}, "query": {"early_query": True}}
 
 
 def _forms(launch: str) -> list[str]:
     """The forms that differ at `launch`: by PDL ("+early") the query is read after the wait, so no early query."""
-    return ["plain"] if "early" in launch.split(",")[-1] else list(FORMS)
+    return ["plain"] if PLAIN_ONLY or "early" in launch.split(",")[-1] else list(FORMS)
 
 
 def _pool(batch: int, ctx: int, table_tokens: int) -> dict:
@@ -142,9 +158,12 @@ def main() -> None:
     parser.add_argument("--no-floors", action="store_true")
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=0, help="child processes that compile every row first")
+    parser.add_argument("--plain-only", action="store_true", help="time the plain form only (no early query)")
     parser.add_argument("--compile-part", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for env in ("FLOTILLA_DECODE_EARLY_QUERY", "FLOTILLA_DECODE_SMALL_LAUNCH"):
+    global PLAIN_ONLY
+    PLAIN_ONLY = args.plain_only
+    for env in ("FLOTILLA_DECODE_EARLY_QUERY", "FLOTILLA_DECODE_SMALL_LAUNCH", "FLOTILLA_DECODE_SHORT_LAUNCH"):
         os.environ.pop(env, None)
     torch.manual_seed(0)
     if args.compile_part:

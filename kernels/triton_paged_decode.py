@@ -479,8 +479,10 @@ def _decode_split_kernel(
     KEY_SUB: tl.constexpr = 1,
     LEAN: tl.constexpr = False,
     EARLY_QUERY: tl.constexpr = False,
+    SPLIT_TILES: tl.constexpr = 0,
 ):
     tl.static_assert(not EARLY_QUERY or not (EARLY_START or HEAD_STREAMS), "EARLY_QUERY: not by PDL, not over heads")
+    tl.static_assert(SPLIT_TILES == 0 or not (DYN_SPLIT or HEAD_STREAMS or KEY_STREAMS > 0), "SPLIT_TILES: row form")
     if EARLY_DEPENDENTS:  # the next kernel, launched with PDL, may be scheduled now and wait there
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
@@ -501,6 +503,13 @@ def _decode_split_kernel(
     # table's width, and are used only for tokens below the length.
     tok = start + tl.arange(0, BLOCK_N)
     next_page = tl.load(table + _page_of(tok, PAGE), mask=tok < table_tokens, other=0)
+    if SPLIT_TILES > 0:
+        # every tile's page numbers of the split (`[BLOCK_N, SPLIT_TILES]`, a key's page each) in the same first round
+        # trip, so that the key loop holds no table read: the software pipeline then issues later tiles' K/V copies
+        # at once instead of one table round trip a tile (flag "pages"). Tiles on the second axis: the loop's select
+        # then sums within a warp (sm_90, Triton 3.9: shuffles; on the first axis it crossed warps, 12 barriers more)
+        split_tok = start + tl.arange(0, SPLIT_TILES)[None, :] * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+        split_pages = tl.load(table + _page_of(split_tok, PAGE), mask=split_tok < table_tokens, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     if EARLY_QUERY:
@@ -589,8 +598,12 @@ def _decode_split_kernel(
             for n0 in range(start, end, BLOCK_N):
                 tok = n0 + tl.arange(0, BLOCK_N)
                 tok_ok = tok < end
-                page = next_page.to(tl.int64)
-                next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
+                if SPLIT_TILES > 0:  # the tile's row of the split's pages: a select, no memory access
+                    row = (tl.arange(0, SPLIT_TILES) == (n0 - start) // BLOCK_N)[None, :]
+                    page = tl.sum(tl.where(row, split_pages, 0), 1).to(tl.int64)
+                else:
+                    page = next_page.to(tl.int64)
+                    next_page = tl.load(table + _page_of(tok + BLOCK_N, PAGE), mask=tok + BLOCK_N < end, other=0)
                 in_page = _in_page(tok, PAGE)
                 kv_mask = tok_ok[:, None] & d_ok[None, :]
                 kv_off = page * stride_b + in_page * stride_s + kv_head * stride_h  # K and V pools share a layout
@@ -793,27 +806,58 @@ _SMALL_GRID = 16
 _SMALL_LAUNCH: tuple[int, int, int, int, str, int] | None = (64, 4, 3, 256, "fused+dep", 0)
 _MAX_SPLITS = 128  # a small launch's splits at most (the fused merge unrolls its chunks)
 MERGES = ("kernel", "pdl", "fused")
-FLAGS = ("early", "prefetch", "dep", "dyn")
+FLAGS = ("early", "prefetch", "dep", "dyn", "pages")
+_PAGES_TOKENS = 1024  # "pages": a split's keys at most (its page numbers held in registers: 8 a thread at 4 warps)
 
 
-def _small_launch() -> tuple[int, int, int, int, str, int] | None:
+# Short tables: a small grid whose block table holds at most `_SHORT_TABLE` tokens (the engine's 1,024-token graph
+# bucket; bench/latency.py's context-512 engine pads to 704) may take a launch of its own, `_SHORT_LAUNCH` (the small
+# launch's fields; None: the small launch at every width). Why: `_SMALL_LAUNCH`'s 256-key splits give a 704-key table
+# 3 splits x 8 KV heads = 24 programs of up to four 64-key tiles, the same serial chain a program runs at 4,096 keys,
+# and on the H200 that chain is the time: one tile a program at 4,096's grid took 6.79 us against four tiles' 10.26
+# (session 25 call 2, bench/early_query_ab.py's b1fix / b1e rows), and the engine's attention at context 512 took
+# 9.06 us a layer for 2.1 MB of K+V (session 14's bs1 profile) against 10.7 at 4,096. One-tile splits at a short table
+# (64 keys: 11 splits, 88 programs at 704; 16 splits at 1,024, one merge tile) should cut ~3 us a layer, ~100 us a
+# batch-1 step. Unmeasured in the engine: None until bench/results/gpu-2026-12-07-s34/short.sh times it (switch below).
+_SHORT_TABLE = 1024
+_SHORT_LAUNCH: tuple[int, int, int, int, str, int] | None = None
+
+
+def _parse_launch(env: str, name: str) -> tuple[int, int, int, int, str, int]:
+    """A small launch from its switch's text "block_n,warps,stages,split_tokens,merge[+flag...][,merge_chunk]"."""
+    fields = env.split(",")
+    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
+    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"{name}: {env!r}"
+    base, *flags = merge.split("+")
+    assert base in MERGES and set(flags) <= set(FLAGS), f"{name}: merge {merge!r}"
+    block_n, warps, stages, split_tokens = (int(x) for x in nums)
+    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+
+
+def _small_launch(table_tokens: int | None = None) -> tuple[int, int, int, int, str, int] | None:
     """The float pool's launch at small grids (`_SMALL_LAUNCH`; the last field the fused merge's chunk, 0: its
     default). FLOTILLA_DECODE_SMALL_LAUNCH=
     "block_n,warps,stages,split_tokens,merge[+early][+prefetch][+dep][,merge_chunk]" overrides it ("0": the general
     launch), so that one device call can time the engine step at what the batch-1 kernel rows
-    found (bench/results/kv10-gpu.sh)."""
+    found (bench/results/kv10-gpu.sh). A block table of at most `_SHORT_TABLE` tokens (`table_tokens`) takes
+    `_short_launch()` instead where that is set."""
     env = os.environ.get("FLOTILLA_DECODE_SMALL_LAUNCH", "").strip()
     if env == "0":
         return None
-    if not env:
-        return _SMALL_LAUNCH
-    fields = env.split(",")
-    nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
-    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"FLOTILLA_DECODE_SMALL_LAUNCH: {env!r}"
-    base, *flags = merge.split("+")
-    assert base in MERGES and set(flags) <= set(FLAGS), f"FLOTILLA_DECODE_SMALL_LAUNCH: merge {merge!r}"
-    block_n, warps, stages, split_tokens = (int(x) for x in nums)
-    return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
+    short = _short_launch() if table_tokens is not None and table_tokens <= _SHORT_TABLE else None
+    if short is not None:
+        return short
+    return _parse_launch(env, "FLOTILLA_DECODE_SMALL_LAUNCH") if env else _SMALL_LAUNCH
+
+
+def _short_launch() -> tuple[int, int, int, int, str, int] | None:
+    """The small grid's launch at a block table of at most `_SHORT_TABLE` tokens: `_SHORT_LAUNCH`, or
+    FLOTILLA_DECODE_SHORT_LAUNCH in FLOTILLA_DECODE_SMALL_LAUNCH's syntax ("0": none, the small launch there too).
+    Read at each call: a benchmark sets it, then captures the decode graphs again."""
+    env = os.environ.get("FLOTILLA_DECODE_SHORT_LAUNCH", "").strip()
+    if env == "0":
+        return None
+    return _parse_launch(env, "FLOTILLA_DECODE_SHORT_LAUNCH") if env else _SHORT_LAUNCH
 
 
 def _fp8_lean_env() -> bool:
@@ -910,6 +954,7 @@ def paged_decode_attention(
     dynamic_splits: bool | None = None,
     lean: bool | None = None,
     early_query: bool | None = None,
+    pages_ahead: bool | None = None,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -958,6 +1003,10 @@ def paged_decode_attention(
     the real row only when that differs (a padded or mixed batch); the compiled kernel otherwise waits for the row's
     offset, then for the query, before the loop's first K/V request. Default FLOTILLA_DECODE_EARLY_QUERY at small
     grids, else off.
+    `pages_ahead` (the row form without key streams, static splits of at most `_PAGES_TOKENS` keys; flag "pages"):
+    each program reads all of its split's page numbers in its first round trip and picks a tile's from registers in
+    the key loop, which then holds no table read (main's loop reads the next tile's pages in each iteration, and the
+    copy of a later tile waits for that round trip). Default: the small launch's flag, else off.
     `v_scale` (an fp8 pool's V scale) multiplies the output inside the kernel.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
@@ -969,7 +1018,7 @@ def paged_decode_attention(
     fp8 = k_cache.dtype == FP8_DTYPE
     card = device_card(query)  # None off CUDA: DEFAULT's launch
     tile = _launch_defaults(fp8, card)
-    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch()
+    small = None if fp8 or batch * num_kv_heads > _SMALL_GRID else _small_launch(max_context)
     if small is not None:
         tile = (*small[:3], tile[3], 0, "")
         split_tokens = split_tokens or small[3]
@@ -1021,6 +1070,9 @@ def paged_decode_attention(
     early_query = (_early_query_env() and small is not None) if early_query is None else early_query
     early_query = early_query and not early_start and not head_streams
     split_len = split_length(max_context, num_splits, block_n)
+    pages_ahead = pages_ahead if pages_ahead is not None else "pages" in flags
+    row_form = not key_streams and not dynamic_splits and split_len <= _PAGES_TOKENS
+    split_tiles = triton.next_power_of_2(triton.cdiv(split_len, block_n)) if pages_ahead and row_form else 0
     block_d, splits_pad = triton.next_power_of_2(head_dim), triton.next_power_of_2(num_splits)
     part_out, part_lse = split_buffers(out, batch, num_splits)
     kv_fp8, k_load_layout = _fp8_mode(k_cache, fp8_kv)
@@ -1083,6 +1135,7 @@ def paged_decode_attention(
         KEY_SUB=key_sub if head_streams else 1,
         LEAN=bool(lean) and head_streams,
         EARLY_QUERY=early_query,
+        SPLIT_TILES=split_tiles,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"launch_pdl": True} if early_start else {}),

@@ -205,6 +205,88 @@ def test_small_launch_env_is_checked(monkeypatch):
     assert _small_launch() == _SMALL_LAUNCH
 
 
+def test_short_launch_env_is_checked(monkeypatch):
+    """FLOTILLA_DECODE_SHORT_LAUNCH: taken by small grids whose block table holds at most `_SHORT_TABLE` tokens, in
+    FLOTILLA_DECODE_SMALL_LAUNCH's syntax; unset, the committed `_SHORT_LAUNCH` (None: the small launch everywhere,
+    main's behaviour); "0": none; FLOTILLA_DECODE_SMALL_LAUNCH=0 (the general launch) wins over it."""
+    from flotilla.kernels.triton_paged_decode import _SHORT_LAUNCH, _SHORT_TABLE, _SMALL_LAUNCH, _small_launch
+
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH", raising=False)
+    monkeypatch.delenv("FLOTILLA_DECODE_SHORT_LAUNCH", raising=False)
+    assert _small_launch(704) == (_SHORT_LAUNCH or _SMALL_LAUNCH)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "64,4,3,64,fused+dep")
+    assert _small_launch(704) == _small_launch(_SHORT_TABLE) == (64, 4, 3, 64, "fused+dep", 0)
+    assert _small_launch(_SHORT_TABLE + 16) == _small_launch() == _SMALL_LAUNCH
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
+    assert _small_launch(704) is None
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH")
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "0")
+    assert _small_launch(704) == _SMALL_LAUNCH
+    for bad in ("64,4,3,64", "64,4,3,64,fused+late", "64,4,3,x,fused"):
+        monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", bad)
+        with pytest.raises(AssertionError, match="FLOTILLA_DECODE_SHORT_LAUNCH"):
+            _small_launch(704)
+
+
+# bench/results/gpu-2026-12-07-s34/short.sh's candidates (`SHORT_CANDIDATES` in bench/early_query_ab.py)
+@pytest.mark.parametrize("launch", ["64,4,3,64,fused+dep", "64,4,2,64,fused+dep", "32,4,3,32,fused+dep",
+                                    "32,4,3,64,fused+dep", "128,8,2,128,fused+dep", "64,4,3,128,fused+dep",
+                                    "32,2,3,32,fused+dep"])
+def test_short_launch_matches_reference_in_the_engines_short_table(monkeypatch, launch):
+    """Each short-table candidate at the engine's context-512 conditions scaled down: Llama's group of 4 query heads
+    a KV head, a context of 300 in a 704-token table (bench/latency.py's width at context 512: 44 pages), so that most
+    splits are empty and the live ones end mid-tile; one padding sequence would make the grid too large, so batch 1.
+    Equal to the reference within bf16's tolerance, and to the small launch (other split points: other roundings)."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([300], 8, 2, torch.bfloat16, seed=21)
+    wide = torch.zeros(1, 704 // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    ref = paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)
+    monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH", raising=False)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", "0")
+    small = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", launch)
+    out = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    assert rel_err(out, ref) < tolerance(torch.bfloat16)
+    assert rel_err(out, small) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("launch", ["64,4,3,256,fused+dep", "32,4,3,128,fused", "64,4,2,192,kernel",
+                                    "64,4,3,64,fused+dep"])
+@pytest.mark.parametrize("table_tokens", [704, 1088])
+def test_pages_ahead_equals_the_loop_that_reads_them(monkeypatch, launch, table_tokens):
+    """Flag "pages" (`SPLIT_TILES`): each program's split pages read up front and picked from registers in the key
+    loop give the same numbers, bit for bit, as the loop that reads the next tile's pages in each iteration (same
+    tiles, same order): at Llama's group of 4, a context of 300 (mid-tile, most splits empty) and of 700, in a
+    704-token table (bench/latency.py's at context 512) and a wider one; 4, 3 (padded to 4) and 1 tile a split."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    ctx = 300 if table_tokens == 704 else 700
+    query, k, v, tables, qsl, lens = _decode_case([ctx], 8, 2, torch.bfloat16, seed=23)
+    wide = torch.zeros(1, table_tokens // 16, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    monkeypatch.delenv("FLOTILLA_DECODE_SHORT_LAUNCH", raising=False)
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", launch)
+    plain = paged_decode_attention(query, k, v, wide, qsl, lens, 0.2)
+    fields = launch.split(",")
+    monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", ",".join([*fields[:4], fields[4] + "+pages"]))
+    assert torch.equal(paged_decode_attention(query, k, v, wide, qsl, lens, 0.2), plain)
+    assert rel_err(plain, paged_attention_ref(query, k, v, tables, qsl, lens, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_pages_ahead_by_keyword_equals_without():
+    """`pages_ahead=True` outside the small launch: ignored with key streams (the plain loop), taken by one split of the
+    whole 208-token table (4 tiles); the same output as without it either way."""
+    from flotilla.kernels.triton_paged_decode import paged_decode_attention
+
+    query, k, v, tables, qsl, lens = _decode_case([200], 8, 2, torch.bfloat16, seed=29)
+    for kwargs in ({"key_streams": 2, "block_n": 32}, {"num_splits": 1}):
+        want = paged_decode_attention(query, k, v, tables, qsl, lens, 0.2, **kwargs)
+        got = paged_decode_attention(query, k, v, tables, qsl, lens, 0.2, pages_ahead=True, **kwargs)
+        assert torch.equal(got, want)
+
+
 def test_decode_single_split_writes_output_directly():
     """With one split the merge kernel is skipped; shared prefix blocks read the same pages."""
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
@@ -260,7 +342,11 @@ def test_decode_head_dims_padded_and_full(head_dim):
                                     {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
                                      "dependents": True, "early_query": True},
                                     {"fused_merge": True, "split_tokens": 128, "block_n": 32, "num_stages": 3,
-                                     "early_query": True}])  # fmt: skip
+                                     "early_query": True},
+                                    {"fused_merge": True, "split_tokens": 256, "block_n": 64, "num_stages": 3,
+                                     "dependents": True, "pages_ahead": True},
+                                    {"fused_merge": True, "split_tokens": 256, "block_n": 32, "num_stages": 5,
+                                     "dependents": True, "pages_ahead": True}])  # fmt: skip
 def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     """Batch 1 x 4,000 tokens at Llama-3-8B heads (32 splits unless given): the merge kernel launched by
     programmatic dependent launch, or the fused merge (the last split program of each KV head, by arrival
@@ -269,7 +355,7 @@ def test_cuda_decode_merge_by_dependent_launch_replays_in_a_graph(launch):
     again after every call); also with the split kernel itself started early by PDL and its keys and values
     prefetched into L2, and with each length cut in the kernel (`dynamic_splits`: 4,000 keys into 15 ranges of
     272; 62 ranges of 65 keys rounded to 80, 50 of which hold keys), and with the early query (`early_query`: the
-    engine's small launch, and at 32-key tiles)."""
+    engine's small launch, and at 32-key tiles), and with each split's pages read up front (`pages_ahead`)."""
     from kernel_cases import batch_meta, paged_pool
 
     from flotilla.kernels.triton_paged_decode import paged_decode_attention
