@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # the API process never imports the engine (nor torch): only 
 
 # The engine methods a front end may call: the only ones the core process will run for it.
 CALLABLE_METHODS = frozenset({"add_lora", "remove_lora", "embed", "classify", "sleep", "wake_up", "is_sleeping",
-                              "reload_weights"})
+                              "sleep_pending", "reload_weights"})
 
 
 @dataclass(frozen=True)
