@@ -25,6 +25,12 @@ class EngineCall:
         if self.method not in CALLABLE_METHODS:
             raise ValueError(f"{self.method!r} is not an engine call (one of {sorted(CALLABLE_METHODS)})")
 
+    @property
+    def changes_gauges(self) -> bool:
+        """Whether the call changes what the metrics' gauges show (a sleep's state, the requests it aborted): its
+        front end publishes a stats snapshot before the answer, so a scrape after the answer sees it."""
+        return self.method in ("sleep", "wake_up")
+
     def __call__(self, engine: LLMEngine) -> Any:
         """Run it on `engine` (on the thread or in the process that owns the engine)."""
         return getattr(engine, self.method)(*self.args)

@@ -152,3 +152,36 @@ def test_an_unknown_mode_is_refused(llm):
     with pytest.raises(ValueError, match="sleep mode must be 'abort', 'wait' or 'keep', not 'pause'"):
         llm.sleep(level=1, mode="pause")
     assert not llm.engine.is_sleeping()
+
+
+def test_keep_holds_every_completion_of_an_n_request(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=12, n=2)
+    engine = llm.engine
+    [expected] = llm.generate({"prompt_token_ids": PROMPT}, params, use_tqdm=False)
+    engine.add_request(PROMPT, params, request_id="pair")
+    for _ in range(4):  # the completions share the prompt's blocks and have a few tokens each
+        engine.step()
+    llm.sleep(level=1, mode="keep")
+    assert _blocks_all_free(engine)  # every completion preempted, the shared blocks freed once
+    llm.wake_up()
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = [list(c.token_ids) for c in output.outputs]
+    assert finals == {"pair": [list(c.token_ids) for c in expected.outputs]}
+
+
+def test_keep_with_a_draft_model_recomputes_both_pools(tiny_model_dirs, reference):
+    path = str(tiny_model_dirs["llama"])
+    llm = LLM(path, max_model_len=256, device="cpu", enable_sleep_mode=True,
+              speculative_config={"model": path, "num_speculative_tokens": 2})
+    engine = llm.engine
+    engine.add_request(PROMPT, GREEDY, request_id="kept")
+    for _ in range(3):
+        engine.step()
+    assert 0 < len(engine._groups["kept"][0].output_token_ids) < GREEDY.max_tokens
+    llm.sleep(level=1, mode="keep")
+    assert engine.runner.draft_kv_cache.numel() == 0
+    llm.wake_up()
+    assert _run_to_end(engine) == {"kept": reference["prompt"]}
