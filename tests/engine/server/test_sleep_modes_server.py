@@ -16,7 +16,9 @@ from tests.engine.server.conftest import API_KEY, Server, start_tiny_server, sto
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The harbour master counts the ships"
-STREAM = {"model": "tiny", "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "temperature": 0,
+# Long enough to be still running when the /sleep sent at its first event arrives (at 40 tokens, once in three runs
+# at load 12 it had ended: the keep test saw no request waiting).
+STREAM = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "temperature": 0,
           "stream": True, "stream_options": {"include_usage": True}}
 
 
