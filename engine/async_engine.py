@@ -24,8 +24,10 @@ import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import EngineBusyError, EngineDeadError, RequestFailedError, client_error
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
@@ -60,13 +62,15 @@ class _Call:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
 
-    def run(self, engine: LLMEngine) -> None:
-        """Call it and hand the result or the error to the waiting event loop."""
+    def run(self, engine: LLMEngine, before_answer: Callable[[], None]) -> None:
+        """Call it, then `before_answer`, then hand the result or the error to the waiting event loop."""
         try:
             result = self.fn(engine)
         except Exception as exc:  # the caller's error to answer, not the loop's
+            before_answer()
             self.fail(exc)
             return
+        before_answer()
         self._settle(lambda: self.future.set_result(result))
 
     def fail(self, error: BaseException) -> None:
@@ -273,12 +277,19 @@ class AsyncEngine:
             if isinstance(command, _Add):
                 self._add(command)
             elif isinstance(command, _Call):
-                command.run(self.engine)
-                for failure in self.engine.take_failures():  # requests the call ended (sleep aborts them)
-                    self._fail(failure)
+                command.run(self.engine, partial(self._after_call, command.fn))
             else:
                 self._streams.pop(command[1], None)
                 self.engine.abort([command[1]])
+
+    def _after_call(self, fn: Callable[[LLMEngine], Any]) -> None:
+        """Before a call's answer: fail the requests it ended (sleep aborts them) and, for a call that changes the
+        gauges (`EngineCall.changes_gauges`: a sleep's state), publish them, so that a scrape after the answer sees
+        them."""
+        for failure in self.engine.take_failures():
+            self._fail(failure)
+        if isinstance(fn, EngineCall) and fn.changes_gauges:
+            self._report()
 
     def _add(self, command: _Add) -> None:
         try:

@@ -219,6 +219,8 @@ class EngineCore:
             for failure in failures:
                 self.encoder.forget(failure.request_id)
             self.outputs.send(("step", [], [(f.request_id, portable(client_error(f))) for f in failures], None))
+        if call.changes_gauges:
+            self.outputs.send(("stats", self.engine.stats_snapshot()))
         self.outputs.send(("call", call_id, True, result))
 
     def _send_quietly(self, message: tuple[Any, ...]) -> None:

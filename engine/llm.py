@@ -52,10 +52,15 @@ class LLM:
         # A batch of distinct schemas is this caller's own work, not a flood: queue every compile it needs.
         self.engine.max_pending_compiles = None
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's `LLM.sleep` (needs `enable_sleep_mode=True`): level 1 moves the weights to host memory and frees
-        the KV cache; level 2 frees the weights too (`wake_up`, then `collective_rpc("reload_weights")`)."""
-        self.engine.sleep(level)
+        the KV cache; level 2 frees the weights too (`wake_up`, then `collective_rpc("reload_weights")`). `mode`
+        ("abort", "wait", "keep") says what happens to requests in flight (`LLMEngine.sleep`); `generate` leaves
+        none, so here they differ only for requests added to `llm.engine` directly: "wait" steps them to the end
+        here (their outputs are not returned)."""
+        self.engine.sleep(level, mode)
+        while self.engine.sleep_pending():  # nothing else steps this engine: drive it to the sleep
+            self.engine.step()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """vLLM's `LLM.wake_up`: take back the memory `tags` name ("weights", "kv_cache"; None: all)."""

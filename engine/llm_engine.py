@@ -38,7 +38,7 @@ from flotilla.engine.request import Request, RequestStatus
 from flotilla.engine.sampling_metadata import SamplingRow
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.scheduler import Scheduler, SchedulerOutput
-from flotilla.engine.sleep_mode import check_sleep_level, wake_tags
+from flotilla.engine.sleep_args import check_sleep_level, check_sleep_mode, wake_tags
 from flotilla.engine.spec_decode.speculator import Speculator, build_speculator
 from flotilla.engine.start_failure import forget_frames
 from flotilla.engine.stats import EngineStats, FinishedGroup, FinishedRequest, StatsSnapshot
@@ -107,6 +107,9 @@ class LLMEngine:
                                              config.structured_outputs)
         self.step_trace = StepTrace.from_env()  # FLOTILLA_STEP_TRACE: one JSON line per step
         self._paused = False  # asleep (sleep mode): steps run nothing until wake_up
+        self._sleep_level: int | None = None  # the level asleep at (vllm:engine_sleep_state); None: awake
+        # A sleep waiting for the running requests to finish ("wait") or the step in flight ("keep"): (level, mode).
+        self._pending_sleep: tuple[int, str] | None = None
         if config.model.enable_sleep_mode:
             logger.info("sleep mode enabled (--enable-sleep-mode)")
 
@@ -303,37 +306,68 @@ class LLMEngine:
 
     # --- sleep mode (--enable-sleep-mode; engine/sleep_mode.py) -------------------------------------
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's `sleep`: stop scheduling and give the device memory back. Level 0 only pauses; level 1 moves the
         weights to host memory and frees the KV cache (the prefix cache forgets its blocks); level 2 frees the
-        weights too (`reload_weights`, or the caller's own update, refills them after `wake_up`). Requests in
-        flight are aborted, as vLLM's default mode does, each failing with EngineBusyError (a 503); requests
-        added while asleep wait until `wake_up`."""
+        weights too (`reload_weights`, or the caller's own update, refills them after `wake_up`). `mode` is what
+        happens to the requests in flight (vLLM's): "abort" fails each with EngineBusyError (a 503); "wait" lets
+        the running ones finish first, starting no new one, and sleeps once they have (`sleep_pending` until
+        then; the engine must keep stepping); "keep" holds them, preempted at level 1 or 2 (their KV is freed),
+        and they go on after `wake_up`, recomputed. Requests added while asleep wait until `wake_up`."""
         runner = self._sleep_runner()
         check_sleep_level(level)
-        if self._in_flight is not None:  # asynchronous scheduling: let the launched step finish with the device
-            runner.collect(self._in_flight[1])
-            self._in_flight = None
-        for request_id in list(self._groups):
-            self._fail(request_id, EngineBusyError("the engine was put to sleep (sleep mode) while this request ran"))
+        check_sleep_mode(mode)
+        self._pending_sleep = None
+        if mode == "abort":
+            if self._in_flight is not None:  # asynchronous scheduling: let the launched step finish with the device
+                runner.collect(self._in_flight[1])
+                self._in_flight = None
+            for request_id in list(self._groups):
+                self._fail(request_id, EngineBusyError("the engine was put to sleep (sleep mode) while this "
+                                                       "request ran"))
+        self._pending_sleep = (level, mode)
+        self.scheduler.hold_new = True  # a wait drains the running requests only: no new one starts
+        self._sleep_if_settled()
+
+    def sleep_pending(self) -> bool:
+        """True from a "wait" or "keep" sleep until it has happened (the running requests finished, or the step in
+        flight collected): the caller keeps stepping, and a server's /sleep answers once it is False."""
+        return self._pending_sleep is not None
+
+    def _sleep_if_settled(self) -> None:
+        """Fall asleep as the pending sleep asked, once nothing it waits for is left: a step in flight (every
+        mode) and, for "wait", a running or preempted request."""
+        if self._pending_sleep is None or self._in_flight is not None:
+            return
+        level, mode = self._pending_sleep
+        if mode == "wait" and self.scheduler.has_started():
+            return
+        self._pending_sleep = None
+        if mode == "keep" and level >= 1:  # their KV is about to be freed: recompute them after the wake-up
+            self.scheduler.preempt_all()
         self._paused = True
+        self._sleep_level = level
         if level >= 1:
             self.block_manager.reset_prefix_cache()
-            runner.sleep(level)
-            logger.info("engine asleep (level %d)", level)
+            self._sleep_runner().sleep(level)
+        logger.info("engine asleep (level %d, mode %s)", level, mode)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """vLLM's `wake_up`: take back the memory `tags` name ("weights", "kv_cache"; None: all). Scheduling resumes
-        once nothing is asleep."""
+        once nothing is asleep. A sleep still pending (mode "wait" or "keep") is called off."""
         runner = self._sleep_runner()
         runner.wake_up(wake_tags(tags))
+        self._pending_sleep = None
         self._paused = bool(runner.asleep)
         if not self._paused:
+            self._sleep_level = None
+            self.scheduler.hold_new = False
             logger.info("engine awake")
 
     def is_sleeping(self) -> bool:
-        """True from `sleep` until `wake_up` has brought everything back."""
-        return self._paused
+        """True from `sleep` (a pending one too, as vLLM's paused scheduler) until `wake_up` has brought everything
+        back."""
+        return self._paused or self._pending_sleep is not None
 
     def reload_weights(self) -> None:
         """Fill the weights again from the model's checkpoint (vLLM's collective_rpc("reload_weights"), after a
@@ -446,6 +480,7 @@ class LLMEngine:
             running_lora_adapters=_lora_names(self.scheduler.running),
             waiting_lora_adapters=_lora_names(itertools.chain(self.scheduler.waiting,
                                                                self._compiling.first_requests())),
+            sleep_level=self._sleep_level,
         )
 
     def check_health(self) -> None:
@@ -482,6 +517,11 @@ class LLMEngine:
         """
         if self._paused:  # asleep: the model's memory may be gone; requests wait for wake_up
             return []
+        if self._pending_sleep is not None:
+            return self._step_towards_sleep()
+        return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         if self._compiling:
             self._admit_compiled()
             self._wait_for_grammars()
@@ -496,6 +536,18 @@ class LLMEngine:
         if isinstance(self.runner, ModelRunner):
             return self._finish_step(plan, self.runner.execute(plan, self._bitmask))
         return self._finish_step(plan, self.runner.execute(plan))
+
+    def _step_towards_sleep(self) -> list[RequestOutput]:
+        """A step while a sleep is pending: "keep" only collects the step in flight (launching none), "wait" steps
+        the running requests on; then the sleep happens if nothing it waits for is left."""
+        assert self._pending_sleep is not None, "called with a sleep pending only"
+        if self._pending_sleep[1] == "keep":
+            in_flight, self._in_flight = self._in_flight, None
+            outputs = [] if in_flight is None else self._finish_step(in_flight[0], self.runner.collect(in_flight[1]))
+        else:  # the scheduler starts no new request meanwhile (hold_new)
+            outputs = self._step()
+        self._sleep_if_settled()
+        return outputs
 
     def _step_overlapped(self) -> list[RequestOutput]:
         in_flight, self._in_flight = self._in_flight, None

@@ -77,6 +77,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # Sleep mode's "wait": requests that never ran stay queued, so that the running ones drain (preempted
+        # ones and waiting completions of a running request still go on: they are in flight).
+        self.hold_new = False
 
     def add(self, request: Request, by_arrival: bool = False) -> None:
         """Queue a new request (FIFO, or by priority under the priority policy).
@@ -122,6 +125,17 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         """True while any request waits or runs."""
         return bool(self.waiting or self.running)
+
+    def has_started(self) -> bool:
+        """True while any request runs or waits to go on (preempted, or a completion waiting for a slot)."""
+        return bool(self.running) or any(r.status == RequestStatus.PREEMPTED for r in self.waiting)
+
+    def preempt_all(self) -> None:
+        """Preempt every running request (their blocks freed, recomputed when they run again), in order: they go
+        on first, as they were."""
+        for request in reversed(self.running):
+            self._preempt(request)
+        self.running.clear()
 
     def schedule(self, num_lookahead: int = 0, max_seqs: int | None = None) -> SchedulerOutput:
         """Plan the next step; decoding requests get up to `num_lookahead` extra KV slots for drafts.
@@ -175,6 +189,8 @@ class Scheduler:
         if not self.waiting:
             return
         head = self.waiting[0]
+        if self._held(head):  # it will not start: preempting for it would only make others recompute
+            return
         if self._adapter_kept_out(head):  # no preemption would let it in: the victims would only recompute
             return
         while not self._fits(head):
@@ -226,7 +242,7 @@ class Scheduler:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and (max_seqs is None or len(out.scheduled) < max_seqs):
             request = self.waiting[0]
-            if self._lora_full(request, loras):
+            if self._held(request) or self._lora_full(request, loras):
                 skipped.append(self.waiting.popleft())
                 continue
             # A request with n completions needs one slot to start: its completions fork into the slots free when
@@ -257,6 +273,10 @@ class Scheduler:
             if request.lora_request is not None:
                 loras.add(request.lora_request.lora_int_id)
         self.waiting.extendleft(reversed(skipped))
+
+    def _held(self, request: Request) -> bool:
+        """True for a request that never ran while new ones are held (`hold_new`)."""
+        return self.hold_new and request.status == RequestStatus.WAITING
 
     def _lora_full(self, request: Request, loras: set[int]) -> bool:
         """True when admitting `request` would put more distinct adapters in the batch than --max-loras."""

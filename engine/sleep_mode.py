@@ -19,34 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Literal
 
 import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
-
-SleepTag = Literal["weights", "kv_cache"]
-# What wake_up(tags=...) may name (vLLM's memory tags; "scheduling" is level 0's: no memory, see LLMEngine.wake_up).
-SLEEP_TAGS: tuple[SleepTag, ...] = ("weights", "kv_cache")
-
-
-def check_sleep_level(level: int) -> None:
-    """ValueError unless `level` is one of vLLM's: 0 (pause scheduling only), 1 or 2."""
-    if isinstance(level, bool) or not isinstance(level, int) or level not in (0, 1, 2):
-        raise ValueError(f"sleep level must be 0, 1 or 2, not {level!r}")
-
-
-def wake_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
-    """The tags a wake_up names (all of SLEEP_TAGS for None); ValueError names an unknown one."""
-    if tags is None:
-        return (*SLEEP_TAGS, "scheduling")
-    tags = tuple(tags)
-    unknown = [t for t in tags if t not in (*SLEEP_TAGS, "scheduling")]
-    if unknown:
-        raise ValueError(f"unknown wake_up tag(s) {', '.join(map(repr, unknown))}: use weights, kv_cache or "
-                         "scheduling")
-    return tags
 
 
 def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, torch.UntypedStorage]:

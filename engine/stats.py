@@ -83,6 +83,7 @@ class StatsSnapshot:
     # Names of the LoRA adapters of running and waiting requests (vllm:lora_requests_info).
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    sleep_level: int | None = None  # sleep mode: the level the engine sleeps at (vllm:engine_sleep_state); None: awake
 
 
 @dataclass

@@ -32,6 +32,8 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# vllm:engine_sleep_state's sleep_state label for each sleep level (level 0, a pause only, sets none of them).
+SLEEP_STATE_LABELS = {1: "weights_offloaded", 2: "discard_all"}
 
 
 def one_two_five_buckets(limit: int) -> list[int]:
@@ -72,6 +74,9 @@ class EngineMetrics:
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
         self.lora_info = LoRAInfoGauge(r, config.lora.max_loras) if config.lora.enable_lora else None
+        self.sleep_state = Gauge("vllm:engine_sleep_state", "Engine sleep state: awake 1 while awake, 0 asleep; "
+                                 "weights_offloaded 1 at sleep level 1, discard_all 1 at level 2.",
+                                 [*labels, "sleep_state"], registry=r)
         max_len = config.model.max_model_len
         h: dict[str, tuple[str, str, list[float] | list[int]]] = {
             "ttft": ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
@@ -134,6 +139,7 @@ class EngineMetrics:
             metric.labels(n)
         for reason in ("stop", "length", "abort"):
             self.success.labels(n, reason)
+        self._set_sleep_state(None)
 
     def _publish_cache_info(self, num_blocks: int) -> None:
         """vllm:cache_config_info, once the pool size is known (the first snapshot, before serving)."""
@@ -167,6 +173,14 @@ class EngineMetrics:
         self.kv_usage_alias.labels(n).set(s.kv_cache_usage)
         if s.prefix_cache_queries:
             self.prefix_hit_rate.labels(n).set(s.prefix_cache_hits / s.prefix_cache_queries)
+        self._set_sleep_state(s.sleep_level)
+
+    def _set_sleep_state(self, level: int | None) -> None:
+        """vllm:engine_sleep_state's three series: awake, or the level asleep at (level 0 sets none of them)."""
+        n = self._name
+        self.sleep_state.labels(n, "awake").set(level is None)
+        for label_level, label in SLEEP_STATE_LABELS.items():
+            self.sleep_state.labels(n, label).set(level == label_level)
 
     def _advance_counters(self, s: StatsSnapshot, last: StatsSnapshot) -> None:
         """Add what the snapshot's cumulative counts gained since `last` to the counters (and their aliases)."""

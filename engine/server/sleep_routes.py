@@ -7,6 +7,7 @@ vLLM's would answer 200 and free nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -18,8 +19,11 @@ from flotilla.engine.engine_call import EngineCall
 from flotilla.engine.errors import EngineDeadError
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.serving_engine import ServingEngine
+from flotilla.engine.sleep_args import check_sleep_level, check_sleep_mode
 
 logger = logging.getLogger(__name__)
+
+SLEEP_POLL_S = 0.02  # how often a /sleep that waits asks the engine whether it sleeps yet
 
 def server_dev_mode() -> bool:
     """vLLM's switch for its development routes: VLLM_SERVER_DEV_MODE=1 or true."""
@@ -35,10 +39,15 @@ def add_sleep_routes(app: FastAPI, engine: ServingEngine) -> None:
     async def sleep(request: Request) -> Response:
         level = _level(request.query_params.get("level", "1"))
         mode = request.query_params.get("mode", "abort")
-        if mode != "abort":  # vLLM's wait and keep modes hold requests across the sleep; here they are aborted
-            raise APIError(400, f"sleep mode {mode!r} is not supported: only 'abort' (requests in flight are "
-                                "aborted)", param="mode")
-        await _engine_call(engine, EngineCall("sleep", (level,)))
+        try:
+            check_sleep_mode(mode)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="mode") from None
+        await _engine_call(engine, EngineCall("sleep", (level, mode)))
+        # "wait" (the running requests finish first) and "keep" (the step in flight is collected): answered once
+        # the engine sleeps, as vLLM's does; a wake_up meanwhile calls the sleep off and ends the wait too.
+        while await engine.call(EngineCall("sleep_pending")):
+            await asyncio.sleep(SLEEP_POLL_S)
         return Response(status_code=200)
 
     @app.post("/wake_up")
@@ -80,9 +89,11 @@ async def _rpc_method(request: Request) -> str:
 
 def _level(text: str) -> int:
     try:
-        return int(text)
+        level = int(text)
+        check_sleep_level(level)
     except ValueError:
         raise APIError(400, f"sleep level must be 0, 1 or 2, not {text!r}", param="level") from None
+    return level
 
 
 async def _engine_call(engine: ServingEngine, call: EngineCall) -> None:
@@ -90,4 +101,4 @@ async def _engine_call(engine: ServingEngine, call: EngineCall) -> None:
     try:
         await engine.call(call)
     except ValueError as exc:
-        raise APIError(400, str(exc), param="level" if call.method == "sleep" else "tags") from None
+        raise APIError(400, str(exc), param=None if call.method == "sleep" else "tags") from None

@@ -123,7 +123,7 @@ def test_a_stream_in_flight_ends_with_503(sleepy):
 @pytest.mark.parametrize(("path", "params", "message"), [
     ("/sleep", {"level": 3}, "sleep level must be 0, 1 or 2"),
     ("/sleep", {"level": "deep"}, "sleep level must be 0, 1 or 2"),
-    ("/sleep", {"level": 1, "mode": "wait"}, "only 'abort'"),
+    ("/sleep", {"level": 1, "mode": "pause"}, "sleep mode must be 'abort', 'wait' or 'keep'"),
     ("/wake_up", {"tags": "weight"}, "unknown wake_up tag"),
 ])
 def test_bad_arguments_are_400(sleepy, path, params, message):
