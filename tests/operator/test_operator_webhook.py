@@ -83,8 +83,8 @@ INVALID = {
     "exec-total-past-linux-limit": (
         {"pod": {"env": [{"name": "A", "value": "a" * 100_000}, *({"name": f"R{i}", "value": "$(A)"}
                                                                    for i in range(20))]}},
-        "the engine's arguments (599 bytes) and environment (2100339 bytes), counted as Linux counts them (each "
-        "string, its NUL and an 8-byte pointer) once the kubelet expands $(...), come to 2100938 bytes; Linux starts "
+        "the engine's arguments (667 bytes) and environment (2100339 bytes), counted as Linux counts them (each "
+        "string, its NUL and an 8-byte pointer) once the kubelet expands $(...), come to 2101006 bytes; Linux starts "
         "a program with at most 2097152 (a quarter of the default 8 MiB stack limit, ARG_MAX), and 65536 of them are "
         "left for the image's and the kubelet's variables, so the engine would never start: shorten spec.engineArgs "
         "or spec.pod.env"),
