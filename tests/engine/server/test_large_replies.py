@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS
@@ -258,6 +259,23 @@ def test_health_and_a_small_request_are_answered_while_many_embeddings_are_encod
     assert [d["index"] for d in data] == list(range(MAX_EMBEDDING_INPUTS))
     assert all(len(d["embedding"]) == WIDE for d in data)
 
+
+def test_enable_log_requests_logs_embedding_requests_too(logging_pooling_server):
+    # vLLM's --enable-log-requests (test_vllm_manifest_flags.py's generation lines) on an embeddings request: its
+    # Received line names the request and its pooling parameters, its Finished line follows, and the prompt is not
+    # logged at INFO. Here, on this module's logging pooling server (a server of its own cost CI a start).
+    server = logging_pooling_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    response = client.embeddings.create(model="tiny", input=["a quiet harbour", "two"],
+                                        extra_body={"request_id": "manifest-embed-check"})
+    assert response.usage.prompt_tokens > 0
+    deadline = time.monotonic() + 30  # log lines are flushed as they are written, but not instantly
+    while "Finished request embd-manifest-embed-check" not in (log := server.log.read_text()):
+        assert time.monotonic() < deadline, "the embeddings request's end was never logged"
+        time.sleep(0.2)
+    received = [line for line in log.splitlines() if "Received request embd-manifest-embed-check" in line]
+    assert len(received) == 1 and "normalize=True" in received[0]
+    assert "quiet harbour" not in log  # the prompts only at DEBUG, which this server is not at
 
 def test_health_and_a_small_request_are_answered_while_a_large_responses_streams_end_is_built(logging_server,
                                                                                               tmp_path):

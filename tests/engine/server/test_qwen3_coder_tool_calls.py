@@ -1,4 +1,4 @@
-"""`--tool-call-parser qwen3_coder` on a real server over the real openai client: the embedded model is forced (a
+"""`--tool-call-parser qwen3_coder` on a real server over the real openai client: the tiny Llama is forced (a
 structured_outputs regex) to write Qwen3-Coder's XML call, and the reply's call has its values typed by the
 request's tool schema (`days` an integer, `metric` a boolean, `city` a string), whole and streamed, in chat and in a
 Responses reply (which plans its tools through the same path)."""
@@ -30,8 +30,10 @@ ASK = "What will the weather be in Paris?"
 
 
 @pytest.fixture(scope="module")
-def oai(embedded_model_dir, tmp_path_factory):
-    server = start_server(embedded_model_dir, tmp_path_factory.mktemp("qwen3-coder") / "server.log",
+def oai(tiny_model_dirs, tmp_path_factory):
+    # The tiny Llama (the embedded model's tokenizer and chat template): every reply here is forced by a regex, so
+    # the model's weights choose nothing the tests read, and its steps cost a fraction of the embedded model's.
+    server = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("qwen3-coder") / "server.log",
                           "--max-model-len", "512", "--disable-log-stats", "--served-model-name", "x",
                           "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
                           env={"VLLM_API_KEY": API_KEY})

@@ -170,30 +170,14 @@ def test_requests_are_not_logged_by_default(client, server):
     assert "Finished request" not in server.log.read_text()
 
 
-def test_enable_log_requests_logs_embedding_requests_too(tiny_model_dirs, tmp_path):
-    pooling = start_server(tiny_model_dirs["qwen3"], tmp_path / "server.log", "--runner", "pooling",
-                           "--served-model-name", "tiny", "--enable-log-requests", "--disable-log-stats",
-                           env={"VLLM_API_KEY": API_KEY})
-    try:
-        client = openai.OpenAI(base_url=f"{pooling.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
-        response = client.embeddings.create(model="tiny", input=["a quiet harbour", "two"],
-                                            extra_body={"request_id": "manifest-embed-check"})
-        assert response.usage.prompt_tokens > 0
-        log = _log_with(pooling, "Finished request embd-manifest-embed-check")
-    finally:
-        stop_server(pooling)
-    received = [line for line in log.splitlines() if "Received request embd-manifest-embed-check" in line]
-    assert len(received) == 1 and "normalize=True" in received[0]
-    assert "quiet harbour" not in log  # the prompts only at DEBUG, which this server is not at
-
-
 def _vocab_size(model_dir) -> int:
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
 
 
 def test_minus_one_logprobs_are_the_vocabulary_bounded_by_max_logprobs(capped, manifest_server, tiny_model_dirs):
     """vLLM's -1 for chat's top_logprobs and for prompt_logprobs means every vocabulary entry: a count of the
-    vocabulary size, which --max-logprobs 3 refuses in vLLM's words; completions' logprobs takes no -1 (as vLLM)."""
+    vocabulary size, which --max-logprobs 3 refuses in vLLM's words; completions' logprobs takes no -1 (as vLLM).
+    With --max-logprobs -1 they are served: test_whole_vocabulary_streams.py (its server's flags)."""
     vocab = _vocab_size(tiny_model_dirs["llama"])
     messages = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError) as err:
@@ -214,26 +198,3 @@ def test_minus_one_logprobs_are_the_vocabulary_bounded_by_max_logprobs(capped, m
         with pytest.raises(openai.BadRequestError):
             call()
     assert manifest_server.metric("vllm:kv_cache_usage_perc") == 0
-
-
-def test_minus_one_logprobs_with_max_logprobs_minus_one_return_the_whole_vocabulary(tiny_model_dirs, tmp_path):
-    vocab = _vocab_size(tiny_model_dirs["llama"])
-    s = start_server(tiny_model_dirs["llama"], tmp_path / "server.log", "--max-logprobs", "-1",
-                     "--served-model-name", "tiny", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
-    try:
-        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-        chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
-                                              logprobs=True, top_logprobs=-1)
-        [token] = chat.choices[0].logprobs.content
-        assert len(token.top_logprobs) == vocab
-        completion = client.completions.create(model="tiny", prompt="Hello there", max_tokens=1,
-                                               extra_body={"prompt_logprobs": -1})
-        entries = completion.choices[0].model_extra["prompt_logprobs"]
-        assert entries[0] is None and len(entries) > 1
-        assert all(len(entry) == vocab for entry in entries[1:])
-        response = client.responses.create(model="tiny", input="Hi", max_output_tokens=1, top_logprobs=-1,
-                                           include=["message.output_text.logprobs"])
-        [token] = response.output[0].content[0].logprobs
-        assert len(token.top_logprobs) == vocab and response.top_logprobs == -1
-    finally:
-        stop_server(s)

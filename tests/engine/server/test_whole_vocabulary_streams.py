@@ -307,3 +307,22 @@ def test_a_responses_streams_large_steps_and_end_are_the_loops_to_the_byte(token
     assert len(before) == opened + 4 and len(end) > 4 and max(map(len, end)) < 2 * 2**20
     # each step's conversion and its delta; the stored copy; then the end's pieces (one more call finds none left)
     assert len(runs) == 2 * STEPS + 1 + len(end) + 1
+
+
+def test_minus_one_logprobs_with_max_logprobs_minus_one_return_the_whole_vocabulary(vocab_server):
+    # vLLM's -1 (every vocabulary entry) for chat's and the Responses API's top_logprobs and for prompt_logprobs,
+    # not streamed, served under --max-logprobs -1 (this module's server: a server of its own cost CI a start).
+    client = openai.OpenAI(base_url=f"{vocab_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                          logprobs=True, top_logprobs=-1)
+    [token] = chat.choices[0].logprobs.content
+    assert len(token.top_logprobs) == VOCAB
+    completion = client.completions.create(model="m", prompt="Hello there", max_tokens=1,
+                                           extra_body={"prompt_logprobs": -1})
+    entries = completion.choices[0].model_extra["prompt_logprobs"]
+    assert entries[0] is None and len(entries) > 1
+    assert all(len(entry) == VOCAB for entry in entries[1:])
+    response = client.responses.create(model="m", input="Hi", max_output_tokens=1, top_logprobs=-1,
+                                       include=["message.output_text.logprobs"])
+    [token] = response.output[0].content[0].logprobs
+    assert len(token.top_logprobs) == VOCAB and response.top_logprobs == -1
