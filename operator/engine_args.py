@@ -134,7 +134,9 @@ ROOT_PATH_FLAG = "--root-path"
 def quiet_probe_args(extra: list[str]) -> list[str]:
     """`--disable-access-log-for-endpoints` with the probes' and the scrape's paths (QUIET_PATHS), unless engineArgs
     set an access-log flag of their own. uvicorn's access line shows a path under --root-path (`/svc/health` for the
-    probe's `/health`), so with one the paths under it are listed too."""
+    probe's `/health`), so with one the paths under it are listed too. Names are read as the engine reads them
+    (`--root_path` is --root-path: flotilla/underscore_flags.py)."""
+    extra = dashed_names(extra)
     if any(token.split("=", 1)[0] in ACCESS_LOG_FLAGS for token in extra):
         return []
     root = _root_path(extra).rstrip("/")

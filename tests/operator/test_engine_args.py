@@ -488,8 +488,17 @@ def test_the_probes_and_the_scrape_write_no_access_lines_by_default():
 @pytest.mark.parametrize("extra", [
     ["--disable-uvicorn-access-log"], ["--no-disable-uvicorn-access-log"],
     ["--disable-access-log-for-endpoints", "/ping"], ["--disable-access-log-for-endpoints=/health"],
+    # vLLM's underscore spellings, which the webhook and the engine read as the dashed flags
+    ["--disable_uvicorn_access_log"], ["--disable_access_log_for_endpoints", "/ping"],
 ])
 def test_an_access_log_flag_in_engine_args_replaces_the_default(extra):
     args = engine_args(make(engineArgs=extra), "x")
     assert args.count("--disable-access-log-for-endpoints") == (extra[0] == "--disable-access-log-for-endpoints")
     assert args[-len(extra):] == extra
+
+
+@pytest.mark.parametrize("extra", [["--root_path", "/svc"], ["--root_path=/svc"]])
+def test_an_underscore_root_path_lists_the_paths_under_it(extra):
+    # `--root_path` is the engine's --root-path (flotilla/underscore_flags.py): the probe's line reads /svc/health
+    args = engine_args(make(engineArgs=extra), "x")
+    assert flag_value(args, "--disable-access-log-for-endpoints") == "/health,/metrics,/svc/health,/svc/metrics"
