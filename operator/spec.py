@@ -135,6 +135,11 @@ class RopeScaling(_Model):
         default=None, ge=1, le=MAX_POSITIONS, description="rope_scaling.original_max_position_embeddings (YaRN).")
 
 
+# ModelArchitecture's fields that no override sets whole: the spec's own numbers, which are no config.json keys (the
+# engine ignores an override of them), and rope_scaling, which `ModelArchitecture.overridden` reads apart.
+_NOT_CONFIG_KEYS = frozenset({"num_parameters", "weight_bits", "rope_scaling"})
+
+
 class ModelArchitecture(_Model):
     """Architecture numbers of the checkpoint (as in its config.json), used by the fit check."""
 
@@ -253,7 +258,9 @@ class ModelArchitecture(_Model):
         a value the fields refuse."""
         values = self.model_dump(exclude_none=True)
         values.update({key: value for key, value in overrides.items()
-                       if key in ModelArchitecture.model_fields and key != "rope_scaling"})
+                       if key in ModelArchitecture.model_fields and key not in _NOT_CONFIG_KEYS})
+        if overrides.get("num_local_experts"):  # Mixtral's expert count, read before num_experts (moe_num_experts)
+            values["num_experts"] = overrides["num_local_experts"]
         rope = overrides["rope_scaling"] if "rope_scaling" in overrides else values.get("rope_scaling")
         if not rope:
             rope = overrides.get("rope_parameters")

@@ -334,6 +334,19 @@ def test_hf_overrides_set_over_model_config_are_the_length_the_webhook_checks():
     assert make(model={"source": "pvc://models/m", "config": ARCH}).architecture.length_limit == 4096
 
 
+def test_hf_overrides_set_only_config_json_keys_over_model_config():
+    # numParameters and weightBits are the spec's own numbers, not config.json keys (the engine ignores such an
+    # override): an override of them must not make the fit check count another model
+    stated = {**ARCH, "numParameters": 7_000_000_000}
+    spec = make(model={"source": "pvc://models/m", "config": stated},
+                engineArgs=["--hf-overrides", '{"num_parameters": 1, "weight_bits": 4}'])
+    assert spec.architecture.num_parameters == 7_000_000_000 and spec.architecture.weight_bits is None
+    # Mixtral's expert count is num_local_experts, which the engine reads first (engine_rules.moe_num_experts)
+    moe = make(model={"source": "pvc://models/m", "config": {**ARCH, "numExperts": 8}},
+               engineArgs=["--hf-overrides", '{"num_local_experts": 4}'])
+    assert moe.architecture.num_experts == 4
+
+
 def test_hf_overrides_beyond_model_configs_bounds_are_refused():
     spec = make(model={"source": "pvc://models/m", "config": ARCH},
                 engineArgs=["--hf-overrides", '{"max_position_embeddings": 2147483647}'])
