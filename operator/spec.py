@@ -253,7 +253,7 @@ class ModelArchitecture(_Model):
 
     def overridden(self, overrides: dict[str, Any]) -> ModelArchitecture:
         """These numbers with --hf-overrides' keys set over them, as the engine sets them over config.json: each key
-        whole, and rope_parameters (transformers 5) as the rope scaling where no rope_scaling is left, as the engine
+        whole (config.json's only: not numParameters or weightBits; num_local_experts as numExperts), and rope_parameters (transformers 5) as the rope scaling where no rope_scaling is left, as the engine
         reads it; only what rope_scaling's fields hold of a rope object (the length it reaches). ValidationError for
         a value the fields refuse."""
         values = self.model_dump(exclude_none=True)
