@@ -33,8 +33,6 @@ def apply_hf_overrides(hf_config: dict[str, Any], overrides: Any) -> dict[str, A
 
 def hf_overrides_problem(hf_config: dict[str, Any], overrides: Any) -> str | None:
     """Why the engine cannot build `hf_config` (the checkpoint's config.json) with `overrides` set over it, or None."""
-    if not isinstance(overrides, dict):
-        return f"{FLAG} must be a JSON object of config.json keys, not {json.dumps(overrides)}"
     if problem := override_values_problem(overrides):
         return problem
     return _checkpoint_problem(hf_config, hf_config | overrides)

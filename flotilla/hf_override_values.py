@@ -46,10 +46,12 @@ _WANTS = {"count": "a positive integer", "length": f"a positive integer up to {M
           "dtype": f"one of {', '.join(CHECKPOINT_DTYPES)}"}
 
 
-def override_values_problem(overrides: dict[str, Any]) -> str | None:
-    """Why a key of `overrides` has a value the engine cannot run whatever the checkpoint (a string for a size, an
-    unknown rope type or dtype), or None: the part of `hf_overrides_problem` that needs no config.json, which the
-    operator's webhook applies to spec.engineArgs."""
+def override_values_problem(overrides: Any) -> str | None:
+    """Why `overrides` is no JSON object, or a key of it has a value the engine cannot run whatever the checkpoint
+    (a string for a size, an unknown rope type or dtype), or None: the part of `hf_overrides_problem` that needs no
+    config.json, which the operator's webhook applies to spec.engineArgs."""
+    if not isinstance(overrides, dict):
+        return f"{FLAG} must be a JSON object of config.json keys, not {json.dumps(overrides)}"
     for key, value in overrides.items():
         kind = KINDS.get(key)
         if kind is not None and not _is_kind(value, kind):

@@ -324,11 +324,7 @@ def _pod_file_problem(p: ParsedFlag) -> str | None:
 def _hf_overrides_problem(p: ParsedFlag) -> str | None:
     """The engine's refusal of --hf-overrides values it cannot run whatever the checkpoint (the checks against the
     checkpoint's own config.json wait for the engine, which reads it)."""
-    if p.flag.name != "--hf-overrides":
-        return None
-    if not isinstance(p.value, dict):
-        return f"--hf-overrides must be a JSON object of config.json keys, not {json.dumps(p.value)}"
-    return override_values_problem(p.value)
+    return override_values_problem(p.value) if p.flag.name == "--hf-overrides" else None
 
 
 def _overridden_config_problem(spec: InferenceServiceSpec) -> str | None:

@@ -253,9 +253,10 @@ class ModelArchitecture(_Model):
 
     def overridden(self, overrides: dict[str, Any]) -> ModelArchitecture:
         """These numbers with --hf-overrides' keys set over them, as the engine sets them over config.json: each key
-        whole (config.json's only: not numParameters or weightBits; num_local_experts as numExperts), and rope_parameters (transformers 5) as the rope scaling where no rope_scaling is left, as the engine
-        reads it; only what rope_scaling's fields hold of a rope object (the length it reaches). ValidationError for
-        a value the fields refuse."""
+        whole (config.json's only: not numParameters or weightBits; num_local_experts as numExperts), and
+        rope_parameters (transformers 5) as the rope scaling where no rope_scaling is left, as the engine reads it;
+        only what rope_scaling's fields hold of a rope object (the length it reaches). ValidationError for a value
+        the fields refuse."""
         values = self.model_dump(exclude_none=True)
         values.update({key: value for key, value in overrides.items()
                        if key in ModelArchitecture.model_fields and key not in _NOT_CONFIG_KEYS})
