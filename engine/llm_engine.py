@@ -336,14 +336,16 @@ class LLMEngine:
 
     def _sleep_if_settled(self) -> None:
         """Fall asleep as the pending sleep asked, once nothing it waits for is left: a step in flight (every
-        mode) and, for "wait", a running or preempted request."""
+        mode) and, for "wait", a running or preempted request (none, when a level-0 pause already holds them)."""
         if self._pending_sleep is None or self._in_flight is not None:
             return
         level, mode = self._pending_sleep
-        if mode == "wait" and self.scheduler.has_started():
+        # Paused already (level 0), nothing steps the running requests: a "wait" could never drain, so it holds
+        # them as "keep" does.
+        if mode == "wait" and not self._paused and self.scheduler.has_started():
             return
         self._pending_sleep = None
-        if mode == "keep" and level >= 1:  # their KV is about to be freed: recompute them after the wake-up
+        if level >= 1:  # a request still running ("keep", or held by a pause) loses its KV: recomputed on waking
             self.scheduler.preempt_all()
         self._paused = True
         self._sleep_level = level

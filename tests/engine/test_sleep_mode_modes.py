@@ -185,3 +185,20 @@ def test_keep_with_a_draft_model_recomputes_both_pools(tiny_model_dirs, referenc
     assert engine.runner.draft_kv_cache.numel() == 0
     llm.wake_up()
     assert _run_to_end(engine) == {"kept": reference["prompt"]}
+
+
+def test_wait_while_paused_with_requests_held_sleeps_deeper_at_once(llm, reference):
+    # A level-0 "keep" pause holds the running request with its KV; nothing steps it while paused, so a deeper
+    # "wait" sleep could never drain (LLM.sleep stepped forever, a server's /sleep never answered). It sleeps at once,
+    # the held request preempted as "keep" does, since its KV goes with the pool.
+    engine = llm.engine
+    engine.add_request(PROMPT, GREEDY, request_id="held")
+    for _ in range(3):
+        engine.step()
+    llm.sleep(level=0, mode="keep")
+    llm.sleep(level=1, mode="wait")
+    [held] = engine._groups["held"]
+    assert not engine.sleep_pending() and engine.runner.asleep == {"weights", "kv_cache"}
+    assert held.status == RequestStatus.PREEMPTED and _blocks_all_free(engine)
+    llm.wake_up()
+    assert _run_to_end(engine) == {"held": reference["prompt"]}
