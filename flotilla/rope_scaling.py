@@ -36,7 +36,7 @@ def rope_scaling_problem(scaling: Any) -> str | None:
     if not isinstance(scaling, dict):
         return f"must be a JSON object, not {json.dumps(scaling)}"
     kind = rope_type(scaling)
-    if kind not in ROPE_TYPES:
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:  # a list or an object is unhashable: no `in` for it
         return f"rope type {json.dumps(kind)} is not one the engine computes ({', '.join(ROPE_TYPES)})"
     if missing := [key for key in ROPE_TYPES[kind] if scaling.get(key) is None]:
         return f"rope type {kind} needs {', '.join(missing)}"

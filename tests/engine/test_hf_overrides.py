@@ -100,6 +100,7 @@ BAD_OVERRIDES = [
      'rope_scaling: rope type "dynamic" is not one the engine computes (default, linear, llama3, yarn)'),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
      'rope_parameters: rope type "longrope" is not one the engine computes'),
+    ({"rope_scaling": {"type": {"x": 1}}}, 'rope_scaling: rope type {"x": 1} is not one the engine computes'),
     ({"rope_scaling": {"type": "linear"}}, "rope_scaling: rope type linear needs factor"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
      "rope_scaling: rope type llama3 needs low_freq_factor, high_freq_factor, original_max_position_embeddings"),

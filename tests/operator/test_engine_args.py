@@ -272,6 +272,10 @@ OWNED = "spec.engineArgs: {} is set by the operator: "
     (["--hf-overrides", '{"rope_scaling": {"rope_type": "dynamic", "factor": 2}}'],
      'spec.engineArgs: --hf-overrides: rope_scaling: rope type "dynamic" is not one the engine computes (default, '
      "linear, llama3, yarn)"),
+    # a rope type that is no string was a TypeError (unhashable) inside the webhook
+    (["--hf-overrides", '{"rope_scaling": {"rope_type": ["yarn"]}}'],
+     'spec.engineArgs: --hf-overrides: rope_scaling: rope type ["yarn"] is not one the engine computes (default, '
+     "linear, llama3, yarn)"),
     (["--hf-overrides.torch_dtype", "int8"],
      'spec.engineArgs: --hf-overrides: torch_dtype must be one of bfloat16, float16, float32, not "int8"'),
     (["--hf-overrides", '{"num_hidden_layers": "x"}'],
