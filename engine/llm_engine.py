@@ -348,7 +348,8 @@ class LLMEngine:
         if level >= 1:  # a request still running ("keep", or held by a pause) loses its KV: recomputed on waking
             self.scheduler.preempt_all()
         self._paused = True
-        self._sleep_level = level
+        # a lighter sleep on top of a deeper one frees nothing back: the memory stays as the deeper one left it
+        self._sleep_level = max(level, self._sleep_level or 0)
         if level >= 1:
             self.block_manager.reset_prefix_cache()
             self._sleep_runner().sleep(level)

@@ -202,3 +202,13 @@ def test_wait_while_paused_with_requests_held_sleeps_deeper_at_once(llm, referen
     assert held.status == RequestStatus.PREEMPTED and _blocks_all_free(engine)
     llm.wake_up()
     assert _run_to_end(engine) == {"held": reference["prompt"]}
+
+
+def test_a_lighter_sleep_while_asleep_keeps_the_deeper_level(llm):
+    # the weights stay discarded after a level-0 pause on top: vllm:engine_sleep_state must still say discard_all
+    llm.sleep(level=2)
+    llm.sleep(level=0)
+    assert llm.engine.stats_snapshot().sleep_level == 2
+    llm.wake_up()
+    llm.collective_rpc("reload_weights")
+    assert llm.engine.stats_snapshot().sleep_level is None
