@@ -194,11 +194,33 @@ def _client_certificates_problem(certfile: str | None, ca_certs: str | None, cer
     return None
 
 
+# The shortest key a VLLM_API_KEY of several lines may hold. A value of several lines is read as several keys, so a
+# Secret filled with other text (pretty-printed JSON, a PEM file) would otherwise accept guessable lines such as
+# "{" or "-----BEGIN PRIVATE KEY-----"; vLLM's reading (one key that no header can match) failed closed there.
+MIN_LISTED_KEY_CHARS = 8
+
+
 def env_keys(value: str) -> list[str]:
     """VLLM_API_KEY's keys, one a line (a value of one line is vLLM's one key), blank lines left out; all blank, the
     value itself, which the key check refuses as empty. Lines, because no HTTP header can carry a line feed: a
-    value of several lines could never match as one key (vLLM's reading), so each line is one that can."""
-    return [line for line in value.split("\n") if line.strip()] or [value]
+    value of several lines could never match as one key (vLLM's reading), so each line is one that can. A value of
+    several keys must hold only key-like lines (listed_keys_problem), or it is refused."""
+    keys = [line for line in value.split("\n") if line.strip()] or [value]
+    if len(keys) > 1 and (problem := listed_keys_problem(keys)):
+        raise ValueError(problem)
+    return keys
+
+
+def listed_keys_problem(keys: list[str]) -> str | None:
+    """Why VLLM_API_KEY's lines `keys` are not a list of keys (one too short, or holding a space), or None. The line
+    itself is never echoed: it may be a secret."""
+    for number, key in enumerate(keys, 1):
+        key = key.strip()
+        if len(key) < MIN_LISTED_KEY_CHARS or any(char.isspace() for char in key):
+            return (f"VLLM_API_KEY holds {len(keys)} lines, read as one API key a line, and its non-blank line "
+                    f"{number} is not a key (keys of a list are at least {MIN_LISTED_KEY_CHARS} characters with no "
+                    "spaces): put one key a line in the Secret, not a JSON or PEM document")
+    return None
 
 
 class ServerConfig(_Component):

@@ -47,7 +47,24 @@ def test_an_empty_api_key_refuses_to_start(tiny_model_dirs, flags, env, monkeypa
     assert "API key is empty" in capsys.readouterr().err
 
 
-OLD_KEY, NEW_KEY, ENV_KEY = KEY, "n3w-key", "env-key"
+@pytest.mark.parametrize("value", [
+    '{\n  "api_key": "s3cret-key"\n}\n',  # a pretty-printed JSON Secret: "{" would be a key anyone guesses
+    "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n",  # a PEM file
+    "s3cret-key\nshort\n",  # one key too short to be a key of a list
+])
+def test_an_environment_key_of_several_lines_that_are_not_keys_refuses_to_start(tiny_model_dirs, value, monkeypatch,
+                                                                                 capsys):
+    # Read one key a line, such a value would accept its guessable lines; vLLM's one-key reading failed closed.
+    from flotilla.engine.server.cli import main
+
+    monkeypatch.setenv("VLLM_API_KEY", value)
+    assert main([str(tiny_model_dirs["llama"]), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "VLLM_API_KEY holds" in err and "is not a key" in err
+    assert "BEGIN" not in err and "s3cret" not in err and "short" not in err  # never the secret's text
+
+
+OLD_KEY, NEW_KEY, ENV_KEY = KEY, "n3w-key-2026", "env-key-2026"
 
 
 @pytest.fixture(scope="module")
