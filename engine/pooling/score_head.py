@@ -77,4 +77,14 @@ def activation_module(qualname: str) -> nn.Module:
                          ) from exc
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
         raise ValueError(f"config.json's sentence-transformers activation {qualname!r} is not a torch module class")
-    return found()
+    try:
+        module = found()
+    except TypeError as exc:  # a class that needs arguments (Linear): sentence-transformers builds it with none
+        raise ValueError(f"config.json's sentence-transformers activation {qualname!r} cannot be built without "
+                         f"arguments ({exc})") from None
+    # A module with weights of its own (PReLU) would score with untrained values the checkpoint never saved; eval()
+    # keeps a Dropout from making the same pair score differently from call to call.
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise ValueError(f"config.json's sentence-transformers activation {qualname!r} has weights of its own, which "
+                         "the checkpoint does not hold; name a parameter-free activation (Sigmoid, Identity, Tanh)")
+    return module.eval()

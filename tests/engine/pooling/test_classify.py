@@ -204,11 +204,21 @@ def test_a_sentence_transformers_activation_applies_to_hfs_logits(classifiers, t
     ("os.system", ConfigError, "not a class of torch.nn.modules"),
     ("torch.nn.modules.activation.NoSuchActivation", ValueError, "not a torch module class"),
     ("torch.nn.modules.activation.F", ValueError, "not a torch module class"),  # a module there, not a class
+    ("torch.nn.modules.linear.Linear", ValueError, "cannot be built without arguments"),
+    ("torch.nn.modules.activation.PReLU", ValueError, "weights of its own"),  # untrained weights, never saved
 ])
 def test_a_sentence_transformers_activation_outside_torch_modules_refuses(tiny_model_dirs, name, error, words):
     with pytest.raises(error, match=words):
         LLM(str(tiny_model_dirs["qwen3"]), runner="pooling", max_model_len=64, device="cpu",
             hf_overrides={**QWEN3_RERANKER, "sbert_ce_default_activation_function": name})
+
+
+def test_a_sentence_transformers_dropout_scores_a_pair_the_same_every_time():
+    from flotilla.engine.pooling.score_head import activate
+
+    logits = torch.randn(4, 1)
+    name = "torch.nn.modules.dropout.Dropout"  # in training mode it would zero half the scores at random
+    torch.testing.assert_close(activate(logits, name), logits)
 
 
 def hf_token_logits(model_dir: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
