@@ -827,9 +827,12 @@ def _parse_launch(env: str, name: str) -> tuple[int, int, int, int, str, int]:
     """A small launch from its switch's text "block_n,warps,stages,split_tokens,merge[+flag...][,merge_chunk]"."""
     fields = env.split(",")
     nums, merge, chunk = fields[:4], fields[4] if len(fields) > 4 else "", fields[5:]
-    assert len(fields) in (5, 6) and all(x.isdigit() for x in nums + chunk), f"{name}: {env!r}"
+    # ValueError, not assert: `python -O` would let a mistyped switch through to the kernel launch.
+    if len(fields) not in (5, 6) or not all(x.isdigit() for x in nums + chunk):
+        raise ValueError(f"{name}: {env!r} is not block_n,warps,stages,split_tokens,merge[+flag...][,merge_chunk]")
     base, *flags = merge.split("+")
-    assert base in MERGES and set(flags) <= set(FLAGS), f"{name}: merge {merge!r}"
+    if base not in MERGES or not set(flags) <= set(FLAGS):
+        raise ValueError(f"{name}: merge {merge!r} is not one of {sorted(MERGES)} with flags from {sorted(FLAGS)}")
     block_n, warps, stages, split_tokens = (int(x) for x in nums)
     return block_n, warps, stages, split_tokens, merge, int(chunk[0]) if chunk else 0
 

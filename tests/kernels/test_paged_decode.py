@@ -183,10 +183,10 @@ def test_small_launch_env_is_checked(monkeypatch):
     from flotilla.kernels.triton_paged_decode import _SMALL_LAUNCH, _small_launch
 
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,32,merge")
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError):
         _small_launch()
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,fused")
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError):
         _small_launch()
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "0")
     assert _small_launch() is None
@@ -199,7 +199,7 @@ def test_small_launch_env_is_checked(monkeypatch):
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "64,4,3,128,fused+early+dep+dyn")
     assert _small_launch() == (64, 4, 3, 128, "fused+early+dep+dyn", 0)
     monkeypatch.setenv("FLOTILLA_DECODE_SMALL_LAUNCH", "32,4,2,128,pdl+late")
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError):
         _small_launch()
     monkeypatch.delenv("FLOTILLA_DECODE_SMALL_LAUNCH")
     assert _small_launch() == _SMALL_LAUNCH
@@ -224,7 +224,7 @@ def test_short_launch_env_is_checked(monkeypatch):
     assert _small_launch(704) == _SMALL_LAUNCH
     for bad in ("64,4,3,64", "64,4,3,64,fused+late", "64,4,3,x,fused"):
         monkeypatch.setenv("FLOTILLA_DECODE_SHORT_LAUNCH", bad)
-        with pytest.raises(AssertionError, match="FLOTILLA_DECODE_SHORT_LAUNCH"):
+        with pytest.raises(ValueError, match="FLOTILLA_DECODE_SHORT_LAUNCH"):
             _small_launch(704)
 
 
