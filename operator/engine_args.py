@@ -19,7 +19,6 @@ import json
 from collections.abc import Callable
 from typing import Any, get_args
 
-from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from flotilla.dotted_args import expand_dotted_args, flag_options
@@ -39,7 +38,7 @@ from flotilla.hf_override_values import override_values_problem
 from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
-from flotilla.operator.spec import InferenceServiceSpec, engine_args_hf_overrides
+from flotilla.operator.spec import InferenceServiceSpec
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
@@ -330,15 +329,11 @@ def _hf_overrides_problem(p: ParsedFlag) -> str | None:
 def _overridden_config_problem(spec: InferenceServiceSpec) -> str | None:
     """Why spec.model.config with --hf-overrides' keys set over it is no architecture the fit check can read (a
     length beyond its bounds), or None."""
-    arch, overrides = spec.model.config, engine_args_hf_overrides(spec.engine_args)
-    if arch is None or not isinstance(overrides, dict):
+    exc = spec.overridden_architecture()[1]
+    if exc is None:
         return None
-    try:
-        arch.overridden(overrides)
-    except ValidationError as exc:
-        where = ", ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        return f"spec.engineArgs: --hf-overrides set over spec.model.config: {where}"
-    return None
+    where = ", ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return f"spec.engineArgs: --hf-overrides set over spec.model.config: {where}"
 
 
 def _owned_value_problem(p: ParsedFlag) -> str | None:

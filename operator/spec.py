@@ -19,16 +19,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from flotilla.dotted_args import expand_dotted_args, flag_options
 from flotilla.engine_rules import (
     model_len_limit,
     moe_dense_layers,
     moe_expert_widths,
-    parse_argv,
     rope_positions,
     world_size,
 )
-from flotilla.underscore_flags import dashed_names
+from flotilla.operator.hf_overrides_arg import engine_args_hf_overrides
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -94,17 +92,6 @@ def hf_revision(source: str) -> str | None:
         return None
     name = source.removeprefix("hf://").split("/")[1]
     return name.partition(":")[2] or None
-
-
-def engine_args_hf_overrides(engine_args: list[str]) -> Any:
-    """The value of --hf-overrides in `engine_args` as the engine's parser reads it (underscore names, dotted keys),
-    or None where it is not given or the flags cannot be read (the webhook refuses those; engine_args.py)."""
-    try:
-        argv = expand_dotted_args(dashed_names(engine_args), flag_options())
-    except ValueError:
-        return None
-    given = [p.value for p in parse_argv(argv)[0] if p.flag.name == "--hf-overrides"]
-    return given[-1] if given else None
 
 
 class _Model(BaseModel):
@@ -778,13 +765,18 @@ class InferenceServiceSpec(_Model):
         """The numbers of the model the engine builds, which the fit check and the admission rules read:
         model.config with engineArgs' --hf-overrides set over them (`ModelArchitecture.overridden`). model.config
         as stated where the overrides cannot be read or applied: the webhook refuses that spec (engine_args.py)."""
+        return self.overridden_architecture()[0]
+
+    def overridden_architecture(self) -> tuple[ModelArchitecture | None, ValidationError | None]:
+        """model.config with engineArgs' --hf-overrides set over it, and None; or model.config as stated and the
+        fields' refusal of the overridden numbers (the webhook's message, engine_args.py)."""
         arch, overrides = self.model.config, engine_args_hf_overrides(self.engine_args)
         if arch is None or not isinstance(overrides, dict):
-            return arch
+            return arch, None
         try:
-            return arch.overridden(overrides)
-        except ValidationError:
-            return arch
+            return arch.overridden(overrides), None
+        except ValidationError as exc:
+            return arch, exc
 
     def served_name(self, name: str) -> str:
         """The model name the API answers to, given the InferenceService's metadata.name."""
