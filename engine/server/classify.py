@@ -59,14 +59,20 @@ async def create_classification(state: ServerState, body: ClassificationRequest,
     prompts = await checked_prompts(state, body)
     response_id = response_ids("classify", body.request_id)[0]
     outputs = await classify_in_calls(state, prompts, body.use_activation is not False, body.cache_salt, response_id)
-    tokens = sum(o.num_prompt_tokens for o in outputs)
+    data = [{"index": i, "label": state.labels[max(range(len(o.probs)), key=o.probs.__getitem__)],
+             "probs": o.probs, "num_classes": len(o.probs)} for i, o in enumerate(outputs)]
+    return classification_reply(response_id, model, data, sum(o.num_prompt_tokens for o in outputs))
+
+
+def classification_reply(response_id: str, model: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """vLLM's envelope of a classifier's reply (/classify, and /pooling's token_classify): `data` and the usage of
+    `tokens` prompt tokens."""
     return {
         "id": response_id,
         "object": "list",
         "created": int(time.time()),
         "model": model,
-        "data": [{"index": i, "label": state.labels[max(range(len(o.probs)), key=o.probs.__getitem__)],
-                  "probs": o.probs, "num_classes": len(o.probs)} for i, o in enumerate(outputs)],
+        "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                   "prompt_tokens_details": None},
     }

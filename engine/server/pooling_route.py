@@ -12,13 +12,12 @@ a generate server answers 404: vLLM registers the route only for pooling models.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.server.classify import ClassificationRequest, create_classification
+from flotilla.engine.server.classify import ClassificationRequest, classification_reply, create_classification
 from flotilla.engine.server.embeddings import (
     EmbeddingRequest,
     checked_prompts,
@@ -80,16 +79,8 @@ async def _token_classification(state: ServerState, body: ClassificationRequest,
     rows = await pool_in_calls(
         state, prompts, lambda chunk: EngineCall("token_classify", (chunk, use_activation, body.cache_salt)),
         {"task": "token_classify", "use_activation": use_activation}, response_id)
-    tokens = sum(len(ids) for ids in prompts)
-    return {
-        "id": response_id,
-        "object": "list",
-        "created": int(time.time()),
-        "model": model,
-        "data": [{"index": i, "object": "pooling", "data": r} for i, r in enumerate(rows)],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                  "prompt_tokens_details": None},
-    }
+    data = [{"index": i, "object": "pooling", "data": r} for i, r in enumerate(rows)]
+    return classification_reply(response_id, model, data, sum(len(ids) for ids in prompts))
 
 
 # /v1/embeddings' fields that a classifier's /pooling cannot honour (they shape an embedding).
