@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -11,13 +10,13 @@ from typing import Any
 
 from flotilla.dotted_args import expand_dotted_args, object_options
 from flotilla.engine.config import ENGINE_COMPONENTS
-from flotilla.flags import FLAGS, Flag, human_readable_int
+from flotilla.flags import FLAGS, Flag, human_readable_int, json_value
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
 __all__ = ["ENGINE_COMPONENTS", "FlagParser", "add_flags", "flag_values"]
 
-_TYPES = {"str": str, "int": int, "float": float, "json": json.loads}
+_TYPES = {"str": str, "int": int, "float": float, "json": json_value}
 
 
 class FlagParser(argparse.ArgumentParser):

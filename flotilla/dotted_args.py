@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from flotilla.flags import FLAGS, human_readable_int
+from flotilla.flags import FLAGS, human_readable_int, json_value
 from flotilla.underscore_flags import dashed_name
 
 # The flags whose value is a JSON object (a JSON list flag, such as --allowed-origins, takes no keys).
@@ -108,8 +108,8 @@ def _nested(keys: list[str], text: str) -> dict[str, Any]:
 def _value(text: str) -> Any:
     """JSON where `text` parses as JSON, else a human-readable integer (`80k`), else the text itself."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return json_value(text)
+    except json.JSONDecodeError:  # not JSON: a number or text (too deep a JSON stays a ValueError)
         pass
     try:
         return human_readable_int(text, "a dotted key")

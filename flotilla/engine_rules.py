@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flotilla.compilation_config import compilation_problem
-from flotilla.flags import FLAGS, Flag, flag, human_readable_int
+from flotilla.flags import FLAGS, Flag, flag, human_readable_int, json_value
 
 # Engine default of --max-num-batched-tokens with chunked prefill (and its floor without).
 DEFAULT_BATCHED_TOKENS = 8192
@@ -73,7 +73,7 @@ def parse_value(f: Flag, text: str) -> Any:
                 raise ValueError
             return value
         if f.type == "json":
-            return json.loads(text)
+            return json_value(text)
     except ValueError:
         raise RuleError(f"{f.name}: {text!r} is not a valid {f.type}") from None
     return text

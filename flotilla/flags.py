@@ -10,6 +10,7 @@ Flag names and meanings mirror `vllm serve`, so users' muscle memory carries ove
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -101,6 +102,16 @@ class Flag:
 _DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+def json_value(text: str) -> Any:
+    """A JSON flag value's text parsed; ValueError for any bad JSON, nesting deeper than Python's recursion limit too
+    (json.loads raises RecursionError there, which argparse, the webhook and the engine's checks would not catch: a
+    value of 5,000 '[' must be refused like other bad JSON, not crash them)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
 
 
 def human_readable_int(text: str, name: str = "--max-model-len") -> int:

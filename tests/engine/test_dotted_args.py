@@ -69,3 +69,17 @@ def test_a_dotted_key_that_cannot_be_taken_is_a_usage_error(tiny_model_dirs, cap
         code = exc.code
     assert code == 2
     assert f"flotilla serve: error: {message}" in capsys.readouterr().err
+
+
+DEEP_JSON = "[" * 5000 + "]" * 5000  # past Python's recursion limit: json.loads raises RecursionError
+
+
+@pytest.mark.parametrize("argv", [("--hf-overrides", DEEP_JSON), ("-cc", DEEP_JSON), ("--hf-overrides.x", DEEP_JSON)])
+def test_json_nested_too_deeply_is_a_usage_error_not_a_crash(tiny_model_dirs, capsys, argv):
+    try:
+        code = main([str(tiny_model_dirs["llama"]), "--port", "70000", *argv])
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "flotilla serve: error:" in err and "RecursionError" not in err

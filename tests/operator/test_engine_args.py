@@ -519,3 +519,10 @@ def test_an_underscore_root_path_lists_the_paths_under_it(extra):
     # `--root_path` is the engine's --root-path (flotilla/underscore_flags.py): the probe's line reads /svc/health
     args = engine_args(make(engineArgs=extra), "x")
     assert flag_value(args, "--disable-access-log-for-endpoints") == "/health,/metrics,/svc/health,/svc/metrics"
+
+
+@pytest.mark.parametrize("flag", ["--hf-overrides", "--compilation-config"])
+def test_json_nested_too_deeply_in_engine_args_is_refused_not_a_crash(flag):
+    # json.loads raises RecursionError past Python's recursion limit: the webhook must refuse it like other bad JSON
+    problems = unsupported(make(engineArgs=[flag, "[" * 5000 + "]" * 5000]), "x")
+    assert len(problems) == 1 and flag in problems[0] and "is not a valid json" in problems[0]
