@@ -4,10 +4,11 @@ with errors that name the flag and the key."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+from flotilla.flags import json_value
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
@@ -16,8 +17,8 @@ def parse_json_flag(value: str | dict[str, Any], flag: str, model: type[ConfigT]
     """`value` (JSON text or a dict) as a `model`; ValueError naming `flag` and each bad key otherwise."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = json_value(value)
+        except ValueError as exc:  # bad JSON, or nested too deeply (flags.json_value)
             raise ValueError(f"{flag} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{flag} must be a JSON object")
