@@ -818,9 +818,13 @@ _PAGES_TOKENS = 1024  # "pages": a split's keys at most (its page numbers held i
 # (session 25 call 2, bench/early_query_ab.py's b1fix / b1e rows), and the engine's attention at context 512 took
 # 9.06 us a layer for 2.1 MB of K+V (session 14's bs1 profile) against 10.7 at 4,096. One-tile splits at a short table
 # (64 keys: 11 splits, 88 programs at 704; 16 splits at 1,024, one merge tile) should cut ~3 us a layer, ~100 us a
-# batch-1 step. Unmeasured in the engine: None until bench/results/gpu-2026-12-07-s34/short.sh times it (switch below).
+# batch-1 step. Measured (session 35, H100, bench/results/gpu-2026-12-07-s35/call1: attn.sh): the kernel alone at
+# context 530 in the 704 table 8.37 us (the small launch) -> 5.96 us with one 32-key tile a program (32,4,3,32 with
+# the fused merge, +dep), 5.98 in the 1,024 bucket; in one engine at bs1 ctx 512 (main B B main, 64 graphed steps a
+# phase, every phase below main's) bf16 5.405 -> 5.314 ms (-91 us), int4 W4A16 2.504 -> 2.365 ms (-139 us, greedy
+# tokens equal; int4 / bf16 0.463x -> 0.445x). The switch below still overrides it ("0": the small launch).
 _SHORT_TABLE = 1024
-_SHORT_LAUNCH: tuple[int, int, int, int, str, int] | None = None
+_SHORT_LAUNCH: tuple[int, int, int, int, str, int] | None = (32, 4, 3, 32, "fused+dep", 0)
 
 
 def _parse_launch(env: str, name: str) -> tuple[int, int, int, int, str, int]:
