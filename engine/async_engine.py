@@ -283,9 +283,11 @@ class AsyncEngine:
                 self.engine.abort([command[1]])
 
     def _after_call(self, fn: Callable[[LLMEngine], Any]) -> None:
-        """Before a call's answer: fail the requests it ended (sleep aborts them) and, for a call that changes the
-        gauges (`EngineCall.changes_gauges`: a sleep's state), publish them, so that a scrape after the answer sees
-        them."""
+        """Before a call's answer: deliver the final outputs of the requests it ended (a sleep's abort), fail those
+        it failed and, for a call that changes the gauges (`EngineCall.changes_gauges`: a sleep's state), publish
+        them, so that a scrape after the answer sees them."""
+        for output in self.engine.take_aborted_outputs():
+            self._deliver(output)
         for failure in self.engine.take_failures():
             self._fail(failure)
         if isinstance(fn, EngineCall) and fn.changes_gauges:

@@ -214,11 +214,13 @@ class EngineCore:
         except Exception as exc:  # the caller's error to answer, not the loop's
             self.outputs.send(("call", call_id, False, portable(exc)))
             return
-        failures = self.engine.take_failures()  # requests the call ended (sleep aborts those in flight)
-        if failures:
-            for failure in failures:
-                self.encoder.forget(failure.request_id)
-            self.outputs.send(("step", [], [(f.request_id, portable(client_error(f))) for f in failures], None))
+        # The requests the call ended: a sleep's abort finishes those in flight ("abort", their final outputs).
+        deltas = [self.encoder.encode(o) for o in self.engine.take_aborted_outputs()]
+        failures = self.engine.take_failures()
+        for failure in failures:
+            self.encoder.forget(failure.request_id)
+        if deltas or failures:
+            self.outputs.send(("step", deltas, [(f.request_id, portable(client_error(f))) for f in failures], None))
         if call.changes_gauges:
             self.outputs.send(("stats", self.engine.stats_snapshot()))
         self.outputs.send(("call", call_id, True, result))

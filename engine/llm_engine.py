@@ -101,6 +101,8 @@ class LLMEngine:
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
         # Requests whose own post-processing failed; aborted, waiting for the front end to collect.
         self._failures: list[RequestFailedError] = []
+        # The final outputs (finish_reason "abort") of requests a sleep in mode "abort" ended, for the front end.
+        self._aborted: list[RequestOutput] = []
         # Requests waiting for their grammar to compile (by request id), not yet in the scheduler: they hold
         # no KV blocks and are scheduled once it is ready (vLLM's WAITING_FOR_FSM).
         self._compiling = GrammarWaitingRoom(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
@@ -310,7 +312,8 @@ class LLMEngine:
         """vLLM's `sleep`: stop scheduling and give the device memory back. Level 0 only pauses; level 1 moves the
         weights to host memory and frees the KV cache (the prefix cache forgets its blocks); level 2 frees the
         weights too (`reload_weights`, or the caller's own update, refills them after `wake_up`). `mode` is what
-        happens to the requests in flight (vLLM's): "abort" fails each with EngineBusyError (a 503); "wait" lets
+        happens to the requests in flight (vLLM's): "abort" ends each, its final output (`take_aborted_outputs`) holding
+        what it generated with finish_reason "abort"; "wait" lets
         the running ones finish first, starting no new one, and sleeps once they have (`sleep_pending` until
         then; the engine must keep stepping); "keep" holds them, preempted at level 1 or 2 (their KV is freed),
         and they go on after `wake_up`, recomputed. Requests added while asleep wait until `wake_up`."""
@@ -322,9 +325,7 @@ class LLMEngine:
             if self._in_flight is not None:  # asynchronous scheduling: let the launched step finish with the device
                 runner.collect(self._in_flight[1])
                 self._in_flight = None
-            for request_id in list(self._groups):
-                self._fail(request_id, EngineBusyError("the engine was put to sleep (sleep mode) while this "
-                                                       "request ran"))
+            self._aborted += [self._end_aborted(request_id) for request_id in list(self._groups)]
         self._pending_sleep = (level, mode)
         self.scheduler.hold_new = True  # a wait drains the running requests only: no new one starts
         self._sleep_if_settled()
@@ -444,6 +445,29 @@ class LLMEngine:
                 self.block_manager.free(child)  # one that never ran holds its prompt's block hashes (`add_request`)
                 child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
                 self._detokenizers.pop(child.request_id, None)
+
+    def _end_aborted(self, request_id: str) -> RequestOutput:
+        """End a request as vLLM's abort-mode pause does: every completion not finished yet finishes "abort", its
+        blocks return to the pool, and its final output holds what it generated."""
+        group = self._groups[request_id]
+        ending = [child for child in group if not child.status.finished]
+        self._compiling.discard(request_id)  # not in the scheduler yet: no blocks to return
+        self.scheduler.abort(child.request_id for child in ending)
+        for child in ending:
+            self.block_manager.free(child)
+            child.status = RequestStatus.FINISHED_ABORTED  # one in the grammar waiting room too (never scheduled)
+            detok = self._detokenizers[child.request_id]
+            params = child.sampling_params
+            if params.output_kind == "final_only" and not params.stop:  # not decoded before its end (`_process_token`)
+                detok.add(child.output_token_ids)
+            detok.flush()
+        logger.info("request %s aborted: the engine was put to sleep (mode abort)", request_id)
+        return self._output(request_id, group, finished=True)
+
+    def take_aborted_outputs(self) -> list[RequestOutput]:
+        """The final outputs (finish_reason "abort") of the requests a sleep ended since the last call."""
+        aborted, self._aborted = self._aborted, []
+        return aborted
 
     def take_failures(self) -> list[RequestFailedError]:
         """Requests that failed (and were aborted) since the last call; the others went on."""

@@ -19,8 +19,8 @@ def check_sleep_level(level: int) -> None:
 
 
 SleepMode = Literal["abort", "wait", "keep"]
-# vLLM's pause modes, what a sleep does with the requests in flight: fail them (abort, the default), let the running
-# ones finish first (wait), or hold them, preempted, until the wake-up (keep).
+# vLLM's pause modes, what a sleep does with the requests in flight: end them (abort, the default: finish_reason
+# "abort"), let the running ones finish first (wait), or hold them, preempted, until the wake-up (keep).
 SLEEP_MODES: tuple[SleepMode, ...] = ("abort", "wait", "keep")
 
 

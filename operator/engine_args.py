@@ -39,6 +39,7 @@ from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
+from flotilla.quantization_config import override_method_problem
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
@@ -400,6 +401,9 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     errors += extra_errors
     if not extra_errors and (problem := _overridden_config_problem(spec)):
         errors.append(problem)
+    if not extra_errors and (problem := override_method_problem(spec.quantization_config_override,
+                                                                spec.effective_quantization)):
+        errors.append(f"spec.engineArgs: {problem}")
     values.update({p.flag.dest: p.value for p in usable})
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")

@@ -17,7 +17,10 @@ What is counted, per replica:
   Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
   int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
   model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
-  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent;
+  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent; GPTQ with
+  weightBits 8: 1 + the same scale and zero point a group. An --hf-overrides quantization_config in
+  spec.engineArgs replaces the checkpoint's whole, as the engine reads it: its quant_method is the scheme counted
+  where spec.quantization is none, and its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are weightBits;
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
   128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row, not counted).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
@@ -179,10 +182,11 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
         embeddings += arch.vocab_size * arch.hidden_size  # the last stage's head, a copy of the first's embedding
     int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
     compressed = int4 if arch.weight_bits == 4 else 1
+    packed = packed_int_bytes_per_weight(arch.weight_bits or 4, INT4_GROUP, dtype)  # GPTQ's 8 bits too
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
-                  "awq": int4, "gptq": int4, "compressed-tensors": compressed, "gguf": gguf}[quantization]
+                  "awq": packed, "gptq": packed, "compressed-tensors": compressed, "gguf": gguf}[quantization]
     return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
 
 
@@ -268,7 +272,7 @@ def _memory(spec: InferenceServiceSpec, arch: ModelArchitecture, gpu: GPU, max_m
     """The weights (with the LoRA slots and a draft model's), the KV bytes a token (the draft's too), the
     activations and the budget of `spec` on `gpu`."""
     tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
-    weights = weight_bytes(arch, spec.effective_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
+    weights = weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
     weights += lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None

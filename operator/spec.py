@@ -27,6 +27,7 @@ from flotilla.engine_rules import (
     world_size,
 )
 from flotilla.operator.hf_overrides_arg import engine_args_hf_overrides
+from flotilla.quantization_config import CHECKPOINT_METHODS, config_method, config_weight_bits
 
 GROUP = "serving.flotilla.dev"
 VERSION = "v1alpha1"
@@ -190,8 +191,10 @@ class ModelArchitecture(_Model):
     weight_bits: Literal[4, 8] | None = Field(
         default=None,
         description="Bits per linear weight of a compressed-tensors checkpoint (quantization_config's "
-                    "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GGUF "
-                    "file: 4 for Q4_0/Q4_1 linear tensors (assumed when absent), 8 for Q8_0.")
+                    "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GPTQ "
+                    "checkpoint: its bits, 4 (assumed when absent) or 8. Of a GGUF file: 4 for Q4_0/Q4_1 linear "
+                    "tensors (assumed when absent), 8 for Q8_0. An --hf-overrides quantization_config in "
+                    "engineArgs sets it from its own bits.")
 
     @property
     def length_limit(self) -> int | None:
@@ -249,6 +252,9 @@ class ModelArchitecture(_Model):
                        if key in ModelArchitecture.model_fields and key not in _NOT_CONFIG_KEYS})
         if overrides.get("num_local_experts"):  # Mixtral's expert count, read before num_experts (moe_num_experts)
             values["num_experts"] = overrides["num_local_experts"]
+        if "quantization_config" in overrides:  # replaces the checkpoint's whole: the weights load at its bits
+            bits = config_weight_bits(overrides["quantization_config"])
+            values["weight_bits"] = bits if bits in (4, 8) else None
         rope = overrides["rope_scaling"] if "rope_scaling" in overrides else values.get("rope_scaling")
         if not rope:
             rope = overrides.get("rope_parameters")
@@ -744,6 +750,22 @@ class InferenceServiceSpec(_Model):
         if self.quantization == "none" and self.model.gguf_file is not None:
             return "gguf"
         return self.quantization
+
+    @property
+    def weight_quantization(self) -> str:
+        """The scheme the engine loads the weights with, which the fit check counts: `effective_quantization`, or
+        where that is none, the one an --hf-overrides quantization_config names (the engine runs the scheme of the
+        quantization_config it reads; one that disagrees with spec.quantization is refused, engine_args.py)."""
+        method = config_method(self.quantization_config_override)
+        if self.effective_quantization == "none" and method in CHECKPOINT_METHODS:
+            return method
+        return self.effective_quantization
+
+    @property
+    def quantization_config_override(self) -> Any:
+        """The quantization_config engineArgs' --hf-overrides set over config.json, or None."""
+        overrides = engine_args_hf_overrides(self.engine_args)
+        return overrides.get("quantization_config") if isinstance(overrides, dict) else None
 
     @property
     def autoscaled(self) -> bool:

@@ -221,3 +221,24 @@ def test_every_rope_type_the_check_admits_is_one_the_rotary_embedding_computes()
         inverse_frequencies(16, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
     # the operator's spec.model.config.ropeScaling offers the same types
     assert set(RopeScaling.model_fields["rope_type"].annotation.__args__[0].__args__) == set(ROPE_TYPES)
+
+
+@pytest.mark.parametrize(("flag", "override"), [
+    (None, {"quant_method": "gptq", "bits": 4}), ("gptq", {"quant_method": "GPTQ", "bits": 8}),
+    (None, {"quant_method": "gguf"}), (None, {"quant_method": "fp8"}), (None, {"quant_method": "awq", "bits": 8}),
+    ("fp8", {"quant_method": "compressed-tensors"}), (None, {"quant_method": "bitsandbytes"}),
+    (None, {"quant_method": "rtn"}), ("awq", {"quant_method": "awq", "w_bit": 4}),
+])
+def test_the_engine_refuses_a_quantization_config_override_where_the_operator_does(flag, override):
+    # the webhook refuses an InferenceService whose --hf-overrides quantization_config the engine would not start with
+    # (flotilla/quantization_config.py), and the fit check counts the scheme the engine resolves from it
+    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.quantization_config import config_method, override_method_problem
+
+    refused = override_method_problem(override, flag or "none")
+    try:
+        method = resolve_quantization(flag, {"quantization_config": override})
+    except ValueError:
+        assert refused is not None
+    else:
+        assert refused is None and method == config_method(override)

@@ -1,8 +1,8 @@
 """Sleep mode offline (vLLM's `enable_sleep_mode=True`, `LLM.sleep` / `wake_up`): the tiny Llama's greedy tokens
 are the same after a level-1 sleep (its weights restored bit for bit) and after a level-2 sleep once the weights are
 reloaded; asleep, the weights' storages and the KV pool hold no memory and every KV block is free; a request in
-flight fails with EngineBusyError and leaks no block. The server's routes: tests/engine/server/test_sleep_routes.py;
-the GPU's memory and CUDA graphs: test_sleep_mode_gpu.py."""
+flight finishes with finish_reason "abort" (as vLLM's abort-mode pause) and leaks no block. The server's routes:
+tests/engine/server/test_sleep_routes.py; the GPU's memory and CUDA graphs: test_sleep_mode_gpu.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flotilla.engine.config import ConfigError
-from flotilla.engine.errors import EngineBusyError, InvalidParamError
+from flotilla.engine.errors import InvalidParamError
 from flotilla.engine.llm import LLM
 from flotilla.engine.sampling_params import SamplingParams
 
@@ -107,14 +107,34 @@ def test_reload_weights_refuses_while_the_weights_sleep(llm):
         llm.collective_rpc("reload_weights")
 
 
-def test_a_request_in_flight_fails_busy_and_frees_its_blocks(llm):
+@pytest.mark.parametrize("output_kind", ["cumulative", "final_only"])  # final_only: decoded only at its end
+def test_a_request_in_flight_finishes_abort_with_its_tokens_and_frees_its_blocks(llm, output_kind):
+    # vLLM's abort-mode pause finishes the requests in flight (finish_reason "abort"), not an error
     engine = llm.engine
-    engine.add_request(PROMPT["prompt_token_ids"], GREEDY, request_id="in-flight")
+    tokens = _tokens(llm)
+    params = GREEDY.model_copy(update={"output_kind": output_kind})
+    engine.add_request(PROMPT["prompt_token_ids"], params, request_id="in-flight")
+    engine.step()
     engine.step()
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
     llm.sleep(level=1)
-    [failure] = engine.take_failures()
-    assert failure.request_id == "in-flight" and isinstance(failure.cause, EngineBusyError)
+    assert not engine.take_failures()
+    [final] = engine.take_aborted_outputs()
+    assert final.request_id == "in-flight" and final.finished
+    [completion] = final.outputs
+    assert completion.finish_reason == "abort" and completion.token_ids == tokens[:2]  # what it had generated
+    assert completion.text == llm.get_tokenizer().decode(tokens[:2])
+    assert not engine.has_unfinished_requests() and not engine.take_aborted_outputs()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    llm.wake_up()
+
+
+def test_a_request_not_started_yet_finishes_abort_in_every_completion(llm):
+    engine = llm.engine
+    engine.add_request(PROMPT["prompt_token_ids"], SamplingParams(n=2, max_tokens=4), request_id="queued")
+    llm.sleep(level=1)
+    [final] = engine.take_aborted_outputs()
+    assert [(c.finish_reason, c.token_ids) for c in final.outputs] == [("abort", []), ("abort", [])]
     assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     llm.wake_up()
@@ -189,7 +209,7 @@ def test_async_scheduling_sleeps_with_a_step_in_flight(tiny_model_dirs):
     engine.step()
     assert engine._in_flight is not None  # a launched step not yet collected
     llm.sleep(level=1)
-    assert [f.request_id for f in engine.take_failures()] == ["in-flight"]
+    assert [o.request_id for o in engine.take_aborted_outputs()] == ["in-flight"] and not engine.take_failures()
     assert engine._in_flight is None and not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     llm.wake_up()

@@ -127,7 +127,7 @@ def test_an_abort_overrides_a_pending_wait(llm):
     engine.step()
     engine.sleep(1, "wait")
     engine.sleep(1, "abort")
-    assert not engine.sleep_pending() and [f.request_id for f in engine.take_failures()] == ["running"]
+    assert not engine.sleep_pending() and [o.request_id for o in engine.take_aborted_outputs()] == ["running"]
     assert engine.runner.asleep == {"weights", "kv_cache"} and _blocks_all_free(engine)
     engine.wake_up()
 

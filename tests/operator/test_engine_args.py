@@ -351,6 +351,26 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
     assert moe.architecture.num_experts == 4
 
 
+@pytest.mark.parametrize(("quantization", "override", "error"), [
+    ("none", {"quant_method": "gptq", "bits": 4}, None),
+    ("gptq", {"quant_method": "GPTQ", "bits": 8}, None),
+    ("none", {"quant_method": "gguf"}, None),  # read as no scheme by the engine: the weights load as they are
+    ("fp8", {"quant_method": "compressed-tensors"},
+     "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'compressed-tensors' does not match "
+     "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them agree"),
+    ("none", {"quant_method": "bitsandbytes"},
+     "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'bitsandbytes' is not one the engine loads "
+     "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq)"),
+    ("none", {"quant_method": "awq", "bits": 8},
+     "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not one the engine loads (4 "
+     "bits)"),
+])
+def test_a_quantization_config_override_is_refused_where_the_engine_refuses_it(quantization, override, error):
+    spec = make(model={"source": "pvc://models/m", "config": ARCH}, quantization=quantization,
+                engineArgs=["--hf-overrides", json.dumps({"quantization_config": override})])
+    assert unsupported(spec, "x") == ([] if error is None else [error])
+
+
 def test_hf_overrides_beyond_model_configs_bounds_are_refused():
     spec = make(model={"source": "pvc://models/m", "config": ARCH},
                 engineArgs=["--hf-overrides", '{"max_position_embeddings": 2147483647}'])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flotilla.operator.fit import check_fit, weight_bytes
@@ -14,6 +16,7 @@ from flotilla.operator.spec import (
     MAX_VOCAB,
     MAX_WIDTH,
     InferenceServiceSpec,
+    ModelArchitecture,
 )
 
 # Architecture numbers from each checkpoint's config.json.
@@ -193,6 +196,41 @@ def test_compressed_tensors_weights_count_the_checkpoint_bits():
     w4a16 = ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": 4})
     assert weight_bytes(w4a16, "compressed-tensors") == weight_bytes(arch, "awq")
     assert weight_bytes(w4a16, "compressed-tensors") < weight_bytes(arch, "fp8") < weight_bytes(arch, "none")
+
+
+W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
+
+
+@pytest.mark.parametrize(("override", "counted_as"), [
+    (W4A16, ("compressed-tensors", 4)),
+    ({**W4A16, "config_groups": {"g": {**W4A16["config_groups"]["group_0"], "weights": {"num_bits": 8}}}},
+     ("compressed-tensors", 8)),
+    ({"quant_method": "GPTQ", "bits": 4, "group_size": 128}, ("gptq", 4)),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, ("gptq", 8)),
+    ({"quant_method": "awq", "w_bit": 4}, ("awq", 4)),
+    ({"quant_method": "fp8"}, ("fp8", 8)),
+])
+def test_a_quantization_config_override_is_the_scheme_and_bits_counted(override, counted_as):
+    # the engine loads the weights by the quantization_config it reads, an --hf-overrides one replacing the
+    # checkpoint's whole: the fit check counts the weights as it does
+    dense = spec("llama8b", "H200", 1, "bf16")
+    given = spec("llama8b", "H200", 1, "bf16", engineArgs=["--hf-overrides",
+                                                          json.dumps({"quantization_config": override})])
+    method, bits = counted_as
+    assert (given.weight_quantization, given.architecture.weight_bits) == (method, bits)
+    expected = weight_bytes(ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": bits}), method)
+    assert check_fit(given).weight_bytes == expected < check_fit(dense).weight_bytes
+
+
+def test_gptq_at_8_bits_counts_a_byte_a_weight_and_its_groups():
+    from flotilla.operator.fit import packed_int_bytes_per_weight
+
+    eight, four = (ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": b}) for b in (8, 4))
+    assert packed_int_bytes_per_weight(8, 128, "bfloat16") == 1 + 3 / 128
+    absent = ModelArchitecture.model_validate(LLAMA_8B)
+    assert weight_bytes(four, "gptq") == weight_bytes(absent, "gptq")  # 4 bits when weightBits is absent
+    assert weight_bytes(four, "gptq") < weight_bytes(eight, "gptq") < weight_bytes(eight, "none")
 
 
 def test_num_parameters_overrides_the_derived_count():

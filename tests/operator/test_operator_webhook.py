@@ -4,6 +4,7 @@ test_operator_resilience.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -15,6 +16,9 @@ from flotilla.operator.spec import InferenceServiceSpec
 from .conftest import FIS_PATH, WEBHOOK_CONFIGURATION, wait_for
 from .test_operator_reconcile import _deployment_scaled_by_the_autoscaler, fis, fis_path, fixed, wait_children
 
+# llm-compressor's W4A16 quantization_config (int4 weights in groups of 128), as an --hf-overrides value.
+W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
 DENIED = f'admission webhook "validate.{WEBHOOK_CONFIGURATION}" denied the request: InferenceService bad is invalid: '
 INVALID = {
     "gpus-vs-parallelism": (
@@ -97,6 +101,11 @@ INVALID = {
         "fit check: one 131072-token sequence needs 16.0 GiB of KV cache but only 1.1 GiB is left after weights "
         "(15.0 GiB) and activations on 1 x NVIDIA-H200 at gpuMemoryUtilization 0.2 (28.1 GiB); lower "
         "scheduling.maxModelLen to 8944 or less, add GPUs, or quantize"),
+    "quantization-config-override-against-spec-quantization": (
+        {"quantization": "fp8", "engineArgs": ["--hf-overrides", json.dumps({"quantization_config": W4A16})]},
+        "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'compressed-tensors' does not match "
+        "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them "
+        "agree"),
 }
 
 
@@ -114,6 +123,22 @@ def test_invalid_spec_is_refused_with_the_exact_message(operator_process, cluste
     assert refused.value.status == 422
     assert refused.value.message == DENIED + message
     assert cluster.kube.get(fis_path(namespace, "bad")) is None
+
+
+def test_a_quantization_config_override_is_counted_at_its_bits_by_the_fit_check(operator_process, cluster,
+                                                                                 namespace):
+    """A 131,072-token sequence does not fit the bf16 weights (15.0 GiB) at gpuMemoryUtilization 0.3; it fits with
+    an --hf-overrides W4A16 quantization_config, which the engine loads at 4 bits (5.4 GiB), and status says so."""
+    change = {"scheduling": {"maxModelLen": 131072, "maxNumSeqs": 64, "maxNumBatchedTokens": 131072},
+              "kvCache": {"blockSize": 16, "gpuMemoryUtilization": 0.3}, "autoscaling": None}
+    with pytest.raises(KubeError) as refused:
+        _create(cluster, fis("dense", namespace, **change))
+    assert refused.value.status == 422 and "after weights (15.0 GiB)" in refused.value.message
+    override = ["--hf-overrides", json.dumps({"quantization_config": W4A16})]
+    _create(cluster, fis("quantized", namespace, engineArgs=override, **change))
+    fit = wait_for(lambda: (cluster.kube.get(fis_path(namespace, "quantized")).get("status") or {}).get("fit"), 60,
+                   "status.fit")
+    assert fit["verdict"] != "DoesNotFit" and fit["weightBytes"] < 6 * 2**30, fit
 
 
 def test_an_engine_argument_just_under_linuxs_limit_is_admitted_and_deployed(operator_process, cluster, namespace):

@@ -1,7 +1,8 @@
 """vLLM's sleep-mode routes on a real server (`--enable-sleep-mode`, VLLM_SERVER_DEV_MODE=1): POST /sleep, POST
 /wake_up, GET /is_sleeping over httpx, the completions through the openai client. Asleep, /health stays 200 and a
-new request waits (vllm:num_requests_waiting) until /wake_up, then answers what it answered before; a stream in flight
-at /sleep ends with a 503 error; bad arguments are 400s; without dev mode the routes are 404s (the shared server)."""
+new request waits (vllm:num_requests_waiting) until /wake_up, then answers what it answered before; a request in
+flight at /sleep finishes with finish_reason "abort" (a stream's last chunk; a reply with what it generated); bad
+arguments are 400s; without dev mode the routes are 404s (the shared server)."""
 
 from __future__ import annotations
 
@@ -102,19 +103,47 @@ def test_reload_while_the_weights_sleep_is_400(sleepy):
                       timeout=120).status_code == 200
 
 
-def test_a_stream_in_flight_ends_with_503(sleepy):
+def test_a_stream_in_flight_ends_with_a_final_abort_chunk(sleepy):
+    # vLLM's abort-mode sleep finishes the requests in flight: a last chunk with finish_reason "abort", then [DONE]
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
     events = []
     with httpx.stream("POST", f"{sleepy.url}/v1/completions", json=body, headers=AUTH, timeout=120) as reply:
         assert reply.status_code == 200
+        lines = []
         for line in reply.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if not line.startswith("data: "):
                 continue
-            events.append(json.loads(line.removeprefix("data: ")))
-            if len(events) == 1:
+            lines.append(line)
+            if line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+            if len(events) == 1 and len(lines) == 1:
                 assert _post(sleepy, "/sleep", level=1).status_code == 200
-    assert "error" in events[-1] and events[-1]["error"]["code"] == 503, events[-1]
+    assert lines[-1] == "data: [DONE]"
+    assert all("error" not in e for e in events), events[-1]
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "abort"
     assert len(events) < 240  # ended by the sleep, not by its length (here: 4 events of 240 at load 8)
+    assert _post(sleepy, "/wake_up").status_code == 200
+    wait_until_engine_idle(sleepy)
+    assert sleepy.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def test_a_reply_in_flight_holds_what_it_generated_with_finish_reason_abort(sleepy):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{sleepy.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    replies: list = []
+    before = sleepy.metric("vllm:generation_tokens_total")
+    waiter = threading.Thread(target=lambda: replies.append(client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})))
+    waiter.start()
+    deadline = time.monotonic() + 60
+    while sleepy.metric("vllm:generation_tokens_total") == before:  # running: its first tokens are out
+        assert time.monotonic() < deadline, "it never generated"
+    assert _post(sleepy, "/sleep", level=1).status_code == 200
+    waiter.join(120)
+    [reply] = replies
+    assert reply.choices[0].finish_reason == "abort"
+    assert 0 < reply.usage.completion_tokens < 240 and reply.choices[0].text, reply
     assert _post(sleepy, "/wake_up").status_code == 200
     wait_until_engine_idle(sleepy)
     assert sleepy.metric("vllm:kv_cache_usage_perc") == 0

@@ -3,13 +3,15 @@ draws, with a deliberately poor proposer; and every row draws exactly what the s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flotilla.engine.request import Request
 from flotilla.engine.sampler import sample
 from flotilla.engine.sampling_metadata import SamplingRow, build_sampling_batch
 from flotilla.engine.sampling_params import SamplingParams
-from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, verify
+from flotilla.engine.spec_decode.rejection_sampler import DraftGroup, accepted_prefix, greedy_accepted, verify
+from flotilla.kernels.dispatch import greedy_tokens
 
 VOCAB = 6
 DRAWS = 6000
@@ -98,3 +100,39 @@ def test_greedy_rows_accept_exactly_the_argmax():
     tokens, accepted = out.token_ids.tolist(), out.accepted.tolist()
     assert accepted_prefix(tokens, accepted, groups[0]) == [4, 1, 3]  # both accepted, then the bonus
     assert accepted_prefix(tokens, accepted, groups[1]) == [4, 2]  # second draft rejected: the argmax
+
+
+TIE_VOCAB = 400
+LOW, HIGH = 28, 314  # the two allowed tokens whose logits tied exactly in session 34's token_masks case
+
+
+def _tied_logits(rows: int, dtype: torch.dtype) -> torch.Tensor:
+    logits = torch.randn(rows, TIE_VOCAB, generator=torch.Generator().manual_seed(3)).clamp(max=3.0)
+    logits[:, HIGH] = 5.0  # the later index written first: its position must not decide
+    logits[:, LOW] = 5.0
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mixed", [False, True], ids=["all-greedy", "beside-a-sampled-row"])
+@pytest.mark.parametrize("allowed", [None, [7, HIGH, LOW]], ids=["free", "allowed_token_ids"])
+def test_an_exact_tie_goes_to_the_lowest_index_in_every_greedy_pick(dtype, mixed, allowed):
+    """Plain decoding (`greedy_tokens`, `sample`) and verification (`verify`, `greedy_accepted` on the host ids)
+    break an exact tie of the top logits alike, at the lowest token id as torch.argmax and vLLM do: so a draft of
+    the higher tied id is rejected and speculative decoding outputs what plain greedy decoding does."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=allowed)
+    rows = [SamplingRow(Request("g", [1], greedy), j, j) for j in range(3)]  # two drafts and the bonus row
+    if mixed:
+        rows.append(SamplingRow(Request("s", [1], SamplingParams(temperature=1.0, seed=5, max_tokens=8)), 3, 0))
+    batch = build_sampling_batch(rows, TIE_VOCAB, torch.device("cpu"), torch.Generator())
+    logits = _tied_logits(len(rows), dtype)
+    plain = sample(logits.float(), batch).token_ids.tolist()
+    assert plain[:3] == [LOW] * 3
+    if not mixed and allowed is None:  # the model runner's argmax-only path, on bf16 logits as they come
+        assert greedy_tokens(logits).tolist() == plain
+    groups = [DraftGroup(0, (LOW, HIGH))]
+    out = verify(logits.float(), batch, groups)
+    assert out.accepted is not None
+    assert out.token_ids.tolist() == plain
+    assert out.accepted.tolist()[:2] == [True, False] == greedy_accepted(plain, groups)[:2]
+    assert accepted_prefix(out.token_ids.tolist(), out.accepted.tolist(), groups[0]) == [LOW, LOW]
