@@ -61,10 +61,12 @@ def _step_asm() -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-STEP_ASM = _step_asm()
+STEP_ASM = tl.constexpr(_step_asm())
+# outputs: the fragment; inputs: 8 words, 8 activation units, 2 scales, 2 zero-point pairs, the fragment before
+STEP_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * 8 + ["l"] * 8 + ["f"] * 2 + ["r"] * 2 + ["f"] * 4))
 # Lane (g, c)'s diagonal entries: D[g][g] is register 0 where g = 2c, register 1 where g = 2c + 1 (the first row),
 # D[g + 8][g] registers 2 / 3 (the second); every other lane gives 0.
-DIAGONAL_ASM = """{
+DIAGONAL_ASM = tl.constexpr("""{
 .reg .b32 l, g, c2;
 .reg .pred p0, p1;
 mov.u32 l, %laneid;
@@ -78,7 +80,7 @@ selp.f32 $0, $3, 0f00000000, p1;
 selp.f32 $1, $5, 0f00000000, p1;
 @p0 mov.f32 $0, $2;
 @p0 mov.f32 $1, $4;
-}"""
+}""")
 
 
 def mma_takes(rows: int, x_kind: int, group_size: int, block_n: int, block_w: int, layout: int) -> bool:
@@ -149,7 +151,7 @@ def mma_step(f0, f1, f2, f3, words_a, words_b, s_a, s_b, zf_a, zf_b, x_ptr, chun
     if USE_ASM:
         f0, f1, f2, f3 = tl.inline_asm_elementwise(
             asm=STEP_ASM,
-            constraints="=f,=f,=f,=f," + ",".join(["r"] * 8 + ["l"] * 8 + ["f"] * 2 + ["r"] * 2 + ["f"] * 4),
+            constraints=STEP_CONSTRAINTS,
             args=[a0, a1, a2, a3, b0, b1, b2, b3, u0, u1, u2, u3, u4, u5, u6, u7, s_a, s_b,
                   _neg_bias(zf_a, HAS_ZEROS), _neg_bias(zf_b, HAS_ZEROS), f0, f1, f2, f3],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
