@@ -326,7 +326,8 @@ def int4_gemv_wide_rope(
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
         rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                          k_scale, v_scale),
-        **rope_constexprs(cos_sin_cache, k_cache), **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm, mma),
+        **rope_constexprs(cos_sin_cache, k_cache),
+        **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm, mma),
     )  # fmt: skip
     return q_out
 

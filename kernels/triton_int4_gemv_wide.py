@@ -693,5 +693,5 @@ def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
     return peeled_pdl_options(gdc) | {"TRIGGER_LATE": int(pdl == "late")}
 
 
-__all__ = ["MAX_ROWS", "WIDE_MMA", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode",
-           "restore_wide_tiles", "set_wide_tiles", "wide_config", "wide_supported"]
+__all__ = ["MAX_ROWS", "WIDE_MMA", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs",
+           "pdl_mode", "restore_wide_tiles", "set_wide_tiles", "wide_config", "wide_supported"]

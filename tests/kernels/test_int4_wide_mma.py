@@ -83,9 +83,8 @@ def test_mma_switch_read_once():
     """FLOTILLA_INT4_WIDE_MMA: off unset, an on/off flag, a typo refused at import naming the variable."""
     from flotilla.kernels import triton_int4_gemv_wide
 
-    assert triton_int4_gemv_wide.WIDE_MMA == parse_choice("FLOTILLA_INT4_WIDE_MMA",
-                                                          os.environ.get("FLOTILLA_INT4_WIDE_MMA", "").lower(),
-                                                          FLAG_VALUES, False)  # fmt: skip
+    value = os.environ.get("FLOTILLA_INT4_WIDE_MMA", "").lower()
+    assert parse_choice("FLOTILLA_INT4_WIDE_MMA", value, FLAG_VALUES, False) == triton_int4_gemv_wide.WIDE_MMA
     code = "import flotilla.kernels.triton_int4_gemv_wide"
     bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOTILLA_INT4_WIDE_MMA": "maybe"},
                          capture_output=True, text=True, timeout=120)  # fmt: skip
