@@ -6,9 +6,9 @@ the kernel alone at Llama-3.1-8B's four projections, and the int4 batch-1 decode
 
 `kernel`: per projection (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336; random int4 g128, bf16
 activations, weight copies rotated past the L2 as bench/int4_gemv.py) each output checked first against
-`packed_int_linear_ref` (symmetric, and with zero points) and against the FMA step, then timed per call (one CUDA graph
-of many calls, `bench/timing.py`) in the order off on on off, `--pairs` times; the gated form (gate/up + SiLU, the
-engine's MLP) checked on against off. `KERNEL` lines: us a call per variant, GB/s of int4 bytes, errors.
+`packed_int_linear_ref` (symmetric; with zero points at o_proj) and against the FMA step, then timed per call (one
+CUDA graph of many calls, `bench/timing.py`) in the order off on on off, `--pairs` times; the gated form (gate/up +
+SiLU, the engine's MLP) checked on against off at gate_up. `KERNEL` lines: us a call per variant, GB/s of int4 bytes, errors.
 `engine`: the int4 engine (an int4 W4A16 checkpoint's config under `--load-format dummy`, bench/results/w4a16-model.sh)
 starts once at bench/latency.py's context-512 sizes; a phase sets `triton_int4_gemv_wide.WIDE_MMA` (read at every
 call), captures the batch-1 decode graphs again, then times a fresh 512-token request (`decode_steps`); phases off on
@@ -32,6 +32,10 @@ import torch
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 SMOKE_SHAPES = {"small": (64, 1024)}
 SMOKE_KNOBS = {"layout": 1, "block_n": 16, "block_w": 32}  # the table's layout 1 at a shape it has no entry for
+# every kernel variant is a compile (seconds each): zero points checked at o_proj only, the gated form at gate_up only
+# (the engine's MLP; its checkpoint is symmetric)
+ZEROS_CHECKED = ("o_proj", "small")
+GATED_CHECKED = ("gate_up_proj", "small")
 GROUP = 128
 MAX_MODEL_LEN = 704  # bench/latency.py's at context 512
 
@@ -48,9 +52,9 @@ def _weights(n: int, k: int, sets: int, device: str, zeros: bool, seed: int = 0)
     return out
 
 
-def check_shape(n: int, k: int, device: str, knobs: dict) -> dict:
-    """The MMA step's output against the reference and the FMA step's, symmetric and with zero points; the gated
-    form's where N is even; whether the launch takes the MMA step at all (`mma_takes`)."""
+def check_shape(n: int, k: int, device: str, knobs: dict, zeros_too: bool, gated: bool) -> dict:
+    """The MMA step's output against the reference and the FMA step's, symmetric (and with zero points where
+    `zeros_too`); the gated form's where `gated`; whether the launch takes the MMA step at all (`mma_takes`)."""
     from flotilla.kernels.card_tables import device_card
     from flotilla.kernels.packed_int_linear import packed_int_linear_ref
     from flotilla.kernels.triton_int4_gemv_fused import fuses_gated, int4_gemv_wide_gated
@@ -61,7 +65,7 @@ def check_shape(n: int, k: int, device: str, knobs: dict) -> dict:
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(n + k)).to(torch.bfloat16).to(device)
     cfg = wide_config(1, n, k, device_sms(x), card=device_card(x), **knobs)
     row: dict = {"mma_taken": mma_takes(1, 0, GROUP, cfg.block_n, cfg.block_w, cfg.layout)}
-    for zeros in (False, True):
+    for zeros in (False, True) if zeros_too else (False,):
         packed, scales, z = _weights(n, k, 1, device, zeros, seed=1)[0]
         zp = z if zeros else None
         ref = packed_int_linear_ref(x.float(), packed, scales.float(), z, 4, GROUP)
@@ -71,7 +75,7 @@ def check_shape(n: int, k: int, device: str, knobs: dict) -> dict:
         row[f"rel_err_{tag}"] = ((on - ref).norm() / ref.norm()).item()
         row[f"rel_err_{tag}_fma"] = ((off - ref).norm() / ref.norm()).item()
         row[f"max_abs_vs_fma_{tag}"] = (on - off).abs().max().item()
-        if fuses_gated(x, packed, scales, zp, GROUP, None):
+        if gated and fuses_gated(x, packed, scales, zp, GROUP, None):
             g_on = int4_gemv_wide_gated(x, packed, scales, zp, GROUP, mma=True, **knobs).float()
             g_off = int4_gemv_wide_gated(x, packed, scales, zp, GROUP, mma=False, **knobs).float()
             row[f"gated_rel_vs_fma_{tag}"] = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-30)).item()
@@ -84,7 +88,8 @@ def kernel(a: argparse.Namespace) -> dict:
     out: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if device == "cuda" else device,
                  "shapes": {}}  # fmt: skip
     for name, (n, k) in (SMOKE_SHAPES if a.cpu_smoke else SHAPES).items():
-        row = out["shapes"][name] = check_shape(n, k, device, SMOKE_KNOBS if a.cpu_smoke else {})
+        row = out["shapes"][name] = check_shape(n, k, device, SMOKE_KNOBS if a.cpu_smoke else {},
+                                               name in ZEROS_CHECKED, name in GATED_CHECKED)
         if device == "cuda":
             row |= time_shape(n, k, a.pairs)
         print(f"KERNEL {name} {n}x{k}: " + ", ".join(f"{key} {v:.4g}" if isinstance(v, float) else f"{key} {v}"
