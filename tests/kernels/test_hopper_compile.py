@@ -588,7 +588,7 @@ def test_fp8_kernels_compile_for_hopper(compiled):
                       ("int4_gemv_wide gated pdl mma", result["int4_gemv_wide gated pdl"])):
         r = result[name]
         assert r["mma"] and not r["wgmma"] and not r["i2f"] and r["bar_sync"] <= fma["bar_sync"], (name, r)
-        assert 0 < r["lop3"] < fma["lop3"] and r["gdc_wait"] == 1 and r["loads16_before_wait"] >= 4, (name, r)
+        assert 0 < 2 * r["lop3"] <= fma["lop3"] and r["gdc_wait"] == 1 and r["loads16_before_wait"] >= 4, (name, r)
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):
