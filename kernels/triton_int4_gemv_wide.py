@@ -24,6 +24,9 @@ three instructions and stays in the registers it was loaded into:
   layout (each thread's 32 inputs of a chunk, per plane a `[chunks, 4]` tile): no layout conversion, no
   shared memory except the load pipeline. Rows of the batch (up to 4) reuse each plane.
 
+At one bf16 row the K loop can instead run on the tensor cores from registers (`triton_int4_mma.py`, about half the
+instructions a weight; FLOTILLA_INT4_WIDE_MMA, off by default): `tile_sums` picks the step.
+
 Split-K (a second grid axis over word ranges) with `triton_int4_gemv`'s arrival counters: the last program
 of a row tile sums the partials in a fixed order (bit-reproducible) and stores the output.
 Every choice comes from the shapes (CUDA-graph capturable). `wide_config` is a lead; FLOTILLA_INT4_GEMV_WIDE_CONFIG
