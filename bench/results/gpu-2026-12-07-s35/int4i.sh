@@ -9,12 +9,12 @@
 # Without a GPU first (bash -n; py_compile; the interpreter and warp-model tests; both jobs' plumbing on the CPU):
 #   DRY=1 PY=.venv/bin/python bash bench/results/gpu-2026-12-07-s35/int4i.sh
 # Stages (each under its own limit, capped by what is left):
-#   tests  (45 s) tests/kernels/test_int4_wide_mma.py on the GPU: the PTX step through the real launches (plain,
+#   tests  (60 s) tests/kernels/test_int4_wide_mma.py on the GPU: the PTX step through the real launches (plain,
 #          split-K, PDL peel, gated) against packed_int_linear_ref and the FMA step. A failure here means the MMA
 #          numbers below are of a wrong kernel: the summary says so.
-#   kernel (90 s) bench/int4_mma_ab.py kernel: qkv / o / gate_up / down alone, checked (symmetric; zero points at
+#   kernel (85 s) bench/int4_mma_ab.py kernel: qkv / o / gate_up / down alone, checked (symmetric; zero points at
 #          o; the gated form at gate_up) then timed off on on off twice. -> kernel.json
-#   int4   (140 s) bench/int4_mma_ab.py engine: one int4 W4A16 engine (bench/results/w4a16-model.sh), bs1 ctx 512,
+#   int4   (130 s) bench/int4_mma_ab.py engine: one int4 W4A16 engine (bench/results/w4a16-model.sh), bs1 ctx 512,
 #          phases off on on off (PAIRS=2: twice), 64 graphed steps each, then greedy tokens of both. -> int4.json
 #   summary (always) SUMMARY lines on top of int4i.log: tests rc, per-shape us and errors, the step off/on and its
 #          ratio to BF16_MS (default 4.18: the H200's bf16 step of session 29; set it from the same card's run).
@@ -48,13 +48,13 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader 2>&1
 TESTS_RC=skipped
 for s in ${STAGES:-tests kernel int4 summary}; do
   case $s in
-    tests) run_stage tests 45 "passed|failed|FAILED|ERROR" python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    tests) run_stage tests 60 "passed|failed|FAILED|ERROR" python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
         -c $R/pyproject.toml --rootdir=$R --basetemp=/tmp/pt $R/tests/kernels/test_int4_wide_mma.py
       TESTS_RC=$? ;;
-    kernel) run_stage kernel 90 "^KERNEL" python3 $R/bench/int4_mma_ab.py kernel --json $W/kernel.json --pairs 2
+    kernel) run_stage kernel 85 "^KERNEL" python3 $R/bench/int4_mma_ab.py kernel --json $W/kernel.json --pairs 2
       cp $W/kernel.json $O/ 2>/dev/null ;;
     int4) source $R/bench/results/w4a16-model.sh
-      run_stage int4 140 "^AB |phase" python3 $R/bench/int4_mma_ab.py engine --model /tmp/llama8b-w4a16 \
+      run_stage int4 130 "^AB |phase" python3 $R/bench/int4_mma_ab.py engine --model /tmp/llama8b-w4a16 \
         --json $W/int4.json --steps 64 --pairs ${PAIRS:-1}
       cp $W/int4.json $O/ 2>/dev/null ;;
     summary) python3 - "$W" "$TESTS_RC" "${BF16_MS:-4.18}" > $W/summary.txt 2>&1 <<'PY'
