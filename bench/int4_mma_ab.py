@@ -8,7 +8,8 @@ the kernel alone at Llama-3.1-8B's four projections, and the int4 batch-1 decode
 activations, weight copies rotated past the L2 as bench/int4_gemv.py) each output checked first against
 `packed_int_linear_ref` (symmetric; with zero points at o_proj) and against the FMA step, then timed per call (one
 CUDA graph of many calls, `bench/timing.py`) in the order off on on off, `--pairs` times; the gated form (gate/up +
-SiLU, the engine's MLP) checked on against off at gate_up. `KERNEL` lines: us a call per variant, GB/s of int4 bytes, errors.
+SiLU, the engine's MLP) checked on against off at gate_up. `KERNEL` lines: us a call per variant, GB/s of int4
+bytes, errors.
 `engine`: the int4 engine (an int4 W4A16 checkpoint's config under `--load-format dummy`, bench/results/w4a16-model.sh)
 starts once at bench/latency.py's context-512 sizes; a phase sets `triton_int4_gemv_wide.WIDE_MMA` (read at every
 call), captures the batch-1 decode graphs again, then times a fresh 512-token request (`decode_steps`); phases off on
