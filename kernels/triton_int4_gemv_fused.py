@@ -112,6 +112,7 @@ def _int4_gated_kernel(
     PDL_GDC: tl.constexpr = True,
     TRIGGER_LATE: tl.constexpr = 0,
     LAYOUT: tl.constexpr = 0,
+    MMA: tl.constexpr = False,
 ):
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
@@ -125,7 +126,7 @@ def _int4_gated_kernel(
     w_end = tl.minimum(w_start + words_per_split, KW)
     acc, _, _, _ = tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, 0, stride_pn, stride_sn,
                              stride_zn, w_start, w_end, GROUP, HAS_ZEROS, 1, BLOCK_N, BLOCK_W, NUM_STAGES, X_KIND,
-                             USE_ASM, EVEN, PDL, PDL_GDC, TRIGGER_LATE, LAYOUT)  # fmt: skip
+                             USE_ASM, EVEN, PDL, PDL_GDC, TRIGGER_LATE, LAYOUT, MMA)  # fmt: skip
     total, last = _k_total(tl.sum(acc, 1) * 16.0, cols, col_ok, part_ptr, counter_ptr, N, pid, split, SPLIT_K)
     if last:
         if HAS_BIAS:
@@ -166,6 +167,7 @@ def _int4_rope_kernel(
     PDL_GDC: tl.constexpr = True,
     TRIGGER_LATE: tl.constexpr = 0,
     LAYOUT: tl.constexpr = 0,
+    MMA: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -175,7 +177,7 @@ def _int4_rope_kernel(
     w_end = tl.minimum(w_start + words_per_split, KW)
     acc, _, _, _ = tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, 0, stride_pn, stride_sn,
                              stride_zn, w_start, w_end, GROUP, HAS_ZEROS, 1, BLOCK_N, BLOCK_W, NUM_STAGES, X_KIND,
-                             USE_ASM, EVEN, PDL, PDL_GDC, TRIGGER_LATE, LAYOUT)  # fmt: skip
+                             USE_ASM, EVEN, PDL, PDL_GDC, TRIGGER_LATE, LAYOUT, MMA)  # fmt: skip
     total, last = _k_total(tl.sum(acc, 1) * 16.0, cols, col_ok, part_ptr, counter_ptr, N, pid, split, SPLIT_K)
     if last:
         if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
@@ -211,10 +213,10 @@ class _Launch:
         return cls(cfg, pdl, wps, splits, part, counters if counters is not None else x)
 
     def constexprs(self, x: torch.Tensor, n: int, zeros: torch.Tensor | None, bias: torch.Tensor | None, group: int,
-                   pdl_gdc: bool, use_asm: bool | None) -> dict:  # fmt: skip
+                   pdl_gdc: bool, use_asm: bool | None, mma: bool | None = None) -> dict:  # fmt: skip
         """The kernels' compile-time arguments and launch options (the plain kernel's, `launch_constexprs`)."""
         return launch_constexprs(self.cfg, x, n, self.words_per_split, zeros, bias, group, self.pdl, pdl_gdc,
-                                 use_asm) | {"SPLIT_K": self.splits}  # fmt: skip
+                                 use_asm, mma) | {"SPLIT_K": self.splits}  # fmt: skip
 
 
 def _operands_ok(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -264,10 +266,11 @@ def int4_gemv_wide_gated(
     pdl: str | None = None,
     pdl_gdc: bool = True,
     use_asm: bool | None = None,
+    mma: bool | None = None,
     **knobs: int,
 ) -> torch.Tensor:
     """`silu_and_mul(int4_gemv_wide(x, packed, ...))` `[1, N / 2]` in one launch for one row `x` `[1, K]` (where
-    `fuses_gated`). `pdl`, `pdl_gdc`, `use_asm` and the tile `knobs` as `int4_gemv_wide`."""
+    `fuses_gated`). `pdl`, `pdl_gdc`, `use_asm`, `mma` and the tile `knobs` as `int4_gemv_wide`."""
     assert fuses_gated(x, packed, scales, zeros, group_size, bias), "int4_gemv_wide_gated needs fuses_gated()"
     n, k = packed.shape[0], x.shape[-1]
     out = torch.empty(1, n // 2, dtype=x.dtype, device=x.device)
@@ -279,7 +282,7 @@ def int4_gemv_wide_gated(
         x.view(torch.int64), packed, scales, zeros if zeros is not None else packed,
         bias if bias is not None else out, out, launch.part, launch.counters, n, k // 8, packed.stride(0),
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
-        **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm),
+        **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm, mma),
     )  # fmt: skip
     return out
 
@@ -304,6 +307,7 @@ def int4_gemv_wide_rope(
     pdl: str | None = None,
     pdl_gdc: bool = True,
     use_asm: bool | None = None,
+    mma: bool | None = None,
     **knobs: int,
 ) -> torch.Tensor:
     """The int4 qkv projection of one row `x` `[1, K]` with rotary and the K/V cache write in its epilogue (where
@@ -322,7 +326,8 @@ def int4_gemv_wide_rope(
         scales.stride(0), zeros.stride(0) if zeros is not None else 0, launch.words_per_split,
         rope_launch_args(positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache, num_heads, num_kv_heads,
                          k_scale, v_scale),
-        **rope_constexprs(cos_sin_cache, k_cache), **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm),
+        **rope_constexprs(cos_sin_cache, k_cache),
+        **launch.constexprs(x, n, zeros, bias, group_size, pdl_gdc, use_asm, mma),
     )  # fmt: skip
     return q_out
 

@@ -24,6 +24,9 @@ three instructions and stays in the registers it was loaded into:
   layout (each thread's 32 inputs of a chunk, per plane a `[chunks, 4]` tile): no layout conversion, no
   shared memory except the load pipeline. Rows of the batch (up to 4) reuse each plane.
 
+At one bf16 row the K loop can instead run on the tensor cores from registers (`triton_int4_mma.py`, about half the
+instructions a weight; FLOTILLA_INT4_WIDE_MMA, off by default): `tile_sums` picks the step.
+
 Split-K (a second grid axis over word ranges) with `triton_int4_gemv`'s arrival counters: the last program
 of a row tile sums the partials in a fixed order (bit-reproducible) and stores the output.
 Every choice comes from the shapes (CUDA-graph capturable). `wide_config` is a lead; FLOTILLA_INT4_GEMV_WIDE_CONFIG
@@ -43,8 +46,9 @@ import triton.language as tl
 
 from flotilla.kernels.card_tables import DEFAULT, H200, device_card
 from flotilla.kernels.pdl import pdl_active, peeled_pdl_options
-from flotilla.kernels.switches import env_choice
+from flotilla.kernels.switches import env_choice, env_flag
 from flotilla.kernels.triton_int4_gemv import _epilogue, _parse_tiles, _SplitK
+from flotilla.kernels.triton_int4_mma import halves, mma_rows, mma_step, mma_takes
 from flotilla.kernels.triton_utils import INTERPRETING, device_sms
 
 MAX_ROWS = 4
@@ -92,6 +96,11 @@ WIDE_PDL = env_choice("FLOTILLA_INT4_WIDE_PDL", WIDE_PDL_VALUES, "top")
 # Tiles of the PDL launches (same syntax as FLOTILLA_INT4_GEMV_WIDE_CONFIG; unset: that table): the preload before
 # the wait is one step, so a wider step (block_w) preloads more. Read at import.
 _PDL_TILES = _parse_tiles(os.environ.get("FLOTILLA_INT4_WIDE_PDL_CONFIG", ""), "FLOTILLA_INT4_WIDE_PDL_CONFIG")
+
+# FLOTILLA_INT4_WIDE_MMA (default "0"; "1" on): one-row bf16 launches at `layout=1` with groups of 128 (or a multiple)
+# run the K loop on the tensor cores, `mma_step` (fewer instructions a weight: docs/decode-gemm.md). Read at import;
+# the module global `WIDE_MMA` is read at every call (the benchmarks flip it).
+WIDE_MMA = env_flag("FLOTILLA_INT4_WIDE_MMA", False)
 
 
 TileTable = dict[tuple[int, int] | None, dict[str, int]]
@@ -395,15 +404,92 @@ def _step_math(acc0, acc1, acc2, acc3, words, s, zf, w0, cs, w_end, x_ptr, strid
 
 
 @triton.jit
+def _mma_half(packed_ptr, scales_ptr, zeros_ptr, cols, N, stride_pn, stride_sn, stride_zn, BLOCK_W: tl.constexpr):
+    """One row set's word, scale and zero-point pointers as `tile_sums`' layout 1 builds them."""
+    p_ptrs = packed_ptr + cols.to(tl.int64)[:, None] * stride_pn + tl.arange(0, BLOCK_W)[None, :]
+    cols_in = tl.minimum(cols, N - 1).to(tl.int64)
+    return p_ptrs, scales_ptr + cols_in[:, None] * stride_sn, zeros_ptr + cols_in[:, None] * stride_zn
+
+
+@triton.jit
+def _mma_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_pn, stride_sn, stride_zn, w_start,
+              w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+              NUM_STAGES: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
+              PDL_GDC: tl.constexpr, TRIGGER_LATE: tl.constexpr):  # fmt: skip
+    """`tile_sums` at one bf16 row on the tensor cores (`triton_int4_mma.py`): rows `cols[:BLOCK_N / 2]` and
+    `cols[BLOCK_N / 2:]` are each thread's two MMA rows; the same loads (layout 1), PDL peel and trigger. Returns the
+    one accumulator `[BLOCK_N, C]` whose sum over C, times 16, is each row's dot (as the FMA loop's)."""
+    H: tl.constexpr = BLOCK_N // 2
+    C: tl.constexpr = BLOCK_W // 4
+    cs = tl.arange(0, C)
+    cols_a, cols_b = halves(cols)
+    ok_a, ok_b = halves(col_ok.to(tl.int32))
+    pa, sa, za = _mma_half(packed_ptr, scales_ptr, zeros_ptr, cols_a, N, stride_pn, stride_sn, stride_zn, BLOCK_W)
+    pb, sb, zb = _mma_half(packed_ptr, scales_ptr, zeros_ptr, cols_b, N, stride_pn, stride_sn, stride_zn, BLOCK_W)
+    f0 = tl.zeros([H, C], tl.float32)
+    f1 = tl.zeros([H, C], tl.float32)
+    f2 = tl.zeros([H, C], tl.float32)
+    f3 = tl.zeros([H, C], tl.float32)
+    if PDL:  # as `tile_sums`: the first step's weights in flight before the wait
+        wa, s_a, zf_a = _step_loads(pa, sa, za, w_start, cs, ok_a != 0, w_end, GROUP, HAS_ZEROS, EVEN, 1, USE_ASM)
+        wb, s_b, zf_b = _step_loads(pb, sb, zb, w_start, cs, ok_b != 0, w_end, GROUP, HAS_ZEROS, EVEN, 1, USE_ASM)
+        if PDL_GDC:
+            if TRIGGER_LATE == 0:
+                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        chunk = w_start + 4 * cs
+        f0, f1, f2, f3 = mma_step(f0, f1, f2, f3, wa, wb, s_a, s_b, zf_a, zf_b, x_ptr, chunk, chunk < w_end,
+                                  HAS_ZEROS, USE_ASM, EVEN)  # fmt: skip
+        w_loop = w_start + BLOCK_W
+    else:
+        w_loop = w_start
+    for w0 in tl.range(w_loop, w_end, BLOCK_W, num_stages=NUM_STAGES):
+        w0 = tl.multiple_of(w0, 4)
+        wa, s_a, zf_a = _step_loads(pa, sa, za, w0, cs, ok_a != 0, w_end, GROUP, HAS_ZEROS, EVEN, 1, USE_ASM)
+        wb, s_b, zf_b = _step_loads(pb, sb, zb, w0, cs, ok_b != 0, w_end, GROUP, HAS_ZEROS, EVEN, 1, USE_ASM)
+        chunk = w0 + 4 * cs
+        f0, f1, f2, f3 = mma_step(f0, f1, f2, f3, wa, wb, s_a, s_b, zf_a, zf_b, x_ptr, chunk, chunk < w_end,
+                                  HAS_ZEROS, USE_ASM, EVEN)  # fmt: skip
+    if PDL and PDL_GDC and TRIGGER_LATE == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+    ra, rb = mma_rows(f0, f1, f2, f3, USE_ASM)
+    total = tl.reshape(tl.permute(tl.join(ra, rb), (1, 0)), [BLOCK_N])  # rows in `cols`' order
+    return tl.where(cs[None, :] == 0, total[:, None] * 0.0625, 0.0)
+
+
+@triton.jit
 def tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm, stride_pn, stride_sn, stride_zn,
               w_start, w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_W: tl.constexpr, NUM_STAGES: tl.constexpr, X_KIND: tl.constexpr, USE_ASM: tl.constexpr,
               EVEN: tl.constexpr, PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER_LATE: tl.constexpr,
-              LAYOUT: tl.constexpr):  # fmt: skip
+              LAYOUT: tl.constexpr, MMA: tl.constexpr = False):  # fmt: skip
     """A program's K loop over words `w_start..w_end` of weight rows `cols` (`[BLOCK_N]`, `col_ok` those < N; any
     rows: `_int4_gemv_wide_kernel`'s consecutive tile, or the fused forms' gate/up or rotation-pair rows): each
     activation row's `[BLOCK_N, C]` accumulator (`acc0..acc3`; 1/16 of the dot per chunk lane). The PDL peel and
-    trigger happen inside (`_int4_gemv_wide_kernel`'s comments)."""
+    trigger happen inside (`_int4_gemv_wide_kernel`'s comments). `MMA` (one bf16 row, layout 1, `mma_takes`): the
+    tensor-core step (`_mma_sums`)."""
+    if MMA:
+        acc0 = _mma_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_pn, stride_sn, stride_zn,
+                         w_start, w_end, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_W, NUM_STAGES, USE_ASM, EVEN, PDL, PDL_GDC,
+                         TRIGGER_LATE)  # fmt: skip
+        acc1 = acc0
+        acc2 = acc0
+        acc3 = acc0
+    else:
+        acc0, acc1, acc2, acc3 = _fma_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm,
+                                           stride_pn, stride_sn, stride_zn, w_start, w_end, GROUP, HAS_ZEROS, ROWS,
+                                           BLOCK_N, BLOCK_W, NUM_STAGES, X_KIND, USE_ASM, EVEN, PDL, PDL_GDC,
+                                           TRIGGER_LATE, LAYOUT)  # fmt: skip
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _fma_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm, stride_pn, stride_sn, stride_zn,
+              w_start, w_end, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_W: tl.constexpr, NUM_STAGES: tl.constexpr, X_KIND: tl.constexpr, USE_ASM: tl.constexpr,
+              EVEN: tl.constexpr, PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER_LATE: tl.constexpr,
+              LAYOUT: tl.constexpr):  # fmt: skip
+    """`tile_sums` on the FMA units (any rows, either layout)."""
     C: tl.constexpr = BLOCK_W // 4  # 16-byte chunks of a row per step
     cs = tl.arange(0, C)
     cols64 = cols.to(tl.int64)
@@ -486,6 +572,7 @@ def _int4_gemv_wide_kernel(
     PDL_GDC: tl.constexpr = True,  # the griddepcontrol instructions (False: the interpreter's test of the peel)
     TRIGGER_LATE: tl.constexpr = 0,  # with PDL: let the dependents start at the top (0) or after the loop (1)
     LAYOUT: tl.constexpr = 0,  # the word tile and scale loads (`_step_loads`): 0 main's, 1 [rows, words] + PTX scales
+    MMA: tl.constexpr = False,  # the tensor-core step (`triton_int4_mma.py`, FLOTILLA_INT4_WIDE_MMA)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -497,7 +584,7 @@ def _int4_gemv_wide_kernel(
     acc0, acc1, acc2, acc3 = tile_sums(x_ptr, packed_ptr, scales_ptr, zeros_ptr, cols, col_ok, N, stride_xm,
                                        stride_pn, stride_sn, stride_zn, w_start, w_end, GROUP, HAS_ZEROS, ROWS,
                                        BLOCK_N, BLOCK_W, NUM_STAGES, X_KIND, USE_ASM, EVEN, PDL, PDL_GDC,
-                                       TRIGGER_LATE, LAYOUT)  # fmt: skip
+                                       TRIGGER_LATE, LAYOUT, MMA)  # fmt: skip
     res = tl.where(rows[:, None] == 0, tl.sum(acc0, 1)[None, :], 0.0)
     if ROWS > 1:
         res = tl.where(rows[:, None] == 1, tl.sum(acc1, 1)[None, :], res)
@@ -526,6 +613,7 @@ def int4_gemv_wide(
     pdl: str | None = None,
     pdl_gdc: bool = True,
     layout: int | None = None,
+    mma: bool | None = None,
 ) -> torch.Tensor:
     """`x` `[..., K]` (1..MAX_ROWS rows) times the int4 weight `[N, K]` (transposed), plus `bias`, in `x`'s
     dtype; fp32 accumulation. `zeros` None: symmetric (zero point 8). Knobs default to `wide_config` (shapes
@@ -534,7 +622,8 @@ def int4_gemv_wide(
     first step's weights loaded before the wait, "" plainly; default: `WIDE_PDL` where `pdl_active(x)`.
     `pdl_gdc=False` (tests only) keeps the peeled first step without the griddepcontrol instructions, so that the
     interpreter can run it. `layout` 1: the [rows, words] word tile and PTX scale loads (`_step_loads`; knob
-    `layout=1` of the tile tables); default the table's (0, main's)."""
+    `layout=1` of the tile tables); default the table's (0, main's). `mma`: the tensor-core step where it takes the
+    launch (`triton_int4_mma.mma_takes`); default `WIDE_MMA` (FLOTILLA_INT4_WIDE_MMA)."""
     k = x.shape[-1]
     n = packed.shape[0]
     assert packed.shape[1] * 8 == k, f"packed {tuple(packed.shape)} does not match x's K = {k}"
@@ -562,7 +651,8 @@ def int4_gemv_wide(
     _int4_gemv_wide_kernel[split.grid](
         *split.kernel_args(x8, packed, scales, zeros, out2, words),
         SPLIT_K=split.grid[1], FIXUP=split.counters is not None, ROWS=m, BLOCK_M=triton.next_power_of_2(m),
-        **launch_constexprs(cfg, x, n, split.words_per_split, zeros, bias, group_size, pdl, pdl_gdc, use_asm),
+        **launch_constexprs(cfg, x, n, split.words_per_split, zeros, bias, group_size, pdl, pdl_gdc, use_asm,
+                            mma),
     )  # fmt: skip
     split.reduce(out2, bias is not None)
     return out
@@ -579,12 +669,14 @@ def pdl_mode(x: torch.Tensor, pdl: str | None) -> str:
 
 def launch_constexprs(cfg: WideConfig, x: torch.Tensor, n: int, words_per_split: int, zeros: torch.Tensor | None,
                       bias: torch.Tensor | None, group_size: int, pdl: str, pdl_gdc: bool,
-                      use_asm: bool | None) -> dict[str, Any]:  # fmt: skip
+                      use_asm: bool | None, mma: bool | None = None) -> dict[str, Any]:  # fmt: skip
     """The compile-time arguments and launch options every kernel on `tile_sums` takes (this module's and
     `triton_int4_gemv_fused`'s), for `n` weight rows of `x`'s K in ranges of `words_per_split` words: the tile, the
     operands' kinds, EVEN (whole row tiles and word steps in every range: unmasked loads), the PDL launch (`pdl`,
-    from `pdl_mode`; `pdl_gdc` False: without the griddepcontrol instructions) and the layout."""
+    from `pdl_mode`; `pdl_gdc` False: without the griddepcontrol instructions), the layout, and the tensor-core step
+    where `mma` (default: `WIDE_MMA`, read at every call) is on and `mma_takes` the launch."""
     words = x.shape[-1] // 8
+    mma = WIDE_MMA if mma is None else mma
     even = n % cfg.block_n == 0 and words % cfg.block_w == 0 and words_per_split % cfg.block_w == 0
     options: dict[str, Any] = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
                                    BLOCK_N=cfg.block_n, BLOCK_W=cfg.block_w, NUM_STAGES=cfg.num_stages,
@@ -592,6 +684,8 @@ def launch_constexprs(cfg: WideConfig, x: torch.Tensor, n: int, words_per_split:
                                    EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
     if cfg.layout:
         options["LAYOUT"] = cfg.layout
+    if mma and mma_takes(x.numel() // x.shape[-1], options["X_KIND"], group_size, cfg.block_n, cfg.block_w, cfg.layout):
+        options["MMA"] = True
     return options | _pdl_options(pdl, pdl_gdc)
 
 
@@ -602,5 +696,5 @@ def _pdl_options(pdl: str, gdc: bool) -> dict[str, bool | int]:
     return peeled_pdl_options(gdc) | {"TRIGGER_LATE": int(pdl == "late")}
 
 
-__all__ = ["MAX_ROWS", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs", "pdl_mode",
-           "restore_wide_tiles", "set_wide_tiles", "wide_config", "wide_supported"]
+__all__ = ["MAX_ROWS", "WIDE_MMA", "WIDE_PDL", "TileTable", "WideConfig", "int4_gemv_wide", "launch_constexprs",
+           "pdl_mode", "restore_wide_tiles", "set_wide_tiles", "wide_config", "wide_supported"]

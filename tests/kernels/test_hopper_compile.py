@@ -391,6 +391,13 @@ def _compile_int4() -> dict[str, dict[str, object]]:
         # LAYOUT 1 (the [rows, words] word tile, PTX scale loads), by PDL
         "int4_gemv_wide m1 rows pdl": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, dict(wide_pdl, LAYOUT=1),
                                                           aligned, num_warps=4, num_stages=1),
+        # FLOTILLA_INT4_WIDE_MMA: the tensor-core step (`triton_int4_mma.py`) at the same launches
+        "int4_gemv_wide m1 rows pdl mma": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs,
+                                                              dict(wide_pdl, LAYOUT=1, MMA=True), aligned, num_warps=4,
+                                                              num_stages=1),
+        "int4_gemv_wide gated pdl mma": _compile_for_hopper(_int4_gated_kernel, wide_ptrs,
+                                                            dict(fused, SPLIT_K=1, MMA=True), aligned, num_warps=4,
+                                                            num_stages=1),
         "int4_gemv_wide m1": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide, aligned, num_warps=4,
                                                  num_stages=3),
         "int4_gemv_wide m4": _compile_for_hopper(_int4_gemv_wide_kernel, wide_ptrs, wide4, aligned, num_warps=4,
@@ -574,6 +581,14 @@ def test_fp8_kernels_compile_for_hopper(compiled):
     assert result["int4_gemv_wide rope pdl"]["atomics"] and not result["int4_gemv_wide gated pdl"]["atomics"]
     rows = result["int4_gemv_wide m1 rows pdl"]  # its loop's SASS (449 instructions under 3.6): bench/sass_loop.py
     assert rows["lop3"] >= 8 and not rows["mma"] and not rows["i2f"], rows
+    # the tensor-core step: mma.sync on register operands (no shared memory: the pipeline's barriers only), one lop3
+    # per two weights (its loop: 221 SASS instructions a 16 x 128 step against 449 under 3.6, bench/sass_loop.py), the
+    # PDL peel kept
+    for name, fma in (("int4_gemv_wide m1 rows pdl mma", rows),
+                      ("int4_gemv_wide gated pdl mma", result["int4_gemv_wide gated pdl"])):
+        r = result[name]
+        assert r["mma"] and not r["wgmma"] and not r["i2f"] and r["bar_sync"] <= fma["bar_sync"], (name, r)
+        assert 0 < 2 * r["lop3"] <= fma["lop3"] and r["gdc_wait"] == 1 and r["loads16_before_wait"] >= 4, (name, r)
     # The decode kernel's fp8 bit-move paths neither convert with cvt nor read V back from shared memory
     # byte by byte (Triton's own upcast does both: issue 22's slow fp8 pool).
     for name in ("paged_decode fp8 asm", "paged_decode fp8 bits"):

@@ -43,6 +43,9 @@ GATED_CASES = [
     (384, 24, 32, torch.float32, False, False, {"block_n": 8, "block_w": 16, "split_k": 3}),
     (512, 32, 128, torch.float16, True, True, {"block_n": 32, "block_w": 32, "layout": 1, "pdl": "top"}),
     (256, 64, 64, torch.bfloat16, False, False, {"block_n": 16, "block_w": 32, "split_k": 2, "pdl": "late"}),
+    # the tensor-core K step (FLOTILLA_INT4_WIDE_MMA; plain and fused alike): masked rows, zero points, split-K, PDL
+    (256, 40, 128, torch.bfloat16, False, True, {"block_n": 16, "block_w": 16, "split_k": 2, "layout": 1,
+                                                 "pdl": "top", "mma": True}),
 ]
 
 
@@ -80,6 +83,8 @@ ROPE_CASES = [
      {"block_n": 8, "block_w": 32, "layout": 1}),  # an fp8 cache with scales
     (4, 2, 32, 256, 64, torch.float32, False, False, torch.float32, 9, -1,
      {"block_n": 16, "block_w": 32, "pdl": "late"}),  # padding slot: no cache write
+    (2, 1, 64, 512, 128, torch.bfloat16, False, True, torch.bfloat16, 130, 47,
+     {"block_n": 16, "block_w": 16, "split_k": 2, "layout": 1, "pdl": "top", "mma": True}),  # the tensor-core K step
 ]
 
 
