@@ -96,6 +96,10 @@ RECIPROCAL = env_flag("FLOTILLA_PREFILL_RECIPROCAL", False)
 # in the same order, without the dead programs ahead of them or a second, dependent load a program;
 # FLOTILLA_PREFILL_DEAD_LAST=0 restores the old map for the A/B.
 DEAD_LAST = env_flag("FLOTILLA_PREFILL_DEAD_LAST", True)
+# Split keys cut from each tile's own context instead of the table's width, and no bytes for what is empty
+# (`paged_prefill_attention`'s `live_splits`); off by default until the device A/B
+# (bench/results/gpu-2026-12-07-s35/prefix.sh) shows it faster. FLOTILLA_EXTEND_LIVE_SPLITS=1 turns it on.
+LIVE_SPLITS = env_flag("FLOTILLA_EXTEND_LIVE_SPLITS", False)
 
 
 @triton.jit
@@ -228,6 +232,7 @@ def _prefill_kernel(
     SHARED_KV: tl.constexpr = False,
     RECIPROCAL: tl.constexpr = False,
     DEAD_LAST: tl.constexpr = False,
+    LIVE_SPLITS: tl.constexpr = False,
 ):
     head_block = tl.program_id(1)
     if DEAD_LAST:
@@ -279,6 +284,8 @@ def _prefill_kernel(
     # This program's key range: all keys the tile sees, or one split of them (split_len is a
     # multiple of BLOCK_N, so both loops below start on tile boundaries).
     diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
+    if LIVE_SPLITS:  # cut the keys this tile sees, not the table's width: every split holds keys, evenly
+        split_len = tl.cdiv(tl.cdiv(diag_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     key_lo = tl.program_id(2) * split_len
     key_hi = tl.minimum(key_lo + split_len, diag_end)
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
@@ -295,6 +302,7 @@ def _prefill_kernel(
     store_attention_rows(
         acc, m, l, out_ptr, q_rows * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
         (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D, RECIPROCAL,
+        LIVE_SPLITS,
     )  # fmt: skip
 
 
@@ -400,6 +408,7 @@ def paged_prefill_attention(
     rescale_tau: float | None = None,
     reciprocal: bool | None = None,
     dead_last: bool | None = None,
+    live_splits: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -427,6 +436,11 @@ def paged_prefill_attention(
     row instead of a division an element (~400 of the epilogue's ~900 instructions at the default launch).
     `dead_last` (None: `DEAD_LAST`, FLOTILLA_PREFILL_DEAD_LAST, on): the tile map as a list of each program's
     sequence and tile, live tiles first (`tile_map`); the same tiles in the same order.
+    `live_splits` (None: `LIVE_SPLITS`, FLOTILLA_EXTEND_LIVE_SPLITS, off; only where the keys are split): each
+    tile cuts the keys it sees (not the table's width, which a graph pads: 11 of 16 splits held keys for 2,020 keys
+    in the 2,064-token table) into `num_splits` whole key tiles, so every split works and the ranges are even; a row
+    that saw no key stores no partial, and the merge skips the graph's padding rows and reads no empty split's
+    partial (in the 32-row graph of a 20-token extend, 12 of 32 rows; the old merge read 8.4 MB of fp32 partials).
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -440,6 +454,7 @@ def paged_prefill_attention(
     rescale_tau = RESCALE_TAU if rescale_tau is None else rescale_tau
     reciprocal = RECIPROCAL if reciprocal is None else reciprocal
     dead_last = DEAD_LAST if dead_last is None else dead_last
+    live_splits = LIVE_SPLITS if live_splits is None else live_splits
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -511,11 +526,13 @@ def paged_prefill_attention(
         SHARED_KV=lean and k_cache.stride()[:3] == v_cache.stride()[:3],
         RECIPROCAL=reciprocal,
         DEAD_LAST=dead_last,
+        LIVE_SPLITS=live_splits and num_splits > 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     if num_splits > 1:
-        merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False)
+        merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False,
+                     live_only=live_splits)  # fmt: skip
     return out
 
 

@@ -286,3 +286,47 @@ def test_the_lazy_rescale_switch_reads_a_threshold():
     for bad in ("-1", "32", "on"):
         with pytest.raises(ValueError, match="FLOTILLA_PREFILL_LAZY_RESCALE"):
             lazy_rescale_tau(bad)
+
+
+# (q_lens, seq_lens, table width in pages, splits): a 20-token extend in a table padded past its context (the graph's
+# width); an extend and a short prompt whose keys run out before the last splits; a padding sequence between two
+LIVE_CASES = [([20], [150], 16, 4), ([5, 12], [300, 12], 20, 8), ([3, 0, 9], [77, 0, 140], 10, 5)]
+
+
+@pytest.mark.parametrize("case", LIVE_CASES)
+def test_live_splits_keep_the_reference_and_read_no_empty_partial(monkeypatch, case):
+    """`live_splits` (FLOTILLA_EXTEND_LIVE_SPLITS): the keys each tile sees cut evenly, no partial stored for a row
+    that saw no key and none read by the merge, nor the graph's padding rows: with the partial buffers filled with
+    NaN (as torch.empty may leave them), the output still equals the reference and the padding rows keep what they
+    held, where the old form (every split of a token row stored) merges the padding rows' NaN over them."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+    from flotilla.kernels import triton_split_merge
+
+    q_lens, seq_lens, width, splits = case
+    query, k_cache, v_cache, tables, qsl, lens = attention_case(q_lens, seq_lens, 4, 1, torch.float32, seed=11)
+    padded = torch.cat([query, torch.randn(6, *query.shape[1:])])  # 6 padding rows: no sequence's
+    tables = torch.cat([tables, torch.zeros(tables.shape[0], width - tables.shape[1], dtype=tables.dtype)], 1)
+    want = paged_attention_ref(query, k_cache, v_cache, tables, qsl, lens, 0.2)
+
+    def nan_buffers(out, rows, num_splits):
+        return tuple(b.fill_(float("nan")) for b in triton_split_merge.split_buffers(out, rows, num_splits))
+
+    monkeypatch.setattr(prefill, "split_buffers", nan_buffers)
+    for live in (True, False):
+        out = torch.full_like(padded, 7.0)
+        prefill.paged_prefill_attention(padded, k_cache, v_cache, tables, qsl, lens, 0.2, block_m=32, block_n=16,
+                                        num_splits=splits, out=out, live_splits=live)  # fmt: skip
+        assert rel_err(out[: query.shape[0]], want) < tolerance(torch.float32)
+        assert (out[query.shape[0] :] == 7.0).all() if live else torch.isnan(out[query.shape[0] :]).all()
+
+
+def test_live_splits_in_a_mixed_step_keep_the_reference(monkeypatch):
+    """A mixed step's two launches (`mixed_split_attention`: prompts through the prefill kernel, whose merge writes
+    the decode rows first, then the decode kernel) with the live splits on give the reference."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+    from flotilla.kernels.mixed_attention import mixed_split_attention
+
+    monkeypatch.setattr(prefill, "LIVE_SPLITS", True)
+    args = attention_case([1, 20, 1], [90, 200, 40], 4, 1, torch.bfloat16, seed=12)
+    out = mixed_split_attention(*args, 0.2, block_m=32, block_n=16, num_splits=4)
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
