@@ -684,7 +684,7 @@ def test_prefill_loop_forms_compile_for_hopper(compiled):
     asynchronous tensor cores; the lean loop is the smaller kernel (its SASS, bench/sass_loop.py under Triton 3.6:
     3,152 instructions against 4,224)."""
     result = compiled("prefill")
-    assert all(r["cubin_bytes"] > 0 and r["wgmma"] for r in result.values()), result
+    assert all(r["cubin_bytes"] > 0 and (r["wgmma"] or "merge" in name) for name, r in result.items()), result
     assert result["prefill lean"]["cubin_bytes"] < 0.9 * result["prefill old"]["cubin_bytes"]
     assert result["prefill lean lazy"]["cubin_bytes"] < result["prefill old lazy"]["cubin_bytes"]
     assert result["prefill lean rcp"]["cubin_bytes"] < result["prefill lean"]["cubin_bytes"]
