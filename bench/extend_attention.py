@@ -12,7 +12,8 @@ prefill kernel + split merge, with the step's tile map computed once outside (as
 output is checked against the PyTorch reference. The decode kernel at one query token over the same
 context is timed the same way, for reference. Prints and saves µs per call; `best` is the fastest
 configuration within the error bound, in the form FLOTILLA_EXTEND_ATTN takes (`live`: with
-FLOTILLA_EXTEND_LIVE_SPLITS=1, the keys cut from the context, not the table). `--set ab`: only the engine's split launch
+FLOTILLA_EXTEND_LIVE_SPLITS=1, the keys cut from the context, not the table; `pdl`: FLOTILLA_EXTEND_PDL_MERGE=1, the
+merge launched by PDL). `--set ab`: only the engine's split launch
 and the live-split configurations (`AB_CONFIGS`). Without a GPU it runs each configuration once under the Triton
 interpreter (a check of the script, no timing).
 """
@@ -36,12 +37,15 @@ CONFIGS = (
     (32, 16, 4, 3, 0), (64, 16, 8, 3, 0), (32, 16, 8, 3, 0), (64, 16, 8, 2, 0), (128, 17, 8, 3, 0), (128, 8, 8, 2, 0),
     (64, 16, 8, 3, 1), (128, 17, 8, 2, 1), (32, 32, 4, 3, 0), (128, 17, 8, 2, 0),
 )  # fmt: skip
-# (block_n, splits, warps, stages, bf16 partials, live splits): the engine's split launch (`SPLIT_LAUNCH`, 16 splits
-# of 64-key tiles of which 11 hold keys in the 2,064-token table), then the live splits (session 35): the same launch,
-# bf16 partials, fewer splits (fewer partial bytes to write and merge), 32-key tiles.
+# (block_n, splits, warps, stages, bf16 partials, live splits, PDL merge): the engine's split launch (`SPLIT_LAUNCH`, 16
+# splits of 64-key tiles of which 11 hold keys in the 2,064-token table), then the live splits (session 35): the same
+# launch, with the PDL merge (also alone), bf16 partials, fewer splits (fewer partial bytes to write and merge),
+# 32- and 128-key tiles.
 AB_CONFIGS = (
-    (64, 16, 8, 3, 0, 0), (64, 16, 8, 3, 0, 1), (64, 16, 8, 3, 1, 1), (64, 8, 8, 3, 0, 1), (64, 8, 8, 3, 1, 1),
-    (64, 11, 8, 3, 1, 1), (32, 16, 4, 3, 1, 1), (64, 4, 8, 3, 1, 1), (128, 8, 8, 2, 1, 1),
+    (64, 16, 8, 3, 0, 0, 0), (64, 16, 8, 3, 0, 0, 1), (64, 16, 8, 3, 0, 1, 0), (64, 16, 8, 3, 0, 1, 1),
+    (64, 16, 8, 3, 1, 1, 0),
+    (64, 16, 8, 3, 1, 1, 1), (64, 8, 8, 3, 0, 1, 0), (64, 8, 8, 3, 1, 1, 0), (64, 8, 8, 3, 1, 1, 1),
+    (64, 11, 8, 3, 1, 1, 0), (32, 16, 4, 3, 1, 1, 0), (64, 4, 8, 3, 1, 1, 0), (128, 8, 8, 2, 1, 1, 0),
 )  # fmt: skip
 
 
@@ -93,18 +97,18 @@ def main() -> None:
     result["decode_one_token_us"] = time_us(
         lambda i: paged_decode_attention(dq, k_cache, v_cache, tables[i % a.layers], one, lens, scale), a.calls
     )
-    configs = AB_CONFIGS if a.set == "ab" else [c + (0,) for c in CONFIGS] + list(AB_CONFIGS[1:])
-    for block_n, splits, warps, stages, half, live in configs:
+    configs = AB_CONFIGS if a.set == "ab" else [c + (0, 0) for c in CONFIGS] + list(AB_CONFIGS[1:])
+    for block_n, splits, warps, stages, half, live, pdl in configs:
         memo: dict = {}  # the step's tile map, computed by the first call (outside the graph's timing: warm-up)
 
-        def call(i: int, cfg=(block_n, splits, warps, stages, half, live), memo=memo) -> torch.Tensor:
+        def call(i: int, cfg=(block_n, splits, warps, stages, half, live, pdl), memo=memo) -> torch.Tensor:
             return paged_prefill_attention(query, k_cache, v_cache, tables[i % a.layers], qsl, lens, scale,
                                            block_n=cfg[0], num_splits=cfg[1], num_warps=cfg[2], num_stages=cfg[3],
                                            step_memo=memo, half_partials=bool(cfg[4]),
-                                           live_splits=bool(cfg[5]))  # fmt: skip
+                                           live_splits=bool(cfg[5]), pdl_merge=bool(cfg[6]))  # fmt: skip
 
         entry = {"block_n": block_n, "splits": splits, "warps": warps, "stages": stages, "half_partials": half,
-                 "live": live, "env": f"{block_n},{splits},{warps},{stages},{half}"}  # fmt: skip
+                 "live": live, "pdl": pdl, "env": f"{block_n},{splits},{warps},{stages},{half}"}  # fmt: skip
         try:
             err = float(((call(0)[: a.new].float() - ref.float()).norm() / ref.float().norm()).item())
             entry.update(rel_err=err, us=time_us(call, a.calls))
@@ -125,7 +129,7 @@ def save(result: dict, path: str | None) -> None:
     if timed:
         result["default"] = result["configs"][0]
         result["best"] = min(timed, key=lambda c: c["us"])
-        live = [c for c in timed if c.get("live")]
+        live = [c for c in timed if c.get("live")]  # the engine's "on" run: FLOTILLA_EXTEND_LIVE_SPLITS=1
         if live:
             result["best_live"] = min(live, key=lambda c: c["us"])
     if path:

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import PDL_ENABLED, pdl_capable
 from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
@@ -100,6 +101,10 @@ DEAD_LAST = env_flag("FLOTILLA_PREFILL_DEAD_LAST", True)
 # (`paged_prefill_attention`'s `live_splits`); off by default until the device A/B
 # (bench/results/gpu-2026-12-07-s35/prefix.sh) shows it faster. FLOTILLA_EXTEND_LIVE_SPLITS=1 turns it on.
 LIVE_SPLITS = env_flag("FLOTILLA_EXTEND_LIVE_SPLITS", False)
+# The split merge by programmatic dependent launch (`paged_prefill_attention`'s `pdl_merge`; Hopper, FLOTILLA_PDL on):
+# scheduled while the split programs run, it waits for them at its top, so the launch gap between the two goes.
+# Off until measured (bench/results/gpu-2026-12-07-s35/prefix.sh); FLOTILLA_EXTEND_PDL_MERGE=1 turns it on.
+PDL_MERGE = env_flag("FLOTILLA_EXTEND_PDL_MERGE", False)
 
 
 @triton.jit
@@ -233,7 +238,10 @@ def _prefill_kernel(
     RECIPROCAL: tl.constexpr = False,
     DEAD_LAST: tl.constexpr = False,
     LIVE_SPLITS: tl.constexpr = False,
+    EARLY_DEPENDENTS: tl.constexpr = False,
 ):
+    if EARLY_DEPENDENTS:  # the merge, launched with PDL, may be scheduled now; it waits for this grid at its top
+        tl.extra.cuda.gdc_launch_dependents()
     head_block = tl.program_id(1)
     if DEAD_LAST:
         # `tile_map(dead_last=True)` lists each program's sequence and tile, live tiles first (in the order
@@ -409,6 +417,7 @@ def paged_prefill_attention(
     reciprocal: bool | None = None,
     dead_last: bool | None = None,
     live_splits: bool | None = None,
+    pdl_merge: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -441,6 +450,9 @@ def paged_prefill_attention(
     in the 2,064-token table) into `num_splits` whole key tiles, so every split works and the ranges are even; a row
     that saw no key stores no partial, and the merge skips the graph's padding rows and reads no empty split's
     partial (in the 32-row graph of a 20-token extend, 12 of 32 rows; the old merge read 8.4 MB of fp32 partials).
+    `pdl_merge` (None: `PDL_MERGE`, FLOTILLA_EXTEND_PDL_MERGE, off; only where the keys are split, on a device that
+    launches by PDL, `kernels/pdl.py`): every split program lets the merge be scheduled at its start, and the merge,
+    launched by PDL, waits for the whole grid before it reads a partial.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -455,6 +467,7 @@ def paged_prefill_attention(
     reciprocal = RECIPROCAL if reciprocal is None else reciprocal
     dead_last = DEAD_LAST if dead_last is None else dead_last
     live_splits = LIVE_SPLITS if live_splits is None else live_splits
+    pdl_merge = (PDL_MERGE if pdl_merge is None else pdl_merge) and PDL_ENABLED and pdl_capable(query)
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -527,12 +540,13 @@ def paged_prefill_attention(
         RECIPROCAL=reciprocal,
         DEAD_LAST=dead_last,
         LIVE_SPLITS=live_splits and num_splits > 1,
+        EARLY_DEPENDENTS=pdl_merge and num_splits > 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     if num_splits > 1:
         merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False,
-                     live_only=live_splits)  # fmt: skip
+                     live_only=live_splits, pdl=pdl_merge)  # fmt: skip
     return out
 
 

@@ -7,7 +7,8 @@
 # all 32 graph rows x 32 heads x 16 splits (8.4 MB, 12 of the 32 rows padding). Lever, off by default
 # (kernels/triton_paged_prefill.py, docs/decode-gemm.md): FLOTILLA_EXTEND_LIVE_SPLITS=1 (`live_splits`): keys cut from
 # each tile's own context (16 splits of 2 tiles), no partial stored for a row that saw no key, and the merge skips
-# padding rows and empty splits.
+# padding rows and empty splits; FLOTILLA_EXTEND_PDL_MERGE=1: the merge launched by PDL (no launch gap after the
+# kernel).
 # One call on one H100 or H200 (written for the H200), ~280 s (BUDGET_S 300), from the repository root, carrying .whl:
 #   OUT=$OUT bash bench/results/gpu-2026-12-07-s35/prefix.sh
 # Without a GPU first (bash -n; py_compile; the kernel sweep once under the Triton interpreter at a small shape; the
@@ -16,12 +17,13 @@
 # Stages (each under its own limit, capped by what is left):
 #   kernel (70 s) bench/extend_attention.py --set ab: the kernel alone at Llama-3.1-8B heads, 20 new tokens (32 graph
 #          rows) over 2,020 keys in a 2,064-token table, prefill kernel + merge in a CUDA graph of 64 calls over 16
-#          layers' pools (K/V from HBM): the engine's launch (64,16,8,3) old vs live, and live variants (bf16
-#          partials, 8/11/4 splits, 32- and 128-key tiles); names `best_live`. -> kernel.json
+#          layers' pools (K/V from HBM): the engine's launch (64,16,8,3) old vs live, each with and without the PDL
+#          merge (FLOTILLA_EXTEND_PDL_MERGE), and live variants (bf16 partials, 8/11/4 splits, 32- and 128-key
+#          tiles); names `best_live`. -> kernel.json
 #   off    (80 s) bench/prefix.py as prefix7-gpu.sh's `on` run (2,000 cached + 20 new, 5 pairs, kernel profile), the
 #          switch off. -> prefix-off.json
-#   on     (80 s) the same with FLOTILLA_EXTEND_LIVE_SPLITS=1 and FLOTILLA_EXTEND_ATTN=<best_live's launch> (or
-#          $EXTEND_ON if set). -> prefix-on.json
+#   on     (80 s) the same with FLOTILLA_EXTEND_LIVE_SPLITS=1, FLOTILLA_EXTEND_ATTN=<best_live's launch> and
+#          FLOTILLA_EXTEND_PDL_MERGE=<best_live's pdl> ($EXTEND_ON / $PDL_ON if set). -> prefix-on.json
 #   summary (always) SUMMARY lines on top of prefix.log: kernel us old/live/best, TTFT pairs, attention us a request
 #   tests  (30 s, with what is left) tests/kernels/test_paged_prefill.py -k "live or split_keys" compiled on the GPU
 # $OUT: prefix.log (read first), kernel.json, prefix-off.json, prefix-on.json, sides.tgz (every stage's output).
@@ -56,9 +58,11 @@ for s in ${STAGES:-kernel off on summary tests}; do
         --json $W/kernel.json
       cp $W/kernel.json $O/ 2>/dev/null ;;
     off|on) BEST=$(python3 -c "import json; print(json.load(open('$W/kernel.json'))['best_live']['env'])" 2>/dev/null)
-      [ $s = on ] && LIVE=1 && EXT=${EXTEND_ON:-${BEST:-}} || { LIVE=0; EXT=; }
-      echo "$s: FLOTILLA_EXTEND_LIVE_SPLITS=$LIVE FLOTILLA_EXTEND_ATTN=$EXT" | tee -a $L
-      FLOTILLA_EXTEND_LIVE_SPLITS=$LIVE FLOTILLA_EXTEND_ATTN=$EXT run_stage $s 80 "captured|^on:|^off:|profiled" \
+      BPDL=$(python3 -c "import json; print(json.load(open('$W/kernel.json'))['best_live']['pdl'])" 2>/dev/null)
+      [ $s = on ] && LIVE=1 && EXT=${EXTEND_ON:-${BEST:-}} && PDLM=${PDL_ON:-${BPDL:-0}} || { LIVE=0; EXT=; PDLM=0; }
+      echo "$s: FLOTILLA_EXTEND_LIVE_SPLITS=$LIVE FLOTILLA_EXTEND_ATTN=$EXT FLOTILLA_EXTEND_PDL_MERGE=$PDLM" | tee -a $L
+      FLOTILLA_EXTEND_LIVE_SPLITS=$LIVE FLOTILLA_EXTEND_ATTN=$EXT FLOTILLA_EXTEND_PDL_MERGE=$PDLM \
+        run_stage $s 80 "captured|^on:|^off:|profiled" \
         python3 $R/bench/prefix.py $PREFIX_ARGS --json $W/prefix-$s.json
       cp $W/prefix-$s.json $O/ 2>/dev/null ;;
     summary) python3 $R/$HERE_REL/prefix_pick.py $W > $W/summary.txt 2>&1

@@ -19,13 +19,15 @@ def _load(path: Path) -> dict | None:
 
 def kernel_lines(result: dict) -> list[str]:
     """One line a configuration, then the old launch against the fastest live one."""
-    lines = [f"SUMMARY kernel {c['env']} live={c.get('live', 0)}: {c.get('us', float('nan')):.2f} us "
+    lines = [f"SUMMARY kernel {c['env']} live={c.get('live', 0)} pdl={c.get('pdl', 0)}: "
+             f"{c.get('us', float('nan')):.2f} us "
              f"(rel err {c.get('rel_err', float('nan')):.1e}){' ' + c['error'][:80] if 'error' in c else ''}"
              for c in result.get("configs", [])]  # fmt: skip
     old, best = result.get("default"), result.get("best_live")
     if old and best:
         decode = result.get("decode_one_token_us", 0.0)
-        lines.append(f"SUMMARY kernel old {old['us']:.2f} us -> best live {best['env']} {best['us']:.2f} us "
+        lines.append(f"SUMMARY kernel old {old['us']:.2f} us -> best live {best['env']} pdl={best.get('pdl', 0)} "
+                     f"{best['us']:.2f} us "
                      f"(x{old['us'] / best['us']:.2f}); decode kernel 1 token {decode:.2f} us")
     return lines
 
