@@ -448,8 +448,8 @@ def paged_prefill_attention(
     `live_splits` (None: `LIVE_SPLITS`, FLOTILLA_EXTEND_LIVE_SPLITS, off; only where the keys are split): each
     tile cuts the keys it sees (not the table's width, which a graph pads: 11 of 16 splits held keys for 2,020 keys
     in the 2,064-token table) into `num_splits` whole key tiles, so every split works and the ranges are even; a row
-    that saw no key stores no partial, and the merge skips the graph's padding rows and reads no empty split's
-    partial (in the 32-row graph of a 20-token extend, 12 of 32 rows; the old merge read 8.4 MB of fp32 partials).
+    that saw no key stores no partial (the merge weighs it 0 whatever its bytes hold), and the merge skips the graph's
+    padding rows (in the 32-row graph of a 20-token extend, 12 of 32; the old merge read 8.4 MB of fp32 partials).
     `pdl_merge` (None: `PDL_MERGE`, FLOTILLA_EXTEND_PDL_MERGE, off; only where the keys are split, on a device that
     launches by PDL, `kernels/pdl.py`): every split program lets the merge be scheduled at its start, and the merge,
     launched by PDL, waits for the whole grid before it reads a partial.

@@ -41,7 +41,7 @@ def store_attention_rows(
     merge gives that split no weight. `RECIPROCAL`: multiply by one reciprocal a row instead of dividing
     every element (a compiled fp32 division is ~4 instructions an element: 128 a thread of a 128 x 128 tile
     at 4 warps); not bit-equal (the product rounds twice), an fp32 ulp apart. `SKIP_EMPTY`: a row that saw no key
-    stores only its lse (-inf), not its zero partial (the merge's `LIVE_ONLY` never reads it).
+    stores only its lse (-inf), not its zero partial (the merge's `LIVE_ONLY` gives it no weight, whatever it holds).
     """
     denominator = tl.where(l > 0, l, 1.0)
     out = acc * (1.0 / denominator)[:, None] if RECIPROCAL else acc / denominator[:, None]

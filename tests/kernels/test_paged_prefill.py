@@ -294,11 +294,11 @@ LIVE_CASES = [([20], [150], 16, 4), ([5, 12], [300, 12], 20, 8), ([3, 0, 9], [77
 
 
 @pytest.mark.parametrize("case", LIVE_CASES)
-def test_live_splits_keep_the_reference_and_read_no_empty_partial(monkeypatch, case):
+def test_live_splits_keep_the_reference_and_weigh_no_empty_partial(monkeypatch, case):
     """`live_splits` (FLOTILLA_EXTEND_LIVE_SPLITS): the keys each tile sees cut evenly, no partial stored for a row
-    that saw no key and none read by the merge, nor the graph's padding rows: with the partial buffers filled with
-    NaN (as torch.empty may leave them), the output still equals the reference and the padding rows keep what they
-    held, where the old form (every split of a token row stored) merges the padding rows' NaN over them."""
+    that saw no key and none weighed by the merge, nor the graph's padding rows merged: with the partial buffers
+    filled with NaN (as torch.empty may leave them), the output still equals the reference and the padding rows keep
+    what they held, where the old form (every split of a token row stored) merges the padding rows' NaN over them."""
     from flotilla.kernels import triton_paged_prefill as prefill
     from flotilla.kernels import triton_split_merge
 
