@@ -348,6 +348,15 @@ def default_num_splits(
 SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
 
 
+def tile_slots(num_tokens: int, tokens_per_tile: int, batch: int) -> int:
+    """The grid's tile slots, a bound from shapes on the tiles of any batch of `batch` sequences holding at most
+    `num_tokens` new tokens: sum(ceil(q / M)) <= ceil(T / M) + batch - 1, since every sequence whose length is not a
+    multiple of M adds one partial tile while the partial tiles' tokens, if any, add at least one to ceil(T / M).
+    (The old bound, `+ batch`, left a lone extend's grid half dead: its 20 tokens in one tile, two slots, and the
+    dead programs dispatched between the live ones, taking SMs ahead of them.)"""
+    return triton.cdiv(num_tokens, tokens_per_tile) + max(batch - 1, 0)
+
+
 def tile_map(
     query_start_loc: torch.Tensor, tokens_per_tile: int, grid_tiles: int, skip_decode_rows: bool = False,
     dead_last: bool = False,
@@ -487,8 +496,7 @@ def paged_prefill_attention(
             num_splits = default_num_splits(
                 num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n, min_tiles
             )
-    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
-    grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
+    grid_tiles = tile_slots(num_tokens, tokens_per_tile, batch)
     tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo,
                                               skip_decode_rows, dead_last)  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
@@ -551,4 +559,4 @@ def paged_prefill_attention(
 
 
 __all__ = ["default_num_splits", "heads_per_tile", "lazy_rescale_tau", "paged_prefill_attention", "prefill_launch",
-           "tile_map"]  # fmt: skip
+           "tile_map", "tile_slots"]  # fmt: skip

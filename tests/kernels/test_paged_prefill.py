@@ -96,14 +96,14 @@ def test_the_step_memo_keeps_one_tile_map_for_every_layer():
     first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=False)
     assert len(memo) == 1
     (tile_seq, tile_start), = memo.values()
-    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
-    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 4 tile slots (`tile_slots`), the last past the end
+    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3]
     listed = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=True)
     assert len(memo) == 2 and torch.equal(first, listed)
     (tile_seq, tile), = (v for k, v in memo.items() if k[-1])
-    # the old launch ran the map backwards (its program i took tile slot 4 - i): dead, dead, (2, 0), (0, 1),
-    # (0, 0); listed, the live tiles come first in that order
-    assert tile_seq.tolist() == [2, 0, 0, 3, 3] and tile.tolist()[:3] == [0, 1, 0]
+    # the old launch ran the map backwards (its program i took tile slot 3 - i): dead, (2, 0), (0, 1), (0, 0);
+    # listed, the live tiles come first in that order
+    assert tile_seq.tolist() == [2, 0, 0, 3] and tile.tolist()[:3] == [0, 1, 0]
     memo.clear()
     first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
     assert len(memo) == 1
@@ -331,3 +331,17 @@ def test_live_splits_in_a_mixed_step_keep_the_reference(monkeypatch):
     args = attention_case([1, 20, 1], [90, 200, 40], 4, 1, torch.bfloat16, seed=12)
     out = mixed_split_attention(*args, 0.2, block_m=32, block_n=16, num_splits=4)
     assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_the_tile_slots_bound_every_batch_and_leave_a_lone_extend_no_dead_slot():
+    """`tile_slots` (the grid's tile axis) is never below the tiles of a batch (random q_lens, graph padding rows
+    that belong to no sequence included) and is exact for a lone extend: 20 tokens padded to 32 rows, one tile."""
+    from flotilla.kernels.triton_paged_prefill import tile_slots
+
+    g = torch.Generator().manual_seed(13)
+    for _ in range(500):
+        batch, m = int(torch.randint(1, 9, (1,), generator=g)), int(2 ** torch.randint(3, 8, (1,), generator=g))
+        q_lens = torch.randint(0, 3 * m, (batch,), generator=g)
+        rows = int(q_lens.sum()) + int(torch.randint(0, m, (1,), generator=g))
+        assert tile_slots(rows, m, batch) >= int(((q_lens + m - 1) // m).sum())
+    assert tile_slots(32, 32, 1) == 1 and tile_slots(20, 32, 1) == 1
