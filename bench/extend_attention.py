@@ -11,8 +11,11 @@ blocks (`--layers` pools, more than the L2 holds, so K/V come from HBM as in a r
 prefill kernel + split merge, with the step's tile map computed once outside (as the memo does). Every
 output is checked against the PyTorch reference. The decode kernel at one query token over the same
 context is timed the same way, for reference. Prints and saves µs per call; `best` is the fastest
-configuration within the error bound, in the form FLOTILLA_EXTEND_ATTN takes. Without a GPU it runs each
-configuration once under the Triton interpreter (a check of the script, no timing).
+configuration within the error bound, in the form FLOTILLA_EXTEND_ATTN takes (`live`: with
+FLOTILLA_EXTEND_LIVE_SPLITS=1, the keys cut from the context, not the table; `pdl`: FLOTILLA_EXTEND_PDL_MERGE=1, the
+merge launched by PDL). `--set ab`: only the engine's split launch
+and the live-split configurations (`AB_CONFIGS`). Without a GPU it runs each configuration once under the Triton
+interpreter (a check of the script, no timing).
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ CONFIGS = (
     (32, 16, 4, 3, 0), (64, 16, 8, 3, 0), (32, 16, 8, 3, 0), (64, 16, 8, 2, 0), (128, 17, 8, 3, 0), (128, 8, 8, 2, 0),
     (64, 16, 8, 3, 1), (128, 17, 8, 2, 1), (32, 32, 4, 3, 0), (128, 17, 8, 2, 0),
 )  # fmt: skip
+# (block_n, splits, warps, stages, bf16 partials, live splits, PDL merge): the engine's split launch (`SPLIT_LAUNCH`, 16
+# splits of 64-key tiles of which 11 hold keys in the 2,064-token table), then the live splits (session 35): the same
+# launch, with the PDL merge (also alone), bf16 partials, fewer splits (fewer partial bytes to write and merge),
+# 32- and 128-key tiles.
+AB_CONFIGS = (
+    (64, 16, 8, 3, 0, 0, 0), (64, 16, 8, 3, 0, 0, 1), (64, 16, 8, 3, 0, 1, 0), (64, 16, 8, 3, 0, 1, 1),
+    (64, 16, 8, 3, 1, 1, 0),
+    (64, 16, 8, 3, 1, 1, 1), (64, 8, 8, 3, 0, 1, 0), (64, 8, 8, 3, 1, 1, 0), (64, 8, 8, 3, 1, 1, 1),
+    (64, 11, 8, 3, 1, 1, 0), (32, 16, 4, 3, 1, 1, 0), (64, 4, 8, 3, 1, 1, 0), (128, 8, 8, 2, 1, 1, 0),
+)  # fmt: skip
 
 
 def graph_us(fn, calls: int, replays: int = 10) -> float:
@@ -51,6 +64,7 @@ def main() -> None:
     p.add_argument("--table-tokens", type=int, default=2064)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--calls", type=int, default=64)
+    p.add_argument("--set", choices=("all", "ab"), default="all", help="ab: AB_CONFIGS only")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     gpu = torch.cuda.is_available()
@@ -83,16 +97,18 @@ def main() -> None:
     result["decode_one_token_us"] = time_us(
         lambda i: paged_decode_attention(dq, k_cache, v_cache, tables[i % a.layers], one, lens, scale), a.calls
     )
-    for block_n, splits, warps, stages, half in CONFIGS:
+    configs = AB_CONFIGS if a.set == "ab" else [c + (0, 0) for c in CONFIGS] + list(AB_CONFIGS[1:])
+    for block_n, splits, warps, stages, half, live, pdl in configs:
         memo: dict = {}  # the step's tile map, computed by the first call (outside the graph's timing: warm-up)
 
-        def call(i: int, cfg=(block_n, splits, warps, stages, half), memo=memo) -> torch.Tensor:
+        def call(i: int, cfg=(block_n, splits, warps, stages, half, live, pdl), memo=memo) -> torch.Tensor:
             return paged_prefill_attention(query, k_cache, v_cache, tables[i % a.layers], qsl, lens, scale,
                                            block_n=cfg[0], num_splits=cfg[1], num_warps=cfg[2], num_stages=cfg[3],
-                                           step_memo=memo, half_partials=bool(cfg[4]))  # fmt: skip
+                                           step_memo=memo, half_partials=bool(cfg[4]),
+                                           live_splits=bool(cfg[5]), pdl_merge=bool(cfg[6]))  # fmt: skip
 
         entry = {"block_n": block_n, "splits": splits, "warps": warps, "stages": stages, "half_partials": half,
-                 "env": f"{block_n},{splits},{warps},{stages},{half}"}  # fmt: skip
+                 "live": live, "pdl": pdl, "env": f"{block_n},{splits},{warps},{stages},{half}"}  # fmt: skip
         try:
             err = float(((call(0)[: a.new].float() - ref.float()).norm() / ref.float().norm()).item())
             entry.update(rel_err=err, us=time_us(call, a.calls))
@@ -107,11 +123,15 @@ def main() -> None:
 
 
 def save(result: dict, path: str | None) -> None:
-    """Name the fastest configuration within the error bound so far (`best`), and write the JSON."""
+    """Name the fastest configuration within the error bound so far (`best`; `best_live`: the fastest with the live
+    splits), and write the JSON."""
     timed = [c for c in result["configs"] if "us" in c and c["rel_err"] < 2e-2 and c["us"] == c["us"]]
     if timed:
         result["default"] = result["configs"][0]
         result["best"] = min(timed, key=lambda c: c["us"])
+        live = [c for c in timed if c.get("live")]  # the engine's "on" run: FLOTILLA_EXTEND_LIVE_SPLITS=1
+        if live:
+            result["best_live"] = min(live, key=lambda c: c["us"])
     if path:
         with open(path, "w") as f:
             json.dump(result, f, indent=1)

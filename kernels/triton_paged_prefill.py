@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flotilla.kernels.pdl import PDL_ENABLED, pdl_capable
 from flotilla.kernels.switches import env_flag
 from flotilla.kernels.triton_split_merge import merge_splits, split_buffers, split_length, store_attention_rows
 from flotilla.kernels.triton_utils import device_sms, dot_dtype, dot_precision, paged_attention_shapes
@@ -96,6 +97,14 @@ RECIPROCAL = env_flag("FLOTILLA_PREFILL_RECIPROCAL", False)
 # in the same order, without the dead programs ahead of them or a second, dependent load a program;
 # FLOTILLA_PREFILL_DEAD_LAST=0 restores the old map for the A/B.
 DEAD_LAST = env_flag("FLOTILLA_PREFILL_DEAD_LAST", True)
+# Split keys cut from each tile's own context instead of the table's width, and no bytes for what is empty
+# (`paged_prefill_attention`'s `live_splits`); off by default until the device A/B
+# (bench/results/gpu-2026-12-07-s35/prefix.sh) shows it faster. FLOTILLA_EXTEND_LIVE_SPLITS=1 turns it on.
+LIVE_SPLITS = env_flag("FLOTILLA_EXTEND_LIVE_SPLITS", False)
+# The split merge by programmatic dependent launch (`paged_prefill_attention`'s `pdl_merge`; Hopper, FLOTILLA_PDL on):
+# scheduled while the split programs run, it waits for them at its top, so the launch gap between the two goes.
+# Off until measured (bench/results/gpu-2026-12-07-s35/prefix.sh); FLOTILLA_EXTEND_PDL_MERGE=1 turns it on.
+PDL_MERGE = env_flag("FLOTILLA_EXTEND_PDL_MERGE", False)
 
 
 @triton.jit
@@ -228,7 +237,11 @@ def _prefill_kernel(
     SHARED_KV: tl.constexpr = False,
     RECIPROCAL: tl.constexpr = False,
     DEAD_LAST: tl.constexpr = False,
+    LIVE_SPLITS: tl.constexpr = False,
+    EARLY_DEPENDENTS: tl.constexpr = False,
 ):
+    if EARLY_DEPENDENTS:  # the merge, launched with PDL, may be scheduled now; it waits for this grid at its top
+        tl.extra.cuda.gdc_launch_dependents()
     head_block = tl.program_id(1)
     if DEAD_LAST:
         # `tile_map(dead_last=True)` lists each program's sequence and tile, live tiles first (in the order
@@ -279,6 +292,8 @@ def _prefill_kernel(
     # This program's key range: all keys the tile sees, or one split of them (split_len is a
     # multiple of BLOCK_N, so both loops below start on tile boundaries).
     diag_end = tl.minimum(first_q + TOKENS_PER_TILE, seq_len)
+    if LIVE_SPLITS:  # cut the keys this tile sees, not the table's width: every split holds keys, evenly
+        split_len = tl.cdiv(tl.cdiv(diag_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     key_lo = tl.program_id(2) * split_len
     key_hi = tl.minimum(key_lo + split_len, diag_end)
     visible_end = (first_q // BLOCK_N) * BLOCK_N  # keys every row of the tile sees
@@ -295,6 +310,7 @@ def _prefill_kernel(
     store_attention_rows(
         acc, m, l, out_ptr, q_rows * stride_ot + heads * stride_oh, part_out_ptr, part_lse_ptr,
         (q_rows * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2), d, row_ok, d_ok, NUM_SPLITS, BLOCK_D, RECIPROCAL,
+        LIVE_SPLITS,
     )  # fmt: skip
 
 
@@ -330,6 +346,15 @@ def default_num_splits(
 # 64-key tiles with 4 warps: 24.8-28.3). At 128 query rows a tile, 8 warps hold the scores and the accumulator with
 # half the registers a thread. FLOTILLA_EXTEND_ATTN overrides it (e.g. "32,16,4,3" restores the old launch here).
 SPLIT_LAUNCH: tuple[int, int, int, int, bool] | None = (64, 2, 8, 3, False)
+
+
+def tile_slots(num_tokens: int, tokens_per_tile: int, batch: int) -> int:
+    """The grid's tile slots, a bound from shapes on the tiles of any batch of `batch` sequences holding at most
+    `num_tokens` new tokens: sum(ceil(q / M)) <= ceil(T / M) + batch - 1, since every sequence whose length is not a
+    multiple of M adds one partial tile while the partial tiles' tokens, if any, add at least one to ceil(T / M).
+    (The old bound, `+ batch`, left a lone extend's grid half dead: its 20 tokens in one tile, two slots, and the
+    dead programs dispatched between the live ones, taking SMs ahead of them.)"""
+    return triton.cdiv(num_tokens, tokens_per_tile) + max(batch - 1, 0)
 
 
 def tile_map(
@@ -400,6 +425,8 @@ def paged_prefill_attention(
     rescale_tau: float | None = None,
     reciprocal: bool | None = None,
     dead_last: bool | None = None,
+    live_splits: bool | None = None,
+    pdl_merge: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged context (any q_len >= 0).
 
@@ -427,6 +454,14 @@ def paged_prefill_attention(
     row instead of a division an element (~400 of the epilogue's ~900 instructions at the default launch).
     `dead_last` (None: `DEAD_LAST`, FLOTILLA_PREFILL_DEAD_LAST, on): the tile map as a list of each program's
     sequence and tile, live tiles first (`tile_map`); the same tiles in the same order.
+    `live_splits` (None: `LIVE_SPLITS`, FLOTILLA_EXTEND_LIVE_SPLITS, off; only where the keys are split): each
+    tile cuts the keys it sees (not the table's width, which a graph pads: 11 of 16 splits held keys for 2,020 keys
+    in the 2,064-token table) into `num_splits` whole key tiles, so every split works and the ranges are even; a row
+    that saw no key stores no partial (the merge weighs it 0 whatever its bytes hold), and the merge skips the graph's
+    padding rows (in the 32-row graph of a 20-token extend, 12 of 32; the old merge read 8.4 MB of fp32 partials).
+    `pdl_merge` (None: `PDL_MERGE`, FLOTILLA_EXTEND_PDL_MERGE, off; only where the keys are split, on a device that
+    launches by PDL, `kernels/pdl.py`): every split program lets the merge be scheduled at its start, and the merge,
+    launched by PDL, waits for the whole grid before it reads a partial.
     """
     num_tokens, num_heads, head_dim, page, num_kv_heads = paged_attention_shapes(query, k_cache, v_cache)
     batch, group = seq_lens.shape[0], num_heads // num_kv_heads
@@ -440,6 +475,8 @@ def paged_prefill_attention(
     rescale_tau = RESCALE_TAU if rescale_tau is None else rescale_tau
     reciprocal = RECIPROCAL if reciprocal is None else reciprocal
     dead_last = DEAD_LAST if dead_last is None else dead_last
+    live_splits = LIVE_SPLITS if live_splits is None else live_splits
+    pdl_merge = (PDL_MERGE if pdl_merge is None else pdl_merge) and PDL_ENABLED and pdl_capable(query)
     packed = heads_per_tile(group, block_m) if pack_heads else 1
     tokens_per_tile = block_m // packed
     head_blocks = num_heads // packed
@@ -459,8 +496,7 @@ def paged_prefill_attention(
             num_splits = default_num_splits(
                 num_tokens, head_blocks, tokens_per_tile, max_context, device_sms(query), block_n, min_tiles
             )
-    # The grid is an upper bound on the tile count: sum(ceil(q_len / M)) <= ceil(T / M) + batch.
-    grid_tiles = triton.cdiv(num_tokens, tokens_per_tile) + batch
+    grid_tiles = tile_slots(num_tokens, tokens_per_tile, batch)
     tile_seq, tile_start = _memoized_tile_map(query_start_loc, tokens_per_tile, grid_tiles, step_memo,
                                               skip_decode_rows, dead_last)  # fmt: skip
     split_len = split_length(max_context, num_splits, block_n)
@@ -511,13 +547,16 @@ def paged_prefill_attention(
         SHARED_KV=lean and k_cache.stride()[:3] == v_cache.stride()[:3],
         RECIPROCAL=reciprocal,
         DEAD_LAST=dead_last,
+        LIVE_SPLITS=live_splits and num_splits > 1,
+        EARLY_DEPENDENTS=pdl_merge and num_splits > 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     if num_splits > 1:
-        merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False)
+        merge_splits(part_out, part_lse, query_start_loc, out, num_tokens, num_splits, rows_are_seqs=False,
+                     live_only=live_splits, pdl=pdl_merge)  # fmt: skip
     return out
 
 
 __all__ = ["default_num_splits", "heads_per_tile", "lazy_rescale_tau", "paged_prefill_attention", "prefill_launch",
-           "tile_map"]  # fmt: skip
+           "tile_map", "tile_slots"]  # fmt: skip

@@ -31,6 +31,7 @@ def store_attention_rows(
     NUM_SPLITS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RECIPROCAL: tl.constexpr = False,
+    SKIP_EMPTY: tl.constexpr = False,
 ):
     """The end of an attention program: its rows' online-softmax state (`acc`, max `m`, sum `l`,
     base 2) normalised into `out` at `out_offsets` (element offsets of each row's head) when there is
@@ -39,7 +40,8 @@ def store_attention_rows(
     An empty context (or an empty split) leaves l == 0: that writes zeros, and lse = -inf so the
     merge gives that split no weight. `RECIPROCAL`: multiply by one reciprocal a row instead of dividing
     every element (a compiled fp32 division is ~4 instructions an element: 128 a thread of a 128 x 128 tile
-    at 4 warps); not bit-equal (the product rounds twice), an fp32 ulp apart.
+    at 4 warps); not bit-equal (the product rounds twice), an fp32 ulp apart. `SKIP_EMPTY`: a row that saw no key
+    stores only its lse (-inf), not its zero partial (the merge's `LIVE_ONLY` gives it no weight, whatever it holds).
     """
     denominator = tl.where(l > 0, l, 1.0)
     out = acc * (1.0 / denominator)[:, None] if RECIPROCAL else acc / denominator[:, None]
@@ -48,7 +50,8 @@ def store_attention_rows(
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None] & d_ok[None, :])
     else:
         rows = part_rows.to(tl.int64)
-        tl.store(part_out_ptr + rows[:, None] * BLOCK_D + d[None, :], out, mask=rows_ok[:, None])
+        parts_ok = rows_ok & (l > 0) if SKIP_EMPTY else rows_ok
+        tl.store(part_out_ptr + rows[:, None] * BLOCK_D + d[None, :], out, mask=parts_ok[:, None])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + rows, lse, mask=rows_ok)
 
@@ -63,6 +66,7 @@ def split_merge_kernel(
     stride_ot,
     stride_oh,
     split_len,
+    num_seqs,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
@@ -72,6 +76,7 @@ def split_merge_kernel(
     PDL: tl.constexpr = False,
     ACTIVE_ONLY: tl.constexpr = False,
     EARLY_DEPENDENTS: tl.constexpr = False,
+    LIVE_ONLY: tl.constexpr = False,
 ):
     """One program per (row, head): the row's `[HEAD_DIM]` output for that head, the splits' partials weighed
     by `exp2(lse - max lse)` (launched by `merge_splits`, which says what the switches mean)."""
@@ -88,6 +93,8 @@ def split_merge_kernel(
             return  # or a mixed step's prompt (the prefill kernel's rows, `kernels/mixed_attention.py`)
     else:
         q_row = row
+        if LIVE_ONLY and row >= tl.load(query_start_loc_ptr + num_seqs):  # a padding row of a graph: no sequence's
+            return
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
     part = (row * NUM_HEADS + head) * NUM_SPLITS + sp
@@ -99,6 +106,8 @@ def split_merge_kernel(
     m = tl.max(lse, 0)
     m = tl.where(m > float("-inf"), m, 0.0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
+    if LIVE_ONLY:  # an empty split stored no partial (its lse is -inf): its bytes are neither read nor needed
+        sp_ok = sp_ok & (lse > float("-inf"))
     parts = tl.load(part_out_ptr + part.to(tl.int64)[:, None] * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
@@ -137,6 +146,7 @@ def merge_splits(
     seq_lens: torch.Tensor | None = None,
     split_len: int = 0,
     early_dependents: bool = False,
+    live_only: bool = False,
 ) -> None:
     """Launch the merge over `num_rows` rows x every head of `out` (`[tokens, heads, head_dim]`).
     `pdl`: launched by programmatic dependent launch (CUDA on Hopper, never under the interpreter): the
@@ -144,7 +154,9 @@ def merge_splits(
     it waits for that kernel's completion before reading, so only the launch gap is saved. `seq_lens`
     (rows are sequences): only each sequence's first `cdiv(seq_len, split_len)` splits wrote partials.
     `early_dependents` (with `pdl`): the kernel after this one, launched by PDL, may start at once (it must
-    wait for this one's completion before reading its output)."""
+    wait for this one's completion before reading its output). `live_only` (rows are tokens): rows past the step's
+    last token (`query_start_loc[-1]`: a graph's padding rows) are skipped, and a split whose lse is -inf is not
+    read (the partials' kernel stored none: `store_attention_rows`'s `SKIP_EMPTY`)."""
     num_heads, head_dim = out.shape[1], out.shape[2]
     split_merge_kernel[(num_rows, num_heads)](
         part_out,
@@ -155,6 +167,7 @@ def merge_splits(
         out.stride(0),
         out.stride(1),
         max(split_len, 1),
+        query_start_loc.shape[0] - 1,
         NUM_HEADS=num_heads,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
@@ -163,6 +176,7 @@ def merge_splits(
         ROWS_ARE_SEQS=rows_are_seqs,
         num_warps=4,
         ACTIVE_ONLY=seq_lens is not None,
+        LIVE_ONLY=live_only,
         **({"PDL": True, "launch_pdl": True, "EARLY_DEPENDENTS": early_dependents} if pdl else {}),
     )
 

@@ -652,7 +652,8 @@ def _compile_prefill() -> dict[str, dict[str, object]]:
     old loop, the lean one (FLOTILLA_PREFILL_LEAN), lazy rescaling (FLOTILLA_PREFILL_LAZY_RESCALE) on each, the
     lean one with the reciprocal normalisation (FLOTILLA_PREFILL_RECIPROCAL) or the listed tile map
     (FLOTILLA_PREFILL_DEAD_LAST), at the default launch (128-row tiles of 32 keys, 4 warps, 3 stages) and the lean
-    loop at 64 keys with 8 warps."""
+    loop at 64 keys with 8 warps; the extend's split launch with and without the live splits and the PDL merge, and
+    its merges."""
     import triton.language as tl
 
     from flotilla.kernels.triton_paged_prefill import _prefill_kernel
@@ -675,6 +676,21 @@ def _compile_prefill() -> dict[str, dict[str, object]]:
                                                      num_warps=4, num_stages=3)  # fmt: skip
     out["prefill lean n64 w8"] = _compile_for_hopper(fn, pointers, common | forms["lean"] | dict(BLOCK_N=64), aligned,
                                                      num_warps=8, num_stages=3)  # fmt: skip
+    # the extend's split launch (`SPLIT_LAUNCH`: 64-key tiles, 8 warps, 3 stages, 16 splits, the listed map), plain
+    # and with the live splits (FLOTILLA_EXTEND_LIVE_SPLITS), and their token-row merges
+    split = common | forms["lean"] | dict(BLOCK_N=64, NUM_SPLITS=16, DEAD_LAST=True)
+    for name, live, pdl in (("split", False, False), ("split live", True, False), ("split live pdl", True, True)):
+        out[f"prefill {name}"] = _compile_for_hopper(fn, listed, split | dict(LIVE_SPLITS=live, EARLY_DEPENDENTS=pdl),
+                                                     aligned, num_warps=8, num_stages=3)  # fmt: skip
+    from flotilla.kernels.triton_split_merge import split_merge_kernel
+
+    merge = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "out_ptr": "*bf16"}  # fmt: skip
+    consts = dict(NUM_HEADS=32, NUM_SPLITS=16, SPLITS_PAD=16, HEAD_DIM=128, BLOCK_D=128, ROWS_ARE_SEQS=False)
+    for name, live, pdl in (("merge", False, False), ("merge live", True, False), ("merge live pdl", True, True)):
+        out[f"prefill {name}"] = _compile_for_hopper(split_merge_kernel, merge, consts | dict(LIVE_ONLY=live, PDL=pdl),
+                                                     ("part_out_ptr", "out_ptr", "stride_ot", "stride_oh"),
+                                                     num_warps=4)  # fmt: skip
     return out
 
 
@@ -684,10 +700,19 @@ def test_prefill_loop_forms_compile_for_hopper(compiled):
     asynchronous tensor cores; the lean loop is the smaller kernel (its SASS, bench/sass_loop.py under Triton 3.6:
     3,152 instructions against 4,224)."""
     result = compiled("prefill")
-    assert all(r["cubin_bytes"] > 0 and r["wgmma"] for r in result.values()), result
+    assert all(r["cubin_bytes"] > 0 and (r["wgmma"] or "merge" in name) for name, r in result.items()), result
     assert result["prefill lean"]["cubin_bytes"] < 0.9 * result["prefill old"]["cubin_bytes"]
     assert result["prefill lean lazy"]["cubin_bytes"] < result["prefill old lazy"]["cubin_bytes"]
     assert result["prefill lean rcp"]["cubin_bytes"] < result["prefill lean"]["cubin_bytes"]
+    # the live splits (FLOTILLA_EXTEND_LIVE_SPLITS) load what the plain split launch loads; their merge adds one
+    # load (the step's token count) and still reads the partials 16 bytes at a time
+    assert result["prefill split live"]["loads"] == result["prefill split"]["loads"]
+    merge, live = result["prefill merge"], result["prefill merge live"]
+    assert live["loads"] == merge["loads"] + 1 and live["loads16"] == merge["loads16"] > 0
+    # FLOTILLA_EXTEND_PDL_MERGE: the split programs let the merge start; the merge waits before its first load
+    assert result["prefill split live pdl"]["gdc_launch"] == 1 and result["prefill split live"]["gdc_launch"] == 0
+    pdl = result["prefill merge live pdl"]
+    assert pdl["gdc_wait"] == 1 and pdl["loads_before_wait"] == 0 and live["gdc_wait"] == 0
 
 
 def _compile_fused_moe() -> dict[str, dict[str, object]]:

@@ -96,14 +96,14 @@ def test_the_step_memo_keeps_one_tile_map_for_every_layer():
     first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=False)
     assert len(memo) == 1
     (tile_seq, tile_start), = memo.values()
-    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 5 tile slots, the last two past the end
-    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3, 3]
+    # 2 heads x 16 tokens a tile: 2 tiles, none, 1; the grid's 4 tile slots (`tile_slots`), the last past the end
+    assert tile_start.tolist() == [0, 2, 2] and tile_seq.tolist() == [0, 0, 2, 3]
     listed = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo, dead_last=True)
     assert len(memo) == 2 and torch.equal(first, listed)
     (tile_seq, tile), = (v for k, v in memo.items() if k[-1])
-    # the old launch ran the map backwards (its program i took tile slot 4 - i): dead, dead, (2, 0), (0, 1),
-    # (0, 0); listed, the live tiles come first in that order
-    assert tile_seq.tolist() == [2, 0, 0, 3, 3] and tile.tolist()[:3] == [0, 1, 0]
+    # the old launch ran the map backwards (its program i took tile slot 3 - i): dead, (2, 0), (0, 1), (0, 0);
+    # listed, the live tiles come first in that order
+    assert tile_seq.tolist() == [2, 0, 0, 3] and tile.tolist()[:3] == [0, 1, 0]
     memo.clear()
     first = prefill.paged_prefill_attention(*args, 0.2, block_m=32, block_n=16, step_memo=memo)
     assert len(memo) == 1
@@ -286,3 +286,62 @@ def test_the_lazy_rescale_switch_reads_a_threshold():
     for bad in ("-1", "32", "on"):
         with pytest.raises(ValueError, match="FLOTILLA_PREFILL_LAZY_RESCALE"):
             lazy_rescale_tau(bad)
+
+
+# (q_lens, seq_lens, table width in pages, splits): a 20-token extend in a table padded past its context (the graph's
+# width); an extend and a short prompt whose keys run out before the last splits; a padding sequence between two
+LIVE_CASES = [([20], [150], 16, 4), ([5, 12], [300, 12], 20, 8), ([3, 0, 9], [77, 0, 140], 10, 5)]
+
+
+@pytest.mark.parametrize("case", LIVE_CASES)
+def test_live_splits_keep_the_reference_and_weigh_no_empty_partial(monkeypatch, case):
+    """`live_splits` (FLOTILLA_EXTEND_LIVE_SPLITS): the keys each tile sees cut evenly, no partial stored for a row
+    that saw no key and none weighed by the merge, nor the graph's padding rows merged: with the partial buffers
+    filled with NaN (as torch.empty may leave them), the output still equals the reference and the padding rows keep
+    what they held, where the old form (every split of a token row stored) merges the padding rows' NaN over them."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+    from flotilla.kernels import triton_split_merge
+
+    q_lens, seq_lens, width, splits = case
+    query, k_cache, v_cache, tables, qsl, lens = attention_case(q_lens, seq_lens, 4, 1, torch.float32, seed=11)
+    padded = torch.cat([query, torch.randn(6, *query.shape[1:])])  # 6 padding rows: no sequence's
+    tables = torch.cat([tables, torch.zeros(tables.shape[0], width - tables.shape[1], dtype=tables.dtype)], 1)
+    want = paged_attention_ref(query, k_cache, v_cache, tables, qsl, lens, 0.2)
+
+    def nan_buffers(out, rows, num_splits):
+        return tuple(b.fill_(float("nan")) for b in triton_split_merge.split_buffers(out, rows, num_splits))
+
+    monkeypatch.setattr(prefill, "split_buffers", nan_buffers)
+    for live in (True, False):
+        out = torch.full_like(padded, 7.0)
+        # pdl_merge: a launch attribute on Hopper (tests/kernels/test_hopper_compile.py); the interpreter ignores it
+        prefill.paged_prefill_attention(padded, k_cache, v_cache, tables, qsl, lens, 0.2, block_m=32, block_n=16,
+                                        num_splits=splits, out=out, live_splits=live, pdl_merge=live)  # fmt: skip
+        assert rel_err(out[: query.shape[0]], want) < tolerance(torch.float32)
+        assert (out[query.shape[0] :] == 7.0).all() if live else torch.isnan(out[query.shape[0] :]).all()
+
+
+def test_live_splits_in_a_mixed_step_keep_the_reference(monkeypatch):
+    """A mixed step's two launches (`mixed_split_attention`: prompts through the prefill kernel, whose merge writes
+    the decode rows first, then the decode kernel) with the live splits on give the reference."""
+    from flotilla.kernels import triton_paged_prefill as prefill
+    from flotilla.kernels.mixed_attention import mixed_split_attention
+
+    monkeypatch.setattr(prefill, "LIVE_SPLITS", True)
+    args = attention_case([1, 20, 1], [90, 200, 40], 4, 1, torch.bfloat16, seed=12)
+    out = mixed_split_attention(*args, 0.2, block_m=32, block_n=16, num_splits=4)
+    assert rel_err(out, paged_attention_ref(*args, 0.2)) < tolerance(torch.bfloat16)
+
+
+def test_the_tile_slots_bound_every_batch_and_leave_a_lone_extend_no_dead_slot():
+    """`tile_slots` (the grid's tile axis) is never below the tiles of a batch (random q_lens, graph padding rows
+    that belong to no sequence included) and is exact for a lone extend: 20 tokens padded to 32 rows, one tile."""
+    from flotilla.kernels.triton_paged_prefill import tile_slots
+
+    g = torch.Generator().manual_seed(13)
+    for _ in range(500):
+        batch, m = int(torch.randint(1, 9, (1,), generator=g)), int(2 ** torch.randint(3, 8, (1,), generator=g))
+        q_lens = torch.randint(0, 3 * m, (batch,), generator=g)
+        rows = int(q_lens.sum()) + int(torch.randint(0, m, (1,), generator=g))
+        assert tile_slots(rows, m, batch) >= int(((q_lens + m - 1) // m).sum())
+    assert tile_slots(32, 32, 1) == 1 and tile_slots(20, 32, 1) == 1
