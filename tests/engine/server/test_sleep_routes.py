@@ -132,6 +132,8 @@ def test_a_reply_in_flight_holds_what_it_generated_with_finish_reason_abort(slee
 
     client = OpenAI(base_url=f"{sleepy.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
     replies: list = []
+    wait_until_engine_idle(sleepy)  # no earlier request's count still to come
+    counted = _finished(sleepy)
     before = sleepy.metric("vllm:generation_tokens_total")
     waiter = threading.Thread(target=lambda: replies.append(client.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})))
@@ -144,9 +146,25 @@ def test_a_reply_in_flight_holds_what_it_generated_with_finish_reason_abort(slee
     [reply] = replies
     assert reply.choices[0].finish_reason == "abort"
     assert 0 < reply.usage.completion_tokens < 240 and reply.choices[0].text, reply
+    # vLLM counts the abort outputs of its pause as finished requests: finished_reason "abort", and the per-request
+    # histograms (a client's disconnect is counted nowhere: test_dropin_requests). Published before /sleep answers.
+    after = _finished(sleepy)
+    assert after["abort"] == counted["abort"] + 1 and after["stop"] + after["length"] == counted["stop"] + \
+        counted["length"], (counted, after)
+    assert after["generated"] - counted["generated"] == reply.usage.completion_tokens
+    assert after["e2e"] == counted["e2e"] + 1
     assert _post(sleepy, "/wake_up").status_code == 200
     wait_until_engine_idle(sleepy)
     assert sleepy.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def _finished(server: Server) -> dict[str, float]:
+    """vllm:request_success_total by finished_reason, and the per-request histograms' request and token counts."""
+    metrics = server.metrics()
+    counts = {reason: metrics[f'vllm:request_success_total{{finished_reason="{reason}",model_name="tiny"}}']
+              for reason in ("stop", "length", "abort")}
+    return counts | {"e2e": server.metric("vllm:e2e_request_latency_seconds_count"),
+                     "generated": server.metric("vllm:request_generation_tokens_sum")}
 
 
 @pytest.mark.parametrize(("path", "params", "message"), [
