@@ -461,6 +461,8 @@ class LLMEngine:
             if params.output_kind == "final_only" and not params.stop:  # not decoded before its end (`_process_token`)
                 detok.add(child.output_token_ids)
             detok.flush()
+            if child.index == 0:  # counted as vLLM counts the abort outputs its pause sends: finished_reason "abort"
+                self._record_finished(child, time.monotonic())
         logger.info("request %s aborted: the engine was put to sleep (mode abort)", request_id)
         return self._output(request_id, group, finished=True)
 
@@ -918,18 +920,26 @@ class LLMEngine:
             self.stats.inter_token.append(now - child.last_token_time)
         child.last_token_time = now
         if child.status.finished:
-            scheduled = child.first_scheduled_time or child.arrival_time
-            self.stats.finished.append(
-                FinishedRequest(
-                    finish_reason=child.finish_reason or "abort",
-                    prompt_tokens=child.num_prompt_tokens,
-                    generation_tokens=child.num_output_tokens,
-                    e2e_seconds=now - child.arrival_time,
-                    queue_seconds=scheduled - child.arrival_time,
-                    prefill_seconds=child.first_token_time - scheduled,
-                    decode_seconds=now - child.first_token_time,
-                )
+            self._record_finished(child, now)
+
+    def _record_finished(self, child: Request, now: float) -> None:
+        """A finished first completion's sample (vllm:request_success_total by its reason, the per-request
+        histograms). One that a sleep aborted may have no token yet: its time so far is queue, or prefill once
+        scheduled; its decode time ends at its last token (vLLM's intervals end at token times, e2e at the end)."""
+        scheduled = child.first_scheduled_time or now
+        first = child.first_token_time or now
+        last = child.last_token_time or first
+        self.stats.finished.append(
+            FinishedRequest(
+                finish_reason=child.finish_reason or "abort",
+                prompt_tokens=child.num_prompt_tokens,
+                generation_tokens=child.num_output_tokens,
+                e2e_seconds=now - child.arrival_time,
+                queue_seconds=scheduled - child.arrival_time,
+                prefill_seconds=first - scheduled,
+                decode_seconds=last - first,
             )
+        )
 
     def _record(self, plan: SchedulerOutput, num_sampled: int) -> None:
         num_tokens = sum(x.num_new_tokens for x in plan.scheduled)

@@ -55,7 +55,7 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
     --quantization it is given (`quantization`, "none" for none; `field` names where it is set), or None."""
     method = config_method(qcfg)
     if method is None:
-        return None
+        return _no_method_problem(qcfg, quantization, field)
     if method not in CHECKPOINT_METHODS:
         return (f"--hf-overrides: quantization_config's quant_method {method!r} is not one the engine loads a "
                 f"checkpoint with (supported: {', '.join(CHECKPOINT_METHODS)})")
@@ -67,3 +67,13 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
         return (f"--hf-overrides: quantization_config's quant_method {method!r} does not match {field} "
                 f"{quantization}; the engine refuses to start with both: leave {field} out or make them agree")
     return None
+
+
+def _no_method_problem(qcfg: Any, quantization: str, field: str) -> str | None:
+    """A quantization_config that names no scheme loads dense weights, but beside a --quantization it is refused, as
+    vLLM's config check does (its quant_method, None, does not match the flag's); gguf's names its dequantized
+    weights (`config_method`), not refused."""
+    if quantization == "none" or not isinstance(qcfg, dict) or qcfg.get("quant_method"):
+        return None
+    return (f"--hf-overrides: quantization_config has no quant_method, which does not match {field} {quantization}; "
+            f"the engine refuses to start with both: leave {field} out or name the scheme in quant_method")

@@ -42,9 +42,12 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
     the same), else the flag. Raises ValueError with the reason when it cannot run."""
     qcfg = checkpoint_quantization(hf_config)
     found = None if qcfg is None else str(qcfg.get("quant_method", "")).lower()
+    # A quantization_config without quant_method is dense weights, and with a flag a mismatch (vLLM's check: its
+    # quant_method, None, is not the flag's); the operator's webhook refuses the same (flotilla/quantization_config.py).
     if found is not None and flag is not None and flag != found:
+        named = f"quant_method {found!r}" if found else "no quant_method"
         raise ValueError(f"--quantization {flag} does not match the checkpoint's quantization_config "
-                         f"(quant_method {found!r}); leave --quantization out to use the checkpoint's")
+                         f"({named}); leave --quantization out to use the checkpoint's")
     method = found or flag
     if method is None:
         return None

@@ -444,7 +444,7 @@ class ResponsesServing:
         assert final is not None
         for event in thinking.close(ev) if thinking is not None else []:
             yield event
-        text, status, sent = answer.text, _status(final), answer.sent
+        text, status, sent = answer.text, _item_status(final), answer.sent
         content, calls = _split(plan, text)
         if named is not None:
             call_items = [{**named, "arguments": text, "status": status}]
@@ -503,7 +503,8 @@ def _closing(response: dict[str, Any], named_id: str | None, *, unlogged: list[d
             yield "response.function_call_arguments.delta", {**where, "delta": item["arguments"]}
         yield "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
         yield "response.output_item.done", {"output_index": index, "item": item}
-    yield ("response.completed" if response["status"] == "completed" else "response.incomplete",
+    # OpenAI has no stream event for a cancelled response: vLLM ends one with response.completed, its status cancelled
+    yield ("response.incomplete" if response["status"] == "incomplete" else "response.completed",
            {"response": response})
 
 
@@ -554,9 +555,9 @@ def _reply(req: ResponsesRequest, base: dict[str, Any], plan: ToolPlan, reasonin
 def _finished(base: dict[str, Any], items: list[dict[str, Any]], output: RequestOutput,
               usage: dict[str, Any]) -> dict[str, Any]:
     """The response object of `items`, `output` being the last output."""
-    complete = _status(output) == "completed"
-    return {**base, "status": "completed" if complete else "incomplete",
-            "incomplete_details": None if complete else {"reason": "max_output_tokens"}, "output": items,
+    status = _status(output)
+    return {**base, "status": status,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None, "output": items,
             "usage": usage}
 
 
@@ -669,7 +670,7 @@ def _reply_items(plan: ToolPlan, reasoning: ReasoningParser | None, final: Reque
         split = reasoning.split(text)
         text, thought = split.content or "", split.reasoning
     content, calls = _split(plan, text)
-    status = _status(final)
+    status = _item_status(final)
     entries = logprobs(out.token_ids, out.logprobs or [])["content"] if logprobs is not None else None
     return _output_items(f"msg_{uuid.uuid4().hex}", content if calls else text,
                          [function_call_item(c, status) for c in calls], status,
@@ -717,7 +718,15 @@ def _response_id(body_id: str | None, header_id: str | None) -> str:
 
 
 def _status(output: RequestOutput) -> str:
-    return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
+    """The response's status, its last output being `output` (vLLM's): "incomplete" at its length limit, "cancelled"
+    when aborted (a sleep in mode abort ended it), else "completed"."""
+    return {"length": "incomplete", "abort": "cancelled"}.get(output.outputs[0].finish_reason or "", "completed")
+
+
+def _item_status(output: RequestOutput) -> str:
+    """Its output items' status: an item has no "cancelled"; one cut short by its length or an abort is
+    "incomplete"."""
+    return "completed" if _status(output) == "completed" else "incomplete"
 
 
 def _response(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:

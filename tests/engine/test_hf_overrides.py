@@ -228,6 +228,8 @@ def test_every_rope_type_the_check_admits_is_one_the_rotary_embedding_computes()
     (None, {"quant_method": "gguf"}), (None, {"quant_method": "fp8"}), (None, {"quant_method": "awq", "bits": 8}),
     ("fp8", {"quant_method": "compressed-tensors"}), (None, {"quant_method": "bitsandbytes"}),
     (None, {"quant_method": "rtn"}), ("awq", {"quant_method": "awq", "w_bit": 4}),
+    # no quant_method: dense alone, a mismatch beside a flag (vLLM's config check)
+    (None, {"bits": 4}), ("fp8", {"bits": 4}), ("gptq", {}), ("fp8", {"quant_method": ""}),
 ])
 def test_the_engine_refuses_a_quantization_config_override_where_the_operator_does(flag, override):
     # the webhook refuses an InferenceService whose --hf-overrides quantization_config the engine would not start with
@@ -238,7 +240,10 @@ def test_the_engine_refuses_a_quantization_config_override_where_the_operator_do
     refused = override_method_problem(override, flag or "none")
     try:
         method = resolve_quantization(flag, {"quantization_config": override})
-    except ValueError:
-        assert refused is not None
+    except ValueError as exc:
+        assert refused is not None, exc
+        if not override.get("quant_method"):
+            assert str(exc) == (f"--quantization {flag} does not match the checkpoint's quantization_config (no "
+                                "quant_method); leave --quantization out to use the checkpoint's")
     else:
         assert refused is None and method == config_method(override)

@@ -117,8 +117,14 @@ def test_a_request_in_flight_finishes_abort_with_its_tokens_and_frees_its_blocks
     engine.step()
     engine.step()
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    engine.stats.drain_events()
     llm.sleep(level=1)
     assert not engine.take_failures()
+    # counted as vLLM counts its pause's abort outputs: vllm:request_success_total{finished_reason="abort"}
+    [finished] = engine.stats.drain_events().finished
+    assert (finished.finish_reason, finished.prompt_tokens, finished.generation_tokens) == ("abort", 40, 2)
+    assert finished.e2e_seconds >= finished.queue_seconds + finished.prefill_seconds + finished.decode_seconds
+    assert min(finished.queue_seconds, finished.prefill_seconds, finished.decode_seconds) >= 0
     [final] = engine.take_aborted_outputs()
     assert final.request_id == "in-flight" and final.finished
     [completion] = final.outputs
@@ -132,7 +138,15 @@ def test_a_request_in_flight_finishes_abort_with_its_tokens_and_frees_its_blocks
 def test_a_request_not_started_yet_finishes_abort_in_every_completion(llm):
     engine = llm.engine
     engine.add_request(PROMPT["prompt_token_ids"], SamplingParams(n=2, max_tokens=4), request_id="queued")
+    engine.stats.drain_events()
     llm.sleep(level=1)
+    events = engine.stats.drain_events()
+    # one request counted (its first completion, as every finish here), all its time queued
+    [finished] = events.finished
+    assert (finished.finish_reason, finished.generation_tokens, finished.prefill_seconds, finished.decode_seconds) \
+        == ("abort", 0, 0.0, 0.0)
+    assert finished.queue_seconds == finished.e2e_seconds > 0
+    assert [(g.n, g.max_generation_tokens) for g in events.finished_groups] == [(2, 0)]
     [final] = engine.take_aborted_outputs()
     assert [(c.finish_reason, c.token_ids) for c in final.outputs] == [("abort", []), ("abort", [])]
     assert not engine.has_unfinished_requests()

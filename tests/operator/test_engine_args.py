@@ -364,6 +364,16 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
     ("none", {"quant_method": "awq", "bits": 8},
      "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not one the engine loads (4 "
      "bits)"),
+    ("none", {"bits": 4}, None),  # no quant_method: the weights load as they are
+    # ... but beside a scheme it is a mismatch, as vLLM's config check (and the engine's resolve_quantization) has it
+    ("fp8", {"bits": 4},
+     "spec.engineArgs: --hf-overrides: quantization_config has no quant_method, which does not match "
+     "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or name the scheme "
+     "in quant_method"),
+    ("gptq", {"quant_method": ""},
+     "spec.engineArgs: --hf-overrides: quantization_config has no quant_method, which does not match "
+     "spec.quantization gptq; the engine refuses to start with both: leave spec.quantization out or name the scheme "
+     "in quant_method"),
 ])
 def test_a_quantization_config_override_is_refused_where_the_engine_refuses_it(quantization, override, error):
     spec = make(model={"source": "pvc://models/m", "config": ARCH}, quantization=quantization,

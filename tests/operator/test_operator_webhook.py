@@ -106,6 +106,11 @@ INVALID = {
         "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'compressed-tensors' does not match "
         "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them "
         "agree"),
+    "quantization-config-without-quant-method-against-spec-quantization": (
+        {"quantization": "fp8", "engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"bits": 4}})]},
+        "spec.engineArgs: --hf-overrides: quantization_config has no quant_method, which does not match "
+        "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or name the "
+        "scheme in quant_method"),
 }
 
 

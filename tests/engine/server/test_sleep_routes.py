@@ -132,6 +132,8 @@ def test_a_reply_in_flight_holds_what_it_generated_with_finish_reason_abort(slee
 
     client = OpenAI(base_url=f"{sleepy.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
     replies: list = []
+    wait_until_engine_idle(sleepy)  # no earlier request's count still to come
+    counted = _finished(sleepy)
     before = sleepy.metric("vllm:generation_tokens_total")
     waiter = threading.Thread(target=lambda: replies.append(client.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=240, temperature=0, extra_body={"ignore_eos": True})))
@@ -144,9 +146,67 @@ def test_a_reply_in_flight_holds_what_it_generated_with_finish_reason_abort(slee
     [reply] = replies
     assert reply.choices[0].finish_reason == "abort"
     assert 0 < reply.usage.completion_tokens < 240 and reply.choices[0].text, reply
+    # vLLM counts the abort outputs of its pause as finished requests: finished_reason "abort", and the per-request
+    # histograms (a client's disconnect is counted nowhere: test_dropin_requests). Published before /sleep answers.
+    after = _finished(sleepy)
+    assert after["abort"] == counted["abort"] + 1 and after["stop"] + after["length"] == counted["stop"] + \
+        counted["length"], (counted, after)
+    assert after["generated"] - counted["generated"] == reply.usage.completion_tokens
+    assert after["e2e"] == counted["e2e"] + 1
     assert _post(sleepy, "/wake_up").status_code == 200
     wait_until_engine_idle(sleepy)
     assert sleepy.metric("vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "reply"])
+def test_a_response_in_flight_is_cancelled_with_what_it_generated(sleepy, stream):
+    # vLLM's Responses API: a generation that finished "abort" is status "cancelled" (no incomplete_details); its
+    # cut-short message item is "incomplete". A stream still ends with response.completed (OpenAI has no cancelled
+    # event; vLLM's), its response cancelled; GET of the stored response says so too.
+    body = {"model": "tiny", "input": PROMPT, "max_output_tokens": 200, "min_tokens": 200, "stream": stream}
+    url = f"{sleepy.url}/v1/responses"
+    if stream:
+        events = []
+        with httpx.stream("POST", url, json=body, headers=AUTH, timeout=120) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+                    if events[-1]["type"] == "response.output_text.delta" and len(events) == 5:
+                        assert _post(sleepy, "/sleep", level=1).status_code == 200
+        assert events[-1]["type"] == "response.completed", [e["type"] for e in events]
+        assert not [e for e in events if e["type"] in ("error", "response.failed", "response.incomplete")]
+        [done] = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert done["status"] == "incomplete"
+        response = events[-1]["response"]
+    else:
+        replies: list = []
+        before = sleepy.metric("vllm:generation_tokens_total")
+        waiter = threading.Thread(target=lambda: replies.append(httpx.post(url, json=body, headers=AUTH,
+                                                                           timeout=120)))
+        waiter.start()
+        _wait_for(lambda: sleepy.metric("vllm:generation_tokens_total") > before, "it never generated", 60)
+        assert _post(sleepy, "/sleep", level=1).status_code == 200
+        waiter.join(120)
+        assert replies[0].status_code == 200, replies[0].text
+        response = replies[0].json()
+    assert (response["status"], response["incomplete_details"]) == ("cancelled", None)
+    [message] = response["output"]
+    assert message["status"] == "incomplete" and message["content"][0]["text"]
+    assert 0 < response["usage"]["output_tokens"] < 200
+    assert _post(sleepy, "/wake_up").status_code == 200
+    stored = httpx.get(f"{url}/{response['id']}", headers=AUTH, timeout=30)
+    assert stored.status_code == 200 and stored.json()["status"] == "cancelled"
+    wait_until_engine_idle(sleepy)
+
+
+def _finished(server: Server) -> dict[str, float]:
+    """vllm:request_success_total by finished_reason, and the per-request histograms' request and token counts."""
+    metrics = server.metrics()
+    counts = {reason: metrics[f'vllm:request_success_total{{finished_reason="{reason}",model_name="tiny"}}']
+              for reason in ("stop", "length", "abort")}
+    return counts | {"e2e": server.metric("vllm:e2e_request_latency_seconds_count"),
+                     "generated": server.metric("vllm:request_generation_tokens_sum")}
 
 
 @pytest.mark.parametrize(("path", "params", "message"), [
