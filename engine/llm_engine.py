@@ -439,23 +439,26 @@ class LLMEngine:
         """Abort requests (all their completions) at any time; their blocks return to the pool at once."""
         for request_id in request_ids:
             group = self._groups.pop(request_id, [])
-            self._compiling.discard(request_id)  # not in the scheduler yet: no blocks to return
-            self.scheduler.abort(child.request_id for child in group)
+            self._release(request_id, group)
             for child in group:
-                self.block_manager.free(child)  # one that never ran holds its prompt's block hashes (`add_request`)
-                child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
                 self._detokenizers.pop(child.request_id, None)
+
+    def _release(self, request_id: str, group: list[Request]) -> None:
+        """Take a request's completions out of the scheduler (and the grammar waiting room), return their blocks,
+        and mark those not finished yet aborted."""
+        self._compiling.discard(request_id)  # not in the scheduler yet: no blocks to return
+        self.scheduler.abort(child.request_id for child in group)
+        for child in group:
+            self.block_manager.free(child)  # one that never ran holds its prompt's block hashes (`add_request`)
+            child.status = RequestStatus.FINISHED_ABORTED if not child.status.finished else child.status
 
     def _end_aborted(self, request_id: str) -> RequestOutput:
         """End a request as vLLM's abort-mode pause does: every completion not finished yet finishes "abort", its
         blocks return to the pool, and its final output holds what it generated."""
         group = self._groups[request_id]
         ending = [child for child in group if not child.status.finished]
-        self._compiling.discard(request_id)  # not in the scheduler yet: no blocks to return
-        self.scheduler.abort(child.request_id for child in ending)
+        self._release(request_id, group)  # one in the grammar waiting room too (never scheduled)
         for child in ending:
-            self.block_manager.free(child)
-            child.status = RequestStatus.FINISHED_ABORTED  # one in the grammar waiting room too (never scheduled)
             detok = self._detokenizers[child.request_id]
             params = child.sampling_params
             if params.output_kind == "final_only" and not params.stop:  # not decoded before its end (`_process_token`)
