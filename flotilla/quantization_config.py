@@ -36,9 +36,8 @@ def config_weight_bits(qcfg: Any) -> int | None:
     method = config_method(qcfg)
     if method == "fp8":
         return 8
-    if method in ("gptq", "awq"):
-        bits = qcfg.get("bits", qcfg.get("w_bit", 4)) if method == "awq" else qcfg.get("bits", 4)
-        return bits if isinstance(bits, int) and not isinstance(bits, bool) else None
+    if method in ("gptq", "awq"):  # read as the engine reads them: int() of the value (engine/quantization/gptq.py)
+        return _engine_int(_packed_bits_value(qcfg, method))
     if method == "compressed-tensors":
         groups = qcfg.get("config_groups")
         if not isinstance(groups, dict) or len(groups) != 1:
@@ -60,6 +59,9 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
         return (f"--hf-overrides: quantization_config's quant_method {method!r} is not one the engine loads a "
                 f"checkpoint with (supported: {', '.join(CHECKPOINT_METHODS)})")
     bits = config_weight_bits(qcfg)
+    if bits is None and method in ("gptq", "awq"):  # int() fails on it in the engine too
+        return (f"--hf-overrides: quantization_config: {method}'s bits {_packed_bits_value(qcfg, method)!r} is not "
+                f"a number of bits the engine reads")
     if bits is not None and bits not in CHECKPOINT_BITS[method]:
         return (f"--hf-overrides: quantization_config: {method} with {bits}-bit weights is not one the engine loads "
                 f"({' or '.join(map(str, CHECKPOINT_BITS[method]))} bits)")
@@ -77,3 +79,16 @@ def _no_method_problem(qcfg: Any, quantization: str, field: str) -> str | None:
         return None
     return (f"--hf-overrides: quantization_config has no quant_method, which does not match {field} {quantization}; "
             f"the engine refuses to start with both: leave {field} out or name the scheme in quant_method")
+
+
+def _packed_bits_value(qcfg: dict[str, Any], method: str) -> Any:
+    """GPTQ's `bits`, AWQ's `bits` or `w_bit`, 4 when absent, as the engine's gptq.py / awq.py look them up."""
+    return qcfg.get("bits", qcfg.get("w_bit", 4)) if method == "awq" else qcfg.get("bits", 4)
+
+
+def _engine_int(value: Any) -> int | None:
+    """`int(value)` as the engine takes GPTQ/AWQ bits (so `true` is 1 and "4" is 4), None where that fails."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None

@@ -230,6 +230,9 @@ def test_every_rope_type_the_check_admits_is_one_the_rotary_embedding_computes()
     (None, {"quant_method": "rtn"}), ("awq", {"quant_method": "awq", "w_bit": 4}),
     # no quant_method: dense alone, a mismatch beside a flag (vLLM's config check)
     (None, {"bits": 4}), ("fp8", {"bits": 4}), ("gptq", {}), ("fp8", {"quant_method": ""}),
+    # bits as the engine's int() reads them: true is 1 bit, "8" is 8, text is none
+    (None, {"quant_method": "gptq", "bits": True}), (None, {"quant_method": "gptq", "bits": "8"}),
+    (None, {"quant_method": "awq", "w_bit": "four"}),
 ])
 def test_the_engine_refuses_a_quantization_config_override_where_the_operator_does(flag, override):
     # the webhook refuses an InferenceService whose --hf-overrides quantization_config the engine would not start with

@@ -364,6 +364,14 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
     ("none", {"quant_method": "awq", "bits": 8},
      "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not one the engine loads (4 "
      "bits)"),
+    # bits read as the engine's int(): true is 1 bit (refused), "8" is 8, text is no number (refused)
+    ("none", {"quant_method": "gptq", "bits": True},
+     "spec.engineArgs: --hf-overrides: quantization_config: gptq with 1-bit weights is not one the engine loads (4 "
+     "or 8 bits)"),
+    ("none", {"quant_method": "gptq", "bits": "8"}, None),
+    ("none", {"quant_method": "awq", "w_bit": "four"},
+     "spec.engineArgs: --hf-overrides: quantization_config: awq's bits 'four' is not a number of bits the engine "
+     "reads"),
     ("none", {"bits": 4}, None),  # no quant_method: the weights load as they are
     # ... but beside a scheme it is a mismatch, as vLLM's config check (and the engine's resolve_quantization) has it
     ("fp8", {"bits": 4},

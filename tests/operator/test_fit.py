@@ -208,6 +208,7 @@ W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "conf
      ("compressed-tensors", 8)),
     ({"quant_method": "GPTQ", "bits": 4, "group_size": 128}, ("gptq", 4)),
     ({"quant_method": "gptq", "bits": 8, "group_size": 128}, ("gptq", 8)),
+    ({"quant_method": "gptq", "bits": "8", "group_size": 128}, ("gptq", 8)),  # the engine's int("8")
     ({"quant_method": "awq", "w_bit": 4}, ("awq", 4)),
     ({"quant_method": "fp8"}, ("fp8", 8)),
 ])
