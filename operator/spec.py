@@ -14,6 +14,7 @@ this model).
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -764,8 +765,15 @@ class InferenceServiceSpec(_Model):
     @property
     def quantization_config_override(self) -> Any:
         """The quantization_config engineArgs' --hf-overrides set over config.json, or None."""
-        overrides = engine_args_hf_overrides(self.engine_args)
+        overrides = self.hf_overrides
         return overrides.get("quantization_config") if isinstance(overrides, dict) else None
+
+    @cached_property
+    def hf_overrides(self) -> Any:
+        """engineArgs' --hf-overrides value as the engine's parser reads it (`engine_args_hf_overrides`), or None;
+        parsed once per spec, as the fit check, the webhook and the Deployment each read it several times (a spec is
+        not changed once built: admission's model_copy updates only the image and autoscaling)."""
+        return engine_args_hf_overrides(self.engine_args)
 
     @property
     def autoscaled(self) -> bool:
@@ -792,7 +800,7 @@ class InferenceServiceSpec(_Model):
     def overridden_architecture(self) -> tuple[ModelArchitecture | None, ValidationError | None]:
         """model.config with engineArgs' --hf-overrides set over it, and None; or model.config as stated and the
         fields' refusal of the overridden numbers (the webhook's message, engine_args.py)."""
-        arch, overrides = self.model.config, engine_args_hf_overrides(self.engine_args)
+        arch, overrides = self.model.config, self.hf_overrides
         if arch is None or not isinstance(overrides, dict):
             return arch, None
         try:

@@ -19,6 +19,7 @@ from torch import nn
 from flotilla.engine.quantization import awq, compressed_tensors, gptq
 from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
 from flotilla.engine.quantization.method import LinearMethod
+from flotilla.quantization_config import config_method, describes_checkpoint, flag_disagrees
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
 SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
@@ -26,25 +27,20 @@ _FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
 
 
 def checkpoint_quantization(hf_config: dict[str, Any]) -> dict[str, Any] | None:
-    """The checkpoint's `quantization_config`, if it describes how its safetensors are stored.
-
-    A model that transformers loaded from a GGUF file and saved again (the embedded model's converter
-    does that) keeps `quant_method: gguf`, but its safetensors hold dequantized weights: not quantized.
-    """
+    """The checkpoint's `quantization_config`, if it describes how its safetensors are stored (not gguf's, whose
+    safetensors hold dequantized weights: `flotilla.quantization_config.describes_checkpoint`)."""
     qcfg = hf_config.get("quantization_config")
-    if not isinstance(qcfg, dict) or str(qcfg.get("quant_method", "")).lower() == "gguf":
-        return None
-    return qcfg
+    return qcfg if describes_checkpoint(qcfg) else None
 
 
 def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | None:
     """The scheme to run: the checkpoint's `quant_method` when it has one (the flag, if given, must name
     the same), else the flag. Raises ValueError with the reason when it cannot run."""
     qcfg = checkpoint_quantization(hf_config)
-    found = None if qcfg is None else str(qcfg.get("quant_method", "")).lower()
-    # A quantization_config without quant_method is dense weights, and with a flag a mismatch (vLLM's check: its
-    # quant_method, None, is not the flag's); the operator's webhook refuses the same (flotilla/quantization_config.py).
-    if found is not None and flag is not None and flag != found:
+    found = config_method(qcfg)
+    # A quantization_config without quant_method is dense weights, and with a flag a mismatch (vLLM's check); the
+    # operator's webhook refuses the same with the same reader (flotilla/quantization_config.py).
+    if flag_disagrees(qcfg, flag):
         named = f"quant_method {found!r}" if found else "no quant_method"
         raise ValueError(f"--quantization {flag} does not match the checkpoint's quantization_config "
                          f"({named}); leave --quantization out to use the checkpoint's")

@@ -16,6 +16,7 @@ import torch
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
+from flotilla.quantization_config import packed_group_size, weight_bits
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # Column c of a word sits in nibble UNDO[c].
@@ -24,12 +25,11 @@ _UNDO = tuple(AWQ_ORDER.index(c) for c in range(8))
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     """The method of an AWQ `quantization_config`, or ValueError naming what is not supported."""
-    bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
+    weight_bits(qcfg)  # 4 (flotilla/quantization_config.py reads them as the webhook does; ValueError for others)
     version = str(qcfg.get("version", "gemm")).lower()
-    if bits != 4 or version != "gemm":
-        raise ValueError(f"awq {bits}-bit {version!r} checkpoints are not supported (4-bit gemm is)")
-    group = int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
-    return PackedIntMethod(4, group if group > 0 else None, symmetric=False)
+    if version != "gemm":
+        raise ValueError(f"awq {version!r} checkpoints are not supported (4-bit gemm is)")
+    return PackedIntMethod(4, packed_group_size(qcfg), symmetric=False)
 
 
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:

@@ -25,16 +25,13 @@ from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
+from flotilla.quantization_config import compressed_tensors_group, weight_bits
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 
 
 def _scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
-    groups = qcfg.get("config_groups") or {}
-    if len(groups) != 1:
-        raise ValueError(f"compressed-tensors: {len(groups)} config groups; one group over the linear layers "
-                         "is supported")
-    group = next(iter(groups.values()))
+    group = compressed_tensors_group(qcfg)  # one group with a weights object (flotilla/quantization_config.py)
     if group.get("targets") != ["Linear"]:
         raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
     unsupported = [name for name in qcfg.get("ignore") or [] if ignores_a_decoder_linear(name)]
@@ -69,7 +66,7 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     """The linear method of a compressed-tensors `quantization_config`, or ValueError naming what is not
     supported."""
     weights, activations, fmt = _scheme(qcfg)
-    bits, kind = weights.get("num_bits"), weights.get("type")
+    bits, kind = weight_bits(qcfg), weights.get("type")  # 4 or 8 (ValueError for others, as the webhook refuses)
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
         if weights.get("strategy", "tensor") not in ("tensor", "channel"):
             # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
@@ -106,7 +103,8 @@ def convert_tensors(
     """The checkpoint's tensors in the engine's layout (`packed_int.py`): zero points unpacked to
     unsigned codes `[out, groups]`; `weight_shape` dropped."""
     weights, _, _ = _scheme(qcfg)
-    bits = int(weights["num_bits"])
+    bits = weight_bits(qcfg)
+    assert bits is not None, "compressed-tensors weights have num_bits"  # weight_bits refuses them otherwise
     for name, tensor in tensors:
         if name.endswith(".weight_shape"):
             continue

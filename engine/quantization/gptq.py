@@ -19,11 +19,7 @@ import torch
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
-
-
-def _group_size(qcfg: dict[str, Any]) -> int | None:
-    size = int(qcfg.get("group_size", -1))
-    return None if size <= 0 else size
+from flotilla.quantization_config import packed_group_size, weight_bits
 
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
@@ -31,22 +27,27 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     if qcfg.get("desc_act"):
         raise ValueError("gptq with desc_act: true (activation-order) checkpoints are not supported; "
                          "use a checkpoint quantized with desc_act: false")
-    bits = int(qcfg.get("bits", 4))
-    if bits not in (4, 8):
-        raise ValueError(f"gptq with {bits} bits is not supported (4 or 8)")
+    bits = _bits(qcfg)
     if qcfg.get("lm_head"):  # GPTQModel's quantized LM head: lm_head.qweight, which the dense head cannot load
         raise ValueError("gptq with a quantized LM head (lm_head: true) is not supported")
     # GPTQ always stores zero points; symmetric ones are all the middle code.
-    return PackedIntMethod(bits, _group_size(qcfg), symmetric=False)
+    return PackedIntMethod(bits, packed_group_size(qcfg), symmetric=False)
+
+
+def _bits(qcfg: dict[str, Any]) -> int:
+    """4 or 8 (flotilla/quantization_config.py reads them as the webhook does; ValueError for others)."""
+    bits = weight_bits(qcfg)
+    assert bits is not None, "a gptq quantization_config has bits"  # weight_bits: 4 when absent
+    return bits
 
 
 def convert_tensors(
     tensors: Iterable[tuple[str, torch.Tensor]], qcfg: dict[str, Any]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """qweight / qzeros / scales / g_idx -> the engine's weight_packed / weight_zero_point / weight_scale."""
-    bits = int(qcfg.get("bits", 4))
+    bits = _bits(qcfg)
     zero_offset = 0 if qcfg.get("checkpoint_format") == "gptq_v2" else 1
-    group = _group_size(qcfg)
+    group = packed_group_size(qcfg)
     for name, tensor in tensors:
         prefix, _, leaf = name.rpartition(".")
         if leaf == "qweight":

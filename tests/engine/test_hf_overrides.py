@@ -223,20 +223,38 @@ def test_every_rope_type_the_check_admits_is_one_the_rotary_embedding_computes()
     assert set(RopeScaling.model_fields["rope_type"].annotation.__args__[0].__args__) == set(ROPE_TYPES)
 
 
+def _ct(weights: dict, **group) -> dict:
+    """A compressed-tensors quantization_config of one config group over the linear layers."""
+    return {"quant_method": "compressed-tensors",
+            "config_groups": {"g": {"targets": ["Linear"], "format": "pack-quantized", "weights": weights, **group}}}
+
+
+_INT4 = {"num_bits": 4, "type": "int", "strategy": "channel"}
+
+
 @pytest.mark.parametrize(("flag", "override"), [
     (None, {"quant_method": "gptq", "bits": 4}), ("gptq", {"quant_method": "GPTQ", "bits": 8}),
     (None, {"quant_method": "gguf"}), (None, {"quant_method": "fp8"}), (None, {"quant_method": "awq", "bits": 8}),
     ("fp8", {"quant_method": "compressed-tensors"}), (None, {"quant_method": "bitsandbytes"}),
     (None, {"quant_method": "rtn"}), ("awq", {"quant_method": "awq", "w_bit": 4}),
-    # no quant_method: dense alone, a mismatch beside a flag (vLLM's config check)
+    # no quant_method: dense alone, a mismatch beside a flag (vLLM's config check); a null one is none too
     (None, {"bits": 4}), ("fp8", {"bits": 4}), ("gptq", {}), ("fp8", {"quant_method": ""}),
-    # bits as the engine's int() reads them: true is 1 bit, "8" is 8, text is none
+    (None, {"quant_method": None}), ("fp8", {"quant_method": None}),
+    # bits as the engine's int() reads them: true is 1 bit, "8" is 8, text or null is none
     (None, {"quant_method": "gptq", "bits": True}), (None, {"quant_method": "gptq", "bits": "8"}),
-    (None, {"quant_method": "awq", "w_bit": "four"}),
+    (None, {"quant_method": "awq", "w_bit": "four"}), (None, {"quant_method": "gptq", "bits": None}),
+    # group sizes the same way: "64" is 64, null is none
+    (None, {"quant_method": "gptq", "group_size": "64"}), (None, {"quant_method": "gptq", "group_size": None}),
+    (None, {"quant_method": "awq", "q_group_size": "x"}),
+    # compressed-tensors: one config group with a weights object, num_bits an integer
+    (None, _ct(_INT4)), (None, _ct({**_INT4, "num_bits": "4"})), (None, _ct({**_INT4, "num_bits": 2})),
+    (None, {"quant_method": "compressed-tensors", "config_groups": ["g"]}),
+    (None, {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"]}}}),
 ])
 def test_the_engine_refuses_a_quantization_config_override_where_the_operator_does(flag, override):
     # the webhook refuses an InferenceService whose --hf-overrides quantization_config the engine would not start with
-    # (flotilla/quantization_config.py), and the fit check counts the scheme the engine resolves from it
+    # (flotilla/quantization_config.py), and the fit check counts the scheme the engine resolves from it; where the
+    # refusal is the shared reader's, both say it in the same words
     from flotilla.engine.quantization import resolve_quantization
     from flotilla.quantization_config import config_method, override_method_problem
 
@@ -248,5 +266,7 @@ def test_the_engine_refuses_a_quantization_config_override_where_the_operator_do
         if not override.get("quant_method"):
             assert str(exc) == (f"--quantization {flag} does not match the checkpoint's quantization_config (no "
                                 "quant_method); leave --quantization out to use the checkpoint's")
+        if refused.startswith("--hf-overrides: quantization_config: "):
+            assert refused == f"--hf-overrides: quantization_config: {exc}"
     else:
         assert refused is None and method == config_method(override)

@@ -362,16 +362,20 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
      "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'bitsandbytes' is not one the engine loads "
      "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq)"),
     ("none", {"quant_method": "awq", "bits": 8},
-     "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not one the engine loads (4 "
-     "bits)"),
+     "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not supported (4 bits)"),
     # bits read as the engine's int(): true is 1 bit (refused), "8" is 8, text is no number (refused)
     ("none", {"quant_method": "gptq", "bits": True},
-     "spec.engineArgs: --hf-overrides: quantization_config: gptq with 1-bit weights is not one the engine loads (4 "
-     "or 8 bits)"),
+     "spec.engineArgs: --hf-overrides: quantization_config: gptq with 1-bit weights is not supported (4 or 8 "
+     "bits)"),
     ("none", {"quant_method": "gptq", "bits": "8"}, None),
     ("none", {"quant_method": "awq", "w_bit": "four"},
-     "spec.engineArgs: --hf-overrides: quantization_config: awq's bits 'four' is not a number of bits the engine "
-     "reads"),
+     "spec.engineArgs: --hf-overrides: quantization_config: awq's bits 'four' is not a number of bits"),
+    ("none", {"quant_method": "gptq", "group_size": None},
+     "spec.engineArgs: --hf-overrides: quantization_config: gptq's group_size None is not a number of inputs"),
+    ("none", {"quant_method": "compressed-tensors", "config_groups": {"a": {}, "b": {}}},
+     "spec.engineArgs: --hf-overrides: quantization_config: compressed-tensors: 2 config groups; one group over the "
+     "linear layers is supported"),
+    ("none", {"quant_method": None}, None),  # a null quant_method names no scheme, as an absent one
     ("none", {"bits": 4}, None),  # no quant_method: the weights load as they are
     # ... but beside a scheme it is a mismatch, as vLLM's config check (and the engine's resolve_quantization) has it
     ("fp8", {"bits": 4},
@@ -387,6 +391,28 @@ def test_a_quantization_config_override_is_refused_where_the_engine_refuses_it(q
     spec = make(model={"source": "pvc://models/m", "config": ARCH}, quantization=quantization,
                 engineArgs=["--hf-overrides", json.dumps({"quantization_config": override})])
     assert unsupported(spec, "x") == ([] if error is None else [error])
+
+
+def test_hf_overrides_are_parsed_once_per_spec(monkeypatch):
+    # the webhook, the fit check and the Deployment each read the override several times (architecture, the
+    # quantization_config, weight_quantization): one parse of engineArgs serves them all, with the same answers
+    import flotilla.operator.spec as spec_module
+    from flotilla.operator.fit import check_fit
+
+    calls = []
+    parse = spec_module.engine_args_hf_overrides
+    monkeypatch.setattr(spec_module, "engine_args_hf_overrides", lambda args: calls.append(args) or parse(args))
+    override = {"quantization_config": {"quant_method": "gptq", "bits": 8}, "max_position_embeddings": 4096}
+    spec = make(model={"source": "pvc://models/m", "config": ARCH}, resources={"gpuProduct": "H100"},
+                engineArgs=["--hf-overrides", json.dumps(override)])
+    assert unsupported(spec, "x") == []
+    report = check_fit(spec)
+    build_deployment(spec, "x", "ns")
+    assert (spec.weight_quantization, spec.architecture.weight_bits, spec.architecture.max_position_embeddings) == \
+        ("gptq", 8, 4096)
+    assert spec.quantization_config_override == override["quantization_config"] and report.verdict == "Fits"
+    assert len(calls) == 1
+    assert make(engineArgs=["--hf-overrides", "{}"]).hf_overrides == {} and len(calls) == 2  # another spec: its own
 
 
 def test_hf_overrides_beyond_model_configs_bounds_are_refused():

@@ -111,6 +111,11 @@ INVALID = {
         "spec.engineArgs: --hf-overrides: quantization_config has no quant_method, which does not match "
         "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or name the "
         "scheme in quant_method"),
+    # the engine's own reader of the fields (flotilla/quantization_config.py) refuses it, and the webhook says its words
+    "quantization-config-override-gptq-group-size-no-number": (
+        {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "gptq",
+                                                                             "group_size": "g128"}})]},
+        "spec.engineArgs: --hf-overrides: quantization_config: gptq's group_size 'g128' is not a number of inputs"),
 }
 
 
