@@ -143,7 +143,7 @@ def test_chat_stream_matches_the_non_streamed_message_whatever_the_steps(reasoni
 
 def _long_text(size: int) -> str:
     """Thinking and then an answer full of near-misses of every marker (no marker completes until the end)."""
-    noise = "a <thi b </thin c <tool_ d [TOOL_CALL e <|python_ f \n"
+    noise = "a <thi b </thin c <tool_ d [TOOL_CALL e <|python_ f <functio g \n"
     body = (noise * (size // len(noise) + 1))[:size]
     return f"{START}{body}{END}\n\n{body}"
 
