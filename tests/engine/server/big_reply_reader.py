@@ -1,9 +1,10 @@
 """The big request of test_large_replies.py, made and read in a process of its own.
 
 Run as a script (`python big_reply_reader.py`) with a JSON spec on stdin: {"url", "body", "api_key", "marker",
-"out"}, and optionally "watch". It POSTs `body` to `url` streamed, writes the reply to the file `out` and tells its parent on stdout, one line
-each, the stages it reaches with their time.monotonic() (system-wide on Linux, so the parent can compare it with its
-own clock): "head <t> <status>" once the head is in, "marker <t>" once the reply reaches `marker`:
+"out"}, and optionally "watch". It POSTs `body` to `url` streamed, writes the reply to the file `out` and tells its
+parent on stdout, one line each, the stages it reaches with their time.monotonic() (system-wide on Linux, so the
+parent can compare it with its own clock): "head <t> <status>" once the head is in, "marker <t>" once the reply
+reaches `marker`:
 - "head": its head (the reply is then read whole);
 - "first-chunk": its body's first bytes (the reply is read in chunks);
 - "line:TEXT": a line equal to TEXT (the reply is read line by line, as httpx parses SSE, and written one a line);
