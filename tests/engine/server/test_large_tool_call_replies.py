@@ -1,11 +1,13 @@
-"""A reply of thousands of tool calls is parsed and built while the server goes on answering.
+"""An output of thousands of tool calls is parsed while the server goes on answering.
 
 The tool-call parse of a finished output (engine/server/tool_calls.py, `parse_values`) read the whole output on the
-event loop: many calls in a row cost the parsers 0.1-0.5 us a character, so one parallel-calls reply of megabytes held
+event loop: many calls in a row cost the parsers 0.1-0.5 us a character, so one output of megabytes of calls held
 /health and every stream for as long. The model here has one added token that is 200 hermes calls in a row, and
-logit_bias makes it write that token at every step: 200 tokens make an output of 40k calls (2.4 MB). The
-order is proven as test_large_replies.py proves it: once the server logs the engine request's end, /health and a small
-request must be answered before the big reply reaches its marker (its head; a stream's tool-call chunk).
+logit_bias makes it write that token at every step: 200 tokens make an output of 40k calls (2.4 MB). The order is
+proven as test_large_replies.py proves it: once the engine's part of the big request is over (its end logged; for a
+chat stream, its step before the last read), /health and a small request must be answered before the big reply
+reaches its marker (its head; a stream's tool-call chunk or first closing event). Chat (streamed or not) and
+Responses (streamed or not); with the parse on the loop, all four fail.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def calls_server(embedded_model_dir, tmp_path_factory):
 
 def _big(server: Server, kind: str, token: int, out: Path) -> tuple[BigRequest, Callable[[BigRequest], None]]:
     """The big request of `kind`, and the wait until its engine part is over."""
-    tag = f"{'resp_' if kind == 'responses' else ''}calls-{kind}-{time.monotonic_ns()}"
+    tag = f"{'resp_' if kind.startswith('responses') else ''}calls-{kind}-{time.monotonic_ns()}"
     # parallel_tool_calls false: the parse reads every call and the reply holds the first, so the reply's build and
     # encoding (off the loop when large, json_reply.py) are not what the others could be answered during
     steer = {"model": "tiny", "ignore_eos": True, "logit_bias": {str(token): 100}, "request_id": tag,
@@ -57,16 +59,23 @@ def _big(server: Server, kind: str, token: int, out: Path) -> tuple[BigRequest, 
                          watch=f'"completion_tokens": {TOKENS - 1},')
         return big, _until_reached("watched", "its step before the last")
     until = _until_logged(server, rf"Finished request \S*{tag}-")
-    if kind == "responses":
+    if kind.startswith("responses"):
         body = {**steer, "input": "hi", "max_output_tokens": TOKENS, "tools": [{"type": "function", **TOOL}]}
+        if kind == "responses-stream":  # logged as finished once its last output is read: its end is built after
+            return BigRequest(f"{server.url}/v1/responses", {**body, "stream": True},
+                              "line:event: response.output_item.added", out), until
         return BigRequest(f"{server.url}/v1/responses", body, "head", out), until
     return BigRequest(f"{server.url}/v1/chat/completions", chat, "head", out), until
 
 
 def _calls(kind: str, raw: bytes) -> list[tuple[str, str]]:
     """The big reply's calls, (name, arguments) each."""
-    if kind == "responses":
-        return [(i["name"], i["arguments"]) for i in json.loads(raw)["output"] if i["type"] == "function_call"]
+    if kind.startswith("responses"):
+        response = json.loads(raw) if kind == "responses" else [
+            json.loads(line[len("data: "):]) for line in raw.decode().split("\n") if line.startswith("data: ")][-1][
+            "response"]
+        assert response["status"] == "incomplete"  # max_output_tokens
+        return [(i["name"], i["arguments"]) for i in response["output"] if i["type"] == "function_call"]
     if kind == "chat-stream":
         chunks = [json.loads(line[len("data: "):]) for line in raw.decode().split("\n") if line.startswith("data: {")]
         choices = [c for chunk in chunks for c in chunk["choices"]]  # the last chunk (the usage) has none
@@ -78,7 +87,7 @@ def _calls(kind: str, raw: bytes) -> list[tuple[str, str]]:
     return [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
 
 
-@pytest.mark.parametrize("kind", ["chat", "chat-stream", "responses"])
+@pytest.mark.parametrize("kind", ["chat", "chat-stream", "responses", "responses-stream"])
 def test_health_and_a_small_request_are_answered_while_thousands_of_tool_calls_are_parsed(calls_server, kind,
                                                                                          tmp_path):
     server, token = calls_server
