@@ -11,7 +11,11 @@ and `message.content` the rest, streamed as `delta.reasoning` (and `delta.reason
   engine's grammar waits for its end alike (`opened`). A call opening ends qwen3's thinking as `</think>` does, as
   vLLM's qwen3 parser has it for Qwen3.5: `<tool_call>`, whitespace, then `<function=` (or `<function `); the answer
   (and so the tool parser's text) starts at the `<tool_call>`. A `<tool_call>` that goes on otherwise stays thinking
-  (structured_output/thinking.py, whose gate starts the grammar there too).
+  (structured_output/thinking.py, whose gate starts the grammar there too). The rule is qwen3's own, whatever
+  `--tool-call-parser` is, as vLLM's (its reasoning parsers do not know the tool parser, and its qwen3 one looks for
+  this opening alone): the other shipped parsers' openers stay thinking — hermes's `<tool_call>` then JSON,
+  qwen3_coder's bare `<function=` (a call without its wrapper), mistral's `[TOOL_CALLS]`, llama3_json's
+  `<|python_tag|>` or `{`. deepseek_r1 ends only at `</think>`, as vLLM's.
 
 `split` parses a whole output; a stream parses each choice with a `ReasoningStream` of its own, which looks at each
 step's new text plus the few held-back characters a marker could straddle, and sends exactly what `split` gives for

@@ -55,7 +55,7 @@ from flotilla.engine.server.sampling_request import (
 )
 from flotilla.engine.server.serving import OpenAIServing, Prompt, admitted, reply_values
 from flotilla.engine.server.sse import json_text, json_text_pieces, logprob_values
-from flotilla.engine.server.tool_calls import ToolPlan, plan_tools
+from flotilla.engine.server.tool_calls import ToolPlan, parse_values, plan_tools
 from flotilla.engine.server.tool_parsers.base import ToolCall
 from flotilla.engine.server.tool_stream import LogprobsOf, constrain_for_tools
 from flotilla.validation_messages import describe
@@ -359,6 +359,7 @@ class ResponsesServing:
         # the very bytes the reply sends (encoded twice, once for each, it took 2 s more of a worker's time and GIL)
         per_token = (1 + (chat.top_logprobs or 0) if logprobs is not None else 0) + req.enable_response_messages
         values = reply_values([final], per_token) + (len(prompt.token_ids) if req.enable_response_messages else 0)
+        values += parse_values(plan, reasoning, len(final.outputs[0].text))  # thousands of calls: parsed off it too
         reply = await built(functools.partial(_reply, req, base, plan, reasoning, final, logprobs, prompt,
                                               conversation), values)
         if reply.stored is not None:
@@ -445,7 +446,10 @@ class ResponsesServing:
         for event in thinking.close(ev) if thinking is not None else []:
             yield event
         text, status, sent = answer.text, _item_status(final), answer.sent
-        content, calls = _split(plan, text)
+        # A long answer is parsed off the loop (thousands of calls: tool_calls.parse_values), and its calls' closing
+        # events, about as many values as their text has characters at most, are built and sent off it too
+        parsed_values = parse_values(plan, None, len(text))
+        content, calls = await built(functools.partial(_split, plan, text), parsed_values)
         if named is not None:
             call_items = [{**named, "arguments": text, "status": status}]
         else:
@@ -460,6 +464,7 @@ class ResponsesServing:
         # vocabulary), and so does the stored copy: a large end is built and encoded off the loop, in pieces
         values = sum(2 + len(e["top_logprobs"]) for e in entries)
         values += len(raw_ids) + len(prompt.token_ids) if raw and prompt else 0
+        values += parsed_values
         closing = _closing(response, named["id"] if named else None, unlogged=entries[logged:], opened=opened,
                            sent=sent)
         turn = [*conversation, assistant_turn(items)]

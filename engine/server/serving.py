@@ -52,7 +52,7 @@ from flotilla.engine.server.sse import (
     logprob_values,
     sse,
 )
-from flotilla.engine.server.tool_calls import ToolPlan, chat_message, plan_tools
+from flotilla.engine.server.tool_calls import ToolPlan, chat_message, parse_values, plan_tools
 from flotilla.engine.server.tool_stream import constrain_for_tools, stream_tool_chat
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.structured_output.thinking import thinking_markers
@@ -628,6 +628,9 @@ class OpenAIServing:
         per_prompt_token = (1 + req.prompt_logprobs if req.prompt_logprobs is not None else 0) + ids
         values = (reply_values([output], (1 + (top or 0) if req.logprobs else 0) + ids)
                   + len(output.prompt_token_ids) * per_prompt_token)
+        # and so is one whose outputs the parsers read at length (thousands of tool calls)
+        reasoning = self.reasoning_for(sp, output.prompt_token_ids)
+        values += sum(parse_values(plan, reasoning, len(c.text)) for c in output.outputs)
         return await built(functools.partial(self._chat_reply, req, plan, sp, output, echo, top, request_id, created,
                                              model), values)
 

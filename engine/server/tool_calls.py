@@ -42,6 +42,11 @@ class ToolPlan:
     parallel: bool = True  # the request's parallel_tool_calls is not false
 
     @property
+    def parses(self) -> bool:
+        """Whether a finished output is parsed for calls (auto with a parser; required's JSON list)."""
+        return self.mode == "required" or (self.mode == "auto" and self.parser is not None)
+
+    @property
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools the chat template renders (None for none)."""
         return self.tools or None
@@ -75,6 +80,17 @@ class ToolPlan:
                 parsed.tool_calls = parsed.tool_calls[:1]
             return parsed
         return ParsedOutput(content=text)
+
+
+def parse_values(plan: ToolPlan, reasoning: ReasoningParser | None, chars: int) -> int:
+    """The work of splitting a finished output of `chars` characters into thinking, content and calls, counted as
+    `json_reply.built` counts a reply's (JSON values): a character each when anything parses it, else none. The
+    parsers' dearest texts cost 0.1-0.5 us a character (many calls in a row; qwen3_coder's parameters), about what
+    encoding a value costs, and a reply holds at most a few values a call: an output of thousands of calls (a
+    parallel-calls reply, 100k tokens of arguments) is parsed and built on a worker thread, not on the event loop,
+    where /health and every stream waited for it. A short output (nearly every one) is parsed on the loop: the
+    thread hop would cost more than its parse."""
+    return chars if reasoning is not None or plan.parses else 0
 
 
 def plan_tools(req: Any, auto_tool_choice: bool, parser_name: str | None,

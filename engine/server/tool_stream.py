@@ -21,7 +21,7 @@ from flotilla.engine.server.json_reply import OFF_LOOP_VALUES, built
 from flotilla.engine.server.protocol import StreamOptions
 from flotilla.engine.server.reasoning import ReasoningParser, ReasoningStream
 from flotilla.engine.server.sse import ChunkFormat, json_text, json_text_in_pieces, logprob_values
-from flotilla.engine.server.tool_calls import ToolPlan, thinking, tool_call_deltas, tool_calls_finish
+from flotilla.engine.server.tool_calls import ToolPlan, parse_values, thinking, tool_call_deltas, tool_calls_finish
 from flotilla.engine.server.tool_parsers.base import ToolCall
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
     non-streamed reply's."""
     # `stream` yields delta outputs (each step's news), which each choice's parsers take in turn
     tokens = [0] * n  # each choice's completion tokens so far, for the usage
+    chars = [0] * n  # each choice's output characters so far: what its parse at the end reads, at most
     unsent: list[list[int]] = [[] for _ in range(n)]  # each choice's new token ids not yet on a chunk
     unlogged: list[tuple[list[int], list[Any]]] = [([], []) for _ in range(n)]  # the same for the logprobs
 
@@ -135,6 +136,9 @@ async def stream_tool_chat(plan: ToolPlan, reasoning: ReasoningParser | None, n:
             # With the whole vocabulary's logprobs a step holds 49k alternatives a token: a large one is built off
             # the loop (serving.py's chat stream)
             values = logprob_values(output) if logprobs_of is not None else 0
+            for c in output.outputs:  # a finishing choice's answer is parsed whole: a long one off the loop too
+                chars[c.index] += len(c.text)
+                values += parse_values(plan, None, chars[c.index]) if c.finish_reason is not None else 0
             step = await built(functools.partial(step_of, output, values > OFF_LOOP_VALUES), values)
             if step:
                 yield step

@@ -61,6 +61,12 @@ REASONING_CALL_TEXTS = [
     "Hmm <tool_call> is a tag.</think>\n\nAnswer.", "a<tool_call>\n" + " " * 20 + "<function=f>", "<tool_call>",
     "x<tool_call>\n<func", "x<tool_call><tool_call><function name=\"f\">", "<think>a<tool_call>{\"name\": 1}</think>b",
 ]
+# Thinking that writes the call opening of another --tool-call-parser than qwen3_coder's wrapped one: no end.
+_OTHER_OPENERS = [
+    "Let me check.\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>",
+    "Let me check.[TOOL_CALLS][" + _CALL + "]", "Let me check.<|python_tag|>" + _LLAMA_CALL, _LLAMA_CALL,
+    "Let me check.\n<tool_call>\n" + _CALL + "\n</tool_call>",
+]
 
 
 def _random_call_texts(count: int, seed: int) -> list[str]:
@@ -69,7 +75,7 @@ def _random_call_texts(count: int, seed: int) -> list[str]:
 
 
 @pytest.mark.parametrize("name, opened", [("deepseek_r1", False), ("qwen3", False), ("qwen3", True)])
-@pytest.mark.parametrize("text", REASONING_TEXTS + REASONING_CALL_TEXTS + _random_texts(60, seed=1)
+@pytest.mark.parametrize("text", REASONING_TEXTS + REASONING_CALL_TEXTS + _OTHER_OPENERS + _random_texts(60, seed=1)
                          + _random_call_texts(60, seed=3))
 def test_reasoning_stream_sends_the_whole_texts_split_whatever_the_steps(name, opened, text):
     parser = ReasoningParser(name, opened=opened)
@@ -143,7 +149,7 @@ def test_chat_stream_matches_the_non_streamed_message_whatever_the_steps(reasoni
 
 def _long_text(size: int) -> str:
     """Thinking and then an answer full of near-misses of every marker (no marker completes until the end)."""
-    noise = "a <thi b </thin c <tool_ d [TOOL_CALL e <|python_ f \n"
+    noise = "a <thi b </thin c <tool_ d [TOOL_CALL e <|python_ f <functio g \n"
     body = (noise * (size // len(noise) + 1))[:size]
     return f"{START}{body}{END}\n\n{body}"
 
@@ -252,6 +258,10 @@ _XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</par
     ("qwen3", True, "Still thinking", "Still thinking", None),
     ("qwen3", False, "No think tag: all answer", None, "No think tag: all answer"),
     ("deepseek_r1", False, "Let me check.\n" + _XML_CALL, "Let me check.\n" + _XML_CALL, None),  # qwen3's rule alone
+    # the other tool parsers' openers stay thinking, as in vLLM's qwen3 parser (its rule is that one opening, whatever
+    # --tool-call-parser is): a bare <function= (qwen3_coder's call without its wrapper), [TOOL_CALLS] (mistral),
+    # <|python_tag|> or a JSON object (llama3_json), a <tool_call> with JSON (hermes, above)
+    *[("qwen3", True, text, text, None) for text in _OTHER_OPENERS],
 ])
 def test_qwen3_thinking_ends_at_a_call_opening(name, opened, text, reasoning, content):
     split = ReasoningParser(name, opened=opened).split(text)

@@ -94,10 +94,11 @@ class BigRequest:
     """The big request, made and read by a process of its own (big_reply_reader.py): read on a thread of the test's
     process, a big reply (up to 118 MB of SSE, parsed line by line) held that process's GIL against the threads
     that time the test's other requests, and ate the margin the order is proven by. `marker`: the stage of the big
-    reply the others are timed against ("head", "first-chunk" or "line:TEXT", see big_reply_reader.py); `out`: the
-    file its reply is written to."""
+    reply the others are timed against ("head", "first-chunk", "line:TEXT" or "line-with:TEXT", see
+    big_reply_reader.py); `out`: the file its reply is written to; `watch`: a line marker's stage "watched" is reached
+    once a line holds this text."""
 
-    def __init__(self, url: str, body: dict, marker: str, out: Path) -> None:
+    def __init__(self, url: str, body: dict, marker: str, out: Path, watch: str | None = None) -> None:
         self.out = out
         self.stages: dict[str, list[str]] = {}  # stage reached: what the reader told of it (its time, ...)
         self._told = b""
@@ -105,7 +106,7 @@ class BigRequest:
         self.process = subprocess.Popen([sys.executable, str(READER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.process.stdin and self.process.stdout
         self.process.stdin.write(json.dumps({"url": url, "body": body, "api_key": API_KEY, "marker": marker,
-                                             "out": str(out)}).encode())
+                                             "out": str(out), "watch": watch}).encode())
         self.process.stdin.close()
         # Read without blocking: whether a stage is reached is asked, never waited for, by the threads timed
         os.set_blocking(self.process.stdout.fileno(), False)

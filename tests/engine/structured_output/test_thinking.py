@@ -77,6 +77,12 @@ CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</paramete
     ("Tools, e.g. " + CALL + "\nHi<think>\n", False),  # a closed call (the tools' example) does not
     ("Tools, e.g. " + CALL + "\nHi<think>\nx<tool_call>\n<function=f>", True),
     ("<tool_call>\n<function=f>\n<think>\n", False),  # a <think> after the call opens the thinking again
+    # other tool parsers' openers do not end it (vLLM's qwen3 parser neither): bare <function= (qwen3_coder without
+    # its wrapper), hermes's JSON in <tool_call>, mistral's [TOOL_CALLS], llama3_json's <|python_tag|>
+    ("Hi<think>\nx\n<function=f>\n<parameter=a>\n1\n", False),
+    ('Hi<think>\nx<tool_call>\n{"name": "f", "arguments": {}}', False),
+    ('Hi<think>\nx[TOOL_CALLS][{"name": "f", "arguments": {}}]', False),
+    ('Hi<think>\nx<|python_tag|>{"name": "f", "parameters": {}}', False),
 ])
 def test_a_qwen3_prompt_ends_its_thinking_at_an_open_call(qwen3_markers, prompt, ended):
     markers, encode = qwen3_markers
