@@ -109,6 +109,16 @@ def compressed_tensors_group(qcfg: dict[str, Any]) -> dict[str, Any]:
     return group
 
 
+def compressed_tensors_group_size(weights: dict[str, Any]) -> int | None:
+    """Inputs a scale group of compressed-tensors' integer weights spans, as the engine reads its config group's
+    `weights`: group_size under strategy "group"; None (one group a row) under "channel", or where group_size is
+    no positive integer."""
+    size = weights.get("group_size")
+    if weights.get("strategy") != "group" or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        return None
+    return size
+
+
 def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.quantization") -> str | None:
     """Why the engine would refuse to start with an --hf-overrides `quantization_config` of `qcfg` beside the
     --quantization it is given (`quantization`, "none" for none; `field` names where it is set), or None."""

@@ -43,7 +43,8 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
     arch = spec.model.config
-    return None if arch is None else weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec))
+    return None if arch is None else weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec),
+                                                  quantization_config=spec.quantization_config_override)
 
 
 def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:
