@@ -14,15 +14,22 @@ What is counted, per replica:
   parallelism a stage builds only what it runs, as vLLM does (engine/models/llama.py): its decoder layers, the
   embedding on the first stage, the final norm and the LM head on the last; so an untied model's embedding and
   head count once, while a tied one's table counts twice (the first stage's embedding and the last stage's head).
-  Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
-  int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
-  model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
-  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent; GPTQ with
-  weightBits 8: 1 + the same scale and zero point a group. An --hf-overrides quantization_config in
-  spec.engineArgs replaces the checkpoint's whole, as the engine reads it: its quant_method is the scheme counted
-  where spec.quantization is none, and its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are weightBits;
+  Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); quantized ones as the engine holds them
+  (`linear_storage`): a code, plus a scale (and zero point) per group of inputs or per output row, whose count is
+  exact for the derived architecture (each linear's rows; o and down, row-parallel, keep every row on each
+  tensor rank), an estimate (linear parameters / hiddenSize) with numParameters. fp8 and int8: 1 + a float32 scale
+  a row (engine/quantization/fp8.py). AWQ/GPTQ (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when
+  absent) + a model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too): 0.5 + 3/128
+  = 0.5234 in bf16 at groups of 128, the size assumed without a quantization_config; 0.5 + 3/32 at 32; one
+  group a row (GPTQ's -1) 0.5 + 3 bytes a row. compressed-tensors: `model.config.weightBits` 4: the int4 figure
+  at groups of 128; 8 or absent: fp8's. An --hf-overrides quantization_config in spec.engineArgs replaces the
+  checkpoint's whole, as the engine reads it (flotilla/quantization_config.py): its quant_method is the scheme
+  counted where spec.quantization is none, its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are
+  weightBits, and its group size the one counted: GPTQ/AWQ's group_size (`packed_group_size`: GPTQ -1 and AWQ 128
+  when absent, -1 one group a row), compressed-tensors' config group's weights (`compressed_tensors_group_size`:
+  group_size under strategy "group", a row under "channel"; type "float": fp8's figure).
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
-  128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row, not counted).
+  128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
   Q4_0/Q4_1 linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
   block of 32 (0.25) and, on CUDA, also the weight dequantized once at load at the model dtype (2 for bf16):
@@ -69,6 +76,7 @@ from flotilla.quantization_config import (
     compressed_tensors_group,
     compressed_tensors_group_size,
     config_method,
+    config_weight_bits,
     packed_group_size,
 )
 
@@ -173,13 +181,6 @@ def rtn_scheme(spec: InferenceServiceSpec) -> tuple[int, int | None]:
         return 8, 128
 
 
-def packed_int_bytes_per_weight(bits: int, group: int | None, dtype: str = "auto") -> float:
-    """Device bytes of one weight of a packed-integer linear in groups of `group` inputs
-    (engine/quantization/packed_int.py): its code, and per group a scale at the model dtype and a uint8 zero point.
-    One group a row (None) is `LinearStorage` with the rows counted (`linear_rows`); here only the code."""
-    return bits / 8 + (0 if group is None else (_dtype_bytes(dtype) + 1) / group)
-
-
 @dataclass(frozen=True)
 class LinearStorage:
     """How the engine holds a quantized linear layer's weight: a code of `bits` a weight, and per `group` inputs of an
@@ -211,27 +212,36 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         return FP8_STORAGE
     if quantization == "rtn":
         return packed_int_storage(*rtn, dtype)
-    method = config_method(quantization_config)
+    qcfg = quantization_config if config_method(quantization_config) == quantization else None
+    bits = config_weight_bits(qcfg) or arch.weight_bits
     if quantization in ("gptq", "awq"):
-        group: int | None = ASSUMED_GROUP
-        if method == quantization:
-            try:
-                group = packed_group_size(quantization_config)
-            except ValueError:
-                pass
-        return packed_int_storage(arch.weight_bits or 4, group, dtype)
+        return packed_int_storage(bits or 4, _packed_group(qcfg), dtype)
     if quantization == "compressed-tensors":
-        weights = _compressed_tensors_weights(quantization_config) if method == quantization else None
+        weights = _compressed_tensors_weights(qcfg)
         if weights is None:
-            return packed_int_storage(4, ASSUMED_GROUP, dtype) if arch.weight_bits == 4 else FP8_STORAGE
+            return packed_int_storage(4, ASSUMED_GROUP, dtype) if bits == 4 else FP8_STORAGE
         if weights.get("type") == "float":
             return FP8_STORAGE
-        return packed_int_storage(arch.weight_bits or 8, compressed_tensors_group_size(weights), dtype)
+        return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
     return None
 
 
+def _packed_group(quantization_config: Any) -> int | None:
+    """A GPTQ/AWQ quantization_config's group size as the engine reads it (`packed_group_size`), ASSUMED_GROUP
+    without one or where the engine refuses its group_size."""
+    if quantization_config is None:
+        return ASSUMED_GROUP
+    try:
+        return packed_group_size(quantization_config)
+    except ValueError:
+        return ASSUMED_GROUP
+
+
 def _compressed_tensors_weights(quantization_config: Any) -> dict[str, Any] | None:
-    """compressed-tensors' one config group's `weights`, or None where the engine refuses the config groups."""
+    """compressed-tensors' one config group's `weights`, or None without a quantization_config or where the engine
+    refuses its config groups."""
+    if quantization_config is None:
+        return None
     try:
         return compressed_tensors_group(quantization_config)["weights"]
     except ValueError:

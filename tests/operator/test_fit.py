@@ -227,10 +227,11 @@ def test_a_quantization_config_override_is_the_scheme_and_bits_counted(override,
 
 
 def test_gptq_at_8_bits_counts_a_byte_a_weight_and_its_groups():
-    from flotilla.operator.fit import packed_int_bytes_per_weight
+    from flotilla.operator.fit import LinearStorage, linear_storage
 
     eight, four = (ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": b}) for b in (8, 4))
-    assert packed_int_bytes_per_weight(8, 128, "bfloat16") == 1 + 3 / 128
+    # a byte a code, and a bf16 scale and uint8 zero point a group of 128 (no quantization_config to read)
+    assert linear_storage("gptq", eight, dtype="bfloat16") == LinearStorage(8, 128, 3)
     absent = ModelArchitecture.model_validate(LLAMA_8B)
     assert weight_bytes(four, "gptq") == weight_bytes(absent, "gptq")  # 4 bits when weightBits is absent
     assert weight_bytes(four, "gptq") < weight_bytes(eight, "gptq") < weight_bytes(eight, "none")

@@ -339,3 +339,35 @@ def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_pat
         "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
         "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, **numbers})
     assert weight_bytes(arch, "none", "bfloat16", tensor=tensor) == pytest.approx(engine, rel=0.005)
+
+
+LLM_COMPRESSOR = Path(__file__).parents[1] / "engine" / "data" / "llmcompressor-0.14-gptq-w4a16-g64.json"
+
+
+def _llm_compressor(**weights: object) -> dict:
+    qcfg = json.loads(LLM_COMPRESSOR.read_text())
+    qcfg["config_groups"]["group_0"]["weights"] |= weights
+    return qcfg
+
+
+@pytest.mark.parametrize(("qcfg", "group"), [
+    (_llm_compressor(), 64),  # llm-compressor 0.14's own W4A16 config (tests/engine/data)
+    (_llm_compressor(strategy="channel"), None),
+    (_llm_compressor(group_size=0), None),
+    (_llm_compressor(num_bits=8, group_size=32), 32),
+    ({"quant_method": "gptq", "bits": 4, "group_size": "32"}, 32),
+    ({"quant_method": "gptq", "bits": 4, "group_size": -1}, None),
+    ({"quant_method": "gptq", "bits": 4}, None),
+    ({"quant_method": "awq", "bits": 4, "q_group_size": 64}, 64),
+    ({"quant_method": "awq", "bits": 4}, 128),
+])
+def test_the_fit_check_counts_the_group_the_engine_builds(qcfg, group):
+    from flotilla.engine.quantization import linear_method
+    from flotilla.operator.fit import linear_storage
+
+    method = linear_method(qcfg["quant_method"], {"quantization_config": qcfg})
+    arch = ModelArchitecture.model_validate({"hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS,
+                                             "intermediateSize": MLP, "vocabSize": VOCAB})
+    storage = linear_storage(qcfg["quant_method"], arch, qcfg)
+    assert storage is not None and storage.group == method.group_size == group
+    assert storage.bits == method.bits
