@@ -252,13 +252,15 @@ INT4_CODES = LLAMA_8B_LINEAR // 2 + LLAMA_8B_DENSE  # 4-bit codes and the bf16 e
     # -1 (and GPTQ's default when absent): one group a row
     ({"quant_method": "gptq", "bits": 4, "group_size": -1}, INT4_CODES + LLAMA_8B_ROWS * 3),  # 5,595,136,000
     ({"quant_method": "gptq", "bits": 4}, INT4_CODES + LLAMA_8B_ROWS * 3),
-    ({"quant_method": "gptq", "bits": 8, "group_size": 32}, LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_LINEAR // 32 * 3),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 32},
+     LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_LINEAR // 32 * 3),
     ({"quant_method": "awq", "bits": 4, "group_size": 64}, INT4_CODES + LLAMA_8B_LINEAR // 64 * 3),  # 5,918,162,944
     ({"quant_method": "awq", "w_bit": 4, "q_group_size": 32}, INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),
     ({"quant_method": "awq", "bits": 4}, INT4_CODES + LLAMA_8B_LINEAR // 128 * 3),  # AWQ's default: 128
     # compressed-tensors: the config group's weights, group_size under strategy "group", one a row under "channel"
     (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {
-        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}}, INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}},
+     INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),
     (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {
         "num_bits": 4, "type": "int", "strategy": "channel"}}}}, INT4_CODES + LLAMA_8B_ROWS * 3),
     (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {  # W8A16: 1 byte a code, 9,244,246,016

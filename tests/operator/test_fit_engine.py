@@ -101,7 +101,8 @@ def test_fit_figures_equal_what_the_engine_allocates(tmp_path, monkeypatch, case
         "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB,
         "tieWordEmbeddings": config["tie_word_embeddings"], "weightBits": bits})
     # to the byte: codes, a scale (and zero point) a group of the quantization_config's group size or a row
-    assert weight_bytes(arch, quantization, "bfloat16", quantization_config=config.get("quantization_config")) == weights
+    qcfg = config.get("quantization_config")
+    assert weight_bytes(arch, quantization, "bfloat16", quantization_config=qcfg) == weights
     assert kv_bytes_per_token(arch, kv_dtype, "bfloat16") == kv_per_token
 
 
@@ -366,8 +367,8 @@ def test_the_fit_check_counts_the_group_the_engine_builds(qcfg, group):
     from flotilla.operator.fit import linear_storage
 
     method = linear_method(qcfg["quant_method"], {"quantization_config": qcfg})
-    arch = ModelArchitecture.model_validate({"hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS,
-                                             "intermediateSize": MLP, "vocabSize": VOCAB})
+    arch = ModelArchitecture.model_validate({"hiddenSize": HIDDEN, "numHiddenLayers": LAYERS,
+                                             "numAttentionHeads": HEADS, "intermediateSize": MLP, "vocabSize": VOCAB})
     storage = linear_storage(qcfg["quant_method"], arch, qcfg)
     assert storage is not None and storage.group == method.group_size == group
     assert storage.bits == method.bits
