@@ -42,7 +42,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
-    arch = spec.model.config
+    arch = spec.architecture  # with --hf-overrides set over model.config, as the fit check counts it
     return None if arch is None else weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec),
                                                   quantization_config=spec.quantization_config_override)
 
