@@ -111,11 +111,14 @@ def compressed_tensors_group(qcfg: dict[str, Any]) -> dict[str, Any]:
 
 def compressed_tensors_group_size(weights: dict[str, Any]) -> int | None:
     """Inputs a scale group of compressed-tensors' integer weights spans, as the engine reads its config group's
-    `weights`: group_size under strategy "group"; None (one group a row) under "channel", or where group_size is
-    no positive integer."""
-    size = weights.get("group_size")
-    if weights.get("strategy") != "group" or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+    `weights`: group_size under strategy "group", None (one group a row) under any other. ValueError where strategy
+    "group" has no positive integer group_size."""
+    if weights.get("strategy") != "group":
         return None
+    size = weights.get("group_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"compressed-tensors: weights' group_size {size!r} is not a number of inputs "
+                         "(strategy group)")
     return size
 
 
@@ -140,6 +143,8 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
         weight_bits(qcfg)
         if method in ("gptq", "awq"):
             packed_group_size(qcfg)
+        elif method == "compressed-tensors":
+            compressed_tensors_group_size(compressed_tensors_group(qcfg)["weights"])
     except ValueError as exc:  # the engine's own refusal of it, in its words
         return f"--hf-overrides: quantization_config: {exc}"
     return None

@@ -222,7 +222,10 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
             return packed_int_storage(4, ASSUMED_GROUP, dtype) if bits == 4 else FP8_STORAGE
         if weights.get("type") == "float":
             return FP8_STORAGE
-        return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
+        try:
+            return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
+        except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
+            return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
     return None
 
 

@@ -354,7 +354,7 @@ def _llm_compressor(**weights: object) -> dict:
 @pytest.mark.parametrize(("qcfg", "group"), [
     (_llm_compressor(), 64),  # llm-compressor 0.14's own W4A16 config (tests/engine/data)
     (_llm_compressor(strategy="channel"), None),
-    (_llm_compressor(group_size=0), None),
+    (_llm_compressor(strategy="channel", group_size=None), None),
     (_llm_compressor(num_bits=8, group_size=32), 32),
     ({"quant_method": "gptq", "bits": 4, "group_size": "32"}, 32),
     ({"quant_method": "gptq", "bits": 4, "group_size": -1}, None),
