@@ -239,6 +239,7 @@ def _per_rank_weight_bytes(model) -> int:
 
 @pytest.mark.parametrize(("tensor", "pipeline", "quantization", "tied"), [
     (2, 1, "none", False), (4, 1, "none", False), (8, 1, "none", False), (4, 1, "rtn", False), (2, 1, "fp8", False),
+    (4, 1, "fp8", False),
     (1, 2, "none", False), (2, 2, "none", False), (1, 2, "none", True)])
 def test_fit_weights_under_model_parallelism_equal_what_the_ranks_allocate(tmp_path, monkeypatch, tensor, pipeline,
                                                                           quantization, tied):
