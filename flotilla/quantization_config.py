@@ -1,12 +1,13 @@
 """What a config.json's `quantization_config` tells the engine about its linear weights, read without torch: the
 scheme it names (`quant_method`), the bits of a weight, GPTQ/AWQ's group size and compressed-tensors' one config
-group.
+group and its group size.
 
 The engine runs the scheme the checkpoint's quantization_config names (engine/quantization `resolve_quantization`),
 and an --hf-overrides `quantization_config` replaces the checkpoint's whole before that. The engine's scheme modules
 (engine/quantization gptq.py, awq.py, compressed_tensors.py) read these fields with the functions here, and the
-operator reads an override's with the same ones: the fit check counts the weights at its bits, and the webhook
-refuses what the engine would refuse at start-up, with the engine's words (the ValueError these functions raise).
+operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
+its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
+ValueError these functions raise).
 Each scheme's layout details (desc_act, AWQ's version, compressed-tensors' targets and strategies) stay with the
 engine's module.
 
