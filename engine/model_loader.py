@@ -138,6 +138,8 @@ def fill_dummy_weights(model: nn.Module, std: float, seed: int) -> None:
                                       device=param.device, dtype=torch.int64).to(param.dtype))
         elif name.endswith("weight_scale"):
             param.fill_(std / 4)  # random codes and zero points: a benchmark reads bytes, not values
+        elif param.element_size() == 1:  # an fp8 checkpoint's weight (torch draws no fp8 normals): std / its scale
+            param.copy_(torch.randn(param.shape, generator=generator, device=param.device) * 4)
         elif param.dim() >= 2:
             param.normal_(0.0, std, generator=generator)
         elif name.endswith("bias"):

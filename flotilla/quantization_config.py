@@ -1,12 +1,13 @@
 """What a config.json's `quantization_config` tells the engine about its linear weights, read without torch: the
 scheme it names (`quant_method`), the bits of a weight, GPTQ/AWQ's group size and compressed-tensors' one config
-group.
+group and its group size.
 
 The engine runs the scheme the checkpoint's quantization_config names (engine/quantization `resolve_quantization`),
 and an --hf-overrides `quantization_config` replaces the checkpoint's whole before that. The engine's scheme modules
 (engine/quantization gptq.py, awq.py, compressed_tensors.py) read these fields with the functions here, and the
-operator reads an override's with the same ones: the fit check counts the weights at its bits, and the webhook
-refuses what the engine would refuse at start-up, with the engine's words (the ValueError these functions raise).
+operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
+its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
+ValueError these functions raise).
 Each scheme's layout details (desc_act, AWQ's version, compressed-tensors' targets and strategies) stay with the
 engine's module.
 
@@ -109,6 +110,19 @@ def compressed_tensors_group(qcfg: dict[str, Any]) -> dict[str, Any]:
     return group
 
 
+def compressed_tensors_group_size(weights: dict[str, Any]) -> int | None:
+    """Inputs a scale group of compressed-tensors' integer weights spans, as the engine reads its config group's
+    `weights`: group_size under strategy "group", None (one group a row) under any other. ValueError where strategy
+    "group" has no positive integer group_size."""
+    if weights.get("strategy") != "group":
+        return None
+    size = weights.get("group_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"compressed-tensors: weights' group_size {size!r} is not a number of inputs "
+                         "(strategy group)")
+    return size
+
+
 def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.quantization") -> str | None:
     """Why the engine would refuse to start with an --hf-overrides `quantization_config` of `qcfg` beside the
     --quantization it is given (`quantization`, "none" for none; `field` names where it is set), or None."""
@@ -130,6 +144,8 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
         weight_bits(qcfg)
         if method in ("gptq", "awq"):
             packed_group_size(qcfg)
+        elif method == "compressed-tensors":
+            compressed_tensors_group_size(compressed_tensors_group(qcfg)["weights"])
     except ValueError as exc:  # the engine's own refusal of it, in its words
         return f"--hf-overrides: quantization_config: {exc}"
     return None

@@ -42,8 +42,11 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
 
 
 def _weights(spec: InferenceServiceSpec) -> int | None:
+    """Bytes of the checkpoint's weights (what is downloaded and read through the page cache): model.config's
+    numbers, which an --hf-overrides layer count does not change on disk, stored as its quantization_config says."""
     arch = spec.model.config
-    return None if arch is None else weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec))
+    return None if arch is None else weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec),
+                                                  quantization_config=spec.quantization_config_override)
 
 
 def default_requests(spec: InferenceServiceSpec) -> dict[str, str]:

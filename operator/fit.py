@@ -14,15 +14,22 @@ What is counted, per replica:
   parallelism a stage builds only what it runs, as vLLM does (engine/models/llama.py): its decoder layers, the
   embedding on the first stage, the final norm and the LM head on the last; so an untied model's embedding and
   head count once, while a tied one's table counts twice (the first stage's embedding and the last stage's head).
-  Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); fp8 and int8: 1; AWQ/GPTQ
-  int4 with group size 128, as the engine holds them (engine/quantization/packed_int.py): 0.5 + a
-  model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too) = 0.5234 in bf16;
-  compressed-tensors: `model.config.weightBits` (8: 1 byte, 4: the int4 figure), 8 when absent; GPTQ with
-  weightBits 8: 1 + the same scale and zero point a group. An --hf-overrides quantization_config in
-  spec.engineArgs replaces the checkpoint's whole, as the engine reads it: its quant_method is the scheme counted
-  where spec.quantization is none, and its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are weightBits;
+  Bytes per linear weight: model dtype (2 for bf16/fp16, 4 for fp32); quantized ones as the engine holds them
+  (`linear_storage`): a code, plus a scale (and zero point) per group of inputs or per output row, whose count is
+  exact for the derived architecture (each linear's rows; o and down, row-parallel, keep every row on each
+  tensor rank), an estimate (linear parameters / hiddenSize) with numParameters. fp8 and int8: 1 + a float32 scale
+  a row (engine/quantization/fp8.py). AWQ/GPTQ (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when
+  absent) + a model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too): 0.5 + 3/128
+  = 0.5234 in bf16 at groups of 128, the size assumed without a quantization_config; 0.5 + 3/32 at 32; one
+  group a row (GPTQ's -1) 0.5 + 3 bytes a row. compressed-tensors: `model.config.weightBits` 4: the int4 figure
+  at groups of 128; 8 or absent: fp8's. An --hf-overrides quantization_config in spec.engineArgs replaces the
+  checkpoint's whole, as the engine reads it (flotilla/quantization_config.py): its quant_method is the scheme
+  counted where spec.quantization is none, its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are
+  weightBits, and its group size the one counted: GPTQ/AWQ's group_size (`packed_group_size`: GPTQ -1 and AWQ 128
+  when absent, -1 one group a row), compressed-tensors' config group's weights (`compressed_tensors_group_size`:
+  group_size under strategy "group", a row under "channel"; type "float": fp8's figure).
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
-  128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row, not counted).
+  128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
   Q4_0/Q4_1 linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
   block of 32 (0.25) and, on CUDA, also the weight dequantized once at load at the model dtype (2 for bf16):
@@ -59,16 +66,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from flotilla.engine_rules import RuleError, default_max_num_batched_tokens, rtn_settings
 from flotilla.operator.gpus import GPU, lookup
 from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 from flotilla.operator.status import FitStatus
+from flotilla.quantization_config import (
+    compressed_tensors_group,
+    compressed_tensors_group_size,
+    config_method,
+    config_weight_bits,
+    packed_group_size,
+)
 
 GIB = 1 << 30
 FIXED_OVERHEAD_PER_GPU = 1 * GIB
-INT4_GROUP = 128  # the group size assumed for AWQ / GPTQ / compressed-tensors int4 (the common one)
+# The group size assumed for AWQ / GPTQ / compressed-tensors int4 without a quantization_config to read (the common
+# one; the operator does not read the checkpoint's config.json).
+ASSUMED_GROUP = 128
 GGUF_BLOCK = 32
 # On the device: int32-packed 4-bit codes plus a float32 scale and offset a block (GgufInt4Method.create_weights).
 GGUF_INT4_CODE_BYTES_PER_WEIGHT = 0.5 + 2 * 4 / GGUF_BLOCK
@@ -165,29 +181,108 @@ def rtn_scheme(spec: InferenceServiceSpec) -> tuple[int, int | None]:
         return 8, 128
 
 
-def packed_int_bytes_per_weight(bits: int, group: int | None, dtype: str = "auto") -> float:
-    """Device bytes of one weight of a packed-integer linear (engine/quantization/packed_int.py): its code, and per
-    group of `group` inputs a scale at the model dtype and a uint8 zero point; one group a row (None): those are
-    not counted (under 0.1 %)."""
-    return bits / 8 + (0 if group is None else (_dtype_bytes(dtype) + 1) / group)
+@dataclass(frozen=True)
+class LinearStorage:
+    """How the engine holds a quantized linear layer's weight: a code of `bits` a weight, and per `group` inputs of an
+    output row (None: one per row) `scale_bytes` of scale and zero point."""
+
+    bits: int
+    group: int | None
+    scale_bytes: int
+
+
+def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> LinearStorage:
+    """Packed-integer codes (GPTQ, AWQ, compressed-tensors W4A16/W8A16, rtn): a scale at the model dtype and a uint8
+    zero point a group (symmetric schemes keep theirs too, packed_int.py)."""
+    return LinearStorage(bits, group, _dtype_bytes(dtype) + 1)
+
+
+# fp8 weights (--quantization fp8 at load, fp8 and compressed-tensors float checkpoints): one float32 scale an output
+# row (engine/quantization/fp8.py; a per-tensor checkpoint scale is spread over the rows).
+FP8_STORAGE = LinearStorage(8, None, 4)
+
+
+def linear_storage(quantization: str, arch: ModelArchitecture, quantization_config: Any = None,
+                   rtn: tuple[int, int | None] = (8, 128), dtype: str = "auto") -> LinearStorage | None:
+    """How the engine stores the linear weights under `quantization` (None: dense or gguf, counted apart), reading
+    a GPTQ/AWQ group size and a compressed-tensors config group from `quantization_config` (an --hf-overrides one)
+    with the engine's readers; without one, groups of ASSUMED_GROUP (compressed-tensors: W4A16 at weightBits 4, fp8
+    otherwise). A quantization_config the engine refuses counts as absent (the webhook refuses that spec)."""
+    if quantization in ("fp8", "int8"):
+        return FP8_STORAGE
+    if quantization == "rtn":
+        return packed_int_storage(*rtn, dtype)
+    qcfg = quantization_config if config_method(quantization_config) == quantization else None
+    bits = config_weight_bits(qcfg) or arch.weight_bits
+    if quantization in ("gptq", "awq"):
+        return packed_int_storage(bits or 4, _packed_group(qcfg), dtype)
+    if quantization == "compressed-tensors":
+        weights = _compressed_tensors_weights(qcfg)
+        if weights is None:
+            return packed_int_storage(4, ASSUMED_GROUP, dtype) if bits == 4 else FP8_STORAGE
+        if weights.get("type") == "float":
+            return FP8_STORAGE
+        try:
+            return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
+        except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
+            return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
+    return None
+
+
+def _packed_group(quantization_config: Any) -> int | None:
+    """A GPTQ/AWQ quantization_config's group size as the engine reads it (`packed_group_size`), ASSUMED_GROUP
+    without one or where the engine refuses its group_size."""
+    if quantization_config is None:
+        return ASSUMED_GROUP
+    try:
+        return packed_group_size(quantization_config)
+    except ValueError:
+        return ASSUMED_GROUP
+
+
+def _compressed_tensors_weights(quantization_config: Any) -> dict[str, Any] | None:
+    """compressed-tensors' one config group's `weights`, or None without a quantization_config or where the engine
+    refuses its config groups."""
+    if quantization_config is None:
+        return None
+    try:
+        return compressed_tensors_group(quantization_config)["weights"]
+    except ValueError:
+        return None
+
+
+def linear_rows(arch: ModelArchitecture, tensor: int = 1) -> int:
+    """Output rows of the decoder's linear layers over `tensor` ranks, each holding its scales when a row has one:
+    q/k/v and gate/up split their rows over the ranks, o and down (row-parallel) keep every row on each. Estimated
+    as the linear parameters over hiddenSize for numParameters or a mixture-of-experts model."""
+    linear, _ = parameter_counts(arch, tensor)
+    if arch.num_parameters is not None or arch.num_experts is not None:
+        return linear // arch.hidden_size
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    kv_heads = max(arch.num_key_value_heads or arch.num_attention_heads, tensor)
+    column = (arch.num_attention_heads + 2 * kv_heads) * head_dim + 2 * arch.intermediate_size
+    return arch.num_hidden_layers * (column + tensor * 2 * arch.hidden_size)
 
 
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto",
-                 rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1) -> int:
+                 rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1,
+                 quantization_config: Any = None) -> int:
     """Bytes of the weights of one replica for a quantization method (see the module docstring); `rtn` is
     `rtn_scheme`'s (bits, group); `tensor` the replica's tensor-parallel ranks (KV heads replicated over them),
-    `pipeline` its stages (the first holds the embedding, the last the LM head: a tied table twice)."""
+    `pipeline` its stages (the first holds the embedding, the last the LM head: a tied table twice);
+    `quantization_config` an --hf-overrides one (`linear_storage`)."""
     linear, embeddings = parameter_counts(arch, tensor)
     if arch.tie_word_embeddings and pipeline > 1:
         embeddings += arch.vocab_size * arch.hidden_size  # the last stage's head, a copy of the first's embedding
-    int4 = packed_int_bytes_per_weight(4, INT4_GROUP, dtype)
-    compressed = int4 if arch.weight_bits == 4 else 1
-    packed = packed_int_bytes_per_weight(arch.weight_bits or 4, INT4_GROUP, dtype)  # GPTQ's 8 bits too
+    dense = embeddings * _dtype_bytes(dtype)
+    storage = linear_storage(quantization, arch, quantization_config, rtn, dtype)
+    if storage is not None:
+        scales = linear // storage.group if storage.group else linear_rows(arch, tensor)
+        return linear * storage.bits // 8 + scales * storage.scale_bytes + dense
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
-    per_weight = {"none": _dtype_bytes(dtype), "fp8": 1, "int8": 1, "rtn": packed_int_bytes_per_weight(*rtn, dtype),
-                  "awq": packed, "gptq": packed, "compressed-tensors": compressed, "gguf": gguf}[quantization]
-    return int(linear * per_weight + embeddings * _dtype_bytes(dtype))
+    per_weight = {"none": _dtype_bytes(dtype), "gguf": gguf}[quantization]
+    return int(linear * per_weight + dense)
 
 
 def gguf_file_bytes(arch: ModelArchitecture) -> int:
@@ -272,7 +367,8 @@ def _memory(spec: InferenceServiceSpec, arch: ModelArchitecture, gpu: GPU, max_m
     """The weights (with the LoRA slots and a draft model's), the KV bytes a token (the draft's too), the
     activations and the budget of `spec` on `gpu`."""
     tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
-    weights = weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline)
+    weights = weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline,
+                           spec.quantization_config_override)
     weights += lora_slot_bytes(arch, spec)
     per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None

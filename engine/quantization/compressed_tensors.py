@@ -25,7 +25,7 @@ from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
-from flotilla.quantization_config import compressed_tensors_group, weight_bits
+from flotilla.quantization_config import compressed_tensors_group, compressed_tensors_group_size, weight_bits
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 
@@ -91,8 +91,7 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
             # GPTQ's calibration and stores contiguous groups, as with none.
             raise ValueError(f"compressed-tensors: actorder {weights['actorder']!r} (permuted groups, "
                              "weight_g_idx) is not supported; actorder null, static or weight is")
-        group = weights.get("group_size") if strategy == "group" else None
-        return PackedIntMethod(bits, group, bool(weights.get("symmetric", True)))
+        return PackedIntMethod(bits, compressed_tensors_group_size(weights), bool(weights.get("symmetric", True)))
     raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "
                      "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
 

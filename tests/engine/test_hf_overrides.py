@@ -250,17 +250,23 @@ _INT4 = {"num_bits": 4, "type": "int", "strategy": "channel"}
     (None, _ct(_INT4)), (None, _ct({**_INT4, "num_bits": "4"})), (None, _ct({**_INT4, "num_bits": 2})),
     (None, {"quant_method": "compressed-tensors", "config_groups": ["g"]}),
     (None, {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"]}}}),
+    # its group size under strategy group: a positive integer (a string crashed the engine with a TypeError)
+    (None, _ct({**_INT4, "strategy": "group", "group_size": 32})),
+    (None, _ct({**_INT4, "strategy": "group", "group_size": "64"})),
+    (None, _ct({**_INT4, "strategy": "group", "group_size": -1})), (None, _ct({**_INT4, "strategy": "group"})),
 ])
 def test_the_engine_refuses_a_quantization_config_override_where_the_operator_does(flag, override):
     # the webhook refuses an InferenceService whose --hf-overrides quantization_config the engine would not start with
     # (flotilla/quantization_config.py), and the fit check counts the scheme the engine resolves from it; where the
     # refusal is the shared reader's, both say it in the same words
-    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.engine.quantization import linear_method, resolve_quantization
     from flotilla.quantization_config import config_method, override_method_problem
 
     refused = override_method_problem(override, flag or "none")
     try:
         method = resolve_quantization(flag, {"quantization_config": override})
+        if method is not None:
+            linear_method(method, {"quantization_config": override})
     except ValueError as exc:
         assert refused is not None, exc
         if not override.get("quant_method"):
@@ -270,3 +276,18 @@ def test_the_engine_refuses_a_quantization_config_override_where_the_operator_do
             assert refused == f"--hf-overrides: quantization_config: {exc}"
     else:
         assert refused is None and method == config_method(override)
+
+
+@pytest.mark.parametrize("size", ["64", -1, 0, None, True])
+def test_a_compressed_tensors_group_is_a_positive_number_of_inputs_on_both_sides(size):
+    # the engine took group_size as it came: "64" crashed creating the weights (a TypeError: int % str), -1 made
+    # negative shapes; both refuse it now, in the shared reader's words
+    from flotilla.engine.quantization import linear_method
+    from flotilla.quantization_config import override_method_problem
+
+    override = _ct({**_INT4, "strategy": "group", "group_size": size})
+    words = f"compressed-tensors: weights' group_size {size!r} is not a number of inputs (strategy group)"
+    assert override_method_problem(override, "none") == f"--hf-overrides: quantization_config: {words}"
+    with pytest.raises(ValueError) as refused:
+        linear_method("compressed-tensors", {"quantization_config": override})
+    assert str(refused.value) == words

@@ -46,6 +46,15 @@ CASES = [
                                                                                            "memory": "12Gi"}}),
     ({"parallelism": {"tensor": 2}, "model": {"source": "pvc://m", "config": LLAMA_8B}},
      lambda d: engine(d)["resources"]["requests"], {"cpu": "6", "memory": "12Gi"}),
+    # the checkpoint's bytes as its --hf-overrides quantization_config stores them: 8-bit GPTQ in groups of 128,
+    # 9.24 GB (4 GiB + 2.15 GiB; counted at 4 bits, 5.75 GB, it was 6Gi) ...
+    ({"model": {"source": "pvc://m", "config": LLAMA_8B}, "engineArgs": [
+        "--hf-overrides", '{"quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 128}}']},
+     lambda d: engine(d)["resources"]["requests"], {"cpu": "4", "memory": "7Gi"}),
+    # ... and all the layers the files hold, whatever number of them the engine is told to build (16.06 GB)
+    ({"model": {"source": "pvc://m", "config": LLAMA_8B}, "engineArgs": [
+        "--hf-overrides", '{"num_hidden_layers": 16}']},
+     lambda d: engine(d)["resources"]["requests"], {"cpu": "4", "memory": "8Gi"}),
     ({}, lambda d: pod(d)["automountServiceAccountToken"], False),
     ({}, lambda d: pod(d)["volumes"][2], {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}}),
     ({"resources": {"tmpSize": "50Gi"}}, lambda d: pod(d)["volumes"][2]["emptyDir"]["sizeLimit"], "50Gi"),

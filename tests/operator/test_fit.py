@@ -182,7 +182,8 @@ def test_rtn_weights_follow_the_pods_rtn_settings():
     four = InferenceServiceSpec.model_validate(body | {"pod": {"env": [{"name": "RTN_NUM_BITS", "value": "4"}]}})
     per_row = InferenceServiceSpec.model_validate(body | {"pod": {"env": [{"name": "RTN_GROUP_SIZE", "value": "-1"}]}})
     assert (rtn_scheme(eight), rtn_scheme(four), rtn_scheme(per_row)) == ((8, 128), (4, 128), (8, None))
-    assert weight_bytes(arch, "rtn", rtn=rtn_scheme(per_row)) == weight_bytes(arch, "fp8")
+    # one bf16 scale and uint8 zero point a row (LLAMA_8B_ROWS) against fp8's float32 scale a row
+    assert weight_bytes(arch, "rtn", rtn=rtn_scheme(per_row)) == weight_bytes(arch, "fp8") - LLAMA_8B_ROWS
     assert weight_bytes(arch, "rtn", rtn=rtn_scheme(eight)) > weight_bytes(arch, "fp8")
     assert weight_bytes(arch, "rtn", rtn=rtn_scheme(four)) == weight_bytes(arch, "awq")
 
@@ -220,18 +221,79 @@ def test_a_quantization_config_override_is_the_scheme_and_bits_counted(override,
                                                           json.dumps({"quantization_config": override})])
     method, bits = counted_as
     assert (given.weight_quantization, given.architecture.weight_bits) == (method, bits)
-    expected = weight_bytes(ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": bits}), method)
+    expected = weight_bytes(ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": bits}), method,
+                            quantization_config=override)
     assert check_fit(given).weight_bytes == expected < check_fit(dense).weight_bytes
 
 
 def test_gptq_at_8_bits_counts_a_byte_a_weight_and_its_groups():
-    from flotilla.operator.fit import packed_int_bytes_per_weight
+    from flotilla.operator.fit import LinearStorage, linear_storage
 
     eight, four = (ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": b}) for b in (8, 4))
-    assert packed_int_bytes_per_weight(8, 128, "bfloat16") == 1 + 3 / 128
+    # a byte a code, and a bf16 scale and uint8 zero point a group of 128 (no quantization_config to read)
+    assert linear_storage("gptq", eight, dtype="bfloat16") == LinearStorage(8, 128, 3)
     absent = ModelArchitecture.model_validate(LLAMA_8B)
     assert weight_bytes(four, "gptq") == weight_bytes(absent, "gptq")  # 4 bits when weightBits is absent
     assert weight_bytes(four, "gptq") < weight_bytes(eight, "gptq") < weight_bytes(eight, "none")
+
+
+# Llama-3.1-8B by hand: linear weights 32 x (4096 x (2 x 4096 + 2 x 1024) + 3 x 4096 x 14336) = 6,979,321,856;
+# embedding and LM head 2 x 128256 x 4096 x 2 bytes = 2,101,346,304; output rows of the linears (one scale each
+# where a row has one) 32 x (4096 + 2 x 1024 (q, k, v) + 4096 (o) + 2 x 14336 (gate, up) + 4096 (down)) = 1,376,256.
+LLAMA_8B_LINEAR, LLAMA_8B_DENSE, LLAMA_8B_ROWS = 6_979_321_856, 2_101_346_304, 1_376_256
+INT4_CODES = LLAMA_8B_LINEAR // 2 + LLAMA_8B_DENSE  # 4-bit codes and the bf16 embeddings: 5,591,007,232
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    # GPTQ/AWQ: a bf16 scale and a uint8 zero point (3 bytes) a group of `group_size` inputs
+    ({"quant_method": "gptq", "bits": 4, "group_size": 32}, INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),  # 6,245,318,656
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, INT4_CODES + LLAMA_8B_LINEAR // 128 * 3),  # 5,754,585,088
+    ({"quant_method": "gptq", "bits": 4, "group_size": "64"}, INT4_CODES + LLAMA_8B_LINEAR // 64 * 3),  # int("64")
+    # -1 (and GPTQ's default when absent): one group a row
+    ({"quant_method": "gptq", "bits": 4, "group_size": -1}, INT4_CODES + LLAMA_8B_ROWS * 3),  # 5,595,136,000
+    ({"quant_method": "gptq", "bits": 4}, INT4_CODES + LLAMA_8B_ROWS * 3),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 32},
+     LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_LINEAR // 32 * 3),
+    ({"quant_method": "awq", "bits": 4, "group_size": 64}, INT4_CODES + LLAMA_8B_LINEAR // 64 * 3),  # 5,918,162,944
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 32}, INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),
+    ({"quant_method": "awq", "bits": 4}, INT4_CODES + LLAMA_8B_LINEAR // 128 * 3),  # AWQ's default: 128
+    # compressed-tensors: the config group's weights, group_size under strategy "group", one a row under "channel"
+    (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}},
+     INT4_CODES + LLAMA_8B_LINEAR // 32 * 3),
+    (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "channel"}}}}, INT4_CODES + LLAMA_8B_ROWS * 3),
+    (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {  # W8A16: 1 byte a code, 9,244,246,016
+        "num_bits": 8, "type": "int", "strategy": "group", "group_size": 128}}}},
+     LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_LINEAR // 128 * 3),
+    # a group size the engine refuses (the webhook too) counts the assumed 128, without failing the fit check
+    (W4A16 | {"config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}}}},
+     INT4_CODES + LLAMA_8B_LINEAR // 128 * 3),
+    ({"quant_method": "gptq", "bits": 4, "group_size": "g32"}, INT4_CODES + LLAMA_8B_LINEAR // 128 * 3),
+    # fp8 (float weights): a byte a weight and a float32 scale a row, 9,086,173,184
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}},
+     LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_ROWS * 4),
+    ({"quant_method": "fp8"}, LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_ROWS * 4),
+])
+def test_quantized_weights_count_the_scales_of_the_group_size_the_engine_reads(override, expected):
+    # the fit check counted every GPTQ/AWQ/W4A16 checkpoint in groups of 128 whatever the quantization_config said
+    # (g32 holds 4x the scales: 8.5 % more bytes than it counted), and no scale of a per-row scheme
+    given = spec("llama8b", "H200", 1, "bf16", engineArgs=["--hf-overrides",
+                                                          json.dumps({"quantization_config": override})])
+    assert check_fit(given).weight_bytes == expected
+
+
+def test_without_a_quantization_config_packed_weights_are_counted_in_groups_of_128_and_fp8_by_rows():
+    arch = ModelArchitecture.model_validate(LLAMA_8B)
+    w4a16 = ModelArchitecture.model_validate({**LLAMA_8B, "weightBits": 4})
+    g128 = INT4_CODES + LLAMA_8B_LINEAR // 128 * 3
+    assert weight_bytes(arch, "gptq") == weight_bytes(arch, "awq") == weight_bytes(w4a16, "compressed-tensors") == g128
+    fp8 = LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_ROWS * 4
+    assert weight_bytes(arch, "fp8") == weight_bytes(arch, "compressed-tensors") == fp8
+    # tensor parallelism: o and down (row-parallel) keep every output row, and its scale, on each of 2 ranks
+    assert weight_bytes(arch, "fp8", tensor=2) == fp8 + 32 * 2 * 4096 * 4
 
 
 def test_num_parameters_overrides_the_derived_count():

@@ -116,6 +116,12 @@ INVALID = {
         {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "gptq",
                                                                              "group_size": "g128"}})]},
         "spec.engineArgs: --hf-overrides: quantization_config: gptq's group_size 'g128' is not a number of inputs"),
+    "quantization-config-override-compressed-tensors-group-size-no-number": (
+        {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {
+            "quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}}}}})]},
+        "spec.engineArgs: --hf-overrides: quantization_config: compressed-tensors: weights' group_size '64' is not a "
+        "number of inputs (strategy group)"),
 }
 
 
