@@ -21,7 +21,8 @@ from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.pooling.classify import classify_prompts, token_classify_prompts
-from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
+from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
+from flotilla.engine.pooling.prompts import check_prompt
 from flotilla.engine.pooling.output import (
     ClassificationOutput,
     PoolingOutput,

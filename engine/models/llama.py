@@ -23,6 +23,7 @@ from flotilla.engine.layers.moe import MoeArch, SparseMoeBlock
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
+from flotilla.engine.models.registry import activation_problem
 from flotilla.engine.models.llama_cpu_decode import (
     CpuDecodePlan,
     cpu_decode_forward,
@@ -112,15 +113,6 @@ class LlamaArch:
             qk_norm=qk_norm,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         )
-
-
-def activation_problem(c: dict[str, Any]) -> str | None:
-    """Why config.json's `hidden_act` cannot run here, or None: the MLP computes SiLU only, and another activation
-    would run as SiLU and generate other tokens than HF."""
-    act = c.get("hidden_act", "silu")
-    if act in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
-        return None
-    return f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM"
 
 
 class LlamaAttention(nn.Module):

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import Field
 
 from flotilla.engine.pooling import scoring
-from flotilla.engine.pooling.embed import check_prompt
+from flotilla.engine.pooling.prompts import check_prompt
 from flotilla.engine.pooling.params import PoolingParams
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.classify import classify_in_calls
