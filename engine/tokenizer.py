@@ -35,6 +35,12 @@ def tokenizer_bytes(tokenizer: Any) -> bytes | None:
         return None
 
 
+def import_tokenizer_classes() -> None:
+    """Import transformers' fast-tokenizer module, the one unpickling the engine core's tokenizer imports (its
+    class or its base; no torch): the API process does it while the core loads the tokenizer, not after."""
+    import transformers.tokenization_utils_tokenizers  # noqa: F401
+
+
 def tokenizer_from_core(data: bytes | None, path: str) -> Any:
     """The API process's tokenizer: the engine core's copy (`tokenizer_bytes`), or when it sent none or it does
     not unpickle here, `load_tokenizer(path)`. Unpickling imports only the tokenizer's own class (transformers'

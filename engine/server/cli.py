@@ -38,7 +38,7 @@ from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.server.start_signals import StartSignals, StartStopped
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
-from flotilla.engine.tokenizer import load_tokenizer, tokenizer_from_core
+from flotilla.engine.tokenizer import import_tokenizer_classes, load_tokenizer, tokenizer_from_core
 from flotilla.flags import CONFIG_FLAG, FLAGS, MODEL_FLAG
 
 logger = logging.getLogger("flotilla.serve")
@@ -347,6 +347,7 @@ def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], Non
     client = EngineCoreClient(factory, on_step, on_dead=exit_process)
     client.launch()  # a signal meanwhile is only recorded: the spawn data reaches the core whole
     try:
+        import_tokenizer_classes()
         signals.check()
         tokenizer = tokenizer_from_core(client.wait_for_tokenizer(signals.check), tokenizer_path)
         signals.check()
