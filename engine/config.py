@@ -716,10 +716,10 @@ def _torch_built_for_gpu() -> bool:
         return True
     built = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) \
-            else None
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
-            built[target.id] = node.value.value
+        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Constant):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name):
+                built[target.id] = node.value.value
     return built.get("cuda", True) is not None or built.get("hip", True) is not None
 
 

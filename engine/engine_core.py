@@ -8,10 +8,11 @@ The two talk over two one-way `multiprocessing` pipes (spawn context). Commands 
 `("add", ...)`, `("abort", ids)`, `("call", id, EngineCall)`, `("shutdown",)`. Out goes one message per
 step: `("step", output deltas, failures, stats snapshot)`; plus, while starting, `("tokenizer", pickled
 tokenizer or None)` once the tokenizer is loaded (the API process's copy: it never loads its own, nor imports
-torch) and `("ready", snapshot)` once built (or `("failed", error)` at either point), `("stats", snapshot)` every half second when idle, `("call", id, ok, result)`,
-`("stopped",)` after a shutdown and `("dead", error)` if the loop dies. After "ready", messages travel in
-lists, written by a thread of their own (`core_output_sender.py`), so the step loop never waits for the
-API process to read. `EngineCoreClient` is the other end.
+torch) and `("ready", snapshot)` once built (or `("failed", error)` at either point); `("stats", snapshot)`
+every half second when idle, `("call", id, ok, result)`, `("stopped",)` after a shutdown and `("dead", error)`
+if the loop dies. After "ready", messages travel in lists, written by a thread of their own
+(`core_output_sender.py`), so the step loop never waits for the API process to read. `EngineCoreClient` is the
+other end.
 
 The process ignores SIGINT and SIGTERM: the API process decides when it stops (draining first), and
 a Ctrl-C sent to the whole process group must not kill the core under in-flight requests. If the API

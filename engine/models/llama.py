@@ -23,13 +23,13 @@ from flotilla.engine.layers.moe import MoeArch, SparseMoeBlock
 from flotilla.engine.layers.norm import RMSNorm
 from flotilla.engine.layers.rotary import RotaryEmbedding
 from flotilla.engine.models.causal_lm import CausalLM
-from flotilla.engine.models.registry import activation_problem
 from flotilla.engine.models.llama_cpu_decode import (
     CpuDecodePlan,
     cpu_decode_forward,
     cpu_decode_plan,
     cpu_decode_takes,
 )
+from flotilla.engine.models.registry import activation_problem
 from flotilla.engine.parallel_state import (
     is_last_stage,
     pp_rank,
