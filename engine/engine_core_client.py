@@ -110,7 +110,7 @@ class EngineCoreClient:
 
     def wait_for_tokenizer(self, check: Callable[[], None] | None = None) -> bytes | None:
         """The launched core's tokenizer, pickled (None: it does not pickle), sent once loaded and before the core
-        builds its engine, so this process unpickles it meanwhile (`tokenizer_from_core`); RuntimeError from the
+        builds its engine, so this process unpickles it meanwhile (`tokenizer_from_bytes`); RuntimeError from the
         core's error if it could not load it. `check` as for `wait_until_ready`."""
         message = self._start_message(check)
         if message[0] != "tokenizer":

@@ -23,15 +23,16 @@ def load_tokenizer(path: str) -> Any:
 
 
 def tokenizer_bytes(tokenizer: Any) -> bytes | None:
-    """`tokenizer` pickled, for the engine core to hand the API process its copy (the fast tokenizer pickles as its
-    Rust tokenizer's JSON plus the Python attributes: added and special tokens, chat template); None for a
-    tokenizer that is not transformers' own or does not pickle, which the API process then loads itself."""
+    """`tokenizer` pickled: the engine core hands the API process its copy so (the fast tokenizer pickles as its
+    Rust tokenizer's JSON plus the Python attributes: added and special tokens, chat template), and an in-process
+    engine gets its own copy of the server's so. None for a tokenizer that is not transformers' own or does not
+    pickle: the other side then loads its own."""
     if not type(tokenizer).__module__.startswith("transformers."):
         return None
     try:
         return pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # an attribute that does not pickle: the API process loads its own
-        logger.debug("the tokenizer does not pickle: the API process loads its own", exc_info=True)
+        logger.debug("the tokenizer does not pickle: it is loaded again where it is needed", exc_info=True)
         return None
 
 
@@ -41,16 +42,16 @@ def import_tokenizer_classes() -> None:
     import transformers.tokenization_utils_tokenizers  # noqa: F401
 
 
-def tokenizer_from_core(data: bytes | None, path: str) -> Any:
-    """The API process's tokenizer: the engine core's copy (`tokenizer_bytes`), or when it sent none or it does
-    not unpickle here, `load_tokenizer(path)`. Unpickling imports only the tokenizer's own class (transformers'
-    fast tokenizer: no torch), where `AutoTokenizer` imports the model configuration stack and torch: about 0.7 s
-    of CPU instead of 3.3 s for the tests' tiny models."""
+def tokenizer_from_bytes(data: bytes | None, path: str) -> Any:
+    """The tokenizer `tokenizer_bytes` pickled (the engine core's copy for the API process), or when there is none
+    or it does not unpickle here, `load_tokenizer(path)`. Unpickling imports only the tokenizer's own class
+    (transformers' fast tokenizer: no torch), where `AutoTokenizer` imports the model configuration stack and
+    torch: about 0.7 s of CPU instead of 3.3 s for the tests' tiny models."""
     if data is not None:
         try:
             return pickle.loads(data)
-        except Exception:  # the core's check could not see this process's environment
-            logger.warning("the engine core's tokenizer did not unpickle: loading it again", exc_info=True)
+        except Exception:  # tokenizer_bytes could not check what unpickles in this process
+            logger.warning("the pickled tokenizer did not unpickle: loading it again", exc_info=True)
     return load_tokenizer(path)
 
 

@@ -1,5 +1,5 @@
 """The engine core's tokenizer handed to the API process (engine/tokenizer.py: `tokenizer_bytes`,
-`tokenizer_from_core`): the copy behaves as a tokenizer loaded from the same path, and the API process's start-up
+`tokenizer_from_bytes`): the copy behaves as a tokenizer loaded from the same path, and the API process's start-up
 imports no torch."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flotilla.engine.tokenizer import load_tokenizer, tokenizer_bytes, tokenizer_from_core
+from flotilla.engine.tokenizer import load_tokenizer, tokenizer_bytes, tokenizer_from_bytes
 
 TEXTS = ["Hello, world!", "  two  spaces and\ttabs\n", "<|im_start|>user\nhi<|im_end|>", "naïve café 東京 🙂",
          "<think>marked</think> <tool_call>"]
@@ -59,7 +59,7 @@ def test_the_handed_over_tokenizer_behaves_as_the_loaded_one(tiny_model_dirs: di
         loaded = load_tokenizer(path)
         data = tokenizer_bytes(loaded)
         assert data is not None
-        assert behaviour(tokenizer_from_core(data, path)) == behaviour(loaded)
+        assert behaviour(tokenizer_from_bytes(data, path)) == behaviour(loaded)
 
 
 def test_a_gguf_files_tokenizer_is_handed_over_too() -> None:
@@ -69,15 +69,15 @@ def test_a_gguf_files_tokenizer_is_handed_over_too() -> None:
     loaded = load_tokenizer(path)
     data = tokenizer_bytes(loaded)
     assert data is not None
-    assert behaviour(tokenizer_from_core(data, path)) == behaviour(loaded)
+    assert behaviour(tokenizer_from_bytes(data, path)) == behaviour(loaded)
 
 
 def test_a_tokenizer_that_is_not_sent_or_does_not_unpickle_is_loaded(tiny_model_dirs: dict[str, Path]) -> None:
     path = str(tiny_model_dirs["llama"])
     assert tokenizer_bytes(object()) is None  # not transformers' own: the API process loads its own
     expected = behaviour(load_tokenizer(path))
-    assert behaviour(tokenizer_from_core(None, path)) == expected
-    assert behaviour(tokenizer_from_core(b"not a pickle", path)) == expected
+    assert behaviour(tokenizer_from_bytes(None, path)) == expected
+    assert behaviour(tokenizer_from_bytes(b"not a pickle", path)) == expected
 
 
 # What the API process does before it serves, in a fresh interpreter: import the server, build the engine's
@@ -86,10 +86,10 @@ _API_START = """
 import pickle, sys
 from flotilla.engine.server import cli
 from flotilla.engine.config import EngineConfig
-from flotilla.engine.tokenizer import import_tokenizer_classes, tokenizer_from_core
+from flotilla.engine.tokenizer import import_tokenizer_classes, tokenizer_from_bytes
 config = EngineConfig.from_kwargs(sys.argv[1])
 import_tokenizer_classes()
-tokenizer = tokenizer_from_core(open(sys.argv[2], "rb").read(), config.model.tokenizer)
+tokenizer = tokenizer_from_bytes(open(sys.argv[2], "rb").read(), config.model.tokenizer)
 print(config.device.device,
       sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
