@@ -7,9 +7,12 @@ that are declared but not implemented yet are refused with a message that names 
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import logging
 import ssl
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -403,7 +406,7 @@ def _gguf_model(model: str | None, values: dict[str, Any]) -> tuple[Path, dict[s
     """A GGUF model (`engine/quantization/gguf.py`): a `.gguf` file given as the model, or none with
     `--quantization gguf` (the embedded model's own GGUF, its converted directory giving the config and the
     tokenizer). Sets `quantization` (and the embedded tokenizer) in `values`; None for any other model."""
-    from flotilla.engine.quantization.gguf import gguf_hf_config, is_gguf_file
+    from flotilla.engine.quantization.gguf_file import gguf_hf_config, is_gguf_file
 
     if model is not None and not is_gguf_file(model):
         if values["quantization"] == "gguf":
@@ -693,9 +696,31 @@ def cpu_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
 def _resolve_device(device: str) -> str:
     if device != "auto":
         return device
+    if "torch" not in sys.modules and not _torch_built_for_gpu():
+        return "cpu"  # what torch.cuda.is_available() answers for such a build, without importing torch (~1 s)
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_built_for_gpu() -> bool:
+    """Whether the installed torch was built for CUDA or ROCm (`torch.version.cuda` / `.hip` not None), read from
+    its generated `torch/version.py` (constant assignments) without importing torch; True when that cannot be told
+    (torch itself answers then)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return True
+    try:
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return True
+    built = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Constant):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name):
+                built[target.id] = node.value.value
+    return built.get("cuda", True) is not None or built.get("hip", True) is not None
 
 
 def _format_validation_error(exc: ValidationError) -> str:

@@ -6,11 +6,13 @@ and stop strings) with a GIL of its own, so the server's Python never competes w
 
 The two talk over two one-way `multiprocessing` pipes (spawn context). Commands come in as lists:
 `("add", ...)`, `("abort", ids)`, `("call", id, EngineCall)`, `("shutdown",)`. Out goes one message per
-step: `("step", output deltas, failures, stats snapshot)`; plus `("ready", snapshot)` once built (or
-`("failed", error)`), `("stats", snapshot)` every half second when idle, `("call", id, ok, result)`,
-`("stopped",)` after a shutdown and `("dead", error)` if the loop dies. After "ready", messages travel in
-lists, written by a thread of their own (`core_output_sender.py`), so the step loop never waits for the
-API process to read. `EngineCoreClient` is the other end.
+step: `("step", output deltas, failures, stats snapshot)`; plus, while starting, `("tokenizer", pickled
+tokenizer or None)` once the tokenizer is loaded (the API process's copy: it never loads its own, nor imports
+torch) and `("ready", snapshot)` once built (or `("failed", error)` at either point); `("stats", snapshot)`
+every half second when idle, `("call", id, ok, result)`, `("stopped",)` after a shutdown and `("dead", error)`
+if the loop dies. After "ready", messages travel in lists, written by a thread of their own
+(`core_output_sender.py`), so the step loop never waits for the API process to read. `EngineCoreClient` is the
+other end.
 
 The process ignores SIGINT and SIGTERM: the API process decides when it stops (draining first), and
 a Ctrl-C sent to the whole process group must not kill the core under in-flight requests. If the API
@@ -37,6 +39,7 @@ from flotilla.engine.errors import EngineBusyError, RequestFailedError, client_e
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.output_delta import OutputEncoder
 from flotilla.engine.start_failure import forget_frames
+from flotilla.engine.tokenizer import load_tokenizer, tokenizer_bytes
 
 if TYPE_CHECKING:  # imported by the API process too (EngineFactory), which must not pay for torch
     from flotilla.engine.llm_engine import LLMEngine
@@ -62,11 +65,12 @@ class EngineFactory:
     config: EngineConfig
     adapters: tuple[StartupAdapter, ...] = field(default=())
 
-    def __call__(self) -> LLMEngine:
-        """The engine, with every start-up adapter loaded; ConfigError names a bad adapter."""
+    def __call__(self, tokenizer: Any = None) -> LLMEngine:
+        """The engine, with every start-up adapter loaded; ConfigError names a bad adapter. `tokenizer`: the
+        config's, already loaded (None: the engine loads it)."""
         from flotilla.engine.llm_engine import LLMEngine  # in the process that runs it (torch and the model)
 
-        engine = LLMEngine(self.config)
+        engine = LLMEngine(self.config, tokenizer)
         try:
             self.load_adapters(engine, self.adapters)
         except BaseException as exc:
@@ -107,12 +111,15 @@ def freeze_startup_heap() -> None:
 
 
 def run_engine_core(factory: EngineFactory, commands: Connection, outputs: Connection) -> None:
-    """The core process's entry point: build the engine, then step until told to stop."""
+    """The core process's entry point: load the tokenizer and send the API process a copy (it unpickles it while
+    this process builds the engine, instead of loading its own), build the engine, then step until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
-        engine = factory()
+        tokenizer = load_tokenizer(factory.config.model.tokenizer)
+        outputs.send(("tokenizer", tokenizer_bytes(tokenizer)))
+        engine = factory(tokenizer)
         freeze_startup_heap()
         outputs.send(("ready", engine.stats_snapshot()))
     except BaseException as exc:

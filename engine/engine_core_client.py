@@ -108,9 +108,29 @@ class EngineCoreClient:
         for end in self._child_ends:  # the child holds them now; ours would hide its exit from us
             end.close()
 
+    def wait_for_tokenizer(self, check: Callable[[], None] | None = None) -> bytes | None:
+        """The launched core's tokenizer, pickled (None: it does not pickle), sent once loaded and before the core
+        builds its engine, so this process unpickles it meanwhile (`tokenizer_from_bytes`); RuntimeError from the
+        core's error if it could not load it. `check` as for `wait_until_ready`."""
+        message = self._start_message(check)
+        if message[0] != "tokenizer":
+            raise RuntimeError(f"the engine core sent {message[0]!r} before its tokenizer")
+        return message[1]
+
     def wait_until_ready(self, check: Callable[[], None] | None = None) -> None:
         """Wait for the launched core to build its engine (RuntimeError from its error if it could not). `check`
         runs every 0.1 s meanwhile: what it raises ends the wait (the caller then stops the launch)."""
+        message = self._start_message(check)
+        if message[0] == "tokenizer":  # a caller that does not take the core's tokenizer
+            message = self._start_message(check)
+        if message[0] != "ready":
+            raise RuntimeError(f"the engine core sent {message[0]!r} before it was ready")
+        self._report(message[1])
+        self._reader.start()
+        self._sender.start()
+
+    def _start_message(self, check: Callable[[], None] | None) -> tuple[Any, ...]:
+        """The core's next message while it starts; RuntimeError if it failed (from its error) or exited."""
         while check is not None and not self._outputs.poll(0.1):
             check()
         try:
@@ -118,12 +138,10 @@ class EngineCoreClient:
         except (EOFError, OSError):
             self._process.join(5)
             raise RuntimeError(f"the engine core exited while starting (exit code {self._process.exitcode})") from None
-        if message[0] != "ready":
+        if message[0] == "failed":
             self._process.join(10)
             raise RuntimeError("the engine failed to start") from message[1]
-        self._report(message[1])
-        self._reader.start()
-        self._sender.start()
+        return message
 
     def stop_launch(self) -> None:
         """Stop a core that was launched but is not serving yet (this process failed to start)."""

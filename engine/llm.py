@@ -21,7 +21,7 @@ from flotilla.engine.llm_engine import LLMEngine
 from flotilla.engine.lora.request import LoRARequest
 from flotilla.engine.outputs import RequestOutput
 from flotilla.engine.pooling.classify import classify_prompts, token_classify_prompts
-from flotilla.engine.pooling.embed import EmbeddingOutput, check_prompt, embed_prompts
+from flotilla.engine.pooling.embed import EmbeddingOutput, embed_prompts
 from flotilla.engine.pooling.output import (
     ClassificationOutput,
     PoolingOutput,
@@ -30,6 +30,7 @@ from flotilla.engine.pooling.output import (
 )
 from flotilla.engine.pooling.pair_scores import ScoreItem, score_pairs
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.pooling.prompts import check_prompt
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.structured_output.config import with_reasoning_parser

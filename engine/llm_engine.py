@@ -64,17 +64,19 @@ COMPILE_POLL_S = 0.05
 class LLMEngine:
     """Holds the scheduler, the block manager and the model runner, and drives them step by step."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
+        """Build the engine of `config`; `tokenizer` is its tokenizer already loaded (the engine-core process loads
+        it first, to send the API process a copy), None to load it here."""
         try:
-            self._start(config)
+            self._start(config, tokenizer)
         except BaseException as exc:
             self._abandon()
             forget_frames(exc)  # the caller keeps the exception: it must not keep the half-built runner with it
             raise
 
-    def _start(self, config: EngineConfig) -> None:
+    def _start(self, config: EngineConfig, tokenizer: Any) -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.model.tokenizer)
+        self.tokenizer = load_tokenizer(config.model.tokenizer) if tokenizer is None else tokenizer
         # A .gguf model is a file: generation_config.json, if any, is beside the tokenizer.
         gen_dir = config.model.tokenizer if config.model.quantization == "gguf" else config.model.model
         # --generation-config DIR gives the eos ids too (vLLM reads the whole generation config from DIR); `vllm`

@@ -1,6 +1,6 @@
 """The rules a generate request's prompt meets, stated once: the engine applies them when it queues a request, the
 server to every prompt of a multi-prompt completions request before it submits any (so one bad prompt refuses the
-request with nothing run). Embedding inputs have their own (`pooling/embed.check_prompt`: nothing is generated
+request with nothing run). Embedding inputs have their own (`pooling/prompts.check_prompt`: nothing is generated
 after them, so a prompt may fill the context)."""
 
 from __future__ import annotations

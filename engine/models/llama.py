@@ -29,6 +29,7 @@ from flotilla.engine.models.llama_cpu_decode import (
     cpu_decode_plan,
     cpu_decode_takes,
 )
+from flotilla.engine.models.registry import activation_problem
 from flotilla.engine.parallel_state import (
     is_last_stage,
     pp_rank,
@@ -112,15 +113,6 @@ class LlamaArch:
             qk_norm=qk_norm,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         )
-
-
-def activation_problem(c: dict[str, Any]) -> str | None:
-    """Why config.json's `hidden_act` cannot run here, or None: the MLP computes SiLU only, and another activation
-    would run as SiLU and generate other tokens than HF."""
-    act = c.get("hidden_act", "silu")
-    if act in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
-        return None
-    return f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM"
 
 
 class LlamaAttention(nn.Module):

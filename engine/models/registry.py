@@ -1,33 +1,42 @@
-"""Which HF architectures Flotilla runs, and how each maps onto a model class."""
+"""Which HF architectures Flotilla runs, and how each maps onto a model class.
+
+The model classes (torch) are imported when a model is built: the API process checks a config.json against this
+table without importing torch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flotilla.engine.layers.moe import MoeArch
-from flotilla.engine.models.causal_lm import CausalLM
-from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM, activation_problem
 from flotilla.engine_rules import moe_expert_widths
 
+if TYPE_CHECKING:
+    from flotilla.engine.models.causal_lm import CausalLM
 
-def _llama(c: dict[str, Any]) -> CausalLM:
-    return LlamaForCausalLM(LlamaArch.from_hf(c))
+
+def _llama(c: dict[str, Any], *, qkv_bias: bool | None = None, qk_norm: bool = False) -> CausalLM:
+    from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=qkv_bias, qk_norm=qk_norm))
 
 
 def _qwen2(c: dict[str, Any]) -> CausalLM:
-    return LlamaForCausalLM(LlamaArch.from_hf(c, qkv_bias=True))
+    return _llama(c, qkv_bias=True)
 
 
 def _qwen3(c: dict[str, Any]) -> CausalLM:
     # Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads (HF and vLLM read it so)
-    return LlamaForCausalLM(LlamaArch.from_hf({"head_dim": 128} | c, qk_norm=True))
+    return _llama({"head_dim": 128} | c, qk_norm=True)
 
 
 def _mixtral(c: dict[str, Any]) -> CausalLM:
     """Mixtral: Mistral's attention; every layer's MLP is a MoE block of `intermediate_size`-wide experts, top-k
     weights always renormalised and kept in fp32 (HF's MixtralTopKRouter)."""
+    from flotilla.engine.layers.moe import MoeArch
+    from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
+
     moe = MoeArch.from_hf(c, renormalize=True, expert_width="intermediate_size", round_router_weights=False)
     return LlamaForCausalLM(replace(LlamaArch.from_hf(c), moe=moe))
 
@@ -35,6 +44,9 @@ def _mixtral(c: dict[str, Any]) -> CausalLM:
 def _qwen_moe(c: dict[str, Any], *, qkv_bias: bool | None, qk_norm: bool) -> CausalLM:
     """Qwen2-MoE (QKV bias, a gated shared expert) and Qwen3-MoE (q/k norm): `moe_intermediate_size`-wide experts
     on the layers `decoder_sparse_step`/`mlp_only_layers` choose, renormalised when `norm_topk_prob`."""
+    from flotilla.engine.layers.moe import MoeArch
+    from flotilla.engine.models.llama import LlamaArch, LlamaForCausalLM
+
     return LlamaForCausalLM(replace(LlamaArch.from_hf(c, qkv_bias=qkv_bias, qk_norm=qk_norm), moe=MoeArch.from_hf(c)))
 
 
@@ -79,6 +91,15 @@ def architecture_problem(hf_config: dict[str, Any]) -> str | None:
                 f"{'names' if experts else 'names no'} experts (num_local_experts / num_experts); mixture-of-experts "
                 f"architectures: {', '.join(sorted(_MOE_ARCHITECTURES))}")
     return activation_problem(hf_config)  # config.json's (or --hf-overrides'), before anything loads
+
+
+def activation_problem(c: dict[str, Any]) -> str | None:
+    """Why config.json's `hidden_act` cannot run here, or None: the MLP computes SiLU only, and another activation
+    would run as SiLU and generate other tokens than HF."""
+    act = c.get("hidden_act", "silu")
+    if act in ("silu", "swish"):  # transformers' ACT2FN: "swish" is SiLU too
+        return None
+    return f"config.json hidden_act {act!r} is not supported (only silu), as in vLLM"
 
 
 def build_model(hf_config: dict[str, Any]) -> CausalLM:

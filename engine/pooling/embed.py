@@ -18,7 +18,7 @@ latency, for a request of another tenant.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,17 +29,13 @@ from flotilla.engine.model_runner import ModelRunner
 from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams, check_dimensions
 from flotilla.engine.pooling.pooler import last_token_pool
+from flotilla.engine.pooling.prompts import GENERATE_RUNNER_REFUSAL, check_prompt, prompt_batches
 from flotilla.engine.request import Request
 from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.staging import device_tensor
 
 if TYPE_CHECKING:
     from flotilla.engine.llm_engine import LLMEngine
-
-
-# Why a server of the generate runner answers /v1/embeddings with a 400 (its front end says so before any work).
-GENERATE_RUNNER_REFUSAL = ("this server runs the generate runner; start it with --runner pooling (or --task embed) to "
-                           "serve embeddings")
 
 
 # A head: hidden states `[N, H]` (each prompt's last, or every token's) -> the rows its task reports `[N, D]`
@@ -94,36 +90,6 @@ def pool_prompts(engine: LLMEngine, prompts: list[list[int]], head: Head, cache_
     for batch in prompt_batches(prompts, scheduler.max_num_batched_tokens, scheduler.max_num_seqs):
         out += _pool_batch(engine, runner, batch, head, cache_salt, all_tokens)
     return out
-
-
-def check_prompt(index: int, ids: list[int], max_len: int, vocab: int, param: str = "input") -> None:
-    """Non-empty, at most the context length (nothing is generated after it), ids in the vocabulary; errors name
-    the request field `param` (/score's `text_2`, /rerank's `documents`) and the index in it."""
-    if not ids:
-        raise InvalidParamError(f"{param} {index} is empty", param=param)
-    if len(ids) > max_len:
-        raise InvalidParamError(f"This model's maximum context length is {max_len} tokens. However, {param} {index} "
-                                f"has {len(ids)} tokens. Please reduce the length of the input.", param=param)
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise InvalidParamError(f"{param} {index}: token id(s) {bad[:5]} are outside the vocabulary (size {vocab})",
-                                param=param)
-
-
-def prompt_batches(prompts: list[list[int]], max_tokens: int, max_prompts: int | None = None,
-                   ) -> Iterator[list[list[int]]]:
-    """Consecutive prompts, in order, of at most `max_tokens` tokens and `max_prompts` prompts together (one
-    prompt at least, however long)."""
-    batch: list[list[int]] = []
-    tokens = 0
-    for ids in prompts:
-        if batch and (tokens + len(ids) > max_tokens or len(batch) == max_prompts):
-            yield batch
-            batch, tokens = [], 0
-        batch.append(ids)
-        tokens += len(ids)
-    if batch:
-        yield batch
 
 
 def _pool_batch(engine: LLMEngine, runner: ModelRunner, batch: list[list[int]], head: Head,

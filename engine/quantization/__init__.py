@@ -10,20 +10,29 @@ The layers' hook is in `engine/layers/linear.py`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the schemes import torch: the API process validates an unquantized model's config without it
+    import torch
+    from torch import nn
 
-from flotilla.engine.quantization import awq, compressed_tensors, gptq
-from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
-from flotilla.engine.quantization.method import LinearMethod
+    from flotilla.engine.quantization.method import LinearMethod
+
 from flotilla.quantization_config import config_method, describes_checkpoint, flag_disagrees
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
 SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
-_FORMATS = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq}
+# The checkpoint formats (`--quantization` names them, the checkpoint's quantization_config describes them): their
+# modules, imported when a model of the format is served.
+_FORMATS = {"compressed-tensors": "compressed_tensors", "gptq": "gptq", "awq": "awq"}
+
+
+def _format(method: str) -> ModuleType:
+    """The module of the checkpoint format `method` (one of _FORMATS)."""
+    return importlib.import_module(f"{__name__}.{_FORMATS[method]}")
 
 
 def checkpoint_quantization(hf_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -60,6 +69,9 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
 
 def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
     """The linear layers' method for a resolved scheme."""
+    from flotilla.engine.quantization import compressed_tensors
+    from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
+
     qcfg = checkpoint_quantization(hf_config)
     if method == "fp8":
         if qcfg is None:
@@ -85,7 +97,7 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
 
         return GgufInt4Method()  # per layer by its GGUF types: `gguf.attach_gguf_methods`
     assert qcfg is not None, f"{method} needs the checkpoint's quantization_config"
-    return _FORMATS[method].linear_method(qcfg)
+    return _format(method).linear_method(qcfg)
 
 
 def attach_quant_method(model: nn.Module, method: LinearMethod) -> None:
@@ -99,6 +111,8 @@ def attach_quant_method(model: nn.Module, method: LinearMethod) -> None:
 
 def process_quantized_weights(model: nn.Module) -> None:
     """After loading: each quantized layer converts what it loaded into its run-time form."""
+    import torch
+
     from flotilla.engine.layers.linear import quantizable_layers
 
     with torch.no_grad():
@@ -113,5 +127,5 @@ def convert_checkpoint(
     """The checkpoint's tensors renamed and re-laid-out as the method's parameters expect."""
     qcfg = checkpoint_quantization(hf_config)
     if method in _FORMATS and qcfg is not None:
-        return _FORMATS[method].convert_tensors(tensors, qcfg)
+        return _format(method).convert_tensors(tensors, qcfg)
     return iter(tensors)

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from flotilla.engine.quantization.gguf_file import gguf_reader
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
 from flotilla.kernels.cpu_int_linear import (
     CpuIntWeight,
@@ -48,7 +48,6 @@ from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
 from flotilla.kernels.switches import env_flag
 
 BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block
-GGUF_ARCHITECTURES = ("llama",)
 INT4_TYPES = ("Q4_0", "Q4_1")
 DENSE_TYPES = ("Q8_0", "F16", "BF16", "F32")
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -58,41 +57,6 @@ _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
 _SKIPPED = ("rope_freqs.weight",)  # llama 3's rope scaling: the config carries it, as transformers does
-
-
-def is_gguf_file(model: str | Path) -> bool:
-    """Whether `model` names a GGUF file (by its name, as vLLM decides)."""
-    return str(model).endswith(".gguf") and Path(model).is_file()
-
-
-@lru_cache(maxsize=2)
-def _reader(path: str) -> Any:
-    from gguf import GGUFReader
-
-    return GGUFReader(path)
-
-
-def gguf_architecture(path: str | Path) -> str:
-    """`general.architecture` of a GGUF file."""
-    field = _reader(str(path)).fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def gguf_hf_config(path: str | Path) -> dict[str, Any]:
-    """The HF config of a GGUF file (transformers reads its metadata), or ValueError for an architecture this
-    path does not serve."""
-    arch = gguf_architecture(path)
-    if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r}; --quantization gguf serves "
-                         f"{', '.join(GGUF_ARCHITECTURES)}")
-    from transformers import AutoConfig
-
-    path = Path(path)
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_diff_dict()
-    config.pop("quantization_config", None)
-    config["architectures"] = ["LlamaForCausalLM"]
-    config.setdefault("dtype", "bfloat16")  # the int4 CPU kernel's fast dtype; --dtype still chooses
-    return dict(config)
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -156,7 +120,7 @@ def _qk_row_order(name: str, rows: int, hf_config: dict[str, Any]) -> torch.Tens
 def tensor_types(path: str | Path) -> dict[str, str]:
     """HF name -> GGUF type name of every tensor the engine loads from the file."""
     types = {}
-    for tensor in _reader(str(path)).tensors:
+    for tensor in gguf_reader(str(path)).tensors:
         name = hf_name(tensor.name)
         if name is not None:
             types[name] = tensor.tensor_type.name
@@ -168,7 +132,7 @@ def gguf_checkpoint_tensors(path: str | Path, hf_config: dict[str, Any],
     """The file's tensors under HF names: for the linear weights in `int4_layers` (HF weight names), the 4-bit
     layout (`<layer>.weight_packed`, `.weight_scale`, `.weight_offset`); every other tensor dequantized
     (float32; the loader casts it to the model dtype). ValueError for a linear weight of a type not served."""
-    for tensor in _reader(str(path)).tensors:
+    for tensor in gguf_reader(str(path)).tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
@@ -280,7 +244,7 @@ def attach_gguf_lm_head(model: Any, path: str | Path) -> bool:
         return False
     if head.weight.device.type != "cpu" or head.weight.dtype != torch.bfloat16 or tp_size() != 1:
         return False
-    tensors = {t.name: t for t in _reader(str(path)).tensors}
+    tensors = {t.name: t for t in gguf_reader(str(path)).tensors}
     tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
     if tensor is None or tensor.tensor_type.name != "Q8_0":
         return False

@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -38,7 +39,7 @@ from flotilla.engine.server.serving import OpenAIServing
 from flotilla.engine.server.start_signals import StartSignals, StartStopped
 from flotilla.engine.serving_engine import ServingEngine
 from flotilla.engine.stats import StatsSnapshot
-from flotilla.engine.tokenizer import load_tokenizer
+from flotilla.engine.tokenizer import import_tokenizer_classes, load_tokenizer, tokenizer_bytes, tokenizer_from_bytes
 from flotilla.flags import CONFIG_FLAG, FLAGS, MODEL_FLAG
 
 logger = logging.getLogger("flotilla.serve")
@@ -337,18 +338,23 @@ def exit_process(exc: BaseException) -> None:
 
 def _start_engine(factory: EngineFactory, on_step: Callable[[StatsSnapshot], None],
                   signals: StartSignals) -> tuple[ServingEngine, Any]:
-    """The started engine and the server's tokenizer. With the core in its own process, this process loads
-    the tokenizer (transformers, which imports torch) while the core imports torch and builds the engine:
-    on two or more cores the second process adds little to start-up. A SIGTERM or SIGINT recorded in `signals`
-    stops the core that is starting (StartStopped)."""
+    """The started engine and the server's tokenizer. With the core in its own process, the core loads the
+    tokenizer and sends a copy, which this process unpickles while the core builds the engine: the tokenizer is
+    loaded once, and this process imports neither transformers' model stack nor torch (about 3 s of CPU less a
+    start). A SIGTERM or SIGINT recorded in `signals` stops the core that is starting (StartStopped)."""
     tokenizer_path = factory.config.model.tokenizer
     if not engine_in_own_process():
-        return AsyncEngine.build(factory, on_step, on_dead=exit_process), load_tokenizer(tokenizer_path)
+        tokenizer = load_tokenizer(tokenizer_path)
+        # The engine thread's own copy, not a second load: one fast tokenizer used from two threads can fail
+        # (the Rust tokenizer's "Already borrowed" while a call sets its truncation).
+        engine_tokenizer = tokenizer_from_bytes(tokenizer_bytes(tokenizer), tokenizer_path)
+        return AsyncEngine.build(partial(factory, engine_tokenizer), on_step, on_dead=exit_process), tokenizer
     client = EngineCoreClient(factory, on_step, on_dead=exit_process)
     client.launch()  # a signal meanwhile is only recorded: the spawn data reaches the core whole
     try:
+        import_tokenizer_classes()
         signals.check()
-        tokenizer = load_tokenizer(tokenizer_path)
+        tokenizer = tokenizer_from_bytes(client.wait_for_tokenizer(signals.check), tokenizer_path)
         signals.check()
         client.wait_until_ready(signals.check)
     except BaseException:

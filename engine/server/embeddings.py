@@ -25,9 +25,9 @@ from fastapi import FastAPI, Request, Response
 from pydantic import Field, StrictInt, ValidatorFunctionWrapHandler, field_validator
 
 from flotilla.engine.engine_call import EngineCall
-from flotilla.engine.pooling.embed import GENERATE_RUNNER_REFUSAL, check_prompt, prompt_batches
 from flotilla.engine.pooling.output import EmbeddingOutput
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.pooling.prompts import GENERATE_RUNNER_REFUSAL, check_prompt, prompt_batches
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.errors import APIError
 from flotilla.engine.server.json_reply import json_response

@@ -24,8 +24,8 @@ from fastapi import FastAPI, Request, Response
 from pydantic import Field
 
 from flotilla.engine.pooling import scoring
-from flotilla.engine.pooling.embed import check_prompt
 from flotilla.engine.pooling.params import PoolingParams
+from flotilla.engine.pooling.prompts import check_prompt
 from flotilla.engine.prompt_truncation import truncate_prompt
 from flotilla.engine.server.classify import classify_in_calls
 from flotilla.engine.server.embeddings import MAX_EMBEDDING_INPUTS, embed_in_calls

@@ -46,7 +46,7 @@ def test_q4_1_block_layout_by_hand():
 
 
 def test_unpacking_equals_gguf_dequantize_on_every_linear_tensor_of_the_embedded_gguf(embedded_gguf):
-    reader = gguf_q._reader(str(embedded_gguf))
+    reader = gguf_q.gguf_reader(str(embedded_gguf))
     linear = [t for t in reader.tensors if t.tensor_type.name == "Q4_1"]
     assert len(linear) == 30 * 7  # every projection of SmolLM2-135M's 30 layers
     for tensor in linear:
