@@ -448,12 +448,11 @@ PARTS_MESSAGES = [{"role": "user", "content": "hi"},
                   {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
 
 
-@pytest.fixture(scope="module")
-def string_content_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("string-content") / "server.log",
-                          "--trust-request-chat-template", "--chat-template-content-format", "string")
-    yield s
-    stop_server(s)
+@pytest.fixture
+def string_content_server(flags_server):
+    """--trust-request-chat-template and --chat-template-content-format string: the session's `flags_server`
+    (conftest.py)."""
+    return flags_server
 
 
 def _prompt_tokens(server, messages: list[dict]) -> int:
