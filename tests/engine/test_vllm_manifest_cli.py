@@ -3,12 +3,15 @@ What a running server does with them: tests/engine/server/test_vllm_manifest_fla
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -19,9 +22,20 @@ from flotilla.engine.sampling_params import SamplingParams
 from flotilla.engine.server.cli import build_parser
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flotilla.cli", "serve", *args], capture_output=True, text=True,
-                          timeout=300)
+def _serve(*args: str) -> tuple[int, str]:
+    """`flotilla serve ARGS` run in this process (a process each cost CI an import of torch, ~5 s): its exit status
+    and what it wrote to stderr. Flags taken by mistake fail at once here instead of starting an engine."""
+    from flotilla import cli
+    from flotilla.engine.server import cli as server_cli
+
+    err = io.StringIO()
+    with (mock.patch.object(server_cli, "_start_engine", side_effect=AssertionError("the engine would start")),
+          contextlib.redirect_stderr(err)):
+        try:
+            status = cli.main(["serve", *args])
+        except SystemExit as exc:  # a parser error
+            status = exc.code if isinstance(exc.code, int) else 1
+    return status, err.getvalue()
 
 
 def _config(model, *argv: str) -> EngineConfig:
@@ -30,15 +44,15 @@ def _config(model, *argv: str) -> EngineConfig:
 
 def test_model_flag_is_model(tmp_path):
     """vLLM's --model X is MODEL: the missing directory it names is the one the error reports."""
-    result = _serve("--model", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and f"model {tmp_path / 'nowhere'}: no config.json" in result.stderr, result.stderr
+    status, stderr = _serve("--model", str(tmp_path / "nowhere"))
+    assert status == 2 and f"model {tmp_path / 'nowhere'}: no config.json" in stderr, stderr
 
 
 def test_model_given_twice_must_agree(tmp_path):
-    result = _serve(str(tmp_path / "a"), "--model", str(tmp_path / "b"))
-    assert result.returncode == 2
-    assert f"MODEL '{tmp_path / 'a'}' and --model '{tmp_path / 'b'}' differ" in result.stderr
-    assert "Traceback" not in result.stderr
+    status, stderr = _serve(str(tmp_path / "a"), "--model", str(tmp_path / "b"))
+    assert status == 2
+    assert f"MODEL '{tmp_path / 'a'}' and --model '{tmp_path / 'b'}' differ" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_trust_remote_code_is_accepted_for_a_built_in_architecture(tiny_model_dirs):
@@ -191,10 +205,10 @@ def test_output_into_a_closed_pipe_ends_without_a_traceback(args):
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
 
 
-def test_an_unknown_vllm_logging_level_is_a_usage_error():
-    result = subprocess.run([sys.executable, "-m", "flotilla.cli", "serve"], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "chatty"})
-    assert result.returncode == 2 and "VLLM_LOGGING_LEVEL='chatty' is not a log level" in result.stderr, result.stderr
+def test_an_unknown_vllm_logging_level_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "chatty")
+    status, stderr = _serve()
+    assert status == 2 and "VLLM_LOGGING_LEVEL='chatty' is not a log level" in stderr, stderr
 
 
 def test_the_offline_engine_applies_max_logprobs(tiny_model_dirs):

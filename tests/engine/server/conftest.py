@@ -284,6 +284,38 @@ def pooling_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     stop_server(s)
 
 
+@pytest.fixture(scope="session")
+def sleep_mode_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny server in dev mode with --enable-sleep-mode, its engine core in a process of its own (shared by the
+    sleep modes' and the sleep routes' tests: one start per run). Each of their tests leaves it awake and idle, and
+    counters are compared before and after."""
+    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("sleep-mode") / "server.log",
+                          "--enable-sleep-mode",
+                          env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def flags_server(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
+    """The tiny Llama served as `tiny` with flags whose tests share one start (a start cost CI ~10 s), none of them
+    changing what another's tests read: vLLM's human-readable --max-model-len 0.4k and --max-num-batched-tokens 1K
+    with --load-format safetensors (test_vllm_flag_forms.py); uvicorn's access lines at INFO, some paths left out
+    (test_access_log.py; start_server's --uvicorn-log-level warning is overridden: the later flag wins); usage in
+    every stream (--enable-force-include-usage, test_force_include_usage.py); request templates trusted and given
+    message content as a string (--chat-template-content-format string: plain-string messages, all the others
+    send, render as before; test_vllm_compat.py)."""
+    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("flags-server") / "server.log",
+                     "--served-model-name", "tiny", "--max-model-len", "0.4k", "--max-num-batched-tokens", "1K",
+                     "--load-format", "safetensors", "--disable-log-stats",
+                     "--uvicorn-log-level", "info", "--disable-access-log-for-endpoints", " /health, /metrics,",
+                     "--enable-force-include-usage",
+                     "--trust-request-chat-template", "--chat-template-content-format", "string",
+                     env={"VLLM_API_KEY": API_KEY})
+    yield s
+    stop_server(s)
+
+
 @pytest.fixture
 def client(server):
     from openai import OpenAI

@@ -11,19 +11,17 @@ import httpx
 import openai
 import pytest
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY
 
 # uvicorn's access line at INFO, as vLLM writes it: 'INFO:     127.0.0.1:5555 - "POST /v1/... HTTP/1.1" 200 OK'.
 LINE = re.compile(r'^INFO:     127\.0\.0\.1:\d+ - "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3})')
 
 
-@pytest.fixture(scope="module")
-def logged_server(tiny_model_dirs, tmp_path_factory):
-    # start_server quiets uvicorn (--uvicorn-log-level warning); the later flag wins, giving vLLM's default level.
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("access-log") / "server.log",
-                          "--uvicorn-log-level", "info", "--disable-access-log-for-endpoints", " /health, /metrics,")
-    yield s
-    stop_server(s)
+@pytest.fixture
+def logged_server(flags_server):
+    """The session's `flags_server` (conftest.py): uvicorn at INFO (vLLM's default level; start_server quiets it to
+    warning, and the later flag wins), /health and /metrics left out of the access log."""
+    return flags_server
 
 
 def _access_lines_until(server, marker: str, deadline_s: float = 60) -> list[tuple[str, str, str]]:
@@ -39,6 +37,8 @@ def _access_lines_until(server, marker: str, deadline_s: float = 60) -> list[tup
 
 
 def test_each_request_leaves_one_access_line_by_default(logged_server):
+    # Counted from here: the server is shared, and other tests' requests have lines too.
+    before = _access_lines_until(logged_server, "/v1/models?marker=before-default")
     client = openai.OpenAI(base_url=f"{logged_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert chat.choices[0].message.content is not None
@@ -50,7 +50,7 @@ def test_each_request_leaves_one_access_line_by_default(logged_server):
         assert chunks[-1].usage.completion_tokens == 12
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{logged_server.url}/v1", api_key="wrong", max_retries=0).models.list()
-    lines = _access_lines_until(logged_server, "/v1/models?marker=default")
+    lines = _access_lines_until(logged_server, "/v1/models?marker=default")[len(before):]
     assert lines.count(("POST", "/v1/chat/completions", "200")) == 1, lines
     assert lines.count(("POST", "/v1/completions", "200")) == 2, lines
     assert ("GET", "/v1/models", "401") in lines, lines

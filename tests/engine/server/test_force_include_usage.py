@@ -7,17 +7,15 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import API_KEY, start_tiny_server, stop_server
+from .conftest import API_KEY
 
 TOKENS = 5
 
 
-@pytest.fixture(scope="module")
-def oai(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("usage") / "server.log",
-                          "--enable-force-include-usage")
-    yield openai.OpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
-    stop_server(s)
+@pytest.fixture
+def oai(flags_server):
+    """A client of the session's `flags_server` (conftest.py), which has the flag."""
+    return openai.OpenAI(base_url=f"{flags_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
 def _check(chunks: list, prompt_tokens: int | None = None) -> None:

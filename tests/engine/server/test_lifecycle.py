@@ -234,41 +234,60 @@ def test_at_the_shutdown_timeout_requests_are_aborted_with_an_error_then_exit_ze
         stop_server(server)
 
 
-def test_sigterm_drains_an_embeddings_request_in_flight(tiny_model_dirs, tmp_path):
-    # Embeddings run as engine calls, not engine requests: the drain must wait for them too (here two requests of
-    # 1,000 inputs of 200 tokens each, within OpenAI's 2,048 a request: tens of seconds, more than uvicorn's own 5 s
-    # grace after the drain). The drain may take its time: on a loaded 2-core machine this work took over 120 s, and
-    # the drain's own timeout then answered 503 (a wait, not a timing assertion: 5 s is what it must outlast).
-    server = start_server(tiny_model_dirs["llama"], tmp_path / "embed-drain.log", "--served-model-name", "tiny",
+def test_sigterm_drains_embeddings_and_a_rerank_in_flight_and_refuses_new_scores(tiny_model_dirs, tmp_path):
+    """Embeddings and /rerank run as engine calls, not engine requests: the drain must wait for them too. The score
+    routes sit outside /v1, where the Gate refused requests while draining and counted those in flight: a rerank in
+    flight was cut when the engine looked idle, and a new score was let in. Now the drain waits for all three
+    requests here and refuses a new score with a 503. (One server for both routes: a start costs CI ~10 s.)
+
+    The work: two embeddings requests of 1,000 inputs of 200 tokens (within OpenAI's 2,048 a request) and a rerank of
+    600 documents of ~200 tokens, tens of seconds, more than uvicorn's own 5 s grace after the drain. The drain may
+    take its time: on a loaded 2-core machine the embeddings alone took over 120 s, and the drain's own timeout then
+    answered 503 (a wait, not a timing assertion: 5 s is what it must outlast)."""
+    server = start_server(tiny_model_dirs["llama"], tmp_path / "drain.log", "--served-model-name", "tiny",
                           "--max-model-len", "256", "--runner", "pooling", "--shutdown-timeout", "540",
                           "--enable-server-load-tracking")
     try:
-        requests = [[[5 + (i + 1000 * r) % 100] * 200 for i in range(1000)] for r in range(2)]
-        answers: list[httpx.Response | Exception] = []
+        embeddings = [[[5 + (i + 1000 * r) % 100] * 200 for i in range(1000)] for r in range(2)]
+        documents = [f"{i} " + "harbour " * 190 for i in range(600)]
+        answers: dict[str, list[httpx.Response | Exception]] = {"embeddings": [], "rerank": []}
 
-        def embed(prompts: list[list[int]]) -> None:
+        def send(kind: str, path: str, body: dict) -> None:
             try:
-                answers.append(httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": prompts},
-                                          timeout=600))
+                answers[kind].append(httpx.post(f"{server.url}{path}", json=body, timeout=600))
             except httpx.HTTPError as exc:
-                answers.append(exc)
+                answers[kind].append(exc)
 
-        clients = [threading.Thread(target=embed, args=(prompts,)) for prompts in requests]
+        clients = [threading.Thread(target=send, args=("embeddings", "/v1/embeddings",
+                                                       {"model": "tiny", "input": prompts}))
+                   for prompts in embeddings]
+        clients.append(threading.Thread(target=send, args=("rerank", "/rerank",
+                                                           {"query": "boats", "documents": documents})))
         started = time.monotonic()
         for client in clients:
             client.start()
-        # SIGTERM once the server holds both requests (/load counts each from its first byte on; a fixed 1.5 s sleep
-        # could signal before a loaded machine's client had even sent it, and the refused connection failed this)
-        assert _wait_until(lambda: httpx.get(f"{server.url}/load").json()["server_load"] == 2, timeout=60)
-        time.sleep(0.5)  # the lists are being parsed and embedded
+        # SIGTERM once the server holds the three requests (/load counts each from its first byte on, vLLM's
+        # load_aware_call; a fixed 1.5 s sleep could signal before a loaded machine's client had even sent it, and
+        # the refused connection failed this)
+        assert _wait_until(lambda: httpx.get(f"{server.url}/load").json()["server_load"] == 3, timeout=60)
+        time.sleep(0.5)  # the lists are being parsed, tokenized and embedded
         server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while (refused := httpx.post(f"{server.url}/score", json={"text_1": "a", "text_2": "b"})).status_code == 200:
+            assert time.monotonic() < deadline, "a new score was still served a minute after SIGTERM"
+            time.sleep(0.05)
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"], refused.text
         for client in clients:
             client.join(timeout=600)
-        assert len(answers) == 2, answers
-        for answer in answers:
+        assert len(answers["embeddings"]) == 2, answers
+        for answer in answers["embeddings"]:
             assert isinstance(answer, httpx.Response), answer
             assert answer.status_code == 200, (answer.status_code, answer.text[:200], time.monotonic() - started)
             assert len(answer.json()["data"]) == 1000
+        (answer,) = answers["rerank"]
+        assert isinstance(answer, httpx.Response), answer
+        assert answer.status_code == 200, answer.text[:200]
+        assert sorted(r["index"] for r in answer.json()["results"]) == list(range(600))
         assert server.process.wait(timeout=30) == 0
     finally:
         stop_server(server)

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 
+import httpx
 import openai
 import pytest
 
@@ -88,13 +89,19 @@ if __name__ == "__main__":
 '''
 
 
+STORE_BYTES = 2_500_000
+
+
 @pytest.fixture(scope="module")
 def counting_server(tiny_model_dirs, tmp_path_factory):
     root = tmp_path_factory.mktemp("counting-server")
     script = root / "counting_server.py"
     script.write_text(COUNTING_SERVER)
+    # A store of 2.5 MB (FLOTILLA_RESPONSES_STORE_BYTES) for the byte bound's test, last in this module: the
+    # other tests' responses are small, and each reads back only its newest.
     s = start_server(tiny_model_dirs["llama"], root / "server.log", "--served-model-name", "tiny", "--max-model-len",
-                     "512", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY},
+                     "512", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY,
+                                                        "FLOTILLA_RESPONSES_STORE_BYTES": str(STORE_BYTES)},
                      launcher=(sys.executable, str(script)))
     yield s
     stop_server(s)
@@ -156,3 +163,30 @@ def test_delete_forgets_a_stored_response_for_the_openai_client(counting_server)
     with pytest.raises(openai.AuthenticationError):
         keyless.responses.delete(kept.id)
     assert client.responses.retrieve(kept.id).id == kept.id
+
+
+def test_the_store_is_bounded_in_bytes_and_drops_the_oldest_first(counting_server):
+    """The store was bounded by count only (1,024): each entry keeps its whole conversation, `instructions` and
+    `metadata` (no size bound), so 1,024 bodies of 8 MiB could hold 8 GiB in the API process. Now also by bytes
+    (256 MiB; FLOTILLA_RESPONSES_STORE_BYTES, here 2.5 MB): the oldest go first, the newest always stays. (Last in
+    this module: it leaves the store holding one response of 3 MB.)"""
+    server, headers = counting_server, {"Authorization": f"Bearer {API_KEY}"}
+
+    def create(blob_bytes: int, **extra) -> str:
+        body = {"model": "tiny", "input": "Name a colour of the sea.", "max_output_tokens": 1,
+                "metadata": {"blob": "x" * blob_bytes}, **extra}
+        response = httpx.post(f"{server.url}/v1/responses", json=body, headers=headers, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["id"]
+
+    def stored(response_id: str) -> bool:
+        got = httpx.get(f"{server.url}/v1/responses/{response_id}", headers=headers, timeout=30)
+        assert got.status_code in (200, 404), got.text
+        return got.status_code == 200
+
+    ids = [create(1_000_000) for _ in range(3)]  # with whatever the module's earlier tests stored before them
+    assert [stored(i) for i in ids] == [False, True, True]
+    # A chain goes on from the newest; a response larger than the whole bound is kept, alone.
+    follow = create(10, previous_response_id=ids[-1])
+    huge = create(3_000_000, previous_response_id=follow)
+    assert [stored(i) for i in (*ids, follow, huge)] == [False, False, False, False, True]

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
-
 import httpx
 import numpy as np
 import pytest
@@ -14,7 +10,7 @@ import torch
 
 from flotilla.engine.server.score import MAX_SCORE_TEXTS, RERANK_PATHS, SCORE_PATHS
 
-from .conftest import API_KEY, prefix_cache_hits_of, start_server, stop_server
+from .conftest import API_KEY, prefix_cache_hits_of
 
 openai = pytest.importorskip("openai")
 
@@ -239,43 +235,4 @@ def test_unknown_model_is_404(pooling_server):
     assert answer.status_code == 404 and answer.json()["error"]["param"] == "model"
 
 
-def test_sigterm_refuses_new_scores_and_drains_a_rerank_in_flight(tiny_model_dirs, tmp_path):
-    """The routes sit outside /v1, where the Gate refused requests while draining and counted those in flight: a
-    rerank in flight was cut when the engine (no engine requests: its texts run as engine calls) looked idle, and a
-    new score was let in. Now, as on /v1/embeddings, the drain waits for it and refuses new ones with a 503."""
-    server = start_server(tiny_model_dirs["llama"], tmp_path / "score-drain.log", "--served-model-name", "tiny",
-                          "--max-model-len", "256", "--runner", "pooling", "--shutdown-timeout", "540",
-                          "--enable-server-load-tracking")
-    try:
-        # 600 documents of ~200 tokens: one engine call each, ~12 s of work on 2 idle cores (past uvicorn's 5 s grace)
-        documents = [f"{i} " + "harbour " * 190 for i in range(600)]
-        answers: list[httpx.Response | Exception] = []
-
-        def rerank() -> None:
-            try:
-                answers.append(httpx.post(f"{server.url}/rerank", json={"query": "boats", "documents": documents},
-                                          timeout=600))
-            except httpx.HTTPError as exc:
-                answers.append(exc)
-
-        client = threading.Thread(target=rerank)
-        client.start()
-        deadline = time.monotonic() + 60  # /load counts the rerank from its first byte on (vLLM's load_aware_call)
-        while httpx.get(f"{server.url}/load").json()["server_load"] != 1:
-            assert time.monotonic() < deadline, "the rerank never showed in /load"
-            time.sleep(0.05)
-        time.sleep(0.5)  # its texts are being tokenized and embedded
-        server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while (refused := httpx.post(f"{server.url}/score", json={"text_1": "a", "text_2": "b"})).status_code == 200:
-            assert time.monotonic() < deadline, "a new score was still served a minute after SIGTERM"
-            time.sleep(0.05)
-        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"], refused.text
-        client.join(timeout=600)
-        (answer,) = answers
-        assert isinstance(answer, httpx.Response), answer
-        assert answer.status_code == 200, answer.text[:200]
-        assert sorted(r["index"] for r in answer.json()["results"]) == list(range(600))
-        assert server.process.wait(timeout=30) == 0
-    finally:
-        stop_server(server)
+# SIGTERM's drain of a rerank in flight, and its 503 for a new score: test_lifecycle.py, beside the embeddings'.

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.engine.server.conftest import API_KEY, Server, start_tiny_server, stop_server, wait_until_engine_idle
+from tests.engine.server.conftest import API_KEY, Server, wait_until_engine_idle
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The harbour master counts the ships"
@@ -22,12 +21,11 @@ STREAM = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": Tr
           "stream": True, "stream_options": {"include_usage": True}}
 
 
-@pytest.fixture(scope="module")
-def sleepy(tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("sleep-modes") / "server.log",
-                          "--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "1"})
-    yield s
-    stop_server(s)
+@pytest.fixture
+def sleepy(sleep_mode_server: Server) -> Server:
+    """The shared sleep-mode server (conftest.py), awake and idle."""
+    wait_until_engine_idle(sleep_mode_server)
+    return sleep_mode_server
 
 
 def _post(server: Server, path: str, **params: object) -> httpx.Response:

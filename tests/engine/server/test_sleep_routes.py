@@ -24,6 +24,9 @@ PROMPT = "The harbour master counts the ships"
 def sleepy(request, tiny_model_dirs, tmp_path_factory) -> Iterator[Server]:
     """The tiny server in dev mode with --enable-sleep-mode: its engine core in a process of its own, then on a
     thread of the server (VLLM_ENABLE_V1_MULTIPROCESSING=0), whose loop delivers the aborted requests alike."""
+    if request.param == "1":  # the session's (conftest.py), shared with test_sleep_modes_server.py
+        yield request.getfixturevalue("sleep_mode_server")
+        return
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": request.param}
     s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("sleepy") / "server.log",
                           "--enable-sleep-mode", env=env)

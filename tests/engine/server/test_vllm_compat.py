@@ -4,6 +4,7 @@ the shared tiny server), and the answers' forms those clients read."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -109,10 +110,12 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call_as_vllm(tool_server
         found = [d for chunk in reply for c in chunk.choices for d in (c.delta.tool_calls or [])]
         return [(d.function.name, d.function.arguments) for d in found]
 
-    both = calls(None)
+    # The three at once: the engine batches their steps (one after another they cost CI ~25 s a parameter).
+    with ThreadPoolExecutor(3) as pool:
+        both, explicit, first = pool.map(calls, [None, True, False])
     assert [name for name, _ in both] == ["get_weather", "get_time"]
-    assert calls(True) == both
-    assert calls(False) == both[:1]
+    assert explicit == both
+    assert first == both[:1]
 
 
 def test_tokenize_returns_token_strings_when_asked_as_vllm(server, tiny_model_dirs):
@@ -445,12 +448,11 @@ PARTS_MESSAGES = [{"role": "user", "content": "hi"},
                   {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
 
 
-@pytest.fixture(scope="module")
-def string_content_server(tiny_model_dirs, tmp_path_factory):
-    s = start_tiny_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("string-content") / "server.log",
-                          "--trust-request-chat-template", "--chat-template-content-format", "string")
-    yield s
-    stop_server(s)
+@pytest.fixture
+def string_content_server(flags_server):
+    """--trust-request-chat-template and --chat-template-content-format string: the session's `flags_server`
+    (conftest.py)."""
+    return flags_server
 
 
 def _prompt_tokens(server, messages: list[dict]) -> int:

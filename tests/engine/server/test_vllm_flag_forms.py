@@ -5,19 +5,15 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import API_KEY, start_server, stop_server
+from .conftest import API_KEY
 
 
-@pytest.fixture(scope="module")
-def short_server(tiny_model_dirs, tmp_path_factory):
+@pytest.fixture
+def short_server(flags_server):
     """The tiny Llama with its context and step budget in vLLM's human-readable form: 0.4k = 400 tokens
     (lower-case suffixes are powers of 1,000), 1K = 1,024 (upper-case ones powers of 1,024); its weights
-    read with vLLM's --load-format safetensors."""
-    s = start_server(tiny_model_dirs["llama"], tmp_path_factory.mktemp("short") / "server.log",
-                     "--max-model-len", "0.4k", "--max-num-batched-tokens", "1K", "--served-model-name", "tiny",
-                     "--load-format", "safetensors", "--disable-log-stats", env={"VLLM_API_KEY": API_KEY})
-    yield s
-    stop_server(s)
+    read with vLLM's --load-format safetensors (the session's `flags_server`, conftest.py)."""
+    return flags_server
 
 
 def test_max_model_len_in_vllms_human_readable_form(short_server):

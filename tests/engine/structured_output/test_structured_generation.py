@@ -146,19 +146,19 @@ def test_structured_outputs_config_takes_vllms_keys(value, problem):
         parse_structured_outputs_config(value)
 
 
-def test_a_schema_with_its_properties_in_another_order_is_not_served_from_the_cache(tiny_model_dirs):
+def test_a_schema_with_its_properties_in_another_order_is_not_served_from_the_cache(llm, async_llm):
     """The grammar emits an object's properties in the schema's order (e.g. "reasoning" before "answer", so that
     a model reasons first). The compiled-grammar cache keyed schemas by their JSON with sorted keys, so a
     schema listing the same properties in another order got the grammar compiled for the first one: its
-    output came in the first schema's order."""
+    output came in the first schema's order. (Each engine has its cache; these schemas are this test's alone, so
+    the module's two engines serve as fresh ones: `llm` never compiles the first schema.)"""
     def schema(order: list[str]) -> dict:
         return {"type": "object", "properties": {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in order},
                 "required": ["x", "y"], "additionalProperties": False}
 
     first, second = ["x", "y"], ["y", "x"]
-    fresh = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, block_size=8)
-    want = fresh.generate([[5, 6, 7]], constrained(60, json=schema(second), **COMPACT), use_tqdm=False)[0]
-    engine = LLM(str(tiny_model_dirs["llama"]), max_model_len=128, block_size=8)
+    want = llm.generate([[5, 6, 7]], constrained(60, json=schema(second), **COMPACT), use_tqdm=False)[0]
+    engine = async_llm
     engine.generate([[5, 6, 7]], constrained(60, json=schema(first), **COMPACT), use_tqdm=False)
     got = engine.generate([[5, 6, 7]], constrained(60, json=schema(second), **COMPACT), use_tqdm=False)[0]
     assert list(json.loads(want.outputs[0].text)) == second
