@@ -555,7 +555,7 @@ class OpenAIServing:
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for token, entry in zip(token_ids, entries, strict=False):
-            piece = token_label(self.tokenizer, token, as_ids)
+            piece = self._token_text(token, as_ids)[0]
             tokens.append(piece)
             offsets.append(offset)
             offset += len(self.tokenizer.decode([token])) if as_ids else len(piece)
@@ -565,7 +565,8 @@ class OpenAIServing:
                 continue
             token_logprobs.append(max(entry[token][0], -9999.0))
             # The prompt's entries may hold more than `n` (prompt_logprobs asked for more): keep the top n.
-            top.append({token_label(self.tokenizer, t, as_ids): max(lp, -9999.0)
+            # Labels from the per-token cache, as chat's are (one decode a token for the server's life).
+            top.append({self._token_text(t, as_ids)[0]: max(lp, -9999.0)
                         for t, (lp, rank) in entry.items() if rank <= n or t == token})
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
