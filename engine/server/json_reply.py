@@ -132,16 +132,37 @@ def _pieces(value: Any, encoder: json.JSONEncoder) -> Iterator[str]:
         yield encoder.encode(value)
     elif isinstance(value, dict):
         yield "{"
-        key_end = -len(encoder.key_separator) - 2  # after a key, in `{key: 0}`
-        for i, (key, member) in enumerate(value.items()):
-            # the key as the encoder converts it (a number, a boolean, null), then its separator
-            yield (encoder.item_separator if i else "") + encoder.encode({key: 0})[1:key_end] + encoder.key_separator
-            yield from _pieces(member, encoder)
+        yield from _dict_members(value, encoder)
         yield "}"
     else:
         yield "["
         yield from _list_members(value, encoder)
         yield "]"
+
+
+def _dict_members(members: dict[Any, Any], encoder: json.JSONEncoder) -> Iterator[str]:
+    """A large dict's members, separated: runs of small ones as one piece (a whole-vocabulary logprobs entry is ~49k
+    scalars: one piece each, with a GIL hand-over between two, took ~10 s), each large one as its key, then cut."""
+    key_end = -len(encoder.key_separator) - 2  # after a key, in `{key: 0}`
+    run: dict[Any, Any] = {}
+    size = 0
+    first = True
+    for key, member in members.items():
+        values = json_values(member, PIECE_VALUES) if isinstance(member, _CONTAINERS) else 1
+        if run and (size + values > PIECE_VALUES or values > PIECE_VALUES):
+            yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
+            run, size, first = {}, 0, False
+        if values > PIECE_VALUES:
+            # the key as the encoder converts it (a number, a boolean, null), then its separator
+            key_text = encoder.encode({key: 0})[1:key_end]
+            yield ("" if first else encoder.item_separator) + key_text + encoder.key_separator
+            yield from _pieces(member, encoder)
+            first = False
+        else:
+            run[key] = member
+            size += values
+    if run:
+        yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
 
 
 def _list_members(items: list[Any] | tuple[Any, ...], encoder: json.JSONEncoder) -> Iterator[str]:
