@@ -1,27 +1,35 @@
 """What a config.json's `quantization_config` tells the engine about its linear weights, read without torch: the
-scheme it names (`quant_method`), the bits of a weight, GPTQ/AWQ's group size and compressed-tensors' one config
-group and its group size.
+scheme it names (`quant_method`), the bits of a weight, GPTQ/AWQ's group size, compressed-tensors' one config
+group and its group size, and whether the engine runs the layout it describes (`check_layout`).
 
 The engine runs the scheme the checkpoint's quantization_config names (engine/quantization `resolve_quantization`),
 and an --hf-overrides `quantization_config` replaces the checkpoint's whole before that. The engine's scheme modules
 (engine/quantization gptq.py, awq.py, compressed_tensors.py) read these fields with the functions here, and the
 operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
-ValueError these functions raise).
-Each scheme's layout details (desc_act, AWQ's version, compressed-tensors' targets and strategies) stay with the
-engine's module.
+ValueError these functions raise). The layout rules (`check_layout`: GPTQ's desc_act and lm_head, AWQ's version,
+compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size and
+ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # The schemes a checkpoint's quantization_config may name for the engine to load (rtn quantizes a dense checkpoint
 # at load, and the engine refuses it over a quantized one), and the bits of a weight each loads.
 CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,)}
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
+# compressed-tensors' formats of 8-bit float weights.
+_FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+# The decoder's linear layers as a checkpoint names them (layer numbers up to _LAYERS), which an `ignore` entry may
+# not leave unquantized: one quant method runs them all.
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+_LAYERS = 512
 
 
 def describes_checkpoint(qcfg: Any) -> bool:
@@ -123,6 +131,109 @@ def compressed_tensors_group_size(weights: dict[str, Any]) -> int | None:
     return size
 
 
+def ignores_a_decoder_linear(entry: str) -> bool:
+    """Whether an `ignore` entry names one of the decoder's linear layers, matched as compressed-tensors does: `re:`
+    a regular expression (`re.match`) on the layer's name, else the name itself or its class (`Linear`). Entries
+    that name none (the LM head, `re:.*lm_head$`, a mixture-of-experts router `re:.*mlp.gate$`) leave nothing of
+    this model unquantized."""
+    if entry == "Linear":
+        return True
+    if entry.startswith("re:"):
+        pattern = re.compile(entry[3:])
+        return any(pattern.match(f"model.layers.{i}.{p}") for i in range(_LAYERS) for p in _PROJECTIONS)
+    return entry.removeprefix("model.").startswith("layers.") and entry.endswith(_PROJECTIONS)
+
+
+def compressed_tensors_scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], Any, str]:
+    """compressed-tensors' one config group over the linear layers: its weights, input_activations (None: not
+    quantized) and format. ValueError where the group targets more than the linear layers or `ignore` leaves one of
+    the decoder's linear layers unquantized."""
+    group = compressed_tensors_group(qcfg)
+    if group.get("targets") != ["Linear"]:
+        raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
+    unsupported = [name for name in qcfg.get("ignore") or [] if ignores_a_decoder_linear(name)]
+    if unsupported:
+        raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
+                         "(only the LM head may be left unquantized)")
+    return group["weights"], group.get("input_activations"), group.get("format") or qcfg.get("format") or ""
+
+
+def check_layout(qcfg: dict[str, Any]) -> None:
+    """ValueError, in the engine's words and in the order it checks them, where the engine does not run the layout a
+    checkpoint's quantization_config describes (its bits and group size included); nothing for one it runs. The
+    engine calls it before building a scheme's linear method, the webhook for an --hf-overrides one."""
+    method = config_method(qcfg)
+    if method == "fp8":
+        _check_fp8(qcfg)
+    elif method == "gptq":
+        _check_gptq(qcfg)
+    elif method == "awq":
+        weight_bits(qcfg)  # 4
+        version = str(qcfg.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"awq {version!r} checkpoints are not supported (4-bit gemm is)")
+        packed_group_size(qcfg)
+    elif method == "compressed-tensors":
+        _check_compressed_tensors(qcfg)
+
+
+def _check_fp8(qcfg: dict[str, Any]) -> None:
+    """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
+    weight_block_size, `weight_scale_inv`) are not run."""
+    kept = [name for name in qcfg.get("ignored_layers") or [] if ignores_a_decoder_linear(name)]
+    if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
+        raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
+                         "supported; only the LM head may be left out")
+    if qcfg.get("weight_block_size"):
+        raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
+                         "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
+
+
+def _check_gptq(qcfg: dict[str, Any]) -> None:
+    """GPTQ in group order (desc_act false) with a dense LM head, 4 or 8 bits."""
+    if qcfg.get("desc_act"):
+        raise ValueError("gptq with desc_act: true (activation-order) checkpoints are not supported; "
+                         "use a checkpoint quantized with desc_act: false")
+    weight_bits(qcfg)
+    if qcfg.get("lm_head"):  # GPTQModel's quantized LM head: lm_head.qweight, which the dense head cannot load
+        raise ValueError("gptq with a quantized LM head (lm_head: true) is not supported")
+    packed_group_size(qcfg)
+
+
+def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
+    """FP8 float-quantized W8A8 / W8A16 per tensor or channel, int4 / int8 pack-quantized W4A16 / W8A16 per channel
+    or in contiguous groups."""
+    weights, activations, fmt = compressed_tensors_scheme(qcfg)
+    bits, kind = weight_bits(qcfg), weights.get("type")
+    if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
+        if weights.get("strategy", "tensor") not in ("tensor", "channel"):
+            # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
+            # where in = 128 x 128 (Llama-3.1-405B's hidden size).
+            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} "
+                             f"(block_structure {weights.get('block_structure')}) is not supported; "
+                             "per-tensor and per-channel are")
+        if activations is not None and (not isinstance(activations, dict) or activations.get("type") != "float"
+                                        or activations.get("num_bits") != 8):
+            raise ValueError("compressed-tensors: fp8 weights need fp8 activations or none")
+        return
+    if kind == "int" and bits in (4, 8) and fmt == "pack-quantized":
+        if activations is not None:
+            raise ValueError("compressed-tensors: integer weights with quantized activations (W8A8 int) "
+                             "are not supported; W4A16 and W8A16 are")
+        strategy = weights.get("strategy")
+        if strategy not in ("group", "channel"):
+            raise ValueError(f"compressed-tensors: integer strategy {strategy!r}; group or channel is supported")
+        if weights.get("actorder") in ("group", "dynamic"):
+            # The groups follow a permutation (`weight_g_idx`); `static`/`weight` order only changes GPTQ's
+            # calibration and stores contiguous groups, as with none.
+            raise ValueError(f"compressed-tensors: actorder {weights['actorder']!r} (permuted groups, "
+                             "weight_g_idx) is not supported; actorder null, static or weight is")
+        compressed_tensors_group_size(weights)
+        return
+    raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "
+                     "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
+
+
 def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.quantization") -> str | None:
     """Why the engine would refuse to start with an --hf-overrides `quantization_config` of `qcfg` beside the
     --quantization it is given (`quantization`, "none" for none; `field` names where it is set), or None."""
@@ -141,11 +252,7 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
         return (f"--hf-overrides: quantization_config's quant_method {method!r} does not match {field} "
                 f"{quantization}; the engine refuses to start with both: leave {field} out or make them agree")
     try:
-        weight_bits(qcfg)
-        if method in ("gptq", "awq"):
-            packed_group_size(qcfg)
-        elif method == "compressed-tensors":
-            compressed_tensors_group_size(compressed_tensors_group(qcfg)["weights"])
+        check_layout(qcfg)
     except ValueError as exc:  # the engine's own refusal of it, in its words
         return f"--hf-overrides: quantization_config: {exc}"
     return None

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the schemes import torch: the API process validates an unqu
 
     from flotilla.engine.quantization.method import LinearMethod
 
-from flotilla.quantization_config import config_method, describes_checkpoint, flag_disagrees
+from flotilla.quantization_config import check_layout, config_method, describes_checkpoint, flag_disagrees
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
 SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
@@ -69,22 +69,13 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
 
 def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
     """The linear layers' method for a resolved scheme."""
-    from flotilla.engine.quantization import compressed_tensors
     from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
 
     qcfg = checkpoint_quantization(hf_config)
     if method == "fp8":
         if qcfg is None:
             return Fp8OnlineMethod()
-        # vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
-        # weight_block_size, `weight_scale_inv`) are not run.
-        kept = [name for name in qcfg.get("ignored_layers") or [] if compressed_tensors.ignores_a_decoder_linear(name)]
-        if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
-            raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
-                             "supported; only the LM head may be left out")
-        if qcfg.get("weight_block_size"):
-            raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
-                             "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
+        check_layout(qcfg)  # per-tensor e4m3 only (flotilla/quantization_config.py; the webhook runs it too)
         return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
     if method == "rtn":
         from flotilla.engine.quantization.rtn import RtnMethod, rtn_settings

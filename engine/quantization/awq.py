@@ -16,7 +16,7 @@ import torch
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
-from flotilla.quantization_config import packed_group_size, weight_bits
+from flotilla.quantization_config import check_layout, packed_group_size
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # Column c of a word sits in nibble UNDO[c].
@@ -24,11 +24,9 @@ _UNDO = tuple(AWQ_ORDER.index(c) for c in range(8))
 
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
-    """The method of an AWQ `quantization_config`, or ValueError naming what is not supported."""
-    weight_bits(qcfg)  # 4 (flotilla/quantization_config.py reads them as the webhook does; ValueError for others)
-    version = str(qcfg.get("version", "gemm")).lower()
-    if version != "gemm":
-        raise ValueError(f"awq {version!r} checkpoints are not supported (4-bit gemm is)")
+    """The method of an AWQ `quantization_config`, or ValueError naming what is not supported (bits other than 4, a
+    version other than gemm: flotilla/quantization_config.py `check_layout`, which the webhook runs too)."""
+    check_layout(qcfg)
     return PackedIntMethod(4, packed_group_size(qcfg), symmetric=False)
 
 

@@ -19,19 +19,15 @@ import torch
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
-from flotilla.quantization_config import packed_group_size, weight_bits
+from flotilla.quantization_config import check_layout, packed_group_size, weight_bits
 
 
 def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
-    """The method of a GPTQ `quantization_config`, or ValueError naming what is not supported."""
-    if qcfg.get("desc_act"):
-        raise ValueError("gptq with desc_act: true (activation-order) checkpoints are not supported; "
-                         "use a checkpoint quantized with desc_act: false")
-    bits = _bits(qcfg)
-    if qcfg.get("lm_head"):  # GPTQModel's quantized LM head: lm_head.qweight, which the dense head cannot load
-        raise ValueError("gptq with a quantized LM head (lm_head: true) is not supported")
+    """The method of a GPTQ `quantization_config`, or ValueError naming what is not supported (desc_act, a quantized
+    LM head, bits: flotilla/quantization_config.py `check_layout`, which the webhook runs too)."""
+    check_layout(qcfg)
     # GPTQ always stores zero points; symmetric ones are all the middle code.
-    return PackedIntMethod(bits, packed_group_size(qcfg), symmetric=False)
+    return PackedIntMethod(_bits(qcfg), packed_group_size(qcfg), symmetric=False)
 
 
 def _bits(qcfg: dict[str, Any]) -> int:

@@ -291,3 +291,60 @@ def test_a_compressed_tensors_group_is_a_positive_number_of_inputs_on_both_sides
     with pytest.raises(ValueError) as refused:
         linear_method("compressed-tensors", {"quantization_config": override})
     assert str(refused.value) == words
+
+
+_FP8_CT = {"num_bits": 8, "type": "float", "strategy": "channel"}
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ({"quant_method": "gptq", "desc_act": True}, "gptq with desc_act: true (activation-order) checkpoints are not "
+     "supported; use a checkpoint quantized with desc_act: false"),
+    # desc_act is checked before the bits, as the engine does
+    ({"quant_method": "gptq", "desc_act": True, "bits": 3}, "gptq with desc_act: true"),
+    ({"quant_method": "gptq", "lm_head": True}, "gptq with a quantized LM head (lm_head: true) is not supported"),
+    ({"quant_method": "awq", "version": "GEMV"}, "awq 'gemv' checkpoints are not supported (4-bit gemm is)"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8 checkpoints with weight_block_size [128, 128]"),
+    ({"quant_method": "fp8", "ignored_layers": ["model.layers.0.mlp.down_proj"]},
+     "fp8 checkpoints with unquantized decoder layers (ignored_layers ['model.layers.0.mlp.down_proj'])"),
+    (_ct(_INT4, targets=["Linear", "Embedding"]), "compressed-tensors: targets ['Linear', 'Embedding']; only"),
+    ({**_ct(_INT4), "ignore": ["lm_head", "re:.*self_attn.q_proj$"]},
+     "compressed-tensors: ignored layers ['re:.*self_attn.q_proj$'] are not supported"),
+    (_ct(_INT4, format="marlin-24"), "compressed-tensors: 4-bit int weights in format 'marlin-24' are not supported"),
+    (_ct({**_INT4, "type": "float"}), "compressed-tensors: 4-bit float weights in format 'pack-quantized'"),
+    (_ct({**_INT4, "strategy": "tensor"}), "compressed-tensors: integer strategy 'tensor'; group or channel"),
+    (_ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "group"}),
+     "compressed-tensors: actorder 'group' (permuted groups, weight_g_idx) is not supported"),
+    (_ct({**_INT4, "num_bits": 8}, input_activations={"num_bits": 8, "type": "int"}),
+     "compressed-tensors: integer weights with quantized activations (W8A8 int) are not supported"),
+    (_ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized"),
+     "compressed-tensors: fp8 weight strategy 'block' (block_structure [128, 128]) is not supported"),
+    (_ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "int"}),
+     "compressed-tensors: fp8 weights need fp8 activations or none"),
+    # an activations value that is no object: refused, not an AttributeError on either side
+    (_ct(_FP8_CT, format="float-quantized", input_activations="fp8"),
+     "compressed-tensors: fp8 weights need fp8 activations or none"),
+])
+def test_a_layout_the_engine_does_not_run_is_refused_by_the_webhook_in_its_words(override, words):
+    # before, the webhook admitted these and the pod crash-looped on the engine's refusal at start-up
+    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.quantization_config import override_method_problem
+
+    with pytest.raises(ValueError) as refused:
+        resolve_quantization(None, {"quantization_config": override})
+    assert str(refused.value).startswith(words)
+    assert override_method_problem(override, "none") == f"--hf-overrides: quantization_config: {refused.value}"
+
+
+@pytest.mark.parametrize("override", [
+    {"quant_method": "gptq", "desc_act": False, "lm_head": False}, {"quant_method": "awq", "version": "GEMM"},
+    {"quant_method": "fp8", "ignored_layers": ["lm_head"], "weight_block_size": None},
+    {**_ct(_INT4), "ignore": ["lm_head", "re:.*mlp.gate$"]},
+    _ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "weight"}),
+    _ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "float", "dynamic": True}),
+])
+def test_a_layout_the_engine_runs_is_admitted(override):
+    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.quantization_config import override_method_problem
+
+    assert resolve_quantization(None, {"quantization_config": override}) == override["quant_method"]
+    assert override_method_problem(override, "none") is None
