@@ -119,9 +119,15 @@ INVALID = {
     "quantization-config-override-compressed-tensors-group-size-no-number": (
         {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {
             "quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
-                "num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}}}}})]},
+                "num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}, "format": "pack-quantized"}}}})]},
         "spec.engineArgs: --hf-overrides: quantization_config: compressed-tensors: weights' group_size '64' is not a "
         "number of inputs (strategy group)"),
+    # a layout the engine does not run (flotilla/quantization_config.py check_layout): refused here, not a crash loop
+    "quantization-config-override-gptq-desc-act": (
+        {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "gptq",
+                                                                             "desc_act": True}})]},
+        "spec.engineArgs: --hf-overrides: quantization_config: gptq with desc_act: true (activation-order) "
+        "checkpoints are not supported; use a checkpoint quantized with desc_act: false"),
 }
 
 
