@@ -135,11 +135,16 @@ def ignores_a_decoder_linear(entry: str) -> bool:
     """Whether an `ignore` entry names one of the decoder's linear layers, matched as compressed-tensors does: `re:`
     a regular expression (`re.match`) on the layer's name, else the name itself or its class (`Linear`). Entries
     that name none (the LM head, `re:.*lm_head$`, a mixture-of-experts router `re:.*mlp.gate$`) leave nothing of
-    this model unquantized."""
+    this model unquantized. ValueError for an entry that is no text or no regular expression."""
+    if not isinstance(entry, str):
+        raise ValueError(f"ignored layer {entry!r} is not a layer name")
     if entry == "Linear":
         return True
     if entry.startswith("re:"):
-        pattern = re.compile(entry[3:])
+        try:
+            pattern = re.compile(entry[3:])
+        except re.error as exc:
+            raise ValueError(f"ignored layer {entry!r} is not a regular expression ({exc})") from exc
         return any(pattern.match(f"model.layers.{i}.{p}") for i in range(_LAYERS) for p in _PROJECTIONS)
     return entry.removeprefix("model.").startswith("layers.") and entry.endswith(_PROJECTIONS)
 
@@ -151,7 +156,7 @@ def compressed_tensors_scheme(qcfg: dict[str, Any]) -> tuple[dict[str, Any], Any
     group = compressed_tensors_group(qcfg)
     if group.get("targets") != ["Linear"]:
         raise ValueError(f"compressed-tensors: targets {group.get('targets')}; only [\"Linear\"] is supported")
-    unsupported = [name for name in qcfg.get("ignore") or [] if ignores_a_decoder_linear(name)]
+    unsupported = _decoder_linears_left_out(qcfg, "ignore")
     if unsupported:
         raise ValueError(f"compressed-tensors: ignored layers {unsupported[:3]} are not supported "
                          "(only the LM head may be left unquantized)")
@@ -180,13 +185,25 @@ def check_layout(qcfg: dict[str, Any]) -> None:
 def _check_fp8(qcfg: dict[str, Any]) -> None:
     """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
     weight_block_size, `weight_scale_inv`) are not run."""
-    kept = [name for name in qcfg.get("ignored_layers") or [] if ignores_a_decoder_linear(name)]
+    kept = _decoder_linears_left_out(qcfg, "ignored_layers")
     if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
         raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
                          "supported; only the LM head may be left out")
     if qcfg.get("weight_block_size"):
         raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
                          "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
+
+
+def _decoder_linears_left_out(qcfg: dict[str, Any], key: str) -> list[str]:
+    """The entries of the layers a quantization_config leaves unquantized (`key`: compressed-tensors' ignore, fp8's
+    ignored_layers) that name a decoder linear layer. ValueError, naming the scheme, where it is no list of names."""
+    entries = qcfg.get(key) or []
+    try:
+        if not isinstance(entries, list):
+            raise ValueError(f"{key} {entries!r} is not a list of layer names")
+        return [name for name in entries if ignores_a_decoder_linear(name)]
+    except ValueError as exc:
+        raise ValueError(f"{config_method(qcfg)}: {exc}") from exc
 
 
 def _check_gptq(qcfg: dict[str, Any]) -> None:

@@ -348,3 +348,20 @@ def test_a_layout_the_engine_runs_is_admitted(override):
 
     assert resolve_quantization(None, {"quantization_config": override}) == override["quant_method"]
     assert override_method_problem(override, "none") is None
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ({"quant_method": "fp8", "ignored_layers": ["re:("]}, "fp8: ignored layer 're:(' is not a regular expression ("),
+    ({"quant_method": "fp8", "ignored_layers": "lm_head"}, "fp8: ignored_layers 'lm_head' is not a list of layer "
+     "names"),
+    ({**_ct(_INT4), "ignore": [5]}, "compressed-tensors: ignored layer 5 is not a layer name"),
+])
+def test_ignored_layers_that_name_no_layer_are_refused_not_a_crash(override, words):
+    # re.error and AttributeError escaped both the engine's start-up check and the webhook before
+    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.quantization_config import override_method_problem
+
+    with pytest.raises(ValueError) as refused:
+        resolve_quantization(None, {"quantization_config": override})
+    assert str(refused.value).startswith(words)
+    assert override_method_problem(override, "none") == f"--hf-overrides: quantization_config: {refused.value}"
