@@ -118,8 +118,9 @@ INVALID = {
         "spec.engineArgs: --hf-overrides: quantization_config: gptq's group_size 'g128' is not a number of inputs"),
     "quantization-config-override-compressed-tensors-group-size-no-number": (
         {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {
-            "quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
-                "num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}, "format": "pack-quantized"}}}})]},
+            "quant_method": "compressed-tensors", "config_groups": {"g": {
+                "targets": ["Linear"], "format": "pack-quantized",
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": "64"}}}}})]},
         "spec.engineArgs: --hf-overrides: quantization_config: compressed-tensors: weights' group_size '64' is not a "
         "number of inputs (strategy group)"),
     # a layout the engine does not run (flotilla/quantization_config.py check_layout): refused here, not a crash loop
