@@ -130,57 +130,44 @@ def _pieces(value: Any, encoder: json.JSONEncoder) -> Iterator[str]:
     """`json_pieces` without the hand-overs (recursive)."""
     if json_values(value, PIECE_VALUES) <= PIECE_VALUES:
         yield encoder.encode(value)
-    elif isinstance(value, dict):
-        yield "{"
-        yield from _dict_members(value, encoder)
-        yield "}"
     else:
-        yield "["
-        yield from _list_members(value, encoder)
-        yield "]"
+        opening, closing = "{}" if isinstance(value, dict) else "[]"
+        yield opening
+        yield from _members(value, encoder)
+        yield closing
 
 
-def _dict_members(members: dict[Any, Any], encoder: json.JSONEncoder) -> Iterator[str]:
-    """A large dict's members, separated: runs of small ones as one piece (a whole-vocabulary logprobs entry is ~49k
-    scalars: one piece each, with a GIL hand-over between two, took ~10 s), each large one as its key, then cut."""
-    key_end = -len(encoder.key_separator) - 2  # after a key, in `{key: 0}`
-    run: dict[Any, Any] = {}
+def _members(value: dict[Any, Any] | list[Any] | tuple[Any, ...], encoder: json.JSONEncoder) -> Iterator[str]:
+    """A large dict's or list's members, separated: runs of small ones as one piece (one piece a member, with a GIL
+    hand-over between two, made a whole-vocabulary logprobs entry of ~49k scalars take ~10 s), each large one cut
+    (a dict's after its key)."""
+    is_dict = isinstance(value, dict)
+    pairs = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+    run: list[tuple[Any, Any]] = []
     size = 0
     first = True
-    for key, member in members.items():
+    for key, member in pairs:
         values = json_values(member, PIECE_VALUES) if isinstance(member, _CONTAINERS) else 1
         if run and (size + values > PIECE_VALUES or values > PIECE_VALUES):
-            yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
-            run, size, first = {}, 0, False
+            yield ("" if first else encoder.item_separator) + _encoded_run(run, is_dict, encoder)
+            run, size, first = [], 0, False
         if values > PIECE_VALUES:
-            # the key as the encoder converts it (a number, a boolean, null), then its separator
-            key_text = encoder.encode({key: 0})[1:key_end]
-            yield ("" if first else encoder.item_separator) + key_text + encoder.key_separator
+            yield ("" if first else encoder.item_separator) + (_key_text(key, encoder) if is_dict else "")
             yield from _pieces(member, encoder)
             first = False
         else:
-            run[key] = member
+            run.append((key, member))
             size += values
     if run:
-        yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
+        yield ("" if first else encoder.item_separator) + _encoded_run(run, is_dict, encoder)
 
 
-def _list_members(items: list[Any] | tuple[Any, ...], encoder: json.JSONEncoder) -> Iterator[str]:
-    """A large list's members, separated: runs of small ones as one piece, each large one cut."""
-    run: list[Any] = []
-    size = 0
-    first = True
-    for item in items:
-        values = json_values(item, PIECE_VALUES) if isinstance(item, _CONTAINERS) else 1
-        if run and (size + values > PIECE_VALUES or values > PIECE_VALUES):
-            yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
-            run, size, first = [], 0, False
-        if values > PIECE_VALUES:
-            yield "" if first else encoder.item_separator
-            yield from _pieces(item, encoder)
-            first = False
-        else:
-            run.append(item)
-            size += values
-    if run:
-        yield ("" if first else encoder.item_separator) + encoder.encode(run)[1:-1]
+def _encoded_run(run: list[tuple[Any, Any]], is_dict: bool, encoder: json.JSONEncoder) -> str:
+    """A run of members as the encoder writes them inside their container (without its brackets)."""
+    return encoder.encode(dict(run) if is_dict else [member for _, member in run])[1:-1]
+
+
+def _key_text(key: Any, encoder: json.JSONEncoder) -> str:
+    """A dict key as the encoder converts it (a number, a boolean, null), then its separator."""
+    key_end = -len(encoder.key_separator) - 2  # after a key, in `{key: 0}`
+    return encoder.encode({key: 0})[1:key_end] + encoder.key_separator
