@@ -120,6 +120,24 @@ def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt,
     assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
+@pytest.mark.parametrize(("fmt", "group"), [("gptq", 32), ("compressed-tensors", 64)])
+def test_activation_order_checkpoints_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt, group):
+    """GPTQ desc_act: true and compressed-tensors actorder group: groups of inputs in a random order per input (q/k/v
+    and gate/up share theirs), each input's group in g_idx. The engine sorts every layer's inputs by group at load
+    and gathers the activations likewise (engine/quantization/packed_int.py): HF's greedy tokens on the dequantized
+    weights, and no layer's order left as it was (a permutation kept on each, the fused int4 forms not taken)."""
+    from flotilla.engine.quantization.packed_int import int4_weight
+
+    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt, group, act_order=True)
+    llm = LLM(str(path), max_model_len=256)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert tokens == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+    layers = [m for m in llm.engine.runner.model.modules() if hasattr(m, "weight_packed")]
+    assert len(layers) == 8  # qkv, o, gate_up, down of 2 layers
+    assert all(m.weight_perm is not None and int4_weight(m) is None for m in layers)
+    assert not any(hasattr(m, "weight_g_idx") for m in layers)  # the permutation in its place
+
+
 def test_a_dense_draft_model_beside_a_gptq_target_is_loaded_dense(wide_llama, tmp_path):
     """The draft's checkpoint says how it is quantized, as vLLM's draft config: a dense draft beside a GPTQ target
     (a quantized large model with a small draft) is loaded dense; it was loaded as GPTQ and failed the start-up."""
