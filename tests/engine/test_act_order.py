@@ -127,3 +127,42 @@ def test_the_parts_of_a_merged_layer_must_give_one_g_idx():
 def test_a_g_idx_that_does_not_make_whole_groups_is_refused():
     with pytest.raises(ValueError, match="g_idx does not put 8 inputs in each of 2 groups"):
         _layer("gptq", torch.zeros(IN, dtype=torch.int32))
+
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 64, 300])
+def test_a_random_activation_order_layer_equals_its_dequantized_weight_on_the_device(monkeypatch, rows):
+    """A random g_idx on 512 inputs in groups of 128, sorted where the model lives (CUDA when there is one, bf16:
+    the sort on the device and the Triton int4 kernels by row count, the one-row wide GEMV, the GEMV, the GEMM, the
+    dequantize + cuBLAS; the CPU's kernels here), a few output rows at a time (3 chunks, the last one short): the
+    product equals that of the dequantized weight with the input as it came."""
+    from flotilla.engine.quantization import packed_int
+
+    from .quant_checkpoints import act_order_codes
+
+    monkeypatch.setattr(packed_int, "_SORT_ROWS", 40)
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(96, 512, generator=generator) * 0.05
+    codes, scales, zeros, g_idx = act_order_codes(weight, torch.randperm(512, generator=generator), 128)
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+    qcfg = {**GPTQ, "group_size": 128}
+    with torch.device(DEVICE):
+        layer = ColumnParallelLinear(512, 96).to(dtype)  # create_weights gives the scales the weight's dtype
+        layer.quant_method = gptq.linear_method(qcfg)
+        layer.quant_method.create_weights(layer)
+    for name, tensor in gptq.convert_tensors(((f"p.{k}", v) for k, v in pack_gptq(codes, scales, zeros, 4, g_idx)
+                                              .items()), qcfg):
+        param = getattr(layer, name.rpartition(".")[2])
+        (getattr(param, "weight_loader", None) or layer.weight_loader)(param, tensor.to(param.dtype), None)
+    with torch.no_grad():
+        layer.quant_method.process_weights(layer)
+    assert layer.weight_perm is not None and layer.weight_packed.device.type == DEVICE.type
+    dequantized = (codes.float() - zeros[:, g_idx.long()].float()) * scales.half().float()[:, g_idx.long()]
+    x = torch.randn(rows, 512, generator=generator)
+    got = layer(x.to(DEVICE, dtype)).float().cpu()
+    want = x.to(dtype).float() @ dequantized.t()
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * want.abs().max().item())
