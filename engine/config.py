@@ -52,6 +52,7 @@ from flotilla.engine_rules import (
     sleep_mode_problem,
 )
 from flotilla.flags import FLAGS, Flag
+from flotilla.quantization_config import act_order_parallel_problem
 from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)
@@ -467,6 +468,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
 
     with _as_config_error(ValueError):
         quantization = resolve_quantization(v["quantization"], hf_config)
+    if problem := act_order_parallel_problem(hf_config.get("quantization_config"), v["tensor_parallel_size"]):
+        raise ConfigError(f"model {model_dir}: {problem}")
     _check_flag_combinations(v, hf_config)
     if problem := _custom_code_problem(model_dir, hf_config, bool(v["trust_remote_code"])):
         raise ConfigError(problem)

@@ -7,9 +7,10 @@ and an --hf-overrides `quantization_config` replaces the checkpoint's whole befo
 (engine/quantization gptq.py, awq.py, compressed_tensors.py) read these fields with the functions here, and the
 operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
-ValueError these functions raise). The layout rules (`check_layout`: GPTQ's desc_act and lm_head, AWQ's version,
+ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size and
-ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
+ignored_layers; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live here for the same
+reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """
@@ -25,6 +26,10 @@ CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "a
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
 # compressed-tensors' formats of 8-bit float weights.
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+# compressed-tensors' actorder values: GPTQ visited the inputs in activation order and stored the groups in input order
+# (null, false or these), or stored each input's group (`weight_g_idx`) for groups of permuted inputs (these).
+_CONTIGUOUS_ACTORDER = ("static", "weight")
+_PERMUTED_ACTORDER = ("group", "dynamic")
 # The decoder's linear layers as a checkpoint names them (layer numbers up to _LAYERS), which an `ignore` entry may
 # not leave unquantized: one quant method runs them all.
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -207,10 +212,7 @@ def _decoder_linears_left_out(qcfg: dict[str, Any], key: str) -> list[str]:
 
 
 def _check_gptq(qcfg: dict[str, Any]) -> None:
-    """GPTQ in group order (desc_act false) with a dense LM head, 4 or 8 bits."""
-    if qcfg.get("desc_act"):
-        raise ValueError("gptq with desc_act: true (activation-order) checkpoints are not supported; "
-                         "use a checkpoint quantized with desc_act: false")
+    """GPTQ in group order or activation order (desc_act, `act_order`) with a dense LM head, 4 or 8 bits."""
     weight_bits(qcfg)
     if qcfg.get("lm_head"):  # GPTQModel's quantized LM head: lm_head.qweight, which the dense head cannot load
         raise ValueError("gptq with a quantized LM head (lm_head: true) is not supported")
@@ -240,15 +242,55 @@ def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
         strategy = weights.get("strategy")
         if strategy not in ("group", "channel"):
             raise ValueError(f"compressed-tensors: integer strategy {strategy!r}; group or channel is supported")
-        if weights.get("actorder") in ("group", "dynamic"):
-            # The groups follow a permutation (`weight_g_idx`); `static`/`weight` order only changes GPTQ's
-            # calibration and stores contiguous groups, as with none.
-            raise ValueError(f"compressed-tensors: actorder {weights['actorder']!r} (permuted groups, "
-                             "weight_g_idx) is not supported; actorder null, static or weight is")
+        _permuted_groups(weights)  # any actorder it names (group, dynamic: the inputs sorted at load)
         compressed_tensors_group_size(weights)
         return
     raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "
                      "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
+
+
+def act_order(qcfg: Any) -> bool:
+    """Whether a quantization_config's integer groups follow a permutation of the inputs that the checkpoint stores
+    as each input's group (GPTQ's `desc_act: true` with `g_idx`, compressed-tensors' actorder group / dynamic with
+    `weight_g_idx`): the engine sorts the inputs by group at load and gathers the activations' columns to match
+    (engine/quantization/packed_int.py). compressed-tensors' static / weight order only changed GPTQ's calibration
+    and stores contiguous groups, as null does."""
+    method = config_method(qcfg)
+    if method == "gptq":
+        return bool(qcfg.get("desc_act"))
+    if method == "compressed-tensors":
+        try:
+            weights = compressed_tensors_group(qcfg)["weights"]
+            return weights.get("type") == "int" and _permuted_groups(weights)
+        except ValueError:
+            return False
+    return False
+
+
+def _permuted_groups(weights: dict[str, Any]) -> bool:
+    """Whether compressed-tensors' integer `weights` store each input's group (actorder group or dynamic, and true,
+    which compressed-tensors read as group; any case) rather than contiguous groups (null, false, static, weight).
+    ValueError for another actorder."""
+    actorder = weights.get("actorder")
+    if actorder is None or isinstance(actorder, bool):
+        return bool(actorder)
+    name = str(actorder).lower()
+    if name not in (*_CONTIGUOUS_ACTORDER, *_PERMUTED_ACTORDER):
+        raise ValueError(f"compressed-tensors: actorder {actorder!r} is not one of "
+                         f"{', '.join((*_CONTIGUOUS_ACTORDER, *_PERMUTED_ACTORDER))} or null")
+    return name in _PERMUTED_ACTORDER
+
+
+def act_order_parallel_problem(qcfg: Any, tensor_parallel_size: int,
+                               flag: str = "--tensor-parallel-size") -> str | None:
+    """Why the engine refuses an activation-order checkpoint (`act_order`) over `tensor_parallel_size` ranks (`flag`
+    names where that is set), or None: the row-parallel layers (o_proj, down_proj) split their inputs over the ranks,
+    and a rank's share of inputs, sorted by group, no longer makes whole groups of the size the kernels read."""
+    if tensor_parallel_size <= 1 or not act_order(qcfg):
+        return None
+    return (f"{config_method(qcfg)} activation-order checkpoints (desc_act: true / actorder group: groups of permuted "
+            f"inputs, g_idx) run with {flag} 1 only, not {tensor_parallel_size}: the row-parallel layers would split "
+            "the permuted inputs over the ranks (pipeline parallelism runs them)")
 
 
 def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.quantization") -> str | None:

@@ -39,7 +39,7 @@ from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
-from flotilla.quantization_config import override_method_problem
+from flotilla.quantization_config import act_order_parallel_problem, override_method_problem
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
@@ -405,6 +405,10 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
                                                                 spec.effective_quantization)):
         errors.append(f"spec.engineArgs: {problem}")
     values.update({p.flag.dest: p.value for p in usable})
+    if not extra_errors and (problem := act_order_parallel_problem(
+            spec.quantization_config_override, values.get("tensor_parallel_size") or 1,
+            _spec_name("tensor_parallel_size"))):
+        errors.append(f"spec.engineArgs: --hf-overrides: quantization_config: {problem}")
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")
     if problem := _draft_length_problem(spec):

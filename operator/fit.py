@@ -21,10 +21,12 @@ What is counted, per replica:
   a row (engine/quantization/fp8.py). AWQ/GPTQ (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when
   absent) + a model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too): 0.5 + 3/128
   = 0.5234 in bf16 at groups of 128, the size assumed without a quantization_config; 0.5 + 3/32 at 32; one
-  group a row (GPTQ's -1) 0.5 + 3 bytes a row. compressed-tensors: `model.config.weightBits` 4: the int4 figure
-  at groups of 128; 8 or absent: fp8's. An --hf-overrides quantization_config in spec.engineArgs replaces the
-  checkpoint's whole, as the engine reads it (flotilla/quantization_config.py): its quant_method is the scheme
-  counted where spec.quantization is none, its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are
+  group a row (GPTQ's -1) 0.5 + 3 bytes a row; activation order (GPTQ desc_act, compressed-tensors actorder group)
+  adds an int32 an input of each layer (q/k/v and gate/up once each: `act_order_inputs`; a checkpoint whose g_idx
+  turns out in group order keeps none, 4 bytes an input over). compressed-tensors: `model.config.weightBits` 4: the
+  int4 figure at groups of 128; 8 or absent: fp8's. An --hf-overrides quantization_config in spec.engineArgs
+  replaces the checkpoint's whole, as the engine reads it (flotilla/quantization_config.py): its quant_method is
+  the scheme counted where spec.quantization is none, its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are
   weightBits, and its group size the one counted: GPTQ/AWQ's group_size (`packed_group_size`: GPTQ -1 and AWQ 128
   when absent, -1 one group a row), compressed-tensors' config group's weights (`compressed_tensors_group_size`:
   group_size under strategy "group", a row under "channel"; type "float": fp8's figure).
@@ -65,7 +67,7 @@ What is counted, per replica:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from flotilla.engine_rules import RuleError, default_max_num_batched_tokens, rtn_settings
@@ -73,6 +75,7 @@ from flotilla.operator.gpus import GPU, lookup
 from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 from flotilla.operator.status import FitStatus
 from flotilla.quantization_config import (
+    act_order,
     compressed_tensors_group,
     compressed_tensors_group_size,
     config_method,
@@ -189,6 +192,9 @@ class LinearStorage:
     bits: int
     group: int | None
     scale_bytes: int
+    # Activation order (GPTQ desc_act, compressed-tensors actorder group): each layer also keeps its inputs' order,
+    # an int32 an input (engine/quantization/packed_int.py `weight_perm`).
+    act_order: bool = False
 
 
 def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> LinearStorage:
@@ -200,6 +206,8 @@ def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> Lin
 # fp8 weights (--quantization fp8 at load, fp8 and compressed-tensors float checkpoints): one float32 scale an output
 # row (engine/quantization/fp8.py; a per-tensor checkpoint scale is spread over the rows).
 FP8_STORAGE = LinearStorage(8, None, 4)
+# An activation-order layer's input order: an int32 an input.
+ACT_ORDER_INDEX_BYTES = 4
 
 
 def linear_storage(quantization: str, arch: ModelArchitecture, quantization_config: Any = None,
@@ -215,7 +223,7 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
     qcfg = quantization_config if config_method(quantization_config) == quantization else None
     bits = config_weight_bits(qcfg) or arch.weight_bits
     if quantization in ("gptq", "awq"):
-        return packed_int_storage(bits or 4, _packed_group(qcfg), dtype)
+        return replace(packed_int_storage(bits or 4, _packed_group(qcfg), dtype), act_order=act_order(qcfg))
     if quantization == "compressed-tensors":
         weights = _compressed_tensors_weights(qcfg)
         if weights is None:
@@ -223,7 +231,8 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         if weights.get("type") == "float":
             return FP8_STORAGE
         try:
-            return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
+            storage = packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)
+            return replace(storage, act_order=act_order(qcfg))
         except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
             return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
     return None
@@ -249,6 +258,15 @@ def _compressed_tensors_weights(quantization_config: Any) -> dict[str, Any] | No
         return compressed_tensors_group(quantization_config)["weights"]
     except ValueError:
         return None
+
+
+def act_order_inputs(arch: ModelArchitecture) -> int:
+    """Inputs of the decoder's linear layers as the engine builds them, each keeping one index under activation
+    order: the shared input of q/k/v and that of gate/up (hidden each, once a merged layer), o's (attention heads x
+    head dim) and down's (intermediate). One tensor rank: the engine refuses activation order over more."""
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    width = 2 * arch.hidden_size + arch.num_attention_heads * head_dim + arch.intermediate_size
+    return arch.num_hidden_layers * width
 
 
 def linear_rows(arch: ModelArchitecture, tensor: int = 1) -> int:
@@ -278,7 +296,8 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     storage = linear_storage(quantization, arch, quantization_config, rtn, dtype)
     if storage is not None:
         scales = linear // storage.group if storage.group else linear_rows(arch, tensor)
-        return linear * storage.bits // 8 + scales * storage.scale_bytes + dense
+        order = ACT_ORDER_INDEX_BYTES * act_order_inputs(arch) if storage.act_order else 0
+        return linear * storage.bits // 8 + scales * storage.scale_bytes + order + dense
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "gguf": gguf}[quantization]

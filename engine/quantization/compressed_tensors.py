@@ -7,7 +7,8 @@ head, and anything else that names none of the decoder's linear layers), with
   FP8_BLOCK's 128 x 128 block scales are refused),
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
   channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
-  (contiguous groups; `group`, which permutes them with `weight_g_idx`, is refused).
+  (contiguous groups) or `group` (groups of permuted inputs, each input's group in `weight_g_idx`: sorted at load,
+  `packed_int.py`).
 The checkpoint's packed codes are stored signed-plus-offset (`code + 2^(bits-1)`), the engine's
 unsigned layout already; asymmetric zero points are packed the same way along the output dimension
 and are unpacked here; `weight_shape` is implied by the layer and dropped.
@@ -25,6 +26,7 @@ from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
 from flotilla.quantization_config import (
+    act_order,
     check_layout,
     compressed_tensors_group_size,
     compressed_tensors_scheme,
@@ -43,7 +45,8 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
         return Fp8CheckpointMethod(static_input=not activations.get("dynamic", False))
     bits = weight_bits(qcfg)
     assert bits is not None, "compressed-tensors weights have num_bits"  # check_layout refuses them otherwise
-    return PackedIntMethod(bits, compressed_tensors_group_size(weights), bool(weights.get("symmetric", True)))
+    return PackedIntMethod(bits, compressed_tensors_group_size(weights), bool(weights.get("symmetric", True)),
+                           act_order=act_order(qcfg))
 
 
 def convert_tensors(

@@ -5,6 +5,11 @@
   the oracle: HF transformers run on the decompressed (dequantized) weights.
 - GPTQ and AWQ: their tools need CUDA, so `pack_gptq` / `pack_awq` write the published layouts from
   the same integer codes; tests check both packers against hand-computed words.
+- Activation order (GPTQ desc_act, compressed-tensors actorder group): `int4_checkpoint(act_order=True)` quantizes
+  each layer's inputs in groups of a random order (`input_orders`; GPTQ's comes from the calibration inputs) and
+  stores each input's group (g_idx). The compressed-tensors library dropped actorder group (0.20 refuses it) and
+  llm-compressor is not installed here, so `pack_compressed_tensors` writes its pack-quantized layout from the codes
+  as `pack_gptq` does GPTQ's (tests/engine/test_act_order.py checks both against hand-computed words).
 """
 
 from __future__ import annotations
@@ -100,16 +105,57 @@ def int4_codes(weight: torch.Tensor, group: int, bits: int = 4) -> tuple[torch.T
     return codes.reshape(weight.shape).to(torch.int32), scales, zeros.to(torch.int32)
 
 
-def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int = 4) -> dict[str, torch.Tensor]:
+def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int = 4,
+              g_idx: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """GPTQ v1 tensors of one layer: qweight packed along inputs `[in * bits / 32, out]`, qzeros (zero - 1)
-    packed along outputs `[groups, out * bits / 32]`, scales `[groups, out]`, g_idx."""
+    packed along outputs `[groups, out * bits / 32]`, scales `[groups, out]`, g_idx (each input's group; `i //
+    group` unless given: activation order)."""
     group = codes.shape[1] // scales.shape[1]
     return {
         "qweight": pack_codes(codes, bits).t().contiguous(),
         "qzeros": pack_codes((zeros - 1).t().contiguous() & (2**bits - 1), bits),
         "scales": scales.t().contiguous().half(),
-        "g_idx": torch.arange(codes.shape[1], dtype=torch.int32) // group,
+        "g_idx": torch.arange(codes.shape[1], dtype=torch.int32) // group if g_idx is None else g_idx,
     }
+
+
+def pack_compressed_tensors(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
+                            bits: int = 4) -> dict[str, torch.Tensor]:
+    """compressed-tensors pack-quantized tensors of one asymmetric layer with actorder group: weight_packed packed
+    along inputs `[out, in * bits / 32]`, weight_zero_point packed along outputs `[out * bits / 32, groups]` (both
+    unsigned, the signed codes plus 2^(bits-1)), weight_scale `[out, groups]`, weight_g_idx, weight_shape."""
+    return {
+        "weight_packed": pack_codes(codes, bits),
+        "weight_zero_point": pack_codes(zeros.t().contiguous(), bits).t().contiguous(),
+        "weight_scale": scales.half(),
+        "weight_g_idx": g_idx,
+        "weight_shape": torch.tensor(codes.shape),
+    }
+
+
+def input_orders(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random activation order of each linear layer's inputs (by layer name), one per input the layers read: q/k/v
+    share theirs, as gate/up do (GPTQ orders an input by its calibration statistics)."""
+    generator = torch.Generator().manual_seed(seed)
+    shared: dict[tuple[str, int], torch.Tensor] = {}
+    orders = {}
+    for name in _linear_names(model):
+        width = model.get_submodule(name).in_features
+        key = (name.rpartition(".")[0], width)  # e.g. model.layers.0.mlp: gate and up (down reads another width)
+        orders[name] = shared.setdefault(key, torch.randperm(width, generator=generator))
+    return orders
+
+
+def act_order_codes(weight: torch.Tensor, order: torch.Tensor, group: int,
+                    bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`int4_codes` in groups of inputs taken in `order`: (codes `[out, in]` in input order, scales and zeros `[out,
+    groups]`, g_idx `[in]`), with `weight ~= (codes - zeros[:, g_idx]) * scales[:, g_idx]`."""
+    sorted_codes, scales, zeros = int4_codes(weight[:, order], group, bits)
+    codes = torch.empty_like(sorted_codes)
+    codes[:, order] = sorted_codes
+    g_idx = torch.empty(weight.shape[1], dtype=torch.int32)
+    g_idx[order] = torch.arange(weight.shape[1], dtype=torch.int32) // group
+    return codes, scales, zeros, g_idx
 
 
 def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -126,28 +172,49 @@ def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> 
     }
 
 
-def int4_checkpoint(src: Path, dst: Path, fmt: str, group: int = 32, bits: int = 4) -> Path:
-    """`src` quantized to asymmetric int4 (gptq: also int8) in `fmt` (gptq or awq), plus `dst/dequantized` for HF."""
+def int4_checkpoint(src: Path, dst: Path, fmt: str, group: int = 32, bits: int = 4, act_order: bool = False) -> Path:
+    """`src` quantized to asymmetric int4 (gptq: also int8) in `fmt` (gptq or awq), plus `dst/dequantized` for HF.
+    `act_order`: groups of inputs in a random order (`input_orders`) with g_idx, as GPTQ desc_act (fmt gptq) or
+    compressed-tensors actorder group (fmt compressed-tensors, llm-compressor's asymmetric config) store them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     state = dict(model.state_dict())
     dequantized = dict(state)
+    orders = input_orders(model)
     for name in _linear_names(model):
-        codes, scales, zeros = int4_codes(state.pop(f"{name}.weight"), group, bits)
+        weight = state.pop(f"{name}.weight")
+        if act_order:
+            codes, scales, zeros, g_idx = act_order_codes(weight, orders[name], group, bits)
+        else:
+            (codes, scales, zeros), g_idx = int4_codes(weight, group, bits), torch.arange(weight.shape[1]) // group
         scales = scales.half().float()  # the checkpoint stores fp16 scales
-        packed = pack_gptq(codes, scales, zeros, bits) if fmt == "gptq" else pack_awq(codes, scales, zeros)
+        if fmt == "gptq":
+            packed = pack_gptq(codes, scales, zeros, bits, g_idx.to(torch.int32) if act_order else None)
+        elif fmt == "compressed-tensors":
+            packed = pack_compressed_tensors(codes, scales, zeros, g_idx.to(torch.int32), bits)
+        else:
+            packed = pack_awq(codes, scales, zeros)
         state.update({f"{name}.{k}": v for k, v in packed.items()})
-        expand = lambda t: t.float().repeat_interleave(group, dim=1)  # noqa: E731
-        dequantized[f"{name}.weight"] = (codes.float() - expand(zeros)) * expand(scales)
-    qcfg: dict[str, Any] = {"quant_method": fmt, "bits": bits, "group_size": group}
-    qcfg.update({"desc_act": False, "sym": False, "checkpoint_format": "gptq"} if fmt == "gptq"
-                else {"version": "gemm", "zero_point": True})
-    _save(model, src, dst, state, qcfg)
+        dequantized[f"{name}.weight"] = (codes.float() - zeros[:, g_idx].float()) * scales[:, g_idx]
+    _save(model, src, dst, state, _int4_config(fmt, bits, group, act_order))
     model.load_state_dict(dequantized)
     model.save_pretrained(dst / "dequantized")
     AutoTokenizer.from_pretrained(src).save_pretrained(dst / "dequantized")
     return dst
+
+
+def _int4_config(fmt: str, bits: int, group: int, act_order: bool) -> dict[str, Any]:
+    """The quantization_config of an `int4_checkpoint`."""
+    if fmt == "compressed-tensors":  # llm-compressor 0.14's asymmetric W4A16 (tests/engine/data), actorder group
+        qcfg = json.loads((Path(__file__).parent / "data" / "llmcompressor-0.14-gptq-w4a16-asym-g64.json").read_text())
+        weights = qcfg["config_groups"]["group_0"]["weights"]
+        weights.update(num_bits=bits, group_size=group, actorder="group" if act_order else None)
+        return qcfg
+    qcfg: dict[str, Any] = {"quant_method": fmt, "bits": bits, "group_size": group}
+    qcfg.update({"desc_act": act_order, "sym": False, "checkpoint_format": "gptq"} if fmt == "gptq"
+                else {"version": "gemm", "zero_point": True})
+    return qcfg
 
 
 def with_kv_scales(src: Path, dst: Path, scales: dict[str, torch.Tensor]) -> Path:

@@ -297,10 +297,7 @@ _FP8_CT = {"num_bits": 8, "type": "float", "strategy": "channel"}
 
 
 @pytest.mark.parametrize(("override", "words"), [
-    ({"quant_method": "gptq", "desc_act": True}, "gptq with desc_act: true (activation-order) checkpoints are not "
-     "supported; use a checkpoint quantized with desc_act: false"),
-    # desc_act is checked before the bits, as the engine does
-    ({"quant_method": "gptq", "desc_act": True, "bits": 3}, "gptq with desc_act: true"),
+    ({"quant_method": "gptq", "desc_act": True, "bits": 3}, "gptq with 3-bit weights is not supported (4 or 8 bits)"),
     ({"quant_method": "gptq", "lm_head": True}, "gptq with a quantized LM head (lm_head: true) is not supported"),
     ({"quant_method": "awq", "version": "GEMV"}, "awq 'gemv' checkpoints are not supported (4-bit gemm is)"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8 checkpoints with weight_block_size [128, 128]"),
@@ -312,8 +309,8 @@ _FP8_CT = {"num_bits": 8, "type": "float", "strategy": "channel"}
     (_ct(_INT4, format="marlin-24"), "compressed-tensors: 4-bit int weights in format 'marlin-24' are not supported"),
     (_ct({**_INT4, "type": "float"}), "compressed-tensors: 4-bit float weights in format 'pack-quantized'"),
     (_ct({**_INT4, "strategy": "tensor"}), "compressed-tensors: integer strategy 'tensor'; group or channel"),
-    (_ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "group"}),
-     "compressed-tensors: actorder 'group' (permuted groups, weight_g_idx) is not supported"),
+    (_ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "columns"}),
+     "compressed-tensors: actorder 'columns' is not one of static, weight, group, dynamic or null"),
     (_ct({**_INT4, "num_bits": 8}, input_activations={"num_bits": 8, "type": "int"}),
      "compressed-tensors: integer weights with quantized activations (W8A8 int) are not supported"),
     (_ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized"),
@@ -340,6 +337,9 @@ def test_a_layout_the_engine_does_not_run_is_refused_by_the_webhook_in_its_words
     {"quant_method": "fp8", "ignored_layers": ["lm_head"], "weight_block_size": None},
     {**_ct(_INT4), "ignore": ["lm_head", "re:.*mlp.gate$"]},
     _ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "weight"}),
+    # activation order (groups of permuted inputs, g_idx): sorted at load (engine/quantization/packed_int.py)
+    {"quant_method": "gptq", "desc_act": True, "bits": 4, "group_size": 128},
+    _ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "group"}),
     _ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "float", "dynamic": True}),
 ])
 def test_a_layout_the_engine_runs_is_admitted(override):

@@ -215,3 +215,19 @@ def test_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_dirs, tmp
         llm.engine.shutdown()
     expected = _hf_fp8_tp2_greedy(hf_path, prompts, tokens, quantize_weights=not checkpoint)
     assert [o.outputs[0].token_ids for o in outs] == expected
+
+
+def test_an_activation_order_gptq_checkpoint_over_two_pipeline_stages_matches_hf(tiny_model_dirs, tmp_path):
+    """GPTQ desc_act: true (groups of permuted inputs, g_idx) on two stages: each sorts its own layers' inputs at load
+    (engine/quantization/packed_int.py); tensor parallelism, which splits o's and down's inputs, refuses it."""
+    from .quant_checkpoints import int4_checkpoint
+
+    path = int4_checkpoint(tiny_model_dirs["llama"], tmp_path / "gptq", "gptq", group=16, act_order=True)
+    prompts, tokens = [[5, 6, 7, 8, 9], [11, 12, 13] * 8], 6
+    llm = LLM(str(path), max_model_len=64, pipeline_parallel_size=2)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True),
+                            use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path / "dequantized", prompts, tokens)

@@ -120,6 +120,24 @@ def test_gptq_and_awq_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt,
     assert _engine_tokens(path, quantization=fmt) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
+@pytest.mark.parametrize(("fmt", "group"), [("gptq", 32), ("compressed-tensors", 64)])
+def test_activation_order_checkpoints_match_hf_on_dequantized_weights(wide_llama, tmp_path, fmt, group):
+    """GPTQ desc_act: true and compressed-tensors actorder group: groups of inputs in a random order per input (q/k/v
+    and gate/up share theirs), each input's group in g_idx. The engine sorts every layer's inputs by group at load
+    and gathers the activations likewise (engine/quantization/packed_int.py): HF's greedy tokens on the dequantized
+    weights, and no layer's order left as it was (a permutation kept on each, the fused int4 forms not taken)."""
+    from flotilla.engine.quantization.packed_int import int4_weight
+
+    path = int4_checkpoint(wide_llama, tmp_path / fmt, fmt, group, act_order=True)
+    llm = LLM(str(path), max_model_len=256)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert tokens == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+    layers = [m for m in llm.engine.runner.model.modules() if hasattr(m, "weight_packed")]
+    assert len(layers) == 8  # qkv, o, gate_up, down of 2 layers
+    assert all(m.weight_perm is not None and int4_weight(m) is None for m in layers)
+    assert not any(hasattr(m, "weight_g_idx") for m in layers)  # the permutation in its place
+
+
 def test_a_dense_draft_model_beside_a_gptq_target_is_loaded_dense(wide_llama, tmp_path):
     """The draft's checkpoint says how it is quantized, as vLLM's draft config: a dense draft beside a GPTQ target
     (a quantized large model with a small draft) is loaded dense; it was loaded as GPTQ and failed the start-up."""
@@ -168,8 +186,11 @@ def test_unsupported_checkpoints_and_flags_are_refused(wide_llama, tmp_path):
     path = int4_checkpoint(wide_llama, tmp_path / "gptq", "gptq")
     config = (path / "config.json").read_text()
     (path / "config.json").write_text(config.replace('"desc_act": false', '"desc_act": true'))
-    with pytest.raises(ConfigError, match="desc_act: true"):
-        EngineConfig.from_kwargs(str(path))
+    # activation order over tensor-parallel ranks (flotilla/quantization_config.py act_order_parallel_problem)
+    with pytest.raises(ConfigError, match="activation-order checkpoints .* run with --tensor-parallel-size 1 only, "
+                                          "not 2"):
+        EngineConfig.from_kwargs(str(path), tensor_parallel_size=2)
+    assert EngineConfig.from_kwargs(str(path), pipeline_parallel_size=2).model.quantization == "gptq"
     (path / "config.json").write_text(config)
     with pytest.raises(ConfigError, match="does not match the checkpoint"):
         EngineConfig.from_kwargs(str(path), quantization="fp8")
@@ -229,7 +250,8 @@ def test_llm_compressor_gptq_configs_resolve_to_int4_groups_of_64(name, symmetri
     """The `quantization_config` llm-compressor 0.14's oneshot + GPTQModifier wrote for the GPTQ
     checkpoints of SmolLM2 measured in docs/quantization.md (verbatim, bench/gptq_checkpoint.py):
     detected as compressed-tensors W4A16, groups of 64, with or without zero points; act-order `static`
-    (stored groups unchanged) is accepted, `group` (permuted groups, g_idx) refused."""
+    (stored groups unchanged) runs in group order, `group` and `dynamic` (permuted groups, g_idx) in activation order
+    (engine/quantization/packed_int.py), another actorder is refused."""
     import json
 
     from flotilla.engine.quantization import linear_method, resolve_quantization
@@ -240,10 +262,14 @@ def test_llm_compressor_gptq_configs_resolve_to_int4_groups_of_64(name, symmetri
     method = linear_method("compressed-tensors", hf_config)
     assert isinstance(method, PackedIntMethod)
     assert (method.bits, method.group_size, method.symmetric) == (4, 64, symmetric)
-    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "static"
-    assert isinstance(linear_method("compressed-tensors", hf_config), PackedIntMethod)  # contiguous groups
-    hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
-    with pytest.raises(ValueError, match="actorder 'group'"):
+    weights = hf_config["quantization_config"]["config_groups"]["group_0"]["weights"]
+    for actorder, permuted in [(None, False), ("static", False), ("weight", False), ("group", True),
+                               ("dynamic", True), ("Group", True), (True, True), (False, False)]:
+        weights["actorder"] = actorder
+        method = linear_method("compressed-tensors", hf_config)
+        assert isinstance(method, PackedIntMethod) and method.act_order is permuted, actorder
+    weights["actorder"] = "columns"
+    with pytest.raises(ValueError, match="actorder 'columns' is not one of static, weight, group, dynamic or null"):
         resolve_quantization(None, hf_config)
 
 

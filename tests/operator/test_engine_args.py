@@ -393,6 +393,26 @@ def test_a_quantization_config_override_is_refused_where_the_engine_refuses_it(q
     assert unsupported(spec, "x") == ([] if error is None else [error])
 
 
+@pytest.mark.parametrize("override", [{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True},
+                                      {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                       "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                                           "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                                           "actorder": "group"}}}}])
+def test_an_activation_order_override_is_admitted_on_one_tensor_rank_only(override):
+    """The engine sorts an activation-order layer's inputs by group (engine/quantization/packed_int.py) but not over
+    tensor-parallel ranks, which split o_proj's and down_proj's inputs: refused there in the engine's words."""
+    args = ["--hf-overrides", json.dumps({"quantization_config": override})]
+    one = make(model={"source": "pvc://models/m", "config": ARCH}, engineArgs=args)
+    assert unsupported(one, "x") == []
+    two = make(model={"source": "pvc://models/m", "config": ARCH}, engineArgs=args,
+               parallelism={"tensor": 2}, resources={"gpusPerReplica": 2})
+    assert unsupported(two, "x") == [
+        f"spec.engineArgs: --hf-overrides: quantization_config: {override['quant_method']} activation-order "
+        "checkpoints (desc_act: true / actorder group: groups of permuted inputs, g_idx) run with "
+        "spec.parallelism.tensor 1 only, not 2: the row-parallel layers would split the permuted inputs over the "
+        "ranks (pipeline parallelism runs them)"]
+
+
 def test_hf_overrides_are_parsed_once_per_spec(monkeypatch):
     # the webhook, the fit check and the Deployment each read the override several times (architecture, the
     # quantization_config, weight_quantization): one parse of engineArgs serves them all, with the same answers

@@ -27,16 +27,17 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
 
 
-def _compressed_tensors(bits: int, symmetric: bool, group: int | None = 128, kind: str = "int") -> dict:
+def _compressed_tensors(bits: int, symmetric: bool, group: int | None = 128, kind: str = "int",
+                        actorder: str | None = None) -> dict:
     weights = {"num_bits": bits, "type": kind, "strategy": "channel" if group is None else "group",
-               "group_size": group, "symmetric": symmetric}
+               "group_size": group, "symmetric": symmetric, "actorder": actorder}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized" if kind == "int" else "float-quantized",
             "ignore": ["lm_head"],
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}}}
 
 
-def _gptq(bits: int, **group: int) -> dict:
-    return {"quantization_config": {"quant_method": "gptq", "bits": bits, "desc_act": False, "sym": True, **group}}
+def _gptq(bits: int, desc_act: bool = False, **group: int) -> dict:
+    return {"quantization_config": {"quant_method": "gptq", "bits": bits, "desc_act": desc_act, "sym": True, **group}}
 
 
 # case -> (config.json changes, engine flags, the spec's quantization, weightBits, kv cache dtype)
@@ -56,6 +57,10 @@ CASES = {
     "gptq-per-row": (_gptq(4, group_size=-1), {}, "gptq", None, "auto"),
     "gptq-default-group": (_gptq(4), {}, "gptq", None, "auto"),
     "gptq-8-g64": (_gptq(8, group_size=64), {}, "gptq", 8, "auto"),
+    # activation order: an int32 an input of each layer besides (q/k/v and gate/up one each), in the g_idx's place
+    "gptq-desc-act-g128": (_gptq(4, desc_act=True, group_size=128), {}, "gptq", None, "auto"),
+    "w4a16-actorder-group-g128": ({"quantization_config": _compressed_tensors(4, False, actorder="group")}, {},
+                                  "compressed-tensors", 4, "auto"),
     "awq-g64": ({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm",
                                          "zero_point": True}}, {}, "awq", None, "auto"),
     "w4a16-g32": ({"quantization_config": _compressed_tensors(4, True, 32)}, {}, "compressed-tensors", 4, "auto"),

@@ -124,11 +124,13 @@ INVALID = {
         "spec.engineArgs: --hf-overrides: quantization_config: compressed-tensors: weights' group_size '64' is not a "
         "number of inputs (strategy group)"),
     # a layout the engine does not run (flotilla/quantization_config.py check_layout): refused here, not a crash loop
-    "quantization-config-override-gptq-desc-act": (
+    "quantization-config-override-gptq-desc-act-over-tensor-ranks": (
         {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "gptq",
-                                                                             "desc_act": True}})]},
-        "spec.engineArgs: --hf-overrides: quantization_config: gptq with desc_act: true (activation-order) "
-        "checkpoints are not supported; use a checkpoint quantized with desc_act: false"),
+                                                                             "desc_act": True}})],
+         "parallelism": {"tensor": 2}, "resources": {"gpusPerReplica": 2, "gpuProduct": "NVIDIA-H200"}},
+        "spec.engineArgs: --hf-overrides: quantization_config: gptq activation-order checkpoints (desc_act: true / "
+        "actorder group: groups of permuted inputs, g_idx) run with spec.parallelism.tensor 1 only, not 2: the "
+        "row-parallel layers would split the permuted inputs over the ranks (pipeline parallelism runs them)"),
 }
 
 
