@@ -43,7 +43,6 @@ def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     if scales.dtype not in (torch.bfloat16, torch.float16):
         return None
     codes = unpack_codes(packed, bits)
-    cols = codes.shape[1]
     if bits == 4:
         scale = scales.float()
         return cpu_int4_affine_weight(codes, scale, (8 - zeros.float()) * scale, group_size, scales.dtype)

@@ -223,7 +223,7 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         weights = _compressed_tensors_weights(qcfg)
         if weights is None:
             return packed_int_storage(4, ASSUMED_GROUP, dtype) if bits == 4 else FP8_STORAGE
-        if weights.get("type") == "float" or compressed_tensors_int8_w8a8(qcfg):  # int8 W8A8: fp8's layout
+        if weights.get("type") == "float" or (qcfg is not None and compressed_tensors_int8_w8a8(qcfg)):  # int8 W8A8
             return FP8_STORAGE
         try:
             return packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)

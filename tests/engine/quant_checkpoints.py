@@ -30,8 +30,9 @@ def compressed_tensors_checkpoint(
 ) -> Path:
     """`src` (an HF directory) quantized with compressed-tensors preset `preset` (W4A16, W4A16_ASYM,
     W8A16, FP8_DYNAMIC, FP8, W8A8 (int8, format int-quantized), or W8A8_STATIC: W8A8 with static per-tensor
-    activations; `group_size` overrides the preset's; `static_scale`: every layer's static input scale) into `dst`, plus `dst/dequantized`:
-    the same model with the library's decompressed weights, for HF to run as the oracle."""
+    activations; `group_size` overrides the preset's; `static_scale`: every layer's static input scale) into
+    `dst`, plus `dst/dequantized`: the same model with the library's decompressed weights, for HF to run as the
+    oracle."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams

@@ -66,6 +66,14 @@ def test_int8_w8a8_matches_hf_with_the_same_rounding(wide_llama, tmp_path, prese
         assert expected != hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
+def test_int8_w8a8_qwen2_with_qkv_biases_matches_hf_with_the_same_rounding(tiny_model_dirs, tmp_path):
+    """Qwen2's q/k/v biases are added after the int8 product's scaling, in the engine as in HF; a static scale that
+    moves the tokens, as above."""
+    path = compressed_tensors_checkpoint(tiny_model_dirs["qwen2"], tmp_path / "qwen2", "W8A8_STATIC", static_scale=0.2)
+    expected = _hf_int8_greedy(path / "dequantized", 0.2)
+    assert _engine_tokens(path) == expected and expected != hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
 def test_the_oracle_hook_rounds_prefill_rows_only():
     """The HF hook rounds a prefill's rows to int8 codes times their scale and leaves a decode row alone."""
     hook = _fake_quant_int8(None)
