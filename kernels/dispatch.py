@@ -22,7 +22,7 @@ from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
-from flotilla.kernels.int8_linear import int8_matmul, quantize_int8_activations
+from flotilla.kernels.int8_linear import int8_matmul, int_mm_runs, quantize_int8_activations
 from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
@@ -586,7 +586,7 @@ def int8_linear(
     """`x @ W^T + b` with an int8 weight and fp32 per-row scales (compressed-tensors' W8A8, `int8_linear.py`), rows
     split as fp8 weights split them (FP8_GEMV_MAX_ROWS, above): up to it W8A16 (`int8_weight_only_linear`); above,
     W8A8: the activations rounded to int8 per token (or with the static `input_scale`; one Triton kernel on CUDA)
-    and `torch._int_mm` where it runs, scaled into `x`'s dtype."""
+    and `torch._int_mm` where it runs, scaled into `x`'s dtype (one Triton kernel on CUDA)."""
     if _fp8_gemv_rows(x):
         return int8_weight_only_linear(x, w_int8, w_scale, bias, cpu_weight)
     rows = x.reshape(-1, x.shape[-1])
@@ -596,7 +596,12 @@ def int8_linear(
         x_int8, x_scale = quantize_int8_rows_triton(rows, input_scale)
     else:
         x_int8, x_scale = quantize_int8_activations(rows, input_scale)
-    out = int8_matmul(x_int8, x_scale, w_int8, w_scale, bias, x.dtype)
+    if x.is_cuda and int_mm_runs(x_int8, w_int8):  # the int32 product scaled in one pass (`triton_int8_scale.py`)
+        from flotilla.kernels.triton_int8_scale import scale_int32_rows
+
+        out = scale_int32_rows(torch._int_mm(x_int8, w_int8.t()), x_scale, w_scale, bias, x.dtype)
+    else:
+        out = int8_matmul(x_int8, x_scale, w_int8, w_scale, bias, x.dtype)
     return out.reshape(*x.shape[:-1], w_int8.shape[0])
 
 

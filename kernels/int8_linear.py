@@ -50,13 +50,20 @@ def int_mm_runs(x_int8: torch.Tensor, w_int8: torch.Tensor) -> bool:
 def int8_matmul(x_int8: torch.Tensor, x_scale: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """`(x_int8 @ w_int8^T) * x_scale * w_scale^T + bias` (int32 sums, fp32 scaling), returned in `out_dtype`."""
-    if int_mm_runs(x_int8, w_int8):
-        acc = torch._int_mm(x_int8, w_int8.t()).float()
-    else:
-        acc = x_int8.float() @ w_int8.float().t()
-    out = acc * x_scale.float() * w_scale.float().reshape(1, -1)
+    exact = int_mm_runs(x_int8, w_int8)
+    acc = torch._int_mm(x_int8, w_int8.t()) if exact else x_int8.float() @ w_int8.float().t()
+    return scale_product(acc, x_scale, w_scale, bias, out_dtype)
+
+
+def scale_product(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """`acc * x_scale * w_scale^T (+ bias)` in fp32, in that order, rounded once to `out_dtype` (the reference of
+    `triton_int8_scale.py`). In place on one fp32 copy of `acc` (an fp32 `acc` itself): a prefill's `[M, N]`
+    temporaries are what the start-up memory profile counts."""
+    out = acc.float()
+    out.mul_(x_scale.float()).mul_(w_scale.float().reshape(1, -1))
     if bias is not None:
-        out = out + bias.float()
+        out.add_(bias.float())
     return out.to(out_dtype)
 
 

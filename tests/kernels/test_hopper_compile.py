@@ -734,8 +734,9 @@ def _compile_fused_moe() -> dict[str, dict[str, object]]:
 
 
 def _compile_int8() -> dict[str, dict[str, object]]:
-    """compressed-tensors int8 W8A8's kernels: the per-token activation quantization (bf16 rows, K = 4096) and the
-    fp8 GEMV's kernel over int8 codes at one row (FMA) and at 16 (`tl.dot`, codes converted to bf16)."""
+    """compressed-tensors int8 W8A8's kernels: the per-token activation quantization (bf16 rows, K = 4096), the
+    int32 product's scaling, and the fp8 GEMV's kernel over int8 codes at one row (FMA) and at 16 (`tl.dot`, codes
+    converted to bf16)."""
     import triton.language as tl
 
     from flotilla.kernels.triton_gemv import _gemv_kernel
@@ -748,7 +749,12 @@ def _compile_int8() -> dict[str, dict[str, object]]:
                   LORA_BLOCK_R=16, LORA_BLOCK_S=2)  # fmt: skip
     fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, NUM_STAGES=3)
     dot = dict(common, SPLIT_K=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
+    from flotilla.kernels.triton_int8_scale import _scale_rows_kernel
+
+    scale = {"acc_ptr": "*i32", "x_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "bias_ptr": "*bf16",
+             "out_ptr": "*bf16"}
     return {
+        "int8_scale_rows": _compile_for_hopper(_scale_rows_kernel, scale, dict(HAS_BIAS=True, BLOCK_N=1024)),
         "int8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
         "int8_quant_rows static": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=True, BLOCK_K=2048)),
         "int8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=3),
@@ -758,8 +764,8 @@ def _compile_int8() -> dict[str, dict[str, object]]:
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
 def test_int8_kernels_compile_for_hopper(compiled):
-    """int8 W8A8's quantization kernel and the int8-code GEMV compile for sm_90 (this file run as a script with
-    `int8`); the 16-row GEMV multiplies on the tensor cores, the one-row one with FMA."""
+    """int8 W8A8's quantization and scaling kernels and the int8-code GEMV compile for sm_90 (this file run as a script
+    with `int8`); the 16-row GEMV multiplies on the tensor cores, the one-row one with FMA."""
     result = compiled("int8")
     assert all(r["cubin_bytes"] > 0 for r in result.values())
     assert result["int8_gemv dot m16"]["mma"] and not result["int8_gemv fma m1"]["mma"]
