@@ -160,6 +160,20 @@ def test_int8_w8a8_layouts_the_engine_does_not_run_are_refused_by_name(activatio
         check_layout(asym)
 
 
+def test_zero_points_of_a_symmetric_checkpoint_are_dropped_and_the_rest_kept():
+    """Older compressed-tensors writers kept the all-zero `weight_zero_point` / `input_zero_point` of symmetric
+    schemes: nothing of the layer holds them, so the converter drops them; weights and scales pass as stored."""
+    from flotilla.engine.quantization.compressed_tensors import convert_tensors
+
+    layer = "model.layers.0.self_attn.q_proj"
+    tensors = {f"{layer}.weight": torch.ones(4, 8, dtype=torch.int8), f"{layer}.weight_scale": torch.ones(4, 1),
+               f"{layer}.input_scale": torch.ones(1), f"{layer}.weight_zero_point": torch.zeros(4, 1, dtype=torch.int8),
+               f"{layer}.input_zero_point": torch.zeros(1, dtype=torch.int8)}
+    kept = dict(convert_tensors(tensors.items(), _w8a8(strategy="tensor", dynamic=False)))
+    assert sorted(kept) == [f"{layer}.input_scale", f"{layer}.weight", f"{layer}.weight_scale"]
+    assert all(kept[name] is tensors[name] for name in kept)
+
+
 def test_an_asymmetric_int8_checkpoint_is_refused_at_start_up(wide_llama, tmp_path):  # noqa: F811
     import json
 
