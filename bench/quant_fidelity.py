@@ -9,7 +9,9 @@ token is the same) and perplexity (exp of the mean negative log-likelihood of th
 text's tokens), with the issue's floors. Checkpoints are written with the compressed-tensors library
 (the test helper tests/engine/quant_checkpoints.py). SmolLM2's hidden size, 576, is not a multiple of
 128, so W4A16 and W8A16 (compressed-tensors 0.20's preset groups by 128 too) use groups of 64, the
-largest power of two that divides every input width. These are round-to-nearest (min/max per group);
+largest power of two that divides every input width. "W8A8 (int8)" is compressed-tensors' W8A8 preset
+(int8 weights per channel, int8 activations per token at run time, format int-quantized). These are
+round-to-nearest (min/max per group);
 "RTN W4 g32" is `--quantization rtn` with RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 (symmetric, made at load);
 "GGUF Q4_1 codes" serves the shipped GGUF file's own Q4_1 codes (`--quantization gguf`, implied by the .gguf
 model): the unquantized reference is the same values rounded to bf16, so it is held to fp8's floors;
@@ -35,9 +37,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "engine"))
 
 # variant -> (how it is made, floor on top-1 agreement, ceiling on perplexity / bf16's)
-FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W4A16 g64": (None, 1.10),
-          "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10), "fp8 KV": (0.98, 1.01),
-          "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10), "GGUF Q4_1 codes": (0.97, 1.02)}
+FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W8A8 (int8)": (0.97, 1.02),
+          "W4A16 g64": (None, 1.10), "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10),
+          "fp8 KV": (0.98, 1.01), "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10),
+          "GGUF Q4_1 codes": (0.97, 1.02)}
 # variants made at load by the engine from the environment (vLLM's RTN_* variables), not by a checkpoint
 VARIANT_ENV = {"RTN W4 g32": {"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "32"}}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
@@ -86,6 +89,8 @@ def main() -> None:
         "fp8 W8A8": (str(base), {"quantization": "fp8"}),
         "W8A16 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8", "W8A16", 64, dequantized_copy=False),
                          {}),
+        "W8A8 (int8)": (lambda: compressed_tensors_checkpoint(base, tmp / "w8a8", "W8A8", dequantized_copy=False),
+                        {}),
         "W4A16 g64": (lambda: compressed_tensors_checkpoint(base, tmp / "w4", "W4A16", 64, dequantized_copy=False), {}),
         "W4A16 g64 asym": (lambda: compressed_tensors_checkpoint(base, tmp / "w4a", "W4A16_ASYM", 64,
                                                                  dequantized_copy=False), {}),

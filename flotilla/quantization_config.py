@@ -24,8 +24,9 @@ from typing import Any
 # at load, and the engine refuses it over a quantized one), and the bits of a weight each loads.
 CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,)}
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
-# compressed-tensors' formats of 8-bit float weights.
+# compressed-tensors' formats of 8-bit float weights, and of int8 W8A8 (int8 codes stored as they are).
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+INT8_W8A8_FORMAT = "int-quantized"
 # compressed-tensors' actorder values: GPTQ visited the inputs in activation order and stored the groups in input order
 # (null, false or these), or stored each input's group (`weight_g_idx`) for groups of permuted inputs (these).
 _CONTIGUOUS_ACTORDER = ("static", "weight")
@@ -221,7 +222,7 @@ def _check_gptq(qcfg: dict[str, Any]) -> None:
 
 def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
     """FP8 float-quantized W8A8 / W8A16 per tensor or channel, int4 / int8 pack-quantized W4A16 / W8A16 per channel
-    or in contiguous groups."""
+    or in contiguous groups, int8 int-quantized W8A8 (`_check_int8_w8a8`)."""
     weights, activations, fmt = compressed_tensors_scheme(qcfg)
     bits, kind = weight_bits(qcfg), weights.get("type")
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
@@ -235,10 +236,13 @@ def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
                                         or activations.get("num_bits") != 8):
             raise ValueError("compressed-tensors: fp8 weights need fp8 activations or none")
         return
+    if kind == "int" and bits == 8 and fmt == INT8_W8A8_FORMAT:
+        _check_int8_w8a8(weights, activations)
+        return
     if kind == "int" and bits in (4, 8) and fmt == "pack-quantized":
         if activations is not None:
-            raise ValueError("compressed-tensors: integer weights with quantized activations (W8A8 int) "
-                             "are not supported; W4A16 and W8A16 are")
+            raise ValueError("compressed-tensors: pack-quantized integer weights with quantized activations are not "
+                             "supported; W4A16 and W8A16 are (int8 W8A8 is format int-quantized)")
         strategy = weights.get("strategy")
         if strategy not in ("group", "channel"):
             raise ValueError(f"compressed-tensors: integer strategy {strategy!r}; group or channel is supported")
@@ -246,7 +250,36 @@ def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
         compressed_tensors_group_size(weights)
         return
     raise ValueError(f"compressed-tensors: {bits}-bit {kind} weights in format {fmt!r} are not supported "
-                     "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16)")
+                     "(supported: FP8 float-quantized W8A8 / W8A16, int4 / int8 pack-quantized W4A16 / W8A16, "
+                     "int8 int-quantized W8A8)")
+
+
+def compressed_tensors_int8_w8a8(qcfg: dict[str, Any]) -> bool:
+    """Whether compressed-tensors' one config group is int8 W8A8 (integer weights in format int-quantized): the
+    engine's int8 method (engine/quantization/int8.py) and the fit check's int8 codes with a float32 scale a row."""
+    group = compressed_tensors_group(qcfg)
+    fmt = group.get("format") or qcfg.get("format") or ""
+    return group["weights"].get("type") == "int" and fmt == INT8_W8A8_FORMAT
+
+
+def _check_int8_w8a8(weights: dict[str, Any], activations: Any) -> None:
+    """llm-compressor's W8A8 (int8): symmetric int8 weights per channel or per tensor, symmetric int8 activations
+    per token (dynamic) or per tensor (static). Zero points (asymmetric weights or activations) are not run."""
+    if not weights.get("symmetric", True):
+        raise ValueError("compressed-tensors: asymmetric int8 weights (weight_zero_point) are not supported; "
+                         "symmetric W8A8 is")
+    if weights.get("strategy") not in ("channel", "tensor"):
+        raise ValueError(f"compressed-tensors: int8 W8A8 weight strategy {weights.get('strategy')!r}; channel or "
+                         "tensor is supported")
+    if not isinstance(activations, dict) or activations.get("type") != "int" or activations.get("num_bits") != 8:
+        raise ValueError("compressed-tensors: int-quantized int8 weights need int8 input activations")
+    if not activations.get("symmetric", True):
+        raise ValueError("compressed-tensors: asymmetric int8 activations (input_zero_point) are not supported; "
+                         "symmetric W8A8 is")
+    dynamic, strategy = activations.get("dynamic"), activations.get("strategy")
+    if not ((dynamic is True and strategy == "token") or (dynamic is False and strategy == "tensor")):
+        raise ValueError(f"compressed-tensors: int8 activations {strategy!r} with dynamic {dynamic!r} are not "
+                         "supported; dynamic per token or static per tensor is")
 
 
 def act_order(qcfg: Any) -> bool:
@@ -261,7 +294,8 @@ def act_order(qcfg: Any) -> bool:
     if method == "compressed-tensors":
         try:
             weights = compressed_tensors_group(qcfg)["weights"]
-            return weights.get("type") == "int" and _permuted_groups(weights)
+            return (weights.get("type") == "int" and not compressed_tensors_int8_w8a8(qcfg)  # W8A8: a scale a row
+                    and _permuted_groups(weights))
         except ValueError:
             return False
     return False

@@ -43,13 +43,21 @@ def cpu_int_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     if scales.dtype not in (torch.bfloat16, torch.float16):
         return None
     codes = unpack_codes(packed, bits)
-    cols = codes.shape[1]
     if bits == 4:
         scale = scales.float()
         return cpu_int4_affine_weight(codes, scale, (8 - zeros.float()) * scale, group_size, scales.dtype)
     if bits == 8 and scales.shape[1] == 1 and bool((zeros == 128).all()):
-        return CpuIntWeight(8, cols, (codes - 128).to(torch.int8).contiguous(), scales[:, 0].contiguous())
+        return cpu_int8_weight((codes - 128).to(torch.int8), scales, scales.dtype)
     return None
+
+
+def cpu_int8_weight(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> CpuIntWeight | None:
+    """Signed int8 codes `[out, in]` with one scale a row (`[out, 1]`, any float dtype) as `torch._weight_int8pack_mm`
+    reads them, the scales rounded to `dtype` (the activations'); the codes are shared when contiguous. None for a
+    dtype other than bf16/fp16 (see the module docstring)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return CpuIntWeight(8, codes.shape[1], codes.contiguous(), scale[:, 0].to(dtype).contiguous())
 
 
 def cpu_int4_affine_weight(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group_size: int,

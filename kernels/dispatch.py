@@ -22,6 +22,7 @@ from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
+from flotilla.kernels.int8_linear import int8_matmul, int_mm_runs, quantize_int8_activations
 from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
@@ -572,6 +573,50 @@ def fp8_weight_only_linear(
             return fp8_gemv(x, w_fp8, w_scale, bias)
         return fp8_weight_only_linear_ref(x, w_fp8, w_scale, bias)
     return F.linear(x, (w_fp8.float() * w_scale.float().reshape(-1, 1)).to(x.dtype), bias)
+
+
+def int8_linear(
+    x: torch.Tensor,
+    w_int8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+    cpu_weight: CpuIntWeight | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with an int8 weight and fp32 per-row scales (compressed-tensors' W8A8, `int8_linear.py`), rows
+    split as fp8 weights split them (FP8_GEMV_MAX_ROWS, above): up to it W8A16 (`int8_weight_only_linear`); above,
+    W8A8: the activations rounded to int8 per token (or with the static `input_scale`; one Triton kernel on CUDA)
+    and `torch._int_mm` where it runs, scaled into `x`'s dtype (one Triton kernel on CUDA)."""
+    if _fp8_gemv_rows(x):
+        return int8_weight_only_linear(x, w_int8, w_scale, bias, cpu_weight)
+    rows = x.reshape(-1, x.shape[-1])
+    if x.is_cuda:
+        from flotilla.kernels.triton_int8_quant import quantize_int8_rows_triton
+
+        x_int8, x_scale = quantize_int8_rows_triton(rows, input_scale)
+    else:
+        x_int8, x_scale = quantize_int8_activations(rows, input_scale)
+    if x.is_cuda and int_mm_runs(x_int8, w_int8):  # the int32 product scaled in one pass (`triton_int8_scale.py`)
+        from flotilla.kernels.triton_int8_scale import scale_int32_rows
+
+        out = scale_int32_rows(torch._int_mm(x_int8, w_int8.t()), x_scale, w_scale, bias, x.dtype)
+    else:
+        out = int8_matmul(x_int8, x_scale, w_int8, w_scale, bias, x.dtype)
+    return out.reshape(*x.shape[:-1], w_int8.shape[0])
+
+
+def int8_weight_only_linear(x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor,
+                            bias: torch.Tensor | None = None, cpu_weight: CpuIntWeight | None = None) -> torch.Tensor:
+    """W8A16 `x @ (w_int8 * w_scale)^T + b`: on the CPU torch's int8 kernel where the layer prepared `cpu_weight` for
+    `x`'s dtype (the 8-bit weight-only path of `packed_int_linear`), on CUDA the fp8 GEMV's kernel (`int8_gemv`),
+    else the fp32 reference (`fp8_weight_only_linear_ref` reads any 8-bit weight)."""
+    if cpu_weight is not None and not x.is_cuda and x.dtype == cpu_weight.scales.dtype:
+        return cpu_int_linear(x, cpu_weight, bias)
+    if x.is_cuda:
+        from flotilla.kernels.triton_gemv import int8_gemv
+
+        return int8_gemv(x, w_int8, w_scale, bias)
+    return fp8_weight_only_linear_ref(x, w_int8, w_scale, bias)
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -630,6 +630,16 @@ def fp8_gemv(
     return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
 
 
+def int8_gemv(
+    x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, **knobs: Any
+) -> torch.Tensor:
+    """W8A16: `x @ (w_int8 * w_scale)^T (+ bias)` for an int8 weight `[N, K]` (compressed-tensors' W8A8 at decode)
+    and its fp32 per-row scales: the fp8 GEMV's kernel and tiles (one byte a weight), the codes converted exactly
+    (bf16 holds every int8)."""
+    assert w_int8.dtype == torch.int8 and w_scale.dtype == torch.float32
+    return gemv(x, w_int8, bias, weight_scale=w_scale, **knobs)
+
+
 __all__ = ["ONE_ROW_TILES", "GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv",
-           "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles", "set_one_row_tiles",
+           "int8_gemv", "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles", "set_one_row_tiles",
            "tiles_spec"]

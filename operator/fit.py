@@ -29,7 +29,8 @@ What is counted, per replica:
   the scheme counted where spec.quantization is none, its bits (compressed-tensors' num_bits, GPTQ/AWQ's bits) are
   weightBits, and its group size the one counted: GPTQ/AWQ's group_size (`packed_group_size`: GPTQ -1 and AWQ 128
   when absent, -1 one group a row), compressed-tensors' config group's weights (`compressed_tensors_group_size`:
-  group_size under strategy "group", a row under "channel"; type "float": fp8's figure).
+  group_size under strategy "group", a row under "channel"; type "float", and int8 W8A8 in format int-quantized:
+  fp8's figure).
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
   128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
@@ -78,6 +79,7 @@ from flotilla.quantization_config import (
     act_order,
     compressed_tensors_group,
     compressed_tensors_group_size,
+    compressed_tensors_int8_w8a8,
     config_method,
     config_weight_bits,
     packed_group_size,
@@ -203,8 +205,9 @@ def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> Lin
     return LinearStorage(bits, group, _dtype_bytes(dtype) + 1)
 
 
-# fp8 weights (--quantization fp8 at load, fp8 and compressed-tensors float checkpoints): one float32 scale an output
-# row (engine/quantization/fp8.py; a per-tensor checkpoint scale is spread over the rows).
+# fp8 weights (--quantization fp8 at load, fp8 and compressed-tensors float checkpoints) and compressed-tensors int8
+# W8A8 (engine/quantization/int8.py): one float32 scale an output row (engine/quantization/fp8.py; a per-tensor
+# checkpoint scale is spread over the rows).
 FP8_STORAGE = LinearStorage(8, None, 4)
 # An activation-order layer's input order: an int32 an input.
 ACT_ORDER_INDEX_BYTES = 4
@@ -228,7 +231,7 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         weights = _compressed_tensors_weights(qcfg)
         if weights is None:
             return packed_int_storage(4, ASSUMED_GROUP, dtype) if bits == 4 else FP8_STORAGE
-        if weights.get("type") == "float":
+        if weights.get("type") == "float" or (qcfg is not None and compressed_tensors_int8_w8a8(qcfg)):  # int8 W8A8
             return FP8_STORAGE
         try:
             storage = packed_int_storage(bits or 8, compressed_tensors_group_size(weights), dtype)

@@ -1,8 +1,8 @@
 """Quantized weights: which scheme a model runs (`--quantization`, or the checkpoint's
 `quantization_config`), and attaching it to the linear layers around the checkpoint load.
 
-One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints),
-`packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
+One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints), `int8.py`
+(compressed-tensors' int8 W8A8), `packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
 `compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
 file's own 4-bit codes).
 The layers' hook is in `engine/layers/linear.py`.

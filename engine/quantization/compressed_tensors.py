@@ -8,7 +8,9 @@ head, and anything else that names none of the decoder's linear layers), with
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
   channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
   (contiguous groups) or `group` (groups of permuted inputs, each input's group in `weight_g_idx`: sorted at load,
-  `packed_int.py`).
+  `packed_int.py`),
+- `int-quantized` int8 weights per channel (or tensor) with int8 activations per token or static per tensor,
+  all symmetric (W8A8 int8, `int8.py`; its zero points, all zero, are dropped).
 The checkpoint's packed codes are stored signed-plus-offset (`code + 2^(bits-1)`), the engine's
 unsigned layout already; asymmetric zero points are packed the same way along the output dimension
 and are unpacked here; `weight_shape` is implied by the layer and dropped.
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod
+from flotilla.engine.quantization.int8 import Int8W8A8Method
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
 from flotilla.kernels.packed_int_linear import unpack_codes
@@ -29,6 +32,7 @@ from flotilla.quantization_config import (
     act_order,
     check_layout,
     compressed_tensors_group_size,
+    compressed_tensors_int8_w8a8,
     compressed_tensors_scheme,
     weight_bits,
 )
@@ -39,6 +43,8 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     (flotilla/quantization_config.py `check_layout`, which the webhook runs too)."""
     check_layout(qcfg)
     weights, activations, _ = compressed_tensors_scheme(qcfg)
+    if compressed_tensors_int8_w8a8(qcfg):
+        return Int8W8A8Method(static_input=not activations.get("dynamic", False))
     if weights.get("type") == "float":  # fp8, per tensor or per channel
         if activations is None:
             return Fp8CheckpointMethod(static_input=False, weight_only=True)
@@ -57,12 +63,13 @@ def convert_tensors(
     weights, _, _ = compressed_tensors_scheme(qcfg)
     bits = weight_bits(qcfg)
     assert bits is not None, "compressed-tensors weights have num_bits"  # weight_bits refuses them otherwise
+    int8_w8a8 = compressed_tensors_int8_w8a8(qcfg)
     for name, tensor in tensors:
-        if name.endswith(".weight_shape"):
+        if name.endswith(".weight_shape") or (int8_w8a8 and name.endswith(".input_zero_point")):
             continue
         if name.endswith(".weight_zero_point"):
-            if weights.get("type") == "float":
-                continue  # symmetric fp8: zero everywhere
+            if weights.get("type") == "float" or int8_w8a8:
+                continue  # symmetric fp8 / int8 W8A8: zero everywhere
             # `[out * bits / 32, groups]` packed along the output rows, codes offset by 2^(bits-1).
             tensor = unpack_codes(tensor.t().contiguous(), bits).t().to(torch.uint8).contiguous()
         yield name, tensor

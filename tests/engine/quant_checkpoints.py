@@ -30,21 +30,28 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
 
 
 def compressed_tensors_checkpoint(
-    src: Path, dst: Path, preset: str, group_size: int | None = None, dequantized_copy: bool = True
+    src: Path, dst: Path, preset: str, group_size: int | None = None, dequantized_copy: bool = True,
+    static_scale: float = 0.05,
 ) -> Path:
     """`src` (an HF directory) quantized with compressed-tensors preset `preset` (W4A16, W4A16_ASYM,
-    W8A16, FP8_DYNAMIC, FP8; `group_size` overrides the preset's) into `dst`, plus `dst/dequantized`:
-    the same model with the library's decompressed weights, for HF to run as the oracle."""
+    W8A16, FP8_DYNAMIC, FP8, W8A8 (int8, format int-quantized), or W8A8_STATIC: W8A8 with static per-tensor
+    activations; `group_size` overrides the preset's; `static_scale`: every layer's static input scale) into
+    `dst`, plus `dst/dequantized`: the same model with the library's decompressed weights, for HF to run as the
+    oracle."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    scheme = preset_name_to_scheme(preset, ["Linear"])
+    scheme = preset_name_to_scheme(preset.removesuffix("_STATIC") if preset == "W8A8_STATIC" else preset, ["Linear"])
+    if preset == "W8A8_STATIC":
+        scheme.input_activations = scheme.input_activations.model_copy(update={"strategy": "tensor",
+                                                                               "dynamic": False})
     if group_size is not None:
         scheme.weights.group_size = group_size
-    fmt = "float-quantized" if scheme.weights.type == "float" else "pack-quantized"
+    fmt = "float-quantized" if scheme.weights.type == "float" else \
+        "int-quantized" if scheme.input_activations is not None else "pack-quantized"
     compressor = BaseCompressor.load_from_registry(fmt)
     state = {k: v for k, v in model.state_dict().items()}
     dequantized = dict(state)
@@ -52,7 +59,7 @@ def compressed_tensors_checkpoint(
         weight = state.pop(f"{name}.weight")
         local = {"weight": weight, **_qparams(weight, scheme.weights, calculate_qparams)}
         if scheme.input_activations is not None and not scheme.input_activations.dynamic:
-            local["input_scale"] = torch.tensor([0.05])  # a fixed static scale: the test's choice
+            local["input_scale"] = torch.tensor([static_scale])  # a fixed static scale: the test's choice
         packed = compressor.compress(local, scheme)
         state.update({f"{name}.{k}": v for k, v in packed.items()})
         dequantized[f"{name}.weight"] = compressor.decompress(dict(packed), scheme)["weight"].float()

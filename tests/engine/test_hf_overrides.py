@@ -294,6 +294,7 @@ def test_a_compressed_tensors_group_is_a_positive_number_of_inputs_on_both_sides
 
 
 _FP8_CT = {"num_bits": 8, "type": "float", "strategy": "channel"}
+_INT8_TOKENS = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}
 
 
 @pytest.mark.parametrize(("override", "words"), [
@@ -312,7 +313,10 @@ _FP8_CT = {"num_bits": 8, "type": "float", "strategy": "channel"}
     (_ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "columns"}),
      "compressed-tensors: actorder 'columns' is not one of static, weight, group, dynamic or null"),
     (_ct({**_INT4, "num_bits": 8}, input_activations={"num_bits": 8, "type": "int"}),
-     "compressed-tensors: integer weights with quantized activations (W8A8 int) are not supported"),
+     "compressed-tensors: pack-quantized integer weights with quantized activations are not supported"),
+    # int8 W8A8 with zero points (asymmetric activations): refused by name, not loaded as symmetric
+    (_ct({**_INT4, "num_bits": 8}, format="int-quantized", input_activations=_INT8_TOKENS | {"symmetric": False}),
+     "compressed-tensors: asymmetric int8 activations (input_zero_point) are not supported"),
     (_ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized"),
      "compressed-tensors: fp8 weight strategy 'block' (block_structure [128, 128]) is not supported"),
     (_ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "int"}),
@@ -341,6 +345,7 @@ def test_a_layout_the_engine_does_not_run_is_refused_by_the_webhook_in_its_words
     {"quant_method": "gptq", "desc_act": True, "bits": 4, "group_size": 128},
     _ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "group"}),
     _ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "float", "dynamic": True}),
+    _ct({**_INT4, "num_bits": 8}, format="int-quantized", input_activations=_INT8_TOKENS),
 ])
 def test_a_layout_the_engine_runs_is_admitted(override):
     from flotilla.engine.quantization import resolve_quantization

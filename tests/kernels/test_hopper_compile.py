@@ -111,7 +111,8 @@ _TEST_MODES = {"test_gated_gemv_compiles_for_hopper": ("gated",),
                "test_fp8_row_gemv_compiles_for_hopper": ("fp8row",),
                "test_fp8_kernels_compile_for_hopper": ("all-a", "all-b"),
                "test_prefill_loop_forms_compile_for_hopper": ("prefill",),
-               "test_fused_moe_compiles_for_hopper": ("moe",)}  # fmt: skip
+               "test_fused_moe_compiles_for_hopper": ("moe",),
+               "test_int8_kernels_compile_for_hopper": ("int8",)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -732,6 +733,44 @@ def _compile_fused_moe() -> dict[str, dict[str, object]]:
             for name, div, weighted in (("fused_moe gate_up bf16", 8, False), ("fused_moe down bf16", 1, True))}
 
 
+def _compile_int8() -> dict[str, dict[str, object]]:
+    """compressed-tensors int8 W8A8's kernels: the per-token activation quantization (bf16 rows, K = 4096), the
+    int32 product's scaling, and the fp8 GEMV's kernel over int8 codes at one row (FMA) and at 16 (`tl.dot`, codes
+    converted to bf16)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_gemv import _gemv_kernel
+    from flotilla.kernels.triton_int8_quant import _quant_rows_kernel
+
+    quant = {"x_ptr": "*bf16", "out_ptr": "*i8", "scale_ptr": "*fp32", "static_scale_ptr": "*fp32"}
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+                "part_ptr": "*fp32", "lora_part_ptr": "*fp32", "lora_b_ptr": "*bf16", "lora_slots_ptr": "*i32"}
+    common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", LORA_SLICES=0,
+                  LORA_BLOCK_R=16, LORA_BLOCK_S=2)  # fmt: skip
+    fma = dict(common, SPLIT_K=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, NUM_STAGES=3)
+    dot = dict(common, SPLIT_K=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
+    from flotilla.kernels.triton_int8_scale import _scale_rows_kernel
+
+    scale = {"acc_ptr": "*i32", "x_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "bias_ptr": "*bf16",
+             "out_ptr": "*bf16"}
+    return {
+        "int8_scale_rows": _compile_for_hopper(_scale_rows_kernel, scale, dict(HAS_BIAS=True, BLOCK_N=1024)),
+        "int8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
+        "int8_quant_rows static": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=True, BLOCK_K=2048)),
+        "int8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=3),
+        "int8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
+    }
+
+
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_int8_kernels_compile_for_hopper(compiled):
+    """int8 W8A8's quantization and scaling kernels and the int8-code GEMV compile for sm_90 (this file run as a script
+    with `int8`); the 16-row GEMV multiplies on the tensor cores, the one-row one with FMA."""
+    result = compiled("int8")
+    assert all(r["cubin_bytes"] > 0 for r in result.values())
+    assert result["int8_gemv dot m16"]["mma"] and not result["int8_gemv fma m1"]["mma"]
+
+
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
 def test_fused_moe_compiles_for_hopper(compiled):
     """The fused MoE's grouped GEMM compiles for sm_90 (this file run as a script with `moe`), onto the tensor cores."""
@@ -746,7 +785,7 @@ _ALL_PARTS = {"all-a": lambda: _compile_kv_writes() | _compile_fp8_gemv() | _com
               | _compile_int4() | _compile_skinny_gemm() | _compile_pdl(),
               "all-b": _compile_paged_decode}  # fmt: skip
 MODES = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
-         "prefill": _compile_prefill, "moe": _compile_fused_moe, **_ALL_PARTS}  # fmt: skip
+         "prefill": _compile_prefill, "moe": _compile_fused_moe, "int8": _compile_int8, **_ALL_PARTS}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -36,6 +36,14 @@ def _compressed_tensors(bits: int, symmetric: bool, group: int | None = 128, kin
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}}}
 
 
+def _int8_w8a8() -> dict:
+    qcfg = _compressed_tensors(8, True, None)
+    group = qcfg["config_groups"]["group_0"]
+    group["input_activations"] = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                  "dynamic": True}
+    return qcfg | {"format": "int-quantized"}
+
+
 def _gptq(bits: int, desc_act: bool = False, **group: int) -> dict:
     return {"quantization_config": {"quant_method": "gptq", "bits": bits, "desc_act": desc_act, "sym": True, **group}}
 
@@ -72,6 +80,8 @@ CASES = {
     # dummy weights of an fp8 checkpoint: torch draws no fp8 normals (this crashed the dummy load)
     "fp8-channel-checkpoint": ({"quantization_config": _compressed_tensors(8, True, None, "float")}, {},
                                "compressed-tensors", 8, "auto"),
+    # int8 W8A8 (int-quantized): int8 codes and a float32 scale a row, as fp8's; dummy int8 codes drawn as integers
+    "w8a8-int8-checkpoint": ({"quantization_config": _int8_w8a8()}, {}, "compressed-tensors", 8, "auto"),
 }
 
 
