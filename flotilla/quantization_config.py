@@ -8,8 +8,8 @@ and an --hf-overrides `quantization_config` replaces the checkpoint's whole befo
 operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's desc_act and lm_head, AWQ's version,
-compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size and
-ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
+compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
+activation_scheme and ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """
@@ -183,15 +183,40 @@ def check_layout(qcfg: dict[str, Any]) -> None:
 
 
 def _check_fp8(qcfg: dict[str, Any]) -> None:
-    """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
-    weight_block_size, `weight_scale_inv`) are not run."""
+    """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales, or block-scaled ones (Qwen3-*-FP8, DeepSeek:
+    weight_block_size, `weight_scale_inv`) with dynamic activations (vLLM's rule)."""
     kept = _decoder_linears_left_out(qcfg, "ignored_layers")
     if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
         raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
                          "supported; only the LM head may be left out")
-    if qcfg.get("weight_block_size"):
-        raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
-                         "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
+    if fp8_block_size(qcfg) is not None and qcfg.get("activation_scheme", "dynamic") != "dynamic":
+        raise ValueError(f"fp8 checkpoints with weight_block_size and activation_scheme "
+                         f"{qcfg.get('activation_scheme')!r} are not supported; block-scaled ones take dynamic")
+
+
+def fp8_block_size(qcfg: Any) -> tuple[int, int] | None:
+    """The `[block_n, block_k]` of a block-scaled fp8 quantization_config (fp8's weight_block_size, compressed-tensors'
+    float weights under strategy "block": block_structure), None for another layout. ValueError where the block is
+    not two positive integers."""
+    method = config_method(qcfg)
+    if method == "fp8":
+        block, name = qcfg.get("weight_block_size"), "fp8's weight_block_size"
+        if block is None:
+            return None
+    elif method == "compressed-tensors":
+        try:
+            weights = compressed_tensors_group(qcfg)["weights"]
+        except ValueError:
+            return None
+        if weights.get("type") != "float" or weights.get("strategy") != "block":
+            return None
+        block, name = weights.get("block_structure"), "compressed-tensors: weights' block_structure"
+    else:
+        return None
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"{name} {block!r} is not two block sizes [rows, inputs]")
+    return block[0], block[1]
 
 
 def _decoder_linears_left_out(qcfg: dict[str, Any], key: str) -> list[str]:
@@ -218,20 +243,21 @@ def _check_gptq(qcfg: dict[str, Any]) -> None:
 
 
 def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
-    """FP8 float-quantized W8A8 / W8A16 per tensor or channel, int4 / int8 pack-quantized W4A16 / W8A16 per channel
-    or in contiguous groups."""
+    """FP8 float-quantized W8A8 / W8A16 per tensor or channel and W8A16 in blocks, int4 / int8 pack-quantized W4A16 /
+    W8A16 per channel or in contiguous groups."""
     weights, activations, fmt = compressed_tensors_scheme(qcfg)
     bits, kind = weight_bits(qcfg), weights.get("type")
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
-        if weights.get("strategy", "tensor") not in ("tensor", "channel"):
-            # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
-            # where in = 128 x 128 (Llama-3.1-405B's hidden size).
-            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} "
-                             f"(block_structure {weights.get('block_structure')}) is not supported; "
-                             "per-tensor and per-channel are")
+        if weights.get("strategy", "tensor") not in ("tensor", "channel", "block"):
+            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} is not supported; "
+                             "per-tensor, per-channel and block are")
         if activations is not None and (not isinstance(activations, dict) or activations.get("type") != "float"
                                         or activations.get("num_bits") != 8):
             raise ValueError("compressed-tensors: fp8 weights need fp8 activations or none")
+        if fp8_block_size(qcfg) is not None and activations is not None and not activations.get("dynamic"):
+            # block weights run W8A16 (engine/quantization/fp8_block.py); a static input_scale has no place
+            raise ValueError("compressed-tensors: fp8 block weights with static activation scales are not "
+                             "supported; dynamic or none are")
         return
     if kind == "int" and bits in (4, 8) and fmt == "pack-quantized":
         if activations is not None:
