@@ -60,7 +60,8 @@ def _sweep_config(m: int, n: int, k: int, tiles: tuple[int, ...]):
 
     bm, bn, bk, split, warps, stages = tiles
     if split == 0:
-        split = max(1, min(triton.cdiv(2 * num_sms(0), triton.cdiv(n, bn) * triton.cdiv(m, bm)), triton.cdiv(k, bk) // 4))
+        tiles_out = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+        split = max(1, min(triton.cdiv(2 * num_sms(0), tiles_out), triton.cdiv(k, bk) // 4))
     return BlockGemmConfig(bm, bn, bk, split, warps, stages)
 
 
@@ -150,8 +151,9 @@ def main() -> None:
             r = bench_shape(name, n, k, m, a.sweep)
             results["cases"].append(r)
             Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
+            timed = [t for t in r if isinstance(r[t], dict) and ("us" in r[t] or "error" in r[t])]
             cells = [f"{t} {r[t]['us']:.1f} us {r[t]['gbps']:.0f} GB/s err {r[t]['rel_err']:.1e}" if "us" in r[t]
-                     else f"{t} {r[t]['error']}" for t in r if isinstance(r[t], dict) and ("us" in r[t] or "error" in r[t])]
+                     else f"{t} {r[t]['error']}" for t in timed]
             ratio = r["block"].get("vs_channel_gemv", float("nan"))
             print(f"FPBLOCK {name} m{m}: block/channel_gemv {ratio:.2f} | " + " | ".join(cells), flush=True)
             torch.cuda.empty_cache()

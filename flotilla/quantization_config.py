@@ -9,7 +9,8 @@ operator reads an override's with the same ones: the fit check counts the weight
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's desc_act and lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
-activation_scheme and ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
+activation_scheme and ignored_layers) live here for the same reason; the engine's modules keep the tensor layouts and
+kernels.
 
 Standard library only (the operator's webhook imports it).
 """

@@ -20,8 +20,9 @@ What is counted, per replica:
   tensor rank), an estimate (linear parameters / hiddenSize) with numParameters. fp8 and int8: 1 + a float32 scale
   a row (engine/quantization/fp8.py); block-scaled fp8 (an fp8 quantization_config with weight_block_size,
   compressed-tensors FP8_BLOCK): 1 + a float32 scale a block of each rank's merged q/k/v and gate/up and its part of
-  o and down, partial blocks counted whole (`block_scales`; engine/quantization/fp8_block.py). AWQ/GPTQ (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when
-  absent) + a model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too): 0.5 + 3/128
+  o and down, partial blocks counted whole (`block_scales`; engine/quantization/fp8_block.py). AWQ/GPTQ
+  (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when absent) + a model-dtype scale and a uint8 zero
+  point per group (symmetric schemes keep theirs too): 0.5 + 3/128
   = 0.5234 in bf16 at groups of 128, the size assumed without a quantization_config; 0.5 + 3/32 at 32; one
   group a row (GPTQ's -1) 0.5 + 3 bytes a row. compressed-tensors: `model.config.weightBits` 4: the int4 figure
   at groups of 128; 8 or absent: fp8's. An --hf-overrides quantization_config in spec.engineArgs replaces the

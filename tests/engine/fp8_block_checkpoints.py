@@ -73,7 +73,7 @@ def _compressed_tensors_blocks(model: torch.nn.Module, state: dict[str, torch.Te
     from compressed_tensors.quantization.utils import calculate_qparams
 
     scheme = preset_name_to_scheme("FP8_BLOCK", ["Linear"])
-    scheme.weights.block_structure = list(block)
+    scheme.weights = scheme.weights.model_copy(update={"block_structure": list(block)})
     compressor = BaseCompressor.load_from_registry("float-quantized")
     for name in _linear_names(model):
         weight = state.pop(f"{name}.weight")
