@@ -92,9 +92,11 @@ def test_vllm_fp8_block_checkpoints_match_hf_on_dequantized_weights(block_models
     assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
-def test_compressed_tensors_fp8_block_checkpoints_match_hf_on_dequantized_weights(block_models, tmp_path):
-    """llm-compressor's FP8_BLOCK, written and decompressed by the compressed-tensors library."""
-    path = fp8_block_checkpoint(block_models["llama"], tmp_path / "ct", "compressed-tensors")
+@pytest.mark.parametrize("arch", ["llama", "qwen3-partial"])
+def test_compressed_tensors_fp8_block_checkpoints_match_hf_on_dequantized_weights(block_models, tmp_path, arch):
+    """llm-compressor's FP8_BLOCK, written and decompressed by the compressed-tensors library (which pads partial
+    blocks to compute their scales)."""
+    path = fp8_block_checkpoint(block_models[arch], tmp_path / "ct", "compressed-tensors")
     qcfg = json.loads((path / "config.json").read_text())["quantization_config"]
     assert qcfg["config_groups"]["group_0"]["weights"]["strategy"] == "block"
     assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
