@@ -28,6 +28,7 @@ from flotilla.engine.quantization.method import LinearMethod, in_features, out_f
 from flotilla.kernels.dispatch import fp8_block_linear
 from flotilla.kernels.fp8_block_linear import block_scale_shape
 from flotilla.kernels.fp8_linear import FP8_DTYPE
+from flotilla.quantization_config import fp8_block_split_problem
 
 # One rank's part of a checkpoint tensor along one dimension: (shard id, offset in the parameter, size, offset in the
 # checkpoint tensor, the checkpoint tensor's whole size).
@@ -90,21 +91,14 @@ def _input_shard(layer: Any) -> Shard:
 
 
 def _check_whole_blocks(layer: Any, rows: list[Shard], cols: Shard, block: tuple[int, int]) -> None:
-    """ValueError unless every shard of the layer holds whole blocks (module docstring): a block split between
+    """ValueError unless every shard of the layer holds whole blocks (module docstring; the rule and its words are
+    `fp8_block_split_problem`'s, which the operator's webhook applies to a spec's architecture): a block split between
     shards would need two scales."""
-    sizes = [shard[2] for shard in rows]
-    # a last shard that is its whole checkpoint tensor (at one rank, or rows a row-parallel layer keeps whole) ends
-    # both: a partial block there is its own
     last = rows[-1]
-    inner = sizes[:-1] if last[2] == last[4] else sizes
-    if any(size % block[0] for size in inner):
-        raise ValueError(f"fp8 block-scaled weights: {type(layer).__name__} with {sizes} output rows a shard "
-                         f"(tensor parallel {tp_size()}) splits blocks of {block[0]} rows (weight_block_size "
-                         f"{list(block)}); each shard needs a multiple of {block[0]}")
-    if cols[2] != cols[4] and cols[2] % block[1]:
-        raise ValueError(f"fp8 block-scaled weights: {type(layer).__name__} with {cols[2]} inputs a rank "
-                         f"(tensor parallel {tp_size()}) splits blocks of {block[1]} inputs (weight_block_size "
-                         f"{list(block)}); each rank needs a multiple of {block[1]}")
+    problem = fp8_block_split_problem(block, type(layer).__name__, [shard[2] for shard in rows], last[2] == last[4],
+                                      cols[2] if cols[2] != cols[4] else None, tp_size())
+    if problem:
+        raise ValueError(problem)
 
 
 def _block_scale_loader(rows: list[Shard], cols: Shard, block: tuple[int, int]) -> Callable[..., None]:

@@ -102,14 +102,43 @@ def test_compressed_tensors_fp8_block_checkpoints_match_hf_on_dequantized_weight
     assert _engine_tokens(path) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
 
 
-def test_blocks_split_between_merged_shards_are_refused_by_name(embedded_model_dir, tmp_path):
-    """An MLP of 320: gate's rows end mid-block, so up's first block would need gate's scale and its own."""
+def _admission_errors(arch: dict, tensor: int, qcfg: dict) -> list[str]:
+    """The webhook's errors for a spec of `arch` (spec.model.config) at `tensor` ranks with `qcfg` as --hf-overrides."""
+    from flotilla.operator.admission import review
+
+    spec = {"model": {"source": "pvc://m", "config": arch}, "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+            "parallelism": {"tensor": tensor}, "scheduling": {"maxModelLen": 4096},
+            "engineArgs": ["--hf-overrides", json.dumps({"quantization_config": qcfg})]}
+    return review(spec, "m").errors
+
+
+def test_blocks_split_between_merged_shards_are_refused_by_name_and_by_the_webhook(embedded_model_dir, tmp_path):
+    """An MLP of 320: gate's rows end mid-block, so up's first block would need gate's scale and its own. The
+    engine refuses it when it builds the model, and the webhook a spec stating the same numbers, in its words."""
     src = _save_tiny(tmp_path / "src", embedded_model_dir, "llama", hidden_size=256, intermediate_size=320,
                      head_dim=64)
     path = fp8_block_checkpoint(src, tmp_path / "fp8")
     with pytest.raises(ValueError, match=r"MergedColumnParallelLinear with \[320, 320\] output rows a shard "
-                                         r"\(tensor parallel 1\) splits blocks of 128 rows"):
+                                         r"\(tensor parallel 1\) splits blocks of 128 rows") as refused:
         LLM(str(path), max_model_len=256)
+    config = json.loads((path / "config.json").read_text())
+    arch = {"hiddenSize": 256, "numHiddenLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 2, "headDim": 64,
+            "intermediateSize": 320, "vocabSize": config["vocab_size"]}
+    words = f"spec.engineArgs: --hf-overrides: quantization_config: {refused.value}"
+    assert words in _admission_errors(arch, 1, config["quantization_config"])
+    assert not any("block" in e for e in _admission_errors(arch | {"intermediateSize": 384}, 1,
+                                                           config["quantization_config"]))
+
+
+def test_the_webhook_refuses_tensor_parallel_sizes_that_split_blocks():
+    """Qwen3-4B-FP8's numbers (MLP 9728 = 76 blocks of 128): whole blocks a rank up to tp 4; at 8, 1216 rows a rank."""
+    arch = {"hiddenSize": 2560, "numHiddenLayers": 36, "numAttentionHeads": 32, "numKeyValueHeads": 8, "headDim": 128,
+            "intermediateSize": 9728, "vocabSize": 151936}
+    qcfg = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    assert not any("block" in e for e in _admission_errors(arch, 4, qcfg))
+    assert ("spec.engineArgs: --hf-overrides: quantization_config: fp8 block-scaled weights: MergedColumnParallelLinear"
+            " with [1216, 1216] output rows a shard (tensor parallel 8) splits blocks of 128 rows") in \
+        " ".join(_admission_errors(arch, 8, qcfg))
 
 
 def _rank_layers(block: tuple[int, int]) -> dict[str, torch.nn.Module]:
