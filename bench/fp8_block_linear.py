@@ -33,9 +33,10 @@ SMOKE_SHAPES = {"partial": (200, 300), "whole": (256, 384)}
 BLOCK = (128, 128)
 L2_ROTATION_BYTES = 256 * 2**20
 GRAPH_BYTES = 2 * 2**30
-# (block_m, block_n, block_k, split_k, num_warps, num_stages) around the defaults (`--sweep`)
-SWEEP = ((16, 32, 128, 0, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 128, 0, 4, 3), (16, 64, 64, 0, 4, 6),
-         (32, 64, 128, 0, 4, 4), (64, 128, 64, 0, 8, 3))
+# (block_m, block_n, block_k, split_k, num_warps, num_stages, swap_ab) around the defaults (`--sweep`)
+SWEEP = ((16, 64, 128, 0, 4, 4, False), (16, 32, 128, 0, 4, 4, True), (16, 64, 128, 1, 4, 4, True),
+         (16, 128, 128, 0, 4, 3, True), (16, 64, 64, 0, 4, 6, True), (32, 64, 128, 0, 4, 4, False),
+         (64, 128, 64, 0, 8, 3, False))
 
 
 def _operands(n: int, k: int, m: int, sets: int, device: str) -> dict:
@@ -58,11 +59,11 @@ def _sweep_config(m: int, n: int, k: int, tiles: tuple[int, ...]):
     from flotilla.kernels.triton_fp8_block_linear import BlockGemmConfig
     from flotilla.kernels.triton_utils import num_sms
 
-    bm, bn, bk, split, warps, stages = tiles
+    bm, bn, bk, split, warps, stages, swap = tiles
     if split == 0:
         tiles_out = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         split = max(1, min(triton.cdiv(2 * num_sms(0), tiles_out), triton.cdiv(k, bk) // 4))
-    return BlockGemmConfig(bm, bn, bk, split, warps, stages)
+    return BlockGemmConfig(bm, bn, bk, split, warps, stages, swap)
 
 
 def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
@@ -99,7 +100,8 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     if sweep:
         for tiles in SWEEP:
             c = _sweep_config(m, n, k, tiles)
-            tag = f"block {c.block_m}x{c.block_n}x{c.block_k} s{c.split_k} w{c.num_warps} p{c.num_stages}"
+            tag = (f"block {c.block_m}x{c.block_n}x{c.block_k} s{c.split_k} w{c.num_warps} p{c.num_stages}"
+                   f"{' swap' if c.swap_ab else ''}")
             variants[tag] = (lambda i, c=c: fp8_block_linear(xs[i % sets], codes[i % sets], block[i % sets], BLOCK,
                                                               config=c), ref_block, block_bytes)
     for tag, (fn, ref, nbytes) in variants.items():

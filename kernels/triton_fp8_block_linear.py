@@ -9,7 +9,9 @@ fp16 value), multiplies it with `tl.dot` (fp32 accumulation) and adds the step's
 powers of two), so a step reads one scalar scale, and applying it to the fp32 product keeps the dequantized
 weight's rounding out of it: the sum is the reference's up to fp32 order.
 
-Rows: up to 16 rows (decode) the batch is padded to 16 as the MMA's narrow side and the tile is 64 outputs wide;
+Rows: up to 16 rows (decode) the batch is padded to 16 as the MMA's narrow side and the tile is 64 outputs wide,
+the weight tile taken as the MMA's first operand ("swap AB", as the fp8 GEMV's `tl.dot` path and cuBLAS's small-M
+tiles do; `swap_ab`);
 a split-K grid axis fills the SMs where the output tiles are too few, each range writing fp32 partials that torch
 sums in a fixed order (bit-reproducible, CUDA-graph capturable; no atomics). Above 64 rows the tiles grow to
 128 x 128 (a prefill). Every choice follows from shapes alone. The tiles are leads to be measured on the card
@@ -31,7 +33,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class BlockGemmConfig:
-    """Tiles of one launch: `split_k` K ranges (whole BLOCK_K steps each)."""
+    """Tiles of one launch: `split_k` K ranges (whole BLOCK_K steps each); `swap_ab`: the weight tile is the MMA's
+    first operand (few rows)."""
 
     block_m: int
     block_n: int
@@ -39,6 +42,7 @@ class BlockGemmConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False
 
 
 def supported(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> bool:
@@ -49,9 +53,10 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor, block: 
 
 
 def default_config(m: int, n: int, k: int, block: tuple[int, int], sms: int) -> BlockGemmConfig:
-    """Tiles from the shapes (module docstring): 16 x 64 x 128 up to 16 rows, 64 x 64 x 128 up to 64, 128 x 128 x
-    64 above; split K where fewer than two tiles an SM would run, keeping at least 4 K steps a range."""
-    if m <= 16:
+    """Tiles from the shapes (module docstring): 16 x 64 x 128 (swap AB) up to 16 rows, 64 x 64 x 128 up to 64,
+    128 x 128 x 64 above; split K where fewer than two tiles an SM would run, keeping at least 4 K steps a range."""
+    swap = m <= 16
+    if swap:
         bm, bn, bk, warps, stages = 16, 64, 128, 4, 4
     elif m <= 64:
         bm, bn, bk, warps, stages = 64, 64, 128, 4, 4
@@ -61,7 +66,7 @@ def default_config(m: int, n: int, k: int, block: tuple[int, int], sms: int) -> 
     tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     steps = triton.cdiv(k, bk)
     split = max(1, min(triton.cdiv(2 * sms, tiles), steps // 4)) if m <= 64 else 1
-    return BlockGemmConfig(bm, bn, bk, split, warps, stages)
+    return BlockGemmConfig(bm, bn, bk, split, warps, stages, swap)
 
 
 @triton.jit
@@ -90,6 +95,7 @@ def _fp8_block_kernel(
     NUM_STAGES: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SWAP_AB: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -102,17 +108,27 @@ def _fp8_block_kernel(
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-    # the weight tile as `[BLOCK_K, BLOCK_N]` (the dot's second operand), read along its contiguous K
-    w_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
     # this tile's row of block scales: the whole tile lies in one n-block
     s_row = s_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_sn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (k0 + ks) < K
-        x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        scale = tl.load(s_row + k0 // SCALE_BK)
-        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale
+    if SWAP_AB:  # few rows: the weight tile `[BLOCK_N, BLOCK_K]` is the MMA's wide side, the rows (padded) its narrow
+        w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+            k_ok = (k0 + ks) < K
+            w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            scale = tl.load(s_row + k0 // SCALE_BK)
+            acc_t += tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
+        acc = tl.trans(acc_t)
+    else:  # the weight tile as `[BLOCK_K, BLOCK_N]` (the dot's second operand), read along its contiguous K
+        w_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+            k_ok = (k0 + ks) < K
+            x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            scale = tl.load(s_row + k0 // SCALE_BK)
+            acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale
     ok = row_ok[:, None] & col_ok[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -158,7 +174,7 @@ def fp8_block_linear(
         scale.stride(0), out.stride(0), k_per_split, SCALE_BN=block[0], SCALE_BK=block[1],
         HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         NUM_STAGES=cfg.num_stages, DOT_DTYPE=dot_dtype(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:  # the ranges' fp32 sums in a fixed order, the bias, one rounding
         total = part.sum(0)

@@ -41,14 +41,16 @@ def test_default_tiles_match_the_reference(dtype, m, n, k, block):
     assert rel_err(out.cpu(), fp8_block_linear_ref(x, w8, scale, block, bias)) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("split_k", [1, 3])
-def test_each_k_step_takes_its_blocks_scale(split_k):
-    """Tiles smaller than the blocks (16 x 32 steps in 32 x 64 blocks), K ranges of whole steps; no bias; `x` with a
-    leading batch dimension."""
+def test_each_k_step_takes_its_blocks_scale(split_k, swap_ab):
+    """Tiles smaller than the blocks (16 x 32 steps in 32 x 64 blocks), K ranges of whole steps, either operand
+    order; no bias; `x` with a leading batch dimension."""
     from flotilla.kernels.triton_fp8_block_linear import BlockGemmConfig, fp8_block_linear
 
     x, w8, scale, _ = _case(6, 72, 200, (32, 64), torch.float32, bias=False, seed=1)
-    cfg = BlockGemmConfig(block_m=16, block_n=16, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
+    cfg = BlockGemmConfig(block_m=16, block_n=16, block_k=32, split_k=split_k, num_warps=4, num_stages=2,
+                          swap_ab=swap_ab)
     out = fp8_block_linear(*_on_device(x.reshape(2, 3, 200), w8, scale), (32, 64), config=cfg)
     assert out.shape == (2, 3, 72)
     assert rel_err(out.cpu().reshape(6, 72), fp8_block_linear_ref(x, w8, scale, (32, 64))) < 1e-5
@@ -56,11 +58,13 @@ def test_each_k_step_takes_its_blocks_scale(split_k):
 
 def test_default_config_splits_k_where_decode_tiles_are_few():
     """Llama-3.1-8B's o_proj at one row: 64 tiles of 64 outputs on 132 SMs, K cut in 5 ranges; gate/up's 448 tiles
-    fill the SMs alone; a prefill never splits; tiles shrink to fit smaller blocks."""
+    fill the SMs alone; a prefill never splits; the weight is the MMA's wide side up to 16 rows; tiles shrink to fit
+    smaller blocks."""
     from flotilla.kernels.triton_fp8_block_linear import default_config
 
     block = (128, 128)
     assert default_config(1, 4096, 4096, block, 132).split_k == 5
+    assert default_config(16, 4096, 4096, block, 132).swap_ab and not default_config(17, 4096, 4096, block, 132).swap_ab
     assert default_config(16, 28672, 4096, block, 132).split_k == 1
     assert default_config(512, 4096, 4096, block, 132).split_k == 1
     small = default_config(64, 4096, 4096, (32, 64), 132)
