@@ -9,6 +9,8 @@ gaps between the top two logits: the tokens are identical.
 from __future__ import annotations
 
 import json
+import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,25 @@ def test_block_fp8_at_two_ranks_matches_hf_on_dequantized_weights(tiny_model_dir
     weights is the oracle, as at one rank."""
     path = fp8_block_checkpoint(tiny_model_dirs["llama"], tmp_path / "fp8", block=(16, 16))
     assert _engine_tokens(path, tensor_parallel_size=2) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_block_fp8_greedy_tokens_equal_the_cpu_reference(tmp_path):
+    """On CUDA the Triton block GEMM runs every linear layer (swap-AB decode tiles with split K inside the decode CUDA
+    graphs, the prefill tiles), in fp32 (exact dots, as the CPU reference): the CPU engine's greedy tokens."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from model_dirs import make_model_dir  # bench/model_dirs.py: hidden 512, head_dim 64, MLP 2048
+
+    path = fp8_block_checkpoint(make_model_dir("small-llama", tmp_path / "src", weights_seed=0), tmp_path / "fp8")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 1024) for _ in range(rng.randint(3, 70))] for _ in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    def greedy(llm: LLM) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    cpu = greedy(LLM(str(path), device="cpu", max_model_len=256))
+    gpu = LLM(str(path), device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
+    assert gpu.engine.runner.graphs is not None
+    assert greedy(gpu) == cpu
