@@ -2,8 +2,7 @@
 `quantization_config`), and attaching it to the linear layers around the checkpoint load.
 
 One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints), `fp8_block.py`
-(block-scaled fp8 checkpoints),
-`packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
+(block-scaled fp8 checkpoints), `packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
 `compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
 file's own 4-bit codes).
 The layers' hook is in `engine/layers/linear.py`.
