@@ -104,39 +104,6 @@ def packed_group_size(qcfg: dict[str, Any]) -> int | None:
     return size if size > 0 else None
 
 
-def fp8_block_split_problem(block: tuple[int, int], layer: str, rows: list[int], last_whole: bool,
-                            inputs: int | None, tp: int) -> str | None:
-    """Why the engine cannot hold a linear layer's block-scaled fp8 weight (engine/quantization/fp8_block.py), or
-    None: each shard of its output `rows` on a rank (a merged layer's parts; `last_whole`: the last is its whole
-    checkpoint tensor, whose partial block is its own) a multiple of block_n, and a row-parallel rank's `inputs` (None:
-    not split) a multiple of block_k; `layer` names its class, `tp` the tensor-parallel size."""
-    inner = rows[:-1] if last_whole else rows
-    if any(size % block[0] for size in inner):
-        return (f"fp8 block-scaled weights: {layer} with {rows} output rows a shard (tensor parallel {tp}) splits "
-                f"blocks of {block[0]} rows (weight_block_size {list(block)}); each shard needs a multiple of "
-                f"{block[0]}")
-    if inputs is not None and inputs % block[1]:
-        return (f"fp8 block-scaled weights: {layer} with {inputs} inputs a rank (tensor parallel {tp}) splits blocks "
-                f"of {block[1]} inputs (weight_block_size {list(block)}); each rank needs a multiple of {block[1]}")
-    return None
-
-
-def fp8_block_decoder_problem(block: tuple[int, int], hidden: int, heads: int, kv_heads: int, head_dim: int,
-                              intermediate: int, tp: int) -> str | None:
-    """`fp8_block_split_problem` of a dense decoder's linear layers as the engine builds them at `tp` ranks (q/k/v by
-    heads, a KV head replicated where the ranks outnumber them; gate/up by rows; o and down by inputs), or None."""
-    kv_rank = max(kv_heads // tp, 1) * head_dim
-    split = tp > 1
-    layers = (("QKVParallelLinear", [heads * head_dim // tp, kv_rank, kv_rank], kv_rank == kv_heads * head_dim, None),
-              ("RowParallelLinear", [hidden], True, heads * head_dim // tp if split else None),
-              ("MergedColumnParallelLinear", [intermediate // tp] * 2, not split, None),
-              ("RowParallelLinear", [hidden], True, intermediate // tp if split else None))
-    for layer, rows, last_whole, inputs in layers:
-        if problem := fp8_block_split_problem(block, layer, rows, last_whole, inputs, tp):
-            return problem
-    return None
-
-
 def compressed_tensors_group(qcfg: dict[str, Any]) -> dict[str, Any]:
     """compressed-tensors' one config group (its targets, weights and input_activations), whose `weights` is an
     object. ValueError where config_groups holds another number of groups, or the group no weights object."""
@@ -251,6 +218,39 @@ def fp8_block_size(qcfg: Any) -> tuple[int, int] | None:
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
         raise ValueError(f"{name} {block!r} is not two block sizes [rows, inputs]")
     return block[0], block[1]
+
+
+def fp8_block_split_problem(block: tuple[int, int], layer: str, rows: list[int], last_whole: bool,
+                            inputs: int | None, tp: int) -> str | None:
+    """Why the engine cannot hold a linear layer's block-scaled fp8 weight (engine/quantization/fp8_block.py), or
+    None: each shard of its output `rows` on a rank (a merged layer's parts; `last_whole`: the last is its whole
+    checkpoint tensor, whose partial block is its own) a multiple of block_n, and a row-parallel rank's `inputs` (None:
+    not split) a multiple of block_k; `layer` names its class, `tp` the tensor-parallel size."""
+    inner = rows[:-1] if last_whole else rows
+    if any(size % block[0] for size in inner):
+        return (f"fp8 block-scaled weights: {layer} with {rows} output rows a shard (tensor parallel {tp}) splits "
+                f"blocks of {block[0]} rows (weight_block_size {list(block)}); each shard needs a multiple of "
+                f"{block[0]}")
+    if inputs is not None and inputs % block[1]:
+        return (f"fp8 block-scaled weights: {layer} with {inputs} inputs a rank (tensor parallel {tp}) splits blocks "
+                f"of {block[1]} inputs (weight_block_size {list(block)}); each rank needs a multiple of {block[1]}")
+    return None
+
+
+def fp8_block_decoder_problem(block: tuple[int, int], hidden: int, heads: int, kv_heads: int, head_dim: int,
+                              intermediate: int, tp: int) -> str | None:
+    """`fp8_block_split_problem` of a dense decoder's linear layers as the engine builds them at `tp` ranks (q/k/v by
+    heads, a KV head replicated where the ranks outnumber them; gate/up by rows; o and down by inputs), or None."""
+    kv_rank = max(kv_heads // tp, 1) * head_dim
+    split = tp > 1
+    layers = (("QKVParallelLinear", [heads * head_dim // tp, kv_rank, kv_rank], kv_rank == kv_heads * head_dim, None),
+              ("RowParallelLinear", [hidden], True, heads * head_dim // tp if split else None),
+              ("MergedColumnParallelLinear", [intermediate // tp] * 2, not split, None),
+              ("RowParallelLinear", [hidden], True, intermediate // tp if split else None))
+    for layer, rows, last_whole, inputs in layers:
+        if problem := fp8_block_split_problem(block, layer, rows, last_whole, inputs, tp):
+            return problem
+    return None
 
 
 def _decoder_linears_left_out(qcfg: dict[str, Any], key: str) -> list[str]:
