@@ -32,9 +32,13 @@ def expand_block_scales(scale: torch.Tensor, n: int, k: int, block: tuple[int, i
 def dequantize_fp8_blocks(w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """The fp32 weight `w_fp8 * scale`, block by block."""
     n, k = w_fp8.shape
-    if tuple(scale.shape) != block_scale_shape(n, k, block):
+    nb, kb = block_scale_shape(n, k, block)
+    if tuple(scale.shape) != (nb, kb):
         raise ValueError(f"block scales {tuple(scale.shape)} do not cover an [{n}, {k}] weight in {list(block)} "
-                         f"blocks ({list(block_scale_shape(n, k, block))})")
+                         f"blocks ({[nb, kb]})")
+    if n % block[0] == 0 and k % block[1] == 0:  # whole blocks: the scales broadcast over a view, no expanded copy
+        grid = w_fp8.float().reshape(nb, block[0], kb, block[1])
+        return (grid * scale.float()[:, None, :, None]).reshape(n, k)
     return w_fp8.float() * expand_block_scales(scale, n, k, block)
 
 
