@@ -8,9 +8,9 @@ and an --hf-overrides `quantization_config` replaces the checkpoint's whole befo
 operator reads an override's with the same ones: the fit check counts the weights at its bits and their scales by
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
-compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size and
-ignored_layers; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live here for the same
-reason; the engine's modules keep the tensor layouts and kernels.
+compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
+activation_scheme and ignored_layers; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live
+here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """
@@ -189,15 +189,73 @@ def check_layout(qcfg: dict[str, Any]) -> None:
 
 
 def _check_fp8(qcfg: dict[str, Any]) -> None:
-    """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales. Block-scaled ones (Qwen3-*-FP8, DeepSeek:
-    weight_block_size, `weight_scale_inv`) are not run."""
+    """vLLM's own fp8 checkpoints: e4m3 weights with per-tensor scales, or block-scaled ones (Qwen3-*-FP8, DeepSeek:
+    weight_block_size, `weight_scale_inv`) with dynamic activations (vLLM's rule)."""
     kept = _decoder_linears_left_out(qcfg, "ignored_layers")
     if kept:  # their bf16 weights would be cast into the fp8 parameters, unscaled
         raise ValueError(f"fp8 checkpoints with unquantized decoder layers (ignored_layers {kept[:3]}) are not "
                          "supported; only the LM head may be left out")
-    if qcfg.get("weight_block_size"):
-        raise ValueError(f"fp8 checkpoints with weight_block_size {qcfg['weight_block_size']} (block scales, "
-                         "weight_scale_inv) are not supported; per-tensor fp8 checkpoints are")
+    if fp8_block_size(qcfg) is not None and qcfg.get("activation_scheme", "dynamic") != "dynamic":
+        raise ValueError(f"fp8 checkpoints with weight_block_size and activation_scheme "
+                         f"{qcfg.get('activation_scheme')!r} are not supported; block-scaled ones take dynamic")
+
+
+def fp8_block_size(qcfg: Any) -> tuple[int, int] | None:
+    """The `[block_n, block_k]` of a block-scaled fp8 quantization_config (fp8's weight_block_size, compressed-tensors'
+    float weights under strategy "block": block_structure), None for another layout. ValueError where the block is
+    not two positive integers."""
+    method = config_method(qcfg)
+    if method == "fp8":
+        block, name = qcfg.get("weight_block_size"), "fp8's weight_block_size"
+        if block is None:
+            return None
+    elif method == "compressed-tensors":
+        try:
+            weights = compressed_tensors_group(qcfg)["weights"]
+        except ValueError:
+            return None
+        if weights.get("type") != "float" or weights.get("strategy") != "block":
+            return None
+        block, name = weights.get("block_structure"), "compressed-tensors: weights' block_structure"
+    else:
+        return None
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"{name} {block!r} is not two block sizes [rows, inputs]")
+    return block[0], block[1]
+
+
+def fp8_block_split_problem(block: tuple[int, int], layer: str, rows: list[int], last_whole: bool,
+                            inputs: int | None, tp: int) -> str | None:
+    """Why the engine cannot hold a linear layer's block-scaled fp8 weight (engine/quantization/fp8_block.py), or
+    None: each shard of its output `rows` on a rank (a merged layer's parts; `last_whole`: the last is its whole
+    checkpoint tensor, whose partial block is its own) a multiple of block_n, and a row-parallel rank's `inputs` (None:
+    not split) a multiple of block_k; `layer` names its class, `tp` the tensor-parallel size."""
+    inner = rows[:-1] if last_whole else rows
+    if any(size % block[0] for size in inner):
+        return (f"fp8 block-scaled weights: {layer} with {rows} output rows a shard (tensor parallel {tp}) splits "
+                f"blocks of {block[0]} rows (weight_block_size {list(block)}); each shard needs a multiple of "
+                f"{block[0]}")
+    if inputs is not None and inputs % block[1]:
+        return (f"fp8 block-scaled weights: {layer} with {inputs} inputs a rank (tensor parallel {tp}) splits blocks "
+                f"of {block[1]} inputs (weight_block_size {list(block)}); each rank needs a multiple of {block[1]}")
+    return None
+
+
+def fp8_block_decoder_problem(block: tuple[int, int], hidden: int, heads: int, kv_heads: int, head_dim: int,
+                              intermediate: int, tp: int) -> str | None:
+    """`fp8_block_split_problem` of a dense decoder's linear layers as the engine builds them at `tp` ranks (q/k/v by
+    heads, a KV head replicated where the ranks outnumber them; gate/up by rows; o and down by inputs), or None."""
+    kv_rank = max(kv_heads // tp, 1) * head_dim
+    split = tp > 1
+    layers = (("QKVParallelLinear", [heads * head_dim // tp, kv_rank, kv_rank], kv_rank == kv_heads * head_dim, None),
+              ("RowParallelLinear", [hidden], True, heads * head_dim // tp if split else None),
+              ("MergedColumnParallelLinear", [intermediate // tp] * 2, not split, None),
+              ("RowParallelLinear", [hidden], True, intermediate // tp if split else None))
+    for layer, rows, last_whole, inputs in layers:
+        if problem := fp8_block_split_problem(block, layer, rows, last_whole, inputs, tp):
+            return problem
+    return None
 
 
 def _decoder_linears_left_out(qcfg: dict[str, Any], key: str) -> list[str]:
@@ -221,20 +279,21 @@ def _check_gptq(qcfg: dict[str, Any]) -> None:
 
 
 def _check_compressed_tensors(qcfg: dict[str, Any]) -> None:
-    """FP8 float-quantized W8A8 / W8A16 per tensor or channel, int4 / int8 pack-quantized W4A16 / W8A16 per channel
-    or in contiguous groups, int8 int-quantized W8A8 (`_check_int8_w8a8`)."""
+    """FP8 float-quantized W8A8 / W8A16 per tensor or channel and W8A16 in blocks, int4 / int8 pack-quantized W4A16 /
+    W8A16 per channel or in contiguous groups, int8 int-quantized W8A8 (`_check_int8_w8a8`)."""
     weights, activations, fmt = compressed_tensors_scheme(qcfg)
     bits, kind = weight_bits(qcfg), weights.get("type")
     if kind == "float" and bits == 8 and fmt in _FLOAT_FORMATS:
-        if weights.get("strategy", "tensor") not in ("tensor", "channel"):
-            # A block scale `[out / 128, in / 128]` read as per-row scales fails on most shapes but loads as garbage
-            # where in = 128 x 128 (Llama-3.1-405B's hidden size).
-            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} "
-                             f"(block_structure {weights.get('block_structure')}) is not supported; "
-                             "per-tensor and per-channel are")
+        if weights.get("strategy", "tensor") not in ("tensor", "channel", "block"):
+            raise ValueError(f"compressed-tensors: fp8 weight strategy {weights['strategy']!r} is not supported; "
+                             "per-tensor, per-channel and block are")
         if activations is not None and (not isinstance(activations, dict) or activations.get("type") != "float"
                                         or activations.get("num_bits") != 8):
             raise ValueError("compressed-tensors: fp8 weights need fp8 activations or none")
+        if fp8_block_size(qcfg) is not None and activations is not None and not activations.get("dynamic"):
+            # block weights run W8A16 (engine/quantization/fp8_block.py); a static input_scale has no place
+            raise ValueError("compressed-tensors: fp8 block weights with static activation scales are not "
+                             "supported; dynamic or none are")
         return
     if kind == "int" and bits == 8 and fmt == INT8_W8A8_FORMAT:
         _check_int8_w8a8(weights, activations)

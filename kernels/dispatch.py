@@ -21,6 +21,7 @@ from flotilla.kernels.card_tables import DEFAULT, H200, device_card, for_card
 from flotilla.kernels.cpu_attention import paged_attention_cpu
 from flotilla.kernels.cpu_int_linear import CpuIntWeight, cpu_int_linear
 from flotilla.kernels.cpu_rotary_kv import rotary_and_write_kv_cpu
+from flotilla.kernels.fp8_block_linear import fp8_block_linear_ref
 from flotilla.kernels.fp8_linear import fp8_linear_ref, fp8_weight_only_linear_ref
 from flotilla.kernels.int8_linear import int8_matmul, int_mm_runs, quantize_int8_activations
 from flotilla.kernels.launch_knobs import KnobSyntax
@@ -617,6 +618,25 @@ def int8_weight_only_linear(x: torch.Tensor, w_int8: torch.Tensor, w_scale: torc
 
         return int8_gemv(x, w_int8, w_scale, bias)
     return fp8_weight_only_linear_ref(x, w_int8, w_scale, bias)
+
+
+def fp8_block_linear(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * scale)^T + b` with one fp32 scale a `block` of the fp8 weight (`fp8_block_linear.py`), at
+    every row count: the Triton block GEMM on CUDA where it takes the operands (blocks of a power of two), else the
+    reference (the CPU path; on CUDA the same fp32 dequantize and matmul)."""
+    if x.is_cuda:
+        from flotilla.kernels.triton_fp8_block_linear import fp8_block_linear as fp8_block_linear_triton
+        from flotilla.kernels.triton_fp8_block_linear import supported
+
+        if supported(x, w_fp8, scale, block):
+            return fp8_block_linear_triton(x, w_fp8, scale, block, bias)
+    return fp8_block_linear_ref(x, w_fp8, scale, block, bias)
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

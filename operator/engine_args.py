@@ -39,7 +39,12 @@ from flotilla.operator.lora_volumes import lora_modules
 from flotilla.operator.model_volume import model_path
 from flotilla.operator.names import TOKENIZER_PATH
 from flotilla.operator.spec import InferenceServiceSpec
-from flotilla.quantization_config import act_order_parallel_problem, override_method_problem
+from flotilla.quantization_config import (
+    act_order_parallel_problem,
+    fp8_block_decoder_problem,
+    fp8_block_size,
+    override_method_problem,
+)
 from flotilla.removed_flags import removed_flag_problem
 from flotilla.underscore_flags import dashed_names
 
@@ -401,13 +406,16 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
     errors += extra_errors
     if not extra_errors and (problem := _overridden_config_problem(spec)):
         errors.append(problem)
-    if not extra_errors and (problem := override_method_problem(spec.quantization_config_override,
-                                                                spec.effective_quantization)):
-        errors.append(f"spec.engineArgs: {problem}")
+    override_problem = not extra_errors and override_method_problem(spec.quantization_config_override,
+                                                                    spec.effective_quantization)
+    if override_problem:
+        errors.append(f"spec.engineArgs: {override_problem}")
     values.update({p.flag.dest: p.value for p in usable})
     if not extra_errors and (problem := act_order_parallel_problem(
             spec.quantization_config_override, values.get("tensor_parallel_size") or 1,
             _spec_name("tensor_parallel_size"))):
+        errors.append(f"spec.engineArgs: --hf-overrides: quantization_config: {problem}")
+    if not extra_errors and not override_problem and (problem := _fp8_block_problem(spec, values)):
         errors.append(f"spec.engineArgs: --hf-overrides: quantization_config: {problem}")
     if spec.model.gguf_file is not None and (problem := gguf_load_format_problem(values.get("load_format") or "auto")):
         errors.append(f"spec.engineArgs: {problem}")
@@ -418,6 +426,22 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
             values.get("tensor_parallel_size") or 1, _spec_name)):
         errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
+
+
+def _fp8_block_problem(spec: InferenceServiceSpec, values: dict[str, Any]) -> str | None:
+    """The engine's refusal, when it builds the model, of a block-scaled fp8 quantization_config (--hf-overrides)
+    whose blocks the spec's architecture splits between merged shards or tensor-parallel ranks
+    (`fp8_block_decoder_problem`); None where the spec states no dense architecture."""
+    arch = spec.architecture
+    if arch is None or arch.num_experts is not None:
+        return None
+    block = fp8_block_size(spec.quantization_config_override)  # readable: override_method_problem passed it
+    if block is None:
+        return None
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    return fp8_block_decoder_problem(block, arch.hidden_size, arch.num_attention_heads,
+                                     arch.num_key_value_heads or arch.num_attention_heads, head_dim,
+                                     arch.intermediate_size, values.get("tensor_parallel_size") or 1)
 
 
 def _draft_length_problem(spec: InferenceServiceSpec) -> str | None:

@@ -18,8 +18,11 @@ What is counted, per replica:
   (`linear_storage`): a code, plus a scale (and zero point) per group of inputs or per output row, whose count is
   exact for the derived architecture (each linear's rows; o and down, row-parallel, keep every row on each
   tensor rank), an estimate (linear parameters / hiddenSize) with numParameters. fp8 and int8: 1 + a float32 scale
-  a row (engine/quantization/fp8.py). AWQ/GPTQ (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when
-  absent) + a model-dtype scale and a uint8 zero point per group (symmetric schemes keep theirs too): 0.5 + 3/128
+  a row (engine/quantization/fp8.py); block-scaled fp8 (an fp8 quantization_config with weight_block_size,
+  compressed-tensors FP8_BLOCK): 1 + a float32 scale a block of each rank's merged q/k/v and gate/up and its part of
+  o and down, partial blocks counted whole (`block_scales`; engine/quantization/fp8_block.py). AWQ/GPTQ
+  (engine/quantization/packed_int.py): bits / 8 (weightBits, 4 when absent) + a model-dtype scale and a uint8 zero
+  point per group (symmetric schemes keep theirs too): 0.5 + 3/128
   = 0.5234 in bf16 at groups of 128, the size assumed without a quantization_config; 0.5 + 3/32 at 32; one
   group a row (GPTQ's -1) 0.5 + 3 bytes a row; activation order (GPTQ desc_act, compressed-tensors actorder group)
   adds an int32 an input of each layer (q/k/v and gate/up once each: `act_order_inputs`; a checkpoint whose g_idx
@@ -82,6 +85,7 @@ from flotilla.quantization_config import (
     compressed_tensors_int8_w8a8,
     config_method,
     config_weight_bits,
+    fp8_block_size,
     packed_group_size,
 )
 
@@ -189,7 +193,8 @@ def rtn_scheme(spec: InferenceServiceSpec) -> tuple[int, int | None]:
 @dataclass(frozen=True)
 class LinearStorage:
     """How the engine holds a quantized linear layer's weight: a code of `bits` a weight, and per `group` inputs of an
-    output row (None: one per row) `scale_bytes` of scale and zero point."""
+    output row (None: one per row) `scale_bytes` of scale and zero point; with `block` (`[rows, inputs]`, block-scaled
+    fp8) one scale a block of each rank's weight instead."""
 
     bits: int
     group: int | None
@@ -197,6 +202,7 @@ class LinearStorage:
     # Activation order (GPTQ desc_act, compressed-tensors actorder group): each layer also keeps its inputs' order,
     # an int32 an input (engine/quantization/packed_int.py `weight_perm`).
     act_order: bool = False
+    block: tuple[int, int] | None = None
 
 
 def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> LinearStorage:
@@ -219,6 +225,9 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
     a GPTQ/AWQ group size and a compressed-tensors config group from `quantization_config` (an --hf-overrides one)
     with the engine's readers; without one, groups of ASSUMED_GROUP (compressed-tensors: W4A16 at weightBits 4, fp8
     otherwise). A quantization_config the engine refuses counts as absent (the webhook refuses that spec)."""
+    block = _fp8_block(quantization, quantization_config)
+    if block is not None:
+        return LinearStorage(8, None, 4, block)
     if quantization in ("fp8", "int8"):
         return FP8_STORAGE
     if quantization == "rtn":
@@ -239,6 +248,35 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
             return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
     return None
+
+
+def _fp8_block(quantization: str, quantization_config: Any) -> tuple[int, int] | None:
+    """The fp8 block (`fp8_block_size`) of a quantization_config of the scheme `quantization` (an fp8 checkpoint with
+    weight_block_size, compressed-tensors FP8_BLOCK), None for another layout or one the engine refuses."""
+    if config_method(quantization_config) != quantization:
+        return None
+    try:
+        return fp8_block_size(quantization_config)
+    except ValueError:
+        return None
+
+
+def block_scales(arch: ModelArchitecture, block: tuple[int, int], tensor: int = 1) -> int:
+    """Block scales of the decoder's linear layers over `tensor` ranks, as the engine holds them
+    (engine/quantization/fp8_block.py): each rank's merged q/k/v and gate/up weights, and its part of o's and down's
+    inputs, in whole and partial blocks. Estimated as the linear parameters over a block's for numParameters or a
+    mixture-of-experts model."""
+    if arch.num_parameters is not None or arch.num_experts is not None:
+        return math.ceil(parameter_counts(arch, tensor)[0] / (block[0] * block[1]))
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    kv_heads = max((arch.num_key_value_heads or arch.num_attention_heads) // tensor, 1)
+    q, mlp, hidden = arch.num_attention_heads * head_dim // tensor, arch.intermediate_size // tensor, arch.hidden_size
+
+    def count(rows: int, inputs: int) -> int:
+        return math.ceil(rows / block[0]) * math.ceil(inputs / block[1])
+
+    rank = count(q + 2 * kv_heads * head_dim, hidden) + count(hidden, q) + count(2 * mlp, hidden) + count(hidden, mlp)
+    return arch.num_hidden_layers * tensor * rank
 
 
 def _packed_group(quantization_config: Any) -> int | None:
@@ -297,6 +335,8 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
         embeddings += arch.vocab_size * arch.hidden_size  # the last stage's head, a copy of the first's embedding
     dense = embeddings * _dtype_bytes(dtype)
     storage = linear_storage(quantization, arch, quantization_config, rtn, dtype)
+    if storage is not None and storage.block is not None:
+        return linear * storage.bits // 8 + block_scales(arch, storage.block, tensor) * storage.scale_bytes + dense
     if storage is not None:
         scales = linear // storage.group if storage.group else linear_rows(arch, tensor)
         order = ACT_ORDER_INDEX_BYTES * act_order_inputs(arch) if storage.act_order else 0

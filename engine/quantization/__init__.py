@@ -1,8 +1,9 @@
 """Quantized weights: which scheme a model runs (`--quantization`, or the checkpoint's
 `quantization_config`), and attaching it to the linear layers around the checkpoint load.
 
-One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints), `int8.py`
-(compressed-tensors' int8 W8A8), `packed_int.py` (4/8-bit weight-only integers), `rtn.py` (those, rounded at load),
+One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints), `fp8_block.py`
+(block-scaled fp8 checkpoints), `int8.py` (compressed-tensors' int8 W8A8), `packed_int.py` (4/8-bit weight-only
+integers), `rtn.py` (those, rounded at load),
 `compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
 file's own 4-bit codes).
 The layers' hook is in `engine/layers/linear.py`.
@@ -21,7 +22,13 @@ if TYPE_CHECKING:  # the schemes import torch: the API process validates an unqu
 
     from flotilla.engine.quantization.method import LinearMethod
 
-from flotilla.quantization_config import check_layout, config_method, describes_checkpoint, flag_disagrees
+from flotilla.quantization_config import (
+    check_layout,
+    config_method,
+    describes_checkpoint,
+    flag_disagrees,
+    fp8_block_size,
+)
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
 SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
@@ -75,7 +82,12 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
     if method == "fp8":
         if qcfg is None:
             return Fp8OnlineMethod()
-        check_layout(qcfg)  # per-tensor e4m3 only (flotilla/quantization_config.py; the webhook runs it too)
+        check_layout(qcfg)  # e4m3, per tensor or in blocks (flotilla/quantization_config.py; the webhook runs it too)
+        block = fp8_block_size(qcfg)
+        if block is not None:
+            from flotilla.engine.quantization.fp8_block import Fp8BlockMethod
+
+            return Fp8BlockMethod(block)
         return Fp8CheckpointMethod(static_input=qcfg.get("activation_scheme", "dynamic") == "static")
     if method == "rtn":
         from flotilla.engine.quantization.rtn import RtnMethod, rtn_settings
@@ -119,4 +131,8 @@ def convert_checkpoint(
     qcfg = checkpoint_quantization(hf_config)
     if method in _FORMATS and qcfg is not None:
         return _format(method).convert_tensors(tensors, qcfg)
+    if method == "fp8" and fp8_block_size(qcfg) is not None:  # `weight_scale_inv` -> `weight_scale`
+        from flotilla.engine.quantization.fp8_block import convert_tensors
+
+        return convert_tensors(tensors)
     return iter(tensors)

@@ -3,8 +3,8 @@
 Supported: one config group over the linear layers (`targets: ["Linear"]`; `ignore` may list the LM
 head, and anything else that names none of the decoder's linear layers), with
 - `float-quantized` / `naive-quantized` 8-bit float weights scaled per tensor or per channel (FP8 W8A8 with
-  dynamic per-token or static per-tensor activations, or FP8 weight-only when `input_activations` is null;
-  FP8_BLOCK's 128 x 128 block scales are refused),
+  dynamic per-token or static per-tensor activations, or FP8 weight-only when `input_activations` is null),
+  or in blocks (FP8_BLOCK: `block_structure` [128, 128], W8A16, `fp8_block.py`),
 - `pack-quantized` 4- or 8-bit integer weights with no activation quantization (W4A16, W8A16), per
   channel or in groups, symmetric or asymmetric; GPTQ's `actorder` null, `static` or `weight`
   (contiguous groups) or `group` (groups of permuted inputs, each input's group in `weight_g_idx`: sorted at load,
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod
+from flotilla.engine.quantization.fp8_block import Fp8BlockMethod
 from flotilla.engine.quantization.int8 import Int8W8A8Method
 from flotilla.engine.quantization.method import LinearMethod
 from flotilla.engine.quantization.packed_int import PackedIntMethod
@@ -34,6 +35,7 @@ from flotilla.quantization_config import (
     compressed_tensors_group_size,
     compressed_tensors_int8_w8a8,
     compressed_tensors_scheme,
+    fp8_block_size,
     weight_bits,
 )
 
@@ -45,7 +47,10 @@ def linear_method(qcfg: dict[str, Any]) -> LinearMethod:
     weights, activations, _ = compressed_tensors_scheme(qcfg)
     if compressed_tensors_int8_w8a8(qcfg):
         return Int8W8A8Method(static_input=not activations.get("dynamic", False))
-    if weights.get("type") == "float":  # fp8, per tensor or per channel
+    if weights.get("type") == "float":  # fp8, per tensor, per channel or in blocks
+        block = fp8_block_size(qcfg)
+        if block is not None:
+            return Fp8BlockMethod(block)
         if activations is None:
             return Fp8CheckpointMethod(static_input=False, weight_only=True)
         return Fp8CheckpointMethod(static_input=not activations.get("dynamic", False))

@@ -10,7 +10,8 @@ there the per-token quantization and the fp8 GEMM's wide tiles cost more than th
 Checkpoints that already hold fp8 weights (compressed-tensors' `float-quantized`, llm-compressor's
 FP8 / FP8_DYNAMIC schemes) load their `weight` and `weight_scale` (per channel, or one per tensor,
 spread over the rows it covers) and, for static activation schemes, `input_scale` (one per tensor;
-q, k and v of a merged layer share the largest, as vLLM does).
+q, k and v of a merged layer share the largest, as vLLM does). Block-scaled fp8 checkpoints (`weight_block_size`,
+compressed-tensors FP8_BLOCK) are `fp8_block.py`'s.
 """
 
 from __future__ import annotations

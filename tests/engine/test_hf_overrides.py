@@ -301,7 +301,10 @@ _INT8_TOKENS = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": Tr
     ({"quant_method": "gptq", "desc_act": True, "bits": 3}, "gptq with 3-bit weights is not supported (4 or 8 bits)"),
     ({"quant_method": "gptq", "lm_head": True}, "gptq with a quantized LM head (lm_head: true) is not supported"),
     ({"quant_method": "awq", "version": "GEMV"}, "awq 'gemv' checkpoints are not supported (4-bit gemm is)"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8 checkpoints with weight_block_size [128, 128]"),
+    # block-scaled fp8 runs W8A16 with dynamic activations only (vLLM's rule), in blocks of two sizes
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
+     "fp8 checkpoints with weight_block_size and activation_scheme 'static' are not supported"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "fp8's weight_block_size [128] is not two block sizes"),
     ({"quant_method": "fp8", "ignored_layers": ["model.layers.0.mlp.down_proj"]},
      "fp8 checkpoints with unquantized decoder layers (ignored_layers ['model.layers.0.mlp.down_proj'])"),
     (_ct(_INT4, targets=["Linear", "Embedding"]), "compressed-tensors: targets ['Linear', 'Embedding']; only"),
@@ -317,8 +320,13 @@ _INT8_TOKENS = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": Tr
     # int8 W8A8 with zero points (asymmetric activations): refused by name, not loaded as symmetric
     (_ct({**_INT4, "num_bits": 8}, format="int-quantized", input_activations=_INT8_TOKENS | {"symmetric": False}),
      "compressed-tensors: asymmetric int8 activations (input_zero_point) are not supported"),
-    (_ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized"),
-     "compressed-tensors: fp8 weight strategy 'block' (block_structure [128, 128]) is not supported"),
+    (_ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized",
+         input_activations={"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}),
+     "compressed-tensors: fp8 block weights with static activation scales are not supported"),
+    (_ct({**_FP8_CT, "strategy": "block", "block_structure": "128x128"}, format="float-quantized"),
+     "compressed-tensors: weights' block_structure '128x128' is not two block sizes"),
+    (_ct({**_FP8_CT, "strategy": "token"}, format="float-quantized"),
+     "compressed-tensors: fp8 weight strategy 'token' is not supported; per-tensor, per-channel and block are"),
     (_ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "int"}),
      "compressed-tensors: fp8 weights need fp8 activations or none"),
     # an activations value that is no object: refused, not an AttributeError on either side
@@ -346,6 +354,10 @@ def test_a_layout_the_engine_does_not_run_is_refused_by_the_webhook_in_its_words
     _ct({**_INT4, "strategy": "group", "group_size": 32, "actorder": "group"}),
     _ct(_FP8_CT, format="float-quantized", input_activations={"num_bits": 8, "type": "float", "dynamic": True}),
     _ct({**_INT4, "num_bits": 8}, format="int-quantized", input_activations=_INT8_TOKENS),
+    # block-scaled fp8: Qwen3-*-FP8's quantization_config, llm-compressor's FP8_BLOCK
+    {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    _ct({**_FP8_CT, "strategy": "block", "block_structure": [128, 128]}, format="float-quantized",
+        input_activations={"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128, "dynamic": True}),
 ])
 def test_a_layout_the_engine_runs_is_admitted(override):
     from flotilla.engine.quantization import resolve_quantization

@@ -398,21 +398,22 @@ def test_a_quantized_checkpoint_that_disagrees_with_config_json_is_refused(wide_
         LLM(str(path), max_model_len=256)
 
 
-def test_block_scaled_fp8_checkpoints_are_refused_by_name():
+def test_block_scaled_fp8_configs_resolve_to_the_block_method():
     """llm-compressor's FP8_BLOCK (weights strategy `block`, `[out / 128, in / 128]` scales) loaded its scales as
-    per-row ones: an unnamed shape error on most layers, garbage where in = 128 x 128 (a 16384-wide model). vLLM's
-    own fp8 format with `weight_block_size` (Qwen3-*-FP8) failed on `weight_scale_inv` "has no place"."""
+    per-row ones, and vLLM's own fp8 format with `weight_block_size` (Qwen3-*-FP8) failed on `weight_scale_inv` "has
+    no place"; both were then refused by name. They run now, W8A16 in blocks (tests/engine/test_fp8_block.py)."""
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 
-    from flotilla.engine.quantization import resolve_quantization
+    from flotilla.engine.quantization import linear_method, resolve_quantization
+    from flotilla.engine.quantization.fp8_block import Fp8BlockMethod
 
     scheme = preset_name_to_scheme("FP8_BLOCK", ["Linear"])
     qcfg = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized", ignore=["lm_head"])
-    with pytest.raises(ValueError, match="fp8 weight strategy 'block'"):
-        resolve_quantization(None, {"quantization_config": qcfg.model_dump(exclude_none=True)})
-    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-    with pytest.raises(ValueError, match="weight_block_size"):
-        resolve_quantization(None, {"quantization_config": fp8})
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 64]}
+    for config in ({"quantization_config": qcfg.model_dump(exclude_none=True)}, {"quantization_config": fp8}):
+        method = linear_method(resolve_quantization(None, config), config)
+        assert isinstance(method, Fp8BlockMethod) and method.block == tuple(config["quantization_config"].get(
+            "weight_block_size", [128, 128]))
     assert resolve_quantization(None, {"quantization_config": {"quant_method": "fp8"}}) == "fp8"
 
 

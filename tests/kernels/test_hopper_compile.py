@@ -112,7 +112,8 @@ _TEST_MODES = {"test_gated_gemv_compiles_for_hopper": ("gated",),
                "test_fp8_kernels_compile_for_hopper": ("all-a", "all-b"),
                "test_prefill_loop_forms_compile_for_hopper": ("prefill",),
                "test_fused_moe_compiles_for_hopper": ("moe",),
-               "test_int8_kernels_compile_for_hopper": ("int8",)}  # fmt: skip
+               "test_int8_kernels_compile_for_hopper": ("int8",),
+               "test_fp8_block_linear_compiles_for_hopper": ("fp8block",)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -435,6 +436,27 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     }
 
 
+def _compile_fp8_block_linear() -> dict[str, dict[str, object]]:
+    """The block-scaled fp8 GEMM (`triton_fp8_block_linear.py`) at its default tiles in 128 x 128 blocks: decode
+    (16 x 64 x 128 swap AB, split-K partials), 64 rows (64 x 64 x 128) and prefill (128 x 128 x 64)."""
+    import triton.language as tl
+
+    from flotilla.kernels.triton_fp8_block_linear import _fp8_block_kernel
+
+    fn = _fp8_block_kernel
+    aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("K", "stride_xm", "stride_wn", "stride_om",
+                                                                             "k_per_split"))
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+                "part_ptr": "*fp32"}
+    common = dict(SCALE_BN=128, SCALE_BK=128, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32")
+    decode = dict(common, SPLIT_K=5, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4, SWAP_AB=True)
+    rows64 = dict(common, SPLIT_K=1, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4)
+    prefill = dict(common, SPLIT_K=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, NUM_STAGES=3)
+    return {"fp8_block decode": _compile_for_hopper(fn, pointers, decode, aligned, num_warps=4, num_stages=4),
+            "fp8_block m64": _compile_for_hopper(fn, pointers, rows64, aligned, num_warps=4, num_stages=4),
+            "fp8_block prefill": _compile_for_hopper(fn, pointers, prefill, aligned, num_warps=8, num_stages=3)}
+
+
 def _compile_gemv_rope() -> dict[str, dict[str, object]]:
     """The one-row qkv GEMV with rotary + KV write in its epilogue (`triton_gemv_rope.py`) at Llama-3.1-8B's shape
     (16-row tiles of 8 pairs, 512-wide K steps, 2 stages): plain, by PDL, and into an fp8 cache."""
@@ -541,6 +563,16 @@ def test_fp8_row_gemv_compiles_for_hopper(compiled):
 
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+@pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
+def test_fp8_block_linear_compiles_for_hopper(compiled):
+    """The block GEMM's e4m3 tiles convert in hardware and multiply on the tensor cores at its default tiles; the
+    prefill tile (128 rows) on Hopper's warpgroup MMA."""
+    result = compiled("fp8block")
+    for name in ("fp8_block decode", "fp8_block m64", "fp8_block prefill"):
+        assert result[name]["cubin_bytes"] > 0 and result[name]["e4m3_cvt"] and result[name]["mma"], name
+    assert result["fp8_block prefill"]["wgmma"]
+
+
 def test_fp8_kernels_compile_for_hopper(compiled):
     result = compiled("all-a") | compiled("all-b")  # `_compile_all`'s two parts
     assert all(r["cubin_bytes"] > 0 for r in result.values())
@@ -785,6 +817,7 @@ _ALL_PARTS = {"all-a": lambda: _compile_kv_writes() | _compile_fp8_gemv() | _com
               | _compile_int4() | _compile_skinny_gemm() | _compile_pdl(),
               "all-b": _compile_paged_decode}  # fmt: skip
 MODES = {"gated": _compile_gated_gemv, "rope": _compile_gemv_rope, "fp8row": _compile_fp8_row_gemv,
+         "fp8block": _compile_fp8_block_linear,
          "prefill": _compile_prefill, "moe": _compile_fused_moe, "int8": _compile_int8, **_ALL_PARTS}  # fmt: skip
 
 

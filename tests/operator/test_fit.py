@@ -242,6 +242,8 @@ def test_gptq_at_8_bits_counts_a_byte_a_weight_and_its_groups():
 # where a row has one) 32 x (4096 + 2 x 1024 (q, k, v) + 4096 (o) + 2 x 14336 (gate, up) + 4096 (down)) = 1,376,256.
 LLAMA_8B_LINEAR, LLAMA_8B_DENSE, LLAMA_8B_ROWS = 6_979_321_856, 2_101_346_304, 1_376_256
 INT4_CODES = LLAMA_8B_LINEAR // 2 + LLAMA_8B_DENSE  # 4-bit codes and the bf16 embeddings: 5,591,007,232
+LLAMA_8B_BLOCKS = 425_984
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 
 @pytest.mark.parametrize(("override", "expected"), [
@@ -276,6 +278,13 @@ INT4_CODES = LLAMA_8B_LINEAR // 2 + LLAMA_8B_DENSE  # 4-bit codes and the bf16 e
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}},
      LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_ROWS * 4),
     ({"quant_method": "fp8"}, LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_ROWS * 4),
+    # block-scaled fp8 (Qwen3-*-FP8's layout): a float32 scale a 128 x 128 block, 32 x (48 x 32 (q/k/v) + 32 x 32 (o)
+    # + 224 x 32 (gate/up) + 32 x 112 (down)) = 425,984 blocks: 9,082,372,096
+    (FP8_BLOCK, LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_BLOCKS * 4),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                                           "block_structure": [128, 128]}}}},
+     LLAMA_8B_LINEAR + LLAMA_8B_DENSE + LLAMA_8B_BLOCKS * 4),
 ])
 def test_quantized_weights_count_the_scales_of_the_group_size_the_engine_reads(override, expected):
     # the fit check counted every GPTQ/AWQ/W4A16 checkpoint in groups of 128 whatever the quantization_config said
@@ -294,6 +303,18 @@ def test_without_a_quantization_config_packed_weights_are_counted_in_groups_of_1
     assert weight_bytes(arch, "fp8") == weight_bytes(arch, "compressed-tensors") == fp8
     # tensor parallelism: o and down (row-parallel) keep every output row, and its scale, on each of 2 ranks
     assert weight_bytes(arch, "fp8", tensor=2) == fp8 + 32 * 2 * 4096 * 4
+
+
+def test_block_scales_are_counted_per_rank_in_whole_and_partial_blocks():
+    """At tp 2 each rank holds half of q/k/v and gate/up's rows and of o and down's inputs: as many 128 x 128 blocks in
+    all as at one rank (every split whole). Blocks of 384 inputs end partial (4096 = 10 x 384 + 256): counted whole,
+    as the engine allocates them."""
+    from flotilla.operator.fit import block_scales
+
+    arch = ModelArchitecture.model_validate(LLAMA_8B)
+    assert block_scales(arch, (128, 128)) == block_scales(arch, (128, 128), tensor=2) == LLAMA_8B_BLOCKS
+    # 32 x (48 x 11 + 32 x 11 + 224 x 11 + 32 x 38)
+    assert block_scales(arch, (128, 384)) == 32 * (48 * 11 + 32 * 11 + 224 * 11 + 32 * 38)
 
 
 def test_num_parameters_overrides_the_derived_count():

@@ -82,6 +82,16 @@ CASES = {
                                "compressed-tensors", 8, "auto"),
     # int8 W8A8 (int-quantized): int8 codes and a float32 scale a row, as fp8's; dummy int8 codes drawn as integers
     "w8a8-int8-checkpoint": ({"quantization_config": _int8_w8a8()}, {}, "compressed-tensors", 8, "auto"),
+    # block-scaled fp8 (Qwen3-*-FP8's weight_block_size; llm-compressor's FP8_BLOCK): a float32 scale a block of the
+    # merged q/k/v and gate/up; blocks of 384 inputs end partial (1024 = 2 x 384 + 256, 2048 = 5 x 384 + 128)
+    "fp8-block-checkpoint": ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                                      "weight_block_size": [128, 128]}}, {}, "fp8", None, "auto"),
+    "fp8-block-partial": ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                                   "weight_block_size": [128, 384]}}, {}, "fp8", None, "auto"),
+    "fp8-block-compressed-tensors": ({"quantization_config": _compressed_tensors(8, True, None, "float") | {
+        "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+            "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128], "symmetric": True}}}}},
+        {}, "compressed-tensors", 8, "auto"),
 }
 
 
