@@ -227,7 +227,7 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
     otherwise). A quantization_config the engine refuses counts as absent (the webhook refuses that spec)."""
     block = _fp8_block(quantization, quantization_config)
     if block is not None:
-        return LinearStorage(8, None, 4, block)
+        return LinearStorage(8, None, 4, block=block)
     if quantization in ("fp8", "int8"):
         return FP8_STORAGE
     if quantization == "rtn":
