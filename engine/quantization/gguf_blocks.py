@@ -32,6 +32,7 @@ import torch
 QK_K = 256  # inputs per k-quant super-block
 SUB = 32  # inputs per Q4_K / Q5_K sub-block (one scale and one offset)
 BLOCK_BYTES = {"Q5_0": 22, "Q5_1": 24, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+_SLICE_WEIGHTS = 1 << 22  # weights decoded at once by `dequantize_blocks`
 BLOCK_INPUTS = {"Q5_0": 32, "Q5_1": 32, "Q2_K": QK_K, "Q3_K": QK_K, "Q4_K": QK_K, "Q5_K": QK_K, "Q6_K": QK_K}
 
 
@@ -157,5 +158,13 @@ DECODED_TYPES = tuple(_DECODERS)
 
 
 def dequantize_blocks(raw: np.ndarray, type_name: str) -> torch.Tensor:
-    """A tensor of one of `DECODED_TYPES`, `[rows, bytes]`, as float32 `[rows, cols]`."""
-    return _rows(_DECODERS[type_name](_blocks(raw, type_name)))
+    """A tensor of one of `DECODED_TYPES`, `[rows, bytes]`, as float32 `[rows, cols]`, decoded a slice of rows at a
+    time (the intermediates of a whole 8B model's embedding would be several GB)."""
+    decode = _DECODERS[type_name]
+    rows = raw.shape[0]
+    cols = raw.shape[1] // BLOCK_BYTES[type_name] * BLOCK_INPUTS[type_name]
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    step = max(1, _SLICE_WEIGHTS // max(cols, 1))
+    for start in range(0, rows, step):
+        out[start:start + step] = _rows(decode(_blocks(raw[start:start + step], type_name)))
+    return out
