@@ -113,6 +113,6 @@ K_TYPES = tuple(_ENCODERS)
 
 def quantize_k(data: np.ndarray, type_name: str) -> np.ndarray:
     """A float32 matrix `[rows, cols]` (cols a multiple of 256) as k-quant bytes `[rows, bytes]`."""
-    rows, cols = data.shape
+    rows = data.shape[0]
     blocks = _ENCODERS[type_name](data.astype(np.float32).reshape(-1, QK_K))
     return np.ascontiguousarray(blocks.astype(np.uint8).reshape(rows, -1))

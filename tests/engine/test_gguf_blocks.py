@@ -83,7 +83,8 @@ def test_q5_0_and_q5_1_by_hand():
 # Q4_K / Q5_K scales: 8 sub-blocks' 6-bit scale and min; 4-7 take values >= 16 to use the split top bits.
 _SC = [1, 2, 3, 4, 17, 33, 49, 63]
 _MIN = [0, 1, 2, 3, 20, 36, 52, 60]
-_SCALE_BYTES = ([_SC[j] | (_SC[j + 4] >> 4) << 6 for j in range(4)] + [_MIN[j] | (_MIN[j + 4] >> 4) << 6 for j in range(4)]
+_SCALE_BYTES = ([_SC[j] | (_SC[j + 4] >> 4) << 6 for j in range(4)]
+                + [_MIN[j] | (_MIN[j + 4] >> 4) << 6 for j in range(4)]
                 + [(_SC[j + 4] & 15) | (_MIN[j + 4] & 15) << 4 for j in range(4)])
 # qs byte 32c + l = (l % 16) | (15 - l % 16) << 4: sub-block 2c input l has code l % 16, sub-block 2c + 1 15 - l % 16.
 _QS = [(l % 16) | (15 - l % 16) << 4 for _ in range(4) for l in range(32)]
