@@ -24,7 +24,7 @@ a Q4_K_M file's qkv with a Q6_K `attn_v` runs dense, its all-Q4_K ones as codes)
   `gguf.quants.dequantize` into the model dtype, dense (torch's CPU int8 kernel takes one scale a row; Q8_0 has
   one per 32 inputs).
 - Any other type (IQ*, TQ*, MXFP4, ...) is refused at load, naming the tensor.
-Embeddings, norms and the LM head: dequantized by `gguf.quants.dequantize` into the model dtype, whatever the type.
+Embeddings, norms and the LM head: dequantized into the model dtype, whatever the type (`dequantize_tensor`).
 On the CPU in bf16 a Q8_0 LM head (the tied embedding when the file has no `output.weight`) also runs as its 8-bit
 codes through torch's int4 kernel, as two exact 4-bit planes (`attach_gguf_lm_head`, `cpu_int8_blocks_weight`):
 at one row the head is the step's largest weight (49,152 x 576 here, as many bytes in bf16 as all 30 layers'
